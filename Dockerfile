@@ -1,0 +1,23 @@
+# The Engram service image. It expects ENGRAM_DATABASE_URL (see docker-compose.yml); without it
+# the service would start its embedded PostgreSQL inside the container's data volume.
+# Not built on the development machines (they have only a docker client); kept correct by review.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    ENGRAM_HOST=0.0.0.0 \
+    ENGRAM_PORT=8000 \
+    ENGRAM_DATA_DIR=/var/lib/engram
+
+WORKDIR /srv/engram
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY migrations ./migrations
+# Editable install keeps migrations/ beside the app package, where alembic finds it.
+RUN pip install -e . && mkdir -p /var/lib/engram
+
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=5 \
+  CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/healthz').status == 200 else 1)"
+CMD ["engram", "serve"]

@@ -1,0 +1,51 @@
+"""The `model` configuration of an action: which OpenAI-compatible endpoint runs it."""
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.errors import BadInput
+
+_FIELDS = ("baseUrl", "name", "apiKeyEnv", "temperature", "maxTokens")
+_ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    base_url: str | None = None
+    name: str | None = None
+    api_key_env: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+def parse_model(value: Any) -> tuple[ModelConfig, dict[str, Any]]:
+    if value is None:
+        return ModelConfig(), {}
+    if not isinstance(value, Mapping):
+        raise BadInput('model must be an object such as {"baseUrl": "...", "name": "..."}')
+    unknown = sorted(set(value) - set(_FIELDS))
+    if unknown:
+        raise BadInput(f"model: unknown field {unknown[0]!r}; allowed: {', '.join(_FIELDS)}")
+    for key in ("baseUrl", "name", "apiKeyEnv"):
+        if key in value and (not isinstance(value[key], str) or not value[key].strip()):
+            raise BadInput(f"model.{key} must be a non-empty string")
+    base_url = value.get("baseUrl")
+    if base_url is not None and not base_url.startswith(("http://", "https://")):
+        raise BadInput("model.baseUrl must be an http:// or https:// URL")
+    env = value.get("apiKeyEnv")
+    if env is not None and not _ENV.fullmatch(env):
+        raise BadInput("model.apiKeyEnv must name an environment variable, e.g. OPENAI_API_KEY")
+    temperature = value.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2
+    ):
+        raise BadInput("model.temperature must be a number from 0 to 2")
+    max_tokens = value.get("maxTokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 1_000_000
+    ):
+        raise BadInput("model.maxTokens must be an integer from 1 to 1000000")
+    config = ModelConfig(base_url, value.get("name"), env, temperature, max_tokens)
+    return config, dict(value)

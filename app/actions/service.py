@@ -1,0 +1,139 @@
+"""Agents (actions) and their versions: every update writes the next version."""
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from app.actions import store
+from app.actions.harness import Harness, parse_harness
+from app.actions.model import ModelConfig, parse_model
+from app.auth import resources
+from app.auth.caller import Caller
+from app.errors import BadInput, NotFound
+
+MAX_INSTRUCTIONS = 64 * 1024
+
+
+def agent_principal(action_id: UUID) -> str:
+    """The principal an agent acts as: what `modifiedBy` names when the agent writes."""
+    return f"action:{action_id}"
+
+
+@dataclass(frozen=True)
+class ActionVersion:
+    account_id: UUID
+    action_id: UUID
+    version: int
+    current_version: int
+    name: str
+    instructions: str
+    model: ModelConfig
+    model_raw: dict[str, Any]
+    harness: Harness
+    created: datetime
+    modified: datetime
+    created_by: str
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> "ActionVersion":
+        model, model_raw = parse_model(row["model"])
+        return cls(
+            account_id=row["account_id"],
+            action_id=row["action_id"],
+            version=row["version"],
+            current_version=row["current_version"],
+            name=row["name"],
+            instructions=row["instructions"],
+            model=model,
+            model_raw=model_raw,
+            harness=parse_harness(row["harness"]),
+            created=row["action_created"],
+            modified=row["created"],
+            created_by=row["created_by"],
+        )
+
+
+def _values(name: str, instructions: str, model: Any, harness: Harness) -> dict[str, Any]:
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise BadInput("name must be 1 to 200 characters")
+    if len(instructions.encode()) > MAX_INSTRUCTIONS:
+        raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
+    _, model_raw = parse_model(model)
+    return {"name": name, "instructions": instructions, "model": model_raw, "harness": harness.raw}
+
+
+async def create_action(
+    pool: asyncpg.Pool, caller: Caller, name: str, instructions: str, model: Any, harness: Any
+) -> ActionVersion:
+    caller.require(("INSERT", resources.ACTION))
+    values = _values(name, instructions, model, parse_harness(harness))
+    action_id = uuid.uuid4()
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await store.insert_action(conn, caller.account_id, action_id, values, caller.principal)
+        row = await store.get_version(conn, caller.account_id, action_id, None)
+    return ActionVersion.of(row)
+
+
+async def update_action(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    name: str,
+    instructions: str,
+    model: Any,
+    harness: Any,
+) -> ActionVersion:
+    caller.require(("UPDATE", resources.ACTION))
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            current = await store.lock_current(conn, caller.account_id, action_id)
+            if current is None:
+                raise NotFound(f"action {action_id} not found")
+            previous = parse_harness(current["harness"])
+            values = _values(name, instructions, model, parse_harness(harness, previous))
+            version = await store.bump_version(conn, caller.account_id, action_id)
+            await store.insert_version(conn, caller.account_id, action_id, version, values, caller.principal)
+        row = await store.get_version(conn, caller.account_id, action_id, version)
+    return ActionVersion.of(row)
+
+
+async def load_action(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, version: int | None = None
+) -> ActionVersion | None:
+    """Reads an action with no grant check: for layers that already decided access."""
+    row = await store.get_version(conn, account_id, action_id, version)
+    return ActionVersion.of(row) if row else None
+
+
+async def get_action(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, version: int | None = None
+) -> ActionVersion | None:
+    caller.require(("SELECT", resources.ACTION))
+    async with pool.acquire() as conn:
+        return await load_action(conn, caller.account_id, action_id, version)
+
+
+async def require_action(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID
+) -> ActionVersion:
+    """The current version of one of the caller's actions (no grant on the action needed)."""
+    async with pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, action_id)
+    if action is None:
+        raise NotFound(f"action {action_id} not found")
+    return action
+
+
+async def list_actions(
+    pool: asyncpg.Pool, caller: Caller, limit: int, after: tuple[Any, UUID] | None
+) -> list[ActionVersion]:
+    caller.require(("SELECT", resources.ACTION_INDEX), ("SELECT", resources.ACTION))
+    async with pool.acquire() as conn:
+        rows = await store.list_current(conn, caller.account_id, limit, after)
+    return [ActionVersion.of(r) for r in rows]

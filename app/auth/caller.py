@@ -1,0 +1,28 @@
+"""Who is asking: the authenticated client behind a request."""
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from app.auth.policies import Policy, require
+from app.auth.resources import Grant
+from app.errors import NotFound
+
+
+@dataclass(frozen=True)
+class Caller:
+    account_id: UUID
+    principal: str
+    policies: tuple[Policy, ...]
+    # Clients of the default (operator) account may manage other accounts' clients.
+    in_default_account: bool = False
+
+    def require(self, *grants: Grant) -> None:
+        require(self.policies, *grants)
+
+    def reach_account(self, account_id: UUID | None) -> UUID:
+        """The account an operation on `account_id` acts in; another tenant's is not found."""
+        if account_id is None or account_id == self.account_id:
+            return self.account_id
+        if not self.in_default_account:
+            raise NotFound(f"account {account_id} not found")
+        return account_id

@@ -1,0 +1,22 @@
+"""Resource names checked by policies, and the grants each operation needs."""
+
+ACCOUNT = "financial.Account.document"
+CLIENT = "financial.Client.document"
+CLIENT_TOKEN = "financial.Client.token"
+ACTION = "financial.Action.document"
+ACTION_INDEX = "financial.Action.indexes.created"
+MEMORY_DOCUMENT = "financial.AgentMemory.document"
+MEMORY_INDEX = "financial.AgentMemory.indexes.created"
+MEMORY_SEARCH_INDEX = "financial.AgentMemory.indexes.search"
+EXECUTION_DOCUMENT = "financial.ActionExecution.document"
+EXECUTION_TRANSCRIPT = "financial.ActionExecution.transcript"
+SESSION_INDEX = "financial.ActionExecution.indexes.sessions"
+
+Grant = tuple[str, str]
+
+# Spec: listing and reading memories needs SELECT on financial.AgentMemory.indexes.* and on
+# financial.AgentMemory.document; deleting needs SELECT and UPDATE.
+READ_MEMORY: tuple[Grant, ...] = (("SELECT", MEMORY_INDEX), ("SELECT", MEMORY_DOCUMENT))
+SEARCH_MEMORY: tuple[Grant, ...] = (("SELECT", MEMORY_SEARCH_INDEX), ("SELECT", MEMORY_DOCUMENT))
+DELETE_MEMORY: tuple[Grant, ...] = READ_MEMORY + (("UPDATE", MEMORY_DOCUMENT),)
+ADD_MEMORY: tuple[Grant, ...] = (("INSERT", MEMORY_DOCUMENT),)

@@ -1,0 +1,190 @@
+"""Accounts, clients and tokens: the rules, over auth/store.py."""
+
+import hashlib
+import re
+import secrets
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from app.auth import resources, store
+from app.auth.caller import Caller
+from app.auth.policies import ADMIN_POLICIES, parse_policies
+from app.errors import BadInput, Conflict, NotFound, Unauthenticated
+
+ADMIN_PRINCIPAL = "admin"
+TOKEN_PREFIX = "eng_"
+_PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,199}$")
+
+
+def hash_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def _check_principal(principal: str) -> None:
+    if not _PRINCIPAL.fullmatch(principal):
+        raise BadInput(
+            "principal must be 1 to 200 characters: letters, digits and _ . : @ / + -, "
+            "starting with a letter or digit"
+        )
+
+
+def _check_name(name: str, what: str) -> str:
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise BadInput(f"{what} name must be 1 to 200 characters")
+    return name
+
+
+@dataclass(frozen=True)
+class Client:
+    account_id: UUID
+    principal: str
+    name: str
+    policies: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> "Client":
+        return cls(row["account_id"], row["principal"], row["name"], row["policies"])
+
+
+async def authenticate(pool: asyncpg.Pool, authorization: str | None) -> Caller:
+    if not authorization:
+        raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
+    async with pool.acquire() as conn:
+        row = await store.client_by_token(conn, hash_token(token.strip()))
+    if row is None:
+        raise Unauthenticated("the API token is not valid")
+    return Caller(
+        account_id=row["account_id"],
+        principal=row["principal"],
+        policies=parse_policies(row["policies"]),
+        in_default_account=row["is_default"],
+    )
+
+
+async def ensure_default_account(conn: asyncpg.Connection) -> UUID:
+    row = await store.default_account(conn)
+    if row is None:
+        row = await store.insert_account(conn, uuid.uuid4(), "default", is_default=True)
+    return row["account_id"]
+
+
+async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
+    """Ensures the admin client of the default account.
+
+    With `token`, that value becomes a valid admin token. Without it, the first start creates
+    an admin token and returns it (to be printed once); later starts return None.
+    """
+    admin_policies = [p.as_json() for p in ADMIN_POLICIES]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('engram.bootstrap'))")
+        account_id = await ensure_default_account(conn)
+        if await store.get_client(conn, account_id, ADMIN_PRINCIPAL) is None:
+            await store.insert_client(conn, account_id, ADMIN_PRINCIPAL, "Administrator", admin_policies)
+        if token is not None:
+            await store.insert_token(conn, hash_token(token), account_id, ADMIN_PRINCIPAL)
+            return None
+        if await store.count_tokens(conn, account_id, ADMIN_PRINCIPAL) > 0:
+            return None
+        created = new_token()
+        await store.insert_token(conn, hash_token(created), account_id, ADMIN_PRINCIPAL)
+        return created
+
+
+async def create_account(pool: asyncpg.Pool, caller: Caller, name: str) -> UUID:
+    caller.require(("INSERT", resources.ACCOUNT))
+    if not caller.in_default_account:
+        raise NotFound("accounts can be created only by clients of the default account")
+    async with pool.acquire() as conn:
+        row = await store.insert_account(conn, uuid.uuid4(), _check_name(name, "account"))
+    return row["account_id"]
+
+
+async def create_client(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    account_id: UUID | None,
+    principal: str,
+    name: str,
+    policies: Iterable[Mapping[str, Any]],
+) -> Client:
+    caller.require(("INSERT", resources.CLIENT))
+    account_id = caller.reach_account(account_id)
+    _check_principal(principal)
+    parsed = [p.as_json() for p in parse_policies(policies)]
+    async with pool.acquire() as conn:
+        if await store.get_account(conn, account_id) is None:
+            raise NotFound(f"account {account_id} not found")
+        row = await store.insert_client(conn, account_id, principal, _check_name(name, "client"), parsed)
+    if row is None:
+        raise Conflict(f"a client with principal {principal!r} already exists in this account")
+    return Client.of(row)
+
+
+async def get_client(
+    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
+) -> Client | None:
+    caller.require(("SELECT", resources.CLIENT))
+    account_id = caller.reach_account(account_id)
+    async with pool.acquire() as conn:
+        row = await store.get_client(conn, account_id, principal)
+    return Client.of(row) if row else None
+
+
+async def update_client(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    account_id: UUID | None,
+    principal: str,
+    name: str | None,
+    policies: Iterable[Mapping[str, Any]] | None,
+) -> Client:
+    caller.require(("UPDATE", resources.CLIENT))
+    account_id = caller.reach_account(account_id)
+    parsed = [p.as_json() for p in parse_policies(policies)] if policies is not None else None
+    async with pool.acquire() as conn:
+        row = await store.update_client(
+            conn, account_id, principal, _check_name(name, "client") if name is not None else None, parsed
+        )
+    if row is None:
+        raise NotFound(f"client {principal!r} not found")
+    return Client.of(row)
+
+
+async def delete_client(
+    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
+) -> Client:
+    caller.require(("DELETE", resources.CLIENT))
+    account_id = caller.reach_account(account_id)
+    if account_id == caller.account_id and principal == caller.principal:
+        raise BadInput("a client cannot delete itself")
+    async with pool.acquire() as conn:
+        row = await store.delete_client(conn, account_id, principal)
+    if row is None:
+        raise NotFound(f"client {principal!r} not found")
+    return Client.of(row)
+
+
+async def create_client_token(
+    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
+) -> str:
+    caller.require(("INSERT", resources.CLIENT_TOKEN))
+    account_id = caller.reach_account(account_id)
+    token = new_token()
+    async with pool.acquire() as conn, conn.transaction():
+        if await store.get_client(conn, account_id, principal) is None:
+            raise NotFound(f"client {principal!r} not found")
+        await store.insert_token(conn, hash_token(token), account_id, principal)
+    return token

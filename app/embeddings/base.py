@@ -1,0 +1,27 @@
+"""The embedding provider interface: texts in, unit vectors and token usage out."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: np.ndarray  # shape (n, dimensions), float32, each row of unit length
+    tokens: int  # usage, recorded by the runtime as purpose `embed`
+
+
+class Embedder(Protocol):
+    name: str  # identifies the model, e.g. "static:wordllama-l2-supercat-256"
+    dimensions: int
+
+    async def embed(self, texts: list[str]) -> Embeddings: ...
+
+    async def aclose(self) -> None: ...
+
+
+def normalize(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1, norms)

@@ -1,0 +1,112 @@
+"""GraphQL types and operations for agents (actions) and their versions."""
+
+from uuid import UUID
+
+import strawberry
+
+from app.actions import service
+from app.actions.service import ActionVersion
+from app.graphql.context import Info
+from app.graphql.node import node_type
+from app.graphql.relay import (
+    Connection,
+    Node,
+    check_first,
+    connection,
+    decode_cursor,
+    encode_cursor,
+    global_id,
+    parse_uuid,
+)
+from app.graphql.scalars import Timestamp, Value
+
+
+@strawberry.input
+class ActionInput:
+    name: str
+    instructions: str = ""
+    model: Value | None = None
+    harness: Value | None = None
+
+
+@strawberry.type
+class Action(Node):
+    account_id: strawberry.Private[UUID]
+    record: strawberry.Private[ActionVersion]
+    action_id: UUID
+    version: int
+    current_version: int
+    name: str
+    instructions: str
+    model: Value
+    harness: Value
+    created: Timestamp
+    modified: Timestamp
+    created_by: str
+
+    @classmethod
+    def of(cls, action: ActionVersion) -> "Action":
+        return cls(
+            id=global_id("Action", action.action_id, action.version),
+            account_id=action.account_id,
+            record=action,
+            action_id=action.action_id,
+            version=action.version,
+            current_version=action.current_version,
+            name=action.name,
+            instructions=action.instructions,
+            model=Value(action.model_raw),
+            harness=Value(action.harness.raw),
+            created=Timestamp(action.created),
+            modified=Timestamp(action.modified),
+            created_by=action.created_by,
+        )
+
+
+@node_type("Action")
+async def _action_node(info: Info, parts: list[str]) -> Action | None:
+    version = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    found = await service.get_action(info.context.pool, info.context.caller, parse_uuid(parts[0]), version)
+    return Action.of(found) if found else None
+
+
+@strawberry.type
+class ActionQuery:
+    @strawberry.field(description="An agent at its current version, or at `version`; null if none.")
+    async def action(self, info: Info, action_id: UUID, version: int | None = None) -> Action | None:
+        found = await service.get_action(info.context.pool, info.context.caller, action_id, version)
+        return Action.of(found) if found else None
+
+    @strawberry.field(description="The account's agents, newest first.")
+    async def actions(self, info: Info, first: int, after: str | None = None) -> Connection[Action]:
+        check_first(first)
+        cursor = decode_cursor(after, 2)
+        rows = await service.list_actions(
+            info.context.pool, info.context.caller, first + 1, (cursor[0], cursor[1]) if cursor else None
+        )
+        return connection(
+            rows, first, lambda a: encode_cursor(a.created, a.action_id), Action.of, has_previous=after is not None
+        )
+
+
+@strawberry.type
+class ActionMutation:
+    @strawberry.mutation
+    async def create_action(self, info: Info, input: ActionInput) -> Action:
+        created = await service.create_action(
+            info.context.pool, info.context.caller, input.name, input.instructions, input.model, input.harness
+        )
+        return Action.of(created)
+
+    @strawberry.mutation(description="Writes the next version of an agent; old versions stay readable.")
+    async def update_action(self, info: Info, action_id: UUID, input: ActionInput) -> Action:
+        updated = await service.update_action(
+            info.context.pool,
+            info.context.caller,
+            action_id,
+            input.name,
+            input.instructions,
+            input.model,
+            input.harness,
+        )
+        return Action.of(updated)

@@ -1,0 +1,137 @@
+"""Relay conventions: opaque global IDs, the Node interface, keyset connections."""
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from enum import Enum
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+import strawberry
+
+from app.errors import BadInput
+
+T = TypeVar("T")
+
+
+@strawberry.enum
+class SortOrder(Enum):
+    ASC = "ASC"
+    DESC = "DESC"
+
+
+def global_id(type_name: str, *key: object) -> strawberry.ID:
+    raw = json.dumps([type_name, *[str(k) for k in key]], separators=(",", ":"))
+    return strawberry.ID(base64.urlsafe_b64encode(raw.encode()).decode().rstrip("="))
+
+
+def parse_global_id(value: str) -> tuple[str, list[str]]:
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        decoded = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise BadInput(f"{value!r} is not a global ID") from None
+    if not isinstance(decoded, list) or len(decoded) < 2 or not all(isinstance(p, str) for p in decoded):
+        raise BadInput(f"{value!r} is not a global ID")
+    return decoded[0], decoded[1:]
+
+
+def parse_uuid(value: str, what: str = "ID") -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise BadInput(f"{value!r} is not a valid {what}") from None
+
+
+@strawberry.interface(description="An object with a global identifier.")
+class Node:
+    id: strawberry.ID
+
+
+@strawberry.type
+class PageInfo:
+    has_next_page: bool
+    has_previous_page: bool
+    start_cursor: str | None
+    end_cursor: str | None
+
+
+@strawberry.type
+class Edge(Generic[T]):
+    cursor: str
+    node: T
+
+
+@strawberry.type
+class Connection(Generic[T]):
+    edges: list[Edge[T]]
+    nodes: list[T]
+    page_info: PageInfo
+
+
+def encode_cursor(*values: Any) -> str:
+    def plain(v: Any) -> Any:
+        if isinstance(v, datetime):
+            return {"t": v.isoformat()}
+        if isinstance(v, UUID):
+            return {"u": str(v)}
+        return v
+
+    raw = json.dumps([plain(v) for v in values], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None, arity: int) -> tuple[Any, ...] | None:
+    """The keyset values of an `after` cursor, or None for the first page."""
+    if cursor is None:
+        return None
+
+    def typed(v: Any) -> Any:
+        if isinstance(v, dict) and "t" in v:
+            return datetime.fromisoformat(v["t"])
+        if isinstance(v, dict) and "u" in v:
+            return UUID(v["u"])
+        return v
+
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        values = json.loads(raw)
+        if not isinstance(values, list) or len(values) != arity:
+            raise ValueError
+        return tuple(typed(v) for v in values)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+        raise BadInput("`after` is not a cursor this connection issued") from None
+
+
+def check_first(first: int, maximum: int = 1000) -> int:
+    if first < 0 or first > maximum:
+        raise BadInput(f"`first` must be from 0 to {maximum}, got {first}")
+    return first
+
+
+def connection(
+    rows: Sequence[Any],
+    first: int,
+    cursor_of: Callable[[Any], str],
+    node_of: Callable[[Any], T],
+    *,
+    has_previous: bool = False,
+    edge: Callable[[str, Any], Edge[T]] | None = None,
+) -> Connection[T]:
+    """Builds a page from `rows` fetched with LIMIT first + 1 (the extra row means more)."""
+    page = list(rows[:first])
+    edges = [
+        edge(cursor_of(r), r) if edge else Edge(cursor=cursor_of(r), node=node_of(r)) for r in page
+    ]
+    return Connection(
+        edges=edges,
+        nodes=[e.node for e in edges],
+        page_info=PageInfo(
+            has_next_page=len(rows) > first,
+            has_previous_page=has_previous,
+            start_cursor=edges[0].cursor if edges else None,
+            end_cursor=edges[-1].cursor if edges else None,
+        ),
+    )

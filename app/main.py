@@ -1,0 +1,111 @@
+"""The app factory: FastAPI with the GraphQL router, the pool and the embedded server."""
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from strawberry.fastapi import GraphQLRouter
+
+from app.auth.service import authenticate, bootstrap_admin
+from app.config import Settings
+from app.db import migrate
+from app.db.embedded import EmbeddedPostgres, embedded_uri
+from app.db.pool import create_pool
+from app.embeddings.base import Embedder
+from app.errors import DomainError
+from app.graphql.context import Context
+from app.graphql.schema import build_schema
+from app.services import start_services, stop_services
+from app.state import AppState
+
+log = logging.getLogger(__name__)
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    body = {"data": None, "errors": [{"message": message, "extensions": {"code": code}}]}
+    return JSONResponse(body, status_code=status)
+
+
+async def start_state(
+    settings: Settings, embedder: Embedder | None = None
+) -> tuple[AppState, EmbeddedPostgres | None]:
+    """Starts the database (embedded when no URL is set), migrates it, and opens the pool."""
+    server: EmbeddedPostgres | None = None
+    url = settings.database_url_value()
+    if url is None:
+        server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
+    await asyncio.to_thread(migrate.upgrade, url)
+    pool = await create_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+    state = AppState(settings=settings, pool=pool, embedder=embedder)
+    await start_services(state)
+    return state, server
+
+
+def create_app(settings: Settings | None = None, embedder: Embedder | None = None) -> FastAPI:
+    settings = settings or Settings()
+    schema = build_schema(max_depth=settings.max_query_depth, max_tokens=settings.max_query_tokens)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state, server = await start_state(settings, embedder)
+        token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+        created = await bootstrap_admin(state.pool, token)
+        if created is not None:
+            print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
+        app.state.engram = state
+        try:
+            yield
+        finally:
+            await stop_services(state)
+            await state.pool.close()
+            if server is not None:
+                await asyncio.to_thread(server.stop)
+
+    async def context_getter(request: Request) -> Context:
+        return request.state.context
+
+    app = FastAPI(title="Engram", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path != "/graphql" or request.method != "POST":
+            return await call_next(request)
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return _error(413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes")
+        body = await request.body()
+        if len(body) > settings.max_body_bytes:
+            return _error(413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes")
+        try:
+            json.loads(body or b"null")
+        except ValueError:
+            return _error(400, "BAD_REQUEST", "the request body is not valid JSON")
+        state: AppState = request.app.state.engram
+        try:
+            caller = await authenticate(state.pool, request.headers.get("authorization"))
+        except DomainError as e:
+            return _error(401, e.code, e.message)
+        request.state.context = Context(state, caller)
+        return await call_next(request)
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> Response:
+        state: AppState | None = getattr(request.app.state, "engram", None)
+        if state is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            async with state.pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+        except Exception:  # the database did not answer
+            return JSONResponse({"status": "database unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    app.include_router(
+        GraphQLRouter(schema, context_getter=context_getter, allow_queries_via_get=False),
+        prefix="/graphql",
+    )
+    return app

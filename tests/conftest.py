@@ -1,0 +1,113 @@
+"""Test fixtures: one embedded PostgreSQL per test session, a fresh database per test.
+
+The schema is migrated once into a template database; each test's database is a copy of
+it (CREATE DATABASE ... TEMPLATE), so tests never share rows and need no clean-up.
+"""
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from app.auth.caller import Caller
+from app.auth.policies import ADMIN_POLICIES
+from app.auth.service import ensure_default_account
+from app.config import Settings
+from app.db import migrate
+from app.db.embedded import EmbeddedPostgres
+from app.db.pool import create_pool
+from app.embeddings.static import StaticEmbedder
+from app.services import start_services
+from app.state import AppState
+from helpers import GQL
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[EmbeddedPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="engram-test-"))
+    server = EmbeddedPostgres(root / "pgdata")
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def embedder() -> StaticEmbedder:
+    return StaticEmbedder()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: EmbeddedPostgres, embedder: StaticEmbedder) -> str:
+    """A migrated database, with the embedding model fixed, to copy for each test."""
+
+    async def create() -> None:
+        conn = await asyncpg.connect(pg_server.uri())
+        try:
+            await conn.execute("DROP DATABASE IF EXISTS engram_template")
+            await conn.execute("CREATE DATABASE engram_template")
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    url = pg_server.uri("engram_template")
+    migrate.upgrade(url)
+
+    async def fix_embedding() -> None:
+        pool = await create_pool(url, min_size=1, max_size=1)
+        state = AppState(settings=Settings(database_url=url), pool=pool, embedder=embedder)
+        await start_services(state)
+        await pool.close()
+
+    asyncio.run(fix_embedding())
+    return "engram_template"
+
+
+@pytest.fixture
+async def db_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator[str]:
+    name = f"engram_test_{os.getpid()}_{next(_counter)}"
+    conn = await asyncpg.connect(pg_server.uri())
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    finally:
+        await conn.close()
+    yield pg_server.uri(name)
+    conn = await asyncpg.connect(pg_server.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return Settings(database_url=db_url, environment="test")
+
+
+@pytest.fixture
+async def state(settings: Settings, db_url: str, embedder: StaticEmbedder) -> AsyncIterator[AppState]:
+    pool = await create_pool(db_url, min_size=1, max_size=8)
+    state = AppState(settings=settings, pool=pool, embedder=embedder)
+    await start_services(state)
+    yield state
+    await pool.close()
+
+
+@pytest.fixture
+async def admin(state: AppState) -> Caller:
+    """The default account's admin: every action on every resource."""
+    async with state.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    return Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+
+
+@pytest.fixture
+def gql(state: AppState) -> GQL:
+    return GQL(state)
