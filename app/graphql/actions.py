@@ -63,6 +63,10 @@ class Action(Node):
         )
 
 
+async def load_action_version(info: Info, action_id: UUID, version: int) -> ActionVersion | None:
+    return await service.get_action(info.context.pool, info.context.caller, action_id, version)
+
+
 @node_type("Action")
 async def _action_node(info: Info, parts: list[str]) -> Action | None:
     version = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None

@@ -8,6 +8,7 @@ from app.graphql.actions import ActionMutation, ActionQuery
 from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.errors import ErrorCodes
+from app.graphql.executions import ActionSession, ExecutionQuery
 from app.graphql.node import resolve_node
 from app.graphql.relay import Node
 from app.graphql.scalars import SCALARS
@@ -21,7 +22,7 @@ class NodeQuery:
 
 
 @strawberry.type
-class Query(NodeQuery, AuthQuery, ActionQuery):
+class Query(NodeQuery, AuthQuery, ActionQuery, ExecutionQuery):
     pass
 
 
@@ -34,6 +35,7 @@ def build_schema(max_depth: int = 12, max_tokens: int = 5000) -> strawberry.Sche
     return strawberry.Schema(
         query=Query,
         mutation=Mutation,
+        types=[ActionSession],
         config=StrawberryConfig(scalar_map=SCALARS),
         extensions=[
             QueryDepthLimiter(max_depth=max_depth),

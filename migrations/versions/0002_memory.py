@@ -42,6 +42,8 @@ def upgrade() -> None:
         action_version integer NOT NULL,
         session_id text,
         modified_by text NOT NULL,
+        -- Set while a running turn has staged this row: only that turn sees it until it commits.
+        pending_execution uuid,
         embedding vector,
         tsv tsvector GENERATED ALWAYS AS (
             to_tsvector('english'::regconfig, summary || ' ' || content)
@@ -53,6 +55,8 @@ def upgrade() -> None:
         (account_id, action_id, created DESC, memory_id DESC);
     CREATE INDEX agent_memories_replaces ON agent_memories (account_id, action_id, replaces)
         WHERE replaces IS NOT NULL;
+    CREATE INDEX agent_memories_pending ON agent_memories (account_id, action_id, pending_execution)
+        WHERE pending_execution IS NOT NULL;
     CREATE INDEX agent_memories_tsv ON agent_memories USING gin (tsv);
     CREATE INDEX agent_memories_labels ON agent_memories USING gin (labels jsonb_path_ops);
 
@@ -82,6 +86,16 @@ def upgrade() -> None:
         modified_by text NOT NULL,
         PRIMARY KEY (account_id, action_id, memory_id, version)
     );
+
+    -- Versions are never rewritten or removed.
+    CREATE FUNCTION agent_memory_versions_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'agent_memory_versions is append-only';
+    END;
+    $$;
+    CREATE TRIGGER agent_memory_versions_append_only
+        BEFORE UPDATE OR DELETE ON agent_memory_versions
+        FOR EACH ROW EXECUTE FUNCTION agent_memory_versions_append_only();
     """)
 
 

@@ -1,0 +1,46 @@
+"""Memory records as the layers pass them around, and the limits every write obeys."""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
+Scope = Literal["SESSION", "AGENT"]
+Source = Literal["EXTRACTION", "TOOL", "OPERATOR"]
+
+MAX_SUMMARY_BYTES = 512
+MAX_CONTENT_BYTES = 16 * 1024
+CHARS_PER_TOKEN = 4  # spec: pins are budgeted at about four characters per token
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    account_id: UUID
+    action_id: UUID
+    memory_id: UUID
+    version: int
+    created: datetime
+    modified: datetime
+    summary: str
+    content: str
+    metadata: Any
+    status: Status
+    scope: Scope
+    kind: str
+    source: Source
+    pinned: bool
+    labels: dict[int, str]  # label number -> exact value
+    replaces: UUID | None
+    replaced_by: UUID | None
+    preview: bool
+    execution_id: UUID
+    invocation_number: int
+    action_version: int
+    session_id: str | None
+    modified_by: str
+    score: float | None = field(default=None, compare=False)  # set by search
+
+    def pinned_line(self) -> str:
+        """How a pinned record is listed in a turn's instructions (and counted for the budget)."""
+        return f"- {self.summary} (memory {self.memory_id})"
