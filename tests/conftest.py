@@ -14,6 +14,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from helpers import GQL
 
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
@@ -25,7 +26,6 @@ from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
 from app.services import start_services
 from app.state import AppState
-from helpers import GQL
 
 _counter = itertools.count()
 
@@ -92,7 +92,9 @@ def settings(db_url: str) -> Settings:
 
 
 @pytest.fixture
-async def state(settings: Settings, db_url: str, embedder: StaticEmbedder) -> AsyncIterator[AppState]:
+async def state(
+    settings: Settings, db_url: str, embedder: StaticEmbedder
+) -> AsyncIterator[AppState]:
     pool = await create_pool(db_url, min_size=1, max_size=8)
     state = AppState(settings=settings, pool=pool, embedder=embedder)
     await start_services(state)

@@ -40,7 +40,9 @@ class GQL:
             query, variable_values=variables, context_value=Context(self.state, caller)
         )
         errors = [e.formatted for e in result.errors or []]
-        return Result(json.loads(json.dumps(result.data, default=str)) if result.data else None, errors)
+        return Result(
+            json.loads(json.dumps(result.data, default=str)) if result.data else None, errors
+        )
 
 
 async def make_account(state: AppState, name: str = "tenant") -> UUID:

@@ -184,7 +184,7 @@ def _memory(value: Any) -> MemoryConfig:
     if memory.get("pinned") is not None:
         pinned = _object(memory["pinned"], "memory.pinned", ("max_tokens",))
         if "max_tokens" not in pinned:
-            raise _fail("memory.pinned", "needs max_tokens, e.g. {\"max_tokens\": 2000}")
+            raise _fail("memory.pinned", 'needs max_tokens, e.g. {"max_tokens": 2000}')
         pinned_max = _int(pinned["max_tokens"], "memory.pinned.max_tokens", 1, 100_000)
     return MemoryConfig(
         enabled=enabled,
@@ -224,10 +224,18 @@ def _normalized(memory: MemoryConfig, history: HistoryConfig | None) -> dict[str
             "search": {
                 "mode": memory.search.mode,
                 "max_results": memory.search.max_results,
-                **({"min_score": memory.search.min_score} if memory.search.min_score is not None else {}),
+                **(
+                    {"min_score": memory.search.min_score}
+                    if memory.search.min_score is not None
+                    else {}
+                ),
             },
             "tools": list(memory.tools),
-            **({"pinned": {"max_tokens": memory.pinned_max_tokens}} if memory.pinned_max_tokens else {}),
+            **(
+                {"pinned": {"max_tokens": memory.pinned_max_tokens}}
+                if memory.pinned_max_tokens
+                else {}
+            ),
             "kinds": list(memory.kinds),
             "labels": {
                 label.name: {"number": label.number, "description": label.description}

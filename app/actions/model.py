@@ -39,12 +39,16 @@ def parse_model(value: Any) -> tuple[ModelConfig, dict[str, Any]]:
         raise BadInput("model.apiKeyEnv must name an environment variable, e.g. OPENAI_API_KEY")
     temperature = value.get("temperature")
     if temperature is not None and (
-        isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 <= temperature <= 2
     ):
         raise BadInput("model.temperature must be a number from 0 to 2")
     max_tokens = value.get("maxTokens")
     if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 1_000_000
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or not 1 <= max_tokens <= 1_000_000
     ):
         raise BadInput("model.maxTokens must be an integer from 1 to 1000000")
     config = ModelConfig(base_url, value.get("name"), env, temperature, max_tokens)

@@ -98,7 +98,9 @@ async def update_action(
             previous = parse_harness(current["harness"])
             values = _values(name, instructions, model, parse_harness(harness, previous))
             version = await store.bump_version(conn, caller.account_id, action_id)
-            await store.insert_version(conn, caller.account_id, action_id, version, values, caller.principal)
+            await store.insert_version(
+                conn, caller.account_id, action_id, version, values, caller.principal
+            )
         row = await store.get_version(conn, caller.account_id, action_id, version)
     return ActionVersion.of(row)
 
@@ -119,9 +121,7 @@ async def get_action(
         return await load_action(conn, caller.account_id, action_id, version)
 
 
-async def require_action(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID
-) -> ActionVersion:
+async def require_action(pool: asyncpg.Pool, caller: Caller, action_id: UUID) -> ActionVersion:
     """The current version of one of the caller's actions (no grant on the action needed)."""
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)

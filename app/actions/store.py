@@ -52,7 +52,9 @@ async def insert_version(
     )
 
 
-async def lock_current(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> asyncpg.Record | None:
+async def lock_current(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID
+) -> asyncpg.Record | None:
     return await conn.fetchrow(
         _VERSION
         + """

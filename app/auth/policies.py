@@ -19,6 +19,7 @@ Verb = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
 EFFECTS: tuple[str, ...] = ("ALLOW", "DENY")
 VERBS: tuple[str, ...] = ("SELECT", "INSERT", "UPDATE", "DELETE")
 _RESOURCE = re.compile(r"^[A-Za-z0-9_.*?]+$")
+_FIELDS = ("effect", "actions", "resources")
 
 
 @dataclass(frozen=True)
@@ -31,30 +32,48 @@ class Policy:
         return verb in self.actions and any(_pattern(p).fullmatch(resource) for p in self.resources)
 
     def as_json(self) -> dict[str, Any]:
-        return {"effect": self.effect, "actions": list(self.actions), "resources": list(self.resources)}
+        return {
+            "effect": self.effect,
+            "actions": list(self.actions),
+            "resources": list(self.resources),
+        }
 
 
 @lru_cache(maxsize=4096)
 def _pattern(glob: str) -> re.Pattern[str]:
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob))
+    return re.compile(
+        "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
+    )
 
 
 def parse_policies(raw: Iterable[Mapping[str, Any]]) -> tuple[Policy, ...]:
     """Validates policies given by a client or read from the database."""
     policies = []
     for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise BadInput(
+                f"policies[{i}] must be an object such as "
+                '{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.*"]}'
+            )
+        unknown = sorted(set(item) - set(_FIELDS))
+        if unknown:
+            raise BadInput(
+                f"policies[{i}]: unknown field {unknown[0]!r}; allowed: {', '.join(_FIELDS)}"
+            )
         effect = item.get("effect")
         actions = item.get("actions") or []
         resources = item.get("resources") or []
         if effect not in EFFECTS:
             raise BadInput(f"policies[{i}].effect must be ALLOW or DENY, got {effect!r}")
-        if not actions:
-            raise BadInput(f"policies[{i}].actions must name at least one of {', '.join(VERBS)}")
+        if not isinstance(actions, list | tuple) or not actions:
+            raise BadInput(
+                f"policies[{i}].actions must be a list naming at least one of {', '.join(VERBS)}"
+            )
         for verb in actions:
             if verb not in VERBS:
                 raise BadInput(f"policies[{i}].actions: {verb!r} is not one of {', '.join(VERBS)}")
-        if not resources:
-            raise BadInput(f"policies[{i}].resources must name at least one resource")
+        if not isinstance(resources, list | tuple) or not resources:
+            raise BadInput(f"policies[{i}].resources must be a list naming at least one resource")
         for resource in resources:
             if not isinstance(resource, str) or not _RESOURCE.fullmatch(resource):
                 raise BadInput(

@@ -11,6 +11,7 @@ MEMORY_SEARCH_INDEX = "financial.AgentMemory.indexes.search"
 EXECUTION_DOCUMENT = "financial.ActionExecution.document"
 EXECUTION_TRANSCRIPT = "financial.ActionExecution.transcript"
 SESSION_INDEX = "financial.ActionExecution.indexes.sessions"
+EXECUTION_INDEX = "financial.ActionExecution.indexes.created"
 
 Grant = tuple[str, str]
 

@@ -14,7 +14,7 @@ import asyncpg
 from app.auth import resources, store
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES, parse_policies
-from app.errors import BadInput, Conflict, NotFound, Unauthenticated
+from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
 
 ADMIN_PRINCIPAL = "admin"
 TOKEN_PREFIX = "eng_"
@@ -92,7 +92,9 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('engram.bootstrap'))")
         account_id = await ensure_default_account(conn)
         if await store.get_client(conn, account_id, ADMIN_PRINCIPAL) is None:
-            await store.insert_client(conn, account_id, ADMIN_PRINCIPAL, "Administrator", admin_policies)
+            await store.insert_client(
+                conn, account_id, ADMIN_PRINCIPAL, "Administrator", admin_policies
+            )
         if token is not None:
             await store.insert_token(conn, hash_token(token), account_id, ADMIN_PRINCIPAL)
             return None
@@ -106,7 +108,7 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
 async def create_account(pool: asyncpg.Pool, caller: Caller, name: str) -> UUID:
     caller.require(("INSERT", resources.ACCOUNT))
     if not caller.in_default_account:
-        raise NotFound("accounts can be created only by clients of the default account")
+        raise AccessDenied("accounts can be created only by clients of the default account")
     async with pool.acquire() as conn:
         row = await store.insert_account(conn, uuid.uuid4(), _check_name(name, "account"))
     return row["account_id"]
@@ -127,7 +129,9 @@ async def create_client(
     async with pool.acquire() as conn:
         if await store.get_account(conn, account_id) is None:
             raise NotFound(f"account {account_id} not found")
-        row = await store.insert_client(conn, account_id, principal, _check_name(name, "client"), parsed)
+        row = await store.insert_client(
+            conn, account_id, principal, _check_name(name, "client"), parsed
+        )
     if row is None:
         raise Conflict(f"a client with principal {principal!r} already exists in this account")
     return Client.of(row)
@@ -156,7 +160,11 @@ async def update_client(
     parsed = [p.as_json() for p in parse_policies(policies)] if policies is not None else None
     async with pool.acquire() as conn:
         row = await store.update_client(
-            conn, account_id, principal, _check_name(name, "client") if name is not None else None, parsed
+            conn,
+            account_id,
+            principal,
+            _check_name(name, "client") if name is not None else None,
+            parsed,
         )
     if row is None:
         raise NotFound(f"client {principal!r} not found")

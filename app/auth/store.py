@@ -1,11 +1,11 @@
 """SQL for accounts, clients and tokens."""
 
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
 
-Row = asyncpg.Record
+Row: TypeAlias = asyncpg.Record
 
 
 async def default_account(conn: asyncpg.Connection) -> Row | None:

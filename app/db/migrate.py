@@ -9,7 +9,7 @@ MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
 def sqlalchemy_url(url: str) -> str:
-    """libpq URL -> SQLAlchemy URL for psycopg 3 (unix sockets kept); migrations run synchronously."""
+    """libpq URL -> SQLAlchemy URL for psycopg 3 (unix sockets kept); migrations run sync."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]

@@ -1,5 +1,8 @@
 """Chooses the embedding provider and checks it against the model the database holds."""
 
+import asyncio
+from typing import Any
+
 import asyncpg
 
 from app.config import Settings
@@ -11,26 +14,61 @@ class EmbeddingModelMismatch(RuntimeError):
     pass
 
 
-def make_embedder(settings: Settings) -> Embedder:
+async def open_embedder(settings: Settings) -> Embedder:
+    """The provider `settings.embedder` names, ready to embed (its dimension known)."""
     if settings.embedder == "static":
         from app.embeddings.static import StaticEmbedder
 
         return StaticEmbedder()
-    raise RuntimeError(f"embedder {settings.embedder!r} is not available in this build")
+    if settings.embedder == "minilm":
+        from app.embeddings.minilm import MiniLMEmbedder
+
+        # Loading torch and the model takes seconds: keep the event loop free meanwhile.
+        return await asyncio.to_thread(MiniLMEmbedder)
+    if settings.embedder == "openai":
+        from app.embeddings.openai import OpenAIEmbedder
+
+        key = settings.embedding_api_key
+        embedder = OpenAIEmbedder(
+            url=settings.embedding_url,
+            model=settings.embedding_model,
+            api_key=key.get_secret_value() if key else None,
+            dimensions=settings.embedding_dimensions,
+            batch_size=settings.embedding_batch_size,
+            timeout_seconds=settings.embedding_timeout_seconds,
+        )
+        try:
+            return await embedder.open()
+        except BaseException:
+            await embedder.aclose()
+            raise
+    raise ValueError(f"unknown embedder {settings.embedder!r}: use static, minilm or openai")
+
+
+def _mismatch(recorded: dict[str, Any], embedder: Embedder) -> str:
+    return (
+        f"the database holds vectors of {recorded['name']} ({recorded['dimensions']} dimensions) "
+        f"but the service is configured for {embedder.name} ({embedder.dimensions}); "
+        "run `engram reembed` to re-embed every record with the configured model"
+    )
 
 
 async def ensure_model(pool: asyncpg.Pool, embedder: Embedder) -> None:
     """First start: fix the vector columns to this model. Later: refuse a different model."""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('engram.embedding'))")
+        await store.lock_model_xact(conn)
         recorded = await store.recorded_model(conn)
         if recorded is None:
             await store.set_dimensions(conn, embedder.dimensions)
             await store.record_model(conn, embedder.name, embedder.dimensions)
+            await store.clear_reembed_target(conn)
             return
+        unfinished = await store.reembed_target(conn)
     if recorded["name"] != embedder.name or recorded["dimensions"] != embedder.dimensions:
+        raise EmbeddingModelMismatch(_mismatch(recorded, embedder))
+    if unfinished is not None:
+        # Vectors were dropped for another model and the re-embed stopped part way.
         raise EmbeddingModelMismatch(
-            f"the database holds vectors of {recorded['name']} ({recorded['dimensions']} dimensions) "
-            f"but the service is configured for {embedder.name} ({embedder.dimensions}); "
-            "run `engram reembed` to re-embed every record with the configured model"
+            f"`engram reembed` to {unfinished['name']} was interrupted, so some records have no "
+            f"vector; run `engram reembed` again with the configured model ({embedder.name})"
         )

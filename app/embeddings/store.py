@@ -1,37 +1,169 @@
-"""SQL for the deployment's embedding model and the vector columns it fixes."""
+"""SQL for the deployment's embedding model, the vector columns it fixes, and re-embedding."""
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import numpy as np
+from pgvector import Vector
 
-# Every table with an embedding column; each gets an HNSW index named <table>_embedding.
-VECTOR_TABLES = ("agent_memories",)
-
-
-async def recorded_model(conn: asyncpg.Connection) -> dict[str, Any] | None:
-    return await conn.fetchval("SELECT value FROM deployment WHERE key = 'embedding'")
+from app.embeddings.text import memory_text
 
 
-async def record_model(conn: asyncpg.Connection, name: str, dimensions: int) -> None:
+@dataclass(frozen=True)
+class VectorTable:
+    """A table with an `embedding` column, indexed by HNSW as `<name>_embedding`."""
+
+    name: str
+    key: tuple[str, ...]  # its primary key, which orders re-embedding batches
+    key_types: tuple[str, ...]  # the SQL type of each key column
+    columns: tuple[str, ...]  # the columns its embedded text is built from
+    text: Callable[..., str]  # builds the embedded text from those columns, in order
+
+
+# Every table with an embedding column. Names here are the only identifiers that reach the
+# f-strings below: none comes from input.
+VECTOR_TABLES: tuple[VectorTable, ...] = (
+    VectorTable(
+        name="agent_memories",
+        key=("account_id", "action_id", "memory_id"),
+        key_types=("uuid", "uuid", "uuid"),
+        columns=("summary", "content"),
+        text=memory_text,
+    ),
+)
+
+_LOCK = "hashtext('engram.embedding')"
+
+
+# Deployment keys holding a model as {"name", "dimensions"}.
+_MODEL = "embedding"
+_REEMBED_TARGET = "embedding.reembed"
+
+
+async def _read_model(conn: asyncpg.Connection, key: str) -> dict[str, Any] | None:
+    return await conn.fetchval("SELECT value FROM deployment WHERE key = $1", key)
+
+
+async def _write_model(conn: asyncpg.Connection, key: str, name: str, dimensions: int) -> None:
     await conn.execute(
         """
-        INSERT INTO deployment (key, value) VALUES ('embedding', $1)
+        INSERT INTO deployment (key, value) VALUES ($1, $2)
         ON CONFLICT (key) DO UPDATE SET value = excluded.value, modified = now()
         """,
+        key,
         {"name": name, "dimensions": dimensions},
     )
 
 
-async def set_dimensions(conn: asyncpg.Connection, dimensions: int) -> None:
-    """Fixes every vector column to `dimensions` (dropping stored vectors) and indexes it."""
+async def recorded_model(conn: asyncpg.Connection) -> dict[str, Any] | None:
+    return await _read_model(conn, _MODEL)
+
+
+async def record_model(conn: asyncpg.Connection, name: str, dimensions: int) -> None:
+    await _write_model(conn, _MODEL, name, dimensions)
+
+
+async def lock_model_xact(conn: asyncpg.Connection) -> None:
+    """Serializes changes to the recorded model until the transaction ends."""
+    await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK})")
+
+
+async def try_lock_model(conn: asyncpg.Connection) -> bool:
+    """Holds the same lock for the connection's session: a re-embed spans many transactions."""
+    return bool(await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"))
+
+
+async def unlock_model(conn: asyncpg.Connection) -> None:
+    await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
+
+
+async def reembed_target(conn: asyncpg.Connection) -> dict[str, Any] | None:
+    """The model an unfinished `engram reembed` was moving to, if one was interrupted."""
+    return await _read_model(conn, _REEMBED_TARGET)
+
+
+async def set_reembed_target(conn: asyncpg.Connection, name: str, dimensions: int) -> None:
+    await _write_model(conn, _REEMBED_TARGET, name, dimensions)
+
+
+async def clear_reembed_target(conn: asyncpg.Connection) -> None:
+    await conn.execute("DELETE FROM deployment WHERE key = $1", _REEMBED_TARGET)
+
+
+def _check(dimensions: int) -> None:
     if not isinstance(dimensions, int) or not 1 <= dimensions <= 16_000:
         raise ValueError(f"bad embedding dimensions {dimensions!r}")
+
+
+async def reset_vectors(conn: asyncpg.Connection, dimensions: int) -> None:
+    """Drops every stored vector and its index, and fixes the columns to `dimensions`."""
+    _check(dimensions)
     for table in VECTOR_TABLES:
-        # Identifiers come from the constant above and the int check: no input reaches here.
-        await conn.execute(f"DROP INDEX IF EXISTS {table}_embedding")
+        await conn.execute(f"DROP INDEX IF EXISTS {table.name}_embedding")
         await conn.execute(
-            f"ALTER TABLE {table} ALTER COLUMN embedding TYPE vector({dimensions}) USING NULL"
+            f"ALTER TABLE {table.name} ALTER COLUMN embedding TYPE vector({dimensions}) USING NULL"
         )
+
+
+async def build_indexes(conn: asyncpg.Connection) -> None:
+    for table in VECTOR_TABLES:
         await conn.execute(
-            f"CREATE INDEX {table}_embedding ON {table} USING hnsw (embedding vector_cosine_ops)"
+            f"CREATE INDEX IF NOT EXISTS {table.name}_embedding ON {table.name} "
+            "USING hnsw (embedding vector_cosine_ops)"
         )
+
+
+async def set_dimensions(conn: asyncpg.Connection, dimensions: int) -> None:
+    """Fixes every vector column to `dimensions` (dropping stored vectors) and indexes it."""
+    await reset_vectors(conn, dimensions)
+    await build_indexes(conn)
+
+
+async def count_unembedded(conn: asyncpg.Connection, table: VectorTable) -> int:
+    return await conn.fetchval(f"SELECT count(*) FROM {table.name} WHERE embedding IS NULL")
+
+
+def _key_list(table: VectorTable) -> str:
+    return ", ".join(table.key)
+
+
+async def unembedded_batch(
+    conn: asyncpg.Connection, table: VectorTable, after: Sequence[Any] | None, limit: int
+) -> list[asyncpg.Record]:
+    """The next rows without a vector, in key order after the key `after`."""
+    keys = _key_list(table)
+    columns = ", ".join(table.key + table.columns)
+    if after is None:
+        return await conn.fetch(
+            f"SELECT {columns} FROM {table.name} WHERE embedding IS NULL ORDER BY {keys} LIMIT $1",
+            limit,
+        )
+    after_params = ", ".join(f"${i + 2}" for i in range(len(table.key)))
+    return await conn.fetch(
+        f"SELECT {columns} FROM {table.name} "
+        f"WHERE embedding IS NULL AND ({keys}) > ({after_params}) ORDER BY {keys} LIMIT $1",
+        limit,
+        *after,
+    )
+
+
+async def write_vectors(
+    conn: asyncpg.Connection,
+    table: VectorTable,
+    keys: Sequence[Sequence[Any]],
+    vectors: np.ndarray,
+) -> None:
+    """Stores each row's vector in one statement; a row that got one meanwhile keeps it."""
+    n = len(table.key)
+    arrays = ", ".join(f"${i + 1}::{kind}[]" for i, kind in enumerate(table.key_types))
+    match = " AND ".join(f"t.{column} = v.{column}" for column in table.key)
+    await conn.execute(
+        f"UPDATE {table.name} AS t SET embedding = v.embedding "
+        f"FROM unnest({arrays}, ${n + 1}::vector[]) AS v({_key_list(table)}, embedding) "
+        f"WHERE {match} AND t.embedding IS NULL",
+        *([key[i] for key in keys] for i in range(n)),
+        # Wrapped, or asyncpg would read each ndarray as a nested array of floats.
+        [Vector(vector) for vector in vectors],
+    )

@@ -1,12 +1,16 @@
 """GraphQL types and operations for agents (actions) and their versions."""
 
+from datetime import datetime
 from uuid import UUID
 
 import strawberry
 
 from app.actions import service
 from app.actions.service import ActionVersion
+from app.errors import BadInput
 from app.graphql.context import Info
+from app.graphql.executions import ActionExecutionFields
+from app.graphql.memory import ActionMemoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
     Connection,
@@ -30,7 +34,7 @@ class ActionInput:
 
 
 @strawberry.type
-class Action(Node):
+class Action(ActionExecutionFields, ActionMemoryFields, Node):
     account_id: strawberry.Private[UUID]
     record: strawberry.Private[ActionVersion]
     action_id: UUID
@@ -69,15 +73,20 @@ async def load_action_version(info: Info, action_id: UUID, version: int) -> Acti
 
 @node_type("Action")
 async def _action_node(info: Info, parts: list[str]) -> Action | None:
-    version = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    found = await service.get_action(info.context.pool, info.context.caller, parse_uuid(parts[0]), version)
+    if len(parts) != 2 or not parts[1].isdigit():
+        raise BadInput("an Action ID names an action and a version")
+    found = await service.get_action(
+        info.context.pool, info.context.caller, parse_uuid(parts[0]), int(parts[1])
+    )
     return Action.of(found) if found else None
 
 
 @strawberry.type
 class ActionQuery:
     @strawberry.field(description="An agent at its current version, or at `version`; null if none.")
-    async def action(self, info: Info, action_id: UUID, version: int | None = None) -> Action | None:
+    async def action(
+        self, info: Info, action_id: UUID, version: int | None = None
+    ) -> Action | None:
         found = await service.get_action(info.context.pool, info.context.caller, action_id, version)
         return Action.of(found) if found else None
 
@@ -85,11 +94,22 @@ class ActionQuery:
     async def actions(self, info: Info, first: int, after: str | None = None) -> Connection[Action]:
         check_first(first)
         cursor = decode_cursor(after, 2)
+        if cursor is not None and not (
+            isinstance(cursor[0], datetime) and isinstance(cursor[1], UUID)
+        ):
+            raise BadInput("`after` is not a cursor this connection issued")
         rows = await service.list_actions(
-            info.context.pool, info.context.caller, first + 1, (cursor[0], cursor[1]) if cursor else None
+            info.context.pool,
+            info.context.caller,
+            first + 1,
+            (cursor[0], cursor[1]) if cursor else None,
         )
         return connection(
-            rows, first, lambda a: encode_cursor(a.created, a.action_id), Action.of, has_previous=after is not None
+            rows,
+            first,
+            lambda a: encode_cursor(a.created, a.action_id),
+            Action.of,
+            has_previous=after is not None,
         )
 
 
@@ -98,11 +118,18 @@ class ActionMutation:
     @strawberry.mutation
     async def create_action(self, info: Info, input: ActionInput) -> Action:
         created = await service.create_action(
-            info.context.pool, info.context.caller, input.name, input.instructions, input.model, input.harness
+            info.context.pool,
+            info.context.caller,
+            input.name,
+            input.instructions,
+            input.model,
+            input.harness,
         )
         return Action.of(created)
 
-    @strawberry.mutation(description="Writes the next version of an agent; old versions stay readable.")
+    @strawberry.mutation(
+        description="Writes the next version of an agent; old versions stay readable."
+    )
     async def update_action(self, info: Info, action_id: UUID, input: ActionInput) -> Action:
         updated = await service.update_action(
             info.context.pool,

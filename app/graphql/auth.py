@@ -7,6 +7,7 @@ import strawberry
 
 from app.auth import service
 from app.auth.service import Client as ClientRecord
+from app.errors import BadInput
 from app.graphql.context import Info
 from app.graphql.node import node_type
 from app.graphql.relay import Node, global_id, parse_uuid
@@ -105,13 +106,19 @@ class Viewer:
 
 def _policies(policies: list[PolicyInput]) -> list[dict[str, object]]:
     return [
-        {"effect": p.effect.value, "actions": [a.value for a in p.actions], "resources": p.resources}
+        {
+            "effect": p.effect.value,
+            "actions": [a.value for a in p.actions],
+            "resources": p.resources,
+        }
         for p in policies
     ]
 
 
 @node_type("Client")
 async def _client_node(info: Info, parts: list[str]) -> Client | None:
+    if len(parts) != 2:
+        raise BadInput("a Client ID names an account and a principal")
     account_id, principal = parse_uuid(parts[0]), parts[1]
     found = await service.get_client(info.context.pool, info.context.caller, account_id, principal)
     return Client.of(found) if found else None
@@ -125,8 +132,12 @@ class AuthQuery:
         return Viewer(account_id=caller.account_id, principal=caller.principal)
 
     @strawberry.field
-    async def client(self, info: Info, principal: str, account_id: UUID | None = None) -> Client | None:
-        found = await service.get_client(info.context.pool, info.context.caller, account_id, principal)
+    async def client(
+        self, info: Info, principal: str, account_id: UUID | None = None
+    ) -> Client | None:
+        found = await service.get_client(
+            info.context.pool, info.context.caller, account_id, principal
+        )
         return Client.of(found) if found else None
 
 
@@ -134,7 +145,9 @@ class AuthQuery:
 class AuthMutation:
     @strawberry.mutation
     async def create_account(self, info: Info, input: AccountInput) -> Account:
-        account_id = await service.create_account(info.context.pool, info.context.caller, input.name)
+        account_id = await service.create_account(
+            info.context.pool, info.context.caller, input.name
+        )
         return Account(account_id=account_id, name=input.name.strip())
 
     @strawberry.mutation
@@ -164,8 +177,12 @@ class AuthMutation:
         return Client.of(client)
 
     @strawberry.mutation
-    async def delete_client(self, info: Info, principal: str, account_id: UUID | None = None) -> Client:
-        client = await service.delete_client(info.context.pool, info.context.caller, account_id, principal)
+    async def delete_client(
+        self, info: Info, principal: str, account_id: UUID | None = None
+    ) -> Client:
+        client = await service.delete_client(
+            info.context.pool, info.context.caller, account_id, principal
+        )
         return Client.of(client)
 
     @strawberry.mutation
@@ -174,4 +191,6 @@ class AuthMutation:
     ) -> ClientToken:
         caller = info.context.caller
         token = await service.create_client_token(info.context.pool, caller, account_id, principal)
-        return ClientToken(account_id=account_id or caller.account_id, principal=principal, token=token)
+        return ClientToken(
+            account_id=account_id or caller.account_id, principal=principal, token=token
+        )

@@ -3,37 +3,60 @@
 import logging
 from collections.abc import Iterator
 
+import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
+from strawberry.types import ExecutionContext
 
 from app.errors import DomainError
 
 log = logging.getLogger(__name__)
 
 CODES = ("ACCESS_DENIED", "NOT_FOUND", "BAD_REQUEST", "CONFLICT", "UNAUTHENTICATED", "INTERNAL")
+INTERNAL_MESSAGE = "Internal error."
+
+
+def classify(error: GraphQLError) -> tuple[str, str]:
+    """The code and the message a client sees for `error`."""
+    original = error.original_error
+    if isinstance(original, DomainError):
+        return original.code, original.message
+    if original is None or isinstance(original, GraphQLError):
+        # Syntax, validation and variable coercion errors: the request itself is wrong.
+        return "BAD_REQUEST", error.message
+    if isinstance(original, ValueError) and error.path is None:
+        # A scalar refused a variable or literal before anything ran.
+        return "BAD_REQUEST", error.message
+    return "INTERNAL", INTERNAL_MESSAGE
 
 
 def coded(error: GraphQLError) -> GraphQLError:
-    original = error.original_error
-    if isinstance(original, DomainError):
-        code, message = original.code, original.message
-    elif original is None or isinstance(original, GraphQLError):
-        # Syntax, validation and variable coercion errors: the request itself is wrong.
-        code, message = "BAD_REQUEST", error.message
-    elif isinstance(original, ValueError) and error.path is None:
-        code, message = "BAD_REQUEST", error.message
-    else:
-        log.error("internal error", exc_info=original)
-        code, message = "INTERNAL", "Internal error."
+    code, message = classify(error)
     return GraphQLError(
         message,
         nodes=error.nodes,
         source=error.source,
         positions=error.positions,
         path=error.path,
-        original_error=original if code != "INTERNAL" else None,
+        original_error=error.original_error if code != "INTERNAL" else None,
         extensions={**(error.extensions or {}), "code": code},
     )
+
+
+class Schema(strawberry.Schema):
+    """Logs only internal errors, with their stack: a refused request is not a fault of ours."""
+
+    def process_errors(
+        self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None
+    ) -> None:
+        for error in errors:
+            if classify(error)[0] == "INTERNAL":
+                log.error(
+                    "internal error at %s: %s",
+                    error.path,
+                    error.message,
+                    exc_info=error.original_error,
+                )
 
 
 class ErrorCodes(SchemaExtension):

@@ -6,12 +6,27 @@ from uuid import UUID
 
 import strawberry
 
+from app.errors import BadInput
 from app.graphql.context import Info
 from app.graphql.node import node_type
-from app.graphql.relay import Node, global_id, parse_uuid
+from app.graphql.relay import (
+    Connection,
+    Node,
+    check_first,
+    connection,
+    decode_cursor,
+    decode_keyset,
+    encode_cursor,
+    global_id,
+    parse_uuid,
+)
 from app.graphql.scalars import Timestamp, Value
-from app.runtime import executions
-from app.runtime.executions import Execution, Session
+from app.memory import redaction
+from app.runtime import executions, turns
+from app.runtime.executions import Execution, Session, TranscriptEvent
+
+# Transcript sequences are PostgreSQL integers: a larger cursor value is no cursor of ours.
+_MAX_SEQUENCE = 2**31 - 1
 
 
 @strawberry.enum
@@ -19,6 +34,50 @@ class ActionExecutionStatus(Enum):
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
+
+
+@strawberry.type(
+    description="One event of a turn's transcript; `data` is JSON whose shape `type` names."
+)
+class ActionExecutionEvent:
+    sequence: int
+    invocation_number: int
+    type: str
+    data: Value
+    created: Timestamp
+
+    @classmethod
+    def of(cls, e: TranscriptEvent, reads_memory: bool = True) -> "ActionExecutionEvent":
+        """`reads_memory`: whether the reader may read the agent's memory records."""
+        return cls(
+            sequence=e.sequence,
+            invocation_number=e.invocation_number,
+            type=e.type,
+            data=Value(e.data if reads_memory else redaction.event_data(e.type, e.data)),
+            created=Timestamp(e.created),
+        )
+
+
+async def list_executions(
+    info: Info, action_id: UUID, session_id: str | None, first: int, after: str | None
+) -> Connection["ActionExecution"]:
+    check_first(first)
+    keyset = decode_keyset(after, UUID)
+    rows = await executions.list_executions(
+        info.context.pool,
+        info.context.caller,
+        action_id,
+        session_id,
+        keyset,
+        first + 1,
+    )
+    return connection(
+        rows,
+        first,
+        lambda e: encode_cursor(e.created, e.execution_id),
+        ActionExecution.of,
+        has_previous=after is not None,
+    )
 
 
 @strawberry.type
@@ -32,8 +91,6 @@ class ActionExecution(Node):
     invocation_number: int
     status: ActionExecutionStatus
     preview: bool
-    input: Value
-    output: Value | None
     error: str | None
     created: Timestamp
     modified: Timestamp
@@ -51,12 +108,26 @@ class ActionExecution(Node):
             invocation_number=e.invocation_number,
             status=ActionExecutionStatus(e.status),
             preview=e.preview,
-            input=Value(e.input),
-            output=Value(e.output) if e.output is not None else None,
             error=e.error,
             created=Timestamp(e.created),
             modified=Timestamp(e.modified),
         )
+
+    @strawberry.field(
+        description="What the execution was asked. Memory records in it show only their ID and "
+        "version unless you may read the agent's memory."
+    )
+    def input(self, info: Info) -> Value:
+        return Value(_memory_view(info, self.record.input))
+
+    @strawberry.field(
+        description="What the execution answered; null unless it succeeded. Memory records in it "
+        "show only their ID and version unless you may read the agent's memory."
+    )
+    def output(self, info: Info) -> Value | None:
+        if self.record.output is None:
+            return None
+        return Value(_memory_view(info, self.record.output))
 
     @strawberry.field(description="The agent at the version that ran this execution.")
     async def action(
@@ -66,6 +137,47 @@ class ActionExecution(Node):
 
         found = await load_action_version(info, self.action_id, self.action_version)
         return Action.of(found) if found else None
+
+    @strawberry.field(
+        description="The session the turn belongs to; null for an agent without sessions."
+    )
+    async def session(self, info: Info) -> "ActionSession | None":
+        if self.session_id is None:
+            return None
+        return await load_session(info, self.action_id, self.session_id)
+
+    @strawberry.field(
+        description="The turn's events in order, every invocation's, failed attempts included. "
+        "Memory records in them show only their ID and version, and memory tools' arguments no "
+        "record text, unless you may read the agent's memory."
+    )
+    async def transcript(
+        self, info: Info, first: int, after: str | None = None
+    ) -> Connection[ActionExecutionEvent]:
+        check_first(first)
+        cursor = decode_cursor(after, 1)
+        if cursor is not None and (
+            isinstance(cursor[0], bool)
+            or not isinstance(cursor[0], int)
+            or not 0 <= cursor[0] <= _MAX_SEQUENCE
+        ):
+            raise BadInput("`after` is not a cursor this connection issued")
+        rows = await executions.list_transcript(
+            info.context.pool,
+            info.context.caller,
+            self.action_id,
+            self.execution_id,
+            cursor[0] if cursor else None,
+            first + 1,
+        )
+        reads_memory = redaction.may_read(info.context.caller)
+        return connection(
+            rows,
+            first,
+            lambda e: encode_cursor(e.sequence),
+            lambda e: ActionExecutionEvent.of(e, reads_memory),
+            has_previous=after is not None,
+        )
 
 
 @strawberry.type
@@ -89,25 +201,83 @@ class ActionSession(Node):
             modified=Timestamp(s.modified),
         )
 
+    @strawberry.field(description="The session's executions, newest first.")
+    async def executions(
+        self, info: Info, first: int, after: str | None = None
+    ) -> Connection[ActionExecution]:
+        return await list_executions(info, self.action_id, self.session_id, first, after)
+
+
+@strawberry.type
+class ActionExecutionFields:
+    """Fields of `Action` about its turns (Action inherits them)."""
+
+    @strawberry.field(description="The agent's sessions, newest first.")
+    async def sessions(
+        self, info: Info, first: int, after: str | None = None
+    ) -> Connection[ActionSession]:
+        check_first(first)
+        keyset = decode_keyset(after, str)
+        rows = await executions.list_sessions(
+            info.context.pool,
+            info.context.caller,
+            self.action_id,  # type: ignore[attr-defined]
+            keyset,
+            first + 1,
+        )
+        return connection(
+            rows,
+            first,
+            lambda s: encode_cursor(s.created, s.session_id),
+            ActionSession.of,
+            has_previous=after is not None,
+        )
+
+    @strawberry.field(description="The agent's executions, of every session or none, newest first.")
+    async def executions(
+        self, info: Info, first: int, after: str | None = None
+    ) -> Connection[ActionExecution]:
+        return await list_executions(info, self.action_id, None, first, after)  # type: ignore[attr-defined]
+
+
+def _memory_view(info: Info, value: object) -> object:
+    """An execution's input or output as the caller may see it (app/memory/redaction.py)."""
+    if redaction.may_read(info.context.caller):
+        return value
+    return redaction.execution_value(value)
+
 
 async def load_execution(info: Info, action_id: UUID, execution_id: UUID) -> ActionExecution | None:
-    found = await executions.get_execution(info.context.pool, info.context.caller, execution_id, action_id)
+    found = await executions.get_execution(
+        info.context.pool, info.context.caller, execution_id, action_id
+    )
     return ActionExecution.of(found) if found else None
 
 
 async def load_session(info: Info, action_id: UUID, session_id: str) -> ActionSession | None:
-    found = await executions.get_session(info.context.pool, info.context.caller, action_id, session_id)
+    found = await executions.get_session(
+        info.context.pool, info.context.caller, action_id, session_id
+    )
     return ActionSession.of(found) if found else None
+
+
+def _key(parts: list[str], type_name: str) -> tuple[str, str]:
+    # PostgreSQL text cannot hold NUL: such a key names nothing, and must not reach the driver.
+    if len(parts) != 2 or any("\x00" in p for p in parts):
+        raise BadInput(f"not a global ID of an {type_name}: it must come from that object's `id`")
+    return parts[0], parts[1]
 
 
 @node_type("ActionExecution")
 async def _execution_node(info: Info, parts: list[str]) -> ActionExecution | None:
-    return await load_execution(info, parse_uuid(parts[0]), parse_uuid(parts[1]))
+    action_id, execution_id = _key(parts, "ActionExecution")
+    return await load_execution(info, parse_uuid(action_id), parse_uuid(execution_id))
 
 
 @node_type("ActionSession")
 async def _session_node(info: Info, parts: list[str]) -> ActionSession | None:
-    return await load_session(info, parse_uuid(parts[0]), parts[1])
+    action_id, session_id = _key(parts, "ActionSession")
+    return await load_session(info, parse_uuid(action_id), session_id)
 
 
 @strawberry.type
@@ -116,3 +286,41 @@ class ExecutionQuery:
     async def execution(self, info: Info, execution_id: UUID) -> ActionExecution | None:
         found = await executions.get_execution(info.context.pool, info.context.caller, execution_id)
         return ActionExecution.of(found) if found else None
+
+
+@strawberry.input
+class ExecuteActionInput:
+    action_id: UUID
+    session_id: str | None = strawberry.field(
+        default=None, description="The session of the turn; omit it for an agent without sessions."
+    )
+    input: Value | None = strawberry.field(
+        default=None, description="The message (a string) or value the turn answers."
+    )
+    preview: bool = strawberry.field(
+        default=False, description="Run in preview mode: what the turn writes is preview only."
+    )
+    execution_id: UUID | None = strawberry.field(
+        default=None, description="Retry this FAILED execution as its next invocation."
+    )
+
+
+@strawberry.type
+class ExecutionMutation:
+    @strawberry.mutation(
+        description="Runs one turn of the agent's current version (or retries a failed one). "
+        "A turn that fails returns its execution with status FAILED and its error."
+    )
+    async def execute_action(self, info: Info, input: ExecuteActionInput) -> ActionExecution:
+        executed = await turns.execute_turn(
+            info.context.state,
+            info.context.caller,
+            turns.TurnRequest(
+                action_id=input.action_id,
+                session_id=input.session_id,
+                input=input.input,
+                preview=input.preview,
+                execution_id=input.execution_id,
+            ),
+        )
+        return ActionExecution.of(executed)

@@ -4,7 +4,7 @@ import base64
 import binascii
 import json
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Generic, TypeVar
 from uuid import UUID
@@ -14,6 +14,8 @@ import strawberry
 from app.errors import BadInput
 
 T = TypeVar("T")
+INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
+K = TypeVar("K", UUID, str)
 
 
 @strawberry.enum
@@ -31,9 +33,13 @@ def parse_global_id(value: str) -> tuple[str, list[str]]:
     try:
         raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
         decoded = json.loads(raw)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         raise BadInput(f"{value!r} is not a global ID") from None
-    if not isinstance(decoded, list) or len(decoded) < 2 or not all(isinstance(p, str) for p in decoded):
+    if (
+        not isinstance(decoded, list)
+        or len(decoded) < 2
+        or not all(isinstance(p, str) for p in decoded)
+    ):
         raise BadInput(f"{value!r} is not a global ID")
     return decoded[0], decoded[1:]
 
@@ -83,26 +89,48 @@ def encode_cursor(*values: Any) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
+def _cursor_value(v: Any) -> Any:
+    """One keyset value as `encode_cursor` wrote it; ValueError for anything else."""
+    if isinstance(v, dict):
+        if v.keys() == {"t"} and isinstance(v["t"], str):
+            instant = datetime.fromisoformat(v["t"])
+            if instant.tzinfo is None:
+                raise ValueError("naive timestamp")
+            return instant.astimezone(UTC)  # out of range here, not in the driver
+        if v.keys() == {"u"} and isinstance(v["u"], str):
+            return UUID(v["u"])
+        raise ValueError("unknown value")
+    if isinstance(v, bool) or not isinstance(v, int | str):
+        raise ValueError("unknown value")
+    if isinstance(v, int) and not INT4_MIN <= v <= INT4_MAX:
+        raise ValueError("integer out of range")  # cursor integers reach SQL as int4
+    if isinstance(v, str) and "\x00" in v:
+        raise ValueError("NUL in text")  # PostgreSQL text cannot hold it
+    return v
+
+
 def decode_cursor(cursor: str | None, arity: int) -> tuple[Any, ...] | None:
     """The keyset values of an `after` cursor, or None for the first page."""
     if cursor is None:
         return None
-
-    def typed(v: Any) -> Any:
-        if isinstance(v, dict) and "t" in v:
-            return datetime.fromisoformat(v["t"])
-        if isinstance(v, dict) and "u" in v:
-            return UUID(v["u"])
-        return v
-
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         values = json.loads(raw)
         if not isinstance(values, list) or len(values) != arity:
-            raise ValueError
-        return tuple(typed(v) for v in values)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+            raise ValueError("wrong arity")
+        return tuple(_cursor_value(v) for v in values)
+    except Exception:  # a crafted cursor is the client's error, whatever it trips
         raise BadInput("`after` is not a cursor this connection issued") from None
+
+
+def decode_keyset(cursor: str | None, second: type[K]) -> tuple[datetime, K] | None:
+    """The (created, id) keyset of an `after` cursor, or None for the first page."""
+    values = decode_cursor(cursor, 2)
+    if values is None:
+        return None
+    if not (isinstance(values[0], datetime) and isinstance(values[1], second)):
+        raise BadInput("`after` is not a cursor this connection issued")
+    return values[0], values[1]
 
 
 def check_first(first: int, maximum: int = 1000) -> int:

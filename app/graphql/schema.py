@@ -1,14 +1,23 @@
 """The schema: each domain's Query and Mutation classes, combined."""
 
+from functools import cache
+
 import strawberry
-from strawberry.extensions import MaxTokensLimiter, QueryDepthLimiter
+from graphql import ASTValidationRule
+from strawberry.extensions import (
+    AddValidationRules,
+    MaxTokensLimiter,
+    ValidationCache,
+)
+from strawberry.extensions.query_depth_limiter import create_validator
 from strawberry.schema.config import StrawberryConfig
 
 from app.graphql.actions import ActionMutation, ActionQuery
 from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
-from app.graphql.errors import ErrorCodes
-from app.graphql.executions import ActionSession, ExecutionQuery
+from app.graphql.errors import ErrorCodes, Schema
+from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
+from app.graphql.memory import MemoryMutation, MemoryQuery
 from app.graphql.node import resolve_node
 from app.graphql.relay import Node
 from app.graphql.scalars import SCALARS
@@ -22,24 +31,35 @@ class NodeQuery:
 
 
 @strawberry.type
-class Query(NodeQuery, AuthQuery, ActionQuery, ExecutionQuery):
+class Query(NodeQuery, AuthQuery, ActionQuery, ExecutionQuery, MemoryQuery):
     pass
 
 
 @strawberry.type
-class Mutation(AuthMutation, ActionMutation):
+class Mutation(AuthMutation, ActionMutation, ExecutionMutation, MemoryMutation):
     pass
 
 
+@cache
+def _depth_rule(max_depth: int) -> type[ASTValidationRule]:
+    # One rule class per limit: the validation cache keys on the rule classes, so a class
+    # made per request (as QueryDepthLimiter does) would make every request a cache miss.
+    return create_validator(max_depth, None, None)
+
+
 def build_schema(max_depth: int = 12, max_tokens: int = 5000) -> strawberry.Schema:
-    return strawberry.Schema(
+    return Schema(
         query=Query,
         mutation=Mutation,
         types=[ActionSession],
         config=StrawberryConfig(scalar_map=SCALARS),
         extensions=[
-            QueryDepthLimiter(max_depth=max_depth),
-            MaxTokensLimiter(max_token_count=max_tokens),
+            # Factories, not instances: each request gets its own extension objects. The depth
+            # rule comes first so that cached validations ran with it. (No ParserCache: a syntax
+            # error raised from its hook escapes the operation hooks, and ErrorCodes with it.)
+            lambda: AddValidationRules([_depth_rule(max_depth)]),
+            lambda: MaxTokensLimiter(max_token_count=max_tokens),
+            lambda: ValidationCache(maxsize=256),
             ErrorCodes,
         ],
     )

@@ -1,5 +1,7 @@
 """Memory records as the layers pass them around, and the limits every write obeys."""
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -43,4 +45,18 @@ class MemoryRecord:
 
     def pinned_line(self) -> str:
         """How a pinned record is listed in a turn's instructions (and counted for the budget)."""
-        return f"- {self.summary} (memory {self.memory_id})"
+        return pin_line(self.summary, self.memory_id)
+
+
+def pin_line(summary: str, memory_id: UUID) -> str:
+    return f"- {summary} (memory {memory_id})"
+
+
+def pinned_listing(records: Iterable[MemoryRecord]) -> str:
+    """The pinned records as a turn's instructions list them: one line each."""
+    return "\n".join(r.pinned_line() for r in records)
+
+
+def pinned_tokens(lines: Iterable[str]) -> int:
+    """The budget a listing of these lines takes, at about four characters per token."""
+    return math.ceil(len("\n".join(lines)) / CHARS_PER_TOKEN)

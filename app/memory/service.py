@@ -4,24 +4,52 @@ CONTRACT (used by the runtime and the GraphQL layer; implemented in this module)
 
 - `Writer` names who writes and with what provenance.
 - `MemoryWork(pool, embedder, writer)` is one writer's unit of work. `add`, `delete` stage
-  changes as rows of `agent_memories` with `pending_execution = writer.execution_id`, which
-  only this writer's own reads see (app/memory/visibility.py); `commit(conn)` makes them
-  visible inside the caller's transaction (with the turn's other writes) and raises Conflict
-  when a record it replaces or deletes changed meanwhile; `discard()` drops them.
+  changes as rows of `agent_memories` with `pending_execution = writer.execution_id` (and
+  `pending_invocation`, the attempt), which only this attempt's own reads see
+  (app/memory/visibility.py); `commit(conn)` makes them visible inside the caller's
+  transaction (with the turn's other writes) and raises Conflict when a record it replaces
+  or deletes changed meanwhile; `discard()` drops them. After a Conflict (or any failure of
+  the caller's transaction) call `discard()`: the rolled-back rows are staged again.
 - Embeddings are computed in `add` (outside any transaction); `embed_tokens` collects usage.
+- No grant is checked here: an agent's use of its own memory needs none (spec); operators
+  reach this through app/memory/operator.py, which checks theirs.
 """
 
+import json
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 from uuid import UUID
 
 import asyncpg
 
+from app.actions.harness import MemoryConfig
 from app.actions.service import ActionVersion
 from app.embeddings.base import Embedder
-from app.memory.records import MemoryRecord, Scope, Source
-from app.memory.visibility import AgentReader
+from app.embeddings.text import memory_text
+from app.errors import BadInput, Conflict, NotFound
+from app.memory import store
+from app.memory.records import (
+    CHARS_PER_TOKEN,
+    MAX_CONTENT_BYTES,
+    MAX_SUMMARY_BYTES,
+    MemoryRecord,
+    Scope,
+    Source,
+    pin_line,
+    pinned_tokens,
+)
+from app.memory.visibility import AgentReader, OperatorReader, Reader
+
+# Every character that ends a line for str.splitlines: a summary is one line.
+LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+MAX_LABEL_VALUE_BYTES = 512
+MAX_METADATA_BYTES = 16 * 1024
+NO_SESSION = (
+    "this agent runs without a session, so it has no session scope: its harness.memory.scope "
+    'must be {"read": ["agent"], "write": ["agent"]}'
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +72,12 @@ class Writer:
             scopes=self.action.harness.memory.read,
             preview=self.preview,
             execution_id=self.execution_id,
+            invocation_number=self.invocation_number,
         )
+
+    @property
+    def is_operator(self) -> bool:
+        return self.source == "OPERATOR"
 
 
 @dataclass(frozen=True)
@@ -59,33 +92,518 @@ class NewMemory:
     metadata: Any = None
 
 
+def check_summary(summary: str) -> None:
+    if not isinstance(summary, str) or not summary.strip():
+        raise BadInput(
+            "summary is empty: give one line the agent can act on without reading further"
+        )
+    if any(c in LINE_BREAKS for c in summary):
+        raise BadInput("summary must be one line, without line breaks: move the details to content")
+    size = len(summary.encode())
+    if size > MAX_SUMMARY_BYTES:
+        raise BadInput(
+            f"summary is {size} bytes; at most {MAX_SUMMARY_BYTES} bytes (UTF-8) are allowed: "
+            "shorten it and move the details to content"
+        )
+
+
+def check_content(content: str) -> None:
+    if not isinstance(content, str):
+        raise BadInput("content must be text")
+    size = len(content.encode())
+    if size > MAX_CONTENT_BYTES:
+        raise BadInput(
+            f"content is {size} bytes; at most {MAX_CONTENT_BYTES} bytes (16 KiB, UTF-8) are "
+            "allowed: keep only the evidence and specifics behind the summary"
+        )
+
+
+def check_kind(kind: str, config: MemoryConfig) -> None:
+    if kind not in config.kinds:
+        raise BadInput(
+            f"kind {kind!r} is not one of this agent's memory kinds: {', '.join(config.kinds)}"
+        )
+
+
+def check_labels(config: MemoryConfig, labels: Mapping[str | int, str]) -> dict[int, str]:
+    """Label values by number, from values given by declared label name or number."""
+    result: dict[int, str] = {}
+    for key, value in labels.items():
+        number = int(key) if isinstance(key, str) and key.isdigit() else key
+        label = None if isinstance(number, bool) else config.label(number)
+        if label is None:
+            declared = ", ".join(f"{d.name} (number {d.number})" for d in config.labels)
+            raise BadInput(
+                f"label {key!r} is not declared by this agent; "
+                + (f"its labels are: {declared}" if declared else "it declares no labels")
+            )
+        if not isinstance(value, str) or not value:
+            raise BadInput(
+                f"label {label.name} needs an exact, non-empty string value, such as an ID"
+            )
+        if len(value.encode()) > MAX_LABEL_VALUE_BYTES:
+            raise BadInput(
+                f"label {label.name}'s value must be at most {MAX_LABEL_VALUE_BYTES} bytes"
+            )
+        if label.number in result:
+            raise BadInput(f"label {label.name} (number {label.number}) is given twice")
+        result[label.number] = value
+    return result
+
+
+def check_metadata(metadata: Any) -> Any:
+    if metadata is None:
+        return {}
+    try:
+        size = len(json.dumps(metadata, allow_nan=False).encode())
+    except (TypeError, ValueError):
+        raise BadInput("metadata must be a JSON value") from None
+    if size > MAX_METADATA_BYTES:
+        raise BadInput(
+            f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} are allowed"
+        )
+    return metadata
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A record a writer replaces, deletes or reads: as stored, and as the writer sees it."""
+
+    current: MemoryRecord  # committed, or staged by this attempt
+    shadow: MemoryRecord | None  # the row hiding it from this writer (app.memory.visibility)
+    effective: MemoryRecord
+
+
+@dataclass(frozen=True)
+class _Change:
+    """A status change that commit applies to a record the writer read at `version`."""
+
+    target: UUID
+    version: int
+    status: Literal["SUPERSEDED", "DELETED"]
+    by: UUID  # the staged row that replaces or deletes it
+    # A preview record naming a live record: the live record stays unchanged (spec P4).
+    preview_of_live: bool
+    # The staged row only marks a deletion until commit, which removes it.
+    tombstone: bool
+
+
+def _as_changed(
+    current: MemoryRecord,
+    status: Literal["SUPERSEDED", "DELETED"],
+    by: MemoryRecord,
+    principal: str,
+) -> MemoryRecord:
+    """The record as committing a staged replacement or deletion will write it."""
+    return replace(
+        current,
+        status=status,
+        replaced_by=by.memory_id if status == "SUPERSEDED" else None,
+        version=current.version + 1,
+        modified=by.modified,
+        modified_by=principal,
+    )
+
+
+def _effective(current: MemoryRecord, shadow: MemoryRecord | None, principal: str) -> MemoryRecord:
+    if shadow is None or current.status != "ACTIVE":
+        return current
+    status: Literal["SUPERSEDED", "DELETED"] = (
+        "DELETED" if shadow.status == "DELETED" else "SUPERSEDED"
+    )
+    if shadow.preview and not current.preview:
+        # A preview record names this live record, which no preview writer changes: to a
+        # preview reader it is replaced or deleted all the same.
+        return replace(
+            current, status=status, replaced_by=shadow.memory_id if status == "SUPERSEDED" else None
+        )
+    return _as_changed(current, status, shadow, principal)
+
+
 class MemoryWork:
     def __init__(self, pool: asyncpg.Pool, embedder: Embedder, writer: Writer) -> None:
         self.pool = pool
         self.embedder = embedder
         self.writer = writer
         self.embed_tokens: list[int] = []
+        self._staged: list[UUID] = []  # rows this work staged, in order
+        self._changes: list[_Change] = []
+        self._started = False
+
+    @property
+    def config(self) -> MemoryConfig:
+        return self.writer.action.harness.memory
 
     async def add(self, new: NewMemory) -> list[MemoryRecord]:
         """Stages a record; returns the records written (the new one, and the one it replaces)."""
-        raise NotImplementedError
+        w, config = self.writer, self.config
+        self._require_enabled()
+        check_summary(new.summary)
+        check_content(new.content)
+        check_kind(new.kind, config)
+        labels = check_labels(config, new.labels)
+        metadata = check_metadata(new.metadata)
+        scope = self._scope(new.scope)
+        if new.pinned and config.pinned_max_tokens is None:
+            raise BadInput(
+                "nothing can be pinned: this agent has no harness.memory.pinned; "
+                "save the memory unpinned"
+            )
+        memory_id = uuid.uuid4()
+        target: _Target | None = None
+        async with self.pool.acquire() as conn:
+            await self._start(conn)
+            if new.replaces is not None:
+                target = await self._target(conn, new.replaces)
+                self._check_replaceable(target)
+            if new.pinned:
+                await self._check_pin_budget(conn, pin_line(new.summary, memory_id), new.replaces)
+        # Embedded with no connection held: a remote embedder may take its time.
+        embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
+        self.embed_tokens.append(embedded.tokens)
+        row = store.NewRow(
+            account_id=w.account_id,
+            action_id=w.action.action_id,
+            memory_id=memory_id,
+            summary=new.summary,
+            content=new.content,
+            metadata=metadata,
+            status="ACTIVE",
+            scope=scope,
+            kind=new.kind,
+            source=w.source,
+            pinned=new.pinned,
+            labels=labels,
+            replaces=new.replaces,
+            preview=w.preview,
+            execution_id=w.execution_id,
+            invocation_number=w.invocation_number,
+            action_version=w.action.version,
+            session_id=w.session_id,
+            modified_by=w.principal,
+            embedding=embedded.vectors[0],
+        )
+        async with self.pool.acquire() as conn:
+            staged = store.record(await store.insert_staged(conn, row))
+        self._staged.append(staged.memory_id)
+        if target is None:
+            return [staged]
+        change = self._stage_change(target, "SUPERSEDED", staged, tombstone=False)
+        if change.preview_of_live:
+            return [staged]
+        return [staged, _as_changed(target.current, "SUPERSEDED", staged, w.principal)]
 
     async def delete(self, memory_id: UUID) -> MemoryRecord:
         """Stages a deletion; deleting a deleted record returns it unchanged."""
-        raise NotImplementedError
+        w = self.writer
+        self._require_enabled()
+        async with self.pool.acquire() as conn:
+            await self._start(conn)
+            target = await self._target(conn, memory_id)
+        current, shadow, effective = target.current, target.shadow, target.effective
+        if effective.status == "DELETED":
+            if (
+                shadow is not None
+                and shadow.preview
+                and not current.preview
+                and shadow.status == "DELETED"
+            ):
+                return shadow  # the preview record that deleted this live record
+            return effective
+        if effective.status == "SUPERSEDED":
+            raise BadInput(
+                f"memory {memory_id} was replaced by memory {effective.replaced_by}; "
+                "delete that record instead"
+            )
+        self._check_writable(effective)
+        preview_of_live = w.preview and not current.preview
+        row = store.NewRow(
+            account_id=w.account_id,
+            action_id=w.action.action_id,
+            memory_id=uuid.uuid4(),
+            summary=current.summary,
+            content=current.content,
+            metadata=current.metadata,
+            status="DELETED",
+            scope=current.scope,
+            kind=current.kind,
+            source=w.source,
+            pinned=False,
+            labels=current.labels,
+            replaces=memory_id,
+            preview=w.preview,
+            execution_id=w.execution_id,
+            invocation_number=w.invocation_number,
+            action_version=w.action.version,
+            session_id=w.session_id,
+            modified_by=w.principal,
+            embedding=None,
+        )
+        async with self.pool.acquire() as conn:
+            staged = store.record(await store.insert_staged(conn, row))
+        self._staged.append(staged.memory_id)
+        self._stage_change(target, "DELETED", staged, tombstone=not preview_of_live)
+        return staged if preview_of_live else _as_changed(current, "DELETED", staged, w.principal)
 
     async def read(self, memory_id: UUID, version: int | None = None) -> MemoryRecord | None:
         """One record the writer can see, whatever its status (or an exact version)."""
-        raise NotImplementedError
+        async with self.pool.acquire() as conn:
+            target = await self._find(conn, memory_id)
+            if target is None:
+                return None
+            if version is None or version == target.effective.version:
+                return target.effective
+            if version == target.current.version:
+                return target.current
+            row = await store.get_version(
+                conn, self.writer.account_id, self.writer.action.action_id, memory_id, version
+            )
+        return store.record(row) if row else None
 
     async def pinned(self) -> list[MemoryRecord]:
         """The pinned records the writer reads, as every turn's instructions list them."""
-        raise NotImplementedError
+        async with self.pool.acquire() as conn:
+            rows = await store.list_pinned(conn, self.writer.reader())
+        return [store.record(r) for r in rows]
 
     async def commit(self, conn: asyncpg.Connection) -> list[MemoryRecord]:
         """Makes the staged changes visible in the caller's transaction; Conflict if stale."""
-        raise NotImplementedError
+        if not self._staged:
+            return []
+        w = self.writer
+        account_id, action_id = w.account_id, w.action.action_id
+        tombstones = [c.by for c in self._changes if c.tombstone]
+        records = [m for m in self._staged if m not in tombstones]
+        try:
+            published = [
+                store.record(r)
+                for r in await store.publish(conn, account_id, action_id, w.execution_id, records)
+            ]
+            if len(published) != len(records):
+                raise Conflict(
+                    "this turn's staged memory records were discarded before it committed; "
+                    "nothing was saved"
+                )
+            changed: list[MemoryRecord] = []
+            for change in self._changes:
+                if change.preview_of_live:
+                    unchanged = await store.lock_unchanged(
+                        conn, account_id, action_id, change.target, change.version
+                    )
+                    if not unchanged:
+                        raise Conflict(_changed_meanwhile(change.target))
+                    continue
+                row = await store.change_status(
+                    conn,
+                    account_id,
+                    action_id,
+                    change.target,
+                    expected_version=change.version,
+                    status=change.status,
+                    replaced_by=change.by if change.status == "SUPERSEDED" else None,
+                    modified_by=w.principal,
+                )
+                if row is None:
+                    raise Conflict(_changed_meanwhile(change.target))
+                changed.append(store.record(row))
+            if tombstones:
+                await store.delete_staged(conn, account_id, action_id, w.execution_id, tombstones)
+            if any(r.pinned for r in published):
+                await self._recheck_pins(conn)
+        except asyncpg.UniqueViolationError:
+            # Another writer committed a successor of a record this work replaces.
+            targets = ", ".join(str(c.target) for c in self._changes)
+            raise Conflict(_changed_meanwhile(targets)) from None
+        except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError):
+            raise Conflict(
+                "memory records this turn changes were changed by another writer at the same "
+                "time; nothing was saved: read them again and retry"
+            ) from None
+        self._staged.clear()
+        self._changes.clear()
+        return published + changed
 
     async def discard(self) -> None:
-        """Drops whatever this work staged (a failed turn leaves no memory)."""
-        raise NotImplementedError
+        """Drops whatever this work staged (a failed turn leaves no memory).
+
+        Every row its execution staged goes, earlier attempts' included.
+        """
+        w = self.writer
+        async with self.pool.acquire() as conn:
+            await store.delete_staged(conn, w.account_id, w.action.action_id, w.execution_id)
+        self._staged.clear()
+        self._changes.clear()
+
+    def _require_enabled(self) -> None:
+        if not self.config.enabled:
+            raise BadInput("memory is not enabled for this agent (harness.memory.enabled is false)")
+
+    async def _start(self, conn: asyncpg.Connection) -> None:
+        """A retried turn first drops what its failed attempts staged and never committed."""
+        if not self._started and self.writer.invocation_number > 1:
+            w = self.writer
+            await store.delete_earlier_attempts(
+                conn, w.account_id, w.action.action_id, w.execution_id, w.invocation_number
+            )
+        self._started = True
+
+    def _scope(self, requested: Scope | None) -> Scope:
+        w, config = self.writer, self.config
+        if requested not in (None, "SESSION", "AGENT"):
+            raise BadInput(f"scope must be SESSION or AGENT, got {requested!r}")
+        if w.is_operator:
+            # Operators choose either scope; the agent's write scopes restrain only the agent.
+            scope: Scope = requested or ("SESSION" if w.session_id is not None else "AGENT")
+            if scope == "SESSION" and w.session_id is None:
+                raise BadInput(
+                    "a SESSION record needs the sessionId of the session that recalls it"
+                )
+            if scope.lower() not in config.read:
+                raise BadInput(
+                    f"this agent never recalls {scope} records: its harness.memory.scope.read is "
+                    f"{list(config.read)}"
+                )
+            return scope
+        if requested == "AGENT":
+            if "agent" not in config.write:
+                raise BadInput(
+                    "scope AGENT is not allowed: this agent writes only session scope "
+                    "(harness.memory.scope.write); leave scope out to save it for this session"
+                )
+            return "AGENT"
+        if requested == "SESSION":
+            if "session" not in config.write:
+                raise BadInput(
+                    "scope SESSION is not allowed: this agent writes only agent scope "
+                    "(harness.memory.scope.write); leave scope out"
+                )
+            if w.session_id is None:
+                raise BadInput(NO_SESSION)
+            return "SESSION"
+        if "session" in config.write and w.session_id is not None:
+            return "SESSION"
+        if "agent" in config.write:
+            return "AGENT"
+        raise BadInput(NO_SESSION)
+
+    def _target_reader(self) -> Reader:
+        w = self.writer
+        if w.is_operator:
+            return OperatorReader(w.account_id, w.action.action_id)
+        return w.reader()
+
+    async def _find(self, conn: asyncpg.Connection, memory_id: UUID) -> _Target | None:
+        reader = self._target_reader()
+        row = await store.get_visible(conn, reader, memory_id)
+        if row is None:
+            return None
+        current = store.record(row)
+        shadow = None
+        if isinstance(reader, AgentReader):
+            shadow_row = await store.get_shadow(conn, reader, memory_id)
+            shadow = store.record(shadow_row) if shadow_row else None
+        return _Target(current, shadow, _effective(current, shadow, self.writer.principal))
+
+    async def _target(self, conn: asyncpg.Connection, memory_id: UUID) -> _Target:
+        found = await self._find(conn, memory_id)
+        if found is None:
+            raise NotFound(
+                f"no memory {memory_id} is visible to this agent: check the ID "
+                "(another session's session-scope records are never visible)"
+                if not self.writer.is_operator
+                else f"memory {memory_id} of agent {self.writer.action.action_id} not found"
+            )
+        return found
+
+    def _check_writable(self, record: MemoryRecord) -> None:
+        """Spec: the agent reaches only the scopes it writes."""
+        write = self.config.write
+        if not self.writer.is_operator and record.scope.lower() not in write:
+            raise BadInput(
+                f"memory {record.memory_id} has {record.scope} scope, which this agent does not "
+                f"write (harness.memory.scope.write is {list(write)}): it can neither replace nor "
+                "delete it"
+            )
+
+    def _check_replaceable(self, target: _Target) -> None:
+        record = target.effective
+        if record.status == "SUPERSEDED":
+            raise BadInput(
+                f"memory {record.memory_id} was already replaced by memory {record.replaced_by}; "
+                "replace that record instead"
+            )
+        if record.status == "DELETED":
+            raise BadInput(
+                f"memory {record.memory_id} is deleted and cannot be replaced; add the memory "
+                "without replaces"
+            )
+        self._check_writable(record)
+        if self.writer.is_operator and record.preview:
+            raise BadInput(
+                f"memory {record.memory_id} was written by a turn in preview mode; a live record "
+                "cannot replace it (delete it instead)"
+            )
+
+    def _stage_change(
+        self,
+        target: _Target,
+        status: Literal["SUPERSEDED", "DELETED"],
+        by: MemoryRecord,
+        *,
+        tombstone: bool,
+    ) -> _Change:
+        change = _Change(
+            target=target.current.memory_id,
+            version=target.current.version,
+            status=status,
+            by=by.memory_id,
+            preview_of_live=self.writer.preview and not target.current.preview,
+            tombstone=tombstone,
+        )
+        self._changes.append(change)
+        return change
+
+    async def _check_pin_budget(
+        self, conn: asyncpg.Connection, line: str, replaced: UUID | None
+    ) -> None:
+        budget = self.config.pinned_max_tokens
+        assert budget is not None
+        pins = [store.record(r) for r in await store.list_pinned(conn, self.writer.reader())]
+        kept = [r for r in pins if r.memory_id != replaced]
+        tokens = pinned_tokens([*(r.pinned_line() for r in kept), line])
+        if tokens > budget:
+            raise BadInput(_over_budget(tokens, budget, kept))
+
+    async def _recheck_pins(self, conn: asyncpg.Connection) -> None:
+        """Pins other turns committed meanwhile count too: the budget holds once committed."""
+        w = self.writer
+        budget = self.config.pinned_max_tokens
+        if budget is None:
+            return
+        await store.lock_pins(conn, w.account_id, w.action.action_id)
+        committed = replace(w.reader(), execution_id=None, invocation_number=None)
+        pins = [store.record(r) for r in await store.list_pinned(conn, committed)]
+        tokens = pinned_tokens(r.pinned_line() for r in pins)
+        if tokens > budget:
+            raise Conflict(
+                "other turns pinned memories meanwhile; nothing was saved. "
+                + _over_budget(tokens, budget, pins)
+            )
+
+
+def _over_budget(tokens: int, budget: int, pins: list[MemoryRecord]) -> str:
+    pinned = ", ".join(str(r.memory_id) for r in pins) or "none"
+    return (
+        f"pinning this memory would take the pinned list to about {tokens} tokens, over this "
+        f"agent's budget of {budget} (harness.memory.pinned.max_tokens, about {CHARS_PER_TOKEN} "
+        "characters a token). Consolidate: add one pinned memory that says what several pinned "
+        "ones say, with replaces naming one of them, and delete the others; or save this memory "
+        f"unpinned. Pinned now: {pinned}"
+    )
+
+
+def _changed_meanwhile(target: object) -> str:
+    return (
+        f"memory {target} changed meanwhile: another turn or an operator replaced or deleted it "
+        "after this turn read it. Nothing was saved; read it again and decide anew"
+    )

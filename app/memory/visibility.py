@@ -31,6 +31,9 @@ class AgentReader:
     scopes: tuple[str, ...]  # harness.memory.scope.read: "session" and/or "agent"
     preview: bool
     execution_id: UUID | None = None  # the running turn, whose staged writes it sees
+    # The running attempt of that turn: a retry never sees what a failed attempt staged.
+    # None: every attempt of the execution (for readers that do not know it).
+    invocation_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,28 @@ class OperatorReader:
 
 
 Reader = AgentReader | OperatorReader
+
+
+def staged_by(reader: AgentReader, p: Params, m: str) -> str:
+    """SQL: row `m` is staged (not yet committed) by the reader's own running attempt."""
+    invocation = p(reader.invocation_number)
+    return (
+        f"({m}.pending_execution = {p(reader.execution_id)}"
+        f" AND ({invocation}::integer IS NULL OR {m}.pending_invocation = {invocation}))"
+    )
+
+
+def shadows(reader: AgentReader, p: Params, r: str) -> str:
+    """SQL: row `r`, which names a record in `replaces`, hides that record from the reader.
+
+    A record is hidden when the reader's own attempt has staged its replacement or deletion,
+    and, for a preview reader, when any committed preview record names it (spec: preview
+    turns see every record except those a preview record names in `replaces`).
+    """
+    return (
+        f"({staged_by(reader, p, r)}"
+        f" OR ({r}.pending_execution IS NULL AND {r}.preview AND {p(reader.preview)}))"
+    )
 
 
 def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False) -> str:
@@ -56,13 +81,13 @@ def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False
     if isinstance(reader, OperatorReader):
         where.append(f"{m}.pending_execution IS NULL")
         if not any_status:
-            # Spec: deleted and superseded records are omitted, except preview deletions.
-            where.append(f"({m}.status = 'ACTIVE' OR ({m}.preview AND {m}.status = 'DELETED'))")
+            # Spec: deleted and superseded records are omitted, except preview deletions: the
+            # preview tombstones naming the live record they delete. A preview record that
+            # replaced one and was deleted later is no deletion, and stays omitted.
+            where.append(f"({m}.status = 'ACTIVE' OR ({m}.preview AND {m}.tombstone))")
         return " AND ".join(where)
 
-    execution = p(reader.execution_id)
-    preview = p(reader.preview)
-    where.append(f"({m}.pending_execution IS NULL OR {m}.pending_execution = {execution})")
+    where.append(f"({m}.pending_execution IS NULL OR {staged_by(reader, p, m)})")
     scopes: list[str] = []
     if "agent" in reader.scopes:
         scopes.append(f"{m}.scope = 'AGENT'")
@@ -70,18 +95,14 @@ def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False
         scopes.append(f"({m}.scope = 'SESSION' AND {m}.session_id = {p(reader.session_id)})")
     where.append("(" + " OR ".join(scopes) + ")" if scopes else "false")
     # Live readers never see preview records.
-    where.append(f"(NOT {m}.preview OR {preview})")
+    where.append(f"(NOT {m}.preview OR {p(reader.preview)})")
     if not any_status:
         where.append(f"{m}.status = 'ACTIVE'")
-        # Hidden: records that a preview record names in `replaces` (for preview readers), and
-        # records the running turn has staged a replacement or deletion of.
         where.append(
             f"""NOT EXISTS (
                 SELECT 1 FROM agent_memories r
                 WHERE r.account_id = {m}.account_id AND r.action_id = {m}.action_id
-                  AND r.replaces = {m}.memory_id
-                  AND ((r.pending_execution IS NULL AND r.preview AND {preview})
-                       OR r.pending_execution = {execution})
+                  AND r.replaces = {m}.memory_id AND {shadows(reader, p, "r")}
             )"""
         )
     return " AND ".join(where)

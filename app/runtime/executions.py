@@ -39,6 +39,22 @@ class Execution:
 
 
 @dataclass(frozen=True)
+class TranscriptEvent:
+    account_id: UUID
+    action_id: UUID
+    execution_id: UUID
+    sequence: int
+    invocation_number: int
+    type: str
+    data: Any
+    created: datetime
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> "TranscriptEvent":
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class Session:
     account_id: UUID
     action_id: UUID
@@ -68,3 +84,51 @@ async def get_session(
     async with pool.acquire() as conn:
         row = await store.get_session(conn, caller.account_id, action_id, session_id)
     return Session.of(row) if row else None
+
+
+async def list_transcript(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    execution_id: UUID,
+    after_sequence: int | None,
+    limit: int,
+) -> list[TranscriptEvent]:
+    """Transcript events in order; every invocation's, failed attempts included."""
+    caller.require(("SELECT", resources.EXECUTION_TRANSCRIPT))
+    async with pool.acquire() as conn:
+        rows = await store.list_events(
+            conn, caller.account_id, action_id, execution_id, after_sequence, limit
+        )
+    return [TranscriptEvent.of(r) for r in rows]
+
+
+async def list_sessions(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[Session]:
+    caller.require(("SELECT", resources.SESSION_INDEX))
+    async with pool.acquire() as conn:
+        rows = await store.list_sessions(conn, caller.account_id, action_id, after, limit)
+    return [Session.of(r) for r in rows]
+
+
+async def list_executions(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    session_id: str | None,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+) -> list[Execution]:
+    """A session's executions (or, without `session_id`, the agent's), newest first."""
+    index = resources.SESSION_INDEX if session_id is not None else resources.EXECUTION_INDEX
+    caller.require(("SELECT", index), ("SELECT", resources.EXECUTION_DOCUMENT))
+    async with pool.acquire() as conn:
+        rows = await store.list_executions(
+            conn, caller.account_id, action_id, session_id, after, limit
+        )
+    return [Execution.of(r) for r in rows]

@@ -1,11 +1,11 @@
 """SQL for sessions, executions and transcripts."""
 
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
 
-Row = asyncpg.Record
+Row: TypeAlias = asyncpg.Record
 
 
 async def insert_execution(
@@ -84,3 +84,320 @@ async def get_session(
         action_id,
         session_id,
     )
+
+
+async def fail_stale_turns(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, older_than_seconds: float
+) -> list[UUID]:
+    """Marks FAILED the turns still RUNNING long after any turn could have ended."""
+    rows = await conn.fetch(
+        """
+        UPDATE executions
+        SET status = 'FAILED', modified = now(),
+            error = 'the turn stopped without finishing (its process ended); retry the execution'
+        WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind = 'TURN'
+          AND modified < now() - make_interval(secs => $3)
+        RETURNING execution_id
+        """,
+        account_id,
+        action_id,
+        older_than_seconds,
+    )
+    return [r["execution_id"] for r in rows]
+
+
+async def ended_turns_with_pending_memory(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID
+) -> list[Row]:
+    """Turns no longer running that still have staged memory rows (their process died)."""
+    return await conn.fetch(
+        """
+        SELECT e.* FROM executions e
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.kind = 'TURN' AND e.status <> 'RUNNING'
+          AND e.execution_id IN (
+              SELECT DISTINCT m.pending_execution FROM agent_memories m
+              WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NOT NULL
+          )
+        """,
+        account_id,
+        action_id,
+    )
+
+
+async def restart_execution(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_id: UUID
+) -> Row | None:
+    """A FAILED turn becomes RUNNING again as its next invocation; None if it is not FAILED."""
+    return await conn.fetchrow(
+        """
+        UPDATE executions
+        SET status = 'RUNNING', invocation_number = invocation_number + 1,
+            output = NULL, error = NULL, modified = now()
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+          AND kind = 'TURN' AND status = 'FAILED'
+        RETURNING *
+        """,
+        account_id,
+        action_id,
+        execution_id,
+    )
+
+
+async def next_sequence(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_id: UUID
+) -> int:
+    return await conn.fetchval(
+        """
+        SELECT coalesce(max(sequence), 0) + 1 FROM transcript_events
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+        """,
+        account_id,
+        action_id,
+        execution_id,
+    )
+
+
+async def count_turn(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
+) -> int:
+    """Counts a committed turn in its session; returns the turn's number."""
+    return await conn.fetchval(
+        """
+        UPDATE sessions SET turns = turns + 1, modified = now()
+        WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+        RETURNING turns
+        """,
+        account_id,
+        action_id,
+        session_id,
+    )
+
+
+async def touch_execution(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    invocation_number: int,
+) -> bool:
+    """Marks a running attempt alive, so fail_stale_turns spares it; False if it no longer runs."""
+    touched = await conn.fetchval(
+        """
+        UPDATE executions SET modified = now()
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+          AND status = 'RUNNING' AND invocation_number = $4
+        RETURNING true
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        invocation_number,
+    )
+    return bool(touched)
+
+
+async def finish_execution(
+    conn: asyncpg.Connection,
+    *,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    invocation_number: int,
+    status: str,
+    output: Any,
+    error: str | None,
+    turn: int | None,
+) -> Row | None:
+    """Ends the attempt `invocation_number` while it still runs; None once it no longer does
+    (swept as stale, or retried as a later invocation).
+
+    A failing attempt may also re-mark its own invocation that a sweep already failed, so the
+    execution keeps the real reason.
+    """
+    return await conn.fetchrow(
+        """
+        UPDATE executions
+        SET status = $4, output = $5, error = $6, turn = coalesce($7, turn), modified = now()
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3 AND invocation_number = $8
+          AND (status = 'RUNNING' OR (status = 'FAILED' AND $4 = 'FAILED'))
+        RETURNING *
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        status,
+        output,
+        error,
+        turn,
+        invocation_number,
+    )
+
+
+async def insert_events(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    events: list[tuple[int, int, str, Any]],
+) -> None:
+    """Writes transcript events, each (sequence, invocation_number, type, data)."""
+    await conn.executemany(
+        """
+        INSERT INTO transcript_events
+            (account_id, action_id, execution_id, sequence, invocation_number, type, data)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        """,
+        [(account_id, action_id, execution_id, *event) for event in events],
+    )
+
+
+async def list_events(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    after_sequence: int | None,
+    limit: int,
+) -> list[Row]:
+    return await conn.fetch(
+        """
+        SELECT * FROM transcript_events
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+          AND sequence > coalesce($4, 0)
+        ORDER BY sequence
+        LIMIT $5
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        after_sequence,
+        limit,
+    )
+
+
+async def list_sessions(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    after: tuple[Any, str] | None,
+    limit: int,
+) -> list[Row]:
+    return await conn.fetch(
+        """
+        SELECT * FROM sessions
+        WHERE account_id = $1 AND action_id = $2
+          AND ($3::timestamptz IS NULL OR (created, session_id) < ($3, $4))
+        ORDER BY created DESC, session_id DESC
+        LIMIT $5
+        """,
+        account_id,
+        action_id,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
+    )
+
+
+async def list_executions(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str | None,
+    after: tuple[Any, UUID] | None,
+    limit: int,
+) -> list[Row]:
+    """Executions newest first: the session's when `session_id` is given, else the agent's."""
+    if session_id is not None:
+        return await conn.fetch(
+            """
+            SELECT * FROM executions
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+              AND ($4::timestamptz IS NULL OR (created, execution_id) < ($4, $5))
+            ORDER BY created DESC, execution_id DESC
+            LIMIT $6
+            """,
+            account_id,
+            action_id,
+            session_id,
+            after[0] if after else None,
+            after[1] if after else None,
+            limit,
+        )
+    return await conn.fetch(
+        """
+        SELECT * FROM executions
+        WHERE account_id = $1 AND action_id = $2
+          AND ($3::timestamptz IS NULL OR (created, execution_id) < ($3, $4))
+        ORDER BY created DESC, execution_id DESC
+        LIMIT $5
+        """,
+        account_id,
+        action_id,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
+    )
+
+
+async def earlier_turns(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    preview: bool,
+    limit: int,
+) -> list[Row]:
+    """The session's latest committed turns a turn may read (live turns skip preview ones)."""
+    return await conn.fetch(
+        """
+        SELECT input, output FROM (
+            SELECT input, output, created, execution_id FROM executions
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+              AND kind = 'TURN' AND status = 'SUCCEEDED' AND (NOT preview OR $4)
+            ORDER BY created DESC, execution_id DESC
+            LIMIT $5
+        ) latest
+        ORDER BY created, execution_id
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+        limit,
+    )
+
+
+async def insert_recalls(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    preview: bool,
+    execution_id: UUID,
+    versions: list[tuple[UUID, int]],
+) -> None:
+    await conn.execute(
+        """
+        INSERT INTO session_recalls
+            (account_id, action_id, session_id, memory_id, version, preview, execution_id)
+        SELECT $1, $2, $3, v.memory_id, v.version, $4, $5
+        FROM unnest($6::uuid[], $7::int[]) AS v(memory_id, version)
+        ON CONFLICT DO NOTHING
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+        execution_id,
+        [m for m, _ in versions],
+        [v for _, v in versions],
+    )
+
+
+async def defer_durability(conn: asyncpg.Connection) -> None:
+    """This transaction's commit need not wait for its WAL flush.
+
+    For a turn's start only: until the turn's own (synchronous) end commits, nothing depends on
+    the start surviving a crash, and a later synchronous commit flushes it first (WAL order).
+    """
+    await conn.execute("SET LOCAL synchronous_commit = off")

@@ -37,13 +37,18 @@ def upgrade() -> None:
         replaces uuid,
         replaced_by uuid,
         preview boolean NOT NULL DEFAULT false,
+        -- Written as the deletion of the record it names in replaces (a preview turn's deletion
+        -- of a live record), not a record deleted later: only these are listed (spec P5).
+        tombstone boolean NOT NULL DEFAULT false,
         execution_id uuid NOT NULL,
         invocation_number integer NOT NULL,
         action_version integer NOT NULL,
         session_id text,
         modified_by text NOT NULL,
-        -- Set while a running turn has staged this row: only that turn sees it until it commits.
+        -- Set while a running turn has staged this row: only that attempt (execution and
+        -- invocation) sees it until it commits; a retried attempt never sees a failed one's rows.
         pending_execution uuid,
+        pending_invocation integer,
         embedding vector,
         tsv tsvector GENERATED ALWAYS AS (
             to_tsvector('english'::regconfig, summary || ' ' || content)
@@ -55,6 +60,13 @@ def upgrade() -> None:
         (account_id, action_id, created DESC, memory_id DESC);
     CREATE INDEX agent_memories_replaces ON agent_memories (account_id, action_id, replaces)
         WHERE replaces IS NOT NULL;
+    -- A record has at most one committed live successor, and at most one committed preview
+    -- record naming it: concurrent writers replacing the same record cannot both win.
+    CREATE UNIQUE INDEX agent_memories_one_successor ON agent_memories
+        (account_id, action_id, replaces, preview)
+        WHERE replaces IS NOT NULL AND pending_execution IS NULL;
+    CREATE INDEX agent_memories_pinned ON agent_memories (account_id, action_id, created, memory_id)
+        WHERE pinned AND status = 'ACTIVE';
     CREATE INDEX agent_memories_pending ON agent_memories (account_id, action_id, pending_execution)
         WHERE pending_execution IS NOT NULL;
     CREATE INDEX agent_memories_tsv ON agent_memories USING gin (tsv);

@@ -1,0 +1,135 @@
+"""`openai`: any OpenAI-compatible `POST {url}/embeddings` endpoint (OpenAI, vLLM, Ollama, ...).
+
+Texts are sent in batches of `batch_size`. A transient failure (no connection, a timeout,
+408, 429 or 5xx) is retried with exponential backoff, honouring `Retry-After`; any other 4xx
+is a mistake in the request or the settings and fails at once, with the server's message.
+
+With `dimensions` set, it is sent with each request (OpenAI's text-embedding-3 models shorten
+their vectors to it) and every answer is checked against it; without it, `open()` learns the
+dimension from one probe call.
+"""
+
+from typing import Any
+
+import httpx
+import numpy as np
+
+from app.embeddings.base import Embeddings, normalize
+from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
+from app.http_retry import RetriesExhausted, post_with_retries, server_message
+
+_RETRIED_4XX = frozenset({408, 429})
+
+
+class OpenAIEmbedder:
+    def __init__(
+        self,
+        *,
+        url: str,
+        model: str,
+        api_key: str | None = None,
+        dimensions: int | None = None,
+        batch_size: int = 64,
+        timeout_seconds: float = 30.0,
+        max_retries: int = 4,
+        backoff_seconds: float = 0.5,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("the embedding batch size must be at least 1")
+        self.name = f"openai:{model}"
+        self.model = model
+        self._requested_dimensions = dimensions
+        # 0 until open() learns it, when the settings do not fix it.
+        self.dimensions: int = dimensions or 0
+        self.batch_size = batch_size
+        self.max_retries = max_retries
+        self.backoff_seconds = backoff_seconds
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._endpoint = url.rstrip("/") + "/embeddings"
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_seconds, connect=min(timeout_seconds, 10.0)),
+        )
+
+    async def open(self) -> "OpenAIEmbedder":
+        """Learns the model's dimension with one probe call, unless the settings fix it."""
+        if not self.dimensions:
+            try:
+                vectors, _ = await self._embed_batch(["dimension probe"])
+            except EmbeddingFailed as e:
+                raise EmbedderUnavailable(
+                    f"could not learn the dimension of {self.model} from {self._endpoint}: {e}; "
+                    "check ENGRAM_EMBEDDING_URL and ENGRAM_EMBEDDING_MODEL, or set "
+                    "ENGRAM_EMBEDDING_DIMENSIONS"
+                ) from e
+            self.dimensions = int(vectors.shape[1])
+        return self
+
+    async def embed(self, texts: list[str]) -> Embeddings:
+        if not self.dimensions:
+            raise RuntimeError("OpenAIEmbedder.open() must learn the dimension before use")
+        if not texts:
+            return Embeddings(np.zeros((0, self.dimensions), dtype=np.float32), 0)
+        parts: list[np.ndarray] = []
+        tokens = 0
+        for start in range(0, len(texts), self.batch_size):
+            vectors, used = await self._embed_batch(texts[start : start + self.batch_size])
+            parts.append(vectors)
+            tokens += used
+        return Embeddings(normalize(np.concatenate(parts)), tokens)
+
+    async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        # OpenAI refuses empty strings; a blank text embeds the same with any model.
+        inputs = [text or " " for text in texts]
+        body: dict[str, Any] = {"model": self.model, "input": inputs, "encoding_format": "float"}
+        if self._requested_dimensions is not None:
+            body["dimensions"] = self._requested_dimensions
+        try:
+            response, _ = await post_with_retries(
+                self._client,
+                self._endpoint,
+                body,
+                max_retries=self.max_retries,
+                backoff_seconds=self.backoff_seconds,
+                retried_4xx=_RETRIED_4XX,
+                retry_read_timeouts=True,
+            )
+        except RetriesExhausted as e:
+            raise EmbeddingFailed(
+                f"{self._endpoint} failed {e.attempts} times, last: {e.last}"
+            ) from e
+        if response.status_code >= 400:
+            raise EmbeddingFailed(
+                f"{self._endpoint} refused the request for model {self.model} "
+                f"(HTTP {response.status_code}): {server_message(response)}"
+            )
+        try:
+            answer = response.json()
+        except ValueError as e:
+            raise EmbeddingFailed(f"{self._endpoint} answered with invalid JSON") from e
+        return self._parse(answer, len(texts))
+
+    def _parse(self, answer: Any, count: int) -> tuple[np.ndarray, int]:
+        try:
+            data = sorted(answer["data"], key=lambda item: item["index"])
+            vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as e:
+            raise EmbeddingFailed(
+                f"{self._endpoint} answered in an unexpected shape ({e!r}); it must be an "
+                "OpenAI-compatible embeddings endpoint"
+            ) from e
+        if vectors.ndim != 2 or len(vectors) != count:
+            raise EmbeddingFailed(
+                f"{self._endpoint} returned {len(data)} embeddings for {count} texts"
+            )
+        if self.dimensions and vectors.shape[1] != self.dimensions:
+            raise EmbeddingFailed(
+                f"{self.model} returned {vectors.shape[1]}-d vectors, expected {self.dimensions}: "
+                "fix ENGRAM_EMBEDDING_DIMENSIONS, or run `engram reembed` after changing model"
+            )
+        usage = answer.get("usage") or {}
+        tokens = usage.get("total_tokens") or usage.get("prompt_tokens") or 0
+        return vectors, int(tokens)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

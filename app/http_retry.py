@@ -1,0 +1,104 @@
+"""POST JSON to an OpenAI-compatible endpoint, retrying transient failures.
+
+Shared by the embeddings client and the model client. Transient means: no connection, a
+dropped connection, a timeout (read and write timeouts only when the caller allows it), a 5xx,
+or one of the 4xx statuses the caller names. Retries back off exponentially with jitter, and
+honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS`. Any other answer, success or
+not, goes back to the caller, which words its own errors.
+"""
+
+import asyncio
+import random
+from collections.abc import Container
+from typing import Any
+
+import httpx
+
+MAX_RETRY_AFTER_SECONDS = 30.0
+
+
+class Transient(Exception):
+    """A failure worth retrying; its message is what to tell if the retries run out."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RetriesExhausted(Exception):
+    """Every attempt failed transiently; `last` is the final failure."""
+
+    def __init__(self, attempts: int, last: Transient) -> None:
+        super().__init__(f"failed {attempts} times, last: {last}")
+        self.attempts = attempts
+        self.last = last
+
+
+def server_message(response: httpx.Response) -> str:
+    """The error an OpenAI-compatible server explains itself with, or the start of its body."""
+    try:
+        error = response.json().get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or response.text[:300] or response.reason_phrase)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return min(float(response.headers["retry-after"]), MAX_RETRY_AFTER_SECONDS)
+    except (KeyError, ValueError):
+        return None
+
+
+async def post_with_retries(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    *,
+    headers: dict[str, str] | None = None,
+    max_retries: int,
+    backoff_seconds: float,
+    retried_4xx: Container[int],
+    retry_read_timeouts: bool,
+) -> tuple[httpx.Response, int]:
+    """The first answer that is not transient, and the number of attempts it took.
+
+    Raises RetriesExhausted after `max_retries` retries; with `retry_read_timeouts` false,
+    httpx.ReadTimeout and httpx.WriteTimeout propagate at once.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            response = await _post(client, url, body, headers, retried_4xx, retry_read_timeouts)
+        except Transient as e:
+            if attempt > max_retries:
+                raise RetriesExhausted(attempt, e) from e
+            delay = backoff_seconds * 2 ** (attempt - 1) * (1 + random.random() / 4)
+            await asyncio.sleep(e.retry_after if e.retry_after is not None else delay)
+        else:
+            return response, attempt
+
+
+async def _post(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None,
+    retried_4xx: Container[int],
+    retry_read_timeouts: bool,
+) -> httpx.Response:
+    try:
+        response = await client.post(url, json=body, headers=headers)
+    except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
+        if not retry_read_timeouts:
+            raise
+        raise Transient(f"{type(e).__name__}: {e}") from e
+    except httpx.TransportError as e:  # no connection, connect timeout, dropped connection
+        raise Transient(f"{type(e).__name__}: {e}") from e
+    if response.status_code in retried_4xx or response.status_code >= 500:
+        raise Transient(
+            f"HTTP {response.status_code}: {server_message(response)}", _retry_after(response)
+        )
+    return response

@@ -1,0 +1,260 @@
+"""Operators on an agent's memory: list, read, history, delete and seed, behind their grants.
+
+Spec: listing and reading need SELECT on financial.AgentMemory.indexes.* and on
+financial.AgentMemory.document; deleting needs SELECT and UPDATE, whoever asks. An agent's use
+of its own memory (app/memory/service.py) grants nothing to anyone.
+"""
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from app.actions.harness import MemoryConfig
+from app.actions.service import load_action
+from app.auth import resources
+from app.auth.caller import Caller
+from app.embeddings.base import Embedder
+from app.errors import BadInput, NotFound
+from app.memory import store
+from app.memory.records import MemoryRecord, Scope
+from app.memory.service import MemoryWork, NewMemory, Writer
+from app.memory.visibility import OperatorReader
+from app.runtime import store as runtime_store
+
+MAX_SESSION_ID = 200
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """A record with the names of its labels (numbers are fixed, names come from the agent)."""
+
+    record: MemoryRecord
+    label_names: Mapping[int, str]
+
+
+@dataclass(frozen=True)
+class LabelValue:
+    value: str
+    name: str | None = None
+    number: int | None = None
+
+
+@dataclass(frozen=True)
+class OperatorMemory:
+    """A record an operator seeds or corrects."""
+
+    summary: str
+    kind: str
+    content: str = ""
+    labels: Sequence[LabelValue] = ()
+    scope: Scope | None = None  # None: SESSION with a session_id, else AGENT
+    session_id: str | None = None
+    pinned: bool = False
+    replaces: UUID | None = None
+    metadata: Any = None
+
+
+async def _label_names(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID
+) -> dict[int, str]:
+    # Later versions keep every label with its number, so the current version names them all.
+    action = await load_action(conn, account_id, action_id)
+    if action is None:
+        return {}
+    return {label.number: label.name for label in action.harness.memory.labels}
+
+
+async def list_memories(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    *,
+    limit: int,
+    after: tuple[datetime, UUID] | None,
+    ascending: bool,
+) -> list[MemoryView]:
+    """Spec: newest first unless ascending; deleted and superseded records omitted, except
+    preview deletions; staged records of running turns never shown."""
+    caller.require(*resources.READ_MEMORY)
+    reader = OperatorReader(caller.account_id, action_id)
+    async with pool.acquire() as conn:
+        rows = await store.list_page(conn, reader, after=after, limit=limit, ascending=ascending)
+        names = await _label_names(conn, caller.account_id, action_id) if rows else {}
+    return [MemoryView(store.record(r), names) for r in rows]
+
+
+async def get_memory(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, memory_id: UUID, version: int | None = None
+) -> MemoryView | None:
+    """One record, whatever its status, or one exact version of it; None if none exists."""
+    caller.require(*resources.READ_MEMORY)
+    reader = OperatorReader(caller.account_id, action_id)
+    async with pool.acquire() as conn:
+        row = await store.get_visible(conn, reader, memory_id)
+        if row is not None and version is not None and version != row["version"]:
+            row = await store.get_version(conn, caller.account_id, action_id, memory_id, version)
+        if row is None:
+            return None
+        names = await _label_names(conn, caller.account_id, action_id)
+    return MemoryView(store.record(row), names)
+
+
+async def memory_history(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    memory_id: UUID,
+    *,
+    limit: int,
+    before_version: int | None,
+) -> list[MemoryView]:
+    """Every committed version of a record, newest first."""
+    caller.require(*resources.READ_MEMORY)
+    reader = OperatorReader(caller.account_id, action_id)
+    async with pool.acquire() as conn:
+        if await store.get_visible(conn, reader, memory_id) is None:
+            return []
+        rows = await store.list_versions(
+            conn, caller.account_id, action_id, memory_id, before=before_version, limit=limit
+        )
+        names = await _label_names(conn, caller.account_id, action_id) if rows else {}
+    return [MemoryView(store.record(r), names) for r in rows]
+
+
+async def delete_memory(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, memory_id: UUID
+) -> MemoryView:
+    """Writes the record's next version, DELETED, with modifiedBy the caller; deleting a deleted
+    record returns it unchanged."""
+    caller.require(*resources.DELETE_MEMORY)
+    reader = OperatorReader(caller.account_id, action_id)
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            row = await store.get_visible(conn, reader, memory_id, for_update=True)
+            if row is None:
+                raise NotFound(f"memory {memory_id} of agent {action_id} not found")
+            current = store.record(row)
+            if current.status == "SUPERSEDED":
+                raise BadInput(
+                    f"memory {memory_id} was replaced by memory {current.replaced_by} and is no "
+                    "longer recalled; delete that record to remove what replaced it"
+                )
+            if current.status == "ACTIVE":
+                # The row is locked: it is still at the version just read.
+                row = await store.change_status(
+                    conn,
+                    caller.account_id,
+                    action_id,
+                    memory_id,
+                    expected_version=current.version,
+                    status="DELETED",
+                    replaced_by=None,
+                    modified_by=caller.principal,
+                )
+        names = await _label_names(conn, caller.account_id, action_id)
+    return MemoryView(store.record(row), names)
+
+
+def _label_keys(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[str | int, str]:
+    keys: dict[str | int, str] = {}
+    for label in labels:
+        if label.name is None and label.number is None:
+            raise BadInput("each label needs its name or its number, and a value")
+        if label.name is not None and label.number is not None:
+            declared = config.label(label.name)
+            if declared is not None and declared.number != label.number:
+                raise BadInput(
+                    f"label {label.name} has number {declared.number}, not {label.number}"
+                )
+        key: str | int = label.name if label.name is not None else label.number  # type: ignore[assignment]
+        if key in keys:
+            raise BadInput(f"label {key!r} is given twice")
+        keys[key] = label.value
+    return keys
+
+
+def _check_session_id(session_id: str | None) -> None:
+    if session_id is not None and not (0 < len(session_id) <= MAX_SESSION_ID):
+        raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters")
+
+
+async def add_memory(
+    pool: asyncpg.Pool,
+    embedder: Embedder,
+    caller: Caller,
+    action_id: UUID,
+    memory: OperatorMemory,
+) -> MemoryView:
+    """Seeds or corrects a record (source OPERATOR), recorded as an execution of its own so
+    that every record names the execution that wrote it."""
+    # The stored record is returned, which needs READ_MEMORY; a replacement removes the record
+    # it replaces from recall, as a deletion does, so it needs DELETE_MEMORY's grants too.
+    caller.require(*resources.ADD_MEMORY, *resources.READ_MEMORY)
+    if memory.replaces is not None:
+        caller.require(*resources.DELETE_MEMORY)
+    _check_session_id(memory.session_id)
+    async with pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, action_id)
+    if action is None:
+        raise NotFound(f"action {action_id} not found")
+    writer = Writer(
+        account_id=caller.account_id,
+        action=action,
+        execution_id=uuid.uuid4(),
+        invocation_number=1,
+        session_id=memory.session_id,
+        principal=caller.principal,
+        source="OPERATOR",
+        preview=False,
+    )
+    labels = _label_keys(action.harness.memory, memory.labels)
+    work = MemoryWork(pool, embedder, writer)
+    added = await work.add(
+        NewMemory(
+            summary=memory.summary,
+            kind=memory.kind,
+            content=memory.content,
+            labels=labels,
+            scope=memory.scope,
+            pinned=memory.pinned,
+            replaces=memory.replaces,
+            metadata=memory.metadata,
+        )
+    )
+    new_id = added[0].memory_id
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            if memory.session_id is not None:
+                await runtime_store.ensure_session(
+                    conn, caller.account_id, action_id, memory.session_id
+                )
+            await runtime_store.insert_execution(
+                conn,
+                account_id=caller.account_id,
+                action_id=action_id,
+                execution_id=writer.execution_id,
+                action_version=action.version,
+                session_id=memory.session_id,
+                turn=None,
+                kind="OPERATOR",
+                status="SUCCEEDED",
+                preview=False,
+                principal=caller.principal,
+                # IDs only: the record's text is readable only with the memory grants (M55).
+                input={
+                    "operation": "addAgentMemory",
+                    "memoryId": str(new_id),
+                    "replaces": str(memory.replaces) if memory.replaces else None,
+                },
+            )
+            written = await work.commit(conn)
+    except BaseException:
+        await work.discard()
+        raise
+    names = {label.number: label.name for label in action.harness.memory.labels}
+    return MemoryView(next(r for r in written if r.memory_id == new_id), names)

@@ -1,0 +1,89 @@
+"""What a reader without the memory grants sees of memory inside executions and transcripts.
+
+Spec M55: reading records through the API needs READ_MEMORY's grants, "whoever asks, including
+whoever starts or calls the agent". A turn's transcript holds the records its recalls and
+memory tools returned or wrote, and the text the agent gave `add_memory`; an operator's
+execution names the records it wrote. To a reader without READ_MEMORY each record is reduced
+to its identity (`id` or `memoryId`, and `version`), and a memory tool's arguments to those
+that carry no record text. Formats are those of app/runtime/transcript.py.
+"""
+
+import json
+from typing import Any
+
+from app.auth import resources
+from app.auth.caller import Caller
+from app.auth.policies import is_allowed
+from app.runtime import transcript as events
+from app.runtime.tools import NATIVE_TOOLS
+
+# Keys of a record view (app.runtime.tools.record_view) that carry what the record says.
+RECORD_TEXT = frozenset({"summary", "content", "labels", "metadata"})
+# A memory tool's arguments that may carry it too: a recall's query is built from recalled
+# summaries, and `arguments` holds the raw text of a call whose JSON did not parse.
+ARGUMENT_TEXT = RECORD_TEXT | {"query", "arguments"}
+IDENTITY = ("id", "memoryId", "version")
+
+
+def may_read(caller: Caller) -> bool:
+    """Whether the caller holds the grants to read the agent's memory records."""
+    return all(is_allowed(caller.policies, verb, name) for verb, name in resources.READ_MEMORY)
+
+
+def execution_value(value: Any) -> Any:
+    """An execution's input or output with every record view reduced to its identity."""
+    if isinstance(value, list):
+        return [execution_value(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if ("id" in value or "memoryId" in value) and "version" in value and _has_text(value):
+        return {k: value[k] for k in IDENTITY if k in value}
+    return {k: execution_value(v) for k, v in value.items()}
+
+
+def event_data(type: str, data: Any) -> Any:
+    """A transcript event's data as a reader without READ_MEMORY sees it."""
+    if not isinstance(data, dict):
+        return execution_value(data)
+    if type == events.TOOL_EXECUTION and data.get("name") in NATIVE_TOOLS:
+        reduced = dict(data)
+        if isinstance(data.get("input"), dict):
+            reduced["input"] = _without_text(data["input"])
+        if "output" in data:
+            reduced["output"] = execution_value(data["output"])
+        return reduced
+    if type == events.MODEL_CALL:
+        reduced = dict(data)
+        review = data.get("purpose") == "memory"  # a memory review's words are memory text
+        if review:
+            reduced["content"] = None
+        calls = data.get("toolCalls")
+        if isinstance(calls, list):
+            reduced["toolCalls"] = [
+                _call_without_text(c) if review or _names_memory_tool(c) else c for c in calls
+            ]
+        return reduced
+    return execution_value(data)
+
+
+def _has_text(value: dict[str, Any]) -> bool:
+    return not RECORD_TEXT.isdisjoint(value)
+
+
+def _without_text(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in arguments.items() if k not in ARGUMENT_TEXT}
+
+
+def _names_memory_tool(call: Any) -> bool:
+    return isinstance(call, dict) and call.get("name") in NATIVE_TOOLS
+
+
+def _call_without_text(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    try:
+        arguments = json.loads(call.get("arguments") or "{}")
+    except (TypeError, ValueError, RecursionError):
+        arguments = None
+    kept = _without_text(arguments) if isinstance(arguments, dict) else {}
+    return {**call, "arguments": json.dumps(kept, ensure_ascii=False)}

@@ -1,0 +1,280 @@
+"""Memory search: ranks an agent's records by meaning, words and recency, or lists them.
+
+Spec: "Search combines meaning, keywords, and recency: records are found by the similarity of
+their text to the query, and by the words they share with it, and newer records win ties."
+
+Signals
+- Meaning: cosine similarity of the record's embedding (`memory_text(summary, content)`) to the
+  query's embedding, from the deployment's embedder.
+- Words: PostgreSQL full text over the stored English `tsv`, matching records that share ANY
+  stemmed, stop-worded word with the query (`any_words`, migration 0003), ranked by `ts_rank`.
+  Requiring every word (`websearch_to_tsquery`) found 0.116 of LoCoMo's evidence in the top 10;
+  any word with `ts_rank` 0.593, about as well as BM25 (0.617).
+- Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
+
+Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
+    score = 0.5 * cosine + 0.5 * ts_rank / (best ts_rank among the agent's matches)
+A record sharing no word scores 0.5 * cosine. Linear fusion of the raw cosine with the text
+rank scaled to the best match beat the best weighted reciprocal-rank fusion (static 0.627 vs
+0.617 recall@10, minilm 0.676 vs 0.672), and its recall@10 is flat for weights 0.4 to 0.6 with
+both `static` (0.628 to 0.625, against 0.593 words alone and 0.413 meaning alone) and `minilm`
+(0.675 to 0.681, against 0.593 and 0.510), so one weight serves both. Unlike rank fusion it
+needs no rank over every record, so both plans below score a record identically.
+`min_score` is the least cosine a record needs to be found by meaning alone: in hybrid mode a
+record sharing a word with the query is found whatever its cosine; in vector mode it is a
+plain threshold; lexical mode ignores it.
+
+Plans (measured by bench/search_scale.py on 1,230,000 records, every agent's rows scattered
+through the table; figures in bench/README.md)
+- `exact` when the agent's rows under the label and ID filters number at most
+  EXACT_MAX_ROWS: read those rows by the (account, action) btree and score every one. Exact
+  whatever the filters (HNSW under a selective filter returns too few rows), and the faster
+  plan for a small agent: at 1,000 records hybrid took p50 12.8 ms against 40 ms for the index
+  plan, whose HNSW scan must pass over a thousand other agents' rows for each of this one's.
+  Its cost is one heap read per record (the rows are scattered), so it grows with the agent:
+  at 5,000 records the index plan was already twice as fast.
+- `index` above it: the top CANDIDATES of each signal from the HNSW index (iterative scan,
+  `relaxed_order`, so a filter that hides most rows still yields enough of them) and, for
+  words, from GIN restricted to the query's rare words (`rare_words`: each in at most
+  RARE_WORD_ROWS records, so GIN's work is bounded) plus the newest records sharing a common
+  word (`common_words`: in COMMON_WORD_SHARE of records or more, so it is met within a few
+  rows of the agent's btree); then exact scores and fusion over the union. Words between the
+  two propose no candidates (in the measured data they would cost a scan of most of the
+  agent) but count in every candidate's rank. An OR query over every word, served by GIN,
+  took seconds at 200,000 records, where names occur in half the rows. The decision costs one
+  index-only count that stops at EXACT_MAX_ROWS + 1 rows.
+"""
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from uuid import UUID
+
+import asyncpg
+import numpy as np
+
+from app.actions.harness import LABEL_NUMBERS, SEARCH_MODES, MemoryConfig, SearchConfig
+from app.actions.service import load_action
+from app.auth import resources
+from app.auth.caller import Caller
+from app.embeddings.base import Embedder
+from app.errors import BadInput, NotFound
+from app.memory import search_store
+from app.memory.operator import LabelValue, MemoryView
+from app.memory.records import MemoryRecord
+from app.memory.search_store import Filters, Plan, Ranking
+from app.memory.visibility import OperatorReader, Reader
+
+HYBRID_WEIGHT = 0.5  # weight of the cosine; the rest goes to the normalized text rank
+EXACT_MAX_ROWS = 2_000  # measured crossover: exact 3x faster at 1,000, index 2x at 5,000
+CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
+EF_SEARCH = 200  # measured at 200,000 records: recall 0.81 at 100, 0.83 at 200, 0.88 at 400
+MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
+RARE_WORD_ROWS = 2000  # index plan: words in at most this many records are found by GIN
+COMMON_WORD_SHARE = 0.05  # index plan: words in this share of records are read newest first
+MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
+# A page is read with one more record, which tells whether another page follows.
+MAX_LIMIT = MAX_PAGE + 1
+MAX_IDS = 1000
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    records: list[MemoryRecord]  # ranked by `score` (with a query) or newest first (without)
+    next_cursor: str | None = None  # query-less listing: pass as `after` for the next page
+    embed_tokens: int = 0  # usage of the query's embedding, recorded as purpose `embed`
+    plan: Plan | None = field(default=None, compare=False)  # which plan ranked (benchmarks)
+
+
+async def search(
+    pool: asyncpg.Pool,
+    embedder: Embedder,
+    reader: Reader,
+    config: SearchConfig,
+    *,
+    query: str | None,
+    kind: str | None = None,
+    labels: Mapping[int, str] | None = None,
+    ids: Sequence[UUID] | None = None,
+    limit: int | None = None,
+    after: str | None = None,
+    mode: str | None = None,
+) -> SearchResult:
+    """With a query, the best `limit` records by `mode`; without one, a page newest first.
+
+    `labels` are label numbers (the caller resolves names with MemoryConfig.label).
+    """
+    mode = mode or config.mode
+    if mode not in SEARCH_MODES:
+        raise BadInput(f"search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
+    limit = config.max_results if limit is None else limit
+    if isinstance(limit, bool) or not 0 <= limit <= MAX_LIMIT:
+        raise BadInput(f"limit must be from 0 to {MAX_LIMIT}, got {limit!r}")
+    if ids is not None and len(ids) > MAX_IDS:
+        raise BadInput(
+            f"ids names {len(ids)} records; at most {MAX_IDS} are read at once: split the IDs "
+            "over several searches"
+        )
+    filters = Filters(kind=kind, labels=_labels(labels), ids=list(ids) if ids is not None else None)
+    query = query.strip() if query is not None else None
+
+    if not query:
+        keyset = _decode(after)
+        if limit == 0:
+            return SearchResult([])
+        async with pool.acquire() as conn:
+            rows = await search_store.newest(conn, reader, filters, after=keyset, limit=limit + 1)
+        more = len(rows) > limit
+        page = rows[:limit]
+        return SearchResult(page, _encode(page[-1]) if more else None)
+
+    if after is not None:
+        raise BadInput("`after` pages a listing without a query; a ranked search has one page")
+    if limit == 0:
+        return SearchResult([])
+    vector, tokens = None, 0
+    if mode != "lexical":
+        # Embedded before taking a connection: no transaction waits on the model.
+        embedded = await embedder.embed([query])
+        vector, tokens = embedded.vectors[0], embedded.tokens
+    ranking = make_ranking(mode, query, vector, config.min_score, limit)
+    records, plan = await ranked(pool, reader, filters, ranking)
+    return SearchResult(records, None, tokens, plan)
+
+
+def make_ranking(
+    mode: str,
+    query: str,
+    vector: np.ndarray | None,
+    min_score: float | None,
+    limit: int,
+    weight: float = HYBRID_WEIGHT,
+) -> Ranking:
+    return Ranking(
+        mode=mode,  # type: ignore[arg-type]
+        text=query if mode != "vector" else None,
+        vector=vector if mode != "lexical" else None,
+        min_score=min_score,
+        limit=limit,
+        weight=weight,
+        candidates=max(CANDIDATES, 4 * limit),
+        ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * limit)),
+        rare_rows=RARE_WORD_ROWS,
+        common_share=COMMON_WORD_SHARE,
+    )
+
+
+async def ranked(
+    pool: asyncpg.Pool, reader: Reader, filters: Filters, ranking: Ranking, plan: Plan | None = None
+) -> tuple[list[MemoryRecord], Plan]:
+    """Ranks by the plan the filtered row count calls for (or by `plan`, for benchmarks)."""
+    async with pool.acquire() as conn, conn.transaction(readonly=True):
+        if plan is None:
+            if filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
+                plan = "exact"
+            else:
+                rows = await search_store.count_up_to(conn, reader, filters, EXACT_MAX_ROWS + 1)
+                plan = "exact" if rows <= EXACT_MAX_ROWS else "index"
+        if plan == "exact":
+            return await search_store.ranked_exact(conn, reader, filters, ranking), plan
+        return await search_store.ranked_index(conn, reader, filters, ranking), plan
+
+
+async def search_as_operator(
+    pool: asyncpg.Pool,
+    embedder: Embedder,
+    caller: Caller,
+    action_id: UUID,
+    *,
+    query: str | None,
+    mode: str | None = None,
+    kind: str | None = None,
+    labels: Sequence[LabelValue] = (),
+    ids: Sequence[UUID] | None = None,
+    limit: int,
+) -> list[MemoryView]:
+    """An operator's search of an agent's records (every session, live and preview), with the
+    agent's search settings; needs SELECT on the memory search index and documents."""
+    caller.require(*resources.SEARCH_MEMORY)
+    async with pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, action_id)
+    if action is None:
+        raise NotFound(f"action {action_id} not found")
+    memory = action.harness.memory
+    result = await search(
+        pool,
+        embedder,
+        OperatorReader(caller.account_id, action_id),
+        memory.search,
+        query=query,
+        kind=kind,
+        labels=label_numbers(memory, labels),
+        ids=ids,
+        limit=limit,
+        mode=mode,
+    )
+    names = {label.number: label.name for label in memory.labels}
+    return [MemoryView(r, names) for r in result.records]
+
+
+def label_numbers(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[int, str]:
+    """Label filters by number: names resolve through the agent's declarations."""
+    numbers: dict[int, str] = {}
+    for label in labels:
+        if label.name is not None:
+            declared = config.label(label.name)
+            if declared is None:
+                known = ", ".join(f"{d.name} ({d.number})" for d in config.labels) or "none"
+                raise BadInput(f"the agent declares no label {label.name!r}; its labels: {known}")
+            if label.number is not None and label.number != declared.number:
+                raise BadInput(
+                    f"label {label.name} has number {declared.number}, not {label.number}"
+                )
+            number = declared.number
+        elif label.number is not None:
+            number = label.number
+        else:
+            raise BadInput("each label filter needs the label's name or number, and a value")
+        if number not in LABEL_NUMBERS:
+            raise BadInput(f"label numbers are from 5 to 18, got {number}")
+        if number in numbers and numbers[number] != label.value:
+            raise BadInput(f"label {number} is given twice with different values")
+        numbers[number] = label.value
+    return numbers
+
+
+def _labels(labels: Mapping[int, str] | None) -> dict[int, str] | None:
+    if not labels:
+        return None
+    for number, value in labels.items():
+        if isinstance(number, bool) or not isinstance(number, int) or not isinstance(value, str):
+            raise BadInput(
+                f"labels filter by number and exact string value, got {number!r}: {value!r}"
+            )
+    return dict(labels)
+
+
+def _encode(last: MemoryRecord) -> str:
+    raw = json.dumps([last.created.isoformat(), str(last.memory_id)], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode(after: str | None) -> tuple[datetime, UUID] | None:
+    if after is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(after + "=" * (-len(after) % 4))
+        created, memory_id = json.loads(raw)
+        if not (isinstance(created, str) and isinstance(memory_id, str)):
+            raise ValueError("not a cursor")
+        instant = datetime.fromisoformat(created)
+        if instant.tzinfo is None:
+            raise ValueError("naive timestamp")
+        # Normalized here so that a timestamp out of range fails here, not in the driver.
+        return instant.astimezone(UTC), UUID(memory_id)
+    except Exception:  # a crafted cursor is the caller's error, whatever it trips
+        raise BadInput(
+            "`after` is not a cursor a search issued: pass the previous page's next cursor"
+        ) from None

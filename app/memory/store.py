@@ -1,0 +1,412 @@
+"""SQL for memory records and their versions.
+
+Which rows a reader sees is decided only by `app.memory.visibility`; every read here builds
+its WHERE clause from it.
+"""
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import numpy as np
+
+from app.memory.records import MemoryRecord
+from app.memory.visibility import AgentReader, Params, Reader, shadows, visible
+
+Row = asyncpg.Record
+
+# Every column of a record as readers get it (not the vector, the tsvector or staging marks).
+RECORD_COLUMNS = (
+    "account_id",
+    "action_id",
+    "memory_id",
+    "version",
+    "created",
+    "modified",
+    "summary",
+    "content",
+    "metadata",
+    "status",
+    "scope",
+    "kind",
+    "source",
+    "pinned",
+    "labels",
+    "replaces",
+    "replaced_by",
+    "preview",
+    "execution_id",
+    "invocation_number",
+    "action_version",
+    "session_id",
+    "modified_by",
+)
+_COLUMNS = ", ".join(RECORD_COLUMNS)
+
+
+def _m(alias: str) -> str:
+    return ", ".join(f"{alias}.{c}" for c in RECORD_COLUMNS)
+
+
+def record(row: Row) -> MemoryRecord:
+    values = {c: row[c] for c in RECORD_COLUMNS}
+    values["labels"] = {int(number): value for number, value in row["labels"].items()}
+    return MemoryRecord(**values)
+
+
+def labels_json(labels: dict[int, str]) -> dict[str, str]:
+    return {str(number): labels[number] for number in sorted(labels)}
+
+
+@dataclass(frozen=True)
+class NewRow:
+    """A row to stage: every record column, plus its vector."""
+
+    account_id: UUID
+    action_id: UUID
+    memory_id: UUID
+    summary: str
+    content: str
+    metadata: Any
+    status: str
+    scope: str
+    kind: str
+    source: str
+    pinned: bool
+    labels: dict[int, str]
+    replaces: UUID | None
+    preview: bool
+    execution_id: UUID
+    invocation_number: int
+    action_version: int
+    session_id: str | None
+    modified_by: str
+    embedding: np.ndarray | None
+
+
+async def insert_staged(conn: asyncpg.Connection, new: NewRow) -> Row:
+    """Stages a row that only its own attempt sees until `publish`; a row staged DELETED is a
+    tombstone: the deletion of the record it names in `replaces`."""
+    return await conn.fetchrow(
+        f"""
+        INSERT INTO agent_memories (
+            account_id, action_id, memory_id, version, created, modified, summary, content,
+            metadata, status, scope, kind, source, pinned, labels, replaces, preview,
+            execution_id, invocation_number, action_version, session_id, modified_by,
+            pending_execution, pending_invocation, embedding, tombstone)
+        VALUES ($1, $2, $3, 1, clock_timestamp(), clock_timestamp(), $4, $5, $6, $7, $8, $9,
+                $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $15, $16, $20,
+                $7 = 'DELETED')
+        RETURNING {_COLUMNS}
+        """,
+        new.account_id,
+        new.action_id,
+        new.memory_id,
+        new.summary,
+        new.content,
+        new.metadata,
+        new.status,
+        new.scope,
+        new.kind,
+        new.source,
+        new.pinned,
+        labels_json(new.labels),
+        new.replaces,
+        new.preview,
+        new.execution_id,
+        new.invocation_number,
+        new.action_version,
+        new.session_id,
+        new.modified_by,
+        new.embedding,
+    )
+
+
+async def get_visible(
+    conn: asyncpg.Connection, reader: Reader, memory_id: UUID, *, for_update: bool = False
+) -> Row | None:
+    """One record the reader sees, whatever its status."""
+    p = Params()
+    where = visible(reader, p, "m", any_status=True)
+    lock = "FOR UPDATE" if for_update else ""
+    where += f" AND m.memory_id = {p(memory_id)}"
+    return await conn.fetchrow(
+        f"SELECT {_m('m')} FROM agent_memories m WHERE {where} {lock}", *p.values
+    )
+
+
+async def get_shadow(conn: asyncpg.Connection, reader: AgentReader, memory_id: UUID) -> Row | None:
+    """The row that hides `memory_id` from the reader, if any: its own staged replacement or
+    deletion first, else (for a preview reader) the newest preview record naming it."""
+    p = Params(reader.account_id, reader.action_id, memory_id)
+    return await conn.fetchrow(
+        f"""
+        SELECT {_m("r")} FROM agent_memories r
+        WHERE r.account_id = $1 AND r.action_id = $2 AND r.replaces = $3
+          AND {shadows(reader, p, "r")}
+        ORDER BY r.pending_execution IS NULL, r.created DESC, r.memory_id DESC
+        LIMIT 1
+        """,
+        *p.values,
+    )
+
+
+async def list_pinned(conn: asyncpg.Connection, reader: Reader) -> list[Row]:
+    """The pinned records the reader sees, oldest first."""
+    p = Params()
+    where = visible(reader, p, "m")
+    return await conn.fetch(
+        f"SELECT {_m('m')} FROM agent_memories m WHERE {where} AND m.pinned "
+        "ORDER BY m.created, m.memory_id",
+        *p.values,
+    )
+
+
+async def list_page(
+    conn: asyncpg.Connection,
+    reader: Reader,
+    *,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+    ascending: bool,
+) -> list[Row]:
+    """A page of the records the reader lists, by (created, memory_id), after a keyset."""
+    p = Params()
+    where = visible(reader, p, "m")
+    if after is not None:
+        keyset = f"({p(after[0])}::timestamptz, {p(after[1])}::uuid)"
+        where += f" AND (m.created, m.memory_id) {'>' if ascending else '<'} {keyset}"
+    order = "ASC" if ascending else "DESC"
+    return await conn.fetch(
+        f"SELECT {_m('m')} FROM agent_memories m WHERE {where} "
+        f"ORDER BY m.created {order}, m.memory_id {order} LIMIT {p(limit)}",
+        *p.values,
+    )
+
+
+async def get_version(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, memory_id: UUID, version: int
+) -> Row | None:
+    return await conn.fetchrow(
+        f"""
+        SELECT {_COLUMNS} FROM agent_memory_versions
+        WHERE account_id = $1 AND action_id = $2 AND memory_id = $3 AND version = $4
+        """,
+        account_id,
+        action_id,
+        memory_id,
+        version,
+    )
+
+
+async def list_versions(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    memory_id: UUID,
+    *,
+    before: int | None,
+    limit: int,
+) -> list[Row]:
+    """Versions of one record, newest first, below version `before`."""
+    return await conn.fetch(
+        f"""
+        SELECT {_COLUMNS} FROM agent_memory_versions
+        WHERE account_id = $1 AND action_id = $2 AND memory_id = $3
+          AND ($4::integer IS NULL OR version < $4)
+        ORDER BY version DESC
+        LIMIT $5
+        """,
+        account_id,
+        action_id,
+        memory_id,
+        before,
+        limit,
+    )
+
+
+async def publish(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    memory_ids: Sequence[UUID],
+) -> list[Row]:
+    """Commits staged rows: every reader may now see them; each one's version 1 is recorded."""
+    return await conn.fetch(
+        f"""
+        WITH published AS (
+            UPDATE agent_memories
+            SET pending_execution = NULL, pending_invocation = NULL
+            WHERE account_id = $1 AND action_id = $2 AND memory_id = any($4::uuid[])
+              AND pending_execution = $3
+            RETURNING {_COLUMNS}
+        ), versions AS (
+            INSERT INTO agent_memory_versions ({_COLUMNS})
+            SELECT {_COLUMNS} FROM published
+        )
+        SELECT {_COLUMNS} FROM published ORDER BY created, memory_id
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        list(memory_ids),
+    )
+
+
+async def change_status(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    memory_id: UUID,
+    *,
+    expected_version: int,
+    status: str,
+    replaced_by: UUID | None,
+    modified_by: str,
+) -> Row | None:
+    """Writes the next version of a committed, active record, if it is still at the version
+    the writer read; None when it changed meanwhile (the caller reports the conflict)."""
+    return await conn.fetchrow(
+        f"""
+        WITH changed AS (
+            UPDATE agent_memories
+            SET status = $5, replaced_by = $6, modified_by = $7,
+                version = version + 1, modified = clock_timestamp()
+            WHERE account_id = $1 AND action_id = $2 AND memory_id = $3 AND version = $4
+              AND status = 'ACTIVE' AND pending_execution IS NULL
+            RETURNING {_COLUMNS}
+        ), versions AS (
+            INSERT INTO agent_memory_versions ({_COLUMNS})
+            SELECT {_COLUMNS} FROM changed
+        )
+        SELECT {_COLUMNS} FROM changed
+        """,
+        account_id,
+        action_id,
+        memory_id,
+        expected_version,
+        status,
+        replaced_by,
+        modified_by,
+    )
+
+
+async def lock_unchanged(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, memory_id: UUID, version: int
+) -> bool:
+    """Locks a committed, active record still at `version` until the transaction ends."""
+    found = await conn.fetchval(
+        """
+        SELECT true FROM agent_memories
+        WHERE account_id = $1 AND action_id = $2 AND memory_id = $3 AND version = $4
+          AND status = 'ACTIVE' AND pending_execution IS NULL
+        FOR UPDATE
+        """,
+        account_id,
+        action_id,
+        memory_id,
+        version,
+    )
+    return bool(found)
+
+
+async def lock_pins(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
+    """Serializes, per agent, the commits that add pins, so each checks the budget it ends at."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('engram.pins:' || $1 || ':' || $2, 0))",
+        str(account_id),
+        str(action_id),
+    )
+
+
+async def delete_staged(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    memory_ids: Sequence[UUID] | None = None,
+) -> int:
+    """Removes staged rows of an execution (all of them, or those of `memory_ids`)."""
+    status = await conn.execute(
+        """
+        DELETE FROM agent_memories
+        WHERE account_id = $1 AND action_id = $2 AND pending_execution = $3
+          AND ($4::uuid[] IS NULL OR memory_id = any($4::uuid[]))
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        list(memory_ids) if memory_ids is not None else None,
+    )
+    return int(status.split()[-1])
+
+
+async def delete_earlier_attempts(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_id: UUID, invocation: int
+) -> None:
+    """Removes what earlier, failed attempts of an execution staged and never committed."""
+    await conn.execute(
+        """
+        DELETE FROM agent_memories
+        WHERE account_id = $1 AND action_id = $2 AND pending_execution = $3
+          AND pending_invocation < $4
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        invocation,
+    )
+
+
+async def copy_committed(
+    conn: asyncpg.Connection,
+    records: Iterable[MemoryRecord],
+    embeddings: Iterable[np.ndarray | None],
+) -> int:
+    """Bulk-loads committed records with their version rows, by COPY.
+
+    For imports and benchmarks: no rule is checked here, the caller has checked them. JSON
+    travels as text through a temporary table (binary COPY has no encoder for jsonb).
+    """
+    rows: list[tuple[Any, ...]] = []
+    for r, vector in zip(records, embeddings, strict=True):
+        values = [getattr(r, c) for c in RECORD_COLUMNS]
+        values[RECORD_COLUMNS.index("labels")] = json.dumps(labels_json(r.labels))
+        values[RECORD_COLUMNS.index("metadata")] = json.dumps(r.metadata)
+        rows.append((*values, vector))
+    async with conn.transaction():
+        await conn.execute(
+            """
+            CREATE TEMP TABLE agent_memories_load (
+                LIKE agent_memories INCLUDING DEFAULTS EXCLUDING GENERATED
+            )
+            """
+        )
+        await conn.execute(
+            "ALTER TABLE agent_memories_load ALTER labels TYPE text, ALTER metadata TYPE text"
+        )
+        await conn.copy_records_to_table(
+            "agent_memories_load", records=rows, columns=[*RECORD_COLUMNS, "embedding"]
+        )
+        typed = ", ".join(
+            f"{c}::jsonb" if c in ("labels", "metadata") else c for c in RECORD_COLUMNS
+        )
+        await conn.execute(
+            f"""
+            INSERT INTO agent_memories ({_COLUMNS}, embedding)
+            SELECT {typed}, embedding FROM agent_memories_load
+            """
+        )
+        await conn.execute(
+            f"""
+            INSERT INTO agent_memory_versions ({_COLUMNS})
+            SELECT {typed} FROM agent_memories_load
+            """
+        )
+        await conn.execute("DROP TABLE agent_memories_load")
+    return len(rows)

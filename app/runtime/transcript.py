@@ -1,0 +1,54 @@
+"""A turn's transcript, gathered in memory and written with the turn's result.
+
+Event types and what their `data` holds:
+
+- `turn.input`: `{input, message}`: what the turn was asked, and the text the model read.
+- `memory.pinned`: `{records: [{id, version}], tokens}`: the pins the instructions listed.
+- `model.call`: `{purpose, model, usage, attempts, durationMs, finishReason, content,
+  toolCalls}`: one chat completion, with its usage and why it was made (`turn`, `memory`).
+- `embedding`: `{purpose: "embed", model, tokens, for}`: usage of the embedding model, for a
+  recall, a `search_memory` query, or the records `add_memory` wrote.
+- `tool.execution`: `{name, callId, input, output}` or `{..., error}`: one execution of a
+  native tool; a recall is one of `search_memory` with `recall: true` in its input.
+- `output.use`: `{use: "RETRIEVED", execution, tool, records}`: the records of the
+  `tool.execution` event numbered `execution` reached the model.
+- `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+TURN_INPUT = "turn.input"
+MEMORY_PINNED = "memory.pinned"
+MODEL_CALL = "model.call"
+EMBEDDING = "embedding"
+TOOL_EXECUTION = "tool.execution"
+OUTPUT_USE = "output.use"
+TURN_OUTPUT = "turn.output"
+TURN_FAILED = "turn.failed"
+
+
+@dataclass(frozen=True)
+class Event:
+    sequence: int
+    invocation_number: int
+    type: str
+    data: dict[str, Any]
+
+
+class Transcript:
+    """The events of one invocation, numbered after those earlier invocations already wrote."""
+
+    def __init__(self, invocation_number: int, first_sequence: int = 1) -> None:
+        self.invocation_number = invocation_number
+        self._next = first_sequence
+        self.events: list[Event] = []
+
+    def add(self, type: str, data: dict[str, Any]) -> int:
+        sequence = self._next
+        self._next += 1
+        self.events.append(Event(sequence, self.invocation_number, type, data))
+        return sequence
+
+    def embedding(self, model: str, tokens: int, used_for: str) -> None:
+        self.add(EMBEDDING, {"purpose": "embed", "model": model, "tokens": tokens, "for": used_for})

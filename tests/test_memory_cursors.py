@@ -1,0 +1,153 @@
+"""Crafted cursors, IDs and bounds on the memory API are the client's error (BAD_REQUEST) with a
+message saying what to send, never an internal error."""
+
+import base64
+import json
+import uuid
+from typing import Any
+
+import pytest
+from memory_helpers import make_agent, remember
+
+from app.errors import BadInput
+from app.graphql.relay import decode_cursor, encode_cursor, global_id
+from app.memory import search as search_module
+from app.memory.search import search
+from app.memory.visibility import OperatorReader
+
+MEMORIES = """query($a: UUID!, $after: String) {
+  action(actionId: $a) { memories(first: 5, after: $after) { nodes { memoryId } } } }"""
+HISTORY = """query($a: UUID!, $id: UUID!, $after: String) {
+  agentMemory(actionId: $a, id: $id) { history(first: 5, after: $after) { nodes { version } } } }"""
+SEARCH = """query($a: UUID!, $q: String, $ids: [UUID!], $first: Int!) {
+  action(actionId: $a) { searchMemories(query: $q, ids: $ids, first: $first) {
+    nodes { memoryId } pageInfo { hasNextPage } } } }"""
+NODE = "query($id: ID!) { node(id: $id) { ... on ActionAgentMemory { memoryId version } } }"
+SOME_ID = str(uuid.uuid4())
+
+
+def cursor(value: Any) -> str:
+    raw = value if isinstance(value, str) else json.dumps(value)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+KEYSETS = {
+    "uuid as a number": cursor([{"t": "2026-01-01T00:00:00+00:00"}, {"u": 5}]),
+    "timestamp as a number": cursor([{"t": 5}, {"u": SOME_ID}]),
+    "timestamp without a zone": cursor([{"t": "2026-01-01T00:00:00"}, {"u": SOME_ID}]),
+    "timestamp out of range": cursor([{"t": "0001-01-01T00:00:00+14:00"}, {"u": SOME_ID}]),
+    "unknown object": cursor([{"x": 1}, {"u": SOME_ID}]),
+    "two keys": cursor([{"t": "2026-01-01T00:00:00+00:00", "u": SOME_ID}, {"u": SOME_ID}]),
+    "wrong arity": cursor([{"u": SOME_ID}]),
+    "not a list": cursor({"u": SOME_ID}),
+    "nested deep": cursor("[" * 100_000 + "]" * 100_000),
+    "not base64": "%%%",
+    "not JSON": cursor("{"),
+}
+VERSIONS = {
+    "beyond int4": cursor([2**31]),
+    "below int4": cursor([-(2**31) - 1]),
+    "a boolean": cursor([True]),
+    "a float": cursor([1.5]),
+    "null": cursor([None]),
+    "text with NUL": cursor(["a\u0000b"]),
+}
+
+
+# M56
+@pytest.mark.parametrize("name", list(KEYSETS))
+async def test_m56_crafted_listing_cursors_are_bad_requests(state, gql, admin, name):
+    agent = await make_agent(state, admin)
+    result = await gql(admin, MEMORIES, a=str(agent.action_id), after=KEYSETS[name])
+    assert result.codes == ["BAD_REQUEST"], result.errors
+    assert "cursor" in result.errors[0]["message"]
+
+
+# M59
+@pytest.mark.parametrize("name", list(VERSIONS))
+async def test_m59_crafted_history_cursors_are_bad_requests(state, gql, admin, name):
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "a record", scope="AGENT")
+    a, id_ = str(agent.action_id), str(record.memory_id)
+    result = await gql(admin, HISTORY, a=a, id=id_, after=VERSIONS[name])
+    assert result.codes == ["BAD_REQUEST"], result.errors
+    # The cursors the connection issues still page.
+    issued = await gql(admin, HISTORY, a=a, id=id_, after=encode_cursor(2))
+    assert issued.ok()["agentMemory"]["history"]["nodes"] == [{"version": 1}]
+
+
+def test_m56_issued_cursors_decode_to_their_values() -> None:
+    from datetime import UTC, datetime
+
+    instant = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    memory_id = uuid.uuid4()
+    assert decode_cursor(encode_cursor(instant, memory_id), 2) == (instant, memory_id)
+    assert decode_cursor(encode_cursor(2**31 - 1), 1) == (2**31 - 1,)
+    assert decode_cursor(encode_cursor("chat-1"), 1) == ("chat-1",)
+
+
+SEARCH_CURSORS = {
+    **KEYSETS,
+    "search cursor with a number for the ID": cursor(["2026-01-01T00:00:00+00:00", 5]),
+    "search cursor without a zone": cursor(["2026-01-01T00:00:00", SOME_ID]),
+}
+
+
+# M38
+@pytest.mark.parametrize("name", list(SEARCH_CURSORS))
+async def test_m38_crafted_search_cursors_are_bad_input(state, admin, name):
+    agent = await make_agent(state, admin)
+    reader = OperatorReader(admin.account_id, agent.action_id)
+    with pytest.raises(BadInput, match="cursor"):
+        await search(
+            state.pool,
+            state.embedder,
+            reader,
+            agent.harness.memory.search,
+            query=None,
+            after=SEARCH_CURSORS[name],
+        )
+
+
+# M38
+async def test_m38_search_memories_pages_up_to_its_bound_with_a_clear_message(
+    state, gql, admin, monkeypatch
+):
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)  # the index plan, HNSW included
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "the office is in Oslo", scope="AGENT")
+    a = str(agent.action_id)
+    for query in (None, "office"):
+        page = (await gql(admin, SEARCH, a=a, q=query, first=1000)).ok()["action"]
+        assert page["searchMemories"]["nodes"] == [{"memoryId": str(record.memory_id)}]
+    too_many = await gql(admin, SEARCH, a=a, q="office", first=1001)
+    assert too_many.codes == ["BAD_REQUEST"]
+    assert too_many.errors[0]["message"] == "`first` must be from 0 to 1000, got 1001"
+
+
+# M38
+async def test_m38_search_memories_reads_at_most_1000_ids(state, gql, admin):
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "one record", scope="AGENT")
+    a = str(agent.action_id)
+    ids = [str(record.memory_id), *(str(uuid.uuid4()) for _ in range(999))]
+    found = (await gql(admin, SEARCH, a=a, ids=ids, first=10)).ok()["action"]["searchMemories"]
+    assert found["nodes"] == [{"memoryId": str(record.memory_id)}]
+    refused = await gql(admin, SEARCH, a=a, ids=[*ids, str(uuid.uuid4())], first=10)
+    assert refused.codes == ["BAD_REQUEST"]
+    assert "at most 1000" in refused.errors[0]["message"]
+
+
+# M57
+@pytest.mark.parametrize("version", ["99999999999", "2147483648", "\u00b2", "1.5", "-1"])
+async def test_m57_node_ids_naming_impossible_versions_are_bad_requests(state, gql, admin, version):
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "a record", scope="AGENT")
+    node_id = global_id("ActionAgentMemory", agent.action_id, record.memory_id, version)
+    result = await gql(admin, NODE, id=node_id)
+    assert result.codes == ["BAD_REQUEST"], result.errors
+    exact = global_id("ActionAgentMemory", agent.action_id, record.memory_id, 1)
+    assert (await gql(admin, NODE, id=exact)).ok()["node"] == {
+        "memoryId": str(record.memory_id),
+        "version": 1,
+    }

@@ -1,0 +1,459 @@
+"""Memory search against the real database: modes, fusion, filters, paging and visibility.
+
+Records are inserted with plain SQL (embedded with the test embedder) so each test controls
+creation times, scopes, statuses and staging exactly. Ranking tests run on both plans: the
+exact plan (small agents) and the index plan (HNSW + GIN candidates), forced by setting the
+exact plan's row limit to zero.
+"""
+
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from app.actions import service as actions
+from app.actions.harness import SearchConfig
+from app.auth.caller import Caller
+from app.embeddings.text import memory_text
+from app.errors import BadInput
+from app.memory import search as search_module
+from app.memory.search import search
+from app.memory.visibility import AgentReader, OperatorReader, Reader
+from app.state import AppState
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+CONFIG = SearchConfig()
+
+
+@pytest.fixture(params=["exact", "index"])
+def plan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "index":
+        monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    yield request.param
+
+
+class Agent:
+    """One agent and a way to write its records exactly as a test needs them."""
+
+    def __init__(self, state: AppState, account_id: UUID, action_id: UUID) -> None:
+        self.state = state
+        self.account_id = account_id
+        self.action_id = action_id
+        self.clock = T0
+
+    @property
+    def operator(self) -> OperatorReader:
+        return OperatorReader(self.account_id, self.action_id)
+
+    def reader(
+        self,
+        *,
+        session: str | None = "s1",
+        scopes: Sequence[str] = ("session", "agent"),
+        preview: bool = False,
+        execution_id: UUID | None = None,
+    ) -> AgentReader:
+        return AgentReader(
+            self.account_id, self.action_id, session, tuple(scopes), preview, execution_id
+        )
+
+    async def add(
+        self, summary: str, content: str = "", *, created: datetime | None = None, **columns: Any
+    ) -> UUID:
+        self.clock += timedelta(minutes=1)
+        row = {
+            "memory_id": uuid.uuid4(),
+            "created": created or self.clock,
+            "summary": summary,
+            "content": content,
+            "status": "ACTIVE",
+            "scope": "AGENT",
+            "kind": "fact",
+            "labels": {},
+            "preview": False,
+            "session_id": None,
+            "replaces": None,
+            "pending_execution": None,
+            **columns,
+        }
+        row["labels"] = {str(k): v for k, v in row["labels"].items()}
+        vector = (await self.state.embedder.embed([memory_text(summary, content)])).vectors[0]
+        await self.state.pool.execute(
+            """
+            INSERT INTO agent_memories (
+                account_id, action_id, memory_id, version, created, modified, summary, content,
+                status, scope, kind, source, labels, replaces, preview, execution_id,
+                invocation_number, action_version, session_id, modified_by, pending_execution,
+                embedding)
+            VALUES ($1, $2, $3, 1, $4, $4, $5, $6, $7, $8, $9, 'TOOL', $10, $11, $12, $13, 1, 1,
+                    $14, 'agent', $15, $16)
+            """,
+            self.account_id,
+            self.action_id,
+            row["memory_id"],
+            row["created"],
+            summary,
+            content,
+            row["status"],
+            row["scope"],
+            row["kind"],
+            row["labels"],
+            row["replaces"],
+            row["preview"],
+            uuid.uuid4(),
+            row["session_id"],
+            row["pending_execution"],
+            vector,
+        )
+        return row["memory_id"]
+
+    async def find(
+        self,
+        query: str | None,
+        reader: Reader | None = None,
+        config: SearchConfig = CONFIG,
+        **kwargs: Any,
+    ) -> list[UUID]:
+        result = await search(
+            self.state.pool,
+            self.state.embedder,
+            reader or self.operator,
+            config,
+            query=query,
+            **kwargs,
+        )
+        return [r.memory_id for r in result.records]
+
+
+async def new_agent(state: AppState, admin: Caller) -> Agent:
+    created = await actions.create_action(
+        state.pool, admin, f"agent {uuid.uuid4()}", "", None, None
+    )
+    return Agent(state, admin.account_id, created.action_id)
+
+
+@pytest.fixture
+async def agent(state: AppState, admin: Caller) -> Agent:
+    return await new_agent(state, admin)
+
+
+async def test_m21_lexical_matches_any_word_and_ranks_by_words(agent: Agent, plan: str) -> None:
+    both = await agent.add("Caroline went to the LGBTQ support group yesterday")
+    one = await agent.add("The support staff fixed my laptop")
+    await agent.add("Melanie painted a sunrise over the lake")
+    # A question rarely holds every word of its answer: any shared word finds a record.
+    found = await agent.find("When did Caroline go to a support group?", mode="lexical", limit=10)
+    assert found == [both, one]
+
+
+async def test_m21_vector_finds_by_meaning_without_shared_words(agent: Agent, plan: str) -> None:
+    pets = await agent.add("Our dog and two cats sleep by the fireplace")
+    await agent.add("Quarterly revenue grew in the enterprise segment")
+    await agent.add("The train to Boston departs at noon")
+    found = await agent.find("puppies and kittens", mode="vector", limit=1)
+    assert found == [pets]
+    assert await agent.find("puppies and kittens", mode="lexical") == []
+
+
+async def test_m20_m21_hybrid_combines_words_and_meaning(agent: Agent, plan: str) -> None:
+    words = await agent.add("The kitten knocked the invoice off the desk")
+    meaning = await agent.add("Our dog and two cats sleep by the fireplace")
+    await agent.add("Quarterly revenue grew in the enterprise segment")
+    await agent.add("The train to Boston departs at noon")
+    result = await search(
+        agent.state.pool,
+        agent.state.embedder,
+        agent.operator,
+        CONFIG,
+        query="puppies and kittens",
+        limit=2,
+    )
+    assert [r.memory_id for r in result.records] == [words, meaning]
+    scores = [r.score for r in result.records]
+    assert all(s is not None for s in scores) and scores[0] >= scores[1]  # type: ignore[operator]
+    assert result.embed_tokens > 0
+
+
+async def test_m21_mode_defaults_to_config_and_lexical_skips_embedding(agent: Agent) -> None:
+    await agent.add("Our dog and two cats sleep by the fireplace")
+    vector_config = SearchConfig(mode="vector")
+    assert await agent.find("puppies and kittens", config=vector_config) != []
+    assert await agent.find("puppies and kittens", config=SearchConfig(mode="lexical")) == []
+    lexical = await search(
+        agent.state.pool, agent.state.embedder, agent.operator, CONFIG, query="dog", mode="lexical"
+    )
+    assert len(lexical.records) == 1 and lexical.embed_tokens == 0
+    with pytest.raises(BadInput):
+        await agent.find("dog", mode="fuzzy")
+
+
+async def test_m23_min_score_applies_to_meaning_only(agent: Agent, plan: str) -> None:
+    pets = await agent.add("Our dog and two cats sleep by the fireplace")
+    words = await agent.add("Kittens: see the invoice from the supplier")
+    await agent.add("Quarterly revenue grew in the enterprise segment")
+    everything = await agent.find("puppies and kittens", mode="vector", limit=10)
+    assert len(everything) == 3
+    strict = SearchConfig(min_score=0.99)
+    # Vector mode: nothing is that similar.
+    assert await agent.find("puppies and kittens", config=strict, mode="vector") == []
+    # Hybrid: the record that shares a word is still found; the others are not.
+    assert await agent.find("puppies and kittens", config=strict, limit=10) == [words]
+    # Lexical mode ignores min_score.
+    assert await agent.find("kittens", config=strict, mode="lexical") == [words]
+    # A threshold between the two cosines keeps exactly the records above it.
+    result = await search(
+        agent.state.pool,
+        agent.state.embedder,
+        agent.operator,
+        CONFIG,
+        query="puppies and kittens",
+        mode="vector",
+        limit=10,
+    )
+    first, second = result.records[0], result.records[1]
+    assert first.score is not None and second.score is not None and first.score > second.score
+    middle = (first.score + second.score) / 2
+    above = await agent.find(
+        "puppies and kittens", config=SearchConfig(min_score=middle), mode="vector", limit=10
+    )
+    assert above == [first.memory_id]
+    assert pets in everything
+
+
+async def test_m20_newer_records_win_ties(agent: Agent, plan: str) -> None:
+    older = await agent.add("Melanie painted a sunrise", created=T0)
+    newer = await agent.add("Melanie painted a sunrise", created=T0 + timedelta(days=3))
+    middle = await agent.add("Melanie painted a sunrise", created=T0 + timedelta(days=1))
+    for mode in ("hybrid", "lexical", "vector"):
+        assert await agent.find("sunrise painting", mode=mode, limit=3) == [newer, middle, older]
+
+
+async def test_m22_limit_defaults_to_max_results(agent: Agent, plan: str) -> None:
+    for i in range(8):
+        await agent.add(f"Note {i} about the garden fence")
+    assert len(await agent.find("garden fence")) == 5
+    assert len(await agent.find("garden fence", config=SearchConfig(max_results=7))) == 7
+    assert len(await agent.find("garden fence", limit=2)) == 2
+    assert len(await agent.find(None)) == 5
+    with pytest.raises(BadInput):
+        await agent.find("garden", limit=-1)
+
+
+async def test_m37_labels_filter_exact_values(agent: Agent, plan: str) -> None:
+    mine = await agent.add("Customer prefers email", labels={5: "cust-1"})
+    await agent.add("Customer prefers email", labels={5: "cust-10"})
+    await agent.add("Customer prefers email", labels={6: "cust-1"})
+    both = await agent.add("Customer prefers phone", labels={5: "cust-1", 6: "x"})
+    assert await agent.find("email", labels={5: "cust-1"}, limit=10) == [mine, both]
+    assert await agent.find("email", labels={5: "cust-1", 6: "x"}, limit=10) == [both]
+    assert await agent.find(None, labels={5: "cust-1"}, limit=10) == [both, mine]
+    assert await agent.find("email", labels={5: "cust"}, limit=10) == []
+
+
+async def test_m38_kind_and_ids_filter_ranked_and_listed(agent: Agent, plan: str) -> None:
+    fact = await agent.add("The office moved to Lisbon", kind="fact")
+    event = await agent.add("The office party was in Lisbon", kind="event")
+    other = await agent.add("Lisbon trams are yellow", kind="fact")
+    assert await agent.find("Lisbon office", kind="event", limit=10) == [event]
+    assert await agent.find(None, kind="fact", limit=10) == [other, fact]
+    assert set(await agent.find("Lisbon", ids=[fact, event], limit=10)) == {fact, event}
+    assert await agent.find(None, ids=[other, event], limit=10) == [other, event]
+    assert await agent.find("Lisbon", ids=[], limit=10) == []
+
+
+async def test_m38_listing_pages_newest_first(agent: Agent) -> None:
+    ids = [await agent.add(f"record {i}") for i in range(7)]
+    newest_first = list(reversed(ids))
+    result = await search(
+        agent.state.pool, agent.state.embedder, agent.operator, CONFIG, query=None, limit=3
+    )
+    pages = [[r.memory_id for r in result.records]]
+    while result.next_cursor is not None:
+        result = await search(
+            agent.state.pool,
+            agent.state.embedder,
+            agent.operator,
+            CONFIG,
+            query=None,
+            limit=3,
+            after=result.next_cursor,
+        )
+        pages.append([r.memory_id for r in result.records])
+    assert pages == [newest_first[:3], newest_first[3:6], newest_first[6:]]
+    assert result.embed_tokens == 0
+    # Equal creation times still page without loss or repeats (memory_id breaks the tie).
+    same = [await agent.add("same time", created=T0 - timedelta(days=1)) for _ in range(4)]
+    seen: list[UUID] = []
+    cursor = None
+    while True:
+        page = await search(
+            agent.state.pool,
+            agent.state.embedder,
+            agent.operator,
+            CONFIG,
+            query=None,
+            limit=2,
+            after=cursor,
+        )
+        seen += [r.memory_id for r in page.records]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen[:7] == newest_first and sorted(seen[7:]) == sorted(same)
+    with pytest.raises(BadInput):
+        await agent.find(None, after="not-a-cursor")
+    with pytest.raises(BadInput):
+        await agent.find("record", after=result.next_cursor or "x")
+
+
+async def test_m3_p2_p3_search_sees_only_visible_records(agent: Agent, plan: str) -> None:
+    text = "The customer wants the blue umbrella"
+    mine = await agent.add(text, scope="SESSION", session_id="s1")
+    theirs = await agent.add(text, scope="SESSION", session_id="s2")
+    shared = await agent.add(text, scope="AGENT")
+    preview = await agent.add(text, preview=True)
+    deleted = await agent.add(text, status="DELETED")
+    old = await agent.add(text, status="SUPERSEDED")
+    running = uuid.uuid4()
+    staged_by_other = await agent.add(text, pending_execution=uuid.uuid4())
+    staged_by_me = await agent.add(text, pending_execution=running)
+    # A committed preview record that replaces `shared` hides it from preview turns only.
+    replacement = await agent.add(text, preview=True, replaces=shared)
+
+    live = agent.reader(execution_id=running)
+    for query in (text, None):
+        for mode in ("hybrid", "lexical", "vector"):
+            found = set(await agent.find(query, live, mode=mode, limit=20))
+            assert found == {mine, shared, staged_by_me}, mode
+        found = set(await agent.find(query, agent.reader(preview=True), limit=20))
+        assert found == {mine, preview, replacement}
+        found = set(await agent.find(query, agent.reader(scopes=("agent",)), limit=20))
+        assert found == {shared}
+        found = set(
+            await agent.find(query, agent.reader(session=None, scopes=("session",)), limit=20)
+        )
+        assert found == set()
+    # Operators see every session, live and preview, but never deleted, superseded or staged.
+    assert set(await agent.find(text, agent.operator, limit=20)) == {
+        mine,
+        theirs,
+        shared,
+        preview,
+        replacement,
+    }
+    assert {deleted, old, staged_by_other}.isdisjoint(
+        await agent.find(None, agent.operator, limit=20)
+    )
+
+
+async def test_m2_another_agents_records_never_found(
+    state: AppState, admin: Caller, plan: str
+) -> None:
+    one = await new_agent(state, admin)
+    two = await new_agent(state, admin)
+    text = "The launch code is in the red binder"
+    mine = await one.add("Something else entirely")
+    await two.add(text)
+    await two.add(text, labels={5: "a"})
+    for mode in ("hybrid", "lexical", "vector"):
+        assert await one.find(text, mode=mode, limit=10) == ([mine] if mode != "lexical" else [])
+    assert await one.find(None, limit=10) == [mine]
+    assert await one.find(text, labels={5: "a"}) == []
+
+
+SEARCH_QUERY = """
+query ($actionId: UUID!, $text: String, $mode: ActionAgentMemorySearchMode, $kind: String,
+       $labels: [AgentMemoryLabelInput!], $ids: [UUID!], $first: Int!) {
+  action(actionId: $actionId) {
+    searchMemories(query: $text, mode: $mode, kind: $kind, labels: $labels, ids: $ids,
+                   first: $first) {
+      edges { score node { memoryId summary labels { name number value } } }
+      pageInfo { hasNextPage }
+    }
+  }
+}
+"""
+
+
+async def test_m38_m55_graphql_search_memories(state: AppState, admin: Caller, gql: Any) -> None:
+    from helpers import allow, caller
+
+    harness = {"memory": {"labels": {"customer_id": {"number": 5, "description": "The customer."}}}}
+    created = await actions.create_action(state.pool, admin, "support", "", None, harness)
+    agent = Agent(state, admin.account_id, created.action_id)
+    email = await agent.add("Customer prefers email", labels={5: "c1"})
+    await agent.add("Customer prefers email", labels={5: "c2"})
+    phone = await agent.add("Customer prefers phone calls", labels={5: "c1"})
+
+    result = await gql(
+        admin,
+        SEARCH_QUERY,
+        actionId=str(agent.action_id),
+        text="email",
+        labels=[{"name": "customer_id", "value": "c1"}],
+        first=5,
+    )
+    edges = result.ok()["action"]["searchMemories"]["edges"]
+    assert [e["node"]["memoryId"] for e in edges] == [str(email), str(phone)]
+    assert edges[0]["score"] >= edges[1]["score"]
+    assert edges[0]["node"]["labels"] == [{"name": "customer_id", "number": 5, "value": "c1"}]
+
+    result = await gql(
+        admin, SEARCH_QUERY, actionId=str(agent.action_id), text="email", mode="LEXICAL", first=1
+    )
+    page = result.ok()["action"]["searchMemories"]
+    assert len(page["edges"]) == 1 and page["pageInfo"]["hasNextPage"] is True
+
+    result = await gql(
+        admin,
+        SEARCH_QUERY,
+        actionId=str(agent.action_id),
+        text="email",
+        labels=[{"name": "no_such", "value": "c1"}],
+        first=5,
+    )
+    assert result.codes == ["BAD_REQUEST"]
+
+    # Spec: reading through the API needs SELECT on indexes.* and on the document.
+    reader = caller(
+        admin.account_id,
+        allow(["SELECT"], "financial.Action.document"),
+        allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document"),
+    )
+    result = await gql(reader, SEARCH_QUERY, actionId=str(agent.action_id), text="phone", first=5)
+    assert result.ok()["action"]["searchMemories"]["edges"][0]["node"]["memoryId"] == str(phone)
+    no_index = caller(
+        admin.account_id,
+        allow(["SELECT"], "financial.Action.document", "financial.AgentMemory.document"),
+    )
+    result = await gql(no_index, SEARCH_QUERY, actionId=str(agent.action_id), text="phone", first=5)
+    assert result.codes == ["ACCESS_DENIED"]
+
+
+async def test_m21_any_query_text_is_safe(agent: Agent) -> None:
+    quoted = await agent.add("O'Brien's C:\\temp\\notes & <tags> | !bang (paren)")
+    for query in ("O'Brien's", "C:\\temp\\notes", "& | ! ( ) : * '' \\", "the and of", "x" * 3000):
+        for mode in ("hybrid", "lexical", "vector"):
+            await agent.find(query, mode=mode)
+    assert await agent.find("O'Brien's notes", mode="lexical") == [quoted]
+    assert await agent.find("the and of", mode="lexical") == []
+
+
+async def test_m20_index_plan_finds_rare_and_common_words(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The index plan looks up rare words in GIN and reads common words newest first.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_module, "RARE_WORD_ROWS", 5)
+    zanzibar = await agent.add("Weather report about Zanzibar", created=T0 - timedelta(days=30))
+    common = [await agent.add(f"The weather is nice today, note {i}") for i in range(30)]
+    await agent.state.pool.execute("ANALYZE agent_memories")
+    rare = await agent.state.pool.fetchval("SELECT rare_words('zanzibar weather', 5)::text")
+    assert rare == "'zanzibar'"
+    assert (await agent.find("zanzibar weather", mode="lexical", limit=3))[0] == zanzibar
+    assert await agent.find("weather", mode="lexical", limit=3) == common[::-1][:3]
+    assert (await agent.find("zanzibar weather", limit=3))[0] == zanzibar
+    assert await agent.find("the and of", mode="lexical") == []

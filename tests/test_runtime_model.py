@@ -1,0 +1,184 @@
+"""The model client against a scripted OpenAI-compatible server on loopback: the request it
+sends, retries, timeouts, refusals, and which key goes where."""
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from openai_server import CHAT, OpenAIServer
+from pydantic import SecretStr
+
+from app.actions.model import ModelConfig
+from app.config import Settings
+from app.errors import BadInput
+from app.runtime.model import ModelClient, ModelFailed, resolve_endpoint
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+TOOL = {
+    "type": "function",
+    "function": {"name": "search_memory", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+@pytest.fixture
+def server() -> Iterator[OpenAIServer]:
+    with OpenAIServer() as server:
+        yield server
+
+
+def settings_for(server: OpenAIServer, **values: object) -> Settings:
+    return Settings(model_base_url=server.url, model_name="default-model", **values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def client(server: OpenAIServer) -> AsyncIterator[ModelClient]:
+    client = ModelClient(settings_for(server, model_max_retries=2), backoff_seconds=0.01)
+    yield client
+    await client.aclose()
+
+
+async def test_request_carries_purpose_tools_and_config(
+    client: ModelClient, server: OpenAIServer
+) -> None:
+    server.call_tools(("search_memory", {"query": "Ada"}), content="Let me look.")
+    config = ModelConfig(name="house-model", temperature=0.3, max_tokens=50)
+    completion = await client.complete(config, MESSAGES, [TOOL], "memory")
+
+    (request,) = server.requests_to(CHAT)
+    assert request.headers["x-engram-purpose"] == "memory"
+    assert request.body == {
+        "model": "house-model",
+        "messages": MESSAGES,
+        "metadata": {"purpose": "memory"},
+        "tools": [TOOL],
+        "tool_choice": "auto",
+        "temperature": 0.3,
+        "max_tokens": 50,
+    }
+    assert completion.content == "Let me look."
+    assert [(c.name, c.arguments) for c in completion.tool_calls] == [
+        ("search_memory", '{"query": "Ada"}')
+    ]
+    assert completion.finish_reason == "tool_calls"
+    assert completion.usage["total_tokens"] > 0 and completion.attempts == 1
+
+
+async def test_transient_failures_are_retried_with_backoff(
+    client: ModelClient, server: OpenAIServer
+) -> None:
+    server.fail_next(1, status=502, path=CHAT)
+    server.fail_next(1, status=429, path=CHAT, retry_after=0.01)
+    completion = await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    assert completion.content == "done" and completion.attempts == 3
+    assert len(server.requests_to(CHAT)) == 3
+
+
+async def test_retries_run_out_with_the_servers_message(
+    client: ModelClient, server: OpenAIServer
+) -> None:
+    server.fail_next(5, status=503, path=CHAT, message="overloaded")
+    with pytest.raises(ModelFailed, match="failed 3 times, last: HTTP 503: overloaded"):
+        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+
+
+async def test_a_refused_request_is_not_retried(client: ModelClient, server: OpenAIServer) -> None:
+    server.fail_next(1, status=400, path=CHAT, message="unknown model")
+    with pytest.raises(ModelFailed, match=r"refused the request .*\(HTTP 400\): unknown model"):
+        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    assert len(server.requests_to(CHAT)) == 1
+
+
+async def test_a_slow_model_times_out_without_a_retry(server: OpenAIServer) -> None:
+    client = ModelClient(settings_for(server, model_timeout_seconds=0.2), backoff_seconds=0.01)
+    server.say("late", delay=1.0)
+    try:
+        with pytest.raises(ModelFailed, match="did not answer within 0.2 seconds"):
+            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+    assert len(server.requests_to(CHAT)) == 1
+
+
+async def test_an_unreachable_model_fails_after_its_retries() -> None:
+    settings = Settings(model_base_url="http://127.0.0.1:9/v1", model_max_retries=1)
+    client = ModelClient(settings, backoff_seconds=0.01)
+    try:
+        with pytest.raises(ModelFailed, match="failed 2 times, last: ConnectError"):
+            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+
+
+async def test_an_upstream_error_body_reaches_the_error_only_as_a_short_excerpt(
+    client: ModelClient, server: OpenAIServer
+) -> None:
+    server.fail_next(1, status=400, path=CHAT, message="echo: " + "x" * 5000)
+    with pytest.raises(ModelFailed) as refused:
+        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    assert "echo: xxx" in refused.value.message and refused.value.message.endswith("(cut)")
+    assert len(refused.value.message) < 400
+
+    server.fail_next(5, status=503, path=CHAT, message="echo: " + "y" * 5000)
+    with pytest.raises(ModelFailed) as exhausted:
+        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    assert "failed 3 times" in exhausted.value.message and len(exhausted.value.message) < 400
+
+
+def test_an_action_names_only_allowed_endpoints_and_key_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+    settings = Settings(model_base_url="http://models.internal/v1/")
+    # The deployment's own endpoint is always allowed, with or without the trailing slash.
+    assert resolve_endpoint(ModelConfig(base_url="http://models.internal/v1"), settings)
+    with pytest.raises(BadInput, match="add it to ENGRAM_MODEL_ALLOWED_KEY_ENVS"):
+        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), settings)
+    with pytest.raises(BadInput, match="add it to ENGRAM_MODEL_ALLOWED_BASE_URLS"):
+        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), settings)
+
+    allowed = Settings(
+        model_base_url="http://models.internal/v1",
+        model_allowed_base_urls=["https://team.example/v1/"],
+        model_allowed_key_envs=["TEAM_MODEL_KEY"],
+    )
+    assert resolve_endpoint(ModelConfig(base_url="https://team.example/v1"), allowed)
+    with pytest.raises(BadInput, match="ENGRAM_MODEL_ALLOWED_BASE_URLS"):
+        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), allowed)
+    with pytest.raises(BadInput, match="ENGRAM_MODEL_ALLOWED_KEY_ENVS"):
+        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), allowed)
+
+
+def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(
+        model_base_url="http://models.internal/v1",
+        model_api_key=SecretStr("sk-house"),
+        model_allowed_base_urls=["https://example.com/v1"],
+        model_allowed_key_envs=["TEAM_MODEL_KEY", "MISSING_KEY", "ENGRAM_BOOTSTRAP_TOKEN"],
+    )
+    assert resolve_endpoint(ModelConfig(), settings).api_key == "sk-house"
+    # The deployment's key never goes to an endpoint an action names.
+    elsewhere = ModelConfig(base_url="https://example.com/v1")
+    assert resolve_endpoint(elsewhere, settings).api_key is None
+
+    monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
+    own = ModelConfig(base_url="https://example.com/v1", api_key_env="TEAM_MODEL_KEY")
+    endpoint = resolve_endpoint(own, settings)
+    assert (endpoint.url, endpoint.api_key) == (
+        "https://example.com/v1/chat/completions",
+        "sk-team",
+    )
+
+    with pytest.raises(ModelFailed, match="MISSING_KEY, which is not set"):
+        resolve_endpoint(ModelConfig(api_key_env="MISSING_KEY"), settings)
+    # The service's own settings are never sent as a model key, even when listed.
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "secret")
+    with pytest.raises(BadInput, match="may not name ENGRAM_BOOTSTRAP_TOKEN"):
+        resolve_endpoint(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), settings)
+
+
+async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:
+    client = ModelClient(settings_for(server, model_api_key=SecretStr("sk-house")))
+    try:
+        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+    assert server.requests_to(CHAT)[0].headers["authorization"] == "Bearer sk-house"

@@ -1,0 +1,664 @@
+"""Agent turns end to end: GraphQL `executeAction` -> the runtime -> a scripted
+OpenAI-compatible model on loopback -> the real database.
+
+Covers atomic turns (commit whole or not at all, retries as the next invocation, concurrent
+turns), the model client's contract with the server (purpose header, usage, misbehaviour,
+the bound on calls), sessions, executions and transcripts.
+"""
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from helpers import GQL, allow, caller
+from openai_server import OpenAIServer
+from runtime_support import (
+    EXECUTE,
+    RUNNER_POLICIES,
+    chat,
+    events,
+    make_agent,
+    memories,
+    memory,
+    memory_harness,
+    run,
+    tool_names,
+    tool_results,
+    tool_runs,
+)
+
+from app.auth.caller import Caller
+from app.config import Settings
+from app.graphql.relay import encode_cursor, global_id
+from app.memory.service import MemoryWork, NewMemory, Writer
+from app.runtime import store as runtime_store
+from app.runtime import turns
+from app.runtime.model import ModelClient, ToolCall
+from app.runtime.tools import NativeTools, ToolResult
+from app.state import AppState
+
+MAX_CALLS = 6
+
+
+@pytest.fixture
+def model_server() -> Iterator[OpenAIServer]:
+    with OpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def settings(db_url: str, model_server: OpenAIServer) -> Settings:
+    return Settings(
+        database_url=db_url,
+        environment="test",
+        model_base_url=model_server.url,
+        model_name="scripted",
+        model_max_retries=2,
+        max_model_calls_per_turn=MAX_CALLS,
+    )
+
+
+@pytest.fixture(autouse=True)
+async def fast_model(state: AppState) -> AsyncIterator[None]:
+    client = ModelClient(state.settings, backoff_seconds=0.01)
+    state.services["model"] = client
+    yield
+    await client.aclose()
+
+
+def runner(admin: Caller) -> Caller:
+    return caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+
+
+# Provenance, atomicity, retries
+
+
+async def test_m40_m45_m53_m26_add_memory_commits_with_full_provenance(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    model_server.call_tools(
+        (
+            "add_memory",
+            {"summary": "Ada prefers email", "kind": "fact", "content": "Said on 3 May."},
+        )
+    )
+    model_server.say("Noted.")
+
+    # M26: the client running the turn holds no grant on financial.AgentMemory.
+    executed = await run(gql, runner(admin), action_id, "Ada says: email me, never call")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Noted."
+    assert (executed["turn"], executed["invocationNumber"]) == (1, 1)
+    (added,) = tool_runs(executed, "add_memory")  # M45: an execution of the native tool
+    (written,) = added["output"]["memories"]  # M46
+    # M55: the runner holds no memory grant, so its transcript names the record only.
+    assert set(written) == {"id", "version"}
+    record = await memory(gql, admin, action_id, written["id"])
+    assert record is not None
+    assert {k: record[k] for k in record if k not in ("memoryId", "labels")} == {
+        "version": 1,
+        "summary": "Ada prefers email",
+        "content": "Said on 3 May.",
+        "status": "ACTIVE",
+        "scope": "SESSION",
+        "kind": "fact",
+        "source": "TOOL",
+        "pinned": False,
+        "preview": False,
+        "replaces": None,
+        "replacedBy": None,
+        "executionId": executed["executionId"],
+        "invocationNumber": 1,
+        "actionVersion": 1,
+        "sessionId": "s1",
+        "modifiedBy": f"action:{action_id}",
+    }
+
+
+async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    executed = await run(gql, runner(admin), action_id, "note it")
+    (written,) = tool_runs(executed, "add_memory")[0]["output"]["memories"]
+
+    denied = await gql(
+        runner(admin),
+        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { summary } }",
+        a=action_id,
+        m=written["id"],
+    )
+    assert denied.codes == ["ACCESS_DENIED"]
+
+
+async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocation_2(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.chat_error(500, times=3)  # the first attempt and both retries of call 2
+
+    failed = await run(gql, admin, action_id, "note that Ada prefers email")
+
+    assert failed["status"] == "FAILED"
+    assert "HTTP 500" in failed["error"]
+    assert failed["output"] is None
+    # What the attempt did stays in its transcript...
+    (added,) = tool_runs(failed, "add_memory")
+    assert added["output"]["memories"][0]["summary"] == "Ada prefers email"
+    assert events(failed, "turn.failed") == [{"error": failed["error"]}]
+    # ...and nothing else of it: no record, staged or committed, and no counted turn.
+    assert await memories(gql, admin, action_id) == []
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+        assert await conn.fetchval("SELECT turns FROM sessions") == 0
+
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Saved.")
+    retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
+
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert retried["executionId"] == failed["executionId"]
+    assert retried["invocationNumber"] == 2
+    assert retried["turn"] == 1
+    invocations = [e["invocationNumber"] for e in retried["transcript"]["nodes"]]
+    assert invocations == sorted(invocations) and set(invocations) == {1, 2}
+    sequences = [e["sequence"] for e in retried["transcript"]["nodes"]]
+    assert sequences == list(range(1, len(sequences) + 1))
+    (kept,) = await memories(gql, admin, action_id)
+    assert (kept["executionId"], kept["invocationNumber"]) == (failed["executionId"], 2)
+
+
+async def test_retry_only_of_a_failed_execution_and_in_its_own_session(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, None)
+    done = await run(gql, admin, action_id, "hi")
+    request = {"actionId": action_id, "sessionId": "s1", "executionId": done["executionId"]}
+    result = await gql(admin, EXECUTE, input=request)
+    assert result.codes == ["BAD_REQUEST"]
+    assert "only a FAILED execution" in result.errors[0]["message"]
+
+    model_server.chat_error(400)
+    failed = await run(gql, admin, action_id, "hi")
+    assert failed["status"] == "FAILED"
+    elsewhere = await gql(
+        admin, EXECUTE, input={**request, "executionId": failed["executionId"], "sessionId": "s2"}
+    )
+    assert elsewhere.codes == ["BAD_REQUEST"]
+    other_input = await gql(
+        admin, EXECUTE, input={**request, "executionId": failed["executionId"], "input": "bye"}
+    )
+    assert other_input.codes == ["BAD_REQUEST"]
+
+
+async def test_a_tool_crash_fails_the_turn_and_keeps_no_memory(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory", "delete_memory"]))
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada prefers email", "kind": "fact"}),
+        ("delete_memory", {"id": str(uuid.uuid4())}),
+    )
+
+    async def crash(self: MemoryWork, memory_id: uuid.UUID) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(MemoryWork, "delete", crash)
+    failed = await run(gql, admin, action_id, "note it")
+
+    assert failed["status"] == "FAILED"
+    assert "internal error" in failed["error"] and "disk on fire" not in failed["error"]
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+
+
+async def test_concurrent_turns_of_one_agent_cannot_lose_updates(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = memory_harness(
+        tools=["add_memory"], scope={"read": ["session", "agent"], "write": ["session", "agent"]}
+    )
+    action_id = await make_agent(gql, admin, harness)
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's plan is Basic", "kind": "fact", "scope": "AGENT"})
+    )
+    first = await run(gql, admin, action_id, "Ada is on Basic")
+    (original,) = tool_runs(first, "add_memory")[0]["output"]["memories"]
+
+    # Both turns stage a replacement of the same record; neither model answers before both
+    # have (4 chat requests after the first turn's 2), and turn A's answer comes first.
+    for turn, plan in (("turn A", "Premium"), ("turn B", "Gold")):
+        replacement = {"summary": f"Ada's plan is {plan}", "kind": "fact", "scope": "AGENT"}
+        model_server.call_tools(
+            ("add_memory", {**replacement, "replaces": original["id"]}), when=turn
+        )
+    model_server.say("done", when="turn A", after_requests=6)
+    model_server.say("done", when="turn B", after_requests=6, delay=0.5)
+    won, lost = await asyncio.gather(
+        run(gql, admin, action_id, "Ada changed plan (turn A)", session="s2"),
+        run(gql, admin, action_id, "Ada changed plan (turn B)", session="s3"),
+    )
+
+    assert won["status"] == "SUCCEEDED", won["error"]
+    assert lost["status"] == "FAILED"
+    assert "another turn changed this agent's memory" in lost["error"]
+    (replacement,) = [
+        m
+        for m in tool_runs(won, "add_memory")[0]["output"]["memories"]
+        if m["id"] != original["id"]
+    ]
+    replaced = await memory(gql, admin, action_id, original["id"])
+    assert replaced is not None
+    assert (replaced["status"], replaced["replacedBy"]) == ("SUPERSEDED", replacement["id"])
+    live = await memories(gql, admin, action_id)
+    assert [m["memoryId"] for m in live] == [replacement["id"]]
+
+
+async def test_stale_turns_are_failed_and_their_staged_memory_dropped(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    from app.actions.service import agent_principal, load_action
+
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    crashed = uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
+        assert action is not None
+        await runtime_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
+        await runtime_store.insert_execution(
+            conn,
+            account_id=admin.account_id,
+            action_id=action.action_id,
+            execution_id=crashed,
+            action_version=1,
+            session_id="s1",
+            turn=1,
+            kind="TURN",
+            status="RUNNING",
+            preview=False,
+            principal="admin",
+            input="hi",
+        )
+    assert state.embedder is not None
+    writer = Writer(
+        admin.account_id, action, crashed, 1, "s1", agent_principal(action.action_id), "TOOL", False
+    )
+    await MemoryWork(state.pool, state.embedder, writer).add(NewMemory("Half-written fact", "fact"))
+    async with state.pool.acquire() as conn:
+        await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
+
+    await run(gql, admin, action_id, "hello")
+
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+        row = await conn.fetchrow(
+            "SELECT status, error FROM executions WHERE execution_id = $1", crashed
+        )
+    assert row["status"] == "FAILED" and "stopped without finishing" in row["error"]
+
+
+async def _sweep(state: AppState, context: turns.TurnContext) -> list[uuid.UUID]:
+    """What fail_stale_turns does to a turn whose last sign of life is a day old."""
+    e = context.execution
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE executions SET modified = now() - interval '1 day' WHERE execution_id = $1",
+            e.execution_id,
+        )
+        return await runtime_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
+
+
+async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    swept: list[uuid.UUID] = []
+
+    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
+        swept.extend(await _sweep(state, context))
+
+    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
+    executed = await run(gql, admin, action_id, "note it")
+
+    assert swept == [uuid.UUID(executed["executionId"])]
+    assert executed["status"] == "FAILED" and executed["output"] is None
+    assert "failed as stale or retried" in executed["error"]
+    assert events(executed, "turn.failed") == [{"error": executed["error"]}]
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+        assert await conn.fetchval("SELECT turns FROM sessions") == 0
+
+
+async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    original = NativeTools.call
+    sweep_in_tool = False
+
+    async def slow_tool(self: NativeTools, call: ToolCall) -> ToolResult:
+        # The turn has now run past the stale limit since its last model call.
+        async with state.pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE executions SET modified = now() - interval '1 day' WHERE status = 'RUNNING'"
+            )
+            if sweep_in_tool:
+                await runtime_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
+        return await original(self, call)
+
+    swept: list[uuid.UUID] = []
+
+    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
+        async with state.pool.acquire() as conn:
+            e = context.execution
+            swept.extend(
+                await runtime_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
+            )
+
+    action_uuid = uuid.UUID(action_id)
+    monkeypatch.setattr(NativeTools, "call", slow_tool)
+    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
+    model_server.call_tools(("search_memory", {"query": "anything"}))
+    alive = await run(gql, admin, action_id, "look it up")
+    # Each model call refreshes the turn's `modified`, so the sweep spares it.
+    assert alive["status"] == "SUCCEEDED", alive["error"]
+    assert swept == []
+
+    sweep_in_tool = True
+    for _ in range(3):
+        model_server.call_tools(("search_memory", {"query": "anything"}))
+    stopped = await run(gql, admin, action_id, "look it up again")
+    assert stopped["status"] == "FAILED" and "failed as stale" in stopped["error"]
+    # The call after the sweep was the last: the turn did not go on to its other tool calls.
+    assert len(chat(model_server)) == 2 + 2
+
+
+# The model client, as the model server sees it
+
+
+async def test_every_model_request_says_its_purpose_and_usage_is_recorded(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    executed = await run(gql, admin, action_id, "note it")
+    await run(gql, admin, action_id, "and now?")
+
+    requests = chat(model_server)
+    assert len(requests) == 3
+    for request in requests:
+        assert request.headers["x-engram-purpose"] == "turn"
+        assert request.body["metadata"] == {"purpose": "turn"}
+        assert request.body["model"] == "scripted"
+    calls = events(executed, "model.call")
+    assert [c["purpose"] for c in calls] == ["turn", "turn"]
+    assert all(c["usage"]["total_tokens"] > 0 for c in calls)
+    # M24: embeddings are usage of purpose embed (the add, and the recalls before each call).
+    embeds = events(executed, "embedding")
+    assert {e["purpose"] for e in embeds} == {"embed"}
+    assert {e["for"] for e in embeds} == {"recall", "add_memory"}
+    assert all(e["tokens"] > 0 for e in embeds)
+
+
+async def test_per_action_model_configuration_is_sent(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    model = {
+        "baseUrl": model_server.url,
+        "name": "house-model",
+        "temperature": 0.2,
+        "maxTokens": 300,
+    }
+    action_id = await make_agent(gql, admin, None, model=model)
+    await run(gql, admin, action_id, "hi")
+    (request,) = chat(model_server)
+    assert (request.body["model"], request.body["temperature"], request.body["max_tokens"]) == (
+        "house-model",
+        0.2,
+        300,
+    )
+    assert "tools" not in request.body  # memory off: no native tools
+
+
+async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+    with OpenAIServer() as elsewhere:
+        for model, setting in (
+            ({"baseUrl": elsewhere.url}, "ENGRAM_MODEL_ALLOWED_BASE_URLS"),
+            ({"apiKeyEnv": "AWS_SECRET_ACCESS_KEY"}, "ENGRAM_MODEL_ALLOWED_KEY_ENVS"),
+            (
+                {"baseUrl": elsewhere.url, "apiKeyEnv": "AWS_SECRET_ACCESS_KEY"},
+                "ENGRAM_MODEL_ALLOWED_KEY_ENVS",
+            ),
+        ):
+            action_id = await make_agent(gql, admin, None, model=model)
+            refused = await gql(
+                admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "hi"}
+            )
+            assert refused.codes == ["BAD_REQUEST"]
+            assert setting in refused.errors[0]["message"]
+        assert elsewhere.requests == []
+    assert chat(model_server) == []
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM executions") == 0
+
+    # Once the operator lists the variable, its value goes to an allowed endpoint.
+    monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
+    monkeypatch.setattr(state.settings, "model_allowed_key_envs", ["TEAM_MODEL_KEY"])
+    action_id = await make_agent(
+        gql, admin, None, model={"baseUrl": model_server.url, "apiKeyEnv": "TEAM_MODEL_KEY"}
+    )
+    executed = await run(gql, admin, action_id, "hi")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert chat(model_server)[0].headers["authorization"] == "Bearer sk-team"
+
+
+async def test_transient_model_errors_are_retried(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, None)
+    model_server.chat_error(503)
+    model_server.chat_error(429)
+    model_server.say("hello back")
+    executed = await run(gql, admin, action_id, "hi")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "hello back"
+    assert events(executed, "model.call")[0]["attempts"] == 3
+
+
+async def test_unknown_tools_and_malformed_arguments_are_told_and_the_turn_goes_on(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("launch_rockets", {"count": 3}), ("add_memory", '{"summary": "Ada'))
+    model_server.say("Sorry about that.")
+    executed = await run(gql, admin, action_id, "hi")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    unknown, malformed = tool_results(chat(model_server)[1])
+    assert "no tool named 'launch_rockets'" in unknown and "search_memory, add_memory" in unknown
+    assert "not valid JSON" in malformed
+    runs = tool_runs(executed)
+    assert [r["name"] for r in runs] == ["launch_rockets", "add_memory"]
+    assert all("error" in r and "output" not in r for r in runs)
+    assert runs[1]["input"] == {"arguments": '{"summary": "Ada'}
+
+
+async def test_model_calls_per_turn_are_bounded(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    for _ in range(MAX_CALLS):
+        model_server.call_tools(("search_memory", {"query": "anything"}))
+    executed = await run(gql, admin, action_id, "loop forever")
+
+    assert executed["status"] == "FAILED"
+    assert f"{MAX_CALLS} model calls" in executed["error"]
+    requests = chat(model_server)
+    assert len(requests) == MAX_CALLS
+    assert [r.body["tool_choice"] for r in requests] == ["auto"] * (MAX_CALLS - 1) + ["none"]
+
+
+# Sessions, executions, transcripts
+
+
+async def test_sessions_count_turns_and_earlier_turns_reach_the_model(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, None)
+    model_server.say("Nice to meet you, Ada.")
+    first = await run(gql, admin, action_id, "I am Ada")
+    second = await run(gql, admin, action_id, "Who am I?")
+    other = await run(gql, admin, action_id, "Who am I?", session="s2")
+
+    assert (first["turn"], second["turn"], other["turn"]) == (1, 2, 1)
+    messages = chat(model_server)[1].body["messages"]
+    assert [(m["role"], m["content"]) for m in messages[1:]] == [
+        ("user", "I am Ada"),
+        ("assistant", "Nice to meet you, Ada."),
+        ("user", "Who am I?"),
+    ]
+    assert [m["role"] for m in chat(model_server)[2].body["messages"]] == ["system", "user"]
+
+    page = await gql(
+        admin,
+        """query($a: UUID!) { action(actionId: $a) {
+            sessions(first: 1) { nodes { sessionId turns } pageInfo { hasNextPage endCursor } }
+        } }""",
+        a=action_id,
+    )
+    sessions = page.ok()["action"]["sessions"]
+    assert sessions["nodes"] == [{"sessionId": "s2", "turns": 1}]
+    assert sessions["pageInfo"]["hasNextPage"]
+    rest = await gql(
+        admin,
+        """query($a: UUID!, $after: String) { action(actionId: $a) {
+            sessions(first: 5, after: $after) { nodes { sessionId turns
+                executions(first: 5) { nodes { executionId turn status } } } }
+        } }""",
+        a=action_id,
+        after=sessions["pageInfo"]["endCursor"],
+    )
+    (s1,) = rest.ok()["action"]["sessions"]["nodes"]
+    assert (s1["sessionId"], s1["turns"]) == ("s1", 2)
+    assert [e["executionId"] for e in s1["executions"]["nodes"]] == [
+        second["executionId"],
+        first["executionId"],
+    ]
+
+    everything = await gql(
+        admin,
+        """query($a: UUID!) { action(actionId: $a) {
+            executions(first: 10) { nodes { executionId session { sessionId turns } } }
+        } }""",
+        a=action_id,
+    )
+    listed = everything.ok()["action"]["executions"]["nodes"]
+    assert [e["executionId"] for e in listed] == [
+        other["executionId"],
+        second["executionId"],
+        first["executionId"],
+    ]
+    assert listed[0]["session"] == {"sessionId": "s2", "turns": 1}
+
+
+async def test_transcripts_page_in_order_behind_their_grant(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, None)
+    executed = await run(gql, admin, action_id, "hi")
+    query = """query($id: UUID!, $after: String) { execution(executionId: $id) {
+        transcript(first: 2, after: $after) {
+            nodes { sequence type } pageInfo { hasNextPage endCursor }
+        }
+    } }"""
+    first = (await gql(admin, query, id=executed["executionId"])).ok()["execution"]["transcript"]
+    assert [e["type"] for e in first["nodes"]] == ["turn.input", "model.call"]
+    second = (
+        await gql(admin, query, id=executed["executionId"], after=first["pageInfo"]["endCursor"])
+    ).ok()
+    assert [e["type"] for e in second["execution"]["transcript"]["nodes"]] == ["turn.output"]
+
+    reader = caller(
+        admin.account_id,
+        allow(["SELECT"], "financial.ActionExecution.document"),
+        principal="reader",
+    )
+    denied = await gql(reader, query, id=executed["executionId"])
+    assert denied.codes == ["ACCESS_DENIED"]
+
+
+async def test_execute_action_needs_insert_on_executions(gql: GQL, admin: Caller) -> None:
+    action_id = await make_agent(gql, admin, None)
+    reader = caller(admin.account_id, allow(["SELECT"], "financial.*"), principal="reader")
+    result = await gql(
+        reader, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "hi"}
+    )
+    assert result.codes == ["ACCESS_DENIED"]
+    other_tenant = await gql(
+        caller(uuid.uuid4(), *RUNNER_POLICIES),
+        EXECUTE,
+        input={"actionId": action_id, "input": "hi"},
+    )
+    assert other_tenant.codes == ["NOT_FOUND"]
+
+
+async def test_input_may_be_any_json_value(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, None)
+    executed = await run(gql, admin, action_id, {"question": "balance?", "account": 7})
+    assert executed["input"] == {"question": "balance?", "account": 7}
+    asked = chat(model_server)[0].body["messages"][-1]
+    assert asked["role"] == "user"
+    assert json.loads(asked["content"]) == {"question": "balance?", "account": 7}
+    assert tool_names(chat(model_server)[0]) == []
+
+
+async def test_crafted_global_ids_and_cursors_are_bad_requests(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, None)
+    executed = await run(gql, admin, action_id, "hi")
+    node = "query($id: ID!) { node(id: $id) { id } }"
+    for type_name in ("ActionExecution", "ActionSession"):
+        one_part = await gql(admin, node, id=global_id(type_name, action_id))
+        assert one_part.codes == ["BAD_REQUEST"], one_part.errors
+        three_parts = await gql(admin, node, id=global_id(type_name, action_id, "s1", "x"))
+        assert three_parts.codes == ["BAD_REQUEST"], three_parts.errors
+    nul = await gql(admin, node, id=global_id("ActionSession", action_id, "s\x00"))
+    assert nul.codes == ["BAD_REQUEST"], nul.errors
+    whole = await gql(admin, node, id=global_id("ActionSession", action_id, "s1"))
+    assert whole.ok()["node"]["id"] == global_id("ActionSession", action_id, "s1")
+
+    transcript = """query($id: UUID!, $after: String) { execution(executionId: $id) {
+        transcript(first: 2, after: $after) { nodes { sequence } }
+    } }"""
+    for beyond in (2**31, 2**70, -1):
+        page = await gql(admin, transcript, id=executed["executionId"], after=encode_cursor(beyond))
+        assert page.codes == ["BAD_REQUEST"], page.errors
