@@ -662,3 +662,74 @@ async def test_crafted_global_ids_and_cursors_are_bad_requests(
     for beyond in (2**31, 2**70, -1):
         page = await gql(admin, transcript, id=executed["executionId"], after=encode_cursor(beyond))
         assert page.codes == ["BAD_REQUEST"], page.errors
+
+
+TRANSCRIPT_TYPES = """
+query($id: UUID!) {
+  execution(executionId: $id) { status transcript(first: 50) { nodes { type } } }
+}
+"""
+
+
+class Killed(BaseException):
+    """Stands for the process dying (asyncio would re-raise SystemExit out of the loop)."""
+
+
+async def test_m17_a_killed_attempt_keeps_its_transcript_up_to_its_last_model_call(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 5: a process killed mid-turn leaves no memory, but what the attempt said stays in
+    its transcript; while the attempt runs, its stored events are not listed."""
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_uuid = uuid.UUID(action_id)
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    seen_while_running: dict[str, object] = {}
+
+    async def killed(self: NativeTools, call: ToolCall) -> ToolResult:
+        await original(self, call)  # the record is staged, then the process "dies"
+        async with state.pool.acquire() as conn:
+            running = await conn.fetchrow("SELECT execution_id FROM executions")
+            seen_while_running["stored"] = await conn.fetchval(
+                "SELECT array_agg(type ORDER BY sequence) FROM transcript_events"
+            )
+        listed = await gql(
+            admin,
+            TRANSCRIPT_TYPES,
+            id=str(running["execution_id"]),
+        )
+        seen_while_running["listed"] = listed.ok()["execution"]["transcript"]["nodes"]
+        raise Killed  # nothing after this point runs in a dead process
+
+    async def dead(context: turns.TurnContext, error: BaseException) -> None:
+        raise error  # a dead process records no failure
+
+    original = NativeTools.call
+    monkeypatch.setattr(NativeTools, "call", killed)
+    monkeypatch.setattr(turns, "_fail", dead)
+    with pytest.raises(Killed):
+        await turns.execute_turn(
+            state, admin, turns.TurnRequest(action_id=action_uuid, session_id="s1", input="note it")
+        )
+
+    stored = seen_while_running["stored"]
+    assert isinstance(stored, list) and stored[0] == "turn.input" and stored[-1] == "model.call"
+    assert seen_while_running["listed"] == []
+    async with state.pool.acquire() as conn:
+        await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
+        [crashed] = await runtime_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
+    listed = await gql(
+        admin,
+        TRANSCRIPT_TYPES,
+        id=str(crashed),
+    )
+    execution = listed.ok()["execution"]
+    assert execution["status"] == "FAILED"
+    assert [e["type"] for e in execution["transcript"]["nodes"]] == stored
+    monkeypatch.undo()
+    await run(gql, admin, action_id, "hello")  # the next turn drops the dead attempt's staged rows
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0

@@ -261,9 +261,16 @@ async def list_events(
 ) -> list[Row]:
     return await conn.fetch(
         """
-        SELECT * FROM transcript_events
+        SELECT * FROM transcript_events t
         WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
           AND sequence > coalesce($4, 0)
+          -- An attempt's events are listed once it ends (they are written as it goes).
+          AND NOT EXISTS (
+              SELECT 1 FROM executions x
+              WHERE x.account_id = t.account_id AND x.action_id = t.action_id
+                AND x.execution_id = t.execution_id AND x.status = 'RUNNING'
+                AND x.invocation_number = t.invocation_number
+          )
         ORDER BY sequence
         LIMIT $5
         """,

@@ -1,4 +1,9 @@
-"""A turn's transcript, gathered in memory and written with the turn's result.
+"""A turn's transcript: written as the turn goes (after each model call) and when it ends.
+
+Events of an attempt that is still running are stored but not listed (see
+store.list_events), so a transcript still appears whole when its attempt ends; and when a
+process dies mid-turn, what the attempt said up to its last model call stays in its transcript
+once the stale-turn sweep marks it FAILED.
 
 Event types and what their `data` holds:
 
@@ -43,6 +48,13 @@ class Transcript:
         self.invocation_number = invocation_number
         self._next = first_sequence
         self.events: list[Event] = []
+        self.written = 0  # how many of `events` are stored
+
+    def unwritten(self) -> list[tuple[int, int, str, Any]]:
+        """The rows (sequence, invocation_number, type, data) not stored yet."""
+        return [
+            (e.sequence, e.invocation_number, e.type, e.data) for e in self.events[self.written :]
+        ]
 
     def add(self, type: str, data: dict[str, Any]) -> int:
         sequence = self._next

@@ -79,12 +79,16 @@ class TurnContext:
         """Call after each model call: a live turn is never swept as stale, and a swept one
         stops here rather than after more model calls it could never commit."""
         e = self.execution
-        async with self.state.pool.acquire() as conn:
+        rows = self.transcript.unwritten()
+        async with self.state.pool.acquire() as conn, conn.transaction():
             alive = await store.touch_execution(
                 conn, e.account_id, e.action_id, e.execution_id, e.invocation_number
             )
+            if alive:
+                await store.insert_events(conn, e.account_id, e.action_id, e.execution_id, rows)
         if not alive:
             raise TurnEnded(e)
+        self.transcript.written += len(rows)
 
 
 # Steps run after the agent answers and before the turn commits, inside its unit of work:
@@ -383,10 +387,6 @@ async def _run(context: TurnContext) -> set[Version]:
     return recall.recorded if recall else set()
 
 
-def _rows(transcript: Transcript) -> list[tuple[int, int, str, Any]]:
-    return [(e.sequence, e.invocation_number, e.type, e.data) for e in transcript.events]
-
-
 async def _finish(
     conn: asyncpg.Connection,
     context: TurnContext,
@@ -416,7 +416,7 @@ async def _finish(
         execution.account_id,
         execution.action_id,
         execution.execution_id,
-        _rows(context.transcript),
+        context.transcript.unwritten(),
     )
     return row
 
@@ -445,6 +445,7 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
         row = await _finish(
             conn, context, status="SUCCEEDED", output=context.output, error=None, turn=turn
         )
+    transcript.written = len(transcript.events)
     return Execution.of(row)
 
 
@@ -473,4 +474,5 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         await context.work.discard()
     async with context.state.pool.acquire() as conn, conn.transaction():
         row = await _finish(conn, context, status="FAILED", output=None, error=message, turn=None)
+    context.transcript.written = len(context.transcript.events)
     return Execution.of(row)
