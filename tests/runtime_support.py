@@ -1,11 +1,16 @@
 """Shared by the runtime tests: agents, turns through GraphQL, and transcript look-ups."""
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import pytest
 from helpers import GQL, allow
 from openai_server import CHAT, OpenAIServer, Recorded
 
 from app.auth.caller import Caller
+from app.config import Settings
+from app.runtime.model import ModelClient
+from app.state import AppState
 
 EXECUTION_FIELDS = """
     executionId actionId actionVersion sessionId turn invocationNumber status preview
@@ -22,6 +27,34 @@ MEMORY_FIELDS = """
     executionId invocationNumber actionVersion sessionId modifiedBy
     labels { number value }
 """
+
+# Fixtures for tests whose turns talk to the scripted model server; a test module uses them by
+# importing them (`from runtime_support import model_client, model_server, settings`).
+
+
+@pytest.fixture
+def model_server() -> Iterator[OpenAIServer]:
+    with OpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def settings(db_url: str, model_server: OpenAIServer) -> Settings:
+    return Settings(
+        database_url=db_url,
+        environment="test",
+        model_base_url=model_server.url,
+        model_max_retries=0,
+    )
+
+
+@pytest.fixture(autouse=True)
+async def model_client(state: AppState) -> AsyncIterator[None]:
+    client = ModelClient(state.settings, backoff_seconds=0.01)
+    state.services["model"] = client
+    yield
+    await client.aclose()
+
 
 # What a client that only runs turns and reads their executions holds: nothing on memory.
 RUNNER_POLICIES = (

@@ -3,18 +3,23 @@ and executions of the turns that recalled, searched, read or wrote it."""
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
 from helpers import GQL, allow, caller
 from openai_server import OpenAIServer
-from runtime_support import RUNNER_POLICIES, make_agent, memory_harness, run, tool_runs
+from runtime_support import (
+    RUNNER_POLICIES,
+    make_agent,
+    memory_harness,
+    model_client,  # noqa: F401  (fixture)
+    model_server,  # noqa: F401  (fixture)
+    run,
+    settings,  # noqa: F401  (fixture)
+    tool_runs,
+)
 
 from app.auth.caller import Caller
-from app.config import Settings
 from app.runtime import store as runtime_store
-from app.runtime.model import ModelClient
 from app.state import AppState
 
 READ_MEMORY = allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document")
@@ -27,30 +32,6 @@ SECRETS = ("zebramail", "quokka", "narwhal")
 EXECUTION = "query($id: UUID!) { execution(executionId: $id) { input output } }"
 TRANSCRIPT = """query($id: UUID!) { execution(executionId: $id) {
     transcript(first: 500) { nodes { type data } } } }"""
-
-
-@pytest.fixture
-def model_server() -> Iterator[OpenAIServer]:
-    with OpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return Settings(
-        database_url=db_url,
-        environment="test",
-        model_base_url=model_server.url,
-        model_max_retries=0,
-    )
-
-
-@pytest.fixture(autouse=True)
-async def model_client(state: AppState) -> AsyncIterator[None]:
-    client = ModelClient(state.settings, backoff_seconds=0.01)
-    state.services["model"] = client
-    yield
-    await client.aclose()
 
 
 def runner(admin: Caller) -> Caller:

@@ -2,10 +2,8 @@
 pins, preview mode and session scope; through GraphQL with a scripted model on loopback."""
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -17,8 +15,11 @@ from runtime_support import (
     memory,
     memory_blocks,
     memory_harness,
+    model_client,  # noqa: F401  (fixture)
+    model_server,  # noqa: F401  (fixture)
     recalls,
     run,
+    settings,  # noqa: F401  (fixture)
     system_message,
     tool_names,
     tool_results,
@@ -26,36 +27,10 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.config import Settings
-from app.runtime.model import ModelClient
 from app.state import AppState
 
 ALL_TOOLS = ["add_memory", "read_memory", "delete_memory"]
 BOTH_SCOPES = {"read": ["session", "agent"], "write": ["session", "agent"]}
-
-
-@pytest.fixture
-def model_server() -> Iterator[OpenAIServer]:
-    with OpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return Settings(
-        database_url=db_url,
-        environment="test",
-        model_base_url=model_server.url,
-        model_max_retries=0,
-    )
-
-
-@pytest.fixture(autouse=True)
-async def model_client(state: AppState) -> AsyncIterator[None]:
-    client = ModelClient(state.settings, backoff_seconds=0.01)
-    state.services["model"] = client
-    yield
-    await client.aclose()
 
 
 async def add(

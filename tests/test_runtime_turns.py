@@ -9,7 +9,7 @@ the bound on calls), sessions, executions and transcripts.
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from helpers import GQL, allow, caller
@@ -23,6 +23,7 @@ from runtime_support import (
     memories,
     memory,
     memory_harness,
+    model_server,  # noqa: F401  (fixture)
     run,
     tool_names,
     tool_results,
@@ -40,12 +41,6 @@ from app.runtime.tools import NativeTools, ToolResult
 from app.state import AppState
 
 MAX_CALLS = 6
-
-
-@pytest.fixture
-def model_server() -> Iterator[OpenAIServer]:
-    with OpenAIServer() as server:
-        yield server
 
 
 @pytest.fixture
