@@ -41,6 +41,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import tuned_server  # noqa: E402
+
 from app.actions import service as actions  # noqa: E402
 from app.auth.caller import Caller  # noqa: E402
 from app.auth.policies import ADMIN_POLICIES, parse_policies  # noqa: E402
@@ -96,31 +98,7 @@ READ = f"query($a: UUID!, $id: UUID!) {{ agentMemory(actionId: $a, id: $id) {{ {
 
 
 def server(data_dir: Path) -> EmbeddedPostgres:
-    """The benchmark's own server, tuned with ALTER SYSTEM (restarted when that changed)."""
-    pg = EmbeddedPostgres(data_dir / "pgdata")
-
-    async def tune() -> bool:
-        conn = await asyncpg.connect(pg.uri())
-        try:
-            changed = False
-            for name, value in SERVER_SETTINGS.items():
-                current = await conn.fetchval(
-                    "SELECT setting FROM pg_file_settings WHERE name = $1 AND applied IS NOT NULL "
-                    "ORDER BY seqno DESC LIMIT 1",
-                    name,
-                )
-                if current != value:
-                    # ALTER SYSTEM takes no parameters; names and values are the constants above.
-                    await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-                    changed = True
-            return changed
-        finally:
-            await conn.close()
-
-    if asyncio.run(tune()):
-        pg.stop()
-        pg = EmbeddedPostgres(data_dir / "pgdata")
-    return pg
+    return tuned_server(data_dir, SERVER_SETTINGS)
 
 
 def sentence(rng: random.Random, words: int) -> str:
