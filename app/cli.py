@@ -5,7 +5,8 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -43,6 +44,29 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+@asynccontextmanager
+async def _database(settings: Settings) -> AsyncIterator[Any]:
+    """A pool on the migrated database (the embedded server unless a URL is set)."""
+    from app.db import migrate
+    from app.db.embedded import embedded_uri
+    from app.db.pool import create_pool
+
+    server = None
+    url = settings.database_url_value()
+    if url is None:
+        server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
+    try:
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(url, min_size=1, max_size=2)
+        try:
+            yield pool
+        finally:
+            await pool.close()
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
 async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any]]) -> Any:
     """Runs `work(pool, caller)` as the default account's admin, for people at a terminal."""
     # Migration chatter would bury the one line a person came for (e.g. a token).
@@ -50,62 +74,29 @@ async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any
     from app.auth.caller import Caller
     from app.auth.policies import ADMIN_POLICIES
     from app.auth.service import ADMIN_PRINCIPAL, bootstrap_admin, ensure_default_account
-    from app.db import migrate
-    from app.db.embedded import embedded_uri
-    from app.db.pool import create_pool
 
     # Accounts and clients need only the database: no web app, no embedding model to load.
-    server = None
-    configured = settings.database_url_value()
-    if configured is None:
-        server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
-    else:
-        url = configured
-    try:
-        await asyncio.to_thread(migrate.upgrade, url)
-        pool = await create_pool(url, min_size=1, max_size=2)
-        try:
-            token = (
-                settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
-            )
-            created = await bootstrap_admin(pool, token)
-            if created is not None:
-                print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
-            async with pool.acquire() as conn:
-                account_id = await ensure_default_account(conn)
-            caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
-            return await work(pool, caller)
-        finally:
-            await pool.close()
-    finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)
+    async with _database(settings) as pool:
+        token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+        created = await bootstrap_admin(pool, token)
+        if created is not None:
+            print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
+        async with pool.acquire() as conn:
+            account_id = await ensure_default_account(conn)
+        caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
+        return await work(pool, caller)
 
 
 async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResult":
-    from app.db import migrate
-    from app.db.embedded import EmbeddedPostgres, embedded_uri
-    from app.db.pool import create_pool
     from app.embeddings.reembed import reembed
     from app.embeddings.setup import open_embedder
 
-    server: EmbeddedPostgres | None = None
-    url = settings.database_url_value()
-    if url is None:
-        server, embedded = await asyncio.to_thread(embedded_uri, settings.data_dir)
-        url = embedded
-    try:
-        await asyncio.to_thread(migrate.upgrade, url)
+    async with _database(settings) as pool:
         embedder = await open_embedder(settings)
-        pool = await create_pool(url, min_size=1, max_size=2)
         try:
             return await reembed(pool, embedder, batch_size=batch_size, progress=True)
         finally:
-            await pool.close()
             await embedder.aclose()
-    finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)
 
 
 def _reembed(settings: Settings, args: argparse.Namespace) -> int:
@@ -121,6 +112,31 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"re-embedded {result.records} records with {result.model} "
         f"({result.dimensions} dimensions, {result.tokens} tokens{resumed}); the service can start"
+    )
+    return 0
+
+
+def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
+    from app.memory.maintenance import run_round
+
+    min_records = settings.agent_index_min_records
+    if args.min_records is not None:
+        if args.min_records < 1:
+            print("error: --min-records must be at least 1", file=sys.stderr)
+            return 2
+        min_records = args.min_records
+
+    async def work() -> Any:
+        async with _database(settings) as pool:
+            return await run_round(pool, min_records, settings.agent_index_build_memory)
+
+    done = asyncio.run(work())
+    if done is None:
+        print("error: another process is maintaining search; try again", file=sys.stderr)
+        return 2
+    print(
+        f"{done.words} word frequencies; agents of {min_records}+ records: "
+        f"built {len(done.built)} search indexes, dropped {len(done.dropped)}"
     )
     return 0
 
@@ -236,6 +252,16 @@ def parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=256, help="records read and embedded at a time"
     )
     reembed.set_defaults(run=_reembed)
+
+    maintain = sub.add_parser(
+        "maintain-search",
+        help="refresh word frequencies and build large agents' vector indexes now "
+        "(the service does it every ENGRAM_SEARCH_MAINTENANCE_SECONDS)",
+    )
+    maintain.add_argument(
+        "--min-records", type=int, help="index agents of this many records (default: settings)"
+    )
+    maintain.set_defaults(run=_maintain_search)
 
     schema = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
     schema.add_argument("-o", "--output", help="write it to this file, e.g. schema.graphql")

@@ -42,6 +42,14 @@ class Settings(BaseSettings):
     embedding_batch_size: int = 64
     embedding_timeout_seconds: float = 30.0
 
+    # Search upkeep (app/memory/maintenance.py): word frequencies refreshed at start, and then
+    # every search_maintenance_seconds (0: never; run `engram maintain-search` instead) also
+    # agents with at least agent_index_min_records records given their own search indexes,
+    # built with agent_index_build_memory as maintenance_work_mem ("": the server's).
+    search_maintenance_seconds: float = Field(default=600.0, ge=0)
+    agent_index_min_records: int = Field(default=10_000, ge=1)
+    agent_index_build_memory: str = "1GB"
+
     # Default model (LLM) used by actions that do not name their own.
     model_base_url: str = "http://127.0.0.1:11434/v1"
     model_name: str = "gpt-4o-mini"

@@ -1,6 +1,7 @@
 """Starts and stops the providers the layers need (embeddings, model clients)."""
 
 from app.embeddings.setup import ensure_model, open_embedder
+from app.memory.maintenance import SearchMaintenance
 from app.state import AppState
 
 
@@ -8,6 +9,13 @@ async def start_services(state: AppState) -> None:
     if state.embedder is None:
         state.embedder = await open_embedder(state.settings)
     await ensure_model(state.pool, state.embedder)
+    maintenance = state.services["search_maintenance"] = SearchMaintenance(
+        state.pool,
+        interval=state.settings.search_maintenance_seconds,
+        min_records=state.settings.agent_index_min_records,
+        build_memory=state.settings.agent_index_build_memory,
+    )
+    await maintenance.start()
 
 
 async def stop_services(state: AppState) -> None:

@@ -155,7 +155,9 @@ async def evaluate(url: str, embedder: Embedder, sweep: bool) -> dict[str, dict[
     count = 0
     try:
         loaded = [(conv, *await load(pool, embedder, conv)) for conv in conversations()]
-        await pool.execute("ANALYZE agent_memories")  # statistics for rare_words (index plan)
+        # Word frequencies for rare_words (index plan), as the service's maintenance keeps them.
+        await pool.execute("ANALYZE agent_memories")
+        await pool.execute("SELECT refresh_search_words()")
         for conv, reader, ids in loaded:
             for question, evidence in conv["questions"]:
                 count += 1

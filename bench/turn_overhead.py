@@ -59,7 +59,7 @@ from app.runtime.recall import Recall  # noqa: E402
 from app.runtime.tools import NativeTools  # noqa: E402
 from app.runtime.transcript import Transcript  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
-from app.services import start_services  # noqa: E402
+from app.services import start_services, stop_services  # noqa: E402
 from app.state import AppState  # noqa: E402
 
 SUBJECTS = ["invoice", "refund", "shipping", "password", "plan", "address", "email", "card"]
@@ -249,7 +249,7 @@ async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
         results["recall alone"] = await recall_alone(
             state, caller, recalling.action_id, args.recalls
         )
-        await state.services["model"].aclose()
+        await stop_services(state)  # the model client and search maintenance
         await pool.close()
         return results
     finally:

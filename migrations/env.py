@@ -15,7 +15,9 @@ def _url() -> str:
 
     raw = Settings().database_url_value()
     if raw is None:
-        raise RuntimeError("set ENGRAM_DATABASE_URL, or run `engram migrate` for the embedded server")
+        raise RuntimeError(
+            "set ENGRAM_DATABASE_URL, or run `engram migrate` for the embedded server"
+        )
     return sqlalchemy_url(raw)
 
 
@@ -24,9 +26,13 @@ if context.is_offline_mode():
     with context.begin_transaction():
         context.run_migrations()
 else:
-    engine = engine_from_config({"sqlalchemy.url": _url()}, prefix="sqlalchemy.", poolclass=pool.NullPool)
+    engine = engine_from_config(
+        {"sqlalchemy.url": _url()}, prefix="sqlalchemy.", poolclass=pool.NullPool
+    )
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=None, transaction_per_migration=True)
+        context.configure(
+            connection=connection, target_metadata=None, transaction_per_migration=True
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -24,7 +24,7 @@ from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
-from app.services import start_services
+from app.services import start_services, stop_services
 from app.state import AppState
 
 _counter = itertools.count()
@@ -62,8 +62,10 @@ def template_db(pg_server: EmbeddedPostgres, embedder: StaticEmbedder) -> str:
 
     async def fix_embedding() -> None:
         pool = await create_pool(url, min_size=1, max_size=1)
-        state = AppState(settings=Settings(database_url=url), pool=pool, embedder=embedder)
+        settings = Settings(database_url=url, search_maintenance_seconds=0)
+        state = AppState(settings=settings, pool=pool, embedder=embedder)
         await start_services(state)
+        await stop_services(state)
         await pool.close()
 
     asyncio.run(fix_embedding())
@@ -88,7 +90,8 @@ async def db_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    return Settings(database_url=db_url, environment="test")
+    # No background search maintenance: tests that need a round run it themselves.
+    return Settings(database_url=db_url, environment="test", search_maintenance_seconds=0)
 
 
 @pytest.fixture
@@ -99,6 +102,7 @@ async def state(
     state = AppState(settings=settings, pool=pool, embedder=embedder)
     await start_services(state)
     yield state
+    await stop_services(state)
     await pool.close()
 
 

@@ -19,6 +19,7 @@ from app.actions.harness import SearchConfig
 from app.auth.caller import Caller
 from app.embeddings.text import memory_text
 from app.errors import BadInput
+from app.memory import maintenance
 from app.memory import search as search_module
 from app.memory.search import search
 from app.memory.visibility import AgentReader, OperatorReader, Reader
@@ -450,9 +451,14 @@ async def test_m20_index_plan_finds_rare_and_common_words(
     monkeypatch.setattr(search_module, "RARE_WORD_ROWS", 5)
     zanzibar = await agent.add("Weather report about Zanzibar", created=T0 - timedelta(days=30))
     common = [await agent.add(f"The weather is nice today, note {i}") for i in range(30)]
-    await agent.state.pool.execute("ANALYZE agent_memories")
-    rare = await agent.state.pool.fetchval("SELECT rare_words('zanzibar weather', 5)::text")
-    assert rare == "'zanzibar'"
+    pool = agent.state.pool
+    await pool.execute("ANALYZE agent_memories")
+    # The index plan reads word frequencies from search_words, which maintenance refreshes.
+    rare = "SELECT rare_words('zanzibar weather', 5)::text"
+    assert await pool.fetchval(rare) == "'weather' | 'zanzibar'"  # no frequencies yet: all rare
+    assert (await maintenance.run_round(pool, min_records=10**6)).words > 0
+    assert await pool.fetchval(rare) == "'zanzibar'"
+    assert await pool.fetchval("SELECT common_words('zanzibar weather', 0.5)::text") == "'weather'"
     assert (await agent.find("zanzibar weather", mode="lexical", limit=3))[0] == zanzibar
     assert await agent.find("weather", mode="lexical", limit=3) == common[::-1][:3]
     assert (await agent.find("zanzibar weather", limit=3))[0] == zanzibar

@@ -100,10 +100,17 @@ def _check(dimensions: int) -> None:
 async def reset_vectors(conn: asyncpg.Connection, dimensions: int) -> None:
     """Drops every stored vector and its index, and fixes the columns to `dimensions`."""
     _check(dimensions)
+    # Large agents' own indexes (app/memory/maintenance.py) go too; the next round rebuilds them.
+    for names in await conn.fetch(
+        "DELETE FROM agent_indexes RETURNING quote_ident(vectors_index), quote_ident(words_index)"
+    ):
+        await conn.execute(f"DROP INDEX IF EXISTS {names[0]}, {names[1]}")
     for table in VECTOR_TABLES:
         await conn.execute(f"DROP INDEX IF EXISTS {table.name}_embedding")
+        # A new type brings its own storage: MAIN again keeps the vector in its row (0005).
         await conn.execute(
-            f"ALTER TABLE {table.name} ALTER COLUMN embedding TYPE vector({dimensions}) USING NULL"
+            f"ALTER TABLE {table.name} ALTER COLUMN embedding TYPE vector({dimensions}) USING NULL,"
+            " ALTER COLUMN embedding SET STORAGE MAIN"
         )
 
 

@@ -27,22 +27,30 @@ plain threshold; lexical mode ignores it.
 Plans (measured by bench/search_scale.py on 1,230,000 records, every agent's rows scattered
 through the table; figures in bench/README.md)
 - `exact` when the agent's rows under the label and ID filters number at most
-  EXACT_MAX_ROWS: read those rows by the (account, action) btree and score every one. Exact
-  whatever the filters (HNSW under a selective filter returns too few rows), and the faster
-  plan for a small agent: at 1,000 records hybrid took p50 12 ms against 16.5 ms for the index
-  plan (lexical 9 against 121 ms), whose scans pass over other agents' rows.
-  Its cost is one heap read per record (the rows are scattered), so it grows with the agent:
-  at 5,000 records the index plan was already twice as fast.
-- `index` above it: the top CANDIDATES of each signal from the HNSW index (iterative scan,
-  `relaxed_order`, so a filter that hides most rows still yields enough of them) and, for
-  words, from GIN restricted to the query's rare words (`rare_words`: each in at most
-  RARE_WORD_ROWS records, so GIN's work is bounded) plus the newest records sharing a common
-  word (`common_words`: in COMMON_WORD_SHARE of records or more, so it is met within a few
-  rows of the agent's btree); then exact scores and fusion over the union. Words between the
-  two propose no candidates (in the measured data they would cost a scan of most of the
-  agent) but count in every candidate's rank. An OR query over every word, served by GIN,
-  took seconds at 200,000 records, where names occur in half the rows. The decision costs one
-  index-only count that stops at EXACT_MAX_ROWS + 1 rows.
+  EXACT_MAX_ROWS and it has no indexes of its own: read those rows by the (account, action)
+  btree and score every one. Exact whatever the filters (HNSW under a selective filter
+  returns too few rows), and the faster plan for an agent without its own indexes: at 1,000
+  records hybrid p50 8.9 ms (10 through the shared index); at 5,000, 30 ms against 103 ms,
+  where the shared HNSW index reads past hundreds of other agents' rows for each of this
+  one's. Its cost is one heap read per record (the rows are scattered), so it grows with the
+  agent (25,000 records: 500 ms).
+- `index` above it: the top CANDIDATES of each signal from an index, then exact scores and
+  fusion over the union. Meaning: HNSW with an iterative scan (`relaxed_order`, so a filter
+  that hides most rows still yields enough of them); an agent of 10,000 records or more has
+  an HNSW index of its own (app/memory/maintenance.py), which the planner picks by itself
+  and which needs no filtering (recall of the exact top-10 at 200,000 records: 0.96 against
+  0.92 through the shared index; hybrid p50 13 ms). Words: GIN on (agent, tsv), the agent's
+  own when it has one, for the query's rare words
+  (`rare_words`: each in at most RARE_WORD_ROWS records of the table, so GIN's work is
+  bounded), and the newest records sharing a common word (`common_words`: in
+  COMMON_WORD_SHARE of records or more, so it is met within a few rows of the agent's btree).
+  Words between the two propose no candidates (in the measured data they would cost a scan
+  of most of the agent) but count in every candidate's rank. An OR query over every word,
+  served by GIN, took seconds at 200,000 records, where names occur in half the rows. Word
+  frequencies come from `search_words`, refreshed by the same maintenance.
+  The decision and the plan's settings cost one round trip (`search_store.prepare`): an
+  index-only count that stops at EXACT_MAX_ROWS + 1 rows, skipped for an agent with its own
+  indexes unless label or ID filters narrow the search.
 """
 
 import base64
@@ -68,11 +76,18 @@ from app.memory.search_store import Filters, Plan, Ranking
 from app.memory.visibility import OperatorReader, Reader
 
 HYBRID_WEIGHT = 0.5  # weight of the cosine; the rest goes to the normalized text rank
-EXACT_MAX_ROWS = 2_000  # measured crossover: exact 3x faster at 1,000, index 2x at 5,000
+# Measured (bench/README.md): at 5,000 records the exact plan took hybrid p50 30 ms, the shared
+# index 103 ms; an agent of more records than this gets its own indexes (maintenance.py).
+EXACT_MAX_ROWS = 10_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
-EF_SEARCH = 200  # measured at 200,000 records: recall 0.81 at 100, 0.83 at 200, 0.88 at 400
+# hnsw.ef_search, measured on a 200,000-record agent's own index (bench/README.md): recall of
+# the exact top-10 0.95 at 60, 0.96 at 100, 0.97 at 200; p50 4.4, 6.1, 9.3 ms. The index shared
+# by all agents is read through the agent's filter: 0.92 at 200 (200,000 records), so larger.
+EF_SEARCH = 100
+EF_SEARCH_SHARED = 200
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
 RARE_WORD_ROWS = 2000  # index plan: words in at most this many records are found by GIN
+RARE_WORD_READS = 400  # index plan: the most records sharing a rare word ranked per search
 COMMON_WORD_SHARE = 0.05  # index plan: words in this share of records are read newest first
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
 # A page is read with one more record, which tells whether another page follows.
@@ -161,7 +176,9 @@ def make_ranking(
         weight=weight,
         candidates=max(CANDIDATES, 4 * limit),
         ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * limit)),
+        ef_search_shared=min(MAX_EF_SEARCH, max(EF_SEARCH_SHARED, 4 * limit)),
         rare_rows=RARE_WORD_ROWS,
+        rare_reads=max(RARE_WORD_READS, 10 * limit),
         common_share=COMMON_WORD_SHARE,
     )
 
@@ -170,16 +187,22 @@ async def ranked(
     pool: asyncpg.Pool, reader: Reader, filters: Filters, ranking: Ranking, plan: Plan | None = None
 ) -> tuple[list[MemoryRecord], Plan]:
     """Ranks by the plan the filtered row count calls for (or by `plan`, for benchmarks)."""
-    async with pool.acquire() as conn, conn.transaction(readonly=True):
-        if plan is None:
-            if filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
-                plan = "exact"
-            else:
-                rows = await search_store.count_up_to(conn, reader, filters, EXACT_MAX_ROWS + 1)
-                plan = "exact" if rows <= EXACT_MAX_ROWS else "index"
-        if plan == "exact":
-            return await search_store.ranked_exact(conn, reader, filters, ranking), plan
-        return await search_store.ranked_index(conn, reader, filters, ranking), plan
+    # No transaction: the plan's settings last until the pool resets the connection.
+    async with pool.acquire() as conn:
+        if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
+            plan = "exact"
+        if plan != "exact":
+            count = EXACT_MAX_ROWS + 1 if plan is None else None
+            prepared = await search_store.prepare(conn, reader, filters, ranking, count)
+            if plan is None:
+                small = prepared.rows is not None and prepared.rows <= EXACT_MAX_ROWS
+                plan = "exact" if small else "index"
+            if plan == "index":
+                return (
+                    await search_store.ranked_index(conn, reader, filters, ranking, prepared),
+                    plan,
+                )
+        return await search_store.ranked_exact(conn, reader, filters, ranking), plan
 
 
 async def search_as_operator(

@@ -49,8 +49,10 @@ class Ranking:
     limit: int
     weight: float  # hybrid: weight of cosine; 1 - weight goes to the normalized text rank
     candidates: int  # index plan: how many records each signal proposes
-    ef_search: int  # index plan: HNSW candidate list size
+    ef_search: int  # index plan: HNSW candidate list size on an agent's own index
+    ef_search_shared: int  # the same on the index shared by all agents (filtered, so larger)
     rare_rows: float  # index plan: words in at most this many records are looked up in GIN
+    rare_reads: int  # index plan: at most this many records sharing a rare word are ranked
     common_share: float  # index plan: words in this share of records are read newest first
 
 
@@ -66,30 +68,15 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
     return where
 
 
-async def count_up_to(
-    conn: asyncpg.Connection, reader: Reader, filters: Filters, limit: int
-) -> int:
-    """How many of the agent's rows match the label and ID filters, counting no further than
-    `limit`: cheap (an index-only scan of at most `limit` entries) however large the agent."""
-    p = Params(reader.account_id, reader.action_id)
-    where = "m.account_id = $1 AND m.action_id = $2" + _filters(
-        Filters(labels=filters.labels, ids=filters.ids), p
-    )
-    return await conn.fetchval(
-        f"SELECT count(*) FROM (SELECT 1 FROM agent_memories m WHERE {where} LIMIT {p(limit)}) s",
-        *p.values,
-    )
-
-
 def _signals(r: Ranking, p: Params, m: str = "m") -> str:
     """Select-list: the cosine to the query vector and the text rank (NULL: no word shared)."""
     cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
     if r.text is not None:
-        words = p(r.text)
-        rank = (
-            f"CASE WHEN {m}.tsv @@ any_words({words}) "
-            f"THEN ts_rank({m}.tsv, any_words({words}))::float8 END"
-        )
+        # A sub-select is evaluated once per search, also in a generic plan (which the exact
+        # plan's prepared statement gets after five runs); there `any_words($n)` itself would
+        # parse the query again for every row: 5,000 records, hybrid p50 30 -> 121 ms.
+        query = f"(SELECT any_words({p(r.text)}))"
+        rank = f"CASE WHEN {m}.tsv @@ {query} THEN ts_rank({m}.tsv, {query})::float8 END"
     else:
         rank = "NULL::float8"
     return f"{m}.memory_id, {m}.created, {cosine} AS cosine, {rank} AS words"
@@ -147,66 +134,109 @@ async def ranked_exact(
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 
-async def ranked_index(
-    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking
-) -> list[MemoryRecord]:
-    """Candidates from the indexes, then exact scores. Meaning: HNSW, iterative scan. Words:
-    records sharing a rare word, by GIN (bounded: each rare word is in few records), best
-    `ts_rank` first; and the newest records sharing a common word, by the (agent, created)
-    btree (bounded too: a common word is met within a few rows). Words between the two find
-    no candidates of their own; they still count in the rank of every candidate."""
-    # force_custom_plan: a cached generic plan cannot see the tsquery and took a GIN-less walk
-    # of all 200,000 rows (0.9 s) where the plan for the actual words takes 1 ms.
-    settings = await conn.fetchrow(
-        "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-        " set_config('hnsw.ef_search', $1, true),"
-        " set_config('plan_cache_mode', 'force_custom_plan', true),"
-        " CASE WHEN $2::text IS NOT NULL THEN rare_words($2, $3)::text END AS rare,"
-        " CASE WHEN $2::text IS NOT NULL THEN common_words($2, $4)::text END AS common",
-        str(r.ef_search),
-        r.text,
-        r.rare_rows,
-        r.common_share,
+@dataclass(frozen=True)
+class Prepared:
+    """What the index plan needs, read in the round trip that also sizes the agent."""
+
+    rows: int | None  # the agent's rows under the label and ID filters, counted up to a limit
+    rare: str | None  # tsquery of the query's rare words (found through GIN), None: none
+    common: str | None  # tsquery of its common words (met among the newest records)
+
+
+async def prepare(
+    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, count: int | None
+) -> Prepared:
+    """Counts the agent's rows under the label and ID filters no further than `count` (an
+    index-only scan; None: not counted, the index plan is taken). When that calls for the index
+    plan, sets its settings for the session and splits the query's words into rare and common
+    by the frequencies in `search_words`. The settings last until the pool takes the connection
+    back, which resets them (RESET ALL): no transaction is needed (two round trips less)."""
+    p = Params()
+    account, action = p(reader.account_id), p(reader.action_id)
+    # The agent has its own indexes (maintenance.py): it is large, and HNSW needs no filtering.
+    own = (
+        "EXISTS (SELECT FROM agent_indexes v "
+        f"WHERE v.account_id = {account} AND v.action_id = {action})"
     )
+    rows, index = "NULL::bigint", "s.rows IS NULL"
+    if count is not None:
+        where = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
+            Filters(labels=filters.labels, ids=filters.ids), p
+        )
+        limit = p(count)
+        rows = f"(SELECT count(*) FROM (SELECT FROM agent_memories m WHERE {where} LIMIT {limit}))"
+        if filters.labels is None and filters.ids is None:
+            # No need to count a large agent (1.4 ms at 200,000 records: the count checks the
+            # visibility of each row's heap page); a filter may leave it few rows.
+            rows = f"CASE WHEN s.own THEN {limit}::bigint ELSE {rows} END"
+        index = f"s.rows >= {limit}"
+    text = p(r.text)
+    ef = f"CASE WHEN s.own THEN {p(str(r.ef_search))} ELSE {p(str(r.ef_search_shared))} END"
+    # Only for the index plan (a count under the limit leaves the exact plan its cached plans).
+    # force_custom_plan: a cached generic plan cannot see the tsquery and took a GIN-less walk
+    # of all 200,000 rows (0.9 s) where the plan for the actual words takes 1 ms; nor can it
+    # prove that a large agent's own indexes (partial indexes) cover the query.
+    row = await conn.fetchrow(
+        "SELECT s.rows,"
+        f" CASE WHEN {index} THEN"
+        " set_config('hnsw.iterative_scan', 'relaxed_order', false)"
+        f" || set_config('hnsw.ef_search', {ef}, false)"
+        " || set_config('plan_cache_mode', 'force_custom_plan', false) END,"
+        f" CASE WHEN {index} AND {text}::text IS NOT NULL"
+        f" THEN rare_words({text}, {p(r.rare_rows)})::text END AS rare,"
+        f" CASE WHEN {index} AND {text}::text IS NOT NULL"
+        f" THEN common_words({text}, {p(r.common_share)})::text END AS common"
+        f" FROM (SELECT {rows} AS rows, own FROM (SELECT {own} AS own OFFSET 0) s OFFSET 0) s",
+        *p.values,
+    )
+    return Prepared(row["rows"], row["rare"] or None, row["common"] or None)
+
+
+async def ranked_index(
+    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, words: Prepared
+) -> list[MemoryRecord]:
+    """Candidates from the indexes, scored as they are read. Meaning: HNSW, iterative scan (a
+    large agent's own index when it has one). Words: records sharing a rare word, by the
+    (agent, tsv) GIN index (bounded: each rare word is in few records), best `ts_rank` first;
+    and the newest records sharing a common word, by the (agent, created) btree (bounded too:
+    a common word is met within a few rows). Words between the two find no candidates of
+    their own; they still count in the rank of every candidate. Run after `prepare`."""
     p = Params(reader.account_id, reader.action_id)
     lists: list[str] = []
 
-    def where() -> str:
-        return visible(reader, p, "m") + _filters(filters, p)
+    def candidates(condition: str, order: str, read: int | None = None) -> str:
+        # Signals are computed for the list's rows only, on the columns its index scan read (no
+        # second lookup); a record proposed by several lists scores the same in each, so UNION
+        # keeps one. `read`: rank no more than this many of the matching rows.
+        where = visible(reader, p, "m") + _filters(filters, p) + condition
+        columns = "m.memory_id, m.created, m.embedding, m.tsv"
+        rows = f"agent_memories m WHERE {where}"
+        if read is not None:
+            rows = f"(SELECT {columns} FROM {rows} LIMIT {p(read)}) m"
+        return (
+            f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns} FROM {rows} "
+            f"ORDER BY {order} LIMIT {p(r.candidates)}) c)"
+        )
 
     if r.vector is not None:
-        lists.append(
-            f"(SELECT m.memory_id FROM agent_memories m WHERE {where()} "
-            f"ORDER BY m.embedding <=> {p(r.vector)} LIMIT {p(r.candidates)})"
-        )
+        lists.append(candidates("", f"m.embedding <=> {p(r.vector)}"))
     if r.text is not None:
-        if settings["rare"]:
-            words = p(r.text)
+        if words.rare:
+            # A word rare in the table may still be in hundreds of a large agent's records,
+            # each a heap read to rank, so at most `rare_reads` of them are ranked (the
+            # slowest searches of a 200,000-record agent read over 1,000: 13-22 ms).
+            best = f"ts_rank(m.tsv, any_words({p(r.text)})) DESC, m.created DESC"
+            rare = f" AND m.tsv @@ {p(words.rare)}::tsquery"
+            lists.append(candidates(rare, best, r.rare_reads))
+        if words.common:
             lists.append(
-                f"(SELECT m.memory_id FROM agent_memories m WHERE {where()} "
-                f"AND m.tsv @@ {p(settings['rare'])}::tsquery "
-                f"ORDER BY ts_rank(m.tsv, any_words({words})) DESC, m.created DESC "
-                f"LIMIT {p(r.candidates)})"
-            )
-        if settings["common"]:
-            lists.append(
-                f"(SELECT m.memory_id FROM agent_memories m WHERE {where()} "
-                f"AND m.tsv @@ {p(settings['common'])}::tsquery "
-                f"ORDER BY m.created DESC, m.memory_id DESC LIMIT {p(r.candidates)})"
+                candidates(
+                    f" AND m.tsv @@ {p(words.common)}::tsquery", "m.created DESC, m.memory_id DESC"
+                )
             )
     if not lists:
         return []  # lexical, and no rare or common word: nothing proposes a candidate
-    sql = f"""
-    WITH candidates AS ({" UNION ".join(lists)}),
-    scored AS (
-        SELECT {_signals(r, p)} FROM candidates c
-        -- LIMIT 1 keeps this a primary-key lookup per candidate whatever the planner estimates;
-        -- as a plain join it may choose to read the whole agent to meet a hundred candidates.
-        CROSS JOIN LATERAL (
-            SELECT * FROM agent_memories m
-            WHERE m.account_id = $1 AND m.action_id = $2 AND m.memory_id = c.memory_id LIMIT 1
-        ) m
-    ){_finish(r, p)}"""
+    sql = f"WITH scored AS ({' UNION '.join(lists)}){_finish(r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 

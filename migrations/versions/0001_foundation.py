@@ -88,7 +88,8 @@ def upgrade() -> None:
         PRIMARY KEY (account_id, action_id, session_id),
         FOREIGN KEY (account_id, action_id) REFERENCES actions ON DELETE CASCADE
     );
-    CREATE INDEX sessions_created ON sessions (account_id, action_id, created DESC, session_id DESC);
+    CREATE INDEX sessions_created ON sessions
+        (account_id, action_id, created DESC, session_id DESC);
 
     -- One execution per turn (or per operator write); each attempt at it is an invocation.
     CREATE TABLE executions (

@@ -1,0 +1,258 @@
+"""Search upkeep (app/memory/maintenance.py): word frequencies, and large agents' own indexes.
+
+M20 (search combines meaning and words) has to hold at any size: an agent large enough gets
+its own HNSW and GIN indexes, the planner uses them for that agent's searches, and the
+results equal the exact plan's. The threshold is lowered so that tens of records count as
+large.
+"""
+
+import asyncio
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+from test_memory_search import Agent, new_agent
+
+from app import cli
+from app.auth.caller import Caller
+from app.embeddings import store as embedding_store
+from app.memory import maintenance, search_store
+from app.memory import search as search_module
+from app.memory.search_store import Filters
+from app.services import start_services
+from app.state import AppState
+
+TOPICS = ["dogs and cats", "train timetables", "quarterly revenue", "mountain hiking", "jazz"]
+
+
+async def fill(agent: Agent, count: int) -> list[uuid.UUID]:
+    return [
+        await agent.add(f"Note {i} about {TOPICS[i % len(TOPICS)]}", f"detail {i}")
+        for i in range(count)
+    ]
+
+
+async def index_exists(pool: asyncpg.Pool, name: str) -> bool:
+    return bool(await pool.fetchval("SELECT to_regclass($1) IS NOT NULL", name))
+
+
+class Capture:
+    """A connection that records the SQL of the last fetch (to EXPLAIN it the same way)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.sql: tuple[Any, ...] = ()
+
+    async def fetchrow(self, *args: Any) -> Any:
+        return await self.conn.fetchrow(*args)
+
+    async def fetch(self, *args: Any) -> Any:
+        self.sql = args
+        return await self.conn.fetch(*args)
+
+
+async def ranking(agent: Agent, query: str, mode: str = "hybrid") -> search_store.Ranking:
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    return search_module.make_ranking(mode, query, vector, None, 5)
+
+
+async def index_plan_uses(agent: Agent, query: str) -> str:
+    """The index plan's query for `query`, EXPLAINed in the transaction that ran it."""
+    r = await ranking(agent, query)
+    async with agent.state.pool.acquire() as conn, conn.transaction(readonly=True):
+        # Tens of rows are read and sorted fastest in full; at scale the indexes win.
+        await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+        capture = Capture(conn)
+        prepared = await search_store.prepare(capture, agent.operator, Filters(), r, None)
+        await search_store.ranked_index(capture, agent.operator, Filters(), r, prepared)
+        rows = await conn.fetch("EXPLAIN " + capture.sql[0], *capture.sql[1:])
+    return "\n".join(r[0] for r in rows)
+
+
+async def test_m20_large_agent_gets_own_indexes_that_the_planner_uses(
+    state: AppState, admin: Caller
+) -> None:
+    large, small = await new_agent(state, admin), await new_agent(state, admin)
+    await fill(large, 120)
+    await fill(small, 10)
+    await state.pool.execute("ANALYZE agent_memories")
+    query = "hiking in the mountains"
+    before = await search_module.ranked(
+        state.pool, large.operator, Filters(), await ranking(large, query, "vector"), "exact"
+    )
+
+    done = await maintenance.run_round(state.pool, min_records=100)
+    assert done is not None and done.dropped == [] and done.failed == []
+    vectors, words = maintenance.index_names(large.account_id, large.action_id)
+    assert sorted(done.built) == sorted([vectors, words])
+    assert await index_exists(state.pool, vectors) and await index_exists(state.pool, words)
+    small_names = maintenance.index_names(small.account_id, small.action_id)
+    assert not any([await index_exists(state.pool, n) for n in small_names])
+
+    # The agent's HNSW index serves its vector candidates (its GIN index is chosen by cost: at
+    # tens of rows the btree wins; at 200,000 records it is used, bench/README.md).
+    plan = await index_plan_uses(large, query)
+    assert vectors in plan
+    assert vectors not in await index_plan_uses(small, query)
+    # An agent with its own indexes takes the index plan without counting its rows; its
+    # vector top-5 (from 40 candidates of 120 records) is the exact plan's.
+    after = await search_module.ranked(
+        state.pool, large.operator, Filters(), await ranking(large, query, "vector")
+    )
+    assert after[1] == "index"
+    assert [r.memory_id for r in after[0]] == [r.memory_id for r in before[0]]
+    # A label or ID filter may leave few rows: those searches still count them.
+    narrowed = await search_module.ranked(
+        state.pool, large.operator, Filters(labels={5: "x"}), await ranking(large, query)
+    )
+    assert narrowed == ([], "exact")
+
+    again = await maintenance.run_round(state.pool, min_records=100)
+    assert again is not None and again.built == [] and again.dropped == []
+
+
+async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
+    state: AppState, admin: Caller
+) -> None:
+    agent = await new_agent(state, admin)
+    ids = await fill(agent, 40)
+    names = maintenance.index_names(agent.account_id, agent.action_id)
+    assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
+
+    # One index lost (dropped by hand): its partner goes too, and both are rebuilt.
+    await state.pool.execute(f"DROP INDEX {names[1]}")
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.dropped == [names[0]] and sorted(done.built) == sorted(names)
+    assert await index_exists(state.pool, names[1])
+
+    # Under half the threshold: dropped, and the agent is no longer listed.
+    await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", ids[:30])
+    done = await maintenance.run_round(state.pool, 30)
+    assert sorted(done.dropped) == sorted(names) and done.built == []
+    assert not any([await index_exists(state.pool, n) for n in names])
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+
+
+async def test_m20_interrupted_builds_and_orphans_are_dropped(
+    state: AppState, admin: Caller
+) -> None:
+    agent = await new_agent(state, admin)
+    await fill(agent, 40)
+    vectors, words = maintenance.index_names(agent.account_id, agent.action_id)
+    # A CREATE INDEX CONCURRENTLY that fails leaves an invalid index under its name (here a
+    # unique index over duplicate values), listed nowhere.
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await state.pool.execute(
+            f"CREATE UNIQUE INDEX CONCURRENTLY {vectors} ON agent_memories (kind) "
+            f"WHERE action_id = '{agent.action_id}'"
+        )
+    gone = uuid.uuid4()
+    orphan = maintenance.index_names(agent.account_id, gone)[1]
+    await state.pool.execute(
+        f"CREATE INDEX {orphan} ON agent_memories (created) WHERE action_id = '{gone}'"
+    )
+    done = await maintenance.run_round(state.pool, 30)
+    assert sorted(done.dropped) == sorted([vectors, orphan])
+    assert sorted(done.built) == sorted([vectors, words])
+    valid = await state.pool.fetchval(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)", vectors
+    )
+    assert valid is True and not await index_exists(state.pool, orphan)
+
+
+async def test_m20_one_process_maintains_at_a_time(state: AppState) -> None:
+    async with state.pool.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock(hashtext('engram.search_maintenance'))")
+        assert await maintenance.run_round(state.pool, 30) is None
+        await conn.execute("SELECT pg_advisory_unlock(hashtext('engram.search_maintenance'))")
+    assert await maintenance.run_round(state.pool, 30) is not None
+
+
+async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row(
+    state: AppState, admin: Caller
+) -> None:
+    agent = await new_agent(state, admin)
+    await fill(agent, 12)
+    await maintenance.run_round(state.pool, 10)
+    names = maintenance.index_names(agent.account_id, agent.action_id)
+    assert await index_exists(state.pool, names[0])
+    async with state.pool.acquire() as conn, conn.transaction():
+        await embedding_store.set_dimensions(conn, 64)
+    assert not any([await index_exists(state.pool, n) for n in names])
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+    storage = await state.pool.fetchval(
+        "SELECT attstorage::text FROM pg_attribute "
+        "WHERE attrelid = 'agent_memories'::regclass AND attname = 'embedding'"
+    )
+    assert storage == "m"  # MAIN: kept in the row (migration 0005), not reset by the new type
+    assert await index_exists(state.pool, "agent_memories_embedding")
+
+
+async def test_m20_words_index_has_no_pending_list(state: AppState) -> None:
+    options = await state.pool.fetchval(
+        "SELECT reloptions FROM pg_class WHERE relname = 'agent_memories_words'"
+    )
+    assert options == ["fastupdate=off"]
+
+
+async def test_m20_the_service_maintains_search_in_the_background(
+    state: AppState, admin: Caller
+) -> None:
+    agent = await new_agent(state, admin)
+    await fill(agent, 25)
+    settings = state.settings.model_copy(
+        update={"search_maintenance_seconds": 0.05, "agent_index_min_records": 20}
+    )
+    service = AppState(settings=settings, pool=state.pool, embedder=state.embedder)
+    await start_services(service)
+    try:
+        for _ in range(200):
+            if await state.pool.fetchval("SELECT count(*) FROM agent_indexes"):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("no maintenance round built the agent's indexes")
+    finally:
+        await service.services["search_maintenance"].aclose()
+    assert service.services["search_maintenance"]._task is None  # cancelled, awaited
+
+
+async def test_m20_maintain_search_command(
+    state: AppState, admin: Caller, db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    agent = await new_agent(state, admin)
+    await fill(agent, 12)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    code = await asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10"])
+    assert code == 0
+    assert "built 2 search indexes" in capsys.readouterr().out
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 1
+
+
+async def test_m20_word_frequencies_refresh_at_start_even_without_rounds(
+    state: AppState, admin: Caller
+) -> None:
+    await fill(await new_agent(state, admin), 20)
+    await state.pool.execute("ANALYZE agent_memories")
+    assert await state.pool.fetchval("SELECT count(*) FROM search_words") == 0
+    assert state.settings.search_maintenance_seconds == 0
+    service = AppState(settings=state.settings, pool=state.pool, embedder=state.embedder)
+    await start_services(service)
+    assert await state.pool.fetchval("SELECT count(*) FROM search_words") > 0
+    assert service.services["search_maintenance"]._task is None  # no background rounds
+
+
+async def test_m20_a_word_in_exactly_the_limit_of_records_is_rare(
+    state: AppState, admin: Caller
+) -> None:
+    # 5 of 11 records: ANALYZE's float4 share read as float8 times 11 is 5.0000001.
+    agent = await new_agent(state, admin)
+    for i in range(11):
+        await agent.add(f"Zanzibar trip note {i}" if i < 5 else f"Garden note {i}")
+    await state.pool.execute("ANALYZE agent_memories")
+    async with state.pool.acquire() as conn:
+        assert await maintenance.refresh_words(conn) > 0
+    rare = "SELECT rare_words('zanzibar', $1)::text"
+    assert await state.pool.fetchval(rare, 5) == "'zanzibar'"
+    assert await state.pool.fetchval(rare, 4) == ""
