@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     # built with agent_index_build_memory as maintenance_work_mem ("": the server's).
     search_maintenance_seconds: float = Field(default=600.0, ge=0)
     agent_index_min_records: int = Field(default=10_000, ge=1)
-    agent_index_build_memory: str = "1GB"
+    agent_index_build_memory: str = Field(default="1GB", pattern=r"^(\d+ ?(kB|MB|GB|TB)?)?$")
 
     # Default model (LLM) used by actions that do not name their own.
     model_base_url: str = "http://127.0.0.1:11434/v1"

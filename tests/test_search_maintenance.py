@@ -12,10 +12,12 @@ from typing import Any
 
 import asyncpg
 import pytest
+from pydantic import ValidationError
 from test_memory_search import Agent, new_agent
 
 from app import cli
 from app.auth.caller import Caller
+from app.config import Settings
 from app.embeddings import store as embedding_store
 from app.memory import maintenance, search_store
 from app.memory import search as search_module
@@ -256,3 +258,25 @@ async def test_m20_a_word_in_exactly_the_limit_of_records_is_rare(
     rare = "SELECT rare_words('zanzibar', $1)::text"
     assert await state.pool.fetchval(rare, 5) == "'zanzibar'"
     assert await state.pool.fetchval(rare, 4) == ""
+
+
+async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppState) -> None:
+    async with state.pool.acquire() as holder:
+        await holder.execute("SELECT pg_advisory_lock(hashtext('engram.search_maintenance'))")
+
+        async def reset() -> None:
+            async with state.pool.acquire() as conn, conn.transaction():
+                await embedding_store.set_dimensions(conn, 64)
+
+        task = asyncio.create_task(reset())
+        await asyncio.sleep(0.5)
+        assert not task.done()  # waits instead of dropping indexes a round is building
+        await holder.execute("SELECT pg_advisory_unlock(hashtext('engram.search_maintenance'))")
+        await asyncio.wait_for(task, 10)
+
+
+def test_m20_index_build_memory_must_be_a_size() -> None:
+    assert Settings(agent_index_build_memory="512MB").agent_index_build_memory == "512MB"
+    assert Settings(agent_index_build_memory="").agent_index_build_memory == ""
+    with pytest.raises(ValidationError):
+        Settings(agent_index_build_memory="1GB'; DROP TABLE agent_memories; --")

@@ -101,6 +101,8 @@ async def reset_vectors(conn: asyncpg.Connection, dimensions: int) -> None:
     """Drops every stored vector and its index, and fixes the columns to `dimensions`."""
     _check(dimensions)
     # Large agents' own indexes (app/memory/maintenance.py) go too; the next round rebuilds them.
+    # Waits for a round that is building them (the round's lock), rather than deadlock with it.
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('engram.search_maintenance'))")
     for names in await conn.fetch(
         "DELETE FROM agent_indexes RETURNING quote_ident(vectors_index), quote_ident(words_index)"
     ):

@@ -8,9 +8,10 @@ process at a time (a session advisory lock; other processes skip the round):
 - Agents with at least `agent_index_min_records` records get an HNSW and a GIN index of their
   own, partial indexes on `(account_id, action_id)`, built with CREATE INDEX CONCURRENTLY
   (writes go on meanwhile; each build reads the whole table once). The shared HNSW index
-  serves a filtered search by reading past other agents' rows: at 200,000 of 1,230,000
-  records it found 0.92 of the exact top-10, at 5,000 records 0.88 in 100 ms; the agent's own
-  index 0.96 and 0.99 in 9 and 8 ms (bench/README.md). The planner picks a partial index by
+  serves a filtered search by reading past other agents' rows: in a 1,230,000-record table it
+  found 0.92 of a 200,000-record agent's exact top-10, and 0.88 of a 5,000-record agent's in
+  130 ms; an agent's own index found 0.97 at 200,000 records (vector search p50 9 ms) and 0.99
+  at 25,000 (7 ms), see bench/README.md. The planner picks a partial index by
   itself once it sees the agent's key as constants, which the index plan's custom plans give
   it (search_store.prepare); `agent_indexes` tells the plan choice that the agent has them.
   An agent under half the threshold (deleted records, a deleted agent) loses its indexes, so
@@ -31,6 +32,7 @@ import asyncpg
 
 log = logging.getLogger(__name__)
 
+# Also taken by app/embeddings/store.py reset_vectors, which drops these indexes.
 _LOCK = "hashtext('engram.search_maintenance')"
 # Measured at 200,000 records (bench/README.md): ef_construction 128 instead of pgvector's 64
 # lifts recall at hnsw.ef_search 100 from 0.93 to 0.96, for a build of 230 s instead of 89 s.
@@ -124,17 +126,22 @@ async def index_agents(conn: asyncpg.Connection, min_records: int) -> Round:
         for agent in listed
         if agent in sizes and all(states.get(name) for name in index_names(*agent))
     }
+    stale = sorted(set(listed) - kept)
     await conn.execute(
         "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
         "WHERE a.account_id = d.account AND a.action_id = d.action",
-        [a for a, _ in set(listed) - kept],
-        [b for _, b in set(listed) - kept],
+        [account for account, _ in stale],
+        [action for _, action in stale],
     )
     keep = {name for agent in kept for name in index_names(*agent)}
-    dropped = []
+    dropped: list[str] = []
     for name in sorted(set(states) - keep):
-        await _drop_index(conn, name)
-        dropped.append(name)
+        try:
+            await _drop_index(conn, name)
+            dropped.append(name)
+        except asyncpg.PostgresError:
+            # Unlisted already, so the next round tries again; the builds go on.
+            log.exception("dropping search index %s failed", name)
     built: list[str] = []
     failed: list[UUID] = []
     for agent, records in sorted(sizes.items(), key=lambda s: -s[1]):

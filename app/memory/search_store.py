@@ -225,7 +225,7 @@ async def ranked_index(
             # A word rare in the table may still be in hundreds of a large agent's records,
             # each a heap read to rank, so at most `rare_reads` of them are ranked (the
             # slowest searches of a 200,000-record agent read over 1,000: 13-22 ms).
-            best = f"ts_rank(m.tsv, any_words({p(r.text)})) DESC, m.created DESC"
+            best = f"ts_rank(m.tsv, any_words({p(r.text)})) DESC, m.created DESC, m.memory_id DESC"
             rare = f" AND m.tsv @@ {p(words.rare)}::tsquery"
             lists.append(candidates(rare, best, r.rare_reads))
         if words.common:
