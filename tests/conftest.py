@@ -14,7 +14,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from helpers import GQL
+from helpers import GQL, database_copy
 
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
@@ -75,17 +75,8 @@ def template_db(pg_server: EmbeddedPostgres, embedder: StaticEmbedder) -> str:
 @pytest.fixture
 async def db_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator[str]:
     name = f"engram_test_{os.getpid()}_{next(_counter)}"
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await conn.close()
-    yield pg_server.uri(name)
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    async with database_copy(pg_server, template_db, name) as url:
+        yield url
 
 
 @pytest.fixture

@@ -2,13 +2,18 @@
 
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import asyncpg
+
 from app.auth import store
 from app.auth.caller import Caller
 from app.auth.policies import parse_policies
+from app.db.embedded import EmbeddedPostgres
 from app.graphql.context import Context
 from app.graphql.schema import schema
 from app.state import AppState
@@ -62,3 +67,22 @@ def allow(actions: list[str], *resources: str) -> dict[str, Any]:
 
 def deny(actions: list[str], *resources: str) -> dict[str, Any]:
     return {"effect": "DENY", "actions": actions, "resources": list(resources)}
+
+
+@asynccontextmanager
+async def database_copy(server: EmbeddedPostgres, template: str, name: str) -> AsyncIterator[str]:
+    """A database copied from `template`, dropped on exit; yields its URL."""
+    conn = await asyncpg.connect(server.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    finally:
+        await conn.close()
+    try:
+        yield server.uri(name)
+    finally:
+        conn = await asyncpg.connect(server.uri())
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()

@@ -10,10 +10,10 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
-import asyncpg
 import httpx
 import pytest
 import uvicorn
+from helpers import database_copy
 
 from app.actions import service as actions_service
 from app.config import Settings
@@ -54,19 +54,8 @@ def serving(settings: Settings, embedder: StaticEmbedder) -> Iterator[str]:
 @pytest.fixture(scope="module")
 async def module_db_url(pg_server, template_db) -> AsyncIterator[str]:
     """One database for this module's server: starting a server per test costs a second each."""
-    name = f"engram_http_{os.getpid()}"
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await conn.close()
-    yield pg_server.uri(name)
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    async with database_copy(pg_server, template_db, f"engram_http_{os.getpid()}") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

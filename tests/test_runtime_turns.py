@@ -581,6 +581,26 @@ async def test_sessions_count_turns_and_earlier_turns_reach_the_model(
     ]
     assert listed[0]["session"] == {"sessionId": "s2", "turns": 1}
 
+    # Pages continue after the cursor, for the agent's executions and for a session's.
+    paged = """query($a: UUID!, $after: String) { action(actionId: $a) {
+        executions(first: 1, after: $after) { nodes { executionId }
+            pageInfo { hasNextPage endCursor } }
+        sessions(first: 5) { nodes { sessionId
+            executions(first: 1, after: $after) { nodes { executionId } } } }
+    } }"""
+    cursors: dict[str, str] = {}  # execution ID -> the cursor after it
+    after = None
+    for _ in range(len(listed)):
+        page = (await gql(admin, paged, a=action_id, after=after)).ok()["action"]["executions"]
+        (node,) = page["nodes"]
+        after = cursors[node["executionId"]] = page["pageInfo"]["endCursor"]
+    assert not page["pageInfo"]["hasNextPage"]
+    assert list(cursors) == [e["executionId"] for e in listed]
+    after_second = cursors[second["executionId"]]
+    after_second = (await gql(admin, paged, a=action_id, after=after_second)).ok()
+    s1_rest = next(s for s in after_second["action"]["sessions"]["nodes"] if s["sessionId"] == "s1")
+    assert [e["executionId"] for e in s1_rest["executions"]["nodes"]] == [first["executionId"]]
+
 
 async def test_transcripts_page_in_order_behind_their_grant(
     gql: GQL, admin: Caller, model_server: OpenAIServer

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 from pydantic import ValidationError
-from test_memory_search import Agent, new_agent
+from search_helpers import Agent, new_agent
 
 from app import cli
 from app.auth.caller import Caller

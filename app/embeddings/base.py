@@ -1,5 +1,6 @@
 """The embedding provider interface: texts in, unit vectors and token usage out."""
 
+import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,3 +26,20 @@ def normalize(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms == 0, 1, norms)
+
+
+class LocalEmbedder:
+    """A model in this process: `_embed` runs in a worker thread, off the event loop."""
+
+    name: str
+    dimensions: int
+
+    def _embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        raise NotImplementedError
+
+    async def embed(self, texts: list[str]) -> Embeddings:
+        vectors, tokens = await asyncio.to_thread(self._embed, texts)
+        return Embeddings(vectors, tokens)
+
+    async def aclose(self) -> None:
+        return None

@@ -4,14 +4,13 @@ Needs the `minilm` extra (torch, sentence-transformers and the packaged model); 
 when this provider is chosen, so the service runs without it.
 """
 
-import asyncio
 import os
 import threading
 from typing import Any
 
 import numpy as np
 
-from app.embeddings.base import Embeddings, normalize
+from app.embeddings.base import LocalEmbedder, normalize
 from app.embeddings.errors import EmbedderUnavailable
 
 INSTALL_HINT = "pip install -e '.[minilm]'"
@@ -41,7 +40,7 @@ def _load_model() -> Any:
     return SentenceTransformer(str(path), device="cpu")
 
 
-class MiniLMEmbedder:
+class MiniLMEmbedder(LocalEmbedder):
     name = "minilm:all-MiniLM-L6-v2"
 
     def __init__(self) -> None:
@@ -69,10 +68,3 @@ class MiniLMEmbedder:
             )
             tokens = self._tokens(texts)
         return normalize(vectors), tokens
-
-    async def embed(self, texts: list[str]) -> Embeddings:
-        vectors, tokens = await asyncio.to_thread(self._embed, texts)
-        return Embeddings(vectors, tokens)
-
-    async def aclose(self) -> None:
-        return None

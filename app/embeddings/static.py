@@ -1,14 +1,13 @@
 """`static`: wordllama's bundled 256-d model, loaded offline from the package's own folder."""
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
 
-from app.embeddings.base import Embeddings, normalize
+from app.embeddings.base import LocalEmbedder, normalize
 
 
-class StaticEmbedder:
+class StaticEmbedder(LocalEmbedder):
     dimensions = 256
 
     def __init__(self) -> None:
@@ -38,10 +37,3 @@ class StaticEmbedder:
                 row[:] = self._table[ids].mean(axis=0)
                 tokens += len(ids)
         return normalize(vectors), tokens
-
-    async def embed(self, texts: list[str]) -> Embeddings:
-        vectors, tokens = await asyncio.to_thread(self._embed, texts)
-        return Embeddings(vectors, tokens)
-
-    async def aclose(self) -> None:
-        return None

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from uuid import UUID
 
 import asyncpg
@@ -45,9 +45,9 @@ class Round:
     """What one maintenance round did."""
 
     words: int  # lexemes with a frequency in search_words
-    built: list[str] = field(default_factory=list)  # agent indexes created
-    dropped: list[str] = field(default_factory=list)  # agent indexes removed
-    failed: list[UUID] = field(default_factory=list)  # agents whose build failed (logged)
+    built: list[str]  # agent indexes created
+    dropped: list[str]  # agent indexes removed
+    failed: list[UUID]  # agents whose build failed (logged)
 
 
 def index_names(account_id: UUID, action_id: UUID) -> tuple[str, str]:
@@ -102,11 +102,14 @@ async def _build(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) ->
     return [vectors, words]
 
 
-async def index_agents(conn: asyncpg.Connection, min_records: int) -> Round:
+async def index_agents(
+    conn: asyncpg.Connection, min_records: int
+) -> tuple[list[str], list[str], list[UUID]]:
     """Gives every agent of `min_records` or more its own HNSW and GIN indexes; drops those of
     agents now under half that, and any of their naming that no agent keeps. Outside any
     transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop the
-    others'; it is retried next round."""
+    others'; it is retried next round. Returns the indexes built and dropped, and the agents
+    whose build failed."""
     sizes = {
         (r["account_id"], r["action_id"]): r["records"]
         for r in await conn.fetch(
@@ -153,7 +156,7 @@ async def index_agents(conn: asyncpg.Connection, min_records: int) -> Round:
                 # Left invalid or half built: the next round drops what it left and retries.
                 log.exception("building search indexes for agent %s failed", agent[1])
                 failed.append(agent[1])
-    return Round(0, built, dropped, failed)
+    return built, dropped, failed
 
 
 async def run_round(pool: asyncpg.Pool, min_records: int, build_memory: str = "") -> Round | None:
@@ -170,8 +173,7 @@ async def run_round(pool: asyncpg.Pool, min_records: int, build_memory: str = ""
                 await conn.execute(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
-            done = await index_agents(conn, min_records)
-            return Round(words, done.built, done.dropped, done.failed)
+            return Round(words, *await index_agents(conn, min_records))
         finally:
             await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
 

@@ -193,7 +193,7 @@ async def prepare(
 
 
 async def ranked_index(
-    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, words: Prepared
+    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, prepared: Prepared
 ) -> list[MemoryRecord]:
     """Candidates from the indexes, scored as they are read. Meaning: HNSW, iterative scan (a
     large agent's own index when it has one). Words: records sharing a rare word, by the
@@ -221,19 +221,16 @@ async def ranked_index(
     if r.vector is not None:
         lists.append(candidates("", f"m.embedding <=> {p(r.vector)}"))
     if r.text is not None:
-        if words.rare:
+        if prepared.rare:
             # A word rare in the table may still be in hundreds of a large agent's records,
             # each a heap read to rank, so at most `rare_reads` of them are ranked (the
             # slowest searches of a 200,000-record agent read over 1,000: 13-22 ms).
             best = f"ts_rank(m.tsv, any_words({p(r.text)})) DESC, m.created DESC, m.memory_id DESC"
-            rare = f" AND m.tsv @@ {p(words.rare)}::tsquery"
+            rare = f" AND m.tsv @@ {p(prepared.rare)}::tsquery"
             lists.append(candidates(rare, best, r.rare_reads))
-        if words.common:
-            lists.append(
-                candidates(
-                    f" AND m.tsv @@ {p(words.common)}::tsquery", "m.created DESC, m.memory_id DESC"
-                )
-            )
+        if prepared.common:
+            common = f" AND m.tsv @@ {p(prepared.common)}::tsquery"
+            lists.append(candidates(common, "m.created DESC, m.memory_id DESC"))
     if not lists:
         return []  # lexical, and no rare or common word: nothing proposes a candidate
     sql = f"WITH scored AS ({' UNION '.join(lists)}){_finish(r, p)}"

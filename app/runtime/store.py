@@ -5,6 +5,8 @@ from uuid import UUID
 
 import asyncpg
 
+from app.memory.visibility import Params
+
 Row: TypeAlias = asyncpg.Record
 
 
@@ -314,35 +316,16 @@ async def list_executions(
     limit: int,
 ) -> list[Row]:
     """Executions newest first: the session's when `session_id` is given, else the agent's."""
+    p = Params(account_id, action_id)
+    where = "account_id = $1 AND action_id = $2"
     if session_id is not None:
-        return await conn.fetch(
-            """
-            SELECT * FROM executions
-            WHERE account_id = $1 AND action_id = $2 AND session_id = $3
-              AND ($4::timestamptz IS NULL OR (created, execution_id) < ($4, $5))
-            ORDER BY created DESC, execution_id DESC
-            LIMIT $6
-            """,
-            account_id,
-            action_id,
-            session_id,
-            after[0] if after else None,
-            after[1] if after else None,
-            limit,
-        )
+        where += f" AND session_id = {p(session_id)}"
+    if after is not None:
+        where += f" AND (created, execution_id) < ({p(after[0])}, {p(after[1])})"
     return await conn.fetch(
-        """
-        SELECT * FROM executions
-        WHERE account_id = $1 AND action_id = $2
-          AND ($3::timestamptz IS NULL OR (created, execution_id) < ($3, $4))
-        ORDER BY created DESC, execution_id DESC
-        LIMIT $5
-        """,
-        account_id,
-        action_id,
-        after[0] if after else None,
-        after[1] if after else None,
-        limit,
+        f"SELECT * FROM executions WHERE {where} "
+        f"ORDER BY created DESC, execution_id DESC LIMIT {p(limit)}",
+        *p.values,
     )
 
 
