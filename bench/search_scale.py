@@ -373,13 +373,20 @@ async def measure(
     queries: int,
     sizes: set[int] | None,
     recall_samples: int,
+    reader_kind: str,
 ) -> None:
     """Per agent size: latency of each mode under the chosen plan (and, to show why it is
     chosen, under the other plan), and top-10 overlap with exact brute force."""
     from app.memory import search as search_module
     from app.memory.search import search
     from app.memory.search_store import Filters, Ranking
-    from app.memory.visibility import OperatorReader
+    from app.memory.visibility import AgentReader, OperatorReader, Reader
+
+    def make_reader(account: uuid.UUID, action: uuid.UUID) -> Reader:
+        if reader_kind == "operator":  # searchMemories: every session, live and preview
+            return OperatorReader(account_id=account, action_id=action)
+        # search_memory during a live turn: the agent scope and its session's, no preview.
+        return AgentReader(account, action, "bench-session", ("session", "agent"), False)
 
     pool = await create_pool(url, min_size=1, max_size=2)
     rng = random.Random(3)
@@ -413,7 +420,7 @@ async def measure(
                 overlap: dict[str, list[float]] = {"vector": [], "hybrid": []}
                 used: set[str] = set()
                 for i, ((account, action, _), q) in enumerate(runs):
-                    reader = OperatorReader(account_id=account, action_id=action)
+                    reader = make_reader(account, action)
                     # Rotated, so that no mode always meets the agent's pages first.
                     modes = list(timings)
                     for mode in modes[i % 3 :] + modes[: i % 3]:
@@ -446,14 +453,14 @@ async def measure(
                     )
             listing: list[float] = []
             for (account, action, _), _q in picks:
-                reader = OperatorReader(account_id=account, action_id=action)
+                reader = make_reader(account, action)
                 t = time.perf_counter()
                 await search(pool, embedder, reader, config, query=None, limit=100)
                 listing.append((time.perf_counter() - t) * 1000)
             print(f"  query-less listing, 100 newest: {percentiles(listing[5:])}")
 
         account, action, _ = plan.big
-        reader = OperatorReader(account_id=account, action_id=action)
+        reader = make_reader(account, action)
         samples = []
         for question in questions[:200]:
             t = time.perf_counter()
@@ -482,6 +489,12 @@ def main() -> None:
         type=int,
         default=50,
         help="searches of a large agent compared with brute force (about 1 s each)",
+    )
+    parser.add_argument(
+        "--reader",
+        choices=("agent", "operator"),
+        default="agent",
+        help="whose search: an agent's search_memory in a turn (the target's), or an operator's",
     )
     parser.add_argument("--reload", action="store_true", help="drop and rebuild the data set")
     parser.add_argument("--load-only", action="store_true")
@@ -557,7 +570,9 @@ def main() -> None:
         "(2,000 records, rolled back)"
     )
     sizes = {int(x) for x in args.sizes.split(",") if x}
-    asyncio.run(measure(plan, url, embedder, args.queries, sizes or None, args.recall_samples))
+    asyncio.run(
+        measure(plan, url, embedder, args.queries, sizes or None, args.recall_samples, args.reader)
+    )
     print(f"\nreproduce: {command}")
 
 

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import asyncpg
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from search_helpers import Agent, new_agent
@@ -18,6 +19,7 @@ from search_helpers import Agent, new_agent
 from app import cli
 from app.auth.caller import Caller
 from app.config import Settings
+from app.db.pool import create_pool
 from app.embeddings import store as embedding_store
 from app.memory import maintenance, search_store
 from app.memory import search as search_module
@@ -67,7 +69,7 @@ async def index_plan_uses(agent: Agent, query: str) -> str:
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         capture = Capture(conn)
         prepared = await search_store.prepare(capture, agent.operator, Filters(), r, None)
-        await search_store.ranked_index(capture, agent.operator, Filters(), r, prepared)
+        await search_store.ranked_index(capture, agent.operator, Filters(), r, prepared.own)
         rows = await conn.fetch("EXPLAIN " + capture.sql[0], *capture.sql[1:])
     return "\n".join(r[0] for r in rows)
 
@@ -114,6 +116,93 @@ async def test_m20_large_agent_gets_own_indexes_that_the_planner_uses(
     assert again is not None and again.built == [] and again.dropped == []
 
 
+def literal(value: Any) -> str:
+    """An SQL literal for a search parameter (to EXECUTE a prepared statement by hand)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, np.ndarray):
+        return "'[" + ",".join(repr(float(x)) for x in value) + "]'"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_plan(
+    db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = await new_agent(state, admin)
+    await fill(agent, 120)
+    await state.pool.execute("ANALYZE agent_memories")
+    await maintenance.run_round(state.pool, min_records=100)
+    vectors, _ = maintenance.index_names(agent.account_id, agent.action_id)
+    r = await ranking(agent, "hiking in the mountains", "vector")
+    exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
+
+    calls: list[Any] = []
+    prepare = search_store.prepare
+
+    async def counted(*args: Any) -> Any:
+        calls.append(args)
+        return await prepare(*args)
+
+    monkeypatch.setattr(search_store, "prepare", counted)
+    captured: list[tuple[Any, ...]] = []
+    ranked_index = search_store.ranked_index
+
+    async def capture(conn: Any, *args: Any) -> Any:
+        wrapper = Capture(conn)
+        found = await ranked_index(wrapper, *args)
+        captured.append(wrapper.sql)
+        return found
+
+    monkeypatch.setattr(search_store, "ranked_index", capture)
+    pool = await create_pool(db_url, min_size=1, max_size=1)  # one connection: one cache
+    try:
+        # The first search learns that the agent has its own indexes (one extra round trip);
+        # the next ones skip that and find the same records, the exact plan's top 5.
+        for _ in range(8):
+            found, plan = await search_module.ranked(pool, agent.operator, Filters(), r)
+            assert plan == "index" and [x.memory_id for x in found] == [x.memory_id for x in exact]
+        assert len(calls) == 1
+        # After five runs the statement's plan is cached, generic, and still reads the
+        # agent's own HNSW index: the statement names the agent's key as constants.
+        sql, *args = captured[-1]
+        assert f"'{agent.action_id}'::uuid" in sql
+        async with pool.acquire() as conn:
+            cached = await conn.fetchval(
+                "SELECT max(generic_plans) FROM pg_prepared_statements WHERE statement = $1", sql
+            )
+            assert cached >= 1
+            await conn.execute(f"PREPARE probe AS {sql}")
+            # As index_plan_uses: at 120 rows a scan and a sort would win the cost comparison.
+            await conn.execute(
+                "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off;"
+                " SET enable_sort = off"
+            )
+            plan_rows = await conn.fetch(
+                f"EXPLAIN EXECUTE probe({', '.join(literal(a) for a in args)})"
+            )
+            assert vectors in "\n".join(row[0] for row in plan_rows)
+            await conn.execute("DEALLOCATE probe")
+
+        # The indexes dropped while the agent is still remembered as large: its searches
+        # read the shared indexes until the memory expires, with the same results here.
+        await state.pool.execute(f"DROP INDEX {vectors}")
+        found, _ = await search_module.ranked(pool, agent.operator, Filters(), r)
+        assert [x.memory_id for x in found] == [x.memory_id for x in exact]
+        assert len(calls) == 1
+        await state.pool.execute("DELETE FROM agent_indexes")
+        monkeypatch.setattr(search_module, "OWN_INDEXES_SECONDS", 0.0)
+        search_module._OWN_INDEXES.clear()
+        assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
+        assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
+        assert len(calls) == 3  # counted again each time: no longer known as large
+    finally:
+        await pool.close()
+
+
 async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     state: AppState, admin: Caller
 ) -> None:
@@ -134,6 +223,28 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     assert sorted(done.dropped) == sorted(names) and done.built == []
     assert not any([await index_exists(state.pool, n) for n in names])
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+
+
+async def test_m20_indexes_built_with_other_options_are_rebuilt(
+    state: AppState, admin: Caller
+) -> None:
+    agent = await new_agent(state, admin)
+    await fill(agent, 40)
+    vectors, words = names = maintenance.index_names(agent.account_id, agent.action_id)
+    await maintenance.run_round(state.pool, 30)
+    options = "SELECT reloptions FROM pg_class WHERE relname = $1"
+    assert sorted(await state.pool.fetchval(options, vectors)) == [
+        "ef_construction=256",
+        "m=16",
+    ]
+    assert await state.pool.fetchval(options, words) == ["fastupdate=off"]
+    # As an earlier release built it: the next round replaces both of the agent's indexes.
+    await state.pool.execute(f"ALTER INDEX {vectors} SET (ef_construction = 128)")
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.dropped == sorted(names) and sorted(done.built) == sorted(names)
+    assert "ef_construction=256" in await state.pool.fetchval(options, vectors)
+    again = await maintenance.run_round(state.pool, 30)
+    assert again.dropped == [] and again.built == []
 
 
 async def test_m20_interrupted_builds_and_orphans_are_dropped(

@@ -7,6 +7,11 @@ from contextlib import asynccontextmanager
 import asyncpg
 from pgvector.asyncpg import register_vector
 
+# Every connection's session defaults, which RESET ALL (run by the pool on release) returns
+# to: memory search's HNSW settings for a large agent's own index (app/memory/search.py), so
+# that such a search is one statement, with no settings to send first. They affect nothing else.
+SESSION_SETTINGS = {"hnsw.ef_search": "60", "hnsw.iterative_scan": "relaxed_order"}
+
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
@@ -16,7 +21,11 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 async def create_pool(url: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
-        url, min_size=min_size, max_size=max_size, init=_init_connection
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init_connection,
+        server_settings=SESSION_SETTINGS,
     )
     assert pool is not None
     return pool

@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 
 # Also taken by app/embeddings/store.py reset_vectors, which drops these indexes.
 _LOCK = "hashtext('engram.search_maintenance')"
-# Measured at 200,000 records (bench/README.md): ef_construction 128 instead of pgvector's 64
-# lifts recall at hnsw.ef_search 100 from 0.93 to 0.96, for a build of 230 s instead of 89 s.
-HNSW_OPTIONS = "m = 16, ef_construction = 128"
+# Storage options of an agent's HNSW and GIN indexes. Measured at 200,000 records
+# (bench/README.md), recall of the exact top-10 at hnsw.ef_search 60 (the search's): 0.95
+# with ef_construction 128, 0.97 with 256 (build about twice as long); pgvector's default of 64
+# gave 0.93 at ef_search 100. An index built with other options is rebuilt by the next round.
+OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 
 
@@ -62,15 +64,22 @@ async def refresh_words(conn: asyncpg.Connection) -> int:
 
 
 async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
-    """Every index of agent_memories named like an agent's, and whether it answers queries (an
-    index left invalid by an interrupted build does not, but is still written to)."""
+    """Every index of agent_memories named like an agent's, and whether it is current: it
+    answers queries (an index left invalid by an interrupted build does not, but is still
+    written to) and was built with today's OPTIONS."""
     rows = await conn.fetch(
-        "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "SELECT c.relname, i.indisvalid, coalesce(c.reloptions, '{}') AS options "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
         "WHERE i.indrelid = 'agent_memories'::regclass "
         "AND (c.relname LIKE $1 || '%' OR c.relname LIKE $2 || '%')",
         *(prefix.replace("_", "\\_") for prefix in _PREFIXES),
     )
-    return {r["relname"]: r["indisvalid"] for r in rows}
+    wanted = [sorted(f"{k}={v}" for k, v in options.items()) for options in OPTIONS]
+    return {
+        r["relname"]: r["indisvalid"]
+        and sorted(r["options"]) == wanted[0 if r["relname"].startswith(_PREFIXES[0]) else 1]
+        for r in rows
+    }
 
 
 async def _drop_index(conn: asyncpg.Connection, name: str) -> None:
@@ -82,9 +91,10 @@ async def _build(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) ->
     vectors, words = index_names(account_id, action_id)
     # UUIDs printed by Python: hex digits and dashes. A predicate cannot take parameters.
     agent = f"account_id = '{UUID(str(account_id))}' AND action_id = '{UUID(str(action_id))}'"
+    hnsw, gin = (", ".join(f"{k} = {v}" for k, v in options.items()) for options in OPTIONS)
     methods = {
-        vectors: f"hnsw (embedding vector_cosine_ops) WITH ({HNSW_OPTIONS})",
-        words: "gin (tsv) WITH (fastupdate = off)",
+        vectors: f"hnsw (embedding vector_cosine_ops) WITH ({hnsw})",
+        words: f"gin (tsv) WITH ({gin})",
     }
     for name, method in methods.items():
         await conn.execute(
@@ -123,7 +133,7 @@ async def index_agents(
         (r["account_id"], r["action_id"])
         for r in await conn.fetch("SELECT account_id, action_id FROM agent_indexes")
     ]
-    # An agent keeps its indexes while it is large enough and both answer queries.
+    # An agent keeps its indexes while it is large enough and both are current.
     kept = {
         agent
         for agent in listed

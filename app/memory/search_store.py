@@ -12,10 +12,11 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 import asyncpg
@@ -109,38 +110,63 @@ _FUSED = """
         SELECT memory_id, created, score FROM fused
         ORDER BY score DESC, created DESC, memory_id DESC LIMIT {limit}
     )
-    SELECT {columns}, top.score FROM top
-    JOIN agent_memories m ON m.account_id = $1 AND m.action_id = $2 AND m.memory_id = top.memory_id
+    SELECT {columns}, top.score FROM top JOIN agent_memories m
+        ON m.account_id = {account} AND m.action_id = {action} AND m.memory_id = top.memory_id
     ORDER BY top.score DESC, top.created DESC, top.memory_id DESC
 """
 
 
-def _finish(r: Ranking, p: Params) -> str:
+def _finish(reader: Reader, r: Ranking, p: Params) -> str:
     score, found = _fused(r, p)
-    return _FUSED.format(score=score, found=found, limit=p(r.limit), columns=_COLUMNS)
+    return _FUSED.format(
+        score=score,
+        found=found,
+        limit=int(r.limit),
+        columns=_COLUMNS,
+        account=p(reader.account_id),
+        action=p(reader.action_id),
+    )
 
 
 async def ranked_exact(
     conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking
 ) -> list[MemoryRecord]:
-    p = Params(reader.account_id, reader.action_id)
+    p = Params()
     where = visible(reader, p, "m") + _filters(filters, p)
     # Words are tested in the select list, not the WHERE clause, so the planner reads the agent's
     # rows by its btree instead of the GIN index over every agent (slow for an OR query).
     sql = f"""
     WITH scored AS MATERIALIZED (
         SELECT {_signals(r, p)} FROM agent_memories m WHERE {where}
-    ){_finish(r, p)}"""
+    ){_finish(reader, r, p)}"""
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
+
+
+class AgentKey(Params):
+    """Params that write the reader's agent key (account and action) into the SQL as literals.
+
+    A large agent's own indexes are partial indexes on its key (maintenance.py), which a plan
+    may use only where the query names that key as a constant. With the key written out, the
+    plan that a prepared statement caches (generic, after five runs) can use them too, and the
+    statement needs neither a round trip for its settings nor planning at each search. The
+    statement text is then the agent's own, which is why only large agents get it."""
+
+    def __init__(self, reader: Reader) -> None:
+        super().__init__()
+        self.key = (reader.account_id, reader.action_id)
+
+    def __call__(self, value: Any) -> str:
+        if isinstance(value, UUID) and value in self.key:
+            return f"'{value}'::uuid"  # a UUID's text is hex digits and hyphens only
+        return super().__call__(value)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """What the index plan needs, read in the round trip that also sizes the agent."""
+    """The agent's size, read in the round trip that also sets the index plan's settings."""
 
     rows: int | None  # the agent's rows under the label and ID filters, counted up to a limit
-    rare: str | None  # tsquery of the query's rare words (found through GIN), None: none
-    common: str | None  # tsquery of its common words (met among the newest records)
+    own: bool  # the agent has its own indexes (maintenance.py)
 
 
 async def prepare(
@@ -148,8 +174,7 @@ async def prepare(
 ) -> Prepared:
     """Counts the agent's rows under the label and ID filters no further than `count` (an
     index-only scan; None: not counted, the index plan is taken). When that calls for the index
-    plan, sets its settings for the session and splits the query's words into rare and common
-    by the frequencies in `search_words`. The settings last until the pool takes the connection
+    plan, sets its settings for the session. They last until the pool takes the connection
     back, which resets them (RESET ALL): no transaction is needed (two round trips less)."""
     p = Params()
     account, action = p(reader.account_id), p(reader.action_id)
@@ -170,70 +195,83 @@ async def prepare(
             # visibility of each row's heap page); a filter may leave it few rows.
             rows = f"CASE WHEN s.own THEN {limit}::bigint ELSE {rows} END"
         index = f"s.rows >= {limit}"
-    text = p(r.text)
     ef = f"CASE WHEN s.own THEN {p(str(r.ef_search))} ELSE {p(str(r.ef_search_shared))} END"
     # Only for the index plan (a count under the limit leaves the exact plan its cached plans).
-    # force_custom_plan: a cached generic plan cannot see the tsquery and took a GIN-less walk
-    # of all 200,000 rows (0.9 s) where the plan for the actual words takes 1 ms; nor can it
-    # prove that a large agent's own indexes (partial indexes) cover the query.
+    # force_custom_plan: a cached generic plan, which sees the agent's key as a parameter,
+    # cannot prove that the agent's own (partial) indexes cover the query, and guesses the
+    # agent's size from the average agent's.
     row = await conn.fetchrow(
-        "SELECT s.rows,"
+        "SELECT s.rows, s.own,"
         f" CASE WHEN {index} THEN"
         " set_config('hnsw.iterative_scan', 'relaxed_order', false)"
         f" || set_config('hnsw.ef_search', {ef}, false)"
-        " || set_config('plan_cache_mode', 'force_custom_plan', false) END,"
-        f" CASE WHEN {index} AND {text}::text IS NOT NULL"
-        f" THEN rare_words({text}, {p(r.rare_rows)})::text END AS rare,"
-        f" CASE WHEN {index} AND {text}::text IS NOT NULL"
-        f" THEN common_words({text}, {p(r.common_share)})::text END AS common"
+        " || set_config('plan_cache_mode', 'force_custom_plan', false) END"
         f" FROM (SELECT {rows} AS rows, own FROM (SELECT {own} AS own OFFSET 0) s OFFSET 0) s",
         *p.values,
     )
-    return Prepared(row["rows"], row["rare"] or None, row["common"] or None)
+    return Prepared(row["rows"], row["own"])
 
 
 async def ranked_index(
-    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, prepared: Prepared
+    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, own: bool
 ) -> list[MemoryRecord]:
     """Candidates from the indexes, scored as they are read. Meaning: HNSW, iterative scan (a
     large agent's own index when it has one). Words: records sharing a rare word, by the
     (agent, tsv) GIN index (bounded: each rare word is in few records), best `ts_rank` first;
-    and the newest records sharing a common word, by the (agent, created) btree (bounded too:
-    a common word is met within a few rows). Words between the two find no candidates of
-    their own; they still count in the rank of every candidate. Run after `prepare`."""
-    p = Params(reader.account_id, reader.action_id)
+    and the newest records sharing a common word among the agent's newest (bounded too: a
+    common word is met within a few rows). Words between the two find no candidates of their
+    own; they still count in the rank of every candidate.
+
+    `own`: the agent has its own indexes; the statement then names the agent's key as
+    literals (`AgentKey`). Otherwise run it after `prepare`, which sets the plan's settings."""
+    p = AgentKey(reader) if own else Params()
     lists: list[str] = []
 
     def candidates(condition: str, order: str, read: int | None = None) -> str:
         # Signals are computed for the list's rows only, on the columns its index scan read (no
         # second lookup); a record proposed by several lists scores the same in each, so UNION
-        # keeps one. `read`: rank no more than this many of the matching rows.
+        # keeps one. `read`: rank no more than this many of the matching rows. Limits are
+        # constants: for a parameter a cached plan would guess a tenth of the table.
         where = visible(reader, p, "m") + _filters(filters, p) + condition
         columns = "m.memory_id, m.created, m.embedding, m.tsv"
         rows = f"agent_memories m WHERE {where}"
         if read is not None:
-            rows = f"(SELECT {columns} FROM {rows} LIMIT {p(read)}) m"
+            rows = f"(SELECT {columns} FROM {rows} LIMIT {int(read)}) m"
         return (
             f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns} FROM {rows} "
-            f"ORDER BY {order} LIMIT {p(r.candidates)}) c)"
+            f"ORDER BY {order} LIMIT {int(r.candidates)}) c)"
         )
 
     if r.vector is not None:
         lists.append(candidates("", f"m.embedding <=> {p(r.vector)}"))
     if r.text is not None:
-        if prepared.rare:
-            # A word rare in the table may still be in hundreds of a large agent's records,
-            # each a heap read to rank, so at most `rare_reads` of them are ranked (the
-            # slowest searches of a 200,000-record agent read over 1,000: 13-22 ms).
-            best = f"ts_rank(m.tsv, any_words({p(r.text)})) DESC, m.created DESC, m.memory_id DESC"
-            rare = f" AND m.tsv @@ {p(prepared.rare)}::tsquery"
-            lists.append(candidates(rare, best, r.rare_reads))
-        if prepared.common:
-            common = f" AND m.tsv @@ {p(prepared.common)}::tsquery"
-            lists.append(candidates(common, "m.created DESC, m.memory_id DESC"))
-    if not lists:
-        return []  # lexical, and no rare or common word: nothing proposes a candidate
-    sql = f"WITH scored AS ({' UNION '.join(lists)}){_finish(r, p)}"
+        # The query's rare and common words (by `search_words`), each looked up once per search
+        # (a sub-select); NULL when it has none, which matches nothing and reads nothing.
+        text = p(r.text)
+        rare = f"(SELECT nullif(rare_words({text}, {p(r.rare_rows)})::text, '')::tsquery)"
+        common = f"(SELECT nullif(common_words({text}, {p(r.common_share)})::text, '')::tsquery)"
+        # A word rare in the table may still be in hundreds of a large agent's records, each a
+        # heap read to rank, so at most `rare_reads` of them are ranked (the slowest searches
+        # of a 200,000-record agent read over 1,000: 13-22 ms).
+        best = f"ts_rank(m.tsv, (SELECT any_words({text}))) DESC, m.created DESC, m.memory_id DESC"
+        lists.append(candidates(f" AND m.tsv @@ {rare}", best, r.rare_reads))
+        # A common word is in `common_share` of the records or more: the candidates are looked
+        # for among the agent's newest records, no further than where that share would yield
+        # them (a word common in the table may be rare in this agent). The condition on
+        # `common` alone runs once: without common words the walk is skipped.
+        walk = math.ceil(r.candidates / r.common_share)
+        where = visible(reader, p, "m") + _filters(filters, p) + f" AND {common} IS NOT NULL"
+        columns = "m.memory_id, m.created, m.embedding, m.tsv"
+        newest = (
+            f"(SELECT {columns} FROM agent_memories m WHERE {where} "
+            f"ORDER BY m.created DESC, m.memory_id DESC LIMIT {walk}) m"
+        )
+        lists.append(
+            f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns} FROM {newest} "
+            f"WHERE m.tsv @@ {common} ORDER BY m.created DESC, m.memory_id DESC "
+            f"LIMIT {int(r.candidates)}) c)"
+        )
+    sql = f"WITH scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 
