@@ -225,25 +225,26 @@ async def ranked_index(
     `own`: the agent has its own indexes; the statement then names the agent's key as
     literals (`AgentKey`). Otherwise run it after `prepare`, which sets the plan's settings."""
     p = AgentKey(reader) if own else Params()
-    lists: list[str] = []
+    agent = "agent_memories m WHERE " + visible(reader, p, "m") + _filters(filters, p)
+    columns = "m.memory_id, m.created, m.embedding, m.tsv"
+    newest = "m.created DESC, m.memory_id DESC"
 
-    def candidates(condition: str, order: str, read: int | None = None) -> str:
+    def candidates(rows: str, order: str) -> str:
         # Signals are computed for the list's rows only, on the columns its index scan read (no
         # second lookup); a record proposed by several lists scores the same in each, so UNION
-        # keeps one. `read`: rank no more than this many of the matching rows. Limits are
-        # constants: for a parameter a cached plan would guess a tenth of the table.
-        where = visible(reader, p, "m") + _filters(filters, p) + condition
-        columns = "m.memory_id, m.created, m.embedding, m.tsv"
-        rows = f"agent_memories m WHERE {where}"
-        if read is not None:
-            rows = f"(SELECT {columns} FROM {rows} LIMIT {int(read)}) m"
+        # keeps one. Limits are constants: for a parameter a cached plan would guess a tenth of
+        # the table.
         return (
             f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns} FROM {rows} "
             f"ORDER BY {order} LIMIT {int(r.candidates)}) c)"
         )
 
+    def first(rows: str, limit: int) -> str:
+        return f"(SELECT {columns} FROM {rows} LIMIT {int(limit)}) m"
+
+    lists: list[str] = []
     if r.vector is not None:
-        lists.append(candidates("", f"m.embedding <=> {p(r.vector)}"))
+        lists.append(candidates(agent, f"m.embedding <=> {p(r.vector)}"))
     if r.text is not None:
         # The query's rare and common words (by `search_words`), each looked up once per search
         # (a sub-select); NULL when it has none, which matches nothing and reads nothing.
@@ -253,24 +254,15 @@ async def ranked_index(
         # A word rare in the table may still be in hundreds of a large agent's records, each a
         # heap read to rank, so at most `rare_reads` of them are ranked (the slowest searches
         # of a 200,000-record agent read over 1,000: 13-22 ms).
-        best = f"ts_rank(m.tsv, (SELECT any_words({text}))) DESC, m.created DESC, m.memory_id DESC"
-        lists.append(candidates(f" AND m.tsv @@ {rare}", best, r.rare_reads))
-        # A common word is in `common_share` of the records or more: the candidates are looked
-        # for among the agent's newest records, no further than where that share would yield
-        # them (a word common in the table may be rare in this agent). The condition on
-        # `common` alone runs once: without common words the walk is skipped.
+        best = f"ts_rank(m.tsv, (SELECT any_words({text}))) DESC, {newest}"
+        lists.append(candidates(first(f"{agent} AND m.tsv @@ {rare}", r.rare_reads), best))
+        # A common word is in `common_share` of the records or more: it is looked for among the
+        # agent's newest records, no further than where that share yields the candidates (a
+        # word common in the table may be rare in this agent). Without common words the
+        # condition on `common` alone, evaluated once, skips the walk.
         walk = math.ceil(r.candidates / r.common_share)
-        where = visible(reader, p, "m") + _filters(filters, p) + f" AND {common} IS NOT NULL"
-        columns = "m.memory_id, m.created, m.embedding, m.tsv"
-        newest = (
-            f"(SELECT {columns} FROM agent_memories m WHERE {where} "
-            f"ORDER BY m.created DESC, m.memory_id DESC LIMIT {walk}) m"
-        )
-        lists.append(
-            f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns} FROM {newest} "
-            f"WHERE m.tsv @@ {common} ORDER BY m.created DESC, m.memory_id DESC "
-            f"LIMIT {int(r.candidates)}) c)"
-        )
+        recent = first(f"{agent} AND {common} IS NOT NULL ORDER BY {newest}", walk)
+        lists.append(candidates(f"{recent} WHERE m.tsv @@ {common}", newest))
     sql = f"WITH scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
