@@ -199,6 +199,39 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         assert len(calls) == 3  # counted again each time: no longer known as large
+        # The settings a prepared search sets are gone once the pool has the connection back;
+        # the connection's own defaults (what the one-statement search relies on) are not.
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW hnsw.ef_search") == str(search_module.EF_SEARCH)
+            assert await conn.fetchval("SHOW hnsw.iterative_scan") == "relaxed_order"
+            assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
+    finally:
+        await pool.close()
+
+
+async def test_m20_the_exact_plan_is_planned_once_per_connection(
+    db_url: str, state: AppState, admin: Caller
+) -> None:
+    agents = [await new_agent(state, admin) for _ in range(3)]
+    for agent in agents:
+        await fill(agent, 10)
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+        # The statement is the same for every agent; its cached generic plan serves them all
+        # from the first search on (a custom plan would be planned again at every search).
+        found = []
+        for agent in agents * 2:
+            r = await ranking(agent, "train timetables")
+            found.append(await search_module.ranked(pool, agent.operator, Filters(), r))
+        assert [plan for _, plan in found] == ["exact"] * 6
+        assert found[:3] == found[3:] and all(records for records, _ in found)
+        async with pool.acquire() as conn:
+            plans = await conn.fetchrow(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE '%WITH scored AS MATERIALIZED%'"
+            )
+            assert plans is not None and tuple(plans) == (6, 0)
+            assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
     finally:
         await pool.close()
 
