@@ -128,7 +128,12 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
 
     async def work() -> Any:
         async with _database(settings) as pool:
-            return await run_round(pool, min_records, settings.agent_index_build_memory)
+            return await run_round(
+                pool,
+                min_records,
+                settings.agent_index_build_memory,
+                settings.agent_index_max_agents,
+            )
 
     done = asyncio.run(work())
     if done is None:

@@ -45,9 +45,13 @@ class Settings(BaseSettings):
     # Search upkeep (app/memory/maintenance.py): word frequencies refreshed at start, and then
     # every search_maintenance_seconds (0: never; run `engram maintain-search` instead) also
     # agents with at least agent_index_min_records records given their own search indexes,
-    # built with agent_index_build_memory as maintenance_work_mem ("": the server's).
+    # the largest agent_index_max_agents of them (each adds two indexes to agent_memories, all
+    # locked by every statement planned on it or writing to it: raise it with the server's
+    # max_locks_per_transaction), built with agent_index_build_memory as maintenance_work_mem
+    # ("": the server's).
     search_maintenance_seconds: float = Field(default=600.0, ge=0)
     agent_index_min_records: int = Field(default=10_000, ge=1)
+    agent_index_max_agents: int = Field(default=50, ge=0)
     agent_index_build_memory: str = Field(default="1GB", pattern=r"^(\d+ ?(kB|MB|GB|TB)?)?$")
 
     # Default model (LLM) used by actions that do not name their own.

@@ -14,6 +14,7 @@ async def start_services(state: AppState) -> None:
         interval=state.settings.search_maintenance_seconds,
         min_records=state.settings.agent_index_min_records,
         build_memory=state.settings.agent_index_build_memory,
+        max_agents=state.settings.agent_index_max_agents,
     )
     await maintenance.start()
 

@@ -359,3 +359,27 @@ async def test_m20_index_plan_finds_rare_and_common_words(
     assert await agent.find("weather", mode="lexical", limit=3) == common[::-1][:3]
     assert (await agent.find("zanzibar weather", limit=3))[0] == zanzibar
     assert await agent.find("the and of", mode="lexical") == []
+
+
+async def test_m20_index_plan_looks_for_common_words_among_the_newest_records(
+    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A deliberate bound: a common word proposes candidates only among the agent's newest
+    # CANDIDATES / COMMON_WORD_SHARE records (here 40 / 0.5 = 80), so that a word common in the
+    # table but rare in a large agent cannot make a search walk all of its records.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_module, "RARE_WORD_ROWS", 5)
+    monkeypatch.setattr(search_module, "COMMON_WORD_SHARE", 0.5)
+    other, agent = await new_agent(state, admin), await new_agent(state, admin)
+    for i in range(150):
+        await other.add(f"Weather report {i}")
+    old = await agent.add("Weather in the old days", created=T0 - timedelta(days=30))
+    for i in range(80):
+        await agent.add(f"Note {i} about trains")
+    await state.pool.execute("ANALYZE agent_memories")
+    await maintenance.run_round(state.pool, min_records=10**6)
+    assert await state.pool.fetchval("SELECT common_words('weather', 0.5)::text") == "'weather'"
+    assert await agent.find("weather", mode="lexical") == []  # 81st newest: beyond the walk
+    recent = await agent.add("Weather today")
+    assert await agent.find("weather", mode="lexical") == [recent]
+    assert old in await agent.find("weather in the old days", mode="hybrid")  # by meaning

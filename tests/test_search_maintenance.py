@@ -209,6 +209,35 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
         await pool.close()
 
 
+async def test_m20_one_statement_searches_keep_the_readers_view(
+    db_url: str, state: AppState, admin: Caller
+) -> None:
+    # M20 and the visibility rules on the one-statement path, for an agent reader and every
+    # mode: the same records before and after the statement's plan is cached, none hidden.
+    agent = await new_agent(state, admin)
+    await fill(agent, 120)
+    text = "hiking in the mountains"
+    hidden = [
+        await agent.add(f"{text} in session two", scope="SESSION", session_id="s2"),
+        await agent.add(f"{text}, a preview", preview=True),
+        await agent.add(f"{text}, deleted", status="DELETED"),
+    ]
+    mine = await agent.add(f"{text} in my session", scope="SESSION", session_id="s1")
+    await state.pool.execute("ANALYZE agent_memories")
+    await maintenance.run_round(state.pool, min_records=100)
+    reader = agent.reader(session="s1")
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+        for mode in ("hybrid", "lexical", "vector"):
+            r = await ranking(agent, text, mode)
+            runs = [await search_module.ranked(pool, reader, Filters(), r) for _ in range(7)]
+            assert all(run == runs[0] for run in runs) and runs[0][1] == "index"
+            found = [record.memory_id for record in runs[0][0]]
+            assert mine in found and not set(hidden) & set(found), mode
+    finally:
+        await pool.close()
+
+
 async def test_m20_the_exact_plan_is_planned_once_per_connection(
     db_url: str, state: AppState, admin: Caller
 ) -> None:
@@ -244,18 +273,53 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     names = maintenance.index_names(agent.account_id, agent.action_id)
     assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
 
-    # One index lost (dropped by hand): its partner goes too, and both are rebuilt.
+    # One index lost (dropped by hand): rebuilt; its partner is left alone.
     await state.pool.execute(f"DROP INDEX {names[1]}")
     done = await maintenance.run_round(state.pool, 30)
-    assert done.dropped == [names[0]] and sorted(done.built) == sorted(names)
+    assert done.dropped == [] and done.built == [names[1]]
     assert await index_exists(state.pool, names[1])
 
-    # Under half the threshold: dropped, and the agent is no longer listed.
+    # Under half the threshold: unlisted at once (searches stop choosing the indexes), and
+    # dropped by the next round (a process may still search through them meanwhile).
     await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", ids[:30])
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.dropped == [] and done.built == []
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+    assert all([await index_exists(state.pool, n) for n in names])
     done = await maintenance.run_round(state.pool, 30)
     assert sorted(done.dropped) == sorted(names) and done.built == []
     assert not any([await index_exists(state.pool, n) for n in names])
-    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+
+
+async def test_m20_at_most_max_agents_have_their_own_indexes(
+    state: AppState, admin: Caller
+) -> None:
+    agents = [await new_agent(state, admin) for _ in range(3)]
+    for agent, records in zip(agents, (40, 60, 50), strict=True):
+        await fill(agent, records)
+    small, large, middle = (maintenance.index_names(a.account_id, a.action_id) for a in agents)
+
+    async def listed() -> list[uuid.UUID]:
+        rows = await state.pool.fetch("SELECT action_id FROM agent_indexes ORDER BY action_id")
+        return [r["action_id"] for r in rows]
+
+    # The largest first, up to the limit.
+    done = await maintenance.run_round(state.pool, 30, max_agents=2)
+    assert sorted(done.built) == sorted([*large, *middle]) and done.dropped == []
+    # A lower limit takes the smaller agent's indexes (unlisted now, dropped next round).
+    done = await maintenance.run_round(state.pool, 30, max_agents=1)
+    assert done.dropped == [] and done.built == []
+    assert await listed() == [agents[1].action_id]
+    # A larger agent does not take the place of one that has its indexes (no rebuild churn).
+    newcomer = await new_agent(state, admin)
+    await fill(newcomer, 70)
+    done = await maintenance.run_round(state.pool, 30, max_agents=1)
+    assert done.built == [] and done.dropped == sorted(middle)
+    assert await listed() == [agents[1].action_id]
+    await maintenance.run_round(state.pool, 30, max_agents=0)
+    done = await maintenance.run_round(state.pool, 30, max_agents=0)
+    assert done.dropped == sorted(large)
+    assert not any([await index_exists(state.pool, n) for n in (*small, *large, *middle)])
 
 
 async def test_m20_indexes_built_with_other_options_are_rebuilt(
@@ -263,7 +327,7 @@ async def test_m20_indexes_built_with_other_options_are_rebuilt(
 ) -> None:
     agent = await new_agent(state, admin)
     await fill(agent, 40)
-    vectors, words = names = maintenance.index_names(agent.account_id, agent.action_id)
+    vectors, words = maintenance.index_names(agent.account_id, agent.action_id)
     await maintenance.run_round(state.pool, 30)
     options = "SELECT reloptions FROM pg_class WHERE relname = $1"
     assert sorted(await state.pool.fetchval(options, vectors)) == [
@@ -271,11 +335,13 @@ async def test_m20_indexes_built_with_other_options_are_rebuilt(
         "m=16",
     ]
     assert await state.pool.fetchval(options, words) == ["fastupdate=off"]
-    # As an earlier release built it: the next round replaces both of the agent's indexes.
+    # As an earlier release built it: the next round builds a replacement beside it, then
+    # drops it; the agent stays listed, so its searches never go without one.
     await state.pool.execute(f"ALTER INDEX {vectors} SET (ef_construction = 128)")
     done = await maintenance.run_round(state.pool, 30)
-    assert done.dropped == sorted(names) and sorted(done.built) == sorted(names)
+    assert done.dropped == [vectors] and done.built == [vectors]
     assert "ef_construction=256" in await state.pool.fetchval(options, vectors)
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 1
     again = await maintenance.run_round(state.pool, 30)
     assert again.dropped == [] and again.built == []
 

@@ -12,11 +12,15 @@ process at a time (a session advisory lock; other processes skip the round):
   found 0.92 of a 200,000-record agent's exact top-10, and 0.88 of a 5,000-record agent's in
   130 ms; an agent's own index found 0.97 at 200,000 records (vector search p50 9 ms) and 0.99
   at 25,000 (7 ms), see bench/README.md. The planner picks a partial index by
-  itself once it sees the agent's key as constants, which the index plan's custom plans give
-  it (search_store.prepare); `agent_indexes` tells the plan choice that the agent has them.
+  itself once it sees the agent's key as constants: the index plan writes them into its SQL
+  for an agent listed in `agent_indexes` (search_store.AgentKey), or plans with the values
+  (custom plans, search_store.prepare).
   An agent under half the threshold (deleted records, a deleted agent) loses its indexes, so
-  there are at most 2 x 2 x records / threshold of them; an index of this naming that no
-  agent keeps (an interrupted build) is dropped by the next round.
+  there are at most 2 x 2 x records / threshold of them, and at most 2 x
+  `agent_index_max_agents`: every statement that plans a query on agent_memories or writes to
+  it locks each of its indexes, and hundreds of them would fill PostgreSQL's lock table
+  (max_locks_per_transaction x connections) under concurrent load. An index of this naming
+  that no agent keeps (an interrupted build) is dropped by the next round.
 
 `engram maintain-search` runs one round by hand (e.g. after a bulk import).
 """
@@ -40,6 +44,7 @@ _LOCK = "hashtext('engram.search_maintenance')"
 # gave 0.93 at ef_search 100. An index built with other options is rebuilt by the next round.
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
+_NEXT = "_next"  # a replacement index being built beside the one it replaces
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,13 @@ async def _drop_index(conn: asyncpg.Connection, name: str) -> None:
     await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {quoted}")
 
 
-async def _build(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> list[str]:
+async def _build(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, states: dict[str, bool]
+) -> tuple[list[str], list[str]]:
+    """Builds the agent's indexes that are missing, and replaces those that are invalid or were
+    built with other options: the replacement is built beside the old index, which goes only
+    then, so the agent's searches are never without one. Lists the agent in `agent_indexes`.
+    Returns the indexes built and dropped."""
     vectors, words = index_names(account_id, action_id)
     # UUIDs printed by Python: hex digits and dashes. A predicate cannot take parameters.
     agent = f"account_id = '{UUID(str(account_id))}' AND action_id = '{UUID(str(action_id))}'"
@@ -96,11 +107,22 @@ async def _build(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) ->
         vectors: f"hnsw (embedding vector_cosine_ops) WITH ({hnsw})",
         words: f"gin (tsv) WITH ({gin})",
     }
+    built: list[str] = []
+    dropped: list[str] = []
     for name, method in methods.items():
+        current = states.get(name)
+        if current:
+            continue
+        target = name if current is None else f"{name}{_NEXT}"
+        await _drop_index(conn, target)  # what an interrupted build left under that name
         await conn.execute(
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON agent_memories "
-            f"USING {method} WHERE {agent}"
+            f"CREATE INDEX CONCURRENTLY {target} ON agent_memories USING {method} WHERE {agent}"
         )
+        if target != name:
+            await _drop_index(conn, name)
+            await conn.execute(f"ALTER INDEX {target} RENAME TO {name}")
+            dropped.append(name)
+        built.append(name)
     await conn.execute(
         "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index) "
         "VALUES ($1, $2, $3, $4) ON CONFLICT (account_id, action_id) DO NOTHING",
@@ -109,17 +131,26 @@ async def _build(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) ->
         vectors,
         words,
     )
-    return [vectors, words]
+    return built, dropped
 
 
 async def index_agents(
-    conn: asyncpg.Connection, min_records: int
+    conn: asyncpg.Connection, min_records: int, max_agents: int | None = None
 ) -> tuple[list[str], list[str], list[UUID]]:
-    """Gives every agent of `min_records` or more its own HNSW and GIN indexes; drops those of
-    agents now under half that, and any of their naming that no agent keeps. Outside any
-    transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop the
-    others'; it is retried next round. Returns the indexes built and dropped, and the agents
-    whose build failed."""
+    """Gives every agent of `min_records` or more its own HNSW and GIN indexes, the largest
+    first and no more than `max_agents` agents (None: no limit), and takes them from agents
+    now under half that or beyond the limit. An agent keeps its indexes against a larger one
+    that has none (a build reads the whole table, so they are not traded back and forth).
+
+    An agent that loses its indexes leaves `agent_indexes` at once, but its indexes are dropped
+    by the next round: a process that still remembers it as having them
+    (search.OWN_INDEXES_SECONDS, well under a round's interval) goes on searching it through
+    them meanwhile. Indexes of this naming that no agent listed at the round's start owns (an
+    interrupted build, an agent gone) are dropped at once.
+
+    Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
+    the others'; it is retried next round. Returns the indexes built and dropped, and the
+    agents whose build failed."""
     sizes = {
         (r["account_id"], r["action_id"]): r["records"]
         for r in await conn.fetch(
@@ -133,46 +164,54 @@ async def index_agents(
         (r["account_id"], r["action_id"])
         for r in await conn.fetch("SELECT account_id, action_id FROM agent_indexes")
     ]
-    # An agent keeps its indexes while it is large enough and both are current.
-    kept = {
+    places = len(sizes) if max_agents is None else max_agents
+    keep = sorted((agent for agent in listed if agent in sizes), key=lambda a: -sizes[a])
+    keep = keep[:places]
+    new = [
         agent
-        for agent in listed
-        if agent in sizes and all(states.get(name) for name in index_names(*agent))
-    }
-    stale = sorted(set(listed) - kept)
+        for agent, records in sorted(sizes.items(), key=lambda s: -s[1])
+        if records >= min_records and agent not in listed
+    ][: places - len(keep)]
+    leaving = sorted(set(listed) - set(keep))
     await conn.execute(
         "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
         "WHERE a.account_id = d.account AND a.action_id = d.action",
-        [account for account, _ in stale],
-        [action for _, action in stale],
+        [account for account, _ in leaving],
+        [action for _, action in leaving],
     )
-    keep = {name for agent in kept for name in index_names(*agent)}
+    owned = {name for agent in listed for name in index_names(*agent)}
     dropped: list[str] = []
-    for name in sorted(set(states) - keep):
+    for name in sorted(set(states) - owned):
         try:
             await _drop_index(conn, name)
             dropped.append(name)
         except asyncpg.PostgresError:
-            # Unlisted already, so the next round tries again; the builds go on.
+            # Unlisted, so the next round tries again; the builds go on.
             log.exception("dropping search index %s failed", name)
+    states = {name: current for name, current in states.items() if name in owned}
     built: list[str] = []
     failed: list[UUID] = []
-    for agent, records in sorted(sizes.items(), key=lambda s: -s[1]):
-        if records >= min_records and agent not in kept:
-            log.info("building search indexes for agent %s (%d records)", agent[1], records)
-            try:
-                built += await _build(conn, *agent)
-            except asyncpg.PostgresError:
-                # Left invalid or half built: the next round drops what it left and retries.
-                log.exception("building search indexes for agent %s failed", agent[1])
-                failed.append(agent[1])
+    for agent in keep + new:
+        if all(states.get(name) for name in index_names(*agent)):
+            continue
+        log.info("building search indexes for agent %s (%d records)", agent[1], sizes[agent])
+        try:
+            made, replaced = await _build(conn, *agent, states)
+            built += made
+            dropped += replaced
+        except asyncpg.PostgresError:
+            # Left invalid or half built: the next round drops what it left and retries.
+            log.exception("building search indexes for agent %s failed", agent[1])
+            failed.append(agent[1])
     return built, dropped, failed
 
 
-async def run_round(pool: asyncpg.Pool, min_records: int, build_memory: str = "") -> Round | None:
+async def run_round(
+    pool: asyncpg.Pool, min_records: int, build_memory: str = "", max_agents: int | None = None
+) -> Round | None:
     """One round of both jobs; None when another process holds the round. `build_memory` is
     the index builds' maintenance_work_mem (an HNSW graph that does not fit in it is built
-    far more slowly); empty: the server's."""
+    far more slowly); empty: the server's. `max_agents`: see `index_agents`."""
     async with pool.acquire() as conn:
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
             return None
@@ -183,7 +222,7 @@ async def run_round(pool: asyncpg.Pool, min_records: int, build_memory: str = ""
                 await conn.execute(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
-            return Round(words, *await index_agents(conn, min_records))
+            return Round(words, *await index_agents(conn, min_records, max_agents))
         finally:
             await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
 
@@ -193,12 +232,19 @@ class SearchMaintenance:
     every `interval` seconds until closed (AppState.services)."""
 
     def __init__(
-        self, pool: asyncpg.Pool, *, interval: float, min_records: int, build_memory: str = ""
+        self,
+        pool: asyncpg.Pool,
+        *,
+        interval: float,
+        min_records: int,
+        build_memory: str = "",
+        max_agents: int | None = None,
     ) -> None:
         self._pool = pool
         self._interval = interval
         self._min_records = min_records
         self._build_memory = build_memory
+        self._max_agents = max_agents
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -211,7 +257,9 @@ class SearchMaintenance:
     async def _loop(self) -> None:
         while True:
             try:
-                done = await run_round(self._pool, self._min_records, self._build_memory)
+                done = await run_round(
+                    self._pool, self._min_records, self._build_memory, self._max_agents
+                )
                 if done is not None and (done.built or done.dropped):
                     log.info("search maintenance: built %s, dropped %s", done.built, done.dropped)
             except Exception:

@@ -38,12 +38,12 @@ through the table; figures in bench/README.md)
   fusion over the union. Meaning: HNSW with an iterative scan (`relaxed_order`, so a filter
   that hides most rows still yields enough of them); an agent of 10,000 records or more has
   an HNSW index of its own (app/memory/maintenance.py), which the planner picks by itself
-  and which needs no filtering (recall of the exact top-10 at 200,000 records: 0.96 against
-  0.92 through the shared index; hybrid p50 13 ms). Words: GIN on (agent, tsv), the agent's
-  own when it has one, for the query's rare words
+  and which needs no filtering (recall of the exact top-10 at 200,000 records: 0.96-0.98 at
+  EF_SEARCH against 0.92 through the shared index at 200; hybrid p50 9-10 ms). Words: GIN on
+  (agent, tsv), the agent's own when it has one, for the query's rare words
   (`rare_words`: each in at most RARE_WORD_ROWS records of the table, so GIN's work is
-  bounded), and the newest records sharing a common word (`common_words`: in
-  COMMON_WORD_SHARE of records or more, so it is met within a few rows of the agent's btree).
+  bounded), and records sharing a common word (`common_words`: in COMMON_WORD_SHARE of
+  records or more) among the agent's newest CANDIDATES / COMMON_WORD_SHARE (800).
   Words between the two propose no candidates (in the measured data they would cost a scan
   of most of the agent) but count in every candidate's rank. An OR query over every word,
   served by GIN, took seconds at 200,000 records, where names occur in half the rows. Word

@@ -149,7 +149,9 @@ class AgentKey(Params):
     may use only where the query names that key as a constant. With the key written out, the
     plan that a prepared statement caches (generic, after five runs) can use them too, and the
     statement needs neither a round trip for its settings nor planning at each search. The
-    statement text is then the agent's own, which is why only large agents get it."""
+    statement text is then the agent's own, which is why only large agents get it: asyncpg
+    caches 100 statements per connection (for 300 s), and a statement runs on a generic plan
+    from its sixth run on a connection, so the gain goes to agents searched often."""
 
     def __init__(self, reader: Reader) -> None:
         super().__init__()
@@ -157,7 +159,8 @@ class AgentKey(Params):
 
     def __call__(self, value: Any) -> str:
         if isinstance(value, UUID) and value in self.key:
-            return f"'{value}'::uuid"  # a UUID's text is hex digits and hyphens only
+            # Printed by uuid.UUID itself (hex digits and hyphens), whatever subclass came in.
+            return f"'{UUID(int=value.int)}'::uuid"
         return super().__call__(value)
 
 
@@ -200,14 +203,19 @@ async def prepare(
     # as a parameter, cannot prove that the agent's own (partial) indexes cover the query, and
     # guesses the agent's size from the average agent's. The exact plan's: force_generic_plan,
     # as its statement is the same for every agent; a custom plan, chosen every time by cost
-    # (the agent's key as a constant looks cheaper), was 1.2-1.6 ms of planning per search.
+    # (the agent's key as a constant looks cheaper), was 1.2-1.6 ms of planning per search. Not
+    # under label or ID filters, which may leave a few rows of a large agent: a custom plan
+    # sees how few, and may read them by the labels index.
+    generic = "NULL"
+    if filters.labels is None and filters.ids is None:
+        generic = "set_config('plan_cache_mode', 'force_generic_plan', false)"
     row = await conn.fetchrow(
         "SELECT s.rows, s.own,"
         f" CASE WHEN {index} THEN"
         " set_config('hnsw.iterative_scan', 'relaxed_order', false)"
         f" || set_config('hnsw.ef_search', {ef}, false)"
         " || set_config('plan_cache_mode', 'force_custom_plan', false)"
-        " ELSE set_config('plan_cache_mode', 'force_generic_plan', false) END"
+        f" ELSE {generic} END"
         f" FROM (SELECT {rows} AS rows, own FROM (SELECT {own} AS own OFFSET 0) s OFFSET 0) s",
         *p.values,
     )
@@ -245,27 +253,34 @@ async def ranked_index(
         return f"(SELECT {columns} FROM {rows} LIMIT {int(limit)}) m"
 
     lists: list[str] = []
+    words = ""
     if r.vector is not None:
         lists.append(candidates(agent, f"m.embedding <=> {p(r.vector)}"))
     if r.text is not None:
-        # The query's rare and common words (by `search_words`), each looked up once per search
-        # (a sub-select); NULL when it has none, which matches nothing and reads nothing.
+        # The query's words, rare and common (by `search_words`), looked up once per search;
+        # NULL when there are none. A condition on them alone is evaluated once, before any
+        # row is read: without rare (common) words that list reads nothing.
         text = p(r.text)
-        rare = f"(SELECT nullif(rare_words({text}, {p(r.rare_rows)})::text, '')::tsquery)"
-        common = f"(SELECT nullif(common_words({text}, {p(r.common_share)})::text, '')::tsquery)"
+        words = (
+            f"words AS MATERIALIZED (SELECT any_words({text}) AS query,"
+            f" nullif(rare_words({text}, {p(r.rare_rows)})::text, '')::tsquery AS rare,"
+            f" nullif(common_words({text}, {p(r.common_share)})::text, '')::tsquery AS common), "
+        )
+        rare, common = "(SELECT rare FROM words)", "(SELECT common FROM words)"
         # A word rare in the table may still be in hundreds of a large agent's records, each a
         # heap read to rank, so at most `rare_reads` of them are ranked (the slowest searches
         # of a 200,000-record agent read over 1,000: 13-22 ms).
-        best = f"ts_rank(m.tsv, (SELECT any_words({text}))) DESC, {newest}"
-        lists.append(candidates(first(f"{agent} AND m.tsv @@ {rare}", r.rare_reads), best))
+        best = f"ts_rank(m.tsv, (SELECT query FROM words)) DESC, {newest}"
+        rows = f"{agent} AND {rare} IS NOT NULL AND m.tsv @@ {rare}"
+        lists.append(candidates(first(rows, r.rare_reads), best))
         # A common word is in `common_share` of the records or more: it is looked for among the
-        # agent's newest records, no further than where that share yields the candidates (a
-        # word common in the table may be rare in this agent). Without common words the
-        # condition on `common` alone, evaluated once, skips the walk.
+        # agent's newest records, no further than where that share yields the candidates. So
+        # a word common in the table but rare in this agent finds no older records by itself
+        # (they are still found by meaning or by another word), and the walk is bounded.
         walk = math.ceil(r.candidates / r.common_share)
         recent = first(f"{agent} AND {common} IS NOT NULL ORDER BY {newest}", walk)
         lists.append(candidates(f"{recent} WHERE m.tsv @@ {common}", newest))
-    sql = f"WITH scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
+    sql = f"WITH {words}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 
