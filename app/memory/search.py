@@ -99,12 +99,15 @@ MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative 
 RARE_WORD_ROWS = 2000  # index plan: words in at most this many records are found by GIN
 RARE_WORD_READS = 400  # index plan: the most records sharing a rare word ranked per search
 COMMON_WORD_SHARE = 0.05  # index plan: words in this share of records are read newest first
-# Agents known to have their own indexes (key -> until when, time.monotonic()), learnt from
-# `prepare`: for OWN_INDEXES_SECONDS their searches skip it (1.3 ms at 200,000 records) and
-# are one statement whose cached plan uses the agent's indexes. A stale entry only costs time:
-# maintenance drops an agent's indexes when it has shrunk to half the size that earns them,
-# and until the entry expires its searches read the shared indexes.
-_OWN_INDEXES: dict[tuple[UUID, UUID], float] = {}
+# Agents known to have their own indexes ((pool, account, action) -> until when, by
+# time.monotonic()), learnt from `prepare`: for OWN_INDEXES_SECONDS their searches skip it (1.3
+# ms at 200,000 records) and are one statement whose cached plan uses the agent's indexes. The
+# pool is part of the key, as a process may serve several databases (tests do). Maintenance
+# unlists an agent a round before it drops its indexes, so a remembered agent is searched
+# through them still; only a shorter interval than OWN_INDEXES_SECONDS, or new embedding
+# dimensions (which drop them at once), leave it, for the rest of that time, on the shared
+# indexes with an own index's settings (fewer of the exact top-10 found).
+_OWN_INDEXES: dict[tuple[int, UUID, UUID], float] = {}
 OWN_INDEXES_SECONDS = 60.0
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
 # A page is read with one more record, which tells whether another page follows.
@@ -204,7 +207,7 @@ async def ranked(
     pool: asyncpg.Pool, reader: Reader, filters: Filters, ranking: Ranking, plan: Plan | None = None
 ) -> tuple[list[MemoryRecord], Plan]:
     """Ranks by the plan the filtered row count calls for (or by `plan`, for benchmarks)."""
-    key = (reader.account_id, reader.action_id)
+    key = (id(pool), reader.account_id, reader.action_id)
     own = _OWN_INDEXES.get(key, 0.0) > time.monotonic()
     # No transaction: the plan's settings last until the pool resets the connection.
     async with pool.acquire() as conn:
