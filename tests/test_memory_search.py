@@ -382,4 +382,4 @@ async def test_m20_index_plan_looks_for_common_words_among_the_newest_records(
     assert await agent.find("weather", mode="lexical") == []  # 81st newest: beyond the walk
     recent = await agent.add("Weather today")
     assert await agent.find("weather", mode="lexical") == [recent]
-    assert old in await agent.find("weather in the old days", mode="hybrid")  # by meaning
+    assert old in await agent.find("weather in the old days", mode="vector")  # by meaning

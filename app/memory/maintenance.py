@@ -109,6 +109,14 @@ async def _build(
     }
     built: list[str] = []
     dropped: list[str] = []
+    if any(name not in states for name in methods):
+        # Searches would take an agent listed with an index missing through the shared index
+        # with an own index's settings: listed again once both are there.
+        await conn.execute(
+            "DELETE FROM agent_indexes WHERE account_id = $1 AND action_id = $2",
+            account_id,
+            action_id,
+        )
     for name, method in methods.items():
         current = states.get(name)
         if current:
@@ -123,15 +131,18 @@ async def _build(
             await conn.execute(f"ALTER INDEX {target} RENAME TO {name}")
             dropped.append(name)
         built.append(name)
+    await _list(conn, account_id, action_id)
+    return built, dropped
+
+
+async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
     await conn.execute(
         "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index) "
         "VALUES ($1, $2, $3, $4) ON CONFLICT (account_id, action_id) DO NOTHING",
         account_id,
         action_id,
-        vectors,
-        words,
+        *index_names(account_id, action_id),
     )
-    return built, dropped
 
 
 async def index_agents(
@@ -144,9 +155,10 @@ async def index_agents(
 
     An agent that loses its indexes leaves `agent_indexes` at once, but its indexes are dropped
     by the next round: a process that still remembers it as having them
-    (search.OWN_INDEXES_SECONDS, well under a round's interval) goes on searching it through
-    them meanwhile. Indexes of this naming that no agent listed at the round's start owns (an
-    interrupted build, an agent gone) are dropped at once.
+    (search.OWN_INDEXES_SECONDS, under the default interval) goes on searching it through them
+    meanwhile. (Rounds closer together, from several processes or by hand, can shorten that.)
+    Indexes of this naming that no agent listed at the round's start owns (an interrupted
+    build, an agent gone) are dropped at once.
 
     Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
     the others'; it is retried next round. Returns the indexes built and dropped, and the
@@ -165,13 +177,11 @@ async def index_agents(
         for r in await conn.fetch("SELECT account_id, action_id FROM agent_indexes")
     ]
     places = len(sizes) if max_agents is None else max_agents
-    keep = sorted((agent for agent in listed if agent in sizes), key=lambda a: -sizes[a])
-    keep = keep[:places]
-    new = [
-        agent
-        for agent, records in sorted(sizes.items(), key=lambda s: -s[1])
-        if records >= min_records and agent not in listed
-    ][: places - len(keep)]
+    largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
+    keep = [agent for agent in largest if agent in listed][:places]
+    new = [agent for agent in largest if sizes[agent] >= min_records and agent not in listed][
+        : places - len(keep)
+    ]
     leaving = sorted(set(listed) - set(keep))
     await conn.execute(
         "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
@@ -179,7 +189,14 @@ async def index_agents(
         [account for account, _ in leaving],
         [action for _, action in leaving],
     )
-    owned = {name for agent in listed for name in index_names(*agent)}
+    # An agent unlisted by the last round that is back (grown again) keeps what it has.
+    owned = {name for agent in [*listed, *new] for name in index_names(*agent)}
+    for name in sorted(states):
+        base = name.removesuffix(_NEXT)
+        if base != name and base in owned and base not in states and states[name]:
+            # A replacement finished by a round that stopped after dropping the old index.
+            await conn.execute(f"ALTER INDEX {name} RENAME TO {base}")
+            states[base] = states.pop(name)
     dropped: list[str] = []
     for name in sorted(set(states) - owned):
         try:
@@ -193,6 +210,8 @@ async def index_agents(
     failed: list[UUID] = []
     for agent in keep + new:
         if all(states.get(name) for name in index_names(*agent)):
+            if agent in new:
+                await _list(conn, *agent)
             continue
         log.info("building search indexes for agent %s (%d records)", agent[1], sizes[agent])
         try:

@@ -104,9 +104,10 @@ COMMON_WORD_SHARE = 0.05  # index plan: words in this share of records are read 
 # ms at 200,000 records) and are one statement whose cached plan uses the agent's indexes. The
 # pool is part of the key, as a process may serve several databases (tests do). Maintenance
 # unlists an agent a round before it drops its indexes, so a remembered agent is searched
-# through them still; only a shorter interval than OWN_INDEXES_SECONDS, or new embedding
-# dimensions (which drop them at once), leave it, for the rest of that time, on the shared
-# indexes with an own index's settings (fewer of the exact top-10 found).
+# through them still. Rounds closer together than OWN_INDEXES_SECONDS (several processes, or
+# by hand), or new embedding dimensions (which drop them at once), can leave it for the rest
+# of that time on the shared indexes with an own index's settings: the same visibility, fewer
+# of the exact top-10 found.
 _OWN_INDEXES: dict[tuple[int, UUID, UUID], float] = {}
 OWN_INDEXES_SECONDS = 60.0
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)

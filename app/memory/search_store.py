@@ -69,14 +69,15 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
     return where
 
 
-def _signals(r: Ranking, p: Params, m: str = "m") -> str:
-    """Select-list: the cosine to the query vector and the text rank (NULL: no word shared)."""
+def _signals(r: Ranking, p: Params, m: str = "m", query: str = "") -> str:
+    """Select-list: the cosine to the query vector and the text rank (NULL: no word shared).
+    `query`: an expression for the query's tsquery, when the statement has one."""
     cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
     if r.text is not None:
         # A sub-select is evaluated once per search, also in a generic plan (which the exact
         # plan's prepared statement gets after five runs); there `any_words($n)` itself would
         # parse the query again for every row: 5,000 records, hybrid p50 30 -> 121 ms.
-        query = f"(SELECT any_words({p(r.text)}))"
+        query = query or f"(SELECT any_words({p(r.text)}))"
         rank = f"CASE WHEN {m}.tsv @@ {query} THEN ts_rank({m}.tsv, {query})::float8 END"
     else:
         rank = "NULL::float8"
@@ -239,13 +240,15 @@ async def ranked_index(
     columns = "m.memory_id, m.created, m.embedding, m.tsv"
     newest = "m.created DESC, m.memory_id DESC"
 
+    query = "(SELECT query FROM words)" if r.text is not None else ""
+
     def candidates(rows: str, order: str) -> str:
         # Signals are computed for the list's rows only, on the columns its index scan read (no
         # second lookup); a record proposed by several lists scores the same in each, so UNION
         # keeps one. Limits are constants: for a parameter a cached plan would guess a tenth of
         # the table.
         return (
-            f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns} FROM {rows} "
+            f"(SELECT {_signals(r, p, 'c', query)} FROM (SELECT {columns} FROM {rows} "
             f"ORDER BY {order} LIMIT {int(r.candidates)}) c)"
         )
 
@@ -270,7 +273,7 @@ async def ranked_index(
         # A word rare in the table may still be in hundreds of a large agent's records, each a
         # heap read to rank, so at most `rare_reads` of them are ranked (the slowest searches
         # of a 200,000-record agent read over 1,000: 13-22 ms).
-        best = f"ts_rank(m.tsv, (SELECT query FROM words)) DESC, {newest}"
+        best = f"ts_rank(m.tsv, {query}) DESC, {newest}"
         rows = f"{agent} AND {rare} IS NOT NULL AND m.tsv @@ {rare}"
         lists.append(candidates(first(rows, r.rare_reads), best))
         # A common word is in `common_share` of the records or more: it is looked for among the
