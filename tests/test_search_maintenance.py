@@ -454,6 +454,10 @@ async def test_m20_maintain_search_command(
     agent = await new_agent(state, admin)
     await fill(agent, 12)
     monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.setenv("ENGRAM_AGENT_INDEX_MAX_AGENTS", "0")  # the limit is the setting's
+    code = await asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10"])
+    assert code == 0 and "built 0 search indexes" in capsys.readouterr().out
+    monkeypatch.delenv("ENGRAM_AGENT_INDEX_MAX_AGENTS")
     code = await asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10"])
     assert code == 0
     assert "built 2 search indexes" in capsys.readouterr().out
@@ -508,3 +512,6 @@ def test_m20_index_build_memory_must_be_a_size() -> None:
     assert Settings(agent_index_build_memory="").agent_index_build_memory == ""
     with pytest.raises(ValidationError):
         Settings(agent_index_build_memory="1GB'; DROP TABLE agent_memories; --")
+    assert Settings().agent_index_max_agents == 50
+    with pytest.raises(ValidationError):
+        Settings(agent_index_max_agents=-1)
