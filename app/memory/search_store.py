@@ -177,8 +177,8 @@ async def prepare(
     conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, count: int | None
 ) -> Prepared:
     """Counts the agent's rows under the label and ID filters no further than `count` (an
-    index-only scan; None: not counted, the index plan is taken), and sets the settings of the
-    plan that calls for, for the session. They last until the pool takes the connection
+    index-only scan; None: not counted, the index plan is taken), and sets for the session the
+    settings of the plan the count calls for. They last until the pool takes the connection
     back, which resets them (RESET ALL): no transaction is needed (two round trips less)."""
     p = Params()
     account, action = p(reader.account_id), p(reader.action_id)
@@ -239,8 +239,7 @@ async def ranked_index(
     agent = "agent_memories m WHERE " + visible(reader, p, "m") + _filters(filters, p)
     columns = "m.memory_id, m.created, m.embedding, m.tsv"
     newest = "m.created DESC, m.memory_id DESC"
-
-    query = "(SELECT query FROM words)" if r.text is not None else ""
+    query = "(SELECT query FROM words)" if r.text is not None else ""  # the `words` CTE below
 
     def candidates(rows: str, order: str) -> str:
         # Signals are computed for the list's rows only, on the columns its index scan read (no
