@@ -9,6 +9,7 @@ import numpy as np
 from pgvector import Vector
 
 from app.embeddings.text import memory_text
+from app.memory import maintenance
 
 
 @dataclass(frozen=True)
@@ -100,17 +101,7 @@ def _check(dimensions: int) -> None:
 async def reset_vectors(conn: asyncpg.Connection, dimensions: int) -> None:
     """Drops every stored vector and its index, and fixes the columns to `dimensions`."""
     _check(dimensions)
-    # Large agents' own indexes (app/memory/maintenance.py) go too; the next round rebuilds them.
-    # Waits for a round that is building them (the round's lock), rather than deadlock with it.
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('engram.search_maintenance'))")
-    await conn.execute("DELETE FROM agent_indexes")
-    # Every index of their naming, also those waiting for the next round to drop them.
-    for (name,) in await conn.fetch(
-        "SELECT quote_ident(c.relname) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE i.indrelid = 'agent_memories'::regclass AND (c.relname LIKE "
-        "'agent\\_memories\\_vectors\\_%' OR c.relname LIKE 'agent\\_memories\\_words\\_%')"
-    ):
-        await conn.execute(f"DROP INDEX IF EXISTS {name}")
+    await maintenance.drop_agent_indexes(conn)  # large agents' own indexes go too
     for table in VECTOR_TABLES:
         await conn.execute(f"DROP INDEX IF EXISTS {table.name}_embedding")
         # A new type brings its own storage: MAIN again keeps the vector in its row (0005).

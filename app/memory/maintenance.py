@@ -36,7 +36,6 @@ import asyncpg
 
 log = logging.getLogger(__name__)
 
-# Also taken by app/embeddings/store.py reset_vectors, which drops these indexes.
 _LOCK = "hashtext('engram.search_maintenance')"
 # Storage options of an agent's HNSW and GIN indexes. Measured at 200,000 records
 # (bench/README.md), recall of the exact top-10 at hnsw.ef_search 60 (the search's): 0.95
@@ -85,6 +84,18 @@ async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
         and sorted(r["options"]) == wanted[0 if r["relname"].startswith(_PREFIXES[0]) else 1]
         for r in rows
     }
+
+
+async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
+    """Unlists every agent and drops every index of this naming (also those waiting for the
+    next round), inside the caller's transaction: new embedding dimensions make them stale
+    (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for a round
+    that is building them (the round's lock), rather than deadlock with it."""
+    await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK})")
+    await conn.execute("DELETE FROM agent_indexes")
+    for name in await _agent_index_states(conn):
+        quoted = await conn.fetchval("SELECT quote_ident($1)", name)
+        await conn.execute(f"DROP INDEX IF EXISTS {quoted}")
 
 
 async def _drop_index(conn: asyncpg.Connection, name: str) -> None:
