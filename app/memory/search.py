@@ -214,13 +214,7 @@ async def ranked(
     async with pool.acquire() as conn:
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
-        if (
-            plan is None
-            and own
-            and filters.labels is None
-            and filters.ids is None
-            and ranking.ef_search == EF_SEARCH
-        ):
+        if plan is None and own and not filters.narrows and ranking.ef_search == EF_SEARCH:
             # Nothing to count, and the connection's HNSW settings are the search's.
             found = await search_store.ranked_index(conn, reader, filters, ranking, True)
             return found, "index"

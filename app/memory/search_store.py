@@ -38,6 +38,11 @@ class Filters:
     labels: Mapping[int, str] | None = None  # label number -> exact value
     ids: Sequence[UUID] | None = None
 
+    @property
+    def narrows(self) -> bool:
+        """Label or ID filters, which may leave few of even a large agent's records."""
+        return self.labels is not None or self.ids is not None
+
 
 @dataclass(frozen=True)
 class Ranking:
@@ -194,7 +199,7 @@ async def prepare(
         )
         limit = p(count)
         rows = f"(SELECT count(*) FROM (SELECT FROM agent_memories m WHERE {where} LIMIT {limit}))"
-        if filters.labels is None and filters.ids is None:
+        if not filters.narrows:
             # No need to count a large agent (1.4 ms at 200,000 records: the count checks the
             # visibility of each row's heap page); a filter may leave it few rows.
             rows = f"CASE WHEN s.own THEN {limit}::bigint ELSE {rows} END"
@@ -208,7 +213,7 @@ async def prepare(
     # under label or ID filters, which may leave a few rows of a large agent: a custom plan
     # sees how few, and may read them by the labels index.
     generic = "NULL"
-    if filters.labels is None and filters.ids is None:
+    if not filters.narrows:
         generic = "set_config('plan_cache_mode', 'force_generic_plan', false)"
     row = await conn.fetchrow(
         "SELECT s.rows, s.own,"
