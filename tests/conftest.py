@@ -14,7 +14,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from helpers import GQL, database_copy
+from helpers import GQL, database_copy, db_settings
 
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
@@ -81,8 +81,7 @@ async def db_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    # No background search maintenance: tests that need a round run it themselves.
-    return Settings(database_url=db_url, environment="test", search_maintenance_seconds=0)
+    return db_settings(db_url)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import asyncpg
 from app.auth import store
 from app.auth.caller import Caller
 from app.auth.policies import parse_policies
+from app.config import Settings
 from app.db.embedded import EmbeddedPostgres
 from app.graphql.context import Context
 from app.graphql.schema import schema
@@ -86,3 +87,9 @@ async def database_copy(server: EmbeddedPostgres, template: str, name: str) -> A
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await conn.close()
+
+
+def db_settings(db_url: str, **values: Any) -> Settings:
+    """A test's settings: its own database, and no background search maintenance (tests that
+    need a round run it themselves)."""
+    return Settings(database_url=db_url, environment="test", search_maintenance_seconds=0, **values)

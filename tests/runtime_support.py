@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from helpers import GQL, allow
+from helpers import GQL, allow, db_settings
 from openai_server import CHAT, OpenAIServer, Recorded
 
 from app.auth.caller import Caller
@@ -40,12 +40,7 @@ def model_server() -> Iterator[OpenAIServer]:
 
 @pytest.fixture
 def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return Settings(
-        database_url=db_url,
-        environment="test",
-        model_base_url=model_server.url,
-        model_max_retries=0,
-    )
+    return db_settings(db_url, model_base_url=model_server.url, model_max_retries=0)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from helpers import GQL, allow, caller
+from helpers import GQL, allow, caller, db_settings
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
@@ -45,9 +45,8 @@ MAX_CALLS = 6
 
 @pytest.fixture
 def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return Settings(
-        database_url=db_url,
-        environment="test",
+    return db_settings(
+        db_url,
         model_base_url=model_server.url,
         model_name="scripted",
         model_max_retries=2,
