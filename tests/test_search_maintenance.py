@@ -68,7 +68,7 @@ async def index_plan_uses(agent: Agent, query: str) -> str:
         # Tens of rows are read and sorted fastest in full; at scale the indexes win.
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         capture = Capture(conn)
-        prepared = await search_store.prepare(capture, agent.operator, Filters(), r, None)
+        prepared = await search_store.prepare(capture, agent.operator, Filters(), r, None, False)
         await search_store.ranked_index(capture, agent.operator, Filters(), r, prepared.own)
         rows = await conn.fetch("EXPLAIN " + capture.sql[0], *capture.sql[1:])
     return "\n".join(r[0] for r in rows)
@@ -205,6 +205,41 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
             assert await conn.fetchval("SHOW hnsw.ef_search") == str(search_module.EF_SEARCH)
             assert await conn.fetchval("SHOW hnsw.iterative_scan") == "relaxed_order"
             assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
+    finally:
+        await pool.close()
+
+
+async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
+    db_url: str, state: AppState, admin: Caller
+) -> None:
+    # A process that has not searched the agent lately asks `prepare` first; for an agent with
+    # its own indexes and no label or ID filter that sets nothing, so the search runs the
+    # one-statement path's statement and reaches its generic plan. Under a label filter the
+    # index plan is still planned for each search, as the label may leave few records.
+    agent = await new_agent(state, admin)
+    await fill(agent, 120)
+    await state.pool.execute("ANALYZE agent_memories")
+    await maintenance.run_round(state.pool, min_records=100)
+    r = await ranking(agent, "hiking in the mountains")
+    exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
+    labelled = Filters(labels={5: "trail"})
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+        for _ in range(8):
+            search_module._OWN_INDEXES.clear()
+            found, plan = await search_module.ranked(pool, agent.operator, Filters(), r)
+            assert plan == "index" and [x.memory_id for x in found] == [x.memory_id for x in exact]
+            search_module._OWN_INDEXES.clear()
+            await search_module.ranked(pool, agent.operator, labelled, r, "index")
+        async with pool.acquire() as conn:
+            plans = await conn.fetch(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%WITH words AS MATERIALIZED%'"
+                " AND statement NOT LIKE '%pg_prepared_statements%'"
+            )
+        by_filter = {"labels @>" in p["statement"]: p for p in plans}
+        assert by_filter[False]["generic_plans"] >= 1  # was 0: force_custom_plan every time
+        assert by_filter[True]["generic_plans"] == 0 and by_filter[True]["custom_plans"] == 8
     finally:
         await pool.close()
 

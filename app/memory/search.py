@@ -210,17 +210,18 @@ async def ranked(
     """Ranks by the plan the filtered row count calls for (or by `plan`, for benchmarks)."""
     key = (id(pool), reader.account_id, reader.action_id)
     own = _OWN_INDEXES.get(key, 0.0) > time.monotonic()
+    defaults = ranking.ef_search == EF_SEARCH  # the connection's HNSW settings serve
     # No transaction: the plan's settings last until the pool resets the connection.
     async with pool.acquire() as conn:
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
-        if plan is None and own and not filters.narrows and ranking.ef_search == EF_SEARCH:
+        if plan is None and own and not filters.narrows and defaults:
             # Nothing to count, and the connection's HNSW settings are the search's.
             found = await search_store.ranked_index(conn, reader, filters, ranking, True)
             return found, "index"
         if plan != "exact":
             count = EXACT_MAX_ROWS + 1 if plan is None else None
-            prepared = await search_store.prepare(conn, reader, filters, ranking, count)
+            prepared = await search_store.prepare(conn, reader, filters, ranking, count, defaults)
             if prepared.own:
                 _OWN_INDEXES[key] = time.monotonic() + OWN_INDEXES_SECONDS
             else:
