@@ -57,6 +57,8 @@ through the table; figures in bench/README.md)
   agent's key as constants, so the plan the statement caches after five runs (generic: no
   planning per search) can still use the agent's partial indexes. At 200,000 records that
   saved the round trip (1.3 ms) and planning (2.2 ms p50, 3.6 ms p95 for an agent reader).
+  An agent with its own indexes that the process does not remember runs the same statement
+  after `prepare`, which then sets nothing, so it too reaches the cached plan.
 """
 
 import base64
