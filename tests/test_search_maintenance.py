@@ -316,15 +316,39 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     assert await index_exists(state.pool, names[1])
 
     # Under half the threshold: unlisted at once (searches stop choosing the indexes), and
-    # dropped by the next round (a process may still search through them meanwhile).
+    # dropped by the first round LINGER_SECONDS later, however soon the next one comes: a
+    # process may still remember the agent as having them and search through them meanwhile.
     await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", ids[:30])
     done = await maintenance.run_round(state.pool, 30)
     assert done.dropped == [] and done.built == []
-    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
-    assert all([await index_exists(state.pool, n) for n in names])
+    r = await ranking(agent, "hiking in the mountains")
+    async with state.pool.acquire() as conn:
+        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None, True)
+    assert not prepared.own
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.dropped == [] and all([await index_exists(state.pool, n) for n in names])
+    await linger_passes(state)
     done = await maintenance.run_round(state.pool, 30)
     assert sorted(done.dropped) == sorted(names) and done.built == []
     assert not any([await index_exists(state.pool, n) for n in names])
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+
+    # Back over the threshold while its indexes linger: listed again with them, no rebuild.
+    more = await fill(agent, 30)
+    assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
+    await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", more)
+    await maintenance.run_round(state.pool, 30)
+    await fill(agent, 30)
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [] and done.dropped == []
+    async with state.pool.acquire() as conn:
+        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None, True)
+    assert prepared.own
+
+
+async def linger_passes(state: AppState) -> None:
+    """As if maintenance.LINGER_SECONDS had passed since every unlisting."""
+    await state.pool.execute("UPDATE agent_indexes SET unlisted = unlisted - interval '1 day'")
 
 
 async def test_m20_at_most_max_agents_have_their_own_indexes(
@@ -336,24 +360,28 @@ async def test_m20_at_most_max_agents_have_their_own_indexes(
     small, large, middle = (maintenance.index_names(a.account_id, a.action_id) for a in agents)
 
     async def listed() -> list[uuid.UUID]:
-        rows = await state.pool.fetch("SELECT action_id FROM agent_indexes ORDER BY action_id")
+        rows = await state.pool.fetch(
+            "SELECT action_id FROM agent_indexes WHERE unlisted IS NULL ORDER BY action_id"
+        )
         return [r["action_id"] for r in rows]
 
     # The largest first, up to the limit.
     done = await maintenance.run_round(state.pool, 30, max_agents=2)
     assert sorted(done.built) == sorted([*large, *middle]) and done.dropped == []
-    # A lower limit takes the smaller agent's indexes (unlisted now, dropped next round).
+    # A lower limit takes the smaller agent's indexes (unlisted now, dropped once they have
+    # lingered).
     done = await maintenance.run_round(state.pool, 30, max_agents=1)
     assert done.dropped == [] and done.built == []
     assert await listed() == [agents[1].action_id]
     # A larger agent does not take the place of one that has its indexes (no rebuild churn).
     newcomer = await new_agent(state, admin)
     await fill(newcomer, 70)
+    await linger_passes(state)
     done = await maintenance.run_round(state.pool, 30, max_agents=1)
     assert done.built == [] and done.dropped == sorted(middle)
     assert await listed() == [agents[1].action_id]
     await maintenance.run_round(state.pool, 30, max_agents=0)
-    done = await maintenance.run_round(state.pool, 30, max_agents=0)
+    done = await maintenance.run_round(state.pool, 30, max_agents=0, linger=0)
     assert done.dropped == sorted(large)
     assert not any([await index_exists(state.pool, n) for n in (*small, *large, *middle)])
 

@@ -20,7 +20,8 @@ process at a time (a session advisory lock; other processes skip the round):
   `agent_index_max_agents`: every statement that plans a query on agent_memories or writes to
   it locks each of its indexes, and hundreds of them would fill PostgreSQL's lock table
   (max_locks_per_transaction x connections) under concurrent load. An index of this naming
-  that no agent keeps (an interrupted build) is dropped by the next round.
+  that no agent keeps (an interrupted build) is dropped by the next round; the indexes of an
+  agent that loses them, by the first round LINGER_SECONDS after.
 
 `engram maintain-search` runs one round by hand (e.g. after a bulk import).
 """
@@ -44,6 +45,12 @@ _LOCK = "hashtext('engram.search_maintenance')"
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
+# A process remembers for this long that an agent has its own indexes, and meanwhile searches it
+# through them without asking (app/memory/search.py). An agent that leaves `agent_indexes` is
+# marked `unlisted` (migration 0006) and its indexes are dropped by the first round
+# LINGER_SECONDS later, when no process remembers them any more, however close the rounds.
+OWN_INDEXES_SECONDS = 60.0
+LINGER_SECONDS = 2 * OWN_INDEXES_SECONDS  # the margin: a search's round trip, a slow round
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,8 @@ async def _build(
         # Searches would take an agent listed with an index missing through the shared index
         # with an own index's settings: listed again once both are there.
         await conn.execute(
-            "DELETE FROM agent_indexes WHERE account_id = $1 AND action_id = $2",
+            "UPDATE agent_indexes SET unlisted = now() "
+            "WHERE account_id = $1 AND action_id = $2 AND unlisted IS NULL",
             account_id,
             action_id,
         )
@@ -149,7 +157,8 @@ async def _build(
 async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
     await conn.execute(
         "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index) "
-        "VALUES ($1, $2, $3, $4) ON CONFLICT (account_id, action_id) DO NOTHING",
+        "VALUES ($1, $2, $3, $4) "
+        "ON CONFLICT (account_id, action_id) DO UPDATE SET unlisted = NULL",
         account_id,
         action_id,
         *index_names(account_id, action_id),
@@ -157,19 +166,21 @@ async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> 
 
 
 async def index_agents(
-    conn: asyncpg.Connection, min_records: int, max_agents: int | None = None
+    conn: asyncpg.Connection,
+    min_records: int,
+    max_agents: int | None = None,
+    linger: float = LINGER_SECONDS,
 ) -> tuple[list[str], list[str], list[UUID]]:
     """Gives every agent of `min_records` or more its own HNSW and GIN indexes, the largest
     first and no more than `max_agents` agents (None: no limit), and takes them from agents
     now under half that or beyond the limit. An agent keeps its indexes against a larger one
     that has none (a build reads the whole table, so they are not traded back and forth).
 
-    An agent that loses its indexes leaves `agent_indexes` at once, but its indexes are dropped
-    by the next round: a process that still remembers it as having them
-    (search.OWN_INDEXES_SECONDS, under the default interval) goes on searching it through them
-    meanwhile. (Rounds closer together, from several processes or by hand, can shorten that.)
-    Indexes of this naming that no agent listed at the round's start owns (an interrupted
-    build, an agent gone) are dropped at once.
+    An agent that loses its indexes is unlisted at once (searches stop choosing them), but its
+    indexes are dropped by the first round `linger` seconds later: a process that still
+    remembers it as having them (OWN_INDEXES_SECONDS) goes on searching it through them
+    meanwhile. Indexes of this naming that no agent listed at the round's start or unlisted
+    within `linger` owns (an interrupted build, an agent gone) are dropped at once.
 
     Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
     the others'; it is retried next round. Returns the indexes built and dropped, and the
@@ -183,10 +194,12 @@ async def index_agents(
         )
     }
     states = await _agent_index_states(conn)
-    listed = [
-        (r["account_id"], r["action_id"])
-        for r in await conn.fetch("SELECT account_id, action_id FROM agent_indexes")
-    ]
+    await conn.execute(
+        "DELETE FROM agent_indexes WHERE unlisted <= now() - make_interval(secs => $1)", linger
+    )
+    rows = await conn.fetch("SELECT account_id, action_id, unlisted FROM agent_indexes")
+    listed = [(r["account_id"], r["action_id"]) for r in rows if r["unlisted"] is None]
+    lingering = [(r["account_id"], r["action_id"]) for r in rows if r["unlisted"] is not None]
     places = len(sizes) if max_agents is None else max_agents
     largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
     keep = [agent for agent in largest if agent in listed][:places]
@@ -195,13 +208,14 @@ async def index_agents(
     ]
     leaving = sorted(set(listed) - set(keep))
     await conn.execute(
-        "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
+        "UPDATE agent_indexes a SET unlisted = now() "
+        "FROM unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
         "WHERE a.account_id = d.account AND a.action_id = d.action",
         [account for account, _ in leaving],
         [action for _, action in leaving],
     )
-    # An agent unlisted by the last round that is back (grown again) keeps what it has.
-    owned = {name for agent in [*listed, *new] for name in index_names(*agent)}
+    # An agent unlisted lately that is back (grown again) keeps what it has.
+    owned = {name for agent in [*listed, *lingering, *new] for name in index_names(*agent)}
     for name in sorted(states):
         base = name.removesuffix(_NEXT)
         if base != name and base in owned and base not in states and states[name]:
@@ -237,11 +251,15 @@ async def index_agents(
 
 
 async def run_round(
-    pool: asyncpg.Pool, min_records: int, build_memory: str = "", max_agents: int | None = None
+    pool: asyncpg.Pool,
+    min_records: int,
+    build_memory: str = "",
+    max_agents: int | None = None,
+    linger: float = LINGER_SECONDS,
 ) -> Round | None:
     """One round of both jobs; None when another process holds the round. `build_memory` is
     the index builds' maintenance_work_mem (an HNSW graph that does not fit in it is built
-    far more slowly); empty: the server's. `max_agents`: see `index_agents`."""
+    far more slowly); empty: the server's. `max_agents`, `linger`: see `index_agents`."""
     async with pool.acquire() as conn:
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
             return None
@@ -252,7 +270,7 @@ async def run_round(
                 await conn.execute(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
-            return Round(words, *await index_agents(conn, min_records, max_agents))
+            return Round(words, *await index_agents(conn, min_records, max_agents, linger))
         finally:
             await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
 

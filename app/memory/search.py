@@ -80,6 +80,7 @@ from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
 from app.errors import BadInput, NotFound
 from app.memory import search_store
+from app.memory.maintenance import OWN_INDEXES_SECONDS
 from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking
@@ -105,13 +106,11 @@ COMMON_WORD_SHARE = 0.05  # index plan: words in this share of records are read 
 # time.monotonic()), learnt from `prepare`: for OWN_INDEXES_SECONDS their searches skip it (1.3
 # ms at 200,000 records) and are one statement whose cached plan uses the agent's indexes. The
 # pool is part of the key, as a process may serve several databases (tests do). Maintenance
-# unlists an agent a round before it drops its indexes, so a remembered agent is searched
-# through them still. Rounds closer together than OWN_INDEXES_SECONDS (several processes, or
-# by hand), or new embedding dimensions (which drop them at once), can leave it for the rest
-# of that time on the shared indexes with an own index's settings: the same visibility, fewer
-# of the exact top-10 found.
+# drops an unlisted agent's indexes only maintenance.LINGER_SECONDS after unlisting it, so a
+# remembered agent is searched through them still. New embedding dimensions drop them at once,
+# which can leave it for the rest of that time on the shared indexes with an own index's
+# settings: the same visibility, fewer of the exact top-10 found.
 _OWN_INDEXES: dict[tuple[int, UUID, UUID], float] = {}
-OWN_INDEXES_SECONDS = 60.0
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
 # A page is read with one more record, which tells whether another page follows.
 MAX_LIMIT = MAX_PAGE + 1

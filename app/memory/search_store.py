@@ -201,7 +201,7 @@ async def prepare(
     # The agent has its own indexes (maintenance.py): it is large, and HNSW needs no filtering.
     own = (
         "EXISTS (SELECT FROM agent_indexes v "
-        f"WHERE v.account_id = {account} AND v.action_id = {action})"
+        f"WHERE v.account_id = {account} AND v.action_id = {action} AND v.unlisted IS NULL)"
     )
     rows, index = "NULL::bigint", "s.rows IS NULL"
     if count is not None:
