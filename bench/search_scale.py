@@ -540,8 +540,8 @@ def main() -> None:
 
     url = pg.uri(plan.database)
     loaded = asyncio.run(prepare())
+    migrate.upgrade(url)  # a data set loaded by an earlier release gets the later migrations
     if not loaded:
-        migrate.upgrade(url)
         print("loading ...", flush=True)
         asyncio.run(load(plan, url, embedder))
 

@@ -337,10 +337,11 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     more = await fill(agent, 30)
     assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
     await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", more)
-    await maintenance.run_round(state.pool, 30)
+    assert (await maintenance.run_round(state.pool, 30)).lingering == 1
+    assert (await maintenance.run_round(state.pool, 30)).dropped == []
     await fill(agent, 30)
     done = await maintenance.run_round(state.pool, 30)
-    assert done.built == [] and done.dropped == []
+    assert done.built == [] and done.dropped == [] and done.lingering == 0
     async with state.pool.acquire() as conn:
         prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None, True)
     assert prepared.own
@@ -467,8 +468,10 @@ async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row
     await fill(other, 12)
     await maintenance.run_round(state.pool, 10)
     others = maintenance.index_names(other.account_id, other.action_id)
-    # Unlisted, its indexes waiting for the next round to drop them: they go too.
-    await state.pool.execute("DELETE FROM agent_indexes WHERE action_id = $1", other.action_id)
+    # Unlisted, its indexes lingering: they go too.
+    await state.pool.execute(
+        "UPDATE agent_indexes SET unlisted = now() WHERE action_id = $1", other.action_id
+    )
     async with state.pool.acquire() as conn, conn.transaction():
         await embedding_store.set_dimensions(conn, 64)
     assert not any([await index_exists(state.pool, n) for n in others])
@@ -525,6 +528,11 @@ async def test_m20_maintain_search_command(
     assert code == 0
     assert "built 2 search indexes" in capsys.readouterr().out
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 1
+    # Unlisted by a lower limit: the command says why nothing is dropped yet.
+    monkeypatch.setenv("ENGRAM_AGENT_INDEX_MAX_AGENTS", "0")
+    code = await asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10"])
+    out = capsys.readouterr().out
+    assert code == 0 and "dropped 0" in out and "1 unlisted agents' indexes go" in out
 
 
 async def test_m20_word_frequencies_refresh_at_start_even_without_rounds(

@@ -17,9 +17,10 @@ process at a time (a session advisory lock; other processes skip the round):
   (custom plans, search_store.prepare).
   An agent under half the threshold (deleted records, a deleted agent) loses its indexes, so
   there are at most 2 x 2 x records / threshold of them, and at most 2 x
-  `agent_index_max_agents`: every statement that plans a query on agent_memories or writes to
-  it locks each of its indexes, and hundreds of them would fill PostgreSQL's lock table
-  (max_locks_per_transaction x connections) under concurrent load. An index of this naming
+  `agent_index_max_agents` besides those of agents unlisted in the last LINGER_SECONDS (which
+  wait for processes to forget them): every statement that plans a query on agent_memories or
+  writes to it locks each of its indexes, and hundreds of them would fill PostgreSQL's lock
+  table (max_locks_per_transaction x connections) under concurrent load. An index of this naming
   that no agent keeps (an interrupted build) is dropped by the next round; the indexes of an
   agent that loses them, by the first round LINGER_SECONDS after.
 
@@ -61,6 +62,7 @@ class Round:
     built: list[str]  # agent indexes created
     dropped: list[str]  # agent indexes removed
     failed: list[UUID]  # agents whose build failed (logged)
+    lingering: int  # agents unlisted, whose indexes go LINGER_SECONDS after their unlisting
 
 
 def index_names(account_id: UUID, action_id: UUID) -> tuple[str, str]:
@@ -94,10 +96,10 @@ async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
 
 
 async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
-    """Unlists every agent and drops every index of this naming (also those waiting for the
-    next round), inside the caller's transaction: new embedding dimensions make them stale
-    (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for a round
-    that is building them (the round's lock), rather than deadlock with it."""
+    """Unlists every agent and drops every index of this naming (also those of agents unlisted
+    lately, still lingering), inside the caller's transaction: new embedding dimensions make
+    them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for
+    a round that is building them (the round's lock), rather than deadlock with it."""
     await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK})")
     await conn.execute("DELETE FROM agent_indexes")
     for name in await _agent_index_states(conn):
@@ -170,7 +172,7 @@ async def index_agents(
     min_records: int,
     max_agents: int | None = None,
     linger: float = LINGER_SECONDS,
-) -> tuple[list[str], list[str], list[UUID]]:
+) -> tuple[list[str], list[str], list[UUID], int]:
     """Gives every agent of `min_records` or more its own HNSW and GIN indexes, the largest
     first and no more than `max_agents` agents (None: no limit), and takes them from agents
     now under half that or beyond the limit. An agent keeps its indexes against a larger one
@@ -183,8 +185,8 @@ async def index_agents(
     within `linger` owns (an interrupted build, an agent gone) are dropped at once.
 
     Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
-    the others'; it is retried next round. Returns the indexes built and dropped, and the
-    agents whose build failed."""
+    the others'; it is retried next round. Returns the indexes built and dropped, the agents
+    whose build failed, and how many agents' indexes linger."""
     sizes = {
         (r["account_id"], r["action_id"]): r["records"]
         for r in await conn.fetch(
@@ -247,7 +249,8 @@ async def index_agents(
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
-    return built, dropped, failed
+    waiting = await conn.fetchval("SELECT count(*) FROM agent_indexes WHERE unlisted IS NOT NULL")
+    return built, dropped, failed, waiting
 
 
 async def run_round(

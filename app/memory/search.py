@@ -211,7 +211,8 @@ async def ranked(
     """Ranks by the plan the filtered row count calls for (or by `plan`, for benchmarks)."""
     key = (id(pool), reader.account_id, reader.action_id)
     own = _OWN_INDEXES.get(key, 0.0) > time.monotonic()
-    defaults = ranking.ef_search == EF_SEARCH  # the connection's HNSW settings serve
+    # The connection's HNSW settings serve (or none are needed: no vector, no HNSW scan).
+    defaults = ranking.vector is None or ranking.ef_search == EF_SEARCH
     # No transaction: the plan's settings last until the pool resets the connection.
     async with pool.acquire() as conn:
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:

@@ -4,7 +4,7 @@ Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-30
 
-A process remembers for `search.OWN_INDEXES_SECONDS` that an agent has its own indexes, and
+A process remembers for `maintenance.OWN_INDEXES_SECONDS` that an agent has its own indexes, and
 searches it through them without asking again. Maintenance used to drop an unlisted agent's
 indexes at its next round, which can come sooner than that (several processes each run
 rounds; `engram maintain-search` by hand), leaving such a process on the shared index with an
