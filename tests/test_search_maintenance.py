@@ -68,7 +68,7 @@ async def index_plan_uses(agent: Agent, query: str) -> str:
         # Tens of rows are read and sorted fastest in full; at scale the indexes win.
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         capture = Capture(conn)
-        prepared = await search_store.prepare(capture, agent.operator, Filters(), r, None, False)
+        prepared = await search_store.prepare(capture, agent.operator, Filters(), r, None)
         await search_store.ranked_index(capture, agent.operator, Filters(), r, prepared.own)
         rows = await conn.fetch("EXPLAIN " + capture.sql[0], *capture.sql[1:])
     return "\n".join(r[0] for r in rows)
@@ -213,22 +213,32 @@ async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
     db_url: str, state: AppState, admin: Caller
 ) -> None:
     # A process that has not searched the agent lately asks `prepare` first; for an agent with
-    # its own indexes and no label or ID filter that sets nothing, so the search runs the
-    # one-statement path's statement and reaches its generic plan. Under a label filter the
-    # index plan is still planned for each search, as the label may leave few records.
+    # its own indexes and no label or ID filter that sets only hnsw.ef_search, so the search
+    # runs the one-statement path's statement and reaches its generic plan, also with a limit
+    # whose ef_search is not the connection's. Under a label filter the index plan is still
+    # planned for each search, as the label may leave few records.
     agent = await new_agent(state, admin)
     await fill(agent, 120)
     await state.pool.execute("ANALYZE agent_memories")
     await maintenance.run_round(state.pool, min_records=100)
     r = await ranking(agent, "hiking in the mountains")
-    exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
+    wide = search_module.make_ranking("hybrid", r.text or "", r.vector, None, 20)
+    assert wide.ef_search != search_module.EF_SEARCH
+    exact = {}
+    for ranked_by in (r, wide):
+        found, _ = await search_module.ranked(
+            state.pool, agent.operator, Filters(), ranked_by, "exact"
+        )
+        exact[ranked_by.limit] = [x.memory_id for x in found]
     labelled = Filters(labels={5: "trail"})
     pool = await create_pool(db_url, min_size=1, max_size=1)
     try:
         for _ in range(8):
-            search_module._OWN_INDEXES.clear()
-            found, plan = await search_module.ranked(pool, agent.operator, Filters(), r)
-            assert plan == "index" and [x.memory_id for x in found] == [x.memory_id for x in exact]
+            for ranked_by in (r, wide):
+                search_module._OWN_INDEXES.clear()
+                found, plan = await search_module.ranked(pool, agent.operator, Filters(), ranked_by)
+                assert plan == "index"
+                assert [x.memory_id for x in found] == exact[ranked_by.limit]
             search_module._OWN_INDEXES.clear()
             await search_module.ranked(pool, agent.operator, labelled, r, "index")
         async with pool.acquire() as conn:
@@ -237,9 +247,13 @@ async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
                 " WHERE statement LIKE '%WITH words AS MATERIALIZED%'"
                 " AND statement NOT LIKE '%pg_prepared_statements%'"
             )
-        by_filter = {"labels @>" in p["statement"]: p for p in plans}
-        assert by_filter[False]["generic_plans"] >= 1  # was 0: force_custom_plan every time
-        assert by_filter[True]["generic_plans"] == 0 and by_filter[True]["custom_plans"] == 8
+        kinds = {("labels @>" in p["statement"], "LIMIT 20\n" in p["statement"]): p for p in plans}
+        assert kinds.keys() == {(False, False), (False, True), (True, False)}
+        # Was 0 for both: force_custom_plan at every search.
+        assert kinds[False, False]["generic_plans"] >= 1
+        assert kinds[False, True]["generic_plans"] >= 1
+        assert kinds[True, False]["generic_plans"] == 0
+        assert kinds[True, False]["custom_plans"] == 8
     finally:
         await pool.close()
 
@@ -323,7 +337,7 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     assert done.dropped == [] and done.built == []
     r = await ranking(agent, "hiking in the mountains")
     async with state.pool.acquire() as conn:
-        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None, True)
+        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None)
     assert not prepared.own
     done = await maintenance.run_round(state.pool, 30)
     assert done.dropped == [] and all([await index_exists(state.pool, n) for n in names])
@@ -343,7 +357,7 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     done = await maintenance.run_round(state.pool, 30)
     assert done.built == [] and done.dropped == [] and done.lingering == 0
     async with state.pool.acquire() as conn:
-        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None, True)
+        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None)
     assert prepared.own
 
 

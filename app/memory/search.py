@@ -58,7 +58,7 @@ through the table; figures in bench/README.md)
   planning per search) can still use the agent's partial indexes. At 200,000 records that
   saved the round trip (1.3 ms) and planning (2.2 ms p50, 3.6 ms p95 for an agent reader).
   An agent with its own indexes that the process does not remember runs the same statement
-  after `prepare`, which then sets nothing, so it too reaches the cached plan.
+  after `prepare`, which then sets only `hnsw.ef_search`, so it too reaches the cached plan.
 """
 
 import base64
@@ -223,7 +223,7 @@ async def ranked(
             return found, "index"
         if plan != "exact":
             count = EXACT_MAX_ROWS + 1 if plan is None else None
-            prepared = await search_store.prepare(conn, reader, filters, ranking, count, defaults)
+            prepared = await search_store.prepare(conn, reader, filters, ranking, count)
             if prepared.own:
                 _OWN_INDEXES[key] = time.monotonic() + OWN_INDEXES_SECONDS
             else:

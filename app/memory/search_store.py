@@ -184,18 +184,18 @@ async def prepare(
     filters: Filters,
     r: Ranking,
     count: int | None,
-    defaults: bool,
 ) -> Prepared:
     """Counts the agent's rows under the label and ID filters no further than `count` (an
     index-only scan; None: not counted, the index plan is taken), and sets for the session the
     settings of the plan the count calls for. They last until the pool takes the connection
     back, which resets them (RESET ALL): no transaction is needed (two round trips less).
 
-    `defaults`: the connection's HNSW settings (app/db/pool.py) are the ranking's on an own
-    index. An agent with its own indexes is then searched without label or ID filters as on
-    the one-statement path, with nothing set: the same statement, whose generic plan, cached
-    after five runs, uses the agent's indexes and needs no planning. At 200,000 records, 147
-    hybrid searches: p50 13.0 -> 10.0-10.3 ms, p95 16.8 -> 14.2-15.3 (remembered: 9.5, 14.4)."""
+    An agent with its own indexes searched without label or ID filters gets only its
+    `hnsw.ef_search` (the connection's other settings are an own index's, app/db/pool.py): its
+    statement, which names the agent's key (`AgentKey`), is then the one-statement path's, and
+    runs on the generic plan cached after five runs, which uses the agent's indexes and needs
+    no planning. At 200,000 records, 147 hybrid searches not remembered: p50 13.0 -> 10.0-10.3
+    ms, p95 16.8 -> 14.2-15.3 (remembered: 9.5, 14.4)."""
     p = Params()
     account, action = p(reader.account_id), p(reader.action_id)
     # The agent has its own indexes (maintenance.py): it is large, and HNSW needs no filtering.
@@ -223,14 +223,14 @@ async def prepare(
     # (the agent's key as a constant looks cheaper), was 1.2-1.6 ms of planning per search. Not
     # under label or ID filters, which may leave a few rows of a large agent: a custom plan
     # sees how few, and may read them by the labels index.
-    generic, unset = "NULL", "false"
+    generic, cached = "NULL", "false"
     if not filters.narrows:
         generic = "set_config('plan_cache_mode', 'force_generic_plan', false)"
-        if defaults:
-            unset = "s.own"
+        cached = "s.own"
     row = await conn.fetchrow(
         "SELECT s.rows, s.own,"
-        f" CASE WHEN {unset} THEN NULL WHEN {index} THEN"
+        f" CASE WHEN {cached} THEN set_config('hnsw.ef_search', {p(str(r.ef_search))}, false)"
+        f" WHEN {index} THEN"
         " set_config('hnsw.iterative_scan', 'relaxed_order', false)"
         f" || set_config('hnsw.ef_search', {ef}, false)"
         " || set_config('plan_cache_mode', 'force_custom_plan', false)"
