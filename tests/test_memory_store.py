@@ -159,6 +159,25 @@ async def test_m35_label_given_twice_refused(state, agent):
         )
 
 
+# M59
+async def test_m59_a_new_record_was_modified_when_it_was_created(state, agent):
+    # Both from one reading of the clock: two readings in a row fell in different microseconds
+    # now and then (one insert in ten or so), and the record said it had changed since.
+    unit = work(state, writer(agent))
+    for i in range(60):
+        await unit.add(NewMemory(summary=f"fact {i}", kind="fact"))
+    await commit(state, unit)
+    rows = await state.pool.fetch(
+        "SELECT created, modified FROM agent_memories WHERE action_id = $1", agent.action_id
+    )
+    assert len(rows) == 60 and all(r["created"] == r["modified"] for r in rows)
+    versions = await state.pool.fetch(
+        "SELECT created, modified FROM agent_memory_versions WHERE action_id = $1",
+        agent.action_id,
+    )
+    assert len(versions) == 60 and all(r["created"] == r["modified"] for r in versions)
+
+
 # --- M1, M6-M9 scope --------------------------------------------------------------------------
 
 

@@ -91,15 +91,18 @@ class NewRow:
 async def insert_staged(conn: asyncpg.Connection, new: NewRow) -> Row:
     """Stages a row that only its own attempt sees until `publish`; a row staged DELETED is a
     tombstone: the deletion of the record it names in `replaces`."""
+    # One reading of the clock for both: two calls of clock_timestamp() in a row can fall in
+    # different microseconds, and a new record's `modified` would then differ from `created`.
     return await conn.fetchrow(
         f"""
+        WITH clock AS (SELECT clock_timestamp() AS now)
         INSERT INTO agent_memories (
             account_id, action_id, memory_id, version, created, modified, summary, content,
             metadata, status, scope, kind, source, pinned, labels, replaces, preview,
             execution_id, invocation_number, action_version, session_id, modified_by,
             pending_execution, pending_invocation, embedding, tombstone)
-        VALUES ($1, $2, $3, 1, clock_timestamp(), clock_timestamp(), $4, $5, $6, $7, $8, $9,
-                $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $15, $16, $20,
+        VALUES ($1, $2, $3, 1, (SELECT now FROM clock), (SELECT now FROM clock), $4, $5, $6,
+                $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $15, $16, $20,
                 $7 = 'DELETED')
         RETURNING {_COLUMNS}
         """,
