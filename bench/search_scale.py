@@ -455,6 +455,17 @@ async def measure(
                         f"    {mode} top-10 overlap with the exact plan's (brute force): "
                         f"{statistics.mean(found_share):.3f} (n={len(found_share)})"
                     )
+            # search_memory in a turn: the turn's recall searched the same agent a moment before
+            # (with the request as its query), so what the process learnt of the agent serves.
+            in_turn: list[float] = []
+            for (account, action, _), q in picks:
+                reader = make_reader(account, action)
+                recall = ranking("hybrid", (q + 1) % len(questions))
+                await search_module.ranked(pool, reader, Filters(), recall)
+                t = time.perf_counter()
+                await search_module.ranked(pool, reader, Filters(), ranking("hybrid", q))
+                in_turn.append((time.perf_counter() - t) * 1000)
+            print(f"  hybrid after the turn's recall (search_memory): {percentiles(in_turn[5:])}")
             listing: list[float] = []
             for (account, action, _), _q in picks:
                 reader = make_reader(account, action)

@@ -198,7 +198,8 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
         search_module._OWN_INDEXES.clear()
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
-        assert len(calls) == 3  # counted again each time: no longer known as large
+        # Counted again, no longer known as large; then known as small, and not counted.
+        assert len(calls) == 2
         # The settings a prepared search sets are gone once the pool has the connection back;
         # the connection's own defaults (what the one-statement search relies on) are not.
         async with pool.acquire() as conn:
@@ -287,30 +288,50 @@ async def test_m20_one_statement_searches_keep_the_readers_view(
         await pool.close()
 
 
-async def test_m20_the_exact_plan_is_planned_once_per_connection(
-    db_url: str, state: AppState, admin: Caller
+async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
+    db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agents = [await new_agent(state, admin) for _ in range(3)]
     for agent in agents:
         await fill(agent, 10)
     pool = await create_pool(db_url, min_size=1, max_size=1)
-    try:
-        # The statement is the same for every agent; its cached generic plan serves them all
-        # from the first search on (a custom plan would be planned again at every search).
-        found = []
-        for agent in agents * 2:
-            r = await ranking(agent, "train timetables")
-            found.append(await search_module.ranked(pool, agent.operator, Filters(), r))
-        assert [plan for _, plan in found] == ["exact"] * 6
-        assert found[:3] == found[3:] and all(records for records, _ in found)
+    calls: list[Any] = []
+    prepare = search_store.prepare
+
+    async def counted(*args: Any) -> Any:
+        calls.append(args)
+        return await prepare(*args)
+
+    monkeypatch.setattr(search_store, "prepare", counted)
+
+    async def plans() -> tuple[int, int]:
         async with pool.acquire() as conn:
-            plans = await conn.fetchrow(
+            row = await conn.fetchrow(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                 "WHERE statement LIKE '%WITH scored AS MATERIALIZED%' "
                 "AND statement NOT LIKE '%pg_prepared_statements%'"  # not this query itself
             )
-            assert plans is not None and tuple(plans) == (6, 0)
             assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
+        assert row is not None
+        return row["generic_plans"], row["custom_plans"]
+
+    try:
+        # The statement is the same for every agent; its cached generic plan serves them all
+        # from the first search on (a custom plan would be planned again at every search).
+        found = []
+        for agent in agents:
+            r = await ranking(agent, "train timetables")
+            found.append(await search_module.ranked(pool, agent.operator, Filters(), r))
+        assert [plan for _, plan in found] == ["exact"] * 3 and all(rows for rows, _ in found)
+        assert len(calls) == 3 and await plans() == (3, 0)
+        # Known as small now: searched with no round trip first. `auto` plans the first five
+        # of those (none is sent to force the generic plan), then keeps the generic plan, as
+        # the agent's key, hidden from the planner, leaves a custom plan no cheaper.
+        for agent in agents * 3:
+            r = await ranking(agent, "train timetables")
+            found.append(await search_module.ranked(pool, agent.operator, Filters(), r))
+        assert found[3:6] == found[:3] and found[6:9] == found[:3] and found[9:] == found[:3]
+        assert len(calls) == 3 and await plans() == (3 + 4, 5)
     finally:
         await pool.close()
 
