@@ -307,12 +307,16 @@ async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
     async def plans() -> tuple[int, int]:
         async with pool.acquire() as conn:
             row = await conn.fetchrow(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
                 "WHERE statement LIKE '%WITH scored AS MATERIALIZED%' "
                 "AND statement NOT LIKE '%pg_prepared_statements%'"  # not this query itself
             )
             assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
         assert row is not None
+        # The key hidden from the planner (search_store.OpaqueKey): at scale a custom plan that
+        # saw it looked cheaper, and `auto` planned every search (here the agents are alike).
+        assert "account_id = (SELECT $1::uuid)" in row["statement"]
+        assert "action_id = (SELECT $2::uuid)" in row["statement"]
         return row["generic_plans"], row["custom_plans"]
 
     try:
@@ -621,3 +625,15 @@ def test_m20_index_build_memory_must_be_a_size() -> None:
     assert Settings().agent_index_max_agents == 50
     with pytest.raises(ValidationError):
         Settings(agent_index_max_agents=-1)
+
+
+def test_m20_what_a_process_remembers_of_agents_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_module, "MAX_REMEMBERED", 2)
+    known: dict[tuple[int, uuid.UUID, uuid.UUID], float] = {}
+    keys = [(1, uuid.uuid4(), uuid.uuid4()) for _ in range(3)]
+    for key in keys:
+        search_module._remember(known, key, 60.0)
+    assert list(known) == keys[1:]  # the least lately learnt went
+    search_module._remember(known, keys[1], 60.0)  # learnt again: now the latest
+    search_module._remember(known, keys[0], 60.0)
+    assert list(known) == [keys[1], keys[0]]

@@ -125,6 +125,20 @@ _OWN_INDEXES: dict[tuple[int, UUID, UUID], float] = {}
 # p95). An agent that grows meanwhile is searched exactly a little longer: slower, as exact.
 _SMALL_AGENTS: dict[tuple[int, UUID, UUID], float] = {}
 SMALL_AGENT_SECONDS = 60.0
+# Each memory keeps at most this many agents, the least lately learnt going first: a process
+# that meets millions of agents does not keep them all.
+MAX_REMEMBERED = 10_000
+
+
+def _remember(
+    known: dict[tuple[int, UUID, UUID], float], key: tuple[int, UUID, UUID], seconds: float
+) -> None:
+    known.pop(key, None)  # re-inserted last: dicts keep insertion order
+    if len(known) >= MAX_REMEMBERED:
+        del known[next(iter(known))]
+    known[key] = time.monotonic() + seconds
+
+
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
 # A page is read with one more record, which tells whether another page follows.
 MAX_LIMIT = MAX_PAGE + 1
@@ -242,14 +256,16 @@ async def ranked(
             count = EXACT_MAX_ROWS + 1 if plan is None else None
             prepared = await search_store.prepare(conn, reader, filters, ranking, count)
             if prepared.own:
-                _OWN_INDEXES[key] = time.monotonic() + OWN_INDEXES_SECONDS
+                _remember(_OWN_INDEXES, key, OWN_INDEXES_SECONDS)
             else:
                 _OWN_INDEXES.pop(key, None)
             if plan is None:
                 small = prepared.rows is not None and prepared.rows <= EXACT_MAX_ROWS
                 plan = "exact" if small else "index"
                 if small and not prepared.own and not filters.narrows:
-                    _SMALL_AGENTS[key] = time.monotonic() + SMALL_AGENT_SECONDS
+                    _remember(_SMALL_AGENTS, key, SMALL_AGENT_SECONDS)
+            if prepared.own or (prepared.rows is not None and prepared.rows > EXACT_MAX_ROWS):
+                _SMALL_AGENTS.pop(key, None)  # learnt otherwise (a plan forced, or filters)
             if plan == "index":
                 found = await search_store.ranked_index(
                     conn, reader, filters, ranking, prepared.own
