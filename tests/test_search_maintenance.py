@@ -129,6 +129,19 @@ def literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+def count_prepares(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The arguments of every `search_store.prepare` call from now on (its round trips)."""
+    calls: list[tuple[Any, ...]] = []
+    prepare = search_store.prepare
+
+    async def counted(*args: Any) -> Any:
+        calls.append(args)
+        return await prepare(*args)
+
+    monkeypatch.setattr(search_store, "prepare", counted)
+    return calls
+
+
 async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_plan(
     db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,14 +153,7 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
     r = await ranking(agent, "hiking in the mountains", "vector")
     exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
 
-    calls: list[Any] = []
-    prepare = search_store.prepare
-
-    async def counted(*args: Any) -> Any:
-        calls.append(args)
-        return await prepare(*args)
-
-    monkeypatch.setattr(search_store, "prepare", counted)
+    calls = count_prepares(monkeypatch)
     captured: list[tuple[Any, ...]] = []
     ranked_index = search_store.ranked_index
 
@@ -295,14 +301,7 @@ async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
     for agent in agents:
         await fill(agent, 10)
     pool = await create_pool(db_url, min_size=1, max_size=1)
-    calls: list[Any] = []
-    prepare = search_store.prepare
-
-    async def counted(*args: Any) -> Any:
-        calls.append(args)
-        return await prepare(*args)
-
-    monkeypatch.setattr(search_store, "prepare", counted)
+    calls = count_prepares(monkeypatch)
 
     async def plans() -> tuple[int, int]:
         async with pool.acquire() as conn:
