@@ -150,7 +150,18 @@ async def ranked_exact(
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 
-class AgentKey(Params):
+class _KeyParams(Params):
+    """Params that write the reader's agent key (account and action) their own way."""
+
+    def __init__(self, reader: Reader) -> None:
+        super().__init__()
+        self.key = (reader.account_id, reader.action_id)
+
+    def is_key(self, value: Any) -> bool:
+        return isinstance(value, UUID) and value in self.key
+
+
+class AgentKey(_KeyParams):
     """Params that write the reader's agent key (account and action) into the SQL as literals.
 
     A large agent's own indexes are partial indexes on its key (maintenance.py), which a plan
@@ -161,18 +172,14 @@ class AgentKey(Params):
     caches 100 statements per connection (for 300 s), and a statement runs on a generic plan
     from its sixth run on a connection, so the gain goes to agents searched often."""
 
-    def __init__(self, reader: Reader) -> None:
-        super().__init__()
-        self.key = (reader.account_id, reader.action_id)
-
     def __call__(self, value: Any) -> str:
-        if isinstance(value, UUID) and value in self.key:
+        if self.is_key(value):
             # Printed by uuid.UUID itself (hex digits and hyphens), whatever subclass came in.
             return f"'{UUID(int=value.int)}'::uuid"
         return super().__call__(value)
 
 
-class OpaqueKey(Params):
+class OpaqueKey(_KeyParams):
     """Params that hide the reader's agent key from the planner, as `(SELECT $n::uuid)`.
 
     The exact plan's statement is the same for every agent. With the key as a constant, a
@@ -181,15 +188,9 @@ class OpaqueKey(Params):
     hidden, both plans cost the same, and `auto` keeps the generic plan from the sixth run on
     a connection, with no setting sent first (what a search that skips `prepare` needs)."""
 
-    def __init__(self, reader: Reader) -> None:
-        super().__init__()
-        self.key = (reader.account_id, reader.action_id)
-
     def __call__(self, value: Any) -> str:
         placeholder = super().__call__(value)
-        if isinstance(value, UUID) and value in self.key:
-            return f"(SELECT {placeholder}::uuid)"
-        return placeholder
+        return f"(SELECT {placeholder}::uuid)" if self.is_key(value) else placeholder
 
 
 @dataclass(frozen=True)
