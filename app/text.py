@@ -1,0 +1,77 @@
+"""Text safety, in one place: what may be stored, and what reaches a model.
+
+Three doors, three rules:
+- text a client sends (GraphQL arguments, policies, session IDs) is refused when PostgreSQL
+  cannot store it (`check_storable`: a NUL or a lone surrogate is BAD_REQUEST, naming the field);
+- text a model or a tool produces is never refused, it is made storable (`storable`: NUL
+  becomes U+FFFD, a lone surrogate U+FFFD), so a reply cannot crash the turn that received it;
+- text handed to a model as data (pins, recalled records, tool results) loses the characters
+  that can disguise it (`for_model`: C0/C1 controls other than tab and newline, and the
+  bidirectional overrides and isolates), so a record cannot pose as the instructions around it.
+"""
+
+import re
+from typing import Any
+
+from app.errors import BadInput
+
+REPLACEMENT = "\ufffd"
+
+# NUL: PostgreSQL text cannot hold it. Lone surrogates: not encodable as UTF-8.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# C0 and C1 controls except tab, newline and carriage return; DEL; bidi embeddings, overrides,
+# isolates and marks; the zero-width characters that hide text from a human reader.
+_DISGUISING = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+)
+
+
+def is_storable(text: str) -> bool:
+    return _UNSTORABLE.search(text) is None
+
+
+def storable(text: str) -> str:
+    """Text produced by a model or a tool, made safe to store: never raises."""
+    return _UNSTORABLE.sub(REPLACEMENT, text)
+
+
+def storable_json(value: Any) -> Any:
+    """`storable` applied to every string (keys included) of a JSON-shaped value."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return {storable(str(k)): storable_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable_json(v) for v in value]
+    return value
+
+
+def check_storable(text: str, field: str) -> str:
+    """Text a client sent: refused with BAD_REQUEST naming the field when it cannot be stored."""
+    match = _UNSTORABLE.search(text)
+    if match is not None:
+        what = "a NUL character" if match.group() == "\x00" else "a lone UTF-16 surrogate"
+        raise BadInput(
+            f"{field} contains {what} at position {match.start()}; remove it (text must be "
+            "valid Unicode without NUL)"
+        )
+    return text
+
+
+def check_storable_json(value: Any, field: str) -> Any:
+    """`check_storable` over every string of a JSON-shaped value, keys included."""
+    if isinstance(value, str):
+        check_storable(value, field)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_storable(str(k), f"{field} (a key)")
+            check_storable_json(v, f"{field}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            check_storable_json(v, f"{field}[{i}]")
+    return value
+
+
+def for_model(text: str) -> str:
+    """Text shown to a model as data: controls and bidi/zero-width characters removed."""
+    return _DISGUISING.sub("", storable(text))
