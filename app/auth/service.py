@@ -125,7 +125,7 @@ async def create_client(
     caller.require(("INSERT", resources.CLIENT))
     account_id = caller.reach_account(account_id)
     _check_principal(principal)
-    parsed = [p.as_json() for p in parse_policies(policies)]
+    parsed = [p.as_json() for p in parse_policies(policies, strict=True)]
     async with pool.acquire() as conn:
         if await store.get_account(conn, account_id) is None:
             raise NotFound(f"account {account_id} not found")
@@ -157,7 +157,9 @@ async def update_client(
 ) -> Client:
     caller.require(("UPDATE", resources.CLIENT))
     account_id = caller.reach_account(account_id)
-    parsed = [p.as_json() for p in parse_policies(policies)] if policies is not None else None
+    parsed = None
+    if policies is not None:
+        parsed = [p.as_json() for p in parse_policies(policies, strict=True)]
     async with pool.acquire() as conn:
         row = await store.update_client(
             conn,
