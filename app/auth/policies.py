@@ -69,6 +69,12 @@ def resolve(pattern: str) -> frozenset[str]:
     return frozenset(name for name in KNOWN if glob_match(pattern, name))
 
 
+@lru_cache(maxsize=4096)
+def _match_other(pattern: str, name: str) -> bool:
+    """A name outside KNOWN (a resource added without being listed there): still bounded."""
+    return glob_match(pattern, name)
+
+
 @dataclass(frozen=True)
 class Policy:
     effect: Effect
@@ -84,7 +90,7 @@ class Policy:
             return False
         if resource in KNOWN:
             return resource in self.matched
-        return any(glob_match(p, resource) for p in self.resources)
+        return any(_match_other(p, resource) for p in self.resources)
 
     def as_json(self) -> dict[str, Any]:
         return {
