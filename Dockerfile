@@ -1,5 +1,6 @@
 # The Engram service image. It expects ENGRAM_DATABASE_URL (see docker-compose.yml); without it
-# the service would start its embedded PostgreSQL inside the container's data volume.
+# the service would start its embedded PostgreSQL inside the container's data volume
+# (/var/lib/engram, declared below so that it outlives the container).
 # Not built on the development machines (they have only a docker client); kept correct by review.
 FROM python:3.11-slim
 
@@ -16,6 +17,7 @@ COPY app ./app
 COPY migrations ./migrations
 # Editable install keeps migrations/ beside the app package, where alembic finds it.
 RUN pip install -e . && mkdir -p /var/lib/engram
+VOLUME ["/var/lib/engram"]
 
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=5 \

@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -169,6 +170,43 @@ def _policies(values: list[str] | None) -> list[Any] | None:
     return policies
 
 
+def _uuid(value: str, what: str) -> UUID:
+    from app.errors import BadInput
+
+    try:
+        return UUID(value)
+    except ValueError:
+        raise BadInput(f"{value!r} is not a {what} (a UUID)") from None
+
+
+def _expires(value: str | None) -> datetime | None:
+    from app.errors import BadInput
+
+    if value is None:
+        return None
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError:
+        instant = None
+    if instant is None or instant.tzinfo is None:
+        raise BadInput(
+            f"--expires {value!r} is not a time with its zone, e.g. 2027-01-31T12:00:00Z"
+        )
+    return instant
+
+
+def _token(info: Any) -> dict[str, Any]:
+    """A token as `engram client tokens` prints it: never its secret."""
+    return {
+        "tokenId": str(info.token_id),
+        "prefix": info.prefix,
+        "created": info.created.isoformat(),
+        "expires": info.expires.isoformat() if info.expires else None,
+        "lastUsed": info.last_used.isoformat() if info.last_used else None,
+        "bootstrap": info.bootstrap,
+    }
+
+
 def _account_id(value: str | None) -> UUID | None:
     from app.errors import BadInput
 
@@ -210,8 +248,18 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             client = await service.delete_client(pool, caller, account, args.principal)
             return {"deleted": client.principal}
         if args.client_command == "token":
-            token = await service.create_client_token(pool, caller, account, args.principal)
-            return {"principal": args.principal, "token": token}
+            issued = await service.issue_client_token(
+                pool, caller, account, args.principal, _expires(args.expires)
+            )
+            return {"principal": args.principal, "token": issued.token, **_token(issued.info)}
+        if args.client_command == "tokens":
+            listed = await service.list_client_tokens(pool, caller, account, args.principal)
+            return {"principal": args.principal, "tokens": [_token(t) for t in listed]}
+        if args.client_command == "revoke-token":
+            revoked = await service.revoke_client_token(
+                pool, caller, account, args.principal, _uuid(args.token_id, "token ID")
+            )
+            return {"principal": args.principal, "revoked": _token(revoked)}
         raise AssertionError(args.client_command)
 
     print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))
@@ -290,13 +338,17 @@ def parser() -> argparse.ArgumentParser:
         "a policy as JSON, e.g. "
         '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
     )
-    for name in ("create", "update", "delete", "token"):
+    for name in ("create", "update", "delete", "token", "tokens", "revoke-token"):
         c = client_sub.add_parser(name)
         c.add_argument("principal")
+        if name == "revoke-token":
+            c.add_argument("token_id", help="the tokenId `engram client tokens` lists")
         c.add_argument("--account", help="account ID (default: the default account)")
         if name in ("create", "update"):
             c.add_argument("--name")
             c.add_argument("--policy", action="append", help=policy_help)
+        if name == "token":
+            c.add_argument("--expires", help="when it stops working, e.g. 2027-01-31T12:00:00Z")
     client.set_defaults(run=_client)
     return p
 

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     max_query_depth: int = 12
     max_query_tokens: int = 5_000
     max_page_size: int = 1_000
+    # Schema introspection (__schema, __type) for authenticated clients; off: refused, and
+    # GraphiQL says why it cannot load the schema.
+    introspection: bool = True
 
     # Embeddings: "static" (wordllama, bundled), "minilm" (extra), or "openai".
     embedder: Literal["static", "minilm", "openai"] = "static"

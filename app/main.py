@@ -1,6 +1,7 @@
 """The app factory: FastAPI with the GraphQL router, the pool and the embedded server."""
 
 import asyncio
+import html
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -8,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from cross_web import HTTPException
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from strawberry.fastapi import GraphQLRouter
 from strawberry.types.unset import UNSET
 
@@ -20,7 +21,7 @@ from app.db.pool import create_pool
 from app.embeddings.base import Embedder
 from app.errors import DomainError
 from app.graphql.context import Context
-from app.graphql.schema import build_schema
+from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.services import start_services, stop_services
 from app.state import AppState
 
@@ -44,6 +45,19 @@ async def _read_limited(request: Request, limit: int) -> bytes | None:
 
 class _Router(GraphQLRouter[Context, None]):
     """Answers requests strawberry refuses (no query, batches, ...) in the GraphQL error shape."""
+
+    introspection = True
+
+    async def render_graphql_ide(self, request: Request) -> HTMLResponse:
+        if self.introspection:
+            return HTMLResponse(self.graphql_ide_html)
+        # GraphiQL loads the schema by introspection: say why it cannot, rather than spin.
+        notice = (
+            '<body>\n    <p role="alert" style="margin:0;padding:8px 12px;background:#fff3cd;'
+            'font-family:sans-serif">Engram: ' + html.escape(INTROSPECTION_OFF) + ". Queries "
+            "still run: add an <code>Authorization: Bearer</code> header.</p>"
+        )
+        return HTMLResponse(self.graphql_ide_html.replace("<body>", notice, 1))
 
     async def run(  # type: ignore[override]
         self, request: Request, context: Context = UNSET, root_value: None = UNSET
@@ -73,7 +87,11 @@ async def start_state(
 
 def create_app(settings: Settings | None = None, embedder: Embedder | None = None) -> FastAPI:
     settings = settings or Settings()
-    schema = build_schema(max_depth=settings.max_query_depth, max_tokens=settings.max_query_tokens)
+    schema = build_schema(
+        max_depth=settings.max_query_depth,
+        max_tokens=settings.max_query_tokens,
+        introspection=settings.introspection,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -147,8 +165,7 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
             return JSONResponse({"status": "database unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    app.include_router(
-        _Router(schema, context_getter=context_getter, allow_queries_via_get=False),
-        prefix="/graphql",
-    )
+    router = _Router(schema, context_getter=context_getter, allow_queries_via_get=False)
+    router.introspection = settings.introspection
+    app.include_router(router, prefix="/graphql")
     return app

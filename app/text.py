@@ -75,3 +75,14 @@ def check_storable_json(value: Any, field: str) -> Any:
 def for_model(text: str) -> str:
     """Text shown to a model as data: controls and bidi/zero-width characters removed."""
     return _DISGUISING.sub("", storable(text))
+
+
+def for_model_json(value: Any) -> Any:
+    """`for_model` applied to every string (keys included) of a JSON-shaped value."""
+    if isinstance(value, str):
+        return for_model(value)
+    if isinstance(value, dict):
+        return {for_model(str(k)): for_model_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [for_model_json(v) for v in value]
+    return value

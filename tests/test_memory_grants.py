@@ -194,7 +194,8 @@ async def test_m53_execution_and_session_links_follow_the_readers_grants(state, 
     await commit(state, unit)
     memory_only = caller(admin.account_id, allow(["SELECT"], INDEXES, DOCUMENT))
     a, id_ = str(agent.action_id), str(record.memory_id)
-    for link in ("execution { executionId }", "session { sessionId }", "action { actionId }"):
+    # The action resolves without its grant (its ID is the record's), not its document.
+    for link in ("execution { executionId }", "session { sessionId }", "action { name }"):
         query = (
             f"query($a: UUID!, $id: UUID!) {{ agentMemory(actionId: $a, id: $id) {{ {link} }} }}"
         )

@@ -556,18 +556,18 @@ async def test_m49_nothing_can_be_pinned_without_pinned(state, agent):
 
 # M52
 async def test_m52_pin_over_budget_is_refused_with_consolidate(state, admin):
-    # Three lines of 50 characters: two fit in 26 tokens (101 characters), three do not.
-    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 26})
-    summary = "x" * (50 - len("- ") - len(" (memory 00000000-0000-0000-0000-000000000000)"))
+    # Three lines of 60 characters: two fit in 31 tokens (121 characters), three do not.
+    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 31})
+    summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
     first = await remember(state, pinner, summary, pinned=True)
-    assert len(first.pinned_line()) == 50
+    assert len(first.pinned_line()) == 60
     second = await remember(state, pinner, summary, pinned=True)
-    assert pinned_tokens([first.pinned_line(), second.pinned_line()]) == 26
+    assert pinned_tokens([first.pinned_line(), second.pinned_line()]) == 31
     before = await count_rows(state, pinner)
     with pytest.raises(BadInput) as refused:
         await work(state, writer(pinner)).add(NewMemory(summary=summary, kind="fact", pinned=True))
     message = refused.value.message
-    assert "Consolidate" in message and "replaces" in message and "budget of 26" in message
+    assert "Consolidate" in message and "replaces" in message and "budget of 31" in message
     assert str(first.memory_id) in message and str(second.memory_id) in message
     assert await count_rows(state, pinner) == before  # M47
     # Consolidating: a pin that replaces one of them counts without it.
@@ -582,8 +582,8 @@ async def test_m52_pin_over_budget_is_refused_with_consolidate(state, admin):
 
 # M52
 async def test_m52_budget_counts_only_the_pins_the_writer_reads(state, admin):
-    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 13})
-    summary = "x" * (50 - len("- ") - len(" (memory 00000000-0000-0000-0000-000000000000)"))
+    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 15})
+    summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
     await remember(state, pinner, summary, pinned=True, session="s1")
     with pytest.raises(BadInput, match="Consolidate"):
         await work(state, writer(pinner, session="s1")).add(
@@ -595,8 +595,8 @@ async def test_m52_budget_counts_only_the_pins_the_writer_reads(state, admin):
 
 # M52
 async def test_m52_pins_committed_meanwhile_count_at_commit(state, admin):
-    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 13})
-    summary = "x" * (50 - len("- ") - len(" (memory 00000000-0000-0000-0000-000000000000)"))
+    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 15})
+    summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
     one, two = work(state, writer(pinner)), work(state, writer(pinner))
     await one.add(NewMemory(summary=summary, kind="fact", pinned=True, scope="AGENT"))
     await two.add(NewMemory(summary=summary, kind="fact", pinned=True, scope="AGENT"))

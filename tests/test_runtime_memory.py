@@ -318,7 +318,7 @@ async def test_m49_m50_m51_m52_pins_listed_in_instructions_and_budgeted(
 
     assert executed["status"] == "SUCCEEDED", executed["error"]
     request = chat(model_server)[2]
-    assert f"- Always greet Ada by name (memory {pin['id']})" in system_message(request)
+    assert f'- "Always greet Ada by name" (memory {pin["id"]})' in system_message(request)
     (listed,) = events(executed, "memory.pinned")
     assert listed["records"] == [{"id": pin["id"], "version": 1}]
     (refused,) = tool_runs(executed, "add_memory")

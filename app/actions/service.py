@@ -116,9 +116,16 @@ async def load_action(
 async def get_action(
     pool: asyncpg.Pool, caller: Caller, action_id: UUID, version: int | None = None
 ) -> ActionVersion | None:
-    caller.require(("SELECT", resources.ACTION))
+    """One of the caller's actions, needing no grant by itself: its document fields are
+    checked one by one (`require_document`), so that a client holding only the memory grants
+    reaches `action(actionId) { memories }`, and its memory fields check their own grants."""
     async with pool.acquire() as conn:
         return await load_action(conn, caller.account_id, action_id, version)
+
+
+def require_document(caller: Caller) -> None:
+    """Reading an action's document (name, instructions, model, harness, ...)."""
+    caller.require(("SELECT", resources.ACTION))
 
 
 async def require_action(pool: asyncpg.Pool, caller: Caller, action_id: UUID) -> ActionVersion:

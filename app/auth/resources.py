@@ -21,3 +21,12 @@ READ_MEMORY: tuple[Grant, ...] = (("SELECT", MEMORY_INDEX), ("SELECT", MEMORY_DO
 SEARCH_MEMORY: tuple[Grant, ...] = (("SELECT", MEMORY_SEARCH_INDEX), ("SELECT", MEMORY_DOCUMENT))
 DELETE_MEMORY: tuple[Grant, ...] = READ_MEMORY + (("UPDATE", MEMORY_DOCUMENT),)
 ADD_MEMORY: tuple[Grant, ...] = (("INSERT", MEMORY_DOCUMENT),)
+# A pinned record is listed in every turn's instructions: pinning one changes the agent.
+PIN_MEMORY: tuple[Grant, ...] = (("UPDATE", ACTION),)
+
+# Every resource a grant check names: policies resolve their patterns against these.
+KNOWN: frozenset[str] = frozenset(
+    value
+    for name, value in dict(globals()).items()
+    if name.isupper() and isinstance(value, str) and value.startswith("financial.")
+)

@@ -6,6 +6,7 @@ import secrets
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -56,16 +57,61 @@ class Client:
         return cls(row["account_id"], row["principal"], row["name"], row["policies"])
 
 
+def token_prefix(token: str) -> str:
+    """The first characters of a token, to tell tokens apart: at most a quarter of it."""
+    return token[: min(8, len(token) // 4)]
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token as it may be shown: never its secret."""
+
+    token_id: UUID
+    account_id: UUID
+    principal: str
+    prefix: str | None
+    created: datetime
+    expires: datetime | None
+    last_used: datetime | None
+    bootstrap: bool
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> "TokenInfo":
+        return cls(
+            row["token_id"],
+            row["account_id"],
+            row["principal"],
+            row["prefix"],
+            row["created"],
+            row["expires"],
+            row["last_used"],
+            row["bootstrap"],
+        )
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str  # shown once
+    info: TokenInfo
+
+
 async def authenticate(pool: asyncpg.Pool, authorization: str | None) -> Caller:
     if not authorization:
         raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
+    token_hash = hash_token(token.strip())
     async with pool.acquire() as conn:
-        row = await store.client_by_token(conn, hash_token(token.strip()))
+        row = await store.client_by_token(conn, token_hash)
+        if row is not None and not row["expired"] and row["stale"]:
+            await store.touch_token(conn, token_hash)
     if row is None:
         raise Unauthenticated("the API token is not valid")
+    if row["expired"]:
+        raise Unauthenticated(
+            f"the API token expired at {row['expires'].isoformat()}; ask for a new one"
+        )
     return Caller(
         account_id=row["account_id"],
         principal=row["principal"],
@@ -84,8 +130,9 @@ async def ensure_default_account(conn: asyncpg.Connection) -> UUID:
 async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
     """Ensures the admin client of the default account.
 
-    With `token`, that value becomes a valid admin token. Without it, the first start creates
-    an admin token and returns it (to be printed once); later starts return None.
+    With `token` (ENGRAM_BOOTSTRAP_TOKEN), that value becomes the admin's bootstrap token,
+    replacing the one an earlier value made (other admin tokens stay). Without it, the first
+    start creates an admin token and returns it (to be printed once); later starts return None.
     """
     admin_policies = [p.as_json() for p in ADMIN_POLICIES]
     async with pool.acquire() as conn, conn.transaction():
@@ -96,12 +143,17 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
                 conn, account_id, ADMIN_PRINCIPAL, "Administrator", admin_policies
             )
         if token is not None:
-            await store.insert_token(conn, hash_token(token), account_id, ADMIN_PRINCIPAL)
+            # The setting's token replaces the one an earlier setting made; others stay.
+            await store.replace_bootstrap_token(
+                conn, hash_token(token), account_id, ADMIN_PRINCIPAL, token_prefix(token)
+            )
             return None
         if await store.count_tokens(conn, account_id, ADMIN_PRINCIPAL) > 0:
             return None
         created = new_token()
-        await store.insert_token(conn, hash_token(created), account_id, ADMIN_PRINCIPAL)
+        await store.insert_token(
+            conn, hash_token(created), account_id, ADMIN_PRINCIPAL, prefix=token_prefix(created)
+        )
         return created
 
 
@@ -125,7 +177,7 @@ async def create_client(
     caller.require(("INSERT", resources.CLIENT))
     account_id = caller.reach_account(account_id)
     _check_principal(principal)
-    parsed = [p.as_json() for p in parse_policies(policies)]
+    parsed = [p.as_json() for p in parse_policies(policies, strict=True)]
     async with pool.acquire() as conn:
         if await store.get_account(conn, account_id) is None:
             raise NotFound(f"account {account_id} not found")
@@ -157,7 +209,9 @@ async def update_client(
 ) -> Client:
     caller.require(("UPDATE", resources.CLIENT))
     account_id = caller.reach_account(account_id)
-    parsed = [p.as_json() for p in parse_policies(policies)] if policies is not None else None
+    parsed = None
+    if policies is not None:
+        parsed = [p.as_json() for p in parse_policies(policies, strict=True)]
     async with pool.acquire() as conn:
         row = await store.update_client(
             conn,
@@ -185,14 +239,63 @@ async def delete_client(
     return Client.of(row)
 
 
-async def create_client_token(
-    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
-) -> str:
+async def issue_client_token(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    account_id: UUID | None,
+    principal: str,
+    expires: datetime | None = None,
+) -> IssuedToken:
+    """A new token for the client, valid until `expires` (None: until revoked)."""
     caller.require(("INSERT", resources.CLIENT_TOKEN))
     account_id = caller.reach_account(account_id)
+    if expires is not None and expires <= datetime.now(UTC):
+        raise BadInput(f"expires must be in the future, got {expires.isoformat()}")
     token = new_token()
     async with pool.acquire() as conn, conn.transaction():
         if await store.get_client(conn, account_id, principal) is None:
             raise NotFound(f"client {principal!r} not found")
-        await store.insert_token(conn, hash_token(token), account_id, principal)
-    return token
+        row = await store.insert_token(
+            conn,
+            hash_token(token),
+            account_id,
+            principal,
+            prefix=token_prefix(token),
+            expires=expires,
+        )
+    return IssuedToken(token, TokenInfo.of(row))
+
+
+async def create_client_token(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    account_id: UUID | None,
+    principal: str,
+    expires: datetime | None = None,
+) -> str:
+    """`issue_client_token`'s secret alone."""
+    return (await issue_client_token(pool, caller, account_id, principal, expires)).token
+
+
+async def list_client_tokens(
+    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
+) -> list[TokenInfo]:
+    """The client's tokens, newest first: IDs, prefixes and times, never the secrets."""
+    caller.require(("SELECT", resources.CLIENT_TOKEN))
+    account_id = caller.reach_account(account_id)
+    async with pool.acquire() as conn:
+        rows = await store.list_tokens(conn, account_id, principal)
+    return [TokenInfo.of(r) for r in rows]
+
+
+async def revoke_client_token(
+    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str, token_id: UUID
+) -> TokenInfo:
+    """Deletes one of the client's tokens: requests sending it are refused from now on."""
+    caller.require(("DELETE", resources.CLIENT_TOKEN))
+    account_id = caller.reach_account(account_id)
+    async with pool.acquire() as conn:
+        row = await store.delete_token(conn, account_id, principal, token_id)
+    if row is None:
+        raise NotFound(f"client {principal!r} has no token {token_id}")
+    return TokenInfo.of(row)

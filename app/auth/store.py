@@ -1,5 +1,6 @@
 """SQL for accounts, clients and tokens."""
 
+from datetime import datetime
 from typing import Any, TypeAlias
 from uuid import UUID
 
@@ -78,17 +79,59 @@ async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: s
     )
 
 
+_TOKEN_COLUMNS = "token_id, account_id, principal, prefix, created, expires, last_used, bootstrap"
+
+
 async def insert_token(
-    conn: asyncpg.Connection, token_hash: bytes, account_id: UUID, principal: str
-) -> None:
-    await conn.execute(
-        """
-        INSERT INTO client_tokens (token_hash, account_id, principal) VALUES ($1, $2, $3)
-        ON CONFLICT (token_hash) DO NOTHING
+    conn: asyncpg.Connection,
+    token_hash: bytes,
+    account_id: UUID,
+    principal: str,
+    *,
+    prefix: str | None = None,
+    expires: datetime | None = None,
+) -> Row:
+    return await conn.fetchrow(
+        f"""
+        INSERT INTO client_tokens (token_hash, account_id, principal, prefix, expires)
+        VALUES ($1, $2, $3, $4, $5)
+        RETURNING {_TOKEN_COLUMNS}
         """,
         token_hash,
         account_id,
         principal,
+        prefix,
+        expires,
+    )
+
+
+async def replace_bootstrap_token(
+    conn: asyncpg.Connection, token_hash: bytes, account_id: UUID, principal: str, prefix: str
+) -> None:
+    """Makes `token_hash` the client's one bootstrap token: an earlier one is deleted, and a
+    token of that value issued before tokens were marked becomes the bootstrap token."""
+    await conn.execute(
+        """
+        DELETE FROM client_tokens
+        WHERE account_id = $2 AND principal = $3 AND bootstrap AND token_hash <> $1
+        """,
+        token_hash,
+        account_id,
+        principal,
+    )
+    await conn.execute(
+        """
+        INSERT INTO client_tokens (token_hash, account_id, principal, prefix, bootstrap)
+        VALUES ($1, $2, $3, $4, true)
+        ON CONFLICT (token_hash) DO UPDATE
+        SET bootstrap = true, prefix = coalesce(client_tokens.prefix, excluded.prefix)
+        WHERE client_tokens.account_id = excluded.account_id
+          AND client_tokens.principal = excluded.principal
+        """,
+        token_hash,
+        account_id,
+        principal,
+        prefix,
     )
 
 
@@ -100,14 +143,54 @@ async def count_tokens(conn: asyncpg.Connection, account_id: UUID, principal: st
     )
 
 
+async def list_tokens(conn: asyncpg.Connection, account_id: UUID, principal: str) -> list[Row]:
+    return await conn.fetch(
+        f"""
+        SELECT {_TOKEN_COLUMNS} FROM client_tokens
+        WHERE account_id = $1 AND principal = $2
+        ORDER BY created DESC, token_id DESC
+        """,
+        account_id,
+        principal,
+    )
+
+
+async def delete_token(
+    conn: asyncpg.Connection, account_id: UUID, principal: str, token_id: UUID
+) -> Row | None:
+    return await conn.fetchrow(
+        f"""
+        DELETE FROM client_tokens WHERE account_id = $1 AND principal = $2 AND token_id = $3
+        RETURNING {_TOKEN_COLUMNS}
+        """,
+        account_id,
+        principal,
+        token_id,
+    )
+
+
 async def client_by_token(conn: asyncpg.Connection, token_hash: bytes) -> Row | None:
+    """The client a token names, whether the token has expired, and whether its `last_used`
+    is a minute old or more (so that it is written at most once a minute)."""
     return await conn.fetchrow(
         """
-        SELECT c.account_id, c.principal, c.policies, a.is_default
+        SELECT c.account_id, c.principal, c.policies, a.is_default, t.expires,
+               coalesce(t.expires <= now(), false) AS expired,
+               coalesce(t.last_used < now() - interval '1 minute', true) AS stale
         FROM client_tokens t
         JOIN clients c ON c.account_id = t.account_id AND c.principal = t.principal
         JOIN accounts a ON a.account_id = c.account_id
         WHERE t.token_hash = $1
+        """,
+        token_hash,
+    )
+
+
+async def touch_token(conn: asyncpg.Connection, token_hash: bytes) -> None:
+    await conn.execute(
+        """
+        UPDATE client_tokens SET last_used = now()
+        WHERE token_hash = $1 AND (last_used IS NULL OR last_used < now() - interval '1 minute')
         """,
         token_hash,
     )

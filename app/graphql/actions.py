@@ -1,9 +1,11 @@
 """GraphQL types and operations for agents (actions) and their versions."""
 
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import strawberry
+from strawberry.permission import BasePermission
 
 from app.actions import service
 from app.actions.service import ActionVersion
@@ -33,27 +35,42 @@ class ActionInput:
     harness: Value | None = None
 
 
+class ActionDocument(BasePermission):
+    """An action's document fields need SELECT on it, unless the caller just wrote it."""
+
+    def has_permission(self, source: Any, info: Info, **kwargs: Any) -> bool:
+        if not source.written:
+            service.require_document(info.context.caller)  # raises AccessDenied
+        return True
+
+
+def _document() -> Any:
+    return strawberry.field(permission_classes=[ActionDocument])
+
+
 @strawberry.type
 class Action(ActionExecutionFields, ActionMemoryFields, Node):
     account_id: strawberry.Private[UUID]
     record: strawberry.Private[ActionVersion]
+    written: strawberry.Private[bool]  # returned by the mutation that wrote it
     action_id: UUID
     version: int
-    current_version: int
-    name: str
-    instructions: str
-    model: Value
-    harness: Value
-    created: Timestamp
-    modified: Timestamp
-    created_by: str
+    current_version: int = _document()
+    name: str = _document()
+    instructions: str = _document()
+    model: Value = _document()
+    harness: Value = _document()
+    created: Timestamp = _document()
+    modified: Timestamp = _document()
+    created_by: str = _document()
 
     @classmethod
-    def of(cls, action: ActionVersion) -> "Action":
+    def of(cls, action: ActionVersion, *, written: bool = False) -> "Action":
         return cls(
             id=global_id("Action", action.action_id, action.version),
             account_id=action.account_id,
             record=action,
+            written=written,
             action_id=action.action_id,
             version=action.version,
             current_version=action.current_version,
@@ -125,7 +142,7 @@ class ActionMutation:
             input.model,
             input.harness,
         )
-        return Action.of(created)
+        return Action.of(created, written=True)
 
     @strawberry.mutation(
         description="Writes the next version of an agent; old versions stay readable."
@@ -140,4 +157,4 @@ class ActionMutation:
             input.model,
             input.harness,
         )
-        return Action.of(updated)
+        return Action.of(updated, written=True)

@@ -1,5 +1,6 @@
 """GraphQL types and operations for accounts, clients, policies and tokens."""
 
+from datetime import datetime
 from enum import Enum
 from uuid import UUID
 
@@ -7,10 +8,12 @@ import strawberry
 
 from app.auth import service
 from app.auth.service import Client as ClientRecord
+from app.auth.service import TokenInfo
 from app.errors import BadInput
 from app.graphql.context import Info
 from app.graphql.node import node_type
 from app.graphql.relay import Node, global_id, parse_uuid
+from app.graphql.scalars import Timestamp
 
 
 @strawberry.enum
@@ -66,6 +69,38 @@ class Account:
     name: str
 
 
+def _timestamp(value: datetime | None) -> Timestamp | None:
+    return Timestamp(value) if value is not None else None
+
+
+@strawberry.type(description="One of a client's API tokens: never its secret.")
+class ClientTokenInfo:
+    token_id: UUID
+    prefix: str | None = strawberry.field(
+        description="The secret's first characters, to tell tokens apart; null for tokens "
+        "issued before prefixes were kept."
+    )
+    created: Timestamp
+    expires: Timestamp | None = strawberry.field(description="Null: valid until revoked.")
+    last_used: Timestamp | None = strawberry.field(
+        description="When a request last sent it, to the minute; null if never."
+    )
+    bootstrap: bool = strawberry.field(
+        description="Made from ENGRAM_BOOTSTRAP_TOKEN: replaced at start when it changes."
+    )
+
+    @classmethod
+    def of(cls, info: TokenInfo) -> "ClientTokenInfo":
+        return cls(
+            token_id=info.token_id,
+            prefix=info.prefix,
+            created=Timestamp(info.created),
+            expires=_timestamp(info.expires),
+            last_used=_timestamp(info.last_used),
+            bootstrap=info.bootstrap,
+        )
+
+
 @strawberry.type
 class Client(Node):
     account_id: UUID
@@ -90,12 +125,25 @@ class Client(Node):
             ],
         )
 
+    @strawberry.field(
+        description="The client's tokens, newest first. Needs SELECT on financial.Client.token."
+    )
+    async def tokens(self, info: Info) -> list[ClientTokenInfo]:
+        found = await service.list_client_tokens(
+            info.context.pool, info.context.caller, self.account_id, self.principal
+        )
+        return [ClientTokenInfo.of(t) for t in found]
+
 
 @strawberry.type
 class ClientToken:
     account_id: UUID
     principal: str
     token: str = strawberry.field(description="Shown once: only its hash is stored.")
+    token_id: UUID
+    prefix: str
+    created: Timestamp
+    expires: Timestamp | None
 
 
 @strawberry.type
@@ -185,12 +233,38 @@ class AuthMutation:
         )
         return Client.of(client)
 
-    @strawberry.mutation
+    @strawberry.mutation(
+        description="A new API token for the client, shown once; valid until `expires` "
+        "(none: until revoked). Needs INSERT on financial.Client.token."
+    )
     async def create_client_token(
-        self, info: Info, principal: str, account_id: UUID | None = None
+        self,
+        info: Info,
+        principal: str,
+        account_id: UUID | None = None,
+        expires: Timestamp | None = None,
     ) -> ClientToken:
-        caller = info.context.caller
-        token = await service.create_client_token(info.context.pool, caller, account_id, principal)
-        return ClientToken(
-            account_id=account_id or caller.account_id, principal=principal, token=token
+        issued = await service.issue_client_token(
+            info.context.pool, info.context.caller, account_id, principal, expires
         )
+        return ClientToken(
+            account_id=issued.info.account_id,
+            principal=principal,
+            token=issued.token,
+            token_id=issued.info.token_id,
+            prefix=issued.info.prefix or "",
+            created=Timestamp(issued.info.created),
+            expires=_timestamp(issued.info.expires),
+        )
+
+    @strawberry.mutation(
+        description="Revokes one of the client's tokens: requests sending it are refused from "
+        "now on. Needs DELETE on financial.Client.token."
+    )
+    async def revoke_client_token(
+        self, info: Info, principal: str, token_id: UUID, account_id: UUID | None = None
+    ) -> ClientTokenInfo:
+        revoked = await service.revoke_client_token(
+            info.context.pool, info.context.caller, account_id, principal, token_id
+        )
+        return ClientTokenInfo.of(revoked)

@@ -368,7 +368,9 @@ class MemoryMutation:
     @strawberry.mutation(
         description="Seeds or corrects one of the agent's records (source OPERATOR), recorded "
         "as an execution of its own. Needs INSERT on financial.AgentMemory.document and the "
-        "grants that read memory; with `replaces`, also UPDATE, as deleting does."
+        "grants that read memory; with `replaces`, also UPDATE, as deleting does; with "
+        "`pinned`, also UPDATE on financial.Action.document (a pin is in every turn's "
+        "instructions)."
     )
     async def add_agent_memory(
         self, info: Info, action_id: UUID, input: AgentMemoryInput

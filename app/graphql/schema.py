@@ -3,7 +3,9 @@
 from functools import cache
 
 import strawberry
-from graphql import ASTValidationRule
+from graphql import ASTValidationRule, FieldNode, GraphQLError, get_named_type
+from graphql.language.visitor import SKIP, VisitorAction
+from graphql.type import is_introspection_type
 from strawberry.extensions import (
     AddValidationRules,
     MaxTokensLimiter,
@@ -47,7 +49,27 @@ def _depth_rule(max_depth: int) -> type[ASTValidationRule]:
     return create_validator(max_depth, None, None)
 
 
-def build_schema(max_depth: int = 12, max_tokens: int = 5000) -> strawberry.Schema:
+INTROSPECTION_OFF = (
+    "introspection is turned off on this server (ENGRAM_INTROSPECTION=false); "
+    "the schema is in the project's schema.graphql"
+)
+
+
+class NoIntrospection(ASTValidationRule):
+    """Refuses `__schema` and `__type` (`__typename` stays: clients need it for unions)."""
+
+    def enter_field(self, node: FieldNode, *_args: object) -> VisitorAction:
+        type_ = get_named_type(self.context.get_type())
+        if type_ is not None and is_introspection_type(type_):
+            self.report_error(GraphQLError(INTROSPECTION_OFF, node))
+            return SKIP  # one error for the field, none for what it selects
+        return None
+
+
+def build_schema(
+    max_depth: int = 12, max_tokens: int = 5000, introspection: bool = True
+) -> strawberry.Schema:
+    rules = [_depth_rule(max_depth)] + ([] if introspection else [NoIntrospection])
     return Schema(
         query=Query,
         mutation=Mutation,
@@ -57,7 +79,7 @@ def build_schema(max_depth: int = 12, max_tokens: int = 5000) -> strawberry.Sche
             # Factories, not instances: each request gets its own extension objects. The depth
             # rule comes first so that cached validations ran with it. (No ParserCache: a syntax
             # error raised from its hook escapes the operation hooks, and ErrorCodes with it.)
-            lambda: AddValidationRules([_depth_rule(max_depth)]),
+            lambda: AddValidationRules(rules),
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
             lambda: ValidationCache(maxsize=256),
             ErrorCodes,

@@ -197,6 +197,8 @@ async def add_memory(
     caller.require(*resources.ADD_MEMORY, *resources.READ_MEMORY)
     if memory.replaces is not None:
         caller.require(*resources.DELETE_MEMORY)
+    if memory.pinned:
+        caller.require(*resources.PIN_MEMORY)
     _check_session_id(memory.session_id)
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)

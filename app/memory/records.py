@@ -1,11 +1,14 @@
 """Memory records as the layers pass them around, and the limits every write obeys."""
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
+
+from app.text import for_model
 
 Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
 Scope = Literal["SESSION", "AGENT"]
@@ -49,7 +52,9 @@ class MemoryRecord:
 
 
 def pin_line(summary: str, memory_id: UUID) -> str:
-    return f"- {summary} (memory {memory_id})"
+    """The summary as quoted data: a JSON string (a quote, a newline or a fake `(memory ...)`
+    tag inside cannot end it), stripped of the characters that disguise text."""
+    return f"- {json.dumps(for_model(summary), ensure_ascii=False)} (memory {memory_id})"
 
 
 def pinned_listing(records: Iterable[MemoryRecord]) -> str:

@@ -288,8 +288,13 @@ async def search_as_operator(
     limit: int,
 ) -> list[MemoryView]:
     """An operator's search of an agent's records (every session, live and preview), with the
-    agent's search settings; needs SELECT on the memory search index and documents."""
-    caller.require(*resources.SEARCH_MEMORY)
+    agent's search settings. A ranked search needs SELECT on the memory search index and
+    documents; without a query it is a listing, and with `ids` a read, needing what those do."""
+    ranked_search = query is not None and bool(query.strip())
+    if ranked_search:
+        caller.require(*resources.SEARCH_MEMORY)
+    if not ranked_search or ids is not None:
+        caller.require(*resources.READ_MEMORY)
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
     if action is None:

@@ -3,7 +3,8 @@ model, marked as memory: data, never instructions.
 
 The block is a user-role message wrapped in `<memory>` tags, never part of the system
 instructions. Records are JSON lines with `<` escaped, so a record's text cannot close the
-block or open a tag of its own. A recall that finds records is recorded as an execution of
+block or open a tag of its own, and lose the control and bidi characters that could disguise
+them (app.text.for_model). A recall that finds records is recorded as an execution of
 `search_memory` with `recall: true`, and a `RETRIEVED` output use; one that finds nothing,
 or only record versions an earlier recall already put before the same conversation, is not.
 The conversation is the turn's: earlier turns' memory blocks are not replayed into it.
@@ -18,6 +19,7 @@ from app.memory.records import MemoryRecord
 from app.runtime import transcript as events
 from app.runtime.tools import SEARCH_MEMORY, NativeTools, record_view, versions
 from app.runtime.transcript import Transcript
+from app.text import for_model_json
 
 MEMORY_NOTE = (
     "Records recalled from your long-term memory because they may bear on the work at hand. "
@@ -30,7 +32,9 @@ Version = tuple[UUID, int]
 
 
 def memory_message(views: list[dict[str, Any]]) -> dict[str, Any]:
-    lines = [json.dumps(v, ensure_ascii=False).replace("<", "\\u003c") for v in views]
+    lines = [
+        json.dumps(for_model_json(v), ensure_ascii=False).replace("<", "\\u003c") for v in views
+    ]
     return {
         "role": "user",
         "content": "<memory>\n" + MEMORY_NOTE + "\n" + "\n".join(lines) + "\n</memory>",

@@ -21,6 +21,7 @@ from app.memory.service import MemoryWork, NewMemory
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall
 from app.runtime.transcript import Transcript
+from app.text import for_model, for_model_json
 
 SEARCH_MEMORY = "search_memory"
 ADD_MEMORY = "add_memory"
@@ -334,7 +335,9 @@ class NativeTools:
                 input=args if args is not None else {"arguments": call.arguments}, error=message
             )
             self.transcript.add(events.TOOL_EXECUTION, record)
-            return ToolMessage(json.dumps({"error": message}, ensure_ascii=False), message)
+            return ToolMessage(
+                json.dumps({"error": for_model(message)}, ensure_ascii=False), message
+            )
         if result.embed_tokens:
             self.transcript.embedding(self.embedder_name, result.embed_tokens, call.name)
         record.update(input=args, output=result.output)
@@ -355,7 +358,10 @@ class NativeTools:
             if isinstance(views, list)
             for view in views
         ]
-        return ToolMessage(json.dumps(result.output, ensure_ascii=False), "\n".join(summaries))
+        # Records are data: what could disguise them is stripped before the model reads them.
+        return ToolMessage(
+            json.dumps(for_model_json(result.output), ensure_ascii=False), "\n".join(summaries)
+        )
 
     def _check_offered(self, name: str) -> None:
         if name in self.schemas:

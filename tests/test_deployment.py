@@ -1,0 +1,110 @@
+"""Deployment defaults (issue 11, item 9): compose publishes no known admin token and runs
+with the production checks, the image keeps its data in a volume, and introspection is a
+setting, for authenticated clients only."""
+
+import os
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import db_settings
+from test_http import serving
+
+from app.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "a" * 64
+INTROSPECT = {"query": "{ __schema { queryType { name } } }"}
+_VARIABLE = re.compile(r"\$\{(\w+)(?::([?-])([^}]*))?\}")
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR:?error}`."""
+
+    def one(match: re.Match[str]) -> str:
+        name, kind, rest = match.groups()
+        if env.get(name):
+            return env[name]
+        if kind == "?":
+            raise LookupError(rest)
+        return rest if kind == "-" else ""
+
+    return _VARIABLE.sub(one, value)
+
+
+def engram_environment(env: dict[str, str]) -> dict[str, str]:
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    service = compose["services"]["engram"]
+    return {k: interpolate(str(v), env) for k, v in service["environment"].items()}
+
+
+def test_compose_requires_the_admin_token_and_runs_in_production(monkeypatch):
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "change-me" not in text
+    assert "${ENGRAM_BOOTSTRAP_TOKEN:?" in text
+    with pytest.raises(LookupError, match="ENGRAM_BOOTSTRAP_TOKEN"):
+        engram_environment({})
+    env = engram_environment({"ENGRAM_BOOTSTRAP_TOKEN": TOKEN})
+    assert env["ENGRAM_ENVIRONMENT"] == "production"
+    assert env["ENGRAM_BOOTSTRAP_TOKEN"] == TOKEN
+    # The image's own settings plus compose's pass the production checks...
+    for key in list(os.environ):
+        if key.startswith("ENGRAM_"):
+            monkeypatch.delenv(key)
+    for key, value in {**dockerfile_env(), **env}.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.environment == "production" and settings.host == "0.0.0.0"
+    # ...which refuse a short token.
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "short")
+    with pytest.raises(ValueError, match="at least 32 characters"):
+        Settings()
+
+
+def dockerfile_env() -> dict[str, str]:
+    text = (ROOT / "Dockerfile").read_text()
+    block = re.search(r"^ENV (.*?)(?:\n\n|\n[A-Z])", text, re.S | re.M)
+    assert block is not None
+    return dict(re.findall(r"(ENGRAM_\w+)=(\S+)", block.group(1)))
+
+
+def test_the_image_declares_the_data_volume_its_settings_name():
+    text = (ROOT / "Dockerfile").read_text()
+    data_dir = dockerfile_env()["ENGRAM_DATA_DIR"]
+    assert re.search(rf'^VOLUME \["?{re.escape(data_dir)}"?\]$', text, re.M)
+
+
+async def test_introspection_is_for_authenticated_clients_and_can_be_turned_off(db_url, embedder):
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    on = db_settings(db_url, bootstrap_token=TOKEN)
+    with serving(on, embedder) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            anonymous = await http.post("/graphql", json=INTROSPECT)
+            assert anonymous.status_code == 401
+            assert anonymous.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+            allowed = await http.post("/graphql", json=INTROSPECT, headers=admin)
+            assert allowed.json() == {"data": {"__schema": {"queryType": {"name": "Query"}}}}
+            page = await http.get("/graphql", headers={"accept": "text/html"})
+            assert "introspection is turned off" not in page.text
+
+    off = db_settings(db_url, bootstrap_token=TOKEN, introspection=False)
+    with serving(off, embedder) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            refused = await http.post("/graphql", json=INTROSPECT, headers=admin)
+            body = refused.json()
+            assert body["data"] is None
+            (error,) = body["errors"]
+            assert error["extensions"]["code"] == "BAD_REQUEST"
+            assert "ENGRAM_INTROSPECTION" in error["message"]
+            by_type = {"query": '{ __type(name: "Query") { name } }'}
+            refused = await http.post("/graphql", json=by_type, headers=admin)
+            assert refused.json()["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
+            # Queries run, __typename included; GraphiQL says why it has no schema.
+            typename = {"query": "{ __typename viewer { principal } }"}
+            ran = await http.post("/graphql", json=typename, headers=admin)
+            assert ran.json() == {"data": {"__typename": "Query", "viewer": {"principal": "admin"}}}
+            page = await http.get("/graphql", headers={"accept": "text/html"})
+            assert page.status_code == 200 and "GraphiQL" in page.text
+            assert "introspection is turned off on this server" in page.text

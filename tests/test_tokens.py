@@ -1,0 +1,205 @@
+"""Tokens can be rotated, listed, expired and revoked (issue 11, item 3)."""
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from helpers import allow, caller, db_settings, make_account
+from test_http import serving
+
+from app.auth import service
+from app.errors import Unauthenticated
+
+CREATE_CLIENT = "mutation($input: ClientInput!) { createClient(input: $input) { principal } }"
+CREATE_TOKEN = """mutation($p: String!, $a: UUID, $e: Timestamp) {
+  createClientToken(principal: $p, accountId: $a, expires: $e) {
+    token tokenId prefix created expires } }"""
+TOKENS = """query($p: String!, $a: UUID) { client(principal: $p, accountId: $a) {
+  tokens { tokenId prefix created expires lastUsed bootstrap } } }"""
+REVOKE = """mutation($p: String!, $t: UUID!, $a: UUID) {
+  revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId prefix } }"""
+POLICY = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]}
+FIRST = "first-bootstrap-token-value-0123456789"
+SECOND = "second-bootstrap-token-value-0123456789"
+
+
+async def bot(gql, admin, state):
+    account = await make_account(state)
+    client = {"accountId": str(account), "principal": "bot", "name": "Bot", "policies": [POLICY]}
+    (await gql(admin, CREATE_CLIENT, input=client)).ok()
+    return account
+
+
+async def valid(state, token: str) -> bool:
+    try:
+        await service.authenticate(state.pool, f"Bearer {token}")
+    except Unauthenticated:
+        return False
+    return True
+
+
+async def test_a_changed_bootstrap_token_replaces_the_old_one_and_others_stay(state, admin):
+    await service.bootstrap_admin(state.pool, FIRST)
+    other = await service.create_client_token(state.pool, admin, None, "admin")
+    assert await valid(state, FIRST)
+
+    await service.bootstrap_admin(state.pool, SECOND)
+    assert not await valid(state, FIRST)  # the old setting's token no longer works
+    assert await valid(state, SECOND)
+    assert await valid(state, other)  # an admin token issued otherwise stays
+    listed = await service.list_client_tokens(state.pool, admin, None, "admin")
+    assert sorted(t.bootstrap for t in listed) == [False, True]
+    # The same setting again changes nothing.
+    await service.bootstrap_admin(state.pool, SECOND)
+    assert await valid(state, SECOND) and await valid(state, other)
+    assert len(await service.list_client_tokens(state.pool, admin, None, "admin")) == 2
+
+
+async def test_a_bootstrap_token_from_before_the_marking_is_marked_then_replaced(state, admin):
+    # Before tokens were marked, the setting's value was stored as a plain admin token.
+    await service.bootstrap_admin(state.pool, None)
+    async with state.pool.acquire() as conn:
+        await conn.execute("DELETE FROM client_tokens")
+        await conn.execute(
+            "INSERT INTO client_tokens (token_hash, account_id, principal) "
+            "VALUES ($1, $2, 'admin')",
+            service.hash_token(FIRST),
+            admin.account_id,
+        )
+    await service.bootstrap_admin(state.pool, FIRST)
+    (marked,) = await service.list_client_tokens(state.pool, admin, None, "admin")
+    assert marked.bootstrap and marked.prefix == FIRST[:8]
+    await service.bootstrap_admin(state.pool, SECOND)
+    assert not await valid(state, FIRST) and await valid(state, SECOND)
+
+
+async def test_restarting_with_a_new_bootstrap_token_over_http(db_url, embedder):
+    # What an operator does: change ENGRAM_BOOTSTRAP_TOKEN and restart the service.
+    query = {"query": "{ viewer { principal } }"}
+    statuses = []
+    for token in (FIRST, SECOND):
+        settings = db_settings(db_url, bootstrap_token=token)
+        with serving(settings, embedder) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                headers = {"Authorization": f"Bearer {FIRST}"}
+                answer = await http.post("/graphql", json=query, headers=headers)
+                statuses.append(answer.status_code)
+    assert statuses == [200, 401]
+    assert answer.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_tokens_are_listed_without_their_secret(gql, state, admin):
+    account = await bot(gql, admin, state)
+    expires = (datetime.now(UTC) + timedelta(days=30)).isoformat()
+    issued = (await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)).ok()
+    issued = issued["createClientToken"]
+    token = issued["token"]
+    assert issued["prefix"] == token[:8] and issued["expires"] is not None
+    second = (await gql(admin, CREATE_TOKEN, p="bot", a=str(account))).ok()["createClientToken"]
+
+    listing = await gql(admin, TOKENS, p="bot", a=str(account))
+    tokens = listing.ok()["client"]["tokens"]
+    assert [t["tokenId"] for t in tokens] == [second["tokenId"], issued["tokenId"]]
+    assert tokens[1]["prefix"] == token[:8]
+    assert tokens[1]["expires"] is not None and tokens[0]["expires"] is None
+    assert all(t["lastUsed"] is None and not t["bootstrap"] for t in tokens)
+    text = json.dumps(listing.data)
+    assert token not in text and second["token"] not in text and token[8:20] not in text
+
+
+async def test_last_used_is_written_at_most_once_a_minute(gql, state, admin):
+    account = await bot(gql, admin, state)
+    token = await service.create_client_token(state.pool, admin, account, "bot")
+
+    async def last_used():
+        (info,) = await service.list_client_tokens(state.pool, admin, account, "bot")
+        return info.last_used
+
+    await service.authenticate(state.pool, f"Bearer {token}")
+    first = await last_used()
+    assert first is not None
+    await service.authenticate(state.pool, f"Bearer {token}")
+    assert await last_used() == first  # within the minute: not written again
+    async with state.pool.acquire() as conn:
+        await conn.execute("UPDATE client_tokens SET last_used = now() - interval '2 minutes'")
+    stale = await last_used()
+    await service.authenticate(state.pool, f"Bearer {token}")
+    assert await last_used() > stale
+
+
+async def test_an_expired_token_is_unauthenticated(gql, state, admin):
+    account = await bot(gql, admin, state)
+    past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+    refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=past)
+    assert refused.codes == ["BAD_REQUEST"] and "expires must be in the future" in str(
+        refused.errors
+    )
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    token = await service.create_client_token(state.pool, admin, account, "bot", soon)
+    assert (await service.authenticate(state.pool, f"Bearer {token}")).principal == "bot"
+    async with state.pool.acquire() as conn:  # an hour passes
+        await conn.execute("UPDATE client_tokens SET expires = now() - interval '1 second'")
+    with pytest.raises(Unauthenticated, match="expired"):
+        await service.authenticate(state.pool, f"Bearer {token}")
+
+
+async def test_a_revoked_token_is_refused(gql, state, admin):
+    account = await bot(gql, admin, state)
+    kept = await service.create_client_token(state.pool, admin, account, "bot")
+    token = await service.create_client_token(state.pool, admin, account, "bot")
+    tokens = (await gql(admin, TOKENS, p="bot", a=str(account))).ok()["client"]["tokens"]
+    token_id = tokens[0]["tokenId"]
+    revoked = await gql(admin, REVOKE, p="bot", t=token_id, a=str(account))
+    assert revoked.ok()["revokeClientToken"] == {"tokenId": token_id, "prefix": token[:8]}
+    assert not await valid(state, token)
+    assert await valid(state, kept)
+    again = await gql(admin, REVOKE, p="bot", t=token_id, a=str(account))
+    assert again.codes == ["NOT_FOUND"]
+
+
+async def test_token_operations_need_their_grants(gql, state, admin):
+    account = await bot(gql, admin, state)
+    await service.create_client_token(state.pool, admin, account, "bot")
+    (info,) = await service.list_client_tokens(state.pool, admin, account, "bot")
+    a, t = str(account), str(info.token_id)
+    documents = caller(account, allow(["SELECT", "DELETE"], "financial.Client.document"))
+    listed = await gql(documents, TOKENS, p="bot")
+    assert listed.codes == ["ACCESS_DENIED"]
+    assert "SELECT financial.Client.token" in listed.errors[0]["message"]
+    revoked = await gql(documents, REVOKE, p="bot", t=t)
+    assert revoked.codes == ["ACCESS_DENIED"]
+    assert "DELETE financial.Client.token" in revoked.errors[0]["message"]
+    granted = caller(
+        account,
+        allow(["SELECT"], "financial.Client.document", "financial.Client.token"),
+        allow(["DELETE"], "financial.Client.token"),
+    )
+    assert len((await gql(granted, TOKENS, p="bot")).ok()["client"]["tokens"]) == 1
+    # Another tenant's client never shows, nor its tokens.
+    stranger = caller(await make_account(state), allow(["SELECT", "DELETE"], "*"))
+    assert (await gql(stranger, REVOKE, p="bot", t=t, a=a)).codes == ["NOT_FOUND"]
+    assert (await gql(granted, REVOKE, p="bot", t=t)).ok()["revokeClientToken"]["tokenId"] == t
+
+
+async def test_cli_issues_lists_and_revokes_tokens(db_url, state, admin, monkeypatch, capsys):
+    from app import cli
+
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.delenv("ENGRAM_BOOTSTRAP_TOKEN", raising=False)
+    await service.create_client(state.pool, admin, None, "ops", "Ops", [POLICY])
+
+    async def engram(*args: str) -> dict:
+        assert await asyncio.to_thread(cli.main, list(args)) == 0
+        return json.loads(capsys.readouterr().out)
+
+    issued = await engram("client", "token", "ops", "--expires", "2999-01-01T00:00:00Z")
+    assert issued["expires"].startswith("2999-01-01") and issued["prefix"] == issued["token"][:8]
+    listed = await engram("client", "tokens", "ops")
+    assert [t["tokenId"] for t in listed["tokens"]] == [issued["tokenId"]]
+    assert issued["token"] not in json.dumps(listed)
+    assert await valid(state, issued["token"])
+    revoked = await engram("client", "revoke-token", "ops", issued["tokenId"])
+    assert revoked["revoked"]["tokenId"] == issued["tokenId"]
+    assert not await valid(state, issued["token"])
