@@ -22,6 +22,8 @@ from app import cli
 from app.auth import service
 from app.errors import Unauthenticated
 
+_CHECKOUT = str(Path(__file__).resolve().parents[1])
+
 
 def engram_command() -> list[str]:
     script = shutil.which("engram")
@@ -32,6 +34,8 @@ def clean_env(**engram: str) -> dict[str, str]:
     """This process's environment without any ENGRAM_* setting, plus `engram`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     env.update({f"ENGRAM_{k.upper()}": v for k, v in engram.items()})
+    # The command runs this checkout's code, not whichever one `pip install -e` pointed at.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_CHECKOUT, env.get("PYTHONPATH")]))
     return env
 
 
