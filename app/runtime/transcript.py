@@ -23,6 +23,8 @@ Event types and what their `data` holds:
 from dataclasses import dataclass
 from typing import Any
 
+from app.text import storable_json
+
 TURN_INPUT = "turn.input"
 MEMORY_PINNED = "memory.pinned"
 MODEL_CALL = "model.call"
@@ -59,7 +61,8 @@ class Transcript:
     def add(self, type: str, data: dict[str, Any]) -> int:
         sequence = self._next
         self._next += 1
-        self.events.append(Event(sequence, self.invocation_number, type, data))
+        # Events carry what models and tools said: stored whatever characters it holds.
+        self.events.append(Event(sequence, self.invocation_number, type, storable_json(data)))
         return sequence
 
     def embedding(self, model: str, tokens: int, used_for: str) -> None:
