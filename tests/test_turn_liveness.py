@@ -258,6 +258,9 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
         return await _status(state, lost) == "FAILED"
 
     await until(swept)
+    async with state.pool.acquire() as conn:
+        error = await conn.fetchval("SELECT error FROM executions WHERE execution_id = $1", lost)
+    assert "its end could not be recorded" in error
     assert await _status(state, old) == "RUNNING"  # judged by the old, longer rule
     async with state.pool.acquire() as conn:
         await conn.execute(
@@ -269,6 +272,20 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
     model_server.say("slow answer", delay=3 * LEASE)
     slow = await run(gql, admin, action_id, "take your time")
     assert slow["status"] == "SUCCEEDED", slow["error"]
+
+
+async def test_processes_sweeping_one_database_at_once_fail_each_dead_turn_once(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    dead = [await _running_turn(state, admin, action_id, uuid.uuid4()) for _ in range(6)]
+    others = [liveness.TurnLiveness(state.pool, state.settings) for _ in range(3)]
+    swept = await asyncio.gather(*(p.sweep() for p in [*others, process(state)]))
+    failed = [e for s in swept for e in s.failed]
+    assert sorted(failed) == sorted(dead)  # each once, whichever process got it
+    assert sum(s.staged_dropped for s in swept) == len(dead)
+    for other in others:
+        await other.aclose()
 
 
 async def test_a_process_registers_at_start_and_leaves_at_stop(state: AppState) -> None:

@@ -102,7 +102,7 @@ class TurnLiveness:
             await store.forget_dead_processes(conn, self.lease_seconds)
         if failed:
             log.warning(
-                "failed %d turns whose process ended: %s",
+                "failed %d turns no process runs any more: %s",
                 len(failed),
                 ", ".join(str(r["execution_id"]) for r in failed),
             )
@@ -115,9 +115,14 @@ class TurnLiveness:
             await asyncio.sleep(self.heartbeat_seconds)
             try:
                 await self.sweep()
-            except Exception:
+            except Exception as e:
                 # The database may be down or restarting: the next heartbeat tries again.
-                log.warning("turn liveness sweep failed; next in %s s", self.heartbeat_seconds)
+                log.warning(
+                    "turn liveness sweep failed (%s: %s); next in %s s",
+                    type(e).__name__,
+                    e,
+                    self.heartbeat_seconds,
+                )
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -406,6 +406,10 @@ async def defer_durability(conn: asyncpg.Connection) -> None:
 # Liveness of service processes (app/runtime/liveness.py)
 
 DEAD_PROCESS_ERROR = "the turn stopped without finishing (its process ended); retry the execution"
+UNRECORDED_ERROR = (
+    "the turn failed but its end could not be recorded (the database was unreachable); retry "
+    "the execution"
+)
 
 
 async def beat(conn: asyncpg.Connection, boot_id: UUID, host: str, pid: int) -> None:
@@ -444,7 +448,8 @@ async def fail_dead_turns(
     return await conn.fetch(
         """
         UPDATE executions e
-        SET status = 'FAILED', modified = now(), error = $6
+        SET status = 'FAILED', modified = now(),
+            error = CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
         WHERE e.status = 'RUNNING' AND e.kind = 'TURN'
           AND e.modified < now() - make_interval(secs => $4)
           AND ((e.boot_id <> $1 AND NOT EXISTS (
@@ -461,6 +466,7 @@ async def fail_dead_turns(
         grace_seconds,
         legacy_seconds,
         DEAD_PROCESS_ERROR,
+        UNRECORDED_ERROR,
     )
 
 
