@@ -32,6 +32,9 @@ def clean_env(**engram: str) -> dict[str, str]:
     """This process's environment without any ENGRAM_* setting, plus `engram`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     env.update({f"ENGRAM_{k.upper()}": v for k, v in engram.items()})
+    # The command runs this checkout's app (the installed script may point at another one).
+    checkout = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [checkout, env.get("PYTHONPATH")] if p)
     return env
 
 
