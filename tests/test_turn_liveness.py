@@ -230,15 +230,19 @@ async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_re
     async def swept() -> bool:
         return await _status(state, crashed) == "FAILED" and await _staged(state, crashed) == 0
 
+    async def forgotten() -> bool:
+        async with state.pool.acquire() as conn:
+            processes = await conn.fetch("SELECT boot_id FROM service_processes")
+        return {p["boot_id"] for p in processes} == {alive, process(state).boot_id}
+
     await until(swept)  # no turn started: the background sweep did it
+    await until(forgotten)  # and the dead process is forgotten, the live one kept
     assert chat(model_server) == []
     async with state.pool.acquire() as conn:
         error = await conn.fetchval("SELECT error FROM executions WHERE execution_id = $1", crashed)
-        processes = await conn.fetch("SELECT boot_id FROM service_processes")
     assert "its process ended" in error
-    # The live process's turn and staged row are left alone; the dead process is forgotten.
+    # The live process's turn and staged row are left alone.
     assert await _status(state, running) == "RUNNING" and await _staged(state, running) == 1
-    assert {p["boot_id"] for p in processes} == {alive, process(state).boot_id}
 
     retried = await run(gql, admin, action_id, None, execution_id=str(crashed))
     assert (retried["status"], retried["invocationNumber"]) == ("SUCCEEDED", 2)
@@ -267,7 +271,11 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
             "UPDATE executions SET modified = now() - interval '1 day' WHERE execution_id = $1",
             old,
         )
-    assert old in (await me.sweep()).failed
+
+    async def old_swept() -> bool:
+        return await _status(state, old) == "FAILED"
+
+    await until(old_swept)
 
     model_server.say("slow answer", delay=3 * LEASE)
     slow = await run(gql, admin, action_id, "take your time")
@@ -277,10 +285,11 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
 async def test_processes_sweeping_one_database_at_once_fail_each_dead_turn_once(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
+    await process(state).aclose()  # this test's processes are the only ones sweeping
     action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
     dead = [await _running_turn(state, admin, action_id, uuid.uuid4()) for _ in range(6)]
-    others = [liveness.TurnLiveness(state.pool, state.settings) for _ in range(3)]
-    swept = await asyncio.gather(*(p.sweep() for p in [*others, process(state)]))
+    others = [liveness.TurnLiveness(state.pool, state.settings) for _ in range(4)]
+    swept = await asyncio.gather(*(p.sweep() for p in others))
     failed = [e for s in swept for e in s.failed]
     assert sorted(failed) == sorted(dead)  # each once, whichever process got it
     assert sum(s.staged_dropped for s in swept) == len(dead)
@@ -316,17 +325,26 @@ async def test_m7_staged_rows_of_an_operator_write_that_died_are_swept(
         return row.memory_id
 
     orphan = await stage("orphaned by a crash")
+    in_progress = await stage("about to commit")
     async with state.pool.acquire() as conn:
-        # A write still between staging and committing is spared for the lease.
-        assert await runtime_store.drop_orphaned_staged(conn, 3600) == 0
-        await conn.execute(
-            "UPDATE agent_memories SET created = now() - interval '1 hour' WHERE memory_id = $1",
-            orphan,
-        )
+        # The orphan was staged an hour ago; the other is a write between staging and
+        # committing (staged "now" for as long as this test runs), spared for the lease.
+        for memory_id, age in [(orphan, 3600.0), (in_progress, -3600.0)]:
+            await conn.execute(
+                "UPDATE agent_memories SET created = now() - make_interval(secs => $2) "
+                "WHERE memory_id = $1",
+                memory_id,
+                age,
+            )
+
+    async def left() -> list[uuid.UUID]:
+        async with state.pool.acquire() as conn:
+            return [
+                r["memory_id"] for r in await conn.fetch("SELECT memory_id FROM agent_memories")
+            ]
 
     async def swept() -> bool:
-        async with state.pool.acquire() as conn:
-            return not await conn.fetchval("SELECT count(*) FROM agent_memories")
+        return await left() == [in_progress]
 
     await until(swept)
 
@@ -391,8 +409,27 @@ async def test_m7_add_agent_memory_with_a_key_writes_once(
         == 0
     )
 
-    bad = await gql(admin, ADD, a=action_id, input=fact, key="x" * 201)
-    assert bad.codes == ["BAD_REQUEST"]
+    for bad_key in ["x" * 201, " ", "k\x00"]:
+        bad = await gql(admin, ADD, a=action_id, input=fact, key=bad_key)
+        assert bad.codes == ["BAD_REQUEST"] and "idempotencyKey" in bad.errors[0]["message"]
+
+    # Kept a day, then forgotten by the sweep: the key may then name a new write.
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE idempotency_keys SET created = now() - interval '23 hours' WHERE key = 'k2'"
+        )
+        await conn.execute(
+            "UPDATE idempotency_keys SET created = now() - interval '25 hours' WHERE key = 'k1'"
+        )
+
+    async def forgotten() -> bool:
+        return not await _count(state, "SELECT count(*) FROM idempotency_keys WHERE key = 'k1'")
+
+    await until(forgotten)  # admin's and ops's k1
+    renewed = await gql(admin, ADD, a=action_id, input={**fact, "summary": "Bo"}, key="k1")
+    assert renewed.ok()["addAgentMemory"]["memoryId"] != first["memoryId"]
+    kept = await gql(admin, ADD, a=action_id, input={**fact, "summary": "Bo"}, key="k2")
+    assert kept.codes == ["CONFLICT"]
 
 
 async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
