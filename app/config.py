@@ -70,8 +70,19 @@ class Settings(BaseSettings):
     model_allowed_base_urls: list[str] = Field(default_factory=list)
     model_allowed_key_envs: list[str] = Field(default_factory=list)
 
+    # Turns of a dead process (app/runtime/liveness.py): every process refreshes its heartbeat
+    # and sweeps every turn_heartbeat_seconds; a turn whose process has not beaten for
+    # turn_lease_seconds is failed (it can then be retried), and what it staged is dropped.
+    turn_heartbeat_seconds: float = Field(default=10.0, gt=0)
+    turn_lease_seconds: float = Field(default=60.0, gt=0)
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> "Settings":
+        if self.turn_lease_seconds < 2 * self.turn_heartbeat_seconds:
+            raise ValueError(
+                "ENGRAM_TURN_LEASE_SECONDS must be at least twice ENGRAM_TURN_HEARTBEAT_SECONDS, "
+                "or a live process's turns could be failed between two heartbeats"
+            )
         if self.environment == "production":
             token = self.bootstrap_token.get_secret_value() if self.bootstrap_token else None
             if token is not None and len(token) < 32:

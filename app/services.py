@@ -2,6 +2,8 @@
 
 from app.embeddings.setup import ensure_model, open_embedder
 from app.memory.maintenance import SearchMaintenance
+from app.runtime.liveness import SERVICE as TURN_LIVENESS
+from app.runtime.liveness import TurnLiveness
 from app.state import AppState
 
 
@@ -17,6 +19,8 @@ async def start_services(state: AppState) -> None:
         max_agents=state.settings.agent_index_max_agents,
     )
     await maintenance.start()
+    liveness = state.services[TURN_LIVENESS] = TurnLiveness(state.pool, state.settings)
+    await liveness.start()
 
 
 async def stop_services(state: AppState) -> None:

@@ -68,6 +68,14 @@ class Fault:
 CHAT = "/v1/chat/completions"
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped, so a scripted reply may hold a lone surrogate (\\ud800) as
+    a model server can send it."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
 @dataclass
 class ChatReply:
     """One scripted assistant answer: text, tool calls (name and arguments: an object, or raw
@@ -256,7 +264,7 @@ class OpenAIServer:
             ]
         prompt = sum(word_count(str(m.get("content") or "")) for m in body.get("messages", []))
         completion = word_count(reply.content or "") + 5 * len(reply.tool_calls)
-        return JSONResponse(
+        return AsciiJSONResponse(
             {
                 "id": f"chatcmpl-{number}",
                 "object": "chat.completion",

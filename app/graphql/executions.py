@@ -303,6 +303,12 @@ class ExecuteActionInput:
     execution_id: UUID | None = strawberry.field(
         default=None, description="Retry this FAILED execution as its next invocation."
     )
+    idempotency_key: str | None = strawberry.field(
+        default=None,
+        description="Sent again with the same arguments (after a lost answer), returns the "
+        "execution the first request started instead of running another turn; the same key with "
+        "other arguments is CONFLICT. Scoped to the caller and kept at least 24 hours.",
+    )
 
 
 @strawberry.type
@@ -321,6 +327,7 @@ class ExecutionMutation:
                 input=input.input,
                 preview=input.preview,
                 execution_id=input.execution_id,
+                idempotency_key=input.idempotency_key,
             ),
         )
         return ActionExecution.of(executed)

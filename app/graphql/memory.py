@@ -353,15 +353,28 @@ class MemoryQuery:
         return await _read(info, action_id, id, version)
 
 
+IDEMPOTENCY_KEY = strawberry.argument(
+    description="Sent again with the same arguments (after a lost answer), returns the first "
+    "request's result instead of writing twice; the same key with other arguments is CONFLICT. "
+    "Scoped to the caller and kept at least 24 hours."
+)
+
+
 @strawberry.type
 class MemoryMutation:
     @strawberry.mutation(
         description="Deletes one of the agent's records: the agent no longer recalls it, and it "
         "stays readable with its versions. Deleting a deleted record returns it unchanged."
     )
-    async def delete_agent_memory(self, info: Info, action_id: UUID, id: UUID) -> ActionAgentMemory:
+    async def delete_agent_memory(
+        self,
+        info: Info,
+        action_id: UUID,
+        id: UUID,
+        idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
+    ) -> ActionAgentMemory:
         deleted = await operator.delete_memory(
-            info.context.pool, info.context.caller, action_id, id
+            info.context.pool, info.context.caller, action_id, id, idempotency_key=idempotency_key
         )
         return ActionAgentMemory.of(deleted)
 
@@ -373,7 +386,11 @@ class MemoryMutation:
         "instructions)."
     )
     async def add_agent_memory(
-        self, info: Info, action_id: UUID, input: AgentMemoryInput
+        self,
+        info: Info,
+        action_id: UUID,
+        input: AgentMemoryInput,
+        idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> ActionAgentMemory:
         embedder = info.context.state.embedder
         assert embedder is not None, "the embedding service starts with the app"
@@ -393,5 +410,6 @@ class MemoryMutation:
                 replaces=input.replaces,
                 metadata=input.metadata,
             ),
+            idempotency_key=idempotency_key,
         )
         return ActionAgentMemory.of(added)

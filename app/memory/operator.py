@@ -7,7 +7,7 @@ of its own memory (app/memory/service.py) grants nothing to anyone.
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -20,6 +20,7 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
 from app.errors import BadInput, NotFound
+from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory import store
 from app.memory.records import MemoryRecord, Scope
 from app.memory.service import MemoryWork, NewMemory, Writer
@@ -126,12 +127,54 @@ async def memory_history(
     return [MemoryView(store.record(r), names) for r in rows]
 
 
+async def _answered(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, key: Key
+) -> MemoryView | None:
+    """The record version a key already answered with; None for a new key."""
+    async with pool.acquire() as conn:
+        result = await key.previous(conn)
+    if result is None:
+        return None
+    memory_id = UUID(result["memoryId"])
+    view = await get_memory(pool, caller, action_id, memory_id, result["version"])
+    if view is None:
+        raise NotFound(
+            f"idempotency key {key.key!r} answered with memory {memory_id}, which no longer "
+            "exists (its agent was deleted)"
+        )
+    return view
+
+
 async def delete_memory(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID, memory_id: UUID
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    memory_id: UUID,
+    *,
+    idempotency_key: str | None = None,
 ) -> MemoryView:
     """Writes the record's next version, DELETED, with modifiedBy the caller; deleting a deleted
-    record returns it unchanged."""
+    record returns it unchanged. A retry with the same idempotency key returns the first
+    answer."""
     caller.require(*resources.DELETE_MEMORY)
+    arguments = {"actionId": action_id, "id": memory_id}
+    key = key_for(
+        idempotency_key, caller.account_id, caller.principal, "deleteAgentMemory", arguments
+    )
+    if key is not None and (answered := await _answered(pool, caller, action_id, key)):
+        return answered
+    try:
+        return await _delete(pool, caller, action_id, memory_id, key)
+    except Duplicate:
+        assert key is not None
+        answered = await _answered(pool, caller, action_id, key)
+        assert answered is not None, "a key whose transaction committed is found"
+        return answered
+
+
+async def _delete(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, memory_id: UUID, key: Key | None
+) -> MemoryView:
     reader = OperatorReader(caller.account_id, action_id)
     async with pool.acquire() as conn:
         async with conn.transaction():
@@ -156,6 +199,8 @@ async def delete_memory(
                     replaced_by=None,
                     modified_by=caller.principal,
                 )
+            if key is not None:
+                await key.record(conn, {"memoryId": str(memory_id), "version": row["version"]})
         names = await _label_names(conn, caller.account_id, action_id)
     return MemoryView(store.record(row), names)
 
@@ -189,9 +234,16 @@ async def add_memory(
     caller: Caller,
     action_id: UUID,
     memory: OperatorMemory,
+    *,
+    idempotency_key: str | None = None,
 ) -> MemoryView:
     """Seeds or corrects a record (source OPERATOR), recorded as an execution of its own so
-    that every record names the execution that wrote it."""
+    that every record names the execution that wrote it. A retry with the same idempotency key
+    returns the first answer.
+
+    The record is staged before the transaction that commits it (its embedding is computed
+    outside any transaction); a process that dies between the two leaves a staged row that the
+    liveness sweep (app/runtime/liveness.py) deletes."""
     # The stored record is returned, which needs READ_MEMORY; a replacement removes the record
     # it replaces from recall, as a deletion does, so it needs DELETE_MEMORY's grants too.
     caller.require(*resources.ADD_MEMORY, *resources.READ_MEMORY)
@@ -200,6 +252,10 @@ async def add_memory(
     if memory.pinned:
         caller.require(*resources.PIN_MEMORY)
     _check_session_id(memory.session_id)
+    arguments = {"actionId": action_id, **asdict(memory)}
+    key = key_for(idempotency_key, caller.account_id, caller.principal, "addAgentMemory", arguments)
+    if key is not None and (answered := await _answered(pool, caller, action_id, key)):
+        return answered
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
     if action is None:
@@ -255,8 +311,18 @@ async def add_memory(
                 },
             )
             written = await work.commit(conn)
+            record = next(r for r in written if r.memory_id == new_id)
+            if key is not None:
+                await key.record(conn, {"memoryId": str(new_id), "version": record.version})
+    except Duplicate:
+        # A concurrent request with the same key committed first: answer with its record.
+        await work.discard()
+        assert key is not None
+        answered = await _answered(pool, caller, action_id, key)
+        assert answered is not None, "a key whose transaction committed is found"
+        return answered
     except BaseException:
         await work.discard()
         raise
     names = {label.number: label.name for label in action.harness.memory.labels}
-    return MemoryView(next(r for r in written if r.memory_id == new_id), names)
+    return MemoryView(record, names)

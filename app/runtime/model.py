@@ -19,6 +19,7 @@ from app.actions.model import ModelConfig
 from app.config import Settings
 from app.errors import BadInput
 from app.http_retry import RetriesExhausted, post_with_retries, server_message
+from app.text import storable
 
 Purpose = Literal["turn", "memory"]
 PURPOSE_HEADER = "X-Engram-Purpose"
@@ -150,10 +151,12 @@ def _tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
         arguments = function.get("arguments")
         calls.append(
             ToolCall(
-                id=str(call.get("id") or f"call_{i}"),
-                name=str(function.get("name") or ""),
+                id=storable(str(call.get("id") or f"call_{i}")),
+                name=storable(str(function.get("name") or "")),
                 # Some servers send arguments as an object rather than JSON text.
-                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
+                arguments=storable(
+                    arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+                ),
             )
         )
     return tuple(calls)
@@ -208,7 +211,8 @@ class ModelClient:
         message, finish_reason, usage, model = _parse(answer, endpoint)
         content = message.get("content")
         return Completion(
-            content=content if isinstance(content, str) else None,
+            # What a model says is stored (transcript, output): NUL and lone surrogates replaced.
+            content=storable(content) if isinstance(content, str) else None,
             tool_calls=_tool_calls(message),
             finish_reason=finish_reason if isinstance(finish_reason, str) else None,
             model=model,

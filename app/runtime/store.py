@@ -25,12 +25,15 @@ async def insert_execution(
     principal: str,
     input: Any,
     invocation_number: int = 1,
+    boot_id: UUID | None = None,
 ) -> Row:
+    """`boot_id`: the process running a RUNNING turn (app/runtime/liveness.py)."""
     return await conn.fetchrow(
         """
         INSERT INTO executions (account_id, action_id, execution_id, action_version, session_id,
-                                turn, invocation_number, kind, status, preview, principal, input)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                turn, invocation_number, kind, status, preview, principal, input,
+                                boot_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
         RETURNING *
         """,
         account_id,
@@ -45,6 +48,7 @@ async def insert_execution(
         preview,
         principal,
         input,
+        boot_id,
     )
 
 
@@ -127,14 +131,19 @@ async def ended_turns_with_pending_memory(
 
 
 async def restart_execution(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_id: UUID
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    boot_id: UUID | None = None,
 ) -> Row | None:
-    """A FAILED turn becomes RUNNING again as its next invocation; None if it is not FAILED."""
+    """A FAILED turn becomes RUNNING again as its next invocation, in process `boot_id`;
+    None if it is not FAILED."""
     return await conn.fetchrow(
         """
         UPDATE executions
         SET status = 'RUNNING', invocation_number = invocation_number + 1,
-            output = NULL, error = NULL, modified = now()
+            output = NULL, error = NULL, modified = now(), boot_id = $4
         WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
           AND kind = 'TURN' AND status = 'FAILED'
         RETURNING *
@@ -142,6 +151,7 @@ async def restart_execution(
         account_id,
         action_id,
         execution_id,
+        boot_id,
     )
 
 
@@ -391,3 +401,106 @@ async def defer_durability(conn: asyncpg.Connection) -> None:
     the start surviving a crash, and a later synchronous commit flushes it first (WAL order).
     """
     await conn.execute("SET LOCAL synchronous_commit = off")
+
+
+# Liveness of service processes (app/runtime/liveness.py)
+
+DEAD_PROCESS_ERROR = "the turn stopped without finishing (its process ended); retry the execution"
+UNRECORDED_ERROR = (
+    "the turn failed but its end could not be recorded (the database was unreachable); retry "
+    "the execution"
+)
+
+
+async def beat(conn: asyncpg.Connection, boot_id: UUID, host: str, pid: int) -> None:
+    """Registers the process, or refreshes its heartbeat (its row may have been removed while
+    it stalled: it comes back)."""
+    await conn.execute(
+        """
+        INSERT INTO service_processes (boot_id, host, pid) VALUES ($1, $2, $3)
+        ON CONFLICT (boot_id) DO UPDATE SET heartbeat = now()
+        """,
+        boot_id,
+        host,
+        pid,
+    )
+
+
+async def remove_process(conn: asyncpg.Connection, boot_id: UUID) -> None:
+    await conn.execute("DELETE FROM service_processes WHERE boot_id = $1", boot_id)
+
+
+async def fail_dead_turns(
+    conn: asyncpg.Connection,
+    *,
+    boot_id: UUID,
+    live: list[UUID],
+    lease_seconds: float,
+    grace_seconds: float,
+    legacy_seconds: float,
+) -> list[Row]:
+    """Fails, in every account, the RUNNING turns no process runs any more: those of a process
+    whose heartbeat is older than the lease (or whose row is gone); those of this process that
+    it no longer runs (their end could not be recorded); and those without a boot ID (written
+    before boot IDs) by their last sign of life. A turn that showed life in the last
+    `grace_seconds` is spared (it may have started just now). Safe to run from several
+    processes at once: each row is updated only while it is still RUNNING."""
+    return await conn.fetch(
+        """
+        UPDATE executions e
+        SET status = 'FAILED', modified = now(),
+            error = CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
+        WHERE e.status = 'RUNNING' AND e.kind = 'TURN'
+          AND e.modified < now() - make_interval(secs => $4)
+          AND ((e.boot_id <> $1 AND NOT EXISTS (
+                  SELECT 1 FROM service_processes p
+                  WHERE p.boot_id = e.boot_id
+                    AND p.heartbeat >= now() - make_interval(secs => $3)))
+               OR (e.boot_id = $1 AND e.execution_id <> ALL($2::uuid[]))
+               OR (e.boot_id IS NULL AND e.modified < now() - make_interval(secs => $5)))
+        RETURNING e.account_id, e.action_id, e.execution_id
+        """,
+        boot_id,
+        live,
+        lease_seconds,
+        grace_seconds,
+        legacy_seconds,
+        DEAD_PROCESS_ERROR,
+        UNRECORDED_ERROR,
+    )
+
+
+async def drop_orphaned_staged(conn: asyncpg.Connection, grace_seconds: float) -> int:
+    """Deletes, in every account, staged memory rows that can never commit: those of a turn
+    attempt no longer running, and those of an operator write whose execution was never
+    recorded (its process died between staging and committing) once `grace_seconds` old."""
+    status = await conn.execute(
+        """
+        DELETE FROM agent_memories m
+        WHERE m.pending_execution IS NOT NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM executions e
+              WHERE e.account_id = m.account_id AND e.action_id = m.action_id
+                AND e.execution_id = m.pending_execution AND e.status = 'RUNNING'
+                AND e.invocation_number = m.pending_invocation)
+          AND (m.created < now() - make_interval(secs => $1) OR EXISTS (
+              SELECT 1 FROM executions e
+              WHERE e.account_id = m.account_id AND e.action_id = m.action_id
+                AND e.execution_id = m.pending_execution))
+        """,
+        grace_seconds,
+    )
+    return int(status.split()[-1])
+
+
+async def forget_dead_processes(conn: asyncpg.Connection, lease_seconds: float) -> None:
+    """Removes the rows of processes past their lease that no longer own a RUNNING turn."""
+    await conn.execute(
+        """
+        DELETE FROM service_processes p
+        WHERE p.heartbeat < now() - make_interval(secs => $1)
+          AND NOT EXISTS (
+              SELECT 1 FROM executions e WHERE e.boot_id = p.boot_id AND e.status = 'RUNNING')
+        """,
+        lease_seconds,
+    )

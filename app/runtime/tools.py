@@ -21,7 +21,7 @@ from app.memory.service import MemoryWork, NewMemory
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall
 from app.runtime.transcript import Transcript
-from app.text import for_model, for_model_json
+from app.text import for_model, for_model_json, storable_json
 
 SEARCH_MEMORY = "search_memory"
 ADD_MEMORY = "add_memory"
@@ -214,14 +214,20 @@ def versions(records: list[MemoryRecord]) -> list[dict[str, Any]]:
 # Argument parsing: every message here is read by the model.
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
 def parse_arguments(raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw) if raw.strip() else {}
+        # NaN and Infinity are not JSON (and no JSON column would store them).
+        value = json.loads(raw, parse_constant=_not_json) if raw.strip() else {}
     except ValueError as e:
         raise ToolRefused(f"the arguments are not valid JSON ({e}); send one JSON object") from None
     if not isinstance(value, dict):
         raise ToolRefused("the arguments must be one JSON object")
-    return value
+    # JSON escapes can still spell NUL or a lone surrogate: the model's words are made storable.
+    return storable_json(value)
 
 
 def _check_keys(args: dict[str, Any], schema: dict[str, Any], refusals: dict[str, str]) -> None:

@@ -17,11 +17,18 @@ Event types and what their `data` holds:
   native tool; a recall is one of `search_memory` with `recall: true` in its input.
 - `output.use`: `{use: "RETRIEVED", execution, tool, records}`: the records of the
   `tool.execution` event numbered `execution` reached the model.
-- `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended.
+- `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended. When the
+  database refused the failed attempt's last events, `turn.failed` is written alone and says
+  so in `transcriptLost`.
+
+What a model or a tool said is stored as it was, except NUL and lone surrogates (which no
+PostgreSQL text or JSON value can hold), each replaced by U+FFFD (app.text.storable).
 """
 
 from dataclasses import dataclass
 from typing import Any
+
+from app.text import storable_json
 
 TURN_INPUT = "turn.input"
 MEMORY_PINNED = "memory.pinned"
@@ -59,7 +66,8 @@ class Transcript:
     def add(self, type: str, data: dict[str, Any]) -> int:
         sequence = self._next
         self._next += 1
-        self.events.append(Event(sequence, self.invocation_number, type, data))
+        # Events carry what models and tools said: stored whatever characters it holds.
+        self.events.append(Event(sequence, self.invocation_number, type, storable_json(data)))
         return sequence
 
     def embedding(self, model: str, tokens: int, used_for: str) -> None:

@@ -9,6 +9,7 @@ it runs again as the execution's next invocation.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -23,9 +24,10 @@ from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.errors import BadInput, Conflict, DomainError, NotFound
+from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, Writer
-from app.runtime import store
+from app.runtime import liveness, store
 from app.runtime import transcript as events
 from app.runtime.executions import Execution
 from app.runtime.instructions import listed_tokens, system_instructions
@@ -34,6 +36,7 @@ from app.runtime.recall import Recall, Version, recall_query
 from app.runtime.tools import NativeTools, versions
 from app.runtime.transcript import Transcript
 from app.state import AppState
+from app.text import storable
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class TurnRequest:
     input: Any
     preview: bool = False
     execution_id: UUID | None = None  # retry this FAILED execution as its next invocation
+    idempotency_key: str | None = None  # a retry with this key answers with the first turn
 
 
 class TurnEnded(Conflict):
@@ -108,8 +112,13 @@ def model_client(state: AppState) -> ModelClient:
 
 def stale_after_seconds(state: AppState) -> float:
     """No live turn runs longer than every allowed model call timing out on every retry."""
-    s = state.settings
-    return s.max_model_calls_per_turn * s.model_timeout_seconds * (s.model_max_retries + 1) + 600
+    return liveness.stale_after_seconds(state.settings)
+
+
+def _boot_id(state: AppState) -> UUID | None:
+    """The process's boot ID, which its RUNNING turns carry (app/runtime/liveness.py)."""
+    process = liveness.liveness(state.services)
+    return process.boot_id if process is not None else None
 
 
 def input_text(value: Any) -> str:
@@ -161,7 +170,7 @@ def _writer(action: ActionVersion, execution: Execution) -> Writer:
 
 
 async def _start_new(
-    state: AppState, caller: Caller, request: TurnRequest
+    state: AppState, caller: Caller, request: TurnRequest, key: Key | None
 ) -> tuple[ActionVersion, Execution]:
     if request.input is None:
         raise BadInput("input is required: the message or value the turn answers")
@@ -193,12 +202,15 @@ async def _start_new(
             preview=request.preview,
             principal=caller.principal,
             input=request.input,
+            boot_id=_boot_id(state),
         )
+        if key is not None:
+            await key.record(conn, {"executionId": str(row["execution_id"])})
     return action, Execution.of(row)
 
 
 async def _start_retry(
-    state: AppState, caller: Caller, request: TurnRequest
+    state: AppState, caller: Caller, request: TurnRequest, key: Key | None
 ) -> tuple[ActionVersion, Execution]:
     assert request.execution_id is not None
     async with state.pool.acquire() as conn:
@@ -238,20 +250,73 @@ async def _start_retry(
     async with state.pool.acquire() as conn, conn.transaction():
         await store.defer_durability(conn)
         row = await store.restart_execution(
-            conn, caller.account_id, action.action_id, previous.execution_id
+            conn, caller.account_id, action.action_id, previous.execution_id, _boot_id(state)
         )
         if row is None:
             raise Conflict(f"execution {previous.execution_id} is being retried by another request")
+        if key is not None:
+            await key.record(conn, {"executionId": str(row["execution_id"])})
     return action, Execution.of(row)
+
+
+def _request_key(caller: Caller, request: TurnRequest) -> Key | None:
+    arguments = {
+        "actionId": request.action_id,
+        "sessionId": request.session_id,
+        "input": request.input,
+        "preview": request.preview,
+        "executionId": request.execution_id,
+    }
+    return key_for(
+        request.idempotency_key, caller.account_id, caller.principal, "executeAction", arguments
+    )
+
+
+async def _answered(state: AppState, caller: Caller, key: Key) -> Execution | None:
+    """The execution a key already answered with, as it is now; None for a new key."""
+    async with state.pool.acquire() as conn:
+        result = await key.previous(conn)
+        if result is None:
+            return None
+        execution_id = UUID(result["executionId"])
+        row = await store.get_execution(conn, caller.account_id, None, execution_id)
+    if row is None:
+        raise NotFound(
+            f"idempotency key {key.key!r} answered with execution {execution_id}, which no "
+            "longer exists (its action was deleted)"
+        )
+    execution = Execution.of(row)
+    if execution.status == "RUNNING":
+        raise Conflict(
+            f"idempotency key {key.key!r}: its turn, execution {execution_id}, is still running; "
+            "send the request again once it has ended, or read the execution"
+        )
+    return execution
 
 
 async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) -> Execution:
     """Runs one turn (or retries a failed one); returns the execution, SUCCEEDED or FAILED."""
     caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
-    if request.execution_id is None:
-        action, execution = await _start_new(state, caller, request)
-    else:
-        action, execution = await _start_retry(state, caller, request)
+    key = _request_key(caller, request)
+    if key is not None and (answered := await _answered(state, caller, key)) is not None:
+        return answered
+    try:
+        if request.execution_id is None:
+            action, execution = await _start_new(state, caller, request, key)
+        else:
+            action, execution = await _start_retry(state, caller, request, key)
+    except Duplicate:
+        # A concurrent request with the same key started the turn first.
+        assert key is not None
+        answered = await _answered(state, caller, key)
+        assert answered is not None, "a key whose transaction committed is found"
+        return answered
+    process = liveness.liveness(state.services)
+    with process.running(execution.execution_id) if process else contextlib.nullcontext():
+        return await _attempt(state, action, execution)
+
+
+async def _attempt(state: AppState, action: ActionVersion, execution: Execution) -> Execution:
     first_sequence = 1
     if execution.invocation_number > 1:
         async with state.pool.acquire() as conn:
@@ -395,8 +460,10 @@ async def _finish(
     output: Any,
     error: str | None,
     turn: int | None,
+    rows: list[tuple[int, int, str, Any]] | None = None,
 ) -> asyncpg.Record:
-    """Ends the attempt and writes its transcript, inside the caller's transaction."""
+    """Ends the attempt and writes its transcript (or `rows` instead of its unwritten events),
+    inside the caller's transaction."""
     execution = context.execution
     row = await store.finish_execution(
         conn,
@@ -416,7 +483,7 @@ async def _finish(
         execution.account_id,
         execution.action_id,
         execution.execution_id,
-        context.transcript.unwritten(),
+        context.transcript.unwritten() if rows is None else rows,
     )
     return row
 
@@ -468,11 +535,40 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
     """Keeps the failed attempt's transcript; drops its memory."""
     if not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
         log.error("turn %s failed", context.execution.execution_id, exc_info=error)
-    message = _failure_message(error)
-    context.transcript.add(events.TURN_FAILED, {"error": message})
+    message = storable(_failure_message(error))
+    transcript = context.transcript
+    transcript.add(events.TURN_FAILED, {"error": message})
     if context.work is not None:
-        await context.work.discard()
-    async with context.state.pool.acquire() as conn, conn.transaction():
-        row = await _finish(conn, context, status="FAILED", output=None, error=message, turn=None)
-    context.transcript.written = len(context.transcript.events)
+        try:
+            await context.work.discard()
+        except Exception:
+            # Staged rows of a turn that no longer runs are dropped by the liveness sweep.
+            log.exception(
+                "turn %s: its staged memory is left to the sweep", context.execution.execution_id
+            )
+    try:
+        async with context.state.pool.acquire() as conn, conn.transaction():
+            row = await _finish(
+                conn, context, status="FAILED", output=None, error=message, turn=None
+            )
+    except TurnEnded:
+        raise
+    except Exception as write_error:
+        # Once more with only the failure, so the turn never stays RUNNING for want of a
+        # transcript the database refused (if this fails too, the liveness sweep ends it).
+        log.exception("turn %s: its transcript could not be stored", context.execution.execution_id)
+        lost = transcript.unwritten()
+        note = (
+            f"the turn's last {len(lost) - 1} transcript events could not be stored "
+            f"({type(write_error).__name__})"
+        )
+        failed = {"error": message, "transcriptLost": storable(note)}
+        only = [(lost[0][0], transcript.invocation_number, events.TURN_FAILED, failed)]
+        async with context.state.pool.acquire() as conn, conn.transaction():
+            row = await _finish(
+                conn, context, status="FAILED", output=None, error=message, turn=None, rows=only
+            )
+        del transcript.events[transcript.written :]
+        transcript.events.append(events.Event(*only[0]))
+    transcript.written = len(transcript.events)
     return Execution.of(row)

@@ -1,0 +1,73 @@
+"""Idempotency keys of writes (`addAgentMemory`, `deleteAgentMemory`, `executeAction`).
+
+A key is scoped to (account, principal, operation) and kept at least `KEEP_SECONDS`. A write
+that carries one:
+1. looks the key up first (`Key.previous`): a key already used with the same arguments answers
+   with the first write's result (the caller re-reads what it names); with other arguments it
+   is CONFLICT, naming the key;
+2. otherwise writes, and records the key with its result in the write's own transaction
+   (`Key.record`), so a write that never committed leaves no key. A concurrent duplicate's
+   `record` waits for the first transaction and then raises `Duplicate`: its transaction rolls
+   back, and it answers as in 1.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from app.errors import BadInput, Conflict
+from app.idempotency import store
+from app.text import check_storable
+
+MAX_KEY_LENGTH = 200
+KEEP_SECONDS = 24 * 3600
+
+
+class Duplicate(Exception):
+    """Another request with this key committed first: roll back and answer with its result."""
+
+
+@dataclass(frozen=True)
+class Key:
+    account_id: UUID
+    principal: str
+    operation: str
+    key: str
+    request: str  # digest of the arguments
+
+    async def previous(self, conn: asyncpg.Connection) -> dict[str, Any] | None:
+        """The first write's result, or None when the key is new; CONFLICT for other arguments."""
+        row = await store.find(conn, self.account_id, self.principal, self.operation, self.key)
+        if row is None:
+            return None
+        if row["request"] != self.request:
+            raise Conflict(
+                f"idempotency key {self.key!r} was already used for a {self.operation} with "
+                "other arguments; a new request needs a new key"
+            )
+        return row["result"]
+
+    async def record(self, conn: asyncpg.Connection, result: dict[str, Any]) -> None:
+        """Stores the key with the write, inside the write's transaction."""
+        if not await store.insert(
+            conn, self.account_id, self.principal, self.operation, self.key, self.request, result
+        ):
+            raise Duplicate(self.key)
+
+
+def key_for(
+    key: str | None, account_id: UUID, principal: str, operation: str, arguments: Any
+) -> Key | None:
+    """The key of a write (None without one), its arguments digested to compare retries."""
+    if key is None:
+        return None
+    check_storable(key, "idempotencyKey")
+    if not key.strip() or len(key) > MAX_KEY_LENGTH:
+        raise BadInput(f"idempotencyKey must be 1 to {MAX_KEY_LENGTH} characters, not blank")
+    canonical = json.dumps(arguments, sort_keys=True, default=str, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+    return Key(account_id, principal, operation, key, digest)

@@ -1,0 +1,56 @@
+"""SQL for idempotency keys."""
+
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+
+async def find(
+    conn: asyncpg.Connection, account_id: UUID, principal: str, operation: str, key: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        """
+        SELECT request, result, created FROM idempotency_keys
+        WHERE account_id = $1 AND principal = $2 AND operation = $3 AND key = $4
+        """,
+        account_id,
+        principal,
+        operation,
+        key,
+    )
+
+
+async def insert(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    principal: str,
+    operation: str,
+    key: str,
+    request: str,
+    result: Any,
+) -> bool:
+    """Records the key in the caller's transaction; False when another transaction holds it
+    (this waits until that one ends: it is False once it committed)."""
+    inserted = await conn.fetchval(
+        """
+        INSERT INTO idempotency_keys (account_id, principal, operation, key, request, result)
+        VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT DO NOTHING
+        RETURNING true
+        """,
+        account_id,
+        principal,
+        operation,
+        key,
+        request,
+        result,
+    )
+    return bool(inserted)
+
+
+async def forget_older_than(conn: asyncpg.Connection, seconds: float) -> int:
+    status = await conn.execute(
+        "DELETE FROM idempotency_keys WHERE created < now() - make_interval(secs => $1)", seconds
+    )
+    return int(status.split()[-1])

@@ -1,0 +1,141 @@
+"""Turns of a dead process end promptly, whatever process notices.
+
+Every service process has a boot ID and a row in `service_processes` whose heartbeat it
+refreshes every `turn_heartbeat_seconds`; a turn it runs carries that boot ID
+(`executions.boot_id`). At start and then at each heartbeat, every process sweeps, in every
+account (`sweep`):
+
+- the RUNNING turns of a process whose heartbeat is older than `turn_lease_seconds` (killed,
+  or its host gone) become FAILED, and can be retried at once; so do this process's own
+  RUNNING turns that it no longer runs (their end could not be recorded, e.g. the database
+  was unreachable when they failed);
+- the memory rows staged by turn attempts that no longer run, and by operator writes
+  (`addAgentMemory`) whose process died between staging and committing, are deleted;
+- idempotency keys older than a day are forgotten, and so are processes long dead.
+
+Several processes may share one database: each statement changes a row only while it still
+qualifies (a turn only while RUNNING), so two sweeps never both act on one row, and a turn
+that committed meanwhile is left alone. A turn's own end is conditional too
+(store.finish_execution): a turn failed by a sweep while it ran stops at its next model call
+and keeps nothing.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from uuid import UUID
+
+import asyncpg
+
+from app.config import Settings
+from app.idempotency import store as idempotency_store
+from app.idempotency.keys import KEEP_SECONDS
+from app.runtime import store
+
+log = logging.getLogger(__name__)
+
+SERVICE = "turn_liveness"
+
+
+def stale_after_seconds(settings: Settings) -> float:
+    """No live turn runs longer than every allowed model call timing out on every retry; a turn
+    written without a boot ID is judged dead after that long without a sign of life."""
+    s = settings
+    return s.max_model_calls_per_turn * s.model_timeout_seconds * (s.model_max_retries + 1) + 600
+
+
+@dataclass(frozen=True)
+class Swept:
+    failed: list[UUID]  # execution IDs
+    staged_dropped: int
+    keys_forgotten: int
+
+
+class TurnLiveness:
+    """One per process (AppState.services[SERVICE]): its boot ID, its running turns, its sweep."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+        self.pool = pool
+        self.boot_id = uuid.uuid4()
+        self.heartbeat_seconds = settings.turn_heartbeat_seconds
+        self.lease_seconds = settings.turn_lease_seconds
+        self.legacy_seconds = stale_after_seconds(settings)
+        self._running: set[UUID] = set()
+        self._host = socket.gethostname()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Registers the process and sweeps once (ending what a killed predecessor left, once
+        its lease has run out), then sweeps at every heartbeat."""
+        await self.sweep()
+        self._task = asyncio.create_task(self._loop(), name="engram turn liveness")
+
+    @contextlib.contextmanager
+    def running(self, execution_id: UUID) -> Iterator[None]:
+        """Marks a turn as run by this process until it has ended (or could not record it)."""
+        self._running.add(execution_id)
+        try:
+            yield
+        finally:
+            self._running.discard(execution_id)
+
+    async def sweep(self) -> Swept:
+        async with self.pool.acquire() as conn:
+            await store.beat(conn, self.boot_id, self._host, os.getpid())
+            failed = await store.fail_dead_turns(
+                conn,
+                boot_id=self.boot_id,
+                live=list(self._running),
+                lease_seconds=self.lease_seconds,
+                # A turn registers as running just after its start commits.
+                grace_seconds=self.heartbeat_seconds,
+                legacy_seconds=self.legacy_seconds,
+            )
+            # After the failures above, so the staged rows of the turns just failed go too.
+            dropped = await store.drop_orphaned_staged(conn, self.lease_seconds)
+            forgotten = await idempotency_store.forget_older_than(conn, KEEP_SECONDS)
+            await store.forget_dead_processes(conn, self.lease_seconds)
+        if failed:
+            log.warning(
+                "failed %d turns no process runs any more: %s",
+                len(failed),
+                ", ".join(str(r["execution_id"]) for r in failed),
+            )
+        if dropped:
+            log.info("dropped %d staged memory rows that could never commit", dropped)
+        return Swept([r["execution_id"] for r in failed], dropped, forgotten)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            try:
+                await self.sweep()
+            except Exception as e:
+                # The database may be down or restarting: the next heartbeat tries again.
+                log.warning(
+                    "turn liveness sweep failed (%s: %s); next in %s s",
+                    type(e).__name__,
+                    e,
+                    self.heartbeat_seconds,
+                )
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        # A clean stop: turns still marked running here are ended by the next sweep anywhere.
+        with contextlib.suppress(Exception):
+            async with self.pool.acquire() as conn:
+                await store.remove_process(conn, self.boot_id)
+
+
+def liveness(services: dict[str, object]) -> TurnLiveness | None:
+    found = services.get(SERVICE)
+    return found if isinstance(found, TurnLiveness) else None

@@ -1,0 +1,483 @@
+"""Issue 11, items 4 and 7: no turn is left RUNNING, no staged row is left behind, and a
+retry after a lost answer does not write twice.
+
+- What a model or a tool produces is stored whatever characters it holds (NUL, lone
+  surrogates): the turn ends SUCCEEDED or FAILED with its transcript, never INTERNAL.
+- A failed turn keeps a transcript even when writing the whole of it fails.
+- The turns of a dead process are failed by the background sweep of any live process
+  (app/runtime/liveness.py), without another turn starting; they can then be retried.
+- Staged rows that can never commit (a dead turn's, an operator write that died between
+  staging and committing) are swept.
+- Idempotency keys on addAgentMemory, deleteAgentMemory and executeAction.
+"""
+
+import asyncio
+import re
+import uuid
+from typing import Any
+
+import pytest
+from helpers import GQL, caller, db_settings
+from openai_server import OpenAIServer
+from runtime_support import (
+    EXECUTE,
+    RUNNER_POLICIES,
+    chat,
+    events,
+    make_agent,
+    memories,
+    memory_harness,
+    model_client,  # noqa: F401  (fixture)
+    model_server,  # noqa: F401  (fixture)
+    run,
+    tool_runs,
+)
+
+from app.actions.service import agent_principal, load_action
+from app.auth.caller import Caller
+from app.config import Settings
+from app.memory.service import MemoryWork, NewMemory, Writer
+from app.runtime import liveness
+from app.runtime import store as runtime_store
+from app.state import AppState
+
+HEARTBEAT = 0.2
+LEASE = 1.0
+AGENT_MEMORY = memory_harness(scope={"read": ["agent"], "write": ["agent"]})
+
+
+@pytest.fixture
+def settings(db_url: str, model_server: OpenAIServer) -> Settings:
+    return db_settings(
+        db_url,
+        model_base_url=model_server.url,
+        model_max_retries=0,
+        turn_heartbeat_seconds=HEARTBEAT,
+        turn_lease_seconds=LEASE,
+    )
+
+
+def process(state: AppState) -> liveness.TurnLiveness:
+    found = liveness.liveness(state.services)
+    assert found is not None
+    return found
+
+
+async def until(check: Any, seconds: float = 10.0) -> None:
+    """Waits for the background sweep to have done something (`check()` true)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "the sweep did not act in time"
+        await asyncio.sleep(0.05)
+
+
+# Text a model or a tool produces
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\ud800"], ids=["nul", "lone-surrogate"])
+async def test_unstorable_characters_in_a_model_reply_are_replaced_not_fatal(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState, bad: str
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    model_server.say(f"before{bad}after")
+    executed = await run(gql, admin, action_id, "hello")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "before\ufffdafter"
+    assert events(executed, "model.call")[0]["content"] == "before\ufffdafter"
+    assert events(executed, "turn.output") == [{"output": "before\ufffdafter"}]
+    # The session's next turn reads it back as history.
+    again = await run(gql, admin, action_id, "and?")
+    assert again["status"] == "SUCCEEDED", again["error"]
+
+
+@pytest.mark.parametrize("escape", ["\\u0000", "\\udc00"], ids=["nul", "lone-surrogate"])
+async def test_unstorable_characters_in_tool_arguments_are_replaced_not_fatal(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, escape: str
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    arguments = '{"summary": "Ada' + escape + 'prefers email", "kind": "fact"}'
+    model_server.call_tools(("add_memory", arguments), content="noting\x00it")
+    executed = await run(gql, admin, action_id, "note it")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    [added] = tool_runs(executed, "add_memory")
+    assert added["input"]["summary"] == "Ada\ufffdprefers email"
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == [
+        "Ada\ufffdprefers email"
+    ]
+
+
+async def test_non_json_numbers_in_tool_arguments_are_refused_to_the_model(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    model_server.call_tools(("search_memory", '{"query": "email", "limit": NaN}'))
+    executed = await run(gql, admin, action_id, "look")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    [refused] = tool_runs(executed, "search_memory")
+    assert "NaN is not a JSON value" in refused["error"]
+
+
+async def test_a_failed_turn_keeps_a_transcript_even_when_writing_it_fails_once(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """The database refuses the turn's events (here a trigger does, as it could refuse a value
+    it cannot store): the turn still ends FAILED, with its failure in its transcript."""
+    action_id = await make_agent(gql, admin, memory_harness())
+    async with state.pool.acquire() as conn:
+        await conn.execute("""
+            CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.data::text LIKE '%POISON%' THEN RAISE EXCEPTION 'refused'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_poison BEFORE INSERT ON transcript_events
+                FOR EACH ROW EXECUTE FUNCTION refuse_poison();
+        """)
+    model_server.say("POISON")
+    executed = await run(gql, admin, action_id, "hello")
+    assert executed["status"] == "FAILED"
+    assert "internal error" in executed["error"]
+    [failed] = [e for e in executed["transcript"]["nodes"]]
+    assert failed["type"] == "turn.failed" and failed["data"]["error"] == executed["error"]
+    assert re.fullmatch(
+        r"the turn's last \d+ transcript events could not be stored \(RaiseError\)",
+        failed["data"]["transcriptLost"],
+    )
+
+    async with state.pool.acquire() as conn:
+        await conn.execute("DROP TRIGGER refuse_poison ON transcript_events")
+    retried = await run(gql, admin, action_id, "hello", execution_id=executed["executionId"])
+    assert (retried["status"], retried["invocationNumber"]) == ("SUCCEEDED", 2)
+
+
+# Turns of a dead process
+
+
+async def _running_turn(
+    state: AppState, admin: Caller, action_id: str, boot_id: uuid.UUID | None
+) -> uuid.UUID:
+    """A turn as a process leaves it when it dies mid-turn: RUNNING, with a staged record."""
+    execution_id = uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
+        assert action is not None
+        await runtime_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
+        await runtime_store.insert_execution(
+            conn,
+            account_id=admin.account_id,
+            action_id=action.action_id,
+            execution_id=execution_id,
+            action_version=1,
+            session_id="s1",
+            turn=1,
+            kind="TURN",
+            status="RUNNING",
+            preview=False,
+            principal="admin",
+            input="hi",
+            boot_id=boot_id,
+        )
+    assert state.embedder is not None
+    writer = Writer(
+        admin.account_id,
+        action,
+        execution_id,
+        1,
+        "s1",
+        agent_principal(action.action_id),
+        "TOOL",
+        False,
+    )
+    await MemoryWork(state.pool, state.embedder, writer).add(NewMemory("Half-written", "fact"))
+    async with state.pool.acquire() as conn:
+        # Its last sign of life: a minute ago.
+        await conn.execute(
+            "UPDATE executions SET modified = now() - interval '1 minute' WHERE execution_id = $1",
+            execution_id,
+        )
+    return execution_id
+
+
+async def _status(state: AppState, execution_id: uuid.UUID) -> str:
+    async with state.pool.acquire() as conn:
+        return await conn.fetchval(
+            "SELECT status FROM executions WHERE execution_id = $1", execution_id
+        )
+
+
+async def _staged(state: AppState, execution_id: uuid.UUID) -> int:
+    async with state.pool.acquire() as conn:
+        return await conn.fetchval(
+            "SELECT count(*) FROM agent_memories WHERE pending_execution = $1", execution_id
+        )
+
+
+async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_retried(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    dead, alive = uuid.uuid4(), uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        # Another process sharing the database: one killed an hour ago, one alive.
+        await conn.executemany(
+            "INSERT INTO service_processes (boot_id, host, pid, heartbeat) "
+            "VALUES ($1, 'elsewhere', 1, now() + make_interval(secs => $2))",
+            [(dead, -3600.0), (alive, 3600.0)],
+        )
+    crashed = await _running_turn(state, admin, action_id, dead)
+    running = await _running_turn(state, admin, action_id, alive)
+
+    async def swept() -> bool:
+        return await _status(state, crashed) == "FAILED" and await _staged(state, crashed) == 0
+
+    async def forgotten() -> bool:
+        async with state.pool.acquire() as conn:
+            processes = await conn.fetch("SELECT boot_id FROM service_processes")
+        return {p["boot_id"] for p in processes} == {alive, process(state).boot_id}
+
+    await until(swept)  # no turn started: the background sweep did it
+    await until(forgotten)  # and the dead process is forgotten, the live one kept
+    assert chat(model_server) == []
+    async with state.pool.acquire() as conn:
+        error = await conn.fetchval("SELECT error FROM executions WHERE execution_id = $1", crashed)
+    assert "its process ended" in error
+    # The live process's turn and staged row are left alone.
+    assert await _status(state, running) == "RUNNING" and await _staged(state, running) == 1
+
+    retried = await run(gql, admin, action_id, None, execution_id=str(crashed))
+    assert (retried["status"], retried["invocationNumber"]) == ("SUCCEEDED", 2)
+
+
+async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_ones(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """A turn whose end could not be recorded (the database was away when it failed) is failed
+    by its own process's sweep; a live turn longer than the lease is not."""
+    action_id = await make_agent(gql, admin, memory_harness())
+    me = process(state)
+    lost = await _running_turn(state, admin, action_id, me.boot_id)
+    old = await _running_turn(state, admin, action_id, None)  # written before boot IDs
+
+    async def swept() -> bool:
+        return await _status(state, lost) == "FAILED"
+
+    await until(swept)
+    async with state.pool.acquire() as conn:
+        error = await conn.fetchval("SELECT error FROM executions WHERE execution_id = $1", lost)
+    assert "its end could not be recorded" in error
+    assert await _status(state, old) == "RUNNING"  # judged by the old, longer rule
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE executions SET modified = now() - interval '1 day' WHERE execution_id = $1",
+            old,
+        )
+
+    async def old_swept() -> bool:
+        return await _status(state, old) == "FAILED"
+
+    await until(old_swept)
+
+    model_server.say("slow answer", delay=3 * LEASE)
+    slow = await run(gql, admin, action_id, "take your time")
+    assert slow["status"] == "SUCCEEDED", slow["error"]
+
+
+async def test_processes_sweeping_one_database_at_once_fail_each_dead_turn_once(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    await process(state).aclose()  # this test's processes are the only ones sweeping
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    dead = [await _running_turn(state, admin, action_id, uuid.uuid4()) for _ in range(6)]
+    others = [liveness.TurnLiveness(state.pool, state.settings) for _ in range(4)]
+    swept = await asyncio.gather(*(p.sweep() for p in others))
+    failed = [e for s in swept for e in s.failed]
+    assert sorted(failed) == sorted(dead)  # each once, whichever process got it
+    assert sum(s.staged_dropped for s in swept) == len(dead)
+    for other in others:
+        await other.aclose()
+
+
+async def test_a_process_registers_at_start_and_leaves_at_stop(state: AppState) -> None:
+    other = liveness.TurnLiveness(state.pool, state.settings)
+    await other.start()
+    async with state.pool.acquire() as conn:
+        query = "SELECT count(*) FROM service_processes WHERE boot_id = $1"
+        assert await conn.fetchval(query, other.boot_id) == 1
+        await other.aclose()
+        assert await conn.fetchval(query, other.boot_id) == 0
+
+
+# Orphaned staged rows of operator writes
+
+
+async def test_m7_staged_rows_of_an_operator_write_that_died_are_swept(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    action_id = await make_agent(gql, admin, AGENT_MEMORY)
+    async with state.pool.acquire() as conn:
+        action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
+    assert action is not None and state.embedder is not None
+
+    async def stage(summary: str) -> uuid.UUID:
+        # What addAgentMemory stages before the transaction that commits it.
+        writer = Writer(admin.account_id, action, uuid.uuid4(), 1, None, "ops", "OPERATOR", False)
+        [row] = await MemoryWork(state.pool, state.embedder, writer).add(NewMemory(summary, "fact"))
+        return row.memory_id
+
+    orphan = await stage("orphaned by a crash")
+    in_progress = await stage("about to commit")
+    async with state.pool.acquire() as conn:
+        # The orphan was staged an hour ago; the other is a write between staging and
+        # committing (staged "now" for as long as this test runs), spared for the lease.
+        for memory_id, age in [(orphan, 3600.0), (in_progress, -3600.0)]:
+            await conn.execute(
+                "UPDATE agent_memories SET created = now() - make_interval(secs => $2) "
+                "WHERE memory_id = $1",
+                memory_id,
+                age,
+            )
+
+    async def left() -> list[uuid.UUID]:
+        async with state.pool.acquire() as conn:
+            return [
+                r["memory_id"] for r in await conn.fetch("SELECT memory_id FROM agent_memories")
+            ]
+
+    async def swept() -> bool:
+        return await left() == [in_progress]
+
+    await until(swept)
+
+
+# Idempotency keys
+
+ADD = """
+mutation($a: UUID!, $input: AgentMemoryInput!, $key: String) {
+  addAgentMemory(actionId: $a, input: $input, idempotencyKey: $key) {
+    memoryId version summary execution { executionId }
+  }
+}"""
+DELETE = """
+mutation($a: UUID!, $id: UUID!, $key: String) {
+  deleteAgentMemory(actionId: $a, id: $id, idempotencyKey: $key) { memoryId version status }
+}"""
+
+
+async def _count(state: AppState, sql: str) -> int:
+    async with state.pool.acquire() as conn:
+        return await conn.fetchval(sql)
+
+
+async def test_m7_add_agent_memory_with_a_key_writes_once(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    action_id = await make_agent(gql, admin, AGENT_MEMORY)
+    fact = {"summary": "Ada prefers email", "kind": "fact"}
+
+    first = (await gql(admin, ADD, a=action_id, input=fact, key="k1")).ok()["addAgentMemory"]
+    again = (await gql(admin, ADD, a=action_id, input=fact, key="k1")).ok()["addAgentMemory"]
+    assert again == first
+    assert await _count(state, "SELECT count(*) FROM agent_memories") == 1
+    assert await _count(state, "SELECT count(*) FROM executions") == 1
+
+    other = await gql(admin, ADD, a=action_id, input={**fact, "summary": "Bo"}, key="k1")
+    assert other.codes == ["CONFLICT"] and "'k1'" in other.errors[0]["message"]
+
+    # Another principal's key of the same name is its own.
+    ops = Caller(admin.account_id, "ops", admin.policies)
+    theirs = (await gql(ops, ADD, a=action_id, input=fact, key="k1")).ok()["addAgentMemory"]
+    assert theirs["memoryId"] != first["memoryId"]
+
+    # A write that failed recorded no key: the key is still free.
+    refused = await gql(admin, ADD, a=action_id, input={**fact, "kind": "nope"}, key="k2")
+    assert refused.codes == ["BAD_REQUEST"]
+    assert (await gql(admin, ADD, a=action_id, input=fact, key="k2")).ok()
+
+    # Concurrent duplicates: one write, one answer.
+    racing = await asyncio.gather(
+        *(
+            gql(admin, ADD, a=action_id, input={**fact, "summary": "Race"}, key="k3")
+            for _ in range(4)
+        )
+    )
+    assert len({r.ok()["addAgentMemory"]["memoryId"] for r in racing}) == 1
+    assert await _count(state, "SELECT count(*) FROM agent_memories WHERE summary = 'Race'") == 1
+    assert (
+        await _count(
+            state, "SELECT count(*) FROM agent_memories WHERE pending_execution IS NOT NULL"
+        )
+        == 0
+    )
+
+    for bad_key in ["x" * 201, " ", "k\x00"]:
+        bad = await gql(admin, ADD, a=action_id, input=fact, key=bad_key)
+        assert bad.codes == ["BAD_REQUEST"] and "idempotencyKey" in bad.errors[0]["message"]
+
+    # Kept a day, then forgotten by the sweep: the key may then name a new write.
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE idempotency_keys SET created = now() - interval '23 hours' WHERE key = 'k2'"
+        )
+        await conn.execute(
+            "UPDATE idempotency_keys SET created = now() - interval '25 hours' WHERE key = 'k1'"
+        )
+
+    async def forgotten() -> bool:
+        return not await _count(state, "SELECT count(*) FROM idempotency_keys WHERE key = 'k1'")
+
+    await until(forgotten)  # admin's and ops's k1
+    renewed = await gql(admin, ADD, a=action_id, input={**fact, "summary": "Bo"}, key="k1")
+    assert renewed.ok()["addAgentMemory"]["memoryId"] != first["memoryId"]
+    kept = await gql(admin, ADD, a=action_id, input={**fact, "summary": "Bo"}, key="k2")
+    assert kept.codes == ["CONFLICT"]
+
+
+async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    action_id = await make_agent(gql, admin, AGENT_MEMORY)
+    fact = {"summary": "Ada prefers email", "kind": "fact"}
+    one = (await gql(admin, ADD, a=action_id, input=fact)).ok()["addAgentMemory"]["memoryId"]
+    two = (await gql(admin, ADD, a=action_id, input=fact)).ok()["addAgentMemory"]["memoryId"]
+
+    first = (await gql(admin, DELETE, a=action_id, id=one, key="d1")).ok()["deleteAgentMemory"]
+    again = (await gql(admin, DELETE, a=action_id, id=one, key="d1")).ok()["deleteAgentMemory"]
+    assert first == again == {"memoryId": one, "version": 2, "status": "DELETED"}
+    other = await gql(admin, DELETE, a=action_id, id=two, key="d1")
+    assert other.codes == ["CONFLICT"] and "'d1'" in other.errors[0]["message"]
+    # Keys are per operation: an add's key of the same name is another key.
+    assert (await gql(admin, ADD, a=action_id, input=fact, key="d1")).ok()
+
+
+async def test_m7_execute_action_with_a_key_runs_one_turn(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+
+    async def execute(who: Caller, key: str, input: str = "hello") -> Any:
+        request = {"actionId": action_id, "sessionId": "s1", "input": input}
+        return await gql(who, EXECUTE, input={**request, "idempotencyKey": key})
+
+    first = (await execute(admin, "t1")).ok()["executeAction"]
+    again = (await execute(admin, "t1")).ok()["executeAction"]
+    assert first["status"] == "SUCCEEDED" and again == first
+    assert len(chat(model_server)) == 1
+    other = await execute(admin, "t1", "something else")
+    assert other.codes == ["CONFLICT"] and "'t1'" in other.errors[0]["message"]
+    runner = caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+    theirs = (await execute(runner, "t1")).ok()["executeAction"]
+    assert theirs["executionId"] != first["executionId"]
+    assert await _count(state, "SELECT count(*) FROM executions") == 2
+
+    # While the keyed turn still runs, its duplicate is told so rather than run a second one.
+    model_server.say("slowly", delay=1.0)
+    running = asyncio.ensure_future(execute(admin, "t2"))
+    await until(lambda: _running_count(state))
+    duplicate = await execute(admin, "t2")
+    assert duplicate.codes == ["CONFLICT"] and "still running" in duplicate.errors[0]["message"]
+    assert (await running).ok()["executeAction"]["status"] == "SUCCEEDED"
+    assert await _count(state, "SELECT count(*) FROM executions") == 3
+
+
+async def _running_count(state: AppState) -> bool:
+    return await _count(state, "SELECT count(*) FROM executions WHERE status = 'RUNNING'") > 0
