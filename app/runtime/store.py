@@ -329,34 +329,6 @@ async def list_executions(
     )
 
 
-async def earlier_turns(
-    conn: asyncpg.Connection,
-    account_id: UUID,
-    action_id: UUID,
-    session_id: str,
-    preview: bool,
-    limit: int,
-) -> list[Row]:
-    """The session's latest committed turns a turn may read (live turns skip preview ones)."""
-    return await conn.fetch(
-        """
-        SELECT input, output FROM (
-            SELECT input, output, created, execution_id FROM executions
-            WHERE account_id = $1 AND action_id = $2 AND session_id = $3
-              AND kind = 'TURN' AND status = 'SUCCEEDED' AND (NOT preview OR $4)
-            ORDER BY created DESC, execution_id DESC
-            LIMIT $5
-        ) latest
-        ORDER BY created, execution_id
-        """,
-        account_id,
-        action_id,
-        session_id,
-        preview,
-        limit,
-    )
-
-
 async def insert_recalls(
     conn: asyncpg.Connection,
     account_id: UUID,
@@ -391,3 +363,115 @@ async def defer_durability(conn: asyncpg.Connection) -> None:
     the start surviving a crash, and a later synchronous commit flushes it first (WAL order).
     """
     await conn.execute("SET LOCAL synchronous_commit = off")
+
+
+# Bounded context (runtime/context.py): the session's running summary and the turns after it
+
+
+async def session_summary(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, preview: bool
+) -> Row | None:
+    return await conn.fetchrow(
+        """
+        SELECT summary, through_turn, through_message, version FROM session_summaries
+        WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND preview = $4
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+    )
+
+
+async def preview_turn_through(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, turn: int
+) -> bool:
+    """Whether a preview turn of the session committed at or before turn `turn`."""
+    return bool(
+        await conn.fetchval(
+            """
+            SELECT true FROM executions
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+              AND kind = 'TURN' AND status = 'SUCCEEDED' AND preview AND turn <= $4
+            LIMIT 1
+            """,
+            account_id,
+            action_id,
+            session_id,
+            turn,
+        )
+    )
+
+
+async def turns_from(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    preview: bool,
+    first_turn: int,
+) -> list[Row]:
+    """The session's committed turns from `first_turn` on, a turn may read (live turns skip
+    preview ones), each with the model calls and tool executions of its committed attempt:
+    one row per event (none: event columns null), in turn and sequence order."""
+    return await conn.fetch(
+        """
+        SELECT e.turn, e.input, e.output, t.type, t.data
+        FROM executions e
+        LEFT JOIN transcript_events t
+          ON t.account_id = e.account_id AND t.action_id = e.action_id
+         AND t.execution_id = e.execution_id AND t.invocation_number = e.invocation_number
+         AND t.type IN ('model.call', 'tool.execution')
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
+          AND e.kind = 'TURN' AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
+          AND e.turn >= $5
+        ORDER BY e.turn, t.sequence
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+        first_turn,
+    )
+
+
+async def save_summary(
+    conn: asyncpg.Connection,
+    *,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    preview: bool,
+    summary: str,
+    through_turn: int,
+    through_message: int,
+    tokens: int,
+    execution_id: UUID,
+    base_version: int | None,
+) -> bool:
+    """Writes the session's summary if the stored one is still `base_version` (None: none was
+    stored); False when another turn changed it meanwhile (its summary stays)."""
+    written = await conn.fetchval(
+        """
+        INSERT INTO session_summaries AS s (account_id, action_id, session_id, preview, summary,
+                                            through_turn, through_message, tokens, execution_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        ON CONFLICT (account_id, action_id, session_id, preview) DO UPDATE
+        SET summary = excluded.summary, through_turn = excluded.through_turn,
+            through_message = excluded.through_message, tokens = excluded.tokens,
+            execution_id = excluded.execution_id, version = s.version + 1, modified = now()
+        WHERE s.version = $10
+        RETURNING true
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+        summary,
+        through_turn,
+        through_message,
+        tokens,
+        execution_id,
+        base_version,
+    )
+    return bool(written)
