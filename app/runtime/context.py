@@ -32,8 +32,10 @@ turns never reach a live turn's.
 """
 
 import json
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 from uuid import UUID
 
@@ -84,7 +86,16 @@ def text_tokens(text: str) -> int:
     return pinned_tokens((text,))
 
 
+# A {"role", "content"} message as json.dumps writes it, without its two strings.
+_PLAIN_MESSAGE_CHARS = len('{"role": , "content": }')
+
+
 def message_tokens(message: dict[str, Any]) -> int:
+    role, content = message.get("role"), message.get("content")
+    if len(message) == 2 and isinstance(role, str) and isinstance(content, str):
+        # The common case, counted without building the JSON (the same length exactly).
+        chars = _PLAIN_MESSAGE_CHARS + len(encode_basestring(role) + encode_basestring(content))
+        return math.ceil(chars / CHARS_PER_TOKEN)
     return text_tokens(json.dumps(message, ensure_ascii=False))
 
 
@@ -578,19 +589,23 @@ async def open_window(
                 text_tokens(row["summary"]),
             )
             first = row["through_turn"]
-        rows = await store.turns_from(conn, account_id, action_id, session_id, preview, first)
-    turns: dict[int, tuple[Any, Any, list[tuple[str, Any]]]] = {}
-    for r in rows:
-        if before_turn is not None and r["turn"] >= before_turn:
-            break
-        entry = turns.setdefault(r["turn"], (r["input"], r["output"], []))
-        if r["type"] is not None:
-            entry[2].append((r["type"], r["data"]))
-    for turn, (input, output, turn_events) in turns.items():
+        turns = await store.turns_from(conn, account_id, action_id, session_id, preview, first)
+        if before_turn is not None:
+            turns = [t for t in turns if t["turn"] < before_turn]
+        calls = await store.turn_calls(
+            conn, account_id, action_id, [t["execution_id"] for t in turns]
+        )
+    by_execution: dict[UUID, list[tuple[str, Any]]] = {t["execution_id"]: [] for t in turns}
+    committed = {t["execution_id"]: t["invocation_number"] for t in turns}
+    for c in calls:
+        if c["invocation_number"] == committed[c["execution_id"]]:
+            by_execution[c["execution_id"]].append((c["type"], c["data"]))
+    for t in turns:
         skip = 0
-        if window.summary is not None and turn == window.summary.through_turn:
+        if window.summary is not None and t["turn"] == window.summary.through_turn:
             skip = window.summary.through_message
-        window.add_turn(turn, turn_messages(input, output, turn_events), skip)
+        messages = turn_messages(t["input"], t["output"], by_execution[t["execution_id"]])
+        window.add_turn(t["turn"], messages, skip)
     return window
 
 

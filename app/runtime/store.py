@@ -411,27 +411,43 @@ async def turns_from(
     preview: bool,
     first_turn: int,
 ) -> list[Row]:
-    """The session's committed turns from `first_turn` on, a turn may read (live turns skip
-    preview ones), each with the model calls and tool executions of its committed attempt:
-    one row per event (none: event columns null), in turn and sequence order."""
+    """The session's committed turns from `first_turn` on that a turn may read (live turns
+    skip preview ones), in turn order."""
     return await conn.fetch(
         """
-        SELECT e.turn, e.input, e.output, t.type, t.data
-        FROM executions e
-        LEFT JOIN transcript_events t
-          ON t.account_id = e.account_id AND t.action_id = e.action_id
-         AND t.execution_id = e.execution_id AND t.invocation_number = e.invocation_number
-         AND t.type IN ('model.call', 'tool.execution')
-        WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
-          AND e.kind = 'TURN' AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
-          AND e.turn >= $5
-        ORDER BY e.turn, t.sequence
+        SELECT turn, execution_id, invocation_number, input, output FROM executions
+        WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+          AND kind = 'TURN' AND status = 'SUCCEEDED' AND (NOT preview OR $4) AND turn >= $5
+        ORDER BY turn
         """,
         account_id,
         action_id,
         session_id,
         preview,
         first_turn,
+    )
+
+
+async def turn_calls(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_ids: list[UUID]
+) -> list[Row]:
+    """The agent's tool calls and their results in these executions' transcripts, in order:
+    its model calls (purpose `turn`) that called tools, and the tool executions of a call
+    (every invocation's: the caller keeps the committed one's)."""
+    return await conn.fetch(
+        """
+        SELECT execution_id, invocation_number, type, data - 'input' AS data
+        FROM transcript_events
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = any($3::uuid[])
+          AND (type = 'tool.execution' AND data ? 'callId'
+               OR type = 'model.call' AND data ->> 'purpose' = 'turn'
+                  AND jsonb_typeof(data -> 'toolCalls') = 'array'
+                  AND data -> 'toolCalls' <> '[]'::jsonb)
+        ORDER BY execution_id, sequence
+        """,
+        account_id,
+        action_id,
+        execution_ids,
     )
 
 
