@@ -35,7 +35,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 from typing import Any
 from uuid import UUID
 
