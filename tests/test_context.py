@@ -307,7 +307,7 @@ async def test_h16_a_long_conversation_clears_old_tool_results_first_then_summar
     cleared_turn = first("context.cleared")[0]
     (cleared, *_) = events(executed[cleared_turn - 1], "context.cleared")
     assert cleared["reason"] == "budget" and cleared["tokens"] > 0
-    assert cleared["results"][0] == {"turn": 1, "message": 2, "tool": "search_memory"}
+    assert (cleared["results"], cleared["turns"]) == (1, [1])
     stubbed = turn_requests(model_server, f"ASK-{cleared_turn}:")[-1]
     stub = tool_results(stubbed)[0]
     assert "was cleared to keep the context within its budget" in stub
@@ -368,7 +368,7 @@ async def test_h16_a_turn_whose_own_exchange_outgrows_the_budget_is_compacted(
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert_within(model_server, budget)
     cleared = events(executed, "context.cleared")
-    assert cleared and all(r["turn"] is None for c in cleared for r in c["results"])
+    assert cleared and all(c["turns"] == [None] for c in cleared)
     (folded,) = events(executed, "context.summary")
     assert folded["through"]["turn"] is None and folded["turns"] == []
     # The turn's input is folded first; the model still reads it, after the summary.
@@ -391,6 +391,27 @@ async def test_h16_a_turn_whose_own_exchange_outgrows_the_budget_is_compacted(
     turn2 = chat(model_server)[-1]
     assert "ASK-1" not in sent_text(turn2) and "ANSWER-1" in sent_text(turn2)
     assert "SUMMARY-OF-THIS-TURN." in (summary_block(turn2) or "")
+
+
+async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_told(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    budget = 1000
+    action_id = await make_agent(gql, admin, tool_agent_harness(), model={"contextTokens": budget})
+    await seed_records(gql, admin, action_id)
+    model_server.call_tools(LOOKUP)
+    model_server.say("ANSWER-1")
+    executed = await run(gql, admin, action_id, "ASK-1")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert_within(model_server, budget)
+    (cleared,) = events(executed, "context.cleared")
+    assert (cleared["results"], cleared["turns"], cleared["reason"]) == (1, [None], "too large")
+    (stub,) = tool_results(chat(model_server)[-1])
+    assert "too large for the context budget" in stub and "asking for less" in stub
+    # The transcript keeps what the tool returned.
+    (lookup,) = [e for e in events(executed, "tool.execution") if "callId" in e]
+    assert len(lookup["output"]["records"]) == 3
 
 
 async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(

@@ -301,9 +301,10 @@ class ContextWindow:
             self.transcript.add(
                 events.CONTEXT_CLEARED,
                 {
-                    "results": [
-                        {"turn": e.turn, "message": e.index, "tool": e.tool} for e in cleared
-                    ],
+                    "results": len(cleared),
+                    # null: the running turn's. A turn clears afresh what earlier turns
+                    # cleared too (it rebuilds them whole), so this names turns, not results.
+                    "turns": sorted({e.turn for e in cleared}, key=lambda t: (t is None, t or 0)),
                     "tokens": saved,
                     "reason": "too large" if too_large else "budget",
                 },

@@ -18,9 +18,9 @@ Event types and what their `data` holds:
   native tool; a recall is one of `search_memory` with `recall: true` in its input.
 - `output.use`: `{use: "RETRIEVED", execution, tool, records}`: the records of the
   `tool.execution` event numbered `execution` reached the model.
-- `context.cleared`: `{results: [{turn, message, tool}], tokens, reason}`: tool results
-  cleared to keep the context within its budget (`turn` null: the running turn's), the
-  tokens that saved, and why (`budget`, or `too large` for the latest call's own results).
+- `context.cleared`: `{results, turns, tokens, reason}`: how many tool results were cleared
+  to keep the context within its budget, of which turns (null: the running turn), the tokens
+  that saved, and why (`budget`, or `too large` for the latest call's own results).
 - `context.summary`: `{through: {turn, message}, messages, turns, calls, tokens, summary}`:
   older messages folded into the session's running summary by `calls` model calls of purpose
   `context`; it now reaches through message `message` of turn `turn` (null: the running turn).
