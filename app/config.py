@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     model_timeout_seconds: float = 120.0
     model_max_retries: int = 2
     max_model_calls_per_turn: int = 16
+    # The context budget of a model call, in tokens of about four characters, for actions whose
+    # model sets no contextTokens: earlier turns are cleared and summarized to stay within it.
+    model_context_tokens: int = Field(default=32_000, ge=256)
     # Endpoints and key variables an action's `model` may name: an action names them, so a
     # client that may write actions must not be able to send a host secret to its own server.
     # model_base_url is always allowed; a key variable only when listed.

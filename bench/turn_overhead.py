@@ -12,8 +12,15 @@ transactions, recall, pins, tools, transcript). Scenarios:
 - tools:  as recall, and the model calls add_memory once before answering: two calls, two
           recalls, one staged record, committed with the turn.
 
+- session: memory off, every turn in one session, so a turn reads up to --turns + 10 earlier
+          turns (rebuilt from their transcripts) and checks them against the default context
+          budget (32,000 tokens: nothing is cleared or summarized).
+- compact: as session, with model.contextTokens 600: earlier turns are summarized every few
+          turns (the summary calls are model time, so excluded; their bookkeeping is not).
+
 Then one recall alone (embedding the query, hybrid search, building the memory block and the
-transcript events), timed directly over the same records.
+transcript events), timed directly over the same records; and the budget check alone
+(`ContextWindow.prompt` over 200 earlier turns that fit, with the memory tools' definitions).
 
     python bench/turn_overhead.py                        # 200 turns a scenario, 1,000 records
     python bench/turn_overhead.py --turns 50 --records 200
@@ -43,6 +50,8 @@ from openai_server import OpenAIServer  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 
+from app.actions.harness import parse_harness  # noqa: E402
+from app.actions.model import ModelConfig  # noqa: E402
 from app.actions.service import agent_principal, create_action  # noqa: E402
 from app.auth.caller import Caller  # noqa: E402
 from app.auth.policies import ADMIN_POLICIES  # noqa: E402
@@ -54,9 +63,10 @@ from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
 from app.runtime import store as runtime_store  # noqa: E402
+from app.runtime.context import ContextWindow, open_window  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
 from app.runtime.recall import Recall  # noqa: E402
-from app.runtime.tools import NativeTools  # noqa: E402
+from app.runtime.tools import NativeTools, tool_schemas  # noqa: E402
 from app.runtime.transcript import Transcript  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
@@ -158,12 +168,12 @@ async def preload(state: AppState, caller: Caller, action_id: uuid.UUID, records
 
 
 async def scenario(
-    state: AppState, caller: Caller, action_id: uuid.UUID, turns: int
+    state: AppState, caller: Caller, action_id: uuid.UUID, turns: int, per_session: int = 10
 ) -> tuple[list[float], list[float]]:
     overheads: list[float] = []
     walls: list[float] = []
     for i in range(turns + 10):  # the first 10 warm up
-        request = TurnRequest(action_id, f"s{i // 10 + 1}", f"{question(i)} (turn {i})")
+        request = TurnRequest(action_id, f"s{i // per_session + 1}", f"{question(i)} (turn {i})")
         started = time.perf_counter()
         executed = await execute_turn(state, caller, request)
         wall = (time.perf_counter() - started) * 1000
@@ -197,6 +207,63 @@ async def recall_alone(
         assert block is not None
         if i >= 10:
             samples.append(elapsed)
+    return samples
+
+
+async def window_alone(
+    state: AppState, caller: Caller, action_id: uuid.UUID, count: int
+) -> tuple[int, list[float]]:
+    """Opening a turn's context window over the session the `session` scenario left: its
+    earlier turns read from their transcripts and rebuilt as messages."""
+    samples: list[float] = []
+    size = 0
+    for i in range(count + 10):
+        started = time.perf_counter()
+        window = await open_window(
+            state.pool,
+            account_id=caller.account_id,
+            action_id=action_id,
+            session_id="s1",
+            preview=False,
+            budget=32_000,
+            reserve=0,
+            history=None,
+            client=None,  # type: ignore[arg-type]
+            config=ModelConfig(),
+            transcript=Transcript(1),
+            after_call=None,  # type: ignore[arg-type]
+        )
+        if i >= 10:
+            samples.append((time.perf_counter() - started) * 1000)
+        size = len(window.entries)
+    return size, samples
+
+
+def budget_check_alone(count: int) -> list[float]:
+    """`ContextWindow.prompt` over 200 earlier turns that fit the default budget."""
+    harness = parse_harness({"memory": {"enabled": True, "tools": ["add_memory"]}})
+    tools = list(tool_schemas(harness.memory).values())
+    window = ContextWindow(32_000, 0, None, None, ModelConfig(), Transcript(1), None, [])  # type: ignore[arg-type]
+    for i in range(200):
+        window.add_turn(
+            i + 1,
+            [
+                {"role": "user", "content": f"{question(i)} (turn {i}) " + fact(i)},
+                {"role": "assistant", "content": "Noted: " + fact(i + 1)},
+            ],
+        )
+    system = {"role": "system", "content": "You help. " * 40}
+    asked = {"role": "user", "content": question(0)}
+    samples: list[float] = []
+
+    async def run() -> None:
+        for i in range(count + 10):
+            started = time.perf_counter()
+            await window.prompt(system, tools, None, asked, [])
+            if i >= 10:
+                samples.append((time.perf_counter() - started) * 1000)
+
+    asyncio.run(run())
     return samples
 
 
@@ -236,6 +303,9 @@ async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
             None,
             {"memory": {**memory, "tools": ["add_memory"]}},
         )
+        compact = await create_action(
+            pool, caller, "compact", "You help.", {"contextTokens": 600}, None
+        )
         for agent in (recalling, tooled):
             await preload(state, caller, agent.action_id, args.records)
         async with pool.acquire() as conn:
@@ -246,6 +316,14 @@ async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
         results["plain"] = await scenario(state, caller, plain.action_id, args.turns)
         results["recall"] = await scenario(state, caller, recalling.action_id, args.turns)
         results["tools"] = await scenario(state, caller, tooled.action_id, args.turns)
+        one_session = args.turns + 10
+        results["session"] = await scenario(
+            state, caller, plain.action_id, args.turns, per_session=one_session
+        )
+        results["window"] = await window_alone(state, caller, plain.action_id, args.recalls)
+        results["compact"] = await scenario(
+            state, caller, compact.action_id, args.turns, per_session=one_session
+        )
         results["recall alone"] = await recall_alone(
             state, caller, recalling.action_id, args.recalls
         )
@@ -280,12 +358,17 @@ def main() -> None:
         f"{args.turns} turns a scenario, {args.records} records per memory agent, static embedder"
     )
     print("turn wall time, and overhead (wall minus the model calls' time):")
-    for name in ("plain", "recall", "tools"):
+    for name in ("plain", "recall", "tools", "session", "compact"):
         walls, overheads = results[name]
         print(f"  {name:<7} wall      {percentiles(walls)}")
         print(f"  {name:<7} overhead  {percentiles(overheads)}")
     print(f"one recall alone ({args.recalls} recalls):")
     print(f"  recall            {percentiles(results['recall alone'])}")
+    size, samples = results["window"]
+    print(f"opening a context window alone, {size} earlier messages ({args.recalls} opens):")
+    print(f"  open_window       {percentiles(samples)}")
+    print(f"the budget check alone, 200 earlier turns that fit ({args.recalls} checks):")
+    print(f"  prompt            {percentiles(budget_check_alone(args.recalls))}")
 
 
 if __name__ == "__main__":

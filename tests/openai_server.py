@@ -109,6 +109,9 @@ class OpenAIServer:
         self.requests: list[Recorded] = []
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
         self._chat_script: deque[ChatReply] = deque()
+        # Replies for requests of one purpose (the X-Engram-Purpose header) only; a request
+        # whose purpose has none queued takes the next of `_chat_script`.
+        self._purpose_script: dict[str, deque[ChatReply]] = defaultdict(deque)
         self.chat_default = "done"  # the answer when nothing is scripted
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
@@ -203,10 +206,16 @@ class OpenAIServer:
 
     # Chat completions: scripted answers, played in order; `chat_default` when none is left
 
-    def say(self, text: str, *, delay: float = 0.0, **match: Any) -> None:
-        """Queues a text answer; `match`: ChatReply's `when` and `after_requests`."""
+    def say(
+        self, text: str, *, delay: float = 0.0, purpose: str | None = None, **match: Any
+    ) -> None:
+        """Queues a text answer; `match`: ChatReply's `when` and `after_requests`; `purpose`:
+        only for a request of that purpose (e.g. "context"), ahead of the common queue."""
         with self._lock:
-            self._chat_script.append(ChatReply(text, [], delay, **match))
+            self._queue(purpose).append(ChatReply(text, [], delay, **match))
+
+    def _queue(self, purpose: str | None) -> deque[ChatReply]:
+        return self._chat_script if purpose is None else self._purpose_script[purpose]
 
     def call_tools(
         self,
@@ -223,20 +232,27 @@ class OpenAIServer:
         with self._lock:
             self._chat_script.extend(ChatReply(status=status) for _ in range(times))
 
-    def chat_requests(self) -> list[Recorded]:
-        return self.requests_to(CHAT)
+    def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
+        """The chat requests received, or those of one purpose."""
+        return [
+            r
+            for r in self.requests_to(CHAT)
+            if purpose is None or r.headers.get("x-engram-purpose") == purpose
+        ]
 
     async def _chat(self, request: Request) -> Response:
         body, failure = await self._begin(request)
         if failure is not None:
             return failure
         text = json.dumps(body)
+        purpose = request.headers.get("x-engram-purpose", "")
         with self._lock:
-            scripted = next(
-                (r for r in self._chat_script if r.when is None or r.when in text), None
-            )
-            if scripted is not None:
-                self._chat_script.remove(scripted)
+            scripted = None
+            for queue in (self._purpose_script.get(purpose, deque()), self._chat_script):
+                scripted = next((r for r in queue if r.when is None or r.when in text), None)
+                if scripted is not None:
+                    queue.remove(scripted)
+                    break
             reply = scripted or ChatReply(self.chat_default)
             number = len(self.requests)
         deadline = time.monotonic() + 10

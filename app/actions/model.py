@@ -7,7 +7,10 @@ from typing import Any
 
 from app.errors import BadInput
 
-_FIELDS = ("baseUrl", "name", "apiKeyEnv", "temperature", "maxTokens")
+_FIELDS = ("baseUrl", "name", "apiKeyEnv", "temperature", "maxTokens", "contextTokens")
+# The least context budget a turn can work in: instructions, tools, an input and a reply.
+MIN_CONTEXT_TOKENS = 256
+MAX_CONTEXT_TOKENS = 10_000_000
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
@@ -18,6 +21,13 @@ class ModelConfig:
     api_key_env: str | None = None
     temperature: float | None = None
     max_tokens: int | None = None
+    # The most a request may send, counted at about four characters a token (runtime/context.py);
+    # None: ENGRAM_MODEL_CONTEXT_TOKENS.
+    context_tokens: int | None = None
+
+
+def _integer(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def parse_model(value: Any) -> tuple[ModelConfig, dict[str, Any]]:
@@ -45,11 +55,20 @@ def parse_model(value: Any) -> tuple[ModelConfig, dict[str, Any]]:
     ):
         raise BadInput("model.temperature must be a number from 0 to 2")
     max_tokens = value.get("maxTokens")
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool)
-        or not isinstance(max_tokens, int)
-        or not 1 <= max_tokens <= 1_000_000
-    ):
+    if max_tokens is not None and not _integer(max_tokens, 1, 1_000_000):
         raise BadInput("model.maxTokens must be an integer from 1 to 1000000")
-    config = ModelConfig(base_url, value.get("name"), env, temperature, max_tokens)
+    context_tokens = value.get("contextTokens")
+    if context_tokens is not None:
+        if not _integer(context_tokens, MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS):
+            raise BadInput(
+                f"model.contextTokens must be an integer from {MIN_CONTEXT_TOKENS} to "
+                f"{MAX_CONTEXT_TOKENS}: the most a model call may send, in tokens of about four "
+                "characters"
+            )
+        if max_tokens is not None and max_tokens >= context_tokens // 2:
+            raise BadInput(
+                f"model.maxTokens ({max_tokens}) must be less than half of model.contextTokens "
+                f"({context_tokens}): the reply's room comes out of the context budget"
+            )
+    config = ModelConfig(base_url, value.get("name"), env, temperature, max_tokens, context_tokens)
     return config, dict(value)

@@ -1,7 +1,8 @@
 """The model client: OpenAI-compatible chat completions with tool calling, over httpx.
 
 Every request says why it is made: the header `X-Engram-Purpose` and `metadata.purpose` in
-the body (`turn` for the agent's own calls, `memory` for memory reviews). A transient failure
+the body (`turn` for the agent's own calls, `memory` for memory reviews, `context` for the
+summaries that keep a turn's context within its budget). A transient failure
 (no connection, a connect timeout, 429 or 5xx) is retried with exponential backoff, honouring
 `Retry-After`; a read timeout is not retried (the model may still be working on it, and a
 retry would pay twice), and any other 4xx fails at once with the server's message.
@@ -21,7 +22,7 @@ from app.errors import BadInput
 from app.http_retry import RetriesExhausted, post_with_retries, server_message
 from app.text import storable
 
-Purpose = Literal["turn", "memory"]
+Purpose = Literal["turn", "memory", "context"]
 PURPOSE_HEADER = "X-Engram-Purpose"
 _RETRIED_4XX = frozenset({429})
 # The service's own secrets (database URL, bootstrap token) must never leave with a request
@@ -188,7 +189,9 @@ class ModelClient:
         purpose: Purpose,
         *,
         tool_choice: Literal["auto", "none"] = "auto",
+        max_tokens: int | None = None,
     ) -> Completion:
+        """One chat completion; `max_tokens` caps this reply below the action's own maxTokens."""
         endpoint = resolve_endpoint(config, self.settings)
         body: dict[str, Any] = {
             "model": endpoint.model,
@@ -200,8 +203,9 @@ class ModelClient:
             body["tool_choice"] = tool_choice
         if endpoint.temperature is not None:
             body["temperature"] = endpoint.temperature
-        if endpoint.max_tokens is not None:
-            body["max_tokens"] = endpoint.max_tokens
+        caps = [t for t in (endpoint.max_tokens, max_tokens) if t is not None]
+        if caps:
+            body["max_tokens"] = min(caps)
         headers: dict[str, str] = {PURPOSE_HEADER: purpose}
         if endpoint.api_key:
             headers["Authorization"] = f"Bearer {endpoint.api_key}"

@@ -10,13 +10,20 @@ Event types and what their `data` holds:
 - `turn.input`: `{input, message}`: what the turn was asked, and the text the model read.
 - `memory.pinned`: `{records: [{id, version}], tokens}`: the pins the instructions listed.
 - `model.call`: `{purpose, model, usage, attempts, durationMs, finishReason, content,
-  toolCalls}`: one chat completion, with its usage and why it was made (`turn`, `memory`).
+  toolCalls}`: one chat completion, with its usage and why it was made (`turn`, `memory`,
+  `context`).
 - `embedding`: `{purpose: "embed", model, tokens, for}`: usage of the embedding model, for a
   recall, a `search_memory` query, or the records `add_memory` wrote.
 - `tool.execution`: `{name, callId, input, output}` or `{..., error}`: one execution of a
   native tool; a recall is one of `search_memory` with `recall: true` in its input.
 - `output.use`: `{use: "RETRIEVED", execution, tool, records}`: the records of the
   `tool.execution` event numbered `execution` reached the model.
+- `context.cleared`: `{results, turns, tokens, reason}`: how many tool results were cleared
+  to keep the context within its budget, of which turns (null: the running turn), the tokens
+  that saved, and why (`budget`, or `too large` for the latest call's own results).
+- `context.summary`: `{through: {turn, message}, messages, turns, calls, tokens, summary}`:
+  older messages folded into the session's running summary by `calls` model calls of purpose
+  `context`; it now reaches through message `message` of turn `turn` (null: the running turn).
 - `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended. When the
   database refused the failed attempt's last events, `turn.failed` is written alone and says
   so in `transcriptLost`.
@@ -36,6 +43,8 @@ MODEL_CALL = "model.call"
 EMBEDDING = "embedding"
 TOOL_EXECUTION = "tool.execution"
 OUTPUT_USE = "output.use"
+CONTEXT_CLEARED = "context.cleared"
+CONTEXT_SUMMARY = "context.summary"
 TURN_OUTPUT = "turn.output"
 TURN_FAILED = "turn.failed"
 

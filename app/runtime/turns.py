@@ -29,6 +29,7 @@ from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, Writer
 from app.runtime import liveness, store
 from app.runtime import transcript as events
+from app.runtime.context import ContextWindow, budget_of, open_window
 from app.runtime.executions import Execution
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
@@ -41,8 +42,6 @@ from app.text import storable
 log = logging.getLogger(__name__)
 
 MAX_SESSION_ID = 200
-# Earlier turns of the session the model reads, as user and assistant messages.
-EARLIER_TURNS = 20
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,7 @@ class TurnContext:
     # The conversation as the last model call read it, then the agent's answer.
     messages: list[dict[str, Any]] = field(default_factory=list)
     output: str = ""
+    window: ContextWindow | None = None  # the conversation within its budget (context.py)
 
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
@@ -341,25 +341,30 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
         raise
 
 
-async def _history(context: TurnContext) -> list[dict[str, Any]]:
-    """The session's earlier turns as messages: their inputs and outputs, not their recalls."""
-    execution = context.execution
-    if execution.session_id is None:
-        return []
-    async with context.state.pool.acquire() as conn:
-        turns = await store.earlier_turns(
-            conn,
-            execution.account_id,
-            execution.action_id,
-            execution.session_id,
-            execution.preview,
-            EARLIER_TURNS,
-        )
-    messages: list[dict[str, Any]] = []
-    for turn in turns:
-        messages.append({"role": "user", "content": input_text(turn["input"])})
-        messages.append({"role": "assistant", "content": input_text(turn["output"])})
-    return messages
+async def _open_window(context: TurnContext, client: ModelClient) -> ContextWindow:
+    """The session's earlier turns, within the context budget: their summary and the messages
+    after it (their inputs, replies, tool calls and results; not their recalls)."""
+    execution, action = context.execution, context.action
+
+    async def context_call(completion: Completion) -> None:
+        context.transcript.add(events.MODEL_CALL, _call_event(completion, "context"))
+        await context.keep_alive()
+
+    budget, reserve = budget_of(action.model, context.state.settings.model_context_tokens)
+    return await open_window(
+        context.state.pool,
+        account_id=execution.account_id,
+        action_id=execution.action_id,
+        session_id=execution.session_id,
+        preview=execution.preview,
+        budget=budget,
+        reserve=reserve,
+        history=action.harness.history,
+        client=client,
+        config=action.model,
+        transcript=context.transcript,
+        after_call=context_call,
+    )
 
 
 def _call_event(completion: Completion, purpose: str) -> dict[str, Any]:
@@ -391,7 +396,7 @@ async def _run(context: TurnContext) -> set[Version]:
         transcript.add(
             events.MEMORY_PINNED, {"records": versions(pinned), "tokens": listed_tokens(pinned)}
         )
-    history = await _history(context)
+    window = context.window = await _open_window(context, client)
     assert state.embedder is not None
     tools = NativeTools(context.work, memory, transcript, state.embedder.name)
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
@@ -405,7 +410,7 @@ async def _run(context: TurnContext) -> set[Version]:
     limit = state.settings.max_model_calls_per_turn
     for call_number in range(1, limit + 1):
         recalled = await recall.before_call(recall_query(request, latest)) if recall else None
-        context.messages = [system, *history, *([recalled] if recalled else []), asked, *exchange]
+        context.messages = await window.prompt(system, tools.offered, recalled, asked, exchange)
         last = call_number == limit
         # The last allowed call may not use tools, so the model answers instead.
         completion = await client.complete(
@@ -499,6 +504,16 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
             turn = await store.count_turn(
                 conn, execution.account_id, execution.action_id, execution.session_id
             )
+            if context.window is not None:
+                await context.window.save(
+                    conn,
+                    account_id=execution.account_id,
+                    action_id=execution.action_id,
+                    session_id=execution.session_id,
+                    preview=execution.preview,
+                    execution_id=execution.execution_id,
+                    turn=turn,
+                )
             if recalled:
                 await store.insert_recalls(
                     conn,
