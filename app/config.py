@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     model_allowed_base_urls: list[str] = Field(default_factory=list)
     model_allowed_key_envs: list[str] = Field(default_factory=list)
 
+    # The end-of-turn memory review (app/runtime/review.py): how many of its most similar
+    # records each candidate is compared with, and the score a neighbour must reach for the
+    # review to ask the model what to do (below it, candidates are added without asking).
+    memory_review_neighbours: int = Field(default=5, ge=1, le=20)
+    memory_review_floor: float = Field(default=0.5, ge=0, le=1)
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> "Settings":
         if self.environment == "production":

@@ -66,6 +66,11 @@ class Fault:
 
 
 CHAT = "/v1/chat/completions"
+PURPOSE_HEADER = "x-engram-purpose"
+
+
+def request_purpose(request: Recorded) -> str | None:
+    return request.headers.get(PURPOSE_HEADER)
 
 
 @dataclass
@@ -75,7 +80,8 @@ class ChatReply:
 
     `when`: only for a request whose body contains this text (concurrent conversations each
     take their own answers). `after_requests`: answer once the server has received that many
-    chat requests (to line up concurrent turns), then wait `delay` seconds."""
+    chat requests (to line up concurrent turns), then wait `delay` seconds. `purpose`: only
+    for a request of that purpose (header X-Engram-Purpose: turn, memory, ...); None: any."""
 
     content: str | None = None
     tool_calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -83,6 +89,7 @@ class ChatReply:
     status: int | None = None  # answer this HTTP error instead
     when: str | None = None
     after_requests: int = 0
+    purpose: str | None = "turn"
 
 
 class OpenAIServer:
@@ -102,6 +109,8 @@ class OpenAIServer:
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
         self._chat_script: deque[ChatReply] = deque()
         self.chat_default = "done"  # the answer when nothing is scripted
+        # The answer by purpose when nothing is scripted for it (else chat_default).
+        self.chat_defaults: dict[str, ChatReply] = {}
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -210,26 +219,38 @@ class OpenAIServer:
         with self._lock:
             self._chat_script.append(ChatReply(content, list(calls), delay, **match))
 
-    def chat_error(self, status: int = 500, *, times: int = 1) -> None:
+    def chat_error(
+        self, status: int = 500, *, times: int = 1, purpose: str | None = "turn"
+    ) -> None:
         """The next scripted answers are HTTP errors (queued in order with the replies)."""
         with self._lock:
-            self._chat_script.extend(ChatReply(status=status) for _ in range(times))
+            self._chat_script.extend(
+                ChatReply(status=status, purpose=purpose) for _ in range(times)
+            )
 
-    def chat_requests(self) -> list[Recorded]:
-        return self.requests_to(CHAT)
+    def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
+        """Chat requests, of one purpose when given."""
+        return [r for r in self.requests_to(CHAT) if purpose in (None, request_purpose(r))]
 
     async def _chat(self, request: Request) -> Response:
         body, failure = await self._begin(request)
         if failure is not None:
             return failure
         text = json.dumps(body)
+        purpose = request.headers.get(PURPOSE_HEADER)
         with self._lock:
             scripted = next(
-                (r for r in self._chat_script if r.when is None or r.when in text), None
+                (
+                    r
+                    for r in self._chat_script
+                    if (r.when is None or r.when in text) and r.purpose in (None, purpose)
+                ),
+                None,
             )
             if scripted is not None:
                 self._chat_script.remove(scripted)
-            reply = scripted or ChatReply(self.chat_default)
+            default = self.chat_defaults.get(purpose or "") or ChatReply(self.chat_default)
+            reply = scripted or default
             number = len(self.requests)
         deadline = time.monotonic() + 10
         while len(self.requests_to(CHAT)) < reply.after_requests and time.monotonic() < deadline:

@@ -413,3 +413,25 @@ async def copy_committed(
         )
         await conn.execute("DROP TABLE agent_memories_load")
     return len(rows)
+
+
+async def summaries_known(
+    conn: asyncpg.Connection, reader: Reader, summaries: Sequence[str]
+) -> list[int]:
+    """The positions (from 0) of the summaries whose normalised form (`memory_summary_key`,
+    migration 0009) equals that of a record the reader sees."""
+    p = Params()
+    where = visible(reader, p, "m")
+    rows = await conn.fetch(
+        f"""
+        SELECT DISTINCT c.i - 1 AS i FROM unnest({p(list(summaries))}::text[])
+            WITH ORDINALITY c(summary, i)
+        WHERE EXISTS (
+            SELECT 1 FROM agent_memories m
+            WHERE {where} AND memory_summary_key(m.summary) = memory_summary_key(c.summary)
+        )
+        ORDER BY 1
+        """,
+        *p.values,
+    )
+    return [r["i"] for r in rows]

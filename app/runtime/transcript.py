@@ -17,11 +17,17 @@ Event types and what their `data` holds:
   native tool; a recall is one of `search_memory` with `recall: true` in its input.
 - `output.use`: `{use: "RETRIEVED", execution, tool, records}`: the records of the
   `tool.execution` event numbered `execution` reached the model.
+- `memory.review`: `{messages: {count, from, to}, candidates, neighbours, decisions, written}`
+  or `{..., error}`: one end-of-turn memory review (app/runtime/review.py); its model calls
+  are `model.call` events of purpose `memory`.
 - `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended.
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.runtime.model import Completion
 
 TURN_INPUT = "turn.input"
 MEMORY_PINNED = "memory.pinned"
@@ -29,8 +35,25 @@ MODEL_CALL = "model.call"
 EMBEDDING = "embedding"
 TOOL_EXECUTION = "tool.execution"
 OUTPUT_USE = "output.use"
+MEMORY_REVIEW = "memory.review"
 TURN_OUTPUT = "turn.output"
 TURN_FAILED = "turn.failed"
+
+
+def model_call(completion: "Completion", purpose: str) -> dict[str, Any]:
+    """The data of a `model.call` event."""
+    return {
+        "purpose": purpose,
+        "model": completion.model,
+        "usage": completion.usage,
+        "attempts": completion.attempts,
+        "durationMs": round(completion.duration_ms, 2),
+        "finishReason": completion.finish_reason,
+        "content": completion.content,
+        "toolCalls": [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in completion.tool_calls
+        ],
+    }
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ from app.runtime import store
 from app.runtime import transcript as events
 from app.runtime.executions import Execution
 from app.runtime.instructions import listed_tokens, system_instructions
-from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
+from app.runtime.model import ModelClient, ModelFailed, check_endpoint
 from app.runtime.recall import Recall, Version, recall_query
+from app.runtime.review import review_memory
 from app.runtime.tools import NativeTools, versions
 from app.runtime.transcript import Transcript
 from app.state import AppState
@@ -74,6 +75,10 @@ class TurnContext:
     # The conversation as the last model call read it, then the agent's answer.
     messages: list[dict[str, Any]] = field(default_factory=list)
     output: str = ""
+    # Set by the memory review (app/runtime/review.py), written by the commit: how many
+    # messages this turn adds for review, and the turns (this one too) its review covered.
+    review_messages: int | None = None
+    reviewed: list[UUID] = field(default_factory=list)
 
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
@@ -92,10 +97,9 @@ class TurnContext:
 
 
 # Steps run after the agent answers and before the turn commits, inside its unit of work:
-# memory review (extraction, model calls of purpose `memory`) plugs in here. None is
-# installed yet: extraction is its own issue.
+# the memory review (model calls of purpose `memory`, app/runtime/review.py).
 TurnEndStep = Callable[[TurnContext, ModelClient], Awaitable[None]]
-END_OF_TURN_STEPS: list[TurnEndStep] = []
+END_OF_TURN_STEPS: list[TurnEndStep] = [review_memory]
 
 
 def model_client(state: AppState) -> ModelClient:
@@ -297,21 +301,6 @@ async def _history(context: TurnContext) -> list[dict[str, Any]]:
     return messages
 
 
-def _call_event(completion: Completion, purpose: str) -> dict[str, Any]:
-    return {
-        "purpose": purpose,
-        "model": completion.model,
-        "usage": completion.usage,
-        "attempts": completion.attempts,
-        "durationMs": round(completion.duration_ms, 2),
-        "finishReason": completion.finish_reason,
-        "content": completion.content,
-        "toolCalls": [
-            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in completion.tool_calls
-        ],
-    }
-
-
 async def _run(context: TurnContext) -> set[Version]:
     """The agent's side of the turn; returns the record versions its recalls recorded."""
     state, action, transcript = context.state, context.action, context.transcript
@@ -350,7 +339,7 @@ async def _run(context: TurnContext) -> set[Version]:
             "turn",
             tool_choice="none" if last else "auto",
         )
-        transcript.add(events.MODEL_CALL, _call_event(completion, "turn"))
+        transcript.add(events.MODEL_CALL, events.model_call(completion, "turn"))
         await context.keep_alive()
         if not completion.tool_calls:
             context.output = completion.content or ""
@@ -427,6 +416,15 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     async with context.state.pool.acquire() as conn, conn.transaction():
         if context.work is not None:
             await context.work.commit(conn)
+        if context.review_messages is not None:
+            await store.record_review(
+                conn,
+                execution.account_id,
+                execution.action_id,
+                execution.execution_id,
+                context.review_messages,
+                context.reviewed,
+            )
         turn = None
         if execution.session_id is not None:
             turn = await store.count_turn(
