@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     # records each candidate is compared with, and the score a neighbour must reach for the
     # review to ask the model what to do (below it, candidates are added without asking).
     memory_review_neighbours: int = Field(default=5, ge=1, le=20)
-    memory_review_floor: float = Field(default=0.5, ge=0, le=1)
+    memory_review_floor: float = Field(default=0.4, ge=0, le=1)
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> "Settings":

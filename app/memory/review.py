@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 
@@ -139,6 +140,12 @@ async def known(pool: asyncpg.Pool, reader: Reader, summaries: Sequence[str]) ->
 @dataclass(frozen=True)
 class Neighbours:
     records: list[MemoryRecord]  # best first, each with its score
+    # How like the candidate each record is (store.similarities: the larger of the cosine and
+    # the share of the candidate's words it has), which the review's floor compares: the
+    # score's text part is relative to the best match, so it says little on its own. Words
+    # count as well as meaning because a correction ("lives in Rome" for "lives in Paris")
+    # shares most words but may not reach the floor by the static embedder's cosine (0.34).
+    similarity: dict[UUID, float]
     embed_tokens: int
 
 
@@ -165,4 +172,15 @@ async def neighbours(
         REVIEW_RANK_NORMALIZATION,
     )
     records, _ = await memory_search.ranked(pool, reader, Filters(), ranking)
-    return Neighbours(records, tokens)
+    similarity: dict[UUID, float] = {}
+    if records:
+        async with pool.acquire() as conn:
+            similarity = await store.similarities(
+                conn,
+                reader.account_id,
+                reader.action_id,
+                [r.memory_id for r in records],
+                text,
+                vector,
+            )
+    return Neighbours(records, similarity, tokens)

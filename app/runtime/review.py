@@ -343,6 +343,7 @@ class Review:
         shown: dict[str, MemoryRecord] = {}
         handle_of: dict[UUID, str] = {}
         near: dict[str, list[str]] = {}
+        similarity: dict[UUID, float] = {}
         tokens = 0
         reaches_floor = False
         for handle, c in open_:
@@ -361,7 +362,8 @@ class Review:
                     handle_of[r.memory_id] = f"r{len(handle_of) + 1}"
                     shown[handle_of[r.memory_id]] = r
                 near[handle].append(handle_of[r.memory_id])
-                if r.score is not None and r.score >= self.settings.memory_review_floor:
+                similarity[r.memory_id] = found.similarity.get(r.memory_id, 0.0)
+                if similarity[r.memory_id] >= self.settings.memory_review_floor:
                     reaches_floor = True
         if tokens:
             context.transcript.embedding(embedder.name, tokens, "memory.review")
@@ -374,6 +376,7 @@ class Review:
                         "id": str(shown[h].memory_id),
                         "version": shown[h].version,
                         "score": round(float(shown[h].score or 0), 4),
+                        "similarity": round(similarity[shown[h].memory_id], 4),
                     }
                     for h in near[handle]
                 ],
@@ -488,25 +491,29 @@ class Review:
         return written
 
 
-async def _earlier(context: "TurnContext") -> tuple[list[UUID], list[Message], int]:
-    """The committed turns awaiting review: their IDs, their messages, and how many they
-    counted."""
+async def _pending(context: "TurnContext") -> list[Any]:
+    """The committed turns awaiting review in this turn's session (or session-less agent)."""
     e = context.execution
     async with context.state.pool.acquire() as conn:
         pending = await store.pending_review(
             conn, e.account_id, e.action_id, e.session_id, e.preview
         )
-        pending = [p for p in pending if p["execution_id"] != e.execution_id]
-        if not pending:
-            return [], [], 0
-        ids = [p["execution_id"] for p in pending]
+    return [p for p in pending if p["execution_id"] != e.execution_id]
+
+
+async def _earlier(context: "TurnContext", pending: list[Any]) -> list[Message]:
+    """The messages of the pending turns, read back from their transcripts."""
+    if not pending:
+        return []
+    e = context.execution
+    ids = [p["execution_id"] for p in pending]
+    async with context.state.pool.acquire() as conn:
         rows = await store.review_events(conn, e.account_id, e.action_id, ids)
     turns = {p["execution_id"]: p["turn"] for p in pending}
     by_turn: dict[UUID, list[tuple[str, Any, datetime]]] = {i: [] for i in ids}
     for row in rows:
         by_turn[row["execution_id"]].append((row["type"], row["data"], row["created"]))
-    messages = [m for i in ids for m in _messages(by_turn[i], i, turns[i])]
-    return ids, messages, sum(p["review_messages"] for p in pending)
+    return [m for i in ids for m in _messages(by_turn[i], i, turns[i])]
 
 
 async def review_memory(context: "TurnContext", client: ModelClient) -> None:
@@ -520,9 +527,11 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     current = _messages(rows, e.execution_id, e.turn)
     context.review_messages = len(current)
     every = context.action.harness.memory.extraction_every_messages
-    ids, earlier, counted = await _earlier(context)
-    if every is not None and counted + len(current) < every:
+    pending = await _pending(context)
+    if every is not None and sum(p["review_messages"] for p in pending) + len(current) < every:
         return
+    earlier = await _earlier(context, pending)
+    ids = [p["execution_id"] for p in pending]
     review = Review(context, client)
     try:
         written = await review.run(earlier + current)
