@@ -5,9 +5,10 @@ import asyncio
 import json
 from typing import Any
 
-from helpers import GQL
+from helpers import GQL, allow, caller
 from openai_server import OpenAIServer, Recorded
 from runtime_support import (
+    RUNNER_POLICIES,
     chat,
     events,
     make_agent,
@@ -477,3 +478,34 @@ async def test_m12_a_candidate_over_the_limits_is_shortened_and_never_pinned(
     assert cut["labels"] == [{"number": 5, "value": "c-1"}]
     assert "line one line two" in kept
     assert not any(m["pinned"] for m in kept.values())
+
+
+async def test_m55_a_review_shows_its_memory_text_only_with_the_memory_grants(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    await remembered(gql, admin, model_server, action_id, "Ada has a dog named Rex")
+    candidates(model_server, {"summary": "Ada never had a dog", "content": "zebra evidence"})
+    decide(
+        model_server,
+        {"candidate": "c1", "action": "delete", "record": "r1", "evidence": "quokka said"},
+    )
+    executed = await run(gql, admin, action_id, "I have no pets")
+    query = """query($id: UUID!) { execution(executionId: $id) {
+        transcript(first: 500) { nodes { type data } } } }"""
+    runner = caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+    hidden = (await gql(runner, query, id=executed["executionId"])).ok()
+    text = json.dumps(hidden)
+    for secret in ("never had a dog", "zebra", "quokka", "dog named Rex"):
+        assert secret not in text, secret
+    (review,) = [
+        n["data"]
+        for n in hidden["execution"]["transcript"]["nodes"]
+        if n["type"] == "memory.review"
+    ]
+    assert review["candidates"] == [{"handle": "c1"}]
+    assert review["decisions"][0]["action"] == "delete"
+    grants = allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document")
+    auditor = caller(admin.account_id, *RUNNER_POLICIES, grants, principal="auditor")
+    shown = json.dumps((await gql(auditor, query, id=executed["executionId"])).ok())
+    assert "zebra" in shown and "quokka" in shown
