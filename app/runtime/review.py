@@ -25,9 +25,10 @@ fails or rolls back marks nothing and leaves no record.
 """
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from app.actions.harness import MemoryConfig
@@ -225,6 +226,21 @@ class _Malformed(ValueError):
     pass
 
 
+T = TypeVar("T")
+# Reads a tool call's arguments; `strict`: raise _Malformed for any problem (the model is told
+# and answers again), else keep what is usable.
+Parse = Callable[[dict[str, Any], bool], T]
+
+
+@dataclass
+class _Shown:
+    """The neighbours a review shows: records by handle, each candidate's handles."""
+
+    records: dict[str, MemoryRecord] = field(default_factory=dict)
+    near: dict[str, list[str]] = field(default_factory=dict)
+    reaches_floor: bool = False
+
+
 def _arguments(completion: Completion, tool: str) -> dict[str, Any]:
     calls = [c for c in completion.tool_calls if c.name == tool]
     if len(calls) != 1:
@@ -259,16 +275,13 @@ class Review:
         return completion
 
     async def _ask(
-        self,
-        messages: list[dict[str, Any]],
-        tool: dict[str, Any],
-        parse: Any,
-    ) -> Any:
+        self, messages: list[dict[str, Any]], tool: dict[str, Any], parse: Parse[T]
+    ) -> T | None:
         """One call, and one more telling the model what was wrong with a malformed reply."""
         name = tool["function"]["name"]
         completion = await self._call(messages, tool)
         try:
-            return parse(_arguments(completion, name), strict=True)
+            return parse(_arguments(completion, name), True)
         except _Malformed as e:
             problem = str(e)
         retry = [*messages, {**completion.message, "role": "assistant"}]
@@ -281,12 +294,12 @@ class Review:
         self.event.setdefault("malformed", []).append(problem)
         completion = await self._call(retry, tool)
         try:
-            return parse(_arguments(completion, name), strict=False)
+            return parse(_arguments(completion, name), False)
         except _Malformed as e:
             self.event["malformed"].append(str(e))
             return None
 
-    def _candidates(self, value: dict[str, Any], *, strict: bool) -> list[Candidate]:
+    def _candidates(self, value: dict[str, Any], strict: bool) -> list[Candidate]:
         items = value.get("candidates")
         if not isinstance(items, list):
             raise _Malformed("candidates must be a list")
@@ -303,8 +316,39 @@ class Review:
         return found
 
     async def run(self, messages: list[Message]) -> list[MemoryRecord]:
-        context, memory = self.context, self.memory
+        """Reviews the messages; returns the records it staged (written, replaced, deleted)."""
         self.event["messages"] = _range(messages)
+        candidates = await self._extract(messages)
+        handles = [f"c{i}" for i in range(1, len(candidates) + 1)]
+        self.event["candidates"] = [
+            {"handle": h, **c.view(self.memory)} for h, c in zip(handles, candidates, strict=True)
+        ]
+        decisions: list[dict[str, Any]] = []
+        self.event.update(neighbours=[], decisions=decisions)
+        # Exact duplicates, of a visible record or of an earlier candidate: no model call.
+        duplicate = await memory_review.known(
+            self.context.state.pool, self.work.writer.reader(), [c.summary for c in candidates]
+        )
+        seen: set[str] = set()
+        open_: list[tuple[str, Candidate]] = []
+        for i, (handle, c) in enumerate(zip(handles, candidates, strict=True)):
+            key = memory_review.normalise(c.summary)
+            if i in duplicate or key in seen:
+                decisions.append({"candidate": handle, "action": "skip", "reason": "duplicate"})
+            else:
+                open_.append((handle, c))
+            seen.add(key)
+        if not open_:
+            return []
+        shown = await self._compare(open_)
+        if shown.reaches_floor:
+            chosen = await self._decide(open_, shown) or {}
+        else:
+            chosen = {handle: {"action": "add"} for handle, _ in open_}
+        return await self._write(open_, chosen, shown, decisions)
+
+    async def _extract(self, messages: list[Message]) -> list[Candidate]:
+        memory = self.memory
         system = memory.extraction_prompt or DEFAULT_INSTRUCTIONS
         pinned = ""
         if memory.pinned_max_tokens is not None:
@@ -317,84 +361,51 @@ class Review:
             {"role": "system", "content": system + "\n\n" + _FORMAT},
             {"role": "user", "content": _conversation(messages) + pinned},
         ]
-        candidates = await self._ask(asked, candidates_tool(memory), self._candidates) or []
-        handles = [f"c{i}" for i in range(1, len(candidates) + 1)]
-        self.event["candidates"] = [
-            {"handle": h, **c.view(memory)} for h, c in zip(handles, candidates, strict=True)
-        ]
-        decisions: list[dict[str, Any]] = []
-        self.event["decisions"] = decisions
-        # Exact duplicates, of a visible record or of an earlier candidate: no model call.
+        return await self._ask(asked, candidates_tool(memory), self._candidates) or []
+
+    async def _compare(self, open_: list[tuple[str, Candidate]]) -> "_Shown":
+        """Each candidate's neighbours, under short handles (a record shown for several
+        candidates has one)."""
+        state = self.context.state
+        assert state.embedder is not None
         reader = self.work.writer.reader()
-        pool = context.state.pool
-        duplicate = await memory_review.known(pool, reader, [c.summary for c in candidates])
-        seen: set[str] = set()
-        open_: list[tuple[str, Candidate]] = []
-        for i, (handle, c) in enumerate(zip(handles, candidates, strict=True)):
-            key = memory_review.normalise(c.summary)
-            if i in duplicate or key in seen:
-                decisions.append({"candidate": handle, "action": "skip", "reason": "duplicate"})
-            else:
-                open_.append((handle, c))
-            seen.add(key)
-        # Neighbours, under short handles: a record shown for several candidates has one.
-        assert context.state.embedder is not None
-        embedder = context.state.embedder
-        shown: dict[str, MemoryRecord] = {}
+        shown = _Shown()
         handle_of: dict[UUID, str] = {}
-        near: dict[str, list[str]] = {}
-        similarity: dict[UUID, float] = {}
         tokens = 0
-        reaches_floor = False
         for handle, c in open_:
             found = await memory_review.neighbours(
-                pool,
-                embedder,
+                state.pool,
+                state.embedder,
                 reader,
-                memory.search,
+                self.memory.search,
                 c.summary + ("\n" + c.content if c.content else ""),
                 self.settings.memory_review_neighbours,
             )
             tokens += found.embed_tokens
-            near[handle] = []
+            listed = []
             for r in found.records:
                 if r.memory_id not in handle_of:
                     handle_of[r.memory_id] = f"r{len(handle_of) + 1}"
-                    shown[handle_of[r.memory_id]] = r
-                near[handle].append(handle_of[r.memory_id])
-                similarity[r.memory_id] = found.similarity.get(r.memory_id, 0.0)
-                if similarity[r.memory_id] >= self.settings.memory_review_floor:
-                    reaches_floor = True
-        if tokens:
-            context.transcript.embedding(embedder.name, tokens, "memory.review")
-        self.event["neighbours"] = [
-            {
-                "candidate": handle,
-                "records": [
+                    shown.records[handle_of[r.memory_id]] = r
+                similarity = found.similarity.get(r.memory_id, 0.0)
+                shown.reaches_floor |= similarity >= self.settings.memory_review_floor
+                shown.near.setdefault(handle, []).append(handle_of[r.memory_id])
+                listed.append(
                     {
-                        "handle": h,
-                        "id": str(shown[h].memory_id),
-                        "version": shown[h].version,
-                        "score": round(float(shown[h].score or 0), 4),
-                        "similarity": round(similarity[shown[h].memory_id], 4),
+                        "handle": handle_of[r.memory_id],
+                        "id": str(r.memory_id),
+                        "version": r.version,
+                        "score": round(float(r.score or 0), 4),
+                        "similarity": round(similarity, 4),
                     }
-                    for h in near[handle]
-                ],
-            }
-            for handle, _ in open_
-        ]
-        chosen: dict[str, dict[str, Any]] = {}
-        if open_ and reaches_floor:
-            chosen = await self._decide(open_, near, shown) or {}
-        elif open_:
-            chosen = {handle: {"action": "add"} for handle, _ in open_}
-        return await self._write(open_, chosen, shown, decisions)
+                )
+            self.event["neighbours"].append({"candidate": handle, "records": listed})
+        if tokens:
+            self.context.transcript.embedding(state.embedder.name, tokens, "memory.review")
+        return shown
 
     async def _decide(
-        self,
-        open_: list[tuple[str, Candidate]],
-        near: dict[str, list[str]],
-        shown: dict[str, MemoryRecord],
+        self, open_: list[tuple[str, Candidate]], shown: "_Shown"
     ) -> dict[str, dict[str, Any]] | None:
         memory = self.memory
         payload = {
@@ -404,10 +415,11 @@ class Review:
                     for k, v in record_view(r, memory).items()
                     if k not in ("id", "version", "score", "replaces", "replacedBy")
                 }
-                for h, r in shown.items()
+                for h, r in shown.records.items()
             },
             "candidates": [
-                {"handle": h, **c.view(memory), "neighbours": near[h]} for h, c in open_
+                {"handle": h, **c.view(memory), "neighbours": shown.near.get(h, [])}
+                for h, c in open_
             ],
         }
         text = for_model(json.dumps(payload, ensure_ascii=False, default=str))
@@ -418,7 +430,7 @@ class Review:
         ]
         handles = {h for h, _ in open_}
 
-        def parse(value: dict[str, Any], *, strict: bool) -> dict[str, dict[str, Any]]:
+        def parse(value: dict[str, Any], strict: bool) -> dict[str, dict[str, Any]]:
             items = value.get("decisions")
             if not isinstance(items, list):
                 raise _Malformed("decisions must be a list")
@@ -443,10 +455,11 @@ class Review:
         self,
         open_: list[tuple[str, Candidate]],
         chosen: dict[str, dict[str, Any]],
-        shown: dict[str, MemoryRecord],
+        shown: "_Shown",
         decisions: list[dict[str, Any]],
     ) -> list[MemoryRecord]:
         written: list[MemoryRecord] = []
+        embedded = len(self.work.embed_tokens)
         for handle, c in open_:
             choice = chosen.get(handle)
             if choice is None:
@@ -459,7 +472,7 @@ class Review:
                 continue
             target: MemoryRecord | None = None
             if action in ("replace", "delete"):
-                target = shown.get(str(choice.get("record")))
+                target = shown.records.get(str(choice.get("record")))
                 if target is None:
                     decision["ignored"] = (
                         f"record handle {choice.get('record')!r} was not shown; nothing changed"
@@ -488,6 +501,11 @@ class Review:
                     )
             except DomainError as e:
                 decision["refused"] = e.message
+        tokens = sum(self.work.embed_tokens[embedded:])
+        if tokens:
+            assert self.context.state.embedder is not None
+            name = self.context.state.embedder.name
+            self.context.transcript.embedding(name, tokens, "memory.review")
         return written
 
 
