@@ -265,13 +265,18 @@ class Review:
         self.memory = context.action.harness.memory
         self.settings = context.state.settings
         self.event: dict[str, Any] = {}
+        self.calls = 0
 
     async def _call(self, messages: list[dict[str, Any]], tool: dict[str, Any]) -> Completion:
+        if self.calls:
+            # After each model call but the last: the turn's commit, which follows the last,
+            # writes the transcript and finds a turn that no longer runs by itself.
+            await self.context.keep_alive()
         completion = await self.client.complete(
             self.context.action.model, messages, [tool], "memory"
         )
+        self.calls += 1
         self.context.transcript.add(events.MODEL_CALL, events.model_call(completion, "memory"))
-        await self.context.keep_alive()
         return completion
 
     async def _ask(
