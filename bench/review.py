@@ -391,31 +391,27 @@ async def runtime_figures(args: argparse.Namespace, model_url: str) -> None:
         async with pool.acquire() as conn:
             await conn.execute("VACUUM ANALYZE agent_memories")
 
-        # 2. Cost: each turn states one new fact (a candidate with neighbours, one decide call).
-        inputs = [f"STATE: {filler(args.records + i)} (turn {i})" for i in range(args.turns + 10)]
-        quiet = (await turns(state, caller, waiting, inputs, "w"))[10:]
-        reviewed = (await turns(state, caller, reviewing, inputs, "r"))[10:]
-        base = statistics.fmean(o for o, _ in quiet)
-        print(
-            f"\nreview cost, agent of {args.records} records, {args.turns} turns, static embedder:"
-        )
-        print(f"  turn without a due review  overhead {percentiles([o for o, _ in quiet])}")
-        print(f"  turn with its review       overhead {percentiles([o for o, _ in reviewed])}")
-        own = statistics.fmean(o for o, _ in reviewed) - base
-        print(f"  the review's own overhead (difference of the means): {own:.2f} ms")
-        calls = [
-            [
-                r["data"]
-                for r in rows
-                if r["type"] == "model.call" and r["data"]["purpose"] == "memory"
-            ]
-            for _, rows in reviewed
-        ]
-        print(
-            f"  per review: {statistics.fmean(len(c) for c in calls):.2f} model calls, "
-            f"{statistics.fmean(sum(x['usage']['prompt_tokens'] for x in c) for c in calls):.0f} "
-            "prompt tokens (about one a word)"
-        )
+        # 2. Cost. A turn that states one new fact: one candidate, with neighbours at the floor,
+        # so two model calls. A turn with nothing worth keeping: one model call.
+        stating = [f"STATE: {filler(args.records + i)} (turn {i})" for i in range(args.turns + 10)]
+        chatting = [f"How are you today? (turn {i})" for i in range(args.turns + 10)]
+        print(f"\nreview cost: agent of {args.records} records, {args.turns} turns, static")
+        for name, inputs in (("nothing to keep", chatting), ("one new fact", stating)):
+            # The same turns without a review due (another session each): the baseline.
+            quiet = (await turns(state, caller, waiting, inputs, f"w-{name}"))[10:]
+            runs = (await turns(state, caller, reviewing, inputs, f"r-{name}"))[10:]
+            own = statistics.fmean(o for o, _ in runs) - statistics.fmean(o for o, _ in quiet)
+            calls = [[r["data"] for r in rows if r["type"] == "model.call"] for _, rows in runs]
+            calls = [[c for c in turn if c["purpose"] == "memory"] for turn in calls]
+            tokens = statistics.fmean(sum(c["usage"]["prompt_tokens"] for c in t) for t in calls)
+            print(f"  {name}:")
+            print(f"    no review due  overhead {percentiles([o for o, _ in quiet])}")
+            print(f"    reviewed       overhead {percentiles([o for o, _ in runs])}")
+            print(
+                f"    the review's own overhead {own:.2f} ms (difference of the means); "
+                f"{statistics.fmean(len(c) for c in calls):.2f} model calls and {tokens:.0f} "
+                "prompt tokens per review (about one a word)"
+            )
 
         # 3. Pile-up: 100 turns restating 10 facts in varied wording.
         piling = await agent("pile", {"every": "turn"})
