@@ -5,6 +5,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from helpers import GQL, allow, caller
 from openai_server import OpenAIServer, Recorded
 from runtime_support import (
@@ -23,6 +24,7 @@ from runtime_support import (
 
 from app.actions.service import agent_principal
 from app.auth.caller import Caller
+from app.runtime import review as review_module
 from app.runtime.review import DEFAULT_INSTRUCTIONS
 from app.state import AppState
 
@@ -509,3 +511,25 @@ async def test_m55_a_review_shows_its_memory_text_only_with_the_memory_grants(
     auditor = caller(admin.account_id, *RUNNER_POLICIES, grants, principal="auditor")
     shown = json.dumps((await gql(auditor, query, id=executed["executionId"])).ok())
     assert "zebra" in shown and "quokka" in shown
+
+
+async def test_m14_a_long_run_of_messages_is_read_in_parts(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # the test's messages fill two parts
+    action_id = await make_agent(gql, admin, memory_harness(extraction={"every": {"messages": 4}}))
+    model_server.say("Noted the first.")
+    await run(gql, admin, action_id, "First: " + "tea " * 50)
+    candidates(model_server, {"summary": "Ada likes tea"})
+    candidates(model_server, {"summary": "Ada likes cake"})
+    model_server.say("Noted the second.")
+    executed = await run(gql, admin, action_id, "Second: " + "cake " * 50)
+    first, second = chat(model_server, "memory")
+    assert "First: tea" in conversation(first) and "Second" not in conversation(first)
+    assert "Second: cake" in conversation(second) and "First" not in conversation(second)
+    (review,) = reviews(executed)
+    assert review["messages"]["count"] == 4
+    assert {m["summary"] for m in await memories(gql, admin, action_id)} == {
+        "Ada likes tea",
+        "Ada likes cake",
+    }

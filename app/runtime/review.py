@@ -51,6 +51,10 @@ CANDIDATES_TOOL = "remember"
 DECIDE_TOOL = "decide"
 ACTIONS = ("add", "replace", "delete", "skip")
 MESSAGE_CHARS = 4000  # each message as the review reads it; longer ones keep their start
+# The messages one candidate call reads, at most (about 12,000 tokens): more, as after a long
+# run of `every: {messages: N}` or of failed reviews, are read in several calls.
+CALL_CHARS = 48_000
+SHOWN_CONTENT_CHARS = 1000  # a record's or candidate's content as the decide call shows it
 
 DEFAULT_INSTRUCTIONS = (
     "You review a conversation an agent has had, to keep in its long-term memory what will "
@@ -209,16 +213,31 @@ def _range(messages: list[Message]) -> dict[str, Any]:
     return {"count": len(messages), "from": end(messages[0]), "to": end(messages[-1])}
 
 
-def _conversation(messages: list[Message]) -> str:
-    lines = []
+def _line(m: Message) -> str:
+    text = m.text if len(m.text) <= MESSAGE_CHARS else m.text[:MESSAGE_CHARS] + " …(cut)"
+    stamp = m.time.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"[{stamp}] {m.role}: {for_model(text)}"
+
+
+def _parts(messages: list[Message]) -> list[list[str]]:
+    """The messages as lines, in parts of at most CALL_CHARS (one candidate call each)."""
+    parts: list[list[str]] = [[]]
+    size = 0
     for m in messages:
-        text = m.text if len(m.text) <= MESSAGE_CHARS else m.text[:MESSAGE_CHARS] + " …(cut)"
-        stamp = m.time.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        lines.append(f"[{stamp}] {m.role}: {for_model(text)}")
+        line = _line(m)
+        if parts[-1] and size + len(line) > CALL_CHARS:
+            parts.append([])
+            size = 0
+        parts[-1].append(line)
+        size += len(line) + 1
+    return parts
+
+
+def _conversation(lines: list[str]) -> str:
     return (
         "<conversation>\n"
         + "\n".join(lines).replace("</conversation", "<\\/conversation")
-        + ("\n</conversation>")
+        + "\n</conversation>"
     )
 
 
@@ -239,6 +258,14 @@ class _Shown:
     records: dict[str, MemoryRecord] = field(default_factory=dict)
     near: dict[str, list[str]] = field(default_factory=dict)
     reaches_floor: bool = False
+
+
+def _shown(view: dict[str, Any]) -> dict[str, Any]:
+    """A record or candidate as the decide call shows it: a long content keeps its start."""
+    content = view.get("content")
+    if isinstance(content, str) and len(content) > SHOWN_CONTENT_CHARS:
+        view["content"] = content[:SHOWN_CONTENT_CHARS] + " …(cut)"
+    return view
 
 
 def _arguments(completion: Completion, tool: str) -> dict[str, Any]:
@@ -362,11 +389,14 @@ class Review:
                 pinned = "\n\nThe agent's pinned memories (already kept):\n" + "\n".join(
                     "- " + for_model(r.summary) for r in pins
                 )
-        asked = [
-            {"role": "system", "content": system + "\n\n" + _FORMAT},
-            {"role": "user", "content": _conversation(messages) + pinned},
-        ]
-        return await self._ask(asked, candidates_tool(memory), self._candidates) or []
+        found: list[Candidate] = []
+        for lines in _parts(messages):
+            asked = [
+                {"role": "system", "content": system + "\n\n" + _FORMAT},
+                {"role": "user", "content": _conversation(lines) + pinned},
+            ]
+            found += await self._ask(asked, candidates_tool(memory), self._candidates) or []
+        return found
 
     async def _compare(self, open_: list[tuple[str, Candidate]]) -> "_Shown":
         """Each candidate's neighbours, under short handles (a record shown for several
@@ -415,15 +445,17 @@ class Review:
         memory = self.memory
         payload = {
             "records": {
-                h: {
-                    k: v
-                    for k, v in record_view(r, memory).items()
-                    if k not in ("id", "version", "score", "replaces", "replacedBy")
-                }
+                h: _shown(
+                    {
+                        k: v
+                        for k, v in record_view(r, memory).items()
+                        if k not in ("id", "version", "score", "replaces", "replacedBy")
+                    }
+                )
                 for h, r in shown.records.items()
             },
             "candidates": [
-                {"handle": h, **c.view(memory), "neighbours": shown.near.get(h, [])}
+                _shown({"handle": h, **c.view(memory), "neighbours": shown.near.get(h, [])})
                 for h, c in open_
             ],
         }
