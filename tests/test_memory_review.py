@@ -118,7 +118,7 @@ async def test_m10_m15_a_fact_stated_in_a_turn_becomes_an_extraction_record(
     assert "The user's name is Ada" in json.dumps(chat(model_server)[-1].body["messages"])
 
 
-async def test_m12_a_restated_fact_leaves_one_record(
+async def test_m11_m12_a_restated_fact_leaves_one_record(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     action_id = await make_agent(gql, admin, memory_harness())
