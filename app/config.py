@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     turn_heartbeat_seconds: float = Field(default=10.0, gt=0)
     turn_lease_seconds: float = Field(default=60.0, gt=0)
 
+    # The end-of-turn memory review (app/runtime/review.py): how many of its most similar
+    # records each candidate is compared with, and the score a neighbour must reach for the
+    # review to ask the model what to do (below it, candidates are added without asking).
+    memory_review_neighbours: int = Field(default=5, ge=1, le=20)
+    memory_review_floor: float = Field(default=0.4, ge=0, le=1)
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> "Settings":
         if self.turn_lease_seconds < 2 * self.turn_heartbeat_seconds:

@@ -18,6 +18,10 @@ transactions, recall, pins, tools, transcript). Scenarios:
 - compact: as session, with model.contextTokens 600: earlier turns are summarized every few
           turns (the summary calls are model time, so excluded; their bookkeeping is not).
 
+The memory agents review each turn at its end (app/runtime/review.py); the model finds nothing
+worth keeping there, so the review is one more model call (its time excluded like the others')
+and its own work: counting the session's unreviewed messages and recording the call.
+
 Then one recall alone (embedding the query, hybrid search, building the memory block and the
 transcript events), timed directly over the same records; and the budget check alone
 (`ContextWindow.prompt` over 200 earlier turns that fit, with the memory tools' definitions).
@@ -95,7 +99,20 @@ class InstantModel(OpenAIServer):
         messages = body["messages"]
         offered = [t["function"]["name"] for t in body.get("tools", [])]
         message: dict[str, Any] = {"role": "assistant", "content": "Done."}
-        if "add_memory" in offered and not any(m["role"] == "tool" for m in messages):
+        if request.headers.get("x-engram-purpose") == "memory":
+            # The end-of-turn memory review: nothing worth keeping.
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": offered[0], "arguments": '{"candidates": []}'},
+                    }
+                ],
+            }
+        elif "add_memory" in offered and not any(m["role"] == "tool" for m in messages):
             arguments = {"summary": messages[-1]["content"][:200], "kind": "fact"}
             message = {
                 "role": "assistant",

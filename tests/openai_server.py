@@ -66,6 +66,11 @@ class Fault:
 
 
 CHAT = "/v1/chat/completions"
+PURPOSE_HEADER = "x-engram-purpose"
+
+
+def request_purpose(request: Recorded) -> str | None:
+    return request.headers.get(PURPOSE_HEADER)
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -83,7 +88,8 @@ class ChatReply:
 
     `when`: only for a request whose body contains this text (concurrent conversations each
     take their own answers). `after_requests`: answer once the server has received that many
-    chat requests (to line up concurrent turns), then wait `delay` seconds."""
+    chat requests (to line up concurrent turns), then wait `delay` seconds. `purpose`: only
+    for a request of that purpose (header X-Engram-Purpose: turn, memory, ...); None: any."""
 
     content: str | None = None
     tool_calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -91,6 +97,7 @@ class ChatReply:
     status: int | None = None  # answer this HTTP error instead
     when: str | None = None
     after_requests: int = 0
+    purpose: str | None = "turn"
 
 
 class OpenAIServer:
@@ -109,10 +116,9 @@ class OpenAIServer:
         self.requests: list[Recorded] = []
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
         self._chat_script: deque[ChatReply] = deque()
-        # Replies for requests of one purpose (the X-Engram-Purpose header) only; a request
-        # whose purpose has none queued takes the next of `_chat_script`.
-        self._purpose_script: dict[str, deque[ChatReply]] = defaultdict(deque)
         self.chat_default = "done"  # the answer when nothing is scripted
+        # The answer by purpose when nothing is scripted for it (else chat_default).
+        self.chat_defaults: dict[str, ChatReply] = {}
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -206,16 +212,11 @@ class OpenAIServer:
 
     # Chat completions: scripted answers, played in order; `chat_default` when none is left
 
-    def say(
-        self, text: str, *, delay: float = 0.0, purpose: str | None = None, **match: Any
-    ) -> None:
-        """Queues a text answer; `match`: ChatReply's `when` and `after_requests`; `purpose`:
-        only for a request of that purpose (e.g. "context"), ahead of the common queue."""
+    def say(self, text: str, *, delay: float = 0.0, **match: Any) -> None:
+        """Queues a text answer; `match`: ChatReply's `when`, `after_requests` and `purpose`
+        (by default the agent's own calls, "turn"; e.g. "context" or "memory")."""
         with self._lock:
-            self._queue(purpose).append(ChatReply(text, [], delay, **match))
-
-    def _queue(self, purpose: str | None) -> deque[ChatReply]:
-        return self._chat_script if purpose is None else self._purpose_script[purpose]
+            self._chat_script.append(ChatReply(text, [], delay, **match))
 
     def call_tools(
         self,
@@ -227,33 +228,38 @@ class OpenAIServer:
         with self._lock:
             self._chat_script.append(ChatReply(content, list(calls), delay, **match))
 
-    def chat_error(self, status: int = 500, *, times: int = 1) -> None:
+    def chat_error(
+        self, status: int = 500, *, times: int = 1, purpose: str | None = "turn"
+    ) -> None:
         """The next scripted answers are HTTP errors (queued in order with the replies)."""
         with self._lock:
-            self._chat_script.extend(ChatReply(status=status) for _ in range(times))
+            self._chat_script.extend(
+                ChatReply(status=status, purpose=purpose) for _ in range(times)
+            )
 
     def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
-        """The chat requests received, or those of one purpose."""
-        return [
-            r
-            for r in self.requests_to(CHAT)
-            if purpose is None or r.headers.get("x-engram-purpose") == purpose
-        ]
+        """Chat requests, of one purpose when given."""
+        return [r for r in self.requests_to(CHAT) if purpose in (None, request_purpose(r))]
 
     async def _chat(self, request: Request) -> Response:
         body, failure = await self._begin(request)
         if failure is not None:
             return failure
         text = json.dumps(body)
-        purpose = request.headers.get("x-engram-purpose", "")
+        purpose = request.headers.get(PURPOSE_HEADER)
         with self._lock:
-            scripted = None
-            for queue in (self._purpose_script.get(purpose, deque()), self._chat_script):
-                scripted = next((r for r in queue if r.when is None or r.when in text), None)
-                if scripted is not None:
-                    queue.remove(scripted)
-                    break
-            reply = scripted or ChatReply(self.chat_default)
+            scripted = next(
+                (
+                    r
+                    for r in self._chat_script
+                    if (r.when is None or r.when in text) and r.purpose in (None, purpose)
+                ),
+                None,
+            )
+            if scripted is not None:
+                self._chat_script.remove(scripted)
+            default = self.chat_defaults.get(purpose or "") or ChatReply(self.chat_default)
+            reply = scripted or default
             number = len(self.requests)
         deadline = time.monotonic() + 10
         while len(self.requests_to(CHAT)) < reply.after_requests and time.monotonic() < deadline:

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 from helpers import GQL, allow, db_settings
-from openai_server import CHAT, OpenAIServer, Recorded
+from openai_server import ChatReply, OpenAIServer, Recorded
 
 from app.auth.caller import Caller
 from app.config import Settings
@@ -32,9 +32,15 @@ MEMORY_FIELDS = """
 # importing them (`from runtime_support import model_client, model_server, settings`).
 
 
+# What the scripted model answers a memory review (purpose `memory`) that a test does not
+# script: nothing worth keeping.
+NOTHING_TO_KEEP = ChatReply(tool_calls=[("remember", {"candidates": []})], purpose="memory")
+
+
 @pytest.fixture
 def model_server() -> Iterator[OpenAIServer]:
     with OpenAIServer() as server:
+        server.chat_defaults["memory"] = NOTHING_TO_KEEP
         yield server
 
 
@@ -109,8 +115,9 @@ def recalls(execution: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in tool_runs(execution, "search_memory") if e["input"].get("recall")]
 
 
-def chat(server: OpenAIServer) -> list[Recorded]:
-    return server.requests_to(CHAT)
+def chat(server: OpenAIServer, purpose: str | None = "turn") -> list[Recorded]:
+    """The chat requests of one purpose (the agent's own: `turn`); None: all of them."""
+    return server.chat_requests(purpose)
 
 
 def system_message(request: Recorded) -> str:

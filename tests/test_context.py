@@ -222,7 +222,7 @@ async def test_h16_a_preview_turns_summary_never_reaches_a_live_turn(
     model_server.say("LIVE-SUMMARY-2.", purpose="context")
     live = [await long_turn(gql, admin, model_server, action_id, turn) for turn in (6, 7)]
     assert [len(events(x, "context.summary")) for x in live] == [0, 1]
-    after_preview = chat(model_server)[-3:]
+    after_preview = chat(model_server, "turn")[-2:]
     assert not any("PREVIEW" in sent_text(r) for r in after_preview)
     stored = await stored_summary(state)
     assert stored is not None and stored["summary"] == "LIVE-SUMMARY-2."
@@ -329,7 +329,7 @@ async def test_h16_a_long_conversation_clears_old_tool_results_first_then_summar
     stored = await stored_summary(state)
     assert stored is not None and stored["summary"] == folds[-1]["summary"]
     # The latest turn reads the summary, then the messages after it.
-    last = chat(model_server)[-1].body["messages"]
+    last = chat(model_server, "turn")[-1].body["messages"]
     assert last[1]["content"].startswith("<summary>") and folds[-1]["summary"] in last[1]["content"]
 
 
@@ -346,10 +346,10 @@ async def test_h16_the_stub_says_search_history_finds_cleared_results_when_it_ke
             model_server.call_tools(LOOKUP)
             model_server.say(f"ANSWER-{turn}")
             await run(gql, admin, action_id, f"ASK-{turn} {index}")
-        stub = tool_results(chat(model_server)[-1])[0]
+        stub = tool_results(chat(model_server, "turn")[-1])[0]
         assert "was cleared to keep the context within its budget" in stub
         assert ("search_history finds it" in stub) is says
-        assert summary_block(chat(model_server)[-1]) is None
+        assert summary_block(chat(model_server, "turn")[-1]) is None
     assert_within(model_server, budget)
 
 
@@ -388,7 +388,7 @@ async def test_h16_a_turn_whose_own_exchange_outgrows_the_budget_is_compacted(
     )
     model_server.say("ANSWER-2")
     assert (await run(gql, admin, action_id, "ASK-2"))["status"] == "SUCCEEDED"
-    turn2 = chat(model_server)[-1]
+    turn2 = chat(model_server, "turn")[-1]
     assert "ASK-1" not in sent_text(turn2) and "ANSWER-1" in sent_text(turn2)
     assert "SUMMARY-OF-THIS-TURN." in (summary_block(turn2) or "")
 
@@ -407,7 +407,7 @@ async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_to
     assert_within(model_server, budget)
     (cleared,) = events(executed, "context.cleared")
     assert (cleared["results"], cleared["turns"], cleared["reason"]) == (1, [None], "too large")
-    (stub,) = tool_results(chat(model_server)[-1])
+    (stub,) = tool_results(chat(model_server, "turn")[-1])
     assert "too large for the context budget" in stub and "asking for less" in stub
     # The transcript keeps what the tool returned.
     (lookup,) = [e for e in events(executed, "tool.execution") if "callId" in e]

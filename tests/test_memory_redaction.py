@@ -103,7 +103,12 @@ async def test_m55_transcripts_show_memory_text_only_with_the_memory_grants(
         r for r in runs if r["name"] == "search_memory" and not r["input"].get("recall")
     )
     assert "query" not in searched["input"]
-    calls = [c for e in hidden if e["type"] == "model.call" for c in e["data"]["toolCalls"]]
+    calls = [
+        c
+        for e in hidden
+        if e["type"] == "model.call" and e["data"]["purpose"] == "turn"
+        for c in e["data"]["toolCalls"]
+    ]
     assert json.loads(calls[-1]["arguments"]) == {"id": record["id"]}  # IDs stay
 
     shown = await transcript(gql, auditor(admin), wrote["executionId"])

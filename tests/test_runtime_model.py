@@ -39,7 +39,7 @@ async def client(server: OpenAIServer) -> AsyncIterator[ModelClient]:
 async def test_request_carries_purpose_tools_and_config(
     client: ModelClient, server: OpenAIServer
 ) -> None:
-    server.call_tools(("search_memory", {"query": "Ada"}), content="Let me look.")
+    server.call_tools(("search_memory", {"query": "Ada"}), content="Let me look.", purpose="memory")
     config = ModelConfig(name="house-model", temperature=0.3, max_tokens=50)
     completion = await client.complete(config, MESSAGES, [TOOL], "memory")
 

@@ -403,8 +403,12 @@ async def test_every_model_request_says_its_purpose_and_usage_is_recorded(
         assert request.headers["x-engram-purpose"] == "turn"
         assert request.body["metadata"] == {"purpose": "turn"}
         assert request.body["model"] == "scripted"
+    # M15: each turn's memory review is a model call of purpose memory.
+    reviews = chat(model_server, "memory")
+    assert len(reviews) == 2
+    assert all(r.body["metadata"] == {"purpose": "memory"} for r in reviews)
     calls = events(executed, "model.call")
-    assert [c["purpose"] for c in calls] == ["turn", "turn"]
+    assert [c["purpose"] for c in calls] == ["turn", "turn", "memory"]
     assert all(c["usage"]["total_tokens"] > 0 for c in calls)
     # M24: embeddings are usage of purpose embed (the add, and the recalls before each call).
     embeds = events(executed, "embedding")

@@ -60,10 +60,33 @@ def event_data(type: str, data: Any) -> Any:
         calls = data.get("toolCalls")
         if isinstance(calls, list):
             reduced["toolCalls"] = [
-                _call_without_text(c) if review or _names_memory_tool(c) else c for c in calls
+                _call_without_arguments(c)
+                if review
+                else _call_without_text(c)
+                if _names_memory_tool(c)
+                else c
+                for c in calls
             ]
         return reduced
+    if type == events.MEMORY_REVIEW:
+        return _review_without_text(data)
     return execution_value(data)
+
+
+def _review_without_text(data: dict[str, Any]) -> dict[str, Any]:
+    """A memory review's event: its candidates reduced to their handles, and its decisions
+    to what was decided (a delete's evidence quotes the conversation's memory text)."""
+    reduced = dict(data)
+    if isinstance(data.get("candidates"), list):
+        reduced["candidates"] = [
+            {"handle": c.get("handle")} if isinstance(c, dict) else None for c in data["candidates"]
+        ]
+    if isinstance(data.get("decisions"), list):
+        reduced["decisions"] = [_decision_without_text(d) for d in data["decisions"]]
+    for key in ("malformed", "dropped"):  # may quote what the model wrote
+        if key in data:
+            reduced[key] = [] if isinstance(data[key], list) else None
+    return reduced
 
 
 def _has_text(value: dict[str, Any]) -> bool:
@@ -76,6 +99,20 @@ def _without_text(arguments: dict[str, Any]) -> dict[str, Any]:
 
 def _names_memory_tool(call: Any) -> bool:
     return isinstance(call, dict) and call.get("name") in NATIVE_TOOLS
+
+
+def _decision_without_text(decision: Any) -> Any:
+    if not isinstance(decision, dict):
+        return None
+    kept = {k: v for k, v in decision.items() if k not in ("evidence", "ignored")}
+    if "ignored" in decision:  # it quotes the handle the model wrote, which may be any text
+        kept["ignored"] = "the record handle was not shown; nothing changed"
+    return kept
+
+
+def _call_without_arguments(call: Any) -> Any:
+    """A memory review's call: its arguments are candidates and decisions, memory text."""
+    return {**call, "arguments": "{}"} if isinstance(call, dict) else call
 
 
 def _call_without_text(call: Any) -> Any:

@@ -216,6 +216,7 @@ def make_ranking(
     min_score: float | None,
     limit: int,
     weight: float = HYBRID_WEIGHT,
+    rank_normalization: int = 0,
 ) -> Ranking:
     return Ranking(
         mode=mode,  # type: ignore[arg-type]
@@ -230,6 +231,7 @@ def make_ranking(
         rare_rows=RARE_WORD_ROWS,
         rare_reads=max(RARE_WORD_READS, 10 * limit),
         common_share=COMMON_WORD_SHARE,
+        rank_normalization=rank_normalization,
     )
 
 

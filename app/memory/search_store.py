@@ -60,6 +60,9 @@ class Ranking:
     rare_rows: float  # index plan: words in at most this many records are looked up in GIN
     rare_reads: int  # index plan: at most this many records sharing a rare word are ranked
     common_share: float  # index plan: words in this share of records are read newest first
+    # ts_rank's normalization flags: 0 (search: raw), 1 (memory review: divided by 1 + the log
+    # of the record's length, which found more restated facts, bench/review.py)
+    rank_normalization: int = 0
 
 
 def _filters(f: Filters, p: Params, m: str = "m") -> str:
@@ -83,7 +86,8 @@ def _signals(r: Ranking, p: Params, m: str = "m", query: str = "") -> str:
         # plan's prepared statement gets after five runs); there `any_words($n)` itself would
         # parse the query again for every row: 5,000 records, hybrid p50 30 -> 121 ms.
         query = query or f"(SELECT any_words({p(r.text)}))"
-        rank = f"CASE WHEN {m}.tsv @@ {query} THEN ts_rank({m}.tsv, {query})::float8 END"
+        flags = int(r.rank_normalization)
+        rank = f"CASE WHEN {m}.tsv @@ {query} THEN ts_rank({m}.tsv, {query}, {flags})::float8 END"
     else:
         rank = "NULL::float8"
     return f"{m}.memory_id, {m}.created, {cosine} AS cosine, {rank} AS words"
@@ -313,7 +317,7 @@ async def ranked_index(
         # A word rare in the table may still be in hundreds of a large agent's records, each a
         # heap read to rank, so at most `rare_reads` of them are ranked (the slowest searches
         # of a 200,000-record agent read over 1,000: 13-22 ms).
-        best = f"ts_rank(m.tsv, {query}) DESC, {newest}"
+        best = f"ts_rank(m.tsv, {query}, {int(r.rank_normalization)}) DESC, {newest}"
         rows = f"{agent} AND {rare} IS NOT NULL AND m.tsv @@ {rare}"
         lists.append(candidates(first(rows, r.rare_reads), best))
         # A common word is in `common_share` of the records or more: it is looked for among the

@@ -90,6 +90,7 @@ class NewMemory:
     pinned: bool = False
     replaces: UUID | None = None
     metadata: Any = None
+    source: Source | None = None  # None: the writer's (the memory review writes EXTRACTION)
 
 
 def check_summary(summary: str) -> None:
@@ -271,7 +272,7 @@ class MemoryWork:
             status="ACTIVE",
             scope=scope,
             kind=new.kind,
-            source=w.source,
+            source=new.source or w.source,
             pinned=new.pinned,
             labels=labels,
             replaces=new.replaces,
@@ -293,7 +294,7 @@ class MemoryWork:
             return [staged]
         return [staged, _as_changed(target.current, "SUPERSEDED", staged, w.principal)]
 
-    async def delete(self, memory_id: UUID) -> MemoryRecord:
+    async def delete(self, memory_id: UUID, source: Source | None = None) -> MemoryRecord:
         """Stages a deletion; deleting a deleted record returns it unchanged."""
         w = self.writer
         self._require_enabled()
@@ -327,7 +328,7 @@ class MemoryWork:
             status="DELETED",
             scope=current.scope,
             kind=current.kind,
-            source=w.source,
+            source=source or w.source,
             pinned=False,
             labels=current.labels,
             replaces=memory_id,

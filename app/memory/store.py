@@ -413,3 +413,57 @@ async def copy_committed(
         )
         await conn.execute("DROP TABLE agent_memories_load")
     return len(rows)
+
+
+async def summaries_known(
+    conn: asyncpg.Connection, reader: Reader, summaries: Sequence[str]
+) -> list[int]:
+    """The positions (from 0) of the summaries whose normalised form (`memory_summary_key`,
+    migration 0009) equals that of a record the reader sees."""
+    p = Params()
+    where = visible(reader, p, "m")
+    rows = await conn.fetch(
+        f"""
+        SELECT DISTINCT c.i - 1 AS i FROM unnest({p(list(summaries))}::text[])
+            WITH ORDINALITY c(summary, i)
+        WHERE EXISTS (
+            SELECT 1 FROM agent_memories m
+            WHERE {where} AND memory_summary_key(m.summary) = memory_summary_key(c.summary)
+        )
+        ORDER BY 1
+        """,
+        *p.values,
+    )
+    return [r["i"] for r in rows]
+
+
+async def similarities(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    memory_ids: Sequence[UUID],
+    text: str,
+    vector: np.ndarray | None,
+) -> dict[UUID, float]:
+    """How like `text` each record is: the larger of its embedding's cosine to `vector` and
+    the share of the text's stemmed words (to_tsvector) that the record has."""
+    rows = await conn.fetch(
+        """
+        WITH q AS (SELECT tsvector_to_array(to_tsvector('english', $4)) AS words)
+        SELECT m.memory_id, greatest(
+            CASE WHEN $5::vector IS NOT NULL AND m.embedding IS NOT NULL
+                THEN 1 - (m.embedding <=> $5::vector) END,
+            (SELECT count(*) FILTER (WHERE w = any(tsvector_to_array(m.tsv)))::float8
+                    / greatest(count(*), 1)
+             FROM q, unnest(q.words) w)
+        ) AS similarity
+        FROM agent_memories m
+        WHERE m.account_id = $1 AND m.action_id = $2 AND m.memory_id = any($3::uuid[])
+        """,
+        account_id,
+        action_id,
+        list(memory_ids),
+        text,
+        vector,
+    )
+    return {r["memory_id"]: float(r["similarity"] or 0) for r in rows}

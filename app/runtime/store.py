@@ -604,3 +604,82 @@ async def save_summary(
         base_version,
     )
     return bool(written)
+
+
+# The memory review (migration 0009): committed turns whose messages await review.
+
+
+async def pending_review(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str | None,
+    preview: bool,
+) -> list[Row]:
+    """The session's (or the session-less agent's) committed turns not reviewed yet, oldest
+    first; a preview turn's review covers preview turns, a live turn's live ones."""
+    p = Params(account_id, action_id, preview)
+    session = "session_id IS NULL" if session_id is None else f"session_id = {p(session_id)}"
+    return await conn.fetch(
+        f"""
+        SELECT execution_id, turn, invocation_number, review_messages, created FROM executions
+        WHERE account_id = $1 AND action_id = $2 AND {session} AND preview = $3
+          AND review_messages IS NOT NULL AND reviewed_by IS NULL
+        ORDER BY created, execution_id
+        """,
+        *p.values,
+    )
+
+
+async def review_events(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_ids: list[UUID]
+) -> list[Row]:
+    """What the given turns' committed attempts said, in order: the events a review reads."""
+    return await conn.fetch(
+        """
+        SELECT t.execution_id, t.type, t.data, t.created FROM executions e
+        JOIN transcript_events t ON t.account_id = e.account_id AND t.action_id = e.action_id
+            AND t.execution_id = e.execution_id AND t.invocation_number = e.invocation_number
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.execution_id = any($3::uuid[])
+          AND t.type IN ('turn.input', 'model.call', 'tool.execution', 'turn.output')
+        ORDER BY e.created, e.execution_id, t.sequence
+        """,
+        account_id,
+        action_id,
+        execution_ids,
+    )
+
+
+async def record_review(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    messages: int,
+    reviewed: list[UUID],
+) -> None:
+    """Counts a committing turn's messages for review, and marks the turns `reviewed` (this
+    one among them, when its review ran) as covered by its review."""
+    await conn.execute(
+        """
+        UPDATE executions SET review_messages = $4,
+            reviewed_by = CASE WHEN $3 = any($5::uuid[]) THEN $3 ELSE reviewed_by END
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        messages,
+        reviewed,
+    )
+    await conn.execute(
+        """
+        UPDATE executions SET reviewed_by = $3
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = any($4::uuid[])
+          AND execution_id <> $3 AND reviewed_by IS NULL
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        reviewed,
+    )

@@ -24,6 +24,9 @@ Event types and what their `data` holds:
 - `context.summary`: `{through: {turn, message}, messages, turns, calls, tokens, summary}`:
   older messages folded into the session's running summary by `calls` model calls of purpose
   `context`; it now reaches through message `message` of turn `turn` (null: the running turn).
+- `memory.review`: `{messages: {count, from, to}, candidates, neighbours, decisions, written}`
+  or `{..., error}`: one end-of-turn memory review (app/runtime/review.py); its model calls
+  are `model.call` events of purpose `memory`.
 - `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended. When the
   database refused the failed attempt's last events, `turn.failed` is written alone and says
   so in `transcriptLost`.
@@ -33,9 +36,12 @@ PostgreSQL text or JSON value can hold), each replaced by U+FFFD (app.text.stora
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.text import storable_json
+
+if TYPE_CHECKING:
+    from app.runtime.model import Completion
 
 TURN_INPUT = "turn.input"
 MEMORY_PINNED = "memory.pinned"
@@ -45,8 +51,25 @@ TOOL_EXECUTION = "tool.execution"
 OUTPUT_USE = "output.use"
 CONTEXT_CLEARED = "context.cleared"
 CONTEXT_SUMMARY = "context.summary"
+MEMORY_REVIEW = "memory.review"
 TURN_OUTPUT = "turn.output"
 TURN_FAILED = "turn.failed"
+
+
+def model_call(completion: "Completion", purpose: str) -> dict[str, Any]:
+    """The data of a `model.call` event."""
+    return {
+        "purpose": purpose,
+        "model": completion.model,
+        "usage": completion.usage,
+        "attempts": completion.attempts,
+        "durationMs": round(completion.duration_ms, 2),
+        "finishReason": completion.finish_reason,
+        "content": completion.content,
+        "toolCalls": [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in completion.tool_calls
+        ],
+    }
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from app.runtime.executions import Execution
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
 from app.runtime.recall import Recall, Version, recall_query
+from app.runtime.review import review_memory
 from app.runtime.tools import NativeTools, versions
 from app.runtime.transcript import Transcript
 from app.state import AppState
@@ -78,6 +79,10 @@ class TurnContext:
     messages: list[dict[str, Any]] = field(default_factory=list)
     output: str = ""
     window: ContextWindow | None = None  # the conversation within its budget (context.py)
+    # Set by the memory review (app/runtime/review.py), written by the commit: how many
+    # messages this turn adds for review, and the turns (this one too) its review covered.
+    review_messages: int | None = None
+    reviewed: list[UUID] = field(default_factory=list)
 
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
@@ -96,10 +101,9 @@ class TurnContext:
 
 
 # Steps run after the agent answers and before the turn commits, inside its unit of work:
-# memory review (extraction, model calls of purpose `memory`) plugs in here. None is
-# installed yet: extraction is its own issue.
+# the memory review (model calls of purpose `memory`, app/runtime/review.py).
 TurnEndStep = Callable[[TurnContext, ModelClient], Awaitable[None]]
-END_OF_TURN_STEPS: list[TurnEndStep] = []
+END_OF_TURN_STEPS: list[TurnEndStep] = [review_memory]
 
 
 def model_client(state: AppState) -> ModelClient:
@@ -347,7 +351,7 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
     execution, action = context.execution, context.action
 
     async def context_call(completion: Completion) -> None:
-        context.transcript.add(events.MODEL_CALL, _call_event(completion, "context"))
+        context.transcript.add(events.MODEL_CALL, events.model_call(completion, "context"))
         await context.keep_alive()
 
     budget, reserve = budget_of(action.model, context.state.settings.model_context_tokens)
@@ -365,21 +369,6 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
         transcript=context.transcript,
         after_call=context_call,
     )
-
-
-def _call_event(completion: Completion, purpose: str) -> dict[str, Any]:
-    return {
-        "purpose": purpose,
-        "model": completion.model,
-        "usage": completion.usage,
-        "attempts": completion.attempts,
-        "durationMs": round(completion.duration_ms, 2),
-        "finishReason": completion.finish_reason,
-        "content": completion.content,
-        "toolCalls": [
-            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in completion.tool_calls
-        ],
-    }
 
 
 async def _run(context: TurnContext) -> set[Version]:
@@ -420,7 +409,7 @@ async def _run(context: TurnContext) -> set[Version]:
             "turn",
             tool_choice="none" if last else "auto",
         )
-        transcript.add(events.MODEL_CALL, _call_event(completion, "turn"))
+        transcript.add(events.MODEL_CALL, events.model_call(completion, "turn"))
         await context.keep_alive()
         if not completion.tool_calls:
             context.output = completion.content or ""
@@ -499,6 +488,15 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     async with context.state.pool.acquire() as conn, conn.transaction():
         if context.work is not None:
             await context.work.commit(conn)
+        if context.review_messages is not None:
+            await store.record_review(
+                conn,
+                execution.account_id,
+                execution.action_id,
+                execution.execution_id,
+                context.review_messages,
+                context.reviewed,
+            )
         turn = None
         if execution.session_id is not None:
             turn = await store.count_turn(

@@ -1,0 +1,535 @@
+"""The end-of-turn memory review (M10-M17), end to end: turns through GraphQL, the scripted
+model on loopback answering the review's calls (purpose `memory`) as scripted here."""
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from helpers import GQL, allow, caller
+from openai_server import OpenAIServer, Recorded
+from runtime_support import (
+    RUNNER_POLICIES,
+    chat,
+    events,
+    make_agent,
+    memories,
+    memory,
+    memory_harness,
+    model_client,  # noqa: F401  (fixture)
+    model_server,  # noqa: F401  (fixture)
+    run,
+    settings,  # noqa: F401  (fixture)
+)
+
+from app.actions.service import agent_principal
+from app.auth.caller import Caller
+from app.runtime import review as review_module
+from app.runtime.review import DEFAULT_INSTRUCTIONS
+from app.state import AppState
+
+BOTH_SCOPES = {"read": ["session", "agent"], "write": ["session", "agent"]}
+CANDIDATE_CALL = '"name": "remember"'
+DECIDE_CALL = '"name": "decide"'
+
+
+def candidates(server: OpenAIServer, *items: dict[str, Any], **match: Any) -> None:
+    """Scripts the next candidate call's answer (facts: summary and kind `fact` by default)."""
+    listed = [{"kind": "fact", **item} for item in items]
+    server.call_tools(
+        ("remember", {"candidates": listed}), purpose="memory", when=CANDIDATE_CALL, **match
+    )
+
+
+def decide(server: OpenAIServer, *decisions: dict[str, Any], **match: Any) -> None:
+    server.call_tools(
+        ("decide", {"decisions": list(decisions)}), purpose="memory", when=DECIDE_CALL, **match
+    )
+
+
+def reviews(execution: dict[str, Any]) -> list[dict[str, Any]]:
+    return events(execution, "memory.review")
+
+
+def review_requests(server: OpenAIServer, tool: str = CANDIDATE_CALL) -> list[Recorded]:
+    return [r for r in chat(server, "memory") if tool in json.dumps(r.body)]
+
+
+def conversation(request: Recorded) -> str:
+    return request.body["messages"][1]["content"]
+
+
+async def remembered(
+    gql: GQL, admin: Caller, server: OpenAIServer, action_id: str, summary: str, **kw: Any
+) -> dict[str, Any]:
+    """A turn whose review keeps `summary` as a new record (no neighbour: no decide call)."""
+    candidates(server, {"summary": summary})
+    executed = await run(gql, admin, action_id, f"Note: {summary}", **kw)
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (review,) = reviews(executed)
+    (written,) = review["written"]
+    found = await memory(gql, admin, action_id, written["id"])
+    assert found is not None
+    return found
+
+
+async def test_m10_m15_a_fact_stated_in_a_turn_becomes_an_extraction_record(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    model_server.say("Nice to meet you, Ada.")
+    candidates(model_server, {"summary": "The user's name is Ada", "content": "said so"})
+    executed = await run(gql, admin, action_id, "Please remember that my name is Ada")
+    assert executed["status"] == "SUCCEEDED"
+    assert executed["output"] == "Nice to meet you, Ada."
+
+    # M15: the review is a model call of purpose memory over the turn's messages, with times.
+    (asked,) = chat(model_server, "memory")
+    assert asked.headers["x-engram-purpose"] == "memory"
+    assert asked.body["metadata"] == {"purpose": "memory"}
+    system, said = asked.body["messages"][0]["content"], conversation(asked)
+    assert DEFAULT_INSTRUCTIONS in system and "never keep secrets" in system
+    assert "user: Please remember that my name is Ada" in said
+    assert "assistant: Nice to meet you, Ada." in said
+    assert " UTC] user:" in said
+    calls = events(executed, "model.call")
+    assert [c["purpose"] for c in calls] == ["turn", "memory"]
+    assert calls[1]["usage"]["prompt_tokens"] > 0
+
+    # M10: the candidate became a record of the turn, written by the review.
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["summary"] == "The user's name is Ada"
+    assert kept["content"] == "said so"
+    assert kept["source"] == "EXTRACTION"
+    assert kept["scope"] == "SESSION" and kept["sessionId"] == "s1"
+    assert kept["executionId"] == executed["executionId"]
+    assert kept["invocationNumber"] == 1 and kept["actionVersion"] == 1
+    assert kept["modifiedBy"] == agent_principal(action_id) == f"action:{action_id}"
+    assert kept["pinned"] is False and kept["preview"] is False
+    (review,) = reviews(executed)
+    assert review["messages"]["count"] == 2
+    assert review["messages"]["from"]["executionId"] == executed["executionId"]
+    assert review["candidates"][0]["summary"] == "The user's name is Ada"
+    assert review["neighbours"] == [{"candidate": "c1", "records": []}]
+    assert review["decisions"] == [{"candidate": "c1", "action": "add"}]
+    assert review["written"] == [{"id": kept["memoryId"], "version": 1}]
+    # The next turn recalls it.
+    await run(gql, admin, action_id, "What is my name?")
+    assert "The user's name is Ada" in json.dumps(chat(model_server)[-1].body["messages"])
+
+
+async def test_m11_m12_a_restated_fact_leaves_one_record(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    first = await remembered(gql, admin, model_server, action_id, "The user's name is Ada.")
+
+    # Restated word for word (case, spacing and the final stop aside): skipped, no decide call.
+    candidates(model_server, {"summary": "the user's  NAME is Ada"})
+    again = await run(gql, admin, action_id, "I told you, my name is Ada")
+    assert len(review_requests(model_server, DECIDE_CALL)) == 0
+    (review,) = reviews(again)
+    assert review["decisions"] == [{"candidate": "c1", "action": "skip", "reason": "duplicate"}]
+    assert review["written"] == []
+
+    # Restated in other words: the decide call sees the record among the neighbours, skips.
+    candidates(model_server, {"summary": "The user is called Ada"})
+    decide(model_server, {"candidate": "c1", "action": "skip"})
+    third = await run(gql, admin, action_id, "Call me Ada")
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    shown = json.loads(decided.body["messages"][1]["content"])
+    assert shown["records"]["r1"]["summary"] == "The user's name is Ada."
+    assert shown["candidates"][0]["neighbours"][0] == "r1"
+    assert first["memoryId"] not in json.dumps(decided.body)  # handles, never IDs
+    (review,) = reviews(third)
+    (near,) = review["neighbours"]
+    assert near["records"][0]["id"] == first["memoryId"]
+    assert near["records"][0]["version"] == 1
+    assert review["decisions"] == [{"candidate": "c1", "action": "skip"}]
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [first["memoryId"]]
+
+
+async def test_m12_a_correction_replaces_the_record_it_corrects(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
+    candidates(model_server, {"summary": "Ada lives in Berlin"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "Actually I moved: I live in Berlin now")
+    assert executed["status"] == "SUCCEEDED"
+
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["summary"] == "Ada lives in Berlin"
+    assert kept["source"] == "EXTRACTION" and kept["replaces"] == old["memoryId"]
+    superseded = await memory(gql, admin, action_id, old["memoryId"])
+    assert superseded is not None
+    assert superseded["status"] == "SUPERSEDED" and superseded["replacedBy"] == kept["memoryId"]
+    (review,) = reviews(executed)
+    assert review["decisions"] == [
+        {
+            "candidate": "c1",
+            "action": "replace",
+            "record": "r1",
+            "id": old["memoryId"],
+            "version": 1,
+        }
+    ]
+
+
+async def test_m12_a_record_the_conversation_shows_wrong_is_deleted(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    wrong = await remembered(gql, admin, model_server, action_id, "Ada has a dog named Rex")
+    candidates(model_server, {"summary": "Ada has never had a dog named Rex"})
+    evidence = "the user said: I never had a dog, Rex is my neighbour's"
+    decide(
+        model_server, {"candidate": "c1", "action": "delete", "record": "r1", "evidence": evidence}
+    )
+    executed = await run(gql, admin, action_id, "I never had a dog, Rex is my neighbour's")
+    assert executed["status"] == "SUCCEEDED"
+
+    assert await memories(gql, admin, action_id) == []
+    deleted = await memory(gql, admin, action_id, wrong["memoryId"])
+    assert deleted is not None and deleted["status"] == "DELETED"
+    assert deleted["modifiedBy"] == f"action:{action_id}"
+    (review,) = reviews(executed)
+    (decision,) = review["decisions"]
+    assert decision["action"] == "delete" and decision["id"] == wrong["memoryId"]
+    assert decision["evidence"] == evidence
+    assert review["written"] == [{"id": wrong["memoryId"], "version": 2}]
+
+
+async def test_m14_every_n_messages_reviews_only_when_due_and_covers_them_all(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = memory_harness(extraction={"every": {"messages": 4}})
+    action_id = await make_agent(gql, admin, harness)
+    model_server.say("Hello Ada.")
+    first = await run(gql, admin, action_id, "Hi, I'm Ada")
+    assert reviews(first) == [] and chat(model_server, "memory") == []  # 2 messages: not due
+
+    model_server.say("Noted: green.")
+    candidates(model_server, {"summary": "Ada's favourite colour is green"})
+    second = await run(gql, admin, action_id, "My favourite colour is green")
+    (asked,) = chat(model_server, "memory")
+    said = conversation(asked)
+    for line in ("user: Hi, I'm Ada", "assistant: Hello Ada.", "user: My favourite colour is"):
+        assert line in said
+    assert said.index("Hi, I'm Ada") < said.index("favourite colour")
+    (review,) = reviews(second)
+    assert review["messages"]["count"] == 4
+    assert review["messages"]["from"]["executionId"] == first["executionId"]
+    assert review["messages"]["to"]["executionId"] == second["executionId"]
+    assert len(await memories(gql, admin, action_id)) == 1
+
+    # Reviewed messages are not reviewed again: the count starts over.
+    third = await run(gql, admin, action_id, "Thanks")
+    assert reviews(third) == [] and len(chat(model_server, "memory")) == 1
+    # Another session counts its own messages.
+    other = await run(gql, admin, action_id, "Hello", session="s2")
+    assert reviews(other) == []
+    candidates(model_server)
+    fourth = await run(gql, admin, action_id, "Bye")
+    (review,) = reviews(fourth)
+    assert review["messages"]["from"]["executionId"] == third["executionId"]
+    said = conversation(chat(model_server, "memory")[-1])
+    assert "user: Thanks" in said and "user: Bye" in said and "user: Hello" not in said
+
+
+async def test_m14_an_agent_without_sessions_counts_per_agent(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = memory_harness(
+        scope={"read": ["agent"], "write": ["agent"]}, extraction={"every": {"messages": 3}}
+    )
+    action_id = await make_agent(gql, admin, harness)
+    first = await run(gql, admin, action_id, "I'm Ada", session=None)
+    assert reviews(first) == []
+    candidates(model_server, {"summary": "The user is Ada"})
+    second = await run(gql, admin, action_id, "I like tea", session=None)
+    (review,) = reviews(second)
+    assert review["messages"]["count"] == 4
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["scope"] == "AGENT" and kept["sessionId"] is None
+
+
+async def test_m13_extraction_prompt_replaces_the_default_instructions(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    prompt = "Keep only the customer's shipping preferences."
+    action_id = await make_agent(gql, admin, memory_harness(extraction={"prompt": prompt}))
+    await run(gql, admin, action_id, "Ship by sea please")
+    (asked,) = chat(model_server, "memory")
+    system = asked.body["messages"][0]["content"]
+    assert system.startswith(prompt)
+    assert DEFAULT_INSTRUCTIONS not in system and "never keep secrets" not in system
+
+
+async def test_m12_a_hallucinated_handle_changes_nothing(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
+    candidates(model_server, {"summary": "Ada lives in Rome"}, {"summary": "Ada lives in Oslo"})
+    decide(
+        model_server,
+        {"candidate": "c1", "action": "replace", "record": "r7"},
+        {"candidate": "c2", "action": "delete", "record": old["memoryId"]},
+    )
+    executed = await run(gql, admin, action_id, "Rome or Oslo, who knows")
+    assert executed["status"] == "SUCCEEDED"
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [old["memoryId"]]
+    still = await memory(gql, admin, action_id, old["memoryId"])
+    assert still is not None and still["status"] == "ACTIVE" and still["version"] == 1
+    (review,) = reviews(executed)
+    assert all("was not shown" in d["ignored"] for d in review["decisions"])
+    assert review["written"] == []
+
+
+async def test_m10_a_failed_review_keeps_the_answer_and_its_messages_are_reviewed_next(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    model_server.say("Got it, Lisbon.")
+    model_server.chat_error(500, purpose="memory")
+    failed = await run(gql, admin, action_id, "I live in Lisbon")
+    assert failed["status"] == "SUCCEEDED" and failed["output"] == "Got it, Lisbon."
+    (review,) = reviews(failed)
+    assert "HTTP 500" in review["error"] or "500" in review["error"]
+    assert "written" not in review
+    assert await memories(gql, admin, action_id) == []
+
+    candidates(model_server, {"summary": "Ada lives in Lisbon"})
+    later = await run(gql, admin, action_id, "What's the weather?")
+    (_, asked) = chat(model_server, "memory")
+    assert "user: I live in Lisbon" in conversation(asked)
+    assert "assistant: Got it, Lisbon." in conversation(asked)
+    (review,) = reviews(later)
+    assert review["messages"]["count"] == 4
+    assert review["messages"]["from"]["executionId"] == failed["executionId"]
+    assert len(await memories(gql, admin, action_id)) == 1
+
+
+async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
+    # The agent replaces the record itself; its review then keeps another fact, late: an
+    # operator deletes the record meanwhile, so the turn's commit finds it changed and the
+    # turn fails after its review, with the review's writes.
+    model_server.call_tools(
+        (
+            "add_memory",
+            {"summary": "Ada lives in Berlin", "kind": "fact", "replaces": old["memoryId"]},
+        )
+    )
+    model_server.say("Noted: Berlin, and a bike.")
+    candidates(model_server, {"summary": "Ada owns a red bike"}, delay=1.0)
+    decide(model_server, {"candidate": "c1", "action": "add"})  # if a neighbour is close
+    turn = asyncio.create_task(run(gql, admin, action_id, "I moved to Berlin, and I got a bike"))
+    for _ in range(200):
+        if len(review_requests(model_server)) == 2:
+            break
+        await asyncio.sleep(0.02)
+    deleted = await gql(
+        admin,
+        "mutation($a: UUID!, $m: UUID!) { deleteAgentMemory(actionId: $a, id: $m) { status } }",
+        a=action_id,
+        m=old["memoryId"],
+    )
+    assert deleted.ok()["deleteAgentMemory"]["status"] == "DELETED"
+    executed = await turn
+    assert executed["status"] == "FAILED"
+    assert "changed meanwhile" in executed["error"]
+    (review,) = reviews(executed)
+    assert len(review["written"]) == 1  # staged by the review, then dropped with the turn
+    assert await memories(gql, admin, action_id) == []
+
+    # The failed turn's messages are not counted: the next review covers only its own turn.
+    candidates(model_server)
+    later = await run(gql, admin, action_id, "Hello again")
+    (review,) = reviews(later)
+    assert review["messages"]["count"] == 2
+
+
+async def test_m16_preview_turns_write_preview_records(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    live = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
+    candidates(model_server, {"summary": "Ada prefers tea"})
+    decide(model_server, {"candidate": "c1", "action": "add"})  # if a neighbour is close
+    tried = await run(gql, admin, action_id, "I prefer tea", preview=True)
+    (review,) = reviews(tried)
+    (written,) = review["written"]
+    record = await memory(gql, admin, action_id, written["id"])
+    assert record is not None
+    assert record["preview"] is True and record["source"] == "EXTRACTION"
+    # A preview review covers preview turns only; a live one live turns only.
+    assert review["messages"]["count"] == 2
+    candidates(model_server)
+    back = await run(gql, admin, action_id, "Hello")
+    assert "I prefer tea" not in conversation(chat(model_server, "memory")[-1])
+    (review,) = reviews(back)
+    assert review["messages"]["count"] == 2
+    assert live["preview"] is False
+
+
+async def test_m16_reviews_write_agent_scope_only_when_write_includes_agent(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    # Session-only writes: scope is not offered, and a candidate naming it is told so.
+    session_only = await make_agent(gql, admin, memory_harness())
+    candidates(model_server, {"summary": "Ada likes jazz", "scope": "AGENT"})
+    candidates(model_server, {"summary": "Ada likes jazz"})
+    executed = await run(gql, admin, session_only, "I like jazz")
+    first, retry = chat(model_server, "memory")
+    item = first.body["tools"][0]["function"]["parameters"]["properties"]["candidates"]["items"]
+    assert "scope" not in item["properties"]
+    assert "unknown field 'scope'" in json.dumps(retry.body["messages"][-1])
+    (kept,) = await memories(gql, admin, session_only)
+    assert kept["scope"] == "SESSION"
+    assert reviews(executed)[0]["malformed"]
+
+    # Both scopes written: the review may choose agent scope.
+    both = await make_agent(gql, admin, memory_harness(scope=BOTH_SCOPES))
+    candidates(model_server, {"summary": "Ada's company is Acme", "scope": "AGENT"})
+    await run(gql, admin, both, "I work at Acme")
+    offered = chat(model_server, "memory")[-1].body["tools"][0]["function"]["parameters"]
+    assert offered["properties"]["candidates"]["items"]["properties"]["scope"]["enum"] == [
+        "SESSION",
+        "AGENT",
+    ]
+    (kept,) = await memories(gql, admin, both)
+    assert kept["scope"] == "AGENT"
+
+
+async def test_m16_a_record_outside_the_write_scopes_is_never_replaced(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    # Version 1 writes agent scope; version 2 reads it but writes only session scope.
+    action_id = await make_agent(gql, admin, memory_harness(scope=BOTH_SCOPES))
+    shared = await remembered(
+        gql, admin, model_server, action_id, "Acme's office is in Paris", session="s1"
+    )
+    assert shared["scope"] == "SESSION"
+    candidates(model_server, {"summary": "Acme's office is in Lyon", "scope": "AGENT"})
+    agentwide = await run(gql, admin, action_id, "Acme moved", session="s2")
+    (agent_record,) = reviews(agentwide)[0]["written"]
+    updated = await gql(
+        admin,
+        "mutation($a: UUID!, $h: Value!) { updateAction(actionId: $a, "
+        'input: {name: "agent", instructions: "You are a support agent.", harness: $h}) '
+        "{ version } }",
+        a=action_id,
+        h=memory_harness(scope={"read": ["session", "agent"], "write": ["session"]}),
+    )
+    assert updated.ok()
+    candidates(model_server, {"summary": "Acme's office is in Nice"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "Acme moved again", session="s3")
+    (review,) = reviews(executed)
+    (decision,) = review["decisions"]
+    assert decision["id"] == agent_record["id"]
+    assert "does not write" in decision["refused"]
+    still = await memory(gql, admin, action_id, agent_record["id"])
+    assert still is not None and still["status"] == "ACTIVE"
+
+
+async def test_m12_a_malformed_reply_is_told_once_then_dropped(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    model_server.say("I think Ada likes jazz", purpose="memory")  # text, not the tool
+    model_server.call_tools(("remember", "{not json"), purpose="memory")
+    executed = await run(gql, admin, action_id, "I like jazz")
+    assert executed["status"] == "SUCCEEDED"
+    first, retry = chat(model_server, "memory")
+    told = retry.body["messages"][-1]
+    assert told["role"] == "user" and "call the tool remember exactly once" in told["content"]
+    (review,) = reviews(executed)
+    assert len(review["malformed"]) == 2 and "not valid JSON" in review["malformed"][1]
+    assert review["candidates"] == [] and review["written"] == []
+    assert await memories(gql, admin, action_id) == []
+    assert len(chat(model_server, "memory")) == 2  # told once, no third call
+
+
+async def test_m12_a_candidate_over_the_limits_is_shortened_and_never_pinned(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = memory_harness(
+        pinned={"max_tokens": 200},
+        labels={"customer_id": {"number": 5, "description": "The customer."}},
+    )
+    action_id = await make_agent(gql, admin, harness)
+    long = "Ada " + "really " * 100 + "likes jazz"
+    candidates(
+        model_server,
+        {"summary": long, "labels": {"customer_id": "c-1"}},
+        {"summary": "line one\nline two"},
+    )
+    executed = await run(gql, admin, action_id, "I like jazz, a lot")
+    assert executed["status"] == "SUCCEEDED"
+    kept = {m["summary"]: m for m in await memories(gql, admin, action_id)}
+    (cut,) = [m for m in kept.values() if m["summary"].startswith("Ada really")]
+    assert len(cut["summary"].encode()) <= 512 and cut["summary"].endswith("…")
+    assert cut["content"].startswith(long)
+    assert cut["labels"] == [{"number": 5, "value": "c-1"}]
+    assert "line one line two" in kept
+    assert not any(m["pinned"] for m in kept.values())
+
+
+async def test_m55_a_review_shows_its_memory_text_only_with_the_memory_grants(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    await remembered(gql, admin, model_server, action_id, "Ada has a dog named Rex")
+    candidates(model_server, {"summary": "Ada never had a dog", "content": "zebra evidence"})
+    decide(
+        model_server,
+        {"candidate": "c1", "action": "delete", "record": "r1", "evidence": "quokka said"},
+    )
+    executed = await run(gql, admin, action_id, "I have no pets")
+    query = """query($id: UUID!) { execution(executionId: $id) {
+        transcript(first: 500) { nodes { type data } } } }"""
+    runner = caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+    hidden = (await gql(runner, query, id=executed["executionId"])).ok()
+    text = json.dumps(hidden)
+    for secret in ("never had a dog", "zebra", "quokka", "dog named Rex"):
+        assert secret not in text, secret
+    (review,) = [
+        n["data"]
+        for n in hidden["execution"]["transcript"]["nodes"]
+        if n["type"] == "memory.review"
+    ]
+    assert review["candidates"] == [{"handle": "c1"}]
+    assert review["decisions"][0]["action"] == "delete"
+    grants = allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document")
+    auditor = caller(admin.account_id, *RUNNER_POLICIES, grants, principal="auditor")
+    shown = json.dumps((await gql(auditor, query, id=executed["executionId"])).ok())
+    assert "zebra" in shown and "quokka" in shown
+
+
+async def test_m14_a_long_run_of_messages_is_read_in_parts(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # the test's messages fill two parts
+    action_id = await make_agent(gql, admin, memory_harness(extraction={"every": {"messages": 4}}))
+    model_server.say("Noted the first.")
+    await run(gql, admin, action_id, "First: " + "tea " * 50)
+    candidates(model_server, {"summary": "Ada likes tea"})
+    candidates(model_server, {"summary": "Ada likes cake"})
+    model_server.say("Noted the second.")
+    executed = await run(gql, admin, action_id, "Second: " + "cake " * 50)
+    first, second = chat(model_server, "memory")
+    assert "First: tea" in conversation(first) and "Second" not in conversation(first)
+    assert "Second: cake" in conversation(second) and "First" not in conversation(second)
+    (review,) = reviews(executed)
+    assert review["messages"]["count"] == 4
+    assert {m["summary"] for m in await memories(gql, admin, action_id)} == {
+        "Ada likes tea",
+        "Ada likes cake",
+    }
