@@ -17,6 +17,7 @@ from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.errors import ErrorCodes, Schema
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
+from app.graphql.inputs import InputChecks
 from app.graphql.memory import MemoryMutation, MemoryQuery
 from app.graphql.node import resolve_node
 from app.graphql.relay import Node
@@ -60,6 +61,7 @@ def build_schema(max_depth: int = 12, max_tokens: int = 5000) -> strawberry.Sche
             lambda: AddValidationRules([_depth_rule(max_depth)]),
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
             lambda: ValidationCache(maxsize=256),
+            InputChecks,
             ErrorCodes,
         ],
     )
