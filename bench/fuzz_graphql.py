@@ -240,6 +240,7 @@ HOSTILE_TEXT = [
     "😀" * 50,
     "A" * 5000,
     "word " * 2000,
+    "Z" * 100_000,
     "0" * 40,
     "-1",
     "ⅷ",
@@ -463,7 +464,36 @@ def _literal(value: Any, type_: Any) -> str:
         item = inner.of_type if isinstance(inner, GraphQLList) else inner
         return "[" + ", ".join(_literal(v, item) for v in value) + "]"
     if isinstance(value, dict):
-        return json.dumps(json.dumps(value))  # a Value literal as a JSON string: fine to refuse
+        if isinstance(inner, GraphQLInputObjectType):
+            fields = ", ".join(
+                f"{k}: {_literal(v, inner.fields[k].type)}" for k, v in value.items()
+            )
+            return "{" + fields + "}"
+        return _value_literal(value)
+    if isinstance(inner, GraphQLScalarType) and inner.name == "Value":
+        return _value_literal(value)
+    return _string_literal(value) if isinstance(value, str) else json.dumps(value)
+
+
+def _string_literal(text: str) -> str:
+    # GraphQL strings escape as JSON does, except that a lone surrogate stays raw (the body's
+    # JSON then carries it as an escape): the server must refuse it, not the parser.
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _value_literal(value: Any) -> str:
+    """Any JSON value as a GraphQL literal (objects with quoted keys are not GraphQL)."""
+    if isinstance(value, dict):
+        items = [(k, v) for k, v in value.items() if k.isidentifier() and k.isascii()]
+        return "{" + ", ".join(f"{k}: {_value_literal(v)}" for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value_literal(v) for v in value) + "]"
+    if isinstance(value, str):
+        return _string_literal(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return json.dumps(value)
 
 
@@ -484,9 +514,13 @@ def operation(draw: Draw) -> tuple[str, str, dict[str, Any]]:
     field_ = root.fields[name]
     variables: dict[str, Any] = {}
     definitions, args = [], []
+    inline = draw.chance(0.2)  # arguments as literals in the document, not variables
     for arg_name, arg in field_.args.items():
         value = draw.value(arg.type, arg_name)
         if value is None and not isinstance(arg.type, GraphQLNonNull) and draw.chance(0.5):
+            continue
+        if inline:
+            args.append(f"{arg_name}: {_literal(value, arg.type)}")
             continue
         variables[arg_name] = value
         definitions.append(f"${arg_name}: {_type_ref(arg.type)}")
