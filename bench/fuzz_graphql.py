@@ -344,8 +344,9 @@ class Draw:
             return deep
         roll = self.rnd.random()
         if depth > 3 or roll < 0.4:
+            wild = [float("nan"), float("inf"), -float("inf")] if self.hostile else []
             return self.rnd.choice(
-                [1, -1, 0, 2**31, 10**20, 1.5, True, None, "x", self.text("value")]
+                [1, -1, 0, 2**31, 10**20, 1.5, True, None, "x", self.text("value"), *wild]
             )
         if roll < 0.7:
             return {

@@ -284,3 +284,40 @@ async def test_in_process_execution_checks_variables_too(gql, admin) -> None:
     result = await gql(admin, "query($p: String!) { client(principal: $p) { id } }", p="x\x00")
     assert result.codes == ["BAD_REQUEST"]
     assert result.errors[0]["message"].startswith("$p contains a NUL character at position 1")
+
+
+async def test_numbers_json_cannot_hold_are_bad_request(
+    http: httpx.AsyncClient, action_id: str
+) -> None:
+    # Python's JSON reads NaN, Infinity and 1e400 (as inf); PostgreSQL's jsonb holds none.
+    execute = '{"query": "%s", "variables": {"i": {"actionId": "%s", "sessionId": "s", "input": {"x": %s}}}}'  # noqa: E501
+    for number in ("NaN", "Infinity", "-Infinity", "1e400"):
+        body = execute % (EXECUTE.replace('"', '\\"'), action_id, number)
+        response = await http.post(
+            "/graphql", content=body, headers={"content-type": "application/json"}
+        )
+        assert "variables.i.input.x is" in refused(response)
+        assert "numbers must be finite" in refused(response)
+    literal = (
+        'mutation { createAction(input: {name: "n", model: {temperature: 1e400}}) { actionId } }'
+    )
+    assert "beyond what a number can hold" in refused(
+        await http.post("/graphql", json={"query": literal})
+    )
+
+
+def test_which_errors_mean_the_database_is_unavailable() -> None:
+    from app.db.errors import is_unavailable
+
+    # asyncpg's own words for a pooled connection whose backend was terminated while idle.
+    broken = asyncpg.exceptions.InternalClientError(
+        "cannot switch to state 12; another operation (2) is in progress"
+    )
+    assert is_unavailable(broken)
+    assert is_unavailable(asyncpg.exceptions.CannotConnectNowError("in recovery"))
+    assert is_unavailable(ConnectionRefusedError(111, "refused"))
+    socket_gone = FileNotFoundError(2, "No such file or directory")  # a Unix socket, no file
+    assert is_unavailable(socket_gone)
+    assert not is_unavailable(FileNotFoundError(2, "No such file", "/etc/x"))
+    assert not is_unavailable(asyncpg.exceptions.QueryCanceledError("statement timeout"))
+    assert not is_unavailable(ValueError("a bug"))

@@ -34,6 +34,11 @@ def is_unavailable(error: BaseException | None) -> bool:
         elif isinstance(error, asyncpg.InterfaceError):
             if "closed" in str(error) or "closing" in str(error):
                 return True
+        elif isinstance(error, asyncpg.exceptions.InternalClientError):
+            # A pooled connection whose backend was terminated while idle can be left in a
+            # protocol state it cannot leave (asyncpg issues 784, 1069); the pool discards it
+            # when it comes back, so the retry gets a fresh connection.
+            return True
         elif _socket_error(error):
             return True
         error = error.__cause__ or error.__context__

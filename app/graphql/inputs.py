@@ -1,11 +1,13 @@
 """One check of a request's input before anything runs: every string it carries is storable
 (no NUL, no lone surrogate), and a document with several operations names the one to run."""
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
 from graphql import (
     ExecutionResult,
+    FloatValueNode,
     GraphQLError,
     ListValueNode,
     Node,
@@ -19,12 +21,14 @@ from graphql.language import ArgumentNode, Visitor
 from strawberry.extensions import SchemaExtension
 
 from app.errors import BadInput
-from app.text import check_storable, check_storable_json
+from app.text import check_storable
 
 
 def _check_literal(value: ValueNode, field: str) -> None:
     if isinstance(value, StringValueNode):
         check_storable(value.value, field)
+    elif isinstance(value, FloatValueNode) and not math.isfinite(float(value.value)):
+        raise BadInput(f"{field} is {value.value}, beyond what a number can hold")
     elif isinstance(value, ListValueNode):
         for i, item in enumerate(value.values):
             _check_literal(item, f"{field}[{i}]")
@@ -60,7 +64,7 @@ def check_request(document: Node, variables: dict[str, Any] | None, operation: s
     if variables:
         for name, value in variables.items():
             check_storable(str(name), "a variable's name")
-            check_storable_json(value, f"${name}")
+            check_json(value, f"${name}", root=f"${name}")
     visit(document, _Literals())
 
 
@@ -81,22 +85,33 @@ class InputChecks(SchemaExtension):
         yield
 
 
-def check_body(payload: Any, max_depth: int) -> None:
-    """BadInput when a decoded request body nests deeper than `max_depth` or carries a string
-    (a key included) that cannot be stored; walked without recursion, whatever its depth."""
-    stack: list[tuple[Any, str, int]] = [(payload, "the request body", 0)]
+def check_json(value: Any, where: str, max_depth: int | None = None, root: str = "") -> None:
+    """BadInput when decoded JSON nests deeper than `max_depth`, carries a string (a key
+    included) that cannot be stored, or a number that is not finite (PostgreSQL's JSON has no
+    NaN or Infinity); walked without recursion, whatever its depth. `where` names the value in
+    messages, `root` is the path its parts are named under."""
+    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
     while stack:
-        value, where, depth = stack.pop()
-        if depth > max_depth:
+        item, path, depth = stack.pop()
+        if max_depth is not None and depth > max_depth:
             raise BadInput(
-                f"the request body nests deeper than {max_depth} levels (at {where}); "
-                "send flatter JSON"
+                f"{where} nests deeper than {max_depth} levels (at {path}); send flatter JSON"
             )
-        if isinstance(value, str):
-            check_storable(value, where)
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                check_storable(key, f"a key in {where}")
-                stack.append((item, f"{where}.{key}" if depth else key, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+        if isinstance(item, str):
+            check_storable(item, path or where)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise BadInput(f"{path or where} is {item}: numbers must be finite")
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                check_storable(str(key), f"a key in {path or where}")
+                stack.append((inner, f"{path}.{key}" if path else str(key), depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend(
+                (inner, f"{path or where}[{i}]", depth + 1) for i, inner in enumerate(item)
+            )
+
+
+def check_body(payload: Any, max_depth: int) -> None:
+    """`check_json` over a decoded request body, its parts named from the top
+    (`variables.input.summary`)."""
+    check_json(payload, "the request body", max_depth)
