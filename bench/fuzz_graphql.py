@@ -17,8 +17,10 @@ non-zero when any of the three is not 0.
     python bench/fuzz_graphql.py --examples 500 --seed 3
     python bench/fuzz_graphql.py --url http://127.0.0.1:8000 --admin-token ...
 
-A turn (`executeAction`) talks to ENGRAM_MODEL_BASE_URL; the service started here points it at
-a closed port, so turns fail cleanly (status FAILED) without a model.
+A turn (`executeAction`) talks to ENGRAM_MODEL_BASE_URL: the service started here points it at
+a scripted model on loopback whose replies are hostile too (NUL and lone surrogates in its text,
+native tool calls with hostile and other-tenant arguments, malformed arguments, 500s);
+--no-model points it at a closed port instead, so every turn fails cleanly.
 """
 
 import argparse
@@ -30,10 +32,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -453,12 +457,12 @@ def _literal_args(draw: Draw, args: dict[str, Any]) -> str:
 
 def _literal(value: Any, type_: Any) -> str:
     inner = type_.of_type if isinstance(type_, GraphQLNonNull) else type_
+    if value is None:
+        return "null"
     if isinstance(inner, GraphQLEnumType):
         return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
-    if value is None:
-        return "null"
     if isinstance(value, int | float):
         return json.dumps(value)
     if isinstance(value, list):
@@ -592,6 +596,109 @@ def fuzz(base_url: str, world: World, examples: int, seed_value: int) -> Report:
     return report
 
 
+# A scripted, hostile model
+
+
+class Model:
+    """An OpenAI-compatible chat endpoint on loopback whose replies are drawn at random:
+    plain text, text with NUL, lone surrogates and bidi controls, calls of the native tools
+    with valid, hostile and other-tenant arguments, malformed arguments, and errors."""
+
+    def __init__(self, seed_value: int) -> None:
+        self.world: World | None = None  # until set: plain replies (the setup's turns)
+        self.rnd = random.Random(seed_value)
+        self.lock = threading.Lock()
+        model = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802  (http.server's name)
+                length = int(self.headers.get("content-length") or 0)
+                self.rfile.read(length)
+                with model.lock:
+                    status, body = model.reply()
+                raw = body.encode()  # ASCII: json.dumps escapes NUL and lone surrogates
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _text(self) -> str:
+        return self.rnd.choice(
+            ["Done.", "ok\u0000then", "half \ud800 a pair", "\u202egnp.exe", "x" * 20_000, ""]
+        )
+
+    def _call(self) -> dict[str, Any]:
+        assert self.world is not None
+        a, b = self.world.a, self.world.b
+        memory = self.rnd.choice(a.memory_ids + b.memory_ids + [fresh_uuid(), "not-a-uuid"])
+        name, args = self.rnd.choice(
+            [
+                ("search_memory", {"query": self.rnd.choice(["tenant A", "x" * 5000, "\u0000"])}),
+                ("search_memory", {"ids": [memory], "limit": self.rnd.choice([1, 0, 1000])}),
+                ("search_memory", {"after": self.rnd.choice(a.cursors + b.cursors + ["zz"])}),
+                (
+                    "add_memory",
+                    {
+                        "summary": self.rnd.choice(["tenant A fact", "\u0000", "y" * 900]),
+                        "kind": self.rnd.choice(["fact", "nope"]),
+                        "labels": {"topic": "\ud800"},
+                    },
+                ),
+                ("read_memory", {"id": memory}),
+                ("delete_memory", {"id": memory}),
+                ("no_such_tool", {}),
+            ]
+        )
+        arguments = json.dumps(args)  # NUL and lone surrogates as JSON escapes, as sent
+        if self.rnd.random() < 0.1:
+            arguments = "{not json"
+        return {
+            "id": f"call_{self.rnd.getrandbits(32)}",
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+
+    def reply(self) -> tuple[int, str]:
+        roll = self.rnd.random() if self.world is not None else 0.99
+        if roll < 0.05:
+            return 500, '{"error": {"message": "scripted failure"}}'
+        if roll < 0.08:
+            return 200, '{"choices": []}'
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if roll < 0.55:
+            message["tool_calls"] = [self._call() for _ in range(self.rnd.randint(1, 3))]
+            finish = "tool_calls"
+        else:
+            message["content"] = self._text() if self.world is not None else "Noted."
+            finish = "stop"
+        body = json.dumps(
+            {
+                "id": "fuzz",
+                "object": "chat.completion",
+                "model": "fuzz",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            }
+        )
+        return 200, body
+
+
 # The service
 
 
@@ -601,7 +708,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(data_dir: Path, admin_token: str) -> tuple[subprocess.Popen[bytes], str]:
+def serve(
+    data_dir: Path, admin_token: str, model_url: str | None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {
         **os.environ,
@@ -609,7 +718,8 @@ def serve(data_dir: Path, admin_token: str) -> tuple[subprocess.Popen[bytes], st
         "ENGRAM_BOOTSTRAP_TOKEN": admin_token,
         "ENGRAM_PORT": str(port),
         "ENGRAM_SEARCH_MAINTENANCE_SECONDS": "0",
-        "ENGRAM_MODEL_BASE_URL": f"http://127.0.0.1:{_free_port()}/v1",
+        # Without a model, at a closed port: turns fail cleanly.
+        "ENGRAM_MODEL_BASE_URL": model_url or f"http://127.0.0.1:{_free_port()}/v1",
         "ENGRAM_MODEL_MAX_RETRIES": "0",
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
     }
@@ -640,25 +750,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--admin-token", help="the running service's admin token")
     p.add_argument("--data-dir", type=Path, help="where the started service keeps its data")
     p.add_argument("--errors", type=int, default=0, help="print the N commonest error messages")
+    p.add_argument(
+        "--no-model",
+        action="store_true",
+        help="no scripted model: every turn fails cleanly (its model cannot be reached)",
+    )
     args = p.parse_args(argv)
 
     process = None
+    model = None
     if args.url:
         url, admin_token = args.url, args.admin_token
     else:
         data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-fuzz-"))
         data_dir.mkdir(parents=True, exist_ok=True)
         admin_token = "fuzz-admin-" + uuid.uuid4().hex
-        process, url = serve(data_dir, admin_token)
+        model = None if args.no_model else Model(args.seed)
+        process, url = serve(data_dir, admin_token, model.url if model else None)
     try:
         started = time.monotonic()
         world = set_up(url, admin_token)
+        if model is not None:
+            model.world = world
         report = fuzz(url, world, args.examples, args.seed)
         elapsed = time.monotonic() - started
     finally:
         if process is not None:
             process.terminate()
             process.wait(timeout=60)
+        if model is not None:
+            model.close()
     print(f"fuzz_graphql: {args.examples} examples, seed {args.seed}, {elapsed:.0f} s")
     for line in report.lines():
         print(line)
