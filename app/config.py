@@ -31,6 +31,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = 1_000_000
     max_query_depth: int = 12
     max_query_tokens: int = 5_000
+    # JSON in a request body nested deeper than this is refused before anything parses it further.
+    max_json_depth: int = Field(default=64, ge=4)
+    # Search queries (searchMemories, the agent's search tools) longer than this are refused:
+    # a query is embedded and matched whole, so its length is work the service does per request.
+    max_search_query_chars: int = Field(default=4096, ge=1)
     max_page_size: int = 1_000
     # Schema introspection (__schema, __type) for authenticated clients; off: refused, and
     # GraphiQL says why it cannot load the schema.

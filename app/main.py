@@ -17,10 +17,13 @@ from app.auth.service import authenticate, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri
+from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.db.pool import create_pool
 from app.embeddings.base import Embedder
 from app.errors import DomainError
 from app.graphql.context import Context
+from app.graphql.errors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
+from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.services import start_services, stop_services
 from app.state import AppState
@@ -31,6 +34,19 @@ log = logging.getLogger(__name__)
 def _error(status: int, code: str, message: str) -> JSONResponse:
     body = {"data": None, "errors": [{"message": message, "extensions": {"code": code}}]}
     return JSONResponse(body, status_code=status)
+
+
+def _unavailable(body: object = None) -> JSONResponse:
+    body = body or {
+        "data": None,
+        "errors": [{"message": UNAVAILABLE_MESSAGE, "extensions": {"code": "UNAVAILABLE"}}],
+    }
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def _has_code(data: object, code: str) -> bool:
+    errors = data.get("errors") if isinstance(data, dict) else None
+    return any(e.get("extensions", {}).get("code") == code for e in errors or ())
 
 
 async def _read_limited(request: Request, limit: int) -> bytes | None:
@@ -66,6 +82,14 @@ class _Router(GraphQLRouter[Context, None]):
             return await super().run(request, context, root_value)
         except HTTPException as e:
             return _error(e.status_code, "BAD_REQUEST", e.reason)
+
+    def create_response(  # type: ignore[override]
+        self, response_data: dict[str, object], sub_response: Response
+    ) -> Response:
+        # A request that could not reach the database: 503, and when to come back.
+        if _has_code(response_data, "UNAVAILABLE"):
+            return _unavailable(response_data)
+        return super().create_response(response_data, sub_response)
 
 
 async def start_state(
@@ -139,17 +163,32 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
             payload = json.loads(body)
         except ValueError:
             return _error(400, "BAD_REQUEST", "the request body is not valid JSON")
+        except RecursionError:
+            return _error(
+                400,
+                "BAD_REQUEST",
+                f"the request body nests deeper than {settings.max_json_depth} levels",
+            )
         if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
             return _error(
                 400,
                 "BAD_REQUEST",
                 'send a JSON object such as {"query": "{ viewer { principal } }"}',
             )
+        try:
+            check_body(payload, settings.max_json_depth)
+        except DomainError as e:
+            return _error(400, e.code, e.message)
         state: AppState = request.app.state.engram
         try:
             caller = await authenticate(state.pool, request.headers.get("authorization"))
         except DomainError as e:
             return _error(401, e.code, e.message)
+        except Exception as e:
+            if is_unavailable(e):
+                log.warning("database unavailable: %r", e)
+                return _unavailable()
+            raise
         request.state.context = Context(state, caller)
         return await call_next(request)
 
@@ -165,6 +204,15 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
             return JSONResponse({"status": "database unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    async def unexpected(request: Request, error: Exception) -> Response:
+        # Whatever escaped the GraphQL layer still answers in its shape, never as plain text.
+        if is_unavailable(error):
+            log.warning("database unavailable: %r", error)
+            return _unavailable()
+        log.error("unhandled error on %s", request.url.path, exc_info=error)
+        return _error(500, "INTERNAL", INTERNAL_MESSAGE)
+
+    app.add_exception_handler(Exception, unexpected)
     router = _Router(schema, context_getter=context_getter, allow_queries_via_get=False)
     router.introspection = settings.introspection
     app.include_router(router, prefix="/graphql")

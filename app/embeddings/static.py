@@ -1,5 +1,6 @@
 """`static`: wordllama's bundled 256-d model, loaded offline from the package's own folder."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +27,50 @@ class StaticEmbedder(LocalEmbedder):
         self._tokenizer.no_truncation()
 
     def _embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        # The mean of a text's token vectors, summed a bounded piece at a time: a long text
+        # never becomes a (tokens x 256) matrix (a 900 KB text made one of 205 MB).
         vectors = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        tokens = 0
+        counts = np.zeros(len(texts), dtype=np.int64)
         last = len(self._table) - 1
-        for row, encoded in zip(
-            vectors, self._tokenizer.encode_batch(texts, add_special_tokens=False), strict=True
-        ):
-            if encoded.ids:
-                ids = np.minimum(np.asarray(encoded.ids, dtype=np.int64), last)
-                row[:] = self._table[ids].mean(axis=0)
-                tokens += len(ids)
-        return normalize(vectors), tokens
+        batch: list[tuple[int, str]] = []
+        for row, text in enumerate(texts):
+            for piece in _pieces(text):
+                batch.append((row, piece))
+                if len(batch) == _BATCH_PIECES:
+                    self._add(batch, vectors, counts, last)
+                    batch = []
+        if batch:
+            self._add(batch, vectors, counts, last)
+        means = vectors / np.maximum(counts, 1)[:, None]
+        return normalize(means), int(counts.sum())
+
+    def _add(
+        self, batch: list[tuple[int, str]], sums: np.ndarray, counts: np.ndarray, last: int
+    ) -> None:
+        encoded = self._tokenizer.encode_batch([p for _, p in batch], add_special_tokens=False)
+        for (row, _), piece in zip(batch, encoded, strict=True):
+            if piece.ids:
+                ids = np.minimum(np.asarray(piece.ids, dtype=np.int64), last)
+                sums[row] += self._table[ids].sum(axis=0)
+                counts[row] += len(ids)
+
+
+# A text is tokenized in pieces of at most this many characters, cut before a space (which the
+# tokenizer's normalizer turns back into the word's leading "▁"), so the pieces' tokens are the
+# whole text's; at most _BATCH_PIECES pieces are tokenized at once.
+_PIECE_CHARS = 2048
+_BATCH_PIECES = 64
+
+
+def _pieces(text: str) -> Iterator[str]:
+    start = 0
+    while len(text) - start > _PIECE_CHARS:
+        end = start + _PIECE_CHARS
+        cut = text.rfind(" ", start + 1, end)
+        if cut == -1:
+            yield text[start:end]
+            start = end
+        else:
+            yield text[start:cut]
+            start = cut + 1
+    yield text[start:]

@@ -22,6 +22,7 @@ from app.graphql.relay import (
     decode_cursor,
     encode_cursor,
     global_id,
+    parse_int4,
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
@@ -90,10 +91,11 @@ async def load_action_version(info: Info, action_id: UUID, version: int) -> Acti
 
 @node_type("Action")
 async def _action_node(info: Info, parts: list[str]) -> Action | None:
-    if len(parts) != 2 or not parts[1].isdigit():
+    version = parse_int4(parts[1]) if len(parts) == 2 else None
+    if version is None:
         raise BadInput("an Action ID names an action and a version")
     found = await service.get_action(
-        info.context.pool, info.context.caller, parse_uuid(parts[0]), int(parts[1])
+        info.context.pool, info.context.caller, parse_uuid(parts[0]), version
     )
     return Action.of(found) if found else None
 

@@ -8,12 +8,25 @@ from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
 
+from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.errors import DomainError
 
 log = logging.getLogger(__name__)
 
-CODES = ("ACCESS_DENIED", "NOT_FOUND", "BAD_REQUEST", "CONFLICT", "UNAUTHENTICATED", "INTERNAL")
+CODES = (
+    "ACCESS_DENIED",
+    "NOT_FOUND",
+    "BAD_REQUEST",
+    "CONFLICT",
+    "UNAUTHENTICATED",
+    "UNAVAILABLE",
+    "INTERNAL",
+)
 INTERNAL_MESSAGE = "Internal error."
+UNAVAILABLE_MESSAGE = (
+    "The database is unavailable (restarting, in recovery or out of connections); "
+    f"retry in {RETRY_AFTER_SECONDS} seconds."
+)
 
 
 def classify(error: GraphQLError) -> tuple[str, str]:
@@ -27,6 +40,8 @@ def classify(error: GraphQLError) -> tuple[str, str]:
     if isinstance(original, ValueError) and error.path is None:
         # A scalar refused a variable or literal before anything ran.
         return "BAD_REQUEST", error.message
+    if is_unavailable(original):
+        return "UNAVAILABLE", UNAVAILABLE_MESSAGE
     return "INTERNAL", INTERNAL_MESSAGE
 
 
@@ -38,7 +53,7 @@ def coded(error: GraphQLError) -> GraphQLError:
         source=error.source,
         positions=error.positions,
         path=error.path,
-        original_error=error.original_error if code != "INTERNAL" else None,
+        original_error=error.original_error if code not in ("INTERNAL", "UNAVAILABLE") else None,
         extensions={**(error.extensions or {}), "code": code},
     )
 
@@ -50,7 +65,10 @@ class Schema(strawberry.Schema):
         self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None
     ) -> None:
         for error in errors:
-            if classify(error)[0] == "INTERNAL":
+            code = classify(error)[0]
+            if code == "UNAVAILABLE":
+                log.warning("database unavailable at %s: %r", error.path, error.original_error)
+            elif code == "INTERNAL":
                 log.error(
                     "internal error at %s: %s",
                     error.path,

@@ -305,6 +305,7 @@ class ActionMemoryFields:
             labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
             ids=ids,
             limit=first + 1,
+            max_query_chars=info.context.state.settings.max_search_query_chars,
         )
         edges = [
             ActionAgentMemorySearchEdge(

@@ -12,6 +12,7 @@ from uuid import UUID
 import strawberry
 
 from app.errors import BadInput
+from app.text import is_storable
 
 T = TypeVar("T")
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
@@ -38,10 +39,19 @@ def parse_global_id(value: str) -> tuple[str, list[str]]:
     if (
         not isinstance(decoded, list)
         or len(decoded) < 2
-        or not all(isinstance(p, str) for p in decoded)
+        or not all(isinstance(p, str) and is_storable(p) for p in decoded)
     ):
+        # A NUL or a lone surrogate names nothing stored, and must not reach the driver.
         raise BadInput(f"{value!r} is not a global ID")
     return decoded[0], decoded[1:]
+
+
+def parse_int4(part: str) -> int | None:
+    """A non-negative integer part of a global ID, or None when it is none PostgreSQL's int4
+    can hold (a version above 2^31 names nothing)."""
+    if part.isascii() and part.isdigit() and len(part) <= 10 and int(part) <= INT4_MAX:
+        return int(part)
+    return None
 
 
 def parse_uuid(value: str, what: str = "ID") -> UUID:

@@ -19,6 +19,7 @@ from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.errors import ErrorCodes, Schema
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
+from app.graphql.inputs import InputChecks
 from app.graphql.memory import MemoryMutation, MemoryQuery
 from app.graphql.node import resolve_node
 from app.graphql.relay import Node
@@ -82,6 +83,7 @@ def build_schema(
             lambda: AddValidationRules(rules),
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
             lambda: ValidationCache(maxsize=256),
+            InputChecks,
             ErrorCodes,
         ],
     )

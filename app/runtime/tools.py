@@ -310,11 +310,13 @@ class NativeTools:
         memory: MemoryConfig,
         transcript: Transcript,
         embedder_name: str,
+        max_query_chars: int = memory_search.MAX_QUERY_CHARS,
     ) -> None:
         self.work = work
         self.memory = memory
         self.transcript = transcript
         self.embedder_name = embedder_name
+        self.max_query_chars = max_query_chars
         self.schemas = tool_schemas(memory)
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[ToolResult]]] = {
             SEARCH_MEMORY: self._search,
@@ -425,6 +427,7 @@ class NativeTools:
         ):
             raise ToolRefused(f"limit must be an integer from 1 to {MAX_SEARCH_LIMIT}")
         query = _text(args, "query")
+        memory_search.check_query(query, self.max_query_chars)
         found = await self.search(
             query=query.strip() if query and query.strip() else None,
             kind=_kind(args, self.memory),

@@ -387,7 +387,13 @@ async def _run(context: TurnContext) -> set[Version]:
         )
     window = context.window = await _open_window(context, client)
     assert state.embedder is not None
-    tools = NativeTools(context.work, memory, transcript, state.embedder.name)
+    tools = NativeTools(
+        context.work,
+        memory,
+        transcript,
+        state.embedder.name,
+        max_query_chars=state.settings.max_search_query_chars,
+    )
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
     recall = Recall(tools, transcript) if context.work is not None else None

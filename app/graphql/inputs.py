@@ -1,0 +1,117 @@
+"""One check of a request's input before anything runs: every string it carries is storable
+(no NUL, no lone surrogate), and a document with several operations names the one to run."""
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from graphql import (
+    ExecutionResult,
+    FloatValueNode,
+    GraphQLError,
+    ListValueNode,
+    Node,
+    ObjectValueNode,
+    OperationDefinitionNode,
+    StringValueNode,
+    ValueNode,
+    visit,
+)
+from graphql.language import ArgumentNode, Visitor
+from strawberry.extensions import SchemaExtension
+
+from app.errors import BadInput
+from app.text import check_storable
+
+
+def _check_literal(value: ValueNode, field: str) -> None:
+    if isinstance(value, StringValueNode):
+        check_storable(value.value, field)
+    elif isinstance(value, FloatValueNode) and not math.isfinite(float(value.value)):
+        raise BadInput(f"{field} is {value.value}, beyond what a number can hold")
+    elif isinstance(value, ListValueNode):
+        for i, item in enumerate(value.values):
+            _check_literal(item, f"{field}[{i}]")
+    elif isinstance(value, ObjectValueNode):
+        for item in value.fields:
+            _check_literal(item.value, f"{field}.{item.name.value}")
+
+
+class _Literals(Visitor):
+    """Every string literal of the document, in arguments and in variables' defaults."""
+
+    def enter_argument(self, node: ArgumentNode, *_: Any) -> None:
+        _check_literal(node.value, f"argument `{node.name.value}`")
+
+    def enter_variable_definition(self, node: Any, *_: Any) -> None:
+        if node.default_value is not None:
+            _check_literal(node.default_value, f"the default of ${node.variable.name.value}")
+
+
+def check_request(document: Node, variables: dict[str, Any] | None, operation: str | None) -> None:
+    """BadInput when the request cannot run as sent."""
+    if operation is None:
+        names = [
+            d.name.value if d.name else "(anonymous)"
+            for d in getattr(document, "definitions", ())
+            if isinstance(d, OperationDefinitionNode)
+        ]
+        if len(names) > 1:
+            raise BadInput(
+                f"the document has {len(names)} operations ({', '.join(names)}); "
+                "name the one to run in operationName"
+            )
+    if variables:
+        for name, value in variables.items():
+            check_storable(str(name), "a variable's name")
+            check_json(value, f"${name}", root=f"${name}")
+    visit(document, _Literals())
+
+
+class InputChecks(SchemaExtension):
+    """Runs `check_request` once validation passed, and answers BAD_REQUEST instead of running."""
+
+    def on_execute(self) -> Iterator[None]:
+        context = self.execution_context
+        if context.graphql_document is not None and context.result is None:
+            # strawberry runs the first operation when none is named; the spec calls that an error.
+            named = getattr(context, "_provided_operation_name", None)
+            try:
+                check_request(context.graphql_document, context.variables, named)
+            except BadInput as e:
+                context.result = ExecutionResult(
+                    data=None, errors=[GraphQLError(e.message, original_error=e)]
+                )
+        yield
+
+
+def check_json(value: Any, where: str, max_depth: int | None = None, root: str = "") -> None:
+    """BadInput when decoded JSON nests deeper than `max_depth`, carries a string (a key
+    included) that cannot be stored, or a number that is not finite (PostgreSQL's JSON has no
+    NaN or Infinity); walked without recursion, whatever its depth. `where` names the value in
+    messages, `root` is the path its parts are named under."""
+    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if max_depth is not None and depth > max_depth:
+            raise BadInput(
+                f"{where} nests deeper than {max_depth} levels (at {path}); send flatter JSON"
+            )
+        if isinstance(item, str):
+            check_storable(item, path or where)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise BadInput(f"{path or where} is {item}: numbers must be finite")
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                check_storable(str(key), f"a key in {path or where}")
+                stack.append((inner, f"{path}.{key}" if path else str(key), depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend(
+                (inner, f"{path or where}[{i}]", depth + 1) for i, inner in enumerate(item)
+            )
+
+
+def check_body(payload: Any, max_depth: int) -> None:
+    """`check_json` over a decoded request body, its parts named from the top
+    (`variables.input.summary`)."""
+    check_json(payload, "the request body", max_depth)

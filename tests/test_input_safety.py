@@ -1,0 +1,323 @@
+"""Bad input never reaches INTERNAL or a plain 500 (issue 11, item 6), over real HTTP: NUL and
+lone surrogates in any string, node IDs naming nothing storable, deep JSON, several operations
+without operationName; and a database that cannot be reached answers 503 UNAVAILABLE."""
+
+import base64
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from helpers import database_copy
+from test_http import serving
+
+from app.config import Settings
+from app.db import migrate
+from app.db.embedded import EmbeddedPostgres
+from app.embeddings.static import StaticEmbedder
+
+TOKEN = "test-input-safety-admin-token"
+HARNESS = {
+    "memory": {
+        "enabled": True,
+        "scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
+        "labels": {"topic": {"number": 5, "description": "The topic."}},
+    }
+}
+ADD = (
+    "mutation($a: UUID!, $i: AgentMemoryInput!) { addAgentMemory(actionId: $a, input: $i) { id } }"
+)
+SEARCH = """query($a: UUID!, $q: String, $k: String, $l: [AgentMemoryLabelInput!]) {
+  action(actionId: $a) {
+    searchMemories(query: $q, kind: $k, labels: $l, first: 5) { nodes { id } }
+  }
+}"""
+EXECUTE = "mutation($i: ExecuteActionInput!) { executeAction(input: $i) { status } }"
+CREATE = "mutation($i: ActionInput!) { createAction(input: $i) { actionId } }"
+NODE = "query($id: ID!) { node(id: $id) { id } }"
+
+
+def node_id(*parts: str) -> str:
+    raw = json.dumps(list(parts), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.fixture(scope="module")
+async def module_db_url(pg_server, template_db) -> AsyncIterator[str]:
+    async with database_copy(pg_server, template_db, f"engram_inputs_{os.getpid()}") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def base_url(module_db_url: str, embedder: StaticEmbedder) -> Iterator[str]:
+    settings = Settings(
+        database_url=module_db_url,
+        bootstrap_token=TOKEN,
+        environment="test",
+        search_maintenance_seconds=0,
+        model_max_retries=0,
+        model_base_url="http://127.0.0.1:9/v1",  # nothing listens: a turn fails cleanly
+    )
+    with serving(settings, embedder) as url:
+        yield url
+
+
+@pytest.fixture
+async def http(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+async def action_id(http: httpx.AsyncClient) -> str:
+    response = await http.post(
+        "/graphql", json={"query": CREATE, "variables": {"i": {"name": "a", "harness": HARNESS}}}
+    )
+    return response.json()["data"]["createAction"]["actionId"]
+
+
+def refused(response: httpx.Response) -> str:
+    """The message of a BAD_REQUEST answered as JSON in the GraphQL error shape."""
+    assert response.status_code in (200, 400), response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body["data"] is None
+    assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_REQUEST"], body
+    return body["errors"][0]["message"]
+
+
+def memory(**fields: Any) -> dict[str, Any]:
+    return {"summary": "a fact", "kind": "fact", **fields}
+
+
+NUL_INPUTS = {
+    "summary": (ADD, {"i": memory(summary="a\x00b")}, "$i.summary"),
+    "content": (ADD, {"i": memory(content="c\x00")}, "$i.content"),
+    "metadata key": (ADD, {"i": memory(metadata={"k\x00": 1})}, "$i.metadata"),
+    "metadata value": (ADD, {"i": memory(metadata={"k": ["v\x00"]})}, "$i.metadata.k[0]"),
+    "label value": (
+        ADD,
+        {"i": memory(labels=[{"name": "topic", "value": "v\x00"}])},
+        "$i.labels[0].value",
+    ),
+    "sessionId": (ADD, {"i": memory(sessionId="s\x00")}, "$i.sessionId"),
+    "kind": (ADD, {"i": memory(kind="fa\x00ct")}, "$i.kind"),
+    "search query": (SEARCH, {"q": "x\x00"}, "$q"),
+    "search kind": (SEARCH, {"k": "x\x00"}, "$k"),
+    "search label": (SEARCH, {"l": [{"name": "topic", "value": "\x00"}]}, "$l[0].value"),
+    "client principal": (
+        "query($p: String!) { client(principal: $p) { id } }",
+        {"p": "x\x00"},
+        "$p",
+    ),
+    "execute session": (EXECUTE, {"i": {"sessionId": "s\x00", "input": "hi"}}, "$i.sessionId"),
+    "execute input": (EXECUTE, {"i": {"sessionId": "s", "input": {"m": "h\x00"}}}, "$i.input.m"),
+    "action name": (CREATE, {"i": {"name": "a\x00"}}, "$i.name"),
+    "action harness": (
+        CREATE,
+        {"i": {"name": "a", "harness": {"memory": {"kinds": ["\x00"]}}}},
+        "$i.harness.memory.kinds[0]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NUL_INPUTS))
+async def test_nul_in_a_string_input_is_bad_request_naming_it(
+    http: httpx.AsyncClient, action_id: str, case: str
+) -> None:
+    query, variables, field = NUL_INPUTS[case]
+    if "$a" in query:
+        variables = {"a": action_id, **variables}
+    if "i" in variables and query == EXECUTE:
+        variables["i"]["actionId"] = action_id
+    # Sent as the GraphQL endpoint reads it: in-process executions see the same check.
+    message = refused(await http.post("/graphql", json={"query": query, "variables": variables}))
+    assert "NUL character" in message
+    assert field.lstrip("$") in message
+
+
+async def test_nul_in_a_literal_argument_or_default_is_bad_request(
+    http: httpx.AsyncClient,
+) -> None:
+    literal = '{ client(principal: "a\\u0000b") { id } }'
+    message = refused(await http.post("/graphql", json={"query": literal}))
+    assert message.startswith("argument `principal` contains a NUL character")
+    default = 'query($p: String! = "\\u0000") { client(principal: $p) { id } }'
+    assert "the default of $p" in refused(await http.post("/graphql", json={"query": default}))
+
+
+async def test_lone_surrogate_in_a_summary_is_bad_request(
+    http: httpx.AsyncClient, action_id: str
+) -> None:
+    body = json.dumps(
+        {"query": ADD, "variables": {"a": action_id, "i": memory(summary="a")}}
+    ).replace('"summary": "a"', '"summary": "a\\ud800"')
+    response = await http.post(
+        "/graphql", content=body, headers={"content-type": "application/json"}
+    )
+    assert "lone UTF-16 surrogate" in refused(response)
+
+
+async def test_node_ids_naming_nothing_storable_are_bad_request(
+    http: httpx.AsyncClient, action_id: str
+) -> None:
+    for parts in [
+        ("Client", "00000000-0000-0000-0000-000000000000", "x\x00"),
+        ("ActionSession", action_id, "s\x00"),
+        ("Client", "00000000-0000-0000-0000-000000000000", "\ud800"),
+        ("Action", action_id, str(2**31)),  # the version exceeds int4
+        ("Action", action_id, str(2**40)),
+        ("ActionAgentMemory", action_id, action_id, str(2**31)),
+    ]:
+        raw = json.dumps(list(parts), separators=(",", ":")).encode("utf-8", "surrogatepass")
+        gid = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        response = await http.post("/graphql", json={"query": NODE, "variables": {"id": gid}})
+        refused(response)
+    # The largest version int4 holds names nothing, and is no error.
+    gid = node_id("Action", action_id, str(2**31 - 1))
+    response = await http.post("/graphql", json={"query": NODE, "variables": {"id": gid}})
+    assert response.json()["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+
+
+async def test_deeply_nested_json_is_bad_request_before_authentication(base_url: str) -> None:
+    deep = '{"query": "{ viewer { principal } }", "variables": {"v": ' + "[" * 100_000
+    deep += "]" * 100_000 + "}}"
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as anonymous:
+        for body in (deep, deep.replace("[" * 100_000, "[" * 70).replace("]" * 100_000, "]" * 70)):
+            response = await anonymous.post(
+                "/graphql", content=body, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 400
+            assert "nests deeper than 64 levels" in refused(response)
+
+
+async def test_several_operations_need_an_operation_name(http: httpx.AsyncClient) -> None:
+    document = "query A { viewer { principal } } query B { viewer { accountId } }"
+    message = refused(await http.post("/graphql", json={"query": document}))
+    assert "2 operations (A, B)" in message and "operationName" in message
+    named = await http.post("/graphql", json={"query": document, "operationName": "B"})
+    assert set(named.json()["data"]["viewer"]) == {"accountId"}
+
+
+# The database unavailable: 503, UNAVAILABLE, JSON, Retry-After.
+
+
+def unavailable(response: httpx.Response) -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert int(response.headers["retry-after"]) > 0
+    body = response.json()
+    assert body["data"] is None
+    assert [e["extensions"]["code"] for e in body["errors"]] == ["UNAVAILABLE"]
+
+
+def test_a_stopped_database_answers_503_unavailable(embedder: StaticEmbedder) -> None:
+    root = Path(tempfile.mkdtemp(prefix="engram-test-down-"))
+    server = EmbeddedPostgres(root / "pgdata")
+    stopped = False
+    try:
+        migrate.upgrade(server.uri())
+        settings = Settings(
+            database_url=server.uri(),
+            bootstrap_token=TOKEN,
+            environment="test",
+            search_maintenance_seconds=0,
+        )
+        with serving(settings, embedder) as url:
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            query = {"query": "{ viewer { principal } }"}
+            with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+                assert client.post("/graphql", json=query).json()["data"]["viewer"]
+                server.stop()
+                stopped = True
+                for _ in range(3):  # connections the pool held, then new ones refused
+                    unavailable(client.post("/graphql", json=query))
+    finally:
+        if not stopped:
+            server.stop()
+
+
+async def test_a_read_only_database_answers_503_unavailable_from_a_resolver(
+    pg_server, template_db, embedder: StaticEmbedder
+) -> None:
+    # A primary turned standby (or in recovery) still reads: the caller authenticates, and the
+    # write its resolver sends fails with SQLSTATE 25006.
+    name = f"engram_read_only_{os.getpid()}"
+    async with database_copy(pg_server, template_db, name) as url:
+        settings = Settings(
+            database_url=url,
+            bootstrap_token=TOKEN,
+            environment="test",
+            search_maintenance_seconds=0,
+        )
+        with serving(settings, embedder) as base:
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            create = {"query": CREATE, "variables": {"i": {"name": "a"}}}
+            async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
+                assert (await client.post("/graphql", json=create)).json()["data"]
+                conn = await asyncpg.connect(pg_server.uri())
+                try:
+                    await conn.execute(
+                        f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'
+                    )
+                    await conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = $1 AND pid <> pg_backend_pid()",
+                        name,
+                    )
+                finally:
+                    await conn.close()
+                for _ in range(3):
+                    unavailable(await client.post("/graphql", json=create))
+                read = await client.post("/graphql", json={"query": "{ viewer { principal } }"})
+                assert read.json() == {"data": {"viewer": {"principal": "admin"}}}
+
+
+async def test_in_process_execution_checks_variables_too(gql, admin) -> None:
+    # The same check without HTTP (the CLI, tests, other transports): the schema's extension.
+    result = await gql(admin, "query($p: String!) { client(principal: $p) { id } }", p="x\x00")
+    assert result.codes == ["BAD_REQUEST"]
+    assert result.errors[0]["message"].startswith("$p contains a NUL character at position 1")
+
+
+async def test_numbers_json_cannot_hold_are_bad_request(
+    http: httpx.AsyncClient, action_id: str
+) -> None:
+    # Python's JSON reads NaN, Infinity and 1e400 (as inf); PostgreSQL's jsonb holds none.
+    execute = '{"query": "%s", "variables": {"i": {"actionId": "%s", "sessionId": "s", "input": {"x": %s}}}}'  # noqa: E501
+    for number in ("NaN", "Infinity", "-Infinity", "1e400"):
+        body = execute % (EXECUTE.replace('"', '\\"'), action_id, number)
+        response = await http.post(
+            "/graphql", content=body, headers={"content-type": "application/json"}
+        )
+        assert "variables.i.input.x is" in refused(response)
+        assert "numbers must be finite" in refused(response)
+    literal = (
+        'mutation { createAction(input: {name: "n", model: {temperature: 1e400}}) { actionId } }'
+    )
+    assert "beyond what a number can hold" in refused(
+        await http.post("/graphql", json={"query": literal})
+    )
+
+
+def test_which_errors_mean_the_database_is_unavailable() -> None:
+    from app.db.errors import is_unavailable
+
+    # asyncpg's own words for a pooled connection whose backend was terminated while idle.
+    broken = asyncpg.exceptions.InternalClientError(
+        "cannot switch to state 12; another operation (2) is in progress"
+    )
+    assert is_unavailable(broken)
+    assert is_unavailable(asyncpg.exceptions.CannotConnectNowError("in recovery"))
+    assert is_unavailable(ConnectionRefusedError(111, "refused"))
+    socket_gone = FileNotFoundError(2, "No such file or directory")  # a Unix socket, no file
+    assert is_unavailable(socket_gone)
+    assert not is_unavailable(FileNotFoundError(2, "No such file", "/etc/x"))
+    assert not is_unavailable(asyncpg.exceptions.QueryCanceledError("statement timeout"))
+    assert not is_unavailable(ValueError("a bug"))
