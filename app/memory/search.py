@@ -93,8 +93,8 @@ from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking
 from app.memory.visibility import OperatorReader, Reader
+from app.search.fusion import HYBRID_WEIGHT
 
-HYBRID_WEIGHT = 0.5  # weight of the cosine; the rest goes to the normalized text rank
 # Measured (bench/README.md): at 5,000 records the exact plan took hybrid p50 30 ms, the shared
 # index 103 ms; an agent of more records than this gets its own indexes (maintenance.py).
 EXACT_MAX_ROWS = 10_000

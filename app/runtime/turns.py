@@ -23,6 +23,9 @@ from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.errors import BadInput, Conflict, DomainError, NotFound
+from app.history import keeping
+from app.history import store as history_store
+from app.history.store import Scope
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, Writer
 from app.runtime import store
@@ -31,7 +34,7 @@ from app.runtime.executions import Execution
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
 from app.runtime.recall import Recall, Version, recall_query
-from app.runtime.tools import NativeTools, versions
+from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
 from app.state import AppState
 
@@ -49,6 +52,7 @@ class TurnRequest:
     input: Any
     preview: bool = False
     execution_id: UUID | None = None  # retry this FAILED execution as its next invocation
+    replay_of: UUID | None = None  # re-run this committed turn's input as a preview turn (H12)
 
 
 class TurnEnded(Conflict):
@@ -74,6 +78,8 @@ class TurnContext:
     # The conversation as the last model call read it, then the agent's answer.
     messages: list[dict[str, Any]] = field(default_factory=list)
     output: str = ""
+    # The session history its search_history reads (None: history off, or no session).
+    history: Scope | None = None
 
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
@@ -197,6 +203,76 @@ async def _start_new(
     return action, Execution.of(row)
 
 
+async def _start_replay(
+    state: AppState, caller: Caller, request: TurnRequest
+) -> tuple[ActionVersion, Execution]:
+    """A replay (H12): the original committed turn's input, run again by the agent's current
+    version as a new preview execution that names the original. It keeps no history and
+    counts no turn; its search_history sees what the original's did."""
+    assert request.replay_of is not None
+    if request.execution_id is not None:
+        raise BadInput(
+            "replayOf and executionId cannot go together: replayOf re-runs a committed turn as "
+            "a new preview execution, executionId retries a FAILED one"
+        )
+    async with state.pool.acquire() as conn:
+        found = await store.get_execution(
+            conn, caller.account_id, request.action_id, request.replay_of
+        )
+        if found is None:
+            raise NotFound(f"execution {request.replay_of} of action {request.action_id} not found")
+        original = Execution.of(found)
+        if original.kind != "TURN" or original.status != "SUCCEEDED":
+            raise BadInput(
+                f"execution {original.execution_id} is a {original.status} {original.kind}; "
+                "only a committed (SUCCEEDED) turn can be replayed"
+            )
+        if request.session_id is not None and request.session_id != original.session_id:
+            raise BadInput(
+                "a replay runs in its original's session: omit sessionId or pass "
+                f"{original.session_id!r}"
+            )
+        if request.input is not None and request.input != original.input:
+            raise BadInput("a replay runs its original's input; omit input or pass the same")
+        action = await load_action(conn, caller.account_id, request.action_id)
+    if action is None:
+        raise NotFound(f"action {request.action_id} not found")
+    check_endpoint(action.model, state.settings)
+    await _discard_ended(state, action)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await store.defer_durability(conn)
+        row = await store.insert_execution(
+            conn,
+            account_id=caller.account_id,
+            action_id=action.action_id,
+            execution_id=uuid.uuid4(),
+            action_version=action.version,
+            session_id=original.session_id,
+            turn=original.turn,
+            kind="TURN",
+            status="RUNNING",
+            preview=True,
+            principal=caller.principal,
+            input=original.input,
+            replay_of=original.execution_id,
+        )
+    return action, Execution.of(row)
+
+
+async def _history_scope(state: AppState, action: ActionVersion, e: Execution) -> Scope | None:
+    """What the turn's search_history sees: the session's turns before this one (a replay:
+    before its original, preview ones only if the original was preview) (H12, H13, H15)."""
+    if action.harness.history is None or e.session_id is None:
+        return None
+    before, preview = e.turn, e.preview
+    if e.replay_of is not None:
+        async with state.pool.acquire() as conn:
+            found = await store.get_execution(conn, e.account_id, e.action_id, e.replay_of)
+        assert found is not None  # executions are erased, never deleted
+        before, preview = found["turn"], found["preview"]
+    return Scope(e.account_id, e.action_id, e.session_id, before, preview)
+
+
 async def _start_retry(
     state: AppState, caller: Caller, request: TurnRequest
 ) -> tuple[ActionVersion, Execution]:
@@ -248,7 +324,9 @@ async def _start_retry(
 async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) -> Execution:
     """Runs one turn (or retries a failed one); returns the execution, SUCCEEDED or FAILED."""
     caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
-    if request.execution_id is None:
+    if request.replay_of is not None:
+        action, execution = await _start_replay(state, caller, request)
+    elif request.execution_id is None:
         action, execution = await _start_new(state, caller, request)
     else:
         action, execution = await _start_retry(state, caller, request)
@@ -265,6 +343,7 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
         work = MemoryWork(state.pool, state.embedder, _writer(action, execution))
     context = TurnContext(state, action, execution, transcript, work)
     try:
+        context.history = await _history_scope(state, action, execution)
         recalled = await _run(context)
         return await _commit(context, recalled)
     except BaseException as e:
@@ -328,12 +407,18 @@ async def _run(context: TurnContext) -> set[Version]:
         )
     history = await _history(context)
     assert state.embedder is not None
-    tools = NativeTools(context.work, memory, transcript, state.embedder.name)
+    access = HistoryAccess(state.pool, state.embedder, context.history) if context.history else None
+    tools = NativeTools(context.work, memory, transcript, state.embedder.name, access)
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
     recall = Recall(tools, transcript) if context.work is not None else None
 
-    system = {"role": "system", "content": system_instructions(action.instructions, memory, pinned)}
+    system = {
+        "role": "system",
+        "content": system_instructions(
+            action.instructions, memory, pinned, history=access is not None
+        ),
+    }
     asked = {"role": "user", "content": request}
     exchange: list[dict[str, Any]] = []
     latest = ""
@@ -421,27 +506,56 @@ async def _finish(
     return row
 
 
+async def _kept_history(context: TurnContext) -> keeping.Prepared | None:
+    """The events the turn keeps in its session's history, embedded (H1-H4, H8); None when it
+    keeps none: history off, no session, or a replay (which re-runs the past)."""
+    execution, history = context.execution, context.action.harness.history
+    if history is None or execution.session_id is None or execution.replay_of is not None:
+        return None
+    rows = [(e.sequence, e.type, e.data) for e in context.transcript.events]
+    kept = keeping.kept_events(rows, history.index, input_text(execution.input))
+    assert context.state.embedder is not None
+    prepared = await keeping.embed(context.state.embedder, kept)
+    if prepared.embed_tokens:
+        context.transcript.embedding(context.state.embedder.name, prepared.embed_tokens, "history")
+    return prepared
+
+
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
+    kept = await _kept_history(context)
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
     async with context.state.pool.acquire() as conn, conn.transaction():
         if context.work is not None:
             await context.work.commit(conn)
         turn = None
-        if execution.session_id is not None:
+        if execution.session_id is not None and execution.replay_of is None:
             turn = await store.count_turn(
                 conn, execution.account_id, execution.action_id, execution.session_id
             )
-            if recalled:
-                await store.insert_recalls(
+            if kept is not None:  # H5: kept only in the commit's transaction
+                await history_store.insert(
                     conn,
-                    execution.account_id,
-                    execution.action_id,
-                    execution.session_id,
-                    execution.preview,
-                    execution.execution_id,
-                    sorted(recalled),
+                    account_id=execution.account_id,
+                    action_id=execution.action_id,
+                    session_id=execution.session_id,
+                    turn=turn,
+                    execution_id=execution.execution_id,
+                    invocation_number=execution.invocation_number,
+                    preview=execution.preview,
+                    events=kept.events,
+                    vectors=kept.vectors,
                 )
+        if execution.session_id is not None and recalled:
+            await store.insert_recalls(
+                conn,
+                execution.account_id,
+                execution.action_id,
+                execution.session_id,
+                execution.preview,
+                execution.execution_id,
+                sorted(recalled),
+            )
         row = await _finish(
             conn, context, status="SUCCEEDED", output=context.output, error=None, turn=turn
         )
