@@ -70,9 +70,10 @@ def upgrade() -> None:
         FOREIGN KEY (account_id, action_id, session_id, event_id)
             REFERENCES history_events ON DELETE CASCADE
     );
-    -- The exact plan reads a session's parts before a turn by this btree.
+    -- The exact plan reads a session's parts before a turn by this btree; the index plan
+    -- walks a large session's newest parts for words in it alone (index-only, `tsv` included).
     CREATE INDEX history_parts_session ON history_parts
-        (account_id, action_id, session_id, turn DESC);
+        (account_id, action_id, session_id, turn DESC) INCLUDE (preview, event_id, part, tsv);
     CREATE INDEX history_parts_words ON history_parts
         USING gin (account_id, action_id, session_id, tsv) WITH (fastupdate = off);
     ALTER TABLE history_parts SET (toast_tuple_target = 8160);
