@@ -468,7 +468,7 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
     started = time.perf_counter()
     vectors = (await embedder.embed(texts)).vectors
     qvectors = (await embedder.embed(questions)).vectors
-    precomputed = Precomputed(dict(zip(questions, qvectors, strict=True)))
+    precomputed = Precomputed({q.strip(): v for q, v in zip(questions, qvectors, strict=True)})
     rng = np.random.default_rng(7)
     account_id, action_id = uuid.uuid4(), uuid.uuid4()
     pool = await create_pool(url, min_size=2, max_size=4)

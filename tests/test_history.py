@@ -2,6 +2,7 @@
 it, replays, and the operators' reads and erasure; through GraphQL with the scripted model."""
 
 import json
+import uuid
 from typing import Any
 
 from helpers import GQL, allow, caller
@@ -23,6 +24,8 @@ from runtime_support import (
 
 from app.auth.caller import Caller
 from app.history import parts
+from app.history import search as history_search
+from app.history.store import Scope
 from app.state import AppState
 
 MESSAGES = {"history": {"index": "messages"}}
@@ -477,3 +480,33 @@ async def test_erase_session_erases_history_and_text_and_lists_live_memories(
     model_server.say("Nothing.")
     later = await run(gql, admin, action_id, "What was the secret?")
     assert tool_runs(later, "search_history")[0]["output"]["events"] == []
+
+
+async def test_h6_both_plans_rank_a_session_alike(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    for message in (
+        "The boat is moored at pier seven.",
+        "Lunch was a tomato soup.",
+        "The pier has a red crane.",
+    ):
+        await run(gql, admin, action_id, message)
+    async with state.pool.acquire() as conn:
+        account_id = await conn.fetchval(
+            "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
+        )
+    scope = Scope(account_id, uuid.UUID(action_id), "s1", 4, False)
+    assert state.embedder is not None
+    found = {
+        plan: await history_search.search(
+            state.pool, state.embedder, scope, query="where is the boat moored", plan=plan
+        )
+        for plan in ("exact", "index")
+    }
+    exact, index = (
+        [(e.event_id, e.part, round(e.score or 0, 6)) for e in found[p].events]
+        for p in ("exact", "index")
+    )
+    assert exact[0] == index[0] and "pier seven" in found["index"].events[0].text
+    assert found["index"].plan == "index"
