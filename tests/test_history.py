@@ -355,6 +355,18 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     )
     assert both.codes == ["BAD_REQUEST"]
     assert "replayOf" in both.errors[0]["message"]
+    missing = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": str(uuid.uuid4())}
+    )
+    assert missing.codes == ["NOT_FOUND"]
+    # Only a committed turn is replayed, not a failed one.
+    model_server.chat_error(500)
+    failed = await run(gql, admin, action_id, "This turn fails.")
+    assert failed["status"] == "FAILED"
+    refused = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": failed["executionId"]}
+    )
+    assert refused.codes == ["BAD_REQUEST"] and "SUCCEEDED" in refused.errors[0]["message"]
 
 
 # Operators: history, searchHistory, node(id), grants and redaction, eraseSession

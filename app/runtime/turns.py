@@ -237,6 +237,8 @@ async def _start_replay(
         action = await load_action(conn, caller.account_id, request.action_id)
     if action is None:
         raise NotFound(f"action {request.action_id} not found")
+    # The current version's rules for the original's session (e.g. scopes without a session).
+    _check_request(TurnRequest(action.action_id, original.session_id, original.input), action)
     check_endpoint(action.model, state.settings)
     await _discard_ended(state, action)
     async with state.pool.acquire() as conn, conn.transaction():
