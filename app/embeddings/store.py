@@ -33,6 +33,14 @@ VECTOR_TABLES: tuple[VectorTable, ...] = (
         columns=("summary", "content"),
         text=memory_text,
     ),
+    # Session history (app/history): each part of a kept event, embedded from its own text.
+    VectorTable(
+        name="history_parts",
+        key=("account_id", "action_id", "session_id", "event_id", "part"),
+        key_types=("uuid", "uuid", "text", "uuid", "int"),
+        columns=("text",),
+        text=str,
+    ),
 )
 
 _LOCK = "hashtext('engram.embedding')"

@@ -8,6 +8,7 @@ import strawberry
 
 from app.errors import BadInput
 from app.graphql.context import Info
+from app.graphql.history import SessionHistoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
     Connection,
@@ -22,7 +23,7 @@ from app.graphql.relay import (
 )
 from app.graphql.scalars import Timestamp, Value
 from app.memory import redaction
-from app.runtime import executions, turns
+from app.runtime import erase, executions, turns
 from app.runtime.executions import Execution, Session, TranscriptEvent
 
 # Transcript sequences are PostgreSQL integers: a larger cursor value is no cursor of ours.
@@ -94,6 +95,14 @@ class ActionExecution(Node):
     error: str | None
     created: Timestamp
     modified: Timestamp
+    kind: str = strawberry.field(
+        description="TURN (an agent's turn), OPERATOR (an operator's memory write) or ERASE "
+        "(eraseSession)."
+    )
+    principal: str = strawberry.field(description="Who started it.")
+    replay_of: UUID | None = strawberry.field(
+        description="A replay: the committed turn whose input it re-ran."
+    )
 
     @classmethod
     def of(cls, e: Execution) -> "ActionExecution":
@@ -111,6 +120,9 @@ class ActionExecution(Node):
             error=e.error,
             created=Timestamp(e.created),
             modified=Timestamp(e.modified),
+            kind=e.kind,
+            principal=e.principal,
+            replay_of=e.replay_of,
         )
 
     @strawberry.field(
@@ -181,7 +193,7 @@ class ActionExecution(Node):
 
 
 @strawberry.type
-class ActionSession(Node):
+class ActionSession(SessionHistoryFields, Node):
     record: strawberry.Private[Session]
     session_id: str
     action_id: UUID
@@ -309,6 +321,27 @@ class ExecuteActionInput:
         "execution the first request started instead of running another turn; the same key with "
         "other arguments is CONFLICT. Scoped to the caller and kept at least 24 hours.",
     )
+    replay_of: UUID | None = strawberry.field(
+        default=None,
+        description="Replay this committed turn: its input, run by the agent's current version "
+        "as a new preview execution that names it; its search_history sees only what the "
+        "original's did. Not with executionId.",
+    )
+
+
+@strawberry.type(description="What eraseSession erased, and the memory it left.")
+class EraseSessionResult:
+    execution: ActionExecution = strawberry.field(
+        description="The ERASE execution that records the erasure and who asked."
+    )
+    erased_events: int = strawberry.field(description="History events erased, with their parts.")
+    erased_executions: int = strawberry.field(
+        description="Executions whose input and output text was replaced by a marker."
+    )
+    erased_transcript_events: int
+    live_memory_ids: list[UUID] = strawberry.field(
+        description="The session's live memory records, left to deleteAgentMemory."
+    )
 
 
 @strawberry.type
@@ -328,6 +361,28 @@ class ExecutionMutation:
                 preview=input.preview,
                 execution_id=input.execution_id,
                 idempotency_key=input.idempotency_key,
+                replay_of=input.replay_of,
             ),
         )
         return ActionExecution.of(executed)
+
+    @strawberry.mutation(
+        description="Erases for good what a session said: its history events, parts and vectors, "
+        "its summary, and the text of its executions' inputs, outputs and transcripts (replaced "
+        "by a marker). Memory records are left to deleteAgentMemory: the answer lists the "
+        "session's live ones. Needs DELETE on financial.ActionExecution.document; recorded as "
+        "an execution of kind ERASE naming who asked."
+    )
+    async def erase_session(
+        self, info: Info, action_id: UUID, session_id: str
+    ) -> EraseSessionResult:
+        erased = await erase.erase_session(
+            info.context.pool, info.context.caller, action_id, session_id
+        )
+        return EraseSessionResult(
+            execution=ActionExecution.of(erased.execution),
+            erased_events=erased.events,
+            erased_executions=erased.executions,
+            erased_transcript_events=erased.transcript_events,
+            live_memory_ids=erased.memory_ids,
+        )

@@ -93,14 +93,11 @@ from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking
 from app.memory.visibility import OperatorReader, Reader
+from app.search.fusion import HYBRID_WEIGHT, MAX_QUERY_CHARS, check_query
 
-HYBRID_WEIGHT = 0.5  # weight of the cosine; the rest goes to the normalized text rank
 # Measured (bench/README.md): at 5,000 records the exact plan took hybrid p50 30 ms, the shared
 # index 103 ms; an agent of more records than this gets its own indexes (maintenance.py).
 EXACT_MAX_ROWS = 10_000
-# A search query is embedded and matched whole: its length is work done per request. The
-# default of ENGRAM_MAX_SEARCH_QUERY_CHARS, for callers that have no settings.
-MAX_QUERY_CHARS = 4096
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index, measured at 200,000 records over 300 questions
 # (bench/README.md): recall of the exact top-10 (top 10 of 40 candidates) 0.94 at 40, 0.97 at
@@ -154,15 +151,6 @@ class SearchResult:
     next_cursor: str | None = None  # query-less listing: pass as `after` for the next page
     embed_tokens: int = 0  # usage of the query's embedding, recorded as purpose `embed`
     plan: Plan | None = field(default=None, compare=False)  # which plan ranked (benchmarks)
-
-
-def check_query(query: str | None, max_chars: int = MAX_QUERY_CHARS) -> None:
-    """BadInput naming the limit when a search query is longer than a search entry point takes."""
-    if query is not None and len(query) > max_chars:
-        raise BadInput(
-            f"the search query is {len(query):,} characters; at most {max_chars:,} are searched "
-            "(ENGRAM_MAX_SEARCH_QUERY_CHARS): search for the words that matter"
-        )
 
 
 async def search(

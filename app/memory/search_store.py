@@ -25,6 +25,7 @@ import numpy as np
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, record
 from app.memory.visibility import Params, Reader, visible
+from app.search.fusion import fusion
 
 Mode = Literal["hybrid", "lexical", "vector"]
 Plan = Literal["exact", "index"]
@@ -93,26 +94,6 @@ def _signals(r: Ranking, p: Params, m: str = "m", query: str = "") -> str:
     return f"{m}.memory_id, {m}.created, {cosine} AS cosine, {rank} AS words"
 
 
-def _fused(r: Ranking, p: Params) -> tuple[str, str]:
-    """Score expression and the condition a scored row must meet to be found, over `scored`."""
-    if r.mode == "lexical":
-        return "words", "words IS NOT NULL"
-    if r.min_score is None:
-        by_meaning = "cosine IS NOT NULL"
-    else:
-        by_meaning = f"cosine >= {p(r.min_score)}::float8"
-    if r.mode == "vector":
-        return "cosine", by_meaning
-    weight = p(r.weight) + "::float8"
-    # Text rank divided by the best rank among the agent's matches: 1 for the best match, 0 when
-    # no word is shared; the cosine enters raw, so the same record scores the same in every plan.
-    score = (
-        f"{weight} * coalesce(cosine, 0) + (1 - {weight}) "
-        "* coalesce(words / nullif(max(words) OVER (), 0), 0)"
-    )
-    return score, f"(words IS NOT NULL OR {by_meaning})"
-
-
 _FUSED = """
     , fused AS (
         SELECT memory_id, created, {score} AS score FROM scored WHERE {found}
@@ -127,7 +108,7 @@ _FUSED = """
 
 
 def _finish(reader: Reader, r: Ranking, p: Params) -> str:
-    score, found = _fused(r, p)
+    score, found = fusion(r.mode, r.weight, r.min_score, p)
     return _FUSED.format(
         score=score,
         found=found,

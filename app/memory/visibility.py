@@ -6,19 +6,11 @@ own staged writes) hold everywhere or nowhere.
 """
 
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
+from app.search.fusion import Params  # shared with history search
 
-class Params:
-    """Collects query parameters; calling it with a value returns its `$n` placeholder."""
-
-    def __init__(self, *values: Any) -> None:
-        self.values: list[Any] = list(values)
-
-    def __call__(self, value: Any) -> str:
-        self.values.append(value)
-        return f"${len(self.values)}"
+__all__ = ["Params"]
 
 
 @dataclass(frozen=True)

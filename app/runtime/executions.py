@@ -30,6 +30,7 @@ class Execution:
     error: str | None
     created: datetime
     modified: datetime
+    replay_of: UUID | None = None  # a replay: the committed turn whose input it re-ran
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> "Execution":

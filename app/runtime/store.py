@@ -26,14 +26,16 @@ async def insert_execution(
     input: Any,
     invocation_number: int = 1,
     boot_id: UUID | None = None,
+    replay_of: UUID | None = None,
+    output: Any = None,
 ) -> Row:
     """`boot_id`: the process running a RUNNING turn (app/runtime/liveness.py)."""
     return await conn.fetchrow(
         """
         INSERT INTO executions (account_id, action_id, execution_id, action_version, session_id,
                                 turn, invocation_number, kind, status, preview, principal, input,
-                                boot_id)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                                boot_id, replay_of, output)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
         RETURNING *
         """,
         account_id,
@@ -49,6 +51,8 @@ async def insert_execution(
         principal,
         input,
         boot_id,
+        replay_of,
+        output,
     )
 
 
@@ -682,4 +686,85 @@ async def record_review(
         action_id,
         execution_id,
         reviewed,
+    )
+
+
+# Erasure (eraseSession): a person's request that what a session said be gone for good.
+
+ERASED = "[erased]"
+
+
+async def erase_executions(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
+) -> dict[str, int]:
+    """Replaces the text of the session's executions' inputs, outputs and transcripts by a
+    marker (eraseSession), inside the caller's transaction; returns counts."""
+    executions = await conn.fetchval(
+        """
+        WITH erased AS (
+            UPDATE executions SET input = to_jsonb($4::text),
+                output = CASE WHEN output IS NULL THEN NULL ELSE to_jsonb($4::text) END,
+                modified = now()
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND kind <> 'ERASE'
+            RETURNING 1
+        ) SELECT count(*) FROM erased
+        """,
+        account_id,
+        action_id,
+        session_id,
+        ERASED,
+    )
+    # A transcript keeps its shape (types, sequences, and a model call's purpose, model and
+    # usage, which limits and accounting read); every word goes.
+    transcripts = await conn.fetchval(
+        """
+        WITH erased AS (
+            UPDATE transcript_events t SET data = CASE
+                WHEN t.type IN ('model.call', 'embedding') THEN jsonb_strip_nulls(
+                    jsonb_build_object('purpose', t.data->'purpose', 'model', t.data->'model',
+                        'usage', t.data->'usage', 'tokens', t.data->'tokens', 'erased', $4::text))
+                ELSE jsonb_build_object('erased', $4::text) END
+            FROM executions x
+            WHERE x.account_id = $1 AND x.action_id = $2 AND x.session_id = $3
+              AND x.kind <> 'ERASE' AND t.account_id = x.account_id
+              AND t.action_id = x.action_id AND t.execution_id = x.execution_id
+            RETURNING 1
+        ) SELECT count(*) FROM erased
+        """,
+        account_id,
+        action_id,
+        session_id,
+        ERASED,
+    )
+    return {"executions": executions, "transcriptEvents": transcripts}
+
+
+async def live_memories(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
+) -> list[UUID]:
+    """The session's live memory records (what erasure leaves to deleteAgentMemory)."""
+    rows = await conn.fetch(
+        """
+        SELECT memory_id FROM agent_memories
+        WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND status = 'ACTIVE'
+          AND pending_execution IS NULL AND NOT tombstone
+        ORDER BY created, memory_id
+        """,
+        account_id,
+        action_id,
+        session_id,
+    )
+    return [r["memory_id"] for r in rows]
+
+
+async def erase_summaries(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
+) -> None:
+    """Removes the session's running summaries (live and preview): they retell its words."""
+    await conn.execute(
+        "DELETE FROM session_summaries"
+        " WHERE account_id = $1 AND action_id = $2 AND session_id = $3",
+        account_id,
+        action_id,
+        session_id,
     )

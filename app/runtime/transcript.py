@@ -13,11 +13,13 @@ Event types and what their `data` holds:
   toolCalls}`: one chat completion, with its usage and why it was made (`turn`, `memory`,
   `context`).
 - `embedding`: `{purpose: "embed", model, tokens, for}`: usage of the embedding model, for a
-  recall, a `search_memory` query, or the records `add_memory` wrote.
+  recall, a `search_memory` or `search_history` query, the records `add_memory` wrote, or the
+  parts of the events the turn kept in its session's history (`for: "history"`).
 - `tool.execution`: `{name, callId, input, output}` or `{..., error}`: one execution of a
   native tool; a recall is one of `search_memory` with `recall: true` in its input.
 - `output.use`: `{use: "RETRIEVED", execution, tool, records}`: the records of the
-  `tool.execution` event numbered `execution` reached the model.
+  `tool.execution` event numbered `execution` reached the model; for `search_history`,
+  `events: [{id, part}]` instead of `records`.
 - `context.cleared`: `{results, turns, tokens, reason}`: how many tool results were cleared
   to keep the context within its budget, of which turns (null: the running turn), the tokens
   that saved, and why (`budget`, or `too large` for the latest call's own results).

@@ -24,6 +24,9 @@ from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.errors import BadInput, Conflict, DomainError, NotFound
+from app.history import keeping
+from app.history import store as history_store
+from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, Writer
@@ -35,7 +38,7 @@ from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
 from app.runtime.recall import Recall, Version, recall_query
 from app.runtime.review import review_memory
-from app.runtime.tools import NativeTools, versions
+from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
 from app.state import AppState
 from app.text import storable
@@ -53,6 +56,7 @@ class TurnRequest:
     preview: bool = False
     execution_id: UUID | None = None  # retry this FAILED execution as its next invocation
     idempotency_key: str | None = None  # a retry with this key answers with the first turn
+    replay_of: UUID | None = None  # re-run this committed turn's input as a preview turn (H12)
 
 
 class TurnEnded(Conflict):
@@ -83,6 +87,8 @@ class TurnContext:
     # messages this turn adds for review, and the turns (this one too) its review covered.
     review_messages: int | None = None
     reviewed: list[UUID] = field(default_factory=list)
+    # The session history its search_history reads (None: history off, or no session).
+    history: Scope | None = None
 
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
@@ -213,6 +219,81 @@ async def _start_new(
     return action, Execution.of(row)
 
 
+async def _start_replay(
+    state: AppState, caller: Caller, request: TurnRequest, key: Key | None
+) -> tuple[ActionVersion, Execution]:
+    """A replay (H12): the original committed turn's input, run again by the agent's current
+    version as a new preview execution that names the original. It keeps no history and
+    counts no turn; its search_history sees what the original's did."""
+    assert request.replay_of is not None
+    if request.execution_id is not None:
+        raise BadInput(
+            "replayOf and executionId cannot go together: replayOf re-runs a committed turn as "
+            "a new preview execution, executionId retries a FAILED one"
+        )
+    async with state.pool.acquire() as conn:
+        found = await store.get_execution(
+            conn, caller.account_id, request.action_id, request.replay_of
+        )
+        if found is None:
+            raise NotFound(f"execution {request.replay_of} of action {request.action_id} not found")
+        original = Execution.of(found)
+        if original.kind != "TURN" or original.status != "SUCCEEDED":
+            raise BadInput(
+                f"execution {original.execution_id} is a {original.status} {original.kind}; "
+                "only a committed (SUCCEEDED) turn can be replayed"
+            )
+        if request.session_id is not None and request.session_id != original.session_id:
+            raise BadInput(
+                "a replay runs in its original's session: omit sessionId or pass "
+                f"{original.session_id!r}"
+            )
+        if request.input is not None and request.input != original.input:
+            raise BadInput("a replay runs its original's input; omit input or pass the same")
+        action = await load_action(conn, caller.account_id, request.action_id)
+    if action is None:
+        raise NotFound(f"action {request.action_id} not found")
+    # The current version's rules for the original's session (e.g. scopes without a session).
+    _check_request(TurnRequest(action.action_id, original.session_id, original.input), action)
+    check_endpoint(action.model, state.settings)
+    await _discard_ended(state, action)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await store.defer_durability(conn)
+        row = await store.insert_execution(
+            conn,
+            account_id=caller.account_id,
+            action_id=action.action_id,
+            execution_id=uuid.uuid4(),
+            action_version=action.version,
+            session_id=original.session_id,
+            turn=original.turn,
+            kind="TURN",
+            status="RUNNING",
+            preview=True,
+            principal=caller.principal,
+            input=original.input,
+            boot_id=_boot_id(state),
+            replay_of=original.execution_id,
+        )
+        if key is not None:
+            await key.record(conn, {"executionId": str(row["execution_id"])})
+    return action, Execution.of(row)
+
+
+async def _history_scope(state: AppState, action: ActionVersion, e: Execution) -> Scope | None:
+    """What the turn's search_history sees: the session's turns before this one (a replay:
+    before its original, preview ones only if the original was preview) (H12, H13, H15)."""
+    if action.harness.history is None or e.session_id is None:
+        return None
+    before, preview = e.turn, e.preview
+    if e.replay_of is not None:
+        async with state.pool.acquire() as conn:
+            found = await store.get_execution(conn, e.account_id, e.action_id, e.replay_of)
+        assert found is not None  # executions are erased, never deleted
+        before, preview = found["turn"], found["preview"]
+    return Scope(e.account_id, e.action_id, e.session_id, before, preview)
+
+
 async def _start_retry(
     state: AppState, caller: Caller, request: TurnRequest, key: Key | None
 ) -> tuple[ActionVersion, Execution]:
@@ -270,6 +351,7 @@ def _request_key(caller: Caller, request: TurnRequest) -> Key | None:
         "input": request.input,
         "preview": request.preview,
         "executionId": request.execution_id,
+        "replayOf": request.replay_of,
     }
     return key_for(
         request.idempotency_key, caller.account_id, caller.principal, "executeAction", arguments
@@ -305,7 +387,9 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
     if key is not None and (answered := await _answered(state, caller, key)) is not None:
         return answered
     try:
-        if request.execution_id is None:
+        if request.replay_of is not None:
+            action, execution = await _start_replay(state, caller, request, key)
+        elif request.execution_id is None:
             action, execution = await _start_new(state, caller, request, key)
         else:
             action, execution = await _start_retry(state, caller, request, key)
@@ -334,6 +418,7 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
         work = MemoryWork(state.pool, state.embedder, _writer(action, execution))
     context = TurnContext(state, action, execution, transcript, work)
     try:
+        context.history = await _history_scope(state, action, execution)
         recalled = await _run(context)
         return await _commit(context, recalled)
     except BaseException as e:
@@ -354,13 +439,24 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
         context.transcript.add(events.MODEL_CALL, events.model_call(completion, "context"))
         await context.keep_alive()
 
+    # A replay reads what its original read: the turns before it, preview ones only if the
+    # original was a preview turn (H12); it stores no summary.
+    before_turn, preview = None, execution.preview
+    if execution.replay_of is not None:
+        async with context.state.pool.acquire() as conn:
+            original = await store.get_execution(
+                conn, execution.account_id, execution.action_id, execution.replay_of
+            )
+        assert original is not None  # executions are erased, never deleted
+        before_turn, preview = original["turn"], original["preview"]
     budget, reserve = budget_of(action.model, context.state.settings.model_context_tokens)
     return await open_window(
         context.state.pool,
         account_id=execution.account_id,
         action_id=execution.action_id,
         session_id=execution.session_id,
-        preview=execution.preview,
+        preview=preview,
+        before_turn=before_turn,
         budget=budget,
         reserve=reserve,
         history=action.harness.history,
@@ -387,18 +483,25 @@ async def _run(context: TurnContext) -> set[Version]:
         )
     window = context.window = await _open_window(context, client)
     assert state.embedder is not None
+    access = HistoryAccess(state.pool, state.embedder, context.history) if context.history else None
     tools = NativeTools(
         context.work,
         memory,
         transcript,
         state.embedder.name,
+        access,
         max_query_chars=state.settings.max_search_query_chars,
     )
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
     recall = Recall(tools, transcript) if context.work is not None else None
 
-    system = {"role": "system", "content": system_instructions(action.instructions, memory, pinned)}
+    system = {
+        "role": "system",
+        "content": system_instructions(
+            action.instructions, memory, pinned, history=access is not None
+        ),
+    }
     asked = {"role": "user", "content": request}
     exchange: list[dict[str, Any]] = []
     latest = ""
@@ -488,8 +591,24 @@ async def _finish(
     return row
 
 
+async def _kept_history(context: TurnContext) -> keeping.Prepared | None:
+    """The events the turn keeps in its session's history, embedded (H1-H4, H8); None when it
+    keeps none: history off, no session, or a replay (which re-runs the past)."""
+    execution, history = context.execution, context.action.harness.history
+    if history is None or execution.session_id is None or execution.replay_of is not None:
+        return None
+    rows = [(e.sequence, e.type, e.data) for e in context.transcript.events]
+    kept = keeping.kept_events(rows, history.index, input_text(execution.input))
+    assert context.state.embedder is not None
+    prepared = await keeping.embed(context.state.embedder, kept)
+    if prepared.embed_tokens:
+        context.transcript.embedding(context.state.embedder.name, prepared.embed_tokens, "history")
+    return prepared
+
+
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
+    kept = await _kept_history(context)
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
     async with context.state.pool.acquire() as conn, conn.transaction():
         if context.work is not None:
@@ -504,7 +623,7 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
                 context.reviewed,
             )
         turn = None
-        if execution.session_id is not None:
+        if execution.session_id is not None and execution.replay_of is None:
             turn = await store.count_turn(
                 conn, execution.account_id, execution.action_id, execution.session_id
             )
@@ -518,16 +637,29 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
                     execution_id=execution.execution_id,
                     turn=turn,
                 )
-            if recalled:
-                await store.insert_recalls(
+            if kept is not None:  # H5: kept only in the commit's transaction
+                await history_store.insert(
                     conn,
-                    execution.account_id,
-                    execution.action_id,
-                    execution.session_id,
-                    execution.preview,
-                    execution.execution_id,
-                    sorted(recalled),
+                    account_id=execution.account_id,
+                    action_id=execution.action_id,
+                    session_id=execution.session_id,
+                    turn=turn,
+                    execution_id=execution.execution_id,
+                    invocation_number=execution.invocation_number,
+                    preview=execution.preview,
+                    events=kept.events,
+                    vectors=kept.vectors,
                 )
+        if execution.session_id is not None and recalled:
+            await store.insert_recalls(
+                conn,
+                execution.account_id,
+                execution.action_id,
+                execution.session_id,
+                execution.preview,
+                execution.execution_id,
+                sorted(recalled),
+            )
         row = await _finish(
             conn, context, status="SUCCEEDED", output=context.output, error=None, turn=turn
         )

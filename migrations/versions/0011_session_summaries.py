@@ -1,7 +1,7 @@
 """Bounded context: each session's running summary of its earlier turns.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-01
 
 A session agent's context is bounded (spec H16): as it fills, older messages are summarized
@@ -19,7 +19,7 @@ turn reads of the turns after its summary.
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,189 @@
+"""GraphQL types for a session's history: its kept events, listed and searched by operators."""
+
+from dataclasses import replace
+from enum import Enum
+from uuid import UUID
+
+import strawberry
+
+from app.errors import BadInput
+from app.graphql.context import Info
+from app.graphql.node import node_type
+from app.graphql.relay import (
+    Connection,
+    Node,
+    check_first,
+    connection,
+    decode_cursor,
+    encode_cursor,
+    global_id,
+    parse_uuid,
+)
+from app.graphql.scalars import Timestamp, Value
+from app.history import keeping, service
+from app.history.search import MAX_LIMIT, Event
+from app.memory import redaction
+
+
+@strawberry.enum(description="Who a kept event is from.")
+class ActionHistoryWho(Enum):
+    USER = "user"
+    AGENT = "agent"
+    TOOL = "tool"
+
+
+@strawberry.type(
+    description="One event a committed turn kept in its session's history: the user's message, "
+    "a reply of the agent with the tools it called, or a tool's result or error."
+)
+class ActionHistoryEvent(Node):
+    event_id: UUID
+    action_id: UUID
+    session_id: str
+    turn: int
+    execution_id: UUID
+    invocation_number: int
+    sequence: int
+    who: ActionHistoryWho
+    call_id: str | None = strawberry.field(description="A tool result's call.")
+    tool: str | None = strawberry.field(description="A tool result's tool.")
+    header: str = strawberry.field(description="Who it is from, in its turn: `turn 12, user`.")
+    text: str
+    data: Value
+    parts: int
+    preview: bool
+    created: Timestamp
+
+    @classmethod
+    def of(cls, action_id: UUID, e: Event) -> "ActionHistoryEvent":
+        return cls(
+            id=global_id("ActionHistoryEvent", action_id, e.session_id, e.event_id),
+            event_id=e.event_id,
+            action_id=action_id,
+            session_id=e.session_id,
+            turn=e.turn,
+            execution_id=e.execution_id,
+            invocation_number=e.invocation_number,
+            sequence=e.sequence,
+            who=ActionHistoryWho(e.who),
+            call_id=e.call_id,
+            tool=e.tool,
+            header=e.header,
+            text=e.text,
+            data=Value(e.data),
+            parts=e.parts,
+            preview=e.preview,
+            created=Timestamp(e.created),
+        )
+
+
+@strawberry.type(description="One part of a kept event that matched a history search.")
+class ActionHistorySearchResult:
+    event: ActionHistoryEvent
+    part: int
+    score: float
+    text: str = strawberry.field(description="The part's text.")
+
+
+def shown(info: Info, event: Event) -> Event:
+    """The event as the caller may see it: without the memory grants, a memory tool's
+    arguments and the records its result names are reduced as in transcripts."""
+    if event.who == "user" or redaction.may_read(info.context.caller):
+        return event
+    if event.who == "agent":
+        reduced = redaction.event_data("model.call", {"purpose": "turn", **event.data})
+        data = {"content": reduced.get("content"), "toolCalls": reduced.get("toolCalls") or []}
+    else:
+        data = redaction.event_data("tool.execution", event.data)
+    if data == event.data:
+        return event
+    # A search result's part may hold the reduced text: show the event's reduced text whole.
+    text = keeping.render(event.who, data)
+    return replace(event, data=data, text=text, part_text=text if event.part_text else None)
+
+
+def _check_turn_cursor(after: str | None) -> tuple[int, int] | None:
+    cursor = decode_cursor(after, 2)
+    if cursor is None:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in cursor):
+        raise BadInput("`after` is not a cursor this connection issued")
+    return cursor[0], cursor[1]
+
+
+@strawberry.type
+class SessionHistoryFields:
+    """Fields of `ActionSession` about its history (ActionSession inherits them)."""
+
+    @strawberry.field(
+        description="The session's kept history, in conversation order (turn, then sequence). "
+        "Needs SELECT on financial.ActionExecution.transcript; memory record text shows only "
+        "with the memory read grants, as in transcripts."
+    )
+    async def history(
+        self, info: Info, first: int, after: str | None = None
+    ) -> Connection[ActionHistoryEvent]:
+        check_first(first)
+        action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
+        rows = await service.list_events(
+            info.context.pool,
+            info.context.caller,
+            action_id,
+            session_id,
+            _check_turn_cursor(after),
+            first + 1,
+        )
+        return connection(
+            rows,
+            first,
+            lambda e: encode_cursor(e.turn, e.sequence),
+            lambda e: ActionHistoryEvent.of(action_id, shown(info, e)),
+            has_previous=after is not None,
+        )
+
+    @strawberry.field(
+        description="The parts of the session's kept events that best match `query`, by meaning, "
+        "words and recency, as the agent's search_history ranks them (every turn, live and "
+        "preview). Grants and redaction as `history`."
+    )
+    async def search_history(
+        self, info: Info, query: str, first: int = 10
+    ) -> list[ActionHistorySearchResult]:
+        if not 1 <= first <= MAX_LIMIT:
+            raise BadInput(f"`first` must be from 1 to {MAX_LIMIT}, got {first}")
+        action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
+        embedder = info.context.state.embedder
+        assert embedder is not None, "the embedding service starts with the app"
+        found = await service.search_events(
+            info.context.pool,
+            embedder,
+            info.context.caller,
+            action_id,
+            session_id,
+            query=query,
+            limit=first,
+            max_query_chars=info.context.state.settings.max_search_query_chars,
+        )
+        results = []
+        for e in found:
+            visible = shown(info, e)
+            results.append(
+                ActionHistorySearchResult(
+                    event=ActionHistoryEvent.of(action_id, visible),
+                    part=e.part or 1,
+                    score=float(e.score or 0.0),
+                    text=visible.part_text or visible.text,
+                )
+            )
+        return results
+
+
+@node_type("ActionHistoryEvent")
+async def _event_node(info: Info, parts: list[str]) -> ActionHistoryEvent | None:
+    if len(parts) != 3 or any("\x00" in p for p in parts):
+        raise BadInput("not a global ID of an ActionHistoryEvent: it must come from its `id`")
+    action_id, event_id = parse_uuid(parts[0]), parse_uuid(parts[2])
+    found = await service.get_event(
+        info.context.pool, info.context.caller, action_id, parts[1], event_id
+    )
+    return ActionHistoryEvent.of(action_id, shown(info, found)) if found else None

@@ -1,0 +1,121 @@
+"""What a committed turn keeps in its session's history (H2-H5).
+
+- `messages`: the turn's message as the agent received it, and each reply of the agent (its
+  model calls of purpose `turn`) with the tools that reply called.
+- `messages_and_tools`: also each result of those calls, or its error.
+- Never: the agent's own retrievals (recalls and `search_memory`, `read_memory` and
+  `search_history` results: they are copies of what memory and history already hold) and
+  skill loads; nor what memory reviews or context summaries (other purposes) said.
+
+The events come from the committing attempt's own transcript, and are written only in the
+turn's commit transaction (app/runtime/turns.py), so a failed attempt's words stay in its
+transcript and are never searchable (H5).
+
+Transcript event types are named here as strings (history does not import the runtime):
+`turn.input`, `model.call` and `tool.execution`, as app/runtime/transcript.py writes them.
+"""
+
+import json
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import numpy as np
+
+from app.history import parts as partition
+from app.search.fusion import Embeds
+from app.text import storable, storable_json
+
+MESSAGES = "messages"
+MESSAGES_AND_TOOLS = "messages_and_tools"
+# The agent's own retrievals and skill loads: their results are never kept (H4).
+RETRIEVALS = frozenset({"search_memory", "read_memory", "search_history", "load_skill"})
+WHO = ("user", "agent", "tool")
+
+
+@dataclass(frozen=True)
+class KeptEvent:
+    event_id: UUID
+    sequence: int  # of the transcript event it keeps
+    who: str  # user, agent or tool
+    data: dict[str, Any]
+    text: str
+    parts: list[str]
+    call_id: str | None = None
+    tool: str | None = None
+
+
+def render(who: str, data: dict[str, Any]) -> str:
+    """An event's searchable text, from what it keeps."""
+    if who == "user":
+        return str(data.get("message") or "")
+    if who == "agent":
+        lines = [data["content"]] if data.get("content") else []
+        for call in data.get("toolCalls") or []:
+            lines.append(f"called {call.get('name')} {call.get('arguments') or '{}'}")
+        return "\n".join(lines)
+    if "error" in data:
+        return f"{data.get('name')} failed: {data['error']}"
+    return json.dumps(data.get("output"), ensure_ascii=False)
+
+
+def _event(sequence: int, who: str, data: dict[str, Any], **call: str | None) -> KeptEvent | None:
+    data = storable_json(data)
+    text = storable(render(who, data))
+    if not text.strip():
+        return None
+    return KeptEvent(uuid.uuid4(), sequence, who, data, text, partition.split(text), **call)
+
+
+def kept_events(
+    events: Iterable[tuple[int, str, dict[str, Any]]], index: str, message: str
+) -> list[KeptEvent]:
+    """The events a turn keeps, from its transcript rows (sequence, type, data) in order."""
+    kept: list[KeptEvent] = []
+    calls: dict[str, str] = {}  # the agent's calls this turn: call ID -> tool name
+    for sequence, type, data in events:
+        found: KeptEvent | None = None
+        if type == "turn.input":
+            found = _event(sequence, "user", {"message": message})
+        elif type == "model.call" and data.get("purpose") == "turn":
+            tool_calls = [
+                {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
+                for c in data.get("toolCalls") or []
+            ]
+            calls.update((c["id"], c["name"]) for c in tool_calls)
+            found = _event(
+                sequence, "agent", {"content": data.get("content"), "toolCalls": tool_calls}
+            )
+        elif type == "tool.execution" and index == MESSAGES_AND_TOOLS:
+            name, call_id = data.get("name"), data.get("callId")
+            # Only the agent's own calls (not a review's), and never a retrieval or recall.
+            if call_id in calls and calls[call_id] == name and name not in RETRIEVALS:
+                result = {"name": name, "callId": call_id}
+                if "error" in data:
+                    result["error"] = data["error"]
+                else:
+                    result["output"] = data.get("output")
+                found = _event(sequence, "tool", result, call_id=call_id, tool=name)
+        if found is not None:
+            kept.append(found)
+    return kept
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A turn's kept events with each part's vector, ready for the commit transaction."""
+
+    events: list[KeptEvent]
+    vectors: np.ndarray | None  # one row per part, events in order
+    embed_tokens: int
+
+
+async def embed(embedder: Embeds, events: list[KeptEvent]) -> Prepared:
+    """Embeds every part; run before the commit transaction (no transaction waits on it)."""
+    texts = [p for e in events for p in e.parts]
+    if not texts:
+        return Prepared(events, None, 0)
+    embedded = await embedder.embed(texts)
+    return Prepared(events, embedded.vectors, embedded.tokens)

@@ -1,0 +1,66 @@
+"""Operators' reads of a session's history (ActionSession.history, searchHistory, node(id)),
+with the grant that reads transcripts. Record text is shown only to a reader who may read the
+agent's memory, as in transcripts: the GraphQL edge reduces it (app/graphql/history.py)."""
+
+from uuid import UUID
+
+import asyncpg
+
+from app.auth import resources
+from app.auth.caller import Caller
+from app.history import search as history_search
+from app.history import store
+from app.history.search import Event
+from app.history.store import Scope
+from app.search.fusion import MAX_QUERY_CHARS, Embeds, check_query
+
+READ_HISTORY = (("SELECT", resources.EXECUTION_TRANSCRIPT),)
+
+
+def _scope(caller: Caller, action_id: UUID, session_id: str) -> Scope:
+    # Operators see every turn, live and preview.
+    return Scope(caller.account_id, action_id, session_id, None, True)
+
+
+async def list_events(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    action_id: UUID,
+    session_id: str,
+    after: tuple[int, int] | None,
+    limit: int,
+) -> list[Event]:
+    """The session's kept events in conversation order."""
+    caller.require(*READ_HISTORY)
+    async with pool.acquire() as conn:
+        rows = await store.list_events(conn, _scope(caller, action_id, session_id), after, limit)
+    return [Event.of(r) for r in rows]
+
+
+async def get_event(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, session_id: str, event_id: UUID
+) -> Event | None:
+    caller.require(*READ_HISTORY)
+    async with pool.acquire() as conn:
+        row = await store.get_event(conn, caller.account_id, action_id, session_id, event_id)
+    return Event.of(row) if row else None
+
+
+async def search_events(
+    pool: asyncpg.Pool,
+    embedder: Embeds,
+    caller: Caller,
+    action_id: UUID,
+    session_id: str,
+    *,
+    query: str,
+    limit: int,
+    max_query_chars: int = MAX_QUERY_CHARS,
+) -> list[Event]:
+    """The session's best-matching parts, ranked as the agent's search_history ranks them."""
+    caller.require(*READ_HISTORY)
+    check_query(query, max_query_chars)
+    found = await history_search.search(
+        pool, embedder, _scope(caller, action_id, session_id), query=query, limit=limit
+    )
+    return found.events

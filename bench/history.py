@@ -1,0 +1,604 @@
+"""Session history: retrieval quality on LoCoMo dev, search latency at scale, and what keeping
+history adds to a turn's commit.
+
+quality  Each LoCoMo dev conversation is one session of one agent (`harness.history.index:
+         messages`); each dialog turn is one Engram turn (`execute_turn`, the real start and
+         commit path), its message "<speaker>: <text>" (plus " [shares <caption>]"), kept by
+         the commit. The scripted model answers with no text, so only the messages are kept:
+         the same texts memory search ranks in bench/locomo_quality.py. Each non-adversarial
+         question with evidence is then asked from a later turn of the same session, whose
+         model calls `search_history(query, limit 10)`; the model's next call fails on purpose,
+         so the question turn keeps nothing and every question sees the same history (H5).
+         recall@k = share of the question's evidence turns among the results' events in the
+         top k. Memory search (hybrid, the same fusion) over the same turns as records, one
+         agent per conversation, is measured beside it.
+scale    `history_parts` loaded by COPY (bulk, indexes built after): one session of
+         --big events, then --sessions sessions of --per-session events. Texts are pairs of
+         LoCoMo turns, vectors the normalized sum of the pair's (unique, realistic
+         neighbourhoods). Search timed as the service runs it (`app.history.search.search`:
+         the plan's count and the ranking SQL, taking and giving back a pooled connection),
+         without the query's embedding (precomputed; static embeds a question in well under
+         1 ms). Questions are LoCoMo's.
+commit   The same turn with and without history on, interleaved: wall time of
+         `execute_turn` (the model answers at once, in its own process).
+
+    python bench/history.py DATA/locomo-dev.json                    # quality and commit
+    python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 0
+    python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 1000
+"""
+
+import argparse
+import asyncio
+import io
+import json
+import multiprocessing
+import re
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
+
+from openai_server import OpenAIServer  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse, Response  # noqa: E402
+
+from app.actions.harness import SearchConfig  # noqa: E402
+from app.actions.service import create_action  # noqa: E402
+from app.auth.caller import Caller  # noqa: E402
+from app.auth.policies import ADMIN_POLICIES  # noqa: E402
+from app.auth.service import ensure_default_account  # noqa: E402
+from app.config import Settings  # noqa: E402
+from app.db import migrate  # noqa: E402
+from app.db.pool import create_pool  # noqa: E402
+from app.embeddings.base import Embeddings  # noqa: E402
+from app.embeddings.setup import ensure_model  # noqa: E402
+from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.history import search as history_search  # noqa: E402
+from app.history.store import Scope  # noqa: E402
+from app.memory.search import search as memory_search  # noqa: E402
+from app.memory.visibility import OperatorReader  # noqa: E402
+from app.runtime import store as runtime_store  # noqa: E402
+from app.runtime.model import ModelClient  # noqa: E402
+from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
+from app.services import start_services, stop_services  # noqa: E402
+from app.state import AppState  # noqa: E402
+from bench.common import tuned_server  # noqa: E402
+
+KS = (1, 5, 10)
+DIA = re.compile(r"D(\d+):(\d+)")
+QUESTION = "QUESTION: "
+
+
+def evidence_ids(evidence: list[str]) -> set[str]:
+    found: set[str] = set()
+    for item in evidence:
+        for match in DIA.finditer(str(item).replace("D:", "D")):
+            found.add(f"D{match.group(1)}:{match.group(2)}")
+    return found
+
+
+def conversations(path: Path) -> list[dict[str, Any]]:
+    result = []
+    for sample in json.loads(path.read_text()):
+        conv = sample["conversation"]
+        turns = []
+        for key in sorted(
+            (k for k in conv if k.startswith("session_") and isinstance(conv[k], list)),
+            key=lambda k: int(k.split("_")[1]),
+        ):
+            for turn in conv[key]:
+                text = f"{turn['speaker']}: {turn['text']}"
+                if turn.get("blip_caption"):
+                    text += f" [shares {turn['blip_caption']}]"
+                turns.append((turn["dia_id"], text))
+        questions = [
+            (qa["question"], evidence_ids(qa.get("evidence", [])))
+            for qa in sample["qa"]
+            if qa.get("category") != 5
+        ]
+        result.append(
+            {"id": sample["sample_id"], "turns": turns, "questions": [q for q in questions if q[1]]}
+        )
+    return result
+
+
+class QuestionModel(OpenAIServer):
+    """Answers at once. A user message starting "QUESTION: " gets a search_history call for
+    the rest of it, and the call after that fails (HTTP 500), so the turn keeps nothing; any
+    other message gets an empty answer (nothing of the agent's is kept)."""
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        messages = body["messages"]
+        asked = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        message: dict[str, Any] = {"role": "assistant", "content": ""}
+        if asked.startswith(QUESTION):
+            if any(m["role"] == "tool" for m in messages):
+                return JSONResponse({"error": {"message": "done"}}, status_code=500)
+            arguments = {"query": asked[len(QUESTION) :], "limit": 10}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "search_history", "arguments": json.dumps(arguments)},
+                    }
+                ],
+            }
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return JSONResponse({"model": body["model"], "choices": [choice], "usage": usage})
+
+
+def serve_model(ports: Any, stop: Any) -> None:
+    server = QuestionModel().start()
+    ports.put(server.port)
+    stop.wait()
+    server.stop()
+
+
+def percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return (
+        f"p50 {at(0.50):7.2f} ms   p95 {at(0.95):7.2f} ms   p99 {at(0.99):7.2f} ms"
+        f"   mean {statistics.fmean(ordered):7.2f} ms  (n={len(ordered)})"
+    )
+
+
+async def fresh_database(pg: Any, name: str, embedder: StaticEmbedder) -> str:
+    conn = await asyncpg.connect(pg.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    url = pg.uri(name)
+    await asyncio.to_thread(migrate.upgrade, url)
+    pool = await create_pool(url, min_size=1, max_size=1)
+    try:
+        await ensure_model(pool, embedder)
+    finally:
+        await pool.close()
+    return url
+
+
+async def open_state(url: str, model_url: str) -> tuple[AppState, Caller]:
+    pool = await create_pool(url, min_size=2, max_size=8)
+    settings = Settings(
+        database_url=url,
+        environment="test",
+        model_base_url=model_url,
+        model_name="scripted",
+        model_max_retries=0,
+        search_maintenance_seconds=0,
+    )
+    state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
+    await start_services(state)
+    state.services["model"] = ModelClient(settings)
+    async with pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    return state, Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+
+
+async def close_state(state: AppState) -> None:
+    await stop_services(state)
+    await state.pool.close()
+
+
+def recall(found: list[str], evidence: set[str], k: int) -> float:
+    return len(set(found[:k]) & evidence) / len(evidence)
+
+
+async def quality(state: AppState, caller: Caller, convs: list[dict[str, Any]]) -> None:
+    agent = await create_action(
+        state.pool, caller, "history", "You talk.", None, {"history": {"index": "messages"}}
+    )
+    totals = {"history": dict.fromkeys(KS, 0.0), "memory": dict.fromkeys(KS, 0.0)}
+    count = 0
+    started = time.perf_counter()
+    kept_turns = 0
+    for conv in convs:
+        session = conv["id"]
+        dia_of: dict[uuid.UUID, str] = {}
+        for dia, text in conv["turns"]:
+            done = await execute_turn(state, caller, TurnRequest(agent.action_id, session, text))
+            assert done.status == "SUCCEEDED", done.error
+            dia_of[done.execution_id] = dia
+            kept_turns += 1
+        async with state.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT event_id, execution_id FROM history_events"
+                " WHERE account_id = $1 AND action_id = $2 AND session_id = $3",
+                caller.account_id,
+                agent.action_id,
+                session,
+            )
+        event_dia = {r["event_id"]: dia_of[r["execution_id"]] for r in rows}
+        memory_reader, memory_ids = await load_memory(state, caller, conv)
+        for question, evidence in conv["questions"]:
+            count += 1
+            done = await execute_turn(
+                state, caller, TurnRequest(agent.action_id, session, QUESTION + question)
+            )
+            assert done.status == "FAILED"
+            async with state.pool.acquire() as conn:
+                events = await runtime_store.list_events(
+                    conn, caller.account_id, agent.action_id, done.execution_id, None, 100
+                )
+            (searched,) = [
+                e["data"]
+                for e in events
+                if e["type"] == "tool.execution" and e["data"]["name"] == "search_history"
+            ]
+            found = [event_dia[uuid.UUID(e["id"])] for e in searched["output"]["events"]]
+            result = await memory_search(
+                state.pool,
+                state.embedder,  # type: ignore[arg-type]
+                memory_reader,
+                SearchConfig(),
+                query=question,
+                limit=10,
+                mode="hybrid",
+            )
+            by_memory = [memory_ids[r.memory_id] for r in result.records]
+            for k in KS:
+                totals["history"][k] += recall(found, evidence, k)
+                totals["memory"][k] += recall(by_memory, evidence, k)
+    elapsed = time.perf_counter() - started
+    print(
+        f"quality: {len(convs)} sessions, {kept_turns} dialog turns kept through execute_turn, "
+        f"{count} questions asked through search_history ({elapsed:.0f} s)"
+    )
+    for name, label in (("history", "search_history"), ("memory", "memory search (hybrid)")):
+        cells = "  ".join(f"R@{k} {totals[name][k] / count:.3f}" for k in KS)
+        print(f"  {label:<24} {cells}")
+
+
+async def load_memory(
+    state: AppState, caller: Caller, conv: dict[str, Any]
+) -> tuple[OperatorReader, dict[uuid.UUID, str]]:
+    """The conversation's turns as one agent's memory records (as bench/locomo_quality.py)."""
+    agent = await create_action(state.pool, caller, f"memory {conv['id']}", "", None, None)
+    texts = [text for _, text in conv["turns"]]
+    assert state.embedder is not None
+    vectors = (await state.embedder.embed(texts)).vectors
+    ids = {uuid.uuid4(): dia for dia, _ in conv["turns"]}
+    async with state.pool.acquire() as conn:
+        await conn.executemany(
+            """
+            INSERT INTO agent_memories (
+                account_id, action_id, memory_id, version, created, modified, summary, status,
+                scope, kind, source, execution_id, invocation_number, action_version, modified_by,
+                embedding)
+            VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4), now(), $5, 'ACTIVE',
+                    'AGENT', 'event', 'OPERATOR', $6, 1, 1, 'bench', $7)
+            """,
+            [
+                (caller.account_id, agent.action_id, memory_id, float(n), text, uuid.uuid4(), v)
+                for n, (memory_id, text, v) in enumerate(zip(ids, texts, vectors, strict=True))
+            ],
+        )
+    return OperatorReader(caller.account_id, agent.action_id), ids
+
+
+async def commit_cost(state: AppState, caller: Caller, turns: int) -> None:
+    """The same turns with and without history, interleaved."""
+    plain = await create_action(state.pool, caller, "plain", "You talk.", None, None)
+    keeping = await create_action(
+        state.pool, caller, "keeping", "You talk.", None, {"history": {"index": "messages"}}
+    )
+    walls: dict[str, list[float]] = {"without history": [], "with history": []}
+    text = (
+        "Caroline: I went to the LGBTQ support group yesterday and it was so powerful. "
+        "The transgender stories were inspiring and I felt accepted."
+    )
+    for i in range(turns + 10):
+        for name, agent in (("without history", plain), ("with history", keeping)):
+            started = time.perf_counter()
+            done = await execute_turn(
+                state, caller, TurnRequest(agent.action_id, f"c{i // 50}", f"{text} ({i})")
+            )
+            elapsed = (time.perf_counter() - started) * 1000
+            assert done.status == "SUCCEEDED", done.error
+            if i >= 10:
+                walls[name].append(elapsed)
+    print(f"commit: {turns} turns each, one model call, the message kept (static embedder)")
+    for name, samples in walls.items():
+        print(f"  {name:<16} turn wall  {percentiles(samples)}")
+    added = statistics.median(walls["with history"]) - statistics.median(walls["without history"])
+    print(f"  keeping history adds {added:.2f} ms to the median turn")
+
+
+# Scale
+
+
+class Precomputed:
+    """An embedder whose answers are known: the timed search does not embed."""
+
+    name = "precomputed"
+
+    def __init__(self, vectors: dict[str, np.ndarray]) -> None:
+        self.vectors = vectors
+
+    async def embed(self, texts: list[str]) -> Embeddings:
+        return Embeddings(np.stack([self.vectors[t] for t in texts]), 1)
+
+
+def _vector_text(v: np.ndarray) -> str:
+    return "[" + ",".join(f"{x:.6f}" for x in v) + "]"
+
+
+async def copy_sessions(
+    conn: asyncpg.Connection,
+    account_id: uuid.UUID,
+    action_id: uuid.UUID,
+    sessions: list[tuple[str, int]],
+    texts: list[str],
+    vectors: np.ndarray,
+    rng: np.random.Generator,
+    round_size: int,
+) -> None:
+    """One-part user events (one turn each), by COPY, in rounds of `round_size` events a
+    session, so that the sessions' rows interleave in the table as they would in service."""
+    await conn.executemany(
+        "INSERT INTO sessions (account_id, action_id, session_id, turns) VALUES ($1, $2, $3, $4)",
+        [(account_id, action_id, name, count) for name, count in sessions],
+    )
+    clean = [
+        t.replace("\t", " ").replace("\\", " ").replace("\n", " ").replace("\r", " ") for t in texts
+    ]
+    longest = max(count for _, count in sessions)
+    for start in range(0, longest, round_size):
+        events, part_rows = io.StringIO(), io.StringIO()
+        for name, count in sessions:
+            n = min(round_size, count - start)
+            if n <= 0:
+                continue
+            a = rng.integers(0, len(texts), n)
+            b = rng.integers(0, len(texts), n)
+            summed = vectors[a] + vectors[b]
+            summed /= np.linalg.norm(summed, axis=1, keepdims=True)
+            execution = uuid.uuid4()
+            for i in range(n):
+                event_id = uuid.uuid4()
+                text = f"{clean[a[i]]} {clean[b[i]]}"
+                turn = start + i + 1
+                events.write(
+                    f"{account_id}\t{action_id}\t{name}\t{event_id}\t{turn}\t{execution}"
+                    f"\t1\t1\tuser\t\\N\t\\N\t{{}}\t{text}\t1\tf\n"
+                )
+                part_rows.write(
+                    f"{account_id}\t{action_id}\t{name}\t{event_id}\t1\t{turn}\tf\t{text}"
+                    f"\t{_vector_text(summed[i])}\n"
+                )
+        await conn.copy_to_table(
+            "history_events",
+            source=io.BytesIO(events.getvalue().encode()),
+            columns=[
+                "account_id",
+                "action_id",
+                "session_id",
+                "event_id",
+                "turn",
+                "execution_id",
+                "invocation_number",
+                "sequence",
+                "who",
+                "call_id",
+                "tool",
+                "data",
+                "text",
+                "parts",
+                "preview",
+            ],  # fmt: skip
+        )
+        await conn.copy_to_table(
+            "history_parts",
+            source=io.BytesIO(part_rows.getvalue().encode()),
+            columns=[
+                "account_id",
+                "action_id",
+                "session_id",
+                "event_id",
+                "part",
+                "turn",
+                "preview",
+                "text",
+                "embedding",
+            ],  # fmt: skip
+        )
+
+
+SECONDARY = {
+    "history_parts_session": "CREATE INDEX history_parts_session ON history_parts"
+    " (account_id, action_id, session_id, turn DESC) INCLUDE (preview, event_id, part, tsv)",
+    "history_parts_words": "CREATE INDEX history_parts_words ON history_parts USING gin"
+    " (account_id, action_id, session_id, tsv) WITH (fastupdate = off)",
+    "history_parts_embedding": "CREATE INDEX history_parts_embedding ON history_parts"
+    " USING hnsw (embedding vector_cosine_ops)",
+    "history_events_order": "CREATE UNIQUE INDEX history_events_order ON history_events"
+    " (account_id, action_id, session_id, turn, sequence)",
+}
+
+
+async def timed(
+    pool: asyncpg.Pool,
+    scopes: list[Scope],
+    questions: list[str],
+    embedder: Precomputed,
+    repeat: int,
+) -> tuple[list[float], dict[str, int]]:
+    samples: list[float] = []
+    plans: dict[str, int] = {}
+    for i in range(repeat + 10):
+        scope = scopes[i % len(scopes)]
+        question = questions[i % len(questions)]
+        started = time.perf_counter()
+        found = await history_search.search(pool, embedder, scope, query=question, limit=10)
+        elapsed = (time.perf_counter() - started) * 1000
+        if i >= 10:
+            samples.append(elapsed)
+            plans[found.plan or "?"] = plans.get(found.plan or "?", 0) + 1
+    return samples, plans
+
+
+async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) -> None:
+    embedder = StaticEmbedder()
+    url = await fresh_database(pg, "history_scale", embedder)
+    texts = [text for conv in convs for _, text in conv["turns"]]
+    questions = [q for conv in convs for q, _ in conv["questions"]]
+    started = time.perf_counter()
+    vectors = (await embedder.embed(texts)).vectors
+    qvectors = (await embedder.embed(questions)).vectors
+    precomputed = Precomputed({q.strip(): v for q, v in zip(questions, qvectors, strict=True)})
+    rng = np.random.default_rng(7)
+    account_id, action_id = uuid.uuid4(), uuid.uuid4()
+    pool = await create_pool(url, min_size=2, max_size=4)
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO accounts (account_id, name) VALUES ($1, 'bench')", account_id
+            )
+            await conn.execute(
+                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+                account_id,
+                action_id,
+            )
+            for name in SECONDARY:
+                await conn.execute(f"DROP INDEX IF EXISTS {name}")
+            sessions = [(f"s{s}", args.per_session) for s in range(args.sessions)]
+            if args.big:
+                sessions.append(("big", args.big))
+            # Rounds of 10,000 events of the big session and 100 of each other one: every
+            # session's rows are spread through the table.
+            big_round = max(1, args.big // 10) if args.big else 1
+            if args.sessions:
+                await copy_sessions(
+                    conn, account_id, action_id, sessions[:-1] if args.big else sessions,
+                    texts, vectors, rng, max(1, args.per_session // 10),
+                )  # fmt: skip
+            if args.big:
+                await copy_sessions(
+                    conn, account_id, action_id, [("big", args.big)], texts, vectors, rng,
+                    big_round,
+                )  # fmt: skip
+            loaded = time.perf_counter() - started
+            total = await conn.fetchval("SELECT count(*) FROM history_parts")
+            print(f"scale: {total:,} parts loaded by COPY in {loaded:.0f} s")
+            await conn.execute("SET maintenance_work_mem = '2GB'")
+            for name, sql in SECONDARY.items():
+                began = time.perf_counter()
+                await conn.execute(sql)
+                print(f"  {name} built in {time.perf_counter() - began:.0f} s")
+            await conn.execute("VACUUM ANALYZE history_parts")
+            await conn.execute("VACUUM ANALYZE history_events")
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+            await conn.execute(
+                "SELECT pg_prewarm(c.oid) FROM pg_class c"
+                " WHERE c.relname LIKE 'history_%' AND c.relkind IN ('r', 'i')"
+            )
+        if args.big:
+            big = [Scope(account_id, action_id, "big", args.big + 1, False)]
+            samples, plans = await timed(pool, big, questions, precomputed, args.queries)
+            print(f"  one session of {args.big:,} events, plans {plans}:")
+            print(f"    search_history   {percentiles(samples)}")
+        if args.sessions:
+            small = [
+                Scope(account_id, action_id, f"s{s}", args.per_session + 1, False)
+                for s in rng.permutation(args.sessions)[: args.queries]
+            ]
+            samples, plans = await timed(pool, small, questions, precomputed, args.queries)
+            print(
+                f"  {args.sessions:,} sessions of {args.per_session:,} events, "
+                f"a different session each search, plans {plans}:"
+            )
+            print(f"    search_history   {percentiles(samples)}")
+    finally:
+        await pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("locomo", type=Path, help="path to locomo-dev.json")
+    parser.add_argument("--scale", action="store_true", help="the latency part only")
+    parser.add_argument("--big", type=int, default=100_000, help="events in the one big session")
+    parser.add_argument("--sessions", type=int, default=1000, help="sessions of --per-session")
+    parser.add_argument("--per-session", type=int, default=1000)
+    parser.add_argument("--queries", type=int, default=300, help="timed searches per size")
+    parser.add_argument("--commit-turns", type=int, default=200)
+    parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (temp)")
+    args = parser.parse_args()
+    command = "python bench/history.py " + shlex.join(sys.argv[1:])
+    print(f"# {command}")
+    convs = conversations(args.locomo)
+    root = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-bench-history-"))
+    settings = {
+        "shared_buffers": "4GB",
+        "work_mem": "16MB",
+        "random_page_cost": "1.1",
+        "max_parallel_maintenance_workers": "1",
+    }
+    pg = tuned_server(root, settings) if args.scale else None
+    try:
+        if args.scale:
+            asyncio.run(scale(args, pg, convs))
+            return
+        context = multiprocessing.get_context("spawn")
+        ports, stop = context.Queue(), context.Event()
+        model = context.Process(target=serve_model, args=(ports, stop), daemon=True)
+        model.start()
+        try:
+            model_url = f"http://127.0.0.1:{ports.get(timeout=60)}/v1"
+            asyncio.run(_quality_and_commit(root, model_url, convs, args))
+        finally:
+            stop.set()
+            model.join(timeout=10)
+    finally:
+        if pg is not None:
+            pg.stop()
+        if args.data_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"reproduce: {command}")
+
+
+async def _quality_and_commit(
+    root: Path, model_url: str, convs: list[dict[str, Any]], args: argparse.Namespace
+) -> None:
+    from app.db.embedded import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(root / "pgdata")
+    try:
+        url = await fresh_database(pg, "history_quality", StaticEmbedder())
+        state, caller = await open_state(url, model_url)
+        try:
+            await quality(state, caller, convs)
+            if args.commit_turns:
+                await commit_cost(state, caller, args.commit_turns)
+        finally:
+            await close_state(state)
+    finally:
+        pg.stop()
+
+
+if __name__ == "__main__":
+    main()

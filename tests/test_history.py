@@ -1,0 +1,538 @@
+"""Session history (H1-H15): what committed turns keep, how search_history finds it, who sees
+it, replays, and the operators' reads and erasure; through GraphQL with the scripted model."""
+
+import json
+import uuid
+from typing import Any
+
+from helpers import GQL, allow, caller
+from openai_server import OpenAIServer
+from runtime_support import (
+    EXECUTE,
+    RUNNER_POLICIES,
+    chat,
+    events,
+    make_agent,
+    model_client,  # noqa: F401  (fixture)
+    model_server,  # noqa: F401  (fixture)
+    run,
+    settings,  # noqa: F401  (fixture)
+    system_message,
+    tool_names,
+    tool_runs,
+)
+
+from app.auth.caller import Caller
+from app.history import parts
+from app.history import search as history_search
+from app.history.store import Scope
+from app.state import AppState
+
+MESSAGES = {"history": {"index": "messages"}}
+WITH_TOOLS = {"history": {"index": "messages_and_tools"}}
+READ_ACTION = allow(["SELECT"], "financial.Action.document")
+HISTORY = """query($a: UUID!, $after: String) {
+    action(actionId: $a) { sessions(first: 10) { nodes { sessionId
+        history(first: 2, after: $after) { nodes { id eventId turn who header text callId tool
+            executionId sequence parts preview }
+            pageInfo { hasNextPage endCursor } } } } } }"""
+SESSION = """query($a: UUID!) { action(actionId: $a) { sessions(first: 10) { nodes { sessionId
+    history(first: 100) { nodes { id eventId turn who header text callId tool executionId
+        sequence parts preview data } } } } } }"""
+SEARCH = """query($a: UUID!, $q: String!) { action(actionId: $a) { sessions(first: 10) { nodes {
+    sessionId searchHistory(query: $q, first: 5) { part score text
+        event { eventId turn who text parts } } } } } }"""
+
+
+async def history_of(gql: GQL, who: Caller, action_id: str, session: str = "s1") -> list[dict]:
+    result = await gql(who, SESSION, a=action_id)
+    sessions = result.ok()["action"]["sessions"]["nodes"]
+    return next(s["history"]["nodes"] for s in sessions if s["sessionId"] == session)
+
+
+async def searched(
+    server: OpenAIServer,
+    gql: GQL,
+    admin: Caller,
+    action_id: str,
+    arguments: dict[str, Any],
+    *,
+    session: str | None = "s1",
+    preview: bool = False,
+    message: str = "What did I tell you before?",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A turn whose model calls search_history once; returns (execution, its tool run)."""
+    server.call_tools(("search_history", arguments))
+    server.say("Found it.")
+    executed = await run(gql, admin, action_id, message, session=session, preview=preview)
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (searching,) = tool_runs(executed, "search_history")
+    return executed, searching
+
+
+def texts(searching: dict[str, Any]) -> str:
+    return json.dumps(searching.get("output", {}).get("events", []))
+
+
+# H1 H2 H6 H7 H9 H10 H11 H14
+
+
+async def test_h1_h2_h6_h7_h9_h10_h11_messages_are_kept_and_found_by_a_later_turn(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    model_server.say("Noted: order 88123, blue parcel.")
+    first = await run(gql, admin, action_id, "My order number is 88123 and the parcel is blue.")
+    assert first["status"] == "SUCCEEDED", first["error"]
+
+    second, searching = await searched(
+        model_server, gql, admin, action_id, {"query": "order number parcel"}
+    )
+    # H14: the guidance is in the instructions, and the tool is offered (H6).
+    request = chat(model_server)[1]
+    assert "search your history" in system_message(request)
+    assert "search_history" in tool_names(request)
+
+    found = searching["output"]["events"]
+    # Only turns before the current one: this turn's own message is not among them (H6).
+    assert {e["turn"] for e in found} == {1}
+    user = next(e for e in found if e["text"].startswith("turn 1, user\n"))
+    # H7: id, turn, and the text after the line saying who it is from.
+    assert user["text"] == "turn 1, user\nMy order number is 88123 and the parcel is blue."
+    assert (user["part"], user["parts"]) == (1, 1)  # H8
+    # H9: the execution and sequence of the event (the turn's `turn.input`).
+    assert user["execution"] == first["executionId"]
+    (turn_input,) = [e for e in first["transcript"]["nodes"] if e["type"] == "turn.input"]
+    assert user["sequence"] == turn_input["sequence"]
+    reply = next(e for e in found if e["text"].startswith("turn 1, agent\n"))
+    assert "88123" in reply["text"] and "call" not in reply
+
+    # H10: an execution of search_history whose output lists what it returned, and a
+    # RETRIEVED output use naming them.
+    (use,) = events(second, "output.use")
+    assert use["use"] == "RETRIEVED" and use["tool"] == "search_history"
+    assert [u["id"] for u in use["events"]] == [e["id"] for e in found]
+    # H11: its embedding is usage of purpose `embed`.
+    embeds = [e for e in events(second, "embedding") if e["for"] == "search_history"]
+    assert len(embeds) == 1 and embeds[0]["purpose"] == "embed" and embeds[0]["tokens"] > 0
+
+    # H2: the session keeps each message and each reply with the tools it called.
+    kept = await history_of(gql, admin, action_id)
+    assert [(e["turn"], e["who"]) for e in kept] == [
+        (1, "USER"),
+        (1, "AGENT"),
+        (2, "USER"),
+        (2, "AGENT"),
+        (2, "AGENT"),
+    ]
+    assert kept[3]["data"]["toolCalls"][0]["name"] == "search_history"
+    assert "called search_history" in kept[3]["text"]
+    # H4 (messages mode keeps no tool results at all; see the next test for retrievals).
+    assert all(e["who"] != "TOOL" for e in kept)
+
+
+async def test_h14_without_history_there_is_no_guidance_and_no_tool(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, None)
+    executed = await run(gql, admin, action_id, "hello")
+    assert executed["status"] == "SUCCEEDED"
+    request = chat(model_server)[0]
+    assert "search_history" not in system_message(request)
+    assert "search_history" not in tool_names(request)
+
+
+# H3 H4
+
+
+async def test_h3_h4_tools_mode_keeps_results_and_errors_but_never_retrievals(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = {
+        **WITH_TOOLS,
+        "memory": {"enabled": True, "tools": ["add_memory", "read_memory"]},
+    }
+    action_id = await make_agent(gql, admin, harness)
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's locker is 5521", "kind": "fact"}),
+        ("search_memory", {"query": "locker"}),
+        ("lookup_locker", {"who": "Ada"}),
+    )
+    model_server.say("Saved.")
+    first = await run(gql, admin, action_id, "Remember Ada's locker is 5521")
+    assert first["status"] == "SUCCEEDED", first["error"]
+    (added,) = tool_runs(first, "add_memory")
+    record_id = added["output"]["memories"][0]["id"]
+    model_server.call_tools(("read_memory", {"id": record_id}))
+    model_server.say("It is 5521.")
+    second = await run(gql, admin, action_id, "Which locker?")
+    assert second["status"] == "SUCCEEDED", second["error"]
+    await searched(model_server, gql, admin, action_id, {"query": "locker"})
+
+    kept = await history_of(gql, admin, action_id)
+    tools = [e for e in kept if e["who"] == "TOOL"]
+    # H3: the add_memory result and the unknown tool's error; H4: no search_memory, no
+    # read_memory, no recall, no search_history result.
+    assert [(e["turn"], e["tool"]) for e in tools] == [(1, "add_memory"), (1, "lookup_locker")]
+    calls = {
+        c["id"]: c["name"] for e in kept if e["who"] == "AGENT" for c in e["data"]["toolCalls"]
+    }
+    assert all(calls[e["callId"]] == e["tool"] for e in tools)
+    assert record_id in tools[0]["text"] and "5521" in tools[0]["text"]
+    assert "no tool named 'lookup_locker'" in tools[1]["text"]
+    assert "error" in tools[1]["data"]
+    assert not any(e["tool"] in {"search_memory", "read_memory", "search_history"} for e in tools)
+    # Recalled memory blocks never reach the history either.
+    assert not any("<memory>" in e["text"] for e in kept)
+
+    # The same turns with `messages` keep no tool results at all (H2).
+    plain = await make_agent(gql, admin, {**MESSAGES, "memory": harness["memory"]})
+    model_server.call_tools(("add_memory", {"summary": "Bo's locker is 7", "kind": "fact"}))
+    model_server.say("Saved.")
+    assert (await run(gql, admin, plain, "Remember Bo's locker is 7"))["status"] == "SUCCEEDED"
+    assert [e["who"] for e in await history_of(gql, admin, plain)] == ["USER", "AGENT", "AGENT"]
+
+
+# H5
+
+
+async def test_h5_a_failed_attempt_is_never_searchable(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, WITH_TOOLS)
+    model_server.call_tools(("lookup", {"code": "zebra"}), content="The code is ZEBRAFIVE.")
+    model_server.chat_error(500)
+    failed = await run(gql, admin, action_id, "What is the code?")
+    assert failed["status"] == "FAILED"
+    assert "ZEBRAFIVE" in json.dumps(failed["transcript"])  # it stays in the transcript
+    assert await history_of(gql, admin, action_id) == []
+
+    model_server.say("I do not know the code.")
+    retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    kept = await history_of(gql, admin, action_id)
+    assert [e["who"] for e in kept] == ["USER", "AGENT"]
+    assert "ZEBRAFIVE" not in json.dumps(kept)
+
+    _, searching = await searched(model_server, gql, admin, action_id, {"query": "ZEBRAFIVE code"})
+    assert "ZEBRAFIVE" not in texts(searching)
+    assert searching["output"]["events"]  # the retry's own words are found
+
+
+# H8
+
+
+async def test_h8_a_long_event_is_kept_in_parts_and_read_whole_by_id(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    filler = [f"Sentence {i} is about the weather and nothing else at all." for i in range(60)]
+    filler[33] = "The vault combination is platypus seventeen."
+    long = " ".join(filler)
+    assert len(parts.split(long)) > 2
+    assert (await run(gql, admin, action_id, long))["status"] == "SUCCEEDED"
+
+    _, searching = await searched(
+        model_server, gql, admin, action_id, {"query": "vault combination platypus", "limit": 1}
+    )
+    (best,) = searching["output"]["events"]
+    assert best["parts"] == len(parts.split(long)) and 1 < best["part"] < best["parts"]
+    assert "platypus seventeen" in best["text"]
+    assert len(best["text"]) < len(long) / 2
+    every_part = parts.split(long)
+    assert best["text"] == f"turn 1, user\n{every_part[best['part'] - 1]}"
+
+    _, reading = await searched(model_server, gql, admin, action_id, {"ids": [best["id"]]})
+    (whole,) = reading["output"]["events"]
+    assert whole["text"] == f"turn 1, user\n{long}" and "part" not in whole
+    assert whole["parts"] == best["parts"]
+
+
+def test_h8_parts_break_on_lines_and_sentences_within_the_size() -> None:
+    text = "\n".join(f"Line {i}. " + "word " * 30 for i in range(40))
+    split = parts.split(text)
+    assert all(len(p) <= parts.PART_CHARS for p in split)
+    assert all(p.startswith("Line ") for p in split)  # each part starts at a line
+    assert parts.split("short") == ["short"]
+    giant = "x" * (parts.PART_CHARS * 2 + 5)
+    assert [len(p) for p in parts.split(giant)] == [parts.PART_CHARS, parts.PART_CHARS, 5]
+
+
+# H13 H15
+
+
+async def test_h13_a_preview_turns_history_is_searched_only_by_preview_turns(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    model_server.say("Noted the kiwi.")
+    kept = await run(gql, admin, action_id, "The password is kiwifruit.", preview=True)
+    assert kept["status"] == "SUCCEEDED"
+
+    _, live = await searched(model_server, gql, admin, action_id, {"query": "kiwifruit password"})
+    assert "kiwifruit" not in texts(live)
+    _, preview = await searched(
+        model_server, gql, admin, action_id, {"query": "kiwifruit password"}, preview=True
+    )
+    found = preview["output"]["events"]
+    (kept_event,) = [e for e in found if e["turn"] == 1 and "kiwifruit" in e["text"]]
+    assert kept_event["preview"] is True
+    # ids reach no further than a search: a live turn cannot read the preview event by ID.
+    _, by_id = await searched(model_server, gql, admin, action_id, {"ids": [kept_event["id"]]})
+    assert by_id["output"]["events"] == []
+
+
+async def test_h15_history_stays_with_its_session_and_a_sessionless_agent_has_none(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    assert (await run(gql, admin, action_id, "My dog is called Quixote."))["status"] == "SUCCEEDED"
+
+    _, other = await searched(
+        model_server, gql, admin, action_id, {"query": "dog Quixote"}, session="s2"
+    )
+    assert other["output"]["events"] == []
+
+    # Without a session the tool is not offered, and a call to it is refused.
+    model_server.call_tools(("search_history", {"query": "dog"}))
+    model_server.say("No history.")
+    sessionless = await run(gql, admin, action_id, "What is my dog called?", session=None)
+    assert sessionless["status"] == "SUCCEEDED", sessionless["error"]
+    assert "search_history" not in tool_names(chat(model_server)[-2])
+    assert "search history" not in system_message(chat(model_server)[-2])
+    (refused,) = tool_runs(sessionless, "search_history")
+    assert "not available" in refused["error"] and "Quixote" not in json.dumps(sessionless)
+
+
+# H12
+
+
+async def test_h12_a_replay_searches_only_what_its_original_saw(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    executed = []
+    for message in (
+        "Alpha fact: the ferry leaves at nine.",
+        "Bravo fact: the ferry is red.",
+        "Charlie fact: the ferry is late.",
+    ):
+        model_server.say("Noted.")
+        executed.append(await run(gql, admin, action_id, message))
+    original = executed[1]
+
+    model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
+    model_server.say("Replayed.")
+    result = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+    )
+    replay = result.ok()["executeAction"]
+    assert replay["status"] == "SUCCEEDED", replay["error"]
+    assert replay["preview"] is True and replay["input"] == original["input"]
+    assert replay["sessionId"] == "s1"
+    async with state.pool.acquire() as conn:
+        replay_of = await conn.fetchval(
+            "SELECT replay_of FROM executions WHERE execution_id = $1::uuid",
+            replay["executionId"],
+        )
+    assert str(replay_of) == original["executionId"]
+    (searching,) = tool_runs(replay, "search_history")
+    found = searching["output"]["events"]
+    assert found and {e["turn"] for e in found} == {1}
+    assert "Charlie" not in texts(searching) and "Bravo" not in texts(searching)
+    # A replay keeps nothing and counts no turn.
+    kept = await history_of(gql, admin, action_id)
+    assert max(e["turn"] for e in kept) == 3 and not any(e["preview"] for e in kept)
+
+    both = await gql(
+        admin,
+        EXECUTE,
+        input={
+            "actionId": action_id,
+            "replayOf": original["executionId"],
+            "executionId": original["executionId"],
+        },
+    )
+    assert both.codes == ["BAD_REQUEST"]
+    assert "replayOf" in both.errors[0]["message"]
+    missing = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": str(uuid.uuid4())}
+    )
+    assert missing.codes == ["NOT_FOUND"]
+    # Only a committed turn is replayed, not a failed one.
+    model_server.chat_error(500)
+    failed = await run(gql, admin, action_id, "This turn fails.")
+    assert failed["status"] == "FAILED"
+    refused = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": failed["executionId"]}
+    )
+    assert refused.codes == ["BAD_REQUEST"] and "SUCCEEDED" in refused.errors[0]["message"]
+
+
+# Operators: history, searchHistory, node(id), grants and redaction, eraseSession
+
+
+async def test_operators_list_page_and_search_a_sessions_history(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    for message in ("First: the lighthouse is white.", "Second: the harbour is small."):
+        model_server.say("Noted.")
+        await run(gql, admin, action_id, message)
+
+    seen: list[dict[str, Any]] = []
+    after = None
+    while True:
+        result = await gql(admin, HISTORY, a=action_id, after=after)
+        page = result.ok()["action"]["sessions"]["nodes"][0]["history"]
+        seen += page["nodes"]
+        if not page["pageInfo"]["hasNextPage"]:
+            break
+        after = page["pageInfo"]["endCursor"]
+    assert [(e["turn"], e["who"]) for e in seen] == [
+        (1, "USER"),
+        (1, "AGENT"),
+        (2, "USER"),
+        (2, "AGENT"),
+    ]
+    assert seen[2]["header"] == "turn 2, user"
+
+    node = await gql(
+        admin,
+        "query($id: ID!) { node(id: $id) { ... on ActionHistoryEvent { eventId text } } }",
+        id=seen[0]["id"],
+    )
+    assert node.ok()["node"] == {"eventId": seen[0]["eventId"], "text": seen[0]["text"]}
+
+    result = await gql(admin, SEARCH, a=action_id, q="lighthouse")
+    (best, *_) = result.ok()["action"]["sessions"]["nodes"][0]["searchHistory"]
+    assert "lighthouse" in best["text"] and best["event"]["turn"] == 1
+
+    # With only the grants that read executions but not transcripts, history is refused.
+    reader = caller(
+        admin.account_id,
+        allow(
+            ["SELECT"], "financial.ActionExecution.indexes.*", "financial.ActionExecution.document"
+        ),
+    )
+    denied = await gql(reader, HISTORY, a=action_id, after=None)
+    assert denied.codes == ["ACCESS_DENIED"]
+
+
+async def test_operators_see_memory_text_in_history_only_with_the_memory_grants(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    action_id = await make_agent(gql, admin, harness)
+    model_server.call_tools(("add_memory", {"summary": "Ada likes zebramail", "kind": "fact"}))
+    model_server.say("Saved.")
+    assert (await run(gql, admin, action_id, "Remember my mail app"))["status"] == "SUCCEEDED"
+
+    runner = caller(admin.account_id, *RUNNER_POLICIES, READ_ACTION, principal="runner")
+    assert "zebramail" in json.dumps(await history_of(gql, admin, action_id))
+    kept = await history_of(gql, runner, action_id)
+    assert [e["who"] for e in kept] == ["USER", "AGENT", "TOOL", "AGENT"]
+    assert "zebramail" not in json.dumps(kept)
+    result = await gql(runner, SEARCH, a=action_id, q="zebramail")
+    assert "zebramail" not in json.dumps(result.ok())
+
+
+async def test_erase_session_erases_history_and_text_and_lists_live_memories(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    action_id = await make_agent(gql, admin, harness)
+    model_server.call_tools(("add_memory", {"summary": "Secret is marmalade", "kind": "fact"}))
+    model_server.say("Saved marmalade.")
+    first = await run(gql, admin, action_id, "The secret is marmalade.")
+    (added,) = tool_runs(first, "add_memory")
+    record_id = added["output"]["memories"][0]["id"]
+    model_server.say("Other session.")
+    await run(gql, admin, action_id, "The other secret is plum.", session="s2")
+
+    erase = """mutation($a: UUID!, $s: String!) { eraseSession(actionId: $a, sessionId: $s) {
+        erasedEvents erasedExecutions liveMemoryIds
+        execution { kind principal sessionId status input output } } }"""
+    runner = caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+    assert (await gql(runner, erase, a=action_id, s="s1")).codes == ["ACCESS_DENIED"]
+    eraser = caller(
+        admin.account_id,
+        allow(["DELETE"], "financial.ActionExecution.document"),
+        principal="privacy-officer",
+    )
+    missing = await gql(eraser, erase, a=action_id, s="nope")
+    assert missing.codes == ["NOT_FOUND"]
+    async with state.pool.acquire() as conn:  # each session's running summary (H16) retells it
+        for session in ("s1", "s2"):
+            await conn.execute(
+                "INSERT INTO session_summaries (account_id, action_id, session_id, preview, "
+                "summary, through_turn, through_message, tokens, execution_id) "
+                "VALUES ($1, $2, $3, false, 'The secret is marmalade.', 1, 1, 5, $4)",
+                admin.account_id,
+                uuid.UUID(str(action_id)),
+                session,
+                uuid.uuid4(),
+            )
+    done = (await gql(eraser, erase, a=action_id, s="s1")).ok()["eraseSession"]
+    assert done["erasedEvents"] == 4 and done["erasedExecutions"] == 1
+    assert done["liveMemoryIds"] == [record_id]
+    assert done["execution"]["kind"] == "ERASE"
+    assert done["execution"]["principal"] == "privacy-officer"
+    assert "marmalade" not in json.dumps(done)
+
+    assert await history_of(gql, admin, action_id) == []
+    result = await gql(
+        admin,
+        "query($id: UUID!) { execution(executionId: $id) { input output"
+        " transcript(first: 100) { nodes { type data } } } }",
+        id=first["executionId"],
+    )
+    erased = result.ok()["execution"]
+    assert erased["input"] == "[erased]" and erased["output"] == "[erased]"
+    assert "marmalade" not in json.dumps(erased["transcript"])
+    calls = [e["data"] for e in erased["transcript"]["nodes"] if e["type"] == "model.call"]
+    assert calls and all("usage" in c for c in calls)  # usage stays for accounting
+    async with state.pool.acquire() as conn:
+        assert (
+            await conn.fetchval("SELECT count(*) FROM history_parts WHERE session_id = 's1'") == 0
+        )
+        assert await conn.fetchval("SELECT count(*) FROM history_parts WHERE session_id = 's2'") > 0
+        summaries = "SELECT count(*) FROM session_summaries WHERE session_id = $1"
+        assert await conn.fetchval(summaries, "s1") == 0
+        assert await conn.fetchval(summaries, "s2") == 1
+    # The other session is untouched, and the record is left to deleteAgentMemory.
+    assert "plum" in json.dumps(await history_of(gql, admin, action_id, "s2"))
+    model_server.call_tools(("search_history", {"query": "secret marmalade"}))
+    model_server.say("Nothing.")
+    later = await run(gql, admin, action_id, "What was the secret?")
+    assert tool_runs(later, "search_history")[0]["output"]["events"] == []
+
+
+async def test_h6_both_plans_rank_a_session_alike(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    action_id = await make_agent(gql, admin, MESSAGES)
+    for message in (
+        "The boat is moored at pier seven.",
+        "Lunch was a tomato soup.",
+        "The pier has a red crane.",
+    ):
+        await run(gql, admin, action_id, message)
+    async with state.pool.acquire() as conn:
+        account_id = await conn.fetchval(
+            "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
+        )
+    scope = Scope(account_id, uuid.UUID(action_id), "s1", 4, False)
+    assert state.embedder is not None
+    found = {
+        plan: await history_search.search(
+            state.pool, state.embedder, scope, query="where is the boat moored", plan=plan
+        )
+        for plan in ("exact", "index")
+    }
+    exact, index = (
+        [(e.event_id, e.part, round(e.score or 0, 6)) for e in found[p].events]
+        for p in ("exact", "index")
+    )
+    assert exact[0] == index[0] and "pier seven" in found["index"].events[0].text
+    assert found["index"].plan == "index"
