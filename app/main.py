@@ -22,6 +22,7 @@ from app.embeddings.base import Embedder
 from app.errors import DomainError
 from app.graphql.context import Context
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
+from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
 from app.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from app.observability.requests import Observe
@@ -106,6 +107,8 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
             await state.pool.close()
             if server is not None:
                 await asyncio.to_thread(server.stop)
+            if tracer is not None:
+                tracer.shutdown()  # sends the spans still batched
             log.info("Engram stopped")
 
     async def context_getter(request: Request) -> Context | None:
@@ -117,6 +120,7 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
     )
     # Per app, not the process-wide default registry: one process may build several apps.
     metrics = Metrics()
+    tracer = tracing.tracer_provider(settings.otel_endpoint) if settings.otel_endpoint else None
 
     @app.middleware("http")
     async def guard(
@@ -196,4 +200,6 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
     app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
     # Outermost: every request, refused ones included, gets its ID, log line and metrics.
     app.add_middleware(Observe, metrics=metrics)
+    if tracer is not None:
+        app.add_middleware(tracing.middleware(), tracer_provider=tracer)
     return app
