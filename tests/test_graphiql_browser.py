@@ -25,6 +25,8 @@ HOW = (
 def chromium() -> str:
     """The browser binary, or a skip (a failure under CI) saying how to get one."""
     path = os.environ.get("ENGRAM_CHROMIUM") or shutil.which("chromium")
+    if path is not None and not Path(path).is_file():
+        path = None
     try:
         import playwright.async_api  # noqa: F401
     except ImportError:
@@ -75,6 +77,7 @@ async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db
                 status = page.get_by_role("status")
                 await expect(status).to_contain_text("No token")
                 await expect(page.locator(".graphiql-query-editor .CodeMirror")).to_be_visible()
+                await page.screenshot(path=str(screenshot_path("graphiql-no-token.png")))
 
                 await page.get_by_label("API token").fill(TOKEN)
                 before = len(sent)  # the schema request sent without a token (refused)
@@ -104,3 +107,35 @@ async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db
     # The schema and the query, both with the token.
     assert len(after) >= 2 and all(h.get("authorization") == f"Bearer {TOKEN}" for h in after)
     assert shot.stat().st_size > 10_000
+
+
+async def test_graphiql_without_introspection_says_why_and_still_runs_queries(db_url, embedder):
+    executable = chromium()
+    from playwright.async_api import async_playwright, expect
+
+    settings = db_settings(db_url, bootstrap_token=TOKEN, introspection=False)
+    with serving(settings, embedder) as url:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(
+                executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+            )
+            try:
+                page = await browser.new_page(viewport={"width": 1280, "height": 600})
+                await page.goto(url + "/graphql")
+                await expect(page.get_by_role("alert")).to_contain_text(
+                    "introspection is turned off on this server (ENGRAM_INTROSPECTION=false)"
+                )
+                await page.get_by_label("API token").fill(TOKEN)
+                await page.get_by_role("button", name="Use token").click()
+                editor = page.locator(".graphiql-query-editor .CodeMirror")
+                await expect(editor).to_be_visible()
+                await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", QUERY)
+                await page.locator(".graphiql-execute-button").click()
+                await expect(page.locator(".graphiql-response")).to_contain_text(
+                    '"principal": "admin"', timeout=15_000
+                )
+                shot = screenshot_path("graphiql-introspection-off.png")
+                await page.screenshot(path=str(shot))
+                print(f"GraphiQL screenshot: {shot}")
+            finally:
+                await browser.close()
