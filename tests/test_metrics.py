@@ -132,6 +132,8 @@ async def test_metrics_count_requests_turns_model_calls_searches_and_pool(
             )
             assert denied.json()["errors"][0]["extensions"]["code"] == "ACCESS_DENIED"
             await http.post("/graphql", json={"query": "{ viewer {"}, headers=bearer(ADMIN_TOKEN))
+            # A field the schema lacks is no label value (it could name anyone).
+            await http.post("/graphql", json={"query": "{ watcher }"}, headers=bearer(ADMIN_TOKEN))
             await http.post("/graphql", json={"query": "{ viewer { principal } }"})
 
             # Who may read them: the grant in the default account; no token is 401.
@@ -153,7 +155,7 @@ async def test_metrics_count_requests_turns_model_calls_searches_and_pool(
     assert value(found, "engram_requests_total", operation="executeAction", code="OK") == 1
     assert value(found, "engram_requests_total", operation="action", code="OK") == 2
     assert value(found, "engram_requests_total", operation="actions", code="ACCESS_DENIED") == 1
-    assert value(found, "engram_requests_total", operation="invalid", code="BAD_REQUEST") == 1
+    assert value(found, "engram_requests_total", operation="invalid", code="BAD_REQUEST") == 2
     assert value(found, "engram_requests_total", operation="-", code="UNAUTHENTICATED") == 1
     assert value(found, "engram_request_seconds_count", operation="executeAction") == 1
     assert value(found, "engram_request_seconds_bucket", operation="executeAction", le="+Inf") == 1
