@@ -7,7 +7,7 @@ import re
 import signal
 
 import httpx
-from test_cli import Served, clean_env, data_root, free_port  # noqa: F401 (a fixture)
+from test_cli import Served, clean_env, data_root, free_port, run  # noqa: F401 (a fixture)
 
 # Engram's own text lines: "<date> <time> LEVEL app.<module>: <message>" (the logger is
 # `__main__` when run as `python -m app.cli`).
@@ -35,6 +35,15 @@ def test_a_normal_start_prints_no_warnings_and_no_library_lines(data_root):
     assert "Engram starting on http://127.0.0.1:" in text
     # The admin token of the first start is on stdout, the one line a person came for.
     assert len(served.admin_tokens()) == 1
+
+
+def test_commands_print_no_migration_lines(db_url, tmp_path):
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    env.pop("XDG_RUNTIME_DIR", None)
+    done = run(env, "migrate")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "database is at the latest migration\n"
+    assert done.stderr == ""  # no alembic plugin or migration lines, no warnings
 
 
 def test_json_logs_carry_the_request_id_sent_back_in_the_header(db_url, tmp_path):
