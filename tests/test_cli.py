@@ -315,7 +315,7 @@ def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
         )
         # uvicorn shuts down gracefully, then dies of the signal it was sent, as is conventional.
         assert first.stop(signal.SIGTERM) == -signal.SIGTERM
-        assert "Application shutdown complete" in first.log.read_text()
+        assert "Engram stopped" in first.log.read_text()
     finally:
         first.kill()
     # The embedded server stopped with the service.

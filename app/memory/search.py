@@ -93,6 +93,7 @@ from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking
 from app.memory.visibility import OperatorReader, Reader
+from app.observability import metrics
 from app.search.fusion import HYBRID_WEIGHT, MAX_QUERY_CHARS, check_query
 
 # Measured (bench/README.md): at 5,000 records the exact plan took hybrid p50 30 ms, the shared
@@ -200,12 +201,13 @@ async def search(
     if limit == 0:
         return SearchResult([])
     vector, tokens = None, 0
-    if mode != "lexical":
-        # Embedded before taking a connection: no transaction waits on the model.
-        embedded = await embedder.embed([query])
-        vector, tokens = embedded.vectors[0], embedded.tokens
-    ranking = make_ranking(mode, query, vector, config.min_score, limit)
-    records, plan = await ranked(pool, reader, filters, ranking)
+    with metrics.current().search(mode):
+        if mode != "lexical":
+            # Embedded before taking a connection: no transaction waits on the model.
+            embedded = await embedder.embed([query])
+            vector, tokens = embedded.vectors[0], embedded.tokens
+        ranking = make_ranking(mode, query, vector, config.min_score, limit)
+        records, plan = await ranked(pool, reader, filters, ranking)
     return SearchResult(records, None, tokens, plan)
 
 

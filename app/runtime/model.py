@@ -20,6 +20,7 @@ from app.actions.model import ModelConfig
 from app.config import Settings
 from app.errors import BadInput
 from app.http_retry import RetriesExhausted, post_with_retries, server_message
+from app.observability import metrics
 from app.text import storable
 
 Purpose = Literal["turn", "memory", "context"]
@@ -211,8 +212,13 @@ class ModelClient:
             headers["Authorization"] = f"Bearer {endpoint.api_key}"
 
         started = time.perf_counter()
-        answer, attempts = await self._post(endpoint, body, headers)
-        message, finish_reason, usage, model = _parse(answer, endpoint)
+        try:
+            answer, attempts = await self._post(endpoint, body, headers)
+            message, finish_reason, usage, model = _parse(answer, endpoint)
+        except BaseException:
+            metrics.current().model_call(purpose, False, time.perf_counter() - started)
+            raise
+        metrics.current().model_call(purpose, True, time.perf_counter() - started, usage)
         content = message.get("content")
         return Completion(
             # What a model says is stored (transcript, output): NUL and lone surrogates replaced.

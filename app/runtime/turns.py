@@ -30,6 +30,7 @@ from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, Writer
+from app.observability import metrics
 from app.runtime import liveness, store
 from app.runtime import transcript as events
 from app.runtime.context import ContextWindow, budget_of, open_window
@@ -401,7 +402,9 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
         return answered
     process = liveness.liveness(state.services)
     with process.running(execution.execution_id) if process else contextlib.nullcontext():
-        return await _attempt(state, action, execution)
+        finished = await _attempt(state, action, execution)
+    metrics.current().turn(finished.status)
+    return finished
 
 
 async def _attempt(state: AppState, action: ActionVersion, execution: Execution) -> Execution:

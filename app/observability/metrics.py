@@ -1,0 +1,175 @@
+"""Prometheus metrics, one registry per app (tests build several apps in one process).
+
+The layers record through `current()`, which the request middleware sets for each request
+(a turn runs inside its request, so its model calls and searches are counted too); outside a
+request it is a recorder that keeps nothing. No label ever names an account or a principal:
+operations are the schema's root field names, codes the error codes, purposes and modes fixed
+words.
+"""
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "current", "using"]
+
+# Latency buckets from a millisecond to two minutes (a turn waits on a model).
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """What one running service counts; `render()` is the text `GET /metrics` answers."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "engram_requests",
+            "GraphQL requests by operation (root fields) and outcome code (OK or the error code)",
+            ["operation", "code"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "engram_request_seconds",
+            "GraphQL request latency, from the request's arrival to its answer",
+            ["operation"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.turns = Counter("engram_turns", "Agent turns by final status", ["status"], registry=r)
+        self.model_calls = Counter(
+            "engram_model_calls",
+            "Model calls by purpose (turn, memory, context, embed) and outcome (ok, failed)",
+            ["purpose", "outcome"],
+            registry=r,
+        )
+        self.model_call_seconds = Histogram(
+            "engram_model_call_seconds",
+            "Model call latency by purpose, retries included",
+            ["purpose"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.model_tokens = Counter(
+            "engram_model_tokens",
+            "Tokens used by purpose and kind (prompt, completion; input for embeddings)",
+            ["purpose", "kind"],
+            registry=r,
+        )
+        self.search_seconds = Histogram(
+            "engram_search_seconds",
+            "Memory searches with a query, by mode (hybrid, vector, lexical), with their latency",
+            ["mode"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.embedding_seconds = Histogram(
+            "engram_embedding_seconds",
+            "Time spent embedding texts (one call may embed several)",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.pool_connections = Gauge(
+            "engram_pool_connections",
+            "Database pool connections by state (in_use, idle), read when scraped",
+            ["state"],
+            registry=r,
+        )
+        self.pool_max = Gauge(
+            "engram_pool_max_connections", "The database pool's maximum size", registry=r
+        )
+
+    # --- recording ------------------------------------------------------------------------
+
+    def request(self, operation: str, code: str, seconds: float) -> None:
+        self.requests.labels(operation, code).inc()
+        self.request_seconds.labels(operation).observe(seconds)
+
+    def turn(self, status: str) -> None:
+        self.turns.labels(status).inc()
+
+    def model_call(
+        self, purpose: str, ok: bool, seconds: float, usage: Mapping[str, Any] | None = None
+    ) -> None:
+        self.model_calls.labels(purpose, "ok" if ok else "failed").inc()
+        self.model_call_seconds.labels(purpose).observe(seconds)
+        for kind in ("prompt", "completion"):
+            count = (usage or {}).get(f"{kind}_tokens")
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                self.model_tokens.labels(purpose, kind).inc(count)
+
+    def embedding(self, ok: bool, seconds: float, tokens: int) -> None:
+        self.model_calls.labels("embed", "ok" if ok else "failed").inc()
+        self.model_call_seconds.labels("embed").observe(seconds)
+        self.embedding_seconds.observe(seconds)
+        if tokens > 0:
+            self.model_tokens.labels("embed", "input").inc(tokens)
+
+    @contextmanager
+    def search(self, mode: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.search_seconds.labels(mode).observe(time.perf_counter() - started)
+
+    def pool(self, in_use: int, idle: int, maximum: int) -> None:
+        self.pool_connections.labels("in_use").set(in_use)
+        self.pool_connections.labels("idle").set(idle)
+        self.pool_max.set(maximum)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Discard(Metrics):
+    """Keeps nothing: what `current()` is outside a request (scripts, tests of the layers)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def request(self, operation: str, code: str, seconds: float) -> None:
+        pass
+
+    def turn(self, status: str) -> None:
+        pass
+
+    def model_call(
+        self, purpose: str, ok: bool, seconds: float, usage: Mapping[str, Any] | None = None
+    ) -> None:
+        pass
+
+    def embedding(self, ok: bool, seconds: float, tokens: int) -> None:
+        pass
+
+    @contextmanager
+    def search(self, mode: str) -> Iterator[None]:
+        yield
+
+    def pool(self, in_use: int, idle: int, maximum: int) -> None:
+        pass
+
+    def render(self) -> bytes:
+        return b""
+
+
+_DISCARD = _Discard()
+_current: ContextVar[Metrics] = ContextVar("engram_metrics", default=_DISCARD)
+
+
+def current() -> Metrics:
+    """The metrics of the service whose request this code runs in."""
+    return _current.get()
+
+
+@contextmanager
+def using(metrics: Metrics) -> Iterator[None]:
+    token = _current.set(metrics)
+    try:
+        yield
+    finally:
+        _current.reset(token)

@@ -1,0 +1,145 @@
+"""GraphiQL in a real browser (issue 16, item 2): headless Chromium, driven by Playwright, loads
+`GET /graphql` from the service on loopback with every other host refused (offline), takes a
+token in the page's header field, runs a query and shows its result. It writes a screenshot
+(the path is printed; ENGRAM_SCREENSHOT_DIR chooses the directory).
+
+Under CI (CI=true) a missing browser fails the run; elsewhere the test is skipped, saying how to
+get one: `apt-get install chromium` (Debian) and `pip install -e '.[test]'` (Playwright)."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import db_settings
+from test_http import serving
+
+TOKEN = "graphiql-browser-test-admin-token"
+QUERY = "{ viewer { principal } }"
+HOW = (
+    "install Debian's chromium (apt-get install chromium, or set ENGRAM_CHROMIUM to a Chromium "
+    "binary) and Playwright (pip install -e '.[test]')"
+)
+
+
+def chromium() -> str:
+    """The browser binary, or a skip (a failure under CI) saying how to get one."""
+    path = os.environ.get("ENGRAM_CHROMIUM") or shutil.which("chromium")
+    if path is not None and not Path(path).is_file():
+        path = None
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        path = None
+    if path is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI runs the browser tests, but no browser was found: {HOW}")
+        pytest.skip(f"no headless browser for the GraphiQL test: {HOW}")
+    return path
+
+
+def screenshot_path(name: str) -> Path:
+    directory = Path(os.environ.get("ENGRAM_SCREENSHOT_DIR", "/tmp/engram-screens"))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / name
+
+
+async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db_url, embedder):
+    executable = chromium()
+    from playwright.async_api import async_playwright, expect
+
+    expect.set_options(timeout=20_000)  # a loaded CI machine parses 3.5 MB of GraphiQL slowly
+
+    settings = db_settings(db_url, bootstrap_token=TOKEN)
+    with serving(settings, embedder) as url:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(
+                executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+            )
+            try:
+                page = await browser.new_page(viewport={"width": 1280, "height": 760})
+                elsewhere: list[str] = []
+                sent: list[dict[str, str]] = []
+
+                async def offline(route):  # anything not from the service: as if offline
+                    if route.request.url.startswith(url + "/"):
+                        await route.continue_()
+                    else:
+                        elsewhere.append(route.request.url)
+                        await route.abort()
+
+                await page.route("**/*", offline)
+                page.on(
+                    "request",
+                    lambda r: sent.append(r.headers) if r.method == "POST" else None,
+                )
+                await page.goto(url + "/graphql")
+
+                # Without a token the page says what to do, where a person looks first.
+                status = page.get_by_role("status")
+                await expect(status).to_contain_text("No token")
+                await expect(page.locator(".graphiql-query-editor .CodeMirror")).to_be_visible()
+                await page.screenshot(path=str(screenshot_path("graphiql-no-token.png")))
+
+                await page.get_by_label("API token").fill(TOKEN)
+                before = len(sent)  # the schema request sent without a token (refused)
+                await page.get_by_role("button", name="Use token").click()
+                await expect(status).to_contain_text("Token in use")
+
+                # GraphiQL mounted again with the token: it loads the schema and runs a query.
+                editor = page.locator(".graphiql-query-editor .CodeMirror")
+                await expect(editor).to_be_visible()
+                await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", QUERY)
+                await page.locator(".graphiql-execute-button").click()
+                response = page.locator(".graphiql-response")
+                await expect(response).to_contain_text('"principal": "admin"')
+                # The schema came through the token too: the docs explorer lists Query's fields.
+                await page.get_by_role("button", name="Show Documentation Explorer").click()
+                await expect(page.locator(".graphiql-doc-explorer")).to_contain_text("Query")
+
+                shot = screenshot_path("graphiql.png")
+                await page.screenshot(path=str(shot))
+                print(f"GraphiQL screenshot: {shot}")
+            finally:
+                await browser.close()
+
+    assert elsewhere == [], f"the page reached beyond the service: {elsewhere}"
+    assert not any("authorization" in h for h in sent[:before])
+    after = sent[before:]
+    # The schema and the query, both with the token.
+    assert len(after) >= 2 and all(h.get("authorization") == f"Bearer {TOKEN}" for h in after)
+    assert shot.stat().st_size > 10_000
+
+
+async def test_graphiql_without_introspection_says_why_and_still_runs_queries(db_url, embedder):
+    executable = chromium()
+    from playwright.async_api import async_playwright, expect
+
+    expect.set_options(timeout=20_000)  # a loaded CI machine parses 3.5 MB of GraphiQL slowly
+
+    settings = db_settings(db_url, bootstrap_token=TOKEN, introspection=False)
+    with serving(settings, embedder) as url:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(
+                executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+            )
+            try:
+                page = await browser.new_page(viewport={"width": 1280, "height": 600})
+                await page.goto(url + "/graphql")
+                await expect(page.get_by_role("alert")).to_contain_text(
+                    "introspection is turned off on this server (ENGRAM_INTROSPECTION=false)"
+                )
+                await page.get_by_label("API token").fill(TOKEN)
+                await page.get_by_role("button", name="Use token").click()
+                editor = page.locator(".graphiql-query-editor .CodeMirror")
+                await expect(editor).to_be_visible()
+                await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", QUERY)
+                await page.locator(".graphiql-execute-button").click()
+                await expect(page.locator(".graphiql-response")).to_contain_text(
+                    '"principal": "admin"'
+                )
+                shot = screenshot_path("graphiql-introspection-off.png")
+                await page.screenshot(path=str(shot))
+                print(f"GraphiQL screenshot: {shot}")
+            finally:
+                await browser.close()

@@ -1,0 +1,88 @@
+"""Logs (issue 16, item 3): a normal start is quiet (no warnings, no library INFO lines: only
+Engram's own), and ENGRAM_LOG_FORMAT=json writes one JSON object a line, each request's line
+with the ID that came back in its X-Request-ID header."""
+
+import json
+import re
+import signal
+
+import httpx
+from test_cli import Served, clean_env, data_root, free_port, run  # noqa: F401 (a fixture)
+
+# Engram's own text lines: "<date> <time> LEVEL app.<module>: <message>" (the logger is
+# `__main__` when run as `python -m app.cli`).
+OWN_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|WARNING|ERROR) (app\.[\w.]+|__main__): ")
+
+
+def test_a_normal_start_prints_no_warnings_and_no_library_lines(data_root):
+    root = data_root
+    port = free_port()
+    env = clean_env(data_dir=str(root / "data"), port=str(port), host="127.0.0.1")
+    env.pop("XDG_RUNTIME_DIR", None)  # platformdirs warned about it at every command
+    served = Served(env, root / "stderr.log")
+    try:
+        served.wait_healthy(f"http://127.0.0.1:{port}")
+        assert served.stop(signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        served.kill()
+    lines = (root / "stderr.log").read_text().splitlines()
+    assert lines, "engram serve said nothing on stderr"
+    for line in lines:
+        assert OWN_LINE.match(line), f"a line that is not Engram's own: {line!r}"
+    text = "\n".join(lines)
+    for noise in ("XDG_RUNTIME_DIR", "Warning", "alembic", "uvicorn", "Uvicorn", "Started server"):
+        assert noise not in text
+    assert "Engram starting on http://127.0.0.1:" in text
+    # The admin token of the first start is on stdout, the one line a person came for.
+    assert len(served.admin_tokens()) == 1
+
+
+def test_commands_print_no_migration_lines(db_url, tmp_path):
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    env.pop("XDG_RUNTIME_DIR", None)
+    done = run(env, "migrate")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "database is at the latest migration\n"
+    assert done.stderr == ""  # no alembic plugin or migration lines, no warnings
+
+
+def test_json_logs_carry_the_request_id_sent_back_in_the_header(db_url, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    token = "json-logs-test-admin-token"
+    env = clean_env(
+        database_url=db_url,
+        data_dir=str(tmp_path / "unused"),
+        port=str(port),
+        host="127.0.0.1",
+        bootstrap_token=token,
+        log_format="json",
+        search_maintenance_seconds="0",
+    )
+    served = Served(env, tmp_path / "stderr.log")
+    try:
+        served.wait_healthy(url)
+        answer = httpx.post(
+            f"{url}/graphql",
+            json={"query": "{ viewer { principal } }"},
+            headers={"Authorization": f"Bearer {token}", "X-Request-ID": "json-log-test-1"},
+            timeout=30,
+        )
+        assert answer.headers["x-request-id"] == "json-log-test-1"
+        refused = httpx.post(f"{url}/graphql", json={"query": "{ viewer { principal } }"})
+        made = refused.headers["x-request-id"]
+        assert served.stop(signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        served.kill()
+
+    entries = [json.loads(line) for line in (tmp_path / "stderr.log").read_text().splitlines()]
+    for entry in entries:
+        assert {"time", "level", "logger", "message"} <= entry.keys(), entry
+    by_id = {e.get("request_id"): e for e in entries if e["logger"] == "app.access"}
+    ran = by_id["json-log-test-1"]
+    assert (ran["method"], ran["path"], ran["status"]) == ("POST", "/graphql", 200)
+    assert (ran["operation"], ran["code"]) == ("viewer", "OK")
+    assert ran["duration_ms"] > 0
+    assert (by_id[made]["status"], by_id[made]["code"]) == (401, "UNAUTHENTICATED")
+    assert token not in (tmp_path / "stderr.log").read_text()
+    assert any(e["message"].startswith("Engram starting on") for e in entries)
