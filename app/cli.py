@@ -307,8 +307,8 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve", help="start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
     )
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    serve.add_argument("--host", help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: ENGRAM_PORT, 8000)")
     serve.set_defaults(run=_serve)
 
     sub.add_parser("migrate", help="bring the database to the latest migration").set_defaults(
@@ -339,8 +339,10 @@ def parser() -> argparse.ArgumentParser:
 
     account = sub.add_parser("account", help="manage accounts (tenants)")
     account_sub = account.add_subparsers(dest="account_command", required=True)
-    create_account = account_sub.add_parser("create")
-    create_account.add_argument("name")
+    create_account = account_sub.add_parser(
+        "create", help="create an account; prints its accountId (needs the default account)"
+    )
+    create_account.add_argument("name", help="the account's name, 1 to 200 characters")
     account.set_defaults(run=_account)
 
     client = sub.add_parser("client", help="manage clients (principals), policies and tokens")
@@ -349,15 +351,27 @@ def parser() -> argparse.ArgumentParser:
         "a policy as JSON, e.g. "
         '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
     )
-    for name in ("create", "update", "delete", "token", "tokens", "revoke-token"):
-        c = client_sub.add_parser(name)
-        c.add_argument("principal")
+    helps = {
+        "create": "create a client with its policies",
+        "update": "change a client's name or replace its policies",
+        "delete": "delete a client and its tokens",
+        "token": "issue an API token for a client (printed once; only its hash is kept)",
+        "tokens": "list a client's tokens (never their secrets)",
+        "revoke-token": "revoke one of a client's tokens",
+    }
+    for name, text in helps.items():
+        c = client_sub.add_parser(name, help=text)
+        c.add_argument("principal", help="the client's name in its account, e.g. admin")
         if name == "revoke-token":
             c.add_argument("token_id", help="the tokenId `engram client tokens` lists")
         c.add_argument("--account", help="account ID (default: the default account)")
         if name in ("create", "update"):
-            c.add_argument("--name")
-            c.add_argument("--policy", action="append", help=policy_help)
+            c.add_argument("--name", help="a display name (create: default the principal)")
+            c.add_argument(
+                "--policy",
+                action="append",
+                help=policy_help + "; repeat it for several (update: replaces them all)",
+            )
         if name == "token":
             c.add_argument("--expires", help="when it stops working, e.g. 2027-01-31T12:00:00Z")
     client.set_defaults(run=_client)
