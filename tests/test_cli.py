@@ -371,3 +371,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_wrong_setting_is_one_line_naming_the_variable(monkeypatch, capsys):
+    monkeypatch.setenv("ENGRAM_PORT", "eighty")
+    assert cli.main(["migrate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("engram: ENGRAM_PORT: ") and len(err.splitlines()) == 1, err
+    monkeypatch.delenv("ENGRAM_PORT")
+    monkeypatch.setenv("ENGRAM_TURN_LEASE_SECONDS", "1")
+    assert cli.main(["migrate"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "ENGRAM_TURN_LEASE_SECONDS must be at least twice" in line
