@@ -11,6 +11,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from pydantic import ValidationError
+
 from app.config import Settings
 
 if TYPE_CHECKING:
@@ -20,18 +22,29 @@ if TYPE_CHECKING:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.main import create_app
+    from app.main import create_app, start_state
 
-    host, port = args.host or settings.host, args.port or settings.port
-    app = create_app(settings)
-    logging.getLogger(__name__).info(
-        "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; metrics at /metrics)",
-        host,
-        port,
-    )
-    # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
-    uvicorn.run(app, host=host, port=port, log_config=None)
-    return 0
+    async def serve() -> bool:
+        # Started before uvicorn so that a refusal (the embedder does not match the database)
+        # ends the command with one line, not a lifespan traceback; the app's lifespan stops
+        # what was started.
+        started = await start_state(settings)
+        app = create_app(settings, started=started)
+        host, port = args.host or settings.host, args.port or settings.port
+        logging.getLogger(__name__).info(
+            "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; metrics at /metrics)",
+            host,
+            port,
+        )
+        # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+        await server.serve()
+        return server.started
+
+    try:
+        return 0 if asyncio.run(serve()) else 3  # 3: uvicorn's "startup failed"
+    except KeyboardInterrupt:
+        return 0
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -300,8 +313,8 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve", help="start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
     )
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    serve.add_argument("--host", help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: ENGRAM_PORT, 8000)")
     serve.set_defaults(run=_serve)
 
     sub.add_parser("migrate", help="bring the database to the latest migration").set_defaults(
@@ -332,8 +345,10 @@ def parser() -> argparse.ArgumentParser:
 
     account = sub.add_parser("account", help="manage accounts (tenants)")
     account_sub = account.add_subparsers(dest="account_command", required=True)
-    create_account = account_sub.add_parser("create")
-    create_account.add_argument("name")
+    create_account = account_sub.add_parser(
+        "create", help="create an account; prints its accountId (needs the default account)"
+    )
+    create_account.add_argument("name", help="the account's name, 1 to 200 characters")
     account.set_defaults(run=_account)
 
     client = sub.add_parser("client", help="manage clients (principals), policies and tokens")
@@ -342,15 +357,27 @@ def parser() -> argparse.ArgumentParser:
         "a policy as JSON, e.g. "
         '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
     )
-    for name in ("create", "update", "delete", "token", "tokens", "revoke-token"):
-        c = client_sub.add_parser(name)
-        c.add_argument("principal")
+    helps = {
+        "create": "create a client with its policies",
+        "update": "change a client's name or replace its policies",
+        "delete": "delete a client and its tokens",
+        "token": "issue an API token for a client (printed once; only its hash is kept)",
+        "tokens": "list a client's tokens (never their secrets)",
+        "revoke-token": "revoke one of a client's tokens",
+    }
+    for name, text in helps.items():
+        c = client_sub.add_parser(name, help=text)
+        c.add_argument("principal", help="the client's name in its account, e.g. admin")
         if name == "revoke-token":
             c.add_argument("token_id", help="the tokenId `engram client tokens` lists")
         c.add_argument("--account", help="account ID (default: the default account)")
         if name in ("create", "update"):
-            c.add_argument("--name")
-            c.add_argument("--policy", action="append", help=policy_help)
+            c.add_argument("--name", help="a display name (create: default the principal)")
+            c.add_argument(
+                "--policy",
+                action="append",
+                help=policy_help + "; repeat it for several (update: replaces them all)",
+            )
         if name == "token":
             c.add_argument("--expires", help="when it stops working, e.g. 2027-01-31T12:00:00Z")
     client.set_defaults(run=_client)
@@ -362,14 +389,31 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.configure()  # quiet libraries (alembic, uvicorn) from the first line
     args = parser().parse_args(argv)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as e:
+        # One line per wrong setting, named as it is set: no traceback.
+        for error in e.errors():
+            name = "ENGRAM_" + "_".join(str(part) for part in error["loc"]).upper()
+            message = error["msg"].removeprefix("Value error, ")
+            print(
+                f"engram: {name}: {message}" if error["loc"] else f"engram: {message}",
+                file=sys.stderr,
+            )
+        return 2
     logs.configure(settings.log_format, settings.log_level)
+    from app.embeddings.errors import EmbedderUnavailable
+    from app.embeddings.setup import EmbeddingModelMismatch
     from app.errors import DomainError
 
     try:
         return int(args.run(settings, args))
     except DomainError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        return 2
+    except (EmbeddingModelMismatch, EmbedderUnavailable) as e:
+        # What to run or set is in the message: nothing else is worth printing.
+        print(f"engram: {e}", file=sys.stderr)
         return 2
 
 

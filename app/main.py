@@ -100,14 +100,35 @@ async def start_state(
         server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
     else:
         url = configured
-    await asyncio.to_thread(migrate.upgrade, url)
-    pool = await create_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+    try:
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(
+            url, min_size=settings.pool_min_size, max_size=settings.pool_max_size
+        )
+    except BaseException:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+        raise
     state = AppState(settings=settings, pool=pool, embedder=embedder)
-    await start_services(state)
+    try:
+        await start_services(state)
+    except BaseException:
+        # E.g. the embedder does not match the database: leave nothing running.
+        await stop_services(state)
+        await pool.close()
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+        raise
     return state, server
 
 
-def create_app(settings: Settings | None = None, embedder: Embedder | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    embedder: Embedder | None = None,
+    started: tuple[AppState, EmbeddedPostgres | None] | None = None,
+) -> FastAPI:
+    """`started`: what `start_state` returned, when the caller started it (`engram serve`
+    does, so that a refusal to start is one line rather than a lifespan traceback)."""
     settings = settings or Settings()
     schema = build_schema(
         max_depth=settings.max_query_depth,
@@ -117,7 +138,7 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state, server = await start_state(settings, embedder)
+        state, server = started or await start_state(settings, embedder)
         state.embedder = MeteredEmbedder(state.embedder, metrics)
         token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
         created = await bootstrap_admin(state.pool, token)

@@ -1,8 +1,11 @@
 """Shared by the benchmarks: their own embedded PostgreSQL, tuned for the run."""
 
+import argparse
 import asyncio
+import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -35,3 +38,39 @@ def tuned_server(data_dir: Path, settings: Mapping[str, str]) -> EmbeddedPostgre
         pg.stop()
         pg = EmbeddedPostgres(data_dir / "pgdata")
     return pg
+
+
+# LoCoMo (Maharana et al., 2024, "Evaluating Very Long-Term Conversational Memory of LLM
+# Agents"): data/locomo10.json of https://github.com/snap-research/locomo, licensed CC BY-NC
+# 4.0 (non-commercial research use, with attribution). It is not in this repository: the
+# benchmarks read it from the path given with --locomo. The "dev half" the figures in
+# bench/README.md are measured on is these five conversations of it, unchanged.
+LOCOMO_SOURCE = (
+    "LoCoMo's data/locomo10.json from https://github.com/snap-research/locomo (CC BY-NC 4.0)"
+)
+LOCOMO_DEV = ("conv-26", "conv-30", "conv-41", "conv-42", "conv-43")
+
+
+def add_locomo_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--locomo",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help=f"{LOCOMO_SOURCE}, or a file of its dev half ({', '.join(LOCOMO_DEV)}); "
+        "only the dev half is used",
+    )
+
+
+def load_locomo(path: Path) -> list[dict[str, Any]]:
+    """The dev half of LoCoMo from `path` (the whole locomo10.json, or just its dev half)."""
+    if not path.is_file():
+        raise SystemExit(f"--locomo {path}: no such file; download {LOCOMO_SOURCE}")
+    samples = json.loads(path.read_text())
+    dev = [s for s in samples if s.get("sample_id") in LOCOMO_DEV]
+    if len(dev) != len(LOCOMO_DEV):
+        raise SystemExit(
+            f"--locomo {path}: expected LoCoMo's conversations {', '.join(LOCOMO_DEV)}, found "
+            f"{', '.join(sorted(str(s.get('sample_id')) for s in dev)) or 'none'}"
+        )
+    return dev

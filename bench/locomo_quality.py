@@ -6,8 +6,11 @@ date so newer turns win ties. Every non-adversarial question (category != 5) tha
 is asked through `app.memory.search.search` in each mode, and recall@k is the fraction of the
 question's evidence turns among the top k, averaged over questions.
 
-    python bench/locomo_quality.py                    # static, and minilm when installed
-    python bench/locomo_quality.py --sweep            # also the fusion weight sweep and RRF
+    python bench/locomo_quality.py --locomo PATH          # static, and minilm when installed
+    python bench/locomo_quality.py --locomo PATH --sweep  # also the fusion weight sweep and RRF
+
+PATH is LoCoMo's data/locomo10.json (https://github.com/snap-research/locomo, CC BY-NC 4.0),
+or a file of its dev half; see bench/README.md.
 
 `--sweep` reruns hybrid through the real SQL for fusion weights 0..1 and computes weighted
 reciprocal-rank fusion from the real lexical and vector rankings, which is how the fusion in
@@ -16,7 +19,6 @@ app/memory/search.py was chosen (bench/README.md).
 
 import argparse
 import asyncio
-import json
 import re
 import shlex
 import sys
@@ -33,6 +35,8 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import add_locomo_argument, load_locomo  # noqa: E402
+
 from app.actions.harness import SearchConfig  # noqa: E402
 from app.db import migrate  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
@@ -45,9 +49,7 @@ from app.memory.search import search  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 
-LOCOMO = ROOT.parent / "shared" / "bench" / "locomo" / "locomo-dev.json"
-if not LOCOMO.exists():
-    LOCOMO = Path("/work/shared/bench/locomo/locomo-dev.json")
+SAMPLES: list[dict[str, Any]] = []  # LoCoMo's dev half, read from --locomo in main()
 KS = (1, 5, 10, 20)
 MODES = ("lexical", "vector", "hybrid")
 DIA = re.compile(r"D(\d+):(\d+)")
@@ -68,7 +70,7 @@ def session_time(value: str) -> datetime:
 
 def conversations() -> list[dict[str, Any]]:
     result = []
-    for sample in json.loads(LOCOMO.read_text()):
+    for sample in SAMPLES:
         conv = sample["conversation"]
         turns = []
         for key, session in conv.items():
@@ -232,6 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_locomo_argument(parser)
     parser.add_argument("--embedders", default="static,minilm")
     parser.add_argument("--sweep", action="store_true", help="also sweep the fusion weight and RRF")
     parser.add_argument(
@@ -250,6 +253,7 @@ def main() -> None:
         help="with --plan index: words in more records than this count as common",
     )
     args = parser.parse_args()
+    SAMPLES[:] = load_locomo(args.locomo)
     if args.plan == "index":
         search_module.EXACT_MAX_ROWS = 0
     if args.rare_rows is not None:

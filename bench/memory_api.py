@@ -29,6 +29,7 @@ import random
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -368,7 +369,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--vectors", action="store_true", help="random unit vectors, HNSW-indexed")
     parser.add_argument("--fresh", action="store_true", help="rebuild the database")
-    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/engram-bench-memory"))
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "engram-bench-memory"
+    )
     args = parser.parse_args()
     pg = server(args.data_dir)
     name = f"engram_memory_api_{args.records}_{args.agents}{'_v' if args.vectors else ''}"

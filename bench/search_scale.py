@@ -10,8 +10,8 @@ search, without the query embedding, which the runtime does once per search anyw
 hybrid, lexical and vector search and the query-less listing through the real
 `app.memory.search` code, and compares the vector path with exact brute-force top-10.
 
-    python bench/search_scale.py                  # full size: ~25 minutes the first time
-    python bench/search_scale.py --scale 0.05     # quick: 50 small agents, a 10,000-row agent
+    python bench/search_scale.py --locomo PATH               # full size: ~25 min the first time
+    python bench/search_scale.py --locomo PATH --scale 0.05  # quick: 50 small agents
 
 The server is tuned for the benchmark with ALTER SYSTEM (shared_buffers 8GB so the table and
 its indexes stay in memory, maintenance_work_mem 4GB and one parallel worker for the HNSW
@@ -25,6 +25,7 @@ import random
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from pgvector.asyncpg import register_vector
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import tuned_server  # noqa: E402
+from common import add_locomo_argument, load_locomo, tuned_server  # noqa: E402
 
 from app.actions.harness import SearchConfig  # noqa: E402
 from app.config import Settings  # noqa: E402
@@ -53,9 +54,7 @@ from app.memory import maintenance  # noqa: E402
 
 AGENT_INDEX_MIN_RECORDS = Settings.model_fields["agent_index_min_records"].default
 
-LOCOMO = ROOT.parent / "shared" / "bench" / "locomo" / "locomo-dev.json"
-if not LOCOMO.exists():
-    LOCOMO = Path("/work/shared/bench/locomo/locomo-dev.json")
+SAMPLES: list[dict] = []  # LoCoMo's dev half, read from --locomo in main()
 
 SERVER_SETTINGS = {
     "shared_buffers": "8GB",
@@ -98,7 +97,7 @@ COLUMNS = (
 
 def locomo_turns() -> list[str]:
     turns: list[str] = []
-    for sample in json.loads(LOCOMO.read_text()):
+    for sample in SAMPLES:
         for key, session in sample["conversation"].items():
             if key.startswith("session_") and isinstance(session, list):
                 turns += [f"{t['speaker']}: {t['text']}" for t in session]
@@ -106,12 +105,7 @@ def locomo_turns() -> list[str]:
 
 
 def locomo_questions() -> list[str]:
-    return [
-        qa["question"]
-        for sample in json.loads(LOCOMO.read_text())
-        for qa in sample["qa"]
-        if qa.get("category") != 5
-    ]
+    return [qa["question"] for sample in SAMPLES for qa in sample["qa"] if qa.get("category") != 5]
 
 
 class Plan:
@@ -493,8 +487,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_locomo_argument(parser)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the full size (1.0)")
-    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/engram-bench-scale"))
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "engram-bench-scale"
+    )
     parser.add_argument("--queries", type=int, default=200, help="searches per agent group")
     parser.add_argument(
         "--sizes", default="", help="only agents of these sizes, e.g. 1000,200000 (default: all)"
@@ -514,6 +511,7 @@ def main() -> None:
     parser.add_argument("--reload", action="store_true", help="drop and rebuild the data set")
     parser.add_argument("--load-only", action="store_true")
     args = parser.parse_args()
+    SAMPLES[:] = load_locomo(args.locomo)
     command = "python bench/search_scale.py " + shlex.join(sys.argv[1:])
     plan = Plan(args.scale)
     print(f"# {command}")

@@ -347,3 +347,39 @@ def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
     finally:
         second.kill()
     assert not (data_dir / "pgdata" / "postmaster.pid").exists()
+
+
+# --- a refused start ------------------------------------------------------------------------
+
+
+async def test_an_embedder_mismatch_stops_serve_with_one_line_naming_the_command(db_url, state):
+    # The database holds another model's vectors (as after a change of ENGRAM_EMBEDDER).
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE deployment SET value = jsonb_set(value, '{name}', '\"other-model\"') "
+            "WHERE key = 'embedding'"
+        )
+    env = clean_env(database_url=db_url, port=str(_free_port()), search_maintenance_seconds="0")
+    result = await asyncio.to_thread(run, env, "serve")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if "other-model" in x]
+    assert line.startswith("engram: ") and "run `engram reembed`" in line
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_wrong_setting_is_one_line_naming_the_variable(monkeypatch, capsys):
+    monkeypatch.setenv("ENGRAM_PORT", "eighty")
+    assert cli.main(["migrate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("engram: ENGRAM_PORT: ") and len(err.splitlines()) == 1, err
+    monkeypatch.delenv("ENGRAM_PORT")
+    monkeypatch.setenv("ENGRAM_TURN_LEASE_SECONDS", "1")
+    assert cli.main(["migrate"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "ENGRAM_TURN_LEASE_SECONDS must be at least twice" in line

@@ -8,6 +8,7 @@ the bound on calls), sessions, executions and transcripts.
 
 import asyncio
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 
@@ -41,6 +42,11 @@ from app.runtime.tools import NativeTools, ToolResult
 from app.state import AppState
 
 MAX_CALLS = 6
+CREATE = "mutation($input: ActionInput!) { createAction(input: $input) { actionId } }"
+UPDATE = (
+    "mutation($id: UUID!, $input: ActionInput!) "
+    "{ updateAction(actionId: $id, input: $input) { version } }"
+)
 
 
 @pytest.fixture
@@ -454,16 +460,32 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
                 "ENGRAM_MODEL_ALLOWED_KEY_ENVS",
             ),
         ):
-            action_id = await make_agent(gql, admin, None, model=model)
-            refused = await gql(
-                admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "hi"}
-            )
-            assert refused.codes == ["BAD_REQUEST"]
+            # Refused when the action is written (createAction, updateAction), not at its
+            # first turn.
+            refused = await gql(admin, CREATE, input={"name": "agent", "model": model})
+            assert refused.codes == ["BAD_REQUEST"], refused.errors
             assert setting in refused.errors[0]["message"]
+            plain = await make_agent(gql, admin, None)
+            refused = await gql(admin, UPDATE, id=plain, input={"name": "agent", "model": model})
+            assert refused.codes == ["BAD_REQUEST"], refused.errors
+            assert setting in refused.errors[0]["message"]
+        # An action written while the operator allowed its endpoint is checked again at each
+        # turn: the allow-list may have shrunk meanwhile.
+        state.settings.model_allowed_base_urls = [elsewhere.url]
+        action_id = await make_agent(gql, admin, None, model={"baseUrl": elsewhere.url})
+        state.settings.model_allowed_base_urls = []
+        refused = await gql(
+            admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "hi"}
+        )
+        assert refused.codes == ["BAD_REQUEST"]
+        assert "ENGRAM_MODEL_ALLOWED_BASE_URLS" in refused.errors[0]["message"]
         assert elsewhere.requests == []
     assert chat(model_server) == []
     async with state.pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM executions") == 0
+        # Nothing refused was written: only the plain agents and the one allowed then.
+        versions = await conn.fetch("SELECT model FROM action_versions")
+        assert len(versions) == 4 and sum(v["model"] != {} for v in versions) == 1
 
     # Once the operator lists the variable, its value goes to an allowed endpoint.
     monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
@@ -474,6 +496,31 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
     executed = await run(gql, admin, action_id, "hi")
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert chat(model_server)[0].headers["authorization"] == "Bearer sk-team"
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+
+
+async def test_a_model_nobody_answers_fails_the_turn_naming_the_setting_to_change(
+    gql: GQL, admin: Caller, state: AppState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The deployment's default endpoint: the message names ENGRAM_MODEL_BASE_URL.
+    dead = _closed_port_url()
+    monkeypatch.setattr(state.settings, "model_base_url", dead)
+    executed = await run(gql, admin, await make_agent(gql, admin, None), "hi")
+    assert executed["status"] == "FAILED"
+    assert "ENGRAM_MODEL_BASE_URL" in executed["error"], executed["error"]
+    assert dead in executed["error"]
+    # An action's own endpoint: the message names the action's model.baseUrl.
+    other = _closed_port_url()
+    monkeypatch.setattr(state.settings, "model_allowed_base_urls", [other])
+    action_id = await make_agent(gql, admin, None, model={"baseUrl": other})
+    executed = await run(gql, admin, action_id, "hi")
+    assert executed["status"] == "FAILED"
+    assert "model.baseUrl" in executed["error"] and "ENGRAM_MODEL_BASE_URL" not in executed["error"]
 
 
 async def test_transient_model_errors_are_retried(

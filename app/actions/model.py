@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.config import Settings
 from app.errors import BadInput
 
 _FIELDS = ("baseUrl", "name", "apiKeyEnv", "temperature", "maxTokens", "contextTokens")
@@ -12,6 +13,9 @@ _FIELDS = ("baseUrl", "name", "apiKeyEnv", "temperature", "maxTokens", "contextT
 MIN_CONTEXT_TOKENS = 256
 MAX_CONTEXT_TOKENS = 10_000_000
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# The service's own secrets (database URL, bootstrap token) must never leave with a request
+# to an endpoint an action names.
+_RESERVED_ENV_PREFIX = "ENGRAM_"
 
 
 @dataclass(frozen=True)
@@ -72,3 +76,30 @@ def parse_model(value: Any) -> tuple[ModelConfig, dict[str, Any]]:
             )
     config = ModelConfig(base_url, value.get("name"), env, temperature, max_tokens, context_tokens)
     return config, dict(value)
+
+
+def check_endpoint(config: ModelConfig, settings: Settings) -> None:
+    """Refuses a model configuration that names an endpoint or key variable the operator has
+    not allowed: whoever may write an action must not be able to send a host secret to a
+    server of its own choosing. Checked when an action is written (createAction,
+    updateAction) and again at each model call, as the allow-lists may change meanwhile."""
+    if config.api_key_env is not None:
+        if config.api_key_env.startswith(_RESERVED_ENV_PREFIX):
+            raise BadInput(
+                f"model.apiKeyEnv may not name {config.api_key_env}: ENGRAM_* variables hold the "
+                "service's own settings; put the model's key in another variable"
+            )
+        if config.api_key_env not in settings.model_allowed_key_envs:
+            raise BadInput(
+                f"model.apiKeyEnv names {config.api_key_env}, which this deployment does not "
+                "allow: the operator must add it to ENGRAM_MODEL_ALLOWED_KEY_ENVS (a JSON list), "
+                "or the action must drop apiKeyEnv"
+            )
+    if config.base_url is not None:
+        allowed = [settings.model_base_url, *settings.model_allowed_base_urls]
+        if config.base_url.rstrip("/") not in {u.rstrip("/") for u in allowed}:
+            raise BadInput(
+                f"model.baseUrl {config.base_url} is not an endpoint this deployment allows: the "
+                "operator must add it to ENGRAM_MODEL_ALLOWED_BASE_URLS (a JSON list), or the "
+                "action must drop baseUrl to use ENGRAM_MODEL_BASE_URL"
+            )

@@ -10,9 +10,10 @@ import asyncpg
 
 from app.actions import store
 from app.actions.harness import Harness, parse_harness
-from app.actions.model import ModelConfig, parse_model
+from app.actions.model import ModelConfig, check_endpoint, parse_model
 from app.auth import resources
 from app.auth.caller import Caller
+from app.config import Settings
 from app.errors import BadInput, NotFound
 
 MAX_INSTRUCTIONS = 64 * 1024
@@ -57,21 +58,35 @@ class ActionVersion:
         )
 
 
-def _values(name: str, instructions: str, model: Any, harness: Harness) -> dict[str, Any]:
+def _values(
+    name: str, instructions: str, model: Any, harness: Harness, settings: Settings | None
+) -> dict[str, Any]:
     name = name.strip()
     if not name or len(name) > 200:
         raise BadInput("name must be 1 to 200 characters")
     if len(instructions.encode()) > MAX_INSTRUCTIONS:
         raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
-    _, model_raw = parse_model(model)
+    config, model_raw = parse_model(model)
+    if settings is not None:
+        # Refused when written, not at the action's first turn (turns check again).
+        check_endpoint(config, settings)
     return {"name": name, "instructions": instructions, "model": model_raw, "harness": harness.raw}
 
 
 async def create_action(
-    pool: asyncpg.Pool, caller: Caller, name: str, instructions: str, model: Any, harness: Any
+    pool: asyncpg.Pool,
+    caller: Caller,
+    name: str,
+    instructions: str,
+    model: Any,
+    harness: Any,
+    *,
+    settings: Settings | None = None,
 ) -> ActionVersion:
+    """A new action. With `settings`, a model naming an endpoint or key variable the
+    deployment does not allow is BadInput (the API always passes them)."""
     caller.require(("INSERT", resources.ACTION))
-    values = _values(name, instructions, model, parse_harness(harness))
+    values = _values(name, instructions, model, parse_harness(harness), settings)
     action_id = uuid.uuid4()
     async with pool.acquire() as conn:
         async with conn.transaction():
@@ -88,6 +103,8 @@ async def update_action(
     instructions: str,
     model: Any,
     harness: Any,
+    *,
+    settings: Settings | None = None,
 ) -> ActionVersion:
     caller.require(("UPDATE", resources.ACTION))
     async with pool.acquire() as conn:
@@ -96,7 +113,7 @@ async def update_action(
             if current is None:
                 raise NotFound(f"action {action_id} not found")
             previous = parse_harness(current["harness"])
-            values = _values(name, instructions, model, parse_harness(harness, previous))
+            values = _values(name, instructions, model, parse_harness(harness, previous), settings)
             version = await store.bump_version(conn, caller.account_id, action_id)
             await store.insert_version(
                 conn, caller.account_id, action_id, version, values, caller.principal

@@ -105,7 +105,7 @@ async def authenticate(pool: asyncpg.Pool, authorization: str | None) -> Caller:
     async with pool.acquire() as conn:
         row = await store.client_by_token(conn, token_hash)
         if row is not None and not row["expired"] and row["stale"]:
-            await store.touch_token(conn, token_hash)
+            await store.touch_token(conn, row["account_id"], token_hash)
     if row is None:
         raise Unauthenticated("the API token is not valid")
     if row["expired"]:

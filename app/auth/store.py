@@ -72,10 +72,29 @@ async def update_client(
 
 
 async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: str) -> Row | None:
-    return await conn.fetchrow(
-        "DELETE FROM clients WHERE account_id = $1 AND principal = $2 RETURNING *",
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            "DELETE FROM clients WHERE account_id = $1 AND principal = $2 RETURNING *",
+            account_id,
+            principal,
+        )
+        # Its tokens went with it (ON DELETE CASCADE); their lookup rows go too.
+        await _forget_tokens(conn, account_id)
+    return row
+
+
+async def _forget_tokens(conn: asyncpg.Connection, account_id: UUID) -> None:
+    """Deletes the account's `token_accounts` rows whose token is gone. The lookup is a
+    reference table and `client_tokens` a distributed one (app/db/distribution.py), so no
+    foreign key can do it; a row left behind would find nothing anyway."""
+    await conn.execute(
+        """
+        DELETE FROM token_accounts ta
+        WHERE ta.account_id = $1
+          AND NOT EXISTS (SELECT FROM client_tokens t
+                          WHERE t.account_id = $1 AND t.token_hash = ta.token_hash)
+        """,
         account_id,
-        principal,
     )
 
 
@@ -91,6 +110,12 @@ async def insert_token(
     prefix: str | None = None,
     expires: datetime | None = None,
 ) -> Row:
+    # A token hash belongs to one account: the lookup's primary key refuses a second.
+    await conn.execute(
+        "INSERT INTO token_accounts (token_hash, account_id) VALUES ($1, $2)",
+        token_hash,
+        account_id,
+    )
     return await conn.fetchrow(
         f"""
         INSERT INTO client_tokens (token_hash, account_id, principal, prefix, expires)
@@ -119,11 +144,23 @@ async def replace_bootstrap_token(
         account_id,
         principal,
     )
+    await _forget_tokens(conn, account_id)
+    owner = await conn.fetchval(
+        """
+        INSERT INTO token_accounts (token_hash, account_id) VALUES ($1, $2)
+        ON CONFLICT (token_hash) DO UPDATE SET account_id = token_accounts.account_id
+        RETURNING account_id
+        """,
+        token_hash,
+        account_id,
+    )
+    if owner != account_id:
+        return  # another account's token has this value (as before: left as it is)
     await conn.execute(
         """
         INSERT INTO client_tokens (token_hash, account_id, principal, prefix, bootstrap)
         VALUES ($1, $2, $3, $4, true)
-        ON CONFLICT (token_hash) DO UPDATE
+        ON CONFLICT (account_id, token_hash) DO UPDATE
         SET bootstrap = true, prefix = coalesce(client_tokens.prefix, excluded.prefix)
         WHERE client_tokens.account_id = excluded.account_id
           AND client_tokens.principal = excluded.principal
@@ -158,15 +195,23 @@ async def list_tokens(conn: asyncpg.Connection, account_id: UUID, principal: str
 async def delete_token(
     conn: asyncpg.Connection, account_id: UUID, principal: str, token_id: UUID
 ) -> Row | None:
-    return await conn.fetchrow(
-        f"""
-        DELETE FROM client_tokens WHERE account_id = $1 AND principal = $2 AND token_id = $3
-        RETURNING {_TOKEN_COLUMNS}
-        """,
-        account_id,
-        principal,
-        token_id,
-    )
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            f"""
+            DELETE FROM client_tokens WHERE account_id = $1 AND principal = $2 AND token_id = $3
+            RETURNING {_TOKEN_COLUMNS}, token_hash
+            """,
+            account_id,
+            principal,
+            token_id,
+        )
+        if row is not None:
+            await conn.execute(
+                "DELETE FROM token_accounts WHERE account_id = $1 AND token_hash = $2",
+                account_id,
+                row["token_hash"],
+            )
+    return row
 
 
 async def client_by_token(conn: asyncpg.Connection, token_hash: bytes) -> Row | None:
@@ -177,20 +222,23 @@ async def client_by_token(conn: asyncpg.Connection, token_hash: bytes) -> Row | 
         SELECT c.account_id, c.principal, c.policies, a.is_default, t.expires,
                coalesce(t.expires <= now(), false) AS expired,
                coalesce(t.last_used < now() - interval '1 minute', true) AS stale
-        FROM client_tokens t
+        FROM token_accounts ta
+        JOIN client_tokens t ON t.account_id = ta.account_id AND t.token_hash = ta.token_hash
         JOIN clients c ON c.account_id = t.account_id AND c.principal = t.principal
         JOIN accounts a ON a.account_id = c.account_id
-        WHERE t.token_hash = $1
+        WHERE ta.token_hash = $1
         """,
         token_hash,
     )
 
 
-async def touch_token(conn: asyncpg.Connection, token_hash: bytes) -> None:
+async def touch_token(conn: asyncpg.Connection, account_id: UUID, token_hash: bytes) -> None:
     await conn.execute(
         """
         UPDATE client_tokens SET last_used = now()
-        WHERE token_hash = $1 AND (last_used IS NULL OR last_used < now() - interval '1 minute')
+        WHERE account_id = $1 AND token_hash = $2
+          AND (last_used IS NULL OR last_used < now() - interval '1 minute')
         """,
+        account_id,
         token_hash,
     )

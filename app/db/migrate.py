@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 
@@ -24,4 +25,12 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    """Migrates, one process at a time: several `engram serve` starting together against one
+    database would otherwise run the same migration twice (a session advisory lock, held on
+    a connection of its own while alembic works on another)."""
+    with psycopg.connect(url, autocommit=True) as lock:
+        lock.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
+        try:
+            command.upgrade(alembic_config(url), revision)
+        finally:
+            lock.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")

@@ -143,6 +143,7 @@ class ActionMutation:
             input.instructions,
             input.model,
             input.harness,
+            settings=info.context.state.settings,
         )
         return Action.of(created, written=True)
 
@@ -158,5 +159,6 @@ class ActionMutation:
             input.instructions,
             input.model,
             input.harness,
+            settings=info.context.state.settings,
         )
         return Action.of(updated, written=True)

@@ -31,6 +31,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -39,6 +41,10 @@ import asyncpg
 log = logging.getLogger(__name__)
 
 _LOCK = "hashtext('engram.search_maintenance')"
+# The `deployment` row that says which process ran the last round, when it started and when it
+# finished (null while it runs): several processes share a database, one round at a time.
+ROUND_KEY = "search_maintenance.round"
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # Storage options of an agent's HNSW and GIN indexes. Measured at 200,000 records
 # (bench/README.md), recall of the exact top-10 at hnsw.ef_search 60 (the search's): 0.95
 # with ef_construction 128, 0.97 with 256 (build about twice as long); pgvector's default of 64
@@ -253,6 +259,25 @@ async def index_agents(
     return built, dropped, failed, waiting
 
 
+async def _record_round(conn: asyncpg.Connection, *, finished: bool) -> None:
+    """Records this process's round in `deployment` (ROUND_KEY), under the round's lock."""
+    await conn.execute(
+        """
+        INSERT INTO deployment (key, value, modified)
+        VALUES ($1, jsonb_build_object('process', $2::text, 'started', clock_timestamp(),
+                                       'finished', null), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE
+        SET value = CASE WHEN $3 THEN jsonb_set(deployment.value, '{finished}',
+                                                to_jsonb(clock_timestamp()))
+                         ELSE excluded.value END,
+            modified = excluded.modified
+        """,
+        ROUND_KEY,
+        PROCESS,
+        finished,
+    )
+
+
 async def run_round(
     pool: asyncpg.Pool,
     min_records: int,
@@ -267,13 +292,16 @@ async def run_round(
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
             return None
         try:
+            await _record_round(conn, finished=False)
             words = await refresh_words(conn)
             if build_memory:
                 # Session-wide for this connection; the pool resets it on release.
                 await conn.execute(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
-            return Round(words, *await index_agents(conn, min_records, max_agents, linger))
+            done = Round(words, *await index_agents(conn, min_records, max_agents, linger))
+            await _record_round(conn, finished=True)
+            return done
         finally:
             await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
 

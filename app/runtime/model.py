@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 import httpx
 
-from app.actions.model import ModelConfig
+from app.actions.model import ModelConfig, check_endpoint
 from app.config import Settings
-from app.errors import BadInput
 from app.http_retry import RetriesExhausted, post_with_retries, server_message
 from app.observability import metrics
 from app.text import storable
@@ -26,9 +25,6 @@ from app.text import storable
 Purpose = Literal["turn", "memory", "context"]
 PURPOSE_HEADER = "X-Engram-Purpose"
 _RETRIED_4XX = frozenset({429})
-# The service's own secrets (database URL, bootstrap token) must never leave with a request
-# to an endpoint an action names.
-_RESERVED_ENV_PREFIX = "ENGRAM_"
 # An upstream error body may echo the request (or anything else): only its start is kept.
 _EXCERPT_CHARS = 200
 
@@ -67,32 +63,8 @@ class Endpoint:
     api_key: str | None
     temperature: float | None
     max_tokens: int | None
-
-
-def check_endpoint(config: ModelConfig, settings: Settings) -> None:
-    """Refuses a model configuration that names an endpoint or key variable the operator has
-    not allowed: whoever may write an action must not be able to send a host secret to a
-    server of its own choosing."""
-    if config.api_key_env is not None:
-        if config.api_key_env.startswith(_RESERVED_ENV_PREFIX):
-            raise BadInput(
-                f"model.apiKeyEnv may not name {config.api_key_env}: ENGRAM_* variables hold the "
-                "service's own settings; put the model's key in another variable"
-            )
-        if config.api_key_env not in settings.model_allowed_key_envs:
-            raise BadInput(
-                f"model.apiKeyEnv names {config.api_key_env}, which this deployment does not "
-                "allow: the operator must add it to ENGRAM_MODEL_ALLOWED_KEY_ENVS (a JSON list), "
-                "or the action must drop apiKeyEnv"
-            )
-    if config.base_url is not None:
-        allowed = [settings.model_base_url, *settings.model_allowed_base_urls]
-        if config.base_url.rstrip("/") not in {u.rstrip("/") for u in allowed}:
-            raise BadInput(
-                f"model.baseUrl {config.base_url} is not an endpoint this deployment allows: the "
-                "operator must add it to ENGRAM_MODEL_ALLOWED_BASE_URLS (a JSON list), or the "
-                "action must drop baseUrl to use ENGRAM_MODEL_BASE_URL"
-            )
+    # What names this endpoint, for a failure message a person can act on.
+    setting: str = "ENGRAM_MODEL_BASE_URL"
 
 
 def resolve_endpoint(config: ModelConfig, settings: Settings) -> Endpoint:
@@ -116,6 +88,9 @@ def resolve_endpoint(config: ModelConfig, settings: Settings) -> Endpoint:
         api_key=api_key,
         temperature=config.temperature,
         max_tokens=config.max_tokens,
+        setting="ENGRAM_MODEL_BASE_URL"
+        if config.base_url is None
+        else "the action's model.baseUrl",
     )
 
 
@@ -254,8 +229,15 @@ class ModelClient:
             ) from e
         except RetriesExhausted as e:
             last = _excerpt(str(e.last))
+            fix = ""
+            if isinstance(e.last.__cause__, httpx.TransportError):
+                # No answer at all: most often the endpoint is wrong or its server is down.
+                fix = (
+                    f"; no model server answers there: start one, or point {endpoint.setting} "
+                    "at an OpenAI-compatible endpoint that runs"
+                )
             raise ModelFailed(
-                f"the model at {endpoint.url} failed {e.attempts} times, last: {last}"
+                f"the model at {endpoint.url} failed {e.attempts} times, last: {last}{fix}"
             ) from e
         if response.status_code >= 400:
             raise ModelFailed(

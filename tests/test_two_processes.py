@@ -1,0 +1,130 @@
+"""Past one machine (issue 16): two `engram serve` processes against one PostgreSQL
+(ENGRAM_DATABASE_URL), started together on an empty database. They migrate it once between
+them, a write through one is read through the other, and search upkeep runs in one process at
+a time (the round's advisory lock; each round is recorded in `deployment`)."""
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from test_cli import Served, clean_env, free_port, gql
+
+from app.db.embedded import EmbeddedPostgres
+from app.memory.maintenance import ROUND_KEY
+
+LOCK = "hashtext('engram.search_maintenance')"
+CREATE = """mutation($input: ActionInput!) { createAction(input: $input) { actionId } }"""
+ADD = """mutation($a: UUID!, $input: AgentMemoryInput!) {
+  addAgentMemory(actionId: $a, input: $input) { memoryId } }"""
+READ = """query($a: UUID!, $id: UUID!) {
+  agentMemory(actionId: $a, id: $id) { memoryId summary modifiedBy } }"""
+SEARCH = """query($a: UUID!, $q: String!) {
+  action(actionId: $a) { searchMemories(query: $q, first: 5) { edges { node { summary } } } } }"""
+TOKEN = """mutation { createClientToken(principal: "admin") { token } }"""
+
+
+@pytest.fixture
+async def empty_db(pg_server: EmbeddedPostgres) -> AsyncIterator[str]:
+    name = f"engram_two_{os.getpid()}"
+    conn = await asyncpg.connect(pg_server.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    yield pg_server.uri(name)
+    conn = await asyncpg.connect(pg_server.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def _round(conn: asyncpg.Connection) -> dict | None:
+    value = await conn.fetchval("SELECT value FROM deployment WHERE key = $1", ROUND_KEY)
+    return None if value is None else json.loads(value)
+
+
+async def test_two_serve_processes_share_one_database(empty_db: str, tmp_path: Path) -> None:
+    token = secrets.token_hex(32)
+    ports = [free_port(), free_port()]
+    served = [
+        Served(
+            clean_env(
+                database_url=empty_db,
+                port=str(port),
+                bootstrap_token=token,
+                search_maintenance_seconds="0.2",
+                data_dir=str(tmp_path / f"unused{i}"),
+            ),
+            tmp_path / f"serve{i}.log",
+        )
+        for i, port in enumerate(ports)
+    ]
+    try:
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        for s, url in zip(served, urls, strict=True):
+            await asyncio.to_thread(s.wait_healthy, url, 120)
+        a, b = urls
+
+        # A write through one is read (and searched) through the other.
+        harness = {"memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}}
+        created = await asyncio.to_thread(
+            gql, a, token, CREATE, input={"name": "shared", "harness": harness}
+        )
+        action = created["createAction"]["actionId"]
+        memory = {"summary": "the customer prefers invoices by post", "kind": "fact"}
+        added = await asyncio.to_thread(gql, a, token, ADD, a=action, input=memory)
+        memory_id = added["addAgentMemory"]["memoryId"]
+        read = await asyncio.to_thread(gql, b, token, READ, a=action, id=memory_id)
+        assert read["agentMemory"]["summary"] == memory["summary"]
+        found = await asyncio.to_thread(gql, b, token, SEARCH, a=action, q="invoices by post")
+        edges = found["action"]["searchMemories"]["edges"]
+        assert [e["node"]["summary"] for e in edges] == [memory["summary"]]
+        # A token issued through one process works on the other.
+        issued = await asyncio.to_thread(gql, b, token, TOKEN)
+        other = issued["createClientToken"]["token"]
+        assert await asyncio.to_thread(gql, a, other, READ, a=action, id=memory_id)
+
+        conn = await asyncpg.connect(empty_db)
+        try:
+            # Migrated once between them (both ran `alembic upgrade` at start, one at a time).
+            assert await conn.fetchval("SELECT count(*) FROM alembic_version") == 1
+            assert await conn.fetchval("SELECT count(*) FROM service_processes") == 2
+
+            # Both processes run upkeep rounds, each recording itself; one at a time.
+            pids = {f"{os.uname().nodename}:{s.proc.pid}" for s in served}
+            seen: set[str] = set()
+            deadline = time.monotonic() + 30
+            while seen != pids and time.monotonic() < deadline:
+                value = await _round(conn)
+                if value is not None:
+                    seen.add(value["process"])
+                await asyncio.sleep(0.02)
+            assert seen == pids
+
+            # While another holds the round's lock (as a process in its round does), neither
+            # process starts a round; once it is released, rounds go on.
+            await conn.execute(f"SELECT pg_advisory_lock({LOCK})")
+            held = await _round(conn)
+            assert held is not None and held["finished"] is not None
+            await asyncio.sleep(1.5)  # several intervals of both processes
+            assert await _round(conn) == held
+            await conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
+            deadline = time.monotonic() + 10
+            while await _round(conn) == held and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert await _round(conn) != held
+        finally:
+            await conn.close()
+    finally:
+        for s in served:
+            s.kill()
+    for s in served:
+        assert "Traceback" not in s.log.read_text(), s.log.read_text()
