@@ -27,6 +27,7 @@ from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.services import start_services, stop_services
 from app.state import AppState
+from app.web.console import mount_console
 
 log = logging.getLogger(__name__)
 
@@ -216,4 +217,5 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
     router = _Router(schema, context_getter=context_getter, allow_queries_via_get=False)
     router.introspection = settings.introspection
     app.include_router(router, prefix="/graphql")
+    mount_console(app)
     return app
