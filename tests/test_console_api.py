@@ -1,13 +1,16 @@
 """The API additions the console needs (issue 17), for every client: `clients(first, after)`,
 filters on `Action.memories`, and `viewer.allowed(operations)`."""
 
-from helpers import allow, caller, make_account
+import httpx
+from helpers import allow, caller, db_settings, make_account
 from memory_helpers import forget, make_agent, remember
+from test_http import serving
 
 from app.auth import operations
 from app.auth import resources as r
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
+from app.web.console import STATIC
 
 CLIENTS = """query($first: Int!, $after: String, $a: UUID) {
   clients(first: $first, after: $after, accountId: $a) {
@@ -171,3 +174,23 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
         who = caller(account, *[allow([v], res) for v, res in grants])
         assert (await gql(who, ALLOWED, ops=[name])).ok()["viewer"]["allowed"][0]["allowed"]
         assert (await gql(who, query, **variables)).ok(), name
+
+
+def test_the_console_is_served_from_the_package_with_nothing_from_elsewhere(db_url, embedder):
+    """Issue 17: /console serves the shipped files, under a policy that lets the page load and
+    call nothing but this server; the files name no other host and never parse data as HTML."""
+    with serving(db_settings(db_url), embedder) as url, httpx.Client(base_url=url) as http:
+        moved = http.get("/console")
+        assert moved.status_code == 308 and moved.headers["location"] == "/console/"
+        page = http.get("/console/")
+        assert page.status_code == 200 and 'src="app.js"' in page.text
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+        assert "frame-ancestors 'none'" in policy
+        script = http.get("/console/app.js")
+        assert script.headers["content-type"].startswith(("text/javascript", "application/"))
+        assert http.get("/console/nothing.js").status_code == 404
+    for path in STATIC.iterdir():
+        text = path.read_text()
+        assert "http://" not in text and "https://" not in text, path.name
+        assert "innerHTML" not in text and "insertAdjacentHTML" not in text, path.name

@@ -34,6 +34,8 @@ HARNESS = {
         "tools": ["add_memory", "read_memory", "delete_memory"],
     }
 }
+# Data is shown as text: markup in a record must not become page elements or run.
+HOSTILE = '<img src=x onerror="window.pwned=1"><b>bold</b> & <script>window.pwned=2</script>'
 READER = [
     {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]},
     {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.AgentMemory.*"]},
@@ -82,8 +84,6 @@ def seed(api: Api, model: OpenAIServer) -> dict[str, str]:
         "mutation($i: ActionInput!) { createAction(input: $i) { actionId } }",
         i={"name": "Support desk", "instructions": "Help customers.", "harness": HARNESS},
     )["createAction"]["actionId"]
-    add = """mutation($a: UUID!, $i: AgentMemoryInput!) {
-      addAgentMemory(actionId: $a, input: $i) { memoryId } }"""
     ids = {}
     for summary, kind in [
         ("Customer c-42 prefers espresso over filter coffee", "fact"),
@@ -97,7 +97,7 @@ def seed(api: Api, model: OpenAIServer) -> dict[str, str]:
             "labels": [{"name": "customer_id", "value": "c-42"}],
             "sessionId": "s-1",
         }
-        ids[kind] = api(add, a=agent, i=record)["addAgentMemory"]["memoryId"]
+        ids[kind] = api(ADD, a=agent, i=record)["addAgentMemory"]["memoryId"]
     # One turn: the agent saves a record with a tool, then answers.
     model.call_tools(
         ("add_memory", {"summary": "Customer c-42 asked about a late order", "kind": "event"}),
@@ -136,6 +136,10 @@ def seed(api: Api, model: OpenAIServer) -> dict[str, str]:
         i={"name": "Other tenant's secret agent", "harness": HARNESS},
     )["createAction"]["actionId"]
     return {"agent": agent, "espresso": ids["fact"], "reader": reader, "other": secret}
+
+
+ADD = """mutation($a: UUID!, $i: AgentMemoryInput!) {
+  addAgentMemory(actionId: $a, input: $i) { memoryId } }"""
 
 
 @asynccontextmanager
@@ -224,6 +228,10 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
             re.compile(r"^\d\.\d{4}$")
         )
         await page.screenshot(path=screenshot_path("console-memories.png"), full_page=True)
+        await page.screenshot(  # the README's picture (docs/console.png), kept small
+            path=screenshot_path("console-readme.png"),
+            clip={"x": 0, "y": 0, "width": 1280, "height": 640},
+        )
         await page.set_viewport_size({"width": 390, "height": 844})
         await page.screenshot(path=screenshot_path("console-memories-phone.png"), full_page=True)
         await page.set_viewport_size({"width": 1280, "height": 900})
@@ -238,12 +246,22 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         await page.screenshot(path=screenshot_path("console-record.png"), full_page=True)
 
         # Delete, after a confirmation that says what deleting does and does not remove.
-        await page.get_by_role("button", name="Delete this record…").click()
+        # With the keyboard alone: the dialog opens on Cancel, Tab reaches the delete button.
+        await page.get_by_role("button", name="Delete this record…").focus()
+        await page.keyboard.press("Enter")
         dialog = page.get_by_role("dialog")
         await expect(dialog).to_contain_text("no longer recalls")
         await expect(dialog).to_contain_text("does not erase")
+        await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
         await page.screenshot(path=screenshot_path("console-delete-confirm.png"))
-        await dialog.get_by_role("button", name="Delete record").click()
+        await page.keyboard.press("Escape")  # Escape cancels: nothing deleted
+        await expect(dialog).to_be_hidden()
+        await expect(history.locator("li")).to_have_count(1)
+        await page.get_by_role("button", name="Delete this record…").focus()
+        await page.keyboard.press("Enter")
+        await page.keyboard.press("Tab")
+        await expect(dialog.get_by_role("button", name="Delete record")).to_be_focused()
+        await page.keyboard.press("Enter")
         await expect(page.get_by_role("status")).to_contain_text("Deleted")
         await expect(history.locator("li")).to_have_count(2)
         await expect(history.locator("li").first).to_contain_text("DELETED")
@@ -269,6 +287,15 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         await expect(events.filter(has_text="Tool execution").first).to_contain_text("add_memory")
         await expect(events.filter(has_text="Output").last).to_contain_text("ships tomorrow")
         await page.screenshot(path=screenshot_path("console-session.png"), full_page=True)
+        # History search shows once the schema has it (session history, issue 13).
+        fields = Api(url, ADMIN)('{ __type(name: "ActionSession") { fields { name } } }')
+        has_search = "searchHistory" in {f["name"] for f in fields["__type"]["fields"]}
+        box = page.get_by_label("Search this session's history")
+        await expect(box).to_have_count(1 if has_search else 0)
+        if has_search:
+            await box.fill("order")
+            await box.press("Enter")
+            await expect(page.get_by_role("alert")).to_have_count(0)
 
         # Clients and tokens: create one, shown once, then revoke it.
         await page.get_by_role("link", name="Clients and tokens").click()
@@ -296,6 +323,7 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
 
     async with console(db_url, embedder) as (url, page, seeded):
         agent, record = seeded["agent"], seeded["espresso"]
+        Api(url, ADMIN)(ADD, a=agent, i={"summary": HOSTILE, "kind": "reference"})
         await sign_in(page, url, seeded["reader"])
         # No clients view for a token without the grant.
         await expect(page.get_by_role("link", name="Clients and tokens")).to_have_count(0)
@@ -303,6 +331,14 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
         title = "Customer c-42 prefers espresso over filter coffee"
         await expect(page.get_by_role("heading", name=title)).to_be_visible()
         await expect(page.get_by_role("button", name="Delete this record…")).to_have_count(0)
+        # Markup in a record shows as its text, in the list and on its page.
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        await expect(page.get_by_role("link", name=HOSTILE)).to_be_visible()
+        await page.get_by_role("link", name=HOSTILE).click()
+        await expect(page.get_by_role("heading", name=HOSTILE)).to_be_visible()
+        assert await page.evaluate("window.pwned") is None
+        assert await page.locator("main img, main b, main script").count() == 0
+
         # A view the grants refuse reads as a sentence, not JSON.
         await page.goto(f"{url}/console/#/clients")
         await expect(page.locator(".notice")).to_contain_text(
