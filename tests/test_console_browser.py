@@ -214,6 +214,12 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         await expect(error).to_contain_text("harness.memory.extraction.every")
         await expect(harness).to_have_attribute("aria-invalid", "")
         await page.screenshot(path=screenshot_path("console-agent-edit.png"), full_page=True)
+        # Corrected, it saves as the next version; the first stays readable.
+        await harness.fill(json.dumps(HARNESS))
+        await page.get_by_label("Instructions").fill("Help customers kindly.")
+        await page.get_by_label("Instructions").press("Control+Enter")
+        await expect(page.get_by_role("heading", name="Version 2 (current)")).to_be_visible()
+        await expect(page.locator("details.version summary")).to_contain_text("Version 1")
 
         # Memories: find the record by search, with scores.
         await page.get_by_role("link", name="Memories").click()
@@ -324,6 +330,13 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
     async with console(db_url, embedder) as (url, page, seeded):
         agent, record = seeded["agent"], seeded["espresso"]
         Api(url, ADMIN)(ADD, a=agent, i={"summary": HOSTILE, "kind": "reference"})
+        # A token the server does not know is refused at the field, in a sentence.
+        await page.goto(url + "/console")
+        await page.get_by_label("API token").fill("not-a-token")
+        await page.get_by_label("API token").press("Enter")
+        await expect(page.get_by_role("alert")).to_have_text(
+            "The server did not accept this token (it may be revoked or expired). Sign in again."
+        )
         await sign_in(page, url, seeded["reader"])
         # No clients view for a token without the grant.
         await expect(page.get_by_role("link", name="Clients and tokens")).to_have_count(0)
