@@ -43,6 +43,10 @@ OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "Action.executions": (("SELECT", r.EXECUTION_INDEX),) + EXECUTION_READ,
     "ActionSession.executions": (("SELECT", r.SESSION_INDEX),) + EXECUTION_READ,
     "ActionExecution.transcript": (("SELECT", r.EXECUTION_TRANSCRIPT),),
+    # Session history (issue 13).
+    "ActionSession.history": (("SELECT", r.EXECUTION_TRANSCRIPT),),
+    "ActionSession.searchHistory": (("SELECT", r.EXECUTION_TRANSCRIPT),),
+    "eraseSession": (("DELETE", r.EXECUTION_DOCUMENT),),
 }
 
 

@@ -8,6 +8,7 @@ const OPERATIONS = [
   "actions", "action", "updateAction",
   "Action.memories", "Action.searchMemories", "deleteAgentMemory",
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript",
+  "ActionSession.searchHistory",
   "clients", "Client.tokens", "createClientToken", "revokeClientToken",
 ];
 const WHAT = {
@@ -627,7 +628,7 @@ async function sessionView({ actionId, sessionId }) {
   }
   await load(null);
   if (!found) return notFound(gone);
-  if (can("ActionExecution.transcript") && await hasHistorySearch()) {
+  if (can("ActionSession.searchHistory") && await hasHistorySearch()) {
     const query = h("input", { type: "search", required: true });
     const results = h("div");
     out.push(h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
