@@ -142,6 +142,7 @@ def seed(api: Api, model: OpenAIServer) -> dict[str, str]:
     return {
         "agent": agent,
         "espresso": ids["fact"],
+        "refunds": ids["guidance"],
         "reader": reader,
         "other": secret,
         "history": has_history,
@@ -355,6 +356,14 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
         title = "Customer c-42 prefers espresso over filter coffee"
         await expect(page.get_by_role("heading", name=title)).to_be_visible()
         await expect(page.get_by_role("button", name="Delete this record…")).to_have_count(0)
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await page.screenshot(path=screenshot_path("console-record-phone.png"), full_page=True)
+        await page.set_viewport_size({"width": 1280, "height": 900})
+        # Its agent reads, but offers no edit: the token may not UPDATE agents.
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.get_by_role("heading", name="Support desk")).to_be_visible()
+        await expect(page.get_by_role("button", name="Save new version")).to_have_count(0)
+        await expect(page.get_by_role("link", name="Sessions")).to_have_count(0)
         # Markup in a record shows as its text, in the list and on its page.
         await page.goto(f"{url}/console/#/agents/{agent}/memories")
         await expect(page.get_by_role("link", name=HOSTILE)).to_be_visible()
@@ -362,6 +371,28 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
         await expect(page.get_by_role("heading", name=HOSTILE)).to_be_visible()
         assert await page.evaluate("window.pwned") is None
         assert await page.locator("main img, main b, main script").count() == 0
+
+        # A correction: the new record's page shows the supersede chain, oldest first.
+        corrected = Api(url, ADMIN)(
+            ADD,
+            a=agent,
+            i={
+                "summary": "Refunds over 200 EUR need a manager",
+                "kind": "guidance",
+                "replaces": seeded["refunds"],
+            },
+        )["addAgentMemory"]["memoryId"]
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{corrected}")
+        chain = page.locator("h2:text('Supersede chain') + ol > li")
+        await expect(chain).to_have_count(2)
+        await expect(chain.nth(0)).to_contain_text("Refunds over 100 EUR need a manager")
+        await expect(chain.nth(0)).to_contain_text("SUPERSEDED")
+        await expect(chain.nth(1)).to_contain_text("(this record)")
+        await chain.nth(0).get_by_role("link").click()
+        await expect(page.get_by_role("heading", name="Refunds over 100 EUR")).to_be_visible()
+        await expect(page.get_by_role("list", name="Version history")).to_contain_text(
+            "Replaced by"
+        )
 
         # A view the grants refuse reads as a sentence, not JSON.
         await page.goto(f"{url}/console/#/clients")

@@ -747,21 +747,21 @@ const ROUTES = [
 
 async function route() {
   if (!viewer) return;
-  const path = decodeURI(location.hash.replace(/^#/, "")) || "/";
+  const path = location.hash.replace(/^#/, "") || "/";
   const mine = ++rendering;
-  let view = null;
-  let params = {};
-  for (const [pattern, fn, names] of ROUTES) {
-    const m = pattern.exec(location.hash.replace(/^#/, "") || "/");
-    if (m) {
-      view = fn;
-      names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
-      break;
-    }
-  }
   main.setAttribute("aria-busy", "true");
   let content;
   try {
+    let view = null;
+    const params = {};
+    for (const [pattern, fn, names] of ROUTES) {
+      const m = pattern.exec(path);
+      if (m) {
+        view = fn;
+        names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
+        break;
+      }
+    }
     content = view ? await view(params) : notFound(`There is no page at ${path}.`);
   } catch (error) {
     content = [h("h1", { tabindex: -1 }, "Something went wrong"), problem(error)];
