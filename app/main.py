@@ -32,6 +32,7 @@ from app.observability.requests import Observe
 from app.services import start_services, stop_services
 from app.state import AppState
 from app.web import graphiql
+from app.web.console import mount_console
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,7 @@ def create_app(
     router = _Router(schema, context_getter=context_getter, allow_queries_via_get=False)
     router.introspection = settings.introspection
     app.include_router(router, prefix="/graphql")
+    mount_console(app)
     app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
     # Outermost: every request, refused ones included, gets its ID, log line and metrics.
     app.add_middleware(Observe, metrics=metrics)

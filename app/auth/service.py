@@ -199,6 +199,22 @@ async def get_client(
     return Client.of(row) if row else None
 
 
+async def list_clients(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    account_id: UUID | None,
+    *,
+    after: str | None,
+    limit: int,
+) -> list[Client]:
+    """The account's clients by principal, after the principal `after`."""
+    caller.require(("SELECT", resources.CLIENT))
+    account_id = caller.reach_account(account_id)
+    async with pool.acquire() as conn:
+        rows = await store.list_clients(conn, account_id, after, limit)
+    return [Client.of(r) for r in rows]
+
+
 async def update_client(
     pool: asyncpg.Pool,
     caller: Caller,

@@ -180,6 +180,23 @@ async def count_tokens(conn: asyncpg.Connection, account_id: UUID, principal: st
     )
 
 
+async def list_clients(
+    conn: asyncpg.Connection, account_id: UUID, after: str | None, limit: int
+) -> list[Row]:
+    """A page of the account's clients by principal (the primary key's order)."""
+    return await conn.fetch(
+        """
+        SELECT * FROM clients
+        WHERE account_id = $1 AND ($2::text IS NULL OR principal > $2)
+        ORDER BY principal
+        LIMIT $3
+        """,
+        account_id,
+        after,
+        limit,
+    )
+
+
 async def list_tokens(conn: asyncpg.Connection, account_id: UUID, principal: str) -> list[Row]:
     return await conn.fetch(
         f"""

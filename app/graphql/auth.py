@@ -7,12 +7,22 @@ from uuid import UUID
 import strawberry
 
 from app.auth import service
+from app.auth.operations import permissions
 from app.auth.service import Client as ClientRecord
 from app.auth.service import TokenInfo
 from app.errors import BadInput
 from app.graphql.context import Info
 from app.graphql.node import node_type
-from app.graphql.relay import Node, global_id, parse_uuid
+from app.graphql.relay import (
+    Connection,
+    Node,
+    check_first,
+    connection,
+    decode_cursor,
+    encode_cursor,
+    global_id,
+    parse_uuid,
+)
 from app.graphql.scalars import Timestamp
 
 
@@ -146,10 +156,30 @@ class ClientToken:
     expires: Timestamp | None
 
 
+@strawberry.type(description="Whether the caller's grants permit one named operation.")
+class AllowedOperation:
+    operation: str
+    allowed: bool
+    reason: str | None = strawberry.field(
+        description="Why not, as a sentence (the grant it lacks); null when allowed."
+    )
+
+
 @strawberry.type
 class Viewer:
     account_id: UUID
     principal: str
+
+    @strawberry.field(
+        description="Which of the named operations (root fields such as `deleteAgentMemory`, "
+        "or `Type.field` such as `Action.memories`) this client's grants permit, in the order "
+        "asked; an unknown name is BAD_REQUEST listing the known ones."
+    )
+    def allowed(self, info: Info, operations: list[str]) -> list[AllowedOperation]:
+        return [
+            AllowedOperation(operation=p.operation, allowed=p.allowed, reason=p.reason)
+            for p in permissions(info.context.caller, operations)
+        ]
 
 
 def _policies(policies: list[PolicyInput]) -> list[dict[str, object]]:
@@ -178,6 +208,32 @@ class AuthQuery:
     def viewer(self, info: Info) -> Viewer:
         caller = info.context.caller
         return Viewer(account_id=caller.account_id, principal=caller.principal)
+
+    @strawberry.field(
+        description="The account's clients by principal (the caller's account unless "
+        "`accountId`). Needs SELECT on financial.Client.document."
+    )
+    async def clients(
+        self, info: Info, first: int, after: str | None = None, account_id: UUID | None = None
+    ) -> Connection[Client]:
+        check_first(first)
+        cursor = decode_cursor(after, 1)
+        if cursor is not None and not isinstance(cursor[0], str):
+            raise BadInput("`after` is not a cursor this connection issued")
+        found = await service.list_clients(
+            info.context.pool,
+            info.context.caller,
+            account_id,
+            after=cursor[0] if cursor else None,
+            limit=first + 1,
+        )
+        return connection(
+            found,
+            first,
+            lambda c: encode_cursor(c.principal),
+            Client.of,
+            has_previous=after is not None,
+        )
 
     @strawberry.field
     async def client(

@@ -239,7 +239,8 @@ class ActionMemoryFields:
 
     @strawberry.field(
         description="The agent's memory records by creation time, newest first unless "
-        "`sort: ASC`; deleted and superseded records are omitted, except preview deletions."
+        "`sort: ASC`; deleted and superseded records are omitted, except preview deletions. "
+        "Optionally filtered by kind, exact label values, scope, preview and status."
     )
     async def memories(
         self,
@@ -248,8 +249,26 @@ class ActionMemoryFields:
         sort: SortOrder | None = SortOrder.DESC,
         first: int,
         after: str | None = None,
+        kind: str | None = None,
+        labels: list[AgentMemoryLabelInput] | None = None,
+        scope: ActionAgentMemoryScope | None = None,
+        preview: bool | None = None,
+        status: Annotated[
+            list[ActionAgentMemoryStatus] | None,
+            strawberry.argument(
+                description="Only records of these statuses (current versions); omitted: "
+                "the usual listing, live records and preview deletions."
+            ),
+        ] = None,
     ) -> Connection[ActionAgentMemory]:
         check_first(first)
+        filters = operator.MemoryFilters(
+            kind=kind,
+            labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
+            scope=scope.value if scope else None,
+            preview=preview,
+            statuses=[s.value for s in status] if status is not None else None,
+        )
         views = await operator.list_memories(
             info.context.pool,
             info.context.caller,
@@ -257,6 +276,7 @@ class ActionMemoryFields:
             limit=first + 1,
             after=decode_keyset(after, UUID),
             ascending=sort == SortOrder.ASC,
+            filters=filters,
         )
         return connection(
             views,

@@ -70,6 +70,40 @@ async def _label_names(
     return {label.number: label.name for label in action.harness.memory.labels}
 
 
+@dataclass(frozen=True)
+class MemoryFilters:
+    """Filters of an operator's listing; None: that field is not filtered."""
+
+    kind: str | None = None
+    labels: Sequence[LabelValue] = ()
+    scope: Scope | None = None
+    preview: bool | None = None
+    statuses: Sequence[str] | None = None  # None: the spec's listing
+
+
+async def _list_filters(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, filters: MemoryFilters
+) -> store.ListFilters:
+    # Imported here: app.memory.search imports this module's types.
+    from app.memory.search import label_numbers
+
+    if filters.statuses is not None and not filters.statuses:
+        raise BadInput("`status` names at least one status; omit it for the usual listing")
+    numbers: dict[int, str] | None = None
+    if filters.labels:
+        action = await load_action(conn, account_id, action_id)
+        if action is None:
+            raise NotFound(f"action {action_id} not found")
+        numbers = label_numbers(action.harness.memory, filters.labels)
+    return store.ListFilters(
+        kind=filters.kind,
+        labels=numbers,
+        scope=filters.scope,
+        preview=filters.preview,
+        statuses=filters.statuses,
+    )
+
+
 async def list_memories(
     pool: asyncpg.Pool,
     caller: Caller,
@@ -78,13 +112,20 @@ async def list_memories(
     limit: int,
     after: tuple[datetime, UUID] | None,
     ascending: bool,
+    filters: MemoryFilters | None = None,
 ) -> list[MemoryView]:
     """Spec: newest first unless ascending; deleted and superseded records omitted, except
-    preview deletions; staged records of running turns never shown."""
+    preview deletions; staged records of running turns never shown. `filters` narrow the
+    listing; only `statuses` widens it, to the records of the statuses it names."""
     caller.require(*resources.READ_MEMORY)
     reader = OperatorReader(caller.account_id, action_id)
     async with pool.acquire() as conn:
-        rows = await store.list_page(conn, reader, after=after, limit=limit, ascending=ascending)
+        narrowed = None
+        if filters is not None:
+            narrowed = await _list_filters(conn, caller.account_id, action_id, filters)
+        rows = await store.list_page(
+            conn, reader, after=after, limit=limit, ascending=ascending, filters=narrowed
+        )
         names = await _label_names(conn, caller.account_id, action_id) if rows else {}
     return [MemoryView(store.record(r), names) for r in rows]
 

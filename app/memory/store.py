@@ -169,6 +169,17 @@ async def list_pinned(conn: asyncpg.Connection, reader: Reader) -> list[Row]:
     )
 
 
+@dataclass(frozen=True)
+class ListFilters:
+    """Optional filters of an operator's listing; None: no filter on that field."""
+
+    kind: str | None = None
+    labels: dict[int, str] | None = None  # label number -> exact value
+    scope: str | None = None
+    preview: bool | None = None
+    statuses: Sequence[str] | None = None  # None: the spec's listing (live records)
+
+
 async def list_page(
     conn: asyncpg.Connection,
     reader: Reader,
@@ -176,10 +187,22 @@ async def list_page(
     after: tuple[datetime, UUID] | None,
     limit: int,
     ascending: bool,
+    filters: ListFilters | None = None,
 ) -> list[Row]:
     """A page of the records the reader lists, by (created, memory_id), after a keyset."""
     p = Params()
-    where = visible(reader, p, "m")
+    f = filters or ListFilters()
+    where = visible(reader, p, "m", any_status=f.statuses is not None)
+    if f.statuses is not None:
+        where += f" AND m.status = any({p(list(f.statuses))}::text[])"
+    if f.kind is not None:
+        where += f" AND m.kind = {p(f.kind)}"
+    if f.scope is not None:
+        where += f" AND m.scope = {p(f.scope)}"
+    if f.preview is not None:
+        where += f" AND m.preview = {p(f.preview)}"
+    if f.labels:
+        where += f" AND m.labels @> {p({str(n): v for n, v in f.labels.items()})}::jsonb"
     if after is not None:
         keyset = f"({p(after[0])}::timestamptz, {p(after[1])}::uuid)"
         where += f" AND (m.created, m.memory_id) {'>' if ascending else '<'} {keyset}"

@@ -1,0 +1,1 @@
+"""Web pages Engram serves itself."""

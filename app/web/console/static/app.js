@@ -1,0 +1,793 @@
+// Engram's console: views over the public GraphQL API. Every view asks only for what the
+// signed-in token's grants allow (viewer.allowed), and says so in a sentence when they do not.
+
+import { ApiError, gql, token } from "./api.js";
+import { append, clear, confirmDialog, field, h, json, link, when } from "./dom.js";
+
+const OPERATIONS = [
+  "actions", "action", "updateAction",
+  "Action.memories", "Action.searchMemories", "deleteAgentMemory",
+  "Action.sessions", "ActionSession.executions", "ActionExecution.transcript",
+  "ActionSession.searchHistory",
+  "clients", "Client.tokens", "createClientToken", "revokeClientToken",
+];
+const WHAT = {
+  actions: "listing agents",
+  action: "reading an agent's configuration",
+  updateAction: "editing agents",
+  "Action.memories": "listing this agent's memories",
+  "Action.searchMemories": "searching memories",
+  deleteAgentMemory: "deleting memories",
+  "Action.sessions": "listing sessions",
+  "ActionSession.executions": "reading a session's turns",
+  "ActionExecution.transcript": "reading transcripts",
+  clients: "listing clients",
+  "Client.tokens": "listing tokens",
+};
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+const PAGE = 20;
+
+const main = document.getElementById("main");
+const nav = document.getElementById("nav");
+let viewer = null; // { principal, accountId, allowed: {op: {allowed, reason}} }
+let historySearch = null; // whether the schema has ActionSession.searchHistory
+let rendering = 0;
+
+const can = (op) => Boolean(viewer && viewer.allowed[op] && viewer.allowed[op].allowed);
+
+function refusal(op) {
+  const reason = viewer.allowed[op] && viewer.allowed[op].reason;
+  return h("p", { class: "notice" },
+    `Your token's grants do not allow ${WHAT[op] || op}`, reason ? `: ${reason}.` : ".");
+}
+
+function problem(error) {
+  const text = error instanceof ApiError ? error.sentence : `Something went wrong: ${error}.`;
+  if (error instanceof ApiError && error.code === "UNAUTHENTICATED") signOut(text);
+  return h("p", { class: "error", role: "alert" }, text);
+}
+
+function notFound(what) {
+  return [h("h1", { tabindex: -1 }, "Not found"), h("p", { class: "notice" }, what),
+    h("p", {}, link("#/", "Back to agents"))];
+}
+
+function button(label, onclick, attrs = {}) {
+  return h("button", { type: "button", onclick, ...attrs }, label);
+}
+
+function pre(value) {
+  return h("pre", { class: "json" }, typeof value === "string" ? value : json(value));
+}
+
+function dl(rows) {
+  return h("dl", { class: "facts" }, rows.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+function badge(text, kind = "") {
+  return h("span", { class: `badge ${kind}` }, text);
+}
+
+function labelsText(labels) {
+  return (labels || []).map((l) => `${l.name || `#${l.number}`}=${l.value}`).join(", ");
+}
+
+// ---------------------------------------------------------------- sign in and navigation
+
+const VIEWER = `query($ops: [String!]!) { viewer { principal accountId
+  allowed(operations: $ops) { operation allowed reason } } }`;
+
+async function loadViewer(bearer) {
+  const data = await gql(VIEWER, { ops: OPERATIONS }, bearer);
+  const allowed = {};
+  for (const a of data.viewer.allowed) allowed[a.operation] = a;
+  return { ...data.viewer, allowed };
+}
+
+function signOut(message) {
+  token.clear();
+  viewer = null;
+  renderNav();
+  signIn(message);
+}
+
+function renderNav() {
+  clear(nav);
+  nav.hidden = !viewer;
+  if (!viewer) return;
+  append(nav, [
+    h("ul", {},
+      h("li", {}, link("#/", "Agents")),
+      can("clients") ? h("li", {}, link("#/clients", "Clients and tokens")) : null,
+      h("li", { class: "who" }, "Signed in as ", h("strong", {}, viewer.principal)),
+      h("li", {}, button("Sign out", () => signOut("Signed out."), { class: "secondary" }))),
+  ]);
+}
+
+function signIn(message) {
+  clear(main);
+  const input = h("input", { type: "password", name: "token", autocomplete: "off", required: true });
+  const tokenField = field("API token", input,
+    "Kept for this browser tab only (sessionStorage); closing the tab forgets it.");
+  const form = h("form", { class: "card narrow", onsubmit: async (e) => {
+    e.preventDefault();
+    tokenField.showError("");
+    try {
+      viewer = await loadViewer(input.value.trim());
+      token.set(input.value.trim());
+      renderNav();
+      route();
+    } catch (error) {
+      tokenField.showError(error instanceof ApiError ? error.sentence : String(error));
+      input.focus();
+    }
+  } }, tokenField, h("button", { type: "submit" }, "Sign in"));
+  append(main, [
+    h("h1", { tabindex: -1 }, "Sign in"),
+    message ? h("p", { class: "notice", role: "status" }, message) : null,
+    form,
+  ]);
+  input.focus();
+}
+
+// ---------------------------------------------------------------- agents
+
+const ACTIONS = `query($first: Int!, $after: String) { actions(first: $first, after: $after) {
+  nodes { actionId name version currentVersion modified } pageInfo { hasNextPage endCursor } } }`;
+
+async function agentsView() {
+  const out = [h("h1", { tabindex: -1 }, "Agents")];
+  if (!can("actions")) return [...out, refusal("actions"),
+    h("p", {}, "Open an agent you know the ID of by going to #/agents/ followed by its ID.")];
+  const table = h("tbody");
+  const more = button("Show more agents", () => load(more.dataset.after), { hidden: true });
+  async function load(after) {
+    const data = await gql(ACTIONS, { first: PAGE, after: after || null });
+    for (const a of data.actions.nodes) {
+      append(table, [h("tr", {},
+        h("td", { dataset: { label: "Name" } }, link(`#/agents/${a.actionId}`, a.name)),
+        h("td", { dataset: { label: "Version" } }, String(a.currentVersion)),
+        h("td", { dataset: { label: "Modified" } }, when(a.modified)),
+        h("td", { dataset: { label: "ID" }, class: "mono" }, a.actionId))]);
+    }
+    more.hidden = !data.actions.pageInfo.hasNextPage;
+    more.dataset.after = data.actions.pageInfo.endCursor || "";
+    if (!table.children.length) append(table, [h("tr", {}, h("td", { colspan: 4 }, "No agents yet."))]);
+  }
+  await load(null);
+  return [...out, h("table", { class: "list" },
+    h("thead", {}, h("tr", {}, ["Name", "Version", "Modified", "ID"].map((t) => h("th", {}, t)))),
+    table), more];
+}
+
+function agentTabs(actionId, current) {
+  const tabs = [["", "Configuration", "action"], ["/memories", "Memories", "Action.memories"],
+    ["/sessions", "Sessions", "Action.sessions"]];
+  return h("nav", { class: "tabs", "aria-label": "Agent" }, tabs.map(([path, label, op]) =>
+    can(op) || op === "action" ? h("a", { href: `#/agents/${actionId}${path}`,
+      "aria-current": current === label ? "page" : null }, label) : null));
+}
+
+// The agent at its current version (name and all when the grants allow), or null when there
+// is none in this account: another tenant's agent is simply not found.
+async function loadAgent(actionId) {
+  if (!UUID.test(actionId)) return null;
+  const fields = can("action") ? "actionId name currentVersion" : "actionId";
+  const data = await gql(`query($id: UUID!) { action(actionId: $id) { ${fields} } }`, { id: actionId });
+  return data.action;
+}
+
+const AGENT = `query($id: UUID!) { action(actionId: $id) { actionId name version currentVersion
+  instructions model harness created modified createdBy } }`;
+
+async function agentView({ actionId }) {
+  if (!UUID.test(actionId)) return notFound(`No agent with ID ${actionId} was found.`);
+  if (!can("action")) {
+    const agent = await loadAgent(actionId);
+    if (!agent) return notFound(`No agent with ID ${actionId} was found.`);
+    return [h("h1", { tabindex: -1 }, "Agent"), agentTabs(actionId, "Configuration"), refusal("action")];
+  }
+  const { action } = await gql(AGENT, { id: actionId });
+  if (!action) return notFound(`No agent with ID ${actionId} was found.`);
+  const versions = [];
+  const older = [];
+  for (let v = action.currentVersion - 1; v >= Math.max(1, action.currentVersion - 20); v--) older.push(v);
+  if (older.length) {
+    const parts = older.map((v) => `v${v}: action(actionId: $id, version: ${v}) { version harness modified createdBy }`);
+    const data = await gql(`query($id: UUID!) { ${parts.join(" ")} }`, { id: actionId });
+    for (const v of older) if (data[`v${v}`]) versions.push(data[`v${v}`]);
+  }
+  const out = [
+    h("h1", { tabindex: -1 }, action.name),
+    agentTabs(actionId, "Configuration"),
+    dl([["Agent ID", h("span", { class: "mono" }, action.actionId)], ["Version", String(action.version)],
+      ["Created", when(action.created)], ["Modified", when(action.modified)], ["By", action.createdBy]]),
+    h("h2", {}, `Version ${action.version} (current)`),
+    h("h3", {}, "Harness"), pre(action.harness),
+    action.instructions ? [h("h3", {}, "Instructions"), pre(action.instructions)] : null,
+    h("h3", {}, "Model"), pre(action.model),
+  ];
+  if (can("updateAction")) out.push(editForm(action));
+  if (versions.length) {
+    out.push(h("h2", {}, "Earlier versions"));
+    for (const v of versions) {
+      out.push(h("details", { class: "version" },
+        h("summary", {}, `Version ${v.version} · ${when(v.modified)} · ${v.createdBy}`), pre(v.harness)));
+    }
+  }
+  return out;
+}
+
+function editForm(action) {
+  const name = h("input", { type: "text", value: action.name, required: true });
+  const instructions = h("textarea", { rows: 4 }, action.instructions);
+  const model = h("textarea", { rows: 4, class: "mono", spellcheck: false }, json(action.model));
+  const harness = h("textarea", { rows: 14, class: "mono", spellcheck: false }, json(action.harness));
+  const fields = {
+    name: field("Name", name), instructions: field("Instructions", instructions),
+    model: field("Model (JSON)", model),
+    harness: field("Harness (JSON)", harness, "Saving writes a new version; earlier versions stay readable."),
+  };
+  const status = h("p", { role: "status", class: "status" });
+  const form = h("form", { class: "card", onsubmit: async (e) => {
+    e.preventDefault();
+    Object.values(fields).forEach((f) => f.showError(""));
+    status.textContent = "";
+    const input = { name: name.value, instructions: instructions.value };
+    for (const [key, control] of [["model", model], ["harness", harness]]) {
+      try {
+        input[key] = JSON.parse(control.value || "null");
+      } catch (error) {
+        fields[key].showError(`This is not valid JSON: ${error.message}`);
+        control.focus();
+        return;
+      }
+    }
+    try {
+      const data = await gql(`mutation($id: UUID!, $input: ActionInput!) {
+        updateAction(actionId: $id, input: $input) { version } }`, { id: action.actionId, input });
+      status.textContent = `Saved as version ${data.updateAction.version}.`;
+      setTimeout(route, 600);
+    } catch (error) {
+      // The server names the field: "harness.memory.extraction.every: must be ...".
+      const m = /^(name|instructions|model|harness)\b/.exec(error.message || "");
+      if (error instanceof ApiError && error.code === "BAD_REQUEST" && m) {
+        fields[m[1]].showError(error.message);
+        ({ name, instructions, model, harness })[m[1]].focus();
+      } else {
+        status.replaceChildren(problem(error));
+      }
+    }
+  } }, h("h2", {}, "Edit as a new version"), Object.values(fields),
+    h("button", { type: "submit" }, "Save new version"), status);
+  // Ctrl+Enter submits from a text area, where Enter makes a new line.
+  form.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) form.requestSubmit();
+  });
+  return form;
+}
+
+// ---------------------------------------------------------------- memories
+
+const RECORD = "memoryId version status summary kind scope preview pinned created labels { number name value }";
+
+function memoryRow(actionId, m, score) {
+  return h("tr", {},
+    h("td", { dataset: { label: "Summary" } }, link(`#/agents/${actionId}/memories/${m.memoryId}`, m.summary),
+      m.pinned ? badge("pinned") : null, m.preview ? badge("preview") : null),
+    h("td", { dataset: { label: "Kind" } }, m.kind),
+    h("td", { dataset: { label: "Scope" } }, m.scope),
+    h("td", { dataset: { label: "Status" } }, badge(m.status, m.status.toLowerCase())),
+    h("td", { dataset: { label: "Labels" } }, labelsText(m.labels)),
+    h("td", { dataset: { label: score === undefined ? "Created" : "Score" } },
+      score === undefined ? when(m.created) : score.toFixed(4)));
+}
+
+function memoryTable(caption, lastColumn) {
+  const body = h("tbody");
+  const table = h("table", { class: "list" }, h("caption", {}, caption),
+    h("thead", {}, h("tr", {}, ["Summary", "Kind", "Scope", "Status", "Labels", lastColumn].map((t) => h("th", {}, t)))),
+    body);
+  return { table, body };
+}
+
+async function memoriesView({ actionId }) {
+  const agent = await loadAgent(actionId);
+  if (!agent) return notFound(`No agent with ID ${actionId} was found.`);
+  const out = [h("h1", { tabindex: -1 }, agent.name ? `Memories of ${agent.name}` : "Memories"),
+    agentTabs(actionId, "Memories")];
+  if (!can("Action.memories")) return [...out, refusal("Action.memories")];
+
+  const results = h("div", { class: "results" });
+  if (can("Action.searchMemories")) {
+    const query = h("input", { type: "search", name: "query", required: true });
+    const mode = h("select", { name: "mode" }, h("option", { value: "" }, "the agent's default"),
+      ["HYBRID", "LEXICAL", "VECTOR"].map((m) => h("option", { value: m }, m.toLowerCase())));
+    const form = h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
+      e.preventDefault();
+      clear(results);
+      try {
+        const data = await gql(`query($id: UUID!, $q: String!, $mode: ActionAgentMemorySearchMode) {
+          action(actionId: $id) { searchMemories(query: $q, mode: $mode, first: ${PAGE}) {
+            edges { score node { ${RECORD} } } } } }`, { id: actionId, q: query.value, mode: mode.value || null });
+        const edges = data.action.searchMemories.edges;
+        const { table, body } = memoryTable(`Search results for “${query.value}” (${edges.length})`, "Score");
+        for (const e of edges) append(body, [memoryRow(actionId, e.node, e.score)]);
+        if (!edges.length) append(body, [h("tr", {}, h("td", { colspan: 6 }, "Nothing matched."))]);
+        append(results, [table, button("Clear search", () => { clear(results); query.value = ""; query.focus(); },
+          { class: "secondary" })]);
+      } catch (error) {
+        append(results, [problem(error)]);
+      }
+    } }, field("Search memories", query), field("Mode", mode), h("button", { type: "submit" }, "Search"));
+    out.push(form, results);
+  } else {
+    out.push(refusal("Action.searchMemories"));
+  }
+
+  const kind = h("input", { type: "text", name: "kind" });
+  const labelName = h("input", { type: "text", name: "label" });
+  const labelValue = h("input", { type: "text", name: "labelValue" });
+  const scope = h("select", { name: "scope" }, h("option", { value: "" }, "any"),
+    h("option", { value: "SESSION" }, "session"), h("option", { value: "AGENT" }, "agent"));
+  const status = h("select", { name: "status" }, h("option", { value: "" }, "listed"),
+    ["ACTIVE", "DELETED", "SUPERSEDED"].map((s) => h("option", { value: s }, s.toLowerCase())),
+    h("option", { value: "ALL" }, "every status"));
+  const preview = h("select", { name: "preview" }, h("option", { value: "" }, "live and preview"),
+    h("option", { value: "false" }, "live only"), h("option", { value: "true" }, "preview only"));
+  const listing = memoryTable("Records, newest first", "Created");
+  const more = button("Show older records", () => load(more.dataset.after), { hidden: true });
+  const listError = h("div");
+  let filters = {};
+  async function load(after) {
+    clear(listError);
+    try {
+      const data = await gql(`query($id: UUID!, $first: Int!, $after: String, $kind: String,
+        $labels: [AgentMemoryLabelInput!], $scope: ActionAgentMemoryScope, $preview: Boolean,
+        $status: [ActionAgentMemoryStatus!]) { action(actionId: $id) {
+          memories(first: $first, after: $after, kind: $kind, labels: $labels, scope: $scope,
+                   preview: $preview, status: $status) {
+            nodes { ${RECORD} } pageInfo { hasNextPage endCursor } } } }`,
+      { id: actionId, first: PAGE, after: after || null, ...filters });
+      const page = data.action.memories;
+      for (const m of page.nodes) append(listing.body, [memoryRow(actionId, m)]);
+      if (!after && !page.nodes.length) append(listing.body, [h("tr", {}, h("td", { colspan: 6 }, "No records."))]);
+      more.hidden = !page.pageInfo.hasNextPage;
+      more.dataset.after = page.pageInfo.endCursor || "";
+    } catch (error) {
+      append(listError, [problem(error)]);
+    }
+  }
+  const filterForm = h("form", { class: "card filters", onsubmit: async (e) => {
+    e.preventDefault();
+    filters = {
+      kind: kind.value.trim() || null,
+      labels: labelName.value.trim() ? [{ name: labelName.value.trim(), value: labelValue.value }] : null,
+      scope: scope.value || null,
+      preview: preview.value === "" ? null : preview.value === "true",
+      status: status.value === "" ? null : status.value === "ALL" ? ["ACTIVE", "DELETED", "SUPERSEDED"] : [status.value],
+    };
+    clear(listing.body);
+    await load(null);
+  } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), field("Label", labelName),
+    field("Label value", labelValue), field("Scope", scope), field("Status", status), field("Preview", preview)),
+  h("button", { type: "submit" }, "Apply filters"));
+  await load(null);
+  out.push(filterForm, listError, listing.table, more);
+  return out;
+}
+
+const MEMORY = `query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) {
+  memoryId version status summary content kind scope source pinned preview metadata created modified
+  labels { number name value } replaces replacedBy executionId invocationNumber actionVersion
+  sessionId modifiedBy
+  history(first: 100) { nodes { version status summary content kind scope pinned modified modifiedBy
+    replaces replacedBy labels { number name value } } pageInfo { hasNextPage } } } }`;
+const LINK = `query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) {
+  memoryId summary status created replaces replacedBy } }`;
+
+async function chainOf(actionId, record) {
+  const before = [];
+  const after = [];
+  let id = record.replaces;
+  while (id && before.length < 20) {
+    const { agentMemory: m } = await gql(LINK, { a: actionId, m: id });
+    if (!m) break;
+    before.unshift(m);
+    id = m.replaces;
+  }
+  id = record.replacedBy;
+  while (id && after.length < 20) {
+    const { agentMemory: m } = await gql(LINK, { a: actionId, m: id });
+    if (!m) break;
+    after.push(m);
+    id = m.replacedBy;
+  }
+  return [...before, record, ...after];
+}
+
+async function recordView({ actionId, memoryId }) {
+  const gone = `No record ${memoryId} of agent ${actionId} was found.`;
+  if (!UUID.test(actionId) || !UUID.test(memoryId)) return notFound(gone);
+  if (!can("Action.memories")) {
+    return [h("h1", { tabindex: -1 }, "Memory record"), agentTabs(actionId, "Memories"), refusal("Action.memories")];
+  }
+  const { agentMemory: m } = await gql(MEMORY, { a: actionId, m: memoryId });
+  if (!m) return notFound(gone);
+  const chain = m.replaces || m.replacedBy ? await chainOf(actionId, m) : [];
+  const status = h("div", { role: "status", class: "status" });
+  const out = [
+    h("p", { class: "crumbs" }, link(`#/agents/${actionId}/memories`, "← Memories")),
+    h("h1", { tabindex: -1 }, m.summary),
+    h("p", {}, badge(m.status, m.status.toLowerCase()), m.pinned ? badge("pinned") : null,
+      m.preview ? badge("preview") : null),
+    status,
+  ];
+  if (m.status === "ACTIVE" && can("deleteAgentMemory")) {
+    out.push(button("Delete this record…", async () => {
+      const ok = await confirmDialog({
+        title: "Delete this record?",
+        body: [
+          h("p", {}, "Deleting writes a new version with status DELETED. The agent no longer recalls or finds it, and it leaves the memory list."),
+          h("p", {}, "It does not erase anything: the record and every one of its versions stay readable here and through agentMemory and its history, and transcripts that quoted it keep their text. Records that replaced or were replaced by it are not changed."),
+        ],
+        ok: "Delete record",
+      });
+      if (!ok) return;
+      try {
+        await gql(`mutation($a: UUID!, $m: UUID!) { deleteAgentMemory(actionId: $a, id: $m) { version status } }`,
+          { a: actionId, m: memoryId });
+        await route();
+        document.querySelector("#main .status").textContent =
+          "Deleted: the agent no longer recalls this record; its versions stay readable below.";
+      } catch (error) {
+        status.replaceChildren(problem(error));
+      }
+    }, { class: "danger" }));
+  }
+  out.push(
+    h("h2", {}, "Content"), m.content ? pre(m.content) : h("p", { class: "muted" }, "No content: the summary says it all."),
+    h("h2", {}, "Record"),
+    dl([["Record ID", h("span", { class: "mono" }, m.memoryId)], ["Version", String(m.version)],
+      ["Kind", m.kind], ["Scope", m.scope], ["Source", m.source], ["Labels", labelsText(m.labels) || "none"],
+      ["Created", when(m.created)], ["Modified", when(m.modified)],
+      m.metadata !== null && m.metadata !== undefined ? ["Metadata", pre(m.metadata)] : null]),
+    h("h2", {}, "Provenance"),
+    dl([["Written by execution", h("span", { class: "mono" }, m.executionId)],
+      ["Invocation", String(m.invocationNumber)],
+      ["Agent version", link(`#/agents/${actionId}`, `version ${m.actionVersion}`)],
+      ["Session", m.sessionId ? link(`#/agents/${actionId}/sessions/${encodeURIComponent(m.sessionId)}`, m.sessionId) : "none"],
+      ["Last changed by", m.modifiedBy]]),
+  );
+  if (chain.length) {
+    out.push(h("h2", {}, "Supersede chain"), h("ol", { class: "timeline" }, chain.map((c) =>
+      h("li", { class: c.memoryId === m.memoryId ? "current" : "" },
+        h("span", { class: "when" }, when(c.created)), " ",
+        c.memoryId === m.memoryId ? h("strong", {}, c.summary, " (this record)")
+          : link(`#/agents/${actionId}/memories/${c.memoryId}`, c.summary),
+        " ", badge(c.status, c.status.toLowerCase())))));
+  }
+  out.push(h("h2", {}, "Version history"), h("ol", { class: "timeline", "aria-label": "Version history" },
+    m.history.nodes.map((v) => h("li", {},
+      h("div", {}, h("strong", {}, `Version ${v.version}`), " ", badge(v.status, v.status.toLowerCase()),
+        " ", h("span", { class: "when" }, `${when(v.modified)} by ${v.modifiedBy}`)),
+      h("div", {}, v.summary),
+      v.content ? h("details", {}, h("summary", {}, "Content"), pre(v.content)) : null,
+      v.replaces ? h("div", { class: "muted" }, "Replaces ", link(`#/agents/${actionId}/memories/${v.replaces}`, v.replaces)) : null,
+      v.replacedBy ? h("div", { class: "muted" }, "Replaced by ", link(`#/agents/${actionId}/memories/${v.replacedBy}`, v.replacedBy)) : null))));
+  if (m.history.pageInfo.hasNextPage) out.push(h("p", { class: "muted" }, "Only the newest 100 versions are shown."));
+  return out;
+}
+
+// ---------------------------------------------------------------- sessions
+
+function sessionNodeId(actionId, sessionId) {
+  const bytes = new TextEncoder().encode(JSON.stringify(["ActionSession", actionId, sessionId]));
+  let binary = "";
+  for (const b of bytes) binary += String.fromCharCode(b);
+  return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+async function sessionsView({ actionId }) {
+  const agent = await loadAgent(actionId);
+  if (!agent) return notFound(`No agent with ID ${actionId} was found.`);
+  const out = [h("h1", { tabindex: -1 }, agent.name ? `Sessions of ${agent.name}` : "Sessions"),
+    agentTabs(actionId, "Sessions")];
+  if (!can("Action.sessions")) return [...out, refusal("Action.sessions")];
+  const body = h("tbody");
+  const more = button("Show older sessions", () => load(more.dataset.after), { hidden: true });
+  async function load(after) {
+    const data = await gql(`query($id: UUID!, $after: String) { action(actionId: $id) {
+      sessions(first: ${PAGE}, after: $after) { nodes { sessionId turns created modified }
+        pageInfo { hasNextPage endCursor } } } }`, { id: actionId, after: after || null });
+    const page = data.action.sessions;
+    for (const s of page.nodes) {
+      append(body, [h("tr", {},
+        h("td", { dataset: { label: "Session" } }, link(`#/agents/${actionId}/sessions/${encodeURIComponent(s.sessionId)}`, s.sessionId)),
+        h("td", { dataset: { label: "Turns" } }, String(s.turns)),
+        h("td", { dataset: { label: "Started" } }, when(s.created)),
+        h("td", { dataset: { label: "Last turn" } }, when(s.modified)))]);
+    }
+    if (!after && !page.nodes.length) append(body, [h("tr", {}, h("td", { colspan: 4 }, "No sessions yet."))]);
+    more.hidden = !page.pageInfo.hasNextPage;
+    more.dataset.after = page.pageInfo.endCursor || "";
+  }
+  await load(null);
+  out.push(h("table", { class: "list" }, h("thead", {}, h("tr", {},
+    ["Session", "Turns", "Started", "Last turn"].map((t) => h("th", {}, t)))), body), more);
+  return out;
+}
+
+function usageText(usage) {
+  return Object.entries(usage || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "no usage reported";
+}
+
+function eventView(e) {
+  const d = e.data || {};
+  const head = (title, ...rest) => h("div", { class: "event-head" }, h("strong", {}, title), " ", ...rest);
+  let body;
+  switch (e.type) {
+    case "turn.input":
+      body = [head("Input"), h("div", { class: "text" }, typeof d.message === "string" ? d.message
+        : typeof d.input === "string" ? d.input : json(d.input))];
+      break;
+    case "model.call":
+      body = [head("Model call", badge(`purpose ${d.purpose}`), ` ${d.model || ""} · ${usageText(d.usage)}`,
+        d.durationMs !== undefined ? ` · ${d.durationMs} ms` : ""),
+      d.content ? h("div", { class: "text" }, d.content) : null,
+      (d.toolCalls || []).length ? h("div", { class: "muted" }, "Calls: ", d.toolCalls.map((c) => c.name).join(", ")) : null];
+      break;
+    case "tool.execution": {
+      const recall = d.input && d.input.recall;
+      const records = (d.output && (d.output.records || d.output.memories || d.output.sources)) || [];
+      body = [head(recall ? "Recall" : "Tool execution", badge(d.name || "tool"),
+        ` · ${records.length} record${records.length === 1 ? "" : "s"}`, d.error ? badge("error", "deleted") : null),
+      d.error ? h("div", { class: "text" }, d.error) : null];
+      break;
+    }
+    case "memory.pinned":
+      body = [head("Pins", `${(d.records || []).length} records listed in the instructions · ${d.tokens} tokens`)];
+      break;
+    case "memory.review": {
+      const written = (d.written || []).length;
+      body = [head("Memory review", d.messages ? `${d.messages.count} messages` : "",
+        ` · ${(d.candidates || []).length} candidates · ${(d.decisions || []).length} decisions · ${written} written`),
+      d.error ? h("div", { class: "text" }, d.error) : null];
+      break;
+    }
+    case "embedding":
+      body = [head("Embedding", `for ${d.for} · ${d.tokens} tokens`)];
+      break;
+    case "output.use":
+      body = [head("Output use", `${d.use} · ${(d.records || []).length} records reached the model`)];
+      break;
+    case "context.cleared":
+      body = [head("Context cleared", `${d.results} tool results · ${d.tokens} tokens · ${d.reason}`)];
+      break;
+    case "context.summary":
+      body = [head("Context summary", `${d.messages} messages folded`), h("div", { class: "text" }, d.summary || "")];
+      break;
+    case "turn.output":
+      body = [head("Output"), h("div", { class: "text" }, typeof d.output === "string" ? d.output
+        : typeof (d.output && d.output.message) === "string" ? d.output.message : json(d.output))];
+      break;
+    case "turn.failed":
+      body = [head("Failed"), h("div", { class: "text" }, d.error || "")];
+      break;
+    default:
+      body = [head(e.type)];
+  }
+  return h("li", { class: `event ${e.type.replace(/\./g, "-")}` }, body,
+    h("details", {}, h("summary", {}, `Event ${e.sequence} data`), pre(d)));
+}
+
+async function hasHistorySearch() {
+  if (historySearch === null) {
+    try {
+      // Validated, never run (@skip): a schema without the field fails validation.
+      await gql(`{ node(id: "x") @skip(if: true) { ... on ActionSession {
+        searchHistory(query: "x", first: 1) { score } } } }`);
+      historySearch = true;
+    } catch {
+      historySearch = false;
+    }
+  }
+  return historySearch;
+}
+
+async function sessionView({ actionId, sessionId }) {
+  const agent = await loadAgent(actionId);
+  const gone = `No session ${sessionId} of agent ${actionId} was found.`;
+  if (!agent) return notFound(gone);
+  const out = [h("p", { class: "crumbs" }, link(`#/agents/${actionId}/sessions`, "← Sessions")),
+    h("h1", { tabindex: -1 }, `Session ${sessionId}`)];
+  if (!can("ActionSession.executions")) return [...out, refusal("ActionSession.executions")];
+  const id = sessionNodeId(actionId, sessionId);
+  const transcript = can("ActionExecution.transcript")
+    ? "transcript(first: 500) { nodes { sequence invocationNumber type data created } }" : "";
+  const turns = h("div", { class: "turns" });
+  const more = button("Show older turns", () => load(more.dataset.after), { hidden: true });
+  let found = true;
+  async function load(after) {
+    const data = await gql(`query($id: ID!, $after: String) { node(id: $id) { ... on ActionSession {
+      sessionId turns executions(first: 10, after: $after) { nodes { executionId turn status preview
+        error created ${transcript} } pageInfo { hasNextPage endCursor } } } } }`, { id, after: after || null });
+    if (!data.node) { found = false; return; }
+    for (const x of data.node.executions.nodes) {
+      append(turns, [h("section", { class: "card turn" },
+        h("h2", {}, x.turn === null ? "Operator write (no turn)" : `Turn ${x.turn}`, " ",
+          badge(x.status, x.status.toLowerCase()),
+          x.preview ? badge("preview") : null, " ", h("span", { class: "when" }, when(x.created))),
+        x.error ? h("p", { class: "error" }, x.error) : null,
+        !x.transcript ? refusal("ActionExecution.transcript")
+          : x.transcript.nodes.length ? h("ol", { class: "events" }, x.transcript.nodes.map(eventView))
+            : h("p", { class: "muted" }, "No transcript events."))]);
+    }
+    more.hidden = !data.node.executions.pageInfo.hasNextPage;
+    more.dataset.after = data.node.executions.pageInfo.endCursor || "";
+  }
+  await load(null);
+  if (!found) return notFound(gone);
+  if (can("ActionSession.searchHistory") && await hasHistorySearch()) {
+    const query = h("input", { type: "search", required: true });
+    const results = h("div");
+    out.push(h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
+      e.preventDefault();
+      clear(results);
+      try {
+        const data = await gql(`query($id: ID!, $q: String!) { node(id: $id) { ... on ActionSession {
+          searchHistory(query: $q, first: 10) { score part text event { turn header } } } } }`, { id, q: query.value });
+        const found = data.node ? data.node.searchHistory : [];
+        append(results, [h("ol", { class: "events" }, found.map((r) => h("li", { class: "event" },
+          h("div", { class: "event-head" }, h("strong", {}, r.event.header), ` · score ${r.score.toFixed(4)}`),
+          h("div", { class: "text" }, r.text)))), found.length ? null : h("p", {}, "Nothing matched.")]);
+      } catch (error) {
+        append(results, [problem(error)]);
+      }
+    } }, field("Search this session's history", query), h("button", { type: "submit" }, "Search history")), results);
+  }
+  out.push(turns, more);
+  return out;
+}
+
+// ---------------------------------------------------------------- clients and tokens
+
+function policyText(p) {
+  return `${p.effect} ${p.actions.join(", ")} on ${p.resources.join(", ")}`;
+}
+
+async function clientsView() {
+  const out = [h("h1", { tabindex: -1 }, "Clients and tokens")];
+  if (!can("clients")) return [...out, refusal("clients")];
+  const tokens = can("Client.tokens") ? "tokens { tokenId prefix created expires lastUsed bootstrap }" : "";
+  const list = h("div");
+  const more = button("Show more clients", () => load(more.dataset.after), { hidden: true });
+  async function load(after) {
+    const data = await gql(`query($after: String) { clients(first: ${PAGE}, after: $after) {
+      nodes { principal name accountId policies { effect actions resources } ${tokens} }
+      pageInfo { hasNextPage endCursor } } }`, { after: after || null });
+    for (const c of data.clients.nodes) append(list, [clientCard(c)]);
+    more.hidden = !data.clients.pageInfo.hasNextPage;
+    more.dataset.after = data.clients.pageInfo.endCursor || "";
+  }
+  await load(null);
+  if (!can("Client.tokens")) out.push(refusal("Client.tokens"));
+  return [...out, list, more];
+}
+
+function clientCard(c) {
+  const status = h("div", { role: "status", class: "status" });
+  const card = h("section", { class: "card client" },
+    h("h2", {}, c.name, " ", h("span", { class: "mono muted" }, c.principal)),
+    h("h3", {}, "Policies"),
+    h("ul", {}, c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))));
+  if (c.tokens) {
+    const body = h("tbody", {}, c.tokens.map((t) => h("tr", {},
+      h("td", { dataset: { label: "Token" }, class: "mono" }, t.prefix ? `${t.prefix}…` : t.tokenId),
+      h("td", { dataset: { label: "Created" } }, when(t.created)),
+      h("td", { dataset: { label: "Expires" } }, t.expires ? when(t.expires) : "never"),
+      h("td", { dataset: { label: "Last used" } }, t.lastUsed ? when(t.lastUsed) : "never"),
+      h("td", {}, t.bootstrap ? badge("bootstrap") : null,
+        can("revokeClientToken") ? button("Revoke", async () => {
+          const ok = await confirmDialog({
+            title: `Revoke token ${t.prefix || t.tokenId}?`,
+            body: h("p", {}, `Requests sending this token of ${c.principal} are refused from now on. This cannot be undone; the client's other tokens keep working.`),
+            ok: "Revoke token",
+          });
+          if (!ok) return;
+          try {
+            await gql(`mutation($p: String!, $t: UUID!, $a: UUID) {
+              revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`,
+            { p: c.principal, t: t.tokenId, a: c.accountId });
+            route();
+          } catch (error) {
+            status.replaceChildren(problem(error));
+          }
+        }, { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null))));
+    append(card, [h("h3", {}, "Tokens"), h("table", { class: "list" }, h("thead", {}, h("tr", {},
+      ["Token", "Created", "Expires", "Last used", ""].map((x) => h("th", {}, x)))), body)]);
+  }
+  if (can("createClientToken")) {
+    const expires = h("input", { type: "datetime-local" });
+    const shown = h("div");
+    append(card, [h("form", { class: "inline", onsubmit: async (e) => {
+      e.preventDefault();
+      clear(shown);
+      try {
+        const data = await gql(`mutation($p: String!, $a: UUID, $e: Timestamp) {
+          createClientToken(principal: $p, accountId: $a, expires: $e) { token prefix } }`,
+        { p: c.principal, a: c.accountId, e: expires.value ? new Date(expires.value).toISOString() : null });
+        const value = h("input", { type: "text", readonly: true, value: data.createClientToken.token, class: "mono",
+          "aria-label": "The new token" });
+        append(shown, [h("div", { class: "notice token-once", role: "status" },
+          h("p", {}, h("strong", {}, "Copy this token now: it is shown once."), " Only its hash is kept, so it cannot be read again."),
+          value)]);
+        value.focus();
+        value.select();
+      } catch (error) {
+        append(shown, [problem(error)]);
+      }
+    } }, field("Expires (optional, your local time)", expires), h("button", { type: "submit" }, "Create token")), shown]);
+  }
+  append(card, [status]);
+  return card;
+}
+
+// ---------------------------------------------------------------- routing
+
+const ROUTES = [
+  [/^\/?$/, agentsView, []],
+  [/^\/clients$/, clientsView, []],
+  [/^\/agents\/([^/]+)$/, agentView, ["actionId"]],
+  [/^\/agents\/([^/]+)\/memories$/, memoriesView, ["actionId"]],
+  [/^\/agents\/([^/]+)\/memories\/([^/]+)$/, recordView, ["actionId", "memoryId"]],
+  [/^\/agents\/([^/]+)\/sessions$/, sessionsView, ["actionId"]],
+  [/^\/agents\/([^/]+)\/sessions\/([^/]+)$/, sessionView, ["actionId", "sessionId"]],
+];
+
+async function route() {
+  if (!viewer) return;
+  const path = location.hash.replace(/^#/, "") || "/";
+  const mine = ++rendering;
+  main.setAttribute("aria-busy", "true");
+  let content;
+  try {
+    let view = null;
+    const params = {};
+    for (const [pattern, fn, names] of ROUTES) {
+      const m = pattern.exec(path);
+      if (m) {
+        view = fn;
+        names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
+        break;
+      }
+    }
+    content = view ? await view(params) : notFound(`There is no page at ${path}.`);
+  } catch (error) {
+    content = [h("h1", { tabindex: -1 }, "Something went wrong"), problem(error)];
+  }
+  if (mine !== rendering || !viewer) return;
+  clear(main);
+  append(main, [content]);
+  main.removeAttribute("aria-busy");
+  const heading = main.querySelector("h1");
+  if (heading && document.activeElement === document.body) heading.focus();
+}
+
+window.addEventListener("hashchange", () => {
+  route().then(() => { const h1 = main.querySelector("h1"); if (h1) h1.focus(); });
+});
+
+async function start() {
+  const saved = token.get();
+  if (!saved) return signIn();
+  try {
+    viewer = await loadViewer(saved);
+  } catch (error) {
+    return signOut(error instanceof ApiError ? error.sentence : String(error));
+  }
+  renderNav();
+  await route();
+}
+
+start();

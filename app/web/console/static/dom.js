@@ -1,0 +1,81 @@
+// DOM helpers. Data is only ever set as text (textContent, attributes, properties), never
+// parsed as HTML, so whatever a record or a model said shows as written.
+
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2).toLowerCase(), value);
+    else if (key === "class") el.className = value;
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else if (key in el && typeof value !== "string") el[key] = value;
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+export function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+export function clear(el) {
+  while (el.firstChild) el.firstChild.remove();
+  return el;
+}
+
+export function json(value) {
+  return JSON.stringify(value, null, 2);
+}
+
+export function when(value) {
+  if (!value) return "";
+  const d = new Date(value);
+  return isNaN(d) ? String(value) : d.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+}
+
+export function link(href, ...children) {
+  return h("a", { href }, ...children);
+}
+
+// A field with its label and a place for the error that names it.
+export function field(label, control, hint) {
+  const id = control.id || `f-${Math.random().toString(36).slice(2)}`;
+  control.id = id;
+  const error = h("p", { class: "field-error", id: `${id}-error`, role: "alert", hidden: true });
+  control.setAttribute("aria-describedby", `${id}-error`);
+  const wrapper = h("div", { class: "field" },
+    h("label", { for: id }, label), hint ? h("p", { class: "hint" }, hint) : null, control, error);
+  wrapper.showError = (message) => {
+    error.textContent = message || "";
+    error.hidden = !message;
+    control.toggleAttribute("aria-invalid", Boolean(message));
+  };
+  return wrapper;
+}
+
+export function confirmDialog({ title, body, ok }) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-title").textContent = title;
+  clear(document.getElementById("confirm-body"));
+  append(document.getElementById("confirm-body"), [body]);
+  const okButton = document.getElementById("confirm-ok");
+  const cancel = document.getElementById("confirm-cancel");
+  okButton.textContent = ok;
+  return new Promise((resolve) => {
+    const done = (answer) => {
+      okButton.onclick = cancel.onclick = dialog.oncancel = null;
+      if (dialog.open) dialog.close();
+      resolve(answer);
+    };
+    okButton.onclick = () => done(true);
+    cancel.onclick = () => done(false);
+    dialog.oncancel = () => done(false);
+    dialog.showModal();
+    cancel.focus();
+  });
+}

@@ -1,0 +1,433 @@
+"""The admin console (issue 17) in a real browser: headless Chromium driven by Playwright against
+the service on loopback, with every other host refused (the page needs nothing from elsewhere).
+
+Screenshots of the main views go to ENGRAM_SCREENSHOT_DIR (/tmp/engram-screens by default).
+Under CI (CI=true) a missing browser fails the run; elsewhere the tests are skipped, saying how
+to get one: `apt-get install chromium` (Debian) and `pip install -e '.[test]'` (Playwright)."""
+
+import json
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import db_settings
+from openai_server import OpenAIServer
+from runtime_support import NOTHING_TO_KEEP
+from test_http import serving
+
+ADMIN = "console-browser-test-admin-token"
+HOW = (
+    "install Debian's chromium (apt-get install chromium, or set ENGRAM_CHROMIUM to a Chromium "
+    "binary) and Playwright (pip install -e '.[test]')"
+)
+HARNESS = {
+    "memory": {
+        "enabled": True,
+        "scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
+        "labels": {"customer_id": {"number": 5, "description": "The customer."}},
+        "tools": ["add_memory", "read_memory", "delete_memory"],
+    }
+}
+# Data is shown as text: markup in a record must not become page elements or run.
+HOSTILE = '<img src=x onerror="window.pwned=1"><b>bold</b> & <script>window.pwned=2</script>'
+READER = [
+    {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]},
+    {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.AgentMemory.*"]},
+]
+
+
+def chromium() -> str:
+    """The browser binary, or a skip (a failure under CI) saying how to get one."""
+    path = os.environ.get("ENGRAM_CHROMIUM") or shutil.which("chromium")
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        path = None
+    if path is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI runs the browser tests, but no browser was found: {HOW}")
+        pytest.skip(f"no headless browser for the console tests: {HOW}")
+    return path
+
+
+def screenshot_path(name: str) -> Path:
+    directory = Path(os.environ.get("ENGRAM_SCREENSHOT_DIR", "/tmp/engram-screens"))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / name
+
+
+class Api:
+    def __init__(self, url: str, token: str) -> None:
+        self.client = httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
+
+    def raw(self, query: str, **variables: Any) -> dict[str, Any]:
+        return self.client.post("/graphql", json={"query": query, "variables": variables}).json()
+
+    def __call__(self, query: str, **variables: Any) -> dict[str, Any]:
+        body = self.raw(query, **variables)
+        assert not body.get("errors"), body
+        return body["data"]
+
+
+def seed(api: Api, model: OpenAIServer) -> dict[str, str]:
+    """An agent with records and one session whose turn called tools; a reader's token; and
+    another tenant's agent."""
+    # Session history (issue 13) where the server has it: the console then offers its search.
+    fields = api('{ __type(name: "ActionSession") { fields { name } } }')["__type"]["fields"]
+    has_history = "searchHistory" in {f["name"] for f in fields}
+    harness = {**HARNESS, "history": {"index": "messages"}} if has_history else HARNESS
+    agent = api(
+        "mutation($i: ActionInput!) { createAction(input: $i) { actionId } }",
+        i={"name": "Support desk", "instructions": "Help customers.", "harness": harness},
+    )["createAction"]["actionId"]
+    ids = {}
+    for summary, kind in [
+        ("Customer c-42 prefers espresso over filter coffee", "fact"),
+        ("Refunds over 100 EUR need a manager", "guidance"),
+        ("Outage on 3 March delayed orders", "event"),
+    ]:
+        record = {
+            "summary": summary,
+            "kind": kind,
+            "content": f"Evidence: {summary}.",
+            "labels": [{"name": "customer_id", "value": "c-42"}],
+            "sessionId": "s-1",
+        }
+        ids[kind] = api(ADD, a=agent, i=record)["addAgentMemory"]["memoryId"]
+    # One turn: the agent saves a record with a tool, then answers.
+    model.call_tools(
+        ("add_memory", {"summary": "Customer c-42 asked about a late order", "kind": "event"}),
+    )
+    model.say("I noted it; your order ships tomorrow.")
+    turn = api(
+        """mutation($i: ExecuteActionInput!) { executeAction(input: $i) { status error } }""",
+        i={"actionId": agent, "sessionId": "s-1", "input": "Where is my order?"},
+    )["executeAction"]
+    assert turn["status"] == "SUCCEEDED", turn
+    client = """mutation($i: ClientInput!) { createClient(input: $i) { principal } }"""
+    token = """mutation($p: String!, $a: UUID) { createClientToken(principal: $p, accountId: $a)
+      { token } }"""
+    api(client, i={"principal": "auditor", "name": "Auditor", "policies": READER})
+    reader = api(token, p="auditor")["createClientToken"]["token"]
+    # Another tenant with an agent of its own.
+    other = api('mutation { createAccount(input: {name: "Other Co"}) { accountId } }')
+    other_account = other["createAccount"]["accountId"]
+    api(
+        client,
+        i={
+            "accountId": other_account,
+            "principal": "boss",
+            "name": "Boss",
+            "policies": [
+                {"effect": "ALLOW", "actions": ["SELECT", "INSERT"], "resources": ["financial.*"]}
+            ],
+        },
+    )
+    boss = Api(
+        str(api.client.base_url),
+        api(token, p="boss", a=other_account)["createClientToken"]["token"],
+    )
+    secret = boss(
+        "mutation($i: ActionInput!) { createAction(input: $i) { actionId } }",
+        i={"name": "Other tenant's secret agent", "harness": HARNESS},
+    )["createAction"]["actionId"]
+    return {
+        "agent": agent,
+        "espresso": ids["fact"],
+        "refunds": ids["guidance"],
+        "reader": reader,
+        "other": secret,
+        "history": has_history,
+    }
+
+
+ADD = """mutation($a: UUID!, $i: AgentMemoryInput!) {
+  addAgentMemory(actionId: $a, input: $i) { memoryId } }"""
+
+
+@asynccontextmanager
+async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[str, str]]]:
+    """The service (with the scripted model) seeded, and a browser page that may reach only it."""
+    executable = chromium()
+    from playwright.async_api import async_playwright
+
+    with OpenAIServer() as model:
+        model.chat_defaults["memory"] = NOTHING_TO_KEEP
+        settings = db_settings(
+            db_url, bootstrap_token=ADMIN, model_base_url=model.url, model_max_retries=0
+        )
+        with serving(settings, embedder) as url:
+            seeded = seed(Api(url, ADMIN), model)
+            async with async_playwright() as p:
+                browser = await p.chromium.launch(
+                    executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+                )
+                try:
+                    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+                    elsewhere: list[str] = []
+
+                    async def offline(route):
+                        if route.request.url.startswith(url + "/"):
+                            await route.continue_()
+                        else:
+                            elsewhere.append(route.request.url)
+                            await route.abort()
+
+                    await page.route("**/*", offline)
+                    errors: list[str] = []
+                    page.on("pageerror", lambda e: errors.append(str(e)))
+                    yield url, page, seeded
+                    assert elsewhere == [], elsewhere
+                    assert errors == [], errors
+                finally:
+                    await browser.close()
+
+
+async def sign_in(page, url: str, token: str) -> None:
+    from playwright.async_api import expect
+
+    await page.goto(url + "/console")
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    await page.get_by_label("API token").fill(token)
+    await page.get_by_label("API token").press("Enter")  # the form submits with Enter
+    await expect(page.get_by_role("heading", name="Agents")).to_be_visible()
+
+
+async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, embedder):
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        agent = seeded["agent"]
+        await sign_in(page, url, ADMIN)
+        # The token stays in this tab's session storage only.
+        stored = await page.evaluate("[sessionStorage.length, localStorage.length]")
+        assert stored == [1, 0]
+        await expect(page.get_by_role("link", name="Support desk")).to_be_visible()
+        await page.screenshot(path=screenshot_path("console-agents.png"))
+
+        # The agent's configuration, and an edit the server refuses, shown at its field.
+        await page.get_by_role("link", name="Support desk").click()
+        await expect(page.get_by_role("heading", name="Support desk")).to_be_visible()
+        await expect(page.locator("pre.json").first).to_contain_text('"customer_id"')
+        harness = page.get_by_label("Harness (JSON)")
+        bad = dict(HARNESS["memory"], extraction={"every": 0})
+        await harness.fill(json.dumps({"memory": bad}, indent=2))
+        await page.get_by_role("button", name="Save new version").click()
+        error = page.locator("#" + await harness.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("harness.memory.extraction.every")
+        await expect(harness).to_have_attribute("aria-invalid", "")
+        await page.screenshot(path=screenshot_path("console-agent-edit.png"), full_page=True)
+        # Corrected, it saves as the next version; the first stays readable.
+        await harness.fill(json.dumps(HARNESS))
+        await page.get_by_label("Instructions").fill("Help customers kindly.")
+        await page.get_by_label("Instructions").press("Control+Enter")
+        await expect(page.get_by_role("heading", name="Version 2 (current)")).to_be_visible()
+        await expect(page.locator("details.version summary")).to_contain_text("Version 1")
+
+        # Memories: find the record by search, with scores.
+        await page.get_by_role("link", name="Memories").click()
+        await expect(page.get_by_role("heading", name="Memories of Support desk")).to_be_visible()
+        await page.get_by_label("Search memories").fill("espresso coffee")
+        await page.get_by_label("Mode").select_option("HYBRID")
+        await page.get_by_label("Search memories").press("Enter")
+        results = page.locator("table", has=page.locator("caption", has_text="Search results"))
+        hit = results.get_by_role("link", name="Customer c-42 prefers espresso over filter coffee")
+        await expect(hit).to_be_visible()
+        await expect(results.locator("td[data-label=Score]").first).to_have_text(
+            re.compile(r"^\d\.\d{4}$")
+        )
+        await page.screenshot(path=screenshot_path("console-memories.png"), full_page=True)
+        await page.screenshot(  # the README's picture (docs/console.png), kept small
+            path=screenshot_path("console-readme.png"),
+            clip={"x": 0, "y": 0, "width": 1280, "height": 640},
+        )
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await page.screenshot(path=screenshot_path("console-memories-phone.png"), full_page=True)
+        await page.set_viewport_size({"width": 1280, "height": 900})
+
+        # The record's page: content, provenance and its history.
+        await hit.click()
+        title = "Customer c-42 prefers espresso over filter coffee"
+        await expect(page.get_by_role("heading", name=title)).to_be_visible()
+        history = page.get_by_role("list", name="Version history")
+        await expect(history.locator("li")).to_have_count(1)
+        await expect(page.get_by_text("Evidence: Customer c-42").first).to_be_visible()
+        await page.screenshot(path=screenshot_path("console-record.png"), full_page=True)
+
+        # Delete, after a confirmation that says what deleting does and does not remove.
+        # With the keyboard alone: the dialog opens on Cancel, Tab reaches the delete button.
+        await page.get_by_role("button", name="Delete this record…").focus()
+        await page.keyboard.press("Enter")
+        dialog = page.get_by_role("dialog")
+        await expect(dialog).to_contain_text("no longer recalls")
+        await expect(dialog).to_contain_text("does not erase")
+        await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+        await page.screenshot(path=screenshot_path("console-delete-confirm.png"))
+        await page.keyboard.press("Escape")  # Escape cancels: nothing deleted
+        await expect(dialog).to_be_hidden()
+        await expect(history.locator("li")).to_have_count(1)
+        await page.get_by_role("button", name="Delete this record…").focus()
+        await page.keyboard.press("Enter")
+        await page.keyboard.press("Tab")
+        await expect(dialog.get_by_role("button", name="Delete record")).to_be_focused()
+        await page.keyboard.press("Enter")
+        await expect(page.get_by_role("status")).to_contain_text("Deleted")
+        await expect(history.locator("li")).to_have_count(2)
+        await expect(history.locator("li").first).to_contain_text("DELETED")
+        await expect(page.get_by_role("button", name="Delete this record…")).to_have_count(0)
+
+        # Gone from the list, still readable with its history by its address.
+        await page.get_by_role("link", name="← Memories").click()
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        await expect(listing.get_by_role("link", name="Refunds over 100 EUR")).to_be_visible()
+        await expect(listing.get_by_role("link", name=title)).to_have_count(0)
+        await page.get_by_label("Status").select_option("DELETED")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(listing.get_by_role("link", name=title)).to_be_visible()
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{seeded['espresso']}")
+        await expect(history.locator("li")).to_have_count(2)
+
+        # The session: its turn with model calls (purpose, usage) and tool executions.
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions")
+        await page.get_by_role("link", name="s-1").click()
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        events = page.locator("li.event")
+        await expect(events.filter(has_text="Model call").first).to_contain_text("purpose turn")
+        await expect(events.filter(has_text="Tool execution").first).to_contain_text("add_memory")
+        await expect(events.filter(has_text="Output").last).to_contain_text("ships tomorrow")
+        await page.screenshot(path=screenshot_path("console-session.png"), full_page=True)
+        # History search shows once the schema has it (session history, issue 13).
+        box = page.get_by_label("Search this session's history")
+        await expect(box).to_have_count(1 if seeded["history"] else 0)
+        if seeded["history"]:
+            await box.fill("where is my order")
+            await box.press("Enter")
+            found = page.locator("form[role=search] + div li.event")
+            await expect(found.first).to_contain_text("score")
+            await expect(found.first).to_contain_text("order")
+            await page.screenshot(path=screenshot_path("console-history-search.png"))
+
+        # Clients and tokens: create one, shown once, then revoke it.
+        await page.get_by_role("link", name="Clients and tokens").click()
+        auditor = page.locator("section.client", has_text="auditor")
+        await expect(auditor.locator("li").first).to_have_text("ALLOW SELECT on financial.Action.*")
+        await auditor.get_by_role("button", name="Create token").click()
+        shown = auditor.get_by_label("The new token")
+        await expect(shown).to_be_visible()
+        new_token = await shown.input_value()
+        assert Api(url, new_token)("{ viewer { principal } }")["viewer"]["principal"] == "auditor"
+        await page.screenshot(path=screenshot_path("console-clients.png"), full_page=True)
+        await page.reload()
+        auditor = page.locator("section.client", has_text="auditor")
+        revokes = auditor.get_by_role("button", name=re.compile("^Revoke token"))
+        await expect(revokes).to_have_count(2)
+        await revokes.first.click()  # newest first: the token just made
+        await page.get_by_role("dialog").get_by_role("button", name="Revoke token").click()
+        await expect(revokes).to_have_count(1)
+        refused = Api(url, new_token).raw("{ viewer { principal } }")
+        assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_url, embedder):
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        agent, record = seeded["agent"], seeded["espresso"]
+        Api(url, ADMIN)(ADD, a=agent, i={"summary": HOSTILE, "kind": "reference"})
+        # A token the server does not know is refused at the field, in a sentence.
+        await page.goto(url + "/console")
+        await page.get_by_label("API token").fill("not-a-token")
+        await page.get_by_label("API token").press("Enter")
+        await expect(page.get_by_role("alert")).to_have_text(
+            "The server did not accept this token (it may be revoked or expired). Sign in again."
+        )
+        await sign_in(page, url, seeded["reader"])
+        # No clients view for a token without the grant.
+        await expect(page.get_by_role("link", name="Clients and tokens")).to_have_count(0)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{record}")
+        title = "Customer c-42 prefers espresso over filter coffee"
+        await expect(page.get_by_role("heading", name=title)).to_be_visible()
+        await expect(page.get_by_role("button", name="Delete this record…")).to_have_count(0)
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await page.screenshot(path=screenshot_path("console-record-phone.png"), full_page=True)
+        await page.set_viewport_size({"width": 1280, "height": 900})
+        # Its agent reads, but offers no edit: the token may not UPDATE agents.
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.get_by_role("heading", name="Support desk")).to_be_visible()
+        await expect(page.get_by_role("button", name="Save new version")).to_have_count(0)
+        await expect(page.get_by_role("link", name="Sessions")).to_have_count(0)
+        # Markup in a record shows as its text, in the list and on its page.
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        await expect(page.get_by_role("link", name=HOSTILE)).to_be_visible()
+        await page.get_by_role("link", name=HOSTILE).click()
+        await expect(page.get_by_role("heading", name=HOSTILE)).to_be_visible()
+        assert await page.evaluate("window.pwned") is None
+        assert await page.locator("main img, main b, main script").count() == 0
+
+        # A correction: the new record's page shows the supersede chain, oldest first.
+        corrected = Api(url, ADMIN)(
+            ADD,
+            a=agent,
+            i={
+                "summary": "Refunds over 200 EUR need a manager",
+                "kind": "guidance",
+                "replaces": seeded["refunds"],
+            },
+        )["addAgentMemory"]["memoryId"]
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{corrected}")
+        chain = page.locator("h2:text('Supersede chain') + ol > li")
+        await expect(chain).to_have_count(2)
+        await expect(chain.nth(0)).to_contain_text("Refunds over 100 EUR need a manager")
+        await expect(chain.nth(0)).to_contain_text("SUPERSEDED")
+        await expect(chain.nth(1)).to_contain_text("(this record)")
+        await chain.nth(0).get_by_role("link").click()
+        await expect(page.get_by_role("heading", name="Refunds over 100 EUR")).to_be_visible()
+        await expect(page.get_by_role("list", name="Version history")).to_contain_text(
+            "Replaced by"
+        )
+
+        # A view the grants refuse reads as a sentence, not JSON.
+        await page.goto(f"{url}/console/#/clients")
+        await expect(page.locator(".notice")).to_contain_text(
+            "Your token's grants do not allow listing clients: this client is not allowed to "
+            "SELECT financial.Client.document."
+        )
+        await expect(page.locator("main")).not_to_contain_text("{")
+        await page.screenshot(path=screenshot_path("console-refused.png"))
+
+        # The same token, straight to GraphQL: refused, and the record is untouched.
+        reader = Api(url, seeded["reader"])
+        answer = reader.raw(
+            "mutation($a: UUID!, $m: UUID!) { deleteAgentMemory(actionId: $a, id: $m) { status } }",
+            a=agent,
+            m=record,
+        )
+        assert answer["errors"][0]["extensions"]["code"] == "ACCESS_DENIED"
+        status = reader(
+            "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }",
+            a=agent,
+            m=record,
+        )
+        assert status["agentMemory"]["status"] == "ACTIVE"
+
+
+async def test_another_tenants_agent_cannot_be_opened_by_url(db_url, embedder):
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        await sign_in(page, url, ADMIN)
+        other = seeded["other"]
+        for path in ["", "/memories", "/sessions", "/memories/" + seeded["espresso"]]:
+            await page.goto(f"{url}/console/#/agents/{other}{path}")
+            await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+            await expect(page.locator("main")).not_to_contain_text("secret agent")
+            await expect(page.locator("main table, main pre")).to_have_count(0)
+        await page.screenshot(path=screenshot_path("console-not-found.png"))
