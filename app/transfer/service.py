@@ -15,6 +15,7 @@ model is the deployment's (same name and dimensions); otherwise, or when the fil
 each record is embedded again with the deployment's model, as `engram reembed` would.
 """
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -139,26 +140,28 @@ async def import_file(
         embedder = await open_embedder()
         await ensure_model(pool, embedder)
         result.vectors = "re-embedded"
-    importer = _Importer(pool, account_id, embedder, result)
     total = sum(int(n) for n in (header.get("counts") or {}).values())
     try:
         with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
-            table: Table | None = None
-            batch: list[dict[str, Any]] = []
-            for number, line in enumerate(it, start=2):
-                if not line.strip():
-                    continue
-                kind, row = _parse(line, number)
-                if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
-                    assert table is not None
-                    await importer.write(table, batch)
-                    bar.update(len(batch))
-                    batch = []
-                table = BY_KIND[kind]
-                batch.append(row)
-            if table is not None and batch:
-                await importer.write(table, batch)
-                bar.update(len(batch))
+            importer = _Importer(pool, account_id, embedder, result, bar.update)
+            try:
+                table: Table | None = None
+                batch: list[dict[str, Any]] = []
+                for number, line in enumerate(it, start=2):
+                    if not line.strip():
+                        continue
+                    kind, row = _parse(line, number)
+                    if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
+                        assert table is not None
+                        await importer.submit(table, batch)
+                        batch = []
+                    table = BY_KIND[kind]
+                    batch.append(row)
+                if table is not None and batch:
+                    await importer.submit(table, batch)
+                await importer.drain()
+            finally:
+                await importer.cancel()
     finally:
         if embedder is not None:
             await embedder.aclose()
@@ -179,14 +182,51 @@ def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
 
 
 class _Importer:
+    """Writes batches in order, except the records' current rows (the last and costliest: each
+    goes into the HNSW index), of which PARALLEL batches are written at once, on connections
+    of their own, so that PostgreSQL inserts into the index on more than one core. They are
+    independent of each other: nothing they refer to is written at the same time."""
+
+    PARALLEL = 2
+
     def __init__(
-        self, pool: asyncpg.Pool, account_id: UUID, embedder: Embedder | None, result: ImportResult
+        self,
+        pool: asyncpg.Pool,
+        account_id: UUID,
+        embedder: Embedder | None,
+        result: ImportResult,
+        done: Callable[[int], object],
     ) -> None:
         self.pool = pool
         self.account_id = account_id
         self.embedder = embedder
         self.result = result
+        self.done = done
         self._columns: dict[str, set[str]] = {}
+        self._running: list[asyncio.Task[None]] = []
+
+    async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
+        if table.name != "agent_memories":
+            await self.drain()
+            await self.write(table, rows)
+            return
+        while len(self._running) >= self.PARALLEL:
+            finished, _ = await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                self._running.remove(task)
+                task.result()  # its error, if it failed
+        self._running.append(asyncio.create_task(self.write(table, rows)))
+
+    async def drain(self) -> None:
+        running, self._running = self._running, []
+        for task in running:
+            await task
+
+    async def cancel(self) -> None:
+        for task in self._running:
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        self._running = []
 
     async def write(self, table: Table, rows: list[dict[str, Any]]) -> None:
         row_columns = list(rows[0])
@@ -223,6 +263,7 @@ class _Importer:
         self.result.inserted += written.inserted
         self.result.present += written.present
         self.result.by_type[table.kind] = self.result.by_type.get(table.kind, 0) + len(rows)
+        self.done(len(rows))
 
     async def _check_columns(
         self, conn: asyncpg.Connection, table: Table, row_columns: list[str]
