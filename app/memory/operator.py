@@ -379,10 +379,12 @@ async def add_memories(
             _check_session_id(memory.session_id)
         except BadInput as e:
             raise BadInput(f"inputs[{i}].sessionId: {e.message}") from None
-    arguments = {"actionId": action_id, "inputs": [asdict(m) for m in memories]}
-    key = key_for(
-        idempotency_key, caller.account_id, caller.principal, "addAgentMemories", arguments
-    )
+    key = None
+    if idempotency_key is not None:
+        arguments = {"actionId": action_id, "inputs": [asdict(m) for m in memories]}
+        key = key_for(
+            idempotency_key, caller.account_id, caller.principal, "addAgentMemories", arguments
+        )
     if key is not None and (answered := await _answered_many(pool, caller, action_id, key)):
         return answered
     async with pool.acquire() as conn:
