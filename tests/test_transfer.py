@@ -262,3 +262,63 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
     assert again.returncode == 0 and "imported 0 rows" in again.stdout
     missing = run(clean_env(database_url=target_url), "export", "--action", str(uuid.uuid4()))
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+SEARCH = """query($a: UUID!, $q: String) { action(actionId: $a) {
+  searchMemories(query: $q, first: 5) { edges { score node { memoryId } } } } }"""
+
+
+async def test_search_finds_the_same_after_import(state, admin, gql, second):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, lines)
+    for q in ("where does the customer live", "email", "refund"):
+        here = (await gql(admin, SEARCH, a=str(agent.action_id), q=q)).ok()
+        there = (await GQL(second)(target_admin, SEARCH, a=str(agent.action_id), q=q)).ok()
+        assert there == here and here["action"]["searchMemories"]["edges"]
+
+
+async def test_another_embedding_model_is_embedded_again(state, admin, gql, second):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    header = json.loads(lines[0])
+    header["embedder"] = {"name": "openai:text-embedding-3-small", "dimensions": 256}
+    target_admin = await admin_of(second)
+    result = await load(second, target_admin.account_id, [json.dumps(header), *lines[1:]])
+    # Every record but the preview deletion (a tombstone has no vector) is embedded again.
+    assert result.vectors == "re-embedded" and result.reembedded == 8
+    async with second.pool.acquire() as conn:
+        missing = await conn.fetchval(
+            "SELECT count(*) FROM agent_memories WHERE embedding IS NULL AND NOT tombstone"
+        )
+    assert missing == 0
+
+
+@pytest.mark.parametrize(
+    ("first_line", "message"),
+    [
+        ('{"hello": 1}', "not an Engram export"),
+        ('{"type": "header", "format": "engram-export", "version": 9}', "format version 9"),
+    ],
+)
+async def test_a_file_that_is_not_an_export_is_refused(second, first_line, message):
+    from app.errors import BadInput
+
+    target_admin = await admin_of(second)
+    with pytest.raises(BadInput, match=message):
+        await load(second, target_admin.account_id, [first_line])
+
+
+async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, second):
+    from app.errors import BadInput
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    with pytest.raises(BadInput, match="line 3 is not JSON"):
+        await load(second, target_admin.account_id, [lines[0], lines[1], lines[2][:20]])
+    action = json.loads(lines[1])
+    action["row"]["colour"] = "blue"
+    with pytest.raises(BadInput, match=r"columns this deployment does not \(colour\)"):
+        await load(second, target_admin.account_id, [lines[0], json.dumps(action)])
