@@ -207,7 +207,6 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
         bootstrap_token=TOKEN,
         search_maintenance_seconds=0,
         environment="test",
-        max_body_bytes=4_000_000,
     )
     with Served(settings, embedder) as url:
         headers = {"Authorization": f"Bearer {TOKEN}"}
