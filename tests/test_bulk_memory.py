@@ -180,3 +180,16 @@ async def test_a_retry_with_the_same_key_writes_nothing_new(gql, admin, state, a
     assert await counts(state, agent) == (5, 5, 1)
     other = await gql(admin, BULK, actionId=str(agent.action_id), inputs=inputs(6), key="k1")
     assert other.codes == ["CONFLICT"]
+
+
+async def test_pins_of_one_call_count_together_against_the_budget(gql, admin, state):
+    agent = await make_agent(state, admin, pinned={"max_tokens": 100})
+    pins = [
+        {"summary": f"always greet customer {i} by name", "kind": "fact", "pinned": True}
+        for i in range(6)
+    ]
+    refused = await gql(admin, BULK, actionId=str(agent.action_id), inputs=pins)
+    assert refused.codes == ["BAD_REQUEST"] and "budget of 100" in refused.errors[0]["message"]
+    assert await counts(state, agent) == (0, 0, 0)
+    ok = await gql(admin, BULK, actionId=str(agent.action_id), inputs=pins[:2])
+    assert len(ok.ok()["addAgentMemories"]["memoryIds"]) == 2
