@@ -306,6 +306,83 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _account_or_default(conn: Any, account: UUID | None) -> UUID:
+    from app.auth.service import ensure_default_account
+
+    return account if account is not None else await ensure_default_account(conn)
+
+
+def _export(settings: Settings, args: argparse.Namespace) -> int:
+    from app.transfer.service import export_action
+
+    action_id = _uuid(args.action, "action ID")
+    account = _account_id(args.account)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    async def work(out: Any) -> dict[str, int]:
+        async with _database(settings) as pool:
+            async with pool.acquire() as conn:
+                account_id = await _account_or_default(conn, account)
+            return await export_action(
+                pool,
+                account_id,
+                action_id,
+                out,
+                embeddings=not args.no_embeddings,
+                progress=sys.stderr.isatty(),
+            )
+
+    if args.output in (None, "-"):
+        counts = asyncio.run(work(sys.stdout))
+    else:
+        with open(args.output, "w", encoding="utf-8") as out:
+            counts = asyncio.run(work(out))
+    rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    print(f"exported action {action_id}: {rows}", file=sys.stderr)
+    return 0
+
+
+def _import(settings: Settings, args: argparse.Namespace) -> int:
+    from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
+    from app.embeddings.setup import EmbeddingModelMismatch, open_embedder
+    from app.transfer.service import import_file
+
+    account = _account_id(args.account)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    async def work(lines: Any) -> Any:
+        async with _database(settings) as pool:
+            async with pool.acquire() as conn:
+                account_id = await _account_or_default(conn, account)
+            return await import_file(
+                pool,
+                account_id,
+                lines,
+                open_embedder=lambda: open_embedder(settings),
+                batch_rows=args.batch_size,
+                progress=sys.stderr.isatty(),
+            )
+
+    try:
+        if args.file == "-":
+            result = asyncio.run(work(sys.stdin))
+        else:
+            with open(args.file, encoding="utf-8") as lines:
+                result = asyncio.run(work(lines))
+    except OSError as e:
+        print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        return 2
+    except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"imported {result.inserted} rows, {result.present} already there unchanged; "
+        f"vectors {result.vectors}"
+        + (f" ({result.reembedded} records)" if result.vectors == "re-embedded" else "")
+    )
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="engram", description="Durable memory for AI agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -338,6 +415,31 @@ def parser() -> argparse.ArgumentParser:
         "--min-records", type=int, help="index agents of this many records (default: settings)"
     )
     maintain.set_defaults(run=_maintain_search)
+
+    export = sub.add_parser(
+        "export",
+        help="write an agent, every version of every record, and the sessions and executions "
+        "they name, as JSONL",
+    )
+    export.add_argument("--action", required=True, help="the agent's action ID")
+    export.add_argument("--account", help="account ID (default: the default account)")
+    export.add_argument("-o", "--output", help="the file to write (default: standard output)")
+    export.add_argument(
+        "--no-embeddings",
+        action="store_true",
+        help="leave the vectors out (smaller; the import embeds the records again)",
+    )
+    export.set_defaults(run=_export)
+
+    imp = sub.add_parser(
+        "import",
+        help="recreate an exported agent with the same IDs; identical rows are skipped, so it "
+        "can run again after an interruption",
+    )
+    imp.add_argument("file", help="an `engram export` file (- for standard input)")
+    imp.add_argument("--account", help="account ID (default: the default account)")
+    imp.add_argument("--batch-size", type=int, default=1000, help="rows written per transaction")
+    imp.set_defaults(run=_import)
 
     schema = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
     schema.add_argument("-o", "--output", help="write it to this file, e.g. schema.graphql")

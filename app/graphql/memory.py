@@ -420,17 +420,63 @@ class MemoryMutation:
             embedder,
             info.context.caller,
             action_id,
-            OperatorMemory(
-                summary=input.summary,
-                kind=input.kind,
-                content=input.content,
-                labels=[LabelValue(v.value, v.name, v.number) for v in input.labels or []],
-                scope=input.scope.value if input.scope else None,
-                session_id=input.session_id,
-                pinned=input.pinned,
-                replaces=input.replaces,
-                metadata=input.metadata,
-            ),
+            _operator_memory(input),
             idempotency_key=idempotency_key,
         )
         return ActionAgentMemory.of(added)
+
+    @strawberry.mutation(
+        description=f"Seeds up to {operator.MAX_BULK:,} records at once, as addAgentMemory does "
+        "(the same grants and checks), in one transaction and one execution: all or none. An "
+        "invalid input refuses the call, naming its index (`inputs[17].summary: ...`). Select "
+        "`memoryIds` alone when the records themselves are not needed: it is the fastest."
+    )
+    async def add_agent_memories(
+        self,
+        info: Info,
+        action_id: UUID,
+        inputs: list[AgentMemoryInput],
+        idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
+    ) -> "AddAgentMemoriesResult":
+        embedder = info.context.state.embedder
+        assert embedder is not None, "the embedding service starts with the app"
+        added = await operator.add_memories(
+            info.context.pool,
+            embedder,
+            info.context.caller,
+            action_id,
+            [_operator_memory(i) for i in inputs],
+            idempotency_key=idempotency_key,
+        )
+        return AddAgentMemoriesResult(added=added)
+
+
+def _operator_memory(input: AgentMemoryInput) -> OperatorMemory:
+    return OperatorMemory(
+        summary=input.summary,
+        kind=input.kind,
+        content=input.content,
+        labels=[LabelValue(v.value, v.name, v.number) for v in input.labels or []],
+        scope=input.scope.value if input.scope else None,
+        session_id=input.session_id,
+        pinned=input.pinned,
+        replaces=input.replaces,
+        metadata=input.metadata,
+    )
+
+
+@strawberry.type(description="The records addAgentMemories wrote, in the order of its inputs.")
+class AddAgentMemoriesResult:
+    added: strawberry.Private[list[MemoryView]]
+
+    @strawberry.field(description="The execution that wrote them (kind OPERATOR).")
+    def execution_id(self) -> UUID:
+        return self.added[0].record.execution_id
+
+    @strawberry.field(description="Their IDs, in the order of the inputs.")
+    def memory_ids(self) -> list[UUID]:
+        return [v.record.memory_id for v in self.added]
+
+    @strawberry.field(description="The records, in the order of the inputs.")
+    def memories(self) -> list[ActionAgentMemory]:
+        return [ActionAgentMemory.of(v) for v in self.added]

@@ -367,3 +367,143 @@ async def add_memory(
         raise
     names = {label.number: label.name for label in action.harness.memory.labels}
     return MemoryView(record, names)
+
+
+MAX_BULK = 1000
+
+
+async def _answered_many(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, key: Key
+) -> list[MemoryView] | None:
+    """The record versions a bulk key already answered with; None for a new key."""
+    async with pool.acquire() as conn:
+        result = await key.previous(conn)
+    if result is None:
+        return None
+    views = []
+    for memory_id, version in result["memories"]:
+        view = await get_memory(pool, caller, action_id, UUID(memory_id), version)
+        if view is None:
+            raise NotFound(
+                f"idempotency key {key.key!r} answered with memory {memory_id}, which no longer "
+                "exists (its agent was deleted)"
+            )
+        views.append(view)
+    return views
+
+
+async def add_memories(
+    pool: asyncpg.Pool,
+    embedder: Embedder,
+    caller: Caller,
+    action_id: UUID,
+    memories: Sequence[OperatorMemory],
+    *,
+    idempotency_key: str | None = None,
+) -> list[MemoryView]:
+    """Seeds up to MAX_BULK records at once: the grants and checks of `add_memory`, one call
+    of the embedder, one transaction, one execution of kind OPERATOR. An invalid input
+    refuses the whole call, naming its index (`inputs[17].summary: ...`); nothing is written.
+    A retry with the same idempotency key returns the first answer."""
+    caller.require(*resources.ADD_MEMORY, *resources.READ_MEMORY)
+    if any(m.replaces is not None for m in memories):
+        caller.require(*resources.DELETE_MEMORY)
+    if any(m.pinned for m in memories):
+        caller.require(*resources.PIN_MEMORY)
+    if not 0 < len(memories) <= MAX_BULK:
+        raise BadInput(
+            f"inputs holds {len(memories)} records; a call adds 1 to {MAX_BULK:,}: "
+            "split larger imports into several calls (or use `engram import`)"
+        )
+    for i, memory in enumerate(memories):
+        try:
+            _check_session_id(memory.session_id)
+        except BadInput as e:
+            raise BadInput(f"inputs[{i}].sessionId: {e.message}") from None
+    key = None
+    if idempotency_key is not None:
+        arguments = {"actionId": action_id, "inputs": [asdict(m) for m in memories]}
+        key = key_for(
+            idempotency_key, caller.account_id, caller.principal, "addAgentMemories", arguments
+        )
+    if key is not None and (answered := await _answered_many(pool, caller, action_id, key)):
+        return answered
+    async with pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, action_id)
+    if action is None:
+        raise NotFound(f"action {action_id} not found")
+    sessions = sorted({m.session_id for m in memories if m.session_id is not None})
+    writer = Writer(
+        account_id=caller.account_id,
+        action=action,
+        execution_id=uuid.uuid4(),
+        invocation_number=1,
+        # The execution belongs to a session when every record does to the same one.
+        session_id=sessions[0]
+        if len(sessions) == 1 and all(m.session_id for m in memories)
+        else None,
+        principal=caller.principal,
+        source="OPERATOR",
+        preview=False,
+    )
+    new_memories = []
+    for i, memory in enumerate(memories):
+        try:
+            labels = _label_keys(action.harness.memory, memory.labels)
+        except BadInput as e:
+            raise BadInput(f"inputs[{i}].labels: {e.message}") from None
+        new_memories.append(
+            NewMemory(
+                summary=memory.summary,
+                kind=memory.kind,
+                content=memory.content,
+                labels=labels,
+                scope=memory.scope,
+                pinned=memory.pinned,
+                replaces=memory.replaces,
+                metadata=memory.metadata,
+                session_id=memory.session_id,
+            )
+        )
+    work = MemoryWork(pool, embedder, writer)
+    ids = await work.add_many(new_memories)
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            for session_id in sessions:
+                await runtime_store.ensure_session(conn, caller.account_id, action_id, session_id)
+            await runtime_store.insert_execution(
+                conn,
+                account_id=caller.account_id,
+                action_id=action_id,
+                execution_id=writer.execution_id,
+                action_version=action.version,
+                session_id=writer.session_id,
+                turn=None,
+                kind="OPERATOR",
+                status="SUCCEEDED",
+                preview=False,
+                principal=caller.principal,
+                # IDs only: the records' text is readable only with the memory grants (M55).
+                input={
+                    "operation": "addAgentMemories",
+                    "memoryIds": [str(i) for i in ids],
+                    "replaces": [str(m.replaces) if m.replaces else None for m in memories],
+                },
+            )
+            written = {r.memory_id: r for r in await work.commit(conn)}
+            records = [written[i] for i in ids]
+            if key is not None:
+                await key.record(
+                    conn, {"memories": [[str(r.memory_id), r.version] for r in records]}
+                )
+    except Duplicate:
+        await work.discard()
+        assert key is not None
+        answered_many = await _answered_many(pool, caller, action_id, key)
+        assert answered_many is not None, "a key whose transaction committed is found"
+        return answered_many
+    except BaseException:
+        await work.discard()
+        raise
+    names = {label.number: label.name for label in action.harness.memory.labels}
+    return [MemoryView(record, names) for record in records]

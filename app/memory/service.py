@@ -17,7 +17,8 @@ CONTRACT (used by the runtime and the GraphQL layer; implemented in this module)
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from uuid import UUID
@@ -28,7 +29,7 @@ from app.actions.harness import MemoryConfig
 from app.actions.service import ActionVersion
 from app.embeddings.base import Embedder
 from app.embeddings.text import memory_text
-from app.errors import BadInput, Conflict, NotFound
+from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.memory import store
 from app.memory.records import (
     CHARS_PER_TOKEN,
@@ -91,6 +92,8 @@ class NewMemory:
     replaces: UUID | None = None
     metadata: Any = None
     source: Source | None = None  # None: the writer's (the memory review writes EXTRACTION)
+    # None: the writer's session. A bulk operator write names each record's own session.
+    session_id: str | None = None
 
 
 def check_summary(summary: str) -> None:
@@ -228,6 +231,7 @@ class MemoryWork:
         self.writer = writer
         self.embed_tokens: list[int] = []
         self._staged: list[UUID] = []  # rows this work staged, in order
+        self._unstaged: list[store.NewRow] = []  # rows `commit` inserts (add_many)
         self._changes: list[_Change] = []
         self._started = False
 
@@ -237,19 +241,9 @@ class MemoryWork:
 
     async def add(self, new: NewMemory) -> list[MemoryRecord]:
         """Stages a record; returns the records written (the new one, and the one it replaces)."""
-        w, config = self.writer, self.config
-        self._require_enabled()
-        check_summary(new.summary)
-        check_content(new.content)
-        check_kind(new.kind, config)
-        labels = check_labels(config, new.labels)
-        metadata = check_metadata(new.metadata)
-        scope = self._scope(new.scope)
-        if new.pinned and config.pinned_max_tokens is None:
-            raise BadInput(
-                "nothing can be pinned: this agent has no harness.memory.pinned; "
-                "save the memory unpinned"
-            )
+        w = self.writer
+        checked = self._check(new)
+        labels, metadata, scope, session_id = checked
         memory_id = uuid.uuid4()
         target: _Target | None = None
         async with self.pool.acquire() as conn:
@@ -258,7 +252,9 @@ class MemoryWork:
                 target = await self._target(conn, new.replaces)
                 self._check_replaceable(target)
             if new.pinned:
-                await self._check_pin_budget(conn, pin_line(new.summary, memory_id), new.replaces)
+                await self._check_pin_budget(
+                    conn, [pin_line(new.summary, memory_id)], {new.replaces}
+                )
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
         self.embed_tokens.append(embedded.tokens)
@@ -280,7 +276,7 @@ class MemoryWork:
             execution_id=w.execution_id,
             invocation_number=w.invocation_number,
             action_version=w.action.version,
-            session_id=w.session_id,
+            session_id=session_id,
             modified_by=w.principal,
             embedding=embedded.vectors[0],
         )
@@ -293,6 +289,108 @@ class MemoryWork:
         if change.preview_of_live:
             return [staged]
         return [staged, _as_changed(target.current, "SUPERSEDED", staged, w.principal)]
+
+    def _check(
+        self, new: NewMemory, where: str | None = None
+    ) -> tuple[dict[int, str], Any, Scope, str | None]:
+        """The checks of a new record that need no database: its label values by number, its
+        metadata, scope and session. `where` (e.g. `inputs[17]`) prefixes each error with the
+        input and field it is about."""
+        config = self.config
+        self._require_enabled()
+        with _about(where, "summary"):
+            check_summary(new.summary)
+        with _about(where, "content"):
+            check_content(new.content)
+        with _about(where, "kind"):
+            check_kind(new.kind, config)
+        with _about(where, "labels"):
+            labels = check_labels(config, new.labels)
+        with _about(where, "metadata"):
+            metadata = check_metadata(new.metadata)
+        session_id = new.session_id if new.session_id is not None else self.writer.session_id
+        with _about(where, "scope"):
+            scope = self._scope(new.scope, session_id)
+        if new.pinned and config.pinned_max_tokens is None:
+            with _about(where, "pinned"):
+                raise BadInput(
+                    "nothing can be pinned: this agent has no harness.memory.pinned; "
+                    "save the memory unpinned"
+                )
+        return labels, metadata, scope, session_id
+
+    async def add_many(self, news: Sequence[NewMemory]) -> list[UUID]:
+        """Checks many new records and embeds them in one call of the embedder; `commit`
+        writes them, in its transaction, without staging them first (no turn reads them
+        before). Returns their IDs in order. One invalid record refuses all: the error names
+        its index and field (`inputs[17].summary: ...`), and nothing is kept.
+
+        The same checks as `add`, one by one; then the ones needing the database at once."""
+        w = self.writer
+        checked = [self._check(new, f"inputs[{i}]") for i, new in enumerate(news)]
+        ids = [uuid.uuid4() for _ in news]
+        changes: list[_Change] = []
+        seen: dict[UUID, int] = {}
+        async with self.pool.acquire() as conn:
+            await self._start(conn)
+            for i, new in enumerate(news):
+                if new.replaces is None:
+                    continue
+                with _about(f"inputs[{i}]", "replaces"):
+                    if new.replaces in seen:
+                        raise BadInput(
+                            f"inputs[{seen[new.replaces]}] already replaces memory "
+                            f"{new.replaces}; a record is replaced once"
+                        )
+                    seen[new.replaces] = i
+                    target = await self._target(conn, new.replaces)
+                    self._check_replaceable(target)
+                changes.append(
+                    _Change(
+                        target=target.current.memory_id,
+                        version=target.current.version,
+                        status="SUPERSEDED",
+                        by=ids[i],
+                        preview_of_live=w.preview and not target.current.preview,
+                        tombstone=False,
+                    )
+                )
+            pins = [pin_line(n.summary, ids[i]) for i, n in enumerate(news) if n.pinned]
+            if pins:
+                replaced = {n.replaces for n in news if n.pinned and n.replaces is not None}
+                await self._check_pin_budget(conn, pins, replaced)
+        # Embedded with no connection held: a remote embedder may take its time.
+        embedded = await self.embedder.embed([memory_text(n.summary, n.content) for n in news])
+        self.embed_tokens.append(embedded.tokens)
+        for i, (new, (labels, metadata, scope, session_id)) in enumerate(
+            zip(news, checked, strict=True)
+        ):
+            self._unstaged.append(
+                store.NewRow(
+                    account_id=w.account_id,
+                    action_id=w.action.action_id,
+                    memory_id=ids[i],
+                    summary=new.summary,
+                    content=new.content,
+                    metadata=metadata,
+                    status="ACTIVE",
+                    scope=scope,
+                    kind=new.kind,
+                    source=new.source or w.source,
+                    pinned=new.pinned,
+                    labels=labels,
+                    replaces=new.replaces,
+                    preview=w.preview,
+                    execution_id=w.execution_id,
+                    invocation_number=w.invocation_number,
+                    action_version=w.action.version,
+                    session_id=session_id,
+                    modified_by=w.principal,
+                    embedding=embedded.vectors[i],
+                )
+            )
+        self._changes.extend(changes)
+        return ids
 
     async def delete(self, memory_id: UUID, source: Source | None = None) -> MemoryRecord:
         """Stages a deletion; deleting a deleted record returns it unchanged."""
@@ -369,7 +467,7 @@ class MemoryWork:
 
     async def commit(self, conn: asyncpg.Connection) -> list[MemoryRecord]:
         """Makes the staged changes visible in the caller's transaction; Conflict if stale."""
-        if not self._staged:
+        if not self._staged and not self._unstaged:
             return []
         w = self.writer
         account_id, action_id = w.account_id, w.action.action_id
@@ -385,6 +483,9 @@ class MemoryWork:
                     "this turn's staged memory records were discarded before it committed; "
                     "nothing was saved"
                 )
+            if self._unstaged:
+                inserted = await store.insert_committed(conn, self._unstaged)
+                published.extend(store.record(r) for r in inserted)
             changed: list[MemoryRecord] = []
             for change in self._changes:
                 if change.preview_of_live:
@@ -421,6 +522,7 @@ class MemoryWork:
                 "time; nothing was saved: read them again and retry"
             ) from None
         self._staged.clear()
+        self._unstaged.clear()
         self._changes.clear()
         return published + changed
 
@@ -433,6 +535,7 @@ class MemoryWork:
         async with self.pool.acquire() as conn:
             await store.delete_staged(conn, w.account_id, w.action.action_id, w.execution_id)
         self._staged.clear()
+        self._unstaged.clear()
         self._changes.clear()
 
     def _require_enabled(self) -> None:
@@ -448,14 +551,14 @@ class MemoryWork:
             )
         self._started = True
 
-    def _scope(self, requested: Scope | None) -> Scope:
+    def _scope(self, requested: Scope | None, session_id: str | None) -> Scope:
         w, config = self.writer, self.config
         if requested not in (None, "SESSION", "AGENT"):
             raise BadInput(f"scope must be SESSION or AGENT, got {requested!r}")
         if w.is_operator:
             # Operators choose either scope; the agent's write scopes restrain only the agent.
-            scope: Scope = requested or ("SESSION" if w.session_id is not None else "AGENT")
-            if scope == "SESSION" and w.session_id is None:
+            scope: Scope = requested or ("SESSION" if session_id is not None else "AGENT")
+            if scope == "SESSION" and session_id is None:
                 raise BadInput(
                     "a SESSION record needs the sessionId of the session that recalls it"
                 )
@@ -478,10 +581,10 @@ class MemoryWork:
                     "scope SESSION is not allowed: this agent writes only agent scope "
                     "(harness.memory.scope.write); leave scope out"
                 )
-            if w.session_id is None:
+            if session_id is None:
                 raise BadInput(NO_SESSION)
             return "SESSION"
-        if "session" in config.write and w.session_id is not None:
+        if "session" in config.write and session_id is not None:
             return "SESSION"
         if "agent" in config.write:
             return "AGENT"
@@ -565,13 +668,13 @@ class MemoryWork:
         return change
 
     async def _check_pin_budget(
-        self, conn: asyncpg.Connection, line: str, replaced: UUID | None
+        self, conn: asyncpg.Connection, lines: Sequence[str], replaced: set[UUID | None]
     ) -> None:
         budget = self.config.pinned_max_tokens
         assert budget is not None
         pins = [store.record(r) for r in await store.list_pinned(conn, self.writer.reader())]
-        kept = [r for r in pins if r.memory_id != replaced]
-        tokens = pinned_tokens([*(r.pinned_line() for r in kept), line])
+        kept = [r for r in pins if r.memory_id not in replaced]
+        tokens = pinned_tokens([*(r.pinned_line() for r in kept), *lines])
         if tokens > budget:
             raise BadInput(_over_budget(tokens, budget, kept))
 
@@ -608,3 +711,14 @@ def _changed_meanwhile(target: object) -> str:
         f"memory {target} changed meanwhile: another turn or an operator replaced or deleted it "
         "after this turn read it. Nothing was saved; read it again and decide anew"
     )
+
+
+@contextmanager
+def _about(where: str | None, field: str) -> Iterator[None]:
+    """Names the input and field an error is about (`inputs[17].summary: ...`), when given."""
+    try:
+        yield
+    except DomainError as e:
+        if where is None:
+            raise
+        raise type(e)(f"{where}.{field}: {e.message}") from None

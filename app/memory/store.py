@@ -129,6 +129,102 @@ async def insert_staged(conn: asyncpg.Connection, new: NewRow) -> Row:
     )
 
 
+# The columns of a new record that `insert_committed` loads by COPY, with their SQL types.
+_LOAD_COLUMNS = (
+    ("ord", "integer"),
+    ("memory_id", "uuid"),
+    ("summary", "text"),
+    ("content", "text"),
+    ("metadata", "text"),
+    ("status", "text"),
+    ("scope", "text"),
+    ("kind", "text"),
+    ("source", "text"),
+    ("pinned", "boolean"),
+    ("labels", "text"),
+    ("replaces", "uuid"),
+    ("preview", "boolean"),
+    ("execution_id", "uuid"),
+    ("invocation_number", "integer"),
+    ("action_version", "integer"),
+    ("session_id", "text"),
+    ("modified_by", "text"),
+    ("embedding", "vector"),
+)
+
+
+async def insert_committed(conn: asyncpg.Connection, rows: Sequence[NewRow]) -> list[Row]:
+    """Writes new records of one agent as committed rows, each with its version 1, inside the
+    caller's transaction, without staging them (a bulk write: nobody reads them before).
+
+    Loaded by binary COPY into a temporary table, then moved by one INSERT; each row's
+    `created` and `modified` are one reading of the clock, taken in the given order."""
+    if not rows:
+        return []
+    account_id, action_id = rows[0].account_id, rows[0].action_id
+    assert all(r.account_id == account_id and r.action_id == action_id for r in rows)
+    await conn.execute(
+        "CREATE TEMP TABLE memory_load ("
+        + ", ".join(f"{c} {t}" for c, t in _LOAD_COLUMNS)
+        + ") ON COMMIT DROP"
+    )
+    await conn.copy_records_to_table(
+        "memory_load",
+        records=[
+            (
+                i,
+                r.memory_id,
+                r.summary,
+                r.content,
+                json.dumps(r.metadata),
+                r.status,
+                r.scope,
+                r.kind,
+                r.source,
+                r.pinned,
+                json.dumps(labels_json(r.labels)),
+                r.replaces,
+                r.preview,
+                r.execution_id,
+                r.invocation_number,
+                r.action_version,
+                r.session_id,
+                r.modified_by,
+                r.embedding,
+            )
+            for i, r in enumerate(rows)
+        ],
+        columns=[c for c, _ in _LOAD_COLUMNS],
+    )
+    # A volatile call in the select list of a sorted query runs after the sort: in order.
+    inserted = await conn.fetch(
+        f"""
+        WITH timed AS (
+            SELECT l.*, clock_timestamp() AS now FROM memory_load l ORDER BY l.ord
+        ), written AS (
+            INSERT INTO agent_memories (
+                account_id, action_id, memory_id, version, created, modified, summary, content,
+                metadata, status, scope, kind, source, pinned, labels, replaces, preview,
+                execution_id, invocation_number, action_version, session_id, modified_by,
+                embedding, tombstone)
+            SELECT $1, $2, memory_id, 1, now, now, summary, content, metadata::jsonb, status,
+                   scope, kind, source, pinned, labels::jsonb, replaces, preview, execution_id,
+                   invocation_number, action_version, session_id, modified_by, embedding, false
+            FROM timed
+            RETURNING {_COLUMNS}
+        ), versions AS (
+            INSERT INTO agent_memory_versions ({_COLUMNS})
+            SELECT {_COLUMNS} FROM written
+        )
+        SELECT {_COLUMNS} FROM written ORDER BY created, memory_id
+        """,
+        account_id,
+        action_id,
+    )
+    await conn.execute("DROP TABLE memory_load")
+    return inserted
+
+
 async def get_visible(
     conn: asyncpg.Connection, reader: Reader, memory_id: UUID, *, for_update: bool = False
 ) -> Row | None:

@@ -1,0 +1,295 @@
+"""`engram export` and `engram import`: an agent, its records and what they name, as JSONL.
+
+An export holds, after a header line, the agent (`action`) with every version
+(`action_version`), the sessions (`session`) and executions (`execution`, with their
+`transcript_event`s) that the records name, every version of every record (`memory_version`)
+and each record's current state (`memory`, with its vector unless `--no-embeddings`); one
+JSON object a line, `{"type": ..., "row": {...}}`, each row every column of its table but the
+account (an account belongs to a deployment: the import names its own).
+
+An import writes them with the same IDs, times, versions and provenance, in batches of one
+transaction each. A row already there with the same content is skipped, so importing twice
+changes nothing and an interrupted import continues where it stopped; a row there with other
+content stops the import with CONFLICT naming it. Vectors are copied when the file's embedding
+model is the deployment's (same name and dimensions); otherwise, or when the file has none,
+each record is embedded again with the deployment's model, as `engram reembed` would.
+"""
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TextIO
+from uuid import UUID
+
+import asyncpg
+
+from app.embeddings import store as embeddings_store
+from app.embeddings.base import Embedder
+from app.embeddings.setup import ensure_model
+from app.embeddings.text import memory_text
+from app.errors import BadInput, Conflict, NotFound
+from app.transfer import store
+from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
+
+FORMAT = "engram-export"
+FORMAT_VERSION = 1
+BATCH_ROWS = 1000
+
+_NOUNS = {
+    "actions": "action {action_id}",
+    "action_versions": "version {version} of action {action_id}",
+    "sessions": "session {session_id} of action {action_id}",
+    "executions": "execution {execution_id}",
+    "transcript_events": "transcript event {sequence} of execution {execution_id}",
+    "agent_memory_versions": "version {version} of memory {memory_id}",
+    "agent_memories": "memory {memory_id}",
+}
+
+
+async def export_action(
+    pool: asyncpg.Pool,
+    account_id: UUID,
+    action_id: UUID,
+    out: TextIO,
+    *,
+    embeddings: bool = True,
+    progress: bool = False,
+) -> dict[str, int]:
+    """Writes the agent to `out` as JSONL, from one snapshot; returns the rows per type."""
+    from tqdm import tqdm
+
+    async with (
+        pool.acquire() as conn,
+        conn.transaction(isolation="repeatable_read", readonly=True),
+    ):
+        counts = {t.kind: await store.count(conn, t, account_id, action_id) for t in TABLES}
+        if counts["action"] == 0:
+            raise NotFound(f"action {action_id} not found in account {account_id}")
+        model = await embeddings_store.recorded_model(conn)
+        header = {
+            "type": "header",
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "actionId": str(action_id),
+            "exported": datetime.now(UTC).isoformat(),
+            "embedder": model,
+            "embeddings": embeddings and model is not None,
+            "counts": counts,
+        }
+        out.write(json.dumps(header) + "\n")
+        with tqdm(
+            total=sum(counts.values()), unit="row", disable=not progress, desc="export"
+        ) as bar:
+            for table in TABLES:
+                async for row in store.export_rows(
+                    conn, table, account_id, action_id, embeddings=header["embeddings"]
+                ):
+                    out.write(f'{{"type":"{table.kind}","row":{row}}}\n')
+                    bar.update()
+    return counts
+
+
+@dataclass
+class ImportResult:
+    inserted: int = 0
+    present: int = 0  # already there, identical: skipped
+    reembedded: int = 0
+    vectors: str = "copied"  # or "re-embedded"
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+def _header(line: str | None) -> dict[str, Any]:
+    try:
+        header = json.loads(line) if line else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise BadInput("this is not an Engram export: its first line is not an export header")
+    if header.get("version") != FORMAT_VERSION:
+        raise BadInput(
+            f"this export has format version {header.get('version')}; this Engram reads "
+            f"version {FORMAT_VERSION}"
+        )
+    return header
+
+
+async def import_file(
+    pool: asyncpg.Pool,
+    account_id: UUID,
+    lines: Iterable[str],
+    *,
+    open_embedder: Callable[[], Awaitable[Embedder]],
+    batch_rows: int = BATCH_ROWS,
+    progress: bool = False,
+) -> ImportResult:
+    """Writes an export's rows into `account_id` (see the module's docstring)."""
+    from tqdm import tqdm
+
+    it = iter(lines)
+    header = _header(next(it, None))
+    async with pool.acquire() as conn:
+        if not await store.account_exists(conn, account_id):
+            raise NotFound(f"account {account_id} not found")
+        recorded = await embeddings_store.recorded_model(conn)
+    embedder: Embedder | None = None
+    result = ImportResult()
+    if not (header.get("embeddings") and recorded is not None and header["embedder"] == recorded):
+        # Embedded again with this deployment's model (which the database records, or will).
+        embedder = await open_embedder()
+        await ensure_model(pool, embedder)
+        result.vectors = "re-embedded"
+    total = sum(int(n) for n in (header.get("counts") or {}).values())
+    try:
+        with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
+            importer = _Importer(pool, account_id, embedder, result, bar.update)
+            try:
+                table: Table | None = None
+                batch: list[dict[str, Any]] = []
+                for number, line in enumerate(it, start=2):
+                    if not line.strip():
+                        continue
+                    kind, row = _parse(line, number)
+                    if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
+                        assert table is not None
+                        await importer.submit(table, batch)
+                        batch = []
+                    table = BY_KIND[kind]
+                    batch.append(row)
+                if table is not None and batch:
+                    await importer.submit(table, batch)
+                await importer.drain()
+            finally:
+                await importer.cancel()
+    finally:
+        if embedder is not None:
+            await embedder.aclose()
+    return result
+
+
+def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
+    try:
+        item = json.loads(line)
+    except ValueError:
+        raise BadInput(f"line {number} is not JSON: the file is damaged or cut short") from None
+    if not isinstance(item, dict) or item.get("type") not in BY_KIND:
+        known = ", ".join(BY_KIND)
+        raise BadInput(f"line {number} is not an exported row (a type among {known})")
+    if not isinstance(item.get("row"), dict):
+        raise BadInput(f"line {number} has no row")
+    return item["type"], item["row"]
+
+
+class _Importer:
+    """Writes batches in order, except the records' current rows (the last and costliest: each
+    goes into the HNSW index), of which PARALLEL batches are written at once, on connections
+    of their own, so that PostgreSQL inserts into the index on more than one core. They are
+    independent of each other: nothing they refer to is written at the same time."""
+
+    PARALLEL = 2
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        account_id: UUID,
+        embedder: Embedder | None,
+        result: ImportResult,
+        done: Callable[[int], object],
+    ) -> None:
+        self.pool = pool
+        self.account_id = account_id
+        self.embedder = embedder
+        self.result = result
+        self.done = done
+        self._columns: dict[str, set[str]] = {}
+        self._running: list[asyncio.Task[None]] = []
+
+    async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
+        if table.name != "agent_memories":
+            await self.drain()
+            await self.write(table, rows)
+            return
+        while len(self._running) >= self.PARALLEL:
+            finished, _ = await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                self._running.remove(task)
+                task.result()  # its error, if it failed
+        self._running.append(asyncio.create_task(self.write(table, rows)))
+
+    async def drain(self) -> None:
+        running, self._running = self._running, []
+        for task in running:
+            await task
+
+    async def cancel(self) -> None:
+        for task in self._running:
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        self._running = []
+
+    async def write(self, table: Table, rows: list[dict[str, Any]]) -> None:
+        row_columns = list(rows[0])
+        if table.name == "agent_memories" and self.embedder is not None:
+            await self._embed(rows)
+            if VECTOR_COLUMN not in row_columns:
+                row_columns.append(VECTOR_COLUMN)
+        async with self.pool.acquire() as conn:
+            await self._check_columns(conn, table, row_columns)
+            try:
+                async with conn.transaction():
+                    written = await store.write_rows(
+                        conn, table, self.account_id, json.dumps(rows), len(rows), row_columns
+                    )
+            except Differs as e:
+                raise Conflict(
+                    f"{_NOUNS[table.name].format(**e.key)} already exists in account "
+                    f"{self.account_id} with other content; nothing of it was changed (rows "
+                    "before it were imported). Import into another account (--account), or "
+                    "leave this agent out"
+                ) from None
+            except asyncpg.UniqueViolationError as e:
+                raise Conflict(
+                    f"a {table.kind} row of this export clashes with a row of account "
+                    f"{self.account_id}: {e.detail or e}"
+                ) from None
+            except asyncpg.ForeignKeyViolationError as e:
+                raise BadInput(
+                    f"a {table.kind} row names a row this export does not hold (the file is "
+                    f"cut short or edited): {e.detail or e}"
+                ) from None
+            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as e:
+                raise BadInput(f"a {table.kind} row of this export is not valid: {e}") from None
+        self.result.inserted += written.inserted
+        self.result.present += written.present
+        self.result.by_type[table.kind] = self.result.by_type.get(table.kind, 0) + len(rows)
+        self.done(len(rows))
+
+    async def _check_columns(
+        self, conn: asyncpg.Connection, table: Table, row_columns: list[str]
+    ) -> None:
+        known = self._columns.get(table.name)
+        if known is None:
+            known = self._columns[table.name] = set(await store.columns(conn, table.name))
+        unknown = [c for c in row_columns if c not in known or c == "account_id"]
+        if unknown:
+            raise BadInput(
+                f"this export's {table.kind} rows have columns this deployment does not "
+                f"({', '.join(unknown)}): import it into an Engram at least as new as the one "
+                "that exported it"
+            )
+
+    async def _embed(self, rows: list[dict[str, Any]]) -> None:
+        """Vectors of this deployment's model; a tombstone (a preview deletion) has none."""
+        assert self.embedder is not None
+        embedded = [r for r in rows if not r.get("tombstone")]
+        for r in rows:
+            r[VECTOR_COLUMN] = None
+        if not embedded:
+            return
+        vectors = await self.embedder.embed(
+            [memory_text(r["summary"], r["content"]) for r in embedded]
+        )
+        for r, vector in zip(embedded, vectors.vectors, strict=True):
+            r[VECTOR_COLUMN] = vector.tolist()
+        self.result.reembedded += len(embedded)

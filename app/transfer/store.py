@@ -1,0 +1,200 @@
+"""SQL of `engram export` and `engram import`: an agent's rows, table by table, as JSON.
+
+Rows travel as the JSON of the row (`to_jsonb`) without `account_id` (an account is a
+deployment's own) and without generated columns; an import writes them back with
+`jsonb_populate_recordset`, so every column keeps its exact value (times to the microsecond,
+vectors as their text). Table and column names here come from `TABLES` and the catalog,
+never from a file.
+"""
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+import asyncpg
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    kind: str  # the `type` of its lines in an export
+    key: tuple[str, ...]  # its primary key after account_id
+    # Which of the agent's rows are exported: a condition on `t` with $1 account, $2 action.
+    where: str
+    order: str
+    # Columns never exported: the staging marks of a running turn, derived data.
+    skip: tuple[str, ...] = ()
+
+
+# The executions the agent's records name (every version of every record).
+_NAMED_EXECUTIONS = """
+    SELECT v.execution_id FROM agent_memory_versions v
+    WHERE v.account_id = $1 AND v.action_id = $2
+    UNION
+    SELECT m.execution_id FROM agent_memories m
+    WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NULL
+"""
+
+# In the order an import writes them: what a row refers to comes first.
+TABLES: tuple[Table, ...] = (
+    Table("actions", "action", ("action_id",), "true", "action_id"),
+    Table("action_versions", "action_version", ("action_id", "version"), "true", "version"),
+    Table(
+        "sessions",
+        "session",
+        ("action_id", "session_id"),
+        f"""t.session_id IN (
+            SELECT v.session_id FROM agent_memory_versions v
+            WHERE v.account_id = $1 AND v.action_id = $2 AND v.session_id IS NOT NULL
+            UNION
+            SELECT e.session_id FROM executions e
+            WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id IS NOT NULL
+              AND e.execution_id IN ({_NAMED_EXECUTIONS}))""",
+        "session_id",
+    ),
+    Table(
+        "executions",
+        "execution",
+        ("action_id", "execution_id"),
+        f"t.execution_id IN ({_NAMED_EXECUTIONS})",
+        "created, execution_id",
+    ),
+    Table(
+        "transcript_events",
+        "transcript_event",
+        ("action_id", "execution_id", "sequence"),
+        f"t.execution_id IN ({_NAMED_EXECUTIONS})",
+        "execution_id, sequence",
+    ),
+    Table(
+        "agent_memory_versions",
+        "memory_version",
+        ("action_id", "memory_id", "version"),
+        "true",
+        "created, memory_id, version",
+    ),
+    Table(
+        "agent_memories",
+        "memory",
+        ("action_id", "memory_id"),
+        "t.pending_execution IS NULL",
+        "created, memory_id",
+        skip=("pending_execution", "pending_invocation"),
+    ),
+)
+BY_KIND = {t.kind: t for t in TABLES}
+VECTOR_COLUMN = "embedding"  # agent_memories' vector: compared by neither side of an import
+
+
+async def columns(conn: asyncpg.Connection, table: str) -> list[str]:
+    """The columns a row of `table` can be written with: not generated, not dropped."""
+    rows = await conn.fetch(
+        """
+        SELECT attname FROM pg_attribute
+        WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+        ORDER BY attnum
+        """,
+        table,
+    )
+    return [r["attname"] for r in rows]
+
+
+def _exported(table: Table, all_columns: Sequence[str], embeddings: bool) -> list[str]:
+    skip = {"account_id", *table.skip}
+    if not embeddings:
+        skip.add(VECTOR_COLUMN)
+    return [c for c in all_columns if c not in skip]
+
+
+async def count(conn: asyncpg.Connection, table: Table, account_id: UUID, action_id: UUID) -> int:
+    return await conn.fetchval(
+        f"SELECT count(*) FROM {table.name} t "
+        f"WHERE t.account_id = $1 AND t.action_id = $2 AND {table.where}",
+        account_id,
+        action_id,
+    )
+
+
+async def export_rows(
+    conn: asyncpg.Connection,
+    table: Table,
+    account_id: UUID,
+    action_id: UUID,
+    *,
+    embeddings: bool,
+    batch: int = 1000,
+) -> AsyncIterator[str]:
+    """The agent's rows of `table` as JSON text, in a stable order; call inside a transaction
+    (a cursor reads them)."""
+    wanted = _exported(table, await columns(conn, table.name), embeddings)
+    pairs = ", ".join(f"'{c}', t.{c}" for c in wanted)
+    # jsonb_build_object has a 100-argument limit; these tables have fewer than 50 columns.
+    query = (
+        f"SELECT jsonb_build_object({pairs})::text AS row FROM {table.name} t "
+        f"WHERE t.account_id = $1 AND t.action_id = $2 AND {table.where} "
+        f"ORDER BY {table.order}"
+    )
+    async for record in conn.cursor(query, account_id, action_id, prefetch=batch):
+        yield record["row"]
+
+
+@dataclass(frozen=True)
+class Written:
+    inserted: int
+    present: int  # already there with the same content
+
+
+class Differs(Exception):
+    """A row of the import exists in the account with other content."""
+
+    def __init__(self, table: Table, key: dict[str, object]) -> None:
+        super().__init__(table.name)
+        self.table = table
+        self.key = key
+
+
+async def write_rows(
+    conn: asyncpg.Connection,
+    table: Table,
+    account_id: UUID,
+    rows_json: str,
+    rows: int,
+    row_columns: Sequence[str],
+) -> Written:
+    """Writes rows (a JSON array of objects with `row_columns`) into the account: new ones are
+    inserted, identical ones skipped; Differs when one exists with other content (the caller's
+    transaction then rolls back). The vector column is never compared (a re-embedding may
+    differ in the last bits)."""
+    columns_sql = ", ".join(row_columns)
+    incoming = f"jsonb_populate_recordset(NULL::{table.name}, $2::text::jsonb)"
+    key_match = " AND ".join(f"e.{k} = i.{k}" for k in table.key)
+    compared = [c for c in row_columns if c != VECTOR_COLUMN]
+    mine = ", ".join(f"i.{c}" for c in compared)
+    theirs = ", ".join(f"e.{c}" for c in compared)
+    differing = await conn.fetchrow(
+        f"""
+        SELECT {", ".join(f"i.{k}" for k in table.key)} FROM {incoming} i
+        JOIN {table.name} e ON e.account_id = $1 AND {key_match}
+        WHERE ROW({mine}) IS DISTINCT FROM ROW({theirs})
+        LIMIT 1
+        """,
+        account_id,
+        rows_json,
+    )
+    if differing is not None:
+        raise Differs(table, dict(differing))
+    status = await conn.execute(
+        f"""
+        INSERT INTO {table.name} (account_id, {columns_sql})
+        SELECT $1, {", ".join(f"i.{c}" for c in row_columns)} FROM {incoming} i
+        ON CONFLICT (account_id, {", ".join(table.key)}) DO NOTHING
+        """,
+        account_id,
+        rows_json,
+    )
+    inserted = int(status.split()[-1])
+    return Written(inserted, rows - inserted)
+
+
+async def account_exists(conn: asyncpg.Connection, account_id: UUID) -> bool:
+    return bool(await conn.fetchval("SELECT true FROM accounts WHERE account_id = $1", account_id))

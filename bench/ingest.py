@@ -1,0 +1,344 @@
+"""Ingest: bulk import throughput (`--bulk`, on by default).
+
+Bulk (`bulk_throughput`): with the static embedder, on a fresh database of its own embedded
+PostgreSQL under --data-dir, it measures in one run
+
+- the embedder alone: texts/s over the same texts, in batches of 1,000;
+- `addAgentMemories` end to end over real HTTP (the app under uvicorn on loopback, a client
+  with a bearer token, calls of --batch records selecting `executionId memoryIds`): records/s;
+- `engram export` of that agent (in process) and `engram import` of the file into a second
+  database: in process (records/s of the import alone), and as the command a person runs
+  (`python -m app.cli import FILE`, process start and migration check included).
+
+    python bench/ingest.py                      # 20,000 records
+    python bench/ingest.py --records 5000       # quick
+"""
+
+import argparse
+import asyncio
+import io
+import os
+import random
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import uvicorn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.auth.service import ensure_default_account  # noqa: E402
+from app.config import Settings  # noqa: E402
+from app.db import migrate  # noqa: E402
+from app.db.embedded import EmbeddedPostgres  # noqa: E402
+from app.db.pool import create_pool  # noqa: E402
+from app.embeddings.setup import ensure_model  # noqa: E402
+from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.embeddings.text import memory_text  # noqa: E402
+from app.main import create_app  # noqa: E402
+from app.transfer.service import export_action, import_file  # noqa: E402
+
+TOKEN = "bench-ingest-admin-token"
+CREATE = """
+mutation($input: ActionInput!) { createAction(input: $input) { actionId } }"""
+BULK = """
+mutation($a: UUID!, $inputs: [AgentMemoryInput!]!) {
+  addAgentMemories(actionId: $a, inputs: $inputs) { executionId memoryIds }
+}"""
+
+
+def _vocabulary(embedder: StaticEmbedder) -> list[str]:
+    """Whole words of the static model's own vocabulary, in a stable order."""
+    vocab = embedder._tokenizer.get_vocab()
+    return sorted(w for w in vocab if w.isalpha() and w.isascii() and len(w) >= 3)
+
+
+def texts(n: int, words: list[str], seed: int = 7) -> list[dict[str, str]]:
+    """Records of words drawn as in language (the k-th most used about 1/k as often): varied
+    enough that their vectors spread as real records' do (43 words repeated made near-duplicate
+    vectors, on which an HNSW insert costs several times more)."""
+    rng = random.Random(seed)
+    order = words[:]
+    rng.shuffle(order)
+    weights = [1 / (k + 1) for k in range(len(order))]
+    pick = rng.choices
+    return [
+        {
+            "summary": " ".join(pick(order, weights, k=rng.randint(8, 14))) + f" #{i}",
+            "content": " ".join(pick(order, weights, k=rng.randint(20, 40))),
+            "kind": "fact",
+        }
+        for i in range(n)
+    ]
+
+
+async def _create_database(pg: EmbeddedPostgres, name: str) -> str:
+    conn = await asyncpg.connect(pg.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return pg.uri(name)
+
+
+async def _record_model(url: str, embedder: StaticEmbedder) -> None:
+    """What a deployment's first start does: fix the vector column to the embedding model."""
+    pool = await create_pool(url, min_size=1, max_size=1)
+    try:
+        await ensure_model(pool, embedder)
+    finally:
+        await pool.close()
+
+
+class Served:
+    """The app under uvicorn in a thread, on a loopback port."""
+
+    def __init__(self, settings: Settings, embedder: StaticEmbedder) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/graphql"
+        config = uvicorn.Config(
+            create_app(settings, embedder=embedder), log_level="warning", log_config=None
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        return self.url
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+class _Rollback(Exception):
+    pass
+
+
+async def _index_cost(url: str, rows: int = 1000) -> tuple[float, float]:
+    """Seconds to insert `rows` records (copies of stored ones, new IDs, their vectors) with
+    every index, and without the shared HNSW index; rolled back."""
+    copy = (
+        "INSERT INTO agent_memories (account_id, action_id, memory_id, version, created, "
+        "modified, summary, content, metadata, status, scope, kind, source, pinned, labels, "
+        "preview, execution_id, invocation_number, action_version, modified_by, embedding) "
+        "SELECT account_id, action_id, gen_random_uuid(), version, created, modified, summary, "
+        "content, metadata, status, scope, kind, source, pinned, labels, preview, execution_id, "
+        "invocation_number, action_version, modified_by, embedding FROM agent_memories "
+        "WHERE embedding IS NOT NULL ORDER BY random() LIMIT $1"
+    )
+    conn = await asyncpg.connect(url)
+    seconds = []
+    try:
+        for drop in (False, True):
+            try:
+                async with conn.transaction():
+                    if drop:
+                        await conn.execute("DROP INDEX agent_memories_embedding")
+                    t = time.perf_counter()
+                    await conn.execute(copy, rows)
+                    seconds.append(time.perf_counter() - t)
+                    raise _Rollback
+            except _Rollback:
+                pass
+    finally:
+        await conn.close()
+    return seconds[0], seconds[1]
+
+
+def _gql(client: httpx.Client, url: str, query: str, **variables: Any) -> dict[str, Any]:
+    response = client.post(url, json={"query": query, "variables": variables})
+    body = response.json()
+    if body.get("errors"):
+        raise RuntimeError(body["errors"])
+    return body["data"]
+
+
+def bulk_throughput(args: argparse.Namespace) -> None:
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        _bulk(args, pg, data_dir)
+    finally:
+        pg.stop()
+
+
+def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> None:
+    n, batch = args.records, args.batch
+    embedder = StaticEmbedder()
+    words = _vocabulary(embedder)
+    records = texts(n, words)
+
+    # The embedder alone, on the very texts, as addAgentMemories hands them over.
+    whole = [memory_text(r["summary"], r["content"]) for r in records]
+    asyncio.run(embedder.embed(whole[:batch]))  # warm
+    started = time.perf_counter()
+    for i in range(0, n, batch):
+        asyncio.run(embedder.embed(whole[i : i + batch]))
+    embed_rate = n / (time.perf_counter() - started)
+
+    source_url = asyncio.run(_create_database(pg, "ingest_source"))
+    target_url = asyncio.run(_create_database(pg, "ingest_target"))
+    for url in (source_url, target_url):
+        migrate.upgrade(url)
+        asyncio.run(_record_model(url, embedder))
+    settings = Settings(
+        database_url=source_url,
+        bootstrap_token=TOKEN,
+        search_maintenance_seconds=0,
+        environment="test",
+    )
+    with Served(settings, embedder) as url:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(headers=headers, timeout=120) as client:
+            harness = {
+                "memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}
+            }
+            action_id = _gql(
+                client, url, CREATE, input={"name": "bulk", "instructions": "", "harness": harness}
+            )["createAction"]["actionId"]
+            # Warm the path (first call loads and plans), then time the rest.
+            _gql(client, url, BULK, a=action_id, inputs=texts(10, words, seed=1))
+            calls: list[float] = []
+            chunks = [records[i : i + batch] for i in range(0, n, batch)]
+
+            def send(mine: list[list[dict[str, str]]]) -> None:
+                with httpx.Client(headers=headers, timeout=120) as own:
+                    for chunk in mine:
+                        t = time.perf_counter()
+                        added = _gql(own, url, BULK, a=action_id, inputs=chunk)
+                        calls.append(time.perf_counter() - t)
+                        assert len(added["addAgentMemories"]["memoryIds"]) == len(chunk)
+
+            clients = [
+                threading.Thread(target=send, args=(chunks[k :: args.clients],))
+                for k in range(args.clients)
+            ]
+            started = time.perf_counter()
+            for c in clients:
+                c.start()
+            for c in clients:
+                c.join()
+            http_seconds = time.perf_counter() - started
+            assert len(calls) == len(chunks), "a client failed"
+    http_rate = n / http_seconds
+    calls.sort()
+
+    async def export_import() -> tuple[float, float, int, Any]:
+        pool = await create_pool(source_url, min_size=1, max_size=2)
+        try:
+            async with pool.acquire() as conn:
+                account = await ensure_default_account(conn)
+            out = io.StringIO()
+            t = time.perf_counter()
+            await export_action(pool, account, uuid.UUID(action_id), out)
+            exported = time.perf_counter() - t
+        finally:
+            await pool.close()
+        path.write_text(out.getvalue())
+        target = await create_pool(target_url, min_size=1, max_size=2)
+        try:
+            async with target.acquire() as conn:
+                account = await ensure_default_account(conn)
+
+            async def opener() -> StaticEmbedder:
+                return embedder
+
+            t = time.perf_counter()
+            result = await import_file(
+                target, account, out.getvalue().splitlines(), open_embedder=opener
+            )
+            imported = time.perf_counter() - t
+        finally:
+            await target.close()
+        return exported, imported, len(out.getvalue().splitlines()) - 1, result
+
+    path = data_dir / "export.jsonl"
+    exported, imported, rows, result = asyncio.run(export_import())
+    with_index, without_index = asyncio.run(_index_cost(target_url))
+
+    # The command a person runs, into a third database: process start and checks included.
+    cli_url = asyncio.run(_create_database(pg, "ingest_cli"))
+    migrate.upgrade(cli_url)
+    asyncio.run(_record_model(cli_url, embedder))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env.update(ENGRAM_DATABASE_URL=cli_url, PYTHONPATH=str(ROOT))
+    t = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "import", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    cli_seconds = time.perf_counter() - t
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+
+    print(f"command: python bench/ingest.py {shlex.join(sys.argv[1:])}")
+    print(
+        f"records: {n:,} (summary ~80 chars, content ~250), calls of {batch:,} from "
+        f"{args.clients} concurrent clients"
+    )
+    print(f"embedder alone (static): {embed_rate:,.0f} texts/s")
+    print(
+        f"addAgentMemories over HTTP: {http_rate:,.0f} records/s end to end "
+        f"({http_seconds:.2f} s; per call of {batch:,}: median {calls[len(calls) // 2] * 1000:.0f} "
+        f"ms, max {calls[-1] * 1000:.0f} ms); {http_rate / embed_rate:.2f} of the embedder's rate"
+    )
+    print(f"export: {rows:,} rows in {exported:.2f} s ({rows / exported:,.0f} rows/s)")
+    print(
+        f"import (in process, vectors {result.vectors}): {rows:,} rows in {imported:.2f} s "
+        f"({rows / imported:,.0f} rows/s; {n / imported:,.0f} records/s)"
+    )
+    print(
+        f"what limits both: inserting 1,000 records into agent_memories (SQL alone, {n:,} there) "
+        f"takes {with_index * 1000:.0f} ms with every index ({1000 / with_index:,.0f} records/s), "
+        f"{without_index * 1000:.0f} ms without the shared HNSW index "
+        f"({1000 / without_index:,.0f} records/s)"
+    )
+    print(
+        f"engram import (the command, process start included): {cli_seconds:.2f} s "
+        f"({n / cli_seconds:,.0f} records/s); {done.stdout.strip()}"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "engram-bench-ingest"))
+    p.add_argument(
+        "--bulk",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure bulk import throughput (default: on)",
+    )
+    p.add_argument("--records", type=int, default=20_000)
+    p.add_argument("--batch", type=int, default=1000, help="records per addAgentMemories call")
+    p.add_argument("--clients", type=int, default=2, help="concurrent HTTP clients")
+    args = p.parse_args()
+    if args.bulk:
+        bulk_throughput(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""`engram export` / `engram import`: an agent read back identical in another database."""
+
+import io
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from helpers import GQL, database_copy, db_settings
+from memory_helpers import make_agent, memory_harness, record_turn, work, writer
+from test_cli import clean_env, run
+
+from app.actions import service as actions
+from app.auth.service import ensure_default_account
+from app.db.pool import create_pool
+from app.errors import Conflict
+from app.memory.service import NewMemory
+from app.services import start_services, stop_services
+from app.state import AppState
+from app.transfer.service import export_action, import_file
+
+RECORD = """
+  id memoryId created modified version actionId summary content metadata status scope kind
+  source pinned labels { number value name } replaces replacedBy preview executionId
+  invocationNumber actionVersion sessionId modifiedBy
+  action { actionId version name }
+  session { sessionId turns }
+  execution { executionId status preview sessionId actionVersion invocationNumber }
+"""
+LISTED = f"""
+query($a: UUID!, $sort: SortOrder) {{
+  action(actionId: $a) {{
+    actionId version name instructions harness
+    memories(first: 1000, sort: $sort) {{ nodes {{ {RECORD} }} }}
+  }}
+}}"""
+ONE = f"""
+query($a: UUID!, $id: UUID!) {{
+  agentMemory(actionId: $a, id: $id) {{
+    {RECORD}
+    history(first: 100) {{ nodes {{ {RECORD} }} }}
+  }}
+}}"""
+
+
+async def turn(state, agent, *, preview=False, session="s1", steps=()):
+    """One committed turn of the agent, with its execution and session, doing `steps`."""
+    w = writer(agent, preview=preview, session=session)
+    unit = work(state, w)
+    out = []
+    for step in steps:
+        if isinstance(step, NewMemory):
+            out.append((await unit.add(step))[0])
+        else:
+            out.append(await unit.delete(step))
+    await record_turn(state, w)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await unit.commit(conn)
+    return out
+
+
+async def build_agent(state, admin):
+    """An agent with a supersede chain, deletions, preview records and a second version."""
+    agent = await make_agent(state, admin, pinned={"max_tokens": 200})
+    a, b, c = await turn(
+        state,
+        agent,
+        steps=[
+            NewMemory("prefers email", "fact", labels={"customer_id": "c-1"}, scope="AGENT"),
+            NewMemory("lives in Bergen", "fact", content="said so twice", metadata={"n": 1}),
+            NewMemory("always greet by name", "guidance", pinned=True, scope="AGENT"),
+        ],
+    )
+    (b2,) = await turn(
+        state, agent, steps=[NewMemory("lives in Oslo", "fact", replaces=b.memory_id)]
+    )
+    (b3,) = await turn(
+        state, agent, steps=[NewMemory("lives in Trondheim", "fact", replaces=b2.memory_id)]
+    )
+    await turn(state, agent, steps=[a.memory_id])  # deleted
+    # Preview: a preview record, a preview replacement and a preview deletion of live records.
+    await turn(
+        state,
+        agent,
+        preview=True,
+        steps=[
+            NewMemory("preview only", "fact"),
+            NewMemory("moves to Tromsø", "fact", replaces=b3.memory_id),
+            c.memory_id,
+        ],
+    )
+    # A second version of the agent writes the last record.
+    v2 = await actions.update_action(
+        state.pool,
+        admin,
+        agent.action_id,
+        "support v2",
+        "be brief",
+        None,
+        memory_harness(pinned={"max_tokens": 200}),
+    )
+    await turn(state, v2, steps=[NewMemory("asked for a refund", "fact", scope="AGENT")])
+    return agent
+
+
+async def reads(gql: GQL, who, action_id) -> dict[str, Any]:
+    """Everything an operator reads of the agent's memory through GraphQL."""
+    listed = {}
+    for sort in ("ASC", "DESC"):
+        listed[sort] = (await gql(who, LISTED, a=str(action_id), sort=sort)).ok()
+    async with gql.state.pool.acquire() as conn:
+        ids = await conn.fetch(
+            "SELECT memory_id FROM agent_memories WHERE action_id = $1 AND pending_execution "
+            "IS NULL ORDER BY created, memory_id",
+            action_id,
+        )
+    records = {}
+    for r in ids:
+        result = await gql(who, ONE, a=str(action_id), id=str(r["memory_id"]))
+        records[str(r["memory_id"])] = result.ok()["agentMemory"]
+    return {"listed": listed, "records": records}
+
+
+@pytest.fixture
+async def second(pg_server, template_db, embedder) -> AsyncIterator[AppState]:
+    """Another deployment: a fresh database from the template, with its own app state."""
+    name = f"engram_second_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, template_db, name) as url:
+        pool = await create_pool(url, min_size=1, max_size=4)
+        state = AppState(settings=db_settings(url), pool=pool, embedder=embedder)
+        await start_services(state)
+        try:
+            yield state
+        finally:
+            await stop_services(state)
+            await pool.close()
+
+
+async def admin_of(state):
+    from app.auth.caller import Caller
+    from app.auth.policies import ADMIN_POLICIES
+
+    async with state.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    return Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+
+
+async def exported(state, admin, agent, **options) -> list[str]:
+    out = io.StringIO()
+    await export_action(state.pool, admin.account_id, agent.action_id, out, **options)
+    return out.getvalue().splitlines()
+
+
+async def load(target: AppState, account_id, lines, **options):
+    async def opener():
+        return target.embedder
+
+    return await import_file(target.pool, account_id, lines, open_embedder=opener, **options)
+
+
+async def table_counts(state) -> dict[str, int]:
+    tables = (
+        "actions",
+        "action_versions",
+        "sessions",
+        "executions",
+        "transcript_events",
+        "agent_memory_versions",
+        "agent_memories",
+    )
+    async with state.pool.acquire() as conn:
+        return {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
+
+
+async def test_export_import_reads_back_identical(state, admin, gql, second):
+    agent = await build_agent(state, admin)
+    before = await reads(gql, admin, agent.action_id)
+    statuses = {(r["status"], r["preview"]) for r in before["records"].values()}
+    assert {("SUPERSEDED", False), ("DELETED", False), ("ACTIVE", True)} <= statuses
+    assert any(r["status"] == "DELETED" and r["preview"] for r in before["records"].values())
+    records = before["records"].values()
+    assert len(records) == 9 and len(before["listed"]["ASC"]["action"]["memories"]["nodes"]) > 3
+    assert max(len(r["history"]["nodes"]) for r in records) == 2
+    assert all(r["execution"] and r["execution"]["status"] == "SUCCEEDED" for r in records)
+    assert {r["actionVersion"] for r in records} == {1, 2}
+    assert before["listed"]["ASC"]["action"]["version"] == 2
+    lines = await exported(state, admin, agent)
+    header = json.loads(lines[0])
+    assert header["embedder"]["name"] == state.embedder.name and header["embeddings"]
+    assert {json.loads(line)["type"] for line in lines[1:]} == {
+        "action",
+        "action_version",
+        "session",
+        "execution",
+        "memory_version",
+        "memory",
+    }
+    target_admin = await admin_of(second)
+    result = await load(second, target_admin.account_id, lines)
+    assert result.vectors == "copied" and result.present == 0
+    after = await reads(GQL(second), target_admin, agent.action_id)
+    assert after == before
+    # The vectors came across unchanged: search finds the same records.
+    async with state.pool.acquire() as a, second.pool.acquire() as b:
+        query = "SELECT memory_id, embedding::text FROM agent_memories ORDER BY memory_id"
+        assert [tuple(r) for r in await a.fetch(query)] == [tuple(r) for r in await b.fetch(query)]
+
+    # Importing again changes nothing.
+    counts = await table_counts(second)
+    again = await load(second, target_admin.account_id, lines)
+    assert again.inserted == 0 and again.present == result.inserted
+    assert await table_counts(second) == counts
+    assert await reads(GQL(second), target_admin, agent.action_id) == before
+
+
+async def test_an_interrupted_import_continues(state, admin, gql, second):
+    agent = await build_agent(state, admin)
+    before = await reads(gql, admin, agent.action_id)
+    lines = await exported(state, admin, agent, embeddings=False)
+    target_admin = await admin_of(second)
+    part = await load(second, target_admin.account_id, lines[: len(lines) // 2], batch_rows=3)
+    rest = await load(second, target_admin.account_id, lines, batch_rows=3)
+    assert rest.present == part.inserted and part.inserted + rest.inserted == len(lines) - 1
+    # Without vectors in the file, the records were embedded again with the same model.
+    assert rest.vectors == "re-embedded"
+    assert await reads(GQL(second), target_admin, agent.action_id) == before
+
+
+async def test_a_conflicting_id_is_refused(state, admin, second):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, lines)
+    memory = json.loads(lines[-1])["row"]["memory_id"]
+    async with second.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE agent_memories SET summary = 'edited here' WHERE memory_id = $1",
+            uuid.UUID(memory),
+        )
+    with pytest.raises(Conflict, match=f"memory {memory} already exists"):
+        await load(second, target_admin.account_id, lines)
+
+
+async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
+    agent = await build_agent(state, admin)
+    before = await reads(GQL(state), admin, agent.action_id)
+    path = tmp_path / "agent.jsonl"
+    done = run(
+        clean_env(database_url=db_url), "export", "--action", str(agent.action_id), "-o", str(path)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "exported action" in done.stderr
+    target_url = second.settings.database_url_value()
+    imported = run(clean_env(database_url=target_url), "import", str(path))
+    assert imported.returncode == 0, imported.stderr
+    assert "vectors copied" in imported.stdout
+    target_admin = await admin_of(second)
+    assert await reads(GQL(second), target_admin, agent.action_id) == before
+    again = run(clean_env(database_url=target_url), "import", str(path))
+    assert again.returncode == 0 and "imported 0 rows" in again.stdout
+    missing = run(clean_env(database_url=target_url), "export", "--action", str(uuid.uuid4()))
+    assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+SEARCH = """query($a: UUID!, $q: String) { action(actionId: $a) {
+  searchMemories(query: $q, first: 5) { edges { score node { memoryId } } } } }"""
+
+
+async def test_search_finds_the_same_after_import(state, admin, gql, second):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, lines)
+    for q in ("where does the customer live", "email", "refund"):
+        here = (await gql(admin, SEARCH, a=str(agent.action_id), q=q)).ok()
+        there = (await GQL(second)(target_admin, SEARCH, a=str(agent.action_id), q=q)).ok()
+        assert there == here and here["action"]["searchMemories"]["edges"]
+
+
+async def test_another_embedding_model_is_embedded_again(state, admin, gql, second):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    header = json.loads(lines[0])
+    header["embedder"] = {"name": "openai:text-embedding-3-small", "dimensions": 256}
+    target_admin = await admin_of(second)
+    result = await load(second, target_admin.account_id, [json.dumps(header), *lines[1:]])
+    # Every record but the preview deletion (a tombstone has no vector) is embedded again.
+    assert result.vectors == "re-embedded" and result.reembedded == 8
+    async with second.pool.acquire() as conn:
+        missing = await conn.fetchval(
+            "SELECT count(*) FROM agent_memories WHERE embedding IS NULL AND NOT tombstone"
+        )
+    assert missing == 0
+
+
+@pytest.mark.parametrize(
+    ("first_line", "message"),
+    [
+        ('{"hello": 1}', "not an Engram export"),
+        ('{"type": "header", "format": "engram-export", "version": 9}', "format version 9"),
+    ],
+)
+async def test_a_file_that_is_not_an_export_is_refused(second, first_line, message):
+    from app.errors import BadInput
+
+    target_admin = await admin_of(second)
+    with pytest.raises(BadInput, match=message):
+        await load(second, target_admin.account_id, [first_line])
+
+
+async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, second):
+    from app.errors import BadInput
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    with pytest.raises(BadInput, match="line 3 is not JSON"):
+        await load(second, target_admin.account_id, [lines[0], lines[1], lines[2][:20]])
+    action = json.loads(lines[1])
+    action["row"]["colour"] = "blue"
+    with pytest.raises(BadInput, match=r"columns this deployment does not \(colour\)"):
+        await load(second, target_admin.account_id, [lines[0], json.dumps(action)])
