@@ -264,6 +264,31 @@ def _label_keys(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[str 
     return keys
 
 
+async def _record_write(
+    conn: asyncpg.Connection,
+    caller: Caller,
+    writer: Writer,
+    session_id: str | None,
+    input: dict[str, Any],
+) -> None:
+    """The OPERATOR execution an operator's write is recorded as, in the write's transaction.
+    `input` holds IDs only: the records' text is readable only with the memory grants (M55)."""
+    await runtime_store.insert_execution(
+        conn,
+        account_id=caller.account_id,
+        action_id=writer.action.action_id,
+        execution_id=writer.execution_id,
+        action_version=writer.action.version,
+        session_id=session_id,
+        turn=None,
+        kind="OPERATOR",
+        status="SUCCEEDED",
+        preview=False,
+        principal=caller.principal,
+        input=input,
+    )
+
+
 def _check_session_id(session_id: str | None) -> None:
     if session_id is not None and not (0 < len(session_id) <= MAX_SESSION_ID):
         raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters")
@@ -332,20 +357,12 @@ async def add_memory(
                 await runtime_store.ensure_session(
                     conn, caller.account_id, action_id, memory.session_id
                 )
-            await runtime_store.insert_execution(
+            await _record_write(
                 conn,
-                account_id=caller.account_id,
-                action_id=action_id,
-                execution_id=writer.execution_id,
-                action_version=action.version,
-                session_id=memory.session_id,
-                turn=None,
-                kind="OPERATOR",
-                status="SUCCEEDED",
-                preview=False,
-                principal=caller.principal,
-                # IDs only: the record's text is readable only with the memory grants (M55).
-                input={
+                caller,
+                writer,
+                memory.session_id,
+                {
                     "operation": "addAgentMemory",
                     "memoryId": str(new_id),
                     "replaces": str(memory.replaces) if memory.replaces else None,
@@ -471,20 +488,12 @@ async def add_memories(
         async with pool.acquire() as conn, conn.transaction():
             for session_id in sessions:
                 await runtime_store.ensure_session(conn, caller.account_id, action_id, session_id)
-            await runtime_store.insert_execution(
+            await _record_write(
                 conn,
-                account_id=caller.account_id,
-                action_id=action_id,
-                execution_id=writer.execution_id,
-                action_version=action.version,
-                session_id=writer.session_id,
-                turn=None,
-                kind="OPERATOR",
-                status="SUCCEEDED",
-                preview=False,
-                principal=caller.principal,
-                # IDs only: the records' text is readable only with the memory grants (M55).
-                input={
+                caller,
+                writer,
+                writer.session_id,
+                {
                     "operation": "addAgentMemories",
                     "memoryIds": [str(i) for i in ids],
                     "replaces": [str(m.replaces) if m.replaces else None for m in memories],
