@@ -239,26 +239,19 @@ class MemoryWork:
     def config(self) -> MemoryConfig:
         return self.writer.action.harness.memory
 
-    async def add(self, new: NewMemory) -> list[MemoryRecord]:
-        """Stages a record; returns the records written (the new one, and the one it replaces)."""
+    def _row(
+        self,
+        new: NewMemory,
+        memory_id: UUID,
+        labels: dict[int, str],
+        metadata: Any,
+        scope: str,
+        session_id: str | None,
+        embedding: Any,
+    ) -> store.NewRow:
+        """The row of a new record this work writes, with the writer's provenance."""
         w = self.writer
-        checked = self._check(new)
-        labels, metadata, scope, session_id = checked
-        memory_id = uuid.uuid4()
-        target: _Target | None = None
-        async with self.pool.acquire() as conn:
-            await self._start(conn)
-            if new.replaces is not None:
-                target = await self._target(conn, new.replaces)
-                self._check_replaceable(target)
-            if new.pinned:
-                await self._check_pin_budget(
-                    conn, [pin_line(new.summary, memory_id)], {new.replaces}
-                )
-        # Embedded with no connection held: a remote embedder may take its time.
-        embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
-        self.embed_tokens.append(embedded.tokens)
-        row = store.NewRow(
+        return store.NewRow(
             account_id=w.account_id,
             action_id=w.action.action_id,
             memory_id=memory_id,
@@ -278,8 +271,29 @@ class MemoryWork:
             action_version=w.action.version,
             session_id=session_id,
             modified_by=w.principal,
-            embedding=embedded.vectors[0],
+            embedding=embedding,
         )
+
+    async def add(self, new: NewMemory) -> list[MemoryRecord]:
+        """Stages a record; returns the records written (the new one, and the one it replaces)."""
+        w = self.writer
+        checked = self._check(new)
+        labels, metadata, scope, session_id = checked
+        memory_id = uuid.uuid4()
+        target: _Target | None = None
+        async with self.pool.acquire() as conn:
+            await self._start(conn)
+            if new.replaces is not None:
+                target = await self._target(conn, new.replaces)
+                self._check_replaceable(target)
+            if new.pinned:
+                await self._check_pin_budget(
+                    conn, [pin_line(new.summary, memory_id)], {new.replaces}
+                )
+        # Embedded with no connection held: a remote embedder may take its time.
+        embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
+        self.embed_tokens.append(embedded.tokens)
+        row = self._row(new, memory_id, labels, metadata, scope, session_id, embedded.vectors[0])
         async with self.pool.acquire() as conn:
             staged = store.record(await store.insert_staged(conn, row))
         self._staged.append(staged.memory_id)
@@ -366,28 +380,7 @@ class MemoryWork:
             zip(news, checked, strict=True)
         ):
             self._unstaged.append(
-                store.NewRow(
-                    account_id=w.account_id,
-                    action_id=w.action.action_id,
-                    memory_id=ids[i],
-                    summary=new.summary,
-                    content=new.content,
-                    metadata=metadata,
-                    status="ACTIVE",
-                    scope=scope,
-                    kind=new.kind,
-                    source=new.source or w.source,
-                    pinned=new.pinned,
-                    labels=labels,
-                    replaces=new.replaces,
-                    preview=w.preview,
-                    execution_id=w.execution_id,
-                    invocation_number=w.invocation_number,
-                    action_version=w.action.version,
-                    session_id=session_id,
-                    modified_by=w.principal,
-                    embedding=embedded.vectors[i],
-                )
+                self._row(new, ids[i], labels, metadata, scope, session_id, embedded.vectors[i])
             )
         self._changes.extend(changes)
         return ids
