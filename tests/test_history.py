@@ -23,7 +23,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.history import parts
+from app.history import parts, store
 from app.history import search as history_search
 from app.history.store import Scope
 from app.state import AppState
@@ -536,3 +536,58 @@ async def test_h6_both_plans_rank_a_session_alike(
     )
     assert exact[0] == index[0] and "pier seven" in found["index"].events[0].text
     assert found["index"].plan == "index"
+
+
+async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_statement(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState, monkeypatch: Any
+) -> None:
+    """A session's plan is learnt from the count of its parts, then its next searches skip the
+    count's round trip and rank as before. A large session stays large for its later turns,
+    even after a replay of an early turn counted few parts."""
+    action_id = await make_agent(gql, admin, MESSAGES)
+    for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup."):
+        await run(gql, admin, action_id, message)
+    async with state.pool.acquire() as conn:
+        account_id = await conn.fetchval(
+            "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
+        )
+    counted: list[tuple[str, int | None]] = []
+    count_parts = store.count_parts
+
+    async def counting(conn: Any, scope: Scope, limit: int) -> int:
+        counted.append((scope.session_id, scope.before_turn))
+        return await count_parts(conn, scope, limit)
+
+    monkeypatch.setattr(store, "count_parts", counting)
+    assert state.embedder is not None
+
+    async def search(session: str, before_turn: int = 3) -> history_search.Found:
+        scope = Scope(account_id, uuid.UUID(action_id), session, before_turn, False)
+        return await history_search.search(
+            state.pool, state.embedder, scope, query="where is the boat moored"
+        )
+
+    first, second = await search("s1"), await search("s1")
+    assert counted == [("s1", 3)]
+    assert first.plan == second.plan == "exact"
+    assert [e.event_id for e in first.events] == [e.event_id for e in second.events]
+    assert "pier seven" in second.events[0].text
+    # Over the bound (here the first turn's parts): the index plan, remembered too; the SQL
+    # names the session as constants, and a session ID that needs quoting is searched as well.
+    session = "s'2\\"
+    for message in ("The kettle is blue.", "The boat is moored at pier nine."):
+        await run(gql, admin, action_id, message, session=session)
+    async with state.pool.acquire() as conn:
+        first_turn = await conn.fetchval(
+            "SELECT count(*) FROM history_parts WHERE session_id = $1 AND turn = 1", session
+        )
+    monkeypatch.setattr(history_search, "EXACT_MAX_PARTS", first_turn)
+    found = [await search(session) for _ in range(2)]
+    assert [f.plan for f in found] == ["index", "index"]
+    assert "pier nine" in found[1].events[0].text
+    assert counted == [("s1", 3), (session, 3)]
+    # A replay of the session's second turn counts again (the first turn's parts: exact); the
+    # later turns are still searched as large, without counting.
+    assert (await search(session, 2)).plan == "exact"
+    assert (await search(session, 3)).plan == "index"
+    assert counted == [("s1", 3), (session, 3), (session, 2)]

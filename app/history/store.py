@@ -32,6 +32,37 @@ class Scope:
     preview: bool
 
 
+class SessionKey(Params):
+    """Params that write the scope's session key (account, action, session) into the SQL as
+    literals: the index plan's (a large session). With the key written out, the plan that a
+    prepared statement caches (generic, from its sixth run on a connection) is the one a custom
+    plan would take (HNSW for meaning, the session's btree for words, as the planner sees the
+    session's size), so a remembered large session is searched in one statement with no
+    setting sent first and no planning. The statement text is then the session's own: asyncpg
+    caches 100 statements per connection, which large sessions, a few, share."""
+
+    def __init__(self, scope: Scope) -> None:
+        super().__init__()
+        self.key = (scope.account_id, scope.action_id, scope.session_id)
+
+    def __call__(self, value: Any) -> str:
+        if isinstance(value, UUID) and value in self.key[:2]:
+            # Printed by uuid.UUID itself (hex digits and hyphens), whatever subclass came in.
+            return f"'{UUID(int=value.int)}'::uuid"
+        if isinstance(value, str) and value == self.key[2]:
+            return _text_literal(value)
+        return super().__call__(value)
+
+
+def _text_literal(text: str) -> str:
+    """A string constant, quoted as PostgreSQL's quote_literal does (whatever
+    standard_conforming_strings says)."""
+    quoted = text.replace("'", "''")
+    if "\\" in text:
+        return "E'" + quoted.replace("\\", "\\\\") + "'"
+    return f"'{quoted}'"
+
+
 @dataclass(frozen=True)
 class Ranking:
     text: str
@@ -199,7 +230,7 @@ async def ranked_index(conn: asyncpg.Connection, scope: Scope, r: Ranking, walk:
 
 
 def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
-    p = Params()
+    p = SessionKey(scope)
     visible = _visible(scope, p, "h")
     columns = "h.event_id, h.part, h.turn, h.created, h.embedding, h.tsv"
     query = "(SELECT query FROM words)"
