@@ -520,6 +520,19 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
                 "SELECT pg_prewarm(c.oid) FROM pg_class c"
                 " WHERE c.relname LIKE 'history_%' AND c.relkind IN ('r', 'i')"
             )
+        if args.big and args.session_index:
+            async with pool.acquire() as conn:
+                began = time.perf_counter()
+                await conn.execute("SET maintenance_work_mem = '2GB'")
+                await conn.execute(
+                    "CREATE INDEX IF NOT EXISTS history_parts_vectors_big ON history_parts"
+                    " USING hnsw (embedding vector_cosine_ops)"
+                    f" WHERE account_id = '{account_id}' AND action_id = '{action_id}'"
+                    " AND session_id = 'big'"
+                )
+                await conn.execute("ANALYZE history_parts")
+                took = time.perf_counter() - began
+                print(f"  the big session's own HNSW index ready in {took:.0f} s")
         if args.big:
             big = [Scope(account_id, action_id, "big", args.big + 1, False)]
             samples, plans = await timed(pool, big, questions, precomputed, args.queries)
@@ -584,6 +597,11 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000, help="sessions of --per-session")
     parser.add_argument("--per-session", type=int, default=1000)
     parser.add_argument("--queries", type=int, default=300, help="timed searches per size")
+    parser.add_argument(
+        "--session-index",
+        action="store_true",
+        help="give the big session its own partial HNSW index (not built by the service yet)",
+    )
     parser.add_argument("--commit-turns", type=int, default=200)
     parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (temp)")
     parser.add_argument(
