@@ -541,9 +541,10 @@ async def test_h6_both_plans_rank_a_session_alike(
 async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_statement(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState, monkeypatch: Any
 ) -> None:
-    """A session's plan is learnt from the count of its parts, then its next searches skip the
-    count's round trip and rank as before. A large session stays large for its later turns,
-    even after a replay of an early turn counted few parts."""
+    """A small session's search is one statement, which counts its parts and ranks them; a
+    large one's first search counts apart, and its plan is remembered: its next searches skip
+    the count and rank as before. A large session stays large for its later turns, even after
+    a replay of an early turn found few parts."""
     action_id = await make_agent(gql, admin, MESSAGES)
     for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup."):
         await run(gql, admin, action_id, message)
@@ -568,7 +569,7 @@ async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_stateme
         )
 
     first, second = await search("s1"), await search("s1")
-    assert counted == [("s1", 3)]
+    assert counted == []
     assert first.plan == second.plan == "exact"
     assert [e.event_id for e in first.events] == [e.event_id for e in second.events]
     assert "pier seven" in second.events[0].text
@@ -585,9 +586,12 @@ async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_stateme
     found = [await search(session) for _ in range(2)]
     assert [f.plan for f in found] == ["index", "index"]
     assert "pier nine" in found[1].events[0].text
-    assert counted == [("s1", 3), (session, 3)]
-    # A replay of the session's second turn counts again (the first turn's parts: exact); the
-    # later turns are still searched as large, without counting.
+    assert counted == [(session, 3)]
+    # A replay of the session's second turn sees the first turn's parts: exact; the later turns
+    # are still searched as large, without counting.
     assert (await search(session, 2)).plan == "exact"
     assert (await search(session, 3)).plan == "index"
-    assert counted == [("s1", 3), (session, 3), (session, 2)]
+    assert counted == [(session, 3)]
+    # An empty session: nothing, by the exact plan.
+    empty = await search("s3")
+    assert (empty.plan, empty.events, counted[-1]) == ("exact", [], ("s3", 3))

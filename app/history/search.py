@@ -7,8 +7,9 @@ from HNSW (iterative scan under the session filter) and the best-ranked parts sh
 word among the session's newest WORD_WALK parts (read from the session index alone, which
 holds `tsv`), and scores their union the same way. So in a session larger than WORD_WALK
 parts an older part is found by its meaning, not by words alone. The plan comes from an
-index-only count of the session's parts, remembered for a minute (`_PLANS`), so a session's
-later searches are one statement. EXPLAIN ANALYZE of one session of 100,000 parts, custom
+index-only count of the session's parts, made by the exact plan's statement itself, and is
+remembered for a minute (`_PLANS`), so a session's searches are one statement (two for the
+first search of a large session). EXPLAIN ANALYZE of one session of 100,000 parts, custom
 plan: the HNSW scan about 1 ms, the words walk of 4,000 parts 1-3 ms, the whole statement 5 ms
 (the exact plan at 1,000 parts: 2 ms); the rest of a search's time is round trips and, on a
 loaded machine, waiting for a core (bench/README.md).
@@ -118,10 +119,17 @@ async def search(
         plan = _remembered(key, scope.before_turn)
     async with pool.acquire() as conn:
         if plan is None:
-            count = await store.count_parts(conn, scope, EXACT_MAX_PARTS + 1)
-            plan = "exact" if count <= EXACT_MAX_PARTS else "index"
+            # The exact plan's statement counts the parts first and ranks them only when they
+            # are few: a small session's first search is one statement too. Nothing found:
+            # an empty session, or a large one, which the count tells apart.
+            rows = await store.ranked_exact(conn, scope, ranking, EXACT_MAX_PARTS)
+            if rows or await store.count_parts(conn, scope, EXACT_MAX_PARTS + 1) <= EXACT_MAX_PARTS:
+                plan = "exact"
+            else:
+                plan = "index"
+                rows = await store.ranked_index(conn, scope, ranking, WORD_WALK)
             _remember(key, plan, scope.before_turn)
-        if plan == "exact":
+        elif plan == "exact":
             rows = await store.ranked_exact(conn, scope, ranking)
         else:
             rows = await store.ranked_index(conn, scope, ranking, WORD_WALK)

@@ -192,18 +192,31 @@ async def count_parts(conn: asyncpg.Connection, scope: Scope, limit: int) -> int
     )
 
 
-async def ranked_exact(conn: asyncpg.Connection, scope: Scope, r: Ranking) -> list[Row]:
-    """Scores every part the scope sees (read by the session's btree) and fuses."""
-    sql, values = exact_sql(scope, r)
+async def ranked_exact(
+    conn: asyncpg.Connection, scope: Scope, r: Ranking, at_most: int | None = None
+) -> list[Row]:
+    """Scores every part the scope sees (read by the session's btree) and fuses. With
+    `at_most`, only when the scope sees at most that many parts (counted first, in the same
+    statement, no further than one more): otherwise nothing."""
+    sql, values = exact_sql(scope, r, at_most)
     return await conn.fetch(sql, *values)
 
 
-def exact_sql(scope: Scope, r: Ranking) -> tuple[str, list[Any]]:
+def exact_sql(scope: Scope, r: Ranking, at_most: int | None = None) -> tuple[str, list[Any]]:
     p = Params()
     query = f"(SELECT any_words({p(r.text)}))"
+    visible = _visible(scope, p, "h")
+    size, small = "", ""
+    if at_most is not None:
+        # An uncorrelated condition: a one-time filter, so a larger session is not scored.
+        size = (
+            "size AS MATERIALIZED (SELECT count(*) AS n FROM (SELECT FROM history_parts h"
+            f" WHERE {visible} LIMIT {p(at_most + 1)})), "
+        )
+        small = f" AND (SELECT n FROM size) <= {p(at_most)}"
     scored = f"""
-    WITH scored AS MATERIALIZED (
-        SELECT {_signals(r, p, "h", query)} FROM history_parts h WHERE {_visible(scope, p, "h")}
+    WITH {size}scored AS MATERIALIZED (
+        SELECT {_signals(r, p, "h", query)} FROM history_parts h WHERE {visible}{small}
     )"""
     return _ranked_sql(scope, r, p, scored), p.values
 
