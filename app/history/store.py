@@ -50,11 +50,11 @@ class SessionKey(Params):
             # Printed by uuid.UUID itself (hex digits and hyphens), whatever subclass came in.
             return f"'{UUID(int=value.int)}'::uuid"
         if isinstance(value, str) and value == self.key[2]:
-            return _text_literal(value)
+            return text_literal(value)
         return super().__call__(value)
 
 
-def _text_literal(text: str) -> str:
+def text_literal(text: str) -> str:
     """A string constant, quoted as PostgreSQL's quote_literal does (whatever
     standard_conforming_strings says)."""
     quoted = text.replace("'", "''")
