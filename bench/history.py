@@ -65,6 +65,7 @@ from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embeddings  # noqa: E402
 from app.embeddings.setup import ensure_model  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.history import indexes as history_indexes  # noqa: E402
 from app.history import search as history_search  # noqa: E402
 from app.history.store import Scope  # noqa: E402
 from app.memory.search import search as memory_search  # noqa: E402
@@ -524,15 +525,12 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
             async with pool.acquire() as conn:
                 began = time.perf_counter()
                 await conn.execute("SET maintenance_work_mem = '2GB'")
-                await conn.execute(
-                    "CREATE INDEX IF NOT EXISTS history_parts_vectors_big ON history_parts"
-                    " USING hnsw (embedding vector_cosine_ops)"
-                    f" WHERE account_id = '{account_id}' AND action_id = '{action_id}'"
-                    " AND session_id = 'big'"
-                )
+                # As the search maintenance round does (app/history/indexes.py): here only the
+                # big session is large enough.
+                built, _, _ = await history_indexes.index_sessions(conn, args.big, None)
                 await conn.execute("ANALYZE history_parts")
                 took = time.perf_counter() - began
-                print(f"  the big session's own HNSW index ready in {took:.0f} s")
+                print(f"  own HNSW indexes of large sessions: {len(built)} built in {took:.0f} s")
         if args.big:
             big = [Scope(account_id, action_id, "big", args.big + 1, False)]
             samples, plans = await timed(pool, big, questions, precomputed, args.queries)
@@ -600,7 +598,7 @@ def main() -> None:
     parser.add_argument(
         "--session-index",
         action="store_true",
-        help="give the big session its own partial HNSW index (not built by the service yet)",
+        help="give the big session its own HNSW index, as the search maintenance round does",
     )
     parser.add_argument("--commit-turns", type=int, default=200)
     parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (temp)")
