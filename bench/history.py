@@ -521,6 +521,9 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
                 "SELECT pg_prewarm(c.oid) FROM pg_class c"
                 " WHERE c.relname LIKE 'history_%' AND c.relkind IN ('r', 'i')"
             )
+        if not args.session_index:  # a reused table: as a service without them
+            async with pool.acquire() as conn, conn.transaction():
+                await history_indexes.drop_session_indexes(conn)
         if args.big and args.session_index:
             async with pool.acquire() as conn:
                 began = time.perf_counter()
