@@ -18,13 +18,19 @@ scale    `history_parts` loaded by COPY (bulk, indexes built after): one session
          neighbourhoods). Search timed as the service runs it (`app.history.search.search`:
          the plan's count and the ranking SQL, taking and giving back a pooled connection),
          without the query's embedding (precomputed; static embeds a question in well under
-         1 ms). Questions are LoCoMo's.
+         1 ms). Questions are LoCoMo's. 1,000-event sessions are timed twice: each session's
+         first search, then the same sessions again (their plan remembered). With --data-dir
+         and --reuse, a later run searches the tables an earlier one loaded (building what a
+         newer migration or this script adds); --session-index gives the big session its own
+         HNSW index as the search maintenance round would (without it, a reused table loses
+         such indexes).
 commit   The same turn with and without history on, interleaved: wall time of
          `execute_turn` (the model answers at once, in its own process).
 
     python bench/history.py DATA/locomo-dev.json                    # quality and commit
     python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 0
-    python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 1000
+    python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 1000 \
+        --data-dir /tmp/history-1m --reuse [--session-index]
 """
 
 import argparse
