@@ -124,14 +124,19 @@ def conversations(path: Path) -> list[dict[str, Any]]:
 class QuestionModel(OpenAIServer):
     """Answers at once. A user message starting "QUESTION: " gets a search_history call for
     the rest of it, and the call after that fails (HTTP 500), so the turn keeps nothing; any
-    other message gets an empty answer (nothing of the agent's is kept)."""
+    other message gets an empty answer (nothing of the agent's is kept); a summary request
+    (purpose `context`, once a session outgrows the context budget) a one-line summary."""
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
         messages = body["messages"]
-        asked = next(m["content"] for m in reversed(messages) if m["role"] == "user")
         usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
         message: dict[str, Any] = {"role": "assistant", "content": ""}
+        if body.get("metadata", {}).get("purpose") == "context":  # the running summary (H16)
+            message["content"] = "Earlier turns: a conversation."
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            return JSONResponse({"model": body["model"], "choices": [choice], "usage": usage})
+        asked = next(m["content"] for m in reversed(messages) if m["role"] == "user")
         if asked.startswith(QUESTION):
             if any(m["role"] == "tool" for m in messages):
                 return JSONResponse({"error": {"message": "done"}}, status_code=500)
