@@ -151,6 +151,8 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
                 min_records,
                 settings.agent_index_build_memory,
                 settings.agent_index_max_agents,
+                min_parts=settings.history_index_min_parts,
+                max_sessions=settings.history_index_max_sessions,
             )
 
     done = asyncio.run(work())

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     agent_index_min_records: int = Field(default=10_000, ge=1)
     agent_index_max_agents: int = Field(default=50, ge=0)
     agent_index_build_memory: str = Field(default="1GB", pattern=r"^(\d+ ?(kB|MB|GB|TB)?)?$")
+    # The same rounds give sessions of at least history_index_min_parts kept parts their own
+    # HNSW index on history_parts, the largest history_index_max_sessions of them (one index
+    # each; app/history/indexes.py).
+    history_index_min_parts: int = Field(default=10_000, ge=1)
+    history_index_max_sessions: int = Field(default=50, ge=0)
 
     # Default model (LLM) used by actions that do not name their own.
     model_base_url: str = "http://127.0.0.1:11434/v1"

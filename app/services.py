@@ -17,6 +17,8 @@ async def start_services(state: AppState) -> None:
         min_records=state.settings.agent_index_min_records,
         build_memory=state.settings.agent_index_build_memory,
         max_agents=state.settings.agent_index_max_agents,
+        min_parts=state.settings.history_index_min_parts,
+        max_sessions=state.settings.history_index_max_sessions,
     )
     await maintenance.start()
     liveness = state.services[TURN_LIVENESS] = TurnLiveness(state.pool, state.settings)

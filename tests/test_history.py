@@ -23,9 +23,11 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.history import parts
+from app.history import indexes as history_indexes
+from app.history import parts, store
 from app.history import search as history_search
 from app.history.store import Scope
+from app.memory import maintenance
 from app.state import AppState
 
 MESSAGES = {"history": {"index": "messages"}}
@@ -536,3 +538,121 @@ async def test_h6_both_plans_rank_a_session_alike(
     )
     assert exact[0] == index[0] and "pier seven" in found["index"].events[0].text
     assert found["index"].plan == "index"
+
+
+async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_statement(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState, monkeypatch: Any
+) -> None:
+    """A small session's search is one statement, which counts its parts and ranks them; a
+    large one's first search counts apart, and its plan is remembered: its next searches skip
+    the count and rank as before. A large session stays large for its later turns, even after
+    a replay of an early turn found few parts."""
+    action_id = await make_agent(gql, admin, MESSAGES)
+    for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup."):
+        await run(gql, admin, action_id, message)
+    async with state.pool.acquire() as conn:
+        account_id = await conn.fetchval(
+            "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
+        )
+    counted: list[tuple[str, int | None]] = []
+    count_parts = store.count_parts
+
+    async def counting(conn: Any, scope: Scope, limit: int) -> int:
+        counted.append((scope.session_id, scope.before_turn))
+        return await count_parts(conn, scope, limit)
+
+    monkeypatch.setattr(store, "count_parts", counting)
+    assert state.embedder is not None
+
+    async def search(session: str, before_turn: int = 3) -> history_search.Found:
+        scope = Scope(account_id, uuid.UUID(action_id), session, before_turn, False)
+        return await history_search.search(
+            state.pool, state.embedder, scope, query="where is the boat moored"
+        )
+
+    first, second = await search("s1"), await search("s1")
+    assert counted == []
+    assert first.plan == second.plan == "exact"
+    assert [e.event_id for e in first.events] == [e.event_id for e in second.events]
+    assert "pier seven" in second.events[0].text
+    # Over the bound (here the first turn's parts): the index plan, remembered too; the SQL
+    # names the session as constants, and a session ID that needs quoting is searched as well.
+    session = "s'2\\"
+    for message in ("The kettle is blue.", "The boat is moored at pier nine."):
+        await run(gql, admin, action_id, message, session=session)
+    async with state.pool.acquire() as conn:
+        first_turn = await conn.fetchval(
+            "SELECT count(*) FROM history_parts WHERE session_id = $1 AND turn = 1", session
+        )
+    monkeypatch.setattr(history_search, "EXACT_MAX_PARTS", first_turn)
+    found = [await search(session) for _ in range(2)]
+    assert [f.plan for f in found] == ["index", "index"]
+    assert "pier nine" in found[1].events[0].text
+    assert counted == [(session, 3)]
+    # A replay of the session's second turn sees the first turn's parts: exact; the later turns
+    # are still searched as large, without counting.
+    assert (await search(session, 2)).plan == "exact"
+    assert (await search(session, 3)).plan == "index"
+    assert counted == [(session, 3)]
+    # An empty session: nothing, by the exact plan.
+    empty = await search("s3")
+    assert (empty.plan, empty.events, counted[-1]) == ("exact", [], ("s3", 3))
+
+
+async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """The search maintenance round gives a session of `min_parts` parts its own HNSW index;
+    the index plan (generic plan, as a remembered session's) uses it and finds first what the
+    exact plan does; the index goes when the session is erased, or when the embedding dimensions
+    change."""
+    action_id = await make_agent(gql, admin, MESSAGES)
+    for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup.", "Rain."):
+        await run(gql, admin, action_id, message)
+    await run(gql, admin, action_id, "Another session.", session="s2")
+    async with state.pool.acquire() as conn:
+        account_id = await conn.fetchval(
+            "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
+        )
+        s1 = await conn.fetchval("SELECT count(*) FROM history_parts WHERE session_id = 's1'")
+        s2 = await conn.fetchval("SELECT count(*) FROM history_parts WHERE session_id = 's2'")
+    assert s1 > s2
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=s1, max_sessions=5)
+    assert done is not None
+    name = history_indexes.index_name((account_id, uuid.UUID(action_id), "s1"))
+    assert done.built == [name]
+    scope = Scope(account_id, uuid.UUID(action_id), "s1", 4, False)
+    assert state.embedder is not None
+    query = "where is the boat moored"
+    vector = (await state.embedder.embed([query])).vectors[0]
+    sql, values = store.index_sql(scope, store.Ranking(query, vector, 5, 40), 4000)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off;"
+            " SET LOCAL enable_sort = off"
+        )
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *values))
+    assert name in plan
+    found = {
+        p: await history_search.search(state.pool, state.embedder, scope, query=query, plan=p)
+        for p in ("exact", "index")
+    }
+    first = {p: (f.events[0].event_id, round(f.events[0].score or 0, 6)) for p, f in found.items()}
+    assert first["index"] == first["exact"]
+    assert "pier seven" in found["index"].events[0].text
+    # A second round keeps it; once the session is erased, it goes.
+    assert (await maintenance.run_round(state.pool, 10**9, min_parts=s1)).built == []
+    erased = await gql(
+        admin,
+        'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }',
+        a=action_id,
+    )
+    erased.ok()
+    assert (await maintenance.run_round(state.pool, 10**9, min_parts=s1)).dropped == [name]
+    await run(gql, admin, action_id, "Rain again.", session="s2")
+    await maintenance.run_round(state.pool, 10**9, min_parts=1)
+    own = "SELECT count(*) FROM pg_class WHERE relname LIKE 'history\\_parts\\_vectors\\_%'"
+    assert await state.pool.fetchval(own) == 1  # s2's
+    async with state.pool.acquire() as conn, conn.transaction():
+        await maintenance.drop_agent_indexes(conn)
+    assert await state.pool.fetchval(own) == 0

@@ -6,11 +6,16 @@ btree) while they number at most EXACT_MAX_PARTS; above that, `index` takes the 
 from HNSW (iterative scan under the session filter) and the best-ranked parts sharing a query
 word among the session's newest WORD_WALK parts (read from the session index alone, which
 holds `tsv`), and scores their union the same way. So in a session larger than WORD_WALK
-parts an older part is found by its meaning, not by words alone. Measured on a session of
-20,000 parts in a table of 120,000, machine loaded (bench/history.py): the walk of 20,000
-parts through the table took 23 ms, of 4,000 through the index 2-3 ms; HNSW 4-5 ms.
+parts an older part is found by its meaning, not by words alone. The plan comes from an
+index-only count of the session's parts, made by the exact plan's statement itself, and is
+remembered for a minute (`_PLANS`), so a session's searches are one statement (two for the
+first search of a large session). EXPLAIN ANALYZE of one session of 100,000 parts, custom
+plan: the HNSW scan about 1 ms, the words walk of 4,000 parts 1-3 ms, the whole statement 5 ms
+(the exact plan at 1,000 parts: 2 ms); the rest of a search's time is round trips and, on a
+loaded machine, waiting for a core (bench/README.md).
 """
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +34,21 @@ MAX_IDS = 50
 EXACT_MAX_PARTS = 5000
 WORD_WALK = 4000
 CANDIDATES = 40  # index plan: parts each signal proposes, at least (4 x the limit when more)
+# Each session's plan ((pool, account, action, session, preview) -> (until when, by
+# time.monotonic(), "exact" or "index", the turn bound it was counted under)), learnt from the
+# count of its parts: for PLAN_SECONDS its searches take that plan without counting, one
+# statement instead of two, while their turn bound allows: `index` for a bound at least the
+# learnt one (as many parts or more), `exact` for one at most PLAN_TURNS later (a replay of an
+# early turn of a large session counts few parts; the session's next turns do not inherit
+# that). The exact plan ranks any session right, so one that grows past EXACT_MAX_PARTS
+# meanwhile is only searched a little slower; a large session stays large but for
+# eraseSession, after which the index plan finds nothing, as it should. The pool is part of the
+# key, as a process may serve several databases (tests do); at most MAX_REMEMBERED sessions are
+# kept, the least lately learnt going first.
+_PLANS: dict[tuple[int, UUID, UUID, str, bool], tuple[float, str, int | None]] = {}
+PLAN_SECONDS = 60.0
+PLAN_TURNS = 20
+MAX_REMEMBERED = 10_000
 
 
 @dataclass(frozen=True)
@@ -94,15 +114,47 @@ async def search(
     check_limit(limit)
     embedded = await embedder.embed([query])  # before taking a connection
     ranking = Ranking(query, embedded.vectors[0], limit, max(CANDIDATES, 4 * limit))
+    key = (id(pool), scope.account_id, scope.action_id, scope.session_id, scope.preview)
+    if plan is None:
+        plan = _remembered(key, scope.before_turn)
     async with pool.acquire() as conn:
         if plan is None:
-            count = await store.count_parts(conn, scope, EXACT_MAX_PARTS + 1)
-            plan = "exact" if count <= EXACT_MAX_PARTS else "index"
-        if plan == "exact":
+            # The exact plan's statement counts the parts first and ranks them only when they
+            # are few: a small session's first search is one statement too. Nothing found:
+            # an empty session, or a large one, which the count tells apart.
+            rows = await store.ranked_exact(conn, scope, ranking, EXACT_MAX_PARTS)
+            if rows or await store.count_parts(conn, scope, EXACT_MAX_PARTS + 1) <= EXACT_MAX_PARTS:
+                plan = "exact"
+            else:
+                plan = "index"
+                rows = await store.ranked_index(conn, scope, ranking, WORD_WALK)
+            _remember(key, plan, scope.before_turn)
+        elif plan == "exact":
             rows = await store.ranked_exact(conn, scope, ranking)
         else:
             rows = await store.ranked_index(conn, scope, ranking, WORD_WALK)
     return Found([Event.of(r) for r in rows], embedded.tokens, plan)
+
+
+def _remembered(key: tuple[int, UUID, UUID, str, bool], bound: int | None) -> str | None:
+    until, plan, learnt = _PLANS.get(key, (0.0, None, None))
+    if until <= time.monotonic():
+        return None
+    if plan == "index":  # as many parts or more
+        covers = bound is None or (learnt is not None and bound >= learnt)
+    else:  # as few, or a few turns more
+        covers = learnt is None or (bound is not None and bound <= learnt + PLAN_TURNS)
+    return plan if covers else None
+
+
+def _remember(key: tuple[int, UUID, UUID, str, bool], plan: str, bound: int | None) -> None:
+    until, known, _ = _PLANS.get(key, (0.0, None, None))
+    if plan == "exact" and known == "index" and until > time.monotonic():
+        return  # counted under an earlier bound (a replay): the session's later turns stay large
+    _PLANS.pop(key, None)  # re-inserted last: dicts keep insertion order
+    if len(_PLANS) >= MAX_REMEMBERED:
+        del _PLANS[next(iter(_PLANS))]
+    _PLANS[key] = (time.monotonic() + PLAN_SECONDS, plan, bound)
 
 
 async def read(pool: asyncpg.Pool, scope: Scope, ids: Sequence[UUID]) -> list[Event]:

@@ -32,6 +32,37 @@ class Scope:
     preview: bool
 
 
+class SessionKey(Params):
+    """Params that write the scope's session key (account, action, session) into the SQL as
+    literals: the index plan's (a large session). With the key written out, the plan that a
+    prepared statement caches (generic, from its sixth run on a connection) is the one a custom
+    plan would take (HNSW for meaning, the session's btree for words, as the planner sees the
+    session's size), so a remembered large session is searched in one statement with no
+    setting sent first and no planning. The statement text is then the session's own: asyncpg
+    caches 100 statements per connection, which large sessions, a few, share."""
+
+    def __init__(self, scope: Scope) -> None:
+        super().__init__()
+        self.key = (scope.account_id, scope.action_id, scope.session_id)
+
+    def __call__(self, value: Any) -> str:
+        if isinstance(value, UUID) and value in self.key[:2]:
+            # Printed by uuid.UUID itself (hex digits and hyphens), whatever subclass came in.
+            return f"'{UUID(int=value.int)}'::uuid"
+        if isinstance(value, str) and value == self.key[2]:
+            return text_literal(value)
+        return super().__call__(value)
+
+
+def text_literal(text: str) -> str:
+    """A string constant, quoted as PostgreSQL's quote_literal does (whatever
+    standard_conforming_strings says)."""
+    quoted = text.replace("'", "''")
+    if "\\" in text:
+        return "E'" + quoted.replace("\\", "\\\\") + "'"
+    return f"'{quoted}'"
+
+
 @dataclass(frozen=True)
 class Ranking:
     text: str
@@ -151,34 +182,41 @@ def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
 
 
 async def count_parts(conn: asyncpg.Connection, scope: Scope, limit: int) -> int:
-    """The parts the scope sees, counted no further than `limit`. When there are that many
-    (the index plan's case), the connection plans each statement for its own values until the
-    pool resets it: a cached generic plan of the index plan's statement took 15 ms where a
-    custom one took 7 (20,000-part session)."""
+    """The parts the scope sees, counted no further than `limit` (index-only, by the session's
+    btree)."""
     p = Params()
-    limit_param = p(limit)
     return await conn.fetchval(
-        "SELECT s.n FROM (SELECT s.n, CASE WHEN s.n >= "
-        + limit_param
-        + " THEN set_config('plan_cache_mode', 'force_custom_plan', false) END"
-        f" FROM (SELECT count(*) AS n FROM (SELECT FROM history_parts h"
-        f" WHERE {_visible(scope, p, 'h')} LIMIT {limit_param})) s OFFSET 0) s",
+        "SELECT count(*) FROM (SELECT FROM history_parts h"
+        f" WHERE {_visible(scope, p, 'h')} LIMIT {p(limit)})",
         *p.values,
     )
 
 
-async def ranked_exact(conn: asyncpg.Connection, scope: Scope, r: Ranking) -> list[Row]:
-    """Scores every part the scope sees (read by the session's btree) and fuses."""
-    sql, values = exact_sql(scope, r)
+async def ranked_exact(
+    conn: asyncpg.Connection, scope: Scope, r: Ranking, at_most: int | None = None
+) -> list[Row]:
+    """Scores every part the scope sees (read by the session's btree) and fuses. With
+    `at_most`, only when the scope sees at most that many parts (counted first, in the same
+    statement, no further than one more): otherwise nothing."""
+    sql, values = exact_sql(scope, r, at_most)
     return await conn.fetch(sql, *values)
 
 
-def exact_sql(scope: Scope, r: Ranking) -> tuple[str, list[Any]]:
+def exact_sql(scope: Scope, r: Ranking, at_most: int | None = None) -> tuple[str, list[Any]]:
     p = Params()
     query = f"(SELECT any_words({p(r.text)}))"
+    visible = _visible(scope, p, "h")
+    size, small = "", ""
+    if at_most is not None:
+        # An uncorrelated condition: a one-time filter, so a larger session is not scored.
+        size = (
+            "size AS MATERIALIZED (SELECT count(*) AS n FROM (SELECT FROM history_parts h"
+            f" WHERE {visible} LIMIT {p(at_most + 1)})), "
+        )
+        small = f" AND (SELECT n FROM size) <= {p(at_most)}"
     scored = f"""
-    WITH scored AS MATERIALIZED (
-        SELECT {_signals(r, p, "h", query)} FROM history_parts h WHERE {_visible(scope, p, "h")}
+    WITH {size}scored AS MATERIALIZED (
+        SELECT {_signals(r, p, "h", query)} FROM history_parts h WHERE {visible}{small}
     )"""
     return _ranked_sql(scope, r, p, scored), p.values
 
@@ -199,7 +237,7 @@ async def ranked_index(conn: asyncpg.Connection, scope: Scope, r: Ranking, walk:
 
 
 def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
-    p = Params()
+    p = SessionKey(scope)
     visible = _visible(scope, p, "h")
     columns = "h.event_id, h.part, h.turn, h.created, h.embedding, h.tsv"
     query = "(SELECT query FROM words)"

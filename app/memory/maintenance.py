@@ -38,6 +38,8 @@ from uuid import UUID
 
 import asyncpg
 
+from app.history import indexes as history_indexes
+
 log = logging.getLogger(__name__)
 
 _LOCK = "hashtext('engram.search_maintenance')"
@@ -111,6 +113,7 @@ async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
     for name in await _agent_index_states(conn):
         quoted = await conn.fetchval("SELECT quote_ident($1)", name)
         await conn.execute(f"DROP INDEX IF EXISTS {quoted}")
+    await history_indexes.drop_session_indexes(conn)  # large sessions' own indexes too
 
 
 async def _drop_index(conn: asyncpg.Connection, name: str) -> None:
@@ -284,10 +287,13 @@ async def run_round(
     build_memory: str = "",
     max_agents: int | None = None,
     linger: float = LINGER_SECONDS,
+    min_parts: int | None = None,
+    max_sessions: int | None = None,
 ) -> Round | None:
-    """One round of both jobs; None when another process holds the round. `build_memory` is
+    """One round of the jobs; None when another process holds the round. `build_memory` is
     the index builds' maintenance_work_mem (an HNSW graph that does not fit in it is built
-    far more slowly); empty: the server's. `max_agents`, `linger`: see `index_agents`."""
+    far more slowly); empty: the server's. `max_agents`, `linger`: see `index_agents`. With
+    `min_parts`, large sessions' own indexes too (app/history/indexes.py; `max_sessions`)."""
     async with pool.acquire() as conn:
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
             return None
@@ -300,6 +306,12 @@ async def run_round(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
             done = Round(words, *await index_agents(conn, min_records, max_agents, linger))
+            if min_parts is not None:
+                built, dropped, _ = await history_indexes.index_sessions(
+                    conn, min_parts, max_sessions
+                )
+                done.built.extend(built)
+                done.dropped.extend(dropped)
             await _record_round(conn, finished=True)
             return done
         finally:
@@ -318,8 +330,12 @@ class SearchMaintenance:
         min_records: int,
         build_memory: str = "",
         max_agents: int | None = None,
+        min_parts: int | None = None,
+        max_sessions: int | None = None,
     ) -> None:
         self._pool = pool
+        self._min_parts = min_parts
+        self._max_sessions = max_sessions
         self._interval = interval
         self._min_records = min_records
         self._build_memory = build_memory
@@ -337,7 +353,12 @@ class SearchMaintenance:
         while True:
             try:
                 done = await run_round(
-                    self._pool, self._min_records, self._build_memory, self._max_agents
+                    self._pool,
+                    self._min_records,
+                    self._build_memory,
+                    self._max_agents,
+                    min_parts=self._min_parts,
+                    max_sessions=self._max_sessions,
                 )
                 if done is not None and (done.built or done.dropped):
                     log.info("search maintenance: built %s, dropped %s", done.built, done.dropped)

@@ -1,0 +1,124 @@
+"""Large sessions' own HNSW indexes on `history_parts`, kept by the search maintenance round
+(app/memory/maintenance.py run_round: the same lock, interval and build memory).
+
+The shared HNSW index serves a session's search by reading past other sessions' parts (its
+filter): a session of 100,000 parts among 1,000,000 others, p95 70 ms on a loaded machine,
+against a few ms with an index of its own (bench/README.md, `history.py`). Sessions of at least
+`history_index_min_parts` parts, the largest `history_index_max_sessions` of them, get a
+partial index on their key, built with CREATE INDEX CONCURRENTLY (writes go on meanwhile;
+each build reads the whole table once); one under half the threshold, or beyond the limit
+against larger ones, loses it. Nothing in the search has to know: the index plan writes the
+session's key into its SQL as constants (store.SessionKey), so the planner proves the partial
+index covers it and prefers it, and a dropped index only makes PostgreSQL plan the statement
+again. Every statement that plans a query on history_parts or writes to it locks each of its
+indexes, hence the limit (max_locks_per_transaction x connections).
+"""
+
+import hashlib
+import logging
+from uuid import UUID
+
+import asyncpg
+
+from app.history.store import text_literal
+
+log = logging.getLogger(__name__)
+
+PREFIX = "history_parts_vectors_"
+# As an agent's own HNSW index (app/memory/maintenance.py OPTIONS): an index built with other
+# options is rebuilt by the next round.
+OPTIONS = {"m": "16", "ef_construction": "256"}
+
+Key = tuple[UUID, UUID, str]
+
+
+def index_name(key: Key) -> str:
+    """A prefix and a digest of the session's key (PostgreSQL's names are at most 63 bytes)."""
+    account_id, action_id, session_id = key
+    digest = hashlib.md5(f"{account_id}/{action_id}/{session_id}".encode()).hexdigest()
+    return f"{PREFIX}{digest}"
+
+
+async def _states(conn: asyncpg.Connection) -> dict[str, bool]:
+    """Every index of history_parts of this naming, and whether it is current: valid (an
+    interrupted build leaves an invalid one, still written to) and built with OPTIONS."""
+    rows = await conn.fetch(
+        "SELECT c.relname, i.indisvalid, coalesce(c.reloptions, '{}') AS options "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = 'history_parts'::regclass AND c.relname LIKE $1 || '%'",
+        PREFIX.replace("_", "\\_"),
+    )
+    wanted = sorted(f"{k}={v}" for k, v in OPTIONS.items())
+    return {r["relname"]: r["indisvalid"] and sorted(r["options"]) == wanted for r in rows}
+
+
+async def _drop(conn: asyncpg.Connection, name: str, concurrently: bool = True) -> None:
+    quoted = await conn.fetchval("SELECT quote_ident($1)", name)
+    await conn.execute(f"DROP INDEX {'CONCURRENTLY ' if concurrently else ''}IF EXISTS {quoted}")
+
+
+async def drop_session_indexes(conn: asyncpg.Connection) -> None:
+    """Drops them all, inside the caller's transaction (new embedding dimensions make them
+    stale; app/embeddings/store.py reset_vectors, after taking the round's lock)."""
+    for name in await _states(conn):
+        await _drop(conn, name, concurrently=False)
+
+
+async def index_sessions(
+    conn: asyncpg.Connection, min_parts: int, max_sessions: int | None
+) -> tuple[list[str], list[str], list[str]]:
+    """Gives the largest sessions of `min_parts` parts or more their own HNSW index, no more
+    than `max_sessions` (None: no limit), and takes it from sessions now under half that or
+    beyond the limit. A session keeps its index against a larger one that has none (a build
+    reads the whole table, so they are not traded back and forth). Outside any transaction;
+    one failed build does not stop the others and is retried next round. Returns the indexes
+    built, dropped, and the sessions whose build failed."""
+    sizes: dict[Key, int] = {
+        (r["account_id"], r["action_id"], r["session_id"]): r["parts"]
+        for r in await conn.fetch(
+            "SELECT account_id, action_id, session_id, count(*) AS parts FROM history_parts "
+            "GROUP BY account_id, action_id, session_id HAVING count(*) >= $1",
+            (min_parts + 1) // 2,
+        )
+    }
+    states = await _states(conn)
+    places = len(sizes) if max_sessions is None else max_sessions
+    largest = sorted(sizes, key=lambda key: (-sizes[key], key))
+    keep = [key for key in largest if index_name(key) in states][:places]
+    new = [key for key in largest if sizes[key] >= min_parts and index_name(key) not in states]
+    wanted = keep + new[: places - len(keep)]
+    owned = {index_name(key) for key in wanted}
+    built: list[str] = []
+    dropped: list[str] = []
+    failed: list[str] = []
+    for name in sorted(set(states) - owned):
+        try:
+            await _drop(conn, name)
+            dropped.append(name)
+        except asyncpg.PostgresError:
+            log.exception("dropping session index %s failed", name)
+    options = ", ".join(f"{k} = {v}" for k, v in OPTIONS.items())
+    for key in wanted:
+        name = index_name(key)
+        if states.get(name):
+            continue
+        account_id, action_id, session_id = key
+        # UUIDs printed by Python; the session as a quoted constant. A predicate cannot take
+        # parameters, and must read as the index plan's SQL writes the key (SessionKey).
+        where = (
+            f"account_id = '{UUID(int=account_id.int)}'::uuid"
+            f" AND action_id = '{UUID(int=action_id.int)}'::uuid"
+            f" AND session_id = {text_literal(session_id)}"
+        )
+        log.info("building a search index for session %r (%d parts)", session_id, sizes[key])
+        try:
+            await _drop(conn, name)  # what an interrupted build, or other options, left
+            await conn.execute(
+                f"CREATE INDEX CONCURRENTLY {name} ON history_parts"
+                f" USING hnsw (embedding vector_cosine_ops) WITH ({options}) WHERE {where}"
+            )
+            built.append(name)
+        except asyncpg.PostgresError:
+            log.exception("building a search index for session %r failed", session_id)
+            failed.append(session_id)
+    return built, dropped, failed
