@@ -25,6 +25,7 @@ from app.graphql.context import Context
 from app.graphql.errors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
+from app.mcp.endpoint import McpEndpoint
 from app.services import start_services, stop_services
 from app.state import AppState
 
@@ -126,7 +127,8 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
             print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
         app.state.engram = state
         try:
-            yield
+            async with mcp.manager.run():
+                yield
         finally:
             await stop_services(state)
             await state.pool.close()
@@ -140,6 +142,9 @@ def create_app(settings: Settings | None = None, embedder: Embedder | None = Non
     app = FastAPI(
         title="Engram", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
+    # The agent's tools over MCP (streamable HTTP); it checks its own requests.
+    mcp = McpEndpoint(settings.max_body_bytes)
+    app.add_route("/mcp/{action_id}", mcp)
 
     @app.middleware("http")
     async def guard(

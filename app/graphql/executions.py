@@ -36,6 +36,14 @@ class ActionExecutionStatus(Enum):
     FAILED = "FAILED"
 
 
+@strawberry.enum(description="What an execution is.")
+class ActionExecutionKind(Enum):
+    TURN = "TURN"  # a turn of executeAction
+    OPERATOR = "OPERATOR"  # an operator's write (addAgentMemory, deleteAgentMemory)
+    MCP = "MCP"  # one tool call of a client over MCP (/mcp/{actionId})
+    INGEST = "INGEST"  # a conversation handed in by rememberConversation
+
+
 @strawberry.type(
     description="One event of a turn's transcript; `data` is JSON whose shape `type` names."
 )
@@ -89,6 +97,7 @@ class ActionExecution(Node):
     session_id: str | None
     turn: int | None
     invocation_number: int
+    kind: ActionExecutionKind
     status: ActionExecutionStatus
     preview: bool
     error: str | None
@@ -106,6 +115,7 @@ class ActionExecution(Node):
             session_id=e.session_id,
             turn=e.turn,
             invocation_number=e.invocation_number,
+            kind=ActionExecutionKind(e.kind),
             status=ActionExecutionStatus(e.status),
             preview=e.preview,
             error=e.error,

@@ -345,6 +345,21 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
         raise
 
 
+def native_tools(
+    state: AppState, action: ActionVersion, transcript: Transcript, work: MemoryWork | None
+) -> NativeTools:
+    """The native tools of a turn, and of a client's call over MCP (app/runtime/calls.py):
+    one place, so a tool added here (such as search_history) is offered over MCP too."""
+    assert state.embedder is not None
+    return NativeTools(
+        work,
+        action.harness.memory,
+        transcript,
+        state.embedder.name,
+        max_query_chars=state.settings.max_search_query_chars,
+    )
+
+
 async def _open_window(context: TurnContext, client: ModelClient) -> ContextWindow:
     """The session's earlier turns, within the context budget: their summary and the messages
     after it (their inputs, replies, tool calls and results; not their recalls)."""
@@ -386,14 +401,7 @@ async def _run(context: TurnContext) -> set[Version]:
             events.MEMORY_PINNED, {"records": versions(pinned), "tokens": listed_tokens(pinned)}
         )
     window = context.window = await _open_window(context, client)
-    assert state.embedder is not None
-    tools = NativeTools(
-        context.work,
-        memory,
-        transcript,
-        state.embedder.name,
-        max_query_chars=state.settings.max_search_query_chars,
-    )
+    tools = native_tools(state, action, transcript, context.work)
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
     recall = Recall(tools, transcript) if context.work is not None else None
