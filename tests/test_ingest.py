@@ -150,6 +150,27 @@ async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
     assert other.codes == ["CONFLICT"] and "ingest-1" in other.errors[0]["message"]
 
 
+async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    model_server.chat_error(500, purpose="memory")
+    messages = _talk("Remember that I am vegetarian")
+    failed = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
+    assert failed["status"] == "FAILED" and failed["error"]
+    assert failed["decisions"] == [] and failed["records"] == []
+    execution = (await gql(admin, EXECUTION, e=failed["executionId"])).ok()["execution"]
+    assert execution["kind"] == "INGEST" and execution["status"] == "FAILED"
+    assert await memories(gql, admin, action_id) == []
+    # The failed ingest recorded no key: sent again, the conversation is reviewed.
+    candidates(model_server, {"summary": "The user is vegetarian"})
+    again = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
+    assert again["status"] == "SUCCEEDED" and again["executionId"] != failed["executionId"]
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == [
+        "The user is vegetarian"
+    ]
+
+
 async def test_without_the_memory_read_grants_record_text_is_not_shown(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

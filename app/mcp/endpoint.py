@@ -106,6 +106,7 @@ async def _call_tool(
             _client(ctx, found.caller.principal),
             params.name,
             dict(params.arguments or {}),
+            found.action,
         )
     except DomainError as e:
         # Refused before anything ran (a grant, the agent gone meanwhile, a bad argument).

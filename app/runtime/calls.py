@@ -293,11 +293,14 @@ async def call_tool(
     client: ClientInfo,
     name: str,
     arguments: dict[str, Any],
+    action: ActionVersion | None = None,
 ) -> ToolOutcome:
     """Runs one tool call of a client over MCP as an execution of kind MCP (INGEST for
     remember_conversation). A call without the grants its tool needs is refused (AccessDenied)
-    before anything is recorded."""
-    action = await load_place(state, caller, place)
+    before anything is recorded. `action`: the agent as `load_place` found it for this
+    request, else it is looked up."""
+    if action is None:
+        action = await load_place(state, caller, place)
     caller.require(*tool_grants(name, arguments))
     if name == REMEMBER_CONVERSATION and action.harness.memory.enabled:
         return await _remember_over_mcp(state, caller, place, client, arguments)
