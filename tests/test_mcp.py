@@ -5,11 +5,12 @@ The tools are the agent's native tools (app/runtime/tools.py), offered as its ha
 them; each call is an execution of kind MCP committed like a turn."""
 
 import json
+import uuid
 from typing import Any
 
 import httpx
 import pytest
-from helpers import GQL, allow, make_account
+from helpers import GQL, allow, caller, make_account
 from mcp_support import call, mcp_session, mcp_url, refused, token_for
 from runtime_support import (
     make_agent,
@@ -27,6 +28,7 @@ from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
 from app.config import Settings
 from app.embeddings.static import StaticEmbedder
+from app.runtime import store as runtime_store
 from app.runtime.tools import tool_schemas
 from app.state import AppState
 
@@ -61,7 +63,7 @@ async def _executions(state: AppState, action_id: str) -> list[dict[str, Any]]:
         rows = await conn.fetch(
             "SELECT execution_id, kind, status, principal FROM executions "
             "WHERE action_id = $1 ORDER BY created",
-            __import__("uuid").UUID(action_id),
+            uuid.UUID(action_id),
         )
     return [dict(r) for r in rows]
 
@@ -154,6 +156,12 @@ async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
     assert client["principal"] == "agent-runner"
     assert client["userAgent"].startswith("python-httpx")
     assert execution["output"]["memories"][0]["id"] == record["id"]
+    # A reader of executions without the memory grants sees no record text in it.
+    runner = caller(admin.account_id, allow(["SELECT"], "financial.ActionExecution.*"))
+    redacted = await _execution(gql, runner, first["executionId"])
+    assert "c-7" not in json.dumps(redacted)
+    assert redacted["input"]["arguments"] == {"kind": "preference"}
+    assert redacted["output"]["memories"][0] == {"id": record["id"], "version": 1}
     (ran,) = [e["data"] for e in execution["transcript"]["nodes"] if e["type"] == "tool.execution"]
     assert ran["name"] == "add_memory" and ran["output"] == execution["output"]
 
@@ -278,3 +286,38 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
     runs = await _executions(state, action_id)
     assert [(r["kind"], r["principal"]) for r in runs] == [("MCP", "writer")]
     assert json.dumps(runs, default=str).count("SUCCEEDED") == 1
+
+
+async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """The liveness sweeps end RUNNING executions of every kind a process runs (not OPERATOR
+    writes, which run in one transaction)."""
+    action_id = uuid.UUID(await make_agent(gql, admin, FULL_TOOLS))
+    async with state.pool.acquire() as conn:
+        for kind in ("MCP", "INGEST", "OPERATOR"):
+            await runtime_store.insert_execution(
+                conn,
+                account_id=admin.account_id,
+                action_id=action_id,
+                execution_id=uuid.uuid4(),
+                action_version=1,
+                session_id=None,
+                turn=None,
+                kind=kind,
+                status="RUNNING",
+                preview=False,
+                principal="agent-runner",
+                input={},
+            )
+        await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
+        failed = await runtime_store.fail_stale_turns(conn, admin.account_id, action_id, 60)
+        kinds = await conn.fetch(
+            "SELECT kind, status FROM executions WHERE action_id = $1 ORDER BY kind", action_id
+        )
+    assert len(failed) == 2
+    assert [tuple(r) for r in kinds] == [
+        ("INGEST", "FAILED"),
+        ("MCP", "FAILED"),
+        ("OPERATOR", "RUNNING"),
+    ]
