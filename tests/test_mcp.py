@@ -136,6 +136,8 @@ async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
         assert (
             "unknown parameter 'nope'" in (await refused(session, "search_memory", nope=1))["error"]
         )
+        # Text that cannot be stored is made storable, as the native tools do: never INTERNAL.
+        assert (await call(session, "search_memory", query="a\x00b"))["records"] is not None
         deleted = await call(session, "delete_memory", id=new_id)
         assert deleted["memories"][0]["status"] == "DELETED"
 
@@ -167,9 +169,9 @@ async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
 
     # Every call was one execution of kind MCP by the client; refused ones FAILED.
     runs = await _executions(state, action_id)
-    assert [r["kind"] for r in runs] == ["MCP"] * 8
+    assert [r["kind"] for r in runs] == ["MCP"] * 9
     assert {r["principal"] for r in runs} == {"agent-runner"}
-    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 4 + ["FAILED"] * 3 + ["SUCCEEDED"]
+    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 4 + ["FAILED"] * 3 + ["SUCCEEDED"] * 2
     failed = await _execution(gql, admin, str(runs[4]["execution_id"]))
     assert failed["error"] == "kind 'event' is not one of your kinds: fact, preference"
 
@@ -253,6 +255,8 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
         bad = await post(f"/mcp/{action_id}", agent)
         assert bad.status_code == 400
         assert "without a sessionId" in bad.json()["errors"][0]["message"]
+        nul = await post(f"/mcp/{action_id}?session=a%00b", agent)
+        assert nul.status_code == 400 and "NUL" in nul.json()["errors"][0]["message"]
     with pytest.raises(Exception):  # noqa: B017 - the SDK raises what its transport met
         async with mcp_session(mcp_url(base_url, action_id), stranger):
             pass

@@ -31,6 +31,7 @@ from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.errors import DomainError
 from app.runtime import calls
 from app.state import AppState
+from app.text import check_storable
 
 SCOPE_KEY = "engram.mcp"
 INSTRUCTIONS = (
@@ -187,6 +188,9 @@ class McpEndpoint:
                 "NOT_FOUND", f"action {raw!r} not found: the path is /mcp/<actionId>"
             ) from None
         preview = _preview(request.query_params.get("preview"))
-        place = calls.Place(action_id, request.query_params.get("session") or None, preview)
+        session = request.query_params.get("session") or None
+        if session is not None:
+            check_storable(session, "session")
+        place = calls.Place(action_id, session, preview)
         action = await calls.load_place(state, caller, place)
         return McpRequest(state, caller, place, action)

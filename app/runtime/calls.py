@@ -38,7 +38,7 @@ from app.runtime.tools import ADD_MEMORY, DELETE_MEMORY, READ_MEMORY, SEARCH_MEM
 from app.runtime.transcript import Transcript
 from app.runtime.turns import TurnContext, TurnRequest
 from app.state import AppState
-from app.text import check_storable, storable
+from app.text import check_storable, storable, storable_json
 
 REMEMBER_CONVERSATION = "remember_conversation"
 ROLES = ("user", "assistant", "tool")
@@ -310,7 +310,8 @@ async def call_tool(
         action,
         place,
         kind="MCP",
-        input={"tool": name, "arguments": arguments, "client": client.as_json()},
+        # As the tools read them: NUL and lone surrogates cannot be stored.
+        input=storable_json({"tool": name, "arguments": arguments, "client": client.as_json()}),
         source="MCP",
     )
     context = run.context
