@@ -29,6 +29,7 @@ from app.auth.policies import ADMIN_POLICIES
 from app.config import Settings
 from app.embeddings.static import StaticEmbedder
 from app.runtime import store as runtime_store
+from app.runtime.calls import WHEN_TO_USE
 from app.runtime.tools import tool_schemas
 from app.state import AppState
 
@@ -84,7 +85,9 @@ async def test_mcp_offers_the_tools_of_the_agents_harness(
         # The same JSON schema and description as the agent's own model is offered.
         function = expected[tool.name]["function"]
         assert tool.input_schema == function["parameters"]
-        assert tool.description == function["description"]
+        # The description the agent's model reads, and when to use the tool (what a turn's
+        # system instructions tell the agent's own model).
+        assert tool.description == f"{function['description']} {WHEN_TO_USE[tool.name]}"
     assert "scope" in listed[1].input_schema["properties"]  # add_memory: writes agent scope
     # Each description says when to use the tool.
     assert all("Use it" in (t.description or "") for t in listed)

@@ -113,10 +113,33 @@ async def load_place(state: AppState, caller: Caller, place: Place) -> ActionVer
     return action
 
 
+# What a turn's system instructions tell the agent's own model about its memory tools
+# (app/runtime/instructions.py), a client's model reads in the tools' descriptions instead.
+WHEN_TO_USE = {
+    SEARCH_MEMORY: "Use it before you answer anything that may depend on what you learned "
+    "earlier (a person's preferences, facts about an account, decisions taken), and before "
+    "asking again for something you may have been told.",
+    ADD_MEMORY: "Use it when you learn a durable fact, preference, decision or commitment that "
+    "will matter in later conversations; not for small talk or what only matters now. Search "
+    "first: when it corrects a record you found, name that record in replaces.",
+    READ_MEMORY: "Use it when a search result's summary is not enough, or to follow a "
+    "record's replaces or replacedBy.",
+    DELETE_MEMORY: "Use it when a record is wrong or no longer useful and nothing replaces it; "
+    "to correct one, add the right one with replaces instead.",
+}
+
+
 def offered_tools(state: AppState, action: ActionVersion) -> list[dict[str, Any]]:
     """What a client over MCP is offered: the native tools of the agent's turns (OpenAI tool
-    definitions), and remember_conversation when its memory is enabled."""
-    tools = turns.native_tools(state, action, Transcript(1, 1), None).offered
+    definitions, their parameters unchanged, their descriptions saying when to use them), and
+    remember_conversation when its memory is enabled."""
+    tools = []
+    for tool in turns.native_tools(state, action, Transcript(1, 1), None).offered:
+        function = tool["function"]
+        when = WHEN_TO_USE.get(function["name"])
+        if when:
+            function = {**function, "description": f"{function['description']} {when}"}
+        tools.append({**tool, "function": function})
     if action.harness.memory.enabled:
         tools.append(REMEMBER_CONVERSATION_TOOL)
     return tools
