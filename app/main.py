@@ -25,6 +25,7 @@ from app.graphql.context import Context
 from app.graphql.errors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
+from app.mcp.endpoint import McpEndpoint
 from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
 from app.observability.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -147,7 +148,8 @@ def create_app(
             print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
         app.state.engram = state
         try:
-            yield
+            async with mcp.manager.run():
+                yield
         finally:
             await stop_services(state)
             await state.pool.close()
@@ -167,6 +169,9 @@ def create_app(
     # Per app, not the process-wide default registry: one process may build several apps.
     metrics = Metrics()
     tracer = tracing.tracer_provider(settings.otel_endpoint) if settings.otel_endpoint else None
+    # The agent's tools over MCP (streamable HTTP); it checks its own requests.
+    mcp = McpEndpoint(settings.max_body_bytes)
+    app.add_route("/mcp/{action_id}", mcp)
 
     @app.middleware("http")
     async def guard(

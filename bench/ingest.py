@@ -1,4 +1,5 @@
-"""Ingest: bulk import throughput (`--bulk`, on by default).
+"""Ingest: bulk import throughput (`--bulk`, on by default) and one MCP tool call's overhead
+over the same call done natively (`--mcp`, bench/ingest_mcp.py).
 
 Bulk (`bulk_throughput`): with the static embedder, on a fresh database of its own embedded
 PostgreSQL under --data-dir, it measures in one run
@@ -12,6 +13,7 @@ PostgreSQL under --data-dir, it measures in one run
 
     python bench/ingest.py                      # 20,000 records
     python bench/ingest.py --records 5000       # quick
+    python bench/ingest.py --no-bulk --mcp      # the MCP overhead alone
 """
 
 import argparse
@@ -335,9 +337,16 @@ def main() -> None:
     p.add_argument("--records", type=int, default=20_000)
     p.add_argument("--batch", type=int, default=1000, help="records per addAgentMemories call")
     p.add_argument("--clients", type=int, default=2, help="concurrent HTTP clients")
+    p.add_argument("--mcp", action="store_true", help="measure one MCP tool call's overhead")
+    p.add_argument("--calls", type=int, default=200, help="--mcp: timed calls a tool and mode")
+    p.add_argument("--mcp-records", type=int, default=1000, help="--mcp: records the agent holds")
     args = p.parse_args()
     if args.bulk:
         bulk_throughput(args)
+    if args.mcp:
+        from ingest_mcp import report
+
+        report(args.calls, args.mcp_records)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,13 @@ async def test_m59_every_field_of_the_record_with_its_type(gql, admin):
     values = (await gql(admin, enums)).ok()
     assert [v["name"] for v in values["s"]["enumValues"]] == ["ACTIVE", "DELETED", "SUPERSEDED"]
     assert [v["name"] for v in values["c"]["enumValues"]] == ["SESSION", "AGENT"]
-    assert [v["name"] for v in values["o"]["enumValues"]] == ["EXTRACTION", "TOOL", "OPERATOR"]
+    # The spec's three, and MCP: records a client's tool call over MCP wrote (issue 15).
+    assert [v["name"] for v in values["o"]["enumValues"]] == [
+        "EXTRACTION",
+        "TOOL",
+        "OPERATOR",
+        "MCP",
+    ]
 
 
 # M53

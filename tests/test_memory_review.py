@@ -111,7 +111,10 @@ async def test_m10_m15_a_fact_stated_in_a_turn_becomes_an_extraction_record(
     assert review["messages"]["from"]["executionId"] == executed["executionId"]
     assert review["candidates"][0]["summary"] == "The user's name is Ada"
     assert review["neighbours"] == [{"candidate": "c1", "records": []}]
-    assert review["decisions"] == [{"candidate": "c1", "action": "add"}]
+    # The decision names the record it wrote.
+    assert review["decisions"] == [
+        {"candidate": "c1", "action": "add", "memoryId": kept["memoryId"]}
+    ]
     assert review["written"] == [{"id": kept["memoryId"], "version": 1}]
     # The next turn recalls it.
     await run(gql, admin, action_id, "What is my name?")
@@ -173,6 +176,7 @@ async def test_m12_a_correction_replaces_the_record_it_corrects(
             "record": "r1",
             "id": old["memoryId"],
             "version": 1,
+            "memoryId": kept["memoryId"],
         }
     ]
 

@@ -37,6 +37,15 @@ class ActionExecutionStatus(Enum):
     FAILED = "FAILED"
 
 
+@strawberry.enum(description="What an execution is.")
+class ActionExecutionKind(Enum):
+    TURN = "TURN"  # a turn of executeAction
+    OPERATOR = "OPERATOR"  # an operator's write (addAgentMemory, deleteAgentMemory)
+    MCP = "MCP"  # one tool call of a client over MCP (/mcp/{actionId})
+    INGEST = "INGEST"  # a conversation handed in by rememberConversation
+    ERASE = "ERASE"  # eraseSession: a session's words erased for good
+
+
 @strawberry.type(
     description="One event of a turn's transcript; `data` is JSON whose shape `type` names."
 )
@@ -90,15 +99,15 @@ class ActionExecution(Node):
     session_id: str | None
     turn: int | None
     invocation_number: int
+    kind: ActionExecutionKind = strawberry.field(
+        description="TURN (an agent's turn), OPERATOR (an operator's memory write), ERASE "
+        "(eraseSession), MCP (a client's tool call over MCP) or INGEST (rememberConversation)."
+    )
     status: ActionExecutionStatus
     preview: bool
     error: str | None
     created: Timestamp
     modified: Timestamp
-    kind: str = strawberry.field(
-        description="TURN (an agent's turn), OPERATOR (an operator's memory write) or ERASE "
-        "(eraseSession)."
-    )
     principal: str = strawberry.field(description="Who started it.")
     replay_of: UUID | None = strawberry.field(
         description="A replay: the committed turn whose input it re-ran."
@@ -115,12 +124,12 @@ class ActionExecution(Node):
             session_id=e.session_id,
             turn=e.turn,
             invocation_number=e.invocation_number,
+            kind=ActionExecutionKind(e.kind),
             status=ActionExecutionStatus(e.status),
             preview=e.preview,
             error=e.error,
             created=Timestamp(e.created),
             modified=Timestamp(e.modified),
-            kind=e.kind,
             principal=e.principal,
             replay_of=e.replay_of,
         )

@@ -51,6 +51,7 @@ class ActionAgentMemorySource(Enum):
     EXTRACTION = "EXTRACTION"
     TOOL = "TOOL"
     OPERATOR = "OPERATOR"
+    MCP = "MCP"
 
 
 @strawberry.type(description="A label value of a record: the label's fixed number, and its name.")

@@ -19,6 +19,7 @@ from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.errors import ErrorCodes, Schema
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
+from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
 from app.graphql.memory import MemoryMutation, MemoryQuery
 from app.graphql.node import resolve_node
@@ -40,7 +41,7 @@ class Query(NodeQuery, AuthQuery, ActionQuery, ExecutionQuery, MemoryQuery):
 
 
 @strawberry.type
-class Mutation(AuthMutation, ActionMutation, ExecutionMutation, MemoryMutation):
+class Mutation(AuthMutation, ActionMutation, ExecutionMutation, MemoryMutation, IngestMutation):
     pass
 
 

@@ -12,7 +12,7 @@ from app.text import for_model
 
 Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
 Scope = Literal["SESSION", "AGENT"]
-Source = Literal["EXTRACTION", "TOOL", "OPERATOR"]
+Source = Literal["EXTRACTION", "TOOL", "OPERATOR", "MCP"]
 
 MAX_SUMMARY_BYTES = 512
 MAX_CONTENT_BYTES = 16 * 1024

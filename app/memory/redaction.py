@@ -38,6 +38,13 @@ def execution_value(value: Any) -> Any:
         return value
     if ("id" in value or "memoryId" in value) and "version" in value and _has_text(value):
         return {k: value[k] for k in IDENTITY if k in value}
+    if value.get("tool") in NATIVE_TOOLS and isinstance(value.get("arguments"), dict):
+        # An MCP call's input (app/runtime/calls.py): the arguments may carry record text.
+        reduced = {k: execution_value(v) for k, v in value.items() if k != "arguments"}
+        return {**reduced, "arguments": _without_text(value["arguments"])}
+    if "candidate" in value and "action" in value:
+        # A decision of rememberConversation: the candidate's summary is memory text.
+        return {k: v for k, v in value.items() if k not in ("summary", "note")}
     return {k: execution_value(v) for k, v in value.items()}
 
 

@@ -550,7 +550,7 @@ class Review:
                     decision["evidence"] = str(evidence) if evidence else f"{handle}: {c.summary}"
                     written.append(await self.work.delete(target.memory_id, "EXTRACTION"))
                 else:
-                    written += await self.work.add(
+                    added = await self.work.add(
                         NewMemory(
                             summary=c.summary,
                             kind=c.kind,
@@ -561,6 +561,8 @@ class Review:
                             source="EXTRACTION",
                         )
                     )
+                    decision["memoryId"] = str(added[0].memory_id)
+                    written += added
             except DomainError as e:
                 decision["refused"] = e.message
         tokens = sum(self.work.embed_tokens[embedded:])

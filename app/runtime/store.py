@@ -105,7 +105,7 @@ async def fail_stale_turns(
         UPDATE executions
         SET status = 'FAILED', modified = now(),
             error = 'the turn stopped without finishing (its process ended); retry the execution'
-        WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind = 'TURN'
+        WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
           AND modified < now() - make_interval(secs => $3)
         RETURNING execution_id
         """,
@@ -123,7 +123,8 @@ async def ended_turns_with_pending_memory(
     return await conn.fetch(
         """
         SELECT e.* FROM executions e
-        WHERE e.account_id = $1 AND e.action_id = $2 AND e.kind = 'TURN' AND e.status <> 'RUNNING'
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.kind <> 'OPERATOR'
+          AND e.status <> 'RUNNING'
           AND e.execution_id IN (
               SELECT DISTINCT m.pending_execution FROM agent_memories m
               WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NOT NULL
@@ -426,7 +427,7 @@ async def fail_dead_turns(
         UPDATE executions e
         SET status = 'FAILED', modified = now(),
             error = CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
-        WHERE e.status = 'RUNNING' AND e.kind = 'TURN'
+        WHERE e.status = 'RUNNING' AND e.kind <> 'OPERATOR'
           AND e.modified < now() - make_interval(secs => $4)
           AND ((e.boot_id <> $1 AND NOT EXISTS (
                   SELECT 1 FROM service_processes p

@@ -433,6 +433,28 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
         raise
 
 
+def native_tools(
+    state: AppState,
+    action: ActionVersion,
+    transcript: Transcript,
+    work: MemoryWork | None,
+    history: Scope | None = None,
+) -> NativeTools:
+    """The native tools of a turn, and of a client's call over MCP (app/runtime/calls.py):
+    one place, so a tool added here is offered over MCP too. `history`: the session history
+    search_history reads (None: not offered)."""
+    assert state.embedder is not None
+    access = HistoryAccess(state.pool, state.embedder, history) if history else None
+    return NativeTools(
+        work,
+        action.harness.memory,
+        transcript,
+        state.embedder.name,
+        access,
+        max_query_chars=state.settings.max_search_query_chars,
+    )
+
+
 async def _open_window(context: TurnContext, client: ModelClient) -> ContextWindow:
     """The session's earlier turns, within the context budget: their summary and the messages
     after it (their inputs, replies, tool calls and results; not their recalls)."""
@@ -485,16 +507,7 @@ async def _run(context: TurnContext) -> set[Version]:
             events.MEMORY_PINNED, {"records": versions(pinned), "tokens": listed_tokens(pinned)}
         )
     window = context.window = await _open_window(context, client)
-    assert state.embedder is not None
-    access = HistoryAccess(state.pool, state.embedder, context.history) if context.history else None
-    tools = NativeTools(
-        context.work,
-        memory,
-        transcript,
-        state.embedder.name,
-        access,
-        max_query_chars=state.settings.max_search_query_chars,
-    )
+    tools = native_tools(state, action, transcript, context.work, context.history)
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
     recall = Recall(tools, transcript) if context.work is not None else None
@@ -502,7 +515,7 @@ async def _run(context: TurnContext) -> set[Version]:
     system = {
         "role": "system",
         "content": system_instructions(
-            action.instructions, memory, pinned, history=access is not None
+            action.instructions, memory, pinned, history=context.history is not None
         ),
     }
     asked = {"role": "user", "content": request}

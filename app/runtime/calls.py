@@ -1,0 +1,632 @@
+"""Executions outside a turn, for agents that run elsewhere: one tool call of a client over MCP
+(kind MCP, app/mcp/) and one conversation handed in to be remembered (kind INGEST,
+`rememberConversation` and the MCP tool `remember_conversation`).
+
+Each runs as a turn does (app/runtime/turns.py): its execution starts RUNNING in one short
+transaction, carrying the process's boot ID so the liveness sweep ends it if the process dies;
+its memory writes are staged through MemoryWork and committed together with the execution's
+end and its transcript in one short transaction; a failure discards them and keeps the
+transcript. The tools are the turn's own (turns.native_tools): the same schemas, limits,
+scope rules, preview flag and error messages. Records an MCP call writes have source MCP,
+those an ingest's review writes EXTRACTION, and both have the agent's principal as modifiedBy.
+"""
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from app.actions.service import ActionVersion, agent_principal, load_action
+from app.auth import resources
+from app.auth.caller import Caller
+from app.auth.resources import Grant
+from app.errors import BadInput, Conflict, NotFound
+from app.history.service import READ_HISTORY
+from app.history.store import Scope
+from app.idempotency.keys import Duplicate, Key, key_for
+from app.memory.records import MemoryRecord, Source
+from app.memory.service import MemoryWork, Writer
+from app.runtime import liveness, store, turns
+from app.runtime import review as conversation_review
+from app.runtime import transcript as events
+from app.runtime.executions import Execution
+from app.runtime.model import ToolCall, check_endpoint
+from app.runtime.tools import (
+    ADD_MEMORY,
+    DELETE_MEMORY,
+    READ_MEMORY,
+    SEARCH_HISTORY,
+    SEARCH_MEMORY,
+    versions,
+)
+from app.runtime.transcript import Transcript
+from app.runtime.turns import TurnContext, TurnRequest
+from app.state import AppState
+from app.text import check_storable, storable, storable_json
+
+REMEMBER_CONVERSATION = "remember_conversation"
+ROLES = ("user", "assistant", "tool")
+MAX_MESSAGES = 500
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_CONVERSATION_BYTES = 512 * 1024  # within the default ENGRAM_MAX_BODY_BYTES, as JSON
+MAX_CLIENT_NAME = 200
+
+# What a client needs, beyond INSERT on financial.ActionExecution.document, for each tool: the
+# tools hand it record text and change records (spec: reading memory through the API needs
+# SELECT on the indexes and the document; changing it, UPDATE).
+_READ: tuple[Grant, ...] = resources.READ_MEMORY + (("SELECT", resources.MEMORY_SEARCH_INDEX),)
+_CHANGE: tuple[Grant, ...] = _READ + (("UPDATE", resources.MEMORY_DOCUMENT),)
+
+
+def tool_grants(name: str, arguments: dict[str, Any]) -> tuple[Grant, ...]:
+    """The memory grants a client's call of the tool `name` with `arguments` needs."""
+    if name in (SEARCH_MEMORY, READ_MEMORY):
+        return _READ
+    if name == ADD_MEMORY:
+        grants = resources.ADD_MEMORY
+        if arguments.get("replaces") is not None:
+            grants += _CHANGE
+        if arguments.get("pinned") is True:
+            grants += resources.PIN_MEMORY
+        return grants
+    if name == DELETE_MEMORY:
+        return _CHANGE
+    if name == SEARCH_HISTORY:
+        return READ_HISTORY  # a session's history is read as transcripts are
+    return ()
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a call from outside works: the agent, its session (None: it has none), the mode."""
+
+    action_id: UUID
+    session_id: str | None = None
+    preview: bool = False
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """Who calls, recorded in the execution's input: the authenticated client, and the program
+    it says it is (its MCP clientInfo when the request carries it, and its User-Agent)."""
+
+    principal: str
+    name: str | None = None
+    version: str | None = None
+    user_agent: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"principal": self.principal}
+        for key, value in (
+            ("name", self.name),
+            ("version", self.version),
+            ("userAgent", self.user_agent),
+        ):
+            if value:
+                found[key] = storable(value[:MAX_CLIENT_NAME])
+        return found
+
+
+async def load_place(state: AppState, caller: Caller, place: Place) -> ActionVersion:
+    """The agent a call from outside works on, as executeAction finds it: another account's
+    agent is not found, and the session rules are a turn's."""
+    caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
+    async with state.pool.acquire() as conn:
+        action = await load_action(conn, caller.account_id, place.action_id)
+    if action is None:
+        raise NotFound(f"action {place.action_id} not found")
+    turns._check_request(TurnRequest(place.action_id, place.session_id, None), action)
+    return action
+
+
+# What a turn's system instructions tell the agent's own model about its memory tools
+# (app/runtime/instructions.py), a client's model reads in the tools' descriptions instead.
+WHEN_TO_USE = {
+    SEARCH_MEMORY: "Use it before you answer anything that may depend on what you learned "
+    "earlier (a person's preferences, facts about an account, decisions taken), and before "
+    "asking again for something you may have been told.",
+    ADD_MEMORY: "Use it when you learn a durable fact, preference, decision or commitment that "
+    "will matter in later conversations; not for small talk or what only matters now. Search "
+    "first: when it corrects a record you found, name that record in replaces.",
+    READ_MEMORY: "Use it when a search result's summary is not enough, or to follow a "
+    "record's replaces or replacedBy.",
+    DELETE_MEMORY: "Use it when a record is wrong or no longer useful and nothing replaces it; "
+    "to correct one, add the right one with replaces instead.",
+}
+
+
+def history_scope(action: ActionVersion, place: Place) -> Scope | None:
+    """What search_history reads for a client over MCP: the session's committed turns (preview
+    ones only in preview mode); None when the agent keeps no history or has no session."""
+    if action.harness.history is None or place.session_id is None:
+        return None
+    return Scope(action.account_id, action.action_id, place.session_id, None, place.preview)
+
+
+def offered_tools(state: AppState, action: ActionVersion, place: Place) -> list[dict[str, Any]]:
+    """What a client over MCP is offered: the native tools of the agent's turns (OpenAI tool
+    definitions, their parameters unchanged, their descriptions saying when to use them), and
+    remember_conversation when its memory is enabled."""
+    tools = []
+    scope = history_scope(action, place)
+    for tool in turns.native_tools(state, action, Transcript(1, 1), None, scope).offered:
+        function = tool["function"]
+        when = WHEN_TO_USE.get(function["name"])
+        if when:
+            function = {**function, "description": f"{function['description']} {when}"}
+        tools.append({**tool, "function": function})
+    if action.harness.memory.enabled:
+        tools.append(REMEMBER_CONVERSATION_TOOL)
+    return tools
+
+
+REMEMBER_CONVERSATION_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": REMEMBER_CONVERSATION,
+        "description": "Hand over a conversation (or its latest part) for review: what will "
+        "matter later becomes memory, compared with what you already remember, so a restated "
+        "fact is skipped and a corrected one replaces the old record. Use it at the end of a "
+        "conversation or a task, instead of several add_memory calls; it answers with what was "
+        "decided for each fact.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "messages": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": MAX_MESSAGES,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "role": {"type": "string", "enum": list(ROLES)},
+                            "content": {
+                                "type": "string",
+                                "description": f"At most {MAX_MESSAGE_BYTES} bytes.",
+                            },
+                            "time": {
+                                "type": "string",
+                                "format": "date-time",
+                                "description": "When it was said (RFC 3339); default now.",
+                            },
+                        },
+                        "required": ["role", "content"],
+                        "additionalProperties": False,
+                    },
+                },
+                "idempotencyKey": {
+                    "type": "string",
+                    "description": "Sent again with the same messages, answers with the first "
+                    "call's result instead of remembering them twice.",
+                },
+            },
+            "required": ["messages"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@dataclass
+class _Run:
+    """One execution outside a turn, as a turn's context (the memory review works on one)."""
+
+    context: TurnContext
+
+    @property
+    def execution(self) -> Execution:
+        return self.context.execution
+
+
+async def _start(
+    state: AppState,
+    caller: Caller,
+    action: ActionVersion,
+    place: Place,
+    *,
+    kind: str,
+    input: Any,
+    source: Source,
+) -> _Run:
+    await turns._discard_ended(state, action)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await store.defer_durability(conn)
+        if place.session_id is not None:
+            await store.ensure_session(conn, caller.account_id, action.action_id, place.session_id)
+        row = await store.insert_execution(
+            conn,
+            account_id=caller.account_id,
+            action_id=action.action_id,
+            execution_id=uuid.uuid4(),
+            action_version=action.version,
+            session_id=place.session_id,
+            turn=None,
+            kind=kind,
+            status="RUNNING",
+            preview=place.preview,
+            principal=caller.principal,
+            input=input,
+            boot_id=turns._boot_id(state),
+        )
+    execution = Execution.of(row)
+    work: MemoryWork | None = None
+    if action.harness.memory.enabled:
+        assert state.embedder is not None
+        writer = Writer(
+            account_id=execution.account_id,
+            action=action,
+            execution_id=execution.execution_id,
+            invocation_number=execution.invocation_number,
+            session_id=execution.session_id,
+            principal=agent_principal(action.action_id),
+            source=source,
+            preview=execution.preview,
+        )
+        work = MemoryWork(state.pool, state.embedder, writer)
+    return _Run(TurnContext(state, action, execution, Transcript(1, 1), work))
+
+
+@contextlib.contextmanager
+def _running(state: AppState, execution: Execution) -> Iterator[None]:
+    """While it runs, the process's liveness counts the execution as its own."""
+    process = liveness.liveness(state.services)
+    with process.running(execution.execution_id) if process else contextlib.nullcontext():
+        yield
+
+
+async def _commit(
+    run: _Run, output: Callable[[list[MemoryRecord]], Any], key: Key | None = None
+) -> Execution:
+    """Commits the staged memory, the execution's `output` (made from the records as
+    committed) and its transcript together."""
+    context = run.context
+    async with context.state.pool.acquire() as conn, conn.transaction():
+        written = await context.work.commit(conn) if context.work is not None else []
+        if key is not None:
+            await key.record(conn, {"executionId": str(run.execution.execution_id)})
+        row = await turns._finish(
+            conn, context, status="SUCCEEDED", output=output(written), error=None, turn=None
+        )
+    context.transcript.written = len(context.transcript.events)
+    return Execution.of(row)
+
+
+async def _refused(run: _Run, message: str) -> Execution:
+    """Ends a call its tool refused: FAILED with the tool's message; nothing was changed."""
+    context = run.context
+    if context.work is not None:
+        await context.work.discard()
+    async with context.state.pool.acquire() as conn, conn.transaction():
+        row = await turns._finish(
+            conn, context, status="FAILED", output=None, error=message, turn=None
+        )
+    context.transcript.written = len(context.transcript.events)
+    return Execution.of(row)
+
+
+async def _failed(run: _Run, error: BaseException) -> Execution:
+    """As a turn fails: the transcript kept, the staged memory dropped, even when cancelled."""
+    recording = asyncio.ensure_future(turns._fail(run.context, error))
+    if isinstance(error, Exception):
+        return await asyncio.shield(recording)
+    await asyncio.shield(recording)
+    raise error
+
+
+# MCP tool calls
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    execution: Execution
+    content: str  # what the client reads: the tool's output or its error, as JSON
+    is_error: bool
+    remembered: "Remembered | None" = None
+
+
+async def call_tool(
+    state: AppState,
+    caller: Caller,
+    place: Place,
+    client: ClientInfo,
+    name: str,
+    arguments: dict[str, Any],
+    action: ActionVersion | None = None,
+) -> ToolOutcome:
+    """Runs one tool call of a client over MCP as an execution of kind MCP (INGEST for
+    remember_conversation). A call without the grants its tool needs is refused (AccessDenied)
+    before anything is recorded. `action`: the agent as `load_place` found it for this
+    request, else it is looked up."""
+    if action is None:
+        action = await load_place(state, caller, place)
+    caller.require(*tool_grants(name, arguments))
+    if name == REMEMBER_CONVERSATION and action.harness.memory.enabled:
+        return await _remember_over_mcp(state, caller, place, client, arguments)
+    run = await _start(
+        state,
+        caller,
+        action,
+        place,
+        kind="MCP",
+        # As the tools read them: NUL and lone surrogates cannot be stored.
+        input=storable_json({"tool": name, "arguments": arguments, "client": client.as_json()}),
+        source="MCP",
+    )
+    context = run.context
+    with _running(state, run.execution):
+        try:
+            tools = turns.native_tools(
+                state, action, context.transcript, context.work, history_scope(action, place)
+            )
+            call = ToolCall(
+                id=f"mcp-{run.execution.execution_id}",
+                name=name,
+                arguments=json.dumps(arguments, ensure_ascii=False),
+            )
+            message = await tools.call(call)
+            recorded = context.transcript.events[-1].data
+            if recorded.get("callId") != call.id:  # an output use follows a search's execution
+                recorded = context.transcript.events[-2].data
+            if "error" in recorded:
+                execution = await _refused(run, recorded["error"])
+                return ToolOutcome(execution, message.content, True)
+            execution = await _commit(run, lambda _: recorded.get("output"))
+        except Exception as e:
+            execution = await _failed(run, e)
+            error = execution.error or "the call failed"
+            return ToolOutcome(execution, json.dumps({"error": error}, ensure_ascii=False), True)
+    return ToolOutcome(execution, message.content, False)
+
+
+async def _remember_over_mcp(
+    state: AppState,
+    caller: Caller,
+    place: Place,
+    client: ClientInfo,
+    arguments: dict[str, Any],
+) -> ToolOutcome:
+    extra = set(arguments) - {"messages", "idempotencyKey"}
+    if extra:
+        raise BadInput(
+            f"unknown parameter {sorted(extra)[0]!r}; the parameters are: messages, idempotencyKey"
+        )
+    raw = arguments.get("messages")
+    if not isinstance(raw, list):
+        raise BadInput("messages must be a list of {role, content, time} objects")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise BadInput(f"messages[{i}] must be an object with role, content and time")
+        unknown = set(m) - {"role", "content", "time"}
+        if unknown:
+            raise BadInput(f"messages[{i}] has an unknown field {sorted(unknown)[0]!r}")
+        messages.append(RawMessage(m.get("role"), m.get("content"), m.get("time")))
+    key = arguments.get("idempotencyKey")
+    if key is not None and not isinstance(key, str):
+        raise BadInput("idempotencyKey must be a string")
+    done = await remember_conversation(
+        state, caller, IngestRequest(place, messages, key), client=client
+    )
+    output = {
+        "executionId": str(done.execution.execution_id),
+        "status": done.execution.status,
+        "decisions": done.decisions,
+        "memories": done.memories,
+    }
+    if done.execution.error:
+        output["error"] = done.execution.error
+    return ToolOutcome(
+        done.execution,
+        json.dumps(output, ensure_ascii=False),
+        done.execution.status != "SUCCEEDED",
+        done,
+    )
+
+
+# Conversation ingest
+
+
+@dataclass(frozen=True)
+class RawMessage:
+    """A message as a client sends it; checked by `check_messages`."""
+
+    role: Any
+    content: Any
+    time: Any = None
+
+
+@dataclass(frozen=True)
+class IngestRequest:
+    place: Place
+    messages: Sequence[RawMessage]
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Remembered:
+    execution: Execution
+    # What the review decided for each candidate: {candidate, action, summary, kind, memoryId,
+    # targetId, note}; `summary` and `kind` are memory text.
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    memories: list[dict[str, Any]] = field(default_factory=list)  # the versions written
+
+
+def parse_time(value: Any, where: str) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            parsed = None
+        if parsed is None or "T" not in value.upper():
+            raise BadInput(
+                f"{where} must be an RFC 3339 time such as 2026-12-01T09:30:00Z, got {value!r}"
+            )
+    else:
+        raise BadInput(f"{where} must be an RFC 3339 time string")
+    if parsed.tzinfo is None:
+        raise BadInput(f"{where} needs a time zone offset, such as Z or +02:00")
+    return parsed.astimezone(UTC)
+
+
+def check_messages(messages: Sequence[RawMessage]) -> list[tuple[str, str, datetime | None]]:
+    """The messages as (role, content, time), or BadInput naming the first that is wrong."""
+    if not 1 <= len(messages) <= MAX_MESSAGES:
+        raise BadInput(f"messages must hold 1 to {MAX_MESSAGES} messages, not {len(messages)}")
+    checked = []
+    total = 0
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if m.role not in ROLES:
+            raise BadInput(f"{where}.role must be one of {', '.join(ROLES)}, not {m.role!r}")
+        if not isinstance(m.content, str) or not m.content.strip():
+            raise BadInput(f"{where}.content must be non-empty text")
+        check_storable(m.content, f"{where}.content")
+        size = len(m.content.encode())
+        if size > MAX_MESSAGE_BYTES:
+            raise BadInput(
+                f"{where}.content is {size} bytes; at most {MAX_MESSAGE_BYTES} are allowed: "
+                "split it, or leave out what need not be remembered"
+            )
+        total += size
+        if total > MAX_CONVERSATION_BYTES:
+            raise BadInput(
+                f"the messages hold more than {MAX_CONVERSATION_BYTES} bytes; send the "
+                "conversation in several calls"
+            )
+        checked.append((m.role, m.content, parse_time(m.time, f"{where}.time")))
+    return checked
+
+
+def _request_key(caller: Caller, request: IngestRequest) -> Key | None:
+    arguments = {
+        "actionId": request.place.action_id,
+        "sessionId": request.place.session_id,
+        "preview": request.place.preview,
+        "messages": [[m.role, m.content, m.time] for m in request.messages],
+    }
+    return key_for(
+        request.idempotency_key,
+        caller.account_id,
+        caller.principal,
+        "rememberConversation",
+        arguments,
+    )
+
+
+async def _answered(state: AppState, caller: Caller, key: Key) -> Remembered | None:
+    """The ingest a key already answered with (its key is recorded only when it committed)."""
+    async with state.pool.acquire() as conn:
+        result = await key.previous(conn)
+        if result is None:
+            return None
+        execution_id = UUID(result["executionId"])
+        row = await store.get_execution(conn, caller.account_id, None, execution_id)
+    if row is None:
+        raise NotFound(
+            f"idempotency key {key.key!r} answered with execution {execution_id}, which no "
+            "longer exists (its action was deleted)"
+        )
+    execution = Execution.of(row)
+    output = execution.output or {}
+    return Remembered(execution, output.get("decisions", []), output.get("memories", []))
+
+
+def _decisions(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The review's decisions, each with its candidate's summary and kind."""
+    candidates = {c["handle"]: c for c in event.get("candidates", [])}
+    found = []
+    for d in event.get("decisions", []):
+        candidate = candidates.get(d.get("candidate"), {})
+        decision: dict[str, Any] = {
+            "candidate": d.get("candidate"),
+            "action": d.get("action"),
+            "summary": candidate.get("summary"),
+            "kind": candidate.get("kind"),
+        }
+        if d.get("memoryId"):
+            decision["memoryId"] = d["memoryId"]
+        if d.get("id"):
+            decision["targetId"] = d["id"]
+        note = d.get("refused") or d.get("ignored") or d.get("reason")
+        if note:
+            decision["note"] = note
+        found.append(decision)
+    return found
+
+
+async def remember_conversation(
+    state: AppState, caller: Caller, request: IngestRequest, client: ClientInfo | None = None
+) -> Remembered:
+    """Runs the memory review over a conversation handed in, as an execution of kind INGEST
+    whose records have source EXTRACTION. A retry with the same idempotency key answers with
+    the first ingest that committed, and writes nothing."""
+    caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
+    messages = check_messages(request.messages)
+    key = _request_key(caller, request)
+    if key is not None and (answered := await _answered(state, caller, key)) is not None:
+        return answered
+    action = await load_place(state, caller, request.place)
+    if not action.harness.memory.enabled:
+        raise BadInput(
+            f"action {action.action_id} has no long-term memory (harness.memory.enabled is "
+            "false), so there is nothing to remember the conversation into"
+        )
+    check_endpoint(action.model, state.settings)
+    now = datetime.now(UTC)
+    run = await _start(
+        state,
+        caller,
+        action,
+        request.place,
+        kind="INGEST",
+        input={
+            "messages": [
+                {"role": role, "content": content, "time": (time or now).isoformat()}
+                for role, content, time in messages
+            ],
+            "client": (client or ClientInfo(caller.principal)).as_json(),
+        },
+        source="EXTRACTION",
+    )
+    context = run.context
+    execution = run.execution
+    with _running(state, execution):
+        try:
+            review = conversation_review.Review(context, turns.model_client(state))
+            said = [
+                conversation_review.Message(role, text, time or now, execution.execution_id, None)
+                for role, text, time in messages
+            ]
+            # TODO(history, i13): when the agent's harness has history, keep `said` as the
+            # session's history events here (in this execution's commit), so search_history
+            # finds them.
+            staged = await review.run(said)
+            review.event["written"] = versions(staged)
+            context.transcript.add(events.MEMORY_REVIEW, review.event)
+            decisions = _decisions(review.event)
+            execution = await _commit(
+                run, lambda written: {"decisions": decisions, "memories": versions(written)}, key
+            )
+        except Duplicate:
+            # A concurrent request with the same key committed first: this one keeps nothing.
+            await _failed(
+                run,
+                Conflict("another request with the same idempotencyKey remembered it first"),
+            )
+            assert key is not None
+            answered = await _answered(state, caller, key)
+            assert answered is not None, "a key whose transaction committed is found"
+            return answered
+        except Exception as e:
+            return Remembered(await _failed(run, e))
+    output = execution.output or {}
+    return Remembered(execution, decisions, output.get("memories", []))

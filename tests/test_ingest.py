@@ -1,0 +1,278 @@
+"""rememberConversation: a conversation an agent had elsewhere, reviewed as a turn's would be
+(the scripted model answers the review's calls, purpose `memory`), as an execution of kind
+INGEST whose records have source EXTRACTION."""
+
+import json
+from typing import Any
+
+import pytest
+from helpers import GQL, allow, caller
+from mcp_support import call, mcp_session, mcp_url, token_for
+from openai_server import OpenAIServer
+from runtime_support import (
+    chat,
+    make_agent,
+    memories,
+    memory_harness,
+    model_client,  # noqa: F401  (fixture)
+    model_server,  # noqa: F401  (fixture)
+    settings,  # noqa: F401  (fixture)
+)
+from test_http import serving
+from test_memory_review import DECIDE_CALL, candidates, decide, review_requests
+
+from app.auth.caller import Caller
+from app.config import Settings
+from app.embeddings.static import StaticEmbedder
+from app.state import AppState
+
+REMEMBER = """mutation($input: RememberConversationInput!) { rememberConversation(input: $input) {
+    executionId status error
+    decisions { candidate action summary kind memoryId targetId note }
+    records { memoryId version summary status source sessionId modifiedBy executionId replaces }
+} }"""
+EXECUTION = """query($e: UUID!) { execution(executionId: $e) {
+    kind status sessionId preview input output
+    transcript(first: 50) { nodes { type data } } } }"""
+TALK = [
+    {"role": "user", "content": "Hi, I'm Ada. I moved to Berlin last week.", "time": None},
+    {"role": "assistant", "content": "Welcome to Berlin, Ada!"},
+]
+
+
+def _talk(*said: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text}
+        for i, text in enumerate(said)
+    ]
+
+
+async def _remember(
+    gql: GQL, who: Caller, action_id: str, messages: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    request = {"actionId": action_id, "sessionId": "s1", "messages": messages, **extra}
+    return (await gql(who, REMEMBER, input=request)).ok()["rememberConversation"]
+
+
+async def test_m10_facts_of_a_conversation_become_extraction_records(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    candidates(model_server, {"summary": "Ada lives in Berlin since late November 2026"})
+    messages = [
+        {**TALK[0], "time": "2026-11-24T09:30:00+01:00"},
+        {**TALK[1], "time": "2026-11-24T08:31:00Z"},
+        {"role": "tool", "content": "weather(Berlin): 4 C, rain"},
+    ]
+    done = await _remember(gql, admin, action_id, messages)
+    assert done["status"] == "SUCCEEDED" and done["error"] is None
+    (decision,) = done["decisions"]
+    assert decision["action"] == "ADD" and decision["kind"] == "fact"
+    assert decision["summary"] == "Ada lives in Berlin since late November 2026"
+    (record,) = done["records"]
+    assert record["memoryId"] == decision["memoryId"]
+    assert record["source"] == "EXTRACTION" and record["status"] == "ACTIVE"
+    assert record["executionId"] == done["executionId"] and record["sessionId"] == "s1"
+    assert record["modifiedBy"] == f"action:{action_id}"
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [record["memoryId"]]
+
+    # The review read the messages with their times (in UTC), as purpose `memory`.
+    (asked,) = chat(model_server, "memory")
+    said = asked.body["messages"][1]["content"]
+    assert "[2026-11-24 08:30 UTC] user: Hi, I'm Ada." in said
+    assert "[2026-11-24 08:31 UTC] assistant: Welcome to Berlin, Ada!" in said
+    assert "tool: weather(Berlin): 4 C, rain" in said
+    # One execution of kind INGEST, with the messages and the review in its transcript.
+    execution = (await gql(admin, EXECUTION, e=done["executionId"])).ok()["execution"]
+    assert execution["kind"] == "INGEST" and execution["status"] == "SUCCEEDED"
+    assert execution["input"]["messages"][0]["time"] == "2026-11-24T08:30:00+00:00"
+    assert execution["input"]["client"] == {"principal": "admin"}
+    types = [e["type"] for e in execution["transcript"]["nodes"]]
+    assert types[0] == "model.call" and types[-1] == "memory.review"
+    assert set(types) == {"model.call", "embedding", "memory.review"}
+    assert chat(model_server, "turn") == []  # no turn ran
+
+
+async def test_m11_restated_facts_do_not_pile_up(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    candidates(model_server, {"summary": "Ada lives in Paris"})
+    first = await _remember(gql, admin, action_id, _talk("I live in Paris", "Noted."))
+    (kept,) = first["records"]
+
+    # Word for word again: skipped without a decide call.
+    candidates(model_server, {"summary": "ada lives in  Paris."})
+    again = await _remember(gql, admin, action_id, _talk("As I said, I live in Paris"))
+    assert [(d["action"], d["note"]) for d in again["decisions"]] == [("SKIP", "duplicate")]
+    assert again["records"] == []
+    # In other words: the decide call sees the record and skips.
+    candidates(model_server, {"summary": "Ada's home is in Paris"})
+    decide(model_server, {"candidate": "c1", "action": "skip"})
+    third = await _remember(gql, admin, action_id, _talk("Paris is my home"))
+    assert [d["action"] for d in third["decisions"]] == ["SKIP"]
+    # A correction replaces the record it corrects.
+    candidates(model_server, {"summary": "Ada lives in Berlin"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    moved = await _remember(gql, admin, action_id, _talk("I moved to Berlin"))
+    (decision,) = moved["decisions"]
+    assert decision["action"] == "REPLACE" and decision["targetId"] == kept["memoryId"]
+    assert {(r["summary"], r["status"]) for r in moved["records"]} == {
+        ("Ada lives in Berlin", "ACTIVE"),
+        ("Ada lives in Paris", "SUPERSEDED"),
+    }
+    assert len(review_requests(model_server, DECIDE_CALL)) == 2
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Berlin"]
+
+
+async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    candidates(model_server, {"summary": "Ada prefers email"})
+    messages = _talk("Please email me, never call")
+    first = await _remember(gql, admin, action_id, messages, idempotencyKey="ingest-1")
+    again = await _remember(gql, admin, action_id, messages, idempotencyKey="ingest-1")
+    assert again == first
+    assert len(chat(model_server, "memory")) == 1  # the retry asked the model nothing
+    assert len(await memories(gql, admin, action_id)) == 1
+    # The same key with other messages is a conflict, naming the key.
+    other = await gql(
+        admin,
+        REMEMBER,
+        input={
+            "actionId": action_id,
+            "sessionId": "s1",
+            "messages": _talk("other"),
+            "idempotencyKey": "ingest-1",
+        },
+    )
+    assert other.codes == ["CONFLICT"] and "ingest-1" in other.errors[0]["message"]
+
+
+async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    model_server.chat_error(500, purpose="memory")
+    messages = _talk("Remember that I am vegetarian")
+    failed = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
+    assert failed["status"] == "FAILED" and failed["error"]
+    assert failed["decisions"] == [] and failed["records"] == []
+    execution = (await gql(admin, EXECUTION, e=failed["executionId"])).ok()["execution"]
+    assert execution["kind"] == "INGEST" and execution["status"] == "FAILED"
+    assert await memories(gql, admin, action_id) == []
+    # The failed ingest recorded no key: sent again, the conversation is reviewed.
+    candidates(model_server, {"summary": "The user is vegetarian"})
+    again = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
+    assert again["status"] == "SUCCEEDED" and again["executionId"] != failed["executionId"]
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == [
+        "The user is vegetarian"
+    ]
+
+
+async def test_without_the_memory_read_grants_record_text_is_not_shown(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    runner = caller(
+        admin.account_id,
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT"], "financial.ActionExecution.*"),
+    )
+    candidates(model_server, {"summary": "Ada's card ends in 4242"})
+    done = await _remember(gql, runner, action_id, _talk("My card ends in 4242"))
+    assert done["records"] is None
+    (decision,) = done["decisions"]
+    assert decision["action"] == "ADD" and decision["summary"] is None
+    assert decision["memoryId"] is not None
+    execution = (await gql(runner, EXECUTION, e=done["executionId"])).ok()["execution"]
+    assert "4242" not in json.dumps(execution["output"])
+    # Nor can a client without INSERT on executions hand in a conversation.
+    reader = caller(admin.account_id, allow(["SELECT"], "*"))
+    refused = await gql(
+        reader, REMEMBER, input={"actionId": action_id, "sessionId": "s1", "messages": TALK[1:]}
+    )
+    assert refused.codes == ["ACCESS_DENIED"]
+
+
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        ({"role": "user", "content": "  "}, "messages[0].content must be non-empty text"),
+        ({"role": "system", "content": "hi"}, "role must be one of user, assistant, tool"),
+        ({"role": "user", "content": "a\x00b"}, "messages[0].content contains a NUL character"),
+        ({"role": "user", "content": "x" * 70_000}, "messages[0].content is 70000 bytes"),
+        ({"role": "user", "content": "hi", "time": "yesterday"}, "messages[0].time must be"),
+        ({"role": "user", "content": "hi", "time": "2026-11-24T08:30:00"}, "time zone offset"),
+        ({"role": "user", "content": "hi", "time": "2026-11-24"}, "messages[0].time must be"),
+    ],
+)
+async def test_bad_messages_are_refused_with_bad_request(
+    gql: GQL, admin: Caller, message: dict[str, Any], problem: str
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    result = await gql(
+        admin, REMEMBER, input={"actionId": action_id, "sessionId": "s1", "messages": [message]}
+    )
+    assert result.codes == ["BAD_REQUEST"] and problem in result.errors[0]["message"], result.errors
+
+
+async def test_bad_conversations_are_refused_with_bad_request(gql: GQL, admin: Caller) -> None:
+    with_memory = await make_agent(gql, admin, memory_harness())
+    without = await make_agent(gql, admin, None)
+    for action_id, session, messages, problem in [
+        (with_memory, "s1", [], "messages must hold 1 to 500 messages"),
+        (with_memory, None, TALK[1:], "without a sessionId"),
+        (without, "s1", TALK[1:], "has no long-term memory"),
+        (with_memory, "s1", TALK[1:] * 501, "not 501"),
+    ]:
+        result = await gql(
+            admin,
+            REMEMBER,
+            input={"actionId": action_id, "sessionId": session, "messages": messages},
+        )
+        assert result.codes == ["BAD_REQUEST"], result.errors
+        assert problem in result.errors[0]["message"]
+
+
+@pytest.fixture
+def base_url(settings: Settings, embedder: StaticEmbedder, state: AppState):  # noqa: F811
+    with serving(settings, embedder) as url:
+        yield url
+
+
+async def test_remember_conversation_over_mcp(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer, base_url: str
+) -> None:
+    action_id = await make_agent(gql, admin, memory_harness())
+    token = await token_for(
+        state,
+        admin,
+        "agent-runner",
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT"], "financial.AgentMemory.*"),
+    )
+    candidates(model_server, {"summary": "Ada's flight leaves on 2026-12-03"})
+    async with mcp_session(mcp_url(base_url, action_id), token) as session:
+        done = await call(
+            session,
+            "remember_conversation",
+            messages=[{"role": "user", "content": "My flight is the day after tomorrow"}],
+            idempotencyKey="k1",
+        )
+        again = await call(
+            session,
+            "remember_conversation",
+            messages=[{"role": "user", "content": "My flight is the day after tomorrow"}],
+            idempotencyKey="k1",
+        )
+    assert again == done and done["status"] == "SUCCEEDED"
+    (decision,) = done["decisions"]
+    assert decision["action"] == "add"
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["memoryId"] == decision["memoryId"] == done["memories"][0]["id"]
+    assert kept["source"] == "EXTRACTION" and kept["executionId"] == done["executionId"]
+    execution = (await gql(admin, EXECUTION, e=done["executionId"])).ok()["execution"]
+    assert execution["kind"] == "INGEST"
+    assert execution["input"]["client"]["principal"] == "agent-runner"

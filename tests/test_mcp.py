@@ -1,0 +1,330 @@
+"""MCP at /mcp/{actionId}, end to end: the app served by uvicorn on loopback, the official SDK's
+streamable-HTTP client, clients authenticated by their bearer tokens.
+
+The tools are the agent's native tools (app/runtime/tools.py), offered as its harness offers
+them; each call is an execution of kind MCP committed like a turn."""
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from helpers import GQL, allow, caller, make_account
+from mcp_support import call, mcp_session, mcp_url, refused, token_for
+from runtime_support import (
+    make_agent,
+    memories,
+    memory,
+    memory_harness,
+    model_client,  # noqa: F401  (fixture)
+    model_server,  # noqa: F401  (fixture)
+    settings,  # noqa: F401  (fixture)
+)
+from test_http import serving
+
+from app.actions.harness import parse_harness
+from app.auth.caller import Caller
+from app.auth.policies import ADMIN_POLICIES
+from app.config import Settings
+from app.embeddings.static import StaticEmbedder
+from app.runtime import store as runtime_store
+from app.runtime.calls import WHEN_TO_USE
+from app.runtime.tools import tool_schemas
+from app.state import AppState
+
+EXECUTION = "financial.ActionExecution.document"
+MEMORY_ALL = ("financial.AgentMemory.*",)
+# An agent that runs elsewhere and uses every tool: it starts executions and reads and
+# changes its memory.
+AGENT_POLICIES = (allow(["INSERT"], EXECUTION), allow(["SELECT", "INSERT", "UPDATE"], *MEMORY_ALL))
+FULL_TOOLS = memory_harness(
+    tools=["add_memory", "read_memory", "delete_memory"],
+    scope={"read": ["session", "agent"], "write": ["session", "agent"]},
+    kinds=["fact", "preference"],
+    labels={"customer_id": {"number": 5, "description": "The customer it is about."}},
+)
+EXECUTION_QUERY = """query($e: UUID!) { execution(executionId: $e) {
+    executionId kind status preview sessionId input output error
+    transcript(first: 50) { nodes { type data } } } }"""
+
+
+@pytest.fixture
+def base_url(settings: Settings, embedder: StaticEmbedder, state: AppState):  # noqa: F811
+    with serving(settings, embedder) as url:
+        yield url
+
+
+async def _execution(gql: GQL, admin: Caller, execution_id: str) -> dict[str, Any]:
+    return (await gql(admin, EXECUTION_QUERY, e=execution_id)).ok()["execution"]
+
+
+async def _executions(state: AppState, action_id: str) -> list[dict[str, Any]]:
+    async with state.pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT execution_id, kind, status, principal FROM executions "
+            "WHERE action_id = $1 ORDER BY created",
+            uuid.UUID(action_id),
+        )
+    return [dict(r) for r in rows]
+
+
+async def test_mcp_offers_the_tools_of_the_agents_harness(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    token = await token_for(state, admin, "agent-runner", *AGENT_POLICIES)
+    full = await make_agent(gql, admin, FULL_TOOLS)
+    searching = await make_agent(gql, admin, memory_harness())
+    forgetful = await make_agent(gql, admin, None)
+
+    async with mcp_session(mcp_url(base_url, full), token) as session:
+        listed = (await session.list_tools()).tools
+    expected = tool_schemas(parse_harness(FULL_TOOLS).memory)
+    assert [t.name for t in listed] == [*expected, "remember_conversation"]
+    for tool in listed[:-1]:
+        # The same JSON schema and description as the agent's own model is offered.
+        function = expected[tool.name]["function"]
+        assert tool.input_schema == function["parameters"]
+        # The description the agent's model reads, and when to use the tool (what a turn's
+        # system instructions tell the agent's own model).
+        assert tool.description == f"{function['description']} {WHEN_TO_USE[tool.name]}"
+    assert "scope" in listed[1].input_schema["properties"]  # add_memory: writes agent scope
+    # Each description says when to use the tool.
+    assert all("Use it" in (t.description or "") for t in listed)
+
+    async with mcp_session(mcp_url(base_url, searching), token) as session:
+        names = [t.name for t in (await session.list_tools()).tools]
+    assert names == ["search_memory", "remember_conversation"]
+    async with mcp_session(mcp_url(base_url, forgetful, session=None), token) as session:
+        assert (await session.list_tools()).tools == []
+        # A tool the harness does not offer is refused with the native tools' message.
+        error = await refused(session, "search_memory", query="x")
+    assert error == {"error": "search_memory is not available: this agent's memory is not enabled"}
+
+
+async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    action_id = await make_agent(gql, admin, FULL_TOOLS)
+    token = await token_for(state, admin, "agent-runner", *AGENT_POLICIES)
+    async with mcp_session(mcp_url(base_url, action_id), token) as session:
+        added = await call(
+            session,
+            "add_memory",
+            summary="Customer c-7 prefers email",
+            kind="preference",
+            labels={"customer_id": "c-7"},
+        )
+        (record,) = added["memories"]
+        found = await call(session, "search_memory", query="how to contact customer c-7")
+        assert [r["id"] for r in found["records"]] == [record["id"]]
+        read = await call(session, "read_memory", id=record["id"])
+        assert read["sources"][0]["summary"] == "Customer c-7 prefers email"
+        fixed = await call(
+            session,
+            "add_memory",
+            summary="Customer c-7 prefers phone calls",
+            kind="preference",
+            replaces=record["id"],
+        )
+        new_id = fixed["memories"][0]["id"]
+        assert fixed["memories"][1] == {**fixed["memories"][1], "status": "SUPERSEDED"}
+
+        # Refusals: the native tools' messages; nothing changes.
+        bad_kind = await refused(session, "add_memory", summary="x", kind="event")
+        assert bad_kind == {"error": "kind 'event' is not one of your kinds: fact, preference"}
+        assert await refused(session, "read_memory", id="not-a-uuid") == {
+            "error": "id must be a record ID (a UUID such as 3f2a...), got 'not-a-uuid'"
+        }
+        assert (
+            "unknown parameter 'nope'" in (await refused(session, "search_memory", nope=1))["error"]
+        )
+        # Text that cannot be stored is made storable, as the native tools do: never INTERNAL.
+        assert (await call(session, "search_memory", query="a\x00b"))["records"] is not None
+        deleted = await call(session, "delete_memory", id=new_id)
+        assert deleted["memories"][0]["status"] == "DELETED"
+
+    assert await memories(gql, admin, action_id) == []
+    kept = await memory(gql, admin, action_id, new_id)
+    assert kept is not None and kept["status"] == "DELETED"
+    first = await memory(gql, admin, action_id, record["id"])
+    assert first is not None
+    # Provenance: source MCP, the agent's principal, the MCP execution that wrote it.
+    assert first["source"] == "MCP" and first["modifiedBy"] == f"action:{action_id}"
+    assert first["sessionId"] == "s1" and first["scope"] == "SESSION"
+    assert first["status"] == "SUPERSEDED" and first["replacedBy"] == new_id
+    execution = await _execution(gql, admin, first["executionId"])
+    assert execution["kind"] == "MCP" and execution["status"] == "SUCCEEDED"
+    assert execution["sessionId"] == "s1" and execution["preview"] is False
+    assert execution["input"]["tool"] == "add_memory"
+    client = execution["input"]["client"]
+    assert client["principal"] == "agent-runner"
+    assert client["userAgent"].startswith("python-httpx")
+    assert execution["output"]["memories"][0]["id"] == record["id"]
+    # A reader of executions without the memory grants sees no record text in it.
+    runner = caller(admin.account_id, allow(["SELECT"], "financial.ActionExecution.*"))
+    redacted = await _execution(gql, runner, first["executionId"])
+    assert "c-7" not in json.dumps(redacted)
+    assert redacted["input"]["arguments"] == {"kind": "preference"}
+    assert redacted["output"]["memories"][0] == {"id": record["id"], "version": 1}
+    (ran,) = [e["data"] for e in execution["transcript"]["nodes"] if e["type"] == "tool.execution"]
+    assert ran["name"] == "add_memory" and ran["output"] == execution["output"]
+
+    # Every call was one execution of kind MCP by the client; refused ones FAILED.
+    runs = await _executions(state, action_id)
+    assert [r["kind"] for r in runs] == ["MCP"] * 9
+    assert {r["principal"] for r in runs} == {"agent-runner"}
+    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 4 + ["FAILED"] * 3 + ["SUCCEEDED"] * 2
+    failed = await _execution(gql, admin, str(runs[4]["execution_id"]))
+    assert failed["error"] == "kind 'event' is not one of your kinds: fact, preference"
+
+
+async def test_mcp_preview_calls_never_reach_live_ones(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    action_id = await make_agent(gql, admin, FULL_TOOLS)
+    token = await token_for(state, admin, "agent-runner", *AGENT_POLICIES)
+    async with mcp_session(mcp_url(base_url, action_id), token) as live:
+        (kept,) = (await call(live, "add_memory", summary="Ada likes tea", kind="fact"))["memories"]
+    async with mcp_session(mcp_url(base_url, action_id, preview=True), token) as preview:
+        tried = await call(preview, "add_memory", summary="Ada likes coffee", kind="fact")
+        assert tried["memories"][0]["preview"] is True
+        seen = await call(preview, "search_memory", query="what Ada likes to drink")
+        assert {r["summary"] for r in seen["records"]} == {"Ada likes tea", "Ada likes coffee"}
+        # Deleting the live record in preview writes a preview deletion; the live one stays.
+        await call(preview, "delete_memory", id=kept["id"])
+        assert [r["summary"] for r in (await call(preview, "search_memory"))["records"]] == [
+            "Ada likes coffee"
+        ]
+    async with mcp_session(mcp_url(base_url, action_id), token) as live:
+        found = await call(live, "search_memory", query="what Ada likes to drink")
+        assert [r["summary"] for r in found["records"]] == ["Ada likes tea"]
+        coffee = tried["memories"][0]["id"]
+        assert "no memory record" in (await refused(live, "read_memory", id=coffee))["error"]
+    live_record = await memory(gql, admin, action_id, kept["id"])
+    assert live_record is not None and live_record["status"] == "ACTIVE"
+
+
+async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    action_id = await make_agent(gql, admin, FULL_TOOLS)
+    other_account = await make_account(state)
+    stranger = await token_for(
+        state,
+        Caller(other_account, "admin", ADMIN_POLICIES),
+        "stranger",
+        allow(["SELECT", "INSERT", "UPDATE"], "*"),
+    )
+    nobody = "00000000-0000-4000-8000-000000000000"
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "probe", "version": "1"},
+            },
+        }
+        headers = {"Accept": "application/json, text/event-stream"}
+
+        async def post(path: str, token: str | None) -> httpx.Response:
+            auth = {"Authorization": f"Bearer {token}"} if token else {}
+            return await http.post(path, json=initialize, headers={**headers, **auth})
+
+        # Another tenant's agent answers exactly as an agent that does not exist.
+        theirs = await post(f"/mcp/{action_id}?session=s1", stranger)
+        missing = await post(f"/mcp/{nobody}?session=s1", stranger)
+        assert theirs.status_code == missing.status_code == 404
+        assert theirs.json()["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+        assert (
+            theirs.json()["errors"][0]["message"].replace(action_id, nobody)
+            == (missing.json()["errors"][0]["message"])
+        )
+        unauthenticated = await post(f"/mcp/{action_id}?session=s1", None)
+        assert unauthenticated.status_code == 401
+        assert unauthenticated.headers["www-authenticate"] == "Bearer"
+        # Without INSERT on executions a client is refused before anything runs.
+        reader = await token_for(
+            state, admin, "reader", allow(["SELECT"], *MEMORY_ALL, "financial.ActionExecution.*")
+        )
+        denied = await post(f"/mcp/{action_id}?session=s1", reader)
+        assert denied.status_code == 403
+        assert denied.json()["errors"][0]["extensions"]["code"] == "ACCESS_DENIED"
+        # The session rules are a turn's: this agent has session scope, so it needs one.
+        agent = await token_for(state, admin, "agent", *AGENT_POLICIES)
+        bad = await post(f"/mcp/{action_id}", agent)
+        assert bad.status_code == 400
+        assert "without a sessionId" in bad.json()["errors"][0]["message"]
+        nul = await post(f"/mcp/{action_id}?session=a%00b", agent)
+        assert nul.status_code == 400 and "NUL" in nul.json()["errors"][0]["message"]
+    with pytest.raises(Exception):  # noqa: B017 - the SDK raises what its transport met
+        async with mcp_session(mcp_url(base_url, action_id), stranger):
+            pass
+
+    # A client that may start executions but not read or change memory: each tool refused.
+    runner = await token_for(state, admin, "runner", allow(["INSERT"], EXECUTION))
+    async with mcp_session(mcp_url(base_url, action_id), runner) as session:
+        assert len((await session.list_tools()).tools) == 5
+        for name, arguments in [
+            ("search_memory", {"query": "x"}),
+            ("read_memory", {"id": nobody}),
+            ("add_memory", {"summary": "x", "kind": "fact"}),
+            ("delete_memory", {"id": nobody}),
+        ]:
+            error = await refused(session, name, **arguments)
+            assert error["code"] == "ACCESS_DENIED", error
+    # Adding but not reading: a replacement also needs UPDATE (and SELECT) on memory.
+    writer = await token_for(
+        state,
+        admin,
+        "writer",
+        allow(["INSERT"], EXECUTION, "financial.AgentMemory.document"),
+    )
+    async with mcp_session(mcp_url(base_url, action_id), writer) as session:
+        (added,) = (await call(session, "add_memory", summary="a fact", kind="fact"))["memories"]
+        error = await refused(
+            session, "add_memory", summary="b fact", kind="fact", replaces=added["id"]
+        )
+        assert error["code"] == "ACCESS_DENIED"
+    # Nothing ran for the refused calls: one execution, the add.
+    runs = await _executions(state, action_id)
+    assert [(r["kind"], r["principal"]) for r in runs] == [("MCP", "writer")]
+    assert json.dumps(runs, default=str).count("SUCCEEDED") == 1
+
+
+async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """The liveness sweeps end RUNNING executions of every kind a process runs (not OPERATOR
+    writes, which run in one transaction)."""
+    action_id = uuid.UUID(await make_agent(gql, admin, FULL_TOOLS))
+    async with state.pool.acquire() as conn:
+        for kind in ("MCP", "INGEST", "OPERATOR"):
+            await runtime_store.insert_execution(
+                conn,
+                account_id=admin.account_id,
+                action_id=action_id,
+                execution_id=uuid.uuid4(),
+                action_version=1,
+                session_id=None,
+                turn=None,
+                kind=kind,
+                status="RUNNING",
+                preview=False,
+                principal="agent-runner",
+                input={},
+            )
+        await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
+        failed = await runtime_store.fail_stale_turns(conn, admin.account_id, action_id, 60)
+        kinds = await conn.fetch(
+            "SELECT kind, status FROM executions WHERE action_id = $1 ORDER BY kind", action_id
+        )
+    assert len(failed) == 2
+    assert [tuple(r) for r in kinds] == [
+        ("INGEST", "FAILED"),
+        ("MCP", "FAILED"),
+        ("OPERATOR", "RUNNING"),
+    ]
