@@ -12,6 +12,7 @@ import httpx
 import pytest
 from helpers import GQL, allow, caller, make_account
 from mcp_support import call, mcp_session, mcp_url, refused, token_for
+from openai_server import OpenAIServer
 from runtime_support import (
     make_agent,
     memories,
@@ -19,6 +20,7 @@ from runtime_support import (
     memory_harness,
     model_client,  # noqa: F401  (fixture)
     model_server,  # noqa: F401  (fixture)
+    run,
     settings,  # noqa: F401  (fixture)
 )
 from test_http import serving
@@ -100,6 +102,46 @@ async def test_mcp_offers_the_tools_of_the_agents_harness(
         # A tool the harness does not offer is refused with the native tools' message.
         error = await refused(session, "search_memory", query="x")
     assert error == {"error": "search_memory is not available: this agent's memory is not enabled"}
+
+
+async def test_h6_h15_mcp_offers_search_history_of_the_named_session(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, model_server: OpenAIServer
+) -> None:
+    """search_history over MCP: offered when the agent keeps history and the client names a
+    session; it finds that session's committed turns, never another session's, and needs the
+    grant that reads transcripts."""
+    harness = {**memory_harness(), "history": {"index": "messages"}}
+    action_id = await make_agent(gql, admin, harness)
+    model_server.say("Noted.")
+    assert (await run(gql, admin, action_id, "My locker code is 4417."))["status"] == "SUCCEEDED"
+    model_server.say("Noted too.")
+    other = await run(gql, admin, action_id, "The vault code is 9931.", session="s2")
+    assert other["status"] == "SUCCEEDED"
+
+    reader = await token_for(
+        state,
+        admin,
+        "history-reader",
+        *AGENT_POLICIES,
+        allow(["SELECT"], "financial.ActionExecution.transcript"),
+    )
+    async with mcp_session(mcp_url(base_url, action_id), reader) as session:
+        names = [t.name for t in (await session.list_tools()).tools]
+        assert "search_history" in names
+        found = await call(session, "search_history", query="locker code")
+    texts = [e["text"] for e in found["events"]]
+    assert any("4417" in t and t.startswith("turn 1, user") for t in texts), texts
+    assert not any("9931" in t for t in texts)  # another session's history (H15)
+
+    # The other session's client finds only its own; without the transcript grant, nothing.
+    async with mcp_session(mcp_url(base_url, action_id, session="s2"), reader) as session:
+        found = await call(session, "search_history", query="locker code")
+    texts = [e["text"] for e in found["events"]]
+    assert any("9931" in t for t in texts) and not any("4417" in t for t in texts), texts
+    plain = await token_for(state, admin, "memory-only", *AGENT_POLICIES)
+    async with mcp_session(mcp_url(base_url, action_id), plain) as session:
+        error = await refused(session, "search_history", query="locker code")
+    assert error["code"] == "ACCESS_DENIED"
 
 
 async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(

@@ -98,6 +98,20 @@ async def test_a_hostile_pinned_record_reaches_the_model_only_quoted_and_strippe
     ).ok()
     assert stored["agentMemory"]["summary"] == HOSTILE
 
+    # The next turn reads this turn's tool results again as its context, stripped the same
+    # way; and no call of either turn (memory reviews included) carries what disguises.
+    model_server.say("Again.")
+    again = await run(gql, admin, action_id, "And how by phone?")
+    assert again["status"] == "SUCCEEDED", again["error"]
+    replayed = tool_results(chat(model_server)[-1])
+    assert len(replayed) == 2
+    for result in replayed:
+        (view,) = next(iter(json.loads(result).values()))
+        assert view["summary"] == STRIPPED
+    for request in chat(model_server, None):
+        raw = json.dumps(request.body, ensure_ascii=False)
+        assert not any(char in raw for char in DISGUISING)
+
 
 async def test_pinning_through_add_agent_memory_needs_update_on_the_action(
     gql: GQL, admin: Caller
@@ -120,3 +134,25 @@ async def test_pinning_through_add_agent_memory_needs_update_on_the_action(
         allow(["UPDATE"], "financial.Action.document"),
     )
     assert (await gql(owner, ADD, a=action_id, input=pin)).ok()["addAgentMemory"]["pinned"]
+    pinned_id = (await gql(owner, ADD, a=action_id, input=pin)).ok()["addAgentMemory"]["memoryId"]
+
+    # Replacing or deleting a pinned record changes the instructions too: the same grant.
+    changer = caller(
+        admin.account_id,
+        allow(["INSERT", "SELECT", "UPDATE"], "financial.AgentMemory.*"),
+        principal="changer",
+    )
+    replacing = {"summary": "Plain fact", "kind": "fact", "replaces": pinned_id, "sessionId": "s1"}
+    refused = await gql(changer, ADD, a=action_id, input=replacing)
+    assert refused.codes == ["ACCESS_DENIED"] and "is pinned" in refused.errors[0]["message"]
+    delete = """mutation($a: UUID!, $id: UUID!) {
+      deleteAgentMemory(actionId: $a, id: $id) { status } }"""
+    refused = await gql(changer, delete, a=action_id, id=pinned_id)
+    assert refused.codes == ["ACCESS_DENIED"] and "is pinned" in refused.errors[0]["message"]
+    owner_deletes = caller(
+        admin.account_id,
+        allow(["INSERT", "SELECT", "UPDATE"], "financial.AgentMemory.*"),
+        allow(["UPDATE"], "financial.Action.document"),
+    )
+    deleted = (await gql(owner_deletes, delete, a=action_id, id=pinned_id)).ok()
+    assert deleted["deleteAgentMemory"]["status"] == "DELETED"

@@ -203,3 +203,14 @@ async def test_cli_issues_lists_and_revokes_tokens(db_url, state, admin, monkeyp
     revoked = await engram("client", "revoke-token", "ops", issued["tokenId"])
     assert revoked["revoked"]["tokenId"] == issued["tokenId"]
     assert not await valid(state, issued["token"])
+
+
+async def test_an_expiry_past_the_representable_range_is_bad_request(gql, state, admin):
+    """9999-12-31T23:00:00-10:00 is a valid RFC 3339 time whose UTC instant is in year 10000:
+    refused as BAD_REQUEST, not INTERNAL from the database driver."""
+    account = await bot(gql, admin, state)
+    for expires in ("9999-12-31T23:00:00-10:00", "not a time", "2027-01-01T00:00:00"):
+        refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)
+        assert refused.codes == ["BAD_REQUEST"], (expires, refused.errors)
+    fine = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e="2027-01-01T09:00:00+09:00")
+    assert fine.ok()["createClientToken"]["expires"] == "2027-01-01T00:00:00Z"

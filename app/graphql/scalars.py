@@ -21,7 +21,13 @@ def _parse_timestamp(value: Any) -> datetime:
     parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if parsed.tzinfo is None:
         raise ValueError("a Timestamp needs a time zone, e.g. a trailing Z")
-    return parsed
+    try:
+        # In UTC, as stored: an instant past 9999-12-31T23:59:59Z cannot be represented.
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            "a Timestamp must fall between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"
+        ) from None
 
 
 def _parse_value_literal(node: ValueNode, variables: dict[str, Any] | None = None) -> Any:

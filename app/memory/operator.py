@@ -19,7 +19,7 @@ from app.actions.service import load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
-from app.errors import BadInput, NotFound
+from app.errors import AccessDenied, BadInput, NotFound
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory import store
 from app.memory.records import MemoryRecord, Scope
@@ -223,6 +223,8 @@ async def _delete(
             if row is None:
                 raise NotFound(f"memory {memory_id} of agent {action_id} not found")
             current = store.record(row)
+            if current.status == "ACTIVE" and current.pinned:
+                _require_unpin(caller, memory_id)
             if current.status == "SUPERSEDED":
                 raise BadInput(
                     f"memory {memory_id} was replaced by memory {current.replaced_by} and is no "
@@ -289,6 +291,28 @@ async def _record_write(
     )
 
 
+def _require_unpin(caller: Caller, memory_id: UUID) -> None:
+    """A pinned record is listed in every turn's instructions: replacing or deleting it changes
+    the agent, as pinning does."""
+    try:
+        caller.require(*resources.PIN_MEMORY)
+    except AccessDenied:
+        raise AccessDenied(
+            f"memory {memory_id} is pinned (listed in every turn's instructions): replacing or "
+            f"deleting it needs UPDATE on {resources.ACTION}, as pinning does"
+        ) from None
+
+
+async def _check_unpinning(
+    conn: asyncpg.Connection, caller: Caller, action_id: UUID, memory_id: UUID
+) -> None:
+    row = await store.get_visible(conn, OperatorReader(caller.account_id, action_id), memory_id)
+    if row is not None:
+        current = store.record(row)
+        if current.status == "ACTIVE" and current.pinned:
+            _require_unpin(caller, memory_id)
+
+
 def _check_session_id(session_id: str | None) -> None:
     if session_id is not None and not (0 < len(session_id) <= MAX_SESSION_ID):
         raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters")
@@ -324,6 +348,8 @@ async def add_memory(
         return answered
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
+        if memory.replaces is not None:
+            await _check_unpinning(conn, caller, action_id, memory.replaces)
     if action is None:
         raise NotFound(f"action {action_id} not found")
     writer = Writer(

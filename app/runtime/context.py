@@ -49,7 +49,7 @@ from app.runtime import store
 from app.runtime import transcript as events
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.transcript import Transcript
-from app.text import for_model, storable
+from app.text import for_model, for_model_json, storable
 
 # The summary takes at most this share of the budget, and at most SUMMARY_MAX_TOKENS.
 SUMMARY_SHARE = 8
@@ -165,10 +165,12 @@ def turn_messages(input: Any, output: Any, rows: list[tuple[str, Any]]) -> list[
         )
         for c in calls:
             result = results.get(c.get("id")) or {}
+            # As the live turn showed them (tools.py): data, stripped of what could disguise it.
             if "output" in result:
-                content = json.dumps(result["output"], ensure_ascii=False)
+                content = json.dumps(for_model_json(result["output"]), ensure_ascii=False)
             else:
-                content = json.dumps({"error": result.get("error", "no result")})
+                error = for_model_json(result.get("error", "no result"))
+                content = json.dumps({"error": error}, ensure_ascii=False)
             messages.append({"role": "tool", "tool_call_id": c.get("id"), "content": content})
     messages.append({"role": "assistant", "content": _as_text(output)})
     return messages
