@@ -290,11 +290,12 @@ class ActionMemoryFields:
         labels: list[AgentMemoryLabelInput] | None = None,
         ids: list[UUID] | None = None,
         first: int,
+        after: str | None = None,
     ) -> ActionAgentMemorySearchConnection:
         check_first(first, memory_search.MAX_PAGE)
         embedder = info.context.state.embedder
         assert embedder is not None, "the embedding service starts with the app"
-        views = await memory_search.search_as_operator(
+        views, cursors = await memory_search.search_as_operator(
             info.context.pool,
             embedder,
             info.context.caller,
@@ -305,22 +306,23 @@ class ActionMemoryFields:
             labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
             ids=ids,
             limit=first + 1,
+            after=after,
             max_query_chars=info.context.state.settings.max_search_query_chars,
         )
         edges = [
             ActionAgentMemorySearchEdge(
-                cursor=encode_cursor(v.record.memory_id),
+                cursor=cursor,
                 node=ActionAgentMemory.of(v),
                 score=v.record.score if v.record.score is not None else 0.0,
             )
-            for v in views[:first]
+            for v, cursor in zip(views[:first], cursors, strict=False)
         ]
         return ActionAgentMemorySearchConnection(
             edges=edges,
             nodes=[e.node for e in edges],
             page_info=PageInfo(
                 has_next_page=len(views) > first,
-                has_previous_page=False,
+                has_previous_page=after is not None,
                 start_cursor=edges[0].cursor if edges else None,
                 end_cursor=edges[-1].cursor if edges else None,
             ),
