@@ -103,3 +103,20 @@ async def test_search_memories_refuses_a_cursor_of_another_kind(
         result = await gql(admin, PAGE, a=a, q=q, first=1, after=after)
         assert result.codes == ["BAD_REQUEST"], (q, after)
         assert "`after`" in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize("mode", ["LEXICAL", "VECTOR"])
+async def test_index_plan_pages_past_its_first_candidates(
+    state: AppState, admin: Caller, gql: Any, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A later page's index plan proposes candidates for every record before it: paging 5 at a
+    time reaches all 50 matches, past the 40 candidates a first page of 5 reads."""
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    agent = await new_agent(state, admin)
+    for i in range(50):
+        await agent.add(f"invoice number {i} for the customer", created=T0 - timedelta(hours=i))
+    q = "customer invoice"
+    paged = await pages(gql, admin, agent, 5, q=q, mode=mode)
+    found = [m for page in paged for m in page]
+    assert len(found) == 50 and len(set(found)) == 50
+    assert found == (await pages(gql, admin, agent, 100, q=q, mode=mode))[0]
