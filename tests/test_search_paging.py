@@ -3,6 +3,8 @@ the Relay linter's one error). A ranked search's cursor is the (score, created, 
 of the record it follows; a listing's is the listing's (created, memory_id). Paging through with
 `after` returns exactly the records of one large page, in its order, on both plans."""
 
+import base64
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -120,3 +122,19 @@ async def test_index_plan_pages_past_its_first_candidates(
     found = [m for page in paged for m in page]
     assert len(found) == 50 and len(set(found)) == 50
     assert found == (await pages(gql, admin, agent, 100, q=q, mode=mode))[0]
+
+
+async def test_a_ranked_search_pages_through_its_best_10000(
+    state: AppState, admin: Caller, gql: Any
+) -> None:
+    agent = await new_agent(state, admin)
+    await agent.add("customer invoice", created=T0)
+    a = str(agent.action_id)
+    page = (await gql(admin, PAGE, a=a, q="invoice", first=1)).ok()["action"]["searchMemories"]
+    cursor = page["pageInfo"]["endCursor"]
+    raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    raw[-1] = search_module.MAX_DEPTH  # as deep as a ranked search pages
+    deep = base64.urlsafe_b64encode(json.dumps(raw).encode()).decode().rstrip("=")
+    result = await gql(admin, PAGE, a=a, q="invoice", first=1, after=deep)
+    assert result.codes == ["BAD_REQUEST"]
+    assert "best 10,000 records" in result.errors[0]["message"]
