@@ -1,7 +1,7 @@
 """GraphQL types and operations for agents (actions) and their versions."""
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 import strawberry
@@ -15,6 +15,8 @@ from app.graphql.executions import ActionExecutionFields
 from app.graphql.memory import ActionMemoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
+    AFTER,
+    FIRST,
     Connection,
     Node,
     check_first,
@@ -28,12 +30,28 @@ from app.graphql.relay import (
 from app.graphql.scalars import Timestamp, Value
 
 
-@strawberry.input
+@strawberry.input(
+    description="An agent's configuration: createAction writes its first version, updateAction "
+    "the next."
+)
 class ActionInput:
-    name: str
-    instructions: str = ""
-    model: Value | None = None
-    harness: Value | None = None
+    name: str = strawberry.field(description="The agent's name.")
+    instructions: str = strawberry.field(
+        default="", description="What the agent is told at the start of every turn."
+    )
+    model: Value | None = strawberry.field(
+        default=None,
+        description="The model it calls, as JSON (baseUrl, name, apiKeyEnv, contextTokens...; "
+        "docs/harness.md); by default the deployment's ENGRAM_MODEL_* settings.",
+    )
+    harness: Value | None = strawberry.field(
+        default=None,
+        description="What the runtime gives it, as JSON: memory, history and their options "
+        "(docs/harness.md lists every option).",
+    )
+
+
+ACTION_ID = Annotated[UUID, strawberry.argument(description="The agent's `actionId`.")]
 
 
 class ActionDocument(BasePermission):
@@ -45,25 +63,35 @@ class ActionDocument(BasePermission):
         return True
 
 
-def _document() -> Any:
-    return strawberry.field(permission_classes=[ActionDocument])
+def _document(description: str) -> Any:
+    return strawberry.field(permission_classes=[ActionDocument], description=description)
 
 
-@strawberry.type
+@strawberry.type(
+    description="An agent (an action) at one version: its instructions, model and harness. "
+    "Needs SELECT on financial.Action.document for its document fields."
+)
 class Action(ActionExecutionFields, ActionMemoryFields, Node):
     account_id: strawberry.Private[UUID]
     record: strawberry.Private[ActionVersion]
     written: strawberry.Private[bool]  # returned by the mutation that wrote it
-    action_id: UUID
-    version: int
-    current_version: int = _document()
-    name: str = _document()
-    instructions: str = _document()
-    model: Value = _document()
-    harness: Value = _document()
-    created: Timestamp = _document()
-    modified: Timestamp = _document()
-    created_by: str = _document()
+    action_id: UUID = strawberry.field(description="Unique identifier of the agent.")
+    version: int = strawberry.field(
+        description="The version read: 1 when created, one more with each updateAction."
+    )
+    current_version: int = _document("The agent's latest version.")
+    name: str = _document("The agent's name.")
+    instructions: str = _document("What the agent is told at the start of every turn.")
+    model: Value = _document(
+        "The model it calls, as written (docs/harness.md); {} for the deployment's default."
+    )
+    harness: Value = _document(
+        "What the runtime gives it (memory, history and their options), as written "
+        "(docs/harness.md)."
+    )
+    created: Timestamp = _document("When the agent's first version was written.")
+    modified: Timestamp = _document("When this version was written.")
+    created_by: str = _document("The principal that wrote this version.")
 
     @classmethod
     def of(cls, action: ActionVersion, *, written: bool = False) -> "Action":
@@ -100,17 +128,23 @@ async def _action_node(info: Info, parts: list[str]) -> Action | None:
     return Action.of(found) if found else None
 
 
-@strawberry.type
+@strawberry.type(description="Reading agents.")
 class ActionQuery:
     @strawberry.field(description="An agent at its current version, or at `version`; null if none.")
     async def action(
-        self, info: Info, action_id: UUID, version: int | None = None
+        self,
+        info: Info,
+        action_id: ACTION_ID,
+        version: Annotated[
+            int | None,
+            strawberry.argument(description="An exact version; by default the current one."),
+        ] = None,
     ) -> Action | None:
         found = await service.get_action(info.context.pool, info.context.caller, action_id, version)
         return Action.of(found) if found else None
 
     @strawberry.field(description="The account's agents, newest first.")
-    async def actions(self, info: Info, first: int, after: str | None = None) -> Connection[Action]:
+    async def actions(self, info: Info, first: FIRST, after: AFTER = None) -> Connection[Action]:
         check_first(first)
         cursor = decode_cursor(after, 2)
         if cursor is not None and not (
@@ -132,10 +166,15 @@ class ActionQuery:
         )
 
 
-@strawberry.type
+INPUT = Annotated[ActionInput, strawberry.argument(description="The agent's configuration.")]
+
+
+@strawberry.type(description="Creating and changing agents.")
 class ActionMutation:
-    @strawberry.mutation
-    async def create_action(self, info: Info, input: ActionInput) -> Action:
+    @strawberry.mutation(
+        description="Creates an agent (version 1). Needs INSERT on financial.Action.document."
+    )
+    async def create_action(self, info: Info, input: INPUT) -> Action:
         created = await service.create_action(
             info.context.pool,
             info.context.caller,
@@ -148,9 +187,10 @@ class ActionMutation:
         return Action.of(created, written=True)
 
     @strawberry.mutation(
-        description="Writes the next version of an agent; old versions stay readable."
+        description="Writes the next version of an agent; old versions stay readable. Needs "
+        "UPDATE on financial.Action.document."
     )
-    async def update_action(self, info: Info, action_id: UUID, input: ActionInput) -> Action:
+    async def update_action(self, info: Info, action_id: ACTION_ID, input: INPUT) -> Action:
         updated = await service.update_action(
             info.context.pool,
             info.context.caller,

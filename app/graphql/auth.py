@@ -2,6 +2,7 @@
 
 from datetime import datetime
 from enum import Enum
+from typing import Annotated
 from uuid import UUID
 
 import strawberry
@@ -14,6 +15,8 @@ from app.errors import BadInput
 from app.graphql.context import Info
 from app.graphql.node import node_type
 from app.graphql.relay import (
+    AFTER,
+    FIRST,
     Connection,
     Node,
     check_first,
@@ -26,57 +29,98 @@ from app.graphql.relay import (
 from app.graphql.scalars import Timestamp
 
 
-@strawberry.enum
+@strawberry.enum(
+    description="Whether a policy allows or denies: a request is allowed when at least one "
+    "ALLOW policy matches its verb and resource and no DENY policy does."
+)
 class PolicyEffect(Enum):
-    ALLOW = "ALLOW"
-    DENY = "DENY"
+    ALLOW = strawberry.enum_value("ALLOW", description="Allows the verbs on the resources.")
+    DENY = strawberry.enum_value(
+        "DENY", description="Denies the verbs on the resources, whatever ALLOW policies say."
+    )
 
 
-@strawberry.enum
+@strawberry.enum(description="A verb a policy allows or denies (docs/access.md: what each does).")
 class PolicyAction(Enum):
-    SELECT = "SELECT"
-    INSERT = "INSERT"
-    UPDATE = "UPDATE"
-    DELETE = "DELETE"
+    SELECT = strawberry.enum_value("SELECT", description="Read and list.")
+    INSERT = strawberry.enum_value("INSERT", description="Create, and run turns.")
+    UPDATE = strawberry.enum_value("UPDATE", description="Change, and delete memory records.")
+    DELETE = strawberry.enum_value(
+        "DELETE", description="Delete clients, revoke tokens, erase sessions."
+    )
 
 
-@strawberry.input
+EFFECT = "ALLOW or DENY; DENY wins."
+VERBS = "A non-empty list of SELECT, INSERT, UPDATE, DELETE."
+RESOURCES = (
+    "A non-empty list (at most 100) of resource patterns, such as financial.AgentMemory.*: "
+    "`*` matches any run of characters, dots included, `?` one character (docs/access.md)."
+)
+
+
+@strawberry.input(description="A policy of a client: an effect, verbs and resource patterns.")
 class PolicyInput:
-    effect: PolicyEffect
-    actions: list[PolicyAction]
-    resources: list[str]
+    effect: PolicyEffect = strawberry.field(description=EFFECT)
+    actions: list[PolicyAction] = strawberry.field(description=VERBS)
+    resources: list[str] = strawberry.field(description=RESOURCES)
 
 
-@strawberry.input
+@strawberry.input(description="A new account (tenant).")
 class AccountInput:
-    name: str
+    name: str = strawberry.field(description="The account's name, 1 to 200 characters.")
 
 
-@strawberry.input
+PRINCIPAL_TEXT = (
+    "The client's principal: 1 to 200 characters, letters, digits and `_ . : @ / + -`, starting "
+    "with a letter or digit."
+)
+CLIENT_NAME = "The client's name, 1 to 200 characters."
+POLICIES = "The client's policies (at most 100)."
+
+
+@strawberry.input(description="A new client: a principal of one account, with its policies.")
 class ClientInput:
-    account_id: UUID | None = None
-    principal: str
-    name: str
-    policies: list[PolicyInput]
+    account_id: UUID | None = strawberry.field(
+        default=None,
+        description="The account of the client; by default the caller's. Only clients of the "
+        "default account manage clients of other accounts.",
+    )
+    principal: str = strawberry.field(description=PRINCIPAL_TEXT)
+    name: str = strawberry.field(description=CLIENT_NAME)
+    policies: list[PolicyInput] = strawberry.field(description=POLICIES)
 
 
-@strawberry.input
+@strawberry.input(description="Changes to a client; what is omitted stays as it is.")
 class ClientUpdateInput:
-    name: str | None = None
-    policies: list[PolicyInput] | None = None
+    name: str | None = strawberry.field(default=None, description=CLIENT_NAME)
+    policies: list[PolicyInput] | None = strawberry.field(
+        default=None, description="The client's new policies: they replace all its policies."
+    )
 
 
-@strawberry.type
+@strawberry.type(description="A policy of a client: an effect, verbs and resource patterns.")
 class Policy:
-    effect: PolicyEffect
-    actions: list[PolicyAction]
-    resources: list[str]
+    effect: PolicyEffect = strawberry.field(description=EFFECT)
+    actions: list[PolicyAction] = strawberry.field(description=VERBS)
+    resources: list[str] = strawberry.field(description=RESOURCES)
 
 
-@strawberry.type
+@strawberry.type(
+    description="An account: a tenant. Nothing of one is visible to another's clients."
+)
 class Account:
-    account_id: UUID
-    name: str
+    account_id: UUID = strawberry.field(description="Unique identifier of the account.")
+    name: str = strawberry.field(description="The account's name.")
+
+
+ACCOUNT_ID = Annotated[
+    UUID | None,
+    strawberry.argument(
+        description="The client's account; by default the caller's. Only clients of the default "
+        "account name another."
+    ),
+]
+PRINCIPAL = Annotated[str, strawberry.argument(description="The client's principal.")]
 
 
 def _timestamp(value: datetime | None) -> Timestamp | None:
@@ -85,12 +129,12 @@ def _timestamp(value: datetime | None) -> Timestamp | None:
 
 @strawberry.type(description="One of a client's API tokens: never its secret.")
 class ClientTokenInfo:
-    token_id: UUID
+    token_id: UUID = strawberry.field(description="The token's ID: revokeClientToken takes it.")
     prefix: str | None = strawberry.field(
         description="The secret's first characters, to tell tokens apart; null for tokens "
         "issued before prefixes were kept."
     )
-    created: Timestamp
+    created: Timestamp = strawberry.field(description="When it was issued.")
     expires: Timestamp | None = strawberry.field(description="Null: valid until revoked.")
     last_used: Timestamp | None = strawberry.field(
         description="When a request last sent it, to the minute; null if never."
@@ -111,12 +155,18 @@ class ClientTokenInfo:
         )
 
 
-@strawberry.type
+@strawberry.type(
+    description="A client: a principal of one account, holding policies and any number of API "
+    "tokens."
+)
 class Client(Node):
-    account_id: UUID
-    principal: str
-    name: str
-    policies: list[Policy]
+    account_id: UUID = strawberry.field(description="The client's account.")
+    principal: str = strawberry.field(
+        description="The client's principal, unique in its account: what `createdBy`, "
+        "`modifiedBy` and an execution's `principal` name."
+    )
+    name: str = strawberry.field(description="The client's name.")
+    policies: list[Policy] = strawberry.field(description="What the client may do.")
 
     @classmethod
     def of(cls, client: ClientRecord) -> "Client":
@@ -145,37 +195,51 @@ class Client(Node):
         return [ClientTokenInfo.of(t) for t in found]
 
 
-@strawberry.type
+@strawberry.type(description="A new API token, with its secret: shown this once.")
 class ClientToken:
-    account_id: UUID
-    principal: str
-    token: str = strawberry.field(description="Shown once: only its hash is stored.")
-    token_id: UUID
-    prefix: str
-    created: Timestamp
-    expires: Timestamp | None
+    account_id: UUID = strawberry.field(description="The client's account.")
+    principal: str = strawberry.field(description="The client's principal.")
+    token: str = strawberry.field(
+        description="Shown once: only its hash is stored. Send it as `Authorization: Bearer`."
+    )
+    token_id: UUID = strawberry.field(description="The token's ID: revokeClientToken takes it.")
+    prefix: str = strawberry.field(
+        description="The secret's first characters, to tell tokens apart."
+    )
+    created: Timestamp = strawberry.field(description="When it was issued.")
+    expires: Timestamp | None = strawberry.field(description="Null: valid until revoked.")
 
 
 @strawberry.type(description="Whether the caller's grants permit one named operation.")
 class AllowedOperation:
-    operation: str
-    allowed: bool
+    operation: str = strawberry.field(description="The operation, as it was asked for.")
+    allowed: bool = strawberry.field(description="Whether this client's grants permit it.")
     reason: str | None = strawberry.field(
         description="Why not, as a sentence (the grant it lacks); null when allowed."
     )
 
 
-@strawberry.type
+@strawberry.type(description="The client a request authenticated as.")
 class Viewer:
-    account_id: UUID
-    principal: str
+    account_id: UUID = strawberry.field(description="Its account.")
+    principal: str = strawberry.field(description="Its principal.")
 
     @strawberry.field(
         description="Which of the named operations (root fields such as `deleteAgentMemory`, "
         "or `Type.field` such as `Action.memories`) this client's grants permit, in the order "
         "asked; an unknown name is BAD_REQUEST listing the known ones."
     )
-    def allowed(self, info: Info, operations: list[str]) -> list[AllowedOperation]:
+    def allowed(
+        self,
+        info: Info,
+        operations: Annotated[
+            list[str],
+            strawberry.argument(
+                description="Operation names: root fields such as `deleteAgentMemory`, or "
+                "`Type.field` such as `Action.memories`."
+            ),
+        ],
+    ) -> list[AllowedOperation]:
         return [
             AllowedOperation(operation=p.operation, allowed=p.allowed, reason=p.reason)
             for p in permissions(info.context.caller, operations)
@@ -202,7 +266,7 @@ async def _client_node(info: Info, parts: list[str]) -> Client | None:
     return Client.of(found) if found else None
 
 
-@strawberry.type
+@strawberry.type(description="Who is asking, and the account's clients.")
 class AuthQuery:
     @strawberry.field(description="The client this request authenticated as.")
     def viewer(self, info: Info) -> Viewer:
@@ -214,7 +278,7 @@ class AuthQuery:
         "`accountId`). Needs SELECT on financial.Client.document."
     )
     async def clients(
-        self, info: Info, first: int, after: str | None = None, account_id: UUID | None = None
+        self, info: Info, first: FIRST, after: AFTER = None, account_id: ACCOUNT_ID = None
     ) -> Connection[Client]:
         check_first(first)
         cursor = decode_cursor(after, 1)
@@ -235,9 +299,12 @@ class AuthQuery:
             has_previous=after is not None,
         )
 
-    @strawberry.field
+    @strawberry.field(
+        description="A client by its principal; null if none. Needs SELECT on "
+        "financial.Client.document."
+    )
     async def client(
-        self, info: Info, principal: str, account_id: UUID | None = None
+        self, info: Info, principal: PRINCIPAL, account_id: ACCOUNT_ID = None
     ) -> Client | None:
         found = await service.get_client(
             info.context.pool, info.context.caller, account_id, principal
@@ -245,17 +312,31 @@ class AuthQuery:
         return Client.of(found) if found else None
 
 
-@strawberry.type
+@strawberry.type(description="Managing accounts, clients and tokens.")
 class AuthMutation:
-    @strawberry.mutation
-    async def create_account(self, info: Info, input: AccountInput) -> Account:
+    @strawberry.mutation(
+        description="Creates an account (a tenant). Only clients of the default account may, "
+        "with INSERT on financial.Account.document."
+    )
+    async def create_account(
+        self,
+        info: Info,
+        input: Annotated[AccountInput, strawberry.argument(description="The new account.")],
+    ) -> Account:
         account_id = await service.create_account(
             info.context.pool, info.context.caller, input.name
         )
         return Account(account_id=account_id, name=input.name.strip())
 
-    @strawberry.mutation
-    async def create_client(self, info: Info, input: ClientInput) -> Client:
+    @strawberry.mutation(
+        description="Creates a client with its policies; issue it a token with "
+        "createClientToken. Needs INSERT on financial.Client.document."
+    )
+    async def create_client(
+        self,
+        info: Info,
+        input: Annotated[ClientInput, strawberry.argument(description="The new client.")],
+    ) -> Client:
         client = await service.create_client(
             info.context.pool,
             info.context.caller,
@@ -266,9 +347,16 @@ class AuthMutation:
         )
         return Client.of(client)
 
-    @strawberry.mutation
+    @strawberry.mutation(
+        description="Changes a client's name or policies. Needs UPDATE on "
+        "financial.Client.document."
+    )
     async def update_client(
-        self, info: Info, principal: str, input: ClientUpdateInput, account_id: UUID | None = None
+        self,
+        info: Info,
+        principal: PRINCIPAL,
+        input: Annotated[ClientUpdateInput, strawberry.argument(description="The changes.")],
+        account_id: ACCOUNT_ID = None,
     ) -> Client:
         client = await service.update_client(
             info.context.pool,
@@ -280,9 +368,11 @@ class AuthMutation:
         )
         return Client.of(client)
 
-    @strawberry.mutation
+    @strawberry.mutation(
+        description="Deletes a client and its tokens. Needs DELETE on financial.Client.document."
+    )
     async def delete_client(
-        self, info: Info, principal: str, account_id: UUID | None = None
+        self, info: Info, principal: PRINCIPAL, account_id: ACCOUNT_ID = None
     ) -> Client:
         client = await service.delete_client(
             info.context.pool, info.context.caller, account_id, principal
@@ -296,9 +386,12 @@ class AuthMutation:
     async def create_client_token(
         self,
         info: Info,
-        principal: str,
-        account_id: UUID | None = None,
-        expires: Timestamp | None = None,
+        principal: PRINCIPAL,
+        account_id: ACCOUNT_ID = None,
+        expires: Annotated[
+            Timestamp | None,
+            strawberry.argument(description="When it stops working; by default never."),
+        ] = None,
     ) -> ClientToken:
         issued = await service.issue_client_token(
             info.context.pool, info.context.caller, account_id, principal, expires
@@ -318,7 +411,13 @@ class AuthMutation:
         "now on. Needs DELETE on financial.Client.token."
     )
     async def revoke_client_token(
-        self, info: Info, principal: str, token_id: UUID, account_id: UUID | None = None
+        self,
+        info: Info,
+        principal: PRINCIPAL,
+        token_id: Annotated[
+            UUID, strawberry.argument(description="The token's `tokenId` (Client.tokens).")
+        ],
+        account_id: ACCOUNT_ID = None,
     ) -> ClientTokenInfo:
         revoked = await service.revoke_client_token(
             info.context.pool, info.context.caller, account_id, principal, token_id

@@ -11,6 +11,8 @@ from app.graphql.context import Info
 from app.graphql.history import SessionHistoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
+    AFTER,
+    FIRST,
     Connection,
     Node,
     check_first,
@@ -30,31 +32,53 @@ from app.runtime.executions import Execution, Session, TranscriptEvent
 _MAX_SEQUENCE = 2**31 - 1
 
 
-@strawberry.enum
+@strawberry.enum(description="Where an execution is.")
 class ActionExecutionStatus(Enum):
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
+    RUNNING = strawberry.enum_value(
+        "RUNNING",
+        description="Under way. A turn whose process dies is failed by another process once its "
+        "heartbeat is older than ENGRAM_TURN_LEASE_SECONDS.",
+    )
+    SUCCEEDED = strawberry.enum_value(
+        "SUCCEEDED", description="Committed: its memory, output and transcript together."
+    )
+    FAILED = strawberry.enum_value(
+        "FAILED",
+        description="Failed: only its transcript is kept, and `error` says what to change; retry "
+        "it with its executionId.",
+    )
 
 
 @strawberry.enum(description="What an execution is.")
 class ActionExecutionKind(Enum):
-    TURN = "TURN"  # a turn of executeAction
-    OPERATOR = "OPERATOR"  # an operator's write (addAgentMemory, deleteAgentMemory)
-    MCP = "MCP"  # one tool call of a client over MCP (/mcp/{actionId})
-    INGEST = "INGEST"  # a conversation handed in by rememberConversation
-    ERASE = "ERASE"  # eraseSession: a session's words erased for good
+    TURN = strawberry.enum_value("TURN", description="A turn of an agent (executeAction).")
+    OPERATOR = strawberry.enum_value(
+        "OPERATOR", description="An operator's memory write (addAgentMemory, deleteAgentMemory)."
+    )
+    MCP = strawberry.enum_value(
+        "MCP", description="One tool call of a client over MCP (/mcp/{actionId})."
+    )
+    INGEST = strawberry.enum_value(
+        "INGEST", description="A conversation handed in for review (rememberConversation)."
+    )
+    ERASE = strawberry.enum_value(
+        "ERASE", description="A session's words erased for good (eraseSession)."
+    )
 
 
 @strawberry.type(
     description="One event of a turn's transcript; `data` is JSON whose shape `type` names."
 )
 class ActionExecutionEvent:
-    sequence: int
-    invocation_number: int
-    type: str
-    data: Value
-    created: Timestamp
+    sequence: int = strawberry.field(
+        description="Its place in the execution's transcript, across invocations."
+    )
+    invocation_number: int = strawberry.field(description="The invocation that wrote it.")
+    type: str = strawberry.field(
+        description="What happened, such as model.call, tool.execution or memory.pinned."
+    )
+    data: Value = strawberry.field(description="The event's JSON, shaped by its `type`.")
+    created: Timestamp = strawberry.field(description="When it happened.")
 
     @classmethod
     def of(cls, e: TranscriptEvent, reads_memory: bool = True) -> "ActionExecutionEvent":
@@ -90,24 +114,37 @@ async def list_executions(
     )
 
 
-@strawberry.type
+@strawberry.type(
+    description="An execution: one turn of an agent (retried as its next invocations), an "
+    "operator's memory write, or a session's erasure."
+)
 class ActionExecution(Node):
     record: strawberry.Private[Execution]
-    execution_id: UUID
-    action_id: UUID
-    action_version: int
-    session_id: str | None
-    turn: int | None
-    invocation_number: int
+    execution_id: UUID = strawberry.field(description="Unique identifier of the execution.")
+    action_id: UUID = strawberry.field(description="The agent it ran for.")
+    action_version: int = strawberry.field(description="The agent version that ran it.")
+    session_id: str | None = strawberry.field(
+        description="Its session; null for an agent without sessions."
+    )
+    turn: int | None = strawberry.field(
+        description="The turn's number in its session, from 1; null without a session."
+    )
+    invocation_number: int = strawberry.field(
+        description="Its latest invocation: 1, and one more for each retry."
+    )
+    status: ActionExecutionStatus = strawberry.field(description="RUNNING, SUCCEEDED or FAILED.")
+    preview: bool = strawberry.field(
+        description="Whether it ran in preview mode: what it wrote only preview turns see."
+    )
+    error: str | None = strawberry.field(
+        description="Why it failed, saying what to change; null unless FAILED."
+    )
+    created: Timestamp = strawberry.field(description="When it started.")
+    modified: Timestamp = strawberry.field(description="When it last changed (its end).")
     kind: ActionExecutionKind = strawberry.field(
         description="TURN (an agent's turn), OPERATOR (an operator's memory write), ERASE "
         "(eraseSession), MCP (a client's tool call over MCP) or INGEST (rememberConversation)."
     )
-    status: ActionExecutionStatus
-    preview: bool
-    error: str | None
-    created: Timestamp
-    modified: Timestamp
     principal: str = strawberry.field(description="Who started it.")
     replay_of: UUID | None = strawberry.field(
         description="A replay: the committed turn whose input it re-ran."
@@ -173,7 +210,7 @@ class ActionExecution(Node):
         "record text, unless you may read the agent's memory."
     )
     async def transcript(
-        self, info: Info, first: int, after: str | None = None
+        self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionExecutionEvent]:
         check_first(first)
         cursor = decode_cursor(after, 1)
@@ -201,14 +238,19 @@ class ActionExecution(Node):
         )
 
 
-@strawberry.type
+@strawberry.type(
+    description="A session of an agent: the turns that share its context, its session-scoped "
+    "memory and its history."
+)
 class ActionSession(SessionHistoryFields, Node):
     record: strawberry.Private[Session]
-    session_id: str
-    action_id: UUID
-    turns: int
-    created: Timestamp
-    modified: Timestamp
+    session_id: str = strawberry.field(
+        description="The session's ID, as executeAction's `sessionId` names it."
+    )
+    action_id: UUID = strawberry.field(description="The agent it belongs to.")
+    turns: int = strawberry.field(description="How many turns it has committed.")
+    created: Timestamp = strawberry.field(description="When its first turn started.")
+    modified: Timestamp = strawberry.field(description="When it last changed.")
 
     @classmethod
     def of(cls, s: Session) -> "ActionSession":
@@ -224,7 +266,7 @@ class ActionSession(SessionHistoryFields, Node):
 
     @strawberry.field(description="The session's executions, newest first.")
     async def executions(
-        self, info: Info, first: int, after: str | None = None
+        self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionExecution]:
         return await list_executions(info, self.action_id, self.session_id, first, after)
 
@@ -235,7 +277,7 @@ class ActionExecutionFields:
 
     @strawberry.field(description="The agent's sessions, newest first.")
     async def sessions(
-        self, info: Info, first: int, after: str | None = None
+        self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionSession]:
         check_first(first)
         keyset = decode_keyset(after, str)
@@ -256,7 +298,7 @@ class ActionExecutionFields:
 
     @strawberry.field(description="The agent's executions, of every session or none, newest first.")
     async def executions(
-        self, info: Info, first: int, after: str | None = None
+        self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionExecution]:
         return await list_executions(info, self.action_id, None, first, after)  # type: ignore[attr-defined]
 
@@ -304,14 +346,20 @@ async def _session_node(info: Info, parts: list[str]) -> ActionSession | None:
 @strawberry.type
 class ExecutionQuery:
     @strawberry.field(description="One execution (a turn, or an operator's write); null if none.")
-    async def execution(self, info: Info, execution_id: UUID) -> ActionExecution | None:
+    async def execution(
+        self,
+        info: Info,
+        execution_id: Annotated[
+            UUID, strawberry.argument(description="The execution's `executionId`.")
+        ],
+    ) -> ActionExecution | None:
         found = await executions.get_execution(info.context.pool, info.context.caller, execution_id)
         return ActionExecution.of(found) if found else None
 
 
-@strawberry.input
+@strawberry.input(description="A turn to run, retry or replay.")
 class ExecuteActionInput:
-    action_id: UUID
+    action_id: UUID = strawberry.field(description="The agent (action) to run.")
     session_id: str | None = strawberry.field(
         default=None, description="The session of the turn; omit it for an agent without sessions."
     )
@@ -347,7 +395,9 @@ class EraseSessionResult:
     erased_executions: int = strawberry.field(
         description="Executions whose input and output text was replaced by a marker."
     )
-    erased_transcript_events: int
+    erased_transcript_events: int = strawberry.field(
+        description="Transcript events whose text was replaced by a marker."
+    )
     live_memory_ids: list[UUID] = strawberry.field(
         description="The session's live memory records, left to deleteAgentMemory."
     )
@@ -359,7 +409,11 @@ class ExecutionMutation:
         description="Runs one turn of the agent's current version (or retries a failed one). "
         "A turn that fails returns its execution with status FAILED and its error."
     )
-    async def execute_action(self, info: Info, input: ExecuteActionInput) -> ActionExecution:
+    async def execute_action(
+        self,
+        info: Info,
+        input: Annotated[ExecuteActionInput, strawberry.argument(description="The turn.")],
+    ) -> ActionExecution:
         executed = await turns.execute_turn(
             info.context.state,
             info.context.caller,
@@ -383,7 +437,10 @@ class ExecutionMutation:
         "an execution of kind ERASE naming who asked."
     )
     async def erase_session(
-        self, info: Info, action_id: UUID, session_id: str
+        self,
+        info: Info,
+        action_id: Annotated[UUID, strawberry.argument(description="The session's agent.")],
+        session_id: Annotated[str, strawberry.argument(description="The session's ID.")],
     ) -> EraseSessionResult:
         erased = await erase.erase_session(
             info.context.pool, info.context.caller, action_id, session_id

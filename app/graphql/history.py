@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 from enum import Enum
+from typing import Annotated
 from uuid import UUID
 
 import strawberry
@@ -10,6 +11,8 @@ from app.errors import BadInput
 from app.graphql.context import Info
 from app.graphql.node import node_type
 from app.graphql.relay import (
+    AFTER,
+    FIRST,
     Connection,
     Node,
     check_first,
@@ -27,9 +30,14 @@ from app.memory import redaction
 
 @strawberry.enum(description="Who a kept event is from.")
 class ActionHistoryWho(Enum):
-    USER = "user"
-    AGENT = "agent"
-    TOOL = "tool"
+    USER = strawberry.enum_value("user", description="The turn's input, as the agent received it.")
+    AGENT = strawberry.enum_value(
+        "agent", description="A reply of the agent, with the tools it called."
+    )
+    TOOL = strawberry.enum_value(
+        "tool",
+        description="A tool's result or error (kept with index: messages_and_tools).",
+    )
 
 
 @strawberry.type(
@@ -37,22 +45,30 @@ class ActionHistoryWho(Enum):
     "a reply of the agent with the tools it called, or a tool's result or error."
 )
 class ActionHistoryEvent(Node):
-    event_id: UUID
-    action_id: UUID
-    session_id: str
-    turn: int
-    execution_id: UUID
-    invocation_number: int
-    sequence: int
-    who: ActionHistoryWho
+    event_id: UUID = strawberry.field(description="Unique identifier of the event.")
+    action_id: UUID = strawberry.field(description="The agent whose session kept it.")
+    session_id: str = strawberry.field(description="The session that kept it.")
+    turn: int = strawberry.field(description="The turn that said it, in its session.")
+    execution_id: UUID = strawberry.field(description="The execution it came from.")
+    invocation_number: int = strawberry.field(description="The invocation it came from.")
+    sequence: int = strawberry.field(
+        description="The transcript event it came from, in its execution."
+    )
+    who: ActionHistoryWho = strawberry.field(description="Who it is from.")
     call_id: str | None = strawberry.field(description="A tool result's call.")
     tool: str | None = strawberry.field(description="A tool result's tool.")
     header: str = strawberry.field(description="Who it is from, in its turn: `turn 12, user`.")
-    text: str
-    data: Value
-    parts: int
-    preview: bool
-    created: Timestamp
+    text: str = strawberry.field(description="What it said, after its header line.")
+    data: Value = strawberry.field(
+        description="The event as JSON: a message's content, a reply's tool calls, a tool's result."
+    )
+    parts: int = strawberry.field(
+        description="How many parts it is kept in (long events are kept in parts)."
+    )
+    preview: bool = strawberry.field(
+        description="Whether a turn in preview mode kept it: live turns never find it."
+    )
+    created: Timestamp = strawberry.field(description="When its turn kept it.")
 
     @classmethod
     def of(cls, action_id: UUID, e: Event) -> "ActionHistoryEvent":
@@ -79,9 +95,11 @@ class ActionHistoryEvent(Node):
 
 @strawberry.type(description="One part of a kept event that matched a history search.")
 class ActionHistorySearchResult:
-    event: ActionHistoryEvent
-    part: int
-    score: float
+    event: ActionHistoryEvent = strawberry.field(description="The whole event.")
+    part: int = strawberry.field(description="Which of its `parts` matched, from 1.")
+    score: float = strawberry.field(
+        description="How well it matched (higher is better), ranked as memory search ranks."
+    )
     text: str = strawberry.field(description="The part's text.")
 
 
@@ -121,7 +139,7 @@ class SessionHistoryFields:
         "with the memory read grants, as in transcripts."
     )
     async def history(
-        self, info: Info, first: int, after: str | None = None
+        self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionHistoryEvent]:
         check_first(first)
         action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
@@ -147,7 +165,12 @@ class SessionHistoryFields:
         "preview). Grants and redaction as `history`."
     )
     async def search_history(
-        self, info: Info, query: str, first: int = 10
+        self,
+        info: Info,
+        query: Annotated[str, strawberry.argument(description="What to find, in words.")],
+        first: Annotated[
+            int, strawberry.argument(description=f"How many parts to return, 1 to {MAX_LIMIT}.")
+        ] = 10,
     ) -> list[ActionHistorySearchResult]:
         if not 1 <= first <= MAX_LIMIT:
             raise BadInput(f"`first` must be from 1 to {MAX_LIMIT}, got {first}")

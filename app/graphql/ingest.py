@@ -1,6 +1,7 @@
 """`rememberConversation`: a conversation an agent had elsewhere, handed in for review."""
 
 from enum import Enum
+from typing import Annotated
 from uuid import UUID
 
 import strawberry
@@ -26,9 +27,9 @@ class ConversationMessageInput:
     )
 
 
-@strawberry.input
+@strawberry.input(description="A conversation an agent had elsewhere, handed in for review.")
 class RememberConversationInput:
-    action_id: UUID
+    action_id: UUID = strawberry.field(description="The agent whose memory it informs.")
     session_id: str | None = strawberry.field(
         default=None, description="The session it belongs to; omit it for an agent without one."
     )
@@ -45,22 +46,30 @@ class RememberConversationInput:
     )
 
 
-@strawberry.enum
+@strawberry.enum(description="What the review did with a fact it found.")
 class MemoryReviewAction(Enum):
-    ADD = "add"
-    REPLACE = "replace"
-    DELETE = "delete"
-    SKIP = "skip"
+    ADD = strawberry.enum_value("add", description="Kept it as a new record.")
+    REPLACE = strawberry.enum_value(
+        "replace", description="Kept it as a record that replaces one it corrects."
+    )
+    DELETE = strawberry.enum_value(
+        "delete", description="Deleted a record the conversation shows wrong."
+    )
+    SKIP = strawberry.enum_value(
+        "skip", description="Kept nothing: a record already says it, or it is not worth keeping."
+    )
 
 
 @strawberry.type(description="What the review decided for one fact it found.")
 class MemoryReviewDecision:
     candidate: str = strawberry.field(description="The fact's handle in the transcript.")
-    action: MemoryReviewAction
+    action: MemoryReviewAction = strawberry.field(description="What the review did with it.")
     summary: str | None = strawberry.field(
         description="The fact, as one line; null without the grants that read memory."
     )
-    kind: str | None
+    kind: str | None = strawberry.field(
+        description="The fact's kind, one of the agent's; null without the grants that read memory."
+    )
     memory_id: UUID | None = strawberry.field(description="The record it added (add, replace).")
     target_id: UUID | None = strawberry.field(
         description="The record it replaced or deleted (replace, delete)."
@@ -70,13 +79,18 @@ class MemoryReviewDecision:
     )
 
 
-@strawberry.type
+@strawberry.type(description="What rememberConversation did: its execution and its decisions.")
 class RememberConversationResult:
     execution_id: UUID = strawberry.field(description="The execution (kind INGEST) that ran it.")
-    status: ActionExecutionStatus
+    status: ActionExecutionStatus = strawberry.field(
+        description="SUCCEEDED when the review ran and its writes committed; FAILED otherwise, "
+        "writing nothing."
+    )
     error: str | None = strawberry.field(description="Why the review failed; null if it ran.")
-    created: Timestamp
-    decisions: list[MemoryReviewDecision]
+    created: Timestamp = strawberry.field(description="When the execution started.")
+    decisions: list[MemoryReviewDecision] = strawberry.field(
+        description="One per fact the review found, in its order."
+    )
     records: list[ActionAgentMemory] | None = strawberry.field(
         description="The record versions it wrote (added, superseded, deleted); null without "
         "SELECT on financial.AgentMemory.indexes.* and financial.AgentMemory.document."
@@ -97,7 +111,12 @@ class IngestMutation:
         "financial.ActionExecution.document."
     )
     async def remember_conversation(
-        self, info: Info, input: RememberConversationInput
+        self,
+        info: Info,
+        input: Annotated[
+            RememberConversationInput,
+            strawberry.argument(description="The agent, the session and the messages."),
+        ],
     ) -> RememberConversationResult:
         state, caller = info.context.state, info.context.caller
         done = await calls.remember_conversation(

@@ -10,6 +10,8 @@ from app.errors import BadInput, NotFound
 from app.graphql.context import Info
 from app.graphql.node import node_type
 from app.graphql.relay import (
+    AFTER,
+    FIRST,
     INT4_MAX,
     Connection,
     Node,
@@ -33,79 +35,172 @@ if TYPE_CHECKING:
     from app.graphql.executions import ActionExecution, ActionSession
 
 
-@strawberry.enum
+# Arguments several fields take, described once.
+ACTION_ID = Annotated[UUID, strawberry.argument(description="The agent (action) the record is of.")]
+MEMORY_ID = Annotated[UUID, strawberry.argument(description="The record's `memoryId`.")]
+VERSION = Annotated[
+    int | None,
+    strawberry.argument(
+        description="An exact retained version of the record; by default its current version."
+    ),
+]
+
+
+@strawberry.enum(description="A record's status: whether the agent still recalls it.")
 class ActionAgentMemoryStatus(Enum):
-    ACTIVE = "ACTIVE"
-    DELETED = "DELETED"
-    SUPERSEDED = "SUPERSEDED"
+    ACTIVE = strawberry.enum_value("ACTIVE", description="Recalled and searched by the agent.")
+    DELETED = strawberry.enum_value(
+        "DELETED",
+        description="Deleted: no longer recalled, and readable with its versions through "
+        "agentMemory and its history.",
+    )
+    SUPERSEDED = strawberry.enum_value(
+        "SUPERSEDED",
+        description="Another record replaced it (it corrects this one): `replacedBy` names it.",
+    )
 
 
-@strawberry.enum
+@strawberry.enum(description="Which sessions recall a record.")
 class ActionAgentMemoryScope(Enum):
-    SESSION = "SESSION"
-    AGENT = "AGENT"
+    SESSION = strawberry.enum_value(
+        "SESSION", description="Recalled only by the session that wrote it."
+    )
+    AGENT = strawberry.enum_value(
+        "AGENT",
+        description="Recalled by every session of the agent that reads agent scope, so what the "
+        "agent learns in one session informs the next.",
+    )
 
 
-@strawberry.enum
+@strawberry.enum(description="What wrote a record.")
 class ActionAgentMemorySource(Enum):
-    EXTRACTION = "EXTRACTION"
-    TOOL = "TOOL"
-    OPERATOR = "OPERATOR"
-    MCP = "MCP"
+    EXTRACTION = strawberry.enum_value(
+        "EXTRACTION", description="The memory review at the end of a turn."
+    )
+    TOOL = strawberry.enum_value(
+        "TOOL", description="The agent's own add_memory tool during a turn."
+    )
+    OPERATOR = strawberry.enum_value(
+        "OPERATOR", description="An operator, with addAgentMemory (an execution of its own)."
+    )
+    MCP = strawberry.enum_value(
+        "MCP", description="A client's tool call over MCP (/mcp/{actionId}), as the agent."
+    )
 
 
 @strawberry.type(description="A label value of a record: the label's fixed number, and its name.")
 class ActionAgentMemoryLabel:
-    number: int
-    value: str
-    name: str | None
+    number: int = strawberry.field(
+        description="The label's fixed number, from 5 to 18, declared in harness.memory.labels."
+    )
+    value: str = strawberry.field(description="The exact value, such as a customer ID.")
+    name: str | None = strawberry.field(
+        description="The label's name in the agent's harness.memory.labels; null if it no "
+        "longer declares one with this number."
+    )
 
 
 @strawberry.input(description="A label value, by the label's declared name or number.")
 class AgentMemoryLabelInput:
-    name: str | None = None
-    number: int | None = None
-    value: str
+    name: str | None = strawberry.field(
+        default=None, description="The label's name, as harness.memory.labels declares it."
+    )
+    number: int | None = strawberry.field(
+        default=None, description="The label's fixed number, from 5 to 18."
+    )
+    value: str = strawberry.field(description="The exact value, such as a customer ID.")
 
 
-@strawberry.input
+@strawberry.input(description="A record an operator seeds or corrects with addAgentMemory.")
 class AgentMemoryInput:
-    summary: str
-    content: str = ""
-    kind: str
-    labels: list[AgentMemoryLabelInput] | None = None
-    scope: ActionAgentMemoryScope | None = None
-    session_id: str | None = None
-    pinned: bool = False
-    replaces: UUID | None = None
-    metadata: Value | None = None
+    summary: str = strawberry.field(description="One line the agent can act on, at most 512 bytes.")
+    content: str = strawberry.field(
+        default="",
+        description="The evidence and specifics behind the summary, at most 16 KiB; empty when "
+        "the summary says it all.",
+    )
+    kind: str = strawberry.field(
+        description="One of the agent's memory kinds (harness.memory.kinds; by default "
+        "guidance, fact, event, reference)."
+    )
+    labels: list[AgentMemoryLabelInput] | None = strawberry.field(
+        default=None, description="Label values, each by the label's name or number."
+    )
+    scope: ActionAgentMemoryScope | None = strawberry.field(
+        default=None,
+        description="SESSION or AGENT: which sessions recall it. By default session scope when "
+        "the agent writes it, else agent scope.",
+    )
+    session_id: str | None = strawberry.field(
+        default=None, description="The session a session-scoped record belongs to."
+    )
+    pinned: bool = strawberry.field(
+        default=False,
+        description="List its summary in every turn's instructions; needs harness.memory.pinned "
+        "and UPDATE on financial.Action.document.",
+    )
+    replaces: UUID | None = strawberry.field(
+        default=None,
+        description="A record the new one corrects: that record becomes SUPERSEDED, and its "
+        "`replacedBy` names the new one.",
+    )
+    metadata: Value | None = strawberry.field(
+        default=None, description="Metadata attached to the fact: any JSON."
+    )
 
 
 @strawberry.type(description="A memory record of an agent, at its current or an exact version.")
 class ActionAgentMemory(Node):
     view: strawberry.Private[MemoryView]
-    memory_id: UUID
-    created: Timestamp
-    modified: Timestamp
-    version: int
-    action_id: UUID
-    summary: str
-    content: str
-    metadata: Value
-    status: ActionAgentMemoryStatus
-    scope: ActionAgentMemoryScope
-    kind: str
-    source: ActionAgentMemorySource
-    pinned: bool
-    labels: list[ActionAgentMemoryLabel]
-    replaces: UUID | None
-    replaced_by: UUID | None
-    preview: bool
-    execution_id: UUID
-    invocation_number: int
-    action_version: int
-    session_id: str | None
-    modified_by: str
+    memory_id: UUID = strawberry.field(description="Unique identifier of the record.")
+    created: Timestamp = strawberry.field(description="When the record was first written.")
+    modified: Timestamp = strawberry.field(description="The time of the record's last change.")
+    version: int = strawberry.field(
+        description="The record's current version (or the version read). Previous versions are "
+        "in `history`."
+    )
+    action_id: UUID = strawberry.field(description="The agent the record belongs to.")
+    summary: str = strawberry.field(description="One line the agent can act on, at most 512 bytes.")
+    content: str = strawberry.field(
+        description="The evidence and specifics behind the summary, at most 16 KiB; empty when "
+        "the summary says it all."
+    )
+    metadata: Value = strawberry.field(description="Metadata the agent attached to the fact.")
+    status: ActionAgentMemoryStatus = strawberry.field(
+        description="ACTIVE, DELETED, or SUPERSEDED."
+    )
+    scope: ActionAgentMemoryScope = strawberry.field(
+        description="SESSION or AGENT: which sessions recall it."
+    )
+    kind: str = strawberry.field(description="One of the agent's memory kinds.")
+    source: ActionAgentMemorySource = strawberry.field(
+        description="EXTRACTION, TOOL, or OPERATOR: what wrote it."
+    )
+    pinned: bool = strawberry.field(description="Whether every turn lists its summary.")
+    labels: list[ActionAgentMemoryLabel] = strawberry.field(
+        description="Its label values, each a `number` and a `value`, in number order."
+    )
+    replaces: UUID | None = strawberry.field(description="The record it replaced, if any.")
+    replaced_by: UUID | None = strawberry.field(
+        description="The record that replaced it, when it is SUPERSEDED."
+    )
+    preview: bool = strawberry.field(
+        description="Whether a turn in preview mode wrote it. Live turns never recall a preview "
+        "record."
+    )
+    execution_id: UUID = strawberry.field(
+        description="The execution whose turn wrote the record. `execution` reads it, subject to "
+        "your read permissions."
+    )
+    invocation_number: int = strawberry.field(description="The invocation that wrote the record.")
+    action_version: int = strawberry.field(description="The agent version that wrote the record.")
+    session_id: str | None = strawberry.field(
+        description="The session whose turn wrote the record. Null for an agent without sessions."
+    )
+    modified_by: str = strawberry.field(
+        description="Principal that made the last change: the writing agent's principal, or "
+        "whoever deleted the record."
+    )
 
     @classmethod
     def of(cls, view: MemoryView, *, exact_version: bool = False) -> "ActionAgentMemory":
@@ -173,7 +268,7 @@ class ActionAgentMemory(Node):
 
     @strawberry.field(description="Every version of the record, deleted or not, newest first.")
     async def history(
-        self, info: Info, first: int, after: str | None = None
+        self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection["ActionAgentMemory"]:
         check_first(first)
         cursor = decode_cursor(after, 1)
@@ -207,11 +302,20 @@ async def _read(
     return ActionAgentMemory.of(found, exact_version=version is not None)
 
 
-@strawberry.enum
+@strawberry.enum(description="How a search with a query ranks records.")
 class ActionAgentMemorySearchMode(Enum):
-    HYBRID = "hybrid"
-    LEXICAL = "lexical"
-    VECTOR = "vector"
+    HYBRID = strawberry.enum_value(
+        "hybrid",
+        description="By meaning and shared words together (the default): the cosine similarity "
+        "and the text rank scaled to the best match, fused.",
+    )
+    LEXICAL = strawberry.enum_value(
+        "lexical", description="By the words a record shares with the query (full text)."
+    )
+    VECTOR = strawberry.enum_value(
+        "vector",
+        description="By meaning: the similarity of the record's embedding to the query's.",
+    )
 
 
 @strawberry.type(
@@ -219,16 +323,26 @@ class ActionAgentMemorySearchMode(Enum):
     "hybrid mode, the cosine similarity in vector mode, the text rank in lexical."
 )
 class ActionAgentMemorySearchEdge:
-    cursor: str
-    node: ActionAgentMemory
-    score: float
+    cursor: str = strawberry.field(
+        description="Pass as `after`, with the same arguments, for the records after this one."
+    )
+    node: ActionAgentMemory = strawberry.field(description="The record found.")
+    score: float = strawberry.field(
+        description="Its score (higher is better); 0 for a listing without a query."
+    )
 
 
-@strawberry.type
+@strawberry.type(description="A page of the records a search found, best first.")
 class ActionAgentMemorySearchConnection:
-    edges: list[ActionAgentMemorySearchEdge]
-    nodes: list[ActionAgentMemory]
-    page_info: PageInfo
+    edges: list[ActionAgentMemorySearchEdge] = strawberry.field(
+        description="The records of this page, with their scores and cursors."
+    )
+    nodes: list[ActionAgentMemory] = strawberry.field(
+        description="The records of this page, without their scores."
+    )
+    page_info: PageInfo = strawberry.field(
+        description="Whether another page follows, and the cursor to ask for it."
+    )
 
 
 @strawberry.type
@@ -247,13 +361,27 @@ class ActionMemoryFields:
         self,
         info: Info,
         *,
-        sort: SortOrder | None = SortOrder.DESC,
-        first: int,
-        after: str | None = None,
-        kind: str | None = None,
-        labels: list[AgentMemoryLabelInput] | None = None,
-        scope: ActionAgentMemoryScope | None = None,
-        preview: bool | None = None,
+        sort: Annotated[
+            SortOrder | None,
+            strawberry.argument(description="By creation time: DESC (newest first) or ASC."),
+        ] = SortOrder.DESC,
+        first: FIRST,
+        after: AFTER = None,
+        kind: Annotated[
+            str | None, strawberry.argument(description="Only records of this kind.")
+        ] = None,
+        labels: Annotated[
+            list[AgentMemoryLabelInput] | None,
+            strawberry.argument(description="Only records holding every one of these values."),
+        ] = None,
+        scope: Annotated[
+            ActionAgentMemoryScope | None,
+            strawberry.argument(description="Only records of this scope."),
+        ] = None,
+        preview: Annotated[
+            bool | None,
+            strawberry.argument(description="Only preview records (true) or live ones (false)."),
+        ] = None,
         status: Annotated[
             list[ActionAgentMemoryStatus] | None,
             strawberry.argument(
@@ -292,7 +420,7 @@ class ActionMemoryFields:
         "null if none exists."
     )
     async def memory(
-        self, info: Info, id: UUID, version: int | None = None
+        self, info: Info, id: MEMORY_ID, version: VERSION = None
     ) -> ActionAgentMemory | None:
         return await _read(info, self.action_id, id, version)
 
@@ -305,17 +433,46 @@ class ActionMemoryFields:
         self,
         info: Info,
         *,
-        query: str | None = None,
-        mode: ActionAgentMemorySearchMode | None = None,
-        kind: str | None = None,
-        labels: list[AgentMemoryLabelInput] | None = None,
-        ids: list[UUID] | None = None,
-        first: int,
+        query: Annotated[
+            str | None,
+            strawberry.argument(
+                description="What to find, in words; without it (or blank), the newest records."
+            ),
+        ] = None,
+        mode: Annotated[
+            ActionAgentMemorySearchMode | None,
+            strawberry.argument(
+                description="How to rank; by default the agent's harness.memory.search.mode."
+            ),
+        ] = None,
+        kind: Annotated[
+            str | None, strawberry.argument(description="Only records of this kind.")
+        ] = None,
+        labels: Annotated[
+            list[AgentMemoryLabelInput] | None,
+            strawberry.argument(description="Only records with all of these exact label values."),
+        ] = None,
+        ids: Annotated[
+            list[UUID] | None,
+            strawberry.argument(description="Only these records (at most 1,000), read by ID."),
+        ] = None,
+        first: Annotated[
+            int,
+            strawberry.argument(description="How many records to return, from 0 to 1,000."),
+        ],
+        after: Annotated[
+            str | None,
+            strawberry.argument(
+                description="The `cursor` of the last record of the previous page, asked with "
+                "the same arguments: the records after it. A ranked search pages through its "
+                "best 10,000."
+            ),
+        ] = None,
     ) -> ActionAgentMemorySearchConnection:
         check_first(first, memory_search.MAX_PAGE)
         embedder = info.context.state.embedder
         assert embedder is not None, "the embedding service starts with the app"
-        views = await memory_search.search_as_operator(
+        views, cursors = await memory_search.search_as_operator(
             info.context.pool,
             embedder,
             info.context.caller,
@@ -326,22 +483,23 @@ class ActionMemoryFields:
             labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
             ids=ids,
             limit=first + 1,
+            after=after,
             max_query_chars=info.context.state.settings.max_search_query_chars,
         )
         edges = [
             ActionAgentMemorySearchEdge(
-                cursor=encode_cursor(v.record.memory_id),
+                cursor=cursor,
                 node=ActionAgentMemory.of(v),
                 score=v.record.score if v.record.score is not None else 0.0,
             )
-            for v in views[:first]
+            for v, cursor in zip(views[:first], cursors, strict=False)
         ]
         return ActionAgentMemorySearchConnection(
             edges=edges,
             nodes=[e.node for e in edges],
             page_info=PageInfo(
                 has_next_page=len(views) > first,
-                has_previous_page=False,
+                has_previous_page=after is not None,
                 start_cursor=edges[0].cursor if edges else None,
                 end_cursor=edges[-1].cursor if edges else None,
             ),
@@ -363,14 +521,14 @@ async def _memory_node(info: Info, parts: list[str]) -> ActionAgentMemory | None
     return await _read(info, parse_uuid(parts[0]), parse_uuid(parts[1]), version)
 
 
-@strawberry.type
+@strawberry.type(description="Reading an agent's records.")
 class MemoryQuery:
     @strawberry.field(
         description="One of the agent's records, deleted or not, or an exact retained version; "
         "null if none exists."
     )
     async def agent_memory(
-        self, info: Info, action_id: UUID, id: UUID, version: int | None = None
+        self, info: Info, action_id: ACTION_ID, id: MEMORY_ID, version: VERSION = None
     ) -> ActionAgentMemory | None:
         return await _read(info, action_id, id, version)
 
@@ -382,7 +540,7 @@ IDEMPOTENCY_KEY = strawberry.argument(
 )
 
 
-@strawberry.type
+@strawberry.type(description="Writing an agent's records.")
 class MemoryMutation:
     @strawberry.mutation(
         description="Deletes one of the agent's records: the agent no longer recalls it, and it "
@@ -391,8 +549,8 @@ class MemoryMutation:
     async def delete_agent_memory(
         self,
         info: Info,
-        action_id: UUID,
-        id: UUID,
+        action_id: ACTION_ID,
+        id: MEMORY_ID,
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> ActionAgentMemory:
         deleted = await operator.delete_memory(
@@ -410,8 +568,8 @@ class MemoryMutation:
     async def add_agent_memory(
         self,
         info: Info,
-        action_id: UUID,
-        input: AgentMemoryInput,
+        action_id: ACTION_ID,
+        input: Annotated[AgentMemoryInput, strawberry.argument(description="The record.")],
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> ActionAgentMemory:
         embedder = info.context.state.embedder
@@ -435,8 +593,13 @@ class MemoryMutation:
     async def add_agent_memories(
         self,
         info: Info,
-        action_id: UUID,
-        inputs: list[AgentMemoryInput],
+        action_id: ACTION_ID,
+        inputs: Annotated[
+            list[AgentMemoryInput],
+            strawberry.argument(
+                description=f"1 to {operator.MAX_BULK:,} records, as addAgentMemory takes them."
+            ),
+        ],
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> "AddAgentMemoriesResult":
         embedder = info.context.state.embedder

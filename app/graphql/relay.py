@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 from uuid import UUID
 
 import strawberry
@@ -19,10 +19,23 @@ INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 K = TypeVar("K", UUID, str)
 
 
-@strawberry.enum
+@strawberry.enum(description="The order of a listing.")
 class SortOrder(Enum):
-    ASC = "ASC"
-    DESC = "DESC"
+    ASC = strawberry.enum_value("ASC", description="Oldest first.")
+    DESC = strawberry.enum_value("DESC", description="Newest first.")
+
+
+# The arguments of every connection (Relay forward paging), described once.
+FIRST = Annotated[
+    int, strawberry.argument(description="How many to return, from 0 to 1,000 (a page).")
+]
+AFTER = Annotated[
+    str | None,
+    strawberry.argument(
+        description="The previous page's `pageInfo.endCursor`: the page after it. Omit it for "
+        "the first page."
+    ),
+]
 
 
 def global_id(type_name: str, *key: object) -> strawberry.ID:
@@ -63,28 +76,44 @@ def parse_uuid(value: str, what: str = "ID") -> UUID:
 
 @strawberry.interface(description="An object with a global identifier.")
 class Node:
-    id: strawberry.ID
+    id: strawberry.ID = strawberry.field(
+        description="Global identifier for the `node(id)` query: reads the object back."
+    )
 
 
-@strawberry.type
+@strawberry.type(description="Where a page is in its list (Relay).")
 class PageInfo:
-    has_next_page: bool
-    has_previous_page: bool
-    start_cursor: str | None
-    end_cursor: str | None
+    has_next_page: bool = strawberry.field(
+        description="Whether another page follows: ask for it with `after: endCursor`."
+    )
+    has_previous_page: bool = strawberry.field(
+        description="Whether pages come before this one (it was asked with `after`)."
+    )
+    start_cursor: str | None = strawberry.field(
+        description="The cursor of the page's first item; null for an empty page."
+    )
+    end_cursor: str | None = strawberry.field(
+        description="The cursor of the page's last item: pass it as `after` for the next page; "
+        "null for an empty page."
+    )
 
 
-@strawberry.type
+@strawberry.type(description="One item of a page, with its cursor.")
 class Edge(Generic[T]):
-    cursor: str
-    node: T
+    cursor: str = strawberry.field(description="Pass as `after` for the items after this one.")
+    node: T = strawberry.field(description="The item.")
 
 
-@strawberry.type
+@strawberry.type(
+    description="A page of a list (a Relay connection): ask with `first`, and pass "
+    "`pageInfo.endCursor` as `after` for the next page."
+)
 class Connection(Generic[T]):
-    edges: list[Edge[T]]
-    nodes: list[T]
-    page_info: PageInfo
+    edges: list[Edge[T]] = strawberry.field(description="The page's items, with their cursors.")
+    nodes: list[T] = strawberry.field(description="The page's items, without their cursors.")
+    page_info: PageInfo = strawberry.field(
+        description="Whether another page follows, and the cursor to ask for it."
+    )
 
 
 def encode_cursor(*values: Any) -> str:

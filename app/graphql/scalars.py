@@ -1,10 +1,14 @@
-"""Custom scalars: `Timestamp` (RFC 3339, UTC) and `Value` (any JSON). `UUID` is strawberry's."""
+"""Custom scalars: `Timestamp` (RFC 3339, UTC) and `Value` (any JSON). `UUID` is strawberry's,
+described here."""
 
+import dataclasses
+import uuid
 from datetime import UTC, datetime
 from typing import Any, NewType
 
 import strawberry
 from graphql import ValueNode, value_from_ast_untyped
+from strawberry.schema.types.base_scalars import UUIDDefinition
 from strawberry.types.scalar import ScalarDefinition
 
 Timestamp = NewType("Timestamp", datetime)
@@ -35,6 +39,12 @@ def _parse_value_literal(node: ValueNode, variables: dict[str, Any] | None = Non
 
 
 SCALARS: dict[object, ScalarDefinition] = {
+    # strawberry's own UUID scalar (its parsing and errors), described.
+    uuid.UUID: dataclasses.replace(
+        UUIDDefinition,
+        description="A UUID in its canonical text form, such as "
+        "0a1b2c3d-0000-4000-8000-00000000000a: the ID of an account, agent, record or execution.",
+    ),
     Timestamp: strawberry.scalar(
         name="Timestamp",
         description="An instant in time, as an RFC 3339 string in UTC.",

@@ -1,6 +1,7 @@
 """The schema: each domain's Query and Mutation classes, combined."""
 
 from functools import cache
+from typing import Annotated
 
 import strawberry
 from graphql import ASTValidationRule, FieldNode, GraphQLError, get_named_type
@@ -30,17 +31,33 @@ from app.graphql.scalars import SCALARS
 
 @strawberry.type
 class NodeQuery:
-    @strawberry.field(description="Any object by its global ID.")
-    async def node(self, info: Info, id: strawberry.ID) -> Node | None:
+    @strawberry.field(
+        description="Any object by its global ID, with the grants of the field that returned "
+        "it. An ID of another account, or of nothing, is NOT_FOUND; a malformed one BAD_REQUEST."
+    )
+    async def node(
+        self,
+        info: Info,
+        id: Annotated[
+            strawberry.ID,
+            strawberry.argument(description="The object's `id`, as a field returned it."),
+        ],
+    ) -> Node | None:
         return await resolve_node(info, id)
 
 
-@strawberry.type
+@strawberry.type(
+    description="What a client reads: who it is, clients, agents, executions, memory records, "
+    "and any object by its global ID."
+)
 class Query(NodeQuery, AuthQuery, ActionQuery, ExecutionQuery, MemoryQuery):
     pass
 
 
-@strawberry.type
+@strawberry.type(
+    description="What a client changes: accounts, clients and tokens, agents, turns, memory "
+    "records and sessions."
+)
 class Mutation(AuthMutation, ActionMutation, ExecutionMutation, MemoryMutation, IngestMutation):
     pass
 

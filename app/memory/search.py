@@ -71,6 +71,7 @@ through the table; figures in bench/README.md)
 
 import base64
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,6 +145,9 @@ MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
 # A page is read with one more record, which tells whether another page follows.
 MAX_LIMIT = MAX_PAGE + 1
 MAX_IDS = 1000
+# A ranked search pages at most this deep: each page's index plan reads candidates for every
+# record before it, so deeper pages cost more (a listing without a query pages without end).
+MAX_DEPTH = 10_000
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,11 @@ class SearchResult:
     next_cursor: str | None = None  # query-less listing: pass as `after` for the next page
     embed_tokens: int = 0  # usage of the query's embedding, recorded as purpose `embed`
     plan: Plan | None = field(default=None, compare=False)  # which plan ranked (benchmarks)
+    # Each record's cursor: passed as `after` (with the same query and filters), the records
+    # after it. A listing's is its (created, memory_id); a ranked search's its (score, created,
+    # memory_id) and how many records came before (the index plan reads that many more
+    # candidates). GraphQL's searchMemories pages with them; the agent's tool, by next_cursor.
+    cursors: list[str] = field(default_factory=list, compare=False)
 
 
 async def search(
@@ -194,10 +203,10 @@ async def search(
             rows = await search_store.newest(conn, reader, filters, after=keyset, limit=limit + 1)
         more = len(rows) > limit
         page = rows[:limit]
-        return SearchResult(page, _encode(page[-1]) if more else None)
+        cursors = [_encode(r) for r in page]
+        return SearchResult(page, cursors[-1] if more else None, cursors=cursors)
 
-    if after is not None:
-        raise BadInput("`after` pages a listing without a query; a ranked search has one page")
+    position = _decode_ranked(after)
     if limit == 0:
         return SearchResult([])
     vector, tokens = None, 0
@@ -206,9 +215,19 @@ async def search(
             # Embedded before taking a connection: no transaction waits on the model.
             embedded = await embedder.embed([query])
             vector, tokens = embedded.vectors[0], embedded.tokens
-        ranking = make_ranking(mode, query, vector, config.min_score, limit)
+        ranking = make_ranking(
+            mode,
+            query,
+            vector,
+            config.min_score,
+            limit,
+            after=position.keyset if position else None,
+            depth=position.depth if position else 0,
+        )
         records, plan = await ranked(pool, reader, filters, ranking)
-    return SearchResult(records, None, tokens, plan)
+    depth = position.depth if position else 0
+    cursors = [_encode_ranked(r, depth + i + 1) for i, r in enumerate(records)]
+    return SearchResult(records, None, tokens, plan, cursors)
 
 
 def make_ranking(
@@ -219,7 +238,13 @@ def make_ranking(
     limit: int,
     weight: float = HYBRID_WEIGHT,
     rank_normalization: int = 0,
+    *,
+    after: tuple[float, datetime, UUID] | None = None,
+    depth: int = 0,
 ) -> Ranking:
+    """`after` and `depth`: a later page, after that record with `depth` records before it
+    (the index plan proposes enough candidates for them and this page)."""
+    reach = depth + limit
     return Ranking(
         mode=mode,  # type: ignore[arg-type]
         text=query if mode != "vector" else None,
@@ -227,13 +252,14 @@ def make_ranking(
         min_score=min_score,
         limit=limit,
         weight=weight,
-        candidates=max(CANDIDATES, 4 * limit),
-        ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * limit)),
-        ef_search_shared=min(MAX_EF_SEARCH, max(EF_SEARCH_SHARED, 4 * limit)),
+        candidates=max(CANDIDATES, 4 * reach),
+        ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * reach)),
+        ef_search_shared=min(MAX_EF_SEARCH, max(EF_SEARCH_SHARED, 4 * reach)),
         rare_rows=RARE_WORD_ROWS,
-        rare_reads=max(RARE_WORD_READS, 10 * limit),
+        rare_reads=max(RARE_WORD_READS, 10 * reach),
         common_share=COMMON_WORD_SHARE,
         rank_normalization=rank_normalization,
+        after=after,
     )
 
 
@@ -290,11 +316,13 @@ async def search_as_operator(
     labels: Sequence[LabelValue] = (),
     ids: Sequence[UUID] | None = None,
     limit: int,
+    after: str | None = None,
     max_query_chars: int = MAX_QUERY_CHARS,
-) -> list[MemoryView]:
+) -> tuple[list[MemoryView], list[str]]:
     """An operator's search of an agent's records (every session, live and preview), with the
     agent's search settings. A ranked search needs SELECT on the memory search index and
-    documents; without a query it is a listing, and with `ids` a read, needing what those do."""
+    documents; without a query it is a listing, and with `ids` a read, needing what those do.
+    Returns the records with their cursors (`after` for the records after each)."""
     ranked_search = query is not None and bool(query.strip())
     if ranked_search:
         caller.require(*resources.SEARCH_MEMORY)
@@ -316,10 +344,11 @@ async def search_as_operator(
         labels=label_numbers(memory, labels),
         ids=ids,
         limit=limit,
+        after=after,
         mode=mode,
     )
     names = {label.number: label.name for label in memory.labels}
-    return [MemoryView(r, names) for r in result.records]
+    return [MemoryView(r, names) for r in result.records], result.cursors
 
 
 def label_numbers(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[int, str]:
@@ -381,3 +410,51 @@ def _decode(after: str | None) -> tuple[datetime, UUID] | None:
         raise BadInput(
             "`after` is not a cursor a search issued: pass the previous page's next cursor"
         ) from None
+
+
+@dataclass(frozen=True)
+class _Position:
+    keyset: tuple[float, datetime, UUID]  # the last record of the page before
+    depth: int  # how many records the pages before held
+
+
+def _encode_ranked(last: MemoryRecord, depth: int) -> str:
+    score = last.score if last.score is not None else 0.0
+    values = ["ranked", score, last.created.isoformat(), str(last.memory_id), depth]
+    raw = json.dumps(values, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_ranked(after: str | None) -> _Position | None:
+    if after is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(after + "=" * (-len(after) % 4))
+        tag, score, created, memory_id, depth = json.loads(raw)
+        if not (
+            tag == "ranked"
+            and isinstance(score, int | float)
+            and not isinstance(score, bool)
+            and math.isfinite(score)
+            and isinstance(created, str)
+            and isinstance(memory_id, str)
+            and isinstance(depth, int)
+            and not isinstance(depth, bool)
+            and depth > 0
+        ):
+            raise ValueError("not a cursor")
+        instant = datetime.fromisoformat(created)
+        if instant.tzinfo is None:
+            raise ValueError("naive timestamp")
+        position = _Position((float(score), instant.astimezone(UTC), UUID(memory_id)), depth)
+    except Exception:  # a crafted cursor is the caller's error, whatever it trips
+        raise BadInput(
+            "`after` is not a cursor a search with this query issued: pass the cursor of the "
+            "last record of the previous page, with the same query"
+        ) from None
+    if position.depth >= MAX_DEPTH:
+        raise BadInput(
+            f"a ranked search pages through its best {MAX_DEPTH:,} records; narrow the query or "
+            "filter by kind or labels to reach others"
+        )
+    return position

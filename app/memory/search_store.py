@@ -64,6 +64,9 @@ class Ranking:
     # ts_rank's normalization flags: 0 (search: raw), 1 (memory review: divided by 1 + the log
     # of the record's length, which found more restated facts, bench/review.py)
     rank_normalization: int = 0
+    # A later page: only records ranked after this (score, created, memory_id), the last record
+    # of the page before (the order is score DESC, created DESC, memory_id DESC).
+    after: tuple[float, datetime, UUID] | None = None
 
 
 def _filters(f: Filters, p: Params, m: str = "m") -> str:
@@ -98,7 +101,7 @@ _FUSED = """
     , fused AS (
         SELECT memory_id, created, {score} AS score FROM scored WHERE {found}
     ), top AS (
-        SELECT memory_id, created, score FROM fused
+        SELECT memory_id, created, score FROM fused{after}
         ORDER BY score DESC, created DESC, memory_id DESC LIMIT {limit}
     )
     SELECT {columns}, top.score FROM top JOIN agent_memories m
@@ -109,9 +112,18 @@ _FUSED = """
 
 def _finish(reader: Reader, r: Ranking, p: Params) -> str:
     score, found = fusion(r.mode, r.weight, r.min_score, p)
+    after = ""
+    if r.after is not None:
+        # After the fusion: the text rank is still normalized over every match.
+        s, created, memory_id = r.after
+        after = (
+            f" WHERE (score, created, memory_id) < "
+            f"({p(s)}::float8, {p(created)}::timestamptz, {p(memory_id)}::uuid)"
+        )
     return _FUSED.format(
         score=score,
         found=found,
+        after=after,
         limit=int(r.limit),
         columns=_COLUMNS,
         account=p(reader.account_id),
