@@ -10,6 +10,7 @@ import sys
 import warnings
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from typing import Any
 
 request_id: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
 
@@ -61,9 +62,22 @@ class TextFormatter(logging.Formatter):
         return f"{line} [request {rid}]" if rid else line
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is when a record comes, not the one at configure time (a
+    test harness swaps and closes it; a record written later would hit a closed file)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure(log_format: str = "text", level: str = "INFO") -> None:
     """Sets up the root logger on stderr (replacing earlier handlers) and quiets libraries."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
