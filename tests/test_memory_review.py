@@ -537,3 +537,32 @@ async def test_m14_a_long_run_of_messages_is_read_in_parts(
         "Ada likes tea",
         "Ada likes cake",
     }
+
+
+def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
+    """The review's neighbours: the records search ranked, ranked again with the candidate's
+    words weighted by how rare they are among them (bench/review.py measures its recall)."""
+    from datetime import UTC, datetime
+    from uuid import uuid4
+
+    from app.memory.records import MemoryRecord
+    from app.memory.review import rerank
+
+    now = datetime.now(UTC)
+
+    def record(summary: str, score: float) -> MemoryRecord:
+        return MemoryRecord(
+            uuid4(), uuid4(), uuid4(), 1, now, now, summary, "", None, "ACTIVE", "AGENT",
+            "fact", "OPERATOR", False, {}, None, None, False, uuid4(), 1, 1, None, "agent",
+            score=score,
+        )  # fmt: skip
+
+    pool = [record(f"Jon talked about his day number {i}", 0.9) for i in range(5)]
+    pool.append(record("Jon opened a dance studio", 0.8))
+    ranked = rerank(pool, "Jon: my dance studio opened today")
+    # "dance" and "studio" are rare among the six, "Jon" common: the studio record comes first
+    # although search scored it lowest: 0.7 x its score over the best + 0.3 x the best BM25.
+    assert ranked[0].summary == "Jon opened a dance studio"
+    assert ranked[0].score == pytest.approx(0.7 * 0.8 / 0.9 + 0.3)
+    assert [r.summary for r in ranked[1:]] == [r.summary for r in pool[:5]]  # ties keep order
+    assert rerank([], "anything") == []
