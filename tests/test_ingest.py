@@ -18,6 +18,7 @@ from runtime_support import (
     model_server,  # noqa: F401  (fixture)
     settings,  # noqa: F401  (fixture)
 )
+from test_history import history_of, searched, texts
 from test_http import serving
 from test_memory_review import DECIDE_CALL, candidates, decide, review_requests
 
@@ -276,3 +277,96 @@ async def test_remember_conversation_over_mcp(
     execution = (await gql(admin, EXECUTION, e=done["executionId"])).ok()["execution"]
     assert execution["kind"] == "INGEST"
     assert execution["input"]["client"]["principal"] == "agent-runner"
+
+
+# Issue 15 item 2: an ingest keeps its messages as session history when the agent keeps it.
+
+WITH_HISTORY = {**memory_harness(), "history": {"index": "messages_and_tools"}}
+SESSION_TURNS = """query($a: UUID!) { action(actionId: $a) { sessions(first: 10) {
+    nodes { sessionId turns } } } }"""
+
+
+async def _turns(gql: GQL, who: Caller, action_id: str) -> int:
+    result = (await gql(who, SESSION_TURNS, a=action_id)).ok()
+    (session,) = result["action"]["sessions"]["nodes"]
+    return session["turns"]
+
+
+async def test_h2_an_ingested_conversation_is_history_a_later_turn_searches(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent(gql, admin, WITH_HISTORY)
+    candidates(model_server, {"summary": "Ada's locker code is 4471"})
+    messages = [
+        {"role": "user", "content": "My locker code at the gym is 4471."},
+        {"role": "assistant", "content": "Got it, locker 4471."},
+        {"role": "tool", "content": "gym_lookup: Ada, member since 2024"},
+    ]
+    done = await _remember(gql, admin, action_id, messages)
+    assert done["status"] == "SUCCEEDED", done["error"]
+    # The ingest is the session's first turn, and keeps each message as that turn's.
+    execution = (await gql(admin, EXECUTION, e=done["executionId"])).ok()["execution"]
+    assert execution["kind"] == "INGEST"
+    assert await _turns(gql, admin, action_id) == 1
+    kept = await history_of(gql, admin, action_id)
+    assert [(e["turn"], e["who"], e["sequence"]) for e in kept] == [
+        (1, "USER", 1),
+        (1, "AGENT", 2),
+        (1, "TOOL", 3),
+    ]
+    assert {e["executionId"] for e in kept} == {done["executionId"]}
+    assert kept[2]["text"] == "gym_lookup: Ada, member since 2024"
+    assert not any(e["preview"] for e in kept)
+
+    # A later turn (turn 2) finds it with search_history, and its window is unharmed.
+    second, searching = await searched(
+        model_server, gql, admin, action_id, {"query": "locker code gym"}
+    )
+    assert second["status"] == "SUCCEEDED"
+    found = searching["output"]["events"]
+    user = next(e for e in found if e["text"].startswith("turn 1, user\n"))
+    assert user["text"] == "turn 1, user\nMy locker code at the gym is 4471."
+    assert user["execution"] == done["executionId"]
+    assert await _turns(gql, admin, action_id) == 2
+    assert [(e["turn"], e["who"]) for e in await history_of(gql, admin, action_id)][3] == (
+        2,
+        "USER",
+    )
+
+
+async def test_h2_messages_mode_keeps_no_tool_messages_and_preview_stays_preview(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = {**memory_harness(), "history": {"index": "messages"}}
+    action_id = await make_agent(gql, admin, harness)
+    candidates(model_server, {"summary": "Ada likes tea"})
+    messages = [
+        {"role": "user", "content": "I like tea."},
+        {"role": "tool", "content": "tea_shop: open"},
+    ]
+    done = await _remember(gql, admin, action_id, messages, preview=True)
+    assert done["status"] == "SUCCEEDED", done["error"]
+    kept = await history_of(gql, admin, action_id)
+    assert [(e["who"], e["preview"]) for e in kept] == [("USER", True)]
+    # A live turn does not find a preview ingest's messages (H13).
+    _, searching = await searched(model_server, gql, admin, action_id, {"query": "tea"})
+    assert "I like tea" not in texts(searching)
+
+
+async def test_h5_without_history_or_when_the_ingest_fails_nothing_is_kept(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    # History off: the ingest counts a turn of its session, and keeps no history.
+    action_id = await make_agent(gql, admin, memory_harness())
+    candidates(model_server, {"summary": "Ada is vegetarian"})
+    done = await _remember(gql, admin, action_id, _talk("I am vegetarian", "Noted."))
+    assert done["status"] == "SUCCEEDED", done["error"]
+    assert await history_of(gql, admin, action_id) == []
+
+    # History on, the review fails: no history, no turn counted.
+    action_id = await make_agent(gql, admin, WITH_HISTORY)
+    model_server.chat_error(500, purpose="memory")
+    failed = await _remember(gql, admin, action_id, _talk("I am vegetarian", "Noted."))
+    assert failed["status"] == "FAILED"
+    assert await history_of(gql, admin, action_id) == []
+    assert await _turns(gql, admin, action_id) == 0

@@ -248,7 +248,10 @@ class ActionSession(SessionHistoryFields, Node):
         description="The session's ID, as executeAction's `sessionId` names it."
     )
     action_id: UUID = strawberry.field(description="The agent it belongs to.")
-    turns: int = strawberry.field(description="How many turns it has committed.")
+    turns: int = strawberry.field(
+        description="How many turns it has committed (a conversation ingested into it with "
+        "rememberConversation counts as one)."
+    )
     created: Timestamp = strawberry.field(description="When its first turn started.")
     modified: Timestamp = strawberry.field(description="When it last changed.")
 

@@ -52,7 +52,8 @@ class ActionHistoryEvent(Node):
     execution_id: UUID = strawberry.field(description="The execution it came from.")
     invocation_number: int = strawberry.field(description="The invocation it came from.")
     sequence: int = strawberry.field(
-        description="The transcript event it came from, in its execution."
+        description="The transcript event it came from, in its execution (a message of an "
+        "ingested conversation: its place among the messages, from 1)."
     )
     who: ActionHistoryWho = strawberry.field(description="Who it is from.")
     call_id: str | None = strawberry.field(description="A tool result's call.")

@@ -3,6 +3,9 @@
 - `messages`: the turn's message as the agent received it, and each reply of the agent (its
   model calls of purpose `turn`) with the tools that reply called.
 - `messages_and_tools`: also each result of those calls, or its error.
+- A conversation handed in (`rememberConversation`, an execution of kind INGEST, counted as
+  one turn of its session): its user messages, its assistant messages (as the agent's) and,
+  with `messages_and_tools`, its tool messages (`ingested_events`).
 - Never: the agent's own retrievals (recalls and `search_memory`, `read_memory` and
   `search_history` results: they are copies of what memory and history already hold) and
   skill loads; nor what memory reviews or context summaries (other purposes) said.
@@ -58,7 +61,10 @@ def render(who: str, data: dict[str, Any]) -> str:
         return "\n".join(lines)
     if "error" in data:
         return f"{data.get('name')} failed: {data['error']}"
-    return json.dumps(data.get("output"), ensure_ascii=False)
+    output = data.get("output")
+    if isinstance(output, str):  # a tool message handed in: its text as it was
+        return output
+    return json.dumps(output, ensure_ascii=False)
 
 
 def _event(sequence: int, who: str, data: dict[str, Any], **call: str | None) -> KeptEvent | None:
@@ -98,6 +104,23 @@ def kept_events(
                 else:
                     result["output"] = data.get("output")
                 found = _event(sequence, "tool", result, call_id=call_id, tool=name)
+        if found is not None:
+            kept.append(found)
+    return kept
+
+
+def ingested_events(messages: Iterable[tuple[str, str]], index: str) -> list[KeptEvent]:
+    """The events an ingested conversation keeps, from its (role, content) messages in order;
+    each event's sequence is its message's place among them, from 1."""
+    kept: list[KeptEvent] = []
+    for sequence, (role, content) in enumerate(messages, start=1):
+        found: KeptEvent | None = None
+        if role == "user":
+            found = _event(sequence, "user", {"message": content})
+        elif role == "assistant":
+            found = _event(sequence, "agent", {"content": content, "toolCalls": []})
+        elif role == "tool" and index == MESSAGES_AND_TOOLS:
+            found = _event(sequence, "tool", {"output": content})
         if found is not None:
             kept.append(found)
     return kept

@@ -9,6 +9,8 @@ end and its transcript in one short transaction; a failure discards them and kee
 transcript. The tools are the turn's own (turns.native_tools): the same schemas, limits,
 scope rules, preview flag and error messages. Records an MCP call writes have source MCP,
 those an ingest's review writes EXTRACTION, and both have the agent's principal as modifiedBy.
+An ingest in a session is counted as one turn of it, and keeps its messages as that turn's
+session history when the agent keeps history (app/history/keeping.py).
 """
 
 import asyncio
@@ -26,6 +28,8 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.auth.resources import Grant
 from app.errors import BadInput, Conflict, NotFound
+from app.history import keeping
+from app.history import store as history_store
 from app.history.service import READ_HISTORY
 from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
@@ -282,17 +286,43 @@ def _running(state: AppState, execution: Execution) -> Iterator[None]:
 
 
 async def _commit(
-    run: _Run, output: Callable[[list[MemoryRecord]], Any], key: Key | None = None
+    run: _Run,
+    output: Callable[[list[MemoryRecord]], Any],
+    key: Key | None = None,
+    *,
+    as_turn: bool = False,
+    kept: keeping.Prepared | None = None,
 ) -> Execution:
     """Commits the staged memory, the execution's `output` (made from the records as
-    committed) and its transcript together."""
+    committed) and its transcript together. `as_turn` (an ingest in a session): the
+    execution is counted as the session's next turn, and keeps `kept` as that turn's history,
+    in the same transaction (H5)."""
     context = run.context
+    execution = run.execution
     async with context.state.pool.acquire() as conn, conn.transaction():
         written = await context.work.commit(conn) if context.work is not None else []
         if key is not None:
-            await key.record(conn, {"executionId": str(run.execution.execution_id)})
+            await key.record(conn, {"executionId": str(execution.execution_id)})
+        turn = None
+        if as_turn and execution.session_id is not None:
+            turn = await store.count_turn(
+                conn, execution.account_id, execution.action_id, execution.session_id
+            )
+            if kept is not None:
+                await history_store.insert(
+                    conn,
+                    account_id=execution.account_id,
+                    action_id=execution.action_id,
+                    session_id=execution.session_id,
+                    turn=turn,
+                    execution_id=execution.execution_id,
+                    invocation_number=execution.invocation_number,
+                    preview=execution.preview,
+                    events=kept.events,
+                    vectors=kept.vectors,
+                )
         row = await turns._finish(
-            conn, context, status="SUCCEEDED", output=output(written), error=None, turn=None
+            conn, context, status="SUCCEEDED", output=output(written), error=None, turn=turn
         )
     context.transcript.written = len(context.transcript.events)
     return Execution.of(row)
@@ -565,12 +595,30 @@ def _decisions(event: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+async def _kept_history(run: _Run, messages: list[tuple[str, str]]) -> keeping.Prepared | None:
+    """What an ingest keeps in its session's history, embedded before its commit (None: the
+    agent keeps no history, or the ingest has no session)."""
+    context = run.context
+    history = context.action.harness.history
+    if history is None or run.execution.session_id is None:
+        return None
+    assert context.state.embedder is not None
+    prepared = await keeping.embed(
+        context.state.embedder, keeping.ingested_events(messages, history.index)
+    )
+    if prepared.embed_tokens:
+        context.transcript.embedding(context.state.embedder.name, prepared.embed_tokens, "history")
+    return prepared
+
+
 async def remember_conversation(
     state: AppState, caller: Caller, request: IngestRequest, client: ClientInfo | None = None
 ) -> Remembered:
     """Runs the memory review over a conversation handed in, as an execution of kind INGEST
-    whose records have source EXTRACTION. A retry with the same idempotency key answers with
-    the first ingest that committed, and writes nothing."""
+    whose records have source EXTRACTION. In a session it counts as the session's next turn,
+    and when the agent keeps history its messages are kept as that turn's (so a later turn's
+    search_history finds them), only when it commits. A retry with the same idempotency key
+    answers with the first ingest that committed, and writes nothing."""
     caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
     messages = check_messages(request.messages)
     key = _request_key(caller, request)
@@ -608,15 +656,17 @@ async def remember_conversation(
                 conversation_review.Message(role, text, time or now, execution.execution_id, None)
                 for role, text, time in messages
             ]
-            # TODO(history, i13): when the agent's harness has history, keep `said` as the
-            # session's history events here (in this execution's commit), so search_history
-            # finds them.
             staged = await review.run(said)
             review.event["written"] = versions(staged)
             context.transcript.add(events.MEMORY_REVIEW, review.event)
             decisions = _decisions(review.event)
+            kept = await _kept_history(run, [(role, text) for role, text, _ in messages])
             execution = await _commit(
-                run, lambda written: {"decisions": decisions, "memories": versions(written)}, key
+                run,
+                lambda written: {"decisions": decisions, "memories": versions(written)},
+                key,
+                as_turn=True,
+                kept=kept,
             )
         except Duplicate:
             # A concurrent request with the same key committed first: this one keeps nothing.
