@@ -556,18 +556,9 @@ def _request_key(caller: Caller, request: IngestRequest) -> Key | None:
 
 async def _answered(state: AppState, caller: Caller, key: Key) -> Remembered | None:
     """The ingest a key already answered with (its key is recorded only when it committed)."""
-    async with state.pool.acquire() as conn:
-        result = await key.previous(conn)
-        if result is None:
-            return None
-        execution_id = UUID(result["executionId"])
-        row = await store.get_execution(conn, caller.account_id, None, execution_id)
-    if row is None:
-        raise NotFound(
-            f"idempotency key {key.key!r} answered with execution {execution_id}, which no "
-            "longer exists (its action was deleted)"
-        )
-    execution = Execution.of(row)
+    execution = await turns.keyed_execution(state, caller, key)
+    if execution is None:
+        return None
     output = execution.output or {}
     return Remembered(execution, output.get("decisions", []), output.get("memories", []))
 

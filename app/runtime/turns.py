@@ -359,8 +359,9 @@ def _request_key(caller: Caller, request: TurnRequest) -> Key | None:
     )
 
 
-async def _answered(state: AppState, caller: Caller, key: Key) -> Execution | None:
-    """The execution a key already answered with, as it is now; None for a new key."""
+async def keyed_execution(state: AppState, caller: Caller, key: Key) -> Execution | None:
+    """The execution a key already answered with (an executeAction, an MCP call, an ingest),
+    as it is now; None for a new key."""
     async with state.pool.acquire() as conn:
         result = await key.previous(conn)
         if result is None:
@@ -372,7 +373,15 @@ async def _answered(state: AppState, caller: Caller, key: Key) -> Execution | No
             f"idempotency key {key.key!r} answered with execution {execution_id}, which no "
             "longer exists (its action was deleted)"
         )
-    execution = Execution.of(row)
+    return Execution.of(row)
+
+
+async def _answered(state: AppState, caller: Caller, key: Key) -> Execution | None:
+    """The execution a key already answered with, as it is now; None for a new key."""
+    execution = await keyed_execution(state, caller, key)
+    if execution is None:
+        return None
+    execution_id = execution.execution_id
     if execution.status == "RUNNING":
         raise Conflict(
             f"idempotency key {key.key!r}: its turn, execution {execution_id}, is still running; "
