@@ -74,3 +74,17 @@ def load_locomo(path: Path) -> list[dict[str, Any]]:
             f"{', '.join(sorted(str(s.get('sample_id')) for s in dev)) or 'none'}"
         )
     return dev
+
+
+def percentiles(samples: list[float]) -> str:
+    """p50, p95, p99 and mean of timings in ms, and how many there were."""
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    mean = sum(ordered) / len(ordered)
+    return (
+        f"p50 {at(0.50):7.2f}  p95 {at(0.95):7.2f}  p99 {at(0.99):7.2f}  mean {mean:7.2f} ms"
+        f"  (n={len(ordered)})"
+    )

@@ -81,7 +81,7 @@ from app.runtime.model import ModelClient  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
 from app.state import AppState  # noqa: E402
-from bench.common import tuned_server  # noqa: E402
+from bench.common import percentiles, tuned_server  # noqa: E402
 
 KS = (1, 5, 10)
 DIA = re.compile(r"D(\d+):(\d+)")
@@ -161,18 +161,6 @@ def serve_model(ports: Any, stop: Any) -> None:
     ports.put(server.port)
     stop.wait()
     server.stop()
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return (
-        f"p50 {at(0.50):7.2f} ms   p95 {at(0.95):7.2f} ms   p99 {at(0.99):7.2f} ms"
-        f"   mean {statistics.fmean(ordered):7.2f} ms  (n={len(ordered)})"
-    )
 
 
 async def fresh_database(pg: Any, name: str, embedder: StaticEmbedder) -> str:

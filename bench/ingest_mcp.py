@@ -30,6 +30,8 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import percentiles  # noqa: E402
+
 SUBJECTS = ["invoice", "refund", "shipping", "password", "plan", "address", "email", "card"]
 PEOPLE = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken"]
 
@@ -42,18 +44,6 @@ def _fact(i: int) -> str:
 def _question(i: int) -> str:
     person, subject = PEOPLE[i % len(PEOPLE)], SUBJECTS[(i * 3) % len(SUBJECTS)]
     return f"What do we know about {person}'s {subject}?"
-
-
-def _percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return (
-        f"p50 {at(0.50):7.2f} ms   p95 {at(0.95):7.2f} ms   "
-        f"mean {statistics.fmean(ordered):7.2f} ms"
-    )
 
 
 def _serve(url: str, port: int, ready: Any) -> None:
@@ -296,9 +286,9 @@ def report(calls: int, records: int) -> None:
     print(f"{calls} calls a tool, agent of {records} records, static embedder")
     for tool in ("search_memory", "add_memory"):
         native, mcp = results["native"][tool], results["mcp"][tool]
-        print(f"  {tool:<14} native     {_percentiles(native)}")
-        print(f"  {tool:<14} execution  {_percentiles(results['execution'][tool])}")
-        print(f"  {tool:<14} MCP        {_percentiles(mcp)}")
+        print(f"  {tool:<14} native     {percentiles(native)}")
+        print(f"  {tool:<14} execution  {percentiles(results['execution'][tool])}")
+        print(f"  {tool:<14} MCP        {percentiles(mcp)}")
         overhead = statistics.median(mcp) - statistics.median(native)
         print(f"  {tool:<14} MCP overhead (p50 difference): {overhead:.2f} ms")
 

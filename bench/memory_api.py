@@ -42,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import tuned_server  # noqa: E402
+from common import percentiles, tuned_server  # noqa: E402
 
 from app.actions import service as actions  # noqa: E402
 from app.auth.caller import Caller  # noqa: E402
@@ -195,18 +195,6 @@ async def load(
         await conn.execute("VACUUM ANALYZE agent_memory_versions")
         figures["vacuum_analyze_s"] = time.perf_counter() - t
     return figures
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return (
-        f"p50 {at(0.50):6.2f}  p95 {at(0.95):6.2f}  p99 {at(0.99):6.2f}  "
-        f"mean {statistics.fmean(ordered):6.2f} ms  (n={len(ordered)})"
-    )
 
 
 async def timed(work: Any) -> float:

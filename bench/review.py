@@ -43,6 +43,9 @@ import asyncpg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from common import percentiles  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
 
 from openai_server import OpenAIServer  # noqa: E402
@@ -292,17 +295,6 @@ def serve_model(ports: Any, stop: Any) -> None:
     ports.put(server.port)
     stop.wait()
     server.stop()
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return (
-        f"p50 {at(0.5):7.2f} ms   p95 {at(0.95):7.2f} ms   mean {statistics.fmean(ordered):7.2f} ms"
-    )
 
 
 async def transcript(

@@ -40,7 +40,7 @@ from pgvector.asyncpg import register_vector
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import add_locomo_argument, load_locomo, tuned_server  # noqa: E402
+from common import add_locomo_argument, load_locomo, percentiles, tuned_server  # noqa: E402
 
 from app.actions.harness import SearchConfig  # noqa: E402
 from app.config import Settings  # noqa: E402
@@ -333,15 +333,6 @@ async def copy_connection(url: str) -> asyncpg.Connection:
         format="binary",
     )
     return conn
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return f"p50 {at(0.50):6.2f}  p95 {at(0.95):6.2f}  p99 {at(0.99):6.2f} ms  (n={len(ordered)})"
 
 
 async def prewarm(url: str) -> None:
