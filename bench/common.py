@@ -88,3 +88,25 @@ def percentiles(samples: list[float]) -> str:
         f"p50 {at(0.50):7.2f}  p95 {at(0.95):7.2f}  p99 {at(0.99):7.2f}  mean {mean:7.2f} ms"
         f"  (n={len(ordered)})"
     )
+
+
+async def fresh_database(pg: EmbeddedPostgres, name: str, embedder: Any) -> str:
+    """A new database `name` on the bench's server, migrated, its embedding model recorded."""
+    from app.db import migrate
+    from app.db.pool import create_pool
+    from app.embeddings.setup import ensure_model
+
+    conn = await asyncpg.connect(pg.uri())
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    url = pg.uri(name)
+    await asyncio.to_thread(migrate.upgrade, url)
+    pool = await create_pool(url, min_size=1, max_size=1)
+    try:
+        await ensure_model(pool, embedder)
+    finally:
+        await pool.close()
+    return url

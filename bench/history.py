@@ -69,7 +69,6 @@ from app.config import Settings  # noqa: E402
 from app.db import migrate  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embeddings  # noqa: E402
-from app.embeddings.setup import ensure_model  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.history import indexes as history_indexes  # noqa: E402
 from app.history import search as history_search  # noqa: E402
@@ -81,7 +80,7 @@ from app.runtime.model import ModelClient  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
 from app.state import AppState  # noqa: E402
-from bench.common import percentiles, tuned_server  # noqa: E402
+from bench.common import fresh_database, percentiles, tuned_server  # noqa: E402
 
 KS = (1, 5, 10)
 DIA = re.compile(r"D(\d+):(\d+)")
@@ -161,23 +160,6 @@ def serve_model(ports: Any, stop: Any) -> None:
     ports.put(server.port)
     stop.wait()
     server.stop()
-
-
-async def fresh_database(pg: Any, name: str, embedder: StaticEmbedder) -> str:
-    conn = await asyncpg.connect(pg.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    url = pg.uri(name)
-    await asyncio.to_thread(migrate.upgrade, url)
-    pool = await create_pool(url, min_size=1, max_size=1)
-    try:
-        await ensure_model(pool, embedder)
-    finally:
-        await pool.close()
-    return url
 
 
 async def open_state(url: str, model_url: str) -> tuple[AppState, Caller]:

@@ -44,7 +44,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import percentiles  # noqa: E402
+from common import fresh_database, percentiles  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
 
@@ -62,7 +62,6 @@ from app.db import migrate  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embedder  # noqa: E402
-from app.embeddings.setup import ensure_model  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.embeddings.text import memory_text  # noqa: E402
 from app.memory import review as memory_review  # noqa: E402
@@ -127,23 +126,6 @@ def conversations(path: Path) -> list[Conversation]:
         candidates = {dia: (turns[dia], facts_) for dia, facts_ in citing.items()}
         result.append(Conversation(sample["sample_id"], facts, candidates))
     return result
-
-
-async def fresh_database(pg: EmbeddedPostgres, name: str, embedder: Embedder) -> str:
-    conn = await asyncpg.connect(pg.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    url = pg.uri(name)
-    await asyncio.to_thread(migrate.upgrade, url)
-    pool = await create_pool(url, min_size=1, max_size=1)
-    try:
-        await ensure_model(pool, embedder)
-    finally:
-        await pool.close()
-    return url
 
 
 async def load_facts(

@@ -29,7 +29,6 @@ from app.auth.caller import Caller
 from app.auth.resources import Grant
 from app.errors import BadInput, Conflict, NotFound
 from app.history import keeping
-from app.history import store as history_store
 from app.history.service import READ_HISTORY
 from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
@@ -309,18 +308,7 @@ async def _commit(
                 conn, execution.account_id, execution.action_id, execution.session_id
             )
             if kept is not None:
-                await history_store.insert(
-                    conn,
-                    account_id=execution.account_id,
-                    action_id=execution.action_id,
-                    session_id=execution.session_id,
-                    turn=turn,
-                    execution_id=execution.execution_id,
-                    invocation_number=execution.invocation_number,
-                    preview=execution.preview,
-                    events=kept.events,
-                    vectors=kept.vectors,
-                )
+                await turns.keep_history(conn, execution, turn, kept)
         row = await turns._finish(
             conn, context, status="SUCCEEDED", output=output(written), error=None, turn=turn
         )

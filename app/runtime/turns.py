@@ -631,6 +631,26 @@ async def _kept_history(context: TurnContext) -> keeping.Prepared | None:
     return prepared
 
 
+async def keep_history(
+    conn: asyncpg.Connection, execution: Execution, turn: int, kept: keeping.Prepared
+) -> None:
+    """Writes the events an execution keeps in its session's history as turn `turn`, inside
+    the transaction that commits it (a turn's, or an ingest's)."""
+    assert execution.session_id is not None
+    await history_store.insert(
+        conn,
+        account_id=execution.account_id,
+        action_id=execution.action_id,
+        session_id=execution.session_id,
+        turn=turn,
+        execution_id=execution.execution_id,
+        invocation_number=execution.invocation_number,
+        preview=execution.preview,
+        events=kept.events,
+        vectors=kept.vectors,
+    )
+
+
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
     kept = await _kept_history(context)
@@ -663,18 +683,7 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
                     turn=turn,
                 )
             if kept is not None:  # H5: kept only in the commit's transaction
-                await history_store.insert(
-                    conn,
-                    account_id=execution.account_id,
-                    action_id=execution.action_id,
-                    session_id=execution.session_id,
-                    turn=turn,
-                    execution_id=execution.execution_id,
-                    invocation_number=execution.invocation_number,
-                    preview=execution.preview,
-                    events=kept.events,
-                    vectors=kept.vectors,
-                )
+                await keep_history(conn, execution, turn, kept)
         if execution.session_id is not None and recalled:
             await store.insert_recalls(
                 conn,
