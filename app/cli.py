@@ -108,11 +108,14 @@ async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any
 async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResult":
     from app.embeddings.reembed import reembed
     from app.embeddings.setup import open_embedder
+    from app.memory.vectors import VECTOR_COLUMNS
 
     async with _database(settings) as pool:
         embedder = await open_embedder(settings)
         try:
-            return await reembed(pool, embedder, batch_size=batch_size, progress=True)
+            return await reembed(
+                pool, embedder, VECTOR_COLUMNS, batch_size=batch_size, progress=True
+            )
         finally:
             await embedder.aclose()
 

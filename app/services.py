@@ -2,6 +2,7 @@
 
 from app.embeddings.setup import ensure_model, open_embedder
 from app.memory.maintenance import SearchMaintenance
+from app.memory.vectors import VECTOR_COLUMNS
 from app.runtime.liveness import SERVICE as TURN_LIVENESS
 from app.runtime.liveness import TurnLiveness
 from app.state import AppState
@@ -10,7 +11,7 @@ from app.state import AppState
 async def start_services(state: AppState) -> None:
     if state.embedder is None:
         state.embedder = await open_embedder(state.settings)
-    await ensure_model(state.pool, state.embedder)
+    await ensure_model(state.pool, state.embedder, VECTOR_COLUMNS)
     maintenance = state.services["search_maintenance"] = SearchMaintenance(
         state.pool,
         interval=state.settings.search_maintenance_seconds,

@@ -1,4 +1,5 @@
-"""Text safety, in one place: what may be stored, and what reaches a model.
+"""Text safety, in one place: what may be stored, what reaches a model, and how long a search
+query may be (`check_query`).
 
 Three doors, three rules:
 - text a client sends (GraphQL arguments, policies, session IDs) is refused when PostgreSQL
@@ -86,3 +87,17 @@ def for_model_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [for_model_json(v) for v in value]
     return value
+
+
+# The longest search query a search entry point takes (memory and history search;
+# ENGRAM_MAX_SEARCH_QUERY_CHARS is the setting).
+MAX_QUERY_CHARS = 4096
+
+
+def check_query(query: str | None, max_chars: int = MAX_QUERY_CHARS) -> None:
+    """BadInput naming the limit when a search query is longer than a search entry point takes."""
+    if query is not None and len(query) > max_chars:
+        raise BadInput(
+            f"the search query is {len(query):,} characters; at most {max_chars:,} are searched "
+            "(ENGRAM_MAX_SEARCH_QUERY_CHARS): search for the words that matter"
+        )

@@ -95,6 +95,7 @@ async def fresh_database(pg: EmbeddedPostgres, name: str, embedder: Any) -> str:
     from app.db import migrate
     from app.db.pool import create_pool
     from app.embeddings.setup import ensure_model
+    from app.memory.vectors import VECTOR_COLUMNS
 
     conn = await asyncpg.connect(pg.uri())
     try:
@@ -106,7 +107,7 @@ async def fresh_database(pg: EmbeddedPostgres, name: str, embedder: Any) -> str:
     await asyncio.to_thread(migrate.upgrade, url)
     pool = await create_pool(url, min_size=1, max_size=1)
     try:
-        await ensure_model(pool, embedder)
+        await ensure_model(pool, embedder, VECTOR_COLUMNS)
     finally:
         await pool.close()
     return url

@@ -70,12 +70,12 @@ from app.db import migrate  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embeddings  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.executions import store as executions_store  # noqa: E402
 from app.history import indexes as history_indexes  # noqa: E402
 from app.history import search as history_search  # noqa: E402
 from app.history.store import Scope  # noqa: E402
 from app.memory.search import search as memory_search  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
-from app.runtime import store as runtime_store  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
@@ -222,7 +222,7 @@ async def quality(state: AppState, caller: Caller, convs: list[dict[str, Any]]) 
             )
             assert done.status == "FAILED"
             async with state.pool.acquire() as conn:
-                events = await runtime_store.list_events(
+                events = await executions_store.list_events(
                     conn, caller.account_id, agent.action_id, done.execution_id, None, 100
                 )
             (searched,) = [

@@ -46,8 +46,8 @@ from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.setup import ensure_model  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
-from app.embeddings.text import memory_text  # noqa: E402
 from app.main import create_app  # noqa: E402
+from app.memory.vectors import VECTOR_COLUMNS, memory_text  # noqa: E402
 from app.transfer.service import export_action, import_file  # noqa: E402
 
 TOKEN = "bench-ingest-admin-token"
@@ -98,7 +98,7 @@ async def _record_model(url: str, embedder: StaticEmbedder) -> None:
     """What a deployment's first start does: fix the vector column to the embedding model."""
     pool = await create_pool(url, min_size=1, max_size=1)
     try:
-        await ensure_model(pool, embedder)
+        await ensure_model(pool, embedder, VECTOR_COLUMNS)
     finally:
         await pool.close()
 

@@ -81,8 +81,8 @@ async def _setup(url: str, records: int) -> tuple[Any, Any, Any, str]:
     from app.config import Settings
     from app.db.pool import create_pool
     from app.embeddings.static import StaticEmbedder
+    from app.executions import store as executions_store
     from app.memory.service import MemoryWork, NewMemory, Writer
-    from app.runtime import store as runtime_store
     from app.state import AppState
 
     pool = await create_pool(url, min_size=2, max_size=4)
@@ -100,7 +100,7 @@ async def _setup(url: str, records: int) -> tuple[Any, Any, Any, str]:
     }
     action = await create_action(pool, admin, "remote", "You help.", None, harness)
     async with pool.acquire() as conn:
-        await runtime_store.ensure_session(conn, account_id, action.action_id, "s0")
+        await executions_store.ensure_session(conn, account_id, action.action_id, "s0")
     for start in range(0, records, 200):
         writer = Writer(
             account_id,

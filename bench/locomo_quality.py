@@ -43,10 +43,10 @@ from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embedder  # noqa: E402
 from app.embeddings.setup import ensure_model  # noqa: E402
-from app.embeddings.text import memory_text  # noqa: E402
 from app.memory import search as search_module  # noqa: E402
 from app.memory.search import search  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
+from app.memory.vectors import VECTOR_COLUMNS, memory_text  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 
 SAMPLES: list[dict[str, Any]] = []  # LoCoMo's dev half, read from --locomo in main()
@@ -222,9 +222,8 @@ async def prepare(pg: EmbeddedPostgres, name: str, embedder: Embedder) -> str:
     await asyncio.to_thread(migrate.upgrade, url)
     pool = await create_pool(url, min_size=1, max_size=1)
     try:
-        await ensure_model(
-            pool, embedder
-        )  # fixes the vector columns to this model, as a service start does
+        # Fixes the vector columns to this model, as a service start does.
+        await ensure_model(pool, embedder, VECTOR_COLUMNS)
     finally:
         await pool.close()
     return url

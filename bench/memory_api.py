@@ -58,6 +58,7 @@ from app.graphql.schema import schema  # noqa: E402
 from app.memory import operator  # noqa: E402
 from app.memory import store as memory_store  # noqa: E402
 from app.memory.records import MemoryRecord  # noqa: E402
+from app.memory.vectors import VECTOR_COLUMNS  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 from app.state import AppState  # noqa: E402
 
@@ -298,7 +299,7 @@ async def prepare(url: str, records: int, agents: int, vectors: bool, fresh: boo
     async with pool.acquire() as conn:
         if await embedding_store.recorded_model(conn) is None:
             await embedding_store.record_model(conn, "bench:random-unit", DIMENSIONS)
-            await embedding_store.set_dimensions(conn, DIMENSIONS)
+            await embedding_store.set_dimensions(conn, DIMENSIONS, VECTOR_COLUMNS)
         account_id = await ensure_default_account(conn)
         loaded = await conn.fetchval("SELECT count(*) FROM agent_memories")
     admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)

@@ -63,11 +63,11 @@ from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embedder  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
-from app.embeddings.text import memory_text  # noqa: E402
+from app.executions import store as executions_store  # noqa: E402
 from app.memory import review as memory_review  # noqa: E402
 from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
+from app.memory.vectors import memory_text  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
-from app.runtime import store as runtime_store  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
@@ -283,7 +283,7 @@ async def transcript(
     state: AppState, caller: Caller, action_id: uuid.UUID, execution_id: uuid.UUID
 ) -> list[Any]:
     async with state.pool.acquire() as conn:
-        return await runtime_store.list_events(
+        return await executions_store.list_events(
             conn, caller.account_id, action_id, execution_id, None, 1000
         )
 
@@ -292,7 +292,7 @@ async def preload(state: AppState, caller: Caller, action_id: uuid.UUID, records
     async with state.pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
         assert action is not None
-        await runtime_store.ensure_session(conn, caller.account_id, action_id, "s0")
+        await executions_store.ensure_session(conn, caller.account_id, action_id, "s0")
     assert state.embedder is not None
     for start in range(0, records, 200):
         writer = Writer(

@@ -49,8 +49,8 @@ from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings import store as embedding_store  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
-from app.embeddings.text import memory_text  # noqa: E402
 from app.memory import maintenance  # noqa: E402
+from app.memory.vectors import VECTOR_COLUMNS, memory_text  # noqa: E402
 
 AGENT_INDEX_MIN_RECORDS = Settings.model_fields["agent_index_min_records"].default
 
@@ -160,7 +160,7 @@ async def load(plan: Plan, url: str, embedder: StaticEmbedder) -> dict[str, floa
     conn = await copy_connection(url)
     try:
         await embedding_store.record_model(conn, embedder.name, embedder.dimensions)
-        await embedding_store.set_dimensions(conn, embedder.dimensions)
+        await embedding_store.set_dimensions(conn, embedder.dimensions, VECTOR_COLUMNS)
         await conn.executemany(
             "INSERT INTO accounts (account_id, name) VALUES ($1, $2) ON CONFLICT DO NOTHING",
             [(a, f"bench {i}") for i, a in enumerate(plan.accounts)],

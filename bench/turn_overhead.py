@@ -67,8 +67,8 @@ from app.db import migrate  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.executions import store as executions_store  # noqa: E402
 from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
-from app.runtime import store as runtime_store  # noqa: E402
 from app.runtime.context import ContextWindow, open_window  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
 from app.runtime.recall import Recall  # noqa: E402
@@ -143,7 +143,7 @@ async def model_ms(
     state: AppState, caller: Caller, action_id: uuid.UUID, execution_id: uuid.UUID
 ) -> float:
     async with state.pool.acquire() as conn:
-        rows = await runtime_store.list_events(
+        rows = await executions_store.list_events(
             conn, caller.account_id, action_id, execution_id, None, 1000
         )
     return sum(r["data"]["durationMs"] for r in rows if r["type"] == "model.call")
@@ -155,7 +155,7 @@ async def preload(state: AppState, caller: Caller, action_id: uuid.UUID, records
     async with state.pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
         assert action is not None
-        await runtime_store.ensure_session(conn, caller.account_id, action_id, "s0")
+        await executions_store.ensure_session(conn, caller.account_id, action_id, "s0")
     assert state.embedder is not None
     for start in range(0, records, 200):
         execution_id = uuid.uuid4()

@@ -7,9 +7,9 @@ from uuid import UUID
 from app.actions import service as actions
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
+from app.executions import store as executions_store
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, NewMemory, Writer
-from app.runtime import store as runtime_store
 from app.state import AppState
 
 LABELS = {
@@ -75,8 +75,10 @@ async def record_turn(state: AppState, w: Writer) -> None:
     """The execution (and session) a writer's turn belongs to, so provenance links resolve."""
     async with state.pool.acquire() as conn, conn.transaction():
         if w.session_id is not None:
-            await runtime_store.ensure_session(conn, w.account_id, w.action.action_id, w.session_id)
-        await runtime_store.insert_execution(
+            await executions_store.ensure_session(
+                conn, w.account_id, w.action.action_id, w.session_id
+            )
+        await executions_store.insert_execution(
             conn,
             account_id=w.account_id,
             action_id=w.action.action_id,

@@ -9,8 +9,8 @@ from uuid import UUID
 from app.actions import service as actions
 from app.actions.harness import SearchConfig
 from app.auth.caller import Caller
-from app.embeddings.text import memory_text
 from app.memory.search import search
+from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
 from app.state import AppState
 

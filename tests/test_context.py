@@ -26,7 +26,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.runtime import store as runtime_store
+from app.executions import store as executions_store
 from app.runtime.context import request_tokens
 from app.state import AppState
 
@@ -518,16 +518,16 @@ async def test_h16_a_summary_is_kept_only_over_the_one_its_turn_started_from(
         execution_id=uuid4(),
     )
     async with state.pool.acquire() as conn:
-        assert await runtime_store.save_summary(
+        assert await executions_store.save_summary(
             conn, **key, summary="first", through_turn=1, base_version=None
         )
-        assert not await runtime_store.save_summary(
+        assert not await executions_store.save_summary(
             conn, **key, summary="second", through_turn=1, base_version=None
         )
-        assert await runtime_store.save_summary(
+        assert await executions_store.save_summary(
             conn, **key, summary="third", through_turn=1, base_version=1
         )
-        assert not await runtime_store.save_summary(
+        assert not await executions_store.save_summary(
             conn, **key, summary="fourth", through_turn=1, base_version=1
         )
     stored = await stored_summary(state)

@@ -26,7 +26,7 @@ from app.embeddings.openai import OpenAIEmbedder
 from app.embeddings.reembed import ReembedBusy, reembed
 from app.embeddings.setup import EmbeddingModelMismatch, ensure_model, open_embedder
 from app.embeddings.static import StaticEmbedder
-from app.embeddings.text import memory_text
+from app.memory.vectors import VECTOR_COLUMNS, memory_text
 
 FAST_BACKOFF = 0.01  # seconds: retries without the production wait
 
@@ -371,7 +371,7 @@ async def test_start_refuses_another_model_and_names_reembed(
     embedder = openai_embedder(openai_server)
     try:
         with pytest.raises(EmbeddingModelMismatch) as refused:
-            await ensure_model(pool, embedder)
+            await ensure_model(pool, embedder, VECTOR_COLUMNS)
     finally:
         await embedder.aclose()
     message = str(refused.value)
@@ -387,8 +387,10 @@ async def test_reembed_switches_static_to_openai(
     assert {len(row["embedding"].to_numpy()) for row in await stored_vectors(pool)} == {256}
     target = openai_embedder(openai_server, batch_size=4)
     try:
-        result = await reembed(pool, target, batch_size=3)
-        await ensure_model(pool, target)  # the service now starts with the new model
+        result = await reembed(pool, target, VECTOR_COLUMNS, batch_size=3)
+        await ensure_model(
+            pool, target, VECTOR_COLUMNS
+        )  # the service now starts with the new model
     finally:
         await target.aclose()
     assert (result.model, result.dimensions, result.records) == ("openai:test-embed", 48, 10)
@@ -412,7 +414,7 @@ async def test_reembed_switches_static_to_openai(
         1,
     ]
     with pytest.raises(EmbeddingModelMismatch, match="engram reembed"):
-        await ensure_model(pool, embedder)
+        await ensure_model(pool, embedder, VECTOR_COLUMNS)
 
 
 class FailsAfter:
@@ -439,17 +441,17 @@ async def test_reembed_resumes_after_an_interruption(
     target = openai_embedder(openai_server)
     try:
         with pytest.raises(EmbeddingFailed, match="interrupted"):
-            await reembed(pool, FailsAfter(target, 2), batch_size=2)
+            await reembed(pool, FailsAfter(target, 2), VECTOR_COLUMNS, batch_size=2)
         rows = await stored_vectors(pool)
         assert sum(row["embedding"] is not None for row in rows) == 4
         # Neither the new model nor the old one may serve a half re-embedded database.
         with pytest.raises(EmbeddingModelMismatch, match="engram reembed"):
-            await ensure_model(pool, target)
+            await ensure_model(pool, target, VECTOR_COLUMNS)
         with pytest.raises(EmbeddingModelMismatch, match="was interrupted"):
-            await ensure_model(pool, embedder)
+            await ensure_model(pool, embedder, VECTOR_COLUMNS)
         calls_before = len(openai_server.requests_to("/v1/embeddings"))
-        result = await reembed(pool, target, batch_size=2)
-        await ensure_model(pool, target)
+        result = await reembed(pool, target, VECTOR_COLUMNS, batch_size=2)
+        await ensure_model(pool, target, VECTOR_COLUMNS)
     finally:
         await target.aclose()
     assert result.resumed and result.records == 5
@@ -468,7 +470,7 @@ async def test_reembed_back_to_the_same_dimension_keeps_nothing_stale(
     await insert_memories(pool, embedder, 3)
     async with pool.acquire() as conn:
         await conn.execute("UPDATE agent_memories SET embedding = NULL")
-    result = await reembed(pool, embedder)
+    result = await reembed(pool, embedder, VECTOR_COLUMNS)
     assert result.records == 3
     rows = await stored_vectors(pool)
     for row in rows:
@@ -477,7 +479,7 @@ async def test_reembed_back_to_the_same_dimension_keeps_nothing_stale(
         np.testing.assert_allclose(
             row["embedding"].to_numpy(), expected_vector, rtol=1e-5, atol=1e-6
         )
-    await ensure_model(pool, embedder)
+    await ensure_model(pool, embedder, VECTOR_COLUMNS)
 
 
 async def test_reembed_refuses_to_run_twice_at_once(
@@ -487,7 +489,7 @@ async def test_reembed_refuses_to_run_twice_at_once(
         assert await store.try_lock_model(holder)
         try:
             with pytest.raises(ReembedBusy, match="another `engram reembed`"):
-                await reembed(pool, embedder)
+                await reembed(pool, embedder, VECTOR_COLUMNS)
         finally:
             await store.unlock_model(holder)
 
@@ -510,7 +512,7 @@ def test_engram_reembed_command(
         pool = await create_pool(db_url, min_size=1, max_size=2)
         target = openai_embedder(openai_server)
         try:
-            await ensure_model(pool, target)
+            await ensure_model(pool, target, VECTOR_COLUMNS)
             rows = await stored_vectors(pool)
             assert {row["type"] for row in rows} == {"vector(48)"}
             assert all(row["embedding"] is not None for row in rows)

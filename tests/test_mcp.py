@@ -30,7 +30,7 @@ from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
 from app.config import Settings
 from app.embeddings.static import StaticEmbedder
-from app.runtime import store as runtime_store
+from app.executions import store as executions_store
 from app.runtime.calls import WHEN_TO_USE
 from app.runtime.tools import tool_schemas
 from app.state import AppState
@@ -345,7 +345,7 @@ async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
     action_id = uuid.UUID(await make_agent(gql, admin, FULL_TOOLS))
     async with state.pool.acquire() as conn:
         for kind in ("MCP", "INGEST", "OPERATOR"):
-            await runtime_store.insert_execution(
+            await executions_store.insert_execution(
                 conn,
                 account_id=admin.account_id,
                 action_id=action_id,
@@ -360,7 +360,7 @@ async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
                 input={},
             )
         await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
-        failed = await runtime_store.fail_stale_turns(conn, admin.account_id, action_id, 60)
+        failed = await executions_store.fail_stale_turns(conn, admin.account_id, action_id, 60)
         kinds = await conn.fetch(
             "SELECT kind, status FROM executions WHERE action_id = $1 ORDER BY kind", action_id
         )

@@ -10,10 +10,10 @@ import pytest
 from memory_helpers import commit, make_agent, work, writer
 
 from app.actions.service import agent_principal
-from app.embeddings.text import memory_text
 from app.memory import operator, store
 from app.memory.records import MemoryRecord
 from app.memory.service import NewMemory
+from app.memory.vectors import memory_text
 
 RECORDS = 10_000
 PAGE = 100

@@ -19,7 +19,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.runtime import store as runtime_store
+from app.executions import store as executions_store
 from app.state import AppState
 
 READ_MEMORY = allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document")
@@ -153,7 +153,7 @@ async def test_m55_records_in_an_executions_input_and_output_are_reduced_at_the_
     view = {"id": memory_id, "version": 2, "summary": SUMMARY, "content": CONTENT, "kind": "fact"}
     operator_view = {"memoryId": memory_id, "version": 2, "summary": SUMMARY}
     async with state.pool.acquire() as conn:
-        await runtime_store.insert_execution(
+        await executions_store.insert_execution(
             conn,
             account_id=admin.account_id,
             action_id=action_id,

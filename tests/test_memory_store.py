@@ -18,11 +18,11 @@ from memory_helpers import (
     writer,
 )
 
-from app.embeddings.text import memory_text
 from app.errors import BadInput, Conflict, NotFound
 from app.memory import operator, store
 from app.memory.records import pinned_tokens
 from app.memory.service import MemoryWork, NewMemory
+from app.memory.vectors import memory_text
 from app.memory.visibility import OperatorReader
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")

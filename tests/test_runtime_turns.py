@@ -33,9 +33,9 @@ from runtime_support import (
 
 from app.auth.caller import Caller
 from app.config import Settings
+from app.executions import store as executions_store
 from app.graphql.relay import encode_cursor, global_id
 from app.memory.service import MemoryWork, NewMemory, Writer
-from app.runtime import store as runtime_store
 from app.runtime import turns
 from app.runtime.model import ModelClient, ToolCall
 from app.runtime.tools import NativeTools, ToolResult
@@ -274,8 +274,8 @@ async def test_stale_turns_are_failed_and_their_staged_memory_dropped(
     async with state.pool.acquire() as conn:
         action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
         assert action is not None
-        await runtime_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
-        await runtime_store.insert_execution(
+        await executions_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
+        await executions_store.insert_execution(
             conn,
             account_id=admin.account_id,
             action_id=action.action_id,
@@ -315,7 +315,7 @@ async def _sweep(state: AppState, context: turns.TurnContext) -> list[uuid.UUID]
             "UPDATE executions SET modified = now() - interval '1 day' WHERE execution_id = $1",
             e.execution_id,
         )
-        return await runtime_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
+        return await executions_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
 
 
 async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
@@ -362,7 +362,7 @@ async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
                 "UPDATE executions SET modified = now() - interval '1 day' WHERE status = 'RUNNING'"
             )
             if sweep_in_tool:
-                await runtime_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
+                await executions_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
         return await original(self, call)
 
     swept: list[uuid.UUID] = []
@@ -371,7 +371,7 @@ async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
         async with state.pool.acquire() as conn:
             e = context.execution
             swept.extend(
-                await runtime_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
+                await executions_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
             )
 
     action_uuid = uuid.UUID(action_id)
@@ -785,7 +785,9 @@ async def test_m17_a_killed_attempt_keeps_its_transcript_up_to_its_last_model_ca
     assert seen_while_running["listed"] == []
     async with state.pool.acquire() as conn:
         await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
-        [crashed] = await runtime_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
+        [crashed] = await executions_store.fail_stale_turns(
+            conn, admin.account_id, action_uuid, 3600
+        )
     listed = await gql(
         admin,
         TRANSCRIPT_TYPES,

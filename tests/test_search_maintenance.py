@@ -24,6 +24,7 @@ from app.embeddings import store as embedding_store
 from app.memory import maintenance, search_store
 from app.memory import search as search_module
 from app.memory.search_store import Filters
+from app.memory.vectors import VECTOR_COLUMNS
 from app.services import start_services
 from app.state import AppState
 
@@ -512,7 +513,7 @@ async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row
         "UPDATE agent_indexes SET unlisted = now() WHERE action_id = $1", other.action_id
     )
     async with state.pool.acquire() as conn, conn.transaction():
-        await embedding_store.set_dimensions(conn, 64)
+        await embedding_store.set_dimensions(conn, 64, VECTOR_COLUMNS)
     assert not any([await index_exists(state.pool, n) for n in others])
     assert not any([await index_exists(state.pool, n) for n in names])
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
@@ -608,7 +609,7 @@ async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppSt
 
         async def reset() -> None:
             async with state.pool.acquire() as conn, conn.transaction():
-                await embedding_store.set_dimensions(conn, 64)
+                await embedding_store.set_dimensions(conn, 64, VECTOR_COLUMNS)
 
         task = asyncio.create_task(reset())
         await asyncio.sleep(0.5)

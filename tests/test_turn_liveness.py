@@ -36,9 +36,9 @@ from runtime_support import (
 from app.actions.service import agent_principal, load_action
 from app.auth.caller import Caller
 from app.config import Settings
+from app.executions import store as executions_store
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.runtime import liveness
-from app.runtime import store as runtime_store
 from app.state import AppState
 
 HEARTBEAT = 0.2
@@ -161,8 +161,8 @@ async def _running_turn(
     async with state.pool.acquire() as conn:
         action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
         assert action is not None
-        await runtime_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
-        await runtime_store.insert_execution(
+        await executions_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
+        await executions_store.insert_execution(
             conn,
             account_id=admin.account_id,
             action_id=action.action_id,

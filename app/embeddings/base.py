@@ -13,11 +13,16 @@ class Embeddings:
     tokens: int  # usage, recorded by the runtime as purpose `embed`
 
 
-class Embedder(Protocol):
+class Embeds(Protocol):
+    """What a search or a write needs of the deployment's embedder."""
+
     name: str  # identifies the model, e.g. "static:wordllama-l2-supercat-256"
-    dimensions: int
 
     async def embed(self, texts: list[str]) -> Embeddings: ...
+
+
+class Embedder(Embeds, Protocol):
+    dimensions: int
 
     async def aclose(self) -> None: ...
 

@@ -75,7 +75,12 @@ async def _reembed_table(
 
 
 async def reembed(
-    pool: asyncpg.Pool, embedder: Embedder, *, batch_size: int = 256, progress: bool = False
+    pool: asyncpg.Pool,
+    embedder: Embedder,
+    vectors: store.VectorColumns,
+    *,
+    batch_size: int = 256,
+    progress: bool = False,
 ) -> ReembedResult:
     if batch_size < 1:
         raise ValueError("the re-embedding batch size must be at least 1")
@@ -91,9 +96,9 @@ async def reembed(
                 resumed = await store.reembed_target(conn) == target
                 if not resumed:
                     await store.set_reembed_target(conn, embedder.name, embedder.dimensions)
-                    await store.reset_vectors(conn, embedder.dimensions)
+                    await store.reset_vectors(conn, embedder.dimensions, vectors)
             total = 0
-            for table in store.VECTOR_TABLES:
+            for table in vectors.tables:
                 total += await store.count_unembedded(conn, table)
             records = tokens = 0
             with tqdm(
@@ -103,14 +108,14 @@ async def reembed(
                 disable=not progress,
                 file=sys.stderr,
             ) as bar:
-                for table in store.VECTOR_TABLES:
+                for table in vectors.tables:
                     done, used = await _reembed_table(conn, table, embedder, batch_size, bar)
                     records += done
                     tokens += used
                 if progress:
                     bar.set_postfix_str("building vector indexes")
                 async with conn.transaction():
-                    await store.build_indexes(conn)
+                    await store.build_indexes(conn, vectors)
                     await store.record_model(conn, embedder.name, embedder.dimensions)
                     await store.clear_reembed_target(conn)
         finally:

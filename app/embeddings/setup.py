@@ -53,13 +53,15 @@ def _mismatch(recorded: dict[str, Any], embedder: Embedder) -> str:
     )
 
 
-async def ensure_model(pool: asyncpg.Pool, embedder: Embedder) -> None:
+async def ensure_model(
+    pool: asyncpg.Pool, embedder: Embedder, vectors: store.VectorColumns
+) -> None:
     """First start: fix the vector columns to this model. Later: refuse a different model."""
     async with pool.acquire() as conn, conn.transaction():
         await store.lock_model_xact(conn)
         recorded = await store.recorded_model(conn)
         if recorded is None:
-            await store.set_dimensions(conn, embedder.dimensions)
+            await store.set_dimensions(conn, embedder.dimensions, vectors)
             await store.record_model(conn, embedder.name, embedder.dimensions)
             await store.clear_reembed_target(conn)
             return

@@ -1,6 +1,9 @@
-"""SQL for the deployment's embedding model, the vector columns it fixes, and re-embedding."""
+"""SQL for the deployment's embedding model, the vector columns it fixes, and re-embedding.
 
-from collections.abc import Callable, Sequence
+It knows no table: the owners of the rows describe their vector columns (app/memory/vectors.py)
+and pass them in."""
+
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -8,40 +11,27 @@ import asyncpg
 import numpy as np
 from pgvector import Vector
 
-from app.embeddings.text import memory_text
-from app.memory import maintenance
-
 
 @dataclass(frozen=True)
 class VectorTable:
     """A table with an `embedding` column, indexed by HNSW as `<name>_embedding`."""
 
-    name: str
+    name: str  # reaches the SQL below as an identifier: a constant, never input
     key: tuple[str, ...]  # its primary key, which orders re-embedding batches
     key_types: tuple[str, ...]  # the SQL type of each key column
     columns: tuple[str, ...]  # the columns its embedded text is built from
     text: Callable[..., str]  # builds the embedded text from those columns, in order
 
 
-# Every table with an embedding column. Names here are the only identifiers that reach the
-# f-strings below: none comes from input.
-VECTOR_TABLES: tuple[VectorTable, ...] = (
-    VectorTable(
-        name="agent_memories",
-        key=("account_id", "action_id", "memory_id"),
-        key_types=("uuid", "uuid", "uuid"),
-        columns=("summary", "content"),
-        text=memory_text,
-    ),
-    # Session history (app/history): each part of a kept event, embedded from its own text.
-    VectorTable(
-        name="history_parts",
-        key=("account_id", "action_id", "session_id", "event_id", "part"),
-        key_types=("uuid", "uuid", "text", "uuid", "int"),
-        columns=("text",),
-        text=str,
-    ),
-)
+@dataclass(frozen=True)
+class VectorColumns:
+    """Every vector column of the deployment, and what else a new dimension makes stale."""
+
+    tables: tuple[VectorTable, ...]
+    # Drops, inside the caller's transaction, the other indexes over these columns (their
+    # owners rebuild them later).
+    drop_indexes: Callable[[asyncpg.Connection], Awaitable[None]]
+
 
 _LOCK = "hashtext('engram.embedding')"
 
@@ -106,11 +96,11 @@ def _check(dimensions: int) -> None:
         raise ValueError(f"bad embedding dimensions {dimensions!r}")
 
 
-async def reset_vectors(conn: asyncpg.Connection, dimensions: int) -> None:
-    """Drops every stored vector and its index, and fixes the columns to `dimensions`."""
+async def reset_vectors(conn: asyncpg.Connection, dimensions: int, vectors: VectorColumns) -> None:
+    """Drops every stored vector and its indexes, and fixes the columns to `dimensions`."""
     _check(dimensions)
-    await maintenance.drop_agent_indexes(conn)  # large agents' own indexes go too
-    for table in VECTOR_TABLES:
+    await vectors.drop_indexes(conn)
+    for table in vectors.tables:
         await conn.execute(f"DROP INDEX IF EXISTS {table.name}_embedding")
         # A new type brings its own storage: MAIN again keeps the vector in its row (0005).
         await conn.execute(
@@ -119,18 +109,18 @@ async def reset_vectors(conn: asyncpg.Connection, dimensions: int) -> None:
         )
 
 
-async def build_indexes(conn: asyncpg.Connection) -> None:
-    for table in VECTOR_TABLES:
+async def build_indexes(conn: asyncpg.Connection, vectors: VectorColumns) -> None:
+    for table in vectors.tables:
         await conn.execute(
             f"CREATE INDEX IF NOT EXISTS {table.name}_embedding ON {table.name} "
             "USING hnsw (embedding vector_cosine_ops)"
         )
 
 
-async def set_dimensions(conn: asyncpg.Connection, dimensions: int) -> None:
+async def set_dimensions(conn: asyncpg.Connection, dimensions: int, vectors: VectorColumns) -> None:
     """Fixes every vector column to `dimensions` (dropping stored vectors) and indexes it."""
-    await reset_vectors(conn, dimensions)
-    await build_indexes(conn)
+    await reset_vectors(conn, dimensions, vectors)
+    await build_indexes(conn, vectors)
 
 
 async def count_unembedded(conn: asyncpg.Connection, table: VectorTable) -> int:

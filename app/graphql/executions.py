@@ -7,6 +7,8 @@ from uuid import UUID
 import strawberry
 
 from app.errors import BadInput
+from app.executions import service as executions
+from app.executions.service import Execution, Session, TranscriptEvent
 from app.graphql.context import Info
 from app.graphql.history import SessionHistoryFields
 from app.graphql.node import node_type
@@ -24,9 +26,7 @@ from app.graphql.relay import (
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
-from app.memory import redaction
-from app.runtime import erase, executions, turns
-from app.runtime.executions import Execution, Session, TranscriptEvent
+from app.runtime import erase, redaction, turns
 
 # Transcript sequences are PostgreSQL integers: a larger cursor value is no cursor of ours.
 _MAX_SEQUENCE = 2**31 - 1
@@ -307,7 +307,7 @@ class ActionExecutionFields:
 
 
 def _memory_view(info: Info, value: object) -> object:
-    """An execution's input or output as the caller may see it (app/memory/redaction.py)."""
+    """An execution's input or output as the caller may see it (app/runtime/redaction.py)."""
     if redaction.may_read(info.context.caller):
         return value
     return redaction.execution_value(value)

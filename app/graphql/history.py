@@ -25,7 +25,7 @@ from app.graphql.relay import (
 from app.graphql.scalars import Timestamp, Value
 from app.history import keeping, service
 from app.history.search import MAX_LIMIT, Event
-from app.memory import redaction
+from app.runtime import redaction
 
 
 @strawberry.enum(description="Who a kept event is from.")

@@ -10,8 +10,8 @@ from app.graphql.context import Info
 from app.graphql.executions import ActionExecutionStatus
 from app.graphql.memory import ActionAgentMemory
 from app.graphql.scalars import Timestamp
-from app.memory import operator, redaction
-from app.runtime import calls
+from app.memory import operator
+from app.runtime import calls, redaction
 
 
 @strawberry.input(description="One message of a conversation.")

@@ -27,8 +27,8 @@ from uuid import UUID
 
 import numpy as np
 
+from app.embeddings.base import Embeds
 from app.history import parts as partition
-from app.search.fusion import Embeds
 from app.text import storable, storable_json
 
 MESSAGES = "messages"

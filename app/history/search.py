@@ -23,10 +23,10 @@ from uuid import UUID
 
 import asyncpg
 
+from app.embeddings.base import Embeds
 from app.errors import BadInput
 from app.history import store
 from app.history.store import Ranking, Scope
-from app.search.fusion import Embeds
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 50

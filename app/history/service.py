@@ -8,11 +8,12 @@ import asyncpg
 
 from app.auth import resources
 from app.auth.caller import Caller
+from app.embeddings.base import Embeds
 from app.history import search as history_search
 from app.history import store
 from app.history.search import Event
 from app.history.store import Scope
-from app.search.fusion import MAX_QUERY_CHARS, Embeds, check_query
+from app.text import MAX_QUERY_CHARS, check_query
 
 READ_HISTORY = (("SELECT", resources.EXECUTION_TRANSCRIPT),)
 

@@ -14,8 +14,9 @@ import asyncpg
 import numpy as np
 from pgvector import Vector
 
+from app.db.fusion import HYBRID_WEIGHT, fusion
+from app.db.sql import Params
 from app.history.keeping import KeptEvent
-from app.search.fusion import HYBRID_WEIGHT, Params, fusion
 
 Row = asyncpg.Record
 

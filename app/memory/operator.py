@@ -20,12 +20,12 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
 from app.errors import AccessDenied, BadInput, NotFound
+from app.executions import store as executions_store
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory import store
 from app.memory.records import MemoryRecord, Scope
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.memory.visibility import OperatorReader
-from app.runtime import store as runtime_store
 
 MAX_SESSION_ID = 200
 
@@ -275,7 +275,7 @@ async def _record_write(
 ) -> None:
     """The OPERATOR execution an operator's write is recorded as, in the write's transaction.
     `input` holds IDs only: the records' text is readable only with the memory grants (M55)."""
-    await runtime_store.insert_execution(
+    await executions_store.insert_execution(
         conn,
         account_id=caller.account_id,
         action_id=writer.action.action_id,
@@ -380,7 +380,7 @@ async def add_memory(
     try:
         async with pool.acquire() as conn, conn.transaction():
             if memory.session_id is not None:
-                await runtime_store.ensure_session(
+                await executions_store.ensure_session(
                     conn, caller.account_id, action_id, memory.session_id
                 )
             await _record_write(
@@ -513,7 +513,9 @@ async def add_memories(
     try:
         async with pool.acquire() as conn, conn.transaction():
             for session_id in sessions:
-                await runtime_store.ensure_session(conn, caller.account_id, action_id, session_id)
+                await executions_store.ensure_session(
+                    conn, caller.account_id, action_id, session_id
+                )
             await _record_write(
                 conn,
                 caller,

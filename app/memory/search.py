@@ -85,6 +85,7 @@ from app.actions.harness import LABEL_NUMBERS, SEARCH_MODES, MemoryConfig, Searc
 from app.actions.service import load_action
 from app.auth import resources
 from app.auth.caller import Caller
+from app.db.fusion import HYBRID_WEIGHT
 from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
 from app.errors import BadInput, NotFound
@@ -95,7 +96,7 @@ from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking
 from app.memory.visibility import OperatorReader, Reader
 from app.observability import metrics
-from app.search.fusion import HYBRID_WEIGHT, MAX_QUERY_CHARS, check_query
+from app.text import MAX_QUERY_CHARS, check_query
 
 # Measured (bench/README.md): at 5,000 records the exact plan took hybrid p50 30 ms, the shared
 # index 103 ms; an agent of more records than this gets its own indexes (maintenance.py).

@@ -22,10 +22,11 @@ from uuid import UUID
 import asyncpg
 import numpy as np
 
+from app.db.fusion import fusion
+from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, record
-from app.memory.visibility import Params, Reader, visible
-from app.search.fusion import fusion
+from app.memory.visibility import Reader, visible
 
 Mode = Literal["hybrid", "lexical", "vector"]
 Plan = Literal["exact", "index"]

@@ -28,7 +28,6 @@ import asyncpg
 from app.actions.harness import MemoryConfig
 from app.actions.service import ActionVersion
 from app.embeddings.base import Embedder
-from app.embeddings.text import memory_text
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.memory import store
 from app.memory.records import (
@@ -41,6 +40,7 @@ from app.memory.records import (
     pin_line,
     pinned_tokens,
 )
+from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
 
 # Every character that ends a line for str.splitlines: a summary is one line.

@@ -14,8 +14,9 @@ from uuid import UUID
 import asyncpg
 import numpy as np
 
+from app.db.sql import Params
 from app.memory.records import MemoryRecord
-from app.memory.visibility import AgentReader, Params, Reader, shadows, visible
+from app.memory.visibility import AgentReader, Reader, shadows, visible
 
 Row = asyncpg.Record
 

@@ -8,9 +8,7 @@ own staged writes) hold everywhere or nowhere.
 from dataclasses import dataclass
 from uuid import UUID
 
-from app.search.fusion import Params  # shared with history search
-
-__all__ = ["Params"]
+from app.db.sql import Params
 
 
 @dataclass(frozen=True)

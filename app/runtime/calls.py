@@ -28,16 +28,17 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.auth.resources import Grant
 from app.errors import BadInput, Conflict, NotFound
+from app.executions import store
+from app.executions.service import Execution
 from app.history import keeping
 from app.history.service import READ_HISTORY
 from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork, Writer
-from app.runtime import liveness, store, turns
+from app.runtime import liveness, turns
 from app.runtime import review as conversation_review
 from app.runtime import transcript as events
-from app.runtime.executions import Execution
 from app.runtime.model import ToolCall, check_endpoint
 from app.runtime.tools import (
     ADD_MEMORY,

@@ -44,8 +44,8 @@ import asyncpg
 from app.actions.harness import HistoryConfig
 from app.actions.model import ModelConfig
 from app.errors import BadInput
+from app.executions import store
 from app.memory.records import CHARS_PER_TOKEN, pinned_tokens
-from app.runtime import store
 from app.runtime import transcript as events
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.transcript import Transcript

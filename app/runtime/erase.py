@@ -17,9 +17,9 @@ from app.actions.service import load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.errors import NotFound
+from app.executions import store
+from app.executions.service import Execution
 from app.history import store as history_store
-from app.runtime import store
-from app.runtime.executions import Execution
 from app.text import check_storable
 
 ERASE_SESSION = (("DELETE", resources.EXECUTION_DOCUMENT),)

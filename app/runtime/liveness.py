@@ -33,9 +33,9 @@ from uuid import UUID
 import asyncpg
 
 from app.config import Settings
+from app.executions import store
 from app.idempotency import store as idempotency_store
 from app.idempotency.keys import KEEP_SECONDS
-from app.runtime import store
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
 1. Counts the turn's messages (its input, the agent's replies and tool calls, the tools'
    results; not recalls) and, unless `harness.memory.extraction.every` is `"turn"`, reviews
    only once the session's (or session-less agent's) unreviewed messages reach N. The earlier
-   turns' messages are read back from their transcripts (runtime/store.pending_review).
+   turns' messages are read back from their transcripts (executions/store.pending_review).
 2. Asks the model (purpose `memory`) for candidates over those messages, each with its time,
    by a tool call shaped like add_memory's arguments. A malformed reply is told what was wrong
    once; if the second is malformed too, what is wrong in it is dropped.
@@ -34,11 +34,11 @@ from uuid import UUID
 from app.actions.harness import MemoryConfig
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import DomainError
+from app.executions import store
 from app.memory import review as memory_review
 from app.memory.records import MemoryRecord
 from app.memory.review import Candidate
 from app.memory.service import NewMemory
-from app.runtime import store
 from app.runtime import transcript as events
 from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed

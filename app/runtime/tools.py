@@ -16,6 +16,7 @@ from uuid import UUID
 import asyncpg
 
 from app.actions.harness import MemoryConfig
+from app.embeddings.base import Embeds
 from app.errors import DomainError
 from app.history import search as history_search
 from app.history.store import Scope
@@ -25,7 +26,6 @@ from app.memory.service import MemoryWork, NewMemory
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall
 from app.runtime.transcript import Transcript
-from app.search.fusion import Embeds
 from app.text import for_model, for_model_json, storable_json
 
 SEARCH_MEMORY = "search_memory"

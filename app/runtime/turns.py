@@ -24,6 +24,8 @@ from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.errors import BadInput, Conflict, DomainError, NotFound
+from app.executions import store
+from app.executions.service import Execution
 from app.history import keeping
 from app.history import store as history_store
 from app.history.store import Scope
@@ -31,10 +33,9 @@ from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, Writer
 from app.observability import metrics
-from app.runtime import liveness, store
+from app.runtime import liveness
 from app.runtime import transcript as events
 from app.runtime.context import ContextWindow, budget_of, open_window
-from app.runtime.executions import Execution
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
 from app.runtime.recall import Recall, Version, recall_query

@@ -28,8 +28,8 @@ import asyncpg
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
-from app.embeddings.text import memory_text
 from app.errors import BadInput, Conflict, NotFound
+from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 
@@ -138,7 +138,7 @@ async def import_file(
     if not (header.get("embeddings") and recorded is not None and header["embedder"] == recorded):
         # Embedded again with this deployment's model (which the database records, or will).
         embedder = await open_embedder()
-        await ensure_model(pool, embedder)
+        await ensure_model(pool, embedder, VECTOR_COLUMNS)
         result.vectors = "re-embedded"
     total = sum(int(n) for n in (header.get("counts") or {}).values())
     try:

@@ -1,4 +1,5 @@
-"""Reading executions and sessions, behind the grants on financial.ActionExecution.*."""
+"""Executions, sessions and transcript events as records, and their reads behind the grants
+on financial.ActionExecution.*."""
 
 from dataclasses import dataclass
 from datetime import datetime
@@ -9,7 +10,7 @@ import asyncpg
 
 from app.auth import resources
 from app.auth.caller import Caller
-from app.runtime import store
+from app.executions import store
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""SQL for sessions, executions and transcripts."""
+"""SQL for the rows every run leaves: executions (a turn, an MCP tool call, an operator write,
+an erasure), their transcript events, sessions with their running summaries and recalls, and
+the heartbeats of the processes that run turns (app/runtime/liveness.py)."""
 
 from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
 
-from app.memory.visibility import Params
+from app.db.sql import Params
 
 Row: TypeAlias = asyncpg.Record
 

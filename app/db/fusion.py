@@ -1,0 +1,25 @@
+"""The one fusion of meaning and words that memory search (app/memory/search.py) and session
+history search (app/history/store.py) both rank by; bench/README.md measures it."""
+
+from app.db.sql import Params
+
+HYBRID_WEIGHT = 0.5  # weight of the cosine; the rest goes to the normalized text rank
+
+
+def fusion(mode: str, weight: float, min_score: float | None, p: Params) -> tuple[str, str]:
+    """Score expression and the condition a scored row must meet to be found, over a CTE
+    `scored` with columns `cosine` (NULL without a query vector) and `words` (the row's
+    `ts_rank`, NULL when it shares no query word)."""
+    if mode == "lexical":
+        return "words", "words IS NOT NULL"
+    by_meaning = "cosine IS NOT NULL" if min_score is None else f"cosine >= {p(min_score)}::float8"
+    if mode == "vector":
+        return "cosine", by_meaning
+    w = p(weight) + "::float8"
+    # Text rank divided by the best rank among the matches: 1 for the best match, 0 when no
+    # word is shared; the cosine enters raw, so the same row scores the same in every plan.
+    score = (
+        f"{w} * coalesce(cosine, 0) + (1 - {w}) "
+        "* coalesce(words / nullif(max(words) OVER (), 0), 0)"
+    )
+    return score, f"(words IS NOT NULL OR {by_meaning})"
