@@ -10,7 +10,7 @@ from pgvector.asyncpg import register_vector
 # Every connection's session defaults, which RESET ALL (run by the pool on release) returns
 # to: memory search's HNSW settings for a large agent's own index (app/memory/search.py), so
 # that such a search is one statement, with no settings to send first. They apply to every
-# HNSW scan on the connection; memory search is the only one today.
+# HNSW scan the connection runs.
 SESSION_SETTINGS = {"hnsw.ef_search": "60", "hnsw.iterative_scan": "relaxed_order"}
 
 

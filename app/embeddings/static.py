@@ -21,14 +21,14 @@ class StaticEmbedder(LocalEmbedder):
         self.name = "static:wordllama-256"
         self._table: np.ndarray = model.embedding
         # wordllama's own embed() pads every batch to its longest text and must be tokenized
-        # again to count tokens; one unpadded pass does both, twice as fast, in bounded memory.
+        # again to count tokens; one unpadded pass does both, in bounded memory.
         self._tokenizer = Tokenizer.from_str(model.tokenizer.to_str())
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
 
     def _embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
         # The mean of a text's token vectors, summed a bounded piece at a time: a long text
-        # never becomes a (tokens x 256) matrix (a 900 KB text made one of 205 MB).
+        # never becomes a (tokens x 256) matrix (bench/README.md measures it).
         vectors = np.zeros((len(texts), self.dimensions), dtype=np.float32)
         counts = np.zeros(len(texts), dtype=np.int64)
         last = len(self._table) - 1

@@ -6,7 +6,7 @@ of its own memory (app/memory/service.py) grants nothing to anyone.
 """
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -15,7 +15,7 @@ from uuid import UUID
 import asyncpg
 
 from app.actions.harness import MemoryConfig
-from app.actions.service import load_action
+from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
@@ -65,9 +65,7 @@ async def _label_names(
 ) -> dict[int, str]:
     # Later versions keep every label with its number, so the current version names them all.
     action = await load_action(conn, account_id, action_id)
-    if action is None:
-        return {}
-    return {label.number: label.name for label in action.harness.memory.labels}
+    return _label_names_of(action) if action is not None else {}
 
 
 @dataclass(frozen=True)
@@ -170,20 +168,26 @@ async def memory_history(
 
 async def _answered(
     pool: asyncpg.Pool, caller: Caller, action_id: UUID, key: Key
-) -> MemoryView | None:
-    """The record version a key already answered with; None for a new key."""
+) -> list[MemoryView] | None:
+    """The record versions a key already answered with (a bulk key's in order, another's one);
+    None for a new key."""
     async with pool.acquire() as conn:
         result = await key.previous(conn)
     if result is None:
         return None
-    memory_id = UUID(result["memoryId"])
-    view = await get_memory(pool, caller, action_id, memory_id, result["version"])
-    if view is None:
-        raise NotFound(
-            f"idempotency key {key.key!r} answered with memory {memory_id}, which no longer "
-            "exists (its agent was deleted)"
-        )
-    return view
+    answer = (
+        result["memories"] if "memories" in result else [(result["memoryId"], result["version"])]
+    )
+    views = []
+    for memory_id, version in answer:
+        view = await get_memory(pool, caller, action_id, UUID(memory_id), version)
+        if view is None:
+            raise NotFound(
+                f"idempotency key {key.key!r} answered with memory {memory_id}, which no longer "
+                "exists (its agent was deleted)"
+            )
+        views.append(view)
+    return views
 
 
 async def delete_memory(
@@ -203,14 +207,11 @@ async def delete_memory(
         idempotency_key, caller.account_id, caller.principal, "deleteAgentMemory", arguments
     )
     if key is not None and (answered := await _answered(pool, caller, action_id, key)):
-        return answered
+        return answered[0]
     try:
         return await _delete(pool, caller, action_id, memory_id, key)
     except Duplicate:
-        assert key is not None
-        answered = await _answered(pool, caller, action_id, key)
-        assert answered is not None, "a key whose transaction committed is found"
-        return answered
+        return await _answered_first(pool, caller, action_id, key)
 
 
 async def _delete(
@@ -266,29 +267,80 @@ def _label_keys(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[str 
     return keys
 
 
-async def _record_write(
-    conn: asyncpg.Connection,
-    caller: Caller,
-    writer: Writer,
-    session_id: str | None,
-    input: dict[str, Any],
-) -> None:
-    """The OPERATOR execution an operator's write is recorded as, in the write's transaction.
-    `input` holds IDs only: the records' text is readable only with the memory grants (M55)."""
-    await executions_store.insert_execution(
-        conn,
-        account_id=caller.account_id,
-        action_id=writer.action.action_id,
-        execution_id=writer.execution_id,
-        action_version=writer.action.version,
-        session_id=session_id,
-        turn=None,
-        kind="OPERATOR",
-        status="SUCCEEDED",
-        preview=False,
-        principal=caller.principal,
-        input=input,
+async def _answered_first(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, key: Key | None
+) -> list[MemoryView]:
+    """The answer of the concurrent request with the same key that committed first."""
+    assert key is not None
+    answered = await _answered(pool, caller, action_id, key)
+    assert answered is not None, "a key whose transaction committed is found"
+    return answered
+
+
+def _new_memory(memory: OperatorMemory, labels: dict[str | int, str]) -> NewMemory:
+    return NewMemory(
+        summary=memory.summary,
+        kind=memory.kind,
+        content=memory.content,
+        labels=labels,
+        scope=memory.scope,
+        pinned=memory.pinned,
+        replaces=memory.replaces,
+        metadata=memory.metadata,
+        session_id=memory.session_id,
     )
+
+
+async def _commit_write(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    work: MemoryWork,
+    *,
+    sessions: Sequence[str],
+    input: dict[str, Any],
+    key: Key | None,
+    answer: Callable[[list[MemoryRecord]], dict[str, Any]],
+) -> list[MemoryRecord] | None:
+    """Commits an operator's staged records in one transaction with the OPERATOR execution it
+    is recorded as (and the sessions they name), and the key's `answer`; None when a request
+    with the same key committed first. Whatever fails, the staged rows go.
+
+    `input` holds IDs only: the records' text is readable only with the memory grants (M55)."""
+    w = work.writer
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            for session_id in sessions:
+                await executions_store.ensure_session(
+                    conn, caller.account_id, w.action.action_id, session_id
+                )
+            await executions_store.insert_execution(
+                conn,
+                account_id=caller.account_id,
+                action_id=w.action.action_id,
+                execution_id=w.execution_id,
+                action_version=w.action.version,
+                session_id=w.session_id,
+                turn=None,
+                kind="OPERATOR",
+                status="SUCCEEDED",
+                preview=False,
+                principal=caller.principal,
+                input=input,
+            )
+            written = await work.commit(conn)
+            if key is not None:
+                await key.record(conn, answer(written))
+    except Duplicate:
+        await work.discard()
+        return None
+    except BaseException:
+        await work.discard()
+        raise
+    return written
+
+
+def _label_names_of(action: ActionVersion) -> dict[int, str]:
+    return {label.number: label.name for label in action.harness.memory.labels}
 
 
 def _require_unpin(caller: Caller, memory_id: UUID) -> None:
@@ -345,7 +397,7 @@ async def add_memory(
     arguments = {"actionId": action_id, **asdict(memory)}
     key = key_for(idempotency_key, caller.account_id, caller.principal, "addAgentMemory", arguments)
     if key is not None and (answered := await _answered(pool, caller, action_id, key)):
-        return answered
+        return answered[0]
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
         if memory.replaces is not None:
@@ -364,75 +416,32 @@ async def add_memory(
     )
     labels = _label_keys(action.harness.memory, memory.labels)
     work = MemoryWork(pool, embedder, writer)
-    added = await work.add(
-        NewMemory(
-            summary=memory.summary,
-            kind=memory.kind,
-            content=memory.content,
-            labels=labels,
-            scope=memory.scope,
-            pinned=memory.pinned,
-            replaces=memory.replaces,
-            metadata=memory.metadata,
-        )
+    new_id = (await work.add(_new_memory(memory, labels)))[0].memory_id
+
+    def answer(written: list[MemoryRecord]) -> dict[str, Any]:
+        version = next(r.version for r in written if r.memory_id == new_id)
+        return {"memoryId": str(new_id), "version": version}
+
+    written = await _commit_write(
+        pool,
+        caller,
+        work,
+        sessions=[memory.session_id] if memory.session_id is not None else [],
+        input={
+            "operation": "addAgentMemory",
+            "memoryId": str(new_id),
+            "replaces": str(memory.replaces) if memory.replaces else None,
+        },
+        key=key,
+        answer=answer,
     )
-    new_id = added[0].memory_id
-    try:
-        async with pool.acquire() as conn, conn.transaction():
-            if memory.session_id is not None:
-                await executions_store.ensure_session(
-                    conn, caller.account_id, action_id, memory.session_id
-                )
-            await _record_write(
-                conn,
-                caller,
-                writer,
-                memory.session_id,
-                {
-                    "operation": "addAgentMemory",
-                    "memoryId": str(new_id),
-                    "replaces": str(memory.replaces) if memory.replaces else None,
-                },
-            )
-            written = await work.commit(conn)
-            record = next(r for r in written if r.memory_id == new_id)
-            if key is not None:
-                await key.record(conn, {"memoryId": str(new_id), "version": record.version})
-    except Duplicate:
-        # A concurrent request with the same key committed first: answer with its record.
-        await work.discard()
-        assert key is not None
-        answered = await _answered(pool, caller, action_id, key)
-        assert answered is not None, "a key whose transaction committed is found"
-        return answered
-    except BaseException:
-        await work.discard()
-        raise
-    names = {label.number: label.name for label in action.harness.memory.labels}
-    return MemoryView(record, names)
+    if written is None:
+        return (await _answered_first(pool, caller, action_id, key))[0]
+    record = next(r for r in written if r.memory_id == new_id)
+    return MemoryView(record, _label_names_of(action))
 
 
 MAX_BULK = 1000
-
-
-async def _answered_many(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID, key: Key
-) -> list[MemoryView] | None:
-    """The record versions a bulk key already answered with; None for a new key."""
-    async with pool.acquire() as conn:
-        result = await key.previous(conn)
-    if result is None:
-        return None
-    views = []
-    for memory_id, version in result["memories"]:
-        view = await get_memory(pool, caller, action_id, UUID(memory_id), version)
-        if view is None:
-            raise NotFound(
-                f"idempotency key {key.key!r} answered with memory {memory_id}, which no longer "
-                "exists (its agent was deleted)"
-            )
-        views.append(view)
-    return views
 
 
 async def add_memories(
@@ -469,7 +478,7 @@ async def add_memories(
         key = key_for(
             idempotency_key, caller.account_id, caller.principal, "addAgentMemories", arguments
         )
-    if key is not None and (answered := await _answered_many(pool, caller, action_id, key)):
+    if key is not None and (answered := await _answered(pool, caller, action_id, key)):
         return answered
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
@@ -495,52 +504,31 @@ async def add_memories(
             labels = _label_keys(action.harness.memory, memory.labels)
         except BadInput as e:
             raise BadInput(f"inputs[{i}].labels: {e.message}") from None
-        new_memories.append(
-            NewMemory(
-                summary=memory.summary,
-                kind=memory.kind,
-                content=memory.content,
-                labels=labels,
-                scope=memory.scope,
-                pinned=memory.pinned,
-                replaces=memory.replaces,
-                metadata=memory.metadata,
-                session_id=memory.session_id,
-            )
-        )
+        new_memories.append(_new_memory(memory, labels))
     work = MemoryWork(pool, embedder, writer)
     ids = await work.add_many(new_memories)
-    try:
-        async with pool.acquire() as conn, conn.transaction():
-            for session_id in sessions:
-                await executions_store.ensure_session(
-                    conn, caller.account_id, action_id, session_id
-                )
-            await _record_write(
-                conn,
-                caller,
-                writer,
-                writer.session_id,
-                {
-                    "operation": "addAgentMemories",
-                    "memoryIds": [str(i) for i in ids],
-                    "replaces": [str(m.replaces) if m.replaces else None for m in memories],
-                },
-            )
-            written = {r.memory_id: r for r in await work.commit(conn)}
-            records = [written[i] for i in ids]
-            if key is not None:
-                await key.record(
-                    conn, {"memories": [[str(r.memory_id), r.version] for r in records]}
-                )
-    except Duplicate:
-        await work.discard()
-        assert key is not None
-        answered_many = await _answered_many(pool, caller, action_id, key)
-        assert answered_many is not None, "a key whose transaction committed is found"
-        return answered_many
-    except BaseException:
-        await work.discard()
-        raise
-    names = {label.number: label.name for label in action.harness.memory.labels}
-    return [MemoryView(record, names) for record in records]
+    written = await _commit_write(
+        pool,
+        caller,
+        work,
+        sessions=sessions,
+        input={
+            "operation": "addAgentMemories",
+            "memoryIds": [str(i) for i in ids],
+            "replaces": [str(m.replaces) if m.replaces else None for m in memories],
+        },
+        key=key,
+        answer=lambda written: {
+            "memories": [[str(r.memory_id), r.version] for r in _in_order(written, ids)]
+        },
+    )
+    if written is None:
+        return await _answered_first(pool, caller, action_id, key)
+    names = _label_names_of(action)
+    return [MemoryView(record, names) for record in _in_order(written, ids)]
+
+
+def _in_order(written: list[MemoryRecord], ids: list[UUID]) -> list[MemoryRecord]:
+    """The records written as `ids` lists them (a commit also returns those they replaced)."""
+    by_id = {r.memory_id: r for r in written}
+    return [by_id[i] for i in ids]
