@@ -104,26 +104,32 @@ def check_summary(summary: str) -> None:
         )
     if any(c in LINE_BREAKS for c in summary):
         raise BadInput("summary must be one line, without line breaks: move the details to content")
-    size = len(summary.encode())
-    if size > MAX_SUMMARY_BYTES:
-        raise BadInput(
-            f"summary is {size} bytes; at most {MAX_SUMMARY_BYTES} bytes (UTF-8) are allowed: "
-            "shorten it and move the details to content"
-        )
+    _check_bytes(
+        "summary", summary, MAX_SUMMARY_BYTES, "UTF-8", "shorten it and move the details to content"
+    )
 
 
 def check_content(content: str) -> None:
     if not isinstance(content, str):
         raise BadInput("content must be text")
-    size = len(content.encode())
-    if size > MAX_CONTENT_BYTES:
+    _check_bytes(
+        "content",
+        content,
+        MAX_CONTENT_BYTES,
+        "16 KiB, UTF-8",
+        "keep only the evidence and specifics behind the summary",
+    )
+
+
+def _check_bytes(name: str, text: str, most: int, unit: str, advice: str) -> None:
+    size = len(text.encode())
+    if size > most:
         raise BadInput(
-            f"content is {size} bytes; at most {MAX_CONTENT_BYTES} bytes (16 KiB, UTF-8) are "
-            "allowed: keep only the evidence and specifics behind the summary"
+            f"{name} is {size} bytes; at most {most} bytes ({unit}) are allowed: {advice}"
         )
 
 
-def check_kind(kind: str, config: MemoryConfig) -> None:
+def check_kind(config: MemoryConfig, kind: str) -> None:
     if kind not in config.kinds:
         raise BadInput(
             f"kind {kind!r} is not one of this agent's memory kinds: {', '.join(config.kinds)}"
@@ -318,7 +324,7 @@ class MemoryWork:
             return [staged]
         return [staged, _as_changed(target.current, "SUPERSEDED", staged, w.principal)]
 
-    def _check(self, new: NewMemory, where: str | None = None) -> _Checked:
+    def _check(self, new: NewMemory, *, where: str | None = None) -> _Checked:
         """The checks of a new record that need no database: its label values by number, its
         metadata, scope and session. `where` (e.g. `inputs[17]`) prefixes each error with the
         input and field it is about."""
@@ -329,7 +335,7 @@ class MemoryWork:
         with _about(where, "content"):
             check_content(new.content)
         with _about(where, "kind"):
-            check_kind(new.kind, config)
+            check_kind(config, new.kind)
         with _about(where, "labels"):
             labels = check_labels(config, new.labels)
         with _about(where, "metadata"):
@@ -353,7 +359,7 @@ class MemoryWork:
 
         The same checks as `add`, one by one; then the ones needing the database at once."""
         w = self.writer
-        checked = [self._check(new, f"inputs[{i}]") for i, new in enumerate(news)]
+        checked = [self._check(new, where=f"inputs[{i}]") for i, new in enumerate(news)]
         ids = [uuid.uuid4() for _ in news]
         changes: list[_Change] = []
         seen: dict[UUID, int] = {}
@@ -395,7 +401,7 @@ class MemoryWork:
         self._changes.extend(changes)
         return ids
 
-    async def delete(self, memory_id: UUID, source: Source | None = None) -> MemoryRecord:
+    async def delete(self, memory_id: UUID, *, source: Source | None = None) -> MemoryRecord:
         """Stages a deletion; deleting a deleted record returns it unchanged."""
         w = self.writer
         self._require_enabled()
@@ -437,7 +443,7 @@ class MemoryWork:
         self._stage_change(target, "DELETED", staged, tombstone=not preview_of_live)
         return staged if preview_of_live else _as_changed(current, "DELETED", staged, w.principal)
 
-    async def read(self, memory_id: UUID, version: int | None = None) -> MemoryRecord | None:
+    async def read(self, memory_id: UUID, *, version: int | None = None) -> MemoryRecord | None:
         """One record the writer can see, whatever its status (or an exact version)."""
         async with self.pool.acquire() as conn:
             target = await self._find(conn, memory_id)

@@ -248,10 +248,10 @@ async def list_versions(
     action_id: UUID,
     memory_id: UUID,
     *,
-    before: int | None,
     limit: int,
+    before: int | None = None,
 ) -> list[Row]:
-    """Versions of one record, newest first, below version `before`."""
+    """Versions of one record, newest first, below version `before` (None: from the newest)."""
     return await conn.fetch(
         f"""
         SELECT {_COLUMNS} FROM agent_memory_versions
