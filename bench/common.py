@@ -3,13 +3,16 @@
 import argparse
 import asyncio
 import json
+import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from app.db.embedded import EmbeddedPostgres
+from app.memory.records import MemoryRecord
 
 
 def tuned_server(data_dir: Path, settings: Mapping[str, str]) -> EmbeddedPostgres:
@@ -111,3 +114,36 @@ async def fresh_database(pg: EmbeddedPostgres, name: str, embedder: Any) -> str:
     finally:
         await pool.close()
     return url
+
+
+def bench_record(
+    account_id: uuid.UUID, action_id: uuid.UUID, summary: str, **given: Any
+) -> MemoryRecord:
+    """A committed record (app.memory.records.MemoryRecord) as the benchmarks load them:
+    version 1, active, agent scope, written by an operator, unless `given` says otherwise."""
+    created = given.pop("created", None) or datetime.now(UTC)
+    defaults: dict[str, Any] = {
+        "memory_id": uuid.uuid4(),
+        "version": 1,
+        "created": created,
+        "modified": created,
+        "content": "",
+        "metadata": {},
+        "status": "ACTIVE",
+        "scope": "AGENT",
+        "kind": "event",
+        "source": "OPERATOR",
+        "pinned": False,
+        "labels": {},
+        "replaces": None,
+        "replaced_by": None,
+        "preview": False,
+        "execution_id": uuid.uuid4(),
+        "invocation_number": 1,
+        "action_version": 1,
+        "session_id": None,
+        "modified_by": "bench",
+    }
+    return MemoryRecord(
+        account_id=account_id, action_id=action_id, summary=summary, **(defaults | given)
+    )

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +76,13 @@ from app.history import indexes as history_indexes  # noqa: E402
 from app.history import search as history_search  # noqa: E402
 from app.history.store import Scope  # noqa: E402
 from app.memory.search import search as memory_search  # noqa: E402
+from app.memory.store import copy_committed  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
 from app.state import AppState  # noqa: E402
-from bench.common import fresh_database, percentiles, tuned_server  # noqa: E402
+from bench.common import bench_record, fresh_database, percentiles, tuned_server  # noqa: E402
 
 KS = (1, 5, 10)
 DIA = re.compile(r"D(\d+):(\d+)")
@@ -263,21 +265,19 @@ async def load_memory(
     assert state.embedder is not None
     vectors = (await state.embedder.embed(texts)).vectors
     ids = {uuid.uuid4(): dia for dia, _ in conv["turns"]}
-    async with state.pool.acquire() as conn:
-        await conn.executemany(
-            """
-            INSERT INTO agent_memories (
-                account_id, action_id, memory_id, version, created, modified, summary, status,
-                scope, kind, source, execution_id, invocation_number, action_version, modified_by,
-                embedding)
-            VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4), now(), $5, 'ACTIVE',
-                    'AGENT', 'event', 'OPERATOR', $6, 1, 1, 'bench', $7)
-            """,
-            [
-                (caller.account_id, agent.action_id, memory_id, float(n), text, uuid.uuid4(), v)
-                for n, (memory_id, text, v) in enumerate(zip(ids, texts, vectors, strict=True))
-            ],
+    start = datetime.now(UTC)
+    records = [
+        bench_record(
+            caller.account_id,
+            agent.action_id,
+            text,
+            memory_id=memory_id,
+            created=start + timedelta(seconds=n),
         )
+        for n, (memory_id, text) in enumerate(zip(ids, texts, strict=True))
+    ]
+    async with state.pool.acquire() as conn:
+        await copy_committed(conn, records, vectors)
     return OperatorReader(caller.account_id, agent.action_id), ids
 
 

@@ -35,7 +35,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import add_locomo_argument, load_locomo  # noqa: E402
+from common import add_locomo_argument, bench_record, load_locomo  # noqa: E402
 
 from app.actions.harness import SearchConfig  # noqa: E402
 from app.db import migrate  # noqa: E402
@@ -46,6 +46,7 @@ from app.embeddings.setup import ensure_model  # noqa: E402
 from app.memory import search as search_module  # noqa: E402
 from app.memory.search import search  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
+from app.memory.store import copy_committed  # noqa: E402
 from app.memory.vectors import VECTOR_COLUMNS, memory_text  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 
@@ -123,22 +124,11 @@ async def load(
             account,
             action,
         )
-        await conn.executemany(
-            """
-            INSERT INTO agent_memories (
-                account_id, action_id, memory_id, version, created, modified, summary, status,
-                scope, kind, source, execution_id, invocation_number, action_version, modified_by,
-                embedding)
-            VALUES ($1, $2, $3, 1, $4, $4, $5, 'ACTIVE', 'AGENT', 'event', 'OPERATOR', $6, 1, 1,
-                    'bench', $7)
-            """,
-            [
-                (account, action, memory_id, created, summary, uuid.uuid4(), vector)
-                for memory_id, (_, summary, created), vector in zip(
-                    ids, conv["turns"], vectors, strict=True
-                )
-            ],
-        )
+        records = [
+            bench_record(account, action, summary, memory_id=memory_id, created=created)
+            for memory_id, (_, summary, created) in zip(ids, conv["turns"], strict=True)
+        ]
+        await copy_committed(conn, records, vectors)
     return OperatorReader(account, action), ids
 
 

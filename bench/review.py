@@ -44,7 +44,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import fresh_database, percentiles  # noqa: E402
+from common import bench_record, fresh_database, percentiles  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
 
@@ -66,6 +66,7 @@ from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.executions import store as executions_store  # noqa: E402
 from app.memory import review as memory_review  # noqa: E402
 from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
+from app.memory.store import copy_committed  # noqa: E402
 from app.memory.vectors import memory_text  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
@@ -143,20 +144,11 @@ async def load_facts(
             account,
             action,
         )
-        await conn.executemany(
-            """
-            INSERT INTO agent_memories (
-                account_id, action_id, memory_id, version, created, modified, summary, status,
-                scope, kind, source, execution_id, invocation_number, action_version, modified_by,
-                embedding)
-            VALUES ($1, $2, $3, 1, $4, $4, $5, 'ACTIVE', 'AGENT', 'fact', 'OPERATOR', $6, 1, 1,
-                    'bench', $7)
-            """,
-            [
-                (account, action, memory_id, created, text, uuid.uuid4(), vector)
-                for memory_id, (text, created), vector in zip(ids, conv.facts, vectors, strict=True)
-            ],
-        )
+        records = [
+            bench_record(account, action, text, memory_id=memory_id, created=created, kind="fact")
+            for memory_id, (text, created) in zip(ids, conv.facts, strict=True)
+        ]
+        await copy_committed(conn, records, vectors)
     return OperatorReader(account, action), {m: i for i, m in enumerate(ids)}
 
 

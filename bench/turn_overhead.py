@@ -68,6 +68,7 @@ from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.executions import store as executions_store  # noqa: E402
+from app.history.store import Scope  # noqa: E402
 from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
 from app.runtime.context import ContextWindow, open_window  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
@@ -230,10 +231,7 @@ async def window_alone(
         started = time.perf_counter()
         window = await open_window(
             state.pool,
-            account_id=caller.account_id,
-            action_id=action_id,
-            session_id="s1",
-            preview=False,
+            Scope(caller.account_id, action_id, "s1", None, False),
             budget=32_000,
             reserve=0,
             history=None,

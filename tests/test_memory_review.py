@@ -552,8 +552,11 @@ def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
 
     def record(summary: str, score: float) -> MemoryRecord:
         return MemoryRecord(
-            uuid4(), uuid4(), uuid4(), 1, now, now, summary, "", None, "ACTIVE", "AGENT",
-            "fact", "OPERATOR", False, {}, None, None, False, uuid4(), 1, 1, None, "agent",
+            account_id=uuid4(), action_id=uuid4(), memory_id=uuid4(), version=1, created=now,
+            modified=now, summary=summary, content="", metadata=None, status="ACTIVE",
+            scope="AGENT", kind="fact", source="OPERATOR", pinned=False, labels={},
+            replaces=None, replaced_by=None, preview=False, execution_id=uuid4(),
+            invocation_number=1, action_version=1, session_id=None, modified_by="agent",
             score=score,
         )  # fmt: skip
 

@@ -147,10 +147,10 @@ class SessionHistoryFields:
         rows = await service.list_events(
             info.context.pool,
             info.context.caller,
-            action_id,
-            session_id,
-            _check_turn_cursor(after),
-            first + 1,
+            action_id=action_id,
+            session_id=session_id,
+            after=_check_turn_cursor(after),
+            limit=first + 1,
         )
         return connection(
             rows,
@@ -182,8 +182,8 @@ class SessionHistoryFields:
             info.context.pool,
             embedder,
             info.context.caller,
-            action_id,
-            session_id,
+            action_id=action_id,
+            session_id=session_id,
             query=query,
             limit=first,
             max_query_chars=info.context.state.settings.max_search_query_chars,
@@ -208,6 +208,10 @@ async def _event_node(info: Info, parts: list[str]) -> ActionHistoryEvent | None
         raise BadInput("not a global ID of an ActionHistoryEvent: it must come from its `id`")
     action_id, event_id = parse_uuid(parts[0]), parse_uuid(parts[2])
     found = await service.get_event(
-        info.context.pool, info.context.caller, action_id, parts[1], event_id
+        info.context.pool,
+        info.context.caller,
+        action_id=action_id,
+        session_id=parts[1],
+        event_id=event_id,
     )
     return ActionHistoryEvent.of(action_id, shown(info, found)) if found else None

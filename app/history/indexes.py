@@ -2,8 +2,8 @@
 (app/memory/maintenance.py run_round: the same lock, interval and build memory).
 
 The shared HNSW index serves a session's search by reading past other sessions' parts (its
-filter): a session of 100,000 parts among 1,000,000 others, p95 70 ms on a loaded machine,
-against a few ms with an index of its own (bench/README.md, `history.py`). Sessions of at least
+filter), which a large session among many pays for; its own index spares it that
+(bench/README.md, `history.py`, has the figures). Sessions of at least
 `history_index_min_parts` parts, the largest `history_index_max_sessions` of them, get a
 partial index on their key, built with CREATE INDEX CONCURRENTLY (writes go on meanwhile;
 each build reads the whole table once); one under half the threshold, or beyond the limit
@@ -57,6 +57,20 @@ async def _drop(conn: asyncpg.Connection, name: str, concurrently: bool = True) 
     await conn.execute(f"DROP INDEX {'CONCURRENTLY ' if concurrently else ''}IF EXISTS {quoted}")
 
 
+async def _drop_each(conn: asyncpg.Connection, names: list[str]) -> list[str]:
+    """Drops the indexes one by one; a failure is logged, and the next round tries again.
+    Returns those dropped."""
+    dropped: list[str] = []
+    for name in names:
+        try:
+            await _drop(conn, name)
+        except asyncpg.PostgresError:
+            log.exception("dropping session index %s failed", name)
+        else:
+            dropped.append(name)
+    return dropped
+
+
 async def drop_session_indexes(conn: asyncpg.Connection) -> None:
     """Drops them all, inside the caller's transaction (new embedding dimensions make them
     stale; app/embeddings/store.py reset_vectors, after taking the round's lock)."""
@@ -88,15 +102,9 @@ async def index_sessions(
     new = [key for key in largest if sizes[key] >= min_parts and index_name(key) not in states]
     wanted = keep + new[: places - len(keep)]
     owned = {index_name(key) for key in wanted}
+    dropped = await _drop_each(conn, sorted(set(states) - owned))
     built: list[str] = []
-    dropped: list[str] = []
     failed: list[str] = []
-    for name in sorted(set(states) - owned):
-        try:
-            await _drop(conn, name)
-            dropped.append(name)
-        except asyncpg.PostgresError:
-            log.exception("dropping session index %s failed", name)
     options = ", ".join(f"{k} = {v}" for k, v in OPTIONS.items())
     for key in wanted:
         name = index_name(key)

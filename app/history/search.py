@@ -9,10 +9,8 @@ holds `tsv`), and scores their union the same way. So in a session larger than W
 parts an older part is found by its meaning, not by words alone. The plan comes from an
 index-only count of the session's parts, made by the exact plan's statement itself, and is
 remembered for a minute (`_PLANS`), so a session's searches are one statement (two for the
-first search of a large session). EXPLAIN ANALYZE of one session of 100,000 parts, custom
-plan: the HNSW scan about 1 ms, the words walk of 4,000 parts 1-3 ms, the whole statement 5 ms
-(the exact plan at 1,000 parts: 2 ms); the rest of a search's time is round trips and, on a
-loaded machine, waiting for a core (bench/README.md).
+first search of a large session): where a search's time goes is in bench/README.md
+(`history.py`).
 """
 
 import time

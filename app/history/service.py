@@ -26,6 +26,7 @@ def _scope(caller: Caller, action_id: UUID, session_id: str) -> Scope:
 async def list_events(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     action_id: UUID,
     session_id: str,
     after: tuple[int, int] | None,
@@ -39,21 +40,21 @@ async def list_events(
 
 
 async def get_event(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID, session_id: str, event_id: UUID
+    pool: asyncpg.Pool, caller: Caller, *, action_id: UUID, session_id: str, event_id: UUID
 ) -> Event | None:
     caller.require(*READ_HISTORY)
     async with pool.acquire() as conn:
-        row = await store.get_event(conn, caller.account_id, action_id, session_id, event_id)
-    return Event.of(row) if row else None
+        rows = await store.read_events(conn, _scope(caller, action_id, session_id), [event_id])
+    return Event.of(rows[0]) if rows else None
 
 
 async def search_events(
     pool: asyncpg.Pool,
     embedder: Embeds,
     caller: Caller,
+    *,
     action_id: UUID,
     session_id: str,
-    *,
     query: str,
     limit: int,
     max_query_chars: int = MAX_QUERY_CHARS,

@@ -7,7 +7,7 @@ from turns before a bound, preview parts only for a preview reader.
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import asyncpg
@@ -84,22 +84,37 @@ def _visible(scope: Scope, p: Params, h: str) -> str:
     return where
 
 
+class Keeper(Protocol):
+    """The execution whose committed turn keeps events (the runtime's Execution, read here
+    without importing it)."""
+
+    @property
+    def account_id(self) -> UUID: ...
+    @property
+    def action_id(self) -> UUID: ...
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def execution_id(self) -> UUID: ...
+    @property
+    def invocation_number(self) -> int: ...
+    @property
+    def preview(self) -> bool: ...
+
+
 async def insert(
     conn: asyncpg.Connection,
-    *,
-    account_id: UUID,
-    action_id: UUID,
-    session_id: str,
+    keeper: Keeper,
     turn: int,
-    execution_id: UUID,
-    invocation_number: int,
-    preview: bool,
     events: list[KeptEvent],
     vectors: np.ndarray | None,
 ) -> None:
-    """Writes a committed turn's events and their parts (inside its commit transaction)."""
+    """Writes the events a committed turn `turn` keeps, and their parts, inside its commit
+    transaction."""
     if not events:
         return
+    assert keeper.session_id is not None  # history is a session's
+    key = (keeper.account_id, keeper.action_id, keeper.session_id)
     await conn.execute(
         """
         INSERT INTO history_events
@@ -111,13 +126,11 @@ async def insert(
                     $14::text[], $15::int[])
             AS e(event_id, sequence, who, call_id, tool, data, text, parts)
         """,
-        account_id,
-        action_id,
-        session_id,
+        *key,
         turn,
-        execution_id,
-        invocation_number,
-        preview,
+        keeper.execution_id,
+        keeper.invocation_number,
+        keeper.preview,
         [e.event_id for e in events],
         [e.sequence for e in events],
         [e.who for e in events],
@@ -138,11 +151,9 @@ async def insert(
         FROM unnest($6::uuid[], $7::int[], $8::text[], $9::vector[])
             AS p(event_id, part, text, embedding)
         """,
-        account_id,
-        action_id,
-        session_id,
+        *key,
         turn,
-        preview,
+        keeper.preview,
         ids,
         numbers,
         texts,
@@ -264,11 +275,7 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
 
 async def read_events(conn: asyncpg.Connection, scope: Scope, ids: list[UUID]) -> list[Row]:
     p = Params()
-    return await conn.fetch(
-        f"SELECT {_EVENT} FROM history_events e WHERE {_visible(scope, p, 'e')}"
-        f" AND e.event_id = any({p(ids)}::uuid[]) ORDER BY e.turn, e.sequence",
-        *p.values,
-    )
+    return await _events(conn, scope, p, f"e.event_id = any({p(ids)}::uuid[])")
 
 
 async def list_events(
@@ -276,26 +283,22 @@ async def list_events(
 ) -> list[Row]:
     """The session's events in conversation order (turn, then sequence), after a keyset."""
     p = Params()
-    where = _visible(scope, p, "e")
+    keyset = "true"
     if after is not None:
-        where += f" AND (e.turn, e.sequence) > ({p(after[0])}::int, {p(after[1])}::int)"
+        keyset = f"(e.turn, e.sequence) > ({p(after[0])}::int, {p(after[1])}::int)"
+    return await _events(conn, scope, p, keyset, limit)
+
+
+async def _events(
+    conn: asyncpg.Connection, scope: Scope, p: Params, condition: str, limit: int | None = None
+) -> list[Row]:
+    """The events the scope sees that meet `condition` (on `e`, with `p`'s parameters), in
+    conversation order."""
+    where = f"{_visible(scope, p, 'e')} AND {condition}"
+    limited = "" if limit is None else f" LIMIT {p(limit)}"
     return await conn.fetch(
-        f"SELECT {_EVENT} FROM history_events e WHERE {where}"
-        f" ORDER BY e.turn, e.sequence LIMIT {p(limit)}",
+        f"SELECT {_EVENT} FROM history_events e WHERE {where} ORDER BY e.turn, e.sequence{limited}",
         *p.values,
-    )
-
-
-async def get_event(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, event_id: UUID
-) -> Row | None:
-    return await conn.fetchrow(
-        f"SELECT {_EVENT} FROM history_events e WHERE e.account_id = $1 AND e.action_id = $2"
-        " AND e.session_id = $3 AND e.event_id = $4",
-        account_id,
-        action_id,
-        session_id,
-        event_id,
     )
 
 

@@ -8,6 +8,8 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+import numpy as np
+
 from app.text import for_model
 
 Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
@@ -19,14 +21,16 @@ MAX_CONTENT_BYTES = 16 * 1024
 CHARS_PER_TOKEN = 4  # spec: pins are budgeted at about four characters per token
 
 
-@dataclass(frozen=True)
-class MemoryRecord:
+@dataclass(frozen=True, kw_only=True)
+class RecordFields:
+    """A record's columns that its writer gives; the database sets the others (MemoryRecord).
+
+    The one field list of a record: app/memory/store.py derives its column lists, SELECTs and
+    INSERTs from these dataclasses' fields."""
+
     account_id: UUID
     action_id: UUID
     memory_id: UUID
-    version: int
-    created: datetime
-    modified: datetime
     summary: str
     content: str
     metadata: Any
@@ -37,14 +41,30 @@ class MemoryRecord:
     pinned: bool
     labels: dict[int, str]  # label number -> exact value
     replaces: UUID | None
-    replaced_by: UUID | None
     preview: bool
     execution_id: UUID
     invocation_number: int
     action_version: int
     session_id: str | None
     modified_by: str
-    score: float | None = field(default=None, compare=False)  # set by search
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewRecord(RecordFields):
+    """A record to write, with the vector of its text (None: a tombstone, or not embedded)."""
+
+    embedding: np.ndarray | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRecord(RecordFields):
+    """A record as stored: its writer's fields and the database's."""
+
+    version: int
+    created: datetime
+    modified: datetime
+    replaced_by: UUID | None
+    score: float | None = field(default=None, compare=False)  # set by search, not a column
 
     def pinned_line(self) -> str:
         """How a pinned record is listed in a turn's instructions (and counted for the budget)."""

@@ -35,6 +35,7 @@ from app.memory.records import (
     MAX_CONTENT_BYTES,
     MAX_SUMMARY_BYTES,
     MemoryRecord,
+    NewRecord,
     Scope,
     Source,
     pin_line,
@@ -103,26 +104,32 @@ def check_summary(summary: str) -> None:
         )
     if any(c in LINE_BREAKS for c in summary):
         raise BadInput("summary must be one line, without line breaks: move the details to content")
-    size = len(summary.encode())
-    if size > MAX_SUMMARY_BYTES:
-        raise BadInput(
-            f"summary is {size} bytes; at most {MAX_SUMMARY_BYTES} bytes (UTF-8) are allowed: "
-            "shorten it and move the details to content"
-        )
+    _check_bytes(
+        "summary", summary, MAX_SUMMARY_BYTES, "UTF-8", "shorten it and move the details to content"
+    )
 
 
 def check_content(content: str) -> None:
     if not isinstance(content, str):
         raise BadInput("content must be text")
-    size = len(content.encode())
-    if size > MAX_CONTENT_BYTES:
+    _check_bytes(
+        "content",
+        content,
+        MAX_CONTENT_BYTES,
+        "16 KiB, UTF-8",
+        "keep only the evidence and specifics behind the summary",
+    )
+
+
+def _check_bytes(name: str, text: str, most: int, unit: str, advice: str) -> None:
+    size = len(text.encode())
+    if size > most:
         raise BadInput(
-            f"content is {size} bytes; at most {MAX_CONTENT_BYTES} bytes (16 KiB, UTF-8) are "
-            "allowed: keep only the evidence and specifics behind the summary"
+            f"{name} is {size} bytes; at most {most} bytes ({unit}) are allowed: {advice}"
         )
 
 
-def check_kind(kind: str, config: MemoryConfig) -> None:
+def check_kind(config: MemoryConfig, kind: str) -> None:
     if kind not in config.kinds:
         raise BadInput(
             f"kind {kind!r} is not one of this agent's memory kinds: {', '.join(config.kinds)}"
@@ -167,6 +174,21 @@ def check_metadata(metadata: Any) -> Any:
             f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} are allowed"
         )
     return metadata
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What the checks of a new record give: its label values by number, its metadata, scope
+    and session."""
+
+    labels: dict[int, str]
+    metadata: Any
+    scope: Scope
+    session_id: str | None
+
+
+# What a tombstone keeps of the record it deletes.
+_TOMBSTONE_COPIES = ("summary", "content", "metadata", "scope", "kind", "labels")
 
 
 @dataclass(frozen=True)
@@ -231,7 +253,7 @@ class MemoryWork:
         self.writer = writer
         self.embed_tokens: list[int] = []
         self._staged: list[UUID] = []  # rows this work staged, in order
-        self._unstaged: list[store.NewRow] = []  # rows `commit` inserts (add_many)
+        self._unstaged: list[NewRecord] = []  # rows `commit` inserts (add_many)
         self._changes: list[_Change] = []
         self._started = False
 
@@ -239,46 +261,44 @@ class MemoryWork:
     def config(self) -> MemoryConfig:
         return self.writer.action.harness.memory
 
-    def _row(
-        self,
-        new: NewMemory,
-        memory_id: UUID,
-        labels: dict[int, str],
-        metadata: Any,
-        scope: str,
-        session_id: str | None,
-        embedding: Any,
-    ) -> store.NewRow:
-        """The row of a new record this work writes, with the writer's provenance."""
+    def _provenance(self) -> dict[str, Any]:
+        """The fields of every record this work writes that its writer decides."""
         w = self.writer
-        return store.NewRow(
-            account_id=w.account_id,
-            action_id=w.action.action_id,
+        return {
+            "account_id": w.account_id,
+            "action_id": w.action.action_id,
+            "action_version": w.action.version,
+            "execution_id": w.execution_id,
+            "invocation_number": w.invocation_number,
+            "preview": w.preview,
+            "modified_by": w.principal,
+        }
+
+    def _new_record(
+        self, new: NewMemory, memory_id: UUID, checked: _Checked, embedding: Any
+    ) -> NewRecord:
+        """The row of a new record this work writes, with the writer's provenance."""
+        return NewRecord(
             memory_id=memory_id,
+            status="ACTIVE",
             summary=new.summary,
             content=new.content,
-            metadata=metadata,
-            status="ACTIVE",
-            scope=scope,
             kind=new.kind,
-            source=new.source or w.source,
             pinned=new.pinned,
-            labels=labels,
             replaces=new.replaces,
-            preview=w.preview,
-            execution_id=w.execution_id,
-            invocation_number=w.invocation_number,
-            action_version=w.action.version,
-            session_id=session_id,
-            modified_by=w.principal,
+            source=new.source or self.writer.source,
+            labels=checked.labels,
+            metadata=checked.metadata,
+            scope=checked.scope,
+            session_id=checked.session_id,
             embedding=embedding,
+            **self._provenance(),
         )
 
     async def add(self, new: NewMemory) -> list[MemoryRecord]:
         """Stages a record; returns the records written (the new one, and the one it replaces)."""
         w = self.writer
         checked = self._check(new)
-        labels, metadata, scope, session_id = checked
         memory_id = uuid.uuid4()
         target: _Target | None = None
         async with self.pool.acquire() as conn:
@@ -293,7 +313,7 @@ class MemoryWork:
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
         self.embed_tokens.append(embedded.tokens)
-        row = self._row(new, memory_id, labels, metadata, scope, session_id, embedded.vectors[0])
+        row = self._new_record(new, memory_id, checked, embedded.vectors[0])
         async with self.pool.acquire() as conn:
             staged = store.record(await store.insert_staged(conn, row))
         self._staged.append(staged.memory_id)
@@ -304,9 +324,7 @@ class MemoryWork:
             return [staged]
         return [staged, _as_changed(target.current, "SUPERSEDED", staged, w.principal)]
 
-    def _check(
-        self, new: NewMemory, where: str | None = None
-    ) -> tuple[dict[int, str], Any, Scope, str | None]:
+    def _check(self, new: NewMemory, *, where: str | None = None) -> _Checked:
         """The checks of a new record that need no database: its label values by number, its
         metadata, scope and session. `where` (e.g. `inputs[17]`) prefixes each error with the
         input and field it is about."""
@@ -317,7 +335,7 @@ class MemoryWork:
         with _about(where, "content"):
             check_content(new.content)
         with _about(where, "kind"):
-            check_kind(new.kind, config)
+            check_kind(config, new.kind)
         with _about(where, "labels"):
             labels = check_labels(config, new.labels)
         with _about(where, "metadata"):
@@ -331,7 +349,7 @@ class MemoryWork:
                     "nothing can be pinned: this agent has no harness.memory.pinned; "
                     "save the memory unpinned"
                 )
-        return labels, metadata, scope, session_id
+        return _Checked(labels, metadata, scope, session_id)
 
     async def add_many(self, news: Sequence[NewMemory]) -> list[UUID]:
         """Checks many new records and embeds them in one call of the embedder; `commit`
@@ -341,7 +359,7 @@ class MemoryWork:
 
         The same checks as `add`, one by one; then the ones needing the database at once."""
         w = self.writer
-        checked = [self._check(new, f"inputs[{i}]") for i, new in enumerate(news)]
+        checked = [self._check(new, where=f"inputs[{i}]") for i, new in enumerate(news)]
         ids = [uuid.uuid4() for _ in news]
         changes: list[_Change] = []
         seen: dict[UUID, int] = {}
@@ -376,16 +394,14 @@ class MemoryWork:
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(n.summary, n.content) for n in news])
         self.embed_tokens.append(embedded.tokens)
-        for i, (new, (labels, metadata, scope, session_id)) in enumerate(
-            zip(news, checked, strict=True)
-        ):
-            self._unstaged.append(
-                self._row(new, ids[i], labels, metadata, scope, session_id, embedded.vectors[i])
-            )
+        self._unstaged.extend(
+            self._new_record(*values)
+            for values in zip(news, ids, checked, embedded.vectors, strict=True)
+        )
         self._changes.extend(changes)
         return ids
 
-    async def delete(self, memory_id: UUID, source: Source | None = None) -> MemoryRecord:
+    async def delete(self, memory_id: UUID, *, source: Source | None = None) -> MemoryRecord:
         """Stages a deletion; deleting a deleted record returns it unchanged."""
         w = self.writer
         self._require_enabled()
@@ -409,27 +425,17 @@ class MemoryWork:
             )
         self._check_writable(effective)
         preview_of_live = w.preview and not current.preview
-        row = store.NewRow(
-            account_id=w.account_id,
-            action_id=w.action.action_id,
+        # A tombstone: the deleted record's text and kind, unpinned, with no vector.
+        row = NewRecord(
             memory_id=uuid.uuid4(),
-            summary=current.summary,
-            content=current.content,
-            metadata=current.metadata,
             status="DELETED",
-            scope=current.scope,
-            kind=current.kind,
-            source=source or w.source,
-            pinned=False,
-            labels=current.labels,
             replaces=memory_id,
-            preview=w.preview,
-            execution_id=w.execution_id,
-            invocation_number=w.invocation_number,
-            action_version=w.action.version,
+            source=source or w.source,
             session_id=w.session_id,
-            modified_by=w.principal,
+            pinned=False,
             embedding=None,
+            **{c: getattr(current, c) for c in _TOMBSTONE_COPIES},
+            **self._provenance(),
         )
         async with self.pool.acquire() as conn:
             staged = store.record(await store.insert_staged(conn, row))
@@ -437,7 +443,7 @@ class MemoryWork:
         self._stage_change(target, "DELETED", staged, tombstone=not preview_of_live)
         return staged if preview_of_live else _as_changed(current, "DELETED", staged, w.principal)
 
-    async def read(self, memory_id: UUID, version: int | None = None) -> MemoryRecord | None:
+    async def read(self, memory_id: UUID, *, version: int | None = None) -> MemoryRecord | None:
         """One record the writer can see, whatever its status (or an exact version)."""
         async with self.pool.acquire() as conn:
             target = await self._find(conn, memory_id)

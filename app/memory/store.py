@@ -6,7 +6,7 @@ its WHERE clause from it.
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -15,38 +15,21 @@ import asyncpg
 import numpy as np
 
 from app.db.sql import Params
-from app.memory.records import MemoryRecord
+from app.memory.records import MemoryRecord, NewRecord, RecordFields
 from app.memory.visibility import AgentReader, Reader, shadows, visible
 
 Row = asyncpg.Record
 
-# Every column of a record as readers get it (not the vector, the tsvector or staging marks).
-RECORD_COLUMNS = (
-    "account_id",
-    "action_id",
-    "memory_id",
-    "version",
-    "created",
-    "modified",
-    "summary",
-    "content",
-    "metadata",
-    "status",
-    "scope",
-    "kind",
-    "source",
-    "pinned",
-    "labels",
-    "replaces",
-    "replaced_by",
-    "preview",
-    "execution_id",
-    "invocation_number",
-    "action_version",
-    "session_id",
-    "modified_by",
-)
+# Every column of a record as readers get it: MemoryRecord's fields but the search score (not
+# the vector, the tsvector or the staging marks).
+RECORD_COLUMNS = tuple(f.name for f in fields(MemoryRecord) if f.name != "score")
 _COLUMNS = ", ".join(RECORD_COLUMNS)
+# The columns a writer gives a new record; the database sets version, times and replaced_by.
+NEW_COLUMNS = tuple(f.name for f in fields(RecordFields))
+JSON_COLUMNS = ("labels", "metadata")
+# The vector of a record's text: named here alone, for the SQL that writes or compares it.
+EMBEDDING = "embedding"
+EMBEDDING_TYPE = "vector"
 
 
 def _m(alias: str) -> str:
@@ -63,98 +46,72 @@ def labels_json(labels: dict[int, str]) -> dict[str, str]:
     return {str(number): labels[number] for number in sorted(labels)}
 
 
-@dataclass(frozen=True)
-class NewRow:
-    """A row to stage: every record column, plus its vector."""
-
-    account_id: UUID
-    action_id: UUID
-    memory_id: UUID
-    summary: str
-    content: str
-    metadata: Any
-    status: str
-    scope: str
-    kind: str
-    source: str
-    pinned: bool
-    labels: dict[int, str]
-    replaces: UUID | None
-    preview: bool
-    execution_id: UUID
-    invocation_number: int
-    action_version: int
-    session_id: str | None
-    modified_by: str
-    embedding: np.ndarray | None
+def _values(r: RecordFields, columns: Sequence[str], *, json_text: bool) -> list[Any]:
+    """The record's values of `columns`, labels keyed by their number as text; JSON as text
+    for COPY (binary COPY has no encoder for jsonb)."""
+    values = [getattr(r, c) for c in columns]
+    for c in JSON_COLUMNS:
+        i = columns.index(c)
+        value = labels_json(values[i]) if c == "labels" else values[i]
+        values[i] = json.dumps(value) if json_text else value
+    return values
 
 
-async def insert_staged(conn: asyncpg.Connection, new: NewRow) -> Row:
-    """Stages a row that only its own attempt sees until `publish`; a row staged DELETED is a
-    tombstone: the deletion of the record it names in `replaces`."""
-    # One reading of the clock for both: two calls of clock_timestamp() in a row can fall in
-    # different microseconds, and a new record's `modified` would then differ from `created`.
-    return await conn.fetchrow(
-        f"""
-        WITH clock AS (SELECT clock_timestamp() AS now)
-        INSERT INTO agent_memories (
-            account_id, action_id, memory_id, version, created, modified, summary, content,
-            metadata, status, scope, kind, source, pinned, labels, replaces, preview,
-            execution_id, invocation_number, action_version, session_id, modified_by,
-            pending_execution, pending_invocation, embedding, tombstone)
-        VALUES ($1, $2, $3, 1, (SELECT now FROM clock), (SELECT now FROM clock), $4, $5, $6,
-                $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $15, $16, $20,
-                $7 = 'DELETED')
-        RETURNING {_COLUMNS}
-        """,
-        new.account_id,
-        new.action_id,
-        new.memory_id,
-        new.summary,
-        new.content,
-        new.metadata,
-        new.status,
-        new.scope,
-        new.kind,
-        new.source,
-        new.pinned,
-        labels_json(new.labels),
-        new.replaces,
-        new.preview,
-        new.execution_id,
-        new.invocation_number,
-        new.action_version,
-        new.session_id,
-        new.modified_by,
-        new.embedding,
+def _typed(columns: Sequence[str]) -> str:
+    """The columns of a load table (`_load_table`) as agent_memories types them."""
+    return ", ".join(f"{c}::jsonb" if c in JSON_COLUMNS else c for c in columns)
+
+
+async def _load_table(conn: asyncpg.Connection, name: str, columns: Sequence[str]) -> None:
+    """A temporary table for binary COPY of `columns` (and `ord`, the order rows came in),
+    typed as agent_memories' columns, JSON as text. WITH NO DATA only defines the table: no
+    query is planned, so agent_memories' many indexes are not locked."""
+    loaded = ", ".join(f"{c}::text AS {c}" if c in JSON_COLUMNS else c for c in columns)
+    await conn.execute(
+        f"CREATE TEMP TABLE {name} ON COMMIT DROP AS "
+        f"SELECT 0 AS ord, {loaded} FROM agent_memories WITH NO DATA"
     )
 
 
-# The columns of a new record that `insert_committed` loads by COPY, with their SQL types.
-_LOAD_COLUMNS = (
-    ("ord", "integer"),
-    ("memory_id", "uuid"),
-    ("summary", "text"),
-    ("content", "text"),
-    ("metadata", "text"),
-    ("status", "text"),
-    ("scope", "text"),
-    ("kind", "text"),
-    ("source", "text"),
-    ("pinned", "boolean"),
-    ("labels", "text"),
-    ("replaces", "uuid"),
-    ("preview", "boolean"),
-    ("execution_id", "uuid"),
-    ("invocation_number", "integer"),
-    ("action_version", "integer"),
-    ("session_id", "text"),
-    ("modified_by", "text"),
-    ("embedding", "vector"),
-)
+def _with_versions(write: str, then: str = "") -> str:
+    """A write to agent_memories (UPDATE or INSERT, RETURNING every record column) that also
+    records the rows it writes as versions; the statement returns them, `then` ordering."""
+    return f"""
+        WITH written AS ({write} RETURNING {_COLUMNS}
+        ), versions AS (
+            INSERT INTO agent_memory_versions ({_COLUMNS})
+            SELECT {_COLUMNS} FROM written
+        )
+        SELECT {_COLUMNS} FROM written {then}
+        """
 
 
-async def insert_committed(conn: asyncpg.Connection, rows: Sequence[NewRow]) -> list[Row]:
+def _param(column: str) -> str:
+    """The parameter of `_STAGE` holding a new record's column."""
+    return f"${NEW_COLUMNS.index(column) + 1}"
+
+
+# One reading of the clock for both times: two calls of clock_timestamp() in a row can fall in
+# different microseconds, and a new record's `modified` would then differ from `created`.
+_STAGE = f"""
+    WITH clock AS (SELECT clock_timestamp() AS now)
+    INSERT INTO agent_memories (
+        {", ".join(NEW_COLUMNS)},
+        {EMBEDDING}, version, created, modified, pending_execution, pending_invocation, tombstone)
+    VALUES ({", ".join(_param(c) for c in NEW_COLUMNS)},
+            ${len(NEW_COLUMNS) + 1}, 1, (SELECT now FROM clock), (SELECT now FROM clock),
+            {_param("execution_id")}, {_param("invocation_number")}, {_param("status")} = 'DELETED')
+    RETURNING {_COLUMNS}
+    """
+
+
+async def insert_staged(conn: asyncpg.Connection, new: NewRecord) -> Row:
+    """Stages a row that only its own attempt sees until `publish`; a row staged DELETED is a
+    tombstone: the deletion of the record it names in `replaces`."""
+    return await conn.fetchrow(_STAGE, *_values(new, NEW_COLUMNS, json_text=False), new.embedding)
+
+
+async def insert_committed(conn: asyncpg.Connection, rows: Sequence[NewRecord]) -> list[Row]:
     """Writes new records of one agent as committed rows, each with its version 1, inside the
     caller's transaction, without staging them (a bulk write: nobody reads them before).
 
@@ -162,65 +119,25 @@ async def insert_committed(conn: asyncpg.Connection, rows: Sequence[NewRow]) -> 
     `created` and `modified` are one reading of the clock, taken in the given order."""
     if not rows:
         return []
-    account_id, action_id = rows[0].account_id, rows[0].action_id
-    assert all(r.account_id == account_id and r.action_id == action_id for r in rows)
-    await conn.execute(
-        "CREATE TEMP TABLE memory_load ("
-        + ", ".join(f"{c} {t}" for c, t in _LOAD_COLUMNS)
-        + ") ON COMMIT DROP"
-    )
+    columns = [*NEW_COLUMNS, EMBEDDING]
+    await _load_table(conn, "memory_load", columns)
     await conn.copy_records_to_table(
         "memory_load",
         records=[
-            (
-                i,
-                r.memory_id,
-                r.summary,
-                r.content,
-                json.dumps(r.metadata),
-                r.status,
-                r.scope,
-                r.kind,
-                r.source,
-                r.pinned,
-                json.dumps(labels_json(r.labels)),
-                r.replaces,
-                r.preview,
-                r.execution_id,
-                r.invocation_number,
-                r.action_version,
-                r.session_id,
-                r.modified_by,
-                r.embedding,
-            )
-            for i, r in enumerate(rows)
+            (i, *_values(r, NEW_COLUMNS, json_text=True), r.embedding) for i, r in enumerate(rows)
         ],
-        columns=[c for c, _ in _LOAD_COLUMNS],
+        columns=["ord", *columns],
     )
     # A volatile call in the select list of a sorted query runs after the sort: in order.
     inserted = await conn.fetch(
-        f"""
-        WITH timed AS (
-            SELECT l.*, clock_timestamp() AS now FROM memory_load l ORDER BY l.ord
-        ), written AS (
-            INSERT INTO agent_memories (
-                account_id, action_id, memory_id, version, created, modified, summary, content,
-                metadata, status, scope, kind, source, pinned, labels, replaces, preview,
-                execution_id, invocation_number, action_version, session_id, modified_by,
-                embedding, tombstone)
-            SELECT $1, $2, memory_id, 1, now, now, summary, content, metadata::jsonb, status,
-                   scope, kind, source, pinned, labels::jsonb, replaces, preview, execution_id,
-                   invocation_number, action_version, session_id, modified_by, embedding, false
-            FROM timed
-            RETURNING {_COLUMNS}
-        ), versions AS (
-            INSERT INTO agent_memory_versions ({_COLUMNS})
-            SELECT {_COLUMNS} FROM written
+        _with_versions(
+            f"""
+            INSERT INTO agent_memories ({", ".join(columns)}, version, created, modified, tombstone)
+            SELECT {_typed(columns)}, 1, now, now, false
+            FROM (SELECT l.*, clock_timestamp() AS now FROM memory_load l ORDER BY l.ord) timed
+            """,
+            "ORDER BY created, memory_id",
         )
-        SELECT {_COLUMNS} FROM written ORDER BY created, memory_id
-        """,
-        account_id,
-        action_id,
     )
     await conn.execute("DROP TABLE memory_load")
     return inserted
@@ -332,10 +249,10 @@ async def list_versions(
     action_id: UUID,
     memory_id: UUID,
     *,
-    before: int | None,
     limit: int,
+    before: int | None = None,
 ) -> list[Row]:
-    """Versions of one record, newest first, below version `before`."""
+    """Versions of one record, newest first, below version `before` (None: from the newest)."""
     return await conn.fetch(
         f"""
         SELECT {_COLUMNS} FROM agent_memory_versions
@@ -361,19 +278,14 @@ async def publish(
 ) -> list[Row]:
     """Commits staged rows: every reader may now see them; each one's version 1 is recorded."""
     return await conn.fetch(
-        f"""
-        WITH published AS (
-            UPDATE agent_memories
-            SET pending_execution = NULL, pending_invocation = NULL
+        _with_versions(
+            """
+            UPDATE agent_memories SET pending_execution = NULL, pending_invocation = NULL
             WHERE account_id = $1 AND action_id = $2 AND memory_id = any($4::uuid[])
               AND pending_execution = $3
-            RETURNING {_COLUMNS}
-        ), versions AS (
-            INSERT INTO agent_memory_versions ({_COLUMNS})
-            SELECT {_COLUMNS} FROM published
-        )
-        SELECT {_COLUMNS} FROM published ORDER BY created, memory_id
-        """,
+            """,
+            "ORDER BY created, memory_id",
+        ),
         account_id,
         action_id,
         execution_id,
@@ -395,20 +307,15 @@ async def change_status(
     """Writes the next version of a committed, active record, if it is still at the version
     the writer read; None when it changed meanwhile (the caller reports the conflict)."""
     return await conn.fetchrow(
-        f"""
-        WITH changed AS (
+        _with_versions(
+            """
             UPDATE agent_memories
             SET status = $5, replaced_by = $6, modified_by = $7,
                 version = version + 1, modified = clock_timestamp()
             WHERE account_id = $1 AND action_id = $2 AND memory_id = $3 AND version = $4
               AND status = 'ACTIVE' AND pending_execution IS NULL
-            RETURNING {_COLUMNS}
-        ), versions AS (
-            INSERT INTO agent_memory_versions ({_COLUMNS})
-            SELECT {_COLUMNS} FROM changed
-        )
-        SELECT {_COLUMNS} FROM changed
-        """,
+            """
+        ),
         account_id,
         action_id,
         memory_id,
@@ -491,44 +398,28 @@ async def copy_committed(
     records: Iterable[MemoryRecord],
     embeddings: Iterable[np.ndarray | None],
 ) -> int:
-    """Bulk-loads committed records with their version rows, by COPY.
-
-    For imports and benchmarks: no rule is checked here, the caller has checked them. JSON
-    travels as text through a temporary table (binary COPY has no encoder for jsonb).
-    """
-    rows: list[tuple[Any, ...]] = []
-    for r, vector in zip(records, embeddings, strict=True):
-        values = [getattr(r, c) for c in RECORD_COLUMNS]
-        values[RECORD_COLUMNS.index("labels")] = json.dumps(labels_json(r.labels))
-        values[RECORD_COLUMNS.index("metadata")] = json.dumps(r.metadata)
-        rows.append((*values, vector))
+    """Bulk-loads committed records, as given (versions, times), with their version rows, by
+    COPY. For imports and benchmarks: no rule is checked here, the caller has checked them."""
+    columns = [*RECORD_COLUMNS, EMBEDDING]
+    rows = [
+        (i, *_values(r, RECORD_COLUMNS, json_text=True), vector)
+        for i, (r, vector) in enumerate(zip(records, embeddings, strict=True))
+    ]
     async with conn.transaction():
-        await conn.execute(
-            """
-            CREATE TEMP TABLE agent_memories_load (
-                LIKE agent_memories INCLUDING DEFAULTS EXCLUDING GENERATED
-            )
-            """
-        )
-        await conn.execute(
-            "ALTER TABLE agent_memories_load ALTER labels TYPE text, ALTER metadata TYPE text"
-        )
+        await _load_table(conn, "agent_memories_load", columns)
         await conn.copy_records_to_table(
-            "agent_memories_load", records=rows, columns=[*RECORD_COLUMNS, "embedding"]
-        )
-        typed = ", ".join(
-            f"{c}::jsonb" if c in ("labels", "metadata") else c for c in RECORD_COLUMNS
+            "agent_memories_load", records=rows, columns=["ord", *columns]
         )
         await conn.execute(
             f"""
-            INSERT INTO agent_memories ({_COLUMNS}, embedding)
-            SELECT {typed}, embedding FROM agent_memories_load
+            INSERT INTO agent_memories ({", ".join(columns)})
+            SELECT {_typed(columns)} FROM agent_memories_load
             """
         )
         await conn.execute(
             f"""
             INSERT INTO agent_memory_versions ({_COLUMNS})
-            SELECT {typed} FROM agent_memories_load
+            SELECT {_typed(RECORD_COLUMNS)} FROM agent_memories_load
             """
         )
         await conn.execute("DROP TABLE agent_memories_load")
@@ -568,11 +459,11 @@ async def similarities(
     """How like `text` each record is: the larger of its embedding's cosine to `vector` and
     the share of the text's stemmed words (to_tsvector) that the record has."""
     rows = await conn.fetch(
-        """
+        f"""
         WITH q AS (SELECT tsvector_to_array(to_tsvector('english', $4)) AS words)
         SELECT m.memory_id, greatest(
-            CASE WHEN $5::vector IS NOT NULL AND m.embedding IS NOT NULL
-                THEN 1 - (m.embedding <=> $5::vector) END,
+            CASE WHEN $5::{EMBEDDING_TYPE} IS NOT NULL AND m.{EMBEDDING} IS NOT NULL
+                THEN 1 - (m.{EMBEDDING} <=> $5::{EMBEDDING_TYPE}) END,
             (SELECT count(*) FILTER (WHERE w = any(tsvector_to_array(m.tsv)))::float8
                     / greatest(count(*), 1)
              FROM q, unnest(q.words) w)

@@ -16,14 +16,13 @@ session history when the agent keeps history (app/history/keeping.py).
 import asyncio
 import contextlib
 import json
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from app.actions.service import ActionVersion, agent_principal, load_action
+from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.auth.resources import Grant
@@ -35,7 +34,7 @@ from app.history.service import READ_HISTORY
 from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord, Source
-from app.memory.service import MemoryWork, Writer
+from app.memory.service import MemoryWork
 from app.runtime import liveness, turns
 from app.runtime import review as conversation_review
 from app.runtime import transcript as events
@@ -239,41 +238,12 @@ async def _start(
     input: Any,
     source: Source,
 ) -> _Run:
-    await turns._discard_ended(state, action)
-    async with state.pool.acquire() as conn, conn.transaction():
-        await store.defer_durability(conn)
-        if place.session_id is not None:
-            await store.ensure_session(conn, caller.account_id, action.action_id, place.session_id)
-        row = await store.insert_execution(
-            conn,
-            account_id=caller.account_id,
-            action_id=action.action_id,
-            execution_id=uuid.uuid4(),
-            action_version=action.version,
-            session_id=place.session_id,
-            turn=None,
-            kind=kind,
-            status="RUNNING",
-            preview=place.preview,
-            principal=caller.principal,
-            input=input,
-            boot_id=turns._boot_id(state),
-        )
-    execution = Execution.of(row)
+    request = TurnRequest(action.action_id, place.session_id, input, place.preview)
+    execution = await turns._insert_running(state, caller, action, request, kind=kind)
     work: MemoryWork | None = None
     if action.harness.memory.enabled:
         assert state.embedder is not None
-        writer = Writer(
-            account_id=execution.account_id,
-            action=action,
-            execution_id=execution.execution_id,
-            invocation_number=execution.invocation_number,
-            session_id=execution.session_id,
-            principal=agent_principal(action.action_id),
-            source=source,
-            preview=execution.preview,
-        )
-        work = MemoryWork(state.pool, state.embedder, writer)
+        work = MemoryWork(state.pool, state.embedder, turns._writer(action, execution, source))
     return _Run(TurnContext(state, action, execution, Transcript(1, 1), work))
 
 

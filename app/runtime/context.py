@@ -45,6 +45,8 @@ from app.actions.harness import HistoryConfig
 from app.actions.model import ModelConfig
 from app.errors import BadInput
 from app.executions import store
+from app.executions.service import Execution
+from app.history.store import Scope
 from app.memory.records import CHARS_PER_TOKEN, pinned_tokens
 from app.runtime import transcript as events
 from app.runtime.model import Completion, ModelClient, ModelFailed
@@ -510,44 +512,32 @@ class ContextWindow:
 
     # Keeping the summary
 
-    async def save(
-        self,
-        conn: asyncpg.Connection,
-        *,
-        account_id: UUID,
-        action_id: UUID,
-        session_id: str,
-        preview: bool,
-        execution_id: UUID,
-        turn: int,
-    ) -> None:
+    async def save(self, conn: asyncpg.Connection, execution: Execution, turn: int) -> None:
         """Stores the summary this turn updated, in the turn's commit transaction; `turn` is
         the number the commit gave the running turn."""
         if not (self.changed and self.savable and self.summary is not None):
             return
+        assert execution.session_id is not None  # only a turn in a session keeps a summary
         s = self.summary
         await store.save_summary(
             conn,
-            account_id=account_id,
-            action_id=action_id,
-            session_id=session_id,
-            preview=preview,
+            account_id=execution.account_id,
+            action_id=execution.action_id,
+            session_id=execution.session_id,
+            preview=execution.preview,
             summary=s.text,
             through_turn=turn if s.through_turn is None else s.through_turn,
             through_message=s.through_message,
             tokens=s.tokens,
-            execution_id=execution_id,
+            execution_id=execution.execution_id,
             base_version=self.base_version,
         )
 
 
 async def open_window(
     pool: asyncpg.Pool,
+    session: Scope | None,
     *,
-    account_id: UUID,
-    action_id: UUID,
-    session_id: str | None,
-    preview: bool,
     budget: int,
     reserve: int,
     history: HistoryConfig | None,
@@ -555,10 +545,9 @@ async def open_window(
     config: ModelConfig,
     transcript: Transcript,
     after_call: Callable[[Completion], Awaitable[None]],
-    before_turn: int | None = None,
 ) -> ContextWindow:
-    """The window of a turn: the session's summary and the turns after it. `before_turn`
-    (a replay) reads only the turns before that one, and keeps no summary."""
+    """The window of a turn: the session's summary and the turns after it (None: the turn has
+    no session). A session seen before a turn (a replay's) keeps no summary."""
     window = ContextWindow(
         budget, reserve, history, client, config, transcript, after_call, entries=[]
     )
@@ -567,8 +556,10 @@ async def open_window(
             f"model.maxTokens ({reserve}) leaves no room in the context budget of {budget} tokens "
             "(ENGRAM_MODEL_CONTEXT_TOKENS): lower maxTokens or set model.contextTokens"
         )
-    if session_id is None:
+    if session is None:
         return window
+    account_id, action_id, session_id = session.account_id, session.action_id, session.session_id
+    preview, before_turn = session.preview, session.before_turn
     window.savable = before_turn is None
     async with pool.acquire() as conn:
         row = await store.session_summary(conn, account_id, action_id, session_id, preview)

@@ -42,6 +42,7 @@ from app.memory.service import NewMemory
 from app.runtime import transcript as events
 from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
+from app.runtime.tools import _function as tools_function
 from app.runtime.tools import offers_scope, record_view, versions
 from app.text import for_model
 
@@ -86,19 +87,14 @@ _DECIDE = (
 
 
 def _function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": properties,
-                "required": list(properties),
-                "additionalProperties": False,
-            },
-        },
-    }
+    """A tool whose every property is required (the native tools' shape)."""
+    return tools_function(name, description, properties, list(properties))
+
+
+SCOPE_HELP = (
+    "SESSION: only this session recalls it. AGENT: every session does; only for what holds "
+    "beyond this session's subject."
+)
 
 
 def candidates_tool(memory: MemoryConfig) -> dict[str, Any]:
@@ -119,12 +115,8 @@ def candidates_tool(memory: MemoryConfig) -> dict[str, Any]:
             "additionalProperties": False,
         }
     if offers_scope(memory):
-        item["scope"] = {
-            "type": "string",
-            "enum": [s.upper() for s in memory.write],
-            "description": "SESSION: only this session recalls it. AGENT: every session does; "
-            "only for what holds beyond this session's subject.",
-        }
+        scopes = [s.upper() for s in memory.write]
+        item["scope"] = {"type": "string", "enum": scopes, "description": SCOPE_HELP}
     return _function(
         CANDIDATES_TOOL,
         "Hand over what is worth keeping in long-term memory.",
@@ -548,7 +540,7 @@ class Review:
                     assert target is not None
                     evidence = choice.get("evidence")
                     decision["evidence"] = str(evidence) if evidence else f"{handle}: {c.summary}"
-                    written.append(await self.work.delete(target.memory_id, "EXTRACTION"))
+                    written.append(await self.work.delete(target.memory_id, source="EXTRACTION"))
                 else:
                     added = await self.work.add(
                         NewMemory(

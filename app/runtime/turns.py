@@ -30,7 +30,7 @@ from app.history import keeping
 from app.history import store as history_store
 from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
-from app.memory.records import MemoryRecord
+from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork, Writer
 from app.observability import metrics
 from app.runtime import liveness
@@ -168,7 +168,8 @@ async def _discard_ended(state: AppState, action: ActionVersion) -> None:
         await MemoryWork(state.pool, state.embedder, _writer(action, Execution.of(row))).discard()
 
 
-def _writer(action: ActionVersion, execution: Execution) -> Writer:
+def _writer(action: ActionVersion, execution: Execution, source: Source = "TOOL") -> Writer:
+    """How the agent writes memory in this execution: by its tools, unless `source` says."""
     return Writer(
         account_id=execution.account_id,
         action=action,
@@ -176,9 +177,55 @@ def _writer(action: ActionVersion, execution: Execution) -> Writer:
         invocation_number=execution.invocation_number,
         session_id=execution.session_id,
         principal=agent_principal(action.action_id),
-        source="TOOL",
+        source=source,
         preview=execution.preview,
     )
+
+
+async def _insert_running(
+    state: AppState,
+    caller: Caller,
+    action: ActionVersion,
+    request: TurnRequest,
+    *,
+    kind: str = "TURN",
+    key: Key | None = None,
+    replay_of: Execution | None = None,
+) -> Execution:
+    """Drops what the agent's ended turns staged, then writes a new execution of its current
+    version for the request's session, input and mode, RUNNING in this process, with the
+    request's key. In a session the session is created if new, and a turn numbered after its
+    last one (provisional: the commit numbers it); a replay has its original's number."""
+    session_id = request.session_id
+    await _discard_ended(state, action)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await store.defer_durability(conn)
+        turn = replay_of.turn if replay_of is not None else None
+        if session_id is not None and replay_of is None:
+            session = await store.ensure_session(
+                conn, caller.account_id, action.action_id, session_id
+            )
+            if kind == "TURN":
+                turn = session["turns"] + 1
+        row = await store.insert_execution(
+            conn,
+            account_id=caller.account_id,
+            action_id=action.action_id,
+            execution_id=uuid.uuid4(),
+            action_version=action.version,
+            session_id=session_id,
+            turn=turn,
+            kind=kind,
+            status="RUNNING",
+            preview=request.preview,
+            principal=caller.principal,
+            input=request.input,
+            boot_id=_boot_id(state),
+            replay_of=replay_of.execution_id if replay_of is not None else None,
+        )
+        if key is not None:
+            await key.record(conn, {"executionId": str(row["execution_id"])})
+    return Execution.of(row)
 
 
 async def _start_new(
@@ -192,33 +239,7 @@ async def _start_new(
         raise NotFound(f"action {request.action_id} not found")
     _check_request(request, action)
     check_endpoint(action.model, state.settings)
-    await _discard_ended(state, action)
-    async with state.pool.acquire() as conn, conn.transaction():
-        await store.defer_durability(conn)
-        turn: int | None = None
-        if request.session_id is not None:
-            session = await store.ensure_session(
-                conn, caller.account_id, action.action_id, request.session_id
-            )
-            turn = session["turns"] + 1  # provisional: the commit numbers it
-        row = await store.insert_execution(
-            conn,
-            account_id=caller.account_id,
-            action_id=action.action_id,
-            execution_id=uuid.uuid4(),
-            action_version=action.version,
-            session_id=request.session_id,
-            turn=turn,
-            kind="TURN",
-            status="RUNNING",
-            preview=request.preview,
-            principal=caller.principal,
-            input=request.input,
-            boot_id=_boot_id(state),
-        )
-        if key is not None:
-            await key.record(conn, {"executionId": str(row["execution_id"])})
-    return action, Execution.of(row)
+    return action, await _insert_running(state, caller, action, request, key=key)
 
 
 async def _start_replay(
@@ -255,31 +276,11 @@ async def _start_replay(
         action = await load_action(conn, caller.account_id, request.action_id)
     if action is None:
         raise NotFound(f"action {request.action_id} not found")
+    rerun = TurnRequest(action.action_id, original.session_id, original.input, preview=True)
     # The current version's rules for the original's session (e.g. scopes without a session).
-    _check_request(TurnRequest(action.action_id, original.session_id, original.input), action)
+    _check_request(rerun, action)
     check_endpoint(action.model, state.settings)
-    await _discard_ended(state, action)
-    async with state.pool.acquire() as conn, conn.transaction():
-        await store.defer_durability(conn)
-        row = await store.insert_execution(
-            conn,
-            account_id=caller.account_id,
-            action_id=action.action_id,
-            execution_id=uuid.uuid4(),
-            action_version=action.version,
-            session_id=original.session_id,
-            turn=original.turn,
-            kind="TURN",
-            status="RUNNING",
-            preview=True,
-            principal=caller.principal,
-            input=original.input,
-            boot_id=_boot_id(state),
-            replay_of=original.execution_id,
-        )
-        if key is not None:
-            await key.record(conn, {"executionId": str(row["execution_id"])})
-    return action, Execution.of(row)
+    return action, await _insert_running(state, caller, action, rerun, key=key, replay_of=original)
 
 
 async def _history_scope(state: AppState, action: ActionVersion, e: Execution) -> Scope | None:
@@ -485,13 +486,14 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
         assert original is not None  # executions are erased, never deleted
         before_turn, preview = original["turn"], original["preview"]
     budget, reserve = budget_of(action.model, context.state.settings.model_context_tokens)
+    session = None
+    if execution.session_id is not None:
+        session = Scope(
+            execution.account_id, execution.action_id, execution.session_id, before_turn, preview
+        )
     return await open_window(
         context.state.pool,
-        account_id=execution.account_id,
-        action_id=execution.action_id,
-        session_id=execution.session_id,
-        preview=preview,
-        before_turn=before_turn,
+        session,
         budget=budget,
         reserve=reserve,
         history=action.harness.history,
@@ -637,19 +639,7 @@ async def keep_history(
 ) -> None:
     """Writes the events an execution keeps in its session's history as turn `turn`, inside
     the transaction that commits it (a turn's, or an ingest's)."""
-    assert execution.session_id is not None
-    await history_store.insert(
-        conn,
-        account_id=execution.account_id,
-        action_id=execution.action_id,
-        session_id=execution.session_id,
-        turn=turn,
-        execution_id=execution.execution_id,
-        invocation_number=execution.invocation_number,
-        preview=execution.preview,
-        events=kept.events,
-        vectors=kept.vectors,
-    )
+    await history_store.insert(conn, execution, turn, kept.events, kept.vectors)
 
 
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
@@ -674,15 +664,7 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
                 conn, execution.account_id, execution.action_id, execution.session_id
             )
             if context.window is not None:
-                await context.window.save(
-                    conn,
-                    account_id=execution.account_id,
-                    action_id=execution.action_id,
-                    session_id=execution.session_id,
-                    preview=execution.preview,
-                    execution_id=execution.execution_id,
-                    turn=turn,
-                )
+                await context.window.save(conn, execution, turn)
             if kept is not None:  # H5: kept only in the commit's transaction
                 await keep_history(conn, execution, turn, kept)
         if execution.session_id is not None and recalled:

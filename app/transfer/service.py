@@ -20,7 +20,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 from uuid import UUID
 
 import asyncpg
@@ -181,29 +181,22 @@ def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
     return item["type"], item["row"]
 
 
+@dataclass
 class _Importer:
     """Writes batches in order, except the records' current rows (the last and costliest: each
     goes into the HNSW index), of which PARALLEL batches are written at once, on connections
     of their own, so that PostgreSQL inserts into the index on more than one core. They are
     independent of each other: nothing they refer to is written at the same time."""
 
-    PARALLEL = 2
+    PARALLEL: ClassVar[int] = 2
 
-    def __init__(
-        self,
-        pool: asyncpg.Pool,
-        account_id: UUID,
-        embedder: Embedder | None,
-        result: ImportResult,
-        done: Callable[[int], object],
-    ) -> None:
-        self.pool = pool
-        self.account_id = account_id
-        self.embedder = embedder
-        self.result = result
-        self.done = done
-        self._columns: dict[str, set[str]] = {}
-        self._running: list[asyncio.Task[None]] = []
+    pool: asyncpg.Pool
+    account_id: UUID
+    embedder: Embedder | None
+    result: ImportResult
+    done: Callable[[int], object]
+    _columns: dict[str, set[str]] = field(default_factory=dict)
+    _running: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
         if table.name != "agent_memories":

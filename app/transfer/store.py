@@ -13,6 +13,8 @@ from uuid import UUID
 
 import asyncpg
 
+from app.memory import store as memory_store
+
 
 @dataclass(frozen=True)
 class Table:
@@ -83,7 +85,7 @@ TABLES: tuple[Table, ...] = (
     ),
 )
 BY_KIND = {t.kind: t for t in TABLES}
-VECTOR_COLUMN = "embedding"  # agent_memories' vector: compared by neither side of an import
+VECTOR_COLUMN = memory_store.EMBEDDING  # compared by neither side of an import
 
 
 async def columns(conn: asyncpg.Connection, table: str) -> list[str]:
