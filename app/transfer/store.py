@@ -13,8 +13,6 @@ from uuid import UUID
 
 import asyncpg
 
-from app.memory import store as memory_store
-
 
 @dataclass(frozen=True)
 class Table:
@@ -85,7 +83,8 @@ TABLES: tuple[Table, ...] = (
     ),
 )
 BY_KIND = {t.kind: t for t in TABLES}
-VECTOR_COLUMN = memory_store.EMBEDDING  # compared by neither side of an import
+# The vector column of every table that has one, compared by neither side of an import.
+VECTOR_COLUMN = "embedding"
 
 
 async def columns(conn: asyncpg.Connection, table: str) -> list[str]:
