@@ -8,10 +8,10 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+from app.scope import Scope
 from app.text import for_model
 
 Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
-Scope = Literal["SESSION", "AGENT"]
 Source = Literal["EXTRACTION", "TOOL", "OPERATOR", "MCP"]
 
 MAX_SUMMARY_BYTES = 512

@@ -42,7 +42,8 @@ from app.runtime import store
 from app.runtime import transcript as events
 from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
-from app.runtime.tools import offers_scope, record_view, versions
+from app.runtime.tool_args import function_tool
+from app.runtime.tools import labels_property, offers_scope, record_view, versions
 from app.text import for_model
 
 if TYPE_CHECKING:
@@ -86,19 +87,7 @@ _DECIDE = (
 
 
 def _function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": properties,
-                "required": list(properties),
-                "additionalProperties": False,
-            },
-        },
-    }
+    return function_tool(name, description, properties, list(properties))
 
 
 def candidates_tool(memory: MemoryConfig) -> dict[str, Any]:
@@ -109,19 +98,13 @@ def candidates_tool(memory: MemoryConfig) -> dict[str, Any]:
         "kind": {"type": "string", "enum": list(memory.kinds)},
     }
     if memory.labels:
-        item["labels"] = {
-            "type": "object",
-            "description": "Label values by label name; each an exact string.",
-            "properties": {
-                label.name: {"type": "string", "description": label.description}
-                for label in memory.labels
-            },
-            "additionalProperties": False,
-        }
+        item["labels"] = labels_property(
+            memory, "Label values by label name; each an exact string."
+        )
     if offers_scope(memory):
         item["scope"] = {
             "type": "string",
-            "enum": [s.upper() for s in memory.write],
+            "enum": [s.value for s in memory.write],
             "description": "SESSION: only this session recalls it. AGENT: every session does; "
             "only for what holds beyond this session's subject.",
         }
