@@ -98,7 +98,7 @@ class Shape(BaseModel):
                 f"unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}", inline=False
             )
         for name, message in cls.needs.items():
-            if value.get(name) is None:
+            if name not in value:
                 raise refuse(message, inline=False)
         cls.check(value)
         return value
