@@ -1,6 +1,6 @@
 """The native tools' arguments: every refusal the model reads, in words it can act on, before
-anything runs (M38, M40, M41, M42, M43, M44, M49; H9 search_history). Each refused call is a
-tool result, and the turn goes on; what a valid call does is tested through turns elsewhere."""
+anything runs (M47; the tools of M38, M40, M43, M44; M41, M49). Each refused call is a tool
+result, and the turn goes on; what a valid call does is tested through turns elsewhere."""
 
 import json
 from uuid import uuid4
