@@ -36,7 +36,6 @@ class Settings(BaseSettings):
     # Search queries (searchMemories, the agent's search tools) longer than this are refused:
     # a query is embedded and matched whole, so its length is work the service does per request.
     max_search_query_chars: int = Field(default=4096, ge=1)
-    max_page_size: int = 1_000
     # Schema introspection (__schema, __type) for authenticated clients; off: refused, and
     # GraphiQL says why it cannot load the schema.
     introspection: bool = True

@@ -371,12 +371,13 @@ async def measure(
     from app.memory.search import search
     from app.memory.search_store import Filters, Ranking
     from app.memory.visibility import AgentReader, OperatorReader, Reader
+    from app.scope import Scope
 
     def make_reader(account: uuid.UUID, action: uuid.UUID) -> Reader:
         if reader_kind == "operator":  # searchMemories: every session, live and preview
             return OperatorReader(account_id=account, action_id=action)
         # search_memory during a live turn: the agent scope and its session's, no preview.
-        return AgentReader(account, action, "bench-session", ("session", "agent"), False)
+        return AgentReader(account, action, "bench-session", tuple(Scope), False)
 
     pool = await create_pool(url, min_size=1, max_size=2)
     rng = random.Random(3)

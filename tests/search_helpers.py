@@ -12,6 +12,7 @@ from app.auth.caller import Caller
 from app.memory.search import search
 from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
+from app.scope import Scope
 from app.state import AppState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -40,7 +41,12 @@ class Agent:
         execution_id: UUID | None = None,
     ) -> AgentReader:
         return AgentReader(
-            self.account_id, self.action_id, session, tuple(scopes), preview, execution_id
+            self.account_id,
+            self.action_id,
+            session,
+            tuple(map(Scope.from_word, scopes)),
+            preview,
+            execution_id,
         )
 
     async def add(

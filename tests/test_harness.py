@@ -5,6 +5,7 @@ import pytest
 
 from app.actions.harness import DEFAULT_KINDS, parse_harness
 from app.errors import BadInput
+from app.scope import Scope
 
 CREATE = (
     "mutation($input: ActionInput!) { createAction(input: $input) { actionId version harness } }"
@@ -56,10 +57,10 @@ def test_defaults(harness):
 
 def test_m8_each_scope_list_defaults_on_its_own():
     parsed = parse_harness(memory(scope={"read": ["session", "agent"]}))
-    assert parsed.memory.read == ("session", "agent")
-    assert parsed.memory.write == ("session",)
+    assert parsed.memory.read == (Scope.SESSION, Scope.AGENT)
+    assert parsed.memory.write == (Scope.SESSION,)
     parsed = parse_harness(memory(scope={"write": ["agent"]}))
-    assert (parsed.memory.read, parsed.memory.write) == (("session",), ("agent",))
+    assert (parsed.memory.read, parsed.memory.write) == ((Scope.SESSION,), (Scope.AGENT,))
 
 
 def test_a_full_harness_is_kept_as_given():

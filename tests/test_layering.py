@@ -30,8 +30,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # What every domain uses: process state, embedding providers, observability.
     ("state",),
     ("embeddings", "observability"),
-    # The bottom: database access and SQL helpers, text safety, settings, errors.
-    ("db", "text", "http_retry", "config", "errors"),
+    # The bottom: database access and SQL helpers, text safety, record scopes and session IDs,
+    # typed checks of configuration, settings, errors.
+    ("db", "text", "http_retry", "scope", "shapes", "config", "errors"),
 )
 BOTTOM = LAYERS[-1]
 

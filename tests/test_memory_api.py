@@ -525,6 +525,9 @@ async def test_add_agent_memory_refusals_leave_nothing(state, gql, admin, agent)
             "number 7",
         ),
         ({"summary": "x", "kind": "fact", "scope": "SESSION"}, "BAD_REQUEST", "sessionId"),
+        # One rule for every session ID (turns, MCP, operators): 1 to 200 characters, not blank.
+        ({"summary": "x", "kind": "fact", "sessionId": "  "}, "BAD_REQUEST", "not blank"),
+        ({"summary": "x", "kind": "fact", "sessionId": "s" * 201}, "BAD_REQUEST", "1 to 200"),
         ({"summary": "x", "kind": "fact", "pinned": True}, "BAD_REQUEST", "pinned"),
         ({"summary": "x", "kind": "fact", "replaces": str(uuid.uuid4())}, "NOT_FOUND", "not found"),
     ]

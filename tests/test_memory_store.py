@@ -24,6 +24,7 @@ from app.memory.records import pinned_tokens
 from app.memory.service import MemoryWork, NewMemory
 from app.memory.vectors import memory_text
 from app.memory.visibility import OperatorReader
+from app.scope import Scope
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
 
@@ -193,8 +194,8 @@ async def test_m1_memory_off_unless_enabled(state, admin):
 # M6 M8
 async def test_m6_m8_session_scope_by_default(state, admin):
     defaults = await actions_with(state, admin, {"memory": {"enabled": True}})
-    assert defaults.harness.memory.read == ("session",)
-    assert defaults.harness.memory.write == ("session",)
+    assert defaults.harness.memory.read == (Scope.SESSION,)
+    assert defaults.harness.memory.write == (Scope.SESSION,)
     record = await remember(state, defaults, "default scope")
     assert record.scope == "SESSION" and record.session_id == "s1"
     both = await make_agent(state, admin, "both")

@@ -1,19 +1,35 @@
-"""The agent's `harness` configuration: parsing, defaults, and the rules between versions."""
+"""The agent's `harness` configuration: its typed shape, defaults, and the rules between
+versions."""
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BeforeValidator
 
 from app.errors import BadInput
+from app.scope import Scope
+from app.shapes import (
+    Boolean,
+    Integer,
+    Number,
+    One,
+    Several,
+    Shape,
+    check_integer,
+    parse,
+    refuse,
+)
 
-SCOPES = ("session", "agent")
+SCOPES = tuple(s.word for s in Scope)
 SEARCH_MODES = ("hybrid", "lexical", "vector")
 MEMORY_TOOLS = ("add_memory", "read_memory", "delete_memory")
 HISTORY_INDEXES = ("messages", "messages_and_tools")
 DEFAULT_KINDS = ("guidance", "fact", "event", "reference")
 LABEL_NUMBERS = range(5, 19)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_NO_SCOPE = "must name at least one scope (session or agent)"
 
 
 @dataclass(frozen=True)
@@ -23,18 +39,19 @@ class Label:
     description: str
 
 
-@dataclass(frozen=True)
-class SearchConfig:
-    mode: Literal["hybrid", "lexical", "vector"] = "hybrid"
-    max_results: int = 5
-    min_score: float | None = None
+class SearchConfig(Shape):
+    """harness.memory.search."""
+
+    mode: One(SEARCH_MODES) = "hybrid"  # type: ignore[valid-type]
+    max_results: Integer(1, 100) = 5  # type: ignore[valid-type]
+    min_score: Number(-1, 1) | None = None  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
     enabled: bool = False
-    read: tuple[str, ...] = ("session",)
-    write: tuple[str, ...] = ("session",)
+    read: tuple[Scope, ...] = (Scope.SESSION,)
+    write: tuple[Scope, ...] = (Scope.SESSION,)
     extraction_prompt: str | None = None
     extraction_every_messages: int | None = None  # None: review every turn
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -49,6 +66,20 @@ class MemoryConfig:
                 return label
         return None
 
+    def resolve_label(self, key: str | int, number: int | None = None) -> Label:
+        """The declared label a name or a number names (with both, they must agree): the one
+        label lookup of every writer and filter, a client's or the model's."""
+        label = None if isinstance(key, bool) else self.label(key)
+        if label is None:
+            declared = ", ".join(f"{d.name} (number {d.number})" for d in self.labels)
+            raise BadInput(
+                f"label {key!r} is not declared by this agent; "
+                + (f"its labels are: {declared}" if declared else "it declares no labels")
+            )
+        if number is not None and number != label.number:
+            raise BadInput(f"label {label.name} has number {label.number}, not {number}")
+        return label
+
 
 @dataclass(frozen=True)
 class HistoryConfig:
@@ -62,197 +93,139 @@ class Harness:
     raw: dict[str, Any]  # normalized JSON, defaults filled in, as stored and returned
 
 
-def _fail(path: str, message: str) -> BadInput:
-    return BadInput(f"harness{'.' + path if path else ''}: {message}")
+# The JSON shape, field by field; the order of fields is the order errors are found in.
 
 
-def _object(value: Any, path: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise _fail(path, "must be an object")
-    unknown = sorted(set(value) - set(allowed))
-    if unknown:
-        raise _fail(path, f"unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
+class _ScopeShape(Shape):
+    read: Several(SCOPES, empty=_NO_SCOPE) = ("session",)  # type: ignore[valid-type]
+    write: Several(SCOPES, empty=_NO_SCOPE) = ("session",)  # type: ignore[valid-type]
+
+
+def _every(value: Any) -> Any:
+    if value == "turn":
+        return value
+    if isinstance(value, Mapping) and set(value) == {"messages"}:
+        return {"messages": check_integer(value["messages"], 1, 10_000, at="messages")}
+    raise refuse('must be "turn" or {"messages": N}')
+
+
+def _prompt(value: Any) -> Any:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise refuse("must be a non-empty string")
     return value
 
 
-def _int(value: Any, path: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(path, f"must be an integer from {low} to {high}, got {value!r}")
-    return value
+class _ExtractionShape(Shape):
+    prompt: Annotated[str | None, BeforeValidator(_prompt)] = None
+    every: Annotated[str | dict[str, int], BeforeValidator(_every)] = "turn"
 
 
-def _string_list(value: Any, path: str, choices: tuple[str, ...]) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail(path, f"must be a list of {' / '.join(choices)}")
-    for v in value:
-        if v not in choices:
-            raise _fail(path, f"{v!r} is not one of {', '.join(choices)}")
-    if len(set(value)) != len(value):
-        raise _fail(path, "must not repeat a value")
-    return tuple(value)
-
-
-def _scope(value: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    scope = _object(value, "memory.scope", ("read", "write"))
-    read = _string_list(scope.get("read", ["session"]), "memory.scope.read", SCOPES)
-    write = _string_list(scope.get("write", ["session"]), "memory.scope.write", SCOPES)
-    if not read:
-        raise _fail("memory.scope.read", "must name at least one scope (session or agent)")
-    if not write:
-        raise _fail("memory.scope.write", "must name at least one scope (session or agent)")
-    return read, write
-
-
-def _extraction(value: Any) -> tuple[str | None, int | None]:
-    extraction = _object(value, "memory.extraction", ("prompt", "every"))
-    prompt = extraction.get("prompt")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-        raise _fail("memory.extraction.prompt", "must be a non-empty string")
-    every = extraction.get("every", "turn")
-    if every == "turn":
-        return prompt, None
-    if isinstance(every, Mapping) and set(every) == {"messages"}:
-        return prompt, _int(every["messages"], "memory.extraction.every.messages", 1, 10_000)
-    raise _fail("memory.extraction.every", 'must be "turn" or {"messages": N}')
-
-
-def _search(value: Any) -> SearchConfig:
-    search = _object(value, "memory.search", ("mode", "max_results", "min_score"))
-    mode = search.get("mode", "hybrid")
-    if mode not in SEARCH_MODES:
-        raise _fail("memory.search.mode", f"must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
-    max_results = _int(search.get("max_results", 5), "memory.search.max_results", 1, 100)
-    min_score = search.get("min_score")
-    if min_score is not None and (
-        isinstance(min_score, bool)
-        or not isinstance(min_score, int | float)
-        or not -1 <= min_score <= 1
-    ):
-        raise _fail("memory.search.min_score", f"must be a number from -1 to 1, got {min_score!r}")
-    return SearchConfig(mode, max_results, float(min_score) if min_score is not None else None)
+class _PinnedShape(Shape):
+    needs: ClassVar[dict[str, str]] = {"max_tokens": 'needs max_tokens, e.g. {"max_tokens": 2000}'}
+    max_tokens: Integer(1, 100_000)  # type: ignore[valid-type]
 
 
 def _kinds(value: Any) -> tuple[str, ...]:
     if value is None:
         return DEFAULT_KINDS
     if not isinstance(value, list) or not value or not all(isinstance(k, str) for k in value):
-        raise _fail("memory.kinds", "must be a non-empty list of kind names")
+        raise refuse("must be a non-empty list of kind names")
     for kind in value:
         if not _NAME.fullmatch(kind):
-            raise _fail("memory.kinds", f"{kind!r} must be lower case letters, digits and _")
+            raise refuse(f"{kind!r} must be lower case letters, digits and _")
     if len(set(value)) != len(value):
-        raise _fail("memory.kinds", "must not repeat a kind")
+        raise refuse("must not repeat a kind")
     return tuple(value)
 
 
-def _labels(value: Any) -> tuple[Label, ...]:
-    labels = _object(value, "memory.labels", tuple(value) if isinstance(value, Mapping) else ())
-    result: list[Label] = []
-    for name, spec in labels.items():
-        path = f"memory.labels.{name}"
-        if not _NAME.fullmatch(name):
-            raise _fail(path, "label names are lower case letters, digits and _")
-        spec = _object(spec, path, ("number", "description"))
-        if "number" not in spec:
-            raise _fail(path, "needs a number from 5 to 18")
-        number = _int(spec["number"], f"{path}.number", LABEL_NUMBERS.start, LABEL_NUMBERS.stop - 1)
-        description = spec.get("description")
-        if not isinstance(description, str) or not description.strip():
-            raise _fail(path, "needs a description the agent reads")
-        for other in result:
-            if other.number == number:
-                raise _fail(path, f"number {number} is already used by label {other.name!r}")
-        result.append(Label(name, number, description.strip()))
-    return tuple(sorted(result, key=lambda label: label.number))
-
-
-def _memory(value: Any) -> MemoryConfig:
-    memory = _object(
-        value,
-        "memory",
-        ("enabled", "scope", "extraction", "search", "tools", "pinned", "kinds", "labels"),
-    )
-    enabled = memory.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise _fail("memory.enabled", "must be true or false")
-    read, write = _scope(memory.get("scope"))
-    prompt, every = _extraction(memory.get("extraction"))
-    tools = _string_list(memory.get("tools", []), "memory.tools", MEMORY_TOOLS)
-    pinned_max: int | None = None
-    if memory.get("pinned") is not None:
-        pinned = _object(memory["pinned"], "memory.pinned", ("max_tokens",))
-        if "max_tokens" not in pinned:
-            raise _fail("memory.pinned", 'needs max_tokens, e.g. {"max_tokens": 2000}')
-        pinned_max = _int(pinned["max_tokens"], "memory.pinned.max_tokens", 1, 100_000)
-    return MemoryConfig(
-        enabled=enabled,
-        read=read,
-        write=write,
-        extraction_prompt=prompt,
-        extraction_every_messages=every,
-        search=_search(memory.get("search")),
-        tools=tools,
-        pinned_max_tokens=pinned_max,
-        kinds=_kinds(memory.get("kinds")),
-        labels=_labels(memory.get("labels")),
-    )
-
-
-def _history(value: Any) -> HistoryConfig | None:
-    if value is None:
-        return None
-    history = _object(value, "history", ("index",))
-    index = history.get("index", "messages")
-    if index not in HISTORY_INDEXES:
-        raise _fail("history.index", f"must be one of {', '.join(HISTORY_INDEXES)}, got {index!r}")
-    return HistoryConfig(index)
-
-
-def _normalized(memory: MemoryConfig, history: HistoryConfig | None) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "memory": {
-            "enabled": memory.enabled,
-            "scope": {"read": list(memory.read), "write": list(memory.write)},
-            "extraction": {
-                **({"prompt": memory.extraction_prompt} if memory.extraction_prompt else {}),
-                "every": {"messages": memory.extraction_every_messages}
-                if memory.extraction_every_messages
-                else "turn",
-            },
-            "search": {
-                "mode": memory.search.mode,
-                "max_results": memory.search.max_results,
-                **(
-                    {"min_score": memory.search.min_score}
-                    if memory.search.min_score is not None
-                    else {}
-                ),
-            },
-            "tools": list(memory.tools),
-            **(
-                {"pinned": {"max_tokens": memory.pinned_max_tokens}}
-                if memory.pinned_max_tokens
-                else {}
-            ),
-            "kinds": list(memory.kinds),
-            "labels": {
-                label.name: {"number": label.number, "description": label.description}
-                for label in memory.labels
-            },
-        }
+class _LabelShape(Shape):
+    needs: ClassVar[dict[str, str]] = {
+        "number": "needs a number from 5 to 18",
+        "description": "needs a description the agent reads",
     }
-    if history is not None:
-        raw["history"] = {"index": history.index}
-    return raw
+    number: Integer(LABEL_NUMBERS.start, LABEL_NUMBERS.stop - 1)  # type: ignore[valid-type]
+    description: Annotated[str, AfterValidator(str.strip)]
+
+    @classmethod
+    def check(cls, value: Mapping[str, Any]) -> None:
+        description = value["description"]
+        if not isinstance(description, str) or not description.strip():
+            raise refuse(cls.needs["description"], inline=False)
+
+
+def _label_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise refuse("label names are lower case letters, digits and _")
+    return name
+
+
+def _labels_object(value: Any) -> Any:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise refuse("must be an object")
+    return value
+
+
+def _distinct_numbers(labels: dict[str, _LabelShape]) -> dict[str, _LabelShape]:
+    seen: dict[int, str] = {}
+    for name, label in labels.items():
+        if label.number in seen:
+            raise refuse(
+                f"number {label.number} is already used by label {seen[label.number]!r}", at=name
+            )
+        seen[label.number] = name
+    return dict(sorted(labels.items(), key=lambda item: item[1].number))
+
+
+class _MemoryShape(Shape):
+    enabled: Boolean = False
+    scope: _ScopeShape = _ScopeShape()
+    extraction: _ExtractionShape = _ExtractionShape()
+    search: SearchConfig = SearchConfig()
+    tools: Several(MEMORY_TOOLS) = ()  # type: ignore[valid-type]
+    pinned: _PinnedShape | None = None
+    kinds: Annotated[tuple[str, ...], BeforeValidator(_kinds)] = DEFAULT_KINDS
+    labels: Annotated[
+        dict[Annotated[str, AfterValidator(_label_name)], _LabelShape],
+        BeforeValidator(_labels_object),
+        AfterValidator(_distinct_numbers),
+    ] = {}
+
+
+class _HistoryShape(Shape):
+    index: One(HISTORY_INDEXES) = "messages"  # type: ignore[valid-type]
+
+
+class _HarnessShape(Shape):
+    memory: _MemoryShape = _MemoryShape()
+    history: _HistoryShape | None = None
+
+
+def _memory(shape: _MemoryShape) -> MemoryConfig:
+    every = shape.extraction.every
+    return MemoryConfig(
+        enabled=shape.enabled,
+        read=tuple(map(Scope.from_word, shape.scope.read)),
+        write=tuple(map(Scope.from_word, shape.scope.write)),
+        extraction_prompt=shape.extraction.prompt,
+        extraction_every_messages=every["messages"] if isinstance(every, dict) else None,
+        search=shape.search,
+        tools=shape.tools,
+        pinned_max_tokens=shape.pinned.max_tokens if shape.pinned else None,
+        kinds=shape.kinds,
+        labels=tuple(Label(n, s.number, s.description) for n, s in shape.labels.items()),
+    )
+
+
+def _fail(path: str, message: str) -> BadInput:
+    return BadInput(f"harness.{path}: {message}")
 
 
 def parse_harness(value: Any, previous: Harness | None = None) -> Harness:
     """Validates a harness; `previous` is the agent's prior version, whose labels must stay."""
-    harness = _object(value, "", ("memory", "history")) if value is not None else {}
-    memory = _memory(harness.get("memory"))
-    history = _history(harness.get("history"))
+    shape = parse(_HarnessShape, value, "harness")
+    memory = _memory(shape.memory)
     if previous is not None:
         for label in previous.memory.labels:
             kept = memory.label(label.name)
@@ -268,4 +241,5 @@ def parse_harness(value: Any, previous: Harness | None = None) -> Harness:
                     f"an earlier version declares this label with number {label.number}; "
                     f"it cannot change to {kept.number}",
                 )
-    return Harness(memory=memory, history=history, raw=_normalized(memory, history))
+    history = HistoryConfig(shape.history.index) if shape.history else None  # type: ignore[arg-type]
+    return Harness(memory, history, shape.model_dump(mode="json", exclude_none=True))

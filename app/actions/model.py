@@ -1,14 +1,14 @@
 """The `model` configuration of an action: which OpenAI-compatible endpoint runs it."""
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from app.config import Settings
 from app.errors import BadInput
+from app.shapes import Integer, Number, Shape, nonempty, parse, refuse
 
-_FIELDS = ("baseUrl", "name", "apiKeyEnv", "temperature", "maxTokens", "contextTokens")
 # The least context budget a turn can work in: instructions, tools, an input and a reply.
 MIN_CONTEXT_TOKENS = 256
 MAX_CONTEXT_TOKENS = 10_000_000
@@ -18,64 +18,65 @@ _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _RESERVED_ENV_PREFIX = "ENGRAM_"
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    base_url: str | None = None
-    name: str | None = None
-    api_key_env: str | None = None
-    temperature: float | None = None
-    max_tokens: int | None = None
+def _url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise refuse("must be an http:// or https:// URL")
+    return value
+
+
+def _env(value: str) -> str:
+    if not _ENV.fullmatch(value):
+        raise refuse("must name an environment variable, e.g. OPENAI_API_KEY")
+    return value
+
+
+class ModelConfig(Shape):
+    """An action's `model`; a field left out takes the deployment's setting."""
+
+    not_object = 'must be an object such as {"baseUrl": "...", "name": "..."}'
+
+    base_url: Annotated[str | None, BeforeValidator(nonempty), AfterValidator(_url)] = Field(
+        None, alias="baseUrl"
+    )
+    name: Annotated[str | None, BeforeValidator(nonempty)] = None
+    api_key_env: Annotated[str | None, BeforeValidator(nonempty), AfterValidator(_env)] = Field(
+        None, alias="apiKeyEnv"
+    )
+    temperature: Number(0, 2, got=False, as_float=False) | None = None  # type: ignore[valid-type]
+    max_tokens: Integer(1, 1_000_000, got=False) | None = Field(None, alias="maxTokens")  # type: ignore[valid-type]
     # The most a request may send, counted at about four characters a token (runtime/context.py);
     # None: ENGRAM_MODEL_CONTEXT_TOKENS.
-    context_tokens: int | None = None
+    context_tokens: (
+        Integer(  # type: ignore[valid-type]
+            MIN_CONTEXT_TOKENS,
+            MAX_CONTEXT_TOKENS,
+            got=False,
+            suffix=": the most a model call may send, in tokens of about four characters",
+        )
+        | None
+    ) = Field(None, alias="contextTokens")
 
-
-def _integer(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    @model_validator(mode="after")
+    def _reply_fits(self) -> "ModelConfig":
+        if (
+            self.context_tokens is not None
+            and self.max_tokens is not None
+            and self.max_tokens >= self.context_tokens // 2
+        ):
+            raise refuse(
+                f"model.maxTokens ({self.max_tokens}) must be less than half of "
+                f"model.contextTokens ({self.context_tokens}): the reply's room comes out of the "
+                "context budget",
+                whole=True,
+            )
+        return self
 
 
 def parse_model(value: Any) -> tuple[ModelConfig, dict[str, Any]]:
+    """The configuration, and the JSON as given (stored and returned)."""
     if value is None:
         return ModelConfig(), {}
-    if not isinstance(value, Mapping):
-        raise BadInput('model must be an object such as {"baseUrl": "...", "name": "..."}')
-    unknown = sorted(set(value) - set(_FIELDS))
-    if unknown:
-        raise BadInput(f"model: unknown field {unknown[0]!r}; allowed: {', '.join(_FIELDS)}")
-    for key in ("baseUrl", "name", "apiKeyEnv"):
-        if key in value and (not isinstance(value[key], str) or not value[key].strip()):
-            raise BadInput(f"model.{key} must be a non-empty string")
-    base_url = value.get("baseUrl")
-    if base_url is not None and not base_url.startswith(("http://", "https://")):
-        raise BadInput("model.baseUrl must be an http:// or https:// URL")
-    env = value.get("apiKeyEnv")
-    if env is not None and not _ENV.fullmatch(env):
-        raise BadInput("model.apiKeyEnv must name an environment variable, e.g. OPENAI_API_KEY")
-    temperature = value.get("temperature")
-    if temperature is not None and (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, int | float)
-        or not 0 <= temperature <= 2
-    ):
-        raise BadInput("model.temperature must be a number from 0 to 2")
-    max_tokens = value.get("maxTokens")
-    if max_tokens is not None and not _integer(max_tokens, 1, 1_000_000):
-        raise BadInput("model.maxTokens must be an integer from 1 to 1000000")
-    context_tokens = value.get("contextTokens")
-    if context_tokens is not None:
-        if not _integer(context_tokens, MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS):
-            raise BadInput(
-                f"model.contextTokens must be an integer from {MIN_CONTEXT_TOKENS} to "
-                f"{MAX_CONTEXT_TOKENS}: the most a model call may send, in tokens of about four "
-                "characters"
-            )
-        if max_tokens is not None and max_tokens >= context_tokens // 2:
-            raise BadInput(
-                f"model.maxTokens ({max_tokens}) must be less than half of model.contextTokens "
-                f"({context_tokens}): the reply's room comes out of the context budget"
-            )
-    config = ModelConfig(base_url, value.get("name"), env, temperature, max_tokens, context_tokens)
-    return config, dict(value)
+    return parse(ModelConfig, value, "model", inline=True), dict(value)
 
 
 def check_endpoint(config: ModelConfig, settings: Settings) -> None:

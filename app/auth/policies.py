@@ -12,15 +12,19 @@ resolution (and matches the rare name outside the set) in at most len(pattern) x
 steps, however many wildcards the pattern holds.
 """
 
+import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, ValidationInfo
 
 from app.auth.resources import KNOWN
 from app.errors import AccessDenied, BadInput
+from app.shapes import WRITTEN, Shape, first_error, refuse
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,6 @@ Verb = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
 EFFECTS: tuple[str, ...] = ("ALLOW", "DENY")
 VERBS: tuple[str, ...] = ("SELECT", "INSERT", "UPDATE", "DELETE")
 _RESOURCE = re.compile(r"^[A-Za-z0-9_.*?]+$")
-_FIELDS = ("effect", "actions", "resources")
 # Limits on what a client may write (stored policies load whatever they hold).
 MAX_PATTERN_CHARS = 200
 MAX_POLICIES = 100
@@ -115,6 +118,70 @@ def _warn_unmatched(pattern: str) -> None:
     )
 
 
+def _effect(value: Any) -> Any:
+    if value not in EFFECTS:
+        raise refuse(f"must be ALLOW or DENY, got {value!r}")
+    return value
+
+
+def _verbs(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not value:
+        raise refuse(f"must be a list naming at least one of {', '.join(VERBS)}")
+    for verb in value:
+        if verb not in VERBS:
+            raise refuse(f"{verb!r} is not one of {', '.join(VERBS)}", inline=False)
+    return tuple(value)
+
+
+def _resources(value: Any, info: ValidationInfo) -> tuple[str, ...]:
+    strict = bool(info.context and info.context.get("strict"))
+    if not isinstance(value, list | tuple) or not value:
+        raise refuse("must be a list naming at least one resource")
+    if strict and len(value) > MAX_RESOURCES:
+        raise refuse(f"may name at most {MAX_RESOURCES} resources")
+    for resource in value:
+        if not isinstance(resource, str) or not _RESOURCE.fullmatch(resource):
+            raise refuse(
+                f"{resource!r} is not a resource name "
+                "(letters, digits, '_', '.', and the wildcards '*' and '?')",
+                inline=False,
+            )
+        if strict and len(resource) > MAX_PATTERN_CHARS:
+            raise refuse(
+                f"a pattern is at most {MAX_PATTERN_CHARS} characters, got {len(resource)}",
+                inline=False,
+            )
+        if not resolve(resource):
+            if strict:
+                raise refuse(
+                    f"{resource!r} matches no known resource (names are case-sensitive); the "
+                    f"resources are: {', '.join(sorted(KNOWN))}",
+                    inline=False,
+                )
+            _warn_unmatched(resource)
+    return tuple(value)
+
+
+class _PolicyShape(Shape):
+    not_object = (
+        "must be an object such as "
+        '{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.*"]}'
+    )
+    # Validated even when left out, to say what is missing.
+    effect: Annotated[Effect, BeforeValidator(_effect)] = Field(None, validate_default=True)  # type: ignore[assignment]
+    actions: Annotated[tuple[Verb, ...], BeforeValidator(_verbs)] = Field(
+        None,  # type: ignore[assignment]
+        validate_default=True,
+    )
+    resources: Annotated[tuple[str, ...], BeforeValidator(_resources)] = Field(
+        None,  # type: ignore[assignment]
+        validate_default=True,
+    )
+
+
+_POLICIES = TypeAdapter(list[_PolicyShape])
+
+
 def parse_policies(raw: Iterable[Mapping[str, Any]], *, strict: bool = False) -> tuple[Policy, ...]:
     """Validates policies given by a client (`strict`) or read from the database.
 
@@ -123,57 +190,26 @@ def parse_policies(raw: Iterable[Mapping[str, Any]], *, strict: bool = False) ->
     resource (a typo such as `financial.agentmemory.*` would silently grant or deny nothing).
     Read from the database, such a pattern still loads, with one warning.
     """
-    policies = []
-    for i, item in enumerate(raw):
-        if strict and i >= MAX_POLICIES:
-            raise BadInput(f"a client holds at most {MAX_POLICIES} policies")
-        if not isinstance(item, Mapping):
-            raise BadInput(
-                f"policies[{i}] must be an object such as "
-                '{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.*"]}'
-            )
-        unknown = sorted(set(item) - set(_FIELDS))
-        if unknown:
-            raise BadInput(
-                f"policies[{i}]: unknown field {unknown[0]!r}; allowed: {', '.join(_FIELDS)}"
-            )
-        effect = item.get("effect")
-        actions = item.get("actions") or []
-        resources = item.get("resources") or []
-        if effect not in EFFECTS:
-            raise BadInput(f"policies[{i}].effect must be ALLOW or DENY, got {effect!r}")
-        if not isinstance(actions, list | tuple) or not actions:
-            raise BadInput(
-                f"policies[{i}].actions must be a list naming at least one of {', '.join(VERBS)}"
-            )
-        for verb in actions:
-            if verb not in VERBS:
-                raise BadInput(f"policies[{i}].actions: {verb!r} is not one of {', '.join(VERBS)}")
-        if not isinstance(resources, list | tuple) or not resources:
-            raise BadInput(f"policies[{i}].resources must be a list naming at least one resource")
-        if strict and len(resources) > MAX_RESOURCES:
-            raise BadInput(f"policies[{i}].resources may name at most {MAX_RESOURCES} resources")
-        for resource in resources:
-            if not isinstance(resource, str) or not _RESOURCE.fullmatch(resource):
-                raise BadInput(
-                    f"policies[{i}].resources: {resource!r} is not a resource name "
-                    "(letters, digits, '_', '.', and the wildcards '*' and '?')"
-                )
-            if strict and len(resource) > MAX_PATTERN_CHARS:
-                raise BadInput(
-                    f"policies[{i}].resources: a pattern is at most {MAX_PATTERN_CHARS} "
-                    f"characters, got {len(resource)}"
-                )
-            if not resolve(resource):
-                if strict:
-                    raise BadInput(
-                        f"policies[{i}].resources: {resource!r} matches no known resource "
-                        f"(names are case-sensitive); the resources are: "
-                        f"{', '.join(sorted(KNOWN))}"
-                    )
-                _warn_unmatched(resource)
-        policies.append(Policy(effect, tuple(actions), tuple(resources)))
-    return tuple(policies)
+    items = list(raw)
+    if not strict:
+        # Read for every request a client makes: a client's policies are parsed once.
+        return _stored(json.dumps(items, sort_keys=True))
+    if len(items) > MAX_POLICIES:
+        raise BadInput(f"a client holds at most {MAX_POLICIES} policies")
+    return _parse(items, strict=True)
+
+
+@lru_cache(maxsize=1024)
+def _stored(text: str) -> tuple[Policy, ...]:
+    return _parse(json.loads(text), strict=False)
+
+
+def _parse(items: list[Any], *, strict: bool) -> tuple[Policy, ...]:
+    try:
+        shapes = _POLICIES.validate_python(items, context={**WRITTEN, "strict": strict})
+    except ValidationError as e:
+        raise BadInput(first_error(e, "policies", inline=True)) from None
+    return tuple(Policy(p.effect, p.actions, p.resources) for p in shapes)
 
 
 def is_allowed(policies: Sequence[Policy], verb: str, resource: str) -> bool:

@@ -26,8 +26,7 @@ from app.memory import store
 from app.memory.records import MemoryRecord, Scope
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.memory.visibility import OperatorReader
-
-MAX_SESSION_ID = 200
+from app.scope import check_session_id
 
 
 @dataclass(frozen=True)
@@ -255,11 +254,7 @@ def _label_keys(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[str 
         if label.name is None and label.number is None:
             raise BadInput("each label needs its name or its number, and a value")
         if label.name is not None and label.number is not None:
-            declared = config.label(label.name)
-            if declared is not None and declared.number != label.number:
-                raise BadInput(
-                    f"label {label.name} has number {declared.number}, not {label.number}"
-                )
+            config.resolve_label(label.name, label.number)
         key: str | int = label.name if label.name is not None else label.number  # type: ignore[assignment]
         if key in keys:
             raise BadInput(f"label {key!r} is given twice")
@@ -365,11 +360,6 @@ async def _check_unpinning(
             _require_unpin(caller, memory_id)
 
 
-def _check_session_id(session_id: str | None) -> None:
-    if session_id is not None and not (0 < len(session_id) <= MAX_SESSION_ID):
-        raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters")
-
-
 async def add_memory(
     pool: asyncpg.Pool,
     embedder: Embedder,
@@ -393,7 +383,7 @@ async def add_memory(
         caller.require(*resources.DELETE_MEMORY)
     if memory.pinned:
         caller.require(*resources.PIN_MEMORY)
-    _check_session_id(memory.session_id)
+    check_session_id(memory.session_id)
     arguments = {"actionId": action_id, **asdict(memory)}
     key = key_for(idempotency_key, caller.account_id, caller.principal, "addAgentMemory", arguments)
     if key is not None and (answered := await _answered(pool, caller, action_id, key)):
@@ -469,7 +459,7 @@ async def add_memories(
         )
     for i, memory in enumerate(memories):
         try:
-            _check_session_id(memory.session_id)
+            check_session_id(memory.session_id)
         except BadInput as e:
             raise BadInput(f"inputs[{i}].sessionId: {e.message}") from None
     key = None

@@ -10,10 +10,10 @@ from uuid import UUID
 
 import numpy as np
 
+from app.scope import Scope
 from app.text import for_model
 
 Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
-Scope = Literal["SESSION", "AGENT"]
 Source = Literal["EXTRACTION", "TOOL", "OPERATOR", "MCP"]
 
 MAX_SUMMARY_BYTES = 512

@@ -24,12 +24,14 @@ import asyncpg
 
 from app.actions.harness import MemoryConfig, SearchConfig
 from app.embeddings.base import Embedder
+from app.errors import BadInput
 from app.memory import search as memory_search
 from app.memory import store
 from app.memory.records import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Scope
 from app.memory.search_store import Filters
 from app.memory.service import LINE_BREAKS, MAX_LABEL_VALUE_BYTES
 from app.memory.visibility import Reader
+from app.scope import listed
 from app.text import storable
 
 REVIEW_WEIGHT = 0.4  # weight of the cosine in a neighbour's score; the rest: the text rank
@@ -123,10 +125,10 @@ def candidate(value: Any, config: MemoryConfig, offers_scope: bool) -> Candidate
     if not isinstance(raw_labels, dict):
         raise ValueError("labels must be an object keyed by label name")
     for name, label_value in raw_labels.items():
-        label = config.label(name) if isinstance(name, str) else None
-        if label is None:
-            declared = ", ".join(d.name for d in config.labels) or "none"
-            raise ValueError(f"unknown label {name!r}; the labels are: {declared}")
+        try:
+            label = config.resolve_label(name)
+        except BadInput as e:
+            raise ValueError(e.message) from None
         if isinstance(label_value, bool) or not isinstance(label_value, str | int | float):
             raise ValueError(f"label {name!r} must be an exact string value")
         text = storable(str(label_value))
@@ -135,9 +137,9 @@ def candidate(value: Any, config: MemoryConfig, offers_scope: bool) -> Candidate
         labels[label.number] = text
     scope = value.get("scope")
     if scope is not None:
-        if not isinstance(scope, str) or scope.lower() not in config.write:
-            raise ValueError(f"scope must be one of {', '.join(s.upper() for s in config.write)}")
-        scope = scope.upper()
+        scope = Scope.named(scope)
+        if scope not in config.write:
+            raise ValueError(f"scope must be one of {listed(config.write)}")
     return Candidate(summary, kind, content, labels, scope, shortened)
 
 

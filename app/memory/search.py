@@ -357,16 +357,8 @@ def label_numbers(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[in
     numbers: dict[int, str] = {}
     for label in labels:
         if label.name is not None:
-            declared = config.label(label.name)
-            if declared is None:
-                known = ", ".join(f"{d.name} ({d.number})" for d in config.labels) or "none"
-                raise BadInput(f"the agent declares no label {label.name!r}; its labels: {known}")
-            if label.number is not None and label.number != declared.number:
-                raise BadInput(
-                    f"label {label.name} has number {declared.number}, not {label.number}"
-                )
-            number = declared.number
-        elif label.number is not None:
+            number = config.resolve_label(label.name, label.number).number
+        elif label.number is not None:  # a number the agent has not declared finds nothing
             number = label.number
         else:
             raise BadInput("each label filter needs the label's name or number, and a value")

@@ -140,14 +140,7 @@ def check_labels(config: MemoryConfig, labels: Mapping[str | int, str]) -> dict[
     """Label values by number, from values given by declared label name or number."""
     result: dict[int, str] = {}
     for key, value in labels.items():
-        number = int(key) if isinstance(key, str) and key.isdigit() else key
-        label = None if isinstance(number, bool) else config.label(number)
-        if label is None:
-            declared = ", ".join(f"{d.name} (number {d.number})" for d in config.labels)
-            raise BadInput(
-                f"label {key!r} is not declared by this agent; "
-                + (f"its labels are: {declared}" if declared else "it declares no labels")
-            )
+        label = config.resolve_label(int(key) if isinstance(key, str) and key.isdigit() else key)
         if not isinstance(value, str) or not value:
             raise BadInput(
                 f"label {label.name} needs an exact, non-empty string value, such as an ID"
@@ -552,41 +545,41 @@ class MemoryWork:
 
     def _scope(self, requested: Scope | None, session_id: str | None) -> Scope:
         w, config = self.writer, self.config
-        if requested not in (None, "SESSION", "AGENT"):
+        if requested is not None and requested not in tuple(Scope):
             raise BadInput(f"scope must be SESSION or AGENT, got {requested!r}")
         if w.is_operator:
             # Operators choose either scope; the agent's write scopes restrain only the agent.
-            scope: Scope = requested or ("SESSION" if session_id is not None else "AGENT")
-            if scope == "SESSION" and session_id is None:
+            scope = Scope(requested or (Scope.SESSION if session_id is not None else Scope.AGENT))
+            if scope == Scope.SESSION and session_id is None:
                 raise BadInput(
                     "a SESSION record needs the sessionId of the session that recalls it"
                 )
-            if scope.lower() not in config.read:
+            if scope not in config.read:
                 raise BadInput(
                     f"this agent never recalls {scope} records: its harness.memory.scope.read is "
-                    f"{list(config.read)}"
+                    f"{[s.word for s in config.read]}"
                 )
             return scope
-        if requested == "AGENT":
-            if "agent" not in config.write:
+        if requested == Scope.AGENT:
+            if Scope.AGENT not in config.write:
                 raise BadInput(
                     "scope AGENT is not allowed: this agent writes only session scope "
                     "(harness.memory.scope.write); leave scope out to save it for this session"
                 )
-            return "AGENT"
-        if requested == "SESSION":
-            if "session" not in config.write:
+            return Scope.AGENT
+        if requested == Scope.SESSION:
+            if Scope.SESSION not in config.write:
                 raise BadInput(
                     "scope SESSION is not allowed: this agent writes only agent scope "
                     "(harness.memory.scope.write); leave scope out"
                 )
             if session_id is None:
                 raise BadInput(NO_SESSION)
-            return "SESSION"
-        if "session" in config.write and session_id is not None:
-            return "SESSION"
-        if "agent" in config.write:
-            return "AGENT"
+            return Scope.SESSION
+        if Scope.SESSION in config.write and session_id is not None:
+            return Scope.SESSION
+        if Scope.AGENT in config.write:
+            return Scope.AGENT
         raise BadInput(NO_SESSION)
 
     def _target_reader(self) -> Reader:
@@ -621,10 +614,11 @@ class MemoryWork:
     def _check_writable(self, record: MemoryRecord) -> None:
         """Spec: the agent reaches only the scopes it writes."""
         write = self.config.write
-        if not self.writer.is_operator and record.scope.lower() not in write:
+        if not self.writer.is_operator and record.scope not in write:
             raise BadInput(
                 f"memory {record.memory_id} has {record.scope} scope, which this agent does not "
-                f"write (harness.memory.scope.write is {list(write)}): it can neither replace nor "
+                f"write (harness.memory.scope.write is {[s.word for s in write]}): it can neither "
+                "replace nor "
                 "delete it"
             )
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from app.db.sql import Params
+from app.scope import Scope
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class AgentReader:
     account_id: UUID
     action_id: UUID
     session_id: str | None  # None: an agent without a session sees no session scope
-    scopes: tuple[str, ...]  # harness.memory.scope.read: "session" and/or "agent"
+    scopes: tuple[Scope, ...]  # harness.memory.scope.read
     preview: bool
     execution_id: UUID | None = None  # the running turn, whose staged writes it sees
     # The running attempt of that turn: a retry never sees what a failed attempt staged.
@@ -79,9 +80,9 @@ def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False
 
     where.append(f"({m}.pending_execution IS NULL OR {staged_by(reader, p, m)})")
     scopes: list[str] = []
-    if "agent" in reader.scopes:
+    if Scope.AGENT in reader.scopes:
         scopes.append(f"{m}.scope = 'AGENT'")
-    if "session" in reader.scopes and reader.session_id is not None:
+    if Scope.SESSION in reader.scopes and reader.session_id is not None:
         scopes.append(f"({m}.scope = 'SESSION' AND {m}.session_id = {p(reader.session_id)})")
     where.append("(" + " OR ".join(scopes) + ")" if scopes else "false")
     # Live readers never see preview records.

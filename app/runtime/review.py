@@ -42,8 +42,8 @@ from app.memory.service import NewMemory
 from app.runtime import transcript as events
 from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
-from app.runtime.tools import _function as tools_function
-from app.runtime.tools import offers_scope, record_view, versions
+from app.runtime.tool_args import function_tool
+from app.runtime.tools import labels_property, offers_scope, record_view, versions
 from app.text import for_model
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ _DECIDE = (
 
 def _function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
     """A tool whose every property is required (the native tools' shape)."""
-    return tools_function(name, description, properties, list(properties))
+    return function_tool(name, description, properties, list(properties))
 
 
 SCOPE_HELP = (
@@ -105,17 +105,11 @@ def candidates_tool(memory: MemoryConfig) -> dict[str, Any]:
         "kind": {"type": "string", "enum": list(memory.kinds)},
     }
     if memory.labels:
-        item["labels"] = {
-            "type": "object",
-            "description": "Label values by label name; each an exact string.",
-            "properties": {
-                label.name: {"type": "string", "description": label.description}
-                for label in memory.labels
-            },
-            "additionalProperties": False,
-        }
+        item["labels"] = labels_property(
+            memory, "Label values by label name; each an exact string."
+        )
     if offers_scope(memory):
-        scopes = [s.upper() for s in memory.write]
+        scopes = [s.value for s in memory.write]
         item["scope"] = {"type": "string", "enum": scopes, "description": SCOPE_HELP}
     return _function(
         CANDIDATES_TOOL,

@@ -42,12 +42,12 @@ from app.runtime.recall import Recall, Version, recall_query
 from app.runtime.review import review_memory
 from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
+from app.scope import Scope as RecordScope
+from app.scope import check_session_id
 from app.state import AppState
 from app.text import storable
 
 log = logging.getLogger(__name__)
-
-MAX_SESSION_ID = 200
 
 
 @dataclass(frozen=True)
@@ -138,12 +138,9 @@ def input_text(value: Any) -> str:
 
 
 def _check_request(request: TurnRequest, action: ActionVersion) -> None:
-    if request.session_id is not None and (
-        not request.session_id.strip() or len(request.session_id) > MAX_SESSION_ID
-    ):
-        raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters, not blank")
+    check_session_id(request.session_id)
     memory = action.harness.memory
-    agent_only = memory.read == ("agent",) and memory.write == ("agent",)
+    agent_only = memory.read == memory.write == (RecordScope.AGENT,)
     # Spec: an agent without a session has no session scope, so it must set both to ["agent"].
     if request.session_id is None and memory.enabled and not agent_only:
         raise BadInput(

@@ -1,0 +1,41 @@
+"""Which sessions recall a record: one enum for records and the API (upper case, as stored)
+and for the harness, whose JSON names scopes in lower case (`harness.memory.scope`); and what
+names a session."""
+
+from enum import StrEnum
+
+from app.errors import BadInput
+
+MAX_SESSION_ID = 200
+
+
+class Scope(StrEnum):
+    SESSION = "SESSION"
+    AGENT = "AGENT"
+
+    @property
+    def word(self) -> str:
+        """As `harness.memory.scope` names it."""
+        return self.value.lower()
+
+    @classmethod
+    def from_word(cls, word: str) -> "Scope":
+        """The scope `harness.memory.scope` names with `word` ("session" or "agent")."""
+        return cls[word.upper()]
+
+    @classmethod
+    def named(cls, name: str) -> "Scope | None":
+        """The scope a harness word or an API value names, whatever its case."""
+        return cls.__members__.get(name.upper()) if isinstance(name, str) else None
+
+
+def check_session_id(session_id: str | None) -> None:
+    """A session ID, from a turn, an MCP request or an operator's write: 1 to 200 characters,
+    not all white space (None: no session)."""
+    if session_id is not None and (not session_id.strip() or len(session_id) > MAX_SESSION_ID):
+        raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters, not blank")
+
+
+def listed(scopes: "tuple[Scope, ...]") -> str:
+    """Scopes as a model or a client writes them, e.g. "SESSION, AGENT"."""
+    return ", ".join(scopes)
