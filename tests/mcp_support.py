@@ -28,9 +28,16 @@ async def token_for(
 ) -> str:
     """A new client of the account (the admin's by default) holding `policies`, and its token."""
     await auth_service.create_client(
-        state.pool, admin, account_id, principal, principal, list(policies)
+        state.pool,
+        admin,
+        account_id=account_id,
+        principal=principal,
+        name=principal,
+        policies=list(policies),
     )
-    issued = await auth_service.issue_client_token(state.pool, admin, account_id, principal, None)
+    issued = await auth_service.issue_client_token(
+        state.pool, admin, account_id=account_id, principal=principal, expires=None
+    )
     return issued.token
 
 

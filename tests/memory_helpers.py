@@ -35,7 +35,9 @@ def memory_harness(**memory: Any) -> dict[str, Any]:
 async def make_agent(
     state: AppState, who: Caller, name: str = "support", **memory: Any
 ) -> ActionVersion:
-    return await actions.create_action(state.pool, who, name, "", None, memory_harness(**memory))
+    return await actions.create_action(
+        state.pool, who, name=name, instructions="", model=None, harness=memory_harness(**memory)
+    )
 
 
 def writer(

@@ -113,6 +113,6 @@ class Agent:
 
 async def new_agent(state: AppState, admin: Caller) -> Agent:
     created = await actions.create_action(
-        state.pool, admin, f"agent {uuid.uuid4()}", "", None, None
+        state.pool, admin, name=f"agent {uuid.uuid4()}", instructions="", model=None, harness=None
     )
     return Agent(state, admin.account_id, created.action_id)

@@ -111,7 +111,7 @@ async def test_cli_manages_accounts_and_clients(db_url, state, admin, tmp_path):
     bot = await service.authenticate(state.pool, f"Bearer {token['token']}")
     assert (str(bot.account_id), bot.principal) == (account["accountId"], "bot")
     assert [p.effect for p in bot.policies] == ["ALLOW", "DENY"]
-    stored = await service.get_client(state.pool, admin, bot.account_id, "bot")
+    stored = await service.get_client(state.pool, admin, account_id=bot.account_id, principal="bot")
     assert stored is not None and stored.name == "Bot"
 
     deleted = await asyncio.to_thread(

@@ -160,7 +160,13 @@ async def test_m53_record_names_and_reads_the_execution_invocation_version_and_s
     )
     await commit(state, unit)
     await actions.update_action(
-        state.pool, admin, agent.action_id, "support v2", "", None, agent.harness.raw
+        state.pool,
+        admin,
+        action_id=agent.action_id,
+        name="support v2",
+        instructions="",
+        model=None,
+        harness=agent.harness.raw,
     )
     query = f"""
     query($actionId: UUID!, $id: UUID!) {{ agentMemory(actionId: $actionId, id: $id) {{ {FIELDS}

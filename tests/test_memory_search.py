@@ -279,7 +279,9 @@ async def test_m38_m55_graphql_search_memories(state: AppState, admin: Caller, g
     from helpers import allow, caller
 
     harness = {"memory": {"labels": {"customer_id": {"number": 5, "description": "The customer."}}}}
-    created = await actions.create_action(state.pool, admin, "support", "", None, harness)
+    created = await actions.create_action(
+        state.pool, admin, name="support", instructions="", model=None, harness=harness
+    )
     agent = Agent(state, admin.account_id, created.action_id)
     email = await agent.add("Customer prefers email", labels={5: "c1"})
     await agent.add("Customer prefers email", labels={5: "c2"})

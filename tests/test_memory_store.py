@@ -235,7 +235,9 @@ async def test_m9_writer_without_session_writes_agent_scope_only(state, admin):
 async def actions_with(state, admin, harness):
     from app.actions import service
 
-    return await service.create_action(state.pool, admin, "plain", "", None, harness)
+    return await service.create_action(
+        state.pool, admin, name="plain", instructions="", model=None, harness=harness
+    )
 
 
 # --- M3, M4, M5, M2 visibility ----------------------------------------------------------------
@@ -272,11 +274,11 @@ async def test_m5_read_scopes_decide_what_is_seen(state, admin):
     session_reader = await service.update_action(
         state.pool,
         admin,
-        agent.action_id,
-        "r",
-        "",
-        None,
-        {
+        action_id=agent.action_id,
+        name="r",
+        instructions="",
+        model=None,
+        harness={
             "memory": {
                 "enabled": True,
                 "scope": {"read": ["session"], "write": ["session"]},
@@ -290,11 +292,11 @@ async def test_m5_read_scopes_decide_what_is_seen(state, admin):
     agent_reader = await service.update_action(
         state.pool,
         admin,
-        agent.action_id,
-        "r",
-        "",
-        None,
-        {
+        action_id=agent.action_id,
+        name="r",
+        instructions="",
+        model=None,
+        harness={
             "memory": {
                 "enabled": True,
                 "scope": {"read": ["agent"], "write": ["agent"]},

@@ -95,11 +95,11 @@ async def build_agent(state, admin):
     v2 = await actions.update_action(
         state.pool,
         admin,
-        agent.action_id,
-        "support v2",
-        "be brief",
-        None,
-        memory_harness(pinned={"max_tokens": 200}),
+        action_id=agent.action_id,
+        name="support v2",
+        instructions="be brief",
+        model=None,
+        harness=memory_harness(pinned={"max_tokens": 200}),
     )
     await turn(state, v2, steps=[NewMemory("asked for a refund", "fact", scope="AGENT")])
     return agent
