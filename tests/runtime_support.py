@@ -1,16 +1,12 @@
-"""Shared by the runtime tests: agents, turns through GraphQL, and transcript look-ups."""
+"""Shared by the runtime tests: turns through GraphQL, and transcript and memory look-ups."""
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
-from helpers import GQL, allow, db_settings
+from factories import allow
+from helpers import GQL
 from openai_server import ChatReply, OpenAIServer, Recorded
 
 from app.auth.caller import Caller
-from app.config import Settings
-from app.runtime.model import ModelClient
-from app.state import AppState
 
 EXECUTION_FIELDS = """
     executionId actionId actionVersion sessionId turn invocationNumber status preview
@@ -28,33 +24,9 @@ MEMORY_FIELDS = """
     labels { number value }
 """
 
-# Fixtures for tests whose turns talk to the scripted model server; a test module uses them by
-# importing them (`from runtime_support import model_client, model_server, settings`).
-
-
 # What the scripted model answers a memory review (purpose `memory`) that a test does not
 # script: nothing worth keeping.
 NOTHING_TO_KEEP = ChatReply(tool_calls=[("remember", {"candidates": []})], purpose="memory")
-
-
-@pytest.fixture
-def model_server() -> Iterator[OpenAIServer]:
-    with OpenAIServer() as server:
-        server.chat_defaults["memory"] = NOTHING_TO_KEEP
-        yield server
-
-
-@pytest.fixture
-def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return db_settings(db_url, model_base_url=model_server.url, model_max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-async def model_client(state: AppState) -> AsyncIterator[None]:
-    client = ModelClient(state.settings, backoff_seconds=0.01)
-    state.services["model"] = client
-    yield
-    await client.aclose()
 
 
 # What a client that only runs turns and reads their executions holds: nothing on memory.
@@ -62,26 +34,6 @@ RUNNER_POLICIES = (
     allow(["INSERT"], "financial.ActionExecution.document"),
     allow(["SELECT"], "financial.ActionExecution.*"),
 )
-
-
-def memory_harness(**memory: Any) -> dict[str, Any]:
-    return {"memory": {"enabled": True, **memory}}
-
-
-async def make_agent(
-    gql: GQL,
-    admin: Caller,
-    harness: dict[str, Any] | None,
-    *,
-    instructions: str = "You are a support agent.",
-    model: dict[str, Any] | None = None,
-) -> str:
-    result = await gql(
-        admin,
-        "mutation($input: ActionInput!) { createAction(input: $input) { actionId } }",
-        input={"name": "agent", "instructions": instructions, "harness": harness, "model": model},
-    )
-    return result.ok()["createAction"]["actionId"]
 
 
 async def run(

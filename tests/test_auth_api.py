@@ -4,7 +4,7 @@ import hashlib
 from uuid import UUID
 
 import pytest
-from helpers import allow, caller, deny, make_account
+from factories import allow, caller, deny, make_account
 
 from app.auth import service
 from app.auth.caller import Caller

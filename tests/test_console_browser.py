@@ -19,7 +19,7 @@ import pytest
 from helpers import db_settings
 from openai_server import OpenAIServer
 from runtime_support import NOTHING_TO_KEEP
-from test_http import serving
+from servers import serving
 
 ADMIN = "console-browser-test-admin-token"
 HOW = (

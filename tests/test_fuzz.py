@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from helpers import database_copy
-from test_http import serving
+from servers import serving
 
 from app.config import Settings
 from app.embeddings.static import StaticEmbedder

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import db_settings
-from test_http import serving
+from servers import serving
 
 TOKEN = "graphiql-browser-test-admin-token"
 QUERY = "{ viewer { principal } }"

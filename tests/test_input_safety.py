@@ -14,7 +14,7 @@ import asyncpg
 import httpx
 import pytest
 from helpers import database_copy
-from test_http import serving
+from servers import serving
 
 from app.config import Settings
 from app.db import migrate

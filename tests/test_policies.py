@@ -5,7 +5,7 @@ real operations, for callers built from policies and for clients created through
 """
 
 import pytest
-from helpers import allow, caller, deny, make_account
+from factories import allow, caller, deny, make_account
 
 from app.auth import service
 from app.auth.policies import ADMIN_POLICIES, is_allowed, parse_policies, require

@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import allow, deny, make_account
+from factories import allow, deny, make_account
 
 from app.auth import policies as policy_module
 from app.auth import service

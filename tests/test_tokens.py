@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from helpers import allow, caller, db_settings, make_account
-from test_http import serving
+from factories import allow, caller, make_account
+from helpers import db_settings
+from servers import serving
 
 from app.auth import service
 from app.errors import Unauthenticated

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from test_cli import Served, clean_env, free_port, gql
+from servers import Served, clean_env, free_port, post_graphql
 
 from app.db.embedded import EmbeddedPostgres
 from app.memory.maintenance import ROUND_KEY
@@ -76,21 +76,23 @@ async def test_two_serve_processes_share_one_database(empty_db: str, tmp_path: P
         # A write through one is read (and searched) through the other.
         harness = {"memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}}
         created = await asyncio.to_thread(
-            gql, a, token, CREATE, input={"name": "shared", "harness": harness}
+            post_graphql, a, token, CREATE, input={"name": "shared", "harness": harness}
         )
         action = created["createAction"]["actionId"]
         memory = {"summary": "the customer prefers invoices by post", "kind": "fact"}
-        added = await asyncio.to_thread(gql, a, token, ADD, a=action, input=memory)
+        added = await asyncio.to_thread(post_graphql, a, token, ADD, a=action, input=memory)
         memory_id = added["addAgentMemory"]["memoryId"]
-        read = await asyncio.to_thread(gql, b, token, READ, a=action, id=memory_id)
+        read = await asyncio.to_thread(post_graphql, b, token, READ, a=action, id=memory_id)
         assert read["agentMemory"]["summary"] == memory["summary"]
-        found = await asyncio.to_thread(gql, b, token, SEARCH, a=action, q="invoices by post")
+        found = await asyncio.to_thread(
+            post_graphql, b, token, SEARCH, a=action, q="invoices by post"
+        )
         edges = found["action"]["searchMemories"]["edges"]
         assert [e["node"]["summary"] for e in edges] == [memory["summary"]]
         # A token issued through one process works on the other.
-        issued = await asyncio.to_thread(gql, b, token, TOKEN)
+        issued = await asyncio.to_thread(post_graphql, b, token, TOKEN)
         other = issued["createClientToken"]["token"]
-        assert await asyncio.to_thread(gql, a, other, READ, a=action, id=memory_id)
+        assert await asyncio.to_thread(post_graphql, a, other, READ, a=action, id=memory_id)
 
         conn = await asyncpg.connect(empty_db)
         try:
