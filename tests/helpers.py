@@ -2,6 +2,7 @@
 for what a background task or another process does."""
 
 import asyncio
+import inspect
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -87,11 +88,17 @@ def wait_until(
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]], what: str, seconds: float = 10.0
+    check: Callable[[], bool | Awaitable[bool]], what: str, seconds: float = 10.0
 ) -> None:
-    """Awaits `check` until true, for what a background task or another process does with no
-    event to wait on (a sweep, a maintenance round); fails after `seconds`."""
+    """Awaits `check` (a predicate, sync or async) until true, for what a background task or
+    another process does with no event to wait on (a sweep, a maintenance round, a request to
+    the scripted model server); fails after `seconds`."""
     deadline = asyncio.get_running_loop().time() + seconds
-    while not await check():
+
+    async def holds() -> bool:
+        result = check()
+        return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+    while not await holds():
         assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {seconds} s"
         await asyncio.sleep(0.05)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from factories import allow, caller, make_agent, make_agent_id, memory_harness
-from helpers import GQL
+from helpers import GQL, eventually
 from openai_server import OpenAIServer, Recorded
 from runtime_support import RUNNER_POLICIES, chat, events, memories, memory, run
 
@@ -334,10 +334,7 @@ async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
     candidates(model_server, {"summary": "Ada owns a red bike"}, delay=1.0)
     decide(model_server, {"candidate": "c1", "action": "add"})  # if a neighbour is close
     turn = asyncio.create_task(run(gql, admin, action_id, "I moved to Berlin, and I got a bike"))
-    for _ in range(200):
-        if len(review_requests(model_server)) == 2:
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: len(review_requests(model_server)) == 2, "the review's 2nd call")
     deleted = await gql(
         admin,
         "mutation($a: UUID!, $m: UUID!) { deleteAgentMemory(actionId: $a, id: $m) { status } }",

@@ -121,7 +121,7 @@ async def test_stored_policies_naming_nothing_load_with_one_warning(gql, state, 
     token = await service.create_client_token(
         state.pool, admin, account_id=account, principal="old"
     )
-    policy_module._warned.clear()
+    policy_module.forget_warnings()
     with caplog.at_level(logging.WARNING, logger="app.auth.policies"):
         for _ in range(3):
             me = await service.authenticate(state.pool, f"Bearer {token}")

@@ -14,6 +14,7 @@ import asyncpg
 import numpy as np
 import pytest
 from factories import SearchAgent, make_search_agent
+from helpers import eventually
 from pydantic import ValidationError
 
 from app import cli
@@ -211,7 +212,7 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
         assert len(calls) == 1
         await state.pool.execute("DELETE FROM agent_indexes")
         monkeypatch.setattr(search_module, "OWN_INDEXES_SECONDS", 0.0)
-        search_module._OWN_INDEXES.clear()
+        search_module.forget_own_indexes()
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         # Counted again, no longer known as large; then known as small, and not counted.
@@ -252,11 +253,11 @@ async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
     try:
         for _ in range(8):
             for ranked_by in (r, wide):
-                search_module._OWN_INDEXES.clear()
+                search_module.forget_own_indexes()
                 found, plan = await search_module.ranked(pool, agent.operator, Filters(), ranked_by)
                 assert plan == "index"
                 assert [x.memory_id for x in found] == exact[ranked_by.limit]
-            search_module._OWN_INDEXES.clear()
+            search_module.forget_own_indexes()
             await search_module.ranked(pool, agent.operator, labelled, r, "index")
         async with pool.acquire() as conn:
             plans = await cached_statements(conn, "WITH words AS MATERIALIZED")
@@ -542,12 +543,8 @@ async def test_m20_the_service_maintains_search_in_the_background(
     service = AppState(settings=settings, pool=state.pool, embedder=state.embedder)
     await start_services(service)
     try:
-        for _ in range(200):
-            if await state.pool.fetchval("SELECT count(*) FROM agent_indexes"):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("no maintenance round built the agent's indexes")
+        built = "SELECT count(*) > 0 FROM agent_indexes"
+        await eventually(lambda: state.pool.fetchval(built), "a round building the indexes")
     finally:
         await service.services["search_maintenance"].aclose()
     assert service.services["search_maintenance"]._task is None  # cancelled, awaited
@@ -611,7 +608,8 @@ async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppSt
                 await embedding_store.set_dimensions(conn, 64)
 
         task = asyncio.create_task(reset())
-        await asyncio.sleep(0.5)
+        waiting = "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        await eventually(lambda: state.pool.fetchval(waiting), "the reset waiting on the lock")
         assert not task.done()  # waits instead of dropping indexes a round is building
         await holder.execute("SELECT pg_advisory_unlock(hashtext('engram.search_maintenance'))")
         await asyncio.wait_for(task, 10)

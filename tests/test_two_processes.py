@@ -7,12 +7,12 @@ import asyncio
 import json
 import os
 import secrets
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+from helpers import eventually
 from servers import Served, clean_env, free_port, post_graphql
 
 from app.db.embedded import EmbeddedPostgres
@@ -103,26 +103,29 @@ async def test_two_serve_processes_share_one_database(empty_db: str, tmp_path: P
             # Both processes run upkeep rounds, each recording itself; one at a time.
             pids = {f"{os.uname().nodename}:{s.proc.pid}" for s in served}
             seen: set[str] = set()
-            deadline = time.monotonic() + 30
-            while seen != pids and time.monotonic() < deadline:
+
+            async def both_ran() -> bool:
                 value = await _round(conn)
                 if value is not None:
                     seen.add(value["process"])
-                await asyncio.sleep(0.02)
-            assert seen == pids
+                return seen == pids
+
+            await eventually(both_ran, "a round by each process", seconds=30)
 
             # While another holds the round's lock (as a process in its round does), neither
             # process starts a round; once it is released, rounds go on.
             await conn.execute(f"SELECT pg_advisory_lock({LOCK})")
             held = await _round(conn)
             assert held is not None and held["finished"] is not None
-            await asyncio.sleep(1.5)  # several intervals of both processes
+            # A skipped round leaves no trace to wait for: several intervals of both processes.
+            await asyncio.sleep(1.5)
             assert await _round(conn) == held
             await conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
-            deadline = time.monotonic() + 10
-            while await _round(conn) == held and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert await _round(conn) != held
+
+            async def next_round() -> bool:
+                return await _round(conn) != held
+
+            await eventually(next_round, "a round after the lock's release")
         finally:
             await conn.close()
     finally:
