@@ -210,6 +210,47 @@ async def listed(state: AppState, w: Writer) -> list[UUID]:
     return [r["memory_id"] for r in rows]
 
 
+async def make_running_turn(
+    state: AppState,
+    owner: Caller,
+    *,
+    action_id: str,
+    boot_id: UUID | None = None,
+    idle: timedelta = timedelta(minutes=1),
+) -> UUID:
+    """A turn as a process leaves it when it dies mid-turn: RUNNING, with a staged record, its
+    last sign of life `idle` ago. Returns its execution ID."""
+    execution_id = uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        action = await actions.load_action(conn, owner.account_id, UUID(action_id))
+        assert action is not None
+        await runtime_store.ensure_session(conn, owner.account_id, action.action_id, "s1")
+        await runtime_store.insert_execution(
+            conn,
+            account_id=owner.account_id,
+            action_id=action.action_id,
+            execution_id=execution_id,
+            action_version=1,
+            session_id="s1",
+            turn=1,
+            kind="TURN",
+            status="RUNNING",
+            preview=False,
+            principal=owner.principal,
+            input="hi",
+            boot_id=boot_id,
+        )
+    await work(state, writer(action, execution_id=execution_id)).add(
+        NewMemory("Half-written", "fact")
+    )
+    await state.pool.execute(
+        "UPDATE executions SET modified = now() - $2::interval WHERE execution_id = $1",
+        execution_id,
+        idle,
+    )
+    return execution_id
+
+
 # Memory written with plain SQL, exactly as a search test needs it
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

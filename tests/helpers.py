@@ -52,12 +52,16 @@ class GQL:
 
 
 @asynccontextmanager
-async def database_copy(server: EmbeddedPostgres, template: str, name: str) -> AsyncIterator[str]:
-    """A database copied from `template`, dropped on exit; yields its URL."""
+async def database_copy(
+    server: EmbeddedPostgres, template: str | None, name: str
+) -> AsyncIterator[str]:
+    """A database copied from `template` (None: an empty one, not migrated), dropped on exit;
+    yields its URL."""
+    copy = f' TEMPLATE "{template}"' if template else ""
     conn = await asyncpg.connect(server.uri())
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        await conn.execute(f'CREATE DATABASE "{name}"{copy}')
     finally:
         await conn.close()
     try:

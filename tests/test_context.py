@@ -449,9 +449,7 @@ async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_to
 async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=None, model={"contextTokens": 300})).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"contextTokens": 300})
     failed = await run(gql, admin, action_id, "words " * 400)
     assert failed["status"] == "FAILED"
     assert "context budget of 300 tokens" in failed["error"]

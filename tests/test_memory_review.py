@@ -317,9 +317,7 @@ async def test_m10_a_failed_review_keeps_the_answer_and_its_messages_are_reviewe
 async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
     # The agent replaces the record itself; its review then keeps another fact, late: an
     # operator deletes the record meanwhile, so the turn's commit finds it changed and the
@@ -396,9 +394,7 @@ async def test_m16_reviews_write_agent_scope_only_when_write_includes_agent(
     assert reviews(executed)[0]["malformed"]
 
     # Both scopes written: the review may choose agent scope.
-    both = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))).action_id
-    )
+    both = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
     candidates(model_server, {"summary": "Ada's company is Acme", "scope": "AGENT"})
     await run(gql, admin, both, "I work at Acme")
     offered = chat(model_server, "memory")[-1].body["tools"][0]["function"]["parameters"]
@@ -414,9 +410,7 @@ async def test_m16_a_record_outside_the_write_scopes_is_never_replaced(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
     # Version 1 writes agent scope; version 2 reads it but writes only session scope.
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
     shared = await remembered(
         gql, admin, model_server, action_id, "Acme's office is in Paris", session="s1"
     )

@@ -10,9 +10,10 @@ import asyncio
 import json
 import socket
 import uuid
+from datetime import timedelta
 
 import pytest
-from factories import allow, caller, make_agent, make_agent_id, memory_harness
+from factories import allow, caller, make_agent, make_agent_id, make_running_turn, memory_harness
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -30,7 +31,7 @@ from runtime_support import (
 
 from app.auth.caller import Caller
 from app.graphql.relay import encode_cursor, global_id
-from app.memory.service import MemoryWork, NewMemory, Writer
+from app.memory.service import MemoryWork
 from app.runtime import store as runtime_store
 from app.runtime import turns
 from app.runtime.model import ModelClient, ToolCall
@@ -63,9 +64,7 @@ def runner(admin: Caller) -> Caller:
 async def test_m40_m45_m53_m26_add_memory_commits_with_full_provenance(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(
         (
             "add_memory",
@@ -109,9 +108,7 @@ async def test_m40_m45_m53_m26_add_memory_commits_with_full_provenance(
 async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     executed = await run(gql, runner(admin), action_id, "note it")
     (written,) = tool_runs(executed, "add_memory")[0]["output"]["memories"]
@@ -128,9 +125,7 @@ async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
 async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocation_2(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     model_server.chat_error(500, times=3)  # the first attempt and both retries of call 2
 
@@ -264,37 +259,8 @@ async def test_concurrent_turns_of_one_agent_cannot_lose_updates(
 async def test_stale_turns_are_failed_and_their_staged_memory_dropped(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
-    from app.actions.service import agent_principal, load_action
-
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
-    crashed = uuid.uuid4()
-    async with state.pool.acquire() as conn:
-        action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
-        assert action is not None
-        await runtime_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
-        await runtime_store.insert_execution(
-            conn,
-            account_id=admin.account_id,
-            action_id=action.action_id,
-            execution_id=crashed,
-            action_version=1,
-            session_id="s1",
-            turn=1,
-            kind="TURN",
-            status="RUNNING",
-            preview=False,
-            principal="admin",
-            input="hi",
-        )
-    assert state.embedder is not None
-    writer = Writer(
-        admin.account_id, action, crashed, 1, "s1", agent_principal(action.action_id), "TOOL", False
-    )
-    await MemoryWork(state.pool, state.embedder, writer).add(NewMemory("Half-written fact", "fact"))
-    async with state.pool.acquire() as conn:
-        await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    crashed = await make_running_turn(state, admin, action_id=action_id, idle=timedelta(days=1))
 
     await run(gql, admin, action_id, "hello")
 
@@ -324,9 +290,7 @@ async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
     model_server: OpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     swept: list[uuid.UUID] = []
 
@@ -399,9 +363,7 @@ async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
 async def test_every_model_request_says_its_purpose_and_usage_is_recorded(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     executed = await run(gql, admin, action_id, "note it")
     await run(gql, admin, action_id, "and now?")
@@ -531,9 +493,7 @@ async def test_a_model_nobody_answers_fails_the_turn_naming_the_setting_to_chang
     # An action's own endpoint: the message names the action's model.baseUrl.
     other = _closed_port_url()
     monkeypatch.setattr(state.settings, "model_allowed_base_urls", [other])
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=None, model={"baseUrl": other})).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"baseUrl": other})
     executed = await run(gql, admin, action_id, "hi")
     assert executed["status"] == "FAILED"
     assert "model.baseUrl" in executed["error"] and "ENGRAM_MODEL_BASE_URL" not in executed["error"]
@@ -555,9 +515,7 @@ async def test_transient_model_errors_are_retried(
 async def test_unknown_tools_and_malformed_arguments_are_told_and_the_turn_goes_on(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("launch_rockets", {"count": 3}), ("add_memory", '{"summary": "Ada'))
     model_server.say("Sorry about that.")
     executed = await run(gql, admin, action_id, "hi")
@@ -767,9 +725,7 @@ async def test_m17_a_killed_attempt_keeps_its_transcript_up_to_its_last_model_ca
 ) -> None:
     """Issue 5: a process killed mid-turn leaves no memory, but what the attempt said stays in
     its transcript; while the attempt runs, its stored events are not listed."""
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     action_uuid = uuid.UUID(action_id)
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     seen_while_running: dict[str, object] = {}

@@ -17,16 +17,15 @@ import uuid
 from typing import Any
 
 import pytest
-from factories import caller, make_agent, make_agent_id, memory_harness
+from factories import caller, make_agent_id, make_running_turn, memory_harness
 from helpers import GQL, eventually
 from openai_server import OpenAIServer
 from runtime_support import EXECUTE, RUNNER_POLICIES, chat, events, memories, run, tool_runs
 
-from app.actions.service import agent_principal, load_action
+from app.actions.service import load_action
 from app.auth.caller import Caller
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.runtime import liveness
-from app.runtime import store as runtime_store
 from app.state import AppState
 
 HEARTBEAT = 0.2
@@ -67,9 +66,7 @@ async def test_unstorable_characters_in_a_model_reply_are_replaced_not_fatal(
 async def test_unstorable_characters_in_tool_arguments_are_replaced_not_fatal(
     gql: GQL, admin: Caller, model_server: OpenAIServer, escape: str
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     arguments = '{"summary": "Ada' + escape + 'prefers email", "kind": "fact"}'
     model_server.call_tools(("add_memory", arguments), content="noting\x00it")
     executed = await run(gql, admin, action_id, "note it")
@@ -128,51 +125,6 @@ async def test_a_failed_turn_keeps_a_transcript_even_when_writing_it_fails_once(
 # Turns of a dead process
 
 
-async def _running_turn(
-    state: AppState, admin: Caller, action_id: str, boot_id: uuid.UUID | None
-) -> uuid.UUID:
-    """A turn as a process leaves it when it dies mid-turn: RUNNING, with a staged record."""
-    execution_id = uuid.uuid4()
-    async with state.pool.acquire() as conn:
-        action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
-        assert action is not None
-        await runtime_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
-        await runtime_store.insert_execution(
-            conn,
-            account_id=admin.account_id,
-            action_id=action.action_id,
-            execution_id=execution_id,
-            action_version=1,
-            session_id="s1",
-            turn=1,
-            kind="TURN",
-            status="RUNNING",
-            preview=False,
-            principal="admin",
-            input="hi",
-            boot_id=boot_id,
-        )
-    assert state.embedder is not None
-    writer = Writer(
-        admin.account_id,
-        action,
-        execution_id,
-        1,
-        "s1",
-        agent_principal(action.action_id),
-        "TOOL",
-        False,
-    )
-    await MemoryWork(state.pool, state.embedder, writer).add(NewMemory("Half-written", "fact"))
-    async with state.pool.acquire() as conn:
-        # Its last sign of life: a minute ago.
-        await conn.execute(
-            "UPDATE executions SET modified = now() - interval '1 minute' WHERE execution_id = $1",
-            execution_id,
-        )
-    return execution_id
-
-
 async def _status(state: AppState, execution_id: uuid.UUID) -> str:
     async with state.pool.acquire() as conn:
         return await conn.fetchval(
@@ -190,9 +142,7 @@ async def _staged(state: AppState, execution_id: uuid.UUID) -> int:
 async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_retried(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     dead, alive = uuid.uuid4(), uuid.uuid4()
     async with state.pool.acquire() as conn:
         # Another process sharing the database: one killed an hour ago, one alive.
@@ -201,8 +151,8 @@ async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_re
             "VALUES ($1, 'elsewhere', 1, now() + make_interval(secs => $2))",
             [(dead, -3600.0), (alive, 3600.0)],
         )
-    crashed = await _running_turn(state, admin, action_id, dead)
-    running = await _running_turn(state, admin, action_id, alive)
+    crashed = await make_running_turn(state, admin, action_id=action_id, boot_id=dead)
+    running = await make_running_turn(state, admin, action_id=action_id, boot_id=alive)
 
     async def swept() -> bool:
         return await _status(state, crashed) == "FAILED" and await _staged(state, crashed) == 0
@@ -232,8 +182,8 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
     by its own process's sweep; a live turn longer than the lease is not."""
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     me = process(state)
-    lost = await _running_turn(state, admin, action_id, me.boot_id)
-    old = await _running_turn(state, admin, action_id, None)  # written before boot IDs
+    lost = await make_running_turn(state, admin, action_id=action_id, boot_id=me.boot_id)
+    old = await make_running_turn(state, admin, action_id=action_id)  # before boot IDs
 
     async def swept() -> bool:
         return await _status(state, lost) == "FAILED"
@@ -263,10 +213,11 @@ async def test_processes_sweeping_one_database_at_once_fail_each_dead_turn_once(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
     await process(state).aclose()  # this test's processes are the only ones sweeping
-    action_id = str(
-        (await make_agent(gql.state, admin, harness=memory_harness(tools=["add_memory"]))).action_id
-    )
-    dead = [await _running_turn(state, admin, action_id, uuid.uuid4()) for _ in range(6)]
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    dead = [
+        await make_running_turn(state, admin, action_id=action_id, boot_id=uuid.uuid4())
+        for _ in range(6)
+    ]
     others = [liveness.TurnLiveness(state.pool, state.settings) for _ in range(4)]
     swept = await asyncio.gather(*(p.sweep() for p in others))
     failed = [e for s in swept for e in s.failed]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from helpers import eventually
+from helpers import database_copy, eventually
 from servers import Served, clean_env, free_port, post_graphql
 
 from app.db.embedded import EmbeddedPostgres
@@ -31,19 +31,8 @@ TOKEN = """mutation { createClientToken(principal: "admin") { token } }"""
 
 @pytest.fixture
 async def empty_db(pg_server: EmbeddedPostgres) -> AsyncIterator[str]:
-    name = f"engram_two_{os.getpid()}"
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    yield pg_server.uri(name)
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    async with database_copy(pg_server, None, f"engram_two_{os.getpid()}") as url:
+        yield url
 
 
 async def _round(conn: asyncpg.Connection) -> dict | None:
