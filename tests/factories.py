@@ -94,17 +94,20 @@ def full_memory(**memory: Any) -> dict[str, Any]:
     )
 
 
+FULL_MEMORY = full_memory()
+
+
 async def make_agent(
     state: AppState,
     owner: Caller,
     *,
     name: str = "support",
     instructions: str = "You are a support agent.",
-    harness: dict[str, Any] | None = full_memory(),  # noqa: B008 (a constant)
+    harness: dict[str, Any] | None = FULL_MEMORY,
     model: dict[str, Any] | None = None,
 ) -> ActionVersion:
     """A new action of `owner`'s account, as the API creates one; by default a support agent
-    with `full_memory()` (`harness=None`: no harness at all)."""
+    with FULL_MEMORY (`harness=None`: no harness at all)."""
     return await actions.create_action(
         state.pool,
         owner,

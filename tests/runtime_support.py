@@ -1,5 +1,7 @@
-"""Shared by the runtime tests: turns through GraphQL, and transcript and memory look-ups."""
+"""Shared by the runtime tests: turns through GraphQL, transcript, memory and history look-ups,
+and the scripted memory review."""
 
+import json
 from typing import Any
 
 from factories import allow
@@ -111,3 +113,64 @@ async def memories(gql: GQL, admin: Caller, action_id: str) -> list[dict[str, An
         a=action_id,
     )
     return result.ok()["action"]["memories"]["nodes"]
+
+
+# Session history: what a session keeps, and a turn whose model searches it
+
+SESSION = """query($a: UUID!) { action(actionId: $a) { sessions(first: 10) { nodes { sessionId
+    history(first: 100) { nodes { id eventId turn who header text callId tool executionId
+        sequence parts preview data } } } } } }"""
+
+
+async def history_of(gql: GQL, who: Caller, action_id: str, session: str = "s1") -> list[dict]:
+    result = await gql(who, SESSION, a=action_id)
+    sessions = result.ok()["action"]["sessions"]["nodes"]
+    return next(s["history"]["nodes"] for s in sessions if s["sessionId"] == session)
+
+
+async def searched(
+    server: OpenAIServer,
+    gql: GQL,
+    admin: Caller,
+    action_id: str,
+    arguments: dict[str, Any],
+    *,
+    session: str | None = "s1",
+    preview: bool = False,
+    message: str = "What did I tell you before?",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A turn whose model calls search_history once; returns (execution, its tool run)."""
+    server.call_tools(("search_history", arguments))
+    server.say("Found it.")
+    executed = await run(gql, admin, action_id, message, session=session, preview=preview)
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (searching,) = tool_runs(executed, "search_history")
+    return executed, searching
+
+
+def texts(searching: dict[str, Any]) -> str:
+    return json.dumps(searching.get("output", {}).get("events", []))
+
+
+# The end-of-turn memory review, scripted: its candidate call, then its decide call
+
+CANDIDATE_CALL = '"name": "remember"'
+DECIDE_CALL = '"name": "decide"'
+
+
+def candidates(server: OpenAIServer, *items: dict[str, Any], **match: Any) -> None:
+    """Scripts the next candidate call's answer (facts: summary and kind `fact` by default)."""
+    listed = [{"kind": "fact", **item} for item in items]
+    server.call_tools(
+        ("remember", {"candidates": listed}), purpose="memory", when=CANDIDATE_CALL, **match
+    )
+
+
+def decide(server: OpenAIServer, *decisions: dict[str, Any], **match: Any) -> None:
+    server.call_tools(
+        ("decide", {"decisions": list(decisions)}), purpose="memory", when=DECIDE_CALL, **match
+    )
+
+
+def review_requests(server: OpenAIServer, tool: str = CANDIDATE_CALL) -> list[Recorded]:
+    return [r for r in chat(server, "memory") if tool in json.dumps(r.body)]

@@ -14,8 +14,11 @@ from runtime_support import (
     RUNNER_POLICIES,
     chat,
     events,
+    history_of,
     run,
+    searched,
     system_message,
+    texts,
     tool_names,
     tool_runs,
 )
@@ -39,42 +42,9 @@ HISTORY = """query($a: UUID!, $after: String) {
         history(first: 2, after: $after) { nodes { id eventId turn who header text callId tool
             executionId sequence parts preview }
             pageInfo { hasNextPage endCursor } } } } } }"""
-SESSION = """query($a: UUID!) { action(actionId: $a) { sessions(first: 10) { nodes { sessionId
-    history(first: 100) { nodes { id eventId turn who header text callId tool executionId
-        sequence parts preview data } } } } } }"""
 SEARCH = """query($a: UUID!, $q: String!) { action(actionId: $a) { sessions(first: 10) { nodes {
     sessionId searchHistory(query: $q, first: 5) { part score text
         event { eventId turn who text parts } } } } } }"""
-
-
-async def history_of(gql: GQL, who: Caller, action_id: str, session: str = "s1") -> list[dict]:
-    result = await gql(who, SESSION, a=action_id)
-    sessions = result.ok()["action"]["sessions"]["nodes"]
-    return next(s["history"]["nodes"] for s in sessions if s["sessionId"] == session)
-
-
-async def searched(
-    server: OpenAIServer,
-    gql: GQL,
-    admin: Caller,
-    action_id: str,
-    arguments: dict[str, Any],
-    *,
-    session: str | None = "s1",
-    preview: bool = False,
-    message: str = "What did I tell you before?",
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A turn whose model calls search_history once; returns (execution, its tool run)."""
-    server.call_tools(("search_history", arguments))
-    server.say("Found it.")
-    executed = await run(gql, admin, action_id, message, session=session, preview=preview)
-    assert executed["status"] == "SUCCEEDED", executed["error"]
-    (searching,) = tool_runs(executed, "search_history")
-    return executed, searching
-
-
-def texts(searching: dict[str, Any]) -> str:
-    return json.dumps(searching.get("output", {}).get("events", []))
 
 
 # H1 H2 H6 H7 H9 H10 H11 H14

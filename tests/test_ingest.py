@@ -10,9 +10,17 @@ from factories import allow, caller, make_agent_id, memory_harness, token_for
 from helpers import GQL
 from mcp_support import call, mcp_session, mcp_url
 from openai_server import OpenAIServer
-from runtime_support import chat, memories
-from test_history import history_of, searched, texts
-from test_memory_review import DECIDE_CALL, candidates, decide, review_requests
+from runtime_support import (
+    DECIDE_CALL,
+    candidates,
+    chat,
+    decide,
+    history_of,
+    memories,
+    review_requests,
+    searched,
+    texts,
+)
 
 from app.auth.caller import Caller
 from app.state import AppState

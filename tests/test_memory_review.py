@@ -9,7 +9,18 @@ import pytest
 from factories import allow, caller, make_agent, make_agent_id, memory_harness
 from helpers import GQL, eventually
 from openai_server import OpenAIServer, Recorded
-from runtime_support import RUNNER_POLICIES, chat, events, memories, memory, run
+from runtime_support import (
+    DECIDE_CALL,
+    RUNNER_POLICIES,
+    candidates,
+    chat,
+    decide,
+    events,
+    memories,
+    memory,
+    review_requests,
+    run,
+)
 
 from app.actions.service import agent_principal
 from app.auth.caller import Caller
@@ -21,30 +32,10 @@ from app.state import AppState
 pytestmark = pytest.mark.usefixtures("model_server")
 
 BOTH_SCOPES = {"read": ["session", "agent"], "write": ["session", "agent"]}
-CANDIDATE_CALL = '"name": "remember"'
-DECIDE_CALL = '"name": "decide"'
-
-
-def candidates(server: OpenAIServer, *items: dict[str, Any], **match: Any) -> None:
-    """Scripts the next candidate call's answer (facts: summary and kind `fact` by default)."""
-    listed = [{"kind": "fact", **item} for item in items]
-    server.call_tools(
-        ("remember", {"candidates": listed}), purpose="memory", when=CANDIDATE_CALL, **match
-    )
-
-
-def decide(server: OpenAIServer, *decisions: dict[str, Any], **match: Any) -> None:
-    server.call_tools(
-        ("decide", {"decisions": list(decisions)}), purpose="memory", when=DECIDE_CALL, **match
-    )
 
 
 def reviews(execution: dict[str, Any]) -> list[dict[str, Any]]:
     return events(execution, "memory.review")
-
-
-def review_requests(server: OpenAIServer, tool: str = CANDIDATE_CALL) -> list[Recorded]:
-    return [r for r in chat(server, "memory") if tool in json.dumps(r.body)]
 
 
 def conversation(request: Recorded) -> str:
