@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from factories import CONFIG, T0, SearchAgent, make_search_agent
+from factories import CONFIG, T0, SearchAgent, allow, caller, make_search_agent
 
 from app.actions import service as actions
 from app.actions.harness import SearchConfig
@@ -280,8 +280,6 @@ query ($actionId: UUID!, $text: String, $mode: ActionAgentMemorySearchMode, $kin
 
 
 async def test_m38_m55_graphql_search_memories(state: AppState, admin: Caller, gql: Any) -> None:
-    from helpers import allow, caller
-
     harness = {"memory": {"labels": {"customer_id": {"number": 5, "description": "The customer."}}}}
     created = await actions.create_action(
         state.pool, admin, name="support", instructions="", model=None, harness=harness
