@@ -250,7 +250,12 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
     async def work(pool: Any, caller: Any) -> Any:
         if args.client_command == "create":
             client = await service.create_client(
-                pool, caller, account, args.principal, args.name or args.principal, policies or []
+                pool,
+                caller,
+                account_id=account,
+                principal=args.principal,
+                name=args.name or args.principal,
+                policies=policies or [],
             )
             return {
                 "accountId": str(client.account_id),
@@ -259,7 +264,12 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             }
         if args.client_command == "update":
             client = await service.update_client(
-                pool, caller, account, args.principal, args.name, policies
+                pool,
+                caller,
+                account_id=account,
+                principal=args.principal,
+                name=args.name,
+                policies=policies,
             )
             return {
                 "accountId": str(client.account_id),
@@ -267,19 +277,31 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
                 "policies": client.policies,
             }
         if args.client_command == "delete":
-            client = await service.delete_client(pool, caller, account, args.principal)
+            client = await service.delete_client(
+                pool, caller, account_id=account, principal=args.principal
+            )
             return {"deleted": client.principal}
         if args.client_command == "token":
             issued = await service.issue_client_token(
-                pool, caller, account, args.principal, _expires(args.expires)
+                pool,
+                caller,
+                account_id=account,
+                principal=args.principal,
+                expires=_expires(args.expires),
             )
             return {"principal": args.principal, "token": issued.token, **_token(issued.info)}
         if args.client_command == "tokens":
-            listed = await service.list_client_tokens(pool, caller, account, args.principal)
+            listed = await service.list_client_tokens(
+                pool, caller, account_id=account, principal=args.principal
+            )
             return {"principal": args.principal, "tokens": [_token(t) for t in listed]}
         if args.client_command == "revoke-token":
             revoked = await service.revoke_client_token(
-                pool, caller, account, args.principal, _uuid(args.token_id, "token ID")
+                pool,
+                caller,
+                account_id=account,
+                principal=args.principal,
+                token_id=_uuid(args.token_id, "token ID"),
             )
             return {"principal": args.principal, "revoked": _token(revoked)}
         raise AssertionError(args.client_command)
@@ -292,7 +314,7 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
     from app.auth import service
 
     async def work(pool: Any, caller: Any) -> Any:
-        account_id = await service.create_account(pool, caller, args.name)
+        account_id = await service.create_account(pool, caller, name=args.name)
         return {"accountId": str(account_id), "name": args.name.strip()}
 
     print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))

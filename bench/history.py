@@ -193,7 +193,12 @@ def recall(found: list[str], evidence: set[str], k: int) -> float:
 
 async def quality(state: AppState, caller: Caller, convs: list[dict[str, Any]]) -> None:
     agent = await create_action(
-        state.pool, caller, "history", "You talk.", None, {"history": {"index": "messages"}}
+        state.pool,
+        caller,
+        name="history",
+        instructions="You talk.",
+        model=None,
+        harness={"history": {"index": "messages"}},
     )
     totals = {"history": dict.fromkeys(KS, 0.0), "memory": dict.fromkeys(KS, 0.0)}
     count = 0
@@ -260,7 +265,9 @@ async def load_memory(
     state: AppState, caller: Caller, conv: dict[str, Any]
 ) -> tuple[OperatorReader, dict[uuid.UUID, str]]:
     """The conversation's turns as one agent's memory records (as bench/locomo_quality.py)."""
-    agent = await create_action(state.pool, caller, f"memory {conv['id']}", "", None, None)
+    agent = await create_action(
+        state.pool, caller, name=f"memory {conv['id']}", instructions="", model=None, harness=None
+    )
     texts = [text for _, text in conv["turns"]]
     assert state.embedder is not None
     vectors = (await state.embedder.embed(texts)).vectors
@@ -283,9 +290,16 @@ async def load_memory(
 
 async def commit_cost(state: AppState, caller: Caller, turns: int) -> None:
     """The same turns with and without history, interleaved."""
-    plain = await create_action(state.pool, caller, "plain", "You talk.", None, None)
+    plain = await create_action(
+        state.pool, caller, name="plain", instructions="You talk.", model=None, harness=None
+    )
     keeping = await create_action(
-        state.pool, caller, "keeping", "You talk.", None, {"history": {"index": "messages"}}
+        state.pool,
+        caller,
+        name="keeping",
+        instructions="You talk.",
+        model=None,
+        harness={"history": {"index": "messages"}},
     )
     walls: dict[str, list[float]] = {"without history": [], "with history": []}
     text = (

@@ -98,7 +98,9 @@ async def _setup(url: str, records: int) -> tuple[Any, Any, Any, str]:
             "scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
         }
     }
-    action = await create_action(pool, admin, "remote", "You help.", None, harness)
+    action = await create_action(
+        pool, admin, name="remote", instructions="You help.", model=None, harness=harness
+    )
     async with pool.acquire() as conn:
         await executions_store.ensure_session(conn, account_id, action.action_id, "s0")
     for start in range(0, records, 200):
@@ -127,8 +129,17 @@ async def _setup(url: str, records: int) -> tuple[Any, Any, Any, str]:
             "resources": ["financial.AgentMemory.*"],
         },
     ]
-    await auth_service.create_client(pool, admin, None, "remote-agent", "remote agent", policies)
-    issued = await auth_service.issue_client_token(pool, admin, None, "remote-agent", None)
+    await auth_service.create_client(
+        pool,
+        admin,
+        account_id=None,
+        principal="remote-agent",
+        name="remote agent",
+        policies=policies,
+    )
+    issued = await auth_service.issue_client_token(
+        pool, admin, account_id=None, principal="remote-agent", expires=None
+    )
     return state, admin, action, issued.token
 
 

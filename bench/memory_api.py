@@ -120,7 +120,9 @@ async def load(
     started = time.perf_counter()
     agent_ids = []
     for i in range(agents):
-        created = await actions.create_action(pool, admin, f"agent {i}", "", None, HARNESS)
+        created = await actions.create_action(
+            pool, admin, name=f"agent {i}", instructions="", model=None, harness=HARNESS
+        )
         agent_ids.append(created.action_id)
     figures["create_agents_s"] = time.perf_counter() - started
 

@@ -347,7 +347,14 @@ async def runtime_figures(args: argparse.Namespace, model_url: str) -> None:
 
         async def agent(name: str, extraction: dict[str, Any]) -> uuid.UUID:
             memory = {"enabled": True, "scope": scope, "extraction": extraction}
-            created = await create_action(pool, caller, name, "You help.", None, {"memory": memory})
+            created = await create_action(
+                pool,
+                caller,
+                name=name,
+                instructions="You help.",
+                model=None,
+                harness={"memory": memory},
+            )
             return created.action_id
 
         reviewing = await agent("review", {"every": "turn"})

@@ -294,24 +294,36 @@ async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
             account_id = await ensure_default_account(conn)
         caller = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
 
-        plain = await create_action(pool, caller, "plain", "You help.", None, None)
+        plain = await create_action(
+            pool, caller, name="plain", instructions="You help.", model=None, harness=None
+        )
         memory = {
             "enabled": True,
             "scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
         }
         recalling = await create_action(
-            pool, caller, "recall", "You help.", None, {"memory": memory}
+            pool,
+            caller,
+            name="recall",
+            instructions="You help.",
+            model=None,
+            harness={"memory": memory},
         )
         tooled = await create_action(
             pool,
             caller,
-            "tools",
-            "You help.",
-            None,
-            {"memory": {**memory, "tools": ["add_memory"]}},
+            name="tools",
+            instructions="You help.",
+            model=None,
+            harness={"memory": {**memory, "tools": ["add_memory"]}},
         )
         compact = await create_action(
-            pool, caller, "compact", "You help.", {"contextTokens": 600}, None
+            pool,
+            caller,
+            name="compact",
+            instructions="You help.",
+            model={"contextTokens": 600},
+            harness=None,
         )
         for agent in (recalling, tooled):
             await preload(state, caller, agent.action_id, args.records)

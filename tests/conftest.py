@@ -2,6 +2,10 @@
 
 The schema is migrated once into a template database; each test's database is a copy of
 it (CREATE DATABASE ... TEMPLATE), so tests never share rows and need no clean-up.
+
+A test that names `model_server` (or a module marked `usefixtures("model_server")`) gets an app
+whose turns talk to that scripted model server; `@pytest.mark.settings(name=value, ...)` on a
+test or a module sets the test's settings beyond the defaults.
 """
 
 import asyncio
@@ -11,10 +15,14 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 from helpers import GQL, database_copy, db_settings
+from openai_server import OpenAIServer
+from runtime_support import NOTHING_TO_KEEP
+from servers import serving
 
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
@@ -24,10 +32,15 @@ from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
+from app.runtime.model import ModelClient
 from app.services import start_services, stop_services
 from app.state import AppState
 
 _counter = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "settings(**values): the test's settings beyond defaults")
 
 
 @pytest.fixture(scope="session")
@@ -80,17 +93,40 @@ async def db_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator
 
 
 @pytest.fixture
-def settings(db_url: str) -> Settings:
-    return db_settings(db_url)
+def model_server() -> Iterator[OpenAIServer]:
+    """The scripted OpenAI-compatible server; a memory review it is not told about keeps nothing."""
+    with OpenAIServer() as server:
+        server.chat_defaults["memory"] = NOTHING_TO_KEEP
+        yield server
+
+
+def _uses_model_server(request: pytest.FixtureRequest) -> bool:
+    return "model_server" in request.fixturenames
+
+
+@pytest.fixture
+def settings(request: pytest.FixtureRequest, db_url: str) -> Settings:
+    """The test's own database; the scripted model server, without retries, when the test uses
+    it; then the values of its `settings` markers (the closest wins)."""
+    values: dict[str, Any] = {}
+    if _uses_model_server(request):
+        server: OpenAIServer = request.getfixturevalue("model_server")
+        values.update(model_base_url=server.url, model_max_retries=0)
+    for mark in reversed(list(request.node.iter_markers("settings"))):
+        values.update(mark.kwargs)
+    return db_settings(db_url, **values)
 
 
 @pytest.fixture
 async def state(
-    settings: Settings, db_url: str, embedder: StaticEmbedder
+    request: pytest.FixtureRequest, settings: Settings, db_url: str, embedder: StaticEmbedder
 ) -> AsyncIterator[AppState]:
     pool = await create_pool(db_url, min_size=1, max_size=8)
     state = AppState(settings=settings, pool=pool, embedder=embedder)
     await start_services(state)
+    if _uses_model_server(request):
+        # A retried model call waits 10 ms, not half a second.
+        state.services["model"] = ModelClient(settings, backoff_seconds=0.01)
     yield state
     await stop_services(state)
     await pool.close()
@@ -107,3 +143,20 @@ async def admin(state: AppState) -> Caller:
 @pytest.fixture
 def gql(state: AppState) -> GQL:
     return GQL(state)
+
+
+@pytest.fixture
+def base_url(settings: Settings, embedder: StaticEmbedder, state: AppState) -> Iterator[str]:
+    """The test's app (its settings, on its database) served over HTTP on loopback."""
+    with serving(settings, embedder) as url:
+        yield url
+
+
+@pytest.fixture
+def data_root() -> Iterator[Path]:
+    """A directory for `engram serve`'s data and logs, removed after the test."""
+    # Not tmp_path: pytest sessions running beside this one make /tmp/pytest-of-<user> private
+    # again, and the embedded server runs as its own system user, who must reach the directory.
+    root = Path(tempfile.mkdtemp(prefix="engram-serve-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

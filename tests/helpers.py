@@ -1,18 +1,18 @@
-"""Helpers shared by the tests: in-process GraphQL, callers with given policies."""
+"""Plumbing shared by the tests: in-process GraphQL, test databases and settings, and waiting
+for what a background task or another process does."""
 
+import asyncio
+import inspect
 import json
-import uuid
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
 
 import asyncpg
 
-from app.auth import store
 from app.auth.caller import Caller
-from app.auth.policies import parse_policies
 from app.config import Settings
 from app.db.embedded import EmbeddedPostgres
 from app.graphql.context import Context
@@ -51,32 +51,17 @@ class GQL:
         )
 
 
-async def make_account(state: AppState, name: str = "tenant") -> UUID:
-    async with state.pool.acquire() as conn:
-        row = await store.insert_account(conn, uuid.uuid4(), name)
-    return row["account_id"]
-
-
-def caller(account_id: UUID, *policies: dict[str, Any], principal: str = "someone") -> Caller:
-    """A client of `account_id` holding exactly `policies`."""
-    return Caller(account_id, principal, parse_policies(policies))
-
-
-def allow(actions: list[str], *resources: str) -> dict[str, Any]:
-    return {"effect": "ALLOW", "actions": actions, "resources": list(resources)}
-
-
-def deny(actions: list[str], *resources: str) -> dict[str, Any]:
-    return {"effect": "DENY", "actions": actions, "resources": list(resources)}
-
-
 @asynccontextmanager
-async def database_copy(server: EmbeddedPostgres, template: str, name: str) -> AsyncIterator[str]:
-    """A database copied from `template`, dropped on exit; yields its URL."""
+async def database_copy(
+    server: EmbeddedPostgres, template: str | None, name: str
+) -> AsyncIterator[str]:
+    """A database copied from `template` (None: an empty one, not migrated), dropped on exit;
+    yields its URL."""
+    copy = f' TEMPLATE "{template}"' if template else ""
     conn = await asyncpg.connect(server.uri())
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        await conn.execute(f'CREATE DATABASE "{name}"{copy}')
     finally:
         await conn.close()
     try:
@@ -93,3 +78,31 @@ def db_settings(db_url: str, **values: Any) -> Settings:
     """A test's settings: its own database, and no background search maintenance (tests that
     need a round run it themselves)."""
     return Settings(database_url=db_url, environment="test", search_maintenance_seconds=0, **values)
+
+
+def wait_until(
+    check: Callable[[], bool], what: str, seconds: float = 30.0, every: float = 0.02
+) -> None:
+    """Polls `check` (a thread or a process with no event to wait on) until true; fails after
+    `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(every)
+
+
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], what: str, seconds: float = 10.0
+) -> None:
+    """Awaits `check` (a predicate, sync or async) until true, for what a background task or
+    another process does with no event to wait on (a sweep, a maintenance round, a request to
+    the scripted model server); fails after `seconds`."""
+    deadline = asyncio.get_running_loop().time() + seconds
+
+    async def holds() -> bool:
+        result = check()
+        return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+    while not await holds():
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {seconds} s"
+        await asyncio.sleep(0.05)

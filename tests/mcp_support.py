@@ -5,33 +5,13 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from uuid import UUID
 
 import httpx2
 import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from app.auth import service as auth_service
-from app.auth.caller import Caller
-from app.state import AppState
-
 CLIENT_INFO = types.Implementation(name="test-agent", version="1.2.3")
-
-
-async def token_for(
-    state: AppState,
-    admin: Caller,
-    principal: str,
-    *policies: dict[str, Any],
-    account_id: UUID | None = None,
-) -> str:
-    """A new client of the account (the admin's by default) holding `policies`, and its token."""
-    await auth_service.create_client(
-        state.pool, admin, account_id, principal, principal, list(policies)
-    )
-    issued = await auth_service.issue_client_token(state.pool, admin, account_id, principal, None)
-    return issued.token
 
 
 def mcp_url(base: str, action_id: str, session: str | None = "s1", preview: bool = False) -> str:

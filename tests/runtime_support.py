@@ -1,16 +1,14 @@
-"""Shared by the runtime tests: agents, turns through GraphQL, and transcript look-ups."""
+"""Shared by the runtime tests: turns through GraphQL, transcript, memory and history look-ups,
+and the scripted memory review."""
 
-from collections.abc import AsyncIterator, Iterator
+import json
 from typing import Any
 
-import pytest
-from helpers import GQL, allow, db_settings
+from factories import allow
+from helpers import GQL
 from openai_server import ChatReply, OpenAIServer, Recorded
 
 from app.auth.caller import Caller
-from app.config import Settings
-from app.runtime.model import ModelClient
-from app.state import AppState
 
 EXECUTION_FIELDS = """
     executionId actionId actionVersion sessionId turn invocationNumber status preview
@@ -28,33 +26,9 @@ MEMORY_FIELDS = """
     labels { number value }
 """
 
-# Fixtures for tests whose turns talk to the scripted model server; a test module uses them by
-# importing them (`from runtime_support import model_client, model_server, settings`).
-
-
 # What the scripted model answers a memory review (purpose `memory`) that a test does not
 # script: nothing worth keeping.
 NOTHING_TO_KEEP = ChatReply(tool_calls=[("remember", {"candidates": []})], purpose="memory")
-
-
-@pytest.fixture
-def model_server() -> Iterator[OpenAIServer]:
-    with OpenAIServer() as server:
-        server.chat_defaults["memory"] = NOTHING_TO_KEEP
-        yield server
-
-
-@pytest.fixture
-def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return db_settings(db_url, model_base_url=model_server.url, model_max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-async def model_client(state: AppState) -> AsyncIterator[None]:
-    client = ModelClient(state.settings, backoff_seconds=0.01)
-    state.services["model"] = client
-    yield
-    await client.aclose()
 
 
 # What a client that only runs turns and reads their executions holds: nothing on memory.
@@ -62,26 +36,6 @@ RUNNER_POLICIES = (
     allow(["INSERT"], "financial.ActionExecution.document"),
     allow(["SELECT"], "financial.ActionExecution.*"),
 )
-
-
-def memory_harness(**memory: Any) -> dict[str, Any]:
-    return {"memory": {"enabled": True, **memory}}
-
-
-async def make_agent(
-    gql: GQL,
-    admin: Caller,
-    harness: dict[str, Any] | None,
-    *,
-    instructions: str = "You are a support agent.",
-    model: dict[str, Any] | None = None,
-) -> str:
-    result = await gql(
-        admin,
-        "mutation($input: ActionInput!) { createAction(input: $input) { actionId } }",
-        input={"name": "agent", "instructions": instructions, "harness": harness, "model": model},
-    )
-    return result.ok()["createAction"]["actionId"]
 
 
 async def run(
@@ -159,3 +113,64 @@ async def memories(gql: GQL, admin: Caller, action_id: str) -> list[dict[str, An
         a=action_id,
     )
     return result.ok()["action"]["memories"]["nodes"]
+
+
+# Session history: what a session keeps, and a turn whose model searches it
+
+SESSION = """query($a: UUID!) { action(actionId: $a) { sessions(first: 10) { nodes { sessionId
+    history(first: 100) { nodes { id eventId turn who header text callId tool executionId
+        sequence parts preview data } } } } } }"""
+
+
+async def history_of(gql: GQL, who: Caller, action_id: str, session: str = "s1") -> list[dict]:
+    result = await gql(who, SESSION, a=action_id)
+    sessions = result.ok()["action"]["sessions"]["nodes"]
+    return next(s["history"]["nodes"] for s in sessions if s["sessionId"] == session)
+
+
+async def searched(
+    server: OpenAIServer,
+    gql: GQL,
+    admin: Caller,
+    action_id: str,
+    arguments: dict[str, Any],
+    *,
+    session: str | None = "s1",
+    preview: bool = False,
+    message: str = "What did I tell you before?",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A turn whose model calls search_history once; returns (execution, its tool run)."""
+    server.call_tools(("search_history", arguments))
+    server.say("Found it.")
+    executed = await run(gql, admin, action_id, message, session=session, preview=preview)
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (searching,) = tool_runs(executed, "search_history")
+    return executed, searching
+
+
+def texts(searching: dict[str, Any]) -> str:
+    return json.dumps(searching.get("output", {}).get("events", []))
+
+
+# The end-of-turn memory review, scripted: its candidate call, then its decide call
+
+CANDIDATE_CALL = '"name": "remember"'
+DECIDE_CALL = '"name": "decide"'
+
+
+def candidates(server: OpenAIServer, *items: dict[str, Any], **match: Any) -> None:
+    """Scripts the next candidate call's answer (facts: summary and kind `fact` by default)."""
+    listed = [{"kind": "fact", **item} for item in items]
+    server.call_tools(
+        ("remember", {"candidates": listed}), purpose="memory", when=CANDIDATE_CALL, **match
+    )
+
+
+def decide(server: OpenAIServer, *decisions: dict[str, Any], **match: Any) -> None:
+    server.call_tools(
+        ("decide", {"decisions": list(decisions)}), purpose="memory", when=DECIDE_CALL, **match
+    )
+
+
+def review_requests(server: OpenAIServer, tool: str = CANDIDATE_CALL) -> list[Recorded]:
+    return [r for r in chat(server, "memory") if tool in json.dumps(r.body)]

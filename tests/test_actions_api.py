@@ -5,7 +5,7 @@ import logging
 from uuid import uuid4
 
 import pytest
-from helpers import allow, caller, deny, make_account
+from factories import allow, caller, deny, make_account
 
 from app.actions import service as actions_service
 from app.graphql.relay import encode_cursor, global_id

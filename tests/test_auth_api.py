@@ -4,7 +4,7 @@ import hashlib
 from uuid import UUID
 
 import pytest
-from helpers import allow, caller, deny, make_account
+from factories import allow, caller, deny, make_account
 
 from app.auth import service
 from app.auth.caller import Caller
@@ -97,7 +97,7 @@ async def test_operation_refused_without_its_grant(gql, state, admin, operation,
         assert f"{verb} {resource}" in result.errors[0]["message"]
     assert (await gql(caller(account), operation, **variables)).codes == ["ACCESS_DENIED"]
     # Nothing changed: the target is still there, untouched, with no token.
-    target = await service.get_client(state.pool, admin, account, "target")
+    target = await service.get_client(state.pool, admin, account_id=account, principal="target")
     assert target is not None and target.name == "Target"
     assert await token_count(state, account, "target") == 0
 
@@ -263,7 +263,9 @@ async def test_missing_or_bad_tokens_are_unauthenticated(state, header):
 async def test_deleted_clients_tokens_stop_working(gql, state, admin):
     account = await make_account(state)
     await add_client(gql, admin, "temp", account)
-    token = await service.create_client_token(state.pool, admin, account, "temp")
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="temp"
+    )
     assert (await service.authenticate(state.pool, f"Bearer {token}")).principal == "temp"
     (await gql(admin, DELETE_CLIENT, principal="temp", accountId=str(account))).ok()
     with pytest.raises(Unauthenticated):
@@ -277,7 +279,9 @@ async def test_deleted_clients_tokens_stop_working(gql, state, admin):
 async def test_policy_changes_apply_to_existing_tokens(gql, state, admin):
     account = await make_account(state)
     await add_client(gql, admin, "bot", account)
-    token = await service.create_client_token(state.pool, admin, account, "bot")
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="bot"
+    )
     before = await service.authenticate(state.pool, f"Bearer {token}")
     assert (
         await gql(before, 'mutation { createAction(input: {name: "a"}) { version } }')
@@ -317,7 +321,7 @@ async def two_tenants(gql, state, admin):
     a = await make_account(state, "A")
     b = await make_account(state, "B")
     await add_client(gql, admin, "alice", a)
-    await service.create_client_token(state.pool, admin, a, "alice")
+    await service.create_client_token(state.pool, admin, account_id=a, principal="alice")
     intruder = caller(b, EVERYTHING, principal="mallory")
     return a, b, intruder
 
@@ -362,9 +366,9 @@ async def test_b_cannot_change_a_clients_or_tokens(gql, state, admin, two_tenant
         result = await gql(intruder, operation, **variables)
         assert result.codes == ["NOT_FOUND"], (operation, result.errors)
         assert result.data is None
-    alice = await service.get_client(state.pool, admin, a, "alice")
+    alice = await service.get_client(state.pool, admin, account_id=a, principal="alice")
     assert alice is not None and alice.policies == [POLICY]
-    assert await service.get_client(state.pool, admin, a, "evil") is None
+    assert await service.get_client(state.pool, admin, account_id=a, principal="evil") is None
     assert await token_count(state, a, "alice") == 1
 
 
@@ -373,7 +377,7 @@ async def test_b_same_principal_is_its_own_client(gql, state, admin, two_tenants
     mine = await add_client(gql, intruder, "alice")
     assert mine["accountId"] == str(b)
     (await gql(intruder, DELETE_CLIENT, principal="alice")).ok()
-    assert await service.get_client(state.pool, admin, a, "alice") is not None
+    assert await service.get_client(state.pool, admin, account_id=a, principal="alice") is not None
 
 
 async def test_default_account_operator_manages_other_accounts(gql, state, admin):

@@ -19,7 +19,7 @@ async def test_a_dump_restored_into_another_database_serves_the_same_tokens(
     pg_server, template_db, state, admin, tmp_path
 ):
     await service.bootstrap_admin(state.pool, None)
-    issued = await service.issue_client_token(state.pool, admin, None, "admin")
+    issued = await service.issue_client_token(state.pool, admin, account_id=None, principal="admin")
     async with state.pool.acquire() as conn:
         name = await conn.fetchval("SELECT current_database()")
         tables = await conn.fetch(

@@ -3,8 +3,7 @@
 import uuid
 
 import pytest
-from helpers import allow, caller
-from memory_helpers import make_agent, remember
+from factories import allow, caller, full_memory, make_agent, remember
 
 BULK = """
 mutation($actionId: UUID!, $inputs: [AgentMemoryInput!]!, $key: String) {
@@ -183,7 +182,7 @@ async def test_a_retry_with_the_same_key_writes_nothing_new(gql, admin, state, a
 
 
 async def test_pins_of_one_call_count_together_against_the_budget(gql, admin, state):
-    agent = await make_agent(state, admin, pinned={"max_tokens": 100})
+    agent = await make_agent(state, admin, harness=full_memory(pinned={"max_tokens": 100}))
     pins = [
         {"summary": f"always greet customer {i} by name", "kind": "fact", "pinned": True}
         for i in range(6)

@@ -3,51 +3,15 @@ on its embedded PostgreSQL, stopped and started again with every row kept."""
 
 import asyncio
 import json
-import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import threading
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import pytest
+from servers import Served, clean_env, free_port, post_graphql, run
 
 from app import cli
 from app.auth import service
 from app.errors import Unauthenticated
-
-_CHECKOUT = str(Path(__file__).resolve().parents[1])
-
-
-def engram_command() -> list[str]:
-    script = shutil.which("engram")
-    return [script] if script else [sys.executable, "-m", "app.cli"]
-
-
-def clean_env(**engram: str) -> dict[str, str]:
-    """This process's environment without any ENGRAM_* setting, plus `engram`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
-    env.update({f"ENGRAM_{k.upper()}": v for k, v in engram.items()})
-    # The command runs this checkout's code, not whichever one `pip install -e` pointed at.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_CHECKOUT, env.get("PYTHONPATH")]))
-    return env
-
-
-def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*engram_command(), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def output(result: subprocess.CompletedProcess[str]) -> dict:
@@ -111,7 +75,7 @@ async def test_cli_manages_accounts_and_clients(db_url, state, admin, tmp_path):
     bot = await service.authenticate(state.pool, f"Bearer {token['token']}")
     assert (str(bot.account_id), bot.principal) == (account["accountId"], "bot")
     assert [p.effect for p in bot.policies] == ["ALLOW", "DENY"]
-    stored = await service.get_client(state.pool, admin, bot.account_id, "bot")
+    stored = await service.get_client(state.pool, admin, account_id=bot.account_id, principal="bot")
     assert stored is not None and stored.name == "Bot"
 
     deleted = await asyncio.to_thread(
@@ -186,86 +150,6 @@ async def test_cli_errors_are_one_line_and_exit_2(db_url, monkeypatch, capsys, a
 # --- engram serve on the embedded database ----------------------------------------------------
 
 
-class Served:
-    """`engram serve` as a child process, its stdout collected line by line."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.lines: list[str] = []
-        self._stderr = log.open("w")
-        self.log = log
-        self.proc = subprocess.Popen(
-            engram_command() + ["serve"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def wait_healthy(self, url: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"engram serve exited: {self.log.read_text()}"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"engram serve was not healthy in {timeout} s: {self.log.read_text()}")
-
-    def admin_tokens(self) -> list[str]:
-        prefix = "Engram admin token (shown once, keep it safe): "
-        return [line.strip()[len(prefix) :] for line in self.lines if line.startswith(prefix)]
-
-    def stop(self, sig: signal.Signals) -> int:
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            self._reader.join(timeout=5)
-            self._stderr.close()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def gql(url: str, token: str, query: str, **variables) -> dict:
-    response = httpx.post(
-        f"{url}/graphql",
-        json={"query": query, "variables": variables},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert not body.get("errors"), body
-    return body["data"]
-
-
-@pytest.fixture
-def data_root() -> Iterator[Path]:
-    # Not tmp_path: pytest sessions running beside this one make /tmp/pytest-of-<user> private
-    # again, and the embedded server runs as its own system user, who must reach the directory.
-    root = Path(tempfile.mkdtemp(prefix="engram-serve-"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
     data_dir = data_root / "data"
     port = free_port()
@@ -281,10 +165,10 @@ def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
     try:
         first.wait_healthy(url)
         [admin] = first.admin_tokens()
-        account_id = gql(
+        account_id = post_graphql(
             url, admin, 'mutation { createAccount(input: {name: "acme"}) { accountId } }'
         )["createAccount"]["accountId"]
-        gql(
+        post_graphql(
             url,
             admin,
             "mutation($input: ClientInput!) { createClient(input: $input) { principal } }",
@@ -295,18 +179,18 @@ def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
                 "policies": [policy],
             },
         )
-        bot = gql(
+        bot = post_graphql(
             url,
             admin,
             'mutation($a: UUID) { createClientToken(principal: "bot", accountId: $a) { token } }',
             a=account_id,
         )["createClientToken"]["token"]
-        action_id = gql(
+        action_id = post_graphql(
             url,
             bot,
             'mutation { createAction(input: {name: "support", instructions: "v1"}) { actionId } }',
         )["createAction"]["actionId"]
-        gql(
+        post_graphql(
             url,
             bot,
             "mutation($id: UUID!) { updateAction(actionId: $id, "
@@ -325,8 +209,10 @@ def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
     try:
         second.wait_healthy(url)
         assert second.admin_tokens() == []  # the first start's token was shown once
-        assert gql(url, admin, "{ viewer { principal } }")["viewer"]["principal"] == "admin"
-        client = gql(
+        assert (
+            post_graphql(url, admin, "{ viewer { principal } }")["viewer"]["principal"] == "admin"
+        )
+        client = post_graphql(
             url,
             admin,
             'query($a: UUID) { client(principal: "bot", accountId: $a) '
@@ -338,8 +224,11 @@ def test_serve_on_the_embedded_database_keeps_data_across_restarts(data_root):
             "query($id: UUID!, $v: Int) { action(actionId: $id, version: $v) "
             "{ version instructions } }"
         )
-        assert gql(url, bot, read, id=action_id)["action"] == {"version": 2, "instructions": "v2"}
-        assert gql(url, bot, read, id=action_id, v=1)["action"] == {
+        assert post_graphql(url, bot, read, id=action_id)["action"] == {
+            "version": 2,
+            "instructions": "v2",
+        }
+        assert post_graphql(url, bot, read, id=action_id, v=1)["action"] == {
             "version": 1,
             "instructions": "v1",
         }
@@ -359,18 +248,12 @@ async def test_an_embedder_mismatch_stops_serve_with_one_line_naming_the_command
             "UPDATE deployment SET value = jsonb_set(value, '{name}', '\"other-model\"') "
             "WHERE key = 'embedding'"
         )
-    env = clean_env(database_url=db_url, port=str(_free_port()), search_maintenance_seconds="0")
+    env = clean_env(database_url=db_url, port=str(free_port()), search_maintenance_seconds="0")
     result = await asyncio.to_thread(run, env, "serve")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     (line,) = [x for x in result.stderr.splitlines() if "other-model" in x]
     assert line.startswith("engram: ") and "run `engram reembed`" in line
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_wrong_setting_is_one_line_naming_the_variable(monkeypatch, capsys):

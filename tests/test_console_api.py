@@ -2,9 +2,9 @@
 filters on `Action.memories`, and `viewer.allowed(operations)`."""
 
 import httpx
-from helpers import allow, caller, db_settings, make_account
-from memory_helpers import forget, make_agent, remember
-from test_http import serving
+from factories import allow, caller, forget, make_account, make_agent, remember
+from helpers import db_settings
+from servers import serving
 
 from app.auth import operations
 from app.auth import resources as r

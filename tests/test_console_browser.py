@@ -6,26 +6,19 @@ Under CI (CI=true) a missing browser fails the run; elsewhere the tests are skip
 to get one: `apt-get install chromium` (Debian) and `pip install -e '.[test]'` (Playwright)."""
 
 import json
-import os
 import re
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+from browser import chromium, screenshot_path
 from helpers import db_settings
 from openai_server import OpenAIServer
 from runtime_support import NOTHING_TO_KEEP
-from test_http import serving
+from servers import serving
 
 ADMIN = "console-browser-test-admin-token"
-HOW = (
-    "install Debian's chromium (apt-get install chromium, or set ENGRAM_CHROMIUM to a Chromium "
-    "binary) and Playwright (pip install -e '.[test]')"
-)
 HARNESS = {
     "memory": {
         "enabled": True,
@@ -40,26 +33,6 @@ READER = [
     {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]},
     {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.AgentMemory.*"]},
 ]
-
-
-def chromium() -> str:
-    """The browser binary, or a skip (a failure under CI) saying how to get one."""
-    path = os.environ.get("ENGRAM_CHROMIUM") or shutil.which("chromium")
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        path = None
-    if path is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI runs the browser tests, but no browser was found: {HOW}")
-        pytest.skip(f"no headless browser for the console tests: {HOW}")
-    return path
-
-
-def screenshot_path(name: str) -> Path:
-    directory = Path(os.environ.get("ENGRAM_SCREENSHOT_DIR", "/tmp/engram-screens"))
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory / name
 
 
 class Api:

@@ -12,23 +12,18 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from factories import make_agent, make_agent_id
 from helpers import GQL
 from openai_server import OpenAIServer, Recorded
-from runtime_support import (
-    events,
-    make_agent,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
-    run,
-    settings,  # noqa: F401  (fixture)
-    tool_names,
-    tool_results,
-)
+from runtime_support import events, run, tool_names, tool_results
 
 from app.auth.caller import Caller
 from app.executions import store as executions_store
 from app.runtime.context import request_tokens
 from app.state import AppState
+
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
 
 SUMMARY_NOTE = "A summary of the earlier messages of this conversation"
 
@@ -118,7 +113,11 @@ async def test_h16_old_messages_are_summarized_incrementally_with_purpose_contex
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = await make_agent(gql, admin, None, model={"contextTokens": budget})
+    action_id = str(
+        (
+            await make_agent(gql.state, admin, harness=None, model={"contextTokens": budget})
+        ).action_id
+    )
     script_summaries(model_server, "SUMMARY")
     executed = [await long_turn(gql, admin, model_server, action_id, turn) for turn in range(1, 7)]
 
@@ -174,7 +173,11 @@ async def test_h16_a_failed_turn_leaves_the_summary_unchanged(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = await make_agent(gql, admin, None, model={"contextTokens": budget})
+    action_id = str(
+        (
+            await make_agent(gql.state, admin, harness=None, model={"contextTokens": budget})
+        ).action_id
+    )
     model_server.say("SUMMARY-1.", purpose="context")
     for turn in range(1, 5):
         await long_turn(gql, admin, model_server, action_id, turn)
@@ -205,7 +208,11 @@ async def test_h16_a_preview_turns_summary_never_reaches_a_live_turn(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = await make_agent(gql, admin, None, model={"contextTokens": budget})
+    action_id = str(
+        (
+            await make_agent(gql.state, admin, harness=None, model={"contextTokens": budget})
+        ).action_id
+    )
     model_server.say("LIVE-SUMMARY-1.", purpose="context")
     for turn in range(1, 5):
         await long_turn(gql, admin, model_server, action_id, turn)
@@ -265,7 +272,13 @@ async def test_h16_a_long_conversation_clears_old_tool_results_first_then_summar
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 2000
-    action_id = await make_agent(gql, admin, tool_agent_harness(), model={"contextTokens": budget})
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
+            )
+        ).action_id
+    )
     await seed_records(gql, admin, action_id)
     for k in range(1, 10):
         model_server.say(f"SUMMARY-{k}.", purpose="context")
@@ -338,8 +351,15 @@ async def test_h16_the_stub_says_search_history_finds_cleared_results_when_it_ke
 ) -> None:
     budget = 2000
     for index, says in (("messages_and_tools", True), ("messages", False)):
-        action_id = await make_agent(
-            gql, admin, tool_agent_harness(index=index), model={"contextTokens": budget}
+        action_id = str(
+            (
+                await make_agent(
+                    gql.state,
+                    admin,
+                    harness=tool_agent_harness(index=index),
+                    model={"contextTokens": budget},
+                )
+            ).action_id
         )
         await seed_records(gql, admin, action_id)
         for turn in range(1, 3):
@@ -357,7 +377,13 @@ async def test_h16_a_turn_whose_own_exchange_outgrows_the_budget_is_compacted(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 2000
-    action_id = await make_agent(gql, admin, tool_agent_harness(), model={"contextTokens": budget})
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
+            )
+        ).action_id
+    )
     await seed_records(gql, admin, action_id)
     model_server.say("SUMMARY-OF-THIS-TURN.", purpose="context")
     for _ in range(12):
@@ -397,7 +423,13 @@ async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_to
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = await make_agent(gql, admin, tool_agent_harness(), model={"contextTokens": budget})
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
+            )
+        ).action_id
+    )
     await seed_records(gql, admin, action_id)
     model_server.call_tools(LOOKUP)
     model_server.say("ANSWER-1")
@@ -417,7 +449,7 @@ async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_to
 async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None, model={"contextTokens": 300})
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"contextTokens": 300})
     failed = await run(gql, admin, action_id, "words " * 400)
     assert failed["status"] == "FAILED"
     assert "context budget of 300 tokens" in failed["error"]
@@ -429,7 +461,7 @@ async def test_h16_the_default_budget_is_the_setting(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     state.settings.model_context_tokens = 300
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     failed = await run(gql, admin, action_id, "words " * 400)
     assert failed["status"] == "FAILED" and "context budget of 300 tokens" in failed["error"]
 
@@ -461,8 +493,12 @@ async def test_h16_the_reply_room_comes_out_of_the_budget(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = await make_agent(
-        gql, admin, None, model={"contextTokens": budget, "maxTokens": 200}
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=None, model={"contextTokens": budget, "maxTokens": 200}
+            )
+        ).action_id
     )
     script_summaries(model_server, "S")
     for turn in range(1, 5):
@@ -479,8 +515,15 @@ async def test_h16_search_history_finds_a_detail_the_summary_left_out(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = await make_agent(
-        gql, admin, {"history": {"index": "messages"}}, model={"contextTokens": budget}
+    action_id = str(
+        (
+            await make_agent(
+                gql.state,
+                admin,
+                harness={"history": {"index": "messages"}},
+                model={"contextTokens": budget},
+            )
+        ).action_id
     )
     script_summaries(model_server, "They talked about the weather")
     model_server.say("Noted.")
@@ -506,7 +549,7 @@ async def test_h16_a_summary_is_kept_only_over_the_one_its_turn_started_from(
 ) -> None:
     """Two turns of a session that summarize at once: the one that commits second keeps the
     first one's summary rather than overwrite it with one built without it."""
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     await run(gql, admin, action_id, "hi")  # the session and its turn 1
     key = dict(
         account_id=admin.account_id,

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import db_settings
-from test_http import serving
+from servers import serving
 
 from app.config import Settings
 

@@ -6,10 +6,9 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from helpers import database_copy
-from test_http import serving
+from helpers import database_copy, db_settings
+from servers import serving
 
-from app.config import Settings
 from app.embeddings.static import StaticEmbedder
 from bench.fuzz_graphql import fuzz, set_up
 
@@ -25,11 +24,9 @@ async def fuzz_db_url(pg_server, template_db) -> AsyncIterator[str]:
 def test_fuzzed_operations_never_fail_internally_nor_cross_tenants(
     fuzz_db_url: str, embedder: StaticEmbedder
 ) -> None:
-    settings = Settings(
-        database_url=fuzz_db_url,
+    settings = db_settings(
+        fuzz_db_url,
         bootstrap_token=TOKEN,
-        environment="test",
-        search_maintenance_seconds=0,
         model_max_retries=0,
         model_base_url="http://127.0.0.1:9/v1",  # nothing listens: turns fail cleanly
     )

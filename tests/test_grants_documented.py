@@ -3,8 +3,7 @@ memories through `action(actionId)`; the action's own document fields check thei
 one; `searchMemories` without a query lists and with `ids` reads, needing what those need."""
 
 import pytest
-from helpers import allow, caller, deny
-from memory_helpers import make_agent, remember
+from factories import allow, caller, deny, make_agent, remember
 
 INDEXES = "financial.AgentMemory.indexes.*"
 DOCUMENT = "financial.AgentMemory.document"

@@ -6,42 +6,12 @@ token in the page's header field, runs a query and shows its result. It writes a
 Under CI (CI=true) a missing browser fails the run; elsewhere the test is skipped, saying how to
 get one: `apt-get install chromium` (Debian) and `pip install -e '.[test]'` (Playwright)."""
 
-import os
-import shutil
-from pathlib import Path
-
-import pytest
+from browser import chromium, screenshot_path
 from helpers import db_settings
-from test_http import serving
+from servers import serving
 
 TOKEN = "graphiql-browser-test-admin-token"
 QUERY = "{ viewer { principal } }"
-HOW = (
-    "install Debian's chromium (apt-get install chromium, or set ENGRAM_CHROMIUM to a Chromium "
-    "binary) and Playwright (pip install -e '.[test]')"
-)
-
-
-def chromium() -> str:
-    """The browser binary, or a skip (a failure under CI) saying how to get one."""
-    path = os.environ.get("ENGRAM_CHROMIUM") or shutil.which("chromium")
-    if path is not None and not Path(path).is_file():
-        path = None
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        path = None
-    if path is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI runs the browser tests, but no browser was found: {HOW}")
-        pytest.skip(f"no headless browser for the GraphiQL test: {HOW}")
-    return path
-
-
-def screenshot_path(name: str) -> Path:
-    directory = Path(os.environ.get("ENGRAM_SCREENSHOT_DIR", "/tmp/engram-screens"))
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory / name
 
 
 async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db_url, embedder):

@@ -5,19 +5,20 @@ import json
 import uuid
 from typing import Any
 
-from helpers import GQL, allow, caller
+import pytest
+from factories import allow, caller, make_agent, make_agent_id
+from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
     RUNNER_POLICIES,
     chat,
     events,
-    make_agent,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
+    history_of,
     run,
-    settings,  # noqa: F401  (fixture)
+    searched,
     system_message,
+    texts,
     tool_names,
     tool_runs,
 )
@@ -30,6 +31,9 @@ from app.history.store import Scope
 from app.memory import maintenance
 from app.state import AppState
 
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
+
 MESSAGES = {"history": {"index": "messages"}}
 WITH_TOOLS = {"history": {"index": "messages_and_tools"}}
 READ_ACTION = allow(["SELECT"], "financial.Action.document")
@@ -38,42 +42,9 @@ HISTORY = """query($a: UUID!, $after: String) {
         history(first: 2, after: $after) { nodes { id eventId turn who header text callId tool
             executionId sequence parts preview }
             pageInfo { hasNextPage endCursor } } } } } }"""
-SESSION = """query($a: UUID!) { action(actionId: $a) { sessions(first: 10) { nodes { sessionId
-    history(first: 100) { nodes { id eventId turn who header text callId tool executionId
-        sequence parts preview data } } } } } }"""
 SEARCH = """query($a: UUID!, $q: String!) { action(actionId: $a) { sessions(first: 10) { nodes {
     sessionId searchHistory(query: $q, first: 5) { part score text
         event { eventId turn who text parts } } } } } }"""
-
-
-async def history_of(gql: GQL, who: Caller, action_id: str, session: str = "s1") -> list[dict]:
-    result = await gql(who, SESSION, a=action_id)
-    sessions = result.ok()["action"]["sessions"]["nodes"]
-    return next(s["history"]["nodes"] for s in sessions if s["sessionId"] == session)
-
-
-async def searched(
-    server: OpenAIServer,
-    gql: GQL,
-    admin: Caller,
-    action_id: str,
-    arguments: dict[str, Any],
-    *,
-    session: str | None = "s1",
-    preview: bool = False,
-    message: str = "What did I tell you before?",
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A turn whose model calls search_history once; returns (execution, its tool run)."""
-    server.call_tools(("search_history", arguments))
-    server.say("Found it.")
-    executed = await run(gql, admin, action_id, message, session=session, preview=preview)
-    assert executed["status"] == "SUCCEEDED", executed["error"]
-    (searching,) = tool_runs(executed, "search_history")
-    return executed, searching
-
-
-def texts(searching: dict[str, Any]) -> str:
-    return json.dumps(searching.get("output", {}).get("events", []))
 
 
 # H1 H2 H6 H7 H9 H10 H11 H14
@@ -82,7 +53,7 @@ def texts(searching: dict[str, Any]) -> str:
 async def test_h1_h2_h6_h7_h9_h10_h11_messages_are_kept_and_found_by_a_later_turn(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     model_server.say("Noted: order 88123, blue parcel.")
     first = await run(gql, admin, action_id, "My order number is 88123 and the parcel is blue.")
     assert first["status"] == "SUCCEEDED", first["error"]
@@ -136,7 +107,7 @@ async def test_h1_h2_h6_h7_h9_h10_h11_messages_are_kept_and_found_by_a_later_tur
 async def test_h14_without_history_there_is_no_guidance_and_no_tool(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     executed = await run(gql, admin, action_id, "hello")
     assert executed["status"] == "SUCCEEDED"
     request = chat(model_server)[0]
@@ -154,7 +125,7 @@ async def test_h3_h4_tools_mode_keeps_results_and_errors_but_never_retrievals(
         **WITH_TOOLS,
         "memory": {"enabled": True, "tools": ["add_memory", "read_memory"]},
     }
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.call_tools(
         ("add_memory", {"summary": "Ada's locker is 5521", "kind": "fact"}),
         ("search_memory", {"query": "locker"}),
@@ -188,7 +159,11 @@ async def test_h3_h4_tools_mode_keeps_results_and_errors_but_never_retrievals(
     assert not any("<memory>" in e["text"] for e in kept)
 
     # The same turns with `messages` keep no tool results at all (H2).
-    plain = await make_agent(gql, admin, {**MESSAGES, "memory": harness["memory"]})
+    plain = str(
+        (
+            await make_agent(gql.state, admin, harness={**MESSAGES, "memory": harness["memory"]})
+        ).action_id
+    )
     model_server.call_tools(("add_memory", {"summary": "Bo's locker is 7", "kind": "fact"}))
     model_server.say("Saved.")
     assert (await run(gql, admin, plain, "Remember Bo's locker is 7"))["status"] == "SUCCEEDED"
@@ -201,7 +176,7 @@ async def test_h3_h4_tools_mode_keeps_results_and_errors_but_never_retrievals(
 async def test_h5_a_failed_attempt_is_never_searchable(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, WITH_TOOLS)
+    action_id = await make_agent_id(gql.state, admin, harness=WITH_TOOLS)
     model_server.call_tools(("lookup", {"code": "zebra"}), content="The code is ZEBRAFIVE.")
     model_server.chat_error(500)
     failed = await run(gql, admin, action_id, "What is the code?")
@@ -227,7 +202,7 @@ async def test_h5_a_failed_attempt_is_never_searchable(
 async def test_h8_a_long_event_is_kept_in_parts_and_read_whole_by_id(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     filler = [f"Sentence {i} is about the weather and nothing else at all." for i in range(60)]
     filler[33] = "The vault combination is platypus seventeen."
     long = " ".join(filler)
@@ -266,7 +241,7 @@ def test_h8_parts_break_on_lines_and_sentences_within_the_size() -> None:
 async def test_h13_a_preview_turns_history_is_searched_only_by_preview_turns(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     model_server.say("Noted the kiwi.")
     kept = await run(gql, admin, action_id, "The password is kiwifruit.", preview=True)
     assert kept["status"] == "SUCCEEDED"
@@ -287,7 +262,7 @@ async def test_h13_a_preview_turns_history_is_searched_only_by_preview_turns(
 async def test_h15_history_stays_with_its_session_and_a_sessionless_agent_has_none(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     assert (await run(gql, admin, action_id, "My dog is called Quixote."))["status"] == "SUCCEEDED"
 
     _, other = await searched(
@@ -312,7 +287,7 @@ async def test_h15_history_stays_with_its_session_and_a_sessionless_agent_has_no
 async def test_h12_a_replay_searches_only_what_its_original_saw(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     executed = []
     for message in (
         "Alpha fact: the ferry leaves at nine.",
@@ -377,7 +352,7 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
 async def test_operators_list_page_and_search_a_sessions_history(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     for message in ("First: the lighthouse is white.", "Second: the harbour is small."):
         model_server.say("Noted.")
         await run(gql, admin, action_id, message)
@@ -425,7 +400,7 @@ async def test_operators_see_memory_text_in_history_only_with_the_memory_grants(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.call_tools(("add_memory", {"summary": "Ada likes zebramail", "kind": "fact"}))
     model_server.say("Saved.")
     assert (await run(gql, admin, action_id, "Remember my mail app"))["status"] == "SUCCEEDED"
@@ -443,7 +418,7 @@ async def test_erase_session_erases_history_and_text_and_lists_live_memories(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
     harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.call_tools(("add_memory", {"summary": "Secret is marmalade", "kind": "fact"}))
     model_server.say("Saved marmalade.")
     first = await run(gql, admin, action_id, "The secret is marmalade.")
@@ -513,7 +488,7 @@ async def test_erase_session_erases_history_and_text_and_lists_live_memories(
 async def test_h6_both_plans_rank_a_session_alike(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     for message in (
         "The boat is moored at pier seven.",
         "Lunch was a tomato soup.",
@@ -547,7 +522,7 @@ async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_stateme
     large one's first search counts apart, and its plan is remembered: its next searches skip
     the count and rank as before. A large session stays large for its later turns, even after
     a replay of an early turn found few parts."""
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup."):
         await run(gql, admin, action_id, message)
     async with state.pool.acquire() as conn:
@@ -606,7 +581,7 @@ async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     the index plan (generic plan, as a remembered session's) uses it and finds first what the
     exact plan does; the index goes when the session is erased, or when the embedding dimensions
     change."""
-    action_id = await make_agent(gql, admin, MESSAGES)
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup.", "Rain."):
         await run(gql, admin, action_id, message)
     await run(gql, admin, action_id, "Another session.", session="s2")

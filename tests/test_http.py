@@ -4,51 +4,20 @@ Every refused request must come back as JSON with `extensions.code`, never as a 
 """
 
 import os
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
 from helpers import database_copy
+from servers import serving
 
 from app.actions import service as actions_service
 from app.config import Settings
-from app.embeddings.static import StaticEmbedder
-from app.main import create_app
 
 ADMIN_TOKEN = "test-bootstrap-admin-token"
 MAX_BODY = 4096
 MAX_DEPTH = 2  # the root field is depth 0
 MAX_TOKENS = 200
-
-
-@contextmanager
-def serving(settings: Settings, embedder: StaticEmbedder) -> Iterator[str]:
-    """Runs the app in a background thread (its own event loop) until the block ends."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(settings, embedder=embedder), log_level="warning", log_config=None
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive(), "the server failed to start"
-        assert time.monotonic() < deadline, "the server did not start in 30 s"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,26 +6,27 @@ import json
 from typing import Any
 
 import pytest
-from helpers import GQL, allow, caller
-from mcp_support import call, mcp_session, mcp_url, token_for
+from factories import allow, caller, make_agent_id, memory_harness, token_for
+from helpers import GQL
+from mcp_support import call, mcp_session, mcp_url
 from openai_server import OpenAIServer
 from runtime_support import (
+    DECIDE_CALL,
+    candidates,
     chat,
-    make_agent,
+    decide,
+    history_of,
     memories,
-    memory_harness,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
-    settings,  # noqa: F401  (fixture)
+    review_requests,
+    searched,
+    texts,
 )
-from test_history import history_of, searched, texts
-from test_http import serving
-from test_memory_review import DECIDE_CALL, candidates, decide, review_requests
 
 from app.auth.caller import Caller
-from app.config import Settings
-from app.embeddings.static import StaticEmbedder
 from app.state import AppState
+
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
 
 REMEMBER = """mutation($input: RememberConversationInput!) { rememberConversation(input: $input) {
     executionId status error
@@ -58,7 +59,7 @@ async def _remember(
 async def test_m10_facts_of_a_conversation_become_extraction_records(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada lives in Berlin since late November 2026"})
     messages = [
         {**TALK[0], "time": "2026-11-24T09:30:00+01:00"},
@@ -97,7 +98,7 @@ async def test_m10_facts_of_a_conversation_become_extraction_records(
 async def test_m11_restated_facts_do_not_pile_up(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada lives in Paris"})
     first = await _remember(gql, admin, action_id, _talk("I live in Paris", "Noted."))
     (kept,) = first["records"]
@@ -129,7 +130,7 @@ async def test_m11_restated_facts_do_not_pile_up(
 async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada prefers email"})
     messages = _talk("Please email me, never call")
     first = await _remember(gql, admin, action_id, messages, idempotencyKey="ingest-1")
@@ -154,7 +155,7 @@ async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
 async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.chat_error(500, purpose="memory")
     messages = _talk("Remember that I am vegetarian")
     failed = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
@@ -175,7 +176,7 @@ async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(
 async def test_without_the_memory_read_grants_record_text_is_not_shown(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     runner = caller(
         admin.account_id,
         allow(["INSERT"], "financial.ActionExecution.document"),
@@ -212,7 +213,7 @@ async def test_without_the_memory_read_grants_record_text_is_not_shown(
 async def test_bad_messages_are_refused_with_bad_request(
     gql: GQL, admin: Caller, message: dict[str, Any], problem: str
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     result = await gql(
         admin, REMEMBER, input={"actionId": action_id, "sessionId": "s1", "messages": [message]}
     )
@@ -220,8 +221,8 @@ async def test_bad_messages_are_refused_with_bad_request(
 
 
 async def test_bad_conversations_are_refused_with_bad_request(gql: GQL, admin: Caller) -> None:
-    with_memory = await make_agent(gql, admin, memory_harness())
-    without = await make_agent(gql, admin, None)
+    with_memory = await make_agent_id(gql.state, admin, harness=memory_harness())
+    without = await make_agent_id(gql.state, admin, harness=None)
     for action_id, session, messages, problem in [
         (with_memory, "s1", [], "messages must hold 1 to 500 messages"),
         (with_memory, None, TALK[1:], "without a sessionId"),
@@ -237,16 +238,10 @@ async def test_bad_conversations_are_refused_with_bad_request(gql: GQL, admin: C
         assert problem in result.errors[0]["message"]
 
 
-@pytest.fixture
-def base_url(settings: Settings, embedder: StaticEmbedder, state: AppState):  # noqa: F811
-    with serving(settings, embedder) as url:
-        yield url
-
-
 async def test_remember_conversation_over_mcp(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer, base_url: str
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     token = await token_for(
         state,
         admin,
@@ -295,7 +290,7 @@ async def _turns(gql: GQL, who: Caller, action_id: str) -> int:
 async def test_h2_an_ingested_conversation_is_history_a_later_turn_searches(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, WITH_HISTORY)
+    action_id = await make_agent_id(gql.state, admin, harness=WITH_HISTORY)
     candidates(model_server, {"summary": "Ada's locker code is 4471"})
     messages = [
         {"role": "user", "content": "My locker code at the gym is 4471."},
@@ -338,7 +333,7 @@ async def test_h2_messages_mode_keeps_no_tool_messages_and_preview_stays_preview
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     harness = {**memory_harness(), "history": {"index": "messages"}}
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     candidates(model_server, {"summary": "Ada likes tea"})
     messages = [
         {"role": "user", "content": "I like tea."},
@@ -357,14 +352,14 @@ async def test_h5_without_history_or_when_the_ingest_fails_nothing_is_kept(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     # History off: the ingest counts a turn of its session, and keeps no history.
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada is vegetarian"})
     done = await _remember(gql, admin, action_id, _talk("I am vegetarian", "Noted."))
     assert done["status"] == "SUCCEEDED", done["error"]
     assert await history_of(gql, admin, action_id) == []
 
     # History on, the review fails: no history, no turn counted.
-    action_id = await make_agent(gql, admin, WITH_HISTORY)
+    action_id = await make_agent_id(gql.state, admin, harness=WITH_HISTORY)
     model_server.chat_error(500, purpose="memory")
     failed = await _remember(gql, admin, action_id, _talk("I am vegetarian", "Noted."))
     assert failed["status"] == "FAILED"

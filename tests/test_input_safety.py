@@ -13,8 +13,8 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from helpers import database_copy
-from test_http import serving
+from helpers import database_copy, db_settings
+from servers import serving
 
 from app.config import Settings
 from app.db import migrate
@@ -55,11 +55,9 @@ async def module_db_url(pg_server, template_db) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 def base_url(module_db_url: str, embedder: StaticEmbedder) -> Iterator[str]:
-    settings = Settings(
-        database_url=module_db_url,
+    settings = db_settings(
+        module_db_url,
         bootstrap_token=TOKEN,
-        environment="test",
-        search_maintenance_seconds=0,
         model_max_retries=0,
         model_base_url="http://127.0.0.1:9/v1",  # nothing listens: a turn fails cleanly
     )

@@ -7,7 +7,7 @@ import re
 import signal
 
 import httpx
-from test_cli import Served, clean_env, data_root, free_port, run  # noqa: F401 (a fixture)
+from servers import Served, clean_env, free_port, run
 
 # Engram's own text lines: "<date> <time> LEVEL app.<module>: <message>" (the logger is
 # `__main__` when run as `python -m app.cli`).

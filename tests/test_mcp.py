@@ -10,30 +10,30 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import GQL, allow, caller, make_account
-from mcp_support import call, mcp_session, mcp_url, refused, token_for
-from openai_server import OpenAIServer
-from runtime_support import (
+from factories import (
+    allow,
+    caller,
+    make_account,
     make_agent,
-    memories,
-    memory,
+    make_agent_id,
     memory_harness,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
-    run,
-    settings,  # noqa: F401  (fixture)
+    token_for,
 )
-from test_http import serving
+from helpers import GQL
+from mcp_support import call, mcp_session, mcp_url, refused
+from openai_server import OpenAIServer
+from runtime_support import memories, memory, run
 
 from app.actions.harness import parse_harness
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
-from app.config import Settings
-from app.embeddings.static import StaticEmbedder
 from app.executions import store as executions_store
 from app.runtime.calls import WHEN_TO_USE
 from app.runtime.tools import tool_schemas
 from app.state import AppState
+
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
 
 EXECUTION = "financial.ActionExecution.document"
 MEMORY_ALL = ("financial.AgentMemory.*",)
@@ -49,12 +49,6 @@ FULL_TOOLS = memory_harness(
 EXECUTION_QUERY = """query($e: UUID!) { execution(executionId: $e) {
     executionId kind status preview sessionId input output error
     transcript(first: 50) { nodes { type data } } } }"""
-
-
-@pytest.fixture
-def base_url(settings: Settings, embedder: StaticEmbedder, state: AppState):  # noqa: F811
-    with serving(settings, embedder) as url:
-        yield url
 
 
 async def _execution(gql: GQL, admin: Caller, execution_id: str) -> dict[str, Any]:
@@ -75,9 +69,9 @@ async def test_mcp_offers_the_tools_of_the_agents_harness(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:
     token = await token_for(state, admin, "agent-runner", *AGENT_POLICIES)
-    full = await make_agent(gql, admin, FULL_TOOLS)
-    searching = await make_agent(gql, admin, memory_harness())
-    forgetful = await make_agent(gql, admin, None)
+    full = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
+    searching = await make_agent_id(gql.state, admin, harness=memory_harness())
+    forgetful = await make_agent_id(gql.state, admin, harness=None)
 
     async with mcp_session(mcp_url(base_url, full), token) as session:
         listed = (await session.list_tools()).tools
@@ -111,7 +105,7 @@ async def test_h6_h15_mcp_offers_search_history_of_the_named_session(
     session; it finds that session's committed turns, never another session's, and needs the
     grant that reads transcripts."""
     harness = {**memory_harness(), "history": {"index": "messages"}}
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.say("Noted.")
     assert (await run(gql, admin, action_id, "My locker code is 4417."))["status"] == "SUCCEEDED"
     model_server.say("Noted too.")
@@ -147,7 +141,7 @@ async def test_h6_h15_mcp_offers_search_history_of_the_named_session(
 async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:
-    action_id = await make_agent(gql, admin, FULL_TOOLS)
+    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
     token = await token_for(state, admin, "agent-runner", *AGENT_POLICIES)
     async with mcp_session(mcp_url(base_url, action_id), token) as session:
         added = await call(
@@ -224,7 +218,7 @@ async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
 async def test_mcp_preview_calls_never_reach_live_ones(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:
-    action_id = await make_agent(gql, admin, FULL_TOOLS)
+    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
     token = await token_for(state, admin, "agent-runner", *AGENT_POLICIES)
     async with mcp_session(mcp_url(base_url, action_id), token) as live:
         (kept,) = (await call(live, "add_memory", summary="Ada likes tea", kind="fact"))["memories"]
@@ -250,7 +244,7 @@ async def test_mcp_preview_calls_never_reach_live_ones(
 async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:
-    action_id = await make_agent(gql, admin, FULL_TOOLS)
+    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
     other_account = await make_account(state)
     stranger = await token_for(
         state,
@@ -342,7 +336,7 @@ async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
 ) -> None:
     """The liveness sweeps end RUNNING executions of every kind a process runs (not OPERATOR
     writes, which run in one transaction)."""
-    action_id = uuid.UUID(await make_agent(gql, admin, FULL_TOOLS))
+    action_id = (await make_agent(gql.state, admin, harness=FULL_TOOLS)).action_id
     async with state.pool.acquire() as conn:
         for kind in ("MCP", "INGEST", "OPERATOR"):
             await executions_store.insert_execution(

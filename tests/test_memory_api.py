@@ -4,10 +4,12 @@ operator writes, node look-ups, and preview records as operators see them."""
 import uuid
 
 import pytest
-from helpers import allow, caller
-from memory_helpers import (
+from factories import (
+    allow,
+    caller,
     commit,
     forget,
+    full_memory,
     listed,
     make_agent,
     record_turn,
@@ -160,7 +162,13 @@ async def test_m53_record_names_and_reads_the_execution_invocation_version_and_s
     )
     await commit(state, unit)
     await actions.update_action(
-        state.pool, admin, agent.action_id, "support v2", "", None, agent.harness.raw
+        state.pool,
+        admin,
+        action_id=agent.action_id,
+        name="support v2",
+        instructions="",
+        model=None,
+        harness=agent.harness.raw,
     )
     query = f"""
     query($actionId: UUID!, $id: UUID!) {{ agentMemory(actionId: $actionId, id: $id) {{ {FIELDS}
@@ -192,7 +200,9 @@ async def test_m53_record_names_and_reads_the_execution_invocation_version_and_s
 
 # M53
 async def test_m53_a_record_without_a_session_has_no_session(state, gql, admin):
-    sessionless = await make_agent(state, admin, "n", scope={"read": ["agent"], "write": ["agent"]})
+    sessionless = await make_agent(
+        state, admin, name="n", harness=full_memory(scope={"read": ["agent"], "write": ["agent"]})
+    )
     record = await remember(state, sessionless, "no session", session=None)
     query = """query($a: UUID!, $id: UUID!) {
       agentMemory(actionId: $a, id: $id) { sessionId session { sessionId } } }"""
@@ -544,7 +554,10 @@ async def test_add_agent_memory_refusals_leave_nothing(state, gql, admin, agent)
 
 async def test_an_operator_seeds_only_scopes_the_agent_reads(state, gql, admin):
     session_reader = await make_agent(
-        state, admin, "s", scope={"read": ["session"], "write": ["session"]}
+        state,
+        admin,
+        name="s",
+        harness=full_memory(scope={"read": ["session"], "write": ["session"]}),
     )
     refused = await gql(
         admin,

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from memory_helpers import make_agent, remember
+from factories import make_agent, remember
 
 from app.errors import BadInput
 from app.graphql.relay import decode_cursor, encode_cursor, global_id

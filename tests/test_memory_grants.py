@@ -4,8 +4,18 @@ its memory needs none and grants nothing to anyone."""
 import uuid
 
 import pytest
-from helpers import allow, caller, deny, make_account
-from memory_helpers import commit, make_agent, record_turn, remember, work, writer
+from factories import (
+    allow,
+    caller,
+    commit,
+    deny,
+    make_account,
+    make_agent,
+    record_turn,
+    remember,
+    work,
+    writer,
+)
 
 from app.memory.service import NewMemory
 

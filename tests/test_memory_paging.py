@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import pytest
-from memory_helpers import commit, make_agent, work, writer
+from factories import commit, make_agent, work, writer
 
 from app.actions.service import agent_principal
 from app.memory import operator, store

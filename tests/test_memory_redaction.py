@@ -5,22 +5,18 @@ import json
 import uuid
 from typing import Any
 
-from helpers import GQL, allow, caller
+import pytest
+from factories import allow, caller, make_agent, make_agent_id, memory_harness
+from helpers import GQL
 from openai_server import OpenAIServer
-from runtime_support import (
-    RUNNER_POLICIES,
-    make_agent,
-    memory_harness,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
-    run,
-    settings,  # noqa: F401  (fixture)
-    tool_runs,
-)
+from runtime_support import RUNNER_POLICIES, run, tool_runs
 
 from app.auth.caller import Caller
 from app.executions import store as executions_store
 from app.state import AppState
+
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
 
 READ_MEMORY = allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document")
 LABELS = {"customer_id": {"number": 5, "description": "The customer the memory is about."}}
@@ -58,8 +54,14 @@ def leaked(value: Any) -> list[str]:
 async def test_m55_transcripts_show_memory_text_only_with_the_memory_grants(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(
-        gql, admin, memory_harness(tools=["add_memory", "read_memory"], labels=LABELS)
+    action_id = str(
+        (
+            await make_agent(
+                gql.state,
+                admin,
+                harness=memory_harness(tools=["add_memory", "read_memory"], labels=LABELS),
+            )
+        ).action_id
     )
     model_server.call_tools(
         (
@@ -126,7 +128,7 @@ async def test_m55_transcripts_show_memory_text_only_with_the_memory_grants(
 async def test_m55_an_operator_write_is_recorded_without_the_record_text(
     gql: GQL, admin: Caller
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     added = await gql(
         admin,
         """mutation($a: UUID!, $input: AgentMemoryInput!) {
@@ -148,7 +150,7 @@ async def test_m55_an_operator_write_is_recorded_without_the_record_text(
 async def test_m55_records_in_an_executions_input_and_output_are_reduced_at_the_read_edge(
     state: AppState, gql: GQL, admin: Caller
 ) -> None:
-    action_id = uuid.UUID(await make_agent(gql, admin, memory_harness()))
+    action_id = (await make_agent(gql.state, admin, harness=memory_harness())).action_id
     execution_id, memory_id = uuid.uuid4(), str(uuid.uuid4())
     view = {"id": memory_id, "version": 2, "summary": SUMMARY, "content": CONTENT, "kind": "fact"}
     operator_view = {"memoryId": memory_id, "version": 2, "summary": SUMMARY}

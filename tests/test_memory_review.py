@@ -6,20 +6,20 @@ import json
 from typing import Any
 
 import pytest
-from helpers import GQL, allow, caller
+from factories import allow, caller, make_agent, make_agent_id, memory_harness
+from helpers import GQL, eventually
 from openai_server import OpenAIServer, Recorded
 from runtime_support import (
+    DECIDE_CALL,
     RUNNER_POLICIES,
+    candidates,
     chat,
+    decide,
     events,
-    make_agent,
     memories,
     memory,
-    memory_harness,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
+    review_requests,
     run,
-    settings,  # noqa: F401  (fixture)
 )
 
 from app.actions.service import agent_principal
@@ -28,31 +28,14 @@ from app.runtime import review as review_module
 from app.runtime.review import DEFAULT_INSTRUCTIONS
 from app.state import AppState
 
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
+
 BOTH_SCOPES = {"read": ["session", "agent"], "write": ["session", "agent"]}
-CANDIDATE_CALL = '"name": "remember"'
-DECIDE_CALL = '"name": "decide"'
-
-
-def candidates(server: OpenAIServer, *items: dict[str, Any], **match: Any) -> None:
-    """Scripts the next candidate call's answer (facts: summary and kind `fact` by default)."""
-    listed = [{"kind": "fact", **item} for item in items]
-    server.call_tools(
-        ("remember", {"candidates": listed}), purpose="memory", when=CANDIDATE_CALL, **match
-    )
-
-
-def decide(server: OpenAIServer, *decisions: dict[str, Any], **match: Any) -> None:
-    server.call_tools(
-        ("decide", {"decisions": list(decisions)}), purpose="memory", when=DECIDE_CALL, **match
-    )
 
 
 def reviews(execution: dict[str, Any]) -> list[dict[str, Any]]:
     return events(execution, "memory.review")
-
-
-def review_requests(server: OpenAIServer, tool: str = CANDIDATE_CALL) -> list[Recorded]:
-    return [r for r in chat(server, "memory") if tool in json.dumps(r.body)]
 
 
 def conversation(request: Recorded) -> str:
@@ -76,7 +59,7 @@ async def remembered(
 async def test_m10_m15_a_fact_stated_in_a_turn_becomes_an_extraction_record(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.say("Nice to meet you, Ada.")
     candidates(model_server, {"summary": "The user's name is Ada", "content": "said so"})
     executed = await run(gql, admin, action_id, "Please remember that my name is Ada")
@@ -124,7 +107,7 @@ async def test_m10_m15_a_fact_stated_in_a_turn_becomes_an_extraction_record(
 async def test_m11_m12_a_restated_fact_leaves_one_record(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     first = await remembered(gql, admin, model_server, action_id, "The user's name is Ada.")
 
     # Restated word for word (case, spacing and the final stop aside): skipped, no decide call.
@@ -155,7 +138,7 @@ async def test_m11_m12_a_restated_fact_leaves_one_record(
 async def test_m12_a_correction_replaces_the_record_it_corrects(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
     candidates(model_server, {"summary": "Ada lives in Berlin"})
     decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
@@ -184,7 +167,7 @@ async def test_m12_a_correction_replaces_the_record_it_corrects(
 async def test_m12_a_record_the_conversation_shows_wrong_is_deleted(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     wrong = await remembered(gql, admin, model_server, action_id, "Ada has a dog named Rex")
     candidates(model_server, {"summary": "Ada has never had a dog named Rex"})
     evidence = "the user said: I never had a dog, Rex is my neighbour's"
@@ -209,7 +192,7 @@ async def test_m14_every_n_messages_reviews_only_when_due_and_covers_them_all(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     harness = memory_harness(extraction={"every": {"messages": 4}})
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.say("Hello Ada.")
     first = await run(gql, admin, action_id, "Hi, I'm Ada")
     assert reviews(first) == [] and chat(model_server, "memory") == []  # 2 messages: not due
@@ -248,7 +231,7 @@ async def test_m14_an_agent_without_sessions_counts_per_agent(
     harness = memory_harness(
         scope={"read": ["agent"], "write": ["agent"]}, extraction={"every": {"messages": 3}}
     )
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     first = await run(gql, admin, action_id, "I'm Ada", session=None)
     assert reviews(first) == []
     candidates(model_server, {"summary": "The user is Ada"})
@@ -263,7 +246,13 @@ async def test_m13_extraction_prompt_replaces_the_default_instructions(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     prompt = "Keep only the customer's shipping preferences."
-    action_id = await make_agent(gql, admin, memory_harness(extraction={"prompt": prompt}))
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=memory_harness(extraction={"prompt": prompt})
+            )
+        ).action_id
+    )
     await run(gql, admin, action_id, "Ship by sea please")
     (asked,) = chat(model_server, "memory")
     system = asked.body["messages"][0]["content"]
@@ -274,7 +263,7 @@ async def test_m13_extraction_prompt_replaces_the_default_instructions(
 async def test_m12_a_hallucinated_handle_changes_nothing(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
     candidates(model_server, {"summary": "Ada lives in Rome"}, {"summary": "Ada lives in Oslo"})
     decide(
@@ -295,7 +284,7 @@ async def test_m12_a_hallucinated_handle_changes_nothing(
 async def test_m10_a_failed_review_keeps_the_answer_and_its_messages_are_reviewed_next(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.say("Got it, Lisbon.")
     model_server.chat_error(500, purpose="memory")
     failed = await run(gql, admin, action_id, "I live in Lisbon")
@@ -319,7 +308,7 @@ async def test_m10_a_failed_review_keeps_the_answer_and_its_messages_are_reviewe
 async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
     # The agent replaces the record itself; its review then keeps another fact, late: an
     # operator deletes the record meanwhile, so the turn's commit finds it changed and the
@@ -334,10 +323,7 @@ async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
     candidates(model_server, {"summary": "Ada owns a red bike"}, delay=1.0)
     decide(model_server, {"candidate": "c1", "action": "add"})  # if a neighbour is close
     turn = asyncio.create_task(run(gql, admin, action_id, "I moved to Berlin, and I got a bike"))
-    for _ in range(200):
-        if len(review_requests(model_server)) == 2:
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: len(review_requests(model_server)) == 2, "the review's 2nd call")
     deleted = await gql(
         admin,
         "mutation($a: UUID!, $m: UUID!) { deleteAgentMemory(actionId: $a, id: $m) { status } }",
@@ -362,7 +348,7 @@ async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
 async def test_m16_preview_turns_write_preview_records(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     live = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
     candidates(model_server, {"summary": "Ada prefers tea"})
     decide(model_server, {"candidate": "c1", "action": "add"})  # if a neighbour is close
@@ -386,7 +372,7 @@ async def test_m16_reviews_write_agent_scope_only_when_write_includes_agent(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     # Session-only writes: scope is not offered, and a candidate naming it is told so.
-    session_only = await make_agent(gql, admin, memory_harness())
+    session_only = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada likes jazz", "scope": "AGENT"})
     candidates(model_server, {"summary": "Ada likes jazz"})
     executed = await run(gql, admin, session_only, "I like jazz")
@@ -399,7 +385,7 @@ async def test_m16_reviews_write_agent_scope_only_when_write_includes_agent(
     assert reviews(executed)[0]["malformed"]
 
     # Both scopes written: the review may choose agent scope.
-    both = await make_agent(gql, admin, memory_harness(scope=BOTH_SCOPES))
+    both = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
     candidates(model_server, {"summary": "Ada's company is Acme", "scope": "AGENT"})
     await run(gql, admin, both, "I work at Acme")
     offered = chat(model_server, "memory")[-1].body["tools"][0]["function"]["parameters"]
@@ -415,7 +401,7 @@ async def test_m16_a_record_outside_the_write_scopes_is_never_replaced(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
     # Version 1 writes agent scope; version 2 reads it but writes only session scope.
-    action_id = await make_agent(gql, admin, memory_harness(scope=BOTH_SCOPES))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
     shared = await remembered(
         gql, admin, model_server, action_id, "Acme's office is in Paris", session="s1"
     )
@@ -446,7 +432,7 @@ async def test_m16_a_record_outside_the_write_scopes_is_never_replaced(
 async def test_m12_a_malformed_reply_is_told_once_then_dropped(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.say("I think Ada likes jazz", purpose="memory")  # text, not the tool
     model_server.call_tools(("remember", "{not json"), purpose="memory")
     executed = await run(gql, admin, action_id, "I like jazz")
@@ -468,7 +454,7 @@ async def test_m12_a_candidate_over_the_limits_is_shortened_and_never_pinned(
         pinned={"max_tokens": 200},
         labels={"customer_id": {"number": 5, "description": "The customer."}},
     )
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     long = "Ada " + "really " * 100 + "likes jazz"
     candidates(
         model_server,
@@ -489,7 +475,7 @@ async def test_m12_a_candidate_over_the_limits_is_shortened_and_never_pinned(
 async def test_m55_a_review_shows_its_memory_text_only_with_the_memory_grants(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     await remembered(gql, admin, model_server, action_id, "Ada has a dog named Rex")
     candidates(model_server, {"summary": "Ada never had a dog", "content": "zebra evidence"})
     decide(
@@ -521,7 +507,13 @@ async def test_m14_a_long_run_of_messages_is_read_in_parts(
     gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # the test's messages fill two parts
-    action_id = await make_agent(gql, admin, memory_harness(extraction={"every": {"messages": 4}}))
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=memory_harness(extraction={"every": {"messages": 4}})
+            )
+        ).action_id
+    )
     model_server.say("Noted the first.")
     await run(gql, admin, action_id, "First: " + "tea " * 50)
     candidates(model_server, {"summary": "Ada likes tea"})

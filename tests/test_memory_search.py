@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from search_helpers import CONFIG, T0, Agent, new_agent
+from factories import CONFIG, T0, SearchAgent, allow, caller, make_search_agent
 
 from app.actions import service as actions
 from app.actions.harness import SearchConfig
@@ -33,11 +33,13 @@ def plan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 @pytest.fixture
-async def agent(state: AppState, admin: Caller) -> Agent:
-    return await new_agent(state, admin)
+async def agent(state: AppState, admin: Caller) -> SearchAgent:
+    return await make_search_agent(state, admin)
 
 
-async def test_m21_lexical_matches_any_word_and_ranks_by_words(agent: Agent, plan: str) -> None:
+async def test_m21_lexical_matches_any_word_and_ranks_by_words(
+    agent: SearchAgent, plan: str
+) -> None:
     both = await agent.add("Caroline went to the LGBTQ support group yesterday")
     one = await agent.add("The support staff fixed my laptop")
     await agent.add("Melanie painted a sunrise over the lake")
@@ -46,7 +48,9 @@ async def test_m21_lexical_matches_any_word_and_ranks_by_words(agent: Agent, pla
     assert found == [both, one]
 
 
-async def test_m21_vector_finds_by_meaning_without_shared_words(agent: Agent, plan: str) -> None:
+async def test_m21_vector_finds_by_meaning_without_shared_words(
+    agent: SearchAgent, plan: str
+) -> None:
     pets = await agent.add("Our dog and two cats sleep by the fireplace")
     await agent.add("Quarterly revenue grew in the enterprise segment")
     await agent.add("The train to Boston departs at noon")
@@ -55,7 +59,7 @@ async def test_m21_vector_finds_by_meaning_without_shared_words(agent: Agent, pl
     assert await agent.find("puppies and kittens", mode="lexical") == []
 
 
-async def test_m20_m21_hybrid_combines_words_and_meaning(agent: Agent, plan: str) -> None:
+async def test_m20_m21_hybrid_combines_words_and_meaning(agent: SearchAgent, plan: str) -> None:
     words = await agent.add("The kitten knocked the invoice off the desk")
     meaning = await agent.add("Our dog and two cats sleep by the fireplace")
     await agent.add("Quarterly revenue grew in the enterprise segment")
@@ -74,7 +78,7 @@ async def test_m20_m21_hybrid_combines_words_and_meaning(agent: Agent, plan: str
     assert result.embed_tokens > 0
 
 
-async def test_m21_mode_defaults_to_config_and_lexical_skips_embedding(agent: Agent) -> None:
+async def test_m21_mode_defaults_to_config_and_lexical_skips_embedding(agent: SearchAgent) -> None:
     await agent.add("Our dog and two cats sleep by the fireplace")
     vector_config = SearchConfig(mode="vector")
     assert await agent.find("puppies and kittens", config=vector_config) != []
@@ -87,7 +91,7 @@ async def test_m21_mode_defaults_to_config_and_lexical_skips_embedding(agent: Ag
         await agent.find("dog", mode="fuzzy")
 
 
-async def test_m23_min_score_applies_to_meaning_only(agent: Agent, plan: str) -> None:
+async def test_m23_min_score_applies_to_meaning_only(agent: SearchAgent, plan: str) -> None:
     pets = await agent.add("Our dog and two cats sleep by the fireplace")
     words = await agent.add("Kittens: see the invoice from the supplier")
     await agent.add("Quarterly revenue grew in the enterprise segment")
@@ -120,7 +124,7 @@ async def test_m23_min_score_applies_to_meaning_only(agent: Agent, plan: str) ->
     assert pets in everything
 
 
-async def test_m20_newer_records_win_ties(agent: Agent, plan: str) -> None:
+async def test_m20_newer_records_win_ties(agent: SearchAgent, plan: str) -> None:
     older = await agent.add("Melanie painted a sunrise", created=T0)
     newer = await agent.add("Melanie painted a sunrise", created=T0 + timedelta(days=3))
     middle = await agent.add("Melanie painted a sunrise", created=T0 + timedelta(days=1))
@@ -128,7 +132,7 @@ async def test_m20_newer_records_win_ties(agent: Agent, plan: str) -> None:
         assert await agent.find("sunrise painting", mode=mode, limit=3) == [newer, middle, older]
 
 
-async def test_m22_limit_defaults_to_max_results(agent: Agent, plan: str) -> None:
+async def test_m22_limit_defaults_to_max_results(agent: SearchAgent, plan: str) -> None:
     for i in range(8):
         await agent.add(f"Note {i} about the garden fence")
     assert len(await agent.find("garden fence")) == 5
@@ -139,7 +143,7 @@ async def test_m22_limit_defaults_to_max_results(agent: Agent, plan: str) -> Non
         await agent.find("garden", limit=-1)
 
 
-async def test_m37_labels_filter_exact_values(agent: Agent, plan: str) -> None:
+async def test_m37_labels_filter_exact_values(agent: SearchAgent, plan: str) -> None:
     mine = await agent.add("Customer prefers email", labels={5: "cust-1"})
     await agent.add("Customer prefers email", labels={5: "cust-10"})
     await agent.add("Customer prefers email", labels={6: "cust-1"})
@@ -150,7 +154,7 @@ async def test_m37_labels_filter_exact_values(agent: Agent, plan: str) -> None:
     assert await agent.find("email", labels={5: "cust"}, limit=10) == []
 
 
-async def test_m38_kind_and_ids_filter_ranked_and_listed(agent: Agent, plan: str) -> None:
+async def test_m38_kind_and_ids_filter_ranked_and_listed(agent: SearchAgent, plan: str) -> None:
     fact = await agent.add("The office moved to Lisbon", kind="fact")
     event = await agent.add("The office party was in Lisbon", kind="event")
     other = await agent.add("Lisbon trams are yellow", kind="fact")
@@ -161,7 +165,7 @@ async def test_m38_kind_and_ids_filter_ranked_and_listed(agent: Agent, plan: str
     assert await agent.find("Lisbon", ids=[], limit=10) == []
 
 
-async def test_m38_listing_pages_newest_first(agent: Agent) -> None:
+async def test_m38_listing_pages_newest_first(agent: SearchAgent) -> None:
     ids = [await agent.add(f"record {i}") for i in range(7)]
     newest_first = list(reversed(ids))
     result = await search(
@@ -206,7 +210,7 @@ async def test_m38_listing_pages_newest_first(agent: Agent) -> None:
         await agent.find("record", after=result.next_cursor or "x")
 
 
-async def test_m3_p2_p3_search_sees_only_visible_records(agent: Agent, plan: str) -> None:
+async def test_m3_p2_p3_search_sees_only_visible_records(agent: SearchAgent, plan: str) -> None:
     text = "The customer wants the blue umbrella"
     mine = await agent.add(text, scope="SESSION", session_id="s1")
     theirs = await agent.add(text, scope="SESSION", session_id="s2")
@@ -249,8 +253,8 @@ async def test_m3_p2_p3_search_sees_only_visible_records(agent: Agent, plan: str
 async def test_m2_another_agents_records_never_found(
     state: AppState, admin: Caller, plan: str
 ) -> None:
-    one = await new_agent(state, admin)
-    two = await new_agent(state, admin)
+    one = await make_search_agent(state, admin)
+    two = await make_search_agent(state, admin)
     text = "The launch code is in the red binder"
     mine = await one.add("Something else entirely")
     await two.add(text)
@@ -276,11 +280,11 @@ query ($actionId: UUID!, $text: String, $mode: ActionAgentMemorySearchMode, $kin
 
 
 async def test_m38_m55_graphql_search_memories(state: AppState, admin: Caller, gql: Any) -> None:
-    from helpers import allow, caller
-
     harness = {"memory": {"labels": {"customer_id": {"number": 5, "description": "The customer."}}}}
-    created = await actions.create_action(state.pool, admin, "support", "", None, harness)
-    agent = Agent(state, admin.account_id, created.action_id)
+    created = await actions.create_action(
+        state.pool, admin, name="support", instructions="", model=None, harness=harness
+    )
+    agent = SearchAgent(state, admin.account_id, created.action_id)
     email = await agent.add("Customer prefers email", labels={5: "c1"})
     await agent.add("Customer prefers email", labels={5: "c2"})
     phone = await agent.add("Customer prefers phone calls", labels={5: "c1"})
@@ -330,7 +334,7 @@ async def test_m38_m55_graphql_search_memories(state: AppState, admin: Caller, g
     assert result.codes == ["ACCESS_DENIED"]
 
 
-async def test_m21_any_query_text_is_safe(agent: Agent) -> None:
+async def test_m21_any_query_text_is_safe(agent: SearchAgent) -> None:
     quoted = await agent.add("O'Brien's C:\\temp\\notes & <tags> | !bang (paren)")
     for query in ("O'Brien's", "C:\\temp\\notes", "& | ! ( ) : * '' \\", "the and of", "x" * 3000):
         for mode in ("hybrid", "lexical", "vector"):
@@ -340,7 +344,7 @@ async def test_m21_any_query_text_is_safe(agent: Agent) -> None:
 
 
 async def test_m20_index_plan_finds_rare_and_common_words(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The index plan looks up rare words in GIN and reads common words newest first.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
@@ -370,7 +374,7 @@ async def test_m20_index_plan_looks_for_common_words_among_the_newest_records(
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
     monkeypatch.setattr(search_module, "RARE_WORD_ROWS", 5)
     monkeypatch.setattr(search_module, "COMMON_WORD_SHARE", 0.5)
-    other, agent = await new_agent(state, admin), await new_agent(state, admin)
+    other, agent = await make_search_agent(state, admin), await make_search_agent(state, admin)
     for i in range(150):
         await other.add(f"Weather report {i}")
     old = await agent.add("Weather in the old days", created=T0 - timedelta(days=30))

@@ -7,11 +7,14 @@ import json
 import asyncpg
 import numpy as np
 import pytest
-from helpers import allow, caller, make_account
-from memory_helpers import (
+from factories import (
+    allow,
+    caller,
     commit,
     forget,
+    full_memory,
     listed,
+    make_account,
     make_agent,
     remember,
     work,
@@ -108,7 +111,9 @@ async def test_m34_kind_is_one_of_the_agents_kinds(state, admin, agent):
         assert (await remember(state, agent, f"a {kind}", kind=kind)).kind == kind
     with pytest.raises(BadInput, match="guidance, fact, event, reference"):
         await work(state, writer(agent)).add(NewMemory(summary="x", kind="opinion"))
-    custom = await make_agent(state, admin, "custom", kinds=["preference"])
+    custom = await make_agent(
+        state, admin, name="custom", harness=full_memory(kinds=["preference"])
+    )
     assert (await remember(state, custom, "likes tea", kind="preference")).kind == "preference"
     with pytest.raises(BadInput, match="kinds: preference"):
         await work(state, writer(custom)).add(NewMemory(summary="x", kind="fact"))
@@ -138,7 +143,7 @@ async def test_m35_undeclared_label_refused_naming_the_declared_ones(state, admi
         await unit.add(NewMemory(summary="x", kind="fact", labels={"region": "eu"}))
     with pytest.raises(BadInput, match="not declared"):
         await unit.add(NewMemory(summary="x", kind="fact", labels={6: "eu"}))
-    bare = await make_agent(state, admin, "bare", labels={})
+    bare = await make_agent(state, admin, name="bare", harness=full_memory(labels={}))
     with pytest.raises(BadInput, match="declares no labels"):
         await work(state, writer(bare)).add(NewMemory(summary="x", kind="fact", labels={5: "a"}))
 
@@ -184,7 +189,7 @@ async def test_m59_a_new_record_was_modified_when_it_was_created(state, agent):
 
 # M1
 async def test_m1_memory_off_unless_enabled(state, admin):
-    off = await make_agent(state, admin, "off", enabled=False)
+    off = await make_agent(state, admin, name="off", harness=full_memory(enabled=False))
     unit = work(state, writer(off))
     with pytest.raises(BadInput, match="not enabled"):
         await unit.add(NewMemory(summary="x", kind="fact"))
@@ -198,30 +203,35 @@ async def test_m6_m8_session_scope_by_default(state, admin):
     assert defaults.harness.memory.write == (Scope.SESSION,)
     record = await remember(state, defaults, "default scope")
     assert record.scope == "SESSION" and record.session_id == "s1"
-    both = await make_agent(state, admin, "both")
+    both = await make_agent(state, admin, name="both")
     assert (await remember(state, both, "unless agent is chosen")).scope == "SESSION"
 
 
 # M7
 async def test_m7_agent_scope_only_when_write_includes_agent(state, admin):
     session_only = await make_agent(
-        state, admin, "s", scope={"read": ["session", "agent"], "write": ["session"]}
+        state,
+        admin,
+        name="s",
+        harness=full_memory(scope={"read": ["session", "agent"], "write": ["session"]}),
     )
     with pytest.raises(BadInput, match="scope AGENT is not allowed"):
         await work(state, writer(session_only)).add(
             NewMemory(summary="x", kind="fact", scope="AGENT")
         )
-    both = await make_agent(state, admin, "b")
+    both = await make_agent(state, admin, name="b")
     chosen = await remember(state, both, "for every session", scope="AGENT")
     assert chosen.scope == "AGENT" and chosen.session_id == "s1"  # the session that wrote it
 
 
 # M9
 async def test_m9_writer_without_session_writes_agent_scope_only(state, admin):
-    sessionless = await make_agent(state, admin, "n", scope={"read": ["agent"], "write": ["agent"]})
+    sessionless = await make_agent(
+        state, admin, name="n", harness=full_memory(scope={"read": ["agent"], "write": ["agent"]})
+    )
     record = await remember(state, sessionless, "no session", session=None)
     assert record.scope == "AGENT" and record.session_id is None
-    misconfigured = await make_agent(state, admin, "m")  # write includes session
+    misconfigured = await make_agent(state, admin, name="m")  # write includes session
     with pytest.raises(BadInput, match="has no session scope"):
         await work(state, writer(misconfigured, session=None)).add(
             NewMemory(summary="x", kind="fact", scope="SESSION")
@@ -236,7 +246,9 @@ async def test_m9_writer_without_session_writes_agent_scope_only(state, admin):
 async def actions_with(state, admin, harness):
     from app.actions import service
 
-    return await service.create_action(state.pool, admin, "plain", "", None, harness)
+    return await service.create_action(
+        state.pool, admin, name="plain", instructions="", model=None, harness=harness
+    )
 
 
 # --- M3, M4, M5, M2 visibility ----------------------------------------------------------------
@@ -265,7 +277,7 @@ async def test_m4_agent_record_seen_by_every_session_that_reads_agent(state, adm
 
 # M5
 async def test_m5_read_scopes_decide_what_is_seen(state, admin):
-    agent = await make_agent(state, admin, "r")
+    agent = await make_agent(state, admin, name="r")
     agent_rec = await remember(state, agent, "agent wide", scope="AGENT")
     session_rec = await remember(state, agent, "session only")
     from app.actions import service
@@ -273,11 +285,11 @@ async def test_m5_read_scopes_decide_what_is_seen(state, admin):
     session_reader = await service.update_action(
         state.pool,
         admin,
-        agent.action_id,
-        "r",
-        "",
-        None,
-        {
+        action_id=agent.action_id,
+        name="r",
+        instructions="",
+        model=None,
+        harness={
             "memory": {
                 "enabled": True,
                 "scope": {"read": ["session"], "write": ["session"]},
@@ -291,11 +303,11 @@ async def test_m5_read_scopes_decide_what_is_seen(state, admin):
     agent_reader = await service.update_action(
         state.pool,
         admin,
-        agent.action_id,
-        "r",
-        "",
-        None,
-        {
+        action_id=agent.action_id,
+        name="r",
+        instructions="",
+        model=None,
+        harness={
             "memory": {
                 "enabled": True,
                 "scope": {"read": ["agent"], "write": ["agent"]},
@@ -310,7 +322,7 @@ async def test_m5_read_scopes_decide_what_is_seen(state, admin):
 # M2
 async def test_m2_no_agent_sees_another_agents_records(state, admin, agent):
     record = await remember(state, agent, "private to the first agent", scope="AGENT")
-    second = await make_agent(state, admin, "second")
+    second = await make_agent(state, admin, name="second")
     intruder = writer(second, session="s1")
     assert await listed(state, intruder) == []
     assert await work(state, intruder).read(record.memory_id) is None
@@ -321,7 +333,7 @@ async def test_m2_no_agent_sees_another_agents_records(state, admin, agent):
             NewMemory(summary="x", kind="fact", replaces=record.memory_id)
         )
     tenant = caller(await make_account(state), EVERYTHING)
-    foreign = await make_agent(state, tenant, "foreign")
+    foreign = await make_agent(state, tenant, name="foreign")
     assert await work(state, writer(foreign)).read(record.memory_id) is None
     assert (await operator_sees(state, agent, record.memory_id)).summary == record.summary
 
@@ -375,7 +387,10 @@ async def test_m42_replaced_record_must_be_active_and_writable(state, admin, age
         )
     # An agent that writes only session scope reads an agent-scope record it cannot replace.
     narrow = await make_agent(
-        state, admin, "narrow", scope={"read": ["session", "agent"], "write": ["session"]}
+        state,
+        admin,
+        name="narrow",
+        harness=full_memory(scope={"read": ["session", "agent"], "write": ["session"]}),
     )
     seeded = await seed(state, admin, narrow, "agent-wide fact", scope="AGENT")
     with pytest.raises(BadInput, match="AGENT scope, which this agent does not write"):
@@ -527,7 +542,10 @@ async def test_m58_deleting_a_deleted_record_returns_it_unchanged(state, agent):
 # M44
 async def test_m44_delete_reaches_only_the_scopes_the_writer_writes(state, admin):
     narrow = await make_agent(
-        state, admin, "narrow", scope={"read": ["session", "agent"], "write": ["session"]}
+        state,
+        admin,
+        name="narrow",
+        harness=full_memory(scope={"read": ["session", "agent"], "write": ["session"]}),
     )
     seeded = await seed(state, admin, narrow, "agent-wide", scope="AGENT")
     unit = work(state, writer(narrow))
@@ -558,7 +576,9 @@ async def test_m49_nothing_can_be_pinned_without_pinned(state, agent):
 # M52
 async def test_m52_pin_over_budget_is_refused_with_consolidate(state, admin):
     # Three lines of 60 characters: two fit in 31 tokens (121 characters), three do not.
-    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 31})
+    pinner = await make_agent(
+        state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 31})
+    )
     summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
     first = await remember(state, pinner, summary, pinned=True)
     assert len(first.pinned_line()) == 60
@@ -583,7 +603,9 @@ async def test_m52_pin_over_budget_is_refused_with_consolidate(state, admin):
 
 # M52
 async def test_m52_budget_counts_only_the_pins_the_writer_reads(state, admin):
-    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 15})
+    pinner = await make_agent(
+        state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 15})
+    )
     summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
     await remember(state, pinner, summary, pinned=True, session="s1")
     with pytest.raises(BadInput, match="Consolidate"):
@@ -596,7 +618,9 @@ async def test_m52_budget_counts_only_the_pins_the_writer_reads(state, admin):
 
 # M52
 async def test_m52_pins_committed_meanwhile_count_at_commit(state, admin):
-    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 15})
+    pinner = await make_agent(
+        state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 15})
+    )
     summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
     one, two = work(state, writer(pinner)), work(state, writer(pinner))
     await one.add(NewMemory(summary=summary, kind="fact", pinned=True, scope="AGENT"))
@@ -610,7 +634,9 @@ async def test_m52_pins_committed_meanwhile_count_at_commit(state, admin):
 
 # M50
 async def test_m50_pinned_lists_the_pins_the_writer_reads_in_a_stable_order(state, admin):
-    pinner = await make_agent(state, admin, "pins", pinned={"max_tokens": 2000})
+    pinner = await make_agent(
+        state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 2000})
+    )
     a = await remember(state, pinner, "first pin", pinned=True, scope="AGENT")
     b = await remember(state, pinner, "second pin", pinned=True)
     await remember(state, pinner, "not pinned")

@@ -11,7 +11,7 @@ import pytest
 from helpers import db_settings
 from openai_server import OpenAIServer
 from prometheus_client.parser import text_string_to_metric_families
-from test_http import serving
+from servers import serving
 
 ADMIN_TOKEN = "metrics-test-admin-token"
 METRICS = "financial.Deployment.metrics"

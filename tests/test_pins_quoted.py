@@ -6,23 +6,17 @@ could disguise it; in the pins, the recall block and the tool results alike. Pin
 
 import json
 
-from helpers import GQL, allow, caller
+import pytest
+from factories import allow, caller, make_agent_id, memory_harness
+from helpers import GQL
 from openai_server import OpenAIServer
-from runtime_support import (
-    chat,
-    make_agent,
-    memory_blocks,
-    memory_harness,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
-    run,
-    settings,  # noqa: F401  (fixture)
-    system_message,
-    tool_results,
-)
+from runtime_support import chat, memory_blocks, run, system_message, tool_results
 
 from app.auth.caller import Caller
 from app.runtime.instructions import PINNED_NOTE
+
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
 
 FAKE_ID = "00000000-0000-0000-0000-000000000000"
 HOSTILE = (
@@ -42,7 +36,7 @@ async def test_a_hostile_pinned_record_reaches_the_model_only_quoted_and_strippe
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     harness = memory_harness(tools=["add_memory", "read_memory"], pinned={"max_tokens": 500})
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     pin = {
         "summary": HOSTILE,
         "content": CONTENT,
@@ -117,7 +111,7 @@ async def test_pinning_through_add_agent_memory_needs_update_on_the_action(
     gql: GQL, admin: Caller
 ) -> None:
     harness = memory_harness(pinned={"max_tokens": 500})
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     memory_writer = caller(
         admin.account_id, allow(["INSERT", "SELECT"], "financial.AgentMemory.*"), principal="w"
     )

@@ -5,7 +5,7 @@ real operations, for callers built from policies and for clients created through
 """
 
 import pytest
-from helpers import allow, caller, deny, make_account
+from factories import allow, caller, deny, make_account
 
 from app.auth import service
 from app.auth.policies import ADMIN_POLICIES, is_allowed, parse_policies, require
@@ -249,7 +249,9 @@ async def test_policies_of_a_created_client_decide_its_requests(gql, state, admi
         {"effect": "ALLOW", "actions": ["SELECT", "INSERT"], "resources": ["financial.Action.*"]},
         {"effect": "DENY", "actions": ["INSERT"], "resources": ["financial.Action.docu?ent"]},
     ]
-    token = await service.create_client_token(state.pool, admin, None, "reader")
+    token = await service.create_client_token(
+        state.pool, admin, account_id=None, principal="reader"
+    )
     reader = await service.authenticate(state.pool, f"Bearer {token}")
     assert (await gql(reader, CREATE_ACTION)).codes == ["ACCESS_DENIED"]
     action = (await gql(admin, CREATE_ACTION)).ok()["createAction"]

@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import allow, deny, make_account
+from factories import allow, deny, make_account
 
 from app.auth import policies as policy_module
 from app.auth import service
@@ -107,7 +107,9 @@ async def test_create_and_update_refuse_patterns_that_name_nothing(gql, admin, r
 async def test_stored_policies_naming_nothing_load_with_one_warning(gql, state, admin, caplog):
     account = await make_account(state)
     ok = allow(["SELECT"], "financial.Action.*")
-    await service.create_client(state.pool, admin, account, "old", "Old", [ok])
+    await service.create_client(
+        state.pool, admin, account_id=account, principal="old", name="Old", policies=[ok]
+    )
     # Written before the check existed: a typo and the hostile DENY.
     stored = [ok, deny(["SELECT"], "financial.action.*"), deny(["SELECT"], HOSTILE)]
     async with state.pool.acquire() as conn:
@@ -116,8 +118,10 @@ async def test_stored_policies_naming_nothing_load_with_one_warning(gql, state, 
             account,
             stored,
         )
-    token = await service.create_client_token(state.pool, admin, account, "old")
-    policy_module._warned.clear()
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="old"
+    )
+    policy_module.forget_warnings()
     with caplog.at_level(logging.WARNING, logger="app.auth.policies"):
         for _ in range(3):
             me = await service.authenticate(state.pool, f"Bearer {token}")

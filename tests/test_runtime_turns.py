@@ -10,21 +10,19 @@ import asyncio
 import json
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest
-from helpers import GQL, allow, caller, db_settings
+from factories import allow, caller, make_agent, make_agent_id, make_running_turn, memory_harness
+from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
     RUNNER_POLICIES,
     chat,
     events,
-    make_agent,
     memories,
     memory,
-    memory_harness,
-    model_server,  # noqa: F401  (fixture)
     run,
     tool_names,
     tool_results,
@@ -32,10 +30,9 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.config import Settings
 from app.executions import store as executions_store
 from app.graphql.relay import encode_cursor, global_id
-from app.memory.service import MemoryWork, NewMemory, Writer
+from app.memory.service import MemoryWork
 from app.runtime import turns
 from app.runtime.model import ModelClient, ToolCall
 from app.runtime.tools import NativeTools, ToolResult
@@ -49,23 +46,12 @@ UPDATE = (
 )
 
 
-@pytest.fixture
-def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return db_settings(
-        db_url,
-        model_base_url=model_server.url,
-        model_name="scripted",
-        model_max_retries=2,
-        max_model_calls_per_turn=MAX_CALLS,
-    )
-
-
-@pytest.fixture(autouse=True)
-async def fast_model(state: AppState) -> AsyncIterator[None]:
-    client = ModelClient(state.settings, backoff_seconds=0.01)
-    state.services["model"] = client
-    yield
-    await client.aclose()
+pytestmark = [
+    pytest.mark.usefixtures("model_server"),
+    pytest.mark.settings(
+        model_name="scripted", model_max_retries=2, max_model_calls_per_turn=MAX_CALLS
+    ),
+]
 
 
 def runner(admin: Caller) -> Caller:
@@ -78,7 +64,7 @@ def runner(admin: Caller) -> Caller:
 async def test_m40_m45_m53_m26_add_memory_commits_with_full_provenance(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(
         (
             "add_memory",
@@ -122,7 +108,7 @@ async def test_m40_m45_m53_m26_add_memory_commits_with_full_provenance(
 async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     executed = await run(gql, runner(admin), action_id, "note it")
     (written,) = tool_runs(executed, "add_memory")[0]["output"]["memories"]
@@ -139,7 +125,7 @@ async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
 async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocation_2(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     model_server.chat_error(500, times=3)  # the first attempt and both retries of call 2
 
@@ -177,7 +163,7 @@ async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocatio
 async def test_retry_only_of_a_failed_execution_and_in_its_own_session(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     done = await run(gql, admin, action_id, "hi")
     request = {"actionId": action_id, "sessionId": "s1", "executionId": done["executionId"]}
     result = await gql(admin, EXECUTE, input=request)
@@ -204,7 +190,13 @@ async def test_a_tool_crash_fails_the_turn_and_keeps_no_memory(
     model_server: OpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory", "delete_memory"]))
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=memory_harness(tools=["add_memory", "delete_memory"])
+            )
+        ).action_id
+    )
     model_server.call_tools(
         ("add_memory", {"summary": "Ada prefers email", "kind": "fact"}),
         ("delete_memory", {"id": str(uuid.uuid4())}),
@@ -228,7 +220,7 @@ async def test_concurrent_turns_of_one_agent_cannot_lose_updates(
     harness = memory_harness(
         tools=["add_memory"], scope={"read": ["session", "agent"], "write": ["session", "agent"]}
     )
-    action_id = await make_agent(gql, admin, harness)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.call_tools(
         ("add_memory", {"summary": "Ada's plan is Basic", "kind": "fact", "scope": "AGENT"})
     )
@@ -267,35 +259,8 @@ async def test_concurrent_turns_of_one_agent_cannot_lose_updates(
 async def test_stale_turns_are_failed_and_their_staged_memory_dropped(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
-    from app.actions.service import agent_principal, load_action
-
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
-    crashed = uuid.uuid4()
-    async with state.pool.acquire() as conn:
-        action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
-        assert action is not None
-        await executions_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
-        await executions_store.insert_execution(
-            conn,
-            account_id=admin.account_id,
-            action_id=action.action_id,
-            execution_id=crashed,
-            action_version=1,
-            session_id="s1",
-            turn=1,
-            kind="TURN",
-            status="RUNNING",
-            preview=False,
-            principal="admin",
-            input="hi",
-        )
-    assert state.embedder is not None
-    writer = Writer(
-        admin.account_id, action, crashed, 1, "s1", agent_principal(action.action_id), "TOOL", False
-    )
-    await MemoryWork(state.pool, state.embedder, writer).add(NewMemory("Half-written fact", "fact"))
-    async with state.pool.acquire() as conn:
-        await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    crashed = await make_running_turn(state, admin, action_id=action_id, idle=timedelta(days=1))
 
     await run(gql, admin, action_id, "hello")
 
@@ -325,7 +290,7 @@ async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
     model_server: OpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     swept: list[uuid.UUID] = []
 
@@ -351,7 +316,7 @@ async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
     model_server: OpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     original = NativeTools.call
     sweep_in_tool = False
 
@@ -398,7 +363,7 @@ async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
 async def test_every_model_request_says_its_purpose_and_usage_is_recorded(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     executed = await run(gql, admin, action_id, "note it")
     await run(gql, admin, action_id, "and now?")
@@ -432,7 +397,7 @@ async def test_per_action_model_configuration_is_sent(
         "temperature": 0.2,
         "maxTokens": 300,
     }
-    action_id = await make_agent(gql, admin, None, model=model)
+    action_id = await make_agent_id(gql.state, admin, harness=None, model=model)
     await run(gql, admin, action_id, "hi")
     (request,) = chat(model_server)
     assert (request.body["model"], request.body["temperature"], request.body["max_tokens"]) == (
@@ -465,14 +430,18 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
             refused = await gql(admin, CREATE, input={"name": "agent", "model": model})
             assert refused.codes == ["BAD_REQUEST"], refused.errors
             assert setting in refused.errors[0]["message"]
-            plain = await make_agent(gql, admin, None)
+            plain = await make_agent_id(gql.state, admin, harness=None)
             refused = await gql(admin, UPDATE, id=plain, input={"name": "agent", "model": model})
             assert refused.codes == ["BAD_REQUEST"], refused.errors
             assert setting in refused.errors[0]["message"]
         # An action written while the operator allowed its endpoint is checked again at each
         # turn: the allow-list may have shrunk meanwhile.
         state.settings.model_allowed_base_urls = [elsewhere.url]
-        action_id = await make_agent(gql, admin, None, model={"baseUrl": elsewhere.url})
+        action_id = str(
+            (
+                await make_agent(gql.state, admin, harness=None, model={"baseUrl": elsewhere.url})
+            ).action_id
+        )
         state.settings.model_allowed_base_urls = []
         refused = await gql(
             admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "hi"}
@@ -490,8 +459,15 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
     # Once the operator lists the variable, its value goes to an allowed endpoint.
     monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
     monkeypatch.setattr(state.settings, "model_allowed_key_envs", ["TEAM_MODEL_KEY"])
-    action_id = await make_agent(
-        gql, admin, None, model={"baseUrl": model_server.url, "apiKeyEnv": "TEAM_MODEL_KEY"}
+    action_id = str(
+        (
+            await make_agent(
+                gql.state,
+                admin,
+                harness=None,
+                model={"baseUrl": model_server.url, "apiKeyEnv": "TEAM_MODEL_KEY"},
+            )
+        ).action_id
     )
     executed = await run(gql, admin, action_id, "hi")
     assert executed["status"] == "SUCCEEDED", executed["error"]
@@ -510,14 +486,14 @@ async def test_a_model_nobody_answers_fails_the_turn_naming_the_setting_to_chang
     # The deployment's default endpoint: the message names ENGRAM_MODEL_BASE_URL.
     dead = _closed_port_url()
     monkeypatch.setattr(state.settings, "model_base_url", dead)
-    executed = await run(gql, admin, await make_agent(gql, admin, None), "hi")
+    executed = await run(gql, admin, await make_agent_id(gql.state, admin, harness=None), "hi")
     assert executed["status"] == "FAILED"
     assert "ENGRAM_MODEL_BASE_URL" in executed["error"], executed["error"]
     assert dead in executed["error"]
     # An action's own endpoint: the message names the action's model.baseUrl.
     other = _closed_port_url()
     monkeypatch.setattr(state.settings, "model_allowed_base_urls", [other])
-    action_id = await make_agent(gql, admin, None, model={"baseUrl": other})
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"baseUrl": other})
     executed = await run(gql, admin, action_id, "hi")
     assert executed["status"] == "FAILED"
     assert "model.baseUrl" in executed["error"] and "ENGRAM_MODEL_BASE_URL" not in executed["error"]
@@ -526,7 +502,7 @@ async def test_a_model_nobody_answers_fails_the_turn_naming_the_setting_to_chang
 async def test_transient_model_errors_are_retried(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     model_server.chat_error(503)
     model_server.chat_error(429)
     model_server.say("hello back")
@@ -539,7 +515,7 @@ async def test_transient_model_errors_are_retried(
 async def test_unknown_tools_and_malformed_arguments_are_told_and_the_turn_goes_on(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("launch_rockets", {"count": 3}), ("add_memory", '{"summary": "Ada'))
     model_server.say("Sorry about that.")
     executed = await run(gql, admin, action_id, "hi")
@@ -557,7 +533,7 @@ async def test_unknown_tools_and_malformed_arguments_are_told_and_the_turn_goes_
 async def test_model_calls_per_turn_are_bounded(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     for _ in range(MAX_CALLS):
         model_server.call_tools(("search_memory", {"query": "anything"}))
     executed = await run(gql, admin, action_id, "loop forever")
@@ -575,7 +551,7 @@ async def test_model_calls_per_turn_are_bounded(
 async def test_sessions_count_turns_and_earlier_turns_reach_the_model(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     model_server.say("Nice to meet you, Ada.")
     first = await run(gql, admin, action_id, "I am Ada")
     second = await run(gql, admin, action_id, "Who am I?")
@@ -655,7 +631,7 @@ async def test_sessions_count_turns_and_earlier_turns_reach_the_model(
 async def test_transcripts_page_in_order_behind_their_grant(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     executed = await run(gql, admin, action_id, "hi")
     query = """query($id: UUID!, $after: String) { execution(executionId: $id) {
         transcript(first: 2, after: $after) {
@@ -679,7 +655,7 @@ async def test_transcripts_page_in_order_behind_their_grant(
 
 
 async def test_execute_action_needs_insert_on_executions(gql: GQL, admin: Caller) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     reader = caller(admin.account_id, allow(["SELECT"], "financial.*"), principal="reader")
     result = await gql(
         reader, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "hi"}
@@ -696,7 +672,7 @@ async def test_execute_action_needs_insert_on_executions(gql: GQL, admin: Caller
 async def test_input_may_be_any_json_value(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     executed = await run(gql, admin, action_id, {"question": "balance?", "account": 7})
     assert executed["input"] == {"question": "balance?", "account": 7}
     asked = chat(model_server)[0].body["messages"][-1]
@@ -708,7 +684,7 @@ async def test_input_may_be_any_json_value(
 async def test_crafted_global_ids_and_cursors_are_bad_requests(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, None)
+    action_id = await make_agent_id(gql.state, admin, harness=None)
     executed = await run(gql, admin, action_id, "hi")
     node = "query($id: ID!) { node(id: $id) { id } }"
     for type_name in ("ActionExecution", "ActionSession"):
@@ -749,7 +725,7 @@ async def test_m17_a_killed_attempt_keeps_its_transcript_up_to_its_last_model_ca
 ) -> None:
     """Issue 5: a process killed mid-turn leaves no memory, but what the attempt said stays in
     its transcript; while the attempt runs, its stored events are not listed."""
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     action_uuid = uuid.UUID(action_id)
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
     seen_while_running: dict[str, object] = {}

@@ -5,22 +5,17 @@ named, at every search entry point, and the static embedder embeds a long text i
 import json
 import tracemalloc
 
+import pytest
+from factories import make_agent_id, memory_harness
 from helpers import GQL
 from openai_server import OpenAIServer
-from runtime_support import (
-    chat,
-    make_agent,
-    memory_harness,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
-    run,
-    settings,  # noqa: F401  (fixture)
-    tool_results,
-    tool_runs,
-)
+from runtime_support import chat, run, tool_results, tool_runs
 
 from app.auth.caller import Caller
 from app.embeddings.static import StaticEmbedder
+
+# Every turn here talks to the scripted model server.
+pytestmark = pytest.mark.usefixtures("model_server")
 
 LIMIT = 4096  # ENGRAM_MAX_SEARCH_QUERY_CHARS's default
 SEARCH = """query($a: UUID!, $q: String) {
@@ -31,7 +26,7 @@ SEARCH = """query($a: UUID!, $q: String) {
 async def test_search_memories_refuses_a_query_over_the_limit_naming_it(
     gql: GQL, admin: Caller
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
 
     at_limit = await gql(admin, SEARCH, a=action_id, q="invoice " * (LIMIT // 8))
     assert at_limit.ok()["action"]["searchMemories"]["nodes"] == []
@@ -46,7 +41,7 @@ async def test_search_memories_refuses_a_query_over_the_limit_naming_it(
 async def test_search_memory_tool_gets_an_error_the_model_reads_for_a_long_query(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.call_tools(("search_memory", {"query": "refund " * 1000}))
     model_server.say("That search was too long.")
     executed = await run(gql, admin, action_id, "find the refund")

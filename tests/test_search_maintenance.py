@@ -13,8 +13,9 @@ from typing import Any
 import asyncpg
 import numpy as np
 import pytest
+from factories import SearchAgent, make_search_agent
+from helpers import eventually
 from pydantic import ValidationError
-from search_helpers import Agent, new_agent
 
 from app import cli
 from app.auth.caller import Caller
@@ -31,7 +32,7 @@ from app.state import AppState
 TOPICS = ["dogs and cats", "train timetables", "quarterly revenue", "mountain hiking", "jazz"]
 
 
-async def fill(agent: Agent, count: int) -> list[uuid.UUID]:
+async def fill(agent: SearchAgent, count: int) -> list[uuid.UUID]:
     return [
         await agent.add(f"Note {i} about {TOPICS[i % len(TOPICS)]}", f"detail {i}")
         for i in range(count)
@@ -57,12 +58,12 @@ class Capture:
         return await self.conn.fetch(*args)
 
 
-async def ranking(agent: Agent, query: str, mode: str = "hybrid") -> search_store.Ranking:
+async def ranking(agent: SearchAgent, query: str, mode: str = "hybrid") -> search_store.Ranking:
     vector = (await agent.state.embedder.embed([query])).vectors[0]
     return search_module.make_ranking(mode, query, vector, None, 5)
 
 
-async def index_plan_uses(agent: Agent, query: str) -> str:
+async def index_plan_uses(agent: SearchAgent, query: str) -> str:
     """The index plan's query for `query`, EXPLAINed in the transaction that ran it."""
     r = await ranking(agent, query)
     async with agent.state.pool.acquire() as conn, conn.transaction(readonly=True):
@@ -78,7 +79,7 @@ async def index_plan_uses(agent: Agent, query: str) -> str:
 async def test_m20_large_agent_gets_own_indexes_that_the_planner_uses(
     state: AppState, admin: Caller
 ) -> None:
-    large, small = await new_agent(state, admin), await new_agent(state, admin)
+    large, small = await make_search_agent(state, admin), await make_search_agent(state, admin)
     await fill(large, 120)
     await fill(small, 10)
     await state.pool.execute("ANALYZE agent_memories")
@@ -156,7 +157,7 @@ def count_prepares(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_plan(
     db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 120)
     await state.pool.execute("ANALYZE agent_memories")
     await maintenance.run_round(state.pool, min_records=100)
@@ -212,7 +213,7 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
         assert len(calls) == 1
         await state.pool.execute("DELETE FROM agent_indexes")
         monkeypatch.setattr(search_module, "OWN_INDEXES_SECONDS", 0.0)
-        search_module._OWN_INDEXES.clear()
+        search_module.forget_own_indexes()
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         # Counted again, no longer known as large; then known as small, and not counted.
@@ -235,7 +236,7 @@ async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
     # runs the one-statement path's statement and reaches its generic plan, also with a limit
     # whose ef_search is not the connection's. Under a label filter the index plan is still
     # planned for each search, as the label may leave few records.
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 120)
     await state.pool.execute("ANALYZE agent_memories")
     await maintenance.run_round(state.pool, min_records=100)
@@ -253,11 +254,11 @@ async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
     try:
         for _ in range(8):
             for ranked_by in (r, wide):
-                search_module._OWN_INDEXES.clear()
+                search_module.forget_own_indexes()
                 found, plan = await search_module.ranked(pool, agent.operator, Filters(), ranked_by)
                 assert plan == "index"
                 assert [x.memory_id for x in found] == exact[ranked_by.limit]
-            search_module._OWN_INDEXES.clear()
+            search_module.forget_own_indexes()
             await search_module.ranked(pool, agent.operator, labelled, r, "index")
         async with pool.acquire() as conn:
             plans = await cached_statements(conn, "WITH words AS MATERIALIZED")
@@ -277,7 +278,7 @@ async def test_m20_one_statement_searches_keep_the_readers_view(
 ) -> None:
     # M20 and the visibility rules on the one-statement path, for an agent reader and every
     # mode: the same records before and after the statement's plan is cached, none hidden.
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 120)
     text = "hiking in the mountains"
     hidden = [
@@ -304,7 +305,7 @@ async def test_m20_one_statement_searches_keep_the_readers_view(
 async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
     db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    agents = [await new_agent(state, admin) for _ in range(3)]
+    agents = [await make_search_agent(state, admin) for _ in range(3)]
     for agent in agents:
         await fill(agent, 10)
     pool = await create_pool(db_url, min_size=1, max_size=1)
@@ -344,7 +345,7 @@ async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
 async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     state: AppState, admin: Caller
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     ids = await fill(agent, 40)
     names = maintenance.index_names(agent.account_id, agent.action_id)
     assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
@@ -395,7 +396,7 @@ async def linger_passes(state: AppState) -> None:
 async def test_m20_at_most_max_agents_have_their_own_indexes(
     state: AppState, admin: Caller
 ) -> None:
-    agents = [await new_agent(state, admin) for _ in range(3)]
+    agents = [await make_search_agent(state, admin) for _ in range(3)]
     for agent, records in zip(agents, (40, 60, 50), strict=True):
         await fill(agent, records)
     small, large, middle = (maintenance.index_names(a.account_id, a.action_id) for a in agents)
@@ -415,7 +416,7 @@ async def test_m20_at_most_max_agents_have_their_own_indexes(
     assert done.dropped == [] and done.built == []
     assert await listed() == [agents[1].action_id]
     # A larger agent does not take the place of one that has its indexes (no rebuild churn).
-    newcomer = await new_agent(state, admin)
+    newcomer = await make_search_agent(state, admin)
     await fill(newcomer, 70)
     await linger_passes(state)
     done = await maintenance.run_round(state.pool, 30, max_agents=1)
@@ -430,7 +431,7 @@ async def test_m20_at_most_max_agents_have_their_own_indexes(
 async def test_m20_indexes_built_with_other_options_are_rebuilt(
     state: AppState, admin: Caller
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 40)
     vectors, words = maintenance.index_names(agent.account_id, agent.action_id)
     await maintenance.run_round(state.pool, 30)
@@ -464,7 +465,7 @@ async def test_m20_indexes_built_with_other_options_are_rebuilt(
 async def test_m20_interrupted_builds_and_orphans_are_dropped(
     state: AppState, admin: Caller
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 40)
     vectors, words = maintenance.index_names(agent.account_id, agent.action_id)
     # A CREATE INDEX CONCURRENTLY that fails leaves an invalid index under its name (here a
@@ -499,12 +500,12 @@ async def test_m20_one_process_maintains_at_a_time(state: AppState) -> None:
 async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row(
     state: AppState, admin: Caller
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 12)
     await maintenance.run_round(state.pool, 10)
     names = maintenance.index_names(agent.account_id, agent.action_id)
     assert await index_exists(state.pool, names[0])
-    other = await new_agent(state, admin)
+    other = await make_search_agent(state, admin)
     await fill(other, 12)
     await maintenance.run_round(state.pool, 10)
     others = maintenance.index_names(other.account_id, other.action_id)
@@ -535,7 +536,7 @@ async def test_m20_words_index_has_no_pending_list(state: AppState) -> None:
 async def test_m20_the_service_maintains_search_in_the_background(
     state: AppState, admin: Caller
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 25)
     settings = state.settings.model_copy(
         update={"search_maintenance_seconds": 0.05, "agent_index_min_records": 20}
@@ -543,12 +544,8 @@ async def test_m20_the_service_maintains_search_in_the_background(
     service = AppState(settings=settings, pool=state.pool, embedder=state.embedder)
     await start_services(service)
     try:
-        for _ in range(200):
-            if await state.pool.fetchval("SELECT count(*) FROM agent_indexes"):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("no maintenance round built the agent's indexes")
+        built = "SELECT count(*) > 0 FROM agent_indexes"
+        await eventually(lambda: state.pool.fetchval(built), "a round building the indexes")
     finally:
         await service.services["search_maintenance"].aclose()
     assert service.services["search_maintenance"]._task is None  # cancelled, awaited
@@ -557,7 +554,7 @@ async def test_m20_the_service_maintains_search_in_the_background(
 async def test_m20_maintain_search_command(
     state: AppState, admin: Caller, db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await fill(agent, 12)
     monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
     monkeypatch.setenv("ENGRAM_AGENT_INDEX_MAX_AGENTS", "0")  # the limit is the setting's
@@ -578,7 +575,7 @@ async def test_m20_maintain_search_command(
 async def test_m20_word_frequencies_refresh_at_start_even_without_rounds(
     state: AppState, admin: Caller
 ) -> None:
-    await fill(await new_agent(state, admin), 20)
+    await fill(await make_search_agent(state, admin), 20)
     await state.pool.execute("ANALYZE agent_memories")
     assert await state.pool.fetchval("SELECT count(*) FROM search_words") == 0
     assert state.settings.search_maintenance_seconds == 0
@@ -592,7 +589,7 @@ async def test_m20_a_word_in_exactly_the_limit_of_records_is_rare(
     state: AppState, admin: Caller
 ) -> None:
     # 5 of 11 records: ANALYZE's float4 share read as float8 times 11 is 5.0000001.
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     for i in range(11):
         await agent.add(f"Zanzibar trip note {i}" if i < 5 else f"Garden note {i}")
     await state.pool.execute("ANALYZE agent_memories")
@@ -612,7 +609,8 @@ async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppSt
                 await embedding_store.set_dimensions(conn, 64, VECTOR_COLUMNS)
 
         task = asyncio.create_task(reset())
-        await asyncio.sleep(0.5)
+        waiting = "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        await eventually(lambda: state.pool.fetchval(waiting), "the reset waiting on the lock")
         assert not task.done()  # waits instead of dropping indexes a round is building
         await holder.execute("SELECT pg_advisory_unlock(hashtext('engram.search_maintenance'))")
         await asyncio.wait_for(task, 10)

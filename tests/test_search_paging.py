@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from search_helpers import T0, Agent, new_agent
+from factories import T0, SearchAgent, make_search_agent
 
 from app.auth.caller import Caller
 from app.memory import search as search_module
@@ -34,7 +34,9 @@ def plan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return request.param
 
 
-async def pages(gql: Any, admin: Caller, agent: Agent, first: int, **args: Any) -> list[list[str]]:
+async def pages(
+    gql: Any, admin: Caller, agent: SearchAgent, first: int, **args: Any
+) -> list[list[str]]:
     found: list[list[str]] = []
     after = None
     while True:
@@ -54,7 +56,7 @@ async def pages(gql: Any, admin: Caller, agent: Agent, first: int, **args: Any) 
 async def test_search_memories_pages_with_after(
     state: AppState, admin: Caller, gql: Any, plan: str, mode: str
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     texts = [
         "The customer prefers email for invoices",
         "The customer prefers phone calls",
@@ -82,7 +84,7 @@ async def test_search_memories_pages_with_after(
 async def test_search_memories_without_query_pages_the_listing(
     state: AppState, admin: Caller, gql: Any
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     ids = [str(await agent.add(f"record {i}", created=T0 - timedelta(hours=i))) for i in range(5)]
     assert await pages(gql, admin, agent, 2) == [ids[:2], ids[2:4], ids[4:]]
 
@@ -90,7 +92,7 @@ async def test_search_memories_without_query_pages_the_listing(
 async def test_search_memories_refuses_a_cursor_of_another_kind(
     state: AppState, admin: Caller, gql: Any
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     for i in range(3):
         await agent.add(f"customer record {i}", created=T0 - timedelta(hours=i))
     a = str(agent.action_id)
@@ -114,7 +116,7 @@ async def test_index_plan_pages_past_its_first_candidates(
     """A later page's index plan proposes candidates for every record before it: paging 5 at a
     time reaches all 50 matches, past the 40 candidates a first page of 5 reads."""
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     for i in range(50):
         await agent.add(f"invoice number {i} for the customer", created=T0 - timedelta(hours=i))
     q = "customer invoice"
@@ -127,7 +129,7 @@ async def test_index_plan_pages_past_its_first_candidates(
 async def test_a_ranked_search_pages_through_its_best_10000(
     state: AppState, admin: Caller, gql: Any
 ) -> None:
-    agent = await new_agent(state, admin)
+    agent = await make_search_agent(state, admin)
     await agent.add("customer invoice", created=T0)
     a = str(agent.action_id)
     page = (await gql(admin, PAGE, a=a, q="invoice", first=1)).ok()["action"]["searchMemories"]

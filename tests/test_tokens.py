@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from helpers import allow, caller, db_settings, make_account
-from test_http import serving
+from factories import allow, caller, make_account
+from helpers import db_settings
+from servers import serving
 
 from app.auth import service
 from app.errors import Unauthenticated
@@ -42,19 +43,22 @@ async def valid(state, token: str) -> bool:
 
 async def test_a_changed_bootstrap_token_replaces_the_old_one_and_others_stay(state, admin):
     await service.bootstrap_admin(state.pool, FIRST)
-    other = await service.create_client_token(state.pool, admin, None, "admin")
+    other = await service.create_client_token(state.pool, admin, account_id=None, principal="admin")
     assert await valid(state, FIRST)
 
     await service.bootstrap_admin(state.pool, SECOND)
     assert not await valid(state, FIRST)  # the old setting's token no longer works
     assert await valid(state, SECOND)
     assert await valid(state, other)  # an admin token issued otherwise stays
-    listed = await service.list_client_tokens(state.pool, admin, None, "admin")
+    listed = await service.list_client_tokens(state.pool, admin, account_id=None, principal="admin")
     assert sorted(t.bootstrap for t in listed) == [False, True]
     # The same setting again changes nothing.
     await service.bootstrap_admin(state.pool, SECOND)
     assert await valid(state, SECOND) and await valid(state, other)
-    assert len(await service.list_client_tokens(state.pool, admin, None, "admin")) == 2
+    assert (
+        len(await service.list_client_tokens(state.pool, admin, account_id=None, principal="admin"))
+        == 2
+    )
 
 
 async def test_a_bootstrap_token_from_before_the_marking_is_marked_then_replaced(state, admin):
@@ -69,7 +73,9 @@ async def test_a_bootstrap_token_from_before_the_marking_is_marked_then_replaced
             admin.account_id,
         )
     await service.bootstrap_admin(state.pool, FIRST)
-    (marked,) = await service.list_client_tokens(state.pool, admin, None, "admin")
+    (marked,) = await service.list_client_tokens(
+        state.pool, admin, account_id=None, principal="admin"
+    )
     assert marked.bootstrap and marked.prefix == FIRST[:8]
     await service.bootstrap_admin(state.pool, SECOND)
     assert not await valid(state, FIRST) and await valid(state, SECOND)
@@ -111,10 +117,14 @@ async def test_tokens_are_listed_without_their_secret(gql, state, admin):
 
 async def test_last_used_is_written_at_most_once_a_minute(gql, state, admin):
     account = await bot(gql, admin, state)
-    token = await service.create_client_token(state.pool, admin, account, "bot")
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="bot"
+    )
 
     async def last_used():
-        (info,) = await service.list_client_tokens(state.pool, admin, account, "bot")
+        (info,) = await service.list_client_tokens(
+            state.pool, admin, account_id=account, principal="bot"
+        )
         return info.last_used
 
     await service.authenticate(state.pool, f"Bearer {token}")
@@ -137,7 +147,9 @@ async def test_an_expired_token_is_unauthenticated(gql, state, admin):
         refused.errors
     )
     soon = datetime.now(UTC) + timedelta(hours=1)
-    token = await service.create_client_token(state.pool, admin, account, "bot", soon)
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="bot", expires=soon
+    )
     assert (await service.authenticate(state.pool, f"Bearer {token}")).principal == "bot"
     async with state.pool.acquire() as conn:  # an hour passes
         await conn.execute("UPDATE client_tokens SET expires = now() - interval '1 second'")
@@ -147,8 +159,10 @@ async def test_an_expired_token_is_unauthenticated(gql, state, admin):
 
 async def test_a_revoked_token_is_refused(gql, state, admin):
     account = await bot(gql, admin, state)
-    kept = await service.create_client_token(state.pool, admin, account, "bot")
-    token = await service.create_client_token(state.pool, admin, account, "bot")
+    kept = await service.create_client_token(state.pool, admin, account_id=account, principal="bot")
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="bot"
+    )
     tokens = (await gql(admin, TOKENS, p="bot", a=str(account))).ok()["client"]["tokens"]
     token_id = tokens[0]["tokenId"]
     revoked = await gql(admin, REVOKE, p="bot", t=token_id, a=str(account))
@@ -161,8 +175,10 @@ async def test_a_revoked_token_is_refused(gql, state, admin):
 
 async def test_token_operations_need_their_grants(gql, state, admin):
     account = await bot(gql, admin, state)
-    await service.create_client_token(state.pool, admin, account, "bot")
-    (info,) = await service.list_client_tokens(state.pool, admin, account, "bot")
+    await service.create_client_token(state.pool, admin, account_id=account, principal="bot")
+    (info,) = await service.list_client_tokens(
+        state.pool, admin, account_id=account, principal="bot"
+    )
     a, t = str(account), str(info.token_id)
     documents = caller(account, allow(["SELECT", "DELETE"], "financial.Client.document"))
     listed = await gql(documents, TOKENS, p="bot")
@@ -188,7 +204,9 @@ async def test_cli_issues_lists_and_revokes_tokens(db_url, state, admin, monkeyp
 
     monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
     monkeypatch.delenv("ENGRAM_BOOTSTRAP_TOKEN", raising=False)
-    await service.create_client(state.pool, admin, None, "ops", "Ops", [POLICY])
+    await service.create_client(
+        state.pool, admin, account_id=None, principal="ops", name="Ops", policies=[POLICY]
+    )
 
     async def engram(*args: str) -> dict:
         assert await asyncio.to_thread(cli.main, list(args)) == 0

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from helpers import db_settings
-from test_http import serving
+from servers import serving
 
 pytest.importorskip("opentelemetry.sdk", reason="pip install -e '.[otel]' for tracing")
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from factories import full_memory, make_agent, record_turn, work, writer
 from helpers import GQL, database_copy, db_settings
-from memory_helpers import make_agent, memory_harness, record_turn, work, writer
-from test_cli import clean_env, run
+from servers import clean_env, run
 
 from app.actions import service as actions
 from app.auth.service import ensure_default_account
@@ -63,7 +63,7 @@ async def turn(state, agent, *, preview=False, session="s1", steps=()):
 
 async def build_agent(state, admin):
     """An agent with a supersede chain, deletions, preview records and a second version."""
-    agent = await make_agent(state, admin, pinned={"max_tokens": 200})
+    agent = await make_agent(state, admin, harness=full_memory(pinned={"max_tokens": 200}))
     a, b, c = await turn(
         state,
         agent,
@@ -95,11 +95,11 @@ async def build_agent(state, admin):
     v2 = await actions.update_action(
         state.pool,
         admin,
-        agent.action_id,
-        "support v2",
-        "be brief",
-        None,
-        memory_harness(pinned={"max_tokens": 200}),
+        action_id=agent.action_id,
+        name="support v2",
+        instructions="be brief",
+        model=None,
+        harness=full_memory(pinned={"max_tokens": 200}),
     )
     await turn(state, v2, steps=[NewMemory("asked for a refund", "fact", scope="AGENT")])
     return agent

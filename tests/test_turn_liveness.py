@@ -17,58 +17,30 @@ import uuid
 from typing import Any
 
 import pytest
-from helpers import GQL, caller, db_settings
+from factories import caller, make_agent_id, make_running_turn, memory_harness
+from helpers import GQL, eventually
 from openai_server import OpenAIServer
-from runtime_support import (
-    EXECUTE,
-    RUNNER_POLICIES,
-    chat,
-    events,
-    make_agent,
-    memories,
-    memory_harness,
-    model_client,  # noqa: F401  (fixture)
-    model_server,  # noqa: F401  (fixture)
-    run,
-    tool_runs,
-)
+from runtime_support import EXECUTE, RUNNER_POLICIES, chat, events, memories, run, tool_runs
 
-from app.actions.service import agent_principal, load_action
+from app.actions.service import load_action
 from app.auth.caller import Caller
-from app.config import Settings
-from app.executions import store as executions_store
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.runtime import liveness
 from app.state import AppState
 
 HEARTBEAT = 0.2
 LEASE = 1.0
+pytestmark = [
+    pytest.mark.usefixtures("model_server"),
+    pytest.mark.settings(turn_heartbeat_seconds=HEARTBEAT, turn_lease_seconds=LEASE),
+]
 AGENT_MEMORY = memory_harness(scope={"read": ["agent"], "write": ["agent"]})
-
-
-@pytest.fixture
-def settings(db_url: str, model_server: OpenAIServer) -> Settings:
-    return db_settings(
-        db_url,
-        model_base_url=model_server.url,
-        model_max_retries=0,
-        turn_heartbeat_seconds=HEARTBEAT,
-        turn_lease_seconds=LEASE,
-    )
 
 
 def process(state: AppState) -> liveness.TurnLiveness:
     found = liveness.liveness(state.services)
     assert found is not None
     return found
-
-
-async def until(check: Any, seconds: float = 10.0) -> None:
-    """Waits for the background sweep to have done something (`check()` true)."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "the sweep did not act in time"
-        await asyncio.sleep(0.05)
 
 
 # Text a model or a tool produces
@@ -78,7 +50,7 @@ async def until(check: Any, seconds: float = 10.0) -> None:
 async def test_unstorable_characters_in_a_model_reply_are_replaced_not_fatal(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState, bad: str
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.say(f"before{bad}after")
     executed = await run(gql, admin, action_id, "hello")
     assert executed["status"] == "SUCCEEDED", executed["error"]
@@ -94,7 +66,7 @@ async def test_unstorable_characters_in_a_model_reply_are_replaced_not_fatal(
 async def test_unstorable_characters_in_tool_arguments_are_replaced_not_fatal(
     gql: GQL, admin: Caller, model_server: OpenAIServer, escape: str
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     arguments = '{"summary": "Ada' + escape + 'prefers email", "kind": "fact"}'
     model_server.call_tools(("add_memory", arguments), content="noting\x00it")
     executed = await run(gql, admin, action_id, "note it")
@@ -109,7 +81,7 @@ async def test_unstorable_characters_in_tool_arguments_are_replaced_not_fatal(
 async def test_non_json_numbers_in_tool_arguments_are_refused_to_the_model(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.call_tools(("search_memory", '{"query": "email", "limit": NaN}'))
     executed = await run(gql, admin, action_id, "look")
     assert executed["status"] == "SUCCEEDED", executed["error"]
@@ -122,7 +94,7 @@ async def test_a_failed_turn_keeps_a_transcript_even_when_writing_it_fails_once(
 ) -> None:
     """The database refuses the turn's events (here a trigger does, as it could refuse a value
     it cannot store): the turn still ends FAILED, with its failure in its transcript."""
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     async with state.pool.acquire() as conn:
         await conn.execute("""
             CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -153,51 +125,6 @@ async def test_a_failed_turn_keeps_a_transcript_even_when_writing_it_fails_once(
 # Turns of a dead process
 
 
-async def _running_turn(
-    state: AppState, admin: Caller, action_id: str, boot_id: uuid.UUID | None
-) -> uuid.UUID:
-    """A turn as a process leaves it when it dies mid-turn: RUNNING, with a staged record."""
-    execution_id = uuid.uuid4()
-    async with state.pool.acquire() as conn:
-        action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
-        assert action is not None
-        await executions_store.ensure_session(conn, admin.account_id, action.action_id, "s1")
-        await executions_store.insert_execution(
-            conn,
-            account_id=admin.account_id,
-            action_id=action.action_id,
-            execution_id=execution_id,
-            action_version=1,
-            session_id="s1",
-            turn=1,
-            kind="TURN",
-            status="RUNNING",
-            preview=False,
-            principal="admin",
-            input="hi",
-            boot_id=boot_id,
-        )
-    assert state.embedder is not None
-    writer = Writer(
-        admin.account_id,
-        action,
-        execution_id,
-        1,
-        "s1",
-        agent_principal(action.action_id),
-        "TOOL",
-        False,
-    )
-    await MemoryWork(state.pool, state.embedder, writer).add(NewMemory("Half-written", "fact"))
-    async with state.pool.acquire() as conn:
-        # Its last sign of life: a minute ago.
-        await conn.execute(
-            "UPDATE executions SET modified = now() - interval '1 minute' WHERE execution_id = $1",
-            execution_id,
-        )
-    return execution_id
-
-
 async def _status(state: AppState, execution_id: uuid.UUID) -> str:
     async with state.pool.acquire() as conn:
         return await conn.fetchval(
@@ -215,7 +142,7 @@ async def _staged(state: AppState, execution_id: uuid.UUID) -> int:
 async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_retried(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     dead, alive = uuid.uuid4(), uuid.uuid4()
     async with state.pool.acquire() as conn:
         # Another process sharing the database: one killed an hour ago, one alive.
@@ -224,8 +151,8 @@ async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_re
             "VALUES ($1, 'elsewhere', 1, now() + make_interval(secs => $2))",
             [(dead, -3600.0), (alive, 3600.0)],
         )
-    crashed = await _running_turn(state, admin, action_id, dead)
-    running = await _running_turn(state, admin, action_id, alive)
+    crashed = await make_running_turn(state, admin, action_id=action_id, boot_id=dead)
+    running = await make_running_turn(state, admin, action_id=action_id, boot_id=alive)
 
     async def swept() -> bool:
         return await _status(state, crashed) == "FAILED" and await _staged(state, crashed) == 0
@@ -235,8 +162,8 @@ async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_re
             processes = await conn.fetch("SELECT boot_id FROM service_processes")
         return {p["boot_id"] for p in processes} == {alive, process(state).boot_id}
 
-    await until(swept)  # no turn started: the background sweep did it
-    await until(forgotten)  # and the dead process is forgotten, the live one kept
+    await eventually(swept, "the sweep")  # no turn started: the background sweep did it
+    await eventually(forgotten, "the sweep")  # and the dead process is forgotten, the live one kept
     assert chat(model_server) == []
     async with state.pool.acquire() as conn:
         error = await conn.fetchval("SELECT error FROM executions WHERE execution_id = $1", crashed)
@@ -253,15 +180,15 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
 ) -> None:
     """A turn whose end could not be recorded (the database was away when it failed) is failed
     by its own process's sweep; a live turn longer than the lease is not."""
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     me = process(state)
-    lost = await _running_turn(state, admin, action_id, me.boot_id)
-    old = await _running_turn(state, admin, action_id, None)  # written before boot IDs
+    lost = await make_running_turn(state, admin, action_id=action_id, boot_id=me.boot_id)
+    old = await make_running_turn(state, admin, action_id=action_id)  # before boot IDs
 
     async def swept() -> bool:
         return await _status(state, lost) == "FAILED"
 
-    await until(swept)
+    await eventually(swept, "the sweep")
     async with state.pool.acquire() as conn:
         error = await conn.fetchval("SELECT error FROM executions WHERE execution_id = $1", lost)
     assert "its end could not be recorded" in error
@@ -275,7 +202,7 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
     async def old_swept() -> bool:
         return await _status(state, old) == "FAILED"
 
-    await until(old_swept)
+    await eventually(old_swept, "the sweep")
 
     model_server.say("slow answer", delay=3 * LEASE)
     slow = await run(gql, admin, action_id, "take your time")
@@ -286,8 +213,11 @@ async def test_processes_sweeping_one_database_at_once_fail_each_dead_turn_once(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
     await process(state).aclose()  # this test's processes are the only ones sweeping
-    action_id = await make_agent(gql, admin, memory_harness(tools=["add_memory"]))
-    dead = [await _running_turn(state, admin, action_id, uuid.uuid4()) for _ in range(6)]
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    dead = [
+        await make_running_turn(state, admin, action_id=action_id, boot_id=uuid.uuid4())
+        for _ in range(6)
+    ]
     others = [liveness.TurnLiveness(state.pool, state.settings) for _ in range(4)]
     swept = await asyncio.gather(*(p.sweep() for p in others))
     failed = [e for s in swept for e in s.failed]
@@ -313,7 +243,7 @@ async def test_a_process_registers_at_start_and_leaves_at_stop(state: AppState) 
 async def test_m7_staged_rows_of_an_operator_write_that_died_are_swept(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
-    action_id = await make_agent(gql, admin, AGENT_MEMORY)
+    action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
     async with state.pool.acquire() as conn:
         action = await load_action(conn, admin.account_id, uuid.UUID(action_id))
     assert action is not None and state.embedder is not None
@@ -346,7 +276,7 @@ async def test_m7_staged_rows_of_an_operator_write_that_died_are_swept(
     async def swept() -> bool:
         return await left() == [in_progress]
 
-    await until(swept)
+    await eventually(swept, "the sweep")
 
 
 # Idempotency keys
@@ -371,7 +301,7 @@ async def _count(state: AppState, sql: str) -> int:
 async def test_m7_add_agent_memory_with_a_key_writes_once(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
-    action_id = await make_agent(gql, admin, AGENT_MEMORY)
+    action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
     fact = {"summary": "Ada prefers email", "kind": "fact"}
 
     first = (await gql(admin, ADD, a=action_id, input=fact, key="k1")).ok()["addAgentMemory"]
@@ -427,7 +357,7 @@ async def test_m7_add_agent_memory_with_a_key_writes_once(
     async def forgotten() -> bool:
         return not await _count(state, "SELECT count(*) FROM idempotency_keys WHERE key = 'k1'")
 
-    await until(forgotten)  # admin's and ops's k1
+    await eventually(forgotten, "the sweep")  # admin's and ops's k1
     renewed = await gql(admin, ADD, a=action_id, input={**fact, "summary": "Bo"}, key="k1")
     assert renewed.ok()["addAgentMemory"]["memoryId"] != first["memoryId"]
     kept = await gql(admin, ADD, a=action_id, input={**fact, "summary": "Bo"}, key="k2")
@@ -437,7 +367,7 @@ async def test_m7_add_agent_memory_with_a_key_writes_once(
 async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
-    action_id = await make_agent(gql, admin, AGENT_MEMORY)
+    action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
     fact = {"summary": "Ada prefers email", "kind": "fact"}
     one = (await gql(admin, ADD, a=action_id, input=fact)).ok()["addAgentMemory"]["memoryId"]
     two = (await gql(admin, ADD, a=action_id, input=fact)).ok()["addAgentMemory"]["memoryId"]
@@ -454,7 +384,7 @@ async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
 async def test_m7_execute_action_with_a_key_runs_one_turn(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
-    action_id = await make_agent(gql, admin, memory_harness())
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
 
     async def execute(who: Caller, key: str, input: str = "hello") -> Any:
         request = {"actionId": action_id, "sessionId": "s1", "input": input}
@@ -474,7 +404,7 @@ async def test_m7_execute_action_with_a_key_runs_one_turn(
     # While the keyed turn still runs, its duplicate is told so rather than run a second one.
     model_server.say("slowly", delay=1.0)
     running = asyncio.ensure_future(execute(admin, "t2"))
-    await until(lambda: _running_count(state))
+    await eventually(lambda: _running_count(state), "the sweep")
     duplicate = await execute(admin, "t2")
     assert duplicate.codes == ["CONFLICT"] and "still running" in duplicate.errors[0]["message"]
     assert (await running).ok()["executeAction"]["status"] == "SUCCEEDED"

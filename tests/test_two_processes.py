@@ -7,13 +7,13 @@ import asyncio
 import json
 import os
 import secrets
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
-from test_cli import Served, clean_env, free_port, gql
+from helpers import database_copy, eventually
+from servers import Served, clean_env, free_port, post_graphql
 
 from app.db.embedded import EmbeddedPostgres
 from app.memory.maintenance import ROUND_KEY
@@ -31,19 +31,8 @@ TOKEN = """mutation { createClientToken(principal: "admin") { token } }"""
 
 @pytest.fixture
 async def empty_db(pg_server: EmbeddedPostgres) -> AsyncIterator[str]:
-    name = f"engram_two_{os.getpid()}"
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    yield pg_server.uri(name)
-    conn = await asyncpg.connect(pg_server.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    async with database_copy(pg_server, None, f"engram_two_{os.getpid()}") as url:
+        yield url
 
 
 async def _round(conn: asyncpg.Connection) -> dict | None:
@@ -76,21 +65,23 @@ async def test_two_serve_processes_share_one_database(empty_db: str, tmp_path: P
         # A write through one is read (and searched) through the other.
         harness = {"memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}}
         created = await asyncio.to_thread(
-            gql, a, token, CREATE, input={"name": "shared", "harness": harness}
+            post_graphql, a, token, CREATE, input={"name": "shared", "harness": harness}
         )
         action = created["createAction"]["actionId"]
         memory = {"summary": "the customer prefers invoices by post", "kind": "fact"}
-        added = await asyncio.to_thread(gql, a, token, ADD, a=action, input=memory)
+        added = await asyncio.to_thread(post_graphql, a, token, ADD, a=action, input=memory)
         memory_id = added["addAgentMemory"]["memoryId"]
-        read = await asyncio.to_thread(gql, b, token, READ, a=action, id=memory_id)
+        read = await asyncio.to_thread(post_graphql, b, token, READ, a=action, id=memory_id)
         assert read["agentMemory"]["summary"] == memory["summary"]
-        found = await asyncio.to_thread(gql, b, token, SEARCH, a=action, q="invoices by post")
+        found = await asyncio.to_thread(
+            post_graphql, b, token, SEARCH, a=action, q="invoices by post"
+        )
         edges = found["action"]["searchMemories"]["edges"]
         assert [e["node"]["summary"] for e in edges] == [memory["summary"]]
         # A token issued through one process works on the other.
-        issued = await asyncio.to_thread(gql, b, token, TOKEN)
+        issued = await asyncio.to_thread(post_graphql, b, token, TOKEN)
         other = issued["createClientToken"]["token"]
-        assert await asyncio.to_thread(gql, a, other, READ, a=action, id=memory_id)
+        assert await asyncio.to_thread(post_graphql, a, other, READ, a=action, id=memory_id)
 
         conn = await asyncpg.connect(empty_db)
         try:
@@ -101,26 +92,29 @@ async def test_two_serve_processes_share_one_database(empty_db: str, tmp_path: P
             # Both processes run upkeep rounds, each recording itself; one at a time.
             pids = {f"{os.uname().nodename}:{s.proc.pid}" for s in served}
             seen: set[str] = set()
-            deadline = time.monotonic() + 30
-            while seen != pids and time.monotonic() < deadline:
+
+            async def both_ran() -> bool:
                 value = await _round(conn)
                 if value is not None:
                     seen.add(value["process"])
-                await asyncio.sleep(0.02)
-            assert seen == pids
+                return seen == pids
+
+            await eventually(both_ran, "a round by each process", seconds=30)
 
             # While another holds the round's lock (as a process in its round does), neither
             # process starts a round; once it is released, rounds go on.
             await conn.execute(f"SELECT pg_advisory_lock({LOCK})")
             held = await _round(conn)
             assert held is not None and held["finished"] is not None
-            await asyncio.sleep(1.5)  # several intervals of both processes
+            # A skipped round leaves no trace to wait for: several intervals of both processes.
+            await asyncio.sleep(1.5)
             assert await _round(conn) == held
             await conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
-            deadline = time.monotonic() + 10
-            while await _round(conn) == held and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert await _round(conn) != held
+
+            async def next_round() -> bool:
+                return await _round(conn) != held
+
+            await eventually(next_round, "a round after the lock's release")
         finally:
             await conn.close()
     finally:

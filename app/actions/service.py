@@ -76,11 +76,11 @@ def _values(
 async def create_action(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     name: str,
     instructions: str,
     model: Any,
     harness: Any,
-    *,
     settings: Settings | None = None,
 ) -> ActionVersion:
     """A new action. With `settings`, a model naming an endpoint or key variable the
@@ -98,12 +98,12 @@ async def create_action(
 async def update_action(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     action_id: UUID,
     name: str,
     instructions: str,
     model: Any,
     harness: Any,
-    *,
     settings: Settings | None = None,
 ) -> ActionVersion:
     caller.require(("UPDATE", resources.ACTION))
@@ -131,7 +131,7 @@ async def load_action(
 
 
 async def get_action(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID, version: int | None = None
+    pool: asyncpg.Pool, caller: Caller, *, action_id: UUID, version: int | None = None
 ) -> ActionVersion | None:
     """One of the caller's actions, needing no grant by itself: its document fields are
     checked one by one (`require_document`), so that a client holding only the memory grants
@@ -145,7 +145,7 @@ def require_document(caller: Caller) -> None:
     caller.require(("SELECT", resources.ACTION))
 
 
-async def require_action(pool: asyncpg.Pool, caller: Caller, action_id: UUID) -> ActionVersion:
+async def require_action(pool: asyncpg.Pool, caller: Caller, *, action_id: UUID) -> ActionVersion:
     """The current version of one of the caller's actions (no grant on the action needed)."""
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
@@ -155,7 +155,7 @@ async def require_action(pool: asyncpg.Pool, caller: Caller, action_id: UUID) ->
 
 
 async def list_actions(
-    pool: asyncpg.Pool, caller: Caller, limit: int, after: tuple[Any, UUID] | None
+    pool: asyncpg.Pool, caller: Caller, *, limit: int, after: tuple[Any, UUID] | None
 ) -> list[ActionVersion]:
     caller.require(("SELECT", resources.ACTION_INDEX), ("SELECT", resources.ACTION))
     async with pool.acquire() as conn:

@@ -106,6 +106,12 @@ class Policy:
 _warned: set[str] = set()
 
 
+def forget_warnings() -> None:
+    """Forgets which stored patterns were warned about, as a restart does: each is warned about
+    once more (tests use it to start from a known state)."""
+    _warned.clear()
+
+
 def _warn_unmatched(pattern: str) -> None:
     if pattern in _warned or len(_warned) >= _WARNED_MAX:
         return

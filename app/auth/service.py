@@ -157,7 +157,7 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
         return created
 
 
-async def create_account(pool: asyncpg.Pool, caller: Caller, name: str) -> UUID:
+async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> UUID:
     caller.require(("INSERT", resources.ACCOUNT))
     if not caller.in_default_account:
         raise AccessDenied("accounts can be created only by clients of the default account")
@@ -169,6 +169,7 @@ async def create_account(pool: asyncpg.Pool, caller: Caller, name: str) -> UUID:
 async def create_client(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     account_id: UUID | None,
     principal: str,
     name: str,
@@ -190,7 +191,7 @@ async def create_client(
 
 
 async def get_client(
-    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
+    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID | None, principal: str
 ) -> Client | None:
     caller.require(("SELECT", resources.CLIENT))
     account_id = caller.reach_account(account_id)
@@ -202,8 +203,8 @@ async def get_client(
 async def list_clients(
     pool: asyncpg.Pool,
     caller: Caller,
-    account_id: UUID | None,
     *,
+    account_id: UUID | None,
     after: str | None,
     limit: int,
 ) -> list[Client]:
@@ -218,6 +219,7 @@ async def list_clients(
 async def update_client(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     account_id: UUID | None,
     principal: str,
     name: str | None,
@@ -242,7 +244,7 @@ async def update_client(
 
 
 async def delete_client(
-    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
+    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID | None, principal: str
 ) -> Client:
     caller.require(("DELETE", resources.CLIENT))
     account_id = caller.reach_account(account_id)
@@ -258,6 +260,7 @@ async def delete_client(
 async def issue_client_token(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     account_id: UUID | None,
     principal: str,
     expires: datetime | None = None,
@@ -285,16 +288,21 @@ async def issue_client_token(
 async def create_client_token(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     account_id: UUID | None,
     principal: str,
     expires: datetime | None = None,
 ) -> str:
     """`issue_client_token`'s secret alone."""
-    return (await issue_client_token(pool, caller, account_id, principal, expires)).token
+    return (
+        await issue_client_token(
+            pool, caller, account_id=account_id, principal=principal, expires=expires
+        )
+    ).token
 
 
 async def list_client_tokens(
-    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str
+    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID | None, principal: str
 ) -> list[TokenInfo]:
     """The client's tokens, newest first: IDs, prefixes and times, never the secrets."""
     caller.require(("SELECT", resources.CLIENT_TOKEN))
@@ -305,7 +313,7 @@ async def list_client_tokens(
 
 
 async def revoke_client_token(
-    pool: asyncpg.Pool, caller: Caller, account_id: UUID | None, principal: str, token_id: UUID
+    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID | None, principal: str, token_id: UUID
 ) -> TokenInfo:
     """Deletes one of the client's tokens: requests sending it are refused from now on."""
     caller.require(("DELETE", resources.CLIENT_TOKEN))

@@ -114,7 +114,9 @@ class Action(ActionExecutionFields, ActionMemoryFields, Node):
 
 
 async def load_action_version(info: Info, action_id: UUID, version: int) -> ActionVersion | None:
-    return await service.get_action(info.context.pool, info.context.caller, action_id, version)
+    return await service.get_action(
+        info.context.pool, info.context.caller, action_id=action_id, version=version
+    )
 
 
 @node_type("Action")
@@ -123,7 +125,7 @@ async def _action_node(info: Info, parts: list[str]) -> Action | None:
     if version is None:
         raise BadInput("an Action ID names an action and a version")
     found = await service.get_action(
-        info.context.pool, info.context.caller, parse_uuid(parts[0]), version
+        info.context.pool, info.context.caller, action_id=parse_uuid(parts[0]), version=version
     )
     return Action.of(found) if found else None
 
@@ -140,7 +142,9 @@ class ActionQuery:
             strawberry.argument(description="An exact version; by default the current one."),
         ] = None,
     ) -> Action | None:
-        found = await service.get_action(info.context.pool, info.context.caller, action_id, version)
+        found = await service.get_action(
+            info.context.pool, info.context.caller, action_id=action_id, version=version
+        )
         return Action.of(found) if found else None
 
     @strawberry.field(description="The account's agents, newest first.")
@@ -154,8 +158,8 @@ class ActionQuery:
         rows = await service.list_actions(
             info.context.pool,
             info.context.caller,
-            first + 1,
-            (cursor[0], cursor[1]) if cursor else None,
+            limit=first + 1,
+            after=(cursor[0], cursor[1]) if cursor else None,
         )
         return connection(
             rows,
@@ -178,10 +182,10 @@ class ActionMutation:
         created = await service.create_action(
             info.context.pool,
             info.context.caller,
-            input.name,
-            input.instructions,
-            input.model,
-            input.harness,
+            name=input.name,
+            instructions=input.instructions,
+            model=input.model,
+            harness=input.harness,
             settings=info.context.state.settings,
         )
         return Action.of(created, written=True)
@@ -194,11 +198,11 @@ class ActionMutation:
         updated = await service.update_action(
             info.context.pool,
             info.context.caller,
-            action_id,
-            input.name,
-            input.instructions,
-            input.model,
-            input.harness,
+            action_id=action_id,
+            name=input.name,
+            instructions=input.instructions,
+            model=input.model,
+            harness=input.harness,
             settings=info.context.state.settings,
         )
         return Action.of(updated, written=True)

@@ -190,7 +190,10 @@ class Client(Node):
     )
     async def tokens(self, info: Info) -> list[ClientTokenInfo]:
         found = await service.list_client_tokens(
-            info.context.pool, info.context.caller, self.account_id, self.principal
+            info.context.pool,
+            info.context.caller,
+            account_id=self.account_id,
+            principal=self.principal,
         )
         return [ClientTokenInfo.of(t) for t in found]
 
@@ -262,7 +265,9 @@ async def _client_node(info: Info, parts: list[str]) -> Client | None:
     if len(parts) != 2:
         raise BadInput("a Client ID names an account and a principal")
     account_id, principal = parse_uuid(parts[0]), parts[1]
-    found = await service.get_client(info.context.pool, info.context.caller, account_id, principal)
+    found = await service.get_client(
+        info.context.pool, info.context.caller, account_id=account_id, principal=principal
+    )
     return Client.of(found) if found else None
 
 
@@ -287,7 +292,7 @@ class AuthQuery:
         found = await service.list_clients(
             info.context.pool,
             info.context.caller,
-            account_id,
+            account_id=account_id,
             after=cursor[0] if cursor else None,
             limit=first + 1,
         )
@@ -307,7 +312,7 @@ class AuthQuery:
         self, info: Info, principal: PRINCIPAL, account_id: ACCOUNT_ID = None
     ) -> Client | None:
         found = await service.get_client(
-            info.context.pool, info.context.caller, account_id, principal
+            info.context.pool, info.context.caller, account_id=account_id, principal=principal
         )
         return Client.of(found) if found else None
 
@@ -324,7 +329,7 @@ class AuthMutation:
         input: Annotated[AccountInput, strawberry.argument(description="The new account.")],
     ) -> Account:
         account_id = await service.create_account(
-            info.context.pool, info.context.caller, input.name
+            info.context.pool, info.context.caller, name=input.name
         )
         return Account(account_id=account_id, name=input.name.strip())
 
@@ -340,10 +345,10 @@ class AuthMutation:
         client = await service.create_client(
             info.context.pool,
             info.context.caller,
-            input.account_id,
-            input.principal,
-            input.name,
-            _policies(input.policies),
+            account_id=input.account_id,
+            principal=input.principal,
+            name=input.name,
+            policies=_policies(input.policies),
         )
         return Client.of(client)
 
@@ -361,10 +366,10 @@ class AuthMutation:
         client = await service.update_client(
             info.context.pool,
             info.context.caller,
-            account_id,
-            principal,
-            input.name,
-            _policies(input.policies) if input.policies is not None else None,
+            account_id=account_id,
+            principal=principal,
+            name=input.name,
+            policies=_policies(input.policies) if input.policies is not None else None,
         )
         return Client.of(client)
 
@@ -375,7 +380,7 @@ class AuthMutation:
         self, info: Info, principal: PRINCIPAL, account_id: ACCOUNT_ID = None
     ) -> Client:
         client = await service.delete_client(
-            info.context.pool, info.context.caller, account_id, principal
+            info.context.pool, info.context.caller, account_id=account_id, principal=principal
         )
         return Client.of(client)
 
@@ -394,7 +399,11 @@ class AuthMutation:
         ] = None,
     ) -> ClientToken:
         issued = await service.issue_client_token(
-            info.context.pool, info.context.caller, account_id, principal, expires
+            info.context.pool,
+            info.context.caller,
+            account_id=account_id,
+            principal=principal,
+            expires=expires,
         )
         return ClientToken(
             account_id=issued.info.account_id,
@@ -420,6 +429,10 @@ class AuthMutation:
         account_id: ACCOUNT_ID = None,
     ) -> ClientTokenInfo:
         revoked = await service.revoke_client_token(
-            info.context.pool, info.context.caller, account_id, principal, token_id
+            info.context.pool,
+            info.context.caller,
+            account_id=account_id,
+            principal=principal,
+            token_id=token_id,
         )
         return ClientTokenInfo.of(revoked)

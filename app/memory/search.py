@@ -142,6 +142,12 @@ def _remember(
     known[key] = time.monotonic() + seconds
 
 
+def forget_own_indexes() -> None:
+    """Forgets which agents this process knows to have their own indexes, as a restart does:
+    their next searches ask `prepare` again (tests use it in place of waiting a minute)."""
+    _OWN_INDEXES.clear()
+
+
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
 # A page is read with one more record, which tells whether another page follows.
 MAX_LIMIT = MAX_PAGE + 1
