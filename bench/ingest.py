@@ -155,7 +155,7 @@ async def _index_cost(url: str, rows: int = 1000) -> tuple[float, float]:
             try:
                 async with conn.transaction():
                     if drop:
-                        await conn.execute("DROP INDEX agent_memories_embedding")
+                        await conn.execute("DROP INDEX IF EXISTS agent_memories_embedding")
                     t = time.perf_counter()
                     await conn.execute(copy, rows)
                     seconds.append(time.perf_counter() - t)

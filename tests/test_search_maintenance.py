@@ -521,7 +521,9 @@ async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row
         "WHERE attrelid = 'agent_memories'::regclass AND attname = 'embedding'"
     )
     assert storage == "m"  # MAIN: kept in the row (migration 0005), not reset by the new type
-    assert await index_exists(state.pool, "agent_memories_embedding")
+    assert await index_exists(state.pool, "history_parts_embedding")
+    # Memory has no HNSW index shared by every agent (migration 0015): writes touch no graph.
+    assert not await index_exists(state.pool, "agent_memories_embedding")
 
 
 async def test_m20_words_index_has_no_pending_list(state: AppState) -> None:

@@ -14,13 +14,15 @@ from app.memory import maintenance
 
 @dataclass(frozen=True)
 class VectorTable:
-    """A table with an `embedding` column, indexed by HNSW as `<name>_embedding`."""
+    """A table with an `embedding` column, indexed by HNSW as `<name>_embedding` if `indexed`."""
 
     name: str
     key: tuple[str, ...]  # its primary key, which orders re-embedding batches
     key_types: tuple[str, ...]  # the SQL type of each key column
     columns: tuple[str, ...]  # the columns its embedded text is built from
     text: Callable[..., str]  # builds the embedded text from those columns, in order
+    # agent_memories has no shared HNSW index: large agents get their own (migration 0015).
+    indexed: bool = True
 
 
 # Every table with an embedding column. Names here are the only identifiers that reach the
@@ -32,6 +34,7 @@ VECTOR_TABLES: tuple[VectorTable, ...] = (
         key_types=("uuid", "uuid", "uuid"),
         columns=("summary", "content"),
         text=memory_text,
+        indexed=False,
     ),
     # Session history (app/history): each part of a kept event, embedded from its own text.
     VectorTable(
@@ -120,7 +123,7 @@ async def reset_vectors(conn: asyncpg.Connection, dimensions: int) -> None:
 
 
 async def build_indexes(conn: asyncpg.Connection) -> None:
-    for table in VECTOR_TABLES:
+    for table in (t for t in VECTOR_TABLES if t.indexed):
         await conn.execute(
             f"CREATE INDEX IF NOT EXISTS {table.name}_embedding ON {table.name} "
             "USING hnsw (embedding vector_cosine_ops)"
