@@ -135,7 +135,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
-    from app.memory.maintenance import LINGER_SECONDS, run_round
+    from app.memory.maintenance import run_round
 
     min_records = settings.agent_index_min_records
     if args.min_records is not None:
@@ -162,12 +162,6 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"{done.words} word frequencies; agents of {min_records}+ records: "
         f"built {len(done.built)} search indexes, dropped {len(done.dropped)}"
-        + (
-            f"; {done.lingering} unlisted agents' indexes go at the first run "
-            f"{LINGER_SECONDS:.0f} s after their unlisting (processes may still search them)"
-            if done.lingering
-            else ""
-        )
     )
     return 0
 

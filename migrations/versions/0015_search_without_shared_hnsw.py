@@ -13,6 +13,13 @@ without (bench/ingest.py, bench/README.md), and it found only 0.87-0.92 of a fil
 exact top-10. Without it, an agent searched by the index plan without its own index gets its
 meaning candidates by scoring all of its records (exact). `app/embeddings/store.py` no longer
 builds it when the embedding model's dimensions are set.
+
+`agent_indexes.unlisted` (0006) goes too: it kept an agent's indexes for two minutes after the
+agent lost them, while processes that remembered the agent as having them might still search
+through them (else they would have read the shared index with an own index's settings). Search
+now reads `agent_indexes` in the statement that chooses its plan, and remembers nothing, so a
+round drops an unlisted agent's indexes at once. Rows of agents unlisted and lingering go
+with it; their indexes are dropped by the next round.
 """
 
 from alembic import op
@@ -24,7 +31,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute("DROP INDEX IF EXISTS agent_memories_embedding")
+    op.execute("""
+    DROP INDEX IF EXISTS agent_memories_embedding;
+    DELETE FROM agent_indexes WHERE unlisted IS NOT NULL;
+    ALTER TABLE agent_indexes DROP COLUMN unlisted;
+    """)
 
 
 def downgrade() -> None:
