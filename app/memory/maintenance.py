@@ -43,10 +43,8 @@ _LOCK = "hashtext('engram.search_maintenance')"
 # finished (null while it runs): several processes share a database, one round at a time.
 ROUND_KEY = "search_maintenance.round"
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
-# Storage options of an agent's HNSW and GIN indexes. Measured at 200,000 records
-# (bench/README.md), recall of the exact top-10 at hnsw.ef_search 60 (the search's): 0.95
-# with ef_construction 128, 0.97 with 256 (build about twice as long); pgvector's default of 64
-# gave 0.93 at ef_search 100. An index built with other options is rebuilt by the next round.
+# Storage options of an agent's HNSW and GIN indexes: ef_construction 256 for recall at the
+# search's ef_search (bench/README.md). An index built with other options is rebuilt.
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces

@@ -7,22 +7,17 @@ Signals
 - Meaning: cosine similarity of the record's embedding (`memory_text(summary, content)`) to the
   query's embedding, from the deployment's embedder.
 - Words: PostgreSQL full text over the stored English `tsv`, matching records that share ANY
-  stemmed, stop-worded word with the query (`any_words`, migration 0003), ranked by `ts_rank`.
-  Requiring every word (`websearch_to_tsquery`) found 0.116 of LoCoMo's evidence in the top 10;
-  any word with `ts_rank` 0.593, about as well as BM25 (0.617).
+  stemmed, stop-worded word with the query (`any_words`, migration 0003), ranked by `ts_rank`
+  (requiring every word found far less of LoCoMo's evidence; bench/README.md).
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
     score = 0.5 * cosine + 0.5 * ts_rank / (best ts_rank among the agent's matches)
-A record sharing no word scores 0.5 * cosine. Linear fusion of the raw cosine with the text
-rank scaled to the best match beat the best weighted reciprocal-rank fusion (static 0.627 vs
-0.617 recall@10, minilm 0.676 vs 0.672), and its recall@10 is flat for weights 0.4 to 0.6 with
-both `static` (0.628 to 0.625, against 0.593 words alone and 0.413 meaning alone) and `minilm`
-(0.675 to 0.681, against 0.593 and 0.510), so one weight serves both. Unlike rank fusion it
-needs no rank over every record, so both plans below score a record identically.
-`min_score` is the least cosine a record needs to be found by meaning alone: in hybrid mode a
-record sharing a word with the query is found whatever its cosine; in vector mode it is a
-plain threshold; lexical mode ignores it.
+A record sharing no word scores 0.5 * cosine. It beat weighted reciprocal-rank fusion with
+both embedders, is flat for weights 0.4 to 0.6, and needs no rank over every record, so both
+plans below score a record identically. `min_score` is the least cosine a record needs to be
+found by meaning alone: in hybrid mode a record sharing a word with the query is found
+whatever its cosine; in vector mode it is a plain threshold; lexical mode ignores it.
 
 Plans (measured by bench/search_scale.py; figures in bench/README.md)
 - `exact` when the agent has no indexes of its own and at most EXACT_MAX_ROWS rows under the

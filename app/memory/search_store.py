@@ -85,9 +85,8 @@ def _signals(r: Ranking, p: Params, m: str = "m", query: str = "") -> str:
     `query`: an expression for the query's tsquery, when the statement has one."""
     cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
     if r.text is not None:
-        # A sub-select is evaluated once per search, also in a generic plan (which the exact
-        # plan's prepared statement gets after five runs); there `any_words($n)` itself would
-        # parse the query again for every row: 5,000 records, hybrid p50 30 -> 121 ms.
+        # A sub-select is evaluated once per search, also in a generic plan, where
+        # `any_words($n)` would parse the query for every row (4 x slower, bench/README.md).
         query = query or f"(SELECT any_words({p(r.text)}))"
         flags = int(r.rank_normalization)
         rank = f"CASE WHEN {m}.tsv @@ {query} THEN ts_rank({m}.tsv, {query}, {flags})::float8 END"
@@ -282,8 +281,7 @@ async def ranked_index(
         )
         rare, common = "(SELECT rare FROM words)", "(SELECT common FROM words)"
         # A word rare in the table may still be in hundreds of a large agent's records, each a
-        # heap read to rank, so at most `rare_reads` of them are ranked (the slowest searches
-        # of a 200,000-record agent read over 1,000: 13-22 ms).
+        # heap read to rank, so at most `rare_reads` of them are ranked (bench/README.md).
         best = f"ts_rank(m.tsv, {query}, {int(r.rank_normalization)}) DESC, {newest}"
         rows = f"{agent} AND {rare} IS NOT NULL AND m.tsv @@ {rare}"
         lists.append(candidates(first(rows, r.rare_reads), best))
