@@ -135,7 +135,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
-    from app.memory.maintenance import run_round
+    from app.memory.maintenance import reorder, run_round
 
     min_records = settings.agent_index_min_records
     if args.min_records is not None:
@@ -146,6 +146,9 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
 
     async def work() -> Any:
         async with _database(settings) as pool:
+            if args.reorder:
+                async with pool.acquire() as conn:
+                    await reorder(conn)
             return await run_round(
                 pool,
                 min_records,
@@ -409,6 +412,11 @@ def parser() -> argparse.ArgumentParser:
     )
     maintain.add_argument(
         "--min-records", type=int, help="index agents of this many records (default: settings)"
+    )
+    maintain.add_argument(
+        "--reorder",
+        action="store_true",
+        help="first store memory records in agent order again (locks the table while it runs)",
     )
     maintain.set_defaults(run=_maintain_search)
 

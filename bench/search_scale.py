@@ -335,6 +335,17 @@ async def copy_connection(url: str) -> asyncpg.Connection:
     return conn
 
 
+async def reorder(url: str) -> None:
+    """What `engram maintain-search --reorder` (and migration 0015) does: rows in agent order."""
+    conn = await asyncpg.connect(url)
+    try:
+        t = time.perf_counter()
+        await maintenance.reorder(conn)
+        print(f"  reordered by agent in {time.perf_counter() - t:.0f} s", flush=True)
+    finally:
+        await conn.close()
+
+
 async def prewarm(url: str) -> None:
     """Loads the table and its indexes into shared_buffers (pg_prewarm), as a warm server has.
     Before any figure: a server just started reads every page from the OS (the online insert
@@ -500,6 +511,11 @@ def main() -> None:
         help="whose search: an agent's search_memory in a turn (the target's), or an operator's",
     )
     parser.add_argument("--reload", action="store_true", help="drop and rebuild the data set")
+    parser.add_argument(
+        "--reorder",
+        action="store_true",
+        help="store the records in agent order first (`engram maintain-search --reorder`)",
+    )
     parser.add_argument("--load-only", action="store_true")
     args = parser.parse_args()
     SAMPLES[:] = load_locomo(args.locomo)
@@ -508,7 +524,8 @@ def main() -> None:
     print(f"# {command}")
     print(
         f"# {plan.total:,} records: {plan.small_agents:,} agents x {plan.small_size:,}, "
-        f"mid agents {list(plan.mid_sizes)}, one agent of {plan.big_size:,}; rows scattered"
+        f"mid agents {list(plan.mid_sizes)}, one agent of {plan.big_size:,}; rows "
+        + ("in agent order" if args.reorder else "scattered")
     )
 
     pg = server(args.data_dir)
@@ -568,6 +585,8 @@ def main() -> None:
             print(f"  {key}: {value:,.0f} s")
     if args.load_only:
         return
+    if args.reorder:
+        asyncio.run(reorder(url))
     asyncio.run(prewarm(url))
     rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000))
     print(

@@ -524,3 +524,39 @@ def test_m20_index_build_memory_must_be_a_size() -> None:
     assert Settings().agent_index_max_agents == 50
     with pytest.raises(ValidationError):
         Settings(agent_index_max_agents=-1)
+
+
+async def agent_pages(pool: asyncpg.Pool, agent: Agent) -> list[int]:
+    """The heap pages holding the agent's records, in order."""
+    rows = await pool.fetch(
+        "SELECT DISTINCT (ctid::text::point)[0]::int AS page FROM agent_memories "
+        "WHERE account_id = $1 AND action_id = $2 ORDER BY 1",
+        agent.account_id,
+        agent.action_id,
+    )
+    return [r["page"] for r in rows]
+
+
+async def test_m20_reorder_stores_each_agents_records_together(
+    state: AppState, admin: Caller, db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    # Two agents writing by turns: their records alternate on the same pages. Reordered, each
+    # agent's records fill pages of their own, one run of pages after the other's, and search
+    # finds the same records.
+    agents = [await new_agent(state, admin) for _ in range(2)]
+    for i in range(60):
+        for agent in agents:
+            await agent.add(f"Note {i} about {TOPICS[i % len(TOPICS)]} " + "words " * 40)
+    before = [await agent_pages(state.pool, agent) for agent in agents]
+    assert set(before[0]) & set(before[1])
+    r = await ranking(agents[0], "hiking in the mountains")
+    found = await search_module.ranked(state.pool, agents[0].operator, Filters(), r)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    code = await asyncio.to_thread(cli.main, ["maintain-search", "--reorder"])
+    assert code == 0 and "word frequencies" in capsys.readouterr().out
+    after = [await agent_pages(state.pool, agent) for agent in agents]
+    assert not set(after[0]) & set(after[1])
+    for pages in after:
+        assert pages == list(range(pages[0], pages[-1] + 1))  # one run of pages
+        assert len(pages) < len(before[0])
+    assert await search_module.ranked(state.pool, agents[0].operator, Filters(), r) == found

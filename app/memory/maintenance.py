@@ -20,7 +20,8 @@ process at a time (a session advisory lock; other processes skip the round):
   next round. A search reads `agent_indexes` in the statement that chooses its plan, so an
   agent unlisted is searched without its indexes from then on.
 
-`engram maintain-search` runs one round by hand (e.g. after a bulk import).
+`engram maintain-search` runs one round by hand (e.g. after a bulk import); with `--reorder`
+it first stores the records in agent order again (`reorder`).
 """
 
 import asyncio
@@ -231,6 +232,16 @@ async def index_agents(
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
     return built, dropped, failed
+
+
+async def reorder(conn: asyncpg.Connection) -> None:
+    """Rewrites agent_memories in agent order (CLUSTER on its newest-first btree), so
+    that an agent's records share pages: the exact plan reads a quarter of the pages, about 40%
+    faster (bench/README.md). Holds the table's ACCESS EXCLUSIVE lock while it rewrites the
+    table and rebuilds its indexes: reads and writes of memory wait. Outside a transaction
+    (VACUUM marks the new pages all-visible, for index-only counts)."""
+    await conn.execute("CLUSTER agent_memories USING agent_memories_created")
+    await conn.execute("VACUUM (ANALYZE) agent_memories")
 
 
 async def _record_round(conn: asyncpg.Connection, *, finished: bool) -> None:

@@ -1,4 +1,4 @@
-"""Memory search without the HNSW index shared by every agent: writes touch no global graph.
+"""Memory search without the HNSW index shared by every agent, and records stored by agent.
 
 Revision ID: 0015
 Revises: 0014
@@ -13,6 +13,14 @@ without (bench/ingest.py, bench/README.md), and it found only 0.87-0.92 of a fil
 exact top-10. Without it, an agent searched by the index plan without its own index gets its
 meaning candidates by scoring all of its records (exact). `app/embeddings/store.py` no longer
 builds it when the embedding model's dimensions are set.
+
+The table is rewritten in agent order (CLUSTER on the agent's newest-first btree): a search of
+an agent without its own indexes reads and scores every one of its records, and in a table
+written by many agents at once each record sat on a page of its own. In order, a 1,000-record
+agent's rows share 252 pages instead of 984 (120,000 records), and its exact hybrid search took
+5.7 ms p50 instead of 9.6 (bench/README.md). Records written later go where there is room;
+`engram maintain-search --reorder` orders the table again (it holds the table's lock while it
+rewrites it, as this migration does).
 
 `agent_indexes.unlisted` (0006) goes too: it kept an agent's indexes for two minutes after the
 agent lost them, while processes that remembered the agent as having them might still search
@@ -35,6 +43,7 @@ def upgrade() -> None:
     DROP INDEX IF EXISTS agent_memories_embedding;
     DELETE FROM agent_indexes WHERE unlisted IS NOT NULL;
     ALTER TABLE agent_indexes DROP COLUMN unlisted;
+    CLUSTER agent_memories USING agent_memories_created;
     """)
 
 
