@@ -7,18 +7,12 @@ process at a time (a session advisory lock; other processes skip the round):
   `search_words`, where the index plan looks up which query words are rare or common.
 - Agents with at least `agent_index_min_records` records get an HNSW and a GIN index of their
   own, partial indexes on `(account_id, action_id)`, built with CREATE INDEX CONCURRENTLY
-  (writes go on meanwhile; each build reads the whole table once). There is no HNSW index
-  shared by every agent (migration 0015): smaller agents are ranked exactly. The planner picks
-  a partial index by itself once it sees the agent's key as constants: the index plan writes
-  them into its SQL for an agent listed in `agent_indexes` (search_store.AgentKey).
-  An agent under half the threshold (deleted records, a deleted agent) loses its indexes, so
-  there are at most 2 x 2 x records / threshold of them, and at most 2 x
-  `agent_index_max_agents`: every statement that plans a query on agent_memories or writes to
-  it locks each of its indexes, and hundreds of them would fill PostgreSQL's lock table
-  (max_locks_per_transaction x connections) under concurrent load. An index of this naming
-  that no listed agent keeps (an interrupted build, an agent that lost them) is dropped by the
-  next round. A search reads `agent_indexes` in the statement that chooses its plan, so an
-  agent unlisted is searched without its indexes from then on.
+  (each build reads the whole table once); smaller agents are ranked exactly. The index plan
+  names a listed agent's key as constants, so the planner picks them (search_store.AgentKey).
+  An agent under half the threshold loses them, and at most `agent_index_max_agents` agents
+  have them: every statement planned on agent_memories or writing to it locks each of its
+  indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
+  this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
 
 `engram maintain-search` runs one round by hand (e.g. after a bulk import); with `--reorder`
 it first stores the records in agent order again (`reorder`).
@@ -235,11 +229,9 @@ async def index_agents(
 
 
 async def reorder(conn: asyncpg.Connection) -> None:
-    """Rewrites agent_memories in agent order (CLUSTER on its newest-first btree), so
-    that an agent's records share pages: the exact plan reads a quarter of the pages, about 40%
-    faster (bench/README.md). Holds the table's ACCESS EXCLUSIVE lock while it rewrites the
-    table and rebuilds its indexes: reads and writes of memory wait. Outside a transaction
-    (VACUUM marks the new pages all-visible, for index-only counts)."""
+    """Rewrites agent_memories in agent order, so that an agent's records share pages (the
+    exact plan reads a quarter of them, bench/README.md). Holds the table's lock while it
+    runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible)."""
     await conn.execute("CLUSTER agent_memories USING agent_memories_created")
     await conn.execute("VACUUM (ANALYZE) agent_memories")
 

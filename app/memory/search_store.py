@@ -141,15 +141,12 @@ async def ranked_exact(
     r: Ranking,
     max_rows: int | None = None,
 ) -> tuple[list[MemoryRecord], bool | None]:
-    """Scores every record the reader sees under the filters. With `max_rows`, only if the
-    agent has no own indexes and at most that many rows under the label and ID filters (an
-    index-only count that stops there; a label or ID filter may leave few rows of even a large
-    agent, so then its rows are counted whatever its indexes): otherwise nothing is read and it
-    returns ([], whether the agent has its own indexes), and the index plan is the one to run.
-    Returns (records, None) when it ranked. One statement, one round trip, either way."""
-    # Without label or ID filters the statement is the same for every agent (`OpaqueKey`), so
-    # its cached generic plan serves every search; under them a custom plan must see the key:
-    # with the agent's size it can choose the labels index for a large agent.
+    """Scores every record the reader sees under the filters: (records, None). With
+    `max_rows`, in the same statement, only if the agent has no own indexes and at most that
+    many rows under the label and ID filters (counted up to there; under those filters even a
+    large agent's): otherwise it reads nothing and returns ([], whether it has own indexes).
+    Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
+    filters a custom plan must see the key, to choose the labels index for a large agent."""
     p = Params() if filters.narrows else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
     gate, passes = "", "true"
@@ -176,9 +173,8 @@ async def ranked_exact(
     ){_finish(reader, r, p, gated=max_rows is not None)}"""
     rows = await conn.fetch(sql, *p.values)
     if max_rows is not None:
-        own, counted_rows = rows[0]["gate_own"], rows[0]["gate_rows"]
-        if counted_rows is None or counted_rows > max_rows:
-            return [], own
+        if rows[0]["gate_rows"] is None or rows[0]["gate_rows"] > max_rows:
+            return [], rows[0]["gate_own"]
         rows = [row for row in rows if row["memory_id"] is not None]
     return [_scored(row) for row in rows], None
 
