@@ -12,6 +12,7 @@ hybrid, lexical and vector search and the query-less listing through the real
 
     python bench/search_scale.py --locomo PATH               # full size: ~25 min the first time
     python bench/search_scale.py --locomo PATH --scale 0.05  # quick: 50 small agents
+    python bench/search_scale.py --locomo PATH --reorder     # rows in agent order first
 
 The server is tuned for the benchmark with ALTER SYSTEM (shared_buffers 8GB so the table and
 its indexes stay in memory, maintenance_work_mem 4GB and one parallel worker for the HNSW
