@@ -138,7 +138,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
-    from app.memory.maintenance import LINGER_SECONDS, run_round
+    from app.memory.maintenance import reorder, run_round
 
     min_records = settings.agent_index_min_records
     if args.min_records is not None:
@@ -149,6 +149,9 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
 
     async def work() -> Any:
         async with _database(settings) as pool:
+            if args.reorder:
+                async with pool.acquire() as conn:
+                    await reorder(conn)
             return await run_round(
                 pool,
                 min_records,
@@ -165,12 +168,6 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"{done.words} word frequencies; agents of {min_records}+ records: "
         f"built {len(done.built)} search indexes, dropped {len(done.dropped)}"
-        + (
-            f"; {done.lingering} unlisted agents' indexes go at the first run "
-            f"{LINGER_SECONDS:.0f} s after their unlisting (processes may still search them)"
-            if done.lingering
-            else ""
-        )
     )
     return 0
 
@@ -440,6 +437,11 @@ def parser() -> argparse.ArgumentParser:
     )
     maintain.add_argument(
         "--min-records", type=int, help="index agents of this many records (default: settings)"
+    )
+    maintain.add_argument(
+        "--reorder",
+        action="store_true",
+        help="first store memory records in agent order again (locks the table while it runs)",
     )
     maintain.set_defaults(run=_maintain_search)
 

@@ -12,6 +12,7 @@ hybrid, lexical and vector search and the query-less listing through the real
 
     python bench/search_scale.py --locomo PATH               # full size: ~25 min the first time
     python bench/search_scale.py --locomo PATH --scale 0.05  # quick: 50 small agents
+    python bench/search_scale.py --locomo PATH --reorder     # rows in agent order first
 
 The server is tuned for the benchmark with ALTER SYSTEM (shared_buffers 8GB so the table and
 its indexes stay in memory, maintenance_work_mem 4GB and one parallel worker for the HNSW
@@ -335,6 +336,17 @@ async def copy_connection(url: str) -> asyncpg.Connection:
     return conn
 
 
+async def reorder(url: str) -> None:
+    """What `engram maintain-search --reorder` does: rows in agent order."""
+    conn = await asyncpg.connect(url)
+    try:
+        t = time.perf_counter()
+        await maintenance.reorder(conn)
+        print(f"  reordered by agent in {time.perf_counter() - t:.0f} s", flush=True)
+    finally:
+        await conn.close()
+
+
 async def prewarm(url: str) -> None:
     """Loads the table and its indexes into shared_buffers (pg_prewarm), as a warm server has.
     Before any figure: a server just started reads every page from the OS (the online insert
@@ -501,6 +513,11 @@ def main() -> None:
         help="whose search: an agent's search_memory in a turn (the target's), or an operator's",
     )
     parser.add_argument("--reload", action="store_true", help="drop and rebuild the data set")
+    parser.add_argument(
+        "--reorder",
+        action="store_true",
+        help="store the records in agent order first (`engram maintain-search --reorder`)",
+    )
     parser.add_argument("--load-only", action="store_true")
     args = parser.parse_args()
     SAMPLES[:] = load_locomo(args.locomo)
@@ -509,7 +526,8 @@ def main() -> None:
     print(f"# {command}")
     print(
         f"# {plan.total:,} records: {plan.small_agents:,} agents x {plan.small_size:,}, "
-        f"mid agents {list(plan.mid_sizes)}, one agent of {plan.big_size:,}; rows scattered"
+        f"mid agents {list(plan.mid_sizes)}, one agent of {plan.big_size:,}; rows "
+        + ("in agent order" if args.reorder else "scattered")
     )
 
     pg = server(args.data_dir)
@@ -569,6 +587,8 @@ def main() -> None:
             print(f"  {key}: {value:,.0f} s")
     if args.load_only:
         return
+    if args.reorder:
+        asyncio.run(reorder(url))
     asyncio.run(prewarm(url))
     rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000))
     print(

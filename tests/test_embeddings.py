@@ -361,7 +361,8 @@ async def stored_vectors(pool: asyncpg.Pool) -> list[asyncpg.Record]:
 async def embedding_index(pool: asyncpg.Pool) -> str | None:
     async with pool.acquire() as conn:
         return await conn.fetchval(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = 'agent_memories_embedding'"
+            # agent_memories has no shared HNSW index (migration 0015); history's is rebuilt.
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'history_parts_embedding'"
         )
 
 

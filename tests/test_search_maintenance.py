@@ -70,8 +70,8 @@ async def index_plan_uses(agent: SearchAgent, query: str) -> str:
         # Tens of rows are read and sorted fastest in full; at scale the indexes win.
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         capture = Capture(conn)
-        prepared = await search_store.prepare(capture, agent.operator, Filters(), r, None)
-        await search_store.ranked_index(capture, agent.operator, Filters(), r, prepared.own)
+        own = await search_store.own_indexes(conn, agent.operator)
+        await search_store.ranked_index(capture, agent.operator, Filters(), r, own)
         rows = await conn.fetch("EXPLAIN " + capture.sql[0], *capture.sql[1:])
     return "\n".join(r[0] for r in rows)
 
@@ -141,20 +141,7 @@ async def cached_statements(conn: asyncpg.Connection, marker: str) -> list[async
     )
 
 
-def count_prepares(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """The arguments of every `search_store.prepare` call from now on (its round trips)."""
-    calls: list[tuple[Any, ...]] = []
-    prepare = search_store.prepare
-
-    async def counted(*args: Any) -> Any:
-        calls.append(args)
-        return await prepare(*args)
-
-    monkeypatch.setattr(search_store, "prepare", counted)
-    return calls
-
-
-async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_plan(
+async def test_m20_a_large_agent_searches_its_own_indexes_on_a_cached_plan(
     db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent = await make_search_agent(state, admin)
@@ -165,7 +152,6 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
     r = await ranking(agent, "hiking in the mountains", "vector")
     exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
 
-    calls = count_prepares(monkeypatch)
     captured: list[tuple[Any, ...]] = []
     ranked_index = search_store.ranked_index
 
@@ -178,12 +164,11 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
     monkeypatch.setattr(search_store, "ranked_index", capture)
     pool = await create_pool(db_url, min_size=1, max_size=1)  # one connection: one cache
     try:
-        # The first search learns that the agent has its own indexes (one extra round trip);
-        # the next ones skip that and find the same records, the exact plan's top 5.
+        # The exact plan's statement finds the agent listed and reads nothing; the index plan
+        # finds the exact plan's top 5 (40 candidates of 120 records).
         for _ in range(8):
             found, plan = await search_module.ranked(pool, agent.operator, Filters(), r)
             assert plan == "index" and [x.memory_id for x in found] == [x.memory_id for x in exact]
-        assert len(calls) == 1
         # After five runs the statement's plan is cached, generic, and still reads the
         # agent's own HNSW index: the statement names the agent's key as constants.
         sql, *args = captured[-1]
@@ -205,70 +190,17 @@ async def test_m20_a_known_large_agent_searches_in_one_statement_with_a_cached_p
             assert vectors in "\n".join(row[0] for row in plan_rows)
             await conn.execute("DEALLOCATE probe")
 
-        # The indexes dropped while the agent is still remembered as large: its searches
-        # read the shared indexes until the memory expires, with the same results here.
-        await state.pool.execute(f"DROP INDEX {vectors}")
-        found, _ = await search_module.ranked(pool, agent.operator, Filters(), r)
-        assert [x.memory_id for x in found] == [x.memory_id for x in exact]
-        assert len(calls) == 1
+        # Unlisted (a round dropping its indexes): the very next search ranks it exactly, as
+        # nothing about the agent is remembered between searches.
         await state.pool.execute("DELETE FROM agent_indexes")
-        monkeypatch.setattr(search_module, "OWN_INDEXES_SECONDS", 0.0)
-        search_module.forget_own_indexes()
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
-        assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
-        # Counted again, no longer known as large; then known as small, and not counted.
-        assert len(calls) == 2
-        # The settings a prepared search sets are gone once the pool has the connection back;
-        # the connection's own defaults (what the one-statement search relies on) are not.
+        # A deeper page sets a larger ef_search for its search only: the pool resets it.
+        wide = search_module.make_ranking("vector", r.text or "", r.vector, None, 20)
+        await maintenance.run_round(state.pool, min_records=100)
+        assert (await search_module.ranked(pool, agent.operator, Filters(), wide))[1] == "index"
         async with pool.acquire() as conn:
             assert await conn.fetchval("SHOW hnsw.ef_search") == str(search_module.EF_SEARCH)
             assert await conn.fetchval("SHOW hnsw.iterative_scan") == "relaxed_order"
-            assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
-    finally:
-        await pool.close()
-
-
-async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
-    db_url: str, state: AppState, admin: Caller
-) -> None:
-    # A process that has not searched the agent lately asks `prepare` first; for an agent with
-    # its own indexes and no label or ID filter that sets only hnsw.ef_search, so the search
-    # runs the one-statement path's statement and reaches its generic plan, also with a limit
-    # whose ef_search is not the connection's. Under a label filter the index plan is still
-    # planned for each search, as the label may leave few records.
-    agent = await make_search_agent(state, admin)
-    await fill(agent, 120)
-    await state.pool.execute("ANALYZE agent_memories")
-    await maintenance.run_round(state.pool, min_records=100)
-    r = await ranking(agent, "hiking in the mountains")
-    wide = search_module.make_ranking("hybrid", r.text or "", r.vector, None, 20)
-    assert wide.ef_search != search_module.EF_SEARCH
-    exact = {}
-    for ranked_by in (r, wide):
-        found, _ = await search_module.ranked(
-            state.pool, agent.operator, Filters(), ranked_by, "exact"
-        )
-        exact[ranked_by.limit] = [x.memory_id for x in found]
-    labelled = Filters(labels={5: "trail"})
-    pool = await create_pool(db_url, min_size=1, max_size=1)
-    try:
-        for _ in range(8):
-            for ranked_by in (r, wide):
-                search_module.forget_own_indexes()
-                found, plan = await search_module.ranked(pool, agent.operator, Filters(), ranked_by)
-                assert plan == "index"
-                assert [x.memory_id for x in found] == exact[ranked_by.limit]
-            search_module.forget_own_indexes()
-            await search_module.ranked(pool, agent.operator, labelled, r, "index")
-        async with pool.acquire() as conn:
-            plans = await cached_statements(conn, "WITH words AS MATERIALIZED")
-        kinds = {("labels @>" in p["statement"], "LIMIT 20\n" in p["statement"]): p for p in plans}
-        assert kinds.keys() == {(False, False), (False, True), (True, False)}
-        # Was 0 for both: force_custom_plan at every search.
-        assert kinds[False, False]["generic_plans"] >= 1
-        assert kinds[False, True]["generic_plans"] >= 1
-        assert kinds[True, False]["generic_plans"] == 0
-        assert kinds[True, False]["custom_plans"] == 8
     finally:
         await pool.close()
 
@@ -276,8 +208,8 @@ async def test_m20_a_large_agent_not_remembered_still_gets_the_cached_plan(
 async def test_m20_one_statement_searches_keep_the_readers_view(
     db_url: str, state: AppState, admin: Caller
 ) -> None:
-    # M20 and the visibility rules on the one-statement path, for an agent reader and every
-    # mode: the same records before and after the statement's plan is cached, none hidden.
+    # M20 and the visibility rules on the index plan, for an agent reader and every mode: the
+    # same records before and after the statement's plan is cached, none hidden.
     agent = await make_search_agent(state, admin)
     await fill(agent, 120)
     text = "hiking in the mountains"
@@ -303,17 +235,16 @@ async def test_m20_one_statement_searches_keep_the_readers_view(
 
 
 async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
-    db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+    db_url: str, state: AppState, admin: Caller
 ) -> None:
     agents = [await make_search_agent(state, admin) for _ in range(3)]
     for agent in agents:
         await fill(agent, 10)
     pool = await create_pool(db_url, min_size=1, max_size=1)
-    calls = count_prepares(monkeypatch)
 
     async def plans() -> tuple[int, int]:
         async with pool.acquire() as conn:
-            (row,) = await cached_statements(conn, "WITH scored AS MATERIALIZED")
+            (row,) = await cached_statements(conn, "WITH gate AS MATERIALIZED")
             assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
         # The key hidden from the planner (search_store.OpaqueKey): at scale a custom plan that
         # saw it looked cheaper, and `auto` planned every search (here the agents are alike).
@@ -322,22 +253,16 @@ async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
         return row["generic_plans"], row["custom_plans"]
 
     try:
-        # The statement is the same for every agent; its cached generic plan serves them all
-        # from the first search on (a custom plan would be planned again at every search).
+        # One statement chooses the plan and ranks, the same for every agent: `auto` plans
+        # its first five runs, then keeps the generic plan, as the agent's key, hidden from the
+        # planner, leaves a custom plan no cheaper.
         found = []
-        for agent in agents:
+        for agent in agents * 4:
             r = await ranking(agent, "train timetables")
             found.append(await search_module.ranked(pool, agent.operator, Filters(), r))
-        assert [plan for _, plan in found] == ["exact"] * 3 and all(rows for rows, _ in found)
-        assert len(calls) == 3 and await plans() == (3, 0)
-        # Known as small now: searched with no round trip first. `auto` plans the first five
-        # of those (none is sent to force the generic plan), then keeps the generic plan, as
-        # the agent's key, hidden from the planner, leaves a custom plan no cheaper.
-        for agent in agents * 3:
-            r = await ranking(agent, "train timetables")
-            found.append(await search_module.ranked(pool, agent.operator, Filters(), r))
+        assert [plan for _, plan in found] == ["exact"] * 12 and all(rows for rows, _ in found)
         assert found[3:6] == found[:3] and found[6:9] == found[:3] and found[9:] == found[:3]
-        assert len(calls) == 3 and await plans() == (3 + 4, 5)
+        assert await plans() == (12 - 5, 5)
     finally:
         await pool.close()
 
@@ -356,41 +281,21 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     assert done.dropped == [] and done.built == [names[1]]
     assert await index_exists(state.pool, names[1])
 
-    # Under half the threshold: unlisted at once (searches stop choosing the indexes), and
-    # dropped by the first round LINGER_SECONDS later, however soon the next one comes: a
-    # process may still remember the agent as having them and search through them meanwhile.
+    # Under half the threshold: unlisted and its indexes dropped by the same round (searches
+    # read `agent_indexes` in the statement that chooses their plan; nothing remembers them).
     await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", ids[:30])
-    done = await maintenance.run_round(state.pool, 30)
-    assert done.dropped == [] and done.built == []
-    r = await ranking(agent, "hiking in the mountains")
-    async with state.pool.acquire() as conn:
-        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None)
-    assert not prepared.own
-    done = await maintenance.run_round(state.pool, 30)
-    assert done.dropped == [] and all([await index_exists(state.pool, n) for n in names])
-    await linger_passes(state)
     done = await maintenance.run_round(state.pool, 30)
     assert sorted(done.dropped) == sorted(names) and done.built == []
     assert not any([await index_exists(state.pool, n) for n in names])
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
-
-    # Back over the threshold while its indexes linger: listed again with them, no rebuild.
-    more = await fill(agent, 30)
-    assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
-    await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", more)
-    assert (await maintenance.run_round(state.pool, 30)).lingering == 1
-    assert (await maintenance.run_round(state.pool, 30)).dropped == []
-    await fill(agent, 30)
-    done = await maintenance.run_round(state.pool, 30)
-    assert done.built == [] and done.dropped == [] and done.lingering == 0
     async with state.pool.acquire() as conn:
-        prepared = await search_store.prepare(conn, agent.operator, Filters(), r, None)
-    assert prepared.own
+        assert not await search_store.own_indexes(conn, agent.operator)
 
-
-async def linger_passes(state: AppState) -> None:
-    """As if maintenance.LINGER_SECONDS had passed since every unlisting."""
-    await state.pool.execute("UPDATE agent_indexes SET unlisted = unlisted - interval '1 day'")
+    # Back over the threshold: built and listed again.
+    await fill(agent, 30)
+    assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
+    async with state.pool.acquire() as conn:
+        assert await search_store.own_indexes(conn, agent.operator)
 
 
 async def test_m20_at_most_max_agents_have_their_own_indexes(
@@ -402,28 +307,23 @@ async def test_m20_at_most_max_agents_have_their_own_indexes(
     small, large, middle = (maintenance.index_names(a.account_id, a.action_id) for a in agents)
 
     async def listed() -> list[uuid.UUID]:
-        rows = await state.pool.fetch(
-            "SELECT action_id FROM agent_indexes WHERE unlisted IS NULL ORDER BY action_id"
-        )
+        rows = await state.pool.fetch("SELECT action_id FROM agent_indexes ORDER BY action_id")
         return [r["action_id"] for r in rows]
 
     # The largest first, up to the limit.
     done = await maintenance.run_round(state.pool, 30, max_agents=2)
     assert sorted(done.built) == sorted([*large, *middle]) and done.dropped == []
-    # A lower limit takes the smaller agent's indexes (unlisted now, dropped once they have
-    # lingered).
+    # A lower limit takes the smaller agent's indexes.
     done = await maintenance.run_round(state.pool, 30, max_agents=1)
-    assert done.dropped == [] and done.built == []
+    assert done.dropped == sorted(middle) and done.built == []
     assert await listed() == [agents[1].action_id]
     # A larger agent does not take the place of one that has its indexes (no rebuild churn).
     newcomer = await make_search_agent(state, admin)
     await fill(newcomer, 70)
-    await linger_passes(state)
     done = await maintenance.run_round(state.pool, 30, max_agents=1)
-    assert done.built == [] and done.dropped == sorted(middle)
+    assert done.built == [] and done.dropped == []
     assert await listed() == [agents[1].action_id]
-    await maintenance.run_round(state.pool, 30, max_agents=0)
-    done = await maintenance.run_round(state.pool, 30, max_agents=0, linger=0)
+    done = await maintenance.run_round(state.pool, 30, max_agents=0)
     assert done.dropped == sorted(large)
     assert not any([await index_exists(state.pool, n) for n in (*small, *large, *middle)])
 
@@ -509,10 +409,8 @@ async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row
     await fill(other, 12)
     await maintenance.run_round(state.pool, 10)
     others = maintenance.index_names(other.account_id, other.action_id)
-    # Unlisted, its indexes lingering: they go too.
-    await state.pool.execute(
-        "UPDATE agent_indexes SET unlisted = now() WHERE action_id = $1", other.action_id
-    )
+    # Unlisted by hand, its indexes still there (a round stopped between): they go too.
+    await state.pool.execute("DELETE FROM agent_indexes WHERE action_id = $1", other.action_id)
     async with state.pool.acquire() as conn, conn.transaction():
         await embedding_store.set_dimensions(conn, 64, VECTOR_COLUMNS)
     assert not any([await index_exists(state.pool, n) for n in others])
@@ -523,7 +421,9 @@ async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row
         "WHERE attrelid = 'agent_memories'::regclass AND attname = 'embedding'"
     )
     assert storage == "m"  # MAIN: kept in the row (migration 0005), not reset by the new type
-    assert await index_exists(state.pool, "agent_memories_embedding")
+    assert await index_exists(state.pool, "history_parts_embedding")
+    # Memory has no HNSW index shared by every agent (migration 0015): writes touch no graph.
+    assert not await index_exists(state.pool, "agent_memories_embedding")
 
 
 async def test_m20_words_index_has_no_pending_list(state: AppState) -> None:
@@ -565,11 +465,10 @@ async def test_m20_maintain_search_command(
     assert code == 0
     assert "built 2 search indexes" in capsys.readouterr().out
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 1
-    # Unlisted by a lower limit: the command says why nothing is dropped yet.
+    # Unlisted by a lower limit: its indexes go at once.
     monkeypatch.setenv("ENGRAM_AGENT_INDEX_MAX_AGENTS", "0")
     code = await asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10"])
-    out = capsys.readouterr().out
-    assert code == 0 and "dropped 0" in out and "1 unlisted agents' indexes go" in out
+    assert code == 0 and "dropped 2" in capsys.readouterr().out
 
 
 async def test_m20_word_frequencies_refresh_at_start_even_without_rounds(
@@ -626,13 +525,37 @@ def test_m20_index_build_memory_must_be_a_size() -> None:
         Settings(agent_index_max_agents=-1)
 
 
-def test_m20_what_a_process_remembers_of_agents_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search_module, "MAX_REMEMBERED", 2)
-    known: dict[tuple[int, uuid.UUID, uuid.UUID], float] = {}
-    keys = [(1, uuid.uuid4(), uuid.uuid4()) for _ in range(3)]
-    for key in keys:
-        search_module._remember(known, key, 60.0)
-    assert list(known) == keys[1:]  # the least lately learnt went
-    search_module._remember(known, keys[1], 60.0)  # learnt again: now the latest
-    search_module._remember(known, keys[0], 60.0)
-    assert list(known) == [keys[1], keys[0]]
+async def agent_pages(pool: asyncpg.Pool, agent: SearchAgent) -> list[int]:
+    """The heap pages holding the agent's records, in order."""
+    rows = await pool.fetch(
+        "SELECT DISTINCT (ctid::text::point)[0]::int AS page FROM agent_memories "
+        "WHERE account_id = $1 AND action_id = $2 ORDER BY 1",
+        agent.account_id,
+        agent.action_id,
+    )
+    return [r["page"] for r in rows]
+
+
+async def test_m20_reorder_stores_each_agents_records_together(
+    state: AppState, admin: Caller, db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    # Two agents writing by turns: their records alternate on the same pages. Reordered, each
+    # agent's records fill pages of their own, one run of pages after the other's, and search
+    # finds the same records.
+    agents = [await make_search_agent(state, admin) for _ in range(2)]
+    for i in range(60):
+        for agent in agents:
+            await agent.add(f"Note {i} about {TOPICS[i % len(TOPICS)]} " + "words " * 40)
+    before = [await agent_pages(state.pool, agent) for agent in agents]
+    assert set(before[0]) & set(before[1])
+    r = await ranking(agents[0], "hiking in the mountains")
+    found = await search_module.ranked(state.pool, agents[0].operator, Filters(), r)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    code = await asyncio.to_thread(cli.main, ["maintain-search", "--reorder"])
+    assert code == 0 and "word frequencies" in capsys.readouterr().out
+    after = [await agent_pages(state.pool, agent) for agent in agents]
+    assert not set(after[0]) & set(after[1])
+    for pages in after:
+        assert pages == list(range(pages[0], pages[-1] + 1))  # one run of pages
+        assert len(pages) < len(before[0])
+    assert await search_module.ranked(state.pool, agents[0].operator, Filters(), r) == found

@@ -14,13 +14,15 @@ from pgvector import Vector
 
 @dataclass(frozen=True)
 class VectorTable:
-    """A table with an `embedding` column, indexed by HNSW as `<name>_embedding`."""
+    """A table with an `embedding` column, indexed by HNSW as `<name>_embedding` if `indexed`."""
 
     name: str  # reaches the SQL below as an identifier: a constant, never input
     key: tuple[str, ...]  # its primary key, which orders re-embedding batches
     key_types: tuple[str, ...]  # the SQL type of each key column
     columns: tuple[str, ...]  # the columns its embedded text is built from
     text: Callable[..., str]  # builds the embedded text from those columns, in order
+    # agent_memories has no shared HNSW index: large agents get their own (migration 0015).
+    indexed: bool = True
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ async def reset_vectors(conn: asyncpg.Connection, dimensions: int, vectors: Vect
 
 
 async def build_indexes(conn: asyncpg.Connection, vectors: VectorColumns) -> None:
-    for table in vectors.tables:
+    for table in (t for t in vectors.tables if t.indexed):
         await conn.execute(
             f"CREATE INDEX IF NOT EXISTS {table.name}_embedding ON {table.name} "
             "USING hnsw (embedding vector_cosine_ops)"

@@ -7,24 +7,15 @@ process at a time (a session advisory lock; other processes skip the round):
   `search_words`, where the index plan looks up which query words are rare or common.
 - Agents with at least `agent_index_min_records` records get an HNSW and a GIN index of their
   own, partial indexes on `(account_id, action_id)`, built with CREATE INDEX CONCURRENTLY
-  (writes go on meanwhile; each build reads the whole table once). The shared HNSW index
-  serves a filtered search by reading past other agents' rows: in a 1,230,000-record table it
-  found 0.92 of a 200,000-record agent's exact top-10, and 0.88 of a 5,000-record agent's in
-  130 ms; an agent's own index found 0.97 at 200,000 records (vector search p50 9 ms) and 0.99
-  at 25,000 (7 ms), see bench/README.md. The planner picks a partial index by
-  itself once it sees the agent's key as constants: the index plan writes them into its SQL
-  for an agent listed in `agent_indexes` (search_store.AgentKey), or plans with the values
-  (custom plans, search_store.prepare).
-  An agent under half the threshold (deleted records, a deleted agent) loses its indexes, so
-  there are at most 2 x 2 x records / threshold of them, and at most 2 x
-  `agent_index_max_agents` besides those of agents unlisted in the last LINGER_SECONDS (which
-  wait for processes to forget them): every statement that plans a query on agent_memories or
-  writes to it locks each of its indexes, and hundreds of them would fill PostgreSQL's lock
-  table (max_locks_per_transaction x connections) under concurrent load. An index of this naming
-  that no agent keeps (an interrupted build) is dropped by the next round; the indexes of an
-  agent that loses them, by the first round LINGER_SECONDS after.
+  (each build reads the whole table once); smaller agents are ranked exactly. The index plan
+  names a listed agent's key as constants, so the planner picks them (search_store.AgentKey).
+  An agent under half the threshold loses them, and at most `agent_index_max_agents` agents
+  have them: every statement planned on agent_memories or writing to it locks each of its
+  indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
+  this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
 
-`engram maintain-search` runs one round by hand (e.g. after a bulk import).
+`engram maintain-search` runs one round by hand (e.g. after a bulk import); with `--reorder`
+it first stores the records in agent order again (`reorder`).
 """
 
 import asyncio
@@ -47,19 +38,11 @@ _LOCK = "hashtext('engram.search_maintenance')"
 # finished (null while it runs): several processes share a database, one round at a time.
 ROUND_KEY = "search_maintenance.round"
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
-# Storage options of an agent's HNSW and GIN indexes. Measured at 200,000 records
-# (bench/README.md), recall of the exact top-10 at hnsw.ef_search 60 (the search's): 0.95
-# with ef_construction 128, 0.97 with 256 (build about twice as long); pgvector's default of 64
-# gave 0.93 at ef_search 100. An index built with other options is rebuilt by the next round.
+# Storage options of an agent's HNSW and GIN indexes: ef_construction 256 for recall at the
+# search's ef_search (bench/README.md). An index built with other options is rebuilt.
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
-# A process remembers for this long that an agent has its own indexes, and meanwhile searches it
-# through them without asking (app/memory/search.py). An agent that leaves `agent_indexes` is
-# marked `unlisted` (migration 0006) and its indexes are dropped by the first round
-# LINGER_SECONDS later, when no process remembers them any more, however close the rounds.
-OWN_INDEXES_SECONDS = 60.0
-LINGER_SECONDS = 2 * OWN_INDEXES_SECONDS  # the margin: a search's round trip, a slow round
 
 
 @dataclass(frozen=True)
@@ -70,7 +53,6 @@ class Round:
     built: list[str]  # agent indexes created
     dropped: list[str]  # agent indexes removed
     failed: list[UUID]  # agents whose build failed (logged)
-    lingering: int  # agents unlisted, whose indexes go LINGER_SECONDS after their unlisting
 
 
 def index_names(account_id: UUID, action_id: UUID) -> tuple[str, str]:
@@ -104,8 +86,8 @@ async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
 
 
 async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
-    """Unlists every agent and drops every index of this naming (also those of agents unlisted
-    lately, still lingering), inside the caller's transaction: new embedding dimensions make
+    """Unlists every agent and drops every index of this naming, inside the caller's
+    transaction: new embedding dimensions make
     them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for
     a round that is building them (the round's lock), rather than deadlock with it."""
     await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK})")
@@ -139,11 +121,9 @@ async def _build(
     built: list[str] = []
     dropped: list[str] = []
     if any(name not in states for name in methods):
-        # Searches would take an agent listed with an index missing through the shared index
-        # with an own index's settings: listed again once both are there.
+        # Searched without its own indexes until both are there, then listed again.
         await conn.execute(
-            "UPDATE agent_indexes SET unlisted = now() "
-            "WHERE account_id = $1 AND action_id = $2 AND unlisted IS NULL",
+            "DELETE FROM agent_indexes WHERE account_id = $1 AND action_id = $2",
             account_id,
             action_id,
         )
@@ -168,8 +148,7 @@ async def _build(
 async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
     await conn.execute(
         "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index) "
-        "VALUES ($1, $2, $3, $4) "
-        "ON CONFLICT (account_id, action_id) DO UPDATE SET unlisted = NULL",
+        "VALUES ($1, $2, $3, $4) ON CONFLICT (account_id, action_id) DO NOTHING",
         account_id,
         action_id,
         *index_names(account_id, action_id),
@@ -177,25 +156,17 @@ async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> 
 
 
 async def index_agents(
-    conn: asyncpg.Connection,
-    min_records: int,
-    max_agents: int | None = None,
-    linger: float = LINGER_SECONDS,
-) -> tuple[list[str], list[str], list[UUID], int]:
+    conn: asyncpg.Connection, min_records: int, max_agents: int | None = None
+) -> tuple[list[str], list[str], list[UUID]]:
     """Gives every agent of `min_records` or more its own HNSW and GIN indexes, the largest
     first and no more than `max_agents` agents (None: no limit), and takes them from agents
-    now under half that or beyond the limit. An agent keeps its indexes against a larger one
-    that has none (a build reads the whole table, so they are not traded back and forth).
-
-    An agent that loses its indexes is unlisted at once (searches stop choosing them), but its
-    indexes are dropped by the first round `linger` seconds later: a process that still
-    remembers it as having them (OWN_INDEXES_SECONDS) goes on searching it through them
-    meanwhile. Indexes of this naming that no agent listed at the round's start or unlisted
-    within `linger` owns (an interrupted build, an agent gone) are dropped at once.
+    now under half that or beyond the limit (unlisted first, so searches stop choosing them).
+    An agent keeps its indexes against a larger one that has none (a build reads the whole
+    table, so they are not traded back and forth).
 
     Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
-    the others'; it is retried next round. Returns the indexes built and dropped, the agents
-    whose build failed, and how many agents' indexes linger."""
+    the others'; it is retried next round. Returns the indexes built and dropped, and the
+    agents whose build failed."""
     sizes = {
         (r["account_id"], r["action_id"]): r["records"]
         for r in await conn.fetch(
@@ -205,12 +176,10 @@ async def index_agents(
         )
     }
     states = await _agent_index_states(conn)
-    await conn.execute(
-        "DELETE FROM agent_indexes WHERE unlisted <= now() - make_interval(secs => $1)", linger
-    )
-    rows = await conn.fetch("SELECT account_id, action_id, unlisted FROM agent_indexes")
-    listed = [(r["account_id"], r["action_id"]) for r in rows if r["unlisted"] is None]
-    lingering = [(r["account_id"], r["action_id"]) for r in rows if r["unlisted"] is not None]
+    listed = [
+        (r["account_id"], r["action_id"])
+        for r in await conn.fetch("SELECT account_id, action_id FROM agent_indexes")
+    ]
     places = len(sizes) if max_agents is None else max_agents
     largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
     keep = [agent for agent in largest if agent in listed][:places]
@@ -219,14 +188,12 @@ async def index_agents(
     ]
     leaving = sorted(set(listed) - set(keep))
     await conn.execute(
-        "UPDATE agent_indexes a SET unlisted = now() "
-        "FROM unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
+        "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
         "WHERE a.account_id = d.account AND a.action_id = d.action",
         [account for account, _ in leaving],
         [action for _, action in leaving],
     )
-    # An agent unlisted lately that is back (grown again) keeps what it has.
-    owned = {name for agent in [*listed, *lingering, *new] for name in index_names(*agent)}
+    owned = {name for agent in [*keep, *new] for name in index_names(*agent)}
     for name in sorted(states):
         base = name.removesuffix(_NEXT)
         if base != name and base in owned and base not in states and states[name]:
@@ -258,8 +225,15 @@ async def index_agents(
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
-    waiting = await conn.fetchval("SELECT count(*) FROM agent_indexes WHERE unlisted IS NOT NULL")
-    return built, dropped, failed, waiting
+    return built, dropped, failed
+
+
+async def reorder(conn: asyncpg.Connection) -> None:
+    """Rewrites agent_memories in agent order, so that an agent's records share pages (the
+    exact plan reads a quarter of them, bench/README.md). Holds the table's lock while it
+    runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible)."""
+    await conn.execute("CLUSTER agent_memories USING agent_memories_created")
+    await conn.execute("VACUUM (ANALYZE) agent_memories")
 
 
 async def _record_round(conn: asyncpg.Connection, *, finished: bool) -> None:
@@ -286,13 +260,12 @@ async def run_round(
     min_records: int,
     build_memory: str = "",
     max_agents: int | None = None,
-    linger: float = LINGER_SECONDS,
     min_parts: int | None = None,
     max_sessions: int | None = None,
 ) -> Round | None:
     """One round of the jobs; None when another process holds the round. `build_memory` is
     the index builds' maintenance_work_mem (an HNSW graph that does not fit in it is built
-    far more slowly); empty: the server's. `max_agents`, `linger`: see `index_agents`. With
+    far more slowly); empty: the server's. `max_agents`: see `index_agents`. With
     `min_parts`, large sessions' own indexes too (app/history/indexes.py; `max_sessions`)."""
     async with pool.acquire() as conn:
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
@@ -305,7 +278,7 @@ async def run_round(
                 await conn.execute(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
-            done = Round(words, *await index_agents(conn, min_records, max_agents, linger))
+            done = Round(words, *await index_agents(conn, min_records, max_agents))
             if min_parts is not None:
                 built, dropped, _ = await history_indexes.index_sessions(
                     conn, min_parts, max_sessions

@@ -7,72 +7,48 @@ Signals
 - Meaning: cosine similarity of the record's embedding (`memory_text(summary, content)`) to the
   query's embedding, from the deployment's embedder.
 - Words: PostgreSQL full text over the stored English `tsv`, matching records that share ANY
-  stemmed, stop-worded word with the query (`any_words`, migration 0003), ranked by `ts_rank`.
-  Requiring every word (`websearch_to_tsquery`) found 0.116 of LoCoMo's evidence in the top 10;
-  any word with `ts_rank` 0.593, about as well as BM25 (0.617).
+  stemmed, stop-worded word with the query (`any_words`, migration 0003), ranked by `ts_rank`
+  (requiring every word found far less of LoCoMo's evidence; bench/README.md).
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
     score = 0.5 * cosine + 0.5 * ts_rank / (best ts_rank among the agent's matches)
-A record sharing no word scores 0.5 * cosine. Linear fusion of the raw cosine with the text
-rank scaled to the best match beat the best weighted reciprocal-rank fusion (static 0.627 vs
-0.617 recall@10, minilm 0.676 vs 0.672), and its recall@10 is flat for weights 0.4 to 0.6 with
-both `static` (0.628 to 0.625, against 0.593 words alone and 0.413 meaning alone) and `minilm`
-(0.675 to 0.681, against 0.593 and 0.510), so one weight serves both. Unlike rank fusion it
-needs no rank over every record, so both plans below score a record identically.
-`min_score` is the least cosine a record needs to be found by meaning alone: in hybrid mode a
-record sharing a word with the query is found whatever its cosine; in vector mode it is a
-plain threshold; lexical mode ignores it.
+A record sharing no word scores 0.5 * cosine. It beat weighted reciprocal-rank fusion with
+both embedders, is flat for weights 0.4 to 0.6, and needs no rank over every record, so both
+plans below score a record identically. `min_score` is the least cosine a record needs to be
+found by meaning alone: in hybrid mode a record sharing a word with the query is found
+whatever its cosine; in vector mode it is a plain threshold; lexical mode ignores it.
 
-Plans (measured by bench/search_scale.py on 1,230,000 records, every agent's rows scattered
-through the table; figures in bench/README.md)
-- `exact` when the agent's rows under the label and ID filters number at most
-  EXACT_MAX_ROWS and it has no indexes of its own: read those rows by the (account, action)
-  btree and score every one. Exact whatever the filters (HNSW under a selective filter
-  returns too few rows), and the faster plan for an agent without its own indexes: at 1,000
-  records hybrid p50 8.9 ms (10 through the shared index); at 5,000, 30 ms against 103 ms,
-  where the shared HNSW index reads past hundreds of other agents' rows for each of this
-  one's. Its cost is one heap read per record (the rows are scattered), so it grows with the
-  agent (25,000 records: 500 ms).
-- `index` above it: the top CANDIDATES of each signal from an index, then exact scores and
-  fusion over the union. Meaning: HNSW with an iterative scan (`relaxed_order`, so a filter
-  that hides most rows still yields enough of them); an agent of 10,000 records or more has
-  an HNSW index of its own (app/memory/maintenance.py), which the planner picks by itself
-  and which needs no filtering (recall of the exact top-10 at 200,000 records: 0.96-0.98 at
-  EF_SEARCH against 0.92 through the shared index at 200; hybrid p50 9-10 ms). Words: GIN on
-  (agent, tsv), the agent's own when it has one, for the query's rare words
-  (`rare_words`: each in at most RARE_WORD_ROWS records of the table, so GIN's work is
-  bounded), and records sharing a common word (`common_words`: in COMMON_WORD_SHARE of
-  records or more) among the agent's newest CANDIDATES / COMMON_WORD_SHARE (800).
-  Words between the two propose no candidates (in the measured data they would cost a scan
-  of most of the agent) but count in every candidate's rank. An OR query over every word,
-  served by GIN, took seconds at 200,000 records, where names occur in half the rows. Word
-  frequencies come from `search_words`, refreshed by the same maintenance.
-  The decision and the plan's settings cost one round trip (`search_store.prepare`): an
-  index-only count that stops at EXACT_MAX_ROWS + 1 rows, skipped for an agent with its own
-  indexes unless label or ID filters narrow the search.
-- An agent known to have its own indexes (learnt from `prepare`, remembered for
-  OWN_INDEXES_SECONDS) is searched without it, in one statement: every connection starts
-  with the HNSW settings of an own index (app/db/pool.py), and the statement names the
-  agent's key as constants, so the plan the statement caches after five runs (generic: no
-  planning per search) can still use the agent's partial indexes. At 200,000 records that
-  saved the round trip (1.3 ms) and planning (2.2 ms p50, 3.6 ms p95 for an agent reader).
-  An agent with its own indexes that the process does not remember runs the same statement
-  after `prepare`, which then sets only `hnsw.ef_search`, so it too reaches the cached plan.
-- An agent `prepare` found small (at most EXACT_MAX_ROWS records, no label or ID filter, no own
-  indexes) is remembered as such for SMALL_AGENT_SECONDS: its next searches (the search_memory
-  calls after a turn's recall) go straight to the exact plan. That statement hides the agent's
-  key from the planner (`search_store.OpaqueKey`), so its generic plan is kept without a
-  setting sent first. 30 of the 1,000-record agents searched in turn (260 hybrid searches,
-  three runs each): p50 / p95 10.5-11.1 / 12.5-13.3 ms through `prepare` -> 8.9-9.5 /
-  10.8-11.8 ms; remembered but with the key visible (a custom plan at every search):
-  11.2-12.0 / 13.1-15.0 ms.
+Plans (measured by bench/search_scale.py; figures in bench/README.md)
+- `exact` when the agent has no indexes of its own and at most EXACT_MAX_ROWS rows under the
+  label and ID filters: read those rows by the (account, action) btree and score every one.
+  Exact whatever the filters. Its cost is one heap read per record (an agent's rows are
+  scattered through the table), so it grows with the agent.
+- `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
+  fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
+  one to every agent of 10,000 records or more), iterative scan (`relaxed_order`, so a filter
+  that hides most rows still yields enough of them); there is no index shared by all agents
+  (migration 0015), so an agent without one yet has every record's cosine computed. Words: GIN
+  on (agent, tsv), the agent's own when it has one, for the query's rare words (`rare_words`:
+  each in at most RARE_WORD_ROWS records of the table, so GIN's work is bounded), and records
+  sharing a common word (`common_words`: in COMMON_WORD_SHARE of records or more) among the
+  agent's newest CANDIDATES / COMMON_WORD_SHARE (800). Words between the two propose no
+  candidates (in the measured data they would cost a scan of most of the agent) but count in
+  every candidate's rank. Word frequencies come from `search_words`, refreshed by the same
+  maintenance.
+- The choice costs no round trip of its own: the exact plan's statement first looks the agent
+  up in `agent_indexes` and counts its rows (an index-only count that stops at EXACT_MAX_ROWS
+  + 1; not for an agent with own indexes unless label or ID filters narrow the search) and
+  reads nothing when the index plan is the one; that statement is then run. Its text is the
+  same for every agent (`search_store.OpaqueKey`), so it runs on a cached generic plan. The
+  index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
+  caches still uses the agent's partial indexes. The connections' defaults (app/db/pool.py)
+  are the index plan's HNSW settings; a deeper page sets a larger `hnsw.ef_search` first.
 """
 
 import base64
 import json
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -90,7 +66,6 @@ from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
 from app.errors import BadInput, NotFound
 from app.memory import search_store
-from app.memory.maintenance import OWN_INDEXES_SECONDS
 from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking
@@ -98,54 +73,16 @@ from app.memory.visibility import OperatorReader, Reader
 from app.observability import metrics
 from app.text import MAX_QUERY_CHARS, check_query
 
-# Measured (bench/README.md): at 5,000 records the exact plan took hybrid p50 30 ms, the shared
-# index 103 ms; an agent of more records than this gets its own indexes (maintenance.py).
+# Measured (bench/README.md): the exact plan took hybrid p50 30 ms at 5,000 records of a
+# scattered 1,230,000-record table; an agent of more records than this has its own indexes.
 EXACT_MAX_ROWS = 10_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
-# hnsw.ef_search on an agent's own index, measured at 200,000 records over 300 questions
-# (bench/README.md): recall of the exact top-10 (top 10 of 40 candidates) 0.94 at 40, 0.97 at
-# 60, 0.98 at 80, 0.99 at 100 (ef_construction 256; with 128: 0.92, 0.95, 0.97, 0.98), the
-# HNSW scan p95 about 1 ms longer for each 20. The index shared by all agents is read through
-# the agent's filter: 0.92 at 200 (200,000 records), so larger.
+# hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
 EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # 60: every connection's default
-EF_SEARCH_SHARED = 200
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
 RARE_WORD_ROWS = 2000  # index plan: words in at most this many records are found by GIN
 RARE_WORD_READS = 400  # index plan: the most records sharing a rare word ranked per search
 COMMON_WORD_SHARE = 0.05  # index plan: words in this share of records are read newest first
-# Agents known to have their own indexes ((pool, account, action) -> until when, by
-# time.monotonic()), learnt from `prepare`: for OWN_INDEXES_SECONDS their searches skip it (1.3
-# ms at 200,000 records) and are one statement whose cached plan uses the agent's indexes. The
-# pool is part of the key, as a process may serve several databases (tests do). Maintenance
-# drops an unlisted agent's indexes only maintenance.LINGER_SECONDS after unlisting it, so a
-# remembered agent is searched through them still. New embedding dimensions drop them at once,
-# which can leave it for the rest of that time on the shared indexes with an own index's
-# settings: the same visibility, fewer of the exact top-10 found.
-_OWN_INDEXES: dict[tuple[int, UUID, UUID], float] = {}
-# Agents of at most EXACT_MAX_ROWS records without their own indexes, learnt from `prepare`'s
-# count (without label or ID filters, which only narrow): for SMALL_AGENT_SECONDS their
-# searches take the exact plan without asking (1,000 records: `prepare` took 1.2 / 1.7 ms p50 /
-# p95). An agent that grows meanwhile is searched exactly a little longer: slower, as exact.
-_SMALL_AGENTS: dict[tuple[int, UUID, UUID], float] = {}
-SMALL_AGENT_SECONDS = 60.0
-# Each memory keeps at most this many agents, the least lately learnt going first: a process
-# that meets millions of agents does not keep them all.
-MAX_REMEMBERED = 10_000
-
-
-def _remember(
-    known: dict[tuple[int, UUID, UUID], float], key: tuple[int, UUID, UUID], seconds: float
-) -> None:
-    known.pop(key, None)  # re-inserted last: dicts keep insertion order
-    if len(known) >= MAX_REMEMBERED:
-        del known[next(iter(known))]
-    known[key] = time.monotonic() + seconds
-
-
-def forget_own_indexes() -> None:
-    """Forgets which agents this process knows to have their own indexes, as a restart does:
-    their next searches ask `prepare` again (tests use it in place of waiting a minute)."""
-    _OWN_INDEXES.clear()
 
 
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
@@ -261,7 +198,6 @@ def make_ranking(
         weight=weight,
         candidates=max(CANDIDATES, 4 * reach),
         ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * reach)),
-        ef_search_shared=min(MAX_EF_SEARCH, max(EF_SEARCH_SHARED, 4 * reach)),
         rare_rows=RARE_WORD_ROWS,
         rare_reads=max(RARE_WORD_READS, 10 * reach),
         common_share=COMMON_WORD_SHARE,
@@ -273,42 +209,24 @@ def make_ranking(
 async def ranked(
     pool: asyncpg.Pool, reader: Reader, filters: Filters, ranking: Ranking, plan: Plan | None = None
 ) -> tuple[list[MemoryRecord], Plan]:
-    """Ranks by the plan the filtered row count calls for (or by `plan`, for benchmarks)."""
-    key = (id(pool), reader.account_id, reader.action_id)
-    now = time.monotonic()
-    own = _OWN_INDEXES.get(key, 0.0) > now
-    # The connection's HNSW settings serve (or none are needed: no vector, no HNSW scan).
-    defaults = ranking.vector is None or ranking.ef_search == EF_SEARCH
-    # No transaction: the plan's settings last until the pool resets the connection.
+    """Ranks by the plan the agent's indexes and filtered row count call for (or by `plan`,
+    for benchmarks)."""
+    # No transaction: a setting lasts until the pool resets the connection.
     async with pool.acquire() as conn:
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
-        if plan is None and _SMALL_AGENTS.get(key, 0.0) > now:
-            plan = "exact"
-        if plan is None and own and not filters.narrows and defaults:
-            # Nothing to count, and the connection's HNSW settings are the search's.
-            found = await search_store.ranked_index(conn, reader, filters, ranking, True)
-            return found, "index"
-        if plan != "exact":
-            count = EXACT_MAX_ROWS + 1 if plan is None else None
-            prepared = await search_store.prepare(conn, reader, filters, ranking, count)
-            if prepared.own:
-                _remember(_OWN_INDEXES, key, OWN_INDEXES_SECONDS)
-            else:
-                _OWN_INDEXES.pop(key, None)
-            if plan is None:
-                small = prepared.rows is not None and prepared.rows <= EXACT_MAX_ROWS
-                plan = "exact" if small else "index"
-                if small and not prepared.own and not filters.narrows:
-                    _remember(_SMALL_AGENTS, key, SMALL_AGENT_SECONDS)
-            if prepared.own or (prepared.rows is not None and prepared.rows > EXACT_MAX_ROWS):
-                _SMALL_AGENTS.pop(key, None)  # learnt otherwise (a plan forced, or filters)
-            if plan == "index":
-                found = await search_store.ranked_index(
-                    conn, reader, filters, ranking, prepared.own
-                )
-                return found, plan
-        return await search_store.ranked_exact(conn, reader, filters, ranking), plan
+        if plan == "index":
+            own = await search_store.own_indexes(conn, reader)
+        else:
+            gate = None if plan == "exact" else EXACT_MAX_ROWS
+            found, own = await search_store.ranked_exact(conn, reader, filters, ranking, gate)
+            if own is None:
+                return found, "exact"
+        if ranking.vector is not None and ranking.ef_search != EF_SEARCH:
+            await conn.execute(
+                "SELECT set_config('hnsw.ef_search', $1, false)", str(ranking.ef_search)
+            )
+        return await search_store.ranked_index(conn, reader, filters, ranking, own), "index"
 
 
 async def search_as_operator(

@@ -58,7 +58,6 @@ class Ranking:
     weight: float  # hybrid: weight of cosine; 1 - weight goes to the normalized text rank
     candidates: int  # index plan: how many records each signal proposes
     ef_search: int  # index plan: HNSW candidate list size on an agent's own index
-    ef_search_shared: int  # the same on the index shared by all agents (filtered, so larger)
     rare_rows: float  # index plan: words in at most this many records are looked up in GIN
     rare_reads: int  # index plan: at most this many records sharing a rare word are ranked
     common_share: float  # index plan: words in this share of records are read newest first
@@ -87,9 +86,8 @@ def _signals(r: Ranking, p: Params, m: str = "m", query: str = "") -> str:
     `query`: an expression for the query's tsquery, when the statement has one."""
     cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
     if r.text is not None:
-        # A sub-select is evaluated once per search, also in a generic plan (which the exact
-        # plan's prepared statement gets after five runs); there `any_words($n)` itself would
-        # parse the query again for every row: 5,000 records, hybrid p50 30 -> 121 ms.
+        # A sub-select is evaluated once per search, also in a generic plan, where
+        # `any_words($n)` would parse the query for every row (4 x slower, bench/README.md).
         query = query or f"(SELECT any_words({p(r.text)}))"
         flags = int(r.rank_normalization)
         rank = f"CASE WHEN {m}.tsv @@ {query} THEN ts_rank({m}.tsv, {query}, {flags})::float8 END"
@@ -105,13 +103,15 @@ _FUSED = """
         SELECT memory_id, created, score FROM fused{after}
         ORDER BY score DESC, created DESC, memory_id DESC LIMIT {limit}
     )
-    SELECT {columns}, top.score FROM top JOIN agent_memories m
+    SELECT {columns}, top.score{gate} FROM {source}top JOIN agent_memories m
         ON m.account_id = {account} AND m.action_id = {action} AND m.memory_id = top.memory_id
-    ORDER BY top.score DESC, top.created DESC, top.memory_id DESC
+    {close}ORDER BY top.score DESC, top.created DESC, top.memory_id DESC
 """
 
 
-def _finish(reader: Reader, r: Ranking, p: Params) -> str:
+def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> str:
+    """The fusion and the page; `gated`: one row more, the gate's answer, with or without
+    records (ranked_exact)."""
     score, found = fusion(r.mode, r.weight, r.min_score, p)
     after = ""
     if r.after is not None:
@@ -127,25 +127,57 @@ def _finish(reader: Reader, r: Ranking, p: Params) -> str:
         after=after,
         limit=int(r.limit),
         columns=_COLUMNS,
+        gate=", g.own AS gate_own, g.rows AS gate_rows" if gated else "",
+        source="gate g LEFT JOIN (" if gated else "",
+        close=") ON true\n    " if gated else "",
         account=p(reader.account_id),
         action=p(reader.action_id),
     )
 
 
 async def ranked_exact(
-    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking
-) -> list[MemoryRecord]:
-    # Under label or ID filters a custom plan must see the agent's key: with the agent's size it
-    # can choose the labels index for a large agent that a label leaves few records.
+    conn: asyncpg.Connection,
+    reader: Reader,
+    filters: Filters,
+    r: Ranking,
+    max_rows: int | None = None,
+) -> tuple[list[MemoryRecord], bool | None]:
+    """Scores every record the reader sees under the filters: (records, None). With
+    `max_rows`, in the same statement, only if the agent has no own indexes and at most that
+    many rows under the label and ID filters (counted up to there; under those filters even a
+    large agent's): otherwise it reads nothing and returns ([], whether it has own indexes).
+    Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
+    filters a custom plan must see the key, to choose the labels index for a large agent."""
     p = Params() if filters.narrows else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
+    gate, passes = "", "true"
+    if max_rows is not None:
+        account, action = p(reader.account_id), p(reader.action_id)
+        counted = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
+            Filters(labels=filters.labels, ids=filters.ids), p
+        )
+        first = f"SELECT FROM agent_memories m WHERE {counted} LIMIT {int(max_rows) + 1}"
+        rows = f"(SELECT count(*) FROM ({first}) c)"
+        if not filters.narrows:
+            rows = f"CASE WHEN own THEN NULL ELSE {rows} END"  # a large agent: not counted
+        gate = (
+            f"gate AS MATERIALIZED (SELECT own, {rows} AS rows FROM (SELECT EXISTS (SELECT FROM"
+            f" agent_indexes v WHERE v.account_id = {account} AND v.action_id = {action})"
+            " AS own) o), "
+        )
+        passes = f"(SELECT g.rows <= {int(max_rows)} FROM gate g)"
     # Words are tested in the select list, not the WHERE clause, so the planner reads the agent's
     # rows by its btree instead of the GIN index over every agent (slow for an OR query).
     sql = f"""
-    WITH scored AS MATERIALIZED (
-        SELECT {_signals(r, p)} FROM agent_memories m WHERE {where}
-    ){_finish(reader, r, p)}"""
-    return [_scored(row) for row in await conn.fetch(sql, *p.values)]
+    WITH {gate}scored AS MATERIALIZED (
+        SELECT {_signals(r, p)} FROM agent_memories m WHERE {where} AND {passes}
+    ){_finish(reader, r, p, gated=max_rows is not None)}"""
+    rows = await conn.fetch(sql, *p.values)
+    if max_rows is not None:
+        if rows[0]["gate_rows"] is None or rows[0]["gate_rows"] > max_rows:
+            return [], rows[0]["gate_own"]
+        rows = [row for row in rows if row["memory_id"] is not None]
+    return [_scored(row) for row in rows], None
 
 
 class _KeyParams(Params):
@@ -165,10 +197,8 @@ class AgentKey(_KeyParams):
     A large agent's own indexes are partial indexes on its key (maintenance.py), which a plan
     may use only where the query names that key as a constant. With the key written out, the
     plan that a prepared statement caches (generic, after five runs) can use them too, and the
-    statement needs neither a round trip for its settings nor planning at each search. The
-    statement text is then the agent's own, which is why only large agents get it: asyncpg
-    caches 100 statements per connection (for 300 s), and a statement runs on a generic plan
-    from its sixth run on a connection, so the gain goes to agents searched often."""
+    statement needs no planning at each search. The statement text is then the agent's own,
+    which is why only large agents get it: asyncpg caches 100 statements per connection."""
 
     def __call__(self, value: Any) -> str:
         if self.is_key(value):
@@ -182,98 +212,37 @@ class OpaqueKey(_KeyParams):
 
     The exact plan's statement is the same for every agent. With the key as a constant, a
     custom plan always looked cheaper than the generic one (its estimate is the agent's own
-    size), so plan_cache_mode `auto` planned it at every search (1.2-1.6 ms). With the key
-    hidden, both plans cost the same, and `auto` keeps the generic plan from the sixth run on
-    a connection, with no setting sent first (what a search that skips `prepare` needs)."""
+    size), so plan_cache_mode `auto` planned it at every search (1.2-1.6 ms at 1,230,000
+    records). With the key hidden, both plans cost the same, and `auto` keeps the generic plan
+    from the sixth run on a connection."""
 
     def __call__(self, value: Any) -> str:
         placeholder = super().__call__(value)
         return f"(SELECT {placeholder}::uuid)" if self.is_key(value) else placeholder
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """The agent's size, read in the round trip that also sets the index plan's settings."""
-
-    rows: int | None  # the agent's rows under the label and ID filters, counted up to a limit
-    own: bool  # the agent has its own indexes (maintenance.py)
-
-
-async def prepare(
-    conn: asyncpg.Connection,
-    reader: Reader,
-    filters: Filters,
-    r: Ranking,
-    count: int | None,
-) -> Prepared:
-    """Counts the agent's rows under the label and ID filters no further than `count` (an
-    index-only scan; None: not counted, the index plan is taken), and sets for the session the
-    settings of the plan the count calls for. They last until the pool takes the connection
-    back, which resets them (RESET ALL): no transaction is needed (two round trips less).
-
-    An agent with its own indexes searched without label or ID filters gets only its
-    `hnsw.ef_search` (the connection's other settings are an own index's, app/db/pool.py): its
-    statement, which names the agent's key (`AgentKey`), is then the one-statement path's, and
-    runs on the generic plan cached after five runs, which uses the agent's indexes and needs
-    no planning. At 200,000 records, 147 hybrid searches not remembered: p50 13.0 -> 10.0-10.3
-    ms, p95 16.8 -> 14.2-15.3 (remembered: 9.5, 14.4)."""
-    p = Params()
-    account, action = p(reader.account_id), p(reader.action_id)
-    # The agent has its own indexes (maintenance.py): it is large, and HNSW needs no filtering.
-    own = (
-        "EXISTS (SELECT FROM agent_indexes v "
-        f"WHERE v.account_id = {account} AND v.action_id = {action} AND v.unlisted IS NULL)"
+async def own_indexes(conn: asyncpg.Connection, reader: Reader) -> bool:
+    """Whether the agent has its own indexes (maintenance.py); for a forced index plan."""
+    return await conn.fetchval(
+        "SELECT EXISTS (SELECT FROM agent_indexes WHERE account_id = $1 AND action_id = $2)",
+        reader.account_id,
+        reader.action_id,
     )
-    rows, index = "NULL::bigint", "s.rows IS NULL"
-    if count is not None:
-        where = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
-            Filters(labels=filters.labels, ids=filters.ids), p
-        )
-        limit = p(count)
-        rows = f"(SELECT count(*) FROM (SELECT FROM agent_memories m WHERE {where} LIMIT {limit}))"
-        if not filters.narrows:
-            # No need to count a large agent (1.4 ms at 200,000 records: the count checks the
-            # visibility of each row's heap page); a filter may leave it few rows.
-            rows = f"CASE WHEN s.own THEN {limit}::bigint ELSE {rows} END"
-        index = f"s.rows >= {limit}"
-    ef = f"CASE WHEN s.own THEN {p(str(r.ef_search))} ELSE {p(str(r.ef_search_shared))} END"
-    # The index plan's: force_custom_plan, as a cached generic plan, which sees the agent's key
-    # as a parameter, cannot prove that the agent's own (partial) indexes cover the query, and
-    # guesses the agent's size from the average agent's. The exact plan's: force_generic_plan,
-    # as its statement is the same for every agent; `auto` plans the first five runs on a
-    # connection (1.2-1.6 ms each) before it keeps the generic plan (OpaqueKey). Not
-    # under label or ID filters, which may leave a few rows of a large agent: a custom plan
-    # sees how few, and may read them by the labels index.
-    generic, cached = "NULL", "false"
-    if not filters.narrows:
-        generic = "set_config('plan_cache_mode', 'force_generic_plan', false)"
-        cached = "s.own"
-    row = await conn.fetchrow(
-        "SELECT s.rows, s.own,"
-        f" CASE WHEN {cached} THEN set_config('hnsw.ef_search', {p(str(r.ef_search))}, false)"
-        f" WHEN {index} THEN"
-        " set_config('hnsw.iterative_scan', 'relaxed_order', false)"
-        f" || set_config('hnsw.ef_search', {ef}, false)"
-        " || set_config('plan_cache_mode', 'force_custom_plan', false)"
-        f" ELSE {generic} END"
-        f" FROM (SELECT {rows} AS rows, own FROM (SELECT {own} AS own OFFSET 0) s OFFSET 0) s",
-        *p.values,
-    )
-    return Prepared(row["rows"], row["own"])
 
 
 async def ranked_index(
     conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, own: bool
 ) -> list[MemoryRecord]:
-    """Candidates from the indexes, scored as they are read. Meaning: HNSW, iterative scan (a
-    large agent's own index when it has one). Words: records sharing a rare word, by the
+    """Candidates from the indexes, scored as they are read. Meaning: the agent's own HNSW
+    index, iterative scan (without one, every record's cosine: there is no shared index,
+    migration 0015). Words: records sharing a rare word, by the
     (agent, tsv) GIN index (bounded: each rare word is in few records), best `ts_rank` first;
     and the newest records sharing a common word among the agent's newest (bounded too: a
     common word is met within a few rows). Words between the two find no candidates of their
     own; they still count in the rank of every candidate.
 
     `own`: the agent has its own indexes; the statement then names the agent's key as
-    literals (`AgentKey`). Otherwise run it after `prepare`, which sets the plan's settings."""
+    literals (`AgentKey`), which their partial predicates need."""
     p = AgentKey(reader) if own else Params()
     agent = "agent_memories m WHERE " + visible(reader, p, "m") + _filters(filters, p)
     columns = "m.memory_id, m.created, m.embedding, m.tsv"
@@ -309,8 +278,7 @@ async def ranked_index(
         )
         rare, common = "(SELECT rare FROM words)", "(SELECT common FROM words)"
         # A word rare in the table may still be in hundreds of a large agent's records, each a
-        # heap read to rank, so at most `rare_reads` of them are ranked (the slowest searches
-        # of a 200,000-record agent read over 1,000: 13-22 ms).
+        # heap read to rank, so at most `rare_reads` of them are ranked (bench/README.md).
         best = f"ts_rank(m.tsv, {query}, {int(r.rank_normalization)}) DESC, {newest}"
         rows = f"{agent} AND {rare} IS NOT NULL AND m.tsv @@ {rare}"
         lists.append(candidates(first(rows, r.rare_reads), best))

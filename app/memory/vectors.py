@@ -20,6 +20,7 @@ VECTOR_COLUMNS = VectorColumns(
             key_types=("uuid", "uuid", "uuid"),
             columns=("summary", "content"),
             text=memory_text,
+            indexed=False,  # only large agents' own indexes (app/memory/maintenance.py)
         ),
         # Session history (app/history): each part of a kept event, embedded from its own text.
         VectorTable(
