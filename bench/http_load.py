@@ -1,0 +1,541 @@
+"""HTTP load: hybrid `searchMemories(first: 10)` over real HTTP against one `engram serve`.
+
+Starts `engram serve` (`python -m app.cli serve`, a subprocess on loopback, the static
+embedder) on its own embedded PostgreSQL in a /tmp/engram-http-* data directory, creates an
+agent of --records records (addAgentMemories), then for each concurrency (1, 8, 32 clients by
+default) and each of --rounds rounds sends hybrid searches for --seconds seconds, each
+request a different query of 2 to 5 words, and prints:
+
+- requests/s, p50/p95 latency and errors (HTTP status other than 200, or a body with
+  `errors`);
+- the service process's CPU per request: utime + stime of `engram serve` itself from
+  /proc/<pid>/stat over the measured window, divided by the requests answered in it
+  (PostgreSQL runs in its own processes and is excluded; the load generator too).
+
+The load generator is a few lines of asyncio streams (one keep-alive HTTP/1.1 connection per
+client, the request bytes built once per query), so that it takes little of the CPU.
+
+With --profile N (default 2,000), the service is then started again on the same data under a
+profiler, and N requests from one client show where one request's CPU goes: cProfile with a
+thread-CPU clock in the event loop's thread (enabled only while the requests run), plus wall
+timers around asyncpg's query methods (waiting on SQL) and a CPU timer around the embedder's
+worker-thread call. The figures are cProfile's cumulative times of the entry points of each
+stage, divided by N; cProfile slows Python code, so read them as shares.
+
+    python bench/http_load.py                          # 1, 8, 32 clients, 3 rounds of 10 s
+    python bench/http_load.py --seconds 4 --rounds 1   # quick
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import pstats
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOKEN = "bench-http-load-admin-token-0123456789abcdef"
+CREATE = """mutation($input: ActionInput!) { createAction(input: $input) { actionId } }"""
+BULK = """mutation($a: UUID!, $inputs: [AgentMemoryInput!]!) {
+  addAgentMemories(actionId: $a, inputs: $inputs) { memoryIds }
+}"""
+SEARCH = """query($a: UUID!, $q: String!) {
+  action(actionId: $a) {
+    searchMemories(query: $q, mode: HYBRID, first: 10) {
+      edges { cursor score node { id memoryId summary content kind created labels { name value } } }
+      pageInfo { hasNextPage endCursor }
+    }
+  }
+}"""
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads, none of its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the data ---------------------------------------------------------------------------------
+
+
+def vocabulary() -> list[str]:
+    """Whole words of the static model's vocabulary (records and queries draw from it)."""
+    from app.embeddings.static import StaticEmbedder
+
+    vocab = StaticEmbedder()._tokenizer.get_vocab()
+    return sorted(w for w in vocab if w.isalpha() and w.isascii() and len(w) >= 3)
+
+
+class Words:
+    """Words drawn as in language: the k-th most used about 1/k as often."""
+
+    def __init__(self, words: list[str], seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.order = words[:]
+        self.rng.shuffle(self.order)
+        self.weights = [1 / (k + 1) for k in range(len(self.order))]
+
+    def some(self, low: int, high: int) -> str:
+        k = self.rng.randint(low, high)
+        return " ".join(self.rng.choices(self.order, self.weights, k=k))
+
+
+def set_up(url: str, records: int, words: Words) -> str:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(headers=headers, timeout=120) as client:
+
+        def gql(query: str, **variables: Any) -> dict[str, Any]:
+            body = client.post(url, json={"query": query, "variables": variables}).json()
+            if body.get("errors"):
+                raise RuntimeError(str(body["errors"])[:500])
+            return body["data"]
+
+        harness = {"memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}}
+        action_id = gql(CREATE, input={"name": "load", "instructions": "", "harness": harness})[
+            "createAction"
+        ]["actionId"]
+        for start in range(0, records, 250):
+            inputs = [
+                {
+                    "summary": words.some(8, 14) + f" #{i}",
+                    "content": words.some(20, 40),
+                    "kind": "fact",
+                }
+                for i in range(start, min(records, start + 250))
+            ]
+            gql(BULK, a=action_id, inputs=inputs)
+    return action_id
+
+
+# --- the service ------------------------------------------------------------------------------
+
+
+class Service:
+    """`engram serve` as a subprocess; `profiled` runs it under this script's profiler."""
+
+    def __init__(self, data_dir: Path, port: int, profile_out: Path | None = None) -> None:
+        env = {
+            **os.environ,
+            "ENGRAM_DATA_DIR": str(data_dir),
+            "ENGRAM_BOOTSTRAP_TOKEN": TOKEN,
+            "ENGRAM_PORT": str(port),
+            "ENGRAM_EMBEDDER": "static",
+            "ENGRAM_SEARCH_MAINTENANCE_SECONDS": "0",
+            "PYTHONPATH": str(ROOT),
+        }
+        if profile_out is None:
+            command = [sys.executable, "-m", "app.cli", "serve"]
+        else:
+            command = [sys.executable, __file__, "--profiled-serve", str(profile_out)]
+        self.log = data_dir / "serve.log"
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        self.base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"engram serve exited; see {self.log}")
+            try:
+                if httpx.get(f"{self.base}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise SystemExit(f"engram serve did not start in 120 s; see {self.log}")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+# --- the load ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """What one concurrency level measured in one round."""
+
+    clients: int
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    cpu: float = 0.0
+
+    @property
+    def answered(self) -> int:
+        return len(self.latencies) + sum(self.errors.values())
+
+    @property
+    def rate(self) -> float:
+        return self.answered / self.seconds
+
+    @property
+    def cpu_ms(self) -> float:
+        return 1000 * self.cpu / max(1, self.answered)
+
+    def at(self, q: float) -> float:
+        ordered = sorted(self.latencies) or [float("nan")]
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Requests:
+    """The bytes of search requests, each with a query of its own."""
+
+    def __init__(self, host: str, port: int, action_id: str, words: Words, count: int) -> None:
+        head = (
+            f"POST /graphql HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            "Content-Length: {}\r\n\r\n"
+        )
+        self.items = []
+        for _ in range(count):
+            body = json.dumps(
+                {"query": SEARCH, "variables": {"a": action_id, "q": words.some(2, 5)}}
+            ).encode()
+            self.items.append(head.format(len(body)).encode() + body)
+        self.next = 0
+
+    def take(self) -> bytes:
+        item = self.items[self.next % len(self.items)]
+        self.next += 1
+        return item
+
+
+_STATUS = re.compile(rb"HTTP/1\.1 (\d{3})")
+_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
+
+
+async def one_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+) -> tuple[int, bytes]:
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = _STATUS.match(head)
+    length = _LENGTH.search(head)
+    if status is None or length is None:
+        raise RuntimeError(f"unexpected response head: {head[:200]!r}")
+    return int(status.group(1)), await reader.readexactly(int(length.group(1)))
+
+
+async def load(
+    host: str, port: int, requests: Requests, clients: int, seconds: float, pid: int
+) -> Window:
+    """`clients` connections sending back to back; the first second warms up, uncounted."""
+    window = Window(clients)
+    measuring = False
+    stop = False
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while not stop:
+                started = time.perf_counter()
+                status, body = await one_request(reader, writer, requests.take())
+                if not measuring:
+                    continue
+                if status != 200:
+                    window.errors[f"HTTP {status}"] += 1
+                elif b'"errors"' in body:
+                    code = re.search(rb'"code": *"(\w+)"', body)
+                    window.errors[code.group(1).decode() if code else "error"] += 1
+                else:
+                    window.latencies.append(time.perf_counter() - started)
+        finally:
+            writer.close()
+
+    tasks = [asyncio.create_task(client()) for _ in range(clients)]
+    await asyncio.sleep(1.0)
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    measuring = True
+    await asyncio.sleep(seconds)
+    measuring = False
+    window.cpu, window.seconds = cpu_seconds(pid) - cpu0, time.perf_counter() - t0
+    stop = True
+    await asyncio.gather(*tasks)
+    return window
+
+
+async def check_answer(host: str, port: int, requests: Requests) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        status, body = await one_request(reader, writer, requests.take())
+    finally:
+        writer.close()
+    data = json.loads(body)
+    edges = (((data.get("data") or {}).get("action") or {}).get("searchMemories") or {}).get(
+        "edges"
+    )
+    if status != 200 or data.get("errors") or not edges or len(edges) != 10:
+        raise SystemExit(f"the search did not answer 10 records: {status} {body[:500]!r}")
+
+
+# --- the profile ------------------------------------------------------------------------------
+
+
+def profiled_serve(out: Path) -> int:
+    """`engram serve` in this process, profiled between SIGUSR1 and SIGUSR2 (the loop's thread
+    by cProfile on thread CPU time; asyncpg's queries by wall time; the embedder's worker
+    call by its thread's CPU time)."""
+    import cProfile
+
+    import asyncpg
+
+    from app.cli import main
+    from app.embeddings.static import StaticEmbedder
+
+    profile = cProfile.Profile(time.thread_time)
+    spans = {"sql_wall": 0.0, "sql_calls": 0, "embed_cpu": 0.0, "embed_calls": 0}
+    on = False
+
+    def timed_query(method: Any) -> Any:
+        async def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await method(self, *args, **kwargs)
+            finally:
+                if on:
+                    spans["sql_wall"] += time.perf_counter() - started
+                    spans["sql_calls"] += 1
+
+        return timed
+
+    for name in ("execute", "fetch", "fetchrow", "fetchval"):
+        setattr(asyncpg.Connection, name, timed_query(getattr(asyncpg.Connection, name)))
+    embed = StaticEmbedder._embed
+
+    def timed_embed(self: Any, texts: list[str]) -> Any:
+        started = time.thread_time()
+        try:
+            return embed(self, texts)
+        finally:
+            if on:
+                spans["embed_cpu"] += time.thread_time() - started
+                spans["embed_calls"] += 1
+
+    StaticEmbedder._embed = timed_embed  # type: ignore[method-assign]
+
+    def start(*_: Any) -> None:
+        nonlocal on
+        on = True
+        profile.enable()
+
+    def finish(*_: Any) -> None:
+        nonlocal on
+        profile.disable()
+        on = False
+        profile.dump_stats(out)
+        out.with_suffix(".json").write_text(json.dumps(spans))
+
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, finish)
+    return main(["serve"])
+
+
+# Stages of a request, each the cumulative time of its entry points (file suffix, function).
+STAGES: list[tuple[str, list[tuple[str, str]]]] = [
+    ("HTTP server (uvicorn, h11)", [("uvicorn/protocols/http/h11_impl.py", "data_received"),
+                                    ("uvicorn/protocols/http/h11_impl.py", "send"),
+                                    ("uvicorn/protocols/http/httptools_impl.py", "data_received"),
+                                    ("uvicorn/protocols/http/httptools_impl.py", "send")]),
+    ("auth (token lookup)", [("app/auth/service.py", "authenticate")]),
+    ("GraphQL parse", [("graphql/language/parser.py", "parse")]),
+    ("GraphQL validation", [("graphql/validation/validate.py", "validate")]),
+    ("resolvers (search, records)", [("app/graphql/memory.py", "search_memories"),
+                                     ("app/graphql/actions.py", "action")]),
+    ("  of which embedding (loop thread)", [("app/observability/embedding.py", "embed")]),
+    ("response JSON", [("strawberry/http/base.py", "encode_json"),
+                       ("starlette/responses.py", "render")]),
+    ("access log line", [("app/observability/requests.py", "__call__")]),
+    ("metrics", [("app/observability/metrics.py", "request")]),
+]  # fmt: skip
+
+
+def _package(key: tuple[str, int, str]) -> str:
+    file, _, name = key
+    if file == "~":
+        owner = re.search(r"of '([\w.]+)", name)
+        return (owner.group(1).split(".")[0] if owner else "builtins") + " (C)"
+    parts = Path(file).parts
+    for marker in ("site-packages", "lib"):
+        if marker in parts:
+            rest = parts[parts.index(marker) + 1 :]
+            if marker == "lib" and rest and rest[0].startswith("python3"):
+                rest = rest[1:]
+                if rest and rest[0] == "site-packages":
+                    rest = rest[1:]
+                else:
+                    return "stdlib " + (rest[0].removesuffix(".py") if rest else "?")
+            return rest[0].removesuffix(".py") if rest else "?"
+    if "app" in parts:
+        rest = parts[parts.index("app") :]
+        return "/".join(rest[:2]).removesuffix(".py")
+    return Path(file).name
+
+
+def report_profile(out: Path, requests: int, cpu_ms: float) -> None:
+    stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
+    spans = json.loads(out.with_suffix(".json").read_text())
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+    ms = 1000 / requests
+    print(
+        f"profile: {requests} requests from 1 client; the loop thread's CPU under cProfile "
+        f"{total * ms:.2f} ms/request (unprofiled, whole process: {cpu_ms:.2f})"
+    )
+    for stage, entries in STAGES:
+        seconds = 0.0
+        for key, (_, _, _, ct, _) in stats.items():
+            if any(key[0].endswith(f) and key[2] == fn for f, fn in entries):
+                seconds += ct
+        if stage.startswith("access log"):
+            # Observe.__call__ holds the whole request; its own share is the log line.
+            seconds = sum(
+                ct
+                for key, (_, _, _, ct, _) in stats.items()
+                if key[2] in ("info", "_log") and key[0].endswith("logging/__init__.py")
+            )
+        print(f"  {stage:38} {seconds * ms:6.3f} ms  {100 * seconds / total:5.1f}%")
+    print(
+        f"  {'embedding (worker thread, CPU)':38} "
+        f"{spans['embed_cpu'] * 1000 / max(1, spans['embed_calls']):6.3f} ms  per call, "
+        f"{spans['embed_calls'] / requests:.1f} calls/request"
+    )
+    print(
+        f"  {'waiting on SQL (wall, asyncpg calls)':38} {spans['sql_wall'] * ms:6.3f} ms  "
+        f"{spans['sql_calls'] / requests:.1f} queries/request"
+    )
+    by_package: Counter[str] = Counter()
+    for key, (_, _, tt, _, _) in stats.items():
+        by_package[_package(key)] += tt
+    print("  self time by package:")
+    for name, seconds in by_package.most_common(14):
+        print(f"    {name:36} {seconds * ms:6.3f} ms  {100 * seconds / total:5.1f}%")
+
+
+async def profile_run(host: str, port: int, requests: Requests, n: int, pid: int) -> float:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        for _ in range(50):  # warm
+            await one_request(reader, writer, requests.take())
+        os.kill(pid, signal.SIGUSR1)
+        await asyncio.sleep(0.2)
+        cpu0 = cpu_seconds(pid)
+        for _ in range(n):
+            await one_request(reader, writer, requests.take())
+        cpu = cpu_seconds(pid) - cpu0
+        os.kill(pid, signal.SIGUSR2)
+        await asyncio.sleep(0.5)
+    finally:
+        writer.close()
+    return 1000 * cpu / n
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=1000)
+    p.add_argument("--concurrency", default="1,8,32", help="comma-separated client counts")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per level")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the levels (medians)")
+    p.add_argument("--profile", type=int, default=2000, help="requests profiled (0: none)")
+    p.add_argument("--data-dir", type=Path, help="default: a new /tmp/engram-http-* directory")
+    p.add_argument("--keep", action="store_true", help="keep the data directory")
+    p.add_argument("--profiled-serve", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.profiled_serve:
+        return profiled_serve(args.profiled_serve)
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-http-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    host, port = "127.0.0.1", free_port()
+    words = Words(vocabulary(), seed=7)
+    service = Service(data_dir, port)
+    try:
+        started = time.perf_counter()
+        action_id = set_up(f"{service.base}/graphql", args.records, words)
+        print(
+            f"http_load: engram serve (pid {service.pid}), {args.records} records in "
+            f"{time.perf_counter() - started:.1f} s; hybrid searchMemories(first: 10), "
+            f"{args.seconds:g} s per level, {args.rounds} rounds"
+        )
+        requests = Requests(host, port, action_id, words, 20_000)
+        asyncio.run(check_answer(host, port, requests))
+        windows: dict[int, list[Window]] = {c: [] for c in levels}
+        for round_ in range(args.rounds):
+            for clients in levels:
+                w = asyncio.run(load(host, port, requests, clients, args.seconds, service.pid))
+                windows[clients].append(w)
+                errors = ", ".join(f"{k} {v}" for k, v in w.errors.items()) or "0"
+                print(
+                    f"  round {round_ + 1} clients {clients:3}: {w.rate:7.1f} req/s  "
+                    f"p50 {w.at(0.5):6.2f}  p95 {w.at(0.95):6.2f} ms  errors {errors}  "
+                    f"service CPU {w.cpu_ms:.3f} ms/req",
+                    flush=True,
+                )
+        print("medians over rounds:")
+        print("  clients   req/s   p50 ms   p95 ms  errors  service CPU ms/req")
+        for clients, ws in windows.items():
+            print(
+                f"  {clients:7} {median(w.rate for w in ws):7.1f} "
+                f"{median(w.at(0.5) for w in ws):8.2f} {median(w.at(0.95) for w in ws):8.2f} "
+                f"{sum(sum(w.errors.values()) for w in ws):7} "
+                f"{median(w.cpu_ms for w in ws):19.3f}"
+            )
+        cpu_ms = median(w.cpu_ms for w in windows[levels[0]])
+    finally:
+        service.stop()
+    if args.profile:
+        out = data_dir / "profile.pstats"
+        service = Service(data_dir, port, profile_out=out)
+        try:
+            asyncio.run(profile_run(host, port, requests, args.profile, service.pid))
+        finally:
+            service.stop()
+        report_profile(out, args.profile, cpu_ms)
+    if args.data_dir is None and not args.keep:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
