@@ -3,12 +3,15 @@
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from cross_web import HTTPException
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.fastapi import GraphQLRouter
 from strawberry.types.unset import UNSET
 
@@ -56,14 +59,92 @@ def _has_code(data: object, code: str) -> bool:
     return any(e.get("extensions", {}).get("code") == code for e in errors or ())
 
 
-async def _read_limited(request: Request, limit: int) -> bytes | None:
+async def _read_limited(receive: Receive, limit: int) -> bytes | None:
     """The request body, or None once it grows past `limit` (chunked bodies have no length)."""
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        body += message.get("body", b"")
         if len(body) > limit:
             return None
-    return bytes(body)
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+class _Guard:
+    """Checks every GraphQL POST before strawberry runs it: the body's size, JSON and depth,
+    and the caller's token; the Context it makes is what strawberry's context_getter returns.
+    A GET only renders GraphiQL and executes nothing. (Plain ASGI: Starlette's
+    BaseHTTPMiddleware ran the app in a task of its own per request, a tenth of its CPU.)"""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/graphql" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        refused, body = await self._check(scope, receive)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            # The body once, as read; then whatever comes next (a disconnect).
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _check(self, scope: Scope, receive: Receive) -> tuple[Response | None, bytes]:
+        settings = self.settings
+        headers = Headers(scope=scope)
+        too_big = f"request bodies are limited to {settings.max_body_bytes} bytes"
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return _error(413, "BAD_REQUEST", too_big), b""
+        body = await _read_limited(receive, settings.max_body_bytes)
+        if body is None:
+            return _error(413, "BAD_REQUEST", too_big), b""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return _error(400, "BAD_REQUEST", "the request body is not valid JSON"), body
+        except RecursionError:
+            return _error(
+                400,
+                "BAD_REQUEST",
+                f"the request body nests deeper than {settings.max_json_depth} levels",
+            ), body
+        if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
+            return _error(
+                400,
+                "BAD_REQUEST",
+                'send a JSON object such as {"query": "{ viewer { principal } }"}',
+            ), body
+        try:
+            check_body(payload, settings.max_json_depth)
+        except DomainError as e:
+            return _error(400, e.code, e.message), body
+        state: AppState = scope["app"].state.engram
+        try:
+            caller = await authenticate(state.pool, headers.get("authorization"), recent=True)
+        except DomainError as e:
+            return _error(401, e.code, e.message), body
+        except Exception as e:
+            if is_unavailable(e):
+                log.warning("database unavailable: %r", e)
+                return _unavailable(), body
+            raise
+        scope.setdefault("state", {})["context"] = Context(state, caller)
+        return None, body
 
 
 class _Router(GraphQLRouter[Context, None]):
@@ -173,57 +254,6 @@ def create_app(
     mcp = McpEndpoint(settings.max_body_bytes)
     app.add_route("/mcp/{action_id}", mcp)
 
-    @app.middleware("http")
-    async def guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if request.url.path != "/graphql" or request.method != "POST":
-            return await call_next(request)
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return _error(
-                413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes"
-            )
-        body = await _read_limited(request, settings.max_body_bytes)
-        if body is None:
-            return _error(
-                413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes"
-            )
-        # Starlette replays a cached body to the app behind this middleware.
-        request._body = body
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return _error(400, "BAD_REQUEST", "the request body is not valid JSON")
-        except RecursionError:
-            return _error(
-                400,
-                "BAD_REQUEST",
-                f"the request body nests deeper than {settings.max_json_depth} levels",
-            )
-        if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
-            return _error(
-                400,
-                "BAD_REQUEST",
-                'send a JSON object such as {"query": "{ viewer { principal } }"}',
-            )
-        try:
-            check_body(payload, settings.max_json_depth)
-        except DomainError as e:
-            return _error(400, e.code, e.message)
-        state: AppState = request.app.state.engram
-        try:
-            caller = await authenticate(state.pool, request.headers.get("authorization"))
-        except DomainError as e:
-            return _error(401, e.code, e.message)
-        except Exception as e:
-            if is_unavailable(e):
-                log.warning("database unavailable: %r", e)
-                return _unavailable()
-            raise
-        request.state.context = Context(state, caller)
-        return await call_next(request)
-
     @app.get("/healthz")
     async def healthz(request: Request) -> Response:
         state: AppState | None = getattr(request.app.state, "engram", None)
@@ -275,6 +305,7 @@ def create_app(
     app.include_router(router, prefix="/graphql")
     mount_console(app)
     app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
+    app.add_middleware(_Guard, settings=settings)
     # Outermost: every request, refused ones included, gets its ID, log line and metrics.
     app.add_middleware(Observe, metrics=metrics)
     if tracer is not None:

@@ -24,6 +24,7 @@ stage, divided by N; cProfile slows Python code, so read them as shares.
 
     python bench/http_load.py                          # 1, 8, 32 clients, 3 rounds of 10 s
     python bench/http_load.py --seconds 4 --rounds 1   # quick
+    python bench/http_load.py --baseline /tmp/engram-http-base   # against `git archive` of a commit
 """
 
 import argparse
@@ -136,9 +137,12 @@ def set_up(url: str, records: int, words: Words) -> str:
 
 
 class Service:
-    """`engram serve` as a subprocess; `profiled` runs it under this script's profiler."""
+    """`engram serve` of the code at `root` as a subprocess; with `profile_out`, under this
+    script's profiler."""
 
-    def __init__(self, data_dir: Path, port: int, profile_out: Path | None = None) -> None:
+    def __init__(
+        self, root: Path, data_dir: Path, port: int, profile_out: Path | None = None
+    ) -> None:
         env = {
             **os.environ,
             "ENGRAM_DATA_DIR": str(data_dir),
@@ -146,16 +150,17 @@ class Service:
             "ENGRAM_PORT": str(port),
             "ENGRAM_EMBEDDER": "static",
             "ENGRAM_SEARCH_MAINTENANCE_SECONDS": "0",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(root),
         }
         if profile_out is None:
             command = [sys.executable, "-m", "app.cli", "serve"]
         else:
             command = [sys.executable, __file__, "--profiled-serve", str(profile_out)]
+            command += ["--root", str(root)]
         self.log = data_dir / "serve.log"
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+                command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT
             )
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -309,13 +314,15 @@ async def check_answer(host: str, port: int, requests: Requests) -> None:
 # --- the profile ------------------------------------------------------------------------------
 
 
-def profiled_serve(out: Path) -> int:
+def profiled_serve(out: Path, root: Path) -> int:
     """`engram serve` in this process, profiled between SIGUSR1 and SIGUSR2 (the loop's thread
     by cProfile on thread CPU time; asyncpg's queries by wall time; the embedder's worker
     call by its thread's CPU time)."""
     import cProfile
 
     import asyncpg
+
+    sys.path.insert(0, str(root))
 
     from app.cli import main
     from app.embeddings.static import StaticEmbedder
@@ -469,6 +476,19 @@ async def profile_run(host: str, port: int, requests: Requests, n: int, pid: int
 # --- main -------------------------------------------------------------------------------------
 
 
+@dataclass
+class Target:
+    """One checkout's service under test, with its own data and port."""
+
+    label: str
+    root: Path
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    service: Service | None = None
+    requests: Requests | None = None
+    windows: dict[int, list[Window]] = field(default_factory=dict)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=1000)
@@ -476,62 +496,99 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per level")
     p.add_argument("--rounds", type=int, default=3, help="rounds over the levels (medians)")
     p.add_argument("--profile", type=int, default=2000, help="requests profiled (0: none)")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="a checkout of other code (e.g. `git archive` of an earlier commit) whose service "
+        "is measured alternately with this one's, level by level, on the same data",
+    )
     p.add_argument("--data-dir", type=Path, help="default: a new /tmp/engram-http-* directory")
     p.add_argument("--keep", action="store_true", help="keep the data directory")
     p.add_argument("--profiled-serve", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.profiled_serve:
-        return profiled_serve(args.profiled_serve)
+        return profiled_serve(args.profiled_serve, args.root)
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     levels = [int(c) for c in args.concurrency.split(",")]
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-http-"))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    host, port = "127.0.0.1", free_port()
-    words = Words(vocabulary(), seed=7)
-    service = Service(data_dir, port)
+    targets = [Target("this", ROOT, data_dir / "this")]
+    if args.baseline:
+        targets.append(Target("baseline", args.baseline.resolve(), data_dir / "baseline"))
+    host = "127.0.0.1"
+    vocab = vocabulary()
     try:
-        started = time.perf_counter()
-        action_id = set_up(f"{service.base}/graphql", args.records, words)
+        for t in targets:
+            t.data_dir.mkdir(parents=True, exist_ok=True)
+            t.service = Service(t.root, t.data_dir, t.port)
+            words = Words(vocab, seed=7)  # the same records and queries for every target
+            started = time.perf_counter()
+            action_id = set_up(f"{t.service.base}/graphql", args.records, words)
+            print(
+                f"http_load [{t.label}: {t.root}]: engram serve (pid {t.service.pid}), "
+                f"{args.records} records in {time.perf_counter() - started:.1f} s",
+                flush=True,
+            )
+            t.requests = Requests(host, t.port, action_id, words, 20_000)
+            asyncio.run(check_answer(host, t.port, t.requests))
+            t.windows = {c: [] for c in levels}
         print(
-            f"http_load: engram serve (pid {service.pid}), {args.records} records in "
-            f"{time.perf_counter() - started:.1f} s; hybrid searchMemories(first: 10), "
-            f"{args.seconds:g} s per level, {args.rounds} rounds"
+            f"hybrid searchMemories(first: 10), {args.seconds:g} s per level, "
+            f"{args.rounds} rounds" + (", targets alternating" if len(targets) > 1 else "")
         )
-        requests = Requests(host, port, action_id, words, 20_000)
-        asyncio.run(check_answer(host, port, requests))
-        windows: dict[int, list[Window]] = {c: [] for c in levels}
         for round_ in range(args.rounds):
             for clients in levels:
-                w = asyncio.run(load(host, port, requests, clients, args.seconds, service.pid))
-                windows[clients].append(w)
-                errors = ", ".join(f"{k} {v}" for k, v in w.errors.items()) or "0"
-                print(
-                    f"  round {round_ + 1} clients {clients:3}: {w.rate:7.1f} req/s  "
-                    f"p50 {w.at(0.5):6.2f}  p95 {w.at(0.95):6.2f} ms  errors {errors}  "
-                    f"service CPU {w.cpu_ms:.3f} ms/req",
-                    flush=True,
-                )
+                for t in targets:
+                    assert t.service is not None and t.requests is not None
+                    w = asyncio.run(
+                        load(host, t.port, t.requests, clients, args.seconds, t.service.pid)
+                    )
+                    t.windows[clients].append(w)
+                    errors = ", ".join(f"{k} {v}" for k, v in w.errors.items()) or "0"
+                    print(
+                        f"  round {round_ + 1} {t.label:8} clients {clients:3}: "
+                        f"{w.rate:7.1f} req/s  p50 {w.at(0.5):6.2f}  p95 {w.at(0.95):6.2f} ms  "
+                        f"errors {errors}  service CPU {w.cpu_ms:.3f} ms/req",
+                        flush=True,
+                    )
         print("medians over rounds:")
-        print("  clients   req/s   p50 ms   p95 ms  errors  service CPU ms/req")
-        for clients, ws in windows.items():
+        print("  target   clients   req/s   p50 ms   p95 ms  errors  service CPU ms/req")
+        for clients in levels:
+            for t in targets:
+                ws = t.windows[clients]
+                print(
+                    f"  {t.label:8} {clients:7} {median(w.rate for w in ws):7.1f} "
+                    f"{median(w.at(0.5) for w in ws):8.2f} "
+                    f"{median(w.at(0.95) for w in ws):8.2f} "
+                    f"{sum(sum(w.errors.values()) for w in ws):7} "
+                    f"{median(w.cpu_ms for w in ws):19.3f}"
+                )
+        if len(targets) > 1:
+            ratios = [
+                median(w.cpu_ms for w in targets[0].windows[c])
+                / median(w.cpu_ms for w in targets[1].windows[c])
+                for c in levels
+            ]
             print(
-                f"  {clients:7} {median(w.rate for w in ws):7.1f} "
-                f"{median(w.at(0.5) for w in ws):8.2f} {median(w.at(0.95) for w in ws):8.2f} "
-                f"{sum(sum(w.errors.values()) for w in ws):7} "
-                f"{median(w.cpu_ms for w in ws):19.3f}"
+                "  service CPU per request, this / baseline: "
+                + ", ".join(f"{r:.2f} ({c} clients)" for r, c in zip(ratios, levels, strict=True))
             )
-        cpu_ms = median(w.cpu_ms for w in windows[levels[0]])
     finally:
-        service.stop()
-    if args.profile:
-        out = data_dir / "profile.pstats"
-        service = Service(data_dir, port, profile_out=out)
+        for t in targets:
+            if t.service is not None:
+                t.service.stop()
+    for t in targets if args.profile else []:
+        assert t.requests is not None
+        out = t.data_dir / "profile.pstats"
+        t.service = Service(t.root, t.data_dir, t.port, profile_out=out)
         try:
-            asyncio.run(profile_run(host, port, requests, args.profile, service.pid))
+            asyncio.run(profile_run(host, t.port, t.requests, args.profile, t.service.pid))
         finally:
-            service.stop()
-        report_profile(out, args.profile, cpu_ms)
+            t.service.stop()
+        print(f"[{t.label}] ", end="")
+        report_profile(out, args.profile, median(w.cpu_ms for w in t.windows[levels[0]]))
     if args.data_dir is None and not args.keep:
         shutil.rmtree(data_dir, ignore_errors=True)
     return 0
