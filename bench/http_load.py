@@ -32,7 +32,6 @@ import asyncio
 import json
 import logging
 import os
-import pstats
 import random
 import re
 import shutil
@@ -313,38 +312,81 @@ async def check_answer(host: str, port: int, requests: Requests) -> None:
 
 # --- the profile ------------------------------------------------------------------------------
 
+# Spans: (label, module, attribute path, kind). Each wraps a function of the service with a
+# timer of the event loop thread's CPU (time.thread_time); one client at a time, so what runs
+# on the thread between a coroutine's start and end is that request's work.
+SPANS = [
+    ("ASGI app (all but HTTP server)", "app.observability.requests", "Observe.__call__", "async"),
+    ("auth (token check)", "app.main", "authenticate", "async"),
+    ("GraphQL in all (strawberry execute)", "strawberry.schema.schema", "Schema.execute", "async"),
+    ("GraphQL parse", "strawberry.schema.schema", "parse", "sync"),
+    ("GraphQL validation", "strawberry.schema.schema", "validate_document", "sync"),
+    ("resolver: action (load the agent)", "app.actions.service", "get_action", "async"),
+    ("resolver: search (domain call)", "app.memory.search", "search_as_operator", "async"),
+    (
+        "  of which the query's embedding",
+        "app.observability.embedding",
+        "MeteredEmbedder.embed",
+        "async",
+    ),
+    ("  of which SQL (ranked, asyncpg side)", "app.memory.search", "ranked", "async"),
+    ("response JSON (encode)", "strawberry.http.base", "BaseView.encode_json", "sync"),
+    ("access log line", "app.observability.requests", "log.info", "sync"),
+]
+
 
 def profiled_serve(out: Path, root: Path) -> int:
-    """`engram serve` in this process, profiled between SIGUSR1 and SIGUSR2 (the loop's thread
-    by cProfile on thread CPU time; asyncpg's queries by wall time; the embedder's worker
-    call by its thread's CPU time)."""
-    import cProfile
+    """`engram serve` in this process with SPANS timed between SIGUSR1 and SIGUSR2, plus the
+    wall time of asyncpg's query methods (waiting on SQL) and the embedder's worker-thread CPU."""
+    import importlib
 
     import asyncpg
 
     sys.path.insert(0, str(root))
-
     from app.cli import main
     from app.embeddings.static import StaticEmbedder
 
-    profile = cProfile.Profile(time.thread_time)
-    spans = {"sql_wall": 0.0, "sql_calls": 0, "embed_cpu": 0.0, "embed_calls": 0}
+    totals: dict[str, float] = {"sql_wall": 0.0, "sql_calls": 0, "embed_cpu": 0.0}
     on = False
 
-    def timed_query(method: Any) -> Any:
-        async def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+    def wrap(label: str, fn: Any, kind: str, clock: Any = time.thread_time) -> Any:
+        totals[label] = 0.0
+        if kind == "async":
+
+            async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                started = clock()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    if on:
+                        totals[label] += clock() - started
+
+            return timed_async
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = clock()
             try:
-                return await method(self, *args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
                 if on:
-                    spans["sql_wall"] += time.perf_counter() - started
-                    spans["sql_calls"] += 1
+                    totals[label] += clock() - started
 
         return timed
 
+    for label, module, path, kind in SPANS:
+        try:
+            owner: Any = importlib.import_module(module)
+        except ImportError:
+            continue
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        if hasattr(owner, name):
+            setattr(owner, name, wrap(label, getattr(owner, name), kind))
     for name in ("execute", "fetch", "fetchrow", "fetchval"):
-        setattr(asyncpg.Connection, name, timed_query(getattr(asyncpg.Connection, name)))
+        method = getattr(asyncpg.Connection, name)
+        setattr(asyncpg.Connection, name, wrap(f"sql {name}", method, "async", time.perf_counter))
+
     embed = StaticEmbedder._embed
 
     def timed_embed(self: Any, texts: list[str]) -> Any:
@@ -353,106 +395,41 @@ def profiled_serve(out: Path, root: Path) -> int:
             return embed(self, texts)
         finally:
             if on:
-                spans["embed_cpu"] += time.thread_time() - started
-                spans["embed_calls"] += 1
+                totals["embed_cpu"] += time.thread_time() - started
 
     StaticEmbedder._embed = timed_embed  # type: ignore[method-assign]
 
     def start(*_: Any) -> None:
         nonlocal on
         on = True
-        profile.enable()
 
     def finish(*_: Any) -> None:
         nonlocal on
-        profile.disable()
         on = False
-        profile.dump_stats(out)
-        out.with_suffix(".json").write_text(json.dumps(spans))
+        out.write_text(json.dumps(totals))
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, finish)
     return main(["serve"])
 
 
-# Stages of a request, each the cumulative time of its entry points (file suffix, function).
-STAGES: list[tuple[str, list[tuple[str, str]]]] = [
-    ("HTTP server (uvicorn, h11)", [("uvicorn/protocols/http/h11_impl.py", "data_received"),
-                                    ("uvicorn/protocols/http/h11_impl.py", "send"),
-                                    ("uvicorn/protocols/http/httptools_impl.py", "data_received"),
-                                    ("uvicorn/protocols/http/httptools_impl.py", "send")]),
-    ("auth (token lookup)", [("app/auth/service.py", "authenticate")]),
-    ("GraphQL parse", [("graphql/language/parser.py", "parse")]),
-    ("GraphQL validation", [("graphql/validation/validate.py", "validate")]),
-    ("resolvers (search, records)", [("app/graphql/memory.py", "search_memories"),
-                                     ("app/graphql/actions.py", "action")]),
-    ("  of which embedding (loop thread)", [("app/observability/embedding.py", "embed")]),
-    ("response JSON", [("strawberry/http/base.py", "encode_json"),
-                       ("starlette/responses.py", "render")]),
-    ("access log line", [("app/observability/requests.py", "__call__")]),
-    ("metrics", [("app/observability/metrics.py", "request")]),
-]  # fmt: skip
-
-
-def _package(key: tuple[str, int, str]) -> str:
-    file, _, name = key
-    if file == "~":
-        owner = re.search(r"of '([\w.]+)", name)
-        return (owner.group(1).split(".")[0] if owner else "builtins") + " (C)"
-    parts = Path(file).parts
-    for marker in ("site-packages", "lib"):
-        if marker in parts:
-            rest = parts[parts.index(marker) + 1 :]
-            if marker == "lib" and rest and rest[0].startswith("python3"):
-                rest = rest[1:]
-                if rest and rest[0] == "site-packages":
-                    rest = rest[1:]
-                else:
-                    return "stdlib " + (rest[0].removesuffix(".py") if rest else "?")
-            return rest[0].removesuffix(".py") if rest else "?"
-    if "app" in parts:
-        rest = parts[parts.index("app") :]
-        return "/".join(rest[:2]).removesuffix(".py")
-    return Path(file).name
-
-
-def report_profile(out: Path, requests: int, cpu_ms: float) -> None:
-    stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
-    spans = json.loads(out.with_suffix(".json").read_text())
-    total = sum(tt for _, _, tt, _, _ in stats.values())
+def report_profile(out: Path, requests: int, cpu_ms: float, profiled_ms: float) -> None:
+    totals = json.loads(out.read_text())
     ms = 1000 / requests
     print(
-        f"profile: {requests} requests from 1 client; the loop thread's CPU under cProfile "
-        f"{total * ms:.2f} ms/request (unprofiled, whole process: {cpu_ms:.2f})"
+        f"where one request's CPU goes ({requests} requests from 1 client; thread-CPU spans; "
+        f"the service's CPU in this run {profiled_ms:.3f} ms/request, unprofiled {cpu_ms:.3f}):"
     )
-    for stage, entries in STAGES:
-        seconds = 0.0
-        for key, (_, _, _, ct, _) in stats.items():
-            if any(key[0].endswith(f) and key[2] == fn for f, fn in entries):
-                seconds += ct
-        if stage.startswith("access log"):
-            # Observe.__call__ holds the whole request; its own share is the log line.
-            seconds = sum(
-                ct
-                for key, (_, _, _, ct, _) in stats.items()
-                if key[2] in ("info", "_log") and key[0].endswith("logging/__init__.py")
-            )
-        print(f"  {stage:38} {seconds * ms:6.3f} ms  {100 * seconds / total:5.1f}%")
-    print(
-        f"  {'embedding (worker thread, CPU)':38} "
-        f"{spans['embed_cpu'] * 1000 / max(1, spans['embed_calls']):6.3f} ms  per call, "
-        f"{spans['embed_calls'] / requests:.1f} calls/request"
-    )
-    print(
-        f"  {'waiting on SQL (wall, asyncpg calls)':38} {spans['sql_wall'] * ms:6.3f} ms  "
-        f"{spans['sql_calls'] / requests:.1f} queries/request"
-    )
-    by_package: Counter[str] = Counter()
-    for key, (_, _, tt, _, _) in stats.items():
-        by_package[_package(key)] += tt
-    print("  self time by package:")
-    for name, seconds in by_package.most_common(14):
-        print(f"    {name:36} {seconds * ms:6.3f} ms  {100 * seconds / total:5.1f}%")
+    for label, *_ in SPANS:
+        if label in totals:
+            print(f"  {label:42} {totals[label] * ms:6.3f} ms")
+    print(f"  {'embedding (worker thread CPU)':42} {totals['embed_cpu'] * ms:6.3f} ms")
+    app = totals.get(SPANS[0][0], 0.0) * ms
+    rest = profiled_ms - app - totals["embed_cpu"] * ms
+    print(f"  {'HTTP server, event loop (the rest)':42} {rest:6.3f} ms")
+    calls = {k[4:]: v * ms for k, v in totals.items() if k.startswith("sql ")}
+    each = ", ".join(f"{k} {v:.2f}" for k, v in calls.items())
+    print(f"  {'waiting on SQL (wall, all queries)':42} {sum(calls.values()):6.3f} ms  ({each})")
 
 
 async def profile_run(host: str, port: int, requests: Requests, n: int, pid: int) -> float:
@@ -581,14 +558,16 @@ def main(argv: list[str] | None = None) -> int:
                 t.service.stop()
     for t in targets if args.profile else []:
         assert t.requests is not None
-        out = t.data_dir / "profile.pstats"
+        out = t.data_dir / "spans.json"
         t.service = Service(t.root, t.data_dir, t.port, profile_out=out)
         try:
-            asyncio.run(profile_run(host, t.port, t.requests, args.profile, t.service.pid))
+            profiled = asyncio.run(
+                profile_run(host, t.port, t.requests, args.profile, t.service.pid)
+            )
         finally:
             t.service.stop()
         print(f"[{t.label}] ", end="")
-        report_profile(out, args.profile, median(w.cpu_ms for w in t.windows[levels[0]]))
+        report_profile(out, args.profile, median(w.cpu_ms for w in t.windows[levels[0]]), profiled)
     if args.data_dir is None and not args.keep:
         shutil.rmtree(data_dir, ignore_errors=True)
     return 0
