@@ -40,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -140,7 +141,12 @@ class Service:
     script's profiler."""
 
     def __init__(
-        self, root: Path, data_dir: Path, port: int, profile_out: Path | None = None
+        self,
+        root: Path,
+        data_dir: Path,
+        port: int,
+        profile_out: Path | None = None,
+        path: str | None = None,
     ) -> None:
         env = {
             **os.environ,
@@ -149,7 +155,7 @@ class Service:
             "ENGRAM_PORT": str(port),
             "ENGRAM_EMBEDDER": "static",
             "ENGRAM_SEARCH_MAINTENANCE_SECONDS": "0",
-            "PYTHONPATH": str(root),
+            "PYTHONPATH": os.pathsep.join([str(root)] + ([path] if path else [])),
         }
         if profile_out is None:
             command = [sys.executable, "-m", "app.cli", "serve"]
@@ -394,7 +400,7 @@ def profiled_serve(out: Path, root: Path) -> int:
         try:
             return embed(self, texts)
         finally:
-            if on:
+            if on and threading.current_thread() is not threading.main_thread():
                 totals["embed_cpu"] += time.thread_time() - started
 
     StaticEmbedder._embed = timed_embed  # type: ignore[method-assign]
@@ -480,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
         help="a checkout of other code (e.g. `git archive` of an earlier commit) whose service "
         "is measured alternately with this one's, level by level, on the same data",
     )
+    p.add_argument(
+        "--baseline-path", help="more PYTHONPATH for the baseline's service (other packages)"
+    )
     p.add_argument("--data-dir", type=Path, help="default: a new /tmp/engram-http-* directory")
     p.add_argument("--keep", action="store_true", help="keep the data directory")
     p.add_argument("--profiled-serve", type=Path, help=argparse.SUPPRESS)
@@ -499,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for t in targets:
             t.data_dir.mkdir(parents=True, exist_ok=True)
-            t.service = Service(t.root, t.data_dir, t.port)
+            path = args.baseline_path if t.label == "baseline" else None
+            t.service = Service(t.root, t.data_dir, t.port, path=path)
             words = Words(vocab, seed=7)  # the same records and queries for every target
             started = time.perf_counter()
             action_id = set_up(f"{t.service.base}/graphql", args.records, words)

@@ -10,6 +10,7 @@ from app.embeddings.base import LocalEmbedder, normalize
 
 class StaticEmbedder(LocalEmbedder):
     dimensions = 256
+    inline_chars = 256  # tens of microseconds: less than handing them to a thread
 
     def __init__(self) -> None:
         import wordllama
