@@ -3,7 +3,7 @@
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from cross_web import HTTPException
@@ -52,6 +52,20 @@ def _unavailable(body: object = None) -> JSONResponse:
         "errors": [{"message": UNAVAILABLE_MESSAGE, "extensions": {"code": "UNAVAILABLE"}}],
     }
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def _once_started(
+    handler: Callable[[Request, AppState], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route that answers 503 until the lifespan has started the service's state."""
+
+    async def route(request: Request) -> Response:
+        state: AppState | None = getattr(request.app.state, "engram", None)
+        if state is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return await handler(request, state)
+
+    return route
 
 
 def _has_code(data: object, code: str) -> bool:
@@ -255,10 +269,8 @@ def create_app(
     app.add_route("/mcp/{action_id}", mcp)
 
     @app.get("/healthz")
-    async def healthz(request: Request) -> Response:
-        state: AppState | None = getattr(request.app.state, "engram", None)
-        if state is None:
-            return JSONResponse({"status": "starting"}, status_code=503)
+    @_once_started
+    async def healthz(request: Request, state: AppState) -> Response:
         try:
             async with state.pool.acquire() as conn:
                 await conn.fetchval("SELECT 1")
@@ -277,10 +289,8 @@ def create_app(
     app.add_exception_handler(Exception, unexpected)
 
     @app.get("/metrics")
-    async def metrics_text(request: Request) -> Response:
-        state: AppState | None = getattr(request.app.state, "engram", None)
-        if state is None:
-            return JSONResponse({"status": "starting"}, status_code=503)
+    @_once_started
+    async def metrics_text(request: Request, state: AppState) -> Response:
         try:
             caller = await authenticate(state.pool, request.headers.get("authorization"))
         except DomainError as e:
