@@ -405,6 +405,20 @@ def profiled_serve(out: Path, root: Path) -> int:
 
     StaticEmbedder._embed = timed_embed  # type: ignore[method-assign]
 
+    import gc
+
+    collecting: list[float] = []
+
+    def collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting[:] = [time.thread_time()]
+        elif on and collecting:
+            totals["garbage collection"] = totals.get("garbage collection", 0.0) + (
+                time.thread_time() - collecting[0]
+            )
+
+    gc.callbacks.append(collection)
+
     def start(*_: Any) -> None:
         nonlocal on
         on = True
@@ -430,6 +444,8 @@ def report_profile(out: Path, requests: int, cpu_ms: float, profiled_ms: float) 
         if label in totals:
             print(f"  {label:42} {totals[label] * ms:6.3f} ms")
     print(f"  {'embedding (worker thread CPU)':42} {totals['embed_cpu'] * ms:6.3f} ms")
+    gc_ms = totals.get("garbage collection", 0.0) * ms
+    print(f"  {'garbage collection (anywhere)':42} {gc_ms:6.3f} ms")
     app = totals.get(SPANS[0][0], 0.0) * ms
     rest = profiled_ms - app - totals["embed_cpu"] * ms
     print(f"  {'HTTP server, event loop (the rest)':42} {rest:6.3f} ms")
