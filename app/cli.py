@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import sys
@@ -30,6 +31,10 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         # what was started.
         started = await start_state(settings)
         app = create_app(settings, started=started)
+        # What startup made (schema, models, pools) lives as long as the process: kept out of
+        # the collector's passes, which otherwise walk it again and again while serving.
+        gc.collect()
+        gc.freeze()
         host, port = args.host or settings.host, args.port or settings.port
         logging.getLogger(__name__).info(
             "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; metrics at /metrics)",

@@ -1,4 +1,4 @@
-"""The app factory: FastAPI with the GraphQL router, the pool and the embedded server."""
+"""The app factory: FastAPI with the GraphQL view, the pool and the embedded server."""
 
 import asyncio
 import json
@@ -9,7 +9,11 @@ from contextlib import asynccontextmanager
 from cross_web import HTTPException
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
-from strawberry.fastapi import GraphQLRouter
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.routing import WebSocketRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from strawberry.asgi import GraphQL
 from strawberry.types.unset import UNSET
 
 from app.auth import resources
@@ -51,25 +55,124 @@ def _unavailable(body: object = None) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
+def _once_started(
+    handler: Callable[[Request, AppState], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route that answers 503 until the lifespan has started the service's state."""
+
+    async def route(request: Request) -> Response:
+        state: AppState | None = getattr(request.app.state, "engram", None)
+        if state is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return await handler(request, state)
+
+    return route
+
+
 def _has_code(data: object, code: str) -> bool:
     errors = data.get("errors") if isinstance(data, dict) else None
     return any(e.get("extensions", {}).get("code") == code for e in errors or ())
 
 
-async def _read_limited(request: Request, limit: int) -> bytes | None:
+async def _read_limited(receive: Receive, limit: int) -> bytes | None:
     """The request body, or None once it grows past `limit` (chunked bodies have no length)."""
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        body += message.get("body", b"")
         if len(body) > limit:
             return None
-    return bytes(body)
+        if not message.get("more_body", False):
+            return bytes(body)
 
 
-class _Router(GraphQLRouter[Context, None]):
-    """Answers requests strawberry refuses (no query, batches, ...) in the GraphQL error shape."""
+class _Guard:
+    """Checks every GraphQL POST before strawberry runs it: the body's size, JSON and depth,
+    and the caller's token; the Context it makes is what strawberry's context_getter returns.
+    A GET only renders GraphiQL and executes nothing. (Plain ASGI: Starlette's
+    BaseHTTPMiddleware ran the app in a task of its own per request, a tenth of its CPU.)"""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/graphql" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        refused, body = await self._check(scope, receive)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            # The body once, as read; then whatever comes next (a disconnect).
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _check(self, scope: Scope, receive: Receive) -> tuple[Response | None, bytes]:
+        settings = self.settings
+        headers = Headers(scope=scope)
+        too_big = f"request bodies are limited to {settings.max_body_bytes} bytes"
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return _error(413, "BAD_REQUEST", too_big), b""
+        body = await _read_limited(receive, settings.max_body_bytes)
+        if body is None:
+            return _error(413, "BAD_REQUEST", too_big), b""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return _error(400, "BAD_REQUEST", "the request body is not valid JSON"), body
+        except RecursionError:
+            return _error(
+                400,
+                "BAD_REQUEST",
+                f"the request body nests deeper than {settings.max_json_depth} levels",
+            ), body
+        if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
+            return _error(
+                400,
+                "BAD_REQUEST",
+                'send a JSON object such as {"query": "{ viewer { principal } }"}',
+            ), body
+        try:
+            check_body(payload, settings.max_json_depth)
+        except DomainError as e:
+            return _error(400, e.code, e.message), body
+        state: AppState = scope["app"].state.engram
+        try:
+            caller = await authenticate(state.pool, headers.get("authorization"), recent=True)
+        except DomainError as e:
+            return _error(401, e.code, e.message), body
+        except Exception as e:
+            if is_unavailable(e):
+                log.warning("database unavailable: %r", e)
+                return _unavailable(), body
+            raise
+        scope.setdefault("state", {})["context"] = Context(state, caller)
+        return None, body
+
+
+class _GraphQL(GraphQL[Context, None]):
+    """Strawberry's ASGI view at /graphql (its FastAPI router resolved FastAPI dependencies
+    for every request, a tenth of a small query's CPU). It answers requests strawberry refuses
+    (no query, batches, ...) in the GraphQL error shape."""
 
     introspection = True
+
+    async def get_context(self, request: Request, response: Response) -> Context:  # type: ignore[override]
+        # `_Guard` authenticated the POST; a GET only renders GraphiQL and executes nothing.
+        context = getattr(request.state, "context", None)
+        return context if context is not None else {"request": request, "response": response}  # type: ignore[return-value]
 
     async def render_graphql_ide(self, request: Request) -> HTMLResponse:
         # Served with its assets from /static, so it works offline; a token field in its header.
@@ -159,10 +262,6 @@ def create_app(
                 tracer.shutdown()  # sends the spans still batched
             log.info("Engram stopped")
 
-    async def context_getter(request: Request) -> Context | None:
-        # `guard` authenticates every POST; a GET only renders GraphiQL and executes nothing.
-        return getattr(request.state, "context", None)
-
     app = FastAPI(
         title="Engram", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -173,62 +272,9 @@ def create_app(
     mcp = McpEndpoint(settings.max_body_bytes)
     app.add_route("/mcp/{action_id}", mcp)
 
-    @app.middleware("http")
-    async def guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if request.url.path != "/graphql" or request.method != "POST":
-            return await call_next(request)
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return _error(
-                413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes"
-            )
-        body = await _read_limited(request, settings.max_body_bytes)
-        if body is None:
-            return _error(
-                413, "BAD_REQUEST", f"request bodies are limited to {settings.max_body_bytes} bytes"
-            )
-        # Starlette replays a cached body to the app behind this middleware.
-        request._body = body
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return _error(400, "BAD_REQUEST", "the request body is not valid JSON")
-        except RecursionError:
-            return _error(
-                400,
-                "BAD_REQUEST",
-                f"the request body nests deeper than {settings.max_json_depth} levels",
-            )
-        if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
-            return _error(
-                400,
-                "BAD_REQUEST",
-                'send a JSON object such as {"query": "{ viewer { principal } }"}',
-            )
-        try:
-            check_body(payload, settings.max_json_depth)
-        except DomainError as e:
-            return _error(400, e.code, e.message)
-        state: AppState = request.app.state.engram
-        try:
-            caller = await authenticate(state.pool, request.headers.get("authorization"))
-        except DomainError as e:
-            return _error(401, e.code, e.message)
-        except Exception as e:
-            if is_unavailable(e):
-                log.warning("database unavailable: %r", e)
-                return _unavailable()
-            raise
-        request.state.context = Context(state, caller)
-        return await call_next(request)
-
     @app.get("/healthz")
-    async def healthz(request: Request) -> Response:
-        state: AppState | None = getattr(request.app.state, "engram", None)
-        if state is None:
-            return JSONResponse({"status": "starting"}, status_code=503)
+    @_once_started
+    async def healthz(request: Request, state: AppState) -> Response:
         try:
             async with state.pool.acquire() as conn:
                 await conn.fetchval("SELECT 1")
@@ -247,10 +293,8 @@ def create_app(
     app.add_exception_handler(Exception, unexpected)
 
     @app.get("/metrics")
-    async def metrics_text(request: Request) -> Response:
-        state: AppState | None = getattr(request.app.state, "engram", None)
-        if state is None:
-            return JSONResponse({"status": "starting"}, status_code=503)
+    @_once_started
+    async def metrics_text(request: Request, state: AppState) -> Response:
         try:
             caller = await authenticate(state.pool, request.headers.get("authorization"))
         except DomainError as e:
@@ -270,11 +314,13 @@ def create_app(
         metrics.pool(pool.get_size() - idle, idle, pool.get_max_size())
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    router = _Router(schema, context_getter=context_getter, allow_queries_via_get=False)
-    router.introspection = settings.introspection
-    app.include_router(router, prefix="/graphql")
+    view = _GraphQL(schema, allow_queries_via_get=False)
+    view.introspection = settings.introspection
+    app.add_route("/graphql", view, methods=["GET", "POST"])
+    app.router.routes.append(WebSocketRoute("/graphql", view))
     mount_console(app)
     app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
+    app.add_middleware(_Guard, settings=settings)
     # Outermost: every request, refused ones included, gets its ID, log line and metrics.
     app.add_middleware(Observe, metrics=metrics)
     if tracer is not None:

@@ -3,6 +3,7 @@
 import hashlib
 import re
 import secrets
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from uuid import UUID
 
 import asyncpg
 
-from app.auth import resources, store
+from app.auth import resources, store, verified
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES, parse_policies
 from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
@@ -95,13 +96,29 @@ class IssuedToken:
     info: TokenInfo
 
 
-async def authenticate(pool: asyncpg.Pool, authorization: str | None) -> Caller:
+async def authenticate(
+    pool: asyncpg.Pool, authorization: str | None, *, recent: bool = False
+) -> Caller:
+    """The caller a bearer token names. `recent`: a verification of the last second may
+    answer (auth/verified.py says when a revocation takes effect then)."""
     if not authorization:
         raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
     token_hash = hash_token(token.strip())
+    if not recent:
+        return await _verify(pool, token_hash)
+    caller = verified.recall(pool, token_hash)
+    if caller is None:
+        since, started = verified.generation(), time.monotonic()
+        caller = await _verify(pool, token_hash, keep=(since, started))
+    return caller
+
+
+async def _verify(
+    pool: asyncpg.Pool, token_hash: bytes, keep: tuple[int, float] | None = None
+) -> Caller:
     async with pool.acquire() as conn:
         row = await store.client_by_token(conn, token_hash)
         if row is not None and not row["expired"] and row["stale"]:
@@ -112,12 +129,15 @@ async def authenticate(pool: asyncpg.Pool, authorization: str | None) -> Caller:
         raise Unauthenticated(
             f"the API token expired at {row['expires'].isoformat()}; ask for a new one"
         )
-    return Caller(
+    caller = Caller(
         account_id=row["account_id"],
         principal=row["principal"],
         policies=parse_policies(row["policies"]),
         in_default_account=row["is_default"],
     )
+    if keep is not None:
+        verified.keep(pool, token_hash, caller, row["expires"], *keep)
+    return caller
 
 
 async def ensure_default_account(conn: asyncpg.Connection) -> UUID:

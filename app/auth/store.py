@@ -6,6 +6,8 @@ from uuid import UUID
 
 import asyncpg
 
+from app.auth import verified
+
 Row: TypeAlias = asyncpg.Record
 
 
@@ -57,7 +59,7 @@ async def update_client(
     name: str | None,
     policies: list[Any] | None,
 ) -> Row | None:
-    return await conn.fetchrow(
+    row = await conn.fetchrow(
         """
         UPDATE clients
         SET name = coalesce($3, name), policies = coalesce($4, policies), modified = now()
@@ -69,6 +71,8 @@ async def update_client(
         name,
         policies,
     )
+    verified.forget()  # its tokens' callers had the old policies
+    return row
 
 
 async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: str) -> Row | None:
@@ -80,6 +84,7 @@ async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: s
         )
         # Its tokens went with it (ON DELETE CASCADE); their lookup rows go too.
         await _forget_tokens(conn, account_id)
+    verified.forget()
     return row
 
 
@@ -145,6 +150,7 @@ async def replace_bootstrap_token(
         principal,
     )
     await _forget_tokens(conn, account_id)
+    verified.forget()  # (at startup, before requests are served)
     owner = await conn.fetchval(
         """
         INSERT INTO token_accounts (token_hash, account_id) VALUES ($1, $2)
@@ -228,6 +234,7 @@ async def delete_token(
                 account_id,
                 row["token_hash"],
             )
+    verified.forget()
     return row
 
 

@@ -34,16 +34,22 @@ def normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 class LocalEmbedder:
-    """A model in this process: `_embed` runs in a worker thread, off the event loop."""
+    """A model in this process: `_embed` runs in a worker thread, off the event loop, except
+    for texts of at most `inline_chars` in all (a search's query, for a cheap model), where
+    handing them to a thread costs more CPU than embedding them."""
 
     name: str
     dimensions: int
+    inline_chars = 0
 
     def _embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
         raise NotImplementedError
 
     async def embed(self, texts: list[str]) -> Embeddings:
-        vectors, tokens = await asyncio.to_thread(self._embed, texts)
+        if sum(len(t) for t in texts) <= self.inline_chars:
+            vectors, tokens = self._embed(texts)
+        else:
+            vectors, tokens = await asyncio.to_thread(self._embed, texts)
         return Embeddings(vectors, tokens)
 
     async def aclose(self) -> None:

@@ -10,6 +10,7 @@ from app.embeddings.base import LocalEmbedder, normalize
 
 class StaticEmbedder(LocalEmbedder):
     dimensions = 256
+    inline_chars = 256  # tens of microseconds: less than handing them to a thread
 
     def __init__(self) -> None:
         import wordllama
@@ -47,7 +48,12 @@ class StaticEmbedder(LocalEmbedder):
     def _add(
         self, batch: list[tuple[int, str]], sums: np.ndarray, counts: np.ndarray, last: int
     ) -> None:
-        encoded = self._tokenizer.encode_batch([p for _, p in batch], add_special_tokens=False)
+        if len(batch) == 1:
+            # One piece (a search's query): encode_batch would hand it to the tokenizer's
+            # thread pool and wait for it, which under load cost ten times the work.
+            encoded = [self._tokenizer.encode(batch[0][1], add_special_tokens=False)]
+        else:
+            encoded = self._tokenizer.encode_batch([p for _, p in batch], add_special_tokens=False)
         for (row, _), piece in zip(batch, encoded, strict=True):
             if piece.ids:
                 ids = np.minimum(np.asarray(piece.ids, dtype=np.int64), last)

@@ -2,6 +2,7 @@
 (no NUL, no lone surrogate), and a document with several operations names the one to run."""
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,7 +66,16 @@ def check_request(document: Node, variables: dict[str, Any] | None, operation: s
         for name, value in variables.items():
             check_storable(str(name), "a variable's name")
             check_json(value, f"${name}", root=f"${name}")
-    visit(document, _Literals())
+    if id(document) not in _LITERALS_PASSED:
+        visit(document, _Literals())
+        _LITERALS_PASSED[id(document)] = document
+        if len(_LITERALS_PASSED) > 256:
+            _LITERALS_PASSED.popitem(last=False)
+
+
+# Documents whose literals passed, by identity: the document cache (graphql/documents.py)
+# hands back one document per query text. Each is held, so that its id stays its own.
+_LITERALS_PASSED: OrderedDict[int, Node] = OrderedDict()
 
 
 class InputChecks(SchemaExtension):

@@ -6,6 +6,7 @@ from uuid import UUID
 
 import strawberry
 
+from app.actions.service import ActionVersion
 from app.errors import BadInput, NotFound
 from app.graphql.context import Info
 from app.graphql.node import node_type
@@ -485,6 +486,7 @@ class ActionMemoryFields:
             limit=first + 1,
             after=after,
             max_query_chars=info.context.state.settings.max_search_query_chars,
+            action=_current(self),
         )
         edges = [
             ActionAgentMemorySearchEdge(
@@ -504,6 +506,15 @@ class ActionMemoryFields:
                 end_cursor=edges[-1].cursor if edges else None,
             ),
         )
+
+
+def _current(fields: ActionMemoryFields) -> ActionVersion | None:
+    """The agent as its `Action` was read in this request, when that is its current version:
+    the search needs its harness, and need not read it again."""
+    record = getattr(fields, "record", None)
+    if isinstance(record, ActionVersion) and record.version == record.current_version:
+        return record
+    return None
 
 
 def _node_version(part: str) -> int | None:

@@ -7,17 +7,14 @@ import strawberry
 from graphql import ASTValidationRule, FieldNode, GraphQLError, get_named_type
 from graphql.language.visitor import SKIP, VisitorAction
 from graphql.type import is_introspection_type
-from strawberry.extensions import (
-    AddValidationRules,
-    MaxTokensLimiter,
-    ValidationCache,
-)
+from strawberry.extensions import AddValidationRules, MaxTokensLimiter
 from strawberry.extensions.query_depth_limiter import create_validator
 from strawberry.schema.config import StrawberryConfig
 
 from app.graphql.actions import ActionMutation, ActionQuery
 from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
+from app.graphql.documents import DocumentCache, Documents
 from app.graphql.errors import ErrorCodes, Schema
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
 from app.graphql.ingest import IngestMutation
@@ -64,8 +61,7 @@ class Mutation(AuthMutation, ActionMutation, ExecutionMutation, MemoryMutation, 
 
 @cache
 def _depth_rule(max_depth: int) -> type[ASTValidationRule]:
-    # One rule class per limit: the validation cache keys on the rule classes, so a class
-    # made per request (as QueryDepthLimiter does) would make every request a cache miss.
+    # One rule class per limit, made once (QueryDepthLimiter makes one per request).
     return create_validator(max_depth, None, None)
 
 
@@ -90,19 +86,18 @@ def build_schema(
     max_depth: int = 12, max_tokens: int = 5000, introspection: bool = True
 ) -> strawberry.Schema:
     rules = [_depth_rule(max_depth)] + ([] if introspection else [NoIntrospection])
+    documents = Documents(maxsize=256)  # this schema's: valid under its rules
     return Schema(
         query=Query,
         mutation=Mutation,
         types=[ActionSession],
         config=StrawberryConfig(scalar_map=SCALARS),
         extensions=[
-            # Factories, not instances: each request gets its own extension objects. The depth
-            # rule comes first so that cached validations ran with it. (No ParserCache: a syntax
-            # error raised from its hook escapes the operation hooks, and ErrorCodes with it.)
+            # Factories, not instances: each request gets its own extension objects.
             Outcome,  # first: it reads the codes ErrorCodes gives, after it
             lambda: AddValidationRules(rules),
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
-            lambda: ValidationCache(maxsize=256),
+            lambda: DocumentCache(documents),  # after the two above: it keys on their settings
             InputChecks,
             ErrorCodes,
         ],

@@ -58,7 +58,7 @@ import asyncpg
 import numpy as np
 
 from app.actions.harness import LABEL_NUMBERS, SEARCH_MODES, MemoryConfig, SearchConfig
-from app.actions.service import load_action
+from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.db.fusion import HYBRID_WEIGHT
@@ -243,19 +243,22 @@ async def search_as_operator(
     limit: int,
     after: str | None = None,
     max_query_chars: int = MAX_QUERY_CHARS,
+    action: ActionVersion | None = None,
 ) -> tuple[list[MemoryView], list[str]]:
     """An operator's search of an agent's records (every session, live and preview), with the
     agent's search settings. A ranked search needs SELECT on the memory search index and
     documents; without a query it is a listing, and with `ids` a read, needing what those do.
-    Returns the records with their cursors (`after` for the records after each)."""
+    Returns the records with their cursors (`after` for the records after each). `action`:
+    the agent's current version when the caller has just read it (not read again)."""
     ranked_search = query is not None and bool(query.strip())
     if ranked_search:
         caller.require(*resources.SEARCH_MEMORY)
     if not ranked_search or ids is not None:
         caller.require(*resources.READ_MEMORY)
     check_query(query, max_query_chars)
-    async with pool.acquire() as conn:
-        action = await load_action(conn, caller.account_id, action_id)
+    if action is None or (action.account_id, action.action_id) != (caller.account_id, action_id):
+        async with pool.acquire() as conn:
+            action = await load_action(conn, caller.account_id, action_id)
     if action is None:
         raise NotFound(f"action {action_id} not found")
     memory = action.harness.memory

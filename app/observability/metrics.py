@@ -22,66 +22,89 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "current", "using"]
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+# Each metric: the attribute that records it, its type, name, help text and label names.
+_DECLARED: tuple[tuple[str, type, str, str, tuple[str, ...]], ...] = (
+    (
+        "requests",
+        Counter,
+        "engram_requests",
+        "GraphQL requests by operation (root fields) and outcome code (OK or the error code)",
+        ("operation", "code"),
+    ),
+    (
+        "request_seconds",
+        Histogram,
+        "engram_request_seconds",
+        "GraphQL request latency, from the request's arrival to its answer",
+        ("operation",),
+    ),
+    ("turns", Counter, "engram_turns", "Agent turns by final status", ("status",)),
+    (
+        "model_calls",
+        Counter,
+        "engram_model_calls",
+        "Model calls by purpose (turn, memory, context, embed) and outcome (ok, failed)",
+        ("purpose", "outcome"),
+    ),
+    (
+        "model_call_seconds",
+        Histogram,
+        "engram_model_call_seconds",
+        "Model call latency by purpose, retries included",
+        ("purpose",),
+    ),
+    (
+        "model_tokens",
+        Counter,
+        "engram_model_tokens",
+        "Tokens used by purpose and kind (prompt, completion; input for embeddings)",
+        ("purpose", "kind"),
+    ),
+    (
+        "search_seconds",
+        Histogram,
+        "engram_search_seconds",
+        "Memory searches with a query, by mode (hybrid, vector, lexical), with their latency",
+        ("mode",),
+    ),
+    (
+        "embedding_seconds",
+        Histogram,
+        "engram_embedding_seconds",
+        "Time spent embedding texts (one call may embed several)",
+        (),
+    ),
+    (
+        "pool_connections",
+        Gauge,
+        "engram_pool_connections",
+        "Database pool connections by state (in_use, idle), read when scraped",
+        ("state",),
+    ),
+    ("pool_max", Gauge, "engram_pool_max_connections", "The database pool's maximum size", ()),
+)
+
+
 class Metrics:
     """What one running service counts; `render()` is the text `GET /metrics` answers."""
 
+    requests: Counter
+    request_seconds: Histogram
+    turns: Counter
+    model_calls: Counter
+    model_call_seconds: Histogram
+    model_tokens: Counter
+    search_seconds: Histogram
+    embedding_seconds: Histogram
+    pool_connections: Gauge
+    pool_max: Gauge
+
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "engram_requests",
-            "GraphQL requests by operation (root fields) and outcome code (OK or the error code)",
-            ["operation", "code"],
-            registry=r,
-        )
-        self.request_seconds = Histogram(
-            "engram_request_seconds",
-            "GraphQL request latency, from the request's arrival to its answer",
-            ["operation"],
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.turns = Counter("engram_turns", "Agent turns by final status", ["status"], registry=r)
-        self.model_calls = Counter(
-            "engram_model_calls",
-            "Model calls by purpose (turn, memory, context, embed) and outcome (ok, failed)",
-            ["purpose", "outcome"],
-            registry=r,
-        )
-        self.model_call_seconds = Histogram(
-            "engram_model_call_seconds",
-            "Model call latency by purpose, retries included",
-            ["purpose"],
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.model_tokens = Counter(
-            "engram_model_tokens",
-            "Tokens used by purpose and kind (prompt, completion; input for embeddings)",
-            ["purpose", "kind"],
-            registry=r,
-        )
-        self.search_seconds = Histogram(
-            "engram_search_seconds",
-            "Memory searches with a query, by mode (hybrid, vector, lexical), with their latency",
-            ["mode"],
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.embedding_seconds = Histogram(
-            "engram_embedding_seconds",
-            "Time spent embedding texts (one call may embed several)",
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.pool_connections = Gauge(
-            "engram_pool_connections",
-            "Database pool connections by state (in_use, idle), read when scraped",
-            ["state"],
-            registry=r,
-        )
-        self.pool_max = Gauge(
-            "engram_pool_max_connections", "The database pool's maximum size", registry=r
-        )
+        self.registry = CollectorRegistry(auto_describe=True)
+        for attribute, kind, name, doc, labels in _DECLARED:
+            extra = {"buckets": _SECONDS} if kind is Histogram else {}
+            metric = kind(name, doc, labels, registry=self.registry, **extra)
+            setattr(self, attribute, metric)
 
     # --- recording ------------------------------------------------------------------------
 

@@ -1,0 +1,67 @@
+"""Each distinct query text is parsed and validated once: clients send the same few texts with
+different variables, and parsing and validating them was a fifth of a search's CPU
+(bench/README.md, http_load)."""
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from graphql import DocumentNode
+from strawberry.extensions import SchemaExtension
+
+
+class Documents:
+    """The documents of query texts that parsed and validated without error, most recently
+    used last; at most `maxsize` of them. One per schema (its validation rules are fixed)."""
+
+    def __init__(self, maxsize: int = 256) -> None:
+        self.maxsize = maxsize
+        self._valid: OrderedDict[tuple[str, Any], DocumentNode] = OrderedDict()
+
+    def get(self, key: tuple[str, Any]) -> DocumentNode | None:
+        document = self._valid.get(key)
+        if document is not None:
+            self._valid.move_to_end(key)
+        return document
+
+    def add(self, key: tuple[str, Any], document: DocumentNode) -> None:
+        self._valid[key] = document
+        if len(self._valid) > self.maxsize:
+            self._valid.popitem(last=False)
+
+
+class DocumentCache(SchemaExtension):
+    """Hands strawberry the document of a text that parsed and validated before, and marks it
+    valid, so that neither step runs again. Only successes are kept: a text that fails is
+    parsed (or validated) again by strawberry itself, inside the operation hooks, so its
+    errors come out as they always did (which strawberry's ParserCache does not ensure: a
+    syntax error raised from its hook escapes the operation hooks, and ErrorCodes with it).
+    """
+
+    def __init__(self, documents: Documents) -> None:
+        self.documents = documents
+        self.key: tuple[str, Any] | None = None
+        self.known: DocumentNode | None = None
+
+    def on_parse(self) -> Iterator[None]:
+        context = self.execution_context
+        if context.query is not None and context.graphql_document is None:
+            self.key = (context.query, tuple(sorted(context.parse_options.items())))
+            self.known = self.documents.get(self.key)
+            if self.known is not None:
+                context.graphql_document = self.known  # strawberry skips its parse
+        yield
+
+    def on_validate(self) -> Iterator[None]:
+        context = self.execution_context
+        if self.known is not None and context.graphql_document is self.known:
+            context.pre_execution_errors = []  # strawberry skips its validation
+        yield
+        document = context.graphql_document
+        if (
+            self.key is not None
+            and self.known is None
+            and document is not None
+            and context.pre_execution_errors == []
+        ):
+            self.documents.add(self.key, document)

@@ -1,0 +1,122 @@
+"""Tokens verified in the last second answer GraphQL requests without a lookup
+(app/auth/verified.py): a revocation through this process still takes effect at once, one
+made elsewhere within VERIFIED_SECONDS, and a token's expiry is never outlived."""
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from helpers import db_settings
+from test_http import serving
+
+from app.auth import verified
+
+ADMIN = "verified-tokens-admin-token-0123456789"
+VIEWER = {"query": "{ viewer { principal } }"}
+CREATE_CLIENT = "mutation($input: ClientInput!) { createClient(input: $input) { principal } }"
+CREATE_TOKEN = """mutation($p: String!, $e: Timestamp) {
+  createClientToken(principal: $p, expires: $e) { token tokenId } }"""
+REVOKE = """mutation($p: String!, $t: UUID!) {
+  revokeClientToken(principal: $p, tokenId: $t) { tokenId } }"""
+UPDATE_CLIENT = """mutation($p: String!, $input: ClientUpdateInput!) {
+  updateClient(principal: $p, input: $input) { principal } }"""
+DELETE_CLIENT = "mutation($p: String!) { deleteClient(principal: $p) { principal } }"
+READ_CLIENTS = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["*"]}
+ALLOWED = """{ viewer { allowed(operations: ["client"]) { allowed } } }"""
+
+
+class Api:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def post(self, token: str, body: dict) -> httpx.Response:
+        return await self.http.post(
+            "/graphql", json=body, headers={"Authorization": f"Bearer {token}"}
+        )
+
+    async def admin(self, query: str, **variables: object) -> dict:
+        answer = (await self.post(ADMIN, {"query": query, "variables": variables})).json()
+        assert not answer.get("errors"), answer
+        return answer["data"]
+
+    async def bot_token(self, expires: datetime | None = None) -> tuple[str, str]:
+        issued = await self.admin(CREATE_TOKEN, p="bot", e=expires.isoformat() if expires else None)
+        return issued["createClientToken"]["token"], issued["createClientToken"]["tokenId"]
+
+    async def status(self, token: str) -> tuple[int, str | None]:
+        answer = await self.post(token, VIEWER)
+        errors = answer.json().get("errors")
+        return answer.status_code, errors[0]["message"] if errors else None
+
+
+async def with_api(db_url, embedder, test) -> None:
+    with serving(db_settings(db_url, bootstrap_token=ADMIN), embedder) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            api = Api(http)
+            client = {"principal": "bot", "name": "Bot", "policies": [READ_CLIENTS]}
+            await api.admin(CREATE_CLIENT, input=client)
+            await test(api)
+
+
+async def test_a_token_revoked_through_this_process_is_refused_at_once(db_url, embedder):
+    async def test(api: Api) -> None:
+        token, token_id = await api.bot_token()
+        assert await api.status(token) == (200, None)  # verified, and now kept
+        await api.admin(REVOKE, p="bot", t=token_id)
+        assert await api.status(token) == (401, "the API token is not valid")
+
+    await with_api(db_url, embedder, test)
+
+
+async def test_changed_policies_and_a_deleted_client_apply_to_the_next_request(db_url, embedder):
+    async def test(api: Api) -> None:
+        token, _ = await api.bot_token()
+        assert await api.status(token) == (200, None)
+
+        async def may_read_clients() -> bool:
+            answer = (await api.post(token, {"query": ALLOWED})).json()
+            return answer["data"]["viewer"]["allowed"][0]["allowed"]
+
+        assert await may_read_clients()
+        await api.admin(UPDATE_CLIENT, p="bot", input={"policies": []})
+        assert not await may_read_clients()
+        await api.admin(DELETE_CLIENT, p="bot")
+        assert await api.status(token) == (401, "the API token is not valid")
+
+    await with_api(db_url, embedder, test)
+
+
+async def test_a_token_revoked_elsewhere_is_refused_within_the_bound(db_url, embedder, state):
+    async def test(api: Api) -> None:
+        token, token_id = await api.bot_token()
+        assert await api.status(token) == (200, None)
+        # Another process (another replica, the CLI) deletes it: this one is not told.
+        async with state.pool.acquire() as conn:
+            await conn.execute("DELETE FROM client_tokens WHERE token_id = $1", token_id)
+        await asyncio.sleep(verified.VERIFIED_SECONDS + 0.1)
+        assert await api.status(token) == (401, "the API token is not valid")
+
+    await with_api(db_url, embedder, test)
+
+
+async def test_a_kept_token_is_not_outlived_by_its_expiry(db_url, embedder):
+    async def test(api: Api) -> None:
+        expires = datetime.now(UTC) + timedelta(seconds=0.5)
+        token, _ = await api.bot_token(expires)
+        assert await api.status(token) == (200, None)
+        await asyncio.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.05)
+        status, message = await api.status(token)
+        assert status == 401 and message is not None and "expired" in message, message
+
+    await with_api(db_url, embedder, test)
+
+
+def test_a_lookup_overtaken_by_a_change_is_not_kept():
+    pool, token_hash = object(), b"hash"
+    since = verified.generation()
+    verified.forget()  # a revocation committed while the lookup ran
+    verified.keep(pool, token_hash, "caller", None, since, time.monotonic())
+    assert verified.recall(pool, token_hash) is None
+    verified.keep(pool, token_hash, "caller", None, verified.generation(), 0.0)
+    assert verified.recall(pool, token_hash) is None  # kept a second from long ago: gone
