@@ -33,7 +33,8 @@ from runtime_support import (
 
 from app.auth.caller import Caller
 from app.config import Settings
-from app.graphql.relay import encode_cursor, global_id
+from app.db.cursors import pack
+from app.graphql.relay import global_id
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.runtime import store as runtime_store
 from app.runtime import turns
@@ -725,7 +726,7 @@ async def test_crafted_global_ids_and_cursors_are_bad_requests(
         transcript(first: 2, after: $after) { nodes { sequence } }
     } }"""
     for beyond in (2**31, 2**70, -1):
-        page = await gql(admin, transcript, id=executed["executionId"], after=encode_cursor(beyond))
+        page = await gql(admin, transcript, id=executed["executionId"], after=pack([beyond]))
         assert page.codes == ["BAD_REQUEST"], page.errors
 
 

@@ -11,6 +11,8 @@ from app.auth import service
 from app.auth.operations import permissions
 from app.auth.service import Client as ClientRecord
 from app.auth.service import TokenInfo
+from app.db import cursors
+from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.graphql.context import Info
 from app.graphql.node import node_type
@@ -19,11 +21,8 @@ from app.graphql.relay import (
     FIRST,
     Connection,
     Node,
-    check_first,
-    connection,
-    decode_cursor,
-    encode_cursor,
     global_id,
+    keyset_connection,
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp
@@ -121,6 +120,7 @@ ACCOUNT_ID = Annotated[
     ),
 ]
 PRINCIPAL = Annotated[str, strawberry.argument(description="The client's principal.")]
+PRINCIPALS = Keyset(cursors.TEXT)  # clients by principal
 
 
 def _timestamp(value: datetime | None) -> Timestamp | None:
@@ -280,23 +280,19 @@ class AuthQuery:
     async def clients(
         self, info: Info, first: FIRST, after: AFTER = None, account_id: ACCOUNT_ID = None
     ) -> Connection[Client]:
-        check_first(first)
-        cursor = decode_cursor(after, 1)
-        if cursor is not None and not isinstance(cursor[0], str):
-            raise BadInput("`after` is not a cursor this connection issued")
-        found = await service.list_clients(
-            info.context.pool,
-            info.context.caller,
-            account_id,
-            after=cursor[0] if cursor else None,
-            limit=first + 1,
-        )
-        return connection(
-            found,
+        return await keyset_connection(
             first,
-            lambda c: encode_cursor(c.principal),
+            after,
+            PRINCIPALS,
+            lambda principal, limit: service.list_clients(
+                info.context.pool,
+                info.context.caller,
+                account_id,
+                after=principal[0] if principal else None,
+                limit=limit,
+            ),
+            lambda c: (c.principal,),
             Client.of,
-            has_previous=after is not None,
         )
 
     @strawberry.field(
