@@ -19,6 +19,7 @@ from app.graphql.actions import ActionMutation, ActionQuery
 from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.errors import ErrorCodes, Schema
+from app.graphql.execution import ExecutionContext
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
 from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
@@ -95,6 +96,7 @@ def build_schema(
         mutation=Mutation,
         types=[ActionSession],
         config=StrawberryConfig(scalar_map=SCALARS),
+        execution_context_class=ExecutionContext,  # a short path for plain leaf fields
         extensions=[
             # Factories, not instances: each request gets its own extension objects. The depth
             # rule comes first so that cached validations ran with it. (No ParserCache: a syntax
