@@ -126,16 +126,15 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                     others[name] = details
                     continue
                 if plain[0] is LEAF:  # the most of them: inline
-                    value = plain[1](source_value)
-                    if value is None:
-                        completed = None if plain[2] else _SLOW
-                    else:
-                        try:
-                            completed = plain[4](value)
-                        except Exception:
-                            completed = _SLOW
-                        if completed is None or completed is Undefined:
-                            completed = _SLOW
+                    try:
+                        value = plain[1](source_value)
+                        completed = plain[4](value) if value is not None else None
+                    except Exception:
+                        completed = _SLOW
+                    if completed is None:
+                        completed = None if value is None and plain[2] else _SLOW
+                    elif completed is Undefined:
+                        completed = _SLOW
                 else:
                     completed = self._plain_field(
                         plain, parent_type, source_value, path, name, details
@@ -181,7 +180,10 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
     ) -> Any:
         """A plain object's or list's completed value (or an awaitable of it), or _SLOW."""
         kind, read, nullable, type_ = plain[:4]
-        value = read(source_value)
+        try:
+            value = read(source_value)
+        except Exception:
+            return _SLOW
         if value is None:
             return None if nullable else _SLOW
         field_path = Path(path, name, parent_type.name)
