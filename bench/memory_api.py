@@ -222,7 +222,7 @@ async def statements_sent(pool: asyncpg.Pool, work: Callable[[], Awaitable[Any]]
     async def every_connection(change: str | None) -> str:
         held = [await pool.acquire() for _ in range(pool.get_max_size())]
         reset = held[0].get_reset_query()
-        for conn in held:
+        for conn in reversed(held):  # the pool hands out the last released first: kept
             if change:
                 getattr(conn, change)(log)
             await pool.release(conn)
