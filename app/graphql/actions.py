@@ -3,13 +3,15 @@
 from typing import Annotated, Any
 from uuid import UUID
 
+import asyncpg
 import strawberry
 from strawberry.permission import BasePermission
 
 from app.actions import service
 from app.actions.service import ActionVersion
+from app.auth.caller import Caller
 from app.errors import BadInput
-from app.graphql.context import Context, Info, batch_loader
+from app.graphql.context import Info, batch_loader
 from app.graphql.executions import ActionExecutionFields
 from app.graphql.memory import ActionMemoryFields
 from app.graphql.node import node_type
@@ -111,8 +113,10 @@ class Action(ActionExecutionFields, ActionMemoryFields, Node):
 
 
 @batch_loader("Action")
-async def _load_actions(context: Context, keys: list[tuple[UUID, int]]) -> list[Action | None]:
-    found = await service.get_action_versions(context.pool, context.caller, keys)
+async def _load_actions(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, int]]
+) -> list[Action | None]:
+    found = await service.get_action_versions(pool, caller, keys)
     return [Action.of(found[k]) if k in found else None for k in keys]
 
 

@@ -12,7 +12,8 @@ from strawberry.types import Info as StrawberryInfo
 from app.auth.caller import Caller
 from app.state import AppState
 
-BatchLoad = Callable[["Context", list[Any]], Awaitable[list[Any]]]
+# (pool, caller, keys) -> the objects at the keys, None where there is none.
+BatchLoad = Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[list[Any]]]
 _BATCHES: dict[str, BatchLoad] = {}
 
 
@@ -43,7 +44,9 @@ class Context(BaseContext):
         request's resolvers ask for meanwhile, and kept for the rest of the request."""
         loader = self._loaders.get(type_name)
         if loader is None:
-            loader = DataLoader(load_fn=partial(_BATCHES[type_name], self))
+            # The pool and caller, not the context: a loader holding its context would make a
+            # cycle that only the garbage collector frees, with everything the request loaded.
+            loader = DataLoader(load_fn=partial(_BATCHES[type_name], self.pool, self.caller))
             self._loaders[type_name] = loader
         return loader.load(key)
 

@@ -4,12 +4,14 @@ from enum import Enum
 from typing import Annotated
 from uuid import UUID
 
+import asyncpg
 import strawberry
 
+from app.auth.caller import Caller
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
-from app.graphql.context import Context, Info, batch_loader
+from app.graphql.context import Info, batch_loader
 from app.graphql.history import SessionHistoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
@@ -299,17 +301,17 @@ def _memory_view(info: Info, value: object) -> object:
 
 @batch_loader("ActionExecution")
 async def _load_executions(
-    context: Context, keys: list[tuple[UUID, UUID]]
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, UUID]]
 ) -> list[ActionExecution | None]:
-    found = await executions.get_executions(context.pool, context.caller, keys)
+    found = await executions.get_executions(pool, caller, keys)
     return [ActionExecution.of(found[k]) if k in found else None for k in keys]
 
 
 @batch_loader("ActionSession")
 async def _load_sessions(
-    context: Context, keys: list[tuple[UUID, str]]
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, str]]
 ) -> list[ActionSession | None]:
-    found = await executions.get_sessions(context.pool, context.caller, keys)
+    found = await executions.get_sessions(pool, caller, keys)
     return [ActionSession.of(found[k]) if k in found else None for k in keys]
 
 
