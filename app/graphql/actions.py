@@ -3,13 +3,11 @@
 from typing import Annotated, Any
 from uuid import UUID
 
-import asyncpg
 import strawberry
 from strawberry.permission import BasePermission
 
 from app.actions import service
 from app.actions.service import ActionVersion
-from app.auth.caller import Caller
 from app.errors import BadInput
 from app.graphql.context import Info, batch_loader
 from app.graphql.executions import ActionExecutionFields
@@ -112,12 +110,7 @@ class Action(ActionExecutionFields, ActionMemoryFields, Node):
         )
 
 
-@batch_loader("Action")
-async def _load_actions(
-    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, int]]
-) -> list[Action | None]:
-    found = await service.get_action_versions(pool, caller, keys)
-    return [Action.of(found[k]) if k in found else None for k in keys]
+batch_loader("Action", service.get_action_versions, Action.of)
 
 
 @node_type("Action")

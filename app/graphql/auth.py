@@ -15,6 +15,7 @@ from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.graphql.context import Info
+from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
@@ -28,25 +29,21 @@ from app.graphql.relay import (
 from app.graphql.scalars import Timestamp
 
 
-@strawberry.enum(
-    description="Whether a policy allows or denies: a request is allowed when at least one "
-    "ALLOW policy matches its verb and resource and no DENY policy does."
+@graphql_enum(
+    "Whether a policy allows or denies: a request is allowed when at least one ALLOW policy "
+    "matches its verb and resource and no DENY policy does."
 )
 class PolicyEffect(Enum):
-    ALLOW = strawberry.enum_value("ALLOW", description="Allows the verbs on the resources.")
-    DENY = strawberry.enum_value(
-        "DENY", description="Denies the verbs on the resources, whatever ALLOW policies say."
-    )
+    ALLOW = "Allows the verbs on the resources."
+    DENY = "Denies the verbs on the resources, whatever ALLOW policies say."
 
 
-@strawberry.enum(description="A verb a policy allows or denies (docs/access.md: what each does).")
+@graphql_enum("A verb a policy allows or denies (docs/access.md: what each does).")
 class PolicyAction(Enum):
-    SELECT = strawberry.enum_value("SELECT", description="Read and list.")
-    INSERT = strawberry.enum_value("INSERT", description="Create, and run turns.")
-    UPDATE = strawberry.enum_value("UPDATE", description="Change, and delete memory records.")
-    DELETE = strawberry.enum_value(
-        "DELETE", description="Delete clients, revoke tokens, erase sessions."
-    )
+    SELECT = "Read and list."
+    INSERT = "Create, and run turns."
+    UPDATE = "Change, and delete memory records."
+    DELETE = "Delete clients, revoke tokens, erase sessions."
 
 
 EFFECT = "ALLOW or DENY; DENY wins."

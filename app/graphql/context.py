@@ -1,6 +1,6 @@
 """The per-request context: who is asking, the service's state, and the request's DataLoaders."""
 
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from functools import partial
 from typing import Any
 
@@ -12,20 +12,24 @@ from strawberry.types import Info as StrawberryInfo
 from app.auth.caller import Caller
 from app.state import AppState
 
-# (pool, caller, keys) -> the objects at the keys, None where there is none.
 BatchLoad = Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[list[Any]]]
 _BATCHES: dict[str, BatchLoad] = {}
 
 
-def batch_loader(type_name: str) -> Callable[[BatchLoad], BatchLoad]:
-    """Registers how the objects of a type others point at are read by key, a batch at a time
-    (one query with `= any($n)`), so that a page's fields pointing at them cost one query."""
+def batch_loader(
+    type_name: str,
+    find: Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[Mapping[Any, Any]]],
+    make: Callable[[Any], Any],
+) -> None:
+    """Registers how the objects of a type others point at are read, a batch of keys at a
+    time: `find` returns the records at the keys that have one, in one query (`= any($n)`),
+    with the grant checks of one read; `make` turns a record into the GraphQL object."""
 
-    def register(load: BatchLoad) -> BatchLoad:
-        _BATCHES[type_name] = load
-        return load
+    async def load(pool: asyncpg.Pool, caller: Caller, keys: list[Any]) -> list[Any]:
+        found = await find(pool, caller, keys)
+        return [make(found[k]) if k in found else None for k in keys]
 
-    return register
+    _BATCHES[type_name] = load
 
 
 class Context(BaseContext):

@@ -4,14 +4,13 @@ from enum import Enum
 from typing import Annotated
 from uuid import UUID
 
-import asyncpg
 import strawberry
 
-from app.auth.caller import Caller
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.graphql.context import Info, batch_loader
+from app.graphql.enums import graphql_enum
 from app.graphql.history import SessionHistoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
@@ -35,38 +34,26 @@ SESSIONS = Keyset(cursors.INSTANT, cursors.TEXT)  # (created, session_id)
 TRANSCRIPT = Keyset(cursors.SEQUENCE)  # transcript sequences are PostgreSQL integers
 
 
-@strawberry.enum(description="Where an execution is.")
+@graphql_enum("Where an execution is.")
 class ActionExecutionStatus(Enum):
-    RUNNING = strawberry.enum_value(
-        "RUNNING",
-        description="Under way. A turn whose process dies is failed by another process once its "
-        "heartbeat is older than ENGRAM_TURN_LEASE_SECONDS.",
+    RUNNING = (
+        "Under way. A turn whose process dies is failed by another process once its heartbeat is "
+        "older than ENGRAM_TURN_LEASE_SECONDS."
     )
-    SUCCEEDED = strawberry.enum_value(
-        "SUCCEEDED", description="Committed: its memory, output and transcript together."
-    )
-    FAILED = strawberry.enum_value(
-        "FAILED",
-        description="Failed: only its transcript is kept, and `error` says what to change; retry "
-        "it with its executionId.",
+    SUCCEEDED = "Committed: its memory, output and transcript together."
+    FAILED = (
+        "Failed: only its transcript is kept, and `error` says what to change; retry it with its "
+        "executionId."
     )
 
 
-@strawberry.enum(description="What an execution is.")
+@graphql_enum("What an execution is.")
 class ActionExecutionKind(Enum):
-    TURN = strawberry.enum_value("TURN", description="A turn of an agent (executeAction).")
-    OPERATOR = strawberry.enum_value(
-        "OPERATOR", description="An operator's memory write (addAgentMemory, deleteAgentMemory)."
-    )
-    MCP = strawberry.enum_value(
-        "MCP", description="One tool call of a client over MCP (/mcp/{actionId})."
-    )
-    INGEST = strawberry.enum_value(
-        "INGEST", description="A conversation handed in for review (rememberConversation)."
-    )
-    ERASE = strawberry.enum_value(
-        "ERASE", description="A session's words erased for good (eraseSession)."
-    )
+    TURN = "A turn of an agent (executeAction)."
+    OPERATOR = "An operator's memory write (addAgentMemory, deleteAgentMemory)."
+    MCP = "One tool call of a client over MCP (/mcp/{actionId})."
+    INGEST = "A conversation handed in for review (rememberConversation)."
+    ERASE = "A session's words erased for good (eraseSession)."
 
 
 @strawberry.type(
@@ -299,20 +286,8 @@ def _memory_view(info: Info, value: object) -> object:
     return redaction.execution_value(value)
 
 
-@batch_loader("ActionExecution")
-async def _load_executions(
-    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, UUID]]
-) -> list[ActionExecution | None]:
-    found = await executions.get_executions(pool, caller, keys)
-    return [ActionExecution.of(found[k]) if k in found else None for k in keys]
-
-
-@batch_loader("ActionSession")
-async def _load_sessions(
-    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, str]]
-) -> list[ActionSession | None]:
-    found = await executions.get_sessions(pool, caller, keys)
-    return [ActionSession.of(found[k]) if k in found else None for k in keys]
+batch_loader("ActionExecution", executions.get_executions, ActionExecution.of)
+batch_loader("ActionSession", executions.get_sessions, ActionSession.of)
 
 
 def _key(parts: list[str], type_name: str) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.graphql.context import Info
+from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
@@ -27,16 +28,11 @@ from app.history.search import MAX_LIMIT, Event
 from app.memory import redaction
 
 
-@strawberry.enum(description="Who a kept event is from.")
+@graphql_enum("Who a kept event is from.")
 class ActionHistoryWho(Enum):
-    USER = strawberry.enum_value("user", description="The turn's input, as the agent received it.")
-    AGENT = strawberry.enum_value(
-        "agent", description="A reply of the agent, with the tools it called."
-    )
-    TOOL = strawberry.enum_value(
-        "tool",
-        description="A tool's result or error (kept with index: messages_and_tools).",
-    )
+    USER = ("user", "The turn's input, as the agent received it.")
+    AGENT = ("agent", "A reply of the agent, with the tools it called.")
+    TOOL = ("tool", "A tool's result or error (kept with index: messages_and_tools).")
 
 
 @strawberry.type(

@@ -10,6 +10,7 @@ from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput, NotFound
 from app.graphql.context import Info
+from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
@@ -49,46 +50,31 @@ VERSION = Annotated[
 ]
 
 
-@strawberry.enum(description="A record's status: whether the agent still recalls it.")
+@graphql_enum("A record's status: whether the agent still recalls it.")
 class ActionAgentMemoryStatus(Enum):
-    ACTIVE = strawberry.enum_value("ACTIVE", description="Recalled and searched by the agent.")
-    DELETED = strawberry.enum_value(
-        "DELETED",
-        description="Deleted: no longer recalled, and readable with its versions through "
-        "agentMemory and its history.",
+    ACTIVE = "Recalled and searched by the agent."
+    DELETED = (
+        "Deleted: no longer recalled, and readable with its versions through agentMemory and its "
+        "history."
     )
-    SUPERSEDED = strawberry.enum_value(
-        "SUPERSEDED",
-        description="Another record replaced it (it corrects this one): `replacedBy` names it.",
-    )
+    SUPERSEDED = "Another record replaced it (it corrects this one): `replacedBy` names it."
 
 
-@strawberry.enum(description="Which sessions recall a record.")
+@graphql_enum("Which sessions recall a record.")
 class ActionAgentMemoryScope(Enum):
-    SESSION = strawberry.enum_value(
-        "SESSION", description="Recalled only by the session that wrote it."
-    )
-    AGENT = strawberry.enum_value(
-        "AGENT",
-        description="Recalled by every session of the agent that reads agent scope, so what the "
-        "agent learns in one session informs the next.",
+    SESSION = "Recalled only by the session that wrote it."
+    AGENT = (
+        "Recalled by every session of the agent that reads agent scope, so what the agent learns "
+        "in one session informs the next."
     )
 
 
-@strawberry.enum(description="What wrote a record.")
+@graphql_enum("What wrote a record.")
 class ActionAgentMemorySource(Enum):
-    EXTRACTION = strawberry.enum_value(
-        "EXTRACTION", description="The memory review at the end of a turn."
-    )
-    TOOL = strawberry.enum_value(
-        "TOOL", description="The agent's own add_memory tool during a turn."
-    )
-    OPERATOR = strawberry.enum_value(
-        "OPERATOR", description="An operator, with addAgentMemory (an execution of its own)."
-    )
-    MCP = strawberry.enum_value(
-        "MCP", description="A client's tool call over MCP (/mcp/{actionId}), as the agent."
-    )
+    EXTRACTION = "The memory review at the end of a turn."
+    TOOL = "The agent's own add_memory tool during a turn."
+    OPERATOR = "An operator, with addAgentMemory (an execution of its own)."
+    MCP = "A client's tool call over MCP (/mcp/{actionId}), as the agent."
 
 
 @strawberry.type(description="A label value of a record: the label's fixed number, and its name.")
@@ -289,20 +275,15 @@ async def _read(
     return ActionAgentMemory.of(found, exact_version=version is not None)
 
 
-@strawberry.enum(description="How a search with a query ranks records.")
+@graphql_enum("How a search with a query ranks records.")
 class ActionAgentMemorySearchMode(Enum):
-    HYBRID = strawberry.enum_value(
+    HYBRID = (
         "hybrid",
-        description="By meaning and shared words together (the default): the cosine similarity "
-        "and the text rank scaled to the best match, fused.",
+        "By meaning and shared words together (the default): the cosine similarity and the text "
+        "rank scaled to the best match, fused.",
     )
-    LEXICAL = strawberry.enum_value(
-        "lexical", description="By the words a record shares with the query (full text)."
-    )
-    VECTOR = strawberry.enum_value(
-        "vector",
-        description="By meaning: the similarity of the record's embedding to the query's.",
-    )
+    LEXICAL = ("lexical", "By the words a record shares with the query (full text).")
+    VECTOR = ("vector", "By meaning: the similarity of the record's embedding to the query's.")
 
 
 @strawberry.type(

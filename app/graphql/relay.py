@@ -14,6 +14,7 @@ import strawberry
 from app.db import cursors
 from app.db.cursors import INT4_MAX, Keyset
 from app.errors import BadInput
+from app.graphql.enums import graphql_enum
 from app.text import is_storable
 
 T = TypeVar("T")
@@ -22,10 +23,10 @@ E = TypeVar("E")
 C = TypeVar("C")
 
 
-@strawberry.enum(description="The order of a listing.")
+@graphql_enum("The order of a listing.")
 class SortOrder(Enum):
-    ASC = strawberry.enum_value("ASC", description="Oldest first.")
-    DESC = strawberry.enum_value("DESC", description="Newest first.")
+    ASC = "Oldest first."
+    DESC = "Newest first."
 
 
 # The arguments of every connection (Relay forward paging), described once.
