@@ -1,7 +1,8 @@
 """The operator API on memory at scale: `Action.memories(first: 100)` and `agentMemory`.
 
 Builds (once, then reuses) a dedicated embedded PostgreSQL under --data-dir holding
-1,000,000 records spread over 1,000 agents (about 1,000 each, every agent's rows scattered
+1,000,000 records spread over 1,000 agents (about 1,000 each: by default one agent per 1,000
+records, every agent's rows scattered
 through the table, 10% of them superseded or deleted, a few in preview, labels on some),
 loaded with COPY through `app.memory.store.copy_committed`. Then it times, in process,
 through the whole GraphQL layer (`schema.execute` with a `Context`, grants checked, every
@@ -9,12 +10,14 @@ field serialized), as a client with exactly the grants the spec asks for:
 
 - `action(actionId) { memories(first: 100) { edges { cursor node {...} } pageInfo {...} } }`
   for random agents: the first page, and the page after it;
+- the same first page asking each record's `action { name }` and `execution { status }`,
+  with the statements it sends to PostgreSQL (DataLoaders: one per kind, whatever the page);
 - `agentMemory(actionId, id) {...}` for random records;
 
-and, for comparison, the same listing and read through the memory layer alone.
+and, for comparison, the same listing and read through the memory layer alone, and its SQL.
 
     python bench/memory_api.py                    # 1,000,000 records: ~10 minutes the first time
-    python bench/memory_api.py --records 100000   # quick check
+    python bench/memory_api.py --records 100000   # quick check (100 agents)
     python bench/memory_api.py --vectors          # also random 256-d unit vectors (+ HNSW build)
 
 Vectors are NULL unless --vectors: neither operation reads them. The server is tuned for the
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -96,6 +100,9 @@ READ_FIELDS = """id memoryId created modified version actionId summary content m
 LIST = f"""query($a: UUID!, $after: String) {{ action(actionId: $a) {{
   memories(first: 100, after: $after) {{ edges {{ cursor node {{ {LIST_FIELDS} }} }}
   pageInfo {{ hasNextPage endCursor }} }} }} }}"""
+LINKED = f"""query($a: UUID!) {{ action(actionId: $a) {{
+  memories(first: 100) {{ edges {{ cursor node {{ {LIST_FIELDS}
+    action {{ name }} execution {{ status }} }} }} pageInfo {{ hasNextPage endCursor }} }} }} }}"""
 READ = f"query($a: UUID!, $id: UUID!) {{ agentMemory(actionId: $a, id: $id) {{ {READ_FIELDS} }} }}"
 
 
@@ -206,7 +213,42 @@ async def timed(work: Any) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-async def measure(state: AppState, reader: Caller, queries: int) -> dict[str, str]:
+async def statements_sent(pool: asyncpg.Pool, work: Callable[[], Awaitable[Any]]) -> int:
+    """How many statements `work` sends through the pool's connections, besides the reset
+    the pool sends when a connection comes back, once the pool's connections have run it
+    (the first run on a connection also reads the driver's type information)."""
+    sent: list[str] = []
+
+    def log(record: Any) -> None:
+        sent.append(record.query)
+
+    async def every_connection(change: str | None) -> str:
+        held = [await pool.acquire() for _ in range(pool.get_max_size())]
+        reset = held[0].get_reset_query()
+        for conn in reversed(held):  # the pool hands out the last released first: kept
+            if change:
+                getattr(conn, change)(log)
+            await pool.release(conn)
+        return reset
+
+    await every_connection(None)  # open them all, then let the work warm the ones it takes
+    for _ in range(2 * pool.get_max_size()):
+        await work()
+    reset = await every_connection("add_query_logger")
+    try:
+        await work()
+    finally:
+        await every_connection("remove_query_logger")
+    return len([s for s in sent if s != reset])
+
+
+def cpu_figures(samples: list[float]) -> str:
+    return f"p50 {statistics.median(samples):6.2f}  mean {statistics.fmean(samples):6.2f} ms"
+
+
+async def measure(
+    state: AppState, reader: Caller, linked_reader: Caller, queries: int
+) -> dict[str, str]:
     rng = random.Random(3)
     async with state.pool.acquire() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
@@ -220,9 +262,10 @@ async def measure(state: AppState, reader: Caller, queries: int) -> dict[str, st
             "SELECT action_id, memory_id FROM agent_memories TABLESAMPLE SYSTEM (1) LIMIT $1",
             queries * 2,
         )
-    context = Context(state, reader)
 
-    async def run(query: str, **variables: Any) -> dict[str, Any]:
+    async def run(query: str, who: Caller = reader, **variables: Any) -> dict[str, Any]:
+        # A context per request, as the service makes: its DataLoaders cache for one request.
+        context = Context(state, who)
         result = await schema.execute(query, variable_values=variables, context_value=context)
         assert not result.errors, result.errors
         assert result.data is not None
@@ -235,6 +278,7 @@ async def measure(state: AppState, reader: Caller, queries: int) -> dict[str, st
         await run(READ, a=str(pick["action_id"]), id=str(pick["memory_id"]))
 
     first_page, next_page, read, layer_list, layer_read, sql_list = [], [], [], [], [], []
+    linked_page: list[float] = []
     list_cpu, read_cpu = [], []  # this process's CPU time: the GraphQL layer's own cost
     sizes = []
     load_before = os.getloadavg()[0]
@@ -281,16 +325,29 @@ async def measure(state: AppState, reader: Caller, queries: int) -> dict[str, st
                 )
             )
     assert min(sizes) == 100, "every agent should fill a first page"
+    # Apart: its DataLoaders' tasks and futures make garbage-collector passes that would
+    # land in the other figures.
+    for _ in range(queries):
+        linked_page.append(await timed(run(LINKED, linked_reader, a=str(rng.choice(agents)))))
+    agent = rng.choice(agents)
+    plain_statements = await statements_sent(state.pool, lambda: run(LIST, a=str(agent)))
+    linked_statements = await statements_sent(
+        state.pool, lambda: run(LINKED, linked_reader, a=str(agent))
+    )
     load = f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     return {
         "Action.memories(first: 100), first page (GraphQL)": percentiles(first_page),
         "Action.memories(first: 100), next page (GraphQL)": percentiles(next_page),
+        "the first page with each record's action and execution": percentiles(linked_page),
+        "statements sent: the first page / with action and execution": (
+            f"{plain_statements} / {linked_statements}"
+        ),
         "agentMemory(actionId, id) (GraphQL)": percentiles(read),
         "memory layer: list 100 (no GraphQL)": percentiles(layer_list),
         "memory layer: read one (no GraphQL)": percentiles(layer_read),
         "SQL: one page of 101 rows (store.list_page)": percentiles(sql_list),
-        "CPU of this process per memories page": f"mean {statistics.fmean(list_cpu):6.2f} ms",
-        "CPU of this process per agentMemory": f"mean {statistics.fmean(read_cpu):6.2f} ms",
+        "CPU of this process per memories page": cpu_figures(list_cpu),
+        "CPU of this process per agentMemory": cpu_figures(read_cpu),
         "load average during the run": load,
     }
 
@@ -341,8 +398,27 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
             ]
         ),
     )
+    # The same, and SELECT on executions: what a page asking each record's execution needs.
+    linked_reader = Caller(
+        account_id,
+        "console",
+        parse_policies(
+            [
+                {
+                    "effect": "ALLOW",
+                    "actions": ["SELECT"],
+                    "resources": [
+                        "financial.AgentMemory.indexes.*",
+                        "financial.AgentMemory.document",
+                        "financial.Action.document",
+                        "financial.ActionExecution.document",
+                    ],
+                }
+            ]
+        ),
+    )
     try:
-        results = await measure(state, reader, args.queries)
+        results = await measure(state, reader, linked_reader, args.queries)
     finally:
         await state.pool.close()
     print(
@@ -356,7 +432,9 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--agents", type=int, default=1_000)
+    parser.add_argument(
+        "--agents", type=int, default=None, help="by default one per 1,000 records (at least 1)"
+    )
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--vectors", action="store_true", help="random unit vectors, HNSW-indexed")
     parser.add_argument("--fresh", action="store_true", help="rebuild the database")
@@ -364,6 +442,9 @@ def main() -> None:
         "--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "engram-bench-memory"
     )
     args = parser.parse_args()
+    if args.agents is None:
+        # Agents of about 1,000 records: each fills a first page of 100 at any size.
+        args.agents = max(1, args.records // 1000)
     pg = server(args.data_dir)
     name = f"engram_memory_api_{args.records}_{args.agents}{'_v' if args.vectors else ''}"
 

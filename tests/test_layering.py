@@ -37,11 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 BOTTOM = LAYERS[-1]
 
 # Known breaches, each to be removed by the change named beside it.
-KNOWN: set[str] = {
-    # The GraphQL types of agents, executions and memory refer to each other; helper
-    # c14-graphql's branch (issue 14, item 1) breaks the circle. Remove once it has merged.
-    "modules in a circle: app.graphql.actions, app.graphql.executions, app.graphql.memory",
-}
+KNOWN: set[str] = set()
 
 
 def _modules(app: Path) -> dict[str, Path]:

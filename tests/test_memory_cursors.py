@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from factories import make_agent, remember
 
+from app.db import cursors
 from app.errors import BadInput
-from app.graphql.relay import decode_cursor, encode_cursor, global_id
+from app.graphql.relay import CREATED_ID, global_id
 from app.memory import search as search_module
 from app.memory.search import search
 from app.memory.visibility import OperatorReader
@@ -72,7 +73,7 @@ async def test_m59_crafted_history_cursors_are_bad_requests(state, gql, admin, n
     result = await gql(admin, HISTORY, a=a, id=id_, after=VERSIONS[name])
     assert result.codes == ["BAD_REQUEST"], result.errors
     # The cursors the connection issues still page.
-    issued = await gql(admin, HISTORY, a=a, id=id_, after=encode_cursor(2))
+    issued = await gql(admin, HISTORY, a=a, id=id_, after=cursors.pack([2]))
     assert issued.ok()["agentMemory"]["history"]["nodes"] == [{"version": 1}]
 
 
@@ -81,9 +82,9 @@ def test_m56_issued_cursors_decode_to_their_values() -> None:
 
     instant = datetime(2026, 1, 1, 12, tzinfo=UTC)
     memory_id = uuid.uuid4()
-    assert decode_cursor(encode_cursor(instant, memory_id), 2) == (instant, memory_id)
-    assert decode_cursor(encode_cursor(2**31 - 1), 1) == (2**31 - 1,)
-    assert decode_cursor(encode_cursor("chat-1"), 1) == ("chat-1",)
+    assert CREATED_ID.decode(CREATED_ID.encode(instant, memory_id)) == (instant, memory_id)
+    assert cursors.Keyset(cursors.INT4).decode(cursors.pack([2**31 - 1])) == (2**31 - 1,)
+    assert cursors.Keyset(cursors.TEXT).decode(cursors.pack(["chat-1"])) == ("chat-1",)
 
 
 SEARCH_CURSORS = {

@@ -30,8 +30,9 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
+from app.db.cursors import pack
 from app.executions import store as executions_store
-from app.graphql.relay import encode_cursor, global_id
+from app.graphql.relay import global_id
 from app.memory.service import MemoryWork
 from app.runtime import turns
 from app.runtime.model import ModelClient, ToolCall
@@ -701,7 +702,7 @@ async def test_crafted_global_ids_and_cursors_are_bad_requests(
         transcript(first: 2, after: $after) { nodes { sequence } }
     } }"""
     for beyond in (2**31, 2**70, -1):
-        page = await gql(admin, transcript, id=executed["executionId"], after=encode_cursor(beyond))
+        page = await gql(admin, transcript, id=executed["executionId"], after=pack([beyond]))
         assert page.codes == ["BAD_REQUEST"], page.errors
 
 

@@ -140,6 +140,17 @@ async def get_action(
         return await load_action(conn, caller.account_id, action_id, version)
 
 
+async def get_action_versions(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, int]]
+) -> dict[tuple[UUID, int], ActionVersion]:
+    """The caller's actions at the (action_id, version) of `keys` that exist, in one query;
+    no grant needed, as `get_action`."""
+    async with pool.acquire() as conn:
+        rows = await store.get_versions(conn, caller.account_id, keys)
+    found = (ActionVersion.of(r) for r in rows)
+    return {(a.action_id, a.version): a for a in found}
+
+
 def require_document(caller: Caller) -> None:
     """Reading an action's document (name, instructions, model, harness, ...)."""
     caller.require(("SELECT", resources.ACTION))

@@ -93,6 +93,22 @@ async def get_version(
     )
 
 
+async def get_versions(
+    conn: asyncpg.Connection, account_id: UUID, keys: list[tuple[UUID, int]]
+) -> list[asyncpg.Record]:
+    """The versions named by (action_id, version), those that exist, in any order."""
+    return await conn.fetch(
+        _VERSION
+        + """
+        WHERE v.account_id = $1
+          AND (v.action_id, v.version) IN (SELECT * FROM unnest($2::uuid[], $3::int[]))
+        """,
+        account_id,
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+    )
+
+
 async def list_current(
     conn: asyncpg.Connection, account_id: UUID, limit: int, after: tuple[Any, UUID] | None
 ) -> list[asyncpg.Record]:

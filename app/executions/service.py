@@ -88,6 +88,27 @@ async def get_session(
     return Session.of(row) if row else None
 
 
+async def get_executions(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, UUID]]
+) -> dict[tuple[UUID, UUID], Execution]:
+    """The executions named by (action_id, execution_id) that exist, in one query."""
+    caller.require(("SELECT", resources.EXECUTION_DOCUMENT))
+    async with pool.acquire() as conn:
+        rows = await store.get_executions(conn, caller.account_id, [k[1] for k in keys])
+    found = {(r["action_id"], r["execution_id"]): Execution.of(r) for r in rows}
+    return {k: found[k] for k in keys if k in found}
+
+
+async def get_sessions(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, str]]
+) -> dict[tuple[UUID, str], Session]:
+    """The sessions named by (action_id, session_id) that exist, in one query."""
+    caller.require(("SELECT", resources.SESSION_INDEX))
+    async with pool.acquire() as conn:
+        rows = await store.get_sessions(conn, caller.account_id, keys)
+    return {(r["action_id"], r["session_id"]): Session.of(r) for r in rows}
+
+
 async def list_transcript(
     pool: asyncpg.Pool,
     caller: Caller,

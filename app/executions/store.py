@@ -72,6 +72,16 @@ async def get_execution(
     )
 
 
+async def get_executions(
+    conn: asyncpg.Connection, account_id: UUID, execution_ids: list[UUID]
+) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM executions WHERE account_id = $1 AND execution_id = any($2::uuid[])",
+        account_id,
+        execution_ids,
+    )
+
+
 async def ensure_session(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
 ) -> Row:
@@ -95,6 +105,22 @@ async def get_session(
         account_id,
         action_id,
         session_id,
+    )
+
+
+async def get_sessions(
+    conn: asyncpg.Connection, account_id: UUID, keys: list[tuple[UUID, str]]
+) -> list[Row]:
+    """The sessions named by (action_id, session_id), those that exist, in any order."""
+    return await conn.fetch(
+        """
+        SELECT * FROM sessions
+        WHERE account_id = $1
+          AND (action_id, session_id) IN (SELECT * FROM unnest($2::uuid[], $3::text[]))
+        """,
+        account_id,
+        [k[0] for k in keys],
+        [k[1] for k in keys],
     )
 
 

@@ -1,6 +1,5 @@
 """GraphQL types and operations for agents (actions) and their versions."""
 
-from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -10,20 +9,18 @@ from strawberry.permission import BasePermission
 from app.actions import service
 from app.actions.service import ActionVersion
 from app.errors import BadInput
-from app.graphql.context import Info
+from app.graphql.context import Info, batch_loader
 from app.graphql.executions import ActionExecutionFields
 from app.graphql.memory import ActionMemoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
+    CREATED_ID,
     FIRST,
     Connection,
     Node,
-    check_first,
-    connection,
-    decode_cursor,
-    encode_cursor,
     global_id,
+    keyset_connection,
     parse_int4,
     parse_uuid,
 )
@@ -113,10 +110,7 @@ class Action(ActionExecutionFields, ActionMemoryFields, Node):
         )
 
 
-async def load_action_version(info: Info, action_id: UUID, version: int) -> ActionVersion | None:
-    return await service.get_action(
-        info.context.pool, info.context.caller, action_id=action_id, version=version
-    )
+batch_loader("Action", service.get_action_versions, Action.of)
 
 
 @node_type("Action")
@@ -124,10 +118,7 @@ async def _action_node(info: Info, parts: list[str]) -> Action | None:
     version = parse_int4(parts[1]) if len(parts) == 2 else None
     if version is None:
         raise BadInput("an Action ID names an action and a version")
-    found = await service.get_action(
-        info.context.pool, info.context.caller, action_id=parse_uuid(parts[0]), version=version
-    )
-    return Action.of(found) if found else None
+    return await info.context.load("Action", (parse_uuid(parts[0]), version))
 
 
 @strawberry.type(description="Reading agents.")
@@ -149,24 +140,18 @@ class ActionQuery:
 
     @strawberry.field(description="The account's agents, newest first.")
     async def actions(self, info: Info, first: FIRST, after: AFTER = None) -> Connection[Action]:
-        check_first(first)
-        cursor = decode_cursor(after, 2)
-        if cursor is not None and not (
-            isinstance(cursor[0], datetime) and isinstance(cursor[1], UUID)
-        ):
-            raise BadInput("`after` is not a cursor this connection issued")
-        rows = await service.list_actions(
-            info.context.pool,
-            info.context.caller,
-            limit=first + 1,
-            after=(cursor[0], cursor[1]) if cursor else None,
-        )
-        return connection(
-            rows,
+        return await keyset_connection(
             first,
-            lambda a: encode_cursor(a.created, a.action_id),
+            after,
+            CREATED_ID,
+            lambda keyset, limit: service.list_actions(
+                info.context.pool,
+                info.context.caller,
+                limit,
+                keyset,  # type: ignore[arg-type]
+            ),
+            lambda a: (a.created, a.action_id),
             Action.of,
-            has_previous=after is not None,
         )
 
 

@@ -11,43 +11,39 @@ from app.auth import service
 from app.auth.operations import permissions
 from app.auth.service import Client as ClientRecord
 from app.auth.service import TokenInfo
+from app.db import cursors
+from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.graphql.context import Info
+from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
     FIRST,
     Connection,
     Node,
-    check_first,
-    connection,
-    decode_cursor,
-    encode_cursor,
     global_id,
+    keyset_connection,
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp
 
 
-@strawberry.enum(
-    description="Whether a policy allows or denies: a request is allowed when at least one "
-    "ALLOW policy matches its verb and resource and no DENY policy does."
+@graphql_enum(
+    "Whether a policy allows or denies: a request is allowed when at least one ALLOW policy "
+    "matches its verb and resource and no DENY policy does."
 )
 class PolicyEffect(Enum):
-    ALLOW = strawberry.enum_value("ALLOW", description="Allows the verbs on the resources.")
-    DENY = strawberry.enum_value(
-        "DENY", description="Denies the verbs on the resources, whatever ALLOW policies say."
-    )
+    ALLOW = "Allows the verbs on the resources."
+    DENY = "Denies the verbs on the resources, whatever ALLOW policies say."
 
 
-@strawberry.enum(description="A verb a policy allows or denies (docs/access.md: what each does).")
+@graphql_enum("A verb a policy allows or denies (docs/access.md: what each does).")
 class PolicyAction(Enum):
-    SELECT = strawberry.enum_value("SELECT", description="Read and list.")
-    INSERT = strawberry.enum_value("INSERT", description="Create, and run turns.")
-    UPDATE = strawberry.enum_value("UPDATE", description="Change, and delete memory records.")
-    DELETE = strawberry.enum_value(
-        "DELETE", description="Delete clients, revoke tokens, erase sessions."
-    )
+    SELECT = "Read and list."
+    INSERT = "Create, and run turns."
+    UPDATE = "Change, and delete memory records."
+    DELETE = "Delete clients, revoke tokens, erase sessions."
 
 
 EFFECT = "ALLOW or DENY; DENY wins."
@@ -121,6 +117,7 @@ ACCOUNT_ID = Annotated[
     ),
 ]
 PRINCIPAL = Annotated[str, strawberry.argument(description="The client's principal.")]
+PRINCIPALS = Keyset(cursors.TEXT)  # clients by principal
 
 
 def _timestamp(value: datetime | None) -> Timestamp | None:
@@ -285,23 +282,19 @@ class AuthQuery:
     async def clients(
         self, info: Info, first: FIRST, after: AFTER = None, account_id: ACCOUNT_ID = None
     ) -> Connection[Client]:
-        check_first(first)
-        cursor = decode_cursor(after, 1)
-        if cursor is not None and not isinstance(cursor[0], str):
-            raise BadInput("`after` is not a cursor this connection issued")
-        found = await service.list_clients(
-            info.context.pool,
-            info.context.caller,
-            account_id=account_id,
-            after=cursor[0] if cursor else None,
-            limit=first + 1,
-        )
-        return connection(
-            found,
+        return await keyset_connection(
             first,
-            lambda c: encode_cursor(c.principal),
+            after,
+            PRINCIPALS,
+            lambda principal, limit: service.list_clients(
+                info.context.pool,
+                info.context.caller,
+                account_id,
+                after=principal[0] if principal else None,
+                limit=limit,
+            ),
+            lambda c: (c.principal,),
             Client.of,
-            has_previous=after is not None,
         )
 
     @strawberry.field(

@@ -1,13 +1,35 @@
-"""The per-request context: who is asking, and the service's state."""
+"""The per-request context: who is asking, the service's state, and the request's DataLoaders."""
 
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from functools import partial
 from typing import Any
 
 import asyncpg
+from strawberry.dataloader import DataLoader
 from strawberry.fastapi import BaseContext
 from strawberry.types import Info as StrawberryInfo
 
 from app.auth.caller import Caller
 from app.state import AppState
+
+BatchLoad = Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[list[Any]]]
+_BATCHES: dict[str, BatchLoad] = {}
+
+
+def batch_loader(
+    type_name: str,
+    find: Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[Mapping[Any, Any]]],
+    make: Callable[[Any], Any],
+) -> None:
+    """Registers how the objects of a type others point at are read, a batch of keys at a
+    time: `find` returns the records at the keys that have one, in one query (`= any($n)`),
+    with the grant checks of one read; `make` turns a record into the GraphQL object."""
+
+    async def load(pool: asyncpg.Pool, caller: Caller, keys: list[Any]) -> list[Any]:
+        found = await find(pool, caller, keys)
+        return [make(found[k]) if k in found else None for k in keys]
+
+    _BATCHES[type_name] = load
 
 
 class Context(BaseContext):
@@ -15,10 +37,22 @@ class Context(BaseContext):
         super().__init__()
         self.state = state
         self.caller = caller
+        self._loaders: dict[str, DataLoader[Any, Any]] = {}
 
     @property
     def pool(self) -> asyncpg.Pool:
         return self.state.pool
+
+    def load(self, type_name: str, key: Hashable) -> Awaitable[Any]:
+        """The object of `type_name` at `key` (None if none), read with the others this
+        request's resolvers ask for meanwhile, and kept for the rest of the request."""
+        loader = self._loaders.get(type_name)
+        if loader is None:
+            # The pool and caller, not the context: a loader holding its context would make a
+            # cycle that only the garbage collector frees, with everything the request loaded.
+            loader = DataLoader(load_fn=partial(_BATCHES[type_name], self.pool, self.caller))
+            self._loaders[type_name] = loader
+        return loader.load(key)
 
 
 Info = StrawberryInfo[Context, Any]

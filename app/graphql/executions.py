@@ -6,64 +6,54 @@ from uuid import UUID
 
 import strawberry
 
+from app.db import cursors
+from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.executions import service as executions
 from app.executions.service import Execution, Session, TranscriptEvent
-from app.graphql.context import Info
+from app.graphql.context import Info, batch_loader
+from app.graphql.enums import graphql_enum
 from app.graphql.history import SessionHistoryFields
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
+    CREATED_ID,
     FIRST,
     Connection,
     Node,
-    check_first,
-    connection,
-    decode_cursor,
-    decode_keyset,
-    encode_cursor,
     global_id,
+    keyset_connection,
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
 from app.runtime import erase, redaction, turns
 
-# Transcript sequences are PostgreSQL integers: a larger cursor value is no cursor of ours.
-_MAX_SEQUENCE = 2**31 - 1
+# Action is above this module (it lists executions): named lazily, read through its DataLoader.
+ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # noqa: F821
+SESSIONS = Keyset(cursors.INSTANT, cursors.TEXT)  # (created, session_id)
+TRANSCRIPT = Keyset(cursors.SEQUENCE)  # transcript sequences are PostgreSQL integers
 
 
-@strawberry.enum(description="Where an execution is.")
+@graphql_enum("Where an execution is.")
 class ActionExecutionStatus(Enum):
-    RUNNING = strawberry.enum_value(
-        "RUNNING",
-        description="Under way. A turn whose process dies is failed by another process once its "
-        "heartbeat is older than ENGRAM_TURN_LEASE_SECONDS.",
+    RUNNING = (
+        "Under way. A turn whose process dies is failed by another process once its heartbeat is "
+        "older than ENGRAM_TURN_LEASE_SECONDS."
     )
-    SUCCEEDED = strawberry.enum_value(
-        "SUCCEEDED", description="Committed: its memory, output and transcript together."
-    )
-    FAILED = strawberry.enum_value(
-        "FAILED",
-        description="Failed: only its transcript is kept, and `error` says what to change; retry "
-        "it with its executionId.",
+    SUCCEEDED = "Committed: its memory, output and transcript together."
+    FAILED = (
+        "Failed: only its transcript is kept, and `error` says what to change; retry it with its "
+        "executionId."
     )
 
 
-@strawberry.enum(description="What an execution is.")
+@graphql_enum("What an execution is.")
 class ActionExecutionKind(Enum):
-    TURN = strawberry.enum_value("TURN", description="A turn of an agent (executeAction).")
-    OPERATOR = strawberry.enum_value(
-        "OPERATOR", description="An operator's memory write (addAgentMemory, deleteAgentMemory)."
-    )
-    MCP = strawberry.enum_value(
-        "MCP", description="One tool call of a client over MCP (/mcp/{actionId})."
-    )
-    INGEST = strawberry.enum_value(
-        "INGEST", description="A conversation handed in for review (rememberConversation)."
-    )
-    ERASE = strawberry.enum_value(
-        "ERASE", description="A session's words erased for good (eraseSession)."
-    )
+    TURN = "A turn of an agent (executeAction)."
+    OPERATOR = "An operator's memory write (addAgentMemory, deleteAgentMemory)."
+    MCP = "One tool call of a client over MCP (/mcp/{actionId})."
+    INGEST = "A conversation handed in for review (rememberConversation)."
+    ERASE = "A session's words erased for good (eraseSession)."
 
 
 @strawberry.type(
@@ -95,22 +85,20 @@ class ActionExecutionEvent:
 async def list_executions(
     info: Info, action_id: UUID, session_id: str | None, first: int, after: str | None
 ) -> Connection["ActionExecution"]:
-    check_first(first)
-    keyset = decode_keyset(after, UUID)
-    rows = await executions.list_executions(
-        info.context.pool,
-        info.context.caller,
-        action_id,
-        session_id,
-        keyset,
-        first + 1,
-    )
-    return connection(
-        rows,
+    return await keyset_connection(
         first,
-        lambda e: encode_cursor(e.created, e.execution_id),
+        after,
+        CREATED_ID,
+        lambda keyset, limit: executions.list_executions(
+            info.context.pool,
+            info.context.caller,
+            action_id,
+            session_id,
+            keyset,  # type: ignore[arg-type]
+            limit,
+        ),
+        lambda e: (e.created, e.execution_id),
         ActionExecution.of,
-        has_previous=after is not None,
     )
 
 
@@ -188,13 +176,8 @@ class ActionExecution(Node):
         return Value(_memory_view(info, self.record.output))
 
     @strawberry.field(description="The agent at the version that ran this execution.")
-    async def action(
-        self, info: Info
-    ) -> Annotated["Action", strawberry.lazy("app.graphql.actions")] | None:  # noqa: F821
-        from app.graphql.actions import Action, load_action_version
-
-        found = await load_action_version(info, self.action_id, self.action_version)
-        return Action.of(found) if found else None
+    async def action(self, info: Info) -> ACTION | None:
+        return await info.context.load("Action", (self.action_id, self.action_version))
 
     @strawberry.field(
         description="The session the turn belongs to; null for an agent without sessions."
@@ -202,7 +185,7 @@ class ActionExecution(Node):
     async def session(self, info: Info) -> "ActionSession | None":
         if self.session_id is None:
             return None
-        return await load_session(info, self.action_id, self.session_id)
+        return await info.context.load("ActionSession", (self.action_id, self.session_id))
 
     @strawberry.field(
         description="The turn's events in order, every invocation's, failed attempts included. "
@@ -212,29 +195,21 @@ class ActionExecution(Node):
     async def transcript(
         self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionExecutionEvent]:
-        check_first(first)
-        cursor = decode_cursor(after, 1)
-        if cursor is not None and (
-            isinstance(cursor[0], bool)
-            or not isinstance(cursor[0], int)
-            or not 0 <= cursor[0] <= _MAX_SEQUENCE
-        ):
-            raise BadInput("`after` is not a cursor this connection issued")
-        rows = await executions.list_transcript(
-            info.context.pool,
-            info.context.caller,
-            self.action_id,
-            self.execution_id,
-            cursor[0] if cursor else None,
-            first + 1,
-        )
         reads_memory = redaction.may_read(info.context.caller)
-        return connection(
-            rows,
+        return await keyset_connection(
             first,
-            lambda e: encode_cursor(e.sequence),
+            after,
+            TRANSCRIPT,
+            lambda sequence, limit: executions.list_transcript(
+                info.context.pool,
+                info.context.caller,
+                self.action_id,
+                self.execution_id,
+                sequence[0] if sequence else None,
+                limit,
+            ),
+            lambda e: (e.sequence,),
             lambda e: ActionExecutionEvent.of(e, reads_memory),
-            has_previous=after is not None,
         )
 
 
@@ -282,21 +257,19 @@ class ActionExecutionFields:
     async def sessions(
         self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionSession]:
-        check_first(first)
-        keyset = decode_keyset(after, str)
-        rows = await executions.list_sessions(
-            info.context.pool,
-            info.context.caller,
-            self.action_id,  # type: ignore[attr-defined]
-            keyset,
-            first + 1,
-        )
-        return connection(
-            rows,
+        return await keyset_connection(
             first,
-            lambda s: encode_cursor(s.created, s.session_id),
+            after,
+            SESSIONS,
+            lambda keyset, limit: executions.list_sessions(
+                info.context.pool,
+                info.context.caller,
+                self.action_id,  # type: ignore[attr-defined]
+                keyset,  # type: ignore[arg-type]
+                limit,
+            ),
+            lambda s: (s.created, s.session_id),
             ActionSession.of,
-            has_previous=after is not None,
         )
 
     @strawberry.field(description="The agent's executions, of every session or none, newest first.")
@@ -313,18 +286,8 @@ def _memory_view(info: Info, value: object) -> object:
     return redaction.execution_value(value)
 
 
-async def load_execution(info: Info, action_id: UUID, execution_id: UUID) -> ActionExecution | None:
-    found = await executions.get_execution(
-        info.context.pool, info.context.caller, execution_id, action_id
-    )
-    return ActionExecution.of(found) if found else None
-
-
-async def load_session(info: Info, action_id: UUID, session_id: str) -> ActionSession | None:
-    found = await executions.get_session(
-        info.context.pool, info.context.caller, action_id, session_id
-    )
-    return ActionSession.of(found) if found else None
+batch_loader("ActionExecution", executions.get_executions, ActionExecution.of)
+batch_loader("ActionSession", executions.get_sessions, ActionSession.of)
 
 
 def _key(parts: list[str], type_name: str) -> tuple[str, str]:
@@ -337,13 +300,15 @@ def _key(parts: list[str], type_name: str) -> tuple[str, str]:
 @node_type("ActionExecution")
 async def _execution_node(info: Info, parts: list[str]) -> ActionExecution | None:
     action_id, execution_id = _key(parts, "ActionExecution")
-    return await load_execution(info, parse_uuid(action_id), parse_uuid(execution_id))
+    return await info.context.load(
+        "ActionExecution", (parse_uuid(action_id), parse_uuid(execution_id))
+    )
 
 
 @node_type("ActionSession")
 async def _session_node(info: Info, parts: list[str]) -> ActionSession | None:
     action_id, session_id = _key(parts, "ActionSession")
-    return await load_session(info, parse_uuid(action_id), session_id)
+    return await info.context.load("ActionSession", (parse_uuid(action_id), session_id))
 
 
 @strawberry.type

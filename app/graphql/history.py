@@ -7,19 +7,19 @@ from uuid import UUID
 
 import strawberry
 
+from app.db import cursors
+from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.graphql.context import Info
+from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
     FIRST,
     Connection,
     Node,
-    check_first,
-    connection,
-    decode_cursor,
-    encode_cursor,
     global_id,
+    keyset_connection,
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
@@ -28,16 +28,11 @@ from app.history.search import MAX_LIMIT, Event
 from app.runtime import redaction
 
 
-@strawberry.enum(description="Who a kept event is from.")
+@graphql_enum("Who a kept event is from.")
 class ActionHistoryWho(Enum):
-    USER = strawberry.enum_value("user", description="The turn's input, as the agent received it.")
-    AGENT = strawberry.enum_value(
-        "agent", description="A reply of the agent, with the tools it called."
-    )
-    TOOL = strawberry.enum_value(
-        "tool",
-        description="A tool's result or error (kept with index: messages_and_tools).",
-    )
+    USER = ("user", "The turn's input, as the agent received it.")
+    AGENT = ("agent", "A reply of the agent, with the tools it called.")
+    TOOL = ("tool", "A tool's result or error (kept with index: messages_and_tools).")
 
 
 @strawberry.type(
@@ -121,13 +116,7 @@ def shown(info: Info, event: Event) -> Event:
     return replace(event, data=data, text=text, part_text=text if event.part_text else None)
 
 
-def _check_turn_cursor(after: str | None) -> tuple[int, int] | None:
-    cursor = decode_cursor(after, 2)
-    if cursor is None:
-        return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in cursor):
-        raise BadInput("`after` is not a cursor this connection issued")
-    return cursor[0], cursor[1]
+CONVERSATION = Keyset(cursors.INT4, cursors.INT4)  # (turn, sequence)
 
 
 @strawberry.type
@@ -142,22 +131,21 @@ class SessionHistoryFields:
     async def history(
         self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection[ActionHistoryEvent]:
-        check_first(first)
         action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
-        rows = await service.list_events(
-            info.context.pool,
-            info.context.caller,
-            action_id=action_id,
-            session_id=session_id,
-            after=_check_turn_cursor(after),
-            limit=first + 1,
-        )
-        return connection(
-            rows,
+        return await keyset_connection(
             first,
-            lambda e: encode_cursor(e.turn, e.sequence),
+            after,
+            CONVERSATION,
+            lambda position, limit: service.list_events(
+                info.context.pool,
+                info.context.caller,
+                action_id,
+                session_id,
+                position,  # type: ignore[arg-type]
+                limit,
+            ),
+            lambda e: (e.turn, e.sequence),
             lambda e: ActionHistoryEvent.of(action_id, shown(info, e)),
-            has_previous=after is not None,
         )
 
     @strawberry.field(

@@ -7,6 +7,7 @@ from uuid import UUID
 import strawberry
 
 from app.graphql.context import Info
+from app.graphql.enums import graphql_enum
 from app.graphql.executions import ActionExecutionStatus
 from app.graphql.memory import ActionAgentMemory
 from app.graphql.scalars import Timestamp
@@ -46,18 +47,12 @@ class RememberConversationInput:
     )
 
 
-@strawberry.enum(description="What the review did with a fact it found.")
+@graphql_enum("What the review did with a fact it found.")
 class MemoryReviewAction(Enum):
-    ADD = strawberry.enum_value("add", description="Kept it as a new record.")
-    REPLACE = strawberry.enum_value(
-        "replace", description="Kept it as a record that replaces one it corrects."
-    )
-    DELETE = strawberry.enum_value(
-        "delete", description="Deleted a record the conversation shows wrong."
-    )
-    SKIP = strawberry.enum_value(
-        "skip", description="Kept nothing: a record already says it, or it is not worth keeping."
-    )
+    ADD = ("add", "Kept it as a new record.")
+    REPLACE = ("replace", "Kept it as a record that replaces one it corrects.")
+    DELETE = ("delete", "Deleted a record the conversation shows wrong.")
+    SKIP = ("skip", "Kept nothing: a record already says it, or it is not worth keeping.")
 
 
 @strawberry.type(description="What the review decided for one fact it found.")

@@ -7,23 +7,25 @@ from uuid import UUID
 import strawberry
 
 from app.actions.service import ActionVersion
+from app.db import cursors
+from app.db.cursors import Keyset
 from app.errors import BadInput, NotFound
 from app.graphql.context import Info
+from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
+    CREATED_ID,
     FIRST,
-    INT4_MAX,
     Connection,
     Node,
     PageInfo,
     SortOrder,
     check_first,
-    connection,
-    decode_cursor,
-    decode_keyset,
-    encode_cursor,
     global_id,
+    keyset_connection,
+    page,
+    parse_int4,
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
@@ -31,10 +33,12 @@ from app.memory import operator
 from app.memory import search as memory_search
 from app.memory.operator import LabelValue, MemoryView, OperatorMemory
 
-if TYPE_CHECKING:
-    from app.graphql.actions import Action
-    from app.graphql.executions import ActionExecution, ActionSession
-
+# The types a record points at are above this module (they list records): named lazily, and
+# read through the request's DataLoaders, which their modules register (app/graphql/context.py).
+ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # noqa: F821
+EXECUTION = Annotated["ActionExecution", strawberry.lazy("app.graphql.executions")]  # noqa: F821
+SESSION = Annotated["ActionSession", strawberry.lazy("app.graphql.executions")]  # noqa: F821
+VERSIONS = Keyset(cursors.INT4)  # a record's history, by version
 
 # Arguments several fields take, described once.
 ACTION_ID = Annotated[UUID, strawberry.argument(description="The agent (action) the record is of.")]
@@ -47,46 +51,31 @@ VERSION = Annotated[
 ]
 
 
-@strawberry.enum(description="A record's status: whether the agent still recalls it.")
+@graphql_enum("A record's status: whether the agent still recalls it.")
 class ActionAgentMemoryStatus(Enum):
-    ACTIVE = strawberry.enum_value("ACTIVE", description="Recalled and searched by the agent.")
-    DELETED = strawberry.enum_value(
-        "DELETED",
-        description="Deleted: no longer recalled, and readable with its versions through "
-        "agentMemory and its history.",
+    ACTIVE = "Recalled and searched by the agent."
+    DELETED = (
+        "Deleted: no longer recalled, and readable with its versions through agentMemory and its "
+        "history."
     )
-    SUPERSEDED = strawberry.enum_value(
-        "SUPERSEDED",
-        description="Another record replaced it (it corrects this one): `replacedBy` names it.",
-    )
+    SUPERSEDED = "Another record replaced it (it corrects this one): `replacedBy` names it."
 
 
-@strawberry.enum(description="Which sessions recall a record.")
+@graphql_enum("Which sessions recall a record.")
 class ActionAgentMemoryScope(Enum):
-    SESSION = strawberry.enum_value(
-        "SESSION", description="Recalled only by the session that wrote it."
-    )
-    AGENT = strawberry.enum_value(
-        "AGENT",
-        description="Recalled by every session of the agent that reads agent scope, so what the "
-        "agent learns in one session informs the next.",
+    SESSION = "Recalled only by the session that wrote it."
+    AGENT = (
+        "Recalled by every session of the agent that reads agent scope, so what the agent learns "
+        "in one session informs the next."
     )
 
 
-@strawberry.enum(description="What wrote a record.")
+@graphql_enum("What wrote a record.")
 class ActionAgentMemorySource(Enum):
-    EXTRACTION = strawberry.enum_value(
-        "EXTRACTION", description="The memory review at the end of a turn."
-    )
-    TOOL = strawberry.enum_value(
-        "TOOL", description="The agent's own add_memory tool during a turn."
-    )
-    OPERATOR = strawberry.enum_value(
-        "OPERATOR", description="An operator, with addAgentMemory (an execution of its own)."
-    )
-    MCP = strawberry.enum_value(
-        "MCP", description="A client's tool call over MCP (/mcp/{actionId}), as the agent."
-    )
+    EXTRACTION = "The memory review at the end of a turn."
+    TOOL = "The agent's own add_memory tool during a turn."
+    OPERATOR = "An operator, with addAgentMemory (an execution of its own)."
+    MCP = "A client's tool call over MCP (/mcp/{actionId}), as the agent."
 
 
 @strawberry.type(description="A label value of a record: the label's fixed number, and its name.")
@@ -239,56 +228,40 @@ class ActionAgentMemory(Node):
         )
 
     @strawberry.field(description="The agent at `actionVersion`, the version that wrote it.")
-    async def action(
-        self, info: Info
-    ) -> Annotated["Action", strawberry.lazy("app.graphql.actions")]:
-        from app.graphql.actions import Action, load_action_version
-
-        found = await load_action_version(info, self.action_id, self.action_version)
+    async def action(self, info: Info) -> ACTION:
+        found = await info.context.load("Action", (self.action_id, self.action_version))
         if found is None:
             raise NotFound(f"action {self.action_id} version {self.action_version} not found")
-        return Action.of(found)
+        return found
 
     @strawberry.field(description="The session whose turn wrote it; null without a session.")
-    async def session(
-        self, info: Info
-    ) -> Annotated["ActionSession", strawberry.lazy("app.graphql.executions")] | None:
-        from app.graphql.executions import load_session
-
+    async def session(self, info: Info) -> SESSION | None:
         if self.session_id is None:
             return None
-        return await load_session(info, self.action_id, self.session_id)
+        return await info.context.load("ActionSession", (self.action_id, self.session_id))
 
     @strawberry.field(description="The execution whose turn (or operator call) wrote it.")
-    async def execution(
-        self, info: Info
-    ) -> Annotated["ActionExecution", strawberry.lazy("app.graphql.executions")] | None:
-        from app.graphql.executions import load_execution
-
-        return await load_execution(info, self.action_id, self.execution_id)
+    async def execution(self, info: Info) -> EXECUTION | None:
+        return await info.context.load("ActionExecution", (self.action_id, self.execution_id))
 
     @strawberry.field(description="Every version of the record, deleted or not, newest first.")
     async def history(
         self, info: Info, first: FIRST, after: AFTER = None
     ) -> Connection["ActionAgentMemory"]:
-        check_first(first)
-        cursor = decode_cursor(after, 1)
-        if cursor is not None and not isinstance(cursor[0], int):
-            raise BadInput("`after` is not a cursor this connection issued")
-        views = await operator.memory_history(
-            info.context.pool,
-            info.context.caller,
-            self.action_id,
-            self.memory_id,
-            limit=first + 1,
-            before_version=cursor[0] if cursor else None,
-        )
-        return connection(
-            views,
+        return await keyset_connection(
             first,
-            lambda v: encode_cursor(v.record.version),
+            after,
+            VERSIONS,
+            lambda before, limit: operator.memory_history(
+                info.context.pool,
+                info.context.caller,
+                self.action_id,
+                self.memory_id,
+                limit=limit,
+                before_version=before[0] if before else None,
+            ),
+            lambda v: (v.record.version,),
             lambda v: ActionAgentMemory.of(v, exact_version=True),
-            has_previous=after is not None,
         )
 
 
@@ -303,20 +276,15 @@ async def _read(
     return ActionAgentMemory.of(found, exact_version=version is not None)
 
 
-@strawberry.enum(description="How a search with a query ranks records.")
+@graphql_enum("How a search with a query ranks records.")
 class ActionAgentMemorySearchMode(Enum):
-    HYBRID = strawberry.enum_value(
+    HYBRID = (
         "hybrid",
-        description="By meaning and shared words together (the default): the cosine similarity "
-        "and the text rank scaled to the best match, fused.",
+        "By meaning and shared words together (the default): the cosine similarity and the text "
+        "rank scaled to the best match, fused.",
     )
-    LEXICAL = strawberry.enum_value(
-        "lexical", description="By the words a record shares with the query (full text)."
-    )
-    VECTOR = strawberry.enum_value(
-        "vector",
-        description="By meaning: the similarity of the record's embedding to the query's.",
-    )
+    LEXICAL = ("lexical", "By the words a record shares with the query (full text).")
+    VECTOR = ("vector", "By meaning: the similarity of the record's embedding to the query's.")
 
 
 @strawberry.type(
@@ -391,7 +359,6 @@ class ActionMemoryFields:
             ),
         ] = None,
     ) -> Connection[ActionAgentMemory]:
-        check_first(first)
         filters = operator.MemoryFilters(
             kind=kind,
             labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
@@ -399,21 +366,21 @@ class ActionMemoryFields:
             preview=preview,
             statuses=[s.value for s in status] if status is not None else None,
         )
-        views = await operator.list_memories(
-            info.context.pool,
-            info.context.caller,
-            self.action_id,
-            limit=first + 1,
-            after=decode_keyset(after, UUID),
-            ascending=sort == SortOrder.ASC,
-            filters=filters,
-        )
-        return connection(
-            views,
+        return await keyset_connection(
             first,
-            lambda v: encode_cursor(v.record.created, v.record.memory_id),
+            after,
+            CREATED_ID,
+            lambda keyset, limit: operator.list_memories(
+                info.context.pool,
+                info.context.caller,
+                self.action_id,
+                limit=limit,
+                after=keyset,  # type: ignore[arg-type]
+                ascending=sort == SortOrder.ASC,
+                filters=filters,
+            ),
+            lambda v: (v.record.created, v.record.memory_id),
             ActionAgentMemory.of,
-            has_previous=after is not None,
         )
 
     @strawberry.field(
@@ -473,7 +440,7 @@ class ActionMemoryFields:
         check_first(first, memory_search.MAX_PAGE)
         embedder = info.context.state.embedder
         assert embedder is not None, "the embedding service starts with the app"
-        views, cursors = await memory_search.search_as_operator(
+        views, issued = await memory_search.search_as_operator(
             info.context.pool,
             embedder,
             info.context.caller,
@@ -488,23 +455,16 @@ class ActionMemoryFields:
             max_query_chars=info.context.state.settings.max_search_query_chars,
             action=_current(self),
         )
-        edges = [
-            ActionAgentMemorySearchEdge(
-                cursor=cursor,
-                node=ActionAgentMemory.of(v),
-                score=v.record.score if v.record.score is not None else 0.0,
-            )
-            for v, cursor in zip(views[:first], cursors, strict=False)
-        ]
-        return ActionAgentMemorySearchConnection(
-            edges=edges,
-            nodes=[e.node for e in edges],
-            page_info=PageInfo(
-                has_next_page=len(views) > first,
-                has_previous_page=after is not None,
-                start_cursor=edges[0].cursor if edges else None,
-                end_cursor=edges[-1].cursor if edges else None,
+        return page(
+            list(zip(views, issued, strict=False)),
+            first,
+            after,
+            lambda found: ActionAgentMemorySearchEdge(
+                cursor=found[1],
+                node=ActionAgentMemory.of(found[0]),
+                score=found[0].record.score if found[0].record.score is not None else 0.0,
             ),
+            ActionAgentMemorySearchConnection,
         )
 
 
@@ -517,16 +477,9 @@ def _current(fields: ActionMemoryFields) -> ActionVersion | None:
     return None
 
 
-def _node_version(part: str) -> int | None:
-    """The version a node ID names; None when it names none a record can have (an int4)."""
-    if part.isascii() and part.isdigit() and len(part) <= 10 and int(part) <= INT4_MAX:
-        return int(part)
-    return None
-
-
 @node_type("ActionAgentMemory")
 async def _memory_node(info: Info, parts: list[str]) -> ActionAgentMemory | None:
-    version = _node_version(parts[2]) if len(parts) == 3 else None
+    version = parse_int4(parts[2]) if len(parts) == 3 else None
     if len(parts) not in (2, 3) or (len(parts) == 3 and version is None):
         raise BadInput("an ActionAgentMemory ID names an agent, a record and maybe a version")
     return await _read(info, parse_uuid(parts[0]), parse_uuid(parts[1]), version)

@@ -3,26 +3,30 @@
 import base64
 import binascii
 import json
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
+from json.encoder import encode_basestring_ascii as quoted
 from typing import Annotated, Any, Generic, TypeVar
 from uuid import UUID
 
 import strawberry
 
+from app.db import cursors
+from app.db.cursors import INT4_MAX, Keyset
 from app.errors import BadInput
+from app.graphql.enums import graphql_enum
 from app.text import is_storable
 
 T = TypeVar("T")
-INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
-K = TypeVar("K", UUID, str)
+R = TypeVar("R")
+E = TypeVar("E")
+C = TypeVar("C")
 
 
-@strawberry.enum(description="The order of a listing.")
+@graphql_enum("The order of a listing.")
 class SortOrder(Enum):
-    ASC = strawberry.enum_value("ASC", description="Oldest first.")
-    DESC = strawberry.enum_value("DESC", description="Newest first.")
+    ASC = "Oldest first."
+    DESC = "Newest first."
 
 
 # The arguments of every connection (Relay forward paging), described once.
@@ -39,7 +43,8 @@ AFTER = Annotated[
 
 
 def global_id(type_name: str, *key: object) -> strawberry.ID:
-    raw = json.dumps([type_name, *[str(k) for k in key]], separators=(",", ":"))
+    # The JSON list of the parts as text, as json.dumps writes it (a page writes one per item).
+    raw = "[" + ",".join([quoted(type_name), *[quoted(str(k)) for k in key]]) + "]"
     return strawberry.ID(base64.urlsafe_b64encode(raw.encode()).decode().rstrip("="))
 
 
@@ -116,89 +121,45 @@ class Connection(Generic[T]):
     )
 
 
-def encode_cursor(*values: Any) -> str:
-    def plain(v: Any) -> Any:
-        if isinstance(v, datetime):
-            return {"t": v.isoformat()}
-        if isinstance(v, UUID):
-            return {"u": str(v)}
-        return v
-
-    raw = json.dumps([plain(v) for v in values], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _cursor_value(v: Any) -> Any:
-    """One keyset value as `encode_cursor` wrote it; ValueError for anything else."""
-    if isinstance(v, dict):
-        if v.keys() == {"t"} and isinstance(v["t"], str):
-            instant = datetime.fromisoformat(v["t"])
-            if instant.tzinfo is None:
-                raise ValueError("naive timestamp")
-            return instant.astimezone(UTC)  # out of range here, not in the driver
-        if v.keys() == {"u"} and isinstance(v["u"], str):
-            return UUID(v["u"])
-        raise ValueError("unknown value")
-    if isinstance(v, bool) or not isinstance(v, int | str):
-        raise ValueError("unknown value")
-    if isinstance(v, int) and not INT4_MIN <= v <= INT4_MAX:
-        raise ValueError("integer out of range")  # cursor integers reach SQL as int4
-    if isinstance(v, str) and "\x00" in v:
-        raise ValueError("NUL in text")  # PostgreSQL text cannot hold it
-    return v
-
-
-def decode_cursor(cursor: str | None, arity: int) -> tuple[Any, ...] | None:
-    """The keyset values of an `after` cursor, or None for the first page."""
-    if cursor is None:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        values = json.loads(raw)
-        if not isinstance(values, list) or len(values) != arity:
-            raise ValueError("wrong arity")
-        return tuple(_cursor_value(v) for v in values)
-    except Exception:  # a crafted cursor is the client's error, whatever it trips
-        raise BadInput("`after` is not a cursor this connection issued") from None
-
-
-def decode_keyset(cursor: str | None, second: type[K]) -> tuple[datetime, K] | None:
-    """The (created, id) keyset of an `after` cursor, or None for the first page."""
-    values = decode_cursor(cursor, 2)
-    if values is None:
-        return None
-    if not (isinstance(values[0], datetime) and isinstance(values[1], second)):
-        raise BadInput("`after` is not a cursor this connection issued")
-    return values[0], values[1]
-
-
 def check_first(first: int, maximum: int = 1000) -> int:
     if first < 0 or first > maximum:
         raise BadInput(f"`first` must be from 0 to {maximum}, got {first}")
     return first
 
 
-def connection(
-    rows: Sequence[Any],
-    first: int,
-    cursor_of: Callable[[Any], str],
-    node_of: Callable[[Any], T],
-    *,
-    has_previous: bool = False,
-    edge: Callable[[str, Any], Edge[T]] | None = None,
-) -> Connection[T]:
-    """Builds a page from `rows` fetched with LIMIT first + 1 (the extra row means more)."""
-    page = list(rows[:first])
-    edges = [
-        edge(cursor_of(r), r) if edge else Edge(cursor=cursor_of(r), node=node_of(r)) for r in page
-    ]
-    return Connection(
+def page(
+    rows: Sequence[R], first: int, after: str | None, edge_of: Callable[[R], E], make: type[C]
+) -> C:
+    """A connection of `rows` fetched with LIMIT first + 1 (the extra row means more)."""
+    edges = [edge_of(r) for r in rows[:first]]
+    return make(
         edges=edges,
-        nodes=[e.node for e in edges],
+        nodes=[e.node for e in edges],  # type: ignore[attr-defined]
         page_info=PageInfo(
             has_next_page=len(rows) > first,
-            has_previous_page=has_previous,
-            start_cursor=edges[0].cursor if edges else None,
-            end_cursor=edges[-1].cursor if edges else None,
+            has_previous_page=after is not None,
+            start_cursor=edges[0].cursor if edges else None,  # type: ignore[attr-defined]
+            end_cursor=edges[-1].cursor if edges else None,  # type: ignore[attr-defined]
         ),
     )
+
+
+async def keyset_connection(
+    first: int,
+    after: str | None,
+    keyset: Keyset,
+    fetch: Callable[[tuple[Any, ...] | None, int], Awaitable[Sequence[R]]],
+    key: Callable[[R], tuple[Any, ...]],
+    node: Callable[[R], T],
+) -> Connection[T]:
+    """Every list's page: `first` checked, `after` decoded by the list's `keyset`, `fetch`ed
+    (after that keyset, first + 1 rows) and each row's cursor encoded from its `key`."""
+    check_first(first)
+    rows = await fetch(keyset.decode(after), first + 1)
+    return page(
+        rows, first, after, lambda r: Edge(cursor=keyset.encode(*key(r)), node=node(r)), Connection
+    )
+
+
+# The keysets of the lists: (created, id) for most, newest first.
+CREATED_ID = Keyset(cursors.INSTANT, cursors.ID)

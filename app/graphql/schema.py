@@ -16,6 +16,7 @@ from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.documents import DocumentCache, Documents
 from app.graphql.errors import ErrorCodes, Schema
+from app.graphql.execution import ExecutionContext
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
 from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
@@ -92,6 +93,7 @@ def build_schema(
         mutation=Mutation,
         types=[ActionSession],
         config=StrawberryConfig(scalar_map=SCALARS),
+        execution_context_class=ExecutionContext,  # a short path for plain leaf fields
         extensions=[
             # Factories, not instances: each request gets its own extension objects.
             Outcome,  # first: it reads the codes ErrorCodes gives, after it

@@ -46,12 +46,9 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   are the index plan's HNSW settings; a deeper page sets a larger `hnsw.ef_search` first.
 """
 
-import base64
-import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from uuid import UUID
 
 import asyncpg
@@ -61,6 +58,7 @@ from app.actions.harness import LABEL_NUMBERS, SEARCH_MODES, MemoryConfig, Searc
 from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
+from app.db import cursors
 from app.db.fusion import HYBRID_WEIGHT
 from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
@@ -308,28 +306,28 @@ def _labels(labels: Mapping[int, str] | None) -> dict[int, str] | None:
     return dict(labels)
 
 
+LISTING = cursors.Keyset(
+    cursors.INSTANT_TEXT,
+    cursors.ID_TEXT,
+    error="`after` is not a cursor a search issued: pass the previous page's next cursor",
+)
+RANKED = cursors.Keyset(
+    cursors.constant("ranked"),
+    cursors.SCORE,
+    cursors.INSTANT_TEXT,
+    cursors.ID_TEXT,
+    cursors.COUNT,
+    error="`after` is not a cursor a search with this query issued: pass the cursor of the "
+    "last record of the previous page, with the same query",
+)
+
+
 def _encode(last: MemoryRecord) -> str:
-    raw = json.dumps([last.created.isoformat(), str(last.memory_id)], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return LISTING.encode(last.created, last.memory_id)
 
 
 def _decode(after: str | None) -> tuple[datetime, UUID] | None:
-    if after is None:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(after + "=" * (-len(after) % 4))
-        created, memory_id = json.loads(raw)
-        if not (isinstance(created, str) and isinstance(memory_id, str)):
-            raise ValueError("not a cursor")
-        instant = datetime.fromisoformat(created)
-        if instant.tzinfo is None:
-            raise ValueError("naive timestamp")
-        # Normalized here so that a timestamp out of range fails here, not in the driver.
-        return instant.astimezone(UTC), UUID(memory_id)
-    except Exception:  # a crafted cursor is the caller's error, whatever it trips
-        raise BadInput(
-            "`after` is not a cursor a search issued: pass the previous page's next cursor"
-        ) from None
+    return LISTING.decode(after)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -340,38 +338,15 @@ class _Position:
 
 def _encode_ranked(last: MemoryRecord, depth: int) -> str:
     score = last.score if last.score is not None else 0.0
-    values = ["ranked", score, last.created.isoformat(), str(last.memory_id), depth]
-    raw = json.dumps(values, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return RANKED.encode("ranked", score, last.created, last.memory_id, depth)
 
 
 def _decode_ranked(after: str | None) -> _Position | None:
-    if after is None:
+    values = RANKED.decode(after)
+    if values is None:
         return None
-    try:
-        raw = base64.urlsafe_b64decode(after + "=" * (-len(after) % 4))
-        tag, score, created, memory_id, depth = json.loads(raw)
-        if not (
-            tag == "ranked"
-            and isinstance(score, int | float)
-            and not isinstance(score, bool)
-            and math.isfinite(score)
-            and isinstance(created, str)
-            and isinstance(memory_id, str)
-            and isinstance(depth, int)
-            and not isinstance(depth, bool)
-            and depth > 0
-        ):
-            raise ValueError("not a cursor")
-        instant = datetime.fromisoformat(created)
-        if instant.tzinfo is None:
-            raise ValueError("naive timestamp")
-        position = _Position((float(score), instant.astimezone(UTC), UUID(memory_id)), depth)
-    except Exception:  # a crafted cursor is the caller's error, whatever it trips
-        raise BadInput(
-            "`after` is not a cursor a search with this query issued: pass the cursor of the "
-            "last record of the previous page, with the same query"
-        ) from None
+    _, score, created, memory_id, depth = values
+    position = _Position((score, created, memory_id), depth)
     if position.depth >= MAX_DEPTH:
         raise BadInput(
             f"a ranked search pages through its best {MAX_DEPTH:,} records; narrow the query or "

@@ -1,0 +1,153 @@
+"""Keyset cursors: the opaque `after` strings every list and search hands out.
+
+A cursor is the base64url (unpadded) JSON list of the keyset values of a page's last item.
+Each list declares its cursor's shape once (`Keyset`), which encodes its values and checks a
+cursor sent back: anything a list did not issue is the client's error (BadInput), before any
+value reaches SQL.
+"""
+
+import base64
+import json
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+from app.errors import BadInput
+
+INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
+NOT_OURS = "`after` is not a cursor this connection issued"
+V = TypeVar("V")
+
+
+def pack(values: list[Any]) -> str:
+    return _b64(json.dumps(values, separators=(",", ":")))
+
+
+def _b64(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def unpack(cursor: str) -> Any:
+    """The JSON a cursor holds; raises (ValueError and others) for anything else."""
+    return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+
+
+class Kind(Generic[V]):
+    """One keyset value: how it is written in a cursor and read back (ValueError if not ours).
+    `text`, when given, writes the value's JSON as `dump` and json.dumps would, only faster
+    (a page encodes a cursor per item)."""
+
+    def __init__(
+        self,
+        dump: Callable[[V], Any],
+        load: Callable[[Any], V],
+        text: Callable[[V], str] | None = None,
+    ) -> None:
+        self.dump, self.load = dump, load
+        self.text = text or (lambda v: json.dumps(dump(v), separators=(",", ":")))
+
+
+def _instant(text: Any) -> datetime:
+    if not isinstance(text, str):
+        raise ValueError("not a timestamp")
+    instant = datetime.fromisoformat(text)
+    if instant.tzinfo is None:
+        raise ValueError("naive timestamp")
+    return instant.astimezone(UTC)  # out of range here, not in the driver
+
+
+def _tagged(tag: str, value: Any) -> Any:
+    if not (isinstance(value, dict) and value.keys() == {tag}):
+        raise ValueError(f"not a {tag!r} value")
+    return value[tag]
+
+
+def _int(low: int, high: int) -> Callable[[Any], int]:
+    def load(v: Any) -> int:
+        # Cursor integers reach SQL as int4.
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise ValueError("not an integer of this list")
+        return v
+
+    return load
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str) or "\x00" in v:  # PostgreSQL text cannot hold a NUL
+        raise ValueError("not text")
+    return v
+
+
+def _score(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError("not a score")
+    return float(v)
+
+
+def _plain_uuid(v: Any) -> UUID:
+    if not isinstance(v, str):
+        raise ValueError("not a UUID")
+    return UUID(v)
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def constant(tag: str) -> Kind[str]:
+    """A fixed marker, telling one list's cursors from another's."""
+
+    def load(v: Any) -> str:
+        if v != tag:
+            raise ValueError("another list's cursor")
+        return tag
+
+    return Kind(lambda _: tag, load)
+
+
+# The GraphQL connections' values: timestamps and UUIDs tagged, so a cursor reads back typed.
+# (ISO timestamps and UUIDs hold no character JSON escapes.)
+INSTANT: Kind[datetime] = Kind(
+    lambda t: {"t": t.isoformat()},
+    lambda v: _instant(_tagged("t", v)),
+    lambda t: '{"t":"' + t.isoformat() + '"}',
+)
+ID: Kind[UUID] = Kind(
+    lambda u: {"u": str(u)}, lambda v: UUID(_tagged("u", v)), lambda u: '{"u":"' + str(u) + '"}'
+)
+INT4: Kind[int] = Kind(_same, _int(INT4_MIN, INT4_MAX))
+SEQUENCE: Kind[int] = Kind(_same, _int(0, INT4_MAX))
+TEXT: Kind[str] = Kind(_same, _text, encode_basestring_ascii)
+# Memory search's values (app/memory/search.py), written plain.
+INSTANT_TEXT: Kind[datetime] = Kind(
+    lambda t: t.isoformat(), _instant, lambda t: '"' + t.isoformat() + '"'
+)
+ID_TEXT: Kind[UUID] = Kind(str, _plain_uuid, lambda u: '"' + str(u) + '"')
+SCORE: Kind[float] = Kind(_same, _score)
+COUNT: Kind[int] = Kind(_same, _int(1, 2**63))
+
+
+class Keyset:
+    """The shape of one list's cursors: the kinds of its keyset values, in order."""
+
+    def __init__(self, *kinds: Kind[Any], error: str = NOT_OURS) -> None:
+        self.kinds, self.error = kinds, error
+
+    def encode(self, *values: Any) -> str:
+        texts = [k.text(v) for k, v in zip(self.kinds, values, strict=True)]
+        return _b64("[" + ",".join(texts) + "]")
+
+    def decode(self, cursor: str | None) -> tuple[Any, ...] | None:
+        """The keyset values of an `after` cursor, or None for the first page."""
+        if cursor is None:
+            return None
+        try:
+            values = unpack(cursor)
+            if not isinstance(values, list) or len(values) != len(self.kinds):
+                raise ValueError("wrong arity")
+            return tuple(k.load(v) for k, v in zip(self.kinds, values, strict=True))
+        except Exception:  # a crafted cursor is the client's error, whatever it trips
+            raise BadInput(self.error) from None

@@ -1,0 +1,272 @@
+"""Execution with a short path for plain fields, the bulk of every page.
+
+graphql-core completes each field of each object the same way: it builds the resolver's
+info, calls strawberry's resolver, checks whether the result is awaitable, then completes
+it by its type. A field that only reads a stored attribute (strawberry's basic field: no
+resolver, arguments, permission or extension) needs none of that but the read and, by its
+type, the coercion of a scalar or enum, or the execution of an object's (or each listed
+object's) own fields; a page of 100 records holds about 2,000 such fields (bench/memory_api.py,
+figures in bench/README.md). Whatever the short path would not return as graphql-core does
+(null where null is not allowed, a value that does not coerce or is not of its type, a
+directive on the field, deferred fragments) takes graphql-core's own path, before anything
+of it ran, so results and errors stay graphql-core's; an error raised below an object is
+handled by graphql-core's handle_field_error, as its own path does.
+"""
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+from operator import attrgetter
+from typing import Any, cast
+
+from graphql import (
+    GraphQLEnumType,
+    GraphQLField,
+    GraphQLLeafType,
+    GraphQLList,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    GraphQLOutputType,
+    Undefined,
+    is_leaf_type,
+)
+from graphql.pyutils import Path, gather_with_cancel
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
+from strawberry.schema.schema_converter import GraphQLCoreConverter
+
+LEAF, OBJECT, LIST = "leaf", "object", "list"
+# How a plain field is completed: (kind, read, nullable, its type, then by kind: the leaf's
+# coercion, or the object type and, for a list, its item type and whether items may be null).
+Plain = tuple[Any, ...]
+# A type's plain fields by name, keyed by the type's id(), with the type held so that the id
+# names it as long as the entry lives.
+_PLANS: dict[int, tuple[GraphQLObjectType, dict[str, Plain]]] = {}
+
+
+class _Slow(Exception):
+    """Raised before anything ran: graphql-core's own path completes the field."""
+
+
+_SLOW = object()  # a field's result when graphql-core's own path is to complete it
+
+
+def _unwrapped(type_: GraphQLOutputType) -> tuple[GraphQLOutputType, bool]:
+    if isinstance(type_, GraphQLNonNull):
+        return type_.of_type, False
+    return type_, True
+
+
+def _plain(field: GraphQLField) -> Plain | None:
+    # A strawberry field without resolver or extensions (permissions are one) reads an attribute.
+    definition = (field.extensions or {}).get(GraphQLCoreConverter.DEFINITION_BACKREF)
+    if field.args or not getattr(definition, "is_basic_field", False):
+        return None
+    if definition.default_resolver is getattr:  # strawberry's default: read it directly
+        read = attrgetter(definition.python_name)
+    else:
+        read = partial(definition.get_result, info=None, args=[], kwargs={})
+    type_, nullable = _unwrapped(field.type)
+    if is_leaf_type(type_):
+        return LEAF, read, nullable, field.type, _coercion(cast(GraphQLLeafType, type_))
+    if isinstance(type_, GraphQLObjectType):
+        return OBJECT, read, nullable, field.type, type_
+    if isinstance(type_, GraphQLList):
+        item, item_nullable = _unwrapped(type_.of_type)
+        if isinstance(item, GraphQLObjectType):
+            return LIST, read, nullable, field.type, item, type_.of_type, item_nullable
+    return None
+
+
+def _coercion(leaf_type: GraphQLLeafType) -> Callable[[Any], Any]:
+    """The leaf's output coercion; for a strawberry enum, its names by member in a dict
+    (strawberry looks the name up among the enum's values one by one)."""
+    members = getattr(leaf_type, "wrapped_cls", None)
+    if not isinstance(leaf_type, GraphQLEnumType) or members is None:
+        return leaf_type.coerce_output_value
+    names = {m: name for name, v in leaf_type.values.items() for m in members if m.value == v.value}
+    return lambda member: names.get(member) or leaf_type.coerce_output_value(member)
+
+
+def _plan(parent_type: GraphQLObjectType) -> dict[str, Plain]:
+    found = _PLANS.get(id(parent_type))
+    if found is not None and found[0] is parent_type:
+        return found[1]
+    plain = {name: p for name, f in parent_type.fields.items() if (p := _plain(f)) is not None}
+    _PLANS[id(parent_type)] = (parent_type, plain)
+    return plain
+
+
+def _of_type(object_type: GraphQLObjectType, value: Any) -> bool:
+    is_type_of = object_type.is_type_of
+    # strawberry's is_type_of reads only the value (an isinstance check).
+    return is_type_of is None or is_type_of(value, None) is True
+
+
+class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
+    def execute_fields(
+        self,
+        parent_type: GraphQLObjectType,
+        source_value: Any,
+        path: Any,
+        grouped_field_set: Any,
+        *rest: Any,
+    ) -> Any:
+        middleware = self.middleware_manager
+        if (middleware and middleware.middlewares) or (rest and rest[0] is not None):
+            # Middleware wraps every field; a deferred fragment's fields are planned apart.
+            return super().execute_fields(parent_type, source_value, path, grouped_field_set, *rest)
+        plan = _plan(parent_type)
+        done: dict[str, Any] = {}  # by the short path: values, or awaitables named in pending
+        others: dict[str, Any] = {}  # for graphql-core's path
+        pending: list[str] = []
+        try:
+            for name, details in grouped_field_set.items():
+                node = details[0].node
+                plain = plan.get(node.name.value)
+                if plain is None or node.arguments or node.directives:
+                    others[name] = details
+                    continue
+                if plain[0] is LEAF:  # the most of them: inline
+                    try:
+                        value = plain[1](source_value)
+                        completed = plain[4](value) if value is not None else None
+                    except Exception:
+                        completed = _SLOW
+                    if completed is None:
+                        completed = None if value is None and plain[2] else _SLOW
+                    elif completed is Undefined:
+                        completed = _SLOW
+                else:
+                    completed = self._plain_field(
+                        plain, parent_type, source_value, path, name, details
+                    )
+                    if completed is not _SLOW and self.is_awaitable(completed):
+                        pending.append(name)
+                if completed is _SLOW:  # graphql-core completes it, and reports what fails
+                    others[name] = details
+                else:
+                    done[name] = completed
+            if not others and not pending:
+                return done
+            completed = (
+                super().execute_fields(parent_type, source_value, path, others, *rest)
+                if others
+                else {}
+            )
+        except Exception:
+            if pending:  # settled, as graphql-core does when a field fails
+                self.settle_in_background([done[n] for n in pending])
+            raise
+        if not pending and not self.is_awaitable(completed):
+            return _in_order(grouped_field_set, done, completed)
+
+        async def awaited() -> dict[str, Any]:
+            # Together, as graphql-core does: DataLoaders batch what they all load.
+            others_pending = self.is_awaitable(completed)
+            waits = [completed] if others_pending else []
+            results = await gather_with_cancel(*waits, *(done[n] for n in pending))
+            done.update(zip(pending, results[len(waits) :], strict=True))
+            return _in_order(grouped_field_set, done, results[0] if others_pending else completed)
+
+        return awaited()
+
+    def _plain_field(
+        self,
+        plain: Plain,
+        parent_type: GraphQLObjectType,
+        source_value: Any,
+        path: Any,
+        name: str,
+        details: Any,
+    ) -> Any:
+        """A plain object's or list's completed value (or an awaitable of it), or _SLOW."""
+        kind, read, nullable, type_ = plain[:4]
+        try:
+            value = read(source_value)
+        except Exception:
+            return _SLOW
+        if value is None:
+            return None if nullable else _SLOW
+        field_path = Path(path, name, parent_type.name)
+        try:
+            if kind is OBJECT:
+                completed = self._object(plain[4], details, field_path, value)
+            else:
+                completed = self._list(plain, details, field_path, value)
+        except _Slow:
+            return _SLOW
+        except Exception as raw_error:
+            self.handle_field_error(raw_error, type_, details, field_path)
+            return None
+        if self.is_awaitable(completed):
+            return self._guarded(completed, type_, details, field_path)
+        return completed
+
+    def _object(self, object_type: GraphQLObjectType, details: Any, path: Path, value: Any) -> Any:
+        if not _of_type(object_type, value):
+            raise _Slow
+        sub_fields, defers, *_ = self.collect_subfields(object_type, details)
+        if defers:
+            raise _Slow
+        return self.execute_fields(object_type, value, path, sub_fields, None)
+
+    def _list(self, plain: Plain, details: Any, path: Path, items: Any) -> Any:
+        object_type, item_type, item_nullable = plain[4:]
+        if not isinstance(items, list | tuple):
+            raise _Slow
+        for item in items:
+            if (item is None and not item_nullable) or not (
+                item is None or _of_type(object_type, item)
+            ):
+                raise _Slow
+        sub_fields, defers, *_ = self.collect_subfields(object_type, details)
+        if defers:
+            raise _Slow
+        results: list[Any] = []
+        pending: list[int] = []
+        for index, item in enumerate(items):
+            if item is None:
+                results.append(None)
+                continue
+            item_path = path.add_key(index, None)
+            try:
+                completed = self.execute_fields(object_type, item, item_path, sub_fields, None)
+            except Exception as raw_error:
+                self.handle_field_error(raw_error, item_type, details, item_path)
+                completed = None
+            if self.is_awaitable(completed):
+                completed = self._guarded(completed, item_type, details, item_path)
+                pending.append(index)
+            results.append(completed)
+        if not pending:
+            return results
+
+        async def awaited() -> list[Any]:
+            completed = await gather_with_cancel(*(results[i] for i in pending))
+            for index, value in zip(pending, completed, strict=True):
+                results[index] = value
+            return results
+
+        return awaited()
+
+    def _guarded(
+        self, completed: Awaitable[Any], type_: GraphQLOutputType, details: Any, path: Path
+    ) -> Awaitable[Any]:
+        async def guarded() -> Any:
+            try:
+                return await completed
+            except Exception as raw_error:
+                self.handle_field_error(raw_error, type_, details, path)
+                return None
+
+        return guarded()
+
+
+def _in_order(fields: Any, done: dict[str, Any], others: dict[str, Any]) -> dict[str, Any]:
+    """The results in the order the query asked for them, as graphql-core returns them."""
+    if not done:
+        return others
+    return {
+        name: done[name] if name in done else others[name]
+        for name in fields
+        if name in done or name in others
+    }
