@@ -303,13 +303,15 @@ async def measure(
         layer_list.append(
             await timed(
                 operator.list_memories(
-                    state.pool, reader, agent, limit=101, after=None, ascending=False
+                    state.pool, reader, action_id=agent, limit=101, after=None, ascending=False
                 )
             )
         )
         layer_read.append(
             await timed(
-                operator.get_memory(state.pool, reader, pick["action_id"], pick["memory_id"])
+                operator.get_memory(
+                    state.pool, reader, action_id=pick["action_id"], memory_id=pick["memory_id"]
+                )
             )
         )
         async with state.pool.acquire() as conn:

@@ -3,8 +3,8 @@ execution and session) are read through per-request DataLoaders, one query per k
 many records the page holds, with the same grants as one read."""
 
 import pytest
-from helpers import GQL, allow, caller
-from memory_helpers import make_agent, record_turn, remember, writer
+from factories import allow, caller, make_agent, record_turn, remember, writer
+from helpers import GQL
 
 from app.db.pool import create_pool
 from app.state import AppState

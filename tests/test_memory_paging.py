@@ -85,7 +85,9 @@ async def test_m56_paging_10000_records_while_writers_add(state, gql, admin, sor
     agent = await make_agent(state, admin)
     records = await load(state, agent, RECORDS)
     for r in records[::200]:  # deleted ones leave the listing
-        await operator.delete_memory(state.pool, admin, agent.action_id, r.memory_id)
+        await operator.delete_memory(
+            state.pool, admin, action_id=agent.action_id, memory_id=r.memory_id
+        )
     deleted = {r.memory_id for r in records[::200]}
     live = {r.memory_id for r in records} - deleted
 

@@ -404,8 +404,10 @@ async def seed(state, admin, agent, summary, **options):
         state.pool,
         state.embedder,
         admin,
-        agent.action_id,
-        operator.OperatorMemory(summary=summary, kind=options.pop("kind", "fact"), **options),
+        action_id=agent.action_id,
+        memory=operator.OperatorMemory(
+            summary=summary, kind=options.pop("kind", "fact"), **options
+        ),
     )
     return view.record
 
@@ -427,7 +429,7 @@ async def test_m17_staged_writes_are_invisible_to_others_until_commit(state, age
         await operator.list_memories(
             state.pool,
             caller(agent.account_id, EVERYTHING),
-            agent.action_id,
+            action_id=agent.action_id,
             limit=10,
             after=None,
             ascending=False,
@@ -755,7 +757,9 @@ async def test_deleting_a_record_that_changed_meanwhile_conflicts(state, admin, 
     record = await remember(state, agent, "contested")
     unit = work(state, writer(agent))
     await unit.delete(record.memory_id)
-    await operator.delete_memory(state.pool, admin, agent.action_id, record.memory_id)
+    await operator.delete_memory(
+        state.pool, admin, action_id=agent.action_id, memory_id=record.memory_id
+    )
     with pytest.raises(Conflict, match="changed meanwhile"):
         await commit(state, unit)
     await unit.discard()

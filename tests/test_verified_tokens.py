@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 from helpers import db_settings
-from test_http import serving
+from servers import serving
 
 from app.auth import verified
 

@@ -112,6 +112,7 @@ async def get_sessions(
 async def list_transcript(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     action_id: UUID,
     execution_id: UUID,
     after_sequence: int | None,
@@ -129,6 +130,7 @@ async def list_transcript(
 async def list_sessions(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     action_id: UUID,
     after: tuple[datetime, str] | None,
     limit: int,
@@ -142,6 +144,7 @@ async def list_sessions(
 async def list_executions(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     action_id: UUID,
     session_id: str | None,
     after: tuple[datetime, UUID] | None,

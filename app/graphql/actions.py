@@ -147,8 +147,8 @@ class ActionQuery:
             lambda keyset, limit: service.list_actions(
                 info.context.pool,
                 info.context.caller,
-                limit,
-                keyset,  # type: ignore[arg-type]
+                limit=limit,
+                after=keyset,  # type: ignore[arg-type]
             ),
             lambda a: (a.created, a.action_id),
             Action.of,

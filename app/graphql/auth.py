@@ -289,7 +289,7 @@ class AuthQuery:
             lambda principal, limit: service.list_clients(
                 info.context.pool,
                 info.context.caller,
-                account_id,
+                account_id=account_id,
                 after=principal[0] if principal else None,
                 limit=limit,
             ),

@@ -92,10 +92,10 @@ async def list_executions(
         lambda keyset, limit: executions.list_executions(
             info.context.pool,
             info.context.caller,
-            action_id,
-            session_id,
-            keyset,  # type: ignore[arg-type]
-            limit,
+            action_id=action_id,
+            session_id=session_id,
+            after=keyset,  # type: ignore[arg-type]
+            limit=limit,
         ),
         lambda e: (e.created, e.execution_id),
         ActionExecution.of,
@@ -203,10 +203,10 @@ class ActionExecution(Node):
             lambda sequence, limit: executions.list_transcript(
                 info.context.pool,
                 info.context.caller,
-                self.action_id,
-                self.execution_id,
-                sequence[0] if sequence else None,
-                limit,
+                action_id=self.action_id,
+                execution_id=self.execution_id,
+                after_sequence=sequence[0] if sequence else None,
+                limit=limit,
             ),
             lambda e: (e.sequence,),
             lambda e: ActionExecutionEvent.of(e, reads_memory),
@@ -264,9 +264,9 @@ class ActionExecutionFields:
             lambda keyset, limit: executions.list_sessions(
                 info.context.pool,
                 info.context.caller,
-                self.action_id,  # type: ignore[attr-defined]
-                keyset,  # type: ignore[arg-type]
-                limit,
+                action_id=self.action_id,  # type: ignore[attr-defined]
+                after=keyset,  # type: ignore[arg-type]
+                limit=limit,
             ),
             lambda s: (s.created, s.session_id),
             ActionSession.of,

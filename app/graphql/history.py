@@ -139,10 +139,10 @@ class SessionHistoryFields:
             lambda position, limit: service.list_events(
                 info.context.pool,
                 info.context.caller,
-                action_id,
-                session_id,
-                position,  # type: ignore[arg-type]
-                limit,
+                action_id=action_id,
+                session_id=session_id,
+                after=position,  # type: ignore[arg-type]
+                limit=limit,
             ),
             lambda e: (e.turn, e.sequence),
             lambda e: ActionHistoryEvent.of(action_id, shown(info, e)),

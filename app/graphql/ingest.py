@@ -129,7 +129,11 @@ class IngestMutation:
             records = []
             for m in done.memories:
                 found = await operator.get_memory(
-                    state.pool, caller, input.action_id, UUID(m["id"]), m["version"]
+                    state.pool,
+                    caller,
+                    action_id=input.action_id,
+                    memory_id=UUID(m["id"]),
+                    version=m["version"],
                 )
                 if found is not None:
                     records.append(ActionAgentMemory.of(found, exact_version=True))

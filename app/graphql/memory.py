@@ -255,8 +255,8 @@ class ActionAgentMemory(Node):
             lambda before, limit: operator.memory_history(
                 info.context.pool,
                 info.context.caller,
-                self.action_id,
-                self.memory_id,
+                action_id=self.action_id,
+                memory_id=self.memory_id,
                 limit=limit,
                 before_version=before[0] if before else None,
             ),
@@ -269,7 +269,11 @@ async def _read(
     info: Info, action_id: UUID, memory_id: UUID, version: int | None
 ) -> ActionAgentMemory | None:
     found = await operator.get_memory(
-        info.context.pool, info.context.caller, action_id, memory_id, version
+        info.context.pool,
+        info.context.caller,
+        action_id=action_id,
+        memory_id=memory_id,
+        version=version,
     )
     if found is None:
         return None
@@ -373,7 +377,7 @@ class ActionMemoryFields:
             lambda keyset, limit: operator.list_memories(
                 info.context.pool,
                 info.context.caller,
-                self.action_id,
+                action_id=self.action_id,
                 limit=limit,
                 after=keyset,  # type: ignore[arg-type]
                 ascending=sort == SortOrder.ASC,
@@ -518,7 +522,11 @@ class MemoryMutation:
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> ActionAgentMemory:
         deleted = await operator.delete_memory(
-            info.context.pool, info.context.caller, action_id, id, idempotency_key=idempotency_key
+            info.context.pool,
+            info.context.caller,
+            action_id=action_id,
+            memory_id=id,
+            idempotency_key=idempotency_key,
         )
         return ActionAgentMemory.of(deleted)
 
@@ -542,8 +550,8 @@ class MemoryMutation:
             info.context.pool,
             embedder,
             info.context.caller,
-            action_id,
-            _operator_memory(input),
+            action_id=action_id,
+            memory=_operator_memory(input),
             idempotency_key=idempotency_key,
         )
         return ActionAgentMemory.of(added)
@@ -572,8 +580,8 @@ class MemoryMutation:
             info.context.pool,
             embedder,
             info.context.caller,
-            action_id,
-            [_operator_memory(i) for i in inputs],
+            action_id=action_id,
+            memories=[_operator_memory(i) for i in inputs],
             idempotency_key=idempotency_key,
         )
         return AddAgentMemoriesResult(added=added)

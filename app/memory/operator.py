@@ -104,8 +104,8 @@ async def _list_filters(
 async def list_memories(
     pool: asyncpg.Pool,
     caller: Caller,
-    action_id: UUID,
     *,
+    action_id: UUID,
     limit: int,
     after: tuple[datetime, UUID] | None,
     ascending: bool,
@@ -128,7 +128,12 @@ async def list_memories(
 
 
 async def get_memory(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID, memory_id: UUID, version: int | None = None
+    pool: asyncpg.Pool,
+    caller: Caller,
+    *,
+    action_id: UUID,
+    memory_id: UUID,
+    version: int | None = None,
 ) -> MemoryView | None:
     """One record, whatever its status, or one exact version of it; None if none exists."""
     caller.require(*resources.READ_MEMORY)
@@ -146,9 +151,9 @@ async def get_memory(
 async def memory_history(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     action_id: UUID,
     memory_id: UUID,
-    *,
     limit: int,
     before_version: int | None,
 ) -> list[MemoryView]:
@@ -179,7 +184,9 @@ async def _answered(
     )
     views = []
     for memory_id, version in answer:
-        view = await get_memory(pool, caller, action_id, UUID(memory_id), version)
+        view = await get_memory(
+            pool, caller, action_id=action_id, memory_id=UUID(memory_id), version=version
+        )
         if view is None:
             raise NotFound(
                 f"idempotency key {key.key!r} answered with memory {memory_id}, which no longer "
@@ -192,9 +199,9 @@ async def _answered(
 async def delete_memory(
     pool: asyncpg.Pool,
     caller: Caller,
+    *,
     action_id: UUID,
     memory_id: UUID,
-    *,
     idempotency_key: str | None = None,
 ) -> MemoryView:
     """Writes the record's next version, DELETED, with modifiedBy the caller; deleting a deleted
@@ -364,9 +371,9 @@ async def add_memory(
     pool: asyncpg.Pool,
     embedder: Embedder,
     caller: Caller,
+    *,
     action_id: UUID,
     memory: OperatorMemory,
-    *,
     idempotency_key: str | None = None,
 ) -> MemoryView:
     """Seeds or corrects a record (source OPERATOR), recorded as an execution of its own so
@@ -438,9 +445,9 @@ async def add_memories(
     pool: asyncpg.Pool,
     embedder: Embedder,
     caller: Caller,
+    *,
     action_id: UUID,
     memories: Sequence[OperatorMemory],
-    *,
     idempotency_key: str | None = None,
 ) -> list[MemoryView]:
     """Seeds up to MAX_BULK records at once: the grants and checks of `add_memory`, one call
