@@ -12,6 +12,7 @@ Three doors, three rules:
 """
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from app.errors import BadInput
@@ -36,15 +37,20 @@ def storable(text: str) -> str:
     return _UNSTORABLE.sub(REPLACEMENT, text)
 
 
+def _map_strings(value: Any, clean: Callable[[str], str]) -> Any:
+    """`clean` applied to every string (keys included) of a JSON-shaped value."""
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, dict):
+        return {clean(str(k)): _map_strings(v, clean) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_strings(v, clean) for v in value]
+    return value
+
+
 def storable_json(value: Any) -> Any:
     """`storable` applied to every string (keys included) of a JSON-shaped value."""
-    if isinstance(value, str):
-        return storable(value)
-    if isinstance(value, dict):
-        return {storable(str(k)): storable_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [storable_json(v) for v in value]
-    return value
+    return _map_strings(value, storable)
 
 
 def check_storable(text: str, field: str) -> str:
@@ -80,13 +86,7 @@ def for_model(text: str) -> str:
 
 def for_model_json(value: Any) -> Any:
     """`for_model` applied to every string (keys included) of a JSON-shaped value."""
-    if isinstance(value, str):
-        return for_model(value)
-    if isinstance(value, dict):
-        return {for_model(str(k)): for_model_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [for_model_json(v) for v in value]
-    return value
+    return _map_strings(value, for_model)
 
 
 # The longest search query a search entry point takes (memory and history search;
