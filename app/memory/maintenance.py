@@ -19,7 +19,6 @@ it first stores the records in agent order again (`reorder`).
 """
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import os
@@ -29,6 +28,7 @@ from uuid import UUID
 
 import asyncpg
 
+from app import tasks
 from app.history import indexes as history_indexes
 
 log = logging.getLogger(__name__)
@@ -341,8 +341,5 @@ class SearchMaintenance:
             await asyncio.sleep(self._interval)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.stop(self._task)
+        self._task = None

@@ -32,6 +32,7 @@ from uuid import UUID
 
 import asyncpg
 
+from app import tasks
 from app.config import Settings
 from app.executions import store
 from app.idempotency import store as idempotency_store
@@ -125,11 +126,8 @@ class TurnLiveness:
                 )
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.stop(self._task)
+        self._task = None
         # A clean stop: turns still marked running here are ended by the next sweep anywhere.
         with contextlib.suppress(Exception):
             async with self.pool.acquire() as conn:
