@@ -6,10 +6,11 @@ import gc
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -18,6 +19,8 @@ from app.config import Settings
 
 if TYPE_CHECKING:
     from app.embeddings.reembed import ReembedResult
+
+T = TypeVar("T")
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -250,61 +253,36 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
     policies = _policies(getattr(args, "policy", None))
 
     async def work(pool: Any, caller: Any) -> Any:
-        if args.client_command == "create":
-            client = await service.create_client(
-                pool,
-                caller,
-                account_id=account,
-                principal=args.principal,
-                name=args.name or args.principal,
-                policies=policies or [],
-            )
+        command = args.client_command
+        named = {"account_id": account, "principal": args.principal}
+        if command in ("create", "update"):
+            if command == "create":
+                client = await service.create_client(
+                    pool, caller, **named, name=args.name or args.principal, policies=policies or []
+                )
+            else:
+                client = await service.update_client(
+                    pool, caller, **named, name=args.name, policies=policies
+                )
             return {
                 "accountId": str(client.account_id),
                 "principal": client.principal,
                 "policies": client.policies,
             }
-        if args.client_command == "update":
-            client = await service.update_client(
-                pool,
-                caller,
-                account_id=account,
-                principal=args.principal,
-                name=args.name,
-                policies=policies,
-            )
-            return {
-                "accountId": str(client.account_id),
-                "principal": client.principal,
-                "policies": client.policies,
-            }
-        if args.client_command == "delete":
-            client = await service.delete_client(
-                pool, caller, account_id=account, principal=args.principal
-            )
+        if command == "delete":
+            client = await service.delete_client(pool, caller, **named)
             return {"deleted": client.principal}
-        if args.client_command == "token":
+        if command == "token":
             issued = await service.issue_client_token(
-                pool,
-                caller,
-                account_id=account,
-                principal=args.principal,
-                expires=_expires(args.expires),
+                pool, caller, **named, expires=_expires(args.expires)
             )
             return {"principal": args.principal, "token": issued.token, **_token(issued.info)}
-        if args.client_command == "tokens":
-            listed = await service.list_client_tokens(
-                pool, caller, account_id=account, principal=args.principal
-            )
+        if command == "tokens":
+            listed = await service.list_client_tokens(pool, caller, **named)
             return {"principal": args.principal, "tokens": [_token(t) for t in listed]}
-        if args.client_command == "revoke-token":
-            revoked = await service.revoke_client_token(
-                pool,
-                caller,
-                account_id=account,
-                principal=args.principal,
-                token_id=_uuid(args.token_id, "token ID"),
-            )
+        if command == "revoke-token":
+            token_id = _uuid(args.token_id, "token ID")
+            revoked = await service.revoke_client_token(pool, caller, **named, token_id=token_id)
             return {"principal": args.principal, "revoked": _token(revoked)}
         raise AssertionError(args.client_command)
 
@@ -335,10 +313,34 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _account_or_default(conn: Any, account: UUID | None) -> UUID:
+def _in_account(
+    settings: Settings, account: UUID | None, work: Callable[[Any, UUID], Awaitable[T]]
+) -> T:
+    """Runs `work(pool, account_id)` on the migrated database, in `account` or else the default
+    account (export and import need no admin token)."""
     from app.auth.service import ensure_default_account
 
-    return account if account is not None else await ensure_default_account(conn)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    async def run() -> T:
+        async with _database(settings) as pool:
+            account_id = account
+            if account_id is None:
+                async with pool.acquire() as conn:
+                    account_id = await ensure_default_account(conn)
+            return await work(pool, account_id)
+
+    return asyncio.run(run())
+
+
+@contextmanager
+def _file_or_std(path: str | None, mode: str) -> Iterator[TextIO]:
+    """The named file, or standard input or output for `-` (or no name)."""
+    if path in (None, "-"):
+        yield sys.stdout if "w" in mode else sys.stdin
+        return
+    with open(path, mode, encoding="utf-8") as f:
+        yield f
 
 
 def _export(settings: Settings, args: argparse.Namespace) -> int:
@@ -346,26 +348,15 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
 
     action_id = _uuid(args.action, "action ID")
     account = _account_id(args.account)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-
-    async def work(out: Any) -> dict[str, int]:
-        async with _database(settings) as pool:
-            async with pool.acquire() as conn:
-                account_id = await _account_or_default(conn, account)
-            return await export_action(
-                pool,
-                account_id,
-                action_id,
-                out,
-                embeddings=not args.no_embeddings,
-                progress=sys.stderr.isatty(),
-            )
-
-    if args.output in (None, "-"):
-        counts = asyncio.run(work(sys.stdout))
-    else:
-        with open(args.output, "w", encoding="utf-8") as out:
-            counts = asyncio.run(work(out))
+    with _file_or_std(args.output, "w") as out:
+        work = partial(
+            export_action,
+            action_id=action_id,
+            out=out,
+            embeddings=not args.no_embeddings,
+            progress=sys.stderr.isatty(),
+        )
+        counts = _in_account(settings, account, work)
     rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
     print(f"exported action {action_id}: {rows}", file=sys.stderr)
     return 0
@@ -377,27 +368,16 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     from app.transfer.service import import_file
 
     account = _account_id(args.account)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-
-    async def work(lines: Any) -> Any:
-        async with _database(settings) as pool:
-            async with pool.acquire() as conn:
-                account_id = await _account_or_default(conn, account)
-            return await import_file(
-                pool,
-                account_id,
-                lines,
-                open_embedder=lambda: open_embedder(settings),
+    try:
+        with _file_or_std(args.file, "r") as lines:
+            work = partial(
+                import_file,
+                lines=lines,
+                open_embedder=partial(open_embedder, settings),
                 batch_rows=args.batch_size,
                 progress=sys.stderr.isatty(),
             )
-
-    try:
-        if args.file == "-":
-            result = asyncio.run(work(sys.stdin))
-        else:
-            with open(args.file, encoding="utf-8") as lines:
-                result = asyncio.run(work(lines))
+            result = _in_account(settings, account, work)
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
@@ -412,32 +392,41 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+_ACCOUNT_HELP = "account ID (default: the default account)"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="engram", description="Durable memory for AI agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser(
-        "serve", help="start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
+    def command(
+        name: str, run: Callable[[Settings, argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help)
+        c.set_defaults(run=run)
+        return c
+
+    serve = command(
+        "serve", _serve, "start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
     )
     serve.add_argument("--host", help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default: ENGRAM_PORT, 8000)")
-    serve.set_defaults(run=_serve)
 
-    sub.add_parser("migrate", help="bring the database to the latest migration").set_defaults(
-        run=_migrate
-    )
+    command("migrate", _migrate, "bring the database to the latest migration")
 
-    reembed = sub.add_parser(
-        "reembed", help="re-embed every record with the configured embedding model (stop serving)"
+    reembed = command(
+        "reembed",
+        _reembed,
+        "re-embed every record with the configured embedding model (stop serving)",
     )
     reembed.add_argument(
         "--batch-size", type=int, default=256, help="records read and embedded at a time"
     )
-    reembed.set_defaults(run=_reembed)
 
-    maintain = sub.add_parser(
+    maintain = command(
         "maintain-search",
-        help="refresh word frequencies and build large agents' vector indexes now "
+        _maintain_search,
+        "refresh word frequencies and build large agents' vector indexes now "
         "(the service does it every ENGRAM_SEARCH_MAINTENANCE_SECONDS)",
     )
     maintain.add_argument(
@@ -448,46 +437,43 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="first store memory records in agent order again (locks the table while it runs)",
     )
-    maintain.set_defaults(run=_maintain_search)
 
-    export = sub.add_parser(
+    export = command(
         "export",
-        help="write an agent, every version of every record, and the sessions and executions "
+        _export,
+        "write an agent, every version of every record, and the sessions and executions "
         "they name, as JSONL",
     )
     export.add_argument("--action", required=True, help="the agent's action ID")
-    export.add_argument("--account", help="account ID (default: the default account)")
+    export.add_argument("--account", help=_ACCOUNT_HELP)
     export.add_argument("-o", "--output", help="the file to write (default: standard output)")
     export.add_argument(
         "--no-embeddings",
         action="store_true",
         help="leave the vectors out (smaller; the import embeds the records again)",
     )
-    export.set_defaults(run=_export)
 
-    imp = sub.add_parser(
+    imp = command(
         "import",
-        help="recreate an exported agent with the same IDs; identical rows are skipped, so it "
+        _import,
+        "recreate an exported agent with the same IDs; identical rows are skipped, so it "
         "can run again after an interruption",
     )
     imp.add_argument("file", help="an `engram export` file (- for standard input)")
-    imp.add_argument("--account", help="account ID (default: the default account)")
+    imp.add_argument("--account", help=_ACCOUNT_HELP)
     imp.add_argument("--batch-size", type=int, default=1000, help="rows written per transaction")
-    imp.set_defaults(run=_import)
 
-    schema = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
+    schema = command("schema", _schema, "print the GraphQL schema (SDL)")
     schema.add_argument("-o", "--output", help="write it to this file, e.g. schema.graphql")
-    schema.set_defaults(run=_schema)
 
-    account = sub.add_parser("account", help="manage accounts (tenants)")
+    account = command("account", _account, "manage accounts (tenants)")
     account_sub = account.add_subparsers(dest="account_command", required=True)
     create_account = account_sub.add_parser(
         "create", help="create an account; prints its accountId (needs the default account)"
     )
     create_account.add_argument("name", help="the account's name, 1 to 200 characters")
-    account.set_defaults(run=_account)
 
-    client = sub.add_parser("client", help="manage clients (principals), policies and tokens")
+    client = command("client", _client, "manage clients (principals), policies and tokens")
     client_sub = client.add_subparsers(dest="client_command", required=True)
     policy_help = (
         "a policy as JSON, e.g. "
@@ -506,7 +492,7 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("principal", help="the client's name in its account, e.g. admin")
         if name == "revoke-token":
             c.add_argument("token_id", help="the tokenId `engram client tokens` lists")
-        c.add_argument("--account", help="account ID (default: the default account)")
+        c.add_argument("--account", help=_ACCOUNT_HELP)
         if name in ("create", "update"):
             c.add_argument("--name", help="a display name (create: default the principal)")
             c.add_argument(
@@ -516,7 +502,6 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "token":
             c.add_argument("--expires", help="when it stops working, e.g. 2027-01-31T12:00:00Z")
-    client.set_defaults(run=_client)
     return p
 
 
