@@ -3,7 +3,7 @@ on financial.ActionExecution.*."""
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, Self
 from uuid import UUID
 
 import asyncpg
@@ -13,8 +13,18 @@ from app.auth.caller import Caller
 from app.executions import store
 
 
+class _OfRow:
+    """A record read from its row: the columns share the dataclass's field names."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> Self:
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+
+
 @dataclass(frozen=True)
-class Execution:
+class Execution(_OfRow):
     account_id: UUID
     action_id: UUID
     execution_id: UUID
@@ -33,15 +43,9 @@ class Execution:
     modified: datetime
     replay_of: UUID | None = None  # a replay: the committed turn whose input it re-ran
 
-    @classmethod
-    def of(cls, row: asyncpg.Record) -> "Execution":
-        return cls(
-            **{k: row[k] for k in cls.__dataclass_fields__}  # columns share the field names
-        )
-
 
 @dataclass(frozen=True)
-class TranscriptEvent:
+class TranscriptEvent(_OfRow):
     account_id: UUID
     action_id: UUID
     execution_id: UUID
@@ -51,23 +55,15 @@ class TranscriptEvent:
     data: Any
     created: datetime
 
-    @classmethod
-    def of(cls, row: asyncpg.Record) -> "TranscriptEvent":
-        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
-
 
 @dataclass(frozen=True)
-class Session:
+class Session(_OfRow):
     account_id: UUID
     action_id: UUID
     session_id: str
     turns: int
     created: datetime
     modified: datetime
-
-    @classmethod
-    def of(cls, row: asyncpg.Record) -> "Session":
-        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
 
 
 async def get_execution(
@@ -77,15 +73,6 @@ async def get_execution(
     async with pool.acquire() as conn:
         row = await store.get_execution(conn, caller.account_id, action_id, execution_id)
     return Execution.of(row) if row else None
-
-
-async def get_session(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID, session_id: str
-) -> Session | None:
-    caller.require(("SELECT", resources.SESSION_INDEX))
-    async with pool.acquire() as conn:
-        row = await store.get_session(conn, caller.account_id, action_id, session_id)
-    return Session.of(row) if row else None
 
 
 async def get_executions(

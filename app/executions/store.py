@@ -723,49 +723,38 @@ async def record_review(
 ERASED = "[erased]"
 
 
+_ERASE_EXECUTIONS = """
+    UPDATE executions SET input = to_jsonb($4::text),
+        output = CASE WHEN output IS NULL THEN NULL ELSE to_jsonb($4::text) END,
+        modified = now()
+    WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND kind <> 'ERASE'
+"""
+
+# A transcript keeps its shape (types, sequences, and a model call's purpose, model and usage,
+# which limits and accounting read); every word goes.
+_ERASE_TRANSCRIPTS = """
+    UPDATE transcript_events t SET data = CASE
+        WHEN t.type IN ('model.call', 'embedding') THEN jsonb_strip_nulls(
+            jsonb_build_object('purpose', t.data->'purpose', 'model', t.data->'model',
+                'usage', t.data->'usage', 'tokens', t.data->'tokens', 'erased', $4::text))
+        ELSE jsonb_build_object('erased', $4::text) END
+    FROM executions x
+    WHERE x.account_id = $1 AND x.action_id = $2 AND x.session_id = $3
+      AND x.kind <> 'ERASE' AND t.account_id = x.account_id
+      AND t.action_id = x.action_id AND t.execution_id = x.execution_id
+"""
+
+
 async def erase_executions(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
 ) -> dict[str, int]:
     """Replaces the text of the session's executions' inputs, outputs and transcripts by a
     marker (eraseSession), inside the caller's transaction; returns counts."""
-    executions = await conn.fetchval(
-        """
-        WITH erased AS (
-            UPDATE executions SET input = to_jsonb($4::text),
-                output = CASE WHEN output IS NULL THEN NULL ELSE to_jsonb($4::text) END,
-                modified = now()
-            WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND kind <> 'ERASE'
-            RETURNING 1
-        ) SELECT count(*) FROM erased
-        """,
-        account_id,
-        action_id,
-        session_id,
-        ERASED,
-    )
-    # A transcript keeps its shape (types, sequences, and a model call's purpose, model and
-    # usage, which limits and accounting read); every word goes.
-    transcripts = await conn.fetchval(
-        """
-        WITH erased AS (
-            UPDATE transcript_events t SET data = CASE
-                WHEN t.type IN ('model.call', 'embedding') THEN jsonb_strip_nulls(
-                    jsonb_build_object('purpose', t.data->'purpose', 'model', t.data->'model',
-                        'usage', t.data->'usage', 'tokens', t.data->'tokens', 'erased', $4::text))
-                ELSE jsonb_build_object('erased', $4::text) END
-            FROM executions x
-            WHERE x.account_id = $1 AND x.action_id = $2 AND x.session_id = $3
-              AND x.kind <> 'ERASE' AND t.account_id = x.account_id
-              AND t.action_id = x.action_id AND t.execution_id = x.execution_id
-            RETURNING 1
-        ) SELECT count(*) FROM erased
-        """,
-        account_id,
-        action_id,
-        session_id,
-        ERASED,
-    )
-    return {"executions": executions, "transcriptEvents": transcripts}
+    counts = {}
+    for name, sql in (("executions", _ERASE_EXECUTIONS), ("transcriptEvents", _ERASE_TRANSCRIPTS)):
+        status = await conn.execute(sql, account_id, action_id, session_id, ERASED)
+        counts[name] = int(status.split()[-1])  # "UPDATE n"
+    return counts
 
 
 async def live_memories(
