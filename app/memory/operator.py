@@ -7,7 +7,7 @@ of its own memory (app/memory/service.py) grants nothing to anyone.
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -280,17 +280,9 @@ async def _answered_first(
 
 
 def _new_memory(memory: OperatorMemory, labels: dict[str | int, str]) -> NewMemory:
-    return NewMemory(
-        summary=memory.summary,
-        kind=memory.kind,
-        content=memory.content,
-        labels=labels,
-        scope=memory.scope,
-        pinned=memory.pinned,
-        replaces=memory.replaces,
-        metadata=memory.metadata,
-        session_id=memory.session_id,
-    )
+    """The record to write: an operator's fields are NewMemory's, with its labels resolved."""
+    given = {f.name: getattr(memory, f.name) for f in fields(memory)}
+    return NewMemory(**{**given, "labels": labels})
 
 
 async def _commit_write(
