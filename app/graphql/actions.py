@@ -158,6 +158,17 @@ class ActionQuery:
 INPUT = Annotated[ActionInput, strawberry.argument(description="The agent's configuration.")]
 
 
+def _configuration(info: Info, input: ActionInput) -> dict[str, Any]:
+    """What create and update write, checked against the deployment's allowed endpoints."""
+    return {
+        "name": input.name,
+        "instructions": input.instructions,
+        "model": input.model,
+        "harness": input.harness,
+        "settings": info.context.state.settings,
+    }
+
+
 @strawberry.type(description="Creating and changing agents.")
 class ActionMutation:
     @strawberry.mutation(
@@ -165,13 +176,7 @@ class ActionMutation:
     )
     async def create_action(self, info: Info, input: INPUT) -> Action:
         created = await service.create_action(
-            info.context.pool,
-            info.context.caller,
-            name=input.name,
-            instructions=input.instructions,
-            model=input.model,
-            harness=input.harness,
-            settings=info.context.state.settings,
+            info.context.pool, info.context.caller, **_configuration(info, input)
         )
         return Action.of(created, written=True)
 
@@ -180,14 +185,8 @@ class ActionMutation:
         "UPDATE on financial.Action.document."
     )
     async def update_action(self, info: Info, action_id: ACTION_ID, input: INPUT) -> Action:
+        configuration = _configuration(info, input)
         updated = await service.update_action(
-            info.context.pool,
-            info.context.caller,
-            action_id=action_id,
-            name=input.name,
-            instructions=input.instructions,
-            model=input.model,
-            harness=input.harness,
-            settings=info.context.state.settings,
+            info.context.pool, info.context.caller, action_id=action_id, **configuration
         )
         return Action.of(updated, written=True)
