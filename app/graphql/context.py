@@ -10,6 +10,7 @@ from strawberry.fastapi import BaseContext
 from strawberry.types import Info as StrawberryInfo
 
 from app.auth.caller import Caller
+from app.embeddings.base import Embedder
 from app.state import AppState
 
 BatchLoad = Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[list[Any]]]
@@ -42,6 +43,12 @@ class Context(BaseContext):
     @property
     def pool(self) -> asyncpg.Pool:
         return self.state.pool
+
+    @property
+    def embedder(self) -> Embedder:
+        embedder = self.state.embedder
+        assert embedder is not None, "the embedding service starts with the app"
+        return embedder
 
     def load(self, type_name: str, key: Hashable) -> Awaitable[Any]:
         """The object of `type_name` at `key` (None if none), read with the others this

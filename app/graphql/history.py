@@ -164,11 +164,9 @@ class SessionHistoryFields:
         if not 1 <= first <= MAX_LIMIT:
             raise BadInput(f"`first` must be from 1 to {MAX_LIMIT}, got {first}")
         action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
-        embedder = info.context.state.embedder
-        assert embedder is not None, "the embedding service starts with the app"
         found = await service.search_events(
             info.context.pool,
-            embedder,
+            info.context.embedder,
             info.context.caller,
             action_id=action_id,
             session_id=session_id,

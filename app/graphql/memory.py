@@ -442,11 +442,9 @@ class ActionMemoryFields:
         ] = None,
     ) -> ActionAgentMemorySearchConnection:
         check_first(first, memory_search.MAX_PAGE)
-        embedder = info.context.state.embedder
-        assert embedder is not None, "the embedding service starts with the app"
         views, issued = await memory_search.search_as_operator(
             info.context.pool,
-            embedder,
+            info.context.embedder,
             info.context.caller,
             self.action_id,
             query=query,
@@ -544,11 +542,9 @@ class MemoryMutation:
         input: Annotated[AgentMemoryInput, strawberry.argument(description="The record.")],
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> ActionAgentMemory:
-        embedder = info.context.state.embedder
-        assert embedder is not None, "the embedding service starts with the app"
         added = await operator.add_memory(
             info.context.pool,
-            embedder,
+            info.context.embedder,
             info.context.caller,
             action_id=action_id,
             memory=_operator_memory(input),
@@ -574,11 +570,9 @@ class MemoryMutation:
         ],
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> "AddAgentMemoriesResult":
-        embedder = info.context.state.embedder
-        assert embedder is not None, "the embedding service starts with the app"
         added = await operator.add_memories(
             info.context.pool,
-            embedder,
+            info.context.embedder,
             info.context.caller,
             action_id=action_id,
             memories=[_operator_memory(i) for i in inputs],
