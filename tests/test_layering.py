@@ -31,8 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("state",),
     ("embeddings", "observability"),
     # The bottom: database access and SQL helpers, text safety, record scopes and session IDs,
-    # typed checks of configuration, settings, errors.
-    ("db", "text", "http_retry", "scope", "shapes", "config", "errors"),
+    # typed checks of configuration, settings, errors, stopping background loops.
+    ("db", "text", "http_retry", "scope", "shapes", "config", "errors", "tasks"),
 )
 BOTTOM = LAYERS[-1]
 
