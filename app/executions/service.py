@@ -71,7 +71,7 @@ class Session:
 
 
 async def get_execution(
-    pool: asyncpg.Pool, caller: Caller, execution_id: UUID, action_id: UUID | None = None
+    pool: asyncpg.Pool, caller: Caller, *, execution_id: UUID, action_id: UUID | None = None
 ) -> Execution | None:
     caller.require(("SELECT", resources.EXECUTION_DOCUMENT))
     async with pool.acquire() as conn:
@@ -80,7 +80,7 @@ async def get_execution(
 
 
 async def get_session(
-    pool: asyncpg.Pool, caller: Caller, action_id: UUID, session_id: str
+    pool: asyncpg.Pool, caller: Caller, *, action_id: UUID, session_id: str
 ) -> Session | None:
     caller.require(("SELECT", resources.SESSION_INDEX))
     async with pool.acquire() as conn:

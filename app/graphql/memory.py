@@ -448,7 +448,7 @@ class ActionMemoryFields:
             info.context.pool,
             embedder,
             info.context.caller,
-            self.action_id,
+            action_id=self.action_id,
             query=query,
             mode=mode.value if mode else None,
             kind=kind,
