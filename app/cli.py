@@ -354,9 +354,9 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
                 account_id = await _account_or_default(conn, account)
             return await export_action(
                 pool,
-                account_id,
-                action_id,
-                out,
+                account_id=account_id,
+                action_id=action_id,
+                out=out,
                 embeddings=not args.no_embeddings,
                 progress=sys.stderr.isatty(),
             )
@@ -385,8 +385,8 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
                 account_id = await _account_or_default(conn, account)
             return await import_file(
                 pool,
-                account_id,
-                lines,
+                account_id=account_id,
+                lines=lines,
                 open_embedder=lambda: open_embedder(settings),
                 batch_rows=args.batch_size,
                 progress=sys.stderr.isatty(),
