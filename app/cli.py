@@ -313,10 +313,8 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _in_account(
-    settings: Settings, account: UUID | None, work: Callable[[Any, UUID], Awaitable[T]]
-) -> T:
-    """Runs `work(pool, account_id)` on the migrated database, in `account` or else the default
+def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Awaitable[T]]) -> T:
+    """Runs `work(pool, account_id=...)` on the migrated database, in `account` or else the default
     account (export and import need no admin token)."""
     from app.auth.service import ensure_default_account
 
@@ -328,7 +326,7 @@ def _in_account(
             if account_id is None:
                 async with pool.acquire() as conn:
                     account_id = await ensure_default_account(conn)
-            return await work(pool, account_id)
+            return await work(pool, account_id=account_id)
 
     return asyncio.run(run())
 

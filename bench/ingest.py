@@ -243,7 +243,7 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
                 account = await ensure_default_account(conn)
             out = io.StringIO()
             t = time.perf_counter()
-            await export_action(pool, account, uuid.UUID(action_id), out)
+            await export_action(pool, account_id=account, action_id=uuid.UUID(action_id), out=out)
             exported = time.perf_counter() - t
         finally:
             await pool.close()
@@ -258,7 +258,10 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
 
             t = time.perf_counter()
             result = await import_file(
-                target, account, out.getvalue().splitlines(), open_embedder=opener
+                target,
+                account_id=account,
+                lines=out.getvalue().splitlines(),
+                open_embedder=opener,
             )
             imported = time.perf_counter() - t
         finally:

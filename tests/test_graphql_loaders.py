@@ -74,3 +74,22 @@ async def test_issue14_item3_batched_fields_keep_their_grants(state, admin, fiel
     )
     result = await GQL(state)(memory_only, PAGE % field, a=str(agent.action_id))
     assert result.codes and set(result.codes) == {"ACCESS_DENIED"}, result.errors
+
+
+# Issue 14, item 3: a DataLoader's answers last one mutation, not the request. Mutations run one
+# after the other, each seeing what the ones before it wrote, as they did before DataLoaders.
+TWO_TURNS = """mutation($a: UUID!) {
+  first: executeAction(input: {actionId: $a, sessionId: "s1", input: "one"}) {
+    status session { turns } }
+  second: executeAction(input: {actionId: $a, sessionId: "s1", input: "two"}) {
+    status session { turns } }
+}"""
+
+
+async def test_issue14_item3_a_later_mutation_reads_what_an_earlier_one_wrote(
+    state, admin, model_server
+):
+    a = str((await make_agent(state, admin)).action_id)
+    done = (await GQL(state)(admin, TWO_TURNS, a=a)).ok()
+    assert done["first"] == {"status": "SUCCEEDED", "session": {"turns": 1}}
+    assert done["second"] == {"status": "SUCCEEDED", "session": {"turns": 2}}

@@ -1,6 +1,7 @@
 """Policy patterns match in bounded time, resolve against the known resources once, and a
 client cannot write one that names nothing (issue 11, item 1: ReDoS by a tenant's DENY)."""
 
+import json
 import logging
 import subprocess
 import sys
@@ -129,3 +130,14 @@ async def test_stored_policies_naming_nothing_load_with_one_warning(gql, state, 
     warnings = [r.getMessage() for r in caplog.records if r.name == "app.auth.policies"]
     assert len(warnings) == 2  # one per pattern, not one per request
     assert "'financial.action.*'" in warnings[0]
+
+
+def test_forgetting_the_warnings_warns_once_more_as_a_restart_does(caplog):
+    stored = json.dumps([deny(["SELECT"], "financial.nothing.*")])
+    parse_policies(json.loads(stored))  # the process has read these policies before
+    policy_module.forget_warnings()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="app.auth.policies"):
+        parse_policies(json.loads(stored))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "app.auth.policies"]
+    assert len(warnings) == 1 and "'financial.nothing.*'" in warnings[0]

@@ -149,7 +149,9 @@ async def admin_of(state):
 
 async def exported(state, admin, agent, **options) -> list[str]:
     out = io.StringIO()
-    await export_action(state.pool, admin.account_id, agent.action_id, out, **options)
+    await export_action(
+        state.pool, account_id=admin.account_id, action_id=agent.action_id, out=out, **options
+    )
     return out.getvalue().splitlines()
 
 
@@ -157,7 +159,9 @@ async def load(target: AppState, account_id, lines, **options):
     async def opener():
         return target.embedder
 
-    return await import_file(target.pool, account_id, lines, open_embedder=opener, **options)
+    return await import_file(
+        target.pool, account_id=account_id, lines=lines, open_embedder=opener, **options
+    )
 
 
 async def table_counts(state) -> dict[str, int]:

@@ -110,6 +110,7 @@ def forget_warnings() -> None:
     """Forgets which stored patterns were warned about, as a restart does: each is warned about
     once more (tests use it to start from a known state)."""
     _warned.clear()
+    _stored.cache_clear()  # stored policies parsed before would not be parsed (nor warned) again
 
 
 def _warn_unmatched(pattern: str) -> None:

@@ -21,7 +21,7 @@ class VectorTable:
     key_types: tuple[str, ...]  # the SQL type of each key column
     columns: tuple[str, ...]  # the columns its embedded text is built from
     text: Callable[..., str]  # builds the embedded text from those columns, in order
-    # agent_memories has no shared HNSW index: large agents get their own (migration 0015).
+    # False: the table's owner indexes its vectors itself (its VectorTable says why).
     indexed: bool = True
 
 

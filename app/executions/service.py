@@ -67,7 +67,7 @@ class Session(_OfRow):
 
 
 async def get_execution(
-    pool: asyncpg.Pool, caller: Caller, execution_id: UUID, action_id: UUID | None = None
+    pool: asyncpg.Pool, caller: Caller, *, execution_id: UUID, action_id: UUID | None = None
 ) -> Execution | None:
     caller.require(("SELECT", resources.EXECUTION_DOCUMENT))
     async with pool.acquire() as conn:

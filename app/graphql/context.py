@@ -52,7 +52,7 @@ class Context(BaseContext):
 
     def load(self, type_name: str, key: Hashable) -> Awaitable[Any]:
         """The object of `type_name` at `key` (None if none), read with the others this
-        request's resolvers ask for meanwhile, and kept for the rest of the request."""
+        request's resolvers ask for meanwhile, and kept for the rest of the query (or mutation)."""
         loader = self._loaders.get(type_name)
         if loader is None:
             # The pool and caller, not the context: a loader holding its context would make a
@@ -60,6 +60,10 @@ class Context(BaseContext):
             loader = DataLoader(load_fn=partial(_BATCHES[type_name], self.pool, self.caller))
             self._loaders[type_name] = loader
         return loader.load(key)
+
+    def forget_loaded(self) -> None:
+        """Before each mutation: what the mutations before it wrote is read again."""
+        self._loaders.clear()
 
 
 Info = StrawberryInfo[Context, Any]

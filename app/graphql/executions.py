@@ -321,7 +321,9 @@ class ExecutionQuery:
             UUID, strawberry.argument(description="The execution's `executionId`.")
         ],
     ) -> ActionExecution | None:
-        found = await executions.get_execution(info.context.pool, info.context.caller, execution_id)
+        found = await executions.get_execution(
+            info.context.pool, info.context.caller, execution_id=execution_id
+        )
         return ActionExecution.of(found) if found else None
 
 

@@ -446,7 +446,7 @@ class ActionMemoryFields:
             info.context.pool,
             info.context.embedder,
             info.context.caller,
-            self.action_id,
+            action_id=self.action_id,
             query=query,
             mode=mode.value if mode else None,
             kind=kind,

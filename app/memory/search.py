@@ -71,8 +71,8 @@ from app.memory.visibility import OperatorReader, Reader
 from app.observability import metrics
 from app.text import MAX_QUERY_CHARS, check_query
 
-# Measured (bench/README.md): the exact plan took hybrid p50 30 ms at 5,000 records of a
-# scattered 1,230,000-record table; an agent of more records than this has its own indexes.
+# Above this many records the exact plan (a rank over every record) gets slow, so an agent
+# has its own indexes and the index plan (figures in bench/README.md, search_scale).
 EXACT_MAX_ROWS = 10_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
@@ -231,8 +231,8 @@ async def search_as_operator(
     pool: asyncpg.Pool,
     embedder: Embedder,
     caller: Caller,
-    action_id: UUID,
     *,
+    action_id: UUID,
     query: str | None,
     mode: str | None = None,
     kind: str | None = None,

@@ -212,9 +212,9 @@ class OpaqueKey(_KeyParams):
 
     The exact plan's statement is the same for every agent. With the key as a constant, a
     custom plan always looked cheaper than the generic one (its estimate is the agent's own
-    size), so plan_cache_mode `auto` planned it at every search (1.2-1.6 ms at 1,230,000
-    records). With the key hidden, both plans cost the same, and `auto` keeps the generic plan
-    from the sixth run on a connection."""
+    size), so plan_cache_mode `auto` planned it at every search (its cost: bench/README.md).
+    With the key hidden, both plans cost the same, and `auto` keeps the generic plan from the
+    sixth run on a connection."""
 
     def __call__(self, value: Any) -> str:
         placeholder = super().__call__(value)

@@ -50,10 +50,10 @@ _NOUNS = {
 
 async def export_action(
     pool: asyncpg.Pool,
+    *,
     account_id: UUID,
     action_id: UUID,
     out: TextIO,
-    *,
     embeddings: bool = True,
     progress: bool = False,
 ) -> dict[str, int]:
@@ -117,9 +117,9 @@ def _header(line: str | None) -> dict[str, Any]:
 
 async def import_file(
     pool: asyncpg.Pool,
+    *,
     account_id: UUID,
     lines: Iterable[str],
-    *,
     open_embedder: Callable[[], Awaitable[Embedder]],
     batch_rows: int = BATCH_ROWS,
     progress: bool = False,
