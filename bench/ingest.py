@@ -47,6 +47,7 @@ from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.setup import ensure_model  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.main import create_app  # noqa: E402
+from app.memory.store import EMBEDDING, RECORD_COLUMNS  # noqa: E402
 from app.memory.vectors import VECTOR_COLUMNS, memory_text  # noqa: E402
 from app.transfer.service import export_action, import_file  # noqa: E402
 
@@ -135,14 +136,12 @@ class Served:
 async def _index_cost(url: str, rows: int = 1000) -> float:
     """Seconds to insert `rows` records (copies of stored ones, new IDs, their vectors) with
     every index; rolled back. (There is no HNSW index shared by every agent, migration 0015.)"""
+    # New records, not successors: the chain columns stay empty.
+    columns = tuple(c for c in (*RECORD_COLUMNS, EMBEDDING) if c not in ("replaces", "replaced_by"))
+    copied = ", ".join("gen_random_uuid()" if c == "memory_id" else c for c in columns)
     copy = (
-        "INSERT INTO agent_memories (account_id, action_id, memory_id, version, created, "
-        "modified, summary, content, metadata, status, scope, kind, source, pinned, labels, "
-        "preview, execution_id, invocation_number, action_version, modified_by, embedding) "
-        "SELECT account_id, action_id, gen_random_uuid(), version, created, modified, summary, "
-        "content, metadata, status, scope, kind, source, pinned, labels, preview, execution_id, "
-        "invocation_number, action_version, modified_by, embedding FROM agent_memories "
-        "WHERE embedding IS NOT NULL ORDER BY random() LIMIT $1"
+        f"INSERT INTO agent_memories ({', '.join(columns)}) SELECT {copied} FROM agent_memories "
+        f"WHERE {EMBEDDING} IS NOT NULL ORDER BY random() LIMIT $1"
     )
     conn = await asyncpg.connect(url)
     try:
