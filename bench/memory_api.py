@@ -382,43 +382,20 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
         per_agent = await conn.fetchval(
             "SELECT avg(n) FROM (SELECT count(*) n FROM agent_memories GROUP BY action_id) c"
         )
+
+    def console(*resources: str) -> Caller:
+        grant = {"effect": "ALLOW", "actions": ["SELECT"], "resources": list(resources)}
+        return Caller(account_id, "console", parse_policies([grant]))
+
     # Exactly the spec's grants for listing and reading, and SELECT on the agent to reach it.
-    reader = Caller(
-        account_id,
-        "console",
-        parse_policies(
-            [
-                {
-                    "effect": "ALLOW",
-                    "actions": ["SELECT"],
-                    "resources": [
-                        "financial.AgentMemory.indexes.*",
-                        "financial.AgentMemory.document",
-                        "financial.Action.document",
-                    ],
-                }
-            ]
-        ),
+    listing = (
+        "financial.AgentMemory.indexes.*",
+        "financial.AgentMemory.document",
+        "financial.Action.document",
     )
+    reader = console(*listing)
     # The same, and SELECT on executions: what a page asking each record's execution needs.
-    linked_reader = Caller(
-        account_id,
-        "console",
-        parse_policies(
-            [
-                {
-                    "effect": "ALLOW",
-                    "actions": ["SELECT"],
-                    "resources": [
-                        "financial.AgentMemory.indexes.*",
-                        "financial.AgentMemory.document",
-                        "financial.Action.document",
-                        "financial.ActionExecution.document",
-                    ],
-                }
-            ]
-        ),
-    )
+    linked_reader = console(*listing, "financial.ActionExecution.document")
     try:
         results = await measure(state, reader, linked_reader, args.queries)
     finally:
