@@ -11,7 +11,7 @@ from pgvector.asyncpg import register_vector
 # to: memory search's HNSW settings for a large agent's own index (app/memory/search.py), so
 # that such a search is one statement, with no settings to send first. They apply to every
 # HNSW scan the connection runs.
-SESSION_SETTINGS = {"hnsw.ef_search": "60", "hnsw.iterative_scan": "relaxed_order"}
+SESSION_SETTINGS = {"hnsw.ef_search": "80", "hnsw.iterative_scan": "relaxed_order"}
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

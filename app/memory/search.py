@@ -76,7 +76,7 @@ from app.text import MAX_QUERY_CHARS, check_query
 EXACT_MAX_ROWS = 10_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
-EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # 60: every connection's default
+EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's default (app/db/pool.py)
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
 RARE_WORD_ROWS = 2000  # index plan: words in at most this many records are found by GIN
 RARE_WORD_READS = 400  # index plan: the most records sharing a rare word ranked per search
