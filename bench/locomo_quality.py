@@ -35,19 +35,17 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import add_locomo_argument, bench_record, load_locomo  # noqa: E402
+from common import add_locomo_argument, bench_record, fresh_database, load_locomo  # noqa: E402
 
 from app.actions.harness import SearchConfig  # noqa: E402
-from app.db import migrate  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embedder  # noqa: E402
-from app.embeddings.setup import ensure_model  # noqa: E402
 from app.memory import search as search_module  # noqa: E402
 from app.memory.search import search  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
 from app.memory.store import copy_committed  # noqa: E402
-from app.memory.vectors import VECTOR_COLUMNS, memory_text  # noqa: E402
+from app.memory.vectors import memory_text  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 
 SAMPLES: list[dict[str, Any]] = []  # LoCoMo's dev half, read from --locomo in main()
@@ -201,24 +199,6 @@ async def evaluate(url: str, embedder: Embedder, sweep: bool) -> dict[str, dict[
     return {m: {k: v / count for k, v in totals[m].items()} for m in MODES}
 
 
-async def prepare(pg: EmbeddedPostgres, name: str, embedder: Embedder) -> str:
-    conn = await asyncpg.connect(pg.uri())
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    url = pg.uri(name)
-    await asyncio.to_thread(migrate.upgrade, url)
-    pool = await create_pool(url, min_size=1, max_size=1)
-    try:
-        # Fixes the vector columns to this model, as a service start does.
-        await ensure_model(pool, embedder, VECTOR_COLUMNS)
-    finally:
-        await pool.close()
-    return url
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,7 +238,7 @@ def main() -> None:
                 continue
             print(f"\n{name} ({embedder.name}, {embedder.dimensions}-d):")
             started = time.perf_counter()
-            url = asyncio.run(prepare(pg, f"locomo_{name}", embedder))
+            url = asyncio.run(fresh_database(pg, f"locomo_{name}", embedder))
             asyncio.run(evaluate(url, embedder, args.sweep))
             print(f"  ({time.perf_counter() - started:.0f} s)")
     finally:
