@@ -22,6 +22,8 @@ from app.errors import BadInput
 from app.memory import maintenance
 from app.memory import search as search_module
 from app.memory.search import search
+from app.memory.search_store import Filters
+from app.memory.visibility import Reader
 from app.state import AppState
 
 
@@ -387,3 +389,33 @@ async def test_m20_index_plan_looks_for_common_words_among_the_newest_records(
     recent = await agent.add("Weather today")
     assert await agent.find("weather", mode="lexical") == [recent]
     assert old in await agent.find("weather in the old days", mode="vector")  # by meaning
+
+
+async def test_m20_exact_plan_up_to_its_row_limit_counting_only_what_it_scores(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The exact plan scores at most EXACT_MAX_ROWS records in one statement; with one more the
+    # same statement returns nothing, and the index plan ranks instead (with the same results).
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 3)
+    query = "garden roses"
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
+    pool, operator = agent.state.pool, agent.operator
+
+    async def plan(reader: Reader, filters: Filters) -> str:
+        return (await search_module.ranked(pool, reader, filters, ranking))[1]
+
+    three = [await agent.add(f"Roses in the garden, bed {i}") for i in range(3)]
+    found, chosen = await search_module.ranked(pool, operator, Filters(), ranking)
+    assert chosen == "exact" and sorted(r.memory_id for r in found) == sorted(three)
+    # It counts what the reader sees under the filters: a fourth record of another session, or
+    # of another kind, leaves the exact plan to a reader who cannot see it or filters it out.
+    await agent.add(
+        "Roses in another session's garden", scope="SESSION", session_id="s2", kind="guidance"
+    )
+    assert await plan(agent.reader(session="s1"), Filters()) == "exact"
+    assert await plan(operator, Filters(kind="fact")) == "exact"
+    assert await plan(operator, Filters()) == "index"
+    found, _ = await search_module.ranked(pool, operator, Filters(), ranking)
+    exact, _ = await search_module.ranked(pool, operator, Filters(), ranking, "exact")
+    assert len(found) == 4 and [r.memory_id for r in found] == [r.memory_id for r in exact]

@@ -20,10 +20,10 @@ found by meaning alone: in hybrid mode a record sharing a word with the query is
 whatever its cosine; in vector mode it is a plain threshold; lexical mode ignores it.
 
 Plans (measured by bench/search_scale.py; figures in bench/README.md)
-- `exact` when the agent has no indexes of its own and at most EXACT_MAX_ROWS rows under the
-  label and ID filters: read those rows by the (account, action) btree and score every one.
-  Exact whatever the filters. Its cost is one heap read per record (an agent's rows are
-  scattered through the table), so it grows with the agent.
+- `exact` when the agent has no indexes of its own and the reader sees at most EXACT_MAX_ROWS
+  records under the filters: read those rows by the (account, action) btree and score every
+  one. Exact whatever the filters. Its cost grows with the agent: about 1 µs a record, most of
+  it the cosine and the text rank (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
   one to every agent of 10,000 records or more), iterative scan (`relaxed_order`, so a filter
@@ -37,9 +37,10 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   every candidate's rank. Word frequencies come from `search_words`, refreshed by the same
   maintenance.
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
-  up in `agent_indexes` and counts its rows (an index-only count that stops at EXACT_MAX_ROWS
-  + 1; not for an agent with own indexes unless label or ID filters narrow the search) and
-  reads nothing when the index plan is the one; that statement is then run. Its text is the
+  up in `agent_indexes` (with own indexes it reads nothing, unless label or ID filters narrow
+  the search) and scores at most EXACT_MAX_ROWS + 1 records; one more than that, and it
+  returns none and the index plan runs. So what decides is the number of records the reader
+  sees under the filters. Its text is the
   same for every agent (`search_store.OpaqueKey`), so it runs on a cached generic plan. The
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
   caches still uses the agent's partial indexes. The connections' defaults (app/db/pool.py)

@@ -127,7 +127,7 @@ def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> st
         after=after,
         limit=int(r.limit),
         columns=_COLUMNS,
-        gate=", g.own AS gate_own, g.rows AS gate_rows" if gated else "",
+        gate=", g.own AS gate_own, (SELECT count(*) FROM scored) AS gate_rows" if gated else "",
         source="gate g LEFT JOIN (" if gated else "",
         close=") ON true\n    " if gated else "",
         account=p(reader.account_id),
@@ -143,39 +143,36 @@ async def ranked_exact(
     max_rows: int | None = None,
 ) -> tuple[list[MemoryRecord], bool | None]:
     """Scores every record the reader sees under the filters: (records, None). With
-    `max_rows`, in the same statement, only if the agent has no own indexes and at most that
-    many rows under the label and ID filters (counted up to there; under those filters even a
-    large agent's): otherwise it reads nothing and returns ([], whether it has own indexes).
-    Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
-    filters a custom plan must see the key, to choose the labels index for a large agent."""
+    `max_rows`, in the same statement, only if the agent has no own indexes (or label or ID
+    filters narrow the search) and at most that many records are scored: otherwise it
+    returns ([], whether it has own indexes). Unfiltered the statement is the same for every
+    agent (`OpaqueKey`); under label or ID filters a custom plan must see the key, to choose
+    the labels index for a large agent."""
     p = Params() if filters.narrows else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
-    gate, passes = "", "true"
+    gate, limit = "", ""
     if max_rows is not None:
         account, action = p(reader.account_id), p(reader.action_id)
-        counted = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
-            Filters(labels=filters.labels, ids=filters.ids), p
-        )
-        first = f"SELECT FROM agent_memories m WHERE {counted} LIMIT {int(max_rows) + 1}"
-        rows = f"(SELECT count(*) FROM ({first}) c)"
-        if not filters.narrows:
-            rows = f"CASE WHEN own THEN NULL ELSE {rows} END"  # a large agent: not counted
         gate = (
-            f"gate AS MATERIALIZED (SELECT own, {rows} AS rows FROM (SELECT EXISTS (SELECT FROM"
-            f" agent_indexes v WHERE v.account_id = {account} AND v.action_id = {action})"
-            " AS own) o), "
+            f"gate AS MATERIALIZED (SELECT EXISTS (SELECT FROM agent_indexes v WHERE "
+            f"v.account_id = {account} AND v.action_id = {action}) AS own), "
         )
-        passes = f"(SELECT g.rows <= {int(max_rows)} FROM gate g)"
+        if not filters.narrows:  # a large agent's own indexes serve it: nothing is read
+            where += " AND NOT (SELECT own FROM gate)"
+        # One record more than it may score tells that the agent is too large for this plan;
+        # counting first would read the agent's btree twice (0.6 ms at 5,000 records).
+        limit = f" LIMIT {int(max_rows) + 1}"
     # Words are tested in the select list, not the WHERE clause, so the planner reads the agent's
     # rows by its btree instead of the GIN index over every agent (slow for an OR query).
     sql = f"""
     WITH {gate}scored AS MATERIALIZED (
-        SELECT {_signals(r, p)} FROM agent_memories m WHERE {where} AND {passes}
+        SELECT {_signals(r, p)} FROM agent_memories m WHERE {where}{limit}
     ){_finish(reader, r, p, gated=max_rows is not None)}"""
     rows = await conn.fetch(sql, *p.values)
     if max_rows is not None:
-        if rows[0]["gate_rows"] is None or rows[0]["gate_rows"] > max_rows:
-            return [], rows[0]["gate_own"]
+        own, scored = rows[0]["gate_own"], rows[0]["gate_rows"]
+        if scored > max_rows or (own and scored == 0 and not filters.narrows):
+            return [], own
         rows = [row for row in rows if row["memory_id"] is not None]
     return [_scored(row) for row in rows], None
 
