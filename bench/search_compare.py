@@ -203,13 +203,13 @@ def table(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--before", type=Path, nargs="+", required=True, metavar="FILE")
     parser.add_argument("--after", type=Path, nargs="+", required=True, metavar="FILE")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     before, before_commands = read(args.before)
     after, after_commands = read(args.after)
     print("Times in ms: p95 (p50, samples); SQL as the service runs it, without the query")

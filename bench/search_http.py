@@ -90,16 +90,24 @@ def gql(base: str, token: str, query: str, **variables: Any) -> dict[str, Any]:
 
 def set_up(base: str, url: str, plan: Plan) -> dict[uuid.UUID, str]:
     """What the API needs to reach the bench's agents; a token per bench account."""
-    template = gql(
-        base,
-        TOKEN,
-        "mutation($i: ActionInput!) { createAction(input: $i) { actionId } }",
-        i={"name": "bench search template", "instructions": "", "harness": HARNESS},
-    )["createAction"]["actionId"]
 
     async def versions() -> int:
         conn = await asyncpg.connect(url)
         try:
+            missing = await conn.fetchval(
+                "SELECT count(*) FROM actions a WHERE a.account_id = ANY($1::uuid[]) "
+                "AND NOT EXISTS (SELECT 1 FROM action_versions v "
+                "WHERE v.account_id = a.account_id AND v.action_id = a.action_id)",
+                plan.accounts,
+            )
+            if not missing:
+                return 0
+            template = gql(
+                base,
+                TOKEN,
+                "mutation($i: ActionInput!) { createAction(input: $i) { actionId } }",
+                i={"name": "bench search template", "instructions": "", "harness": HARNESS},
+            )["createAction"]["actionId"]
             columns = await conn.fetch(
                 "SELECT quote_ident(column_name) AS name FROM information_schema.columns "
                 "WHERE table_schema = 'public' AND table_name = 'action_versions' "
