@@ -141,9 +141,16 @@ def verdict(value: float | None, goal: float, at_most: bool) -> str:
     return "met" if (value <= goal if at_most else value >= goal) else "missed"
 
 
-def table(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+def table(
+    before: dict[str, Any], after: dict[str, Any], labels: tuple[str, str] = ("", "")
+) -> list[str]:
+    """The table's lines; `labels` name the two sides in the heading (e.g. their commits)."""
+    heads = [
+        f"{side} ({label})" if label else side
+        for side, label in zip(("Before", "After"), labels, strict=True)
+    ]
     rows = [
-        "| Target | Goal | Before | After | After meets it |",
+        f"| Target | Goal | {heads[0]} | {heads[1]} | After meets it |",
         "|---|---|---|---|---|",
     ]
     sizes = sorted(
@@ -209,6 +216,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--before", type=Path, nargs="+", required=True, metavar="FILE")
     parser.add_argument("--after", type=Path, nargs="+", required=True, metavar="FILE")
+    parser.add_argument("--before-label", default="", help="e.g. the starting commit, 0713570")
+    parser.add_argument("--after-label", default="", help="e.g. the commit measured after")
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        help="the source tree the before's search_scale.py ran in (its command is shown run there)",
+    )
     args = parser.parse_args(argv)
     before, before_commands = read(args.before)
     after, after_commands = read(args.after)
@@ -224,10 +238,13 @@ def main(argv: list[str] | None = None) -> None:
             f"after {after.get('records')}."
         )
     print()
-    print("\n".join(table(before, after)))
-    print("\nReproduce (each in the source tree it measures; search_http.py serves --root):\n")
+    print("\n".join(table(before, after, (args.before_label, args.after_label))))
+    print("\nReproduce (search_scale.py in the source tree it measures; search_http.py serves")
+    print("the tree --root names, this repository by default):\n")
     for name, commands in (("before", before_commands), ("after", after_commands)):
         for command in commands:
+            if name == "before" and args.before_tree and "bench/search_scale.py" in command:
+                command = f"(cd {args.before_tree} && {command})"
             print(f"    # {name}\n    {command}")
 
 
