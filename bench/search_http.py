@@ -325,6 +325,7 @@ def main() -> None:
         if args.cold:
             service.stop()
             pg, note = restart_cold(pg, args.data_dir, SERVER_SETTINGS)
+            url = service_settings["ENGRAM_DATABASE_URL"] = pg.uri(plan.database)
             service = Service(root, args.data_dir, port, settings=service_settings)
             client = Client(port, tokens)
             figures["http_cold"] = measure_cold(client, groups, picks, args.cold_agents, note)

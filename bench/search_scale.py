@@ -723,6 +723,7 @@ def main() -> None:
         # First, while this process has searched nothing: the cold searches are of agents the
         # warm run below does not search, so that its searches stay each agent's first too.
         pg, note = restart_cold(pg, args.data_dir, SERVER_SETTINGS)
+        url = pg.uri(plan.database)
         cold = asyncio.run(
             measure_cold(url, embedder, groups, picks, args.cold_agents, args.reader, note)
         )
