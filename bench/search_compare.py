@@ -34,7 +34,8 @@ _COLD_GROUP = re.compile(r"^  (\d[\d,]*)-record agents?\b")
 _TIMING = re.compile(r"^\s+(hybrid|lexical|vector)\s+top-10\s+")
 _OVERLAP = re.compile(r"^\s+(vector|hybrid) top-10 overlap with the exact plan's .*: ([\d.]+)")
 _COLD_MODE = re.compile(r"^\s+cold (hybrid|lexical|vector)\s+first search")
-_COLD_FIRST = re.compile(r"cold first search \(hybrid\) ([\d.]+) ms")
+_COLD_FIRST = re.compile(r"cold first search(?:Memories)? \(hybrid\) ([\d.]+) ms")
+_HTTP = re.compile(r"^  searchMemories (hybrid|lexical|vector)\s+first: 10\s+")
 _ONLINE = re.compile(r"online: ([\d,]+) records/s")
 _RECORDS = re.compile(r"^# ([\d,]+) records")
 
@@ -52,13 +53,18 @@ def stats(match: re.Match[str]) -> dict[str, float]:
 
 def parse_text(text: str) -> dict[str, Any]:
     """The figures of search_scale.py's printed output (this commit's or an earlier one's):
-    the chosen plan's latency and overlap per size, online writes, the cold searches."""
-    figures: dict[str, Any] = {"sql": {}, "sql_cold": {}}
+    the chosen plan's latency and overlap per size, online writes, the cold searches; and
+    searchMemories' (search_http.py's output, or search_scale.py's after --http)."""
+    figures: dict[str, Any] = {"sql": {}, "sql_cold": {}, "http": {}, "http_cold": {}}
+    side = "sql"  # whose lines: search_scale's SQL, or searchMemories over HTTP
     size: str | None = None
-    section = ""  # "chosen", "cold", or "" (lines not read)
+    section = ""  # "chosen", "cold", "http", or "" (lines not read)
     for line in text.splitlines():
         if line.startswith("# python ") and "command" not in figures:
             figures["command"] = line[2:]
+            side = "http" if "search_http.py" in line else side
+        elif line.startswith("searchMemories over HTTP"):
+            side, section = "http", ""
         elif m := _RECORDS.match(line):
             figures["records"] = int(m.group(1).replace(",", ""))
         elif m := _ONLINE.search(line):
@@ -68,18 +74,21 @@ def parse_text(text: str) -> dict[str, Any]:
             figures["cold_note"] = line[line.find("(") + 1 : line.rfind(";")]
         elif section == "cold" and (m := _COLD_GROUP.match(line)):
             size = m.group(1).replace(",", "")
-            cold = figures["sql_cold"].setdefault(size, {})
+            cold = figures[f"{side}_cold"].setdefault(size, {})
             if first := _COLD_FIRST.search(line):
                 ms = float(first.group(1))
                 cold["first hybrid"] = {"p50": ms, "p95": ms, "p99": ms, "mean": ms, "n": 1}
         elif section == "cold" and size and (m := _COLD_MODE.match(line)):
             if s := _STATS.search(line):
-                figures["sql_cold"][size][m.group(1)] = stats(s)
+                figures[f"{side}_cold"][size][m.group(1)] = stats(s)
         elif section == "cold" and size and "cold next 9" in line:
             if s := _STATS.search(line):
-                figures["sql_cold"][size]["next 9"] = stats(s)
+                figures[f"{side}_cold"][size]["next 9"] = stats(s)
         elif m := _GROUP.match(line):
-            size, section = m.group(1).replace(",", ""), ""
+            size, section = m.group(1).replace(",", ""), "http" if side == "http" else ""
+        elif section == "http" and size and (m := _HTTP.match(line)):
+            if s := _STATS.search(line):
+                figures["http"].setdefault(size, {})[m.group(1)] = stats(s)
         elif size and line.startswith("  chosen plan"):
             section = "chosen"
             figures["sql"].setdefault(size, {"overlap": {}})["plan"] = line[

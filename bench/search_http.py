@@ -64,6 +64,8 @@ from search_scale import (  # noqa: E402
     warm_picks,
 )
 
+from app.db.embedded import EmbeddedPostgres  # noqa: E402
+
 SEARCH = """query($a: UUID!, $q: String!, $m: ActionAgentMemorySearchMode!) {
   action(actionId: $a) {
     searchMemories(query: $q, mode: $m, first: 10) {
@@ -163,10 +165,10 @@ def set_up(base: str, url: str, plan: Plan) -> dict[uuid.UUID, str]:
 class Client:
     """One keep-alive HTTP/1.1 connection sending searchMemories, timed end to end."""
 
-    def __init__(self, port: int, tokens: dict[uuid.UUID, str]) -> None:
+    def __init__(self, port: int, tokens: dict[uuid.UUID, str], questions: list[str]) -> None:
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         self.tokens = tokens
-        self.questions = locomo_questions()
+        self.questions = questions
         self.errors = 0
         self.short = 0
 
@@ -256,6 +258,49 @@ def measure(
     return figures
 
 
+def serve_and_measure(
+    pg: EmbeddedPostgres,
+    data_dir: Path,
+    plan: Plan,
+    root: Path,
+    questions: list[str],
+    groups: list[Group],
+    picks: list[list[Pick]],
+    cold: bool,
+    cold_agents: int,
+) -> tuple[dict[str, Any], EmbeddedPostgres]:
+    """Serves the bench's database with `engram serve` of `root` and times searchMemories
+    (with `cold`, the cold first searches first); the figures, and the server (restarted
+    when cold)."""
+    url = pg.uri(plan.database)
+    port = free_port()
+    service_settings = {"ENGRAM_DATABASE_URL": url}
+    service = Service(root, data_dir, port, settings=service_settings)
+    figures: dict[str, Any] = {}
+    try:
+        tokens = set_up(service.base, url, plan)
+        if cold:
+            service.stop()
+            pg, note = restart_cold(pg, data_dir, SERVER_SETTINGS)
+            url = service_settings["ENGRAM_DATABASE_URL"] = pg.uri(plan.database)
+            service = Service(root, data_dir, port, settings=service_settings)
+            client = Client(port, tokens, questions)
+            figures["http_cold"] = measure_cold(client, groups, picks, cold_agents, note)
+            figures["cold_note"] = note
+        else:
+            client = Client(port, tokens, questions)
+        asyncio.run(prewarm(url))
+        figures["http"] = measure(client, groups, picks, cold_agents)
+        figures["http_errors"] = client.errors
+        print(
+            f"\n{client.errors} errors; {client.short} searches found fewer than 10 records "
+            "(a lexical search of a question sharing no word with 10 records)"
+        )
+    finally:
+        service.stop()
+    return figures, pg
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -315,32 +360,12 @@ def main() -> None:
         )
     sizes = {int(x) for x in args.sizes.split(",") if x}
     groups = groups_of(plan, sizes or None)
-    picks = warm_picks(groups, args.queries, len(locomo_questions()))
-    port = free_port()
-    service_settings = {"ENGRAM_DATABASE_URL": url}
-    service = Service(root, args.data_dir, port, settings=service_settings)
-    figures: dict[str, Any] = {"command": command, "root": str(root), "records": plan.total}
-    try:
-        tokens = set_up(service.base, url, plan)
-        if args.cold:
-            service.stop()
-            pg, note = restart_cold(pg, args.data_dir, SERVER_SETTINGS)
-            url = service_settings["ENGRAM_DATABASE_URL"] = pg.uri(plan.database)
-            service = Service(root, args.data_dir, port, settings=service_settings)
-            client = Client(port, tokens)
-            figures["http_cold"] = measure_cold(client, groups, picks, args.cold_agents, note)
-            figures["cold_note"] = note
-        else:
-            client = Client(port, tokens)
-        asyncio.run(prewarm(url))
-        figures["http"] = measure(client, groups, picks, args.cold_agents)
-        figures["http_errors"] = client.errors
-        print(
-            f"\n{client.errors} errors; {client.short} searches found fewer than 10 records "
-            "(a lexical search of a question sharing no word with 10 records)"
-        )
-    finally:
-        service.stop()
+    questions = locomo_questions()
+    picks = warm_picks(groups, args.queries, len(questions))
+    figures, pg = serve_and_measure(
+        pg, args.data_dir, plan, root, questions, groups, picks, args.cold, args.cold_agents
+    )
+    figures |= {"command": command, "root": str(root), "records": plan.total}
     print(f"\nreproduce: {command}")
     write_json(args.json, figures)
 

@@ -13,11 +13,13 @@ hybrid, lexical and vector search and the query-less listing through the real
     python bench/search_scale.py --locomo PATH               # full size: ~25 min the first time
     python bench/search_scale.py --locomo PATH --scale 0.05  # quick: 50 small agents
     python bench/search_scale.py --locomo PATH --reorder     # rows in agent order first
-    python bench/search_scale.py --locomo PATH --cold --json after.json  # and cold, as JSON
+    python bench/search_scale.py --locomo PATH --cold --http --json after.json  # every target
 
 With --cold it first restarts the server with the OS page cache dropped (when this process may:
 root) and without prewarm, and times the first search of agents the warm run leaves alone.
-With --json the figures go to a file too, for `bench/search_compare.py` (bench/README.md).
+With --http it then times searchMemories over HTTP at every size (bench/search_http.py, which
+also serves the data set from another source tree). With --json the figures go to a file too,
+for `bench/search_compare.py` (bench/README.md).
 
 The server is tuned for the benchmark with ALTER SYSTEM (shared_buffers 8GB so the table and
 its indexes stay in memory, maintenance_work_mem 4GB and one parallel worker for the HNSW
@@ -639,6 +641,12 @@ def main() -> None:
         help="with --cold: distinct agents per mode among the 1,000-record ones (50)",
     )
     parser.add_argument(
+        "--http",
+        action="store_true",
+        help="then searchMemories over HTTP at every size (bench/search_http.py; with --cold, "
+        "its cold first searches too)",
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the figures here (search_compare.py)"
     )
     args = parser.parse_args()
@@ -738,6 +746,22 @@ def main() -> None:
     figures["sql"] = asyncio.run(
         measure(plan, url, embedder, groups, picks, args.recall_samples, args.reader)
     )
+    if args.http:
+        from search_http import serve_and_measure
+
+        print("\nsearchMemories over HTTP (bench/search_http.py), `engram serve` of this tree:")
+        http, pg = serve_and_measure(
+            pg,
+            args.data_dir,
+            plan,
+            ROOT,
+            locomo_questions(),
+            groups,
+            picks,
+            args.cold,
+            args.cold_agents,
+        )
+        figures |= http
     print(f"\nreproduce: {command}")
     write_json(args.json, figures)
 

@@ -154,3 +154,41 @@ def test_one_table_of_every_target_before_and_after(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "| Target | Goal | Before | After | After meets it |" in out
     assert "    python bench/search_http.py --data-dir D" in out
+
+
+# search_http.py's output: the same groups, its lines named searchMemories.
+HTTP = """\
+# python bench/search_http.py --locomo L --scale 0.1 --data-dir D --root /tmp/base --cold
+# engram serve of /tmp/base, 120,000 records of database engram_bench_0_1
+
+cold: the first searchMemories of an agent (server restarted, OS page cache dropped; no prewarm)
+  1,000-record agents (100 of them), 3 distinct agents per mode:
+    cold hybrid   first searchMemories  p50 32.27  p95 50.91  p99 50.91  mean 38.35 ms  (n=3)
+  20,000-record agent: cold first searchMemories (hybrid) 43.95 ms
+    cold next 9 (modes in turn): p50   22.23  p95   30.80  p99   30.80  mean   21.28 ms  (n=9)
+  prewarmed in 0 s
+
+1,000-record agents (100 of them)
+  searchMemories hybrid   first: 10  p50   12.89  p95   21.31  p99   21.31  mean   13.23 ms  (n=20)
+  searchMemories vector   first: 10  p50   12.36  p95   20.05  p99   20.05  mean   12.45 ms  (n=20)
+
+20,000-record agent
+  searchMemories lexical  first: 10  p50    4.63  p95   11.34  p99   11.34  mean    5.28 ms  (n=20)
+"""
+
+
+def test_searchmemories_lines_are_read_as_http_figures() -> None:
+    http = parse_text(HTTP)
+    assert http["sql"] == {} and http["sql_cold"] == {}
+    assert http["http"]["1000"]["hybrid"]["p95"] == 21.31
+    assert http["http"]["1000"]["vector"]["n"] == 20
+    assert http["http"]["20000"]["lexical"]["p50"] == 4.63
+    assert http["http_cold"]["1000"]["hybrid"]["p95"] == 50.91
+    assert http["http_cold"]["20000"]["first hybrid"]["p95"] == 43.95
+    # search_scale.py --http prints its SQL figures, then these after a heading.
+    heading = "\nsearchMemories over HTTP (bench/search_http.py)\n"
+    both = parse_text(AFTER + heading + HTTP[HTTP.index("cold:") :])
+    assert both["sql"]["1000"]["hybrid"]["p95"] == 4.03
+    assert both["sql_cold"]["1000"]["lexical"]["p95"] == 50.43
+    assert both["http"]["1000"]["hybrid"]["p95"] == 21.31
+    assert both["http_cold"]["1000"]["hybrid"]["p95"] == 50.91
