@@ -214,6 +214,9 @@ def measure_cold(
     q = 0
     for (title, size, agents), warm in zip(groups, picks, strict=True):
         chosen = cold_agents(agents, warm, per_mode * 3)
+        if len(chosen) < 3 and len(agents) > 1:
+            print(f"  {title}: skipped, the warm run searches (nearly) every one of them")
+            continue
         if len(agents) == 1:
             first = client.search(chosen[0], q % questions, "hybrid")
             rest = [

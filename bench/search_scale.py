@@ -469,6 +469,9 @@ async def measure_cold(
         for (title, size, agents), warm in zip(groups, picks, strict=True):
             chosen = cold_agents(agents, warm, per_mode * 3)
             found: dict[str, dict[str, float]] = {}
+            if len(chosen) < 3 and len(agents) > 1:
+                print(f"  {title}: skipped, the warm run searches (nearly) every one of them")
+                continue
             if len(agents) == 1:
                 first = await timed(chosen[0], "hybrid")
                 rest = [await timed(chosen[0], modes[i % 3]) for i in range(9)]
