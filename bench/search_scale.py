@@ -13,6 +13,13 @@ hybrid, lexical and vector search and the query-less listing through the real
     python bench/search_scale.py --locomo PATH               # full size: ~25 min the first time
     python bench/search_scale.py --locomo PATH --scale 0.05  # quick: 50 small agents
     python bench/search_scale.py --locomo PATH --reorder     # rows in agent order first
+    python bench/search_scale.py --locomo PATH --cold --http --json after.json  # every target
+
+With --cold it first restarts the server with the OS page cache dropped (when this process may:
+root) and without prewarm, and times the first search of agents the warm run leaves alone.
+With --http it then times searchMemories over HTTP at every size (bench/search_http.py, which
+also serves the data set from another source tree). With --json the figures go to a file too,
+for `bench/search_compare.py` (bench/README.md).
 
 The server is tuned for the benchmark with ALTER SYSTEM (shared_buffers 8GB so the table and
 its indexes stay in memory, maintenance_work_mem 4GB and one parallel worker for the HNSW
@@ -41,7 +48,15 @@ from pgvector.asyncpg import register_vector
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import add_locomo_argument, load_locomo, percentiles, tuned_server  # noqa: E402
+from common import (  # noqa: E402
+    add_locomo_argument,
+    load_locomo,
+    percentiles,
+    restart_cold,
+    summary,
+    tuned_server,
+    write_json,
+)
 
 from app.actions.harness import SearchConfig  # noqa: E402
 from app.config import Settings  # noqa: E402
@@ -355,11 +370,15 @@ async def prewarm(url: str) -> None:
     try:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
         t = time.perf_counter()
+        # Every table and index of the schema and their TOAST: whatever layout search reads.
         relations = await conn.fetch(
             "SELECT c.oid::regclass::text AS name FROM pg_class c "
-            "WHERE c.relname LIKE 'agent_memories%' AND c.relkind IN ('r', 'i') "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i', 'm') AND c.relpages > 0 "
             "UNION ALL SELECT t.oid::regclass::text FROM pg_class c "
-            "JOIN pg_class t ON t.oid = c.reltoastrelid WHERE c.relname = 'agent_memories'"
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_class t ON t.oid = c.reltoastrelid "
+            "WHERE n.nspname = 'public' AND t.relpages > 0"
         )
         for relation in relations:
             await conn.fetchval("SELECT pg_prewarm($1::regclass)", relation["name"])
@@ -368,61 +387,147 @@ async def prewarm(url: str) -> None:
         await conn.close()
 
 
+Agent = tuple[uuid.UUID, uuid.UUID, int]
+Group = tuple[str, int, list[Agent]]  # title, records per agent, the agents
+Pick = tuple[Agent, int]  # an agent and the question (index) to search it with
+
+
+def groups_of(plan: Plan, sizes: set[int] | None) -> list[Group]:
+    small = [a for a in plan.agents if a[2] == plan.small_size]
+    title = f"{plan.small_size:,}-record agents ({len(small):,} of them)"
+    groups = [(title, plan.small_size, small)]
+    groups += [
+        (f"{size:,}-record agent", size, [a for a in plan.agents if a[2] == size])
+        for size in plan.mid_sizes
+    ]
+    groups.append((f"{plan.big_size:,}-record agent", plan.big_size, [plan.big]))
+    return [g for g in groups if not sizes or g[1] in sizes]
+
+
+def warm_picks(groups: list[Group], queries: int, questions: int) -> list[list[Pick]]:
+    """Per group, the agents and questions the warm run searches (the same on every run)."""
+    rng = random.Random(3)
+    return [
+        [(rng.choice(agents), rng.randrange(questions)) for _ in range(queries)]
+        for _, _, agents in groups
+    ]
+
+
+def cold_agents(agents: list[Agent], picks: list[Pick], count: int) -> list[Agent]:
+    """Up to `count` of the group's agents that the warm run does not search (all of them when
+    the group is one agent): the cold run's searches are each the first of its agent."""
+    if len(agents) == 1:
+        return agents
+    searched = {agent for agent, _ in picks}
+    rest = [a for a in agents if a not in searched]
+    random.Random(13).shuffle(rest)
+    return rest[:count]
+
+
+def make_reader(reader_kind: str, account: uuid.UUID, action: uuid.UUID) -> Any:
+    from app.memory.visibility import AgentReader, OperatorReader
+    from app.scope import Scope
+
+    if reader_kind == "operator":  # searchMemories: every session, live and preview
+        return OperatorReader(account_id=account, action_id=action)
+    # search_memory during a live turn: the agent scope and its session's, no preview.
+    return AgentReader(account, action, "bench-session", tuple(Scope), False)
+
+
+async def measure_cold(
+    url: str,
+    embedder: StaticEmbedder,
+    groups: list[Group],
+    picks: list[list[Pick]],
+    per_mode: int,
+    reader_kind: str,
+    note: str,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """The first search of agents after a restart without prewarm: per group of many agents,
+    `per_mode` distinct agents per mode, each searched once; a group of one agent searched
+    once (hybrid), then 9 more times (modes in turn) to show how fast it warms."""
+    from app.memory import search as search_module
+    from app.memory.search_store import Filters
+
+    questions = locomo_questions()
+    vectors = (await embedder.embed(questions)).vectors
+    rng = random.Random(17)
+    figures: dict[str, dict[str, dict[str, float]]] = {}
+    pool = await create_pool(url, min_size=1, max_size=2)
+    modes = ("hybrid", "lexical", "vector")
+
+    async def timed(agent: Agent, mode: str) -> float:
+        q = rng.randrange(len(questions))
+        ranking = search_module.make_ranking(mode, questions[q], vectors[q], None, 10)
+        reader = make_reader(reader_kind, agent[0], agent[1])
+        t = time.perf_counter()
+        await search_module.ranked(pool, reader, Filters(), ranking)
+        return (time.perf_counter() - t) * 1000
+
+    try:
+        print(f"\ncold: the first search of an agent ({note}; no prewarm)")
+        for (title, size, agents), warm in zip(groups, picks, strict=True):
+            chosen = cold_agents(agents, warm, per_mode * 3)
+            found: dict[str, dict[str, float]] = {}
+            if len(chosen) < 3 and len(agents) > 1:
+                print(f"  {title}: skipped, the warm run searches (nearly) every one of them")
+                continue
+            if len(agents) == 1:
+                first = await timed(chosen[0], "hybrid")
+                rest = [await timed(chosen[0], modes[i % 3]) for i in range(9)]
+                print(f"  {title}: cold first search (hybrid) {first:.2f} ms")
+                print(f"    cold next 9 (modes in turn): {percentiles(rest)}")
+                found = {"first hybrid": summary([first]), "next 9": summary(rest)}
+            else:
+                print(f"  {title}, {len(chosen) // 3} distinct agents per mode:")
+                for i, mode in enumerate(modes):
+                    samples = [await timed(agent, mode) for agent in chosen[i::3]]
+                    print(f"    cold {mode:8s} first search  {percentiles(samples)}")
+                    found[mode] = summary(samples)
+            figures[str(size)] = found
+    finally:
+        await pool.close()
+    return figures
+
+
 async def measure(
     plan: Plan,
     url: str,
     embedder: StaticEmbedder,
-    queries: int,
-    sizes: set[int] | None,
+    groups: list[Group],
+    picks: list[list[Pick]],
     recall_samples: int,
     reader_kind: str,
-) -> None:
+) -> dict[str, Any]:
     """Per agent size: latency of each mode under the chosen plan (and, to show why it is
-    chosen, under the other plan), and top-10 overlap with exact brute force."""
+    chosen, under the other plan), and top-10 overlap with exact brute force. Returns the
+    chosen plan's figures per size."""
     from app.memory import search as search_module
     from app.memory.search import search
     from app.memory.search_store import Filters, Ranking
-    from app.memory.visibility import AgentReader, OperatorReader, Reader
-    from app.scope import Scope
-
-    def make_reader(account: uuid.UUID, action: uuid.UUID) -> Reader:
-        if reader_kind == "operator":  # searchMemories: every session, live and preview
-            return OperatorReader(account_id=account, action_id=action)
-        # search_memory during a live turn: the agent scope and its session's, no preview.
-        return AgentReader(account, action, "bench-session", tuple(Scope), False)
 
     pool = await create_pool(url, min_size=1, max_size=2)
-    rng = random.Random(3)
     questions = locomo_questions()
     vectors = (await embedder.embed(questions)).vectors
     config = SearchConfig(max_results=10)
+    figures: dict[str, Any] = {}
     try:
-        small = [a for a in plan.agents if a[2] == plan.small_size]
-        groups = [(f"{plan.small_size:,}-record agents ({len(small):,} of them)", small)]
-        groups += [
-            (f"{size:,}-record agent", [a for a in plan.agents if a[2] == size])
-            for size in plan.mid_sizes
-        ]
-        groups.append((f"{plan.big_size:,}-record agent", [plan.big]))
-        if sizes:
-            groups = [g for g in groups if g[1][0][2] in sizes]
 
         def ranking(mode: str, q: int) -> Ranking:
             return search_module.make_ranking(mode, questions[q], vectors[q], None, 10)
 
-        for title, agents in groups:
+        for (title, size, agents), group_picks in zip(groups, picks, strict=True):
             print(f"\n{title}")
-            picks = [(rng.choice(agents), rng.randrange(len(questions))) for _ in range(queries)]
             for forced in (None, "exact", "index"):
                 if forced == "exact" and agents[0][2] > 50_000:
                     print("  exact plan forced: skipped (seconds per search at this size)")
                     continue
-                runs = picks if forced is None else picks[: max(20, queries // 4)]
+                runs = group_picks[: max(20, len(group_picks) // 4)] if forced else group_picks
                 timings: dict[str, list[float]] = {m: [] for m in ("hybrid", "lexical", "vector")}
                 overlap: dict[str, list[float]] = {"vector": [], "hybrid": []}
                 used: set[str] = set()
                 for i, ((account, action, _), q) in enumerate(runs):
-                    reader = make_reader(account, action)
+                    reader = make_reader(reader_kind, account, action)
                     # Rotated, so that no mode always meets the agent's pages first.
                     modes = list(timings)
                     for mode in modes[i % 3 :] + modes[: i % 3]:
@@ -453,11 +558,17 @@ async def measure(
                         f"    {mode} top-10 overlap with the exact plan's (brute force): "
                         f"{statistics.mean(found_share):.3f} (n={len(found_share)})"
                     )
+                if forced is None:
+                    figures[str(size)] = {
+                        **{mode: summary(samples[5:]) for mode, samples in timings.items()},
+                        "overlap": {m: statistics.mean(v) for m, v in overlap.items()},
+                        "plan": ", ".join(sorted(used)),
+                    }
             # search_memory in a turn: the turn's recall searched the same agent a moment before
             # (with the request as its query), so what the process learnt of the agent serves.
             in_turn: list[float] = []
-            for (account, action, _), q in picks:
-                reader = make_reader(account, action)
+            for (account, action, _), q in group_picks:
+                reader = make_reader(reader_kind, account, action)
                 recall = ranking("hybrid", (q + 1) % len(questions))
                 await search_module.ranked(pool, reader, Filters(), recall)
                 t = time.perf_counter()
@@ -465,15 +576,15 @@ async def measure(
                 in_turn.append((time.perf_counter() - t) * 1000)
             print(f"  hybrid after the turn's recall (search_memory): {percentiles(in_turn[5:])}")
             listing: list[float] = []
-            for (account, action, _), _q in picks:
-                reader = make_reader(account, action)
+            for (account, action, _), _q in group_picks:
+                reader = make_reader(reader_kind, account, action)
                 t = time.perf_counter()
                 await search(pool, embedder, reader, config, query=None, limit=100)
                 listing.append((time.perf_counter() - t) * 1000)
             print(f"  query-less listing, 100 newest: {percentiles(listing[5:])}")
 
         account, action, _ = plan.big
-        reader = make_reader(account, action)
+        reader = make_reader(reader_kind, account, action)
         samples = []
         for question in questions[:200]:
             t = time.perf_counter()
@@ -485,6 +596,7 @@ async def measure(
         )
     finally:
         await pool.close()
+    return figures
 
 
 def main() -> None:
@@ -519,6 +631,27 @@ def main() -> None:
         help="store the records in agent order first (`engram maintain-search --reorder`)",
     )
     parser.add_argument("--load-only", action="store_true")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="first, restart the server with the OS page cache dropped (root) and no prewarm, "
+        "and time the first search of agents the warm run does not search",
+    )
+    parser.add_argument(
+        "--cold-agents",
+        type=int,
+        default=50,
+        help="with --cold: distinct agents per mode among the 1,000-record ones (50)",
+    )
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="then searchMemories over HTTP at every size (bench/search_http.py; with --cold, "
+        "its cold first searches too)",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the figures here (search_compare.py)"
+    )
     args = parser.parse_args()
     SAMPLES[:] = load_locomo(args.locomo)
     command = "python bench/search_scale.py " + shlex.join(sys.argv[1:])
@@ -589,17 +722,51 @@ def main() -> None:
         return
     if args.reorder:
         asyncio.run(reorder(url))
+    sizes = {int(x) for x in args.sizes.split(",") if x}
+    groups = groups_of(plan, sizes or None)
+    picks = warm_picks(groups, args.queries, len(locomo_questions()))
+    figures: dict[str, Any] = {
+        "command": command,
+        "records": plan.total,
+        "rows": "in agent order" if args.reorder else "scattered",
+    }
+    if args.cold:
+        # First, while this process has searched nothing: the cold searches are of agents the
+        # warm run below does not search, so that its searches stay each agent's first too.
+        pg, note = restart_cold(pg, args.data_dir, SERVER_SETTINGS)
+        url = pg.uri(plan.database)
+        cold = asyncio.run(
+            measure_cold(url, embedder, groups, picks, args.cold_agents, args.reader, note)
+        )
+        figures |= {"sql_cold": cold, "cold_note": note}
     asyncio.run(prewarm(url))
     rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000))
     print(
         f"  online: {rate:,.0f} records/s embedded and COPYed into the fully indexed table "
         "(2,000 records, rolled back)"
     )
-    sizes = {int(x) for x in args.sizes.split(",") if x}
-    asyncio.run(
-        measure(plan, url, embedder, args.queries, sizes or None, args.recall_samples, args.reader)
+    figures["online_writes_per_s"] = rate
+    figures["sql"] = asyncio.run(
+        measure(plan, url, embedder, groups, picks, args.recall_samples, args.reader)
     )
+    if args.http:
+        from search_http import serve_and_measure
+
+        print("\nsearchMemories over HTTP (bench/search_http.py), `engram serve` of this tree:")
+        http, pg = serve_and_measure(
+            pg,
+            args.data_dir,
+            plan,
+            ROOT,
+            locomo_questions(),
+            groups,
+            picks,
+            args.cold,
+            args.cold_agents,
+        )
+        figures |= http
     print(f"\nreproduce: {command}")
+    write_json(args.json, figures)
 
 
 if __name__ == "__main__":
