@@ -14,8 +14,15 @@ process at a time (a session advisory lock; other processes skip the round):
   indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
   this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
 
-`engram maintain-search` runs one round by hand (e.g. after a bulk import); with `--reorder`
-it first stores the records in agent order again (`reorder`).
+Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
+of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
+turn's memory or history, `engram import`), in the background and under the same lock, so that
+it is not ranked exactly until the next round. An agent beyond `agent_index_max_agents` is
+not: it is searched by scoring every record until a round finds it a place (one falls under half the
+threshold, or the cap is raised).
+
+`engram maintain-search` runs one round by hand; with `--reorder` it first stores the records
+in agent order again (`reorder`).
 """
 
 import asyncio
@@ -247,8 +254,8 @@ async def records(conn: asyncpg.Connection, key: AgentKey, limit: int) -> int | 
 
 async def index_agent(conn: asyncpg.Connection, key: AgentKey, max_agents: int | None) -> list[str]:
     """Builds the agent's own indexes and lists it, unless it is listed or `max_agents` agents
-    are (then it is searched exactly until a round finds it a place); under the round's lock,
-    outside any transaction. Returns the indexes built."""
+    are (then it is searched by scoring every record until a round finds it a place); under
+    the round's lock, outside any transaction. Returns the indexes built."""
     listed, mine = await conn.fetchrow(
         "SELECT count(*), count(*) FILTER (WHERE account_id = $1 AND action_id = $2) "
         "FROM agent_indexes",
