@@ -138,7 +138,7 @@ async def _build(conn: asyncpg.Connection, key: Key) -> str:
     return name
 
 
-async def parts(conn: asyncpg.Connection, key: Key, limit: int) -> int | None:
+async def session_parts(conn: asyncpg.Connection, key: Key, limit: int) -> int | None:
     """The session's parts, counted up to `limit`; None when it has its own index (a valid
     one: app/memory/maintenance.py IndexBuilds, which asks after a write)."""
     return await conn.fetchval(

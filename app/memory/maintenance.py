@@ -16,10 +16,10 @@ process at a time (a session advisory lock; other processes skip the round):
 
 Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
 of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
-turn's memory or history, `engram import`), in the background and under the same lock, so that
-it is not ranked exactly until the next round. An agent beyond `agent_index_max_agents` is
-not: it is searched by scoring every record until a round finds it a place (one falls under half the
-threshold, or the cap is raised).
+turn's memory or history, `engram import`), in the background and under the same lock, so
+that it is not searched by scoring every record until the next round. An agent beyond
+`agent_index_max_agents` is: it gets no indexes until a round finds it a place (another falls
+under half the threshold, or the cap is raised).
 
 `engram maintain-search` runs one round by hand; with `--reorder` it first stores the records
 in agent order again (`reorder`).
@@ -237,7 +237,7 @@ async def index_agents(
     return built, dropped, failed
 
 
-async def records(conn: asyncpg.Connection, key: AgentKey, limit: int) -> int | None:
+async def agent_records(conn: asyncpg.Connection, key: AgentKey, limit: int) -> int | None:
     """The agent's records, counted up to `limit`; None when it is listed (has its own
     indexes)."""
     return await conn.fetchval(
@@ -271,14 +271,15 @@ async def index_agent(conn: asyncpg.Connection, key: AgentKey, max_agents: int |
 class IndexBuilds:
     """Builds an agent's own indexes, or a session's, soon after a write of this process
     takes it past its threshold, rather than at the next round (up to
-    `search_maintenance_seconds` later, meanwhile searched exactly, slower with every record).
+    `search_maintenance_seconds` later, meanwhile searched by scoring every record).
 
     `wrote` is called after a commit, never inside it: it only counts, and when the key may
     have crossed, starts a task (one per key at a time) that counts its rows up to the
     threshold and, past it, builds under the round's lock (one builder in the database at a
     time; while another process holds it, the task tries again every `retry_seconds`). A key
     found with its own indexes, or beyond the cap, is left alone until the next round
-    (`forget`), which keeps or takes them as it does for any other. Writes of other processes
+    (`forget`; without rounds, for the life of the process), which keeps or takes them as it
+    does for any other. Writes of other processes
     are not counted here; their own process, or the next round, sees them."""
 
     def __init__(
@@ -320,7 +321,7 @@ class IndexBuilds:
         try:
             while True:
                 async with self._pool.acquire() as conn:
-                    count = await (records if agent else history_indexes.parts)(
+                    count = await (agent_records if agent else history_indexes.session_parts)(
                         conn, key, threshold
                     )
                     if count is not None and count < threshold:
@@ -334,7 +335,7 @@ class IndexBuilds:
         except Exception:
             # Counted again after the next write; the rounds retry a failed build anyway.
             self._counted.pop(key, None)
-            log.exception("building search indexes for %s failed", key)
+            log.exception("building search indexes for %s failed", "/".join(map(str, key)))
 
     async def _build(self, conn: asyncpg.Connection, key: Key) -> bool:
         """Builds under the round's lock; False when another process holds it."""
