@@ -6,7 +6,7 @@ import gc
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from functools import partial
@@ -143,6 +143,20 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         f"({result.dimensions} dimensions, {result.tokens} tokens{resumed}); the service can start"
     )
     return 0
+
+
+def _index_builds(settings: Settings, pool: Any) -> Any:
+    """Builds of large agents' and sessions' own search indexes, with the settings' limits."""
+    from app.memory.maintenance import IndexBuilds
+
+    return IndexBuilds(
+        pool,
+        min_records=settings.agent_index_min_records,
+        max_agents=settings.agent_index_max_agents,
+        min_parts=settings.history_index_min_parts,
+        max_sessions=settings.history_index_max_sessions,
+        build_memory=settings.agent_index_build_memory,
+    )
 
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
@@ -363,19 +377,30 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
 def _import(settings: Settings, args: argparse.Namespace) -> int:
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
     from app.embeddings.setup import EmbeddingModelMismatch, open_embedder
-    from app.transfer.service import import_file
+    from app.transfer.service import ImportResult, import_file
 
     account = _account_id(args.account)
+
+    async def work(pool: Any, *, account_id: UUID, lines: Iterable[str]) -> ImportResult:
+        result = await import_file(
+            pool,
+            account_id=account_id,
+            lines=lines,
+            open_embedder=partial(open_embedder, settings),
+            batch_rows=args.batch_size,
+            progress=sys.stderr.isatty(),
+        )
+        # Agents the import took past the threshold get their own search indexes now, not at
+        # the service's next maintenance round.
+        builds = _index_builds(settings, pool)
+        for action_id, records in result.records.items():
+            builds.wrote((account_id, action_id), records)
+        await builds.settle()
+        return result
+
     try:
         with _file_or_std(args.file, "r") as lines:
-            work = partial(
-                import_file,
-                lines=lines,
-                open_embedder=partial(open_embedder, settings),
-                batch_rows=args.batch_size,
-                progress=sys.stderr.isatty(),
-            )
-            result = _in_account(settings, account, work)
+            result = _in_account(settings, account, partial(work, lines=lines))
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2

@@ -520,7 +520,7 @@ def test_m20_index_build_memory_must_be_a_size() -> None:
     assert Settings(agent_index_build_memory="").agent_index_build_memory == ""
     with pytest.raises(ValidationError):
         Settings(agent_index_build_memory="1GB'; DROP TABLE agent_memories; --")
-    assert Settings().agent_index_max_agents == 50
+    assert Settings().agent_index_max_agents == 100
     with pytest.raises(ValidationError):
         Settings(agent_index_max_agents=-1)
 

@@ -257,9 +257,13 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "exported action" in done.stderr
     target_url = second.settings.database_url_value()
-    imported = run(clean_env(database_url=target_url), "import", str(path))
+    # Past the (lowered) threshold: the import builds the agent's own search indexes itself.
+    env = clean_env(database_url=target_url, agent_index_min_records="2")
+    imported = run(env, "import", str(path))
     assert imported.returncode == 0, imported.stderr
     assert "vectors copied" in imported.stdout
+    listed = "SELECT count(*) FROM agent_indexes WHERE action_id = $1"
+    assert await second.pool.fetchval(listed, agent.action_id) == 1
     target_admin = await admin_of(second)
     assert await reads(GQL(second), target_admin, agent.action_id) == before
     again = run(clean_env(database_url=target_url), "import", str(path))

@@ -105,28 +105,64 @@ async def index_sessions(
     dropped = await _drop_each(conn, sorted(set(states) - owned))
     built: list[str] = []
     failed: list[str] = []
-    options = ", ".join(f"{k} = {v}" for k, v in OPTIONS.items())
     for key in wanted:
-        name = index_name(key)
-        if states.get(name):
+        if states.get(index_name(key)):
             continue
-        account_id, action_id, session_id = key
-        # UUIDs printed by Python; the session as a quoted constant. A predicate cannot take
-        # parameters, and must read as the index plan's SQL writes the key (SessionKey).
-        where = (
-            f"account_id = '{UUID(int=account_id.int)}'::uuid"
-            f" AND action_id = '{UUID(int=action_id.int)}'::uuid"
-            f" AND session_id = {text_literal(session_id)}"
-        )
-        log.info("building a search index for session %r (%d parts)", session_id, sizes[key])
+        log.info("building a search index for session %r (%d parts)", key[2], sizes[key])
         try:
-            await _drop(conn, name)  # what an interrupted build, or other options, left
-            await conn.execute(
-                f"CREATE INDEX CONCURRENTLY {name} ON history_parts"
-                f" USING hnsw (embedding vector_cosine_ops) WITH ({options}) WHERE {where}"
-            )
-            built.append(name)
+            built.append(await _build(conn, key))
         except asyncpg.PostgresError:
-            log.exception("building a search index for session %r failed", session_id)
-            failed.append(session_id)
+            log.exception("building a search index for session %r failed", key[2])
+            failed.append(key[2])
     return built, dropped, failed
+
+
+async def _build(conn: asyncpg.Connection, key: Key) -> str:
+    """Builds the session's index, replacing what an interrupted build, or other options,
+    left under its name; returns its name."""
+    name = index_name(key)
+    account_id, action_id, session_id = key
+    # UUIDs printed by Python; the session as a quoted constant. A predicate cannot take
+    # parameters, and must read as the index plan's SQL writes the key (SessionKey).
+    where = (
+        f"account_id = '{UUID(int=account_id.int)}'::uuid"
+        f" AND action_id = '{UUID(int=action_id.int)}'::uuid"
+        f" AND session_id = {text_literal(session_id)}"
+    )
+    options = ", ".join(f"{k} = {v}" for k, v in OPTIONS.items())
+    await _drop(conn, name)
+    await conn.execute(
+        f"CREATE INDEX CONCURRENTLY {name} ON history_parts"
+        f" USING hnsw (embedding vector_cosine_ops) WITH ({options}) WHERE {where}"
+    )
+    return name
+
+
+async def session_parts(conn: asyncpg.Connection, key: Key, limit: int) -> int | None:
+    """The session's parts, counted up to `limit`; None when it has its own index (a valid
+    one: app/memory/maintenance.py IndexBuilds, which asks after a write)."""
+    return await conn.fetchval(
+        """
+        SELECT CASE WHEN EXISTS (
+            SELECT FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+            WHERE c.relname = $4 AND i.indisvalid) THEN NULL
+        ELSE (SELECT count(*) FROM (
+            SELECT FROM history_parts
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $3 LIMIT $5) s) END
+        """,
+        *key,
+        index_name(key),
+        limit,
+    )
+
+
+async def index_session(conn: asyncpg.Connection, key: Key, max_sessions: int | None) -> list[str]:
+    """Builds the session's own index unless it has one or `max_sessions` sessions have
+    theirs (then the rounds decide, as for any other); under the round's lock, outside any
+    transaction. Returns the index built, if any."""
+    states = await _states(conn)
+    name = index_name(key)
+    if states.get(name) or (max_sessions is not None and len(set(states) - {name}) >= max_sessions):
+        return []
+    log.info("building a search index for session %r", key[2])
+    return [await _build(conn, key)]

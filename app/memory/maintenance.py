@@ -14,8 +14,15 @@ process at a time (a session advisory lock; other processes skip the round):
   indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
   this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
 
-`engram maintain-search` runs one round by hand (e.g. after a bulk import); with `--reorder`
-it first stores the records in agent order again (`reorder`).
+Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
+of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
+turn's memory or history, `engram import`), in the background and under the same lock, so
+that it is not searched by scoring every record until the next round. An agent beyond
+`agent_index_max_agents` is: it gets no indexes until a round finds it a place (another falls
+under half the threshold, or the cap is raised).
+
+`engram maintain-search` runs one round by hand; with `--reorder` it first stores the records
+in agent order again (`reorder`).
 """
 
 import asyncio
@@ -43,6 +50,8 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
+AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
+Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
 
 
 @dataclass(frozen=True)
@@ -228,6 +237,153 @@ async def index_agents(
     return built, dropped, failed
 
 
+async def agent_records(conn: asyncpg.Connection, key: AgentKey, limit: int) -> int | None:
+    """The agent's records, counted up to `limit`; None when it is listed (has its own
+    indexes)."""
+    return await conn.fetchval(
+        """
+        SELECT CASE WHEN EXISTS (
+            SELECT FROM agent_indexes WHERE account_id = $1 AND action_id = $2) THEN NULL
+        ELSE (SELECT count(*) FROM (
+            SELECT FROM agent_memories WHERE account_id = $1 AND action_id = $2 LIMIT $3) s) END
+        """,
+        *key,
+        limit,
+    )
+
+
+async def index_agent(conn: asyncpg.Connection, key: AgentKey, max_agents: int | None) -> list[str]:
+    """Builds the agent's own indexes and lists it, unless it is listed or `max_agents` agents
+    are (then it is searched by scoring every record until a round finds it a place); under
+    the round's lock, outside any transaction. Returns the indexes built."""
+    listed, mine = await conn.fetchrow(
+        "SELECT count(*), count(*) FILTER (WHERE account_id = $1 AND action_id = $2) "
+        "FROM agent_indexes",
+        *key,
+    )
+    if mine or (max_agents is not None and listed >= max_agents):
+        return []
+    log.info("building search indexes for agent %s", key[1])
+    built, _ = await _build(conn, *key, await _agent_index_states(conn))
+    return built
+
+
+class IndexBuilds:
+    """Builds an agent's own indexes, or a session's, soon after a write of this process
+    takes it past its threshold, rather than at the next round (up to
+    `search_maintenance_seconds` later, meanwhile searched by scoring every record).
+
+    `wrote` is called after a commit, never inside it: it only counts, and when the key may
+    have crossed, starts a task (one per key at a time) that counts its rows up to the
+    threshold and, past it, builds under the round's lock (one builder in the database at a
+    time; while another process holds it, the task tries again every `retry_seconds`). A key
+    found with its own indexes, or beyond the cap, is left alone until the next round
+    (`forget`; without rounds, for the life of the process), which keeps or takes them as it
+    does for any other. Writes of other processes
+    are not counted here; their own process, or the next round, sees them."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        min_records: int,
+        max_agents: int | None,
+        min_parts: int | None,
+        max_sessions: int | None,
+        build_memory: str = "",
+        retry_seconds: float = 5.0,
+    ) -> None:
+        self._pool = pool
+        self._thresholds = {2: min_records, 3: min_parts}  # by the key's length
+        self._caps = {2: max_agents, 3: max_sessions}
+        self._build_memory = build_memory
+        self._retry = retry_seconds
+        self._counted: dict[Key, int] = {}  # rows at the last count, and written since
+        self._settled: set[Key] = set()  # has its own indexes, or is beyond the cap
+        self._tasks: dict[Key, asyncio.Task[None]] = {}
+
+    def wrote(self, key: Key, rows: int) -> None:
+        """`rows` were committed for the agent (account, action) or the session (account,
+        action, session)."""
+        threshold = self._thresholds[len(key)]
+        if threshold is None or key in self._settled or key in self._tasks:
+            return
+        if key in self._counted:
+            self._counted[key] += rows
+            if self._counted[key] < threshold:
+                return
+        task = asyncio.create_task(self._check(key, threshold), name=f"engram index {key}")
+        self._tasks[key] = task
+        task.add_done_callback(lambda _: self._tasks.pop(key, None))
+
+    async def _check(self, key: Key, threshold: int) -> None:
+        agent = len(key) == 2
+        try:
+            while True:
+                async with self._pool.acquire() as conn:
+                    count = await (agent_records if agent else history_indexes.session_parts)(
+                        conn, key, threshold
+                    )
+                    if count is not None and count < threshold:
+                        self._counted[key] = count
+                        return
+                    if count is None or await self._build(conn, key):
+                        self._settled.add(key)
+                        self._counted.pop(key, None)
+                        return
+                await asyncio.sleep(self._retry)  # another process holds the lock
+        except Exception:
+            # Counted again after the next write; the rounds retry a failed build anyway.
+            self._counted.pop(key, None)
+            log.exception("building search indexes for %s failed", "/".join(map(str, key)))
+
+    async def _build(self, conn: asyncpg.Connection, key: Key) -> bool:
+        """Builds under the round's lock; False when another process holds it."""
+        if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
+            return False
+        try:
+            if self._build_memory:
+                await conn.execute(
+                    "SELECT set_config('maintenance_work_mem', $1, false)", self._build_memory
+                )
+            cap = self._caps[len(key)]
+            if len(key) == 2:
+                await index_agent(conn, key, cap)
+            else:
+                await history_indexes.index_session(conn, key, cap)
+            return True
+        finally:
+            await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
+
+    async def settle(self) -> None:
+        """Waits for the checks and builds in flight (a command that wrote, before it ends)."""
+        await asyncio.gather(*self._tasks.values())
+
+    def forget(self) -> None:
+        """Counts every key afresh (after a round, which may have taken or given indexes)."""
+        self._counted.clear()
+        self._settled.clear()
+
+    async def aclose(self) -> None:
+        """Cancels the builds in flight (CREATE INDEX CONCURRENTLY leaves an invalid index,
+        which the next build or round replaces) and waits until they have ended."""
+        for task in list(self._tasks.values()):
+            await tasks.stop(task)
+
+
+# The builds of each running service, by its pool: writes reach them through `wrote`.
+_BUILDS: dict[asyncpg.Pool, IndexBuilds] = {}
+
+
+def wrote(pool: asyncpg.Pool, key: Key, rows: int) -> None:
+    """Tells the service's IndexBuilds that a commit on `pool` added `rows` rows to the agent
+    (account_id, action_id) or the session (account_id, action_id, session_id); without a
+    service running on that pool (a command), nothing."""
+    builds = _BUILDS.get(pool)
+    if builds is not None and rows > 0:
+        builds.wrote(key, rows)
+
+
 async def reorder(conn: asyncpg.Connection) -> None:
     """Rewrites agent_memories in agent order, so that an agent's records share pages (the
     exact plan reads a quarter of them, bench/README.md). Holds the table's lock while it
@@ -314,11 +470,20 @@ class SearchMaintenance:
         self._build_memory = build_memory
         self._max_agents = max_agents
         self._task: asyncio.Task[None] | None = None
+        self.builds = IndexBuilds(
+            pool,
+            min_records=min_records,
+            max_agents=max_agents,
+            min_parts=min_parts,
+            max_sessions=max_sessions,
+            build_memory=build_memory,
+        )
 
     async def start(self) -> None:
         # Cheap, and what lexical search at scale relies on even with no background rounds.
         async with self._pool.acquire() as conn:
             await refresh_words(conn)
+        _BUILDS[self._pool] = self.builds
         if self._interval > 0:
             self._task = asyncio.create_task(self._loop(), name="engram search maintenance")
 
@@ -338,8 +503,12 @@ class SearchMaintenance:
             except Exception:
                 # Search goes on without it (older word frequencies, the shared index).
                 log.exception("search maintenance failed; next round in %s s", self._interval)
+            self.builds.forget()
             await asyncio.sleep(self._interval)
 
     async def aclose(self) -> None:
+        if _BUILDS.get(self._pool) is self.builds:
+            del _BUILDS[self._pool]
         await tasks.stop(self._task)
         self._task = None
+        await self.builds.aclose()

@@ -22,7 +22,7 @@ from app.embeddings.base import Embedder
 from app.errors import AccessDenied, BadInput, NotFound
 from app.executions import store as executions_store
 from app.idempotency.keys import Duplicate, Key, key_for
-from app.memory import store
+from app.memory import maintenance, store
 from app.memory.records import MemoryRecord, Scope
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.memory.visibility import OperatorReader
@@ -330,6 +330,7 @@ async def _commit_write(
     except BaseException:
         await work.discard()
         raise
+    maintenance.wrote(pool, (caller.account_id, w.action.action_id), len(written))
     return written
 
 

@@ -284,6 +284,7 @@ async def _commit(
             conn, context, status="SUCCEEDED", output=output(written), error=None, turn=turn
         )
     context.transcript.written = len(context.transcript.events)
+    turns.committed(context.state, execution, len(written), kept if turn is not None else None)
     return Execution.of(row)
 
 

@@ -30,6 +30,7 @@ from app.history import keeping
 from app.history import store as history_store
 from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
+from app.memory import maintenance
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork, Writer
 from app.observability import metrics
@@ -639,13 +640,26 @@ async def keep_history(
     await history_store.insert(conn, execution, turn, kept.events, kept.vectors)
 
 
+def committed(
+    state: AppState, execution: Execution, records: int, kept: keeping.Prepared | None
+) -> None:
+    """After a commit: what it added to the agent's memory and the session's history, for
+    the builds of their own search indexes (app/memory/maintenance.py IndexBuilds)."""
+    key = (execution.account_id, execution.action_id)
+    maintenance.wrote(state.pool, key, records)
+    if kept is not None and execution.session_id is not None:
+        parts = sum(len(e.parts) for e in kept.events)
+        maintenance.wrote(state.pool, (*key, execution.session_id), parts)
+
+
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
     kept = await _kept_history(context)
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
+    written: list[MemoryRecord] = []
     async with context.state.pool.acquire() as conn, conn.transaction():
         if context.work is not None:
-            await context.work.commit(conn)
+            written = await context.work.commit(conn)
         if context.review_messages is not None:
             await store.record_review(
                 conn,
@@ -678,6 +692,7 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
             conn, context, status="SUCCEEDED", output=context.output, error=None, turn=turn
         )
     transcript.written = len(transcript.events)
+    committed(context.state, execution, len(written), kept if turn is not None else None)
     return Execution.of(row)
 
 

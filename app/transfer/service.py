@@ -98,6 +98,7 @@ class ImportResult:
     reembedded: int = 0
     vectors: str = "copied"  # or "re-embedded"
     by_type: dict[str, int] = field(default_factory=dict)
+    records: dict[UUID, int] = field(default_factory=dict)  # records written, by agent
 
 
 def _header(line: str | None) -> dict[str, Any]:
@@ -256,6 +257,10 @@ class _Importer:
         self.result.inserted += written.inserted
         self.result.present += written.present
         self.result.by_type[table.kind] = self.result.by_type.get(table.kind, 0) + len(rows)
+        if table.name == "agent_memories":
+            for row in rows:
+                action_id = UUID(row["action_id"])
+                self.result.records[action_id] = self.result.records.get(action_id, 0) + 1
         self.done(len(rows))
 
     async def _check_columns(
