@@ -65,7 +65,9 @@ def restart_cold(
     if (pg.pgdata / "postmaster.pid").exists():
         raise SystemExit(
             f"--cold: another process also uses the server of {data_dir}, so it was not "
-            "restarted; run the cold measurement when nothing else holds that server"
+            "restarted; run the cold measurement when nothing else holds that server (a "
+            "process killed without its exit hook leaves its pid in pgdata/.handle_pids.json: "
+            "remove the pids of processes that are gone)"
         )
     note = drop_os_cache()
     return tuned_server(data_dir, settings), note
