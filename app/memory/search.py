@@ -27,8 +27,8 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
   one to every agent of 10,000 records or more, built in the background soon after a write
-  takes it there, up to `agent_index_max_agents` agents), iterative scan (`relaxed_order`, so a filter
-  that hides most rows still yields enough of them); there is no index shared by all agents
+  takes it there, up to `agent_index_max_agents` agents), iterative scan (`relaxed_order`, so
+  a filter that hides most rows still yields enough of them); no index is shared by all agents
   (migration 0015), so an agent without one yet has every record's cosine computed. Words: GIN
   on (agent, tsv), the agent's own when it has one, for the query's rare words (`rare_words`:
   each in at most RARE_WORD_ROWS records of the table, so GIN's work is bounded), and records
