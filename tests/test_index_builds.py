@@ -232,3 +232,43 @@ async def test_h6_a_session_written_past_the_threshold_gets_its_own_index_at_onc
     await builds(state).settle()
     own = "SELECT count(*) FROM pg_class WHERE relname LIKE 'history\\_parts\\_vectors\\_%'"
     assert await state.pool.fetchval(own) == 1
+
+
+async def test_m20_a_failed_build_waits_for_the_next_round_and_memory_is_bounded(
+    state: AppState, admin: Caller, gql: GQL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = await make_agent(state, admin)
+    await add_many(gql, admin, agent.action_id, 40)
+    key = (admin.account_id, agent.action_id)
+    # maintenance_work_mem beyond the server's range: every build fails in the database.
+    failing = maintenance.IndexBuilds(
+        state.pool,
+        min_records=30,
+        max_agents=None,
+        min_parts=None,
+        max_sessions=None,
+        build_memory="3000GB",
+    )
+    failing.wrote(key, 40)
+    await failing.settle()
+    assert not await listed(state.pool, agent.action_id)
+    # Not tried again at each write (each try would hold the rounds' lock): after a round.
+    failing.wrote(key, 1)
+    assert not failing._tasks
+    failing.forget()
+    failing.wrote(key, 1)
+    assert list(failing._tasks) == [key]
+    await failing.settle()
+    assert (
+        await state.pool.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == 0
+    )
+
+    # What it remembers between rounds is bounded: past MAX_KEYS keys it starts afresh.
+    monkeypatch.setattr(maintenance, "MAX_KEYS", 2)
+    small = maintenance.IndexBuilds(
+        state.pool, min_records=10**6, max_agents=None, min_parts=None, max_sessions=None
+    )
+    for _ in range(5):
+        small.wrote((admin.account_id, uuid.uuid4()), 1)
+        await small.settle()
+        assert len(small._counted) + len(small._settled) <= 2

@@ -268,6 +268,9 @@ async def index_agent(conn: asyncpg.Connection, key: AgentKey, max_agents: int |
     return built
 
 
+MAX_KEYS = 100_000  # IndexBuilds: agents and sessions remembered between rounds, at most
+
+
 class IndexBuilds:
     """Builds an agent's own indexes, or a session's, soon after a write of this process
     takes it past its threshold, rather than at the next round (up to
@@ -299,7 +302,8 @@ class IndexBuilds:
         self._build_memory = build_memory
         self._retry = retry_seconds
         self._counted: dict[Key, int] = {}  # rows at the last count, and written since
-        self._settled: set[Key] = set()  # has its own indexes, or is beyond the cap
+        # Has its own indexes, is beyond the cap, or its build failed: left to the rounds.
+        self._settled: set[Key] = set()
         self._tasks: dict[Key, asyncio.Task[None]] = {}
 
     def wrote(self, key: Key, rows: int) -> None:
@@ -308,6 +312,8 @@ class IndexBuilds:
         threshold = self._thresholds[len(key)]
         if threshold is None or key in self._settled or key in self._tasks:
             return
+        if len(self._counted) + len(self._settled) >= MAX_KEYS:
+            self.forget()  # bounded: a key forgotten is counted again at its next write
         if key in self._counted:
             self._counted[key] += rows
             if self._counted[key] < threshold:
@@ -333,8 +339,10 @@ class IndexBuilds:
                         return
                 await asyncio.sleep(self._retry)  # another process holds the lock
         except Exception:
-            # Counted again after the next write; the rounds retry a failed build anyway.
+            # Not retried at each write (a build that keeps failing would hold the rounds'
+            # lock back to back): the next round retries it, and forgets this.
             self._counted.pop(key, None)
+            self._settled.add(key)
             log.exception("building search indexes for %s failed", "/".join(map(str, key)))
 
     async def _build(self, conn: asyncpg.Connection, key: Key) -> bool:

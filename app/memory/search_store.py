@@ -127,7 +127,7 @@ def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> st
         after=after,
         limit=int(r.limit),
         columns=_COLUMNS,
-        gate=", g.own AS gate_own, (SELECT count(*) FROM scored) AS gate_rows" if gated else "",
+        gate=", g.own AS gate_own, (SELECT count(*) FROM counted) AS gate_rows" if gated else "",
         source="gate g LEFT JOIN (" if gated else "",
         close=") ON true\n    " if gated else "",
         account=p(reader.account_id),
@@ -143,38 +143,46 @@ async def ranked_exact(
     max_rows: int | None = None,
 ) -> tuple[list[MemoryRecord], bool | None]:
     """Scores every record the reader sees under the filters: (records, None). With
-    `max_rows`, in the same statement, only if the agent has no own indexes (or label or ID
-    filters narrow the search) and at most that many records are scored: otherwise it
-    returns ([], whether it has own indexes). Unfiltered the statement is the same for every
-    agent (`OpaqueKey`); under label or ID filters a custom plan must see the key, to choose
-    the labels index for a large agent."""
+    `max_rows`, in the same statement, only if the agent has no own indexes and at most that
+    many rows under the label and ID filters (under those filters even a large agent's):
+    otherwise it returns ([], whether it has own indexes). Unfiltered the statement is the
+    same for every agent (`OpaqueKey`); under label or ID filters a custom plan must see the
+    key, to choose the labels index for a large agent."""
     p = Params() if filters.narrows else OpaqueKey(reader)
-    where = visible(reader, p, "m") + _filters(filters, p)
-    gate, limit = "", ""
-    if max_rows is not None:
-        account, action = p(reader.account_id), p(reader.action_id)
-        gate = (
-            f"gate AS MATERIALIZED (SELECT EXISTS (SELECT FROM agent_indexes v WHERE "
-            f"v.account_id = {account} AND v.action_id = {action}) AS own), "
-        )
-        if not filters.narrows:  # a large agent's own indexes serve it: nothing is read
-            where += " AND NOT (SELECT own FROM gate)"
-        # One record more than it may score tells that the agent is too large for this plan;
-        # counting first would read the agent's btree twice (0.6 ms at 5,000 records).
-        limit = f" LIMIT {int(max_rows) + 1}"
-    # Words are tested in the select list, not the WHERE clause, so the planner reads the agent's
-    # rows by its btree instead of the GIN index over every agent (slow for an OR query).
+    # Words are tested in the select list, not the WHERE clause, so the planner reads the
+    # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
+    if max_rows is None:
+        where = visible(reader, p, "m") + _filters(filters, p)
+        sql = f"""
+        WITH scored AS MATERIALIZED (SELECT {_signals(r, p)} FROM agent_memories m WHERE {where})
+        {_finish(reader, r, p)}"""
+        return [_scored(row) for row in await conn.fetch(sql, *p.values)], None
+    account, action = p(reader.account_id), p(reader.action_id)
+    gate = (
+        f"gate AS MATERIALIZED (SELECT EXISTS (SELECT FROM agent_indexes v WHERE "
+        f"v.account_id = {account} AND v.action_id = {action}) AS own)"
+    )
+    read = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
+        Filters(labels=filters.labels, ids=filters.ids), p
+    )
+    if not filters.narrows:  # a large agent's own indexes serve it: nothing is read
+        read += " AND NOT (SELECT own FROM gate)"
+    seen = visible(reader, p, "m") + _filters(Filters(kind=filters.kind), p)
+    # The rows under the key and the label and ID filters, one more than the plan may read:
+    # that one tells the agent is too large for it, without a count walking the agent's btree
+    # first (0.6 ms at 5,000 records). The reader's visibility and the kind filter apply after
+    # the limit, so what this plan reads stays bounded whatever they leave.
     sql = f"""
-    WITH {gate}scored AS MATERIALIZED (
-        SELECT {_signals(r, p)} FROM agent_memories m WHERE {where}{limit}
-    ){_finish(reader, r, p, gated=max_rows is not None)}"""
+    WITH {gate}, counted AS MATERIALIZED (
+        SELECT {_signals(r, p)}, ({seen}) AS seen
+        FROM (SELECT * FROM agent_memories m WHERE {read} LIMIT {int(max_rows) + 1}) m
+    ), scored AS (SELECT memory_id, created, cosine, words FROM counted WHERE seen)
+    {_finish(reader, r, p, gated=True)}"""
     rows = await conn.fetch(sql, *p.values)
-    if max_rows is not None:
-        own, scored = rows[0]["gate_own"], rows[0]["gate_rows"]
-        if scored > max_rows or (own and scored == 0 and not filters.narrows):
-            return [], own
-        rows = [row for row in rows if row["memory_id"] is not None]
-    return [_scored(row) for row in rows], None
+    own, read_rows = rows[0]["gate_own"], rows[0]["gate_rows"]
+    if read_rows > max_rows or (own and read_rows == 0 and not filters.narrows):
+        return [], own
+    return [_scored(row) for row in rows if row["memory_id"] is not None], None
 
 
 class _KeyParams(Params):
