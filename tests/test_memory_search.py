@@ -391,18 +391,18 @@ async def test_m20_index_plan_looks_for_common_words_among_the_newest_records(
     assert old in await agent.find("weather in the old days", mode="vector")  # by meaning
 
 
-async def test_m20_exact_plan_up_to_its_row_limit_under_label_and_id_filters(
+async def test_m20_exact_plan_up_to_its_row_limit(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The exact plan reads at most EXACT_MAX_ROWS rows under the agent's key and the label and
-    # ID filters, in one statement; with one more it returns nothing, and the index plan ranks
-    # instead (with the same results). What the reader sees, and the kind filter, apply after
-    # that limit: they do not make the plan read more of a large agent.
+    # The exact plan scores at most EXACT_MAX_ROWS records in one statement; with one more it
+    # returns nothing, and the index plan ranks instead (with the same results). Unfiltered,
+    # what counts is the records the reader sees under the kind filter; under label or ID
+    # filters, the rows matching them, so an agent with own indexes reads a bounded number.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 3)
     query = "garden roses"
     vector = (await agent.state.embedder.embed([query])).vectors[0]
     ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
-    pool, operator = agent.state.pool, agent.operator
+    pool, operator, s1 = agent.state.pool, agent.operator, agent.reader(session="s1")
 
     async def plan(reader: Reader, filters: Filters) -> str:
         return (await search_module.ranked(pool, reader, filters, ranking))[1]
@@ -410,16 +410,17 @@ async def test_m20_exact_plan_up_to_its_row_limit_under_label_and_id_filters(
     three = [await agent.add(f"Roses in the garden, bed {i}", labels={5: "x"}) for i in range(3)]
     found, chosen = await search_module.ranked(pool, operator, Filters(), ranking)
     assert chosen == "exact" and sorted(r.memory_id for r in found) == sorted(three)
-    # A fourth record, of another session and kind: four rows under the key.
     other = await agent.add(
         "Roses in another session's garden", scope="SESSION", session_id="s2", kind="guidance"
     )
-    assert await plan(agent.reader(session="s1"), Filters()) == "index"
-    assert await plan(operator, Filters(kind="fact")) == "index"
+    assert await plan(operator, Filters()) == "index"
+    assert await plan(s1, Filters()) == "exact"  # it sees three
+    assert await plan(operator, Filters(kind="fact")) == "exact"
     assert await plan(operator, Filters(labels={5: "x"})) == "exact"
-    assert await plan(operator, Filters(ids=[other, *three[:2]])) == "exact"
-    for reader in (operator, agent.reader(session="s1")):
+    await agent.add("Roses of session two", scope="SESSION", session_id="s2", labels={5: "x"})
+    assert await plan(s1, Filters(labels={5: "x"})) == "index"  # four rows match the label
+    for reader in (operator, s1):
         found, _ = await search_module.ranked(pool, reader, Filters(), ranking)
         exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
         assert [r.memory_id for r in found] == [r.memory_id for r in exact]
-    assert len(found) == 3 and other not in {r.memory_id for r in found}  # s1 does not see it
+    assert len(found) == 3 and other not in {r.memory_id for r in found}  # s1 sees three

@@ -21,9 +21,10 @@ whatever its cosine; in vector mode it is a plain threshold; lexical mode ignore
 
 Plans (measured by bench/search_scale.py; figures in bench/README.md)
 - `exact` when the agent has no indexes of its own and the reader sees at most EXACT_MAX_ROWS
-  records under the filters: read those rows by the (account, action) btree and score every
-  one. Exact whatever the filters. Its cost grows with the agent: about 1 µs a record, most of
-  it the cosine and the text rank (bench/README.md).
+  records under the filters (or label or ID filters match that few rows): read those rows by
+  the (account, action) btree and score every one. Exact whatever the filters. Its cost grows
+  with the agent: about 1 µs a record, most of it the cosine and the text rank
+  (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
   one to every agent of 10,000 records or more, built in the background soon after a write
@@ -38,10 +39,11 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   every candidate's rank. Word frequencies come from `search_words`, refreshed by the same
   maintenance.
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
-  up in `agent_indexes` (with own indexes it reads nothing, unless label or ID filters narrow
-  the search) and scores at most EXACT_MAX_ROWS + 1 records; one more than that, and it
-  returns none and the index plan runs. So what decides is the number of records the reader
-  sees under the filters. Its text is the
+  up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
+  + 1 records; one more than that, and it returns none and the index plan runs. Under label
+  or ID filters it first counts the rows matching them (up to EXACT_MAX_ROWS + 1, whatever
+  the reader sees of them, so even an agent with own indexes reads a bounded number), and
+  ranks exactly when they are few. Its text is the
   same for every agent (`search_store.OpaqueKey`), so it runs on a cached generic plan. The
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
   caches still uses the agent's partial indexes. The connections' defaults (app/db/pool.py)

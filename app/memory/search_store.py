@@ -127,7 +127,11 @@ def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> st
         after=after,
         limit=int(r.limit),
         columns=_COLUMNS,
-        gate=", g.own AS gate_own, (SELECT count(*) FROM counted) AS gate_rows" if gated else "",
+        gate=(
+            ", g.own AS gate_own, g.rows AS gate_rows, (SELECT count(*) FROM scored) AS scored"
+            if gated
+            else ""
+        ),
         source="gate g LEFT JOIN (" if gated else "",
         close=") ON true\n    " if gated else "",
         account=p(reader.account_id),
@@ -143,46 +147,53 @@ async def ranked_exact(
     max_rows: int | None = None,
 ) -> tuple[list[MemoryRecord], bool | None]:
     """Scores every record the reader sees under the filters: (records, None). With
-    `max_rows`, in the same statement, only if the agent has no own indexes and at most that
-    many rows under the label and ID filters (under those filters even a large agent's):
-    otherwise it returns ([], whether it has own indexes). Unfiltered the statement is the
-    same for every agent (`OpaqueKey`); under label or ID filters a custom plan must see the
-    key, to choose the labels index for a large agent."""
+    `max_rows`, in the same statement, only if the agent has no own indexes and it scores at
+    most that many records, or, under label or ID filters, at most that many rows match them
+    (even a large agent's): otherwise it returns ([], whether it has own indexes).
+    Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
+    filters a custom plan must see the key, to choose the labels index for a large agent."""
     p = Params() if filters.narrows else OpaqueKey(reader)
+    where = visible(reader, p, "m") + _filters(filters, p)
+    gate, limit = "", ""
+    if max_rows is not None:
+        account, action = p(reader.account_id), p(reader.action_id)
+        rows = "NULL::bigint"
+        if filters.narrows:
+            # Counted under the key and the label and ID filters alone, so that an agent with
+            # own indexes reads at most `max_rows` rows here whatever the reader sees of them.
+            counted = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
+                Filters(labels=filters.labels, ids=filters.ids), p
+            )
+            first = f"SELECT FROM agent_memories m WHERE {counted} LIMIT {int(max_rows) + 1}"
+            rows = f"(SELECT count(*) FROM ({first}) c)"
+            where += f" AND (SELECT rows <= {int(max_rows)} FROM gate)"
+        else:
+            # A large agent's own indexes serve it: nothing is read. Otherwise one record
+            # more than it may score tells the agent is too large for this plan, without a
+            # count walking the agent's btree first (0.6 ms at 5,000 records).
+            where += " AND NOT (SELECT own FROM gate)"
+            limit = f" LIMIT {int(max_rows) + 1}"
+        gate = (
+            f"gate AS MATERIALIZED (SELECT EXISTS (SELECT FROM agent_indexes v WHERE "
+            f"v.account_id = {account} AND v.action_id = {action}) AS own, {rows} AS rows), "
+        )
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
-    if max_rows is None:
-        where = visible(reader, p, "m") + _filters(filters, p)
-        sql = f"""
-        WITH scored AS MATERIALIZED (SELECT {_signals(r, p)} FROM agent_memories m WHERE {where})
-        {_finish(reader, r, p)}"""
-        return [_scored(row) for row in await conn.fetch(sql, *p.values)], None
-    account, action = p(reader.account_id), p(reader.action_id)
-    gate = (
-        f"gate AS MATERIALIZED (SELECT EXISTS (SELECT FROM agent_indexes v WHERE "
-        f"v.account_id = {account} AND v.action_id = {action}) AS own)"
-    )
-    read = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
-        Filters(labels=filters.labels, ids=filters.ids), p
-    )
-    if not filters.narrows:  # a large agent's own indexes serve it: nothing is read
-        read += " AND NOT (SELECT own FROM gate)"
-    seen = visible(reader, p, "m") + _filters(Filters(kind=filters.kind), p)
-    # The rows under the key and the label and ID filters, one more than the plan may read:
-    # that one tells the agent is too large for it, without a count walking the agent's btree
-    # first (0.6 ms at 5,000 records). The reader's visibility and the kind filter apply after
-    # the limit, so what this plan reads stays bounded whatever they leave.
     sql = f"""
-    WITH {gate}, counted AS MATERIALIZED (
-        SELECT {_signals(r, p)}, ({seen}) AS seen
-        FROM (SELECT * FROM agent_memories m WHERE {read} LIMIT {int(max_rows) + 1}) m
-    ), scored AS (SELECT memory_id, created, cosine, words FROM counted WHERE seen)
-    {_finish(reader, r, p, gated=True)}"""
-    rows = await conn.fetch(sql, *p.values)
-    own, read_rows = rows[0]["gate_own"], rows[0]["gate_rows"]
-    if read_rows > max_rows or (own and read_rows == 0 and not filters.narrows):
+    WITH {gate}scored AS MATERIALIZED (
+        SELECT {_signals(r, p)} FROM agent_memories m WHERE {where}{limit}
+    ){_finish(reader, r, p, gated=max_rows is not None)}"""
+    found = await conn.fetch(sql, *p.values)
+    if max_rows is None:
+        return [_scored(row) for row in found], None
+    own, counted_rows, scored_rows = (found[0][k] for k in ("gate_own", "gate_rows", "scored"))
+    if filters.narrows:
+        too_many = counted_rows > max_rows
+    else:
+        too_many = scored_rows > max_rows or (own and scored_rows == 0)
+    if too_many:
         return [], own
-    return [_scored(row) for row in rows if row["memory_id"] is not None], None
+    return [_scored(row) for row in found if row["memory_id"] is not None], None
 
 
 class _KeyParams(Params):
