@@ -70,7 +70,7 @@ async def index_plan_uses(agent: SearchAgent, query: str) -> str:
         # Tens of rows are read and sorted fastest in full; at scale the indexes win.
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         capture = Capture(conn)
-        own = await search_store.own_indexes(conn, agent.operator)
+        own = await search_store.listed_records(conn, agent.operator) is not None
         await search_store.ranked_index(capture, agent.operator, Filters(), r, own)
         rows = await conn.fetch("EXPLAIN " + capture.sql[0], *capture.sql[1:])
     return "\n".join(r[0] for r in rows)
@@ -289,13 +289,61 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     assert not any([await index_exists(state.pool, n) for n in names])
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
     async with state.pool.acquire() as conn:
-        assert not await search_store.own_indexes(conn, agent.operator)
+        assert await search_store.listed_records(conn, agent.operator) is None
 
     # Back over the threshold: built and listed again.
     await fill(agent, 30)
     assert sorted((await maintenance.run_round(state.pool, 30)).built) == sorted(names)
     async with state.pool.acquire() as conn:
-        assert await search_store.own_indexes(conn, agent.operator)
+        assert await search_store.listed_records(conn, agent.operator) == 40
+
+
+async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search(
+    db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rounds keep each listed agent's record count; from LARGE_AGENT_RECORDS on, its own
+    # HNSW index is searched with LARGE_AGENT_EF_SEARCH (recall at 200,000 records), and the
+    # setting lasts for that search only.
+    monkeypatch.setattr(search_module, "LARGE_AGENT_RECORDS", 130)
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 120)
+    await maintenance.run_round(state.pool, min_records=100)
+    seen: list[str] = []
+    ranked_index = search_store.ranked_index
+
+    async def capture(conn: Any, *args: Any) -> Any:
+        seen.append(await conn.fetchval("SHOW hnsw.ef_search"))
+        return await ranked_index(conn, *args)
+
+    monkeypatch.setattr(search_store, "ranked_index", capture)
+    r = await ranking(agent, "hiking in the mountains", "vector")
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+
+        async def search() -> None:
+            assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "index"
+
+        await search()  # listed with 120 records: the default
+        await fill(agent, 20)
+        await search()  # 140 now, but listed with 120 until the next round
+        await maintenance.run_round(state.pool, min_records=100)
+        await search()
+        found, plan = await search_module.ranked(pool, agent.operator, Filters(), r, "index")
+        assert plan == "index" and found
+        await state.pool.execute(
+            "DELETE FROM agent_memories WHERE memory_id IN (SELECT memory_id FROM agent_memories "
+            "WHERE account_id = $1 AND action_id = $2 LIMIT 30)",
+            agent.account_id,
+            agent.action_id,
+        )
+        await maintenance.run_round(state.pool, min_records=100)
+        await search()  # 110 at the round
+        default, large = str(search_module.EF_SEARCH), str(search_module.LARGE_AGENT_EF_SEARCH)
+        assert seen == [default, default, large, large, default]
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW hnsw.ef_search") == default
+    finally:
+        await pool.close()
 
 
 async def test_m20_at_most_max_agents_have_their_own_indexes(

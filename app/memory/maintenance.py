@@ -155,9 +155,13 @@ async def _build(
 
 
 async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
+    """Lists the agent with its records counted now (search widens a large agent's HNSW
+    search by them, app/memory/search.py LARGE_AGENT_RECORDS)."""
     await conn.execute(
-        "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index) "
-        "VALUES ($1, $2, $3, $4) ON CONFLICT (account_id, action_id) DO NOTHING",
+        "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index, records) "
+        "SELECT $1, $2, $3, $4, count(*) FROM agent_memories "
+        "WHERE account_id = $1::uuid AND action_id = $2::uuid "
+        "ON CONFLICT (account_id, action_id) DO NOTHING",
         account_id,
         action_id,
         *index_names(account_id, action_id),
@@ -201,6 +205,14 @@ async def index_agents(
         "WHERE a.account_id = d.account AND a.action_id = d.action",
         [account for account, _ in leaving],
         [action for _, action in leaving],
+    )
+    await conn.execute(
+        "UPDATE agent_indexes a SET records = k.records "
+        "FROM unnest($1::uuid[], $2::uuid[], $3::bigint[]) AS k(account, action, records) "
+        "WHERE a.account_id = k.account AND a.action_id = k.action",
+        [account for account, _ in keep],
+        [action for _, action in keep],
+        [sizes[agent] for agent in keep],
     )
     owned = {name for agent in [*keep, *new] for name in index_names(*agent)}
     for name in sorted(states):

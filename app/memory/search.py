@@ -47,11 +47,12 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   same for every agent (`search_store.OpaqueKey`), so it runs on a cached generic plan. The
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
   caches still uses the agent's partial indexes. The connections' defaults (app/db/pool.py)
-  are the index plan's HNSW settings; a deeper page sets a larger `hnsw.ef_search` first.
+  are the index plan's HNSW settings; a deeper page, or an agent listed with
+  LARGE_AGENT_RECORDS or more, sets a larger `hnsw.ef_search` first.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from uuid import UUID
 
@@ -81,6 +82,11 @@ EXACT_MAX_ROWS = 10_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
 EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's default (app/db/pool.py)
+# An agent listed with this many records or more is searched with at least LARGE_AGENT_EF_SEARCH:
+# 80 finds 0.99-1.00 of the exact vector top-10 at 25,000 records but 0.962-0.976 at 200,000,
+# where 120 found 0.986-1.000 for about 0.5 ms more at p50 (bench/README.md, ninth session).
+LARGE_AGENT_RECORDS = 100_000
+LARGE_AGENT_EF_SEARCH = 120
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
 RARE_WORD_ROWS = 2000  # index plan: words in at most this many records are found by GIN
 RARE_WORD_READS = 400  # index plan: the most records sharing a rare word ranked per search
@@ -218,16 +224,19 @@ async def ranked(
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
         if plan == "index":
-            own = await search_store.own_indexes(conn, reader)
+            records = await search_store.listed_records(conn, reader)
         else:
             gate = None if plan == "exact" else EXACT_MAX_ROWS
-            found, own = await search_store.ranked_exact(conn, reader, filters, ranking, gate)
-            if own is None:
+            found, records = await search_store.ranked_exact(conn, reader, filters, ranking, gate)
+            if found is not None:
                 return found, "exact"
+        if records is not None and records >= LARGE_AGENT_RECORDS:
+            ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
         if ranking.vector is not None and ranking.ef_search != EF_SEARCH:
             await conn.execute(
                 "SELECT set_config('hnsw.ef_search', $1, false)", str(ranking.ef_search)
             )
+        own = records is not None
         return await search_store.ranked_index(conn, reader, filters, ranking, own), "index"
 
 

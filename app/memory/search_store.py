@@ -128,7 +128,8 @@ def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> st
         limit=int(r.limit),
         columns=_COLUMNS,
         gate=(
-            ", g.own AS gate_own, g.rows AS gate_rows, (SELECT count(*) FROM scored) AS scored"
+            ", g.listed AS gate_listed, g.rows AS gate_rows,"
+            " (SELECT count(*) FROM scored) AS scored"
             if gated
             else ""
         ),
@@ -145,11 +146,12 @@ async def ranked_exact(
     filters: Filters,
     r: Ranking,
     max_rows: int | None = None,
-) -> tuple[list[MemoryRecord], bool | None]:
+) -> tuple[list[MemoryRecord] | None, int | None]:
     """Scores every record the reader sees under the filters: (records, None). With
     `max_rows`, in the same statement, only if the agent has no own indexes and it scores at
     most that many records, or, under label or ID filters, at most that many rows match them
-    (even a large agent's): otherwise it returns ([], whether it has own indexes).
+    (even a large agent's): otherwise it returns (None, the agent's records as listed with
+    its own indexes, or None without them), and the index plan ranks.
     Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
     filters a custom plan must see the key, to choose the labels index for a large agent."""
     p = Params() if filters.narrows else OpaqueKey(reader)
@@ -171,11 +173,11 @@ async def ranked_exact(
             # A large agent's own indexes serve it: nothing is read. Otherwise one record
             # more than it may score tells the agent is too large for this plan, without a
             # count walking the agent's btree first (0.6 ms at 5,000 records).
-            where += " AND NOT (SELECT own FROM gate)"
+            where += " AND (SELECT listed IS NULL FROM gate)"
             limit = f" LIMIT {int(max_rows) + 1}"
         gate = (
-            f"gate AS MATERIALIZED (SELECT EXISTS (SELECT FROM agent_indexes v WHERE "
-            f"v.account_id = {account} AND v.action_id = {action}) AS own, {rows} AS rows), "
+            f"gate AS MATERIALIZED (SELECT (SELECT v.records FROM agent_indexes v WHERE "
+            f"v.account_id = {account} AND v.action_id = {action}) AS listed, {rows} AS rows), "
         )
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
@@ -186,13 +188,15 @@ async def ranked_exact(
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
         return [_scored(row) for row in found], None
-    own, counted_rows, scored_rows = (found[0][k] for k in ("gate_own", "gate_rows", "scored"))
+    listed, counted_rows, scored_rows = (
+        found[0][k] for k in ("gate_listed", "gate_rows", "scored")
+    )
     if filters.narrows:
         too_many = counted_rows > max_rows
     else:
-        too_many = scored_rows > max_rows or (own and scored_rows == 0)
+        too_many = scored_rows > max_rows or (listed is not None and scored_rows == 0)
     if too_many:
-        return [], own
+        return None, listed
     return [_scored(row) for row in found if row["memory_id"] is not None], None
 
 
@@ -237,10 +241,11 @@ class OpaqueKey(_KeyParams):
         return f"(SELECT {placeholder}::uuid)" if self.is_key(value) else placeholder
 
 
-async def own_indexes(conn: asyncpg.Connection, reader: Reader) -> bool:
-    """Whether the agent has its own indexes (maintenance.py); for a forced index plan."""
+async def listed_records(conn: asyncpg.Connection, reader: Reader) -> int | None:
+    """The agent's records as listed with its own indexes (maintenance.py), None without
+    them; for a forced index plan."""
     return await conn.fetchval(
-        "SELECT EXISTS (SELECT FROM agent_indexes WHERE account_id = $1 AND action_id = $2)",
+        "SELECT records FROM agent_indexes WHERE account_id = $1 AND action_id = $2",
         reader.account_id,
         reader.action_id,
     )
