@@ -407,6 +407,14 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "import interrupted: the batches stored stay; run the same import again to "
+            "continue (rows already there are skipped). Search indexes not built yet are "
+            "built by the service's next maintenance round.",
+            file=sys.stderr,
+        )
+        return 130
     print(
         f"imported {result.inserted} rows, {result.present} already there unchanged; "
         f"vectors {result.vectors}"

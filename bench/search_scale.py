@@ -630,7 +630,9 @@ def main() -> None:
         action="store_true",
         help="store the records in agent order first (`engram maintain-search --reorder`)",
     )
-    parser.add_argument("--load-only", action="store_true")
+    parser.add_argument(
+        "--load-only", action="store_true", help="load (and with --reorder, reorder), then stop"
+    )
     parser.add_argument(
         "--cold",
         action="store_true",
@@ -718,10 +720,10 @@ def main() -> None:
     for key, value in sorted(load_figures.items()):
         if key.startswith("build_") or key == "vacuum_analyze_s":
             print(f"  {key}: {value:,.0f} s")
-    if args.load_only:
-        return
     if args.reorder:
         asyncio.run(reorder(url))
+    if args.load_only:
+        return
     sizes = {int(x) for x in args.sizes.split(",") if x}
     groups = groups_of(plan, sizes or None)
     picks = warm_picks(groups, args.queries, len(locomo_questions()))

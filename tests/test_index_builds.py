@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 from factories import full_memory, make_agent, make_agent_id
-from helpers import GQL, eventually
+from helpers import GQL, MAINTENANCE_LOCK, eventually
 from openai_server import OpenAIServer
 from runtime_support import run, tool_runs
 
@@ -27,7 +27,6 @@ from app.memory.search_store import Filters
 from app.memory.visibility import OperatorReader
 from app.state import AppState
 
-LOCK = "hashtext('engram.search_maintenance')"
 BULK = """mutation($a: UUID!, $inputs: [AgentMemoryInput!]!) {
   addAgentMemories(actionId: $a, inputs: $inputs) { memoryIds } }"""
 ADD = """mutation($a: UUID!, $i: AgentMemoryInput!) {
@@ -139,7 +138,7 @@ async def test_m20_an_agent_beyond_the_cap_stays_exact_until_a_round(
 
 
 async def test_m20_one_builder_at_a_time_and_a_busy_lock_is_tried_again(
-    state: AppState, admin: Caller, gql: GQL
+    state: AppState, admin: Caller, gql: GQL, caplog: pytest.LogCaptureFixture
 ) -> None:
     agent = await make_agent(state, admin)
     await add_many(gql, admin, agent.action_id, 40)  # under the default threshold: nothing
@@ -156,13 +155,16 @@ async def test_m20_one_builder_at_a_time_and_a_busy_lock_is_tried_again(
     key = (admin.account_id, agent.action_id)
     async with state.pool.acquire() as holder:
         # Another process's round (or build) holds the lock: this one builds nothing meanwhile.
-        await holder.execute(f"SELECT pg_advisory_lock({LOCK})")
+        await holder.execute(f"SELECT pg_advisory_lock({MAINTENANCE_LOCK})")
         mine.wrote(key, 40)
         mine.wrote(key, 1)  # one check in flight per agent
         assert list(mine._tasks) == [key]
-        await asyncio.sleep(0.3)
+        with caplog.at_level(logging.INFO, logger=maintenance.__name__):
+            await asyncio.sleep(0.3)  # several tries
         assert not await listed(state.pool, agent.action_id)
-        await holder.execute(f"SELECT pg_advisory_unlock({LOCK})")
+        waits = [r for r in caplog.records if "another process is running" in r.getMessage()]
+        assert len(waits) == 1 and str(agent.action_id) in waits[0].getMessage()  # said once
+        await holder.execute(f"SELECT pg_advisory_unlock({MAINTENANCE_LOCK})")
     await asyncio.wait_for(mine.settle(), 30)
     assert await listed(state.pool, agent.action_id)
     built = await index_oids(state.pool, admin.account_id, agent.action_id)

@@ -1,16 +1,20 @@
 """`engram export` / `engram import`: an agent read back identical in another database."""
 
+import asyncio
 import io
 import json
 import os
+import signal
 import uuid
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from factories import full_memory, make_agent, record_turn, work, writer
-from helpers import GQL, database_copy, db_settings
-from servers import clean_env, run
+from helpers import GQL, MAINTENANCE_LOCK, database_copy, db_settings
+from servers import clean_env, engram_command, run
 
 from app.actions import service as actions
 from app.auth.service import ensure_default_account
@@ -270,6 +274,78 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
     assert again.returncode == 0 and "imported 0 rows" in again.stdout
     missing = run(clean_env(database_url=target_url), "export", "--action", str(uuid.uuid4()))
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+WAITS = "another process is running search maintenance"
+INDEXED = "SELECT count(*) FROM agent_indexes WHERE action_id = $1"
+
+
+@asynccontextmanager
+async def import_waiting_for_maintenance(
+    state: AppState, admin: Any, db_url: str, second: AppState, tmp_path: Any
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, uuid.UUID]]:
+    """`engram import` of an agent past the index threshold into `second`, while this test
+    holds search maintenance's lock as another process would: yields the command once it has
+    said that its index builds wait, and the agent's ID; the lock is freed on exit."""
+    agent = await build_agent(state, admin)
+    path = tmp_path / "agent.jsonl"
+    env = clean_env(database_url=db_url)
+    assert run(env, "export", "--action", str(agent.action_id), "-o", str(path)).returncode == 0
+    env = clean_env(database_url=second.settings.database_url_value(), agent_index_min_records="2")
+    async with second.pool.acquire() as holder:
+        await holder.execute(f"SELECT pg_advisory_lock({MAINTENANCE_LOCK})")
+        command = await asyncio.create_subprocess_exec(
+            *engram_command(), "import", str(path), env=env, stdout=PIPE, stderr=PIPE
+        )
+        assert command.stderr is not None
+        before: list[str] = []
+        try:
+            async with asyncio.timeout(60):
+                while WAITS not in (line := (await command.stderr.readline()).decode()):
+                    assert line, "".join(before)  # ended without saying it
+                    before.append(line)
+            assert await second.pool.fetchval(INDEXED, agent.action_id) == 0
+            yield command, agent.action_id
+        except BaseException:
+            command.kill()
+            await command.wait()
+            raise
+        finally:
+            await holder.execute(f"SELECT pg_advisory_unlock({MAINTENANCE_LOCK})")
+
+
+async def test_cli_import_says_when_its_index_builds_wait_for_another_process(
+    state, admin, db_url, second, tmp_path
+):
+    # The rows are stored; the agent's own search indexes wait while another process holds
+    # search maintenance's lock (a round of `engram serve`, say): the command says so once,
+    # rather than hang silently, and builds them as soon as the lock is free.
+    async with import_waiting_for_maintenance(state, admin, db_url, second, tmp_path) as (
+        command,
+        action_id,
+    ):
+        pass
+    out, rest = await asyncio.wait_for(command.communicate(), 60)
+    assert command.returncode == 0, rest.decode()
+    assert b"imported " in out and WAITS not in rest.decode()  # said once, not at each retry
+    assert await second.pool.fetchval(INDEXED, action_id) == 1
+
+
+async def test_cli_import_interrupted_while_waiting_keeps_the_rows(
+    state, admin, db_url, second, tmp_path
+):
+    # Ctrl-C while the builds wait: the rows stay, the command says what to do, no traceback.
+    async with import_waiting_for_maintenance(state, admin, db_url, second, tmp_path) as (
+        command,
+        action_id,
+    ):
+        command.send_signal(signal.SIGINT)
+        out, rest = await asyncio.wait_for(command.communicate(), 60)
+    assert command.returncode == 130, rest.decode()
+    assert "import interrupted" in rest.decode() and "Traceback" not in rest.decode()
+    stored = "SELECT count(*) FROM agent_memories WHERE action_id = $1"
+    assert await second.pool.fetchval(stored, action_id) > 0
+    assert await second.pool.fetchval(INDEXED, action_id) == 0
 
 
 SEARCH = """query($a: UUID!, $q: String) { action(actionId: $a) {

@@ -336,6 +336,7 @@ class IndexBuilds:
 
     async def _check(self, key: Key, threshold: int) -> None:
         agent = len(key) == 2
+        waiting = False
         try:
             while True:
                 async with self._pool.acquire() as conn:
@@ -349,6 +350,15 @@ class IndexBuilds:
                         self._settled.add(key)
                         self._counted.pop(key, None)
                         return
+                if not waiting:  # said once: `engram import` would otherwise wait silently
+                    waiting = True
+                    log.info(
+                        "search indexes for %s wait: another process is running search "
+                        "maintenance (a round or a build); trying again every %g s (if this "
+                        "process stops first, the next maintenance round builds them)",
+                        "/".join(map(str, key)),
+                        self._retry,
+                    )
                 await asyncio.sleep(self._retry)  # another process holds the lock
         except Exception:
             # Not retried at each write (a build that keeps failing would hold the rounds'
