@@ -293,6 +293,9 @@ def serve_and_measure(
         else:
             client = Client(port, tokens, questions)
         asyncio.run(prewarm(url))
+        # The prewarm can outlast the service's keep-alive (uvicorn's 5 s), which then closes
+        # the idle connection: the next request connects afresh (before the warm-up).
+        client.connection.close()
         figures["http"] = measure(client, groups, picks, cold_agents)
         figures["http_errors"] = client.errors
         print(
