@@ -411,7 +411,7 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         print(
             "import interrupted: the batches stored stay; run the same import again to "
             "continue (rows already there are skipped). Search indexes not built yet are "
-            "built by the service's next maintenance round.",
+            "built by the service's next maintenance round, or by that import.",
             file=sys.stderr,
         )
         return 130

@@ -19,10 +19,6 @@ from app.graphql.context import Context
 from app.graphql.schema import schema
 from app.state import AppState
 
-# Search maintenance's advisory lock (app/memory/maintenance.py): a test holds it to play
-# another process running a round.
-MAINTENANCE_LOCK = "hashtext('engram.search_maintenance')"
-
 
 @dataclass
 class Result:

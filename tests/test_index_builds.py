@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 from factories import full_memory, make_agent, make_agent_id
-from helpers import GQL, MAINTENANCE_LOCK, eventually
+from helpers import GQL, eventually
 from openai_server import OpenAIServer
 from runtime_support import run, tool_runs
 
@@ -155,7 +155,7 @@ async def test_m20_one_builder_at_a_time_and_a_busy_lock_is_tried_again(
     key = (admin.account_id, agent.action_id)
     async with state.pool.acquire() as holder:
         # Another process's round (or build) holds the lock: this one builds nothing meanwhile.
-        await holder.execute(f"SELECT pg_advisory_lock({MAINTENANCE_LOCK})")
+        await holder.execute(f"SELECT pg_advisory_lock({maintenance.ROUND_LOCK})")
         mine.wrote(key, 40)
         mine.wrote(key, 1)  # one check in flight per agent
         assert list(mine._tasks) == [key]
@@ -164,7 +164,7 @@ async def test_m20_one_builder_at_a_time_and_a_busy_lock_is_tried_again(
         assert not await listed(state.pool, agent.action_id)
         waits = [r for r in caplog.records if "another process is running" in r.getMessage()]
         assert len(waits) == 1 and str(agent.action_id) in waits[0].getMessage()  # said once
-        await holder.execute(f"SELECT pg_advisory_unlock({MAINTENANCE_LOCK})")
+        await holder.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
     await asyncio.wait_for(mine.settle(), 30)
     assert await listed(state.pool, agent.action_id)
     built = await index_oids(state.pool, admin.account_id, agent.action_id)

@@ -439,9 +439,9 @@ async def test_m20_interrupted_builds_and_orphans_are_dropped(
 
 async def test_m20_one_process_maintains_at_a_time(state: AppState) -> None:
     async with state.pool.acquire() as conn:
-        await conn.execute("SELECT pg_advisory_lock(hashtext('engram.search_maintenance'))")
+        await conn.execute(f"SELECT pg_advisory_lock({maintenance.ROUND_LOCK})")
         assert await maintenance.run_round(state.pool, 30) is None
-        await conn.execute("SELECT pg_advisory_unlock(hashtext('engram.search_maintenance'))")
+        await conn.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
     assert await maintenance.run_round(state.pool, 30) is not None
 
 
@@ -549,7 +549,7 @@ async def test_m20_a_word_in_exactly_the_limit_of_records_is_rare(
 
 async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppState) -> None:
     async with state.pool.acquire() as holder:
-        await holder.execute("SELECT pg_advisory_lock(hashtext('engram.search_maintenance'))")
+        await holder.execute(f"SELECT pg_advisory_lock({maintenance.ROUND_LOCK})")
 
         async def reset() -> None:
             async with state.pool.acquire() as conn, conn.transaction():
@@ -559,7 +559,7 @@ async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppSt
         waiting = "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
         await eventually(lambda: state.pool.fetchval(waiting), "the reset waiting on the lock")
         assert not task.done()  # waits instead of dropping indexes a round is building
-        await holder.execute("SELECT pg_advisory_unlock(hashtext('engram.search_maintenance'))")
+        await holder.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
         await asyncio.wait_for(task, 10)
 
 

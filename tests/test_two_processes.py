@@ -12,11 +12,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from helpers import MAINTENANCE_LOCK, database_copy, eventually
+from helpers import database_copy, eventually
 from servers import Served, clean_env, free_port, post_graphql
 
 from app.db.embedded import EmbeddedPostgres
-from app.memory.maintenance import ROUND_KEY
+from app.memory.maintenance import ROUND_KEY, ROUND_LOCK
 
 CREATE = """mutation($input: ActionInput!) { createAction(input: $input) { actionId } }"""
 ADD = """mutation($a: UUID!, $input: AgentMemoryInput!) {
@@ -102,13 +102,13 @@ async def test_two_serve_processes_share_one_database(empty_db: str, tmp_path: P
 
             # While another holds the round's lock (as a process in its round does), neither
             # process starts a round; once it is released, rounds go on.
-            await conn.execute(f"SELECT pg_advisory_lock({MAINTENANCE_LOCK})")
+            await conn.execute(f"SELECT pg_advisory_lock({ROUND_LOCK})")
             held = await _round(conn)
             assert held is not None and held["finished"] is not None
             # A skipped round leaves no trace to wait for: several intervals of both processes.
             await asyncio.sleep(1.5)
             assert await _round(conn) == held
-            await conn.execute(f"SELECT pg_advisory_unlock({MAINTENANCE_LOCK})")
+            await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
 
             async def next_round() -> bool:
                 return await _round(conn) != held

@@ -40,7 +40,8 @@ from app.history import indexes as history_indexes
 
 log = logging.getLogger(__name__)
 
-_LOCK = "hashtext('engram.search_maintenance')"
+# The round's advisory lock: one process at a time runs a round or a build.
+ROUND_LOCK = "hashtext('engram.search_maintenance')"
 # The `deployment` row that says which process ran the last round, when it started and when it
 # finished (null while it runs): several processes share a database, one round at a time.
 ROUND_KEY = "search_maintenance.round"
@@ -99,7 +100,7 @@ async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
     transaction: new embedding dimensions make
     them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for
     a round that is building them (the round's lock), rather than deadlock with it."""
-    await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK})")
+    await conn.execute(f"SELECT pg_advisory_xact_lock({ROUND_LOCK})")
     await conn.execute("DELETE FROM agent_indexes")
     for name in await _agent_index_states(conn):
         quoted = await conn.fetchval("SELECT quote_ident($1)", name)
@@ -369,7 +370,7 @@ class IndexBuilds:
 
     async def _build(self, conn: asyncpg.Connection, key: Key) -> bool:
         """Builds under the round's lock; False when another process holds it."""
-        if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
+        if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
             return False
         try:
             if self._build_memory:
@@ -383,7 +384,7 @@ class IndexBuilds:
                 await history_indexes.index_session(conn, key, cap)
             return True
         finally:
-            await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
+            await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
 
     async def settle(self) -> None:
         """Waits for the checks and builds in flight (a command that wrote, before it ends)."""
@@ -454,7 +455,7 @@ async def run_round(
     far more slowly); empty: the server's. `max_agents`: see `index_agents`. With
     `min_parts`, large sessions' own indexes too (app/history/indexes.py; `max_sessions`)."""
     async with pool.acquire() as conn:
-        if not await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"):
+        if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
             return None
         try:
             await _record_round(conn, finished=False)
@@ -474,7 +475,7 @@ async def run_round(
             await _record_round(conn, finished=True)
             return done
         finally:
-            await conn.execute(f"SELECT pg_advisory_unlock({_LOCK})")
+            await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
 
 
 class SearchMaintenance:
