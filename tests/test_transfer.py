@@ -252,6 +252,10 @@ async def test_a_conflicting_id_is_refused(state, admin, second):
         await load(second, target_admin.account_id, lines)
 
 
+# Whether the agent has its own search indexes (listed by maintenance).
+INDEXED = "SELECT count(*) FROM agent_indexes WHERE action_id = $1"
+
+
 async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
     agent = await build_agent(state, admin)
     before = await reads(GQL(state), admin, agent.action_id)
@@ -267,8 +271,7 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
     imported = run(env, "import", str(path))
     assert imported.returncode == 0, imported.stderr
     assert "vectors copied" in imported.stdout
-    listed = "SELECT count(*) FROM agent_indexes WHERE action_id = $1"
-    assert await second.pool.fetchval(listed, agent.action_id) == 1
+    assert await second.pool.fetchval(INDEXED, agent.action_id) == 1
     target_admin = await admin_of(second)
     assert await reads(GQL(second), target_admin, agent.action_id) == before
     again = run(clean_env(database_url=target_url), "import", str(path))
@@ -278,7 +281,6 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
 
 
 WAITS = "another process is running search maintenance"
-INDEXED = "SELECT count(*) FROM agent_indexes WHERE action_id = $1"
 
 
 @asynccontextmanager
