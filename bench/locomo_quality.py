@@ -145,7 +145,7 @@ async def evaluate(url: str, embedder: Embedder, sweep: bool) -> dict[str, dict[
     count = 0
     try:
         loaded = [(conv, *await load(pool, embedder, conv)) for conv in conversations()]
-        # Word frequencies for rare_words (index plan), as the service's maintenance keeps them.
+        # Word frequencies for the words' weights, as the service's maintenance keeps them.
         await pool.execute("ANALYZE agent_memories")
         await pool.execute("SELECT refresh_search_words()")
         for conv, reader, ids in loaded:
@@ -213,20 +213,12 @@ def main() -> None:
         "--plan",
         choices=("auto", "index"),
         default="auto",
-        help="index: force the plan used for large agents (HNSW + GIN candidates)",
-    )
-    parser.add_argument(
-        "--rare-rows",
-        type=int,
-        default=None,
-        help="with --plan index: words in more records than this count as common",
+        help="index: force the plan used for large agents (HNSW and GIN word tiers)",
     )
     args = parser.parse_args()
     SAMPLES[:] = load_locomo(args.locomo)
     if args.plan == "index":
         search_module.EXACT_MAX_ROWS = 0
-    if args.rare_rows is not None:
-        search_module.RARE_WORD_ROWS = args.rare_rows
     command = "python bench/locomo_quality.py " + shlex.join(sys.argv[1:])
     print(f"# {command}")
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-locomo-"))

@@ -6,6 +6,7 @@ exact plan (small agents) and the index plan (HNSW + GIN candidates), forced by 
 exact plan's row limit to zero.
 """
 
+import random
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -345,50 +346,87 @@ async def test_m21_any_query_text_is_safe(agent: SearchAgent) -> None:
     assert await agent.find("the and of", mode="lexical") == []
 
 
-async def test_m20_index_plan_finds_rare_and_common_words(
-    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The index plan looks up rare words in GIN and reads common words newest first.
-    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
-    monkeypatch.setattr(search_module, "RARE_WORD_ROWS", 5)
-    zanzibar = await agent.add("Weather report about Zanzibar", created=T0 - timedelta(days=30))
+async def test_m21_a_rare_word_weighs_more_than_a_common_one(agent: SearchAgent, plan: str) -> None:
+    # The text score sums the query words' weights (BM25's IDF in the table, from the word
+    # frequencies the maintenance keeps): holding the rare word beats holding the common one.
+    rare = await agent.add("Report about Zanzibar", created=T0 - timedelta(days=30))
     common = [await agent.add(f"The weather is nice today, note {i}") for i in range(30)]
+    both = await agent.add("Zanzibar weather", created=T0 - timedelta(days=60))
     pool = agent.state.pool
+    weights = "SELECT term::text, weight FROM query_words('zanzibar weather')"
+    unknown = dict(await pool.fetch(weights))  # no frequencies yet: the words weigh alike
+    assert unknown["'weather'"] == unknown["'zanzibar'"] > 0
+    # Alike, one word each: newest first, the old record holding the rare word last.
+    query = "Zanzibar weather?"
+    assert await agent.find(query, mode="lexical", limit=40) == [both, *common[::-1], rare]
     await pool.execute("ANALYZE agent_memories")
-    # The index plan reads word frequencies from search_words, which maintenance refreshes.
-    rare = "SELECT rare_words('zanzibar weather', 5)::text"
-    assert await pool.fetchval(rare) == "'weather' | 'zanzibar'"  # no frequencies yet: all rare
     assert (await maintenance.run_round(pool, min_records=10**6)).words > 0
-    assert await pool.fetchval(rare) == "'zanzibar'"
-    assert await pool.fetchval("SELECT common_words('zanzibar weather', 0.5)::text") == "'weather'"
-    assert (await agent.find("zanzibar weather", mode="lexical", limit=3))[0] == zanzibar
-    assert await agent.find("weather", mode="lexical", limit=3) == common[::-1][:3]
-    assert (await agent.find("zanzibar weather", limit=3))[0] == zanzibar
+    known = dict(await pool.fetch(weights))
+    assert known["'zanzibar'"] > known["'weather'"] > 0
+    assert await agent.find(query, mode="lexical", limit=40) == [both, rare, *common[::-1]]
+    assert (await agent.find(query, limit=2)) == [both, rare]
     assert await agent.find("the and of", mode="lexical") == []
 
 
-async def test_m20_index_plan_looks_for_common_words_among_the_newest_records(
-    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+async def test_m20_index_plan_reads_the_exact_text_ranking(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A deliberate bound: a common word proposes candidates only among the agent's newest
-    # CANDIDATES / COMMON_WORD_SHARE records (here 40 / 0.5 = 80), so that a word common in the
-    # table but rare in a large agent cannot make a search walk all of its records.
+    # The index plan reads the records holding the query's words tier by tier (the best
+    # weighted subset of them first), so its lexical ranking is the exact plan's, however old
+    # or common the words, and under filters; hybrid ranks the same records as the exact plan.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
-    monkeypatch.setattr(search_module, "RARE_WORD_ROWS", 5)
-    monkeypatch.setattr(search_module, "COMMON_WORD_SHARE", 0.5)
-    other, agent = await make_search_agent(state, admin), await make_search_agent(state, admin)
-    for i in range(150):
-        await other.add(f"Weather report {i}")
-    old = await agent.add("Weather in the old days", created=T0 - timedelta(days=30))
-    for i in range(80):
-        await agent.add(f"Note {i} about trains")
-    await state.pool.execute("ANALYZE agent_memories")
-    await maintenance.run_round(state.pool, min_records=10**6)
-    assert await state.pool.fetchval("SELECT common_words('weather', 0.5)::text") == "'weather'"
-    assert await agent.find("weather", mode="lexical") == []  # 81st newest: beyond the walk
-    recent = await agent.add("Weather today")
-    assert await agent.find("weather", mode="lexical") == [recent]
-    assert old in await agent.find("weather in the old days", mode="vector")  # by meaning
+    monkeypatch.setattr(search_module, "CANDIDATES", 8)
+    rng = random.Random(5)
+    words = ["garden", "roses", "river", "boat", "winter", "market", "violin", "lantern"]
+    for i in range(120):
+        picked = rng.sample(words, rng.randint(1, 4))
+        await agent.add(" ".join(picked), f"note {i}", kind=rng.choice(["fact", "event"]))
+    pool = agent.state.pool
+    await pool.execute("ANALYZE agent_memories")
+    await maintenance.run_round(pool, min_records=10**6)
+    queries = ["violin lantern", "garden roses river boat winter market violin", "winter", "boat?"]
+    for query in queries:
+        vector = (await agent.state.embedder.embed([query])).vectors[0]
+        for mode, filters in (("lexical", Filters()), ("lexical", Filters(kind="event"))):
+            ranking = search_module.make_ranking(mode, query, vector, None, 8)
+            found, chosen = await search_module.ranked(pool, agent.operator, filters, ranking)
+            exact, _ = await search_module.ranked(pool, agent.operator, filters, ranking, "exact")
+            assert chosen == "index" and len(found) == 8
+            assert [(r.memory_id, r.score) for r in found] == [
+                (r.memory_id, r.score) for r in exact
+            ]
+        ranking = search_module.make_ranking("hybrid", query, vector, None, 5)
+        found, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking)
+        exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+        assert [r.memory_id for r in found] == [r.memory_id for r in exact]
+
+
+async def test_m20_word_tiers_come_best_weighted_first_and_hold_every_word(
+    agent: SearchAgent,
+) -> None:
+    # Every subset of the six rarest words, by descending weight sum, each excluding the rest;
+    # then the records holding only later words.
+    terms = [f"'w{i}'" for i in range(1, 9)]
+    weights = [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+    tiers = await agent.state.pool.fetch(
+        "SELECT tier, held::text, others::text FROM word_tiers($1::text[]::tsquery[], $2) "
+        "ORDER BY tier",
+        terms,
+        weights,
+    )
+    assert [t["tier"] for t in tiers] == list(range(1, 65))
+    assert tiers[0]["held"] == " & ".join(terms[:6]) and tiers[0]["others"] is None
+    assert (tiers[1]["held"], tiers[1]["others"]) == (" & ".join(terms[:5]), "'w6'")
+    assert tiers[-2]["held"] == "'w6'"
+    assert (tiers[-1]["held"], tiers[-1]["others"]) == ("'w7' | 'w8'", " | ".join(terms[:6]))
+    sums = [sum(w for t, w in zip(terms, weights, strict=True) if t in x["held"]) for x in tiers]
+    assert sums[:-1] == sorted(sums[:-1], reverse=True)
+    few = await agent.state.pool.fetch(
+        "SELECT held::text FROM word_tiers($1::text[]::tsquery[], $2) ORDER BY tier",
+        terms[:2],
+        weights[:2],
+    )
+    assert [t["held"] for t in few] == ["'w1' & 'w2'", "'w1'", "'w2'"]
 
 
 async def test_m20_exact_plan_up_to_its_row_limit(

@@ -7,6 +7,7 @@ large.
 """
 
 import asyncio
+import math
 import uuid
 from typing import Any
 
@@ -532,19 +533,25 @@ async def test_m20_word_frequencies_refresh_at_start_even_without_rounds(
     assert service.services["search_maintenance"]._task is None  # no background rounds
 
 
-async def test_m20_a_word_in_exactly_the_limit_of_records_is_rare(
+async def test_m21_word_weights_are_bm25_idf_from_the_refreshed_frequencies(
     state: AppState, admin: Caller
 ) -> None:
-    # 5 of 11 records: ANALYZE's float4 share read as float8 times 11 is 5.0000001.
+    # A word's weight is ln(1 + (N - n + 0.5) / (n + 0.5)): N the table's records, n those
+    # holding it per the frequencies a refresh copies; a word it does not list counts as in one.
     agent = await make_search_agent(state, admin)
     for i in range(11):
         await agent.add(f"Zanzibar trip note {i}" if i < 5 else f"Garden note {i}")
     await state.pool.execute("ANALYZE agent_memories")
     async with state.pool.acquire() as conn:
         assert await maintenance.refresh_words(conn) > 0
-    rare = "SELECT rare_words('zanzibar', $1)::text"
-    assert await state.pool.fetchval(rare, 5) == "'zanzibar'"
-    assert await state.pool.fetchval(rare, 4) == ""
+    weights = dict(await state.pool.fetch("SELECT * FROM query_words('zanzibar garden volcano')"))
+
+    def idf(n: int) -> float:
+        return math.log(1 + (11 - n + 0.5) / (n + 0.5))
+
+    assert weights["'zanzibar'"] == pytest.approx(idf(5), rel=1e-6)
+    assert weights["'garden'"] == pytest.approx(idf(6), rel=1e-6)
+    assert weights["'volcano'"] == pytest.approx(idf(1), rel=1e-6)
 
 
 async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppState) -> None:

@@ -9,7 +9,7 @@ HYBRID_WEIGHT = 0.5  # weight of the cosine; the rest goes to the normalized tex
 def fusion(mode: str, weight: float, min_score: float | None, p: Params) -> tuple[str, str]:
     """Score expression and the condition a scored row must meet to be found, over a CTE
     `scored` with columns `cosine` (NULL without a query vector) and `words` (the row's
-    `ts_rank`, NULL when it shares no query word)."""
+    text score, NULL when it shares no query word)."""
     if mode == "lexical":
         return "words", "words IS NOT NULL"
     by_meaning = "cosine IS NOT NULL" if min_score is None else f"cosine >= {p(min_score)}::float8"

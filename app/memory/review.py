@@ -4,12 +4,12 @@ model; this module knows the records.
 
 Neighbours are found as recall finds records (the agent's reader: its read scopes, its session,
 live or preview, its turn's own staged writes), by the agent's search mode, but ranked for a
-restatement rather than a question: the text rank is divided by 1 + the log of the record's
-length (ts_rank normalization 1), and meaning weighs 0.4; the best 40 by that are ranked again
-with 0.3 of a BM25 of the candidate's words, weighted by their rarity among those 40. On the
-LoCoMo dev observations (a dialog turn as the candidate, the facts citing it as what it
-restates) that found 0.952 of the citing facts among the top 5, against 0.948 without the
-second ranking and 0.935 with search's own fusion (bench/review.py).
+restatement rather than a question: the text score is divided by 1 + the log of the record's
+word count, and meaning weighs 0.4; the best 40 by that are ranked again with 0.3 of a BM25 of
+the candidate's words, weighted by their rarity among those 40. On the LoCoMo dev observations
+(a dialog turn as the candidate, the facts citing it as what it restates) that found 0.948 of
+the citing facts among the top 5 (0.943 without the division by length; 0.952 when search's
+text score was `ts_rank`, before migration 0017; bench/review.py).
 """
 
 import math
@@ -35,7 +35,6 @@ from app.scope import listed
 from app.text import storable
 
 REVIEW_WEIGHT = 0.4  # weight of the cosine in a neighbour's score; the rest: the text rank
-REVIEW_RANK_NORMALIZATION = 1  # ts_rank divided by 1 + log(record length)
 # The review ranks this many by that score, then re-ranks them with POOL_WORD_WEIGHT of an Okapi
 # BM25 of the candidate's words (unstemmed) weighted by how rare each is among them (not the
 # whole table): LoCoMo dev recall@5 0.948 -> 0.951 (bench/README.md; 20 of them: 0.947, 30:
@@ -225,7 +224,7 @@ async def neighbours(
         config.min_score,
         max(limit, REVIEW_POOL),
         REVIEW_WEIGHT,
-        REVIEW_RANK_NORMALIZATION,
+        by_length=True,
     )
     pool_records, _ = await memory_search.ranked(pool, reader, Filters(), ranking)
     records = rerank(pool_records, text)[:limit]

@@ -7,12 +7,15 @@ Signals
 - Meaning: cosine similarity of the record's embedding (`memory_text(summary, content)`) to the
   query's embedding, from the deployment's embedder.
 - Words: PostgreSQL full text over the stored English `tsv`, matching records that share ANY
-  stemmed, stop-worded word with the query (`any_words`, migration 0003), ranked by `ts_rank`
-  (requiring every word found far less of LoCoMo's evidence; bench/README.md).
+  stemmed, stop-worded word with the query (`any_words`, migration 0003; requiring every word
+  found far less of LoCoMo's evidence, bench/README.md), scored by the sum of the weights of
+  the query words a record holds: BM25's IDF of each in the table (`query_words`, migration
+  0017), so a rare word counts for more than a common one (it found more of LoCoMo's evidence
+  than `ts_rank`, which weighs every word alike).
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
-    score = 0.5 * cosine + 0.5 * ts_rank / (best ts_rank among the agent's matches)
+    score = 0.5 * cosine + 0.5 * text score / (best text score among the agent's matches)
 A record sharing no word scores 0.5 * cosine. It beat weighted reciprocal-rank fusion with
 both embedders, is flat for weights 0.4 to 0.6, and needs no rank over every record, so both
 plans below score a record identically. `min_score` is the least cosine a record needs to be
@@ -30,14 +33,12 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   one to every agent of 10,000 records or more, built in the background soon after a write
   takes it there, up to `agent_index_max_agents` agents), iterative scan (`relaxed_order`, so
   a filter that hides most rows still yields enough of them); no index is shared by all agents
-  (migration 0015), so an agent without one yet has every record's cosine computed. Words: GIN
-  on (agent, tsv), the agent's own when it has one, for the query's rare words (`rare_words`:
-  each in at most RARE_WORD_ROWS records of the table, so GIN's work is bounded), and records
-  sharing a common word (`common_words`: in COMMON_WORD_SHARE of records or more) among the
-  agent's newest CANDIDATES / COMMON_WORD_SHARE (800). Words between the two propose no
-  candidates (in the measured data they would cost a scan of most of the agent) but count in
-  every candidate's rank. Word frequencies come from `search_words`, refreshed by the same
-  maintenance.
+  (migration 0015), so an agent without one yet has every record's cosine computed. Words: the
+  exact text ranking, read from GIN on (agent, tsv), the agent's own when it has one, in tiers
+  (`word_tiers`): first the records holding the best-weighted subset of the query's six rarest
+  words, best cosine first, then the next subset, until CANDIDATES are read. With both lists
+  the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and 200,000 records
+  (bench/README.md). Word weights come from `search_words`, refreshed by the maintenance.
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
   + 1 records; one more than that, and it returns none and the index plan runs. Under label
@@ -88,9 +89,6 @@ EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's defaul
 LARGE_AGENT_RECORDS = 100_000
 LARGE_AGENT_EF_SEARCH = 120
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
-RARE_WORD_ROWS = 2000  # index plan: words in at most this many records are found by GIN
-RARE_WORD_READS = 400  # index plan: the most records sharing a rare word ranked per search
-COMMON_WORD_SHARE = 0.05  # index plan: words in this share of records are read newest first
 
 
 MAX_PAGE = 1000  # the most records one search returns (`first`, `limit`)
@@ -189,7 +187,7 @@ def make_ranking(
     min_score: float | None,
     limit: int,
     weight: float = HYBRID_WEIGHT,
-    rank_normalization: int = 0,
+    by_length: bool = False,
     *,
     after: tuple[float, datetime, UUID] | None = None,
     depth: int = 0,
@@ -206,10 +204,7 @@ def make_ranking(
         weight=weight,
         candidates=max(CANDIDATES, 4 * reach),
         ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * reach)),
-        rare_rows=RARE_WORD_ROWS,
-        rare_reads=max(RARE_WORD_READS, 10 * reach),
-        common_share=COMMON_WORD_SHARE,
-        rank_normalization=rank_normalization,
+        by_length=by_length,
         after=after,
     )
 

@@ -1,18 +1,22 @@
 """SQL for memory search: ranking by meaning and words, and the query-less listing.
 
+The text score of a record is the sum of the weights (BM25's IDF in the table, `query_words`,
+migration 0017) of the query's words it holds: it depends only on which of them it holds.
+
 Two plans rank the same way (`app.memory.search` says when each is used, and why):
 
 - `exact`: reads every row the reader sees under the filters once, scores each (cosine to the
-  query vector, `ts_rank` when it matches any query word) and fuses them. No index decides
+  query vector, the text score when it holds any query word) and fuses them. No index decides
   what is found, so it is exact for any filter, and fastest while the filtered set is small.
-- `index`: takes the top candidates of each signal from its index (HNSW with an iterative
-  scan for meaning, GIN for words), then scores the union of both lists exactly and fuses
-  them. Fast for an agent of any size; a record outside both candidate lists is not found.
+- `index`: takes the top candidates of each signal from its index and scores the union of both
+  lists exactly. Meaning: HNSW with an iterative scan. Words: the exact text ranking, read
+  from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
+  words first, best cosine first within a tier), until the list is full. Fast for an agent of
+  any size; a record outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -58,12 +62,9 @@ class Ranking:
     weight: float  # hybrid: weight of cosine; 1 - weight goes to the normalized text rank
     candidates: int  # index plan: how many records each signal proposes
     ef_search: int  # index plan: HNSW candidate list size on an agent's own index
-    rare_rows: float  # index plan: words in at most this many records are looked up in GIN
-    rare_reads: int  # index plan: at most this many records sharing a rare word are ranked
-    common_share: float  # index plan: words in this share of records are read newest first
-    # ts_rank's normalization flags: 0 (search: raw), 1 (memory review: divided by 1 + the log
-    # of the record's length, which found more restated facts, bench/review.py)
-    rank_normalization: int = 0
+    # The text score divided by 1 + the log of the record's word count (the memory review:
+    # a restatement, bench/review.py); search's own score is not.
+    by_length: bool = False
     # A later page: only records ranked after this (score, created, memory_id), the last record
     # of the page before (the order is score DESC, created DESC, memory_id DESC).
     after: tuple[float, datetime, UUID] | None = None
@@ -81,19 +82,36 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
     return where
 
 
-def _signals(r: Ranking, p: Params, m: str = "m", query: str = "") -> str:
-    """Select-list: the cosine to the query vector and the text rank (NULL: no word shared).
-    `query`: an expression for the query's tsquery, when the statement has one."""
+def _words(r: Ranking, p: Params) -> str:
+    """The query's words, looked up once per search (a CTE `words`): `query`, any of them;
+    `terms` and `weights`, each word and its weight, rarest first. Empty without a query text."""
+    if r.text is None:
+        return ""
+    text = p(r.text)
+    return (
+        f"words AS MATERIALIZED (SELECT any_words({text}) AS query,"
+        " array_agg(w.term ORDER BY w.weight DESC, w.term) AS terms,"
+        " array_agg(w.weight ORDER BY w.weight DESC, w.term) AS weights"
+        f" FROM query_words({text}) w), "
+    )
+
+
+def _signals(r: Ranking, p: Params, m: str = "m") -> str:
+    """Select-list: the cosine to the query vector and the text score (NULL: no word shared),
+    under a `words` CTE (`_words`)."""
     cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
+    words = "NULL::float8"
     if r.text is not None:
-        # A sub-select is evaluated once per search, also in a generic plan, where
-        # `any_words($n)` would parse the query for every row (4 x slower, bench/README.md).
-        query = query or f"(SELECT any_words({p(r.text)}))"
-        flags = int(r.rank_normalization)
-        rank = f"CASE WHEN {m}.tsv @@ {query} THEN ts_rank({m}.tsv, {query}, {flags})::float8 END"
-    else:
-        rank = "NULL::float8"
-    return f"{m}.memory_id, {m}.created, {cosine} AS cosine, {rank} AS words"
+        # Sub-selects of the CTE are evaluated once per search, also in a generic plan; the
+        # sum only for a row that holds a word.
+        held = (
+            "(SELECT sum(w.weight) FROM unnest((SELECT terms FROM words),"
+            f" (SELECT weights FROM words)) w(term, weight) WHERE {m}.tsv @@ w.term)"
+        )
+        if r.by_length:
+            held += f" / (1 + ln(greatest(length({m}.tsv), 1)))"
+        words = f"CASE WHEN {m}.tsv @@ (SELECT query FROM words) THEN {held} END"
+    return f"{m}.memory_id, {m}.created, {cosine} AS cosine, {words} AS words"
 
 
 _FUSED = """
@@ -182,7 +200,7 @@ async def ranked_exact(
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
     sql = f"""
-    WITH {gate}scored AS MATERIALIZED (
+    WITH {gate}{_words(r, p)}scored AS MATERIALIZED (
         SELECT {_signals(r, p)} FROM agent_memories m WHERE {where}{limit}
     ){_finish(reader, r, p, gated=max_rows is not None)}"""
     found = await conn.fetch(sql, *p.values)
@@ -256,61 +274,48 @@ async def ranked_index(
 ) -> list[MemoryRecord]:
     """Candidates from the indexes, scored as they are read. Meaning: the agent's own HNSW
     index, iterative scan (without one, every record's cosine: there is no shared index,
-    migration 0015). Words: records sharing a rare word, by the
-    (agent, tsv) GIN index (bounded: each rare word is in few records), best `ts_rank` first;
-    and the newest records sharing a common word among the agent's newest (bounded too: a
-    common word is met within a few rows). Words between the two find no candidates of their
-    own; they still count in the rank of every candidate.
+    migration 0015). Words: the records holding the query's words, best text score first, read
+    by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migration 0017): a tier is
+    the records holding exactly one subset of the query's six rarest words, and tiers come in
+    the order of their weight, so the list is the exact text ranking of those words and stops
+    reading once full. Within a tier, best cosine first (newest first in lexical mode, which
+    is the lexical ranking's own order).
 
     `own`: the agent has its own indexes; the statement then names the agent's key as
     literals (`AgentKey`), which their partial predicates need."""
     p = AgentKey(reader) if own else Params()
     agent = "agent_memories m WHERE " + visible(reader, p, "m") + _filters(filters, p)
     columns = "m.memory_id, m.created, m.embedding, m.tsv"
-    newest = "m.created DESC, m.memory_id DESC"
-    query = "(SELECT query FROM words)" if r.text is not None else ""  # the `words` CTE below
+    limit = int(r.candidates)  # a constant: for a parameter a cached plan would guess a tenth
 
-    def candidates(rows: str, order: str) -> str:
-        # Signals are computed for the list's rows only, on the columns its index scan read (no
-        # second lookup); a record proposed by several lists scores the same in each, so UNION
-        # keeps one. Limits are constants: for a parameter a cached plan would guess a tenth of
-        # the table.
-        return (
-            f"(SELECT {_signals(r, p, 'c', query)} FROM (SELECT {columns} FROM {rows} "
-            f"ORDER BY {order} LIMIT {int(r.candidates)}) c)"
-        )
-
-    def first(rows: str, limit: int) -> str:
-        return f"(SELECT {columns} FROM {rows} LIMIT {int(limit)}) m"
+    def candidates(rows: str) -> str:
+        # Signals are computed for the list's rows only, on the columns its scan read (no
+        # second lookup); a record proposed by both lists scores the same in each, so UNION
+        # keeps one.
+        return f"(SELECT {_signals(r, p, 'c')} FROM ({rows}) c)"
 
     lists: list[str] = []
-    words = ""
-    if r.vector is not None:
-        lists.append(candidates(agent, f"m.embedding <=> {p(r.vector)}"))
+    nearest = f"m.embedding <=> {p(r.vector)}" if r.vector is not None else None
+    if nearest is not None:
+        lists.append(candidates(f"SELECT {columns} FROM {agent} ORDER BY {nearest} LIMIT {limit}"))
     if r.text is not None:
-        # The query's words, rare and common (by `search_words`), looked up once per search;
-        # NULL when there are none. A condition on them alone is evaluated once, before any
-        # row is read: without rare (common) words that list reads nothing.
-        text = p(r.text)
-        words = (
-            f"words AS MATERIALIZED (SELECT any_words({text}) AS query,"
-            f" nullif(rare_words({text}, {p(r.rare_rows)})::text, '')::tsquery AS rare,"
-            f" nullif(common_words({text}, {p(r.common_share)})::text, '')::tsquery AS common), "
+        # GIN reads a tier's words (`held`); `others` is tested on the rows it finds.
+        tier = (
+            f"SELECT {columns} FROM {agent} AND m.tsv @@ t.held"
+            " AND (t.others IS NULL OR NOT m.tsv @@ t.others)"
+            f" ORDER BY {nearest or 'm.created DESC, m.memory_id DESC'} LIMIT {limit}"
         )
-        rare, common = "(SELECT rare FROM words)", "(SELECT common FROM words)"
-        # A word rare in the table may still be in hundreds of a large agent's records, each a
-        # heap read to rank, so at most `rare_reads` of them are ranked (bench/README.md).
-        best = f"ts_rank(m.tsv, {query}, {int(r.rank_normalization)}) DESC, {newest}"
-        rows = f"{agent} AND {rare} IS NOT NULL AND m.tsv @@ {rare}"
-        lists.append(candidates(first(rows, r.rare_reads), best))
-        # A common word is in `common_share` of the records or more: it is looked for among the
-        # agent's newest records, no further than where that share yields the candidates. So
-        # a word common in the table but rare in this agent finds no older records by itself
-        # (they are still found by meaning or by another word), and the walk is bounded.
-        walk = math.ceil(r.candidates / r.common_share)
-        recent = first(f"{agent} AND {common} IS NOT NULL ORDER BY {newest}", walk)
-        lists.append(candidates(f"{recent} WHERE m.tsv @@ {common}", newest))
-    sql = f"WITH {words}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
+        # Tiers in order, each read only when the ones before hold too few records: the loop
+        # keeps the order of its sorted outer side. (An outer ORDER BY would be planned as a
+        # sort after reading every tier.)
+        tiers = (
+            "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
+            " ORDER BY tier"
+        )
+        lists.append(
+            candidates(f"SELECT c.* FROM ({tiers}) t CROSS JOIN LATERAL ({tier}) c LIMIT {limit}")
+        )
+    sql = f"WITH {_words(r, p)}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 
