@@ -337,12 +337,26 @@ async def test_m38_m55_graphql_search_memories(state: AppState, admin: Caller, g
     assert result.codes == ["ACCESS_DENIED"]
 
 
-async def test_m21_any_query_text_is_safe(agent: SearchAgent) -> None:
+async def test_m21_any_query_text_is_safe(agent: SearchAgent, plan: str) -> None:
     quoted = await agent.add("O'Brien's C:\\temp\\notes & <tags> | !bang (paren)")
-    for query in ("O'Brien's", "C:\\temp\\notes", "& | ! ( ) : * '' \\", "the and of", "x" * 3000):
+    url = await agent.add("See example.com/it's-here and C:\\it\\'s")
+    many = " ".join(f"word{i}" for i in range(40))
+    queries = (
+        "O'Brien's",
+        "C:\\temp\\notes",
+        "& | ! ( ) : * '' \\",
+        "the and of",
+        "x" * 3000,
+        "example.com/it's-here C:\\it\\'s",
+        "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda",
+        many * 20,  # long, of many words, under the query's length limit
+        "日本語 ünïcödé ‮rtl‬ \x01",
+    )
+    for query in queries:
         for mode in ("hybrid", "lexical", "vector"):
             await agent.find(query, mode=mode)
     assert await agent.find("O'Brien's notes", mode="lexical") == [quoted]
+    assert await agent.find("example.com/it's-here", mode="lexical") == [url]
     assert await agent.find("the and of", mode="lexical") == []
 
 
@@ -388,45 +402,79 @@ async def test_m20_index_plan_reads_the_exact_text_ranking(
     for query in queries:
         vector = (await agent.state.embedder.embed([query])).vectors[0]
         for mode, filters in (("lexical", Filters()), ("lexical", Filters(kind="event"))):
-            ranking = search_module.make_ranking(mode, query, vector, None, 8)
+            # Two records a search: its eight candidates end inside a tier.
+            ranking = search_module.make_ranking(mode, query, vector, None, 2)
             found, chosen = await search_module.ranked(pool, agent.operator, filters, ranking)
             exact, _ = await search_module.ranked(pool, agent.operator, filters, ranking, "exact")
-            assert chosen == "index" and len(found) == 8
+            assert chosen == "index" and len(found) == 2
             assert [(r.memory_id, r.score) for r in found] == [
                 (r.memory_id, r.score) for r in exact
             ]
-        ranking = search_module.make_ranking("hybrid", query, vector, None, 5)
+        ranking = search_module.make_ranking("hybrid", query, vector, None, 2)
         found, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking)
         exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
         assert [r.memory_id for r in found] == [r.memory_id for r in exact]
 
 
-async def test_m20_word_tiers_come_best_weighted_first_and_hold_every_word(
+async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(
     agent: SearchAgent,
 ) -> None:
-    # Every subset of the six rarest words, by descending weight sum, each excluding the rest;
-    # then the records holding only later words.
-    terms = [f"'w{i}'" for i in range(1, 9)]
+    # Every combination of eight words falls in exactly one tier: one weight sum of the six
+    # rarest words (subsets of equal sum together), best first; last, those holding only the
+    # seventh or eighth word.
+    terms = [f"w{i}" for i in range(1, 9)]
     weights = [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
-    tiers = await agent.state.pool.fetch(
-        "SELECT tier, held::text, others::text FROM word_tiers($1::text[]::tsquery[], $2) "
-        "ORDER BY tier",
+    rows = await agent.state.pool.fetch(
+        """
+        SELECT c.mask, t.tier
+        FROM generate_series(1, 255) c(mask)
+        CROSS JOIN LATERAL (SELECT array_to_tsvector(array(
+            SELECT ($1::text[])[i] FROM generate_series(1, 8) i
+            WHERE (c.mask >> (i - 1)) & 1 = 1)) AS tsv) v
+        JOIN word_tiers($1::text[]::tsquery[], $2) t ON v.tsv @@ t.held AND v.tsv @@ t.exact
+        """,
         terms,
         weights,
     )
-    assert [t["tier"] for t in tiers] == list(range(1, 65))
-    assert tiers[0]["held"] == " & ".join(terms[:6]) and tiers[0]["others"] is None
-    assert (tiers[1]["held"], tiers[1]["others"]) == (" & ".join(terms[:5]), "'w6'")
-    assert tiers[-2]["held"] == "'w6'"
-    assert (tiers[-1]["held"], tiers[-1]["others"]) == ("'w7' | 'w8'", " | ".join(terms[:6]))
-    sums = [sum(w for t, w in zip(terms, weights, strict=True) if t in x["held"]) for x in tiers]
-    assert sums[:-1] == sorted(sums[:-1], reverse=True)
+    tiers: dict[int, list[int]] = {}
+    for row in rows:
+        tiers.setdefault(row["tier"], []).append(row["mask"])
+    assert sorted(row["mask"] for row in rows) == list(range(1, 256))  # each once
+
+    def weight(mask: int) -> float:
+        return sum(w for i, w in enumerate(weights[:6]) if (mask >> i) & 1)
+
+    order = sorted(tiers)
+    assert order == list(range(1, len(order) + 1))
+    assert sorted(tiers[order[-1]]) == [m for m in range(1, 256) if m & 63 == 0]
+    sums = [{weight(m) for m in tiers[t]} for t in order[:-1]]
+    assert all(len(one) == 1 for one in sums)  # a tier's records score alike
+    every_sum = {weight(m) for m in range(1, 64)}
+    assert [one.pop() for one in sums] == sorted(every_sum, reverse=True)
     few = await agent.state.pool.fetch(
         "SELECT held::text FROM word_tiers($1::text[]::tsquery[], $2) ORDER BY tier",
-        terms[:2],
-        weights[:2],
+        ["w1", "w2"],
+        [2.0, 1.0],
     )
     assert [t["held"] for t in few] == ["'w1' & 'w2'", "'w1'", "'w2'"]
+    assert (
+        await agent.state.pool.fetchval(
+            "SELECT count(*) FROM word_tiers(NULL::tsquery[], NULL::float8[])"
+        )
+        == 0
+    )
+
+
+async def test_m20_index_plan_reads_words_of_equal_weight_as_one_tier(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without word frequencies every word weighs the same: records holding either word tie,
+    # and the newest win, however the words are ordered among the query's.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    older = [await agent.add(f"alpha {i}", created=T0 - timedelta(days=1)) for i in range(50)]
+    newer = [await agent.add(f"beta {i}") for i in range(50)]
+    assert older and await agent.find("alpha beta", mode="lexical", limit=10) == newer[::-1][:10]
+    assert await agent.find("beta alpha", mode="lexical", limit=10) == newer[::-1][:10]
 
 
 async def test_m20_exact_plan_up_to_its_row_limit(

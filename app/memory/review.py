@@ -5,7 +5,7 @@ model; this module knows the records.
 Neighbours are found as recall finds records (the agent's reader: its read scopes, its session,
 live or preview, its turn's own staged writes), by the agent's search mode, but ranked for a
 restatement rather than a question: the text score is divided by 1 + the log of the record's
-word count, and meaning weighs 0.4; the best 40 by that are ranked again with 0.3 of a BM25 of
+distinct words, and meaning weighs 0.4; the best 40 by that are ranked again with 0.3 of a BM25 of
 the candidate's words, weighted by their rarity among those 40. On the LoCoMo dev observations
 (a dialog turn as the candidate, the facts citing it as what it restates) that found 0.948 of
 the citing facts among the top 5 (0.943 without the division by length; 0.952 when search's

@@ -11,16 +11,20 @@ Signals
   found far less of LoCoMo's evidence, bench/README.md), scored by the sum of the weights of
   the query words a record holds: BM25's IDF of each in the table (`query_words`, migration
   0017), so a rare word counts for more than a common one (it found more of LoCoMo's evidence
-  than `ts_rank`, which weighs every word alike).
+  than `ts_rank`, which weighs every word alike). The weights follow the table's statistics
+  (ANALYZE, and the maintenance's refresh of `search_words`), so a record's score can move
+  without a write to the agent; a ranked search's later page, read after such a change, may
+  skip or repeat a record.
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
     score = 0.5 * cosine + 0.5 * text score / (best text score among the agent's matches)
 A record sharing no word scores 0.5 * cosine. It beat weighted reciprocal-rank fusion with
 both embedders, is flat for weights 0.4 to 0.6, and needs no rank over every record, so both
-plans below score a record identically. `min_score` is the least cosine a record needs to be
-found by meaning alone: in hybrid mode a record sharing a word with the query is found
-whatever its cosine; in vector mode it is a plain threshold; lexical mode ignores it.
+plans below score a record identically (but for the cases `search_store.ranked_index` names).
+`min_score` is the least cosine a record needs to be found by meaning alone: in hybrid mode a
+record sharing a word with the query is found whatever its cosine; in vector mode it is a
+plain threshold; lexical mode ignores it.
 
 Plans (measured by bench/search_scale.py; figures in bench/README.md)
 - `exact` when the agent has no indexes of its own and the reader sees at most EXACT_MAX_ROWS

@@ -62,7 +62,7 @@ class Ranking:
     weight: float  # hybrid: weight of cosine; 1 - weight goes to the normalized text rank
     candidates: int  # index plan: how many records each signal proposes
     ef_search: int  # index plan: HNSW candidate list size on an agent's own index
-    # The text score divided by 1 + the log of the record's word count (the memory review:
+    # The text score divided by 1 + the log of the record's distinct words (the memory review:
     # a restatement, bench/review.py); search's own score is not.
     by_length: bool = False
     # A later page: only records ranked after this (score, created, memory_id), the last record
@@ -276,10 +276,14 @@ async def ranked_index(
     index, iterative scan (without one, every record's cosine: there is no shared index,
     migration 0015). Words: the records holding the query's words, best text score first, read
     by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migration 0017): a tier is
-    the records holding exactly one subset of the query's six rarest words, and tiers come in
-    the order of their weight, so the list is the exact text ranking of those words and stops
-    reading once full. Within a tier, best cosine first (newest first in lexical mode, which
-    is the lexical ranking's own order).
+    the records holding exactly one subset of the query's six rarest words (or several of
+    equal weight), and tiers come in the order of their weight, so the list is the exact text
+    ranking and stops reading once full. Within a tier, best cosine first (newest first in
+    lexical mode, which is the lexical ranking's own order). Not exact in two cases: a query of
+    more than six words, whose later words add to a record's score without moving its tier,
+    and the review's division by length (`by_length`), which tiers ignore; there a record
+    outside both lists is missed, and the best text score among the candidates, which
+    normalizes the fusion, may be below the agent's best.
 
     `own`: the agent has its own indexes; the statement then names the agent's key as
     literals (`AgentKey`), which their partial predicates need."""
@@ -299,10 +303,13 @@ async def ranked_index(
     if nearest is not None:
         lists.append(candidates(f"SELECT {columns} FROM {agent} ORDER BY {nearest} LIMIT {limit}"))
     if r.text is not None:
-        # GIN reads a tier's words (`held`); `others` is tested on the rows it finds.
+        # GIN reads a tier's words (`held`); `exact` is tested on the rows it finds (as a
+        # function, which GIN cannot take: its NOT would read the common words' postings, 1.5-2
+        # x slower). Sorted outside the scan (OFFSET 0), so that no index that supplies the
+        # order (HNSW, the created btree) is walked instead, testing the words on every row.
         tier = (
-            f"SELECT {columns} FROM {agent} AND m.tsv @@ t.held"
-            " AND (t.others IS NULL OR NOT m.tsv @@ t.others)"
+            f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.held"
+            f" AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
             f" ORDER BY {nearest or 'm.created DESC, m.memory_id DESC'} LIMIT {limit}"
         )
         # Tiers in order, each read only when the ones before hold too few records: the loop

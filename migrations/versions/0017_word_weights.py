@@ -12,11 +12,12 @@ score depends only on which of the query's words it holds, the index plan can re
 text ranking from GIN tier by tier (app/memory/search_store.py).
 
 - `query_words(query)`: each of the query's words as a tsquery, with its weight.
-- `word_tiers(terms, weights)`: the non-empty subsets of the first six terms (the caller passes
-  them rarest first), best weight sum first: `held`, the subset's words ANDed; `others`, the
-  rest ORed (NULL for the full set), which a record of the tier holds none of; last, the
-  records holding only later words. `tier` orders them. Every record holding any of the
-  query's words is in exactly one tier, and a tier's records score at least its weight sum.
+- `word_tiers(terms, weights)`: the records holding the first six terms (the caller passes
+  them rarest first) in tiers, best weight first: a tier is the subsets of those words of one
+  weight sum (one subset, unless words weigh the same); `held`, for GIN, a record holding all
+  the words of one of them; `exact`, that and none of the other five words. Last, the records
+  holding only later words. `tier` orders them. Every record holding any of the query's words
+  is in exactly one tier, and within the first six words a tier's records score alike.
 - `rare_words` and `common_words` (migration 0005) are no longer used and are dropped.
 """
 
@@ -48,14 +49,19 @@ def upgrade() -> None:
     END;
 
     CREATE FUNCTION word_tiers(terms tsquery[], weights float8[])
-    RETURNS TABLE (tier bigint, held tsquery, others tsquery)
+    RETURNS TABLE (tier bigint, held tsquery, exact tsquery)
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     BEGIN ATOMIC
-        SELECT row_number() OVER (ORDER BY s.weight DESC, s.mask DESC), s.held, s.others
+        -- Subsets of equal weight (words of equal weight) are one tier, read together.
+        SELECT row_number() OVER (ORDER BY g.weight DESC),
+               string_agg('(' || g.held || ')', ' | ')::tsquery,
+               string_agg('(' || g.held || ')' || coalesce(' & !(' || g.others || ')', ''), ' | ')
+                   ::tsquery
         FROM (
-            SELECT mask, sum(weights[b.i]) FILTER (WHERE b.held) AS weight,
-                   string_agg(terms[b.i]::text, ' & ') FILTER (WHERE b.held)::tsquery AS held,
-                   string_agg(terms[b.i]::text, ' | ') FILTER (WHERE NOT b.held)::tsquery AS others
+            SELECT mask, round(sum(weights[b.i]) FILTER (WHERE b.held)::numeric, 9) AS weight,
+                   string_agg(terms[b.i]::text, ' & ' ORDER BY b.i) FILTER (WHERE b.held) AS held,
+                   string_agg(terms[b.i]::text, ' | ' ORDER BY b.i) FILTER (WHERE NOT b.held)
+                       AS others
             FROM generate_series(1, (1 << least(cardinality(terms), 6)) - 1) mask
             CROSS JOIN LATERAL (
                 SELECT i, (mask >> (i - 1)) & 1 = 1 AS held
@@ -65,11 +71,12 @@ def upgrade() -> None:
             UNION ALL
             -- Last, the records holding only words after the sixth.
             SELECT 0, -1,
-                   string_agg(terms[i]::text, ' | ') FILTER (WHERE i > 6)::tsquery,
-                   string_agg(terms[i]::text, ' | ') FILTER (WHERE i <= 6)::tsquery
+                   string_agg(terms[i]::text, ' | ' ORDER BY i) FILTER (WHERE i > 6),
+                   string_agg(terms[i]::text, ' | ' ORDER BY i) FILTER (WHERE i <= 6)
             FROM generate_series(1, cardinality(terms)) i
             HAVING cardinality(terms) > 6
-        ) s;
+        ) g
+        GROUP BY g.weight;
     END;
 
     DROP FUNCTION rare_words(text, float8);
