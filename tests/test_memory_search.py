@@ -414,6 +414,24 @@ async def test_m20_index_plan_reads_the_exact_text_ranking(
         found, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking)
         exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
         assert [r.memory_id for r in found] == [r.memory_id for r in exact]
+        # Pages of a lexical search on the index plan: the exact plan's order.
+        ranking = search_module.make_ranking("lexical", query, None, None, 6)
+        exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+        first = await search(
+            pool, agent.state.embedder, agent.operator, CONFIG, query=query, mode="lexical", limit=3
+        )
+        second = await search(
+            pool,
+            agent.state.embedder,
+            agent.operator,
+            CONFIG,
+            query=query,
+            mode="lexical",
+            limit=3,
+            after=first.cursors[-1],
+        )
+        assert first.plan == second.plan == "index"
+        assert [r.memory_id for r in first.records + second.records] == [r.memory_id for r in exact]
 
 
 async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(
