@@ -1,9 +1,10 @@
 """SQL for session history: keeping a turn's events, ranking their parts, reading, erasing.
 
-Ranking reuses memory search's fusion of meaning and words (`search_store.fusion`: 0.5 x
-cosine + 0.5 x ts_rank scaled by the best match, words by `any_words`), with recency as the
-tie-breaker (later turn, then later event), over the parts a reader may see: one session's,
-from turns before a bound, preview parts only for a preview reader.
+Ranking reuses memory search's fusion of meaning and words (`app.db.fusion`: 0.5 x cosine +
+0.5 x the text score scaled by the best match, words by `any_words`; here the text score is
+`ts_rank`, not memory search's weights of rare words, which were not measured on history),
+with recency as the tie-breaker (later turn, then later event), over the parts a reader may
+see: one session's, from turns before a bound, preview parts only for a preview reader.
 """
 
 from dataclasses import dataclass
