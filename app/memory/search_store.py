@@ -309,7 +309,7 @@ async def ranked_index(
         # order (HNSW, the created btree) is walked instead, testing the words on every row.
         tier = (
             f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.held"
-            f" AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
+            " AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
             f" ORDER BY {nearest or 'm.created DESC, m.memory_id DESC'} LIMIT {limit}"
         )
         # Tiers in order, each read only when the ones before hold too few records: the loop
