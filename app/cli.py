@@ -188,8 +188,8 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
         print("error: another process is maintaining search; try again", file=sys.stderr)
         return 2
     print(
-        f"{done.words} word frequencies; agents of {min_records}+ records: "
-        f"built {len(done.built)} search indexes, dropped {len(done.dropped)}"
+        f"agents of {min_records}+ records: built {len(done.built)} search indexes, dropped "
+        f"{len(done.dropped)}, counted the words of {done.counted}"
     )
     return 0
 
@@ -457,7 +457,7 @@ def parser() -> argparse.ArgumentParser:
     maintain = command(
         "maintain-search",
         _maintain_search,
-        "refresh word frequencies and build large agents' vector indexes now "
+        "build large agents' search indexes and count their words now "
         "(the service does it every ENGRAM_SEARCH_MAINTENANCE_SECONDS)",
     )
     maintain.add_argument(

@@ -56,14 +56,15 @@ class Settings(BaseSettings):
     embedding_batch_size: int = 64
     embedding_timeout_seconds: float = 30.0
 
-    # Search upkeep (app/memory/maintenance.py): word frequencies refreshed at start, and then
-    # every search_maintenance_seconds (0: never; run `engram maintain-search` instead) also
-    # agents with at least agent_index_min_records records given their own search indexes,
-    # the largest agent_index_max_agents of them (each adds two indexes to agent_memories, all
-    # locked by every statement planned on it or writing to it: raise it with the server's
-    # max_locks_per_transaction), built with agent_index_build_memory as maintenance_work_mem
-    # ("": the server's). Between rounds, a write that takes an agent (or a session) past its
-    # threshold has its indexes built at once, in the background, within the same caps.
+    # Search upkeep (app/memory/maintenance.py): every search_maintenance_seconds (0: never;
+    # run `engram maintain-search` instead), agents with at least agent_index_min_records
+    # records given their own search indexes, the largest agent_index_max_agents of them (each
+    # adds two indexes to agent_memories, all locked by every statement planned on it or
+    # writing to it: raise it with the server's max_locks_per_transaction), built with
+    # agent_index_build_memory as maintenance_work_mem ("": the server's). Between rounds, a
+    # write that takes an agent (or a session) past its threshold has its indexes built at
+    # once, in the background, within the same caps. Their words are counted with them (search
+    # weighs a word by how many of the agent's records hold it).
     search_maintenance_seconds: float = Field(default=600.0, ge=0)
     agent_index_min_records: int = Field(default=10_000, ge=1)
     # 100: planning a search costs 1.9 ms with 100 agents' indexes (1.2 with 50, 4.6 with 300,

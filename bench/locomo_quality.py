@@ -145,9 +145,7 @@ async def evaluate(url: str, embedder: Embedder, sweep: bool) -> dict[str, dict[
     count = 0
     try:
         loaded = [(conv, *await load(pool, embedder, conv)) for conv in conversations()]
-        # Word frequencies for the words' weights, as the service's maintenance keeps them.
         await pool.execute("ANALYZE agent_memories")
-        await pool.execute("SELECT refresh_search_words()")
         for conv, reader, ids in loaded:
             for question, evidence in conv["questions"]:
                 count += 1

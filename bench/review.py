@@ -161,7 +161,6 @@ async def neighbour_recall(pg: EmbeddedPostgres, data: Path, limit: int) -> None
         convs = conversations(data)
         loaded = [await load_facts(pool, embedder, c) for c in convs]
         await pool.execute("ANALYZE agent_memories")
-        await pool.execute("SELECT refresh_search_words()")
         total, count = 0.0, 0
         own = dict.fromkeys(FLOORS, 0)
         other = dict.fromkeys(FLOORS, 0)

@@ -260,8 +260,8 @@ async def load(plan: Plan, url: str, embedder: StaticEmbedder) -> dict[str, floa
         t = time.perf_counter()
         await conn.execute("VACUUM ANALYZE agent_memories")
         figures["vacuum_analyze_s"] = time.perf_counter() - t
-        # What the service's maintenance does after the load: word frequencies, and the large
-        # agents' own HNSW and GIN indexes.
+        # What the service's maintenance does after the load: the large agents' own HNSW and
+        # GIN indexes, and their word counts.
         t = time.perf_counter()
         pool = await create_pool(url, min_size=1, max_size=1)
         try:

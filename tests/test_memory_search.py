@@ -6,6 +6,7 @@ exact plan (small agents) and the index plan (HNSW + GIN candidates), forced by 
 exact plan's row limit to zero.
 """
 
+import math
 import random
 import uuid
 from collections.abc import Iterator
@@ -14,11 +15,12 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from factories import CONFIG, T0, SearchAgent, allow, caller, make_search_agent
+from factories import CONFIG, T0, SearchAgent, allow, caller, make_account, make_search_agent
 
 from app.actions import service as actions
 from app.actions.harness import SearchConfig
 from app.auth.caller import Caller
+from app.auth.policies import ADMIN_POLICIES
 from app.errors import BadInput
 from app.memory import maintenance
 from app.memory import search as search_module
@@ -361,25 +363,45 @@ async def test_m21_any_query_text_is_safe(agent: SearchAgent, plan: str) -> None
 
 
 async def test_m21_a_rare_word_weighs_more_than_a_common_one(agent: SearchAgent, plan: str) -> None:
-    # The text score sums the query words' weights (BM25's IDF in the table, from the word
-    # frequencies the maintenance keeps): holding the rare word beats holding the common one.
+    # The text score sums the query words' weights, BM25's IDF among the agent's records: the
+    # rare word beats the common one from the first search on, counted by the search itself
+    # (the agent has no counts of its own: it is not listed).
     rare = await agent.add("Report about Zanzibar", created=T0 - timedelta(days=30))
     common = [await agent.add(f"The weather is nice today, note {i}") for i in range(30)]
     both = await agent.add("Zanzibar weather", created=T0 - timedelta(days=60))
-    pool = agent.state.pool
-    weights = "SELECT term::text, weight FROM query_words('zanzibar weather')"
-    unknown = dict(await pool.fetch(weights))  # no frequencies yet: the words weigh alike
-    assert unknown["'weather'"] == unknown["'zanzibar'"] > 0
-    # Alike, one word each: newest first, the old record holding the rare word last.
     query = "Zanzibar weather?"
-    assert await agent.find(query, mode="lexical", limit=40) == [both, *common[::-1], rare]
-    await pool.execute("ANALYZE agent_memories")
-    assert (await maintenance.run_round(pool, min_records=10**6)).words > 0
-    known = dict(await pool.fetch(weights))
-    assert known["'zanzibar'"] > known["'weather'"] > 0
     assert await agent.find(query, mode="lexical", limit=40) == [both, rare, *common[::-1]]
     assert (await agent.find(query, limit=2)) == [both, rare]
     assert await agent.find("the and of", mode="lexical") == []
+
+
+async def test_m21_word_weights_come_from_the_records_the_reader_sees(
+    agent: SearchAgent, plan: str
+) -> None:
+    # A word's weight is ln(1 + (N - n + 0.5) / (n + 0.5)) over the records the search ranks
+    # (N of them, n holding the word): another tenant's records and another session's, which
+    # the reader does not see, change neither the ranking nor the scores it is shown.
+    state = agent.state
+    rare = await agent.add("Report about Zanzibar")
+    common = [await agent.add(f"The weather is nice today, note {i}") for i in range(3)]
+    reader = agent.reader(session="s1")
+
+    async def scores(filters: Filters | None = None) -> dict[UUID, float | None]:
+        ranking = search_module.make_ranking("lexical", "Zanzibar weather", None, None, 10)
+        found, _ = await search_module.ranked(state.pool, reader, filters or Filters(), ranking)
+        return {r.memory_id: r.score for r in found}
+
+    before = await scores()
+    assert before[rare] == pytest.approx(math.log(1 + 3.5 / 1.5))
+    assert before[common[0]] == pytest.approx(math.log(1 + 1.5 / 3.5))
+    tenant = await make_account(state, "another tenant")
+    stranger = await make_search_agent(state, Caller(tenant, "admin", ADMIN_POLICIES))
+    for i in range(20):
+        await stranger.add(f"Zanzibar trip {i}")
+        await agent.add(f"Zanzibar in session two, {i}", scope="SESSION", session_id="s2")
+    assert await scores() == before
+    # Filters narrow what is ranked, and so what the weights count.
+    assert (await scores(Filters(ids=[rare, common[0]])))[rare] == pytest.approx(math.log(2))
 
 
 async def test_m20_index_plan_reads_the_exact_text_ranking(

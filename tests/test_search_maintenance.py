@@ -1,4 +1,4 @@
-"""Search upkeep (app/memory/maintenance.py): word frequencies, and large agents' own indexes.
+"""Search upkeep (app/memory/maintenance.py): large agents' own indexes, and their word counts.
 
 M20 (search combines meaning and words) has to hold at any size: an agent large enough gets
 its own HNSW and GIN indexes, the planner uses them for that agent's searches, and the
@@ -520,38 +520,48 @@ async def test_m20_maintain_search_command(
     assert code == 0 and "dropped 2" in capsys.readouterr().out
 
 
-async def test_m20_word_frequencies_refresh_at_start_even_without_rounds(
-    state: AppState, admin: Caller
+async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
+    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await fill(await make_search_agent(state, admin), 20)
-    await state.pool.execute("ANALYZE agent_memories")
-    assert await state.pool.fetchval("SELECT count(*) FROM search_words") == 0
-    assert state.settings.search_maintenance_seconds == 0
-    service = AppState(settings=state.settings, pool=state.pool, embedder=state.embedder)
-    await start_services(service)
-    assert await state.pool.fetchval("SELECT count(*) FROM search_words") > 0
-    assert service.services["search_maintenance"]._task is None  # no background rounds
-
-
-async def test_m21_word_weights_are_bm25_idf_from_the_refreshed_frequencies(
-    state: AppState, admin: Caller
-) -> None:
-    # A word's weight is ln(1 + (N - n + 0.5) / (n + 0.5)): N the table's records, n those
-    # holding it per the frequencies a refresh copies; a word it does not list counts as in one.
-    agent = await make_search_agent(state, admin)
-    for i in range(11):
+    # A listed agent's words are counted by the maintenance: a word's weight is
+    # ln(1 + (N - n + 0.5) / (n + 0.5)), N the agent's records and n those holding it (a word
+    # it does not count is in one). Another agent's records count for nothing; both plans
+    # score by the counts; they are counted again once the agent grows by a tenth, and go
+    # with its indexes.
+    agent, other = [await make_search_agent(state, admin) for _ in range(2)]
+    for i in range(30):
         await agent.add(f"Zanzibar trip note {i}" if i < 5 else f"Garden note {i}")
-    await state.pool.execute("ANALYZE agent_memories")
-    async with state.pool.acquire() as conn:
-        assert await maintenance.refresh_words(conn) > 0
-    weights = dict(await state.pool.fetch("SELECT * FROM query_words('zanzibar garden volcano')"))
+        await other.add(f"Zanzibar volcano {i}")
+    query = "zanzibar garden volcano"
+    weights = "SELECT term::text, weight FROM query_words($1, $2, $3)"
+    key = (agent.account_id, agent.action_id)
+    assert {r["weight"] for r in await state.pool.fetch(weights, query, *key)} == {None}
+    done = await maintenance.run_round(state.pool, min_records=30)
+    assert done is not None and done.counted == 2
 
-    def idf(n: int) -> float:
-        return math.log(1 + (11 - n + 0.5) / (n + 0.5))
+    def idf(records: int, n: int) -> float:
+        return math.log(1 + (records - n + 0.5) / (n + 0.5))
 
-    assert weights["'zanzibar'"] == pytest.approx(idf(5), rel=1e-6)
-    assert weights["'garden'"] == pytest.approx(idf(6), rel=1e-6)
-    assert weights["'volcano'"] == pytest.approx(idf(1), rel=1e-6)
+    counted = dict(await state.pool.fetch(weights, query, *key))
+    assert counted["'zanzibar'"] == pytest.approx(idf(30, 5), rel=1e-6)
+    assert counted["'garden'"] == pytest.approx(idf(30, 25), rel=1e-6)
+    assert counted["'volcano'"] == pytest.approx(idf(30, 1), rel=1e-6)
+    r = await ranking(agent, query, mode="lexical")
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    found, plan = await search_module.ranked(state.pool, agent.operator, Filters(), r)
+    exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
+    assert plan == "index"
+    assert [x.score for x in found] == [x.score for x in exact]
+    assert found[0].score == pytest.approx(idf(30, 5), rel=1e-6)
+    for i in range(3):  # a tenth more: not counted again
+        await agent.add(f"Zanzibar harbour {i}")
+    assert (await maintenance.run_round(state.pool, min_records=30)).counted == 0
+    await agent.add("Zanzibar harbour 4")
+    assert (await maintenance.run_round(state.pool, min_records=30)).counted == 1
+    counted = dict(await state.pool.fetch(weights, query, *key))
+    assert counted["'zanzibar'"] == pytest.approx(idf(34, 9), rel=1e-6)
+    await maintenance.run_round(state.pool, min_records=1000)  # unlisted: the counts go
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_words") == 0
 
 
 async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppState) -> None:
@@ -607,7 +617,7 @@ async def test_m20_reorder_stores_each_agents_records_together(
     found = await search_module.ranked(state.pool, agents[0].operator, Filters(), r)
     monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
     code = await asyncio.to_thread(cli.main, ["maintain-search", "--reorder"])
-    assert code == 0 and "word frequencies" in capsys.readouterr().out
+    assert code == 0 and "counted the words of" in capsys.readouterr().out
     after = [await agent_pages(state.pool, agent) for agent in agents]
     assert not set(after[0]) & set(after[1])
     for pages in after:

@@ -14,7 +14,6 @@ REFERENCE_TABLES: dict[str, str] = {
     "alembic_version": "the migration the database is at",
     "deployment": "deployment settings: the embedding model, maintenance rounds",
     "accounts": "the accounts (tenants) themselves",
-    "search_words": "word statistics over all records, for the search's index plan",
     "token_accounts": "the token-hash lookup that finds a token's account",
     "service_processes": "the running service processes and their heartbeats",
 }

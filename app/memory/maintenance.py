@@ -1,10 +1,8 @@
-"""Search upkeep: word frequencies for the index plan, and search indexes of large agents.
+"""Search upkeep: search indexes of large agents, and their word counts.
 
-Two jobs, run when the service starts and then every `search_maintenance_seconds`, by one
-process at a time (a session advisory lock; other processes skip the round):
+Run every `search_maintenance_seconds`, by one process at a time (a session advisory lock;
+other processes skip the round):
 
-- `refresh_search_words()` (migration 0005) copies ANALYZE's word frequencies into
-  `search_words`, where the index plan looks up which query words are rare or common.
 - Agents with at least `agent_index_min_records` records get an HNSW and a GIN index of their
   own, partial indexes on `(account_id, action_id)`, built with CREATE INDEX CONCURRENTLY
   (each build reads the whole table once); smaller agents are ranked exactly. The index plan
@@ -13,6 +11,10 @@ process at a time (a session advisory lock; other processes skip the round):
   have them: every statement planned on agent_memories or writing to it locks each of its
   indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
   this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
+- A listed agent's words are counted (`count_agent_words`, migration 0018) when it is listed,
+  and again once its records have grown or shrunk by a tenth (WORDS_RECOUNT): search weighs a
+  query word by how many of the agent's records hold it. A smaller agent's search counts
+  them itself, over the records it ranks.
 
 Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
 of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
@@ -51,6 +53,9 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
+# A listed agent's words are counted again once its records differ by this share from the
+# count they were made at (a count reads every record of the agent: 200,000 in about N s).
+WORDS_RECOUNT = 0.1
 AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
 Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
 
@@ -59,7 +64,7 @@ Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, act
 class Round:
     """What one maintenance round did."""
 
-    words: int  # lexemes with a frequency in search_words
+    counted: int  # agents whose words were counted
     built: list[str]  # agent indexes created
     dropped: list[str]  # agent indexes removed
     failed: list[UUID]  # agents whose build failed (logged)
@@ -70,10 +75,6 @@ def index_names(account_id: UUID, action_id: UUID) -> tuple[str, str]:
     are at most 63 bytes)."""
     digest = hashlib.md5(f"{account_id}/{action_id}".encode()).hexdigest()
     return f"{_PREFIXES[0]}{digest}", f"{_PREFIXES[1]}{digest}"
-
-
-async def refresh_words(conn: asyncpg.Connection) -> int:
-    return await conn.fetchval("SELECT refresh_search_words()")
 
 
 async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
@@ -157,30 +158,36 @@ async def _build(
 
 async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
     """Lists the agent with its records counted now (search widens a large agent's HNSW
-    search by them, app/memory/search.py LARGE_AGENT_RECORDS)."""
-    await conn.execute(
-        "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index, records) "
-        "SELECT $1, $2, $3, $4, count(*) FROM agent_memories "
-        "WHERE account_id = $1::uuid AND action_id = $2::uuid "
-        "ON CONFLICT (account_id, action_id) DO NOTHING",
-        account_id,
-        action_id,
-        *index_names(account_id, action_id),
-    )
+    search by them, app/memory/search.py LARGE_AGENT_RECORDS), and counts its words, in one
+    transaction: a listed agent's search weighs words by its counts."""
+    async with conn.transaction():
+        await conn.execute(
+            "INSERT INTO agent_indexes (account_id, action_id, vectors_index, words_index, "
+            "records) SELECT $1, $2, $3, $4, count(*) FROM agent_memories "
+            "WHERE account_id = $1::uuid AND action_id = $2::uuid "
+            "ON CONFLICT (account_id, action_id) DO NOTHING",
+            account_id,
+            action_id,
+            *index_names(account_id, action_id),
+        )
+        await conn.fetchval("SELECT count_agent_words($1, $2)", account_id, action_id)
 
 
 async def index_agents(
     conn: asyncpg.Connection, min_records: int, max_agents: int | None = None
-) -> tuple[list[str], list[str], list[UUID]]:
+) -> tuple[int, list[str], list[str], list[UUID]]:
     """Gives every agent of `min_records` or more its own HNSW and GIN indexes, the largest
     first and no more than `max_agents` agents (None: no limit), and takes them from agents
     now under half that or beyond the limit (unlisted first, so searches stop choosing them).
     An agent keeps its indexes against a larger one that has none (a build reads the whole
     table, so they are not traded back and forth).
 
+    A kept agent's words are counted again once its records differ from the count they were
+    made at by WORDS_RECOUNT; a newly listed one's, when it is listed.
+
     Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
-    the others'; it is retried next round. Returns the indexes built and dropped, and the
-    agents whose build failed."""
+    the others'; it is retried next round. Returns the agents whose words were counted, the
+    indexes built and dropped, and the agents whose build failed."""
     sizes = {
         (r["account_id"], r["action_id"]): r["records"]
         for r in await conn.fetch(
@@ -190,10 +197,11 @@ async def index_agents(
         )
     }
     states = await _agent_index_states(conn)
-    listed = [
-        (r["account_id"], r["action_id"])
-        for r in await conn.fetch("SELECT account_id, action_id FROM agent_indexes")
-    ]
+    counted = {
+        (r["account_id"], r["action_id"]): r["words_counted"]
+        for r in await conn.fetch("SELECT account_id, action_id, words_counted FROM agent_indexes")
+    }
+    listed = list(counted)
     places = len(sizes) if max_agents is None else max_agents
     largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
     keep = [agent for agent in largest if agent in listed][:places]
@@ -215,6 +223,14 @@ async def index_agents(
         [action for _, action in keep],
         [sizes[agent] for agent in keep],
     )
+    recount = [
+        agent
+        for agent in keep
+        if counted[agent] is None
+        or abs(sizes[agent] - counted[agent]) > WORDS_RECOUNT * counted[agent]
+    ]
+    for agent in recount:
+        await conn.fetchval("SELECT count_agent_words($1, $2)", *agent)
     owned = {name for agent in [*keep, *new] for name in index_names(*agent)}
     for name in sorted(states):
         base = name.removesuffix(_NEXT)
@@ -237,17 +253,19 @@ async def index_agents(
         if all(states.get(name) for name in index_names(*agent)):
             if agent in new:
                 await _list(conn, *agent)
+                recount.append(agent)
             continue
         log.info("building search indexes for agent %s (%d records)", agent[1], sizes[agent])
         try:
             made, replaced = await _build(conn, *agent, states)
             built += made
             dropped += replaced
+            recount.append(agent)
         except asyncpg.PostgresError:
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
-    return built, dropped, failed
+    return len(set(recount)), built, dropped, failed
 
 
 async def agent_records(conn: asyncpg.Connection, key: AgentKey, limit: int) -> int | None:
@@ -459,13 +477,12 @@ async def run_round(
             return None
         try:
             await _record_round(conn, finished=False)
-            words = await refresh_words(conn)
             if build_memory:
                 # Session-wide for this connection; the pool resets it on release.
                 await conn.execute(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
-            done = Round(words, *await index_agents(conn, min_records, max_agents))
+            done = Round(*await index_agents(conn, min_records, max_agents))
             if min_parts is not None:
                 built, dropped, _ = await history_indexes.index_sessions(
                     conn, min_parts, max_sessions
@@ -479,8 +496,8 @@ async def run_round(
 
 
 class SearchMaintenance:
-    """Refreshes word frequencies at start; then, with an interval, runs a round at once and
-    every `interval` seconds until closed (AppState.services)."""
+    """With an interval, runs a round at once and every `interval` seconds until closed
+    (AppState.services)."""
 
     def __init__(
         self,
@@ -511,9 +528,6 @@ class SearchMaintenance:
         )
 
     async def start(self) -> None:
-        # Cheap, and what lexical search at scale relies on even with no background rounds.
-        async with self._pool.acquire() as conn:
-            await refresh_words(conn)
         _BUILDS[self._pool] = self.builds
         if self._interval > 0:
             self._task = asyncio.create_task(self._loop(), name="engram search maintenance")
@@ -532,7 +546,7 @@ class SearchMaintenance:
                 if done is not None and (done.built or done.dropped):
                     log.info("search maintenance: built %s, dropped %s", done.built, done.dropped)
             except Exception:
-                # Search goes on without it (older word frequencies, the shared index).
+                # Search goes on without it (older word counts, the shared index).
                 log.exception("search maintenance failed; next round in %s s", self._interval)
             self.builds.forget()
             await asyncio.sleep(self._interval)

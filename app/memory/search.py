@@ -9,12 +9,15 @@ Signals
 - Words: PostgreSQL full text over the stored English `tsv`, matching records that share ANY
   stemmed, stop-worded word with the query (`any_words`, migration 0003; requiring every word
   found far less of LoCoMo's evidence, bench/README.md), scored by the sum of the weights of
-  the query words a record holds: BM25's IDF of each in the table (`query_words`, migration
-  0017), so a rare word counts for more than a common one (it found more of LoCoMo's evidence
-  than `ts_rank`, which weighs every word alike). The weights follow the table's statistics
-  (ANALYZE, and the maintenance's refresh of `search_words`), so a record's score can move
-  without a write to the agent; a ranked search's later page, read after such a change, may
-  skip or repeat a record.
+  the query words a record holds: BM25's IDF of each, so a rare word counts for more than a
+  common one (it found more of LoCoMo's evidence than `ts_rank`, which weighs every word
+  alike). The counts are the agent's own, never another agent's or tenant's (whose records
+  would otherwise shape the ranking, and whose word use the scores would tell): a listed
+  agent's counted by the maintenance over all its records (`agent_words`, migration 0018),
+  any other agent's by the search itself over the records it ranks (those the reader sees
+  under the filters). A listed agent's counts are refreshed as it grows, so a record's score
+  can move without a write to it; a ranked search's later page, read after such a change,
+  may skip or repeat a record.
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
@@ -40,9 +43,10 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   (migration 0015), so an agent without one yet has every record's cosine computed. Words: the
   exact text ranking, read from GIN on (agent, tsv), the agent's own when it has one, in tiers
   (`word_tiers`): first the records holding the best-weighted subset of the query's six rarest
-  words, best cosine first, then the next subset, until CANDIDATES are read. With both lists
+  words, best cosine first, then the next subset, until CANDIDATES are read (an agent not
+  listed yet first counts its records and, by GIN, each query word's). With both lists
   the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and 200,000 records
-  (bench/README.md). Word weights come from `search_words`, refreshed by the maintenance.
+  (bench/README.md).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
   + 1 records; one more than that, and it returns none and the index plan runs. Under label

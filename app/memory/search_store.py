@@ -1,7 +1,9 @@
 """SQL for memory search: ranking by meaning and words, and the query-less listing.
 
-The text score of a record is the sum of the weights (BM25's IDF in the table, `query_words`,
-migration 0017) of the query's words it holds: it depends only on which of them it holds.
+The text score of a record is the sum of the weights of the query's words it holds (BM25's
+IDF among the agent's records: a listed agent's counts, `query_words`, migration 0018, or
+else counted over the records the search ranks): within a search it depends only on which of
+them it holds.
 
 Two plans rank the same way (`app.memory.search` says when each is used, and why):
 
@@ -82,36 +84,79 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
     return where
 
 
-def _words(r: Ranking, p: Params) -> str:
+def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> str:
     """The query's words, looked up once per search (a CTE `words`): `query`, any of them;
-    `terms` and `weights`, each word and its weight, rarest first. Empty without a query text."""
+    `terms` and `weights`, each word and its weight, best first. The weights are the agent's
+    counted ones (`query_words`, for a listed agent); for any other agent, with `ranked` (the
+    rows the search ranks, as `agent_memories m WHERE ...`), counted over those rows now (by
+    the index, a word at a time), and without it NULL (`ranked_exact` weighs them from the rows
+    it reads). Empty without a query text."""
     if r.text is None:
         return ""
     text = p(r.text)
+    weight = "q.weight"
+    if ranked is not None:
+        # Evaluated only for an agent whose words are not counted (COALESCE stops early).
+        weight = (
+            f"coalesce(q.weight, word_weight((SELECT count(*) FROM {ranked}),"
+            f" (SELECT count(*) FROM {ranked} AND m.tsv @@ q.term)))"
+        )
+    order = "ORDER BY w.weight DESC NULLS LAST, w.term"
     return (
         f"words AS MATERIALIZED (SELECT any_words({text}) AS query,"
-        " array_agg(w.term ORDER BY w.weight DESC, w.term) AS terms,"
-        " array_agg(w.weight ORDER BY w.weight DESC, w.term) AS weights"
-        f" FROM query_words({text}) w), "
+        f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights"
+        f" FROM (SELECT q.term, {weight} AS weight FROM query_words({text},"
+        f" {p(reader.account_id)}, {p(reader.action_id)}) q) w), "
     )
 
 
-def _signals(r: Ranking, p: Params, m: str = "m") -> str:
+def _weighed(r: Ranking) -> str:
+    """CTEs `weights` and `scored` after `ranked_exact`'s `scanned`: the words' weights, the
+    agent's counted ones or else BM25's IDF over the scanned rows, and each row's text score."""
+    if r.text is None:
+        return "scored AS (SELECT * FROM scanned)"
+    # Summed best first, as `_signals` sums them: the same score to the last bit.
+    words = "(SELECT sum(w.weights[i] ORDER BY w.weights[i] DESC) FROM unnest(s.held) i)"
+    if r.by_length:
+        words += " / (1 + ln(greatest(s.length, 1)))"
+    return f"""weights AS MATERIALIZED (
+        SELECT coalesce((SELECT weights FROM words WHERE weights[1] IS NOT NULL), ARRAY(
+            SELECT word_weight((SELECT count(*) FROM scanned), count(h.i))
+            FROM generate_subscripts((SELECT terms FROM words), 1) t(i)
+            LEFT JOIN (SELECT unnest(held) AS i FROM scanned) h ON h.i = t.i
+            GROUP BY t.i ORDER BY t.i)) AS weights
+    ), scored AS (
+        SELECT s.memory_id, s.created, s.cosine, {words} AS words FROM scanned s, weights w
+    )"""
+
+
+def _signals(r: Ranking, p: Params, m: str = "m", *, scan: bool = False) -> str:
     """Select-list: the cosine to the query vector and the text score (NULL: no word shared),
-    under a `words` CTE (`_words`)."""
+    under a `words` CTE (`_words`). With `scan`, instead of the score the ordinals of the
+    query words the row holds (`held`) and, for `by_length`, its words (`length`): what
+    `_weighed` scores once the weights are known."""
     cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
-    words = "NULL::float8"
+    words = "NULL::float8 AS words"
     if r.text is not None:
         # Sub-selects of the CTE are evaluated once per search, also in a generic plan; the
-        # sum only for a row that holds a word.
-        held = (
-            "(SELECT sum(w.weight) FROM unnest((SELECT terms FROM words),"
-            f" (SELECT weights FROM words)) w(term, weight) WHERE {m}.tsv @@ w.term)"
-        )
-        if r.by_length:
-            held += f" / (1 + ln(greatest(length({m}.tsv), 1)))"
+        # words only for a row that holds any.
+        if scan:
+            held = (
+                "ARRAY(SELECT w.i FROM unnest((SELECT terms FROM words)) WITH ORDINALITY"
+                f" w(term, i) WHERE {m}.tsv @@ w.term)"
+            )
+        else:
+            held = (
+                "(SELECT sum(w.weight) FROM unnest((SELECT terms FROM words),"
+                f" (SELECT weights FROM words)) w(term, weight) WHERE {m}.tsv @@ w.term)"
+            )
+            if r.by_length:
+                held += f" / (1 + ln(greatest(length({m}.tsv), 1)))"
         words = f"CASE WHEN {m}.tsv @@ (SELECT query FROM words) THEN {held} END"
-    return f"{m}.memory_id, {m}.created, {cosine} AS cosine, {words} AS words"
+        words += " AS held" if scan else " AS words"
+        if scan and r.by_length:
+            words += f", length({m}.tsv) AS length"
+    return f"{m}.memory_id, {m}.created, {cosine} AS cosine, {words}"
 
 
 _FUSED = """
@@ -200,9 +245,9 @@ async def ranked_exact(
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
     sql = f"""
-    WITH {gate}{_words(r, p)}scored AS MATERIALIZED (
-        SELECT {_signals(r, p)} FROM agent_memories m WHERE {where}{limit}
-    ){_finish(reader, r, p, gated=max_rows is not None)}"""
+    WITH {gate}{_words(r, p, reader)}scanned AS MATERIALIZED (
+        SELECT {_signals(r, p, scan=True)} FROM agent_memories m WHERE {where}{limit}
+    ), {_weighed(r)}{_finish(reader, r, p, gated=max_rows is not None)}"""
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
         return [_scored(row) for row in found], None
@@ -322,7 +367,8 @@ async def ranked_index(
         lists.append(
             candidates(f"SELECT c.* FROM ({tiers}) t CROSS JOIN LATERAL ({tier}) c LIMIT {limit}")
         )
-    sql = f"WITH {_words(r, p)}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
+    words = _words(r, p, reader, agent)
+    sql = f"WITH {words}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 

@@ -1,0 +1,92 @@
+"""Word weights from the agent's own records, never from other agents' or tenants'.
+
+Revision ID: 0018
+Revises: 0017
+Create Date: 2026-12-02
+
+Migration 0017 weighed a query word by BM25's IDF over the whole table (`search_words`, from
+ANALYZE, and the table's `reltuples`): every tenant's records shaped every other's ranking,
+and a lexical score, which search returns, told any caller how many records the deployment
+holds and how common a word is across tenants. Now the counts are the agent's own:
+
+- An agent with its own search indexes (listed in `agent_indexes`, 10,000 records or more)
+  has its words counted by the maintenance (`count_agent_words`): `agent_words` holds how many
+  of its records hold each word (words held by one record are not stored: a word it does not
+  list counts as in one), and `agent_indexes.words_counted` how many records it had then.
+  An agent is listed and counted in one transaction, and this migration counts the agents
+  listed before it. Unlisting an agent deletes its counts (the foreign key).
+- Any other agent's weights are counted by the search itself, over the records it ranks
+  (app/memory/search_store.py): `query_words` returns no weight for it.
+
+- `word_weight(records, holding)`: BM25's IDF, `ln(1 + (N - n + 0.5) / (n + 0.5))`.
+- `query_words(query, account, action)`: each of the query's words as a tsquery, with its
+  weight from the agent's counts, or NULL when the agent's words are not counted.
+- `search_words`, `refresh_search_words()` and `query_words(text)` are dropped.
+"""
+
+from alembic import op
+
+revision = "0018"
+down_revision = "0017"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute("""
+    ALTER TABLE agent_indexes ADD COLUMN words_counted bigint;  -- NULL: not counted yet
+
+    CREATE TABLE agent_words (
+        account_id uuid NOT NULL,
+        action_id uuid NOT NULL,
+        lexeme text NOT NULL,
+        records integer NOT NULL,  -- of the agent's records (at least two) that hold it
+        PRIMARY KEY (account_id, action_id, lexeme),
+        FOREIGN KEY (account_id, action_id) REFERENCES agent_indexes ON DELETE CASCADE
+    );
+
+    CREATE FUNCTION word_weight(records float8, holding float8) RETURNS float8
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN ln(1 + (greatest(records - holding, 0) + 0.5) / (holding + 0.5));
+
+    CREATE FUNCTION count_agent_words(account uuid, action uuid) RETURNS bigint
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        DELETE FROM agent_words WHERE account_id = account AND action_id = action;
+        INSERT INTO agent_words (account_id, action_id, lexeme, records)
+        SELECT account, action, w, count(*)
+        FROM agent_memories m CROSS JOIN LATERAL unnest(tsvector_to_array(m.tsv)) w
+        WHERE m.account_id = account AND m.action_id = action
+        GROUP BY w HAVING count(*) > 1;
+        UPDATE agent_indexes SET words_counted = (
+            SELECT count(*) FROM agent_memories m
+            WHERE m.account_id = account AND m.action_id = action)
+        WHERE account_id = account AND action_id = action
+        RETURNING words_counted;
+    END;
+
+    CREATE FUNCTION query_words(query text, account uuid, action uuid)
+    RETURNS TABLE (term tsquery, weight float8)
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    BEGIN ATOMIC
+        -- A lexeme's text form in a tsvector is quoted as tsquery input reads it.
+        SELECT array_to_tsvector(ARRAY[w])::text::tsquery,
+               word_weight(a.words_counted, coalesce(s.records, 1))
+        FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, query))) w
+        LEFT JOIN agent_indexes a ON a.account_id = account AND a.action_id = action
+        LEFT JOIN agent_words s
+            ON s.account_id = account AND s.action_id = action AND s.lexeme = w;
+    END;
+
+    DROP FUNCTION query_words(text);
+    DROP FUNCTION refresh_search_words();
+    DROP TABLE search_words;
+
+    -- Listed agents are counted now, so that none is listed without counts (a search would
+    -- count a large agent's words through GIN at every query until the next round).
+    SELECT count_agent_words(account_id, action_id) FROM agent_indexes;
+    """)
+
+
+def downgrade() -> None:
+    raise NotImplementedError("Engram migrations are forward-only")
