@@ -523,15 +523,25 @@ async def test_m20_maintain_search_command(
 async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A listed agent's words are counted by the maintenance: a word's weight is
-    # ln(1 + (N - n + 0.5) / (n + 0.5)), N the agent's records and n those holding it (a word
-    # it does not count is in one). Another agent's records count for nothing; both plans
-    # score by the counts; they are counted again once the agent grows by a tenth, and go
-    # with its indexes.
+    # A listed agent's words are counted by the maintenance over its live agent-scope records:
+    # a word's weight is ln(1 + (N - n + 0.5) / (n + 0.5)), N those records and n those
+    # holding it (a word it does not count is in one). Another agent's records, a session's,
+    # preview, deleted and uncommitted ones count for nothing; both plans score by the counts
+    # (not by what they read), until the agent has changed by a tenth; the counts go with its
+    # indexes. A reader who does not read agent scope is weighed by what it sees instead.
     agent, other = [await make_search_agent(state, admin) for _ in range(2)]
     for i in range(30):
         await agent.add(f"Zanzibar trip note {i}" if i < 5 else f"Garden note {i}")
         await other.add(f"Zanzibar volcano {i}")
+    session = [
+        await agent.add(
+            f"Zanzibar volcano garden, session two {i}", scope="SESSION", session_id="s2"
+        )
+        for i in range(4)
+    ]
+    await agent.add("Zanzibar volcano preview", preview=True)
+    await agent.add("Zanzibar volcano deleted", status="DELETED")
+    await agent.add("Zanzibar volcano pending", pending_execution=uuid.uuid4())
     query = "zanzibar garden volcano"
     weights = "SELECT term::text, weight FROM query_words($1, $2, $3)"
     key = (agent.account_id, agent.action_id)
@@ -543,23 +553,30 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
         return math.log(1 + (records - n + 0.5) / (n + 0.5))
 
     counted = dict(await state.pool.fetch(weights, query, *key))
-    assert counted["'zanzibar'"] == pytest.approx(idf(30, 5), rel=1e-6)
-    assert counted["'garden'"] == pytest.approx(idf(30, 25), rel=1e-6)
-    assert counted["'volcano'"] == pytest.approx(idf(30, 1), rel=1e-6)
-    r = await ranking(agent, query, mode="lexical")
+    assert counted["'zanzibar'"] == pytest.approx(idf(30, 5), rel=1e-9)
+    assert counted["'garden'"] == pytest.approx(idf(30, 25), rel=1e-9)
+    assert counted["'volcano'"] == pytest.approx(idf(30, 1), rel=1e-9)
+    # Written after the count: scored by the counts, not by what a plan reads.
+    both = await agent.add("Zanzibar garden")
+    r = search_module.make_ranking("lexical", query, None, None, 10)
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
     found, plan = await search_module.ranked(state.pool, agent.operator, Filters(), r)
     exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
     assert plan == "index"
-    assert [x.score for x in found] == [x.score for x in exact]
-    assert found[0].score == pytest.approx(idf(30, 5), rel=1e-6)
-    for i in range(3):  # a tenth more: not counted again
+    assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
+    scores = {x.memory_id: x.score for x in found}
+    assert scores[both] == pytest.approx(idf(30, 5) + idf(30, 25), rel=1e-9)
+    assert scores[session[0]] == pytest.approx(idf(30, 5) + idf(30, 25) + idf(30, 1), rel=1e-9)
+    # Session two alone: weighed by its four records, every one holding all three words.
+    alone = agent.reader(session="s2", scopes=("session",))
+    found, plan = await search_module.ranked(state.pool, alone, Filters(), r)
+    assert plan == "index" and sorted(x.memory_id for x in found) == sorted(session)
+    assert [x.score for x in found] == [pytest.approx(3 * idf(4, 4), rel=1e-9)] * 4
+    for i in range(3):  # a tenth of the agent's 39 rows, with `both`: not counted again
         await agent.add(f"Zanzibar harbour {i}")
-    assert (await maintenance.run_round(state.pool, min_records=30)).counted == 0
-    await agent.add("Zanzibar harbour 4")
-    assert (await maintenance.run_round(state.pool, min_records=30)).counted == 1
+        assert (await maintenance.run_round(state.pool, min_records=30)).counted == (i == 2)
     counted = dict(await state.pool.fetch(weights, query, *key))
-    assert counted["'zanzibar'"] == pytest.approx(idf(34, 9), rel=1e-6)
+    assert counted["'zanzibar'"] == pytest.approx(idf(34, 9), rel=1e-9)
     await maintenance.run_round(state.pool, min_records=1000)  # unlisted: the counts go
     assert await state.pool.fetchval("SELECT count(*) FROM agent_words") == 0
 

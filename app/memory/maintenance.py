@@ -11,10 +11,10 @@ other processes skip the round):
   have them: every statement planned on agent_memories or writing to it locks each of its
   indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
   this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
-- A listed agent's words are counted (`count_agent_words`, migration 0018) when it is listed,
-  and again once its records have grown or shrunk by a tenth (WORDS_RECOUNT): search weighs a
-  query word by how many of the agent's records hold it. A smaller agent's search counts
-  them itself, over the records it ranks.
+- A listed agent's words are counted (`count_agent_words`, migration 0018: over its live
+  agent-scope records) when it is listed, and again once its records have grown or shrunk by
+  a tenth (WORDS_RECOUNT): search weighs a query word by how many of them hold it. A smaller
+  agent's search counts them itself, over the records it ranks.
 
 Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
 of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
@@ -53,8 +53,9 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
-# A listed agent's words are counted again once its records differ by this share from the
-# count they were made at (a count reads every record of the agent: 200,000 in about N s).
+# A listed agent's words are counted again once its records differ by this share from their
+# number at the last count (a count reads every record of the agent: the 25,000- and
+# 200,000-record agents of bench/search_scale.py took 2.8 s together).
 WORDS_RECOUNT = 0.1
 AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
 Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
@@ -97,7 +98,8 @@ async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
 
 
 async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
-    """Unlists every agent and drops every index of this naming, inside the caller's
+    """Unlists every agent (its word counts go too, and its searches count words themselves
+    until it is listed again) and drops every index of this naming, inside the caller's
     transaction: new embedding dimensions make
     them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for
     a round that is building them (the round's lock), rather than deadlock with it."""
@@ -182,8 +184,9 @@ async def index_agents(
     An agent keeps its indexes against a larger one that has none (a build reads the whole
     table, so they are not traded back and forth).
 
-    A kept agent's words are counted again once its records differ from the count they were
-    made at by WORDS_RECOUNT; a newly listed one's, when it is listed.
+    An agent's words are counted when it is listed, and a kept agent's again once its records
+    differ from their number at the last count by WORDS_RECOUNT (before the builds, each on its
+    own: a failed count is logged and retried next round).
 
     Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
     the others'; it is retried next round. Returns the agents whose words were counted, the
@@ -197,11 +200,12 @@ async def index_agents(
         )
     }
     states = await _agent_index_states(conn)
-    counted = {
-        (r["account_id"], r["action_id"]): r["words_counted"]
-        for r in await conn.fetch("SELECT account_id, action_id, words_counted FROM agent_indexes")
+    # The agent's rows when its words were counted (None: never).
+    counted_at = {
+        (r["account_id"], r["action_id"]): r["words_records"]
+        for r in await conn.fetch("SELECT account_id, action_id, words_records FROM agent_indexes")
     }
-    listed = list(counted)
+    listed = list(counted_at)
     places = len(sizes) if max_agents is None else max_agents
     largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
     keep = [agent for agent in largest if agent in listed][:places]
@@ -223,14 +227,6 @@ async def index_agents(
         [action for _, action in keep],
         [sizes[agent] for agent in keep],
     )
-    recount = [
-        agent
-        for agent in keep
-        if counted[agent] is None
-        or abs(sizes[agent] - counted[agent]) > WORDS_RECOUNT * counted[agent]
-    ]
-    for agent in recount:
-        await conn.fetchval("SELECT count_agent_words($1, $2)", *agent)
     owned = {name for agent in [*keep, *new] for name in index_names(*agent)}
     for name in sorted(states):
         base = name.removesuffix(_NEXT)
@@ -249,23 +245,36 @@ async def index_agents(
     states = {name: current for name, current in states.items() if name in owned}
     built: list[str] = []
     failed: list[UUID] = []
+    counted: list[AgentKey] = []  # counted again, or listed (and so counted) by `_list`
+    for agent in keep:
+        # Before the builds (which may take minutes), and not an agent about to be rebuilt,
+        # whose build lists it again.
+        at = counted_at[agent]
+        rebuilt = not all(states.get(name) for name in index_names(*agent))
+        if not rebuilt and (at is None or abs(sizes[agent] - at) > WORDS_RECOUNT * at):
+            try:
+                await conn.fetchval("SELECT count_agent_words($1, $2)", *agent)
+                counted.append(agent)
+            except asyncpg.PostgresError:
+                # Searched with the older counts (or counting itself) until the next round.
+                log.exception("counting the words of agent %s failed", agent[1])
     for agent in keep + new:
         if all(states.get(name) for name in index_names(*agent)):
             if agent in new:
                 await _list(conn, *agent)
-                recount.append(agent)
+                counted.append(agent)
             continue
         log.info("building search indexes for agent %s (%d records)", agent[1], sizes[agent])
         try:
             made, replaced = await _build(conn, *agent, states)
             built += made
             dropped += replaced
-            recount.append(agent)
+            counted.append(agent)
         except asyncpg.PostgresError:
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
-    return len(set(recount)), built, dropped, failed
+    return len(counted), built, dropped, failed
 
 
 async def agent_records(conn: asyncpg.Connection, key: AgentKey, limit: int) -> int | None:

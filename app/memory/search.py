@@ -11,13 +11,14 @@ Signals
   found far less of LoCoMo's evidence, bench/README.md), scored by the sum of the weights of
   the query words a record holds: BM25's IDF of each, so a rare word counts for more than a
   common one (it found more of LoCoMo's evidence than `ts_rank`, which weighs every word
-  alike). The counts are the agent's own, never another agent's or tenant's (whose records
-  would otherwise shape the ranking, and whose word use the scores would tell): a listed
-  agent's counted by the maintenance over all its records (`agent_words`, migration 0018),
-  any other agent's by the search itself over the records it ranks (those the reader sees
-  under the filters). A listed agent's counts are refreshed as it grows, so a record's score
-  can move without a write to it; a ranked search's later page, read after such a change,
-  may skip or repeat a record.
+  alike). The counts never include a record the reader cannot see from another agent,
+  tenant or session (whose records would otherwise shape the ranking, and whose word use the
+  scores would tell): a listed agent's are counted by the maintenance over its live
+  agent-scope records (`agent_words`, migration 0018) and weigh the searches of readers of
+  agent scope; any other search counts them itself, over the records it ranks (those the
+  reader sees under the filters). So a record's score can move without a write to it (a
+  write to another record the reader sees, or a listed agent's recount); a ranked search's
+  later page, read after such a change, may skip or repeat a record.
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):

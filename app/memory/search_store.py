@@ -32,7 +32,8 @@ from app.db.fusion import fusion
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, record
-from app.memory.visibility import Reader, visible
+from app.memory.visibility import OperatorReader, Reader, visible
+from app.scope import Scope
 
 Mode = Literal["hybrid", "lexical", "vector"]
 Plan = Literal["exact", "index"]
@@ -87,26 +88,29 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
 def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> str:
     """The query's words, looked up once per search (a CTE `words`): `query`, any of them;
     `terms` and `weights`, each word and its weight, best first. The weights are the agent's
-    counted ones (`query_words`, for a listed agent); for any other agent, with `ranked` (the
-    rows the search ranks, as `agent_memories m WHERE ...`), counted over those rows now (by
-    the index, a word at a time), and without it NULL (`ranked_exact` weighs them from the rows
-    it reads). Empty without a query text."""
+    counts (`query_words`: a listed agent's, over its live agent-scope records, for a reader of
+    agent scope); otherwise, with `ranked` (the rows the search ranks, as `agent_memories m
+    WHERE ...`), counted over those rows now (by the index, a word at a time), and without it
+    NULL (`ranked_exact` weighs them from the rows it reads). Empty without a query text."""
     if r.text is None:
         return ""
     text = p(r.text)
-    weight = "q.weight"
+    # A reader who does not read agent scope is not weighed by records it cannot see.
+    counts = isinstance(reader, OperatorReader) or Scope.AGENT in reader.scopes
+    weight = "q.weight" if counts else "NULL::float8"
     if ranked is not None:
         # Evaluated only for an agent whose words are not counted (COALESCE stops early).
         weight = (
-            f"coalesce(q.weight, word_weight((SELECT count(*) FROM {ranked}),"
+            f"coalesce({weight}, word_weight((SELECT count(*) FROM {ranked}),"
             f" (SELECT count(*) FROM {ranked} AND m.tsv @@ q.term)))"
         )
     order = "ORDER BY w.weight DESC NULLS LAST, w.term"
     return (
         f"words AS MATERIALIZED (SELECT any_words({text}) AS query,"
         f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights"
+        # OFFSET 0: each word is weighed once, not once per aggregate that reads its weight.
         f" FROM (SELECT q.term, {weight} AS weight FROM query_words({text},"
-        f" {p(reader.account_id)}, {p(reader.action_id)}) q) w), "
+        f" {p(reader.account_id)}, {p(reader.action_id)}) q OFFSET 0) w), "
     )
 
 

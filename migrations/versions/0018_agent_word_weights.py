@@ -1,4 +1,4 @@
-"""Word weights from the agent's own records, never from other agents' or tenants'.
+"""Word weights from the agent's own records, never from other agents', tenants' or sessions'.
 
 Revision ID: 0018
 Revises: 0017
@@ -10,13 +10,17 @@ and a lexical score, which search returns, told any caller how many records the 
 holds and how common a word is across tenants. Now the counts are the agent's own:
 
 - An agent with its own search indexes (listed in `agent_indexes`, 10,000 records or more)
-  has its words counted by the maintenance (`count_agent_words`): `agent_words` holds how many
-  of its records hold each word (words held by one record are not stored: a word it does not
-  list counts as in one), and `agent_indexes.words_counted` how many records it had then.
-  An agent is listed and counted in one transaction, and this migration counts the agents
-  listed before it. Unlisting an agent deletes its counts (the foreign key).
-- Any other agent's weights are counted by the search itself, over the records it ranks
-  (app/memory/search_store.py): `query_words` returns no weight for it.
+  has its words counted by the maintenance (`count_agent_words`), over its live agent-scope
+  records only (committed, not preview): what every session of the agent that reads agent
+  scope sees, so that no session learns anything of another's records, of preview records or
+  of deleted ones. `agent_words` holds how many of them hold each word (words held by one are
+  not stored: a word it does not list counts as in one); `agent_indexes.words_counted`, how
+  many they were, and `words_records`, how many rows the agent had then (the maintenance
+  counts again once that changes by a tenth). Unlisting an agent deletes its counts (the
+  foreign key). Until the first maintenance round after this migration, listed agents have
+  no counts, and their searches count as any other agent's do.
+- Any other agent's weights, and those of a reader who does not read agent scope, are counted
+  by the search itself, over the records it ranks (app/memory/search_store.py).
 
 - `word_weight(records, holding)`: BM25's IDF, `ln(1 + (N - n + 0.5) / (n + 0.5))`.
 - `query_words(query, account, action)`: each of the query's words as a tsquery, with its
@@ -34,13 +38,14 @@ depends_on = None
 
 def upgrade() -> None:
     op.execute("""
-    ALTER TABLE agent_indexes ADD COLUMN words_counted bigint;  -- NULL: not counted yet
+    -- NULL: not counted yet.
+    ALTER TABLE agent_indexes ADD COLUMN words_counted bigint, ADD COLUMN words_records bigint;
 
     CREATE TABLE agent_words (
         account_id uuid NOT NULL,
         action_id uuid NOT NULL,
         lexeme text NOT NULL,
-        records integer NOT NULL,  -- of the agent's records (at least two) that hold it
+        records integer NOT NULL,  -- of the agent's counted records (at least two) holding it
         PRIMARY KEY (account_id, action_id, lexeme),
         FOREIGN KEY (account_id, action_id) REFERENCES agent_indexes ON DELETE CASCADE
     );
@@ -53,14 +58,21 @@ def upgrade() -> None:
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
         DELETE FROM agent_words WHERE account_id = account AND action_id = action;
-        INSERT INTO agent_words (account_id, action_id, lexeme, records)
-        SELECT account, action, w, count(*)
-        FROM agent_memories m CROSS JOIN LATERAL unnest(tsvector_to_array(m.tsv)) w
-        WHERE m.account_id = account AND m.action_id = action
-        GROUP BY w HAVING count(*) > 1;
-        UPDATE agent_indexes SET words_counted = (
-            SELECT count(*) FROM agent_memories m
-            WHERE m.account_id = account AND m.action_id = action)
+        -- One statement, one snapshot: the words and the totals agree.
+        WITH counted AS MATERIALIZED (
+            SELECT m.tsv FROM agent_memories m
+            WHERE m.account_id = account AND m.action_id = action AND m.scope = 'AGENT'
+              AND m.status = 'ACTIVE' AND m.pending_execution IS NULL AND NOT m.preview
+        ), stored AS (
+            INSERT INTO agent_words (account_id, action_id, lexeme, records)
+            SELECT account, action, w, count(*)
+            FROM counted c CROSS JOIN LATERAL unnest(tsvector_to_array(c.tsv)) w
+            GROUP BY w HAVING count(*) > 1
+        )
+        UPDATE agent_indexes SET
+            words_counted = (SELECT count(*) FROM counted),
+            words_records = (SELECT count(*) FROM agent_memories m
+                             WHERE m.account_id = account AND m.action_id = action)
         WHERE account_id = account AND action_id = action
         RETURNING words_counted;
     END;
@@ -83,10 +95,6 @@ def upgrade() -> None:
     DROP FUNCTION query_words(text);
     DROP FUNCTION refresh_search_words();
     DROP TABLE search_words;
-
-    -- Listed agents are counted now, so that none is listed without counts (a search would
-    -- count a large agent's words through GIN at every query until the next round).
-    SELECT count_agent_words(account_id, action_id) FROM agent_indexes;
     """)
 
 
