@@ -401,6 +401,9 @@ async def test_m21_word_weights_come_from_the_records_the_reader_sees(
     for i in range(20):
         await stranger.add(f"Zanzibar trip {i}")
         await agent.add(f"Zanzibar in session two, {i}", scope="SESSION", session_id="s2")
+    await agent.add("Zanzibar, a preview", preview=True)
+    await agent.add("Zanzibar, deleted", status="DELETED")
+    await agent.add("Zanzibar, another turn's", pending_execution=uuid.uuid4())
     assert await scores() == before
     # Filters narrow what is ranked, and so what the weights count.
     assert (await scores(Filters(ids=[rare, common[0]])))[rare] == pytest.approx(math.log(2))

@@ -567,16 +567,33 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     scores = {x.memory_id: x.score for x in found}
     assert scores[both] == pytest.approx(idf(30, 5) + idf(30, 25), rel=1e-9)
     assert scores[session[0]] == pytest.approx(idf(30, 5) + idf(30, 25) + idf(30, 1), rel=1e-9)
-    # Session two alone: weighed by its four records, every one holding all three words.
+    # A live reader of agent scope is weighed by the counts; one of session scope alone, or a
+    # preview reader, may not see every record counted, and weighs every word alike.
+    for reader, weight in (
+        (agent.reader(session="s1", scopes=("agent",)), idf(30, 5) + idf(30, 25)),
+        (agent.reader(session="s1", scopes=("agent",), preview=True), 2.0),
+    ):
+        found, _ = await search_module.ranked(state.pool, reader, Filters(), r)
+        exact, _ = await search_module.ranked(state.pool, reader, Filters(), r, "exact")
+        assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
+        assert {x.memory_id: x.score for x in found}[both] == pytest.approx(weight, rel=1e-9)
     alone = agent.reader(session="s2", scopes=("session",))
     found, plan = await search_module.ranked(state.pool, alone, Filters(), r)
     assert plan == "index" and sorted(x.memory_id for x in found) == sorted(session)
-    assert [x.score for x in found] == [pytest.approx(3 * idf(4, 4), rel=1e-9)] * 4
-    for i in range(3):  # a tenth of the agent's 39 rows, with `both`: not counted again
+    assert [x.score for x in found] == [3.0] * 4
+    for i in range(3):  # a tenth more than the 30 counted, with `both`: not counted again
         await agent.add(f"Zanzibar harbour {i}")
         assert (await maintenance.run_round(state.pool, min_records=30)).counted == (i == 2)
     counted = dict(await state.pool.fetch(weights, query, *key))
     assert counted["'zanzibar'"] == pytest.approx(idf(34, 9), rel=1e-9)
+    # A deletion: counted again at the next round, whatever the number of records.
+    await state.pool.execute(
+        "UPDATE agent_memories SET status = 'DELETED' WHERE memory_id = $1", both
+    )
+    assert (await maintenance.run_round(state.pool, min_records=30)).counted == 1
+    counted = dict(await state.pool.fetch(weights, query, *key))
+    assert counted["'zanzibar'"] == pytest.approx(idf(33, 8), rel=1e-9)
+    assert (await maintenance.run_round(state.pool, min_records=30)).counted == 0
     await maintenance.run_round(state.pool, min_records=1000)  # unlisted: the counts go
     assert await state.pool.fetchval("SELECT count(*) FROM agent_words") == 0
 

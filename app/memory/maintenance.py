@@ -12,9 +12,10 @@ other processes skip the round):
   indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
   this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
 - A listed agent's words are counted (`count_agent_words`, migration 0018: over its live
-  agent-scope records) when it is listed, and again once its records have grown or shrunk by
-  a tenth (WORDS_RECOUNT): search weighs a query word by how many of them hold it. A smaller
-  agent's search counts them itself, over the records it ranks.
+  agent-scope records) when it is listed, and again after a record is deleted or replaced or
+  once they have grown by a tenth (WORDS_RECOUNT): the searches of operators and of live
+  readers of agent scope weigh a query word by how many of them hold it (app/memory/search.py
+  says what other searches do).
 
 Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
 of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
@@ -53,9 +54,9 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 OPTIONS = ({"m": "16", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
-# A listed agent's words are counted again once its records differ by this share from their
-# number at the last count (a count reads every record of the agent: the 25,000- and
-# 200,000-record agents of bench/search_scale.py took 2.8 s together).
+# A listed agent's words are counted again once its counted records have grown by this share
+# (a count reads every record of the agent: 2.3 s for the 200,000-record agent of
+# bench/search_scale.py, 0.4 s at 25,000); at once after a deletion or replacement.
 WORDS_RECOUNT = 0.1
 AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
 Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
@@ -184,28 +185,31 @@ async def index_agents(
     An agent keeps its indexes against a larger one that has none (a build reads the whole
     table, so they are not traded back and forth).
 
-    An agent's words are counted when it is listed, and a kept agent's again once its records
-    differ from their number at the last count by WORDS_RECOUNT (before the builds, each on its
-    own: a failed count is logged and retried next round).
+    An agent's words are counted when it is listed, and a kept agent's again when `_recount`
+    says (before the builds, each on its own: a failed count is logged and retried next round).
 
     Outside any transaction (CREATE INDEX CONCURRENTLY). One agent's failed build does not stop
-    the others'; it is retried next round. Returns the agents whose words were counted, the
-    indexes built and dropped, and the agents whose build failed."""
-    sizes = {
-        (r["account_id"], r["action_id"]): r["records"]
+    the others'; it is retried next round. Returns how many agents' words were counted, the
+    indexes built and dropped, and the agents whose build (or listing) failed."""
+    rows = await conn.fetch(
+        "SELECT account_id, action_id, count(*) AS records, count(*) FILTER (WHERE "
+        "scope = 'AGENT' AND status = 'ACTIVE' AND pending_execution IS NULL AND NOT preview) "
+        "AS counted, count(*) FILTER (WHERE status <> 'ACTIVE') AS gone FROM agent_memories "
+        "GROUP BY account_id, action_id HAVING count(*) >= $1",
+        (min_records + 1) // 2,
+    )
+    sizes = {(r["account_id"], r["action_id"]): r["records"] for r in rows}
+    # Now, and when the words were counted (None: never): the records counted, and the rows
+    # deleted or replaced.
+    now = {(r["account_id"], r["action_id"]): (r["counted"], r["gone"]) for r in rows}
+    then = {
+        (r["account_id"], r["action_id"]): (r["words_counted"], r["words_gone"])
         for r in await conn.fetch(
-            "SELECT account_id, action_id, count(*) AS records FROM agent_memories "
-            "GROUP BY account_id, action_id HAVING count(*) >= $1",
-            (min_records + 1) // 2,
+            "SELECT account_id, action_id, words_counted, words_gone FROM agent_indexes"
         )
     }
     states = await _agent_index_states(conn)
-    # The agent's rows when its words were counted (None: never).
-    counted_at = {
-        (r["account_id"], r["action_id"]): r["words_records"]
-        for r in await conn.fetch("SELECT account_id, action_id, words_records FROM agent_indexes")
-    }
-    listed = list(counted_at)
+    listed = list(then)
     places = len(sizes) if max_agents is None else max_agents
     largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
     keep = [agent for agent in largest if agent in listed][:places]
@@ -249,9 +253,8 @@ async def index_agents(
     for agent in keep:
         # Before the builds (which may take minutes), and not an agent about to be rebuilt,
         # whose build lists it again.
-        at = counted_at[agent]
         rebuilt = not all(states.get(name) for name in index_names(*agent))
-        if not rebuilt and (at is None or abs(sizes[agent] - at) > WORDS_RECOUNT * at):
+        if not rebuilt and _recount(now[agent], then[agent]):
             try:
                 await conn.fetchval("SELECT count_agent_words($1, $2)", *agent)
                 counted.append(agent)
@@ -261,8 +264,12 @@ async def index_agents(
     for agent in keep + new:
         if all(states.get(name) for name in index_names(*agent)):
             if agent in new:
-                await _list(conn, *agent)
-                counted.append(agent)
+                try:
+                    await _list(conn, *agent)
+                    counted.append(agent)
+                except asyncpg.PostgresError:
+                    log.exception("listing agent %s failed", agent[1])
+                    failed.append(agent[1])
             continue
         log.info("building search indexes for agent %s (%d records)", agent[1], sizes[agent])
         try:
@@ -275,6 +282,20 @@ async def index_agents(
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
     return len(counted), built, dropped, failed
+
+
+def _recount(now: tuple[int, int], then: tuple[int | None, int | None]) -> bool:
+    """Whether a listed agent's words are counted again: never counted, a record deleted or
+    replaced since (its words must not outlive it by more than a round), or the counted
+    records changed by WORDS_RECOUNT."""
+    (counted, gone), (was_counted, was_gone) = now, then
+    if was_counted is None or was_gone is None:
+        return True
+    return (
+        gone != was_gone
+        or counted < was_counted
+        or counted - was_counted > WORDS_RECOUNT * was_counted
+    )
 
 
 async def agent_records(conn: asyncpg.Connection, key: AgentKey, limit: int) -> int | None:

@@ -11,14 +11,16 @@ Signals
   found far less of LoCoMo's evidence, bench/README.md), scored by the sum of the weights of
   the query words a record holds: BM25's IDF of each, so a rare word counts for more than a
   common one (it found more of LoCoMo's evidence than `ts_rank`, which weighs every word
-  alike). The counts never include a record the reader cannot see from another agent,
-  tenant or session (whose records would otherwise shape the ranking, and whose word use the
-  scores would tell): a listed agent's are counted by the maintenance over its live
-  agent-scope records (`agent_words`, migration 0018) and weigh the searches of readers of
-  agent scope; any other search counts them itself, over the records it ranks (those the
-  reader sees under the filters). So a record's score can move without a write to it (a
-  write to another record the reader sees, or a listed agent's recount); a ranked search's
-  later page, read after such a change, may skip or repeat a record.
+  alike). The counts never include a record of another tenant, agent or session, a preview
+  record for a live reader, or (after the next maintenance round) a deleted one: whose
+  records would otherwise shape the ranking, and whose words the scores would tell. A listed
+  agent's are counted by the maintenance over its live agent-scope records (`agent_words`,
+  migration 0018) and weigh the searches of operators and live readers of agent scope; its
+  other readers (session scope alone, or preview) weigh every word the same; any other
+  agent's search counts them itself, over the records it ranks (those the reader sees under
+  the filters). So a record's score can move without a write to it (a write to another
+  record the reader sees, or a recount); a ranked search's later page, read after such a
+  change, may skip or repeat a record.
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
@@ -44,8 +46,9 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   (migration 0015), so an agent without one yet has every record's cosine computed. Words: the
   exact text ranking, read from GIN on (agent, tsv), the agent's own when it has one, in tiers
   (`word_tiers`): first the records holding the best-weighted subset of the query's six rarest
-  words, best cosine first, then the next subset, until CANDIDATES are read (an agent not
-  listed yet first counts its records and, by GIN, each query word's). With both lists
+  words, best cosine first, then the next subset, until CANDIDATES are read (an agent whose
+  words are not counted, not listed or not yet, first counts its records and, by GIN, each
+  query word's). With both lists
   the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and 200,000 records
   (bench/README.md).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent

@@ -2,8 +2,8 @@
 
 The text score of a record is the sum of the weights of the query's words it holds (BM25's
 IDF among the agent's records: a listed agent's counts, `query_words`, migration 0018, or
-else counted over the records the search ranks): within a search it depends only on which of
-them it holds.
+else counted over the records the search ranks; `_words` says which): within a search it
+depends only on which of them it holds.
 
 Two plans rank the same way (`app.memory.search` says when each is used, and why):
 
@@ -32,7 +32,7 @@ from app.db.fusion import fusion
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, record
-from app.memory.visibility import OperatorReader, Reader, visible
+from app.memory.visibility import AgentReader, Reader, visible
 from app.scope import Scope
 
 Mode = Literal["hybrid", "lexical", "vector"]
@@ -87,19 +87,21 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
 
 def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> str:
     """The query's words, looked up once per search (a CTE `words`): `query`, any of them;
-    `terms` and `weights`, each word and its weight, best first. The weights are the agent's
-    counts (`query_words`: a listed agent's, over its live agent-scope records, for a reader of
-    agent scope); otherwise, with `ranked` (the rows the search ranks, as `agent_memories m
-    WHERE ...`), counted over those rows now (by the index, a word at a time), and without it
-    NULL (`ranked_exact` weighs them from the rows it reads). Empty without a query text."""
+    `terms` and `weights`, each word and its weight, best first. A listed agent's words are
+    counted (`query_words`, over its live agent-scope records): an operator or a live reader
+    of agent scope is weighed by those counts; any other reader, who may not see all those
+    records, weighs every word the same (1). An agent not counted (not listed, or not yet):
+    with `ranked` (the rows the search ranks, as `agent_memories m WHERE ...`), counted over
+    those rows now (by the index, a word at a time), and without it NULL (`ranked_exact`
+    weighs them from the rows it reads). Empty without a query text."""
     if r.text is None:
         return ""
     text = p(r.text)
-    # A reader who does not read agent scope is not weighed by records it cannot see.
-    counts = isinstance(reader, OperatorReader) or Scope.AGENT in reader.scopes
-    weight = "q.weight" if counts else "NULL::float8"
+    weight = "q.weight"
+    if isinstance(reader, AgentReader) and (Scope.AGENT not in reader.scopes or reader.preview):
+        weight = "CASE WHEN q.weight IS NOT NULL THEN 1::float8 END"
     if ranked is not None:
-        # Evaluated only for an agent whose words are not counted (COALESCE stops early).
+        # Evaluated only for an agent not counted (COALESCE stops early).
         weight = (
             f"coalesce({weight}, word_weight((SELECT count(*) FROM {ranked}),"
             f" (SELECT count(*) FROM {ranked} AND m.tsv @@ q.term)))"

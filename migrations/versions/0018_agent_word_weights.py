@@ -9,18 +9,23 @@ ANALYZE, and the table's `reltuples`): every tenant's records shaped every other
 and a lexical score, which search returns, told any caller how many records the deployment
 holds and how common a word is across tenants. Now the counts are the agent's own:
 
-- An agent with its own search indexes (listed in `agent_indexes`, 10,000 records or more)
-  has its words counted by the maintenance (`count_agent_words`), over its live agent-scope
-  records only (committed, not preview): what every session of the agent that reads agent
-  scope sees, so that no session learns anything of another's records, of preview records or
-  of deleted ones. `agent_words` holds how many of them hold each word (words held by one are
-  not stored: a word it does not list counts as in one); `agent_indexes.words_counted`, how
-  many they were, and `words_records`, how many rows the agent had then (the maintenance
-  counts again once that changes by a tenth). Unlisting an agent deletes its counts (the
-  foreign key). Until the first maintenance round after this migration, listed agents have
-  no counts, and their searches count as any other agent's do.
-- Any other agent's weights, and those of a reader who does not read agent scope, are counted
-  by the search itself, over the records it ranks (app/memory/search_store.py).
+- An agent with its own search indexes (listed in `agent_indexes`) has its words counted by
+  the maintenance (`count_agent_words`), over its live agent-scope records only (committed,
+  not preview, not deleted or replaced): what every live reader of the agent's agent scope
+  sees, so that no session learns anything of another's records, of preview records or of
+  deleted ones through a score. `agent_words` holds how many of them hold each word (words
+  held by one are not stored: a word it does not list counts as in one);
+  `agent_indexes.words_counted`, how many they were, and `words_gone`, how many of the agent's
+  rows were deleted or replaced then (the maintenance counts again at its next round once a
+  record is deleted or replaced, or the records grow by a tenth). Unlisting an agent deletes
+  its counts (the foreign key). Until the first maintenance round after this migration
+  (`engram maintain-search` when rounds are off), listed agents have no counts, and their
+  searches count as any other agent's do.
+- The counts weigh the searches of operators and of live readers of agent scope. Another
+  reader of a listed agent (session scope alone, or preview) is not weighed by records it
+  cannot see, nor made to count a large agent's words at each search: every word weighs the
+  same for it. Any other agent's weights are counted by the search itself, over the records
+  it ranks (app/memory/search_store.py).
 
 - `word_weight(records, holding)`: BM25's IDF, `ln(1 + (N - n + 0.5) / (n + 0.5))`.
 - `query_words(query, account, action)`: each of the query's words as a tsquery, with its
@@ -39,7 +44,7 @@ depends_on = None
 def upgrade() -> None:
     op.execute("""
     -- NULL: not counted yet.
-    ALTER TABLE agent_indexes ADD COLUMN words_counted bigint, ADD COLUMN words_records bigint;
+    ALTER TABLE agent_indexes ADD COLUMN words_counted bigint, ADD COLUMN words_gone bigint;
 
     CREATE TABLE agent_words (
         account_id uuid NOT NULL,
@@ -71,8 +76,9 @@ def upgrade() -> None:
         )
         UPDATE agent_indexes SET
             words_counted = (SELECT count(*) FROM counted),
-            words_records = (SELECT count(*) FROM agent_memories m
-                             WHERE m.account_id = account AND m.action_id = action)
+            words_gone = (SELECT count(*) FROM agent_memories m
+                          WHERE m.account_id = account AND m.action_id = action
+                            AND m.status <> 'ACTIVE')
         WHERE account_id = account AND action_id = action
         RETURNING words_counted;
     END;
