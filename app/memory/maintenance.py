@@ -250,11 +250,11 @@ async def index_agents(
     built: list[str] = []
     failed: list[UUID] = []
     counted: list[AgentKey] = []  # counted again, or listed (and so counted) by `_list`
+    ready = {a for a in keep + new if all(states.get(name) for name in index_names(*a))}
     for agent in keep:
         # Before the builds (which may take minutes), and not an agent about to be rebuilt,
         # whose build lists it again.
-        rebuilt = not all(states.get(name) for name in index_names(*agent))
-        if not rebuilt and _recount(now[agent], then[agent]):
+        if agent in ready and _recount(now[agent], then[agent]):
             try:
                 await conn.fetchval("SELECT count_agent_words($1, $2)", *agent)
                 counted.append(agent)
@@ -262,7 +262,7 @@ async def index_agents(
                 # Searched with the older counts (or counting itself) until the next round.
                 log.exception("counting the words of agent %s failed", agent[1])
     for agent in keep + new:
-        if all(states.get(name) for name in index_names(*agent)):
+        if agent in ready:
             if agent in new:
                 try:
                     await _list(conn, *agent)

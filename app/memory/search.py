@@ -7,20 +7,20 @@ Signals
 - Meaning: cosine similarity of the record's embedding (`memory_text(summary, content)`) to the
   query's embedding, from the deployment's embedder.
 - Words: PostgreSQL full text over the stored English `tsv`, matching records that share ANY
-  stemmed, stop-worded word with the query (`any_words`, migration 0003; requiring every word
-  found far less of LoCoMo's evidence, bench/README.md), scored by the sum of the weights of
-  the query words a record holds: BM25's IDF of each, so a rare word counts for more than a
-  common one (it found more of LoCoMo's evidence than `ts_rank`, which weighs every word
-  alike). The counts never include a record of another tenant, agent or session, a preview
-  record for a live reader, or (after the next maintenance round) a deleted one: whose
-  records would otherwise shape the ranking, and whose words the scores would tell. A listed
-  agent's are counted by the maintenance over its live agent-scope records (`agent_words`,
-  migration 0018) and weigh the searches of operators and live readers of agent scope; its
-  other readers (session scope alone, or preview) weigh every word the same; any other
-  agent's search counts them itself, over the records it ranks (those the reader sees under
-  the filters). So a record's score can move without a write to it (a write to another
-  record the reader sees, or a recount); a ranked search's later page, read after such a
-  change, may skip or repeat a record.
+  stemmed, stop-worded word with the query (the OR of its words, as `any_words`, migration
+  0003, builds it, here from `query_words`' terms; requiring every word found far less of
+  LoCoMo's evidence, bench/README.md), scored by the sum of the weights of the query words a
+  record holds: BM25's IDF of each, so a rare word counts for more than a common one (it found
+  more of LoCoMo's evidence than `ts_rank`, which weighs every word alike). The counts never
+  include a record of another tenant, agent or session, a preview record for a live reader, or
+  (after the next maintenance round) a deleted one: whose records would otherwise shape the
+  ranking, and whose words the scores would tell. A listed agent's are counted by the
+  maintenance over its live agent-scope records (`agent_words`, migration 0018) and weigh the
+  searches of operators and live readers of agent scope; its other readers (session scope
+  alone, or preview) weigh every word the same; any other agent's search counts them itself,
+  over the records it ranks (those the reader sees under the filters). So a record's score can
+  move without a write to it (a write to another record the reader sees, or a recount); a
+  ranked search's later page, read after such a change, may skip or repeat a record.
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
@@ -48,9 +48,8 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   (`word_tiers`): first the records holding the best-weighted subset of the query's six rarest
   words, best cosine first, then the next subset, until CANDIDATES are read (an agent whose
   words are not counted, not listed or not yet, first counts its records and, by GIN, each
-  query word's). With both lists
-  the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and 200,000 records
-  (bench/README.md).
+  query word's). With both lists the index plan found 0.98-1.00 of the exact hybrid top-10
+  at 25,000 and 200,000 records (bench/README.md).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
   + 1 records; one more than that, and it returns none and the index plan runs. Under label

@@ -107,13 +107,19 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
             f" (SELECT count(*) FROM {ranked} AND m.tsv @@ q.term)))"
         )
     order = "ORDER BY w.weight DESC NULLS LAST, w.term"
+    # `query` from the words `query_words` parsed (as `any_words` would parse them again).
     return (
-        f"words AS MATERIALIZED (SELECT any_words({text}) AS query,"
+        "words AS MATERIALIZED (SELECT string_agg(w.term::text, ' | ')::tsquery AS query,"
         f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights"
         # OFFSET 0: each word is weighed once, not once per aggregate that reads its weight.
         f" FROM (SELECT q.term, {weight} AS weight FROM query_words({text},"
         f" {p(reader.account_id)}, {p(reader.action_id)}) q OFFSET 0) w), "
     )
+
+
+def _by_length(r: Ranking, score: str, words: str) -> str:
+    """The text score, divided by 1 + the log of the record's distinct `words` for the review."""
+    return f"{score} / (1 + ln(greatest({words}, 1)))" if r.by_length else score
 
 
 def _weighed(r: Ranking) -> str:
@@ -123,9 +129,7 @@ def _weighed(r: Ranking) -> str:
     # Summed best first, as `_signals` sums them: the same score to the last bit. Only for a
     # row that holds a word (a sub-select for every row cost 9 ms at 5,000 records).
     words = "(SELECT sum(w.weights[i] ORDER BY w.weights[i] DESC) FROM unnest(s.held) i)"
-    if r.by_length:
-        words += " / (1 + ln(greatest(s.length, 1)))"
-    words = f"CASE WHEN s.held IS NOT NULL THEN {words} END"
+    words = f"CASE WHEN s.held IS NOT NULL THEN {_by_length(r, words, 's.length')} END"
     return f"""weights AS MATERIALIZED (
         SELECT coalesce((SELECT weights FROM words WHERE weights[1] IS NOT NULL), ARRAY(
             SELECT word_weight((SELECT count(*) FROM scanned), count(h.i))
@@ -158,8 +162,7 @@ def _signals(r: Ranking, p: Params, m: str = "m", *, scan: bool = False) -> str:
                 "(SELECT sum(w.weight) FROM unnest((SELECT terms FROM words),"
                 f" (SELECT weights FROM words)) w(term, weight) WHERE {m}.tsv @@ w.term)"
             )
-            if r.by_length:
-                held += f" / (1 + ln(greatest(length({m}.tsv), 1)))"
+            held = _by_length(r, held, f"length({m}.tsv)")
         words = f"CASE WHEN {m}.tsv @@ (SELECT query FROM words) THEN {held} END"
         words += " AS held" if scan else " AS words"
         if scan and r.by_length:
