@@ -189,7 +189,7 @@ async def test_without_the_memory_read_grants_record_text_is_not_shown(
     assert decision["action"] == "ADD" and decision["summary"] is None
     assert decision["memoryId"] is not None
     execution = (await gql(runner, EXECUTION, e=done["executionId"])).ok()["execution"]
-    assert "4242" not in json.dumps(execution["output"])
+    assert "ends in" not in json.dumps(execution["output"])  # (a bare 4242 can be in a UUID)
     # Nor can a client without INSERT on executions hand in a conversation.
     reader = caller(admin.account_id, allow(["SELECT"], "*"))
     refused = await gql(
