@@ -23,6 +23,7 @@ from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
 from app.errors import BadInput
 from app.memory import search as search_module
+from app.memory import search_store
 from app.memory.search import search
 from app.memory.search_store import Filters
 from app.memory.visibility import Reader
@@ -457,6 +458,131 @@ async def test_m20_index_plan_reads_the_exact_text_ranking(
         )
         assert first.plan == second.plan == "index"
         assert [r.memory_id for r in first.records + second.records] == [r.memory_id for r in exact]
+
+
+class _Explained:
+    """A connection that also runs each statement under EXPLAIN ANALYZE, keeping the plan."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.plan = conn, {}
+
+    async def fetch(self, sql: str, *args: Any) -> Any:
+        # (The pool's connections decode json.)
+        explained = await self.conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args)
+        self.plan = explained[0]["Plan"]
+        return await self.conn.fetch(sql, *args)
+
+    def nodes(self, node: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        node = node or self.plan
+        yield node
+        for child in node.get("Plans", []):
+            yield from self.nodes(child)
+
+
+async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hybrid: once the vector list and the tiers that may hold the best text score are read,
+    # a later tier is read only if a record of it could still reach the page (its weight, and
+    # a cosine no better than the vector list's last). The page is the full walk's, and the
+    # exact plan's. Lexical: the tiers' order is the ranking, so a query of at most six words
+    # reads only the page's ranks.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_module, "CANDIDATES", 8)
+    best = [await agent.add(f"The violin and the lantern in the garden, {i}") for i in range(3)]
+    for i in range(50):
+        await agent.add(f"Garden hose {i} leaks", "Tomatoes, compost, sprinklers and mulch.")
+    query = "violin lantern garden"
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    pool = agent.state.pool
+
+    async def later_tiers(limit: int) -> tuple[int, int]:
+        """The page's records against the exact plan's; the later tiers read and skipped."""
+        ranking = search_module.make_ranking("hybrid", query, vector, None, limit)
+        exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+        async with pool.acquire() as conn:
+            explained = _Explained(conn)
+            found = await search_store.ranked_index(
+                explained, agent.operator, Filters(), ranking, False
+            )
+        assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
+        (scan,) = [
+            n
+            for n in explained.nodes()
+            if n.get("CTE Name") == "tiers" and "most <" in n.get("Filter", "")
+        ]
+        return scan["Actual Rows"], scan.get("Rows Removed by Filter", 0)
+
+    # The garden-only records (a common word: little weight, far in meaning) cannot reach a
+    # page of two, led by the records holding every word: their tier is not read.
+    read, skipped = await later_tiers(2)
+    assert read == 0 and skipped >= 1
+    # A page deeper than the lists read so far has no floor: every later tier may reach it.
+    deep_read, deep_skipped = await later_tiers(60)
+    assert deep_read >= 1 and deep_skipped == skipped - deep_read
+    assert set(best) <= set(await agent.find(query, limit=3))
+
+    async def lexical_rows(query: str, limit: int) -> int:
+        ranking = search_module.make_ranking("lexical", query, None, None, limit)
+        async with pool.acquire() as conn:
+            explained = _Explained(conn)
+            await search_store.ranked_index(explained, agent.operator, Filters(), ranking, False)
+        # The walk: a limit over the loop of tiers.
+        (walk,) = [
+            n
+            for n in explained.nodes()
+            if n["Node Type"] == "Limit"
+            and any(c["Node Type"] == "Nested Loop" for c in n.get("Plans", []))
+        ]
+        return walk["Actual Rows"]
+
+    assert await lexical_rows(query, 2) == 2
+    # Seven words: the seventh adds to scores without moving tiers, so the list keeps a margin.
+    assert await lexical_rows("violin lantern garden hose compost mulch sprinklers", 2) == 8
+
+
+async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Records holding random sets of words: whatever the tiers the stop skips, each page
+    # (first and later, with and without a least cosine) is the exact plan's.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_module, "CANDIDATES", 8)
+    rng = random.Random(11)
+    words = ["garden", "roses", "river", "boat", "winter", "market", "violin", "lantern", "tea"]
+    for _ in range(150):
+        picked = rng.sample(words, rng.randint(1, 5))
+        await agent.add(" ".join(picked), rng.choice(["", "a long walk", "notes on spring"]))
+    pool = agent.state.pool
+    for _ in range(12):
+        query = " ".join(rng.sample(words, rng.randint(1, 8)))
+        vector = (await agent.state.embedder.embed([query])).vectors[0]
+        for limit, min_score in ((1, None), (3, None), (5, 0.2)):
+            ranking = search_module.make_ranking("hybrid", query, vector, min_score, limit)
+            found, chosen = await search_module.ranked(pool, agent.operator, Filters(), ranking)
+            exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+            assert chosen == "index"
+            assert [(r.memory_id, pytest.approx(r.score)) for r in found] == [
+                (r.memory_id, r.score) for r in exact
+            ], (query, limit)
+        config = SearchConfig(mode="hybrid")
+        pages = [
+            await search(pool, agent.state.embedder, agent.operator, config, query=query, limit=2)
+        ]
+        pages.append(
+            await search(
+                pool,
+                agent.state.embedder,
+                agent.operator,
+                config,
+                query=query,
+                limit=2,
+                after=pages[0].cursors[-1],
+            )
+        )
+        ranking = search_module.make_ranking("hybrid", query, vector, None, 4)
+        exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+        assert [r.memory_id for p in pages for r in p.records] == [r.memory_id for r in exact]
 
 
 async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(

@@ -48,7 +48,10 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   (`word_tiers`): first the records holding the best-weighted subset of the query's six rarest
   words, best cosine first, then the next subset, until CANDIDATES are read (an agent whose
   words are not counted, not listed or not yet, first counts its records and, by GIN, each
-  query word's). With both lists the index plan found 0.98-1.00 of the exact hybrid top-10
+  query word's). The walk ends sooner where that changes no record of the page: in hybrid
+  mode once no later subset's records can reach it (taking the vector list's last cosine as
+  the most any other record has, which HNSW, being approximate, may rarely miss), in lexical
+  mode once the page is read (a query of at most six words). With both lists the index plan found 0.98-1.00 of the exact hybrid top-10
   at 25,000 and 200,000 records (bench/README.md).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
@@ -217,6 +220,7 @@ def make_ranking(
         ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * reach)),
         by_length=by_length,
         after=after,
+        depth=depth,
     )
 
 

@@ -13,13 +13,15 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
 - `index`: takes the top candidates of each signal from its index and scores the union of both
   lists exactly. Meaning: HNSW with an iterative scan. Words: the exact text ranking, read
   from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
-  words first, best cosine first within a tier), until the list is full. Fast for an agent of
-  any size; a record outside both lists is not found.
+  words first, best cosine first within a tier), until the list is full; in hybrid mode, only
+  while a tier's records can still reach the page (`_threshold`), and in lexical mode, only
+  the page when the query has at most six words. Fast for an agent of any size; a record
+  outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -71,6 +73,12 @@ class Ranking:
     # A later page: only records ranked after this (score, created, memory_id), the last record
     # of the page before (the order is score DESC, created DESC, memory_id DESC).
     after: tuple[float, datetime, UUID] | None = None
+    depth: int = 0  # how many records the pages before held
+
+    @property
+    def reach(self) -> int:
+        """The ranks this page ends at: the pages before and this one."""
+        return self.depth + self.limit
 
 
 def _filters(f: Filters, p: Params, m: str = "m") -> str:
@@ -344,6 +352,12 @@ async def ranked_index(
     outside both lists is missed, and the best text score among the candidates, which
     normalizes the fusion, may be below the agent's best.
 
+    The walk ends early where that changes no record of the page (bench/README.md,
+    thirteenth session): in hybrid mode at the first tier whose records cannot reach it
+    (`_threshold`; on an agent's own HNSW index, which is approximate, a record that the
+    vector list should have held but missed may be skipped), in lexical mode after the page's
+    ranks when the query has at most six words (the tiers' order is then the lexical ranking).
+
     `own`: the agent has its own indexes; the statement then names the agent's key as
     literals (`AgentKey`), which their partial predicates need."""
     p = AgentKey(reader) if own else Params()
@@ -358,6 +372,7 @@ async def ranked_index(
         return f"(SELECT {_signals(r, p, 'c')} FROM ({rows}) c)"
 
     lists: list[str] = []
+    ctes = ""
     nearest = f"m.embedding <=> {p(r.vector)}" if r.vector is not None else None
     if nearest is not None:
         lists.append(candidates(f"SELECT {columns} FROM {agent} ORDER BY {nearest} LIMIT {limit}"))
@@ -371,19 +386,72 @@ async def ranked_index(
             " AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
             f" ORDER BY {nearest or 'm.created DESC, m.memory_id DESC'} LIMIT {limit}"
         )
+
         # Tiers in order, each read only when the ones before hold too few records: the loop
         # keeps the order of its sorted outer side. (An outer ORDER BY would be planned as a
         # sort after reading every tier.)
-        tiers = (
-            "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
-            " ORDER BY tier"
-        )
-        lists.append(
-            candidates(f"SELECT c.* FROM ({tiers}) t CROSS JOIN LATERAL ({tier}) c LIMIT {limit}")
-        )
+        def walk(tiers: str, read: str) -> str:
+            return candidates(
+                f"SELECT c.* FROM ({tiers} ORDER BY tier) t CROSS JOIN LATERAL ({tier}) c {read}"
+            )
+
+        tiers = "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
+        if r.mode == "hybrid" and not r.by_length and r.vector is not None:
+            ctes, rest = _threshold(r, p, lists.pop(), walk, limit)
+            lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
+        elif r.mode == "lexical" and not r.by_length:
+            # The tiers' order is the lexical ranking when the query has at most six words:
+            # then the page's ranks are enough.
+            lists.append(
+                walk(
+                    tiers,
+                    f"LIMIT (SELECT CASE WHEN cardinality(terms) <= 6 THEN {int(r.reach)}"
+                    f" ELSE {limit} END FROM words)",
+                )
+            )
+        else:
+            lists.append(walk(tiers, f"LIMIT {limit}"))
     words = _words(r, p, reader, agent)
-    sql = f"WITH {words}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
+    sql = f"WITH {words}{ctes}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
+
+
+def _threshold(
+    r: Ranking, p: Params, nearest: str, walk: Callable[[str, str], str], limit: int
+) -> tuple[str, str]:
+    """CTEs for the hybrid index plan's tier walk, which stops at the first tier whose records
+    cannot reach the page (the threshold algorithm; the page is what the full walk gives).
+    `nearest`, the vector list, scored; `tiers`, with `most`, the most a record of the tier
+    scores (its weight, and every word after the sixth); `best`, the vector list's best text
+    score, its length and its last cosine; `head`, the walk over the tiers that may hold a
+    better text score than `best` (the fusion's normalizer, `top`, is then known); `bound`:
+    `last`, the most cosine a record outside the vector list can have (1 when the list is
+    short), and `floor`, the reach-th score among the records read so far. A later tier's
+    record scores at most `w * last + (1 - w) * most / top`: below `floor`, it is not read.
+    Returns the CTEs and the walk over the later tiers."""
+    w = p(r.weight) + "::float8"
+    found = "cosine IS NOT NULL" if r.min_score is None else f"cosine >= {p(r.min_score)}::float8"
+    head = "SELECT * FROM tiers WHERE most >= coalesce((SELECT words FROM best), '-Infinity')"
+    rest = (
+        "SELECT * FROM tiers t WHERE t.most < (SELECT words FROM best) AND ("
+        f"(SELECT floor FROM bound) IS NULL OR {w} * (SELECT last FROM bound)"
+        f" + (1 - {w}) * t.most / (SELECT top FROM bound) >= (SELECT floor FROM bound))"
+    )
+    rest = walk(rest, f"LIMIT (SELECT {limit} - count(*) FROM head)")
+    ctes = f"""nearest AS MATERIALIZED {nearest}, tiers AS MATERIALIZED (
+        SELECT t.*, t.weight + (SELECT coalesce(sum(x), 0) FROM unnest(w.weights[7:]) x) AS most
+        FROM words w, word_tiers(w.terms, w.weights) t
+    ), best AS MATERIALIZED (
+        SELECT max(words) AS words, count(*) AS rows, min(cosine) AS last FROM nearest
+    ), head AS MATERIALIZED {walk(head, f"LIMIT {limit}")}, bound AS MATERIALIZED (
+        SELECT b.top, CASE WHEN n.rows < {limit} THEN 1 ELSE greatest(n.last, 0) END AS last, (
+            SELECT {w} * coalesce(cosine, 0) + (1 - {w}) * coalesce(words, 0) / b.top
+            FROM (SELECT * FROM nearest UNION SELECT * FROM head) s
+            WHERE words IS NOT NULL OR {found}
+            ORDER BY 1 DESC OFFSET {int(r.reach) - 1} LIMIT 1) AS floor
+        FROM best n, LATERAL (SELECT greatest(n.words, (SELECT max(words) FROM head)) AS top) b
+    ), """
+    return ctes, rest
 
 
 async def newest(
