@@ -397,7 +397,7 @@ async def ranked_index(
 
         tiers = "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
         if r.mode == "hybrid" and not r.by_length and r.vector is not None:
-            ctes, rest = _threshold(r, p, lists.pop(), walk, limit)
+            ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
             # The tiers' order is the lexical ranking when the query has at most six words:
@@ -417,25 +417,26 @@ async def ranked_index(
 
 
 def _threshold(
-    r: Ranking, p: Params, nearest: str, walk: Callable[[str, str], str], limit: int
+    r: Ranking, p: Params, nearest: str, tier: str, walk: Callable[[str, str], str], limit: int
 ) -> tuple[str, str]:
     """CTEs for the hybrid index plan's tier walk, which stops at the first tier whose records
     cannot reach the page (the threshold algorithm; the page is what the full walk gives).
     `nearest`, the vector list, scored; `tiers`, with `most`, the most a record of the tier
     scores (its weight, and every word after the sixth); `best`, the vector list's best text
-    score, its length and its last cosine; `head`, the walk over the tiers that may hold a
-    better text score than `best` (the fusion's normalizer, `top`, is then known); `bound`:
-    `last`, the most cosine a record outside the vector list can have (1 when the list is
-    short), and `floor`, the reach-th score among the records read so far. A later tier's
-    record scores at most `w * last + (1 - w) * most / top`: below `floor`, it is not read.
-    Returns the CTEs and the walk over the later tiers."""
+    score, its length and its last cosine; `first` and `head`, the records (scored, from
+    `tier`) of the first tier that holds any and may hold a better text score than `best`,
+    after which the fusion's normalizer is known (`top`: at least, and for a query of at most
+    six words exactly, `low`); `bound`: `last`, the most cosine a record outside the vector
+    list can have (1 when the list is short), and `floor`, the reach-th score among the
+    records read so far. A later tier's record scores at most `w * last + (1 - w) * most /
+    low`: below `floor`, it is not read. Returns the CTEs and the walk over the later tiers."""
     w = p(r.weight) + "::float8"
     found = "cosine IS NOT NULL" if r.min_score is None else f"cosine >= {p(r.min_score)}::float8"
-    head = "SELECT * FROM tiers WHERE most >= coalesce((SELECT words FROM best), '-Infinity')"
     rest = (
-        "SELECT * FROM tiers t WHERE t.most < (SELECT words FROM best) AND ("
-        f"(SELECT floor FROM bound) IS NULL OR {w} * (SELECT last FROM bound)"
-        f" + (1 - {w}) * t.most / (SELECT top FROM bound) >= (SELECT floor FROM bound))"
+        "SELECT * FROM tiers t WHERE CASE WHEN (SELECT tier FROM first) IS NULL"
+        " THEN t.most < (SELECT words FROM best) ELSE t.tier > (SELECT tier FROM first) END"
+        f" AND ((SELECT floor FROM bound) IS NULL OR {w} * (SELECT last FROM bound)"
+        f" + (1 - {w}) * t.most / (SELECT low FROM bound) >= (SELECT floor FROM bound))"
     )
     rest = walk(rest, f"LIMIT (SELECT {limit} - count(*) FROM head)")
     ctes = f"""nearest AS MATERIALIZED {nearest}, tiers AS MATERIALIZED (
@@ -443,13 +444,25 @@ def _threshold(
         FROM words w, word_tiers(w.terms, w.weights) t
     ), best AS MATERIALIZED (
         SELECT max(words) AS words, count(*) AS rows, min(cosine) AS last FROM nearest
-    ), head AS MATERIALIZED {walk(head, f"LIMIT {limit}")}, bound AS MATERIALIZED (
-        SELECT b.top, CASE WHEN n.rows < {limit} THEN 1 ELSE greatest(n.last, 0) END AS last, (
-            SELECT {w} * coalesce(cosine, 0) + (1 - {w}) * coalesce(words, 0) / b.top
+    ), first AS MATERIALIZED (
+        SELECT t.tier, t.most, x.* FROM (
+            SELECT * FROM tiers WHERE most >= coalesce((SELECT words FROM best), '-Infinity')
+            ORDER BY tier) t
+        CROSS JOIN LATERAL (
+            SELECT array_agg(c.memory_id) AS ids, array_agg(c.created) AS created,
+                array_agg(c.cosine) AS cosines, array_agg(c.words) AS words FROM {tier} c) x
+        WHERE x.ids IS NOT NULL LIMIT 1
+    ), head AS MATERIALIZED (
+        SELECT u.* FROM first f, unnest(f.ids, f.created, f.cosines, f.words)
+            u(memory_id, created, cosine, words)
+    ), bound AS MATERIALIZED (
+        SELECT b.low, CASE WHEN n.rows < {limit} THEN 1 ELSE greatest(n.last, 0) END AS last, (
+            SELECT {w} * coalesce(cosine, 0) + (1 - {w}) * coalesce(words, 0) / h.top
             FROM (SELECT * FROM nearest UNION SELECT * FROM head) s
             WHERE words IS NOT NULL OR {found}
             ORDER BY 1 DESC OFFSET {int(r.reach) - 1} LIMIT 1) AS floor
-        FROM best n, LATERAL (SELECT greatest(n.words, (SELECT max(words) FROM head)) AS top) b
+        FROM best n, LATERAL (SELECT greatest(n.words, (SELECT max(words) FROM head)) AS low) b,
+            LATERAL (SELECT greatest(b.low, (SELECT most FROM first)) AS top) h
     ), """
     return ctes, rest
 
