@@ -366,14 +366,20 @@ async def test_m20_at_most_max_agents_have_their_own_indexes(
     done = await maintenance.run_round(state.pool, 30, max_agents=1)
     assert done.dropped == sorted(middle) and done.built == []
     assert await listed() == [agents[1].action_id]
-    # A larger agent does not take the place of one that has its indexes (no rebuild churn).
+    # A larger agent does not take the place of one that has its indexes (no rebuild churn)
+    # until it holds TRADE times its records: then the smaller one's are dropped.
     newcomer = await make_search_agent(state, admin)
     await fill(newcomer, 70)
     done = await maintenance.run_round(state.pool, 30, max_agents=1)
     assert done.built == [] and done.dropped == []
     assert await listed() == [agents[1].action_id]
+    await fill(newcomer, maintenance.TRADE * 60 - 70)
+    done = await maintenance.run_round(state.pool, 30, max_agents=1)
+    newest = maintenance.index_names(newcomer.account_id, newcomer.action_id)
+    assert sorted(done.built) == sorted(newest) and done.dropped == sorted(large)
+    assert await listed() == [newcomer.action_id]
     done = await maintenance.run_round(state.pool, 30, max_agents=0)
-    assert done.dropped == sorted(large)
+    assert done.dropped == sorted(newest)
     assert not any([await index_exists(state.pool, n) for n in (*small, *large, *middle)])
 
 

@@ -22,7 +22,8 @@ of this process takes it past the threshold (a commit of addAgentMemory/addAgent
 turn's memory or history, `engram import`), in the background and under the same lock, so
 that it is not searched by scoring every record until the next round. An agent beyond
 `agent_index_max_agents` is: it gets no indexes until a round finds it a place (another falls
-under half the threshold, or the cap is raised).
+under half the threshold, the cap is raised, or it grows to TRADE times the records of the
+smallest listed agent, which then loses its own).
 
 `engram maintain-search` runs one round by hand; with `--reorder` it first stores the records
 in agent order again (`reorder`).
@@ -58,6 +59,9 @@ _NEXT = "_next"  # a replacement index being built beside the one it replaces
 # (a count reads every record of the agent: 2.3 s for the 200,000-record agent of
 # bench/search_scale.py, 0.4 s at 25,000); at once after a deletion or replacement.
 WORDS_RECOUNT = 0.1
+# With `agent_index_max_agents` agents listed, an agent of TRADE times the smallest listed one's
+# records takes its place (`index_agents`).
+TRADE = 2
 AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
 Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
 
@@ -182,8 +186,10 @@ async def index_agents(
     """Gives every agent of `min_records` or more its own HNSW and GIN indexes, the largest
     first and no more than `max_agents` agents (None: no limit), and takes them from agents
     now under half that or beyond the limit (unlisted first, so searches stop choosing them).
-    An agent keeps its indexes against a larger one that has none (a build reads the whole
-    table, so they are not traded back and forth).
+    An agent keeps its indexes against a larger one that has none unless that one holds at
+    least TRADE times its records (a build reads the whole table: places are not traded back
+    and forth, but a large agent is not left out for good by the first agents to cross the
+    threshold).
 
     An agent's words are counted when it is listed, and a kept agent's again when `_recount`
     says (before the builds, each on its own: a failed count is logged and retried next round).
@@ -213,9 +219,11 @@ async def index_agents(
     places = len(sizes) if max_agents is None else max_agents
     largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
     keep = [agent for agent in largest if agent in listed][:places]
-    new = [agent for agent in largest if sizes[agent] >= min_records and agent not in listed][
-        : places - len(keep)
-    ]
+    waiting = [agent for agent in largest if sizes[agent] >= min_records and agent not in listed]
+    new, waiting = waiting[: places - len(keep)], waiting[places - len(keep) :]
+    while waiting and keep and sizes[waiting[0]] >= TRADE * sizes[keep[-1]]:
+        keep.pop()  # the smallest listed agent
+        new.append(waiting.pop(0))
     leaving = sorted(set(listed) - set(keep))
     await conn.execute(
         "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "

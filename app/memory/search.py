@@ -40,7 +40,7 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
-  one to every agent of 10,000 records or more, built in the background soon after a write
+  one to every agent of 2,000 records or more, built in the background soon after a write
   takes it there, up to `agent_index_max_agents` agents), iterative scan (`relaxed_order`, so
   a filter that hides most rows still yields enough of them); no index is shared by all agents
   (migration 0015), so an agent without one yet has every record's cosine computed. Words: the
@@ -91,8 +91,10 @@ from app.memory.visibility import OperatorReader, Reader
 from app.observability import metrics
 from app.text import MAX_QUERY_CHARS, check_query
 
-# Above this many records the exact plan (a rank over every record) gets slow, so an agent
-# has its own indexes and the index plan (figures in bench/README.md, search_scale).
+# An agent without its own indexes (under `agent_index_min_records`, not built yet, or beyond
+# `agent_index_max_agents`) is ranked exactly up to this many records; above it the exact plan
+# (a rank over every record: 11 ms p50 at 5,000) gets slow, and the index plan ranks (figures
+# in bench/README.md, search_scale).
 EXACT_MAX_ROWS = 10_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
