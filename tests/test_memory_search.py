@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import numpy as np
 import pytest
 from factories import CONFIG, T0, SearchAgent, allow, caller, make_account, make_search_agent
 
@@ -22,8 +23,8 @@ from app.actions.harness import SearchConfig
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
 from app.errors import BadInput
+from app.memory import maintenance, search_store
 from app.memory import search as search_module
-from app.memory import search_store
 from app.memory.search import search
 from app.memory.search_store import Filters
 from app.memory.visibility import Reader
@@ -555,7 +556,8 @@ async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(
         await agent.add(" ".join(picked), rng.choice(["", "a long walk", "notes on spring"]))
     pool = agent.state.pool
     for _ in range(12):
-        query = " ".join(rng.sample(words, rng.randint(1, 8)))
+        # (At most six words: past six, the full walk itself may miss a record.)
+        query = " ".join(rng.sample(words, rng.randint(1, 6)))
         vector = (await agent.state.embedder.embed([query])).vectors[0]
         for limit, min_score in ((1, None), (3, None), (5, 0.2)):
             ranking = search_module.make_ranking("hybrid", query, vector, min_score, limit)
@@ -583,6 +585,55 @@ async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(
         ranking = search_module.make_ranking("hybrid", query, vector, None, 4)
         exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
         assert [r.memory_id for p in pages for r in p.records] == [r.memory_id for r in exact]
+
+
+async def test_m20_hybrid_stop_reads_a_later_tier_that_may_hold_a_better_text_score(
+    agent: SearchAgent,
+) -> None:
+    # A query of eight words: the seventh and eighth add to a record's score without moving its
+    # tier, so X (five of the first six words, and both later ones: 7) outscores Q (the first
+    # six: 6) from a later tier. The stop must read X's tier, though X is far in meaning: it
+    # sets the fusion's normalizer, and so which of P and Q leads the page. A listed agent's
+    # session-only reader weighs every word 1; the embeddings are set to known cosines.
+    words = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape", "hazel"]
+    # Words of one weight are ordered as their terms (tsquery) sort.
+    words = await agent.state.pool.fetchval(
+        "SELECT array_agg(w ORDER BY plainto_tsquery('english', w)) FROM unnest($1::text[]) w",
+        words,
+    )
+    dims = len((await agent.state.embedder.embed(["x"])).vectors[0])
+
+    def at(cosine: float) -> np.ndarray:
+        vector = np.zeros(dims, dtype=np.float32)
+        vector[0], vector[1] = cosine, math.sqrt(1 - cosine**2)
+        return vector
+
+    async def add(text: str, cosine: float) -> uuid.UUID:
+        memory_id = await agent.add(text, scope="SESSION", session_id="s1")
+        await agent.state.pool.execute(
+            "UPDATE agent_memories SET embedding = $1 WHERE memory_id = $2", at(cosine), memory_id
+        )
+        return memory_id
+
+    q = await add(" ".join(words[:6]), 0.80)
+    p = await add(" ".join(words[:5]), 0.96)
+    x = await add(" ".join(words[:5] + words[6:]), 0.20)
+    for i in range(45):  # sharing no word, between X and Q in meaning
+        await add(f"Unrelated note number {i}", 0.30 + i * 0.01)
+    await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
+    reader = agent.reader(scopes=("session",))
+    pool = agent.state.pool
+    for limit in (1, 2, 3):
+        ranking = search_module.make_ranking("hybrid", " ".join(words), at(1.0), None, limit)
+        found, chosen = await search_module.ranked(pool, reader, Filters(), ranking)
+        exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
+        assert chosen == "index"
+        assert [(r.memory_id, pytest.approx(r.score)) for r in found] == [
+            (r.memory_id, r.score) for r in exact
+        ]
+    # Normalized by X's 7: P 0.48 + 0.5 * 5/7 = 0.837 leads Q 0.40 + 0.5 * 6/7 = 0.829.
+    assert [r.memory_id for r in found] == [p, q, x]
+    assert found[0].score == pytest.approx(0.48 + 0.5 * 5 / 7)
 
 
 async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(

@@ -378,6 +378,8 @@ async def test_m20_at_most_max_agents_have_their_own_indexes(
     newest = maintenance.index_names(newcomer.account_id, newcomer.action_id)
     assert sorted(done.built) == sorted(newest) and done.dropped == sorted(large)
     assert await listed() == [newcomer.action_id]
+    done = await maintenance.run_round(state.pool, 30, max_agents=1)  # and nothing trades back
+    assert done.built == [] and done.dropped == []
     done = await maintenance.run_round(state.pool, 30, max_agents=0)
     assert done.dropped == sorted(newest)
     assert not any([await index_exists(state.pool, n) for n in (*small, *large, *middle)])

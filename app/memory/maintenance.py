@@ -34,6 +34,7 @@ import hashlib
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -60,7 +61,7 @@ _NEXT = "_next"  # a replacement index being built beside the one it replaces
 # bench/search_scale.py, 0.4 s at 25,000); at once after a deletion or replacement.
 WORDS_RECOUNT = 0.1
 # With `agent_index_max_agents` agents listed, an agent of TRADE times the smallest listed one's
-# records takes its place (`index_agents`).
+# records takes its place, one a round (`index_agents`).
 TRADE = 2
 AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
 Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
@@ -189,7 +190,8 @@ async def index_agents(
     An agent keeps its indexes against a larger one that has none unless that one holds at
     least TRADE times its records (a build reads the whole table: places are not traded back
     and forth, but a large agent is not left out for good by the first agents to cross the
-    threshold).
+    threshold); then, one agent a round, it is unlisted and its indexes dropped once the
+    newcomer's are built (meanwhile both are listed: one agent over `max_agents`).
 
     An agent's words are counted when it is listed, and a kept agent's again when `_recount`
     says (before the builds, each on its own: a failed count is logged and retried next round).
@@ -221,10 +223,13 @@ async def index_agents(
     keep = [agent for agent in largest if agent in listed][:places]
     waiting = [agent for agent in largest if sizes[agent] >= min_records and agent not in listed]
     new, waiting = waiting[: places - len(keep)], waiting[places - len(keep) :]
-    while waiting and keep and sizes[waiting[0]] >= TRADE * sizes[keep[-1]]:
-        keep.pop()  # the smallest listed agent
-        new.append(waiting.pop(0))
-    leaving = sorted(set(listed) - set(keep))
+    # Full: the smallest listed agent gives its place up to a waiting one of TRADE times its
+    # records, one a round, and only once the newcomer's indexes are built (below).
+    traded: list[AgentKey] = []
+    if waiting and keep and sizes[waiting[0]] >= TRADE * sizes[keep[-1]]:
+        traded.append(keep.pop())
+        new.append(waiting[0])
+    leaving = sorted(set(listed) - set(keep) - set(traded))
     await conn.execute(
         "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
         "WHERE a.account_id = d.account AND a.action_id = d.action",
@@ -239,21 +244,14 @@ async def index_agents(
         [action for _, action in keep],
         [sizes[agent] for agent in keep],
     )
-    owned = {name for agent in [*keep, *new] for name in index_names(*agent)}
+    owned = {name for agent in [*keep, *new, *traded] for name in index_names(*agent)}
     for name in sorted(states):
         base = name.removesuffix(_NEXT)
         if base != name and base in owned and base not in states and states[name]:
             # A replacement finished by a round that stopped after dropping the old index.
             await conn.execute(f"ALTER INDEX {name} RENAME TO {base}")
             states[base] = states.pop(name)
-    dropped: list[str] = []
-    for name in sorted(set(states) - owned):
-        try:
-            await _drop_index(conn, name)
-            dropped.append(name)
-        except asyncpg.PostgresError:
-            # Unlisted, so the next round tries again; the builds go on.
-            log.exception("dropping search index %s failed", name)
+    dropped = await _drop_indexes(conn, sorted(set(states) - owned))
     states = {name: current for name, current in states.items() if name in owned}
     built: list[str] = []
     failed: list[UUID] = []
@@ -289,7 +287,27 @@ async def index_agents(
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
+    if traded and new[-1][1] not in failed:
+        await conn.execute(
+            "DELETE FROM agent_indexes WHERE account_id = $1 AND action_id = $2", *traded[0]
+        )
+        dropped += await _drop_indexes(conn, index_names(*traded[0]))
     return len(counted), built, dropped, failed
+
+
+async def _drop_indexes(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:
+    """Drops those of the indexes that exist, and returns them; one that fails to drop is
+    logged and left to the next round (whose listed agents do not own it)."""
+    dropped = []
+    for name in names:
+        try:
+            if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name):
+                await _drop_index(conn, name)
+                dropped.append(name)
+        except asyncpg.PostgresError:
+            # Unlisted, so the next round tries again; the builds go on.
+            log.exception("dropping search index %s failed", name)
+    return dropped
 
 
 def _recount(now: tuple[int, int], then: tuple[int | None, int | None]) -> bool:

@@ -40,7 +40,7 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
-  one to every agent of 2,000 records or more, built in the background soon after a write
+  one to every agent of 10,000 records or more, built in the background soon after a write
   takes it there, up to `agent_index_max_agents` agents), iterative scan (`relaxed_order`, so
   a filter that hides most rows still yields enough of them); no index is shared by all agents
   (migration 0015), so an agent without one yet has every record's cosine computed. Words: the
@@ -49,10 +49,11 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   words, best cosine first, then the next subset, until CANDIDATES are read (an agent whose
   words are not counted, not listed or not yet, first counts its records and, by GIN, each
   query word's). The walk ends sooner where that changes no record of the page: in hybrid
-  mode once no later subset's records can reach it (taking the vector list's last cosine as
-  the most any other record has, which HNSW, being approximate, may rarely miss), in lexical
-  mode once the page is read (a query of at most six words). With both lists the index plan found 0.98-1.00 of the exact hybrid top-10
-  at 25,000 and 200,000 records (bench/README.md).
+  mode once no later subset's records can reach it nor raise the best text score (taking the
+  vector list's last cosine as the most any other record has, which HNSW, being approximate,
+  may rarely miss), in lexical mode once the page is read (a query of at most six words).
+  With both lists the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and
+  200,000 records (bench/README.md).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
   + 1 records; one more than that, and it returns none and the index plan runs. Under label

@@ -14,8 +14,8 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
   lists exactly. Meaning: HNSW with an iterative scan. Words: the exact text ranking, read
   from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
   words first, best cosine first within a tier), until the list is full; in hybrid mode, only
-  while a tier's records can still reach the page (`_threshold`), and in lexical mode, only
-  the page when the query has at most six words. Fast for an agent of any size; a record
+  while a tier's records can still reach the page or raise the best text score (`_threshold`),
+  and in lexical mode, only the page when the query has at most six words. Fast for an agent of any size; a record
   outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
@@ -353,10 +353,11 @@ async def ranked_index(
     normalizes the fusion, may be below the agent's best.
 
     The walk ends early where that changes no record of the page (bench/README.md,
-    thirteenth session): in hybrid mode at the first tier whose records cannot reach it
-    (`_threshold`; on an agent's own HNSW index, which is approximate, a record that the
-    vector list should have held but missed may be skipped), in lexical mode after the page's
-    ranks when the query has at most six words (the tiers' order is then the lexical ranking).
+    thirteenth session): in hybrid mode at the first tier whose records can neither reach it
+    nor raise the best text score (`_threshold`; on an agent's own HNSW index, which is
+    approximate, a record that the vector list should have held but missed may be skipped),
+    in lexical mode after the page's ranks when the query has at most six words (the tiers'
+    order is then the lexical ranking).
 
     `own`: the agent has its own indexes; the statement then names the agent's key as
     literals (`AgentKey`), which their partial predicates need."""
@@ -405,7 +406,7 @@ async def ranked_index(
             lists.append(
                 walk(
                     tiers,
-                    f"LIMIT (SELECT CASE WHEN cardinality(terms) <= 6 THEN {int(r.reach)}"
+                    f"LIMIT (SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(r.reach))}"
                     f" ELSE {limit} END FROM words)",
                 )
             )
@@ -419,29 +420,30 @@ async def ranked_index(
 def _threshold(
     r: Ranking, p: Params, nearest: str, tier: str, walk: Callable[[str, str], str], limit: int
 ) -> tuple[str, str]:
-    """CTEs for the hybrid index plan's tier walk, which stops at the first tier whose records
-    cannot reach the page (the threshold algorithm; the page is what the full walk gives).
-    `nearest`, the vector list, scored; `tiers`, with `most`, the most a record of the tier
-    scores (its weight, and every word after the sixth); `best`, the vector list's best text
-    score, its length and its last cosine; `first` and `head`, the records (scored, from
-    `tier`) of the first tier that holds any and may hold a better text score than `best`,
-    after which the fusion's normalizer is known (`top`: at least, and for a query of at most
-    six words exactly, `low`); `bound`: `last`, the most cosine a record outside the vector
-    list can have (1 when the list is short), and `floor`, the reach-th score among the
-    records read so far. A later tier's record scores at most `w * last + (1 - w) * most /
-    low`: below `floor`, it is not read. Returns the CTEs and the walk over the later tiers."""
+    """CTEs for the hybrid index plan's tier walk, which reads no tier whose records cannot
+    change the page (the threshold algorithm): `nearest`, the vector list, scored; `best`, its
+    best text score, its length and its last cosine; `first` and `head`, the records (scored,
+    from `tier`) of the first tier that holds any and may score above `best`. Then `bound`:
+    `low`, the best text score read so far (the fusion's normalizer, unless a later tier's
+    `most`, the most its records can score, is above it: such a tier is read); `last`, the
+    most cosine a record outside the vector list can have (1 when the list is short); and
+    `floor`, the reach-th score among the records read, normalized by the most the normalizer
+    can be (`top`), so at most the page's last score. Any other tier is read only if one of
+    its records could score `w * last + (1 - w) * most / low >= floor`: the tiers skipped are
+    the last ones, which the full walk reads only after those read here, and none of their
+    records could reach the page. Returns the CTEs and the walk over the tiers after `first`."""
     w = p(r.weight) + "::float8"
     found = "cosine IS NOT NULL" if r.min_score is None else f"cosine >= {p(r.min_score)}::float8"
     rest = (
         "SELECT * FROM tiers t WHERE CASE WHEN (SELECT tier FROM first) IS NULL"
         " THEN t.most < (SELECT words FROM best) ELSE t.tier > (SELECT tier FROM first) END"
-        f" AND ((SELECT floor FROM bound) IS NULL OR {w} * (SELECT last FROM bound)"
-        f" + (1 - {w}) * t.most / (SELECT low FROM bound) >= (SELECT floor FROM bound))"
+        " AND (t.most >= (SELECT low FROM bound) OR (SELECT floor FROM bound) IS NULL"
+        f" OR {w} * (SELECT last FROM bound) + (1 - {w}) * (t.most / (SELECT low FROM bound))"
+        " >= (SELECT floor FROM bound))"
     )
     rest = walk(rest, f"LIMIT (SELECT {limit} - count(*) FROM head)")
     ctes = f"""nearest AS MATERIALIZED {nearest}, tiers AS MATERIALIZED (
-        SELECT t.*, t.weight + (SELECT coalesce(sum(x), 0) FROM unnest(w.weights[7:]) x) AS most
-        FROM words w, word_tiers(w.terms, w.weights) t
+        SELECT t.* FROM words w, word_tiers(w.terms, w.weights) t
     ), best AS MATERIALIZED (
         SELECT max(words) AS words, count(*) AS rows, min(cosine) AS last FROM nearest
     ), first AS MATERIALIZED (
@@ -457,10 +459,10 @@ def _threshold(
             u(memory_id, created, cosine, words)
     ), bound AS MATERIALIZED (
         SELECT b.low, CASE WHEN n.rows < {limit} THEN 1 ELSE greatest(n.last, 0) END AS last, (
-            SELECT {w} * coalesce(cosine, 0) + (1 - {w}) * coalesce(words, 0) / h.top
+            SELECT {w} * coalesce(cosine, 0) + (1 - {w}) * coalesce(words / h.top, 0)
             FROM (SELECT * FROM nearest UNION SELECT * FROM head) s
             WHERE words IS NOT NULL OR {found}
-            ORDER BY 1 DESC OFFSET {int(r.reach) - 1} LIMIT 1) AS floor
+            ORDER BY 1 DESC OFFSET {p(int(r.reach) - 1)} LIMIT 1) AS floor
         FROM best n, LATERAL (SELECT greatest(n.words, (SELECT max(words) FROM head)) AS low) b,
             LATERAL (SELECT greatest(b.low, (SELECT most FROM first)) AS top) h
     ), """

@@ -1,14 +1,16 @@
-"""A word tier tells its weight, so that the index plan can stop reading tiers early.
+"""A word tier tells the most its records can score, so that the index plan can stop early.
 
 Revision ID: 0019
 Revises: 0018
 Create Date: 2026-12-02
 
-`word_tiers(terms, weights)` (migration 0017) returns each tier's `weight` too: the text score
-of its records from the first six words (the sum of the weights of the subset they hold), and
-for the last tier, the records holding only words after the sixth, the sum of those words'
-weights (the most they can score). The hybrid index plan stops before a tier whose records
-can no longer reach the page (app/memory/search_store.py).
+`word_tiers(terms, weights)` (migration 0017) also returns each tier's `most`: the most text
+score a record of it can have. For a tier of the first six words that is the sum of the
+weights of the subset its records hold, plus every word after the sixth (which add to a
+record's score without moving its tier); for the last tier, the records holding only words
+after the sixth, the sum of those words' weights. So `most` never grows from one tier to the
+next. The hybrid index plan stops before a tier whose records can no longer reach the page
+(app/memory/search_store.py).
 """
 
 from alembic import op
@@ -24,11 +26,12 @@ def upgrade() -> None:
     DROP FUNCTION word_tiers(tsquery[], float8[]);
 
     CREATE FUNCTION word_tiers(terms tsquery[], weights float8[])
-    RETURNS TABLE (tier bigint, weight float8, held tsquery, exact tsquery)
+    RETURNS TABLE (tier bigint, most float8, held tsquery, exact tsquery)
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     BEGIN ATOMIC
         -- Subsets of equal weight (words of equal weight) are one tier, read together.
-        SELECT row_number() OVER (ORDER BY g.weight DESC), max(g.score),
+        SELECT row_number() OVER (ORDER BY g.weight DESC),
+               max(g.score) + coalesce((SELECT sum(x) FROM unnest(weights[7:]) x), 0),
                string_agg('(' || g.held || ')', ' | ')::tsquery,
                string_agg('(' || g.held || ')' || coalesce(' & !(' || g.others || ')', ''), ' | ')
                    ::tsquery
@@ -46,7 +49,7 @@ def upgrade() -> None:
             GROUP BY mask
             UNION ALL
             -- Last, the records holding only words after the sixth.
-            SELECT 0, -1, sum(weights[i]) FILTER (WHERE i > 6),
+            SELECT 0, -1, 0::float8,
                    string_agg(terms[i]::text, ' | ' ORDER BY i) FILTER (WHERE i > 6),
                    string_agg(terms[i]::text, ' | ' ORDER BY i) FILTER (WHERE i <= 6)
             FROM generate_series(1, cardinality(terms)) i
