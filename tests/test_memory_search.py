@@ -671,6 +671,16 @@ async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(
     assert all(len(one) == 1 for one in sums)  # a tier's records score alike
     every_sum = {weight(m) for m in range(1, 64)}
     assert [one.pop() for one in sums] == sorted(every_sum, reverse=True)
+    # Each tier tells the most its records can score: its weight and every later word.
+    most = await agent.state.pool.fetch(
+        "SELECT most FROM word_tiers($1::text[]::tsquery[], $2) ORDER BY tier", terms, weights
+    )
+    later = weights[6] + weights[7]
+    assert [t["most"] for t in most] == pytest.approx(
+        [s + later for s in sorted(every_sum, reverse=True)] + [later]
+    )
+    bounds = [s + later for s in sorted(every_sum, reverse=True)]
+    assert all(t["most"] >= s for t, s in zip(most, bounds, strict=False))
     few = await agent.state.pool.fetch(
         "SELECT held::text FROM word_tiers($1::text[]::tsquery[], $2) ORDER BY tier",
         ["w1", "w2"],

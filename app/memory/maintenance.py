@@ -191,7 +191,8 @@ async def index_agents(
     least TRADE times its records (a build reads the whole table: places are not traded back
     and forth, but a large agent is not left out for good by the first agents to cross the
     threshold); then, one agent a round, it is unlisted and its indexes dropped once the
-    newcomer's are built (meanwhile both are listed: one agent over `max_agents`).
+    newcomer is built and listed (meanwhile the table holds one agent's indexes over
+    `max_agents`, and for a moment both agents are listed).
 
     An agent's words are counted when it is listed, and a kept agent's again when `_recount`
     says (before the builds, each on its own: a failed count is logged and retried next round).
@@ -225,11 +226,11 @@ async def index_agents(
     new, waiting = waiting[: places - len(keep)], waiting[places - len(keep) :]
     # Full: the smallest listed agent gives its place up to a waiting one of TRADE times its
     # records, one a round, and only once the newcomer's indexes are built (below).
-    traded: list[AgentKey] = []
+    traded = None  # it keeps its upkeep (counts, repairs) while it is listed
     if waiting and keep and sizes[waiting[0]] >= TRADE * sizes[keep[-1]]:
-        traded.append(keep.pop())
+        traded = keep[-1]
         new.append(waiting[0])
-    leaving = sorted(set(listed) - set(keep) - set(traded))
+    leaving = sorted(set(listed) - set(keep))
     await conn.execute(
         "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
         "WHERE a.account_id = d.account AND a.action_id = d.action",
@@ -244,7 +245,7 @@ async def index_agents(
         [action for _, action in keep],
         [sizes[agent] for agent in keep],
     )
-    owned = {name for agent in [*keep, *new, *traded] for name in index_names(*agent)}
+    owned = {name for agent in [*keep, *new] for name in index_names(*agent)}
     for name in sorted(states):
         base = name.removesuffix(_NEXT)
         if base != name and base in owned and base not in states and states[name]:
@@ -287,23 +288,32 @@ async def index_agents(
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
-    if traded and new[-1][1] not in failed:
+    if traded is not None and await _listed(conn, new[-1]):
         await conn.execute(
-            "DELETE FROM agent_indexes WHERE account_id = $1 AND action_id = $2", *traded[0]
+            "DELETE FROM agent_indexes WHERE account_id = $1 AND action_id = $2", *traded
         )
-        dropped += await _drop_indexes(conn, index_names(*traded[0]))
+        present = await _agent_index_states(conn)
+        dropped += await _drop_indexes(conn, [n for n in index_names(*traded) if n in present])
     return len(counted), built, dropped, failed
 
 
+async def _listed(conn: asyncpg.Connection, key: AgentKey) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT FROM agent_indexes WHERE account_id = $1 AND action_id = $2)",
+            *key,
+        )
+    )
+
+
 async def _drop_indexes(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:
-    """Drops those of the indexes that exist, and returns them; one that fails to drop is
-    logged and left to the next round (whose listed agents do not own it)."""
+    """Drops the indexes and returns them; one that fails to drop is logged and left to the
+    next round (whose listed agents do not own it)."""
     dropped = []
     for name in names:
         try:
-            if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name):
-                await _drop_index(conn, name)
-                dropped.append(name)
+            await _drop_index(conn, name)
+            dropped.append(name)
         except asyncpg.PostgresError:
             # Unlisted, so the next round tries again; the builds go on.
             log.exception("dropping search index %s failed", name)

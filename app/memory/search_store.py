@@ -15,8 +15,8 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
   from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
   words first, best cosine first within a tier), until the list is full; in hybrid mode, only
   while a tier's records can still reach the page or raise the best text score (`_threshold`),
-  and in lexical mode, only the page when the query has at most six words. Fast for an agent of any size; a record
-  outside both lists is not found.
+  and in lexical mode, only the page when the query has at most six words. Fast for an agent
+  of any size; a record outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
@@ -423,7 +423,7 @@ def _threshold(
     """CTEs for the hybrid index plan's tier walk, which reads no tier whose records cannot
     change the page (the threshold algorithm): `nearest`, the vector list, scored; `best`, its
     best text score, its length and its last cosine; `first` and `head`, the records (scored,
-    from `tier`) of the first tier that holds any and may score above `best`. Then `bound`:
+    from `tier`) of the first tier that holds any and may score `best` or more. Then `bound`:
     `low`, the best text score read so far (the fusion's normalizer, unless a later tier's
     `most`, the most its records can score, is above it: such a tier is read); `last`, the
     most cosine a record outside the vector list can have (1 when the list is short); and
@@ -431,7 +431,10 @@ def _threshold(
     can be (`top`), so at most the page's last score. Any other tier is read only if one of
     its records could score `w * last + (1 - w) * most / low >= floor`: the tiers skipped are
     the last ones, which the full walk reads only after those read here, and none of their
-    records could reach the page. Returns the CTEs and the walk over the tiers after `first`."""
+    records could reach the page. (A later page trusts its cursor's count of the records
+    before it: after writes that moved more records above it, a record may be skipped, as a
+    later page may skip or repeat one anyway.) Returns the CTEs and the walk over the tiers
+    after `first`."""
     w = p(r.weight) + "::float8"
     found = "cosine IS NOT NULL" if r.min_score is None else f"cosine >= {p(r.min_score)}::float8"
     rest = (

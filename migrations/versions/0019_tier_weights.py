@@ -8,8 +8,9 @@ Create Date: 2026-12-02
 score a record of it can have. For a tier of the first six words that is the sum of the
 weights of the subset its records hold, plus every word after the sixth (which add to a
 record's score without moving its tier); for the last tier, the records holding only words
-after the sixth, the sum of those words' weights. So `most` never grows from one tier to the
-next. The hybrid index plan stops before a tier whose records can no longer reach the page
+after the sixth, the sum of those words' weights (each padded by a relative 1e-12 against
+the rounding of sums in another order). So `most` never grows from one tier to the next. The
+hybrid index plan stops before a tier whose records can no longer reach the page
 (app/memory/search_store.py).
 """
 
@@ -30,14 +31,16 @@ def upgrade() -> None:
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     BEGIN ATOMIC
         -- Subsets of equal weight (words of equal weight) are one tier, read together.
-        SELECT row_number() OVER (ORDER BY g.weight DESC),
-               max(g.score) + coalesce((SELECT sum(x) FROM unnest(weights[7:]) x), 0),
+        -- `most` is padded by a relative 1e-12: a record's score sums the same weights in
+        -- another order, which can round to about an ulp per word above this sum.
+        SELECT row_number() OVER (ORDER BY g.weight DESC), max(g.most) * (1 + 1e-12),
                string_agg('(' || g.held || ')', ' | ')::tsquery,
                string_agg('(' || g.held || ')' || coalesce(' & !(' || g.others || ')', ''), ' | ')
                    ::tsquery
         FROM (
             SELECT mask, round(sum(weights[b.i]) FILTER (WHERE b.held)::numeric, 9) AS weight,
-                   sum(weights[b.i]) FILTER (WHERE b.held) AS score,
+                   sum(weights[b.i]) FILTER (WHERE b.held)
+                       + coalesce((SELECT sum(x) FROM unnest(weights[7:]) x), 0) AS most,
                    string_agg(terms[b.i]::text, ' & ' ORDER BY b.i) FILTER (WHERE b.held) AS held,
                    string_agg(terms[b.i]::text, ' | ' ORDER BY b.i) FILTER (WHERE NOT b.held)
                        AS others
@@ -49,7 +52,7 @@ def upgrade() -> None:
             GROUP BY mask
             UNION ALL
             -- Last, the records holding only words after the sixth.
-            SELECT 0, -1, 0::float8,
+            SELECT 0, -1, sum(weights[i]) FILTER (WHERE i > 6),
                    string_agg(terms[i]::text, ' | ' ORDER BY i) FILTER (WHERE i > 6),
                    string_agg(terms[i]::text, ' | ' ORDER BY i) FILTER (WHERE i <= 6)
             FROM generate_series(1, cardinality(terms)) i
