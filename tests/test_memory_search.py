@@ -546,23 +546,31 @@ async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Records holding random sets of words: whatever the tiers the stop skips, each page
-    # (first and later, with and without a least cosine) is the exact plan's.
+    # (first and later, with and without a least cosine, under a filter) is the exact plan's.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
     monkeypatch.setattr(search_module, "CANDIDATES", 8)
     rng = random.Random(11)
     words = ["garden", "roses", "river", "boat", "winter", "market", "violin", "lantern", "tea"]
     for _ in range(150):
         picked = rng.sample(words, rng.randint(1, 5))
-        await agent.add(" ".join(picked), rng.choice(["", "a long walk", "notes on spring"]))
+        await agent.add(
+            " ".join(picked),
+            rng.choice(["", "a long walk", "notes on spring"]),
+            kind=rng.choice(["fact", "event"]),
+        )
     pool = agent.state.pool
     for _ in range(12):
         # (At most six words: past six, the full walk itself may miss a record.)
         query = " ".join(rng.sample(words, rng.randint(1, 6)))
         vector = (await agent.state.embedder.embed([query])).vectors[0]
-        for limit, min_score in ((1, None), (3, None), (5, 0.2)):
+        for limit, min_score, filters in (
+            (1, None, Filters()),
+            (3, None, Filters(kind="event")),
+            (5, 0.2, Filters()),
+        ):
             ranking = search_module.make_ranking("hybrid", query, vector, min_score, limit)
-            found, chosen = await search_module.ranked(pool, agent.operator, Filters(), ranking)
-            exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+            found, chosen = await search_module.ranked(pool, agent.operator, filters, ranking)
+            exact, _ = await search_module.ranked(pool, agent.operator, filters, ranking, "exact")
             assert chosen == "index"
             assert [(r.memory_id, pytest.approx(r.score)) for r in found] == [
                 (r.memory_id, r.score) for r in exact
