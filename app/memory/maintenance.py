@@ -288,22 +288,13 @@ async def index_agents(
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
             failed.append(agent[1])
-    if traded is not None and await _listed(conn, new[-1]):
+    if traded is not None and new[-1] in counted:  # the newcomer is built and listed
         await conn.execute(
             "DELETE FROM agent_indexes WHERE account_id = $1 AND action_id = $2", *traded
         )
         present = await _agent_index_states(conn)
         dropped += await _drop_indexes(conn, [n for n in index_names(*traded) if n in present])
     return len(counted), built, dropped, failed
-
-
-async def _listed(conn: asyncpg.Connection, key: AgentKey) -> bool:
-    return bool(
-        await conn.fetchval(
-            "SELECT EXISTS (SELECT FROM agent_indexes WHERE account_id = $1 AND action_id = $2)",
-            *key,
-        )
-    )
 
 
 async def _drop_indexes(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:

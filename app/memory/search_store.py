@@ -396,7 +396,6 @@ async def ranked_index(
                 f"SELECT c.* FROM ({tiers} ORDER BY tier) t CROSS JOIN LATERAL ({tier}) c {read}"
             )
 
-        tiers = "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
         if r.mode == "hybrid" and not r.by_length and r.vector is not None:
             ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
@@ -405,16 +404,20 @@ async def ranked_index(
             # then the page's ranks are enough.
             lists.append(
                 walk(
-                    tiers,
+                    _TIERS,
                     f"LIMIT (SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(r.reach))}"
                     f" ELSE {limit} END FROM words)",
                 )
             )
         else:
-            lists.append(walk(tiers, f"LIMIT {limit}"))
+            lists.append(walk(_TIERS, f"LIMIT {limit}"))
     words = _words(r, p, reader, agent)
     sql = f"WITH {words}{ctes}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
+
+
+# The query's words in tiers (migration 0019), under a `words` CTE.
+_TIERS = "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
 
 
 def _threshold(
@@ -436,7 +439,8 @@ def _threshold(
     later page may skip or repeat one anyway.) Returns the CTEs and the walk over the tiers
     after `first`."""
     w = p(r.weight) + "::float8"
-    found = "cosine IS NOT NULL" if r.min_score is None else f"cosine >= {p(r.min_score)}::float8"
+    # The fusion's own score, normalized by `top`: never above the score it gives the row.
+    score, found = fusion(r.mode, r.weight, r.min_score, p, best="h.top")
     rest = (
         "SELECT * FROM tiers t WHERE CASE WHEN (SELECT tier FROM first) IS NULL"
         " THEN t.most < (SELECT words FROM best) ELSE t.tier > (SELECT tier FROM first) END"
@@ -445,9 +449,8 @@ def _threshold(
         " >= (SELECT floor FROM bound))"
     )
     rest = walk(rest, f"LIMIT (SELECT {limit} - count(*) FROM head)")
-    ctes = f"""nearest AS MATERIALIZED {nearest}, tiers AS MATERIALIZED (
-        SELECT t.* FROM words w, word_tiers(w.terms, w.weights) t
-    ), best AS MATERIALIZED (
+    ctes = f"""nearest AS MATERIALIZED {nearest}, tiers AS MATERIALIZED ({_TIERS}),
+    best AS MATERIALIZED (
         SELECT max(words) AS words, count(*) AS rows, min(cosine) AS last FROM nearest
     ), first AS MATERIALIZED (
         SELECT t.tier, t.most, x.* FROM (
@@ -462,10 +465,8 @@ def _threshold(
             u(memory_id, created, cosine, words)
     ), bound AS MATERIALIZED (
         SELECT b.low, CASE WHEN n.rows < {limit} THEN 1 ELSE greatest(n.last, 0) END AS last, (
-            SELECT {w} * coalesce(cosine, 0) + (1 - {w}) * coalesce(words / h.top, 0)
-            FROM (SELECT * FROM nearest UNION SELECT * FROM head) s
-            WHERE words IS NOT NULL OR {found}
-            ORDER BY 1 DESC OFFSET {p(int(r.reach) - 1)} LIMIT 1) AS floor
+            SELECT {score} FROM (SELECT * FROM nearest UNION SELECT * FROM head) s
+            WHERE {found} ORDER BY 1 DESC OFFSET {p(int(r.reach) - 1)} LIMIT 1) AS floor
         FROM best n, LATERAL (SELECT greatest(n.words, (SELECT max(words) FROM head)) AS low) b,
             LATERAL (SELECT greatest(b.low, (SELECT most FROM first)) AS top) h
     ), """
