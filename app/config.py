@@ -66,10 +66,10 @@ class Settings(BaseSettings):
     # once, in the background, within the same caps. Their words are counted with them (search
     # weighs a word by how many of the agent's records hold it).
     search_maintenance_seconds: float = Field(default=600.0, ge=0)
-    # Own indexes would make a 5,000-record agent's hybrid search 3.3 ms p50 instead of 11.4,
-    # but a listed agent's session-only readers weigh every word alike, and its counts cover
-    # agent-scope records only: not lowered until they are counted per session (bench/README.md).
-    agent_index_min_records: int = Field(default=10_000, ge=1)
+    # 2,000: own indexes make a 5,000-record agent's hybrid search 3.3 ms p50 instead of 11.4
+    # by scoring every record (1,000 records: 2.5 against 3.6; bench/README.md), and each
+    # reader of a listed agent is weighed by the records it sees (migration 0020).
+    agent_index_min_records: int = Field(default=2_000, ge=1)
     # 100: planning a search costs 1.9 ms with 100 agents' indexes (1.2 with 50, 4.6 with 300,
     # 10.8 with 500: bench/agent_index_cap.py), an agent beyond the cap 50 ms to seconds. With
     # the cap reached, an agent of twice the smallest listed one's records takes its place.

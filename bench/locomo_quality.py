@@ -8,6 +8,13 @@ question's evidence turns among the top k, averaged over questions.
 
     python bench/locomo_quality.py --locomo PATH          # static, and minilm when installed
     python bench/locomo_quality.py --locomo PATH --sweep  # also the fusion weight sweep and RRF
+    python bench/locomo_quality.py --locomo PATH --reader session --listed
+
+`--reader session` writes each conversation to one session's scope and asks as a turn of that
+session reading session scope alone (the harness's defaults), instead of as an operator over
+agent-scope records; `--reader turn` the same, the turn reading agent scope too. `--listed`
+first gives every conversation's agent its own indexes and word counts, as the search upkeep
+does for an agent of `ENGRAM_AGENT_INDEX_MIN_RECORDS` or more.
 
 PATH is LoCoMo's data/locomo10.json (https://github.com/snap-research/locomo, CC BY-NC 4.0),
 or a file of its dev half; see bench/README.md.
@@ -41,12 +48,14 @@ from app.actions.harness import SearchConfig  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.base import Embedder  # noqa: E402
+from app.memory import maintenance  # noqa: E402
 from app.memory import search as search_module  # noqa: E402
 from app.memory.search import search  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
 from app.memory.store import copy_committed  # noqa: E402
 from app.memory.vectors import memory_text  # noqa: E402
-from app.memory.visibility import OperatorReader  # noqa: E402
+from app.memory.visibility import AgentReader, OperatorReader, Reader  # noqa: E402
+from app.scope import Scope  # noqa: E402
 
 SAMPLES: list[dict[str, Any]] = []  # LoCoMo's dev half, read from --locomo in main()
 KS = (1, 5, 10, 20)
@@ -107,8 +116,10 @@ def make_embedder(name: str) -> Embedder | None:
 
 
 async def load(
-    pool: asyncpg.Pool, embedder: Embedder, conv: dict[str, Any]
-) -> tuple[OperatorReader, dict[UUID, str]]:
+    pool: asyncpg.Pool, embedder: Embedder, conv: dict[str, Any], reader: str
+) -> tuple[Reader, dict[UUID, str]]:
+    """The conversation as one agent's records, and who asks: an operator (agent scope) or a
+    turn of the conversation's session (session scope, alone or with agent scope)."""
     account, action = uuid.uuid4(), uuid.uuid4()
     texts = [summary for _, summary, _ in conv["turns"]]
     vectors = (await embedder.embed([memory_text(t, "") for t in texts])).vectors
@@ -122,11 +133,15 @@ async def load(
             account,
             action,
         )
+        scope = {"scope": "SESSION", "session_id": conv["id"]} if reader != "operator" else {}
         records = [
-            bench_record(account, action, summary, memory_id=memory_id, created=created)
+            bench_record(account, action, summary, memory_id=memory_id, created=created, **scope)
             for memory_id, (_, summary, created) in zip(ids, conv["turns"], strict=True)
         ]
         await copy_committed(conn, records, vectors)
+    if reader != "operator":
+        scopes = (Scope.SESSION,) if reader == "session" else (Scope.AGENT, Scope.SESSION)
+        return AgentReader(account, action, conv["id"], scopes, False), ids
     return OperatorReader(account, action), ids
 
 
@@ -134,7 +149,9 @@ def recall(found: list[str], evidence: set[str], k: int) -> float:
     return len(set(found[:k]) & evidence) / len(evidence)
 
 
-async def evaluate(url: str, embedder: Embedder, sweep: bool) -> dict[str, dict[int, float]]:
+async def evaluate(
+    url: str, embedder: Embedder, sweep: bool, reader: str = "operator", listed: bool = False
+) -> dict[str, dict[int, float]]:
     pool = await create_pool(url, min_size=1, max_size=2)
     config = SearchConfig()
     totals: dict[str, dict[int, float]] = {m: dict.fromkeys(KS, 0.0) for m in MODES}
@@ -144,8 +161,11 @@ async def evaluate(url: str, embedder: Embedder, sweep: bool) -> dict[str, dict[
     rrf: dict[tuple[float, int], float] = dict.fromkeys(rrf_grid, 0.0)
     count = 0
     try:
-        loaded = [(conv, *await load(pool, embedder, conv)) for conv in conversations()]
+        loaded = [(conv, *await load(pool, embedder, conv, reader)) for conv in conversations()]
         await pool.execute("ANALYZE agent_memories")
+        if listed:
+            done = await maintenance.run_round(pool, min_records=1)
+            print(f"  {done.counted} agents listed with their own indexes and word counts")
         for conv, reader, ids in loaded:
             for question, evidence in conv["questions"]:
                 count += 1
@@ -213,6 +233,16 @@ def main() -> None:
         default="auto",
         help="index: force the plan used for large agents (HNSW and GIN word tiers)",
     )
+    parser.add_argument(
+        "--reader",
+        choices=("operator", "session", "turn"),
+        default="operator",
+        help="session: records in one session's scope, asked by a turn reading it alone; turn: "
+        "by a turn reading agent scope too",
+    )
+    parser.add_argument(
+        "--listed", action="store_true", help="give every agent its own indexes and word counts"
+    )
     args = parser.parse_args()
     SAMPLES[:] = load_locomo(args.locomo)
     if args.plan == "index":
@@ -229,7 +259,7 @@ def main() -> None:
             print(f"\n{name} ({embedder.name}, {embedder.dimensions}-d):")
             started = time.perf_counter()
             url = asyncio.run(fresh_database(pg, f"locomo_{name}", embedder))
-            asyncio.run(evaluate(url, embedder, args.sweep))
+            asyncio.run(evaluate(url, embedder, args.sweep, args.reader, args.listed))
             print(f"  ({time.perf_counter() - started:.0f} s)")
     finally:
         pg.stop()

@@ -151,6 +151,25 @@ class Plan:
         return f"engram_bench_{str(self.scale).replace('.', '_')}"
 
 
+async def upkeep(url: str) -> None:
+    """One round of the service's search upkeep, as it runs at start: own indexes for the
+    agents of the default threshold, and word counts (again where a migration cleared them)."""
+    t = time.perf_counter()
+    pool = await create_pool(url, min_size=1, max_size=1)
+    try:
+        done = await maintenance.run_round(pool, AGENT_INDEX_MIN_RECORDS)
+    finally:
+        await pool.close()
+    if done is None:
+        print("  upkeep: skipped, another process holds the round's lock", flush=True)
+        return
+    print(
+        f"  upkeep: {len(done.built)} agent indexes built, {len(done.dropped)} dropped, "
+        f"{done.counted} agents' words counted in {time.perf_counter() - t:.0f} s",
+        flush=True,
+    )
+
+
 def server(data_dir: Path) -> EmbeddedPostgres:
     return tuned_server(data_dir, SERVER_SETTINGS)
 
@@ -263,13 +282,8 @@ async def load(plan: Plan, url: str, embedder: StaticEmbedder) -> dict[str, floa
         # What the service's maintenance does after the load: the large agents' own HNSW and
         # GIN indexes, and their word counts.
         t = time.perf_counter()
-        pool = await create_pool(url, min_size=1, max_size=1)
-        try:
-            done = await maintenance.run_round(pool, AGENT_INDEX_MIN_RECORDS)
-        finally:
-            await pool.close()
-        seconds = figures["build_agent_indexes_s"] = time.perf_counter() - t
-        print(f"  built {len(done.built)} agent indexes in {seconds:.0f} s", flush=True)
+        await upkeep(url)
+        figures["build_agent_indexes_s"] = time.perf_counter() - t
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS bench_figures (key text PRIMARY KEY, value float8 NOT NULL)"
         )
@@ -702,6 +716,8 @@ def main() -> None:
     if not loaded:
         print("loading ...", flush=True)
         asyncio.run(load(plan, url, embedder))
+    else:
+        asyncio.run(upkeep(url))
 
     async def figures() -> dict[str, float]:
         conn = await asyncpg.connect(url)

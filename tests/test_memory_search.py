@@ -542,6 +542,45 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
     assert await lexical_rows("violin lantern garden hose compost mulch sprinklers", 2) == 8
 
 
+async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_session_index(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader of session scope alone sees one session's records: however large the agent, and
+    # with its own indexes too, they are ranked exactly when they are few, read by the session
+    # index instead of the agent's rows, and weighed by their own words.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 20)
+    for i in range(60):
+        await agent.add(f"Garden note {i} on the violin shed")
+    mine = [
+        await agent.add(f"Violin lesson {i}", scope="SESSION", session_id="s1") for i in range(3)
+    ]
+    await agent.add("Violin garden", scope="SESSION", session_id="s2")
+    await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
+    reader = agent.reader(scopes=("session",))
+    pool = agent.state.pool
+    ranking = search_module.make_ranking("lexical", "violin garden", None, None, 10)
+    found, plan = await search_module.ranked(pool, reader, Filters(), ranking)
+    assert plan == "exact" and sorted(r.memory_id for r in found) == sorted(mine)
+    # Violin is in all three of the session's records (and garden in none).
+    assert [r.score for r in found] == [pytest.approx(math.log(1 + 0.5 / 3.5))] * 3
+    async with pool.acquire() as conn:
+        explained = _Explained(conn)
+        await search_store.ranked_exact(explained, reader, Filters(), ranking, 20)
+    # (The page's rows are then read by their primary key.)
+    scans = [
+        n
+        for n in explained.nodes()
+        if n.get("Relation Name") == "agent_memories"
+        and n.get("Index Name") != "agent_memories_pkey"
+    ]
+    assert {n.get("Index Name") for n in scans} == {"agent_memories_session"}
+    assert max(n["Actual Rows"] for n in scans) == 3
+    # More of them than the exact plan ranks: the agent's own indexes rank them.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 2)
+    found, plan = await search_module.ranked(pool, reader, Filters(), ranking)
+    assert plan == "index" and sorted(r.memory_id for r in found) == sorted(mine)
+
+
 async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -602,7 +641,7 @@ async def test_m20_hybrid_stop_reads_a_later_tier_that_may_hold_a_better_text_sc
     # tier, so X (five of the first six words, and both later ones: 7) outscores Q (the first
     # six: 6) from a later tier. The stop must read X's tier, though X is far in meaning: it
     # sets the fusion's normalizer, and so which of P and Q leads the page. A listed agent's
-    # session-only reader weighs every word 1; the embeddings are set to known cosines.
+    # preview reader weighs every word 1; the embeddings are set to known cosines.
     words = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape", "hazel"]
     # Words of one weight are ordered as their terms (tsquery) sort.
     words = await agent.state.pool.fetchval(
@@ -629,13 +668,12 @@ async def test_m20_hybrid_stop_reads_a_later_tier_that_may_hold_a_better_text_sc
     for i in range(45):  # sharing no word, between X and Q in meaning
         await add(f"Unrelated note number {i}", 0.30 + i * 0.01)
     await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
-    reader = agent.reader(scopes=("session",))
+    reader = agent.reader(scopes=("session", "agent"), preview=True)
     pool = agent.state.pool
     for limit in (1, 2, 3):
         ranking = search_module.make_ranking("hybrid", " ".join(words), at(1.0), None, limit)
-        found, chosen = await search_module.ranked(pool, reader, Filters(), ranking)
+        found, chosen = await search_module.ranked(pool, reader, Filters(), ranking, "index")
         exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
-        assert chosen == "index"
         assert [(r.memory_id, pytest.approx(r.score)) for r in found] == [
             (r.memory_id, r.score) for r in exact
         ]

@@ -27,6 +27,7 @@ from app.memory import maintenance, search_store
 from app.memory import search as search_module
 from app.memory.search_store import Filters
 from app.memory.vectors import VECTOR_COLUMNS
+from app.memory.visibility import Reader
 from app.services import start_services
 from app.state import AppState
 
@@ -531,76 +532,105 @@ async def test_m20_maintain_search_command(
 async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A listed agent's words are counted by the maintenance over its live agent-scope records:
-    # a word's weight is ln(1 + (N - n + 0.5) / (n + 0.5)), N those records and n those
-    # holding it (a word it does not count is in one). Another agent's records, a session's,
-    # preview, deleted and uncommitted ones count for nothing; both plans score by the counts
-    # (not by what they read), until the agent has changed by a tenth; the counts go with its
-    # indexes. A reader who does not read agent scope is weighed by what it sees instead.
+    # A listed agent's words are counted by the maintenance over its live records: a word's
+    # weight is ln(1 + (N - n + 0.5) / (n + 0.5)), N the records and n those holding it (a word
+    # not counted, or held by at most one, is in one). Another agent's records, preview,
+    # deleted and uncommitted ones count for nothing; both plans score by the counts (not by
+    # what they read), until the agent has changed by a tenth; the counts go with its indexes.
+    # Each reader is weighed by the records it sees: an operator by every scope's, a reader of
+    # agent scope by the agent scope's and its own session's (counted as it searches), a
+    # reader of one session alone by that session's.
     agent, other = [await make_search_agent(state, admin) for _ in range(2)]
     for i in range(30):
         await agent.add(f"Zanzibar trip note {i}" if i < 5 else f"Garden note {i}")
         await other.add(f"Zanzibar volcano {i}")
-    session = [
-        await agent.add(
-            f"Zanzibar volcano garden, session two {i}", scope="SESSION", session_id="s2"
-        )
-        for i in range(4)
-    ]
+
+    async def add_to(session_id: str, text: str) -> uuid.UUID:
+        return await agent.add(text, scope="SESSION", session_id=session_id)
+
+    session = [await add_to("s2", f"Zanzibar volcano garden, session two {i}") for i in range(4)]
     await agent.add("Zanzibar volcano preview", preview=True)
     await agent.add("Zanzibar volcano deleted", status="DELETED")
     await agent.add("Zanzibar volcano pending", pending_execution=uuid.uuid4())
     query = "zanzibar garden volcano"
-    weights = "SELECT term::text, weight FROM query_words($1, $2, $3)"
+    words = "SELECT term::text, counted, held, counted_any, held_any FROM query_words($1, $2, $3)"
     key = (agent.account_id, agent.action_id)
-    assert {r["weight"] for r in await state.pool.fetch(weights, query, *key)} == {None}
+
+    async def counts() -> dict[str, tuple[int, ...]]:
+        return {r[0]: tuple(r[1:]) for r in await state.pool.fetch(words, query, *key)}
+
+    assert set((await counts()).values()) == {(None, 1, None, 1)}
     done = await maintenance.run_round(state.pool, min_records=30)
     assert done is not None and done.counted == 2
 
     def idf(records: int, n: int) -> float:
         return math.log(1 + (records - n + 0.5) / (n + 0.5))
 
-    counted = dict(await state.pool.fetch(weights, query, *key))
-    assert counted["'zanzibar'"] == pytest.approx(idf(30, 5), rel=1e-9)
-    assert counted["'garden'"] == pytest.approx(idf(30, 25), rel=1e-9)
-    assert counted["'volcano'"] == pytest.approx(idf(30, 1), rel=1e-9)
+    # Agent scope: 30 records; every scope: 34.
+    assert await counts() == {
+        "'zanzibar'": (30, 5, 34, 9),
+        "'garden'": (30, 25, 34, 29),
+        "'volcano'": (30, 1, 34, 4),
+    }
     # Written after the count: scored by the counts, not by what a plan reads.
     both = await agent.add("Zanzibar garden")
     r = search_module.make_ranking("lexical", query, None, None, 10)
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
-    found, plan = await search_module.ranked(state.pool, agent.operator, Filters(), r)
-    exact, _ = await search_module.ranked(state.pool, agent.operator, Filters(), r, "exact")
-    assert plan == "index"
-    assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
-    scores = {x.memory_id: x.score for x in found}
-    assert scores[both] == pytest.approx(idf(30, 5) + idf(30, 25), rel=1e-9)
-    assert scores[session[0]] == pytest.approx(idf(30, 5) + idf(30, 25) + idf(30, 1), rel=1e-9)
-    # A live reader of agent scope is weighed by the counts; one of session scope alone, or a
-    # preview reader, may not see every record counted, and weighs every word alike.
+
+    async def scores(reader: Reader, plan: str = "index") -> dict[uuid.UUID, float | None]:
+        found, chosen = await search_module.ranked(state.pool, reader, Filters(), r)
+        exact, _ = await search_module.ranked(state.pool, reader, Filters(), r, "exact")
+        assert chosen == plan
+        assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
+        return {x.memory_id: x.score for x in found}
+
+    found = await scores(agent.operator)
+    assert found[both] == pytest.approx(idf(34, 9) + idf(34, 29), rel=1e-9)
+    assert found[session[0]] == pytest.approx(idf(34, 9) + idf(34, 29) + idf(34, 4), rel=1e-9)
+    # A live reader of agent scope: the agent scope's counts, and its session's if it reads it
+    # (a word neither counts is in one: volcano, 1 + 4); a preview reader, who may see records
+    # no count holds, weighs every word alike.
+    two = agent.reader(session="s2", scopes=("agent", "session"))
     for reader, weight in (
         (agent.reader(session="s1", scopes=("agent",)), idf(30, 5) + idf(30, 25)),
+        (agent.reader(session="s1", scopes=("agent", "session")), idf(30, 5) + idf(30, 25)),
+        (two, idf(34, 9) + idf(34, 29)),
         (agent.reader(session="s1", scopes=("agent",), preview=True), 2.0),
     ):
-        found, _ = await search_module.ranked(state.pool, reader, Filters(), r)
-        exact, _ = await search_module.ranked(state.pool, reader, Filters(), r, "exact")
-        assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
-        assert {x.memory_id: x.score for x in found}[both] == pytest.approx(weight, rel=1e-9)
+        assert (await scores(reader))[both] == pytest.approx(weight, rel=1e-9)
+    seen = idf(34, 9) + idf(34, 29) + idf(34, 5)
+    assert (await scores(two))[session[0]] == pytest.approx(seen, rel=1e-9)
+    # Another session's records, even once counted, move no weight of session two's reader
+    # (volcano stays in 1 + 4 of 31 + 4, `both` counted now); its own session's move them at
+    # once.
+    for i in range(4):
+        await add_to("s3", f"Volcano ash {i}")
+    assert (await maintenance.run_round(state.pool, min_records=30)).counted == 1
+    assert (await counts())["'volcano'"] == (31, 1, 39, 8)
+    seen = idf(35, 10) + idf(35, 30) + idf(35, 5)
+    assert (await scores(two))[session[0]] == pytest.approx(seen, rel=1e-9)
+    fifth = await add_to("s2", "Volcano, session two again")
+    assert (await scores(two))[session[0]] == pytest.approx(
+        idf(36, 10) + idf(36, 30) + idf(36, 6), rel=1e-9
+    )
+    # One session alone: weighed by its five records, ranked by the session's index when they
+    # are few, and by the agent's indexes (counting the session's words as it goes) otherwise.
     alone = agent.reader(session="s2", scopes=("session",))
-    found, plan = await search_module.ranked(state.pool, alone, Filters(), r)
-    assert plan == "index" and sorted(x.memory_id for x in found) == sorted(session)
-    assert [x.score for x in found] == [3.0] * 4
-    for i in range(3):  # a tenth more than the 30 counted, with `both`: not counted again
+    found = await scores(alone)
+    assert sorted(found) == sorted([*session, fifth])
+    assert found[session[0]] == pytest.approx(idf(5, 4) + idf(5, 4) + idf(5, 5), rel=1e-9)
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 5)
+    assert await scores(alone, "exact") == found
+    for i in range(3):  # a tenth more than the 31 counted, with `both`: not counted again
         await agent.add(f"Zanzibar harbour {i}")
         assert (await maintenance.run_round(state.pool, min_records=30)).counted == (i == 2)
-    counted = dict(await state.pool.fetch(weights, query, *key))
-    assert counted["'zanzibar'"] == pytest.approx(idf(34, 9), rel=1e-9)
+    assert (await counts())["'zanzibar'"] == (34, 9, 43, 13)
     # A deletion: counted again at the next round, whatever the number of records.
     await state.pool.execute(
         "UPDATE agent_memories SET status = 'DELETED' WHERE memory_id = $1", both
     )
     assert (await maintenance.run_round(state.pool, min_records=30)).counted == 1
-    counted = dict(await state.pool.fetch(weights, query, *key))
-    assert counted["'zanzibar'"] == pytest.approx(idf(33, 8), rel=1e-9)
+    assert (await counts())["'zanzibar'"] == (33, 8, 42, 12)
     assert (await maintenance.run_round(state.pool, min_records=30)).counted == 0
     await maintenance.run_round(state.pool, min_records=1000)  # unlisted: the counts go
     assert await state.pool.fetchval("SELECT count(*) FROM agent_words") == 0

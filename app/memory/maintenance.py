@@ -11,11 +11,12 @@ other processes skip the round):
   have them: every statement planned on agent_memories or writing to it locks each of its
   indexes, and hundreds would fill PostgreSQL's lock table under concurrent load. An index of
   this naming that no listed agent keeps (an interrupted build) is dropped by the next round.
-- A listed agent's words are counted (`count_agent_words`, migration 0018: over its live
-  agent-scope records) when it is listed, and again after a record is deleted or replaced or
-  once they have grown by a tenth (WORDS_RECOUNT): the searches of operators and of live
-  readers of agent scope weigh a query word by how many of them hold it (app/memory/search.py
-  says what other searches do).
+- A listed agent's words are counted (`count_agent_words`, migrations 0018 and 0020: over its
+  live records of agent scope, and of every scope) when it is listed, and again after a record
+  is deleted or replaced or once either count has grown by a tenth (WORDS_RECOUNT): the
+  searches of operators (every scope) and of live readers of agent scope (with their own
+  session's words, counted as they search) weigh a query word by how many of them hold it
+  (app/memory/search.py says what other searches do).
 
 Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
 of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
@@ -202,20 +203,19 @@ async def index_agents(
     indexes built and dropped, and the agents whose build (or listing) failed."""
     rows = await conn.fetch(
         "SELECT account_id, action_id, count(*) AS records, count(*) FILTER (WHERE "
-        "scope = 'AGENT' AND status = 'ACTIVE' AND pending_execution IS NULL AND NOT preview) "
-        "AS counted, count(*) FILTER (WHERE status <> 'ACTIVE') AS gone FROM agent_memories "
+        "scope = 'AGENT' AND live) AS counted, count(*) FILTER (WHERE live) AS counted_any, "
+        "count(*) FILTER (WHERE status <> 'ACTIVE') AS gone FROM (SELECT *, status = 'ACTIVE' "
+        "AND pending_execution IS NULL AND NOT preview AS live FROM agent_memories) m "
         "GROUP BY account_id, action_id HAVING count(*) >= $1",
         (min_records + 1) // 2,
     )
     sizes = {(r["account_id"], r["action_id"]): r["records"] for r in rows}
-    # Now, and when the words were counted (None: never): the records counted, and the rows
-    # deleted or replaced.
-    now = {(r["account_id"], r["action_id"]): (r["counted"], r["gone"]) for r in rows}
+    # Now, and when the words were counted (None: never): the records counted (agent scope,
+    # every scope), and the rows deleted or replaced.
+    now = {(r["account_id"], r["action_id"]): _counts(r) for r in rows}
     then = {
-        (r["account_id"], r["action_id"]): (r["words_counted"], r["words_gone"])
-        for r in await conn.fetch(
-            "SELECT account_id, action_id, words_counted, words_gone FROM agent_indexes"
-        )
+        (r["account_id"], r["action_id"]): _counts(r, "words_")
+        for r in await conn.fetch("SELECT * FROM agent_indexes")
     }
     states = await _agent_index_states(conn)
     listed = list(then)
@@ -311,17 +311,23 @@ async def _drop_indexes(conn: asyncpg.Connection, names: Sequence[str]) -> list[
     return dropped
 
 
-def _recount(now: tuple[int, int], then: tuple[int | None, int | None]) -> bool:
+def _counts(row: asyncpg.Record, prefix: str = "") -> tuple[int | None, ...]:
+    """An agent's live records counted in agent scope and in every scope, and its rows
+    deleted or replaced: now (`index_agents`' tally) or when its words were counted
+    (`agent_indexes`, prefix `words_`)."""
+    return tuple(row[f"{prefix}{name}"] for name in ("counted", "counted_any", "gone"))
+
+
+def _recount(now: tuple[int | None, ...], then: tuple[int | None, ...]) -> bool:
     """Whether a listed agent's words are counted again: never counted, a record deleted or
-    replaced since (its words must not outlive it by more than a round), or the counted
-    records changed by WORDS_RECOUNT."""
-    (counted, gone), (was_counted, was_gone) = now, then
-    if was_counted is None or was_gone is None:
+    replaced since (its words must not outlive it by more than a round), or the records
+    counted in either scope changed by WORDS_RECOUNT."""
+    *counts, gone = now
+    *were, was_gone = then
+    if None in then:
         return True
-    return (
-        gone != was_gone
-        or counted < was_counted
-        or counted - was_counted > WORDS_RECOUNT * was_counted
+    return gone != was_gone or any(
+        c < was or c - was > WORDS_RECOUNT * was for c, was in zip(counts, were, strict=True)
     )
 
 

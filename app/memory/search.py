@@ -15,12 +15,15 @@ Signals
   include a record of another tenant, agent or session, a preview record for a live reader, or
   (after the next maintenance round) a deleted one: whose records would otherwise shape the
   ranking, and whose words the scores would tell. A listed agent's are counted by the
-  maintenance over its live agent-scope records (`agent_words`, migration 0018) and weigh the
-  searches of operators and live readers of agent scope; its other readers (session scope
-  alone, or preview) weigh every word the same; any other agent's search counts them itself,
-  over the records it ranks (those the reader sees under the filters). So a record's score can
-  move without a write to it (a write to another record the reader sees, or a recount); a
-  ranked search's later page, read after such a change, may skip or repeat a record.
+  maintenance over its live records (`agent_words`, migration 0020): all of them weigh an
+  operator's search (every session), those of agent scope a live reader's of agent scope, with
+  its own session's counted as it searches (by the session index); a preview reader of agent
+  scope weighs every word the same. A reader of session scope alone, and any search of
+  another agent, counts them itself, over the records it ranks (those the reader sees under
+  the filters).
+  So a record's score can move without a write to it (a write to another record the reader
+  sees, or a recount); a ranked search's later page, read after such a change, may skip or
+  repeat a record.
 - Recency: a pure tie-breaker, `created DESC` then `memory_id DESC`, in every mode and plan.
 
 Fusion (hybrid), chosen on the LoCoMo dev half (bench/locomo_quality.py, bench/README.md):
@@ -34,13 +37,14 @@ plain threshold; lexical mode ignores it.
 
 Plans (measured by bench/search_scale.py; figures in bench/README.md)
 - `exact` when the agent has no indexes of its own and the reader sees at most EXACT_MAX_ROWS
-  records under the filters (or label or ID filters match that few rows): read those rows by
-  the (account, action) btree and score every one. Exact whatever the filters. Its cost grows
-  with the agent: about 1 µs a record, most of it the cosine and the text rank
-  (bench/README.md).
+  records under the filters (or label or ID filters match that few rows, or the reader's
+  session holds that few, for a reader of session scope alone): read those rows by the
+  (account, action) btree (or the session's, migration 0020) and score every one. Exact
+  whatever the filters. Its cost grows with the agent: about 1 µs a record, most of it the
+  cosine and the text rank (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
-  one to every agent of 10,000 records or more, built in the background soon after a write
+  one to every agent of 2,000 records or more, built in the background soon after a write
   takes it there, up to `agent_index_max_agents` agents), iterative scan (`relaxed_order`, so
   a filter that hides most rows still yields enough of them); no index is shared by all agents
   (migration 0015), so an agent without one yet has every record's cosine computed. Words: the

@@ -34,7 +34,7 @@ from app.db.fusion import fusion
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, record
-from app.memory.visibility import AgentReader, Reader, visible
+from app.memory.visibility import AgentReader, OperatorReader, Reader, visible
 from app.scope import Scope
 
 Mode = Literal["hybrid", "lexical", "vector"]
@@ -96,20 +96,37 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
 def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> str:
     """The query's words, looked up once per search (a CTE `words`): `query`, any of them;
     `terms` and `weights`, each word and its weight, best first. A listed agent's words are
-    counted (`query_words`, over its live agent-scope records): an operator or a live reader
-    of agent scope is weighed by those counts; any other reader, who may not see all those
-    records, weighs every word the same (1). An agent not counted (not listed, or not yet):
-    with `ranked` (the rows the search ranks, as `agent_memories m WHERE ...`), counted over
-    those rows now (by the index, a word at a time), and without it NULL (`ranked_exact`
-    weighs them from the rows it reads). Empty without a query text."""
+    counted by the maintenance (`query_words`, migration 0020), and each reader is weighed by
+    the records it sees: an operator by the counts over every scope; a live reader of agent
+    scope by the agent-scope counts plus its own session's, counted now (`_own_session`); a
+    preview reader of agent scope, who may see records no count holds, weighs every word the
+    same (1). A reader of session scope alone, and any reader of an agent not counted (not
+    listed, or not yet): with `ranked` (the rows the search ranks, as `agent_memories m
+    WHERE ...`), counted over those rows now (by the index, a word at a time), and without it
+    NULL (`ranked_exact` weighs them from the rows it reads). Empty without a query text."""
     if r.text is None:
         return ""
     text = p(r.text)
-    weight = "q.weight"
-    if isinstance(reader, AgentReader) and (Scope.AGENT not in reader.scopes or reader.preview):
-        weight = "CASE WHEN q.weight IS NOT NULL THEN 1::float8 END"
+    own = ""
+    weight = "NULL::float8"
+    if isinstance(reader, OperatorReader):
+        weight = "word_weight(q.counted_any, q.held_any)"
+    elif _session_only(reader):
+        pass
+    elif reader.preview:
+        weight = "CASE WHEN q.counted IS NOT NULL THEN 1::float8 END"
+    elif _session(reader) is None:
+        weight = "word_weight(q.counted, q.held)"
+    else:
+        # Only for a counted agent (CASE stops before `own` is read).
+        own = _own_session(reader, p)
+        weight = (
+            "CASE WHEN q.counted IS NOT NULL THEN word_weight("
+            "q.counted + (SELECT count(*) FROM own),"
+            " q.held + (SELECT count(*) FROM own o WHERE o.tsv @@ q.term)) END"
+        )
     if ranked is not None:
-        # Evaluated only for an agent not counted (COALESCE stops early).
+        # Evaluated only for a reader not weighed by counts (COALESCE stops early).
         weight = (
             f"coalesce({weight}, word_weight((SELECT count(*) FROM {ranked}),"
             f" (SELECT count(*) FROM {ranked} AND m.tsv @@ q.term)))"
@@ -117,11 +134,39 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
     order = "ORDER BY w.weight DESC NULLS LAST, w.term"
     # `query` from the words `query_words` parsed (as `any_words` would parse them again).
     return (
-        "words AS MATERIALIZED (SELECT string_agg(w.term::text, ' | ')::tsquery AS query,"
+        f"{own}words AS MATERIALIZED (SELECT string_agg(w.term::text, ' | ')::tsquery AS query,"
         f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights"
         # OFFSET 0: each word is weighed once, not once per aggregate that reads its weight.
         f" FROM (SELECT q.term, {weight} AS weight FROM query_words({text},"
         f" {p(reader.account_id)}, {p(reader.action_id)}) q OFFSET 0) w), "
+    )
+
+
+def _session(reader: Reader) -> str | None:
+    """The session whose session-scope records the reader sees, if any."""
+    if isinstance(reader, AgentReader) and Scope.SESSION in reader.scopes:
+        return reader.session_id
+    return None
+
+
+def _own_session(reader: AgentReader, p: Params) -> str:
+    """CTE `own`: the words of the reader's session's live records, as the maintenance counts
+    the agent's (committed, not preview, not deleted or replaced), read by the session index
+    (migration 0020)."""
+    return (
+        "own AS MATERIALIZED (SELECT m.tsv FROM agent_memories m"
+        f" WHERE m.account_id = {p(reader.account_id)} AND m.action_id = {p(reader.action_id)}"
+        f" AND m.scope = 'SESSION' AND m.session_id = {p(_session(reader))}"
+        " AND m.status = 'ACTIVE' AND m.pending_execution IS NULL AND NOT m.preview), "
+    )
+
+
+def _session_only(reader: Reader) -> bool:
+    """A reader of one session's records alone, which the session index finds."""
+    return (
+        isinstance(reader, AgentReader)
+        and Scope.AGENT not in reader.scopes
+        and _session(reader) is not None
     )
 
 
@@ -135,8 +180,11 @@ def _weighed(r: Ranking) -> str:
     words' weights, the agent's counted ones or else BM25's IDF over the scanned rows, and each
     row's text score."""
     # Summed best first, as `_signals` sums them: the same score to the last bit. Only for a
-    # row that holds a word (a sub-select for every row cost 9 ms at 5,000 records).
-    words = "(SELECT sum(w.weights[i] ORDER BY w.weights[i] DESC) FROM unnest(s.held) i)"
+    # row that holds a word (a sub-select for every row cost 9 ms at 5,000 records). The
+    # weights are read (and so the words looked up) only once a row holds one: not when the
+    # gate found the agent listed (1 ms at 25,000 records).
+    weight = "((SELECT weights FROM weights))[i]"
+    words = f"(SELECT sum({weight} ORDER BY {weight} DESC) FROM unnest(s.held) i)"
     words = f"CASE WHEN s.held IS NOT NULL THEN {_by_length(r, words, 's.length')} END"
     return f"""weights AS MATERIALIZED (
         SELECT coalesce((SELECT weights FROM words WHERE weights[1] IS NOT NULL), ARRAY(
@@ -146,7 +194,7 @@ def _weighed(r: Ranking) -> str:
                 ON h.i = t.i
             GROUP BY t.i ORDER BY t.i)) AS weights
     ), scored AS MATERIALIZED (
-        SELECT s.memory_id, s.created, s.cosine, {words} AS words FROM scanned s, weights w
+        SELECT s.memory_id, s.created, s.cosine, {words} AS words FROM scanned s
     )"""
 
 
@@ -231,23 +279,28 @@ async def ranked_exact(
 ) -> tuple[list[MemoryRecord] | None, int | None]:
     """Scores every record the reader sees under the filters: (records, None). With
     `max_rows`, in the same statement, only if the agent has no own indexes and it scores at
-    most that many records, or, under label or ID filters, at most that many rows match them
-    (even a large agent's): otherwise it returns (None, the agent's records as listed with
-    its own indexes, or None without them), and the index plan ranks.
+    most that many records, or, under label or ID filters or for a reader of one session
+    alone, at most that many rows match them (even a large agent's): otherwise it returns
+    (None, the agent's records as listed with its own indexes, or None without them), and
+    the index plan ranks.
     Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
     filters a custom plan must see the key, to choose the labels index for a large agent."""
-    p = Params() if filters.narrows else OpaqueKey(reader)
+    narrow = filters.narrows or _session_only(reader)
+    p = Params() if narrow else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
     gate, limit = "", ""
     if max_rows is not None:
         account, action = p(reader.account_id), p(reader.action_id)
         rows = "NULL::bigint"
-        if filters.narrows:
-            # Counted under the key and the label and ID filters alone, so that an agent with
-            # own indexes reads at most `max_rows` rows here whatever the reader sees of them.
+        if narrow:
+            # Counted under the key, the session and the label and ID filters alone, so that
+            # an agent with own indexes reads at most `max_rows` rows here whatever the
+            # reader sees of them.
             counted = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
                 Filters(labels=filters.labels, ids=filters.ids), p
             )
+            if _session_only(reader):
+                counted += f" AND m.scope = 'SESSION' AND m.session_id = {p(_session(reader))}"
             first = f"SELECT FROM agent_memories m WHERE {counted} LIMIT {int(max_rows) + 1}"
             rows = f"(SELECT count(*) FROM ({first}) c)"
             where += f" AND (SELECT rows <= {int(max_rows)} FROM gate)"
@@ -276,7 +329,7 @@ async def ranked_exact(
     listed, counted_rows, scored_rows = (
         found[0][k] for k in ("gate_listed", "gate_rows", "scored")
     )
-    if filters.narrows:
+    if narrow:
         too_many = counted_rows > max_rows
     else:
         too_many = scored_rows > max_rows or (listed is not None and scored_rows == 0)
