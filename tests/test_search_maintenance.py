@@ -533,10 +533,11 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A listed agent's words are counted by the maintenance over its live records: a word's
-    # weight is ln(1 + (N - n + 0.5) / (n + 0.5)), N the records and n those holding it (a word
-    # not counted, or held by at most one, is in one). Another agent's records, preview,
-    # deleted and uncommitted ones count for nothing; both plans score by the counts (not by
-    # what they read), until the agent has changed by a tenth; the counts go with its indexes.
+    # weight is ln(1 + (N - n + 0.5) / (n + 0.5)), N the records and n those holding it (in
+    # agent scope exactly; in every scope a word held by at most one counts as one). Another
+    # agent's records, preview, deleted and uncommitted ones count for nothing; both plans
+    # score by the counts (not by what they read), until the agent has changed by a tenth; the
+    # counts go with its indexes.
     # Each reader is weighed by the records it sees: an operator by every scope's, a reader of
     # agent scope by the agent scope's and its own session's (counted as it searches), a
     # reader of one session alone by that session's.
@@ -559,7 +560,7 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     async def counts() -> dict[str, tuple[int, ...]]:
         return {r[0]: tuple(r[1:]) for r in await state.pool.fetch(words, query, *key)}
 
-    assert set((await counts()).values()) == {(None, 1, None, 1)}
+    assert set((await counts()).values()) == {(None, 0, None, 1)}
     done = await maintenance.run_round(state.pool, min_records=30)
     assert done is not None and done.counted == 2
 
@@ -570,7 +571,7 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     assert await counts() == {
         "'zanzibar'": (30, 5, 34, 9),
         "'garden'": (30, 25, 34, 29),
-        "'volcano'": (30, 1, 34, 4),
+        "'volcano'": (30, 0, 34, 4),
     }
     # Written after the count: scored by the counts, not by what a plan reads.
     both = await agent.add("Zanzibar garden")
@@ -588,8 +589,8 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     assert found[both] == pytest.approx(idf(34, 9) + idf(34, 29), rel=1e-9)
     assert found[session[0]] == pytest.approx(idf(34, 9) + idf(34, 29) + idf(34, 4), rel=1e-9)
     # A live reader of agent scope: the agent scope's counts, and its session's if it reads it
-    # (a word neither counts is in one: volcano, 1 + 4); a preview reader, who may see records
-    # no count holds, weighs every word alike.
+    # (volcano, in none of agent scope, 0 + 4); a preview reader, who may see records no count
+    # holds, weighs every word alike.
     two = agent.reader(session="s2", scopes=("agent", "session"))
     for reader, weight in (
         (agent.reader(session="s1", scopes=("agent",)), idf(30, 5) + idf(30, 25)),
@@ -598,20 +599,20 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
         (agent.reader(session="s1", scopes=("agent",), preview=True), 2.0),
     ):
         assert (await scores(reader))[both] == pytest.approx(weight, rel=1e-9)
-    seen = idf(34, 9) + idf(34, 29) + idf(34, 5)
+    seen = idf(34, 9) + idf(34, 29) + idf(34, 4)
     assert (await scores(two))[session[0]] == pytest.approx(seen, rel=1e-9)
     # Another session's records, even once counted, move no weight of session two's reader
-    # (volcano stays in 1 + 4 of 31 + 4, `both` counted now); its own session's move them at
+    # (volcano stays in 0 + 4 of 31 + 4, `both` counted now); its own session's move them at
     # once.
     for i in range(4):
         await add_to("s3", f"Volcano ash {i}")
     assert (await maintenance.run_round(state.pool, min_records=30)).counted == 1
-    assert (await counts())["'volcano'"] == (31, 1, 39, 8)
-    seen = idf(35, 10) + idf(35, 30) + idf(35, 5)
+    assert (await counts())["'volcano'"] == (31, 0, 39, 8)
+    seen = idf(35, 10) + idf(35, 30) + idf(35, 4)
     assert (await scores(two))[session[0]] == pytest.approx(seen, rel=1e-9)
     fifth = await add_to("s2", "Volcano, session two again")
     assert (await scores(two))[session[0]] == pytest.approx(
-        idf(36, 10) + idf(36, 30) + idf(36, 6), rel=1e-9
+        idf(36, 10) + idf(36, 30) + idf(36, 5), rel=1e-9
     )
     # One session alone: weighed by its five records, ranked by the session's index when they
     # are few, and by the agent's indexes (counting the session's words as it goes) otherwise.

@@ -61,10 +61,12 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
   + 1 records; one more than that, and it returns none and the index plan runs. Under label
-  or ID filters it first counts the rows matching them (up to EXACT_MAX_ROWS + 1, whatever
-  the reader sees of them, so even an agent with own indexes reads a bounded number), and
-  ranks exactly when they are few. Its text is the
-  same for every agent (`search_store.OpaqueKey`), so it runs on a cached generic plan. The
+  or ID filters, or for a reader of one session alone, it first counts the rows matching them
+  (or the session's, up to EXACT_MAX_ROWS + 1, whatever the reader sees of them, so even an
+  agent with own indexes reads a bounded number), and ranks exactly when they are few.
+  Unfiltered its text is the same for every agent (`search_store.OpaqueKey`), so it runs on a
+  cached generic plan (as every search of the service does: a reader with no turn, whose
+  staged writes are NULL, would be planned anew at each search, bench/README.md). The
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
   caches still uses the agent's partial indexes. The connections' defaults (app/db/pool.py)
   are the index plan's HNSW settings; a deeper page, or an agent listed with

@@ -1,7 +1,7 @@
 """SQL for memory search: ranking by meaning and words, and the query-less listing.
 
 The text score of a record is the sum of the weights of the query's words it holds (BM25's
-IDF among the agent's records: a listed agent's counts, `query_words`, migration 0018, or
+IDF among the agent's records: a listed agent's counts, `query_words`, migration 0020, or
 else counted over the records the search ranks; `_words` says which): within a search it
 depends only on which of them it holds.
 
@@ -111,7 +111,7 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
     weight = "NULL::float8"
     if isinstance(reader, OperatorReader):
         weight = "word_weight(q.counted_any, q.held_any)"
-    elif _session_only(reader):
+    elif Scope.AGENT not in reader.scopes:
         pass
     elif reader.preview:
         weight = "CASE WHEN q.counted IS NOT NULL THEN 1::float8 END"
@@ -284,7 +284,8 @@ async def ranked_exact(
     (None, the agent's records as listed with its own indexes, or None without them), and
     the index plan ranks.
     Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
-    filters a custom plan must see the key, to choose the labels index for a large agent."""
+    filters a custom plan must see the key, to choose the labels index for a large agent (and
+    a reader of one session alone names it too, a parameter like the session)."""
     narrow = filters.narrows or _session_only(reader)
     p = Params() if narrow else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
