@@ -10,6 +10,7 @@ import math
 import random
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -28,6 +29,7 @@ from app.memory import search as search_module
 from app.memory.search import search
 from app.memory.search_store import Filters
 from app.memory.visibility import Reader
+from app.scope import Scope
 from app.state import AppState
 
 
@@ -579,6 +581,37 @@ async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_sessio
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 2)
     found, plan = await search_module.ranked(pool, reader, Filters(), ranking)
     assert plan == "index" and sorted(r.memory_id for r in found) == sorted(mine)
+
+
+async def test_m20_a_listed_agents_searches_are_planned_once_per_connection(
+    agent: SearchAgent,
+) -> None:
+    # The index plan's statement names a listed agent's key as constants: a connection plans
+    # it a few times, then runs its cached generic plan, for a turn (its session's counts,
+    # its execution), a turn of its session alone, and an operator, in each mode. (A value
+    # the planner could see, such as the session in the word lookup, made every search plan
+    # anew: 2 ms at 25,000 records.)
+    for i in range(30):
+        await agent.add(f"Garden note {i} on the violin", scope="SESSION", session_id="s1")
+        await agent.add(f"Harbour note {i} on the lantern")
+    await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
+    turn = replace(agent.reader(execution_id=uuid.uuid4()), invocation_number=1)
+    alone = replace(turn, scopes=(Scope.SESSION,))
+    vector = (await agent.state.embedder.embed(["garden"])).vectors[0]
+    queries = ["violin garden", "lantern harbour", "garden note", "violin", "harbour garden"]
+    for reader in (turn, alone, agent.operator):
+        for mode in ("hybrid", "lexical"):
+            async with agent.state.pool.acquire() as conn:
+                await conn.execute("DEALLOCATE ALL")
+                conn._drop_local_statement_cache()
+                for query in queries * 2:
+                    ranking = search_module.make_ranking(mode, query, vector, None, 5)
+                    await search_store.ranked_index(conn, reader, Filters(), ranking, True)
+                plans = await conn.fetch(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE '%query_words(%' AND statement NOT LIKE '%prepared%'"
+                )
+            assert [tuple(p) for p in plans] == [(5, 5)], (reader, mode)
 
 
 async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(

@@ -554,7 +554,9 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     await agent.add("Zanzibar volcano deleted", status="DELETED")
     await agent.add("Zanzibar volcano pending", pending_execution=uuid.uuid4())
     query = "zanzibar garden volcano"
-    words = "SELECT term::text, counted, held, counted_any, held_any FROM query_words($1, $2, $3)"
+    words = (
+        "SELECT term::text, counted, held, counted_any, held_any FROM query_words($1, $2, $3, '')"
+    )
     key = (agent.account_id, agent.action_id)
 
     async def counts() -> dict[str, tuple[int, ...]]:
@@ -635,6 +637,80 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     assert (await maintenance.run_round(state.pool, min_records=30)).counted == 0
     await maintenance.run_round(state.pool, min_records=1000)  # unlisted: the counts go
     assert await state.pool.fetchval("SELECT count(*) FROM agent_words") == 0
+
+
+async def test_m21_a_listed_agents_large_session_has_its_words_kept(
+    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listed agent's session of SESSION_WORDS_MIN live records or more has its words counted
+    # by the maintenance too: its turns are weighed by those counts instead of counting the
+    # session at each search, until it grows by a tenth (or loses a record); under half the
+    # threshold, or with the agent's listing, the counts go.
+    monkeypatch.setattr(maintenance, "SESSION_WORDS_MIN", 6)
+    agent = await make_search_agent(state, admin)
+    for i in range(20):
+        await agent.add(f"Harbour note {i}" if i < 4 else f"Garden note {i}")
+
+    async def add_to(session_id: str, text: str) -> uuid.UUID:
+        return await agent.add(text, scope="SESSION", session_id=session_id)
+
+    big = [await add_to("big", f"Harbour lantern {i}" if i < 2 else f"Kite {i}") for i in range(6)]
+    await add_to("small", "Harbour lantern small")
+    done = await maintenance.run_round(state.pool, min_records=10)
+    assert done is not None and done.sessions == 1
+    kept = "SELECT session_id, counted FROM session_counts"
+    assert [tuple(r) for r in await state.pool.fetch(kept)] == [("big", 6)]
+    words = "SELECT term::text, session_counted, session_held FROM query_words($1, $2, $3, $4)"
+    key = (agent.account_id, agent.action_id)
+    assert {
+        r[0]: tuple(r[1:]) for r in await state.pool.fetch(words, "lantern kite", *key, "big")
+    } == {
+        "'lantern'": (6, 2),
+        "'kite'": (6, 4),
+    }
+
+    def idf(records: int, n: int) -> float:
+        return math.log(1 + (records - n + 0.5) / (n + 0.5))
+
+    r = search_module.make_ranking("lexical", "harbour lantern", None, None, 10)
+
+    async def score(reader: Reader, memory_id: uuid.UUID) -> float | None:
+        found, _ = await search_module.ranked(state.pool, reader, Filters(), r)
+        exact, _ = await search_module.ranked(state.pool, reader, Filters(), r, "exact")
+        assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
+        return {x.memory_id: x.score for x in found}[memory_id]
+
+    turn = agent.reader(session="big", scopes=("agent", "session"))
+    alone = agent.reader(session="big", scopes=("session",))
+    counted = idf(26, 6) + idf(26, 2)  # harbour: 4 + 2 of 20 + 6; lantern: 0 + 2
+    assert await score(turn, big[0]) == pytest.approx(counted, rel=1e-9)
+    assert await score(alone, big[0]) == pytest.approx(idf(6, 2) * 2, rel=1e-9)
+    # Written after the count: not counted until the session has grown by a tenth.
+    festival = await add_to("big", "Lantern festival")
+    assert await score(turn, big[0]) == pytest.approx(counted, rel=1e-9)
+    assert await score(alone, big[0]) == pytest.approx(idf(6, 2) * 2, rel=1e-9)
+    # A session without kept counts is counted at each search.
+    small = agent.reader(session="small", scopes=("agent", "session"))
+    found, _ = await search_module.ranked(state.pool, small, Filters(), r)
+    assert found[0].score == pytest.approx(idf(21, 5) + idf(21, 1), rel=1e-9)
+    assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 1
+    assert await score(turn, big[0]) == pytest.approx(idf(27, 6) + idf(27, 3), rel=1e-9)
+    assert await score(alone, big[0]) == pytest.approx(idf(7, 2) + idf(7, 3), rel=1e-9)
+    # Under half the threshold: the counts go, and its turns count it again.
+    await state.pool.execute(
+        "UPDATE agent_memories SET status = 'DELETED' WHERE memory_id = any($1::uuid[])",
+        [*big[2:], festival],
+    )
+    assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 0
+    assert await state.pool.fetch(kept) == []
+    assert await score(alone, big[0]) == pytest.approx(idf(2, 2) * 2, rel=1e-9)
+    await add_to("big", "Kite again")
+    for i in range(4):
+        await add_to("big", f"Kite {i} once more")
+    assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 1
+    await maintenance.run_round(state.pool, min_records=1000)  # unlisted: the counts go
+    assert await state.pool.fetchval("SELECT count(*) FROM session_words") == 0
+    assert await state.pool.fetch(kept) == []
 
 
 async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppState) -> None:

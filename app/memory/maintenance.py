@@ -15,8 +15,9 @@ other processes skip the round):
   live records of agent scope, and of every scope) when it is listed, and again after a record
   is deleted or replaced or once either count has grown by a tenth (WORDS_RECOUNT): the
   searches of operators (every scope) and of live readers of agent scope (with their own
-  session's words, counted as they search) weigh a query word by how many of them hold it
-  (app/memory/search.py says what other searches do).
+  session's words) weigh a query word by how many of them hold it (app/memory/search.py says
+  what other searches do). Its sessions of SESSION_WORDS_MIN live records or more have their
+  words counted too (`count_sessions`), so that their turns do not count them at each search.
 
 Between rounds, `IndexBuilds` gives an agent (or a session) its own indexes soon after a write
 of this process takes it past the threshold (a commit of addAgentMemory/addAgentMemories, a
@@ -36,7 +37,7 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from uuid import UUID
 
 import asyncpg
@@ -61,6 +62,11 @@ _NEXT = "_next"  # a replacement index being built beside the one it replaces
 # (a count reads every record of the agent: 2.3 s for the 200,000-record agent of
 # bench/search_scale.py, 0.4 s at 25,000); at once after a deletion or replacement.
 WORDS_RECOUNT = 0.1
+# A listed agent's session of this many live records or more has its words counted too (and
+# again as WORDS_RECOUNT says), dropped under half that: a turn of it that reads agent scope
+# would otherwise count them at each search (a scan of the session's rows; a reader of it
+# alone, a count over the rows it ranks), 70 to 170 ms more a search for 50,000 records.
+SESSION_WORDS_MIN = 1_000
 # With `agent_index_max_agents` agents listed, an agent of TRADE times the smallest listed one's
 # records takes its place, one a round (`index_agents`).
 TRADE = 2
@@ -76,6 +82,7 @@ class Round:
     built: list[str]  # agent indexes created
     dropped: list[str]  # agent indexes removed
     failed: list[UUID]  # agents whose build failed (logged)
+    sessions: int = 0  # sessions whose words were counted (`count_sessions`)
 
 
 def index_names(account_id: UUID, action_id: UUID) -> tuple[str, str]:
@@ -309,6 +316,58 @@ async def _drop_indexes(conn: asyncpg.Connection, names: Sequence[str]) -> list[
             # Unlisted, so the next round tries again; the builds go on.
             log.exception("dropping search index %s failed", name)
     return dropped
+
+
+async def count_sessions(conn: asyncpg.Connection) -> int:
+    """Counts the words of every listed agent's sessions of SESSION_WORDS_MIN live records or
+    more (`count_session_words`, migration 0020), again as `_recount` says, and drops the
+    counts of a session now under half that. Returns how many sessions were counted; a failed
+    count is logged and retried next round."""
+    live = "m.status = 'ACTIVE' AND m.pending_execution IS NULL AND NOT m.preview"
+    rows = await conn.fetch(
+        f"SELECT m.account_id, m.action_id, m.session_id, count(*) FILTER (WHERE {live}) "
+        "AS counted, count(*) FILTER (WHERE m.status <> 'ACTIVE') AS gone "
+        "FROM agent_indexes a JOIN agent_memories m ON m.account_id = a.account_id "
+        "AND m.action_id = a.action_id AND m.scope = 'SESSION' "
+        "GROUP BY 1, 2, 3 HAVING count(*) >= $1",
+        SESSION_WORDS_MIN // 2,
+    )
+    # Now, and when its words were counted: the session's live records, and its rows deleted
+    # or replaced.
+    now = {
+        (r["account_id"], r["action_id"], r["session_id"]): (r["counted"], r["gone"]) for r in rows
+    }
+    then = {
+        (r["account_id"], r["action_id"], r["session_id"]): (r["counted"], r["gone"])
+        for r in await conn.fetch("SELECT * FROM session_counts")
+    }
+    kept = {
+        key
+        for key, (counted, _) in now.items()
+        if counted >= (SESSION_WORDS_MIN if key not in then else SESSION_WORDS_MIN // 2)
+    }
+    gone = [key for key in then if key not in kept]
+    if gone:
+        accounts, actions, sessions = (list(column) for column in zip(*gone, strict=True))
+        for table in ("session_counts", "session_words"):
+            await conn.execute(
+                f"DELETE FROM {table} t USING unnest($1::uuid[], $2::uuid[], $3::text[]) "
+                "AS d(account, action, session) WHERE t.account_id = d.account "
+                "AND t.action_id = d.action AND t.session_id = d.session",
+                accounts,
+                actions,
+                sessions,
+            )
+    counted = 0
+    for key in sorted(kept):
+        if key in then and not _recount(now[key], then[key]):
+            continue
+        try:
+            await conn.fetchval("SELECT count_session_words($1, $2, $3)", *key)
+            counted += 1
+        except asyncpg.PostgresError:
+            log.exception("counting the words of session %s of agent %s failed", key[2], key[1])
+    return counted
 
 
 def _counts(row: asyncpg.Record, prefix: str = "") -> tuple[int | None, ...]:
@@ -546,6 +605,7 @@ async def run_round(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
             done = Round(*await index_agents(conn, min_records, max_agents))
+            done = replace(done, sessions=await count_sessions(conn))
             if min_parts is not None:
                 built, dropped, _ = await history_indexes.index_sessions(
                     conn, min_parts, max_sessions

@@ -17,8 +17,10 @@ Signals
   ranking, and whose words the scores would tell. A listed agent's are counted by the
   maintenance over its live records (`agent_words`, migration 0020): all of them weigh an
   operator's search (every session), those of agent scope a live reader's of agent scope, with
-  its own session's counted as it searches (by the session index); a preview reader of agent
-  scope weighs every word the same. A reader of session scope alone, and any search of
+  its own session's (kept by the maintenance for a session of `maintenance.SESSION_WORDS_MIN` or
+  more, `session_words`, or else counted as it searches, by the session index); a live reader
+  of session scope alone is weighed by its session's kept counts; a preview reader of agent
+  scope weighs every word the same. Any other reader of session scope alone, and any search of
   another agent, counts them itself, over the records it ranks (those the reader sees under
   the filters).
   So a record's score can move without a write to it (a write to another record the reader

@@ -98,32 +98,38 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
     `terms` and `weights`, each word and its weight, best first. A listed agent's words are
     counted by the maintenance (`query_words`, migration 0020), and each reader is weighed by
     the records it sees: an operator by the counts over every scope; a live reader of agent
-    scope by the agent-scope counts plus its own session's, counted now (`_own_session`); a
-    preview reader of agent scope, who may see records no count holds, weighs every word the
-    same (1). A reader of session scope alone, and any reader of an agent not counted (not
-    listed, or not yet): with `ranked` (the rows the search ranks, as `agent_memories m
-    WHERE ...`), counted over those rows now (by the index, a word at a time), and without it
-    NULL (`ranked_exact` weighs them from the rows it reads). Empty without a query text."""
+    scope by the agent-scope counts plus its own session's (kept by the maintenance for a
+    large session, or else counted now, `_own_session`); a live reader of session scope alone
+    by its session's kept counts; a preview reader of agent scope, who may see records no
+    count holds, weighs every word the same (1). Any other reader of session scope alone, and
+    any reader of an agent not counted (not listed, or not yet): with `ranked` (the rows the
+    search ranks, as `agent_memories m WHERE ...`), counted over those rows now (by the index,
+    a word at a time), and without it NULL (`ranked_exact` weighs them from the rows it
+    reads). Empty without a query text."""
     if r.text is None:
         return ""
     text = p(r.text)
     own = ""
     weight = "NULL::float8"
+    session = _session(reader)
     if isinstance(reader, OperatorReader):
         weight = "word_weight(q.counted_any, q.held_any)"
     elif Scope.AGENT not in reader.scopes:
-        pass
+        if not reader.preview:  # its session's kept counts, if any
+            weight = "word_weight(q.session_counted, q.session_held)"
     elif reader.preview:
         weight = "CASE WHEN q.counted IS NOT NULL THEN 1::float8 END"
-    elif _session(reader) is None:
+    elif session is None:
         weight = "word_weight(q.counted, q.held)"
     else:
-        # Only for a counted agent (CASE stops before `own` is read).
+        # Its session's kept counts, or else counted now: only for a counted agent (CASE and
+        # COALESCE stop before `own` is read).
         own = _own_session(reader, p)
         weight = (
             "CASE WHEN q.counted IS NOT NULL THEN word_weight("
-            "q.counted + (SELECT count(*) FROM own),"
-            " q.held + (SELECT count(*) FROM own o WHERE o.tsv @@ q.term)) END"
+            "q.counted + coalesce(q.session_counted, (SELECT count(*) FROM own)),"
+            " q.held + CASE WHEN q.session_counted IS NOT NULL THEN q.session_held"
+            " ELSE (SELECT count(*) FROM own o WHERE o.tsv @@ q.term) END) END"
         )
     if ranked is not None:
         # Evaluated only for a reader not weighed by counts (COALESCE stops early).
@@ -132,13 +138,15 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
             f" (SELECT count(*) FROM {ranked} AND m.tsv @@ q.term)))"
         )
     order = "ORDER BY w.weight DESC NULLS LAST, w.term"
-    # `query` from the words `query_words` parsed (as `any_words` would parse them again).
+    # `query` from the words `query_words` parsed (as `any_words` would parse them again);
+    # '' for no session (no session ID is empty).
+    session = p(session) if session is not None else "''"
     return (
         f"{own}words AS MATERIALIZED (SELECT string_agg(w.term::text, ' | ')::tsquery AS query,"
         f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights"
         # OFFSET 0: each word is weighed once, not once per aggregate that reads its weight.
         f" FROM (SELECT q.term, {weight} AS weight FROM query_words({text},"
-        f" {p(reader.account_id)}, {p(reader.action_id)}) q OFFSET 0) w), "
+        f" {p(reader.account_id)}, {p(reader.action_id)}, {session}) q OFFSET 0) w), "
     )
 
 
