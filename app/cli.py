@@ -189,7 +189,8 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     print(
         f"agents of {min_records}+ records: built {len(done.built)} search indexes, dropped "
-        f"{len(done.dropped)}, counted the words of {done.counted} agents"
+        f"{len(done.dropped)}, counted the words of {done.counted} agents and "
+        f"{done.sessions} sessions"
     )
     return 0
 

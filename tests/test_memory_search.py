@@ -584,22 +584,25 @@ async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_sessio
 
 
 async def test_m20_a_listed_agents_searches_are_planned_once_per_connection(
-    agent: SearchAgent,
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The index plan's statement names a listed agent's key as constants: a connection plans
-    # it a few times, then runs its cached generic plan, for a turn (its session's counts,
-    # its execution), a turn of its session alone, and an operator, in each mode. (A value
-    # the planner could see, such as the session in the word lookup, made every search plan
-    # anew: 2 ms at 25,000 records.)
+    # it a few times, then runs its cached generic plan, for a turn (its session's counts kept
+    # or counted as it searches, its execution), a turn of its session alone, and an operator,
+    # in each mode. (A value the planner could see, such as the query's words in the inlined
+    # word lookup, made every search plan anew: 2 ms at 25,000 records.)
+    monkeypatch.setattr(maintenance, "SESSION_WORDS_MIN", 10)
     for i in range(30):
         await agent.add(f"Garden note {i} on the violin", scope="SESSION", session_id="s1")
         await agent.add(f"Harbour note {i} on the lantern")
-    await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
+    await agent.add("A violin in the other session", scope="SESSION", session_id="s2")
+    await maintenance.run_round(agent.state.pool, min_records=10)  # listed, s1's words kept
     turn = replace(agent.reader(execution_id=uuid.uuid4()), invocation_number=1)
     alone = replace(turn, scopes=(Scope.SESSION,))
+    counted = replace(turn, session_id="s2")
     vector = (await agent.state.embedder.embed(["garden"])).vectors[0]
     queries = ["violin garden", "lantern harbour", "garden note", "violin", "harbour garden"]
-    for reader in (turn, alone, agent.operator):
+    for reader in (turn, counted, alone, agent.operator):
         for mode in ("hybrid", "lexical"):
             async with agent.state.pool.acquire() as conn:
                 await conn.execute("DEALLOCATE ALL")
@@ -611,7 +614,8 @@ async def test_m20_a_listed_agents_searches_are_planned_once_per_connection(
                     "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                     "WHERE statement LIKE '%query_words(%' AND statement NOT LIKE '%prepared%'"
                 )
-            assert [tuple(p) for p in plans] == [(5, 5)], (reader, mode)
+            # (PostgreSQL plans five times before it weighs the generic plan.)
+            assert [p["generic_plans"] > 0 for p in plans] == [True], (reader, mode)
 
 
 async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(

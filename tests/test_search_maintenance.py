@@ -643,31 +643,40 @@ async def test_m21_a_listed_agents_large_session_has_its_words_kept(
     state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A listed agent's session of SESSION_WORDS_MIN live records or more has its words counted
-    # by the maintenance too: its turns are weighed by those counts instead of counting the
-    # session at each search, until it grows by a tenth (or loses a record); under half the
-    # threshold, or with the agent's listing, the counts go.
+    # by the maintenance too (its live records only, and its own, not another agent's session
+    # of the same ID): its turns are weighed by those counts instead of counting the session at
+    # each search, until it grows by a tenth or loses a record; under half the threshold, or
+    # with the agent's listing, the counts go.
     monkeypatch.setattr(maintenance, "SESSION_WORDS_MIN", 6)
-    agent = await make_search_agent(state, admin)
+    agent, other = [await make_search_agent(state, admin) for _ in range(2)]
     for i in range(20):
         await agent.add(f"Harbour note {i}" if i < 4 else f"Garden note {i}")
 
-    async def add_to(session_id: str, text: str) -> uuid.UUID:
-        return await agent.add(text, scope="SESSION", session_id=session_id)
+    async def add_to(session_id: str, text: str, **columns: Any) -> uuid.UUID:
+        return await agent.add(text, scope="SESSION", session_id=session_id, **columns)
 
     big = [await add_to("big", f"Harbour lantern {i}" if i < 2 else f"Kite {i}") for i in range(6)]
+    await add_to("big", "Lantern preview", preview=True)
+    await add_to("big", "Lantern staged", pending_execution=uuid.uuid4())
+    staged = await add_to(
+        "big", "Lantern staged deletion", status="DELETED", pending_execution=uuid.uuid4()
+    )
+    await add_to("big", "Lantern deleted", status="DELETED")
     await add_to("small", "Harbour lantern small")
+    for i in range(10):  # another listed agent, with a session of the same ID
+        await other.add(f"Lantern {i}", scope="SESSION" if i < 6 else "AGENT", session_id="big")
     done = await maintenance.run_round(state.pool, min_records=10)
-    assert done is not None and done.sessions == 1
-    kept = "SELECT session_id, counted FROM session_counts"
-    assert [tuple(r) for r in await state.pool.fetch(kept)] == [("big", 6)]
+    assert done is not None and done.sessions == 2
+    kept = "SELECT session_id, counted FROM session_counts WHERE action_id = $1"
+    assert [tuple(r) for r in await state.pool.fetch(kept, agent.action_id)] == [("big", 6)]
     words = "SELECT term::text, session_counted, session_held FROM query_words($1, $2, $3, $4)"
     key = (agent.account_id, agent.action_id)
-    assert {
-        r[0]: tuple(r[1:]) for r in await state.pool.fetch(words, "lantern kite", *key, "big")
-    } == {
-        "'lantern'": (6, 2),
-        "'kite'": (6, 4),
-    }
+
+    async def counts(query: str, session: str = "big") -> dict[str, tuple[int, int]]:
+        return {r[0]: tuple(r[1:]) for r in await state.pool.fetch(words, query, *key, session)}
+
+    assert await counts("lantern kite") == {"'lantern'": (6, 2), "'kite'": (6, 4)}
+    assert await counts("lantern", "small") == {"'lantern'": (None, 0)}
 
     def idf(records: int, n: int) -> float:
         return math.log(1 + (records - n + 0.5) / (n + 0.5))
@@ -696,21 +705,28 @@ async def test_m21_a_listed_agents_large_session_has_its_words_kept(
     assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 1
     assert await score(turn, big[0]) == pytest.approx(idf(27, 6) + idf(27, 3), rel=1e-9)
     assert await score(alone, big[0]) == pytest.approx(idf(7, 2) + idf(7, 3), rel=1e-9)
+    # One record deleted and one written: counted again at the next round, though as many are
+    # live (a staged deletion dropped as its turn failed, meanwhile, hides nothing).
+    await state.pool.execute(
+        "UPDATE agent_memories SET status = 'DELETED' WHERE memory_id = $1", big[5]
+    )
+    await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = $1", staged)
+    again = await add_to("big", "Kite again")
+    assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 1
+    assert await counts("kite") == {"'kite'": (7, 4)}
+    assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 0
     # Under half the threshold: the counts go, and its turns count it again.
     await state.pool.execute(
         "UPDATE agent_memories SET status = 'DELETED' WHERE memory_id = any($1::uuid[])",
-        [*big[2:], festival],
+        [*big[2:], festival, again],
     )
     assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 0
-    assert await state.pool.fetch(kept) == []
+    assert await state.pool.fetch(kept, agent.action_id) == []
     assert await score(alone, big[0]) == pytest.approx(idf(2, 2) * 2, rel=1e-9)
-    await add_to("big", "Kite again")
-    for i in range(4):
-        await add_to("big", f"Kite {i} once more")
-    assert (await maintenance.run_round(state.pool, min_records=10)).sessions == 1
+    assert [tuple(r) for r in await state.pool.fetch(kept, other.action_id)] == [("big", 6)]
     await maintenance.run_round(state.pool, min_records=1000)  # unlisted: the counts go
     assert await state.pool.fetchval("SELECT count(*) FROM session_words") == 0
-    assert await state.pool.fetch(kept) == []
+    assert await state.pool.fetchval("SELECT count(*) FROM session_counts") == 0
 
 
 async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppState) -> None:

@@ -211,7 +211,8 @@ async def index_agents(
     rows = await conn.fetch(
         "SELECT account_id, action_id, count(*) AS records, count(*) FILTER (WHERE "
         "scope = 'AGENT' AND live) AS counted, count(*) FILTER (WHERE live) AS counted_any, "
-        "count(*) FILTER (WHERE status <> 'ACTIVE') AS gone FROM (SELECT *, status = 'ACTIVE' "
+        "count(*) FILTER (WHERE status <> 'ACTIVE' AND pending_execution IS NULL) AS gone "
+        "FROM (SELECT *, status = 'ACTIVE' "
         "AND pending_execution IS NULL AND NOT preview AS live FROM agent_memories) m "
         "GROUP BY account_id, action_id HAVING count(*) >= $1",
         (min_records + 1) // 2,
@@ -326,7 +327,8 @@ async def count_sessions(conn: asyncpg.Connection) -> int:
     live = "m.status = 'ACTIVE' AND m.pending_execution IS NULL AND NOT m.preview"
     rows = await conn.fetch(
         f"SELECT m.account_id, m.action_id, m.session_id, count(*) FILTER (WHERE {live}) "
-        "AS counted, count(*) FILTER (WHERE m.status <> 'ACTIVE') AS gone "
+        "AS counted, count(*) FILTER (WHERE m.status <> 'ACTIVE' AND m.pending_execution IS NULL) "
+        "AS gone "
         "FROM agent_indexes a JOIN agent_memories m ON m.account_id = a.account_id "
         "AND m.action_id = a.action_id AND m.scope = 'SESSION' "
         "GROUP BY 1, 2, 3 HAVING count(*) >= $1",
@@ -605,7 +607,11 @@ async def run_round(
                     "SELECT set_config('maintenance_work_mem', $1, false)", build_memory
                 )
             done = Round(*await index_agents(conn, min_records, max_agents))
-            done = replace(done, sessions=await count_sessions(conn))
+            try:
+                done = replace(done, sessions=await count_sessions(conn))
+            except asyncpg.PostgresError:
+                # The sessions' turns count their words as they search until the next round.
+                log.exception("counting the words of large sessions failed")
             if min_parts is not None:
                 built, dropped, _ = await history_indexes.index_sessions(
                     conn, min_parts, max_sessions

@@ -12,10 +12,11 @@ operators. Now:
 
 - `agent_memories_session`: a partial btree on `(account_id, action_id, session_id)` of the
   session-scope rows. A session's records are read without walking the agent's: a reader of
-  agent and session scope counts its own session's words at each search, and a reader of
-  session scope alone is ranked exactly over its session's rows when they are few, however
-  large the agent (app/memory/search_store.py). Built in the migration, which writes to the
-  table wait for (2 s at 1,230,000 records on 2 cores, the table in memory).
+  agent and session scope counts its own session's words at each search (unless they are
+  kept, below), and a reader of session scope alone is ranked exactly over its session's rows
+  when they are few, however large the agent (app/memory/search_store.py). Built in the
+  migration, which writes to the table wait for (2 s at 1,230,000 records on 2 cores, the
+  table in memory).
 - `count_agent_words` counts every live record of the agent too (any scope, committed, not
   preview, not deleted or replaced): `agent_words.any_records` and
   `agent_indexes.words_counted_any`, which weigh an operator's searches (an operator sees every
@@ -82,7 +83,7 @@ def upgrade() -> None:
             words_counted_any = (SELECT count(*) FROM counted),
             words_gone = (SELECT count(*) FROM agent_memories m
                           WHERE m.account_id = account AND m.action_id = action
-                            AND m.status <> 'ACTIVE')
+                            AND m.status <> 'ACTIVE' AND m.pending_execution IS NULL)
         WHERE account_id = account AND action_id = action
         RETURNING words_counted_any;
     END;
@@ -128,7 +129,8 @@ def upgrade() -> None:
         SELECT account, action, session, (SELECT count(*) FROM counted),
             (SELECT count(*) FROM agent_memories m
              WHERE m.account_id = account AND m.action_id = action AND m.scope = 'SESSION'
-               AND m.session_id = session AND m.status <> 'ACTIVE')
+               AND m.session_id = session AND m.status <> 'ACTIVE'
+               AND m.pending_execution IS NULL)
         ON CONFLICT (account_id, action_id, session_id) DO UPDATE
             SET counted = excluded.counted, gone = excluded.gone
         RETURNING counted;
