@@ -25,7 +25,7 @@ from app.db.pool import create_pool
 from app.embeddings import store as embedding_store
 from app.memory import maintenance, search_store
 from app.memory import search as search_module
-from app.memory.search_store import Filters
+from app.memory.search_store import Filters, Ranking
 from app.memory.vectors import VECTOR_COLUMNS
 from app.memory.visibility import Reader
 from app.services import start_services
@@ -529,6 +529,17 @@ async def test_m20_maintain_search_command(
     assert code == 0 and "dropped 2" in capsys.readouterr().out
 
 
+async def scores_in_both_plans(
+    pool: asyncpg.Pool, reader: Reader, ranking: Ranking
+) -> tuple[dict[uuid.UUID, float | None], str]:
+    """Each record's score as the chosen plan ranks it, and that plan; the exact plan must rank
+    the same records with the same scores."""
+    found, chosen = await search_module.ranked(pool, reader, Filters(), ranking)
+    exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
+    assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
+    return {x.memory_id: x.score for x in found}, chosen
+
+
 async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -581,11 +592,9 @@ async def test_m21_a_listed_agents_word_weights_are_bm25_idf_of_its_own_counts(
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
 
     async def scores(reader: Reader, plan: str = "index") -> dict[uuid.UUID, float | None]:
-        found, chosen = await search_module.ranked(state.pool, reader, Filters(), r)
-        exact, _ = await search_module.ranked(state.pool, reader, Filters(), r, "exact")
+        found, chosen = await scores_in_both_plans(state.pool, reader, r)
         assert chosen == plan
-        assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
-        return {x.memory_id: x.score for x in found}
+        return found
 
     found = await scores(agent.operator)
     assert found[both] == pytest.approx(idf(34, 9) + idf(34, 29), rel=1e-9)
@@ -684,10 +693,7 @@ async def test_m21_a_listed_agents_large_session_has_its_words_kept(
     r = search_module.make_ranking("lexical", "harbour lantern", None, None, 10)
 
     async def score(reader: Reader, memory_id: uuid.UUID) -> float | None:
-        found, _ = await search_module.ranked(state.pool, reader, Filters(), r)
-        exact, _ = await search_module.ranked(state.pool, reader, Filters(), r, "exact")
-        assert [(x.memory_id, x.score) for x in found] == [(x.memory_id, x.score) for x in exact]
-        return {x.memory_id: x.score for x in found}[memory_id]
+        return (await scores_in_both_plans(state.pool, reader, r))[0][memory_id]
 
     turn = agent.reader(session="big", scopes=("agent", "session"))
     alone = agent.reader(session="big", scopes=("session",))

@@ -44,6 +44,7 @@ import asyncpg
 
 from app import tasks
 from app.history import indexes as history_indexes
+from app.memory import visibility
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +212,8 @@ async def index_agents(
     rows = await conn.fetch(
         "SELECT account_id, action_id, count(*) AS records, count(*) FILTER (WHERE "
         "scope = 'AGENT' AND live) AS counted, count(*) FILTER (WHERE live) AS counted_any, "
-        "count(*) FILTER (WHERE status <> 'ACTIVE' AND pending_execution IS NULL) AS gone "
-        "FROM (SELECT *, status = 'ACTIVE' "
-        "AND pending_execution IS NULL AND NOT preview AS live FROM agent_memories) m "
+        f"count(*) FILTER (WHERE {visibility.gone()}) AS gone "
+        f"FROM (SELECT *, {visibility.counted()} AS live FROM agent_memories m) m "
         "GROUP BY account_id, action_id HAVING count(*) >= $1",
         (min_records + 1) // 2,
     )
@@ -324,11 +324,10 @@ async def count_sessions(conn: asyncpg.Connection) -> int:
     more (`count_session_words`, migration 0020), again as `_recount` says, and drops the
     counts of a session now under half that. Returns how many sessions were counted; a failed
     count is logged and retried next round."""
-    live = "m.status = 'ACTIVE' AND m.pending_execution IS NULL AND NOT m.preview"
     rows = await conn.fetch(
-        f"SELECT m.account_id, m.action_id, m.session_id, count(*) FILTER (WHERE {live}) "
-        "AS counted, count(*) FILTER (WHERE m.status <> 'ACTIVE' AND m.pending_execution IS NULL) "
-        "AS gone "
+        "SELECT m.account_id, m.action_id, m.session_id, "
+        f"count(*) FILTER (WHERE {visibility.counted()}) AS counted, "
+        f"count(*) FILTER (WHERE {visibility.gone()}) AS gone "
         "FROM agent_indexes a JOIN agent_memories m ON m.account_id = a.account_id "
         "AND m.action_id = a.action_id AND m.scope = 'SESSION' "
         "GROUP BY 1, 2, 3 HAVING count(*) >= $1",

@@ -34,7 +34,7 @@ from app.db.fusion import fusion
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, record
-from app.memory.visibility import AgentReader, OperatorReader, Reader, visible
+from app.memory.visibility import AgentReader, OperatorReader, Reader, counted, visible
 from app.scope import Scope
 
 Mode = Literal["hybrid", "lexical", "vector"]
@@ -124,7 +124,7 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
     else:
         # Its session's kept counts, or else counted now: only for a counted agent (CASE and
         # COALESCE stop before `own` is read).
-        own = _own_session(reader, p)
+        own = _own_session(reader, session, p)
         weight = (
             "CASE WHEN q.counted IS NOT NULL THEN word_weight("
             "q.counted + coalesce(q.session_counted, (SELECT count(*) FROM own)),"
@@ -140,13 +140,13 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
     order = "ORDER BY w.weight DESC NULLS LAST, w.term"
     # `query` from the words `query_words` parsed (as `any_words` would parse them again);
     # '' for no session (no session ID is empty).
-    session = p(session) if session is not None else "''"
+    session_sql = p(session) if session is not None else "''"
     return (
         f"{own}words AS MATERIALIZED (SELECT string_agg(w.term::text, ' | ')::tsquery AS query,"
         f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights"
         # OFFSET 0: each word is weighed once, not once per aggregate that reads its weight.
         f" FROM (SELECT q.term, {weight} AS weight FROM query_words({text},"
-        f" {p(reader.account_id)}, {p(reader.action_id)}, {session}) q OFFSET 0) w), "
+        f" {p(reader.account_id)}, {p(reader.action_id)}, {session_sql}) q OFFSET 0) w), "
     )
 
 
@@ -157,15 +157,13 @@ def _session(reader: Reader) -> str | None:
     return None
 
 
-def _own_session(reader: AgentReader, p: Params) -> str:
-    """CTE `own`: the words of the reader's session's live records, as the maintenance counts
-    the agent's (committed, not preview, not deleted or replaced), read by the session index
-    (migration 0020)."""
+def _own_session(reader: AgentReader, session: str, p: Params) -> str:
+    """CTE `own`: the words of the reader's session's records that the maintenance would count
+    (`counted`), read by the session index (migration 0020)."""
     return (
         "own AS MATERIALIZED (SELECT m.tsv FROM agent_memories m"
         f" WHERE m.account_id = {p(reader.account_id)} AND m.action_id = {p(reader.action_id)}"
-        f" AND m.scope = 'SESSION' AND m.session_id = {p(_session(reader))}"
-        " AND m.status = 'ACTIVE' AND m.pending_execution IS NULL AND NOT m.preview), "
+        f" AND m.scope = 'SESSION' AND m.session_id = {p(session)} AND {counted()}), "
     )
 
 
@@ -294,7 +292,8 @@ async def ranked_exact(
     Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
     filters a custom plan must see the key, to choose the labels index for a large agent (and
     a reader of one session alone names it too, a parameter like the session)."""
-    narrow = filters.narrows or _session_only(reader)
+    alone = _session_only(reader)
+    narrow = filters.narrows or alone
     p = Params() if narrow else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
     gate, limit = "", ""
@@ -305,12 +304,12 @@ async def ranked_exact(
             # Counted under the key, the session and the label and ID filters alone, so that
             # an agent with own indexes reads at most `max_rows` rows here whatever the
             # reader sees of them.
-            counted = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
+            matching = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
                 Filters(labels=filters.labels, ids=filters.ids), p
             )
-            if _session_only(reader):
-                counted += f" AND m.scope = 'SESSION' AND m.session_id = {p(_session(reader))}"
-            first = f"SELECT FROM agent_memories m WHERE {counted} LIMIT {int(max_rows) + 1}"
+            if alone:
+                matching += f" AND m.scope = 'SESSION' AND m.session_id = {p(_session(reader))}"
+            first = f"SELECT FROM agent_memories m WHERE {matching} LIMIT {int(max_rows) + 1}"
             rows = f"(SELECT count(*) FROM ({first}) c)"
             where += f" AND (SELECT rows <= {int(max_rows)} FROM gate)"
         else:

@@ -60,6 +60,19 @@ def shadows(reader: AgentReader, p: Params, r: str) -> str:
     )
 
 
+def counted(m: str = "m") -> str:
+    """SQL: row `m` is a record that word counts hold (search weights, migrations 0018 and
+    0020): committed, live and not preview, which every live reader of its scope sees."""
+    return f"{m}.status = 'ACTIVE' AND {m}.pending_execution IS NULL AND NOT {m}.preview"
+
+
+def gone(m: str = "m") -> str:
+    """SQL: row `m` is a committed record deleted or replaced. Such rows only ever grow in
+    number (a staged one may be dropped with its turn), so a change in their count tells the
+    maintenance that a counted record went."""
+    return f"{m}.status <> 'ACTIVE' AND {m}.pending_execution IS NULL"
+
+
 def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False) -> str:
     """SQL predicate over `agent_memories` aliased `m`: the records `reader` sees.
 
