@@ -28,6 +28,7 @@ from app.memory import maintenance, search_store
 from app.memory import search as search_module
 from app.memory.search import search
 from app.memory.search_store import Filters
+from app.memory.store import RECORD_COLUMNS
 from app.memory.visibility import Reader
 from app.scope import Scope
 from app.state import AppState
@@ -468,11 +469,13 @@ class _Explained:
 
     def __init__(self, conn: Any) -> None:
         self.conn, self.plan = conn, {}
+        self.plans: list[dict[str, Any]] = []  # every statement's, the last one's `plan`
 
     async def fetch(self, sql: str, *args: Any) -> Any:
         # (The pool's connections decode json.)
         explained = await self.conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args)
         self.plan = explained[0]["Plan"]
+        self.plans.append(self.plan)
         return await self.conn.fetch(sql, *args)
 
     def nodes(self, node: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
@@ -566,8 +569,11 @@ async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_sessio
     # Violin is in all three of the session's records (and garden in none).
     assert [r.score for r in found] == [pytest.approx(math.log(1 + 0.5 / 3.5))] * 3
     async with pool.acquire() as conn:
+        # The plan a connection caches and runs (generic).
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
         explained = _Explained(conn)
         await search_store.ranked_exact(explained, reader, Filters(), ranking, 20)
+        await conn.execute("RESET plan_cache_mode")
     # (The page's rows are then read by their primary key.)
     scans = [
         n
@@ -581,6 +587,122 @@ async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_sessio
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 2)
     found, plan = await search_module.ranked(pool, reader, Filters(), ranking)
     assert plan == "index" and sorted(r.memory_id for r in found) == sorted(mine)
+
+
+async def test_m20_a_turn_of_an_agent_writing_to_many_sessions_is_ranked_over_its_scopes(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A turn reading agent scope and its session, of a listed agent most of whose records are
+    # in other sessions, sees few of its rows: they are counted by the two scopes' indexes and
+    # ranked exactly, instead of by the agent's whole indexes through a filter that hides
+    # most rows. With more of them, or an agent scope already too large when its words were
+    # counted (no second statement then), the index plan ranks.
+    monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 6)
+    other = await agent.add("Garden note on the violin", scope="SESSION", session_id="s0")
+    shared = [await agent.add(f"Violin practice {i}, garden") for i in range(2)]
+    mine = [
+        await agent.add(f"Violin lesson {i}", scope="SESSION", session_id="s9") for i in range(3)
+    ]
+    pool = agent.state.pool
+    # 3,000 copies of the other session's record, in 300 sessions.
+    columns = [c for c in (*RECORD_COLUMNS, "embedding") if c not in ("memory_id", "session_id")]
+    await pool.execute(
+        f"INSERT INTO agent_memories (memory_id, session_id, {', '.join(columns)}) "
+        f"SELECT gen_random_uuid(), 'other ' || (g % 300), {', '.join(columns)} "
+        "FROM agent_memories, generate_series(1, 3000) g WHERE memory_id = $1",
+        other,
+    )
+    await pool.execute("ANALYZE agent_memories")
+    await maintenance.run_round(pool, min_records=10)  # listed: own indexes
+    turn = replace(agent.reader(execution_id=uuid.uuid4()), session_id="s9", invocation_number=1)
+    vector = (await agent.state.embedder.embed(["violin garden"])).vectors[0]
+    for mode in ("hybrid", "lexical", "vector"):
+        ranking = search_module.make_ranking(mode, "violin garden", vector, None, 10)
+        found, plan = await search_module.ranked(pool, turn, Filters(), ranking)
+        exact, _ = await search_module.ranked(pool, turn, Filters(), ranking, "exact")
+        assert plan == "exact", mode
+        assert sorted(r.memory_id for r in found) == sorted(shared + mine)
+        assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
+    ranking = search_module.make_ranking("hybrid", "violin garden", vector, None, 10)
+    async with pool.acquire() as conn:
+        # The plan the statements run once a connection has cached them (generic), which a
+        # connection does after five runs, not planning them at each search.
+        await conn.execute("DEALLOCATE ALL")
+        conn._drop_local_statement_cache()
+        for _ in range(7):
+            await search_store.ranked_exact(conn, turn, Filters(), ranking, 20, 6)
+        plans = await conn.fetch(
+            "SELECT generic_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%gate AS%' AND statement NOT LIKE '%prepared%'"
+        )
+        assert len(plans) == 2 and all(p["generic_plans"] > 0 for p in plans)
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        explained = _Explained(conn)
+        await search_store.ranked_exact(explained, turn, Filters(), ranking, 20, 6)
+        await conn.execute("RESET plan_cache_mode")
+    _, second = explained.plans
+    scans = [
+        n
+        for n in explained.nodes(second)
+        if n.get("Relation Name") == "agent_memories"
+        and n.get("Index Name") != "agent_memories_pkey"
+    ]
+    # (A bitmap scan's heap reads are its own node, over the indexes' bitmaps.)
+    used = {n.get("Index Name") for n in explained.nodes(second) if "Index Name" in n}
+    assert {"agent_memories_agent_scope", "agent_memories_session"} <= used
+    assert max(n["Actual Rows"] for n in scans) == 5
+    # Its scopes hold more rows than that: the index plan, with the same records.
+    monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 4)
+    found, plan = await search_module.ranked(pool, turn, Filters(), ranking)
+    assert plan == "index" and sorted(r.memory_id for r in found) == sorted(shared + mine)
+    # The agent scope alone held more than that: no second statement.
+    async with pool.acquire() as conn:
+        explained = _Explained(conn)
+        found, _ = await search_store.ranked_exact(explained, turn, Filters(), ranking, 20, 1)
+    assert found is None and len(explained.plans) == 1
+
+
+async def test_m3_p2_p3_a_turn_ranked_over_its_scopes_sees_only_visible_records(
+    agent: SearchAgent,
+) -> None:
+    # A listed agent's turn ranked over the rows of its scopes (few, and the agent scope
+    # counted few) sees what every other plan shows it, page after page.
+    text = "The customer wants the blue umbrella"
+    mine = await agent.add(text, scope="SESSION", session_id="s1")
+    await agent.add(text, scope="SESSION", session_id="s2")
+    shared = await agent.add(text, scope="AGENT")
+    preview = await agent.add(text, preview=True)
+    await agent.add(text, status="DELETED")
+    await agent.add(text, status="SUPERSEDED")
+    running = uuid.uuid4()
+    await agent.add(text, pending_execution=uuid.uuid4())
+    staged_by_me = await agent.add(text, pending_execution=running)
+    replacement = await agent.add(text, preview=True, replaces=shared)
+    guidance = await agent.add("Umbrellas are blue", kind="guidance", scope="AGENT")
+    pool = agent.state.pool
+    await maintenance.run_round(pool, min_records=1)  # listed: own indexes, words counted
+    live = agent.reader(execution_id=running)
+    vector = (await agent.state.embedder.embed([text])).vectors[0]
+    for mode in ("hybrid", "lexical", "vector"):
+        ranking = search_module.make_ranking(mode, text, vector, None, 20)
+        found, plan = await search_module.ranked(pool, live, Filters(), ranking)
+        assert plan == "exact", mode
+        assert {r.memory_id for r in found} == {mine, shared, staged_by_me, guidance}, mode
+        found, _ = await search_module.ranked(pool, live, Filters(kind="fact"), ranking)
+        assert {r.memory_id for r in found} == {mine, shared, staged_by_me}, mode
+        found, plan = await search_module.ranked(
+            pool, agent.reader(preview=True), Filters(), ranking
+        )
+        assert plan == "exact" and {r.memory_id for r in found} >= {mine, preview, replacement}
+    whole = await search(pool, agent.state.embedder, live, CONFIG, query=text, limit=4)
+    first = await search(pool, agent.state.embedder, live, CONFIG, query=text, limit=2)
+    second = await search(
+        pool, agent.state.embedder, live, CONFIG, query=text, limit=2, after=first.cursors[-1]
+    )
+    assert whole.plan == first.plan == second.plan == "exact"
+    assert [r.memory_id for r in first.records + second.records] == [
+        r.memory_id for r in whole.records
+    ]
 
 
 async def test_m20_a_listed_agents_searches_are_planned_once_per_connection(

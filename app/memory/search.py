@@ -40,10 +40,12 @@ plain threshold; lexical mode ignores it.
 Plans (measured by bench/search_scale.py; figures in bench/README.md)
 - `exact` when the agent has no indexes of its own and the reader sees at most EXACT_MAX_ROWS
   records under the filters (or label or ID filters match that few rows, or the reader's
-  session holds that few, for a reader of session scope alone): read those rows by the
-  (account, action) btree (or the session's, migration 0020) and score every one. Exact
-  whatever the filters. Its cost grows with the agent: about 1 µs a record, most of it the
-  cosine and the text rank (bench/README.md).
+  session holds that few, for a reader of session scope alone; or, for a turn of an agent with
+  own indexes, the rows of the scopes it reads, agent scope and its session's, are at most
+  SCOPED_MAX_ROWS): read those rows by the (account, action) btree (or the scopes' partial
+  indexes, migrations 0020 and 0021) and score every one. Exact whatever the filters. Its cost
+  grows with the rows: about 1 µs a record, most of it the cosine and the text rank
+  (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
   one to every agent of 2,000 records or more, built in the background soon after a write
@@ -65,10 +67,15 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   + 1 records; one more than that, and it returns none and the index plan runs. Under label
   or ID filters, or for a reader of one session alone, it first counts the rows matching them
   (or the session's, up to EXACT_MAX_ROWS + 1, whatever the reader sees of them, so even an
-  agent with own indexes reads a bounded number), and ranks exactly when they are few.
-  Unfiltered its text is the same for every agent (`search_store.OpaqueKey`), so it runs on a
-  cached generic plan (as every search of the service does: a reader with no turn, whose
-  staged writes are NULL, would be planned anew at each search, bench/README.md). The
+  agent with own indexes reads a bounded number), and ranks exactly when they are few. A turn
+  reading agent scope, of an agent with own indexes whose upkeep counted at most
+  SCOPED_MAX_ROWS live records in its scopes (agent scope, and its session's when they are
+  kept), costs one statement more: it does the same with the rows of its scopes, each counted
+  by its partial index, so that an agent that writes mostly to other sessions is not ranked
+  through its whole indexes for a turn that sees few of its records. But under label or ID
+  filters the statement's text is the same for every agent (`search_store.OpaqueKey`), so it
+  runs on a cached generic plan (as every search of the service does: a reader with no turn,
+  whose staged writes are NULL, would be planned anew at each search, bench/README.md). The
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
   caches still uses the agent's partial indexes. The connections' defaults (app/db/pool.py)
   are the index plan's HNSW settings; a deeper page, or an agent listed with
@@ -105,6 +112,11 @@ from app.text import MAX_QUERY_CHARS, check_query
 # (a rank over every record: 11 ms p50 at 5,000) gets slow, and the index plan ranks (figures
 # in bench/README.md, search_scale).
 EXACT_MAX_ROWS = 10_000
+# A turn of an agent with own indexes is ranked exactly over the rows of the scopes it reads
+# (agent scope and its session) when they are at most this many: the default of
+# `agent_index_min_records`, the size from which the index plan is the faster
+# (bench/README.md, fourteenth and fifteenth sessions).
+SCOPED_MAX_ROWS = 2_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
 EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's default (app/db/pool.py)
@@ -248,7 +260,9 @@ async def ranked(
             records = await search_store.listed_records(conn, reader)
         else:
             gate = None if plan == "exact" else EXACT_MAX_ROWS
-            found, records = await search_store.ranked_exact(conn, reader, filters, ranking, gate)
+            found, records = await search_store.ranked_exact(
+                conn, reader, filters, ranking, gate, SCOPED_MAX_ROWS if gate else None
+            )
             if found is not None:
                 return found, "exact"
         if records is not None and records >= LARGE_AGENT_RECORDS:

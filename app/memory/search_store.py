@@ -34,7 +34,14 @@ from app.db.fusion import fusion
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, record
-from app.memory.visibility import AgentReader, OperatorReader, Reader, counted, visible
+from app.memory.visibility import (
+    AgentReader,
+    OperatorReader,
+    Reader,
+    counted,
+    scope_arms,
+    visible,
+)
 from app.scope import Scope
 
 Mode = Literal["hybrid", "lexical", "vector"]
@@ -264,7 +271,7 @@ def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> st
         limit=int(r.limit),
         columns=_COLUMNS,
         gate=(
-            ", g.listed AS gate_listed, g.rows AS gate_rows,"
+            ", g.listed AS gate_listed, g.seen AS gate_seen, g.rows AS gate_rows,"
             " (SELECT count(*) FROM scored) AS scored"
             if gated
             else ""
@@ -282,6 +289,9 @@ async def ranked_exact(
     filters: Filters,
     r: Ranking,
     max_rows: int | None = None,
+    scoped: int | None = None,
+    *,
+    by_scope: bool = False,
 ) -> tuple[list[MemoryRecord] | None, int | None]:
     """Scores every record the reader sees under the filters: (records, None). With
     `max_rows`, in the same statement, only if the agent has no own indexes and it scores at
@@ -289,27 +299,38 @@ async def ranked_exact(
     alone, at most that many rows match them (even a large agent's): otherwise it returns
     (None, the agent's records as listed with its own indexes, or None without them), and
     the index plan ranks.
-    Unfiltered the statement is the same for every agent (`OpaqueKey`); under label or ID
-    filters a custom plan must see the key, to choose the labels index for a large agent (and
-    a reader of one session alone names it too, a parameter like the session)."""
-    alone = _session_only(reader)
-    narrow = filters.narrows or alone
-    p = Params() if narrow else OpaqueKey(reader)
+
+    With `scoped`, a turn reading agent scope, of an agent with own indexes whose upkeep
+    counted at most that many live records in the turn's scopes (agent scope, and its session
+    when the session's words are kept), is then ranked by a second statement (`by_scope`) as
+    a reader of one session alone is: over the rows of its scopes, if they are at most
+    `scoped`. A turn of an agent that writes mostly to other sessions then reads its few
+    hundred rows, not the agent's whole indexes through a filter that hides most of them.
+
+    The statement is the same for every agent (`OpaqueKey`), but under label or ID filters:
+    a custom plan must see the key to choose the labels index for a large agent."""
+    by_scope = by_scope or _session_only(reader)
+    narrow = filters.narrows or by_scope
+    p = Params() if filters.narrows else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
     gate, limit = "", ""
     if max_rows is not None:
         account, action = p(reader.account_id), p(reader.action_id)
         rows = "NULL::bigint"
         if narrow:
-            # Counted under the key, the session and the label and ID filters alone, so that
-            # an agent with own indexes reads at most `max_rows` rows here whatever the
-            # reader sees of them.
-            matching = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
+            # Counted under the key, the scopes and the label and ID filters alone, each scope
+            # by its index up to `max_rows` + 1, so that an agent with own indexes reads a
+            # bounded number of rows here whatever the reader sees of them.
+            key = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
                 Filters(labels=filters.labels, ids=filters.ids), p
             )
-            if alone:
-                matching += f" AND m.scope = 'SESSION' AND m.session_id = {p(_session(reader))}"
-            first = f"SELECT FROM agent_memories m WHERE {matching} LIMIT {int(max_rows) + 1}"
+            arms = [key]
+            if by_scope and isinstance(reader, AgentReader):
+                arms = [f"{key} AND {arm}" for arm in scope_arms(reader, p)]
+            first = " UNION ALL ".join(
+                f"(SELECT FROM agent_memories m WHERE {arm} LIMIT {int(max_rows) + 1})"
+                for arm in arms
+            )
             rows = f"(SELECT count(*) FROM ({first}) c)"
             where += f" AND (SELECT rows <= {int(max_rows)} FROM gate)"
         else:
@@ -318,9 +339,19 @@ async def ranked_exact(
             # count walking the agent's btree first (0.6 ms at 5,000 records).
             where += " AND (SELECT listed IS NULL FROM gate)"
             limit = f" LIMIT {int(max_rows) + 1}"
+        # The live records of the reader's scopes, as the upkeep counted them (`scoped`).
+        seen, session = "v.words_counted", _session(reader)
+        kept = ""
+        if session is not None:
+            seen += " + coalesce(n.counted, 0)"
+            kept = (
+                f" LEFT JOIN session_counts n ON n.account_id = {account}"
+                f" AND n.action_id = {action} AND n.session_id = {p(session)}"
+            )
         gate = (
-            f"gate AS MATERIALIZED (SELECT (SELECT v.records FROM agent_indexes v WHERE "
-            f"v.account_id = {account} AND v.action_id = {action}) AS listed, {rows} AS rows), "
+            f"gate AS MATERIALIZED (SELECT v.records AS listed, {seen} AS seen, {rows} AS rows"
+            f" FROM (SELECT) o LEFT JOIN agent_indexes v ON v.account_id = {account}"
+            f" AND v.action_id = {action}{kept}), "
         )
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
@@ -334,16 +365,25 @@ async def ranked_exact(
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
         return [_scored(row) for row in found], None
-    listed, counted_rows, scored_rows = (
-        found[0][k] for k in ("gate_listed", "gate_rows", "scored")
+    listed, seen_rows, counted_rows, scored_rows = (
+        found[0][k] for k in ("gate_listed", "gate_seen", "gate_rows", "scored")
     )
     if narrow:
         too_many = counted_rows > max_rows
     else:
         too_many = scored_rows > max_rows or (listed is not None and scored_rows == 0)
-    if too_many:
-        return None, listed
-    return [_scored(row) for row in found if row["memory_id"] is not None], None
+    if not too_many:
+        return [_scored(row) for row in found if row["memory_id"] is not None], None
+    if (
+        not narrow
+        and scoped is not None
+        and isinstance(reader, AgentReader)
+        and Scope.AGENT in reader.scopes
+        and seen_rows is not None
+        and seen_rows <= scoped
+    ):
+        return await ranked_exact(conn, reader, filters, r, scoped, by_scope=True)
+    return None, listed
 
 
 class _KeyParams(Params):

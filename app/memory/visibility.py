@@ -73,6 +73,24 @@ def gone(m: str = "m") -> str:
     return f"{m}.status <> 'ACTIVE' AND {m}.pending_execution IS NULL"
 
 
+def scope_arms(reader: AgentReader, p: Params, m: str = "m") -> list[str]:
+    """SQL, one predicate per scope the reader reads (agent scope, its own session's): row `m`
+    is of that scope, whatever its status; each served by its partial index (migrations 0020
+    and 0021)."""
+    arms: list[str] = []
+    if Scope.AGENT in reader.scopes:
+        arms.append(f"{m}.scope = 'AGENT'")
+    if Scope.SESSION in reader.scopes and reader.session_id is not None:
+        arms.append(f"({m}.scope = 'SESSION' AND {m}.session_id = {p(reader.session_id)})")
+    return arms
+
+
+def in_scopes(reader: AgentReader, p: Params, m: str = "m") -> str:
+    """SQL: row `m` is of a scope the reader reads, whatever its status."""
+    arms = scope_arms(reader, p, m)
+    return "(" + " OR ".join(arms) + ")" if arms else "false"
+
+
 def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False) -> str:
     """SQL predicate over `agent_memories` aliased `m`: the records `reader` sees.
 
@@ -92,12 +110,7 @@ def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False
         return " AND ".join(where)
 
     where.append(f"({m}.pending_execution IS NULL OR {staged_by(reader, p, m)})")
-    scopes: list[str] = []
-    if Scope.AGENT in reader.scopes:
-        scopes.append(f"{m}.scope = 'AGENT'")
-    if Scope.SESSION in reader.scopes and reader.session_id is not None:
-        scopes.append(f"({m}.scope = 'SESSION' AND {m}.session_id = {p(reader.session_id)})")
-    where.append("(" + " OR ".join(scopes) + ")" if scopes else "false")
+    where.append(in_scopes(reader, p, m))
     # Live readers never see preview records.
     where.append(f"(NOT {m}.preview OR {p(reader.preview)})")
     if not any_status:
