@@ -630,7 +630,7 @@ async def test_m20_a_turn_of_an_agent_writing_to_many_sessions_is_ranked_over_it
         await conn.execute("DEALLOCATE ALL")
         conn._drop_local_statement_cache()
         for _ in range(7):
-            await search_store.ranked_exact(conn, turn, Filters(), ranking, 20, 6)
+            await search_store.ranked_exact(conn, turn, Filters(), ranking, 20, scoped=6)
         plans = await conn.fetch(
             "SELECT generic_plans FROM pg_prepared_statements "
             "WHERE statement LIKE '%gate AS%' AND statement NOT LIKE '%prepared%'"
@@ -638,7 +638,7 @@ async def test_m20_a_turn_of_an_agent_writing_to_many_sessions_is_ranked_over_it
         assert len(plans) == 2 and all(p["generic_plans"] > 0 for p in plans)
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         explained = _Explained(conn)
-        await search_store.ranked_exact(explained, turn, Filters(), ranking, 20, 6)
+        await search_store.ranked_exact(explained, turn, Filters(), ranking, 20, scoped=6)
         await conn.execute("RESET plan_cache_mode")
     _, second = explained.plans
     scans = [
@@ -647,10 +647,13 @@ async def test_m20_a_turn_of_an_agent_writing_to_many_sessions_is_ranked_over_it
         if n.get("Relation Name") == "agent_memories"
         and n.get("Index Name") != "agent_memories_pkey"
     ]
-    # (A bitmap scan's heap reads are its own node, over the indexes' bitmaps.)
+    # The count and the scan read the two scopes' indexes, and no row of another session:
+    # none is read and filtered out, as a walk of the agent's btree would (3,000).
     used = {n.get("Index Name") for n in explained.nodes(second) if "Index Name" in n}
     assert {"agent_memories_agent_scope", "agent_memories_session"} <= used
     assert max(n["Actual Rows"] for n in scans) == 5
+    assert all(n.get("Rows Removed by Filter", 0) == 0 for n in scans)
+    assert not [n for n in explained.nodes(second) if n["Node Type"] == "Seq Scan"]
     # Its scopes hold more rows than that: the index plan, with the same records.
     monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 4)
     found, plan = await search_module.ranked(pool, turn, Filters(), ranking)
@@ -658,7 +661,9 @@ async def test_m20_a_turn_of_an_agent_writing_to_many_sessions_is_ranked_over_it
     # The agent scope alone held more than that: no second statement.
     async with pool.acquire() as conn:
         explained = _Explained(conn)
-        found, _ = await search_store.ranked_exact(explained, turn, Filters(), ranking, 20, 1)
+        found, _ = await search_store.ranked_exact(
+            explained, turn, Filters(), ranking, 20, scoped=1
+        )
     assert found is None and len(explained.plans) == 1
 
 
@@ -693,7 +698,8 @@ async def test_m3_p2_p3_a_turn_ranked_over_its_scopes_sees_only_visible_records(
         found, plan = await search_module.ranked(
             pool, agent.reader(preview=True), Filters(), ranking
         )
-        assert plan == "exact" and {r.memory_id for r in found} >= {mine, preview, replacement}
+        assert plan == "exact", mode
+        assert {r.memory_id for r in found} == {mine, preview, replacement, guidance}, mode
     whole = await search(pool, agent.state.embedder, live, CONFIG, query=text, limit=4)
     first = await search(pool, agent.state.embedder, live, CONFIG, query=text, limit=2)
     second = await search(

@@ -44,7 +44,7 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   own indexes, the rows of the scopes it reads, agent scope and its session's, are at most
   SCOPED_MAX_ROWS): read those rows by the (account, action) btree (or the scopes' partial
   indexes, migrations 0020 and 0021) and score every one. Exact whatever the filters. Its cost
-  grows with the rows: about 1 µs a record, most of it the cosine and the text rank
+  grows with the rows: 1-5 µs a record by the host, most of it the cosine and the text rank
   (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
   fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
@@ -72,7 +72,7 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   SCOPED_MAX_ROWS live records in its scopes (agent scope, and its session's when they are
   kept), costs one statement more: it does the same with the rows of its scopes, each counted
   by its partial index, so that an agent that writes mostly to other sessions is not ranked
-  through its whole indexes for a turn that sees few of its records. But under label or ID
+  through its whole indexes for a turn that sees few of its records. Except under label or ID
   filters the statement's text is the same for every agent (`search_store.OpaqueKey`), so it
   runs on a cached generic plan (as every search of the service does: a reader with no turn,
   whose staged writes are NULL, would be planned anew at each search, bench/README.md). The
@@ -114,8 +114,8 @@ from app.text import MAX_QUERY_CHARS, check_query
 EXACT_MAX_ROWS = 10_000
 # A turn of an agent with own indexes is ranked exactly over the rows of the scopes it reads
 # (agent scope and its session) when they are at most this many: the default of
-# `agent_index_min_records`, the size from which the index plan is the faster
-# (bench/README.md, fourteenth and fifteenth sessions).
+# `agent_index_min_records`, under which agents are ranked exactly anyway; at 1,900 rows the
+# exact plan was still the faster at p95 (bench/README.md, fifteenth session).
 SCOPED_MAX_ROWS = 2_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
@@ -261,7 +261,7 @@ async def ranked(
         else:
             gate = None if plan == "exact" else EXACT_MAX_ROWS
             found, records = await search_store.ranked_exact(
-                conn, reader, filters, ranking, gate, SCOPED_MAX_ROWS if gate else None
+                conn, reader, filters, ranking, gate, scoped=SCOPED_MAX_ROWS if gate else None
             )
             if found is not None:
                 return found, "exact"

@@ -289,8 +289,8 @@ async def ranked_exact(
     filters: Filters,
     r: Ranking,
     max_rows: int | None = None,
-    scoped: int | None = None,
     *,
+    scoped: int | None = None,
     by_scope: bool = False,
 ) -> tuple[list[MemoryRecord] | None, int | None]:
     """Scores every record the reader sees under the filters: (records, None). With
@@ -307,7 +307,7 @@ async def ranked_exact(
     `scoped`. A turn of an agent that writes mostly to other sessions then reads its few
     hundred rows, not the agent's whole indexes through a filter that hides most of them.
 
-    The statement is the same for every agent (`OpaqueKey`), but under label or ID filters:
+    Except under label or ID filters the statement is the same for every agent (`OpaqueKey`):
     a custom plan must see the key to choose the labels index for a large agent."""
     by_scope = by_scope or _session_only(reader)
     narrow = filters.narrows or by_scope
@@ -315,44 +315,8 @@ async def ranked_exact(
     where = visible(reader, p, "m") + _filters(filters, p)
     gate, limit = "", ""
     if max_rows is not None:
-        account, action = p(reader.account_id), p(reader.action_id)
-        rows = "NULL::bigint"
-        if narrow:
-            # Counted under the key, the scopes and the label and ID filters alone, each scope
-            # by its index up to `max_rows` + 1, so that an agent with own indexes reads a
-            # bounded number of rows here whatever the reader sees of them.
-            key = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
-                Filters(labels=filters.labels, ids=filters.ids), p
-            )
-            arms = [key]
-            if by_scope and isinstance(reader, AgentReader):
-                arms = [f"{key} AND {arm}" for arm in scope_arms(reader, p)]
-            first = " UNION ALL ".join(
-                f"(SELECT FROM agent_memories m WHERE {arm} LIMIT {int(max_rows) + 1})"
-                for arm in arms
-            )
-            rows = f"(SELECT count(*) FROM ({first}) c)"
-            where += f" AND (SELECT rows <= {int(max_rows)} FROM gate)"
-        else:
-            # A large agent's own indexes serve it: nothing is read. Otherwise one record
-            # more than it may score tells the agent is too large for this plan, without a
-            # count walking the agent's btree first (0.6 ms at 5,000 records).
-            where += " AND (SELECT listed IS NULL FROM gate)"
-            limit = f" LIMIT {int(max_rows) + 1}"
-        # The live records of the reader's scopes, as the upkeep counted them (`scoped`).
-        seen, session = "v.words_counted", _session(reader)
-        kept = ""
-        if session is not None:
-            seen += " + coalesce(n.counted, 0)"
-            kept = (
-                f" LEFT JOIN session_counts n ON n.account_id = {account}"
-                f" AND n.action_id = {action} AND n.session_id = {p(session)}"
-            )
-        gate = (
-            f"gate AS MATERIALIZED (SELECT v.records AS listed, {seen} AS seen, {rows} AS rows"
-            f" FROM (SELECT) o LEFT JOIN agent_indexes v ON v.account_id = {account}"
-            f" AND v.action_id = {action}{kept}), "
-        )
+        gate, bound, limit = _gate(reader, filters, p, max_rows, narrow=narrow, by_scope=by_scope)
+        where += bound
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
     scan = f"SELECT {_signals(r, p, scan=True)} FROM agent_memories m WHERE {where}{limit}"
@@ -365,7 +329,7 @@ async def ranked_exact(
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
         return [_scored(row) for row in found], None
-    listed, seen_rows, counted_rows, scored_rows = (
+    listed, seen, counted_rows, scored_rows = (
         found[0][k] for k in ("gate_listed", "gate_seen", "gate_rows", "scored")
     )
     if narrow:
@@ -379,11 +343,58 @@ async def ranked_exact(
         and scoped is not None
         and isinstance(reader, AgentReader)
         and Scope.AGENT in reader.scopes
-        and seen_rows is not None
-        and seen_rows <= scoped
+        and seen is not None
+        and seen <= scoped
     ):
         return await ranked_exact(conn, reader, filters, r, scoped, by_scope=True)
     return None, listed
+
+
+def _gate(
+    reader: Reader, filters: Filters, p: Params, max_rows: int, *, narrow: bool, by_scope: bool
+) -> tuple[str, str, str]:
+    """`ranked_exact`'s choice: the CTE `gate` (`listed`: the agent's records as listed with
+    own indexes; `seen`: the live records of the reader's scopes as the upkeep counted them;
+    `rows`: for a narrow reader, the rows matching its filters or scopes, up to `max_rows` +
+    1), the condition the scan adds, and the scan's LIMIT."""
+    account, action = p(reader.account_id), p(reader.action_id)
+    rows, limit = "NULL::bigint", ""
+    if narrow:
+        # Counted under the key, the scopes and the label and ID filters alone, each scope by
+        # its index up to `max_rows` + 1, so that an agent with own indexes reads a bounded
+        # number of rows here whatever the reader sees of them.
+        key = f"m.account_id = {account} AND m.action_id = {action}" + _filters(
+            Filters(labels=filters.labels, ids=filters.ids), p
+        )
+        arms = [key]
+        if by_scope and isinstance(reader, AgentReader):
+            arms = [f"{key} AND {arm}" for arm in scope_arms(reader, p)]
+        first = " UNION ALL ".join(
+            f"(SELECT FROM agent_memories m WHERE {arm} LIMIT {int(max_rows) + 1})" for arm in arms
+        )
+        rows = f"(SELECT count(*) FROM ({first}) c)"
+        bound = f" AND (SELECT rows <= {int(max_rows)} FROM gate)"
+    else:
+        # A large agent's own indexes serve it: nothing is read. Otherwise one record more than
+        # it may score tells the agent is too large for this plan, without a count walking the
+        # agent's btree first (0.6 ms at 5,000 records).
+        bound = " AND (SELECT listed IS NULL FROM gate)"
+        limit = f" LIMIT {int(max_rows) + 1}"
+    seen = "v.words_counted"
+    kept = ""
+    session = _session(reader)
+    if session is not None:
+        seen += " + coalesce(n.counted, 0)"
+        kept = (
+            f" LEFT JOIN session_counts n ON n.account_id = {account}"
+            f" AND n.action_id = {action} AND n.session_id = {p(session)}"
+        )
+    gate = (
+        f"gate AS MATERIALIZED (SELECT v.records AS listed, {seen} AS seen, {rows} AS rows"
+        f" FROM (SELECT) o LEFT JOIN agent_indexes v ON v.account_id = {account}"
+        f" AND v.action_id = {action}{kept}), "
+    )
+    return gate, bound, limit
 
 
 class _KeyParams(Params):

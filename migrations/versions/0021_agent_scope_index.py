@@ -11,7 +11,7 @@ in other sessions, counts the rows it reads through the two, and when they are f
 ranked exactly over them instead of by the agent's whole HNSW and GIN indexes, which a filter
 that hides most rows slows (app/memory/search_store.py, `ranked_exact`). Built in the
 migration, which writes to the table wait for: 2 s in bench/search_scale.py's load of
-1,230,000 agent-scope records on 2 cores, the table in memory.
+1,230,000 agent-scope records on 2 cores, the table in memory, `maintenance_work_mem` 4GB.
 """
 
 from alembic import op
