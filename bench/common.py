@@ -4,6 +4,8 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import tempfile
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -14,6 +16,8 @@ import asyncpg
 
 from app.db.embedded import EmbeddedPostgres
 from app.memory.records import MemoryRecord
+from app.memory.store import copy_committed
+from app.memory.vectors import memory_text
 
 
 def tuned_server(data_dir: Path, settings: Mapping[str, str]) -> EmbeddedPostgres:
@@ -190,3 +194,54 @@ def bench_record(
     return MemoryRecord(
         account_id=account_id, action_id=action_id, summary=summary, **(defaults | given)
     )
+
+
+def questions(samples: list[dict[str, Any]]) -> list[str]:
+    """LoCoMo's questions with an answer in the conversation (category 5 has none)."""
+    return [qa["question"] for s in samples for qa in s["qa"] if qa.get("category") != 5]
+
+
+def sentences(samples: list[dict[str, Any]]) -> list[str]:
+    """Every turn of the conversations, with its speaker."""
+    found = []
+    for sample in samples:
+        for key, turns in sample["conversation"].items():
+            if key.startswith("session_") and isinstance(turns, list):
+                found += [f"{t['speaker']}: {t['text']}" for t in turns]
+    return found
+
+
+async def load_agent(
+    pool: Any, embedder: Any, texts: list[str], scopes: list[dict[str, Any]]
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """A new account and agent holding one committed record per entry of `scopes` (its
+    `bench_record` columns, such as scope and session_id), each a text drawn from `texts`
+    (seeded), embedded by `embedder`."""
+    account, action = uuid.uuid4(), uuid.uuid4()
+    rng = random.Random(7)
+    chosen = [rng.choice(texts) for _ in scopes]
+    vectors = (await embedder.embed([memory_text(t, "") for t in chosen])).vectors
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'bench')", account)
+        await conn.execute(
+            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            account,
+            action,
+        )
+        records = [
+            bench_record(account, action, t, **s) for t, s in zip(chosen, scopes, strict=True)
+        ]
+        await copy_committed(conn, records, vectors)
+    return account, action
+
+
+def run_scratch(data_dir: Path | None, prefix: str, measure: Any, embedder: Any) -> None:
+    """Runs `measure(url)` on a fresh database of a scratch server under `data_dir` (default: a
+    new temp dir named by `prefix`), and stops the server."""
+    data_dir = data_dir or Path(tempfile.mkdtemp(prefix=prefix))
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        url = asyncio.run(fresh_database(pg, "sessions", embedder))
+        asyncio.run(measure(url))
+    finally:
+        pg.stop()

@@ -15,11 +15,9 @@ migration 0021's index, whose index plan is what the service ran for such a turn
 """
 
 import argparse
-import asyncio
 import random
 import shlex
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -29,21 +27,19 @@ sys.path.insert(0, str(ROOT))
 
 from common import (  # noqa: E402
     add_locomo_argument,
-    bench_record,
-    fresh_database,
+    load_agent,
     load_locomo,
     percentiles,
+    questions,
+    run_scratch,
+    sentences,
 )
-from session_words import sentences  # noqa: E402
 
-from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance  # noqa: E402
 from app.memory import search as search_module  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
-from app.memory.store import copy_committed  # noqa: E402
-from app.memory.vectors import memory_text  # noqa: E402
 from app.memory.visibility import AgentReader  # noqa: E402
 from app.scope import Scope  # noqa: E402
 
@@ -51,7 +47,6 @@ MINE = "mine"
 
 
 async def load(pool, embedder, texts: list[str], args: argparse.Namespace) -> tuple:
-    account, action = uuid.uuid4(), uuid.uuid4()
     scopes = (
         [{}] * args.agent
         + [
@@ -60,21 +55,7 @@ async def load(pool, embedder, texts: list[str], args: argparse.Namespace) -> tu
         ]
         + [{"scope": "SESSION", "session_id": MINE}] * args.mine
     )
-    rng = random.Random(7)
-    chosen = [rng.choice(texts) for _ in scopes]
-    vectors = (await embedder.embed([memory_text(t, "") for t in chosen])).vectors
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'bench')", account)
-        await conn.execute(
-            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
-            account,
-            action,
-        )
-        records = [
-            bench_record(account, action, t, **s) for t, s in zip(chosen, scopes, strict=True)
-        ]
-        await copy_committed(conn, records, vectors)
-    return account, action
+    return await load_agent(pool, embedder, texts, scopes)
 
 
 async def measure(url: str, samples: list[dict], args: argparse.Namespace) -> None:
@@ -89,8 +70,8 @@ async def measure(url: str, samples: list[dict], args: argparse.Namespace) -> No
         await maintenance.run_round(pool, min_records=2_000)
         listed = await pool.fetchval("SELECT records FROM agent_indexes")
         print(f"  loaded and listed ({listed:,} records) in {time.perf_counter() - t:.0f} s")
-        questions = [qa["question"] for s in samples for qa in s["qa"] if qa.get("category") != 5]
-        picks = random.Random(3).sample(questions, min(args.queries + 6, len(questions)))
+        asked = questions(samples)
+        picks = random.Random(3).sample(asked, min(args.queries + 6, len(asked)))
         vectors = (await embedder.embed(picks)).vectors
         turn = AgentReader(account, action, MINE, tuple(Scope), False, uuid.uuid4(), 1)
         print(f"  a turn reading agent scope and its session ({args.agent + args.mine:,} rows):")
@@ -144,13 +125,9 @@ def main() -> None:
     args = parser.parse_args()
     samples = load_locomo(args.locomo)
     print("# python bench/many_sessions.py " + shlex.join(sys.argv[1:]))
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-sessions-"))
-    pg = EmbeddedPostgres(data_dir / "pgdata")
-    try:
-        url = asyncio.run(fresh_database(pg, "sessions", StaticEmbedder()))
-        asyncio.run(measure(url, samples, args))
-    finally:
-        pg.stop()
+    run_scratch(
+        args.data_dir, "engram-sessions-", lambda url: measure(url, samples, args), StaticEmbedder()
+    )
 
 
 if __name__ == "__main__":

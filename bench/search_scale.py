@@ -54,6 +54,7 @@ from common import (  # noqa: E402
     add_locomo_argument,
     load_locomo,
     percentiles,
+    questions,
     restart_cold,
     summary,
     tuned_server,
@@ -124,7 +125,7 @@ def locomo_turns() -> list[str]:
 
 
 def locomo_questions() -> list[str]:
-    return [qa["question"] for sample in SAMPLES for qa in sample["qa"] if qa.get("category") != 5]
+    return questions(SAMPLES)
 
 
 class Plan:

@@ -13,11 +13,9 @@ agents rank the same records.
 """
 
 import argparse
-import asyncio
 import random
 import shlex
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import replace
@@ -28,53 +26,28 @@ sys.path.insert(0, str(ROOT))
 
 from common import (  # noqa: E402
     add_locomo_argument,
-    bench_record,
-    fresh_database,
+    load_agent,
     load_locomo,
     percentiles,
+    questions,
+    run_scratch,
+    sentences,
 )
 
-from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance  # noqa: E402
 from app.memory import search as search_module  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
-from app.memory.store import copy_committed  # noqa: E402
-from app.memory.vectors import memory_text  # noqa: E402
 from app.memory.visibility import AgentReader  # noqa: E402
 from app.scope import Scope  # noqa: E402
 
 SESSION = "long"
 
 
-def sentences(samples: list[dict]) -> list[str]:
-    found = []
-    for sample in samples:
-        for key, turns in sample["conversation"].items():
-            if key.startswith("session_") and isinstance(turns, list):
-                found += [f"{t['speaker']}: {t['text']}" for t in turns]
-    return found
-
-
 async def load(pool, embedder, texts: list[str], agent: int, session: int) -> tuple:
-    account, action = uuid.uuid4(), uuid.uuid4()
-    rng = random.Random(7)
-    chosen = [rng.choice(texts) for _ in range(agent + session)]
-    vectors = (await embedder.embed([memory_text(t, "") for t in chosen])).vectors
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'bench')", account)
-        await conn.execute(
-            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
-            account,
-            action,
-        )
-        scoped = [{}] * agent + [{"scope": "SESSION", "session_id": SESSION}] * session
-        records = [
-            bench_record(account, action, t, **s) for t, s in zip(chosen, scoped, strict=True)
-        ]
-        await copy_committed(conn, records, vectors)
-    return account, action
+    scopes = [{}] * agent + [{"scope": "SESSION", "session_id": SESSION}] * session
+    return await load_agent(pool, embedder, texts, scopes)
 
 
 async def measure(url: str, samples: list[dict], agent: int, session: int, queries: int) -> None:
@@ -95,8 +68,8 @@ async def measure(url: str, samples: list[dict], agent: int, session: int, queri
             await pool.execute(
                 f"DELETE FROM {table} WHERE account_id = $1 AND action_id = $2", *counted
             )
-        questions = [qa["question"] for s in samples for qa in s["qa"] if qa.get("category") != 5]
-        picks = random.Random(3).sample(questions, min(queries + 6, len(questions)))
+        asked = questions(samples)
+        picks = random.Random(3).sample(asked, min(queries + 6, len(asked)))
         vectors = (await embedder.embed(picks)).vectors
         turn = AgentReader(
             uuid.uuid4(), uuid.uuid4(), SESSION, tuple(Scope), False, uuid.uuid4(), 1
@@ -139,13 +112,12 @@ def main() -> None:
     args = parser.parse_args()
     samples = load_locomo(args.locomo)
     print("# python bench/session_words.py " + shlex.join(sys.argv[1:]))
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-sessions-"))
-    pg = EmbeddedPostgres(data_dir / "pgdata")
-    try:
-        url = asyncio.run(fresh_database(pg, "sessions", StaticEmbedder()))
-        asyncio.run(measure(url, samples, args.agent, args.session, args.queries))
-    finally:
-        pg.stop()
+    run_scratch(
+        args.data_dir,
+        "engram-sessions-",
+        lambda url: measure(url, samples, args.agent, args.session, args.queries),
+        StaticEmbedder(),
+    )
 
 
 if __name__ == "__main__":
