@@ -311,11 +311,20 @@ async def ranked_exact(
     a custom plan must see the key to choose the labels index for a large agent."""
     by_scope = by_scope or _session_only(reader)
     narrow = filters.narrows or by_scope
+    # A turn this statement may leave to the second one: the gate reads what the upkeep counted.
+    scoping = (
+        scoped is not None
+        and not narrow
+        and isinstance(reader, AgentReader)
+        and Scope.AGENT in reader.scopes
+    )
     p = Params() if filters.narrows else OpaqueKey(reader)
     where = visible(reader, p, "m") + _filters(filters, p)
     gate, limit = "", ""
     if max_rows is not None:
-        gate, bound, limit = _gate(reader, filters, p, max_rows, narrow=narrow, by_scope=by_scope)
+        gate, bound, limit = _gate(
+            reader, filters, p, max_rows, narrow=narrow, by_scope=by_scope, seen=scoping
+        )
         where += bound
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
@@ -338,25 +347,25 @@ async def ranked_exact(
         too_many = scored_rows > max_rows or (listed is not None and scored_rows == 0)
     if not too_many:
         return [_scored(row) for row in found if row["memory_id"] is not None], None
-    if (
-        not narrow
-        and scoped is not None
-        and isinstance(reader, AgentReader)
-        and Scope.AGENT in reader.scopes
-        and seen is not None
-        and seen <= scoped
-    ):
+    if scoping and seen is not None and seen <= scoped:
         return await ranked_exact(conn, reader, filters, r, scoped, by_scope=True)
     return None, listed
 
 
 def _gate(
-    reader: Reader, filters: Filters, p: Params, max_rows: int, *, narrow: bool, by_scope: bool
+    reader: Reader,
+    filters: Filters,
+    p: Params,
+    max_rows: int,
+    *,
+    narrow: bool,
+    by_scope: bool,
+    seen: bool,
 ) -> tuple[str, str, str]:
     """`ranked_exact`'s choice: the CTE `gate` (`listed`: the agent's records as listed with
-    own indexes; `seen`: the live records of the reader's scopes as the upkeep counted them;
-    `rows`: for a narrow reader, the rows matching its filters or scopes, up to `max_rows` +
-    1), the condition the scan adds, and the scan's LIMIT."""
+    own indexes; `seen`, only when asked: the live records of the reader's scopes as the
+    upkeep counted them; `rows`: for a narrow reader, the rows matching its filters or scopes,
+    up to `max_rows` + 1), the condition the scan adds, and the scan's LIMIT."""
     account, action = p(reader.account_id), p(reader.action_id)
     rows, limit = "NULL::bigint", ""
     if narrow:
@@ -380,17 +389,18 @@ def _gate(
         # agent's btree first (0.6 ms at 5,000 records).
         bound = " AND (SELECT listed IS NULL FROM gate)"
         limit = f" LIMIT {int(max_rows) + 1}"
-    seen = "v.words_counted"
-    kept = ""
+    upkeep, kept = "NULL::bigint", ""
     session = _session(reader)
-    if session is not None:
-        seen += " + coalesce(n.counted, 0)"
-        kept = (
-            f" LEFT JOIN session_counts n ON n.account_id = {account}"
-            f" AND n.action_id = {action} AND n.session_id = {p(session)}"
-        )
+    if seen:
+        upkeep = "v.words_counted"
+        if session is not None:
+            upkeep += " + coalesce(n.counted, 0)"
+            kept = (
+                f" LEFT JOIN session_counts n ON n.account_id = {account}"
+                f" AND n.action_id = {action} AND n.session_id = {p(session)}"
+            )
     gate = (
-        f"gate AS MATERIALIZED (SELECT v.records AS listed, {seen} AS seen, {rows} AS rows"
+        f"gate AS MATERIALIZED (SELECT v.records AS listed, {upkeep} AS seen, {rows} AS rows"
         f" FROM (SELECT) o LEFT JOIN agent_indexes v ON v.account_id = {account}"
         f" AND v.action_id = {action}{kept}), "
     )
