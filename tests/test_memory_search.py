@@ -509,7 +509,7 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
         async with pool.acquire() as conn:
             explained = _Explained(conn)
             found = await search_store.ranked_index(
-                explained, agent.operator, Filters(), ranking, False
+                explained, agent.operator, Filters(), ranking, None
             )
         assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
         (scan,) = [
@@ -532,7 +532,7 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
         ranking = search_module.make_ranking("lexical", query, None, None, limit)
         async with pool.acquire() as conn:
             explained = _Explained(conn)
-            await search_store.ranked_index(explained, agent.operator, Filters(), ranking, False)
+            await search_store.ranked_index(explained, agent.operator, Filters(), ranking, None)
         # The walk: a limit over the loop of tiers.
         (walk,) = [
             n
@@ -545,6 +545,86 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
     assert await lexical_rows(query, 2) == 2
     # Seven words: the seventh adds to scores without moving tiers, so the list keeps a margin.
     assert await lexical_rows("violin lantern garden hose compost mulch sprinklers", 2) == 8
+
+
+async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_first(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listed agent's lexical tier of common words is read newest first by the (agent,
+    # created) btree, testing its words on each row, and stops at the page: not every holder
+    # by GIN. A tier of rare words is still read by GIN, and common words that never meet in
+    # one record leave the walk short, so GIN reads their tier after all. Every page is the
+    # exact plan's.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    for i in range(240):
+        words = ["harbour" if i % 2 else "lantern"] + ["garden"] * (i % 4 != 0)
+        await agent.add(" ".join(words + ["violin"] * (i % 40 == 0)) + f" note {i}")
+    await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
+    pool = agent.state.pool
+    listed = await search_store.listed_records(pool, agent.operator)
+    assert listed == 240
+
+    async def lexical(query: str, limit: int = 10) -> tuple[int, int]:
+        """The page against the exact plan's; the rows the walk read by the created btree,
+        and the tiers read as before."""
+        ranking = search_module.make_ranking("lexical", query, None, None, limit)
+        exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+        async with pool.acquire() as conn:
+            explained = _Explained(conn)
+            found = await search_store.ranked_index(
+                explained, agent.operator, Filters(), ranking, listed
+            )
+        assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
+        assert len(found) == min(limit, len(exact))
+        nodes = list(explained.nodes())
+        walked = [n for n in nodes if n.get("Index Name") == "agent_memories_created"]
+        # The tier as before (GIN, or what the planner reads for so few rows), under the
+        # gate that opens when the walk came back short.
+        tiers = [
+            c
+            for n in nodes
+            if n["Node Type"] == "Result" and " < " in n.get("One-Time Filter", "")
+            for c in n["Plans"]
+            if c["Parent Relationship"] == "Outer"
+        ]
+        return (
+            sum(n["Actual Rows"] * n["Actual Loops"] for n in walked),
+            sum(n["Actual Loops"] for n in tiers),
+        )
+
+    # Held by 180 of the 240 records: the newest ten are found among the newest few rows.
+    rows, gin = await lexical("garden")
+    assert 10 <= rows <= 30 and gin == 0
+    # Held by 6: read as before (no row walked).
+    rows, gin = await lexical("violin")
+    assert rows == 0 and gin == 1
+    # Each held by half the records, never together: the walk for the tier of both finds
+    # none and that tier is read as before; the next tier (either word) is walked.
+    rows, gin = await lexical("harbour lantern")
+    assert rows >= 60 and gin == 1
+    # Deeper pages and other mixes rank as the exact plan does.
+    for query in ("garden violin", "garden harbour", "lantern note", "garden"):
+        await lexical(query, 25)
+    first = await search(
+        pool, agent.state.embedder, agent.operator, CONFIG, query="garden", mode="lexical", limit=10
+    )
+    second = await search(
+        pool,
+        agent.state.embedder,
+        agent.operator,
+        CONFIG,
+        query="garden",
+        mode="lexical",
+        limit=10,
+        after=first.cursors[-1],
+    )
+    whole = await search(
+        pool, agent.state.embedder, agent.operator, CONFIG, query="garden", mode="lexical", limit=20
+    )
+    assert first.plan == second.plan == whole.plan == "index"
+    assert [r.memory_id for r in first.records + second.records] == [
+        r.memory_id for r in whole.records
+    ]
 
 
 async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_session_index(
@@ -735,9 +815,10 @@ async def test_m20_a_listed_agents_searches_are_planned_once_per_connection(
             async with agent.state.pool.acquire() as conn:
                 await conn.execute("DEALLOCATE ALL")
                 conn._drop_local_statement_cache()
+                records = await search_store.listed_records(conn, reader)
                 for query in queries * 2:
                     ranking = search_module.make_ranking(mode, query, vector, None, 5)
-                    await search_store.ranked_index(conn, reader, Filters(), ranking, True)
+                    await search_store.ranked_index(conn, reader, Filters(), ranking, records)
                 plans = await conn.fetch(
                     "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                     "WHERE statement LIKE '%query_words(%' AND statement NOT LIKE '%prepared%'"

@@ -72,8 +72,8 @@ async def index_plan_uses(agent: SearchAgent, query: str) -> str:
         # Tens of rows are read and sorted fastest in full; at scale the indexes win.
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         capture = Capture(conn)
-        own = await search_store.listed_records(conn, agent.operator) is not None
-        await search_store.ranked_index(capture, agent.operator, Filters(), r, own)
+        records = await search_store.listed_records(conn, agent.operator)
+        await search_store.ranked_index(capture, agent.operator, Filters(), r, records)
         rows = await conn.fetch("EXPLAIN " + capture.sql[0], *capture.sql[1:])
     return "\n".join(r[0] for r in rows)
 
