@@ -109,7 +109,9 @@ async def measure(
     ranking = search_module.make_ranking("hybrid", QUERY, vector, None, 10)
     capture = Capture()
     listed, unlisted = OperatorReader(*keys[0]), OperatorReader(*keys[-1])
-    await search_store.ranked_index(capture, listed, Filters(), ranking, n > 0)
+    async with pool.acquire() as conn:  # None when n is 0
+        records = await search_store.listed_records(conn, listed)
+    await search_store.ranked_index(capture, listed, Filters(), ranking, records)
     index_sql = capture.sql
     with contextlib.suppress(LookupError):  # it reads the gate's answer from no rows
         await search_store.ranked_exact(capture, unlisted, Filters(), ranking, 10_000)

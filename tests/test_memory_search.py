@@ -550,64 +550,76 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
 async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_first(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A listed agent's lexical tier of common words is read newest first by the (agent,
-    # created) btree, testing its words on each row, and stops at the page: not every holder
-    # by GIN. A tier of rare words is still read by GIN, and common words that never meet in
-    # one record leave the walk short, so GIN reads their tier after all. Every page is the
-    # exact plan's.
+    # A listed agent's lexical tier of common words is walked newest first by the (agent,
+    # created) btree, testing its words on a bounded number of rows, and stops at the page:
+    # not every holder read by GIN. A tier of rare words is read as before, and so is a tier
+    # whose walk comes back short (common words that seldom meet: what the walk found is not
+    # enough). Every page is the exact plan's, for an operator and for a turn.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
     for i in range(240):
-        words = ["harbour" if i % 2 else "lantern"] + ["garden"] * (i % 4 != 0)
+        words = ["harbour" if i % 2 or i in (0, 236, 238) else ""]
+        words += ["lantern" if i % 2 == 0 else ""] + ["garden"] * (i % 4 != 0)
         await agent.add(" ".join(words + ["violin"] * (i % 40 == 0)) + f" note {i}")
     await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
     pool = agent.state.pool
     listed = await search_store.listed_records(pool, agent.operator)
     assert listed == 240
+    turn = replace(agent.reader(execution_id=uuid.uuid4()), invocation_number=1)
 
-    async def lexical(query: str, limit: int = 10) -> tuple[int, int]:
-        """The page against the exact plan's; the rows the walk read by the created btree,
+    async def lexical(query: str, limit: int = 10, reader: Reader = agent.operator) -> tuple:
+        """The page against the exact plan's; the rows the walks read by the created btree,
         and the tiers read as before."""
         ranking = search_module.make_ranking("lexical", query, None, None, limit)
-        exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+        exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
         async with pool.acquire() as conn:
             explained = _Explained(conn)
-            found = await search_store.ranked_index(
-                explained, agent.operator, Filters(), ranking, listed
-            )
+            found = await search_store.ranked_index(explained, reader, Filters(), ranking, listed)
         assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
         assert len(found) == min(limit, len(exact))
         nodes = list(explained.nodes())
         walked = [n for n in nodes if n.get("Index Name") == "agent_memories_created"]
-        # The tier as before (GIN, or what the planner reads for so few rows), under the
-        # gate that opens when the walk came back short.
-        tiers = [
+        # The tier as before (by GIN, or what the planner reads for so few rows): the branch
+        # under a one-time filter that is not the walk's own rows.
+        before = [
             c
             for n in nodes
-            if n["Node Type"] == "Result" and " < " in n.get("One-Time Filter", "")
+            if n["Node Type"] == "Result" and "One-Time Filter" in n
             for c in n["Plans"]
-            if c["Parent Relationship"] == "Outer"
+            if c["Parent Relationship"] == "Outer" and c.get("CTE Name") != "walked"
         ]
         return (
             sum(n["Actual Rows"] * n["Actual Loops"] for n in walked),
-            sum(n["Actual Loops"] for n in tiers),
+            sum(n["Actual Loops"] for n in before),
         )
 
-    # Held by 180 of the 240 records: the newest ten are found among the newest few rows.
-    rows, gin = await lexical("garden")
-    assert 10 <= rows <= 30 and gin == 0
+    # Held by 180 of the 240 records: the newest ten are among the newest few rows.
+    rows, before = await lexical("garden")
+    assert 10 <= rows <= 30 and before == 0
+    assert await lexical("garden", reader=turn) == (rows, before)
     # Held by 6: read as before (no row walked).
-    rows, gin = await lexical("violin")
-    assert rows == 0 and gin == 1
-    # Each held by half the records, never together: the walk for the tier of both finds
-    # none and that tier is read as before; the next tier (either word) is walked.
-    rows, gin = await lexical("harbour lantern")
-    assert rows >= 60 and gin == 1
+    assert await lexical("violin") == (0, 1)
+    # Each held by half the records, both by three (the two newest even ones and the oldest):
+    # the walk for the tier of both finds two of ten, so that tier is read as before and its
+    # oldest record is not missed; the next tier (either word) is walked.
+    rows, before = await lexical("harbour lantern")
+    assert rows >= 40 and before == 1
     # Deeper pages and other mixes rank as the exact plan does.
     for query in ("garden violin", "garden harbour", "lantern note", "garden"):
         await lexical(query, 25)
-    first = await search(
-        pool, agent.state.embedder, agent.operator, CONFIG, query="garden", mode="lexical", limit=10
-    )
+        await lexical(query, 25, turn)
+    pages = [
+        await search(
+            pool,
+            agent.state.embedder,
+            agent.operator,
+            CONFIG,
+            query="garden",
+            mode="lexical",
+            limit=limit,
+            after=after,
+        )
+        for limit, after in ((10, None), (20, None))
+    ]
     second = await search(
         pool,
         agent.state.embedder,
@@ -616,14 +628,11 @@ async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_fi
         query="garden",
         mode="lexical",
         limit=10,
-        after=first.cursors[-1],
+        after=pages[0].cursors[-1],
     )
-    whole = await search(
-        pool, agent.state.embedder, agent.operator, CONFIG, query="garden", mode="lexical", limit=20
-    )
-    assert first.plan == second.plan == whole.plan == "index"
-    assert [r.memory_id for r in first.records + second.records] == [
-        r.memory_id for r in whole.records
+    assert pages[0].plan == pages[1].plan == second.plan == "index"
+    assert [r.memory_id for r in pages[0].records + second.records] == [
+        r.memory_id for r in pages[1].records
     ]
 
 

@@ -15,8 +15,9 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
   from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
   words first, best cosine first within a tier), until the list is full; in hybrid mode, only
   while a tier's records can still reach the page or raise the best text score (`_threshold`),
-  and in lexical mode, only the page when the query has at most six words. Fast for an agent
-  of any size; a record outside both lists is not found.
+  and in lexical mode, only the page when the query has at most six words (a tier of common
+  words read newest first by the created btree when that is cheaper, `_newest_first`). Fast
+  for an agent of any size; a record outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
@@ -481,16 +482,19 @@ async def ranked_index(
     in lexical mode after the page's ranks when the query has at most six words (the tiers'
     order is then the lexical ranking).
 
-    In lexical mode a tier of common words is read newest first by the (agent, created)
-    btree, testing its words on each row, when that should find the tier's newest records
-    sooner than GIN reads all of them (`_newest_first`).
+    In lexical mode, for an agent with own indexes and any reader but a preview one, a tier of
+    common words is first walked newest first by the (agent, created) btree, testing its words
+    on a bounded number of rows, when that should find the tier's newest records sooner than
+    GIN reads all of them; a walk that comes back short leaves the tier to GIN
+    (`_newest_first`).
 
     `records`: the agent's records as listed with its own indexes, None without them; with
     them the statement names the agent's key as literals (`AgentKey`), which their partial
     predicates need."""
     own = records is not None
     p = AgentKey(reader) if own else Params()
-    agent = "agent_memories m WHERE " + visible(reader, p, "m") + _filters(filters, p)
+    where = visible(reader, p, "m") + _filters(filters, p)
+    agent = "agent_memories m WHERE " + where
     columns = "m.memory_id, m.created, m.embedding, m.tsv"
     limit = int(r.candidates)  # a constant: for a parameter a cached plan would guess a tenth
 
@@ -509,7 +513,8 @@ async def ranked_index(
         # GIN reads a tier's words (`held`); `exact` is tested on the rows it finds (as a
         # function, which GIN cannot take: its NOT would read the common words' postings, 1.5-2
         # x slower). Sorted outside the scan (OFFSET 0), so that no index that supplies the
-        # order (HNSW, the created btree) is walked instead, testing the words on every row.
+        # order (HNSW, the created btree) is walked instead, testing the words on every row
+        # (which `_newest_first` does on purpose, and bounded, for a tier of common words).
         tier = (
             f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.held"
             " AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
@@ -535,7 +540,7 @@ async def ranked_index(
                 f" ELSE {limit} END FROM words)"
             )
             if records is not None and not (isinstance(reader, AgentReader) and reader.preview):
-                tier = _newest_first(tier, columns, agent, p, want, records)
+                tier = _newest_first(tier, columns, reader, where, p, want, records)
             lists.append(walk(_TIERS, f"LIMIT {want}"))
         else:
             lists.append(walk(_TIERS, f"LIMIT {limit}"))
@@ -544,25 +549,33 @@ async def ranked_index(
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 
-def _newest_first(tier: str, columns: str, agent: str, p: Params, want: str, records: int) -> str:
+def _newest_first(
+    tier: str, columns: str, reader: Reader, where: str, p: Params, want: str, records: int
+) -> str:
     """A lexical tier's newest `want` records (SQL; `tier` reads them all by GIN and sorts
     them), read newest first by the (agent, created) btree instead when the tier's words are
-    common.
+    common; `where`: the reader's rows, as `ranked_index` selects them.
 
     A word's weight is BM25's IDF, so e^-weight is about the share of the records that hold it,
     and e^-most about the share holding all of a tier's words (`most`, their summed weights).
     The walk finds `want` of them in about `want * e^most` rows, where GIN reads `records *
     e^-most` at about three times the cost a row: it is tried when the first is less, that is
-    when `most` is under ln(3 * records / want) / 2, over at most twice the rows it should
-    need. Words that seldom meet (two speakers' names) can leave it short; then GIN reads the
-    tier as before. Measured in bench/README.md (sixteenth session)."""
+    when `most` is under ln(3 * records / want) / 2, over at most twice the rows it should need
+    (the agent's newest rows, whatever the reader sees of them: a reader who sees few, or words
+    that seldom meet, such as two speakers' names, leave it short, and GIN reads the tier as
+    before). Measured in bench/README.md (sixteenth session)."""
+    want = f"greatest({want}, 1)"
     common = f"0.5 * ln(3 * {p(float(max(records, 1)))}::float8 / {want})"
     rows = f"CASE WHEN t.most < {common} THEN ceil(2 * {want} * exp(t.most))::bigint ELSE 0 END"
+    newest = (
+        f"SELECT * FROM agent_memories m WHERE m.account_id = {p(reader.account_id)}"
+        f" AND m.action_id = {p(reader.action_id)}"
+        f" ORDER BY m.created DESC, m.memory_id DESC LIMIT {rows}"
+    )
     # The words as functions, which no index takes: the btree's order is read, not GIN.
     walked = (
-        f"walked AS MATERIALIZED (SELECT * FROM (SELECT {columns} FROM {agent}"
-        f" ORDER BY m.created DESC, m.memory_id DESC LIMIT {rows}) m"
-        " WHERE ts_match_vq(m.tsv, t.held) AND ts_match_vq(m.tsv, t.exact)"
+        f"walked AS MATERIALIZED (SELECT {columns} FROM ({newest}) m WHERE {where}"
+        " AND ts_match_vq(m.tsv, t.held) AND ts_match_vq(m.tsv, t.exact)"
         f" ORDER BY m.created DESC, m.memory_id DESC LIMIT {want})"
     )
     short = f"(SELECT count(*) FROM walked) < {want}"
