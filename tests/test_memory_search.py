@@ -607,8 +607,9 @@ async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_fi
     for query in ("garden violin", "garden harbour", "lantern note", "garden"):
         await lexical(query, 25)
         await lexical(query, 25, turn)
-    pages = [
-        await search(
+
+    async def garden(limit: int, after: str | None = None) -> Any:
+        return await search(
             pool,
             agent.state.embedder,
             agent.operator,
@@ -618,21 +619,12 @@ async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_fi
             limit=limit,
             after=after,
         )
-        for limit, after in ((10, None), (20, None))
-    ]
-    second = await search(
-        pool,
-        agent.state.embedder,
-        agent.operator,
-        CONFIG,
-        query="garden",
-        mode="lexical",
-        limit=10,
-        after=pages[0].cursors[-1],
-    )
-    assert pages[0].plan == pages[1].plan == second.plan == "index"
-    assert [r.memory_id for r in pages[0].records + second.records] == [
-        r.memory_id for r in pages[1].records
+
+    first, whole = await garden(10), await garden(20)
+    second = await garden(10, first.cursors[-1])
+    assert first.plan == second.plan == whole.plan == "index"
+    assert [r.memory_id for r in first.records + second.records] == [
+        r.memory_id for r in whole.records
     ]
 
 
