@@ -585,7 +585,7 @@ def _newest_first(
     )
 
 
-# The query's words in tiers (migration 0019), under a `words` CTE.
+# The query's words in tiers (migrations 0019 and 0022), under a `words` CTE.
 _TIERS = "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
 
 
