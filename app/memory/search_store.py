@@ -23,7 +23,7 @@ Both end in the same fusion (`_FUSED`), so a record scores the same whichever pl
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -666,4 +666,4 @@ async def newest(
 
 
 def _scored(row: asyncpg.Record) -> MemoryRecord:
-    return replace(record(row), score=row["score"])
+    return record(row, row["score"])
