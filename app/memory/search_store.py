@@ -40,6 +40,7 @@ from app.memory.visibility import (
     OperatorReader,
     Reader,
     counted,
+    in_session,
     scope_arms,
     visible,
 )
@@ -171,7 +172,7 @@ def _own_session(reader: AgentReader, session: str, p: Params) -> str:
     return (
         "own AS MATERIALIZED (SELECT m.tsv FROM agent_memories m"
         f" WHERE m.account_id = {p(reader.account_id)} AND m.action_id = {p(reader.action_id)}"
-        f" AND m.scope = 'SESSION' AND m.session_id = {p(session)} AND {counted()}), "
+        f" AND {in_session(session, p)} AND {counted()}), "
     )
 
 
@@ -465,7 +466,8 @@ async def ranked_index(
     """Candidates from the indexes, scored as they are read. Meaning: the agent's own HNSW
     index, iterative scan (without one, every record's cosine: there is no shared index,
     migration 0015). Words: the records holding the query's words, best text score first, read
-    by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migration 0017): a tier is
+    by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migrations 0017 and 0022,
+    GIN asked for at most three words of a subset and the rest tested on its rows): a tier is
     the records holding exactly one subset of the query's six rarest words (or several of
     equal weight), and tiers come in the order of their weight, so the list is the exact text
     ranking and stops reading once full. Within a tier, best cosine first (newest first in
@@ -510,13 +512,15 @@ async def ranked_index(
     if nearest is not None:
         lists.append(candidates(f"SELECT {columns} FROM {agent} ORDER BY {nearest} LIMIT {limit}"))
     if r.text is not None:
-        # GIN reads a tier's words (`held`); `exact` is tested on the rows it finds (as a
-        # function, which GIN cannot take: its NOT would read the common words' postings, 1.5-2
-        # x slower). Sorted outside the scan (OFFSET 0), so that no index that supplies the
-        # order (HNSW, the created btree) is walked instead, testing the words on every row
-        # (which `_newest_first` does on purpose, and bounded, for a tier of common words).
+        # GIN reads the rarest three words of each of the tier's subsets (`probe`, migration
+        # 0022: the more common ones' postings cost most in tiers that turn out empty);
+        # `exact` is tested on the rows it finds (as a function, which GIN cannot take: its
+        # NOT would read the common words' postings, 1.5-2 x slower). Sorted outside the scan
+        # (OFFSET 0), so that no index that supplies the order (HNSW, the created btree) is
+        # walked instead, testing the words on every row (which `_newest_first` does on
+        # purpose, and bounded, for a tier of common words).
         tier = (
-            f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.held"
+            f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.probe"
             " AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
             f" ORDER BY {nearest or 'm.created DESC, m.memory_id DESC'} LIMIT {limit}"
         )

@@ -73,6 +73,12 @@ def gone(m: str = "m") -> str:
     return f"{m}.status <> 'ACTIVE' AND {m}.pending_execution IS NULL"
 
 
+def in_session(session: str, p: Params, m: str = "m") -> str:
+    """SQL: row `m` is of session scope, in `session`, whatever its status; served by the
+    session index (migration 0020)."""
+    return f"({m}.scope = 'SESSION' AND {m}.session_id = {p(session)})"
+
+
 def scope_arms(reader: AgentReader, p: Params, m: str = "m") -> list[str]:
     """SQL, one predicate per scope the reader reads (agent scope, its own session's): row `m`
     is of that scope, whatever its status; each served by its partial index (migrations 0020
@@ -81,7 +87,7 @@ def scope_arms(reader: AgentReader, p: Params, m: str = "m") -> list[str]:
     if Scope.AGENT in reader.scopes:
         arms.append(f"{m}.scope = 'AGENT'")
     if Scope.SESSION in reader.scopes and reader.session_id is not None:
-        arms.append(f"({m}.scope = 'SESSION' AND {m}.session_id = {p(reader.session_id)})")
+        arms.append(in_session(reader.session_id, p, m))
     return arms
 
 
