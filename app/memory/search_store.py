@@ -13,7 +13,8 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
 - `index`: takes the top candidates of each signal from its index and scores the union of both
   lists exactly. Meaning: HNSW with an iterative scan. Words: the exact text ranking, read
   from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
-  words first, best cosine first within a tier), until the list is full; in hybrid mode, only
+  words first, best cosine first within a tier; GIN asked for the set's rarest three words,
+  the others tested on the rows it finds), until the list is full; in hybrid mode, only
   while a tier's records can still reach the page or raise the best text score (`_threshold`),
   and in lexical mode, only the page when the query has at most six words (a tier of common
   words read newest first by the created btree when that is cheaper, `_newest_first`). Fast
