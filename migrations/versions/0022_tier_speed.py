@@ -21,7 +21,7 @@ way and planned once per connection, and a fifth column, `probe`:
 
 Together, on bench/search_scale.py's data set (bench/README.md, seventeenth session): the
 function 1.6 -> 0.85 ms a call for six words; the 200,000-record agent's hybrid search p95
-25.2 -> 20.6 ms and lexical 17.4 -> 11.9, pages identical. A subset's weight is summed in the
+27.7 -> 22.6 ms and lexical 17.8 -> 12.4, pages identical. A subset's weight is summed in the
 words' order here, where 0019's sum had no set order; `most` may differ in the last bit,
 which its padding (a relative 1e-12) was made for.
 """
