@@ -671,4 +671,4 @@ async def newest(
 
 
 def _scored(row: asyncpg.Record) -> MemoryRecord:
-    return record(row, row["score"])
+    return record(row, score=row["score"])

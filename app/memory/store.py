@@ -36,9 +36,9 @@ def _m(alias: str) -> str:
     return ", ".join(f"{alias}.{c}" for c in RECORD_COLUMNS)
 
 
-def record(row: Row, score: float | None = None) -> MemoryRecord:
-    """The record of a row of RECORD_COLUMNS, with a search's `score` (set here: a frozen
-    dataclass's `replace` after would cost twice the construction)."""
+def record(row: Row, *, score: float | None = None) -> MemoryRecord:
+    """The record of a row of RECORD_COLUMNS, with a search's `score` (set here, not by a
+    `replace` after, which builds the frozen dataclass a second time)."""
     values = {c: row[c] for c in RECORD_COLUMNS}
     values["labels"] = {int(number): value for number, value in row["labels"].items()}
     return MemoryRecord(**values, score=score)
