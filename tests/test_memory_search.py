@@ -628,6 +628,67 @@ async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_fi
     ]
 
 
+async def test_m20_m21_hybrid_index_plan_reads_a_tier_of_common_words_nearest_first(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listed agent's hybrid tier of common words is walked nearest first by its HNSW index,
+    # testing its words on a bounded number of rows, and stops at the candidates it needs: not
+    # every holder read by GIN and sorted. A tier of rare words is read as before. The pages
+    # are those of the same plan without the walk, for an operator and for a turn.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_module, "CANDIDATES", 8)
+    shades = ["amber", "slate", "olive", "coral", "ivory"]
+    for i in range(240):
+        words = ["garden"] * (i % 4 != 0) + ["violin"] * (i % 40 == 0)
+        await agent.add(" ".join([*words, f"note {i} about the {shades[i % 5]} shed"]))
+    await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
+    pool = agent.state.pool
+    listed = await search_store.listed_records(pool, agent.operator)
+    assert listed == 240
+    turn = replace(agent.reader(execution_id=uuid.uuid4()), invocation_number=1)
+    walking = search_store.HNSW_WALK
+
+    async def hybrid(query: str, reader: Reader = agent.operator) -> tuple:
+        """The page, against the page without the walk; the rows the walk read by HNSW, and
+        the tiers read as before."""
+        vector = (await agent.state.embedder.embed([query])).vectors[0]
+        ranking = search_module.make_ranking("hybrid", query, vector, None, 2)  # 8 candidates
+        pages, plans = [], []
+        for walk in (walking, 1e-9):  # the second, a cost that never walks
+            monkeypatch.setattr(search_store, "HNSW_WALK", walk)
+            async with pool.acquire() as conn:
+                explained = _Explained(conn)
+                found = await search_store.ranked_index(
+                    explained, reader, Filters(), ranking, listed
+                )
+            pages.append([(r.memory_id, r.score) for r in found])
+            plans.append(list(explained.nodes()))
+        monkeypatch.setattr(search_store, "HNSW_WALK", walking)
+        assert pages[0] == pages[1] and len(pages[0]) == 2
+        nodes = plans[0]
+        scans = [n for n in nodes if n.get("Index Name", "").startswith("agent_memories_vectors")]
+        # The tier as before: the branch under a one-time filter that is not the walk's rows.
+        before = [
+            c
+            for n in nodes
+            if n["Node Type"] == "Result" and "One-Time Filter" in n
+            for c in n["Plans"]
+            if c["Parent Relationship"] == "Outer" and c.get("CTE Name") != "walked"
+        ]
+        return (
+            sum(n["Actual Rows"] * n["Actual Loops"] for n in scans[1:]),  # the list's aside
+            sum(n["Actual Loops"] for n in before),
+        )
+
+    # Held by 180 of the 240 records: the walk stops at the eighth holder, within 22 rows.
+    rows, before = await hybrid("garden")
+    assert 8 <= rows <= 22 and before == 0
+    rows, before = await hybrid("garden", turn)
+    assert 8 <= rows <= 22 and before == 0
+    # Held by 6: read as before, nothing walked.
+    assert await hybrid("violin") == (0, 1)
+
+
 async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_session_index(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
