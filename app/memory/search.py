@@ -60,10 +60,9 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   rows it finds. The walk ends sooner where that changes no record of the page: in hybrid
   mode once no later subset's records can reach it nor raise the best text score (taking the
   vector list's last cosine as the most any other record has, which HNSW, being approximate,
-  may rarely miss), in lexical mode once the page is read (a query of at most six words). A
-  subset of common words is read in the order its records are wanted, nearest first by the
-  agent's HNSW index in hybrid mode, newest first by the (agent, created) btree in lexical
-  mode, rather than all its holders by GIN.
+  may rarely miss), in lexical mode once the page is read (a query of at most six words); in
+  lexical mode a subset of common words is read newest first by the (agent, created) btree
+  rather than all its holders by GIN.
   With both lists the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and
   200,000 records (bench/README.md).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent

@@ -17,9 +17,8 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
   the others tested on the rows it finds), until the list is full; in hybrid mode, only
   while a tier's records can still reach the page or raise the best text score (`_threshold`),
   and in lexical mode, only the page when the query has at most six words (a tier of common
-  words read in the ranking's order, nearest first by HNSW or newest first by the created
-  btree, when that is cheaper, `_in_order`). Fast for an agent of any size; a record outside
-  both lists is not found.
+  words read newest first by the created btree when that is cheaper, `_newest_first`). Fast
+  for an agent of any size; a record outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
@@ -490,11 +489,11 @@ async def ranked_index(
     in lexical mode after the page's ranks when the query has at most six words (the tiers'
     order is then the lexical ranking).
 
-    For an agent with own indexes and any reader but a preview one, a tier of common words is
-    first walked in the order the tier is read in, nearest first by the agent's HNSW index in
-    hybrid mode, newest first by the (agent, created) btree in lexical mode, testing its words
-    on a bounded number of rows, when that should find the tier's first records sooner than
-    GIN reads all of them; a walk that comes back short leaves the tier to GIN (`_in_order`).
+    In lexical mode, for an agent with own indexes and any reader but a preview one, a tier of
+    common words is first walked newest first by the (agent, created) btree, testing its words
+    on a bounded number of rows, when that should find the tier's newest records sooner than
+    GIN reads all of them; a walk that comes back short leaves the tier to GIN
+    (`_newest_first`).
 
     `records`: the agent's records as listed with its own indexes, None without them; with
     them the statement names the agent's key as literals (`AgentKey`), which their partial
@@ -523,8 +522,8 @@ async def ranked_index(
         # `exact` is tested on the rows it finds (as a function, which GIN cannot take: its
         # NOT would read the common words' postings, 1.5-2 x slower). Sorted outside the scan
         # (OFFSET 0), so that no index that supplies the order (HNSW, the created btree) is
-        # walked instead, testing the words on every row (which `_in_order` does on purpose,
-        # and bounded, for a tier of common words).
+        # walked instead, testing the words on every row (which `_newest_first` does on
+        # purpose, and bounded, for a tier of common words).
         tier = (
             f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.probe"
             " AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
@@ -539,12 +538,7 @@ async def ranked_index(
                 f"SELECT c.* FROM ({tiers} ORDER BY tier) t CROSS JOIN LATERAL ({tier}) c {read}"
             )
 
-        # A listed agent's tier of common words may be walked in the ranking's own order
-        # (`_in_order`); not for a preview reader, whose words all weigh 1.
-        listed = None if isinstance(reader, AgentReader) and reader.preview else records
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
-            if listed is not None:
-                tier = _in_order(tier, reader, where, p, str(limit), listed, nearest, HNSW_WALK)
             ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
@@ -554,9 +548,8 @@ async def ranked_index(
                 f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(r.reach))}"
                 f" ELSE {limit} END FROM words)"
             )
-            if listed is not None:
-                newest = "m.created DESC, m.memory_id DESC"
-                tier = _in_order(tier, reader, where, p, want, listed, newest, CREATED_WALK)
+            if records is not None and not (isinstance(reader, AgentReader) and reader.preview):
+                tier = _newest_first(tier, reader, where, p, want, records)
             lists.append(walk(_TIERS, f"LIMIT {want}"))
         else:
             lists.append(walk(_TIERS, f"LIMIT {limit}"))
@@ -565,54 +558,36 @@ async def ranked_index(
     return [_scored(row) for row in await conn.fetch(sql, *p.values)]
 
 
-# How many rows `_in_order` may walk in an index's order for one that GIN would read: about
-# what a GIN row costs against a walked one (bench/README.md, sixteenth and seventeenth
-# sessions): the (agent, created) btree's rows are cheap, the HNSW index's cost about as much.
-CREATED_WALK = 3.0
-HNSW_WALK = 1.0
-
-
-def _in_order(
-    tier: str,
-    reader: Reader,
-    where: str,
-    p: Params,
-    want: str,
-    records: int,
-    order: str,
-    cost: float,
-) -> str:
-    """A tier's first `want` records in `order` (SQL; `tier` reads them all by GIN and sorts
-    them), read in that order by the index that supplies it instead when the tier's words are
-    common: newest first by the (agent, created) btree in lexical mode, nearest first by the
-    agent's HNSW index in hybrid mode; `where`: the reader's rows, as `ranked_index` selects
-    them.
+def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, records: int) -> str:
+    """A lexical tier's newest `want` records (SQL; `tier` reads them all by GIN and sorts
+    them), read newest first by the (agent, created) btree instead when the tier's words are
+    common; `where`: the reader's rows, as `ranked_index` selects them.
 
     A word's weight is BM25's IDF, so e^-weight is about the share of the records that hold it,
-    and e^-most about the share holding all of a tier's words (`most`, their summed weights).
-    The walk finds `want` of them in about `want * e^most` rows, where GIN reads `records *
-    e^-most` at about `cost` times the cost of a walked row: it is tried when the first is
-    less, that is when `most` is under ln(cost * records / want) / 2, over at most twice the
-    rows it should need (the agent's first rows in that order, whatever the reader sees of
-    them: a reader who sees few, or words that seldom meet, such as two speakers' names, leave
-    it short, and GIN reads the tier as before). In the HNSW order the walk is as exact as the
-    index's scan (iterative, relaxed order): the tier's nearest records are those it finds
-    among the agent's nearest rows. Measured in bench/README.md (sixteenth and seventeenth
-    sessions)."""
+    and e^-most about the share holding all of a tier's words (`most`: their summed weights,
+    and those of any words after the sixth, so never less). The walk finds `want` of them in
+    about `want * e^most` rows, where GIN reads `records * e^-most` at about three times the
+    cost a row: it is tried when the first is less, that is when `most` is under ln(3 *
+    records / want) / 2, over at most twice the rows it should need (the agent's newest rows,
+    whatever the reader sees of them: a reader who sees few, or words that seldom meet, such as
+    two speakers' names, leave it short, and GIN reads the tier as before). Measured in
+    bench/README.md (sixteenth and seventeenth sessions)."""
     want = f"greatest({want}, 1)"
-    common = f"t.most < 0.5 * ln({cost} * {p(float(max(records, 1)))}::float8 / {want})"
+    common = f"t.most < 0.5 * ln(3 * {p(float(max(records, 1)))}::float8 / {want})"
+    newest = "m.created DESC, m.memory_id DESC"  # the (agent, created) btree's order
+    rows = f"CASE WHEN {common} THEN ceil(2 * {want} * exp(t.most))::bigint ELSE 0 END"
     first = (
         f"SELECT * FROM agent_memories m WHERE m.account_id = {p(reader.account_id)}"
-        f" AND m.action_id = {p(reader.action_id)} ORDER BY {order}"
-        f" LIMIT ceil(2 * {want} * exp(t.most))::bigint"
+        f" AND m.action_id = {p(reader.action_id)} ORDER BY {newest} LIMIT {rows}"
     )
-    # The words as functions, which no index takes: the order's index is read, not GIN, and
-    # in its order, so the walk stops at the tier's `want`-th record.
+    # The words as functions, which no index takes: the btree's order is read, not GIN (and
+    # the walk stops at the tier's `want`-th record: no sort).
     walked = (
         f"walked AS MATERIALIZED (SELECT {_CANDIDATE_COLUMNS} FROM ({first}) m WHERE {where}"
-        f" AND ts_match_vq(m.tsv, t.held) AND ts_match_vq(m.tsv, t.exact) LIMIT {want})"
+        " AND ts_match_vq(m.tsv, t.held) AND ts_match_vq(m.tsv, t.exact)"
+        f" ORDER BY {newest} LIMIT {want})"
     )
-    # The walk runs only for a tier of common words (a CTE is read only when referenced).
+    # The walk runs only for a tier of common words (a CTE is read only where referenced).
     short = f"(SELECT count(*) FROM walked) < {want}"
     return (
         f"WITH {walked} SELECT * FROM walked WHERE {common} AND NOT {short}"
