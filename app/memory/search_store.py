@@ -153,7 +153,9 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
     session_sql = p(session) if session is not None else "''"
     return (
         f"{own}words AS MATERIALIZED (SELECT string_agg(w.term::text, ' | ')::tsquery AS query,"
-        f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights"
+        f" array_agg(w.term {order}) AS terms, array_agg(w.weight {order}) AS weights,"
+        # Each word's lexeme (its tsquery's text form read back as a tsvector's), for `_signals`.
+        f" array_agg((tsvector_to_array(w.term::text::tsvector))[1] {order}) AS lexemes"
         # OFFSET 0: each word is weighed once, not once per aggregate that reads its weight.
         f" FROM (SELECT q.term, {weight} AS weight FROM query_words({text},"
         f" {p(reader.account_id)}, {p(reader.action_id)}, {session_sql}) q OFFSET 0) w), "
@@ -192,42 +194,52 @@ def _by_length(r: Ranking, score: str, words: str) -> str:
 
 
 def _weighed(r: Ranking) -> str:
-    """CTEs `weights` and `scored` after `ranked_exact`'s `scanned` (with a query text): the
-    words' weights, the agent's counted ones or else BM25's IDF over the scanned rows, and each
-    row's text score."""
-    # Summed best first, as `_signals` sums them: the same score to the last bit. Only for a
-    # row that holds a word (a sub-select for every row cost 9 ms at 5,000 records). The
-    # weights are read (and so the words looked up) only once a row holds one: not when the
-    # gate found the agent listed (1 ms at 25,000 records).
-    weight = "((SELECT weights FROM weights))[i]"
-    words = f"(SELECT sum({weight} ORDER BY {weight} DESC) FROM unnest(s.held) i)"
-    words = f"CASE WHEN s.held IS NOT NULL THEN {_by_length(r, words, 's.length')} END"
-    return f"""weights AS MATERIALIZED (
+    """CTEs `counts`, `weights`, `sets` and `scored` after `ranked_exact`'s `scanned` (with a
+    query text): how many rows hold each set of the query's words; the words' weights, the
+    agent's counted ones or else BM25's IDF over the scanned rows; each set's text score; and
+    each row's, its set's."""
+    # A set's words summed best first, as `_signals` sums them: the same score to the last bit.
+    # Once per set, not per row (a sub-select for each of a 1,000-record agent's rows holding
+    # a word cost about a millisecond, bench/README.md). With no row scanned (the gate found the
+    # agent listed) nothing here reads `words`: the words are not looked up.
+    held = "c.held::text[]"
+    pairs = "unnest((SELECT lexemes FROM words), (SELECT weights FROM weights)) w(lexeme, weight)"
+    return f"""counts AS MATERIALIZED (
+        SELECT held, count(*) AS rows FROM scanned GROUP BY held
+    ), weights AS MATERIALIZED (
         SELECT coalesce((SELECT weights FROM words WHERE weights[1] IS NOT NULL), ARRAY(
-            SELECT word_weight((SELECT count(*) FROM scanned), count(h.i))
-            FROM generate_subscripts((SELECT terms FROM words), 1) t(i)
-            LEFT JOIN (SELECT unnest(held) AS i FROM scanned WHERE held IS NOT NULL) h
-                ON h.i = t.i
-            GROUP BY t.i ORDER BY t.i)) AS weights
+            SELECT word_weight((SELECT sum(rows) FROM counts),
+                (SELECT coalesce(sum(c.rows), 0) FROM counts c WHERE t.lexeme = any({held})))
+            FROM unnest((SELECT lexemes FROM words)) WITH ORDINALITY t(lexeme, i) ORDER BY t.i
+        )) AS weights
+    ), sets AS MATERIALIZED (
+        SELECT c.held, (
+            SELECT sum(w.weight ORDER BY w.weight DESC) FROM {pairs} WHERE w.lexeme = any({held})
+        ) AS words
+        FROM counts c WHERE c.held IS NOT NULL
     ), scored AS MATERIALIZED (
-        SELECT s.memory_id, s.created, s.cosine, {words} AS words FROM scanned s
+        SELECT s.memory_id, s.created, s.cosine, {_by_length(r, "h.words", "s.length")} AS words
+        FROM scanned s LEFT JOIN sets h ON h.held = s.held
     )"""
 
 
 def _signals(r: Ranking, p: Params, m: str = "m", *, scan: bool = False) -> str:
     """Select-list: the cosine to the query vector and the text score (NULL: no word shared),
-    under a `words` CTE (`_words`). With `scan`, instead of the score the ordinals of the
-    query words the row holds (`held`) and, for `by_length`, its words (`length`): what
-    `_weighed` scores once the weights are known."""
+    under a `words` CTE (`_words`). With `scan`, instead of the score the query's words the
+    row holds (`held`, the text of their lexemes' array: one value for each set of words) and,
+    for `by_length`, its words (`length`): what `_weighed` scores once the weights are known."""
     cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
     words = "NULL::float8 AS words"
     if r.text is not None:
         # Sub-selects of the CTE are evaluated once per search, also in a generic plan; the
         # words only for a row that holds any.
         if scan:
+            # The row's positions of the query's words marked A and kept: `tsv` is to_tsvector's
+            # (migration 0002), every lexeme with positions, all of weight D. Functions on the
+            # row, not a sub-select per row (about a millisecond at 1,000 records).
             held = (
-                "ARRAY(SELECT w.i FROM unnest((SELECT terms FROM words)) WITH ORDINALITY"
-                f" w(term, i) WHERE {m}.tsv @@ w.term)"
+                f"tsvector_to_array(ts_filter(setweight({m}.tsv, 'A',"
+                " (SELECT lexemes FROM words)), '{a}'))::text"
             )
         else:
             held = (
