@@ -366,6 +366,43 @@ async def test_m21_any_query_text_is_safe(agent: SearchAgent, plan: str) -> None
     assert await agent.find("the and of", mode="lexical") == []
 
 
+async def test_m21_words_whose_text_is_quoted_score_the_same_on_both_plans(
+    agent: SearchAgent,
+) -> None:
+    # The exact plan keys a record by the text of its held words' array, in which a word like
+    # "null", or a URL's path holding a comma, is quoted: each record still scores the sum of
+    # the weights of the words it holds, as the index plan scores it (each word tested on the
+    # row), to the last bit.
+    texts = [
+        "null pointer",
+        "See http://ex.com/a,b for the null case",
+        "http://ex.com/a,b again",
+        "O'Brien's C:\\temp\\notes",
+        "Café ünïcode null pointer",
+        "a pointer to O'Brien's café",
+        "NULL and Null",
+        "nothing shared",
+    ]
+    ids = [await agent.add(t) for t in texts]
+    pool = agent.state.pool
+    for reader in (agent.operator, agent.reader(session="s1")):
+        for query in ("null pointer", "http://ex.com/a,b null", "O'Brien's café C:\\temp\\notes"):
+            ranking = search_module.make_ranking("lexical", query, None, None, 20)
+            exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
+            index, _ = await search_module.ranked(pool, reader, Filters(), ranking, "index")
+            assert [(r.memory_id, r.score) for r in exact] == [
+                (r.memory_id, r.score) for r in index
+            ], query
+            assert ids[-1] not in {r.memory_id for r in exact}
+        # Each record holding "null" has its weight, whatever else it holds.
+        ranking = search_module.make_ranking("lexical", "null", None, None, 20)
+        exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
+        null = math.log(1 + (8 - 4 + 0.5) / (4 + 0.5))
+        assert {r.memory_id: r.score for r in exact} == {
+            i: pytest.approx(null) for i in (ids[0], ids[1], ids[4], ids[6])
+        }
+
+
 async def test_m21_a_rare_word_weighs_more_than_a_common_one(agent: SearchAgent, plan: str) -> None:
     # The text score sums the query words' weights, BM25's IDF among the agent's records: the
     # rare word beats the common one from the first search on, counted by the search itself

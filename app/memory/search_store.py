@@ -105,7 +105,8 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
 
 def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> str:
     """The query's words, looked up once per search (a CTE `words`): `query`, any of them;
-    `terms` and `weights`, each word and its weight, best first. A listed agent's words are
+    `terms` and `weights`, each word and its weight, best first; `lexemes`, each word's lexeme
+    (the exact plan's `held`). A listed agent's words are
     counted by the maintenance (`query_words`, migration 0020), and each reader is weighed by
     the records it sees: an operator by the counts over every scope; a live reader of agent
     scope by the agent-scope counts plus its own session's (kept by the maintenance for a
@@ -235,8 +236,9 @@ def _signals(r: Ranking, p: Params, m: str = "m", *, scan: bool = False) -> str:
         # words only for a row that holds any.
         if scan:
             # The row's positions of the query's words marked A and kept: `tsv` is to_tsvector's
-            # (migration 0002), every lexeme with positions, all of weight D. Functions on the
-            # row, not a sub-select per row (about a millisecond at 1,000 records).
+            # (migration 0002), whose every lexeme has positions (one without would be dropped),
+            # all of weight D (another weight would only split a set). Functions on the row, not
+            # a sub-select per row (about a millisecond at 1,000 records).
             held = (
                 f"tsvector_to_array(ts_filter(setweight({m}.tsv, 'A',"
                 " (SELECT lexemes FROM words)), '{a}'))::text"
