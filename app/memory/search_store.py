@@ -106,17 +106,16 @@ def _filters(f: Filters, p: Params, m: str = "m") -> str:
 def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> str:
     """The query's words, looked up once per search (a CTE `words`): `query`, any of them;
     `terms` and `weights`, each word and its weight, best first; `lexemes`, each word's lexeme
-    (the exact plan's `held`). A listed agent's words are
-    counted by the maintenance (`query_words`, migration 0020), and each reader is weighed by
-    the records it sees: an operator by the counts over every scope; a live reader of agent
-    scope by the agent-scope counts plus its own session's (kept by the maintenance for a
-    large session, or else counted now, `_own_session`); a live reader of session scope alone
-    by its session's kept counts; a preview reader of agent scope, who may see records no
-    count holds, weighs every word the same (1). Any other reader of session scope alone, and
-    any reader of an agent not counted (not listed, or not yet): with `ranked` (the rows the
-    search ranks, as `agent_memories m WHERE ...`), counted over those rows now (by the index,
-    a word at a time), and without it NULL (`ranked_exact` weighs them from the rows it
-    reads). Empty without a query text."""
+    (the exact plan's `held`). A listed agent's words are counted by the maintenance
+    (`query_words`, migration 0020), and each reader is weighed by the records it sees: an
+    operator by the counts over every scope; a live reader of agent scope by the agent-scope
+    counts plus its own session's (kept by the maintenance for a large session, or else counted
+    now, `_own_session`); a live reader of session scope alone by its session's kept counts; a
+    preview reader of agent scope, who may see records no count holds, weighs every word the
+    same (1). Any other reader of session scope alone, and any reader of an agent not counted
+    (not listed, or not yet): with `ranked` (the rows the search ranks, as `agent_memories m
+    WHERE ...`), counted over those rows now (by the index, a word at a time), and without it
+    NULL (`ranked_exact` weighs them from the rows it reads). Empty without a query text."""
     if r.text is None:
         return ""
     text = p(r.text)
