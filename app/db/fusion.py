@@ -11,12 +11,13 @@ def fusion(
     weight: float,
     min_score: float | None,
     p: Params,
-    best: str = "(SELECT max(words) FROM scored)",
+    best: str | None = None,
 ) -> tuple[str, str]:
     """Score expression and the condition a scored row must meet to be found, over a CTE
     `scored` with columns `cosine` (NULL without a query vector) and `words` (the row's
     text score, NULL when it shares no query word). `best`: the text score that normalizes
-    the text rank (another bound of it, for a search that scores before it knows it)."""
+    the text rank, by default the best in `scored` (another bound of it, for a search that
+    scores before it knows it; the same value read elsewhere, for one that knows it sooner)."""
     if mode == "lexical":
         return "words", "words IS NOT NULL"
     by_meaning = "cosine IS NOT NULL" if min_score is None else f"cosine >= {p(min_score)}::float8"
@@ -27,5 +28,6 @@ def fusion(
     # word is shared; the cosine enters raw, so the same row scores the same in every plan.
     # The best rank is a sub-select over `scored`, not a window: a window keeps every row
     # until its end (0.6 ms of a 5,000-record agent's 7 ms, bench/README.md).
+    best = best or "(SELECT max(words) FROM scored)"
     score = f"{w} * coalesce(cosine, 0) + (1 - {w}) * coalesce(words / nullif({best}, 0), 0)"
     return score, f"(words IS NOT NULL OR {by_meaning})"

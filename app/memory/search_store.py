@@ -197,7 +197,11 @@ def _weighed(r: Ranking) -> str:
     """CTEs `counts`, `weights`, `sets` and `scored` after `ranked_exact`'s `scanned` (with a
     query text): how many rows hold each set of the query's words; the words' weights, the
     agent's counted ones or else BM25's IDF over the scanned rows; each set's text score; and
-    each row's, its set's."""
+    each row's, its set's. `scored` is read once, by the fusion (`_finish`), so it streams
+    into the page's sort instead of being stored: the best text score is the best set's,
+    and the rows are counted in `scanned` (1,000-record agents, 0.92-0.93 of the time,
+    bench/README.md). Divided by length, a row's score is its own: the best is read from
+    `scored`, which PostgreSQL then stores as it did."""
     # A set's words summed best first, as `_signals` sums them: the same score to the last bit.
     # Once per set, not per row (a sub-select for each of a 1,000-record agent's rows holding
     # a word cost about a millisecond, bench/README.md). With no row scanned (the gate found the
@@ -217,7 +221,7 @@ def _weighed(r: Ranking) -> str:
             SELECT sum(w.weight ORDER BY w.weight DESC) FROM {pairs} WHERE w.lexeme = any({held})
         ) AS words
         FROM counts c WHERE c.held IS NOT NULL
-    ), scored AS MATERIALIZED (
+    ), scored AS (
         SELECT s.memory_id, s.created, s.cosine, {_by_length(r, "h.words", "s.length")} AS words
         FROM scanned s LEFT JOIN sets h ON h.held = s.held
     )"""
@@ -268,10 +272,13 @@ _FUSED = """
 """
 
 
-def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> str:
+def _finish(
+    reader: Reader, r: Ranking, p: Params, *, gated: str | None = None, best: str | None = None
+) -> str:
     """The fusion and the page; `gated`: one row more, the gate's answer, with or without
-    records (ranked_exact)."""
-    score, found = fusion(r.mode, r.weight, r.min_score, p)
+    records, and the rows of that CTE counted (ranked_exact); `best`: the text score that
+    normalizes the text rank, when not the best in `scored`."""
+    score, found = fusion(r.mode, r.weight, r.min_score, p, best)
     after = ""
     if r.after is not None:
         # After the fusion: the text rank is still normalized over every match.
@@ -288,7 +295,7 @@ def _finish(reader: Reader, r: Ranking, p: Params, *, gated: bool = False) -> st
         columns=_COLUMNS,
         gate=(
             ", g.listed AS gate_listed, g.seen AS gate_seen, g.rows AS gate_rows,"
-            " (SELECT count(*) FROM scored) AS scored"
+            f" (SELECT count(*) FROM {gated}) AS scored"
             if gated
             else ""
         ),
@@ -346,11 +353,13 @@ async def ranked_exact(
     # agent's rows by its btree instead of the GIN index over every agent (slow for an OR query).
     scan = f"SELECT {_signals(r, p, scan=True)} FROM agent_memories m WHERE {where}{limit}"
     # Without a query text the scanned rows are scored (cosine only).
-    scored = f"scored AS MATERIALIZED ({scan})"
+    scored, rows, best = f"scored AS MATERIALIZED ({scan})", "scored", None
     if r.text is not None:
-        scored = f"scanned AS MATERIALIZED ({scan}), {_weighed(r)}"
+        scored, rows = f"scanned AS MATERIALIZED ({scan}), {_weighed(r)}", "scanned"
+        best = None if r.by_length else "(SELECT max(words) FROM sets)"
+    gated = rows if max_rows is not None else None
     sql = f"""
-    WITH {gate}{_words(r, p, reader)}{scored}{_finish(reader, r, p, gated=max_rows is not None)}"""
+    WITH {gate}{_words(r, p, reader)}{scored}{_finish(reader, r, p, gated=gated, best=best)}"""
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
         return [_scored(row) for row in found], None
