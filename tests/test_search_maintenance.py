@@ -398,7 +398,7 @@ async def test_m20_indexes_built_with_other_options_are_rebuilt(
     options = "SELECT reloptions FROM pg_class WHERE relname = $1"
     assert sorted(await state.pool.fetchval(options, vectors)) == [
         "ef_construction=256",
-        "m=16",
+        "m=12",
     ]
     assert await state.pool.fetchval(options, words) == ["fastupdate=off"]
     # As an earlier release built it: the next round builds a replacement beside it, then

@@ -25,8 +25,8 @@ from app.history.store import text_literal
 log = logging.getLogger(__name__)
 
 PREFIX = "history_parts_vectors_"
-# As an agent's own HNSW index (app/memory/maintenance.py OPTIONS): an index built with other
-# options is rebuilt by the next round.
+# An index built with other options is rebuilt by the next round, as an agent's own HNSW index
+# is (app/memory/maintenance.py OPTIONS, whose m 12 was measured on memory records only).
 OPTIONS = {"m": "16", "ef_construction": "256"}
 
 Key = tuple[UUID, UUID, str]
