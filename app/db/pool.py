@@ -3,15 +3,51 @@
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 from pgvector.asyncpg import register_vector
 
-# Every connection's session defaults, which RESET ALL (run by the pool on release) returns
-# to: memory search's HNSW settings for a large agent's own index (app/memory/search.py), so
-# that such a search is one statement, with no settings to send first. They apply to every
-# HNSW scan the connection runs.
+# Every connection's session defaults, which RESET ALL (run by the pool on release after
+# `session_changed`) returns to: memory search's HNSW settings for a large agent's own index
+# (app/memory/search.py), so that such a search is one statement, with no settings to send
+# first. They apply to every HNSW scan the connection runs.
 SESSION_SETTINGS = {"hnsw.ef_search": "80", "hnsw.iterative_scan": "relaxed_order"}
+
+
+class PooledConnection(asyncpg.Connection):  # type: ignore[misc]
+    """A connection of the pool, returned to it with no reset statement unless its session
+    changed. asyncpg's default sends `pg_advisory_unlock_all()`, `CLOSE ALL`, `UNLISTEN *` and
+    `RESET ALL` on every release, a round trip each time (two a searchMemories request, about
+    1 ms of its 12 on this machine, bench/README.md). An open transaction is rolled back and
+    listener callbacks are dropped either way (asyncpg's own part of the reset). What changes
+    a session beyond its transaction, a setting set with `set_config(.., false)`, a session
+    advisory lock, says so first (`session_changed`); LISTEN does by itself. Cursors live in
+    transactions, and temporary tables are dropped on commit (tests/test_db_pool.py holds the
+    code to that)."""
+
+    _changed = False
+
+    def session_changed(self) -> None:
+        self._changed = True
+
+    async def add_listener(self, channel: str, callback: Any) -> None:
+        self._changed = True
+        await super().add_listener(channel, callback)
+
+    def get_reset_query(self) -> str:
+        if not self._changed:
+            return ""
+        self._changed = False
+        return str(super().get_reset_query())
+
+
+def session_changed(conn: asyncpg.Connection) -> None:
+    """Call before a statement that changes `conn`'s session past its transaction: a pooled
+    connection is then reset when released (another connection is nobody else's)."""
+    mark = getattr(conn, "session_changed", None)
+    if mark is not None:
+        mark()
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -27,6 +63,7 @@ async def create_pool(url: str, *, min_size: int = 2, max_size: int = 10) -> asy
         max_size=max_size,
         init=_init_connection,
         server_settings=SESSION_SETTINGS,
+        connection_class=PooledConnection,
     )
     assert pool is not None
     return pool

@@ -11,6 +11,8 @@ import asyncpg
 import numpy as np
 from pgvector import Vector
 
+from app.db.pool import session_changed
+
 
 @dataclass(frozen=True)
 class VectorTable:
@@ -73,6 +75,7 @@ async def lock_model_xact(conn: asyncpg.Connection) -> None:
 
 async def try_lock_model(conn: asyncpg.Connection) -> bool:
     """Holds the same lock for the connection's session: a re-embed spans many transactions."""
+    session_changed(conn)
     return bool(await conn.fetchval(f"SELECT pg_try_advisory_lock({_LOCK})"))
 
 

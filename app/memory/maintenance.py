@@ -43,6 +43,7 @@ from uuid import UUID
 import asyncpg
 
 from app import tasks
+from app.db.pool import session_changed
 from app.history import indexes as history_indexes
 from app.memory import visibility
 
@@ -514,6 +515,7 @@ class IndexBuilds:
 
     async def _build(self, conn: asyncpg.Connection, key: Key) -> bool:
         """Builds under the round's lock; False when another process holds it."""
+        session_changed(conn)  # a session lock, and maintenance_work_mem
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
             return False
         try:
@@ -599,6 +601,7 @@ async def run_round(
     far more slowly); empty: the server's. `max_agents`: see `index_agents`. With
     `min_parts`, large sessions' own indexes too (app/history/indexes.py; `max_sessions`)."""
     async with pool.acquire() as conn:
+        session_changed(conn)  # a session lock, and maintenance_work_mem
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
             return None
         try:

@@ -99,7 +99,7 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.db import cursors
 from app.db.fusion import HYBRID_WEIGHT
-from app.db.pool import SESSION_SETTINGS
+from app.db.pool import SESSION_SETTINGS, session_changed
 from app.embeddings.base import Embedder
 from app.errors import BadInput, NotFound
 from app.memory import search_store
@@ -256,7 +256,7 @@ async def ranked(
 ) -> tuple[list[MemoryRecord], Plan]:
     """Ranks by the plan the agent's indexes and filtered row count call for (or by `plan`,
     for benchmarks)."""
-    # No transaction: a setting lasts until the pool resets the connection.
+    # No transaction: a setting lasts until the pool resets the connection (`session_changed`).
     async with pool.acquire() as conn:
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
@@ -272,6 +272,7 @@ async def ranked(
         if records is not None and records >= LARGE_AGENT_RECORDS:
             ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
         if ranking.vector is not None and ranking.ef_search != EF_SEARCH:
+            session_changed(conn)
             await conn.execute(
                 "SELECT set_config('hnsw.ef_search', $1, false)", str(ranking.ef_search)
             )

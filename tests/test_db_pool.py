@@ -1,0 +1,113 @@
+"""The pool returns a connection without resetting its session unless the session changed
+(app/db/pool.py `PooledConnection`), and every statement in the app that changes a session
+past its transaction says so first."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from app.db.pool import create_pool, session_changed
+from app.embeddings import store as embedding_store
+
+APP = Path(__file__).resolve().parents[1] / "app"
+
+EF_SEARCH = "SELECT current_setting('hnsw.ef_search')"
+LOCKS = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+
+
+@pytest.mark.filterwarnings("ignore:.*active notification listener")
+async def test_a_connection_is_reset_only_after_its_session_changed(db_url: str) -> None:
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            backend = await conn.fetchval("SELECT pg_backend_pid()")
+            # Unannounced, a session setting outlives the release: no reset statement was sent.
+            await conn.execute("SELECT set_config('hnsw.ef_search', '33', false)")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT pg_backend_pid()") == backend
+            assert await conn.fetchval(EF_SEARCH) == "33"
+            session_changed(conn)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval(EF_SEARCH) == "80"  # RESET ALL: the pool's default
+            # A session lock taken the app's way is released with the connection.
+            assert await embedding_store.try_lock_model(conn)
+            assert await conn.fetchval(LOCKS) == 1
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT pg_backend_pid()") == backend
+            assert await conn.fetchval(LOCKS) == 0
+            # Once reset, the next release sends nothing again.
+            await conn.execute("SELECT set_config('hnsw.ef_search', '34', false)")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval(EF_SEARCH) == "34"
+            session_changed(conn)
+        async with pool.acquire() as conn:
+            # An open transaction is rolled back whatever the session: asyncpg's own reset.
+            await conn.execute("BEGIN")
+            await conn.execute("CREATE TEMP TABLE left_open (x int)")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT to_regclass('pg_temp.left_open')") is None
+            assert await conn.fetchval("SELECT pg_current_xact_id_if_assigned()") is None
+            # LISTEN marks the session by itself.
+            await conn.add_listener("engram_test", lambda *_: None)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT count(*) FROM pg_listening_channels()") == 0
+    finally:
+        await pool.close()
+
+
+# Statements whose effect outlives their transaction: a setting set for the session, a session
+# advisory lock, LISTEN, a prepared statement or held cursor in SQL, a temporary table that is
+# not dropped on commit.
+SESSION_STATEMENTS = re.compile(
+    r"set_config\([^)]*,\s*false\s*\)"
+    r"|pg_(try_)?advisory_lock(_shared)?\("
+    r"|^\s*(SET|RESET)\s+(?!LOCAL\b)"
+    r"|\bLISTEN\b|\bPREPARE\b|\bWITH\s+HOLD\b"
+    r"|\bCREATE\s+TEMP(ORARY)?\s+TABLE\b(?![^;]*\bON\s+COMMIT\s+DROP\b)",
+    re.DOTALL,  # SQL keywords as the app writes them, upper case ("listen" in a help text is not)
+)
+# A connection of its own (psycopg, not the pool), closed after the migration.
+OWN_CONNECTIONS = {"db/migrate.py"}
+
+
+def _texts(node: ast.AST) -> str:
+    """A string literal's text, or an f-string's constant parts joined."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_texts(v) for v in node.values)
+    return ""
+
+
+def test_statements_that_change_a_session_mark_their_connection() -> None:
+    found, unmarked = [], []
+    for path in sorted(APP.rglob("*.py")):
+        name = str(path.relative_to(APP))
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            nodes = list(ast.walk(function))
+            parts = {id(v) for n in nodes if isinstance(n, ast.JoinedStr) for v in n.values}
+            texts = [_texts(n) for n in nodes if id(n) not in parts]
+            if not any(SESSION_STATEMENTS.search(t) for t in texts if t):
+                continue
+            found.append(f"{name}:{function.name}")
+            marks = any(
+                isinstance(n, ast.Call) and getattr(n.func, "id", None) == "session_changed"
+                for n in ast.walk(function)
+            )
+            if not marks and name not in OWN_CONNECTIONS:
+                unmarked.append(f"{name}:{function.name}")
+    # The scan sees the statements it is meant to see (a pattern that matched nothing would
+    # pass silently).
+    assert {
+        "memory/search.py:ranked",
+        "memory/maintenance.py:run_round",
+        "memory/maintenance.py:_build",
+        "embeddings/store.py:try_lock_model",
+        "db/migrate.py:upgrade",
+    } <= set(found), found
+    assert unmarked == [], f"call app.db.pool.session_changed(conn) first in {unmarked}"
