@@ -15,16 +15,17 @@ from pgvector.asyncpg import register_vector
 SESSION_SETTINGS = {"hnsw.ef_search": "80", "hnsw.iterative_scan": "relaxed_order"}
 
 
-class PooledConnection(asyncpg.Connection):  # type: ignore[misc]
+class PooledConnection(asyncpg.Connection):
     """A connection of the pool, returned to it with no reset statement unless its session
     changed. asyncpg's default sends `pg_advisory_unlock_all()`, `CLOSE ALL`, `UNLISTEN *` and
-    `RESET ALL` on every release, a round trip each time (two a searchMemories request, about
-    1 ms of its 12 on this machine, bench/README.md). An open transaction is rolled back and
-    listener callbacks are dropped either way (asyncpg's own part of the reset). What changes
-    a session beyond its transaction, a setting set with `set_config(.., false)`, a session
-    advisory lock, says so first (`session_changed`); LISTEN does by itself. Cursors live in
-    transactions, and temporary tables are dropped on commit (tests/test_db_pool.py holds the
-    code to that)."""
+    `RESET ALL` on every release, a round trip each time: two a searchMemories request, whose
+    p50 over HTTP they took from 11.50 to 12.35 ms (bench/README.md, nineteenth session).
+
+    An open transaction is rolled back and listener callbacks are dropped either way
+    (asyncpg's own part of the reset). What changes a session beyond its transaction, a
+    setting set with `set_config(.., false)` or a session advisory lock, says so first
+    (`session_changed`); LISTEN does by itself. Cursors live in transactions, and temporary
+    tables are dropped on commit (tests/test_db_pool.py holds the app's code to that)."""
 
     _changed = False
 
