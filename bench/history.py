@@ -68,7 +68,7 @@ from app.auth.policies import ADMIN_POLICIES  # noqa: E402
 from app.auth.service import ensure_default_account  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.db import migrate  # noqa: E402
-from app.db.pool import create_pool  # noqa: E402
+from app.db.pool import create_pool, session_changed  # noqa: E402
 from app.embeddings.base import Embeddings  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.executions import store as executions_store  # noqa: E402
@@ -502,6 +502,7 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
                 account_id, action_id = uuid.uuid4(), uuid.uuid4()
                 await load(conn, args, account_id, action_id, texts, vectors, rng)
                 print(f"scale: loaded by COPY in {time.perf_counter() - started:.0f} s")
+            session_changed(conn)
             await conn.execute("SET maintenance_work_mem = '2GB'")
             for name, sql in SECONDARY.items():
                 began = time.perf_counter()
@@ -522,6 +523,7 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
         if args.big and args.session_index:
             async with pool.acquire() as conn:
                 began = time.perf_counter()
+                session_changed(conn)
                 await conn.execute("SET maintenance_work_mem = '2GB'")
                 # As the search maintenance round does (app/history/indexes.py): here only the
                 # big session is large enough.

@@ -59,14 +59,15 @@ async def test_a_connection_is_reset_only_after_its_session_changed(db_url: str)
 
 # Statements whose effect outlives their transaction: a setting set for the session, a session
 # advisory lock, LISTEN, a prepared statement or held cursor in SQL, a temporary table that is
-# not dropped on commit.
+# not dropped on commit. SQL keywords as the app writes them, upper case ("listen" in a help
+# text is not one); SET and RESET where a statement starts (an UPDATE's SET line is not).
 SESSION_STATEMENTS = re.compile(
-    r"set_config\([^)]*,\s*false\s*\)"
+    r"set_config\((?:[^()]|\([^()]*\))*,\s*(?i:false)\s*\)"
     r"|pg_(try_)?advisory_lock(_shared)?\("
-    r"|^\s*(SET|RESET)\s+(?!LOCAL\b)"
-    r"|\bLISTEN\b|\bPREPARE\b|\bWITH\s+HOLD\b"
+    r"|(?:\A|;)\s*(?i:SET|RESET)\s+(?!(?i:LOCAL)\b)"
+    r"|\bLISTEN\b|\bPREPARE\b|\bWITH\s+HOLD\b|\bINTO\s+TEMP(ORARY)?\b"
     r"|\bCREATE\s+TEMP(ORARY)?\s+TABLE\b(?![^;]*\bON\s+COMMIT\s+DROP\b)",
-    re.DOTALL,  # SQL keywords as the app writes them, upper case ("listen" in a help text is not)
+    re.DOTALL,
 )
 # A connection of its own (psycopg, not the pool), closed after the migration.
 OWN_CONNECTIONS = {"db/migrate.py"}
@@ -81,23 +82,58 @@ def _texts(node: ast.AST) -> str:
     return ""
 
 
+def _strings(nodes: list[ast.AST]) -> list[str]:
+    """The texts of the string literals among `nodes` (an f-string's parts as one), leaving
+    out docstrings (a string standing alone as a statement)."""
+    parts = {id(v) for n in nodes if isinstance(n, ast.JoinedStr) for v in n.values}
+    parts |= {id(n.value) for n in nodes if isinstance(n, ast.Expr)}
+    return [t for n in nodes if id(n) not in parts and (t := _texts(n))]
+
+
+def test_the_scan_sees_session_statements() -> None:
+    for sql in (
+        "SELECT set_config('hnsw.ef_search', $1, false)",
+        "SELECT set_config('x', format('%s', $1), FALSE)",
+        "SELECT 1; SET work_mem = '1GB'",
+        "set search_path = x",
+        "SELECT pg_try_advisory_lock(1)",
+        "CREATE TEMP TABLE t (x int)",
+        "SELECT * INTO TEMP t FROM x",
+    ):
+        assert SESSION_STATEMENTS.search(sql), sql
+    for sql in (
+        "SELECT set_config('x', $1, true)",
+        "UPDATE t\n SET x = 1",
+        "SET LOCAL synchronous_commit = off",
+        "SELECT pg_advisory_xact_lock(1)",
+        "CREATE TEMP TABLE t ON COMMIT DROP AS SELECT 1",
+        "address to listen on",
+    ):
+        assert not SESSION_STATEMENTS.search(sql), sql
+
+
 def test_statements_that_change_a_session_mark_their_connection() -> None:
     found, unmarked = [], []
     for path in sorted(APP.rglob("*.py")):
         name = str(path.relative_to(APP))
         tree = ast.parse(path.read_text())
-        for function in ast.walk(tree):
-            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
+        functions = [
+            f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+        inside = {id(n) for f in functions for n in ast.walk(f)}
+        # SQL outside any function (a module's or class's constant) has no connection to mark
+        # where it is written: none may change a session.
+        outside = [n for n in ast.walk(tree) if id(n) not in inside]
+        if any(SESSION_STATEMENTS.search(t) for t in _strings(outside)):
+            unmarked.append(f"{name}: a constant")
+        for function in functions:
             nodes = list(ast.walk(function))
-            parts = {id(v) for n in nodes if isinstance(n, ast.JoinedStr) for v in n.values}
-            texts = [_texts(n) for n in nodes if id(n) not in parts]
-            if not any(SESSION_STATEMENTS.search(t) for t in texts if t):
+            if not any(SESSION_STATEMENTS.search(t) for t in _strings(nodes)):
                 continue
             found.append(f"{name}:{function.name}")
             marks = any(
                 isinstance(n, ast.Call) and getattr(n.func, "id", None) == "session_changed"
-                for n in ast.walk(function)
+                for n in nodes
             )
             if not marks and name not in OWN_CONNECTIONS:
                 unmarked.append(f"{name}:{function.name}")
@@ -111,3 +147,17 @@ def test_statements_that_change_a_session_mark_their_connection() -> None:
         "db/migrate.py:upgrade",
     } <= set(found), found
     assert unmarked == [], f"call app.db.pool.session_changed(conn) first in {unmarked}"
+
+
+def test_the_migrations_functions_leave_sessions_alone() -> None:
+    """SQL functions the app calls run on its pooled connections: none may change a session
+    (a function's own SET clause, such as word_tiers' plan_cache_mode, ends with the call and
+    does not start a statement)."""
+    texts = [
+        text
+        for path in sorted((APP.parent / "migrations" / "versions").glob("*.py"))
+        for text in _strings(list(ast.walk(ast.parse(path.read_text()))))
+    ]
+    assert any("FUNCTION word_tiers" in t for t in texts)  # the scan reads their SQL
+    changing = [m.group(0) for t in texts for m in SESSION_STATEMENTS.finditer(t)]
+    assert changing == []

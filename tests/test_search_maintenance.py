@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from app import cli
 from app.auth.caller import Caller
 from app.config import Settings
-from app.db.pool import create_pool
+from app.db.pool import create_pool, session_changed
 from app.embeddings import store as embedding_store
 from app.memory import maintenance, search_store
 from app.memory import search as search_module
@@ -182,6 +182,7 @@ async def test_m20_a_large_agent_searches_its_own_indexes_on_a_cached_plan(
             assert cached >= 1
             await conn.execute(f"PREPARE probe AS {sql}")
             # As index_plan_uses: at 120 rows a scan and a sort would win the cost comparison.
+            session_changed(conn)  # the session's settings: the pool resets them on release
             await conn.execute(
                 "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off;"
                 " SET enable_sort = off"
