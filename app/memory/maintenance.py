@@ -56,10 +56,10 @@ ROUND_LOCK = "hashtext('engram.search_maintenance')"
 ROUND_KEY = "search_maintenance.round"
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # Storage options of an agent's HNSW and GIN indexes: ef_construction 256 for recall at the
-# search's ef_search; m 12, not pgvector's 16, for a faster walk at the same ef_search (vector
-# p50 at 25,000 records 0.78 of m 16's, overlap with exact 0.995 against 0.999; at 200,000
-# 0.86-0.90, 0.991 against 0.995; bench/README.md, nineteenth session). An index built with
-# other options is rebuilt.
+# search's ef_search; m 12, not pgvector's 16, for a faster walk (vector p50 at 25,000 records
+# 0.78 of m 16's at the same ef_search, overlap with exact 0.995 against 0.999; at 200,000
+# records, with ef_search 150 against m 16's 120, 0.82 at the same overlap; bench/README.md,
+# nineteenth session). An index built with other options is rebuilt.
 OPTIONS = ({"m": "12", "ef_construction": "256"}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces

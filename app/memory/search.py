@@ -125,10 +125,11 @@ CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when th
 EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's default (app/db/pool.py)
 # An agent listed with this many records or more is searched with at least LARGE_AGENT_EF_SEARCH:
 # 80 finds 0.99-1.00 of the exact vector top-10 at 25,000 records but 0.962-0.976 at 200,000,
-# where 120 found 0.986-1.000 for about 0.5 ms more at p50 (bench/README.md, ninth session;
-# with the indexes' m 12, 0.995 at 25,000 and 0.991 at 200,000, nineteenth session).
+# where 120 found 0.986-1.000 for about 0.5 ms more at p50 (bench/README.md, ninth session).
+# With the indexes' m 12 (nineteenth session), 80 finds 0.990-0.995 at 25,000 records and 120
+# 0.977-0.991 at 200,000, 150 0.995-0.996, still 0.82 of m 16's time at 120.
 LARGE_AGENT_RECORDS = 100_000
-LARGE_AGENT_EF_SEARCH = 120
+LARGE_AGENT_EF_SEARCH = 150
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
 
 
