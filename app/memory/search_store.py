@@ -193,22 +193,24 @@ def _by_length(r: Ranking, score: str, words: str) -> str:
     return f"{score} / (1 + ln(greatest({words}, 1)))" if r.by_length else score
 
 
-def _weighed(r: Ranking) -> str:
+def _weighed(r: Ranking) -> tuple[str, str | None]:
     """CTEs `counts`, `weights`, `sets` and `scored` after `ranked_exact`'s `scanned` (with a
     query text): how many rows hold each set of the query's words; the words' weights, the
     agent's counted ones or else BM25's IDF over the scanned rows; each set's text score; and
-    each row's, its set's. `scored` is read once, by the fusion (`_finish`), so it streams
-    into the page's sort instead of being stored: the best text score is the best set's,
-    and the rows are counted in `scanned` (1,000-record agents, 0.92-0.93 of the time,
-    bench/README.md). Divided by length, a row's score is its own: the best is read from
-    `scored`, which PostgreSQL then stores as it did."""
+    each row's, its set's. With them, the fusion's best text score (`_finish`'s `best`; None:
+    the best in `scored`). `scored` is read once, by the fusion, so it streams into the page's
+    sort instead of being stored: the best text score is the best set's, and the rows are
+    counted in `scanned` (1,000-record agents, 0.92-0.93 of the time, bench/README.md).
+    Divided by length, a row's score is its own: the best is read from `scored`, which
+    PostgreSQL then stores as it did."""
     # A set's words summed best first, as `_signals` sums them: the same score to the last bit.
     # Once per set, not per row (a sub-select for each of a 1,000-record agent's rows holding
     # a word cost about a millisecond, bench/README.md). With no row scanned (the gate found the
     # agent listed) nothing here reads `words`: the words are not looked up.
     held = "c.held::text[]"
     pairs = "unnest((SELECT lexemes FROM words), (SELECT weights FROM weights)) w(lexeme, weight)"
-    return f"""counts AS MATERIALIZED (
+    best = None if r.by_length else "(SELECT max(words) FROM sets)"
+    ctes = f"""counts AS MATERIALIZED (
         SELECT held, count(*) AS rows FROM scanned GROUP BY held
     ), weights AS MATERIALIZED (
         SELECT coalesce((SELECT weights FROM words WHERE weights[1] IS NOT NULL), ARRAY(
@@ -225,6 +227,7 @@ def _weighed(r: Ranking) -> str:
         SELECT s.memory_id, s.created, s.cosine, {_by_length(r, "h.words", "s.length")} AS words
         FROM scanned s LEFT JOIN sets h ON h.held = s.held
     )"""
+    return ctes, best
 
 
 def _signals(r: Ranking, p: Params, m: str = "m", *, scan: bool = False) -> str:
@@ -355,8 +358,8 @@ async def ranked_exact(
     # Without a query text the scanned rows are scored (cosine only).
     scored, rows, best = f"scored AS MATERIALIZED ({scan})", "scored", None
     if r.text is not None:
-        scored, rows = f"scanned AS MATERIALIZED ({scan}), {_weighed(r)}", "scanned"
-        best = None if r.by_length else "(SELECT max(words) FROM sets)"
+        weighed, best = _weighed(r)
+        scored, rows = f"scanned AS MATERIALIZED ({scan}), {weighed}", "scanned"
     gated = rows if max_rows is not None else None
     sql = f"""
     WITH {gate}{_words(r, p, reader)}{scored}{_finish(reader, r, p, gated=gated, best=best)}"""
