@@ -97,6 +97,18 @@ def index_names(account_id: UUID, action_id: UUID) -> tuple[str, str]:
     return f"{_PREFIXES[0]}{digest}", f"{_PREFIXES[1]}{digest}"
 
 
+def index_methods() -> tuple[str, str]:
+    """How an agent's HNSW and GIN indexes are built (`USING ...`), with OPTIONS."""
+    hnsw, gin = (", ".join(f"{k} = {v}" for k, v in options.items()) for options in OPTIONS)
+    return f"hnsw (embedding vector_cosine_ops) WITH ({hnsw})", f"gin (tsv) WITH ({gin})"
+
+
+def agent_predicate(account_id: UUID, action_id: UUID) -> str:
+    """The agent's indexes' predicate: its key as constants (a predicate takes no parameters;
+    UUIDs printed by Python are hex digits and dashes)."""
+    return f"account_id = '{UUID(str(account_id))}' AND action_id = '{UUID(str(action_id))}'"
+
+
 async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
     """Every index of agent_memories named like an agent's, and whether it is current: it
     answers queries (an index left invalid by an interrupted build does not, but is still
@@ -142,14 +154,7 @@ async def _build(
     built with other options: the replacement is built beside the old index, which goes only
     then, so the agent's searches are never without one. Lists the agent in `agent_indexes`.
     Returns the indexes built and dropped."""
-    vectors, words = index_names(account_id, action_id)
-    # UUIDs printed by Python: hex digits and dashes. A predicate cannot take parameters.
-    agent = f"account_id = '{UUID(str(account_id))}' AND action_id = '{UUID(str(action_id))}'"
-    hnsw, gin = (", ".join(f"{k} = {v}" for k, v in options.items()) for options in OPTIONS)
-    methods = {
-        vectors: f"hnsw (embedding vector_cosine_ops) WITH ({hnsw})",
-        words: f"gin (tsv) WITH ({gin})",
-    }
+    methods = dict(zip(index_names(account_id, action_id), index_methods(), strict=True))
     built: list[str] = []
     dropped: list[str] = []
     if any(name not in states for name in methods):
@@ -166,7 +171,8 @@ async def _build(
         target = name if current is None else f"{name}{_NEXT}"
         await _drop_index(conn, target)  # what an interrupted build left under that name
         await conn.execute(
-            f"CREATE INDEX CONCURRENTLY {target} ON agent_memories USING {method} WHERE {agent}"
+            f"CREATE INDEX CONCURRENTLY {target} ON agent_memories USING {method}"
+            f" WHERE {agent_predicate(account_id, action_id)}"
         )
         if target != name:
             await _drop_index(conn, name)
