@@ -17,6 +17,10 @@ records; load it first, `--load-only`), with LoCoMo dev questions and a turn's r
   each search (as before its first count).
 - `ids`: a search under an ID filter ranked exactly at once (`ranked`'s shortcut), against
   through the exact statement's gate.
+- `iterative-scan`: vector pages under a filter that hides most of the HNSW walk's records (one
+  kind of four), with `hnsw.iterative_scan` relaxed_order (the connections' default) and off.
+- `labels`: a listed agent searched under one label value that a few thousand of its records
+  hold, as the service chooses and on the index plan.
 - `probes`: a listed agent's own HNSW index against brute force, by `hnsw.ef_search`, for the
   questions and for queries made from the agent's records (what a check of a built index
   could search with).
@@ -295,6 +299,65 @@ async def ids(b: Bench) -> None:
                 )
 
 
+async def iterative_scan(b: Bench) -> None:
+    print("\niterative scan: vector pages of one kind of record (a quarter of the agent's) on the")
+    print("  index plan, hnsw.iterative_scan relaxed_order (the default) against off")
+    for size in (25_000, 200_000):
+        reader = reader_of(b.agent(size))
+        kind = Filters(kind=scale.KINDS[0])
+        exact = []
+        for i in range(len(b.questions)):
+            found, _ = await search.ranked(b.pool, reader, kind, b.ranking("vector", i), "exact")
+            exact.append([r.memory_id for r in found])
+        for setting in ("relaxed_order", "off"):
+            async with rolled_back(b) as conn:
+                await conn.execute(f"SET LOCAL hnsw.iterative_scan = {setting}")
+                times, shares, short = [], [], 0
+                for i in range(len(b.questions)):
+                    t = time.perf_counter()
+                    found, _ = await search.ranked(
+                        Held(conn), reader, kind, b.ranking("vector", i), "index"
+                    )
+                    times.append((time.perf_counter() - t) * 1000)
+                    shares.append(overlap([r.memory_id for r in found], exact[i]))
+                    short += len(found) < 10
+            print(
+                f"  {size:,} {setting:13} overlap {sum(shares) / len(shares):.3f}, pages short "
+                f"of 10: {short} of {len(shares)}; {percentiles(times[WARMUP:])}"
+            )
+
+
+async def labels(b: Bench) -> None:
+    print("\nlabels: a listed agent searched under one label value (hybrid), as the service")
+    print("  chooses (the exact plan) and the index plan forced")
+    label = {5: "customer-0"}  # on every fiftieth record of the data set
+    for size in (25_000, 200_000):
+        agent = b.agent(size)
+        reader = reader_of(agent)
+        async with b.pool.acquire() as conn:
+            holding = await conn.fetchval(
+                "SELECT count(*) FROM agent_memories WHERE account_id = $1 AND action_id = $2 "
+                "AND labels @> $3::jsonb",
+                *agent[:2],
+                {"5": label[5]},
+            )
+        for plan in (None, "index"):
+            times, chosen = [], set()
+            for i in range(len(b.questions)):
+                t = time.perf_counter()
+                _, how = await search.ranked(
+                    b.pool, reader, Filters(labels=label), b.ranking("hybrid", i), plan
+                )
+                times.append((time.perf_counter() - t) * 1000)
+                chosen.add(how)
+            # A connection plans a statement anew for its first five runs (plan_cache_mode auto).
+            first = ", ".join(f"{t:.0f}" for t in times[:5])
+            print(
+                f"  {size:,} records, {holding:,} with the label, {'/'.join(sorted(chosen))}: "
+                f"first five {first} ms; then {percentiles(times[5:])}"
+            )
+
+
 async def probes(b: Bench) -> None:
     print("\nprobes: the vector top-10 of a listed agent's own HNSW index against brute force,")
     print("  by hnsw.ef_search, for LoCoMo questions and for queries made from its records")
@@ -411,6 +474,8 @@ PARTS: dict[str, Callable[[Bench, argparse.Namespace], Awaitable[None]]] = {
     "recount": lambda b, args: recount(b, [float(s) for s in args.shares.split(",")]),
     "kept-counts": lambda b, _: kept_counts(b),
     "ids": lambda b, _: ids(b),
+    "iterative-scan": lambda b, _: iterative_scan(b),
+    "labels": lambda b, _: labels(b),
     "probes": lambda b, _: probes(b),
     "builds": lambda b, _: builds(b),
 }
