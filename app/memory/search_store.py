@@ -35,7 +35,7 @@ import numpy as np
 from app.db.fusion import fusion
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
-from app.memory.store import RECORD_COLUMNS, record
+from app.memory.store import RECORD_COLUMNS, has_labels, record
 from app.memory.visibility import (
     AgentReader,
     OperatorReader,
@@ -91,13 +91,14 @@ class Ranking:
         return self.depth + self.limit
 
 
-def _filters(f: Filters, p: Params, m: str = "m") -> str:
+def _filters(f: Filters, p: Params, m: str = "m", *, labels_index: bool = True) -> str:
+    """SQL: the filters' conditions. Without `labels_index`, labels are tested on the rows read
+    (the index plan, which walks the agent's own indexes), not found by their index."""
     where = ""
     if f.kind is not None:
         where += f" AND {m}.kind = {p(f.kind)}"
     if f.labels:
-        # jsonb containment, served by the GIN (jsonb_path_ops) index on labels.
-        where += f" AND {m}.labels @> {p({str(n): v for n, v in f.labels.items()})}::jsonb"
+        where += f" AND {has_labels(f.labels, p, m, by_index=labels_index)}"
     if f.ids is not None:
         where += f" AND {m}.memory_id = any({p(list(f.ids))}::uuid[])"
     return where
@@ -525,7 +526,9 @@ async def ranked_index(
     predicates need."""
     own = records is not None
     p = AgentKey(reader) if own else Params()
-    where = visible(reader, p, "m") + _filters(filters, p)
+    # A label held by more records than the exact plan ranks: not found by its index, whose
+    # generic plan, blind to the value, expects a few rows and reads them all for each tier.
+    where = visible(reader, p, "m") + _filters(filters, p, labels_index=False)
     agent = "agent_memories m WHERE " + where
     columns = _CANDIDATE_COLUMNS
     limit = int(r.candidates)  # a constant: for a parameter a cached plan would guess a tenth

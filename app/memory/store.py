@@ -5,7 +5,7 @@ its WHERE clause from it.
 """
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -42,6 +42,14 @@ def record(row: Row, *, score: float | None = None) -> MemoryRecord:
     values = {c: row[c] for c in RECORD_COLUMNS}
     values["labels"] = {int(number): value for number, value in row["labels"].items()}
     return MemoryRecord(**values, score=score)
+
+
+def has_labels(labels: Mapping[int, str], p: Params, m: str = "m", *, by_index: bool = True) -> str:
+    """SQL: the record holds these exact label values. `by_index`: found by
+    `agent_memories_labels`, a GIN index on the agent's key and the labels of the records that
+    have any (migration 0023), whose predicate is repeated so that a plan may use it."""
+    held = f"{m}.labels @> {p(labels_json(dict(labels)))}::jsonb"
+    return f"{m}.labels <> '{{}}'::jsonb AND {held}" if by_index else held
 
 
 def labels_json(labels: dict[int, str]) -> dict[str, str]:
@@ -218,7 +226,7 @@ async def list_page(
     if f.preview is not None:
         where += f" AND m.preview = {p(f.preview)}"
     if f.labels:
-        where += f" AND m.labels @> {p({str(n): v for n, v in f.labels.items()})}::jsonb"
+        where += f" AND {has_labels(f.labels, p)}"
     if after is not None:
         keyset = f"({p(after[0])}::timestamptz, {p(after[1])}::uuid)"
         where += f" AND (m.created, m.memory_id) {'>' if ascending else '<'} {keyset}"
