@@ -337,7 +337,7 @@ async def labels(b: Bench) -> None:
         async with b.pool.acquire() as conn:
             holding = await conn.fetchval(
                 "SELECT count(*) FROM agent_memories WHERE account_id = $1 AND action_id = $2 "
-                "AND labels @> $3::jsonb",
+                "AND labels <> '{}'::jsonb AND labels @> $3::jsonb",  # by the labels index
                 *agent[:2],
                 {"5": label[5]},
             )

@@ -334,8 +334,10 @@ async def ranked_exact(
     `scoped`. A turn of an agent that writes mostly to other sessions then reads its few
     hundred rows, not the agent's whole indexes through a filter that hides most of them.
 
-    Except under label or ID filters the statement is the same for every agent (`OpaqueKey`):
-    a custom plan must see the key to choose the labels index for a large agent."""
+    Except under label or ID filters the statement is the same for every agent (`OpaqueKey`);
+    under them the key is a plain parameter, so that a custom plan saw it and chose the labels
+    index for a large agent (before migration 0023, whose index holds the key; not measured
+    since)."""
     by_scope = by_scope or _session_only(reader)
     narrow = filters.narrows or by_scope
     # A turn this statement may leave to the second one: the gate reads what the upkeep counted.
