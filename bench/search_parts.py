@@ -55,9 +55,11 @@ import search_scale as scale  # noqa: E402
 from common import add_locomo_argument, load_locomo, percentiles  # noqa: E402
 
 from app.db.pool import create_pool  # noqa: E402
+from app.db.sql import Params  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance, search, search_store  # noqa: E402
 from app.memory.search_store import Filters, Plan, Ranking  # noqa: E402
+from app.memory.store import has_labels  # noqa: E402
 from app.memory.visibility import Reader  # noqa: E402
 
 WARMUP = 5  # timings left out at the start of each series
@@ -335,11 +337,11 @@ async def labels(b: Bench) -> None:
         agent = b.agent(size)
         reader = reader_of(agent)
         async with b.pool.acquire() as conn:
+            params = Params(*agent[:2])
             holding = await conn.fetchval(
-                "SELECT count(*) FROM agent_memories WHERE account_id = $1 AND action_id = $2 "
-                "AND labels <> '{}'::jsonb AND labels @> $3::jsonb",  # by the labels index
-                *agent[:2],
-                {"5": label[5]},
+                "SELECT count(*) FROM agent_memories m WHERE m.account_id = $1 "
+                f"AND m.action_id = $2 AND {has_labels(label, params)}",
+                *params.values,
             )
         for plan in (None, "index"):
             times, chosen = [], set()
