@@ -322,6 +322,32 @@ async def test_m37_a_label_filter_reads_the_agents_records_of_that_value_alone(
     assert max(n["Actual Rows"] for n in reads) == 3
     heap = [n for n in explained.nodes() if n.get("Relation Name") == "agent_memories"]
     assert all(n.get("Rows Removed by Filter", 0) == 0 for n in heap)
+    # EXPLAIN plans with the values; the plan a connection caches does not see them: what it
+    # read, by the table's index statistics.
+    async with pool.acquire() as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        before = await _index_reads(conn)
+        await search_store.ranked_exact(
+            conn, one.operator, vip, ranking, search_module.EXACT_MAX_ROWS
+        )
+        read = await _index_reads(conn)
+        await conn.execute("RESET plan_cache_mode")
+    assert {name: n - before[name] for name, n in read.items() if n > before[name]} == {
+        "agent_memories_labels": 6,  # the count's three, the scan's three
+        "agent_memories_pkey": 3,  # the page's records
+    }
+
+
+async def _index_reads(conn: Any) -> dict[str, int]:
+    """The index entries read on agent_memories so far, by index (this connection's reads
+    flushed to the statistics first)."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows = await conn.fetch(
+        "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes "
+        "WHERE relname = 'agent_memories'"
+    )
+    return {r["indexrelname"]: r["idx_tup_read"] for r in rows}
 
 
 SEARCH_QUERY = """
