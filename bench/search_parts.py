@@ -52,15 +52,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import search_scale as scale  # noqa: E402
-from common import add_locomo_argument, load_locomo, percentiles  # noqa: E402
+from common import add_locomo_argument, load_locomo, percentiles, summary  # noqa: E402
 
 from app.db.pool import create_pool  # noqa: E402
 from app.db.sql import Params  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
-from app.memory import maintenance, search, search_store  # noqa: E402
+from app.memory import maintenance, search, search_store, store  # noqa: E402
 from app.memory.search_store import Filters, Plan, Ranking  # noqa: E402
 from app.memory.store import has_labels  # noqa: E402
-from app.memory.visibility import Reader  # noqa: E402
+from app.memory.visibility import OperatorReader, Reader  # noqa: E402
 
 WARMUP = 5  # timings left out at the start of each series
 
@@ -428,6 +428,90 @@ async def builds(b: Bench) -> None:
                 print(f"  {size:,} records, {kind}: {took:.2f} s")
 
 
+PLAN_MODES = {"force_custom_plan": "custom", "force_generic_plan": "generic", "auto": "auto"}
+
+
+async def plans(b: Bench) -> None:
+    print("\nplans: the plan a connection caches (generic) against one made for the values")
+    print("  (custom), and plan_cache_mode auto's choice, one connection, p50 / p95 ms")
+    rng = random.Random(3)
+    for size in (1_000, 200_000):
+        agent = b.agent(size)
+        for value, holders in (("customer-0", None), ("bench-rare", 20)):
+            async with rolled_back(b) as conn:
+                every = [
+                    r[0]
+                    for r in await conn.fetch(
+                        "SELECT memory_id FROM agent_memories "
+                        "WHERE account_id = $1 AND action_id = $2",
+                        *agent[:2],
+                    )
+                ]
+                if holders is not None:
+                    await conn.execute(
+                        "UPDATE agent_memories SET labels = $1::jsonb "
+                        "WHERE memory_id = any($2::uuid[])",
+                        {"5": value},
+                        rng.sample(every, holders),
+                    )
+                who = f"{holders} hold" if holders else "2% hold"
+                for name, run in _plan_cases(b, conn, agent, value, every, rng).items():
+                    if holders is not None and "IDs" in name:
+                        continue  # the IDs do not depend on the label
+                    cells = []
+                    for mode, plan in PLAN_MODES.items():
+                        await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                        times = []
+                        for i in range(len(b.questions)):
+                            t = time.perf_counter()
+                            await run(i)
+                            times.append((time.perf_counter() - t) * 1000)
+                        s = summary(times[WARMUP:])
+                        cells.append(f"{plan} {s['p50']:.2f} / {s['p95']:.2f}")
+                    print(f"  {size:,} records, {value} ({who}), {name}: " + ", ".join(cells))
+
+
+def _plan_cases(
+    b: Bench,
+    conn: asyncpg.Connection,
+    agent: scale.Agent,
+    value: str,
+    every: list[UUID],
+    rng: random.Random,
+) -> dict[str, Callable[[int], Awaitable[Any]]]:
+    """`plans`' statements, each run for question i."""
+    reader = reader_of(agent)
+    operator = OperatorReader(agent[0], agent[1])
+    held = Held(conn)
+    label = Filters(labels={5: value})
+
+    def ranked(filters: Filters, i: int) -> Awaitable[Any]:
+        return search.ranked(held, reader, filters, b.ranking("hybrid", i))
+
+    def ids(n: int) -> Filters:
+        return Filters(ids=rng.sample(every, n))
+
+    return {
+        "search, label": lambda i: ranked(label, i),
+        "listing, label (newest)": lambda i: search_store.newest(
+            conn, reader, label, after=None, limit=11
+        ),
+        "listing, label (list_page)": lambda i: store.list_page(
+            conn,
+            operator,
+            after=None,
+            limit=11,
+            ascending=False,
+            filters=store.ListFilters(labels={5: value}),
+        ),
+        "search, 20 IDs": lambda i: ranked(ids(20), i),
+        "search, 500 IDs": lambda i: ranked(ids(500), i),
+        "listing, 20 IDs": lambda i: search_store.newest(
+            conn, reader, ids(20), after=None, limit=11
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -480,6 +564,7 @@ PARTS: dict[str, Callable[[Bench, argparse.Namespace], Awaitable[None]]] = {
     "labels": lambda b, _: labels(b),
     "probes": lambda b, _: probes(b),
     "builds": lambda b, _: builds(b),
+    "plans": lambda b, _: plans(b),
 }
 
 

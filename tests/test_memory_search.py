@@ -338,6 +338,59 @@ async def test_m37_a_label_filter_reads_the_agents_records_of_that_value_alone(
     }
 
 
+async def test_m37_a_large_agents_label_filter_is_planned_for_that_agent_not_an_average_one(
+    state: AppState, admin: Caller
+) -> None:
+    # The plan a connection caches for a label-filtered search serves every agent. With the
+    # agent's key a parameter, it was made for an agent of average size: among many small
+    # agents, it read a large agent's whole key and tested labels on each row (a
+    # 200,000-record agent: 366 ms against 54, bench/README.md, twentieth session). The key is
+    # written into the statement, so the plan is the agent's own.
+    large = await make_search_agent(state, admin)
+    labelled = [await large.add(f"Customer note {i}", labels={5: "vip"}) for i in range(3)]
+    plain = await large.add("Customer note")
+    pool = state.pool
+    columns = ", ".join(c for c in (*RECORD_COLUMNS, "embedding") if c != "memory_id")
+    others = [c for c in (*RECORD_COLUMNS, "embedding") if c not in ("memory_id", "action_id")]
+    await pool.execute(
+        f"INSERT INTO agent_memories (memory_id, {columns}) SELECT gen_random_uuid(), {columns} "
+        "FROM agent_memories, generate_series(1, 3000) g WHERE memory_id = $1",
+        plain,
+    )
+    # 1,500 agents of two records each: the average agent holds a few records.
+    await pool.execute(
+        "INSERT INTO actions (account_id, action_id, current_version) "
+        "SELECT $1, gen_random_uuid(), 1 FROM generate_series(1, 1500)",
+        large.account_id,
+    )
+    await pool.execute(
+        f"INSERT INTO agent_memories (memory_id, action_id, {', '.join(others)}) "
+        f"SELECT gen_random_uuid(), a.action_id, {', '.join(f'm.{c}' for c in others)} "
+        "FROM agent_memories m, actions a, "
+        "generate_series(1, 2) g WHERE m.memory_id = $1 AND a.account_id = m.account_id "
+        "AND a.action_id <> m.action_id",
+        plain,
+    )
+    await pool.execute("ANALYZE")
+    vip = Filters(labels={5: "vip"})
+    ranking = search_module.make_ranking("lexical", "customer note", None, None, 10)
+    async with pool.acquire() as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        before = await _index_reads(conn)
+        found, _ = await search_store.ranked_exact(
+            conn, large.operator, vip, ranking, search_module.EXACT_MAX_ROWS
+        )
+        read = await _index_reads(conn)
+        await conn.execute("RESET plan_cache_mode")
+    assert sorted(r.memory_id for r in found) == sorted(labelled)
+    # The labels index's entries of the value (the gate's count and the scan), and the page's
+    # records by their primary key: not the agent's 3,000 other records.
+    assert {name: n - before[name] for name, n in read.items() if n > before[name]} == {
+        "agent_memories_labels": 6,
+        "agent_memories_pkey": 3,
+    }
+
+
 async def _index_reads(conn: Any) -> dict[str, int]:
     """The index entries read on agent_memories so far, by index (this connection's reads
     flushed to the statistics first)."""
