@@ -832,12 +832,177 @@ async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_sessio
         if n.get("Relation Name") == "agent_memories"
         and n.get("Index Name") != "agent_memories_pkey"
     ]
-    assert {n.get("Index Name") for n in scans} == {"agent_memories_session"}
+    # The session index (the gate's count) and the session's range of the covering index (the
+    # scan, migration 0024; the records it does not hold, none here, by their own index).
+    used = {n["Index Name"] for n in explained.nodes() if "Index Name" in n}
+    assert {"agent_memories_session", "agent_memories_entries"} <= used
+    assert used <= {
+        "agent_memories_session",
+        "agent_memories_entries",
+        "agent_memories_entries_rest",
+        "agent_memories_pkey",
+        "agent_memories_replaces",
+        "agent_indexes_pkey",
+        "session_counts_pkey",
+    }
     assert max(n["Actual Rows"] for n in scans) == 3
     # More of them than the exact plan ranks: the agent's own indexes rank them.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 2)
     found, plan = await search_module.ranked(pool, reader, Filters(), ranking)
     assert plan == "index" and sorted(r.memory_id for r in found) == sorted(mine)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "vector"])
+async def test_m20_the_exact_plan_reads_an_agents_rows_from_the_covering_index(
+    agent: SearchAgent, admin: Caller, mode: str
+) -> None:
+    # The exact plan reads the rows a reader sees from the covering index (migration 0024),
+    # where an agent's entries lie together, and not from the table, where they lie scattered
+    # among other agents' rows: a turn reads the range of each of its scopes, an operator the
+    # agent's. Pages all-visible (as autovacuum leaves them), no row is fetched from the table
+    # but the page's own records, by their primary key.
+    other = await make_search_agent(agent.state, admin)
+    theirs = await other.add("Garden note on the violin shed")
+    pool = agent.state.pool
+    others = [c for c in (*RECORD_COLUMNS, "embedding") if c not in ("memory_id", "action_id")]
+    await pool.execute(  # many agents, as a service has
+        "INSERT INTO actions (account_id, action_id, current_version) "
+        "SELECT $1, gen_random_uuid(), 1 FROM generate_series(1, 40)",
+        agent.account_id,
+    )
+
+    async def scatter() -> None:  # a row of 40 other agents after each of this agent's
+        for _ in range(10):
+            await pool.execute(
+                f"INSERT INTO agent_memories (memory_id, action_id, {', '.join(others)}) "
+                f"SELECT gen_random_uuid(), a.action_id, {', '.join(f'm.{c}' for c in others)} "
+                "FROM agent_memories m JOIN actions a ON a.account_id = m.account_id "
+                "AND a.action_id NOT IN ($2, m.action_id) WHERE m.memory_id = $1",
+                theirs,
+                agent.action_id,
+            )
+
+    for i in range(30):
+        await agent.add(f"Garden note {i} on the violin shed")
+        await scatter()
+    mine = []
+    for i in range(3):
+        mine.append(await agent.add(f"Violin lesson {i}", scope="SESSION", session_id="s1"))
+        await scatter()
+    await agent.add("Violin garden", scope="SESSION", session_id="s2")
+    await pool.execute("VACUUM ANALYZE agent_memories")
+    vector = (await agent.state.embedder.embed(["violin garden"])).vectors[0]
+    ranking = search_module.make_ranking(mode, "violin garden", vector, None, 40)
+    turn = replace(agent.reader(execution_id=uuid.uuid4()), session_id="s1", invocation_number=1)
+    for reader, seen in ((turn, 33), (agent.operator, 34)):
+        async with pool.acquire() as conn:
+            # The plan a connection caches and runs (generic).
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            explained = _Explained(conn)
+            found, _ = await search_store.ranked_exact(
+                explained, reader, Filters(), ranking, search_module.EXACT_MAX_ROWS
+            )
+            await conn.execute("RESET plan_cache_mode")
+        assert found is not None and set(mine) <= {r.memory_id for r in found}
+        reads = [
+            n
+            for n in explained.nodes()
+            if n.get("Relation Name") == "agent_memories"
+            and n.get("Index Name") not in ("agent_memories_pkey", "agent_memories_replaces")
+            and n["Actual Loops"] > 0
+        ]
+        entries = [n for n in reads if n.get("Index Name") == "agent_memories_entries"]
+        assert {n["Node Type"] for n in entries} == {"Index Only Scan"}
+        assert all(n["Heap Fetches"] == 0 for n in entries)
+        assert sum(n["Actual Rows"] for n in entries) == seen
+        # (The records the covering index does not hold, none here: nothing else read.)
+        assert sum(n["Actual Rows"] for n in reads if n not in entries) == 0
+
+
+def _prose(words: int, seed: int) -> str:
+    """Varied English-like text: `words` words, most of them distinct."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join(
+        "".join(rng.choice(letters) for _ in range(rng.randint(3, 11))) for _ in range(words)
+    )
+
+
+async def test_m20_a_record_too_large_for_the_covering_index_is_found_from_the_table(
+    agent: SearchAgent, plan: str
+) -> None:
+    # A btree entry may not exceed 2,704 bytes: the covering index holds only the records
+    # whose embedding and words fit (migration 0024). A long record of varied words is stored
+    # all the same, and found, read from the table.
+    long = await agent.add("Quarterly planning notes", content=_prose(2000, 1) + " zephyrine")
+    short = await agent.add("Zephyrine is the project's code name")
+    bare = await agent.add("Zephyrine, without an embedding")
+    pool = agent.state.pool
+    await pool.execute("UPDATE agent_memories SET embedding = NULL WHERE memory_id = $1", bare)
+    fits = await pool.fetch(
+        "SELECT memory_id, memory_entry_fits(embedding, tsv, session_id, kind) AS fits "
+        "FROM agent_memories WHERE memory_id = any($1::uuid[])",
+        [long, short, bare],
+    )
+    assert {r["memory_id"]: r["fits"] for r in fits} == {long: False, short: True, bare: False}
+    found = await agent.find("zephyrine", mode="lexical", limit=10)
+    assert sorted(found) == sorted([long, short, bare])
+
+
+async def test_m20_a_record_the_covering_index_admits_always_fits_in_it(
+    state: AppState,
+) -> None:
+    # `memory_entry_fits` bounds an entry's size from above: a record it admits is written to
+    # the covering index whatever its size, up to the bound, with embeddings of any width the
+    # bound allows. Checked at the edge: words are added to a record until it no longer fits,
+    # and the last record that fits is written (into a copy of the table, with the index as
+    # the migration defines it, and vectors of any width).
+    pool = state.pool
+    definition = await pool.fetchval("SELECT pg_get_indexdef('agent_memories_entries'::regclass)")
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "CREATE TEMP TABLE entries (LIKE agent_memories) ON COMMIT DROP;"
+            "ALTER TABLE entries ALTER COLUMN embedding TYPE vector"
+        )
+        await conn.execute(
+            definition.replace("agent_memories_entries ON public.agent_memories", "e ON entries")
+        )
+        row = (
+            "INSERT INTO entries (account_id, action_id, memory_id, version, created, modified,"
+            " summary, content, metadata, status, scope, kind, source, pinned, labels, preview,"
+            " tombstone, execution_id, invocation_number, action_version, session_id,"
+            " modified_by, embedding, tsv) SELECT gen_random_uuid(), gen_random_uuid(),"
+            " gen_random_uuid(), 1, now(), now(), '', $1, '{}', 'ACTIVE', 'SESSION', $4,"
+            " 'TOOL', false, '{}', false, false, gen_random_uuid(), 1, 1, $3, 'agent',"
+            " array_fill(0.5::real, ARRAY[$2::int])::vector, to_tsvector('english', $1)"
+        )
+        fits = (
+            "SELECT memory_entry_fits(array_fill(0.5::real, ARRAY[$2::int])::vector,"
+            " to_tsvector('english', $1), $3, $4)"
+        )
+        cases = [
+            (256, "s", "fact", _prose(3000, 1).split()),
+            (384, "x" * 200, "k" * 100, _prose(3000, 2).split()),
+            (8, "", "", _prose(3000, 3).split()),
+            # Long tokens, and a session and kind past a 1-byte varlena header's 127 bytes.
+            (16, "é" * 70, "k" * 130, [w * 40 for w in _prose(300, 4).split()]),
+            # Few words many times: positions more than lexemes.
+            (64, "s", "fact", [f"again{i % 100}" for i in range(3000)]),
+        ]
+        for dims, session, kind, words in cases:
+            low, high = 0, len(words)  # the most words that fit, by bisection
+            while low < high:
+                middle = (low + high + 1) // 2
+                if await conn.fetchval(fits, " ".join(words[:middle]), dims, session, kind):
+                    low = middle
+                else:
+                    high = middle - 1
+            assert 0 < low < len(words)
+            for count in (low, low + 1):  # the last that fits is written; the next, not indexed
+                await conn.execute(row, " ".join(words[:count]), dims, session, kind)
+        # Wider than the index allows: never in it, whatever the text.
+        assert not await conn.fetchval(fits, "hello", 513, "s", "fact")
+        assert not await conn.fetchval(fits, "hello", 1536, "s", "fact")
 
 
 async def test_m20_a_turn_of_an_agent_writing_to_many_sessions_is_ranked_over_its_scopes(
@@ -898,11 +1063,13 @@ async def test_m20_a_turn_of_an_agent_writing_to_many_sessions_is_ranked_over_it
         if n.get("Relation Name") == "agent_memories"
         and n.get("Index Name") != "agent_memories_pkey"
     ]
-    # The count and the scan read the two scopes' indexes, and no row of another session:
-    # none is read and filtered out, as a walk of the agent's btree would (3,000).
+    # The count reads the two scopes' indexes, the scan their ranges of the covering index
+    # (migration 0024; the agent scope's 2 rows, the session's 3), and no row of another
+    # session: none is read and filtered out, as a walk of the agent's btree would (3,000).
     used = {n.get("Index Name") for n in explained.nodes(second) if "Index Name" in n}
     assert {"agent_memories_agent_scope", "agent_memories_session"} <= used
-    assert max(n["Actual Rows"] for n in scans) == 5
+    assert "agent_memories_entries" in used
+    assert max(n["Actual Rows"] for n in scans) == 3
     assert all(n.get("Rows Removed by Filter", 0) == 0 for n in scans)
     assert not [n for n in explained.nodes(second) if n["Node Type"] == "Seq Scan"]
     # Its scopes hold more rows than that: the index plan, with the same records.

@@ -42,8 +42,11 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   records under the filters (or label or ID filters match that few rows, or the reader's
   session holds that few, for a reader of session scope alone; or, for a turn of an agent with
   own indexes, the rows of the scopes it reads, agent scope and its session's, are at most
-  SCOPED_MAX_ROWS): read those rows by the (account, action) btree (or the scopes' partial
-  indexes, migrations 0020 and 0021) and score every one. Exact whatever the filters. Its cost
+  SCOPED_MAX_ROWS): read those rows and score every one. Exact whatever the filters. Each of
+  a turn's scopes is a range of a covering index that holds what the scan reads (migration
+  0024; an operator's, the agent's range), read index-only, so an agent's rows are read where
+  they lie together, however scattered they are in the table; the few records too large for it
+  are read from the table; label and ID filters find their rows by their own indexes. Its cost
   grows with the rows: 1-5 µs a record by the host, most of it the cosine and the text rank
   (bench/README.md).
 - `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and

@@ -82,7 +82,7 @@ def in_session(session: str, p: Params, m: str = "m") -> str:
 def scope_arms(reader: AgentReader, p: Params, m: str = "m") -> list[str]:
     """SQL, one predicate per scope the reader reads (agent scope, its own session's): row `m`
     is of that scope, whatever its status; each served by its partial index (migrations 0020
-    and 0021)."""
+    and 0021), and a range of the covering index (0024)."""
     arms: list[str] = []
     if Scope.AGENT in reader.scopes:
         arms.append(f"{m}.scope = 'AGENT'")
@@ -97,11 +97,14 @@ def in_scopes(reader: AgentReader, p: Params, m: str = "m") -> str:
     return "(" + " OR ".join(arms) + ")" if arms else "false"
 
 
-def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False) -> str:
+def visible(
+    reader: Reader, p: Params, m: str = "m", *, any_status: bool = False, scope: str | None = None
+) -> str:
     """SQL predicate over `agent_memories` aliased `m`: the records `reader` sees.
 
     `any_status` is for reading one record by ID (spec: "whatever its status"); lists,
-    searches and recalls see only live records.
+    searches and recalls see only live records. `scope`: an agent reader's records of one of
+    its scopes alone (one of `scope_arms`).
     """
     account, action = p(reader.account_id), p(reader.action_id)
     where = [f"{m}.account_id = {account}", f"{m}.action_id = {action}"]
@@ -116,7 +119,7 @@ def visible(reader: Reader, p: Params, m: str = "m", *, any_status: bool = False
         return " AND ".join(where)
 
     where.append(f"({m}.pending_execution IS NULL OR {staged_by(reader, p, m)})")
-    where.append(in_scopes(reader, p, m))
+    where.append(scope if scope is not None else in_scopes(reader, p, m))
     # Live readers never see preview records.
     where.append(f"(NOT {m}.preview OR {p(reader.preview)})")
     if not any_status:
