@@ -23,10 +23,11 @@ reads those rows from the table. A NULL embedding counts as not fitting, so ever
 exactly one of the two indexes.
 
 The function runs for each written row, once per index (about 16 µs for a record of 46 words).
-Both indexes are built concurrently: reads and writes go on meanwhile (a build first waits for
-any other index build on the table to end, such as an agent's own indexes by a process of the
-release before). A failed build leaves an invalid index that the next run drops and builds
-again; an index already built is kept.
+Both indexes are built in the migration's transaction: writes to the table wait for it, reads
+go on (under 90 s for bench/search_scale.py's 1,230,000 records with its generous
+`maintenance_work_mem`, more with the default). Not concurrently: a concurrent build waits for
+every open transaction, among them another process's waiting for the migration lock, which
+waits for the build (tests/test_two_processes.py hung on it).
 """
 
 from alembic import op
@@ -56,31 +57,19 @@ def upgrade() -> None:
         false
     );
     """)
-    # CONCURRENTLY runs outside a transaction, one statement at a time. An index a failed run
-    # left invalid is dropped and built again; one already built is kept.
-    valid = "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%(name)s)"
-    with op.get_context().autocommit_block():
-        for name, columns, predicate in (
-            (
-                "agent_memories_entries",
-                "(account_id, action_id, scope, session_id) INCLUDE (memory_id, created, status,"
-                " preview, tombstone, pending_execution, pending_invocation, kind, embedding, tsv)",
-                "memory_entry_fits(embedding, tsv, session_id, kind)",
-            ),
-            (
-                "agent_memories_entries_rest",
-                "(account_id, action_id, scope, session_id)",
-                "NOT memory_entry_fits(embedding, tsv, session_id, kind)",
-            ),
-        ):
-            state = op.get_bind().exec_driver_sql(valid, {"name": name}).scalar()
-            if state:
-                continue
-            if state is not None:
-                op.execute(f"DROP INDEX CONCURRENTLY {name}")
-            op.execute(
-                f"CREATE INDEX CONCURRENTLY {name} ON agent_memories {columns} WHERE {predicate}"
-            )
+    # Not CONCURRENTLY: a concurrent build waits for every open transaction, among them that
+    # of another process waiting for the migration lock (app/db/migrate.py), which waits for
+    # this one. Writes to the table wait for the build; reads go on.
+    op.execute("""
+    CREATE INDEX agent_memories_entries
+        ON agent_memories (account_id, action_id, scope, session_id)
+        INCLUDE (memory_id, created, status, preview, tombstone, pending_execution,
+                 pending_invocation, kind, embedding, tsv)
+        WHERE memory_entry_fits(embedding, tsv, session_id, kind);
+    CREATE INDEX agent_memories_entries_rest
+        ON agent_memories (account_id, action_id, scope, session_id)
+        WHERE NOT memory_entry_fits(embedding, tsv, session_id, kind);
+    """)
 
 
 def downgrade() -> None:
