@@ -26,8 +26,8 @@ The function runs for each written row, once per index (about 16 µs for a recor
 Both indexes are built in the migration's transaction: writes to the table wait for it, reads
 go on (under 90 s for bench/search_scale.py's 1,230,000 records with its generous
 `maintenance_work_mem`, more with the default). Not concurrently: a concurrent build waits for
-every open transaction, among them another process's waiting for the migration lock, which
-waits for the build (tests/test_two_processes.py hung on it).
+every running transaction, among them another process's call waiting for the migration lock,
+which this migration holds (tests/test_two_processes.py hung on it).
 """
 
 from alembic import op
@@ -57,9 +57,9 @@ def upgrade() -> None:
         false
     );
     """)
-    # Not CONCURRENTLY: a concurrent build waits for every open transaction, among them that
-    # of another process waiting for the migration lock (app/db/migrate.py), which waits for
-    # this one. Writes to the table wait for the build; reads go on.
+    # Not CONCURRENTLY: a concurrent build waits for every running transaction, among them
+    # another process's call that waits for the migration lock (app/db/migrate.py), held until
+    # this migration ends. Writes to the table wait for the build; reads go on.
     op.execute("""
     CREATE INDEX agent_memories_entries
         ON agent_memories (account_id, action_id, scope, session_id)
