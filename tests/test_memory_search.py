@@ -287,14 +287,8 @@ async def test_m37_a_label_filter_reads_the_agents_records_of_that_value_alone(
     theirs = await two.add("Customer note", labels={5: "vip"})
     pool = state.pool
     # 4,000 more rows of the agent without the value, 200 of another agent's with it.
-    columns = ", ".join(c for c in (*RECORD_COLUMNS, "embedding") if c != "memory_id")
-    for source, copies in ((plain, 4000), (theirs, 200)):
-        await pool.execute(
-            f"INSERT INTO agent_memories (memory_id, {columns}) SELECT gen_random_uuid(), "
-            f"{columns} FROM agent_memories, generate_series(1, $2) g WHERE memory_id = $1",
-            source,
-            copies,
-        )
+    await _copy(pool, plain, 4000)
+    await _copy(pool, theirs, 200)
     await pool.execute("ANALYZE agent_memories")
     vip = Filters(labels={5: "vip"})
     ranking = search_module.make_ranking("lexical", "customer note", None, None, 10)
@@ -350,27 +344,10 @@ async def test_m37_a_large_agents_label_filter_is_planned_for_that_agent_not_an_
     labelled = [await large.add(f"Customer note {i}", labels={5: "vip"}) for i in range(3)]
     plain = await large.add("Customer note")
     pool = state.pool
-    columns = ", ".join(c for c in (*RECORD_COLUMNS, "embedding") if c != "memory_id")
-    others = [c for c in (*RECORD_COLUMNS, "embedding") if c not in ("memory_id", "action_id")]
-    await pool.execute(
-        f"INSERT INTO agent_memories (memory_id, {columns}) SELECT gen_random_uuid(), {columns} "
-        "FROM agent_memories, generate_series(1, 3000) g WHERE memory_id = $1",
-        plain,
-    )
+    await _copy(pool, plain, 3000)
     # 1,500 agents of two records each: the average agent holds a few records.
-    await pool.execute(
-        "INSERT INTO actions (account_id, action_id, current_version) "
-        "SELECT $1, gen_random_uuid(), 1 FROM generate_series(1, 1500)",
-        large.account_id,
-    )
-    await pool.execute(
-        f"INSERT INTO agent_memories (memory_id, action_id, {', '.join(others)}) "
-        f"SELECT gen_random_uuid(), a.action_id, {', '.join(f'm.{c}' for c in others)} "
-        "FROM agent_memories m, actions a, "
-        "generate_series(1, 2) g WHERE m.memory_id = $1 AND a.account_id = m.account_id "
-        "AND a.action_id <> m.action_id",
-        plain,
-    )
+    await _add_agents(pool, large.account_id, 1500)
+    await _copy_to_other_agents(pool, plain, 2)
     await pool.execute("ANALYZE")
     vip = Filters(labels={5: "vip"})
     ranking = search_module.make_ranking("lexical", "customer note", None, None, 10)
@@ -389,6 +366,44 @@ async def test_m37_a_large_agents_label_filter_is_planned_for_that_agent_not_an_
         "agent_memories_labels": 6,
         "agent_memories_pkey": 3,
     }
+
+
+async def _copy(pool: Any, source: UUID, copies: int) -> None:
+    """`copies` more rows of record `source`'s agent, each like it with an ID of its own."""
+    columns = ", ".join(c for c in (*RECORD_COLUMNS, "embedding") if c != "memory_id")
+    await pool.execute(
+        f"INSERT INTO agent_memories (memory_id, {columns}) SELECT gen_random_uuid(), {columns} "
+        "FROM agent_memories, generate_series(1, $2) g WHERE memory_id = $1",
+        source,
+        copies,
+    )
+
+
+async def _add_agents(pool: Any, account_id: UUID, count: int) -> None:
+    """`count` more agents of the account: actions that records may belong to."""
+    await pool.execute(
+        "INSERT INTO actions (account_id, action_id, current_version) "
+        "SELECT $1, gen_random_uuid(), 1 FROM generate_series(1, $2)",
+        account_id,
+        count,
+    )
+
+
+async def _copy_to_other_agents(
+    pool: Any, source: UUID, copies: int = 1, *, besides: UUID | None = None
+) -> None:
+    """`copies` rows like record `source` in every other agent of its account, but `besides`."""
+    others = [c for c in (*RECORD_COLUMNS, "embedding") if c not in ("memory_id", "action_id")]
+    await pool.execute(
+        f"INSERT INTO agent_memories (memory_id, action_id, {', '.join(others)}) "
+        f"SELECT gen_random_uuid(), a.action_id, {', '.join(f'm.{c}' for c in others)} "
+        "FROM agent_memories m JOIN actions a ON a.account_id = m.account_id "
+        "AND a.action_id <> m.action_id AND a.action_id IS DISTINCT FROM $3, "
+        "generate_series(1, $2) g WHERE m.memory_id = $1",
+        source,
+        copies,
+        besides,
+    )
 
 
 async def _index_reads(conn: Any) -> dict[str, int]:
@@ -864,23 +879,10 @@ async def test_m20_the_exact_plan_reads_an_agents_rows_from_the_covering_index(
     other = await make_search_agent(agent.state, admin)
     theirs = await other.add("Garden note on the violin shed")
     pool = agent.state.pool
-    others = [c for c in (*RECORD_COLUMNS, "embedding") if c not in ("memory_id", "action_id")]
-    await pool.execute(  # many agents, as a service has
-        "INSERT INTO actions (account_id, action_id, current_version) "
-        "SELECT $1, gen_random_uuid(), 1 FROM generate_series(1, 40)",
-        agent.account_id,
-    )
+    await _add_agents(pool, agent.account_id, 40)  # many agents, as a service has
 
-    async def scatter() -> None:  # a row of 40 other agents after each of this agent's
-        for _ in range(10):
-            await pool.execute(
-                f"INSERT INTO agent_memories (memory_id, action_id, {', '.join(others)}) "
-                f"SELECT gen_random_uuid(), a.action_id, {', '.join(f'm.{c}' for c in others)} "
-                "FROM agent_memories m JOIN actions a ON a.account_id = m.account_id "
-                "AND a.action_id NOT IN ($2, m.action_id) WHERE m.memory_id = $1",
-                theirs,
-                agent.action_id,
-            )
+    async def scatter() -> None:  # ten rows of 40 other agents after each of this agent's
+        await _copy_to_other_agents(pool, theirs, 10, besides=agent.action_id)
 
     for i in range(30):
         await agent.add(f"Garden note {i} on the violin shed")
