@@ -140,7 +140,6 @@ def test_statements_that_change_a_session_mark_their_connection() -> None:
     # The scan sees the statements it is meant to see (a pattern that matched nothing would
     # pass silently).
     assert {
-        "memory/search.py:ranked",
         "memory/maintenance.py:run_round",
         "memory/maintenance.py:_build",
         "embeddings/store.py:try_lock_model",

@@ -9,6 +9,7 @@ large.
 import asyncio
 import math
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -308,7 +309,7 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search(
 ) -> None:
     # The rounds keep each listed agent's record count; from LARGE_AGENT_RECORDS on, its own
     # HNSW index is searched with LARGE_AGENT_EF_SEARCH (recall at 200,000 records), and the
-    # setting lasts for that search only.
+    # setting lasts for that search only: the statement sets it for its own transaction.
     monkeypatch.setattr(search_module, "LARGE_AGENT_RECORDS", 130)
     agent = await make_search_agent(state, admin)
     await fill(agent, 120)
@@ -317,8 +318,11 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search(
     ranked_index = search_store.ranked_index
 
     async def capture(conn: Any, *args: Any) -> Any:
-        seen.append(await conn.fetchval("SHOW hnsw.ef_search"))
-        return await ranked_index(conn, *args)
+        # Read in the statement's transaction, which keeps what it set until it ends.
+        async with conn.transaction():
+            found = await ranked_index(conn, *args)
+            seen.append(await conn.fetchval("SHOW hnsw.ef_search"))
+        return found
 
     monkeypatch.setattr(search_store, "ranked_index", capture)
     r = await ranking(agent, "hiking in the mountains", "vector")
@@ -349,6 +353,30 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search(
             assert await conn.fetchval("SHOW hnsw.ef_search") == default
     finally:
         await pool.close()
+
+
+async def test_m20_the_index_plan_walks_hnsw_with_its_own_ef_search(
+    state: AppState, admin: Caller
+) -> None:
+    # The statement's own `hnsw.ef_search` governs its HNSW walk, whatever the connection's:
+    # without the iterative scan a walk returns at most ef_search records, so a page of 30
+    # from a connection set to 10 is full only if the statement's 150 came first.
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 120)
+    await maintenance.run_round(state.pool, min_records=100)
+    vector = (await state.embedder.embed(["mountain hiking"])).vectors[0]
+    page = search_module.make_ranking("vector", "mountain hiking", vector, None, 30)
+    found: dict[int, int] = {}
+    async with state.pool.acquire() as conn, conn.transaction():
+        records = await search_store.listed_records(conn, agent.operator)
+        assert records == 120
+        for ef in (10, 150):
+            await conn.execute("SET LOCAL hnsw.ef_search = 10; SET LOCAL hnsw.iterative_scan = off")
+            r = replace(page, ef_search=ef)
+            found[ef] = len(
+                await search_store.ranked_index(conn, agent.operator, Filters(), r, records)
+            )
+    assert found == {10: 10, 150: 30}
 
 
 async def test_m20_at_most_max_agents_have_their_own_indexes(

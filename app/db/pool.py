@@ -9,9 +9,10 @@ import asyncpg
 from pgvector.asyncpg import register_vector
 
 # Every connection's session defaults, which RESET ALL (run by the pool on release after
-# `session_changed`) returns to: memory search's HNSW settings for a large agent's own index
-# (app/memory/search.py), so that such a search is one statement, with no settings to send
-# first. They apply to every HNSW scan the connection runs.
+# `session_changed`) returns to: the HNSW settings of every scan that does not set its own, so
+# that a search is one statement, with no settings to send first. (Memory search's index plan
+# sets its `hnsw.ef_search` inside its statement, app/memory/search_store.py; EF_SEARCH in
+# app/memory/search.py is this default.)
 SESSION_SETTINGS = {"hnsw.ef_search": "80", "hnsw.iterative_scan": "relaxed_order"}
 
 

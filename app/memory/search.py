@@ -83,9 +83,10 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   runs on a cached generic plan (as every search of the service does: a reader with no turn,
   whose staged writes are NULL, would be planned anew at each search, bench/README.md). The
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
-  caches still uses the agent's partial indexes. The connections' defaults (app/db/pool.py)
-  are the index plan's HNSW settings; a deeper page, or an agent listed with
-  LARGE_AGENT_RECORDS or more, sets a larger `hnsw.ef_search` first.
+  caches still uses the agent's partial indexes. The index plan's `hnsw.iterative_scan` is
+  the connections' default (app/db/pool.py); its `hnsw.ef_search` (larger for a deeper page,
+  or for an agent listed with LARGE_AGENT_RECORDS or more) is set by the statement itself,
+  for its own transaction.
 """
 
 from collections.abc import Mapping, Sequence
@@ -102,7 +103,7 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.db import cursors
 from app.db.fusion import HYBRID_WEIGHT
-from app.db.pool import SESSION_SETTINGS, session_changed
+from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
 from app.errors import BadInput, NotFound
 from app.memory import search_store
@@ -260,7 +261,6 @@ async def ranked(
 ) -> tuple[list[MemoryRecord], Plan]:
     """Ranks by the plan the agent's indexes and filtered row count call for (or by `plan`,
     for benchmarks)."""
-    # No transaction: a setting lasts until the pool resets the connection (`session_changed`).
     async with pool.acquire() as conn:
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
@@ -275,11 +275,6 @@ async def ranked(
                 return found, "exact"
         if records is not None and records >= LARGE_AGENT_RECORDS:
             ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
-        if ranking.vector is not None and ranking.ef_search != EF_SEARCH:
-            session_changed(conn)
-            await conn.execute(
-                "SELECT set_config('hnsw.ef_search', $1, false)", str(ranking.ef_search)
-            )
         return await search_store.ranked_index(conn, reader, filters, ranking, records), "index"
 
 
