@@ -26,6 +26,9 @@ records; load it first, `--load-only`), with LoCoMo dev questions and a turn's r
   could search with).
 - `builds`: one agent's HNSW and GIN indexes built as the upkeep builds them (CREATE INDEX
   CONCURRENTLY reads the whole table).
+- `bound`: around `EXACT_MAX_ROWS`, a label value set on --counts of the 200,000-record
+  agent's records, ranked exactly and by the index plan, and how much of the exact page the
+  index plan finds.
 
     python bench/search_parts.py --locomo PATH deep-pages kept-counts   # or: all
 
@@ -37,6 +40,7 @@ import asyncio
 import contextlib
 import random
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -360,6 +364,51 @@ async def labels(b: Bench) -> None:
             )
 
 
+async def bound(b: Bench, counts: list[int]) -> None:
+    print("\nbound: a label value on n of the 200,000-record agent's records (set in a transaction")
+    print("  rolled back), ranked exactly and by the index plan, alternated; hybrid p50 / p95 ms")
+    print(f"  (EXACT_MAX_ROWS {search.EXACT_MAX_ROWS:,}: the service ranks exactly up to it)")
+    agent = b.agent(200_000)
+    reader = reader_of(agent)
+    label = {5: "bench-bound"}
+    rng = random.Random(9)
+    for n in counts:
+        async with rolled_back(b) as conn:
+            every = await conn.fetch(
+                "SELECT memory_id FROM agent_memories WHERE account_id = $1 AND action_id = $2",
+                *agent[:2],
+            )
+            chosen = rng.sample([r[0] for r in every], n)
+            t = time.perf_counter()
+            await conn.execute(
+                "UPDATE agent_memories SET labels = $1::jsonb WHERE account_id = $2 "
+                "AND action_id = $3 AND memory_id = any($4::uuid[])",
+                {"5": label[5]},
+                *agent[:2],
+                chosen,
+            )
+            await conn.execute("ANALYZE agent_memories")
+            set_up = time.perf_counter() - t
+            held, times = Held(conn), {"exact": [], "index": []}
+            shares = []
+            for i in range(len(b.questions)):
+                pages = {}
+                for plan in ("exact", "index") if i % 2 else ("index", "exact"):
+                    t = time.perf_counter()
+                    found, _ = await search.ranked(
+                        held, reader, Filters(labels=label), b.ranking("hybrid", i), plan
+                    )
+                    times[plan].append((time.perf_counter() - t) * 1000)
+                    pages[plan] = [r.memory_id for r in found]
+                shares.append(overlap(pages["index"], pages["exact"]))
+            exact, index = (percentiles(times[plan][WARMUP:]) for plan in ("exact", "index"))
+            print(f"  n {n:,} (set up in {set_up:.0f} s): exact {exact}")
+            print(
+                f"  {'':{len(f'{n:,}') + 2}}index {index}, "
+                f"top-10 overlap with exact {statistics.mean(shares):.3f}"
+            )
+
+
 async def probes(b: Bench) -> None:
     print("\nprobes: the vector top-10 of a listed agent's own HNSW index against brute force,")
     print("  by hnsw.ef_search, for LoCoMo questions and for queries made from its records")
@@ -524,6 +573,9 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=60, help="LoCoMo questions a part")
     parser.add_argument("--depth", type=int, default=200, help="deep-pages: how deep")
     parser.add_argument("--shares", default="0.1,0.3,1.0", help="recount: how far counts lag")
+    parser.add_argument(
+        "--counts", default="2000,5000,10000,20000", help="bound: records holding the label"
+    )
     args = parser.parse_args()
     scale.SAMPLES[:] = load_locomo(args.locomo)
     parts = list(PARTS) if "all" in args.parts else args.parts
@@ -565,6 +617,7 @@ PARTS: dict[str, Callable[[Bench, argparse.Namespace], Awaitable[None]]] = {
     "probes": lambda b, _: probes(b),
     "builds": lambda b, _: builds(b),
     "plans": lambda b, _: plans(b),
+    "bound": lambda b, args: bound(b, [int(n) for n in args.counts.split(",")]),
 }
 
 
