@@ -573,14 +573,15 @@ async def ranked_index(
     ctes = ""
     nearest = f"m.embedding <=> {p(r.vector)}" if r.vector is not None else None
     if nearest is not None:
-        # The walk's `hnsw.ef_search`, set for this statement's transaction by a one-time
-        # filter, which runs before the scan's first row: no statement before the search, and
-        # no reset of the connection after it (0.18 and 0.29 ms p50 at 200,000 records,
-        # bench/README.md, twenty-second session).
-        ef = f"(SELECT set_config('hnsw.ef_search', {p(str(r.ef_search))}, true)) IS NOT NULL"
-        lists.append(
-            candidates(f"SELECT {columns} FROM {agent} AND {ef} ORDER BY {nearest} LIMIT {limit}")
-        )
+        # The walk's `hnsw.ef_search` on the agent's own index, set for this statement's
+        # transaction by a one-time filter, which runs before the scan's first row: no
+        # statement before the search, and no reset of the connection after it (0.18 and 0.29
+        # ms p50 at 200,000 records, bench/README.md, twenty-second session).
+        scan = f"SELECT {columns} FROM {agent}"
+        if own:
+            scan += f" AND (SELECT set_config('hnsw.ef_search', {p(str(r.ef_search))}, true))"
+            scan += " IS NOT NULL"
+        lists.append(candidates(f"{scan} ORDER BY {nearest} LIMIT {limit}"))
     if r.text is not None:
         # GIN reads the rarest three words of each of the tier's subsets (`probe`, migration
         # 0022: the more common ones' postings cost most in tiers that turn out empty);
