@@ -118,6 +118,28 @@ def overlap(found: list[UUID], exact: list[UUID]) -> float:
     return len(set(found) & set(exact)) / max(1, len(exact))
 
 
+async def memory_ids(conn: asyncpg.Connection, agent: scale.Agent) -> list[UUID]:
+    """Every record ID of the agent."""
+    rows = await conn.fetch(
+        "SELECT memory_id FROM agent_memories WHERE account_id = $1 AND action_id = $2",
+        *agent[:2],
+    )
+    return [r[0] for r in rows]
+
+
+async def set_label(
+    conn: asyncpg.Connection, agent: scale.Agent, value: str, ids: list[UUID]
+) -> None:
+    """Label 5 set to `value` on the agent's records `ids` (in the caller's transaction)."""
+    await conn.execute(
+        "UPDATE agent_memories SET labels = $1::jsonb WHERE account_id = $2 AND action_id = $3"
+        " AND memory_id = any($4::uuid[])",
+        {"5": value},
+        *agent[:2],
+        ids,
+    )
+
+
 @contextlib.asynccontextmanager
 async def rolled_back(b: Bench) -> AsyncIterator[asyncpg.Connection]:
     """A connection in a transaction rolled back at the end, whatever happens: what a part
@@ -270,13 +292,7 @@ async def ids(b: Bench) -> None:
         agent = b.agent(size)
         reader = reader_of(agent)
         async with b.pool.acquire() as conn:
-            every = [
-                r[0]
-                for r in await conn.fetch(
-                    "SELECT memory_id FROM agent_memories WHERE account_id = $1 AND action_id = $2",
-                    *agent[:2],
-                )
-            ]
+            every = await memory_ids(conn, agent)
         for count in (20, 500):
             times: dict[bool, list[float]] = {True: [], False: []}
             same = 0
@@ -370,23 +386,13 @@ async def bound(b: Bench, counts: list[int]) -> None:
     print(f"  (EXACT_MAX_ROWS {search.EXACT_MAX_ROWS:,}: the service ranks exactly up to it)")
     agent = b.agent(200_000)
     reader = reader_of(agent)
-    label = {5: "bench-bound"}
+    value = "bench-bound"
     rng = random.Random(9)
     for n in counts:
         async with rolled_back(b) as conn:
-            every = await conn.fetch(
-                "SELECT memory_id FROM agent_memories WHERE account_id = $1 AND action_id = $2",
-                *agent[:2],
-            )
-            chosen = rng.sample([r[0] for r in every], n)
+            chosen = rng.sample(await memory_ids(conn, agent), n)
             t = time.perf_counter()
-            await conn.execute(
-                "UPDATE agent_memories SET labels = $1::jsonb WHERE account_id = $2 "
-                "AND action_id = $3 AND memory_id = any($4::uuid[])",
-                {"5": label[5]},
-                *agent[:2],
-                chosen,
-            )
+            await set_label(conn, agent, value, chosen)
             await conn.execute("ANALYZE agent_memories")
             set_up = time.perf_counter() - t
             held, times = Held(conn), {"exact": [], "index": []}
@@ -396,7 +402,7 @@ async def bound(b: Bench, counts: list[int]) -> None:
                 for plan in ("exact", "index") if i % 2 else ("index", "exact"):
                     t = time.perf_counter()
                     found, _ = await search.ranked(
-                        held, reader, Filters(labels=label), b.ranking("hybrid", i), plan
+                        held, reader, Filters(labels={5: value}), b.ranking("hybrid", i), plan
                     )
                     times[plan].append((time.perf_counter() - t) * 1000)
                     pages[plan] = [r.memory_id for r in found]
@@ -488,21 +494,9 @@ async def plans(b: Bench) -> None:
         agent = b.agent(size)
         for value, holders in (("customer-0", None), ("bench-rare", 20)):
             async with rolled_back(b) as conn:
-                every = [
-                    r[0]
-                    for r in await conn.fetch(
-                        "SELECT memory_id FROM agent_memories "
-                        "WHERE account_id = $1 AND action_id = $2",
-                        *agent[:2],
-                    )
-                ]
+                every = await memory_ids(conn, agent)
                 if holders is not None:
-                    await conn.execute(
-                        "UPDATE agent_memories SET labels = $1::jsonb "
-                        "WHERE memory_id = any($2::uuid[])",
-                        {"5": value},
-                        rng.sample(every, holders),
-                    )
+                    await set_label(conn, agent, value, rng.sample(every, holders))
                 who = f"{holders} hold" if holders else "2% hold"
                 for name, run in _plan_cases(b, conn, agent, value, every, rng).items():
                     if holders is not None and "IDs" in name:
