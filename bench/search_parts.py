@@ -9,8 +9,8 @@ records; load it first, `--load-only`), with LoCoMo dev questions and a turn's r
 - `deep-pages`: paging 10 records at a time to --depth, with the candidate lists and
   `hnsw.ef_search` a later page gets (4 x the records before it and on it, `make_ranking`)
   and with those of the first page (40 candidates; `hnsw.ef_search` 80, or
-  LARGE_AGENT_EF_SEARCH for a large agent): the share of the exact plan's top records the
-  pages hold.
+  LARGE_AGENT_EF_SEARCH for a large agent in vector mode): the share of the exact plan's top
+  records the pages hold.
 - `recount`: a listed agent's pages with its words counted now, against counted when it had
   1 / (1 + share) of its records (`WORDS_RECOUNT`: how far the counts may lag), by share.
 - `kept-counts`: a listed agent searched with the words the upkeep keeps, against counted at

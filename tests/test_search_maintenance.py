@@ -306,12 +306,13 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
         assert await search_store.listed_records(conn, agent.operator) == 40
 
 
-async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search(
+async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_mode(
     db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The rounds keep each listed agent's record count; from LARGE_AGENT_RECORDS on, its own
-    # HNSW index is searched with LARGE_AGENT_EF_SEARCH (recall at 200,000 records), and the
-    # setting lasts for that search only: the statement sets it for its own transaction.
+    # HNSW index is searched with LARGE_AGENT_EF_SEARCH in vector mode (recall at 200,000
+    # records; a hybrid page reads its words exactly and keeps the default), and the setting
+    # lasts for that search only: the statement sets it for its own transaction.
     monkeypatch.setattr(search_module, "LARGE_AGENT_RECORDS", 130)
     agent = await make_search_agent(state, admin)
     await fill(agent, 120)
@@ -343,6 +344,8 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search(
         await search()
         found, plan = await search_module.ranked(pool, agent.operator, Filters(), r, "index")
         assert plan == "index" and found
+        hybrid = await ranking(agent, "hiking in the mountains", "hybrid")
+        assert (await search_module.ranked(pool, agent.operator, Filters(), hybrid))[1] == "index"
         await state.pool.execute(
             "DELETE FROM agent_memories WHERE memory_id IN (SELECT memory_id FROM agent_memories "
             "WHERE account_id = $1 AND action_id = $2 LIMIT 30)",
@@ -352,8 +355,8 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search(
         await maintenance.run_round(state.pool, min_records=100)
         await search()  # 110 at the round
         default, large = str(search_module.EF_SEARCH), str(search_module.LARGE_AGENT_EF_SEARCH)
-        assert seen == [default, default, large, large, default]
-        assert left == [default] * 5
+        assert seen == [default, default, large, large, default, default]
+        assert left == [default] * 6
         async with pool.acquire() as conn:
             assert await conn.fetchval("SHOW hnsw.ef_search") == default
     finally:

@@ -85,8 +85,8 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
   caches still uses the agent's partial indexes. The index plan's `hnsw.iterative_scan` is
   the connections' default (app/db/pool.py); its `hnsw.ef_search` (larger for a deeper page,
-  or for an agent listed with LARGE_AGENT_RECORDS or more) is set by the statement itself,
-  for its own transaction.
+  or in vector mode for an agent listed with LARGE_AGENT_RECORDS or more) is set by the
+  statement itself, for its own transaction.
 """
 
 from collections.abc import Mapping, Sequence
@@ -131,7 +131,9 @@ EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's defaul
 # 80 finds 0.99-1.00 of the exact vector top-10 at 25,000 records but 0.962-0.976 at 200,000,
 # where 120 found 0.986-1.000 for about 0.5 ms more at p50 (bench/README.md, ninth session).
 # With the indexes' m 12 (nineteenth session), 80 finds 0.990-0.995 at 25,000 records and 120
-# 0.977-0.991 at 200,000, 150 0.995-0.996, still 0.82 of m 16's time at 120.
+# 0.977-0.991 at 200,000, 150 0.995-0.996, still 0.82 of m 16's time at 120. Vector mode only:
+# a hybrid page found the same share of the exact hybrid top-10 with 80 as with 150 at 200,000
+# records (its words' tiers are read exactly), for 1.7-2.3 ms less at p50 (twenty-third session).
 LARGE_AGENT_RECORDS = 100_000
 LARGE_AGENT_EF_SEARCH = 150
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
@@ -273,7 +275,7 @@ async def ranked(
             )
             if found is not None:
                 return found, "exact"
-        if records is not None and records >= LARGE_AGENT_RECORDS:
+        if records is not None and records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":
             ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
         return await search_store.ranked_index(conn, reader, filters, ranking, records), "index"
 
