@@ -3,10 +3,11 @@
 Loads one agent into a scratch database: AGENT agent-scope records, SESSIONS sessions of PER
 records each, and the turn's own session of MINE (LoCoMo dev sentences, `static` embeddings),
 and lists it with its own indexes (one upkeep round). A turn reading agent scope and its
-session then sees AGENT + MINE of its rows. Per mode it times, alternating per question, the
-plan the service chooses (`search.ranked`: with few such rows, the exact plan over them,
-counted by the scopes' indexes, migration 0021) and the index plan forced (the agent's own
-HNSW and GIN indexes through the turn's filter, as before), SQL as the service runs it, and
+session then sees AGENT + MINE of its rows, and a turn reading its session alone MINE. Per
+turn and mode it times, alternating per question, the plan the service chooses
+(`search.ranked`: with few such rows, the exact plan over them, counted by the scopes' indexes,
+migration 0021, or by the session index for the session alone) and the index plan forced (the
+agent's own HNSW and GIN indexes through the turn's filter), SQL as the service runs it, and
 compares both pages with the exact ranking (`plan="exact"`). `--drop-index` runs it without
 migration 0021's index, whose index plan is what the service ran for such a turn before.
 
@@ -58,6 +59,37 @@ async def load(pool, embedder, texts: list[str], args: argparse.Namespace) -> tu
     return await load_agent(pool, embedder, texts, scopes)
 
 
+async def compare(pool, turn: AgentReader, picks: list[str], vectors) -> None:
+    """Per mode, the chosen plan against the index plan forced, alternated per question."""
+    for mode in ("hybrid", "lexical", "vector"):
+        times: dict[str, list[float]] = {"chosen": [], "index": []}
+        shared: dict[str, list[float]] = {"chosen": [], "index": []}
+        plans = set()
+        for i, (question, vector) in enumerate(zip(picks, vectors, strict=True)):
+            ranking = search_module.make_ranking(mode, question, vector, None, 10)
+            exact, _ = await search_module.ranked(pool, turn, Filters(), ranking, "exact")
+            best = {r.memory_id for r in exact}
+            for which in ("chosen", "index") if i % 2 else ("index", "chosen"):
+                started = time.perf_counter()
+                found, plan = await search_module.ranked(
+                    pool, turn, Filters(), ranking, None if which == "chosen" else "index"
+                )
+                if i < 6:
+                    continue
+                times[which].append((time.perf_counter() - started) * 1000)
+                if best:
+                    shared[which].append(len(best & {r.memory_id for r in found}) / len(best))
+                if which == "chosen":
+                    plans.add(plan)
+        for which in ("chosen", "index"):
+            label = f"chosen ({'/'.join(sorted(plans))})" if which == "chosen" else "index"
+            overlap = sum(shared[which]) / max(1, len(shared[which]))
+            print(
+                f"    {mode:7s} {label:15s} {percentiles(times[which])}"
+                f"  top-10 of exact {overlap:.3f}"
+            )
+
+
 async def measure(url: str, samples: list[dict], args: argparse.Namespace) -> None:
     embedder = StaticEmbedder()
     pool = await create_pool(url, min_size=1, max_size=1)
@@ -73,35 +105,14 @@ async def measure(url: str, samples: list[dict], args: argparse.Namespace) -> No
         asked = questions(samples)
         picks = random.Random(3).sample(asked, min(args.queries + 6, len(asked)))
         vectors = (await embedder.embed(picks)).vectors
-        turn = AgentReader(account, action, MINE, tuple(Scope), False, uuid.uuid4(), 1)
-        print(f"  a turn reading agent scope and its session ({args.agent + args.mine:,} rows):")
-        for mode in ("hybrid", "lexical", "vector"):
-            times: dict[str, list[float]] = {"chosen": [], "index": []}
-            shared: dict[str, list[float]] = {"chosen": [], "index": []}
-            plans = set()
-            for i, (question, vector) in enumerate(zip(picks, vectors, strict=True)):
-                ranking = search_module.make_ranking(mode, question, vector, None, 10)
-                exact, _ = await search_module.ranked(pool, turn, Filters(), ranking, "exact")
-                best = {r.memory_id for r in exact}
-                for which in ("chosen", "index") if i % 2 else ("index", "chosen"):
-                    started = time.perf_counter()
-                    found, plan = await search_module.ranked(
-                        pool, turn, Filters(), ranking, None if which == "chosen" else "index"
-                    )
-                    if i < 6:
-                        continue
-                    times[which].append((time.perf_counter() - started) * 1000)
-                    if best:
-                        shared[which].append(len(best & {r.memory_id for r in found}) / len(best))
-                    if which == "chosen":
-                        plans.add(plan)
-            for which in ("chosen", "index"):
-                label = f"chosen ({'/'.join(sorted(plans))})" if which == "chosen" else "index"
-                overlap = sum(shared[which]) / max(1, len(shared[which]))
-                print(
-                    f"    {mode:7s} {label:15s} {percentiles(times[which])}"
-                    f"  top-10 of exact {overlap:.3f}"
-                )
+        turns = {
+            f"agent scope and its session ({args.agent + args.mine:,} rows)": tuple(Scope),
+            f"its session alone ({args.mine:,} rows)": (Scope.SESSION,),
+        }
+        for title, scopes in turns.items():
+            turn = AgentReader(account, action, MINE, scopes, False, uuid.uuid4(), 1)
+            print(f"  a turn reading {title}:")
+            await compare(pool, turn, picks, vectors)
     finally:
         await pool.close()
 
