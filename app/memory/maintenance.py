@@ -184,8 +184,8 @@ async def _build(
 
 
 async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
-    """Lists the agent with its records counted now (search widens a large agent's HNSW
-    search by them, app/memory/search.py LARGE_AGENT_RECORDS), and counts its words, in one
+    """Lists the agent with its records counted now (vector search widens a large agent's
+    HNSW search by them, app/memory/search.py LARGE_AGENT_RECORDS), and counts its words, in one
     transaction: a listed agent's search weighs words by its counts."""
     async with conn.transaction():
         await conn.execute(

@@ -67,7 +67,8 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   lexical mode a subset of common words is read newest first by the (agent, created) btree
   rather than all its holders by GIN.
   With both lists the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and
-  200,000 records (bench/README.md).
+  200,000 records in search_scale.py's samples, and 0.964-0.971 over two samples of 150
+  questions at 200,000 records (bench/README.md, twenty-third session).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
   + 1 records; one more than that, and it returns none and the index plan runs. Under label
@@ -127,13 +128,14 @@ SCOPED_MAX_ROWS = 2_000
 CANDIDATES = 40  # per signal on the index plan, at least; 4 x the limit when that is more
 # hnsw.ef_search on an agent's own index (recall against time, measured in bench/README.md).
 EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's default (app/db/pool.py)
-# An agent listed with this many records or more is searched with at least LARGE_AGENT_EF_SEARCH:
-# 80 finds 0.99-1.00 of the exact vector top-10 at 25,000 records but 0.962-0.976 at 200,000,
-# where 120 found 0.986-1.000 for about 0.5 ms more at p50 (bench/README.md, ninth session).
-# With the indexes' m 12 (nineteenth session), 80 finds 0.990-0.995 at 25,000 records and 120
-# 0.977-0.991 at 200,000, 150 0.995-0.996, still 0.82 of m 16's time at 120. Vector mode only:
-# a hybrid page found the same share of the exact hybrid top-10 with 80 as with 150 at 200,000
-# records (its words' tiers are read exactly), for 1.7-2.3 ms less at p50 (twenty-third session).
+# An agent listed with this many records or more is searched in vector mode with at least
+# LARGE_AGENT_EF_SEARCH: 80 finds 0.99-1.00 of the exact vector top-10 at 25,000 records but
+# 0.962-0.976 at 200,000, where 120 found 0.986-1.000 for about 0.5 ms more at p50
+# (bench/README.md, ninth session). With the indexes' m 12 (nineteenth session), 80 finds
+# 0.990-0.995 at 25,000 records and 120 0.977-0.991 at 200,000, 150 0.995-0.996, still 0.82 of
+# m 16's time at 120. Not in hybrid mode: there a page found the same share of the exact hybrid
+# top-10 with 80 as with 150 at 200,000 records (most of it from the words' tiers), for 1.7-2.4
+# ms less at p50 (bench/README.md, twenty-third session).
 LARGE_AGENT_RECORDS = 100_000
 LARGE_AGENT_EF_SEARCH = 150
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
