@@ -311,8 +311,9 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_m
 ) -> None:
     # The rounds keep each listed agent's record count; from LARGE_AGENT_RECORDS on, its own
     # HNSW index is searched with LARGE_AGENT_EF_SEARCH in vector mode (recall at 200,000
-    # records; a hybrid page reads its words exactly and keeps the default), and the setting
-    # lasts for that search only: the statement sets it for its own transaction.
+    # records; a hybrid page, mostly from its words' tiers, found as much of the exact ranking
+    # at the default), and the setting lasts for that search only: the statement sets it for
+    # its own transaction.
     monkeypatch.setattr(search_module, "LARGE_AGENT_RECORDS", 130)
     agent = await make_search_agent(state, admin)
     await fill(agent, 120)
