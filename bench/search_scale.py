@@ -302,15 +302,24 @@ async def load(plan: Plan, url: str, embedder: StaticEmbedder) -> dict[str, floa
 
 
 async def online_insert_rate(url: str, plan: Plan, embedder: StaticEmbedder, count: int) -> float:
-    """Records embedded and stored per second into the fully indexed table (rolled back)."""
+    """Records embedded and stored per second into the fully indexed table, for an agent of
+    their own, rolled back with them: the dead entries they leave in the indexes (the bench's
+    server runs without autovacuum) are under a key no search reads. (Written to the first
+    small agent, as until the twenty-fourth session, runs left its range of the covering
+    index at 3,366 buffers for its 1,000 rows, against 264 for another agent's.)"""
     turns = locomo_turns()
     rng = random.Random(5)
     conn = await copy_connection(url)
-    account, action, _ = plan.agents[0]
+    account, action = plan.accounts[0], uuid.uuid4()
     try:
         started = time.perf_counter()
         tr = conn.transaction()
         await tr.start()
+        await conn.execute(
+            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            account,
+            action,
+        )
         for offset in range(0, count, 500):
             texts = [
                 (rng.choice(turns), rng.choice(turns)) for _ in range(min(500, count - offset))
@@ -776,7 +785,7 @@ def main() -> None:
     rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000))
     print(
         f"  online: {rate:,.0f} records/s embedded and COPYed into the fully indexed table "
-        "(2,000 records, rolled back)"
+        "(2,000 records of a new agent, rolled back)"
     )
     figures["online_writes_per_s"] = rate
     figures["sql"] = asyncio.run(
