@@ -40,7 +40,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import bench_record, fresh_database  # noqa: E402
+from common import NEW_AGENT, bench_record, fresh_database  # noqa: E402
 
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
@@ -79,7 +79,7 @@ async def load(pool: asyncpg.Pool, embedder: StaticEmbedder, agents: int, record
         for account, action in keys:
             await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'b')", account)
             await conn.execute(
-                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+                NEW_AGENT,
                 account,
                 action,
             )

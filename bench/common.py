@@ -211,6 +211,11 @@ def sentences(samples: list[dict[str, Any]]) -> list[str]:
     return found
 
 
+# An agent as the benchmarks make one: its row alone, version 1, no version document (they
+# search and write its records, and never read the agent itself).
+NEW_AGENT = "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)"
+
+
 async def load_agent(
     pool: Any, embedder: Any, texts: list[str], scopes: list[dict[str, Any]]
 ) -> tuple[uuid.UUID, uuid.UUID]:
@@ -223,11 +228,7 @@ async def load_agent(
     vectors = (await embedder.embed([memory_text(t, "") for t in chosen])).vectors
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'bench')", account)
-        await conn.execute(
-            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
-            account,
-            action,
-        )
+        await conn.execute(NEW_AGENT, account, action)
         records = [
             bench_record(account, action, t, **s) for t, s in zip(chosen, scopes, strict=True)
         ]

@@ -42,7 +42,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import add_locomo_argument, bench_record, fresh_database, load_locomo  # noqa: E402
+from common import NEW_AGENT, add_locomo_argument, bench_record, fresh_database, load_locomo  # noqa: E402
 
 from app.actions.harness import SearchConfig  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
@@ -129,7 +129,7 @@ async def load(
             "INSERT INTO accounts (account_id, name) VALUES ($1, $2)", account, conv["id"]
         )
         await conn.execute(
-            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            NEW_AGENT,
             account,
             action,
         )

@@ -44,7 +44,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import bench_record, fresh_database, percentiles  # noqa: E402
+from common import NEW_AGENT, bench_record, fresh_database, percentiles  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
 
@@ -140,7 +140,7 @@ async def load_facts(
             "INSERT INTO accounts (account_id, name) VALUES ($1, $2)", account, conv.id
         )
         await conn.execute(
-            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            NEW_AGENT,
             account,
             action,
         )

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common import (  # noqa: E402
+    NEW_AGENT,
     add_locomo_argument,
     load_locomo,
     percentiles,
@@ -205,7 +206,7 @@ async def load(plan: Plan, url: str, embedder: StaticEmbedder) -> dict[str, floa
             [(a, f"bench {i}") for i, a in enumerate(plan.accounts)],
         )
         await conn.executemany(
-            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            NEW_AGENT,
             [(account, action) for account, action, _ in plan.agents],
         )
         # Bulk load without secondary indexes, then build them: what a restore or a re-embed does.
@@ -316,7 +317,7 @@ async def online_insert_rate(url: str, plan: Plan, embedder: StaticEmbedder, cou
         tr = conn.transaction()
         await tr.start()
         await conn.execute(
-            "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+            NEW_AGENT,
             account,
             action,
         )
