@@ -689,7 +689,7 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
         exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
         async with pool.acquire() as conn:
             explained = _Explained(conn)
-            found = await search_store.ranked_index(
+            found, _ = await search_store.ranked_index(
                 explained, agent.operator, Filters(), ranking, None
             )
         assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
@@ -754,7 +754,9 @@ async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_fi
         exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
         async with pool.acquire() as conn:
             explained = _Explained(conn)
-            found = await search_store.ranked_index(explained, reader, Filters(), ranking, listed)
+            found, _ = await search_store.ranked_index(
+                explained, reader, Filters(), ranking, listed
+            )
         assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
         assert len(found) == min(limit, len(exact))
         nodes = list(explained.nodes())

@@ -158,9 +158,9 @@ async def test_m20_a_large_agent_searches_its_own_indexes_on_a_cached_plan(
     captured: list[tuple[Any, ...]] = []
     ranked_index = search_store.ranked_index
 
-    async def capture(conn: Any, *args: Any) -> Any:
+    async def capture(conn: Any, *args: Any, **kwargs: Any) -> Any:
         wrapper = Capture(conn)
-        found = await ranked_index(wrapper, *args)
+        found = await ranked_index(wrapper, *args, **kwargs)
         captured.append(wrapper.sql)
         return found
 
@@ -242,6 +242,90 @@ async def test_m20_one_statement_searches_keep_the_readers_view(
         await pool.close()
 
 
+async def test_m20_a_listed_agent_is_searched_by_one_statement_that_checks_its_plan(
+    db_url: str, state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An agent found listed is remembered: its next search runs the index statement at once,
+    # without the exact statement's gate. That statement checks the listing (and, for a turn
+    # reading agent scope, its scopes' counts) itself: where the plan no longer holds it reads
+    # nothing, and the gate decides as for any agent, so the page is never a stale plan's.
+    agent = await make_search_agent(state, admin)
+    ids = await fill(agent, 120)
+    await maintenance.run_round(state.pool, min_records=100)
+    calls: list[tuple[str, Any]] = []
+    ranked_exact, ranked_index = search_store.ranked_exact, search_store.ranked_index
+
+    async def exact(*args: Any, **kwargs: Any) -> Any:
+        found = await ranked_exact(*args, **kwargs)
+        calls.append(("exact", found[1]))
+        return found
+
+    async def index(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        capture = Capture(conn)
+        found = await ranked_index(capture, *args, **kwargs)
+        calls.append(("index", found[0] is not None and found[1]))  # False: the check failed
+        if found[0] is None:  # then no candidate was read (the query's words were looked up)
+            sql, *values = capture.sql
+            (explained,) = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
+            nodes, read = [(explained["Plan"], False)], []
+            while nodes:
+                node, inner = nodes.pop()
+                if node.get("Subplan Name") == "CTE own":  # a turn's session rows, for weights
+                    continue
+                inner = inner or node.get("Parent Relationship") in ("InitPlan", "SubPlan")
+                nodes += [(child, inner) for child in node.get("Plans", [])]
+                if inner and node.get("Relation Name") == "agent_memories":
+                    read.append(node["Actual Loops"])
+            assert read and set(read) == {0}  # (the pool decodes json)
+        return found
+
+    monkeypatch.setattr(search_store, "ranked_exact", exact)
+    monkeypatch.setattr(search_store, "ranked_index", index)
+    monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 10)  # a turn's 120 rows: too many
+    turn = agent.reader(execution_id=uuid.uuid4())
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+
+        async def statements(
+            reader: Reader, mode: str = "hybrid", on: asyncpg.Pool | None = None
+        ) -> list[tuple[str, Any]]:
+            calls.clear()
+            r = await ranking(agent, "hiking in the mountains", mode)
+            found, plan = await search_module.ranked(on or pool, reader, Filters(), r)
+            made = [*calls, ("plan", plan)]
+            exact_page, _ = await search_module.ranked(pool, reader, Filters(), r, "exact")
+            assert found and [(x.memory_id, x.score) for x in found] == [
+                (x.memory_id, x.score) for x in exact_page
+            ]
+            return made
+
+        listed = [("index", 120), ("plan", "index")]
+        assert await statements(agent.operator) == [("exact", 120), *listed]
+        for mode in ("hybrid", "lexical", "vector"):
+            assert await statements(agent.operator, mode) == listed
+        # Remembered by pool (a process may serve several databases), and a turn apart (its
+        # scopes' counts decide too).
+        assert await statements(agent.operator, on=state.pool) == [("exact", 120), *listed]
+        assert await statements(turn) == [("exact", 120), *listed]
+        assert await statements(turn) == listed
+        # The turn's scopes now count few enough to be ranked over them: the statement checks
+        # that, reads nothing, and the gate sends the turn to its scopes.
+        monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 500)
+        # (The gate's statement, then the one over the scopes.)
+        by_scope = [("exact", None), ("exact", None), ("plan", "exact")]
+        assert await statements(turn) == [("index", False), *by_scope]
+        assert await statements(turn) == by_scope
+        # Unlisted by a round of another pool (as by another process): the same.
+        await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", ids[:80])
+        done = await maintenance.run_round(state.pool, min_records=100)
+        assert len(done.dropped) == 2
+        ranked = [("exact", None), ("plan", "exact")]
+        assert await statements(agent.operator) == [("index", False), *ranked]
+        assert await statements(agent.operator) == ranked
+    finally:
+        await pool.close()
+
+
 async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
     db_url: str, state: AppState, admin: Caller
 ) -> None:
@@ -290,7 +374,7 @@ async def test_m20_indexes_go_when_the_agent_shrinks_and_come_back_when_lost(
     assert await index_exists(state.pool, names[1])
 
     # Under half the threshold: unlisted and its indexes dropped by the same round (searches
-    # read `agent_indexes` in the statement that chooses their plan; nothing remembers them).
+    # read `agent_indexes` in the statement that ranks them, so none uses a dropped index).
     await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", ids[:30])
     done = await maintenance.run_round(state.pool, 30)
     assert sorted(done.dropped) == sorted(names) and done.built == []
@@ -313,7 +397,8 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_m
     # HNSW index is searched with LARGE_AGENT_EF_SEARCH in vector mode (recall at 200,000
     # records; a hybrid page, mostly from its words' tiers, found as much of the exact ranking
     # at the default), and the setting lasts for that search only: the statement sets it for
-    # its own transaction.
+    # its own transaction. A search of an agent the process remembers as listed uses the count
+    # its last search read, so a round's new count applies from the search after next.
     monkeypatch.setattr(search_module, "LARGE_AGENT_RECORDS", 130)
     agent = await make_search_agent(state, admin)
     await fill(agent, 120)
@@ -322,11 +407,11 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_m
     left: list[str] = []  # what each search found on the connection: the search before's
     ranked_index = search_store.ranked_index
 
-    async def capture(conn: Any, *args: Any) -> Any:
+    async def capture(conn: Any, *args: Any, **kwargs: Any) -> Any:
         left.append(await conn.fetchval("SHOW hnsw.ef_search"))
         # Read in the statement's transaction, which keeps what it set until it ends.
         async with conn.transaction():
-            found = await ranked_index(conn, *args)
+            found = await ranked_index(conn, *args, **kwargs)
             seen.append(await conn.fetchval("SHOW hnsw.ef_search"))
         return found
 
@@ -342,7 +427,8 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_m
         await fill(agent, 20)
         await search()  # 140 now, but listed with 120 until the next round
         await maintenance.run_round(state.pool, min_records=100)
-        await search()
+        await search()  # remembered with 120
+        await search()  # 140, as the search before read it
         found, plan = await search_module.ranked(pool, agent.operator, Filters(), r, "index")
         assert plan == "index" and found
         hybrid = await ranking(agent, "hiking in the mountains", "hybrid")
@@ -354,10 +440,11 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_m
             agent.action_id,
         )
         await maintenance.run_round(state.pool, min_records=100)
+        await search()  # remembered with 140
         await search()  # 110 at the round
         default, large = str(search_module.EF_SEARCH), str(search_module.LARGE_AGENT_EF_SEARCH)
-        assert seen == [default, default, large, large, default, default]
-        assert left == [default] * 6
+        assert seen == [default, default, default, large, large, default, large, default]
+        assert left == [default] * 8
         async with pool.acquire() as conn:
             assert await conn.fetchval("SHOW hnsw.ef_search") == default
     finally:
@@ -389,8 +476,8 @@ async def test_m20_the_index_plan_walks_hnsw_with_its_own_ef_search(
                 " SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off"
             )
             r = replace(page, ef_search=ef)
-            rows = await search_store.ranked_index(conn, agent.operator, Filters(), r, records)
-            found[ef].add(len(rows))
+            rows, _ = await search_store.ranked_index(conn, agent.operator, Filters(), r, records)
+            found[ef].add(len(rows or []))
     assert found == {10: {10}, 150: {30}}
 
 

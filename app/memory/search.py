@@ -71,7 +71,10 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   questions at 200,000 records (bench/README.md, twenty-third session).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
   up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
-  + 1 records; one more than that, and it returns none and the index plan runs. Under label
+  + 1 records; one more than that, and it returns none and the index plan runs. An agent it
+  found listed is remembered (`_LISTED`), and its next search runs the index plan's statement
+  alone, which looks the agent up itself (and a turn's scopes' counts, below) and reads
+  nothing if that plan no longer holds; the exact plan's statement then decides. Under label
   or ID filters, or for a reader of one session alone, it first counts the rows matching them
   (or the session's, up to EXACT_MAX_ROWS + 1, whatever the reader sees of them, so even an
   agent with own indexes reads a bounded number), and ranks exactly when they are few. A turn
@@ -138,6 +141,14 @@ EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's defaul
 # ms less at p50 (bench/README.md, twenty-third session).
 LARGE_AGENT_RECORDS = 100_000
 LARGE_AGENT_EF_SEARCH = 150
+# Agents found listed with own indexes, with their records as listed, by pool and by what else
+# decides their plan (`search_store.listing_key`): their next search runs the index statement
+# at once, which checks the listing (and a turn's scopes) itself and reads nothing where the
+# plan no longer holds; then the exact statement's gate decides, as for any agent. Nothing
+# stale is trusted, so nothing expires: one statement a search instead of two (bench/README.md,
+# twenty-fifth session). At most MAX_LISTED, the oldest forgotten first.
+_LISTED: dict[tuple[object, ...], int] = {}
+MAX_LISTED = 10_000
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
 
 
@@ -264,10 +275,18 @@ async def ranked(
     pool: asyncpg.Pool, reader: Reader, filters: Filters, ranking: Ranking, plan: Plan | None = None
 ) -> tuple[list[MemoryRecord], Plan]:
     """Ranks by the plan the agent's indexes and filtered row count call for (or by `plan`,
-    for benchmarks)."""
+    for benchmarks). An agent found listed with own indexes (`_LISTED`) is ranked by the index
+    statement first, which checks that it still is."""
     async with pool.acquire() as conn:
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
+        listing = search_store.listing_key(reader, filters) if plan is None else None
+        key = (id(pool), *listing) if listing is not None else None
+        remembered = _LISTED.pop(key, None) if key is not None else None
+        if remembered is not None:
+            found, records = await _by_index(conn, reader, filters, ranking, remembered, key)
+            if found is not None:
+                return found, "index"
         if plan == "index":
             records = await search_store.listed_records(conn, reader)
         else:
@@ -277,9 +296,34 @@ async def ranked(
             )
             if found is not None:
                 return found, "exact"
-        if records is not None and records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":
-            ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
-        return await search_store.ranked_index(conn, reader, filters, ranking, records), "index"
+        found, _ = await _by_index(conn, reader, filters, ranking, records, key)
+        if found is None:  # unlisted since the gate read it, a moment ago: ranked as before
+            found, _ = await _by_index(conn, reader, filters, ranking, records, None)
+        return found or [], "index"
+
+
+async def _by_index(
+    conn: asyncpg.Connection,
+    reader: Reader,
+    filters: Filters,
+    ranking: Ranking,
+    records: int | None,
+    key: tuple[object, ...] | None,
+) -> tuple[list[MemoryRecord] | None, int | None]:
+    """The index plan for an agent with `records` as listed (None: without own indexes).
+    With `key`, a listed agent's statement checks that its plan holds, and the agent is
+    remembered under `key` when it does (None: it no longer does, and nothing was read)."""
+    if records is not None and records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":
+        ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
+    checked = key is not None and records is not None
+    found, listed = await search_store.ranked_index(
+        conn, reader, filters, ranking, records, checked=checked, scoped=SCOPED_MAX_ROWS
+    )
+    if checked and found is not None and listed is not None and key is not None:
+        if len(_LISTED) >= MAX_LISTED:
+            del _LISTED[next(iter(_LISTED))]  # the oldest: dicts keep insertion order
+        _LISTED[key] = listed
+    return found, listed
 
 
 async def search_as_operator(

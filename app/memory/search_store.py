@@ -192,6 +192,22 @@ def _session_only(reader: Reader) -> bool:
     )
 
 
+def listing_key(reader: Reader, filters: Filters) -> tuple[UUID, UUID, bool, str | None] | None:
+    """What, beside the agent's listing, decides whether `ranked_exact`'s gate leaves a search
+    to the index plan, as a key: the agent and, for a turn reading agent scope, that and its
+    session (its scopes' counts, `scoped`). None where the gate counts the rows first (label or
+    ID filters, a reader of one session alone)."""
+    if filters.narrows or _session_only(reader):
+        return None
+    return reader.account_id, reader.action_id, _scoping(reader, filters), _session(reader)
+
+
+def _scoping(reader: Reader, filters: Filters) -> bool:
+    """A turn reading agent scope without label or ID filters: of an agent with own indexes,
+    `ranked_exact` ranks it over its scopes' rows when the upkeep counted few of them."""
+    return not filters.narrows and isinstance(reader, AgentReader) and Scope.AGENT in reader.scopes
+
+
 def _by_length(r: Ranking, score: str, words: str) -> str:
     """The text score, divided by 1 + the log of the record's distinct `words` for the review."""
     return f"{score} / (1 + ln(greatest({words}, 1)))" if r.by_length else score
@@ -280,11 +296,17 @@ _FUSED = """
 
 
 def _finish(
-    reader: Reader, r: Ranking, p: Params, *, gated: str | None = None, best: str | None = None
+    reader: Reader,
+    r: Ranking,
+    p: Params,
+    *,
+    gated: bool = False,
+    counted: str | None = None,
+    best: str | None = None,
 ) -> str:
-    """The fusion and the page; `gated`: one row more, the gate's answer, with or without
-    records, and the rows of that CTE counted (ranked_exact); `best`: the text score that
-    normalizes the text rank, when not the best in `scored`."""
+    """The fusion and the page; `gated`: one row more, the gate's answer (`_gate_cte`), with or
+    without records; `counted`: a CTE whose rows that row counts (ranked_exact); `best`: the
+    text score that normalizes the text rank, when not the best in `scored`."""
     score, found = fusion(r.mode, r.weight, r.min_score, p, best)
     after = ""
     if r.after is not None:
@@ -301,8 +323,8 @@ def _finish(
         limit=int(r.limit),
         columns=_COLUMNS,
         gate=(
-            ", g.listed AS gate_listed, g.seen AS gate_seen, g.rows AS gate_rows,"
-            f" (SELECT count(*) FROM {gated}) AS scored"
+            ", g.listed AS gate_listed, g.seen AS gate_seen, g.rows AS gate_rows"
+            + (f", (SELECT count(*) FROM {counted}) AS scored" if counted else "")
             if gated
             else ""
         ),
@@ -345,12 +367,7 @@ async def ranked_exact(
     by_scope = by_scope or _session_only(reader)
     narrow = filters.narrows or by_scope
     # A turn this statement may leave to the second one: the gate reads what the upkeep counted.
-    scoping = (
-        scoped is not None
-        and not narrow
-        and isinstance(reader, AgentReader)
-        and Scope.AGENT in reader.scopes
-    )
+    scoping = scoped is not None and not by_scope and _scoping(reader, filters)
     p: Params = OpaqueKey(reader)
     if filters.labels:
         p = AgentKey(reader)
@@ -370,9 +387,10 @@ async def ranked_exact(
     if r.text is not None:
         weighed, best = _weighed(r)
         scored, rows = f"scanned AS MATERIALIZED ({scan}), {weighed}", "scanned"
-    gated = rows if max_rows is not None else None
+    gated = max_rows is not None
+    finish = _finish(reader, r, p, gated=gated, counted=rows if gated else None, best=best)
     sql = f"""
-    WITH {gate}{_words(r, p, reader)}{scored}{_finish(reader, r, p, gated=gated, best=best)}"""
+    WITH {gate}{_words(r, p, reader)}{scored}{finish}"""
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
         return [_scored(row) for row in found], None
@@ -429,9 +447,9 @@ def _gate(
     own indexes; `seen`, only when asked: the live records of the reader's scopes as the
     upkeep counted them; `rows`: for a narrow reader, the rows matching its filters or scopes,
     up to `max_rows` + 1), the condition the scan adds, and the scan's LIMIT."""
-    account, action = p(reader.account_id), p(reader.action_id)
     rows, limit = "NULL::bigint", ""
     if narrow:
+        account, action = p(reader.account_id), p(reader.action_id)
         # Counted under the key, the scopes and the label and ID filters alone, each scope by
         # its index up to `max_rows` + 1, so that an agent with own indexes reads a bounded
         # number of rows here whatever the reader sees of them.
@@ -452,6 +470,14 @@ def _gate(
         # agent's btree first (0.6 ms at 5,000 records).
         bound = " AND (SELECT listed IS NULL FROM gate)"
         limit = f" LIMIT {int(max_rows) + 1}"
+    return _gate_cte(reader, p, rows, seen=seen), bound, limit
+
+
+def _gate_cte(reader: Reader, p: Params, rows: str = "NULL::bigint", *, seen: bool) -> str:
+    """The CTE `gate`, one row: `listed`, the agent's records as listed with own indexes (NULL
+    without them); `seen`, only when asked, the live records of the reader's scopes as the
+    upkeep counted them (agent scope, and its session's when they are kept); `rows`."""
+    account, action = p(reader.account_id), p(reader.action_id)
     upkeep, kept = "NULL::bigint", ""
     session = _session(reader)
     if seen:
@@ -462,12 +488,11 @@ def _gate(
                 f" LEFT JOIN session_counts n ON n.account_id = {account}"
                 f" AND n.action_id = {action} AND n.session_id = {p(session)}"
             )
-    gate = (
+    return (
         f"gate AS MATERIALIZED (SELECT v.records AS listed, {upkeep} AS seen, {rows} AS rows"
         f" FROM (SELECT) o LEFT JOIN agent_indexes v ON v.account_id = {account}"
         f" AND v.action_id = {action}{kept}), "
     )
-    return gate, bound, limit
 
 
 class _KeyParams(Params):
@@ -522,8 +547,15 @@ async def listed_records(conn: asyncpg.Connection, reader: Reader) -> int | None
 
 
 async def ranked_index(
-    conn: asyncpg.Connection, reader: Reader, filters: Filters, r: Ranking, records: int | None
-) -> list[MemoryRecord]:
+    conn: asyncpg.Connection,
+    reader: Reader,
+    filters: Filters,
+    r: Ranking,
+    records: int | None,
+    *,
+    checked: bool = False,
+    scoped: int | None = None,
+) -> tuple[list[MemoryRecord] | None, int | None]:
     """Candidates from the indexes, scored as they are read. Meaning: the agent's own HNSW
     index, iterative scan (without one, every record's cosine: there is no shared index,
     migration 0015). Words: the records holding the query's words, best text score first, read
@@ -553,12 +585,26 @@ async def ranked_index(
 
     `records`: the agent's records as listed with its own indexes, None without them; with
     them the statement names the agent's key as literals (`AgentKey`), which their partial
-    predicates need."""
+    predicates need.
+
+    Returns the records and `records`. `checked` (with `records`): the statement first checks
+    in `agent_indexes` that the agent is still listed and, with `scoped`, that the upkeep
+    counted more than `scoped` live records in the scopes of a turn reading agent scope (or
+    none: else `ranked_exact` ranks it by scope); if not, it reads nothing and returns (None,
+    the agent's records as listed now, or None). Then the records are as listed now."""
     own = records is not None
     p = AgentKey(reader) if own else Params()
     # A label held by more records than the exact plan ranks: not found by its index, whose
     # generic plan, blind to the value, expects a few rows and reads them all for each tier.
     where = visible(reader, p, "m") + _filters(filters, p, labels_index=False)
+    gate, few = "", None  # few: the most rows a turn's scopes may count to be ranked by scope
+    if checked and own:
+        few = scoped if _scoping(reader, filters) else None
+        gate = _gate_cte(reader, p, seen=few is not None)
+        holds = "listed IS NOT NULL"
+        if few is not None:
+            holds += f" AND (seen IS NULL OR seen > {int(few)})"
+        where += f" AND (SELECT {holds} FROM gate)"  # a one-time filter: read before any row
     agent = "agent_memories m WHERE " + where
     columns = _SIGNAL_COLUMNS
     limit = int(r.candidates)  # a constant: for a parameter a cached plan would guess a tenth
@@ -620,8 +666,15 @@ async def ranked_index(
         else:
             lists.append(walk(_TIERS, f"LIMIT {limit}"))
     words = _words(r, p, reader, agent)
-    sql = f"WITH {words}{ctes}scored AS ({' UNION '.join(lists)}){_finish(reader, r, p)}"
-    return [_scored(row) for row in await conn.fetch(sql, *p.values)]
+    finish = _finish(reader, r, p, gated=bool(gate))
+    sql = f"WITH {gate}{words}{ctes}scored AS ({' UNION '.join(lists)}){finish}"
+    found = await conn.fetch(sql, *p.values)
+    if not gate:
+        return [_scored(row) for row in found], records
+    listed, seen = found[0]["gate_listed"], found[0]["gate_seen"]
+    if listed is None or (few is not None and seen is not None and seen <= few):
+        return None, listed
+    return [_scored(row) for row in found if row["memory_id"] is not None], listed
 
 
 def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, records: int) -> str:
