@@ -195,7 +195,7 @@ async def test_m20_a_large_agent_searches_its_own_indexes_on_a_cached_plan(
             await conn.execute("DEALLOCATE probe")
 
         # Unlisted (a round dropping its indexes): the very next search ranks it exactly, as
-        # nothing about the agent is remembered between searches.
+        # its statement finds it unlisted (what the process remembers is only checked).
         await state.pool.execute("DELETE FROM agent_indexes")
         assert (await search_module.ranked(pool, agent.operator, Filters(), r))[1] == "exact"
         # A deeper page (30: ef_search 120) sets a larger ef_search for its own statement's
@@ -396,9 +396,10 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_m
     # The rounds keep each listed agent's record count; from LARGE_AGENT_RECORDS on, its own
     # HNSW index is searched with LARGE_AGENT_EF_SEARCH in vector mode (recall at 200,000
     # records; a hybrid page, mostly from its words' tiers, found as much of the exact ranking
-    # at the default), and the setting lasts for that search only: the statement sets it for
-    # its own transaction. A search of an agent the process remembers as listed uses the count
-    # its last search read, so a round's new count applies from the search after next.
+    # at the default, and at HYBRID_EF_SEARCH), and the setting lasts for that search only:
+    # the statement sets it for its own transaction. A search of an agent the process
+    # remembers as listed uses the count its last search read, so a round's new count applies
+    # from the search after next.
     monkeypatch.setattr(search_module, "LARGE_AGENT_RECORDS", 130)
     agent = await make_search_agent(state, admin)
     await fill(agent, 120)
@@ -443,7 +444,8 @@ async def test_m20_a_large_agent_is_searched_with_a_larger_ef_search_in_vector_m
         await search()  # remembered with 140
         await search()  # 110 at the round
         default, large = str(search_module.EF_SEARCH), str(search_module.LARGE_AGENT_EF_SEARCH)
-        assert seen == [default, default, default, large, large, default, large, default]
+        hybrid_ef = str(search_module.HYBRID_EF_SEARCH)  # no wider than its vector list
+        assert seen == [default, default, default, large, large, hybrid_ef, large, default]
         assert left == [default] * 8
         async with pool.acquire() as conn:
             assert await conn.fetchval("SHOW hnsw.ef_search") == default

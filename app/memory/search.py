@@ -141,6 +141,11 @@ EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's defaul
 # ms less at p50 (bench/README.md, twenty-third session).
 LARGE_AGENT_RECORDS = 100_000
 LARGE_AGENT_EF_SEARCH = 150
+# A hybrid page takes few records by meaning alone (most come from its words' tiers): its vector
+# list walks HNSW no wider than the list itself. Against 80, the same share of the exact hybrid
+# top-10 (5,000 / 25,000 / 200,000 records: 0.991 / 0.993 / 0.970 against 0.993 / 0.992 / 0.971)
+# for 0.3-0.9 ms less at p50; 20 was no faster (bench/README.md, twenty-fifth session).
+HYBRID_EF_SEARCH = CANDIDATES
 # Agents found listed with own indexes, with their records as listed, by pool and by what else
 # decides their plan (`search_store.listing_key`): their next search runs the index statement
 # at once, which checks the listing (and a turn's scopes) itself and reads nothing where the
@@ -264,7 +269,9 @@ def make_ranking(
         limit=limit,
         weight=weight,
         candidates=max(CANDIDATES, 4 * reach),
-        ef_search=min(MAX_EF_SEARCH, max(EF_SEARCH, 4 * reach)),
+        ef_search=min(
+            MAX_EF_SEARCH, max(EF_SEARCH if mode == "vector" else HYBRID_EF_SEARCH, 4 * reach)
+        ),
         by_length=by_length,
         after=after,
         depth=depth,
