@@ -88,9 +88,9 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   whose staged writes are NULL, would be planned anew at each search, bench/README.md). The
   index plan names a large agent's key as constants (`search_store.AgentKey`), so the plan it
   caches still uses the agent's partial indexes. The index plan's `hnsw.iterative_scan` is
-  the connections' default (app/db/pool.py); its `hnsw.ef_search` (larger for a deeper page,
-  or in vector mode for an agent listed with LARGE_AGENT_RECORDS or more) is set by the
-  statement itself, for its own transaction.
+  the connections' default (app/db/pool.py); its `hnsw.ef_search` (HYBRID_EF_SEARCH for a
+  hybrid page, larger for a deeper page, or in vector mode for an agent listed with
+  LARGE_AGENT_RECORDS or more) is set by the statement itself, for its own transaction.
 """
 
 from collections.abc import Mapping, Sequence
@@ -142,9 +142,9 @@ EF_SEARCH = int(SESSION_SETTINGS["hnsw.ef_search"])  # every connection's defaul
 LARGE_AGENT_RECORDS = 100_000
 LARGE_AGENT_EF_SEARCH = 150
 # A hybrid page takes few records by meaning alone (most come from its words' tiers): its vector
-# list walks HNSW no wider than the list itself. Against 80, the same share of the exact hybrid
-# top-10 (5,000 / 25,000 / 200,000 records: 0.991 / 0.993 / 0.970 against 0.993 / 0.992 / 0.971)
-# for 0.3-0.9 ms less at p50; 20 was no faster (bench/README.md, twenty-fifth session).
+# list walks HNSW no wider than the list itself. Against 80, nearly the same share of the exact
+# hybrid top-10 (5,000 / 25,000 / 200,000 records: 0.991 / 0.993 / 0.970 against 0.993 / 0.992 /
+# 0.971) for 0.3-0.9 ms less at p50; 20 was no faster (bench/README.md, twenty-fifth session).
 HYBRID_EF_SEARCH = CANDIDATES
 # Agents found listed with own indexes, with their records as listed, by pool and by what else
 # decides their plan (`search_store.listing_key`): their next search runs the index statement
