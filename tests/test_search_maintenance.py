@@ -248,7 +248,8 @@ async def test_m20_a_listed_agent_is_searched_by_one_statement_that_checks_its_p
     # An agent found listed is remembered: its next search runs the index statement at once,
     # without the exact statement's gate. That statement checks the listing (and, for a turn
     # reading agent scope, its scopes' counts) itself: where the plan no longer holds it reads
-    # nothing, and the gate decides as for any agent, so the page is never a stale plan's.
+    # none of the agent's records, and the gate decides as for any agent, so the page is never
+    # a stale plan's.
     agent = await make_search_agent(state, admin)
     ids = await fill(agent, 120)
     await maintenance.run_round(state.pool, min_records=100)
@@ -264,37 +265,44 @@ async def test_m20_a_listed_agent_is_searched_by_one_statement_that_checks_its_p
         capture = Capture(conn)
         found = await ranked_index(capture, *args, **kwargs)
         calls.append(("index", found[0] is not None and found[1]))  # False: the check failed
-        if found[0] is None:  # then no candidate was read (the query's words were looked up)
-            sql, *values = capture.sql
-            (explained,) = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
-            nodes, read = [(explained["Plan"], False)], []
-            while nodes:
-                node, inner = nodes.pop()
-                if node.get("Subplan Name") == "CTE own":  # a turn's session rows, for weights
-                    continue
-                inner = inner or node.get("Parent Relationship") in ("InitPlan", "SubPlan")
-                nodes += [(child, inner) for child in node.get("Plans", [])]
-                if inner and node.get("Relation Name") == "agent_memories":
-                    read.append(node["Actual Loops"])
-            assert read and set(read) == {0}  # (the pool decodes json)
+        if found[0] is None:
+            await reads_no_record(conn, *capture.sql)
         return found
+
+    async def reads_no_record(conn: Any, sql: str, *values: Any) -> None:
+        """Every scan of the table ran no loop, but the join of the (empty) page's records
+        and a turn's session rows read for its words' weights (the pool decodes json)."""
+        (explained,) = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
+        nodes, read = [explained["Plan"]], []
+        while nodes:
+            node = nodes.pop()
+            if node.get("Subplan Name") == "CTE own":
+                continue
+            nodes += node.get("Plans", [])
+            page = node.get("Index Name") == "agent_memories_pkey" and "Filter" not in node
+            if node.get("Relation Name") == "agent_memories" and not page:
+                read.append(node["Actual Loops"])
+        assert read and set(read) == {0}
 
     monkeypatch.setattr(search_store, "ranked_exact", exact)
     monkeypatch.setattr(search_store, "ranked_index", index)
-    monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 10)  # a turn's 120 rows: too many
     turn = agent.reader(execution_id=uuid.uuid4())
-    pool = await create_pool(db_url, min_size=1, max_size=1)
+    pool = await create_pool(db_url, min_size=1, max_size=4)
     try:
 
         async def statements(
-            reader: Reader, mode: str = "hybrid", on: asyncpg.Pool | None = None
+            reader: Reader,
+            mode: str = "hybrid",
+            on: asyncpg.Pool | None = None,
+            filters: Filters | None = None,
         ) -> list[tuple[str, Any]]:
             calls.clear()
+            filters = filters or Filters()
             r = await ranking(agent, "hiking in the mountains", mode)
-            found, plan = await search_module.ranked(on or pool, reader, Filters(), r)
+            found, plan = await search_module.ranked(on or pool, reader, filters, r)
             made = [*calls, ("plan", plan)]
-            exact_page, _ = await search_module.ranked(pool, reader, Filters(), r, "exact")
-            assert found and [(x.memory_id, x.score) for x in found] == [
+            exact_page, _ = await search_module.ranked(on or pool, reader, filters, r, "exact")
+            assert [(x.memory_id, x.score) for x in found] == [
                 (x.memory_id, x.score) for x in exact_page
             ]
             return made
@@ -303,18 +311,35 @@ async def test_m20_a_listed_agent_is_searched_by_one_statement_that_checks_its_p
         assert await statements(agent.operator) == [("exact", 120), *listed]
         for mode in ("hybrid", "lexical", "vector"):
             assert await statements(agent.operator, mode) == listed
-        # Remembered by pool (a process may serve several databases), and a turn apart (its
-        # scopes' counts decide too).
+        # Searches at once each find it remembered.
+        calls.clear()
+        r = await ranking(agent, "hiking in the mountains")
+        pages = await asyncio.gather(
+            *(search_module.ranked(pool, agent.operator, Filters(), r) for _ in range(4))
+        )
+        assert {plan for _, plan in pages} == {"index"} and calls == [("index", 120)] * 4
+        # Remembered by pool (a process may serve several databases). Label filters and a
+        # reader of one session alone count their rows first, whatever is remembered.
         assert await statements(agent.operator, on=state.pool) == [("exact", 120), *listed]
-        assert await statements(turn) == [("exact", 120), *listed]
-        assert await statements(turn) == listed
-        # The turn's scopes now count few enough to be ranked over them: the statement checks
-        # that, reads nothing, and the gate sends the turn to its scopes.
-        monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 500)
-        # (The gate's statement, then the one over the scopes.)
+        labelled = Filters(labels={5: "x"})
+        assert await statements(agent.operator, filters=labelled) == [
+            ("exact", None),
+            ("plan", "exact"),
+        ]
+        alone = agent.reader(scopes=("session",), execution_id=uuid.uuid4())
+        assert (await statements(alone))[0] == ("exact", None)
+        # A turn reading agent scope is remembered apart: its scopes' counts decide too. Once
+        # they count few enough for it to be ranked over them, its statement finds that and
+        # reads nothing, and the gate sends it to its scopes (the gate's statement, then the
+        # one over the scopes), in every mode.
         by_scope = [("exact", None), ("exact", None), ("plan", "exact")]
-        assert await statements(turn) == [("index", False), *by_scope]
-        assert await statements(turn) == by_scope
+        for mode in ("hybrid", "lexical", "vector"):
+            monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 10)  # its 120: too many
+            await statements(turn, mode)
+            assert await statements(turn, mode) == listed
+            monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 500)
+            assert await statements(turn, mode) == [("index", False), *by_scope]
+            assert await statements(turn, mode) == by_scope
         # Unlisted by a round of another pool (as by another process): the same.
         await state.pool.execute("DELETE FROM agent_memories WHERE memory_id = any($1)", ids[:80])
         done = await maintenance.run_round(state.pool, min_records=100)

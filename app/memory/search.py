@@ -146,12 +146,14 @@ LARGE_AGENT_EF_SEARCH = 150
 # hybrid top-10 (5,000 / 25,000 / 200,000 records: 0.991 / 0.993 / 0.970 against 0.993 / 0.992 /
 # 0.971) for 0.3-0.9 ms less at p50; 20 was no faster (bench/README.md, twenty-fifth session).
 HYBRID_EF_SEARCH = CANDIDATES
-# Agents found listed with own indexes, with their records as listed, by pool and by what else
-# decides their plan (`search_store.listing_key`): their next search runs the index statement
-# at once, which checks the listing (and a turn's scopes) itself and reads nothing where the
-# plan no longer holds; then the exact statement's gate decides, as for any agent. Nothing
-# stale is trusted, so nothing expires: one statement a search instead of two (bench/README.md,
-# twenty-fifth session). At most MAX_LISTED, the oldest forgotten first.
+# Agents found listed with own indexes, by pool and by what else decides their plan
+# (`search_store.listing_key`): their next search runs the index statement at once, which
+# checks the listing (and a turn's scopes) itself and reads nothing where the plan no longer
+# holds; then the exact statement's gate decides, as for any agent. Nothing stale is trusted,
+# so nothing expires; the records as listed, which the last search read, serve cost choices
+# only (`LARGE_AGENT_RECORDS`, `_newest_first`). One statement a search instead of two
+# (bench/README.md, twenty-fifth session). At most MAX_LISTED, the least recently used
+# forgotten first.
 _LISTED: dict[tuple[object, ...], int] = {}
 MAX_LISTED = 10_000
 MAX_EF_SEARCH = 1000  # pgvector refuses a larger hnsw.ef_search; the iterative scan goes on
@@ -288,12 +290,14 @@ async def ranked(
         if plan is None and filters.ids is not None and len(filters.ids) <= EXACT_MAX_ROWS:
             plan = "exact"
         listing = search_store.listing_key(reader, filters) if plan is None else None
+        # (A pool's id may name a later pool once it is gone: harmless, as nothing is trusted.)
         key = (id(pool), *listing) if listing is not None else None
-        remembered = _LISTED.pop(key, None) if key is not None else None
+        remembered = _LISTED.get(key) if key is not None else None
         if remembered is not None:
             found, records = await _by_index(conn, reader, filters, ranking, remembered, key)
             if found is not None:
                 return found, "index"
+            _LISTED.pop(key, None)
         if plan == "index":
             records = await search_store.listed_records(conn, reader)
         else:
@@ -304,9 +308,12 @@ async def ranked(
             if found is not None:
                 return found, "exact"
         found, _ = await _by_index(conn, reader, filters, ranking, records, key)
-        if found is None:  # unlisted since the gate read it, a moment ago: ranked as before
+        if found is None:
+            # Unlisted since the gate read it, a moment ago; or a turn whose scopes the upkeep
+            # counted few but hold more since (the gate's second statement counted them): one
+            # statement more than before this memory, until the next count. Ranked as before.
             found, _ = await _by_index(conn, reader, filters, ranking, records, None)
-        return found or [], "index"
+        return found or [], "index"  # (never None unchecked)
 
 
 async def _by_index(
@@ -322,13 +329,13 @@ async def _by_index(
     remembered under `key` when it does (None: it no longer does, and nothing was read)."""
     if records is not None and records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":
         ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
-    checked = key is not None and records is not None
     found, listed = await search_store.ranked_index(
-        conn, reader, filters, ranking, records, checked=checked, scoped=SCOPED_MAX_ROWS
+        conn, reader, filters, ranking, records, checked=key is not None, scoped=SCOPED_MAX_ROWS
     )
-    if checked and found is not None and listed is not None and key is not None:
+    if key is not None and found is not None and listed is not None:
+        _LISTED.pop(key, None)  # re-inserted last: dicts keep insertion order
         if len(_LISTED) >= MAX_LISTED:
-            del _LISTED[next(iter(_LISTED))]  # the oldest: dicts keep insertion order
+            del _LISTED[next(iter(_LISTED))]  # the oldest
         _LISTED[key] = listed
     return found, listed
 

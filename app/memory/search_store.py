@@ -302,11 +302,13 @@ def _finish(
     *,
     gated: bool = False,
     counted: str | None = None,
+    holds: str | None = None,
     best: str | None = None,
 ) -> str:
     """The fusion and the page; `gated`: one row more, the gate's answer (`_gate_cte`), with or
-    without records; `counted`: a CTE whose rows that row counts (ranked_exact); `best`: the
-    text score that normalizes the text rank, when not the best in `scored`."""
+    without records; `counted`: a CTE whose rows that row counts (ranked_exact); `holds`: a
+    condition on the gate that row answers too (ranked_index); `best`: the text score that
+    normalizes the text rank, when not the best in `scored`."""
     score, found = fusion(r.mode, r.weight, r.min_score, p, best)
     after = ""
     if r.after is not None:
@@ -325,6 +327,7 @@ def _finish(
         gate=(
             ", g.listed AS gate_listed, g.seen AS gate_seen, g.rows AS gate_rows"
             + (f", (SELECT count(*) FROM {counted}) AS scored" if counted else "")
+            + (f", (SELECT {holds} FROM gate) AS gate_holds" if holds else "")
             if gated
             else ""
         ),
@@ -447,9 +450,9 @@ def _gate(
     own indexes; `seen`, only when asked: the live records of the reader's scopes as the
     upkeep counted them; `rows`: for a narrow reader, the rows matching its filters or scopes,
     up to `max_rows` + 1), the condition the scan adds, and the scan's LIMIT."""
-    rows, limit = "NULL::bigint", ""
+    rows, limit, placeholders = "NULL::bigint", "", None
     if narrow:
-        account, action = p(reader.account_id), p(reader.action_id)
+        placeholders = account, action = p(reader.account_id), p(reader.action_id)
         # Counted under the key, the scopes and the label and ID filters alone, each scope by
         # its index up to `max_rows` + 1, so that an agent with own indexes reads a bounded
         # number of rows here whatever the reader sees of them.
@@ -470,14 +473,22 @@ def _gate(
         # agent's btree first (0.6 ms at 5,000 records).
         bound = " AND (SELECT listed IS NULL FROM gate)"
         limit = f" LIMIT {int(max_rows) + 1}"
-    return _gate_cte(reader, p, rows, seen=seen), bound, limit
+    return _gate_cte(reader, p, rows, seen=seen, key=placeholders), bound, limit
 
 
-def _gate_cte(reader: Reader, p: Params, rows: str = "NULL::bigint", *, seen: bool) -> str:
+def _gate_cte(
+    reader: Reader,
+    p: Params,
+    rows: str = "NULL::bigint",
+    *,
+    seen: bool,
+    key: tuple[str, str] | None = None,
+) -> str:
     """The CTE `gate`, one row: `listed`, the agent's records as listed with own indexes (NULL
     without them); `seen`, only when asked, the live records of the reader's scopes as the
-    upkeep counted them (agent scope, and its session's when they are kept); `rows`."""
-    account, action = p(reader.account_id), p(reader.action_id)
+    upkeep counted them (agent scope, and its session's when they are kept); `rows`. `key`:
+    the account's and the agent's placeholders, when the statement has them already."""
+    account, action = key or (p(reader.account_id), p(reader.action_id))
     upkeep, kept = "NULL::bigint", ""
     session = _session(reader)
     if seen:
@@ -587,23 +598,24 @@ async def ranked_index(
     them the statement names the agent's key as literals (`AgentKey`), which their partial
     predicates need.
 
-    Returns the records and `records`. `checked` (with `records`): the statement first checks
-    in `agent_indexes` that the agent is still listed and, with `scoped`, that the upkeep
-    counted more than `scoped` live records in the scopes of a turn reading agent scope (or
-    none: else `ranked_exact` ranks it by scope); if not, it reads nothing and returns (None,
-    the agent's records as listed now, or None). Then the records are as listed now."""
+    Returns the records and the agent's records as listed: `records`, or with `checked` (and
+    `records`) as the statement read them. Then the statement first checks in `agent_indexes`
+    that the agent is still listed and, with `scoped`, that the upkeep counted more than
+    `scoped` live records in the scopes of a turn reading agent scope (or none: else
+    `ranked_exact` ranks it by scope); if not, it reads none of the agent's records and returns
+    None for them."""
     own = records is not None
     p = AgentKey(reader) if own else Params()
     # A label held by more records than the exact plan ranks: not found by its index, whose
     # generic plan, blind to the value, expects a few rows and reads them all for each tier.
     where = visible(reader, p, "m") + _filters(filters, p, labels_index=False)
-    gate, few = "", None  # few: the most rows a turn's scopes may count to be ranked by scope
+    gate, holds = "", None
     if checked and own:
-        few = scoped if _scoping(reader, filters) else None
-        gate = _gate_cte(reader, p, seen=few is not None)
+        scoping = scoped is not None and _scoping(reader, filters)
+        gate = _gate_cte(reader, p, seen=scoping)
         holds = "listed IS NOT NULL"
-        if few is not None:
-            holds += f" AND (seen IS NULL OR seen > {int(few)})"
+        if scoping:  # else `ranked_exact` ranks the turn over its scopes
+            holds += f" AND (seen IS NULL OR seen > {int(scoped or 0)})"
         where += f" AND (SELECT {holds} FROM gate)"  # a one-time filter: read before any row
     agent = "agent_memories m WHERE " + where
     columns = _SIGNAL_COLUMNS
@@ -666,15 +678,14 @@ async def ranked_index(
         else:
             lists.append(walk(_TIERS, f"LIMIT {limit}"))
     words = _words(r, p, reader, agent)
-    finish = _finish(reader, r, p, gated=bool(gate))
+    finish = _finish(reader, r, p, gated=bool(gate), holds=holds)
     sql = f"WITH {gate}{words}{ctes}scored AS ({' UNION '.join(lists)}){finish}"
     found = await conn.fetch(sql, *p.values)
     if not gate:
         return [_scored(row) for row in found], records
-    listed, seen = found[0]["gate_listed"], found[0]["gate_seen"]
-    if listed is None or (few is not None and seen is not None and seen <= few):
-        return None, listed
-    return [_scored(row) for row in found if row["memory_id"] is not None], listed
+    if not found[0]["gate_holds"]:
+        return None, found[0]["gate_listed"]
+    return [_scored(row) for row in found if row["memory_id"] is not None], found[0]["gate_listed"]
 
 
 def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, records: int) -> str:
