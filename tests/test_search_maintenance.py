@@ -167,8 +167,9 @@ async def test_m20_a_large_agent_searches_its_own_indexes_on_a_cached_plan(
     monkeypatch.setattr(search_store, "ranked_index", capture)
     pool = await create_pool(db_url, min_size=1, max_size=1)  # one connection: one cache
     try:
-        # The exact plan's statement finds the agent listed and reads nothing; the index plan
-        # finds the exact plan's top 5 (40 candidates of 120 records).
+        # The exact plan's statement finds the agent listed and reads nothing (the first
+        # search; the next run the index statement alone); the index plan finds the exact
+        # plan's top 5 (40 candidates of 120 records).
         for _ in range(8):
             found, plan = await search_module.ranked(pool, agent.operator, Filters(), r)
             assert plan == "index" and [x.memory_id for x in found] == [x.memory_id for x in exact]
