@@ -78,11 +78,7 @@ async def load(pool: asyncpg.Pool, embedder: StaticEmbedder, agents: int, record
     async with pool.acquire() as conn, conn.transaction():
         for account, action in keys:
             await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'b')", account)
-            await conn.execute(
-                NEW_AGENT,
-                account,
-                action,
-            )
+            await conn.execute(NEW_AGENT, account, action)
             rows = [bench_record(account, action, t) for t in texts]
             await copy_committed(conn, rows, vectors)
     await pool.execute("VACUUM ANALYZE agent_memories")

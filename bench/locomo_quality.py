@@ -128,11 +128,7 @@ async def load(
         await conn.execute(
             "INSERT INTO accounts (account_id, name) VALUES ($1, $2)", account, conv["id"]
         )
-        await conn.execute(
-            NEW_AGENT,
-            account,
-            action,
-        )
+        await conn.execute(NEW_AGENT, account, action)
         scope = {"scope": "SESSION", "session_id": conv["id"]} if reader != "operator" else {}
         records = [
             bench_record(account, action, summary, memory_id=memory_id, created=created, **scope)

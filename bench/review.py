@@ -139,11 +139,7 @@ async def load_facts(
         await conn.execute(
             "INSERT INTO accounts (account_id, name) VALUES ($1, $2)", account, conv.id
         )
-        await conn.execute(
-            NEW_AGENT,
-            account,
-            action,
-        )
+        await conn.execute(NEW_AGENT, account, action)
         records = [
             bench_record(account, action, text, memory_id=memory_id, created=created, kind="fact")
             for memory_id, (text, created) in zip(ids, conv.facts, strict=True)

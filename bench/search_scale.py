@@ -316,11 +316,7 @@ async def online_insert_rate(url: str, plan: Plan, embedder: StaticEmbedder, cou
         started = time.perf_counter()
         tr = conn.transaction()
         await tr.start()
-        await conn.execute(
-            NEW_AGENT,
-            account,
-            action,
-        )
+        await conn.execute(NEW_AGENT, account, action)
         for offset in range(0, count, 500):
             texts = [
                 (rng.choice(turns), rng.choice(turns)) for _ in range(min(500, count - offset))
