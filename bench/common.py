@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import tempfile
 import uuid
 from collections.abc import Mapping
@@ -238,11 +239,13 @@ async def load_agent(
 
 def run_scratch(data_dir: Path | None, prefix: str, measure: Any, embedder: Any) -> None:
     """Runs `measure(url)` on a fresh database of a scratch server under `data_dir` (default: a
-    new temp dir named by `prefix`), and stops the server."""
-    data_dir = data_dir or Path(tempfile.mkdtemp(prefix=prefix))
-    pg = EmbeddedPostgres(data_dir / "pgdata")
+    new temp dir named by `prefix`, removed after), and stops the server."""
+    root = data_dir or Path(tempfile.mkdtemp(prefix=prefix))
+    pg = EmbeddedPostgres(root / "pgdata")
     try:
         url = asyncio.run(fresh_database(pg, "sessions", embedder))
         asyncio.run(measure(url))
     finally:
         pg.stop()
+        if data_dir is None:
+            shutil.rmtree(root, ignore_errors=True)

@@ -28,6 +28,7 @@ import base64
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -778,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             process.terminate()
             process.wait(timeout=60)
+            if args.data_dir is None:  # the scratch server's, made above
+                shutil.rmtree(data_dir, ignore_errors=True)
         if model is not None:
             model.close()
     print(f"fuzz_graphql: {args.examples} examples, seed {args.seed}, {elapsed:.0f} s")

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -259,6 +260,8 @@ def main() -> None:
             print(f"  ({time.perf_counter() - started:.0f} s)")
     finally:
         pg.stop()
+        if args.data_dir is None:
+            shutil.rmtree(data_dir, ignore_errors=True)
     print(f"\nreproduce: {command}")
 
 

@@ -101,6 +101,8 @@ async def measure(url: str, samples: list[dict], args: argparse.Namespace) -> No
         await pool.execute("VACUUM ANALYZE agent_memories")
         await maintenance.run_round(pool, min_records=2_000)
         listed = await pool.fetchval("SELECT records FROM agent_indexes")
+        if listed is None:
+            raise SystemExit("the agent was not listed: it needs 2,000 records or more")
         print(f"  loaded and listed ({listed:,} records) in {time.perf_counter() - t:.0f} s")
         asked = questions(samples)
         picks = random.Random(3).sample(asked, min(args.queries + 6, len(asked)))

@@ -5,6 +5,7 @@ without operationName; and a database that cannot be reached answers 503 UNAVAIL
 import base64
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -241,6 +242,7 @@ def test_a_stopped_database_answers_503_unavailable(embedder: StaticEmbedder) ->
     finally:
         if not stopped:
             server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_a_read_only_database_answers_503_unavailable_from_a_resolver(
