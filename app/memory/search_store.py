@@ -683,9 +683,10 @@ async def ranked_index(
     found = await conn.fetch(sql, *p.values)
     if not gate:
         return [_scored(row) for row in found], records
+    listed = found[0]["gate_listed"]
     if not found[0]["gate_holds"]:
-        return None, found[0]["gate_listed"]
-    return [_scored(row) for row in found if row["memory_id"] is not None], found[0]["gate_listed"]
+        return None, listed
+    return [_scored(row) for row in found if row["memory_id"] is not None], listed
 
 
 def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, records: int) -> str:
