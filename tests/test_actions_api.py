@@ -169,6 +169,25 @@ async def test_update_writes_version_2_and_version_1_stays_readable(gql, admin):
     assert (node["version"], node["name"]) == (1, "support")
 
 
+async def test_a_version_is_read_as_stored_each_time(gql, admin, state):
+    """Parses of a version's model and harness are kept by their text, not by the version: a
+    document rewritten in the database (as a restore may) is read as it now is."""
+    action = await create(gql, admin, model={"name": "m1"}, harness={"memory": {"enabled": True}})
+    first = (await gql(admin, ACTION, id=action["actionId"])).ok()["action"]
+    assert first["model"] == {"name": "m1"} and first["harness"]["memory"]["enabled"] is True
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE action_versions SET model = $2, harness = $3 WHERE action_id = $1",
+            action["actionId"],
+            {"name": "m2"},
+            {"memory": {"enabled": False}},
+        )
+    again = (await gql(admin, ACTION, id=action["actionId"])).ok()["action"]
+    assert again["model"] == {"name": "m2"} and again["harness"]["memory"]["enabled"] is False
+    # The same document read twice is the same answer.
+    assert (await gql(admin, ACTION, id=action["actionId"])).ok()["action"] == again
+
+
 async def test_missing_version_or_action_is_null(gql, admin):
     action = await create(gql, admin)
     assert (await gql(admin, ACTION, id=action["actionId"], version=2)).ok()["action"] is None

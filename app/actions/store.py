@@ -5,8 +5,12 @@ from uuid import UUID
 
 import asyncpg
 
+# The model and harness as their JSON text: a version's document never changes, so a parse of
+# the same text is reused (`service.ActionVersion.of`).
 _VERSION = """
-    SELECT v.*, a.current_version, a.created AS action_created
+    SELECT v.account_id, v.action_id, v.version, v.name, v.instructions,
+        v.model::text AS model, v.harness::text AS harness, v.created, v.created_by,
+        a.current_version, a.created AS action_created
     FROM action_versions v
     JOIN actions a ON a.account_id = v.account_id AND a.action_id = v.action_id
 """
