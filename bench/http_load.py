@@ -25,6 +25,12 @@ stage, divided by N; cProfile slows Python code, so read them as shares.
     python bench/http_load.py                          # 1, 8, 32 clients, 3 rounds of 10 s
     python bench/http_load.py --seconds 4 --rounds 1   # quick
     python bench/http_load.py --baseline /tmp/engram-http-base   # against `git archive` of a commit
+    python bench/http_load.py --query agent --gap 5  # a lighter request, 5 ms idle between
+
+`--query` sends another request in place of the search, to split a request's cost: `one` (a
+search answering one record, its score and ID), `agent` (the agent's name: its read alone) or
+`typename` (`{ __typename }`: HTTP, middleware, token check, GraphQL). `--gap MS` makes each
+client wait that long between its requests, leaving the machine idle meanwhile.
 """
 
 import argparse
@@ -66,6 +72,15 @@ SEARCH = """query($a: UUID!, $q: String!) {
     }
   }
 }"""
+QUERIES = {
+    "search": SEARCH,
+    "one": """query($a: UUID!, $q: String!) {
+  action(actionId: $a) { searchMemories(query: $q, mode: HYBRID, first: 1) {
+    edges { score node { memoryId } } } }
+}""",
+    "agent": "query($a: UUID!) { action(actionId: $a) { name } }",
+    "typename": "query { __typename }",
+}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -231,7 +246,9 @@ class Window:
 class Requests:
     """The bytes of search requests, each with a query of its own."""
 
-    def __init__(self, host: str, port: int, action_id: str, words: Words, count: int) -> None:
+    def __init__(
+        self, host: str, port: int, action_id: str, words: Words, count: int, query: str = SEARCH
+    ) -> None:
         head = (
             f"POST /graphql HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
@@ -240,7 +257,7 @@ class Requests:
         self.items = []
         for _ in range(count):
             body = json.dumps(
-                {"query": SEARCH, "variables": {"a": action_id, "q": words.some(2, 5)}}
+                {"query": query, "variables": {"a": action_id, "q": words.some(2, 5)}}
             ).encode()
             self.items.append(head.format(len(body)).encode() + body)
         self.next = 0
@@ -268,9 +285,16 @@ async def one_request(
 
 
 async def load(
-    host: str, port: int, requests: Requests, clients: int, seconds: float, pid: int
+    host: str,
+    port: int,
+    requests: Requests,
+    clients: int,
+    seconds: float,
+    pid: int,
+    gap: float = 0.0,
 ) -> Window:
-    """`clients` connections sending back to back; the first second warms up, uncounted."""
+    """`clients` connections sending back to back, or `gap` seconds apart; the first second
+    warms up, uncounted."""
     window = Window(clients)
     measuring = False
     stop = False
@@ -290,6 +314,8 @@ async def load(
                     window.errors[code.group(1).decode() if code else "error"] += 1
                 else:
                     window.latencies.append(time.perf_counter() - started)
+                if gap:
+                    await asyncio.sleep(gap)
         finally:
             writer.close()
 
@@ -305,13 +331,17 @@ async def load(
     return window
 
 
-async def check_answer(host: str, port: int, requests: Requests) -> None:
+async def check_answer(host: str, port: int, requests: Requests, search: bool = True) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         status, body = await one_request(reader, writer, requests.take())
     finally:
         writer.close()
     data = json.loads(body)
+    if not search:
+        if status != 200 or data.get("errors") or not data.get("data"):
+            raise SystemExit(f"the request failed: {status} {body[:500]!r}")
+        return
     edges = (((data.get("data") or {}).get("action") or {}).get("searchMemories") or {}).get(
         "edges"
     )
@@ -499,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds over the levels (medians)")
     p.add_argument("--profile", type=int, default=2000, help="requests profiled (0: none)")
     p.add_argument(
+        "--query", choices=sorted(QUERIES), default="search", help="the request sent (above)"
+    )
+    p.add_argument("--gap", type=float, default=0.0, help="ms each client waits between requests")
+    p.add_argument(
         "--baseline",
         type=Path,
         metavar="DIR",
@@ -537,19 +571,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.records} records in {time.perf_counter() - started:.1f} s",
                 flush=True,
             )
-            t.requests = Requests(host, t.port, action_id, words, 20_000)
-            asyncio.run(check_answer(host, t.port, t.requests))
+            t.requests = Requests(host, t.port, action_id, words, 20_000, QUERIES[args.query])
+            asyncio.run(check_answer(host, t.port, t.requests, search=args.query == "search"))
             t.windows = {c: [] for c in levels}
+        what = "hybrid searchMemories(first: 10)" if args.query == "search" else args.query
         print(
-            f"hybrid searchMemories(first: 10), {args.seconds:g} s per level, "
-            f"{args.rounds} rounds" + (", targets alternating" if len(targets) > 1 else "")
+            f"{what}, {args.seconds:g} s per level, {args.rounds} rounds"
+            + (f", {args.gap:g} ms between requests" if args.gap else "")
+            + (", targets alternating" if len(targets) > 1 else "")
         )
         for round_ in range(args.rounds):
             for clients in levels:
                 for t in targets:
                     assert t.service is not None and t.requests is not None
                     w = asyncio.run(
-                        load(host, t.port, t.requests, clients, args.seconds, t.service.pid)
+                        load(
+                            host,
+                            t.port,
+                            t.requests,
+                            clients,
+                            args.seconds,
+                            t.service.pid,
+                            args.gap / 1000,
+                        )
                     )
                     t.windows[clients].append(w)
                     errors = ", ".join(f"{k} {v}" for k, v in w.errors.items()) or "0"
