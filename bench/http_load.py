@@ -244,7 +244,7 @@ class Window:
 
 
 class Requests:
-    """The bytes of search requests, each with a query of its own."""
+    """The bytes of requests (`--query`: the search by default), each with a query of its own."""
 
     def __init__(
         self, host: str, port: int, action_id: str, words: Words, count: int, query: str = SEARCH
@@ -303,6 +303,8 @@ async def load(
         reader, writer = await asyncio.open_connection(host, port)
         try:
             while not stop:
+                if gap:
+                    await asyncio.sleep(gap)
                 started = time.perf_counter()
                 status, body = await one_request(reader, writer, requests.take())
                 if not measuring:
@@ -314,8 +316,6 @@ async def load(
                     window.errors[code.group(1).decode() if code else "error"] += 1
                 else:
                     window.latencies.append(time.perf_counter() - started)
-                if gap:
-                    await asyncio.sleep(gap)
         finally:
             writer.close()
 
@@ -331,22 +331,23 @@ async def load(
     return window
 
 
-async def check_answer(host: str, port: int, requests: Requests, search: bool = True) -> None:
+async def check_answer(host: str, port: int, requests: Requests, query: str = "search") -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         status, body = await one_request(reader, writer, requests.take())
     finally:
         writer.close()
     data = json.loads(body)
-    if not search:
+    if query in ("agent", "typename"):
         if status != 200 or data.get("errors") or not data.get("data"):
             raise SystemExit(f"the request failed: {status} {body[:500]!r}")
         return
     edges = (((data.get("data") or {}).get("action") or {}).get("searchMemories") or {}).get(
         "edges"
     )
-    if status != 200 or data.get("errors") or not edges or len(edges) != 10:
-        raise SystemExit(f"the search did not answer 10 records: {status} {body[:500]!r}")
+    want = 10 if query == "search" else 1
+    if status != 200 or data.get("errors") or not edges or len(edges) != want:
+        raise SystemExit(f"the search did not answer {want} records: {status} {body[:500]!r}")
 
 
 # --- the profile ------------------------------------------------------------------------------
@@ -572,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             t.requests = Requests(host, t.port, action_id, words, 20_000, QUERIES[args.query])
-            asyncio.run(check_answer(host, t.port, t.requests, search=args.query == "search"))
+            asyncio.run(check_answer(host, t.port, t.requests, args.query))
             t.windows = {c: [] for c in levels}
         what = "hybrid searchMemories(first: 10)" if args.query == "search" else args.query
         print(

@@ -188,6 +188,22 @@ async def test_a_version_is_read_as_stored_each_time(gql, admin, state):
     assert (await gql(admin, ACTION, id=action["actionId"])).ok()["action"] == again
 
 
+async def test_an_update_repairs_a_stored_model_that_no_longer_validates(gql, admin, state):
+    """An update reads the previous version's harness only (its labels must stay): a stored
+    model that fails today's checks (an import, or checks made stricter) does not block the
+    update that replaces it."""
+    action = await create(gql, admin, harness={"memory": {"enabled": True}})
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE action_versions SET model = $2 WHERE action_id = $1",
+            action["actionId"],
+            {"maxTokens": 500, "contextTokens": 600},
+        )
+    updated = await gql(admin, UPDATE, id=action["actionId"], input={"name": "x", "model": {}})
+    assert updated.ok()["updateAction"]["version"] == 2
+    assert updated.data["updateAction"]["model"] == {}
+
+
 async def test_missing_version_or_action_is_null(gql, admin):
     action = await create(gql, admin)
     assert (await gql(admin, ACTION, id=action["actionId"], version=2)).ok()["action"] is None

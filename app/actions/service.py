@@ -44,7 +44,7 @@ class ActionVersion:
     @classmethod
     def of(cls, row: asyncpg.Record) -> "ActionVersion":
         """A version as `store` reads it (its model and harness as JSON text)."""
-        model, model_raw, harness = _document(row["model"], row["harness"])
+        model, model_raw = _model(row["model"])
         return cls(
             account_id=row["account_id"],
             action_id=row["action_id"],
@@ -54,22 +54,27 @@ class ActionVersion:
             instructions=row["instructions"],
             model=model,
             model_raw=model_raw,
-            harness=harness,
+            harness=_harness(row["harness"]),
             created=row["action_created"],
             modified=row["created"],
             created_by=row["created_by"],
         )
 
 
+# A version's model and harness, parsed from their stored JSON text. A version is written once
+# and never changed, so every request naming an agent reads the same text: each is parsed once
+# per process (0.15-0.4 ms of the service's CPU a request, bench/README.md, `http_load.py`),
+# keyed by the text itself, so a document rewritten in place (a restore) is parsed anew. The
+# parsed values are shared between requests: they are frozen, but for the raw model dict and
+# `Harness.raw`, which nothing may change.
 @lru_cache(maxsize=1024)
-def _document(model: str, harness: str) -> tuple[ModelConfig, dict[str, Any], Harness]:
-    """A version's model and harness, parsed from their stored JSON text. A version is written
-    once and never changed, so every request naming an agent reads the same text: it is parsed
-    once per process (0.15-0.4 ms of the service's CPU a request, bench/README.md,
-    `http_load.py`). The parsed values are shared between requests: they are frozen, but for
-    the raw model dict and `Harness.raw`, which nothing may change."""
-    model_config, model_raw = parse_model(json.loads(model))
-    return model_config, model_raw, parse_harness(json.loads(harness))
+def _model(text: str) -> tuple[ModelConfig, dict[str, Any]]:
+    return parse_model(json.loads(text))
+
+
+@lru_cache(maxsize=1024)
+def _harness(text: str) -> Harness:
+    return parse_harness(json.loads(text))
 
 
 def _values(
@@ -126,7 +131,7 @@ async def update_action(
             current = await store.lock_current(conn, caller.account_id, action_id)
             if current is None:
                 raise NotFound(f"action {action_id} not found")
-            previous = ActionVersion.of(current).harness
+            previous = _harness(current["harness"])
             values = _values(name, instructions, model, parse_harness(harness, previous), settings)
             version = await store.bump_version(conn, caller.account_id, action_id)
             await store.insert_version(
