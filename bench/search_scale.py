@@ -416,6 +416,23 @@ async def prewarm(url: str) -> None:
         await conn.close()
 
 
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+async def host(url: str) -> dict[str, str]:
+    """What of the machine moves these figures by tens of percent, reported with them
+    (bench/README.md, twenty-seventh and twenty-eighth sessions): whether the server's shared
+    memory is in huge pages (`huge_pages` is `try` by default: on where the OS reserved enough,
+    `vm.nr_hugepages`), and how long a virtual machine's idle vCPU polls before it halts."""
+    conn = await asyncpg.connect(url)
+    try:
+        huge = await conn.fetchval("SHOW huge_pages_status")
+    finally:
+        await conn.close()
+    poll = HALT_POLL.read_text().strip() + " ns" if HALT_POLL.exists() else "no haltpoll driver"
+    return {"huge_pages": huge, "guest_halt_poll": poll}
+
+
 Agent = tuple[uuid.UUID, uuid.UUID, int]
 Group = tuple[str, int, list[Agent]]  # title, records per agent, the agents
 Pick = tuple[Agent, int]  # an agent and the question (index) to search it with
@@ -779,6 +796,11 @@ def main() -> None:
         )
         figures |= {"sql_cold": cold, "cold_note": note}
     asyncio.run(prewarm(url))
+    figures["host"] = asyncio.run(host(url))
+    print(
+        f"  host: shared memory in huge pages {figures['host']['huge_pages']}; "
+        f"guest halt polling {figures['host']['guest_halt_poll']}"
+    )
     rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000))
     print(
         f"  online: {rate:,.0f} records/s embedded and COPYed into the fully indexed table "

@@ -115,6 +115,7 @@ def test_one_table_of_every_target_before_and_after(tmp_path, capsys) -> None:
         "records": 120_000,
         "http": {"1000": {m: stats(4.0, 12.5) for m in ("hybrid", "lexical", "vector")}},
         "http_cold": {"1000": {"hybrid": stats(60.0, 80.0)}},
+        "host": {"huge_pages": "on", "guest_halt_poll": "0 ns"},
     }
     (tmp_path / "after-http.json").write_text(json.dumps(http))
     before, commands = read([tmp_path / "before.txt"])
@@ -154,6 +155,8 @@ def test_one_table_of_every_target_before_and_after(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "| Target | Goal | Before | After | After meets it |" in out
     assert "    python bench/search_http.py --data-dir D" in out
+    # What the machine was set to, which moves every figure, is said with them.
+    assert "After's host: huge pages on, halt polling 0 ns." in out
 
 
 # search_http.py's output: the same groups, its lines named searchMemories.
