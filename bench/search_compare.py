@@ -241,9 +241,13 @@ def main(argv: list[str] | None = None) -> None:
         f"(before: {before.get('cold_note', 'not measured')}; "
         f"after: {after.get('cold_note', 'not measured')}), no prewarm."
     )
-    if "host" in after:  # what the machine was set to, which moves every figure
-        h = after["host"]
-        print(f"After's host: huge pages {h['huge_pages']}, halt polling {h['guest_halt_poll']}.")
+    for label, figures in (("Before", before), ("After", after)):
+        if "host" in figures:  # what the machine was set to, which moves every figure
+            h = figures["host"]
+            print(
+                f"{label}'s host: huge pages {h['huge_pages']}, "
+                f"halt polling {h['guest_halt_poll']}."
+            )
     if before.get("records") != after.get("records"):
         print(
             f"\n**Different data sets**: before {before.get('records')} records, "

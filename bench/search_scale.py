@@ -416,20 +416,29 @@ async def prewarm(url: str) -> None:
         await conn.close()
 
 
-HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+CPUIDLE = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+HALT_POLL = Path("/sys/module/haltpoll/parameters")
 
 
 async def host(url: str) -> dict[str, str]:
     """What of the machine moves these figures by tens of percent, reported with them
     (bench/README.md, twenty-seventh and twenty-eighth sessions): whether the server's shared
     memory is in huge pages (`huge_pages` is `try` by default: on where the OS reserved enough,
-    `vm.nr_hugepages`), and how long a virtual machine's idle vCPU polls before it halts."""
+    `vm.nr_hugepages`), and on a virtual machine whose idle driver is `haltpoll`, for how long
+    at most an idle vCPU polls before it halts (and whether that time grows and shrinks)."""
     conn = await asyncpg.connect(url)
     try:
         huge = await conn.fetchval("SHOW huge_pages_status")
     finally:
         await conn.close()
-    poll = HALT_POLL.read_text().strip() + " ns" if HALT_POLL.exists() else "no haltpoll driver"
+    driver = CPUIDLE.read_text().strip() if CPUIDLE.exists() else "unknown"
+    poll = f"none (cpuidle driver {driver})"
+    if driver == "haltpoll":
+        most, grow, shrink = (
+            (HALT_POLL / f"guest_halt_poll_{name}").read_text().strip()
+            for name in ("ns", "grow_start", "allow_shrink")
+        )
+        poll = f"up to {most} ns (grow_start {grow} ns, allow_shrink {shrink})"
     return {"huge_pages": huge, "guest_halt_poll": poll}
 
 

@@ -1323,18 +1323,42 @@ async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(
         [2.0, 1.0],
     )
     assert [t["held"] for t in few] == ["'w1' & 'w2'", "'w1'", "'w2'"]
-    # Subsets of equal weight are one tier, in the order of their words (built by tsquery
+    # Subsets of equal weight are one tier, in the order of their masks (built by tsquery
     # operators since migration 0025: the same queries as the text 0022 parsed).
     tied = await agent.state.pool.fetch(
-        "SELECT held::text, exact::text FROM word_tiers($1::text[]::tsquery[], $2) ORDER BY tier",
+        "SELECT held::text, exact::text, probe::text"
+        " FROM word_tiers($1::text[]::tsquery[], $2) ORDER BY tier",
         ["w1", "w2", "w3"],
         [2.0, 1.0, 1.0],
     )
-    assert [(t["held"], t["exact"]) for t in tied] == [
-        ("'w1' & 'w2' & 'w3'", "'w1' & 'w2' & 'w3'"),
-        ("'w1' & 'w2' | 'w1' & 'w3'", "'w1' & 'w2' & !'w3' | 'w1' & 'w3' & !'w2'"),
-        ("'w1' | 'w2' & 'w3'", "'w1' & !( 'w2' | 'w3' ) | 'w2' & 'w3' & !'w1'"),
-        ("'w2' | 'w3'", "'w2' & !( 'w1' | 'w3' ) | 'w3' & !( 'w1' | 'w2' )"),
+    assert [(t["held"], t["exact"], t["probe"]) for t in tied] == [
+        ("'w1' & 'w2' & 'w3'", "'w1' & 'w2' & 'w3'", "'w1' & 'w2' & 'w3'"),
+        (
+            "'w1' & 'w2' | 'w1' & 'w3'",
+            "'w1' & 'w2' & !'w3' | 'w1' & 'w3' & !'w2'",
+            "'w1' & 'w2' | 'w1' & 'w3'",
+        ),
+        (
+            "'w1' | 'w2' & 'w3'",
+            "'w1' & !( 'w2' | 'w3' ) | 'w2' & 'w3' & !'w1'",
+            "'w1' | 'w2' & 'w3'",
+        ),
+        ("'w2' | 'w3'", "'w2' & !( 'w1' | 'w3' ) | 'w3' & !( 'w1' | 'w2' )", "'w2' | 'w3'"),
+    ]
+    # Weights equal but for the last bits of their sums are equal: 0.2 + 0.1 is not 0.3 in
+    # floating point, and {w2, w3} still shares w1's tier.
+    rounded = await agent.state.pool.fetch(
+        "SELECT held::text FROM word_tiers($1::text[]::tsquery[], $2) ORDER BY tier",
+        ["w1", "w2", "w3"],
+        [0.3, 0.2, 0.1],
+    )
+    assert [t["held"] for t in rounded] == [
+        "'w1' & 'w2' & 'w3'",
+        "'w1' & 'w2'",
+        "'w1' & 'w3'",
+        "'w1' | 'w2' & 'w3'",
+        "'w2'",
+        "'w3'",
     ]
     # The probe: the rarest three words of each subset (the first tier's subset is all six
     # words, the second's the first five), and of the last tier, its words after the sixth.

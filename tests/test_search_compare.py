@@ -115,9 +115,12 @@ def test_one_table_of_every_target_before_and_after(tmp_path, capsys) -> None:
         "records": 120_000,
         "http": {"1000": {m: stats(4.0, 12.5) for m in ("hybrid", "lexical", "vector")}},
         "http_cold": {"1000": {"hybrid": stats(60.0, 80.0)}},
-        "host": {"huge_pages": "on", "guest_halt_poll": "0 ns"},
     }
     (tmp_path / "after-http.json").write_text(json.dumps(http))
+    # search_scale.py's own --json says what the machine was set to.
+    host = {"huge_pages": "on", "guest_halt_poll": "up to 0 ns (grow_start 50000 ns, ...)"}
+    scale = {"command": "python bench/search_scale.py --json S", "records": 120_000, "host": host}
+    (tmp_path / "after-scale.json").write_text(json.dumps(scale))
     before, commands = read([tmp_path / "before.txt"])
     after, after_commands = read([tmp_path / "after.txt", tmp_path / "after-http.json"])
     assert after_commands[1] == "python bench/search_http.py --data-dir D"
@@ -151,12 +154,14 @@ def test_one_table_of_every_target_before_and_after(tmp_path, capsys) -> None:
     main(
         ["--before", str(tmp_path / "before.txt")]
         + ["--after", str(tmp_path / "after.txt"), str(tmp_path / "after-http.json")]
+        + [str(tmp_path / "after-scale.json")]
     )
     out = capsys.readouterr().out
     assert "| Target | Goal | Before | After | After meets it |" in out
     assert "    python bench/search_http.py --data-dir D" in out
     # What the machine was set to, which moves every figure, is said with them.
-    assert "After's host: huge pages on, halt polling 0 ns." in out
+    assert "After's host: huge pages on, halt polling up to 0 ns (grow_start 50000 ns, ...)." in out
+    assert "Before's host" not in out  # the starting commit's text output says nothing of it
 
 
 # search_http.py's output: the same groups, its lines named searchMemories.
