@@ -68,7 +68,7 @@ def upgrade() -> None:
             SELECT s.mask, round(s.weight * 1e9) AS weight, s.weight + n.later AS most, s.held,
                    CASE WHEN o.anyof IS NULL THEN s.held ELSE s.held && !! o.anyof END AS exact,
                    s.probe
-            FROM n, s LEFT JOIN s o ON o.mask = ((1 << (SELECT six FROM n)) - 1) # s.mask
+            FROM n CROSS JOIN s LEFT JOIN s o ON o.mask = ((1 << n.six) - 1) # s.mask
             UNION ALL
             -- Last, the records holding only words after the sixth.
             SELECT 0, -1, sum(weights[i]) FILTER (WHERE i > 6),
