@@ -8,6 +8,7 @@ exact plan's row limit to zero.
 
 import math
 import random
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -1376,6 +1377,114 @@ async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(
         )
         == 0
     )
+
+
+async def test_m20_a_tiers_probe_stops_at_words_few_records_hold(agent: SearchAgent) -> None:
+    # With the agent's records counted (migration 0026), a subset's probe takes its next
+    # rarest word only while the words in it are expected in 20 records or more
+    # (records * e^-weights): the tiers are the same, only GIN is asked for fewer words.
+    terms = [f"w{i}" for i in range(1, 9)]
+    weights = [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+    weight = dict(zip(terms, weights, strict=True))
+    pool = agent.state.pool
+
+    async def tiers(*records: float) -> list[tuple[object, ...]]:
+        args = "$1::text[]::tsquery[], $2" + (", $3" if records else "")
+        rows = await pool.fetch(
+            f"SELECT tier, most, held::text, exact::text, probe::text FROM word_tiers({args})"
+            " ORDER BY tier",
+            terms,
+            weights,
+            *records,
+        )
+        return [tuple(r) for r in rows]
+
+    def probe(subset: list[str], room: float) -> list[str]:
+        taken = [subset[0]]  # the rarest word, always
+        for word in subset[1:3]:
+            if sum(weight[w] for w in taken) >= room:
+                break
+            taken.append(word)
+        return taken
+
+    def words(query: object) -> list[list[str]]:  # "'a' & 'b' | 'c'" -> [[a, b], [c]]
+        return [[w.strip("'") for w in g.split(" & ")] for g in str(query).split(" | ")]
+
+    three = await tiers()
+    assert await tiers(float("inf")) == three  # the two-argument form: three words, as 0025
+    assert all(p == [h[:3] for h in words(t[2])] for t in three[:-1] for p in [words(t[4])])
+    for records in (5.0, 1_000.0, 200_000.0):
+        found = await tiers(records)
+        assert [t[:4] for t in found] == [t[:4] for t in three]  # the same tiers
+        room = math.log(records / 20)
+        for t in found[:-1]:  # the last tier (words after the sixth) is probed by its words
+            assert words(t[4]) == [probe(h, room) for h in words(t[2])], (records, t)
+        assert found[-1][4] == found[-1][2]
+    # ln(200,000 / 20) = 9.2: w1 (8) takes w2, and 15 is enough; with 1,000 records
+    # (ln 50 = 3.9) w1 alone is.
+    assert (await tiers(200_000.0))[0][4] == "'w1' & 'w2'"
+    assert (await tiers(1_000.0))[0][4] == "'w1'"
+    assert three[0][4] == "'w1' & 'w2' & 'w3'"
+    # Every record is still found by its tier's probe (all 255 combinations of the words).
+    for records in (5.0, 1_000.0, 200_000.0):
+        missed, total = await pool.fetchrow(
+            """
+            SELECT count(*) FILTER (WHERE NOT v.tsv @@ t.probe), count(*)
+            FROM generate_series(1, 255) c(mask)
+            CROSS JOIN LATERAL (SELECT array_to_tsvector(array(
+                SELECT ($1::text[])[i] FROM generate_series(1, 8) i
+                WHERE (c.mask >> (i - 1)) & 1 = 1)) AS tsv) v
+            JOIN word_tiers($1::text[]::tsquery[], $2, $3) t ON v.tsv @@ t.exact
+            """,
+            terms,
+            weights,
+            records,
+        )
+        assert (missed, total) == (0, 255), records
+
+
+async def test_m20_index_plan_probes_tiers_by_the_agents_records(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The index statement hands word_tiers the agent's records as listed, so that its probes
+    # stop at words few of them hold; an agent without own indexes is probed as before 0026.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    for i in range(60):
+        await agent.add(f"{'harbour' if i % 3 else 'lantern'} {'violin' * (i % 7 == 0)} n{i}")
+    await maintenance.run_round(agent.state.pool, min_records=10)  # listed: own indexes
+    pool = agent.state.pool
+    listed = await search_store.listed_records(pool, agent.operator)
+    assert listed == 60
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Sent:
+        def __init__(self, conn: Any) -> None:
+            self.conn = conn
+
+        async def fetch(self, sql: str, *args: Any) -> Any:
+            sent.append((sql, args))
+            return await self.conn.fetch(sql, *args)
+
+    call = re.compile(
+        r"word_tiers\(\(SELECT terms FROM words\), \(SELECT weights FROM words\), (.+?)::float8\)"
+    )
+    query = "violin harbour"
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    for mode in ("lexical", "hybrid"):
+        ranking = search_module.make_ranking(mode, query, vector, None, 5)
+        exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
+        for records in (listed, None):
+            async with pool.acquire() as conn:
+                found, _ = await search_store.ranked_index(
+                    Sent(conn), agent.operator, Filters(), ranking, records
+                )
+            assert [r.memory_id for r in found] == [r.memory_id for r in exact]
+            sql, args = sent[-1]
+            (counted,) = call.findall(sql)
+            if records is None:
+                assert counted == "'Infinity'"
+            else:
+                assert args[int(counted.lstrip("$")) - 1] == 60.0
 
 
 async def test_m20_index_plan_reads_words_of_equal_weight_as_one_tier(

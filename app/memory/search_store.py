@@ -641,8 +641,9 @@ async def ranked_index(
             scan += " IS NOT NULL"
         lists.append(candidates(f"{scan} ORDER BY {nearest} LIMIT {limit}"))
     if r.text is not None:
-        # GIN reads the rarest three words of each of the tier's subsets (`probe`, migration
-        # 0022: the more common ones' postings cost most in tiers that turn out empty);
+        # GIN reads the rarest three words of each of the tier's subsets, fewer where the
+        # rarer ones are held by few of the agent's records (`probe`, migrations 0022 and 0026:
+        # the more common ones' postings cost most in tiers that turn out empty);
         # `exact` is tested on the rows it finds (as a function, which GIN cannot take: its
         # NOT would read the common words' postings, 1.5-2 x slower). Sorted outside the scan
         # (OFFSET 0), so that no index that supplies the order (HNSW, the created btree) is
@@ -662,8 +663,9 @@ async def ranked_index(
                 f"SELECT c.* FROM ({tiers} ORDER BY tier) t CROSS JOIN LATERAL ({tier}) c {read}"
             )
 
+        tiers = _tiers(p, records)
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
-            ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit)
+            ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit, tiers)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
             # The tiers' order is the lexical ranking when the query has at most six words:
@@ -674,9 +676,9 @@ async def ranked_index(
             )
             if records is not None and not (isinstance(reader, AgentReader) and reader.preview):
                 tier = _newest_first(tier, reader, where, p, want, records)
-            lists.append(walk(_TIERS, f"LIMIT {want}"))
+            lists.append(walk(tiers, f"LIMIT {want}"))
         else:
-            lists.append(walk(_TIERS, f"LIMIT {limit}"))
+            lists.append(walk(tiers, f"LIMIT {limit}"))
     words = _words(r, p, reader, agent)
     finish = _finish(reader, r, p, gated=bool(gate), holds=holds)
     sql = f"WITH {gate}{words}{ctes}scored AS ({' UNION '.join(lists)}){finish}"
@@ -726,12 +728,25 @@ def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, r
     )
 
 
-# The query's words in tiers (migrations 0019 and 0022), under a `words` CTE.
-_TIERS = "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words))"
+def _tiers(p: Params, records: int | None) -> str:
+    """The query's words in tiers (migrations 0019, 0022 and 0026), under a `words` CTE.
+    `records`: the agent's as listed, which lets a tier's GIN probe stop at the words that
+    few of them hold (None: the rarest three words of each subset, as before 0026)."""
+    counted = "'Infinity'" if records is None else p(float(records))
+    return (
+        "SELECT * FROM word_tiers((SELECT terms FROM words), (SELECT weights FROM words),"
+        f" {counted}::float8)"
+    )
 
 
 def _threshold(
-    r: Ranking, p: Params, nearest: str, tier: str, walk: Callable[[str, str], str], limit: int
+    r: Ranking,
+    p: Params,
+    nearest: str,
+    tier: str,
+    walk: Callable[[str, str], str],
+    limit: int,
+    tiers: str,
 ) -> tuple[str, str]:
     """CTEs for the hybrid index plan's tier walk, which reads no tier whose records cannot
     change the page (the threshold algorithm): `nearest`, the vector list, scored; `best`, its
@@ -746,8 +761,8 @@ def _threshold(
     the last ones, which the full walk reads only after those read here, and none of their
     records could reach the page. (A later page trusts its cursor's count of the records
     before it: after writes that moved more records above it, a record may be skipped, as a
-    later page may skip or repeat one anyway.) Returns the CTEs and the walk over the tiers
-    after `first`."""
+    later page may skip or repeat one anyway.) `tiers`: the query's tiers (`_tiers`). Returns
+    the CTEs and the walk over the tiers after `first`."""
     w = p(r.weight) + "::float8"
     # The fusion's own score, normalized by `top`: never above the score it gives the row.
     score, found = fusion(r.mode, r.weight, r.min_score, p, best="h.top")
@@ -759,7 +774,7 @@ def _threshold(
         " >= (SELECT floor FROM bound))"
     )
     rest = walk(rest, f"LIMIT (SELECT {limit} - count(*) FROM head)")
-    ctes = f"""nearest AS MATERIALIZED {nearest}, tiers AS MATERIALIZED ({_TIERS}),
+    ctes = f"""nearest AS MATERIALIZED {nearest}, tiers AS MATERIALIZED ({tiers}),
     best AS MATERIALIZED (
         SELECT max(words) AS words, count(*) AS rows, min(cosine) AS last FROM nearest
     ), first AS MATERIALIZED (
