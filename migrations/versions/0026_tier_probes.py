@@ -16,7 +16,10 @@ it are expected in at least 20 of the agent's `records`: a word's weight is BM25
 records * e^-(their weights) is about how many hold them all (as `_newest_first` reads it), and
 a probe stops growing once their weights reach ln(records / 20). Still at most three words.
 GIN then reads fewer posting lists and the heap a few more rows, each tested on `exact` as
-before, so the same records come back. Measured in bench/README.md (twenty-ninth session).
+before, so the same records come back. Words that go together ("outdoor" and "gear") are held
+by far more records than chance would put them in, and there a shorter probe reads more rows
+only to drop them; over whole samples of questions that cost is outweighed. Measured in
+bench/README.md (twenty-ninth session).
 
 The two-argument form is kept, for a process of the release before: it is the three-argument
 form with `records` infinite (three words, as 0025).
