@@ -1381,7 +1381,7 @@ async def test_m20_word_tiers_hold_every_record_once_best_weighted_first(
 
 async def test_m20_a_tiers_probe_stops_at_words_few_records_hold(agent: SearchAgent) -> None:
     # With the agent's records counted (migration 0026), a subset's probe takes its next
-    # rarest word only while the words in it are expected in 20 records or more
+    # rarest word only while the words in it are expected in more than 20 records
     # (records * e^-weights): the tiers are the same, only GIN is asked for fewer words.
     terms = [f"w{i}" for i in range(1, 9)]
     weights = [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
@@ -1485,6 +1485,32 @@ async def test_m20_index_plan_probes_tiers_by_the_agents_records(
                 assert counted == "'Infinity'"
             else:
                 assert args[int(counted.lstrip("$")) - 1] == 60.0
+    # Every reader, mode and ranking the service sends: the statement runs (each parameter it
+    # numbers is in its text), with the tiers once where there are words; a preview reader's
+    # words all weigh 1, so its probes keep three words.
+    readers = {
+        "operator": agent.operator,
+        "turn": replace(agent.reader(execution_id=uuid.uuid4()), invocation_number=1),
+        "preview": agent.reader(preview=True),
+    }
+    for name, reader in readers.items():
+        for mode in ("lexical", "hybrid", "vector"):
+            for by_length in (False, True):
+                ranking = search_module.make_ranking(
+                    mode, query, vector, None, 5, by_length=by_length
+                )
+                async with pool.acquire() as conn:
+                    found, _ = await search_store.ranked_index(
+                        Sent(conn), reader, Filters(), ranking, listed, checked=True, scoped=0
+                    )
+                assert found, (name, mode, by_length)
+                sql, args = sent[-1]
+                numbered = {int(n) for n in re.findall(r"\$(\d+)", sql)}
+                assert numbered == set(range(1, len(args) + 1)), (name, mode, by_length)
+                calls = call.findall(sql)
+                assert len(calls) == (mode != "vector"), (name, mode, by_length)
+                if calls and name == "preview":
+                    assert calls == ["'Infinity'"]
 
 
 async def test_m20_index_plan_reads_words_of_equal_weight_as_one_tier(

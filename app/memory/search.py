@@ -59,8 +59,8 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   (`word_tiers`): first the records holding the best-weighted subset of the query's six rarest
   words, best cosine first, then the next subset, until CANDIDATES are read (an agent whose
   words are not counted, not listed or not yet, first counts its records and, by GIN, each
-  query word's); GIN is asked for a subset's rarest three words, the others tested on the
-  rows it finds. The walk ends sooner where that changes no record of the page: in hybrid
+  query word's); GIN is asked for a subset's rarest three words (fewer where few of the
+  agent's records hold them), the others tested on the rows it finds. The walk ends sooner where that changes no record of the page: in hybrid
   mode once no later subset's records can reach it nor raise the best text score (taking the
   vector list's last cosine as the most any other record has, which HNSW, being approximate,
   may rarely miss), in lexical mode once the page is read (a query of at most six words); in

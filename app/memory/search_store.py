@@ -14,7 +14,8 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
   lists exactly. Meaning: HNSW with an iterative scan. Words: the exact text ranking, read
   from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
   words first, best cosine first within a tier; GIN asked for the set's rarest three words,
-  the others tested on the rows it finds), until the list is full; in hybrid mode, only
+  fewer where few records hold them, the others tested on the rows it finds), until the list
+  is full; in hybrid mode, only
   while a tier's records can still reach the page or raise the best text score (`_threshold`),
   and in lexical mode, only the page when the query has at most six words (a tier of common
   words read newest first by the created btree when that is cheaper, `_newest_first`). Fast
@@ -570,8 +571,8 @@ async def ranked_index(
     """Candidates from the indexes, scored as they are read. Meaning: the agent's own HNSW
     index, iterative scan (without one, every record's cosine: there is no shared index,
     migration 0015). Words: the records holding the query's words, best text score first, read
-    by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migrations 0017 and 0022,
-    GIN asked for at most three words of a subset and the rest tested on its rows): a tier is
+    by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migrations 0017, 0022 and
+    0026, GIN asked for at most three words of a subset and the rest tested on its rows): a tier is
     the records holding exactly one subset of the query's six rarest words (or several of
     equal weight), and tiers come in the order of their weight, so the list is the exact text
     ranking and stops reading once full. Within a tier, best cosine first (newest first in
@@ -663,7 +664,10 @@ async def ranked_index(
                 f"SELECT c.* FROM ({tiers} ORDER BY tier) t CROSS JOIN LATERAL ({tier}) c {read}"
             )
 
-        tiers = _tiers(p, records)
+        # A preview reader's words all weigh 1 (`_words`), which says nothing of how many hold
+        # them: its probes keep three words.
+        preview = isinstance(reader, AgentReader) and reader.preview
+        tiers = _tiers(p, None if preview else records)
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
             ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit, tiers)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
@@ -674,7 +678,7 @@ async def ranked_index(
                 f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(r.reach))}"
                 f" ELSE {limit} END FROM words)"
             )
-            if records is not None and not (isinstance(reader, AgentReader) and reader.preview):
+            if records is not None and not preview:
                 tier = _newest_first(tier, reader, where, p, want, records)
             lists.append(walk(tiers, f"LIMIT {want}"))
         else:

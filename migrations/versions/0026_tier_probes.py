@@ -12,7 +12,7 @@ reading the posting lists of a subset's second and third words where these are c
 
 `word_tiers(terms, weights, records)` returns the same tiers (the same `tier`, `most`, `held`
 and `exact`), but a subset's probe takes its next rarest word only while the words already in
-it are expected in at least 20 of the agent's `records`: a word's weight is BM25's IDF, so
+it are expected in more than 20 of the agent's `records`: a word's weight is BM25's IDF, so
 records * e^-(their weights) is about how many hold them all (as `_newest_first` reads it), and
 a probe stops growing once their weights reach ln(records / 20). Still at most three words.
 GIN then reads fewer posting lists and the heap a few more rows, each tested on `exact` as
@@ -22,7 +22,8 @@ only to drop them; over whole samples of questions that cost is outweighed. Meas
 bench/README.md (twenty-ninth session).
 
 The two-argument form is kept, for a process of the release before: it is the three-argument
-form with `records` infinite (three words, as 0025).
+form with `records` infinite (three words, as 0025, for weights without NULL or NaN), and so
+depends on it: a migration that drops the three-argument form must first drop or replace it.
 """
 
 from alembic import op
@@ -42,8 +43,8 @@ def upgrade() -> None:
     BEGIN ATOMIC
         WITH RECURSIVE n AS MATERIALIZED (
             -- The words that make subsets (the first six), the weight of those after, and the
-            -- most weight a probe's words may hold and still take another word (held by
-            -- records * e^-weight records: 20).
+            -- weight under which a probe's words still take another (records * e^-weight,
+            -- the records expected to hold them, above 20).
             SELECT least(cardinality(terms), 6) AS six,
                    (SELECT coalesce(sum(w), 0) FROM unnest(weights[7:]) w) AS later,
                    ln(greatest(records, 1) / 20) AS room
