@@ -365,3 +365,21 @@ async def make_search_agent(state: AppState, owner: Caller) -> SearchAgent:
     """An agent without a harness, named uniquely, whose records the test writes with SQL."""
     created = await make_agent(state, owner, name=f"agent {uuid.uuid4()}", harness=None)
     return SearchAgent(state, owner.account_id, created.action_id)
+
+
+# Connections
+
+
+class Capture:
+    """A connection that records the SQL of the last fetch (to EXPLAIN it the same way)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.sql: tuple[Any, ...] = ()
+
+    async def fetchrow(self, *args: Any) -> Any:
+        return await self.conn.fetchrow(*args)
+
+    async def fetch(self, *args: Any) -> Any:
+        self.sql = args
+        return await self.conn.fetch(*args)

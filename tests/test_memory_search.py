@@ -18,7 +18,16 @@ from uuid import UUID
 
 import numpy as np
 import pytest
-from factories import CONFIG, T0, SearchAgent, allow, caller, make_account, make_search_agent
+from factories import (
+    CONFIG,
+    T0,
+    Capture,
+    SearchAgent,
+    allow,
+    caller,
+    make_account,
+    make_search_agent,
+)
 
 from app.actions import service as actions
 from app.actions.harness import SearchConfig
@@ -1455,16 +1464,6 @@ async def test_m20_index_plan_probes_tiers_by_the_agents_records(
     pool = agent.state.pool
     listed = await search_store.listed_records(pool, agent.operator)
     assert listed == 60
-    sent: list[tuple[str, tuple[Any, ...]]] = []
-
-    class Sent:
-        def __init__(self, conn: Any) -> None:
-            self.conn = conn
-
-        async def fetch(self, sql: str, *args: Any) -> Any:
-            sent.append((sql, args))
-            return await self.conn.fetch(sql, *args)
-
     call = re.compile(
         r"word_tiers\(\(SELECT terms FROM words\), \(SELECT weights FROM words\), (.+?)::float8\)"
     )
@@ -1475,11 +1474,12 @@ async def test_m20_index_plan_probes_tiers_by_the_agents_records(
         exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
         for records in (listed, None):
             async with pool.acquire() as conn:
+                capture = Capture(conn)
                 found, _ = await search_store.ranked_index(
-                    Sent(conn), agent.operator, Filters(), ranking, records
+                    capture, agent.operator, Filters(), ranking, records
                 )
             assert [r.memory_id for r in found] == [r.memory_id for r in exact]
-            sql, args = sent[-1]
+            sql, *args = capture.sql
             (counted,) = call.findall(sql)
             if records is None:
                 assert counted == "'Infinity'"
@@ -1500,11 +1500,12 @@ async def test_m20_index_plan_probes_tiers_by_the_agents_records(
                     mode, query, vector, None, 5, by_length=by_length
                 )
                 async with pool.acquire() as conn:
+                    capture = Capture(conn)
                     found, _ = await search_store.ranked_index(
-                        Sent(conn), reader, Filters(), ranking, listed, checked=True, scoped=0
+                        capture, reader, Filters(), ranking, listed, checked=True, scoped=0
                     )
                 assert found, (name, mode, by_length)
-                sql, args = sent[-1]
+                sql, *args = capture.sql
                 numbered = {int(n) for n in re.findall(r"\$(\d+)", sql)}
                 assert numbered == set(range(1, len(args) + 1)), (name, mode, by_length)
                 calls = call.findall(sql)

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 import pytest
-from factories import SearchAgent, make_search_agent
+from factories import Capture, SearchAgent, make_search_agent
 from helpers import eventually
 from pydantic import ValidationError
 
@@ -44,21 +44,6 @@ async def fill(agent: SearchAgent, count: int) -> list[uuid.UUID]:
 
 async def index_exists(pool: asyncpg.Pool, name: str) -> bool:
     return bool(await pool.fetchval("SELECT to_regclass($1) IS NOT NULL", name))
-
-
-class Capture:
-    """A connection that records the SQL of the last fetch (to EXPLAIN it the same way)."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.sql: tuple[Any, ...] = ()
-
-    async def fetchrow(self, *args: Any) -> Any:
-        return await self.conn.fetchrow(*args)
-
-    async def fetch(self, *args: Any) -> Any:
-        self.sql = args
-        return await self.conn.fetch(*args)
 
 
 async def ranking(agent: SearchAgent, query: str, mode: str = "hybrid") -> search_store.Ranking:
