@@ -60,12 +60,12 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   words, best cosine first, then the next subset, until CANDIDATES are read (an agent whose
   words are not counted, not listed or not yet, first counts its records and, by GIN, each
   query word's); GIN is asked for a subset's rarest three words (fewer where few of the
-  agent's records hold them), the others tested on the rows it finds. The walk ends sooner where that changes no record of the page: in hybrid
-  mode once no later subset's records can reach it nor raise the best text score (taking the
-  vector list's last cosine as the most any other record has, which HNSW, being approximate,
-  may rarely miss), in lexical mode once the page is read (a query of at most six words); in
-  lexical mode a subset of common words is read newest first by the (agent, created) btree
-  rather than all its holders by GIN.
+  agent's records hold them), the others tested on the rows it finds. The walk ends sooner
+  where that changes no record of the page: in hybrid mode once no later subset's records can
+  reach it nor raise the best text score (taking the vector list's last cosine as the most any
+  other record has, which HNSW, being approximate, may rarely miss), in lexical mode once the
+  page is read (a query of at most six words); in lexical mode a subset of common words is
+  read newest first by the (agent, created) btree rather than all its holders by GIN.
   With both lists the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and
   200,000 records in search_scale.py's samples, and 0.964-0.971 over two samples of 150
   questions at 200,000 records (bench/README.md, twenty-third session).

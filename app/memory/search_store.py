@@ -15,10 +15,10 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
   from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
   words first, best cosine first within a tier; GIN asked for the set's rarest three words,
   fewer where few records hold them, the others tested on the rows it finds), until the list
-  is full; in hybrid mode, only
-  while a tier's records can still reach the page or raise the best text score (`_threshold`),
-  and in lexical mode, only the page when the query has at most six words (a tier of common
-  words read newest first by the created btree when that is cheaper, `_newest_first`). Fast
+  is full; in hybrid mode, only while a tier's records can still reach the page or raise the
+  best text score (`_threshold`), and in lexical mode, only the page when the query has at
+  most six words (a tier of common words read newest first by the created btree when that is
+  cheaper, `_newest_first`). Fast
   for an agent of any size; a record outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
@@ -572,9 +572,9 @@ async def ranked_index(
     index, iterative scan (without one, every record's cosine: there is no shared index,
     migration 0015). Words: the records holding the query's words, best text score first, read
     by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migrations 0017, 0022 and
-    0026, GIN asked for at most three words of a subset and the rest tested on its rows): a tier is
-    the records holding exactly one subset of the query's six rarest words (or several of
-    equal weight), and tiers come in the order of their weight, so the list is the exact text
+    0026, GIN asked for at most three words of a subset and the rest tested on its rows): a
+    tier is the records holding exactly one subset of the query's six rarest words (or several
+    of equal weight), and tiers come in the order of their weight, so the list is the exact text
     ranking and stops reading once full. Within a tier, best cosine first (newest first in
     lexical mode, which is the lexical ranking's own order). Not exact in two cases: a query of
     more than six words, whose later words add to a record's score without moving its tier,
