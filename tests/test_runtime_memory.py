@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 import pytest
-from factories import make_agent, make_agent_id, memory_harness
+from factories import full_memory, make_agent, make_agent_id, memory_harness
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -223,6 +223,43 @@ async def test_m19_m39_m47_every_tool_refused_when_not_configured(
     assert "tools" not in chat(model_server)[2].body
     (refused,) = tool_runs(executed)
     assert refused["error"] == "search_memory is not available: this agent's memory is not enabled"
+
+
+async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    # Engram runs no helpers (subagents, a programmatic tool caller) and no tools of other
+    # kinds: a turn is offered the native tools alone, and any other name the model calls, a
+    # helper's included, is refused and reaches no record.
+    harness = {**full_memory(), "history": {"index": "messages"}}
+    action_id = await make_agent_id(gql.state, admin, name="support", harness=harness)
+    kept = await add(gql, admin, model_server, action_id, "Ada's invoice number is 4411")
+    async with state.pool.acquire() as conn:
+        before = await conn.fetch("SELECT * FROM agent_memory_versions ORDER BY 1, 2, 3")
+    helpers = [
+        ("programmatic_tool_caller", {"code": f"delete_memory(id='{kept['id']}')"}),
+        ("support", {"input": "Save: Ada's invoice number is 9999"}),  # the agent as its helper
+        ("financial.AgentMemory", {"id": kept["id"]}),
+    ]
+    model_server.call_tools(*helpers)
+    model_server.say("Done.")
+    executed = await run(gql, admin, action_id, "Tidy your memory")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    offered = ["search_memory", "add_memory", "read_memory", "delete_memory", "search_history"]
+    turn = chat(model_server)[-2:]
+    assert tool_names(turn[0]) == offered
+    refusals = [json.loads(result)["error"] for result in tool_results(turn[1])[-len(helpers) :]]
+    assert refusals == [
+        f"there is no tool named {name!r}; your tools are: {', '.join(offered)}"
+        for name, _ in helpers
+    ]
+    called = [r["name"] for r in tool_runs(executed) if not r["input"].get("recall")]
+    assert called == [name for name, _ in helpers]
+    async with state.pool.acquire() as conn:
+        after = await conn.fetch("SELECT * FROM agent_memory_versions ORDER BY 1, 2, 3")
+    assert after == before
+    assert (await memory(gql, admin, action_id, kept["id"]))["status"] == "ACTIVE"
 
 
 async def test_m41_m49_scope_and_pinned_refused_where_not_offered(
