@@ -111,7 +111,8 @@ class OpenAIServer:
     ) -> None:
         self.embedding_model = embedding_model
         self.embedding_dimensions = embedding_dimensions
-        self.usage = usage  # which usage field embeddings report: total_tokens or prompt_tokens
+        # Which usage field embeddings report: total_tokens, prompt_tokens, or none (no usage).
+        self.usage = usage
         self.reverse_order = reverse_order  # answer in reverse so clients must order by index
         self.requests: list[Recorded] = []
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
@@ -203,12 +204,12 @@ class OpenAIServer:
         if self.reverse_order:
             data.reverse()
         tokens = sum(word_count(t) for t in texts)
-        usage = {"prompt_tokens": tokens}
-        if self.usage == "total_tokens":
-            usage["total_tokens"] = tokens
-        return JSONResponse(
-            {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
-        )
+        answer: dict[str, Any] = {"object": "list", "data": data, "model": body.get("model")}
+        if self.usage != "none":
+            answer["usage"] = {"prompt_tokens": tokens}
+            if self.usage == "total_tokens":
+                answer["usage"]["total_tokens"] = tokens
+        return JSONResponse(answer)
 
     # Chat completions: scripted answers, played in order; `chat_default` when none is left
 

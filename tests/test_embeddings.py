@@ -103,10 +103,13 @@ async def test_m24_openai_reports_usage_tokens(openai_server: OpenAIServer) -> N
         result = await embedder.embed(TEXTS)
         openai_server.usage = "prompt_tokens"  # servers that report only prompt_tokens
         fallback = await embedder.embed(TEXTS[:3])
+        openai_server.usage = "none"  # and servers that report no usage: estimated
+        estimated = await embedder.embed(["", "abcd", "abcde"])
     finally:
         await embedder.aclose()
     assert result.tokens == sum(word_count(t) for t in TEXTS) > 0
     assert fallback.tokens == sum(word_count(t) for t in TEXTS[:3]) > 0
+    assert estimated.tokens == 1 + 1 + 2  # four characters a token, at least one a text
 
 
 async def test_openai_sends_a_blank_text_as_a_space(openai_server: OpenAIServer) -> None:

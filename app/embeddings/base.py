@@ -10,7 +10,9 @@ import numpy as np
 @dataclass(frozen=True)
 class Embeddings:
     vectors: np.ndarray  # shape (n, dimensions), float32, each row of unit length
-    tokens: int  # usage, recorded by the runtime as purpose `embed`
+    # Usage, recorded by the runtime as purpose `embed`: at least one a text, so that every
+    # embedding made is recorded (M24, H11), also of a text the tokenizer drops whole.
+    tokens: int
 
 
 class Embeds(Protocol):
@@ -50,7 +52,7 @@ class LocalEmbedder:
             vectors, tokens = self._embed(texts)
         else:
             vectors, tokens = await asyncio.to_thread(self._embed, texts)
-        return Embeddings(vectors, tokens)
+        return Embeddings(vectors, max(tokens, len(texts)))
 
     async def aclose(self) -> None:
         return None

@@ -107,9 +107,10 @@ class OpenAIEmbedder:
             answer = response.json()
         except ValueError as e:
             raise EmbeddingFailed(f"{self._endpoint} answered with invalid JSON") from e
-        return self._parse(answer, len(texts))
+        return self._parse(answer, texts)
 
-    def _parse(self, answer: Any, count: int) -> tuple[np.ndarray, int]:
+    def _parse(self, answer: Any, texts: list[str]) -> tuple[np.ndarray, int]:
+        count = len(texts)
         try:
             data = sorted(answer["data"], key=lambda item: item["index"])
             vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
@@ -128,8 +129,15 @@ class OpenAIEmbedder:
                 "fix ENGRAM_EMBEDDING_DIMENSIONS, or run `engram reembed` after changing model"
             )
         usage = answer.get("usage") or {}
-        tokens = usage.get("total_tokens") or usage.get("prompt_tokens") or 0
-        return vectors, int(tokens)
+        tokens = usage.get("total_tokens") or usage.get("prompt_tokens")
+        if isinstance(tokens, int | float) and tokens >= 1:
+            tokens = int(tokens)
+        else:
+            # A server that reports no usage (some OpenAI-compatible ones): estimated at about
+            # four characters a token, at least one a text, so that every embedding made is
+            # recorded as usage (M24, H11).
+            tokens = sum(max(1, -(-len(t) // 4)) for t in texts)
+        return vectors, tokens
 
     async def aclose(self) -> None:
         await self._client.aclose()
