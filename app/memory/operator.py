@@ -230,8 +230,8 @@ async def _delete(
             if row is None:
                 raise NotFound(f"memory {memory_id} of agent {action_id} not found")
             current = store.record(row)
-            if current.status == "ACTIVE" and current.pinned:
-                _require_unpin(caller, memory_id)
+            # A pinned record too: deleting needs what the spec names, SELECT and UPDATE on
+            # memory (M55), and takes a line out of the instructions without putting one in.
             if current.status == "SUPERSEDED":
                 raise BadInput(
                     f"memory {memory_id} was replaced by memory {current.replaced_by} and is no "
@@ -339,14 +339,14 @@ def _label_names_of(action: ActionVersion) -> dict[int, str]:
 
 
 def _require_unpin(caller: Caller, memory_id: UUID) -> None:
-    """A pinned record is listed in every turn's instructions: replacing or deleting it changes
-    the agent, as pinning does."""
+    """A pinned record is listed in every turn's instructions: replacing it changes what they
+    say, as pinning does."""
     try:
         caller.require(*resources.PIN_MEMORY)
     except AccessDenied:
         raise AccessDenied(
-            f"memory {memory_id} is pinned (listed in every turn's instructions): replacing or "
-            f"deleting it needs UPDATE on {resources.ACTION}, as pinning does"
+            f"memory {memory_id} is pinned (listed in every turn's instructions): replacing it "
+            f"needs UPDATE on {resources.ACTION}, as pinning does"
         ) from None
 
 
