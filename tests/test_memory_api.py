@@ -19,6 +19,8 @@ from factories import (
 )
 
 from app.actions import service as actions
+from app.actions.harness import SearchConfig
+from app.memory import search as memory_search
 from app.memory.service import NewMemory
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
@@ -355,6 +357,18 @@ async def test_m54_m58_deleting_removes_from_recall_and_memories_not_from_reads(
     assert m["executionId"] == str(record.execution_id)  # provenance stays the writer's
     assert await all_listed(gql, admin, agent) == [str(keeper.memory_id)]
     assert record.memory_id not in await listed(state, writer(agent))  # recall no longer finds it
+    # Nor does a ranked search, as recall and search_memory run it, in any mode (M54, M58).
+    for mode in ("hybrid", "lexical", "vector"):
+        found = await memory_search.search(
+            state.pool,
+            state.embedder,
+            writer(agent).reader(),
+            SearchConfig(),
+            query="wrong address",
+            mode=mode,
+            limit=10,
+        )
+        assert [r.memory_id for r in found.records] == [keeper.memory_id], mode
     assert await work(state, writer(agent)).read(record.memory_id) is not None
     read = (
         await gql(admin, AGENT_MEMORY, actionId=str(agent.action_id), id=str(record.memory_id))
