@@ -104,6 +104,22 @@ async def test_m10_m15_a_fact_stated_in_a_turn_becomes_an_extraction_record(
     assert "The user's name is Ada" in json.dumps(chat(model_server)[-1].body["messages"])
 
 
+async def test_m1_memory_off_a_turn_neither_recalls_nor_reviews(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    for harness in (None, {"memory": {"enabled": False}}):
+        action_id = await make_agent_id(gql.state, admin, harness=harness)
+        candidates(model_server, {"summary": "The user's name is Ada"})  # were it asked
+        model_server.say("Nice to meet you, Ada.")
+        executed = await run(gql, admin, action_id, "Please remember that my name is Ada")
+        assert executed["status"] == "SUCCEEDED", executed["error"]
+        assert reviews(executed) == [] and events(executed, "tool.execution") == []
+        assert [c["purpose"] for c in events(executed, "model.call")] == ["turn"]
+    assert {r.headers["x-engram-purpose"] for r in chat(model_server, None)} == {"turn"}
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+
+
 async def test_m11_m12_a_restated_fact_leaves_one_record(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
@@ -133,6 +149,42 @@ async def test_m11_m12_a_restated_fact_leaves_one_record(
     assert near["records"][0]["version"] == 1
     assert review["decisions"] == [{"candidate": "c1", "action": "skip"}]
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [first["memoryId"]]
+
+
+async def test_m11_m12_a_fact_stated_twice_in_one_review_is_kept_once(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    # No record like them yet: each candidate is compared with the earlier ones of its review.
+    candidates(
+        model_server,
+        {"summary": "Ada lives in Berlin"},
+        {"summary": "Ada's home is in Berlin"},
+        {"summary": "Ada prefers tea over coffee"},
+    )
+    decide(
+        model_server,
+        {"candidate": "c1", "action": "add"},
+        {"candidate": "c2", "action": "skip"},
+        {"candidate": "c3", "action": "add"},
+    )
+    executed = await run(gql, admin, action_id, "I live in Berlin; my home is in Berlin. Tea!")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    shown = json.loads(decided.body["messages"][1]["content"])
+    assert "restates" not in shown["candidates"][0]
+    assert shown["candidates"][1]["restates"] == ["c1"]
+    assert "restates" not in shown["candidates"][2]  # another fact
+    assert "`restates`" in decided.body["messages"][0]["content"]
+    (review,) = reviews(executed)
+    near = review["neighbours"][1]["candidates"]
+    assert [n["handle"] for n in near] == ["c1"] and near[0]["similarity"] >= 0.4
+    kept = await memories(gql, admin, action_id)
+    assert sorted(m["summary"] for m in kept) == [
+        "Ada lives in Berlin",
+        "Ada prefers tea over coffee",
+    ]
 
 
 async def test_m12_a_correction_replaces_the_record_it_corrects(
@@ -517,7 +569,7 @@ async def test_m14_a_long_run_of_messages_is_read_in_parts(
     model_server.say("Noted the first.")
     await run(gql, admin, action_id, "First: " + "tea " * 50)
     candidates(model_server, {"summary": "Ada likes tea"})
-    candidates(model_server, {"summary": "Ada likes cake"})
+    candidates(model_server, {"summary": "Bob bakes cake"})  # unlike the first: no decide call
     model_server.say("Noted the second.")
     executed = await run(gql, admin, action_id, "Second: " + "cake " * 50)
     first, second = chat(model_server, "memory")
@@ -527,7 +579,7 @@ async def test_m14_a_long_run_of_messages_is_read_in_parts(
     assert review["messages"]["count"] == 4
     assert {m["summary"] for m in await memories(gql, admin, action_id)} == {
         "Ada likes tea",
-        "Ada likes cake",
+        "Bob bakes cake",
     }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import numpy as np
 
 from app.actions.harness import MemoryConfig, SearchConfig
 from app.embeddings.base import Embedder
@@ -160,6 +161,7 @@ class Neighbours:
     # shares most words but may not reach the floor by the static embedder's cosine (0.34).
     similarity: dict[UUID, float]
     embed_tokens: int
+    vector: Any = None  # the candidate's embedding (None in lexical mode), for `restated`
 
 
 def _words(text: str) -> list[str]:
@@ -239,4 +241,26 @@ async def neighbours(
                 text,
                 vector,
             )
-    return Neighbours(records, similarity, tokens)
+    return Neighbours(records, similarity, tokens, vector)
+
+
+async def restated(
+    pool: asyncpg.Pool, texts: Sequence[str], vectors: Sequence[Any]
+) -> list[dict[int, float]]:
+    """How like each candidate (`texts`, with their embeddings or None) each earlier candidate
+    of the same review is, as `neighbours` measures a record (`store.similarities`): the
+    larger of the cosine and the share of the candidate's stemmed words the earlier one has.
+    Item i maps j < i to that similarity."""
+    async with pool.acquire() as conn:
+        words = await store.stemmed_words(conn, list(texts))
+    alike: list[dict[int, float]] = []
+    for i, (own, vector) in enumerate(zip(words, vectors, strict=True)):
+        found: dict[int, float] = {}
+        for j in range(i):
+            share = len(own & words[j]) / max(len(own), 1)
+            cosine = 0.0
+            if vector is not None and vectors[j] is not None:
+                cosine = float(np.dot(vector, vectors[j]))  # unit vectors (Embeddings)
+            found[j] = max(share, cosine)
+        alike.append(found)
+    return alike

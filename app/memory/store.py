@@ -458,6 +458,18 @@ async def summaries_known(
     return [r["i"] for r in rows]
 
 
+async def stemmed_words(conn: asyncpg.Connection, texts: list[str]) -> list[set[str]]:
+    """Each text's stemmed words, as a record's `tsv` holds them (to_tsvector('english'))."""
+    rows = await conn.fetch(
+        """
+        SELECT tsvector_to_array(to_tsvector('english', t)) AS words
+        FROM unnest($1::text[]) WITH ORDINALITY u(t, i) ORDER BY i
+        """,
+        texts,
+    )
+    return [set(r["words"]) for r in rows]
+
+
 async def similarities(
     conn: asyncpg.Connection,
     account_id: UUID,
