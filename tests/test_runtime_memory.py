@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 import pytest
-from factories import full_memory, make_agent, make_agent_id, memory_harness
+from factories import SearchAgent, full_memory, make_agent, make_agent_id, memory_harness
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -23,6 +23,7 @@ from runtime_support import (
     tool_runs,
 )
 
+from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.state import AppState
 
@@ -63,6 +64,12 @@ def found_ids(output: str) -> list[str]:
 def block_ids(block: str) -> list[str]:
     """The IDs of the records a memory block shows (one JSON line each, after the note)."""
     return [json.loads(line)["id"] for line in block.splitlines()[2:-1]]
+
+
+async def seed(state: AppState, agent: ActionVersion, *summaries: str) -> list[str]:
+    """Records of agent scope written with SQL, a minute apart, oldest first; their IDs."""
+    records = SearchAgent(state, agent.account_id, agent.action_id)
+    return [str(await records.add(summary)) for summary in summaries]
 
 
 # Recall
@@ -184,6 +191,64 @@ async def test_m25_recalled_memory_is_a_data_block_never_instructions(
     assert json.loads(lines[0])["summary"] == hostile
     block_message = next(m for m in request.body["messages"] if m.get("content") == block)
     assert block_message["role"] == "user"
+
+
+async def test_m18_recall_finds_what_matches_the_current_work_not_the_newest(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    refund, polly, seeds, *_ = await seed(
+        state,
+        agent,
+        "Ada's refund for order 5521 was approved on March 3",
+        "Grace's parrot is named Polly",
+        "Polly the parrot only eats sunflower seeds",
+        # Newer, and each shares a word with the request, so they outrank the parrot's two.
+        "Refund requests over 500 euros need a manager",
+        "Approved expense reports are paid on Fridays",
+        "Ada's loyalty card was renewed in May",
+        "Refunds are issued to the original card",
+        "The office coffee machine is descaled on Fridays",
+        "The wifi password rotates every month",
+    )
+    action_id = str(agent.action_id)
+    model_server.call_tools(("read_memory", {"id": polly}))
+    model_server.say("Approved.")
+    executed = await run(gql, admin, action_id, "Was Ada's refund approved?")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+
+    # Of nine records, the recall shows five, first the oldest: the one about the request.
+    (first,) = memory_blocks(chat(model_server)[0])
+    assert len(block_ids(first)) == 5
+    assert block_ids(first)[0] == refund
+    assert not {polly, seeds} & set(block_ids(first))
+
+    # The model read a record about Polly: the next recall looks for her too (the query holds
+    # the tool's words), and finds the record about her that nothing had shown the model yet.
+    (second,) = memory_blocks(chat(model_server)[1])
+    assert {refund, polly, seeds} <= set(block_ids(second))
+    before, after = recalls(executed)
+    assert before["input"]["query"] == "Was Ada's refund approved?"
+    assert after["input"]["query"] == "Was Ada's refund approved?\nGrace's parrot is named Polly"
+    assert seeds in [r["id"] for r in after["output"]["records"]]
+
+
+async def test_m22_a_recall_returns_max_results_records_five_by_default(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    invoices = [f"Ada's invoice {4400 + n} is paid" for n in range(7)]
+    for harness, shown in [(full_memory(), 5), (full_memory(search={"max_results": 2}), 2)]:
+        agent = await make_agent(gql.state, admin, harness=harness)
+        ids = await seed(state, agent, *invoices)
+        executed = await run(gql, admin, str(agent.action_id), "Which of Ada's invoices are paid?")
+
+        assert executed["status"] == "SUCCEEDED", executed["error"]
+        (block,) = memory_blocks(chat(model_server)[-1])
+        assert len(block_ids(block)) == shown
+        assert set(block_ids(block)) <= set(ids)
+        (recalled,) = recalls(executed)
+        assert recalled["input"]["limit"] == shown
+        assert len(recalled["output"]["records"]) == shown
 
 
 # The native tools and what the configuration allows
@@ -308,6 +373,42 @@ async def test_m41_tool_schemas_follow_the_configuration(
     }
     search_props = tools["search_memory"]["parameters"]["properties"]
     assert set(search_props) == {"query", "kind", "labels", "ids", "limit", "after"}
+
+
+async def test_m38_search_memory_lists_newest_first_a_page_at_a_time_and_reads_by_id(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    action_id = str(agent.action_id)
+    oldest, middle, newest = await seed(
+        state, agent, "Ada prefers email", "Ada's plan is Basic", "Ada lives in Leeds"
+    )
+    model_server.call_tools(("search_memory", {"limit": 2}))
+    model_server.say("Listed.")
+    first = await run(gql, admin, action_id, "List your memory")
+
+    assert first["status"] == "SUCCEEDED", first["error"]
+    (page,) = [r for r in tool_runs(first, "search_memory") if not r["input"].get("recall")]
+    assert [r["id"] for r in page["output"]["records"]] == [newest, middle]
+    cursor = page["output"]["nextCursor"]
+    assert json.loads(tool_results(chat(model_server)[1])[-1])["nextCursor"] == cursor
+
+    model_server.call_tools(
+        ("search_memory", {"limit": 2, "after": cursor}),
+        ("search_memory", {"ids": [oldest, newest]}),
+    )
+    model_server.say("Listed.")
+    second = await run(gql, admin, action_id, "And the rest?")
+
+    assert second["status"] == "SUCCEEDED", second["error"]
+    listed, read = [r for r in tool_runs(second, "search_memory") if not r["input"].get("recall")]
+    assert listed["input"] == {"limit": 2, "after": cursor}
+    assert [r["id"] for r in listed["output"]["records"]] == [oldest]
+    assert "nextCursor" not in listed["output"]  # the last page
+    assert sorted(r["id"] for r in read["output"]["records"]) == sorted([oldest, newest])
+    searched, by_id = tool_results(chat(model_server)[-1])[-2:]
+    assert found_ids(searched) == [oldest]
+    assert sorted(found_ids(by_id)) == sorted([oldest, newest])
 
 
 async def test_m37_m43_m44_m46_labels_read_and_delete_through_the_tools(
