@@ -61,9 +61,12 @@ async def test_h1_h2_h6_h7_h9_h10_h11_messages_are_kept_and_found_by_a_later_tur
     second, searching = await searched(
         model_server, gql, admin, action_id, {"query": "order number parcel"}
     )
-    # H14: the guidance is in the instructions, and the tool is offered (H6).
+    # H14: the instructions tell the agent to search its history before it guesses at, or
+    # asks again for, what an earlier turn established; and the tool is offered (H6).
     request = chat(model_server)[1]
-    assert "search your history" in system_message(request)
+    guide = system_message(request)
+    assert "search your history" in guide and "earlier turn established" in guide
+    assert "guess" in guide and "ask again" in guide
     assert "search_history" in tool_names(request)
 
     found = searching["output"]["events"]
@@ -170,6 +173,54 @@ async def test_h3_h4_tools_mode_keeps_results_and_errors_but_never_retrievals(
     assert [e["who"] for e in await history_of(gql, admin, plain)] == ["USER", "AGENT", "AGENT"]
 
 
+# H9 H11
+
+
+async def test_h9_a_kept_tool_result_is_found_with_its_call(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.call_tools(("add_memory", {"summary": "Ada's locker is 5521", "kind": "fact"}))
+    model_server.say("Saved.")
+    first = await run(gql, admin, action_id, "Remember Ada's locker is 5521")
+    assert first["status"] == "SUCCEEDED", first["error"]
+    (call,) = [
+        c for m in events(first, "model.call") if m["purpose"] == "turn" for c in m["toolCalls"]
+    ]
+
+    _, searching = await searched(model_server, gql, admin, action_id, {"query": "locker 5521"})
+    found = searching["output"]["events"]
+    (result,) = [e for e in found if e["text"].startswith("turn 1, tool add_memory\n")]
+    assert result["call"] == {"id": call["id"], "name": "add_memory"}
+    assert "5521" in result["text"]
+    assert all("call" not in e for e in found if e is not result)  # only a tool's result
+
+
+@pytest.mark.settings(max_model_calls_per_turn=3)
+async def test_h11_embeddings_are_counted_by_no_limit(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Three searches in a turn of at most three model calls: six calls to models in all, but
+    only the chat calls count towards the limit; each search's embedding is usage `embed`."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    model_server.say("Noted.")
+    assert (await run(gql, admin, action_id, "The ferry is red."))["status"] == "SUCCEEDED"
+    model_server.call_tools(
+        ("search_history", {"query": "ferry"}), ("search_history", {"query": "red"})
+    )
+    model_server.call_tools(("search_history", {"query": "ferry colour"}))
+    model_server.say("Red.")
+    executed = await run(gql, admin, action_id, "What colour is the ferry?")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Red."
+    assert [m["purpose"] for m in events(executed, "model.call")] == ["turn"] * 3
+    assert all(r["output"]["events"] for r in tool_runs(executed, "search_history"))
+    embeds = [e for e in events(executed, "embedding") if e["for"] == "search_history"]
+    assert len(embeds) == 3
+    assert all(e["purpose"] == "embed" and e["tokens"] > 0 for e in embeds)
+
+
 # H5
 
 
@@ -194,6 +245,75 @@ async def test_h5_a_failed_attempt_is_never_searchable(
     _, searching = await searched(model_server, gql, admin, action_id, {"query": "ZEBRAFIVE code"})
     assert "ZEBRAFIVE" not in texts(searching)
     assert searching["output"]["events"]  # the retry's own words are found
+
+
+# H6
+
+
+async def test_h6_a_retried_turn_searches_the_turns_committed_before_it(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A turn committed between a failed attempt and its retry comes before the retry, which
+    commits after it: the retry's search finds it."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    model_server.say("Noted.")
+    assert (await run(gql, admin, action_id, "I keep birds."))["status"] == "SUCCEEDED"
+    model_server.chat_error(500)
+    failed = await run(gql, admin, action_id, "What is the heron called?")
+    assert failed["status"] == "FAILED"
+    model_server.say("A fine name.")
+    second = await run(gql, admin, action_id, "The heron is named Oswaldo.")
+    assert (second["status"], second["turn"]) == ("SUCCEEDED", 2)
+
+    model_server.call_tools(("search_history", {"query": "heron named Oswaldo"}))
+    model_server.say("Oswaldo.")
+    retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
+    assert (retried["status"], retried["turn"]) == ("SUCCEEDED", 3), retried["error"]
+    (searching,) = tool_runs(retried, "search_history")
+    found = searching["output"]["events"]
+    assert "turn 2, user\nThe heron is named Oswaldo." in [e["text"] for e in found]
+    assert {e["turn"] for e in found} == {1, 2}
+
+
+async def test_h6_a_search_finds_by_meaning_alone_and_ties_go_to_the_later_turn(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    for message in (
+        "The physician prescribed antibiotics for my infection.",
+        "The train departs at noon.",
+        "We drove along the motorway to Leeds.",
+        "The invoice total was forty dollars.",
+    ):
+        model_server.say("Noted.")
+        assert (await run(gql, admin, action_id, message))["status"] == "SUCCEEDED"
+    query = "which doctor gave medicine"
+    async with state.pool.acquire() as conn:
+        # The query has words, and no kept part shares one (stemmed, without stop words).
+        assert "doctor" in await conn.fetchval("SELECT any_words($1)::text", query)
+        sharing = (
+            "SELECT count(*) FROM history_parts WHERE session_id = $1 AND tsv @@ any_words($2)"
+        )
+        assert await conn.fetchval(sharing, "s1", query) == 0
+    _, searching = await searched(model_server, gql, admin, action_id, {"query": query, "limit": 1})
+    (best,) = searching["output"]["events"]
+    assert best["text"] == "turn 1, user\nThe physician prescribed antibiotics for my infection."
+
+    # The same words kept by two turns score alike: the later turn's comes first.
+    for _ in range(2):
+        model_server.say("Noted.")
+        assert (await run(gql, admin, action_id, "The lamp is green.", session="s2"))[
+            "status"
+        ] == "SUCCEEDED"
+    _, tied = await searched(
+        model_server, gql, admin, action_id, {"query": "green lamp", "limit": 2}, session="s2"
+    )
+    ranked = tied["output"]["events"]
+    assert [(e["turn"], e["text"]) for e in ranked] == [
+        (2, "turn 2, user\nThe lamp is green."),
+        (1, "turn 1, user\nThe lamp is green."),
+    ]
+    assert ranked[0]["score"] == ranked[1]["score"]
 
 
 # H8

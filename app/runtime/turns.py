@@ -282,17 +282,26 @@ async def _start_replay(
 
 
 async def _history_scope(state: AppState, action: ActionVersion, e: Execution) -> Scope | None:
-    """What the turn's search_history sees: the session's turns before this one (a replay:
-    before its original, preview ones only if the original was preview) (H12, H13, H15)."""
+    """What the turn's search_history sees (H12, H13, H15): `_earlier_turns`."""
     if action.harness.history is None or e.session_id is None:
         return None
-    before, preview = e.turn, e.preview
-    if e.replay_of is not None:
-        async with state.pool.acquire() as conn:
-            found = await store.get_execution(conn, e.account_id, e.action_id, e.replay_of)
-        assert found is not None  # executions are erased, never deleted
-        before, preview = found["turn"], found["preview"]
-    return Scope(e.account_id, e.action_id, e.session_id, before, preview)
+    return Scope(e.account_id, e.action_id, e.session_id, *await _earlier_turns(state, e))
+
+
+async def _earlier_turns(state: AppState, e: Execution) -> tuple[int | None, bool]:
+    """The session's turns a turn reads, its search_history and its context window alike: the
+    turn before which they end (None: every kept turn) and whether preview turns are among
+    them. A replay reads what its original read: the turns before it, preview ones only if
+    the original was a preview turn (H12). A turn's own events are kept only when it commits,
+    so every turn kept before it reads is before it: a new turn has no bound (its number, a
+    guess until the commit numbers it, would leave out a turn committed while it ran, or
+    between a failed attempt and its retry)."""
+    if e.replay_of is None:
+        return None, e.preview
+    async with state.pool.acquire() as conn:
+        original = await store.get_execution(conn, e.account_id, e.action_id, e.replay_of)
+    assert original is not None  # executions are erased, never deleted
+    return original["turn"], original["preview"]
 
 
 async def _start_retry(
@@ -473,16 +482,8 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
         context.transcript.add(events.MODEL_CALL, events.model_call(completion, "context"))
         await context.keep_alive()
 
-    # A replay reads what its original read: the turns before it, preview ones only if the
-    # original was a preview turn (H12); it stores no summary.
-    before_turn, preview = None, execution.preview
-    if execution.replay_of is not None:
-        async with context.state.pool.acquire() as conn:
-            original = await store.get_execution(
-                conn, execution.account_id, execution.action_id, execution.replay_of
-            )
-        assert original is not None  # executions are erased, never deleted
-        before_turn, preview = original["turn"], original["preview"]
+    # A replay reads what its original read (and stores no summary).
+    before_turn, preview = await _earlier_turns(context.state, execution)
     budget, reserve = budget_of(action.model, context.state.settings.model_context_tokens)
     session = None
     if execution.session_id is not None:
