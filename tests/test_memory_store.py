@@ -208,7 +208,7 @@ async def test_m6_m8_session_scope_by_default(state, admin):
 
 
 # M7
-async def test_m7_agent_scope_only_when_write_includes_agent(state, admin):
+async def test_m5_m7_scope_write_decides_what_is_written_agent_only_if_named(state, admin):
     session_only = await make_agent(
         state,
         admin,
