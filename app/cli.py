@@ -223,18 +223,14 @@ def _uuid(value: str, what: str) -> UUID:
 
 def _expires(value: str | None) -> datetime | None:
     from app.errors import BadInput
+    from app.text import rfc3339
 
     if value is None:
         return None
     try:
-        instant = datetime.fromisoformat(value)
-    except ValueError:
-        instant = None
-    if instant is None or instant.tzinfo is None:
-        raise BadInput(
-            f"--expires {value!r} is not a time with its zone, e.g. 2027-01-31T12:00:00Z"
-        )
-    return instant
+        return rfc3339(value)
+    except ValueError as e:
+        raise BadInput(f"--expires {value!r}: {e}") from None
 
 
 def _token(info: Any) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Text safety, in one place: what may be stored, what reaches a model, and how long a search
-query may be (`check_query`).
+"""Text safety, in one place: what may be stored, what reaches a model, how long a search
+query may be (`check_query`), and what a time in text is (`rfc3339`).
 
 Three doors, three rules:
 - text a client sends (GraphQL arguments, policies, session IDs) is refused when PostgreSQL
@@ -13,6 +13,7 @@ Three doors, three rules:
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from app.errors import BadInput
@@ -101,3 +102,37 @@ def check_query(query: str | None, max_chars: int = MAX_QUERY_CHARS) -> None:
             f"the search query is {len(query):,} characters; at most {max_chars:,} are searched "
             "(ENGRAM_MAX_SEARCH_QUERY_CHARS): search for the words that matter"
         )
+
+
+# RFC 3339's date-time (section 5.6): T and Z in either case, seconds required, an offset
+# required. Python's fromisoformat alone takes other ISO 8601 forms (20270630T000000Z) and
+# refuses a lowercase z.
+_RFC3339 = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+RFC3339_EXAMPLE = "2026-01-31T12:00:00Z"
+
+
+def rfc3339(text: str) -> datetime:
+    """An RFC 3339 date-time, in UTC. ValueError, saying what was expected, for anything else
+    (another ISO 8601 form, no offset, a leap second, a date out of range)."""
+    found = _RFC3339.fullmatch(text)
+    if found is None:
+        raise ValueError(
+            f"expected an RFC 3339 time with an offset, such as {RFC3339_EXAMPLE} or "
+            "2026-01-31T14:00:00+02:00"
+        )
+    day, time, fraction, offset = found.groups()
+    fraction = f".{fraction[:6]}" if fraction else ""  # microseconds: the rest is dropped
+    offset = "+00:00" if offset in "Zz" else offset
+    try:
+        parsed = datetime.fromisoformat(f"{day}T{time}{fraction}{offset}")
+    except ValueError:
+        raise ValueError(f"{text!r} names no such day or time") from None
+    try:
+        # In UTC, as stored: an instant past 9999-12-31T23:59:59Z cannot be represented.
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            "a time must fall between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"
+        ) from None

@@ -205,9 +205,11 @@ async def test_without_the_memory_read_grants_record_text_is_not_shown(
         ({"role": "system", "content": "hi"}, "role must be one of user, assistant, tool"),
         ({"role": "user", "content": "a\x00b"}, "messages[0].content contains a NUL character"),
         ({"role": "user", "content": "x" * 70_000}, "messages[0].content is 70000 bytes"),
-        ({"role": "user", "content": "hi", "time": "yesterday"}, "messages[0].time must be"),
-        ({"role": "user", "content": "hi", "time": "2026-11-24T08:30:00"}, "time zone offset"),
-        ({"role": "user", "content": "hi", "time": "2026-11-24"}, "messages[0].time must be"),
+        ({"role": "user", "content": "hi", "time": "yesterday"}, "messages[0].time: expected"),
+        ({"role": "user", "content": "hi", "time": "2026-11-24T08:30:00"}, "with an offset"),
+        ({"role": "user", "content": "hi", "time": "2026-11-24"}, "an RFC 3339 time"),
+        ({"role": "user", "content": "hi", "time": "20261124T083000Z"}, "an RFC 3339 time"),
+        ({"role": "user", "content": "hi", "time": "2026-02-30T08:30:00Z"}, "no such day"),
     ],
 )
 async def test_bad_messages_are_refused_with_bad_request(

@@ -227,8 +227,20 @@ async def test_an_expiry_past_the_representable_range_is_bad_request(gql, state,
     """9999-12-31T23:00:00-10:00 is a valid RFC 3339 time whose UTC instant is in year 10000:
     refused as BAD_REQUEST, not INTERNAL from the database driver."""
     account = await bot(gql, admin, state)
-    for expires in ("9999-12-31T23:00:00-10:00", "not a time", "2027-01-01T00:00:00"):
+    # Other ISO 8601 forms are not RFC 3339 (the Timestamp scalar's format).
+    for expires in (
+        "9999-12-31T23:00:00-10:00",
+        "not a time",
+        "2027-01-01T00:00:00",
+        "20270101T000000Z",
+        "2027-W01-5T00:00Z",
+    ):
         refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)
         assert refused.codes == ["BAD_REQUEST"], (expires, refused.errors)
-    fine = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e="2027-01-01T09:00:00+09:00")
-    assert fine.ok()["createClientToken"]["expires"] == "2027-01-01T00:00:00Z"
+    assert "RFC 3339" in refused.errors[0]["message"]
+    for expires, stored in [
+        ("2027-01-01T09:00:00+09:00", "2027-01-01T00:00:00Z"),
+        ("2027-01-01t00:00:00.5z", "2027-01-01T00:00:00.500000Z"),  # T and Z in either case
+    ]:
+        fine = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)
+        assert fine.ok()["createClientToken"]["expires"] == stored

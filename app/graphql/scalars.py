@@ -11,6 +11,8 @@ from graphql import ValueNode, value_from_ast_untyped
 from strawberry.schema.types.base_scalars import UUIDDefinition
 from strawberry.types.scalar import ScalarDefinition
 
+from app.text import RFC3339_EXAMPLE, rfc3339
+
 Timestamp = NewType("Timestamp", datetime)
 Value = NewType("Value", object)
 
@@ -21,17 +23,8 @@ def _serialize_timestamp(value: datetime) -> str:
 
 def _parse_timestamp(value: Any) -> datetime:
     if not isinstance(value, str):
-        raise ValueError("a Timestamp is an RFC 3339 string such as 2026-01-31T12:00:00Z")
-    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if parsed.tzinfo is None:
-        raise ValueError("a Timestamp needs a time zone, e.g. a trailing Z")
-    try:
-        # In UTC, as stored: an instant past 9999-12-31T23:59:59Z cannot be represented.
-        return parsed.astimezone(UTC)
-    except OverflowError:
-        raise ValueError(
-            "a Timestamp must fall between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"
-        ) from None
+        raise ValueError(f"a Timestamp is an RFC 3339 string such as {RFC3339_EXAMPLE}")
+    return rfc3339(value)
 
 
 def _parse_value_literal(node: ValueNode, variables: dict[str, Any] | None = None) -> Any:

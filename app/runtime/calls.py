@@ -50,7 +50,7 @@ from app.runtime.tools import (
 from app.runtime.transcript import Transcript
 from app.runtime.turns import TurnContext, TurnRequest
 from app.state import AppState
-from app.text import check_storable, storable, storable_json
+from app.text import check_storable, rfc3339, storable, storable_json
 
 REMEMBER_CONVERSATION = "remember_conversation"
 ROLES = ("user", "assistant", "tool")
@@ -452,21 +452,15 @@ def parse_time(value: Any, where: str) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        parsed = value
-    elif isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            parsed = None
-        if parsed is None or "T" not in value.upper():
-            raise BadInput(
-                f"{where} must be an RFC 3339 time such as 2026-12-01T09:30:00Z, got {value!r}"
-            )
-    else:
+        if value.tzinfo is None:
+            raise BadInput(f"{where} needs a time zone offset, such as Z or +02:00")
+        return value.astimezone(UTC)
+    if not isinstance(value, str):
         raise BadInput(f"{where} must be an RFC 3339 time string")
-    if parsed.tzinfo is None:
-        raise BadInput(f"{where} needs a time zone offset, such as Z or +02:00")
-    return parsed.astimezone(UTC)
+    try:
+        return rfc3339(value)
+    except ValueError as e:
+        raise BadInput(f"{where}: {e}; got {value!r}") from None
 
 
 def check_messages(messages: Sequence[RawMessage]) -> list[tuple[str, str, datetime | None]]:
