@@ -164,6 +164,54 @@ async def test_client_node_needs_select_on_clients(gql, state, admin):
     }
 
 
+ACCOUNT_OR_TOKEN_NODE = """query($id: ID!) { node(id: $id) { id
+  ... on Account { accountId name }
+  ... on ClientTokenInfo { tokenId prefix } } }"""
+
+
+async def test_accounts_and_tokens_are_nodes_behind_their_grants(gql, state, admin):
+    """DESIGN: every object with an identity implements Node; node(id) reads it back."""
+    made = (
+        await gql(admin, 'mutation { createAccount(input: {name: "acme"}) { id accountId } }')
+    ).ok()["createAccount"]
+    account = UUID(made["accountId"])
+    assert made["id"] == global_id("Account", account)
+    # The default account's clients read any account; a tenant its own, with SELECT on it.
+    read = (await gql(admin, ACCOUNT_OR_TOKEN_NODE, id=made["id"])).ok()["node"]
+    assert read == {"id": made["id"], "accountId": str(account), "name": "acme"}
+    own = caller(account, allow(["SELECT"], "financial.Account.document"))
+    assert (await gql(own, ACCOUNT_OR_TOKEN_NODE, id=made["id"])).ok()["node"] == read
+    refused = await gql(
+        caller(account, EVERYTHING, deny(["SELECT"], "financial.Account.*")),
+        ACCOUNT_OR_TOKEN_NODE,
+        id=made["id"],
+    )
+    assert refused.codes == ["ACCESS_DENIED"]
+    other = caller(await make_account(state, "other"), EVERYTHING)
+    assert (await gql(other, ACCOUNT_OR_TOKEN_NODE, id=made["id"])).codes == ["NOT_FOUND"]
+
+    await add_client(gql, admin, "bot", account)
+    issued = (
+        await gql(
+            admin,
+            """mutation($a: UUID!) { createClientToken(principal: "bot", accountId: $a) {
+                id tokenId prefix token } }""",
+            a=str(account),
+        )
+    ).ok()["createClientToken"]
+    assert issued["id"] == global_id("ClientToken", account, "bot", issued["tokenId"])
+    # Read back without its secret, with SELECT on tokens; gone once revoked.
+    tokens = caller(account, allow(["SELECT", "DELETE"], "financial.Client.token"))
+    back = (await gql(tokens, ACCOUNT_OR_TOKEN_NODE, id=issued["id"])).ok()["node"]
+    assert back == {"id": issued["id"], "tokenId": issued["tokenId"], "prefix": issued["prefix"]}
+    assert (await gql(own, ACCOUNT_OR_TOKEN_NODE, id=issued["id"])).codes == ["ACCESS_DENIED"]
+    revoke = """mutation($t: UUID!) { revokeClientToken(principal: "bot", tokenId: $t) { id } }"""
+    assert (await gql(tokens, revoke, t=issued["tokenId"])).ok()["revokeClientToken"] == {
+        "id": issued["id"]
+    }
+    assert (await gql(tokens, ACCOUNT_OR_TOKEN_NODE, id=issued["id"])).codes == ["NOT_FOUND"]
+
+
 # --- the operations themselves ----------------------------------------------------------------
 
 

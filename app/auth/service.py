@@ -186,6 +186,18 @@ async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> UU
     return row["account_id"]
 
 
+async def get_account(pool: asyncpg.Pool, caller: Caller, account_id: UUID) -> tuple[UUID, str]:
+    """An account's ID and name: the caller's own, or any for a client of the default account
+    (another tenant's is not found)."""
+    caller.require(("SELECT", resources.ACCOUNT))
+    account_id = caller.reach_account(account_id)
+    async with pool.acquire() as conn:
+        row = await store.get_account(conn, account_id)
+    if row is None:
+        raise NotFound(f"account {account_id} not found")
+    return row["account_id"], row["name"]
+
+
 async def create_client(
     pool: asyncpg.Pool,
     caller: Caller,
@@ -330,6 +342,14 @@ async def list_client_tokens(
     async with pool.acquire() as conn:
         rows = await store.list_tokens(conn, account_id, principal)
     return [TokenInfo.of(r) for r in rows]
+
+
+async def get_client_token(
+    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID, principal: str, token_id: UUID
+) -> TokenInfo | None:
+    """One of the client's tokens, as `list_client_tokens` shows it."""
+    found = await list_client_tokens(pool, caller, account_id=account_id, principal=principal)
+    return next((t for t in found if t.token_id == token_id), None)
 
 
 async def revoke_client_token(

@@ -104,9 +104,13 @@ class Policy:
 @strawberry.type(
     description="An account: a tenant. Nothing of one is visible to another's clients."
 )
-class Account:
+class Account(Node):
     account_id: UUID = strawberry.field(description="Unique identifier of the account.")
     name: str = strawberry.field(description="The account's name.")
+
+    @classmethod
+    def of(cls, account_id: UUID, name: str) -> "Account":
+        return cls(id=global_id("Account", account_id), account_id=account_id, name=name)
 
 
 ACCOUNT_ID = Annotated[
@@ -124,8 +128,12 @@ def _timestamp(value: datetime | None) -> Timestamp | None:
     return Timestamp(value) if value is not None else None
 
 
+def _token_id(account_id: UUID, principal: str, token_id: UUID) -> strawberry.ID:
+    return global_id("ClientToken", account_id, principal, token_id)
+
+
 @strawberry.type(description="One of a client's API tokens: never its secret.")
-class ClientTokenInfo:
+class ClientTokenInfo(Node):
     token_id: UUID = strawberry.field(description="The token's ID: revokeClientToken takes it.")
     prefix: str | None = strawberry.field(
         description="The secret's first characters, to tell tokens apart; null for tokens "
@@ -143,6 +151,7 @@ class ClientTokenInfo:
     @classmethod
     def of(cls, info: TokenInfo) -> "ClientTokenInfo":
         return cls(
+            id=_token_id(info.account_id, info.principal, info.token_id),
             token_id=info.token_id,
             prefix=info.prefix,
             created=Timestamp(info.created),
@@ -195,8 +204,11 @@ class Client(Node):
         return [ClientTokenInfo.of(t) for t in found]
 
 
-@strawberry.type(description="A new API token, with its secret: shown this once.")
-class ClientToken:
+@strawberry.type(
+    description="A new API token, with its secret: shown this once (`node(id)` reads the token "
+    "back as a ClientTokenInfo, without it)."
+)
+class ClientToken(Node):
     account_id: UUID = strawberry.field(description="The client's account.")
     principal: str = strawberry.field(description="The client's principal.")
     token: str = strawberry.field(
@@ -268,6 +280,28 @@ async def _client_node(info: Info, parts: list[str]) -> Client | None:
     return Client.of(found) if found else None
 
 
+@node_type("Account")
+async def _account_node(info: Info, parts: list[str]) -> Account | None:
+    if len(parts) != 1:
+        raise BadInput("an Account ID names one account")
+    found = await service.get_account(info.context.pool, info.context.caller, parse_uuid(parts[0]))
+    return Account.of(*found)
+
+
+@node_type("ClientToken")
+async def _token_node(info: Info, parts: list[str]) -> ClientTokenInfo | None:
+    if len(parts) != 3:
+        raise BadInput("a ClientToken ID names an account, a principal and a token")
+    found = await service.get_client_token(
+        info.context.pool,
+        info.context.caller,
+        account_id=parse_uuid(parts[0]),
+        principal=parts[1],
+        token_id=parse_uuid(parts[2]),
+    )
+    return ClientTokenInfo.of(found) if found else None
+
+
 @strawberry.type(description="Who is asking, and the account's clients.")
 class AuthQuery:
     @strawberry.field(description="The client this request authenticated as.")
@@ -324,7 +358,7 @@ class AuthMutation:
         account_id = await service.create_account(
             info.context.pool, info.context.caller, name=input.name
         )
-        return Account(account_id=account_id, name=input.name.strip())
+        return Account.of(account_id, input.name.strip())
 
     @strawberry.mutation(
         description="Creates a client with its policies; issue it a token with "
@@ -399,6 +433,7 @@ class AuthMutation:
             expires=expires,
         )
         return ClientToken(
+            id=_token_id(issued.info.account_id, issued.info.principal, issued.info.token_id),
             account_id=issued.info.account_id,
             principal=principal,
             token=issued.token,
