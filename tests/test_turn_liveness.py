@@ -380,6 +380,13 @@ async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
     # Keys are per operation: an add's key of the same name is another key.
     assert (await gql(admin, ADD, a=action_id, input=fact, key="d1")).ok()
 
+    # Concurrent duplicates: one deletion, every request answered with it.
+    racing = await asyncio.gather(
+        *(gql(admin, DELETE, a=action_id, id=two, key="d2") for _ in range(4))
+    )
+    answers = [r.ok()["deleteAgentMemory"] for r in racing]
+    assert answers == [{"memoryId": two, "version": 2, "status": "DELETED"}] * 4
+
 
 async def test_m7_execute_action_with_a_key_runs_one_turn(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer

@@ -217,7 +217,7 @@ async def delete_memory(
     try:
         return await _delete(pool, caller, action_id, memory_id, key)
     except Duplicate:
-        return await _answered_first(pool, caller, action_id, key)
+        return (await _answered_first(pool, caller, action_id, key))[0]
 
 
 async def _delete(
