@@ -1,6 +1,8 @@
 """Accounts, clients and tokens through GraphQL: grants, tenant isolation, token life cycle."""
 
+import base64
 import hashlib
+import json
 from uuid import UUID
 
 import pytest
@@ -210,6 +212,17 @@ async def test_accounts_and_tokens_are_nodes_behind_their_grants(gql, state, adm
         "id": issued["id"]
     }
     assert (await gql(tokens, ACCOUNT_OR_TOKEN_NODE, id=issued["id"])).codes == ["NOT_FOUND"]
+
+
+@pytest.mark.parametrize("principal", ["a\u0000b", "\ud800", "a\udfffb"])
+async def test_a_crafted_text_cursor_that_no_row_could_hold_is_bad_request(gql, admin, principal):
+    """A NUL or a lone surrogate in a cursor's text: BAD_REQUEST, never the driver's error."""
+    raw = json.dumps([principal]).encode()  # \u escapes: json.loads gives the lone surrogate
+    after = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    result = await gql(
+        admin, "query($a: String) { clients(first: 5, after: $a) { nodes { id } } }", a=after
+    )
+    assert result.codes == ["BAD_REQUEST"] and "cursor" in result.errors[0]["message"]
 
 
 # --- the operations themselves ----------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from app.errors import BadInput
+from app.text import is_storable
 
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 NOT_OURS = "`after` is not a cursor this connection issued"
@@ -76,7 +77,7 @@ def _int(low: int, high: int) -> Callable[[Any], int]:
 
 
 def _text(v: Any) -> str:
-    if not isinstance(v, str) or "\x00" in v:  # PostgreSQL text cannot hold a NUL
+    if not isinstance(v, str) or not is_storable(v):  # a NUL, a lone surrogate: never stored
         raise ValueError("not text")
     return v
 
