@@ -131,8 +131,13 @@ def rfc3339(text: str) -> datetime:
         raise ValueError(f"{text!r} names no such day or time") from None
     try:
         # In UTC, as stored: an instant past 9999-12-31T23:59:59Z cannot be represented.
-        return parsed.astimezone(UTC)
+        utc = parsed.astimezone(UTC)
     except OverflowError:
+        utc = None
+    # The two extremes are what asyncpg stores as -infinity and infinity, which it reads back
+    # without a time zone: refused as out of range.
+    if utc is None or utc.replace(tzinfo=None) in (datetime.min, datetime.max):
         raise ValueError(
             "a time must fall between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"
-        ) from None
+        )
+    return utc

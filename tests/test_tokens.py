@@ -230,6 +230,8 @@ async def test_an_expiry_past_the_representable_range_is_bad_request(gql, state,
     # Other ISO 8601 forms are not RFC 3339 (the Timestamp scalar's format).
     for expires in (
         "9999-12-31T23:00:00-10:00",
+        "9999-12-31T23:59:59.999999Z",  # asyncpg's infinity, which it reads back without a zone
+        "0001-01-01T00:00:00Z",  # and its -infinity
         "not a time",
         "2027-01-01T00:00:00",
         "20270101T000000Z",
