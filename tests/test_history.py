@@ -605,6 +605,41 @@ async def test_erase_session_erases_history_and_text_and_lists_live_memories(
     assert tool_runs(later, "search_history")[0]["output"]["events"] == []
 
 
+async def test_a_turn_of_an_erased_session_is_neither_retried_nor_replayed(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Its input is gone: run again, the marker would be a turn no one sent."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    model_server.say("Noted.")
+    committed = await run(gql, admin, action_id, "The secret is marmalade.")
+    model_server.chat_error(500)
+    failed = await run(gql, admin, action_id, "And the other secret?")
+    assert (committed["status"], failed["status"]) == ("SUCCEEDED", "FAILED")
+    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
+    assert (await gql(admin, erase, a=action_id)).ok()
+
+    retry = await gql(
+        admin,
+        EXECUTE,
+        input={"actionId": action_id, "sessionId": "s1", "executionId": failed["executionId"]},
+    )
+    replay = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": committed["executionId"]}
+    )
+    for refused, done in ((retry, "retried"), (replay, "replayed")):
+        assert refused.codes == ["BAD_REQUEST"]
+        assert f"cannot be {done}: its session was erased" in refused.errors[0]["message"]
+    assert await history_of(gql, admin, action_id) == []
+
+    # A turn after the erasure is the session's own again: it fails, and is retried.
+    model_server.chat_error(500)
+    after = await run(gql, admin, action_id, "A new start.")
+    model_server.say("Welcome back.")
+    retried = await run(gql, admin, action_id, None, execution_id=after["executionId"])
+    assert (after["status"], retried["status"]) == ("FAILED", "SUCCEEDED"), retried["error"]
+    assert retried["input"] == "A new start."
+
+
 async def test_h6_both_plans_rank_a_session_alike(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:

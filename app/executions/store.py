@@ -2,6 +2,7 @@
 an erasure), their transcript events, sessions with their running summaries and recalls, and
 the heartbeats of the processes that run turns (app/runtime/liveness.py)."""
 
+from datetime import datetime
 from typing import Any, TypeAlias
 from uuid import UUID
 
@@ -743,6 +744,23 @@ _ERASE_TRANSCRIPTS = """
       AND x.kind <> 'ERASE' AND t.account_id = x.account_id
       AND t.action_id = x.action_id AND t.execution_id = x.execution_id
 """
+
+
+async def erased_since(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, since: datetime
+) -> bool:
+    """Whether the session was erased (eraseSession) at `since` or later: an execution created
+    before then has lost its words."""
+    return await conn.fetchval(
+        """
+        SELECT EXISTS (SELECT 1 FROM executions WHERE account_id = $1 AND action_id = $2
+            AND session_id = $3 AND kind = 'ERASE' AND created >= $4)
+        """,
+        account_id,
+        action_id,
+        session_id,
+        since,
+    )
 
 
 async def erase_executions(

@@ -240,6 +240,17 @@ async def _start_new(
     return action, await _insert_running(state, caller, action, request, key=key)
 
 
+async def _check_not_erased(conn: asyncpg.Connection, e: Execution, done: str) -> None:
+    """A turn of a session erased since it ran has lost its input: it is not run again."""
+    if e.session_id is not None and await store.erased_since(
+        conn, e.account_id, e.action_id, e.session_id, e.created
+    ):
+        raise BadInput(
+            f"execution {e.execution_id} cannot be {done}: its session was erased "
+            "(eraseSession) after it ran, and its input with it; start a new turn"
+        )
+
+
 async def _start_replay(
     state: AppState, caller: Caller, request: TurnRequest, key: Key | None
 ) -> tuple[ActionVersion, Execution]:
@@ -271,6 +282,7 @@ async def _start_replay(
             )
         if request.input is not None and request.input != original.input:
             raise BadInput("a replay runs its original's input; omit input or pass the same")
+        await _check_not_erased(conn, original, "replayed")
         action = await load_action(conn, caller.account_id, request.action_id)
     if action is None:
         raise NotFound(f"action {request.action_id} not found")
@@ -333,6 +345,7 @@ async def _start_retry(
             )
         if request.input is not None and request.input != previous.input:
             raise BadInput("a retry runs the execution's own input; omit input or pass the same")
+        await _check_not_erased(conn, previous, "retried")
         action = await load_action(
             conn, caller.account_id, request.action_id, previous.action_version
         )
