@@ -36,6 +36,11 @@ def check_session_id(session_id: str | None) -> None:
         raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters, not blank")
 
 
+def as_harness(scopes: "tuple[Scope, ...]") -> str:
+    """Scopes as `harness.memory.scope` writes them, e.g. ["session", "agent"]."""
+    return "[" + ", ".join(f'"{s.word}"' for s in scopes) + "]"
+
+
 def listed(scopes: "tuple[Scope, ...]") -> str:
     """Scopes as a model or a client writes them, e.g. "SESSION, AGENT"."""
     return ", ".join(scopes)

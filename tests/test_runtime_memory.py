@@ -545,6 +545,8 @@ async def test_m9_an_agent_without_a_session_needs_agent_scopes(
     refused = await gql(admin, EXECUTE, input={"actionId": session_scoped, "input": "hi"})
     assert refused.codes == ["BAD_REQUEST"]
     assert 'must both be ["agent"]' in refused.errors[0]["message"]
+    # The scopes as the harness writes them.
+    assert 'read ["session"] and write ["session"]' in refused.errors[0]["message"]
     assert chat(model_server) == []
 
     harness = memory_harness(tools=["add_memory"], scope={"read": ["agent"], "write": ["agent"]})

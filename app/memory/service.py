@@ -43,6 +43,7 @@ from app.memory.records import (
 )
 from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
+from app.scope import as_harness
 
 # Every character that ends a line for str.splitlines: a summary is one line.
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
@@ -557,7 +558,7 @@ class MemoryWork:
             if scope not in config.read:
                 raise BadInput(
                     f"this agent never recalls {scope} records: its harness.memory.scope.read is "
-                    f"{[s.word for s in config.read]}"
+                    f"{as_harness(config.read)}"
                 )
             return scope
         if requested == Scope.AGENT:
@@ -617,7 +618,7 @@ class MemoryWork:
         if not self.writer.is_operator and record.scope not in write:
             raise BadInput(
                 f"memory {record.memory_id} has {record.scope} scope, which this agent does not "
-                f"write (harness.memory.scope.write is {[s.word for s in write]}): it can neither "
+                f"write (harness.memory.scope.write is {as_harness(write)}): it can neither "
                 "replace nor "
                 "delete it"
             )

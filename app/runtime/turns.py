@@ -44,7 +44,7 @@ from app.runtime.review import review_memory
 from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
 from app.scope import Scope as RecordScope
-from app.scope import check_session_id
+from app.scope import as_harness, check_session_id
 from app.state import AppState
 from app.text import storable
 
@@ -147,7 +147,8 @@ def _check_request(request: TurnRequest, action: ActionVersion) -> None:
         raise BadInput(
             "a turn without a sessionId is an agent without a session: its memory scopes "
             '(harness.memory.scope.read and .write) must both be ["agent"], but they are '
-            f"read {list(memory.read)} and write {list(memory.write)}; pass a sessionId or "
+            f"read {as_harness(memory.read)} and write {as_harness(memory.write)}; pass a "
+            "sessionId or "
             "change the scopes"
         )
 
