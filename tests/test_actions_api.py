@@ -225,6 +225,11 @@ async def test_update_of_a_missing_action_is_not_found(gql, admin):
             {"name": "a", "instructions": "x" * (64 * 1024 + 1)},
             "instructions must be at most 65536 bytes",
         ),
+        (
+            {"name": "a", "harness": {"memory": {"extraction": {"prompt": "é" * 8193}}}},
+            "harness.memory.extraction.prompt: must be at most 16384 bytes (the review sends it "
+            "with each of its calls), not 16386",
+        ),
         ({"name": "a", "model": "gpt"}, "model must be an object"),
         ({"name": "a", "model": {"nmae": "gpt"}}, "model: unknown field 'nmae'"),
         (

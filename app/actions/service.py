@@ -19,6 +19,7 @@ from app.config import Settings
 from app.errors import BadInput, NotFound
 
 MAX_INSTRUCTIONS = 64 * 1024
+MAX_EXTRACTION_PROMPT = 16 * 1024  # the review's prompt: about 4,000 tokens at most
 
 
 def agent_principal(action_id: UUID) -> str:
@@ -85,6 +86,14 @@ def _values(
         raise BadInput("name must be 1 to 200 characters")
     if len(instructions.encode()) > MAX_INSTRUCTIONS:
         raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
+    # Checked when written, not when a stored version is read (one written before the limit
+    # still loads, and can be updated).
+    prompt = harness.memory.extraction_prompt
+    if prompt is not None and (size := len(prompt.encode())) > MAX_EXTRACTION_PROMPT:
+        raise BadInput(
+            f"harness.memory.extraction.prompt: must be at most {MAX_EXTRACTION_PROMPT} bytes "
+            f"(the review sends it with each of its calls), not {size}"
+        )
     config, model_raw = parse_model(model)
     if settings is not None:
         # Refused when written, not at the action's first turn (turns check again).
