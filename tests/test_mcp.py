@@ -20,6 +20,7 @@ from factories import (
     token_for,
 )
 from helpers import GQL
+from mcp.shared.exceptions import MCPError
 from mcp_support import call, mcp_session, mcp_url, refused
 from openai_server import OpenAIServer
 from runtime_support import memories, memory, run
@@ -175,6 +176,16 @@ async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
         assert (
             "unknown parameter 'nope'" in (await refused(session, "search_memory", nope=1))["error"]
         )
+        # A pin where this agent has none is the tool's refusal (as its own model reads it),
+        # not a missing grant's; an unknown name lists every tool the client was offered.
+        pinned = await refused(session, "add_memory", summary="x", kind="fact", pinned=True)
+        assert "nothing can be pinned" in pinned["error"] and "code" not in pinned
+        offered = ", ".join(t.name for t in (await session.list_tools()).tools)
+        assert "remember_conversation" in offered
+        assert await refused(session, "no_such_tool") == {
+            "error": f"there is no tool named 'no_such_tool'; your tools are: {offered}",
+            "code": "BAD_REQUEST",
+        }
         # Text that cannot be stored is made storable, as the native tools do: never INTERNAL.
         assert (await call(session, "search_memory", query="a\x00b"))["records"] is not None
         deleted = await call(session, "delete_memory", id=new_id)
@@ -208,11 +219,12 @@ async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
     (ran,) = [e["data"] for e in execution["transcript"]["nodes"] if e["type"] == "tool.execution"]
     assert ran["name"] == "add_memory" and ran["output"] == execution["output"]
 
-    # Every call was one execution of kind MCP by the client; refused ones FAILED.
+    # Every call of a tool was one execution of kind MCP by the client, refused ones FAILED;
+    # the unknown name ran nothing.
     runs = await _executions(state, action_id)
-    assert [r["kind"] for r in runs] == ["MCP"] * 9
+    assert [r["kind"] for r in runs] == ["MCP"] * 10
     assert {r["principal"] for r in runs} == {"agent-runner"}
-    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 4 + ["FAILED"] * 3 + ["SUCCEEDED"] * 2
+    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 4 + ["FAILED"] * 4 + ["SUCCEEDED"] * 2
     failed = await _execution(gql, admin, str(runs[4]["execution_id"]))
     assert failed["error"] == "kind 'event' is not one of your kinds: fact, preference"
 
@@ -275,32 +287,46 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
         # Another tenant's agent answers exactly as an agent that does not exist.
         theirs = await post(f"/mcp/{action_id}?session=s1", stranger)
         missing = await post(f"/mcp/{nobody}?session=s1", stranger)
+        # Each refusal is its HTTP status and a JSON-RPC error (what an MCP client reports),
+        # whose data names Engram's code.
         assert theirs.status_code == missing.status_code == 404
-        assert theirs.json()["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+        assert theirs.json()["jsonrpc"] == "2.0" and theirs.json()["id"] is None
+        assert theirs.json()["error"]["code"] == -32600
+        assert theirs.json()["error"]["data"]["code"] == "NOT_FOUND"
         assert (
-            theirs.json()["errors"][0]["message"].replace(action_id, nobody)
-            == (missing.json()["errors"][0]["message"])
+            theirs.json()["error"]["message"].replace(action_id, nobody)
+            == (missing.json()["error"]["message"])
         )
         unauthenticated = await post(f"/mcp/{action_id}?session=s1", None)
         assert unauthenticated.status_code == 401
         assert unauthenticated.headers["www-authenticate"] == "Bearer"
+        assert unauthenticated.json()["error"]["data"]["code"] == "UNAUTHENTICATED"
         # Without INSERT on executions a client is refused before anything runs.
         reader = await token_for(
             state, admin, "reader", allow(["SELECT"], *MEMORY_ALL, "financial.ActionExecution.*")
         )
         denied = await post(f"/mcp/{action_id}?session=s1", reader)
         assert denied.status_code == 403
-        assert denied.json()["errors"][0]["extensions"]["code"] == "ACCESS_DENIED"
+        assert denied.json()["error"]["data"]["code"] == "ACCESS_DENIED"
         # The session rules are a turn's: this agent has session scope, so it needs one.
         agent = await token_for(state, admin, "agent", *AGENT_POLICIES)
         bad = await post(f"/mcp/{action_id}", agent)
         assert bad.status_code == 400
-        assert "without a sessionId" in bad.json()["errors"][0]["message"]
+        assert "without a sessionId" in bad.json()["error"]["message"]
         nul = await post(f"/mcp/{action_id}?session=a%00b", agent)
-        assert nul.status_code == 400 and "NUL" in nul.json()["errors"][0]["message"]
-    with pytest.raises(Exception):  # noqa: B017 - the SDK raises what its transport met
-        async with mcp_session(mcp_url(base_url, action_id), stranger):
-            pass
+        assert nul.status_code == 400 and "NUL" in nul.json()["error"]["message"]
+    # The SDK's client reports the message.
+    for url, token, said in [
+        (mcp_url(base_url, action_id), stranger, "not found"),
+        (mcp_url(base_url, action_id, session=None), agent, "without a sessionId"),
+    ]:
+        with pytest.raises(Exception) as raised:  # noqa: B017 - in the SDK's task group
+            async with mcp_session(url, token):
+                pass
+        found = raised.value
+        while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+            found = found.exceptions[0]
+        assert isinstance(found, MCPError) and said in found.error.message
 
     # A client that may start executions but not read or change memory: each tool refused.
     runner = await token_for(state, admin, "runner", allow(["INSERT"], EXECUTION))

@@ -126,8 +126,18 @@ def build_server() -> Server[Any]:
     )
 
 
+INVALID_REQUEST = -32600  # JSON-RPC 2.0's code for a request that cannot be taken
+
+
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Any:
-    body = {"errors": [{"message": message, "extensions": {"code": code}}]}
+    """A request refused before the SDK reads it: its HTTP status, and a JSON-RPC error (which
+    an MCP client reports with its message) whose `data.code` is Engram's error code. The
+    request's `id` is not read: `null`, as JSON-RPC answers a request it could not take."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": INVALID_REQUEST, "message": message, "data": {"code": code}},
+    }
     return JSONResponse(body, status_code=status, headers=headers)
 
 

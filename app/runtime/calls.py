@@ -42,6 +42,7 @@ from app.runtime.model import ToolCall, check_endpoint
 from app.runtime.tools import (
     ADD_MEMORY,
     DELETE_MEMORY,
+    NATIVE_TOOLS,
     READ_MEMORY,
     SEARCH_HISTORY,
     SEARCH_MEMORY,
@@ -66,15 +67,16 @@ _READ: tuple[Grant, ...] = resources.READ_MEMORY + (("SELECT", resources.MEMORY_
 _CHANGE: tuple[Grant, ...] = _READ + (("UPDATE", resources.MEMORY_DOCUMENT),)
 
 
-def tool_grants(name: str, arguments: dict[str, Any]) -> tuple[Grant, ...]:
-    """The memory grants a client's call of the tool `name` with `arguments` needs."""
+def tool_grants(name: str, arguments: dict[str, Any], pins: bool = True) -> tuple[Grant, ...]:
+    """The memory grants a client's call of the tool `name` with `arguments` needs; `pins`:
+    whether the agent may pin at all (if not, a pin is the tool's refusal, not a grant's)."""
     if name in (SEARCH_MEMORY, READ_MEMORY):
         return _READ
     if name == ADD_MEMORY:
         grants = resources.ADD_MEMORY
         if arguments.get("replaces") is not None:
             grants += _CHANGE
-        if arguments.get("pinned") is True:
+        if arguments.get("pinned") is True and pins:
             grants += resources.PIN_MEMORY
         return grants
     if name == DELETE_MEMORY:
@@ -336,7 +338,11 @@ async def call_tool(
     request, else it is looked up."""
     if action is None:
         action = await load_place(state, caller, place)
-    caller.require(*tool_grants(name, arguments))
+    offered = [t["function"]["name"] for t in offered_tools(state, action, place)]
+    if name not in offered and name not in (*NATIVE_TOOLS, SEARCH_HISTORY):
+        raise BadInput(f"there is no tool named {name!r}; your tools are: {', '.join(offered)}")
+    pins = action.harness.memory.pinned_max_tokens is not None
+    caller.require(*tool_grants(name, arguments, pins))
     if name == REMEMBER_CONVERSATION and action.harness.memory.enabled:
         return await _remember_over_mcp(state, caller, place, client, arguments)
     run = await _start(
