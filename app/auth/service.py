@@ -186,7 +186,7 @@ async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> UU
     return row["account_id"]
 
 
-async def get_account(pool: asyncpg.Pool, caller: Caller, account_id: UUID) -> tuple[UUID, str]:
+async def get_account(pool: asyncpg.Pool, caller: Caller, *, account_id: UUID) -> tuple[UUID, str]:
     """An account's ID and name: the caller's own, or any for a client of the default account
     (another tenant's is not found)."""
     caller.require(("SELECT", resources.ACCOUNT))

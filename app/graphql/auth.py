@@ -284,7 +284,9 @@ async def _client_node(info: Info, parts: list[str]) -> Client | None:
 async def _account_node(info: Info, parts: list[str]) -> Account | None:
     if len(parts) != 1:
         raise BadInput("an Account ID names one account")
-    found = await service.get_account(info.context.pool, info.context.caller, parse_uuid(parts[0]))
+    found = await service.get_account(
+        info.context.pool, info.context.caller, account_id=parse_uuid(parts[0])
+    )
     return Account.of(*found)
 
 
