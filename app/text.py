@@ -19,6 +19,9 @@ from typing import Any
 from app.errors import BadInput
 
 REPLACEMENT = "\ufffd"
+# Text counted in tokens where no tokenizer says: about four characters a token (the spec's
+# count for pins; the context budget's, and an embedding server's that reports no usage).
+CHARS_PER_TOKEN = 4
 
 # NUL: PostgreSQL text cannot hold it. Lone surrogates: not encodable as UTF-8.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -108,7 +111,8 @@ def check_query(query: str | None, max_chars: int = MAX_QUERY_CHARS) -> None:
 # required. Python's fromisoformat alone takes other ISO 8601 forms (20270630T000000Z) and
 # refuses a lowercase z.
 _RFC3339 = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)",
+    re.ASCII,
 )
 RFC3339_EXAMPLE = "2026-01-31T12:00:00Z"
 

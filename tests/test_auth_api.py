@@ -207,6 +207,7 @@ async def test_accounts_and_tokens_are_nodes_behind_their_grants(gql, state, adm
     back = (await gql(tokens, ACCOUNT_OR_TOKEN_NODE, id=issued["id"])).ok()["node"]
     assert back == {"id": issued["id"], "tokenId": issued["tokenId"], "prefix": issued["prefix"]}
     assert (await gql(own, ACCOUNT_OR_TOKEN_NODE, id=issued["id"])).codes == ["ACCESS_DENIED"]
+    assert (await gql(other, ACCOUNT_OR_TOKEN_NODE, id=issued["id"])).codes == ["NOT_FOUND"]
     revoke = """mutation($t: UUID!) { revokeClientToken(principal: "bot", tokenId: $t) { id } }"""
     assert (await gql(tokens, revoke, t=issued["tokenId"])).ok()["revokeClientToken"] == {
         "id": issued["id"]

@@ -291,7 +291,7 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
         # whose data names Engram's code.
         assert theirs.status_code == missing.status_code == 404
         assert theirs.json()["jsonrpc"] == "2.0" and theirs.json()["id"] is None
-        assert theirs.json()["error"]["code"] == -32600
+        assert theirs.json()["error"]["code"] == -32000
         assert theirs.json()["error"]["data"]["code"] == "NOT_FOUND"
         assert (
             theirs.json()["error"]["message"].replace(action_id, nobody)

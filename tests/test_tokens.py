@@ -227,19 +227,29 @@ async def test_an_expiry_past_the_representable_range_is_bad_request(gql, state,
     """9999-12-31T23:00:00-10:00 is a valid RFC 3339 time whose UTC instant is in year 10000:
     refused as BAD_REQUEST, not INTERNAL from the database driver."""
     account = await bot(gql, admin, state)
-    # Other ISO 8601 forms are not RFC 3339 (the Timestamp scalar's format).
+    # Out of range: past year 9999 in UTC, and asyncpg's infinity (which it reads back without
+    # a zone) and -infinity.
     for expires in (
         "9999-12-31T23:00:00-10:00",
-        "9999-12-31T23:59:59.999999Z",  # asyncpg's infinity, which it reads back without a zone
-        "0001-01-01T00:00:00Z",  # and its -infinity
+        "9999-12-31T23:59:59.999999Z",
+        "0001-01-01T00:00:00Z",
+    ):
+        refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)
+        assert refused.codes == ["BAD_REQUEST"], (expires, refused.errors)
+        assert "must fall between" in refused.errors[0]["message"]
+    # Not RFC 3339 (the Timestamp scalar's format): other ISO 8601 forms, no offset, an
+    # offset's minutes past 59 or hours past 23.
+    for expires in (
         "not a time",
         "2027-01-01T00:00:00",
         "20270101T000000Z",
         "2027-W01-5T00:00Z",
+        "2027-01-01T00:00:00+00:60",
+        "2027-01-01T00:00:00+24:00",
     ):
         refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)
         assert refused.codes == ["BAD_REQUEST"], (expires, refused.errors)
-    assert "RFC 3339" in refused.errors[0]["message"]
+        assert "RFC 3339" in refused.errors[0]["message"], expires
     for expires, stored in [
         ("2027-01-01T09:00:00+09:00", "2027-01-01T00:00:00Z"),
         ("2027-01-01t00:00:00.5z", "2027-01-01T00:00:00.500000Z"),  # T and Z in either case

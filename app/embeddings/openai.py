@@ -9,6 +9,7 @@ their vectors to it) and every answer is checked against it; without it, `open()
 dimension from one probe call.
 """
 
+import math
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import numpy as np
 from app.embeddings.base import Embeddings, normalize
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.http_retry import RetriesExhausted, post_with_retries, server_message
+from app.text import CHARS_PER_TOKEN
 
 _RETRIED_4XX = frozenset({408, 429})
 
@@ -130,14 +132,12 @@ class OpenAIEmbedder:
             )
         usage = answer.get("usage") or {}
         tokens = usage.get("total_tokens") or usage.get("prompt_tokens")
-        if isinstance(tokens, int | float) and tokens >= 1:
-            tokens = int(tokens)
-        else:
-            # A server that reports no usage (some OpenAI-compatible ones): estimated at about
-            # four characters a token, at least one a text, so that every embedding made is
-            # recorded as usage (M24, H11).
-            tokens = sum(max(1, -(-len(t) // 4)) for t in texts)
-        return vectors, tokens
+        if isinstance(tokens, int | float) and math.isfinite(tokens) and tokens >= 1:
+            return vectors, int(tokens)
+        # A server that reports no usage (some OpenAI-compatible ones), or nonsense: estimated
+        # at about four characters a token, at least one a text, so that every embedding made
+        # is recorded as usage (M24, H11).
+        return vectors, sum(max(1, math.ceil(len(t) / CHARS_PER_TOKEN)) for t in texts)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -2,7 +2,6 @@
 an erasure), their transcript events, sessions with their running summaries and recalls, and
 the heartbeats of the processes that run turns (app/runtime/liveness.py)."""
 
-from datetime import datetime
 from typing import Any, TypeAlias
 from uuid import UUID
 
@@ -746,20 +745,20 @@ _ERASE_TRANSCRIPTS = """
 """
 
 
-async def erased_since(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, since: datetime
+async def was_erased(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_id: UUID
 ) -> bool:
-    """Whether the session was erased (eraseSession) at `since` or later: an execution created
-    before then has lost its words."""
+    """Whether eraseSession erased the execution's words: its transcript events carry the
+    marker (what a turn's events never hold at their top level)."""
     return await conn.fetchval(
         """
-        SELECT EXISTS (SELECT 1 FROM executions WHERE account_id = $1 AND action_id = $2
-            AND session_id = $3 AND kind = 'ERASE' AND created >= $4)
+        SELECT EXISTS (SELECT 1 FROM transcript_events WHERE account_id = $1 AND action_id = $2
+            AND execution_id = $3 AND data->>'erased' = $4)
         """,
         account_id,
         action_id,
-        session_id,
-        since,
+        execution_id,
+        ERASED,
     )
 
 

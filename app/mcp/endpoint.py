@@ -126,7 +126,9 @@ def build_server() -> Server[Any]:
     )
 
 
-INVALID_REQUEST = -32600  # JSON-RPC 2.0's code for a request that cannot be taken
+# JSON-RPC 2.0 leaves -32000 to -32099 to the server: a refusal of the request, not of its
+# protocol (-32600 would say the JSON-RPC itself was malformed); `data.code` says which.
+REFUSED = -32000
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Any:
@@ -136,7 +138,7 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
     body = {
         "jsonrpc": "2.0",
         "id": None,
-        "error": {"code": INVALID_REQUEST, "message": message, "data": {"code": code}},
+        "error": {"code": REFUSED, "message": message, "data": {"code": code}},
     }
     return JSONResponse(body, status_code=status, headers=headers)
 

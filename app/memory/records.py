@@ -11,14 +11,13 @@ from uuid import UUID
 import numpy as np
 
 from app.scope import Scope
-from app.text import for_model
+from app.text import CHARS_PER_TOKEN, for_model
 
 Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
 Source = Literal["EXTRACTION", "TOOL", "OPERATOR", "MCP"]
 
 MAX_SUMMARY_BYTES = 512
 MAX_CONTENT_BYTES = 16 * 1024
-CHARS_PER_TOKEN = 4  # spec: pins are budgeted at about four characters per token
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -244,6 +244,15 @@ async def neighbours(
     return Neighbours(records, similarity, tokens, vector)
 
 
+# From this similarity an earlier candidate of the same review is shown as one a candidate may
+# restate. Higher than the floor for records (ENGRAM_MEMORY_REVIEW_FLOOR, 0.4), because one
+# review's facts are mostly about the same people: of LoCoMo dev's 1,210 observation facts,
+# each session's taken as one review's candidates (distinct facts), 54.9% have an earlier one
+# at 0.4, 6.8% at 0.7, 2.8% at 0.8; twelve paraphrased pairs ("Bob is allergic to peanuts" /
+# "Bob has a peanut allergy") score 0.736 to 1.0 (bench/README.md, thirtieth session).
+RESTATES_FLOOR = 0.7
+
+
 async def restated(
     pool: asyncpg.Pool, texts: Sequence[str], vectors: Sequence[Any]
 ) -> list[dict[int, float]]:

@@ -333,17 +333,20 @@ async def call_tool(
     action: ActionVersion | None = None,
 ) -> ToolOutcome:
     """Runs one tool call of a client over MCP as an execution of kind MCP (INGEST for
-    remember_conversation). A call without the grants its tool needs is refused (AccessDenied)
-    before anything is recorded. `action`: the agent as `load_place` found it for this
-    request, else it is looked up."""
+    remember_conversation). A call of a tool offered without the grants it needs is refused
+    (AccessDenied), and a name that is no tool (BadInput), before anything is recorded; a
+    native tool the agent does not offer is the tool's refusal, recorded as a FAILED execution.
+    `action`: the agent as `load_place` found it for this request, else it is looked up."""
     if action is None:
         action = await load_place(state, caller, place)
     offered = [t["function"]["name"] for t in offered_tools(state, action, place)]
-    if name not in offered and name not in (*NATIVE_TOOLS, SEARCH_HISTORY):
+    if name in offered:
+        pins = action.harness.memory.pinned_max_tokens is not None
+        caller.require(*tool_grants(name, arguments, pins))
+    elif name not in (*NATIVE_TOOLS, SEARCH_HISTORY):
         raise BadInput(f"there is no tool named {name!r}; your tools are: {', '.join(offered)}")
-    pins = action.harness.memory.pinned_max_tokens is not None
-    caller.require(*tool_grants(name, arguments, pins))
-    if name == REMEMBER_CONVERSATION and action.harness.memory.enabled:
+    # else a native tool this agent does not offer: refused by the tool, as its model reads it.
+    if name == REMEMBER_CONVERSATION:
         return await _remember_over_mcp(state, caller, place, client, arguments)
     run = await _start(
         state,

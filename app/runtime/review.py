@@ -11,10 +11,12 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    by a tool call shaped like add_memory's arguments. A malformed reply is told what was wrong
    once; if the second is malformed too, what is wrong in it is dropped.
 3. Skips a candidate whose normalised summary a visible record already has, with no model
-   call; finds each other candidate's neighbours (app/memory/review.py).
-4. When some neighbour scores at least the floor (ENGRAM_MEMORY_REVIEW_FLOOR), asks the model
-   once (purpose `memory`) to add, replace, delete or skip each candidate, with the neighbours
-   under short handles; otherwise adds them all without that call.
+   call; finds each other candidate's neighbours (app/memory/review.py), and the earlier
+   candidates of the same review it may restate (`restated`, from RESTATES_FLOOR).
+4. When some neighbour scores at least the floor (ENGRAM_MEMORY_REVIEW_FLOOR), or a candidate
+   may restate an earlier one, asks the model once (purpose `memory`) to add, replace, delete
+   or skip each candidate, with the neighbours and earlier candidates under short handles;
+   otherwise adds them all without that call.
 5. Stages the writes in the turn's MemoryWork (source EXTRACTION, never pinned), committed with
    the turn; a write the agent's configuration refuses is recorded and skipped.
 
@@ -453,8 +455,10 @@ class Review:
             self.event["neighbours"].append({"candidate": handle, "records": listed})
         # An earlier candidate of this review that says much the same is shown beside a
         # candidate too, so that a fact the conversation states twice is kept once (M12).
-        floor = self.settings.memory_review_floor
-        alike = await memory_review.restated(state.pool, texts, vectors)
+        floor = memory_review.RESTATES_FLOOR
+        alike: list[dict[int, float]] = [{}]  # one candidate: nothing before it
+        if len(texts) > 1:
+            alike = await memory_review.restated(state.pool, texts, vectors)
         for (handle, _), near, entry in zip(open_, alike, self.event["neighbours"], strict=True):
             earlier = [(open_[j][0], round(s, 4)) for j, s in near.items() if s >= floor]
             if earlier:

@@ -243,9 +243,7 @@ async def _start_new(
 
 async def _check_not_erased(conn: asyncpg.Connection, e: Execution, done: str) -> None:
     """A turn of a session erased since it ran has lost its input: it is not run again."""
-    if e.session_id is not None and await store.erased_since(
-        conn, e.account_id, e.action_id, e.session_id, e.created
-    ):
+    if await store.was_erased(conn, e.account_id, e.action_id, e.execution_id):
         raise BadInput(
             f"execution {e.execution_id} cannot be {done}: its session was erased "
             "(eraseSession) after it ran, and its input with it; start a new turn"
@@ -346,7 +344,6 @@ async def _start_retry(
             )
         if request.input is not None and request.input != previous.input:
             raise BadInput("a retry runs the execution's own input; omit input or pass the same")
-        await _check_not_erased(conn, previous, "retried")
         action = await load_action(
             conn, caller.account_id, request.action_id, previous.action_version
         )
@@ -363,6 +360,8 @@ async def _start_retry(
         )
         if row is None:
             raise Conflict(f"execution {previous.execution_id} is being retried by another request")
+        # With the row locked by the restart: an erasure either came first, or waits for it.
+        await _check_not_erased(conn, previous, "retried")
         if key is not None:
             await key.record(conn, {"executionId": str(row["execution_id"])})
     return action, Execution.of(row)
