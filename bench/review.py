@@ -9,7 +9,9 @@ do restated facts pile up?
    code the review runs), averaged over candidates. Also: how many candidates have a
    neighbour at or above similarity floors, for their own agent (they restate a record) and
    for another conversation's agent (they restate nothing there), which is how the default
-   floor (ENGRAM_MEMORY_REVIEW_FLOOR) was chosen.
+   floor (ENGRAM_MEMORY_REVIEW_FLOOR) was chosen. And how alike one review's candidates are
+   (each session's facts as one review's), against paraphrased pairs: how the floor from which
+   a candidate is shown an earlier one it may restate (RESTATES_FLOOR) was chosen.
 2. The review's own cost at the end of a turn, with an agent of --records records: real turns
    (app.runtime.turns.execute_turn) against a scripted model in a process of its own that
    answers at once; the review's overhead is the turn's wall time minus its model calls'
@@ -183,6 +185,71 @@ async def neighbour_recall(pg: EmbeddedPostgres, data: Path, limit: int) -> None
     print("  floor             " + "  ".join(f"{f:5.2f}" for f in FLOORS))
     print("  own agent         " + "  ".join(f"{own[f] / count:5.3f}" for f in FLOORS))
     print("  another agent     " + "  ".join(f"{other[f] / count:5.3f}" for f in FLOORS))
+    pool = await create_pool(url, min_size=1, max_size=2)
+    try:
+        await restated_candidates(pool, embedder, data)
+    finally:
+        await pool.close()
+
+
+# Paraphrased pairs: what the review should show as one candidate restating another.
+PARAPHRASES = [
+    ("Ada lives in Berlin", "Ada's home is in Berlin"),
+    ("Caroline is researching adoption agencies", "Caroline is looking into adoption agencies"),
+    (
+        "Melanie painted a lake sunrise last year",
+        "Last year Melanie made a painting of a sunrise over a lake",
+    ),
+    ("John's daughter starts school in September", "In September, John's daughter begins school"),
+    (
+        "The user prefers email over phone calls",
+        "The user would rather be contacted by email than by phone",
+    ),
+    ("Ada's refund for order 5521 was approved", "Order 5521's refund was approved for Ada"),
+    ("Bob is allergic to peanuts", "Bob has a peanut allergy"),
+    ("The customer's plan renews on March 3", "The customer's subscription renews on 3 March"),
+    ("Maria works as a nurse at St. Mary's hospital", "Maria is a nurse; she works at St. Mary's"),
+    ("Tom wants to run a marathon next year", "Tom's goal for next year is to run a marathon"),
+    ("The user's dog is called Rex", "The user has a dog named Rex"),
+    ("Jon lost his job as a banker", "Jon was let go from his banking job"),
+]
+RESTATES_FLOORS = (0.4, 0.6, 0.7, 0.8)
+
+
+async def restated_candidates(pool: asyncpg.Pool, embedder: Embedder, data: Path) -> None:
+    """How alike one review's candidates are (memory_review.restated, which shows a candidate
+    the earlier ones it may restate): each LoCoMo session's observation facts (both speakers',
+    distinct facts) as one review's candidates, against paraphrased pairs."""
+    facts, reviews = 0, 0
+    alike = dict.fromkeys(RESTATES_FLOORS, 0)
+    flagged = dict.fromkeys(RESTATES_FLOORS, 0)
+    for sample in json.loads(data.read_text()):
+        for by_speaker in sample["observation"].values():
+            texts = [text for observations in by_speaker.values() for text, _ in observations]
+            if len(texts) < 2:
+                continue
+            vectors = list((await embedder.embed(texts)).vectors)
+            near = await memory_review.restated(pool, texts, vectors)
+            facts, reviews = facts + len(texts), reviews + 1
+            for floor in RESTATES_FLOORS:
+                found = sum(any(s >= floor for s in n.values()) for n in near)
+                alike[floor] += found
+                flagged[floor] += found > 0
+    pairs = []
+    for a, b in PARAPHRASES:
+        vectors = list((await embedder.embed([a, b])).vectors)
+        pairs.append((await memory_review.restated(pool, [a, b], vectors))[1][0])
+    print(f"one review's candidates alike (LoCoMo sessions: {reviews}, {facts} distinct facts):")
+    print("  floor                          " + "  ".join(f"{f:5.2f}" for f in RESTATES_FLOORS))
+    print(
+        "  candidates with an earlier one "
+        + "  ".join(f"{alike[f] / facts:5.3f}" for f in RESTATES_FLOORS)
+    )
+    print(
+        "  reviews with one               "
+        + "  ".join(f"{flagged[f] / reviews:5.3f}" for f in RESTATES_FLOORS)
+    )
+    print(f"  {len(pairs)} paraphrased pairs: " + ", ".join(f"{s:.3f}" for s in sorted(pairs)))
 
 
 # 2 and 3: real turns against a scripted model in a process of its own.
