@@ -5,11 +5,11 @@ model; this module knows the records.
 Neighbours are found as recall finds records (the agent's reader: its read scopes, its session,
 live or preview, its turn's own staged writes), by the agent's search mode, but ranked for a
 restatement rather than a question: the text score is divided by 1 + the log of the record's
-distinct words, and meaning weighs 0.4; the best 40 by that are ranked again with 0.3 of a BM25 of
+distinct words, and meaning weighs 0.7; the best 40 by that are ranked again with 0.3 of a BM25 of
 the candidate's words, weighted by their rarity among those 40. On the LoCoMo dev observations
-(a dialog turn as the candidate, the facts citing it as what it restates) that found 0.948 of
-the citing facts among the top 5 (0.943 without the division by length; 0.952 when search's
-text score was `ts_rank`, before migration 0017; bench/review.py).
+(a dialog turn as the candidate, the facts citing it as what it restates) that finds 0.951 of
+the citing facts among the top 5 (bench/review.py; bench/README.md has how the weights were
+chosen).
 """
 
 import math
@@ -35,7 +35,11 @@ from app.memory.visibility import Reader
 from app.scope import listed
 from app.text import storable
 
-REVIEW_WEIGHT = 0.4  # weight of the cosine in a neighbour's score; the rest: the text rank
+# Weight of the cosine in a neighbour's score; the rest: the text rank. 0.4 found 0.952 of the
+# citing facts when search's text score was `ts_rank`, 0.946 with its IDF score (migrations
+# 0017-0020); with that, 0.3 / 0.5 / 0.6 / 0.7 / 0.8 / 0.9 give 0.946 / 0.945 / 0.949 / 0.951 /
+# 0.950 / 0.946 (thirtieth session).
+REVIEW_WEIGHT = 0.7
 # The review ranks this many by that score, then re-ranks them with POOL_WORD_WEIGHT of an Okapi
 # BM25 of the candidate's words (unstemmed) weighted by how rare each is among them (not the
 # whole table): LoCoMo dev recall@5 0.948 -> 0.951 (bench/README.md; 20 of them: 0.947, 30:
