@@ -200,6 +200,9 @@ async def _insert_running(
     async with state.pool.acquire() as conn, conn.transaction():
         await store.defer_durability(conn)
         turn = replay_of.turn if replay_of is not None else None
+        if replay_of is not None:
+            # In this transaction, its original locked: an erasure came first, or waits for it.
+            await _check_not_erased(conn, replay_of, "replayed")
         if session_id is not None and replay_of is None:
             session = await store.ensure_session(
                 conn, caller.account_id, action.action_id, session_id
@@ -281,7 +284,6 @@ async def _start_replay(
             )
         if request.input is not None and request.input != original.input:
             raise BadInput("a replay runs its original's input; omit input or pass the same")
-        await _check_not_erased(conn, original, "replayed")
         action = await load_action(conn, caller.account_id, request.action_id)
     if action is None:
         raise NotFound(f"action {request.action_id} not found")
