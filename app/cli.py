@@ -5,11 +5,13 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from uuid import UUID
 
@@ -344,12 +346,24 @@ def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Aw
 
 @contextmanager
 def _file_or_std(path: str | None, mode: str) -> Iterator[TextIO]:
-    """The named file, or standard input or output for `-` (or no name)."""
+    """The named file, or standard input or output for `-` (or no name). A file written is
+    written beside it first and takes its name only when the work succeeds: a failed export
+    leaves a file already there as it was."""
     if path in (None, "-"):
         yield sys.stdout if "w" in mode else sys.stdin
         return
-    with open(path, mode, encoding="utf-8") as f:
-        yield f
+    if "w" not in mode:
+        with open(path, mode, encoding="utf-8") as f:
+            yield f
+        return
+    target = Path(path)
+    partial_file = target.with_name(target.name + ".partial")
+    try:
+        with open(partial_file, mode, encoding="utf-8") as f:
+            yield f
+        os.replace(partial_file, target)
+    finally:
+        partial_file.unlink(missing_ok=True)
 
 
 def _export(settings: Settings, args: argparse.Namespace) -> int:
@@ -401,6 +415,9 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
+    except UnicodeDecodeError as e:
+        print(f"error: {args.file} is not UTF-8 text (byte {e.start})", file=sys.stderr)
+        return 2
     except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -417,10 +434,34 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         f"vectors {result.vectors}"
         + (f" ({result.reembedded} records)" if result.vectors == "re-embedded" else "")
     )
+    if result.missing:
+        told = ", ".join(f"{got} of {n} {kind} rows" for kind, (got, n) in result.missing.items())
+        print(
+            f"error: the file is cut short: it held {told} its header counts. The rows it held "
+            "are imported; importing the whole file adds the rest.",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 
 _ACCOUNT_HELP = "account ID (default: the default account)"
+
+
+def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` (to `high`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be an integer {bound}, not {value}")
+        return value
+
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -438,7 +479,9 @@ def parser() -> argparse.ArgumentParser:
         "serve", _serve, "start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
     )
     serve.add_argument("--host", help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to listen on (default: ENGRAM_PORT, 8000)")
+    serve.add_argument(
+        "--port", type=_at_least(0, 65535), help="port to listen on (default: ENGRAM_PORT, 8000)"
+    )
 
     command("migrate", _migrate, "bring the database to the latest migration")
 
@@ -448,7 +491,7 @@ def parser() -> argparse.ArgumentParser:
         "re-embed every record with the configured embedding model (stop serving)",
     )
     reembed.add_argument(
-        "--batch-size", type=int, default=256, help="records read and embedded at a time"
+        "--batch-size", type=_at_least(1), default=256, help="records read and embedded at a time"
     )
 
     maintain = command(
@@ -489,7 +532,9 @@ def parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("file", help="an `engram export` file (- for standard input)")
     imp.add_argument("--account", help=_ACCOUNT_HELP)
-    imp.add_argument("--batch-size", type=int, default=1000, help="rows written per transaction")
+    imp.add_argument(
+        "--batch-size", type=_at_least(1), default=1000, help="rows written per transaction"
+    )
 
     schema = command("schema", _schema, "print the GraphQL schema (SDL)")
     schema.add_argument("-o", "--output", help="write it to this file, e.g. schema.graphql")
@@ -554,11 +599,29 @@ def main(argv: list[str] | None = None) -> int:
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
     from app.errors import DomainError
+    from app.text import is_storable
 
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not is_storable(text):
+                print(
+                    f"engram: {name.replace('_', '-')} is not valid text (a NUL, or bytes "
+                    "that are not UTF-8)",
+                    file=sys.stderr,
+                )
+                return 2
     try:
         return int(args.run(settings, args))
     except DomainError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`engram export ... | head`): as other tools, quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"engram: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except (EmbeddingModelMismatch, EmbedderUnavailable) as e:
         # What to run or set is in the message: nothing else is worth printing.

@@ -230,7 +230,10 @@ async def test_an_interrupted_import_continues(state, admin, gql, second):
     lines = await exported(state, admin, agent, embeddings=False)
     target_admin = await admin_of(second)
     part = await load(second, target_admin.account_id, lines[: len(lines) // 2], batch_rows=3)
+    # The header's counts tell what a file cut short is missing.
+    assert part.missing and all(got < n for got, n in part.missing.values())
     rest = await load(second, target_admin.account_id, lines, batch_rows=3)
+    assert rest.missing == {}
     assert rest.present == part.inserted and part.inserted + rest.inserted == len(lines) - 1
     # Without vectors in the file, the records were embedded again with the same model.
     assert rest.vectors == "re-embedded"
@@ -278,6 +281,28 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
     assert again.returncode == 0 and "imported 0 rows" in again.stdout
     missing = run(clean_env(database_url=target_url), "export", "--action", str(uuid.uuid4()))
     assert missing.returncode == 2 and "not found" in missing.stderr
+    # A failed export leaves a file already there as it was (it is written beside it first).
+    kept = path.read_bytes()
+    failed = run(
+        clean_env(database_url=target_url), "export", "--action", str(uuid.uuid4()), "-o", str(path)
+    )
+    assert failed.returncode == 2 and path.read_bytes() == kept
+    assert not path.with_name(path.name + ".partial").exists()
+    # A file cut short imports what it holds, and says so with an error.
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(path.read_text().splitlines(keepends=True)[:4]))
+    cut = run(clean_env(database_url=target_url), "import", str(short))
+    assert cut.returncode == 2 and "the file is cut short" in cut.stderr
+    # Arguments a person can get wrong: refused with a message, never a traceback.
+    for args, said in [
+        (["import", "--batch-size", "0", str(path)], "must be an integer at least 1"),
+        (["import", str(tmp_path / "nowhere.jsonl")], "cannot read"),
+        (["export", "--action", str(agent.action_id), "-o", "/nonexistent/x.jsonl"], "No such"),
+        (["account", "create", os.fsdecode(b"bad\xffname")], "is not valid text"),
+    ]:
+        refused = run(clean_env(database_url=target_url), *args)
+        assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
+        assert "Traceback" not in refused.stderr
 
 
 WAITS = "another process is running search maintenance"
@@ -431,3 +456,29 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     action["row"]["colour"] = "blue"
     with pytest.raises(BadInput, match=r"columns this deployment does not \(colour\)"):
         await load(second, target_admin.account_id, [lines[0], json.dumps(action)])
+    # A header whose counts are not rows by type; a line nested past any limit.
+    header = json.loads(lines[0])
+    for counts in ([1, 2], {"memory": "x"}, {"memory": -1}):
+        damaged = json.dumps({**header, "counts": counts})
+        with pytest.raises(BadInput, match="header is damaged"):
+            await load(second, target_admin.account_id, [damaged, *lines[1:]])
+    with pytest.raises(BadInput, match="line 2 is not JSON"):
+        await load(second, target_admin.account_id, [lines[0], "[" * 100_000])
+    # A row of a type with other columns than the rows before it (one left out would be
+    # stored as its default for every row of the batch).
+    memories = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    assert len(memories) >= 2
+    edited = list(lines)
+    row = json.loads(edited[memories[1]])
+    del row["row"]["metadata"]
+    edited[memories[1]] = json.dumps(row)
+    with pytest.raises(BadInput, match=f"line {memories[1] + 1}: its memory row has other columns"):
+        await load(second, target_admin.account_id, edited)
+    # Embedded again (no vectors in the file): a record's text must be text.
+    plain = await exported(state, admin, agent, embeddings=False)
+    first = next(i for i, line in enumerate(plain) if json.loads(line)["type"] == "memory")
+    row = json.loads(plain[first])
+    row["row"]["summary"] = 12345
+    plain[first] = json.dumps(row)
+    with pytest.raises(BadInput, match="has no summary and content as text"):
+        await load(second, target_admin.account_id, plain)

@@ -30,6 +30,7 @@ from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
+from app.text import is_storable
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 
@@ -99,6 +100,8 @@ class ImportResult:
     vectors: str = "copied"  # or "re-embedded"
     by_type: dict[str, int] = field(default_factory=dict)
     records: dict[UUID, int] = field(default_factory=dict)  # records written, by agent
+    # Rows the header counts that the file did not hold, by type (found, counted): cut short.
+    missing: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def _header(line: str | None) -> dict[str, Any]:
@@ -113,6 +116,14 @@ def _header(line: str | None) -> dict[str, Any]:
             f"this export has format version {header.get('version')}; this Engram reads "
             f"version {FORMAT_VERSION}"
         )
+    counts = header.get("counts")
+    if not isinstance(counts, dict) or not all(
+        kind in BY_KIND and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+        for kind, n in counts.items()
+    ):
+        raise BadInput("this export's header is damaged: its counts are not rows by type")
+    if header.get("embeddings") and header.get("embedder") is None:
+        raise BadInput("this export's header is damaged: it has vectors but names no model")
     return header
 
 
@@ -141,7 +152,8 @@ async def import_file(
         embedder = await open_embedder()
         await ensure_model(pool, embedder, VECTOR_COLUMNS)
         result.vectors = "re-embedded"
-    total = sum(int(n) for n in (header.get("counts") or {}).values())
+    total = sum(header["counts"].values())
+    columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
     try:
         with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
             importer = _Importer(pool, account_id, embedder, result, bar.update)
@@ -152,6 +164,11 @@ async def import_file(
                     if not line.strip():
                         continue
                     kind, row = _parse(line, number)
+                    if tuple(row) != columns.setdefault(kind, tuple(row)):
+                        raise BadInput(
+                            f"line {number}: its {kind} row has other columns than the ones "
+                            "before it (the file was edited); every row of a type has the same"
+                        )
                     if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
                         assert table is not None
                         await importer.submit(table, batch)
@@ -161,6 +178,11 @@ async def import_file(
                 if table is not None and batch:
                     await importer.submit(table, batch)
                 await importer.drain()
+                result.missing = {
+                    kind: (result.by_type.get(kind, 0), n)
+                    for kind, n in header["counts"].items()
+                    if result.by_type.get(kind, 0) < n
+                }
             finally:
                 await importer.cancel()
     finally:
@@ -172,7 +194,7 @@ async def import_file(
 def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
     try:
         item = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise BadInput(f"line {number} is not JSON: the file is damaged or cut short") from None
     if not isinstance(item, dict) or item.get("type") not in BY_KIND:
         known = ", ".join(BY_KIND)
@@ -252,7 +274,11 @@ class _Importer:
                     f"a {table.kind} row names a row this export does not hold (the file is "
                     f"cut short or edited): {e.detail or e}"
                 ) from None
-            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as e:
+            except (
+                asyncpg.DataError,
+                asyncpg.IntegrityConstraintViolationError,
+                asyncpg.ProgramLimitExceededError,
+            ) as e:
                 raise BadInput(f"a {table.kind} row of this export is not valid: {e}") from None
         self.result.inserted += written.inserted
         self.result.present += written.present
@@ -283,6 +309,14 @@ class _Importer:
         embedded = [r for r in rows if not r.get("tombstone")]
         for r in rows:
             r[VECTOR_COLUMN] = None
+        for r in embedded:
+            if not all(
+                isinstance(r.get(c), str) and is_storable(r[c]) for c in ("summary", "content")
+            ):
+                raise BadInput(
+                    f"memory row {r.get('memory_id')!r} has no summary and content as text: "
+                    "the file was edited"
+                )
         if not embedded:
             return
         vectors = await self.embedder.embed(
