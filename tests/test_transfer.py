@@ -474,6 +474,22 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     edited[memories[1]] = json.dumps(row)
     with pytest.raises(BadInput, match=f"line {memories[1] + 1}: its memory row has other columns"):
         await load(second, target_admin.account_id, edited)
+    # What the API reads back must hold as it wrote it: an edited row is refused, not stored.
+    version = next(
+        i for i, line in enumerate(lines) if json.loads(line)["type"] == "action_version"
+    )
+    for index, column, value, said in [
+        (memories[0], "labels", [1, 2], "labels are not text values by label number"),
+        (memories[0], "labels", {"abc": "x"}, "labels are not text values by label number"),
+        (memories[0], "modified", "-infinity", "modified is not a time"),
+        (version, "harness", {"memory": {"enabled": "yes"}}, "harness.memory.enabled"),
+    ]:
+        edited = list(lines)
+        row = json.loads(edited[index])
+        row["row"][column] = value
+        edited[index] = json.dumps(row)
+        with pytest.raises(BadInput, match=f"line {index + 1}: .* not valid .*{said}"):
+            await load(second, target_admin.account_id, edited)
     # Embedded again (no vectors in the file): a record's text must be text.
     plain = await exported(state, admin, agent, embeddings=False)
     first = next(i for i, line in enumerate(plain) if json.loads(line)["type"] == "memory")

@@ -25,6 +25,8 @@ from uuid import UUID
 
 import asyncpg
 
+from app.actions.harness import LABEL_NUMBERS, parse_harness
+from app.actions.model import parse_model
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
@@ -164,6 +166,7 @@ async def import_file(
                     if not line.strip():
                         continue
                     kind, row = _parse(line, number)
+                    _check_row(kind, row, number)
                     if tuple(row) != columns.setdefault(kind, tuple(row)):
                         raise BadInput(
                             f"line {number}: its {kind} row has other columns than the ones "
@@ -189,6 +192,29 @@ async def import_file(
         if embedder is not None:
             await embedder.aclose()
     return result
+
+
+def _check_row(kind: str, row: dict[str, Any], number: int) -> None:
+    """What the API reads back from a row holds as the API wrote it: an edited file is refused
+    here rather than stored and failing every read after (PostgreSQL checks the rest)."""
+    try:
+        for column in ("created", "modified"):
+            if str(row.get(column, "")).lower().lstrip("+-") == "infinity":
+                raise ValueError(f"{column} is not a time")
+        if kind in ("memory", "memory_version"):
+            labels = row.get("labels")
+            if not isinstance(labels, dict) or not all(
+                key.isdigit() and int(key) in LABEL_NUMBERS and isinstance(value, str)
+                for key, value in labels.items()
+            ):
+                raise ValueError("labels are not text values by label number (5 to 18)")
+        if kind == "action_version":
+            for column, parse in (("harness", parse_harness), ("model", parse_model)):
+                value = row.get(column)
+                parse(json.loads(value) if isinstance(value, str) else value)
+    except (ValueError, TypeError, KeyError, BadInput) as e:
+        message = e.message if isinstance(e, BadInput) else str(e)
+        raise BadInput(f"line {number}: its {kind} row is not valid ({message})") from None
 
 
 def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
