@@ -128,7 +128,7 @@ def rfc3339(text: str) -> datetime:
         )
     day, time, fraction, offset = found.groups()
     fraction = f".{fraction[:6]}" if fraction else ""  # microseconds: the rest is dropped
-    offset = "+00:00" if offset in "Zz" else offset
+    offset = "+00:00" if offset.upper() == "Z" else offset
     try:
         parsed = datetime.fromisoformat(f"{day}T{time}{fraction}{offset}")
     except ValueError:

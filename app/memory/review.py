@@ -165,7 +165,7 @@ class Neighbours:
     # shares most words but may not reach the floor by the static embedder's cosine (0.34).
     similarity: dict[UUID, float]
     embed_tokens: int
-    vector: Any = None  # the candidate's embedding (None in lexical mode), for `restated`
+    vector: np.ndarray | None = None  # the candidate's embedding (None in lexical mode)
 
 
 def _words(text: str) -> list[str]:
@@ -258,7 +258,7 @@ RESTATES_FLOOR = 0.7
 
 
 async def restated(
-    pool: asyncpg.Pool, texts: Sequence[str], vectors: Sequence[Any]
+    pool: asyncpg.Pool, texts: Sequence[str], vectors: Sequence[np.ndarray | None]
 ) -> list[dict[int, float]]:
     """How like each candidate (`texts`, with their embeddings or None) each earlier candidate
     of the same review is, as `neighbours` measures a record (`store.similarities`): the

@@ -31,7 +31,6 @@ from app.embeddings.base import Embedder
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.memory import store
 from app.memory.records import (
-    CHARS_PER_TOKEN,
     MAX_CONTENT_BYTES,
     MAX_SUMMARY_BYTES,
     MemoryRecord,
@@ -44,6 +43,7 @@ from app.memory.records import (
 from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
 from app.scope import as_harness
+from app.text import CHARS_PER_TOKEN
 
 # Every character that ends a line for str.splitlines: a summary is one line.
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")

@@ -47,11 +47,11 @@ from app.errors import BadInput
 from app.executions import store
 from app.executions.service import Execution
 from app.history.store import Scope
-from app.memory.records import CHARS_PER_TOKEN, pinned_tokens
+from app.memory.records import pinned_tokens
 from app.runtime import transcript as events
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.transcript import Transcript
-from app.text import for_model, for_model_json, storable
+from app.text import CHARS_PER_TOKEN, for_model, for_model_json, storable
 
 # The summary takes at most this share of the budget, and at most SUMMARY_MAX_TOKENS.
 SUMMARY_SHARE = 8

@@ -148,8 +148,7 @@ def _check_request(request: TurnRequest, action: ActionVersion) -> None:
             "a turn without a sessionId is an agent without a session: its memory scopes "
             '(harness.memory.scope.read and .write) must both be ["agent"], but they are '
             f"read {as_harness(memory.read)} and write {as_harness(memory.write)}; pass a "
-            "sessionId or "
-            "change the scopes"
+            "sessionId or change the scopes"
         )
 
 
