@@ -280,9 +280,12 @@ class _Importer:
             await self._check_columns(conn, table, row_columns)
             try:
                 async with conn.transaction():
+                    rows_json = json.dumps(rows)
                     written = await store.write_rows(
-                        conn, table, self.account_id, json.dumps(rows), len(rows), row_columns
+                        conn, table, self.account_id, rows_json, len(rows), row_columns
                     )
+                    if table.name == "agent_memories":
+                        await self._check_versioned(conn, rows_json)
             except Differs as e:
                 raise Conflict(
                     f"{_NOUNS[table.name].format(**e.key)} already exists in account "
@@ -314,6 +317,16 @@ class _Importer:
                 action_id = UUID(row["action_id"])
                 self.result.records[action_id] = self.result.records.get(action_id, 0) + 1
         self.done(len(rows))
+
+    async def _check_versioned(self, conn: asyncpg.Connection, rows_json: str) -> None:
+        """A record's current version is among its versions (which the file holds before
+        the records): else its `history` would be empty. Rolls back its batch."""
+        memory_id = await store.unversioned(conn, self.account_id, rows_json)
+        if memory_id is not None:
+            raise BadInput(
+                f"memory {memory_id} has no row for its current version in this export (the "
+                "file is cut short or edited): nothing of its batch was imported"
+            )
 
     async def _check_columns(
         self, conn: asyncpg.Connection, table: Table, row_columns: list[str]

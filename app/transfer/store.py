@@ -197,5 +197,22 @@ async def write_rows(
     return Written(inserted, rows - inserted)
 
 
+async def unversioned(conn: asyncpg.Connection, account_id: UUID, rows_json: str) -> UUID | None:
+    """The first of these memory rows (a JSON array) whose current version has no version
+    row in the account: a file cut short or edited (every write records its version)."""
+    return await conn.fetchval(
+        """
+        SELECT i.memory_id FROM jsonb_populate_recordset(NULL::agent_memories, $2::text::jsonb) i
+        WHERE NOT EXISTS (
+            SELECT FROM agent_memory_versions v
+            WHERE v.account_id = $1 AND v.action_id = i.action_id
+              AND v.memory_id = i.memory_id AND v.version = i.version)
+        LIMIT 1
+        """,
+        account_id,
+        rows_json,
+    )
+
+
 async def account_exists(conn: asyncpg.Connection, account_id: UUID) -> bool:
     return bool(await conn.fetchval("SELECT true FROM accounts WHERE account_id = $1", account_id))
