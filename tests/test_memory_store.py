@@ -556,6 +556,27 @@ async def test_m44_delete_reaches_only_the_scopes_the_writer_writes(state, admin
         await unit.delete(seeded.memory_id)
     own = await remember(state, narrow, "own session record")
     assert (await forget(state, narrow, own.memory_id)).status == "DELETED"
+    # It reaches every scope it writes, one it does not read too: an agent that writes agent
+    # scope but reads its session alone still corrects and deletes what it wrote there,
+    # from another session as well; it reads none of it.
+    blind = await make_agent(
+        state,
+        admin,
+        name="blind",
+        harness=full_memory(scope={"read": ["session"], "write": ["session", "agent"]}),
+    )
+    wide = await remember(state, blind, "agent-wide v1", scope="AGENT", session="s1")
+    assert await work(state, writer(blind, session="s2")).read(wide.memory_id) is None
+    fixed = await remember(
+        state, blind, "agent-wide v2", replaces=wide.memory_id, scope="AGENT", session="s2"
+    )
+    assert await versions_of(state, wide) == [(1, "ACTIVE"), (2, "SUPERSEDED")]
+    assert (await forget(state, blind, fixed.memory_id, session="s3")).status == "DELETED"
+    assert await versions_of(state, fixed) == [(1, "ACTIVE"), (2, "DELETED")]
+    # Another session's session-scope record stays out of reach.
+    theirs = await remember(state, blind, "session record", session="s1")
+    with pytest.raises(NotFound, match=f"no memory {theirs.memory_id} is visible"):
+        await work(state, writer(blind, session="s2")).delete(theirs.memory_id)
 
 
 async def test_deleting_a_superseded_record_is_refused(state, agent):

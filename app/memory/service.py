@@ -42,7 +42,7 @@ from app.memory.records import (
 )
 from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
-from app.scope import as_harness
+from app.scope import Scope, as_harness
 from app.text import CHARS_PER_TOKEN
 
 # Every character that ends a line for str.splitlines: a summary is one line.
@@ -583,14 +583,25 @@ class MemoryWork:
             return Scope.AGENT
         raise BadInput(NO_SESSION)
 
-    def _target_reader(self) -> Reader:
+    def _target_reader(self, *, writing: bool) -> Reader:
+        """Whose records a call finds: an operator every record; an agent those of the scopes
+        it reads and, `writing` (a deletion or a replacement, which reach the scopes it
+        writes), of the scopes it writes too, even one it does not read, so that it can still
+        delete what it wrote there. `_check_writable` then refuses a record of a scope it
+        only reads, with a message that says so."""
         w = self.writer
         if w.is_operator:
             return OperatorReader(w.account_id, w.action.action_id)
-        return w.reader()
+        reader = w.reader()
+        if not writing:
+            return reader
+        scopes = tuple(s for s in Scope if s in reader.scopes or s in self.config.write)
+        return replace(reader, scopes=scopes)
 
-    async def _find(self, conn: asyncpg.Connection, memory_id: UUID) -> _Target | None:
-        reader = self._target_reader()
+    async def _find(
+        self, conn: asyncpg.Connection, memory_id: UUID, *, writing: bool = False
+    ) -> _Target | None:
+        reader = self._target_reader(writing=writing)
         row = await store.get_visible(conn, reader, memory_id)
         if row is None:
             return None
@@ -602,7 +613,7 @@ class MemoryWork:
         return _Target(current, shadow, _effective(current, shadow, self.writer.principal))
 
     async def _target(self, conn: asyncpg.Connection, memory_id: UUID) -> _Target:
-        found = await self._find(conn, memory_id)
+        found = await self._find(conn, memory_id, writing=True)
         if found is None:
             raise NotFound(
                 f"no memory {memory_id} is visible to this agent: check the ID "
