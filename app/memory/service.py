@@ -42,7 +42,7 @@ from app.memory.records import (
 )
 from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
-from app.scope import Scope, as_harness
+from app.scope import as_harness
 from app.text import CHARS_PER_TOKEN
 
 # Every character that ends a line for str.splitlines: a summary is one line.
