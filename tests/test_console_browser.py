@@ -307,6 +307,18 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         await expect(revokes).to_have_count(1)
         refused = Api(url, new_token).raw("{ viewer { principal } }")
         assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+        # A client's tokens come a page at a time (20), the rest on request.
+        admin = Api(url, ADMIN)
+        for _ in range(20):
+            admin('mutation { createClientToken(principal: "auditor") { tokenId } }')
+        await page.reload()
+        auditor = page.locator("section.client", has_text="auditor")
+        revokes = auditor.get_by_role("button", name=re.compile("^Revoke token"))
+        await expect(revokes).to_have_count(20)
+        more = auditor.get_by_role("button", name="Show more tokens")
+        await more.click()
+        await expect(revokes).to_have_count(21)
+        await expect(more).to_be_hidden()
 
 
 async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_url, embedder):

@@ -17,8 +17,10 @@ CREATE_CLIENT = "mutation($input: ClientInput!) { createClient(input: $input) { 
 CREATE_TOKEN = """mutation($p: String!, $a: UUID, $e: Timestamp) {
   createClientToken(principal: $p, accountId: $a, expires: $e) {
     token tokenId prefix created expires } }"""
-TOKENS = """query($p: String!, $a: UUID) { client(principal: $p, accountId: $a) {
-  tokens { tokenId prefix created expires lastUsed bootstrap } } }"""
+TOKENS = """query($p: String!, $a: UUID, $first: Int! = 100, $after: String) {
+  client(principal: $p, accountId: $a) { tokens(first: $first, after: $after) {
+    nodes { id tokenId prefix created expires lastUsed bootstrap }
+    pageInfo { hasNextPage endCursor } } } }"""
 REVOKE = """mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId prefix } }"""
 POLICY = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]}
@@ -106,13 +108,27 @@ async def test_tokens_are_listed_without_their_secret(gql, state, admin):
     second = (await gql(admin, CREATE_TOKEN, p="bot", a=str(account))).ok()["createClientToken"]
 
     listing = await gql(admin, TOKENS, p="bot", a=str(account))
-    tokens = listing.ok()["client"]["tokens"]
+    tokens = listing.ok()["client"]["tokens"]["nodes"]
     assert [t["tokenId"] for t in tokens] == [second["tokenId"], issued["tokenId"]]
     assert tokens[1]["prefix"] == token[:8]
     assert tokens[1]["expires"] is not None and tokens[0]["expires"] is None
     assert all(t["lastUsed"] is None and not t["bootstrap"] for t in tokens)
     text = json.dumps(listing.data)
     assert token not in text and second["token"] not in text and token[8:20] not in text
+    # A page at a time, newest first (a Relay connection); node(id) reads one back.
+    page = (await gql(admin, TOKENS, p="bot", a=str(account), first=1)).ok()["client"]["tokens"]
+    assert [t["tokenId"] for t in page["nodes"]] == [second["tokenId"]]
+    assert page["pageInfo"]["hasNextPage"]
+    rest = await gql(admin, TOKENS, p="bot", a=str(account), after=page["pageInfo"]["endCursor"])
+    rest = rest.ok()["client"]["tokens"]
+    assert [t["tokenId"] for t in rest["nodes"]] == [issued["tokenId"]]
+    assert not rest["pageInfo"]["hasNextPage"]
+    node = await gql(
+        admin,
+        "query($id: ID!) { node(id: $id) { ... on ClientTokenInfo { tokenId } } }",
+        id=tokens[1]["id"],
+    )
+    assert node.ok()["node"] == {"tokenId": issued["tokenId"]}
 
 
 async def test_last_used_is_written_at_most_once_a_minute(gql, state, admin):
@@ -163,7 +179,7 @@ async def test_a_revoked_token_is_refused(gql, state, admin):
     token = await service.create_client_token(
         state.pool, admin, account_id=account, principal="bot"
     )
-    tokens = (await gql(admin, TOKENS, p="bot", a=str(account))).ok()["client"]["tokens"]
+    tokens = (await gql(admin, TOKENS, p="bot", a=str(account))).ok()["client"]["tokens"]["nodes"]
     token_id = tokens[0]["tokenId"]
     revoked = await gql(admin, REVOKE, p="bot", t=token_id, a=str(account))
     assert revoked.ok()["revokeClientToken"] == {"tokenId": token_id, "prefix": token[:8]}
@@ -192,7 +208,7 @@ async def test_token_operations_need_their_grants(gql, state, admin):
         allow(["SELECT"], "financial.Client.document", "financial.Client.token"),
         allow(["DELETE"], "financial.Client.token"),
     )
-    assert len((await gql(granted, TOKENS, p="bot")).ok()["client"]["tokens"]) == 1
+    assert len((await gql(granted, TOKENS, p="bot")).ok()["client"]["tokens"]["nodes"]) == 1
     # Another tenant's client never shows, nor its tokens.
     stranger = caller(await make_account(state), allow(["SELECT", "DELETE"], "*"))
     assert (await gql(stranger, REVOKE, p="bot", t=t, a=a)).codes == ["NOT_FOUND"]

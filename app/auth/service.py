@@ -334,13 +334,20 @@ async def create_client_token(
 
 
 async def list_client_tokens(
-    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID | None, principal: str
+    pool: asyncpg.Pool,
+    caller: Caller,
+    *,
+    account_id: UUID | None,
+    principal: str,
+    after: tuple[datetime, UUID] | None = None,
+    limit: int | None = None,
 ) -> list[TokenInfo]:
-    """The client's tokens, newest first: IDs, prefixes and times, never the secrets."""
+    """The client's tokens, newest first: IDs, prefixes and times, never the secrets; after a
+    (created, token_id) keyset, at most `limit` (None: all)."""
     caller.require(("SELECT", resources.CLIENT_TOKEN))
     account_id = caller.reach_account(account_id)
     async with pool.acquire() as conn:
-        rows = await store.list_tokens(conn, account_id, principal)
+        rows = await store.list_tokens(conn, account_id, principal, after=after, limit=limit)
     return [TokenInfo.of(r) for r in rows]
 
 
@@ -348,8 +355,11 @@ async def get_client_token(
     pool: asyncpg.Pool, caller: Caller, *, account_id: UUID, principal: str, token_id: UUID
 ) -> TokenInfo | None:
     """One of the client's tokens, as `list_client_tokens` shows it."""
-    found = await list_client_tokens(pool, caller, account_id=account_id, principal=principal)
-    return next((t for t in found if t.token_id == token_id), None)
+    caller.require(("SELECT", resources.CLIENT_TOKEN))
+    account_id = caller.reach_account(account_id)
+    async with pool.acquire() as conn:
+        rows = await store.list_tokens(conn, account_id, principal, token_id=token_id)
+    return TokenInfo.of(rows[0]) if rows else None
 
 
 async def revoke_client_token(

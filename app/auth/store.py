@@ -7,6 +7,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import verified
+from app.db.sql import Params
 
 Row: TypeAlias = asyncpg.Record
 
@@ -203,15 +204,31 @@ async def list_clients(
     )
 
 
-async def list_tokens(conn: asyncpg.Connection, account_id: UUID, principal: str) -> list[Row]:
+async def list_tokens(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    principal: str,
+    *,
+    after: tuple[datetime, UUID] | None = None,
+    limit: int | None = None,
+    token_id: UUID | None = None,
+) -> list[Row]:
+    """The client's tokens, newest first: after a (created, token_id) keyset, at most `limit`
+    (None: all), or the one `token_id` names."""
+    p = Params(account_id, principal)
+    where = ""
+    if after is not None:
+        where += f" AND (created, token_id) < ({p(after[0])}::timestamptz, {p(after[1])}::uuid)"
+    if token_id is not None:
+        where += f" AND token_id = {p(token_id)}"
     return await conn.fetch(
         f"""
         SELECT {_TOKEN_COLUMNS} FROM client_tokens
-        WHERE account_id = $1 AND principal = $2
+        WHERE account_id = $1 AND principal = $2{where}
         ORDER BY created DESC, token_id DESC
+        {f"LIMIT {p(limit)}" if limit is not None else ""}
         """,
-        account_id,
-        principal,
+        *p.values,
     )
 
 

@@ -19,6 +19,7 @@ from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
+    CREATED_ID,
     FIRST,
     Connection,
     Node,
@@ -194,14 +195,24 @@ class Client(Node):
     @strawberry.field(
         description="The client's tokens, newest first. Needs SELECT on financial.Client.token."
     )
-    async def tokens(self, info: Info) -> list[ClientTokenInfo]:
-        found = await service.list_client_tokens(
-            info.context.pool,
-            info.context.caller,
-            account_id=self.account_id,
-            principal=self.principal,
+    async def tokens(
+        self, info: Info, first: FIRST, after: AFTER = None
+    ) -> Connection[ClientTokenInfo]:
+        return await keyset_connection(
+            first,
+            after,
+            CREATED_ID,
+            lambda keyset, limit: service.list_client_tokens(
+                info.context.pool,
+                info.context.caller,
+                account_id=self.account_id,
+                principal=self.principal,
+                after=keyset,  # type: ignore[arg-type]
+                limit=limit,
+            ),
+            lambda t: (t.created, t.token_id),
+            ClientTokenInfo.of,
         )
-        return [ClientTokenInfo.of(t) for t in found]
 
 
 @strawberry.type(

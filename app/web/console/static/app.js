@@ -659,7 +659,7 @@ function policyText(p) {
 async function clientsView() {
   const out = [h("h1", { tabindex: -1 }, "Clients and tokens")];
   if (!can("clients")) return [...out, refusal("clients")];
-  const tokens = can("Client.tokens") ? "tokens { tokenId prefix created expires lastUsed bootstrap }" : "";
+  const tokens = can("Client.tokens") ? `tokens(first: ${PAGE}) { ${TOKEN_PAGE} }` : "";
   const list = h("div");
   const more = button("Show more clients", () => load(more.dataset.after), { hidden: true });
   async function load(after) {
@@ -675,6 +675,8 @@ async function clientsView() {
   return [...out, list, more];
 }
 
+const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap } pageInfo { hasNextPage endCursor }";
+
 function clientCard(c) {
   const status = h("div", { role: "status", class: "status" });
   const card = h("section", { class: "card client" },
@@ -682,7 +684,7 @@ function clientCard(c) {
     h("h3", {}, "Policies"),
     h("ul", {}, c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))));
   if (c.tokens) {
-    const body = h("tbody", {}, c.tokens.map((t) => h("tr", {},
+    const row = (t) => h("tr", {},
       h("td", { dataset: { label: "Token" }, class: "mono" }, t.prefix ? `${t.prefix}…` : t.tokenId),
       h("td", { dataset: { label: "Created" } }, when(t.created)),
       h("td", { dataset: { label: "Expires" } }, t.expires ? when(t.expires) : "never"),
@@ -703,9 +705,24 @@ function clientCard(c) {
           } catch (error) {
             status.replaceChildren(problem(error));
           }
-        }, { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null))));
+        }, { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null));
+    const body = h("tbody", {}, c.tokens.nodes.map(row));
+    const more = button("Show more tokens", async () => {
+      try {
+        const data = await gql(`query($p: String!, $a: UUID, $after: String) {
+          client(principal: $p, accountId: $a) { tokens(first: ${PAGE}, after: $after) { ${TOKEN_PAGE} } } }`,
+        { p: c.principal, a: c.accountId, after: more.dataset.after });
+        const page = data.client ? data.client.tokens : { nodes: [], pageInfo: { hasNextPage: false } };
+        append(body, page.nodes.map(row));
+        more.hidden = !page.pageInfo.hasNextPage;
+        more.dataset.after = page.pageInfo.endCursor || "";
+      } catch (error) {
+        status.replaceChildren(problem(error));
+      }
+    }, { hidden: !c.tokens.pageInfo.hasNextPage, class: "small" });
+    more.dataset.after = c.tokens.pageInfo.endCursor || "";
     append(card, [h("h3", {}, "Tokens"), h("table", { class: "list" }, h("thead", {}, h("tr", {},
-      ["Token", "Created", "Expires", "Last used", ""].map((x) => h("th", {}, x)))), body)]);
+      ["Token", "Created", "Expires", "Last used", ""].map((x) => h("th", {}, x)))), body), more]);
   }
   if (can("createClientToken")) {
     const expires = h("input", { type: "datetime-local" });
