@@ -470,6 +470,26 @@ async def test_m49_m50_m51_m52_pins_listed_in_instructions_and_budgeted(
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [pin["id"]]
 
 
+async def test_m49_m50_a_version_without_pinned_lists_no_pins_and_a_later_one_lists_them_again(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    update = """mutation($id: UUID!, $input: ActionInput!) {
+      updateAction(actionId: $id, input: $input) { version } }"""
+    pinned = memory_harness(tools=["add_memory"], pinned={"max_tokens": 100})
+    action_id = await make_agent_id(gql.state, admin, harness=pinned)
+    pin = await add(gql, admin, model_server, action_id, "Always greet Ada by name", pinned=True)
+    line = f'- "Always greet Ada by name" (memory {pin["id"]})'
+    for harness, listed in ((memory_harness(tools=["add_memory"]), False), (pinned, True)):
+        changed = await gql(admin, update, id=action_id, input={"name": "a", "harness": harness})
+        changed.ok()
+        model_server.say("Hello.")
+        executed = await run(gql, admin, action_id, "Hi")
+        assert executed["status"] == "SUCCEEDED", executed["error"]
+        assert (line in system_message(chat(model_server)[-1])) is listed
+        assert bool(events(executed, "memory.pinned")) is listed
+    assert (await memory(gql, admin, action_id, pin["id"]))["pinned"] is True
+
+
 # Preview mode and session scope
 
 
