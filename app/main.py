@@ -11,7 +11,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
-from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.asgi import GraphQL
 from strawberry.types.unset import UNSET
@@ -316,8 +315,9 @@ def create_app(
 
     view = _GraphQL(schema, allow_queries_via_get=False)
     view.introspection = settings.introspection
+    # HTTP only: the schema has no subscriptions, and a WebSocket would bypass the request's
+    # authentication (the context is built from an HTTP request).
     app.add_route("/graphql", view, methods=["GET", "POST"])
-    app.router.routes.append(WebSocketRoute("/graphql", view))
     mount_console(app)
     app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
     app.add_middleware(_Guard, settings=settings)

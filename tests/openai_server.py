@@ -98,6 +98,7 @@ class ChatReply:
     when: str | None = None
     after_requests: int = 0
     purpose: str | None = "turn"
+    error: str = "scripted failure"  # the message of an HTTP error's body
 
 
 class OpenAIServer:
@@ -230,12 +231,20 @@ class OpenAIServer:
             self._chat_script.append(ChatReply(content, list(calls), delay, **match))
 
     def chat_error(
-        self, status: int = 500, *, times: int = 1, purpose: str | None = "turn"
+        self,
+        status: int = 500,
+        *,
+        times: int = 1,
+        purpose: str | None = "turn",
+        message: str = "scripted failure",
+        delay: float = 0.0,
     ) -> None:
-        """The next scripted answers are HTTP errors (queued in order with the replies)."""
+        """The next scripted answers are HTTP errors (queued in order with the replies), whose
+        body says `message`, each after `delay` seconds."""
         with self._lock:
             self._chat_script.extend(
-                ChatReply(status=status, purpose=purpose) for _ in range(times)
+                ChatReply(status=status, purpose=purpose, error=message, delay=delay)
+                for _ in range(times)
             )
 
     def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
@@ -268,7 +277,7 @@ class OpenAIServer:
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.status is not None:
-            error = {"error": {"message": "scripted failure", "type": "scripted"}}
+            error = {"error": {"message": reply.error, "type": "scripted"}}
             return JSONResponse(error, status_code=reply.status)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:

@@ -1,5 +1,6 @@
 """addAgentMemories: many records in one call, one transaction, one execution; all or none."""
 
+import asyncio
 import uuid
 
 import pytest
@@ -179,6 +180,30 @@ async def test_a_retry_with_the_same_key_writes_nothing_new(gql, admin, state, a
     assert await counts(state, agent) == (5, 5, 1)
     other = await gql(admin, BULK, actionId=str(agent.action_id), inputs=inputs(6), key="k1")
     assert other.codes == ["CONFLICT"]
+
+
+ADD = """mutation($a: UUID!, $i: AgentMemoryInput!, $key: String) {
+  addAgentMemory(actionId: $a, input: $i, idempotencyKey: $key) { memoryId version replaces } }"""
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+async def test_the_same_key_sent_twice_at_once_with_replaces_answers_the_first_write(
+    gql, admin, state, agent, bulk
+):
+    """The second request waits for the first, whose replacement then makes its own stale:
+    it answers as the first did (the key's promise), not CONFLICT."""
+    a = str(agent.action_id)
+    for round in range(3):
+        old = await gql(admin, ADD, a=a, i={"summary": f"plan Basic {round}", "kind": "fact"})
+        new = {"summary": f"plan Gold {round}", "kind": "fact"}
+        new["replaces"] = old.ok()["addAgentMemory"]["memoryId"]
+        if bulk:
+            sent = [gql(admin, BULK, actionId=a, inputs=[new], key=f"k{round}") for _ in "ab"]
+        else:
+            sent = [gql(admin, ADD, a=a, i=new, key=f"k{round}") for _ in "ab"]
+        first, second = await asyncio.gather(*sent)
+        assert first.ok() == second.ok(), (first.errors, second.errors)
+    assert (await counts(state, agent))[0] == 6  # three replaced, three replacements
 
 
 async def test_pins_of_one_call_count_together_against_the_budget(gql, admin, state):

@@ -349,26 +349,35 @@ async def test_h16_a_long_conversation_clears_old_tool_results_first_then_summar
 async def test_h16_the_stub_says_search_history_finds_cleared_results_when_it_keeps_them(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    budget = 2000
+    budget = 3000
     for index, says in (("messages_and_tools", True), ("messages", False)):
+        harness = tool_agent_harness(index=index)
+        harness["memory"]["tools"] = ["add_memory"]
         action_id = str(
             (
-                await make_agent(
-                    gql.state,
-                    admin,
-                    harness=tool_agent_harness(index=index),
-                    model={"contextTokens": budget},
-                )
+                await make_agent(gql.state, admin, harness=harness, model={"contextTokens": budget})
             ).action_id
         )
         await seed_records(gql, admin, action_id)
         for turn in range(1, 3):
-            model_server.call_tools(LOOKUP)
+            noted = {
+                "summary": f"note {turn}",
+                "kind": "fact",
+                "content": "ledger detail " * 15,
+            }
+            model_server.call_tools(("add_memory", noted), LOOKUP)
             model_server.say(f"ANSWER-{turn}")
             await run(gql, admin, action_id, f"ASK-{turn} {index}")
-        stub = tool_results(chat(model_server, "turn")[-1])[0]
-        assert "was cleared to keep the context within its budget" in stub
-        assert ("search_history finds it" in stub) is says
+        for m in chat(model_server, "turn")[-1].body["messages"]:
+            print("DBG", m["role"], len(json.dumps(m)), str(m.get("content"))[:90])
+        stubs = [r for r in tool_results(chat(model_server, "turn")[-1]) if "was cleared" in r]
+        kept = [s for s in stubs if s.startswith("[This result of add_memory (turn 1)")]
+        retrieved = [s for s in stubs if s.startswith("[This result of search_memory (turn 1)")]
+        assert kept and retrieved, stubs
+        # An add_memory result is kept in history with messages_and_tools; a search_memory
+        # result never is (H4): its stub never says search_history finds it.
+        assert all(("search_history finds it" in s) is says for s in kept)
+        assert all("call the tool again" in s for s in retrieved)
         assert summary_block(chat(model_server, "turn")[-1]) is None
     assert_within(model_server, budget)
 

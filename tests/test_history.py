@@ -1,6 +1,7 @@
 """Session history (H1-H15): what committed turns keep, how search_history finds it, who sees
 it, replays, and the operators' reads and erasure; through GraphQL with the scripted model."""
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -20,6 +21,7 @@ from runtime_support import (
     system_message,
     texts,
     tool_names,
+    tool_results,
     tool_runs,
 )
 
@@ -638,6 +640,125 @@ async def test_a_turn_of_an_erased_session_is_neither_retried_nor_replayed(
     retried = await run(gql, admin, action_id, None, execution_id=after["executionId"])
     assert (after["status"], retried["status"]) == ("FAILED", "SUCCEEDED"), retried["error"]
     assert retried["input"] == "A new start."
+
+
+async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A running turn holds the session's words in its process and writes them at its end
+    (history, transcript, output), whether it commits or fails: while one runs, eraseSession is
+    CONFLICT and erases nothing; once it has ended, the erasure takes everything."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
+    model_server.say("First reply.")
+    await run(gql, admin, action_id, "hello first")
+    for reply in ("say", "fail"):
+        if reply == "say":
+            model_server.say("Noted: marmalade.", delay=1.5)
+        else:  # a turn that fails late writes its transcript at its end too
+            model_server.chat_error(400, message="'The secret is marmalade.' is flagged", delay=1.5)
+        turn = asyncio.create_task(run(gql, admin, action_id, "The secret is marmalade."))
+        await asyncio.sleep(0.7)
+        refused = await gql(admin, erase, a=action_id)
+        assert refused.codes == ["CONFLICT"], refused.errors
+        assert "is running; nothing was erased" in refused.errors[0]["message"]
+        before = json.dumps(await history_of(gql, admin, action_id))
+        assert "hello first" in before or reply == "fail"  # nothing was erased (the 2nd: gone)
+        ended = await turn
+        assert ended["status"] == ("SUCCEEDED" if reply == "say" else "FAILED")
+        assert (await gql(admin, erase, a=action_id)).ok()
+        assert await history_of(gql, admin, action_id) == []
+        read = await gql(
+            admin,
+            "query($id: UUID!) { execution(executionId: $id) { input output error"
+            " transcript(first: 100) { nodes { data } } } }",
+            id=ended["executionId"],
+        )
+        assert "marmalade" not in json.dumps(read.ok()), read.data  # the error's text too
+    # Erased, the failed turn is not retried (its input is gone).
+    retry = await gql(
+        admin,
+        EXECUTE,
+        input={"actionId": action_id, "sessionId": "s1", "executionId": ended["executionId"]},
+    )
+    assert retry.codes == ["BAD_REQUEST"]
+
+
+async def test_h16_later_turns_read_neither_erased_turns_nor_replays(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    model_server.say("ANSWER-1")
+    first = await run(gql, admin, action_id, "ALPHA question")
+    model_server.say("ANSWER-2")
+    await run(gql, admin, action_id, "BRAVO question")
+    model_server.say("REPLAY-ANSWER")
+    replay = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": first["executionId"]}
+    )
+    assert replay.ok()["executeAction"]["status"] == "SUCCEEDED"
+    # A replay keeps nothing in its session: a preview turn reads turns 1 and 2 once each.
+    model_server.say("PREVIEW-ANSWER")
+    await run(gql, admin, action_id, "CHARLIE preview question", preview=True)
+    said = [m["content"] for m in chat(model_server)[-1].body["messages"][1:]]
+    assert said == ["ALPHA question", "ANSWER-1", "BRAVO question", "ANSWER-2", said[-1]]
+    assert said[-1].startswith("CHARLIE")
+    # Erased turns are gone from the context, not retold as "[erased]".
+    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
+    assert (await gql(admin, erase, a=action_id)).ok()
+    model_server.say("ANSWER-4")
+    await run(gql, admin, action_id, "DELTA question")
+    said = [m["content"] for m in chat(model_server)[-1].body["messages"][1:]]
+    assert len(said) == 1 and said[0].startswith("DELTA"), said
+
+
+async def test_m55_search_history_shows_memory_text_only_with_the_memory_read_grants(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """History keeps a memory tool's call and result (messages_and_tools): the agent finds
+    them, but a reader without the memory read grants neither reads their text in the later
+    turn's transcript nor finds them by searchHistory (whose score would tell they matched)."""
+    harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.call_tools(("add_memory", {"summary": "Ada's PIN is zebramail", "kind": "fact"}))
+    model_server.say("Saved.")
+    await run(gql, admin, action_id, "Remember my mail app")
+    later, found = await searched(model_server, gql, admin, action_id, {"query": "Ada PIN"})
+    memory_events = [e for e in found["output"]["events"] if "zebramail" in e["text"]]
+    assert memory_events and all(e["memory"] for e in memory_events)  # marked, and the agent
+    assert "zebramail" in tool_results(chat(model_server)[-1])[-1]  # reads them whole
+    transcript = """query($e: UUID!) { execution(executionId: $e) {
+        transcript(first: 100) { nodes { type data } } } }"""
+    runner = caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+    seen = (await gql(runner, transcript, e=later["executionId"])).ok()
+    assert "zebramail" not in json.dumps(seen)
+    (run_seen,) = [
+        n["data"]
+        for n in seen["execution"]["transcript"]["nodes"]
+        if n["type"] == "tool.execution" and n["data"]["name"] == "search_history"
+    ]
+    hidden = [e for e in run_seen["output"]["events"] if e.get("memory")]
+    assert len(hidden) == len(memory_events)
+    assert all(e["text"].endswith("shown only with the memory read grants]") for e in hidden)
+    assert "zebramail" in json.dumps((await gql(admin, transcript, e=later["executionId"])).ok())
+
+    search = """query($a: UUID!, $q: String!) { action(actionId: $a) { sessions(first: 1) {
+        nodes { searchHistory(query: $q, first: 10) { score text event { who tool } } } } } }"""
+    reader = caller(
+        admin.account_id,
+        *RUNNER_POLICIES,
+        allow(["SELECT"], "financial.Action.document"),
+        principal="reader",
+    )
+    for who, expect in ((reader, False), (admin, True)):
+        result = await gql(who, search, a=action_id, q="zebramail")
+        (session,) = result.ok()["action"]["sessions"]["nodes"]
+        results = session["searchHistory"]
+        assert results, "the session's other events are still found"
+        holds = ["zebramail" in r["text"] for r in results]
+        assert any(holds) is expect
+        about_memory = [r for r in results if r["event"]["tool"] == "add_memory"]
+        assert bool(about_memory) is expect
 
 
 async def test_h6_both_plans_rank_a_session_alike(

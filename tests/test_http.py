@@ -333,3 +333,22 @@ async def test_internal_error_over_http_is_masked(http, monkeypatch):
     assert error_code(response) == "INTERNAL"
     assert response.json()["errors"][0]["message"] == "Internal error."
     assert "secret" not in response.text
+
+
+def test_graphql_over_a_websocket_is_refused(settings, embedder):
+    """The schema has no subscriptions: a WebSocket on /graphql (which would build its context
+    from no HTTP request, so without the token's check) is not accepted, even where the ASGI
+    server speaks WebSocket."""
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from app.main import create_app
+
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        with (
+            pytest.raises(WebSocketDisconnect),
+            client.websocket_connect("/graphql", subprotocols=["graphql-transport-ws"]) as ws,
+        ):
+            ws.send_json({"type": "connection_init"})
+            ws.receive_json()
+        assert client.get("/healthz").status_code == 200

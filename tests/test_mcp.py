@@ -139,6 +139,28 @@ async def test_h6_h15_mcp_offers_search_history_of_the_named_session(
     assert error["code"] == "ACCESS_DENIED"
 
 
+async def test_m55_mcp_search_history_leaves_out_memory_text_without_the_memory_grants(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, model_server: OpenAIServer
+) -> None:
+    """History keeps a memory tool's call and result: a client that may read transcripts but
+    not memory records is not shown them, nor that they matched; with the grants, it is."""
+    harness = {**memory_harness(tools=["add_memory"]), "history": {"index": "messages_and_tools"}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.call_tools(("add_memory", {"summary": "Ada's PIN is zebramail", "kind": "fact"}))
+    model_server.say("Saved it.")
+    assert (await run(gql, admin, action_id, "Remember my PIN"))["status"] == "SUCCEEDED"
+    transcripts = allow(["SELECT"], "financial.ActionExecution.transcript")
+    without = await token_for(state, admin, "no-memory", allow(["INSERT"], EXECUTION), transcripts)
+    with_grants = await token_for(state, admin, "with-memory", *AGENT_POLICIES, transcripts)
+    for token, shown in ((without, False), (with_grants, True)):
+        async with mcp_session(mcp_url(base_url, action_id), token) as session:
+            found = await call(session, "search_history", query="Ada PIN zebramail")
+        texts = [e["text"] for e in found["events"]]
+        assert any(t.startswith("turn 1, user") for t in texts), texts
+        assert any("zebramail" in t for t in texts) is shown
+        assert any(e.get("call", {}).get("name") == "add_memory" for e in found["events"]) is shown
+
+
 async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:

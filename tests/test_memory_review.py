@@ -10,6 +10,7 @@ from factories import allow, caller, make_agent, make_agent_id, memory_harness
 from helpers import GQL, eventually
 from openai_server import OpenAIServer, Recorded
 from runtime_support import (
+    CANDIDATE_CALL,
     DECIDE_CALL,
     RUNNER_POLICIES,
     candidates,
@@ -613,3 +614,36 @@ def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
     assert ranked[0].score == pytest.approx(0.7 * 0.8 / 0.9 + 0.3)
     assert [r.summary for r in ranked[1:]] == [r.summary for r in pool[:5]]  # ties keep order
     assert rerank([], "anything") == []
+
+
+async def test_m10_two_turns_at_once_never_both_review_one_earlier_turn(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """With `every: {messages: 4}` turn 1 waits for review; turns A and B then run at once and
+    both read it as pending. The first to commit keeps its review; the second's would restate
+    it (neither saw the other's records), so it fails as a conflict, keeps nothing, and its
+    retry reviews only what is still pending."""
+    harness = memory_harness(extraction={"every": {"messages": 4}})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.say("Hello Ada.")
+    assert (await run(gql, admin, action_id, "Hi, I'm Ada and my plan is Basic"))["status"] == (
+        "SUCCEEDED"
+    )
+    candidate = {"candidates": [{"summary": "Ada's plan is Basic", "kind": "fact"}]}
+    for said in ("turn A", "turn B"):
+        model_server.say("ok", when=said, after_requests=3)
+        model_server.call_tools(
+            ("remember", candidate), purpose="memory", when=CANDIDATE_CALL, after_requests=5
+        )
+    ended = await asyncio.gather(
+        run(gql, admin, action_id, "turn A thanks"), run(gql, admin, action_id, "turn B bye")
+    )
+    statuses = sorted(e["status"] for e in ended)
+    assert statuses == ["FAILED", "SUCCEEDED"], [e["error"] for e in ended]
+    (failed,) = [e for e in ended if e["status"] == "FAILED"]
+    assert "memory review covered an earlier turn" in failed["error"]
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada's plan is Basic"]
+    model_server.say("ok again")
+    retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert len(await memories(gql, admin, action_id)) == 1

@@ -1,6 +1,7 @@
 """The agent's side of memory in real turns: recall, the native tools and what they refuse,
 pins, preview mode and session scope; through GraphQL with a scripted model on loopback."""
 
+import asyncio
 import json
 from typing import Any
 
@@ -583,3 +584,43 @@ async def test_m9_an_agent_without_a_session_needs_agent_scopes(
         None,
         None,
     )
+
+
+async def test_an_operator_write_into_a_session_and_a_turn_committing_there_take_one_lock_order(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: Any
+) -> None:
+    """addAgentMemory with a sessionId locks the session, then the records it replaces; a
+    turn's commit locked the records, then the session: they deadlocked, and a turn that
+    PostgreSQL chose to abort failed on an internal error. Both now lock the session first: the
+    later one waits, and the one whose replacement went stale gets the conflict message."""
+    from app.executions import store as executions_store
+
+    add_op = """mutation($a: UUID!, $i: AgentMemoryInput!) {
+      addAgentMemory(actionId: $a, input: $i) { memoryId } }"""
+    harness = memory_harness(tools=["add_memory"], scope=BOTH_SCOPES)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    plan = {"summary": "Ada's plan is Basic", "kind": "fact", "scope": "AGENT"}
+    old = (await gql(admin, add_op, a=action_id, i=plan)).ok()["addAgentMemory"]["memoryId"]
+    real = executions_store.insert_execution
+
+    async def slow(conn: Any, **row: Any) -> Any:
+        inserted = await real(conn, **row)
+        if row["kind"] == "OPERATOR":  # a slow round trip with the session locked
+            await asyncio.sleep(1.5)
+        return inserted
+
+    monkeypatch.setattr(executions_store, "insert_execution", slow)
+    gold = {"summary": "Ada's plan is Gold", "kind": "fact", "scope": "AGENT", "replaces": old}
+    model_server.call_tools(("add_memory", gold))
+    model_server.say("Done.", delay=1.0)
+    turn = asyncio.create_task(run(gql, admin, action_id, "Ada upgraded to Gold"))
+    await asyncio.sleep(0.3)
+    premium = {**plan, "summary": "Ada's plan is Premium", "sessionId": "s1", "replaces": old}
+    operator = await gql(admin, add_op, a=action_id, i=premium)
+    ended = await turn
+    # One of them replaced the record; the other was told it went stale. Nothing internal.
+    assert operator.codes in ([], ["CONFLICT"]), operator.errors
+    turn_won = ended["status"] == "SUCCEEDED"
+    assert turn_won == bool(operator.codes), (ended["error"], operator.errors)
+    if not turn_won:
+        assert "another turn changed this agent's memory" in ended["error"]

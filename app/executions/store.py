@@ -97,6 +97,46 @@ async def ensure_session(
     )
 
 
+async def lock_session(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    *,
+    exclusive: bool = True,
+) -> Row | None:
+    """The session's row, locked until the caller's transaction ends (None: no such session).
+    Exclusive for eraseSession and a commit, shared for a retry's or replay's start. Every path
+    that locks a session does so before the rows it then writes (executions, memory records):
+    one order, so no two of them deadlock."""
+    return await conn.fetchrow(
+        f"""
+        SELECT * FROM sessions WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+        FOR {"UPDATE" if exclusive else "SHARE"}
+        """,
+        account_id,
+        action_id,
+        session_id,
+    )
+
+
+async def running_in_session(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
+) -> UUID | None:
+    """An execution of the session that is running (a turn, an MCP call, an ingest), if any."""
+    return await conn.fetchval(
+        """
+        SELECT execution_id FROM executions
+        WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND status = 'RUNNING'
+          AND kind NOT IN ('OPERATOR', 'ERASE')
+        ORDER BY created LIMIT 1
+        """,
+        account_id,
+        action_id,
+        session_id,
+    )
+
+
 async def get_session(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
 ) -> Row | None:
@@ -539,6 +579,7 @@ async def preview_turn_through(
             SELECT true FROM executions
             WHERE account_id = $1 AND action_id = $2 AND session_id = $3
               AND kind = 'TURN' AND status = 'SUCCEEDED' AND preview AND turn <= $4
+              AND replay_of IS NULL
             LIMIT 1
             """,
             account_id,
@@ -558,19 +599,26 @@ async def turns_from(
     first_turn: int,
 ) -> list[Row]:
     """The session's committed turns from `first_turn` on that a turn may read (live turns
-    skip preview ones), in turn order."""
+    skip preview ones), in turn order: not a replay (which keeps nothing in its session, and
+    has its original's number), nor a turn eraseSession erased (its words are gone; a turn
+    retold as `[erased]` would only take room)."""
     return await conn.fetch(
         """
-        SELECT turn, execution_id, invocation_number, input, output FROM executions
-        WHERE account_id = $1 AND action_id = $2 AND session_id = $3
-          AND kind = 'TURN' AND status = 'SUCCEEDED' AND (NOT preview OR $4) AND turn >= $5
-        ORDER BY turn
+        SELECT e.turn, e.execution_id, e.invocation_number, e.input, e.output FROM executions e
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
+          AND e.kind = 'TURN' AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
+          AND e.turn >= $5 AND e.replay_of IS NULL
+          AND NOT EXISTS (SELECT FROM transcript_events t
+              WHERE t.account_id = e.account_id AND t.action_id = e.action_id
+                AND t.execution_id = e.execution_id AND t.data->>'erased' = $6)
+        ORDER BY e.turn
         """,
         account_id,
         action_id,
         session_id,
         preview,
         first_turn,
+        ERASED,
     )
 
 
@@ -690,9 +738,10 @@ async def record_review(
     execution_id: UUID,
     messages: int,
     reviewed: list[UUID],
-) -> None:
+) -> bool:
     """Counts a committing turn's messages for review, and marks the turns `reviewed` (this
-    one among them, when its review ran) as covered by its review."""
+    one among them, when its review ran) as covered by its review. False when another turn's
+    review, committed meanwhile, covered one of them (the row is then left as it was)."""
     await conn.execute(
         """
         UPDATE executions SET review_messages = $4,
@@ -705,7 +754,8 @@ async def record_review(
         messages,
         reviewed,
     )
-    await conn.execute(
+    others = {r for r in reviewed if r != execution_id}
+    status = await conn.execute(
         """
         UPDATE executions SET reviewed_by = $3
         WHERE account_id = $1 AND action_id = $2 AND execution_id = any($4::uuid[])
@@ -714,8 +764,9 @@ async def record_review(
         account_id,
         action_id,
         execution_id,
-        reviewed,
+        list(others),
     )
+    return int(status.split()[-1]) == len(others)  # "UPDATE n"
 
 
 # Erasure (eraseSession): a person's request that what a session said be gone for good.
@@ -726,6 +777,7 @@ ERASED = "[erased]"
 _ERASE_EXECUTIONS = """
     UPDATE executions SET input = to_jsonb($4::text),
         output = CASE WHEN output IS NULL THEN NULL ELSE to_jsonb($4::text) END,
+        error = CASE WHEN error IS NULL THEN NULL ELSE $4::text END,
         modified = now()
     WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND kind <> 'ERASE'
 """

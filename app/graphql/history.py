@@ -151,7 +151,8 @@ class SessionHistoryFields:
     @strawberry.field(
         description="The parts of the session's kept events that best match `query`, by meaning, "
         "words and recency, as the agent's search_history ranks them (every turn, live and "
-        "preview). Grants and redaction as `history`."
+        "preview). Grants as `history`; without the memory read grants, the events that hold "
+        "memory record text (a memory tool's call or result) are left out."
     )
     async def search_history(
         self,
@@ -164,6 +165,7 @@ class SessionHistoryFields:
         if not 1 <= first <= MAX_LIMIT:
             raise BadInput(f"`first` must be from 1 to {MAX_LIMIT}, got {first}")
         action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
+        reads_memory = redaction.may_read(info.context.caller)
         found = await service.search_events(
             info.context.pool,
             info.context.embedder,
@@ -171,12 +173,18 @@ class SessionHistoryFields:
             action_id=action_id,
             session_id=session_id,
             query=query,
-            limit=first,
+            # Without the memory read grants, the events that hold record text are left out
+            # (their score would tell that its words matched): enough are asked to fill `first`.
+            limit=first if reads_memory else MAX_LIMIT,
             max_query_chars=info.context.state.settings.max_search_query_chars,
         )
         results = []
         for e in found:
             visible = shown(info, e)
+            if visible is not e:  # reduced: it holds memory record text
+                continue
+            if len(results) == first:
+                break
             results.append(
                 ActionHistorySearchResult(
                     event=ActionHistoryEvent.of(action_id, visible),

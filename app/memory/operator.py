@@ -19,7 +19,7 @@ from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
-from app.errors import AccessDenied, BadInput, NotFound
+from app.errors import AccessDenied, BadInput, Conflict, NotFound
 from app.executions import store as executions_store
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory import maintenance, store
@@ -327,6 +327,15 @@ async def _commit_write(
     except Duplicate:
         await work.discard()
         return None
+    except Conflict:
+        await work.discard()
+        # A request with the same key that committed first changed the records this one
+        # replaces: it answers as that request did, as a duplicate does.
+        if key is not None:
+            async with pool.acquire() as conn:
+                if await key.previous(conn) is not None:
+                    return None
+        raise
     except BaseException:
         await work.discard()
         raise

@@ -35,7 +35,7 @@ from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork
-from app.runtime import liveness, turns
+from app.runtime import liveness, redaction, turns
 from app.runtime import review as conversation_review
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall, check_endpoint
@@ -272,6 +272,7 @@ async def _commit(
     context = run.context
     execution = run.execution
     async with context.state.pool.acquire() as conn, conn.transaction():
+        await turns._lock_session(conn, execution, exclusive=True)  # before the memory rows
         written = await context.work.commit(conn) if context.work is not None else []
         if key is not None:
             await key.record(conn, {"executionId": str(execution.execution_id)})
@@ -362,7 +363,12 @@ async def call_tool(
     with _running(state, run.execution):
         try:
             tools = turns.native_tools(
-                state, action, context.transcript, context.work, history_scope(action, place)
+                state,
+                action,
+                context.transcript,
+                context.work,
+                history_scope(action, place),
+                memory_text=redaction.may_read(caller),
             )
             call = ToolCall(
                 id=f"mcp-{run.execution.execution_id}",

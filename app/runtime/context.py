@@ -46,6 +46,7 @@ from app.actions.model import ModelConfig
 from app.errors import BadInput
 from app.executions import store
 from app.executions.service import Execution
+from app.history import keeping
 from app.history.store import Scope
 from app.memory.records import pinned_tokens
 from app.runtime import transcript as events
@@ -274,7 +275,10 @@ class ContextWindow:
                 "cleared: call it again asking for less.]"
             )
         where = "this turn" if entry.turn is None else f"turn {entry.turn}"
-        if self.history is not None and self.history.index == "messages_and_tools":
+        # History keeps an earlier turn's tool results, but never a retrieval's (H4), and a
+        # turn's own only once it commits (H6): only those can search_history find.
+        kept = entry.turn is not None and entry.tool not in keeping.RETRIEVALS
+        if kept and self.history is not None and self.history.index == "messages_and_tools":
             return (
                 f"[This result of {entry.tool} ({where}) was cleared to keep the context within "
                 "its budget; search_history finds it.]"

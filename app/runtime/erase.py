@@ -4,7 +4,9 @@ Erases the session's history (events, parts and their vectors), its running summ
 text of its executions' inputs, outputs and transcripts (replaced by a marker); memory records
 are left to deleteAgentMemory, and the answer lists the session's live ones so an operator
 can delete them. Needs DELETE on financial.ActionExecution.document, and is recorded as an
-execution of kind ERASE naming who asked.
+execution of kind ERASE naming who asked. While an execution of the session runs (a turn, an
+MCP call, an ingest), it is CONFLICT and erases nothing: that execution holds the session's
+words in memory and would write them back when it ends.
 """
 
 import uuid
@@ -16,7 +18,7 @@ import asyncpg
 from app.actions.service import load_action
 from app.auth import resources
 from app.auth.caller import Caller
-from app.errors import NotFound
+from app.errors import Conflict, NotFound
 from app.executions import store
 from app.executions.service import Execution
 from app.history import store as history_store
@@ -43,8 +45,18 @@ async def erase_session(
         action = await load_action(conn, caller.account_id, action_id)
         if action is None:
             raise NotFound(f"action {action_id} not found")
-        if await store.get_session(conn, caller.account_id, action_id, session_id) is None:
+        # Locked first, as a turn's start and commit lock it: a turn starting now waits for
+        # the erasure (and then reads what is left), and a turn that has started is seen.
+        if await store.lock_session(conn, caller.account_id, action_id, session_id) is None:
             raise NotFound(f"session {session_id!r} of action {action_id} not found")
+        running = await store.running_in_session(conn, caller.account_id, action_id, session_id)
+        if running is not None:
+            # Its words are in the process running it, which would write them back at its end.
+            raise Conflict(
+                f"execution {running} of session {session_id!r} is running; nothing was erased: "
+                "erase the session once it has ended (one whose process stopped is failed when "
+                "its lease, ENGRAM_TURN_LEASE_SECONDS, runs out)"
+            )
         events = await history_store.erase(conn, caller.account_id, action_id, session_id)
         await store.erase_summaries(conn, caller.account_id, action_id, session_id)
         counts = await store.erase_executions(conn, caller.account_id, action_id, session_id)

@@ -4,8 +4,10 @@ Spec M55: reading records through the API needs READ_MEMORY's grants, "whoever a
 whoever starts or calls the agent". A turn's transcript holds the records its recalls and
 memory tools returned or wrote, and the text the agent gave `add_memory`; an operator's
 execution names the records it wrote. To a reader without READ_MEMORY each record is reduced
-to its identity (`id` or `memoryId`, and `version`), and a memory tool's arguments to those
-that carry no record text. Formats are those of app/runtime/transcript.py.
+to its identity (`id` or `memoryId`, and `version`), a memory tool's arguments to those
+that carry no record text, and a search_history result that holds record text (a memory tool's
+result or call, kept in the session's history) to the line saying who it is from. Formats are
+those of app/runtime/transcript.py.
 """
 
 import json
@@ -31,13 +33,17 @@ def may_read(caller: Caller) -> bool:
 
 
 def execution_value(value: Any) -> Any:
-    """An execution's input or output with every record view reduced to its identity."""
+    """An execution's input or output with every record view reduced to its identity, and
+    every search_history result that holds record text reduced to who said it."""
     if isinstance(value, list):
         return [execution_value(v) for v in value]
     if not isinstance(value, dict):
         return value
     if ("id" in value or "memoryId" in value) and "version" in value and _has_text(value):
         return {k: value[k] for k in IDENTITY if k in value}
+    if _is_history_view(value) and _holds_memory_text(value):
+        header = value["text"].split("\n", 1)[0]  # "turn 3, tool add_memory"
+        return {**value, "text": f"{header}\n{HIDDEN}"}
     if value.get("tool") in NATIVE_TOOLS and isinstance(value.get("arguments"), dict):
         # An MCP call's input (app/runtime/calls.py): the arguments may carry record text.
         reduced = {k: execution_value(v) for k, v in value.items() if k != "arguments"}
@@ -94,6 +100,25 @@ def _review_without_text(data: dict[str, Any]) -> dict[str, Any]:
         if key in data:
             reduced[key] = [] if isinstance(data[key], list) else None
     return reduced
+
+
+HIDDEN = "[memory record text: shown only with the memory read grants]"
+
+
+def _is_history_view(value: dict[str, Any]) -> bool:
+    """A search_history result as app.history.search.view makes it."""
+    return isinstance(value.get("text"), str) and "execution" in value and "sequence" in value
+
+
+def _holds_memory_text(view: dict[str, Any]) -> bool:
+    """Marked so when it was found (`carries_memory_text`); a result recorded before the
+    marks, by its call's tool, or by its text naming a call of a memory tool."""
+    if view.get("memory") is True:
+        return True
+    call = view.get("call")
+    if isinstance(call, dict) and call.get("name") in NATIVE_TOOLS:
+        return True
+    return any(f"called {name} " in view["text"] for name in NATIVE_TOOLS)
 
 
 def _has_text(value: dict[str, Any]) -> bool:

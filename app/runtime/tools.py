@@ -137,6 +137,20 @@ class HistoryAccess:
     pool: asyncpg.Pool
     embedder: Embeds
     scope: Scope
+    # Whether the reader may read memory records (M55): a client over MCP without the memory
+    # read grants is not shown, nor told of, an event that holds a record's text.
+    memory_text: bool = True
+
+
+def carries_memory_text(event: history_search.Event) -> bool:
+    """A kept event that holds memory record text: a memory tool's result (the records it
+    returned or wrote), or an agent message that called one (its arguments)."""
+    if event.who == "tool":
+        return event.tool in NATIVE_TOOLS
+    if event.who == "agent" and isinstance(event.data, dict):
+        calls = event.data.get("toolCalls") or []
+        return any(isinstance(c, dict) and c.get("name") in NATIVE_TOOLS for c in calls)
+    return False
 
 
 def record_view(record: MemoryRecord, memory: MemoryConfig) -> dict[str, Any]:
@@ -239,6 +253,8 @@ class ToolResult:
     embed_tokens: int = 0
     retrieved: list[MemoryRecord] = field(default_factory=list)  # records that reach the model
     retrieved_events: list[dict[str, Any]] = field(default_factory=list)  # history that does
+    # What the transcript records, where it differs from what the model reads (None: the same).
+    transcript_output: dict[str, Any] | None = None
 
 
 @dataclass
@@ -287,7 +303,8 @@ class NativeTools:
             )
         if result.embed_tokens:
             self.transcript.embedding(self.embedder_name, result.embed_tokens, call.name)
-        record.update(input=args, output=result.output)
+        recorded = result.transcript_output
+        record.update(input=args, output=result.output if recorded is None else recorded)
         sequence = self.transcript.add(events.TOOL_EXECUTION, record)
         if result.retrieved:
             self.transcript.add(
@@ -431,10 +448,21 @@ class NativeTools:
             found, tokens = searched.events, searched.embed_tokens
         else:
             raise ToolRefused("pass a query to search, or ids to read events whole")
-        views = []
+        views, recorded = [], []
         for event in found:
+            memory = carries_memory_text(event)
+            if memory and not access.memory_text:
+                continue  # not shown, nor its score (which would tell that its words matched)
             shown = history_search.view(event)
             shown["text"] = for_model(shown["text"])
             views.append(shown)
+            # Marked in the transcript: a reader without the memory read grants sees its text
+            # reduced there (app/runtime/redaction.py).
+            recorded.append({**shown, "memory": True} if memory else shown)
         used = [{"id": v["id"], **({"part": v["part"]} if "part" in v else {})} for v in views]
-        return ToolResult({"events": views}, embed_tokens=tokens, retrieved_events=used)
+        return ToolResult(
+            {"events": views},
+            embed_tokens=tokens,
+            retrieved_events=used,
+            transcript_output={"events": recorded},
+        )

@@ -200,7 +200,8 @@ async def _insert_running(
         await store.defer_durability(conn)
         turn = replay_of.turn if replay_of is not None else None
         if replay_of is not None:
-            # In this transaction, its original locked: an erasure came first, or waits for it.
+            # In this transaction, its session locked: an erasure came first, or waits for it.
+            await _lock_session(conn, replay_of)
             await _check_not_erased(conn, replay_of, "replayed")
         if session_id is not None and replay_of is None:
             session = await store.ensure_session(
@@ -241,6 +242,16 @@ async def _start_new(
     _check_request(request, action)
     check_endpoint(action.model, state.settings)
     return action, await _insert_running(state, caller, action, request, key=key)
+
+
+async def _lock_session(conn: asyncpg.Connection, e: Execution, *, exclusive: bool = False) -> None:
+    """Locks the execution's session, if it has one, until the transaction ends: shared for a
+    retry's or replay's start, exclusive for a commit. eraseSession locks it exclusively and
+    then refuses while an execution of the session runs, so a turn either starts after an
+    erasure (and sees it), or the erasure waits and finds it running. Taken before any other
+    row the transaction writes, as every path that locks a session does."""
+    if e.session_id is not None:
+        await store.lock_session(conn, e.account_id, e.action_id, e.session_id, exclusive=exclusive)
 
 
 async def _check_not_erased(conn: asyncpg.Connection, e: Execution, done: str) -> None:
@@ -356,12 +367,14 @@ async def _start_retry(
     await _discard_ended(state, action)
     async with state.pool.acquire() as conn, conn.transaction():
         await store.defer_durability(conn)
+        # Its session locked first (as eraseSession locks it): an erasure either came first,
+        # or waits for this restart and then finds the turn running.
+        await _lock_session(conn, previous)
         row = await store.restart_execution(
             conn, caller.account_id, action.action_id, previous.execution_id, _boot_id(state)
         )
         if row is None:
             raise Conflict(f"execution {previous.execution_id} is being retried by another request")
-        # With the row locked by the restart: an erasure either came first, or waits for it.
         await _check_not_erased(conn, previous, "retried")
         if key is not None:
             await key.record(conn, {"executionId": str(row["execution_id"])})
@@ -471,12 +484,15 @@ def native_tools(
     transcript: Transcript,
     work: MemoryWork | None,
     history: Scope | None = None,
+    *,
+    memory_text: bool = True,
 ) -> NativeTools:
     """The native tools of a turn, and of a client's call over MCP (app/runtime/calls.py):
     one place, so a tool added here is offered over MCP too. `history`: the session history
-    search_history reads (None: not offered)."""
+    search_history reads (None: not offered); `memory_text`: whether its results may hold
+    memory record text (a client without the memory read grants: not)."""
     assert state.embedder is not None
-    access = HistoryAccess(state.pool, state.embedder, history) if history else None
+    access = HistoryAccess(state.pool, state.embedder, history, memory_text) if history else None
     return NativeTools(
         work,
         action.harness.memory,
@@ -673,17 +689,20 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
     written: list[MemoryRecord] = []
     async with context.state.pool.acquire() as conn, conn.transaction():
+        await _lock_session(conn, execution, exclusive=True)  # before the memory rows
         if context.work is not None:
             written = await context.work.commit(conn)
-        if context.review_messages is not None:
-            await store.record_review(
-                conn,
-                execution.account_id,
-                execution.action_id,
-                execution.execution_id,
-                context.review_messages,
-                context.reviewed,
-            )
+        if context.review_messages is not None and not await store.record_review(
+            conn,
+            execution.account_id,
+            execution.action_id,
+            execution.execution_id,
+            context.review_messages,
+            context.reviewed,
+        ):
+            # Another turn of the session reviewed an earlier turn this review read too: its
+            # records would restate what that review kept.
+            raise Conflict("another turn's memory review covered an earlier turn this one did")
         turn = None
         if execution.session_id is not None and execution.replay_of is None:
             turn = await store.count_turn(
