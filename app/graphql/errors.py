@@ -9,6 +9,7 @@ from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
 
 from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
+from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.errors import DomainError
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,10 @@ UNAVAILABLE_MESSAGE = (
     "The database is unavailable (restarting, in recovery or out of connections); "
     f"retry in {RETRY_AFTER_SECONDS} seconds."
 )
+EMBEDDER_MESSAGE = (
+    "The embedding model could not embed the text (its provider failed; the service's log says "
+    f"why); retry in {RETRY_AFTER_SECONDS} seconds."
+)
 
 
 def classify(error: GraphQLError) -> tuple[str, str]:
@@ -42,6 +47,9 @@ def classify(error: GraphQLError) -> tuple[str, str]:
         return "BAD_REQUEST", error.message
     if is_unavailable(original):
         return "UNAVAILABLE", UNAVAILABLE_MESSAGE
+    if isinstance(original, EmbedderUnavailable | EmbeddingFailed):
+        # The provider's own words name its endpoint: they go to the log only.
+        return "UNAVAILABLE", EMBEDDER_MESSAGE
     return "INTERNAL", INTERNAL_MESSAGE
 
 
@@ -67,7 +75,7 @@ class Schema(strawberry.Schema):
         for error in errors:
             code = classify(error)[0]
             if code == "UNAVAILABLE":
-                log.warning("database unavailable at %s: %r", error.path, error.original_error)
+                log.warning("unavailable at %s: %r", error.path, error.original_error)
             elif code == "INTERNAL":
                 log.error(
                     "internal error at %s: %s",

@@ -8,6 +8,7 @@ execution of the native tool of its name.
 """
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 
 from app.actions.harness import MemoryConfig
 from app.embeddings.base import Embeds
+from app.embeddings.errors import EmbeddingFailed
 from app.errors import DomainError
 from app.history import search as history_search
 from app.history.store import Scope
@@ -40,6 +42,8 @@ from app.runtime.transcript import Transcript
 from app.scope import Scope as RecordScope
 from app.shapes import WRITTEN, first_error
 from app.text import for_model, for_model_json, storable_json
+
+log = logging.getLogger(__name__)
 
 SEARCH_MEMORY = "search_memory"
 ADD_MEMORY = "add_memory"
@@ -292,8 +296,16 @@ class NativeTools:
             args = parse_arguments(call.arguments)
             self._check_offered(call.name)
             result = await self._handlers[call.name](args)
-        except (ToolRefused, DomainError) as e:
-            message = e.message
+        except (ToolRefused, DomainError, EmbeddingFailed) as e:
+            if isinstance(e, EmbeddingFailed):
+                # The provider's words name its endpoint: the log has them, the model not.
+                log.warning("%s: the embedding model failed: %s", call.name, e)
+                message = (
+                    f"{call.name} could not run: the embedding model failed; try again later, "
+                    "or go on without it"
+                )
+            else:
+                message = e.message
             record.update(
                 input=args if args is not None else {"arguments": call.arguments}, error=message
             )

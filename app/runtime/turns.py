@@ -23,6 +23,7 @@ import asyncpg
 from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
+from app.embeddings.errors import EmbeddingFailed
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.executions import store
 from app.executions.service import Execution
@@ -742,12 +743,18 @@ def _failure_message(error: BaseException) -> str:
         return error.message
     if isinstance(error, asyncio.CancelledError):
         return "the turn was cancelled before it finished; retry the execution"
+    if isinstance(error, EmbeddingFailed):  # a recall's, or a write's at commit
+        return "the embedding model failed (logged by the service); retry the execution"
     return "the turn failed on an internal error (logged by the service); retry the execution"
 
 
 async def _fail(context: TurnContext, error: BaseException) -> Execution:
     """Keeps the failed attempt's transcript; drops its memory."""
-    if not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
+    if isinstance(error, EmbeddingFailed):
+        log.warning(
+            "turn %s failed: the embedding model failed: %s", context.execution.execution_id, error
+        )
+    elif not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
         log.error("turn %s failed", context.execution.execution_id, exc_info=error)
     message = storable(_failure_message(error))
     transcript = context.transcript

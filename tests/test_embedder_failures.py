@@ -1,0 +1,91 @@
+"""An embedding provider that fails: a search over GraphQL is UNAVAILABLE (HTTP 503, the
+provider's words kept for the log), and a turn's search_memory reads the failure as a tool
+error and goes on. The provider is the scripted OpenAI-compatible server on loopback, on a
+database of its own (its vectors have the server's dimensions)."""
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from helpers import GQL, database_copy, db_settings
+from openai_server import OpenAIServer
+from runtime_support import run, tool_runs
+
+from app.auth.caller import Caller
+from app.auth.policies import ADMIN_POLICIES
+from app.auth.service import ensure_default_account
+from app.db import migrate
+from app.db.pool import create_pool
+from app.embeddings.openai import OpenAIEmbedder
+from app.runtime.model import ModelClient
+from app.services import start_services, stop_services
+from app.state import AppState
+
+pytestmark = pytest.mark.usefixtures("model_server")
+
+SEARCH = """query($a: UUID!) { action(actionId: $a) {
+  searchMemories(query: "Ada's plan", first: 5) { nodes { summary } } } }"""
+CREATE = """mutation($i: ActionInput!) { createAction(input: $i) { actionId } }"""
+
+
+@pytest.fixture
+async def remote(pg_server, model_server: OpenAIServer) -> AsyncIterator[AppState]:
+    """A deployment whose embedder is the scripted server's /v1/embeddings, without retries."""
+    name = f"engram_remote_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url)
+        settings = db_settings(url, model_base_url=model_server.url, model_max_retries=0)
+        embedder = OpenAIEmbedder(
+            url=model_server.url,
+            model=model_server.embedding_model,
+            dimensions=model_server.embedding_dimensions,
+            max_retries=0,
+        )
+        pool = await create_pool(url, min_size=1, max_size=4)
+        state = AppState(settings=settings, pool=pool, embedder=embedder)
+        await start_services(state)
+        state.services["model"] = ModelClient(settings, backoff_seconds=0.01)
+        try:
+            yield state
+        finally:
+            await stop_services(state)
+            await pool.close()
+            await embedder.aclose()
+
+
+async def test_a_failing_embedder_is_unavailable_over_graphql_and_a_tool_error_in_a_turn(
+    remote: AppState, model_server: OpenAIServer
+) -> None:
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    harness = {"memory": {"enabled": True}}
+    created = await gql(admin, CREATE, i={"name": "support", "harness": harness})
+    action_id = created.ok()["createAction"]["actionId"]
+
+    model_server.fail_next(1, status=500, message=f"upstream at {model_server.url} exploded")
+    failed = await gql(admin, SEARCH, a=action_id)
+    assert failed.codes == ["UNAVAILABLE"], failed.errors
+    message = failed.errors[0]["message"]
+    assert "embedding model could not embed" in message
+    assert model_server.url not in message and "exploded" not in message
+
+    # In a turn: the recall embeds the input (served), then the tool's search fails; the
+    # model reads why, and the turn goes on to its answer.
+    model_server.call_tools(("search_memory", {"query": "Ada's plan"}))
+    model_server.say("I could not look it up, sorry.")
+    model_server.stall_next(1, 0.0, path="/v1/embeddings")  # answered as usual
+    model_server.fail_next(1, status=400, message="the model is gone", path="/v1/embeddings")
+    executed = await run(gql, admin, action_id, "What is Ada's plan?")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (searched,) = tool_runs(executed, "search_memory")
+    assert searched["error"].startswith("search_memory could not run: the embedding model failed")
+    assert "gone" not in searched["error"]
+
+    # A recall that cannot embed fails the turn, saying so (not an internal error).
+    model_server.fail_next(1, status=400, message="the model is gone", path="/v1/embeddings")
+    failed_turn = await run(gql, admin, action_id, "And now?")
+    assert failed_turn["status"] == "FAILED"
+    assert failed_turn["error"].startswith("the embedding model failed")
