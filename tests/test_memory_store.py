@@ -487,6 +487,19 @@ async def test_a_retry_never_sees_what_a_failed_attempt_staged(state, agent):
     assert (await operator_sees(state, agent, mine.memory_id)).summary == "from the retry"
 
 
+async def test_dropping_an_ended_attempt_keeps_what_a_retry_begun_meanwhile_staged(state, agent):
+    """Another turn drops what a turn found ended had staged; if that turn was retried in the
+    meantime, the retry's rows are its own and stay."""
+    first = writer(agent, invocation=1)
+    await work(state, first).add(NewMemory(summary="from the failed attempt", kind="fact"))
+    unit = work(state, writer(agent, execution_id=first.execution_id, invocation=2))
+    (mine,) = await unit.add(NewMemory(summary="from the retry", kind="fact"))
+    await work(state, first).discard()  # as `_discard_ended` does, having read it ended
+    await commit(state, unit)
+    assert (await operator_sees(state, agent, mine.memory_id)).summary == "from the retry"
+    assert await count_rows(state, agent) == (1, 1)
+
+
 # --- M43 read, M44/M58 delete -----------------------------------------------------------------
 
 

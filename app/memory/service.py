@@ -522,11 +522,19 @@ class MemoryWork:
     async def discard(self) -> None:
         """Drops whatever this work staged (a failed turn leaves no memory).
 
-        Every row its execution staged goes, earlier attempts' included.
+        Every row its execution staged goes, earlier attempts' included, but not a later
+        attempt's: a turn found ended is dropped by another turn, and may be retried
+        meanwhile.
         """
         w = self.writer
         async with self.pool.acquire() as conn:
-            await store.delete_staged(conn, w.account_id, w.action.action_id, w.execution_id)
+            await store.delete_staged(
+                conn,
+                w.account_id,
+                w.action.action_id,
+                w.execution_id,
+                through_invocation=w.invocation_number,
+            )
         self._staged.clear()
         self._unstaged.clear()
         self._changes.clear()
