@@ -368,8 +368,6 @@ async def test_h16_the_stub_says_search_history_finds_cleared_results_when_it_ke
             model_server.call_tools(("add_memory", noted), LOOKUP)
             model_server.say(f"ANSWER-{turn}")
             await run(gql, admin, action_id, f"ASK-{turn} {index}")
-        for m in chat(model_server, "turn")[-1].body["messages"]:
-            print("DBG", m["role"], len(json.dumps(m)), str(m.get("content"))[:90])
         stubs = [r for r in tool_results(chat(model_server, "turn")[-1]) if "was cleared" in r]
         kept = [s for s in stubs if s.startswith("[This result of add_memory (turn 1)")]
         retrieved = [s for s in stubs if s.startswith("[This result of search_memory (turn 1)")]

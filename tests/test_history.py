@@ -759,6 +759,14 @@ async def test_m55_search_history_shows_memory_text_only_with_the_memory_read_gr
         assert any(holds) is expect
         about_memory = [r for r in results if r["event"]["tool"] == "add_memory"]
         assert bool(about_memory) is expect
+    # Left out of the ranking itself: the first place goes to an event the reader may read,
+    # as for any query (a short page would tell that a hidden event matched).
+    one = search.replace("first: 10", "first: 1")
+    for query in ("zebramail", "weather"):
+        result = await gql(reader, one, a=action_id, q=query)
+        (session,) = result.ok()["action"]["sessions"]["nodes"]
+        assert len(session["searchHistory"]) == 1
+        assert "zebramail" not in json.dumps(session)
 
 
 async def test_h6_both_plans_rank_a_session_alike(

@@ -159,6 +159,11 @@ async def test_m55_mcp_search_history_leaves_out_memory_text_without_the_memory_
         assert any(t.startswith("turn 1, user") for t in texts), texts
         assert any("zebramail" in t for t in texts) is shown
         assert any(e.get("call", {}).get("name") == "add_memory" for e in found["events"]) is shown
+        # Left out of the ranking itself: a short page would tell that a hidden event matched.
+        async with mcp_session(mcp_url(base_url, action_id), token) as session:
+            first = await call(session, "search_history", query="zebramail", limit=1)
+        (only,) = first["events"]
+        assert ("zebramail" in only["text"]) is shown
 
 
 async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(

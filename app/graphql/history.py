@@ -165,7 +165,6 @@ class SessionHistoryFields:
         if not 1 <= first <= MAX_LIMIT:
             raise BadInput(f"`first` must be from 1 to {MAX_LIMIT}, got {first}")
         action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
-        reads_memory = redaction.may_read(info.context.caller)
         found = await service.search_events(
             info.context.pool,
             info.context.embedder,
@@ -173,18 +172,15 @@ class SessionHistoryFields:
             action_id=action_id,
             session_id=session_id,
             query=query,
-            # Without the memory read grants, the events that hold record text are left out
-            # (their score would tell that its words matched): enough are asked to fill `first`.
-            limit=first if reads_memory else MAX_LIMIT,
+            limit=first,
             max_query_chars=info.context.state.settings.max_search_query_chars,
+            # Without the memory read grants, the events that hold record text are left out
+            # of the ranking (a score, or a short page, would tell that their words matched).
+            hidden_tools=redaction.hidden_tools(info.context.caller),
         )
         results = []
         for e in found:
             visible = shown(info, e)
-            if visible is not e:  # reduced: it holds memory record text
-                continue
-            if len(results) == first:
-                break
             results.append(
                 ActionHistorySearchResult(
                     event=ActionHistoryEvent.of(action_id, visible),

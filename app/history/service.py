@@ -18,9 +18,11 @@ from app.text import MAX_QUERY_CHARS, check_query
 READ_HISTORY = (("SELECT", resources.EXECUTION_TRANSCRIPT),)
 
 
-def _scope(caller: Caller, action_id: UUID, session_id: str) -> Scope:
+def _scope(
+    caller: Caller, action_id: UUID, session_id: str, hidden_tools: tuple[str, ...] = ()
+) -> Scope:
     # Operators see every turn, live and preview.
-    return Scope(caller.account_id, action_id, session_id, None, True)
+    return Scope(caller.account_id, action_id, session_id, None, True, hidden_tools)
 
 
 async def list_events(
@@ -58,11 +60,12 @@ async def search_events(
     query: str,
     limit: int,
     max_query_chars: int = MAX_QUERY_CHARS,
+    hidden_tools: tuple[str, ...] = (),
 ) -> list[Event]:
-    """The session's best-matching parts, ranked as the agent's search_history ranks them."""
+    """The session's best-matching parts, ranked as the agent's search_history ranks them;
+    without the events of `hidden_tools` (their results and the calls of them)."""
     caller.require(*READ_HISTORY)
     check_query(query, max_query_chars)
-    found = await history_search.search(
-        pool, embedder, _scope(caller, action_id, session_id), query=query, limit=limit
-    )
+    scope = _scope(caller, action_id, session_id, hidden_tools)
+    found = await history_search.search(pool, embedder, scope, query=query, limit=limit)
     return found.events

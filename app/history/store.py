@@ -32,6 +32,10 @@ class Scope:
     session_id: str
     before_turn: int | None
     preview: bool
+    # Events left out: a result of these tools, and an agent message that called one (a
+    # search by a reader who may not read what they hold: memory records, M55). Left out of
+    # the ranking itself, so that neither a score nor a short page tells they matched.
+    hidden_tools: tuple[str, ...] = ()
 
 
 class SessionKey(Params):
@@ -82,7 +86,29 @@ def _visible(scope: Scope, p: Params, h: str) -> str:
         where += f" AND {h}.turn < {p(scope.before_turn)}"
     if not scope.preview:
         where += f" AND NOT {h}.preview"
+    if scope.hidden_tools:
+        where += f" AND NOT {_hidden(scope, p, h)}"
     return where
+
+
+def _hidden(scope: Scope, p: Params, h: str) -> str:
+    """SQL: the event of row `h` (an event, or a part of one) is one `hidden_tools` hides."""
+    tools = p(list(scope.hidden_tools))
+    calls = (
+        "jsonb_array_elements(CASE WHEN jsonb_typeof(e.data->'toolCalls') = 'array'"
+        " THEN e.data->'toolCalls' ELSE '[]'::jsonb END) c"
+    )
+    held = (
+        f"(e.who = 'tool' AND e.tool = any({tools}::text[]) OR e.who = 'agent'"
+        f" AND EXISTS (SELECT FROM {calls} WHERE c->>'name' = any({tools}::text[])))"
+    )
+    if h == "e":
+        return held
+    return (
+        f"EXISTS (SELECT FROM history_events e WHERE e.account_id = {h}.account_id"
+        f" AND e.action_id = {h}.action_id AND e.session_id = {h}.session_id"
+        f" AND e.event_id = {h}.event_id AND {held})"
+    )
 
 
 class Keeper(Protocol):

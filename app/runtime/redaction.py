@@ -32,6 +32,12 @@ def may_read(caller: Caller) -> bool:
     return all(is_allowed(caller.policies, verb, name) for verb, name in resources.READ_MEMORY)
 
 
+def hidden_tools(caller: Caller) -> tuple[str, ...]:
+    """The tools whose history events a search by `caller` leaves out: the memory tools', for
+    a caller without the memory read grants (their calls and results hold record text)."""
+    return () if may_read(caller) else NATIVE_TOOLS
+
+
 def execution_value(value: Any) -> Any:
     """An execution's input or output with every record view reduced to its identity, and
     every search_history result that holds record text reduced to who said it."""

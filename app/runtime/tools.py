@@ -10,7 +10,7 @@ execution of the native tool of its name.
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -450,21 +450,22 @@ class NativeTools:
         a = _arguments(SearchHistory, args, self.schemas[SEARCH_HISTORY], self.memory)
         memory_search.check_query(a.query, self.max_query_chars)
         access = self.history
+        scope = access.scope
+        if not access.memory_text:  # not ranked at all: neither a score nor a short page tells
+            scope = replace(scope, hidden_tools=NATIVE_TOOLS)
         tokens = 0
         if a.ids is not None:
-            found = await history_search.read(access.pool, access.scope, a.ids)
+            found = await history_search.read(access.pool, scope, a.ids)
         elif a.query and a.query.strip():
             searched = await history_search.search(
-                access.pool, access.embedder, access.scope, query=a.query, limit=a.limit
+                access.pool, access.embedder, scope, query=a.query, limit=a.limit
             )
             found, tokens = searched.events, searched.embed_tokens
         else:
             raise ToolRefused("pass a query to search, or ids to read events whole")
         views, recorded = [], []
         for event in found:
-            memory = carries_memory_text(event)
-            if memory and not access.memory_text:
-                continue  # not shown, nor its score (which would tell that its words matched)
+            memory = carries_memory_text(event)  # (never, with hidden_tools)
             shown = history_search.view(event)
             shown["text"] = for_model(shown["text"])
             views.append(shown)
