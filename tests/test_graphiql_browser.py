@@ -63,6 +63,12 @@ async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db
                 await page.locator(".graphiql-execute-button").click()
                 response = page.locator(".graphiql-response")
                 await expect(response).to_contain_text('"principal": "admin"')
+                # Nothing outlives the tab: GraphiQL's history (which would hold headers typed
+                # in its editor) is kept in session storage, not localStorage.
+                kept = await page.evaluate("() => Object.keys(localStorage)")
+                assert kept == [], kept
+                history = await page.evaluate("() => sessionStorage.getItem('graphiql:queries')")
+                assert history and "viewer" in history
                 # The schema came through the token too: the docs explorer lists Query's fields.
                 await page.get_by_role("button", name="Show Documentation Explorer").click()
                 await expect(page.locator(".graphiql-doc-explorer")).to_contain_text("Query")
