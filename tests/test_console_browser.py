@@ -316,9 +316,21 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         revokes = auditor.get_by_role("button", name=re.compile("^Revoke token"))
         await expect(revokes).to_have_count(20)
         more = auditor.get_by_role("button", name="Show more tokens")
-        await more.click()
+        await more.dblclick()  # a double click loads the next page once
         await expect(revokes).to_have_count(21)
         await expect(more).to_be_hidden()
+        await page.wait_for_timeout(300)
+        await expect(revokes).to_have_count(21)
+
+        # The skip link moves focus to the page, and leaves it where it is.
+        before = page.url
+        await page.locator("a.skip").focus()
+        await page.keyboard.press("Enter")
+        await expect(page.get_by_role("heading", name="Clients and tokens")).to_be_visible()
+        assert page.url == before
+        # A session that does not exist is "Not found", not an error.
+        await page.goto(f"{url}/console#/agents/{seeded['agent']}/sessions/no-such-session")
+        await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
 
 
 async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_url, embedder):

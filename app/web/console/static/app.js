@@ -53,7 +53,18 @@ function notFound(what) {
 }
 
 function button(label, onclick, attrs = {}) {
-  return h("button", { type: "button", onclick, ...attrs }, label);
+  // While its action runs the button is disabled: a double click loads a page once.
+  const el = h("button", { type: "button", ...attrs }, label);
+  el.addEventListener("click", async (event) => {
+    if (el.disabled) return;
+    el.disabled = true;
+    try {
+      await onclick(event);
+    } finally {
+      el.disabled = false;
+    }
+  });
+  return el;
 }
 
 function pre(value) {
@@ -626,7 +637,12 @@ async function sessionView({ actionId, sessionId }) {
     more.hidden = !data.node.executions.pageInfo.hasNextPage;
     more.dataset.after = data.node.executions.pageInfo.endCursor || "";
   }
-  await load(null);
+  try {
+    await load(null);
+  } catch (error) {
+    if (!(error instanceof ApiError && error.code === "NOT_FOUND")) throw error;
+    found = false;
+  }
   if (!found) return notFound(gone);
   if (can("ActionSession.searchHistory") && await hasHistorySearch()) {
     const query = h("input", { type: "search", required: true });
@@ -783,7 +799,11 @@ async function route() {
   } catch (error) {
     content = [h("h1", { tabindex: -1 }, "Something went wrong"), problem(error)];
   }
-  if (mine !== rendering || !viewer) return;
+  if (mine !== rendering) return;
+  if (!viewer) {  // signed out meanwhile: the sign-in form is not busy
+    main.removeAttribute("aria-busy");
+    return;
+  }
   clear(main);
   append(main, [content]);
   main.removeAttribute("aria-busy");
@@ -792,7 +812,14 @@ async function route() {
 }
 
 window.addEventListener("hashchange", () => {
+  // Only "#/..." names a page ("#main", the skip link's, is a place on this one).
+  if (location.hash && !location.hash.startsWith("#/")) return;
   route().then(() => { const h1 = main.querySelector("h1"); if (h1) h1.focus(); });
+});
+
+document.querySelector("a.skip").addEventListener("click", (event) => {
+  event.preventDefault();  // the hash names pages: moving focus must not leave this one
+  main.focus();
 });
 
 async function start() {
@@ -801,7 +828,14 @@ async function start() {
   try {
     viewer = await loadViewer(saved);
   } catch (error) {
-    return signOut(error instanceof ApiError ? error.sentence : String(error));
+    if (error instanceof ApiError && error.code === "UNAUTHENTICATED") return signOut(error.sentence);
+    // Not answering (down, restarting): the token is kept, shown once, and may be tried again.
+    clear(main);
+    main.removeAttribute("aria-busy");
+    append(main, [h("h1", { tabindex: -1 }, "Engram is not answering"), problem(error),
+      button("Try again", () => start())]);
+    main.querySelector("h1").focus();
+    return;
   }
   renderNav();
   await route();
