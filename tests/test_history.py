@@ -654,11 +654,11 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
     await run(gql, admin, action_id, "hello first")
     for reply in ("say", "fail"):
         if reply == "say":
-            model_server.say("Noted: marmalade.", delay=1.5)
+            model_server.say("Noted: marmalade.", delay=3.0)
         else:  # a turn that fails late writes its transcript at its end too
-            model_server.chat_error(400, message="'The secret is marmalade.' is flagged", delay=1.5)
+            model_server.chat_error(400, message="'The secret is marmalade.' is flagged", delay=3.0)
         turn = asyncio.create_task(run(gql, admin, action_id, "The secret is marmalade."))
-        await asyncio.sleep(0.7)
+        await asyncio.sleep(1.0)
         refused = await gql(admin, erase, a=action_id)
         assert refused.codes == ["CONFLICT"], refused.errors
         assert "is running; nothing was erased" in refused.errors[0]["message"]

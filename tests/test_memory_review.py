@@ -647,3 +647,21 @@ async def test_m10_two_turns_at_once_never_both_review_one_earlier_turn(
     retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
     assert retried["status"] == "SUCCEEDED", retried["error"]
     assert len(await memories(gql, admin, action_id)) == 1
+
+
+async def test_m10_two_turns_at_once_whose_reviews_keep_nothing_both_commit(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The same overlap, but the reviews keep nothing: nothing could be restated, and neither
+    turn fails."""
+    harness = memory_harness(extraction={"every": {"messages": 4}})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.say("Hello.")
+    assert (await run(gql, admin, action_id, "Hi there"))["status"] == "SUCCEEDED"
+    for said in ("turn A", "turn B"):
+        model_server.say("ok", when=said, after_requests=3)
+    ended = await asyncio.gather(
+        run(gql, admin, action_id, "turn A thanks"), run(gql, admin, action_id, "turn B bye")
+    )
+    assert [e["status"] for e in ended] == ["SUCCEEDED", "SUCCEEDED"], [e["error"] for e in ended]
+    assert all(events(e, "memory.review") for e in ended)  # both reviewed

@@ -608,9 +608,10 @@ async def turns_from(
         WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
           AND e.kind = 'TURN' AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
           AND e.turn >= $5 AND e.replay_of IS NULL
-          AND NOT EXISTS (SELECT FROM transcript_events t
+          AND (SELECT t.data->>'erased' FROM transcript_events t
               WHERE t.account_id = e.account_id AND t.action_id = e.action_id
-                AND t.execution_id = e.execution_id AND t.data->>'erased' = $6)
+                AND t.execution_id = e.execution_id ORDER BY t.sequence LIMIT 1)
+              IS DISTINCT FROM $6
         ORDER BY e.turn
         """,
         account_id,
@@ -741,7 +742,8 @@ async def record_review(
 ) -> bool:
     """Counts a committing turn's messages for review, and marks the turns `reviewed` (this
     one among them, when its review ran) as covered by its review. False when another turn's
-    review, committed meanwhile, covered one of them (the row is then left as it was)."""
+    review, committed meanwhile, covered one of them (that one's mark stays; the caller decides
+    whether its transaction goes on)."""
     await conn.execute(
         """
         UPDATE executions SET review_messages = $4,

@@ -637,3 +637,4 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     review.event["written"] = versions(written)
     context.transcript.add(events.MEMORY_REVIEW, review.event)
     context.reviewed = [*ids, e.execution_id]
+    context.review_wrote = bool(written)

@@ -91,6 +91,7 @@ class TurnContext:
     # messages this turn adds for review, and the turns (this one too) its review covered.
     review_messages: int | None = None
     reviewed: list[UUID] = field(default_factory=list)
+    review_wrote: bool = False  # whether that review changed any record
     # The session history its search_history reads (None: history off, or no session).
     history: Scope | None = None
 
@@ -693,16 +694,18 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
         await _lock_session(conn, execution, exclusive=True)  # before the memory rows
         if context.work is not None:
             written = await context.work.commit(conn)
-        if context.review_messages is not None and not await store.record_review(
+        covered = context.review_messages is None or await store.record_review(
             conn,
             execution.account_id,
             execution.action_id,
             execution.execution_id,
             context.review_messages,
             context.reviewed,
-        ):
+        )
+        if not covered and context.review_wrote:
             # Another turn of the session reviewed an earlier turn this review read too: its
-            # records would restate what that review kept.
+            # records would restate what that review kept. (A review that wrote nothing
+            # restates nothing: the turn commits.)
             raise Conflict("another turn's memory review covered an earlier turn this one did")
         turn = None
         if execution.session_id is not None and execution.replay_of is None:
