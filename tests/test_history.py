@@ -663,7 +663,8 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
         assert refused.codes == ["CONFLICT"], refused.errors
         assert "is running; nothing was erased" in refused.errors[0]["message"]
         before = json.dumps(await history_of(gql, admin, action_id))
-        assert "hello first" in before or reply == "fail"  # nothing was erased (the 2nd: gone)
+        # Nothing was erased (before the second round, the first round's erasure took all).
+        assert ("hello first" in before) if reply == "say" else before == "[]"
         ended = await turn
         assert ended["status"] == ("SUCCEEDED" if reply == "say" else "FAILED")
         assert (await gql(admin, erase, a=action_id)).ok()
@@ -676,6 +677,43 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
         )
         assert "marmalade" not in json.dumps(read.ok()), read.data  # the error's text too
     # Erased, the failed turn is not retried (its input is gone).
+    retry = await gql(
+        admin,
+        EXECUTE,
+        input={"actionId": action_id, "sessionId": "s1", "executionId": ended["executionId"]},
+    )
+    assert retry.codes == ["BAD_REQUEST"]
+
+
+async def test_a_turn_failed_by_a_sweep_while_it_ran_writes_nothing_back_after_an_erasure(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A stalled process's turn is failed by a sweep, so an erasure may proceed while it still
+    runs; when it then ends, it writes no words of the erased session back."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
+    model_server.say("First reply.")
+    await run(gql, admin, action_id, "hello first")
+    model_server.say("Noted: marmalade.", delay=3.0)
+    turn = asyncio.create_task(run(gql, admin, action_id, "The secret is marmalade."))
+    await asyncio.sleep(1.0)
+    async with state.pool.acquire() as conn:  # as the sweep fails a stalled process's turn
+        swept = await conn.execute(
+            "UPDATE executions SET status = 'FAILED' WHERE status = 'RUNNING' AND action_id = $1",
+            uuid.UUID(action_id),
+        )
+    assert swept == "UPDATE 1"
+    assert (await gql(admin, erase, a=action_id)).ok()
+    ended = await turn
+    assert ended["status"] == "FAILED"
+    read = await gql(
+        admin,
+        "query($id: UUID!) { execution(executionId: $id) { input output error"
+        " transcript(first: 100) { nodes { data } } } }",
+        id=ended["executionId"],
+    )
+    assert "marmalade" not in json.dumps(read.ok()), read.data
+    assert await history_of(gql, admin, action_id) == []
     retry = await gql(
         admin,
         EXECUTE,

@@ -803,16 +803,19 @@ async def was_erased(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_id: UUID
 ) -> bool:
     """Whether eraseSession erased the execution's words: its transcript events carry the
-    marker (what a turn's events never hold at their top level). The execution's row is locked
+    marker (what a turn's events never hold at their top level), or, for one that had written
+    none yet, its input is the marker. The execution's row is locked
     FOR SHARE until the caller's transaction ends, so an erasure not yet seen waits for it."""
     return await conn.fetchval(
         """
         WITH locked AS (
             SELECT 1 FROM executions WHERE account_id = $1 AND action_id = $2
                 AND execution_id = $3 FOR SHARE)
-        SELECT EXISTS (SELECT 1 FROM locked) AND EXISTS (SELECT 1 FROM transcript_events
+        SELECT EXISTS (SELECT 1 FROM locked) AND (EXISTS (SELECT 1 FROM transcript_events
             WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
               AND data->>'erased' = $4)
+            OR (SELECT input = to_jsonb($4::text) FROM executions
+                WHERE account_id = $1 AND action_id = $2 AND execution_id = $3))
         """,
         account_id,
         action_id,

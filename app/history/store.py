@@ -99,7 +99,7 @@ def _hidden(scope: Scope, p: Params, h: str) -> str:
         " THEN e.data->'toolCalls' ELSE '[]'::jsonb END) c"
     )
     held = (
-        f"(e.who = 'tool' AND e.tool = any({tools}::text[]) OR e.who = 'agent'"
+        f"(e.who = 'tool' AND coalesce(e.tool = any({tools}::text[]), false) OR e.who = 'agent'"
         f" AND EXISTS (SELECT FROM {calls} WHERE c->>'name' = any({tools}::text[])))"
     )
     if h == "e":

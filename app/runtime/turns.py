@@ -772,9 +772,22 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
             )
     try:
         async with context.state.pool.acquire() as conn, conn.transaction():
-            row = await _finish(
-                conn, context, status="FAILED", output=None, error=message, turn=None
-            )
+            # Failed by a sweep while it ran (its process stalled), its session may have been
+            # erased since: then it writes no words back.
+            await _lock_session(conn, context.execution)
+            if await store.was_erased(
+                conn,
+                context.execution.account_id,
+                context.execution.action_id,
+                context.execution.execution_id,
+            ):
+                row = await _finish(
+                    conn, context, status="FAILED", output=None, error=None, turn=None, rows=[]
+                )
+            else:
+                row = await _finish(
+                    conn, context, status="FAILED", output=None, error=message, turn=None
+                )
     except TurnEnded:
         raise
     except Exception as write_error:
