@@ -660,6 +660,13 @@ async def test_m10_two_turns_at_once_whose_reviews_keep_nothing_both_commit(
     assert (await run(gql, admin, action_id, "Hi there"))["status"] == "SUCCEEDED"
     for said in ("turn A", "turn B"):
         model_server.say("ok", when=said, after_requests=3)
+        # Both reviews read the earlier turn as waiting before either commits.
+        model_server.call_tools(
+            ("remember", {"candidates": []}),
+            purpose="memory",
+            when=CANDIDATE_CALL,
+            after_requests=5,
+        )
     ended = await asyncio.gather(
         run(gql, admin, action_id, "turn A thanks"), run(gql, admin, action_id, "turn B bye")
     )
