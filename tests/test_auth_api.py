@@ -110,7 +110,8 @@ async def test_operation_allowed_with_exactly_its_grant(
 ):
     account = await make_account(state)
     await add_client(gql, admin, "target", account)
-    who = caller(account, *[allow([verb], resource) for verb, resource in grants])
+    # Its grant, and the grants of the client it acts on (POLICY): no more.
+    who = caller(account, *[allow([verb], resource) for verb, resource in grants], POLICY)
     result = await gql(who, operation, **variables)
     data = result.ok()
     assert next(iter(data.values())) is not None
@@ -293,6 +294,71 @@ async def test_a_client_cannot_delete_itself(gql, state):
     result = await gql(me, DELETE_CLIENT, principal="me")
     assert result.codes == ["BAD_REQUEST"]
     assert "cannot delete itself" in result.errors[0]["message"]
+
+
+async def test_a_client_gives_no_grant_it_does_not_hold(gql, state, admin):
+    """Managing clients is not a way to more rights: a client creates or updates a client only
+    with policies it holds, and changes or issues a token only for a client that holds no more
+    than it does. Revoking and deleting take rights away and are not held back."""
+    account = await make_account(state)
+    client_admin = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.Client.*")
+    read_memory = allow(["SELECT"], "financial.AgentMemory.*")
+    for principal, policies in (("boss", [EVERYTHING]), ("manager", [client_admin, read_memory])):
+        data = {"principal": principal, "name": principal.title(), "policies": policies}
+        (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
+    manager = caller(account, client_admin, read_memory, principal="manager")
+
+    async def refused(operation: str, naming: str, **variables) -> None:
+        result = await gql(manager, operation, **variables)
+        assert result.codes == ["ACCESS_DENIED"], result.errors
+        message = result.errors[0]["message"]
+        assert naming in message and "which this client does not hold" in message, message
+
+    # A new client, or new policies for one, holding a grant the manager does not.
+    await refused(
+        CREATE_CLIENT,
+        "allow SELECT financial.Account.document, INSERT financial.Account.document",
+        input={"principal": "x", "name": "X", "policies": [EVERYTHING]},
+    )
+    assert await service.get_client(state.pool, admin, account_id=account, principal="x") is None
+    reader = {"principal": "reader", "name": "Reader", "policies": [read_memory]}
+    (await gql(manager, CREATE_CLIENT, input=reader)).ok()
+    wider = [allow(["SELECT", "UPDATE"], "financial.AgentMemory.*")]
+    await refused(
+        UPDATE_CLIENT,
+        "UPDATE financial.AgentMemory.document",
+        principal="reader",
+        input={"policies": wider},
+    )
+    await refused(
+        UPDATE_CLIENT,
+        "UPDATE financial.AgentMemory",
+        principal="manager",
+        input={"policies": wider},
+    )
+    # A client holding more than the manager: not renamed, and no token issued for it.
+    await refused(UPDATE_CLIENT, "client 'boss' holds", principal="boss", input={"name": "Bossed"})
+    await refused(CREATE_TOKEN, "client 'boss' holds", principal="boss")
+    boss = await service.get_client(state.pool, admin, account_id=account, principal="boss")
+    assert boss.name == "Boss" and boss.policies == [EVERYTHING]
+    assert await token_count(state, account, "boss") == 0
+    for principal in ("reader", "manager"):
+        policies = (
+            await service.get_client(state.pool, admin, account_id=account, principal=principal)
+        ).policies
+        assert policies == ([read_memory] if principal == "reader" else [client_admin, read_memory])
+    # What it holds it may give and manage: a token for the reader, fewer grants for itself.
+    assert (await gql(manager, CREATE_TOKEN, principal="reader")).ok()["createClientToken"]["token"]
+    narrower = {"policies": [client_admin]}
+    (await gql(manager, UPDATE_CLIENT, principal="manager", input=narrower)).ok()
+    # Taking rights away is not held back: the boss's token is revoked, the boss deleted.
+    issued = await service.issue_client_token(
+        state.pool, admin, account_id=account, principal="boss"
+    )
+    revoke = """mutation($t: UUID!) { revokeClientToken(principal: "boss", tokenId: $t) { id } }"""
+    (await gql(manager, revoke, t=str(issued.info.token_id))).ok()
+    assert await token_count(state, account, "boss") == 0
+    (await gql(manager, DELETE_CLIENT, principal="boss")).ok()
 
 
 async def test_token_is_shown_once_and_stored_hashed(gql, state, admin):

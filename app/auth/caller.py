@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from uuid import UUID
 
-from app.auth.policies import Policy, require
+from app.auth.policies import Policy, require, require_covers
 from app.auth.resources import Grant
 from app.errors import NotFound
 
@@ -18,6 +18,10 @@ class Caller:
 
     def require(self, *grants: Grant) -> None:
         require(self.policies, *grants)
+
+    def require_covers(self, policies: tuple[Policy, ...], what: str) -> None:
+        """Refuses unless this client holds every grant `policies` allow (policies.py)."""
+        require_covers(self.policies, policies, what)
 
     def reach_account(self, account_id: UUID | None) -> UUID:
         """The account an operation on `account_id` acts in; another tenant's is not found."""

@@ -236,4 +236,28 @@ def require(policies: Sequence[Policy], *grants: tuple[str, str]) -> None:
             raise AccessDenied(f"this client is not allowed to {verb} {resource}")
 
 
+def rights(policies: Sequence[Policy]) -> frozenset[tuple[str, str]]:
+    """Every (verb, known resource) the policies allow."""
+    return frozenset((v, r) for r in KNOWN for v in VERBS if is_allowed(policies, v, r))
+
+
+def require_covers(held: Sequence[Policy], other: Sequence[Policy], what: str) -> None:
+    """Raises AccessDenied unless `held` allows all that `other` does, naming what it lacks
+    after `what` ("client 'x' holds").
+
+    A client may give a client policies, issue it a token, or change, delete or revoke it only
+    when it holds every grant that client would hold: managing clients is not a way to more.
+    """
+    missing = sorted(rights(other) - rights(held), key=lambda g: (g[1], VERBS.index(g[0])))
+    if not missing:
+        return
+    named = ", ".join(f"{verb} {resource}" for verb, resource in missing[:4])
+    if len(missing) > 4:
+        named += f" and {len(missing) - 4} more"
+    raise AccessDenied(
+        f"{what} {named}, which this client does not hold: a client gives only grants it holds, "
+        "and changes or issues tokens only for clients that hold no more than it does"
+    )
+
+
 ADMIN_POLICIES: tuple[Policy, ...] = (Policy("ALLOW", tuple(VERBS), ("*",)),)  # type: ignore[arg-type]

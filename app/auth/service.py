@@ -58,6 +58,19 @@ class Client:
         return cls(row["account_id"], row["principal"], row["name"], row["policies"])
 
 
+async def _lock_covered_client(
+    conn: asyncpg.Connection, caller: Caller, account_id: UUID, principal: str
+) -> None:
+    """The client's row, locked for the transaction, once the caller is found to hold every
+    grant it holds: a client cannot change, or issue a token for, a client with more rights
+    than its own. Deleting a client or revoking a token takes rights away, so it is not
+    checked this way: a client allowed to revoke can revoke a leaked administrator's token."""
+    row = await store.get_client(conn, account_id, principal, lock=True)
+    if row is None:
+        raise NotFound(f"client {principal!r} not found")
+    caller.require_covers(parse_policies(row["policies"]), f"client {principal!r} holds")
+
+
 def token_prefix(token: str) -> str:
     """The first characters of a token, to tell tokens apart: at most a quarter of it."""
     return token[: min(8, len(token) // 4)]
@@ -210,7 +223,9 @@ async def create_client(
     caller.require(("INSERT", resources.CLIENT))
     account_id = caller.reach_account(account_id)
     _check_principal(principal)
-    parsed = [p.as_json() for p in parse_policies(policies, strict=True)]
+    given = parse_policies(policies, strict=True)
+    caller.require_covers(given, f"the policies given to client {principal!r} allow")
+    parsed = [p.as_json() for p in given]
     async with pool.acquire() as conn:
         if await store.get_account(conn, account_id) is None:
             raise NotFound(f"account {account_id} not found")
@@ -261,8 +276,11 @@ async def update_client(
     account_id = caller.reach_account(account_id)
     parsed = None
     if policies is not None:
-        parsed = [p.as_json() for p in parse_policies(policies, strict=True)]
-    async with pool.acquire() as conn:
+        given = parse_policies(policies, strict=True)
+        caller.require_covers(given, f"the policies given to client {principal!r} allow")
+        parsed = [p.as_json() for p in given]
+    async with pool.acquire() as conn, conn.transaction():
+        await _lock_covered_client(conn, caller, account_id, principal)
         row = await store.update_client(
             conn,
             account_id,
@@ -270,8 +288,7 @@ async def update_client(
             _check_name(name, "client") if name is not None else None,
             parsed,
         )
-    if row is None:
-        raise NotFound(f"client {principal!r} not found")
+    verified.forget()  # again once committed: a lookup meanwhile may have kept the old policies
     return Client.of(row)
 
 
@@ -304,8 +321,7 @@ async def issue_client_token(
         raise BadInput(f"expires must be in the future, got {expires.isoformat()}")
     token = new_token()
     async with pool.acquire() as conn, conn.transaction():
-        if await store.get_client(conn, account_id, principal) is None:
-            raise NotFound(f"client {principal!r} not found")
+        await _lock_covered_client(conn, caller, account_id, principal)
         row = await store.insert_token(
             conn,
             hash_token(token),

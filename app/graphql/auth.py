@@ -375,7 +375,8 @@ class AuthMutation:
 
     @strawberry.mutation(
         description="Creates a client with its policies; issue it a token with "
-        "createClientToken. Needs INSERT on financial.Client.document."
+        "createClientToken. Needs INSERT on financial.Client.document, and every grant the "
+        "policies allow (a client gives no grant it does not hold)."
     )
     async def create_client(
         self,
@@ -394,7 +395,8 @@ class AuthMutation:
 
     @strawberry.mutation(
         description="Changes a client's name or policies. Needs UPDATE on "
-        "financial.Client.document."
+        "financial.Client.document, and every grant the client holds and the new policies "
+        "allow."
     )
     async def update_client(
         self,
@@ -426,7 +428,8 @@ class AuthMutation:
 
     @strawberry.mutation(
         description="A new API token for the client, shown once; valid until `expires` "
-        "(none: until revoked). Needs INSERT on financial.Client.token."
+        "(none: until revoked). Needs INSERT on financial.Client.token, and every grant the "
+        "client holds."
     )
     async def create_client_token(
         self,
