@@ -444,6 +444,34 @@ async def test_m37_m43_m44_m46_labels_read_and_delete_through_the_tools(
     assert stored["modifiedBy"] == f"action:{action_id}"
 
 
+async def test_m44_deleting_a_record_of_a_scope_written_but_not_read_shows_no_text(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An agent that writes agent scope but reads only its session deletes what it wrote there
+    from another session; the deletion tells it the record is gone, never what it said."""
+    harness = memory_harness(
+        tools=ALL_TOOLS, scope={"read": ["session"], "write": ["session", "agent"]}
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    secret = "Ada's door code is 4471"
+    wide = await add(gql, admin, model_server, action_id, secret, scope="AGENT", session="s1")
+    own = await add(gql, admin, model_server, action_id, "Grace likes tea", session="s2")
+
+    model_server.call_tools(("delete_memory", {"id": wide["id"]}))
+    model_server.call_tools(("delete_memory", {"id": own["id"]}))
+    model_server.say("Done.")
+    executed = await run(gql, admin, action_id, "forget both", session="s2")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (gone,), (mine,) = (run["output"]["memories"] for run in tool_runs(executed, "delete_memory"))
+    assert (gone["id"], gone["status"], gone["scope"]) == (wide["id"], "DELETED", "AGENT")
+    assert "summary" not in gone and "4471" not in json.dumps(executed)
+    assert "4471" not in json.dumps(chat(model_server)[-1].body)
+    # A record of a scope it reads is shown whole, as before.
+    assert (mine["status"], mine["summary"]) == ("DELETED", "Grace likes tea")
+    assert (await memory(gql, admin, action_id, wide["id"]))["status"] == "DELETED"
+
+
 # Pins
 
 

@@ -190,6 +190,10 @@ def record_view(record: MemoryRecord, memory: MemoryConfig) -> dict[str, Any]:
     return view
 
 
+# What a deletion shows of a record of a scope the agent writes but does not read.
+UNREAD_VIEW = ("id", "version", "kind", "scope", "status", "replaces", "created")
+
+
 def versions(records: list[MemoryRecord]) -> list[dict[str, Any]]:
     return [{"id": str(r.memory_id), "version": r.version} for r in records]
 
@@ -443,7 +447,12 @@ class NativeTools:
         a = _arguments(DeleteMemory, args, self.schemas[DELETE_MEMORY], self.memory)
         assert self.work is not None
         deleted = await self.work.delete(a.id)
-        return ToolResult({"memories": self._views([deleted])})
+        view = record_view(deleted, self.memory)
+        if deleted.scope not in self.memory.read:
+            # A scope the agent writes but does not read: it learns that the record is gone,
+            # never what it said.
+            view = {k: view[k] for k in UNREAD_VIEW if k in view}
+        return ToolResult({"memories": [view]})
 
     async def _search_history(self, args: dict[str, Any]) -> ToolResult:
         assert self.history is not None
