@@ -25,7 +25,7 @@ from app.db.pool import create_pool
 from app.embeddings.base import Embedder
 from app.errors import DomainError
 from app.graphql.context import Context
-from app.graphql.errors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
+from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.mcp.endpoint import McpEndpoint
@@ -51,6 +51,10 @@ def _unavailable(body: object = None) -> JSONResponse:
         "data": None,
         "errors": [{"message": UNAVAILABLE_MESSAGE, "extensions": {"code": "UNAVAILABLE"}}],
     }
+    errors = body.get("errors") if isinstance(body, dict) else None
+    unavailable = [e for e in errors or () if e.get("extensions", {}).get("code") == "UNAVAILABLE"]
+    if all(e.get("message") == EMBEDDER_REFUSED_MESSAGE for e in unavailable):
+        return JSONResponse(body, status_code=503)  # no retry mends it: no Retry-After
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 

@@ -7,10 +7,12 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 from helpers import GQL, database_copy, db_settings
 from openai_server import OpenAIServer
 from runtime_support import run, tool_runs
+from servers import serving
 
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
@@ -77,15 +79,73 @@ async def test_a_failing_embedder_is_unavailable_over_graphql_and_a_tool_error_i
     model_server.call_tools(("search_memory", {"query": "Ada's plan"}))
     model_server.say("I could not look it up, sorry.")
     model_server.stall_next(1, 0.0, path="/v1/embeddings")  # answered as usual
-    model_server.fail_next(1, status=400, message="the model is gone", path="/v1/embeddings")
+    model_server.fail_next(1, status=503, message="the model is gone", path="/v1/embeddings")
     executed = await run(gql, admin, action_id, "What is Ada's plan?")
     assert executed["status"] == "SUCCEEDED", executed["error"]
     (searched,) = tool_runs(executed, "search_memory")
     assert searched["error"].startswith("search_memory could not run: the embedding model failed")
-    assert "gone" not in searched["error"]
+    assert "try again later" in searched["error"] and "gone" not in searched["error"]
+    # A refusal no retry mends (an unknown model) is not "try again later".
+    model_server.call_tools(("search_memory", {"query": "Ada's plan"}))
+    model_server.say("I could not look it up, sorry.")
+    model_server.stall_next(1, 0.0, path="/v1/embeddings")
+    model_server.fail_next(1, status=404, message="no such model", path="/v1/embeddings")
+    executed = await run(gql, admin, action_id, "What is Ada's plan, then?")
+    (searched,) = tool_runs(executed, "search_memory")
+    assert "refused the text" in searched["error"] and "retrying will not help" in searched["error"]
+    assert "try again" not in searched["error"] and "no such model" not in searched["error"]
 
-    # A recall that cannot embed fails the turn, saying so (not an internal error).
-    model_server.fail_next(1, status=400, message="the model is gone", path="/v1/embeddings")
+    # A recall that cannot embed fails the turn, saying so (not an internal error), and says
+    # to retry only when a retry can succeed.
+    model_server.fail_next(1, status=502, message="the model is gone", path="/v1/embeddings")
     failed_turn = await run(gql, admin, action_id, "And now?")
     assert failed_turn["status"] == "FAILED"
     assert failed_turn["error"].startswith("the embedding model failed")
+    assert failed_turn["error"].endswith("retry the execution")
+    model_server.fail_next(1, status=401, message="bad key", path="/v1/embeddings")
+    failed_turn = await run(gql, admin, action_id, "And now?")
+    assert failed_turn["status"] == "FAILED"
+    assert failed_turn["error"].startswith("the embedding model refused the text")
+    assert "retry the execution" not in failed_turn["error"]
+
+
+async def test_over_http_a_refusal_no_retry_mends_has_no_retry_after(
+    pg_server, model_server: OpenAIServer
+) -> None:
+    """503 UNAVAILABLE either way; Retry-After and "retry" only when the provider's failure is
+    one a later attempt may not meet (unreachable, overloaded, failing on its side)."""
+    name = f"engram_remote_http_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    token = "eng_embedder-failures-over-http"
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url)
+        embedder = OpenAIEmbedder(
+            url=model_server.url,
+            model=model_server.embedding_model,
+            dimensions=model_server.embedding_dimensions,
+            max_retries=0,
+        )
+        settings = db_settings(url, bootstrap_token=token)
+        with serving(settings, embedder) as base:
+            headers = {"authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as http:
+                harness = {"memory": {"enabled": True}}
+                created = await http.post(
+                    "/graphql",
+                    json={"query": CREATE, "variables": {"i": {"name": "s", "harness": harness}}},
+                )
+                action_id = created.json()["data"]["createAction"]["actionId"]
+                search = {"query": SEARCH, "variables": {"a": action_id}}
+
+                model_server.fail_next(1, status=500, path="/v1/embeddings")
+                transient = await http.post("/graphql", json=search)
+                model_server.fail_next(1, status=404, message="no such model")
+                refused = await http.post("/graphql", json=search)
+
+    assert transient.status_code == refused.status_code == 503
+    assert int(transient.headers["retry-after"]) > 0
+    assert "retry-after" not in refused.headers
+    (failed,), (refusal,) = transient.json()["errors"], refused.json()["errors"]
+    assert failed["extensions"]["code"] == refusal["extensions"]["code"] == "UNAVAILABLE"
+    assert "retry in" in failed["message"]
+    assert "refused the text" in refusal["message"] and "will not help" in refusal["message"]
+    assert "no such model" not in refusal["message"]

@@ -103,12 +103,15 @@ class OpenAIEmbedder:
         if response.status_code >= 400:
             raise EmbeddingFailed(
                 f"{self._endpoint} refused the request for model {self.model} "
-                f"(HTTP {response.status_code}): {server_message(response)}"
+                f"(HTTP {response.status_code}): {server_message(response)}",
+                transient=response.status_code >= 500,
             )
         try:
             answer = response.json()
         except ValueError as e:
-            raise EmbeddingFailed(f"{self._endpoint} answered with invalid JSON") from e
+            raise EmbeddingFailed(
+                f"{self._endpoint} answered with invalid JSON", transient=False
+            ) from e
         return self._parse(answer, texts)
 
     def _parse(self, answer: Any, texts: list[str]) -> tuple[np.ndarray, int]:
@@ -119,16 +122,19 @@ class OpenAIEmbedder:
         except (KeyError, TypeError, ValueError) as e:
             raise EmbeddingFailed(
                 f"{self._endpoint} answered in an unexpected shape ({e!r}); it must be an "
-                "OpenAI-compatible embeddings endpoint"
+                "OpenAI-compatible embeddings endpoint",
+                transient=False,
             ) from e
         if vectors.ndim != 2 or len(vectors) != count:
             raise EmbeddingFailed(
-                f"{self._endpoint} returned {len(data)} embeddings for {count} texts"
+                f"{self._endpoint} returned {len(data)} embeddings for {count} texts",
+                transient=False,
             )
         if self.dimensions and vectors.shape[1] != self.dimensions:
             raise EmbeddingFailed(
                 f"{self.model} returned {vectors.shape[1]}-d vectors, expected {self.dimensions}: "
-                "fix ENGRAM_EMBEDDING_DIMENSIONS, or run `engram reembed` after changing model"
+                "fix ENGRAM_EMBEDDING_DIMENSIONS, or run `engram reembed` after changing model",
+                transient=False,
             )
         usage = answer.get("usage") or {}
         tokens = usage.get("total_tokens") or usage.get("prompt_tokens")

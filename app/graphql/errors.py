@@ -33,6 +33,12 @@ EMBEDDER_MESSAGE = (
     f"why); retry in {RETRY_AFTER_SECONDS} seconds."
 )
 
+# A refusal no retry mends (EmbeddingFailed.transient): answered without Retry-After.
+EMBEDDER_REFUSED_MESSAGE = (
+    "The embedding model refused the text: the service's embedding provider is misconfigured "
+    "(its log says why), and retrying will not help until an operator fixes it."
+)
+
 
 def classify(error: GraphQLError) -> tuple[str, str]:
     """The code and the message a client sees for `error`."""
@@ -47,6 +53,8 @@ def classify(error: GraphQLError) -> tuple[str, str]:
         return "BAD_REQUEST", error.message
     if is_unavailable(original):
         return "UNAVAILABLE", UNAVAILABLE_MESSAGE
+    if isinstance(original, EmbeddingFailed) and not original.transient:
+        return "UNAVAILABLE", EMBEDDER_REFUSED_MESSAGE
     if isinstance(original, EmbedderUnavailable | EmbeddingFailed):
         # The provider's own words name its endpoint: they go to the log only.
         return "UNAVAILABLE", EMBEDDER_MESSAGE

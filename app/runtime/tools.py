@@ -307,6 +307,9 @@ class NativeTools:
                 message = (
                     f"{call.name} could not run: the embedding model failed; try again later, "
                     "or go on without it"
+                    if e.transient
+                    else f"{call.name} could not run: the embedding model refused the text (the "
+                    "service's configuration; retrying will not help); go on without it"
                 )
             else:
                 message = e.message

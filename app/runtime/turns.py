@@ -747,6 +747,11 @@ def _failure_message(error: BaseException) -> str:
     if isinstance(error, asyncio.CancelledError):
         return "the turn was cancelled before it finished; retry the execution"
     if isinstance(error, EmbeddingFailed):  # a recall's, or a write's at commit
+        if not error.transient:
+            return (
+                "the embedding model refused the text (logged by the service): retrying will "
+                "not help until the service's embedding provider is fixed"
+            )
         return "the embedding model failed (logged by the service); retry the execution"
     return "the turn failed on an internal error (logged by the service); retry the execution"
 
