@@ -179,7 +179,8 @@ class _GraphQL(GraphQL[Context, None]):
 
     async def render_graphql_ide(self, request: Request) -> HTMLResponse:
         # Served with its assets from /static, so it works offline; a token field in its header.
-        return HTMLResponse(graphiql.page(self.introspection, INTROSPECTION_OFF))
+        text = graphiql.page(self.introspection, INTROSPECTION_OFF)
+        return HTMLResponse(text, headers=graphiql.headers(text))
 
     async def run(  # type: ignore[override]
         self, request: Request, context: Context = UNSET, root_value: None = UNSET

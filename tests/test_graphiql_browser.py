@@ -43,6 +43,11 @@ async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db
                     "request",
                     lambda r: sent.append(r.headers) if r.method == "POST" else None,
                 )
+                blocked: list[str] = []  # what the page's Content-Security-Policy refused
+                page.on(
+                    "console",
+                    lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else 0,
+                )
                 await page.goto(url + "/graphql")
 
                 # Without a token the page says what to do, where a person looks first.
@@ -76,10 +81,20 @@ async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db
                 shot = screenshot_path("graphiql.png")
                 await page.screenshot(path=str(shot))
                 print(f"GraphiQL screenshot: {shot}")
+
+                # Another site cannot frame the page a token is pasted into (clickjacking).
+                framing = await browser.new_page()
+                await framing.route("**/*", offline)
+                await framing.set_content(f'<iframe src="{url}/graphql"></iframe>')
+                framed = await (await framing.query_selector("iframe")).content_frame()
+                await framed.wait_for_load_state("load")
+                assert await framed.locator("#engram-token").count() == 0
+                assert await page.locator("#engram-token").count() == 1  # (not framed: shown)
             finally:
                 await browser.close()
 
     assert elsewhere == [], f"the page reached beyond the service: {elsewhere}"
+    assert blocked == [], f"the page's own policy refused its parts: {blocked}"
     assert not any("authorization" in h for h in sent[:before])
     after = sent[before:]
     # The schema and the query, both with the token.
