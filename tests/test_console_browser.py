@@ -283,7 +283,7 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         if seeded["history"]:
             await box.fill("where is my order")
             await box.press("Enter")
-            found = page.locator("form[role=search] + div li.event")
+            found = page.locator("form[role=search] ~ div li.event")
             await expect(found.first).to_contain_text("score")
             await expect(found.first).to_contain_text("order")
             await page.screenshot(path=screenshot_path("console-history-search.png"))
@@ -428,3 +428,188 @@ async def test_another_tenants_agent_cannot_be_opened_by_url(db_url, embedder):
             await expect(page.locator("main")).not_to_contain_text("secret agent")
             await expect(page.locator("main table, main pre")).to_have_count(0)
         await page.screenshot(path=screenshot_path("console-not-found.png"))
+
+
+async def test_tokens_change_in_place_and_revoking_ones_own_signs_out(db_url, embedder):
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        for n in range(25):  # two pages of clients, ordered by principal: these fill the second
+            admin(
+                "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
+                i={"principal": f"client-{n:02}", "name": f"Client {n:02}", "policies": READER},
+            )
+        mine = admin('mutation { createClientToken(principal: "admin") { token } }')
+        mine = mine["createClientToken"]["token"]
+        await sign_in(page, url, mine)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        cards = page.locator("section.client")
+        await expect(cards).to_have_count(20)
+
+        # With the keyboard: the last page hides "Show more", and focus lands on what it loaded.
+        await page.get_by_role("button", name="Show more clients").focus()
+        await page.keyboard.press("Enter")
+        await expect(page.get_by_role("button", name="Show more clients")).to_be_hidden()
+        loaded = await cards.count()
+        assert loaded > 20
+        await expect(cards.nth(20).locator("h2")).to_be_focused()
+
+        # A new token joins its client's table at once, newest first, while its secret shows.
+        auditor = page.locator("section.client", has=page.locator("h2", has_text="auditor"))
+        rows = auditor.locator("tbody tr")
+        await expect(rows).to_have_count(1)
+        await auditor.get_by_role("button", name="Create token").click()
+        secret = await auditor.get_by_label("The new token").input_value()
+        await expect(rows).to_have_count(2)
+        await expect(rows.first.locator("td").first).to_have_text(f"{secret[:8]}… new")
+        await expect(auditor.get_by_label("The new token")).to_be_visible()
+        await auditor.screenshot(path=screenshot_path("console-token-created.png"))
+
+        # Revoked, it leaves its table; the clients loaded by "Show more" stay.
+        await rows.first.get_by_role("button", name=re.compile("^Revoke token")).click()
+        dialog = page.get_by_role("dialog")
+        await expect(dialog).not_to_contain_text("signed in with")
+        await dialog.get_by_role("button", name="Revoke token").click()
+        await expect(rows).to_have_count(1)
+        await expect(cards).to_have_count(loaded)
+        await expect(auditor.get_by_role("status").first).to_contain_text(
+            f"Token {secret[:8]}… revoked"
+        )
+        await expect(auditor.get_by_label("The new token")).to_have_count(0)  # no use now
+        await expect(rows.first.get_by_role("button")).to_be_focused()
+        refused = Api(url, secret).raw("{ viewer { principal } }")
+        assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+        # The console's own token: marked, and revoking it warns, then signs out.
+        own = page.locator(
+            "section.client", has=page.locator("h2 .mono", has_text=re.compile("^admin$"))
+        )
+        bootstrap = own.locator("tr", has_text="bootstrap")
+        await bootstrap.get_by_role("button", name=re.compile("^Revoke token")).click()
+        await expect(dialog).not_to_contain_text("signed in with")
+        await page.keyboard.press("Escape")
+        ours = own.locator("tr", has_text=mine[:8])
+        await expect(ours).to_contain_text("signed in")
+        await ours.get_by_role("button", name=re.compile("^Revoke token")).click()
+        await expect(dialog).to_contain_text("This is the token you are signed in with")
+        await expect(dialog).to_contain_text("signs you out")
+        await page.screenshot(path=screenshot_path("console-revoke-own-token.png"))
+        await dialog.get_by_role("button", name="Revoke and sign out").click()
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        await expect(page.get_by_role("status")).to_contain_text("the one you were signed in with")
+        await expect(page.locator("#nav")).to_be_hidden()
+        assert await page.evaluate("sessionStorage.length") == 0
+        await expect(page.get_by_label("API token")).to_be_focused()
+        refused = Api(url, mine).raw("{ viewer { principal } }")
+        assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+        # The operator's other token still works.
+        assert admin("{ viewer { principal } }")["viewer"]["principal"] == "admin"
+
+
+SEARCHER = [
+    {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]},
+    {
+        "effect": "ALLOW",
+        "actions": ["SELECT"],
+        "resources": ["financial.AgentMemory.indexes.search"],
+    },
+    {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.AgentMemory.document"]},
+]
+
+
+async def test_a_searcher_may_search_and_caps_are_stated(db_url, embedder):
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        agent = seeded["agent"]
+        # A supersede chain longer than the page shows either way of a record.
+        chain = [admin(ADD, a=agent, i={"summary": "Opening hours v0", "kind": "fact"})]
+        for n in range(1, 23):
+            added = admin(
+                ADD,
+                a=agent,
+                i={
+                    "summary": f"Opening hours v{n}",
+                    "kind": "fact",
+                    "replaces": chain[-1]["addAgentMemory"]["memoryId"],
+                },
+            )
+            chain.append(added)
+        ids = [c["addAgentMemory"]["memoryId"] for c in chain]
+        await sign_in(page, url, ADMIN)
+        steps = page.get_by_role("list", name="Supersede chain").locator("> li")
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{ids[22]}")
+        await expect(steps).to_have_count(21)
+        await expect(steps.first).to_contain_text("Opening hours v2")
+        notice = page.locator("main .notice")
+        await expect(notice).to_have_count(1)
+        await expect(notice).to_contain_text("Showing 20 earlier records of the chain")
+        await notice.get_by_role("link", name="the earliest one shown").click()
+        await expect(page.get_by_role("heading", name="Opening hours v2")).to_be_visible()
+        await expect(notice).to_have_count(0)  # 2 earlier, 20 later: nothing left out
+        await expect(steps).to_have_count(23)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{ids[0]}")
+        await expect(steps).to_have_count(21)
+        await expect(notice).to_contain_text("Showing 20 later records of the chain")
+
+        # An agent shows its 20 newest earlier versions, and says when there are more.
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.get_by_role("heading", name="Support desk")).to_be_visible()
+        await expect(page.locator("main .notice")).to_have_count(0)
+        harness = admin("query($a: UUID!) { action(actionId: $a) { harness } }", a=agent)
+        for n in range(21):
+            admin(
+                "mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)"
+                " { version } }",
+                a=agent,
+                i={
+                    "name": "Support desk",
+                    "instructions": f"v{n}",
+                    "harness": harness["action"]["harness"],
+                },
+            )
+        await page.reload()
+        await expect(page.locator("details.version")).to_have_count(20)
+        await expect(page.locator("main .notice")).to_have_text(
+            "Showing the 20 newest of 21 earlier versions; read older ones with the API: "
+            "action(actionId, version)."
+        )
+
+        # A token that may search but not list memories is offered search, and told the cap.
+        admin(
+            "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
+            i={"principal": "searcher", "name": "Searcher", "policies": SEARCHER},
+        )
+        searcher = admin('mutation { createClientToken(principal: "searcher") { token } }')
+        for n in range(21):
+            admin(ADD, a=agent, i={"summary": f"Latte order number {n}", "kind": "event"})
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, searcher["createClientToken"]["token"])
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await page.get_by_role("link", name="Memories").click()
+        await expect(page.get_by_role("heading", name="Memories of Support desk")).to_be_visible()
+        await expect(page.locator(".notice")).to_contain_text(
+            "Your token's grants do not allow listing this agent's memories"
+        )
+        await page.get_by_label("Search memories").fill("latte")
+        await page.get_by_label("Mode").select_option("LEXICAL")
+        await page.get_by_label("Search memories").press("Enter")
+        results = page.locator("table", has=page.locator("caption", has_text="Search results"))
+        await expect(results.locator("tbody tr")).to_have_count(20)
+        await expect(results.locator("caption")).to_have_text(
+            "Search results for “latte” (first 20)"
+        )
+        found = page.locator("form[role=search] + p[role=status]")
+        await expect(found).to_have_text(
+            "Showing the first 20 results; more matched. Refine the query to narrow them."
+        )
+        await page.screenshot(path=screenshot_path("console-search-capped.png"), full_page=True)
+        # It may not read a record, so a result links to no page it would be refused.
+        await expect(results.get_by_role("link")).to_have_count(0)
+        await page.get_by_label("Search memories").fill("espresso")
+        await page.get_by_label("Search memories").press("Enter")
+        await expect(results.locator("tbody tr")).to_have_count(1)
+        await expect(found).to_have_text("1 record matched.")
+        await expect(results.locator("caption")).to_have_text("Search results for “espresso” (1)")

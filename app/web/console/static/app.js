@@ -6,7 +6,7 @@ import { append, clear, confirmDialog, field, h, json, link, when } from "./dom.
 
 const OPERATIONS = [
   "actions", "action", "updateAction",
-  "Action.memories", "Action.searchMemories", "deleteAgentMemory",
+  "Action.memories", "Action.searchMemories", "agentMemory", "deleteAgentMemory",
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript",
   "ActionSession.searchHistory",
   "clients", "Client.tokens", "createClientToken", "revokeClientToken",
@@ -17,6 +17,7 @@ const WHAT = {
   updateAction: "editing agents",
   "Action.memories": "listing this agent's memories",
   "Action.searchMemories": "searching memories",
+  agentMemory: "reading memory records",
   deleteAgentMemory: "deleting memories",
   "Action.sessions": "listing sessions",
   "ActionSession.executions": "reading a session's turns",
@@ -24,8 +25,11 @@ const WHAT = {
   clients: "listing clients",
   "Client.tokens": "listing tokens",
 };
+const OLDER = 20; // earlier versions of an agent, and records either way of a supersede chain
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const PAGE = 20;
+const EVENTS = 500; // transcript events shown per turn
+const HITS = 10; // history search results
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -57,14 +61,32 @@ function button(label, onclick, attrs = {}) {
   const el = h("button", { type: "button", ...attrs }, label);
   el.addEventListener("click", async (event) => {
     if (el.disabled) return;
+    const focused = document.activeElement === el;
     el.disabled = true;
     try {
       await onclick(event);
     } finally {
       el.disabled = false;
+      // Disabled, it lost the focus: give it back unless the action moved it elsewhere.
+      if (focused && el.isConnected && !el.hidden && document.activeElement === document.body) el.focus();
     }
   });
   return el;
+}
+
+// A "Show more" button: `load(after)` appends the next page to `list`. After the last page the
+// button hides, and focus goes to the first row it loaded (or the list), not to the body.
+function moreButton(label, list, load, attrs = {}) {
+  const more = button(label, async () => {
+    const seen = list.children.length;
+    await load(more.dataset.after);
+    if (!more.hidden || ![more, document.body].includes(document.activeElement)) return;
+    const first = list.children[seen];
+    const target = first ? first.querySelector("h2") || first : list.closest("table") || list;
+    target.tabIndex = -1;
+    target.focus();
+  }, { hidden: true, ...attrs });
+  return more;
 }
 
 function pre(value) {
@@ -151,7 +173,7 @@ async function agentsView() {
   if (!can("actions")) return [...out, refusal("actions"),
     h("p", {}, "Open an agent you know the ID of by going to #/agents/ followed by its ID.")];
   const table = h("tbody");
-  const more = button("Show more agents", () => load(more.dataset.after), { hidden: true });
+  const more = moreButton("Show more agents", table, load);
   async function load(after) {
     const data = await gql(ACTIONS, { first: PAGE, after: after || null });
     for (const a of data.actions.nodes) {
@@ -172,10 +194,10 @@ async function agentsView() {
 }
 
 function agentTabs(actionId, current) {
-  const tabs = [["", "Configuration", "action"], ["/memories", "Memories", "Action.memories"],
-    ["/sessions", "Sessions", "Action.sessions"]];
-  return h("nav", { class: "tabs", "aria-label": "Agent" }, tabs.map(([path, label, op]) =>
-    can(op) || op === "action" ? h("a", { href: `#/agents/${actionId}${path}`,
+  const tabs = [["", "Configuration", ["action"]], ["/memories", "Memories", ["Action.memories", "Action.searchMemories"]],
+    ["/sessions", "Sessions", ["Action.sessions"]]];
+  return h("nav", { class: "tabs", "aria-label": "Agent" }, tabs.map(([path, label, ops]) =>
+    ops.some(can) || label === "Configuration" ? h("a", { href: `#/agents/${actionId}${path}`,
       "aria-current": current === label ? "page" : null }, label) : null));
 }
 
@@ -202,7 +224,7 @@ async function agentView({ actionId }) {
   if (!action) return notFound(`No agent with ID ${actionId} was found.`);
   const versions = [];
   const older = [];
-  for (let v = action.currentVersion - 1; v >= Math.max(1, action.currentVersion - 20); v--) older.push(v);
+  for (let v = action.currentVersion - 1; v >= Math.max(1, action.currentVersion - OLDER); v--) older.push(v);
   if (older.length) {
     const parts = older.map((v) => `v${v}: action(actionId: $id, version: ${v}) { version harness modified createdBy }`);
     const data = await gql(`query($id: UUID!) { ${parts.join(" ")} }`, { id: actionId });
@@ -221,6 +243,10 @@ async function agentView({ actionId }) {
   if (can("updateAction")) out.push(editForm(action));
   if (versions.length) {
     out.push(h("h2", {}, "Earlier versions"));
+    if (action.currentVersion - 1 > OLDER) {
+      out.push(h("p", { class: "notice" }, `Showing the ${OLDER} newest of ${action.currentVersion - 1} earlier versions; `,
+        "read older ones with the API: action(actionId, version)."));
+    }
     for (const v of versions) {
       out.push(h("details", { class: "version" },
         h("summary", {}, `Version ${v.version} · ${when(v.modified)} · ${v.createdBy}`), pre(v.harness)));
@@ -283,8 +309,10 @@ function editForm(action) {
 const RECORD = "memoryId version status summary kind scope preview pinned created labels { number name value }";
 
 function memoryRow(actionId, m, score) {
+  // A token that may search but not read records gets no link to a page it would be refused.
+  const summary = can("agentMemory") ? link(`#/agents/${actionId}/memories/${m.memoryId}`, m.summary) : m.summary;
   return h("tr", {},
-    h("td", { dataset: { label: "Summary" } }, link(`#/agents/${actionId}/memories/${m.memoryId}`, m.summary),
+    h("td", { dataset: { label: "Summary" } }, summary,
       m.pinned ? badge("pinned") : null, m.preview ? badge("preview") : null),
     h("td", { dataset: { label: "Kind" } }, m.kind),
     h("td", { dataset: { label: "Scope" } }, m.scope),
@@ -302,39 +330,52 @@ function memoryTable(caption, lastColumn) {
   return { table, body };
 }
 
+// Search, for a token that may search even where it may not list; says when it shows only the
+// first page of what matched.
+function searchForm(actionId) {
+  const query = h("input", { type: "search", name: "query", required: true });
+  const mode = h("select", { name: "mode" }, h("option", { value: "" }, "the agent's default"),
+    ["HYBRID", "LEXICAL", "VECTOR"].map((m) => h("option", { value: m }, m.toLowerCase())));
+  const found = h("p", { role: "status", class: "status" });
+  const results = h("div", { class: "results" });
+  const form = h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
+    e.preventDefault();
+    clear(results);
+    found.textContent = "";
+    try {
+      const data = await gql(`query($id: UUID!, $q: String!, $mode: ActionAgentMemorySearchMode) {
+        action(actionId: $id) { searchMemories(query: $q, mode: $mode, first: ${PAGE}) {
+          edges { score node { ${RECORD} } } pageInfo { hasNextPage } } } }`,
+      { id: actionId, q: query.value, mode: mode.value || null });
+      const { edges, pageInfo } = data.action.searchMemories;
+      const count = pageInfo.hasNextPage ? `first ${edges.length}` : String(edges.length);
+      const { table, body } = memoryTable(`Search results for “${query.value}” (${count})`, "Score");
+      for (const e of edges) append(body, [memoryRow(actionId, e.node, e.score)]);
+      if (!edges.length) append(body, [h("tr", {}, h("td", { colspan: 6 }, "Nothing matched."))]);
+      found.textContent = pageInfo.hasNextPage
+        ? `Showing the first ${edges.length} results; more matched. Refine the query to narrow them.`
+        : `${edges.length} record${edges.length === 1 ? "" : "s"} matched.`;
+      append(results, [table, button("Clear search", () => {
+        clear(results);
+        found.textContent = "";
+        query.value = "";
+        query.focus();
+      }, { class: "secondary" })]);
+    } catch (error) {
+      append(results, [problem(error)]);
+    }
+  } }, field("Search memories", query), field("Mode", mode), h("button", { type: "submit" }, "Search"));
+  return [form, found, results];
+}
+
 async function memoriesView({ actionId }) {
   const agent = await loadAgent(actionId);
   if (!agent) return notFound(`No agent with ID ${actionId} was found.`);
   const out = [h("h1", { tabindex: -1 }, agent.name ? `Memories of ${agent.name}` : "Memories"),
     agentTabs(actionId, "Memories")];
+  if (can("Action.searchMemories")) out.push(searchForm(actionId));
+  else out.push(refusal("Action.searchMemories"));
   if (!can("Action.memories")) return [...out, refusal("Action.memories")];
-
-  const results = h("div", { class: "results" });
-  if (can("Action.searchMemories")) {
-    const query = h("input", { type: "search", name: "query", required: true });
-    const mode = h("select", { name: "mode" }, h("option", { value: "" }, "the agent's default"),
-      ["HYBRID", "LEXICAL", "VECTOR"].map((m) => h("option", { value: m }, m.toLowerCase())));
-    const form = h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
-      e.preventDefault();
-      clear(results);
-      try {
-        const data = await gql(`query($id: UUID!, $q: String!, $mode: ActionAgentMemorySearchMode) {
-          action(actionId: $id) { searchMemories(query: $q, mode: $mode, first: ${PAGE}) {
-            edges { score node { ${RECORD} } } } } }`, { id: actionId, q: query.value, mode: mode.value || null });
-        const edges = data.action.searchMemories.edges;
-        const { table, body } = memoryTable(`Search results for “${query.value}” (${edges.length})`, "Score");
-        for (const e of edges) append(body, [memoryRow(actionId, e.node, e.score)]);
-        if (!edges.length) append(body, [h("tr", {}, h("td", { colspan: 6 }, "Nothing matched."))]);
-        append(results, [table, button("Clear search", () => { clear(results); query.value = ""; query.focus(); },
-          { class: "secondary" })]);
-      } catch (error) {
-        append(results, [problem(error)]);
-      }
-    } }, field("Search memories", query), field("Mode", mode), h("button", { type: "submit" }, "Search"));
-    out.push(form, results);
-  } else {
-    out.push(refusal("Action.searchMemories"));
-  }
 
   const kind = h("input", { type: "text", name: "kind" });
   const labelName = h("input", { type: "text", name: "label" });
@@ -347,7 +388,7 @@ async function memoriesView({ actionId }) {
   const preview = h("select", { name: "preview" }, h("option", { value: "" }, "live and preview"),
     h("option", { value: "false" }, "live only"), h("option", { value: "true" }, "preview only"));
   const listing = memoryTable("Records, newest first", "Created");
-  const more = button("Show older records", () => load(more.dataset.after), { hidden: true });
+  const more = moreButton("Show older records", listing.body, load);
   const listError = h("div");
   let filters = {};
   async function load(after) {
@@ -397,35 +438,38 @@ const MEMORY = `query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) 
 const LINK = `query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) {
   memoryId summary status created replaces replacedBy } }`;
 
+// The records either side of this one in its supersede chain, at most OLDER each way, and
+// whether the chain goes on past them.
 async function chainOf(actionId, record) {
   const before = [];
   const after = [];
   let id = record.replaces;
-  while (id && before.length < 20) {
+  while (id && before.length < OLDER) {
     const { agentMemory: m } = await gql(LINK, { a: actionId, m: id });
-    if (!m) break;
+    if (!m) { id = null; break; }
     before.unshift(m);
     id = m.replaces;
   }
+  const older = Boolean(id);
   id = record.replacedBy;
-  while (id && after.length < 20) {
+  while (id && after.length < OLDER) {
     const { agentMemory: m } = await gql(LINK, { a: actionId, m: id });
-    if (!m) break;
+    if (!m) { id = null; break; }
     after.push(m);
     id = m.replacedBy;
   }
-  return [...before, record, ...after];
+  return { records: [...before, record, ...after], older, newer: Boolean(id) };
 }
 
 async function recordView({ actionId, memoryId }) {
   const gone = `No record ${memoryId} of agent ${actionId} was found.`;
   if (!UUID.test(actionId) || !UUID.test(memoryId)) return notFound(gone);
-  if (!can("Action.memories")) {
-    return [h("h1", { tabindex: -1 }, "Memory record"), agentTabs(actionId, "Memories"), refusal("Action.memories")];
+  if (!can("agentMemory")) {
+    return [h("h1", { tabindex: -1 }, "Memory record"), agentTabs(actionId, "Memories"), refusal("agentMemory")];
   }
   const { agentMemory: m } = await gql(MEMORY, { a: actionId, m: memoryId });
   if (!m) return notFound(gone);
-  const chain = m.replaces || m.replacedBy ? await chainOf(actionId, m) : [];
+  const chain = m.replaces || m.replacedBy ? await chainOf(actionId, m) : null;
   const status = h("div", { role: "status", class: "status" });
   const out = [
     h("p", { class: "crumbs" }, link(`#/agents/${actionId}/memories`, "← Memories")),
@@ -470,13 +514,19 @@ async function recordView({ actionId, memoryId }) {
       ["Session", m.sessionId ? link(`#/agents/${actionId}/sessions/${encodeURIComponent(m.sessionId)}`, m.sessionId) : "none"],
       ["Last changed by", m.modifiedBy]]),
   );
-  if (chain.length) {
-    out.push(h("h2", {}, "Supersede chain"), h("ol", { class: "timeline" }, chain.map((c) =>
+  if (chain) {
+    const beyond = (end, which) => h("p", { class: "notice" },
+      `Showing ${OLDER} ${which} records of the chain; it goes on past them: open `,
+      link(`#/agents/${actionId}/memories/${end.memoryId}`, `the ${which === "earlier" ? "earliest" : "latest"} one shown`),
+      " to read further.");
+    out.push(h("h2", {}, "Supersede chain"), chain.older ? beyond(chain.records[0], "earlier") : null,
+      h("ol", { class: "timeline", "aria-label": "Supersede chain" }, chain.records.map((c) =>
       h("li", { class: c.memoryId === m.memoryId ? "current" : "" },
         h("span", { class: "when" }, when(c.created)), " ",
         c.memoryId === m.memoryId ? h("strong", {}, c.summary, " (this record)")
           : link(`#/agents/${actionId}/memories/${c.memoryId}`, c.summary),
-        " ", badge(c.status, c.status.toLowerCase())))));
+        " ", badge(c.status, c.status.toLowerCase())))),
+      chain.newer ? beyond(chain.records.at(-1), "later") : null);
   }
   out.push(h("h2", {}, "Version history"), h("ol", { class: "timeline", "aria-label": "Version history" },
     m.history.nodes.map((v) => h("li", {},
@@ -506,7 +556,7 @@ async function sessionsView({ actionId }) {
     agentTabs(actionId, "Sessions")];
   if (!can("Action.sessions")) return [...out, refusal("Action.sessions")];
   const body = h("tbody");
-  const more = button("Show older sessions", () => load(more.dataset.after), { hidden: true });
+  const more = moreButton("Show older sessions", body, load);
   async function load(after) {
     const data = await gql(`query($id: UUID!, $after: String) { action(actionId: $id) {
       sessions(first: ${PAGE}, after: $after) { nodes { sessionId turns created modified }
@@ -615,9 +665,9 @@ async function sessionView({ actionId, sessionId }) {
   if (!can("ActionSession.executions")) return [...out, refusal("ActionSession.executions")];
   const id = sessionNodeId(actionId, sessionId);
   const transcript = can("ActionExecution.transcript")
-    ? "transcript(first: 500) { nodes { sequence invocationNumber type data created } }" : "";
+    ? `transcript(first: ${EVENTS}) { nodes { sequence invocationNumber type data created } pageInfo { hasNextPage } }` : "";
   const turns = h("div", { class: "turns" });
-  const more = button("Show older turns", () => load(more.dataset.after), { hidden: true });
+  const more = moreButton("Show older turns", turns, load);
   let found = true;
   async function load(after) {
     const data = await gql(`query($id: ID!, $after: String) { node(id: $id) { ... on ActionSession {
@@ -632,7 +682,10 @@ async function sessionView({ actionId, sessionId }) {
         x.error ? h("p", { class: "error" }, x.error) : null,
         !x.transcript ? refusal("ActionExecution.transcript")
           : x.transcript.nodes.length ? h("ol", { class: "events" }, x.transcript.nodes.map(eventView))
-            : h("p", { class: "muted" }, "No transcript events."))]);
+            : h("p", { class: "muted" }, "No transcript events."),
+        x.transcript && x.transcript.pageInfo.hasNextPage
+          ? h("p", { class: "notice" }, `Showing the first ${EVENTS} events of this turn; read the rest with the API `,
+            "(ActionExecution.transcript).") : null)]);
     }
     more.hidden = !data.node.executions.pageInfo.hasNextPage;
     more.dataset.after = data.node.executions.pageInfo.endCursor || "";
@@ -646,21 +699,28 @@ async function sessionView({ actionId, sessionId }) {
   if (!found) return notFound(gone);
   if (can("ActionSession.searchHistory") && await hasHistorySearch()) {
     const query = h("input", { type: "search", required: true });
+    const hits = h("p", { role: "status", class: "status" });
     const results = h("div");
     out.push(h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
       e.preventDefault();
       clear(results);
+      hits.textContent = "";
       try {
         const data = await gql(`query($id: ID!, $q: String!) { node(id: $id) { ... on ActionSession {
-          searchHistory(query: $q, first: 10) { score part text event { turn header } } } } }`, { id, q: query.value });
-        const found = data.node ? data.node.searchHistory : [];
+          searchHistory(query: $q, first: ${HITS + 1}) { score part text event { turn header } } } } }`, { id, q: query.value });
+        // One more than shown: whether more matched, which a list (not a connection) does not say.
+        const all = data.node ? data.node.searchHistory : [];
+        const found = all.slice(0, HITS);
+        hits.textContent = all.length > HITS
+          ? `Showing the ${HITS} best matches; more matched. Refine the query to narrow them.`
+          : `${found.length} match${found.length === 1 ? "" : "es"}.`;
         append(results, [h("ol", { class: "events" }, found.map((r) => h("li", { class: "event" },
           h("div", { class: "event-head" }, h("strong", {}, r.event.header), ` · score ${r.score.toFixed(4)}`),
           h("div", { class: "text" }, r.text)))), found.length ? null : h("p", {}, "Nothing matched.")]);
       } catch (error) {
         append(results, [problem(error)]);
       }
-    } }, field("Search this session's history", query), h("button", { type: "submit" }, "Search history")), results);
+    } }, field("Search this session's history", query), h("button", { type: "submit" }, "Search history")), hits, results);
   }
   out.push(turns, more);
   return out;
@@ -677,7 +737,7 @@ async function clientsView() {
   if (!can("clients")) return [...out, refusal("clients")];
   const tokens = can("Client.tokens") ? `tokens(first: ${PAGE}) { ${TOKEN_PAGE} }` : "";
   const list = h("div");
-  const more = button("Show more clients", () => load(more.dataset.after), { hidden: true });
+  const more = moreButton("Show more clients", list, load);
   async function load(after) {
     const data = await gql(`query($after: String) { clients(first: ${PAGE}, after: $after) {
       nodes { principal name accountId policies { effect actions resources } ${tokens} }
@@ -692,6 +752,28 @@ async function clientsView() {
 }
 
 const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap } pageInfo { hasNextPage endCursor }";
+const REVOKE = `mutation($p: String!, $t: UUID!, $a: UUID) {
+  revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`;
+
+// Whether token `t` of client `c` is the one this tab is signed in with: true, false, or null
+// when it cannot tell. The API shows a token's prefix, never its secret, and tokens issued
+// before prefixes were kept have none.
+function signedInWith(c, t) {
+  if (c.accountId !== viewer.accountId || c.principal !== viewer.principal) return false;
+  if (!t.prefix) return null;
+  return (token.get() || "").startsWith(t.prefix);
+}
+
+async function stillSignedIn() {
+  try {
+    await loadViewer(token.get());
+    return true;
+  } catch (error) {
+    return !(error instanceof ApiError && error.code === "UNAUTHENTICATED");
+  }
+}
+
+const tokenName = (t) => (t.prefix ? `${t.prefix}…` : t.tokenId);
 
 function clientCard(c) {
   const status = h("div", { role: "status", class: "status" });
@@ -699,61 +781,100 @@ function clientCard(c) {
     h("h2", {}, c.name, " ", h("span", { class: "mono muted" }, c.principal)),
     h("h3", {}, "Policies"),
     h("ul", {}, c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))));
-  if (c.tokens) {
-    const row = (t) => h("tr", {},
-      h("td", { dataset: { label: "Token" }, class: "mono" }, t.prefix ? `${t.prefix}…` : t.tokenId),
+  const shown = h("div"); // a new token's secret, shown once
+  const body = c.tokens ? h("tbody") : null;
+  const table = h("table", { class: "list" }, h("thead", {}, h("tr", {},
+    ["Token", "Created", "Expires", "Last used", ""].map((x) => h("th", {}, x)))), body);
+  const empty = h("tr", {}, h("td", { colspan: 5 }, "No tokens."));
+
+  async function revoke(t, tr) {
+    const mine = signedInWith(c, t);
+    const ok = await confirmDialog({
+      title: mine ? `Revoke token ${tokenName(t)}, the one you are signed in with?` : `Revoke token ${t.prefix || t.tokenId}?`,
+      body: [
+        mine === true ? h("p", { class: "notice" }, h("strong", {}, "This is the token you are signed in with."),
+          " Revoking it signs you out of this console at once; sign in again with another token.") : null,
+        mine === null ? h("p", { class: "notice" }, h("strong", {}, "This may be the token you are signed in with"),
+          " (it was issued before prefixes were kept, so the console cannot tell). If it is, revoking it signs you out.") : null,
+        h("p", {}, `Requests sending this token of ${c.principal} are refused from now on. This cannot be undone; the client's other tokens keep working.`),
+      ],
+      ok: mine ? "Revoke and sign out" : "Revoke token",
+    });
+    if (!ok) return;
+    try {
+      await gql(REVOKE, { p: c.principal, t: t.tokenId, a: c.accountId });
+    } catch (error) {
+      status.replaceChildren(problem(error));
+      return;
+    }
+    if (mine === true || (mine === null && !(await stillSignedIn()))) {
+      signOut(`You revoked token ${tokenName(t)}, the one you were signed in with. Sign in with another token.`);
+      return;
+    }
+    // In place: the rest of the page, and pages loaded by "Show more", stay as they are.
+    const next = tr.nextElementSibling || tr.previousElementSibling;
+    tr.remove();
+    if (!body.children.length) body.append(empty);
+    if (shown.dataset.tokenId === t.tokenId) clear(shown);
+    status.textContent = `Token ${tokenName(t)} revoked: requests sending it are refused from now on.`;
+    const target = (next && next.querySelector("button")) || table;
+    if (target === table) table.tabIndex = -1;
+    target.focus();
+  }
+
+  const row = (t, fresh = false) => {
+    const tr = h("tr", {},
+      h("td", { dataset: { label: "Token" }, class: "mono" }, tokenName(t), fresh ? [" ", badge("new")] : null),
       h("td", { dataset: { label: "Created" } }, when(t.created)),
       h("td", { dataset: { label: "Expires" } }, t.expires ? when(t.expires) : "never"),
       h("td", { dataset: { label: "Last used" } }, t.lastUsed ? when(t.lastUsed) : "never"),
-      h("td", {}, t.bootstrap ? badge("bootstrap") : null,
-        can("revokeClientToken") ? button("Revoke", async () => {
-          const ok = await confirmDialog({
-            title: `Revoke token ${t.prefix || t.tokenId}?`,
-            body: h("p", {}, `Requests sending this token of ${c.principal} are refused from now on. This cannot be undone; the client's other tokens keep working.`),
-            ok: "Revoke token",
-          });
-          if (!ok) return;
-          try {
-            await gql(`mutation($p: String!, $t: UUID!, $a: UUID) {
-              revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`,
-            { p: c.principal, t: t.tokenId, a: c.accountId });
-            route();
-          } catch (error) {
-            status.replaceChildren(problem(error));
-          }
-        }, { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null));
-    const body = h("tbody", {}, c.tokens.nodes.map(row));
-    const more = button("Show more tokens", async () => {
+      h("td", {}, t.bootstrap ? badge("bootstrap") : null, signedInWith(c, t) ? badge("signed in") : null,
+        can("revokeClientToken") ? button("Revoke", () => revoke(t, tr),
+          { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null));
+    return tr;
+  };
+
+  if (c.tokens) {
+    append(body, c.tokens.nodes.length ? c.tokens.nodes.map((t) => row(t)) : [empty]);
+    const more = moreButton("Show more tokens", body, async (after) => {
       try {
         const data = await gql(`query($p: String!, $a: UUID, $after: String) {
           client(principal: $p, accountId: $a) { tokens(first: ${PAGE}, after: $after) { ${TOKEN_PAGE} } } }`,
-        { p: c.principal, a: c.accountId, after: more.dataset.after });
+        { p: c.principal, a: c.accountId, after });
         const page = data.client ? data.client.tokens : { nodes: [], pageInfo: { hasNextPage: false } };
-        append(body, page.nodes.map(row));
+        append(body, page.nodes.map((t) => row(t)));
         more.hidden = !page.pageInfo.hasNextPage;
         more.dataset.after = page.pageInfo.endCursor || "";
       } catch (error) {
         status.replaceChildren(problem(error));
       }
-    }, { hidden: !c.tokens.pageInfo.hasNextPage, class: "small" });
+    }, { class: "small" });
+    more.hidden = !c.tokens.pageInfo.hasNextPage;
     more.dataset.after = c.tokens.pageInfo.endCursor || "";
-    append(card, [h("h3", {}, "Tokens"), h("table", { class: "list" }, h("thead", {}, h("tr", {},
-      ["Token", "Created", "Expires", "Last used", ""].map((x) => h("th", {}, x)))), body), more]);
+    append(card, [h("h3", {}, "Tokens"), table, more]);
   }
+  append(card, [status]);
   if (can("createClientToken")) {
     const expires = h("input", { type: "datetime-local" });
-    const shown = h("div");
     append(card, [h("form", { class: "inline", onsubmit: async (e) => {
       e.preventDefault();
       clear(shown);
+      delete shown.dataset.tokenId;
       try {
         const data = await gql(`mutation($p: String!, $a: UUID, $e: Timestamp) {
-          createClientToken(principal: $p, accountId: $a, expires: $e) { token prefix } }`,
+          createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires } }`,
         { p: c.principal, a: c.accountId, e: expires.value ? new Date(expires.value).toISOString() : null });
-        const value = h("input", { type: "text", readonly: true, value: data.createClientToken.token, class: "mono",
+        const made = data.createClientToken;
+        if (body) {  // newest first, as the API lists them
+          empty.remove();
+          body.prepend(row({ ...made, lastUsed: null, bootstrap: false }, true));
+        }
+        const value = h("input", { type: "text", readonly: true, value: made.token, class: "mono",
           "aria-label": "The new token" });
+        shown.dataset.tokenId = made.tokenId;
         append(shown, [h("div", { class: "notice token-once", role: "status" },
-          h("p", {}, h("strong", {}, "Copy this token now: it is shown once."), " Only its hash is kept, so it cannot be read again."),
+          h("p", {}, h("strong", {}, `Token ${tokenName(made)} created. Copy it now: it is shown once.`),
+            " Only its hash is kept, so it cannot be read again."),
           value)]);
         value.focus();
         value.select();
@@ -762,7 +883,6 @@ function clientCard(c) {
       }
     } }, field("Expires (optional, your local time)", expires), h("button", { type: "submit" }, "Create token")), shown]);
   }
-  append(card, [status]);
   return card;
 }
 
