@@ -139,13 +139,21 @@ async def test_round_trip_account_client_token_action(http):
     token = (
         await post(
             http,
-            'mutation($a: UUID) { createClientToken(principal: "bot", accountId: $a) { token } }',
+            """mutation($a: UUID) {
+                 createClientToken(principal: "bot", accountId: $a) { token tokenId } }""",
             a=account_id,
         )
-    ).json()["data"]["createClientToken"]["token"]
-    bot = bearer(token)
-    viewer = await post(http, "{ viewer { accountId principal } }", headers=bot)
-    assert viewer.json()["data"]["viewer"] == {"accountId": account_id, "principal": "bot"}
+    ).json()["data"]["createClientToken"]
+    bot = bearer(token["token"])
+    # The viewer names the token the request sent: a console tells its own token by it.
+    viewer = await post(http, "{ viewer { accountId principal tokenId } }", headers=bot)
+    assert viewer.json()["data"]["viewer"] == {
+        "accountId": account_id,
+        "principal": "bot",
+        "tokenId": token["tokenId"],
+    }
+    admins = (await post(http, "{ viewer { tokenId } }")).json()["data"]["viewer"]["tokenId"]
+    assert admins not in (None, token["tokenId"])
     created = await post(
         http, 'mutation { createAction(input: {name: "a"}) { actionId version } }', headers=bot
     )

@@ -1,6 +1,6 @@
 """Who is asking: the authenticated client behind a request."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from uuid import UUID
 
 from app.auth.policies import Policy, require, require_covers
@@ -15,6 +15,9 @@ class Caller:
     policies: tuple[Policy, ...]
     # Clients of the default (operator) account may manage other accounts' clients.
     in_default_account: bool = False
+    # The token the request authenticated with (None: a caller made in process, such as the
+    # `engram` command's).
+    token_id: UUID | None = field(default=None, compare=False)
 
     def require(self, *grants: Grant) -> None:
         require(self.policies, *grants)

@@ -147,6 +147,7 @@ async def _verify(
         principal=row["principal"],
         policies=parse_policies(row["policies"]),
         in_default_account=row["is_default"],
+        token_id=row["token_id"],
     )
     if keep is not None:
         verified.keep(pool, token_hash, caller, row["expires"], *keep)

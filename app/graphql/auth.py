@@ -246,6 +246,10 @@ class AllowedOperation:
 class Viewer:
     account_id: UUID = strawberry.field(description="Its account.")
     principal: str = strawberry.field(description="Its principal.")
+    token_id: UUID | None = strawberry.field(
+        description="The ID of the API token this request sent (as `Client.tokens` lists it), "
+        "so that a console can tell which token is its own."
+    )
 
     @strawberry.field(
         description="Which of the named operations (root fields such as `deleteAgentMemory`, "
@@ -320,7 +324,9 @@ class AuthQuery:
     @strawberry.field(description="The client this request authenticated as.")
     def viewer(self, info: Info) -> Viewer:
         caller = info.context.caller
-        return Viewer(account_id=caller.account_id, principal=caller.principal)
+        return Viewer(
+            account_id=caller.account_id, principal=caller.principal, token_id=caller.token_id
+        )
 
     @strawberry.field(
         description="The account's clients by principal (the caller's account unless "

@@ -107,7 +107,7 @@ function labelsText(labels) {
 
 // ---------------------------------------------------------------- sign in and navigation
 
-const VIEWER = `query($ops: [String!]!) { viewer { principal accountId
+const VIEWER = `query($ops: [String!]!) { viewer { principal accountId tokenId
   allowed(operations: $ops) { operation allowed reason } } }`;
 
 async function loadViewer(bearer) {
@@ -755,22 +755,10 @@ const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap } 
 const REVOKE = `mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`;
 
-// Whether token `t` of client `c` is the one this tab is signed in with: true, false, or null
-// when it cannot tell. The API shows a token's prefix, never its secret, and tokens issued
-// before prefixes were kept have none.
+// Whether token `t` of client `c` is the one this tab is signed in with (viewer.tokenId).
 function signedInWith(c, t) {
-  if (c.accountId !== viewer.accountId || c.principal !== viewer.principal) return false;
-  if (!t.prefix) return null;
-  return (token.get() || "").startsWith(t.prefix);
-}
-
-async function stillSignedIn() {
-  try {
-    await loadViewer(token.get());
-    return true;
-  } catch (error) {
-    return !(error instanceof ApiError && error.code === "UNAUTHENTICATED");
-  }
+  return c.accountId === viewer.accountId && c.principal === viewer.principal &&
+    t.tokenId === viewer.tokenId;
 }
 
 const tokenName = (t) => (t.prefix ? `${t.prefix}…` : t.tokenId);
@@ -792,10 +780,8 @@ function clientCard(c) {
     const ok = await confirmDialog({
       title: mine ? `Revoke token ${tokenName(t)}, the one you are signed in with?` : `Revoke token ${t.prefix || t.tokenId}?`,
       body: [
-        mine === true ? h("p", { class: "notice" }, h("strong", {}, "This is the token you are signed in with."),
+        mine ? h("p", { class: "notice" }, h("strong", {}, "This is the token you are signed in with."),
           " Revoking it signs you out of this console at once; sign in again with another token.") : null,
-        mine === null ? h("p", { class: "notice" }, h("strong", {}, "This may be the token you are signed in with"),
-          " (it was issued before prefixes were kept, so the console cannot tell). If it is, revoking it signs you out.") : null,
         h("p", {}, `Requests sending this token of ${c.principal} are refused from now on. This cannot be undone; the client's other tokens keep working.`),
       ],
       ok: mine ? "Revoke and sign out" : "Revoke token",
@@ -807,7 +793,7 @@ function clientCard(c) {
       status.replaceChildren(problem(error));
       return;
     }
-    if (mine === true || (mine === null && !(await stillSignedIn()))) {
+    if (mine) {
       signOut(`You revoked token ${tokenName(t)}, the one you were signed in with. Sign in with another token.`);
       return;
     }
