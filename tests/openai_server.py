@@ -271,7 +271,7 @@ class OpenAIServer:
             default = self.chat_defaults.get(purpose or "") or ChatReply(self.chat_default)
             reply = scripted or default
             number = len(self.requests)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded machine can take a while to line them up
         while len(self.requests_to(CHAT)) < reply.after_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if reply.delay:
@@ -329,7 +329,7 @@ class OpenAIServer:
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded machine can take a while to line them up
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the scripted OpenAI server did not start")
