@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ from app.memory.search import search as memory_search  # noqa: E402
 from app.memory.store import copy_committed  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 from app.runtime.model import ModelClient  # noqa: E402
+from app.runtime.tools import NATIVE_TOOLS  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
 from app.state import AppState  # noqa: E402
@@ -441,19 +443,30 @@ async def timed(
     questions: list[str],
     embedder: Precomputed,
     repeat: int,
-) -> tuple[list[float], dict[str, int]]:
+    hidden: bool = False,
+) -> tuple[list[float], dict[str, int], list[float]]:
+    """Samples of `repeat` searches (after 10 untimed), their plans; with `hidden`, each
+    search is run a second time, alternating which goes first, by a reader whose search leaves
+    the memory tools' events out (Scope.hidden_tools), and those samples are the third list."""
     samples: list[float] = []
     plans: dict[str, int] = {}
+    hiding: list[float] = []
     for i in range(repeat + 10):
         scope = scopes[i % len(scopes)]
         question = questions[i % len(questions)]
-        started = time.perf_counter()
-        found = await history_search.search(pool, embedder, scope, query=question, limit=10)
-        elapsed = (time.perf_counter() - started) * 1000
-        if i >= 10:
-            samples.append(elapsed)
-            plans[found.plan or "?"] = plans.get(found.plan or "?", 0) + 1
-    return samples, plans
+        variants = [(scope, samples)]
+        if hidden:
+            variants.append((replace(scope, hidden_tools=NATIVE_TOOLS), hiding))
+            variants = variants[:: 1 if i % 2 else -1]
+        for variant, into in variants:
+            started = time.perf_counter()
+            found = await history_search.search(pool, embedder, variant, query=question, limit=10)
+            elapsed = (time.perf_counter() - started) * 1000
+            if i >= 10:
+                into.append(elapsed)
+                if into is samples:
+                    plans[found.plan or "?"] = plans.get(found.plan or "?", 0) + 1
+    return samples, plans, hiding
 
 
 async def _loaded(pg: Any) -> str | None:
@@ -533,9 +546,13 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
                 print(f"  own HNSW indexes of large sessions: {len(built)} built in {took:.0f} s")
         if args.big:
             big = [Scope(account_id, action_id, "big", args.big + 1, False)]
-            samples, plans = await timed(pool, big, questions, precomputed, args.queries)
+            samples, plans, hiding = await timed(
+                pool, big, questions, precomputed, args.queries, args.hidden_tools
+            )
             print(f"  one session of {args.big:,} events, plans {plans}:")
             print(f"    search_history   {percentiles(samples)}")
+            if hiding:
+                print(f"    memory tools hidden {percentiles(hiding)}")
         if args.sessions:
             small = [
                 Scope(account_id, action_id, f"s{s}", args.per_session + 1, False)
@@ -545,9 +562,13 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
             # First a different session each search (the plan's count runs), then the same
             # sessions again (remembered as small: the ranking statement alone).
             for label in ("first search of a session", "the same sessions again"):
-                samples, plans = await timed(pool, small, questions, precomputed, args.queries)
+                samples, plans, hiding = await timed(
+                    pool, small, questions, precomputed, args.queries, args.hidden_tools
+                )
                 print(f"    {label}, plans {plans}:")
                 print(f"      search_history   {percentiles(samples)}")
+                if hiding:
+                    print(f"      memory tools hidden {percentiles(hiding)}")
     finally:
         await pool.close()
 
@@ -599,6 +620,12 @@ def main() -> None:
         "--session-index",
         action="store_true",
         help="give the big session its own HNSW index, as the search maintenance round does",
+    )
+    parser.add_argument(
+        "--hidden-tools",
+        action="store_true",
+        help="with --scale: time each search also as a reader without the memory read grants "
+        "(memory tools' events left out of the ranking), alternated with the plain search",
     )
     parser.add_argument("--commit-turns", type=int, default=200)
     parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (temp)")

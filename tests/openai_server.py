@@ -329,7 +329,7 @@ class OpenAIServer:
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + 30  # a loaded machine can take a while to line them up
+        deadline = time.monotonic() + 10
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the scripted OpenAI server did not start")
