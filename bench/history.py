@@ -427,7 +427,7 @@ async def copy_sessions(
 
 SECONDARY = {
     "history_parts_session": "CREATE INDEX history_parts_session ON history_parts"
-    " (account_id, action_id, session_id, turn DESC) INCLUDE (preview, event_id, part, tsv)",
+    " (account_id, action_id, session_id, turn DESC) INCLUDE (preview, event_id, part, tsv, tools)",
     "history_parts_words": "CREATE INDEX history_parts_words ON history_parts USING gin"
     " (account_id, action_id, session_id, tsv) WITH (fastupdate = off)",
     "history_parts_embedding": "CREATE INDEX history_parts_embedding ON history_parts"

@@ -3,12 +3,14 @@ it, replays, and the operators' reads and erasure; through GraphQL with the scri
 
 import asyncio
 import json
+import os
 import uuid
 from typing import Any
 
+import asyncpg
 import pytest
 from factories import allow, caller, make_agent, make_agent_id
-from helpers import GQL
+from helpers import GQL, database_copy
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
@@ -26,6 +28,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
+from app.db import migrate
 from app.history import indexes as history_indexes
 from app.history import parts, store
 from app.history import search as history_search
@@ -953,3 +956,81 @@ async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     async with state.pool.acquire() as conn, conn.transaction():
         await maintenance.drop_agent_indexes(conn)
     assert await state.pool.fetchval(own) == 0
+
+
+# M55
+async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_server) -> None:
+    """A history kept before migration 0027 has parts without `tools`; the migration names
+    them from the events, so a reader without the memory grants still finds no memory tool's
+    result, nor a message that called one, in what was kept then."""
+    name = f"engram_history_0027_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    account, action = uuid.uuid4(), uuid.uuid4()
+    who_said = {  # event: (who, tool, data)
+        "user": ("user", None, {"message": "Ada's plan is Basic"}),
+        "call": ("agent", None, {"reply": "", "toolCalls": [{"name": "add_memory"}]}),
+        "result": ("tool", "add_memory", {"output": "Ada's plan is Basic"}),
+        "other": ("tool", "lookup", {"output": "Ada's plan is Basic"}),
+        "broken": ("agent", None, {"reply": "Basic", "toolCalls": "not a list"}),
+    }
+    events = {label: uuid.uuid4() for label in who_said}
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url, "0026")
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'a')", account)
+            await conn.execute(
+                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+                account,
+                action,
+            )
+            await conn.execute(
+                "INSERT INTO sessions (account_id, action_id, session_id) VALUES ($1, $2, 's')",
+                account,
+                action,
+            )
+            for sequence, (label, (who, tool, data)) in enumerate(who_said.items(), 1):
+                await conn.execute(
+                    """
+                    INSERT INTO history_events (account_id, action_id, session_id, event_id,
+                        turn, execution_id, invocation_number, sequence, who, tool, data, text,
+                        parts, preview)
+                    VALUES ($1, $2, 's', $3, 1, $4, 1, $5, $6, $7, $8::text::jsonb, 'x', 1, false)
+                    """,
+                    account, action, events[label], uuid.uuid4(), sequence, who, tool,
+                    json.dumps(data),
+                )  # fmt: skip
+                await conn.execute(
+                    """
+                    INSERT INTO history_parts (account_id, action_id, session_id, event_id, part,
+                        turn, preview, text)
+                    VALUES ($1, $2, 's', $3, 1, 1, false, 'Ada plan Basic')
+                    """,
+                    account,
+                    action,
+                    events[label],
+                )
+        finally:
+            await conn.close()
+        migrate.upgrade(url)
+        conn = await asyncpg.connect(url)
+        try:
+            named = {
+                r["event_id"]: r["tools"]
+                for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
+            }
+            scope = Scope(account, action, "s", None, False, ("add_memory", "search_memory"))
+            p = store.Params()
+            seen = await conn.fetch(
+                "SELECT h.event_id FROM history_parts h WHERE " + store._visible(scope, p, "h"),
+                *p.values,
+            )
+        finally:
+            await conn.close()
+    assert {label: named[events[label]] for label in who_said} == {
+        "user": [],
+        "call": ["add_memory"],
+        "result": ["add_memory"],
+        "other": ["lookup"],
+        "broken": [],
+    }
+    assert {r["event_id"] for r in seen} == {events[k] for k in ("user", "other", "broken")}

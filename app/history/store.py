@@ -7,6 +7,7 @@ with recency as the tie-breaker (later turn, then later event), over the parts a
 see: one session's, from turns before a bound, preview parts only for a preview reader.
 """
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
@@ -104,11 +105,8 @@ def _hidden(scope: Scope, p: Params, h: str) -> str:
     )
     if h == "e":
         return held
-    return (
-        f"EXISTS (SELECT FROM history_events e WHERE e.account_id = {h}.account_id"
-        f" AND e.action_id = {h}.action_id AND e.session_id = {h}.session_id"
-        f" AND e.event_id = {h}.event_id AND {held})"
-    )
+    # A part names its event's tools itself (migration 0027): no look-up of the event.
+    return f"{h}.tools && {tools}::text[]"
 
 
 class Keeper(Protocol):
@@ -170,13 +168,18 @@ async def insert(
     ids = [e.event_id for e in events for _ in e.parts]
     numbers = [n for e in events for n in range(1, len(e.parts) + 1)]
     texts = [t for e in events for t in e.parts]
+    tools = [
+        json.dumps(event_tools(e)) for e in events for _ in e.parts
+    ]  # (JSON text: rows of arrays)
     await conn.execute(
         """
         INSERT INTO history_parts
-            (account_id, action_id, session_id, event_id, part, turn, preview, text, embedding)
-        SELECT $1, $2, $3, p.event_id, p.part, $4, $5, p.text, p.embedding
-        FROM unnest($6::uuid[], $7::int[], $8::text[], $9::vector[])
-            AS p(event_id, part, text, embedding)
+            (account_id, action_id, session_id, event_id, part, turn, preview, text, embedding,
+             tools)
+        SELECT $1, $2, $3, p.event_id, p.part, $4, $5, p.text, p.embedding,
+               ARRAY(SELECT jsonb_array_elements_text(p.tools::jsonb))
+        FROM unnest($6::uuid[], $7::int[], $8::text[], $9::vector[], $10::text[])
+            AS p(event_id, part, text, embedding, tools)
         """,
         *key,
         turn,
@@ -185,7 +188,19 @@ async def insert(
         numbers,
         texts,
         [Vector(v) for v in vectors] if vectors is not None else [None] * len(texts),
+        tools,
     )
+
+
+def event_tools(event: KeptEvent) -> list[str]:
+    """The tools an event is of (a tool's result) or calls (an agent message), as its parts
+    name them for `_hidden` (migration 0027 fills the same from the events kept before)."""
+    if event.who == "tool":
+        return [event.tool] if event.tool is not None else []
+    calls = event.data.get("toolCalls") if event.who == "agent" else None
+    if not isinstance(calls, list):
+        return []
+    return [c["name"] for c in calls if isinstance(c, dict) and isinstance(c.get("name"), str)]
 
 
 _EVENT = (
