@@ -35,13 +35,25 @@ class RetriesExhausted(Exception):
 
 
 def server_message(response: httpx.Response) -> str:
-    """The error an OpenAI-compatible server explains itself with, or the start of its body."""
+    """The error an OpenAI-compatible server explains itself with, or the start of its body,
+    without the credential the request sent: a server that quotes the key it refused ("Incorrect
+    API key provided: Bearer sk-...") would otherwise put the operator's secret in a message
+    that an execution's error, and its readers, keep."""
     try:
         error = response.json().get("error")
         message = error.get("message") if isinstance(error, dict) else error
     except (ValueError, AttributeError):
         message = None
-    return str(message or response.text[:300] or response.reason_phrase)
+    text = str(message or response.text[:300] or response.reason_phrase)
+    try:
+        sent = response.request.headers.get("authorization") or ""
+    except RuntimeError:  # a response built without its request
+        return text
+    _, _, credential = sent.partition(" ")
+    for secret in (sent, credential.strip()):
+        if len(secret) >= 4:
+            text = text.replace(secret, "[credential]")
+    return text
 
 
 def _retry_after(response: httpx.Response) -> float | None:

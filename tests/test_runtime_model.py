@@ -9,6 +9,8 @@ from pydantic import SecretStr
 
 from app.actions.model import ModelConfig
 from app.config import Settings
+from app.embeddings.errors import EmbeddingFailed
+from app.embeddings.openai import OpenAIEmbedder
 from app.errors import BadInput
 from app.runtime.model import ModelClient, ModelFailed, resolve_endpoint
 
@@ -182,3 +184,33 @@ async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:
     finally:
         await client.aclose()
     assert server.requests_to(CHAT)[0].headers["authorization"] == "Bearer sk-house"
+
+
+async def test_a_server_that_quotes_the_key_it_refused_never_puts_it_in_the_error(
+    server: OpenAIServer,
+) -> None:
+    """The failure is kept as the execution's error, which tenants read: the operator's key
+    a model server quotes back is not in it (nor in an embedding provider's failure)."""
+    key = "sk-house-0123456789"
+    server.chat_error(status=401, message=f"Incorrect API key provided: Bearer {key}.")
+    client = ModelClient(settings_for(server, model_api_key=SecretStr(key), model_max_retries=0))
+    try:
+        with pytest.raises(ModelFailed) as failed:
+            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+    assert (
+        "HTTP 401" in failed.value.message and "Incorrect API key provided" in failed.value.message
+    )
+    assert key not in failed.value.message and "[credential]" in failed.value.message
+
+    server.fail_next(1, status=403, message=f"key {key} may not use this model")
+    embedder = OpenAIEmbedder(
+        url=server.url, model=server.embedding_model, api_key=key, dimensions=48, max_retries=0
+    )
+    try:
+        with pytest.raises(EmbeddingFailed) as refused:
+            await embedder.embed(["hello"])
+    finally:
+        await embedder.aclose()
+    assert "may not use this model" in str(refused.value) and key not in str(refused.value)
