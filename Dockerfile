@@ -15,11 +15,17 @@ WORKDIR /srv/engram
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY migrations ./migrations
-# Editable install keeps migrations/ beside the app package, where alembic finds it.
-RUN pip install -e . && mkdir -p /var/lib/engram
+# Editable install keeps migrations/ beside the app package, where alembic finds it. The
+# service runs as a user of its own, which owns only its data volume.
+RUN pip install -e . \
+    && useradd --system --uid 10001 --home-dir /var/lib/engram engram \
+    && mkdir -p /var/lib/engram && chown engram:engram /var/lib/engram
 VOLUME ["/var/lib/engram"]
+USER engram
 
 EXPOSE 8000
-HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=5 \
-  CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/healthz').status == 200 else 1)"
+# The port the service listens on (ENGRAM_PORT); a first start may migrate a large database
+# for minutes, so failures count only after the start period.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=5 \
+  CMD python -c "import os,urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('ENGRAM_PORT', '8000')).status == 200 else 1)"
 CMD ["engram", "serve"]

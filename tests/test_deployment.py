@@ -76,6 +76,32 @@ def test_the_image_declares_the_data_volume_its_settings_name():
     assert re.search(rf'^VOLUME \["?{re.escape(data_dir)}"?\]$', text, re.M)
 
 
+def test_the_image_runs_unprivileged_and_checks_the_port_it_serves():
+    text = (ROOT / "Dockerfile").read_text()
+    user = re.search(r"^USER (\S+)$", text, re.M)
+    assert user is not None and user.group(1) not in ("root", "0")
+    assert re.search(rf"chown {user.group(1)}:\S+ {dockerfile_env()['ENGRAM_DATA_DIR']}", text)
+    check = re.search(r"^HEALTHCHECK .*?\n\s+CMD (.*)$", text, re.M)
+    assert check is not None and "ENGRAM_PORT" in check.group(1)
+    # The build context leaves out history, caches and tests, and none of what is copied.
+    copied = {name for line in re.findall(r"^COPY (.+) \S+$", text, re.M) for name in line.split()}
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".git", "tests", "bench"} <= ignored and not copied & ignored
+
+
+def test_compose_restarts_the_service_and_waits_for_a_database_that_serves_tcp():
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    db, engram = compose["services"]["db"], compose["services"]["engram"]
+    assert engram["restart"] == db["restart"] == "unless-stopped"
+    assert "-h 127.0.0.1" in " ".join(db["healthcheck"]["test"])
+    assert engram["depends_on"]["db"]["condition"] == "service_healthy"
+    # Room in /dev/shm for an index build of the default build memory.
+    build = Settings.model_fields["agent_index_build_memory"].default
+    assert build.endswith("GB") and db["shm_size"].endswith("gb")
+    assert int(db["shm_size"][:-2]) >= int(build[:-2])
+
+
 async def test_introspection_is_for_authenticated_clients_and_can_be_turned_off(db_url, embedder):
     admin = {"Authorization": f"Bearer {TOKEN}"}
     on = db_settings(db_url, bootstrap_token=TOKEN)
