@@ -49,7 +49,8 @@ def _mismatch(recorded: dict[str, Any], embedder: Embedder) -> str:
     return (
         f"the database holds vectors of {recorded['name']} ({recorded['dimensions']} dimensions) "
         f"but the service is configured for {embedder.name} ({embedder.dimensions}); "
-        "run `engram reembed` to re-embed every record with the configured model"
+        "run `engram reembed` to re-embed every record with the configured model (stop the "
+        "service first), or set ENGRAM_EMBEDDER back to the model the database holds"
     )
 
 
