@@ -444,11 +444,12 @@ async def test_m37_m43_m44_m46_labels_read_and_delete_through_the_tools(
     assert stored["modifiedBy"] == f"action:{action_id}"
 
 
-async def test_m44_deleting_a_record_of_a_scope_written_but_not_read_shows_no_text(
+async def test_m44_changing_a_record_of_a_scope_written_but_not_read_shows_no_text(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    """An agent that writes agent scope but reads only its session deletes what it wrote there
-    from another session; the deletion tells it the record is gone, never what it said."""
+    """An agent that writes agent scope but reads only its session deletes or replaces what it
+    wrote there from another session; the output tells it the record changed, never what it
+    said."""
     harness = memory_harness(
         tools=ALL_TOOLS, scope={"read": ["session"], "write": ["session", "agent"]}
     )
@@ -457,16 +458,25 @@ async def test_m44_deleting_a_record_of_a_scope_written_but_not_read_shows_no_te
     wide = await add(gql, admin, model_server, action_id, secret, scope="AGENT", session="s1")
     own = await add(gql, admin, model_server, action_id, "Grace likes tea", session="s2")
 
+    code = "Ada's gate code is 9313"
+    gate = await add(gql, admin, model_server, action_id, code, scope="AGENT", session="s1")
     model_server.call_tools(("delete_memory", {"id": wide["id"]}))
     model_server.call_tools(("delete_memory", {"id": own["id"]}))
+    fixed = {"summary": "Ada's gate code changed", "kind": "fact", "scope": "AGENT"}
+    model_server.call_tools(("add_memory", {**fixed, "replaces": gate["id"]}))
     model_server.say("Done.")
-    executed = await run(gql, admin, action_id, "forget both", session="s2")
+    executed = await run(gql, admin, action_id, "forget both, and the gate code", session="s2")
 
     assert executed["status"] == "SUCCEEDED", executed["error"]
     (gone,), (mine,) = (run["output"]["memories"] for run in tool_runs(executed, "delete_memory"))
     assert (gone["id"], gone["status"], gone["scope"]) == (wide["id"], "DELETED", "AGENT")
-    assert "summary" not in gone and "4471" not in json.dumps(executed)
-    assert "4471" not in json.dumps(chat(model_server)[-1].body)
+    new, replaced = tool_runs(executed, "add_memory")[0]["output"]["memories"]
+    assert new["summary"] == "Ada's gate code changed"  # what it wrote, it reads back
+    assert (replaced["id"], replaced["status"]) == (gate["id"], "SUPERSEDED")
+    assert "summary" not in gone and "summary" not in replaced
+    for text in ("4471", "9313"):
+        assert text not in json.dumps(executed)
+        assert text not in json.dumps(chat(model_server)[-1].body)
     # A record of a scope it reads is shown whole, as before.
     assert (mine["status"], mine["summary"]) == ("DELETED", "Grace likes tea")
     assert (await memory(gql, admin, action_id, wide["id"]))["status"] == "DELETED"

@@ -190,7 +190,7 @@ def record_view(record: MemoryRecord, memory: MemoryConfig) -> dict[str, Any]:
     return view
 
 
-# What a deletion shows of a record of a scope the agent writes but does not read.
+# What a write shows of a record of a scope the agent writes but does not read.
 UNREAD_VIEW = ("id", "version", "kind", "scope", "status", "replaces", "created")
 
 
@@ -377,6 +377,18 @@ class NativeTools:
     def _views(self, records: list[MemoryRecord]) -> list[dict[str, Any]]:
         return [record_view(r, self.memory) for r in records]
 
+    def _changed_views(self, records: list[MemoryRecord]) -> list[dict[str, Any]]:
+        """What a write shows of the records it wrote, replaced or deleted: one it replaced or
+        deleted in a scope the agent writes but does not read tells that it changed, never
+        what it said (what the agent wrote now, it is shown)."""
+        views = self._views(records)
+        return [
+            {k: v[k] for k in UNREAD_VIEW if k in v}
+            if r.status in ("SUPERSEDED", "DELETED") and r.scope not in self.memory.read
+            else v
+            for r, v in zip(records, views, strict=True)
+        ]
+
     async def search(
         self,
         *,
@@ -435,7 +447,8 @@ class NativeTools:
             )
         )
         return ToolResult(
-            {"memories": self._views(written)}, embed_tokens=sum(self.work.embed_tokens[before:])
+            {"memories": self._changed_views(written)},
+            embed_tokens=sum(self.work.embed_tokens[before:]),
         )
 
     async def _read(self, args: dict[str, Any]) -> ToolResult:
@@ -450,12 +463,7 @@ class NativeTools:
         a = _arguments(DeleteMemory, args, self.schemas[DELETE_MEMORY], self.memory)
         assert self.work is not None
         deleted = await self.work.delete(a.id)
-        view = record_view(deleted, self.memory)
-        if deleted.scope not in self.memory.read:
-            # A scope the agent writes but does not read: it learns that the record is gone,
-            # never what it said.
-            view = {k: view[k] for k in UNREAD_VIEW if k in view}
-        return ToolResult({"memories": [view]})
+        return ToolResult({"memories": self._changed_views([deleted])})
 
     async def _search_history(self, args: dict[str, Any]) -> ToolResult:
         assert self.history is not None
