@@ -11,6 +11,7 @@ import asyncio
 import random
 from collections.abc import Container
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import httpx
 
@@ -44,15 +45,25 @@ def server_message(response: httpx.Response) -> str:
         message = error.get("message") if isinstance(error, dict) else error
     except (ValueError, AttributeError):
         message = None
-    text = str(message or response.text[:300] or response.reason_phrase)
     try:
-        sent = response.request.headers.get("authorization") or ""
+        sent = response.request.headers.get("authorization")
     except RuntimeError:  # a response built without its request
+        sent = None
+    text = without_credential(str(message or response.text or response.reason_phrase), sent)
+    return text if message else text[:300]
+
+
+def without_credential(text: str, sent: str | None) -> str:
+    """`text` with the Authorization value `sent` (and its credential alone, also URL-encoded
+    or escaped as bytes) replaced by `[credential]`."""
+    if not sent:
         return text
     _, _, credential = sent.partition(" ")
-    for secret in (sent, credential.strip()):
-        if len(secret) >= 4:
-            text = text.replace(secret, "[credential]")
+    secrets = {sent, sent.strip(), credential, credential.strip()}
+    secrets |= {quote(s, safe="") for s in list(secrets)} | {quote_plus(s) for s in list(secrets)}
+    secrets |= {repr(s.encode())[2:-1] for s in list(secrets)}  # as a refused header quotes it
+    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+        text = text.replace(secret, "[credential]")
     return text
 
 
@@ -101,14 +112,16 @@ async def _post(
     retried_4xx: Container[int],
     retry_read_timeouts: bool,
 ) -> httpx.Response:
+    sent = (headers or {}).get("Authorization") or client.headers.get("authorization")
     try:
         response = await client.post(url, json=body, headers=headers)
     except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
         if not retry_read_timeouts:
             raise
-        raise Transient(f"{type(e).__name__}: {e}") from e
+        raise Transient(without_credential(f"{type(e).__name__}: {e}", sent)) from e
     except httpx.TransportError as e:  # no connection, connect timeout, dropped connection
-        raise Transient(f"{type(e).__name__}: {e}") from e
+        # (one refusing the header itself, a key with a newline, quotes it)
+        raise Transient(without_credential(f"{type(e).__name__}: {e}", sent)) from e
     if response.status_code in retried_4xx or response.status_code >= 500:
         raise Transient(
             f"HTTP {response.status_code}: {server_message(response)}", _retry_after(response)

@@ -214,3 +214,28 @@ async def test_a_server_that_quotes_the_key_it_refused_never_puts_it_in_the_erro
     finally:
         await embedder.aclose()
     assert "may not use this model" in str(refused.value) and key not in str(refused.value)
+
+
+async def test_a_key_read_with_a_newline_is_sent_stripped_and_a_refused_one_never_quoted(
+    server: OpenAIServer,
+) -> None:
+    """A key from a secret file often ends in a newline: it is sent without it. A key no header
+    can carry (a newline inside it) fails the call, and httpx's refusal, which quotes the
+    header, reaches the error without the key."""
+    client = ModelClient(settings_for(server, model_api_key=SecretStr("sk-house-42\n")))
+    try:
+        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+    assert server.requests_to(CHAT)[-1].headers["authorization"] == "Bearer sk-house-42"
+
+    broken = "sk-house-4242\nsecond-line-of-the-key"
+    client = ModelClient(settings_for(server, model_api_key=SecretStr(broken), model_max_retries=0))
+    try:
+        with pytest.raises(ModelFailed) as failed:
+            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+    assert "[credential]" in failed.value.message, failed.value.message
+    assert "sk-house-4242" not in failed.value.message
+    assert "second-line" not in failed.value.message

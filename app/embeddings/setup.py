@@ -32,7 +32,7 @@ async def open_embedder(settings: Settings) -> Embedder:
         embedder = OpenAIEmbedder(
             url=settings.embedding_url,
             model=settings.embedding_model,
-            api_key=key.get_secret_value() if key else None,
+            api_key=key.get_secret_value().strip() or None if key else None,  # (as the model's)
             dimensions=settings.embedding_dimensions,
             batch_size=settings.embedding_batch_size,
             timeout_seconds=settings.embedding_timeout_seconds,

@@ -73,7 +73,9 @@ def resolve_endpoint(config: ModelConfig, settings: Settings) -> Endpoint:
     base_url = (config.base_url or settings.model_base_url).rstrip("/")
     api_key: str | None = None
     if config.api_key_env is not None:
-        api_key = os.environ.get(config.api_key_env)
+        # Stripped: a key read from a secret file often ends in a newline, which no header
+        # may carry (and httpx's refusal would quote it).
+        api_key = (os.environ.get(config.api_key_env) or "").strip()
         if not api_key:
             raise ModelFailed(
                 f"model.apiKeyEnv names {config.api_key_env}, which is not set where Engram runs"
@@ -81,7 +83,7 @@ def resolve_endpoint(config: ModelConfig, settings: Settings) -> Endpoint:
     elif settings.model_api_key is not None and base_url == settings.model_base_url.rstrip("/"):
         # The deployment's key goes only to the deployment's endpoint, never to a URL an
         # action names.
-        api_key = settings.model_api_key.get_secret_value()
+        api_key = settings.model_api_key.get_secret_value().strip() or None
     return Endpoint(
         url=base_url + "/chat/completions",
         model=config.name or settings.model_name,
