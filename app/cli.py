@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from uuid import UUID
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from app.config import Settings
 
@@ -25,10 +27,30 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def _tracing_missing(settings: Settings) -> str | None:
+    """Why the app could not trace to ENGRAM_OTEL_ENDPOINT (the `otel` extra is not installed),
+    found before the database starts: create_app would find it only after."""
+    from app.observability import tracing
+
+    if not settings.otel_endpoint:
+        return None
+    try:
+        tracing.middleware()
+        tracing.tracer_provider(settings.otel_endpoint).shutdown()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app, start_state
+
+    missing = _tracing_missing(settings)
+    if missing is not None:
+        print(f"engram: {missing}", file=sys.stderr)
+        return 2
 
     async def serve() -> bool:
         # Started before uvicorn so that a refusal (the embedder does not match the database)
@@ -40,7 +62,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         # the collector's passes, which otherwise walk it again and again while serving.
         gc.collect()
         gc.freeze()
-        host, port = args.host or settings.host, args.port or settings.port
+        host = settings.host if args.host is None else args.host
+        port = settings.port if args.port is None else args.port
         logging.getLogger(__name__).info(
             "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; metrics at /metrics)",
             host,
@@ -48,11 +71,16 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         )
         # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
-        await server.serve()
+        try:
+            await server.serve()
+        except SystemExit:
+            # uvicorn exits (status 3) when it cannot start, a port in use, having logged why
+            # and stopped the app: a refused start, status 2 as the others.
+            return False
         return server.started
 
     try:
-        return 0 if asyncio.run(serve()) else 3  # 3: uvicorn's "startup failed"
+        return 0 if asyncio.run(serve()) else 2
     except KeyboardInterrupt:
         return 0
 
@@ -260,6 +288,7 @@ def _account_id(value: str | None) -> UUID | None:
 
 def _client(settings: Settings, args: argparse.Namespace) -> int:
     from app.auth import service
+    from app.errors import NotFound
 
     # Checked before the database starts, so a typo fails at once.
     account = _account_id(args.account)
@@ -291,6 +320,9 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             )
             return {"principal": args.principal, "token": issued.token, **_token(issued.info)}
         if command == "tokens":
+            # An unknown client is NOT_FOUND, as for the other commands, not an empty list.
+            if await service.get_client(pool, caller, **named) is None:
+                raise NotFound(f"client {args.principal!r} not found")
             listed = await service.list_client_tokens(pool, caller, **named)
             return {"principal": args.principal, "tokens": [_token(t) for t in listed]}
         if command == "revoke-token":
@@ -480,7 +512,7 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)")
     serve.add_argument(
-        "--port", type=_at_least(0, 65535), help="port to listen on (default: ENGRAM_PORT, 8000)"
+        "--port", type=_at_least(1, 65535), help="port to listen on (default: ENGRAM_PORT, 8000)"
     )
 
     command("migrate", _migrate, "bring the database to the latest migration")
@@ -578,6 +610,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _settings_error(error: SettingsError) -> str:
+    """One line for a value pydantic-settings could not decode (JSON, for complex fields)."""
+    field = re.search(r'field "(\w+)"', str(error))
+    name = f"ENGRAM_{field[1].upper()}: " if field else ""
+    return f"engram: {name}not valid JSON ({error.__cause__ or error})"
+
+
+def _unreachable(settings: Settings, error: Exception) -> str:
+    """One line for a database that refused the first connection: where, and why, never the
+    password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    reason = " ".join(str(error).split())
+    url = settings.database_url_value()
+    if url is None:
+        return f"engram: cannot connect to the embedded PostgreSQL in {settings.data_dir}: {reason}"
+    info = conninfo_to_dict(url)
+    if info.get("password"):
+        reason = reason.replace(str(info["password"]), "***")
+    where = f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
+    return f"engram: cannot connect to the database at {where} (ENGRAM_DATABASE_URL): {reason}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from app.observability import logs
 
@@ -587,15 +642,28 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings()
     except ValidationError as e:
         # One line per wrong setting, named as it is set: no traceback.
+        told: set[object] = set()
         for error in e.errors():
-            name = "ENGRAM_" + "_".join(str(part) for part in error["loc"]).upper()
+            field, *item = error["loc"] or [None]
+            if field in told:
+                continue  # a list's first wrong item is enough
+            told.add(field)
             message = error["msg"].removeprefix("Value error, ")
+            if item:
+                message = f"item {'.'.join(str(part) for part in item)}: {message}"
             print(
-                f"engram: {name}: {message}" if error["loc"] else f"engram: {message}",
+                f"engram: ENGRAM_{str(field).upper()}: {message}"
+                if field
+                else f"engram: {message}",
                 file=sys.stderr,
             )
         return 2
+    except SettingsError as e:
+        print(_settings_error(e), file=sys.stderr)
+        return 2
     logs.configure(settings.log_format, settings.log_level)
+    from psycopg import OperationalError
+
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
     from app.errors import DomainError
@@ -626,6 +694,10 @@ def main(argv: list[str] | None = None) -> int:
     except (EmbeddingModelMismatch, EmbedderUnavailable) as e:
         # What to run or set is in the message: nothing else is worth printing.
         print(f"engram: {e}", file=sys.stderr)
+        return 2
+    except OperationalError as e:
+        # Raised by the first connection, the migrations' (psycopg; the service's pool is asyncpg).
+        print(_unreachable(settings, e), file=sys.stderr)
         return 2
 
 

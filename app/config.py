@@ -1,15 +1,46 @@
 """One settings object for the whole service, read from ENGRAM_* environment variables."""
 
+import ipaddress
+import json
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DAY = 86_400.0
+WEEK = 7 * DAY
+# PostgreSQL's range for maintenance_work_mem, in kB.
+_BUILD_MEMORY_KB = (1024, 2_147_483_647)
+_SIZE = re.compile(r"(\d+) ?(kB|MB|GB|TB)?")
+_KB_PER = {"kB": 1, "MB": 1024, "GB": 1024**2, "TB": 1024**3}
 
 
 def _default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("engram"))
+
+
+def _is_http_url(value: str) -> bool:
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on `host` stays on this machine ('localhost' or a loopback address)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _seconds(default: float, *, low: float = 0, high: float = DAY) -> Any:
+    """A finite duration above `low`, at most `high` (larger ones overflow timers and intervals)."""
+    return Field(default=default, gt=low, le=high, allow_inf_nan=False)
 
 
 class Settings(BaseSettings):
@@ -18,19 +49,21 @@ class Settings(BaseSettings):
     environment: Literal["development", "production", "test"] = "development"
 
     # With no database_url the service starts its own embedded PostgreSQL in data_dir.
+    # An empty one counts as unset, as does an empty data_dir.
     database_url: SecretStr | None = None
     data_dir: Path = Field(default_factory=_default_data_dir)
-    pool_min_size: int = 2
-    pool_max_size: int = 10
+    pool_min_size: int = Field(default=2, ge=0)
+    pool_max_size: int = Field(default=10, ge=1)
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(default=8000, ge=1, le=65535)
+    # Surrounding whitespace (a secret file's newline) is stripped.
     bootstrap_token: SecretStr | None = None
 
     # Request limits: bodies larger than this are refused before parsing.
-    max_body_bytes: int = 1_000_000
-    max_query_depth: int = 12
-    max_query_tokens: int = 5_000
+    max_body_bytes: int = Field(default=1_000_000, ge=1)
+    max_query_depth: int = Field(default=12, ge=1)
+    max_query_tokens: int = Field(default=5_000, ge=1)
     # JSON in a request body nested deeper than this is refused before anything parses it further.
     max_json_depth: int = Field(default=64, ge=4)
     # Search queries (searchMemories, the agent's search tools) longer than this are refused:
@@ -51,10 +84,10 @@ class Settings(BaseSettings):
     embedder: Literal["static", "minilm", "openai"] = "static"
     embedding_url: str = "http://127.0.0.1:11434/v1"
     embedding_model: str = "text-embedding-3-small"
-    embedding_dimensions: int | None = None
+    embedding_dimensions: int | None = Field(default=None, ge=1)
     embedding_api_key: SecretStr | None = None
-    embedding_batch_size: int = 64
-    embedding_timeout_seconds: float = 30.0
+    embedding_batch_size: int = Field(default=64, ge=1)
+    embedding_timeout_seconds: float = _seconds(30.0)
 
     # Search upkeep (app/memory/maintenance.py): every search_maintenance_seconds (0: never;
     # run `engram maintain-search` instead), agents with at least agent_index_min_records
@@ -65,7 +98,7 @@ class Settings(BaseSettings):
     # write that takes an agent (or a session) past its threshold has its indexes built at
     # once, in the background, within the same caps. Their words are counted with them (search
     # weighs a word by how many of the agent's records hold it).
-    search_maintenance_seconds: float = Field(default=600.0, ge=0)
+    search_maintenance_seconds: float = Field(default=600.0, ge=0, le=WEEK, allow_inf_nan=False)
     # 2,000: own indexes make a 5,000-record agent's hybrid search 3.3 ms p50 instead of 11.4
     # by scoring every record (1,000 records: 2.5 against 3.6; bench/README.md), and each
     # reader of a listed agent is weighed by the records it sees (migration 0020).
@@ -74,7 +107,7 @@ class Settings(BaseSettings):
     # 10.8 with 500: bench/agent_index_cap.py), an agent beyond the cap 50 ms to seconds. With
     # the cap reached, an agent of twice the smallest listed one's records takes its place.
     agent_index_max_agents: int = Field(default=100, ge=0)
-    agent_index_build_memory: str = Field(default="1GB", pattern=r"^(\d+ ?(kB|MB|GB|TB)?)?$")
+    agent_index_build_memory: str = "1GB"
     # The same rounds give sessions of at least history_index_min_parts kept parts their own
     # HNSW index on history_parts, the largest history_index_max_sessions of them (one index
     # each; app/history/indexes.py).
@@ -85,23 +118,25 @@ class Settings(BaseSettings):
     model_base_url: str = "http://127.0.0.1:11434/v1"
     model_name: str = "gpt-4o-mini"
     model_api_key: SecretStr | None = None
-    model_timeout_seconds: float = 120.0
-    model_max_retries: int = 2
-    max_model_calls_per_turn: int = 16
+    model_timeout_seconds: float = _seconds(120.0)
+    model_max_retries: int = Field(default=2, ge=0)
+    max_model_calls_per_turn: int = Field(default=16, ge=1)
     # The context budget of a model call, in tokens of about four characters, for actions whose
     # model sets no contextTokens: earlier turns are cleared and summarized to stay within it.
     model_context_tokens: int = Field(default=32_000, ge=256)
     # Endpoints and key variables an action's `model` may name: an action names them, so a
     # client that may write actions must not be able to send a host secret to its own server.
     # model_base_url is always allowed; a key variable only when listed.
-    model_allowed_base_urls: list[str] = Field(default_factory=list)
-    model_allowed_key_envs: list[str] = Field(default_factory=list)
+    # JSON parsed by _json_list, not by pydantic-settings, so a wrong one names its variable.
+    model_allowed_base_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    model_allowed_key_envs: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # Turns of a dead process (app/runtime/liveness.py): every process refreshes its heartbeat
     # and sweeps every turn_heartbeat_seconds; a turn whose process has not beaten for
     # turn_lease_seconds is failed (it can then be retried), and what it staged is dropped.
-    turn_heartbeat_seconds: float = Field(default=10.0, gt=0)
-    turn_lease_seconds: float = Field(default=60.0, gt=0)
+    turn_heartbeat_seconds: float = _seconds(10.0)
+    # At most a week: the sweep subtracts it from now() as a PostgreSQL interval.
+    turn_lease_seconds: float = _seconds(60.0, high=WEEK)
 
     # The end-of-turn memory review (app/runtime/review.py): how many of its most similar
     # records each candidate is compared with, and the score a neighbour must reach for the
@@ -109,8 +144,100 @@ class Settings(BaseSettings):
     memory_review_neighbours: int = Field(default=5, ge=1, le=20)
     memory_review_floor: float = Field(default=0.4, ge=0, le=1)
 
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _postgresql_url(cls, value: Any) -> Any:
+        url = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not isinstance(url, str):
+            return value
+        if not url.strip():
+            return None
+        if not url.startswith(("postgresql://", "postgres://")):
+            # The value is not echoed: it may hold a password.
+            raise ValueError(
+                "must be a postgresql:// URL, e.g. postgresql://engram:PASSWORD@db:5432/engram "
+                "(unset: the embedded PostgreSQL)"
+            )
+        return value
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _empty_is_default(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            return _default_data_dir()
+        return value
+
+    @field_validator("bootstrap_token", mode="before")
+    @classmethod
+    def _strip_token(cls, value: Any) -> Any:
+        token = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not isinstance(token, str):
+            return value
+        if not token.strip():
+            raise ValueError("is empty (or only whitespace): set a token, or unset it")
+        return token.strip()
+
+    @field_validator("agent_index_build_memory")
+    @classmethod
+    def _build_memory(cls, value: str) -> str:
+        if value == "":
+            return value
+        size = _SIZE.fullmatch(value)
+        kb = int(size[1]) * _KB_PER[size[2] or "kB"] if size else None
+        if kb is None or not _BUILD_MEMORY_KB[0] <= kb <= _BUILD_MEMORY_KB[1]:
+            raise ValueError(
+                "must be a size from 1MB to 2047GB (PostgreSQL's maintenance_work_mem), such "
+                "as 512MB or 2GB (units kB, MB, GB, TB; none: kB), or empty for the server's"
+            )
+        return value
+
+    @field_validator("model_allowed_base_urls", "model_allowed_key_envs", mode="before")
+    @classmethod
+    def _json_list(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            return []
+        example = (
+            '["https://models.example.com/v1"]'
+            if info.field_name == "model_allowed_base_urls"
+            else '["TEAM_MODEL_KEY"]'
+        )
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, list):
+            raise ValueError(f"must be a JSON list of strings, e.g. {example}")
+        return parsed
+
+    @field_validator("otel_endpoint", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("model_base_url", "embedding_url", "otel_endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not _is_http_url(value):
+            raise ValueError(f"must be an http:// or https:// URL, not {value!r}")
+        return value
+
+    @field_validator("model_allowed_base_urls")
+    @classmethod
+    def _http_urls(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not _is_http_url(value):
+                raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return values
+
     @model_validator(mode="after")
-    def _refuse_unsafe_production(self) -> "Settings":
+    def _refuse_inconsistent_or_unsafe(self) -> "Settings":
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(
+                "ENGRAM_POOL_MIN_SIZE must not be more than ENGRAM_POOL_MAX_SIZE "
+                f"({self.pool_min_size} > {self.pool_max_size})"
+            )
         if self.turn_lease_seconds < 2 * self.turn_heartbeat_seconds:
             raise ValueError(
                 "ENGRAM_TURN_LEASE_SECONDS must be at least twice ENGRAM_TURN_HEARTBEAT_SECONDS, "
@@ -122,8 +249,11 @@ class Settings(BaseSettings):
                 raise ValueError(
                     "ENGRAM_BOOTSTRAP_TOKEN must be at least 32 characters in production"
                 )
-            if self.host == "0.0.0.0" and self.database_url is None:
-                raise ValueError("production deployments must set ENGRAM_DATABASE_URL")
+            if not is_loopback(self.host) and self.database_url is None:
+                raise ValueError(
+                    f"production deployments listening beyond this machine (ENGRAM_HOST="
+                    f"{self.host}) must set ENGRAM_DATABASE_URL"
+                )
         return self
 
     def database_url_value(self) -> str | None:

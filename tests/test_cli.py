@@ -4,7 +4,9 @@ on its embedded PostgreSQL, stopped and started again with every row kept."""
 import asyncio
 import json
 import signal
+import socket
 import subprocess
+from uuid import UUID
 
 import pytest
 from servers import Served, clean_env, free_port, post_graphql, run
@@ -126,6 +128,7 @@ async def test_cli_default_account_client_and_admin_token_note(db_url, state, tm
         ),
         (["client", "token", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
         (["client", "delete", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
+        (["client", "tokens", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
         (["client", "delete", "admin"], "error (BAD_REQUEST): a client cannot delete itself"),
         (
             ["account", "create", " "],
@@ -266,3 +269,133 @@ def test_a_wrong_setting_is_one_line_naming_the_variable(monkeypatch, capsys):
     assert cli.main(["migrate"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "ENGRAM_TURN_LEASE_SECONDS must be at least twice" in line
+
+
+PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
+
+
+@pytest.mark.parametrize(
+    ("settings", "told"),
+    [
+        (
+            {"model_allowed_key_envs": "notjson"},
+            "ENGRAM_MODEL_ALLOWED_KEY_ENVS: must be a JSON list",
+        ),
+        ({"model_allowed_key_envs": "FOO"}, "ENGRAM_MODEL_ALLOWED_KEY_ENVS: must be a JSON list"),
+        ({"model_allowed_key_envs": "[1, 2]"}, "ENGRAM_MODEL_ALLOWED_KEY_ENVS: item 0: "),
+        ({"model_allowed_base_urls": '["not a url"]'}, "ENGRAM_MODEL_ALLOWED_BASE_URLS: 'not a"),
+        ({"model_base_url": "localhost:11434"}, "ENGRAM_MODEL_BASE_URL: must be an http://"),
+        ({"pool_min_size": "-1"}, "ENGRAM_POOL_MIN_SIZE: Input should be greater than or"),
+        ({"pool_max_size": "0"}, "ENGRAM_POOL_MAX_SIZE: Input should be greater than or"),
+        ({"pool_min_size": "11"}, "ENGRAM_POOL_MIN_SIZE must not be more than ENGRAM_POOL_MAX"),
+        ({"max_body_bytes": "0"}, "ENGRAM_MAX_BODY_BYTES: Input should be greater than or"),
+        ({"port": "-1"}, "ENGRAM_PORT: Input should be greater than or equal to 1"),
+        ({"port": "99999999"}, "ENGRAM_PORT: Input should be less than or equal to 65535"),
+        (
+            {"model_timeout_seconds": "nan"},
+            "ENGRAM_MODEL_TIMEOUT_SECONDS: Input should be a finite",
+        ),
+        ({"model_timeout_seconds": "1e300"}, "ENGRAM_MODEL_TIMEOUT_SECONDS: Input should be less"),
+        ({"model_timeout_seconds": "0"}, "ENGRAM_MODEL_TIMEOUT_SECONDS: Input should be greater"),
+        ({"turn_lease_seconds": "1e300"}, "ENGRAM_TURN_LEASE_SECONDS: Input should be less than"),
+        ({"turn_heartbeat_seconds": "inf"}, "ENGRAM_TURN_HEARTBEAT_SECONDS: Input should be a fin"),
+        ({"search_maintenance_seconds": "inf"}, "ENGRAM_SEARCH_MAINTENANCE_SECONDS: Input should"),
+        ({"model_max_retries": "-1"}, "ENGRAM_MODEL_MAX_RETRIES: Input should be greater than"),
+        ({"max_model_calls_per_turn": "0"}, "ENGRAM_MAX_MODEL_CALLS_PER_TURN: Input should be"),
+        ({"embedding_batch_size": "0"}, "ENGRAM_EMBEDDING_BATCH_SIZE: Input should be greater"),
+        ({"embedding_timeout_seconds": "-1"}, "ENGRAM_EMBEDDING_TIMEOUT_SECONDS: Input should be"),
+        ({"embedding_timeout_seconds": "nan"}, "ENGRAM_EMBEDDING_TIMEOUT_SECONDS: Input should be"),
+        ({"embedding_dimensions": "0"}, "ENGRAM_EMBEDDING_DIMENSIONS: Input should be greater"),
+        ({"max_query_tokens": "0"}, "ENGRAM_MAX_QUERY_TOKENS: Input should be greater than"),
+        ({"max_query_depth": "-1"}, "ENGRAM_MAX_QUERY_DEPTH: Input should be greater than"),
+        ({"agent_index_build_memory": "99999999GB"}, "ENGRAM_AGENT_INDEX_BUILD_MEMORY: must be a"),
+        ({"otel_endpoint": "collector:4318"}, "ENGRAM_OTEL_ENDPOINT: must be an http://"),
+        ({"database_url": "mysql://engram:s3cret@db/engram"}, "ENGRAM_DATABASE_URL: must be a"),
+        ({"bootstrap_token": " \n"}, "ENGRAM_BOOTSTRAP_TOKEN: is empty"),
+        # The production guard: an empty URL is no URL, and any address but loopback is exposed.
+        ({**PRODUCTION, "host": "0.0.0.0", "database_url": ""}, "must set ENGRAM_DATABASE_URL"),
+        ({**PRODUCTION, "host": "::"}, "(ENGRAM_HOST=::) must set ENGRAM_DATABASE_URL"),
+        ({**PRODUCTION, "host": "0"}, "(ENGRAM_HOST=0) must set ENGRAM_DATABASE_URL"),
+        ({**PRODUCTION, "host": "192.168.1.5"}, "must set ENGRAM_DATABASE_URL"),
+    ],
+)
+def test_a_wrong_setting_stops_the_command_with_one_line_and_status_2(settings, told):
+    result = run(clean_env(**settings), "schema", "-o", "/dev/null")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("engram: ") and told in line, line
+    assert "s3cret" not in line
+
+
+def test_a_value_pydantic_settings_cannot_decode_is_one_line(monkeypatch, capsys):
+    # No setting of Engram's is decoded by pydantic-settings now; one added later would be.
+    class WithMap(cli.Settings):
+        labels: dict[str, str] = {}
+
+    monkeypatch.setattr(cli, "Settings", WithMap)
+    monkeypatch.setenv("ENGRAM_LABELS", "notjson")
+    assert cli.main(["schema", "-o", "/dev/null"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("engram: ENGRAM_LABELS: not valid JSON"), line
+
+
+@pytest.mark.parametrize(
+    "args", [["migrate"], ["client", "tokens", "admin"], ["export", "--action", str(UUID(int=1))]]
+)
+def test_an_unreachable_database_is_one_line_naming_the_host_not_the_password(args):
+    url = f"postgresql://engram:s3cret@127.0.0.1:{free_port()}/engram"
+    result = run(clean_env(database_url=url), *args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "s3cret" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("engram: cannot connect to the database at 127.0.0.1:"), line
+    assert "(ENGRAM_DATABASE_URL)" in line
+
+
+def test_serve_refuses_port_0(tmp_path):
+    # An unreachable database: without the refusal the command would go on to connect.
+    url = f"postgresql://engram@127.0.0.1:{free_port()}/engram"
+    result = run(clean_env(database_url=url), "serve", "--port", "0")
+    assert result.returncode == 2, result.stderr
+    assert "--port: must be an integer from 1 to 65535, not 0" in result.stderr
+
+
+async def test_a_port_in_use_stops_serve_with_status_2(db_url):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = clean_env(database_url=db_url, port=str(port), search_maintenance_seconds="0")
+        result = await asyncio.to_thread(run, env, "serve")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "address already in use" in result.stderr
+
+
+async def test_serve_without_the_otel_extra_is_one_line(db_url, tmp_path):
+    # The extra's modules made unimportable, as where it is not installed.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Missing:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith(('opentelemetry.sdk', 'opentelemetry.exporter',\n"
+        "                            'opentelemetry.instrumentation')):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Missing())\n"
+    )
+    env = clean_env(
+        database_url=db_url,
+        port=str(free_port()),
+        otel_endpoint="http://127.0.0.1:4318/v1/traces",
+        search_maintenance_seconds="0",
+    )
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = await asyncio.to_thread(run, env, "serve")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        "engram: ENGRAM_OTEL_ENDPOINT is set, but OpenTelemetry is not installed: "
+        "pip install -e '.[otel]' (or unset ENGRAM_OTEL_ENDPOINT)"
+    )

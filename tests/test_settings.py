@@ -1,0 +1,59 @@
+"""Settings read from ENGRAM_* variables: what an empty or padded value means, and what the
+production guard lets through (refusals are in test_cli.py, as the command prints them)."""
+
+import os
+from pathlib import Path
+
+import platformdirs
+import pytest
+
+from app.config import Settings
+
+
+@pytest.fixture(autouse=True)
+def no_engram_settings(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("ENGRAM_")]:
+        monkeypatch.delenv(name)
+
+
+def test_an_empty_variable_counts_as_unset(monkeypatch):
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", "")
+    monkeypatch.setenv("ENGRAM_DATA_DIR", "")
+    monkeypatch.setenv("ENGRAM_MODEL_ALLOWED_KEY_ENVS", "")
+    monkeypatch.setenv("ENGRAM_OTEL_ENDPOINT", "")
+    settings = Settings()
+    assert settings.database_url is None and settings.database_url_value() is None
+    assert settings.data_dir == Path(platformdirs.user_data_dir("engram"))
+    assert settings.model_allowed_key_envs == []
+    assert settings.otel_endpoint is None
+
+
+def test_the_bootstrap_token_is_stripped(monkeypatch):
+    # As read from a secret file, with its newline.
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "  the-token\n")
+    token = Settings().bootstrap_token
+    assert token is not None and token.get_secret_value() == "the-token"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])
+def test_production_on_loopback_may_use_the_embedded_database(monkeypatch, host):
+    monkeypatch.setenv("ENGRAM_ENVIRONMENT", "production")
+    monkeypatch.setenv("ENGRAM_HOST", host)
+    assert Settings().database_url is None
+
+
+@pytest.mark.parametrize("size", ["", "1MB", "1 GB", "2047GB", "2147483647kB", "1048576"])
+def test_index_build_memory_within_postgresqls_range(monkeypatch, size):
+    monkeypatch.setenv("ENGRAM_AGENT_INDEX_BUILD_MEMORY", size)
+    assert Settings().agent_index_build_memory == size
+
+
+def test_lists_and_bounds_at_their_limits(monkeypatch):
+    monkeypatch.setenv("ENGRAM_MODEL_ALLOWED_BASE_URLS", '["https://team.example/v1"]')
+    monkeypatch.setenv("ENGRAM_PORT", "65535")
+    monkeypatch.setenv("ENGRAM_POOL_MIN_SIZE", "0")
+    monkeypatch.setenv("ENGRAM_MODEL_TIMEOUT_SECONDS", "86400")
+    monkeypatch.setenv("ENGRAM_TURN_LEASE_SECONDS", "604800")
+    settings = Settings()
+    assert settings.model_allowed_base_urls == ["https://team.example/v1"]
+    assert (settings.port, settings.pool_min_size) == (65535, 0)
