@@ -962,7 +962,8 @@ async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
 async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_server) -> None:
     """A history kept before migration 0027 has parts without `tools`; the migration names
     them from the events, so a reader without the memory grants still finds no memory tool's
-    result, nor a message that called one, in what was kept then."""
+    result, nor a message that called one, in what was kept then, nor in what a process of the
+    release before keeps during a rolling upgrade (no `tools`: its event is read)."""
     name = f"engram_history_0027_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     account, action = uuid.uuid4(), uuid.uuid4()
     who_said = {  # event: (who, tool, data)
@@ -1014,6 +1015,31 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
         migrate.upgrade(url)
         conn = await asyncpg.connect(url)
         try:
+            # A process of the release before, still running during a rolling upgrade, keeps a
+            # memory tool's result and a user's message without naming `tools`.
+            for sequence, (label, who, tool) in enumerate(
+                [("late", "tool", "search_memory"), ("late user", "user", None)], 1
+            ):
+                events[label] = uuid.uuid4()
+                await conn.execute(
+                    """
+                    INSERT INTO history_events (account_id, action_id, session_id, event_id,
+                        turn, execution_id, invocation_number, sequence, who, tool, data, text,
+                        parts, preview)
+                    VALUES ($1, $2, 's', $3, 2, $4, 1, $5, $6, $7, '{}', 'x', 1, false)
+                    """,
+                    account, action, events[label], uuid.uuid4(), sequence, who, tool,
+                )  # fmt: skip
+                await conn.execute(
+                    """
+                    INSERT INTO history_parts (account_id, action_id, session_id, event_id, part,
+                        turn, preview, text)
+                    VALUES ($1, $2, 's', $3, 1, 2, false, 'Ada plan Basic')
+                    """,
+                    account,
+                    action,
+                    events[label],
+                )
             named = {
                 r["event_id"]: r["tools"]
                 for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
@@ -1033,4 +1059,6 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
         "other": ["lookup"],
         "broken": [],
     }
-    assert {r["event_id"] for r in seen} == {events[k] for k in ("user", "other", "broken")}
+    assert named[events["late"]] is named[events["late user"]] is None  # read through its event
+    visible = ("user", "other", "broken", "late user")
+    assert {r["event_id"] for r in seen} == {events[k] for k in visible}

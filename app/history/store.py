@@ -105,8 +105,14 @@ def _hidden(scope: Scope, p: Params, h: str) -> str:
     )
     if h == "e":
         return held
-    # A part names its event's tools itself (migration 0027): no look-up of the event.
-    return f"{h}.tools && {tools}::text[]"
+    # A part names its event's tools itself (migration 0027): no look-up of the event, unless
+    # a process of the release before kept it (during a rolling upgrade), naming none.
+    return (
+        f"coalesce({h}.tools && {tools}::text[],"
+        f" EXISTS (SELECT FROM history_events e WHERE e.account_id = {h}.account_id"
+        f" AND e.action_id = {h}.action_id AND e.session_id = {h}.session_id"
+        f" AND e.event_id = {h}.event_id AND {held}))"
+    )
 
 
 class Keeper(Protocol):

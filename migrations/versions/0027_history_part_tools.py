@@ -15,7 +15,14 @@ its event row (an EXISTS reading `history_events` and its `toolCalls` JSON): in 
 `history_parts.tools` holds those names (a tool result's tool, the tools an agent message
 called; empty for the rest), written with the part, so the condition is a test of the part's
 own row. The session btree, which the exact plan and the words walk read index-only, includes
-it, and is rebuilt for that.
+it, and is rebuilt for that (turn commits of the session wait meanwhile: seconds at a million
+parts).
+
+The column is added with the default `'{}'`, which every part kept before takes without a
+rewrite of the table (the HNSW and GIN indexes are not touched), and the parts of events that
+name tools are then updated. The default is then dropped: a process of the release before,
+still running during a rolling upgrade, keeps parts without naming `tools`, so they hold NULL,
+and for those the search reads the event as before (`history.store._hidden`).
 """
 
 from alembic import op
@@ -28,7 +35,8 @@ depends_on = None
 
 def upgrade() -> None:
     op.execute("""
-    ALTER TABLE history_parts ADD COLUMN tools text[] NOT NULL DEFAULT '{}';
+    ALTER TABLE history_parts ADD COLUMN tools text[] DEFAULT '{}';
+    ALTER TABLE history_parts ALTER COLUMN tools DROP DEFAULT;
 
     UPDATE history_parts h SET tools = t.tools
     FROM (
