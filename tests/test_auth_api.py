@@ -11,6 +11,7 @@ from factories import allow, caller, deny, make_account
 from app.auth import service
 from app.auth.caller import Caller
 from app.auth.policies import parse_policies
+from app.auth.resources import KNOWN
 from app.errors import Unauthenticated
 from app.graphql.relay import global_id
 
@@ -351,6 +352,19 @@ async def test_a_client_gives_no_grant_it_does_not_hold(gql, state, admin):
     assert (await gql(manager, CREATE_TOKEN, principal="reader")).ok()["createClientToken"]["token"]
     narrower = {"policies": [client_admin]}
     (await gql(manager, UPDATE_CLIENT, principal="manager", input=narrower)).ok()
+    # A pattern wider than the names it holds would also grant what a later release adds.
+    listed = caller(
+        account,
+        client_admin,
+        allow(["SELECT"], *sorted(r for r in KNOWN if r.startswith("financial.AgentMemory."))),
+    )
+    widened = {"principal": "w", "name": "W", "policies": [read_memory]}
+    result = await gql(listed, CREATE_CLIENT, input=widened)
+    assert result.codes == ["ACCESS_DENIED"]
+    assert (
+        "SELECT financial.AgentMemory.* (resources a later release adds there)"
+        in (result.errors[0]["message"])
+    )
     # Taking rights away is not held back: the boss's token is revoked, the boss deleted.
     issued = await service.issue_client_token(
         state.pool, admin, account_id=account, principal="boss"

@@ -236,9 +236,25 @@ def require(policies: Sequence[Policy], *grants: tuple[str, str]) -> None:
             raise AccessDenied(f"this client is not allowed to {verb} {resource}")
 
 
+# Stand-ins for resources a later release may add, one under each dotted prefix of a known
+# name ("financial.AgentMemory.__later__", ...): a pattern wider than today's names
+# (`financial.AgentMemory.*`) grants those too, and an explicit list of today's names does not.
+_LATER = "__later__"
+LATER: frozenset[str] = frozenset(
+    ".".join([*name.split(".")[:i], _LATER]) for name in KNOWN for i in range(name.count(".") + 1)
+)
+
+
 def rights(policies: Sequence[Policy]) -> frozenset[tuple[str, str]]:
-    """Every (verb, known resource) the policies allow."""
-    return frozenset((v, r) for r in KNOWN for v in VERBS if is_allowed(policies, v, r))
+    """Every (verb, resource) the policies allow, of the known resources and of the stand-ins
+    for those a later release may add (`LATER`)."""
+    return frozenset((v, r) for r in KNOWN | LATER for v in VERBS if is_allowed(policies, v, r))
+
+
+def _named(resource: str) -> str:
+    if resource.endswith(_LATER):
+        return resource.removesuffix(_LATER) + "* (resources a later release adds there)"
+    return resource
 
 
 def require_covers(held: Sequence[Policy], other: Sequence[Policy], what: str) -> None:
@@ -248,10 +264,13 @@ def require_covers(held: Sequence[Policy], other: Sequence[Policy], what: str) -
     A client may give a client policies, issue it a token, or change, delete or revoke it only
     when it holds every grant that client would hold: managing clients is not a way to more.
     """
-    missing = sorted(rights(other) - rights(held), key=lambda g: (g[1], VERBS.index(g[0])))
+    missing = sorted(
+        rights(other) - rights(held),
+        key=lambda g: (g[1] in LATER, g[1], VERBS.index(g[0])),  # today's resources first
+    )
     if not missing:
         return
-    named = ", ".join(f"{verb} {resource}" for verb, resource in missing[:4])
+    named = ", ".join(f"{verb} {_named(resource)}" for verb, resource in missing[:4])
     if len(missing) > 4:
         named += f" and {len(missing) - 4} more"
     raise AccessDenied(
