@@ -3,6 +3,7 @@ provider's words kept for the log), and a turn's search_memory reads the failure
 error and goes on. The provider is the scripted OpenAI-compatible server on loopback, on a
 database of its own (its vectors have the server's dimensions)."""
 
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from helpers import GQL, database_copy, db_settings
 from openai_server import OpenAIServer
-from runtime_support import run, tool_runs
+from runtime_support import candidates, events, run, tool_runs
 from servers import serving
 
 from app.auth.caller import Caller
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.usefixtures("model_server")
 
 SEARCH = """query($a: UUID!) { action(actionId: $a) {
   searchMemories(query: "Ada's plan", first: 5) { nodes { summary } } } }"""
+EMBED = "/v1/embeddings"
 CREATE = """mutation($i: ActionInput!) { createAction(input: $i) { actionId } }"""
 
 
@@ -94,6 +96,18 @@ async def test_a_failing_embedder_is_unavailable_over_graphql_and_a_tool_error_i
     (searched,) = tool_runs(executed, "search_memory")
     assert "refused the text" in searched["error"] and "retrying will not help" in searched["error"]
     assert "try again" not in searched["error"] and "no such model" not in searched["error"]
+
+    # A memory review whose embedding fails keeps the turn, and its event says why without the
+    # provider's words (they name its endpoint; the log has them).
+    model_server.say("Noted.")
+    candidates(model_server, {"summary": "Ada's plan is Basic"})
+    model_server.stall_next(1, 0.0, path="/v1/embeddings")  # the recall's
+    model_server.fail_next(1, status=400, message=f"{model_server.url} says no", path=EMBED)
+    reviewed = await run(gql, admin, action_id, "My plan is Basic")
+    assert reviewed["status"] == "SUCCEEDED", reviewed["error"]
+    (review,) = events(reviewed, "memory.review")
+    assert review["error"] == "the embedding model failed (logged by the service)"
+    assert "says no" not in json.dumps(reviewed) and model_server.url not in json.dumps(reviewed)
 
     # A recall that cannot embed fails the turn, saying so (not an internal error), and says
     # to retry only when a retry can succeed.

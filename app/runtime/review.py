@@ -27,6 +27,7 @@ fails or rolls back marks nothing and leaves no record.
 """
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +51,8 @@ from app.text import for_model
 
 if TYPE_CHECKING:
     from app.runtime.turns import TurnContext
+
+log = logging.getLogger(__name__)
 
 CANDIDATES_TOOL = "remember"
 DECIDE_TOOL = "decide"
@@ -630,7 +633,15 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     try:
         written = await review.run(earlier + current)
     except (ModelFailed, EmbeddingFailed) as failure:
-        review.event["error"] = str(failure)
+        if isinstance(failure, EmbeddingFailed):
+            # The deployment's provider's words name its endpoint: the log has them (as a
+            # tool's failed embedding, app/runtime/tools.py).
+            log.warning(
+                "turn %s: the memory review's embedding failed: %s", e.execution_id, failure
+            )
+            review.event["error"] = "the embedding model failed (logged by the service)"
+        else:
+            review.event["error"] = str(failure)
         review.event.setdefault("messages", _range(earlier + current))
         context.transcript.add(events.MEMORY_REVIEW, review.event)
         return
