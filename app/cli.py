@@ -19,7 +19,7 @@ from uuid import UUID
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from app.config import Settings
+from app.config import Settings, is_loopback
 
 if TYPE_CHECKING:
     from app.embeddings.reembed import ReembedResult
@@ -50,6 +50,19 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     missing = _tracing_missing(settings)
     if missing is not None:
         print(f"engram: {missing}", file=sys.stderr)
+        return 2
+    if (
+        args.host is not None
+        and settings.environment == "production"
+        and not is_loopback(args.host)
+        and settings.database_url_value() is None
+    ):
+        # The settings' own check, for the flag that overrides ENGRAM_HOST.
+        print(
+            f"engram: production deployments listening beyond this machine (--host "
+            f"{args.host}) must set ENGRAM_DATABASE_URL",
+            file=sys.stderr,
+        )
         return 2
 
     async def serve() -> bool:

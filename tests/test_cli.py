@@ -3,9 +3,12 @@ on its embedded PostgreSQL, stopped and started again with every row kept."""
 
 import asyncio
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 from uuid import UUID
 
 import pytest
@@ -359,6 +362,21 @@ def test_serve_refuses_port_0(tmp_path):
     result = run(clean_env(database_url=url), "serve", "--port", "0")
     assert result.returncode == 2, result.stderr
     assert "--port: must be an integer from 1 to 65535, not 0" in result.stderr
+
+
+def test_serve_host_is_held_to_the_production_check():
+    """`--host` overrides ENGRAM_HOST, and is refused as ENGRAM_HOST would be: a production
+    service listening beyond this machine needs its own database, not the embedded one."""
+    data = tempfile.mkdtemp(prefix="engram-test-host-")
+    try:
+        env = clean_env(environment="production", bootstrap_token="t" * 40, data_dir=data)
+        result = run(env, "serve", "--host", "0.0.0.0", "--port", str(free_port()))
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert "(--host 0.0.0.0) must set ENGRAM_DATABASE_URL" in line
+        assert not os.listdir(data)  # refused before the embedded database started
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 async def test_a_port_in_use_stops_serve_with_status_2(db_url):
