@@ -5,6 +5,9 @@ from pathlib import Path
 import psycopg
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from app.errors import Conflict
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -24,6 +27,23 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+class DatabaseTooNew(Conflict):
+    """The database was migrated by a newer release: this one knows none of its revisions."""
+
+
+def _refuse_unknown_revisions(lock: psycopg.Connection, cfg: Config) -> None:
+    if lock.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
+        return
+    script = ScriptDirectory.from_config(cfg)
+    known = {s.revision for s in script.walk_revisions()}
+    for (current,) in lock.execute("SELECT version_num FROM alembic_version").fetchall():
+        if current not in known:
+            raise DatabaseTooNew(
+                f"the database is at revision {current}, newer than this release's latest "
+                f"({', '.join(script.get_heads())}): run the newer engram, or restore a backup"
+            )
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrates, one process at a time: several `engram serve` starting together against one
     database would otherwise run the same migration twice (a session advisory lock, held on
@@ -31,6 +51,8 @@ def upgrade(url: str, revision: str = "head") -> None:
     with psycopg.connect(url, autocommit=True) as lock:
         lock.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
         try:
-            command.upgrade(alembic_config(url), revision)
+            cfg = alembic_config(url)
+            _refuse_unknown_revisions(lock, cfg)
+            command.upgrade(cfg, revision)
         finally:
             lock.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")

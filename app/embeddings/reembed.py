@@ -3,7 +3,9 @@
 It drops the old vectors and fixes the columns to the new dimension, then embeds every row
 in batches (read a batch, embed it outside any transaction, write it in a short one), builds
 the HNSW indexes once all rows have vectors (faster than maintaining them row by row), and
-records the new model, after which the service starts. Run it with the service stopped.
+records the new model, after which the service starts. Run it with the service stopped: a
+service still serving would search the new vectors with its old model, so a run refuses while
+one has a live heartbeat in `service_processes` (app/runtime/liveness.py).
 
 An interrupted run is resumed by running it again with the same model: the model it was
 moving to is recorded before any vector is dropped, and only rows still without a vector
@@ -12,20 +14,51 @@ are embedded. The service refuses to start while a run is unfinished.
 
 import asyncio
 import contextlib
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import numpy as np
+import psutil
 from tqdm import tqdm
 
+from app.config import Settings
 from app.embeddings import store
 from app.embeddings.base import Embedder
 
 
 class ReembedBusy(RuntimeError):
     pass
+
+
+class ServiceRunning(ReembedBusy):
+    """A service process serves this database: it would search new vectors with its old model."""
+
+
+async def _refuse_while_serving(conn: asyncpg.Connection, lease_seconds: float) -> None:
+    """Refuses while a service process beat within its lease: the signal the service's own
+    sweep trusts. A process of this host that no longer exists is not waited for (a killed
+    service's row stays fresh until its lease runs out)."""
+    rows = await conn.fetch(
+        """
+        SELECT host, pid, extract(epoch FROM now() - heartbeat) AS age
+        FROM service_processes
+        WHERE heartbeat >= now() - make_interval(secs => $1)
+        ORDER BY heartbeat DESC
+        """,
+        lease_seconds,
+    )
+    here = socket.gethostname()
+    for row in rows:
+        if row["host"] == here and not psutil.pid_exists(row["pid"]):
+            continue
+        raise ServiceRunning(
+            f"`engram serve` is running on this database (process {row['pid']} on "
+            f"{row['host']}, heartbeat {float(row['age']):.0f} s ago): stop the service first, "
+            "then run `engram reembed`"
+        )
 
 
 @dataclass(frozen=True)
@@ -81,7 +114,10 @@ async def reembed(
     *,
     batch_size: int = 256,
     progress: bool = False,
+    lease_seconds: float | None = None,
 ) -> ReembedResult:
+    """`lease_seconds`: how long a silent service process counts as serving (default the
+    configured ENGRAM_TURN_LEASE_SECONDS, which the service's heartbeat keeps within)."""
     if batch_size < 1:
         raise ValueError("the re-embedding batch size must be at least 1")
     target = {"name": embedder.name, "dimensions": embedder.dimensions}
@@ -92,6 +128,9 @@ async def reembed(
                 "lock; wait for it to finish and run this again"
             )
         try:
+            if lease_seconds is None:
+                lease_seconds = Settings().turn_lease_seconds
+            await _refuse_while_serving(conn, lease_seconds)
             async with conn.transaction():
                 resumed = await store.reembed_target(conn) == target
                 if not resumed:

@@ -1,0 +1,107 @@
+"""Commands that must not touch a database they would break refuse in one line (exit 2): a
+database migrated by a newer release, and `engram reembed` while the service serves."""
+
+import asyncio
+import socket
+import subprocess
+import uuid
+
+import asyncpg
+import pytest
+from alembic.script import ScriptDirectory
+
+from app import cli
+from app.db import migrate
+from app.db.pool import create_pool
+from app.embeddings import store
+from app.embeddings.reembed import ServiceRunning, reembed
+from app.embeddings.static import StaticEmbedder
+from app.memory.vectors import VECTOR_COLUMNS
+from app.state import AppState
+
+
+async def _execute(db_url: str, sql: str, *args: object) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(sql, *args)
+    finally:
+        await conn.close()
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_database_of_a_newer_release_is_refused(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asyncio.run(_execute(db_url, "UPDATE alembic_version SET version_num = '0099_future'"))
+    head = ScriptDirectory.from_config(migrate.alembic_config(db_url)).get_current_head()
+    with pytest.raises(migrate.DatabaseTooNew) as refused:
+        migrate.upgrade(db_url)
+    assert str(refused.value) == (
+        f"the database is at revision 0099_future, newer than this release's latest ({head}): "
+        "run the newer engram, or restore a backup"
+    )
+
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    assert cli.main(["migrate"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and "revision 0099_future, newer than" in err
+
+
+async def test_reembed_refuses_while_a_service_beats(state: AppState) -> None:
+    """`state` started the services, whose liveness beats into service_processes."""
+    embedder = StaticEmbedder()
+    with pytest.raises(ServiceRunning) as refused:
+        await reembed(state.pool, embedder, VECTOR_COLUMNS, lease_seconds=60)
+    message = str(refused.value)
+    assert "\n" not in message and "stop the service first" in message
+    async with state.pool.acquire() as conn:
+        assert await store.reembed_target(conn) is None  # nothing was touched
+
+
+async def test_reembed_runs_once_no_service_beats(db_url: str, embedder: StaticEmbedder) -> None:
+    """A row left by a service killed on this host, and one whose heartbeat is past the lease,
+    are not a serving process."""
+    for host, pid, age in [
+        (socket.gethostname(), _dead_pid(), 0),
+        ("elsewhere", 4242, 120),
+    ]:
+        await _execute(
+            db_url,
+            "INSERT INTO service_processes (boot_id, host, pid, heartbeat) "
+            "VALUES ($1, $2, $3, now() - make_interval(secs => $4))",
+            uuid.uuid4(),
+            host,
+            pid,
+            float(age),
+        )
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    try:
+        result = await reembed(pool, embedder, VECTOR_COLUMNS, lease_seconds=60)
+    finally:
+        await pool.close()
+    assert result.model == embedder.name
+
+
+def test_engram_reembed_refuses_while_a_service_on_another_host_beats(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asyncio.run(
+        _execute(
+            db_url,
+            "INSERT INTO service_processes (boot_id, host, pid) VALUES ($1, 'elsewhere', 4242)",
+            uuid.uuid4(),
+        )
+    )
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.setenv("ENGRAM_EMBEDDER", "static")
+    assert cli.main(["reembed"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "process 4242 on elsewhere" in err and "stop the service first" in err
