@@ -165,7 +165,12 @@ async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResu
         embedder = await open_embedder(settings)
         try:
             return await reembed(
-                pool, embedder, VECTOR_COLUMNS, batch_size=batch_size, progress=True
+                pool,
+                embedder,
+                VECTOR_COLUMNS,
+                batch_size=batch_size,
+                progress=sys.stderr.isatty(),  # a bar for a person, not for a log
+                lease_seconds=settings.turn_lease_seconds,
             )
         finally:
             await embedder.aclose()
