@@ -169,7 +169,7 @@ async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResu
                 embedder,
                 VECTOR_COLUMNS,
                 batch_size=batch_size,
-                progress=sys.stderr.isatty(),  # a bar for a person, not for a log
+                progress=True,
                 lease_seconds=settings.turn_lease_seconds,
             )
         finally:
