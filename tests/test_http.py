@@ -3,6 +3,8 @@
 Every refused request must come back as JSON with `extensions.code`, never as a 500 or a stack.
 """
 
+import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 
@@ -360,3 +362,33 @@ def test_graphql_over_a_websocket_is_refused(settings, embedder):
             ws.send_json({"type": "connection_init"})
             ws.receive_json()
         assert client.get("/healthz").status_code == 200
+
+
+async def test_a_client_gone_before_its_body_is_no_fault_of_the_service(http, base_url, caplog):
+    """A client that closes the connection halfway through its body (no token needed) is
+    counted and logged as closed by the client (499), never as an internal error."""
+    host, port = base_url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /graphql HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 1000\r\n\r\n" + b'{"query": "{ vie'
+            )
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        async def logged() -> bool:
+            return sum(" 499 " in r.getMessage() for r in caplog.records) >= 2
+
+        for _ in range(100):
+            if await logged():
+                break
+            await asyncio.sleep(0.05)
+    closed = [r for r in caplog.records if r.name == "app.access" and " 499 " in r.getMessage()]
+    assert len(closed) == 2, [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    metrics = (await http.get("/metrics", headers=ADMIN)).text
+    assert 'engram_requests_total{code="CLIENT_CLOSED",operation="-"} 2.0' in metrics
+    assert "HTTP_500" not in metrics

@@ -12,6 +12,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
 from app.observability import logs
 from app.observability.metrics import Metrics, using
 
@@ -20,6 +22,8 @@ log = logging.getLogger("app.access")
 HEADER = "x-request-id"
 # A client's own ID is kept when it is short and plain (it lands in logs and headers).
 _WELL_FORMED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# A request whose client closed the connection before sending its body whole.
+CLIENT_CLOSED = 499
 # Refusals answered before GraphQL runs, by HTTP status.
 _STATUS_CODES = {
     400: "BAD_REQUEST",
@@ -81,6 +85,10 @@ class Observe:
         try:
             with using(self.metrics):
                 await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # The client went away before its request was read whole: no one to answer, and
+            # no fault of the service (as nginx logs it, 499).
+            status, result.code = CLIENT_CLOSED, "CLIENT_CLOSED"
         finally:
             seconds = time.perf_counter() - started
             graphql = scope["path"] == "/graphql" and scope["method"] == "POST"
