@@ -123,6 +123,43 @@ async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
     assert denied.codes == ["ACCESS_DENIED"]
 
 
+async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_not_run(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A failed request answers data: null, so a turn that ran and then failed on its answer's
+    selection would leave its caller no executionId, and a retry would run it twice: the
+    selection is checked before the turn runs (fragments too)."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    front = caller(admin.account_id, allow(["INSERT"], "financial.ActionExecution.document"))
+    execute = "mutation($i: ExecuteActionInput!) { executeAction(input: $i) { executionId %s } }"
+    turn = {"actionId": action_id, "sessionId": "front", "input": "ping"}
+
+    async def executions() -> int:
+        async with state.pool.acquire() as conn:
+            return await conn.fetchval(
+                "SELECT count(*) FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+            )
+
+    refusals = {
+        "action { name }": "Action.name",
+        "session { turns }": "ActionExecution.session",
+        "...on ActionExecution { transcript(first: 3) { nodes { type } } }": (
+            "ActionExecution.transcript"
+        ),
+    }
+    for selection, field in refusals.items():
+        refused = await gql(front, execute % selection, i=turn)
+        assert refused.codes == ["ACCESS_DENIED"], refused.errors
+        message = refused.errors[0]["message"]
+        assert f"{field} needs: the turn did not happen" in message, message
+    assert await executions() == 0
+    assert model_server.requests == []
+    model_server.say("pong")
+    ran = (await gql(front, execute % "status output action { actionId }", i=turn)).ok()
+    assert ran["executeAction"]["status"] == "SUCCEEDED"
+    assert await executions() == 1
+
+
 async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocation_2(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:

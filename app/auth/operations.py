@@ -37,6 +37,7 @@ OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "Action.searchMemories": r.SEARCH_MEMORY,
     "deleteAgentMemory": r.DELETE_MEMORY,
     "addAgentMemory": r.ADD_MEMORY + r.READ_MEMORY,
+    "addAgentMemories": r.ADD_MEMORY + r.READ_MEMORY,
     "executeAction": (("INSERT", r.EXECUTION_DOCUMENT),),
     "execution": EXECUTION_READ,
     "Action.sessions": (("SELECT", r.SESSION_INDEX),),
@@ -47,6 +48,7 @@ OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "ActionSession.history": (("SELECT", r.EXECUTION_TRANSCRIPT),),
     "ActionSession.searchHistory": (("SELECT", r.EXECUTION_TRANSCRIPT),),
     "eraseSession": (("DELETE", r.EXECUTION_DOCUMENT),),
+    "rememberConversation": (("INSERT", r.EXECUTION_DOCUMENT),),
 }
 
 

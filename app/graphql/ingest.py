@@ -11,6 +11,7 @@ from app.graphql.enums import graphql_enum
 from app.graphql.executions import ActionExecutionStatus
 from app.graphql.memory import ActionAgentMemory
 from app.graphql.scalars import Timestamp
+from app.graphql.selection import require_selection
 from app.memory import operator
 from app.runtime import calls, redaction
 
@@ -114,6 +115,7 @@ class IngestMutation:
         ],
     ) -> RememberConversationResult:
         state, caller = info.context.state, info.context.caller
+        require_selection(info, caller, "the review")
         done = await calls.remember_conversation(
             state,
             caller,
