@@ -339,13 +339,14 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
         agent = await token_for(state, admin, "agent", *AGENT_POLICIES)
         bad = await post(f"/mcp/{action_id}", agent)
         assert bad.status_code == 400
-        assert "without a sessionId" in bad.json()["error"]["message"]
+        assert "without a ?session= parameter" in bad.json()["error"]["message"]
+        assert "pass a ?session= parameter or change the scopes" in bad.json()["error"]["message"]
         nul = await post(f"/mcp/{action_id}?session=a%00b", agent)
         assert nul.status_code == 400 and "NUL" in nul.json()["error"]["message"]
     # The SDK's client reports the message.
     for url, token, said in [
         (mcp_url(base_url, action_id), stranger, "not found"),
-        (mcp_url(base_url, action_id, session=None), agent, "without a sessionId"),
+        (mcp_url(base_url, action_id, session=None), agent, "without a ?session= parameter"),
     ]:
         with pytest.raises(Exception) as raised:  # noqa: B017 - in the SDK's task group
             async with mcp_session(url, token):

@@ -46,8 +46,8 @@ class Key:
             return None
         if row["request"] != self.request:
             raise Conflict(
-                f"idempotency key {self.key!r} was already used for a {self.operation} with "
-                "other arguments; a new request needs a new key"
+                f"idempotency key {self.key!r} was already used by {self.operation} with other "
+                "arguments; a new request needs a new key"
             )
         return row["result"]
 

@@ -204,5 +204,5 @@ class McpEndpoint:
         if session is not None:
             check_storable(session, "session")
         place = calls.Place(action_id, session, preview)
-        action = await calls.load_place(state, caller, place)
+        action = await calls.load_place(state, caller, place, "a ?session= parameter")
         return McpRequest(state, caller, place, action)

@@ -117,15 +117,20 @@ class ClientInfo:
         return found
 
 
-async def load_place(state: AppState, caller: Caller, place: Place) -> ActionVersion:
+async def load_place(
+    state: AppState, caller: Caller, place: Place, session_param: str = "a sessionId"
+) -> ActionVersion:
     """The agent a call from outside works on, as executeAction finds it: another account's
-    agent is not found, and the session rules are a turn's."""
+    agent is not found, and the session rules are a turn's (`session_param`: how the caller
+    names a session)."""
     caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
     async with state.pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, place.action_id)
     if action is None:
         raise NotFound(f"action {place.action_id} not found")
-    turns._check_request(TurnRequest(place.action_id, place.session_id, None), action)
+    turns._check_request(
+        TurnRequest(place.action_id, place.session_id, None), action, session_param
+    )
     return action
 
 

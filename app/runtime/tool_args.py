@@ -49,7 +49,8 @@ def _ids(most: int, what: str) -> Any:
         ids = [_uuid(v) for v in value]
         for v, found in zip(value, ids, strict=True):
             if found is None:
-                raise refuse("ids[] " + _RECORD_ID.format(v), whole=True)
+                raise refuse(f"ids[] must be a{'n' if what[0] in 'aeiou' else ''} {what} ID "
+                             f"(a UUID such as 3f2a...), got {v!r}", whole=True)  # fmt: skip
         return ids
 
     return check

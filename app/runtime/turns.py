@@ -140,17 +140,20 @@ def input_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _check_request(request: TurnRequest, action: ActionVersion) -> None:
+def _check_request(
+    request: TurnRequest, action: ActionVersion, session_param: str = "a sessionId"
+) -> None:
+    """`session_param`: how the caller names a session (MCP: a query parameter)."""
     check_session_id(request.session_id)
     memory = action.harness.memory
     agent_only = memory.read == memory.write == (RecordScope.AGENT,)
     # Spec: an agent without a session has no session scope, so it must set both to ["agent"].
     if request.session_id is None and memory.enabled and not agent_only:
         raise BadInput(
-            "a turn without a sessionId is an agent without a session: its memory scopes "
+            f"a turn without {session_param} is an agent without a session: its memory scopes "
             '(harness.memory.scope.read and .write) must both be ["agent"], but they are '
-            f"read {as_harness(memory.read)} and write {as_harness(memory.write)}; pass a "
-            "sessionId or change the scopes"
+            f"read {as_harness(memory.read)} and write {as_harness(memory.write)}; pass "
+            f"{session_param} or change the scopes"
         )
 
 
