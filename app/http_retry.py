@@ -26,11 +26,16 @@ class Transient(Exception):
         self.retry_after = retry_after
 
 
+def times(attempts: int) -> str:
+    """'once', '2 times', ...: how many attempts failed, as a message says it."""
+    return "once" if attempts == 1 else f"{attempts} times"
+
+
 class RetriesExhausted(Exception):
     """Every attempt failed transiently; `last` is the final failure."""
 
     def __init__(self, attempts: int, last: Transient) -> None:
-        super().__init__(f"failed {attempts} times, last: {last}")
+        super().__init__(f"failed {times(attempts)}, last: {last}")
         self.attempts = attempts
         self.last = last
 

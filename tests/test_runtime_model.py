@@ -237,5 +237,6 @@ async def test_a_key_read_with_a_newline_is_sent_stripped_and_a_refused_one_neve
     finally:
         await client.aclose()
     assert "[credential]" in failed.value.message, failed.value.message
+    assert "failed once, last: LocalProtocolError" in failed.value.message
     assert "sk-house-4242" not in failed.value.message
     assert "second-line" not in failed.value.message

@@ -17,7 +17,7 @@ import numpy as np
 
 from app.embeddings.base import Embeddings, normalize
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
-from app.http_retry import RetriesExhausted, post_with_retries, server_message
+from app.http_retry import RetriesExhausted, post_with_retries, server_message, times
 from app.text import CHARS_PER_TOKEN
 
 _RETRIED_4XX = frozenset({408, 429})
@@ -98,7 +98,7 @@ class OpenAIEmbedder:
             )
         except RetriesExhausted as e:
             raise EmbeddingFailed(
-                f"{self._endpoint} failed {e.attempts} times, last: {e.last}"
+                f"{self._endpoint} failed {times(e.attempts)}, last: {e.last}"
             ) from e
         if response.status_code >= 400:
             raise EmbeddingFailed(

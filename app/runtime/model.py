@@ -18,7 +18,7 @@ import httpx
 
 from app.actions.model import ModelConfig, check_endpoint
 from app.config import Settings
-from app.http_retry import RetriesExhausted, post_with_retries, server_message
+from app.http_retry import RetriesExhausted, post_with_retries, server_message, times
 from app.observability import metrics
 from app.text import storable
 
@@ -239,7 +239,7 @@ class ModelClient:
                     "at an OpenAI-compatible endpoint that runs"
                 )
             raise ModelFailed(
-                f"the model at {endpoint.url} failed {e.attempts} times, last: {last}{fix}"
+                f"the model at {endpoint.url} failed {times(e.attempts)}, last: {last}{fix}"
             ) from e
         if response.status_code >= 400:
             raise ModelFailed(
