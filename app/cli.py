@@ -78,7 +78,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         host = settings.host if args.host is None else args.host
         port = settings.port if args.port is None else args.port
         logging.getLogger(__name__).info(
-            "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; metrics at /metrics)",
+            "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; the admin console "
+            "at /console; metrics at /metrics)",
             host,
             port,
         )
