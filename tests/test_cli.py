@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 from uuid import UUID
 
 import pytest
@@ -354,6 +355,22 @@ def test_an_unreachable_database_is_one_line_naming_the_host_not_the_password(ar
     (line,) = result.stderr.splitlines()
     assert line.startswith("engram: cannot connect to the database at 127.0.0.1:"), line
     assert "(ENGRAM_DATABASE_URL)" in line
+
+
+def test_a_database_that_never_answers_is_given_up_on_in_seconds():
+    """A server that accepts the connection and never answers (or a firewall that drops it)
+    would hold the command for the system's TCP timeout: 10 s, then one line, status 2."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"postgresql://engram@127.0.0.1:{silent.getsockname()[1]}/engram"
+        started = time.monotonic()
+        result = run(clean_env(database_url=url), "migrate")
+        took = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("engram: cannot connect to the database at 127.0.0.1:"), line
+    assert "timeout" in line and took < 60, (line, took)
 
 
 def test_serve_refuses_port_0(tmp_path):

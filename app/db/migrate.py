@@ -6,6 +6,7 @@ import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from psycopg.conninfo import conninfo_to_dict
 
 from app.errors import Conflict
 
@@ -48,7 +49,10 @@ def upgrade(url: str, revision: str = "head") -> None:
     """Migrates, one process at a time: several `engram serve` starting together against one
     database would otherwise run the same migration twice (a session advisory lock, held on
     a connection of its own while alembic works on another)."""
-    with psycopg.connect(url, autocommit=True) as lock:
+    # A server that never answers (a firewall dropping packets) would hold the start for the
+    # system's TCP timeout: 10 s, unless the URL sets its own connect_timeout.
+    timeout = {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
+    with psycopg.connect(url, autocommit=True, **timeout) as lock:
         lock.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
         try:
             cfg = alembic_config(url)
