@@ -151,13 +151,44 @@ async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_no
         refused = await gql(front, execute % selection, i=turn)
         assert refused.codes == ["ACCESS_DENIED"], refused.errors
         message = refused.errors[0]["message"]
-        assert f"{field} needs: the turn did not happen" in message, message
+        assert f"{field} needs: nothing ran" in message, message
+    # searchMemories needs the search grants with a query, the listing's without one.
+    searcher = caller(
+        admin.account_id,
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT"], "financial.AgentMemory.indexes.search", "financial.AgentMemory.document"),
+    )
+    listing = "action { searchMemories(first: 2) { nodes { memoryId } } }"
+    refused = await gql(searcher, execute % listing, i=turn)
+    assert "financial.AgentMemory.indexes.created" in refused.errors[0]["message"]
+    # Two turns in one request: the second's selection refuses the first as well.
+    both = (
+        "mutation($i: ExecuteActionInput!) { a: executeAction(input: $i) { executionId }"
+        " b: executeAction(input: $i) { executionId action { name } } }"
+    )
+    assert (await gql(front, both, i=turn)).codes == ["ACCESS_DENIED"]
     assert await executions() == 0
     assert model_server.requests == []
     model_server.say("pong")
     ran = (await gql(front, execute % "status output action { actionId }", i=turn)).ok()
     assert ran["executeAction"]["status"] == "SUCCEEDED"
     assert await executions() == 1
+    model_server.say("pong")
+    query = 'action { searchMemories(query: "pong", first: 2) { nodes { memoryId } } }'
+    assert (await gql(searcher, execute % query, i=turn)).ok()
+    assert await executions() == 2
+
+    # Any mutation: an agent written by a client that may only create agents reads back the
+    # version it wrote, but asking for its memories is refused before anything is created.
+    creator = caller(admin.account_id, allow(["INSERT"], "financial.Action.document"))
+    create = 'mutation { createAction(input: {name: "x"}) { actionId name %s } }'
+    refused = await gql(creator, create % "memories(first: 1) { nodes { memoryId } }")
+    assert "Action.memories needs: nothing ran" in refused.errors[0]["message"]
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM actions WHERE account_id = $1 AND "
+                                   "action_id IN (SELECT action_id FROM action_versions WHERE "
+                                   "name = 'x')", admin.account_id) == 0  # fmt: skip
+    assert (await gql(creator, create % "")).ok()["createAction"]["name"] == "x"
 
 
 async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocation_2(

@@ -26,7 +26,6 @@ from app.graphql.relay import (
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
-from app.graphql.selection import require_selection
 from app.runtime import erase, redaction, turns
 
 # Action is above this module (it lists executions): named lazily, read through its DataLoader.
@@ -385,8 +384,6 @@ class ExecutionMutation:
         info: Info,
         input: Annotated[ExecuteActionInput, strawberry.argument(description="The turn.")],
     ) -> ActionExecution:
-        # A failed request answers data: null: refused before the turn runs, not after.
-        require_selection(info, info.context.caller, "the turn")
         executed = await turns.execute_turn(
             info.context.state,
             info.context.caller,
@@ -415,7 +412,6 @@ class ExecutionMutation:
         action_id: Annotated[UUID, strawberry.argument(description="The session's agent.")],
         session_id: Annotated[str, strawberry.argument(description="The session's ID.")],
     ) -> EraseSessionResult:
-        require_selection(info, info.context.caller, "the erasure")
         erased = await erase.erase_session(
             info.context.pool, info.context.caller, action_id, session_id
         )

@@ -11,7 +11,6 @@ from app.graphql.enums import graphql_enum
 from app.graphql.executions import ActionExecutionStatus
 from app.graphql.memory import ActionAgentMemory
 from app.graphql.scalars import Timestamp
-from app.graphql.selection import require_selection
 from app.memory import operator
 from app.runtime import calls, redaction
 
@@ -115,7 +114,6 @@ class IngestMutation:
         ],
     ) -> RememberConversationResult:
         state, caller = info.context.state, info.context.caller
-        require_selection(info, caller, "the review")
         done = await calls.remember_conversation(
             state,
             caller,

@@ -29,7 +29,6 @@ from app.graphql.relay import (
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
-from app.graphql.selection import require_selection
 from app.memory import operator
 from app.memory import search as memory_search
 from app.memory.operator import LabelValue, MemoryView, OperatorMemory
@@ -520,7 +519,6 @@ class MemoryMutation:
         id: MEMORY_ID,
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> ActionAgentMemory:
-        require_selection(info, info.context.caller, "the deletion")
         deleted = await operator.delete_memory(
             info.context.pool,
             info.context.caller,
@@ -544,7 +542,6 @@ class MemoryMutation:
         input: Annotated[AgentMemoryInput, strawberry.argument(description="The record.")],
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> ActionAgentMemory:
-        require_selection(info, info.context.caller, "the write")
         added = await operator.add_memory(
             info.context.pool,
             info.context.embedder,
@@ -573,7 +570,6 @@ class MemoryMutation:
         ],
         idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
     ) -> "AddAgentMemoriesResult":
-        require_selection(info, info.context.caller, "the write")
         added = await operator.add_memories(
             info.context.pool,
             info.context.embedder,

@@ -25,6 +25,7 @@ from app.graphql.node import resolve_node
 from app.graphql.observe import Outcome
 from app.graphql.relay import Node
 from app.graphql.scalars import SCALARS
+from app.graphql.selection import SelectionGrants
 
 
 @strawberry.type
@@ -101,6 +102,7 @@ def build_schema(
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
             lambda: DocumentCache(documents),  # after the two above: it keys on their settings
             InputChecks,
+            SelectionGrants,  # after InputChecks: on a document it found well formed
             ErrorCodes,
         ],
     )

@@ -1,21 +1,31 @@
-"""The grants an answer's selection needs, checked before a mutation with effects runs.
+"""The grants a mutation's answer needs, checked before any mutation of the request runs.
 
-A failed request answers `data: null` (DESIGN.md), so a turn whose answer asks for a field the
-client may not read (`executeAction { action { name } }` by a client that may only run turns)
-would run, commit, and leave its caller without even its `executionId`: a retry would run it
-again. `require_selection` refuses such a request before anything runs, naming the field.
+A failed request answers `data: null` (DESIGN.md), so a request whose answer asks for a field
+the client may not read (`executeAction { action { name } }` by a client that may only run
+turns, `createAction { memories }` by one that may only create) would make its change, then
+leave its caller without even the ID of what it made: a retry would make it twice. The
+`SelectionGrants` extension refuses such a request before anything runs, naming the field.
 """
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 from graphql import (
+    ExecutionResult,
     FieldNode,
+    FragmentDefinitionNode,
     FragmentSpreadNode,
+    GraphQLError,
     GraphQLNamedType,
-    GraphQLResolveInfo,
+    GraphQLSchema,
     InlineFragmentNode,
+    OperationDefinitionNode,
+    OperationType,
     SelectionSetNode,
     get_named_type,
+    value_from_ast_untyped,
 )
-from strawberry.types import Info
+from strawberry.extensions import SchemaExtension
 
 from app.auth import resources
 from app.auth.caller import Caller
@@ -25,35 +35,63 @@ from app.auth.resources import Grant
 from app.errors import AccessDenied
 
 _ACTION_DOCUMENT = (("SELECT", resources.ACTION),)
+_DOCUMENT_FIELDS = (
+    "currentVersion",
+    "name",
+    "instructions",
+    "model",
+    "harness",
+    "created",
+    "modified",
+    "createdBy",
+)
 # "Type.field" -> the grants reading it needs: those viewer.allowed knows, and the fields that
-# read through a loader or an action's document (no mutation's own answer: written just now).
+# read through a loader or an action's document.
 FIELD_GRANTS: dict[str, tuple[Grant, ...]] = {
     **{name: grants for name, grants in OPERATIONS.items() if "." in name},
     "ActionExecution.session": (("SELECT", resources.SESSION_INDEX),),
     "ActionAgentMemory.session": (("SELECT", resources.SESSION_INDEX),),
     "ActionAgentMemory.execution": (("SELECT", resources.EXECUTION_DOCUMENT),),
-    **{
-        f"Action.{name}": _ACTION_DOCUMENT
-        for name in (
-            "currentVersion",
-            "name",
-            "instructions",
-            "model",
-            "harness",
-            "created",
-            "modified",
-            "createdBy",
-        )
-    },
+    **{f"Action.{name}": _ACTION_DOCUMENT for name in _DOCUMENT_FIELDS},
 }
+# Mutations whose answer is the version they wrote: its document fields need no SELECT.
+_WRITES_ACTION = ("createAction", "updateAction")
 
 
-def selected_fields(info: Info) -> set[str]:
-    """Every "Type.field" the current field's selection asks for, fragments included."""
-    raw: GraphQLResolveInfo = info._raw_info
-    found: set[str] = set()
+def _search_grants(node: FieldNode, variables: Mapping[str, Any]) -> tuple[Grant, ...]:
+    """`searchMemories` needs the search grants with a query, the listing's without one (or
+    with `ids`), as app/memory/search.py checks them."""
+    arguments = {a.name.value: value_from_ast_untyped(a.value, variables) for a in node.arguments}
+    query = arguments.get("query")
+    ranked = isinstance(query, str) and bool(query.strip())
+    grants = resources.SEARCH_MEMORY if ranked else ()
+    if not ranked or arguments.get("ids") is not None:
+        grants += resources.READ_MEMORY
+    return grants
 
-    def walk(parent: GraphQLNamedType | None, selections: SelectionSetNode | None) -> None:
+
+def selection_refusal(
+    schema: GraphQLSchema,
+    operation: OperationDefinitionNode,
+    fragments: Mapping[str, FragmentDefinitionNode],
+    variables: Mapping[str, Any],
+    caller: Caller,
+) -> str | None:
+    """Why the caller may not read what a mutation operation's answers select, or None."""
+    root = schema.mutation_type
+    if root is None or operation.operation != OperationType.MUTATION:
+        return None
+
+    def grants_of(parent: GraphQLNamedType, node: FieldNode, written: bool) -> tuple[Grant, ...]:
+        name = f"{parent.name}.{node.name.value}"
+        if name == "Action.searchMemories":
+            return _search_grants(node, variables)
+        if written and parent.name == "Action" and node.name.value in _DOCUMENT_FIELDS:
+            return ()
+        return FIELD_GRANTS.get(name, ())
+
+    def walk(parent: GraphQLNamedType | None, selections: SelectionSetNode | None,
+             written: bool = False) -> Iterator[tuple[str, Grant]]:  # fmt: skip
         if parent is None or selections is None:
             return
         fields = getattr(parent, "fields", {})
@@ -62,29 +100,71 @@ def selected_fields(info: Info) -> set[str]:
                 field = fields.get(node.name.value)
                 if field is None:  # __typename
                     continue
-                found.add(f"{parent.name}.{node.name.value}")
-                walk(get_named_type(field.type), node.selection_set)
+                for grant in grants_of(parent, node, written):
+                    yield f"{parent.name}.{node.name.value}", grant
+                yield from walk(get_named_type(field.type), node.selection_set)
             elif isinstance(node, InlineFragmentNode):
                 condition = node.type_condition
-                walk(raw.schema.get_type(condition.name.value) if condition else parent,
-                     node.selection_set)  # fmt: skip
-            elif isinstance(node, FragmentSpreadNode):
-                fragment = raw.fragments[node.name.value]
-                walk(raw.schema.get_type(fragment.type_condition.name.value),
-                     fragment.selection_set)  # fmt: skip
+                target = schema.get_type(condition.name.value) if condition else parent
+                yield from walk(target, node.selection_set, written and target is parent)
+            elif isinstance(node, FragmentSpreadNode) and node.name.value in fragments:
+                fragment = fragments[node.name.value]
+                target = schema.get_type(fragment.type_condition.name.value)
+                yield from walk(target, fragment.selection_set, written and target is parent)
 
-    for node in raw.field_nodes:
-        walk(get_named_type(raw.return_type), node.selection_set)
-    return found
-
-
-def require_selection(info: Info, caller: Caller, effect: str) -> None:
-    """AccessDenied, before `effect` happens, when the answer's selection asks for a field the
-    caller may not read."""
-    for name in sorted(selected_fields(info) & FIELD_GRANTS.keys()):
-        for verb, resource in FIELD_GRANTS[name]:
+    for node in _root_fields(operation.selection_set, fragments):
+        field = root.fields.get(node.name.value)
+        if field is None:
+            continue
+        answer = get_named_type(field.type)
+        written = node.name.value in _WRITES_ACTION
+        for name, (verb, resource) in walk(answer, node.selection_set, written):
             if not is_allowed(caller.policies, verb, resource):
-                raise AccessDenied(
-                    f"this client is not allowed to {verb} {resource}, which the answer's "
-                    f"{name} needs: {effect} did not happen; leave {name} out of the selection"
+                return (
+                    f"this client is not allowed to {verb} {resource}, which the answer's {name} "
+                    f"needs: nothing ran; leave {name} out of the selection"
                 )
+    return None
+
+
+def _root_fields(
+    selections: SelectionSetNode, fragments: Mapping[str, FragmentDefinitionNode]
+) -> Iterator[FieldNode]:
+    for node in selections.selections:
+        if isinstance(node, FieldNode):
+            yield node
+        elif isinstance(node, InlineFragmentNode):
+            yield from _root_fields(node.selection_set, fragments)
+        elif isinstance(node, FragmentSpreadNode) and node.name.value in fragments:
+            yield from _root_fields(fragments[node.name.value].selection_set, fragments)
+
+
+class SelectionGrants(SchemaExtension):
+    """Answers ACCESS_DENIED, instead of running a mutation, when what its answer selects needs
+    a grant the caller does not hold."""
+
+    def on_execute(self) -> Iterator[None]:
+        context = self.execution_context
+        document = context.graphql_document
+        caller = getattr(context.context, "caller", None)
+        if document is not None and context.result is None and isinstance(caller, Caller):
+            operations = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
+            named = context.operation_name
+            operation = next(
+                (o for o in operations if named is None or (o.name and o.name.value == named)),
+                None,
+            )
+            fragments = {
+                d.name.value: d
+                for d in document.definitions
+                if isinstance(d, FragmentDefinitionNode)
+            }
+            refusal = operation and selection_refusal(
+                context.schema._schema, operation, fragments, context.variables or {}, caller
+            )
+            if refusal:
+                error = AccessDenied(refusal)
+                context.result = ExecutionResult(
+                    data=None, errors=[GraphQLError(error.message, original_error=error)]
+                )
+        yield
