@@ -639,13 +639,18 @@ def _settings_error(error: SettingsError) -> str:
 def _unreachable(settings: Settings, error: Exception) -> str:
     """One line for a database that refused the first connection: where, and why, never the
     password."""
+    from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 
     reason = " ".join(str(error).split())
     url = settings.database_url_value()
     if url is None:
         return f"engram: cannot connect to the embedded PostgreSQL in {settings.data_dir}: {reason}"
-    info = conninfo_to_dict(url)
+    reason = reason.replace(url, "the URL")  # libpq quotes a URL it cannot read, password too
+    try:
+        info = conninfo_to_dict(url)
+    except ProgrammingError:
+        return f"engram: ENGRAM_DATABASE_URL cannot be read as a PostgreSQL URL: {reason}"
     if info.get("password"):
         reason = reason.replace(str(info["password"]), "***")
     where = f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
@@ -681,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_settings_error(e), file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
-    from psycopg import OperationalError
+    from psycopg import OperationalError, ProgrammingError
 
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
@@ -714,8 +719,9 @@ def main(argv: list[str] | None = None) -> int:
         # What to run or set is in the message: nothing else is worth printing.
         print(f"engram: {e}", file=sys.stderr)
         return 2
-    except OperationalError as e:
-        # Raised by the first connection, the migrations' (psycopg; the service's pool is asyncpg).
+    except (OperationalError, ProgrammingError) as e:
+        # Raised by the first connection, the migrations' (psycopg; the service's pool is
+        # asyncpg); ProgrammingError: a URL libpq cannot parse, which it quotes, password too.
         print(_unreachable(settings, e), file=sys.stderr)
         return 2
 

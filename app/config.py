@@ -44,7 +44,11 @@ def _seconds(default: float, *, low: float = 0, high: float = DAY) -> Any:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ENGRAM_", env_file=None, extra="ignore")
+    # hide_input_in_errors: a refused value may be a secret (a database URL with its password,
+    # a key); the messages name the variable and what it accepts, never the value.
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_", env_file=None, extra="ignore", hide_input_in_errors=True
+    )
 
     environment: Literal["development", "production", "test"] = "development"
 
@@ -220,15 +224,16 @@ class Settings(BaseSettings):
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not _is_http_url(value):
-            raise ValueError(f"must be an http:// or https:// URL, not {value!r}")
+            # (not quoted: a URL may carry a password)
+            raise ValueError("must be an http:// or https:// URL")
         return value
 
     @field_validator("model_allowed_base_urls")
     @classmethod
     def _http_urls(cls, values: list[str]) -> list[str]:
-        for value in values:
+        for index, value in enumerate(values):
             if not _is_http_url(value):
-                raise ValueError(f"{value!r} is not an http:// or https:// URL")
+                raise ValueError(f"item {index} is not an http:// or https:// URL")
         return values
 
     @model_validator(mode="after")

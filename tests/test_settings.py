@@ -57,3 +57,28 @@ def test_lists_and_bounds_at_their_limits(monkeypatch):
     settings = Settings()
     assert settings.model_allowed_base_urls == ["https://team.example/v1"]
     assert (settings.port, settings.pool_min_size) == (65535, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ENGRAM_DATABASE_URL", "mysql://engram:S3CRET-9@db/engram"),
+        ("ENGRAM_MODEL_ALLOWED_BASE_URLS", '["ftp://S3CRET-9@host"]'),
+    ],
+)
+def test_a_refused_value_is_never_quoted_where_it_could_be_a_secret(monkeypatch, name, value):
+    """The refusal names the variable and what it accepts; the value may hold a password."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as refused:
+        Settings()
+    assert "S3CRET-9" not in str(refused.value)
+
+
+def test_a_database_url_libpq_cannot_read_is_one_line_without_its_password(capsys, monkeypatch):
+    from app import cli
+
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", "postgresql://engram:S3CRET-9@[::1/engram")
+    assert cli.main(["migrate"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("engram: ENGRAM_DATABASE_URL cannot be read as a PostgreSQL URL")
+    assert "S3CRET-9" not in line
