@@ -10,8 +10,7 @@ from cross_web import HTTPException
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.datastructures import Headers
-from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from strawberry.asgi import GraphQL
 from strawberry.types.unset import UNSET
 
@@ -28,6 +27,7 @@ from app.graphql.context import Context
 from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
+from app.http_body import read_limited, replaying
 from app.mcp.endpoint import McpEndpoint
 from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
@@ -77,20 +77,6 @@ def _has_code(data: object, code: str) -> bool:
     return any(e.get("extensions", {}).get("code") == code for e in errors or ())
 
 
-async def _read_limited(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None once it grows past `limit` (chunked bodies have no length)."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect
-        body += message.get("body", b"")
-        if len(body) > limit:
-            return None
-        if not message.get("more_body", False):
-            return bytes(body)
-
-
 class _Guard:
     """Checks every GraphQL POST before strawberry runs it: the body's size, JSON and depth,
     and the caller's token; the Context it makes is what strawberry's context_getter returns.
@@ -109,17 +95,7 @@ class _Guard:
         if refused is not None:
             await refused(scope, receive, send)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            # The body once, as read; then whatever comes next (a disconnect).
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
     async def _check(self, scope: Scope, receive: Receive) -> tuple[Response | None, bytes]:
         settings = self.settings
@@ -128,7 +104,7 @@ class _Guard:
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
             return _error(413, "BAD_REQUEST", too_big), b""
-        body = await _read_limited(receive, settings.max_body_bytes)
+        body = await read_limited(receive, settings.max_body_bytes)
         if body is None:
             return _error(413, "BAD_REQUEST", too_big), b""
         try:

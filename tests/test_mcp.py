@@ -4,7 +4,9 @@ streamable-HTTP client, clients authenticated by their bearer tokens.
 The tools are the agent's native tools (app/runtime/tools.py), offered as its harness offers
 them; each call is an execution of kind MCP committed like a turn."""
 
+import asyncio
 import json
+import logging
 import uuid
 from typing import Any
 
@@ -420,3 +422,30 @@ async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
         ("MCP", "FAILED"),
         ("OPERATOR", "RUNNING"),
     ]
+
+
+async def test_an_mcp_client_gone_mid_body_is_no_fault_of_the_service(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
+) -> None:
+    """A client that closes the connection halfway through its body (a crash after it
+    authenticated) is logged as closed by the client (499), with no error logged."""
+    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
+    token = await token_for(state, admin, "gone", *AGENT_POLICIES)
+    host, port = base_url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST /mcp/{action_id}?session=s1 HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {token}\r\ncontent-type: application/json\r\n"
+            "accept: application/json, text/event-stream\r\n"
+            'content-length: 1000\r\n\r\n{"jsonrpc": "2.0", "id": 1, "meth'.encode()
+        )
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(100):
+            if any(" 499 " in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records if " 499 " in r.getMessage()]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

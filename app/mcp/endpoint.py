@@ -29,6 +29,7 @@ from app.auth.caller import Caller
 from app.auth.service import authenticate
 from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.errors import DomainError
+from app.http_body import read_limited, replaying
 from app.runtime import calls
 from app.state import AppState
 from app.text import check_storable
@@ -165,6 +166,7 @@ class McpEndpoint:
     app's lifespan."""
 
     def __init__(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
         self.manager = StreamableHTTPSessionManager(
             build_server(),
             stateless=True,
@@ -187,6 +189,15 @@ class McpEndpoint:
             response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
             await response(scope, receive, send)
             return
+        if scope["method"] == "POST":
+            # Read whole here: a client gone mid-body is then a 499 (app/observability), not
+            # the SDK's logged error and 500.
+            body = await read_limited(receive, self.max_body_bytes)
+            if body is None:
+                too_big = f"request bodies are limited to {self.max_body_bytes} bytes"
+                await _error(413, "BAD_REQUEST", too_big)(scope, receive, send)
+                return
+            receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
 
     async def _check(self, request: Request) -> McpRequest:
