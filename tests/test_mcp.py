@@ -428,7 +428,8 @@ async def test_an_mcp_client_gone_mid_body_is_no_fault_of_the_service(
     gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
 ) -> None:
     """A client that closes the connection halfway through its body (a crash after it
-    authenticated) is logged as closed by the client (499), with no error logged."""
+    authenticated) is logged as closed by the client (499), with no error logged; a body over
+    the limit is refused before the SDK reads it."""
     action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
     token = await token_for(state, admin, "gone", *AGENT_POLICIES)
     host, port = base_url.removeprefix("http://").split(":")
@@ -449,3 +450,13 @@ async def test_an_mcp_client_gone_mid_body_is_no_fault_of_the_service(
             await asyncio.sleep(0.05)
     assert [r.getMessage() for r in caplog.records if " 499 " in r.getMessage()]
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    # A body over the limit is refused before the SDK reads it, as GraphQL refuses one.
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        big = await http.post(
+            f"/mcp/{action_id}?session=s1",
+            content=b"x" * (gql.state.settings.max_body_bytes + 1),
+            headers={"Authorization": f"Bearer {token}", "content-type": "application/json"},
+        )
+    assert big.status_code == 413
+    assert big.json()["error"]["data"]["code"] == "BAD_REQUEST"
+    assert "request bodies are limited to" in big.json()["error"]["message"]
