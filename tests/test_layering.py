@@ -30,9 +30,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # What every domain uses: process state, embedding providers, observability.
     ("state",),
     ("embeddings", "observability"),
-    # The bottom: database access and SQL helpers, text safety, record scopes and session IDs,
-    # typed checks of configuration, settings, errors, stopping background loops.
-    ("db", "text", "http_retry", "scope", "shapes", "config", "errors", "tasks"),
+    # The bottom: database access and SQL helpers, text safety, HTTP bodies and retries, record
+    # scopes and session IDs, typed checks of configuration, settings, errors, stopping
+    # background loops.
+    ("db", "text", "http_retry", "http_body", "scope", "shapes", "config", "errors", "tasks"),
 )
 BOTTOM = LAYERS[-1]
 
