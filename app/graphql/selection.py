@@ -33,18 +33,10 @@ from app.auth.operations import OPERATIONS
 from app.auth.policies import is_allowed
 from app.auth.resources import Grant
 from app.errors import AccessDenied
+from app.graphql.actions import DOCUMENT_FIELDS
+from app.memory.search import search_grants
 
 _ACTION_DOCUMENT = (("SELECT", resources.ACTION),)
-_DOCUMENT_FIELDS = (
-    "currentVersion",
-    "name",
-    "instructions",
-    "model",
-    "harness",
-    "created",
-    "modified",
-    "createdBy",
-)
 # "Type.field" -> the grants reading it needs: those viewer.allowed knows, and the fields that
 # read through a loader or an action's document.
 FIELD_GRANTS: dict[str, tuple[Grant, ...]] = {
@@ -52,22 +44,17 @@ FIELD_GRANTS: dict[str, tuple[Grant, ...]] = {
     "ActionExecution.session": (("SELECT", resources.SESSION_INDEX),),
     "ActionAgentMemory.session": (("SELECT", resources.SESSION_INDEX),),
     "ActionAgentMemory.execution": (("SELECT", resources.EXECUTION_DOCUMENT),),
-    **{f"Action.{name}": _ACTION_DOCUMENT for name in _DOCUMENT_FIELDS},
+    **{f"Action.{name}": _ACTION_DOCUMENT for name in DOCUMENT_FIELDS},
 }
 # Mutations whose answer is the version they wrote: its document fields need no SELECT.
 _WRITES_ACTION = ("createAction", "updateAction")
 
 
 def _search_grants(node: FieldNode, variables: Mapping[str, Any]) -> tuple[Grant, ...]:
-    """`searchMemories` needs the search grants with a query, the listing's without one (or
-    with `ids`), as app/memory/search.py checks them."""
+    """`searchMemories` needs what the search its arguments ask for needs."""
     arguments = {a.name.value: value_from_ast_untyped(a.value, variables) for a in node.arguments}
     query = arguments.get("query")
-    ranked = isinstance(query, str) and bool(query.strip())
-    grants = resources.SEARCH_MEMORY if ranked else ()
-    if not ranked or arguments.get("ids") is not None:
-        grants += resources.READ_MEMORY
-    return grants
+    return search_grants(query if isinstance(query, str) else None, arguments.get("ids"))
 
 
 def selection_refusal(
@@ -86,7 +73,7 @@ def selection_refusal(
         name = f"{parent.name}.{node.name.value}"
         if name == "Action.searchMemories":
             return _search_grants(node, variables)
-        if written and parent.name == "Action" and node.name.value in _DOCUMENT_FIELDS:
+        if written and parent.name == "Action" and node.name.value in DOCUMENT_FIELDS:
             return ()
         return FIELD_GRANTS.get(name, ())
 

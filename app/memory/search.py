@@ -96,6 +96,7 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -105,6 +106,7 @@ from app.actions.harness import LABEL_NUMBERS, SEARCH_MODES, MemoryConfig, Searc
 from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
+from app.auth.resources import Grant
 from app.db import cursors
 from app.db.fusion import HYBRID_WEIGHT
 from app.db.pool import SESSION_SETTINGS
@@ -340,6 +342,16 @@ async def _by_index(
     return found, listed
 
 
+def search_grants(query: str | None, ids: Sequence[Any] | None) -> tuple[Grant, ...]:
+    """What an operator's search needs: SELECT on the search index and documents with a query;
+    without one (a listing), or with `ids` (a read), what those need."""
+    ranked = query is not None and bool(query.strip())
+    grants = resources.SEARCH_MEMORY if ranked else ()
+    if not ranked or ids is not None:
+        grants += resources.READ_MEMORY
+    return grants
+
+
 async def search_as_operator(
     pool: asyncpg.Pool,
     embedder: Embedder,
@@ -361,11 +373,7 @@ async def search_as_operator(
     documents; without a query it is a listing, and with `ids` a read, needing what those do.
     Returns the records with their cursors (`after` for the records after each). `action`:
     the agent's current version when the caller has just read it (not read again)."""
-    ranked_search = query is not None and bool(query.strip())
-    if ranked_search:
-        caller.require(*resources.SEARCH_MEMORY)
-    if not ranked_search or ids is not None:
-        caller.require(*resources.READ_MEMORY)
+    caller.require(*search_grants(query, ids))
     check_query(query, max_query_chars)
     if action is None or (action.account_id, action.action_id) != (caller.account_id, action_id):
         async with pool.acquire() as conn:
