@@ -974,6 +974,29 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
         "broken": ("agent", None, {"reply": "Basic", "toolCalls": "not a list"}),
     }
     events = {label: uuid.uuid4() for label in who_said}
+
+    async def keep(conn, event_id, turn, sequence, who, tool, data) -> None:
+        """An event and its one part, as a release writes them that names no `tools`."""
+        await conn.execute(
+            """
+            INSERT INTO history_events (account_id, action_id, session_id, event_id, turn,
+                execution_id, invocation_number, sequence, who, tool, data, text, parts, preview)
+            VALUES ($1, $2, 's', $3, $4, $5, 1, $6, $7, $8, $9::text::jsonb, 'x', 1, false)
+            """,
+            account, action, event_id, turn, uuid.uuid4(), sequence, who, tool, json.dumps(data),
+        )  # fmt: skip
+        await conn.execute(
+            """
+            INSERT INTO history_parts (account_id, action_id, session_id, event_id, part, turn,
+                preview, text)
+            VALUES ($1, $2, 's', $3, 1, $4, false, 'Ada plan Basic')
+            """,
+            account,
+            action,
+            event_id,
+            turn,
+        )
+
     async with database_copy(pg_server, None, name) as url:
         migrate.upgrade(url, "0026")
         conn = await asyncpg.connect(url)
@@ -990,26 +1013,7 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
                 action,
             )
             for sequence, (label, (who, tool, data)) in enumerate(who_said.items(), 1):
-                await conn.execute(
-                    """
-                    INSERT INTO history_events (account_id, action_id, session_id, event_id,
-                        turn, execution_id, invocation_number, sequence, who, tool, data, text,
-                        parts, preview)
-                    VALUES ($1, $2, 's', $3, 1, $4, 1, $5, $6, $7, $8::text::jsonb, 'x', 1, false)
-                    """,
-                    account, action, events[label], uuid.uuid4(), sequence, who, tool,
-                    json.dumps(data),
-                )  # fmt: skip
-                await conn.execute(
-                    """
-                    INSERT INTO history_parts (account_id, action_id, session_id, event_id, part,
-                        turn, preview, text)
-                    VALUES ($1, $2, 's', $3, 1, 1, false, 'Ada plan Basic')
-                    """,
-                    account,
-                    action,
-                    events[label],
-                )
+                await keep(conn, events[label], 1, sequence, who, tool, data)
         finally:
             await conn.close()
         migrate.upgrade(url)
@@ -1021,25 +1025,7 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
                 [("late", "tool", "search_memory"), ("late user", "user", None)], 1
             ):
                 events[label] = uuid.uuid4()
-                await conn.execute(
-                    """
-                    INSERT INTO history_events (account_id, action_id, session_id, event_id,
-                        turn, execution_id, invocation_number, sequence, who, tool, data, text,
-                        parts, preview)
-                    VALUES ($1, $2, 's', $3, 2, $4, 1, $5, $6, $7, '{}', 'x', 1, false)
-                    """,
-                    account, action, events[label], uuid.uuid4(), sequence, who, tool,
-                )  # fmt: skip
-                await conn.execute(
-                    """
-                    INSERT INTO history_parts (account_id, action_id, session_id, event_id, part,
-                        turn, preview, text)
-                    VALUES ($1, $2, 's', $3, 1, 2, false, 'Ada plan Basic')
-                    """,
-                    account,
-                    action,
-                    events[label],
-                )
+                await keep(conn, events[label], 2, sequence, who, tool, {})
             named = {
                 r["event_id"]: r["tools"]
                 for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
