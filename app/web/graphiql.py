@@ -36,6 +36,7 @@ def page(introspection: bool, introspection_off: str) -> str:
 _INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.S)
 
 
+@cache  # one of the page's two forms: hashed once
 def headers(text: str) -> dict[str, str]:
     """The page's security headers: it runs only its own scripts (its inline one by hash),
     talks only to this server, and no other site may frame it (a token is pasted into it).
