@@ -66,8 +66,7 @@ def selection_refusal(
 ) -> str | None:
     """Why the caller may not read what a mutation operation's answers select, or None."""
     root = schema.mutation_type
-    if root is None or operation.operation != OperationType.MUTATION:
-        return None
+    assert root is not None and operation.operation == OperationType.MUTATION
 
     def grants_of(parent: GraphQLNamedType, node: FieldNode, written: bool) -> tuple[Grant, ...]:
         name = f"{parent.name}.{node.name.value}"
@@ -132,26 +131,35 @@ class SelectionGrants(SchemaExtension):
 
     def on_execute(self) -> Iterator[None]:
         context = self.execution_context
+        refusal = self._refusal() if context.result is None else None
+        if refusal:
+            error = AccessDenied(refusal)
+            context.result = ExecutionResult(
+                data=None, errors=[GraphQLError(error.message, original_error=error)]
+            )
+        yield
+
+    def _refusal(self) -> str | None:
+        context = self.execution_context
         document = context.graphql_document
         caller = getattr(context.context, "caller", None)
-        if document is not None and context.result is None and isinstance(caller, Caller):
-            operations = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
-            named = context.operation_name
-            operation = next(
-                (o for o in operations if named is None or (o.name and o.name.value == named)),
-                None,
-            )
-            fragments = {
-                d.name.value: d
+        if document is None or not isinstance(caller, Caller):
+            return None
+        named = context.operation_name
+        operation = next(
+            (
+                d
                 for d in document.definitions
-                if isinstance(d, FragmentDefinitionNode)
-            }
-            refusal = operation and selection_refusal(
-                context.schema._schema, operation, fragments, context.variables or {}, caller
-            )
-            if refusal:
-                error = AccessDenied(refusal)
-                context.result = ExecutionResult(
-                    data=None, errors=[GraphQLError(error.message, original_error=error)]
-                )
-        yield
+                if isinstance(d, OperationDefinitionNode)
+                and (named is None or (d.name and d.name.value == named))
+            ),
+            None,
+        )
+        if operation is None or operation.operation != OperationType.MUTATION:
+            return None  # a query changes nothing, and its fields check their own grants
+        fragments = {
+            d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
+        }
+        return selection_refusal(
+            context.schema._schema, operation, fragments, context.variables or {}, caller
+        )
