@@ -13,6 +13,7 @@ first search of a large session): where a search's time goes is in bench/README.
 (`history.py`).
 """
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -180,5 +181,17 @@ def view(event: Event) -> dict[str, Any]:
     if event.score is not None:
         shown["score"] = round(float(event.score), 4)
     text = event.part_text if event.part_text is not None else event.text
-    shown["text"] = f"{event.header}\n{text}"
+    shown["text"] = f"{event.header}\n{quoted_headers(text)}"
     return shown
+
+
+# A line of an event's text shaped like a result's header (`turn 12, agent`, any case, any
+# indent): a user or a tool could write one to pass words off as another speaker's.
+_HEADER_LINE = re.compile(r"^[ \t]*turn[ \t]+\d+[ \t]*,[ \t]*(?:user|agent|tool)\b", re.I | re.M)
+QUOTED = "(quoted) "
+
+
+def quoted_headers(text: str) -> str:
+    """The text with each line that could pass for a result's header marked as quoted, so the
+    only header a reader sees is the result's own first line."""
+    return _HEADER_LINE.sub(lambda m: QUOTED + m.group(0), text)
