@@ -185,3 +185,43 @@ async def test_m55_records_in_an_executions_input_and_output_are_reduced_at_the_
     }
     shown = (await gql(auditor(admin), EXECUTION, id=str(execution_id))).ok()["execution"]
     assert shown["input"]["memory"] == operator_view and shown["output"]["memories"] == [view]
+
+
+# M55 H16
+async def test_m55_a_sessions_running_summary_shows_only_with_the_memory_grants(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The summary folds in the memory tools' calls and results (here the record add_memory
+    wrote), so a reader without the grants sees neither the `context.summary` event's text nor
+    the reply of the model call of purpose `context` that wrote it."""
+    harness = memory_harness(tools=["add_memory"])
+    action_id = str(
+        (await make_agent(gql.state, admin, harness=harness, model={"contextTokens": 1500}))
+        .action_id
+    )
+    model_server.call_tools(("add_memory", {"summary": SUMMARY, "kind": "fact"}))
+    model_server.say("Noted.")
+    for k in range(1, 9):
+        model_server.say(f"SUMMARY-{k}: {SUMMARY}, {CONTENT}.", purpose="context")
+    executed = []
+    for turn in range(1, 8):
+        if turn > 1:
+            model_server.say(f"ANSWER-{turn} " + "answer words " * 45)
+        ask = f"ASK-{turn} " + "question words " * 60
+        executed.append(await run(gql, runner(admin), action_id, ask))
+        assert executed[-1]["status"] == "SUCCEEDED", executed[-1]["error"]
+
+    folded = []
+    for execution in executed:
+        hidden = await transcript(gql, runner(admin), execution["executionId"])
+        shown = await transcript(gql, auditor(admin), execution["executionId"])
+        for seen, full in zip(hidden, shown, strict=True):
+            if full["type"] == "context.summary":
+                folded.append(full["data"]["summary"])
+                assert seen["data"] == {**full["data"], "summary": seen["data"]["summary"]}
+                assert "memory read grants" in seen["data"]["summary"]
+            if full["type"] == "model.call" and full["data"]["purpose"] == "context":
+                assert full["data"]["content"].startswith("SUMMARY-")
+                assert "memory read grants" in seen["data"]["content"]
+        assert leaked(hidden) == []
+    assert folded and all(SUMMARY in s for s in folded)

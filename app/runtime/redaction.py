@@ -5,8 +5,10 @@ whoever starts or calls the agent". A turn's transcript holds the records its re
 memory tools returned or wrote, and the text the agent gave `add_memory`; an operator's
 execution names the records it wrote. To a reader without READ_MEMORY each record is reduced
 to its identity (`id` or `memoryId`, and `version`), a memory tool's arguments to those
-that carry no record text, and a search_history result that holds record text (a memory tool's
-result or call, kept in the session's history) to the line saying who it is from. Formats are
+that carry no record text, a search_history result that holds record text (a memory tool's
+result or call, kept in the session's history) to the line saying who it is from, and a
+session's running summary (a `context.summary` event, a model call of purpose `context`) to a
+note: it folds in the memory tools' calls and results. Formats are
 those of app/runtime/transcript.py.
 """
 
@@ -76,6 +78,8 @@ def event_data(type: str, data: Any) -> Any:
         review = data.get("purpose") == "memory"  # a memory review's words are memory text
         if review:
             reduced["content"] = None
+        elif data.get("purpose") == "context" and reduced.get("content") is not None:
+            reduced["content"] = HIDDEN_SUMMARY
         calls = data.get("toolCalls")
         if isinstance(calls, list):
             reduced["toolCalls"] = [
@@ -89,6 +93,8 @@ def event_data(type: str, data: Any) -> Any:
         return reduced
     if type == events.MEMORY_REVIEW:
         return _review_without_text(data)
+    if type == events.CONTEXT_SUMMARY and "summary" in data:
+        return {**data, "summary": HIDDEN_SUMMARY}
     return execution_value(data)
 
 
@@ -109,6 +115,11 @@ def _review_without_text(data: dict[str, Any]) -> dict[str, Any]:
 
 
 HIDDEN = "[memory record text: shown only with the memory read grants]"
+# A session's running summary (purpose `context`) folds in the conversation's memory tool calls
+# and results, so it may hold record text anywhere in it.
+HIDDEN_SUMMARY = (
+    "[conversation summary: shown only with the memory read grants, as it may hold memory text]"
+)
 
 
 def _is_history_view(value: dict[str, Any]) -> bool:
