@@ -788,7 +788,10 @@ async def test_m55_search_history_shows_memory_text_only_with_the_memory_read_gr
     turn's transcript nor finds them by searchHistory (whose score would tell they matched)."""
     harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
     action_id = await make_agent_id(gql.state, admin, harness=harness)
-    model_server.call_tools(("add_memory", {"summary": "Ada's PIN is zebramail", "kind": "fact"}))
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's PIN is zebramail", "kind": "fact"}),
+        content="Keeping the lighthouse rota in mind.",
+    )
     model_server.say("Saved.")
     await run(gql, admin, action_id, "Remember my mail app")
     later, found = await searched(model_server, gql, admin, action_id, {"query": "Ada PIN"})
@@ -827,6 +830,17 @@ async def test_m55_search_history_shows_memory_text_only_with_the_memory_read_gr
         assert any(holds) is expect
         about_memory = [r for r in results if r["event"]["tool"] == "add_memory"]
         assert bool(about_memory) is expect
+    # The agent's words beside the call are kept in a part of their own, found by both; the
+    # whole message shows the call's text only with the grants.
+    words = search.replace("event { who tool }", "event { who tool text }")
+    for who, expect in ((reader, False), (admin, True)):
+        result = await gql(who, words, a=action_id, q="lighthouse rota")
+        (session,) = result.ok()["action"]["sessions"]["nodes"]
+        best = session["searchHistory"][0]
+        assert best["text"] == "Keeping the lighthouse rota in mind."
+        assert best["event"]["who"] == "AGENT"
+        assert best["event"]["text"].startswith(best["text"] + "\ncalled add_memory {")
+        assert ("zebramail" in best["event"]["text"]) is expect
     # Left out of the ranking itself: the first place goes to an event the reader may read,
     # as for any query (a short page would tell that a hidden event matched).
     one = search.replace("first: 10", "first: 1")

@@ -148,7 +148,10 @@ async def test_m55_mcp_search_history_leaves_out_memory_text_without_the_memory_
     not memory records is not shown them, nor that they matched; with the grants, it is."""
     harness = {**memory_harness(tools=["add_memory"]), "history": {"index": "messages_and_tools"}}
     action_id = await make_agent_id(gql.state, admin, harness=harness)
-    model_server.call_tools(("add_memory", {"summary": "Ada's PIN is zebramail", "kind": "fact"}))
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's PIN is zebramail", "kind": "fact"}),
+        content="Keeping the lighthouse rota in mind.",
+    )
     model_server.say("Saved it.")
     assert (await run(gql, admin, action_id, "Remember my PIN"))["status"] == "SUCCEEDED"
     transcripts = allow(["SELECT"], "financial.ActionExecution.transcript")
@@ -166,6 +169,15 @@ async def test_m55_mcp_search_history_leaves_out_memory_text_without_the_memory_
             first = await call(session, "search_history", query="zebramail", limit=1)
         (only,) = first["events"]
         assert ("zebramail" in only["text"]) is shown
+        # The agent's words beside the call are found by either, the call's text only with
+        # the grants, whether ranked or read whole by ID.
+        async with mcp_session(mcp_url(base_url, action_id), token) as session:
+            found = await call(session, "search_history", query="lighthouse rota", limit=1)
+            (words,) = found["events"]
+            (whole,) = (await call(session, "search_history", ids=[words["id"]]))["events"]
+        assert words["text"] == "turn 1, agent\nKeeping the lighthouse rota in mind."
+        assert whole["text"].startswith(words["text"] + "\ncalled add_memory {")
+        assert ("zebramail" in whole["text"]) is shown
 
 
 async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(

@@ -1,6 +1,5 @@
 """GraphQL types for a session's history: its kept events, listed and searched by operators."""
 
-from dataclasses import replace
 from enum import Enum
 from typing import Annotated
 from uuid import UUID
@@ -23,7 +22,7 @@ from app.graphql.relay import (
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
-from app.history import keeping, service
+from app.history import service
 from app.history.search import MAX_LIMIT, Event
 from app.runtime import redaction
 
@@ -102,18 +101,9 @@ class ActionHistorySearchResult:
 def shown(info: Info, event: Event) -> Event:
     """The event as the caller may see it: without the memory grants, a memory tool's
     arguments and the records its result names are reduced as in transcripts."""
-    if event.who == "user" or redaction.may_read(info.context.caller):
+    if redaction.may_read(info.context.caller):
         return event
-    if event.who == "agent":
-        reduced = redaction.event_data("model.call", {"purpose": "turn", **event.data})
-        data = {"content": reduced.get("content"), "toolCalls": reduced.get("toolCalls") or []}
-    else:
-        data = redaction.event_data("tool.execution", event.data)
-    if data == event.data:
-        return event
-    # A search result's part may hold the reduced text: show the event's reduced text whole.
-    text = keeping.render(event.who, data)
-    return replace(event, data=data, text=text, part_text=text if event.part_text else None)
+    return redaction.history_event(event)
 
 
 CONVERSATION = Keyset(cursors.INT4, cursors.INT4)  # (turn, sequence)

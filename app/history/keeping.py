@@ -46,6 +46,10 @@ class KeptEvent:
     data: dict[str, Any]
     text: str
     parts: list[str]
+    # Per part, the tools it names: a tool result's tool, or the tools an agent message calls
+    # in each part holding its calls (a message's words and its calls are kept in parts of
+    # their own, so a reader who may not see a tool's calls still finds the words).
+    part_tools: list[list[str]]
     call_id: str | None = None
     tool: str | None = None
 
@@ -55,10 +59,7 @@ def render(who: str, data: dict[str, Any]) -> str:
     if who == "user":
         return str(data.get("message") or "")
     if who == "agent":
-        lines = [data["content"]] if data.get("content") else []
-        for call in data.get("toolCalls") or []:
-            lines.append(f"called {call.get('name')} {call.get('arguments') or '{}'}")
-        return "\n".join(lines)
+        return "\n".join(_words(data) + _calls(data))
     if "error" in data:
         return f"{data.get('name')} failed: {data['error']}"
     output = data.get("output")
@@ -67,12 +68,41 @@ def render(who: str, data: dict[str, Any]) -> str:
     return json.dumps(output, ensure_ascii=False)
 
 
+def _words(data: dict[str, Any]) -> list[str]:
+    """An agent message's words, as its text shows them."""
+    return [data["content"]] if data.get("content") else []
+
+
+def _calls(data: dict[str, Any]) -> list[str]:
+    """An agent message's tool calls, a line each, as its text shows them."""
+    return [
+        f"called {call.get('name')} {call.get('arguments') or '{}'}"
+        for call in data.get("toolCalls") or []
+    ]
+
+
+def _parts(who: str, data: dict[str, Any], text: str, tool: str | None) -> tuple[list[str], ...]:
+    """An event's parts and the tools each names: an agent message's words apart from its
+    calls, whose parts name every tool it calls."""
+    if who == "tool":
+        parts = partition.split(text)
+        return parts, [[tool] if tool is not None else [] for _ in parts]
+    words, calls = _words(data), _calls(data)
+    if who != "agent" or not calls:
+        return partition.split(text), [[] for _ in partition.split(text)]
+    named = [c["name"] for c in data["toolCalls"] if isinstance(c.get("name"), str)]
+    said = partition.split(storable(words[0])) if words and words[0].strip() else []
+    called = partition.split(storable("\n".join(calls)))
+    return said + called, [[] for _ in said] + [named for _ in called]
+
+
 def _event(sequence: int, who: str, data: dict[str, Any], **call: str | None) -> KeptEvent | None:
     data = storable_json(data)
     text = storable(render(who, data))
     if not text.strip():
         return None
-    return KeptEvent(uuid.uuid4(), sequence, who, data, text, partition.split(text), **call)
+    parts, tools = _parts(who, data, text, call.get("tool"))
+    return KeptEvent(uuid.uuid4(), sequence, who, data, text, parts, tools, **call)
 
 
 def kept_events(

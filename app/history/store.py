@@ -33,9 +33,11 @@ class Scope:
     session_id: str
     before_turn: int | None
     preview: bool
-    # Events left out: a result of these tools, and an agent message that called one (a
-    # search by a reader who may not read what they hold: memory records, M55). Left out of
-    # the ranking itself, so that neither a score nor a short page tells they matched.
+    # Left out: a result of these tools, and each part of an agent message that holds a call of
+    # one (a search by a reader who may not read what they hold: memory records, M55); the
+    # message's own words, kept in parts of their own, are found (and shown reduced, by the
+    # caller). Left out of the ranking itself, so that neither a score nor a short page tells
+    # they matched.
     hidden_tools: tuple[str, ...] = ()
 
 
@@ -93,20 +95,23 @@ def _visible(scope: Scope, p: Params, h: str) -> str:
 
 
 def _hidden(scope: Scope, p: Params, h: str) -> str:
-    """SQL: the event of row `h` (an event, or a part of one) is one `hidden_tools` hides."""
+    """SQL: row `h` is one `hidden_tools` hides: an event that is a result of one, or a part
+    that holds a call of one."""
     tools = p(list(scope.hidden_tools))
+    result = f"(e.who = 'tool' AND coalesce(e.tool = any({tools}::text[]), false))"
+    if h == "e":
+        return result
+    # A part names the tools it holds itself (migration 0027). A part kept by a process of the
+    # release before names none (during a rolling upgrade): its event is read, and an agent
+    # message's part then counts as holding each call of the message.
     calls = (
         "jsonb_array_elements(CASE WHEN jsonb_typeof(e.data->'toolCalls') = 'array'"
         " THEN e.data->'toolCalls' ELSE '[]'::jsonb END) c"
     )
     held = (
-        f"(e.who = 'tool' AND coalesce(e.tool = any({tools}::text[]), false) OR e.who = 'agent'"
+        f"({result} OR e.who = 'agent'"
         f" AND EXISTS (SELECT FROM {calls} WHERE c->>'name' = any({tools}::text[])))"
     )
-    if h == "e":
-        return held
-    # A part names its event's tools itself (migration 0027): no look-up of the event, unless
-    # a process of the release before kept it (during a rolling upgrade), naming none.
     return (
         f"coalesce({h}.tools && {tools}::text[],"
         f" EXISTS (SELECT FROM history_events e WHERE e.account_id = {h}.account_id"
@@ -174,9 +179,7 @@ async def insert(
     ids = [e.event_id for e in events for _ in e.parts]
     numbers = [n for e in events for n in range(1, len(e.parts) + 1)]
     texts = [t for e in events for t in e.parts]
-    tools = [
-        json.dumps(event_tools(e)) for e in events for _ in e.parts
-    ]  # (JSON text: rows of arrays)
+    tools = [json.dumps(t) for e in events for t in e.part_tools]  # (JSON text: rows of arrays)
     await conn.execute(
         """
         INSERT INTO history_parts
@@ -196,17 +199,6 @@ async def insert(
         [Vector(v) for v in vectors] if vectors is not None else [None] * len(texts),
         tools,
     )
-
-
-def event_tools(event: KeptEvent) -> list[str]:
-    """The tools an event is of (a tool's result) or calls (an agent message), as its parts
-    name them for `_hidden` (migration 0027 fills the same from the events kept before)."""
-    if event.who == "tool":
-        return [event.tool] if event.tool is not None else []
-    calls = event.data.get("toolCalls") if event.who == "agent" else None
-    if not isinstance(calls, list):
-        return []
-    return [c["name"] for c in calls if isinstance(c, dict) and isinstance(c.get("name"), str)]
 
 
 _EVENT = (

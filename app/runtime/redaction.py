@@ -13,13 +13,16 @@ those of app/runtime/transcript.py.
 """
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from app.auth import resources
 from app.auth.caller import Caller
 from app.auth.policies import is_allowed
+from app.history import keeping
+from app.history.search import Event
 from app.runtime import transcript as events
-from app.runtime.tools import NATIVE_TOOLS
+from app.runtime.tool_args import NATIVE_TOOLS
 
 # Keys of a record view (app.runtime.tools.record_view) that carry what the record says.
 RECORD_TEXT = frozenset({"summary", "content", "labels", "metadata"})
@@ -96,6 +99,40 @@ def event_data(type: str, data: Any) -> Any:
     if type == events.CONTEXT_SUMMARY and "summary" in data:
         return {**data, "summary": HIDDEN_SUMMARY}
     return execution_value(data)
+
+
+def history_event(event: Event) -> Event:
+    """A kept event of session history as a reader without READ_MEMORY sees it: a memory
+    tool's arguments and the records its result names reduced as in transcripts."""
+    if event.who == "user":
+        return event
+    if event.who == "agent":
+        reduced = event_data(events.MODEL_CALL, {"purpose": "turn", **event.data})
+        data = {"content": reduced.get("content"), "toolCalls": reduced.get("toolCalls") or []}
+    else:
+        data = event_data(events.TOOL_EXECUTION, event.data)
+    if data == event.data:
+        return event
+    text = keeping.render(event.who, data)
+    if event.part_text is None:
+        return replace(event, data=data, text=text)
+    # A search result's part that held what is reduced: the event's reduced text whole.
+    part = text if carries_memory_text(event) else event.part_text
+    return replace(event, data=data, text=text, part_text=part)
+
+
+def carries_memory_text(event: Event) -> bool:
+    """A kept event, or the part of it a search found, that holds memory record text: a memory
+    tool's result (the records it returned or wrote), or an agent message's call of one (its
+    arguments; a part holding only the message's words does not)."""
+    if event.who == "tool":
+        return event.tool in NATIVE_TOOLS
+    if event.who == "agent" and isinstance(event.data, dict):
+        calls = event.data.get("toolCalls") or []
+        called = {c.get("name") for c in calls if isinstance(c, dict)} & set(NATIVE_TOOLS)
+        text = event.part_text if event.part_text is not None else event.text
+        return any(f"called {name} " in text for name in called)
+    return False
 
 
 def _review_without_text(data: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,14 @@ from app.memory.records import MAX_SUMMARY_BYTES
 from app.scope import Scope, listed
 from app.shapes import Boolean, Integer, refuse
 
+# The native tools: the memory tools, and session history's.
+SEARCH_MEMORY = "search_memory"
+ADD_MEMORY = "add_memory"
+READ_MEMORY = "read_memory"
+DELETE_MEMORY = "delete_memory"
+NATIVE_TOOLS = (SEARCH_MEMORY, ADD_MEMORY, READ_MEMORY, DELETE_MEMORY)
+SEARCH_HISTORY = "search_history"
+
 # harness.memory.search.max_results may be up to 100, and is the default limit: it must pass.
 MAX_SEARCH_LIMIT = 100
 MAX_IDS = 100

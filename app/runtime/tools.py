@@ -26,9 +26,16 @@ from app.history.store import Scope
 from app.memory import search as memory_search
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, NewMemory
+from app.runtime import redaction
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall
 from app.runtime.tool_args import (
+    ADD_MEMORY,
+    DELETE_MEMORY,
+    NATIVE_TOOLS,
+    READ_MEMORY,
+    SEARCH_HISTORY,
+    SEARCH_MEMORY,
     AddMemory,
     Arguments,
     DeleteMemory,
@@ -45,12 +52,6 @@ from app.text import for_model, for_model_json, storable_json
 
 log = logging.getLogger(__name__)
 
-SEARCH_MEMORY = "search_memory"
-ADD_MEMORY = "add_memory"
-READ_MEMORY = "read_memory"
-DELETE_MEMORY = "delete_memory"
-NATIVE_TOOLS = (SEARCH_MEMORY, ADD_MEMORY, READ_MEMORY, DELETE_MEMORY)
-SEARCH_HISTORY = "search_history"
 ARGUMENTS: dict[str, type[Arguments]] = {
     SEARCH_MEMORY: SearchMemory,
     ADD_MEMORY: AddMemory,
@@ -144,17 +145,6 @@ class HistoryAccess:
     # Whether the reader may read memory records (M55): a client over MCP without the memory
     # read grants is not shown, nor told of, an event that holds a record's text.
     memory_text: bool = True
-
-
-def carries_memory_text(event: history_search.Event) -> bool:
-    """A kept event that holds memory record text: a memory tool's result (the records it
-    returned or wrote), or an agent message that called one (its arguments)."""
-    if event.who == "tool":
-        return event.tool in NATIVE_TOOLS
-    if event.who == "agent" and isinstance(event.data, dict):
-        calls = event.data.get("toolCalls") or []
-        return any(isinstance(c, dict) and c.get("name") in NATIVE_TOOLS for c in calls)
-    return False
 
 
 def record_view(record: MemoryRecord, memory: MemoryConfig) -> dict[str, Any]:
@@ -485,7 +475,9 @@ class NativeTools:
             raise ToolRefused("pass a query to search, or ids to read events whole")
         views, recorded = [], []
         for event in found:
-            memory = carries_memory_text(event)  # (never, with hidden_tools)
+            if not access.memory_text:  # an agent message that called a memory tool, reduced
+                event = redaction.history_event(event)
+            memory = access.memory_text and redaction.carries_memory_text(event)
             shown = history_search.view(event)
             shown["text"] = for_model(shown["text"])
             views.append(shown)
