@@ -674,3 +674,50 @@ async def test_search_shows_more_results_a_page_at_a_time(db_url, embedder):
         # Each record once, in the order of the one large page.
         assert await summaries.all_inner_texts() == expected
         await page.screenshot(path=screenshot_path("console-search-more.png"), full_page=True)
+
+
+async def test_new_tokens_are_offered_only_for_clients_the_token_covers(db_url, embedder):
+    """A client issues tokens only for clients holding no more than it does: the console asks
+    (Client.coveredByViewer) and offers "Create token" for those alone, saying why elsewhere."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        create = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+        memory = {
+            "effect": "ALLOW",
+            "actions": ["SELECT"],
+            "resources": ["financial.AgentMemory.*"],
+        }
+        manage = {
+            "effect": "ALLOW",
+            "actions": ["SELECT", "INSERT", "UPDATE", "DELETE"],
+            "resources": ["financial.Client.*"],
+        }
+        admin(create, i={"principal": "manager", "name": "Manager", "policies": [manage, memory]})
+        admin(create, i={"principal": "memory-reader", "name": "Memory", "policies": [memory]})
+        token = admin('mutation { createClientToken(principal: "manager") { token } }')
+        await sign_in(page, url, token["createClientToken"]["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+
+        def card(principal: str):
+            name = page.locator("h2 .mono", has_text=re.compile(f"^{re.escape(principal)}$"))
+            return page.locator("section.client", has=name)
+
+        # Wider than the manager: the administrator, and the auditor (it reads agents).
+        for wider in ("admin", "auditor"):
+            await expect(card(wider).locator(".notice")).to_have_text(
+                "Your token cannot create tokens for this client: it holds grants yours does not "
+                "(a client issues tokens only for clients that hold no more than it does)."
+            )
+            await expect(card(wider).get_by_role("button", name="Create token")).to_have_count(0)
+        await card("auditor").screenshot(path=screenshot_path("console-token-not-offered.png"))
+        # Covered: itself, and a client holding part of what it holds. A token is made.
+        await expect(card("manager").get_by_role("button", name="Create token")).to_have_count(1)
+        covered = card("memory-reader")
+        await expect(covered.locator(".notice")).to_have_count(0)
+        await covered.get_by_role("button", name="Create token").click()
+        secret = await covered.get_by_label("The new token").input_value()
+        assert (
+            Api(url, secret)("{ viewer { principal } }")["viewer"]["principal"] == "memory-reader"
+        )

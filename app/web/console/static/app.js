@@ -772,7 +772,7 @@ async function clientsView() {
   const more = moreButton("Show more clients", list, load);
   async function load(after) {
     const data = await gql(`query($after: String) { clients(first: ${PAGE}, after: $after) {
-      nodes { principal name accountId policies { effect actions resources } ${tokens} }
+      nodes { principal name accountId policies { effect actions resources } coveredByViewer ${tokens} }
       pageInfo { hasNextPage endCursor } } }`, { after: after || null });
     for (const c of data.clients.nodes) append(list, [clientCard(c)]);
     more.hidden = !data.clients.pageInfo.hasNextPage;
@@ -872,7 +872,11 @@ function clientCard(c) {
     append(card, [h("h3", {}, "Tokens"), table, more]);
   }
   append(card, [status]);
-  if (can("createClientToken")) {
+  if (can("createClientToken") && !c.coveredByViewer) {
+    // The server would refuse (Client.coveredByViewer): said here, not offered.
+    append(card, [h("p", { class: "notice" }, "Your token cannot create tokens for this client: it holds grants "
+      + "yours does not (a client issues tokens only for clients that hold no more than it does).")]);
+  } else if (can("createClientToken")) {
     const expires = h("input", { type: "datetime-local" });
     append(card, [h("form", { class: "inline", onsubmit: async (e) => {
       e.preventDefault();
