@@ -2,14 +2,15 @@
 filters on `Action.memories`, and `viewer.allowed(operations)`."""
 
 import httpx
-from factories import allow, caller, forget, make_account, make_agent, remember
+from factories import allow, caller, forget, make_account, make_agent, remember, token_for
 from helpers import db_settings
 from servers import serving
 
-from app.auth import operations
+from app.auth import operations, service
 from app.auth import resources as r
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
+from app.auth.resources import KNOWN
 from app.web.console import STATIC
 
 CLIENTS = """query($first: Int!, $after: String, $a: UUID) {
@@ -27,6 +28,8 @@ MEMORIES = """query($id: UUID!, $first: Int!, $after: String, $kind: String,
 ALLOWED = """query($ops: [String!]!) { viewer { allowed(operations: $ops) {
   operation allowed reason } } }"""
 READER = allow(["SELECT"], "financial.*")
+EVERY_VERB = ["SELECT", "INSERT", "UPDATE", "DELETE"]
+COVERED = "{ clients(first: 20) { nodes { principal coveredByViewer } } }"
 
 
 async def test_clients_pages_by_principal_and_needs_select_on_client_documents(gql, admin, state):
@@ -194,3 +197,67 @@ def test_the_console_is_served_from_the_package_with_nothing_from_elsewhere(db_u
         text = path.read_text()
         assert "http://" not in text and "https://" not in text, path.name
         assert "innerHTML" not in text and "insertAdjacentHTML" not in text, path.name
+
+
+async def test_client_covered_by_viewer_says_which_clients_it_may_issue_tokens_for(
+    state, admin, base_url
+):
+    """Over HTTP: `Client.coveredByViewer` is true for a client holding no more than the viewer
+    and false for a wider one (also one wider only by a pattern, which grants what a later
+    release adds), and createClientToken and updateClient then do as it said."""
+    account = await make_account(state)
+    memory_names = sorted(name for name in KNOWN if name.startswith("financial.AgentMemory."))
+    manager = await token_for(
+        state,
+        admin,
+        "manager",
+        allow(EVERY_VERB, "financial.Client.*"),
+        allow(["SELECT"], *memory_names),
+        account_id=account,
+    )
+    boss = await token_for(state, admin, "boss", allow(EVERY_VERB, "*"), account_id=account)
+    for principal, policy in [
+        ("reader", allow(["SELECT"], memory_names[0])),
+        ("patterned", allow(["SELECT"], "financial.AgentMemory.*")),
+    ]:
+        await service.create_client(
+            state.pool,
+            admin,
+            account_id=account,
+            principal=principal,
+            name=principal,
+            policies=[policy],
+        )
+    token = """mutation($p: String!) { createClientToken(principal: $p) { token } }"""
+    rename = """mutation($p: String!) { updateClient(principal: $p, input: {name: "Renamed"})
+      { principal } }"""
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+
+        async def ask(bearer: str, query: str, **variables) -> dict:
+            answer = await http.post(
+                "/graphql",
+                json={"query": query, "variables": variables},
+                headers={"Authorization": f"Bearer {bearer}"},
+            )
+            return answer.json()
+
+        async def covered(bearer: str) -> dict[str, bool]:
+            nodes = (await ask(bearer, COVERED))["data"]["clients"]["nodes"]
+            return {n["principal"]: n["coveredByViewer"] for n in nodes}
+
+        seen = await covered(manager)
+        assert seen == {"boss": False, "manager": True, "patterned": False, "reader": True}
+        for principal, answer in seen.items():
+            for mutation in (token, rename):
+                done = await ask(manager, mutation, p=principal)
+                if answer:
+                    assert not done.get("errors"), (principal, done)
+                else:
+                    assert done["data"] is None, (principal, done)
+                    assert done["errors"][0]["extensions"]["code"] == "ACCESS_DENIED"
+                    assert f"client {principal!r} holds" in done["errors"][0]["message"]
+        # A client holding every grant covers every client, itself included.
+        assert set((await covered(boss)).values()) == {True}
+        one = await ask(boss, '{ client(principal: "manager") { coveredByViewer } }')
+        assert one["data"]["client"] == {"coveredByViewer": True}

@@ -603,7 +603,8 @@ async def test_a_searcher_may_search_and_caps_are_stated(db_url, embedder):
         )
         found = page.locator("form[role=search] + p[role=status]")
         await expect(found).to_have_text(
-            "Showing the first 20 results; more matched. Refine the query to narrow them."
+            "Showing the first 20 results; more matched: show more, or refine the query to narrow "
+            "them."
         )
         await page.screenshot(path=screenshot_path("console-search-capped.png"), full_page=True)
         # It may not read a record, so a result links to no page it would be refused.
@@ -613,3 +614,110 @@ async def test_a_searcher_may_search_and_caps_are_stated(db_url, embedder):
         await expect(results.locator("tbody tr")).to_have_count(1)
         await expect(found).to_have_text("1 record matched.")
         await expect(results.locator("caption")).to_have_text("Search results for “espresso” (1)")
+
+
+async def test_search_shows_more_results_a_page_at_a_time(db_url, embedder):
+    """Memory search pages with searchMemories' cursor: "Show more results" appends the next
+    page (the same query and mode), each record once, in the order one large page has them, and
+    hides after the last page, leaving focus on the first row it loaded."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        agent = seeded["agent"]
+        for n in range(45):  # more than two pages (20) match
+            admin(
+                ADD, a=agent, i={"summary": f"Latte order {n} for table {n % 7}", "kind": "event"}
+            )
+        whole = admin(
+            """query($a: UUID!) { action(actionId: $a) { searchMemories(query: "latte order",
+              mode: HYBRID, first: 1000) { nodes { summary } pageInfo { hasNextPage } } } }""",
+            a=agent,
+        )["action"]["searchMemories"]
+        assert not whole["pageInfo"]["hasNextPage"]
+        expected = [n["summary"] for n in whole["nodes"]]
+        assert 45 <= len(expected) < 60  # three pages: 20, 20 and the rest
+
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        await page.get_by_label("Search memories").fill("latte order")
+        await page.get_by_label("Mode").select_option("HYBRID")
+        await page.get_by_label("Search memories").press("Enter")
+        results = page.locator("table", has=page.locator("caption", has_text="Search results"))
+        rows = results.locator("tbody tr")
+        summaries = rows.locator("td[data-label=Summary]")
+        more = page.get_by_role("button", name="Show more results")
+        await expect(rows).to_have_count(20)
+        await expect(results.locator("caption")).to_have_text(
+            "Search results for “latte order” (first 20)"
+        )
+
+        # With the keyboard: the next page joins the table, and focus stays to ask for more.
+        await more.focus()
+        await page.keyboard.press("Enter")
+        await expect(rows).to_have_count(40)
+        await expect(more).to_be_focused()
+        await expect(results.locator("caption")).to_have_text(
+            "Search results for “latte order” (first 40)"
+        )
+        # The last page: the button goes, focus lands on the first row it loaded.
+        await page.keyboard.press("Enter")
+        await expect(rows).to_have_count(len(expected))
+        await expect(more).to_be_hidden()
+        await expect(rows.nth(40)).to_be_focused()
+        await expect(results.locator("caption")).to_have_text(
+            f"Search results for “latte order” ({len(expected)})"
+        )
+        await expect(page.locator("form[role=search] + p[role=status]")).to_have_text(
+            f"{len(expected)} records matched."
+        )
+        # Each record once, in the order of the one large page.
+        assert await summaries.all_inner_texts() == expected
+        await page.screenshot(path=screenshot_path("console-search-more.png"), full_page=True)
+
+
+async def test_new_tokens_are_offered_only_for_clients_the_token_covers(db_url, embedder):
+    """A client issues tokens only for clients holding no more than it does: the console asks
+    (Client.coveredByViewer) and offers "Create token" for those alone, saying why elsewhere."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        create = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+        memory = {
+            "effect": "ALLOW",
+            "actions": ["SELECT"],
+            "resources": ["financial.AgentMemory.*"],
+        }
+        manage = {
+            "effect": "ALLOW",
+            "actions": ["SELECT", "INSERT", "UPDATE", "DELETE"],
+            "resources": ["financial.Client.*"],
+        }
+        admin(create, i={"principal": "manager", "name": "Manager", "policies": [manage, memory]})
+        admin(create, i={"principal": "memory-reader", "name": "Memory", "policies": [memory]})
+        token = admin('mutation { createClientToken(principal: "manager") { token } }')
+        await sign_in(page, url, token["createClientToken"]["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+
+        def card(principal: str):
+            name = page.locator("h2 .mono", has_text=re.compile(f"^{re.escape(principal)}$"))
+            return page.locator("section.client", has=name)
+
+        # Wider than the manager: the administrator, and the auditor (it reads agents).
+        for wider in ("admin", "auditor"):
+            await expect(card(wider).locator(".notice")).to_have_text(
+                "Your token cannot create tokens for this client: it holds grants yours does not "
+                "(a client issues tokens only for clients that hold no more than it does)."
+            )
+            await expect(card(wider).get_by_role("button", name="Create token")).to_have_count(0)
+        await card("auditor").screenshot(path=screenshot_path("console-token-not-offered.png"))
+        # Covered: itself, and a client holding part of what it holds. A token is made.
+        await expect(card("manager").get_by_role("button", name="Create token")).to_have_count(1)
+        covered = card("memory-reader")
+        await expect(covered.locator(".notice")).to_have_count(0)
+        await covered.get_by_role("button", name="Create token").click()
+        secret = await covered.get_by_label("The new token").input_value()
+        assert (
+            Api(url, secret)("{ viewer { principal } }")["viewer"]["principal"] == "memory-reader"
+        )

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from app.auth.policies import Policy, require, require_covers
+from app.auth.policies import Policy, covers, require, require_covers
 from app.auth.resources import Grant
 from app.errors import NotFound
 
@@ -21,6 +21,10 @@ class Caller:
 
     def require(self, *grants: Grant) -> None:
         require(self.policies, *grants)
+
+    def covers(self, policies: tuple[Policy, ...]) -> bool:
+        """Whether this client holds every grant `policies` allow (policies.py)."""
+        return covers(self.policies, policies)
 
     def require_covers(self, policies: tuple[Policy, ...], what: str) -> None:
         """Refuses unless this client holds every grant `policies` allow (policies.py)."""

@@ -257,17 +257,28 @@ def _named(resource: str) -> str:
     return resource
 
 
+def missing_rights(held: Sequence[Policy], other: Sequence[Policy]) -> list[tuple[str, str]]:
+    """Every (verb, resource) `other` allows and `held` does not, today's resources first."""
+    return sorted(
+        rights(other) - rights(held),
+        key=lambda g: (g[1] in LATER, g[1], VERBS.index(g[0])),
+    )
+
+
+def covers(held: Sequence[Policy], other: Sequence[Policy]) -> bool:
+    """Whether `held` allows all that `other` does: what `require_covers` asks."""
+    return not missing_rights(held, other)
+
+
 def require_covers(held: Sequence[Policy], other: Sequence[Policy], what: str) -> None:
     """Raises AccessDenied unless `held` allows all that `other` does, naming what it lacks
     after `what` ("client 'x' holds").
 
-    A client may give a client policies, issue it a token, or change, delete or revoke it only
-    when it holds every grant that client would hold: managing clients is not a way to more.
+    A client may give a client policies, issue it a token, or change it only when it holds
+    every grant that client would hold: managing clients is not a way to more. (Deleting a
+    client and revoking a token take rights away, and are not held back.)
     """
-    missing = sorted(
-        rights(other) - rights(held),
-        key=lambda g: (g[1] in LATER, g[1], VERBS.index(g[0])),  # today's resources first
-    )
+    missing = missing_rights(held, other)
     if not missing:
         return
     named = ", ".join(f"{verb} {_named(resource)}" for verb, resource in missing[:4])

@@ -58,6 +58,12 @@ class Client:
         return cls(row["account_id"], row["principal"], row["name"], row["policies"])
 
 
+def covers_client(caller: Caller, client: Client) -> bool:
+    """Whether the caller holds every grant `client` holds: only then may it issue the client a
+    token or change it (`_lock_covered_client` refuses otherwise), its own grants permitting."""
+    return caller.covers(parse_policies(client.policies))
+
+
 async def _lock_covered_client(
     conn: asyncpg.Connection, caller: Caller, account_id: UUID, principal: str
 ) -> None:

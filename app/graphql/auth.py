@@ -174,10 +174,12 @@ class Client(Node):
     )
     name: str = strawberry.field(description="The client's name.")
     policies: list[Policy] = strawberry.field(description="What the client may do.")
+    record: strawberry.Private[ClientRecord]
 
     @classmethod
     def of(cls, client: ClientRecord) -> "Client":
         return cls(
+            record=client,
             id=global_id("Client", client.account_id, client.principal),
             account_id=client.account_id,
             principal=client.principal,
@@ -191,6 +193,15 @@ class Client(Node):
                 for p in client.policies
             ],
         )
+
+    @strawberry.field(
+        description="Whether the client this request authenticated as holds every grant this "
+        "client holds. Only then may it issue this client a token (createClientToken) or change "
+        "it (updateClient), each also needing its own grant (Viewer.allowed); deleteClient and "
+        "revokeClientToken take rights away and do not ask it."
+    )
+    def covered_by_viewer(self, info: Info) -> bool:
+        return service.covers_client(info.context.caller, self.record)
 
     @strawberry.field(
         description="The client's tokens, newest first. Needs SELECT on financial.Client.token."

@@ -330,40 +330,72 @@ function memoryTable(caption, lastColumn) {
   return { table, body };
 }
 
-// Search, for a token that may search even where it may not list; says when it shows only the
-// first page of what matched.
+// Search, for a token that may search even where it may not list: the best PAGE results, and
+// "Show more results" for the next page, asked with the same query and mode as the first.
 function searchForm(actionId) {
   const query = h("input", { type: "search", name: "query", required: true });
   const mode = h("select", { name: "mode" }, h("option", { value: "" }, "the agent's default"),
     ["HYBRID", "LEXICAL", "VECTOR"].map((m) => h("option", { value: m }, m.toLowerCase())));
   const found = h("p", { role: "status", class: "status" });
   const results = h("div", { class: "results" });
+  let search = null; // the search shown: { q, mode, body, caption, more, seen }
+
+  // One page of `s` after `after`; a page that comes back once another search replaced `s`
+  // changes nothing.
+  async function load(s, after) {
+    const data = await gql(`query($id: UUID!, $q: String!, $mode: ActionAgentMemorySearchMode,
+      $after: String) { action(actionId: $id) {
+        searchMemories(query: $q, mode: $mode, first: ${PAGE}, after: $after) {
+          edges { score node { ${RECORD} } } pageInfo { hasNextPage endCursor } } } }`,
+    { id: actionId, q: s.q, mode: s.mode, after: after || null });
+    if (s !== search) return;
+    const { edges, pageInfo } = data.action.searchMemories;
+    // Scores can move between pages (app/memory/search.py: a later page may repeat a record).
+    for (const e of edges) {
+      if (s.seen.has(e.node.memoryId)) continue;
+      s.seen.add(e.node.memoryId);
+      append(s.body, [memoryRow(actionId, e.node, e.score)]);
+    }
+    const shown = s.seen.size;
+    if (!shown) append(s.body, [h("tr", {}, h("td", { colspan: 6 }, "Nothing matched."))]);
+    s.more.hidden = !pageInfo.hasNextPage;
+    s.more.dataset.after = pageInfo.endCursor || "";
+    s.caption.textContent = `Search results for “${s.q}” (${pageInfo.hasNextPage ? `first ${shown}` : shown})`;
+    found.textContent = pageInfo.hasNextPage
+      ? `Showing the first ${shown} results; more matched: show more, or refine the query to narrow them.`
+      : `${shown} record${shown === 1 ? "" : "s"} matched.`;
+  }
+
   const form = h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
     e.preventDefault();
     clear(results);
     found.textContent = "";
+    const { table, body } = memoryTable("", "Score");
+    const s = { q: query.value, mode: mode.value || null, body, caption: table.caption, seen: new Set() };
+    const failed = h("div");
+    s.more = moreButton("Show more results", body, async (after) => {
+      clear(failed);
+      try {
+        await load(s, after);
+      } catch (error) {
+        append(failed, [problem(error)]);
+      }
+    });
+    search = s;
     try {
-      const data = await gql(`query($id: UUID!, $q: String!, $mode: ActionAgentMemorySearchMode) {
-        action(actionId: $id) { searchMemories(query: $q, mode: $mode, first: ${PAGE}) {
-          edges { score node { ${RECORD} } } pageInfo { hasNextPage } } } }`,
-      { id: actionId, q: query.value, mode: mode.value || null });
-      const { edges, pageInfo } = data.action.searchMemories;
-      const count = pageInfo.hasNextPage ? `first ${edges.length}` : String(edges.length);
-      const { table, body } = memoryTable(`Search results for “${query.value}” (${count})`, "Score");
-      for (const e of edges) append(body, [memoryRow(actionId, e.node, e.score)]);
-      if (!edges.length) append(body, [h("tr", {}, h("td", { colspan: 6 }, "Nothing matched."))]);
-      found.textContent = pageInfo.hasNextPage
-        ? `Showing the first ${edges.length} results; more matched. Refine the query to narrow them.`
-        : `${edges.length} record${edges.length === 1 ? "" : "s"} matched.`;
-      append(results, [table, button("Clear search", () => {
-        clear(results);
-        found.textContent = "";
-        query.value = "";
-        query.focus();
-      }, { class: "secondary" })]);
+      await load(s, null);
     } catch (error) {
-      append(results, [problem(error)]);
+      if (s === search) append(results, [problem(error)]);
+      return;
     }
+    if (s !== search) return;
+    append(results, [table, s.more, failed, button("Clear search", () => {
+      search = null;
+      clear(results);
+      found.textContent = "";
+      query.value = "";
+      query.focus();
+    }, { class: "secondary" })]);
   } }, field("Search memories", query), field("Mode", mode), h("button", { type: "submit" }, "Search"));
   return [form, found, results];
 }
@@ -740,7 +772,7 @@ async function clientsView() {
   const more = moreButton("Show more clients", list, load);
   async function load(after) {
     const data = await gql(`query($after: String) { clients(first: ${PAGE}, after: $after) {
-      nodes { principal name accountId policies { effect actions resources } ${tokens} }
+      nodes { principal name accountId policies { effect actions resources } coveredByViewer ${tokens} }
       pageInfo { hasNextPage endCursor } } }`, { after: after || null });
     for (const c of data.clients.nodes) append(list, [clientCard(c)]);
     more.hidden = !data.clients.pageInfo.hasNextPage;
@@ -840,7 +872,11 @@ function clientCard(c) {
     append(card, [h("h3", {}, "Tokens"), table, more]);
   }
   append(card, [status]);
-  if (can("createClientToken")) {
+  if (can("createClientToken") && !c.coveredByViewer) {
+    // The server would refuse (Client.coveredByViewer): said here, not offered.
+    append(card, [h("p", { class: "notice" }, "Your token cannot create tokens for this client: it holds grants "
+      + "yours does not (a client issues tokens only for clients that hold no more than it does).")]);
+  } else if (can("createClientToken")) {
     const expires = h("input", { type: "datetime-local" });
     append(card, [h("form", { class: "inline", onsubmit: async (e) => {
       e.preventDefault();
