@@ -161,12 +161,6 @@ async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_no
     listing = "action { searchMemories(first: 2) { nodes { memoryId } } }"
     refused = await gql(searcher, execute % listing, i=turn)
     assert "financial.AgentMemory.indexes.created" in refused.errors[0]["message"]
-    # Two turns in one request: the second's selection refuses the first as well.
-    both = (
-        "mutation($i: ExecuteActionInput!) { a: executeAction(input: $i) { executionId }"
-        " b: executeAction(input: $i) { executionId action { name } } }"
-    )
-    assert (await gql(front, both, i=turn)).codes == ["ACCESS_DENIED"]
     assert await executions() == 0
     assert model_server.requests == []
     model_server.say("pong")
@@ -189,6 +183,42 @@ async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_no
                                    "action_id IN (SELECT action_id FROM action_versions WHERE "
                                    "name = 'x')", admin.account_id) == 0  # fmt: skip
     assert (await gql(creator, create % "")).ok()["createAction"]["name"] == "x"
+
+
+async def test_a_request_runs_one_mutation_so_a_later_failure_cannot_hide_an_earlier_answer(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A failed request answers data: null: of two mutations in one request, a second that
+    fails after the first ran would hide the first's answer (its executionId), and a retry
+    would run it twice. A request of several mutations is refused before any runs, naming
+    them; one left out by @skip or @include does not count, nor a field asked twice."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    turn = {"actionId": action_id, "sessionId": "one", "input": "ping"}
+
+    async def executions() -> int:
+        async with state.pool.acquire() as conn:
+            return await conn.fetchval(
+                "SELECT count(*) FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+            )
+
+    both = """mutation($i: ExecuteActionInput!, $bad: UUID!, $skip: Boolean!) {
+        a: executeAction(input: $i) { executionId }
+        ... on Mutation { b: deleteAgentMemory(actionId: $bad, id: $bad) @skip(if: $skip) {
+            version } } }"""
+    refused = await gql(admin, both, i=turn, bad=str(uuid.uuid4()), skip=False)
+    assert refused.codes == ["BAD_REQUEST"] and refused.data is None
+    message = refused.errors[0]["message"]
+    assert "a request runs one mutation" in message and "2 (a, b)" in message, message
+    assert await executions() == 0 and model_server.requests == []
+
+    model_server.say("pong")
+    ran = (await gql(admin, both, i=turn, bad=str(uuid.uuid4()), skip=True)).ok()
+    assert set(ran) == {"a"} and await executions() == 1
+    twice = """mutation($i: ExecuteActionInput!) { executeAction(input: $i) { executionId }
+        executeAction(input: $i) { status } }"""
+    model_server.say("pong")
+    assert (await gql(admin, twice, i=turn)).ok()["executeAction"]["status"] == "SUCCEEDED"
+    assert await executions() == 2
 
 
 async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocation_2(

@@ -1,10 +1,12 @@
-"""The grants a mutation's answer needs, checked before any mutation of the request runs.
+"""A change is never made and then lost with its answer: checked before a mutation runs.
 
 A failed request answers `data: null` (DESIGN.md), so a request whose answer asks for a field
 the client may not read (`executeAction { action { name } }` by a client that may only run
 turns, `createAction { memories }` by one that may only create) would make its change, then
-leave its caller without even the ID of what it made: a retry would make it twice. The
-`SelectionGrants` extension refuses such a request before anything runs, naming the field.
+leave its caller without even the ID of what it made: a retry would make it twice. Likewise a
+request of two mutations whose second fails after the first ran. The `SelectionGrants`
+extension refuses both before anything runs: the first naming the field (ACCESS_DENIED), the
+second naming the mutations (BAD_REQUEST: a request runs one mutation).
 """
 
 from collections.abc import Iterator, Mapping
@@ -19,6 +21,7 @@ from graphql import (
     GraphQLNamedType,
     GraphQLSchema,
     InlineFragmentNode,
+    Node,
     OperationDefinitionNode,
     OperationType,
     SelectionSetNode,
@@ -32,7 +35,7 @@ from app.auth.caller import Caller
 from app.auth.operations import OPERATIONS
 from app.auth.policies import is_allowed
 from app.auth.resources import Grant
-from app.errors import AccessDenied
+from app.errors import AccessDenied, BadInput, DomainError
 from app.graphql.actions import DOCUMENT_FIELDS
 from app.memory.search import search_grants
 
@@ -114,32 +117,71 @@ def selection_refusal(
 
 
 def _root_fields(
-    selections: SelectionSetNode, fragments: Mapping[str, FragmentDefinitionNode]
+    selections: SelectionSetNode,
+    fragments: Mapping[str, FragmentDefinitionNode],
+    variables: Mapping[str, Any] | None = None,
 ) -> Iterator[FieldNode]:
+    """The operation's root fields, through fragments; with `variables`, only those that run
+    (not left out by @skip or @include)."""
     for node in selections.selections:
+        if variables is not None and not _runs(node, variables):
+            continue
         if isinstance(node, FieldNode):
             yield node
         elif isinstance(node, InlineFragmentNode):
-            yield from _root_fields(node.selection_set, fragments)
+            yield from _root_fields(node.selection_set, fragments, variables)
         elif isinstance(node, FragmentSpreadNode) and node.name.value in fragments:
-            yield from _root_fields(fragments[node.name.value].selection_set, fragments)
+            yield from _root_fields(fragments[node.name.value].selection_set, fragments, variables)
+
+
+def _runs(node: Node, variables: Mapping[str, Any]) -> bool:
+    """Whether @skip and @include leave the selection in (a condition that is not a boolean
+    leaves it in: validation refuses it anyway)."""
+    for directive in getattr(node, "directives", None) or ():
+        name = directive.name.value
+        if name not in ("skip", "include"):
+            continue
+        condition = next((a.value for a in directive.arguments if a.name.value == "if"), None)
+        value = value_from_ast_untyped(condition, variables) if condition else None
+        if isinstance(value, bool) and value == (name == "skip"):
+            return False
+    return True
+
+
+def mutation_count_refusal(
+    operation: OperationDefinitionNode,
+    fragments: Mapping[str, FragmentDefinitionNode],
+    variables: Mapping[str, Any],
+) -> str | None:
+    """Why a mutation operation may not run as sent: it runs more than one mutation."""
+    keys = dict.fromkeys(
+        (node.alias or node.name).value
+        for node in _root_fields(operation.selection_set, fragments, variables)
+        if node.name.value != "__typename"
+    )
+    if len(keys) <= 1:
+        return None
+    return (
+        f"a request runs one mutation, and this one asks for {len(keys)} ({', '.join(keys)}): "
+        "nothing ran; send each in a request of its own, so that one failing cannot hide the "
+        "answer of another already done"
+    )
 
 
 class SelectionGrants(SchemaExtension):
-    """Answers ACCESS_DENIED, instead of running a mutation, when what its answer selects needs
-    a grant the caller does not hold."""
+    """Answers, instead of running a mutation, BAD_REQUEST when the request asks for several,
+    and ACCESS_DENIED when what its answer selects needs a grant the caller does not hold."""
 
     def on_execute(self) -> Iterator[None]:
         context = self.execution_context
-        refusal = self._refusal() if context.result is None else None
-        if refusal:
-            error = AccessDenied(refusal)
+        error = self._refusal() if context.result is None else None
+        if error is not None:
             context.result = ExecutionResult(
                 data=None, errors=[GraphQLError(error.message, original_error=error)]
             )
         yield
 
-    def _refusal(self) -> str | None:
+    def _refusal(self) -> DomainError | None:
         context = self.execution_context
         document = context.graphql_document
         caller = getattr(context.context, "caller", None)
@@ -160,6 +202,9 @@ class SelectionGrants(SchemaExtension):
         fragments = {
             d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
         }
-        return selection_refusal(
-            context.schema._schema, operation, fragments, context.variables or {}, caller
-        )
+        variables = context.variables or {}
+        several = mutation_count_refusal(operation, fragments, variables)
+        if several:
+            return BadInput(several)
+        denied = selection_refusal(context.schema._schema, operation, fragments, variables, caller)
+        return AccessDenied(denied) if denied else None
