@@ -76,8 +76,13 @@ async def test_issue14_item3_batched_fields_keep_their_grants(state, admin, fiel
     assert result.codes and set(result.codes) == {"ACCESS_DENIED"}, result.errors
 
 
-# Issue 14, item 3: a DataLoader's answers last one mutation, not the request. Mutations run one
-# after the other, each seeing what the ones before it wrote, as they did before DataLoaders.
+# Issue 14, item 3: a DataLoader's answers last one request, and a request runs one mutation
+# (app/graphql/selection.py), so a mutation's answer reads what it wrote and never what an
+# earlier mutation's answer loaded: two turns in one request are refused before either runs.
+TURN = """mutation($a: UUID!) {
+  executeAction(input: {actionId: $a, sessionId: "s1", input: "one"}) {
+    status session { turns } }
+}"""
 TWO_TURNS = """mutation($a: UUID!) {
   first: executeAction(input: {actionId: $a, sessionId: "s1", input: "one"}) {
     status session { turns } }
@@ -86,10 +91,10 @@ TWO_TURNS = """mutation($a: UUID!) {
 }"""
 
 
-async def test_issue14_item3_a_later_mutation_reads_what_an_earlier_one_wrote(
-    state, admin, model_server
-):
+async def test_issue14_item3_a_mutations_answer_reads_what_it_wrote(state, admin, model_server):
     a = str((await make_agent(state, admin)).action_id)
-    done = (await GQL(state)(admin, TWO_TURNS, a=a)).ok()
-    assert done["first"] == {"status": "SUCCEEDED", "session": {"turns": 1}}
-    assert done["second"] == {"status": "SUCCEEDED", "session": {"turns": 2}}
+    gql = GQL(state)
+    assert (await gql(admin, TWO_TURNS, a=a)).codes == ["BAD_REQUEST"]
+    for turns in (1, 2):
+        done = (await gql(admin, TURN, a=a)).ok()
+        assert done["executeAction"] == {"status": "SUCCEEDED", "session": {"turns": turns}}

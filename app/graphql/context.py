@@ -61,9 +61,5 @@ class Context(BaseContext):
             self._loaders[type_name] = loader
         return loader.load(key)
 
-    def forget_loaded(self) -> None:
-        """Before each mutation: what the mutations before it wrote is read again."""
-        self._loaders.clear()
-
 
 Info = StrawberryInfo[Context, Any]

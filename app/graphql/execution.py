@@ -102,17 +102,6 @@ def _of_type(object_type: GraphQLObjectType, value: Any) -> bool:
 
 
 class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
-    def execute_field(
-        self, parent_type: GraphQLObjectType, source: Any, details: Any, path: Any, *rest: Any
-    ) -> Any:
-        if path.prev is None and parent_type is self.schema.mutation_type:
-            # Mutations run one after another, each reading what those before it wrote: what
-            # the request's DataLoaders hold does not outlive one (app/graphql/context.py).
-            forget = getattr(self.context_value, "forget_loaded", None)
-            if forget is not None:
-                forget()
-        return super().execute_field(parent_type, source, details, path, *rest)
-
     def execute_fields(
         self,
         parent_type: GraphQLObjectType,
