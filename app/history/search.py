@@ -26,6 +26,7 @@ from app.embeddings.base import Embeds
 from app.errors import BadInput
 from app.history import store
 from app.history.store import Ranking, Scope
+from app.text import for_model
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 50
@@ -186,12 +187,18 @@ def view(event: Event) -> dict[str, Any]:
 
 
 # A line of an event's text shaped like a result's header (`turn 12, agent`, any case, any
-# indent): a user or a tool could write one to pass words off as another speaker's.
-_HEADER_LINE = re.compile(r"^[ \t]*turn[ \t]+\d+[ \t]*,[ \t]*(?:user|agent|tool)\b", re.I | re.M)
+# indent, after any line break a model may read as one): a user or a tool could write one to
+# pass words off as another speaker's.
+_SPACE = r"[^\S\n\r\u2028\u2029]"
+_HEADER_LINE = re.compile(
+    rf"(?:^|(?<=[\r\u2028\u2029])){_SPACE}*turn{_SPACE}+\d+{_SPACE}*,{_SPACE}*(?:user|agent|tool)\b",
+    re.I | re.M,
+)
 QUOTED = "(quoted) "
 
 
 def quoted_headers(text: str) -> str:
-    """The text with each line that could pass for a result's header marked as quoted, so the
-    only header a reader sees is the result's own first line."""
-    return _HEADER_LINE.sub(lambda m: QUOTED + m.group(0), text)
+    """The text as a model reads it (`for_model`: what would hide it removed first, so that
+    nothing removed later can start a line), each line that could pass for a result's header
+    marked as quoted, so that the only header a reader sees is the result's own first line."""
+    return _HEADER_LINE.sub(lambda m: QUOTED + m.group(0), for_model(text))
