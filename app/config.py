@@ -69,7 +69,11 @@ class Settings(BaseSettings):
     max_query_depth: int = Field(default=12, ge=1)
     max_query_tokens: int = Field(default=5_000, ge=1)
     # JSON in a request body nested deeper than this is refused before anything parses it further.
-    max_json_depth: int = Field(default=64, ge=4)
+    # At most 256: Python's recursion limit (1000 frames) bounds how deep json and the walks of
+    # a value (dataclasses.asdict, two frames a level) can go below a request's own frames; a
+    # memory's metadata 500 levels deep already failed as INTERNAL (470 passed), so 256 keeps
+    # room for deeper call paths, and a RecursionError of the parser still means "too deep".
+    max_json_depth: int = Field(default=64, ge=4, le=256)
     # Search queries (searchMemories, the agent's search tools) longer than this are refused:
     # a query is embedded and matched whole, so its length is work the service does per request.
     max_search_query_chars: int = Field(default=4096, ge=1)
