@@ -50,7 +50,9 @@ class Settings(BaseSettings):
         env_prefix="ENGRAM_", env_file=None, extra="ignore", hide_input_in_errors=True
     )
 
-    environment: Literal["development", "production", "test"] = "development"
+    # Only "production" changes anything (the refusals below); no other value is accepted, so
+    # that a name such as "test" or "staging" cannot look as if it did.
+    environment: Literal["development", "production"] = "development"
 
     # With no database_url the service starts its own embedded PostgreSQL in data_dir.
     # An empty one counts as unset, as does an empty data_dir.

@@ -318,6 +318,10 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"otel_endpoint": "collector:4318"}, "ENGRAM_OTEL_ENDPOINT: must be an http://"),
         ({"database_url": "mysql://engram:s3cret@db/engram"}, "ENGRAM_DATABASE_URL: must be a"),
         ({"bootstrap_token": " \n"}, "ENGRAM_BOOTSTRAP_TOKEN: is empty"),
+        (
+            {"environment": "test"},
+            "ENGRAM_ENVIRONMENT: Input should be 'development' or 'production'",
+        ),
         # The production guard: an empty URL is no URL, and any address but loopback is exposed.
         ({**PRODUCTION, "host": "0.0.0.0", "database_url": ""}, "must set ENGRAM_DATABASE_URL"),
         ({**PRODUCTION, "host": "::"}, "(ENGRAM_HOST=::) must set ENGRAM_DATABASE_URL"),

@@ -261,7 +261,6 @@ def test_a_stopped_database_answers_503_unavailable(embedder: StaticEmbedder) ->
         settings = Settings(
             database_url=server.uri(),
             bootstrap_token=TOKEN,
-            environment="test",
             search_maintenance_seconds=0,
         )
         with serving(settings, embedder) as url:
@@ -291,7 +290,6 @@ async def test_a_read_only_database_answers_503_unavailable_from_a_resolver(
         settings = Settings(
             database_url=url,
             bootstrap_token=TOKEN,
-            environment="test",
             search_maintenance_seconds=0,
         )
         with serving(settings, embedder) as base:
