@@ -11,6 +11,8 @@ import platformdirs
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.text import is_storable
+
 DAY = 86_400.0
 WEEK = 7 * DAY
 # PostgreSQL's range for maintenance_work_mem, in kB.
@@ -153,6 +155,16 @@ class Settings(BaseSettings):
     # review to ask the model what to do (below it, candidates are added without asking).
     memory_review_neighbours: int = Field(default=5, ge=1, le=20)
     memory_review_floor: float = Field(default=0.4, ge=0, le=1)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        # Bytes that are not UTF-8 in a variable reach Python as lone surrogates, which fail
+        # only where the value is first encoded (the bootstrap token: after the database started).
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str) and not is_storable(text):
+            raise ValueError("is not valid text (a NUL, or bytes that are not UTF-8)")
+        return value
 
     @field_validator("database_url", mode="before")
     @classmethod

@@ -318,6 +318,8 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"otel_endpoint": "collector:4318"}, "ENGRAM_OTEL_ENDPOINT: must be an http://"),
         ({"database_url": "mysql://engram:s3cret@db/engram"}, "ENGRAM_DATABASE_URL: must be a"),
         ({"bootstrap_token": " \n"}, "ENGRAM_BOOTSTRAP_TOKEN: is empty"),
+        ({"bootstrap_token": "s3cret\udcff" * 6}, "ENGRAM_BOOTSTRAP_TOKEN: is not valid text"),
+        ({"model_name": "gpt\udcff"}, "ENGRAM_MODEL_NAME: is not valid text"),
         (
             {"environment": "test"},
             "ENGRAM_ENVIRONMENT: Input should be 'development' or 'production'",
