@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -65,38 +66,75 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 2
 
+    terminated = False
+
     async def serve() -> bool:
+        # Until uvicorn handles signals, SIGTERM ends the start as Ctrl-C does (the task is
+        # cancelled, and what started is stopped): by default it would kill the process and
+        # leave the embedded PostgreSQL running.
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def terminate() -> None:
+            nonlocal terminated
+            if not terminated:
+                terminated = True
+                task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, terminate)  # until the loop closes, or below
         # Started before uvicorn so that a refusal (the embedder does not match the database)
-        # ends the command with one line, not a lifespan traceback; the app's lifespan stops
-        # what was started.
+        # ends the command with one line, not a lifespan traceback.
         started = await start_state(settings)
-        app = create_app(settings, started=started)
-        # What startup made (schema, models, pools) lives as long as the process: kept out of
-        # the collector's passes, which otherwise walk it again and again while serving.
-        gc.collect()
-        gc.freeze()
-        host = settings.host if args.host is None else args.host
-        port = settings.port if args.port is None else args.port
-        logging.getLogger(__name__).info(
-            "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; the admin console "
-            "at /console; metrics at /metrics)",
-            host,
-            port,
-        )
-        # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
         try:
-            await server.serve()
-        except SystemExit:
-            # uvicorn exits (status 3) when it cannot start, a port in use, having logged why
-            # and stopped the app: a refused start, status 2 as the others.
-            return False
-        return server.started
+            app = create_app(settings, started=started)
+            # What startup made (schema, models, pools) lives as long as the process: kept out
+            # of the collector's passes, which otherwise walk it again and again while serving.
+            gc.collect()
+            gc.freeze()
+            host = settings.host if args.host is None else args.host
+            port = settings.port if args.port is None else args.port
+            logging.getLogger(__name__).info(
+                "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; the admin "
+                "console at /console; metrics at /metrics)",
+                host,
+                port,
+            )
+            # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
+            server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+            loop.remove_signal_handler(signal.SIGTERM)  # uvicorn's from here
+            try:
+                await server.serve()
+            except SystemExit:
+                # uvicorn exits (status 3) when it cannot start, a port in use, having logged
+                # why and stopped the app: a refused start, status 2 as the others.
+                return False
+            except UnicodeError as e:
+                # A host name the resolver cannot even encode (`127.0.0..1`), which uvicorn
+                # lets through, unlike the OSError of a port in use.
+                if server.started:
+                    raise
+                await server.lifespan.shutdown()  # as uvicorn does after an OSError
+                print(
+                    f"engram: cannot listen on {host} (ENGRAM_HOST, or --host): {e}",
+                    file=sys.stderr,
+                )
+                return False
+            return server.started
+        finally:
+            # The lifespan's end stopped it, unless uvicorn failed before or around the
+            # lifespan: then here, not at exit (or never, were the process killed).
+            await started.stop()
 
     try:
         return 0 if asyncio.run(serve()) else 2
     except KeyboardInterrupt:
         return 0
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        print("engram: stopped by SIGTERM while starting", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:

@@ -11,6 +11,8 @@ import platformdirs
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.text import is_storable
+
 DAY = 86_400.0
 WEEK = 7 * DAY
 # PostgreSQL's range for maintenance_work_mem, in kB.
@@ -50,7 +52,9 @@ class Settings(BaseSettings):
         env_prefix="ENGRAM_", env_file=None, extra="ignore", hide_input_in_errors=True
     )
 
-    environment: Literal["development", "production", "test"] = "development"
+    # Only "production" changes anything (the refusals below); no other value is accepted, so
+    # that a name such as "test" or "staging" cannot look as if it did.
+    environment: Literal["development", "production"] = "development"
 
     # With no database_url the service starts its own embedded PostgreSQL in data_dir.
     # An empty one counts as unset, as does an empty data_dir.
@@ -69,7 +73,11 @@ class Settings(BaseSettings):
     max_query_depth: int = Field(default=12, ge=1)
     max_query_tokens: int = Field(default=5_000, ge=1)
     # JSON in a request body nested deeper than this is refused before anything parses it further.
-    max_json_depth: int = Field(default=64, ge=4)
+    # At most 256: Python's recursion limit (1000 frames) bounds how deep json and the walks of
+    # a value (dataclasses.asdict, two frames a level) can go below a request's own frames; a
+    # memory's metadata 500 levels deep already failed as INTERNAL (470 passed), so 256 keeps
+    # room for deeper call paths, and a RecursionError of the parser still means "too deep".
+    max_json_depth: int = Field(default=64, ge=4, le=256)
     # Search queries (searchMemories, the agent's search tools) longer than this are refused:
     # a query is embedded and matched whole, so its length is work the service does per request.
     max_search_query_chars: int = Field(default=4096, ge=1)
@@ -147,6 +155,16 @@ class Settings(BaseSettings):
     # review to ask the model what to do (below it, candidates are added without asking).
     memory_review_neighbours: int = Field(default=5, ge=1, le=20)
     memory_review_floor: float = Field(default=0.4, ge=0, le=1)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        # Bytes that are not UTF-8 in a variable reach Python as lone surrogates, which fail
+        # only where the value is first encoded (the bootstrap token: after the database started).
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str) and not is_storable(text):
+            raise ValueError("is not valid text (a NUL, or bytes that are not UTF-8)")
+        return value
 
     @field_validator("database_url", mode="before")
     @classmethod

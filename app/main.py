@@ -5,6 +5,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from cross_web import HTTPException
 from fastapi import FastAPI, Request, Response
@@ -14,11 +15,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from strawberry.asgi import GraphQL
 from strawberry.types.unset import UNSET
 
+from app import tasks
 from app.auth import resources
 from app.auth.service import authenticate, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
-from app.db.embedded import EmbeddedPostgres, embedded_uri
+from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
 from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.db.pool import create_pool
 from app.embeddings.base import Embedder
@@ -175,10 +177,32 @@ class _GraphQL(GraphQL[Context, None]):
         return super().create_response(response_data, sub_response)
 
 
-async def start_state(
-    settings: Settings, embedder: Embedder | None = None
-) -> tuple[AppState, EmbeddedPostgres | None]:
-    """Starts the database (embedded when no URL is set), migrates it, and opens the pool."""
+@dataclass
+class Started:
+    """What `start_state` started: the state (its services and pool), and the embedded server
+    with its supervisor when it started one. `stop()` stops them once, whoever calls it first:
+    the lifespan's end, or `engram serve` when the lifespan never ran or never ended."""
+
+    state: AppState
+    server: EmbeddedPostgres | None = None
+    supervisor: asyncio.Task[None] | None = None
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        await tasks.stop(self.supervisor)
+        await stop_services(self.state)
+        await self.state.pool.close()
+        if self.server is not None:
+            # The server stops unless another process still uses it (app/db/embedded.py).
+            await asyncio.to_thread(self.server.stop)
+
+
+async def start_state(settings: Settings, embedder: Embedder | None = None) -> Started:
+    """Starts the database (embedded when no URL is set, then supervised: restarted if it
+    dies), migrates it, and opens the pool."""
     server: EmbeddedPostgres | None = None
     configured = settings.database_url_value()
     if configured is None:
@@ -194,23 +218,22 @@ async def start_state(
         if server is not None:
             await asyncio.to_thread(server.stop)
         raise
-    state = AppState(settings=settings, pool=pool, embedder=embedder)
+    started = Started(AppState(settings=settings, pool=pool, embedder=embedder), server)
     try:
-        await start_services(state)
+        await start_services(started.state)
     except BaseException:
         # E.g. the embedder does not match the database: leave nothing running.
-        await stop_services(state)
-        await pool.close()
-        if server is not None:
-            await asyncio.to_thread(server.stop)
+        await started.stop()
         raise
-    return state, server
+    if server is not None:
+        started.supervisor = asyncio.create_task(supervise(server), name="engram embedded db")
+    return started
 
 
 def create_app(
     settings: Settings | None = None,
     embedder: Embedder | None = None,
-    started: tuple[AppState, EmbeddedPostgres | None] | None = None,
+    started: Started | None = None,
 ) -> FastAPI:
     """`started`: what `start_state` returned, when the caller started it (`engram serve`
     does, so that a refusal to start is one line rather than a lifespan traceback)."""
@@ -223,21 +246,22 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state, server = started or await start_state(settings, embedder)
-        state.embedder = MeteredEmbedder(state.embedder, metrics)
-        token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
-        created = await bootstrap_admin(state.pool, token)
-        if created is not None:
-            print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
-        app.state.engram = state
+        running = started or await start_state(settings, embedder)
         try:
+            state = running.state
+            state.embedder = MeteredEmbedder(state.embedder, metrics)
+            token = (
+                settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+            )
+            created = await bootstrap_admin(state.pool, token)
+            if created is not None:
+                print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
+            app.state.engram = state
             async with mcp.manager.run():
                 yield
         finally:
-            await stop_services(state)
-            await state.pool.close()
-            if server is not None:
-                await asyncio.to_thread(server.stop)
+            # Also when starting failed here: nothing started is left running.
+            await running.stop()
             if tracer is not None:
                 tracer.shutdown()  # sends the spans still batched
             log.info("Engram stopped")

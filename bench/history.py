@@ -170,7 +170,6 @@ async def open_state(url: str, model_url: str) -> tuple[AppState, Caller]:
     pool = await create_pool(url, min_size=2, max_size=8)
     settings = Settings(
         database_url=url,
-        environment="test",
         model_base_url=model_url,
         model_name="scripted",
         model_max_retries=0,

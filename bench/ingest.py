@@ -197,7 +197,6 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
         database_url=source_url,
         bootstrap_token=TOKEN,
         search_maintenance_seconds=0,
-        environment="test",
     )
     with Served(settings, embedder) as url:
         headers = {"Authorization": f"Bearer {TOKEN}"}

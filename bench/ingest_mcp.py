@@ -55,7 +55,6 @@ def _serve(url: str, port: int, ready: Any) -> None:
 
     settings = Settings(
         database_url=url,
-        environment="test",
         search_maintenance_seconds=0,
         bootstrap_token="bench-admin-token",  # else the service prints a new admin token
     )
@@ -86,7 +85,7 @@ async def _setup(url: str, records: int) -> tuple[Any, Any, Any, str]:
     from app.state import AppState
 
     pool = await create_pool(url, min_size=2, max_size=4)
-    settings = Settings(database_url=url, environment="test", search_maintenance_seconds=0)
+    settings = Settings(database_url=url, search_maintenance_seconds=0)
     state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
     async with pool.acquire() as conn:
         account_id = await ensure_default_account(conn)

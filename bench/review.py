@@ -394,7 +394,6 @@ async def runtime_figures(args: argparse.Namespace, model_url: str) -> None:
         pool = await create_pool(url, min_size=2, max_size=8)
         settings = Settings(
             database_url=url,
-            environment="test",
             model_base_url=model_url,
             model_name="scripted",
             search_maintenance_seconds=0,

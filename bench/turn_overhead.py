@@ -284,9 +284,7 @@ async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
         url = pg.uri("engram_bench")
         await asyncio.to_thread(migrate.upgrade, url)
         pool = await create_pool(url, min_size=2, max_size=8)
-        settings = Settings(
-            database_url=url, environment="test", model_base_url=model_url, model_name="scripted"
-        )
+        settings = Settings(database_url=url, model_base_url=model_url, model_name="scripted")
         state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
         await start_services(state)
         state.services["model"] = ModelClient(settings)

@@ -77,7 +77,7 @@ async def database_copy(
 def db_settings(db_url: str, **values: Any) -> Settings:
     """A test's settings: its own database, and no background search maintenance (tests that
     need a round run it themselves)."""
-    return Settings(database_url=db_url, environment="test", search_maintenance_seconds=0, **values)
+    return Settings(database_url=db_url, search_maintenance_seconds=0, **values)
 
 
 def wait_until(

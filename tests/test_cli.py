@@ -312,10 +312,18 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"embedding_dimensions": "0"}, "ENGRAM_EMBEDDING_DIMENSIONS: Input should be greater"),
         ({"max_query_tokens": "0"}, "ENGRAM_MAX_QUERY_TOKENS: Input should be greater than"),
         ({"max_query_depth": "-1"}, "ENGRAM_MAX_QUERY_DEPTH: Input should be greater than"),
+        ({"max_json_depth": "257"}, "ENGRAM_MAX_JSON_DEPTH: Input should be less than or equal"),
+        ({"max_json_depth": "3"}, "ENGRAM_MAX_JSON_DEPTH: Input should be greater than or equal"),
         ({"agent_index_build_memory": "99999999GB"}, "ENGRAM_AGENT_INDEX_BUILD_MEMORY: must be a"),
         ({"otel_endpoint": "collector:4318"}, "ENGRAM_OTEL_ENDPOINT: must be an http://"),
         ({"database_url": "mysql://engram:s3cret@db/engram"}, "ENGRAM_DATABASE_URL: must be a"),
         ({"bootstrap_token": " \n"}, "ENGRAM_BOOTSTRAP_TOKEN: is empty"),
+        ({"bootstrap_token": "s3cret\udcff" * 6}, "ENGRAM_BOOTSTRAP_TOKEN: is not valid text"),
+        ({"model_name": "gpt\udcff"}, "ENGRAM_MODEL_NAME: is not valid text"),
+        (
+            {"environment": "test"},
+            "ENGRAM_ENVIRONMENT: Input should be 'development' or 'production'",
+        ),
         # The production guard: an empty URL is no URL, and any address but loopback is exposed.
         ({**PRODUCTION, "host": "0.0.0.0", "database_url": ""}, "must set ENGRAM_DATABASE_URL"),
         ({**PRODUCTION, "host": "::"}, "(ENGRAM_HOST=::) must set ENGRAM_DATABASE_URL"),

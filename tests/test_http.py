@@ -38,7 +38,6 @@ def base_url(module_db_url, embedder) -> Iterator[str]:
         env.setenv("ENGRAM_MAX_BODY_BYTES", str(MAX_BODY))
         env.setenv("ENGRAM_MAX_QUERY_DEPTH", str(MAX_DEPTH))
         env.setenv("ENGRAM_MAX_QUERY_TOKENS", str(MAX_TOKENS))
-        env.setenv("ENGRAM_ENVIRONMENT", "test")
         settings = Settings()
     with serving(settings, embedder) as url:
         yield url

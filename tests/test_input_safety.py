@@ -196,6 +196,42 @@ async def test_deeply_nested_json_is_bad_request_before_authentication(base_url:
             assert "nests deeper than 64 levels" in refused(response)
 
 
+def test_json_as_deep_as_the_largest_max_json_depth_is_stored_and_read_back(
+    module_db_url: str, embedder: StaticEmbedder
+) -> None:
+    """ENGRAM_MAX_JSON_DEPTH's bound (256) is depth the service takes: a memory's metadata
+    nested to it is stored and returned whole, not an INTERNAL RecursionError (500 levels
+    was); one level more is refused, naming the limit."""
+    settings = db_settings(module_db_url, bootstrap_token=TOKEN, max_json_depth=256)
+    with serving(settings, embedder) as url:
+        headers = {"authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+            created = client.post(
+                "/graphql",
+                json={"query": CREATE, "variables": {"i": {"name": "deep", "harness": HARNESS}}},
+            )
+            action = created.json()["data"]["createAction"]["actionId"]
+            add = (
+                "mutation($a: UUID!, $i: AgentMemoryInput!) "
+                "{ addAgentMemory(actionId: $a, input: $i) { metadata } }"
+            )
+
+            def nested(levels: int) -> Any:
+                value: Any = "bottom"
+                for _ in range(levels):
+                    value = [value]
+                return value
+
+            # The body, its variables and $i are three levels: the string lies at 256.
+            deepest = nested(253)
+            body = {"query": add, "variables": {"a": action, "i": memory(metadata=deepest)}}
+            response = client.post("/graphql", json=body)
+            assert response.status_code == 200, response.text[:500]
+            assert response.json() == {"data": {"addAgentMemory": {"metadata": deepest}}}
+            body["variables"]["i"]["metadata"] = nested(254)
+            assert "nests deeper than 256 levels" in refused(client.post("/graphql", json=body))
+
+
 async def test_several_operations_need_an_operation_name(http: httpx.AsyncClient) -> None:
     document = "query A { viewer { principal } } query B { viewer { accountId } }"
     message = refused(await http.post("/graphql", json={"query": document}))
@@ -225,7 +261,6 @@ def test_a_stopped_database_answers_503_unavailable(embedder: StaticEmbedder) ->
         settings = Settings(
             database_url=server.uri(),
             bootstrap_token=TOKEN,
-            environment="test",
             search_maintenance_seconds=0,
         )
         with serving(settings, embedder) as url:
@@ -255,7 +290,6 @@ async def test_a_read_only_database_answers_503_unavailable_from_a_resolver(
         settings = Settings(
             database_url=url,
             bootstrap_token=TOKEN,
-            environment="test",
             search_maintenance_seconds=0,
         )
         with serving(settings, embedder) as base:

@@ -54,9 +54,10 @@ def test_lists_and_bounds_at_their_limits(monkeypatch):
     monkeypatch.setenv("ENGRAM_POOL_MIN_SIZE", "0")
     monkeypatch.setenv("ENGRAM_MODEL_TIMEOUT_SECONDS", "86400")
     monkeypatch.setenv("ENGRAM_TURN_LEASE_SECONDS", "604800")
+    monkeypatch.setenv("ENGRAM_MAX_JSON_DEPTH", "256")
     settings = Settings()
     assert settings.model_allowed_base_urls == ["https://team.example/v1"]
-    assert (settings.port, settings.pool_min_size) == (65535, 0)
+    assert (settings.port, settings.pool_min_size, settings.max_json_depth) == (65535, 0, 256)
 
 
 @pytest.mark.parametrize(

