@@ -854,6 +854,37 @@ async def test_m55_search_history_shows_memory_text_only_with_the_memory_read_gr
         assert "zebramail" not in json.dumps(session)
 
 
+async def test_m55_every_part_of_a_long_memory_call_is_marked_in_the_transcript(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A memory tool's call longer than a part is kept in several parts; the agent's search
+    marks each it returns by the tools that part names (not by its text, which only the first
+    part starts with `called add_memory`), so a reader without the memory grants reads none of
+    them in the transcript."""
+    harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    filler = "The weather was mild and nothing else happened that afternoon. " * 14
+    content = filler + "Ada keeps her bank PIN zebramail in the blue drawer."
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's notes", "content": content, "kind": "fact"}),
+        content="Keeping that in mind.",
+    )
+    model_server.say("Saved.")
+    assert (await run(gql, admin, action_id, "Remember my notes"))["status"] == "SUCCEEDED"
+    later, found = await searched(
+        model_server, gql, admin, action_id, {"query": "bank blue drawer"}
+    )
+    said = [e for e in found["output"]["events"] if e["text"].startswith("turn 1, agent\n")]
+    tail = [e for e in said if "zebramail" in e["text"]]
+    assert tail and all(e["memory"] and e["part"] > 2 for e in tail)  # not the words, part 1
+    transcript = """query($e: UUID!) { execution(executionId: $e) {
+        transcript(first: 100) { nodes { type data } } } }"""
+    runner = caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+    assert "zebramail" not in json.dumps(
+        (await gql(runner, transcript, e=later["executionId"])).ok()
+    )
+
+
 async def test_h6_both_plans_rank_a_session_alike(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:

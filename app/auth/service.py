@@ -58,7 +58,7 @@ class Client:
         return cls(row["account_id"], row["principal"], row["name"], row["policies"])
 
 
-def covers_client(caller: Caller, client: Client) -> bool:
+def covers_client(caller: Caller, *, client: Client) -> bool:
     """Whether the caller holds every grant `client` holds: only then may it issue the client a
     token or change it (`_lock_covered_client` refuses otherwise), its own grants permitting."""
     return caller.covers(parse_policies(client.policies))

@@ -201,7 +201,7 @@ class Client(Node):
         "revokeClientToken take rights away and do not ask it."
     )
     def covered_by_viewer(self, info: Info) -> bool:
-        return service.covers_client(info.context.caller, self.record)
+        return service.covers_client(info.context.caller, client=self.record)
 
     @strawberry.field(
         description="The client's tokens, newest first. Needs SELECT on financial.Client.token."

@@ -71,6 +71,8 @@ class Event:
     created: Any
     part: int | None = None  # a ranked result: which part matched
     part_text: str | None = None  # and its text
+    # and the tools it names (None: kept by a release before migration 0027, which named none)
+    part_tools: list[str] | None = None
     score: float | None = None
 
     @classmethod

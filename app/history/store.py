@@ -222,7 +222,7 @@ def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
         SELECT * FROM fused ORDER BY score DESC, turn DESC, created DESC, event_id, part
         LIMIT {int(r.limit)}
     )
-    SELECT {_EVENT}, top.part, top.score, h.text AS part_text
+    SELECT {_EVENT}, top.part, top.score, h.text AS part_text, h.tools AS part_tools
     FROM top
     JOIN history_parts h ON h.account_id = {p(scope.account_id)}
         AND h.action_id = {p(scope.action_id)} AND h.session_id = {p(scope.session_id)}

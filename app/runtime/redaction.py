@@ -124,15 +124,16 @@ def history_event(event: Event) -> Event:
 def carries_memory_text(event: Event) -> bool:
     """A kept event, or the part of it a search found, that holds memory record text: a memory
     tool's result (the records it returned or wrote), or an agent message's call of one (its
-    arguments; a part holding only the message's words does not)."""
+    arguments). A part decides by the tools it names: one holding only the message's words
+    names none (a part kept before parts named tools counts as the whole message)."""
     if event.who == "tool":
         return event.tool in NATIVE_TOOLS
-    if event.who == "agent" and isinstance(event.data, dict):
-        calls = event.data.get("toolCalls") or []
-        called = {c.get("name") for c in calls if isinstance(c, dict)} & set(NATIVE_TOOLS)
-        text = event.part_text if event.part_text is not None else event.text
-        return any(f"called {name} " in text for name in called)
-    return False
+    if event.who != "agent" or not isinstance(event.data, dict):
+        return False
+    if event.part_text is not None and event.part_tools is not None:
+        return not set(event.part_tools).isdisjoint(NATIVE_TOOLS)
+    calls = event.data.get("toolCalls") or []
+    return any(isinstance(c, dict) and c.get("name") in NATIVE_TOOLS for c in calls)
 
 
 def _review_without_text(data: dict[str, Any]) -> dict[str, Any]:
