@@ -214,11 +214,18 @@ async def test_a_request_runs_one_mutation_so_a_later_failure_cannot_hide_an_ear
     model_server.say("pong")
     ran = (await gql(admin, both, i=turn, bad=str(uuid.uuid4()), skip=True)).ok()
     assert set(ran) == {"a"} and await executions() == 1
+    # A condition's default counts as execution reads it, whether sent or not.
+    by_default = both.replace("$skip: Boolean!", "$skip: Boolean = true")
+    model_server.say("pong")
+    ran = (await gql(admin, by_default, i=turn, bad=str(uuid.uuid4()))).ok()
+    assert set(ran) == {"a"} and await executions() == 2
+    refused = await gql(admin, by_default, i=turn, bad=str(uuid.uuid4()), skip=False)
+    assert refused.codes == ["BAD_REQUEST"] and await executions() == 2
     twice = """mutation($i: ExecuteActionInput!) { executeAction(input: $i) { executionId }
         executeAction(input: $i) { status } }"""
     model_server.say("pong")
     assert (await gql(admin, twice, i=turn)).ok()["executeAction"]["status"] == "SUCCEEDED"
-    assert await executions() == 2
+    assert await executions() == 3
 
 
 async def test_m17_failed_turn_leaves_only_its_transcript_and_retry_is_invocation_2(

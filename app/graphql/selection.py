@@ -28,6 +28,7 @@ from graphql import (
     get_named_type,
     value_from_ast_untyped,
 )
+from graphql.execution.values import get_variable_values
 from strawberry.extensions import SchemaExtension
 
 from app.auth import resources
@@ -134,9 +135,20 @@ def _root_fields(
             yield from _root_fields(fragments[node.name.value].selection_set, fragments, variables)
 
 
+def _coerced(
+    schema: GraphQLSchema, operation: OperationDefinitionNode, variables: Mapping[str, Any]
+) -> Mapping[str, Any] | None:
+    """The operation's variables as execution will read them (defaults applied), or None when
+    they are wrong (execution refuses them, naming what is wrong)."""
+    values = get_variable_values(schema, operation.variable_definitions or (), dict(variables))
+    if isinstance(values, list):  # errors
+        return None
+    return getattr(values, "coerced", values)  # graphql-core 3.3's VariableValues, or a dict
+
+
 def _runs(node: Node, variables: Mapping[str, Any]) -> bool:
-    """Whether @skip and @include leave the selection in (a condition that is not a boolean
-    leaves it in: validation refuses it anyway)."""
+    """Whether @skip and @include leave the selection in, by the coerced variables (a
+    condition that is not a boolean leaves it in: validation refuses it anyway)."""
     for directive in getattr(node, "directives", None) or ():
         name = directive.name.value
         if name not in ("skip", "include"):
@@ -203,7 +215,10 @@ class SelectionGrants(SchemaExtension):
             d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
         }
         variables = context.variables or {}
-        several = mutation_count_refusal(operation, fragments, variables)
+        coerced = _coerced(context.schema._schema, operation, variables)
+        several = (
+            mutation_count_refusal(operation, fragments, coerced) if coerced is not None else None
+        )
         if several:
             return BadInput(several)
         denied = selection_refusal(context.schema._schema, operation, fragments, variables, caller)
