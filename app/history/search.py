@@ -13,8 +13,10 @@ first search of a large session): where a search's time goes is in bench/README.
 (`history.py`).
 """
 
+import json
 import re
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,8 @@ from app.history.store import Ranking, Scope
 from app.text import for_model
 
 DEFAULT_LIMIT = 5
+# A tool name as the model API and MCP spell them.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_LIMIT = 50
 MAX_IDS = 50
 EXACT_MAX_PARTS = 5000
@@ -82,8 +86,13 @@ class Event:
 
     @property
     def header(self) -> str:
-        """Who the event is from, in its turn: `turn 12, user`."""
-        who = f"tool {self.tool}" if self.who == "tool" and self.tool else self.who
+        """Who the event is from, in its turn: `turn 12, user`. A tool's name is the model's
+        word (a call of a tool never offered is kept too): one that is not a plain name is
+        shown quoted, so it cannot break the line."""
+        who = self.who
+        if self.who == "tool" and self.tool:
+            plain = _TOOL_NAME.fullmatch(self.tool)
+            who = f"tool {self.tool if plain else json.dumps(self.tool)}"
         return f"turn {self.turn}, {who}"
 
 
@@ -188,19 +197,31 @@ def view(event: Event) -> dict[str, Any]:
     return shown
 
 
-# A line of an event's text shaped like a result's header (`turn 12, agent`, any case, any
-# indent, after any line break a model may read as one): a user or a tool could write one to
-# pass words off as another speaker's.
-_SPACE = r"[^\S\n\r\u2028\u2029]"
-_HEADER_LINE = re.compile(
-    rf"(?:^|(?<=[\r\u2028\u2029])){_SPACE}*turn{_SPACE}+\d+{_SPACE}*,{_SPACE}*(?:user|agent|tool)\b",
-    re.I | re.M,
-)
+# A line of an event's text that reads as a result's header (`turn 12, agent`): a user or a
+# tool could write one to pass words off as another speaker's. Lines end where a model may
+# read a line break; a line is read as its skeleton (`_skeleton`).
+_LINE_BREAK = re.compile(r"(\r\n|[\n\r\u2028\u2029])")
+_HEADER = re.compile(r"turn\s*\d+\s*,\s*(?:user|agent|tool)\b")
+# Letters that show nothing (Hangul fillers), beside the categories `_skeleton` drops.
+_FILLERS = frozenset("\u115f\u1160\u3164\uffa0")
+_INVISIBLE = frozenset({"Cc", "Cf", "Mn", "Me"})  # controls, format characters, marks
 QUOTED = "(quoted) "
 
 
+def _skeleton(line: str) -> str:
+    """A line as a reader takes it in: compatibility forms folded (full-width letters, digits
+    and commas), what shows nothing dropped (format characters such as soft hyphens and bidi
+    marks, combining marks, fillers), lower case, without surrounding space."""
+    folded = unicodedata.normalize("NFKC", line)
+    shown = (c for c in folded if unicodedata.category(c) not in _INVISIBLE and c not in _FILLERS)
+    return "".join(shown).strip().lower()
+
+
 def quoted_headers(text: str) -> str:
-    """The text as a model reads it (`for_model`: what would hide it removed first, so that
-    nothing removed later can start a line), each line that could pass for a result's header
+    """The text as a model reads it (`for_model`), each line that reads as a result's header
     marked as quoted, so that the only header a reader sees is the result's own first line."""
-    return _HEADER_LINE.sub(lambda m: QUOTED + m.group(0), for_model(text))
+    pieces = _LINE_BREAK.split(for_model(text))  # lines at even places, breaks between
+    for n in range(0, len(pieces), 2):
+        if _HEADER.match(_skeleton(pieces[n])):
+            pieces[n] = QUOTED + pieces[n]
+    return "".join(pieces)
