@@ -141,8 +141,9 @@ class SessionHistoryFields:
     @strawberry.field(
         description="The parts of the session's kept events that best match `query`, by meaning, "
         "words and recency, as the agent's search_history ranks them (every turn, live and "
-        "preview). Grants as `history`; without the memory read grants, the events that hold "
-        "memory record text (a memory tool's call or result) are left out."
+        "preview). Grants as `history`; without the memory read grants, what holds memory record "
+        "text (a memory tool's result, an agent message's call of one) is not ranked: such a "
+        "message is found by its own words, its call shown without the record text."
     )
     async def search_history(
         self,
@@ -164,8 +165,8 @@ class SessionHistoryFields:
             query=query,
             limit=first,
             max_query_chars=info.context.state.settings.max_search_query_chars,
-            # Without the memory read grants, the events that hold record text are left out
-            # of the ranking (a score, or a short page, would tell that their words matched).
+            # Without the memory read grants, the parts that hold record text are left out of
+            # the ranking (a score, or a short page, would tell that their words matched).
             hidden_tools=redaction.hidden_tools(info.context.caller),
         )
         results = []
