@@ -88,6 +88,25 @@ async def test_reembed_runs_once_no_service_beats(db_url: str, embedder: StaticE
     assert result.model == embedder.name
 
 
+async def test_reembed_judges_a_service_by_the_lease_it_recorded(
+    db_url: str, embedder: StaticEmbedder
+) -> None:
+    """A service running with a ten-minute lease, silent for two minutes, still serves: reembed
+    (run with a 60 s lease of its own) refuses."""
+    await _execute(
+        db_url,
+        "INSERT INTO service_processes (boot_id, host, pid, heartbeat, lease_seconds) "
+        "VALUES ($1, 'elsewhere', 4242, now() - interval '120 seconds', 600)",
+        uuid.uuid4(),
+    )
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    try:
+        with pytest.raises(ServiceRunning, match="process 4242 on elsewhere"):
+            await reembed(pool, embedder, VECTOR_COLUMNS, lease_seconds=60)
+    finally:
+        await pool.close()
+
+
 def test_engram_reembed_refuses_while_a_service_on_another_host_beats(
     db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

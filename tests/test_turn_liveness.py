@@ -139,6 +139,34 @@ async def _staged(state: AppState, execution_id: uuid.UUID) -> int:
         )
 
 
+async def test_a_process_is_judged_by_the_lease_it_recorded(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """Processes sharing a database may run with different leases: one silent for two minutes
+    under its own ten-minute lease is alive, whatever the sweeping process's lease (a second
+    here); one that recorded none (a release before migration 0028) is judged by the
+    sweeper's."""
+    action_id = await make_agent_id(gql.state, admin)
+    patient, legacy = uuid.uuid4(), uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        await conn.executemany(
+            "INSERT INTO service_processes (boot_id, host, pid, heartbeat, lease_seconds) "
+            "VALUES ($1, 'elsewhere', 1, now() - interval '120 seconds', $2)",
+            [(patient, 600.0), (legacy, None)],
+        )
+    waiting = await make_running_turn(state, admin, action_id=action_id, boot_id=patient)
+    orphan = await make_running_turn(state, admin, action_id=action_id, boot_id=legacy)
+    sweeper = process(state)
+    assert sweeper.lease_seconds < 120
+    await sweeper.sweep()
+    assert await _status(state, waiting) == "RUNNING" and await _staged(state, waiting) == 1
+    assert await _status(state, orphan) == "FAILED"
+    async with state.pool.acquire() as conn:
+        kept = await conn.fetch("SELECT boot_id, lease_seconds FROM service_processes")
+    leases = {r["boot_id"]: r["lease_seconds"] for r in kept}
+    assert leases[patient] == 600 and leases[sweeper.boot_id] == sweeper.lease_seconds
+
+
 async def test_turns_of_a_dead_process_are_failed_by_the_background_sweep_and_retried(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:

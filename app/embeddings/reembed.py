@@ -38,14 +38,15 @@ class ServiceRunning(ReembedBusy):
 
 
 async def _refuse_while_serving(conn: asyncpg.Connection, lease_seconds: float) -> None:
-    """Refuses while a service process beat within its lease: the signal the service's own
-    sweep trusts. A process of this host that no longer exists is not waited for (a killed
-    service's row stays fresh until its lease runs out)."""
+    """Refuses while a service process beat within its lease (its own, as it recorded it; for
+    a process of a release that recorded none, `lease_seconds`): the signal the services'
+    own sweeps trust. A process of this host that no longer exists is not waited for (a
+    killed service's row stays fresh until its lease runs out)."""
     rows = await conn.fetch(
         """
         SELECT host, pid, extract(epoch FROM now() - heartbeat) AS age
         FROM service_processes
-        WHERE heartbeat >= now() - make_interval(secs => $1)
+        WHERE heartbeat >= now() - make_interval(secs => coalesce(lease_seconds, $1))
         ORDER BY heartbeat DESC
         """,
         lease_seconds,

@@ -457,18 +457,27 @@ UNRECORDED_ERROR = (
 )
 
 
-async def beat(conn: asyncpg.Connection, boot_id: UUID, host: str, pid: int) -> None:
+async def beat(
+    conn: asyncpg.Connection, boot_id: UUID, host: str, pid: int, lease_seconds: float
+) -> None:
     """Registers the process, or refreshes its heartbeat (its row may have been removed while
-    it stalled: it comes back)."""
+    it stalled: it comes back), with the lease after which its silence means it is gone."""
     await conn.execute(
         """
-        INSERT INTO service_processes (boot_id, host, pid) VALUES ($1, $2, $3)
-        ON CONFLICT (boot_id) DO UPDATE SET heartbeat = now()
+        INSERT INTO service_processes (boot_id, host, pid, lease_seconds) VALUES ($1, $2, $3, $4)
+        ON CONFLICT (boot_id) DO UPDATE SET heartbeat = now(), lease_seconds = $4
         """,
         boot_id,
         host,
         pid,
+        lease_seconds,
     )
+
+
+def _lease(asker: str) -> str:
+    """SQL: process `p`'s lease, its own or (a process of a release before migration 0028
+    recorded none) the asker's, the parameter `asker`."""
+    return f"make_interval(secs => coalesce(p.lease_seconds, {asker}))"
 
 
 async def remove_process(conn: asyncpg.Connection, boot_id: UUID) -> None:
@@ -491,7 +500,7 @@ async def fail_dead_turns(
     `grace_seconds` is spared (it may have started just now). Safe to run from several
     processes at once: each row is updated only while it is still RUNNING."""
     return await conn.fetch(
-        """
+        f"""
         UPDATE executions e
         SET status = 'FAILED', modified = now(),
             error = CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
@@ -500,7 +509,7 @@ async def fail_dead_turns(
           AND ((e.boot_id <> $1 AND NOT EXISTS (
                   SELECT 1 FROM service_processes p
                   WHERE p.boot_id = e.boot_id
-                    AND p.heartbeat >= now() - make_interval(secs => $3)))
+                    AND p.heartbeat >= now() - {_lease("$3")}))
                OR (e.boot_id = $1 AND e.execution_id <> ALL($2::uuid[]))
                OR (e.boot_id IS NULL AND e.modified < now() - make_interval(secs => $5)))
         RETURNING e.account_id, e.action_id, e.execution_id
@@ -541,9 +550,9 @@ async def drop_orphaned_staged(conn: asyncpg.Connection, grace_seconds: float) -
 async def forget_dead_processes(conn: asyncpg.Connection, lease_seconds: float) -> None:
     """Removes the rows of processes past their lease that no longer own a RUNNING turn."""
     await conn.execute(
-        """
+        f"""
         DELETE FROM service_processes p
-        WHERE p.heartbeat < now() - make_interval(secs => $1)
+        WHERE p.heartbeat < now() - {_lease("$1")}
           AND NOT EXISTS (
               SELECT 1 FROM executions e WHERE e.boot_id = p.boot_id AND e.status = 'RUNNING')
         """,

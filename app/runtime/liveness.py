@@ -87,7 +87,7 @@ class TurnLiveness:
 
     async def sweep(self) -> Swept:
         async with self.pool.acquire() as conn:
-            await store.beat(conn, self.boot_id, self._host, os.getpid())
+            await store.beat(conn, self.boot_id, self._host, os.getpid(), self.lease_seconds)
             failed = await store.fail_dead_turns(
                 conn,
                 boot_id=self.boot_id,
