@@ -454,11 +454,11 @@ async def test_m44_changing_a_record_of_a_scope_written_but_not_read_shows_no_te
         tools=ALL_TOOLS, scope={"read": ["session"], "write": ["session", "agent"]}
     )
     action_id = await make_agent_id(gql.state, admin, harness=harness)
-    secret = "Ada's door code is 4471"
+    secret = "Ada's door code is kumquat"
     wide = await add(gql, admin, model_server, action_id, secret, scope="AGENT", session="s1")
     own = await add(gql, admin, model_server, action_id, "Grace likes tea", session="s2")
 
-    code = "Ada's gate code is 9313"
+    code = "Ada's gate code is persimmon"
     gate = await add(gql, admin, model_server, action_id, code, scope="AGENT", session="s1")
     model_server.call_tools(("delete_memory", {"id": wide["id"]}))
     model_server.call_tools(("delete_memory", {"id": own["id"]}))
@@ -474,7 +474,7 @@ async def test_m44_changing_a_record_of_a_scope_written_but_not_read_shows_no_te
     assert new["summary"] == "Ada's gate code changed"  # what it wrote, it reads back
     assert (replaced["id"], replaced["status"]) == (gate["id"], "SUPERSEDED")
     assert "summary" not in gone and "summary" not in replaced
-    for text in ("4471", "9313"):
+    for text in ("kumquat", "persimmon"):  # (not digits: an ID could hold them)
         assert text not in json.dumps(executed)
         assert text not in json.dumps(chat(model_server)[-1].body)
     # A record of a scope it reads is shown whole, as before.

@@ -519,6 +519,21 @@ class MemoryWork:
         self._changes.clear()
         return published + changed
 
+    def mark(self) -> tuple[int, int, int]:
+        """Where this work stands: `discard_since` drops what it stages after this."""
+        return len(self._staged), len(self._unstaged), len(self._changes)
+
+    async def discard_since(self, conn: asyncpg.Connection, mark: tuple[int, int, int]) -> None:
+        """Drops, in the caller's transaction, what this work staged after `mark` (a memory
+        review whose records the turn does not keep); what it staged before stays."""
+        staged, unstaged, changes = mark
+        w = self.writer
+        if dropped := self._staged[staged:]:
+            await store.delete_staged(
+                conn, w.account_id, w.action.action_id, w.execution_id, dropped
+            )
+        del self._staged[staged:], self._unstaged[unstaged:], self._changes[changes:]
+
     async def discard(self) -> None:
         """Drops whatever this work staged (a failed turn leaves no memory).
 

@@ -23,7 +23,9 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
 The review's model calls or embeddings failing never fail the turn: the `memory.review` event
 records the error, and the messages stay unreviewed for the next review. The marks
 (`TurnContext.review_messages`, `.reviewed`) are written by the turn's commit, so a turn that
-fails or rolls back marks nothing and leaves no record.
+fails or rolls back marks nothing and leaves no record. Two turns of a session at once may
+both review an earlier turn: the second to commit then drops its review's records (they would
+restate the first's), and commits the rest, its messages left for the next review.
 """
 
 import json
@@ -630,6 +632,7 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     earlier = await _earlier(context, pending)
     ids = [p["execution_id"] for p in pending]
     review = Review(context, client)
+    mark = context.work.mark()
     try:
         written = await review.run(earlier + current)
     except (ModelFailed, EmbeddingFailed) as failure:
@@ -648,4 +651,5 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     review.event["written"] = versions(written)
     context.transcript.add(events.MEMORY_REVIEW, review.event)
     context.reviewed = [*ids, e.execution_id]
-    context.review_wrote = bool(written)
+    if written:
+        context.review_written = (mark, review.event["written"])

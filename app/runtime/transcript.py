@@ -29,6 +29,9 @@ Event types and what their `data` holds:
 - `memory.review`: `{messages: {count, from, to}, candidates, neighbours, decisions, written}`
   or `{..., error}`: one end-of-turn memory review (app/runtime/review.py); its model calls
   are `model.call` events of purpose `memory`.
+- `memory.review.dropped`: `{reason, records}`: the turn committed without the records its
+  review wrote (`records`, their versions), since another turn's review, committed meanwhile,
+  covered an earlier turn this one read too; this turn's messages wait for the next review.
 - `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended. When the
   database refused the failed attempt's last events, `turn.failed` is written alone and says
   so in `transcriptLost`.
@@ -54,6 +57,7 @@ OUTPUT_USE = "output.use"
 CONTEXT_CLEARED = "context.cleared"
 CONTEXT_SUMMARY = "context.summary"
 MEMORY_REVIEW = "memory.review"
+MEMORY_REVIEW_DROPPED = "memory.review.dropped"
 TURN_OUTPUT = "turn.output"
 TURN_FAILED = "turn.failed"
 

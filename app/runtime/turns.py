@@ -91,7 +91,8 @@ class TurnContext:
     # messages this turn adds for review, and the turns (this one too) its review covered.
     review_messages: int | None = None
     reviewed: list[UUID] = field(default_factory=list)
-    review_wrote: bool = False  # whether that review changed any record
+    # When that review changed records: where `work` stood before it, and the versions.
+    review_written: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
     # The session history its search_history reads (None: history off, or no session).
     history: Scope | None = None
 
@@ -688,6 +689,41 @@ def committed(
         maintenance.wrote(state.pool, (*key, execution.session_id), parts)
 
 
+class _Overlap(Exception):
+    """Another turn's review covered an earlier turn this turn's review read too."""
+
+
+async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> None:
+    """Marks, in the commit's transaction, the turns the turn's review covered. When another
+    turn of the session, committed meanwhile, reviewed an earlier turn this review read too,
+    the records this review wrote would restate what that one kept: they are dropped (said in
+    `memory.review.dropped`), nothing is marked, and this turn's messages wait for the next
+    review; the turn commits the rest. (A review that wrote nothing restates nothing.)"""
+    if context.review_messages is None:
+        return
+    e = context.execution
+    key = (conn, e.account_id, e.action_id, e.execution_id, context.review_messages)
+    try:
+        async with conn.transaction():  # a savepoint: the marks below go if the review does
+            covered = await store.record_review(*key, context.reviewed)
+            if not covered and context.review_written is not None:
+                raise _Overlap
+    except _Overlap:
+        assert context.work is not None and context.review_written is not None
+        mark, records = context.review_written
+        await store.record_review(*key, [])  # its messages counted, none marked reviewed
+        await context.work.discard_since(conn, mark)
+        context.transcript.add(
+            events.MEMORY_REVIEW_DROPPED,
+            {
+                "reason": "another turn's memory review, committed first, covered an earlier "
+                "turn this review read too: its records were not kept, and this turn's "
+                "messages wait for the next review",
+                "records": records,
+            },
+        )
+
+
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
     kept = await _kept_history(context)
@@ -695,21 +731,9 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     written: list[MemoryRecord] = []
     async with context.state.pool.acquire() as conn, conn.transaction():
         await _lock_session(conn, execution, exclusive=True)  # before the memory rows
+        await _record_review(conn, context)
         if context.work is not None:
             written = await context.work.commit(conn)
-        covered = context.review_messages is None or await store.record_review(
-            conn,
-            execution.account_id,
-            execution.action_id,
-            execution.execution_id,
-            context.review_messages,
-            context.reviewed,
-        )
-        if not covered and context.review_wrote:
-            # Another turn of the session reviewed an earlier turn this review read too: its
-            # records would restate what that review kept. (A review that wrote nothing
-            # restates nothing: the turn commits.)
-            raise Conflict("another turn's memory review covered an earlier turn this one did")
         turn = None
         if execution.session_id is not None and execution.replay_of is None:
             turn = await store.count_turn(
