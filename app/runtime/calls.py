@@ -39,15 +39,15 @@ from app.runtime import liveness, redaction, turns
 from app.runtime import review as conversation_review
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall, check_endpoint
-from app.runtime.tools import (
+from app.runtime.tool_args import (
     ADD_MEMORY,
     DELETE_MEMORY,
     NATIVE_TOOLS,
     READ_MEMORY,
     SEARCH_HISTORY,
     SEARCH_MEMORY,
-    versions,
 )
+from app.runtime.tools import versions
 from app.runtime.transcript import Transcript
 from app.runtime.turns import TurnContext, TurnRequest
 from app.state import AppState

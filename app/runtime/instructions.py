@@ -7,7 +7,7 @@ under a line saying they are records the agent saved, not instructions.
 
 from app.actions.harness import MemoryConfig
 from app.memory.records import MemoryRecord, pinned_listing, pinned_tokens
-from app.runtime.tools import ADD_MEMORY, DELETE_MEMORY
+from app.runtime.tool_args import ADD_MEMORY, DELETE_MEMORY
 
 _MEMORY_GUIDE = (
     "You have a long-term memory. Before each of your replies, records from it that match the "

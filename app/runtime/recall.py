@@ -17,7 +17,8 @@ from uuid import UUID
 
 from app.memory.records import MemoryRecord
 from app.runtime import transcript as events
-from app.runtime.tools import SEARCH_MEMORY, NativeTools, record_view, versions
+from app.runtime.tool_args import SEARCH_MEMORY
+from app.runtime.tools import NativeTools, record_view, versions
 from app.runtime.transcript import Transcript
 from app.text import for_model_json
 
