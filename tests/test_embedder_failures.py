@@ -163,3 +163,42 @@ async def test_over_http_a_refusal_no_retry_mends_has_no_retry_after(
     assert "retry in" in failed["message"]
     assert "refused the text" in refusal["message"] and "will not help" in refusal["message"]
     assert "no such model" not in refusal["message"]
+
+
+async def test_a_review_that_fails_partway_keeps_none_of_its_records(
+    remote: AppState, model_server: OpenAIServer
+) -> None:
+    """The review stages its first record, then the embedding of its second fails: the turn
+    commits its answer, the review's event says why, and none of the review's records is kept
+    (its messages wait for the next review whole, which would otherwise restate the first)."""
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    created = await gql(admin, CREATE, i={"name": "s", "harness": {"memory": {"enabled": True}}})
+    action_id = created.ok()["createAction"]["actionId"]
+    model_server.say("Noted.")
+    candidates(model_server, {"summary": "Ada's plan is Basic"}, {"summary": "Ada lives in Oslo"})
+    model_server.stall_next(4, 0.0, path=EMBED)  # the recall's, and the review's first record's
+    model_server.fail_next(1, status=503, message="gone", path=EMBED)
+    executed = await run(gql, admin, action_id, "My plan is Basic and I live in Oslo")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (review,) = events(executed, "memory.review")
+    assert review["error"] == "the embedding model failed (logged by the service)"
+    staged = [d for d in review["decisions"] if d.get("memoryId")]
+    assert staged, "the review had staged a record before it failed"
+    listed = await gql(
+        admin, "query($a: UUID!) { action(actionId: $a) { memories(first: 10) { nodes { "
+        "summary } } } }", a=action_id,
+    )  # fmt: skip
+    assert listed.ok()["action"]["memories"]["nodes"] == []
+    async with remote.pool.acquire() as conn:
+        marks = await conn.fetch(
+            "SELECT reviewed_by, review_messages FROM executions WHERE action_id = $1",
+            uuid.UUID(action_id),
+        )
+        staged_left = await conn.fetchval(
+            "SELECT count(*) FROM agent_memories WHERE action_id = $1", uuid.UUID(action_id)
+        )
+    assert [(m["reviewed_by"], m["review_messages"]) for m in marks] == [(None, 2)]
+    assert staged_left == 0

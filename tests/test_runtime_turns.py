@@ -161,6 +161,20 @@ async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_no
     listing = "action { searchMemories(first: 2) { nodes { memoryId } } }"
     refused = await gql(searcher, execute % listing, i=turn)
     assert "financial.AgentMemory.indexes.created" in refused.errors[0]["message"]
+    # A query given by a variable's default is a query: a lister without the search grant is
+    # refused before the turn runs.
+    lister = caller(
+        admin.account_id,
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT"], "financial.AgentMemory.indexes.created"),
+        allow(["SELECT"], "financial.AgentMemory.document"),
+    )
+    by_default = (
+        'mutation($i: ExecuteActionInput!, $q: String = "pong") { executeAction(input: $i) {'
+        " action { searchMemories(query: $q, first: 2) { nodes { memoryId } } } } }"
+    )
+    refused = await gql(lister, by_default, i=turn)
+    assert "financial.AgentMemory.indexes.search" in refused.errors[0]["message"]
     assert await executions() == 0
     assert model_server.requests == []
     model_server.say("pong")

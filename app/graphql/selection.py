@@ -214,12 +214,12 @@ class SelectionGrants(SchemaExtension):
         fragments = {
             d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
         }
-        variables = context.variables or {}
-        coerced = _coerced(context.schema._schema, operation, variables)
-        several = (
-            mutation_count_refusal(operation, fragments, coerced) if coerced is not None else None
-        )
+        schema = context.schema._schema
+        coerced = _coerced(schema, operation, context.variables or {})
+        if coerced is None:
+            return None  # execution refuses the variables, naming what is wrong
+        several = mutation_count_refusal(operation, fragments, coerced)
         if several:
             return BadInput(several)
-        denied = selection_refusal(context.schema._schema, operation, fragments, variables, caller)
+        denied = selection_refusal(schema, operation, fragments, coerced, caller)
         return AccessDenied(denied) if denied else None

@@ -202,8 +202,25 @@ def view(event: Event) -> dict[str, Any]:
 # read a line break; a line is read as its skeleton (`_skeleton`).
 _LINE_BREAK = re.compile(r"(\r\n|[\n\r\u2028\u2029])")
 _HEADER = re.compile(r"turn\s*\d+\s*,\s*(?:user|agent|tool)\b")
-# Letters that show nothing (Hangul fillers), beside the categories `_skeleton` drops.
-_FILLERS = frozenset("\u115f\u1160\u3164\uffa0")
+# Letters that show nothing (Hangul fillers, the braille blank), beside the categories
+# `_skeleton` drops.
+_FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+# Letters of other scripts drawn like those of a header's words (turn, user, agent, tool):
+# Cyrillic, Greek, Armenian and IPA look-alikes, read as the Latin letter.
+_LOOK_ALIKES = str.maketrans(
+    {
+        **dict.fromkeys("\u0430\u0251\u03b1", "a"),
+        **dict.fromkeys("\u0435\u0454", "e"),
+        **dict.fromkeys("\u043e\u03bf\u0585\u1d0f", "o"),
+        **dict.fromkeys("\u0455", "s"),
+        **dict.fromkeys("\u0433\u1d26", "r"),
+        **dict.fromkeys("\u043f\u0578", "n"),
+        **dict.fromkeys("\u0442\u03c4", "t"),
+        **dict.fromkeys("\u03c5\u057d\u0446", "u"),
+        **dict.fromkeys("\u0261\u0581", "g"),
+        **dict.fromkeys("\u04cf\u0131\u0269\u0406\u0456", "l"),
+    }
+)
 _INVISIBLE = frozenset({"Cc", "Cf", "Mn", "Me"})  # controls, format characters, marks
 QUOTED = "(quoted) "
 
@@ -211,10 +228,11 @@ QUOTED = "(quoted) "
 def _skeleton(line: str) -> str:
     """A line as a reader takes it in: compatibility forms folded (full-width letters, digits
     and commas), what shows nothing dropped (format characters such as soft hyphens and bidi
-    marks, combining marks, fillers), lower case, without surrounding space."""
+    marks, combining marks, fillers), lower case, look-alike letters read as Latin, without
+    surrounding space."""
     folded = unicodedata.normalize("NFKC", line)
     shown = (c for c in folded if unicodedata.category(c) not in _INVISIBLE and c not in _FILLERS)
-    return "".join(shown).strip().lower()
+    return "".join(shown).lower().translate(_LOOK_ALIKES).strip()
 
 
 def quoted_headers(text: str) -> str:

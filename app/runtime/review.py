@@ -636,6 +636,9 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     try:
         written = await review.run(earlier + current)
     except (ModelFailed, EmbeddingFailed) as failure:
+        # What it staged before failing goes too: its messages wait for the next review whole.
+        async with context.state.pool.acquire() as conn:
+            await context.work.discard_since(conn, mark)
         if isinstance(failure, EmbeddingFailed):
             # The deployment's provider's words name its endpoint: the log has them (as a
             # tool's failed embedding, app/runtime/tools.py).

@@ -29,12 +29,13 @@ Event types and what their `data` holds:
 - `memory.review`: `{messages: {count, from, to}, candidates, neighbours, decisions, written}`
   or `{..., error}`: one end-of-turn memory review (app/runtime/review.py); its model calls
   are `model.call` events of purpose `memory`.
-- `memory.review.dropped`: `{reason, records}`: the turn committed without the records its
-  review wrote (`records`, their versions), since another turn's review, committed meanwhile,
-  covered an earlier turn this one read too; this turn's messages wait for the next review.
 - `turn.output` `{output}` or `turn.failed` `{error}`: how the attempt ended. When the
   database refused the failed attempt's last events, `turn.failed` is written alone and says
   so in `transcriptLost`.
+- `memory.review.dropped`: `{reason, records}`, after `turn.output`, written only by the commit
+  it describes: the turn committed without the records its review wrote (`records`, their
+  versions), since another turn's review, committed meanwhile, covered an earlier turn this
+  one read too; this turn's messages wait for the next review.
 
 What a model or a tool said is stored as it was, except NUL and lone surrogates (which no
 PostgreSQL text or JSON value can hold), each replaced by U+FFFD (app.text.storable).

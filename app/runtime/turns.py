@@ -693,14 +693,15 @@ class _Overlap(Exception):
     """Another turn's review covered an earlier turn this turn's review read too."""
 
 
-async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> None:
+async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> dict[str, Any] | None:
     """Marks, in the commit's transaction, the turns the turn's review covered. When another
     turn of the session, committed meanwhile, reviewed an earlier turn this review read too,
-    the records this review wrote would restate what that one kept: they are dropped (said in
-    `memory.review.dropped`), nothing is marked, and this turn's messages wait for the next
-    review; the turn commits the rest. (A review that wrote nothing restates nothing.)"""
+    the records this review wrote would restate what that one kept: they are dropped, nothing
+    is marked, and this turn's messages wait for the next review; the turn commits the rest,
+    and the returned `memory.review.dropped` event says so. (A review that wrote nothing
+    restates nothing.)"""
     if context.review_messages is None:
-        return
+        return None
     e = context.execution
     key = (conn, e.account_id, e.action_id, e.execution_id, context.review_messages)
     try:
@@ -713,15 +714,13 @@ async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> None
         mark, records = context.review_written
         await store.record_review(*key, [])  # its messages counted, none marked reviewed
         await context.work.discard_since(conn, mark)
-        context.transcript.add(
-            events.MEMORY_REVIEW_DROPPED,
-            {
-                "reason": "another turn's memory review, committed first, covered an earlier "
-                "turn this review read too: its records were not kept, and this turn's "
-                "messages wait for the next review",
-                "records": records,
-            },
-        )
+        return {
+            "reason": "another turn's memory review, committed first, covered an earlier turn "
+            "this review read too: its records were not kept, and this turn's messages wait "
+            "for the next review",
+            "records": records,
+        }
+    return None
 
 
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
@@ -731,7 +730,7 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     written: list[MemoryRecord] = []
     async with context.state.pool.acquire() as conn, conn.transaction():
         await _lock_session(conn, execution, exclusive=True)  # before the memory rows
-        await _record_review(conn, context)
+        dropped = await _record_review(conn, context)
         if context.work is not None:
             written = await context.work.commit(conn)
         turn = None
@@ -753,6 +752,8 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
                 execution.execution_id,
                 sorted(recalled),
             )
+        if dropped is not None:  # the last step before the commit: a failed one drops nothing
+            transcript.add(events.MEMORY_REVIEW_DROPPED, dropped)
         row = await _finish(
             conn, context, status="SUCCEEDED", output=context.output, error=None, turn=turn
         )
