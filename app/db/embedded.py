@@ -252,6 +252,12 @@ class EmbeddedPostgres:
                     self._server.ensure_postgres_running()
                 except (subprocess.SubprocessError, AssertionError) as e:
                     raise RestartFailed(self._last_logged() or repr(e)) from None
+            if not self.running():
+                # The library takes a dead postmaster not yet reaped (a zombie) for a running
+                # one, and starts nothing; PostgreSQL itself would refuse its lock file then.
+                raise RestartFailed(
+                    "its old server process has not been reaped yet (postmaster.pid names it)"
+                )
 
     def _last_logged(self) -> str:
         """The last line of the server's log (why a start failed)."""
