@@ -20,7 +20,7 @@ from uuid import UUID
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from app.config import Settings, is_loopback
+from app.config import Settings
 
 if TYPE_CHECKING:
     from app.embeddings.reembed import ReembedResult
@@ -52,18 +52,12 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if missing is not None:
         print(f"engram: {missing}", file=sys.stderr)
         return 2
-    if (
-        args.host is not None
-        and settings.environment == "production"
-        and not is_loopback(args.host)
-        and settings.database_url_value() is None
-    ):
-        # The settings' own check, for the flag that overrides ENGRAM_HOST.
-        print(
-            f"engram: production deployments listening beyond this machine (--host "
-            f"{args.host}) must set ENGRAM_DATABASE_URL",
-            file=sys.stderr,
-        )
+    # The settings' own check, for the flag that overrides ENGRAM_HOST.
+    exposed = (
+        None if args.host is None else settings.exposed_refusal(args.host, f"--host {args.host}")
+    )
+    if exposed is not None:
+        print(f"engram: {exposed}", file=sys.stderr)
         return 2
 
     terminated = False
@@ -185,8 +179,7 @@ async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any
 
     # Accounts and clients need only the database: no web app, no embedding model to load.
     async with _database(settings) as pool:
-        token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
-        created = await bootstrap_admin(pool, token)
+        created = await bootstrap_admin(pool, settings.bootstrap_token_value())
         if created is not None:
             print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
         async with pool.acquire() as conn:

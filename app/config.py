@@ -40,6 +40,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _plain(value: Any) -> Any:
+    """A setting's value as given, a secret's text unwrapped (for the validators that read it
+    before pydantic wraps it)."""
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
 def _seconds(default: float, *, low: float = 0, high: float = DAY) -> Any:
     """A finite duration above `low`, at most `high` (larger ones overflow timers and intervals)."""
     return Field(default=default, gt=low, le=high, allow_inf_nan=False)
@@ -161,7 +167,7 @@ class Settings(BaseSettings):
     def _text(cls, value: Any) -> Any:
         # Bytes that are not UTF-8 in a variable reach Python as lone surrogates, which fail
         # only where the value is first encoded (the bootstrap token: after the database started).
-        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        text = _plain(value)
         if isinstance(text, str) and not is_storable(text):
             raise ValueError("is not valid text (a NUL, or bytes that are not UTF-8)")
         return value
@@ -169,7 +175,7 @@ class Settings(BaseSettings):
     @field_validator("database_url", mode="before")
     @classmethod
     def _postgresql_url(cls, value: Any) -> Any:
-        url = value.get_secret_value() if isinstance(value, SecretStr) else value
+        url = _plain(value)
         if not isinstance(url, str):
             return value
         if not url.strip():
@@ -192,7 +198,7 @@ class Settings(BaseSettings):
     @field_validator("bootstrap_token", mode="before")
     @classmethod
     def _strip_token(cls, value: Any) -> Any:
-        token = value.get_secret_value() if isinstance(value, SecretStr) else value
+        token = _plain(value)
         if not isinstance(token, str):
             return value
         if not token.strip():
@@ -267,17 +273,29 @@ class Settings(BaseSettings):
                 "or a live process's turns could be failed between two heartbeats"
             )
         if self.environment == "production":
-            token = self.bootstrap_token.get_secret_value() if self.bootstrap_token else None
+            token = self.bootstrap_token_value()
             if token is not None and len(token) < 32:
                 raise ValueError(
                     "ENGRAM_BOOTSTRAP_TOKEN must be at least 32 characters in production"
                 )
-            if not is_loopback(self.host) and self.database_url is None:
-                raise ValueError(
-                    f"production deployments listening beyond this machine (ENGRAM_HOST="
-                    f"{self.host}) must set ENGRAM_DATABASE_URL"
-                )
+            refusal = self.exposed_refusal(self.host, f"ENGRAM_HOST={self.host}")
+            if refusal is not None:
+                raise ValueError(refusal)
         return self
+
+    def exposed_refusal(self, host: str, named: str) -> str | None:
+        """Why this deployment may not listen on `host` (`named` says where it was set): in
+        production, listening beyond this machine needs a database of its own, not the
+        embedded one."""
+        if self.environment == "production" and not is_loopback(host) and self.database_url is None:
+            return (
+                f"production deployments listening beyond this machine ({named}) must set "
+                "ENGRAM_DATABASE_URL"
+            )
+        return None
 
     def database_url_value(self) -> str | None:
         return self.database_url.get_secret_value() if self.database_url else None
+
+    def bootstrap_token_value(self) -> str | None:
+        return self.bootstrap_token.get_secret_value() if self.bootstrap_token else None

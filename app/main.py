@@ -250,10 +250,7 @@ def create_app(
         try:
             state = running.state
             state.embedder = MeteredEmbedder(state.embedder, metrics)
-            token = (
-                settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
-            )
-            created = await bootstrap_admin(state.pool, token)
+            created = await bootstrap_admin(state.pool, settings.bootstrap_token_value())
             if created is not None:
                 print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
             app.state.engram = state
