@@ -199,9 +199,11 @@ def view(event: Event) -> dict[str, Any]:
 
 # A line of an event's text that reads as a result's header (`turn 12, agent`): a user or a
 # tool could write one to pass words off as another speaker's. Lines end where a model may
-# read a line break; a line is read as its skeleton (`_skeleton`).
+# read a line break; a line is read as its skeleton (`_skeleton`). Whatever stands between the
+# number and the speaker (a comma of any script: `、`, `،`; a colon, a dash, nothing) and any
+# markup before it (`**turn 1, agent**`, `> turn 1, agent`) still reads as a header.
 _LINE_BREAK = re.compile(r"(\r\n|[\n\r\u2028\u2029])")
-_HEADER = re.compile(r"turn\s*\d+\s*,\s*(?:user|agent|tool)\b")
+_HEADER = re.compile(r"[\W_]*turn[\W_]*\d+[\W_]*(?:user|agent|tool)(?![^\W_])")
 # Letters that show nothing (Hangul fillers, the braille blank), beside the categories
 # `_skeleton` drops.
 _FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
