@@ -1,5 +1,6 @@
 """Accounts, clients and tokens through GraphQL: grants, tenant isolation, token life cycle."""
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -7,6 +8,7 @@ from uuid import UUID
 
 import pytest
 from factories import allow, caller, deny, make_account
+from helpers import eventually
 
 from app.auth import service
 from app.auth.caller import Caller
@@ -373,6 +375,119 @@ async def test_a_client_gives_no_grant_it_does_not_hold(gql, state, admin):
     (await gql(manager, revoke, t=str(issued.info.token_id))).ok()
     assert await token_count(state, account, "boss") == 0
     (await gql(manager, DELETE_CLIENT, principal="boss")).ok()
+
+
+async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, state, admin):
+    """A request's caller was read when it authenticated (or up to a second before, from
+    memory, in another process): what the coverage rule checks is the caller's client as it is
+    when the change is written, so a grant an administrator has just taken from it cannot be
+    given to a client, or reached through a token, in that window."""
+    account = await make_account(state)
+    client_admin = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.Client.*")
+    read_memory = allow(["SELECT"], "financial.AgentMemory.*")
+    manager = {"principal": "manager", "name": "M", "policies": [client_admin, read_memory]}
+    reader = {"principal": "reader", "name": "R", "policies": [read_memory]}
+    see_clients = allow(["SELECT"], "financial.Client.*")
+    plain = {"principal": "plain", "name": "P", "policies": [see_clients]}
+    for data in (manager, reader, plain):
+        (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="manager"
+    )
+    authenticated = await service.authenticate(state.pool, f"Bearer {token}")
+    narrowed = {"policies": [client_admin]}
+    (
+        await gql(
+            admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed
+        )
+    ).ok()
+
+    for operation, variables in (
+        (UPDATE_CLIENT, {"principal": "plain", "input": {"policies": [read_memory]}}),
+        (CREATE_CLIENT, {"input": {"principal": "new", "name": "N", "policies": [read_memory]}}),
+        (CREATE_TOKEN, {"principal": "reader"}),
+        (UPDATE_CLIENT, {"principal": "reader", "input": {"name": "Renamed"}}),
+    ):
+        result = await gql(authenticated, operation, **variables)
+        assert result.codes == ["ACCESS_DENIED"], (operation, result.errors)
+        assert "SELECT financial.AgentMemory" in result.errors[0]["message"]
+    clients = {
+        c.principal: c
+        for c in await service.list_clients(
+            state.pool, admin, account_id=account, after=None, limit=10
+        )
+    }
+    assert set(clients) == {"manager", "reader", "plain"}
+    assert clients["plain"].policies == [see_clients] and clients["reader"].name == "R"
+    assert await token_count(state, account, "reader") == 0
+    # What it still holds it still manages.
+    (await gql(authenticated, UPDATE_CLIENT, principal="plain", input={"name": "Plainer"})).ok()
+    # A client deleted meanwhile changes nothing with the token it had.
+    (await gql(admin, DELETE_CLIENT, principal="manager", accountId=str(account))).ok()
+    result = await gql(authenticated, CREATE_TOKEN, principal="plain")
+    assert result.codes == ["UNAUTHENTICATED"], result.errors
+    assert await token_count(state, account, "plain") == 0
+
+
+async def test_two_clients_changing_each_other_at_once_both_succeed(gql, state, admin):
+    """Each change locks both clients' rows (the caller's, to read its grants as they are, and
+    the other's), in one order: two clients renaming each other at once wait, never deadlock."""
+    account = await make_account(state)
+    everything = [EVERYTHING]
+    callers = []
+    for principal in ("a", "b"):
+        data = {"principal": principal, "name": principal, "policies": everything}
+        (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
+        token = await service.create_client_token(
+            state.pool, admin, account_id=account, principal=principal
+        )
+        callers.append(await service.authenticate(state.pool, f"Bearer {token}"))
+    for n in range(15):
+        results = await asyncio.gather(
+            gql(callers[0], UPDATE_CLIENT, principal="b", input={"name": f"b{n}"}),
+            gql(callers[1], UPDATE_CLIENT, principal="a", input={"name": f"a{n}"}),
+        )
+        for result in results:
+            result.ok()
+
+
+async def test_a_deadlock_is_a_conflict_to_retry_not_an_internal_error(gql, state, admin):
+    """A transaction PostgreSQL rolls back for meeting another (here a deadlock with another
+    session's locks) answers CONFLICT, saying to retry, and changes nothing."""
+    account = await make_account(state)
+    for principal in ("a", "b"):
+        data = {"principal": principal, "name": principal, "policies": [EVERYTHING]}
+        (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="a"
+    )
+    a = await service.authenticate(state.pool, f"Bearer {token}")
+    lock = "SELECT FROM clients WHERE account_id = $1 AND principal = $2 FOR UPDATE"
+    async with state.pool.acquire() as other, other.transaction():
+        # This session waits long before looking for a deadlock: the request's finds it first.
+        await other.execute("SET LOCAL deadlock_timeout = '30s'")
+        await other.execute(lock, account, "b")
+        request = asyncio.create_task(
+            gql(a, UPDATE_CLIENT, principal="b", input={"name": "renamed"})
+        )
+        await eventually(lambda: _waiting_for_a_lock(state.pool), "the request waits for b")
+        await other.execute(lock, account, "a")  # the request holds "a" and waits for "b"
+        result = await request
+    assert result.codes == ["CONFLICT"], result.errors
+    assert "retry it" in result.errors[0]["message"]
+    b = await service.get_client(state.pool, admin, account_id=account, principal="b")
+    assert b.name == "b"
+    (await gql(a, UPDATE_CLIENT, principal="b", input={"name": "renamed"})).ok()
+
+
+async def _waiting_for_a_lock(pool) -> bool:
+    """(Read on a connection of its own: a transaction sees one snapshot of the activity.)"""
+    return bool(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        )
+    )
 
 
 async def test_token_is_shown_once_and_stored_hashed(gql, state, admin):

@@ -6,7 +6,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -64,17 +64,39 @@ def covers_client(caller: Caller, *, client: Client) -> bool:
     return caller.covers(parse_policies(client.policies))
 
 
+async def _as_now(
+    conn: asyncpg.Connection, caller: Caller, account_id: UUID, principal: str | None = None
+) -> tuple[Caller, asyncpg.Record | None]:
+    """The caller with its policies as its client's row holds them now, and the row of client
+    `principal` (None: no other), both locked until the transaction ends (`lock_clients`). A
+    request's caller is read when it authenticates, or up to a second before from memory
+    (verified.py): a grant an administrator has since taken from it must not be passed on. A
+    caller made in process (the `engram` command's) is taken as it is."""
+    keys = [(account_id, principal)] if principal is not None else []
+    if caller.token_id is not None:
+        keys.append((caller.account_id, caller.principal))
+    rows = await store.lock_clients(conn, keys) if keys else {}
+    if caller.token_id is not None:
+        own = rows.get((caller.account_id, caller.principal))
+        if own is None:
+            raise Unauthenticated("the client this API token belongs to no longer exists")
+        caller = replace(caller, policies=parse_policies(own["policies"]))
+    return caller, rows.get((account_id, principal)) if principal is not None else None
+
+
 async def _lock_covered_client(
     conn: asyncpg.Connection, caller: Caller, account_id: UUID, principal: str
-) -> None:
-    """The client's row, locked for the transaction, once the caller is found to hold every
-    grant it holds: a client cannot change, or issue a token for, a client with more rights
-    than its own. Deleting a client or revoking a token takes rights away, so it is not
-    checked this way: a client allowed to revoke can revoke a leaked administrator's token."""
-    row = await store.get_client(conn, account_id, principal, lock=True)
+) -> Caller:
+    """Locks the client's row for the transaction once the caller (as it is now, `_as_now`) is
+    found to hold every grant it holds, and returns that caller: a client cannot change, or
+    issue a token for, a client with more rights than its own. Deleting a client or revoking a
+    token takes rights away, so it is not checked this way: a client allowed to revoke can
+    revoke a leaked administrator's token."""
+    caller, row = await _as_now(conn, caller, account_id, principal)
     if row is None:
         raise NotFound(f"client {principal!r} not found")
     caller.require_covers(parse_policies(row["policies"]), f"client {principal!r} holds")
+    return caller
 
 
 def token_prefix(token: str) -> str:
@@ -231,11 +253,14 @@ async def create_client(
     account_id = caller.reach_account(account_id)
     _check_principal(principal)
     given = parse_policies(policies, strict=True)
-    caller.require_covers(given, f"the policies given to client {principal!r} allow")
+    what = f"the policies given to client {principal!r} allow"
+    caller.require_covers(given, what)
     parsed = [p.as_json() for p in given]
-    async with pool.acquire() as conn:
+    async with pool.acquire() as conn, conn.transaction():
         if await store.get_account(conn, account_id) is None:
             raise NotFound(f"account {account_id} not found")
+        now, _ = await _as_now(conn, caller, account_id)
+        now.require_covers(given, what)
         row = await store.insert_client(
             conn, account_id, principal, _check_name(name, "client"), parsed
         )
@@ -281,13 +306,13 @@ async def update_client(
 ) -> Client:
     caller.require(("UPDATE", resources.CLIENT))
     account_id = caller.reach_account(account_id)
-    parsed = None
-    if policies is not None:
-        given = parse_policies(policies, strict=True)
-        caller.require_covers(given, f"the policies given to client {principal!r} allow")
-        parsed = [p.as_json() for p in given]
+    given = parse_policies(policies, strict=True) if policies is not None else ()
+    what = f"the policies given to client {principal!r} allow"
+    caller.require_covers(given, what)
+    parsed = [p.as_json() for p in given] if policies is not None else None
     async with pool.acquire() as conn, conn.transaction():
-        await _lock_covered_client(conn, caller, account_id, principal)
+        now = await _lock_covered_client(conn, caller, account_id, principal)
+        now.require_covers(given, what)
         row = await store.update_client(
             conn,
             account_id,

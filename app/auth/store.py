@@ -1,5 +1,6 @@
 """SQL for accounts, clients and tokens."""
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TypeAlias
 from uuid import UUID
@@ -42,6 +43,22 @@ async def get_client(
         account_id,
         principal,
     )
+
+
+async def lock_clients(
+    conn: asyncpg.Connection, keys: Iterable[tuple[UUID, str]]
+) -> dict[tuple[UUID, str], Row]:
+    """The clients of `keys` (account, principal) that exist, their rows locked until the
+    transaction ends (FOR UPDATE), in one order (by account, then principal), so that two
+    transactions locking the same two clients wait for one another instead of deadlocking."""
+    accounts, principals = zip(*sorted(set(keys)), strict=True)
+    rows = await conn.fetch(
+        "SELECT c.* FROM clients c JOIN unnest($1::uuid[], $2::text[]) k(account_id, principal)"
+        " USING (account_id, principal) ORDER BY c.account_id, c.principal FOR UPDATE OF c",
+        list(accounts),
+        list(principals),
+    )
+    return {(r["account_id"], r["principal"]): r for r in rows}
 
 
 async def insert_client(

@@ -1,4 +1,5 @@
-"""Which failures mean the database cannot be reached (answered 503 UNAVAILABLE, retry later)."""
+"""Which failures mean the database cannot be reached (answered 503 UNAVAILABLE, retry later),
+and which mean a transaction met another at the same moment (answered CONFLICT, retry)."""
 
 import errno
 import socket
@@ -41,6 +42,22 @@ def is_unavailable(error: BaseException | None) -> bool:
             return True
         elif _socket_error(error):
             return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+# A serialization failure or a deadlock: PostgreSQL rolled the transaction back because another
+# one ran into it at the same moment. Retrying it may pass.
+_CONFLICT_STATES = ("40001", "40P01")
+
+
+def is_conflict(error: BaseException | None) -> bool:
+    """True when `error` (or what caused it) is a transaction rolled back for meeting another."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, asyncpg.PostgresError):
+            return getattr(error, "sqlstate", None) in _CONFLICT_STATES
         error = error.__cause__ or error.__context__
         seen += 1
     return False

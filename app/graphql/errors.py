@@ -8,7 +8,7 @@ from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
 
-from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
+from app.db.errors import RETRY_AFTER_SECONDS, is_conflict, is_unavailable
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.errors import DomainError
 
@@ -27,6 +27,10 @@ INTERNAL_MESSAGE = "Internal error."
 UNAVAILABLE_MESSAGE = (
     "The database is unavailable (restarting, in recovery or out of connections); "
     f"retry in {RETRY_AFTER_SECONDS} seconds."
+)
+CONFLICT_MESSAGE = (
+    "This request ran into another change made at the same moment, and the database rolled "
+    "its transaction back; retry it."
 )
 EMBEDDER_MESSAGE = (
     "The embedding model could not embed the text (its provider failed; the service's log says "
@@ -53,6 +57,8 @@ def classify(error: GraphQLError) -> tuple[str, str]:
         return "BAD_REQUEST", error.message
     if is_unavailable(original):
         return "UNAVAILABLE", UNAVAILABLE_MESSAGE
+    if is_conflict(original):
+        return "CONFLICT", CONFLICT_MESSAGE
     if isinstance(original, EmbeddingFailed) and not original.transient:
         return "UNAVAILABLE", EMBEDDER_REFUSED_MESSAGE
     if isinstance(original, EmbedderUnavailable | EmbeddingFailed):
@@ -84,6 +90,8 @@ class Schema(strawberry.Schema):
             code = classify(error)[0]
             if code == "UNAVAILABLE":
                 log.warning("unavailable at %s: %r", error.path, error.original_error)
+            elif code == "CONFLICT" and is_conflict(error.original_error):
+                log.warning("rolled back at %s: %r", error.path, error.original_error)
             elif code == "INTERNAL":
                 log.error(
                     "internal error at %s: %s",
