@@ -340,6 +340,22 @@ async def test_numbers_json_cannot_hold_are_bad_request(
     assert "beyond what a number can hold" in refused(
         await http.post("/graphql", json={"query": literal})
     )
+    # An integer literal longer than Python reads from text (graphql-core takes it for NaN),
+    # into the JSON input of an execution: refused before anything runs, not stored.
+    digits = "1" + "0" * 4300
+    for value in (digits, f"{{n: [-{digits}]}}"):
+        literal = (
+            f'mutation {{ executeAction(input: {{actionId: "{action_id}", sessionId: "s",'
+            f" input: {value}}}) {{ executionId }} }}"
+        )
+        message = refused(await http.post("/graphql", json={"query": literal}))
+        assert "is an integer of 4,301 digits, beyond what a number can hold" in message
+    # One digit fewer passes that check (here to the harness's own, which names the field).
+    fits = "1" + "0" * 4299
+    literal = (
+        f'mutation {{ createAction(input: {{name: "n", harness: {{n: {fits}}}}}) {{ version }} }}'
+    )
+    assert "unknown field 'n'" in refused(await http.post("/graphql", json={"query": literal}))
 
 
 def test_which_errors_mean_the_database_is_unavailable() -> None:

@@ -10,6 +10,7 @@ from graphql import (
     ExecutionResult,
     FloatValueNode,
     GraphQLError,
+    IntValueNode,
     ListValueNode,
     Node,
     ObjectValueNode,
@@ -24,12 +25,21 @@ from strawberry.extensions import SchemaExtension
 from app.errors import BadInput
 from app.text import check_storable
 
+# The most digits of an integer literal Python converts (sys.get_int_max_str_digits's default).
+_INT_DIGITS = 4300
+
 
 def _check_literal(value: ValueNode, field: str) -> None:
     if isinstance(value, StringValueNode):
         check_storable(value.value, field)
     elif isinstance(value, FloatValueNode) and not math.isfinite(float(value.value)):
         raise BadInput(f"{field} is {value.value}, beyond what a number can hold")
+    elif isinstance(value, IntValueNode) and (digits := len(value.value.lstrip("-"))) > _INT_DIGITS:
+        # Python reads no longer integer from text, and graphql-core then takes it for NaN.
+        raise BadInput(
+            f"{field} is an integer of {digits:,} digits, beyond what a number can hold here"
+            f" (at most {_INT_DIGITS:,})"
+        )
     elif isinstance(value, ListValueNode):
         for i, item in enumerate(value.values):
             _check_literal(item, f"{field}[{i}]")
