@@ -11,6 +11,7 @@ Three doors, three rules:
   bidirectional overrides and isolates), so a record cannot pose as the instructions around it.
 """
 
+import math
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -69,18 +70,30 @@ def check_storable(text: str, field: str) -> str:
     return text
 
 
-def check_storable_json(value: Any, field: str) -> Any:
-    """`check_storable` over every string of a JSON-shaped value, keys included."""
-    if isinstance(value, str):
-        check_storable(value, field)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            check_storable(str(k), f"{field} (a key)")
-            check_storable_json(v, f"{field}.{k}")
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            check_storable_json(v, f"{field}[{i}]")
-    return value
+def check_json(value: Any, where: str, max_depth: int | None = None, root: str = "") -> None:
+    """BadInput when decoded JSON nests deeper than `max_depth`, carries a string (a key
+    included) that cannot be stored, or a number that is not finite (PostgreSQL's JSON has no
+    NaN or Infinity); walked without recursion, whatever its depth. `where` names the value in
+    messages, `root` is the path its parts are named under."""
+    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if max_depth is not None and depth > max_depth:
+            raise BadInput(
+                f"{where} nests deeper than {max_depth} levels (at {path}); send flatter JSON"
+            )
+        if isinstance(item, str):
+            check_storable(item, path or where)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise BadInput(f"{path or where} is {item}: numbers must be finite")
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                check_storable(str(key), f"a key in {path or where}")
+                stack.append((inner, f"{path}.{key}" if path else str(key), depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend(
+                (inner, f"{path or where}[{i}]", depth + 1) for i, inner in enumerate(item)
+            )
 
 
 def for_model(text: str) -> str:

@@ -472,3 +472,43 @@ async def test_an_mcp_client_gone_mid_body_is_no_fault_of_the_service(
     assert big.status_code == 413
     assert big.json()["error"]["data"]["code"] == "BAD_REQUEST"
     assert "request bodies are limited to" in big.json()["error"]["message"]
+
+
+async def test_mcp_arguments_no_json_column_holds_are_refused_before_anything_runs(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
+) -> None:
+    """Python's JSON, which the SDK reads requests with, takes NaN, Infinity and 1e400 for
+    numbers: such an argument is the call's refusal naming it, recorded nowhere, with no error
+    logged (it reached the execution's insert before, which failed with the database's words)."""
+    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
+    token = await token_for(state, admin, "numbers", *AGENT_POLICIES)
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2025-06-18",
+    }
+    body = (
+        '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "%s",'
+        ' "arguments": {"query": "parcel", %s}}}'
+    )
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for name, argument in (
+            ("search_memory", '"limit": NaN'),
+            ("search_memory", '"limit": 1e400'),
+            ("search_history", '"junk": [-Infinity]'),
+        ):
+            with caplog.at_level(logging.INFO):
+                response = await http.post(
+                    f"/mcp/{action_id}?session=s1",
+                    content=body % (name, argument),
+                    headers=headers,
+                )
+            result = response.json()["result"]
+            assert result["isError"] is True, result
+            refusal = json.loads(result["content"][0]["text"])
+            assert refusal["code"] == "BAD_REQUEST"
+            assert refusal["error"].startswith("arguments.")
+            assert "numbers must be finite" in refusal["error"]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert await _executions(state, action_id) == []

@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import BadInput
-from app.text import check_storable, check_storable_json, for_model, storable, storable_json
+from app.text import check_json, check_storable, for_model, storable, storable_json
 
 
 def test_storable_replaces_nul_and_lone_surrogates_and_keeps_the_rest() -> None:
@@ -25,11 +25,13 @@ def test_check_storable_refuses_naming_the_field_and_position() -> None:
     assert check_storable("fine", "summary") == "fine"
 
 
-def test_check_storable_json_names_the_path() -> None:
+def test_check_json_names_the_path() -> None:
     with pytest.raises(BadInput, match=r"metadata\.a\[1\] contains a NUL"):
-        check_storable_json({"a": ["x", "y\x00"]}, "metadata")
-    with pytest.raises(BadInput, match=r"metadata \(a key\) contains a NUL"):
-        check_storable_json({"a\x00": 1}, "metadata")
+        check_json({"a": ["x", "y\x00"]}, "metadata", root="metadata")
+    with pytest.raises(BadInput, match=r"a key in metadata contains a NUL"):
+        check_json({"a\x00": 1}, "metadata", root="metadata")
+    with pytest.raises(BadInput, match=r"metadata\.a\[0\] is nan: numbers must be finite"):
+        check_json({"a": [float("nan")]}, "metadata", root="metadata")
 
 
 def test_for_model_strips_controls_and_bidi_but_keeps_lines_and_tabs() -> None:

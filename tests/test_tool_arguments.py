@@ -142,3 +142,20 @@ def test_m41_the_schemas_offer_what_the_configuration_allows():
     assert search["kind"]["enum"] == ["fact", "preference"]
     plain = tool_schemas(SESSION_ONLY.memory)["add_memory"]["function"]["parameters"]
     assert {"scope", "pinned", "labels"}.isdisjoint(plain["properties"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"query": "x", "limit": NaN}', "NaN is not a JSON value"),
+        ('{"query": "x", "limit": -Infinity}', "-Infinity is not a JSON value"),
+        ('{"query": "x", "limit": 1e400}', "1e400 is beyond what a number can hold"),
+        ('{"query": "x", "limit": 1%s}' % ("0" * 4300), "Exceeds the limit (4300 digits)"),
+    ],
+)
+async def test_numbers_no_json_column_holds_are_refused_as_not_json(raw, message):
+    """What Python's JSON would read (NaN, Infinity, 1e400 as inf) but no JSON column stores
+    is the call's refusal, not a transcript the turn then cannot write."""
+    answer = await EVERYTHING.call(ToolCall("c1", "search_memory", raw))
+    error = json.loads(answer.content)["error"]
+    assert error.startswith("the arguments are not valid JSON (") and message in error, error

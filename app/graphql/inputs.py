@@ -23,7 +23,7 @@ from graphql.language import ArgumentNode, Visitor
 from strawberry.extensions import SchemaExtension
 
 from app.errors import BadInput
-from app.text import check_storable
+from app.text import check_json, check_storable
 
 # The most digits of an integer literal Python converts (sys.get_int_max_str_digits's default).
 _INT_DIGITS = 4300
@@ -103,32 +103,6 @@ class InputChecks(SchemaExtension):
                     data=None, errors=[GraphQLError(e.message, original_error=e)]
                 )
         yield
-
-
-def check_json(value: Any, where: str, max_depth: int | None = None, root: str = "") -> None:
-    """BadInput when decoded JSON nests deeper than `max_depth`, carries a string (a key
-    included) that cannot be stored, or a number that is not finite (PostgreSQL's JSON has no
-    NaN or Infinity); walked without recursion, whatever its depth. `where` names the value in
-    messages, `root` is the path its parts are named under."""
-    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
-    while stack:
-        item, path, depth = stack.pop()
-        if max_depth is not None and depth > max_depth:
-            raise BadInput(
-                f"{where} nests deeper than {max_depth} levels (at {path}); send flatter JSON"
-            )
-        if isinstance(item, str):
-            check_storable(item, path or where)
-        elif isinstance(item, float) and not math.isfinite(item):
-            raise BadInput(f"{path or where} is {item}: numbers must be finite")
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                check_storable(str(key), f"a key in {path or where}")
-                stack.append((inner, f"{path}.{key}" if path else str(key), depth + 1))
-        elif isinstance(item, list | tuple):
-            stack.extend(
-                (inner, f"{path or where}[{i}]", depth + 1) for i, inner in enumerate(item)
-            )
 
 
 def check_body(payload: Any, max_depth: int) -> None:

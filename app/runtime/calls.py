@@ -51,7 +51,7 @@ from app.runtime.tools import versions
 from app.runtime.transcript import Transcript
 from app.runtime.turns import TurnContext, TurnRequest
 from app.state import AppState
-from app.text import check_storable, rfc3339, storable, storable_json
+from app.text import check_json, check_storable, rfc3339, storable, storable_json
 
 REMEMBER_CONVERSATION = "remember_conversation"
 ROLES = ("user", "assistant", "tool")
@@ -343,6 +343,8 @@ async def call_tool(
     (AccessDenied), and a name that is no tool (BadInput), before anything is recorded; a
     native tool the agent does not offer is the tool's refusal, recorded as a FAILED execution.
     `action`: the agent as `load_place` found it for this request, else it is looked up."""
+    # Python's JSON (the MCP SDK's) reads NaN, Infinity and 1e400, which no JSON column stores.
+    check_json(arguments, "the arguments", root="arguments")
     if action is None:
         action = await load_place(state, caller, place)
     offered = [t["function"]["name"] for t in offered_tools(state, action, place)]

@@ -9,6 +9,7 @@ execution of the native tool of its name.
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -192,10 +193,19 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON value")
 
 
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"{number} is beyond what a number can hold")
+    return value
+
+
 def parse_arguments(raw: str) -> dict[str, Any]:
     try:
-        # NaN and Infinity are not JSON (and no JSON column would store them).
-        value = json.loads(raw, parse_constant=_not_json) if raw.strip() else {}
+        # NaN and Infinity are not JSON, and 1e400 no number (no JSON column would store them).
+        value = (
+            json.loads(raw, parse_constant=_not_json, parse_float=_finite) if raw.strip() else {}
+        )
     except ValueError as e:
         raise ToolRefused(f"the arguments are not valid JSON ({e}); send one JSON object") from None
     if not isinstance(value, dict):
