@@ -22,11 +22,19 @@ def test_a_normal_start_prints_no_warnings_and_no_library_lines(data_root):
     served = Served(env, root / "stderr.log")
     try:
         served.wait_healthy(f"http://127.0.0.1:{port}")
+        # Anyone may send a path that spells a line break, a NUL and a bidi override.
+        forged = "/x%0a2026-12-04%2018:00:00,000%20INFO%20app.access:%20FORGED%0d%00%E2%80%AE"
+        assert httpx.get(f"http://127.0.0.1:{port}{forged}").status_code == 404
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
         served.kill()
-    lines = (root / "stderr.log").read_text().splitlines()
+    lines = (root / "stderr.log").read_text().split("\n")[:-1]  # a line ends only at LF
     assert lines, "engram serve said nothing on stderr"
+    (access,) = [line for line in lines if "FORGED" in line]
+    assert access.endswith(
+        " INFO app.access: GET /x\\x0a2026-12-04 18:00:00,000 INFO app.access: FORGED"
+        "\\x0d\\x00\\u202e 404" + access.rsplit(" 404", 1)[1]
+    ), access
     for line in lines:
         assert OWN_LINE.match(line), f"a line that is not Engram's own: {line!r}"
     text = "\n".join(lines)

@@ -1,11 +1,14 @@
 """Logging: quiet text by default, one JSON object a line with ENGRAM_LOG_FORMAT=json.
 
 Every line logged while a request is served carries its request ID (`request_id`), the one
-that also comes back in the `X-Request-ID` response header.
+that also comes back in the `X-Request-ID` response header. A record is one line whatever it
+carries: a request's path comes from anyone, and a line break or a control in it would let
+them write a line of their own (text lines escape them, JSON escapes them itself).
 """
 
 import json
 import logging
+import re
 import sys
 import warnings
 from contextvars import ContextVar
@@ -52,9 +55,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+# What a text line shows escaped: controls but tab (line breaks, NUL, terminal escapes), the
+# Unicode line and paragraph separators, and the bidirectional overrides and isolates.
+_UNSHOWN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        # The message alone: a traceback after it keeps its lines.
+        shown = _UNSHOWN.sub(_escaped, record.message)
+        return super().formatMessage(logging.makeLogRecord({**vars(record), "message": shown}))
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
