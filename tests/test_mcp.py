@@ -357,6 +357,13 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
         assert "pass a ?session= parameter or change the scopes" in bad.json()["error"]["message"]
         nul = await post(f"/mcp/{action_id}?session=a%00b", agent)
         assert nul.status_code == 400 and "NUL" in nul.json()["error"]["message"]
+        # Bytes that are not UTF-8 are refused, not read as U+FFFD (`%FF` and `%FE` were then
+        # one session); UTF-8 is read as it is.
+        for latin1 in ("Jos%E9", "%FF", "%ED%A0%80", "a&session=%FE"):
+            refused_session = await post(f"/mcp/{action_id}?session={latin1}", agent)
+            assert refused_session.status_code == 400, latin1
+            assert "not UTF-8" in refused_session.json()["error"]["message"]
+        assert (await post(f"/mcp/{action_id}?session=Jos%C3%A9", agent)).status_code == 200
     # The SDK's client reports the message.
     for url, token, said in [
         (mcp_url(base_url, action_id), stranger, "not found"),

@@ -14,6 +14,7 @@ agent's own model would read.
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 from uuid import UUID
 
 import mcp_types as types
@@ -155,6 +156,20 @@ def _preview(value: str | None) -> bool:
     raise _Refused("BAD_REQUEST", f"preview must be true or false, not {value!r}")
 
 
+def _query(request: Request) -> dict[str, str]:
+    """The query string's parameters, decoded as UTF-8 strictly: Starlette's reading puts
+    U+FFFD for what is not, so `?session=%FF` and `?session=%FE` would be one session."""
+    try:
+        raw = request.scope.get("query_string", b"").decode()
+        return dict(parse_qsl(raw, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise _Refused(
+            "BAD_REQUEST",
+            "the query string is not UTF-8 once percent-decoded: percent-encode the session ID's"
+            " UTF-8 bytes",
+        ) from None
+
+
 class _Refused(DomainError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -210,8 +225,9 @@ class McpEndpoint:
             raise _Refused(
                 "NOT_FOUND", f"action {raw!r} not found: the path is /mcp/<actionId>"
             ) from None
-        preview = _preview(request.query_params.get("preview"))
-        session = request.query_params.get("session") or None
+        query = _query(request)
+        preview = _preview(query.get("preview"))
+        session = query.get("session") or None
         if session is not None:
             check_storable(session, "session")
         place = calls.Place(action_id, session, preview)
