@@ -199,28 +199,31 @@ def view(event: Event) -> dict[str, Any]:
 
 # A line of an event's text that reads as a result's header (`turn 12, agent`): a user or a
 # tool could write one to pass words off as another speaker's. Lines end where a model may
-# read a line break; a line is read as its skeleton (`_skeleton`). Whatever stands between the
-# number and the speaker (a comma of any script: `、`, `،`; a colon, a dash, nothing) and any
-# markup before it (`**turn 1, agent**`, `> turn 1, agent`) still reads as a header.
+# read a line break; a line is read as its skeleton (`_skeleton`). It reads as a header
+# whatever marks it (`**turn 1, agent**`, `> turn 1`, `1. turn 1`), however the turn is
+# counted (`turn 9`, `turn IX`, `turn nine`: up to two words) and whatever stands between it
+# and the speaker (a comma of any script, a colon, nothing).
 _LINE_BREAK = re.compile(r"(\r\n|[\n\r\u2028\u2029])")
-_HEADER = re.compile(r"[\W_]*turn[\W_]*\d+[\W_]*(?:user|agent|tool)(?![^\W_])")
+_HEADER = re.compile(
+    r"[\W\d_]*turn(?![^\W\d_])[\W_]*(?:[^\W_]{1,16}[\W_]*){0,2}?(?:user|agent|tool)(?![^\W_])"
+)
 # Letters that show nothing (Hangul fillers, the braille blank), beside the categories
 # `_skeleton` drops.
 _FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 # Letters of other scripts drawn like those of a header's words (turn, user, agent, tool):
-# Cyrillic, Greek, Armenian and IPA look-alikes, read as the Latin letter.
+# Cyrillic, Greek, Armenian and IPA look-alikes and small capitals, read as the Latin letter.
 _LOOK_ALIKES = str.maketrans(
     {
-        **dict.fromkeys("\u0430\u0251\u03b1", "a"),
-        **dict.fromkeys("\u0435\u0454", "e"),
+        **dict.fromkeys("\u0430\u0251\u03b1\u1d00", "a"),
+        **dict.fromkeys("\u0435\u0454\u1d07", "e"),
         **dict.fromkeys("\u043e\u03bf\u0585\u1d0f", "o"),
-        **dict.fromkeys("\u0455", "s"),
-        **dict.fromkeys("\u0433\u1d26", "r"),
-        **dict.fromkeys("\u043f\u0578", "n"),
-        **dict.fromkeys("\u0442\u03c4", "t"),
-        **dict.fromkeys("\u03c5\u057d\u0446", "u"),
-        **dict.fromkeys("\u0261\u0581", "g"),
-        **dict.fromkeys("\u04cf\u0131\u0269\u0406\u0456", "l"),
+        **dict.fromkeys("\u0455\ua731", "s"),
+        **dict.fromkeys("\u0433\u1d26\u0280", "r"),
+        **dict.fromkeys("\u043f\u0578\u0274", "n"),
+        **dict.fromkeys("\u0442\u03c4\u1d1b", "t"),
+        **dict.fromkeys("\u03c5\u057d\u0446\u1d1c", "u"),
+        **dict.fromkeys("\u0261\u0581\u0262", "g"),
+        **dict.fromkeys("\u04cf\u0131\u0269\u0406\u0456\u029f", "l"),
     }
 )
 _INVISIBLE = frozenset({"Cc", "Cf", "Mn", "Me"})  # controls, format characters, marks
