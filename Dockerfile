@@ -28,4 +28,6 @@ EXPOSE 8000
 # for minutes, so failures count only after the start period.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=5 \
   CMD python -c "import os,urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('ENGRAM_PORT', '8000')).status == 200 else 1)"
+# PID 1 with no init: engram serve reaps its embedded PostgreSQL's processes itself
+# (docs/operations.md, "Health and logs"); `docker run --init` reaps anything else.
 CMD ["engram", "serve"]

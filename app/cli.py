@@ -46,6 +46,7 @@ def _tracing_missing(settings: Settings) -> str | None:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.db.embedded import adopt_orphans
     from app.main import create_app, start_state
 
     missing = _tracing_missing(settings)
@@ -60,6 +61,10 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         print(f"engram: {exposed}", file=sys.stderr)
         return 2
 
+    if settings.database_url_value() is None:
+        # The embedded server's postmaster becomes this process's child, which the supervisor
+        # reaps should it die (app/db/embedded.py).
+        adopt_orphans()
     terminated = False
 
     async def serve() -> bool:

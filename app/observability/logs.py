@@ -3,7 +3,8 @@
 Every line logged while a request is served carries its request ID (`request_id`), the one
 that also comes back in the `X-Request-ID` response header. A record is one line whatever it
 carries: a request's path comes from anyone, and a line break or a control in it would let
-them write a line of their own (text lines escape them, JSON escapes them itself).
+them write a line of their own (text lines escape them, JSON escapes them itself). A database
+that cannot be reached is said in one line, never with a traceback (`OutageInOneLine`).
 """
 
 import json
@@ -14,6 +15,8 @@ import warnings
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
+
+from app.db.errors import is_unavailable
 
 request_id: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
 
@@ -36,6 +39,23 @@ class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = request_id.get()
+        return True
+
+
+class OutageInOneLine(logging.Filter):
+    """A record logged with an error that says the database cannot be reached loses the
+    traceback, and says why in its line instead: asyncpg's pool logs one at each attempt to
+    reconnect (1 to 60 s apart) for as long as the database is down, and so would each
+    background round that fails meanwhile; a stack says nothing about an outage."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and is_unavailable(error):
+            why = " ".join(f"{type(error).__name__}: {error}".split())
+            record.msg = f"{record.getMessage()}: the database is unavailable ({why})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
         return True
 
 
@@ -98,6 +118,7 @@ def configure(log_format: str = "text", level: str = "INFO") -> None:
     handler = _Stderr()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
+    handler.addFilter(OutageInOneLine())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
