@@ -261,6 +261,37 @@ async def test_client_life_cycle(gql, state, admin):
     assert again.codes == ["NOT_FOUND"]
 
 
+async def test_update_client_with_expected_modified_refuses_a_change_made_meanwhile(gql, state):
+    """A form sends the `modified` it was filled from: once someone else changed the client,
+    updateClient is CONFLICT and changes nothing; a refused update leaves the name as well."""
+    who = caller(await make_account(state), EVERYTHING)
+    await add_client(gql, who, "svc")
+    read = 'query { client(principal: "svc") { name modified policies { resources } } }'
+    before = (await gql(who, read)).ok()["client"]
+    wide = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.*"]}
+    change = {"name": "Mine", "policies": [wide], "expectedModified": before["modified"]}
+    theirs = await gql(who, UPDATE_CLIENT, principal="svc", input={"name": "Theirs"})
+    assert theirs.ok()["updateClient"]["name"] == "Theirs"
+    mine = await gql(who, UPDATE_CLIENT, principal="svc", input=change)
+    assert mine.codes == ["CONFLICT"]
+    assert "client 'svc' was changed at" in mine.errors[0]["message"]
+    now = (await gql(who, read)).ok()["client"]
+    assert now["name"] == "Theirs" and now["policies"] == before["policies"]
+    assert now["modified"] != before["modified"]
+    # Based on what it holds now, the change is made.
+    redone = await gql(
+        who, UPDATE_CLIENT, principal="svc", input={**change, "expectedModified": now["modified"]}
+    )
+    assert redone.ok()["updateClient"]["name"] == "Mine"
+    # A refused policy refuses the name given with it.
+    bad = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.nothing"]}
+    refused = await gql(
+        who, UPDATE_CLIENT, principal="svc", input={"name": "Half", "policies": [bad]}
+    )
+    assert refused.codes == ["BAD_REQUEST"]
+    assert (await gql(who, read)).ok()["client"]["name"] == "Mine"
+
+
 async def test_duplicate_principal_is_a_conflict(gql, state):
     who = caller(await make_account(state), EVERYTHING)
     await add_client(gql, who, "dup")

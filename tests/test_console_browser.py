@@ -676,48 +676,246 @@ async def test_search_shows_more_results_a_page_at_a_time(db_url, embedder):
         await page.screenshot(path=screenshot_path("console-search-more.png"), full_page=True)
 
 
-async def test_new_tokens_are_offered_only_for_clients_the_token_covers(db_url, embedder):
-    """A client issues tokens only for clients holding no more than it does: the console asks
-    (Client.coveredByViewer) and offers "Create token" for those alone, saying why elsewhere."""
+CREATE_CLIENT = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+READ_CLIENT = """query($p: String!) { client(principal: $p) {
+  name modified policies { effect actions resources } } }"""
+MEMORY = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.AgentMemory.*"]}
+MANAGE = {
+    "effect": "ALLOW",
+    "actions": ["SELECT", "INSERT", "UPDATE", "DELETE"],
+    "resources": ["financial.Client.*"],
+}
+
+
+def client_card(page, principal: str):
+    name = page.locator("h2 .mono", has_text=re.compile(f"^{re.escape(principal)}$"))
+    return page.locator("section.client", has=name)
+
+
+async def as_manager(page, url: str) -> Api:
+    """A manager (every verb on clients, SELECT on memory) and a memory reader it covers,
+    the console signed in as the manager on the clients page; the administrator's Api."""
+    admin = Api(url, ADMIN)
+    admin(
+        CREATE_CLIENT, i={"principal": "manager", "name": "Manager", "policies": [MANAGE, MEMORY]}
+    )
+    admin(CREATE_CLIENT, i={"principal": "memory-reader", "name": "Memory", "policies": [MEMORY]})
+    token = admin('mutation { createClientToken(principal: "manager") { token } }')
+    await sign_in(page, url, token["createClientToken"]["token"])
+    await page.get_by_role("link", name="Clients and tokens").click()
+    return admin
+
+
+async def test_edit_and_new_tokens_are_offered_only_for_clients_the_token_covers(db_url, embedder):
+    """A client changes and issues tokens only for clients holding no more than it does: the
+    console asks (Client.coveredByViewer) and offers "Edit client" and "Create token" for those
+    alone, saying why elsewhere; a token that may not update clients is told so once."""
     from playwright.async_api import expect
 
     async with console(db_url, embedder) as (url, page, seeded):
-        admin = Api(url, ADMIN)
-        create = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
-        memory = {
-            "effect": "ALLOW",
-            "actions": ["SELECT"],
-            "resources": ["financial.AgentMemory.*"],
-        }
-        manage = {
-            "effect": "ALLOW",
-            "actions": ["SELECT", "INSERT", "UPDATE", "DELETE"],
-            "resources": ["financial.Client.*"],
-        }
-        admin(create, i={"principal": "manager", "name": "Manager", "policies": [manage, memory]})
-        admin(create, i={"principal": "memory-reader", "name": "Memory", "policies": [memory]})
-        token = admin('mutation { createClientToken(principal: "manager") { token } }')
-        await sign_in(page, url, token["createClientToken"]["token"])
-        await page.get_by_role("link", name="Clients and tokens").click()
-
-        def card(principal: str):
-            name = page.locator("h2 .mono", has_text=re.compile(f"^{re.escape(principal)}$"))
-            return page.locator("section.client", has=name)
+        admin = await as_manager(page, url)
 
         # Wider than the manager: the administrator, and the auditor (it reads agents).
         for wider in ("admin", "auditor"):
-            await expect(card(wider).locator(".notice")).to_have_text(
-                "Your token cannot create tokens for this client: it holds grants yours does not "
-                "(a client issues tokens only for clients that hold no more than it does)."
+            await expect(client_card(page, wider).locator(".notice")).to_have_text(
+                "Your token cannot edit this client or create tokens for it: it holds grants yours "
+                "does not (a client changes, and issues tokens for, only clients that hold no more "
+                "than it does)."
             )
-            await expect(card(wider).get_by_role("button", name="Create token")).to_have_count(0)
-        await card("auditor").screenshot(path=screenshot_path("console-token-not-offered.png"))
-        # Covered: itself, and a client holding part of what it holds. A token is made.
-        await expect(card("manager").get_by_role("button", name="Create token")).to_have_count(1)
-        covered = card("memory-reader")
-        await expect(covered.locator(".notice")).to_have_count(0)
+            for offer in ("Edit client", "Create token"):
+                await expect(
+                    client_card(page, wider).get_by_role("button", name=offer)
+                ).to_have_count(0)
+        await client_card(page, "auditor").screenshot(
+            path=screenshot_path("console-token-not-offered.png")
+        )
+        # Covered: itself, and a client holding part of what it holds. Both are offered.
+        for covered in ("manager", "memory-reader"):
+            await expect(client_card(page, covered).locator(".notice")).to_have_count(0)
+            for offer in ("Edit client", "Create token"):
+                await expect(
+                    client_card(page, covered).get_by_role("button", name=offer)
+                ).to_have_count(1)
+        covered = client_card(page, "memory-reader")
         await covered.get_by_role("button", name="Create token").click()
         secret = await covered.get_by_label("The new token").input_value()
         assert (
             Api(url, secret)("{ viewer { principal } }")["viewer"]["principal"] == "memory-reader"
         )
+
+        # A token that may list clients but not change them: no edit anywhere, and why, once.
+        looker = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Client.*"]}
+        admin(CREATE_CLIENT, i={"principal": "looker", "name": "Looker", "policies": [looker]})
+        token = admin('mutation { createClientToken(principal: "looker") { token } }')
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, token["createClientToken"]["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await expect(client_card(page, "looker")).to_be_visible()
+        await expect(page.get_by_role("button", name="Edit client")).to_have_count(0)
+        await expect(page.locator("main > .notice")).to_contain_text(
+            "Your token's grants do not allow editing clients: this client is not allowed to "
+            "UPDATE financial.Client.document."
+        )
+
+
+async def test_an_operator_edits_a_client_and_sees_the_new_values(db_url, embedder):
+    """ "Edit client" opens a form filled with the client's name and policies (focus on the name,
+    Escape cancels); a pattern the server refuses is said at its field with nothing saved; the
+    saved values show in the card at once, without reloading the page; and a change someone
+    made meanwhile is shown, not overwritten, until the operator saves again."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await page.evaluate("window.stayed = true")  # gone if the page were loaded again
+        auditor = client_card(page, "auditor")
+        edit = auditor.get_by_role("button", name="Edit client auditor")
+        form = auditor.get_by_role("form", name="Edit client auditor")
+        first = form.get_by_role("group", name="Policy 1")
+        second = form.get_by_role("group", name="Policy 2")
+
+        # Filled with what it holds; Escape leaves it as it was, focus back on the button.
+        await edit.click()
+        await expect(form.get_by_label("Name")).to_be_focused()
+        await expect(form.get_by_label("Name")).to_have_value("Auditor")
+        await expect(first.get_by_label("Effect")).to_have_value("ALLOW")
+        await expect(first.get_by_label("SELECT")).to_be_checked()
+        await expect(first.get_by_label("UPDATE")).not_to_be_checked()
+        await expect(first.get_by_label("Resources")).to_have_value("financial.Action.*")
+        await expect(second.get_by_label("Resources")).to_have_value("financial.AgentMemory.*")
+        await page.keyboard.press("Escape")
+        await expect(form).to_have_count(0)
+        await expect(edit).to_be_focused()
+        await expect(auditor.locator("li")).to_have_text(
+            ["ALLOW SELECT on financial.Action.*", "ALLOW SELECT on financial.AgentMemory.*"]
+        )
+
+        # A typo in a pattern: refused at its field, the form open with what was typed.
+        await page.keyboard.press("Enter")
+        await form.get_by_label("Name").fill("Auditor (EU)")
+        await second.get_by_label("Resources").fill("financial.agentmemory.document")
+        await form.get_by_role("button", name="Save changes").click()
+        resources = second.get_by_label("Resources")
+        error = page.locator("#" + await resources.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("'financial.agentmemory.document' matches no known")
+        await expect(resources).to_have_attribute("aria-invalid", "")
+        await expect(resources).to_be_focused()
+        await expect(form.get_by_role("alert").last).to_have_text(
+            "Not saved: correct the resources of policy 2."
+        )
+        await expect(form.get_by_label("Name")).to_have_value("Auditor (EU)")
+        assert admin(READ_CLIENT, p="auditor")["client"]["name"] == "Auditor"  # nothing half-saved
+
+        # Corrected, with one more policy; saved, the card shows it at once.
+        await resources.fill("financial.AgentMemory.document")
+        await form.get_by_role("button", name="Add a policy").click()
+        third = form.get_by_role("group", name="Policy 3")
+        await expect(third.get_by_label("Resources")).to_be_focused()
+        await page.keyboard.type("financial.AgentMemory.indexes.search")
+        await third.get_by_label("Effect").select_option("DENY")
+        await page.screenshot(path=screenshot_path("console-client-edit.png"), full_page=True)
+        await third.get_by_label("Resources").press("Control+Enter")
+        await expect(form).to_have_count(0)
+        await expect(auditor.locator("h2")).to_have_text("Auditor (EU) auditor")
+        policies = [
+            "ALLOW SELECT on financial.Action.*",
+            "ALLOW SELECT on financial.AgentMemory.document",
+            "DENY SELECT on financial.AgentMemory.indexes.search",
+        ]
+        await expect(auditor.locator("li")).to_have_text(policies)
+        await expect(auditor.get_by_role("status").first).to_have_text("Saved client auditor.")
+        await expect(edit).to_be_focused()
+        assert await page.evaluate("window.stayed") is True
+        saved = admin(READ_CLIENT, p="auditor")["client"]
+        assert saved["name"] == "Auditor (EU)"
+        assert [p["resources"] for p in saved["policies"]] == [
+            ["financial.Action.*"],
+            ["financial.AgentMemory.document"],
+            ["financial.AgentMemory.indexes.search"],
+        ]
+        assert saved["policies"][2]["effect"] == "DENY"
+        # The next form starts from the saved values.
+        await edit.click()
+        await expect(form.get_by_label("Name")).to_have_value("Auditor (EU)")
+        await expect(third.get_by_label("Effect")).to_have_value("DENY")
+
+        # Someone else changes it meanwhile: not overwritten; shown, the typing kept.
+        admin(
+            """mutation { updateClient(principal: "auditor", input: {name: "Auditor (theirs)"})
+              { name } }"""
+        )
+        await form.get_by_label("Name").fill("Auditor (mine)")
+        await form.get_by_role("button", name="Save changes").click()
+        alert = form.get_by_role("alert").last
+        await expect(alert).to_contain_text(
+            "someone changed this client after you opened this form"
+        )
+        await expect(alert).to_contain_text("Name: Auditor (theirs)")
+        await expect(form.get_by_label("Name")).to_have_value("Auditor (mine)")
+        assert admin(READ_CLIENT, p="auditor")["client"]["name"] == "Auditor (theirs)"
+        await page.screenshot(
+            path=screenshot_path("console-client-edit-conflict.png"), full_page=True
+        )
+        # Having seen theirs, saving again is a choice: it is made.
+        await form.get_by_role("button", name="Save changes").click()
+        await expect(auditor.locator("h2")).to_have_text("Auditor (mine) auditor")
+        assert admin(READ_CLIENT, p="auditor")["client"]["name"] == "Auditor (mine)"
+
+
+async def test_an_edit_wider_than_the_operators_grants_is_refused_and_changes_nothing(
+    db_url, embedder
+):
+    """The manager may edit the memory reader it covers, but not give it a grant the manager
+    does not hold: refused in words, the form open with the input, the client unchanged. Edited,
+    the manager's own client changes what the console offers it at once."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = await as_manager(page, url)
+        before = admin(READ_CLIENT, p="memory-reader")["client"]
+        reader = client_card(page, "memory-reader")
+        await reader.get_by_role("button", name="Edit client").click()
+        form = reader.get_by_role("form", name="Edit client memory-reader")
+        await form.get_by_role("button", name="Add a policy").click()
+        added = form.get_by_role("group", name="Policy 2")
+        await added.get_by_label("Resources").fill("financial.Action.*")
+        await added.get_by_label("UPDATE").check()
+        await form.get_by_role("button", name="Save changes").click()
+        alert = form.get_by_role("alert").last
+        await expect(alert).to_contain_text(
+            "Not saved: these policies would give SELECT financial.Action.document"
+        )
+        await expect(alert).to_contain_text("which your token does not hold")
+        await expect(added.get_by_label("Resources")).to_have_value("financial.Action.*")
+        await expect(added.get_by_label("UPDATE")).to_be_checked()
+        await page.screenshot(
+            path=screenshot_path("console-client-edit-refused.png"), full_page=True
+        )
+        assert admin(READ_CLIENT, p="memory-reader")["client"] == before
+        # Nor wider by a verb on what it holds.
+        await form.get_by_role("button", name="Remove policy 2").click()
+        await form.get_by_role("group", name="Policy 1").get_by_label("DELETE").check()
+        await form.get_by_role("button", name="Save changes").click()
+        await expect(alert).to_contain_text("DELETE financial.AgentMemory.document")
+        assert admin(READ_CLIENT, p="memory-reader")["client"] == before
+        await page.keyboard.press("Escape")
+        await expect(reader.locator("li")).to_have_text(["ALLOW SELECT on financial.AgentMemory.*"])
+
+        # Its own client: it may narrow it; the console then offers what is left.
+        mine = client_card(page, "manager")
+        await mine.get_by_role("button", name="Edit client").click()
+        form = mine.get_by_role("form", name="Edit client manager")
+        await expect(form.locator(".notice")).to_contain_text("the client you are signed in as")
+        await form.get_by_role("group", name="Policy 1").get_by_label("UPDATE").uncheck()
+        await form.get_by_role("button", name="Save changes").click()
+        await expect(page.get_by_role("status").first).to_contain_text(
+            "Saved client manager, the one you are signed in as"
+        )
+        await expect(page.get_by_role("button", name="Edit client")).to_have_count(0)
+        await expect(page.locator("main > .notice").last).to_have_text(
+            "Your token's grants do not allow editing clients: this client is not allowed to "
+            "UPDATE financial.Client.document."
+        )
+        await page.screenshot(path=screenshot_path("console-client-edit-own.png"), full_page=True)

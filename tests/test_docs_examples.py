@@ -54,6 +54,8 @@ STEPS = {
     "IssueToken": Step(ACME_ADMIN, runs=2),  # "issue the next one (IssueToken again)"
     "Tokens": Step(ACME_ADMIN),
     "Clients": Step(ACME_ADMIN),
+    # By principal: acme-admin, then support-console.
+    "ChangeClient": Step(ACME_ADMIN, {"modified": "Clients.clients.nodes[1].modified"}),
     "Revoke": Step(ACME_ADMIN, {"tokenId": "IssueToken[0].createClientToken.tokenId"}),
     "NewAgent": Step(ACME_ADMIN),
     "ChangeAgent": Step(ACME_ADMIN, {"id": AGENT}),

@@ -52,10 +52,13 @@ class Client:
     principal: str
     name: str
     policies: list[dict[str, Any]]
+    modified: datetime
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> "Client":
-        return cls(row["account_id"], row["principal"], row["name"], row["policies"])
+        return cls(
+            row["account_id"], row["principal"], row["name"], row["policies"], row["modified"]
+        )
 
 
 def covers_client(caller: Caller, *, client: Client) -> bool:
@@ -86,17 +89,21 @@ async def _as_now(
 
 async def _lock_covered_client(
     conn: asyncpg.Connection, caller: Caller, account_id: UUID, principal: str
-) -> Caller:
+) -> tuple[Caller, asyncpg.Record]:
     """Locks the client's row for the transaction once the caller (as it is now, `_as_now`) is
-    found to hold every grant it holds, and returns that caller: a client cannot change, or
-    issue a token for, a client with more rights than its own. Deleting a client or revoking a
-    token takes rights away, so it is not checked this way: a client allowed to revoke can
-    revoke a leaked administrator's token."""
+    found to hold every grant it holds, and returns that caller and the row: a client cannot
+    change, or issue a token for, a client with more rights than its own. Deleting a client or
+    revoking a token takes rights away, so it is not checked this way: a client allowed to
+    revoke can revoke a leaked administrator's token."""
     caller, row = await _as_now(conn, caller, account_id, principal)
     if row is None:
         raise NotFound(f"client {principal!r} not found")
     caller.require_covers(parse_policies(row["policies"]), f"client {principal!r} holds")
-    return caller
+    return caller, row
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def token_prefix(token: str) -> str:
@@ -303,7 +310,10 @@ async def update_client(
     principal: str,
     name: str | None,
     policies: Iterable[Mapping[str, Any]] | None,
+    expected_modified: datetime | None = None,
 ) -> Client:
+    """Changes what is given. With `expected_modified` (the `modified` the change was based
+    on), a client changed since is refused as a Conflict and nothing changes."""
     caller.require(("UPDATE", resources.CLIENT))
     account_id = caller.reach_account(account_id)
     given = parse_policies(policies, strict=True) if policies is not None else ()
@@ -311,8 +321,14 @@ async def update_client(
     caller.require_covers(given, what)
     parsed = [p.as_json() for p in given] if policies is not None else None
     async with pool.acquire() as conn, conn.transaction():
-        now = await _lock_covered_client(conn, caller, account_id, principal)
+        now, current = await _lock_covered_client(conn, caller, account_id, principal)
         now.require_covers(given, what)
+        if expected_modified is not None and current["modified"] != expected_modified:
+            raise Conflict(
+                f"client {principal!r} was changed at {_utc(current['modified'])}, after the "
+                f"version this change was based on (modified {_utc(expected_modified)}); "
+                "nothing was changed: read it again and make the change to what it holds now"
+            )
         row = await store.update_client(
             conn,
             account_id,

@@ -93,6 +93,12 @@ class ClientUpdateInput:
     policies: list[PolicyInput] | None = strawberry.field(
         default=None, description="The client's new policies: they replace all its policies."
     )
+    expected_modified: Timestamp | None = strawberry.field(
+        default=None,
+        description="The client's `modified` that these changes were based on: if it changed "
+        "since (someone else changed the client), the update is CONFLICT and nothing changes. "
+        "A form passes the `modified` it was filled from; by default no check.",
+    )
 
 
 @strawberry.type(description="A policy of a client: an effect, verbs and resource patterns.")
@@ -174,6 +180,9 @@ class Client(Node):
     )
     name: str = strawberry.field(description="The client's name.")
     policies: list[Policy] = strawberry.field(description="What the client may do.")
+    modified: Timestamp = strawberry.field(
+        description="When it was created or last updated (updateClient's expectedModified)."
+    )
     record: strawberry.Private[ClientRecord]
 
     @classmethod
@@ -184,6 +193,7 @@ class Client(Node):
             account_id=client.account_id,
             principal=client.principal,
             name=client.name,
+            modified=Timestamp(client.modified),
             policies=[
                 Policy(
                     effect=PolicyEffect(p["effect"]),
@@ -411,9 +421,9 @@ class AuthMutation:
         return Client.of(client)
 
     @strawberry.mutation(
-        description="Changes a client's name or policies. Needs UPDATE on "
+        description="Changes a client's name or policies, all or nothing. Needs UPDATE on "
         "financial.Client.document, and every grant the client holds and the new policies "
-        "allow."
+        "allow; CONFLICT when `expectedModified` is given and the client changed since."
     )
     async def update_client(
         self,
@@ -429,6 +439,7 @@ class AuthMutation:
             principal=principal,
             name=input.name,
             policies=_policies(input.policies) if input.policies is not None else None,
+            expected_modified=input.expected_modified,
         )
         return Client.of(client)
 

@@ -3,13 +3,14 @@
 
 import { ApiError, gql, token } from "./api.js";
 import { append, clear, confirmDialog, field, h, json, link, when } from "./dom.js";
+import { policyEditor, policyText } from "./policies.js";
 
 const OPERATIONS = [
   "actions", "action", "updateAction",
   "Action.memories", "Action.searchMemories", "agentMemory", "deleteAgentMemory",
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript",
   "ActionSession.searchHistory",
-  "clients", "Client.tokens", "createClientToken", "revokeClientToken",
+  "clients", "Client.tokens", "updateClient", "createClientToken", "revokeClientToken",
 ];
 const WHAT = {
   actions: "listing agents",
@@ -24,6 +25,7 @@ const WHAT = {
   "ActionExecution.transcript": "reading transcripts",
   clients: "listing clients",
   "Client.tokens": "listing tokens",
+  updateClient: "editing clients",
 };
 const OLDER = 20; // earlier versions of an agent, and records either way of a supersede chain
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -36,6 +38,7 @@ const nav = document.getElementById("nav");
 let viewer = null; // { principal, accountId, allowed: {op: {allowed, reason}} }
 let historySearch = null; // whether the schema has ActionSession.searchHistory
 let rendering = 0;
+let flash = null; // a sentence for the next page rendered to say (what a change did)
 
 const can = (op) => Boolean(viewer && viewer.allowed[op] && viewer.allowed[op].allowed);
 
@@ -760,10 +763,6 @@ async function sessionView({ actionId, sessionId }) {
 
 // ---------------------------------------------------------------- clients and tokens
 
-function policyText(p) {
-  return `${p.effect} ${p.actions.join(", ")} on ${p.resources.join(", ")}`;
-}
-
 async function clientsView() {
   const out = [h("h1", { tabindex: -1 }, "Clients and tokens")];
   if (!can("clients")) return [...out, refusal("clients")];
@@ -772,7 +771,7 @@ async function clientsView() {
   const more = moreButton("Show more clients", list, load);
   async function load(after) {
     const data = await gql(`query($after: String) { clients(first: ${PAGE}, after: $after) {
-      nodes { principal name accountId policies { effect actions resources } coveredByViewer ${tokens} }
+      nodes { ${CLIENT} ${tokens} }
       pageInfo { hasNextPage endCursor } } }`, { after: after || null });
     for (const c of data.clients.nodes) append(list, [clientCard(c)]);
     more.hidden = !data.clients.pageInfo.hasNextPage;
@@ -780,9 +779,11 @@ async function clientsView() {
   }
   await load(null);
   if (!can("Client.tokens")) out.push(refusal("Client.tokens"));
+  if (!can("updateClient")) out.push(refusal("updateClient"));
   return [...out, list, more];
 }
 
+const CLIENT = "principal name accountId modified policies { effect actions resources } coveredByViewer";
 const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap } pageInfo { hasNextPage endCursor }";
 const REVOKE = `mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`;
@@ -797,10 +798,16 @@ const tokenName = (t) => (t.prefix ? `${t.prefix}…` : t.tokenId);
 
 function clientCard(c) {
   const status = h("div", { role: "status", class: "status" });
-  const card = h("section", { class: "card client" },
-    h("h2", {}, c.name, " ", h("span", { class: "mono muted" }, c.principal)),
-    h("h3", {}, "Policies"),
-    h("ul", {}, c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))));
+  const heading = h("h2");
+  const policies = h("ul");
+  const show = () => {
+    heading.replaceChildren(c.name, " ", h("span", { class: "mono muted" }, c.principal));
+    policies.replaceChildren(...(c.policies.length ? c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))
+      : [h("li", {}, "None: this client may do nothing.")]));
+  };
+  show();
+  const facts = h("div", {}, h("h3", {}, "Policies"), policies);
+  const card = h("section", { class: "card client" }, heading, facts, clientChanges(c, facts, show));
   const shown = h("div"); // a new token's secret, shown once
   const body = c.tokens ? h("tbody") : null;
   const table = h("table", { class: "list" }, h("thead", {}, h("tr", {},
@@ -872,11 +879,7 @@ function clientCard(c) {
     append(card, [h("h3", {}, "Tokens"), table, more]);
   }
   append(card, [status]);
-  if (can("createClientToken") && !c.coveredByViewer) {
-    // The server would refuse (Client.coveredByViewer): said here, not offered.
-    append(card, [h("p", { class: "notice" }, "Your token cannot create tokens for this client: it holds grants "
-      + "yours does not (a client issues tokens only for clients that hold no more than it does).")]);
-  } else if (can("createClientToken")) {
+  if (can("createClientToken") && c.coveredByViewer) {
     const expires = h("input", { type: "datetime-local" });
     append(card, [h("form", { class: "inline", onsubmit: async (e) => {
       e.preventDefault();
@@ -906,6 +909,180 @@ function clientCard(c) {
     } }, field("Expires (optional, your local time)", expires), h("button", { type: "submit" }, "Create token")), shown]);
   }
   return card;
+}
+
+// Whether client `c` is the one this console is signed in as.
+const signedInAs = (c) => c.accountId === viewer.accountId && c.principal === viewer.principal;
+
+// What a card offers for changing client `c`. updateClient and createClientToken refuse a client
+// holding a grant the token's client does not (Client.coveredByViewer): then it says so instead.
+function clientChanges(c, facts, show) {
+  const edit = can("updateClient");
+  const issue = can("createClientToken");
+  if (!c.coveredByViewer) {
+    if (!edit && !issue) return null;
+    const [what, rule] = edit && issue
+      ? ["edit this client or create tokens for it", "changes, and issues tokens for,"]
+      : edit ? ["edit this client", "changes"] : ["create tokens for this client", "issues tokens for"];
+    return h("p", { class: "notice" }, `Your token cannot ${what}: it holds grants yours does not `
+      + `(a client ${rule} only clients that hold no more than it does).`);
+  }
+  if (!edit) return null;
+  const said = h("p", { role: "status", class: "status" });
+  let form = null;
+  const open = h("button", { type: "button", class: "secondary", "aria-label": `Edit client ${c.principal}`,
+    onclick: () => {
+      said.textContent = "";
+      form = clientForm(c, { saved, cancelled: close, changed: show });
+      facts.hidden = open.hidden = true;
+      facts.after(form);
+      form.querySelector("input").focus();
+    } }, "Edit client");
+  function close() {
+    form.remove();
+    facts.hidden = open.hidden = false;
+    open.focus();
+  }
+  async function saved(updated) {
+    Object.assign(c, updated);
+    show();
+    close();
+    said.textContent = `Saved client ${c.principal}.`;
+    if (!signedInAs(c)) return;
+    // Its own grants changed: what the console offers, here and elsewhere, may have too.
+    try {
+      viewer = await loadViewer(token.get());
+    } catch (error) {
+      said.replaceChildren(problem(error));
+      return;
+    }
+    flash = `Saved client ${c.principal}, the one you are signed in as: the console now offers what its new `
+      + "policies allow.";
+    renderNav();
+    await route();
+  }
+  return h("div", {}, open, said);
+}
+
+const UPDATE_CLIENT = `mutation($p: String!, $a: UUID, $input: ClientUpdateInput!) {
+  updateClient(principal: $p, accountId: $a, input: $input) { ${CLIENT} } }`;
+const READ_CLIENT = `query($p: String!, $a: UUID) { client(principal: $p, accountId: $a) { ${CLIENT} } }`;
+const capital = (text) => text.charAt(0).toUpperCase() + text.slice(1).replace(/\.?$/, ".");
+
+// The form editing client `c`, prefilled. It saves name and policies in one updateClient, with
+// the `modified` it was filled from: a change made meanwhile is refused (CONFLICT), never
+// overwritten unseen. What the server refuses is said at its field, or above the buttons, and
+// the form stays open with what was typed. `changed(c)` redraws the client behind the form.
+function clientForm(c, { saved, cancelled, changed }) {
+  let base = c.modified;
+  let busy = false;
+  const name = h("input", { type: "text", value: c.name, required: true, maxlength: 200, autocomplete: "off" });
+  const nameField = field("Name", name);
+  name.addEventListener("input", () => nameField.showError(""));
+  const editor = policyEditor(c.policies);
+  const outcome = h("div", { class: "status" });
+  const save = h("button", { type: "submit" }, "Save changes");
+  const title = h("h3", { id: `edit-${Math.random().toString(36).slice(2)}` }, `Edit client ${c.principal}`);
+  const say = (...text) => outcome.replaceChildren(h("div", { class: "error", role: "alert" }, ...text));
+
+  async function refused(error) {
+    const m = (error instanceof ApiError && error.message) || "";
+    let x;
+    switch (error instanceof ApiError ? error.code : null) {
+      case "BAD_REQUEST":
+        // "policies[1].resources: 'x' matches no known resource ..." names the field.
+        x = /^policies\[(\d+)\]\.(effect|actions|resources):? ([\s\S]*)$/.exec(m);
+        if (x && editor.showError(Number(x[1]), x[2], capital(x[3]))) {
+          const what = { effect: "effect", actions: "verbs", resources: "resources" }[x[2]];
+          return say(`Not saved: correct the ${what} of policy ${Number(x[1]) + 1}.`);
+        }
+        if (/^client name\b/.test(m)) {
+          nameField.showError(capital(m));
+          name.focus();
+          return say("Not saved: correct the name.");
+        }
+        return say(`Not saved: ${capital(m)}`);
+      case "ACCESS_DENIED":
+        x = /^the policies given to client .* allow (.+), which this client does not hold/.exec(m);
+        if (x) {
+          return say(`Not saved: these policies would give ${x[1]}, which your token does not hold. A client `
+            + "can give only grants it holds: remove those, or ask someone whose token holds them.");
+        }
+        x = /^client .* holds (.+), which this client does not hold/.exec(m);
+        if (x) {
+          return say(`Not saved: this client now holds ${x[1]}, which your token does not, so your token `
+            + "cannot change it. Someone may have given it more since this page loaded.");
+        }
+        return say(`Not saved. ${error.sentence}`);
+      case "NOT_FOUND":
+        return say(`Not saved: client ${c.principal} no longer exists; someone may have deleted it.`);
+      case "CONFLICT": {
+        // Another transaction at the same moment: nothing to show, saving again may pass.
+        if (!/^client .* was changed at /.test(m)) return say(`Not saved. ${error.sentence}`);
+        // Changed since the form was filled: shown as it is now, so saving again is a choice.
+        let now;
+        try {
+          now = (await gql(READ_CLIENT, { p: c.principal, a: c.accountId })).client;
+        } catch (again) {
+          return say("Not saved: someone changed this client after you opened this form. ", problem(again));
+        }
+        if (!now) return say(`Not saved: client ${c.principal} no longer exists; someone deleted it.`);
+        base = now.modified;
+        Object.assign(c, now);
+        changed(c);
+        return say(h("p", {}, "Not saved: someone changed this client after you opened this form. It is now:"),
+          h("p", {}, "Name: ", h("strong", {}, now.name)),
+          h("ul", {}, now.policies.map((p) => h("li", { class: "mono" }, policyText(p)))),
+          h("p", {}, "Your edits are still in the form. Save changes to replace what it holds now with them, or "
+            + "Cancel to keep it as it is."));
+      }
+      default:
+        return outcome.replaceChildren(problem(error));
+    }
+  }
+
+  const form = h("form", { class: "client-edit", "aria-labelledby": title.id, onsubmit: async (e) => {
+    e.preventDefault();
+    if (busy) return;
+    nameField.showError("");
+    editor.clearErrors();
+    outcome.replaceChildren();
+    if (!name.value.trim()) {
+      nameField.showError("Give the client a name.");
+      name.focus();
+      return;
+    }
+    const problems = editor.problems();
+    if (problems.length) {
+      problems.reverse().forEach(([i, key, message]) => editor.showError(i, key, message));  // focus: the first
+      return say(problems.length === 1 ? "Not saved: correct the field marked below."
+        : `Not saved: correct the ${problems.length} fields marked below.`);
+    }
+    busy = save.disabled = true;
+    try {
+      const input = { name: name.value, policies: editor.value(), expectedModified: base };
+      const data = await gql(UPDATE_CLIENT, { p: c.principal, a: c.accountId, input });
+      await saved(data.updateClient);
+    } catch (error) {
+      await refused(error);
+    } finally {
+      busy = save.disabled = false;
+      if (form.isConnected && document.activeElement === document.body) save.focus();
+    }
+  } }, title,
+  signedInAs(c) ? h("p", { class: "notice" }, "This is the client you are signed in as: grants you take from it, "
+    + "this console loses as soon as you save.") : null,
+  nameField, editor.element, outcome, save,
+  h("button", { type: "button", class: "secondary", onclick: () => busy || cancelled() }, "Cancel"));
+  form.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && !busy) {
+      e.preventDefault();
+      cancelled();
+    } else if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+      form.requestSubmit();  // from a text area, where Enter makes a new line
+    }
+  });
+  return form;
 }
 
 // ---------------------------------------------------------------- routing
@@ -948,6 +1125,11 @@ async function route() {
   }
   clear(main);
   append(main, [content]);
+  if (flash) {
+    const heading = main.querySelector("h1");
+    if (heading) heading.after(h("p", { class: "notice", role: "status" }, flash));
+    flash = null;
+  }
   main.removeAttribute("aria-busy");
   const heading = main.querySelector("h1");
   if (heading && document.activeElement === document.body) heading.focus();
