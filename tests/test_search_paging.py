@@ -107,6 +107,15 @@ async def test_search_memories_refuses_a_cursor_of_another_kind(
         result = await gql(admin, PAGE, a=a, q=q, first=1, after=after)
         assert result.codes == ["BAD_REQUEST"], (q, after)
         assert "`after`" in result.errors[0]["message"]
+    # A ranked search's cursor pages that search only: not another query's, nor another mode's
+    # (it would start another ranking at a place it never reached).
+    after = ranked["pageInfo"]["endCursor"]
+    for q, mode in (("record", None), ("customer", "VECTOR"), ("customer ", "LEXICAL")):
+        result = await gql(admin, PAGE, a=a, q=q, mode=mode, first=1, after=after)
+        assert result.codes == ["BAD_REQUEST"], (q, mode)
+        assert "with the same query, mode and filters" in result.errors[0]["message"]
+    same = await gql(admin, PAGE, a=a, q=" customer ", mode="HYBRID", first=1, after=after)
+    assert len(same.ok()["action"]["searchMemories"]["edges"]) == 1
 
 
 @pytest.mark.parametrize("mode", ["LEXICAL", "VECTOR"])

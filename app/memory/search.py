@@ -93,6 +93,8 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   LARGE_AGENT_RECORDS or more) is set by the statement itself, for its own transaction.
 """
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -226,7 +228,8 @@ async def search(
         cursors = [_encode(r) for r in page]
         return SearchResult(page, cursors[-1] if more else None, cursors=cursors)
 
-    position = _decode_ranked(after)
+    key = _search_key(mode, query, filters)
+    position = _decode_ranked(after, key)
     if limit == 0:
         return SearchResult([])
     vector, tokens = None, 0
@@ -246,7 +249,7 @@ async def search(
         )
         records, plan = await ranked(pool, reader, filters, ranking)
     depth = position.depth if position else 0
-    cursors = [_encode_ranked(r, depth + i + 1) for i, r in enumerate(records)]
+    cursors = [_encode_ranked(key, r, depth + i + 1) for i, r in enumerate(records)]
     return SearchResult(records, None, tokens, plan, cursors)
 
 
@@ -433,13 +436,13 @@ LISTING = cursors.Keyset(
     error="`after` is not a cursor a search issued: pass the previous page's next cursor",
 )
 RANKED = cursors.Keyset(
-    cursors.constant("ranked"),
+    cursors.TEXT,  # the search it belongs to (`_search_key`)
     cursors.SCORE,
     cursors.INSTANT_TEXT,
     cursors.ID_TEXT,
     cursors.COUNT,
     error="`after` is not a cursor a search with this query issued: pass the cursor of the "
-    "last record of the previous page, with the same query",
+    "last record of the previous page, with the same query, mode and filters",
 )
 
 
@@ -457,16 +460,27 @@ class _Position:
     depth: int  # how many records the pages before held
 
 
-def _encode_ranked(last: MemoryRecord, depth: int) -> str:
+def _search_key(mode: str, query: str, filters: Filters) -> str:
+    """What a ranked search's cursors belong to, digested: its mode, query and filters. A
+    cursor passed with another search would page that one from a place it never reached."""
+    labels = sorted((filters.labels or {}).items())
+    ids = sorted(map(str, filters.ids)) if filters.ids is not None else None
+    spelled = json.dumps([mode, query, filters.kind, labels, ids], ensure_ascii=False)
+    return "ranked:" + hashlib.sha256(spelled.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _encode_ranked(key: str, last: MemoryRecord, depth: int) -> str:
     score = last.score if last.score is not None else 0.0
-    return RANKED.encode("ranked", score, last.created, last.memory_id, depth)
+    return RANKED.encode(key, score, last.created, last.memory_id, depth)
 
 
-def _decode_ranked(after: str | None) -> _Position | None:
+def _decode_ranked(after: str | None, key: str) -> _Position | None:
     values = RANKED.decode(after)
     if values is None:
         return None
-    _, score, created, memory_id, depth = values
+    issued_for, score, created, memory_id, depth = values
+    if issued_for != key:
+        raise BadInput(RANKED.error)
     position = _Position((score, created, memory_id), depth)
     if position.depth >= MAX_DEPTH:
         raise BadInput(
