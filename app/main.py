@@ -125,6 +125,14 @@ class _Guard:
                 "BAD_REQUEST",
                 'send a JSON object such as {"query": "{ viewer { principal } }"}',
             ), body
+        for name, kind, what in (
+            ("operationName", str, "a string"),
+            ("variables", dict, "an object"),
+            ("extensions", dict, "an object"),
+        ):
+            value = payload.get(name)
+            if value is not None and not isinstance(value, kind):
+                return _error(400, "BAD_REQUEST", f"{name} must be {what} or null"), body
         try:
             check_body(payload, settings.max_json_depth)
         except DomainError as e:

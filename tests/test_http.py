@@ -301,6 +301,26 @@ async def test_variables_not_an_object(http):
     assert error_code(response) == "BAD_REQUEST"
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("operationName", 5, "operationName must be a string or null"),
+        ("operationName", ["Q"], "operationName must be a string or null"),
+        ("extensions", "x", "extensions must be an object or null"),
+        ("variables", "{}", "variables must be an object or null"),
+    ],
+)
+async def test_request_fields_of_the_wrong_type_are_refused_by_name(http, field, value, said):
+    """(`operationName: 5` was read as the name "5".)"""
+    payload = {"query": "query Q { viewer { principal } }", field: value}
+    response = await http.post("/graphql", json=payload, headers=ADMIN)
+    assert response.status_code == 400
+    assert error_code(response) == "BAD_REQUEST"
+    assert said in response.json()["errors"][0]["message"]
+    named = {"query": "query Q { viewer { principal } }", "operationName": "Q", "extensions": None}
+    assert (await http.post("/graphql", json=named, headers=ADMIN)).json()["data"]["viewer"]
+
+
 async def test_query_at_the_depth_limit_is_served(http):
     response = await post(http, "{ actions(first: 1) { pageInfo { hasNextPage } } }")
     assert response.status_code == 200
