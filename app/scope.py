@@ -5,6 +5,7 @@ names a session."""
 from enum import StrEnum
 
 from app.errors import BadInput
+from app.text import check_one_line
 
 MAX_SESSION_ID = 200
 
@@ -34,6 +35,8 @@ def check_session_id(session_id: str | None) -> None:
     not all white space (None: no session)."""
     if session_id is not None and (not session_id.strip() or len(session_id) > MAX_SESSION_ID):
         raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters, not blank")
+    if session_id is not None:
+        check_one_line(session_id, "sessionId")
 
 
 def as_harness(scopes: "tuple[Scope, ...]") -> str:

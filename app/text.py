@@ -96,6 +96,26 @@ def check_json(value: Any, where: str, max_depth: int | None = None, root: str =
             )
 
 
+# What a name or an ID, shown on one line, may not hold: controls (line breaks included), the
+# line and paragraph separators, bidi embeddings, overrides and isolates, the zero-width space
+# and the BOM. (The zero-width joiners and the left/right marks stay: scripts and emoji need them.)
+_NOT_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200b\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def check_one_line(text: str, field: str) -> str:
+    """A name or an ID a client gives: refused with BAD_REQUEST naming the field and the
+    character when it holds one that breaks or disguises the line it is shown on (a console,
+    a log, a model's context), or cannot be stored."""
+    check_storable(text, field)
+    match = _NOT_ONE_LINE.search(text)
+    if match is not None:
+        raise BadInput(
+            f"{field} contains U+{ord(match.group()):04X} at position {match.start()}; a name or"
+            " ID holds no control, line break, bidi override or zero-width space"
+        )
+    return text
+
+
 def for_model(text: str) -> str:
     """Text shown to a model as data: controls and bidi/zero-width characters removed."""
     return _DISGUISING.sub("", storable(text))

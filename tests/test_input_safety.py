@@ -141,6 +141,43 @@ async def test_nul_in_a_string_input_is_bad_request_naming_it(
     assert field.lstrip("$") in message
 
 
+CREATE_CLIENT = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+CREATE_ACCOUNT = "mutation($i: AccountInput!) { createAccount(input: $i) { accountId } }"
+# Names and session IDs are shown on one line (the console, the log, a model's context).
+ONE_LINE_INPUTS = {
+    "client name": (
+        CREATE_CLIENT,
+        {"i": {"principal": "p1", "name": "ok\x1b[31m red", "policies": []}},
+        "client name contains U+001B at position 2",
+    ),
+    "account name": (CREATE_ACCOUNT, {"i": {"name": "one\ntwo"}}, "account name contains U+000A"),
+    "action name": (CREATE, {"i": {"name": "a\u202egnp.exe"}}, "name contains U+202E"),
+    "execute session": (
+        EXECUTE,
+        {"i": {"sessionId": "s\u2028t", "input": "hi"}},
+        "sessionId contains U+2028",
+    ),
+    "memory session": (ADD, {"i": memory(sessionId="s\x07")}, "sessionId contains U+0007"),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_LINE_INPUTS))
+async def test_a_name_or_session_id_that_would_break_its_line_is_bad_request(
+    http: httpx.AsyncClient, action_id: str, case: str
+) -> None:
+    query, variables, said = ONE_LINE_INPUTS[case]
+    if "$a" in query:
+        variables = {"a": action_id, **variables}
+    if query == EXECUTE:
+        variables["i"]["actionId"] = action_id
+    message = refused(await http.post("/graphql", json={"query": query, "variables": variables}))
+    assert said in message, message
+    # Scripts that need joiners and marks are names like any other.
+    fine = "\u0645\u06cc\u200c\u0631\u0648\u0645 \U0001f468\u200d\U0001f469\u200e"
+    named = await http.post("/graphql", json={"query": CREATE, "variables": {"i": {"name": fine}}})
+    assert named.json()["data"]["createAction"]["actionId"]
+
+
 async def test_nul_in_a_literal_argument_or_default_is_bad_request(
     http: httpx.AsyncClient,
 ) -> None:

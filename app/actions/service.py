@@ -17,6 +17,7 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.config import Settings
 from app.errors import BadInput, NotFound
+from app.text import check_one_line
 
 MAX_INSTRUCTIONS = 64 * 1024
 MAX_EXTRACTION_PROMPT = 16 * 1024  # the review's prompt: about 4,000 tokens at most
@@ -84,6 +85,7 @@ def _values(
     name = name.strip()
     if not name or len(name) > 200:
         raise BadInput("name must be 1 to 200 characters")
+    check_one_line(name, "name")
     if len(instructions.encode()) > MAX_INSTRUCTIONS:
         raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
     # Checked when written, not when a stored version is read (one written before the limit

@@ -17,6 +17,7 @@ from app.auth import resources, store, verified
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES, parse_policies
 from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
+from app.text import check_one_line
 
 ADMIN_PRINCIPAL = "admin"
 TOKEN_PREFIX = "eng_"
@@ -43,7 +44,7 @@ def _check_name(name: str, what: str) -> str:
     name = name.strip()
     if not name or len(name) > 200:
         raise BadInput(f"{what} name must be 1 to 200 characters")
-    return name
+    return check_one_line(name, f"{what} name")
 
 
 @dataclass(frozen=True)
