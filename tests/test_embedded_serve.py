@@ -143,17 +143,7 @@ def test_a_killed_embedded_server_is_started_again(root: Path) -> None:
         served.wait_healthy(url)
         [admin] = served.admin_tokens()
         assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
-        killed = _postmaster(pgdata)
-        assert killed is not None
-        os.kill(killed, signal.SIGKILL)
-
-        def restarted() -> bool:
-            assert served.proc.poll() is None, served.log.read_text()
-            return _postmaster(pgdata) not in (None, killed)
-
-        wait_until(restarted, "the embedded server started again", 120, every=0.2)
-        served.wait_healthy(url, timeout=60)
-        assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+        _kill_and_see_it_restarted(served, pgdata, url, admin, 120)
         # The supervisor logs once the library's start returns, which may be after the server
         # already answers.
         wait_until(lambda: _restarts(served), "the restart logged", 60, every=0.2)
@@ -178,22 +168,31 @@ def test_a_killed_server_nobody_else_reaps_is_started_again(root: Path) -> None:
     try:
         served.wait_healthy(url)
         [admin] = served.admin_tokens()
-        killed = _postmaster(pgdata)
-        assert killed is not None
-        os.kill(killed, signal.SIGKILL)
-
-        def restarted() -> bool:
-            assert served.proc.poll() is None, served.log.read_text()
-            return _postmaster(pgdata) not in (None, killed)
-
-        wait_until(restarted, "the embedded server started again", 60, every=0.2)
-        served.wait_healthy(url, timeout=60)
-        assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+        killed = _kill_and_see_it_restarted(served, pgdata, url, admin, 60)
         assert not psutil.pid_exists(killed)  # reaped
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
         served.kill()
     assert _server_processes(pgdata) == []
+
+
+def _kill_and_see_it_restarted(
+    served: Served, pgdata: Path, url: str, admin: str, seconds: float
+) -> int:
+    """Kills the postmaster (SIGKILL), waits for another one and for GraphQL to answer again;
+    returns the killed one's PID."""
+    killed = _postmaster(pgdata)
+    assert killed is not None
+    os.kill(killed, signal.SIGKILL)
+
+    def restarted() -> bool:
+        assert served.proc.poll() is None, served.log.read_text()
+        return _postmaster(pgdata) not in (None, killed)
+
+    wait_until(restarted, "the embedded server started again", seconds, every=0.2)
+    served.wait_healthy(url, timeout=60)
+    assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
+    return killed
 
 
 def _restarts(served: Served) -> list[str]:
