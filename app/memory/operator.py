@@ -196,6 +196,15 @@ async def _answered(
     return views
 
 
+async def _answered_meanwhile(
+    pool: asyncpg.Pool, caller: Caller, action_id: UUID, key: Key | None
+) -> list[MemoryView] | None:
+    """For a write refused once its key was found new: the first request's answer when one with
+    the same key committed meanwhile, whose replacement made this one's stale (the key's
+    promise is that request's answer, not the refusal)."""
+    return None if key is None else await _answered(pool, caller, action_id, key)
+
+
 async def delete_memory(
     pool: asyncpg.Pool,
     caller: Caller,
@@ -415,7 +424,12 @@ async def add_memory(
     )
     labels = _label_keys(action.harness.memory, memory.labels)
     work = MemoryWork(pool, embedder, writer)
-    new_id = (await work.add(_new_memory(memory, labels)))[0].memory_id
+    try:
+        new_id = (await work.add(_new_memory(memory, labels)))[0].memory_id
+    except BadInput:
+        if (answered := await _answered_meanwhile(pool, caller, action_id, key)) is not None:
+            return answered[0]
+        raise
 
     def answer(written: list[MemoryRecord]) -> dict[str, Any]:
         version = next(r.version for r in written if r.memory_id == new_id)
@@ -505,7 +519,12 @@ async def add_memories(
             raise BadInput(f"inputs[{i}].labels: {e.message}") from None
         new_memories.append(_new_memory(memory, labels))
     work = MemoryWork(pool, embedder, writer)
-    ids = await work.add_many(new_memories)
+    try:
+        ids = await work.add_many(new_memories)
+    except BadInput:
+        if (answered := await _answered_meanwhile(pool, caller, action_id, key)) is not None:
+            return answered
+        raise
     written = await _commit_write(
         pool,
         caller,

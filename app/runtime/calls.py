@@ -344,7 +344,8 @@ async def call_tool(
     native tool the agent does not offer is the tool's refusal, recorded as a FAILED execution.
     `action`: the agent as `load_place` found it for this request, else it is looked up."""
     # Python's JSON (the MCP SDK's) reads NaN, Infinity and 1e400, which no JSON column stores.
-    check_json(arguments, "the arguments", root="arguments")
+    # (Text is made storable, as the tools make a model's: only numbers are refused here.)
+    check_json(storable_json(arguments), "the arguments", root="arguments")
     if action is None:
         action = await load_place(state, caller, place)
     offered = [t["function"]["name"] for t in offered_tools(state, action, place)]
