@@ -687,8 +687,11 @@ def _unreachable(settings: Settings, error: Exception) -> str:
         info = conninfo_to_dict(url)
     except ProgrammingError:
         return f"engram: ENGRAM_DATABASE_URL cannot be read as a PostgreSQL URL: {reason}"
-    if info.get("password"):
-        reason = reason.replace(str(info["password"]), "***")
+    password = str(info.get("password") or "")
+    if password and re.search(rf"(?<![^\W_]){re.escape(password)}(?![^\W_])", reason):
+        # Not masked in place: a short password masked inside the message's words ("c***necti***
+        # refused") would spell itself.
+        reason = "(the driver's message is not shown: it holds the password)"
     where = f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
     return f"engram: cannot connect to the database at {where} (ENGRAM_DATABASE_URL): {reason}"
 

@@ -365,6 +365,21 @@ def test_an_unreachable_database_is_one_line_naming_the_host_not_the_password(ar
     assert "(ENGRAM_DATABASE_URL)" in line
 
 
+def test_a_short_password_is_neither_shown_nor_spelled_by_masking():
+    """("on" masked inside the message's words read "c***necti*** refused".) A password inside
+    the driver's words is no password there; one that stands as a word of its own withholds
+    the message."""
+    lines = {}
+    for password in ("nec", "on"):
+        url = f"postgresql://engram:{password}@127.0.0.1:{free_port()}/engram"
+        (lines[password],) = run(clean_env(database_url=url), "migrate").stderr.splitlines()
+    for line in lines.values():
+        assert "***" not in line, line
+        assert line.startswith("engram: cannot connect to the database at 127.0.0.1:"), line
+    assert "Connection refused" in lines["nec"]
+    assert lines["on"].endswith("(the driver's message is not shown: it holds the password)")
+
+
 def test_a_database_that_never_answers_is_given_up_on_in_seconds():
     """A server that accepts the connection and never answers (or a firewall that drops it)
     would hold the command for the system's TCP timeout: 10 s, then one line, status 2."""
