@@ -497,6 +497,11 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     for index, column, value, said in [
         (memories[0], "labels", [1, 2], "labels are not text values by label number"),
         (memories[0], "labels", {"abc": "x"}, "labels are not text values by label number"),
+        # A digit to Python, not the key "5" that label filters read.
+        (memories[0], "labels", {"\uff15": "x"}, "labels are not text values by label number"),
+        (memories[0], "summary", "two\nlines", "summary must be one line"),
+        (memories[0], "summary", "s" * 600, "summary is 600 bytes"),
+        (memories[0], "content", 7, "its summary and content are not text"),
         (memories[0], "modified", "-infinity", "modified is not a time"),
         (version, "harness", {"memory": {"enabled": "yes"}}, "harness.memory.enabled"),
     ]:
@@ -512,5 +517,5 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     row = json.loads(plain[first])
     row["row"]["summary"] = 12345
     plain[first] = json.dumps(row)
-    with pytest.raises(BadInput, match="has no summary and content as text"):
+    with pytest.raises(BadInput, match="its summary and content are not text"):
         await load(second, target_admin.account_id, plain)

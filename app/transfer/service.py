@@ -31,6 +31,7 @@ from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
+from app.memory.service import check_content, check_summary
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.text import is_storable
 from app.transfer import store
@@ -204,10 +205,20 @@ def _check_row(kind: str, row: dict[str, Any], number: int) -> None:
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
-                key.isdigit() and int(key) in LABEL_NUMBERS and isinstance(value, str)
+                key.isascii()  # "５" is a digit to Python, not the key "5" reads find
+                and key.isdigit()
+                and int(key) in LABEL_NUMBERS
+                and isinstance(value, str)
                 for key, value in labels.items()
             ):
                 raise ValueError("labels are not text values by label number (5 to 18)")
+            # The API's rules for a record's text: one line of summary, bounded text.
+            summary, content = row.get("summary"), row.get("content")
+            if not isinstance(summary, str) or not isinstance(content, str | None):
+                raise ValueError("its summary and content are not text")
+            check_summary(summary)
+            if content is not None:
+                check_content(content)
         if kind == "action_version":
             for column, parse in (("harness", parse_harness), ("model", parse_model)):
                 value = row.get(column)
