@@ -30,13 +30,13 @@ class Scope(StrEnum):
         return cls.__members__.get(name.upper()) if isinstance(name, str) else None
 
 
-def check_session_id(session_id: str | None) -> None:
+def check_session_id(session_id: str | None, field: str = "sessionId") -> None:
     """A session ID, from a turn, an MCP request or an operator's write: 1 to 200 characters,
-    not all white space (None: no session)."""
+    not all white space, one line (None: no session). `field`: how the caller named it."""
     if session_id is not None and (not session_id.strip() or len(session_id) > MAX_SESSION_ID):
-        raise BadInput(f"sessionId must be 1 to {MAX_SESSION_ID} characters, not blank")
+        raise BadInput(f"{field} must be 1 to {MAX_SESSION_ID} characters, not blank")
     if session_id is not None:
-        check_one_line(session_id, "sessionId")
+        check_one_line(session_id, field)
 
 
 def as_harness(scopes: "tuple[Scope, ...]") -> str:

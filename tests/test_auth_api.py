@@ -428,9 +428,7 @@ async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, sta
     authenticated = await service.authenticate(state.pool, f"Bearer {token}")
     narrowed = {"policies": [client_admin]}
     (
-        await gql(
-            admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed
-        )
+        await gql(admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed)
     ).ok()
 
     for operation, variables in (
@@ -453,11 +451,37 @@ async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, sta
     assert await token_count(state, account, "reader") == 0
     # What it still holds it still manages.
     (await gql(authenticated, UPDATE_CLIENT, principal="plain", input={"name": "Plainer"})).ok()
+    # Nor may it still do what it may no longer do at all.
+    reads_clients = {"policies": [see_clients]}
+    (
+        await gql(
+            admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=reads_clients
+        )
+    ).ok()
+    result = await gql(authenticated, UPDATE_CLIENT, principal="plain", input={"name": "Later"})
+    assert result.codes == ["ACCESS_DENIED"], result.errors
+    assert "UPDATE financial.Client.document" in result.errors[0]["message"]
+    (
+        await gql(admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed)
+    ).ok()
+    # A token revoked meanwhile acts no more.
+    assert authenticated.token_id is not None
+    await service.revoke_client_token(
+        state.pool, admin, account_id=account, principal="manager", token_id=authenticated.token_id
+    )
+    result = await gql(authenticated, UPDATE_CLIENT, principal="plain", input={"name": "Later"})
+    assert result.codes == ["UNAUTHENTICATED"], result.errors
     # A client deleted meanwhile changes nothing with the token it had.
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="manager"
+    )
+    authenticated = await service.authenticate(state.pool, f"Bearer {token}")
     (await gql(admin, DELETE_CLIENT, principal="manager", accountId=str(account))).ok()
     result = await gql(authenticated, CREATE_TOKEN, principal="plain")
     assert result.codes == ["UNAUTHENTICATED"], result.errors
     assert await token_count(state, account, "plain") == 0
+    clients = await service.list_clients(state.pool, admin, account_id=account, after=None, limit=9)
+    assert {c.principal: c.name for c in clients}["plain"] == "Plainer"
 
 
 async def test_two_clients_changing_each_other_at_once_both_succeed(gql, state, admin):
@@ -489,9 +513,7 @@ async def test_a_deadlock_is_a_conflict_to_retry_not_an_internal_error(gql, stat
     for principal in ("a", "b"):
         data = {"principal": principal, "name": principal, "policies": [EVERYTHING]}
         (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
-    token = await service.create_client_token(
-        state.pool, admin, account_id=account, principal="a"
-    )
+    token = await service.create_client_token(state.pool, admin, account_id=account, principal="a")
     a = await service.authenticate(state.pool, f"Bearer {token}")
     lock = "SELECT FROM clients WHERE account_id = $1 AND principal = $2 FOR UPDATE"
     async with state.pool.acquire() as other, other.transaction():

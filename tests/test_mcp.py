@@ -366,7 +366,7 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
         assert (await post(f"/mcp/{action_id}?session=Jos%C3%A9", agent)).status_code == 200
         broken = await post(f"/mcp/{action_id}?session=a%0Ab", agent)
         assert broken.status_code == 400
-        assert "sessionId contains U+000A" in broken.json()["error"]["message"]
+        assert "?session= parameter contains U+000A" in broken.json()["error"]["message"]
     # The SDK's client reports the message.
     for url, token, said in [
         (mcp_url(base_url, action_id), stranger, "not found"),

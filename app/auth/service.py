@@ -16,6 +16,7 @@ import asyncpg
 from app.auth import resources, store, verified
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES, parse_policies
+from app.auth.resources import Grant
 from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
 from app.text import check_one_line
 
@@ -69,12 +70,17 @@ def covers_client(caller: Caller, *, client: Client) -> bool:
 
 
 async def _as_now(
-    conn: asyncpg.Connection, caller: Caller, account_id: UUID, principal: str | None = None
+    conn: asyncpg.Connection,
+    caller: Caller,
+    grant: Grant,
+    account_id: UUID,
+    principal: str | None = None,
 ) -> tuple[Caller, asyncpg.Record | None]:
-    """The caller with its policies as its client's row holds them now, and the row of client
-    `principal` (None: no other), both locked until the transaction ends (`lock_clients`). A
-    request's caller is read when it authenticates, or up to a second before from memory
-    (verified.py): a grant an administrator has since taken from it must not be passed on. A
+    """The caller with its policies as its client's row holds them now, holding `grant` (the
+    operation's own), and the row of client `principal` (None: no other), both locked until
+    the transaction ends (`lock_clients`), and the caller's token too. A request's caller is
+    read when it authenticates, or up to a second before from memory (verified.py): a grant
+    an administrator has since taken from it, or a token revoked meanwhile, must not act. A
     caller made in process (the `engram` command's) is taken as it is."""
     keys = [(account_id, principal)] if principal is not None else []
     if caller.token_id is not None:
@@ -82,21 +88,22 @@ async def _as_now(
     rows = await store.lock_clients(conn, keys) if keys else {}
     if caller.token_id is not None:
         own = rows.get((caller.account_id, caller.principal))
-        if own is None:
-            raise Unauthenticated("the client this API token belongs to no longer exists")
+        if own is None or not await store.lock_token(conn, caller.token_id):
+            raise Unauthenticated("the API token was revoked, or its client deleted, meanwhile")
         caller = replace(caller, policies=parse_policies(own["policies"]))
+        caller.require(grant)
     return caller, rows.get((account_id, principal)) if principal is not None else None
 
 
 async def _lock_covered_client(
-    conn: asyncpg.Connection, caller: Caller, account_id: UUID, principal: str
+    conn: asyncpg.Connection, caller: Caller, grant: Grant, account_id: UUID, principal: str
 ) -> tuple[Caller, asyncpg.Record]:
-    """Locks the client's row for the transaction once the caller (as it is now, `_as_now`) is
-    found to hold every grant it holds, and returns that caller and the row: a client cannot
-    change, or issue a token for, a client with more rights than its own. Deleting a client or
-    revoking a token takes rights away, so it is not checked this way: a client allowed to
-    revoke can revoke a leaked administrator's token."""
-    caller, row = await _as_now(conn, caller, account_id, principal)
+    """Locks the client's row for the transaction once the caller (as it is now, `_as_now`,
+    holding `grant`) is found to hold every grant it holds, and returns that caller and the
+    row: a client cannot change, or issue a token for, a client with more rights than its
+    own. Deleting a client or revoking a token takes rights away, so it is not checked this
+    way: a client allowed to revoke can revoke a leaked administrator's token."""
+    caller, row = await _as_now(conn, caller, grant, account_id, principal)
     if row is None:
         raise NotFound(f"client {principal!r} not found")
     caller.require_covers(parse_policies(row["policies"]), f"client {principal!r} holds")
@@ -267,7 +274,7 @@ async def create_client(
     async with pool.acquire() as conn, conn.transaction():
         if await store.get_account(conn, account_id) is None:
             raise NotFound(f"account {account_id} not found")
-        now, _ = await _as_now(conn, caller, account_id)
+        now, _ = await _as_now(conn, caller, ("INSERT", resources.CLIENT), account_id)
         now.require_covers(given, what)
         row = await store.insert_client(
             conn, account_id, principal, _check_name(name, "client"), parsed
@@ -322,7 +329,9 @@ async def update_client(
     caller.require_covers(given, what)
     parsed = [p.as_json() for p in given] if policies is not None else None
     async with pool.acquire() as conn, conn.transaction():
-        now, current = await _lock_covered_client(conn, caller, account_id, principal)
+        now, current = await _lock_covered_client(
+            conn, caller, ("UPDATE", resources.CLIENT), account_id, principal
+        )
         now.require_covers(given, what)
         if expected_modified is not None and current["modified"] != expected_modified:
             raise Conflict(
@@ -370,7 +379,9 @@ async def issue_client_token(
         raise BadInput(f"expires must be in the future, got {expires.isoformat()}")
     token = new_token()
     async with pool.acquire() as conn, conn.transaction():
-        await _lock_covered_client(conn, caller, account_id, principal)
+        await _lock_covered_client(
+            conn, caller, ("INSERT", resources.CLIENT_TOKEN), account_id, principal
+        )
         row = await store.insert_token(
             conn,
             hash_token(token),

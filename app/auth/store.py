@@ -61,6 +61,14 @@ async def lock_clients(
     return {(r["account_id"], r["principal"]): r for r in rows}
 
 
+async def lock_token(conn: asyncpg.Connection, token_id: UUID) -> bool:
+    """Whether the token still exists, locked against revocation until the transaction ends."""
+    found = await conn.fetchval(
+        "SELECT true FROM client_tokens WHERE token_id = $1 FOR SHARE", token_id
+    )
+    return bool(found)
+
+
 async def insert_client(
     conn: asyncpg.Connection, account_id: UUID, principal: str, name: str, policies: list[Any]
 ) -> Row | None:
@@ -87,7 +95,10 @@ async def update_client(
     row = await conn.fetchrow(
         """
         UPDATE clients
-        SET name = coalesce($3, name), policies = coalesce($4, policies), modified = now()
+        -- The time of the change, not of its transaction's start (which may have waited for
+        -- the row's lock behind a later change): `modified` never goes back.
+        SET name = coalesce($3, name), policies = coalesce($4, policies),
+            modified = greatest(clock_timestamp(), modified)
         WHERE account_id = $1 AND principal = $2
         RETURNING *
         """,

@@ -142,10 +142,17 @@ def input_text(value: Any) -> str:
 
 
 def _check_request(
-    request: TurnRequest, action: ActionVersion, session_param: str = "a sessionId"
+    request: TurnRequest,
+    action: ActionVersion,
+    session_param: str = "a sessionId",
+    *,
+    stored: bool = False,
 ) -> None:
-    """`session_param`: how the caller names a session (MCP: a query parameter)."""
-    check_session_id(request.session_id)
+    """`session_param`: how the caller names a session (MCP: a query parameter). `stored`:
+    the session is one a turn already ran in (a replay's), whose ID was checked when it was
+    given: only the agent's current scope rules apply to it."""
+    if not stored:
+        check_session_id(request.session_id, session_param.removeprefix("a "))
     memory = action.harness.memory
     agent_only = memory.read == memory.write == (RecordScope.AGENT,)
     # Spec: an agent without a session has no session scope, so it must set both to ["agent"].
@@ -305,7 +312,7 @@ async def _start_replay(
         raise NotFound(f"action {request.action_id} not found")
     rerun = TurnRequest(action.action_id, original.session_id, original.input, preview=True)
     # The current version's rules for the original's session (e.g. scopes without a session).
-    _check_request(rerun, action)
+    _check_request(rerun, action, stored=True)
     check_endpoint(action.model, state.settings)
     return action, await _insert_running(state, caller, action, rerun, key=key, replay_of=original)
 
