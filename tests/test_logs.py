@@ -79,11 +79,14 @@ def test_json_logs_carry_the_request_id_sent_back_in_the_header(db_url, tmp_path
         assert answer.headers["x-request-id"] == "json-log-test-1"
         refused = httpx.post(f"{url}/graphql", json={"query": "{ viewer { principal } }"})
         made = refused.headers["x-request-id"]
+        # JSON leaves U+2028, U+2029 and U+0085 as they are, where some readers end a line.
+        assert httpx.get(f"{url}/x%E2%80%A8y%C2%85z").status_code == 404
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
         served.kill()
 
     entries = [json.loads(line) for line in (tmp_path / "stderr.log").read_text().splitlines()]
+    assert "/x\u2028y\x85z" in [e.get("path") for e in entries]
     for entry in entries:
         assert {"time", "level", "logger", "message"} <= entry.keys(), entry
     by_id = {e.get("request_id"): e for e in entries if e["logger"] == "app.access"}

@@ -295,6 +295,8 @@ class EmbeddedPostgres:
                 # Its parent is another process, which this one cannot reap for.
                 pid = _postmaster_pid(self.pgdata)
                 parent = None if pid is None else _parent(pid)
+                if parent is None:  # no process left behind: it started, then stopped again
+                    raise RestartFailed(f"it stopped again at once: {self._last_logged()}")
                 raise RestartFailed(
                     f"its old server process {pid} has not been reaped yet by its parent "
                     f"(process {parent}), and postmaster.pid names it"

@@ -201,11 +201,12 @@ def view(event: Event) -> dict[str, Any]:
 # tool could write one to pass words off as another speaker's. Lines end where a model may
 # read a line break; a line is read as its skeleton (`_skeleton`). It reads as a header
 # whatever marks it (`**turn 1, agent**`, `> turn 1`, `1. turn 1`), however the turn is
-# counted (`turn 9`, `turn IX`, `turn nine`: up to two words) and whatever stands between it
+# counted (`turn 9`, `turn IX`, `turn nine`: up to four words) and whatever stands between it
 # and the speaker (a comma of any script, a colon, nothing).
 _LINE_BREAK = re.compile(r"(\r\n|[\n\r\u2028\u2029])")
 _HEADER = re.compile(
-    r"[\W\d_]*turn(?![^\W\d_])[\W_]*(?:[^\W_]{1,16}[\W_]*){0,2}?(?:user|agent|tool)(?![^\W_])"
+    r"[\W\d_]*(?:[^\W\d_]{1,6}[.):\]][\W_]*)?"  # markup, a list number (`1.`, `ii.`, `b)`)
+    r"turn(?![^\W\d_])[\W_]*(?:[^\W_]{1,16}[\W_]*){0,4}?(?:user|agent|tool)(?![^\W_])"
 )
 # Letters that show nothing (Hangul fillers, the braille blank), beside the categories
 # `_skeleton` drops.
@@ -235,7 +236,9 @@ def _skeleton(line: str) -> str:
     and commas), what shows nothing dropped (format characters such as soft hyphens and bidi
     marks, combining marks, fillers), lower case, look-alike letters read as Latin, without
     surrounding space."""
-    folded = unicodedata.normalize("NFKC", line)
+    # NFKD, not NFKC: a mark stays apart from its letter (NFKC would compose `a` and U+0301 into
+    # `á`, a letter of its own), and is dropped below.
+    folded = unicodedata.normalize("NFKD", line)
     shown = (c for c in folded if unicodedata.category(c) not in _INVISIBLE and c not in _FILLERS)
     return "".join(shown).lower().translate(_LOOK_ALIKES).strip()
 

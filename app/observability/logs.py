@@ -59,6 +59,9 @@ class OutageInOneLine(logging.Filter):
         return True
 
 
+_JSON_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -72,7 +75,9 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        line = json.dumps(entry, default=str, ensure_ascii=False)
+        # JSON leaves these unescaped, and some readers (Python's splitlines) end a line there.
+        return line.translate(_JSON_BREAKS)
 
 
 # What a text line shows escaped: controls but tab (line breaks, NUL, terminal escapes), the
