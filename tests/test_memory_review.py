@@ -702,3 +702,109 @@ async def test_m10_two_turns_at_once_whose_reviews_keep_nothing_both_commit(
     )
     assert [e["status"] for e in ended] == ["SUCCEEDED", "SUCCEEDED"], [e["error"] for e in ended]
     assert all(events(e, "memory.review") for e in ended)  # both reviewed
+
+
+# A hostile model: what it answers the review may fail the review, never the turn.
+
+DEEP = '{"candidates": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+@pytest.mark.parametrize(
+    ("reply", "told"),
+    [
+        # No tool call, text with a lone surrogate: sent back made safe, never as received.
+        ({"content": "I keep \ud800 nothing"}, "call the tool remember exactly once"),
+        # A field of the message no client reads, holding NaN: never sent back.
+        ({"content": "nothing", "extra": {"x_score": float("nan")}}, "exactly once"),
+        # Arguments nested 5,000 deep: refused as malformed, not read by recursion.
+        ({"tool_calls": [("remember", DEEP)]}, "nest deeper than 8 levels"),
+        # A number JSON has not.
+        ({"tool_calls": [("remember", '{"candidates": NaN}')]}, "NaN is not a JSON number"),
+    ],
+    ids=["surrogate", "nan-field", "deep", "nan-number"],
+)
+async def test_m10_a_reply_the_review_cannot_use_is_told_once_and_the_turn_keeps_its_answer(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, reply: dict[str, Any], told: str
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.say("Got it, jazz.")
+    model_server.call_tools(
+        *reply.get("tool_calls", []),
+        purpose="memory",
+        **{k: v for k, v in reply.items() if k != "tool_calls"},
+    )
+    candidates(model_server, {"summary": "Ada likes jazz"})
+    executed = await run(gql, admin, action_id, "I like jazz")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Got it, jazz."
+    first, retry = chat(model_server, "memory")
+    sent_back, telling = retry.body["messages"][-2:]
+    assert sent_back["role"] == "assistant" and "x_score" not in sent_back
+    assert "\ud800" not in json.dumps(retry.body, ensure_ascii=False)
+    assert told in telling["content"]
+    (review,) = reviews(executed)
+    assert told in review["malformed"][0] and "error" not in review
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["summary"] == "Ada likes jazz"
+
+
+async def test_m12_a_decision_naming_no_handle_is_told_once_and_the_turn_keeps_its_answer(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
+    candidates(model_server, {"summary": "Ada lives in Berlin"})
+    decide(model_server, {"candidate": ["c1"], "action": "add"})  # a list: no handle
+    decide(model_server, {"candidate": {"c1": 1}, "action": "replace", "record": "r1"})
+    model_server.say("Noted: Berlin.")
+    executed = await run(gql, admin, action_id, "I moved to Berlin")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Noted: Berlin."
+    (review,) = reviews(executed)
+    assert review["malformed"] == [
+        "decision 1 does not name a candidate handle",
+        "decision 1 does not name a candidate handle",
+    ]
+    assert review["decisions"] == [{"candidate": "c1", "action": "skip", "reason": "no decision"}]
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [old["memoryId"]]
+
+
+async def test_m10_a_review_failing_on_what_it_cannot_parse_is_recorded_and_the_turn_kept(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """`tool_calls: 7` in a review's reply: whatever reading it raises is the review's failure,
+    recorded in its event; the turn commits its answer, and the messages wait for the next
+    review."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.say("Got it, Lisbon.")
+    model_server.say("nothing", purpose="memory", extra={"tool_calls": 7})
+    failed = await run(gql, admin, action_id, "I live in Lisbon")
+    assert failed["status"] == "SUCCEEDED", failed["error"]
+    assert failed["output"] == "Got it, Lisbon."
+    (review,) = reviews(failed)
+    assert "written" not in review
+    assert review.get("error") or len(review.get("malformed", [])) == 2
+
+    candidates(model_server, {"summary": "Ada lives in Lisbon"})
+    later = await run(gql, admin, action_id, "Thanks")
+    (review,) = reviews(later)
+    if "error" in reviews(failed)[0]:  # the messages waited for this review
+        assert review["messages"]["from"]["executionId"] == failed["executionId"]
+    assert len(await memories(gql, admin, action_id)) == 1
+
+
+async def test_m10_a_review_that_cannot_reach_the_database_fails_the_turn_as_it_would(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that is gone is not the review's failure to record: the turn meets it (and
+    fails, to be retried), rather than committing as though only the review had failed."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+
+    async def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(review_module.store, "pending_review", unreachable)
+    model_server.say("Got it.")
+    executed = await run(gql, admin, action_id, "I live in Lisbon")
+    assert executed["status"] == "FAILED"
+    assert reviews(executed) == []

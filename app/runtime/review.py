@@ -20,8 +20,10 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
 5. Stages the writes in the turn's MemoryWork (source EXTRACTION, never pinned), committed with
    the turn; a write the agent's configuration refuses is recorded and skipped.
 
-The review's model calls or embeddings failing never fail the turn: the `memory.review` event
-records the error, and the messages stay unreviewed for the next review. The marks
+The review failing never fails the turn, whatever failed (its model calls, its embeddings, a
+reply it could not read): the `memory.review` event records the error, and the messages stay
+unreviewed for the next review. A database that cannot be reached and a turn that no longer
+runs are the turn's to meet, as without a review. The marks
 (`TurnContext.review_messages`, `.reviewed`) are written by the turn's commit, so a turn that
 fails or rolls back marks nothing and leaves no record. Two turns of a session at once may
 both review an earlier turn: the second to commit then drops its review's records (they would
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from app.actions.harness import MemoryConfig
+from app.db.errors import is_unavailable
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import DomainError
 from app.executions import store
@@ -64,6 +67,9 @@ MESSAGE_CHARS = 4000  # each message as the review reads it; longer ones keep th
 # run of `every: {messages: N}` or of failed reviews, are read in several calls.
 CALL_CHARS = 48_000
 SHOWN_CONTENT_CHARS = 1000  # a record's or candidate's content as the decide call shows it
+# A tool call's arguments nest at most this deep (remember's nest 4 levels: its labels).
+MAX_DEPTH = 8
+PROBLEM_CHARS = 300  # a problem with a reply, as the model is told it and the transcript keeps it
 
 DEFAULT_INSTRUCTIONS = (
     "You review a conversation an agent has had, to keep in its long-term memory what will "
@@ -265,17 +271,65 @@ def _shown(view: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def _brief(text: str, most: int = PROBLEM_CHARS) -> str:
+    return text if len(text) <= most else text[:most] + " …(cut)"
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests deeper than MAX_DEPTH; walked without recursion."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
 def _arguments(completion: Completion, tool: str) -> dict[str, Any]:
     calls = [c for c in completion.tool_calls if c.name == tool]
     if len(calls) != 1:
         raise _Malformed(f"call the tool {tool} exactly once (got {len(calls)} calls of it)")
     try:
-        value = json.loads(calls[0].arguments or "{}")
+        value = json.loads(calls[0].arguments or "{}", parse_constant=_not_a_number)
+    except RecursionError:
+        raise _Malformed(f"the arguments of {tool} nest deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:
         raise _Malformed(f"the arguments of {tool} are not valid JSON ({e})") from None
     if not isinstance(value, dict):
         raise _Malformed(f"the arguments of {tool} must be one JSON object")
+    if _too_deep(value):
+        raise _Malformed(f"the arguments of {tool} nest deeper than {MAX_DEPTH} levels")
     return value
+
+
+def _sent_back(completion: Completion) -> list[dict[str, Any]]:
+    """The reply as the retry sends it back, built from what was parsed of it and made safe
+    for a model (`for_model`): never the raw message, whose text may hold what the request
+    cannot encode (a lone surrogate) and whose other fields anything at all (NaN)."""
+    ids = [for_model(c.id) for c in completion.tool_calls]
+    reply: dict[str, Any] = {"role": "assistant", "content": for_model(completion.content or "")}
+    if ids:
+        reply["tool_calls"] = [
+            {
+                "id": i,
+                "type": "function",
+                "function": {"name": for_model(c.name), "arguments": for_model(c.arguments)},
+            }
+            for i, c in zip(ids, completion.tool_calls, strict=True)
+        ]
+    return [reply]
+
+
+class _TooLarge(ModelFailed):
+    """A review call would send more than the context budget allows."""
 
 
 class Review:
@@ -290,6 +344,7 @@ class Review:
         self.settings = context.state.settings
         self.event: dict[str, Any] = {}
         self.calls = 0
+        self.turns_own: Exception | None = None  # what keeping the turn alive raised
         budget, reserve = budget_of(context.action.model, self.settings.model_context_tokens)
         self.room = budget - reserve  # what one request may send, in tokens
 
@@ -297,11 +352,15 @@ class Review:
         if self.calls:
             # After each model call but the last: the turn's commit, which follows the last,
             # writes the transcript and finds a turn that no longer runs by itself.
-            await self.context.keep_alive()
+            try:
+                await self.context.keep_alive()
+            except Exception as e:
+                self.turns_own = e  # the turn no longer runs: not the review's failure
+                raise
         # No call of the turn, the review's included, sends more than the context budget.
         size = request_tokens(messages, [tool])
         if size > self.room:
-            raise ModelFailed(
+            raise _TooLarge(
                 f"the memory review's call would send {size} tokens, over the {self.room} the "
                 "context budget leaves (model.contextTokens less maxTokens); its messages stay "
                 "for the next review"
@@ -322,20 +381,27 @@ class Review:
         try:
             return parse(_arguments(completion, name), True)
         except _Malformed as e:
-            problem = str(e)
-        retry = [*messages, {**completion.message, "role": "assistant"}]
-        told = f"Your answer could not be used: {problem}. Answer again by calling {name}."
-        ids = [c.id for c in completion.tool_calls]
+            problem = _brief(str(e))
+        self.event.setdefault("malformed", []).append(problem)
+        told = for_model(
+            f"Your answer could not be used: {problem}. Answer again by calling {name}."
+        )
+        retry = [*messages, *_sent_back(completion)]
+        ids = [c["id"] for c in retry[-1].get("tool_calls", [])]
         if ids:
             retry += [{"role": "tool", "tool_call_id": i, "content": told} for i in ids]
         else:
             retry.append({"role": "user", "content": told})
-        self.event.setdefault("malformed", []).append(problem)
-        completion = await self._call(retry, tool)
+        try:
+            completion = await self._call(retry, tool)
+        except _TooLarge:
+            # The reply was too long to send back: dropped, as a second malformed one is.
+            self.event["malformed"].append("not told: the reply is too long to send back")
+            return None
         try:
             return parse(_arguments(completion, name), False)
         except _Malformed as e:
-            self.event["malformed"].append(str(e))
+            self.event["malformed"].append(_brief(str(e)))
             return None
 
     def _candidates(self, value: dict[str, Any], strict: bool) -> list[Candidate]:
@@ -347,11 +413,11 @@ class Review:
             try:
                 found.append(memory_review.candidate(item, self.memory, offers_scope(self.memory)))
             except ValueError as e:
-                problems.append(f"candidate {i + 1}: {e}")
+                problems.append(_brief(f"candidate {i + 1}: {e}"))
         if problems and strict:
-            raise _Malformed("; ".join(problems))
+            raise _Malformed("; ".join(problems[:5]))
         if problems:
-            self.event["dropped"] = problems
+            self.event.setdefault("dropped", []).extend(problems)
         return found
 
     async def run(self, messages: list[Message]) -> list[MemoryRecord]:
@@ -515,17 +581,24 @@ class Review:
                 raise _Malformed("decisions must be a list")
             result: dict[str, dict[str, Any]] = {}
             problems = []
-            for item in items:
-                if not isinstance(item, dict) or item.get("candidate") not in handles:
-                    problems.append(f"{item!r} does not name a candidate handle")
-                elif item.get("action") not in ACTIONS:
-                    problems.append(
-                        f"{item['candidate']}: action must be one of {', '.join(ACTIONS)}"
-                    )
+            for n, item in enumerate(items, 1):
+                handle = item.get("candidate") if isinstance(item, dict) else None
+                if not isinstance(handle, str) or handle not in handles:
+                    problems.append(f"decision {n} does not name a candidate handle")
+                    continue
+                action, record = item.get("action"), item.get("record")
+                if not isinstance(action, str) or action not in ACTIONS:
+                    problems.append(f"{handle}: action must be one of {', '.join(ACTIONS)}")
+                elif action in ("replace", "delete") and not isinstance(record, str):
+                    problems.append(f"{handle}: {action} needs the handle of a shown record")
+                elif not isinstance(item.get("evidence") or "", str):
+                    problems.append(f"{handle}: evidence must be a string")
                 else:
-                    result[item["candidate"]] = item
+                    result[handle] = item
             if problems and strict:
-                raise _Malformed("; ".join(problems))
+                raise _Malformed("; ".join(problems[:5]))
+            if problems:
+                self.event.setdefault("malformed", []).append(_brief("; ".join(problems[:5])))
             return result
 
         return await self._ask(asked, DECIDE_SCHEMA, parse)
@@ -554,7 +627,8 @@ class Review:
                 target = shown.records.get(str(choice.get("record")))
                 if target is None:
                     decision["ignored"] = (
-                        f"record handle {choice.get('record')!r} was not shown; nothing changed"
+                        f"record handle {_brief(repr(choice.get('record')), 80)} was not shown; "
+                        "nothing changed"
                     )
                     continue
                 decision.update(
@@ -625,34 +699,56 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     rows.append((events.TURN_OUTPUT, {"output": context.output}, now))
     current = _messages(rows, e.execution_id, e.turn)
     context.review_messages = len(current)
-    every = context.action.harness.memory.extraction_every_messages
-    pending = await _pending(context)
-    if every is not None and sum(p["review_messages"] for p in pending) + len(current) < every:
-        return
-    earlier = await _earlier(context, pending)
-    ids = [p["execution_id"] for p in pending]
     review = Review(context, client)
     mark = context.work.mark()
+    messages = current
+    pending: list[Any] = []
     try:
-        written = await review.run(earlier + current)
-    except (ModelFailed, EmbeddingFailed) as failure:
-        # What it staged before failing goes too: its messages wait for the next review whole.
-        async with context.state.pool.acquire() as conn:
-            await context.work.discard_since(conn, mark)
-        if isinstance(failure, EmbeddingFailed):
-            # The deployment's provider's words name its endpoint: the log has them (as a
-            # tool's failed embedding, app/runtime/tools.py).
-            log.warning(
-                "turn %s: the memory review's embedding failed: %s", e.execution_id, failure
-            )
-            review.event["error"] = "the embedding model failed (logged by the service)"
-        else:
-            review.event["error"] = str(failure)
-        review.event.setdefault("messages", _range(earlier + current))
-        context.transcript.add(events.MEMORY_REVIEW, review.event)
+        every = context.action.harness.memory.extraction_every_messages
+        pending = await _pending(context)
+        if every is not None and sum(p["review_messages"] for p in pending) + len(current) < every:
+            return
+        messages = await _earlier(context, pending) + current
+        written = await review.run(messages)
+    except Exception as failure:
+        # A review that fails never fails the turn, whatever failed (a model's reply Engram
+        # could not read included): but the turn's own end (it no longer runs) and a database
+        # that is gone are the turn's to meet, as they would be without a review.
+        if failure is review.turns_own or is_unavailable(failure):
+            raise
+        await _failed(context, review, mark, failure, messages)
         return
     review.event["written"] = versions(written)
     context.transcript.add(events.MEMORY_REVIEW, review.event)
-    context.reviewed = [*ids, e.execution_id]
+    context.reviewed = [*(p["execution_id"] for p in pending), e.execution_id]
     if written:
         context.review_written = (mark, review.event["written"])
+
+
+async def _failed(
+    context: "TurnContext",
+    review: Review,
+    mark: tuple[int, int, int],
+    failure: Exception,
+    messages: list[Message],
+) -> None:
+    """Records the review's failure in its event; what it staged goes too, so its messages
+    wait for the next review whole."""
+    assert context.work is not None
+    async with context.state.pool.acquire() as conn:
+        await context.work.discard_since(conn, mark)
+    e = context.execution
+    if isinstance(failure, EmbeddingFailed):
+        # The deployment's provider's words name its endpoint: the log has them (as a
+        # tool's failed embedding, app/runtime/tools.py).
+        log.warning("turn %s: the memory review's embedding failed: %s", e.execution_id, failure)
+        error = "the embedding model failed (logged by the service)"
+    elif isinstance(failure, ModelFailed | DomainError):
+        error = failure.message if isinstance(failure, DomainError) else str(failure)
+    else:
+        log.error("turn %s: the memory review failed", e.execution_id, exc_info=failure)
+        error = "the memory review failed on an internal error (logged by the service)"
+    review.event["error"] = error
+    if messages:
+        review.event.setdefault("messages", _range(messages))
+    context.transcript.add(events.MEMORY_REVIEW, review.event)
