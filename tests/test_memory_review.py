@@ -27,6 +27,7 @@ from runtime_support import (
 from app.actions.service import agent_principal
 from app.auth.caller import Caller
 from app.runtime import review as review_module
+from app.runtime.context import request_tokens
 from app.runtime.review import DEFAULT_INSTRUCTIONS
 from app.state import AppState
 
@@ -34,6 +35,7 @@ from app.state import AppState
 pytestmark = pytest.mark.usefixtures("model_server")
 
 BOTH_SCOPES = {"read": ["session", "agent"], "write": ["session", "agent"]}
+NO_ROOM = "no room in the context budget to compare it"
 
 
 def reviews(execution: dict[str, Any]) -> list[dict[str, Any]]:
@@ -865,3 +867,56 @@ async def test_m10_pinned_summaries_reach_the_review_quoted(
     note, listed = said.split("</conversation>")[1].strip().splitlines()
     assert "each summary quoted as a JSON string" in note
     assert listed.startswith('- "') and json.loads(listed[2:]) == summary
+
+
+async def test_m10_a_review_takes_at_most_max_candidates(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A reply with 500 candidates to "hello": the first MAX_CANDIDATES are reviewed, the rest
+    dropped and said to be; the model was told how many it may hand over."""
+    most = review_module.MAX_CANDIDATES
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    words = [f"w{i}a w{i}b w{i}c w{i}d w{i}e w{i}f w{i}g w{i}h" for i in range(500)]
+    candidates(model_server, *({"summary": f"Fact {w}"} for w in words))
+    decide(model_server, *({"candidate": f"c{i}", "action": "add"} for i in range(1, most + 1)))
+    executed = await run(gql, admin, action_id, "hello")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (asked,) = review_requests(model_server)
+    assert f"at most {most} candidates" in asked.body["messages"][0]["content"]
+    schema = asked.body["tools"][0]["function"]["parameters"]["properties"]["candidates"]
+    assert schema["maxItems"] == most
+    (review,) = reviews(executed)
+    assert len(review["candidates"]) == most
+    assert review["dropped"] == [f"candidates {most + 1} to 500: over the {most} one review takes"]
+    assert len(review["written"]) == most
+    assert len(await memories(gql, admin, action_id)) == most
+
+
+async def test_m10_a_decide_call_over_the_budget_compares_what_fits_and_the_review_ends(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Candidates with long contents that restate one another (so they are compared) in a
+    small context budget: the decide call shows the first ones that fit; the others are
+    skipped for want of room, and the review ends, its messages reviewed."""
+    budget = 3000
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(), model={"contextTokens": budget}
+    )
+    evidence = "Ada said she likes jazz records from the fifties. " * 40
+    listed = [{"summary": f"Ada likes jazz {i}", "content": evidence} for i in range(1, 21)]
+    candidates(model_server, *listed)
+    decide(model_server, {"candidate": "c1", "action": "add"})
+    executed = await run(gql, admin, action_id, "I like jazz")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    assert request_tokens(decided.body["messages"], decided.body["tools"]) <= budget
+    (review,) = reviews(executed)
+    assert "error" not in review
+    skipped = [d for d in review["decisions"] if d.get("reason") == NO_ROOM]
+    shown = json.loads(decided.body["messages"][1]["content"])["candidates"]
+    assert 1 <= len(shown) < 20 and len(skipped) == 20 - len(shown)
+    assert len(await memories(gql, admin, action_id)) == 1
+    # Reviewed: the next review reads only its own turn.
+    candidates(model_server)
+    later = await run(gql, admin, action_id, "Thanks")
+    assert reviews(later)[0]["messages"]["count"] == 2
