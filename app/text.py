@@ -11,6 +11,7 @@ Three doors, three rules:
   bidirectional overrides and isolates), so a record cannot pose as the instructions around it.
 """
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -124,6 +125,35 @@ def for_model(text: str) -> str:
 def for_model_json(value: Any) -> Any:
     """`for_model` applied to every string (keys included) of a JSON-shaped value."""
     return _map_strings(value, for_model)
+
+
+# In a quoted text, escaped as \uXXXX (which a model reads as the character): the line
+# separators json.dumps leaves as they are, and angle brackets with the characters drawn like
+# them, so that nothing inside reads as a tag (`</conversation>`, in any case or script).
+_UNQUOTED = re.compile(
+    "[\u2028\u2029<>\u02c2\u02c3\u1433\u1438\u2039\u203a\u2329\u232a\u276c-\u2771"
+    "\u27e8\u27e9\u29fc\u29fd\u3008\u3009\ufe64\ufe65\uff1c\uff1e]"
+)
+
+
+def quoted(text: str, most: int | None = None, cut: str = " …(cut)") -> str:
+    """Text shown to a model as one speaker's data among others' (a conversation's messages,
+    pinned summaries): `for_model`, as one JSON string literal on one line. Its line breaks
+    become \\n and its quotes \\", so it cannot end early, start a line of its own that
+    reads as another speaker's, or close the tag around it; a model reads it whole.
+
+    `most`: the literal takes at most that many characters (but for `cut` itself): a longer
+    text keeps its start, followed by `cut`, inside the quotes."""
+    literal = json.dumps(for_model(text), ensure_ascii=False)
+    literal = _UNQUOTED.sub(lambda m: f"\\u{ord(m.group()):04x}", literal)
+    if most is None or len(literal) <= most:
+        return literal
+    keep = min(len(text), most)
+    while True:
+        shorter = quoted(text[:keep] + cut)
+        if len(shorter) <= most or keep == 0:
+            return shorter
+        keep = min(keep - 1, keep * most // len(shorter))
 
 
 # The longest search query a search entry point takes (memory and history search;

@@ -89,7 +89,9 @@ class ChatReply:
     `when`: only for a request whose body contains this text (concurrent conversations each
     take their own answers). `after_requests`: answer once the server has received that many
     chat requests (to line up concurrent turns), then wait `delay` seconds. `purpose`: only
-    for a request of that purpose (header X-Engram-Purpose: turn, memory, ...); None: any."""
+    for a request of that purpose (header X-Engram-Purpose: turn, memory, ...); None: any.
+    `extra`: fields set in the answer's message as they are, to play a server that sends what
+    it should not (a NaN, `tool_calls: 7`)."""
 
     content: str | None = None
     tool_calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -99,6 +101,7 @@ class ChatReply:
     after_requests: int = 0
     purpose: str | None = "turn"
     error: str = "scripted failure"  # the message of an HTTP error's body
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class OpenAIServer:
@@ -294,6 +297,7 @@ class OpenAIServer:
                 }
                 for i, (name, arguments) in enumerate(reply.tool_calls)
             ]
+        message.update(reply.extra)
         prompt = sum(word_count(str(m.get("content") or "")) for m in body.get("messages", []))
         completion = word_count(reply.content or "") + 5 * len(reply.tool_calls)
         return AsciiJSONResponse(

@@ -81,9 +81,9 @@ async def test_m10_facts_of_a_conversation_become_extraction_records(
     # The review read the messages with their times (in UTC), as purpose `memory`.
     (asked,) = chat(model_server, "memory")
     said = asked.body["messages"][1]["content"]
-    assert "[2026-11-24 08:30 UTC] user: Hi, I'm Ada." in said
-    assert "[2026-11-24 08:31 UTC] assistant: Welcome to Berlin, Ada!" in said
-    assert "tool: weather(Berlin): 4 C, rain" in said
+    assert "[2026-11-24 08:30 UTC] user: \"Hi, I'm Ada. I moved" in said
+    assert '[2026-11-24 08:31 UTC] assistant: "Welcome to Berlin, Ada!"' in said
+    assert 'tool: "weather(Berlin): 4 C, rain"' in said
     # One execution of kind INGEST, with the messages and the review in its transcript.
     execution = (await gql(admin, EXECUTION, e=done["executionId"])).ok()["execution"]
     assert execution["kind"] == "INGEST" and execution["status"] == "SUCCEEDED"
