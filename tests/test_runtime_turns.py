@@ -8,6 +8,7 @@ the bound on calls), sessions, executions and transcripts.
 
 import asyncio
 import json
+import logging
 import socket
 import uuid
 from datetime import timedelta
@@ -648,6 +649,27 @@ async def test_unknown_tools_and_malformed_arguments_are_told_and_the_turn_goes_
     assert [r["name"] for r in runs] == ["launch_rockets", "add_memory"]
     assert all("error" in r and "output" not in r for r in runs)
     assert runs[1]["input"] == {"arguments": '{"summary": "Ada'}
+
+
+async def test_a_reply_of_another_shape_fails_the_turn_saying_what_is_wrong(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model server's mistake is the turn's clear failure, not an internal error with a
+    traceback in the log."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.answer_with(
+        {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": 5}}]}
+    )
+    with caplog.at_level(logging.WARNING):
+        executed = await run(gql, admin, action_id, "hi")
+
+    assert executed["status"] == "FAILED"
+    assert (
+        "answered in an unexpected shape (message.tool_calls is a number, not a list"
+        in (executed["error"])
+    )
+    assert "internal error" not in executed["error"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
 async def test_model_calls_per_turn_are_bounded(
