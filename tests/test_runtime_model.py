@@ -234,6 +234,28 @@ def test_the_token_metrics_count_no_usage_past_what_a_float_holds() -> None:
     assert "engram_model_tokens_total{" not in counted.render().decode()
 
 
+async def test_a_reply_longer_than_its_bound_fails_without_being_read_or_retried(
+    server: OpenAIServer,
+) -> None:
+    client = ModelClient(
+        settings_for(server, model_max_retries=2, model_max_reply_bytes=10_000),
+        backoff_seconds=0.01,
+    )
+    try:
+        server.say("x" * 9_000)
+        assert (await client.complete(ModelConfig(), MESSAGES, [], "turn")).content == "x" * 9_000
+        server.say("x" * 20_000)
+        with pytest.raises(ModelFailed) as failed:
+            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+    assert "answered with more than 10,000 bytes (ENGRAM_MODEL_MAX_REPLY_BYTES)" in str(
+        failed.value
+    )
+    assert "model.maxTokens" in failed.value.message
+    assert len(server.requests_to(CHAT)) == 2
+
+
 def test_an_action_names_only_allowed_endpoints_and_key_variables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

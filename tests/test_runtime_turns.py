@@ -672,6 +672,30 @@ async def test_a_reply_of_another_shape_fails_the_turn_saying_what_is_wrong(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
+@pytest.mark.settings(max_tool_calls_per_reply=2)
+async def test_tool_calls_beyond_the_bound_of_a_reply_are_refused_and_the_turn_goes_on(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.call_tools(*[("search_memory", {"query": f"topic {k}"}) for k in range(4)])
+    model_server.say("Two of four.")
+    executed = await run(gql, admin, action_id, "look up four topics")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    results = tool_results(chat(model_server)[1])
+    assert len(results) == 4 and not any("not run" in r for r in results[:2])
+    assert all(
+        json.loads(r)["error"].startswith("not run: at most 2 tool calls run per reply")
+        and "call the rest in your next reply" in r
+        for r in results[2:]
+    )
+    searches = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
+    assert [("output" in r, "error" in r) for r in searches] == [(True, False)] * 2 + [
+        (False, True)
+    ] * 2
+    assert searches[3]["input"] == {"arguments": '{"query": "topic 3"}'}
+
+
 async def test_model_calls_per_turn_are_bounded(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

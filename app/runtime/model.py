@@ -7,9 +7,10 @@ summaries that keep a turn's context within its budget). A transient failure
 `Retry-After`; a read timeout is not retried (the model may still be working on it, and a
 retry would pay twice), and any other 4xx fails at once with the server's message.
 
-A reply that is not a chat completion (not JSON, nested deeper than `MAX_REPLY_DEPTH`, a part
-of another type) fails the call, naming what is wrong. Usage the reply reports that is no count
-(negative, fractional, not a number, 2**53 or more) is recorded as unknown, and logged.
+A reply is read up to `ENGRAM_MODEL_MAX_REPLY_BYTES`: a longer one fails the call, as one that
+is not a chat completion does (not JSON, nested deeper than `MAX_REPLY_DEPTH`, a part of
+another type), naming what is wrong. Usage the reply reports that is no count (negative,
+fractional, not a number, 2**53 or more) is recorded as unknown, and logged.
 """
 
 import json
@@ -23,7 +24,13 @@ import httpx
 
 from app.actions.model import ModelConfig, check_endpoint
 from app.config import Settings
-from app.http_retry import RetriesExhausted, post_with_retries, server_message, times
+from app.http_retry import (
+    RetriesExhausted,
+    TooLarge,
+    post_with_retries,
+    server_message,
+    times,
+)
 from app.observability import metrics
 from app.text import MAX_COUNT, nests_deeper, storable
 
@@ -214,6 +221,7 @@ class ModelClient:
     ) -> None:
         self.settings = settings
         self.max_retries = settings.model_max_retries
+        self.max_reply_bytes = settings.model_max_reply_bytes
         self.backoff_seconds = backoff_seconds
         timeout = settings.model_timeout_seconds
         self._client = httpx.AsyncClient(
@@ -305,11 +313,19 @@ class ModelClient:
                 retried_4xx=_RETRIED_4XX,
                 # The model may still be working on it, and a retry would pay twice.
                 retry_read_timeouts=False,
+                max_bytes=self.max_reply_bytes,
             )
         except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
             raise ModelFailed(
                 f"the model at {endpoint.url} did not answer within "
                 f"{self.settings.model_timeout_seconds:g} seconds (ENGRAM_MODEL_TIMEOUT_SECONDS)"
+            ) from e
+        except TooLarge as e:
+            # Not retried: a model that wrote this much once would again, at the same cost.
+            raise ModelFailed(
+                f"the model at {endpoint.url} answered with more than {e.limit:,} bytes "
+                "(ENGRAM_MODEL_MAX_REPLY_BYTES), so nothing of its reply was used: bound its "
+                "replies with model.maxTokens, or raise the setting"
             ) from e
         except RetriesExhausted as e:
             last = _excerpt(str(e.last))

@@ -326,13 +326,7 @@ class NativeTools:
                 )
             else:
                 message = e.message
-            record.update(
-                input=args if args is not None else {"arguments": call.arguments}, error=message
-            )
-            self.transcript.add(events.TOOL_EXECUTION, record)
-            return ToolMessage(
-                json.dumps({"error": for_model(message)}, ensure_ascii=False), message
-            )
+            return self._refused(call, args, message)
         if result.embed_tokens:
             self.transcript.embedding(self.embedder_name, result.embed_tokens, call.name)
         recorded = result.transcript_output
@@ -369,6 +363,20 @@ class NativeTools:
         return ToolMessage(
             json.dumps(for_model_json(result.output), ensure_ascii=False), "\n".join(summaries)
         )
+
+    def refuse(self, call: ToolCall, message: str) -> "ToolMessage":
+        """Answers a call without running it: the model reads `message` as its error."""
+        return self._refused(call, None, message)
+
+    def _refused(self, call: ToolCall, args: dict[str, Any] | None, message: str) -> "ToolMessage":
+        record: dict[str, Any] = {
+            "name": call.name,
+            "callId": call.id,
+            "input": args if args is not None else {"arguments": call.arguments},
+            "error": message,
+        }
+        self.transcript.add(events.TOOL_EXECUTION, record)
+        return ToolMessage(json.dumps({"error": for_model(message)}, ensure_ascii=False), message)
 
     def _check_offered(self, name: str) -> None:
         if name in self.schemas:
