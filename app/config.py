@@ -137,7 +137,9 @@ class Settings(BaseSettings):
     model_name: str = "gpt-4o-mini"
     model_api_key: SecretStr | None = None
     model_timeout_seconds: float = _seconds(120.0)
-    model_max_retries: int = Field(default=2, ge=0)
+    # At most 10: with the backoff capped at 30 s, ten retries already wait up to 2.5 minutes
+    # beyond their timeouts, and the turn's liveness bound counts every retry.
+    model_max_retries: int = Field(default=2, ge=0, le=10)
     max_model_calls_per_turn: int = Field(default=16, ge=1)
     # One reply's tool calls that run; those beyond are each answered with a refusal the model
     # reads (OpenAI's API takes at most 128 tools in a request; no agent needs to fan out

@@ -2,10 +2,10 @@
 
 Shared by the embeddings client and the model client. Transient means: no connection, a
 dropped connection, a timeout (read and write timeouts only when the caller allows it), a 5xx,
-or one of the 4xx statuses the caller names. Retries back off exponentially with jitter, and
-honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS`. An answer is read up to the
-caller's `max_bytes` (TooLarge beyond). Any other answer, success or not, goes back to the
-caller, which words its own errors.
+or one of the 4xx statuses the caller names. Retries back off exponentially with jitter, up to
+`MAX_BACKOFF_SECONDS`, and honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS`.
+An answer is read up to the caller's `max_bytes` (TooLarge beyond). Any other answer, success
+or not, goes back to the caller, which words its own errors.
 """
 
 import asyncio
@@ -17,6 +17,8 @@ from urllib.parse import quote, quote_plus
 import httpx
 
 MAX_RETRY_AFTER_SECONDS = 30.0
+# The longest computed wait between attempts (0.5 s doubled reaches it at the seventh retry).
+MAX_BACKOFF_SECONDS = 30.0
 
 
 class Transient(Exception):
@@ -81,6 +83,13 @@ def without_credential(text: str, sent: str | None) -> str:
     return text
 
 
+def backoff(attempt: int, base_seconds: float) -> float:
+    """The wait after failed attempt `attempt` (1: the first): `base_seconds` doubled for each
+    attempt before it, with up to a quarter more of jitter, at most MAX_BACKOFF_SECONDS."""
+    exponential = base_seconds * 2.0 ** min(attempt - 1, 64)  # (2**1024 is no float)
+    return min(exponential * (1 + random.random() / 4), MAX_BACKOFF_SECONDS)
+
+
 def _retry_after(response: httpx.Response) -> float | None:
     try:
         return min(float(response.headers["retry-after"]), MAX_RETRY_AFTER_SECONDS)
@@ -116,8 +125,8 @@ async def post_with_retries(
         except Transient as e:
             if attempt > max_retries:
                 raise RetriesExhausted(attempt, e) from e
-            delay = backoff_seconds * 2 ** (attempt - 1) * (1 + random.random() / 4)
-            await asyncio.sleep(e.retry_after if e.retry_after is not None else delay)
+            wait = backoff(attempt, backoff_seconds) if e.retry_after is None else e.retry_after
+            await asyncio.sleep(wait)
         else:
             return response, attempt
 

@@ -305,6 +305,10 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"turn_heartbeat_seconds": "inf"}, "ENGRAM_TURN_HEARTBEAT_SECONDS: Input should be a fin"),
         ({"search_maintenance_seconds": "inf"}, "ENGRAM_SEARCH_MAINTENANCE_SECONDS: Input should"),
         ({"model_max_retries": "-1"}, "ENGRAM_MODEL_MAX_RETRIES: Input should be greater than"),
+        (
+            {"model_max_retries": "99999999999"},
+            "ENGRAM_MODEL_MAX_RETRIES: Input should be less than or equal to 10",
+        ),
         ({"max_tool_calls_per_reply": "0"}, "ENGRAM_MAX_TOOL_CALLS_PER_REPLY: Input should be"),
         ({"max_tool_calls_per_reply": "1025"}, "ENGRAM_MAX_TOOL_CALLS_PER_REPLY: Input should"),
         ({"model_max_reply_bytes": "9999"}, "ENGRAM_MODEL_MAX_REPLY_BYTES: Input should be"),

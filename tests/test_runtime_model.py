@@ -14,6 +14,7 @@ from app.config import Settings
 from app.embeddings.errors import EmbeddingFailed
 from app.embeddings.openai import OpenAIEmbedder
 from app.errors import BadInput
+from app.http_retry import MAX_BACKOFF_SECONDS, backoff
 from app.observability import metrics
 from app.observability.metrics import Metrics
 from app.runtime.model import ModelClient, ModelFailed, resolve_endpoint
@@ -254,6 +255,14 @@ async def test_a_reply_longer_than_its_bound_fails_without_being_read_or_retried
     )
     assert "model.maxTokens" in failed.value.message
     assert len(server.requests_to(CHAT)) == 2
+
+
+def test_the_backoff_between_retries_is_capped() -> None:
+    """0.5 s doubled after each failed attempt, with up to a quarter more, reaches the cap at
+    the seventh retry and stays there (it once grew without bound: 2**39 s at the fortieth)."""
+    assert 0.5 <= backoff(1, 0.5) <= 0.625 and 16 <= backoff(6, 0.5) <= 20
+    assert all(backoff(attempt, 0.5) <= MAX_BACKOFF_SECONDS for attempt in (7, 8, 40, 5000))
+    assert backoff(40, 0.5) >= MAX_BACKOFF_SECONDS * 0.99
 
 
 def test_an_action_names_only_allowed_endpoints_and_key_variables(
