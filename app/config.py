@@ -137,8 +137,18 @@ class Settings(BaseSettings):
     model_name: str = "gpt-4o-mini"
     model_api_key: SecretStr | None = None
     model_timeout_seconds: float = _seconds(120.0)
-    model_max_retries: int = Field(default=2, ge=0)
+    # At most 10: with the backoff capped at 30 s, ten retries already wait up to 2.5 minutes
+    # beyond their timeouts, and the turn's liveness bound counts every retry.
+    model_max_retries: int = Field(default=2, ge=0, le=10)
     max_model_calls_per_turn: int = Field(default=16, ge=1)
+    # One reply's tool calls that run; those beyond are each answered with a refusal the model
+    # reads (OpenAI's API takes at most 128 tools in a request; no agent needs to fan out
+    # further in one reply, and each call may embed, search or write).
+    max_tool_calls_per_reply: int = Field(default=64, ge=1, le=1024)
+    # The most a model's reply may take, read decoded: 2 MB holds the longest replies models
+    # write (128k tokens, ~0.5 MB of English, ~1.2 MB of escaped CJK); a longer one fails the
+    # call, unread and unstored.
+    model_max_reply_bytes: int = Field(default=2_000_000, ge=10_000, le=100_000_000)
     # The context budget of a model call, in tokens of about four characters, for actions whose
     # model sets no contextTokens: earlier turns are cleared and summarized to stay within it.
     model_context_tokens: int = Field(default=32_000, ge=256)

@@ -2,9 +2,10 @@
 
 Shared by the embeddings client and the model client. Transient means: no connection, a
 dropped connection, a timeout (read and write timeouts only when the caller allows it), a 5xx,
-or one of the 4xx statuses the caller names. Retries back off exponentially with jitter, and
-honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS`. Any other answer, success or
-not, goes back to the caller, which words its own errors.
+or one of the 4xx statuses the caller names. Retries back off exponentially with jitter, up to
+`MAX_BACKOFF_SECONDS`, and honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS`.
+An answer is read up to the caller's `max_bytes` (TooLarge beyond). Any other answer, success
+or not, goes back to the caller, which words its own errors.
 """
 
 import asyncio
@@ -16,6 +17,8 @@ from urllib.parse import quote, quote_plus
 import httpx
 
 MAX_RETRY_AFTER_SECONDS = 30.0
+# The longest computed wait between attempts (0.5 s doubled reaches it at the seventh retry).
+MAX_BACKOFF_SECONDS = 30.0
 
 
 class Transient(Exception):
@@ -29,6 +32,14 @@ class Transient(Exception):
 def times(attempts: int) -> str:
     """'once', '2 times', ...: how many attempts failed, as a message says it."""
     return "once" if attempts == 1 else f"{attempts} times"
+
+
+class TooLarge(Exception):
+    """The answer's body was longer than the caller reads; the rest was not read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the answer is longer than {limit} bytes")
+        self.limit = limit
 
 
 class RetriesExhausted(Exception):
@@ -72,6 +83,13 @@ def without_credential(text: str, sent: str | None) -> str:
     return text
 
 
+def backoff(attempt: int, base_seconds: float) -> float:
+    """The wait after failed attempt `attempt` (1: the first): `base_seconds` doubled for each
+    attempt before it, with up to a quarter more of jitter, at most MAX_BACKOFF_SECONDS."""
+    exponential = base_seconds * 2.0 ** min(attempt - 1, 64)  # (2**1024 is no float)
+    return min(exponential * (1 + random.random() / 4), MAX_BACKOFF_SECONDS)
+
+
 def _retry_after(response: httpx.Response) -> float | None:
     try:
         return min(float(response.headers["retry-after"]), MAX_RETRY_AFTER_SECONDS)
@@ -89,22 +107,26 @@ async def post_with_retries(
     backoff_seconds: float,
     retried_4xx: Container[int],
     retry_read_timeouts: bool,
+    max_bytes: int | None = None,
 ) -> tuple[httpx.Response, int]:
     """The first answer that is not transient, and the number of attempts it took.
 
     Raises RetriesExhausted after `max_retries` retries; with `retry_read_timeouts` false,
-    httpx.ReadTimeout and httpx.WriteTimeout propagate at once.
+    httpx.ReadTimeout and httpx.WriteTimeout propagate at once; TooLarge (not retried) for a
+    body longer than `max_bytes`, once decoded.
     """
     attempt = 0
     while True:
         attempt += 1
         try:
-            response = await _post(client, url, body, headers, retried_4xx, retry_read_timeouts)
+            response = await _post(
+                client, url, body, headers, retried_4xx, retry_read_timeouts, max_bytes
+            )
         except Transient as e:
             if attempt > max_retries:
                 raise RetriesExhausted(attempt, e) from e
-            delay = backoff_seconds * 2 ** (attempt - 1) * (1 + random.random() / 4)
-            await asyncio.sleep(e.retry_after if e.retry_after is not None else delay)
+            wait = backoff(attempt, backoff_seconds) if e.retry_after is None else e.retry_after
+            await asyncio.sleep(wait)
         else:
             return response, attempt
 
@@ -116,10 +138,12 @@ async def _post(
     headers: dict[str, str] | None,
     retried_4xx: Container[int],
     retry_read_timeouts: bool,
+    max_bytes: int | None,
 ) -> httpx.Response:
     sent = (headers or {}).get("Authorization") or client.headers.get("authorization")
     try:
-        response = await client.post(url, json=body, headers=headers)
+        async with client.stream("POST", url, json=body, headers=headers) as streamed:
+            response = await _read(streamed, max_bytes)
     except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
         if not retry_read_timeouts:
             raise
@@ -132,3 +156,26 @@ async def _post(
             f"HTTP {response.status_code}: {server_message(response)}", _retry_after(response)
         )
     return response
+
+
+# Headers that describe the body as it came over the wire, not as it was read (decoded).
+_WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+
+async def _read(response: httpx.Response, max_bytes: int | None) -> httpx.Response:
+    """The response with its body read, decoded, at most `max_bytes` of it (TooLarge beyond,
+    having read no more than that: a body's length, or a compressed one's, is no promise)."""
+    if max_bytes is None:
+        await response.aread()
+        return response
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise TooLarge(max_bytes)
+        chunks.append(chunk)
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _WIRE_HEADERS]
+    return httpx.Response(
+        response.status_code, headers=headers, content=b"".join(chunks), request=response.request
+    )

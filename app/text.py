@@ -24,6 +24,9 @@ REPLACEMENT = "\ufffd"
 # Text counted in tokens where no tokenizer says: about four characters a token (the spec's
 # count for pins; the context budget's, and an embedding server's that reports no usage).
 CHARS_PER_TOKEN = 4
+# Counts (of tokens a model reports used) are below this: the largest integer a float holds
+# exactly, as a Prometheus counter and JSON readers keep numbers; a larger one is no count.
+MAX_COUNT = 2**53
 
 # NUL: PostgreSQL text cannot hold it. Lone surrogates: not encodable as UTF-8.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -95,6 +98,20 @@ def check_json(value: Any, where: str, max_depth: int | None = None, root: str =
             stack.extend(
                 (inner, f"{path or where}[{i}]", depth + 1) for i, inner in enumerate(item)
             )
+
+
+def nests_deeper(value: Any, levels: int) -> bool:
+    """Whether decoded JSON nests deeper than `levels` (a scalar: 0, `[1]`: 1); walked without
+    recursion, so before anything that recurses over it (json.dumps, repr, `storable_json`)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth >= levels:
+                return True
+            inner = item.values() if isinstance(item, dict) else item
+            stack.extend((each, depth + 1) for each in inner)
+    return False
 
 
 # What a name or an ID, shown on one line, may not hold: controls (line breaks included), the

@@ -102,6 +102,9 @@ class ChatReply:
     purpose: str | None = "turn"
     error: str = "scripted failure"  # the message of an HTTP error's body
     extra: dict[str, Any] = field(default_factory=dict)
+    # The whole body instead of a completion (to play a server that answers in another shape):
+    # bytes as they are, anything else as JSON.
+    body: Any = None
 
 
 class OpenAIServer:
@@ -250,6 +253,12 @@ class OpenAIServer:
                 for _ in range(times)
             )
 
+    def answer_with(self, body: Any, **match: Any) -> None:
+        """Queues a reply whose whole body is `body` (bytes as they are, else its JSON), in
+        place of a completion; `match` as for `say`."""
+        with self._lock:
+            self._chat_script.append(ChatReply(body=body, **match))
+
     def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
         """Chat requests, of one purpose when given."""
         return [r for r in self.requests_to(CHAT) if purpose in (None, request_purpose(r))]
@@ -282,6 +291,9 @@ class OpenAIServer:
         if reply.status is not None:
             error = {"error": {"message": reply.error, "type": "scripted"}}
             return JSONResponse(error, status_code=reply.status)
+        if reply.body is not None:
+            raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+            return Response(raw, media_type="application/json")
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = [

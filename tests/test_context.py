@@ -9,6 +9,7 @@ JSON and the tool definitions) and compared with the budget.
 
 import json
 import re
+import time
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -18,9 +19,11 @@ from helpers import GQL
 from openai_server import OpenAIServer, Recorded
 from runtime_support import events, run, tool_names, tool_results
 
+from app.actions.model import MAX_CONTEXT_TOKENS, ModelConfig
 from app.auth.caller import Caller
 from app.executions import store as executions_store
-from app.runtime.context import request_tokens
+from app.runtime.context import open_window, request_tokens
+from app.runtime.transcript import Transcript
 from app.state import AppState
 
 # Every turn here talks to the scripted model server.
@@ -463,6 +466,68 @@ async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(
     assert "context budget of 300 tokens" in failed["error"]
     assert "this turn's input" in failed["error"] and "model.contextTokens" in failed["error"]
     assert chat(model_server) == []
+
+
+async def test_h16_a_reply_whose_tool_calls_cannot_fit_fails_naming_them(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The instructions, the tools and the input fit; the model's own calls, with their results
+    cleared, do not: the failure says so, not to shorten the input."""
+    action_id = await make_agent_id(
+        gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": 1000}
+    )
+    model_server.call_tools(*[("search_memory", {"query": f"topic {k}"}) for k in range(30)])
+    failed = await run(gql, admin, action_id, "ASK-1")
+
+    assert failed["status"] == "FAILED"
+    error = failed["error"]
+    assert "context budget of 1000 tokens" in error
+    assert "the model's latest reply, its 30 tool calls and their results" in error
+    assert "The model called 30 tools in one reply" in error
+    assert "ENGRAM_MAX_TOOL_CALLS_PER_REPLY" in error and "Shorten the input" not in error
+    assert len(chat(model_server, "turn")) == 1
+
+
+async def test_h16_a_reply_of_many_tool_calls_takes_time_in_proportion(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """Each result is named after the tool its call named, found in one look-up (a scan of
+    the whole reply for each result made 20,000 calls take minutes, holding up every request
+    the process served)."""
+    calls = 10_000
+    reply = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"c{k}",
+                "type": "function",
+                "function": {"name": f"t{k % 3}", "arguments": "{}"},
+            }
+            for k in range(calls)
+        ],
+    }
+    results = [{"role": "tool", "tool_call_id": f"c{k}", "content": "{}"} for k in range(calls)]
+    window = await open_window(
+        state.pool,
+        None,
+        budget=MAX_CONTEXT_TOKENS,
+        reserve=0,
+        history=None,
+        client=state.services["model"],
+        config=ModelConfig(),
+        transcript=Transcript(1),
+        after_call=None,  # type: ignore[arg-type]
+    )
+    asked = {"role": "user", "content": "hi"}
+    started = time.perf_counter()
+    sent = await window.prompt(
+        {"role": "system", "content": ""}, [], None, asked, [reply, *results]
+    )
+    assert time.perf_counter() - started < 3
+    assert len(sent) == 2 + 1 + calls
+    assert [e.tool for e in window.entries[2:5]] == ["t0", "t1", "t2"]
+    assert window.entries[-1].tool == f"t{(calls - 1) % 3}"
 
 
 async def test_h16_the_default_budget_is_the_setting(

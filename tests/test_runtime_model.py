@@ -1,7 +1,9 @@
 """The model client against a scripted OpenAI-compatible server on loopback: the request it
 sends, retries, timeouts, refusals, and which key goes where."""
 
+import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from openai_server import CHAT, OpenAIServer
@@ -12,6 +14,9 @@ from app.config import Settings
 from app.embeddings.errors import EmbeddingFailed
 from app.embeddings.openai import OpenAIEmbedder
 from app.errors import BadInput
+from app.http_retry import MAX_BACKOFF_SECONDS, backoff
+from app.observability import metrics
+from app.observability.metrics import Metrics
 from app.runtime.model import ModelClient, ModelFailed, resolve_endpoint
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -123,6 +128,141 @@ async def test_an_upstream_error_body_reaches_the_error_only_as_a_short_excerpt(
     with pytest.raises(ModelFailed) as exhausted:
         await client.complete(ModelConfig(), MESSAGES, [], "turn")
     assert "failed 3 times" in exhausted.value.message and len(exhausted.value.message) < 400
+
+
+def completion_body(message: Any, **rest: Any) -> dict[str, Any]:
+    """A chat completion's body as a server would send it, with `message` as its first choice's."""
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}], **rest}
+
+
+def assistant(**fields: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, **fields}
+
+
+def nested(levels: int) -> Any:
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("body", "told"),
+    [
+        (b"<html>gateway</html>", "answered with invalid JSON"),
+        ([1, 2], "(the answer is a list, not an object)"),
+        ({"choices": []}, "(choices is empty)"),
+        ({"object": "error"}, "(choices is null, not a list)"),
+        (completion_body(None), "(choices[0].message is null, not an object)"),
+        (completion_body(assistant(content=["hi"])), "(message.content is a list, not text or"),
+        (
+            completion_body(assistant(tool_calls=5)),
+            "(message.tool_calls is a number, not a list or null)",
+        ),
+        (
+            completion_body(assistant(tool_calls=["search_memory"])),
+            "(message.tool_calls[0] is text, not an object)",
+        ),
+        (
+            completion_body(assistant(tool_calls=[{"id": "c1", "name": "search_memory"}])),
+            "(message.tool_calls[0].function is null, not an object)",
+        ),
+        (
+            completion_body(assistant(tool_calls=[{"id": "c1", "function": {"name": 5}}])),
+            "(message.tool_calls[0].function.name is a number, not text)",
+        ),
+        (
+            completion_body(assistant(tool_calls=[{"id": [[]], "function": {"name": "t"}}])),
+            "(message.tool_calls[0].id is a list, not text or null)",
+        ),
+        # Deeper than Python's parser goes, and deep enough to exhaust a walk of it.
+        pytest.param(
+            b"[" * 100_000 + b"]" * 100_000, "(it nests deeper than 64 levels)", id="100000-deep"
+        ),
+        pytest.param(
+            completion_body(assistant(content="hi", extra=nested(500))),
+            "(it nests deeper than 64 levels)",
+            id="500-deep",
+        ),
+    ],
+)
+async def test_a_reply_of_another_shape_fails_the_call_saying_what_is_wrong(
+    client: ModelClient, server: OpenAIServer, body: Any, told: str
+) -> None:
+    """The model's words are read only from a chat completion; anything else is a clear
+    failure (its message becomes the turn's error), never an error of the code that reads it."""
+    server.answer_with(body)
+    with pytest.raises(ModelFailed) as failed:
+        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    assert told in failed.value.message
+    assert failed.value.message.startswith(f"the model at {server.url}/chat/completions answered")
+
+
+async def test_usage_that_is_no_count_is_recorded_as_unknown_and_logged(
+    client: ModelClient, server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reply's usage is bookkeeping: numbers that are no count (past 2**53, negative,
+    fractional, true) are left out of the usage and the token metrics, and a warning says so;
+    the reply itself is used."""
+    usage = {
+        "prompt_tokens": 10**400,
+        "completion_tokens": 7,
+        "total_tokens": -1,
+        "cached_tokens": True,
+        "reasoning_tokens": 2.5,
+        "queue_time": 0.01,  # (a timing some servers add: not a count of tokens, not told)
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    server.answer_with(completion_body(assistant(content="hi"), usage=usage))
+    counted = Metrics()
+    with metrics.using(counted), caplog.at_level(logging.WARNING):
+        completion = await client.complete(ModelConfig(), MESSAGES, [], "turn")
+
+    assert completion.content == "hi" and completion.usage == {"completion_tokens": 7}
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "reported usage that is no count, recorded as unknown: prompt_tokens 1000" in warning
+    assert all(k in warning for k in ("total_tokens -1", "cached_tokens true", "reasoning_tokens"))
+    assert "queue_time" not in warning and len(warning) < 800
+    rendered = counted.render().decode()
+    assert 'engram_model_tokens_total{kind="completion",purpose="turn"} 7.0' in rendered
+    assert 'kind="prompt"' not in rendered
+
+
+def test_the_token_metrics_count_no_usage_past_what_a_float_holds() -> None:
+    counted = Metrics()
+    counted.model_call("turn", True, 0.1, {"prompt_tokens": 10**400, "completion_tokens": 2**53})
+    counted.embedding(True, 0.1, 10**400)
+    assert "engram_model_tokens_total{" not in counted.render().decode()
+
+
+async def test_a_reply_longer_than_its_bound_fails_without_being_read_or_retried(
+    server: OpenAIServer,
+) -> None:
+    client = ModelClient(
+        settings_for(server, model_max_retries=2, model_max_reply_bytes=10_000),
+        backoff_seconds=0.01,
+    )
+    try:
+        server.say("x" * 9_000)
+        assert (await client.complete(ModelConfig(), MESSAGES, [], "turn")).content == "x" * 9_000
+        server.say("x" * 20_000)
+        with pytest.raises(ModelFailed) as failed:
+            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    finally:
+        await client.aclose()
+    assert "answered with more than 10,000 bytes (ENGRAM_MODEL_MAX_REPLY_BYTES)" in str(
+        failed.value
+    )
+    assert "model.maxTokens" in failed.value.message
+    assert len(server.requests_to(CHAT)) == 2
+
+
+def test_the_backoff_between_retries_is_capped() -> None:
+    """0.5 s doubled after each failed attempt, with up to a quarter more, reaches the cap at
+    the seventh retry and stays there (it once grew without bound: 2**39 s at the fortieth)."""
+    assert 0.5 <= backoff(1, 0.5) <= 0.625 and 16 <= backoff(6, 0.5) <= 20
+    assert all(backoff(attempt, 0.5) <= MAX_BACKOFF_SECONDS for attempt in (7, 8, 40, 5000))
+    assert backoff(40, 0.5) >= MAX_BACKOFF_SECONDS * 0.99
 
 
 def test_an_action_names_only_allowed_endpoints_and_key_variables(

@@ -8,6 +8,7 @@ the bound on calls), sessions, executions and transcripts.
 
 import asyncio
 import json
+import logging
 import socket
 import uuid
 from datetime import timedelta
@@ -648,6 +649,51 @@ async def test_unknown_tools_and_malformed_arguments_are_told_and_the_turn_goes_
     assert [r["name"] for r in runs] == ["launch_rockets", "add_memory"]
     assert all("error" in r and "output" not in r for r in runs)
     assert runs[1]["input"] == {"arguments": '{"summary": "Ada'}
+
+
+async def test_a_reply_of_another_shape_fails_the_turn_saying_what_is_wrong(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model server's mistake is the turn's clear failure, not an internal error with a
+    traceback in the log."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.answer_with(
+        {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": 5}}]}
+    )
+    with caplog.at_level(logging.WARNING):
+        executed = await run(gql, admin, action_id, "hi")
+
+    assert executed["status"] == "FAILED"
+    assert (
+        "answered in an unexpected shape (message.tool_calls is a number, not a list"
+        in (executed["error"])
+    )
+    assert "internal error" not in executed["error"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+@pytest.mark.settings(max_tool_calls_per_reply=2)
+async def test_tool_calls_beyond_the_bound_of_a_reply_are_refused_and_the_turn_goes_on(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.call_tools(*[("search_memory", {"query": f"topic {k}"}) for k in range(4)])
+    model_server.say("Two of four.")
+    executed = await run(gql, admin, action_id, "look up four topics")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    results = tool_results(chat(model_server)[1])
+    assert len(results) == 4 and not any("not run" in r for r in results[:2])
+    assert all(
+        json.loads(r)["error"].startswith("not run: at most 2 tool calls run per reply")
+        and "call the rest in your next reply" in r
+        for r in results[2:]
+    )
+    searches = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
+    assert [("output" in r, "error" in r) for r in searches] == [(True, False)] * 2 + [
+        (False, True)
+    ] * 2
+    assert searches[3]["input"] == {"arguments": '{"query": "topic 3"}'}
 
 
 async def test_model_calls_per_turn_are_bounded(

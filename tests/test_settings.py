@@ -55,9 +55,14 @@ def test_lists_and_bounds_at_their_limits(monkeypatch):
     monkeypatch.setenv("ENGRAM_MODEL_TIMEOUT_SECONDS", "86400")
     monkeypatch.setenv("ENGRAM_TURN_LEASE_SECONDS", "604800")
     monkeypatch.setenv("ENGRAM_MAX_JSON_DEPTH", "256")
+    monkeypatch.setenv("ENGRAM_MODEL_MAX_RETRIES", "10")
+    monkeypatch.setenv("ENGRAM_MAX_TOOL_CALLS_PER_REPLY", "1024")
+    monkeypatch.setenv("ENGRAM_MODEL_MAX_REPLY_BYTES", "100000000")
     settings = Settings()
     assert settings.model_allowed_base_urls == ["https://team.example/v1"]
     assert (settings.port, settings.pool_min_size, settings.max_json_depth) == (65535, 0, 256)
+    assert (settings.model_max_retries, settings.max_tool_calls_per_reply) == (10, 1024)
+    assert settings.model_max_reply_bytes == 100_000_000
 
 
 @pytest.mark.parametrize(

@@ -159,3 +159,19 @@ async def test_numbers_no_json_column_holds_are_refused_as_not_json(raw, message
     answer = await EVERYTHING.call(ToolCall("c1", "search_memory", raw))
     error = json.loads(answer.content)["error"]
     assert error.startswith("the arguments are not valid JSON (") and message in error, error
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[" * 5_000 + "]" * 5_000,  # deeper than Python's parser goes
+        '{"query": ' * 900 + '"x"' + "}" * 900,  # read, but deeper than a walk of it goes
+        '{"query": "x", "labels": ' + "[" * 32 + "]" * 32 + "}",
+    ],
+)
+async def test_arguments_nested_too_deep_are_refused_for_the_model_to_read(raw):
+    answer = await EVERYTHING.call(ToolCall("c1", "search_memory", raw))
+    assert json.loads(answer.content) == {
+        "error": "the arguments are not valid JSON for a tool: they nest deeper than 32 levels; "
+        "send one JSON object"
+    }

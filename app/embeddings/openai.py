@@ -18,7 +18,7 @@ import numpy as np
 from app.embeddings.base import Embeddings, normalize
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.http_retry import RetriesExhausted, post_with_retries, server_message, times
-from app.text import CHARS_PER_TOKEN
+from app.text import CHARS_PER_TOKEN, MAX_COUNT
 
 _RETRIED_4XX = frozenset({408, 429})
 
@@ -138,7 +138,9 @@ class OpenAIEmbedder:
             )
         usage = answer.get("usage") or {}
         tokens = usage.get("total_tokens") or usage.get("prompt_tokens")
-        if isinstance(tokens, int | float) and math.isfinite(tokens) and tokens >= 1:
+        # (compared, not converted: an int past a float's range, 10**400, is no count either)
+        counted = isinstance(tokens, int | float) and not isinstance(tokens, bool)
+        if counted and 1 <= tokens < MAX_COUNT:
             return vectors, int(tokens)
         # A server that reports no usage (some OpenAI-compatible ones), or nonsense: estimated
         # at about four characters a token, at least one a text, so that every embedding made

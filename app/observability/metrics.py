@@ -16,6 +16,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from app.text import MAX_COUNT
+
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "current", "using"]
 
 # Latency buckets from a millisecond to two minutes (a turn waits on a model).
@@ -122,14 +124,14 @@ class Metrics:
         self.model_call_seconds.labels(purpose).observe(seconds)
         for kind in ("prompt", "completion"):
             count = (usage or {}).get(f"{kind}_tokens")
-            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            if isinstance(count, int) and not isinstance(count, bool) and 0 < count < MAX_COUNT:
                 self.model_tokens.labels(purpose, kind).inc(count)
 
     def embedding(self, ok: bool, seconds: float, tokens: int) -> None:
         self.model_calls.labels("embed", "ok" if ok else "failed").inc()
         self.model_call_seconds.labels("embed").observe(seconds)
         self.embedding_seconds.observe(seconds)
-        if tokens > 0:
+        if 0 < tokens < MAX_COUNT:
             self.model_tokens.labels("embed", "input").inc(tokens)
 
     @contextmanager

@@ -22,7 +22,8 @@ transcript erases them too. Before each model call, while the request is over bu
    exchange outgrows the budget is folded the same way, its user message first;
 3. then, as a last resort, the latest call's results too are cleared, as too large;
 4. and a request that is still over budget (the instructions, the tools and the turn's input
-   alone) fails the turn with a message saying what to shorten or raise.
+   alone, or the latest reply's tool calls with their results cleared) fails the turn with a
+   message saying what to shorten or raise, naming the model's calls when they are the cause.
 
 Each clearing and each summary is a transcript event (`context.cleared`, `context.summary`).
 The summary is stored (`session_summaries`) in the turn's commit transaction, so a turn that
@@ -217,6 +218,7 @@ class ContextWindow:
     _units: int = 0
     _current: int = 0  # how many of the running turn's messages are entries or folded
     _shown: int = 0  # what the entries add to a request
+    _called: dict[str, str] = field(default_factory=dict, repr=False)  # latest reply's calls
     _summary_cost: int | None = field(default=None, repr=False)
 
     # Building
@@ -225,12 +227,11 @@ class ContextWindow:
         if new_unit:
             self._units += 1
         tool = None
-        if message.get("role") == "tool":
-            previous = next(
-                (e for e in reversed(self.entries) if e.message.get("tool_calls")), None
-            )
-            names = _tool_names(previous.message) if previous else {}
-            tool = names.get(str(message.get("tool_call_id")), "a tool")
+        if message.get("tool_calls"):
+            # A reply's results follow it: they are named from the tools it called.
+            self._called = _tool_names(message)
+        elif message.get("role") == "tool":
+            tool = self._called.get(str(message.get("tool_call_id")), "a tool")
         entry = Entry(turn, index, self._units, message, message_tokens(message), tool)
         self.entries.append(entry)
         self._shown += entry.shown
@@ -371,22 +372,48 @@ class ContextWindow:
         asked: dict[str, Any],
         limit: int,
     ) -> str:
-        parts = [
-            f"the instructions take {message_tokens(system)}",
-            f"the tool definitions {tools_tokens(tools)}",
-            f"this turn's input {message_tokens(asked)}",
+        fixed = [
+            ("the instructions take", message_tokens(system)),
+            ("the tool definitions", tools_tokens(tools)),
+            ("this turn's input", message_tokens(asked)),
         ]
         if recalled is not None:
-            parts.append(f"the recalled memory {message_tokens(recalled)}")
+            fixed.append(("the recalled memory", message_tokens(recalled)))
         if self.summary is not None:
-            parts.append(f"the summary of earlier turns {self._summary_tokens()}")
+            fixed.append(("the summary of earlier turns", self._summary_tokens()))
+        fits = sum(tokens for _, tokens in fixed) <= limit
+        # What the conversation still holds: the latest reply's calls and results (kept, their
+        # results cleared), and the messages before them that could not be folded.
+        protected = self._protected()
+        latest = self.entries[protected:]
+        calls = len(latest[0].message.get("tool_calls") or []) if latest else 0
+        called = sum(e.shown for e in latest)
+        parts = [f"{what} {tokens}" for what, tokens in fixed]
+        if self._shown - called:
+            parts.append(f"earlier messages {self._shown - called}")
+        if calls:
+            parts.append(
+                f"the model's latest reply, its {calls} tool calls and their results {called}"
+            )
         reply = f" after {self.reserve} for the reply (model.maxTokens)" if self.reserve else ""
+        if calls and fits:
+            # The fixed part fits: it is what the model asked for at once that does not.
+            fix = (
+                f"The model called {calls} tools in one reply, more than the budget holds even "
+                "with their results cleared: have the instructions ask for fewer calls at a "
+                "time, lower ENGRAM_MAX_TOOL_CALLS_PER_REPLY, or raise model.contextTokens "
+                "(default ENGRAM_MODEL_CONTEXT_TOKENS)."
+            )
+        else:
+            fix = (
+                "Shorten the input or the instructions, or raise model.contextTokens (default "
+                "ENGRAM_MODEL_CONTEXT_TOKENS)."
+            )
         return (
             f"this turn's model call does not fit its context budget of {self.budget} tokens"
             f"{reply}, even with earlier messages cleared and summarized: "
             + ", ".join(parts)
-            + " (tokens of about four characters). Shorten the input or the instructions, "
-            "or raise model.contextTokens (default ENGRAM_MODEL_CONTEXT_TOKENS)."
+            + f" (tokens of about four characters). {fix}"
         )
 
     # Summaries

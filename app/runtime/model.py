@@ -6,9 +6,15 @@ summaries that keep a turn's context within its budget). A transient failure
 (no connection, a connect timeout, 429 or 5xx) is retried with exponential backoff, honouring
 `Retry-After`; a read timeout is not retried (the model may still be working on it, and a
 retry would pay twice), and any other 4xx fails at once with the server's message.
+
+A reply is read up to `ENGRAM_MODEL_MAX_REPLY_BYTES`: a longer one fails the call, as one that
+is not a chat completion does (not JSON, nested deeper than `MAX_REPLY_DEPTH`, a part of
+another type), naming what is wrong. Usage the reply reports that is no count (negative,
+fractional, not a number, 2**53 or more) is recorded as unknown, and logged.
 """
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -18,15 +24,27 @@ import httpx
 
 from app.actions.model import ModelConfig, check_endpoint
 from app.config import Settings
-from app.http_retry import RetriesExhausted, post_with_retries, server_message, times
+from app.http_retry import (
+    RetriesExhausted,
+    TooLarge,
+    post_with_retries,
+    server_message,
+    times,
+)
 from app.observability import metrics
-from app.text import storable
+from app.text import MAX_COUNT, nests_deeper, storable
+
+log = logging.getLogger(__name__)
 
 Purpose = Literal["turn", "memory", "context"]
 PURPOSE_HEADER = "X-Engram-Purpose"
 _RETRIED_4XX = frozenset({429})
 # An upstream error body may echo the request (or anything else): only its start is kept.
 _EXCERPT_CHARS = 200
+# A completion's own shape takes seven levels, the tool calls' arguments (sent as an object by
+# some servers) a few more; a deeper reply is no model's answer, and walking it (json.dumps,
+# repr, a later request that sends it back) would exhaust Python's stack.
+MAX_REPLY_DEPTH = 64
 
 
 class ModelFailed(Exception):
@@ -101,44 +119,94 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "... (cut)"
 
 
-def _parse(
-    answer: Any, endpoint: Endpoint
-) -> tuple[dict[str, Any], str | None, dict[str, int], str]:
-    try:
-        choice = answer["choices"][0]
-        message = choice["message"]
-        if not isinstance(message, dict):
-            raise TypeError("message is not an object")
-    except (KeyError, IndexError, TypeError) as e:
-        raise ModelFailed(
-            f"{endpoint.url} answered in an unexpected shape ({e!r}); it must be an "
-            "OpenAI-compatible chat completions endpoint"
-        ) from e
-    raw_usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
-    usage = {
-        k: int(v) for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)
-    }
-    return message, choice.get("finish_reason"), usage, str(answer.get("model") or endpoint.model)
+class _Unexpected(Exception):
+    """What is wrong with a reply's shape, in words."""
 
 
-def _tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
+_KINDS = {dict: "an object", list: "a list", str: "text", bool: "a boolean", type(None): "null"}
+
+
+def _kind(value: Any) -> str:
+    return _KINDS.get(type(value), "a number")
+
+
+def _field(container: dict[str, Any], key: str, where: str, *kinds: type) -> Any:
+    """`container[key]`, which must be of one of `kinds` (NoneType among them: may be null or
+    absent)."""
+    value = container.get(key)
+    if not isinstance(value, kinds):
+        expected = " or ".join(_KINDS[kind] for kind in kinds)
+        raise _Unexpected(f"{where} is {_kind(value)}, not {expected}")
+    return value
+
+
+@dataclass(frozen=True)
+class _Reply:
+    message: dict[str, Any]
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+    usage: dict[str, int]
+    unknown_usage: list[str]  # usage fields whose values are no count
+    model: str | None
+
+
+def _shape(answer: Any) -> _Reply:
+    """The parts of a chat completion; _Unexpected naming the first that is not as OpenAI's
+    API defines it. Fields Engram does not act on (finish_reason, model, usage) are taken when
+    they are right and otherwise left out."""
+    if not isinstance(answer, dict):
+        raise _Unexpected(f"the answer is {_kind(answer)}, not an object")
+    choices = _field(answer, "choices", "choices", list)
+    if not choices:
+        raise _Unexpected("choices is empty")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _Unexpected(f"choices[0] is {_kind(choice)}, not an object")
+    message = _field(choice, "message", "choices[0].message", dict)
+    content = _field(message, "content", "message.content", str, type(None))
     calls: list[ToolCall] = []
-    for i, call in enumerate(message.get("tool_calls") or []):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            continue
+    raw_calls = _field(message, "tool_calls", "message.tool_calls", list, type(None)) or []
+    for i, call in enumerate(raw_calls):
+        where = f"message.tool_calls[{i}]"
+        if not isinstance(call, dict):
+            raise _Unexpected(f"{where} is {_kind(call)}, not an object")
+        function = _field(call, "function", f"{where}.function", dict)
+        name = _field(function, "name", f"{where}.function.name", str)
+        call_id = _field(call, "id", f"{where}.id", str, type(None))
         arguments = function.get("arguments")
         calls.append(
             ToolCall(
-                id=storable(str(call.get("id") or f"call_{i}")),
-                name=storable(str(function.get("name") or "")),
+                id=storable(call_id or f"call_{i}"),
+                name=storable(name),
                 # Some servers send arguments as an object rather than JSON text.
                 arguments=storable(
                     arguments if isinstance(arguments, str) else json.dumps(arguments or {})
                 ),
             )
         )
-    return tuple(calls)
+    usage: dict[str, int] = {}
+    unknown: list[str] = []
+    raw_usage = answer.get("usage")
+    for key, value in (raw_usage if isinstance(raw_usage, dict) else {}).items():
+        # Counts of tokens only (some servers add timings, and objects of details).
+        if not key.endswith("_tokens") or value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT:
+            usage[storable(key)] = value
+        else:
+            unknown.append(f"{_excerpt(storable(key))} {_excerpt(json.dumps(value))}")
+    finish_reason = choice.get("finish_reason")
+    model = answer.get("model")
+    return _Reply(
+        message,
+        storable(content) if content is not None else None,
+        tuple(calls),
+        finish_reason if isinstance(finish_reason, str) else None,
+        usage,
+        unknown,
+        storable(model) if isinstance(model, str) and model else None,
+    )
 
 
 class ModelClient:
@@ -153,6 +221,7 @@ class ModelClient:
     ) -> None:
         self.settings = settings
         self.max_retries = settings.model_max_retries
+        self.max_reply_bytes = settings.model_max_reply_bytes
         self.backoff_seconds = backoff_seconds
         timeout = settings.model_timeout_seconds
         self._client = httpx.AsyncClient(
@@ -191,23 +260,44 @@ class ModelClient:
         started = time.perf_counter()
         try:
             answer, attempts = await self._post(endpoint, body, headers)
-            message, finish_reason, usage, model = _parse(answer, endpoint)
+            reply = self._parse(answer, endpoint)
         except BaseException:
             metrics.current().model_call(purpose, False, time.perf_counter() - started)
             raise
-        metrics.current().model_call(purpose, True, time.perf_counter() - started, usage)
-        content = message.get("content")
+        metrics.current().model_call(purpose, True, time.perf_counter() - started, reply.usage)
         return Completion(
-            # What a model says is stored (transcript, output): NUL and lone surrogates replaced.
-            content=storable(content) if isinstance(content, str) else None,
-            tool_calls=_tool_calls(message),
-            finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-            model=model,
-            usage=usage,
+            content=reply.content,
+            tool_calls=reply.tool_calls,
+            finish_reason=reply.finish_reason,
+            model=reply.model or endpoint.model,
+            usage=reply.usage,
             attempts=attempts,
             duration_ms=(time.perf_counter() - started) * 1000,
-            message=message,
+            message=reply.message,
         )
+
+    def _parse(self, answer: Any, endpoint: Endpoint) -> _Reply:
+        unexpected = None
+        if nests_deeper(answer, MAX_REPLY_DEPTH):
+            unexpected = f"it nests deeper than {MAX_REPLY_DEPTH} levels"
+        else:
+            try:
+                reply = _shape(answer)
+            except _Unexpected as e:
+                unexpected = str(e)
+        if unexpected is not None:
+            raise ModelFailed(
+                f"the model at {endpoint.url} answered in an unexpected shape ({unexpected}); "
+                "it must be an OpenAI-compatible chat completions endpoint"
+            )
+        if reply.unknown_usage:
+            # Bookkeeping, not the answer: the turn goes on, and the operator is told.
+            log.warning(
+                "the model at %s reported usage that is no count, recorded as unknown: %s",
+                endpoint.url,
+                "; ".join(reply.unknown_usage),
+            )
+        return reply
 
     async def _post(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
@@ -223,11 +313,19 @@ class ModelClient:
                 retried_4xx=_RETRIED_4XX,
                 # The model may still be working on it, and a retry would pay twice.
                 retry_read_timeouts=False,
+                max_bytes=self.max_reply_bytes,
             )
         except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
             raise ModelFailed(
                 f"the model at {endpoint.url} did not answer within "
                 f"{self.settings.model_timeout_seconds:g} seconds (ENGRAM_MODEL_TIMEOUT_SECONDS)"
+            ) from e
+        except TooLarge as e:
+            # Not retried: a model that wrote this much once would again, at the same cost.
+            raise ModelFailed(
+                f"the model at {endpoint.url} answered with more than {e.limit:,} bytes "
+                "(ENGRAM_MODEL_MAX_REPLY_BYTES), so nothing of its reply was used: bound its "
+                "replies with model.maxTokens, or raise the setting"
             ) from e
         except RetriesExhausted as e:
             last = _excerpt(str(e.last))
@@ -250,6 +348,12 @@ class ModelClient:
             return response.json(), attempts
         except ValueError as e:
             raise ModelFailed(f"the model at {endpoint.url} answered with invalid JSON") from e
+        except RecursionError:
+            raise ModelFailed(
+                f"the model at {endpoint.url} answered in an unexpected shape (it nests deeper "
+                f"than {MAX_REPLY_DEPTH} levels); it must be an OpenAI-compatible chat "
+                "completions endpoint"
+            ) from None
 
     async def aclose(self) -> None:
         await self._client.aclose()

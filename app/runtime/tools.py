@@ -49,7 +49,7 @@ from app.runtime.tool_args import (
 from app.runtime.transcript import Transcript
 from app.scope import Scope as RecordScope
 from app.shapes import WRITTEN, first_error
-from app.text import for_model, for_model_json, storable_json
+from app.text import for_model, for_model_json, nests_deeper, storable_json
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,15 @@ def _finite(number: str) -> float:
     return value
 
 
+# The deepest arguments a call may send: the native tools' take two levels (labels), and
+# what reads them (making them storable, validating them) recurses as deep as they go.
+MAX_ARGUMENT_DEPTH = 32
+_TOO_DEEP = (
+    f"the arguments are not valid JSON for a tool: they nest deeper than {MAX_ARGUMENT_DEPTH} "
+    "levels; send one JSON object"
+)
+
+
 def parse_arguments(raw: str) -> dict[str, Any]:
     try:
         # NaN and Infinity are not JSON, and 1e400 no number (no JSON column would store them).
@@ -208,8 +217,12 @@ def parse_arguments(raw: str) -> dict[str, Any]:
         )
     except ValueError as e:
         raise ToolRefused(f"the arguments are not valid JSON ({e}); send one JSON object") from None
+    except RecursionError:
+        raise ToolRefused(_TOO_DEEP) from None
     if not isinstance(value, dict):
         raise ToolRefused("the arguments must be one JSON object")
+    if nests_deeper(value, MAX_ARGUMENT_DEPTH):
+        raise ToolRefused(_TOO_DEEP)
     # JSON escapes can still spell NUL or a lone surrogate: the model's words are made storable.
     return storable_json(value)
 
@@ -313,13 +326,7 @@ class NativeTools:
                 )
             else:
                 message = e.message
-            record.update(
-                input=args if args is not None else {"arguments": call.arguments}, error=message
-            )
-            self.transcript.add(events.TOOL_EXECUTION, record)
-            return ToolMessage(
-                json.dumps({"error": for_model(message)}, ensure_ascii=False), message
-            )
+            return self._refused(call, args, message)
         if result.embed_tokens:
             self.transcript.embedding(self.embedder_name, result.embed_tokens, call.name)
         recorded = result.transcript_output
@@ -356,6 +363,20 @@ class NativeTools:
         return ToolMessage(
             json.dumps(for_model_json(result.output), ensure_ascii=False), "\n".join(summaries)
         )
+
+    def refuse(self, call: ToolCall, message: str) -> "ToolMessage":
+        """Answers a call without running it: the model reads `message` as its error."""
+        return self._refused(call, None, message)
+
+    def _refused(self, call: ToolCall, args: dict[str, Any] | None, message: str) -> "ToolMessage":
+        record: dict[str, Any] = {
+            "name": call.name,
+            "callId": call.id,
+            "input": args if args is not None else {"arguments": call.arguments},
+            "error": message,
+        }
+        self.transcript.add(events.TOOL_EXECUTION, record)
+        return ToolMessage(json.dumps({"error": for_model(message)}, ensure_ascii=False), message)
 
     def _check_offered(self, name: str) -> None:
         if name in self.schemas:

@@ -576,6 +576,11 @@ async def _run(context: TurnContext) -> set[Version]:
     exchange: list[dict[str, Any]] = []
     latest = ""
     limit = state.settings.max_model_calls_per_turn
+    per_reply = state.settings.max_tool_calls_per_reply
+    beyond = (
+        f"not run: at most {per_reply} tool calls run per reply "
+        "(ENGRAM_MAX_TOOL_CALLS_PER_REPLY); call the rest in your next reply"
+    )
     for call_number in range(1, limit + 1):
         recalled = await recall.before_call(recall_query(request, latest)) if recall else None
         context.messages = await window.prompt(system, tools.offered, recalled, asked, exchange)
@@ -614,10 +619,15 @@ async def _run(context: TurnContext) -> set[Version]:
             }
         )
         results = []
-        for call in completion.tool_calls:
-            result = await tools.call(call)
+        for number, call in enumerate(completion.tool_calls):
+            if number < per_reply:
+                result = await tools.call(call)
+                results.append(result.text)
+            else:
+                result = tools.refuse(call, beyond)
+                if number % per_reply == 0:
+                    await asyncio.sleep(0)  # refusing runs no await: other requests go on
             exchange.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
-            results.append(result.text)
         # The next recall looks for what the work is now about: the reply and the tools' words.
         latest = "\n".join(t for t in [completion.content or "", *results] if t)
     for step in END_OF_TURN_STEPS:
