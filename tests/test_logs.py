@@ -97,3 +97,22 @@ def test_json_logs_carry_the_request_id_sent_back_in_the_header(db_url, tmp_path
     assert (by_id[made]["status"], by_id[made]["code"]) == (401, "UNAUTHENTICATED")
     assert token not in (tmp_path / "stderr.log").read_text()
     assert any(e["message"].startswith("Engram starting on") for e in entries)
+
+
+def test_a_traceback_cannot_begin_a_line_that_reads_as_a_record():
+    """An error's words may carry a request's (a driver's DETAIL, a value): a traceback's lines
+    are indented and escaped, so only a record's own first line starts with its time."""
+    import logging
+    import sys
+
+    from app.observability.logs import TextFormatter
+
+    try:
+        raise ValueError("bad\n2026-01-01 00:00:00,000 INFO app.access: GET / 200 FORGED\r\x1b[2J")
+    except ValueError:
+        record = logging.LogRecord("app.x", logging.ERROR, "", 0, "failed", (), sys.exc_info())
+    lines = TextFormatter().format(record).split("\n")
+    assert [line for line in lines if OWN_LINE.match(line)] == [lines[0]], lines
+    assert lines[0].endswith(" ERROR app.x: failed")
+    assert lines[1] == "  Traceback (most recent call last):"
+    assert lines[-1] == "  2026-01-01 00:00:00,000 INFO app.access: GET / 200 FORGED\\x0d\\x1b[2J"

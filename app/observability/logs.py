@@ -95,9 +95,20 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
-        # The message alone: a traceback after it keeps its lines.
         shown = _UNSHOWN.sub(_escaped, record.message)
         return super().formatMessage(logging.makeLogRecord({**vars(record), "message": shown}))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    """A traceback keeps its lines, each indented and escaped as a message is: the error's
+    words, which may carry a request's, cannot begin a line that reads as a record."""
+    return "\n".join("  " + _UNSHOWN.sub(_escaped, line) for line in text.split("\n"))
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
