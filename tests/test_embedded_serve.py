@@ -195,6 +195,17 @@ def _kill_and_see_it_restarted(
     return killed
 
 
+def _kill_with_the_lock_naming(pgdata: Path, pid: int) -> None:
+    """Kills the postmaster (SIGKILL) with its lock file naming live process `pid` instead, so
+    that the server cannot start again while `pid` runs."""
+    lock = pgdata / "postmaster.pid"
+    postmaster = _postmaster(pgdata)
+    assert postmaster is not None
+    lines = lock.read_text().splitlines()
+    lock.write_text("\n".join([str(pid), *lines[1:]]) + "\n")
+    os.kill(postmaster, signal.SIGKILL)
+
+
 def _restarts(served: Served) -> list[str]:
     """The supervisor's lines saying it started the server again."""
     return [line for line in served.log.read_text().splitlines() if "started it" in line]
@@ -211,12 +222,7 @@ def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(root: P
     try:
         served.wait_healthy(url)
         [admin] = served.admin_tokens()
-        lock = pgdata / "postmaster.pid"
-        postmaster = _postmaster(pgdata)
-        assert postmaster is not None
-        lines = lock.read_text().splitlines()
-        lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
-        os.kill(postmaster, signal.SIGKILL)
+        _kill_with_the_lock_naming(pgdata, sleeper.pid)
 
         def refused() -> bool:
             assert served.proc.poll() is None, served.log.read_text()
@@ -260,12 +266,7 @@ def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(root:
     try:
         served.wait_healthy(url)
         [admin] = served.admin_tokens()
-        lock = pgdata / "postmaster.pid"
-        postmaster = _postmaster(pgdata)
-        assert postmaster is not None
-        lines = lock.read_text().splitlines()
-        lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
-        os.kill(postmaster, signal.SIGKILL)
+        _kill_with_the_lock_naming(pgdata, sleeper.pid)
 
         wait_until(lambda: _health(url) == 503, "/healthz 503", 60, every=0.2)
         response = httpx.post(
