@@ -193,6 +193,24 @@ async def test_openai_refuses_vectors_of_another_dimension(openai_server: OpenAI
         await embedder.aclose()
 
 
+async def test_openai_reads_no_more_of_an_answer_than_its_vectors_take(
+    openai_server: OpenAIServer,
+) -> None:
+    """An endpoint answering far more than the vectors asked for (here 16,384-d for a 2-d
+    deployment) is refused once it passes what they could take, not read whole into memory."""
+    openai_server.embedding_dimensions = 16_384
+    embedder = OpenAIEmbedder(
+        url=openai_server.url, model="test-embed", backoff_seconds=FAST_BACKOFF
+    )
+    embedder.dimensions = 2
+    try:
+        with pytest.raises(EmbeddingFailed, match="answered 1 texts with more than 65,600 bytes"):
+            await embedder.embed(["hello"])
+    finally:
+        await embedder.aclose()
+    assert len(openai_server.requests) == 1  # not retried
+
+
 async def test_open_embedder_probes_the_dimension_once(openai_server: OpenAIServer) -> None:
     settings = Settings(
         embedder="openai", embedding_url=openai_server.url, embedding_model="test-embed"

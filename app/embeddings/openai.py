@@ -17,10 +17,19 @@ import numpy as np
 
 from app.embeddings.base import Embeddings, normalize
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
-from app.http_retry import RetriesExhausted, post_with_retries, server_message, times
+from app.http_retry import RetriesExhausted, TooLarge, post_with_retries, server_message, times
 from app.text import CHARS_PER_TOKEN, MAX_COUNT
 
 _RETRIED_4XX = frozenset({408, 429})
+# The most an answer is read of: each vector's floats written out in JSON (at most about 25
+# characters each, "-1.2345678901234567e-05, "), with room for the rest; before the dimension
+# is known, as many as any embedding model writes.
+_FLOAT_BYTES = 32
+_MOST_DIMENSIONS = 16_384
+
+
+def _answer_bytes(texts: int, dimensions: int) -> int:
+    return 65_536 + texts * (dimensions or _MOST_DIMENSIONS) * _FLOAT_BYTES
 
 
 class OpenAIEmbedder:
@@ -95,7 +104,15 @@ class OpenAIEmbedder:
                 backoff_seconds=self.backoff_seconds,
                 retried_4xx=_RETRIED_4XX,
                 retry_read_timeouts=True,
+                max_bytes=_answer_bytes(len(texts), self.dimensions),
             )
+        except TooLarge as e:
+            raise EmbeddingFailed(
+                f"{self._endpoint} answered {len(texts)} texts with more than {e.limit:,} bytes,"
+                f" far more than {self.dimensions or 'any'}-d vectors take; it must be an"
+                " OpenAI-compatible embeddings endpoint for this model",
+                transient=False,
+            ) from e
         except RetriesExhausted as e:
             raise EmbeddingFailed(
                 f"{self._endpoint} failed {times(e.attempts)}, last: {e.last}"
@@ -108,7 +125,7 @@ class OpenAIEmbedder:
             )
         try:
             answer = response.json()
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # httpx raises the latter on deep bodies
             raise EmbeddingFailed(
                 f"{self._endpoint} answered with invalid JSON", transient=False
             ) from e
