@@ -35,6 +35,8 @@ def test_a_normal_start_prints_no_warnings_and_no_library_lines(data_root):
         " INFO app.access: GET /x\\x0a2026-12-04 18:00:00,000 INFO app.access: FORGED"
         "\\x0d\\x00\\u202e 404" + access.rsplit(" 404", 1)[1]
     ), access
+    # Each request's line names its request, as the X-Request-ID header does.
+    assert re.search(r" 404 [\d.]+ ms \[request [0-9a-f]{32}\]$", access), access
     for line in lines:
         assert OWN_LINE.match(line), f"a line that is not Engram's own: {line!r}"
     text = "\n".join(lines)

@@ -105,15 +105,16 @@ class TextFormatter(logging.Formatter):
         return _indented(super().formatStack(stack_info))
 
 
-def _indented(text: str) -> str:
-    """A traceback keeps its lines, each indented and escaped as a message is: the error's
-    words, which may carry a request's, cannot begin a line that reads as a record."""
-    return "\n".join("  " + _UNSHOWN.sub(_escaped, line) for line in text.split("\n"))
-
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         rid = getattr(record, "request_id", None)
         return f"{line} [request {rid}]" if rid else line
+
+
+def _indented(text: str) -> str:
+    """A traceback keeps its lines, each indented and escaped as a message is: the error's
+    words, which may carry a request's, cannot begin a line that reads as a record."""
+    return "\n".join("  " + _UNSHOWN.sub(_escaped, line) for line in text.split("\n"))
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
