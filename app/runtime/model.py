@@ -209,6 +209,17 @@ def _shape(answer: Any) -> _Reply:
     )
 
 
+_TOO_DEEP = f"it nests deeper than {MAX_REPLY_DEPTH} levels"
+
+
+def _unexpected(endpoint: Endpoint, what: str) -> ModelFailed:
+    """The failure of a reply that is not a chat completion, saying what is wrong with it."""
+    return ModelFailed(
+        f"the model at {endpoint.url} answered in an unexpected shape ({what}); it must be an "
+        "OpenAI-compatible chat completions endpoint"
+    )
+
+
 class ModelClient:
     """One per process (in AppState.services["model"]): it pools connections to every endpoint."""
 
@@ -279,17 +290,14 @@ class ModelClient:
     def _parse(self, answer: Any, endpoint: Endpoint) -> _Reply:
         unexpected = None
         if nests_deeper(answer, MAX_REPLY_DEPTH):
-            unexpected = f"it nests deeper than {MAX_REPLY_DEPTH} levels"
+            unexpected = _TOO_DEEP
         else:
             try:
                 reply = _shape(answer)
             except _Unexpected as e:
                 unexpected = str(e)
         if unexpected is not None:
-            raise ModelFailed(
-                f"the model at {endpoint.url} answered in an unexpected shape ({unexpected}); "
-                "it must be an OpenAI-compatible chat completions endpoint"
-            )
+            raise _unexpected(endpoint, unexpected)
         if reply.unknown_usage:
             # Bookkeeping, not the answer: the turn goes on, and the operator is told.
             log.warning(
@@ -349,11 +357,7 @@ class ModelClient:
         except ValueError as e:
             raise ModelFailed(f"the model at {endpoint.url} answered with invalid JSON") from e
         except RecursionError:
-            raise ModelFailed(
-                f"the model at {endpoint.url} answered in an unexpected shape (it nests deeper "
-                f"than {MAX_REPLY_DEPTH} levels); it must be an OpenAI-compatible chat "
-                "completions endpoint"
-            ) from None
+            raise _unexpected(endpoint, _TOO_DEEP) from None
 
     async def aclose(self) -> None:
         await self._client.aclose()

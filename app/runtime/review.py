@@ -55,7 +55,7 @@ from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.tool_args import function_tool
 from app.runtime.tools import labels_property, offers_scope, record_view, versions
-from app.text import for_model, quoted
+from app.text import for_model, nests_deeper, quoted
 
 if TYPE_CHECKING:
     from app.runtime.turns import TurnContext
@@ -279,8 +279,8 @@ class _Shown:
 def _shown(view: dict[str, Any]) -> dict[str, Any]:
     """A record or candidate as the decide call shows it: a long content keeps its start."""
     content = view.get("content")
-    if isinstance(content, str) and len(content) > SHOWN_CONTENT_CHARS:
-        view["content"] = content[:SHOWN_CONTENT_CHARS] + " …(cut)"
+    if isinstance(content, str):
+        view["content"] = _brief(content, SHOWN_CONTENT_CHARS)
     return view
 
 
@@ -290,20 +290,6 @@ def _brief(text: str, most: int = PROBLEM_CHARS) -> str:
 
 def _not_a_number(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
-
-
-def _too_deep(value: Any) -> bool:
-    """Whether `value` nests deeper than MAX_DEPTH; walked without recursion."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return False
 
 
 def _arguments(completion: Completion, tool: str) -> dict[str, Any]:
@@ -318,7 +304,7 @@ def _arguments(completion: Completion, tool: str) -> dict[str, Any]:
         raise _Malformed(f"the arguments of {tool} are not valid JSON ({e})") from None
     if not isinstance(value, dict):
         raise _Malformed(f"the arguments of {tool} must be one JSON object")
-    if _too_deep(value):
+    if nests_deeper(value, MAX_DEPTH):
         raise _Malformed(f"the arguments of {tool} nest deeper than {MAX_DEPTH} levels")
     return value
 
