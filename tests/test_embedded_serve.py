@@ -45,6 +45,15 @@ def root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that is not a server, for a lock file to name; killed at the end."""
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait()
+
+
 def _server_processes(pgdata: Path) -> list[int]:
     """The PostgreSQL processes (postmaster and backends) working in `pgdata`."""
     if not pgdata.exists():
@@ -211,14 +220,15 @@ def _restarts(served: Served) -> list[str]:
     return [line for line in served.log.read_text().splitlines() if "started it" in line]
 
 
-def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(root: Path) -> None:
+def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(
+    root: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
     """While the lock file names a live process that is not the directory's server (another
     container's, for all this process can tell), the server is not started again: /healthz
     stays 503 and each attempt logs why; once that process is gone, the next attempt starts it."""
     data, port = root / "data", free_port()
     pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
     served = Served(clean_env(data_dir=str(data), port=str(port)), root / "serve.log")
-    sleeper = subprocess.Popen(["sleep", "600"])
     try:
         served.wait_healthy(url)
         [admin] = served.admin_tokens()
@@ -243,8 +253,6 @@ def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(root: P
         assert "after" in _restarts(served)[0]
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
-        sleeper.kill()
-        sleeper.wait()
         served.kill()
     assert _server_processes(pgdata) == []
 
@@ -253,7 +261,9 @@ def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(root: P
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|WARNING|ERROR) [\w.]+: ")
 
 
-def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(root: Path) -> None:
+def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(
+    root: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
     """While the embedded server is down and cannot start again (the lock file names another
     live process), asyncpg's pool retries its connections, search upkeep fails its rounds, and
     requests answer 503 UNAVAILABLE: each logged in one line that says the database is
@@ -262,7 +272,6 @@ def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(root:
     pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
     env = clean_env(data_dir=str(data), port=str(port), search_maintenance_seconds="1")
     served = Served(env, root / "serve.log")
-    sleeper = subprocess.Popen(["sleep", "600"])
     try:
         served.wait_healthy(url)
         [admin] = served.admin_tokens()
@@ -296,7 +305,5 @@ def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(root:
         served.wait_healthy(url, timeout=180)
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
-        sleeper.kill()
-        sleeper.wait()
         served.kill()
     assert _server_processes(pgdata) == []
