@@ -593,6 +593,56 @@ async def test_m14_a_long_run_of_messages_is_read_in_parts(
     }
 
 
+async def test_m14_turns_a_full_review_did_not_read_wait_for_the_next(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review reads turn 1's part, takes the one candidate it may, and stops: turn 2's
+    messages were not read, so turn 2 stays unreviewed and its 2 messages with turn 3's reach
+    `every: {messages: 4}` at once; turn 3's review reads turn 2 (and not turn 1 again)."""
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # each turn's messages a part
+    monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
+    harness = memory_harness(extraction={"every": {"messages": 4}})
+    action_id = str((await make_agent(gql.state, admin, harness=harness)).action_id)
+    model_server.say("Noted the first.")
+    await run(gql, admin, action_id, "First: " + "tea " * 50)
+    candidates(model_server, {"summary": "Ada likes tea"})
+    model_server.say("Noted the second.")
+    second = await run(gql, admin, action_id, "Second: " + "cake " * 50)
+    (review,) = reviews(second)
+    assert "parts 2 to 2 of the conversation were not read" in review["dropped"][0]
+    (read,) = chat(model_server, "memory")
+    assert "First: tea" in conversation(read) and "Second" not in conversation(read)
+    candidates(model_server, {"summary": "Bob bakes cake"})
+    model_server.say("Noted the third.")
+    third = await run(gql, admin, action_id, "Third: hello")
+    assert len(reviews(third)) == 1
+    read = "".join(conversation(r) for r in chat(model_server, "memory")[1:])
+    assert "Second: cake" in read and "Third: hello" in read and "First" not in read
+    assert {m["summary"] for m in await memories(gql, admin, action_id)} == {
+        "Ada likes tea",
+        "Bob bakes cake",
+    }
+
+
+async def test_m14_a_turn_longer_than_a_full_review_reads_is_not_read_again(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One turn in two parts, the first giving the one candidate a review takes: the turn is
+    marked reviewed all the same, or every later review would start at it again."""
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)
+    monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
+    action_id = str((await make_agent(gql.state, admin, harness=memory_harness())).action_id)
+    candidates(model_server, {"summary": "Ada likes tea"})
+    model_server.say("Noted: " + "tea " * 80)
+    first = await run(gql, admin, action_id, "First: " + "tea " * 50)
+    assert "parts 2 to 2" in reviews(first)[0]["dropped"][0]
+    candidates(model_server, {"summary": "Bob bakes cake"})
+    model_server.say("Noted the second.")
+    await run(gql, admin, action_id, "Second: cake")
+    read = conversation(chat(model_server, "memory")[-1])
+    assert "Second: cake" in read and "First" not in read
+
+
 def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
     """The review's neighbours: the records search ranked, ranked again with the candidate's
     words weighted by how rare they are among them (bench/review.py measures its recall)."""

@@ -9,7 +9,8 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    turns' messages are read back from their transcripts (executions/store.pending_review).
 2. Asks the model (purpose `memory`) for candidates over those messages, one a line with its
    time and speaker, its text quoted (`_line`), by a tool call shaped like add_memory's
-   arguments; at most MAX_CANDIDATES in all. A malformed reply is told what was wrong once
+   arguments; at most MAX_CANDIDATES in all (once reached, the turns of the parts not read
+   are left for the next review). A malformed reply is told what was wrong once
    (sent back as parsed, never raw); if the second is malformed too, what is wrong in it is
    dropped.
 3. Skips a candidate whose normalised summary a visible record already has, with no model
@@ -236,17 +237,26 @@ def _line(m: Message, most: int = MESSAGE_CHARS) -> str:
     return head + quoted(m.text, max(0, most - len(head)))
 
 
-def _parts(messages: list[Message], most: int = CALL_CHARS) -> list[list[str]]:
+@dataclass
+class _Part:
+    """Lines of the conversation that one candidate call reads, and the turns they are from."""
+
+    lines: list[str] = field(default_factory=list)
+    turns: set[UUID] = field(default_factory=set)
+
+
+def _parts(messages: list[Message], most: int = CALL_CHARS) -> list[_Part]:
     """The messages as lines, in parts of at most `most` characters (one candidate call each);
     a message longer than a part keeps its start."""
-    parts: list[list[str]] = [[]]
+    parts = [_Part()]
     size = 0
     for m in messages:
         line = _line(m, min(MESSAGE_CHARS, most - 64))
-        if parts[-1] and size + len(line) > most:
-            parts.append([])
+        if parts[-1].lines and size + len(line) > most:
+            parts.append(_Part())
             size = 0
-        parts[-1].append(line)
+        parts[-1].lines.append(line)
+        parts[-1].turns.add(m.execution_id)
         size += len(line) + 1
     return parts
 
@@ -342,6 +352,7 @@ class Review:
         self.memory = context.action.harness.memory
         self.settings = context.state.settings
         self.event: dict[str, Any] = {}
+        self.unread: set[UUID] = set()  # turns with messages the review did not reach
         self.calls = 0
         self.turns_own: Exception | None = None  # what keeping the turn alive raised
         budget, reserve = budget_of(context.action.model, self.settings.model_context_tokens)
@@ -490,17 +501,20 @@ class Review:
             )
         found: list[Candidate] = []
         parts = _parts(messages, most)
-        for n, lines in enumerate(parts):
+        for n, part in enumerate(parts):
             room = MAX_CANDIDATES - len(found)
             if room == 0:
+                # Their turns stay unreviewed, for the next review (review_memory).
+                self.unread = {t for p in parts[n:] for t in p.turns}
                 self.event.setdefault("dropped", []).append(
                     f"parts {n + 1} to {len(parts)} of the conversation were not read: the "
-                    f"review had taken the {MAX_CANDIDATES} candidates it takes"
+                    f"review had taken the {MAX_CANDIDATES} candidates it takes; their turns "
+                    "are read by the next review"
                 )
                 break
             asked = [
                 {"role": "system", "content": system + "\n\n" + _FORMAT.format(most=room)},
-                {"role": "user", "content": _conversation(lines) + pinned},
+                {"role": "user", "content": _conversation(part.lines) + pinned},
             ]
 
             def parse(value: dict[str, Any], strict: bool, room: int = room) -> list[Candidate]:
@@ -771,7 +785,11 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
         return
     review.event["written"] = versions(written)
     context.transcript.add(events.MEMORY_REVIEW, review.event)
-    context.reviewed = [*(p["execution_id"] for p in pending), e.execution_id]
+    read = [*(p["execution_id"] for p in pending), e.execution_id]
+    # A turn the review did not read to its end waits for the next review, and so do the turns
+    # after it; the first is marked in any case, so that reviews move on (a single turn longer
+    # than MAX_CANDIDATES candidates' worth would otherwise be read again and again).
+    context.reviewed = [t for t in read if t not in review.unread] or read[:1]
     if written:
         context.review_written = (mark, review.event["written"])
 
