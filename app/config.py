@@ -140,7 +140,8 @@ class Settings(BaseSettings):
     # At most 10: with the backoff capped at 30 s, ten retries already wait up to 2.5 minutes
     # beyond their timeouts, and the turn's liveness bound counts every retry.
     model_max_retries: int = Field(default=2, ge=0, le=10)
-    max_model_calls_per_turn: int = Field(default=16, ge=1)
+    # At most 1024, as the tool calls of one reply: the turn's liveness bound multiplies it.
+    max_model_calls_per_turn: int = Field(default=16, ge=1, le=1024)
     # One reply's tool calls that run; those beyond are each answered with a refusal the model
     # reads (OpenAI's API takes at most 128 tools in a request; no agent needs to fan out
     # further in one reply, and each call may embed, search or write).

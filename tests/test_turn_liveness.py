@@ -448,3 +448,15 @@ async def test_m7_execute_action_with_a_key_runs_one_turn(
 
 async def _running_count(state: AppState) -> bool:
     return await _count(state, "SELECT count(*) FROM executions WHERE status = 'RUNNING'") > 0
+
+
+def test_a_turn_without_a_boot_id_is_judged_dead_only_after_its_retries_could_have_waited() -> None:
+    """The bound counts, for each model call, every attempt's timeout and the longest wait
+    before each retry (a Retry-After or the backoff, both capped at 30 s)."""
+    from app.config import Settings
+
+    settings = Settings(
+        max_model_calls_per_turn=2, model_timeout_seconds=10, model_max_retries=3
+    )
+    # 2 calls x (4 attempts x 10 s + 3 waits x 30 s) + 600 s of margin.
+    assert liveness.stale_after_seconds(settings) == 2 * (4 * 10 + 3 * 30) + 600

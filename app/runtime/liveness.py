@@ -35,6 +35,7 @@ import asyncpg
 from app import tasks
 from app.config import Settings
 from app.executions import store
+from app.http_retry import MAX_BACKOFF_SECONDS, MAX_RETRY_AFTER_SECONDS
 from app.idempotency import store as idempotency_store
 from app.idempotency.keys import KEEP_SECONDS
 
@@ -44,10 +45,13 @@ SERVICE = "turn_liveness"
 
 
 def stale_after_seconds(settings: Settings) -> float:
-    """No live turn runs longer than every allowed model call timing out on every retry; a turn
-    written without a boot ID is judged dead after that long without a sign of life."""
+    """No live turn runs longer than every allowed model call timing out on every retry, with
+    the longest wait before each retry; a turn written without a boot ID is judged dead after
+    that long without a sign of life."""
     s = settings
-    return s.max_model_calls_per_turn * s.model_timeout_seconds * (s.model_max_retries + 1) + 600
+    wait = max(MAX_RETRY_AFTER_SECONDS, MAX_BACKOFF_SECONDS)
+    per_call = s.model_timeout_seconds * (s.model_max_retries + 1) + wait * s.model_max_retries
+    return s.max_model_calls_per_turn * per_call + 600
 
 
 @dataclass(frozen=True)

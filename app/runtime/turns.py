@@ -127,7 +127,8 @@ def model_client(state: AppState) -> ModelClient:
 
 
 def stale_after_seconds(state: AppState) -> float:
-    """No live turn runs longer than every allowed model call timing out on every retry."""
+    """No live turn runs longer than every allowed model call timing out on every retry (and
+    waiting before each)."""
     return liveness.stale_after_seconds(state.settings)
 
 
