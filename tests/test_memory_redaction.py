@@ -196,8 +196,9 @@ async def test_m55_a_sessions_running_summary_shows_only_with_the_memory_grants(
     the reply of the model call of purpose `context` that wrote it."""
     harness = memory_harness(tools=["add_memory"])
     action_id = str(
-        (await make_agent(gql.state, admin, harness=harness, model={"contextTokens": 1500}))
-        .action_id
+        (
+            await make_agent(gql.state, admin, harness=harness, model={"contextTokens": 1500})
+        ).action_id
     )
     model_server.call_tools(("add_memory", {"summary": SUMMARY, "kind": "fact"}))
     model_server.say("Noted.")

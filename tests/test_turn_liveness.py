@@ -455,8 +455,6 @@ def test_a_turn_without_a_boot_id_is_judged_dead_only_after_its_retries_could_ha
     before each retry (a Retry-After or the backoff, both capped at 30 s)."""
     from app.config import Settings
 
-    settings = Settings(
-        max_model_calls_per_turn=2, model_timeout_seconds=10, model_max_retries=3
-    )
+    settings = Settings(max_model_calls_per_turn=2, model_timeout_seconds=10, model_max_retries=3)
     # 2 calls x (4 attempts x 10 s + 3 waits x 30 s) + 600 s of margin.
     assert liveness.stale_after_seconds(settings) == 2 * (4 * 10 + 3 * 30) + 600

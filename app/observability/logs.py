@@ -104,7 +104,6 @@ class TextFormatter(logging.Formatter):
     def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
         return _indented(super().formatStack(stack_info))
 
-
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         rid = getattr(record, "request_id", None)
