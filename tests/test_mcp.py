@@ -522,3 +522,37 @@ async def test_mcp_arguments_no_json_column_holds_are_refused_before_anything_ru
             assert "numbers must be finite" in refusal["error"]
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert await _executions(state, action_id) == []
+
+
+async def test_mcp_a_request_whose_id_json_rpc_refuses_is_answered_invalid(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """JSON-RPC ids are strings, integers or null: an object, a fraction, 1e400 or a boolean
+    is an Invalid Request answered 400 (the SDK took them for notifications: 202, no answer,
+    the call run or not unseen by the client)."""
+    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
+    token = await token_for(state, admin, "ids", *AGENT_POLICIES)
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2025-06-18",
+    }
+    body = (
+        '{"jsonrpc": "2.0", "id": %s, "method": "tools/call", "params": {"name": '
+        '"search_memory", "arguments": {"query": "parcel"}}}'
+    )
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for id_ in ('{"a": 1}', "1e400", "1.5", "true", "[]"):
+            response = await http.post(
+                f"/mcp/{action_id}?session=s1", content=body % id_, headers=headers
+            )
+            assert response.status_code == 400, (id_, response.status_code, response.text)
+            error = response.json()["error"]
+            assert error["code"] == -32600
+            assert "id must be a string, an integer or null" in error["message"]
+        assert await _executions(state, action_id) == []
+        fine = await http.post(
+            f"/mcp/{action_id}?session=s1", content=body % '"call-1"', headers=headers
+        )
+        assert fine.status_code == 200 and fine.json()["id"] == "call-1"

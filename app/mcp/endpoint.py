@@ -170,6 +170,29 @@ def _query(request: Request) -> dict[str, str]:
         ) from None
 
 
+INVALID_REQUEST = -32600
+
+
+def _bad_id(body: bytes) -> str | None:
+    """What is wrong with a JSON-RPC message's `id`, which must be a string, an integer or
+    null: the SDK took an object, a fraction or 1e400 for a notification, answered 202 and
+    nothing. A body that is not JSON is left to the SDK, which says so."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    for item in message if isinstance(message, list) else [message]:
+        if not isinstance(item, dict) or "id" not in item:
+            continue
+        id_ = item["id"]
+        if id_ is not None and (isinstance(id_, bool) or not isinstance(id_, str | int)):
+            return (
+                f"Invalid Request: the id must be a string, an integer or null, not "
+                f"{json.dumps(id_)[:40]}"
+            )
+    return None
+
+
 class _Refused(DomainError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -211,6 +234,17 @@ class McpEndpoint:
             if body is None:
                 too_big = f"request bodies are limited to {self.max_body_bytes} bytes"
                 await _error(413, "BAD_REQUEST", too_big)(scope, receive, send)
+                return
+            if (problem := _bad_id(body)) is not None:
+                response = JSONResponse(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {"code": INVALID_REQUEST, "message": problem},
+                    },
+                    status_code=400,
+                )
+                await response(scope, receive, send)
                 return
             receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
