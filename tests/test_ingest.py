@@ -18,6 +18,7 @@ from runtime_support import (
     history_of,
     memories,
     review_requests,
+    run,
     searched,
     texts,
 )
@@ -329,6 +330,37 @@ async def test_h2_an_ingested_conversation_is_history_a_later_turn_searches(
         2,
         "USER",
     )
+
+
+async def test_a_later_turn_of_the_session_reads_the_ingested_conversation_in_its_window(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The ingest counts as the session's turn 1, so turn 2's model call reads it as it would
+    an earlier turn: user and assistant messages as they were, a tool's result as a user
+    message saying so (it answers no call), its disguising characters removed. Another
+    session's turn reads none of it."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server)
+    messages = [
+        {"role": "user", "content": "My locker code at the gym is 4471."},
+        {"role": "assistant", "content": "Got it, locker 4471."},
+        {"role": "tool", "content": "gym_lookup: Ada\u202e, member since 2024"},
+    ]
+    done = await _remember(gql, admin, action_id, messages)
+    assert done["status"] == "SUCCEEDED", done["error"]
+    model_server.say("It is 4471.")
+    executed = await run(gql, admin, action_id, "What is my locker code?", session="s1")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    sent = [(m["role"], m["content"]) for m in chat(model_server)[-1].body["messages"][1:]]
+    assert sent == [
+        ("user", "My locker code at the gym is 4471."),
+        ("assistant", "Got it, locker 4471."),
+        ("user", "(a tool's result) gym_lookup: Ada, member since 2024"),
+        ("user", "What is my locker code?"),
+    ]
+    model_server.say("I don't know.")
+    await run(gql, admin, action_id, "What is my locker code?", session="s2")
+    assert "4471" not in json.dumps(chat(model_server)[-1].body["messages"])
 
 
 async def test_h2_messages_mode_keeps_no_tool_messages_and_preview_stays_preview(

@@ -608,14 +608,16 @@ async def turns_from(
     first_turn: int,
 ) -> list[Row]:
     """The session's committed turns from `first_turn` on that a turn may read (live turns
-    skip preview ones), in turn order: not a replay (which keeps nothing in its session, and
-    has its original's number), nor a turn eraseSession erased (its words are gone; a turn
-    retold as `[erased]` would only take room)."""
+    skip preview ones), in turn order, conversations handed in (kind INGEST) among them: not a
+    replay (which keeps nothing in its session, and has its original's number), nor a turn
+    eraseSession erased (its words are gone; a turn retold as `[erased]` would only take
+    room)."""
     return await conn.fetch(
         """
-        SELECT e.turn, e.execution_id, e.invocation_number, e.input, e.output FROM executions e
+        SELECT e.turn, e.kind, e.execution_id, e.invocation_number, e.input, e.output
+        FROM executions e
         WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
-          AND e.kind = 'TURN' AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
+          AND e.kind IN ('TURN', 'INGEST') AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
           AND e.turn >= $5 AND e.replay_of IS NULL
           AND (SELECT t.data->>'erased' FROM transcript_events t
               WHERE t.account_id = e.account_id AND t.action_id = e.action_id

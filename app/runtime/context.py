@@ -184,6 +184,22 @@ def turn_messages(input: Any, output: Any, rows: list[tuple[str, Any]]) -> list[
     return messages
 
 
+def ingested_messages(input: Any) -> list[dict[str, Any]]:
+    """A conversation handed in (rememberConversation, kind INGEST) as a later turn's window
+    shows it: user and assistant messages as they were; a tool's, which answers no call the
+    window holds, as a user message that says whose it is."""
+    messages: list[dict[str, Any]] = []
+    said = input.get("messages") if isinstance(input, dict) else None
+    for m in said if isinstance(said, list) else []:
+        role, text = m.get("role"), _as_text(m.get("content"))
+        if role == "tool":
+            # As a live turn shows a tool's result (tools.py): data, stripped of disguises.
+            messages.append({"role": "user", "content": "(a tool's result) " + for_model(text)})
+        elif role in ("user", "assistant"):
+            messages.append({"role": role, "content": text})
+    return messages
+
+
 def _tool_names(message: dict[str, Any]) -> dict[str, str]:
     return {
         str(c.get("id")): str((c.get("function") or {}).get("name"))
@@ -642,7 +658,10 @@ async def open_window(
         skip = 0
         if window.summary is not None and t["turn"] == window.summary.through_turn:
             skip = window.summary.through_message
-        messages = turn_messages(t["input"], t["output"], by_execution[t["execution_id"]])
+        if t["kind"] == "INGEST":
+            messages = ingested_messages(t["input"])
+        else:
+            messages = turn_messages(t["input"], t["output"], by_execution[t["execution_id"]])
         window.add_turn(t["turn"], messages, skip)
     return window
 
