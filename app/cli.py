@@ -578,7 +578,10 @@ def parser() -> argparse.ArgumentParser:
         "re-embed every record with the configured embedding model (stop serving)",
     )
     reembed.add_argument(
-        "--batch-size", type=_at_least(1), default=256, help="records read and embedded at a time"
+        "--batch-size",
+        type=_at_least(1),
+        default=256,
+        help="records read and embedded at a time (default: 256)",
     )
 
     maintain = command(
@@ -620,7 +623,10 @@ def parser() -> argparse.ArgumentParser:
     imp.add_argument("file", help="an `engram export` file (- for standard input)")
     imp.add_argument("--account", help=_ACCOUNT_HELP)
     imp.add_argument(
-        "--batch-size", type=_at_least(1), default=1000, help="rows written per transaction"
+        "--batch-size",
+        type=_at_least(1),
+        default=1000,
+        help="rows written per transaction (default: 1000)",
     )
 
     schema = command("schema", _schema, "print the GraphQL schema (SDL)")

@@ -206,6 +206,15 @@ class Settings(BaseSettings):
             return _default_data_dir()
         return value
 
+    @field_validator("host", mode="before")
+    @classmethod
+    def _empty_host_is_default(cls, value: Any) -> Any:
+        # An empty host would listen on every interface (asyncio's reading of ""), the opposite
+        # of what an unset one does.
+        if isinstance(value, str) and not value.strip():
+            return "127.0.0.1"
+        return value
+
     @field_validator("bootstrap_token", mode="before")
     @classmethod
     def _strip_token(cls, value: Any) -> Any:

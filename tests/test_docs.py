@@ -144,3 +144,27 @@ def test_every_policy_resource_and_cli_flag_is_documented():
 
     walk(parser(), [])
     assert missing == []
+
+
+def test_every_cli_default_is_in_its_help():
+    """access.md says `engram <command> --help` prints what its table does, defaults included."""
+    import argparse
+
+    from app.cli import parser
+
+    missing = []
+
+    def walk(p: argparse.ArgumentParser, words: list[str]) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*words, name])
+            elif (
+                action.option_strings
+                and action.default not in (None, False, argparse.SUPPRESS)
+                and f"default: {action.default}" not in (action.help or "")
+            ):
+                missing.append(f"{' '.join(words)} {action.option_strings[-1]}")
+
+    walk(parser(), [])
+    assert missing == []

@@ -21,11 +21,14 @@ def test_an_empty_variable_counts_as_unset(monkeypatch):
     monkeypatch.setenv("ENGRAM_DATA_DIR", "")
     monkeypatch.setenv("ENGRAM_MODEL_ALLOWED_KEY_ENVS", "")
     monkeypatch.setenv("ENGRAM_OTEL_ENDPOINT", "")
+    monkeypatch.setenv("ENGRAM_HOST", "")
     settings = Settings()
     assert settings.database_url is None and settings.database_url_value() is None
     assert settings.data_dir == Path(platformdirs.user_data_dir("engram"))
     assert settings.model_allowed_key_envs == []
     assert settings.otel_endpoint is None
+    # Not "", which would listen on every interface.
+    assert settings.host == "127.0.0.1"
 
 
 def test_the_bootstrap_token_is_stripped(monkeypatch):

@@ -84,8 +84,8 @@ class Action(ActionExecutionFields, ActionMemoryFields, Node):
         "The model it calls, as written (docs/harness.md); {} for the deployment's default."
     )
     harness: Value = _document(
-        "What the runtime gives it (memory, history and their options), as written "
-        "(docs/harness.md)."
+        "What the runtime gives it (memory, history and their options), with every default "
+        "filled in (docs/harness.md)."
     )
     created: Timestamp = _document("When the agent's first version was written.")
     modified: Timestamp = _document("When this version was written.")

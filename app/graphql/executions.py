@@ -104,7 +104,8 @@ async def list_executions(
 
 @strawberry.type(
     description="An execution: one turn of an agent (retried as its next invocations), an "
-    "operator's memory write, or a session's erasure."
+    "operator's memory write, a client's tool call over MCP, a conversation handed in with "
+    "rememberConversation, or a session's erasure."
 )
 class ActionExecution(Node):
     record: strawberry.Private[Execution]
