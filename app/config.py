@@ -215,6 +215,14 @@ class Settings(BaseSettings):
             return "127.0.0.1"
         return value
 
+    @field_validator("model_name", "embedding_model")
+    @classmethod
+    def _names_a_model(cls, value: str) -> str:
+        # An empty name was sent to the endpoint as it was, whose refusal named no setting.
+        if not value.strip():
+            raise ValueError("must name a model (unset, it takes its default)")
+        return value
+
     @field_validator("bootstrap_token", mode="before")
     @classmethod
     def _strip_token(cls, value: Any) -> Any:

@@ -315,6 +315,8 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"model_max_reply_bytes": "1e9"}, "ENGRAM_MODEL_MAX_REPLY_BYTES: Input should be"),
         ({"max_model_calls_per_turn": "0"}, "ENGRAM_MAX_MODEL_CALLS_PER_TURN: Input should be"),
         ({"max_model_calls_per_turn": "1025"}, "ENGRAM_MAX_MODEL_CALLS_PER_TURN: Input should"),
+        ({"model_name": " "}, "ENGRAM_MODEL_NAME: must name a model"),
+        ({"embedding_model": ""}, "ENGRAM_EMBEDDING_MODEL: must name a model"),
         ({"embedding_batch_size": "0"}, "ENGRAM_EMBEDDING_BATCH_SIZE: Input should be greater"),
         ({"embedding_timeout_seconds": "-1"}, "ENGRAM_EMBEDDING_TIMEOUT_SECONDS: Input should be"),
         ({"embedding_timeout_seconds": "nan"}, "ENGRAM_EMBEDDING_TIMEOUT_SECONDS: Input should be"),
