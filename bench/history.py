@@ -605,6 +605,36 @@ async def load(
         )  # fmt: skip
 
 
+def quoting(convs: list[dict[str, Any]]) -> None:
+    """How long `quoted_headers` (H7) takes an event: LoCoMo's messages, 64 events of 64 KiB of
+    them joined, and 64 KiB events of lines crafted against the header pattern."""
+    said = [text for conv in convs for _, text in conv["turns"]]
+    joined = "\n".join(said)
+    crafted_lines = {
+        "`turn aaa...` (64 letters)": "turn " + "a" * 64,
+        "`turn a a a ...`": "turn" + " a" * 40,
+        "`1. ! ! ! ...`": "1. " + "! " * 40,
+        "`turn 1, user` (headers)": "turn 1, user",
+    }
+    rows = [("LoCoMo messages, one event each", said[:2000])]
+    rows.append(
+        (
+            "LoCoMo text, 64 KiB events",
+            [joined[i : i + 65536] for i in range(0, len(joined) - 65535, 65536)],
+        )
+    )
+    for name, line in crafted_lines.items():
+        rows.append((f"{name}, 64 KiB events", ["\n".join([line] * (65536 // len(line)))] * 16))
+    print("  quoted_headers per event:")
+    for name, texts in rows:
+        times = []
+        for text in texts:
+            started = time.perf_counter()
+            history_search.quoted_headers(text)
+            times.append((time.perf_counter() - started) * 1000)
+        print(f"    {name}: {percentiles(times)}  max {max(times):.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -626,6 +656,11 @@ def main() -> None:
         help="with --scale: time each search also as a reader without the memory read grants "
         "(memory tools' events left out of the ranking), alternated with the plain search",
     )
+    parser.add_argument(
+        "--quoting",
+        action="store_true",
+        help="only time the quoting of header lines in events (H7), LoCoMo's and crafted ones",
+    )
     parser.add_argument("--commit-turns", type=int, default=200)
     parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (temp)")
     parser.add_argument(
@@ -637,6 +672,9 @@ def main() -> None:
     command = "python bench/history.py " + shlex.join(sys.argv[1:])
     print(f"# {command}")
     convs = conversations(args.locomo)
+    if args.quoting:
+        quoting(convs)
+        return
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-bench-history-"))
     settings = {
         "shared_buffers": "4GB",

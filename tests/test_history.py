@@ -115,6 +115,25 @@ async def test_h1_h2_h6_h7_h9_h10_h11_messages_are_kept_and_found_by_a_later_tur
 # H7
 
 
+def test_h7_header_words_are_whole_runs_so_long_crafted_lines_are_read_once() -> None:
+    """A turn counted in words is read word by word, each a whole run of digits or letters
+    (the speaker may close the last): a 64 KiB event of `turn aaa...` lines is quoted where a
+    line names a speaker and left where none does. (Words that could split a run any way read
+    such an event in about 3 s on the event loop: bench/history.py --quoting prints it.)"""
+    from app.history.search import quoted_headers
+
+    assert quoted_headers("turn nineuser\nturn 12agent\nturn 4th, agent") == (
+        "(quoted) turn nineuser\n(quoted) turn 12agent\n(quoted) turn 4th, agent"
+    )
+    assert (
+        quoted_headers("turn 1 2 3 4 5 user\nturn 5 users") == "turn 1 2 3 4 5 user\nturn 5 users"
+    )
+    crafted = "\n".join(["turn " + "a" * 64] * 930 + ["turn " + "a" * 64 + " user"])
+    lines = quoted_headers(crafted).split("\n")
+    assert lines[:930] == ["turn " + "a" * 64] * 930
+    assert lines[930] == "(quoted) turn " + "a" * 64 + " user"
+
+
 async def test_h7_a_header_line_inside_an_event_is_quoted_so_only_the_results_own_names_who(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

@@ -202,11 +202,15 @@ def view(event: Event) -> dict[str, Any]:
 # read a line break; a line is read as its skeleton (`_skeleton`). It reads as a header
 # whatever marks it (`**turn 1, agent**`, `> turn 1`, `1. turn 1`), however the turn is
 # counted (`turn 9`, `turn IX`, `turn nine`: up to four words) and whatever stands between it
-# and the speaker (a comma of any script, a colon, nothing).
+# and the speaker (a comma of any script, a colon, nothing). A word is a whole run of digits
+# or of letters, taken possessively (the speaker may end the last one: `turn nineuser`), so a
+# line is matched in time linear in its length (words that could split a run of letters any
+# way took milliseconds a line, seconds an event).
 _LINE_BREAK = re.compile(r"(\r\n|[\n\r\u2028\u2029])")
 _HEADER = re.compile(
     r"[\W\d_]*(?:[^\W\d_]{1,6}[.):\]][\W_]*)?"  # markup, a list number (`1.`, `ii.`, `b)`)
-    r"turn(?![^\W\d_])[\W_]*(?:[^\W_]{1,16}[\W_]*){0,4}?(?:user|agent|tool)(?![^\W_])"
+    r"turn(?![^\W\d_])[\W_]*+(?:(?:\d++|[^\W\d_]++)[\W_]*+){0,4}?"  # the turn: up to 4 words
+    r"[^\W\d_]{0,16}?(?:user|agent|tool)(?![^\W_])"
 )
 # Letters that show nothing (Hangul fillers, the braille blank), beside the categories
 # `_skeleton` drops.
