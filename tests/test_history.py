@@ -957,6 +957,16 @@ async def test_h6_both_plans_rank_a_session_alike(
     )
     assert exact[0] == index[0] and "pier seven" in found["index"].events[0].text
     assert found["index"].plan == "index"
+    # H6: a page holds `limit` results when as many parts are found, however many of them both
+    # lists of the index plan (by meaning, by words) proposed.
+    paged = {
+        plan: await history_search.search(
+            state.pool, state.embedder, scope, query="the pier boat", limit=4, plan=plan
+        )
+        for plan in ("exact", "index")
+    }
+    ids = {p: [(e.event_id, e.part) for e in paged[p].events] for p in ("exact", "index")}
+    assert len(ids["exact"]) == 4 and len(set(ids["index"])) == len(ids["index"]) == 4
 
 
 async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_statement(

@@ -278,14 +278,7 @@ async def ranked_index(conn: asyncpg.Connection, scope: Scope, r: Ranking, walk:
     and the parts sharing a query word among the session's newest `walk` parts (by the
     btree), scored exactly and fused."""
     sql, values = index_sql(scope, r, walk)
-    rows = await conn.fetch(sql, *values)
-    seen: set[tuple[UUID, int]] = set()
-    unique = []
-    for row in rows:  # a part proposed by both lists scores the same in each
-        if (row["event_id"], row["part"]) not in seen:
-            seen.add((row["event_id"], row["part"]))
-            unique.append(row)
-    return unique
+    return await conn.fetch(sql, *values)
 
 
 def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
@@ -309,7 +302,10 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
         f" AND h.session_id = {p(scope.session_id)}"
         " AND h.event_id = k.event_id AND h.part = k.part) c)",
     ]
-    scored = f"WITH {words}scored AS ({' UNION ALL '.join(lists)})"
+    # A part both lists propose scores the same in each: it is one result, before the limit
+    # (taken after it, a page came back short by every part found both ways).
+    both = " UNION ALL ".join(lists)
+    scored = f"WITH {words}scored AS (SELECT DISTINCT ON (event_id, part) * FROM ({both}) u)"
     return _ranked_sql(scope, r, p, scored), p.values
 
 
