@@ -539,7 +539,11 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     refused = await gql(
         admin, EXECUTE, input={"actionId": action_id, "replayOf": failed["executionId"]}
     )
-    assert refused.codes == ["BAD_REQUEST"] and "SUCCEEDED" in refused.errors[0]["message"]
+    assert refused.codes == ["BAD_REQUEST"]
+    assert refused.errors[0]["message"] == (
+        f"execution {failed['executionId']} is a FAILED turn; only a turn that SUCCEEDED "
+        "(was committed) can be replayed"
+    )
 
 
 # Operators: history, searchHistory, node(id), grants and redaction, eraseSession
