@@ -212,6 +212,10 @@ async def test_without_the_memory_read_grants_record_text_is_not_shown(
         ({"role": "user", "content": "hi", "time": "2026-11-24"}, "an RFC 3339 time"),
         ({"role": "user", "content": "hi", "time": "20261124T083000Z"}, "an RFC 3339 time"),
         ({"role": "user", "content": "hi", "time": "2026-02-30T08:30:00Z"}, "no such day"),
+        (
+            {"role": "user", "content": "hi", "time": "0001-01-01T00:00:00+00:00"},
+            "between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z in UTC, both excluded",
+        ),
     ],
 )
 async def test_bad_messages_are_refused_with_bad_request(
