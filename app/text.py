@@ -214,7 +214,7 @@ def rfc3339(text: str) -> datetime:
     except ValueError:
         raise ValueError(f"{text!r} names no such day or time") from None
     try:
-        # In UTC, as stored: an instant past 9999-12-31T23:59:59Z cannot be represented.
+        # In UTC, as stored: an instant outside year 1 to 9999 cannot be represented.
         utc = parsed.astimezone(UTC)
     except OverflowError:
         utc = None
@@ -222,6 +222,7 @@ def rfc3339(text: str) -> datetime:
     # without a time zone: refused as out of range.
     if utc is None or utc.replace(tzinfo=None) in (datetime.min, datetime.max):
         raise ValueError(
-            "a time must fall between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"
+            "a time must fall between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z in "
+            "UTC, both excluded"
         )
     return utc

@@ -424,6 +424,22 @@ async def test_h8_a_long_event_is_kept_in_parts_and_read_whole_by_id(
     assert whole["parts"] == best["parts"]
 
 
+async def test_h8_an_empty_ids_list_counts_as_not_given(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Models fill optional arrays with []: the query still runs, and with no query either the
+    call is refused as one that names nothing, not answered with no events."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    assert (await run(gql, admin, action_id, "My order is 88123."))["status"] == "SUCCEEDED"
+
+    _, searching = await searched(
+        model_server, gql, admin, action_id, {"query": "order 88123", "ids": []}
+    )
+    assert any("88123" in e["text"] for e in searching["output"]["events"])
+    _, nothing = await searched(model_server, gql, admin, action_id, {"ids": []})
+    assert nothing["error"] == "pass a query to search, or ids to read events whole"
+
+
 def test_h8_parts_break_on_lines_and_sentences_within_the_size() -> None:
     text = "\n".join(f"Line {i}. " + "word " * 30 for i in range(40))
     split = parts.split(text)
@@ -542,7 +558,11 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     refused = await gql(
         admin, EXECUTE, input={"actionId": action_id, "replayOf": failed["executionId"]}
     )
-    assert refused.codes == ["BAD_REQUEST"] and "SUCCEEDED" in refused.errors[0]["message"]
+    assert refused.codes == ["BAD_REQUEST"]
+    assert refused.errors[0]["message"] == (
+        f"execution {failed['executionId']} is a FAILED turn; only a turn that SUCCEEDED "
+        "(was committed) can be replayed"
+    )
 
 
 # Operators: history, searchHistory, node(id), grants and redaction, eraseSession

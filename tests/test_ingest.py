@@ -12,6 +12,7 @@ from mcp_support import call, mcp_session, mcp_url
 from openai_server import OpenAIServer
 from runtime_support import (
     DECIDE_CALL,
+    EXECUTE,
     candidates,
     chat,
     decide,
@@ -211,6 +212,10 @@ async def test_without_the_memory_read_grants_record_text_is_not_shown(
         ({"role": "user", "content": "hi", "time": "2026-11-24"}, "an RFC 3339 time"),
         ({"role": "user", "content": "hi", "time": "20261124T083000Z"}, "an RFC 3339 time"),
         ({"role": "user", "content": "hi", "time": "2026-02-30T08:30:00Z"}, "no such day"),
+        (
+            {"role": "user", "content": "hi", "time": "0001-01-01T00:00:00+00:00"},
+            "between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z in UTC, both excluded",
+        ),
     ],
 )
 async def test_bad_messages_are_refused_with_bad_request(
@@ -329,6 +334,24 @@ async def test_h2_an_ingested_conversation_is_history_a_later_turn_searches(
     assert [(e["turn"], e["who"]) for e in await history_of(gql, admin, action_id)][3] == (
         2,
         "USER",
+    )
+
+
+async def test_h12_an_ingest_is_not_a_turn_and_is_not_replayed(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The refusal says what is wrong: the kind, not a status the ingest has (SUCCEEDED)."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server)
+    done = await _remember(gql, admin, action_id, _talk("I like tea.", "Noted."))
+    assert done["status"] == "SUCCEEDED", done["error"]
+    refused = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": done["executionId"]}
+    )
+    assert refused.codes == ["BAD_REQUEST"]
+    assert refused.errors[0]["message"] == (
+        f"execution {done['executionId']} is of kind INGEST, not a turn; only a turn "
+        "(kind TURN) can be replayed"
     )
 
 

@@ -412,6 +412,21 @@ async def test_m38_search_memory_lists_newest_first_a_page_at_a_time_and_reads_b
     assert sorted(found_ids(by_id)) == sorted([oldest, newest])
 
 
+async def test_m38_an_empty_ids_list_counts_as_not_given(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Models fill optional arrays with []: the query runs as if ids were left out."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    (leeds,) = await seed(state, agent, "Ada lives in Leeds")
+    model_server.call_tools(("search_memory", {"query": "Leeds", "ids": []}))
+    model_server.say("Found.")
+    executed = await run(gql, admin, str(agent.action_id), "Where does Ada live?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (found,) = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
+    assert [r["id"] for r in found["output"]["records"]] == [leeds]
+
+
 async def test_m37_m43_m44_m46_labels_read_and_delete_through_the_tools(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

@@ -1,11 +1,20 @@
 """app/text.py: what may be stored, and what reaches a model as data."""
 
 import json
+import re
 
 import pytest
 
 from app.errors import BadInput
-from app.text import check_json, check_storable, for_model, quoted, storable, storable_json
+from app.text import (
+    check_json,
+    check_storable,
+    for_model,
+    quoted,
+    rfc3339,
+    storable,
+    storable_json,
+)
 
 
 def test_storable_replaces_nul_and_lone_surrogates_and_keeps_the_rest() -> None:
@@ -52,3 +61,14 @@ def test_quoted_is_one_json_string_on_one_line_that_no_tag_can_close() -> None:
     # Cut to fit, its start kept inside the quotes.
     cut = quoted("<" * 100, 40)
     assert len(cut) <= 40 and json.loads(cut) == "<<<<<" + " …(cut)"
+
+
+def test_rfc3339_refuses_exactly_the_range_its_message_names() -> None:
+    """The extremes (asyncpg's -infinity and infinity) are refused, and the message says they
+    are excluded; the microsecond inside each is a time."""
+    bounds = "between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z in UTC, both excluded"
+    for text in ("0001-01-01T00:00:00+00:00", "9999-12-31T23:59:59.999999Z"):
+        with pytest.raises(ValueError, match=re.escape(bounds)):
+            rfc3339(text)
+    assert rfc3339("0001-01-01T00:00:00.000001Z").isoformat() == "0001-01-01T00:00:00.000001+00:00"
+    assert rfc3339("9999-12-31T23:59:59.999998Z").isoformat() == "9999-12-31T23:59:59.999998+00:00"

@@ -50,7 +50,7 @@ def _record_id(value: Any) -> UUID:
 
 def _ids(most: int, what: str) -> Any:
     def check(value: Any) -> Any:
-        if value is None:
+        if value is None or value == []:  # models fill optional arrays with []: not given
             return None
         if not isinstance(value, list) or len(value) > most:
             raise refuse(f"must be a list of at most {most} {what} IDs")

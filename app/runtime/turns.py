@@ -296,10 +296,15 @@ async def _start_replay(
         if found is None:
             raise NotFound(f"execution {request.replay_of} of action {request.action_id} not found")
         original = Execution.of(found)
-        if original.kind != "TURN" or original.status != "SUCCEEDED":
+        if original.kind != "TURN":
             raise BadInput(
-                f"execution {original.execution_id} is a {original.status} {original.kind}; "
-                "only a committed (SUCCEEDED) turn can be replayed"
+                f"execution {original.execution_id} is of kind {original.kind}, not a turn; "
+                "only a turn (kind TURN) can be replayed"
+            )
+        if original.status != "SUCCEEDED":
+            raise BadInput(
+                f"execution {original.execution_id} is a {original.status} turn; only a turn "
+                "that SUCCEEDED (was committed) can be replayed"
             )
         if request.session_id is not None and request.session_id != original.session_id:
             raise BadInput(
