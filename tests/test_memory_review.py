@@ -970,3 +970,13 @@ async def test_m10_a_decide_call_over_the_budget_compares_what_fits_and_the_revi
     candidates(model_server)
     later = await run(gql, admin, action_id, "Thanks")
     assert reviews(later)[0]["messages"]["count"] == 2
+
+
+def test_m10_a_message_time_shows_a_four_digit_year() -> None:
+    """The review reads each message's time as `[YYYY-MM-DD HH:MM UTC]`, a year before 1000
+    too (strftime left it unpadded: `[5-01-01 ...]`)."""
+    from datetime import UTC, datetime
+    from uuid import uuid4
+
+    said = review_module.Message("user", "hi", datetime(5, 1, 2, 3, 4, tzinfo=UTC), uuid4(), 1)
+    assert review_module._line(said).startswith('[0005-01-02 03:04 UTC] user: "hi"')

@@ -232,7 +232,8 @@ def _line(m: Message, most: int = MESSAGE_CHARS) -> str:
     breaks stay inside the quotes, so no text can start a line that reads as another message
     (a forged `[time] assistant:` header) or close the conversation's tag; the model reads the
     text whole, as it would read the message's own lines."""
-    stamp = m.time.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    t = m.time.astimezone(UTC)  # (strftime's %Y leaves years before 1000 unpadded here)
+    stamp = f"{t.year:04d}-{t.month:02d}-{t.day:02d} {t.hour:02d}:{t.minute:02d} UTC"
     head = f"[{stamp}] {m.role}: "
     return head + quoted(m.text, max(0, most - len(head)))
 
