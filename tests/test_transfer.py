@@ -5,6 +5,8 @@ import io
 import json
 import os
 import signal
+import stat
+import subprocess
 import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
@@ -303,6 +305,34 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
         refused = run(clean_env(database_url=target_url), *args)
         assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
         assert "Traceback" not in refused.stderr
+
+
+async def test_cli_export_writes_through_a_link_and_into_a_fifo(state, admin, db_url, tmp_path):
+    # A link stays a link, its file replaced; a FIFO (as /dev/stdout can be) is written into:
+    # neither becomes a file of that name.
+    agent = await make_agent(state, admin)
+    env = clean_env(database_url=db_url)
+    export = ("export", "--action", str(agent.action_id), "-o")
+    target = tmp_path / "agent.jsonl"
+    target.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    done = run(env, *export, str(link))
+    assert done.returncode == 0, done.stderr
+    header = json.loads(target.read_text().splitlines()[0])
+    assert link.is_symlink() and header["actionId"] == str(agent.action_id)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    try:
+        done = run(env, *export, str(fifo))
+        read, _ = reader.communicate(timeout=10)
+    finally:
+        reader.kill()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(read.splitlines()[0])["actionId"] == str(agent.action_id)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl", "fifo", "link.jsonl"]
 
 
 WAITS = "another process is running search maintenance"
