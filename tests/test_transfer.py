@@ -335,6 +335,26 @@ async def test_cli_export_writes_through_a_link_and_into_a_fifo(state, admin, db
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl", "fifo", "link.jsonl"]
 
 
+async def test_cli_import_from_standard_input_is_checked_before_it_is_written(
+    state, admin, second, tmp_path
+):
+    # Standard input cannot be read twice: it is copied, checked, then written.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    env = clean_env(database_url=second.settings.database_url_value())
+
+    def imported(text: str) -> subprocess.CompletedProcess[str]:
+        command = [*engram_command(), "import", "-"]
+        return subprocess.run(command, env=env, input=text, capture_output=True, text=True)
+
+    bad = edited(lines, len(lines) - 1, summary="two\nlines")
+    done = imported("\n".join(bad) + "\n")
+    assert done.returncode == 2 and f"line {len(lines)}:" in done.stderr, done.stderr
+    assert set((await table_counts(second)).values()) == {0}
+    done = imported("\n".join(lines) + "\n")
+    assert done.returncode == 0 and f"imported {len(lines) - 1} rows" in done.stdout, done.stderr
+
+
 WAITS = "another process is running search maintenance"
 
 
@@ -481,8 +501,8 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
     # A record whose current version's row the file lacks would have no history: its batch
-    # is refused, and nothing of it is stored (first: later loads here store
-    # the rows before the line they refuse).
+    # is refused, and nothing of it is stored (a row refused below stores nothing at all:
+    # every row is checked before any is written).
     current = next(json.loads(x)["row"] for x in lines if json.loads(x)["type"] == "memory")
     unversioned = [
         line
@@ -549,3 +569,33 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     plain[first] = json.dumps(row)
     with pytest.raises(BadInput, match="its summary and content are not text"):
         await load(second, target_admin.account_id, plain)
+
+
+def edited(lines: list[str], index: int, **columns: Any) -> list[str]:
+    """The export's lines with these columns of the row at `index` changed."""
+    item = json.loads(lines[index])
+    item["row"].update(columns)
+    return [*lines[:index], json.dumps(item), *lines[index + 1 :]]
+
+
+def first(lines: list[str], kind: str) -> int:
+    """The index of the first line of a row of `kind`."""
+    return next(i for i, line in enumerate(lines) if json.loads(line)["type"] == kind)
+
+
+async def refused(target: AppState, account_id, lines: list[str], said: str) -> None:
+    """The import is refused with BAD_REQUEST saying `said`, and writes nothing."""
+    from app.errors import BadInput
+
+    before = await table_counts(target)
+    with pytest.raises(BadInput, match=said):
+        await load(target, account_id, lines)
+    assert await table_counts(target) == before
+
+
+async def test_a_row_refused_writes_nothing_of_the_rows_before_it(state, admin, second):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = edited(lines, len(lines) - 1, summary="two\nlines")
+    await refused(second, target_admin.account_id, last, "summary must be one line")

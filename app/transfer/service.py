@@ -7,20 +7,24 @@ and each record's current state (`memory`, with its vector unless `--no-embeddin
 JSON object a line, `{"type": ..., "row": {...}}`, each row every column of its table but the
 account (an account belongs to a deployment: the import names its own).
 
-An import writes them with the same IDs, times, versions and provenance, in batches of one
-transaction each. A row already there with the same content is skipped, so importing twice
-changes nothing and an interrupted import continues where it stopped; a row there with other
-content stops the import with CONFLICT naming it. Vectors are copied when the file's embedding
-model is the deployment's (same name and dimensions); otherwise, or when the file has none,
-each record is embedded again with the deployment's model, as `engram reembed` would.
+An import checks every row, then writes them with the same IDs, times, versions and
+provenance, in batches of one transaction each. A row already there with the same content is
+skipped, so importing twice changes nothing and an interrupted import continues where it
+stopped; a row there with other content stops the import with CONFLICT naming it. Vectors
+are copied when the file's embedding model is the deployment's (same name and dimensions);
+otherwise, or when the file has none, each record is embedded again with the deployment's
+model, as `engram reembed` would.
 """
 
 import asyncio
+import io
 import json
-from collections.abc import Awaitable, Callable, Iterable
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar, TextIO
+from typing import IO, Any, ClassVar, TextIO
 from uuid import UUID
 
 import asyncpg
@@ -139,60 +143,107 @@ async def import_file(
     batch_rows: int = BATCH_ROWS,
     progress: bool = False,
 ) -> ImportResult:
-    """Writes an export's rows into `account_id` (see the module's docstring)."""
+    """Writes an export's rows into `account_id` (see the module's docstring). Every row is
+    checked before any is written, so a file refused for a row writes nothing; `lines` is read
+    twice (a stream that cannot seek, standard input, through a temporary copy)."""
     from tqdm import tqdm
 
-    it = iter(lines)
-    header = _header(next(it, None))
-    async with pool.acquire() as conn:
-        if not await store.account_exists(conn, account_id):
-            raise NotFound(f"account {account_id} not found")
-        recorded = await embeddings_store.recorded_model(conn)
-    embedder: Embedder | None = None
-    result = ImportResult()
-    if not (header.get("embeddings") and recorded is not None and header["embedder"] == recorded):
-        # Embedded again with this deployment's model (which the database records, or will).
-        embedder = await open_embedder()
-        await ensure_model(pool, embedder, VECTOR_COLUMNS)
-        result.vectors = "re-embedded"
-    total = sum(header["counts"].values())
-    columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
-    try:
-        with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
-            importer = _Importer(pool, account_id, embedder, result, bar.update)
-            try:
-                table: Table | None = None
-                batch: list[dict[str, Any]] = []
-                for number, line in enumerate(it, start=2):
-                    if not line.strip():
-                        continue
-                    kind, row = _parse(line, number)
-                    _check_row(kind, row, number)
-                    if tuple(row) != columns.setdefault(kind, tuple(row)):
-                        raise BadInput(
-                            f"line {number}: its {kind} row has other columns than the ones "
-                            "before it (the file was edited); every row of a type has the same"
-                        )
-                    if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
-                        assert table is not None
+    with _rereadable(lines) as read:
+        header = _header(next(read(), None))
+        async with pool.acquire() as conn:
+            if not await store.account_exists(conn, account_id):
+                raise NotFound(f"account {account_id} not found")
+            recorded = await embeddings_store.recorded_model(conn)
+            catalog = {t.kind: await store.columns(conn, t.name) for t in TABLES}
+        for _ in _rows(read(), header, catalog):
+            pass
+        embedder: Embedder | None = None
+        result = ImportResult()
+        if not (
+            header.get("embeddings") and recorded is not None and header["embedder"] == recorded
+        ):
+            # Embedded again with this deployment's model (which the database records, or will).
+            embedder = await open_embedder()
+            await ensure_model(pool, embedder, VECTOR_COLUMNS)
+            result.vectors = "re-embedded"
+        total = sum(header["counts"].values())
+        try:
+            with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
+                importer = _Importer(pool, account_id, embedder, result, bar.update)
+                try:
+                    table: Table | None = None
+                    batch: list[dict[str, Any]] = []
+                    for kind, row in _rows(read(), header, catalog):
+                        if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
+                            assert table is not None
+                            await importer.submit(table, batch)
+                            batch = []
+                        table = BY_KIND[kind]
+                        batch.append(row)
+                    if table is not None and batch:
                         await importer.submit(table, batch)
-                        batch = []
-                    table = BY_KIND[kind]
-                    batch.append(row)
-                if table is not None and batch:
-                    await importer.submit(table, batch)
-                await importer.drain()
-                result.missing = {
-                    kind: (result.by_type.get(kind, 0), n)
-                    for kind, n in header["counts"].items()
-                    if result.by_type.get(kind, 0) < n
-                }
-            finally:
-                await importer.cancel()
-    finally:
-        if embedder is not None:
-            await embedder.aclose()
+                    await importer.drain()
+                    result.missing = {
+                        kind: (result.by_type.get(kind, 0), n)
+                        for kind, n in header["counts"].items()
+                        if result.by_type.get(kind, 0) < n
+                    }
+                finally:
+                    await importer.cancel()
+        finally:
+            if embedder is not None:
+                await embedder.aclose()
     return result
+
+
+@contextmanager
+def _rereadable(lines: Iterable[str]) -> Iterator[Callable[[], Iterator[str]]]:
+    """`lines` to read from their start more than once: a list as it is, a file that can seek
+    from where it stood, any other stream from a temporary copy."""
+    if isinstance(lines, Sequence):
+        yield lambda: iter(lines)
+    elif isinstance(lines, io.TextIOBase) and lines.seekable():
+        yield _from(lines, lines.tell())
+    else:
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as copy:
+            copy.writelines(lines)
+            yield _from(copy, 0)
+
+
+def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[str]]:
+    def again() -> Iterator[str]:
+        file.seek(start)
+        return iter(file)
+
+    return again
+
+
+def _rows(
+    lines: Iterator[str], header: dict[str, Any], catalog: dict[str, dict[str, str]]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rows after the header, by type, each checked (`_check_row`) and against the
+    columns of its table (`catalog`, by type of row)."""
+    next(lines, None)
+    columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
+    for number, line in enumerate(lines, start=2):
+        if not line.strip():
+            continue
+        kind, row = _parse(line, number)
+        if kind not in columns:
+            unknown = [c for c in row if c not in catalog[kind] or c == "account_id"]
+            if unknown:
+                raise BadInput(
+                    f"line {number}: this export's {kind} rows have columns this deployment "
+                    f"does not ({', '.join(unknown)}): import it into an Engram at least as new "
+                    "as the one that exported it"
+                )
+        if tuple(row) != columns.setdefault(kind, tuple(row)):
+            raise BadInput(
+                f"line {number}: its {kind} row has other columns than the ones "
+                "before it (the file was edited); every row of a type has the same"
+            )
+        _check_row(kind, row, number)
+        yield kind, row
 
 
 def _check_row(kind: str, row: dict[str, Any], number: int) -> None:
@@ -255,7 +306,6 @@ class _Importer:
     embedder: Embedder | None
     result: ImportResult
     done: Callable[[int], object]
-    _columns: dict[str, set[str]] = field(default_factory=dict)
     _running: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
@@ -288,7 +338,6 @@ class _Importer:
             if VECTOR_COLUMN not in row_columns:
                 row_columns.append(VECTOR_COLUMN)
         async with self.pool.acquire() as conn:
-            await self._check_columns(conn, table, row_columns)
             try:
                 async with conn.transaction():
                     rows_json = json.dumps(rows)
@@ -337,20 +386,6 @@ class _Importer:
             raise BadInput(
                 f"memory {memory_id} has no row for its current version in this export (the "
                 "file is cut short or edited): nothing of its batch was imported"
-            )
-
-    async def _check_columns(
-        self, conn: asyncpg.Connection, table: Table, row_columns: list[str]
-    ) -> None:
-        known = self._columns.get(table.name)
-        if known is None:
-            known = self._columns[table.name] = set(await store.columns(conn, table.name))
-        unknown = [c for c in row_columns if c not in known or c == "account_id"]
-        if unknown:
-            raise BadInput(
-                f"this export's {table.kind} rows have columns this deployment does not "
-                f"({', '.join(unknown)}): import it into an Engram at least as new as the one "
-                "that exported it"
             )
 
     async def _embed(self, rows: list[dict[str, Any]]) -> None:
