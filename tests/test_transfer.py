@@ -599,3 +599,28 @@ async def test_a_row_refused_writes_nothing_of_the_rows_before_it(state, admin, 
     target_admin = await admin_of(second)
     last = edited(lines, len(lines) - 1, summary="two\nlines")
     await refused(second, target_admin.account_id, last, "summary must be one line")
+
+
+async def test_a_time_python_cannot_hold_is_refused_writing_nothing(state, admin, second):
+    # PostgreSQL stores 44 BC or the year 10000; every read of it after (the account's list of
+    # agents, the records, a turn of the session) would fail.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    action, last = first(lines, "action"), len(lines) - 1  # the last: a record's row
+    for index, column, value in [
+        (last, "modified", "infinity"),
+        (action, "created", "0044-03-15T00:00:00+00:00 BC"),
+        (last, "created", "10000-01-01T00:00:00+00:00"),
+        (last, "modified", "0001-01-01T00:00:00+05:00"),  # the year 0 in UTC
+        (last, "modified", "9999-12-31T23:59:59.9999999+00:00"),  # rounded: the year 10000
+        (last, "modified", "2026-12-01T10:00:00"),  # no offset
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: .* not valid \\({column} is not a time from year 1 to 9999",
+        )
+    year_one = edited(lines, action, created="0001-01-01T00:00:00+00:00")
+    assert (await load(second, target_admin.account_id, year_one)).missing == {}

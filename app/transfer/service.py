@@ -19,11 +19,12 @@ model, as `engram reembed` would.
 import asyncio
 import io
 import json
+import reprlib
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import IO, Any, ClassVar, TextIO
 from uuid import UUID
 
@@ -221,8 +222,8 @@ def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[st
 def _rows(
     lines: Iterator[str], header: dict[str, Any], catalog: dict[str, dict[str, str]]
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The rows after the header, by type, each checked (`_check_row`) and against the
-    columns of its table (`catalog`, by type of row)."""
+    """The rows after the header, by type, each checked (`_check_row`) against the columns of
+    its table (`catalog`: their types by type of row)."""
     next(lines, None)
     columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
     for number, line in enumerate(lines, start=2):
@@ -242,17 +243,20 @@ def _rows(
                 f"line {number}: its {kind} row has other columns than the ones "
                 "before it (the file was edited); every row of a type has the same"
             )
-        _check_row(kind, row, number)
+        _check_row(kind, row, number, types=catalog[kind])
         yield kind, row
 
 
-def _check_row(kind: str, row: dict[str, Any], number: int) -> None:
+def _check_row(kind: str, row: dict[str, Any], number: int, *, types: dict[str, str]) -> None:
     """What the API reads back from a row holds as the API wrote it: an edited file is refused
-    here rather than stored and failing every read after (PostgreSQL checks the rest)."""
+    here rather than stored and failing every read after (PostgreSQL checks the rest).
+    `types`: the row's columns' types, from the catalog."""
     try:
-        for column in ("created", "modified"):
-            if str(row.get(column, "")).lower().lstrip("+-") == "infinity":
-                raise ValueError(f"{column} is not a time")
+        for column, value in row.items():
+            if value is None:
+                continue
+            if types[column] == "timestamp with time zone":
+                _check_time(column, value)
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
@@ -277,6 +281,21 @@ def _check_row(kind: str, row: dict[str, Any], number: int) -> None:
     except (ValueError, TypeError, KeyError, BadInput) as e:
         message = e.message if isinstance(e, BadInput) else str(e)
         raise BadInput(f"line {number}: its {kind} row is not valid ({message})") from None
+
+
+def _check_time(column: str, value: Any) -> None:
+    """A time as exported (ISO 8601 with its offset) that Python's datetime holds in UTC, as
+    every read gets it: from year 1 to 9999, not infinity, not BC."""
+    try:
+        when = datetime.fromisoformat(value)
+        if when.tzinfo is None:
+            raise ValueError
+        # PostgreSQL rounds a fraction past microseconds, where Python cuts it.
+        (when + timedelta(microseconds=1)).astimezone(UTC)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(
+            f"{column} is not a time from year 1 to 9999 with its offset: {reprlib.repr(value)}"
+        ) from None
 
 
 def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
