@@ -624,3 +624,29 @@ async def test_a_time_python_cannot_hold_is_refused_writing_nothing(state, admin
         )
     year_one = edited(lines, action, created="0001-01-01T00:00:00+00:00")
     assert (await load(second, target_admin.account_id, year_one)).missing == {}
+
+
+async def test_a_row_of_another_agent_is_refused(state, admin, second):
+    # An edited export would put a record into another agent of the account it is imported
+    # into; every row is the exported agent's, and names no account.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    other = await make_agent(second, target_admin, name="other")
+    record = json.loads(lines[-1])["row"]
+    version = next(
+        i
+        for i, line in enumerate(lines)
+        if json.loads(line)["type"] == "memory_version"
+        and json.loads(line)["row"]["memory_id"] == record["memory_id"]
+        and json.loads(line)["row"]["version"] == record["version"]
+    )
+    moved = edited(lines, version, action_id=str(other.action_id))
+    moved = edited(moved, len(lines) - 1, action_id=str(other.action_id), pinned=True)
+    said = f"line {version + 1}: .*\\(action_id is '{other.action_id}', not the exported agent"
+    await refused(second, target_admin.account_id, moved, said)
+    accounted = edited(lines, first(lines, "action"), account_id=str(target_admin.account_id))
+    await refused(second, target_admin.account_id, accounted, "it names an account")
+    async with second.pool.acquire() as conn:
+        stored = "SELECT count(*) FROM agent_memories WHERE action_id = $1"
+        assert await conn.fetchval(stored, other.action_id) == 0

@@ -124,6 +124,11 @@ def _header(line: str | None) -> dict[str, Any]:
             f"this export has format version {header.get('version')}; this Engram reads "
             f"version {FORMAT_VERSION}"
         )
+    action_id = header.get("actionId")
+    try:
+        UUID(action_id if isinstance(action_id, str) else "")
+    except ValueError:
+        raise BadInput("this export's header is damaged: its actionId is not an ID") from None
     counts = header.get("counts")
     if not isinstance(counts, dict) or not all(
         kind in BY_KIND and isinstance(n, int) and not isinstance(n, bool) and n >= 0
@@ -224,6 +229,7 @@ def _rows(
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The rows after the header, by type, each checked (`_check_row`) against the columns of
     its table (`catalog`: their types by type of row)."""
+    action_id = UUID(header["actionId"])
     next(lines, None)
     columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
     for number, line in enumerate(lines, start=2):
@@ -231,7 +237,7 @@ def _rows(
             continue
         kind, row = _parse(line, number)
         if kind not in columns:
-            unknown = [c for c in row if c not in catalog[kind] or c == "account_id"]
+            unknown = [c for c in row if c not in catalog[kind] and c != "account_id"]
             if unknown:
                 raise BadInput(
                     f"line {number}: this export's {kind} rows have columns this deployment "
@@ -243,15 +249,22 @@ def _rows(
                 f"line {number}: its {kind} row has other columns than the ones "
                 "before it (the file was edited); every row of a type has the same"
             )
-        _check_row(kind, row, number, types=catalog[kind])
+        _check_row(kind, row, number, action_id=action_id, types=catalog[kind])
         yield kind, row
 
 
-def _check_row(kind: str, row: dict[str, Any], number: int, *, types: dict[str, str]) -> None:
+def _check_row(
+    kind: str, row: dict[str, Any], number: int, *, action_id: UUID, types: dict[str, str]
+) -> None:
     """What the API reads back from a row holds as the API wrote it: an edited file is refused
     here rather than stored and failing every read after (PostgreSQL checks the rest).
     `types`: the row's columns' types, from the catalog."""
     try:
+        if "account_id" in row:
+            raise ValueError("it names an account: an export's rows name none")
+        agent = row.get("action_id")
+        if not isinstance(agent, str) or UUID(agent) != action_id:
+            raise ValueError(f"action_id is {agent!r}, not the exported agent {action_id}")
         for column, value in row.items():
             if value is None:
                 continue
