@@ -650,3 +650,22 @@ async def test_a_row_of_another_agent_is_refused(state, admin, second):
     async with second.pool.acquire() as conn:
         stored = "SELECT count(*) FROM agent_memories WHERE action_id = $1"
         assert await conn.fetchval(stored, other.action_id) == 0
+
+
+async def test_a_counter_the_service_cannot_go_on_from_is_refused(state, admin, second):
+    # A session at 2^31 - 1 turns would fail every turn after: its next one is no int32.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    session, execution = first(lines, "session"), first(lines, "execution")
+    for index, column, value in [
+        (session, "turns", 2**31 - 1),
+        (execution, "invocation_number", "2147483647"),  # PostgreSQL would read the text
+        (first(lines, "action"), "current_version", -1),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: .* not valid \\({column} is not an integer from 0 to 1073741824",
+        )

@@ -253,12 +253,17 @@ def _rows(
         yield kind, row
 
 
+# The counters that go on from an imported row (a session's turns, a record's or an agent's
+# versions, an execution's attempts) are 32-bit columns: an import leaves room for a billion more.
+MAX_COUNT = 2**30
+
+
 def _check_row(
     kind: str, row: dict[str, Any], number: int, *, action_id: UUID, types: dict[str, str]
 ) -> None:
-    """What the API reads back from a row holds as the API wrote it: an edited file is refused
-    here rather than stored and failing every read after (PostgreSQL checks the rest).
-    `types`: the row's columns' types, from the catalog."""
+    """What the API reads back from a row, or goes on from, holds as the API wrote it: an
+    edited file is refused here rather than stored and failing every read after (PostgreSQL
+    checks the rest). `types`: the row's columns' types, from the catalog."""
     try:
         if "account_id" in row:
             raise ValueError("it names an account: an export's rows name none")
@@ -270,6 +275,12 @@ def _check_row(
                 continue
             if types[column] == "timestamp with time zone":
                 _check_time(column, value)
+            elif types[column] in ("smallint", "integer", "bigint") and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT
+            ):
+                raise ValueError(
+                    f"{column} is not an integer from 0 to {MAX_COUNT}: {reprlib.repr(value)}"
+                )
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
