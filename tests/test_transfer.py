@@ -669,3 +669,25 @@ async def test_a_counter_the_service_cannot_go_on_from_is_refused(state, admin, 
             edited(lines, index, **{column: value}),
             f"line {index + 1}: .* not valid \\({column} is not an integer from 0 to 1073741824",
         )
+
+
+async def test_a_session_id_or_name_the_api_refuses_is_refused(state, admin, second):
+    # A session ID no turn can name (the API takes 1 to 200 characters on one line), an agent
+    # name the API would not store.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    session, version = first(lines, "session"), first(lines, "action_version")
+    for index, column, value, said in [
+        (session, "session_id", "S" * 5000, "session_id must be 1 to 200 characters"),
+        (session, "session_id", "s1\x1b[31m", "session_id contains U\\+001B"),
+        (first(lines, "memory"), "session_id", " ", "session_id must be 1 to 200 characters"),
+        (version, "name", "two\nlines", "name contains U\\+000A"),
+        (version, "name", "", "name must be 1 to 200 characters"),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: .* not valid .*{said}",
+        )

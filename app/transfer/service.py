@@ -32,12 +32,14 @@ import asyncpg
 
 from app.actions.harness import LABEL_NUMBERS, parse_harness
 from app.actions.model import parse_model
+from app.actions.service import check_name
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
 from app.memory.service import check_content, check_summary
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
+from app.scope import check_session_id
 from app.text import is_storable
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
@@ -281,6 +283,11 @@ def _check_row(
                 raise ValueError(
                     f"{column} is not an integer from 0 to {MAX_COUNT}: {reprlib.repr(value)}"
                 )
+        # The API's rules for what names a session or an agent.
+        session_id = row.get("session_id")
+        if not isinstance(session_id, str | None):
+            raise ValueError("session_id is not text")
+        check_session_id(session_id, "session_id")
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
@@ -299,6 +306,10 @@ def _check_row(
             if content is not None:
                 check_content(content)
         if kind == "action_version":
+            name = row.get("name")
+            if not isinstance(name, str):
+                raise ValueError("name is not text")
+            check_name(name)
             for column, parse in (("harness", parse_harness), ("model", parse_model)):
                 value = row.get(column)
                 parse(json.loads(value) if isinstance(value, str) else value)
