@@ -435,15 +435,16 @@ def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Aw
 def _file_or_std(path: str | None, mode: str) -> Iterator[TextIO]:
     """The named file, or standard input or output for `-` (or no name). A file written is
     written beside it first and takes its name only when the work succeeds: a failed export
-    leaves a file already there as it was."""
+    leaves a file already there as it was. A link is followed (it stays a link); what is not a
+    file (a FIFO, a device such as /dev/stdout) is written straight into."""
     if path in (None, "-"):
         yield sys.stdout if "w" in mode else sys.stdin
         return
-    if "w" not in mode:
+    if "w" not in mode or (os.path.exists(path) and not os.path.isfile(path)):
         with open(path, mode, encoding="utf-8") as f:
             yield f
         return
-    target = Path(path)
+    target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
     try:
         with open(partial_file, mode, encoding="utf-8") as f:

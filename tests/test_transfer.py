@@ -5,6 +5,8 @@ import io
 import json
 import os
 import signal
+import stat
+import subprocess
 import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
@@ -305,6 +307,54 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
         assert "Traceback" not in refused.stderr
 
 
+async def test_cli_export_writes_through_a_link_and_into_a_fifo(state, admin, db_url, tmp_path):
+    # A link stays a link, its file replaced; a FIFO (as /dev/stdout can be) is written into:
+    # neither becomes a file of that name.
+    agent = await make_agent(state, admin)
+    env = clean_env(database_url=db_url)
+    export = ("export", "--action", str(agent.action_id), "-o")
+    target = tmp_path / "agent.jsonl"
+    target.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    done = run(env, *export, str(link))
+    assert done.returncode == 0, done.stderr
+    header = json.loads(target.read_text().splitlines()[0])
+    assert link.is_symlink() and header["actionId"] == str(agent.action_id)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    try:
+        done = run(env, *export, str(fifo))
+        read, _ = reader.communicate(timeout=10)
+    finally:
+        reader.kill()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(read.splitlines()[0])["actionId"] == str(agent.action_id)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl", "fifo", "link.jsonl"]
+
+
+async def test_cli_import_from_standard_input_is_checked_before_it_is_written(
+    state, admin, second, tmp_path
+):
+    # Standard input cannot be read twice: it is copied, checked, then written.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    env = clean_env(database_url=second.settings.database_url_value())
+
+    def imported(text: str) -> subprocess.CompletedProcess[str]:
+        command = [*engram_command(), "import", "-"]
+        return subprocess.run(command, env=env, input=text, capture_output=True, text=True)
+
+    bad = edited(lines, len(lines) - 1, summary="two\nlines")
+    done = imported("\n".join(bad) + "\n")
+    assert done.returncode == 2 and f"line {len(lines)}:" in done.stderr, done.stderr
+    assert set((await table_counts(second)).values()) == {0}
+    done = imported("\n".join(lines) + "\n")
+    assert done.returncode == 0 and f"imported {len(lines) - 1} rows" in done.stdout, done.stderr
+
+
 WAITS = "another process is running search maintenance"
 
 
@@ -451,8 +501,8 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
     # A record whose current version's row the file lacks would have no history: its batch
-    # is refused, and nothing of it is stored (first: later loads here store
-    # the rows before the line they refuse).
+    # is refused, and nothing of it is stored (a row refused below stores nothing at all:
+    # every row is checked before any is written).
     current = next(json.loads(x)["row"] for x in lines if json.loads(x)["type"] == "memory")
     unversioned = [
         line
@@ -519,3 +569,125 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     plain[first] = json.dumps(row)
     with pytest.raises(BadInput, match="its summary and content are not text"):
         await load(second, target_admin.account_id, plain)
+
+
+def edited(lines: list[str], index: int, **columns: Any) -> list[str]:
+    """The export's lines with these columns of the row at `index` changed."""
+    item = json.loads(lines[index])
+    item["row"].update(columns)
+    return [*lines[:index], json.dumps(item), *lines[index + 1 :]]
+
+
+def first(lines: list[str], kind: str) -> int:
+    """The index of the first line of a row of `kind`."""
+    return next(i for i, line in enumerate(lines) if json.loads(line)["type"] == kind)
+
+
+async def refused(target: AppState, account_id, lines: list[str], said: str) -> None:
+    """The import is refused with BAD_REQUEST saying `said`, and writes nothing."""
+    from app.errors import BadInput
+
+    before = await table_counts(target)
+    with pytest.raises(BadInput, match=said):
+        await load(target, account_id, lines)
+    assert await table_counts(target) == before
+
+
+async def test_a_row_refused_writes_nothing_of_the_rows_before_it(state, admin, second):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = edited(lines, len(lines) - 1, summary="two\nlines")
+    await refused(second, target_admin.account_id, last, "summary must be one line")
+
+
+async def test_a_time_python_cannot_hold_is_refused_writing_nothing(state, admin, second):
+    # PostgreSQL stores 44 BC or the year 10000; every read of it after (the account's list of
+    # agents, the records, a turn of the session) would fail.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    action, last = first(lines, "action"), len(lines) - 1  # the last: a record's row
+    for index, column, value in [
+        (last, "modified", "infinity"),
+        (action, "created", "0044-03-15T00:00:00+00:00 BC"),
+        (last, "created", "10000-01-01T00:00:00+00:00"),
+        (last, "modified", "0001-01-01T00:00:00+05:00"),  # the year 0 in UTC
+        (last, "modified", "9999-12-31T23:59:59.9999999+00:00"),  # rounded: the year 10000
+        (last, "modified", "2026-12-01T10:00:00"),  # no offset
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: .* not valid \\({column} is not a time from year 1 to 9999",
+        )
+    year_one = edited(lines, action, created="0001-01-01T00:00:00+00:00")
+    assert (await load(second, target_admin.account_id, year_one)).missing == {}
+
+
+async def test_a_row_of_another_agent_is_refused(state, admin, second):
+    # An edited export would put a record into another agent of the account it is imported
+    # into; every row is the exported agent's, and names no account.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    other = await make_agent(second, target_admin, name="other")
+    record = json.loads(lines[-1])["row"]
+    version = next(
+        i
+        for i, line in enumerate(lines)
+        if json.loads(line)["type"] == "memory_version"
+        and json.loads(line)["row"]["memory_id"] == record["memory_id"]
+        and json.loads(line)["row"]["version"] == record["version"]
+    )
+    moved = edited(lines, version, action_id=str(other.action_id))
+    moved = edited(moved, len(lines) - 1, action_id=str(other.action_id), pinned=True)
+    said = f"line {version + 1}: .*\\(action_id is '{other.action_id}', not the exported agent"
+    await refused(second, target_admin.account_id, moved, said)
+    accounted = edited(lines, first(lines, "action"), account_id=str(target_admin.account_id))
+    await refused(second, target_admin.account_id, accounted, "it names an account")
+    async with second.pool.acquire() as conn:
+        stored = "SELECT count(*) FROM agent_memories WHERE action_id = $1"
+        assert await conn.fetchval(stored, other.action_id) == 0
+
+
+async def test_a_counter_the_service_cannot_go_on_from_is_refused(state, admin, second):
+    # A session at 2^31 - 1 turns would fail every turn after: its next one is no int32.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    session, execution = first(lines, "session"), first(lines, "execution")
+    for index, column, value in [
+        (session, "turns", 2**31 - 1),
+        (execution, "invocation_number", "2147483647"),  # PostgreSQL would read the text
+        (first(lines, "action"), "current_version", -1),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: .* not valid \\({column} is not an integer from 0 to 1073741824",
+        )
+
+
+async def test_a_session_id_or_name_the_api_refuses_is_refused(state, admin, second):
+    # A session ID no turn can name (the API takes 1 to 200 characters on one line), an agent
+    # name the API would not store.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    session, version = first(lines, "session"), first(lines, "action_version")
+    for index, column, value, said in [
+        (session, "session_id", "S" * 5000, "session_id must be 1 to 200 characters"),
+        (session, "session_id", "s1\x1b[31m", "session_id contains U\\+001B"),
+        (first(lines, "memory"), "session_id", " ", "session_id must be 1 to 200 characters"),
+        (version, "name", "two\nlines", "name contains U\\+000A"),
+        (version, "name", "", "name must be 1 to 200 characters"),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: .* not valid .*{said}",
+        )

@@ -79,13 +79,18 @@ def _harness(text: str) -> Harness:
     return parse_harness(json.loads(text))
 
 
-def _values(
-    name: str, instructions: str, model: Any, harness: Harness, settings: Settings | None
-) -> dict[str, Any]:
+def check_name(name: str) -> str:
+    """An agent's name as it is stored: 1 to 200 characters once trimmed, on one line."""
     name = name.strip()
     if not name or len(name) > 200:
         raise BadInput("name must be 1 to 200 characters")
-    check_one_line(name, "name")
+    return check_one_line(name, "name")
+
+
+def _values(
+    name: str, instructions: str, model: Any, harness: Harness, settings: Settings | None
+) -> dict[str, Any]:
+    name = check_name(name)
     if len(instructions.encode()) > MAX_INSTRUCTIONS:
         raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
     # Checked when written, not when a stored version is read (one written before the limit

@@ -7,32 +7,39 @@ and each record's current state (`memory`, with its vector unless `--no-embeddin
 JSON object a line, `{"type": ..., "row": {...}}`, each row every column of its table but the
 account (an account belongs to a deployment: the import names its own).
 
-An import writes them with the same IDs, times, versions and provenance, in batches of one
-transaction each. A row already there with the same content is skipped, so importing twice
-changes nothing and an interrupted import continues where it stopped; a row there with other
-content stops the import with CONFLICT naming it. Vectors are copied when the file's embedding
-model is the deployment's (same name and dimensions); otherwise, or when the file has none,
-each record is embedded again with the deployment's model, as `engram reembed` would.
+An import checks every row, then writes them with the same IDs, times, versions and
+provenance, in batches of one transaction each. A row already there with the same content is
+skipped, so importing twice changes nothing and an interrupted import continues where it
+stopped; a row there with other content stops the import with CONFLICT naming it. Vectors
+are copied when the file's embedding model is the deployment's (same name and dimensions);
+otherwise, or when the file has none, each record is embedded again with the deployment's
+model, as `engram reembed` would.
 """
 
 import asyncio
+import io
 import json
-from collections.abc import Awaitable, Callable, Iterable
+import reprlib
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, ClassVar, TextIO
+from datetime import UTC, datetime, timedelta
+from typing import IO, Any, ClassVar, TextIO
 from uuid import UUID
 
 import asyncpg
 
 from app.actions.harness import LABEL_NUMBERS, parse_harness
 from app.actions.model import parse_model
+from app.actions.service import check_name
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
 from app.memory.service import check_content, check_summary
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
+from app.scope import check_session_id
 from app.text import is_storable
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
@@ -119,6 +126,11 @@ def _header(line: str | None) -> dict[str, Any]:
             f"this export has format version {header.get('version')}; this Engram reads "
             f"version {FORMAT_VERSION}"
         )
+    action_id = header.get("actionId")
+    try:
+        UUID(action_id if isinstance(action_id, str) else "")
+    except ValueError:
+        raise BadInput("this export's header is damaged: its actionId is not an ID") from None
     counts = header.get("counts")
     if not isinstance(counts, dict) or not all(
         kind in BY_KIND and isinstance(n, int) and not isinstance(n, bool) and n >= 0
@@ -139,69 +151,143 @@ async def import_file(
     batch_rows: int = BATCH_ROWS,
     progress: bool = False,
 ) -> ImportResult:
-    """Writes an export's rows into `account_id` (see the module's docstring)."""
+    """Writes an export's rows into `account_id` (see the module's docstring). Every row is
+    checked before any is written, so a file refused for a row writes nothing; `lines` is read
+    twice (a stream that cannot seek, standard input, through a temporary copy)."""
     from tqdm import tqdm
 
-    it = iter(lines)
-    header = _header(next(it, None))
-    async with pool.acquire() as conn:
-        if not await store.account_exists(conn, account_id):
-            raise NotFound(f"account {account_id} not found")
-        recorded = await embeddings_store.recorded_model(conn)
-    embedder: Embedder | None = None
-    result = ImportResult()
-    if not (header.get("embeddings") and recorded is not None and header["embedder"] == recorded):
-        # Embedded again with this deployment's model (which the database records, or will).
-        embedder = await open_embedder()
-        await ensure_model(pool, embedder, VECTOR_COLUMNS)
-        result.vectors = "re-embedded"
-    total = sum(header["counts"].values())
-    columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
-    try:
-        with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
-            importer = _Importer(pool, account_id, embedder, result, bar.update)
-            try:
-                table: Table | None = None
-                batch: list[dict[str, Any]] = []
-                for number, line in enumerate(it, start=2):
-                    if not line.strip():
-                        continue
-                    kind, row = _parse(line, number)
-                    _check_row(kind, row, number)
-                    if tuple(row) != columns.setdefault(kind, tuple(row)):
-                        raise BadInput(
-                            f"line {number}: its {kind} row has other columns than the ones "
-                            "before it (the file was edited); every row of a type has the same"
-                        )
-                    if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
-                        assert table is not None
+    with _rereadable(lines) as read:
+        header = _header(next(read(), None))
+        async with pool.acquire() as conn:
+            if not await store.account_exists(conn, account_id):
+                raise NotFound(f"account {account_id} not found")
+            recorded = await embeddings_store.recorded_model(conn)
+            catalog = {t.kind: await store.columns(conn, t.name) for t in TABLES}
+        for _ in _rows(read(), header, catalog):
+            pass
+        embedder: Embedder | None = None
+        result = ImportResult()
+        if not (
+            header.get("embeddings") and recorded is not None and header["embedder"] == recorded
+        ):
+            # Embedded again with this deployment's model (which the database records, or will).
+            embedder = await open_embedder()
+            await ensure_model(pool, embedder, VECTOR_COLUMNS)
+            result.vectors = "re-embedded"
+        total = sum(header["counts"].values())
+        try:
+            with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
+                importer = _Importer(pool, account_id, embedder, result, bar.update)
+                try:
+                    table: Table | None = None
+                    batch: list[dict[str, Any]] = []
+                    for kind, row in _rows(read(), header, catalog):
+                        if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
+                            assert table is not None
+                            await importer.submit(table, batch)
+                            batch = []
+                        table = BY_KIND[kind]
+                        batch.append(row)
+                    if table is not None and batch:
                         await importer.submit(table, batch)
-                        batch = []
-                    table = BY_KIND[kind]
-                    batch.append(row)
-                if table is not None and batch:
-                    await importer.submit(table, batch)
-                await importer.drain()
-                result.missing = {
-                    kind: (result.by_type.get(kind, 0), n)
-                    for kind, n in header["counts"].items()
-                    if result.by_type.get(kind, 0) < n
-                }
-            finally:
-                await importer.cancel()
-    finally:
-        if embedder is not None:
-            await embedder.aclose()
+                    await importer.drain()
+                    result.missing = {
+                        kind: (result.by_type.get(kind, 0), n)
+                        for kind, n in header["counts"].items()
+                        if result.by_type.get(kind, 0) < n
+                    }
+                finally:
+                    await importer.cancel()
+        finally:
+            if embedder is not None:
+                await embedder.aclose()
     return result
 
 
-def _check_row(kind: str, row: dict[str, Any], number: int) -> None:
-    """What the API reads back from a row holds as the API wrote it: an edited file is refused
-    here rather than stored and failing every read after (PostgreSQL checks the rest)."""
+@contextmanager
+def _rereadable(lines: Iterable[str]) -> Iterator[Callable[[], Iterator[str]]]:
+    """`lines` to read from their start more than once: a list as it is, a file that can seek
+    from where it stood, any other stream from a temporary copy."""
+    if isinstance(lines, Sequence):
+        yield lambda: iter(lines)
+    elif isinstance(lines, io.TextIOBase) and lines.seekable():
+        yield _from(lines, lines.tell())
+    else:
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as copy:
+            copy.writelines(lines)
+            yield _from(copy, 0)
+
+
+def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[str]]:
+    def again() -> Iterator[str]:
+        file.seek(start)
+        return iter(file)
+
+    return again
+
+
+def _rows(
+    lines: Iterator[str], header: dict[str, Any], catalog: dict[str, dict[str, str]]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rows after the header, by type, each checked (`_check_row`) against the columns of
+    its table (`catalog`: their types by type of row)."""
+    action_id = UUID(header["actionId"])
+    next(lines, None)
+    columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
+    for number, line in enumerate(lines, start=2):
+        if not line.strip():
+            continue
+        kind, row = _parse(line, number)
+        if kind not in columns:
+            unknown = [c for c in row if c not in catalog[kind] and c != "account_id"]
+            if unknown:
+                raise BadInput(
+                    f"line {number}: this export's {kind} rows have columns this deployment "
+                    f"does not ({', '.join(unknown)}): import it into an Engram at least as new "
+                    "as the one that exported it"
+                )
+        if tuple(row) != columns.setdefault(kind, tuple(row)):
+            raise BadInput(
+                f"line {number}: its {kind} row has other columns than the ones "
+                "before it (the file was edited); every row of a type has the same"
+            )
+        _check_row(kind, row, number, action_id=action_id, types=catalog[kind])
+        yield kind, row
+
+
+# The counters that go on from an imported row (a session's turns, a record's or an agent's
+# versions, an execution's attempts) are 32-bit columns: an import leaves room for a billion more.
+MAX_COUNT = 2**30
+
+
+def _check_row(
+    kind: str, row: dict[str, Any], number: int, *, action_id: UUID, types: dict[str, str]
+) -> None:
+    """What the API reads back from a row, or goes on from, holds as the API wrote it: an
+    edited file is refused here rather than stored and failing every read after (PostgreSQL
+    checks the rest). `types`: the row's columns' types, from the catalog."""
     try:
-        for column in ("created", "modified"):
-            if str(row.get(column, "")).lower().lstrip("+-") == "infinity":
-                raise ValueError(f"{column} is not a time")
+        if "account_id" in row:
+            raise ValueError("it names an account: an export's rows name none")
+        agent = row.get("action_id")
+        if not isinstance(agent, str) or UUID(agent) != action_id:
+            raise ValueError(f"action_id is {agent!r}, not the exported agent {action_id}")
+        for column, value in row.items():
+            if value is None:
+                continue
+            if types[column] == "timestamp with time zone":
+                _check_time(column, value)
+            elif types[column] in ("smallint", "integer", "bigint") and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT
+            ):
+                raise ValueError(
+                    f"{column} is not an integer from 0 to {MAX_COUNT}: {reprlib.repr(value)}"
+                )
+        # The API's rules for what names a session or an agent.
+        session_id = row.get("session_id")
+        if not isinstance(session_id, str | None):
+            raise ValueError("session_id is not text")
+        check_session_id(session_id, "session_id")
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
@@ -220,12 +306,31 @@ def _check_row(kind: str, row: dict[str, Any], number: int) -> None:
             if content is not None:
                 check_content(content)
         if kind == "action_version":
+            name = row.get("name")
+            if not isinstance(name, str):
+                raise ValueError("name is not text")
+            check_name(name)
             for column, parse in (("harness", parse_harness), ("model", parse_model)):
                 value = row.get(column)
                 parse(json.loads(value) if isinstance(value, str) else value)
     except (ValueError, TypeError, KeyError, BadInput) as e:
         message = e.message if isinstance(e, BadInput) else str(e)
         raise BadInput(f"line {number}: its {kind} row is not valid ({message})") from None
+
+
+def _check_time(column: str, value: Any) -> None:
+    """A time as exported (ISO 8601 with its offset) that Python's datetime holds in UTC, as
+    every read gets it: from year 1 to 9999, not infinity, not BC."""
+    try:
+        when = datetime.fromisoformat(value)
+        if when.tzinfo is None:
+            raise ValueError
+        # PostgreSQL rounds a fraction past microseconds, where Python cuts it.
+        (when + timedelta(microseconds=1)).astimezone(UTC)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(
+            f"{column} is not a time from year 1 to 9999 with its offset: {reprlib.repr(value)}"
+        ) from None
 
 
 def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
@@ -255,7 +360,6 @@ class _Importer:
     embedder: Embedder | None
     result: ImportResult
     done: Callable[[int], object]
-    _columns: dict[str, set[str]] = field(default_factory=dict)
     _running: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
@@ -288,7 +392,6 @@ class _Importer:
             if VECTOR_COLUMN not in row_columns:
                 row_columns.append(VECTOR_COLUMN)
         async with self.pool.acquire() as conn:
-            await self._check_columns(conn, table, row_columns)
             try:
                 async with conn.transaction():
                     rows_json = json.dumps(rows)
@@ -337,20 +440,6 @@ class _Importer:
             raise BadInput(
                 f"memory {memory_id} has no row for its current version in this export (the "
                 "file is cut short or edited): nothing of its batch was imported"
-            )
-
-    async def _check_columns(
-        self, conn: asyncpg.Connection, table: Table, row_columns: list[str]
-    ) -> None:
-        known = self._columns.get(table.name)
-        if known is None:
-            known = self._columns[table.name] = set(await store.columns(conn, table.name))
-        unknown = [c for c in row_columns if c not in known or c == "account_id"]
-        if unknown:
-            raise BadInput(
-                f"this export's {table.kind} rows have columns this deployment does not "
-                f"({', '.join(unknown)}): import it into an Engram at least as new as the one "
-                "that exported it"
             )
 
     async def _embed(self, rows: list[dict[str, Any]]) -> None:

@@ -7,7 +7,7 @@ vectors as their text). Table and column names here come from `TABLES` and the c
 never from a file.
 """
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -87,20 +87,21 @@ BY_KIND = {t.kind: t for t in TABLES}
 VECTOR_COLUMN = "embedding"
 
 
-async def columns(conn: asyncpg.Connection, table: str) -> list[str]:
-    """The columns a row of `table` can be written with: not generated, not dropped."""
+async def columns(conn: asyncpg.Connection, table: str) -> dict[str, str]:
+    """The columns a row of `table` can be written with (not generated, not dropped), in
+    order, with their types as PostgreSQL names them (`integer`, `timestamp with time zone`)."""
     rows = await conn.fetch(
         """
-        SELECT attname FROM pg_attribute
+        SELECT attname, format_type(atttypid, NULL) AS type FROM pg_attribute
         WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
         ORDER BY attnum
         """,
         table,
     )
-    return [r["attname"] for r in rows]
+    return {r["attname"]: r["type"] for r in rows}
 
 
-def _exported(table: Table, all_columns: Sequence[str], embeddings: bool) -> list[str]:
+def _exported(table: Table, all_columns: Iterable[str], embeddings: bool) -> list[str]:
     skip = {"account_id", *table.skip}
     if not embeddings:
         skip.add(VECTOR_COLUMN)
