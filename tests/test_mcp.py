@@ -484,20 +484,28 @@ async def test_an_mcp_client_gone_mid_body_is_no_fault_of_the_service(
     assert "request bodies are limited to" in big.json()["error"]["message"]
 
 
-async def test_mcp_arguments_no_json_column_holds_are_refused_before_anything_runs(
-    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
-) -> None:
-    """Python's JSON, which the SDK reads requests with, takes NaN, Infinity and 1e400 for
-    numbers: such an argument is the call's refusal naming it, recorded nowhere, with no error
-    logged (it reached the execution's insert before, which failed with the database's words)."""
+async def _raw_client(
+    gql: GQL, admin: Caller, state: AppState, name: str
+) -> tuple[str, dict[str, str]]:
+    """An agent with every tool, and the headers of a client that posts JSON-RPC by hand."""
     action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
-    token = await token_for(state, admin, "numbers", *AGENT_POLICIES)
+    token = await token_for(state, admin, name, *AGENT_POLICIES)
     headers = {
         "Authorization": f"Bearer {token}",
         "content-type": "application/json",
         "accept": "application/json, text/event-stream",
         "mcp-protocol-version": "2025-06-18",
     }
+    return action_id, headers
+
+
+async def test_mcp_arguments_no_json_column_holds_are_refused_before_anything_runs(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
+) -> None:
+    """Python's JSON, which the SDK reads requests with, takes NaN, Infinity and 1e400 for
+    numbers: such an argument is the call's refusal naming it, recorded nowhere, with no error
+    logged (it reached the execution's insert before, which failed with the database's words)."""
+    action_id, headers = await _raw_client(gql, admin, state, "numbers")
     body = (
         '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "%s",'
         ' "arguments": {"query": "parcel", %s}}}'
@@ -530,14 +538,7 @@ async def test_mcp_a_request_whose_id_json_rpc_refuses_is_answered_invalid(
     """JSON-RPC ids are strings, integers or null: an object, a fraction, 1e400 or a boolean
     is an Invalid Request answered 400 (the SDK took them for notifications: 202, no answer,
     the call run or not unseen by the client)."""
-    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
-    token = await token_for(state, admin, "ids", *AGENT_POLICIES)
-    headers = {
-        "Authorization": f"Bearer {token}",
-        "content-type": "application/json",
-        "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": "2025-06-18",
-    }
+    action_id, headers = await _raw_client(gql, admin, state, "ids")
     body = (
         '{"jsonrpc": "2.0", "id": %s, "method": "tools/call", "params": {"name": '
         '"search_memory", "arguments": {"query": "parcel"}}}'
