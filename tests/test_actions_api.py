@@ -169,6 +169,21 @@ async def test_update_writes_version_2_and_version_1_stays_readable(gql, admin):
     assert (node["version"], node["name"]) == (1, "support")
 
 
+async def test_concurrent_updates_each_write_the_next_version(gql, admin):
+    """Eight updates of one agent at once: each waits for the one before and writes the next
+    version (the agent was read as missing by those that waited: NOT_FOUND, their update lost)."""
+    import asyncio
+
+    v1 = await create(gql, admin)
+    done = await asyncio.gather(
+        *(gql(admin, UPDATE, id=v1["actionId"], input={"name": f"v{i}"}) for i in range(8))
+    )
+    versions = sorted(d.ok()["updateAction"]["version"] for d in done)
+    assert versions == list(range(2, 10))
+    current = (await gql(admin, ACTION, id=v1["actionId"])).ok()["action"]
+    assert current["currentVersion"] == 9
+
+
 async def test_a_version_is_read_as_stored_each_time(gql, admin, state):
     """Parses of a version's model and harness are kept by their text, not by the version: a
     document rewritten in the database (as a restore may) is read as it now is."""

@@ -59,15 +59,17 @@ async def insert_version(
 async def lock_current(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID
 ) -> asyncpg.Record | None:
-    return await conn.fetchrow(
-        _VERSION
-        + """
-        WHERE v.account_id = $1 AND v.action_id = $2 AND v.version = a.current_version
-        FOR UPDATE OF a
-        """,
+    """The agent's current version, its row locked for a new version. The row is locked
+    alone first: locked in a join, a row another update changed meanwhile is re-checked
+    against the old version's row, which no longer joins, and the agent read as missing."""
+    locked = await conn.fetchval(
+        "SELECT true FROM actions WHERE account_id = $1 AND action_id = $2 FOR UPDATE",
         account_id,
         action_id,
     )
+    if locked is None:
+        return None
+    return await get_version(conn, account_id, action_id, None)
 
 
 async def bump_version(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> int:
