@@ -407,6 +407,55 @@ async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
     assert review["messages"]["count"] == 2
 
 
+async def test_m10_a_review_whose_record_changed_meanwhile_drops_its_records_not_the_turn(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review replaces a record an operator deletes after the review staged its writes and
+    before the turn's commit writes them (the commit's first step is made to wait for the
+    delete): the review's records go (`memory.review.dropped` says why), the turn keeps its
+    answer and commits, and its messages wait for the next review, which reads them again."""
+    from app.executions import store as executions_store
+
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
+    record_review = executions_store.record_review
+    meanwhile: list[dict[str, Any]] = []
+
+    async def after_a_delete(*args: Any) -> bool:
+        if not meanwhile:
+            deleted = await gql(
+                admin,
+                "mutation($a: UUID!, $m: UUID!) { deleteAgentMemory(actionId: $a, id: $m) {"
+                " status } }",
+                a=action_id,
+                m=old["memoryId"],
+            )
+            meanwhile.append(deleted.ok()["deleteAgentMemory"])
+        return await record_review(*args)
+
+    monkeypatch.setattr(executions_store, "record_review", after_a_delete)
+    model_server.say("Noted: Berlin.")
+    candidates(model_server, {"summary": "Ada lives in Berlin"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "I moved to Berlin")
+    assert meanwhile == [{"status": "DELETED"}]
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Noted: Berlin."
+    (dropped,) = events(executed, "memory.review.dropped")
+    assert "was changed by another writer meanwhile" in dropped["reason"]
+    # The new record, and the old one's version 2 (superseded), neither kept.
+    assert {"id": old["memoryId"], "version": 2} in dropped["records"]
+    assert len(dropped["records"]) == 2
+    assert await memories(gql, admin, action_id) == []
+    assert (await memory(gql, admin, action_id, old["memoryId"]))["status"] == "DELETED"
+
+    candidates(model_server, {"summary": "Ada lives in Berlin"})
+    later = await run(gql, admin, action_id, "Hello again")
+    (review,) = reviews(later)
+    assert review["messages"]["count"] == 4  # the dropped review's turn, read again
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Berlin"]
+
+
 async def test_m16_preview_turns_write_preview_records(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

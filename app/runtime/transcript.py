@@ -35,7 +35,8 @@ Event types and what their `data` holds:
 - `memory.review.dropped`: `{reason, records}`, after `turn.output`, written only by the commit
   it describes: the turn committed without the records its review wrote (`records`, their
   versions), since another turn's review, committed meanwhile, covered an earlier turn this
-  one read too; this turn's messages wait for the next review.
+  one read too, or another writer changed a record the review changes after it read it; this
+  turn's messages wait for the next review.
 
 What a model or a tool said is stored as it was, except NUL and lone surrogates (which no
 PostgreSQL text or JSON value can hold), each replaced by U+FFFD (app.text.storable).

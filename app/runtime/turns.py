@@ -746,6 +746,38 @@ async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> dict
     return None
 
 
+async def _commit_memory(
+    conn: asyncpg.Connection, context: TurnContext
+) -> tuple[list[MemoryRecord], dict[str, Any] | None]:
+    """Commits the turn's memory with its review's marks; returns what it wrote and, when the
+    review's records were not kept, the `memory.review.dropped` event. A review never fails
+    its turn: when committing meets a record another writer changed meanwhile, the review's
+    records go (its messages wait for the next review) and the turn's own writes are committed
+    alone; a conflict then is the turn's own, and fails it."""
+    if context.work is None:
+        return [], await _record_review(conn, context)
+    dropped = None
+    try:
+        async with conn.transaction():  # a savepoint: the review's marks go with its records
+            dropped = await _record_review(conn, context)
+            return await context.work.commit(conn), dropped
+    except Conflict:
+        if context.review_written is None or dropped is not None:
+            raise  # the review's records were not in it: the turn's own writes conflicted
+        mark, records = context.review_written
+        e = context.execution
+        key = (conn, e.account_id, e.action_id, e.execution_id, context.review_messages)
+        await store.record_review(*key, [])  # its messages counted, none marked reviewed
+        await context.work.discard_since(conn, mark)
+        written = await context.work.commit(conn)
+        return written, {
+            "reason": "a record this turn's memory review changes was changed by another "
+            "writer meanwhile, after the review read it: the review's records were not kept, "
+            "and this turn's messages wait for the next review",
+            "records": records,
+        }
+
+
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
     kept = await _kept_history(context)
@@ -753,9 +785,7 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     written: list[MemoryRecord] = []
     async with context.state.pool.acquire() as conn, conn.transaction():
         await _lock_session(conn, execution, exclusive=True)  # before the memory rows
-        dropped = await _record_review(conn, context)
-        if context.work is not None:
-            written = await context.work.commit(conn)
+        written, dropped = await _commit_memory(conn, context)
         turn = None
         if execution.session_id is not None and execution.replay_of is None:
             turn = await store.count_turn(
