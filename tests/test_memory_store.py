@@ -653,6 +653,34 @@ async def test_m52_budget_counts_only_the_pins_the_writer_reads(state, admin):
 
 
 # M52
+async def test_m52_an_agent_scope_pin_counts_against_every_sessions_list(state, admin):
+    """An agent-scope pin is listed in every session's turns: it is refused when it would take
+    another session's list (that session's pins with the agent's) over the budget, from any
+    session or none (an operator), and at commit when that session's pin committed meanwhile;
+    one that fits every list is taken."""
+    pinner = await make_agent(
+        state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 31})
+    )
+    summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
+    await remember(state, pinner, summary, pinned=True, session="s1")  # s1's list: 60 characters
+    longer = NewMemory(summary=summary + "y" * 20, kind="fact", pinned=True, scope="AGENT")
+    for session in ("s2", None):  # 60 + 1 + 80 characters in s1: 36 tokens
+        with pytest.raises(BadInput, match="Consolidate"):
+            await work(state, writer(pinner, session=session)).add(longer)
+    # 60 + 1 + 60 characters: 31 tokens, taken; then s1 pins 62 more characters meanwhile (its
+    # own list, without the staged pin, 31 tokens): the commit finds s1's list over.
+    staged = work(state, writer(pinner, session="s3"))
+    fits = NewMemory(summary=summary, kind="fact", pinned=True, scope="AGENT")
+    (taken,) = await staged.add(fits)
+    assert taken.pinned
+    await remember(state, pinner, "z" * 12, pinned=True, session="s1")
+    with pytest.raises(Conflict, match="Consolidate"):
+        await commit(state, staged)
+    await staged.discard()
+    assert len(await work(state, writer(pinner, session="s1")).pinned()) == 2
+
+
+# M52
 async def test_m52_pins_committed_meanwhile_count_at_commit(state, admin):
     pinner = await make_agent(
         state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 15})

@@ -302,7 +302,10 @@ class MemoryWork:
                 self._check_replaceable(target)
             if new.pinned:
                 await self._check_pin_budget(
-                    conn, [pin_line(new.summary, memory_id)], {new.replaces}
+                    conn,
+                    [pin_line(new.summary, memory_id)],
+                    {new.replaces},
+                    everywhere=checked.scope == Scope.AGENT,
                 )
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
@@ -384,7 +387,10 @@ class MemoryWork:
             pins = [pin_line(n.summary, ids[i]) for i, n in enumerate(news) if n.pinned]
             if pins:
                 replaced = {n.replaces for n in news if n.pinned and n.replaces is not None}
-                await self._check_pin_budget(conn, pins, replaced)
+                everywhere = any(
+                    n.pinned and c.scope == Scope.AGENT for n, c in zip(news, checked, strict=True)
+                )
+                await self._check_pin_budget(conn, pins, replaced, everywhere=everywhere)
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(n.summary, n.content) for n in news])
         self.embed_tokens.append(embedded.tokens)
@@ -504,7 +510,8 @@ class MemoryWork:
             if tombstones:
                 await store.delete_staged(conn, account_id, action_id, w.execution_id, tombstones)
             if any(r.pinned for r in published):
-                await self._recheck_pins(conn)
+                everywhere = any(r.pinned and r.scope == Scope.AGENT.value for r in published)
+                await self._recheck_pins(conn, everywhere)
         except asyncpg.UniqueViolationError:
             # Another writer committed a successor of a record this work replaces.
             targets = ", ".join(str(c.target) for c in self._changes)
@@ -696,17 +703,25 @@ class MemoryWork:
         return change
 
     async def _check_pin_budget(
-        self, conn: asyncpg.Connection, lines: Sequence[str], replaced: set[UUID | None]
+        self,
+        conn: asyncpg.Connection,
+        lines: Sequence[str],
+        replaced: set[UUID | None],
+        *,
+        everywhere: bool,
     ) -> None:
+        """`lines`: the new pins' lines; `everywhere`: one of them is of agent scope, listed
+        in every session's turns."""
         budget = self.config.pinned_max_tokens
         assert budget is not None
-        pins = [store.record(r) for r in await store.list_pinned(conn, self.writer.reader())]
+        reader = self.writer.reader()
+        pins = [store.record(r) for r in await store.list_pinned(conn, reader)]
         kept = [r for r in pins if r.memory_id not in replaced]
-        tokens = pinned_tokens([*(r.pinned_line() for r in kept), *lines])
+        tokens, listed = await _longest_list(conn, reader, kept, lines, everywhere)
         if tokens > budget:
-            raise BadInput(_over_budget(tokens, budget, kept))
+            raise BadInput(_over_budget(tokens, budget, listed))
 
-    async def _recheck_pins(self, conn: asyncpg.Connection) -> None:
+    async def _recheck_pins(self, conn: asyncpg.Connection, everywhere: bool) -> None:
         """Pins other turns committed meanwhile count too: the budget holds once committed."""
         w = self.writer
         budget = self.config.pinned_max_tokens
@@ -715,12 +730,33 @@ class MemoryWork:
         await store.lock_pins(conn, w.account_id, w.action.action_id)
         committed = replace(w.reader(), execution_id=None, invocation_number=None)
         pins = [store.record(r) for r in await store.list_pinned(conn, committed)]
-        tokens = pinned_tokens(r.pinned_line() for r in pins)
+        tokens, listed = await _longest_list(conn, committed, pins, [], everywhere)
         if tokens > budget:
             raise Conflict(
                 "other turns pinned memories meanwhile; nothing was saved. "
-                + _over_budget(tokens, budget, pins)
+                + _over_budget(tokens, budget, listed)
             )
+
+
+async def _longest_list(
+    conn: asyncpg.Connection,
+    reader: AgentReader,
+    pins: list[MemoryRecord],
+    lines: Sequence[str],
+    everywhere: bool,
+) -> tuple[int, list[MemoryRecord]]:
+    """The tokens of the longest pinned list that `lines` (new pins) join, and its records:
+    the reader's own list (`pins`), and, when a pin is of agent scope and turns read session
+    scope, each other session's list too (the agent's pins with that session's own)."""
+    lists = [pins]
+    if everywhere and Scope.SESSION in reader.scopes:
+        agent = [r for r in pins if r.scope == Scope.AGENT.value]
+        sessions: dict[str, list[MemoryRecord]] = {}
+        for row in await store.other_sessions_pins(conn, reader):
+            sessions.setdefault(row["session_id"], []).append(store.record(row))
+        lists += [agent + own for own in sessions.values()]
+    counted = [(pinned_tokens([*(r.pinned_line() for r in one), *lines]), one) for one in lists]
+    return max(counted, key=lambda c: c[0])
 
 
 def _over_budget(tokens: int, budget: int, pins: list[MemoryRecord]) -> str:

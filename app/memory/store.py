@@ -17,6 +17,7 @@ import numpy as np
 from app.db.sql import Params
 from app.memory.records import MemoryRecord, NewRecord, RecordFields
 from app.memory.visibility import AgentReader, Reader, shadows, visible
+from app.scope import Scope
 
 Row = asyncpg.Record
 
@@ -189,6 +190,34 @@ async def list_pinned(conn: asyncpg.Connection, reader: Reader) -> list[Row]:
     return await conn.fetch(
         f"SELECT {_m('m')} FROM agent_memories m WHERE {where} AND m.pinned "
         "ORDER BY m.created, m.memory_id",
+        *p.values,
+    )
+
+
+async def other_sessions_pins(
+    conn: asyncpg.Connection, reader: AgentReader, most: int = 3
+) -> list[Row]:
+    """The committed pinned session-scope records of the `most` other sessions (not the
+    reader's) with the longest pinned lists, as a turn of the reader's mode (live, or preview)
+    sees them: what an agent-scope pin joins in those sessions' turns. Longest by summary length
+    (the exact count is the caller's, over these)."""
+    p = Params()
+    other = AgentReader(
+        reader.account_id, reader.action_id, None, (Scope.SESSION,), reader.preview
+    )
+    where = visible(other, p, "m", scope="m.scope = 'SESSION'")
+    return await conn.fetch(
+        f"""
+        WITH pins AS (
+            SELECT {_m('m')} FROM agent_memories m
+            WHERE {where} AND m.pinned AND m.pending_execution IS NULL
+              AND m.session_id IS DISTINCT FROM {p(reader.session_id)}
+        ), longest AS (
+            SELECT session_id FROM pins GROUP BY session_id
+            ORDER BY sum(length(summary)) + 60 * count(*) DESC LIMIT {p(most)}
+        )
+        SELECT pins.* FROM pins JOIN longest USING (session_id) ORDER BY created, memory_id
+        """,
         *p.values,
     )
 
