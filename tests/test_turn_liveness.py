@@ -392,6 +392,25 @@ async def test_m7_add_agent_memory_with_a_key_writes_once(
     assert kept.codes == ["CONFLICT"]
 
 
+async def test_m7_a_deleted_clients_keys_go_with_it(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """A client made again with a deleted one's principal is another client: its key of the
+    same name writes anew (it answered with the deleted client's write)."""
+    from app.auth import service as auth_service
+
+    action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
+    fact = {"summary": "Ada prefers email", "kind": "fact"}
+    ops = Caller(admin.account_id, "ops", admin.policies)
+    for _ in range(2):
+        await auth_service.create_client(
+            state.pool, admin, account_id=None, principal="ops", name="ops", policies=[]
+        )
+        assert (await gql(ops, ADD, a=action_id, input=fact, key="k1")).ok()
+        await auth_service.delete_client(state.pool, admin, account_id=None, principal="ops")
+    assert await _count(state, "SELECT count(*) FROM agent_memories") == 2
+
+
 async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:

@@ -120,6 +120,14 @@ async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: s
         )
         # Its tokens went with it (ON DELETE CASCADE); their lookup rows go too.
         await _forget_tokens(conn, account_id)
+        # And its idempotency keys: a client made later with the same principal is another,
+        # whose keys must not answer with the deleted one's results.
+        if row is not None:
+            await conn.execute(
+                "DELETE FROM idempotency_keys WHERE account_id = $1 AND principal = $2",
+                account_id,
+                principal,
+            )
     verified.forget()
     return row
 
