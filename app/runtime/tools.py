@@ -7,6 +7,7 @@ reads, changes nothing, and the turn goes on. Each call is recorded in the trans
 execution of the native tool of its name.
 """
 
+import asyncio
 import json
 import logging
 import math
@@ -202,6 +203,8 @@ def _finite(number: str) -> float:
 
 # The deepest arguments a call may send: the native tools' take two levels (labels), and
 # what reads them (making them storable, validating them) recurses as deep as they go.
+# Results of search_history whose texts reach this many characters are shown in a thread.
+THREAD_TEXT_CHARS = 64 * 1024
 MAX_ARGUMENT_DEPTH = 32
 _TOO_DEEP = (
     f"the arguments are not valid JSON for a tool: they nest deeper than {MAX_ARGUMENT_DEPTH} "
@@ -504,17 +507,27 @@ class NativeTools:
             found, tokens = searched.events, searched.embed_tokens
         else:
             raise ToolRefused("pass a query to search, or ids to read events whole")
-        views, recorded = [], []
-        for event in found:
-            if not access.memory_text:  # an agent message that called a memory tool, reduced
-                event = redaction.history_event(event)
-            memory = access.memory_text and redaction.carries_memory_text(event)
-            shown = history_search.view(event)
-            shown["text"] = for_model(shown["text"])
-            views.append(shown)
-            # Marked in the transcript: a reader without the memory read grants sees its text
-            # reduced there (app/runtime/redaction.py).
-            recorded.append({**shown, "memory": True} if memory else shown)
+
+        def shown_all() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            views, recorded = [], []
+            for event in found:
+                if not access.memory_text:  # an agent message that called a memory tool
+                    event = redaction.history_event(event)
+                memory = access.memory_text and redaction.carries_memory_text(event)
+                shown = history_search.view(event)
+                shown["text"] = for_model(shown["text"])
+                views.append(shown)
+                # Marked in the transcript: a reader without the memory read grants sees its
+                # text reduced there (app/runtime/redaction.py).
+                recorded.append({**shown, "memory": True} if memory else shown)
+            return views, recorded
+
+        # Reading a text as a model may (quoting its header-like lines) takes about 15 ms a
+        # 64 KiB event: a long read is made in a thread, so the event loop keeps serving others.
+        if sum(len(e.part_text or e.text) for e in found) > THREAD_TEXT_CHARS:
+            views, recorded = await asyncio.to_thread(shown_all)
+        else:
+            views, recorded = shown_all()
         used = [{"id": v["id"], **({"part": v["part"]} if "part" in v else {})} for v in views]
         return ToolResult(
             {"events": views},
