@@ -636,13 +636,17 @@ async def test_operators_see_memory_text_in_history_only_with_the_memory_grants(
 async def test_erase_session_erases_history_and_text_and_lists_live_memories(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
-    harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    both = {"read": ["session", "agent"], "write": ["session", "agent"]}
+    harness = {**WITH_TOOLS, "memory": {"enabled": True, "tools": ["add_memory"], "scope": both}}
     action_id = await make_agent_id(gql.state, admin, harness=harness)
-    model_server.call_tools(("add_memory", {"summary": "Secret is marmalade", "kind": "fact"}))
+    model_server.call_tools(
+        ("add_memory", {"summary": "Secret is marmalade", "kind": "fact"}),
+        ("add_memory", {"summary": "Ada likes jam", "kind": "fact", "scope": "agent"}),
+    )
     model_server.say("Saved marmalade.")
     first = await run(gql, admin, action_id, "The secret is marmalade.")
-    (added,) = tool_runs(first, "add_memory")
-    record_id = added["output"]["memories"][0]["id"]
+    # Live records the session wrote, of either scope, are what erasure leaves to delete.
+    record_ids = [a["output"]["memories"][0]["id"] for a in tool_runs(first, "add_memory")]
     model_server.say("Other session.")
     await run(gql, admin, action_id, "The other secret is plum.", session="s2")
 
@@ -670,8 +674,8 @@ async def test_erase_session_erases_history_and_text_and_lists_live_memories(
                 uuid.uuid4(),
             )
     done = (await gql(eraser, erase, a=action_id, s="s1")).ok()["eraseSession"]
-    assert done["erasedEvents"] == 4 and done["erasedExecutions"] == 1
-    assert done["liveMemoryIds"] == [record_id]
+    assert done["erasedEvents"] == 5 and done["erasedExecutions"] == 1
+    assert done["liveMemoryIds"] == record_ids
     assert done["execution"]["kind"] == "ERASE"
     assert done["execution"]["principal"] == "privacy-officer"
     assert "marmalade" not in json.dumps(done)

@@ -52,7 +52,7 @@ def session_changed(conn: asyncpg.Connection) -> None:
         mark()
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+async def init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
@@ -63,7 +63,7 @@ async def create_pool(url: str, *, min_size: int = 2, max_size: int = 10) -> asy
         url,
         min_size=min_size,
         max_size=max_size,
-        init=_init_connection,
+        init=init_connection,
         server_settings=SESSION_SETTINGS,
         connection_class=PooledConnection,
     )
