@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import asyncpg
 import pytest
 from factories import full_memory, make_agent, record_turn, work, writer
 from helpers import GQL, database_copy, db_settings
@@ -26,6 +27,7 @@ from app.memory.maintenance import ROUND_LOCK
 from app.memory.service import NewMemory
 from app.services import start_services, stop_services
 from app.state import AppState
+from app.transfer import store
 from app.transfer.service import export_action, import_file
 
 RECORD = """
@@ -224,6 +226,32 @@ async def test_export_import_reads_back_identical(state, admin, gql, second):
     assert again.inserted == 0 and again.present == result.inserted
     assert await table_counts(second) == counts
     assert await reads(GQL(second), target_admin, agent.action_id) == before
+
+
+async def test_rows_are_read_a_page_at_a_time(state, admin):
+    """Each page starts after the last row of the one before (in the order of an index, not
+    after a sort of all the rows): pages of two give every row once, as one page does."""
+    agent = await build_agent(state, admin)
+    ids = (admin.account_id, agent.action_id)
+    async with state.pool.acquire() as conn:
+        for _ in range(2):  # the temporary tables go with the transaction
+            async with conn.transaction(isolation="repeatable_read"):
+                await store.note_named(conn, *ids)
+                for table in store.TABLES:
+                    whole = [
+                        r async for r in store.export_rows(conn, table, *ids, embeddings=False)
+                    ]
+                    paged = [
+                        r
+                        async for r in store.export_rows(
+                            conn, table, *ids, embeddings=False, batch=2
+                        )
+                    ]
+                    assert paged == whole
+                    assert len(set(whole)) == len(whole) == await store.count(conn, table, *ids)
+                with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+                    async with conn.transaction():
+                        await conn.execute("CREATE TABLE written ()")
 
 
 async def test_an_interrupted_import_continues(state, admin, gql, second):

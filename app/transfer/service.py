@@ -71,10 +71,8 @@ async def export_action(
     """Writes the agent to `out` as JSONL, from one snapshot; returns the rows per type."""
     from tqdm import tqdm
 
-    async with (
-        pool.acquire() as conn,
-        conn.transaction(isolation="repeatable_read", readonly=True),
-    ):
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+        await store.note_named(conn, account_id, action_id)
         counts = {t.kind: await store.count(conn, t, account_id, action_id) for t in TABLES}
         if counts["action"] == 0:
             raise NotFound(f"action {action_id} not found in account {account_id}")

@@ -19,66 +19,54 @@ class Table:
     name: str
     kind: str  # the `type` of its lines in an export
     key: tuple[str, ...]  # its primary key after account_id
-    # Which of the agent's rows are exported: a condition on `t` with $1 account, $2 action.
+    # Which of the agent's rows are exported: a condition on `t` with $1 account, $2 action,
+    # which may read the temporary tables of `note_named`.
     where: str
-    order: str
+    # The order of its rows: columns an index holds after (account_id, action_id), so that
+    # each page is read from where the one before stopped rather than after a sort of them all.
+    order: tuple[str, ...]
     # Columns never exported: the staging marks of a running turn, derived data.
     skip: tuple[str, ...] = ()
 
 
-# The executions the agent's records name (every version of every record).
-_NAMED_EXECUTIONS = """
-    SELECT v.execution_id FROM agent_memory_versions v
-    WHERE v.account_id = $1 AND v.action_id = $2
-    UNION
-    SELECT m.execution_id FROM agent_memories m
-    WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NULL
-"""
-
 # In the order an import writes them: what a row refers to comes first.
 TABLES: tuple[Table, ...] = (
-    Table("actions", "action", ("action_id",), "true", "action_id"),
-    Table("action_versions", "action_version", ("action_id", "version"), "true", "version"),
+    Table("actions", "action", ("action_id",), "true", ("action_id",)),
+    Table("action_versions", "action_version", ("action_id", "version"), "true", ("version",)),
     Table(
         "sessions",
         "session",
         ("action_id", "session_id"),
-        f"""t.session_id IN (
-            SELECT v.session_id FROM agent_memory_versions v
-            WHERE v.account_id = $1 AND v.action_id = $2 AND v.session_id IS NOT NULL
-            UNION
-            SELECT e.session_id FROM executions e
-            WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id IS NOT NULL
-              AND e.execution_id IN ({_NAMED_EXECUTIONS}))""",
-        "session_id",
+        "t.session_id IN (SELECT session_id FROM export_sessions)",
+        ("session_id",),
     ),
     Table(
         "executions",
         "execution",
         ("action_id", "execution_id"),
-        f"t.execution_id IN ({_NAMED_EXECUTIONS})",
-        "created, execution_id",
+        "t.execution_id IN (SELECT execution_id FROM export_executions)",
+        ("created", "execution_id"),
     ),
     Table(
         "transcript_events",
         "transcript_event",
         ("action_id", "execution_id", "sequence"),
-        f"t.execution_id IN ({_NAMED_EXECUTIONS})",
-        "execution_id, sequence",
+        "t.execution_id IN (SELECT execution_id FROM export_executions)",
+        ("execution_id", "sequence"),
     ),
     Table(
         "agent_memory_versions",
         "memory_version",
         ("action_id", "memory_id", "version"),
         "true",
-        "created, memory_id, version",
+        ("memory_id", "version"),  # its primary key: no index holds versions by time
     ),
     Table(
         "agent_memories",
         "memory",
         ("action_id", "memory_id"),
         "t.pending_execution IS NULL",
-        "created, memory_id",
+        ("created", "memory_id"),
         skip=("pending_execution", "pending_invocation"),
     ),
 )
@@ -108,6 +96,47 @@ def _exported(table: Table, all_columns: Iterable[str], embeddings: bool) -> lis
     return [c for c in all_columns if c not in skip]
 
 
+async def note_named(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> None:
+    """Notes the executions and sessions the agent's records name (every version of every
+    record) in temporary tables that `TABLES` read, once per export rather than once per
+    statement, then makes the transaction read-only. Call first in a repeatable-read
+    transaction; the tables go with it."""
+    await conn.execute(
+        """
+        CREATE TEMPORARY TABLE export_executions (execution_id uuid PRIMARY KEY) ON COMMIT DROP;
+        CREATE TEMPORARY TABLE export_sessions (session_id text PRIMARY KEY) ON COMMIT DROP;
+        SET TRANSACTION READ ONLY;
+        """
+    )
+    await conn.execute(
+        """
+        INSERT INTO export_executions
+        SELECT v.execution_id FROM agent_memory_versions v
+        WHERE v.account_id = $1 AND v.action_id = $2
+        UNION
+        SELECT m.execution_id FROM agent_memories m
+        WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NULL
+        """,
+        account_id,
+        action_id,
+    )
+    await conn.execute(
+        """
+        INSERT INTO export_sessions
+        SELECT v.session_id FROM agent_memory_versions v
+        WHERE v.account_id = $1 AND v.action_id = $2 AND v.session_id IS NOT NULL
+        UNION
+        SELECT e.session_id FROM executions e
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id IS NOT NULL
+          AND e.execution_id IN (SELECT execution_id FROM export_executions)
+        """,
+        account_id,
+        action_id,
+    )
+    # Their sizes, for the plans that read them (autovacuum never sees a temporary table).
+    await conn.execute("ANALYZE export_executions, export_sessions")
+
+
 async def count(conn: asyncpg.Connection, table: Table, account_id: UUID, action_id: UUID) -> int:
     return await conn.fetchval(
         f"SELECT count(*) FROM {table.name} t "
@@ -126,18 +155,27 @@ async def export_rows(
     embeddings: bool,
     batch: int = 1000,
 ) -> AsyncIterator[str]:
-    """The agent's rows of `table` as JSON text, in a stable order; call inside a transaction
-    (a cursor reads them)."""
+    """The agent's rows of `table` as JSON text, in its `order`, a page of `batch` at a time,
+    each after the last row of the one before; call after `note_named`, in its transaction
+    (every page then reads the same snapshot)."""
     wanted = _exported(table, await columns(conn, table.name), embeddings)
     pairs = ", ".join(f"'{c}', t.{c}" for c in wanted)
+    order = ", ".join(f"t.{c}" for c in table.order)
+    last = ", ".join(f"${n}" for n in range(3, 3 + len(table.order)))
     # jsonb_build_object has a 100-argument limit; these tables have fewer than 50 columns.
-    query = (
-        f"SELECT jsonb_build_object({pairs})::text AS row FROM {table.name} t "
-        f"WHERE t.account_id = $1 AND t.action_id = $2 AND {table.where} "
-        f"ORDER BY {table.order}"
+    rows = (
+        f"SELECT jsonb_build_object({pairs})::text AS row, {order} FROM {table.name} t "
+        f"WHERE t.account_id = $1 AND t.action_id = $2 AND {table.where}"
     )
-    async for record in conn.cursor(query, account_id, action_id, prefetch=batch):
-        yield record["row"]
+    first = f"{rows} ORDER BY {order} LIMIT {batch}"
+    after = f"{rows} AND ({order}) > ({last}) ORDER BY {order} LIMIT {batch}"
+    page = await conn.fetch(first, account_id, action_id)
+    while page:
+        for record in page:
+            yield record["row"]
+        if len(page) < batch:
+            return
+        page = await conn.fetch(after, account_id, action_id, *(page[-1][c] for c in table.order))
 
 
 @dataclass(frozen=True)
