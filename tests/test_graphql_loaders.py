@@ -3,10 +3,12 @@ execution and session) are read through per-request DataLoaders, one query per k
 many records the page holds, with the same grants as one read."""
 
 import pytest
-from factories import allow, caller, make_agent, record_turn, remember, writer
+from factories import allow, caller, make_agent, record_turn, remember, token_for, writer
 from helpers import GQL
 
+from app.auth import service as auth_service
 from app.db.pool import create_pool
+from app.graphql.relay import CREATED_ID
 from app.state import AppState
 
 PAGE = """query($a: UUID!) { action(actionId: $a) { memories(first: 100) {
@@ -98,3 +100,124 @@ async def test_issue14_item3_a_mutations_answer_reads_what_it_wrote(state, admin
     for turns in (1, 2):
         done = (await gql(admin, TURN, a=a)).ok()
         assert done["executeAction"] == {"status": "SUCCEEDED", "session": {"turns": turns}}
+
+
+# Issue 14, item 3: nested connections. A page of parents reads each parent's page of children
+# in one query, with each field's grants, redaction, cursors and errors.
+
+PAGE_INFO = "pageInfo { hasNextPage hasPreviousPage startCursor endCursor }"
+TOKENS = "tokens(first: %d, after: %s) { edges { cursor node { tokenId } } " + PAGE_INFO + " }"
+CLIENTS = "query { clients(first: 100) { nodes { principal " + TOKENS + " } } }"
+
+
+BAD_CURSOR = '"bm90LW91cnM"'  # base64 of "not-ours"
+
+
+def aliased(fields: dict[str, str]) -> str:
+    """A query of root fields under their aliases; an alias a field names as `$alias` is
+    declared as a String variable."""
+    used = [a for a in fields if any(f"${a}" in f for f in fields.values())]
+    declared = ", ".join(f"${a}: String" for a in used)
+    body = " ".join(f"{a}: {f}" for a, f in fields.items())
+    return f"query({declared}) {{ {body} }}" if used else f"query {{ {body} }}"
+
+
+def expected(items: list[tuple[str, dict]], first: int, after: str | None) -> dict:
+    """The connection a keyset list gives: `items` are (cursor, node) in the list's order."""
+    cursors = [c for c, _ in items]
+    start = cursors.index(after) + 1 if after is not None else 0
+    edges = [{"cursor": c, "node": n} for c, n in items[start : start + first]]
+    return {
+        "edges": edges,
+        "pageInfo": {
+            "hasNextPage": len(items) > start + first,
+            "hasPreviousPage": after is not None,
+            "startCursor": edges[0]["cursor"] if edges else None,
+            "endCursor": edges[-1]["cursor"] if edges else None,
+        },
+    }
+
+
+async def clients_with_tokens(state, admin, counts: list[int], start: int = 0) -> None:
+    for i, n in enumerate(counts, start):
+        await token_for(state, admin, f"c{i:02}")
+        for _ in range(n - 1):
+            await auth_service.issue_client_token(
+                state.pool, admin, account_id=None, principal=f"c{i:02}"
+            )
+
+
+async def all_tokens(state, admin) -> dict[str, list[tuple[str, dict]]]:
+    """Each client's tokens as (cursor, node), newest first, read straight from the table."""
+    rows = await state.pool.fetch(
+        "SELECT principal, created, token_id FROM client_tokens WHERE account_id = $1 "
+        "ORDER BY created DESC, token_id DESC",
+        admin.account_id,
+    )
+    found: dict[str, list[tuple[str, dict]]] = {}
+    for r in rows:
+        cursor = CREATED_ID.encode(r["created"], r["token_id"])
+        found.setdefault(r["principal"], []).append((cursor, {"tokenId": str(r["token_id"])}))
+    return found
+
+
+# Issue 14, item 3
+async def test_issue14_item3_client_tokens_cost_one_query_however_many_clients(
+    state, db_url, admin
+):
+    await clients_with_tokens(state, admin, [3, 1, 2])
+    await auth_service.create_client(
+        state.pool, admin, account_id=None, principal="no-tokens", name="none", policies=[]
+    )
+    few, with_few = await counted(state, db_url, admin, CLIENTS % (2, "null"))
+    await clients_with_tokens(state, admin, [2, 4, 1, 3, 1, 2, 5], start=3)
+    many, with_many = await counted(state, db_url, admin, CLIENTS % (2, "null"))
+    assert with_many == with_few <= 2
+    tokens = await all_tokens(state, admin)
+    for data in (few, many):
+        for client in data["clients"]["nodes"]:
+            assert client["tokens"] == expected(tokens.get(client["principal"], []), 2, None)
+    assert len(many["clients"]["nodes"]) == 11  # c00 to c09, no-tokens
+    assert [c["tokens"]["edges"] for c in many["clients"]["nodes"]].count([]) == 1
+
+
+# Issue 14, item 3: parents asking for pages after different cursors, in one request.
+async def test_issue14_item3_client_tokens_page_after_each_parents_own_cursor(state, admin):
+    await clients_with_tokens(state, admin, [5, 2, 0, 3])
+    tokens = await all_tokens(state, admin)
+    principals = ["c00", "c01", "c03"]
+    gql = GQL(state)
+    query = aliased(
+        {p: f'client(principal: "{p}") {{ {TOKENS % (2, "$" + p)} }}' for p in principals}
+    )
+    after: dict[str, str | None] = dict.fromkeys(principals)
+    for _ in range(4):  # c00's three pages, then an empty one after its last
+        data = (await gql(admin, query, **after)).ok()
+        for p in principals:
+            assert data[p]["tokens"] == expected(tokens[p], 2, after[p]), (p, after[p])
+            after[p] = data[p]["tokens"]["pageInfo"]["endCursor"]
+    assert data["c00"]["tokens"]["pageInfo"]["hasPreviousPage"]
+    assert data["c00"]["tokens"]["edges"] == []
+
+
+# Issue 14, item 3: each parent's tokens field keeps its own grant check and its own errors.
+async def test_issue14_item3_batched_tokens_keep_grants_and_errors(state, admin):
+    await clients_with_tokens(state, admin, [2, 1])
+    gql = GQL(state)
+    lister = caller(admin.account_id, allow(["SELECT"], "financial.Client.document"))
+    denied = await gql(lister, CLIENTS % (1, "null"))
+    # The first field's error nulls the list (its items are non-null): one error, as before.
+    assert denied.codes == ["ACCESS_DENIED"] and denied.errors[0]["path"][-1] == "tokens"
+    too_many = await gql(admin, CLIENTS % (1001, "null"))
+    assert too_many.codes == ["BAD_REQUEST"] and too_many.errors[0]["path"][-1] == "tokens"
+    mixed = await gql(
+        admin,
+        aliased(
+            {
+                "bad": f'client(principal: "c00") {{ {TOKENS % (1, BAD_CURSOR)} }}',
+                "good": f'client(principal: "c01") {{ {TOKENS % (1, "null")} }}',
+            }
+        ),
+    )
+    assert mixed.codes == ["BAD_REQUEST"] and mixed.errors[0]["path"][0] == "bad"
+    assert mixed.data is None  # a failed request returns no data
