@@ -337,9 +337,10 @@ async def transcript(
     state: AppState, caller: Caller, action_id: uuid.UUID, execution_id: uuid.UUID
 ) -> list[Any]:
     async with state.pool.acquire() as conn:
-        return await executions_store.list_events(
-            conn, caller.account_id, action_id, execution_id, None, 1000
+        (rows,) = await executions_store.list_event_pages(
+            conn, caller.account_id, [(action_id, execution_id, None, 1000)]
         )
+    return rows
 
 
 async def preload(state: AppState, caller: Caller, action_id: uuid.UUID, records: int) -> None:

@@ -144,8 +144,8 @@ async def model_ms(
     state: AppState, caller: Caller, action_id: uuid.UUID, execution_id: uuid.UUID
 ) -> float:
     async with state.pool.acquire() as conn:
-        rows = await executions_store.list_events(
-            conn, caller.account_id, action_id, execution_id, None, 1000
+        (rows,) = await executions_store.list_event_pages(
+            conn, caller.account_id, [(action_id, execution_id, None, 1000)]
         )
     return sum(r["data"]["durationMs"] for r in rows if r["type"] == "model.call")
 

@@ -2,12 +2,24 @@
 execution and session) are read through per-request DataLoaders, one query per kind however
 many records the page holds, with the same grants as one read."""
 
-import pytest
-from factories import allow, caller, make_agent, record_turn, remember, writer
-from helpers import GQL
+import json
+import uuid
+from uuid import UUID
 
+import pytest
+from factories import allow, caller, make_agent, record_turn, remember, token_for, writer
+from helpers import GQL
+from runtime_support import RUNNER_POLICIES
+
+from app.auth import service as auth_service
 from app.db.pool import create_pool
+from app.executions import store as executions_store
+from app.graphql.executions import TRANSCRIPT as TRANSCRIPT_KEYS
+from app.graphql.relay import CREATED_ID
+from app.runtime import redaction
 from app.state import AppState
+
+READ_MEMORY = allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document")
 
 PAGE = """query($a: UUID!) { action(actionId: $a) { memories(first: 100) {
   nodes { memoryId %s } } } }"""
@@ -98,3 +110,292 @@ async def test_issue14_item3_a_mutations_answer_reads_what_it_wrote(state, admin
     for turns in (1, 2):
         done = (await gql(admin, TURN, a=a)).ok()
         assert done["executeAction"] == {"status": "SUCCEEDED", "session": {"turns": turns}}
+
+
+# Issue 14, item 3: nested connections. A page of parents reads each parent's page of children
+# in one query, with each field's grants, redaction, cursors and errors.
+
+PAGE_INFO = "pageInfo { hasNextPage hasPreviousPage startCursor endCursor }"
+TOKENS = "tokens(first: %d, after: %s) { edges { cursor node { tokenId } } " + PAGE_INFO + " }"
+CLIENTS = "query { clients(first: 100) { nodes { principal " + TOKENS + " } } }"
+
+
+BAD_CURSOR = '"bm90LW91cnM"'  # base64 of "not-ours"
+
+
+def aliased(fields: dict[str, str]) -> str:
+    """A query of root fields under their aliases; an alias a field names as `$alias` is
+    declared as a String variable."""
+    used = [a for a in fields if any(f"${a}" in f for f in fields.values())]
+    declared = ", ".join(f"${a}: String" for a in used)
+    body = " ".join(f"{a}: {f}" for a, f in fields.items())
+    return f"query({declared}) {{ {body} }}" if used else f"query {{ {body} }}"
+
+
+def expected(items: list[tuple[str, dict]], first: int, after: str | None) -> dict:
+    """The connection a keyset list gives: `items` are (cursor, node) in the list's order."""
+    cursors = [c for c, _ in items]
+    start = cursors.index(after) + 1 if after is not None else 0
+    edges = [{"cursor": c, "node": n} for c, n in items[start : start + first]]
+    return {
+        "edges": edges,
+        "pageInfo": {
+            "hasNextPage": len(items) > start + first,
+            "hasPreviousPage": after is not None,
+            "startCursor": edges[0]["cursor"] if edges else None,
+            "endCursor": edges[-1]["cursor"] if edges else None,
+        },
+    }
+
+
+async def clients_with_tokens(state, admin, counts: list[int], start: int = 0) -> None:
+    for i, n in enumerate(counts, start):
+        await token_for(state, admin, f"c{i:02}")
+        for _ in range(n - 1):
+            await auth_service.issue_client_token(
+                state.pool, admin, account_id=None, principal=f"c{i:02}"
+            )
+
+
+async def all_tokens(state, admin) -> dict[str, list[tuple[str, dict]]]:
+    """Each client's tokens as (cursor, node), newest first, read straight from the table."""
+    rows = await state.pool.fetch(
+        "SELECT principal, created, token_id FROM client_tokens WHERE account_id = $1 "
+        "ORDER BY created DESC, token_id DESC",
+        admin.account_id,
+    )
+    found: dict[str, list[tuple[str, dict]]] = {}
+    for r in rows:
+        cursor = CREATED_ID.encode(r["created"], r["token_id"])
+        found.setdefault(r["principal"], []).append((cursor, {"tokenId": str(r["token_id"])}))
+    return found
+
+
+# Issue 14, item 3
+async def test_issue14_item3_client_tokens_cost_one_query_however_many_clients(
+    state, db_url, admin
+):
+    await clients_with_tokens(state, admin, [3, 1, 2])
+    await auth_service.create_client(
+        state.pool, admin, account_id=None, principal="no-tokens", name="none", policies=[]
+    )
+    few, with_few = await counted(state, db_url, admin, CLIENTS % (2, "null"))
+    await clients_with_tokens(state, admin, [2, 4, 1, 3, 1, 2, 5], start=3)
+    many, with_many = await counted(state, db_url, admin, CLIENTS % (2, "null"))
+    assert with_many == with_few <= 2
+    tokens = await all_tokens(state, admin)
+    for data in (few, many):
+        for client in data["clients"]["nodes"]:
+            assert client["tokens"] == expected(tokens.get(client["principal"], []), 2, None)
+    assert len(many["clients"]["nodes"]) == 11  # c00 to c09, no-tokens
+    assert [c["tokens"]["edges"] for c in many["clients"]["nodes"]].count([]) == 1
+
+
+# Issue 14, item 3: parents asking for pages after different cursors, in one request.
+async def test_issue14_item3_client_tokens_page_after_each_parents_own_cursor(state, admin):
+    await clients_with_tokens(state, admin, [5, 2, 0, 3])
+    tokens = await all_tokens(state, admin)
+    principals = ["c00", "c01", "c03"]
+    gql = GQL(state)
+    query = aliased(
+        {p: f'client(principal: "{p}") {{ {TOKENS % (2, "$" + p)} }}' for p in principals}
+    )
+    after: dict[str, str | None] = dict.fromkeys(principals)
+    for _ in range(4):  # c00's three pages, then an empty one after its last
+        data = (await gql(admin, query, **after)).ok()
+        for p in principals:
+            assert data[p]["tokens"] == expected(tokens[p], 2, after[p]), (p, after[p])
+            after[p] = data[p]["tokens"]["pageInfo"]["endCursor"]
+    assert data["c00"]["tokens"]["pageInfo"]["hasPreviousPage"]
+    assert data["c00"]["tokens"]["edges"] == []
+
+
+# Issue 14, item 3: each parent's tokens field keeps its own grant check and its own errors.
+async def test_issue14_item3_batched_tokens_keep_grants_and_errors(state, admin):
+    await clients_with_tokens(state, admin, [2, 1])
+    gql = GQL(state)
+    lister = caller(admin.account_id, allow(["SELECT"], "financial.Client.document"))
+    denied = await gql(lister, CLIENTS % (1, "null"))
+    # The first field's error nulls the list (its items are non-null): one error, as before.
+    assert denied.codes == ["ACCESS_DENIED"] and denied.errors[0]["path"][-1] == "tokens"
+    too_many = await gql(admin, CLIENTS % (1001, "null"))
+    assert too_many.codes == ["BAD_REQUEST"] and too_many.errors[0]["path"][-1] == "tokens"
+    mixed = await gql(
+        admin,
+        aliased(
+            {
+                "bad": f'client(principal: "c00") {{ {TOKENS % (1, BAD_CURSOR)} }}',
+                "good": f'client(principal: "c01") {{ {TOKENS % (1, "null")} }}',
+            }
+        ),
+    )
+    assert mixed.codes == ["BAD_REQUEST"] and mixed.errors[0]["path"][0] == "bad"
+    assert mixed.data is None  # a failed request returns no data
+
+
+TRANSCRIPT = (
+    "transcript(first: %d, after: %s) { edges { cursor node { sequence invocationNumber type "
+    "data } } " + PAGE_INFO + " }"
+)
+EXECUTIONS = """query($a: UUID!) { action(actionId: $a) { executions(first: 50) {
+  nodes { executionId %s } } } }"""
+# A memory tool's run and a memory review: what a reader without the memory grants sees reduced.
+EVENTS = [
+    ("turn.input", {"input": "hello", "message": "hello"}),
+    (
+        "tool.execution",
+        {
+            "name": "read_memory",
+            "input": {"id": "m1"},
+            "output": {"records": [{"id": "m1", "version": 1, "summary": "Ada likes tea"}]},
+        },
+    ),
+    ("model.call", {"purpose": "memory", "content": "Ada likes tea", "toolCalls": []}),
+    ("turn.output", {"output": "Noted."}),
+]
+
+
+async def executions_with_events(state, agent, counts: list[int]) -> list[UUID]:
+    """An execution per count, with that many events (a cycle of EVENTS): the last one RUNNING
+    its second invocation, whose events are not listed until it ends."""
+    made = []
+    async with state.pool.acquire() as conn:
+        for i, n in enumerate(counts):
+            execution_id = uuid.uuid4()
+            running = i == len(counts) - 1
+            await executions_store.insert_execution(
+                conn,
+                account_id=agent.account_id,
+                action_id=agent.action_id,
+                execution_id=execution_id,
+                action_version=agent.version,
+                session_id=None,
+                turn=None,
+                kind="TURN",
+                status="RUNNING" if running else "SUCCEEDED",
+                preview=False,
+                principal="admin",
+                input="hello",
+                invocation_number=2 if running else 1,
+            )
+            events = [
+                (s, 2 if running and s > n // 2 else 1, *EVENTS[(s - 1) % len(EVENTS)])
+                for s in range(1, n + 1)
+            ]
+            await executions_store.insert_events(
+                conn, agent.account_id, agent.action_id, execution_id, events
+            )
+            made.append(execution_id)
+    return made
+
+
+async def all_events(state, agent, reads_memory: bool) -> dict[str, list[tuple[str, dict]]]:
+    """Each execution's listed events as (cursor, node), in order, read straight from the
+    tables: a running invocation's left out, and reduced for a reader without memory grants."""
+    rows = await state.pool.fetch(
+        """
+        SELECT t.* FROM transcript_events t JOIN executions x USING (account_id, action_id,
+            execution_id)
+        WHERE t.account_id = $1 AND t.action_id = $2
+          AND NOT (x.status = 'RUNNING' AND x.invocation_number = t.invocation_number)
+        ORDER BY t.sequence
+        """,
+        agent.account_id,
+        agent.action_id,
+    )
+    found: dict[str, list[tuple[str, dict]]] = {}
+    for r in rows:
+        data = r["data"] if reads_memory else redaction.event_data(r["type"], r["data"])
+        node = {
+            "sequence": r["sequence"],
+            "invocationNumber": r["invocation_number"],
+            "type": r["type"],
+            "data": data,
+        }
+        found.setdefault(str(r["execution_id"]), []).append(
+            (TRANSCRIPT_KEYS.encode(r["sequence"]), node)
+        )
+    return found
+
+
+def reader(admin, *, reads_memory: bool):
+    memory = [READ_MEMORY] if reads_memory else []
+    return caller(
+        admin.account_id, allow(["SELECT"], "financial.Action.*"), *RUNNER_POLICIES, *memory
+    )
+
+
+# Issue 14, item 3
+@pytest.mark.parametrize("reads_memory", [True, False])
+async def test_issue14_item3_transcripts_cost_one_query_however_many_executions(
+    state, db_url, admin, reads_memory
+):
+    agent = await make_agent(state, admin)
+    who = reader(admin, reads_memory=reads_memory)
+    query = EXECUTIONS % (TRANSCRIPT % (3, "null"))
+    await executions_with_events(state, agent, [5, 0, 3, 6])
+    few, with_few = await counted(state, db_url, who, query, a=str(agent.action_id))
+    await executions_with_events(state, agent, [2, 7, 1, 0, 4, 9, 3, 6])
+    many, with_many = await counted(state, db_url, who, query, a=str(agent.action_id))
+    assert with_many == with_few <= 3
+    events = await all_events(state, agent, reads_memory)
+    for data in (few, many):
+        for execution in data["action"]["executions"]["nodes"]:
+            listed = events.get(execution["executionId"], [])
+            assert execution["transcript"] == expected(listed, 3, None)
+    nodes = many["action"]["executions"]["nodes"]
+    assert len(nodes) == 12 and [n["transcript"]["edges"] for n in nodes].count([]) == 2
+    shown = json.dumps(many)
+    assert ("Ada likes tea" in shown) == reads_memory
+
+
+# Issue 14, item 3: parents asking for pages after different cursors, in one request.
+async def test_issue14_item3_transcripts_page_after_each_parents_own_cursor(state, admin):
+    agent = await make_agent(state, admin)
+    made = [str(e) for e in await executions_with_events(state, agent, [7, 3, 0, 5])]
+    events = await all_events(state, agent, reads_memory=False)
+    names = [f"e{i}" for i in range(len(made))]
+    query = aliased(
+        {
+            n: f'execution(executionId: "{e}") {{ {TRANSCRIPT % (2, "$" + n)} }}'
+            for n, e in zip(names, made, strict=True)
+        }
+    )
+    gql, who = GQL(state), reader(admin, reads_memory=False)
+    after: dict[str, str | None] = dict.fromkeys(names)
+    for _ in range(5):  # e0's four pages, then an empty one after its last
+        data = (await gql(who, query, **after)).ok()
+        for n, e in zip(names, made, strict=True):
+            transcript = data[n]["transcript"]
+            assert transcript == expected(events.get(e, []), 2, after[n]), (n, after[n])
+            after[n] = transcript["pageInfo"]["endCursor"]
+    assert data["e0"]["transcript"]["pageInfo"]["hasPreviousPage"]
+    assert data["e0"]["transcript"]["edges"] == []
+
+
+# Issue 14, item 3: each parent's transcript field keeps its own grant check and its own errors.
+async def test_issue14_item3_batched_transcripts_keep_grants_and_errors(state, admin):
+    agent = await make_agent(state, admin)
+    made = [str(e) for e in await executions_with_events(state, agent, [3, 2, 1])]
+    gql, a = GQL(state), str(agent.action_id)
+    no_transcripts = caller(
+        admin.account_id,
+        allow(["SELECT"], "financial.Action.*"),
+        allow(["SELECT"], "financial.ActionExecution.document"),
+        allow(["SELECT"], "financial.ActionExecution.indexes.*"),
+    )
+    denied = await gql(no_transcripts, EXECUTIONS % (TRANSCRIPT % (1, "null")), a=a)
+    assert denied.codes == ["ACCESS_DENIED"] and denied.errors[0]["path"][-1] == "transcript"
+    too_many = await gql(admin, EXECUTIONS % (TRANSCRIPT % (-1, "null")), a=a)
+    assert too_many.codes == ["BAD_REQUEST"] and too_many.errors[0]["path"][-1] == "transcript"
+    mixed = await gql(
+        admin,
+        aliased(
+            {
+                "bad": f'execution(executionId: "{made[0]}") {{ {TRANSCRIPT % (1, BAD_CURSOR)} }}',
+                "good": f'execution(executionId: "{made[1]}") {{ {TRANSCRIPT % (1, "null")} }}',
+            }
+        ),
+    )
+    assert mixed.codes == ["BAD_REQUEST"] and mixed.errors[0]["path"][0] == "bad"
+    assert mixed.data is None

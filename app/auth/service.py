@@ -5,10 +5,10 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import asyncpg
@@ -423,8 +423,39 @@ async def list_client_tokens(
     caller.require(("SELECT", resources.CLIENT_TOKEN))
     account_id = caller.reach_account(account_id)
     async with pool.acquire() as conn:
-        rows = await store.list_tokens(conn, account_id, principal, after=after, limit=limit)
+        (rows,) = await store.list_token_pages(conn, account_id, [(principal, after, limit)])
     return [TokenInfo.of(r) for r in rows]
+
+
+class TokenPage(NamedTuple):
+    """A page of a client's tokens, as `list_client_tokens` takes its arguments."""
+
+    account_id: UUID | None
+    principal: str
+    after: tuple[datetime, UUID] | None
+    limit: int | None
+
+
+async def list_client_token_pages(
+    pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[TokenPage]
+) -> list[list[TokenInfo] | NotFound]:
+    """Pages of many clients' tokens, each as `list_client_tokens` reads it, in one query per
+    account; a page in an account the caller cannot reach is that account's NotFound."""
+    caller.require(("SELECT", resources.CLIENT_TOKEN))
+    found: list[list[TokenInfo] | NotFound] = [[] for _ in pages]
+    by_account: dict[UUID, list[int]] = {}
+    for i, page in enumerate(pages):
+        try:
+            by_account.setdefault(caller.reach_account(page.account_id), []).append(i)
+        except NotFound as error:
+            found[i] = error
+    async with pool.acquire() as conn:
+        for account_id, indexes in by_account.items():
+            asked = [(pages[i].principal, pages[i].after, pages[i].limit) for i in indexes]
+            rows = await store.list_token_pages(conn, account_id, asked)
+            for i, page_rows in zip(indexes, rows, strict=True):
+                found[i] = [TokenInfo.of(r) for r in page_rows]
+    return found
 
 
 async def get_client_token(
@@ -434,8 +465,8 @@ async def get_client_token(
     caller.require(("SELECT", resources.CLIENT_TOKEN))
     account_id = caller.reach_account(account_id)
     async with pool.acquire() as conn:
-        rows = await store.list_tokens(conn, account_id, principal, token_id=token_id)
-    return TokenInfo.of(rows[0]) if rows else None
+        row = await store.get_token(conn, account_id, principal, token_id)
+    return TokenInfo.of(row) if row else None
 
 
 async def revoke_client_token(

@@ -1,6 +1,6 @@
 """SQL for accounts, clients and tokens."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeAlias
 from uuid import UUID
@@ -8,7 +8,6 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import verified
-from app.db.sql import Params
 
 Row: TypeAlias = asyncpg.Record
 
@@ -247,31 +246,50 @@ async def list_clients(
     )
 
 
-async def list_tokens(
+async def list_token_pages(
     conn: asyncpg.Connection,
     account_id: UUID,
-    principal: str,
-    *,
-    after: tuple[datetime, UUID] | None = None,
-    limit: int | None = None,
-    token_id: UUID | None = None,
-) -> list[Row]:
-    """The client's tokens, newest first: after a (created, token_id) keyset, at most `limit`
-    (None: all), or the one `token_id` names."""
-    p = Params(account_id, principal)
-    where = ""
-    if after is not None:
-        where += f" AND (created, token_id) < ({p(after[0])}::timestamptz, {p(after[1])}::uuid)"
-    if token_id is not None:
-        where += f" AND token_id = {p(token_id)}"
-    return await conn.fetch(
+    pages: Sequence[tuple[str, tuple[datetime, UUID] | None, int | None]],
+) -> list[list[Row]]:
+    """Pages of clients' tokens in one statement, each (principal, after, limit): the client's
+    tokens newest first, after a (created, token_id) keyset, at most `limit` (None: all)."""
+    rows = await conn.fetch(
+        f"""
+        SELECT k.n, t.* FROM unnest($2::text[], $3::timestamptz[], $4::uuid[], $5::int[])
+            WITH ORDINALITY AS k(principal, after_created, after_id, lim, n)
+        CROSS JOIN LATERAL (
+            SELECT {_TOKEN_COLUMNS} FROM client_tokens c
+            WHERE c.account_id = $1 AND c.principal = k.principal
+              AND (k.after_created IS NULL
+                   OR (c.created, c.token_id) < (k.after_created, k.after_id))
+            ORDER BY c.created DESC, c.token_id DESC
+            LIMIT k.lim
+        ) t
+        ORDER BY k.n, t.created DESC, t.token_id DESC
+        """,
+        account_id,
+        [principal for principal, _, _ in pages],
+        [after[0] if after else None for _, after, _ in pages],
+        [after[1] if after else None for _, after, _ in pages],
+        [limit for _, _, limit in pages],
+    )
+    found: list[list[Row]] = [[] for _ in pages]
+    for r in rows:
+        found[r["n"] - 1].append(r)
+    return found
+
+
+async def get_token(
+    conn: asyncpg.Connection, account_id: UUID, principal: str, token_id: UUID
+) -> Row | None:
+    return await conn.fetchrow(
         f"""
         SELECT {_TOKEN_COLUMNS} FROM client_tokens
-        WHERE account_id = $1 AND principal = $2{where}
-        ORDER BY created DESC, token_id DESC
-        {f"LIMIT {p(limit)}" if limit is not None else ""}
+        WHERE account_id = $1 AND principal = $2 AND token_id = $3
         """,
-        *p.values,
+        account_id,
+        principal,
+        token_id,
     )
 
 

@@ -1,9 +1,10 @@
 """Executions, sessions and transcript events as records, and their reads behind the grants
 on financial.ActionExecution.*."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NamedTuple, Self
 from uuid import UUID
 
 import asyncpg
@@ -96,22 +97,24 @@ async def get_sessions(
     return {(r["action_id"], r["session_id"]): Session.of(r) for r in rows}
 
 
-async def list_transcript(
-    pool: asyncpg.Pool,
-    caller: Caller,
-    *,
-    action_id: UUID,
-    execution_id: UUID,
-    after_sequence: int | None,
-    limit: int,
-) -> list[TranscriptEvent]:
-    """Transcript events in order; every invocation's, failed attempts included."""
+class TranscriptPage(NamedTuple):
+    """A page of an execution's transcript: its events after `after_sequence`, at most `limit`."""
+
+    action_id: UUID
+    execution_id: UUID
+    after_sequence: int | None
+    limit: int
+
+
+async def list_transcript_pages(
+    pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[TranscriptPage]
+) -> list[list[TranscriptEvent]]:
+    """Pages of transcripts, in one query: each execution's events in order, every
+    invocation's, failed attempts included."""
     caller.require(("SELECT", resources.EXECUTION_TRANSCRIPT))
     async with pool.acquire() as conn:
-        rows = await store.list_events(
-            conn, caller.account_id, action_id, execution_id, after_sequence, limit
-        )
-    return [TranscriptEvent.of(r) for r in rows]
+        found = await store.list_event_pages(conn, caller.account_id, pages)
+    return [[TranscriptEvent.of(r) for r in rows] for rows in found]
 
 
 async def list_sessions(

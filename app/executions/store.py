@@ -2,6 +2,7 @@
 an erasure), their transcript events, sessions with their running summaries and recalls, and
 the heartbeats of the processes that run turns (app/runtime/liveness.py)."""
 
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 from uuid import UUID
 
@@ -336,35 +337,43 @@ async def insert_events(
     )
 
 
-async def list_events(
+async def list_event_pages(
     conn: asyncpg.Connection,
     account_id: UUID,
-    action_id: UUID,
-    execution_id: UUID,
-    after_sequence: int | None,
-    limit: int,
-) -> list[Row]:
-    return await conn.fetch(
+    pages: Sequence[tuple[UUID, UUID, int | None, int]],
+) -> list[list[Row]]:
+    """Pages of transcripts in one statement, each (action_id, execution_id, after_sequence,
+    limit): the execution's events in order, after that sequence, at most `limit`."""
+    rows = await conn.fetch(
         """
-        SELECT * FROM transcript_events t
-        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
-          AND sequence > coalesce($4, 0)
-          -- An attempt's events are listed once it ends (they are written as it goes).
-          AND NOT EXISTS (
-              SELECT 1 FROM executions x
-              WHERE x.account_id = t.account_id AND x.action_id = t.action_id
-                AND x.execution_id = t.execution_id AND x.status = 'RUNNING'
-                AND x.invocation_number = t.invocation_number
-          )
-        ORDER BY sequence
-        LIMIT $5
+        SELECT k.n, t.* FROM unnest($2::uuid[], $3::uuid[], $4::int[], $5::int[])
+            WITH ORDINALITY AS k(action_id, execution_id, after_sequence, lim, n)
+        CROSS JOIN LATERAL (
+            SELECT * FROM transcript_events e
+            WHERE e.account_id = $1 AND e.action_id = k.action_id
+              AND e.execution_id = k.execution_id AND e.sequence > coalesce(k.after_sequence, 0)
+              -- An attempt's events are listed once it ends (they are written as it goes).
+              AND NOT EXISTS (
+                  SELECT 1 FROM executions x
+                  WHERE x.account_id = e.account_id AND x.action_id = e.action_id
+                    AND x.execution_id = e.execution_id AND x.status = 'RUNNING'
+                    AND x.invocation_number = e.invocation_number
+              )
+            ORDER BY e.sequence
+            LIMIT k.lim
+        ) t
+        ORDER BY k.n, t.sequence
         """,
         account_id,
-        action_id,
-        execution_id,
-        after_sequence,
-        limit,
+        [action_id for action_id, _, _, _ in pages],
+        [execution_id for _, execution_id, _, _ in pages],
+        [after for _, _, after, _ in pages],
+        [limit for _, _, _, limit in pages],
     )
+    found: list[list[Row]] = [[] for _ in pages]
+    for r in rows:
+        found[r["n"] - 1].append(r)
+    return found
 
 
 async def list_sessions(

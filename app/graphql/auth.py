@@ -10,11 +10,11 @@ import strawberry
 from app.auth import service
 from app.auth.operations import permissions
 from app.auth.service import Client as ClientRecord
-from app.auth.service import TokenInfo
+from app.auth.service import TokenInfo, TokenPage
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
-from app.graphql.context import Info
+from app.graphql.context import Info, batch_pages
 from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
@@ -223,17 +223,16 @@ class Client(Node):
             first,
             after,
             CREATED_ID,
-            lambda keyset, limit: service.list_client_tokens(
-                info.context.pool,
-                info.context.caller,
-                account_id=self.account_id,
-                principal=self.principal,
-                after=keyset,  # type: ignore[arg-type]
-                limit=limit,
+            lambda keyset, limit: info.context.load(
+                "Client.tokens",
+                TokenPage(self.account_id, self.principal, keyset, limit),  # type: ignore[arg-type]
             ),
             lambda t: (t.created, t.token_id),
             ClientTokenInfo.of,
         )
+
+
+batch_pages("Client.tokens", service.list_client_token_pages)
 
 
 @strawberry.type(

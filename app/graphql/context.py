@@ -1,6 +1,6 @@
 """The per-request context: who is asking, the service's state, and the request's DataLoaders."""
 
-from collections.abc import Awaitable, Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -33,6 +33,18 @@ def batch_loader(
     _BATCHES[type_name] = load
 
 
+def batch_pages(field: str, find: Callable[..., Awaitable[Sequence[Any]]]) -> None:
+    """Registers how a nested connection's pages (`Type.field`) are read, a batch at a time:
+    `find(pool, caller, pages=keys)` gets the pages this request's resolvers asked for
+    meanwhile, each a key naming its parent, `after` keyset and limit; it checks the field's
+    grants once and returns, in the keys' order, each page's rows or that page's own error."""
+
+    async def load(pool: asyncpg.Pool, caller: Caller, keys: list[Any]) -> list[Any]:
+        return list(await find(pool, caller, pages=keys))
+
+    _BATCHES[field] = load
+
+
 class Context(BaseContext):
     def __init__(self, state: AppState, caller: Caller) -> None:
         super().__init__()
@@ -51,8 +63,9 @@ class Context(BaseContext):
         return embedder
 
     def load(self, type_name: str, key: Hashable) -> Awaitable[Any]:
-        """The object of `type_name` at `key` (None if none), read with the others this
-        request's resolvers ask for meanwhile, and kept for the rest of the query (or mutation)."""
+        """The object of `type_name` at `key` (None if none), or the page of the connection
+        `type_name` names at `key` (batch_pages), read with the others this request's resolvers
+        ask for meanwhile, and kept for the rest of the query (or mutation)."""
         loader = self._loaders.get(type_name)
         if loader is None:
             # The pool and caller, not the context: a loader holding its context would make a

@@ -10,8 +10,8 @@ from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.executions import service as executions
-from app.executions.service import Execution, Session, TranscriptEvent
-from app.graphql.context import Info, batch_loader
+from app.executions.service import Execution, Session, TranscriptEvent, TranscriptPage
+from app.graphql.context import Info, batch_loader, batch_pages
 from app.graphql.enums import graphql_enum
 from app.graphql.history import SessionHistoryFields
 from app.graphql.node import node_type
@@ -201,13 +201,11 @@ class ActionExecution(Node):
             first,
             after,
             TRANSCRIPT,
-            lambda sequence, limit: executions.list_transcript(
-                info.context.pool,
-                info.context.caller,
-                action_id=self.action_id,
-                execution_id=self.execution_id,
-                after_sequence=sequence[0] if sequence else None,
-                limit=limit,
+            lambda sequence, limit: info.context.load(
+                "ActionExecution.transcript",
+                TranscriptPage(
+                    self.action_id, self.execution_id, sequence[0] if sequence else None, limit
+                ),
             ),
             lambda e: (e.sequence,),
             lambda e: ActionExecutionEvent.of(e, reads_memory),
@@ -289,6 +287,7 @@ def _memory_view(info: Info, value: object) -> object:
 
 batch_loader("ActionExecution", executions.get_executions, ActionExecution.of)
 batch_loader("ActionSession", executions.get_sessions, ActionSession.of)
+batch_pages("ActionExecution.transcript", executions.list_transcript_pages)
 
 
 def _key(parts: list[str], type_name: str) -> tuple[str, str]:

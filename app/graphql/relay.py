@@ -153,7 +153,9 @@ async def keyset_connection(
     node: Callable[[R], T],
 ) -> Connection[T]:
     """Every list's page: `first` checked, `after` decoded by the list's `keyset`, `fetch`ed
-    (after that keyset, first + 1 rows) and each row's cursor encoded from its `key`."""
+    (after that keyset, first + 1 rows) and each row's cursor encoded from its `key`. A list
+    nested in another's items fetches through the request's DataLoader (Context.load of a
+    field registered with batch_pages), so the parents' pages are read in one query."""
     check_first(first)
     rows = await fetch(keyset.decode(after), first + 1)
     return page(

@@ -1,7 +1,7 @@
 """A turn's transcript: written as the turn goes (after each model call) and when it ends.
 
 Events of an attempt that is still running are stored but not listed (see
-store.list_events), so a transcript still appears whole when its attempt ends; and when a
+store.list_event_pages), so a transcript still appears whole when its attempt ends; and when a
 process dies mid-turn, what the attempt said up to its last model call stays in its transcript
 once the stale-turn sweep marks it FAILED.
 
