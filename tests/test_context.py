@@ -455,6 +455,17 @@ async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_to
     # The transcript keeps what the tool returned.
     (lookup,) = [e for e in events(executed, "tool.execution") if "callId" in e]
     assert len(lookup["output"]["records"]) == 3
+    # M32: its records never reached the model, so no RETRIEVED use names that search (the
+    # recalls, which did, have theirs).
+    (sequence,) = [
+        e["sequence"]
+        for e in executed["transcript"]["nodes"]
+        if e["type"] == "tool.execution" and "callId" in e["data"]
+    ]
+    uses = events(executed, "output.use")
+    assert sequence not in [u["execution"] for u in uses]
+    recalled = [e for e in events(executed, "tool.execution") if e["input"].get("recall")]
+    assert len(uses) == len(recalled)
 
 
 async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(
@@ -466,6 +477,26 @@ async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(
     assert "context budget of 300 tokens" in failed["error"]
     assert "this turn's input" in failed["error"] and "model.contextTokens" in failed["error"]
     assert chat(model_server) == []
+
+
+async def test_m32_a_recall_no_model_call_read_is_no_retrieved_use(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The turn recalls records, then cannot fit its first model call: the recall is recorded
+    (it ran), but as no RETRIEVED use, since no model read it."""
+    action_id = str(
+        (
+            await make_agent(
+                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": 600}
+            )
+        ).action_id
+    )
+    await seed_records(gql, admin, action_id)
+    failed = await run(gql, admin, action_id, "parcel " * 400)
+    assert failed["status"] == "FAILED" and "context budget of 600" in failed["error"]
+    assert [e for e in events(failed, "tool.execution") if e["input"].get("recall")]
+    assert events(failed, "output.use") == []
+    assert chat(model_server, "turn") == []
 
 
 async def test_h16_a_reply_whose_tool_calls_cannot_fit_fails_naming_them(

@@ -202,14 +202,12 @@ async def other_sessions_pins(
     sees them: what an agent-scope pin joins in those sessions' turns. Longest by summary length
     (the exact count is the caller's, over these)."""
     p = Params()
-    other = AgentReader(
-        reader.account_id, reader.action_id, None, (Scope.SESSION,), reader.preview
-    )
+    other = AgentReader(reader.account_id, reader.action_id, None, (Scope.SESSION,), reader.preview)
     where = visible(other, p, "m", scope="m.scope = 'SESSION'")
     return await conn.fetch(
         f"""
         WITH pins AS (
-            SELECT {_m('m')} FROM agent_memories m
+            SELECT {_m("m")} FROM agent_memories m
             WHERE {where} AND m.pinned AND m.pending_execution IS NULL
               AND m.session_id IS DISTINCT FROM {p(reader.session_id)}
         ), longest AS (

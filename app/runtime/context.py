@@ -265,6 +265,10 @@ class ContextWindow:
             self._add(None, self._current, message, message.get("role") != "tool")
             self._current += 1
 
+    def reads(self, call_id: str) -> bool:
+        """Whether the request `prompt` made last holds the result of this call, uncleared."""
+        return any(e.message.get("tool_call_id") == call_id and not e.cleared for e in self.entries)
+
     # Measuring
 
     def _summary_message(self, text: str) -> dict[str, Any]:

@@ -59,6 +59,14 @@ class Recall:
         # Versions already in the conversation the model reads: only those are not recorded.
         self.seen = set(seen)
         self.recorded: set[Version] = set()  # versions this turn's recorded recalls put there
+        self.held: dict[str, Any] | None = None  # the latest recall's RETRIEVED use
+
+    def release_use(self) -> None:
+        """Records the latest recall's RETRIEVED use: the model call that reads it is made
+        (a turn that fails before, its context over the budget, read none: M32)."""
+        if self.held is not None:
+            self.transcript.add(events.OUTPUT_USE, self.held)
+            self.held = None
 
     async def before_call(self, query: str) -> dict[str, Any] | None:
         """The memory message for the next model call, or None when nothing matches."""
@@ -80,15 +88,13 @@ class Recall:
                     "output": {"records": views},
                 },
             )
-            self.transcript.add(
-                events.OUTPUT_USE,
-                {
-                    "use": "RETRIEVED",
-                    "execution": sequence,
-                    "tool": SEARCH_MEMORY,
-                    "records": versions(records),
-                },
-            )
+            # Recorded once the model call that reads it is made (`release_use`).
+            self.held = {
+                "use": "RETRIEVED",
+                "execution": sequence,
+                "tool": SEARCH_MEMORY,
+                "records": versions(records),
+            }
             self.seen |= found_versions
             self.recorded |= found_versions
         return memory_message(views)

@@ -291,6 +291,10 @@ class NativeTools:
     embedder_name: str
     history: HistoryAccess | None = None
     max_query_chars: int = memory_search.MAX_QUERY_CHARS
+    # A turn holds each call's RETRIEVED uses until the model call that reads its result
+    # (`release_uses`): a result cleared before any call read it reached no model (M32).
+    # None: recorded at once (over MCP the client reads the result as it is).
+    held: list[tuple[str, dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         self.schemas = tool_schemas(self.memory)
@@ -307,6 +311,21 @@ class NativeTools:
     @property
     def offered(self) -> list[dict[str, Any]]:
         return list(self.schemas.values())
+
+    def _use(self, call_id: str, use: dict[str, Any]) -> None:
+        if self.held is None:
+            self.transcript.add(events.OUTPUT_USE, use)
+        else:
+            self.held.append((call_id, use))
+
+    def release_uses(self, read: Callable[[str], bool]) -> None:
+        """Records the held uses of the results the next model call reads (`read(call_id)`),
+        and drops the others: cleared before any call read them."""
+        assert self.held is not None
+        for call_id, use in self.held:
+            if read(call_id):
+                self.transcript.add(events.OUTPUT_USE, use)
+        self.held.clear()
 
     async def call(self, call: ToolCall) -> "ToolMessage":
         """Runs one call; returns the tool message the model reads next."""
@@ -335,26 +354,11 @@ class NativeTools:
         recorded = result.transcript_output
         record.update(input=args, output=result.output if recorded is None else recorded)
         sequence = self.transcript.add(events.TOOL_EXECUTION, record)
+        use = {"use": "RETRIEVED", "execution": sequence, "tool": call.name}
         if result.retrieved:
-            self.transcript.add(
-                events.OUTPUT_USE,
-                {
-                    "use": "RETRIEVED",
-                    "execution": sequence,
-                    "tool": call.name,
-                    "records": versions(result.retrieved),
-                },
-            )
+            self._use(call.id, {**use, "records": versions(result.retrieved)})
         if result.retrieved_events:
-            self.transcript.add(
-                events.OUTPUT_USE,
-                {
-                    "use": "RETRIEVED",
-                    "execution": sequence,
-                    "tool": call.name,
-                    "events": result.retrieved_events,
-                },
-            )
+            self._use(call.id, {**use, "events": result.retrieved_events})
         summaries = [
             view["summary"]
             for views in result.output.values()

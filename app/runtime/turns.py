@@ -568,6 +568,7 @@ async def _run(context: TurnContext) -> set[Version]:
         )
     window = context.window = await _open_window(context, client)
     tools = native_tools(state, action, transcript, context.work, context.history)
+    tools.held = []  # RETRIEVED uses wait for the model call that reads the result (M32)
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
     recall = Recall(tools, transcript) if context.work is not None else None
@@ -590,6 +591,9 @@ async def _run(context: TurnContext) -> set[Version]:
     for call_number in range(1, limit + 1):
         recalled = await recall.before_call(recall_query(request, latest)) if recall else None
         context.messages = await window.prompt(system, tools.offered, recalled, asked, exchange)
+        tools.release_uses(window.reads)
+        if recall is not None:
+            recall.release_use()
         last = call_number == limit
         # The last allowed call may not use tools, so the model answers instead.
         completion = await client.complete(
