@@ -96,6 +96,13 @@ async def test_h1_h2_h6_h7_h9_h10_h11_messages_are_kept_and_found_by_a_later_tur
     # H11: its embedding is usage of purpose `embed`.
     embeds = [e for e in events(second, "embedding") if e["for"] == "search_history"]
     assert len(embeds) == 1 and embeds[0]["purpose"] == "embed" and embeds[0]["tokens"] > 0
+    # H10: a search that finds nothing (another session has no earlier turn) is one too.
+    empty, nothing = await searched(
+        model_server, gql, admin, action_id, {"query": "order number"}, session="s9"
+    )
+    assert nothing["output"] == {"events": []}
+    (use,) = events(empty, "output.use")
+    assert (use["use"], use["tool"], use["events"]) == ("RETRIEVED", "search_history", [])
 
     # H2: the session keeps each message and each reply with the tools it called.
     kept = await history_of(gql, admin, action_id)

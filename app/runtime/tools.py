@@ -276,7 +276,8 @@ class ToolResult:
     output: dict[str, Any]
     embed_tokens: int = 0
     retrieved: list[MemoryRecord] = field(default_factory=list)  # records that reach the model
-    retrieved_events: list[dict[str, Any]] = field(default_factory=list)  # history that does
+    # History that does: a search_history's, even none (H10: each search is a RETRIEVED use).
+    retrieved_events: list[dict[str, Any]] | None = None
     # What the transcript records, where it differs from what the model reads (None: the same).
     transcript_output: dict[str, Any] | None = None
 
@@ -357,7 +358,7 @@ class NativeTools:
         use = {"use": "RETRIEVED", "execution": sequence, "tool": call.name}
         if result.retrieved:
             self._use(call.id, {**use, "records": versions(result.retrieved)})
-        if result.retrieved_events:
+        if result.retrieved_events is not None:
             self._use(call.id, {**use, "events": result.retrieved_events})
         summaries = [
             view["summary"]
