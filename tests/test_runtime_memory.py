@@ -172,6 +172,35 @@ async def test_m28_m32_search_memory_lists_what_it_returned(
     assert {e["for"] for e in events(executed, "embedding")} >= {"search_memory"}  # M24
 
 
+@pytest.mark.settings(max_model_calls_per_turn=3)
+async def test_m24_search_and_recall_embeddings_are_counted_by_no_limit(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Three searches and three recalls in a turn of at most three model calls: nine calls to
+    models in all, but only the chat calls count towards the limit; each embedding is usage
+    `embed` in the transcript."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    ferry, _ = await seed(state, agent, "The ferry is red", "The ferry leaves at nine")
+    model_server.call_tools(
+        ("search_memory", {"query": "ferry colour"}), ("search_memory", {"query": "red"})
+    )
+    model_server.call_tools(("search_memory", {"query": "ferry"}))
+    model_server.say("Red.")
+    executed = await run(gql, admin, str(agent.action_id), "What colour is the ferry?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Red."
+    # The agent's three calls, then the end-of-turn review's.
+    assert [m["purpose"] for m in events(executed, "model.call")] == ["turn"] * 3 + ["memory"]
+    searches = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
+    assert len(searches) == 3
+    assert all(ferry in found_ids(json.dumps(r["output"])) for r in searches)
+    assert recalls(executed)  # the first recall found the records and was recorded
+    embeds = events(executed, "embedding")
+    assert sorted(e["for"] for e in embeds) == ["recall"] * 3 + ["search_memory"] * 3
+    assert all(e["purpose"] == "embed" and e["tokens"] > 0 for e in embeds)
+
+
 async def test_m25_recalled_memory_is_a_data_block_never_instructions(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
