@@ -565,6 +565,52 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     )
 
 
+async def test_h12_h13_a_replay_sees_preview_history_only_when_its_original_did(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A live turn never saw the preview history kept before it, so neither does its replay;
+    a preview turn saw it, and so does the replay of that one."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    executed = []
+    for message, preview in (
+        ("Alpha fact: the ferry leaves at nine.", False),
+        ("Bravo fact: the ferry is purple.", True),
+        ("Charlie fact: the ferry is late.", False),
+        ("Delta fact: the ferry is full.", True),
+    ):
+        model_server.say("Noted.")
+        done = await run(gql, admin, action_id, message, preview=preview)
+        assert done["status"] == "SUCCEEDED", done["error"]
+        executed.append(done)
+    kept = await history_of(gql, admin, action_id)
+    turns = {e["text"].split(" ")[0]: (e["turn"], e["preview"]) for e in kept if e["who"] == "USER"}
+    assert turns == {
+        "Alpha": (1, False),
+        "Bravo": (2, True),
+        "Charlie": (3, False),
+        "Delta": (4, True),
+    }
+
+    async def replayed(original: dict[str, Any]) -> str:
+        model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
+        model_server.say("Replayed.")
+        result = await gql(
+            admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+        )
+        replay = result.ok()["executeAction"]
+        assert replay["status"] == "SUCCEEDED", replay["error"]
+        (searching,) = tool_runs(replay, "search_history")
+        assert searching["output"]["events"]
+        return texts(searching)
+
+    live = await replayed(executed[2])  # Charlie's, a live turn
+    assert "Alpha" in live
+    assert "Bravo" not in live and "Charlie" not in live and "Delta" not in live
+    preview = await replayed(executed[3])  # Delta's, a preview turn
+    assert "Alpha" in preview and "Bravo" in preview and "Charlie" in preview
+    assert "Delta" not in preview
+
+
 # Operators: history, searchHistory, node(id), grants and redaction, eraseSession
 
 
