@@ -133,6 +133,45 @@ async def test_m18_m29_m30_m31_m32_recall_is_recorded_once_per_new_record_versio
     assert "is 4411" not in json.dumps(again["output"])  # the superseded record is not recalled
 
 
+async def test_m31_a_recall_with_one_new_version_is_recorded_whole(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A recall that finds a version already put before the conversation and a new one is
+    recorded, whole: its output and its RETRIEVED use list both records. Once neither is new,
+    it is shown but not recorded."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    action_id = str(agent.action_id)
+    (old,) = await seed(state, agent, "Ada's invoice 4411 is paid")
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's invoice 4412 is open", "kind": "fact"})
+    )
+    model_server.call_tools(("search_memory", {"query": "Ada invoice"}))
+    model_server.say("4411 is paid, 4412 is open.")
+    executed = await run(gql, admin, action_id, "What about Ada's invoice 4412?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (new,) = tool_runs(executed, "add_memory")[0]["output"]["memories"]
+    turn = chat(model_server)[-3:]
+    assert [len(memory_blocks(r)) for r in turn] == [1, 1, 1]  # a recall before every call
+    assert block_ids(memory_blocks(turn[0])[0]) == [old]
+    assert set(block_ids(memory_blocks(turn[1])[0])) == {old, new["id"]}
+    assert set(block_ids(memory_blocks(turn[2])[0])) == {old, new["id"]}
+
+    first, second = recalls(executed)  # the third found nothing new: not recorded
+    assert [(r["id"], r["version"]) for r in first["output"]["records"]] == [(old, 1)]
+    both = {(old, 1), (new["id"], 1)}
+    assert {(r["id"], r["version"]) for r in second["output"]["records"]} == both
+    sequences = {
+        e["sequence"]: e["data"]
+        for e in executed["transcript"]["nodes"]
+        if e["type"] == "tool.execution"
+    }
+    uses = [u for u in events(executed, "output.use") if sequences[u["execution"]] is second]
+    (use,) = uses
+    assert use["use"] == "RETRIEVED"
+    assert {(r["id"], r["version"]) for r in use["records"]} == both
+
+
 async def test_m22_m38_search_memory_takes_its_default_limit_up_to_the_largest_max_results(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
