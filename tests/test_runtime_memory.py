@@ -359,6 +359,29 @@ async def test_m19_m39_m47_every_tool_refused_when_not_configured(
     assert refused["error"] == "search_memory is not available: this agent's memory is not enabled"
 
 
+async def test_m39_the_tools_named_are_offered_with_search_and_no_others(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    agent = await make_agent(
+        gql.state, admin, harness=full_memory(tools=["add_memory", "delete_memory"])
+    )
+    (kept,) = await seed(state, agent, "Ada's locker code is kumquat")
+    model_server.call_tools(("read_memory", {"id": kept}))
+    model_server.say("I cannot read it.")
+    executed = await run(gql, admin, str(agent.action_id), "Read me record " + kept)
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    first, second = chat(model_server)
+    assert tool_names(first) == ["search_memory", "add_memory", "delete_memory"]
+    assert tool_names(second) == ["search_memory", "add_memory", "delete_memory"]
+    (result,) = tool_results(second)
+    assert json.loads(result) == {
+        "error": "read_memory is not available to this agent: harness.memory.tools does not name it"
+    }
+    (refused,) = tool_runs(executed, "read_memory")
+    assert "not available" in refused["error"] and "output" not in refused
+
+
 async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
