@@ -440,6 +440,29 @@ async def test_h8_an_empty_ids_list_counts_as_not_given(
     assert nothing["error"] == "pass a query to search, or ids to read events whole"
 
 
+async def test_h8_search_history_takes_exactly_query_ids_and_limit(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The schema the model is offered: `search_history(query, ids, limit)`, none required,
+    nothing else accepted."""
+    action_id = await make_agent_id(gql.state, admin, harness=WITH_TOOLS)
+    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"
+
+    (offered,) = [
+        t["function"]
+        for t in chat(model_server)[0].body["tools"]
+        if t["function"]["name"] == "search_history"
+    ]
+    parameters = offered["parameters"]
+    assert list(parameters["properties"]) == ["query", "ids", "limit"]
+    assert parameters["properties"]["query"]["type"] == "string"
+    assert parameters["properties"]["ids"]["type"] == "array"
+    assert parameters["properties"]["ids"]["items"]["type"] == "string"
+    assert parameters["properties"]["limit"]["type"] == "integer"
+    assert parameters.get("required", []) == []
+    assert parameters["additionalProperties"] is False
+
+
 def test_h8_parts_break_on_lines_and_sentences_within_the_size() -> None:
     text = "\n".join(f"Line {i}. " + "word " * 30 for i in range(40))
     split = parts.split(text)
