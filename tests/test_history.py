@@ -447,6 +447,29 @@ async def test_h8_an_empty_ids_list_counts_as_not_given(
     assert nothing["error"] == "pass a query to search, or ids to read events whole"
 
 
+async def test_h8_search_history_takes_exactly_query_ids_and_limit(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The schema the model is offered: `search_history(query, ids, limit)`, none required,
+    nothing else accepted."""
+    action_id = await make_agent_id(gql.state, admin, harness=WITH_TOOLS)
+    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"
+
+    (offered,) = [
+        t["function"]
+        for t in chat(model_server)[0].body["tools"]
+        if t["function"]["name"] == "search_history"
+    ]
+    parameters = offered["parameters"]
+    assert list(parameters["properties"]) == ["query", "ids", "limit"]
+    assert parameters["properties"]["query"]["type"] == "string"
+    assert parameters["properties"]["ids"]["type"] == "array"
+    assert parameters["properties"]["ids"]["items"]["type"] == "string"
+    assert parameters["properties"]["limit"]["type"] == "integer"
+    assert parameters.get("required", []) == []
+    assert parameters["additionalProperties"] is False
+
+
 def test_h8_parts_break_on_lines_and_sentences_within_the_size() -> None:
     text = "\n".join(f"Line {i}. " + "word " * 30 for i in range(40))
     split = parts.split(text)
@@ -570,6 +593,52 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
         f"execution {failed['executionId']} is a FAILED turn; only a turn that SUCCEEDED "
         "(was committed) can be replayed"
     )
+
+
+async def test_h12_h13_a_replay_sees_preview_history_only_when_its_original_did(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A live turn never saw the preview history kept before it, so neither does its replay;
+    a preview turn saw it, and so does the replay of that one."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    executed = []
+    for message, preview in (
+        ("Alpha fact: the ferry leaves at nine.", False),
+        ("Bravo fact: the ferry is purple.", True),
+        ("Charlie fact: the ferry is late.", False),
+        ("Delta fact: the ferry is full.", True),
+    ):
+        model_server.say("Noted.")
+        done = await run(gql, admin, action_id, message, preview=preview)
+        assert done["status"] == "SUCCEEDED", done["error"]
+        executed.append(done)
+    kept = await history_of(gql, admin, action_id)
+    turns = {e["text"].split(" ")[0]: (e["turn"], e["preview"]) for e in kept if e["who"] == "USER"}
+    assert turns == {
+        "Alpha": (1, False),
+        "Bravo": (2, True),
+        "Charlie": (3, False),
+        "Delta": (4, True),
+    }
+
+    async def replayed(original: dict[str, Any]) -> str:
+        model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
+        model_server.say("Replayed.")
+        result = await gql(
+            admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+        )
+        replay = result.ok()["executeAction"]
+        assert replay["status"] == "SUCCEEDED", replay["error"]
+        (searching,) = tool_runs(replay, "search_history")
+        assert searching["output"]["events"]
+        return texts(searching)
+
+    live = await replayed(executed[2])  # Charlie's, a live turn
+    assert "Alpha" in live
+    assert "Bravo" not in live and "Charlie" not in live and "Delta" not in live
+    preview = await replayed(executed[3])  # Delta's, a preview turn
+    assert "Alpha" in preview and "Bravo" in preview and "Charlie" in preview
+    assert "Delta" not in preview
 
 
 # Operators: history, searchHistory, node(id), grants and redaction, eraseSession

@@ -246,6 +246,32 @@ async def test_m12_a_record_the_conversation_shows_wrong_is_deleted(
     assert review["written"] == [{"id": wrong["memoryId"], "version": 2}]
 
 
+async def test_m14_by_default_every_turn_reviews_its_own_messages(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Without `extraction.every` ("turn", the default), each of two consecutive turns runs a
+    review of its own two messages, and only those."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.say("Hello Ada.")
+    first = await run(gql, admin, action_id, "Hi, I'm Ada")
+    model_server.say("Noted: green.")
+    second = await run(gql, admin, action_id, "My favourite colour is green")
+    assert first["status"] == second["status"] == "SUCCEEDED"
+
+    for execution in (first, second):
+        (review,) = reviews(execution)
+        assert review["messages"]["count"] == 2
+        assert review["messages"]["from"]["executionId"] == execution["executionId"]
+        assert review["messages"]["to"]["executionId"] == execution["executionId"]
+    asked_first, asked_second = chat(model_server, "memory")
+    said = conversation(asked_first)
+    assert 'user: "Hi, I\'m Ada"' in said and 'assistant: "Hello Ada."' in said
+    assert "favourite colour" not in said
+    said = conversation(asked_second)
+    assert 'user: "My favourite colour is green"' in said and 'assistant: "Noted: green."' in said
+    assert "I'm Ada" not in said and "Hello Ada" not in said
+
+
 async def test_m14_every_n_messages_reviews_only_when_due_and_covers_them_all(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

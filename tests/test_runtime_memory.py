@@ -133,6 +133,45 @@ async def test_m18_m29_m30_m31_m32_recall_is_recorded_once_per_new_record_versio
     assert "is 4411" not in json.dumps(again["output"])  # the superseded record is not recalled
 
 
+async def test_m31_a_recall_with_one_new_version_is_recorded_whole(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A recall that finds a version already put before the conversation and a new one is
+    recorded, whole: its output and its RETRIEVED use list both records. Once neither is new,
+    it is shown but not recorded."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    action_id = str(agent.action_id)
+    (old,) = await seed(state, agent, "Ada's invoice 4411 is paid")
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's invoice 4412 is open", "kind": "fact"})
+    )
+    model_server.call_tools(("search_memory", {"query": "Ada invoice"}))
+    model_server.say("4411 is paid, 4412 is open.")
+    executed = await run(gql, admin, action_id, "What about Ada's invoice 4412?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (new,) = tool_runs(executed, "add_memory")[0]["output"]["memories"]
+    turn = chat(model_server)[-3:]
+    assert [len(memory_blocks(r)) for r in turn] == [1, 1, 1]  # a recall before every call
+    assert block_ids(memory_blocks(turn[0])[0]) == [old]
+    assert set(block_ids(memory_blocks(turn[1])[0])) == {old, new["id"]}
+    assert set(block_ids(memory_blocks(turn[2])[0])) == {old, new["id"]}
+
+    first, second = recalls(executed)  # the third found nothing new: not recorded
+    assert [(r["id"], r["version"]) for r in first["output"]["records"]] == [(old, 1)]
+    both = {(old, 1), (new["id"], 1)}
+    assert {(r["id"], r["version"]) for r in second["output"]["records"]} == both
+    sequences = {
+        e["sequence"]: e["data"]
+        for e in executed["transcript"]["nodes"]
+        if e["type"] == "tool.execution"
+    }
+    uses = [u for u in events(executed, "output.use") if sequences[u["execution"]] is second]
+    (use,) = uses
+    assert use["use"] == "RETRIEVED"
+    assert {(r["id"], r["version"]) for r in use["records"]} == both
+
+
 async def test_m22_m38_search_memory_takes_its_default_limit_up_to_the_largest_max_results(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
@@ -170,6 +209,35 @@ async def test_m28_m32_search_memory_lists_what_it_returned(
     uses = [u for u in events(executed, "output.use") if u["records"][0]["id"] == saved["id"]]
     assert any(u["tool"] == "search_memory" for u in uses)
     assert {e["for"] for e in events(executed, "embedding")} >= {"search_memory"}  # M24
+
+
+@pytest.mark.settings(max_model_calls_per_turn=3)
+async def test_m24_search_and_recall_embeddings_are_counted_by_no_limit(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Three searches and three recalls in a turn of at most three model calls: nine calls to
+    models in all, but only the chat calls count towards the limit; each embedding is usage
+    `embed` in the transcript."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    ferry, _ = await seed(state, agent, "The ferry is red", "The ferry leaves at nine")
+    model_server.call_tools(
+        ("search_memory", {"query": "ferry colour"}), ("search_memory", {"query": "red"})
+    )
+    model_server.call_tools(("search_memory", {"query": "ferry"}))
+    model_server.say("Red.")
+    executed = await run(gql, admin, str(agent.action_id), "What colour is the ferry?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Red."
+    # The agent's three calls, then the end-of-turn review's.
+    assert [m["purpose"] for m in events(executed, "model.call")] == ["turn"] * 3 + ["memory"]
+    searches = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
+    assert len(searches) == 3
+    assert all(ferry in found_ids(json.dumps(r["output"])) for r in searches)
+    assert recalls(executed)  # the first recall found the records and was recorded
+    embeds = events(executed, "embedding")
+    assert sorted(e["for"] for e in embeds) == ["recall"] * 3 + ["search_memory"] * 3
+    assert all(e["purpose"] == "embed" and e["tokens"] > 0 for e in embeds)
 
 
 async def test_m25_recalled_memory_is_a_data_block_never_instructions(
@@ -289,6 +357,29 @@ async def test_m19_m39_m47_every_tool_refused_when_not_configured(
     assert "tools" not in chat(model_server)[2].body
     (refused,) = tool_runs(executed)
     assert refused["error"] == "search_memory is not available: this agent's memory is not enabled"
+
+
+async def test_m39_the_tools_named_are_offered_with_search_and_no_others(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    agent = await make_agent(
+        gql.state, admin, harness=full_memory(tools=["add_memory", "delete_memory"])
+    )
+    (kept,) = await seed(state, agent, "Ada's locker code is kumquat")
+    model_server.call_tools(("read_memory", {"id": kept}))
+    model_server.say("I cannot read it.")
+    executed = await run(gql, admin, str(agent.action_id), "Read me record " + kept)
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    first, second = chat(model_server)
+    assert tool_names(first) == ["search_memory", "add_memory", "delete_memory"]
+    assert tool_names(second) == ["search_memory", "add_memory", "delete_memory"]
+    (result,) = tool_results(second)
+    assert json.loads(result) == {
+        "error": "read_memory is not available to this agent: harness.memory.tools does not name it"
+    }
+    (refused,) = tool_runs(executed, "read_memory")
+    assert "not available" in refused["error"] and "output" not in refused
 
 
 async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(

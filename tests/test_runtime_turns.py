@@ -124,6 +124,62 @@ async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
     assert denied.codes == ["ACCESS_DENIED"]
 
 
+async def test_m26_a_turn_without_memory_grants_deletes_and_replaces_its_records(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """M26 in a real turn: the client running it holds no grant on financial.AgentMemory at
+    all, yet its model deletes one record and replaces another."""
+    harness = memory_harness(tools=["add_memory", "delete_memory"])
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's locker is 17", "kind": "fact"}),
+        ("add_memory", {"summary": "Ada's desk is 4B", "kind": "fact"}),
+    )
+    model_server.say("Saved.")
+    saved = await run(gql, runner(admin), action_id, "Ada: locker 17, desk 4B")
+    assert saved["status"] == "SUCCEEDED", saved["error"]
+    (locker,), (desk,) = (r["output"]["memories"] for r in tool_runs(saved, "add_memory"))
+
+    model_server.call_tools(
+        ("delete_memory", {"id": locker["id"]}),
+        ("add_memory", {"summary": "Ada's desk is 9C", "kind": "fact", "replaces": desk["id"]}),
+    )
+    model_server.say("Updated.")
+    executed = await run(gql, runner(admin), action_id, "Ada gave up her locker; desk is 9C now")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (deleting,) = tool_runs(executed, "delete_memory")
+    (adding,) = tool_runs(executed, "add_memory")
+    assert "error" not in deleting and "error" not in adding, (deleting, adding)
+    new, replaced = adding["output"]["memories"]
+    assert replaced["id"] == desk["id"]
+    # Read back with an admin: the changes were committed, made by the agent's principal.
+    gone = await memory(gql, admin, action_id, locker["id"])
+    assert gone is not None
+    assert (gone["status"], gone["version"]) == ("DELETED", 2)
+    assert gone["modifiedBy"] == f"action:{action_id}"
+    old = await memory(gql, admin, action_id, desk["id"])
+    assert old is not None
+    assert (old["status"], old["replacedBy"]) == ("SUPERSEDED", new["id"])
+    assert old["modifiedBy"] == f"action:{action_id}"
+    fresh = await memory(gql, admin, action_id, new["id"])
+    assert fresh is not None
+    assert (fresh["status"], fresh["summary"], fresh["replaces"]) == (
+        "ACTIVE",
+        "Ada's desk is 9C",
+        desk["id"],
+    )
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [new["id"]]
+    # The runner itself still reads none of it.
+    denied = await gql(
+        runner(admin),
+        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }",
+        a=action_id,
+        m=new["id"],
+    )
+    assert denied.codes == ["ACCESS_DENIED"]
+
+
 async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_not_run(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
