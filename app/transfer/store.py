@@ -13,6 +13,8 @@ from uuid import UUID
 
 import asyncpg
 
+from app.db.pool import session_changed
+
 
 @dataclass(frozen=True)
 class Table:
@@ -101,6 +103,8 @@ async def note_named(conn: asyncpg.Connection, account_id: UUID, action_id: UUID
     record) in temporary tables that `TABLES` read, once per export rather than once per
     statement, then makes the transaction read-only. Call first in a repeatable-read
     transaction; the tables go with it."""
+    # Temporary tables belong to the session (its temporary schema stays): reset on release.
+    session_changed(conn)
     await conn.execute(
         """
         CREATE TEMPORARY TABLE export_executions (execution_id uuid PRIMARY KEY) ON COMMIT DROP;
