@@ -737,17 +737,32 @@ async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> dict
             if not covered and context.review_written is not None:
                 raise _Overlap
     except _Overlap:
-        assert context.work is not None and context.review_written is not None
-        mark, records = context.review_written
-        await store.record_review(*key, [])  # its messages counted, none marked reviewed
-        await context.work.discard_since(conn, mark)
-        return {
-            "reason": "another turn's memory review, committed first, covered an earlier turn "
-            "this review read too: its records were not kept, and this turn's messages wait "
-            "for the next review",
-            "records": records,
-        }
+        return await _drop_review(
+            conn,
+            context,
+            "another turn's memory review, committed first, covered an earlier turn this "
+            "review read too",
+        )
     return None
+
+
+async def _drop_review(conn: asyncpg.Connection, context: TurnContext, why: str) -> dict[str, Any]:
+    """Drops, in the commit's transaction, the records the turn's review staged; its messages
+    are counted and none marked reviewed, so they wait for the next review. Returns the
+    `memory.review.dropped` event saying `why`."""
+    assert context.work is not None and context.review_written is not None
+    assert context.review_messages is not None  # the review ran
+    e = context.execution
+    mark, records = context.review_written
+    await store.record_review(
+        conn, e.account_id, e.action_id, e.execution_id, context.review_messages, []
+    )
+    await context.work.discard_since(conn, mark)
+    return {
+        "reason": f"{why}: the review's records were not kept, and this turn's messages wait "
+        "for the next review",
+        "records": records,
+    }
 
 
 async def _commit_memory(
@@ -768,25 +783,19 @@ async def _commit_memory(
     except Conflict:
         if context.review_written is None or dropped is not None:
             raise  # the review's records were not in it: the turn's own writes conflicted
-        mark, records = context.review_written
-        e = context.execution
-        key = (conn, e.account_id, e.action_id, e.execution_id, context.review_messages)
-        await store.record_review(*key, [])  # its messages counted, none marked reviewed
-        await context.work.discard_since(conn, mark)
-        written = await context.work.commit(conn)
-        return written, {
-            "reason": "a record this turn's memory review changes was changed by another "
-            "writer meanwhile, after the review read it: the review's records were not kept, "
-            "and this turn's messages wait for the next review",
-            "records": records,
-        }
+        dropped = await _drop_review(
+            conn,
+            context,
+            "a record this turn's memory review changes was changed by another writer "
+            "meanwhile, after the review read it",
+        )
+        return await context.work.commit(conn), dropped
 
 
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
     kept = await _kept_history(context)
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
-    written: list[MemoryRecord] = []
     async with context.state.pool.acquire() as conn, conn.transaction():
         await _lock_session(conn, execution, exclusive=True)  # before the memory rows
         written, dropped = await _commit_memory(conn, context)
