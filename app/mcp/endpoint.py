@@ -131,16 +131,25 @@ def build_server() -> Server[Any]:
 # JSON-RPC 2.0 leaves -32000 to -32099 to the server: a refusal of the request, not of its
 # protocol (-32600 would say the JSON-RPC itself was malformed); `data.code` says which.
 REFUSED = -32000
+INVALID_REQUEST = -32600  # a message JSON-RPC itself refuses (an id of another type)
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Any:
+def _error(
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    rpc: int = REFUSED,
+) -> Any:
     """A request refused before the SDK reads it: its HTTP status, and a JSON-RPC error (which
-    an MCP client reports with its message) whose `data.code` is Engram's error code. The
-    request's `id` is not read: `null`, as JSON-RPC answers a request it could not take."""
+    an MCP client reports with its message; `rpc` its JSON-RPC code) whose `data.code` is
+    Engram's error code. The request's `id` is not read: `null`, as JSON-RPC answers a request
+    it could not take."""
     body = {
         "jsonrpc": "2.0",
         "id": None,
-        "error": {"code": REFUSED, "message": message, "data": {"code": code}},
+        "error": {"code": rpc, "message": message, "data": {"code": code}},
     }
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -168,9 +177,6 @@ def _query(request: Request) -> dict[str, str]:
             "the query string is not UTF-8 once percent-decoded: percent-encode the session ID's"
             " UTF-8 bytes",
         ) from None
-
-
-INVALID_REQUEST = -32600
 
 
 def _bad_id(body: bytes) -> str | None:
@@ -236,15 +242,8 @@ class McpEndpoint:
                 await _error(413, "BAD_REQUEST", too_big)(scope, receive, send)
                 return
             if (problem := _bad_id(body)) is not None:
-                response = JSONResponse(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": None,
-                        "error": {"code": INVALID_REQUEST, "message": problem},
-                    },
-                    status_code=400,
-                )
-                await response(scope, receive, send)
+                invalid = _error(400, "BAD_REQUEST", problem, rpc=INVALID_REQUEST)
+                await invalid(scope, receive, send)
                 return
             receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
