@@ -505,11 +505,13 @@ def native_tools(
     history: Scope | None = None,
     *,
     memory_text: bool = True,
+    hold_uses: bool = False,
 ) -> NativeTools:
     """The native tools of a turn, and of a client's call over MCP (app/runtime/calls.py):
     one place, so a tool added here is offered over MCP too. `history`: the session history
     search_history reads (None: not offered); `memory_text`: whether its results may hold
-    memory record text (a client without the memory read grants: not)."""
+    memory record text (a client without the memory read grants: not); `hold_uses`: a turn's,
+    whose RETRIEVED uses wait for the model call that reads the result (M32)."""
     assert state.embedder is not None
     access = HistoryAccess(state.pool, state.embedder, history, memory_text) if history else None
     return NativeTools(
@@ -519,6 +521,7 @@ def native_tools(
         state.embedder.name,
         access,
         max_query_chars=state.settings.max_search_query_chars,
+        held=[] if hold_uses else None,
     )
 
 
@@ -567,8 +570,7 @@ async def _run(context: TurnContext) -> set[Version]:
             events.MEMORY_PINNED, {"records": versions(pinned), "tokens": listed_tokens(pinned)}
         )
     window = context.window = await _open_window(context, client)
-    tools = native_tools(state, action, transcript, context.work, context.history)
-    tools.held = []  # RETRIEVED uses wait for the model call that reads the result (M32)
+    tools = native_tools(state, action, transcript, context.work, context.history, hold_uses=True)
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
     recall = Recall(tools, transcript) if context.work is not None else None
