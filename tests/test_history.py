@@ -529,6 +529,22 @@ async def test_h15_history_stays_with_its_session_and_a_sessionless_agent_has_no
 # H12
 
 
+async def _replayed_searching(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, action_id: str, original: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A replay of `original` whose model calls search_history for the ferry facts once; returns
+    (the replay's execution, its search)."""
+    model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
+    model_server.say("Replayed.")
+    result = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+    )
+    replay = result.ok()["executeAction"]
+    assert replay["status"] == "SUCCEEDED", replay["error"]
+    (searching,) = tool_runs(replay, "search_history")
+    return replay, searching
+
+
 async def test_h12_a_replay_searches_only_what_its_original_saw(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
@@ -543,13 +559,7 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
         executed.append(await run(gql, admin, action_id, message))
     original = executed[1]
 
-    model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
-    model_server.say("Replayed.")
-    result = await gql(
-        admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
-    )
-    replay = result.ok()["executeAction"]
-    assert replay["status"] == "SUCCEEDED", replay["error"]
+    replay, searching = await _replayed_searching(gql, admin, model_server, action_id, original)
     assert replay["preview"] is True and replay["input"] == original["input"]
     assert replay["sessionId"] == "s1"
     async with state.pool.acquire() as conn:
@@ -558,7 +568,6 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
             replay["executionId"],
         )
     assert str(replay_of) == original["executionId"]
-    (searching,) = tool_runs(replay, "search_history")
     found = searching["output"]["events"]
     assert found and {e["turn"] for e in found} == {1}
     assert "Charlie" not in texts(searching) and "Bravo" not in texts(searching)
@@ -622,14 +631,7 @@ async def test_h12_h13_a_replay_sees_preview_history_only_when_its_original_did(
     }
 
     async def replayed(original: dict[str, Any]) -> str:
-        model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
-        model_server.say("Replayed.")
-        result = await gql(
-            admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
-        )
-        replay = result.ok()["executeAction"]
-        assert replay["status"] == "SUCCEEDED", replay["error"]
-        (searching,) = tool_runs(replay, "search_history")
+        _, searching = await _replayed_searching(gql, admin, model_server, action_id, original)
         assert searching["output"]["events"]
         return texts(searching)
 
