@@ -187,10 +187,13 @@ def turn_messages(input: Any, output: Any, rows: list[tuple[str, Any]]) -> list[
 def ingested_messages(input: Any) -> list[dict[str, Any]]:
     """A conversation handed in (rememberConversation, kind INGEST) as a later turn's window
     shows it: user and assistant messages as they were; a tool's, which answers no call the
-    window holds, as a user message that says whose it is."""
+    window holds, as a user message that says whose it is. A message of another shape (an
+    imported execution's input is stored as the file had it) is skipped."""
     messages: list[dict[str, Any]] = []
     said = input.get("messages") if isinstance(input, dict) else None
     for m in said if isinstance(said, list) else []:
+        if not isinstance(m, dict):
+            continue
         role, text = m.get("role"), _as_text(m.get("content"))
         if role == "tool":
             # As a live turn shows a tool's result (tools.py): data, stripped of disguises.
