@@ -269,8 +269,11 @@ class ContextWindow:
             self._current += 1
 
     def reads(self, call_id: str) -> bool:
-        """Whether the request `prompt` made last holds the result of this call, uncleared."""
-        return any(e.message.get("tool_call_id") == call_id and not e.cleared for e in self.entries)
+        """Whether the request `prompt` made last holds the result of this call of the latest
+        reply, uncleared. (An earlier reply's result may have the same ID: a server that gives
+        none has each reply's calls named call_0, call_1, ... by the model client.)"""
+        latest = self.entries[self._protected() :]
+        return any(e.message.get("tool_call_id") == call_id and not e.cleared for e in latest)
 
     # Measuring
 
