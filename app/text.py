@@ -35,6 +35,9 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _DISGUISING = re.compile(
     "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
 )
+# The same characters as a PostgreSQL regular expression, each written as its \uXXXX escape:
+# SQL that measures text as `for_model` leaves it (the pinned lists, app/memory/store.py).
+DISGUISING_SQL = "".join(c if c in "[-]" else f"\\u{ord(c):04x}" for c in _DISGUISING.pattern)
 
 
 def is_storable(text: str) -> bool:

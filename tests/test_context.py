@@ -22,7 +22,7 @@ from runtime_support import events, run, tool_names, tool_results
 from app.actions.model import MAX_CONTEXT_TOKENS, ModelConfig
 from app.auth.caller import Caller
 from app.executions import store as executions_store
-from app.runtime.context import open_window, request_tokens
+from app.runtime.context import ContextWindow, open_window, request_tokens
 from app.runtime.transcript import Transcript
 from app.state import AppState
 
@@ -477,6 +477,35 @@ async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(
     assert "context budget of 300 tokens" in failed["error"]
     assert "this turn's input" in failed["error"] and "model.contextTokens" in failed["error"]
     assert chat(model_server) == []
+
+
+async def test_m32_a_cleared_result_is_unread_though_an_earlier_one_has_its_call_id() -> None:
+    """A server that gives no call IDs has each reply's calls named call_0, call_1, ... (the
+    model client's): the latest reply's result, cleared as too large, is not read, though an
+    earlier reply's result of the same ID is there uncleared (shorter than its stub; no room
+    for a summary to fold it). Its RETRIEVED use, held until a call reads it, is dropped."""
+
+    def calling() -> dict[str, Any]:
+        function = {"name": "search_memory", "arguments": "{}"}
+        call = {"id": "call_0", "type": "function", "function": function}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+    window = ContextWindow(200, 0, None, None, None, Transcript(1, 1), None, [])  # type: ignore[arg-type]
+    exchange = [
+        calling(),
+        {"role": "tool", "tool_call_id": "call_0", "content": '{"error": "e"}'},
+        calling(),
+        {"role": "tool", "tool_call_id": "call_0", "content": "x" * 4000},
+    ]
+    sent = await window.prompt(
+        {"role": "system", "content": "Be brief."},
+        [],
+        None,
+        {"role": "user", "content": "hi"},
+        exchange,
+    )
+    assert sent[3]["content"] == '{"error": "e"}' and "too large" in sent[5]["content"]
+    assert not window.reads("call_0")
 
 
 async def test_m32_a_recall_no_model_call_read_is_no_retrieved_use(

@@ -4,6 +4,7 @@ INGEST whose records have source EXTRACTION."""
 
 import json
 from typing import Any
+from uuid import UUID
 
 import pytest
 from factories import allow, caller, make_agent_id, memory_harness, token_for
@@ -422,3 +423,27 @@ async def test_h5_without_history_or_when_the_ingest_fails_nothing_is_kept(
     assert failed["status"] == "FAILED"
     assert await history_of(gql, admin, action_id) == []
     assert await _turns(gql, admin, action_id) == 0
+
+
+async def test_a_handed_in_conversation_of_another_shape_fails_no_later_turn(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An INGEST execution's input is stored as given (`engram import` takes an edited file's):
+    a message that is no object is skipped when a later turn's window reads the conversation;
+    every turn of the session failed on it (INTERNAL)."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server)
+    done = await _remember(gql, admin, action_id, _talk("I like tea.", "Noted."))
+    assert done["status"] == "SUCCEEDED", done["error"]
+    edited = {"messages": ["I like coffee.", None, {"role": "user", "content": "I like tea."}]}
+    async with gql.state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE executions SET input = $1 WHERE execution_id = $2",
+            edited,
+            UUID(done["executionId"]),
+        )
+    model_server.say("Tea.")
+    executed = await run(gql, admin, action_id, "What do I like?", session="s1")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    sent = [(m["role"], m["content"]) for m in chat(model_server)[-1].body["messages"][1:]]
+    assert sent == [("user", "I like tea."), ("user", "What do I like?")]

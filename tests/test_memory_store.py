@@ -928,3 +928,57 @@ async def test_metadata_is_kept_as_json(state, agent):
             NewMemory(summary="x", kind="fact", metadata={"big": "x" * 20_000})
         )
     assert json.dumps(record.metadata)
+
+
+# M52
+async def test_m52_the_longest_other_list_is_found_by_its_listed_length(state, admin):
+    """Another session's list is as long as its lines as listed: a summary's quotes are
+    escaped there (twice as long), and each line adds its ID. Session a's one pin of quotes
+    is the longest list though three sessions have more summary characters in more pins: an
+    agent-scope pin that fits theirs and not a's is refused."""
+    pinner = await make_agent(
+        state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 140})
+    )
+    quotes = await remember(state, pinner, '"' * 250, pinned=True, session="a")
+    assert len(quotes.pinned_line()) == 550  # 138 tokens, within the budget alone
+    for session in ("b", "c", "d"):  # 2 x 150 + 1 characters: 76 tokens each
+        for _ in range(2):
+            await remember(state, pinner, "b" * 100, pinned=True, session=session)
+    # In a's list: 550 + 1 + 50 characters, 151 tokens; in the others', 89.
+    with pytest.raises(BadInput, match="Consolidate") as refused:
+        await work(state, writer(pinner, session="e")).add(
+            NewMemory(summary="x", kind="fact", pinned=True, scope="AGENT")
+        )
+    assert str(quotes.memory_id) in refused.value.message
+
+
+# M52
+async def test_m52_an_operators_pins_for_several_sessions_count_against_each_list(state, admin):
+    """addAgentMemories pins records of several sessions at once: each counts against its own
+    session's list (with that session's pins), not against the agent's alone, nor against the
+    other sessions' of the call."""
+    pinner = await make_agent(
+        state, admin, name="pins", harness=full_memory(pinned={"max_tokens": 15})
+    )
+    summary = "x" * (60 - len('- "') - len('" (memory 00000000-0000-0000-0000-000000000000)'))
+    await remember(state, pinner, summary, pinned=True, session="s1")  # s1's list: 15 tokens
+
+    def pins(*sessions, pinned=True):
+        return [
+            operator.OperatorMemory(summary=summary, kind="fact", pinned=pinned, session_id=s)
+            for s in sessions
+        ]
+
+    async def add(memories):
+        return await operator.add_memories(
+            state.pool, state.embedder, admin, action_id=pinner.action_id, memories=memories
+        )
+
+    before = await count_rows(state, pinner)
+    with pytest.raises(BadInput, match="Consolidate"):
+        # s1's list: 60 + 1 + 60 characters, 31 tokens (the call's unpinned s2 record aside)
+        await add(pins("s1") + pins("s2", pinned=False))
+    assert await count_rows(state, pinner) == before
+    # One pin for each of two other sessions: 60 characters in each list, taken.
+    added = await add(pins("s2", "s3"))
+    assert [v.record.session_id for v in added] == ["s2", "s3"]

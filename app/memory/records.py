@@ -76,6 +76,11 @@ def pin_line(summary: str, memory_id: UUID) -> str:
     return f"- {json.dumps(for_model(summary), ensure_ascii=False)} (memory {memory_id})"
 
 
+# What a pinned line adds to its summary's JSON string (`- `, ` (memory <ID>)`), with the line
+# break before the next: a list is as long as its summaries' strings and this for each, less 1.
+PIN_LINE_EXTRA = len(pin_line("", UUID(int=0))) - len('""') + 1
+
+
 def pinned_listing(records: Iterable[MemoryRecord]) -> str:
     """The pinned records as a turn's instructions list them: one line each."""
     return "\n".join(r.pinned_line() for r in records)

@@ -17,7 +17,7 @@ CONTRACT (used by the runtime and the GraphQL layer; implemented in this module)
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -301,12 +301,12 @@ class MemoryWork:
                 target = await self._target(conn, new.replaces)
                 self._check_replaceable(target)
             if new.pinned:
-                await self._check_pin_budget(
-                    conn,
-                    [pin_line(new.summary, memory_id)],
-                    {new.replaces},
-                    everywhere=checked.scope == Scope.AGENT,
-                )
+                lines = {
+                    _pinned_in(checked.scope, checked.session_id): [
+                        pin_line(new.summary, memory_id)
+                    ]
+                }
+                await self._check_pin_budget(conn, lines, {new.replaces})
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
         self.embed_tokens.append(embedded.tokens)
@@ -384,13 +384,14 @@ class MemoryWork:
                         tombstone=False,
                     )
                 )
-            pins = [pin_line(n.summary, ids[i]) for i, n in enumerate(news) if n.pinned]
+            pins: dict[str | None, list[str]] = {}
+            for new, c, memory_id in zip(news, checked, ids, strict=True):
+                if new.pinned:
+                    lines = pins.setdefault(_pinned_in(c.scope, c.session_id), [])
+                    lines.append(pin_line(new.summary, memory_id))
             if pins:
                 replaced = {n.replaces for n in news if n.pinned and n.replaces is not None}
-                everywhere = any(
-                    n.pinned and c.scope == Scope.AGENT for n, c in zip(news, checked, strict=True)
-                )
-                await self._check_pin_budget(conn, pins, replaced, everywhere=everywhere)
+                await self._check_pin_budget(conn, pins, replaced)
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(n.summary, n.content) for n in news])
         self.embed_tokens.append(embedded.tokens)
@@ -510,8 +511,7 @@ class MemoryWork:
             if tombstones:
                 await store.delete_staged(conn, account_id, action_id, w.execution_id, tombstones)
             if any(r.pinned for r in published):
-                everywhere = any(r.pinned and r.scope == Scope.AGENT.value for r in published)
-                await self._recheck_pins(conn, everywhere)
+                await self._recheck_pins(conn, published)
         except asyncpg.UniqueViolationError:
             # Another writer committed a successor of a record this work replaces.
             targets = ", ".join(str(c.target) for c in self._changes)
@@ -705,23 +705,17 @@ class MemoryWork:
     async def _check_pin_budget(
         self,
         conn: asyncpg.Connection,
-        lines: Sequence[str],
+        lines: Mapping[str | None, Sequence[str]],
         replaced: set[UUID | None],
-        *,
-        everywhere: bool,
     ) -> None:
-        """`lines`: the new pins' lines; `everywhere`: one of them is of agent scope, listed
-        in every session's turns."""
+        """`lines`: the new pins' lines by the list they join (`_longest_list`)."""
         budget = self.config.pinned_max_tokens
         assert budget is not None
-        reader = self.writer.reader()
-        pins = [store.record(r) for r in await store.list_pinned(conn, reader)]
-        kept = [r for r in pins if r.memory_id not in replaced]
-        tokens, listed = await _longest_list(conn, reader, kept, lines, everywhere)
+        tokens, listed = await _longest_list(conn, self.writer.reader(), lines, replaced)
         if tokens > budget:
             raise BadInput(_over_budget(tokens, budget, listed))
 
-    async def _recheck_pins(self, conn: asyncpg.Connection, everywhere: bool) -> None:
+    async def _recheck_pins(self, conn: asyncpg.Connection, published: list[MemoryRecord]) -> None:
         """Pins other turns committed meanwhile count too: the budget holds once committed."""
         w = self.writer
         budget = self.config.pinned_max_tokens
@@ -729,8 +723,8 @@ class MemoryWork:
             return
         await store.lock_pins(conn, w.account_id, w.action.action_id)
         committed = replace(w.reader(), execution_id=None, invocation_number=None)
-        pins = [store.record(r) for r in await store.list_pinned(conn, committed)]
-        tokens, listed = await _longest_list(conn, committed, pins, [], everywhere)
+        lists = {_pinned_in(r.scope, r.session_id): [] for r in published if r.pinned}
+        tokens, listed = await _longest_list(conn, committed, lists)
         if tokens > budget:
             raise Conflict(
                 "other turns pinned memories meanwhile; nothing was saved. "
@@ -738,24 +732,42 @@ class MemoryWork:
             )
 
 
+def _pinned_in(scope: str, session_id: str | None) -> str | None:
+    """The pinned list a pin joins: its session's; None for an agent-scope pin (every list)."""
+    return None if scope == Scope.AGENT.value else session_id
+
+
 async def _longest_list(
     conn: asyncpg.Connection,
     reader: AgentReader,
-    pins: list[MemoryRecord],
-    lines: Sequence[str],
-    everywhere: bool,
+    lines: Mapping[str | None, Sequence[str]],
+    replaced: Set[UUID | None] = frozenset(),
 ) -> tuple[int, list[MemoryRecord]]:
-    """The tokens of the longest pinned list that `lines` (new pins) join, and its records:
-    the reader's own list (`pins`), and, when a pin is of agent scope and turns read session
-    scope, each other session's list too (the agent's pins with that session's own)."""
-    lists = [pins]
-    if everywhere and Scope.SESSION in reader.scopes:
-        agent = [r for r in pins if r.scope == Scope.AGENT.value]
-        sessions: dict[str, list[MemoryRecord]] = {}
-        for row in await store.other_sessions_pins(conn, reader):
-            sessions.setdefault(row["session_id"], []).append(store.record(row))
-        lists += [agent + own for own in sessions.values()]
-    counted = [(pinned_tokens([*(r.pinned_line() for r in one), *lines]), one) for one in lists]
+    """The tokens of the longest pinned list that new pins join, and its records. `lines`: the
+    new pins' lines by the list they join (`_pinned_in`): a session's, or None for agent-scope
+    pins, which every list lists. The lists: each named session's (the pins its turns read,
+    less `replaced`, with the lines it gains), or the reader's own when none is named (its
+    session's, or the agent's alone); with agent-scope pins, when turns read session scope,
+    every other session's too (the agent's pins with that session's own), of which one
+    statement reads the longest (`store.other_sessions_pins`)."""
+    everywhere = list(lines.get(None, ()))
+    sessions = [s for s in lines if s is not None] or [reader.session_id]
+    lists: list[tuple[list[MemoryRecord], list[str]]] = []
+    for session in sessions:
+        rows = await store.list_pinned(conn, replace(reader, session_id=session))
+        pins = [r for r in map(store.record, rows) if r.memory_id not in replaced]
+        own = lines.get(session, ()) if session is not None else ()
+        lists.append((pins, [*everywhere, *own]))
+    if None in lines and Scope.SESSION in reader.scopes:
+        agent = [r for r in lists[0][0] if r.scope == Scope.AGENT.value]
+        others: dict[str, list[MemoryRecord]] = {}
+        named = [s for s in sessions if s is not None]
+        for row in await store.other_sessions_pins(conn, reader, named):
+            others.setdefault(row["session_id"], []).append(store.record(row))
+        lists += [(agent + own, everywhere) for own in others.values()]
+    counted = [
+        (pinned_tokens([*(r.pinned_line() for r in pins), *new]), pins) for pins, new in lists
+    ]
     return max(counted, key=lambda c: c[0])
 
 

@@ -15,9 +15,10 @@ import asyncpg
 import numpy as np
 
 from app.db.sql import Params
-from app.memory.records import MemoryRecord, NewRecord, RecordFields
+from app.memory.records import PIN_LINE_EXTRA, MemoryRecord, NewRecord, RecordFields
 from app.memory.visibility import AgentReader, Reader, shadows, visible
 from app.scope import Scope
+from app.text import DISGUISING_SQL
 
 Row = asyncpg.Record
 
@@ -195,26 +196,32 @@ async def list_pinned(conn: asyncpg.Connection, reader: Reader) -> list[Row]:
 
 
 async def other_sessions_pins(
-    conn: asyncpg.Connection, reader: AgentReader, most: int = 3
+    conn: asyncpg.Connection, reader: AgentReader, named: Sequence[str], most: int = 3
 ) -> list[Row]:
-    """The committed pinned session-scope records of the `most` other sessions (not the
-    reader's) with the longest pinned lists, as a turn of the reader's mode (live, or preview)
-    sees them: what an agent-scope pin joins in those sessions' turns. Longest by summary length
-    (the exact count is the caller's, over these)."""
+    """The committed pinned session-scope records of the `most` sessions with the longest
+    pinned lists but those `named`, as a turn of the reader's mode (live, or preview) sees
+    them: what an agent-scope pin joins in those sessions' turns. Longest as the lists are
+    listed (`pin_line`: each summary a JSON string stripped as `for_model` strips it, with its
+    ID), so the longest is among them; the caller counts them exactly.
+
+    One statement whatever the number of sessions: it reads every pinned session-scope record
+    of the agent to rank the sessions (their summaries' lengths alone), and returns the rows
+    of `most` sessions."""
     p = Params()
     other = AgentReader(reader.account_id, reader.action_id, None, (Scope.SESSION,), reader.preview)
     where = visible(other, p, "m", scope="m.scope = 'SESSION'")
+    where += " AND m.pinned AND m.pending_execution IS NULL"
+    listed = f"length(to_json(regexp_replace(m.summary, {p(DISGUISING_SQL)}, '', 'g'))::text)"
     return await conn.fetch(
         f"""
-        WITH pins AS (
-            SELECT {_m("m")} FROM agent_memories m
-            WHERE {where} AND m.pinned AND m.pending_execution IS NULL
-              AND m.session_id IS DISTINCT FROM {p(reader.session_id)}
-        ), longest AS (
-            SELECT session_id FROM pins GROUP BY session_id
-            ORDER BY sum(length(summary)) + 60 * count(*) DESC LIMIT {p(most)}
+        WITH longest AS (
+            SELECT m.session_id FROM agent_memories m
+            WHERE {where} AND m.session_id <> ALL({p(list(named))}::text[])
+            GROUP BY m.session_id
+            ORDER BY sum({listed} + {PIN_LINE_EXTRA}) DESC LIMIT {p(most)}
         )
-        SELECT pins.* FROM pins JOIN longest USING (session_id) ORDER BY created, memory_id
+        SELECT {_m("m")} FROM agent_memories m JOIN longest l ON l.session_id = m.session_id
+        WHERE {where} ORDER BY m.created, m.memory_id
         """,
         *p.values,
     )

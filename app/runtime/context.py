@@ -187,10 +187,13 @@ def turn_messages(input: Any, output: Any, rows: list[tuple[str, Any]]) -> list[
 def ingested_messages(input: Any) -> list[dict[str, Any]]:
     """A conversation handed in (rememberConversation, kind INGEST) as a later turn's window
     shows it: user and assistant messages as they were; a tool's, which answers no call the
-    window holds, as a user message that says whose it is."""
+    window holds, as a user message that says whose it is. A message of another shape (an
+    imported execution's input is stored as the file had it) is skipped."""
     messages: list[dict[str, Any]] = []
     said = input.get("messages") if isinstance(input, dict) else None
     for m in said if isinstance(said, list) else []:
+        if not isinstance(m, dict):
+            continue
         role, text = m.get("role"), _as_text(m.get("content"))
         if role == "tool":
             # As a live turn shows a tool's result (tools.py): data, stripped of disguises.
@@ -266,8 +269,11 @@ class ContextWindow:
             self._current += 1
 
     def reads(self, call_id: str) -> bool:
-        """Whether the request `prompt` made last holds the result of this call, uncleared."""
-        return any(e.message.get("tool_call_id") == call_id and not e.cleared for e in self.entries)
+        """Whether the request `prompt` made last holds the result of this call of the latest
+        reply, uncleared. (An earlier reply's result may have the same ID: a server that gives
+        none has each reply's calls named call_0, call_1, ... by the model client.)"""
+        latest = self.entries[self._protected() :]
+        return any(e.message.get("tool_call_id") == call_id and not e.cleared for e in latest)
 
     # Measuring
 
