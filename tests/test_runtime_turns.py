@@ -752,6 +752,41 @@ async def test_tool_calls_beyond_the_bound_of_a_reply_are_refused_and_the_turn_g
     assert searches[3]["input"] == {"arguments": '{"query": "topic 3"}'}
 
 
+async def test_tool_calls_without_ids_keep_each_result_with_its_call_in_a_later_turn(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A server that sends no call IDs has each reply's calls named call_0, call_1, ...: the
+    turn renames a repeated one, so each result stays paired with its own call, within the turn
+    and when a later turn rebuilds it from the transcript."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    for name in ("alpha_tool", "beta_tool"):
+        call = {"type": "function", "function": {"name": name, "arguments": "{}"}}
+        model_server.answer_with(
+            {
+                "choices": [
+                    {"message": {"role": "assistant", "content": None, "tool_calls": [call]}}
+                ]
+            },
+            purpose="turn",
+        )
+    model_server.say("Neither exists.")
+    first = await run(gql, admin, action_id, "try two tools")
+    assert first["status"] == "SUCCEEDED", first["error"]
+    model_server.say("Yes.")
+    second = await run(gql, admin, action_id, "did they work?")
+    assert second["status"] == "SUCCEEDED", second["error"]
+
+    for request in (chat(model_server)[2], chat(model_server)[3]):  # the turn's last; the next's
+        messages = request.body["messages"]
+        called = [m["tool_calls"][0] for m in messages if m.get("tool_calls")]
+        answered = [m for m in messages if m["role"] == "tool"]
+        assert [c["function"]["name"] for c in called] == ["alpha_tool", "beta_tool"]
+        assert len({c["id"] for c in called}) == 2
+        for call, result in zip(called, answered, strict=True):
+            assert result["tool_call_id"] == call["id"]
+            assert f"no tool named '{call['function']['name']}'" in result["content"]
+
+
 async def test_model_calls_per_turn_are_bounded(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import httpx
@@ -72,6 +72,24 @@ class Completion:
     attempts: int
     duration_ms: float
     message: dict[str, Any] = field(repr=False)  # the assistant message, to send back next call
+
+
+def unique_call_ids(completion: Completion, called: set[str], reply: int) -> Completion:
+    """The completion with each tool call's ID unique among the turn's so far (`called`, which
+    it extends; `reply`: the reply's number in the turn). A server that sends no IDs has every
+    reply's calls named call_0, call_1, ... (`_shape`), and one may repeat its own: a result is
+    paired with its call by ID, in the requests that follow and in a later turn's window
+    rebuilt from the transcript, so a repeated ID is renamed (`call_0~2.0`)."""
+    calls = []
+    for i, call in enumerate(completion.tool_calls):
+        if call.id in called:
+            renamed = f"{call.id}~{reply}.{i}"
+            while renamed in called:
+                renamed += "~"
+            call = replace(call, id=renamed)
+        called.add(call.id)
+        calls.append(call)
+    return replace(completion, tool_calls=tuple(calls))
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,13 @@ from app.runtime import liveness
 from app.runtime import transcript as events
 from app.runtime.context import ContextWindow, budget_of, open_window
 from app.runtime.instructions import listed_tokens, system_instructions
-from app.runtime.model import Completion, ModelClient, ModelFailed, check_endpoint
+from app.runtime.model import (
+    Completion,
+    ModelClient,
+    ModelFailed,
+    check_endpoint,
+    unique_call_ids,
+)
 from app.runtime.recall import Recall, Version, recall_query
 from app.runtime.review import review_memory
 from app.runtime.tools import HistoryAccess, NativeTools, versions
@@ -590,6 +596,7 @@ async def _run(context: TurnContext) -> set[Version]:
         f"not run: at most {per_reply} tool calls run per reply "
         "(ENGRAM_MAX_TOOL_CALLS_PER_REPLY); call the rest in your next reply"
     )
+    called: set[str] = set()  # the turn's tool call IDs so far
     for call_number in range(1, limit + 1):
         recalled = await recall.before_call(recall_query(request, latest)) if recall else None
         context.messages = await window.prompt(system, tools.offered, recalled, asked, exchange)
@@ -605,6 +612,7 @@ async def _run(context: TurnContext) -> set[Version]:
             "turn",
             tool_choice="none" if last else "auto",
         )
+        completion = unique_call_ids(completion, called, call_number)
         transcript.add(events.MODEL_CALL, events.model_call(completion, "turn"))
         await context.keep_alive()
         if not completion.tool_calls:
