@@ -919,3 +919,68 @@ async def test_an_edit_wider_than_the_operators_grants_is_refused_and_changes_no
             "UPDATE financial.Client.document."
         )
         await page.screenshot(path=screenshot_path("console-client-edit-own.png"), full_page=True)
+
+# Text that hides or reorders what is around it: read plainly, "safe" + RLO + "exe.txt" shows
+# as "safetxt.exe", and a zero-width space splits a word no one sees split.
+DISGUISED = "safe\u202eexe.txt\u202c invoice\u200bpaid"
+UNBROKEN = "x" * 200  # a label value, a client name: one word as wide as 20 screens of a phone
+
+WIDER = """() => [document.documentElement.scrollWidth, window.innerWidth]"""
+
+
+async def test_long_unbroken_data_wraps_and_disguising_characters_show(db_url, embedder):
+    """Data from others reaches the page as text; also text made to mislead: a 200-character
+    unbroken label value, client name or 500-character summary wraps inside the page (at desktop
+    and phone width), and bidi overrides and zero-width spaces in a record show as their code
+    points, while the agent's edit form keeps them as stored."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        agent = seeded["agent"]
+        labelled = {"kind": "fact", "labels": [{"name": "customer_id", "value": UNBROKEN}]}
+        wide = admin(ADD, a=agent, i={"summary": "L" * 500, **labelled})["addAgentMemory"]
+        hidden = admin(ADD, a=agent, i={"summary": DISGUISED, "content": DISGUISED, "kind": "fact"})
+        hidden = hidden["addAgentMemory"]["memoryId"]
+        admin(
+            "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
+            i={"principal": "wide", "name": UNBROKEN, "policies": READER},
+        )
+        harness = admin("query($a: UUID!) { action(actionId: $a) { harness } }", a=agent)
+        admin(
+            "mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)"
+            " { version } }",
+            a=agent,
+            i={"name": "Support desk", "instructions": DISGUISED, **harness["action"]},
+        )
+        await sign_in(page, url, ADMIN)
+        pages = {
+            "memories": f"#/agents/{agent}/memories",
+            "record": f"#/agents/{agent}/memories/{wide['memoryId']}",
+            "clients": "#/clients",
+        }
+        for width in (1280, 390):
+            await page.set_viewport_size({"width": width, "height": 900})
+            for name, path in pages.items():
+                await page.goto(f"{url}/console/{path}")
+                await expect(page.locator("main h1")).to_be_visible()
+                await expect(page.locator("main[aria-busy]")).to_have_count(0)
+                assert await page.evaluate(WIDER) == [width, width], (name, width)
+        await page.screenshot(path=screenshot_path("console-long-data-phone.png"), full_page=True)
+        await page.set_viewport_size({"width": 1280, "height": 900})
+
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{hidden}")
+        shown = "safeU+202Eexe.txtU+202C invoiceU+200Bpaid"
+        await expect(page.locator("main h1")).to_have_text(shown)
+        await expect(page.locator("main pre.json").first).to_have_text(shown)
+        await expect(page.locator("main h1 .hidden-char")).to_have_count(3)
+        text = await page.locator("main").inner_text()
+        assert not set("\u202e\u202c\u200b") & set(text)
+        await page.screenshot(path=screenshot_path("console-disguised-record.png"))
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listed = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        await expect(listed.get_by_role("link", name=shown)).to_be_visible()
+        # Edited, the instructions are what is stored, not what is shown.
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.locator("main pre.json").nth(1)).to_have_text(shown)
+        await expect(page.get_by_label("Instructions")).to_have_value(DISGUISED)

@@ -2,7 +2,7 @@
 // signed-in token's grants allow (viewer.allowed), and says so in a sentence when they do not.
 
 import { ApiError, gql, token } from "./api.js";
-import { append, clear, confirmDialog, field, h, json, link, when } from "./dom.js";
+import { append, clear, codePoint, confirmDialog, field, h, json, link, when } from "./dom.js";
 import { policyEditor, policyText } from "./policies.js";
 
 const OPERATIONS = [
@@ -320,7 +320,7 @@ function memoryRow(actionId, m, score) {
     h("td", { dataset: { label: "Kind" } }, m.kind),
     h("td", { dataset: { label: "Scope" } }, m.scope),
     h("td", { dataset: { label: "Status" } }, badge(m.status, m.status.toLowerCase())),
-    h("td", { dataset: { label: "Labels" } }, labelsText(m.labels)),
+    h("td", { dataset: { label: "Labels" }, class: "wrap" }, labelsText(m.labels)),
     h("td", { dataset: { label: score === undefined ? "Created" : "Score" } },
       score === undefined ? when(m.created) : score.toFixed(4)));
 }
