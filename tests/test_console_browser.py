@@ -344,7 +344,8 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
         await page.get_by_label("API token").fill("not-a-token")
         await page.get_by_label("API token").press("Enter")
         await expect(page.get_by_role("alert")).to_have_text(
-            "The server did not accept this token (it may be revoked or expired). Sign in again."
+            "The server did not accept this token: the API token is not valid. Sign in again "
+            "with a valid token."
         )
         await sign_in(page, url, seeded["reader"])
         # No clients view for a token without the grant.
@@ -920,6 +921,7 @@ async def test_an_edit_wider_than_the_operators_grants_is_refused_and_changes_no
         )
         await page.screenshot(path=screenshot_path("console-client-edit-own.png"), full_page=True)
 
+
 # Text that hides or reorders what is around it: read plainly, "safe" + RLO + "exe.txt" shows
 # as "safetxt.exe", and a zero-width space splits a word no one sees split.
 DISGUISED = "safe\u202eexe.txt\u202c invoice\u200bpaid"
@@ -984,3 +986,54 @@ async def test_long_unbroken_data_wraps_and_disguising_characters_show(db_url, e
         await page.goto(f"{url}/console/#/agents/{agent}")
         await expect(page.locator("main pre.json").nth(1)).to_have_text(shown)
         await expect(page.get_by_label("Instructions")).to_have_value(DISGUISED)
+
+
+async def test_sign_in_says_what_is_wrong_with_a_token(db_url, embedder):
+    """A token pasted with a character no token holds (such as the … a token list ends its
+    prefix with) is said to be one, not "the server could not be reached"; one pasted with
+    "Bearer " before it signs in; one that expires while the console is open signs it out
+    saying when it expired, with the focus on the token field."""
+    import asyncio
+
+    import asyncpg
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        await page.goto(url + "/console")
+        field = page.get_by_label("API token")
+        await field.fill(ADMIN[:8] + "…")
+        await field.press("Enter")
+        await expect(page.get_by_role("alert")).to_have_text(
+            "This is not a whole API token: it holds “…” (U+2026) at character 9, and a token "
+            "holds only letters, digits, spaces and ASCII punctuation. Copy the whole token "
+            "again (a list shows only its first characters, followed by …)."
+        )
+        await expect(field).to_be_focused()
+        await field.fill(f"Bearer {seeded['reader']}")
+        await field.press("Enter")
+        await expect(page.get_by_role("heading", name="Agents")).to_be_visible()
+        assert (
+            await page.evaluate("sessionStorage.getItem('engram.console.token')")
+            == (seeded["reader"])
+        )
+
+        # The reader's token expires while the page is open.
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute(
+                "UPDATE client_tokens SET expires = now() - interval '1 minute' "
+                "WHERE principal = 'auditor'"
+            )
+        finally:
+            await conn.close()
+        await asyncio.sleep(1.2)  # auth/verified.py: a verification serves for a second
+        await page.get_by_role("link", name="Support desk").click()
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        await expect(page.get_by_role("status")).to_have_text(
+            re.compile(
+                r"^The server did not accept this token: the API token expired at \S+; ask for "
+                r"a new one\. Sign in again with a valid token\.$"
+            )
+        )
+        await expect(field).to_be_focused()
+        assert await page.evaluate("sessionStorage.length") == 0

@@ -23,7 +23,8 @@ export class ApiError extends Error {
       case "ACCESS_DENIED":
         return `Your token's grants do not allow this: ${m}.`;
       case "UNAUTHENTICATED":
-        return "The server did not accept this token (it may be revoked or expired). Sign in again.";
+        // The server says why: "the API token expired at ...; ask for a new one", "... not valid".
+        return `The server did not accept this token: ${m}. Sign in again with a valid token.`;
       case "NOT_FOUND":
         return `Not found: ${m}.`;
       case "BAD_REQUEST":

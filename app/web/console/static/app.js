@@ -148,9 +148,20 @@ function signIn(message) {
   const form = h("form", { class: "card narrow", onsubmit: async (e) => {
     e.preventDefault();
     tokenField.showError("");
+    // What was pasted with the token ("Bearer " before it) goes; what no token holds is said
+    // here, as a browser sends no header with it (fetch would fail as if the server were down).
+    const value = input.value.trim().replace(/^bearer\s+/i, "");
+    const odd = /[^\x20-\x7e]/.exec(value);
+    if (odd) {
+      tokenField.showError(`This is not a whole API token: it holds “${odd[0]}” (${codePoint(odd[0])}) at `
+        + `character ${odd.index + 1}, and a token holds only letters, digits, spaces and ASCII punctuation. `
+        + "Copy the whole token again (a list shows only its first characters, followed by …).");
+      input.focus();
+      return;
+    }
     try {
-      viewer = await loadViewer(input.value.trim());
-      token.set(input.value.trim());
+      viewer = await loadViewer(value);
+      token.set(value);
       renderNav();
       route();
     } catch (error) {
@@ -1138,7 +1149,8 @@ async function route() {
 window.addEventListener("hashchange", () => {
   // Only "#/..." names a page ("#main", the skip link's, is a place on this one).
   if (location.hash && !location.hash.startsWith("#/")) return;
-  route().then(() => { const h1 = main.querySelector("h1"); if (h1) h1.focus(); });
+  // Signed out on the way (the token expired), the sign-in form keeps the focus on its field.
+  route().then(() => { const h1 = main.querySelector("h1"); if (h1 && viewer) h1.focus(); });
 });
 
 document.querySelector("a.skip").addEventListener("click", (event) => {
