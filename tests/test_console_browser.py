@@ -1037,3 +1037,48 @@ async def test_sign_in_says_what_is_wrong_with_a_token(db_url, embedder):
         )
         await expect(field).to_be_focused()
         assert await page.evaluate("sessionStorage.length") == 0
+
+
+class Refusing:
+    """The test's embedder, refusing every text once `refusing` is set, as a provider with a
+    revoked key does: a refusal retrying does not mend (EmbeddingFailed, not transient)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.refusing = inner, False
+        self.name, self.dimensions = inner.name, inner.dimensions
+
+    async def embed(self, texts: list[str]):
+        from app.embeddings.errors import EmbeddingFailed
+
+        if self.refusing:
+            raise EmbeddingFailed("401 invalid key", transient=False)
+        return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_an_embedding_model_that_refuses_is_not_said_to_be_the_database(db_url, embedder):
+    """UNAVAILABLE has more than one cause: a search the embedding model refuses says the
+    server's own sentence (the provider is misconfigured, retrying will not help), not "the
+    server cannot reach its database, try again"."""
+    from playwright.async_api import expect
+
+    refusing = Refusing(embedder)
+    async with console(db_url, refusing) as (url, page, seeded):
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{seeded['agent']}/memories")
+        refusing.refusing = True
+        await page.get_by_label("Search memories").fill("espresso")
+        await page.get_by_label("Mode").select_option("VECTOR")
+        await page.get_by_label("Search memories").press("Enter")
+        await expect(page.locator("main .error")).to_have_text(
+            "The server cannot do this right now: the embedding model refused the text: the "
+            "service's embedding provider is misconfigured (its log says why), and retrying will "
+            "not help until an operator fixes it."
+        )
+        # Lexical search needs no model: it still finds the record.
+        await page.get_by_label("Mode").select_option("LEXICAL")
+        await page.get_by_label("Search memories").press("Enter")
+        results = page.locator("table", has=page.locator("caption", has_text="Search results"))
+        await expect(results.get_by_role("link", name=re.compile("espresso"))).to_be_visible()

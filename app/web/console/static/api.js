@@ -32,7 +32,9 @@ export class ApiError extends Error {
       case "CONFLICT":
         return `Conflict: ${m}.`;
       case "UNAVAILABLE":
-        return "The server cannot reach its database right now. Try again in a moment.";
+        // Its database, or its embedding model: the server's sentence says which, and whether
+        // trying again helps.
+        return `The server cannot do this right now: ${m.charAt(0).toLowerCase()}${m.slice(1)}.`;
       case "NETWORK":
         return "The server could not be reached. Check your connection and try again.";
       default:
