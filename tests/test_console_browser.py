@@ -1039,6 +1039,44 @@ async def test_sign_in_says_what_is_wrong_with_a_token(db_url, embedder):
         assert await page.evaluate("sessionStorage.length") == 0
 
 
+async def test_an_agent_saved_meanwhile_is_not_overwritten_unseen(db_url, embedder):
+    """The agent's edit form saves with the version it was filled from (expectedVersion): a
+    version someone saved meanwhile is said, not overwritten, and nothing is written; the edits
+    stay in the form, and saving again writes them over that version as a choice."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        agent = seeded["agent"]
+        read = "query($a: UUID!) { action(actionId: $a) { version instructions harness } }"
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.get_by_role("heading", name="Version 1 (current)")).to_be_visible()
+        harness = admin(read, a=agent)["action"]["harness"]
+        update = """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+          { version } }"""
+        theirs = {"name": "Support desk", "instructions": "Theirs.", "harness": harness}
+        assert admin(update, a=agent, i=theirs)["updateAction"]["version"] == 2
+
+        await page.get_by_label("Instructions").fill("Mine.")
+        await page.get_by_role("button", name="Save new version").click()
+        alert = page.locator("form").get_by_role("alert")
+        await expect(alert).to_contain_text(
+            "Not saved: admin saved version 2 at 20", use_inner_text=True
+        )
+        await expect(alert).to_contain_text("after version 1 this form was filled from")
+        await page.screenshot(path=screenshot_path("console-agent-conflict.png"), full_page=True)
+        now = admin(read, a=agent)["action"]
+        assert (now["version"], now["instructions"]) == (2, "Theirs.")
+        await expect(page.get_by_label("Instructions")).to_have_value("Mine.")
+
+        # Saved again, knowingly: the next version, over version 2.
+        await page.get_by_role("button", name="Save new version").click()
+        await expect(page.get_by_role("heading", name="Version 3 (current)")).to_be_visible()
+        now = admin(read, a=agent)["action"]
+        assert (now["version"], now["instructions"]) == (3, "Mine.")
+
+
 class Refusing:
     """The test's embedder, refusing every text once `refusing` is set, as a provider with a
     revoked key does: a refusal retrying does not mend (EmbeddingFailed, not transient)."""

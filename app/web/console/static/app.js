@@ -269,7 +269,10 @@ async function agentView({ actionId }) {
   return out;
 }
 
+// The form editing agent `action`, prefilled. It saves with the version it was filled from: a
+// version someone saved meanwhile is refused (CONFLICT), never overwritten unseen.
 function editForm(action) {
+  let base = action.version;
   const name = h("input", { type: "text", value: action.name, required: true });
   const instructions = h("textarea", { rows: 4 }, action.instructions);
   const model = h("textarea", { rows: 4, class: "mono", spellcheck: false }, json(action.model));
@@ -279,7 +282,31 @@ function editForm(action) {
     model: field("Model (JSON)", model),
     harness: field("Harness (JSON)", harness, "Saving writes a new version; earlier versions stay readable."),
   };
-  const status = h("p", { role: "status", class: "status" });
+  const status = h("div", { role: "status", class: "status" });
+  // Someone saved a version after this form was filled: said, with the edits kept, and the
+  // next save (a choice now) based on that version.
+  async function saidMeanwhile() {
+    let now;
+    try {
+      now = (await gql(`query($id: UUID!) { action(actionId: $id) { version createdBy modified } }`,
+        { id: action.actionId })).action;
+    } catch (again) {
+      status.replaceChildren(h("div", { class: "error", role: "alert" },
+        "Not saved: someone saved this agent after you opened this page. ", problem(again)));
+      return;
+    }
+    if (!now) {
+      status.replaceChildren(problem(new ApiError(`agent ${action.actionId} no longer exists`, "NOT_FOUND")));
+      return;
+    }
+    base = now.version;
+    status.replaceChildren(h("div", { class: "error", role: "alert" },
+      h("p", {}, `Not saved: ${now.createdBy} saved version ${now.version} at ${when(now.modified)}, after `
+        + `version ${action.version} this form was filled from.`),
+      h("p", {}, "Your edits are still in the form: save again to write them as the next version over "
+        + `version ${now.version}, or discard them to read version ${now.version} first.`),
+      button(`Discard my edits and show version ${now.version}`, () => route(), { class: "secondary" })));
+  }
   const form = h("form", { class: "card", onsubmit: async (e) => {
     e.preventDefault();
     Object.values(fields).forEach((f) => f.showError(""));
@@ -295,8 +322,9 @@ function editForm(action) {
       }
     }
     try {
-      const data = await gql(`mutation($id: UUID!, $input: ActionInput!) {
-        updateAction(actionId: $id, input: $input) { version } }`, { id: action.actionId, input });
+      const data = await gql(`mutation($id: UUID!, $input: ActionInput!, $v: Int) {
+        updateAction(actionId: $id, input: $input, expectedVersion: $v) { version } }`,
+      { id: action.actionId, input, v: base });
       status.textContent = `Saved as version ${data.updateAction.version}.`;
       setTimeout(route, 600);
     } catch (error) {
@@ -305,6 +333,8 @@ function editForm(action) {
       if (error instanceof ApiError && error.code === "BAD_REQUEST" && m) {
         fields[m[1]].showError(error.message);
         ({ name, instructions, model, harness })[m[1]].focus();
+      } else if (error instanceof ApiError && error.code === "CONFLICT" && / is at version \d+/.test(error.message)) {
+        await saidMeanwhile();
       } else {
         status.replaceChildren(problem(error));
       }
