@@ -1120,3 +1120,42 @@ async def test_an_embedding_model_that_refuses_is_not_said_to_be_the_database(db
         await page.get_by_label("Search memories").press("Enter")
         results = page.locator("table", has=page.locator("caption", has_text="Search results"))
         await expect(results.get_by_role("link", name=re.compile("espresso"))).to_be_visible()
+
+
+async def test_a_token_revoked_elsewhere_leaves_its_list_and_a_bad_address_is_not_found(
+    db_url, embedder
+):
+    """Revoking a token someone revoked since the list loaded (NOT_FOUND) is no error to act
+    on: the row goes, saying it was already revoked. An address with a broken %-escape is a
+    page that does not exist, not "Something went wrong: URIError"."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        made = admin('mutation { createClientToken(principal: "auditor") { tokenId prefix } }')
+        made = made["createClientToken"]
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        auditor = page.locator("section.client", has=page.locator("h2", has_text="auditor"))
+        rows = auditor.locator("tbody tr")
+        await expect(rows).to_have_count(2)
+        admin(
+            'mutation($t: UUID!) { revokeClientToken(principal: "auditor", tokenId: $t) '
+            "{ tokenId } }",
+            t=made["tokenId"],
+        )
+        row = auditor.locator("tr", has_text=made["prefix"])
+        await row.get_by_role("button", name=re.compile("^Revoke token")).click()
+        await page.get_by_role("dialog").get_by_role("button", name="Revoke token").click()
+        await expect(rows).to_have_count(1)
+        await expect(auditor.get_by_role("status").first).to_have_text(
+            f"Token {made['prefix']}… was already revoked (by someone else, or in another tab, "
+            "since this page loaded): requests sending it are refused."
+        )
+        await expect(auditor.locator(".error")).to_have_count(0)
+
+        await page.goto(f"{url}/console/#/agents/%E0%A4%A")
+        await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+        await expect(page.locator("main .notice")).to_have_text(
+            "There is no page at /agents/%E0%A4%A."
+        )

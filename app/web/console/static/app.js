@@ -867,11 +867,15 @@ function clientCard(c) {
       ok: mine ? "Revoke and sign out" : "Revoke token",
     });
     if (!ok) return;
+    let gone = false; // revoked elsewhere (another operator, another tab) since the list loaded
     try {
       await gql(REVOKE, { p: c.principal, t: t.tokenId, a: c.accountId });
     } catch (error) {
-      status.replaceChildren(problem(error));
-      return;
+      if (!(error instanceof ApiError && error.code === "NOT_FOUND")) {
+        status.replaceChildren(problem(error));
+        return;
+      }
+      gone = true;
     }
     if (mine) {
       signOut(`You revoked token ${tokenName(t)}, the one you were signed in with. Sign in with another token.`);
@@ -882,7 +886,10 @@ function clientCard(c) {
     tr.remove();
     if (!body.children.length) body.append(empty);
     if (shown.dataset.tokenId === t.tokenId) clear(shown);
-    status.textContent = `Token ${tokenName(t)} revoked: requests sending it are refused from now on.`;
+    status.textContent = gone
+      ? `Token ${tokenName(t)} was already revoked (by someone else, or in another tab, since this page `
+        + "loaded): requests sending it are refused."
+      : `Token ${tokenName(t)} revoked: requests sending it are refused from now on.`;
     const target = (next && next.querySelector("button")) || table;
     if (target === table) table.tabIndex = -1;
     target.focus();
@@ -1151,7 +1158,11 @@ async function route() {
       const m = pattern.exec(path);
       if (m) {
         view = fn;
-        names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
+        try {
+          names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
+        } catch {
+          view = null; // a "%" not followed by two hex digits: an address no page has
+        }
         break;
       }
     }
