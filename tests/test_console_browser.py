@@ -1159,3 +1159,48 @@ async def test_a_token_revoked_elsewhere_leaves_its_list_and_a_bad_address_is_no
         await expect(page.locator("main .notice")).to_have_text(
             "There is no page at /agents/%E0%A4%A."
         )
+
+
+async def test_a_page_asked_for_before_the_filters_changed_adds_nothing_to_the_new_list(
+    db_url, embedder
+):
+    """ "Show older records", then Apply filters before that page came back (a slow server):
+    the late page belongs to the old listing and is dropped, not appended under the new
+    filters."""
+    import asyncio
+
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        agent = seeded["agent"]
+        Api(url, ADMIN)(
+            """mutation($a: UUID!, $i: [AgentMemoryInput!]!) {
+              addAgentMemories(actionId: $a, inputs: $i) { memoryIds } }""",
+            a=agent,
+            i=[{"summary": f"Fact number {n}", "kind": "fact"} for n in range(25)],
+        )
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        await expect(listing.locator("tbody tr")).to_have_count(20)
+
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_second_page(route):
+            after = json.loads(route.request.post_data)["variables"].get("after")
+            if after and not held.is_set():
+                held.set()
+                await release.wait()
+            await route.fallback()
+
+        await page.route("**/graphql", slow_second_page)
+        await page.get_by_role("button", name="Show older records").click()
+        await held.wait()
+        await page.get_by_label("Kind").fill("guidance")
+        await page.get_by_role("button", name="Apply filters").click()
+        refunds = listing.get_by_role("link", name="Refunds over 100 EUR need a manager")
+        await expect(refunds).to_be_visible()
+        release.set()
+        await page.wait_for_timeout(500)  # the old page comes back, and must change nothing
+        await expect(listing.locator("tbody tr")).to_have_count(1)
+        await expect(page.get_by_role("button", name="Show older records")).to_be_hidden()

@@ -467,7 +467,9 @@ async function memoriesView({ actionId }) {
   const more = moreButton("Show older records", listing.body, load);
   const listError = h("div");
   let filters = {};
+  let shownListing = 0; // the listing shown: a page asked for before the filters changed adds nothing
   async function load(after) {
+    const mine = shownListing;
     clear(listError);
     try {
       const data = await gql(`query($id: UUID!, $first: Int!, $after: String, $kind: String,
@@ -477,13 +479,14 @@ async function memoriesView({ actionId }) {
                    preview: $preview, status: $status) {
             nodes { ${RECORD} } pageInfo { hasNextPage endCursor } } } }`,
       { id: actionId, first: PAGE, after: after || null, ...filters });
+      if (mine !== shownListing) return;
       const page = data.action.memories;
       for (const m of page.nodes) append(listing.body, [memoryRow(actionId, m)]);
       if (!after && !page.nodes.length) append(listing.body, [h("tr", {}, h("td", { colspan: 6 }, "No records."))]);
       more.hidden = !page.pageInfo.hasNextPage;
       more.dataset.after = page.pageInfo.endCursor || "";
     } catch (error) {
-      append(listError, [problem(error)]);
+      if (mine === shownListing) append(listError, [problem(error)]);
     }
   }
   const filterForm = h("form", { class: "card filters", onsubmit: async (e) => {
@@ -495,6 +498,8 @@ async function memoriesView({ actionId }) {
       preview: preview.value === "" ? null : preview.value === "true",
       status: status.value === "" ? null : status.value === "ALL" ? ["ACTIVE", "DELETED", "SUPERSEDED"] : [status.value],
     };
+    shownListing += 1;
+    more.hidden = true;
     clear(listing.body);
     await load(null);
   } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), field("Label", labelName),
