@@ -242,6 +242,9 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         dialog = page.get_by_role("dialog")
         await expect(dialog).to_contain_text("no longer recalls")
         await expect(dialog).to_contain_text("does not erase")
+        # Opened with the focus on Cancel, a screen reader says its title and what it does.
+        await expect(dialog).to_have_accessible_name("Delete this record?")
+        await expect(dialog).to_have_accessible_description(re.compile("^Deleting writes a new"))
         await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
         await page.screenshot(path=screenshot_path("console-delete-confirm.png"))
         await page.keyboard.press("Escape")  # Escape cancels: nothing deleted
