@@ -295,11 +295,7 @@ function editForm(action) {
         "Not saved: someone saved this agent after you opened this page. ", problem(again)));
       return;
     }
-    if (!now) {
-      status.replaceChildren(problem(new ApiError(`agent ${action.actionId} no longer exists`, "NOT_FOUND")));
-      return;
-    }
-    base = now.version;
+    base = now.version; // agents are never deleted: it is there
     status.replaceChildren(h("div", { class: "error", role: "alert" },
       h("p", {}, `Not saved: ${now.createdBy} saved version ${now.version} at ${when(now.modified)}, after `
         + `version ${action.version} this form was filled from.`),
