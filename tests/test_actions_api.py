@@ -184,6 +184,25 @@ async def test_concurrent_updates_each_write_the_next_version(gql, admin):
     assert current["currentVersion"] == 9
 
 
+async def test_an_update_based_on_an_older_version_is_conflict_and_writes_nothing(gql, admin):
+    """`expectedVersion`: a form filled from version 1 and saved after someone else wrote
+    version 2 is CONFLICT naming both versions, and version 2 stays current; based on the
+    current version it writes the next one."""
+    v1 = await create(gql, admin)
+    expected = """mutation($id: UUID!, $input: ActionInput!, $v: Int) {
+      updateAction(actionId: $id, input: $input, expectedVersion: $v) { version name } }"""
+    theirs = await gql(admin, expected, id=v1["actionId"], input={"name": "theirs"}, v=1)
+    assert theirs.ok()["updateAction"] == {"version": 2, "name": "theirs"}
+    mine = await gql(admin, expected, id=v1["actionId"], input={"name": "mine"}, v=1)
+    assert mine.codes == ["CONFLICT"]
+    assert "is at version 2" in mine.errors[0]["message"]
+    assert "version 1 that this change was based on" in mine.errors[0]["message"]
+    current = (await gql(admin, ACTION, id=v1["actionId"])).ok()["action"]
+    assert (current["currentVersion"], current["name"]) == (2, "theirs")
+    again = await gql(admin, expected, id=v1["actionId"], input={"name": "mine"}, v=2)
+    assert again.ok()["updateAction"] == {"version": 3, "name": "mine"}
+
+
 async def test_a_version_is_read_as_stored_each_time(gql, admin, state):
     """Parses of a version's model and harness are kept by their text, not by the version: a
     document rewritten in the database (as a restore may) is read as it now is."""

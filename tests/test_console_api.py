@@ -190,6 +190,9 @@ def test_the_console_is_served_from_the_package_with_nothing_from_elsewhere(db_u
         policy = page.headers["content-security-policy"]
         assert "default-src 'none'" in policy and "connect-src 'self'" in policy
         assert "frame-ancestors 'none'" in policy
+        # Browsers that predate frame-ancestors honour X-Frame-Options (as on GraphiQL's page).
+        assert page.headers["x-frame-options"] == "DENY"
+        assert http.get("/console/app.js").headers["x-frame-options"] == "DENY"
         script = http.get("/console/app.js")
         assert script.headers["content-type"].startswith(("text/javascript", "application/"))
         assert http.get("/console/nothing.js").status_code == 404

@@ -242,6 +242,9 @@ async def test_console_finds_a_record_shows_its_history_and_deletes_it(db_url, e
         dialog = page.get_by_role("dialog")
         await expect(dialog).to_contain_text("no longer recalls")
         await expect(dialog).to_contain_text("does not erase")
+        # Opened with the focus on Cancel, a screen reader says its title and what it does.
+        await expect(dialog).to_have_accessible_name("Delete this record?")
+        await expect(dialog).to_have_accessible_description(re.compile("^Deleting writes a new"))
         await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
         await page.screenshot(path=screenshot_path("console-delete-confirm.png"))
         await page.keyboard.press("Escape")  # Escape cancels: nothing deleted
@@ -344,7 +347,8 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
         await page.get_by_label("API token").fill("not-a-token")
         await page.get_by_label("API token").press("Enter")
         await expect(page.get_by_role("alert")).to_have_text(
-            "The server did not accept this token (it may be revoked or expired). Sign in again."
+            "The server did not accept this token: the API token is not valid. Sign in again "
+            "with a valid token."
         )
         await sign_in(page, url, seeded["reader"])
         # No clients view for a token without the grant.
@@ -919,3 +923,287 @@ async def test_an_edit_wider_than_the_operators_grants_is_refused_and_changes_no
             "UPDATE financial.Client.document."
         )
         await page.screenshot(path=screenshot_path("console-client-edit-own.png"), full_page=True)
+
+
+# Text that hides or reorders what is around it: read plainly, "safe" + RLO + "exe.txt" shows
+# as "safetxt.exe", and a zero-width space splits a word no one sees split.
+DISGUISED = "safe\u202eexe.txt\u202c invoice\u200bpaid"
+UNBROKEN = "x" * 200  # a label value, a client name: one word as wide as 20 screens of a phone
+
+WIDER = """() => [document.documentElement.scrollWidth, window.innerWidth]"""
+
+
+async def test_long_unbroken_data_wraps_and_disguising_characters_show(db_url, embedder):
+    """Data from others reaches the page as text; also text made to mislead: a 200-character
+    unbroken label value, client name or 500-character summary wraps inside the page (at desktop
+    and phone width), and bidi overrides and zero-width spaces in a record show as their code
+    points, while the agent's edit form keeps them as stored."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        agent = seeded["agent"]
+        labelled = {"kind": "fact", "labels": [{"name": "customer_id", "value": UNBROKEN}]}
+        wide = admin(ADD, a=agent, i={"summary": "L" * 500, **labelled})["addAgentMemory"]
+        hidden = admin(ADD, a=agent, i={"summary": DISGUISED, "content": DISGUISED, "kind": "fact"})
+        hidden = hidden["addAgentMemory"]["memoryId"]
+        admin(
+            "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
+            i={"principal": "wide", "name": UNBROKEN, "policies": READER},
+        )
+        harness = admin("query($a: UUID!) { action(actionId: $a) { harness } }", a=agent)
+        admin(
+            "mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)"
+            " { version } }",
+            a=agent,
+            i={"name": "Support desk", "instructions": DISGUISED, **harness["action"]},
+        )
+        await sign_in(page, url, ADMIN)
+        pages = {
+            "memories": f"#/agents/{agent}/memories",
+            "record": f"#/agents/{agent}/memories/{wide['memoryId']}",
+            "clients": "#/clients",
+        }
+        for width in (1280, 390):
+            await page.set_viewport_size({"width": width, "height": 900})
+            for name, path in pages.items():
+                await page.goto(f"{url}/console/{path}")
+                await expect(page.locator("main h1")).to_be_visible()
+                await expect(page.locator("main[aria-busy]")).to_have_count(0)
+                assert await page.evaluate(WIDER) == [width, width], (name, width)
+        await page.screenshot(path=screenshot_path("console-long-data-phone.png"), full_page=True)
+        await page.set_viewport_size({"width": 1280, "height": 900})
+
+        await page.goto(f"{url}/console/#/agents/{agent}/memories/{hidden}")
+        shown = "safeU+202Eexe.txtU+202C invoiceU+200Bpaid"
+        await expect(page.locator("main h1")).to_have_text(shown)
+        await expect(page.locator("main pre.json").first).to_have_text(shown)
+        await expect(page.locator("main h1 .hidden-char")).to_have_count(3)
+        text = await page.locator("main").inner_text()
+        assert not set("\u202e\u202c\u200b") & set(text)
+        await page.screenshot(path=screenshot_path("console-disguised-record.png"))
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listed = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        await expect(listed.get_by_role("link", name=shown)).to_be_visible()
+        # Edited, the instructions are what is stored, not what is shown.
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.locator("main pre.json").nth(1)).to_have_text(shown)
+        await expect(page.get_by_label("Instructions")).to_have_value(DISGUISED)
+
+
+async def test_sign_in_says_what_is_wrong_with_a_token(db_url, embedder):
+    """A token pasted with a character no token holds (such as the … a token list ends its
+    prefix with) is said to be one, not "the server could not be reached"; one pasted with
+    "Bearer " before it signs in; one that expires while the console is open signs it out
+    saying when it expired, with the focus on the token field."""
+    import asyncio
+
+    import asyncpg
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        await page.goto(url + "/console")
+        field = page.get_by_label("API token")
+        await field.fill(ADMIN[:8] + "…")
+        await field.press("Enter")
+        await expect(page.get_by_role("alert")).to_have_text(
+            "This is not a whole API token: it holds “…” (U+2026) at character 9, and a token "
+            "holds only letters, digits, spaces and ASCII punctuation. Copy the whole token "
+            "again (a list shows only its first characters, followed by …)."
+        )
+        await expect(field).to_be_focused()
+        await field.fill(f"Bearer {seeded['reader']}")
+        await field.press("Enter")
+        await expect(page.get_by_role("heading", name="Agents")).to_be_visible()
+        assert (
+            await page.evaluate("sessionStorage.getItem('engram.console.token')")
+            == (seeded["reader"])
+        )
+
+        # The reader's token expires while the page is open.
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute(
+                "UPDATE client_tokens SET expires = now() - interval '1 minute' "
+                "WHERE principal = 'auditor'"
+            )
+        finally:
+            await conn.close()
+        await asyncio.sleep(1.2)  # auth/verified.py: a verification serves for a second
+        await page.get_by_role("link", name="Support desk").click()
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        await expect(page.get_by_role("status")).to_have_text(
+            re.compile(
+                r"^The server did not accept this token: the API token expired at \S+; ask for "
+                r"a new one\. Sign in again with a valid token\.$"
+            )
+        )
+        await expect(field).to_be_focused()
+        assert await page.evaluate("sessionStorage.length") == 0
+
+
+async def test_an_agent_saved_meanwhile_is_not_overwritten_unseen(db_url, embedder):
+    """The agent's edit form saves with the version it was filled from (expectedVersion): a
+    version someone saved meanwhile is said, not overwritten, and nothing is written; the edits
+    stay in the form, and saving again writes them over that version as a choice."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        agent = seeded["agent"]
+        read = "query($a: UUID!) { action(actionId: $a) { version instructions harness } }"
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.get_by_role("heading", name="Version 1 (current)")).to_be_visible()
+        harness = admin(read, a=agent)["action"]["harness"]
+        update = """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+          { version } }"""
+        theirs = {"name": "Support desk", "instructions": "Theirs.", "harness": harness}
+        assert admin(update, a=agent, i=theirs)["updateAction"]["version"] == 2
+
+        await page.get_by_label("Instructions").fill("Mine.")
+        await page.get_by_role("button", name="Save new version").click()
+        alert = page.locator("form").get_by_role("alert")
+        await expect(alert).to_contain_text(
+            "Not saved: admin saved version 2 at 20", use_inner_text=True
+        )
+        await expect(alert).to_contain_text("after version 1 this form was filled from")
+        await page.screenshot(path=screenshot_path("console-agent-conflict.png"), full_page=True)
+        now = admin(read, a=agent)["action"]
+        assert (now["version"], now["instructions"]) == (2, "Theirs.")
+        await expect(page.get_by_label("Instructions")).to_have_value("Mine.")
+
+        # Saved again, knowingly: the next version, over version 2.
+        await page.get_by_role("button", name="Save new version").click()
+        await expect(page.get_by_role("heading", name="Version 3 (current)")).to_be_visible()
+        now = admin(read, a=agent)["action"]
+        assert (now["version"], now["instructions"]) == (3, "Mine.")
+
+
+class Refusing:
+    """The test's embedder, refusing every text once `refusing` is set, as a provider with a
+    revoked key does: a refusal retrying does not mend (EmbeddingFailed, not transient)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.refusing = inner, False
+        self.name, self.dimensions = inner.name, inner.dimensions
+
+    async def embed(self, texts: list[str]):
+        from app.embeddings.errors import EmbeddingFailed
+
+        if self.refusing:
+            raise EmbeddingFailed("401 invalid key", transient=False)
+        return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_an_embedding_model_that_refuses_is_not_said_to_be_the_database(db_url, embedder):
+    """UNAVAILABLE has more than one cause: a search the embedding model refuses says the
+    server's own sentence (the provider is misconfigured, retrying will not help), not "the
+    server cannot reach its database, try again"."""
+    from playwright.async_api import expect
+
+    refusing = Refusing(embedder)
+    async with console(db_url, refusing) as (url, page, seeded):
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{seeded['agent']}/memories")
+        refusing.refusing = True
+        await page.get_by_label("Search memories").fill("espresso")
+        await page.get_by_label("Mode").select_option("VECTOR")
+        await page.get_by_label("Search memories").press("Enter")
+        await expect(page.locator("main .error")).to_have_text(
+            "The server cannot do this right now: the embedding model refused the text: the "
+            "service's embedding provider is misconfigured (its log says why), and retrying will "
+            "not help until an operator fixes it."
+        )
+        # Lexical search needs no model: it still finds the record.
+        await page.get_by_label("Mode").select_option("LEXICAL")
+        await page.get_by_label("Search memories").press("Enter")
+        results = page.locator("table", has=page.locator("caption", has_text="Search results"))
+        await expect(results.get_by_role("link", name=re.compile("espresso"))).to_be_visible()
+
+
+async def test_a_token_revoked_elsewhere_leaves_its_list_and_a_bad_address_is_not_found(
+    db_url, embedder
+):
+    """Revoking a token someone revoked since the list loaded (NOT_FOUND) is no error to act
+    on: the row goes, saying it was already revoked. An address with a broken %-escape is a
+    page that does not exist, not "Something went wrong: URIError"."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        made = admin('mutation { createClientToken(principal: "auditor") { tokenId prefix } }')
+        made = made["createClientToken"]
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        auditor = page.locator("section.client", has=page.locator("h2", has_text="auditor"))
+        rows = auditor.locator("tbody tr")
+        await expect(rows).to_have_count(2)
+        admin(
+            'mutation($t: UUID!) { revokeClientToken(principal: "auditor", tokenId: $t) '
+            "{ tokenId } }",
+            t=made["tokenId"],
+        )
+        row = auditor.locator("tr", has_text=made["prefix"])
+        await row.get_by_role("button", name=re.compile("^Revoke token")).click()
+        await page.get_by_role("dialog").get_by_role("button", name="Revoke token").click()
+        await expect(rows).to_have_count(1)
+        await expect(auditor.get_by_role("status").first).to_have_text(
+            f"Token {made['prefix']}… was already revoked (by someone else, or in another tab, "
+            "since this page loaded): requests sending it are refused."
+        )
+        await expect(auditor.locator(".error")).to_have_count(0)
+
+        await page.goto(f"{url}/console/#/agents/%E0%A4%A")
+        await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+        await expect(page.locator("main .notice")).to_have_text(
+            "There is no page at /agents/%E0%A4%A."
+        )
+
+
+async def test_a_page_asked_for_before_the_filters_changed_adds_nothing_to_the_new_list(
+    db_url, embedder
+):
+    """ "Show older records", then Apply filters before that page came back (a slow server):
+    the late page belongs to the old listing and is dropped, not appended under the new
+    filters."""
+    import asyncio
+
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        agent = seeded["agent"]
+        Api(url, ADMIN)(
+            """mutation($a: UUID!, $i: [AgentMemoryInput!]!) {
+              addAgentMemories(actionId: $a, inputs: $i) { memoryIds } }""",
+            a=agent,
+            i=[{"summary": f"Fact number {n}", "kind": "fact"} for n in range(25)],
+        )
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        await expect(listing.locator("tbody tr")).to_have_count(20)
+
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_second_page(route):
+            after = json.loads(route.request.post_data)["variables"].get("after")
+            if after and not held.is_set():
+                held.set()
+                await release.wait()
+            await route.fallback()
+
+        await page.route("**/graphql", slow_second_page)
+        await page.get_by_role("button", name="Show older records").click()
+        await held.wait()
+        await page.get_by_label("Kind").fill("guidance")
+        await page.get_by_role("button", name="Apply filters").click()
+        refunds = listing.get_by_role("link", name="Refunds over 100 EUR need a manager")
+        await expect(refunds).to_be_visible()
+        release.set()
+        await page.wait_for_timeout(500)  # the old page comes back, and must change nothing
+        await expect(listing.locator("tbody tr")).to_have_count(1)
+        await expect(page.get_by_role("button", name="Show older records")).to_be_hidden()

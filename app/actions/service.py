@@ -16,7 +16,7 @@ from app.actions.model import ModelConfig, check_endpoint, parse_model
 from app.auth import resources
 from app.auth.caller import Caller
 from app.config import Settings
-from app.errors import BadInput, NotFound
+from app.errors import BadInput, Conflict, NotFound
 from app.text import check_one_line
 
 MAX_INSTRUCTIONS = 64 * 1024
@@ -140,13 +140,23 @@ async def update_action(
     model: Any,
     harness: Any,
     settings: Settings | None = None,
+    expected_version: int | None = None,
 ) -> ActionVersion:
+    """Writes the next version. With `expected_version` (the version the change was based on),
+    an agent saved meanwhile is Conflict and nothing is written: a form filled from an older
+    version never overwrites a newer one unseen."""
     caller.require(("UPDATE", resources.ACTION))
     async with pool.acquire() as conn:
         async with conn.transaction():
             current = await store.lock_current(conn, caller.account_id, action_id)
             if current is None:
                 raise NotFound(f"action {action_id} not found")
+            if expected_version is not None and current["version"] != expected_version:
+                raise Conflict(
+                    f"action {action_id} is at version {current['version']}, saved after "
+                    f"version {expected_version} that this change was based on; nothing was "
+                    "written: read it again and make the change to what it holds now"
+                )
             previous = _harness(current["harness"])
             values = _values(name, instructions, model, parse_harness(harness, previous), settings)
             version = await store.bump_version(conn, caller.account_id, action_id)

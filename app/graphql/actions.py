@@ -192,9 +192,27 @@ class ActionMutation:
         description="Writes the next version of an agent; old versions stay readable. Needs "
         "UPDATE on financial.Action.document."
     )
-    async def update_action(self, info: Info, action_id: ACTION_ID, input: INPUT) -> Action:
+    async def update_action(
+        self,
+        info: Info,
+        action_id: ACTION_ID,
+        input: INPUT,
+        expected_version: Annotated[
+            int | None,
+            strawberry.argument(
+                description="The agent's current version that this change was based on: if it "
+                "is no longer the current one (someone saved the agent since), the update is "
+                "CONFLICT and nothing is written. A form passes the version it was filled from; "
+                "by default no check."
+            ),
+        ] = None,
+    ) -> Action:
         configuration = _configuration(info, input)
         updated = await service.update_action(
-            info.context.pool, info.context.caller, action_id=action_id, **configuration
+            info.context.pool,
+            info.context.caller,
+            action_id=action_id,
+            expected_version=expected_version,
+            **configuration,
         )
         return Action.of(updated, written=True)

@@ -14,12 +14,14 @@ from starlette.types import Scope
 
 STATIC = Path(__file__).parent / "static"
 
-# Everything the page loads comes from this server; nothing may frame it.
+# Everything the page loads comes from this server; nothing may frame it (frame-ancestors, and
+# X-Frame-Options for browsers that predate it, as GraphiQL's page).
 HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
+    "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

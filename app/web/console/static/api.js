@@ -23,7 +23,8 @@ export class ApiError extends Error {
       case "ACCESS_DENIED":
         return `Your token's grants do not allow this: ${m}.`;
       case "UNAUTHENTICATED":
-        return "The server did not accept this token (it may be revoked or expired). Sign in again.";
+        // The server says why: "the API token expired at ...; ask for a new one", "... not valid".
+        return `The server did not accept this token: ${m}. Sign in again with a valid token.`;
       case "NOT_FOUND":
         return `Not found: ${m}.`;
       case "BAD_REQUEST":
@@ -31,7 +32,9 @@ export class ApiError extends Error {
       case "CONFLICT":
         return `Conflict: ${m}.`;
       case "UNAVAILABLE":
-        return "The server cannot reach its database right now. Try again in a moment.";
+        // Its database, or its embedding model: the server's sentence says which, and whether
+        // trying again helps.
+        return `The server cannot do this right now: ${m.charAt(0).toLowerCase()}${m.slice(1)}.`;
       case "NETWORK":
         return "The server could not be reached. Check your connection and try again.";
       default:

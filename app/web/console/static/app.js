@@ -2,7 +2,7 @@
 // signed-in token's grants allow (viewer.allowed), and says so in a sentence when they do not.
 
 import { ApiError, gql, token } from "./api.js";
-import { append, clear, confirmDialog, field, h, json, link, when } from "./dom.js";
+import { append, clear, codePoint, confirmDialog, field, h, json, link, when } from "./dom.js";
 import { policyEditor, policyText } from "./policies.js";
 
 const OPERATIONS = [
@@ -148,9 +148,20 @@ function signIn(message) {
   const form = h("form", { class: "card narrow", onsubmit: async (e) => {
     e.preventDefault();
     tokenField.showError("");
+    // What was pasted with the token ("Bearer " before it) goes; what no token holds is said
+    // here, as a browser sends no header with it (fetch would fail as if the server were down).
+    const value = input.value.trim().replace(/^bearer\s+/i, "");
+    const odd = /[^\x20-\x7e]/.exec(value);
+    if (odd) {
+      tokenField.showError(`This is not a whole API token: it holds “${odd[0]}” (${codePoint(odd[0])}) at `
+        + `character ${odd.index + 1}, and a token holds only letters, digits, spaces and ASCII punctuation. `
+        + "Copy the whole token again (a list shows only its first characters, followed by …).");
+      input.focus();
+      return;
+    }
     try {
-      viewer = await loadViewer(input.value.trim());
-      token.set(input.value.trim());
+      viewer = await loadViewer(value);
+      token.set(value);
       renderNav();
       route();
     } catch (error) {
@@ -258,7 +269,10 @@ async function agentView({ actionId }) {
   return out;
 }
 
+// The form editing agent `action`, prefilled. It saves with the version it was filled from: a
+// version someone saved meanwhile is refused (CONFLICT), never overwritten unseen.
 function editForm(action) {
+  let base = action.version;
   const name = h("input", { type: "text", value: action.name, required: true });
   const instructions = h("textarea", { rows: 4 }, action.instructions);
   const model = h("textarea", { rows: 4, class: "mono", spellcheck: false }, json(action.model));
@@ -268,7 +282,27 @@ function editForm(action) {
     model: field("Model (JSON)", model),
     harness: field("Harness (JSON)", harness, "Saving writes a new version; earlier versions stay readable."),
   };
-  const status = h("p", { role: "status", class: "status" });
+  const status = h("div", { role: "status", class: "status" });
+  // Someone saved a version after this form was filled: said, with the edits kept, and the
+  // next save (a choice now) based on that version.
+  async function saidMeanwhile() {
+    let now;
+    try {
+      now = (await gql(`query($id: UUID!) { action(actionId: $id) { version createdBy modified } }`,
+        { id: action.actionId })).action;
+    } catch (again) {
+      status.replaceChildren(h("div", { class: "error", role: "alert" },
+        "Not saved: someone saved this agent after you opened this page. ", problem(again)));
+      return;
+    }
+    base = now.version; // agents are never deleted: it is there
+    status.replaceChildren(h("div", { class: "error", role: "alert" },
+      h("p", {}, `Not saved: ${now.createdBy} saved version ${now.version} at ${when(now.modified)}, after `
+        + `version ${action.version} this form was filled from.`),
+      h("p", {}, "Your edits are still in the form: save again to write them as the next version over "
+        + `version ${now.version}, or discard them to read version ${now.version} first.`),
+      button(`Discard my edits and show version ${now.version}`, () => route(), { class: "secondary" })));
+  }
   const form = h("form", { class: "card", onsubmit: async (e) => {
     e.preventDefault();
     Object.values(fields).forEach((f) => f.showError(""));
@@ -284,8 +318,9 @@ function editForm(action) {
       }
     }
     try {
-      const data = await gql(`mutation($id: UUID!, $input: ActionInput!) {
-        updateAction(actionId: $id, input: $input) { version } }`, { id: action.actionId, input });
+      const data = await gql(`mutation($id: UUID!, $input: ActionInput!, $v: Int) {
+        updateAction(actionId: $id, input: $input, expectedVersion: $v) { version } }`,
+      { id: action.actionId, input, v: base });
       status.textContent = `Saved as version ${data.updateAction.version}.`;
       setTimeout(route, 600);
     } catch (error) {
@@ -294,6 +329,8 @@ function editForm(action) {
       if (error instanceof ApiError && error.code === "BAD_REQUEST" && m) {
         fields[m[1]].showError(error.message);
         ({ name, instructions, model, harness })[m[1]].focus();
+      } else if (error instanceof ApiError && error.code === "CONFLICT" && / is at version \d+/.test(error.message)) {
+        await saidMeanwhile();
       } else {
         status.replaceChildren(problem(error));
       }
@@ -320,7 +357,7 @@ function memoryRow(actionId, m, score) {
     h("td", { dataset: { label: "Kind" } }, m.kind),
     h("td", { dataset: { label: "Scope" } }, m.scope),
     h("td", { dataset: { label: "Status" } }, badge(m.status, m.status.toLowerCase())),
-    h("td", { dataset: { label: "Labels" } }, labelsText(m.labels)),
+    h("td", { dataset: { label: "Labels" }, class: "wrap" }, labelsText(m.labels)),
     h("td", { dataset: { label: score === undefined ? "Created" : "Score" } },
       score === undefined ? when(m.created) : score.toFixed(4)));
 }
@@ -426,7 +463,9 @@ async function memoriesView({ actionId }) {
   const more = moreButton("Show older records", listing.body, load);
   const listError = h("div");
   let filters = {};
+  let shownListing = 0; // the listing shown: a page asked for before the filters changed adds nothing
   async function load(after) {
+    const mine = shownListing;
     clear(listError);
     try {
       const data = await gql(`query($id: UUID!, $first: Int!, $after: String, $kind: String,
@@ -436,13 +475,14 @@ async function memoriesView({ actionId }) {
                    preview: $preview, status: $status) {
             nodes { ${RECORD} } pageInfo { hasNextPage endCursor } } } }`,
       { id: actionId, first: PAGE, after: after || null, ...filters });
+      if (mine !== shownListing) return;
       const page = data.action.memories;
       for (const m of page.nodes) append(listing.body, [memoryRow(actionId, m)]);
       if (!after && !page.nodes.length) append(listing.body, [h("tr", {}, h("td", { colspan: 6 }, "No records."))]);
       more.hidden = !page.pageInfo.hasNextPage;
       more.dataset.after = page.pageInfo.endCursor || "";
     } catch (error) {
-      append(listError, [problem(error)]);
+      if (mine === shownListing) append(listError, [problem(error)]);
     }
   }
   const filterForm = h("form", { class: "card filters", onsubmit: async (e) => {
@@ -454,6 +494,8 @@ async function memoriesView({ actionId }) {
       preview: preview.value === "" ? null : preview.value === "true",
       status: status.value === "" ? null : status.value === "ALL" ? ["ACTIVE", "DELETED", "SUPERSEDED"] : [status.value],
     };
+    shownListing += 1;
+    more.hidden = true;
     clear(listing.body);
     await load(null);
   } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), field("Label", labelName),
@@ -826,11 +868,15 @@ function clientCard(c) {
       ok: mine ? "Revoke and sign out" : "Revoke token",
     });
     if (!ok) return;
+    let gone = false; // revoked elsewhere (another operator, another tab) since the list loaded
     try {
       await gql(REVOKE, { p: c.principal, t: t.tokenId, a: c.accountId });
     } catch (error) {
-      status.replaceChildren(problem(error));
-      return;
+      if (!(error instanceof ApiError && error.code === "NOT_FOUND")) {
+        status.replaceChildren(problem(error));
+        return;
+      }
+      gone = true;
     }
     if (mine) {
       signOut(`You revoked token ${tokenName(t)}, the one you were signed in with. Sign in with another token.`);
@@ -841,7 +887,10 @@ function clientCard(c) {
     tr.remove();
     if (!body.children.length) body.append(empty);
     if (shown.dataset.tokenId === t.tokenId) clear(shown);
-    status.textContent = `Token ${tokenName(t)} revoked: requests sending it are refused from now on.`;
+    status.textContent = gone
+      ? `Token ${tokenName(t)} was already revoked (by someone else, or in another tab, since this page `
+        + "loaded): requests sending it are refused."
+      : `Token ${tokenName(t)} revoked: requests sending it are refused from now on.`;
     const target = (next && next.querySelector("button")) || table;
     if (target === table) table.tabIndex = -1;
     target.focus();
@@ -1110,7 +1159,11 @@ async function route() {
       const m = pattern.exec(path);
       if (m) {
         view = fn;
-        names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
+        try {
+          names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
+        } catch {
+          view = null; // a "%" not followed by two hex digits: an address no page has
+        }
         break;
       }
     }
@@ -1138,7 +1191,8 @@ async function route() {
 window.addEventListener("hashchange", () => {
   // Only "#/..." names a page ("#main", the skip link's, is a place on this one).
   if (location.hash && !location.hash.startsWith("#/")) return;
-  route().then(() => { const h1 = main.querySelector("h1"); if (h1) h1.focus(); });
+  // Signed out on the way (the token expired), the sign-in form keeps the focus on its field.
+  route().then(() => { const h1 = main.querySelector("h1"); if (h1 && viewer) h1.focus(); });
 });
 
 document.querySelector("a.skip").addEventListener("click", (event) => {

@@ -15,10 +15,36 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+// Characters that hide or reorder text around them: controls, bidi embeddings, overrides and
+// isolates, zero-width spaces and the BOM (app/text.py's list, less the joiners and marks that
+// scripts and emoji need). Data shows each as its code point, so a record's summary cannot pose
+// as other text ("safe\u202Eexe.txt" reading "safetxt.exe"); a text area keeps them as stored.
+const DISGUISING = /[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]/g;
+
+export function codePoint(char) {
+  return `U+${char.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}`;
+}
+
+function text(value) {
+  const parts = value.split(DISGUISING);
+  if (parts.length === 1) return document.createTextNode(value);
+  const fragment = document.createDocumentFragment();
+  const hidden = value.match(DISGUISING);
+  parts.forEach((part, i) => {
+    if (part) fragment.append(part);
+    if (i < hidden.length) {
+      const code = codePoint(hidden[i]);
+      fragment.append(h("span", { class: "hidden-char", title: `${code}, a character that is not shown` }, code));
+    }
+  });
+  return fragment;
+}
+
 export function append(el, children) {
   for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    if (child instanceof Node) el.append(child);
+    else el.append(el instanceof HTMLTextAreaElement ? String(child) : text(String(child)));
   }
   return el;
 }
