@@ -59,6 +59,8 @@ _SEARCHES = {
     "Action.searchMemories": lambda arguments: bool(str(arguments.get("query") or "").strip()),
     "ActionSession.searchHistory": lambda arguments: True,
 }
+# The arguments the counts read.
+_COUNTED = frozenset({"first", "inputs", "query"})
 # Lists that take no `first`, at the most items they hold (others: their page, or one).
 _LIST_BOUNDS = {"RememberConversationResult.records": MAX_CANDIDATES}
 
@@ -165,6 +167,8 @@ class Cost:
     searches_per_item: int = 0
 
     def __add__(self, other: "Cost") -> "Cost":
+        if other is NOTHING:
+            return self
         return Cost(
             self.nodes + other.nodes,
             self.nodes_per_item + other.nodes_per_item,
@@ -178,6 +182,9 @@ class Cost:
             self.nodes + self.nodes_per_item * page,
             self.searches + self.searches_per_item * page,
         )
+
+
+NOTHING = Cost()
 
 
 def _page(field: Any, arguments: Mapping[str, Any]) -> int | None:
@@ -200,28 +207,30 @@ def request_cost(
     costs: dict[str, Cost] = {}
 
     def cost(parent: GraphQLNamedType | None, selections: SelectionSetNode | None) -> Cost:
-        total = Cost()
+        total = NOTHING
         fields = getattr(parent, "fields", None) or {}
         for node in selections.selections if selections else ():
-            if not runs(node, variables):
+            if node.directives and not runs(node, variables):
                 continue
-            if isinstance(node, InlineFragmentNode):
+            if isinstance(node, FieldNode):
+                field = fields.get(node.name.value)
+                if field is not None and not is_leaf_type(get_named_type(field.type)):
+                    total += _field(parent, field, node)
+            elif isinstance(node, InlineFragmentNode):
                 condition = node.type_condition
                 target = schema.get_type(condition.name.value) if condition else parent
                 total += cost(target, node.selection_set)
             elif isinstance(node, FragmentSpreadNode):
-                total += costs.get(node.name.value, Cost())
-            elif isinstance(node, FieldNode) and node.name.value in fields:
-                total += _field(parent, fields[node.name.value], node)
+                total += costs.get(node.name.value, NOTHING)
         return total
 
     def _field(parent: Any, field: Any, node: FieldNode) -> Cost:
         type_ = field.type.of_type if isinstance(field.type, GraphQLNonNull) else field.type
         named = get_named_type(type_)
-        if is_leaf_type(named):
-            return Cost()
         arguments = {
-            a.name.value: value_from_ast_untyped(a.value, variables) for a in node.arguments or ()
+            a.name.value: value_from_ast_untyped(a.value, variables)
+            for a in node.arguments or ()
+            if a.name.value in _COUNTED
         }
         arguments = {k: v for k, v in arguments.items() if v is not Undefined}
         name = f"{parent.name}.{node.name.value}"
