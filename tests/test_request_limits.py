@@ -200,3 +200,17 @@ async def test_the_limits_are_settings(base_url, admin, state):
         body = {"query": searches, "variables": {"a": str(agent.action_id)}}
         answer = (await http.post("/graphql", json=body, headers=headers)).json()
         assert "at most 30 (ENGRAM_MAX_QUERY_SEARCHES)" in answer["errors"][0]["message"]
+
+
+async def test_introspection_is_asked_once_a_request(gql, admin):
+    """40 aliases of a full `__schema` held the event loop a second (3.8 MB), for a client
+    holding no grant at all."""
+    schema = "__schema { types { name fields { name type { name } } } }"
+    twice = await gql(admin, f"{{ a: {schema} b: {schema} }}")
+    assert twice.codes == ["BAD_REQUEST"]
+    assert "asks for the schema 2 times" in twice.errors[0]["message"]
+    assert (await gql(admin, f"{{ {schema} }}")).ok()["__schema"]["types"]
+    types = " ".join(f't{i}: __type(name: "Action") {{ name }}' for i in range(21))
+    assert "and for 21 types" in (await gql(admin, f"{{ {types} }}")).errors[0]["message"]
+    within = types.replace(' t20: __type(name: "Action") { name }', "")
+    assert len((await gql(admin, f"{{ {within} }}")).ok()) == 20

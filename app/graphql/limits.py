@@ -13,13 +13,15 @@ connections and the database's cores are shared. So beyond the size of its text
   hold records) repeat a page of 1,000 records as often as the text allows, 514 MB in one
   answer;
 - the searches it may run (`ENGRAM_MAX_QUERY_SEARCHES`): each is a ranked query on the
-  database, and aliases ran 50 of them at once, holding every pooled connection.
+  database, and aliases ran 50 of them at once, holding every pooled connection;
+- introspection: the schema once (`__schema`), and at most `MAX_TYPES` types (`__type`).
 
 The counts are upper bounds from the text and its variables, so a refusal costs nothing: the
 request is refused whole, BAD_REQUEST saying what to ask for instead, before any of it runs
 (a mutation included, as the rest of graphql/selection.py's rules refuse theirs).
 """
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +50,7 @@ from strawberry.extensions import SchemaExtension
 
 from app.errors import BadInput
 from app.graphql.relay import MAX_PAGE
-from app.graphql.selection import chosen_operation, coerced, runs
+from app.graphql.selection import chosen_operation, coerced, root_fields, runs
 from app.runtime.review import MAX_CANDIDATES
 
 # Fragments spread within fragments: beyond this, graphql-core's own walks (and ours) would
@@ -59,6 +61,10 @@ _SEARCHES = {
     "Action.searchMemories": lambda arguments: bool(str(arguments.get("query") or "").strip()),
     "ActionSession.searchHistory": lambda arguments: True,
 }
+# Introspection a request may ask for: the schema once, and this many types by name. Its
+# answer is no list of records, so ENGRAM_MAX_QUERY_NODES does not count it; but 40 aliases of
+# a full `__schema` held the event loop a second, for a client holding no grant at all.
+MAX_TYPES = 20
 # The arguments the counts read.
 _COUNTED = frozenset({"first", "inputs", "query"})
 # Lists that take no `first`, at the most items they hold (others: their page, or one).
@@ -273,6 +279,14 @@ def cost_refusal(
             f"this request's answer could hold {nodes:,} objects, counting each list at its "
             f"`first`; a request may ask for at most {max_nodes:,} (ENGRAM_MAX_QUERY_NODES): "
             "nothing ran; ask for smaller pages, fewer aliases or less nesting, and page on"
+        )
+    roots = root_fields(operation.selection_set, fragments, variables)
+    asked = Counter(node.name.value for node in roots)
+    if asked["__schema"] > 1 or asked["__type"] > MAX_TYPES:
+        return (
+            f"this request asks for the schema {asked['__schema']} times and for "
+            f"{asked['__type']} types; a request may ask for it once (`__schema`) and for at "
+            f"most {MAX_TYPES} types (`__type`): nothing ran"
         )
     if searches > max_searches:
         return (

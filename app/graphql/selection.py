@@ -119,7 +119,7 @@ def selection_refusal(
                     walked.add(key)
                     stack.append((target, iter(fragment.selection_set.selections), key[1]))
 
-    for node in _root_fields(operation.selection_set, fragments):
+    for node in root_fields(operation.selection_set, fragments):
         field = root.fields.get(node.name.value)
         if field is None:
             continue
@@ -134,7 +134,7 @@ def selection_refusal(
     return None
 
 
-def _root_fields(
+def root_fields(
     selections: SelectionSetNode,
     fragments: Mapping[str, FragmentDefinitionNode],
     variables: Mapping[str, Any] | None = None,
@@ -209,7 +209,7 @@ def mutation_count_refusal(
     """Why a mutation operation may not run as sent: it runs more than one mutation."""
     keys = dict.fromkeys(
         (node.alias or node.name).value
-        for node in _root_fields(operation.selection_set, fragments, variables)
+        for node in root_fields(operation.selection_set, fragments, variables)
         if node.name.value != "__typename"
     )
     if len(keys) <= 1:
