@@ -19,7 +19,7 @@ from app.graphql.execution import ExecutionContext
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
 from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
-from app.graphql.limits import RequestLimits, depth_rule
+from app.graphql.limits import RepeatedFields, RequestLimits, depth_rule
 from app.graphql.memory import MemoryMutation, MemoryQuery
 from app.graphql.node import resolve_node
 from app.graphql.observe import Outcome
@@ -107,6 +107,7 @@ def build_schema(
             lambda: AddValidationRules(rules),
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
             lambda: DocumentCache(documents),  # after the two above: it keys on their settings
+            RepeatedFields,  # after DocumentCache: a document it knows passed
             InputChecks,
             lambda: RequestLimits(max_nodes=max_nodes, max_searches=max_searches),
             SelectionGrants,  # after InputChecks: on a document it found well formed
