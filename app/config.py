@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1_000_000, ge=1)
     max_query_depth: int = Field(default=12, ge=1)
     max_query_tokens: int = Field(default=5_000, ge=1)
+    # The most objects an answer may hold, each list counted at its `first` (app/graphql/limits.py):
+    # aliases and the schema's loops (a record's action's records) repeated one page without end.
+    max_query_nodes: int = Field(default=10_000, ge=1)
+    # The most ranked searches one request may run (aliases ran 50 at once, holding every
+    # pooled connection while other tenants' requests waited).
+    max_query_searches: int = Field(default=20, ge=1)
     # JSON in a request body nested deeper than this is refused before anything parses it further.
     # At most 256: Python's recursion limit (1000 frames) bounds how deep json and the walks of
     # a value (dataclasses.asdict, two frames a level) can go below a request's own frames; a

@@ -249,6 +249,8 @@ def create_app(
     schema = build_schema(
         max_depth=settings.max_query_depth,
         max_tokens=settings.max_query_tokens,
+        max_nodes=settings.max_query_nodes,
+        max_searches=settings.max_query_searches,
         introspection=settings.introspection,
     )
 

@@ -1,5 +1,6 @@
 """The per-request context: who is asking, the service's state, and the request's DataLoaders."""
 
+import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -12,6 +13,10 @@ from strawberry.types import Info as StrawberryInfo
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
 from app.state import AppState
+
+# Searches of one request run two at a time: each holds a pooled connection while it ranks,
+# and aliases ran 50 at once, so that every other request (any tenant's) waited for one.
+SEARCHES_AT_ONCE = 2
 
 BatchLoad = Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[list[Any]]]
 _BATCHES: dict[str, BatchLoad] = {}
@@ -51,6 +56,7 @@ class Context(BaseContext):
         self.state = state
         self.caller = caller
         self._loaders: dict[str, DataLoader[Any, Any]] = {}
+        self.searching = asyncio.Semaphore(SEARCHES_AT_ONCE)
 
     @property
     def pool(self) -> asyncpg.Pool:

@@ -156,19 +156,20 @@ class SessionHistoryFields:
         if not 1 <= first <= MAX_LIMIT:
             raise BadInput(f"`first` must be from 1 to {MAX_LIMIT}, got {first}")
         action_id, session_id = self.action_id, self.session_id  # type: ignore[attr-defined]
-        found = await service.search_events(
-            info.context.pool,
-            info.context.embedder,
-            info.context.caller,
-            action_id=action_id,
-            session_id=session_id,
-            query=query,
-            limit=first,
-            max_query_chars=info.context.state.settings.max_search_query_chars,
-            # Without the memory read grants, the parts that hold record text are left out of
-            # the ranking (a score, or a short page, would tell that their words matched).
-            hidden_tools=redaction.hidden_tools(info.context.caller),
-        )
+        async with info.context.searching:
+            found = await service.search_events(
+                info.context.pool,
+                info.context.embedder,
+                info.context.caller,
+                action_id=action_id,
+                session_id=session_id,
+                query=query,
+                limit=first,
+                max_query_chars=info.context.state.settings.max_search_query_chars,
+                # Without the memory read grants, the parts that hold record text are left out of
+                # the ranking (a score, or a short page, would tell that their words matched).
+                hidden_tools=redaction.hidden_tools(info.context.caller),
+            )
         results = []
         for e in found:
             visible = shown(info, e)

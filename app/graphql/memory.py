@@ -442,21 +442,22 @@ class ActionMemoryFields:
         ] = None,
     ) -> ActionAgentMemorySearchConnection:
         check_first(first, memory_search.MAX_PAGE)
-        views, issued = await memory_search.search_as_operator(
-            info.context.pool,
-            info.context.embedder,
-            info.context.caller,
-            action_id=self.action_id,
-            query=query,
-            mode=mode.value if mode else None,
-            kind=kind,
-            labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
-            ids=ids,
-            limit=first + 1,
-            after=after,
-            max_query_chars=info.context.state.settings.max_search_query_chars,
-            action=_current(self),
-        )
+        async with info.context.searching:
+            views, issued = await memory_search.search_as_operator(
+                info.context.pool,
+                info.context.embedder,
+                info.context.caller,
+                action_id=self.action_id,
+                query=query,
+                mode=mode.value if mode else None,
+                kind=kind,
+                labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
+                ids=ids,
+                limit=first + 1,
+                after=after,
+                max_query_chars=info.context.state.settings.max_search_query_chars,
+                action=_current(self),
+            )
         return page(
             list(zip(views, issued, strict=False)),
             first,

@@ -121,7 +121,10 @@ class Connection(Generic[T]):
     )
 
 
-def check_first(first: int, maximum: int = 1000) -> int:
+MAX_PAGE = 1000  # the most items of a page; a list may allow fewer (check_first's maximum)
+
+
+def check_first(first: int, maximum: int = MAX_PAGE) -> int:
     if first < 0 or first > maximum:
         raise BadInput(f"`first` must be from 0 to {maximum}, got {first}")
     return first

@@ -8,7 +8,6 @@ from graphql import ASTValidationRule, FieldNode, GraphQLError, get_named_type
 from graphql.language.visitor import SKIP, VisitorAction
 from graphql.type import is_introspection_type
 from strawberry.extensions import AddValidationRules, MaxTokensLimiter
-from strawberry.extensions.query_depth_limiter import create_validator
 from strawberry.schema.config import StrawberryConfig
 
 from app.graphql.actions import ActionMutation, ActionQuery
@@ -20,6 +19,7 @@ from app.graphql.execution import ExecutionContext
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
 from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
+from app.graphql.limits import RepeatedFields, RequestLimits, depth_rule
 from app.graphql.memory import MemoryMutation, MemoryQuery
 from app.graphql.node import resolve_node
 from app.graphql.observe import Outcome
@@ -63,8 +63,9 @@ class Mutation(AuthMutation, ActionMutation, ExecutionMutation, MemoryMutation, 
 
 @cache
 def _depth_rule(max_depth: int) -> type[ASTValidationRule]:
-    # One rule class per limit, made once (QueryDepthLimiter makes one per request).
-    return create_validator(max_depth, None, None)
+    # One rule class per limit, made once (QueryDepthLimiter makes one per request, and
+    # measures a fragment again at each of its spreads: exponential in the fragments).
+    return depth_rule(max_depth)
 
 
 INTROSPECTION_OFF = (
@@ -85,7 +86,12 @@ class NoIntrospection(ASTValidationRule):
 
 
 def build_schema(
-    max_depth: int = 12, max_tokens: int = 5000, introspection: bool = True
+    max_depth: int = 12,
+    max_tokens: int = 5000,
+    introspection: bool = True,
+    *,
+    max_nodes: int = 10_000,
+    max_searches: int = 20,
 ) -> strawberry.Schema:
     rules = [_depth_rule(max_depth)] + ([] if introspection else [NoIntrospection])
     documents = Documents(maxsize=256)  # this schema's: valid under its rules
@@ -101,7 +107,9 @@ def build_schema(
             lambda: AddValidationRules(rules),
             lambda: MaxTokensLimiter(max_token_count=max_tokens),
             lambda: DocumentCache(documents),  # after the two above: it keys on their settings
+            RepeatedFields,  # after DocumentCache: a document it knows passed
             InputChecks,
+            lambda: RequestLimits(max_nodes=max_nodes, max_searches=max_searches),
             SelectionGrants,  # after InputChecks: on a document it found well formed
             ErrorCodes,
         ],

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from graphql import (
+    DocumentNode,
     ExecutionResult,
     FieldNode,
     FragmentDefinitionNode,
@@ -80,29 +81,45 @@ def selection_refusal(
             return ()
         return FIELD_GRANTS.get(name, ())
 
-    def walk(parent: GraphQLNamedType | None, selections: SelectionSetNode | None,
-             written: bool = False) -> Iterator[tuple[str, Grant]]:  # fmt: skip
-        if parent is None or selections is None:
+    def walk(answer: GraphQLNamedType | None, selections: SelectionSetNode | None,
+             written: bool) -> Iterator[tuple[str, Grant]]:  # fmt: skip
+        # Depth first, in the selection's order, without recursion (fragments spread within
+        # fragments nest as deep as the text allows); a fragment walked once, however often
+        # it is spread (its grants are the same each time: spread twice in each of 30
+        # fragments, it was walked 2^30 times).
+        if answer is None or selections is None:
             return
-        fields = getattr(parent, "fields", {})
-        for node in selections.selections:
-            if isinstance(node, FieldNode):
-                field = fields.get(node.name.value)
+        stack = [(answer, iter(selections.selections), written)]
+        walked: set[tuple[str, bool]] = set()
+        while stack:
+            parent, pending, written = stack[-1]
+            node = next(pending, None)
+            if node is None:
+                stack.pop()
+            elif isinstance(node, FieldNode):
+                field = getattr(parent, "fields", {}).get(node.name.value)
                 if field is None:  # __typename
                     continue
                 for grant in grants_of(parent, node, written):
                     yield f"{parent.name}.{node.name.value}", grant
-                yield from walk(get_named_type(field.type), node.selection_set)
+                if node.selection_set:
+                    inner = get_named_type(field.type)
+                    stack.append((inner, iter(node.selection_set.selections), False))
             elif isinstance(node, InlineFragmentNode):
                 condition = node.type_condition
                 target = schema.get_type(condition.name.value) if condition else parent
-                yield from walk(target, node.selection_set, written and target is parent)
+                if target is not None:
+                    inside = written and target is parent
+                    stack.append((target, iter(node.selection_set.selections), inside))
             elif isinstance(node, FragmentSpreadNode) and node.name.value in fragments:
                 fragment = fragments[node.name.value]
                 target = schema.get_type(fragment.type_condition.name.value)
-                yield from walk(target, fragment.selection_set, written and target is parent)
+                key = (node.name.value, written and target is parent)
+                if target is not None and key not in walked:
+                    walked.add(key)
+                    stack.append((target, iter(fragment.selection_set.selections), key[1]))
 
-    for node in _root_fields(operation.selection_set, fragments):
+    for node in root_fields(operation.selection_set, fragments):
         field = root.fields.get(node.name.value)
         if field is None:
             continue
@@ -117,25 +134,35 @@ def selection_refusal(
     return None
 
 
-def _root_fields(
+def root_fields(
     selections: SelectionSetNode,
     fragments: Mapping[str, FragmentDefinitionNode],
     variables: Mapping[str, Any] | None = None,
 ) -> Iterator[FieldNode]:
-    """The operation's root fields, through fragments; with `variables`, only those that run
-    (not left out by @skip or @include)."""
-    for node in selections.selections:
-        if variables is not None and not _runs(node, variables):
+    """The operation's root fields, through fragments (each spread once, as execution collects
+    them); with `variables`, only those that run (not left out by @skip or @include)."""
+    stack = [iter(selections.selections)]
+    spread: set[str] = set()
+    while stack:
+        node = next(stack[-1], None)
+        if node is None:
+            stack.pop()
+        elif variables is not None and not runs(node, variables):
             continue
-        if isinstance(node, FieldNode):
+        elif isinstance(node, FieldNode):
             yield node
         elif isinstance(node, InlineFragmentNode):
-            yield from _root_fields(node.selection_set, fragments, variables)
-        elif isinstance(node, FragmentSpreadNode) and node.name.value in fragments:
-            yield from _root_fields(fragments[node.name.value].selection_set, fragments, variables)
+            stack.append(iter(node.selection_set.selections))
+        elif (
+            isinstance(node, FragmentSpreadNode)
+            and node.name.value in fragments
+            and node.name.value not in spread
+        ):
+            spread.add(node.name.value)
+            stack.append(iter(fragments[node.name.value].selection_set.selections))
 
 
-def _coerced(
+def coerced(
     schema: GraphQLSchema, operation: OperationDefinitionNode, variables: Mapping[str, Any]
 ) -> Mapping[str, Any] | None:
     """The operation's variables as execution will read them (defaults applied), or None when
@@ -146,7 +173,7 @@ def _coerced(
     return getattr(values, "coerced", values)  # graphql-core 3.3's VariableValues, or a dict
 
 
-def _runs(node: Node, variables: Mapping[str, Any]) -> bool:
+def runs(node: Node, variables: Mapping[str, Any]) -> bool:
     """Whether @skip and @include leave the selection in, by the coerced variables (a
     condition that is not a boolean leaves it in: validation refuses it anyway)."""
     for directive in getattr(node, "directives", None) or ():
@@ -160,6 +187,20 @@ def _runs(node: Node, variables: Mapping[str, Any]) -> bool:
     return True
 
 
+def chosen_operation(document: DocumentNode, name: str | None) -> OperationDefinitionNode | None:
+    """The operation a request runs: the one named, or the first (InputChecks refuses a
+    document of several without a name)."""
+    return next(
+        (
+            d
+            for d in document.definitions
+            if isinstance(d, OperationDefinitionNode)
+            and (name is None or (d.name and d.name.value == name))
+        ),
+        None,
+    )
+
+
 def mutation_count_refusal(
     operation: OperationDefinitionNode,
     fragments: Mapping[str, FragmentDefinitionNode],
@@ -168,7 +209,7 @@ def mutation_count_refusal(
     """Why a mutation operation may not run as sent: it runs more than one mutation."""
     keys = dict.fromkeys(
         (node.alias or node.name).value
-        for node in _root_fields(operation.selection_set, fragments, variables)
+        for node in root_fields(operation.selection_set, fragments, variables)
         if node.name.value != "__typename"
     )
     if len(keys) <= 1:
@@ -199,27 +240,18 @@ class SelectionGrants(SchemaExtension):
         caller = getattr(context.context, "caller", None)
         if document is None or not isinstance(caller, Caller):
             return None
-        named = context.operation_name
-        operation = next(
-            (
-                d
-                for d in document.definitions
-                if isinstance(d, OperationDefinitionNode)
-                and (named is None or (d.name and d.name.value == named))
-            ),
-            None,
-        )
+        operation = chosen_operation(document, context.operation_name)
         if operation is None or operation.operation != OperationType.MUTATION:
             return None  # a query changes nothing, and its fields check their own grants
         fragments = {
             d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
         }
         schema = context.schema._schema
-        coerced = _coerced(schema, operation, context.variables or {})
-        if coerced is None:
+        variables = coerced(schema, operation, context.variables or {})
+        if variables is None:
             return None  # execution refuses the variables, naming what is wrong
-        several = mutation_count_refusal(operation, fragments, coerced)
+        several = mutation_count_refusal(operation, fragments, variables)
         if several:
             return BadInput(several)
-        denied = selection_refusal(schema, operation, fragments, coerced, caller)
+        denied = selection_refusal(schema, operation, fragments, variables, caller)
         return AccessDenied(denied) if denied else None

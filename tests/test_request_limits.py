@@ -1,0 +1,241 @@
+"""What one request may ask of the shared service (app/graphql/limits.py): one tenant's request
+must not hold the event loop, the pool or the process's memory for everyone else.
+
+Found by a hostile tenant's probe, each with a document of a few hundred bytes to a few KB:
+fragments spread twice in each of 30 fragments (validation and the mutation checks walked
+them 2^30 times, the event loop blocked for hours); a record's `action` listing its records
+(one answer of 1,000 x 1,000 records: 514 MB, /healthz unanswered for 41 s, 2.6 GB resident);
+50 aliased searches (every pooled connection held for 6 to 10 s)."""
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterable
+
+import httpx
+import pytest
+from factories import allow, make_agent, remember, token_for
+
+from app.memory import search as memory_search
+
+MEMORIES = """query($a: UUID!) { action(actionId: $a) { memories(first: 1000) {
+  nodes { memoryId action { memories(first: 1000) { nodes { memoryId summary } } } } } } }"""
+
+PAGE = "m{i}: memories(first: 1000) {{ nodes {{ summary }} }}"
+SEARCH = 's{i}: searchMemories(query: "{query}", first: 5) {{ nodes {{ summary }} }}'
+
+
+def on_agent(fields: Iterable[str]) -> str:
+    """A query of these fields of the agent $a."""
+    return "query($a: UUID!) { action(actionId: $a) { " + " ".join(fields) + " } }"
+
+
+# Run apart (test_fragments_spread_twice_at_each_level_are_checked_once_each).
+DOUBLING = """
+import uuid
+
+from graphql import parse, validate
+
+from app.auth.caller import Caller
+from app.auth.policies import parse_policies
+from app.graphql.schema import _depth_rule, schema
+from app.graphql.selection import mutation_count_refusal, selection_refusal
+
+
+def doubling(operation, root, leaf):
+    # Fragment i spreads fragment i - 1 twice: 2^40 spreads of the first.
+    fragments = [f"fragment F0 on {root} {{ {leaf} }}"] + [
+        f"fragment F{i} on {root} {{ ...F{i - 1} ...F{i - 1} }}" for i in range(1, 41)
+    ]
+    document = parse(operation + " " + " ".join(fragments))
+    return document, document.definitions[0], {d.name.value: d for d in document.definitions[1:]}
+
+
+s = schema._schema
+query, _, _ = doubling("query { ...F40 }", "Query", "viewer { principal }")
+assert validate(s, query, [_depth_rule(12)]) == []
+delete = "deleteAgentMemory(actionId: $a, id: $a) { memoryId }"
+mutation, operation, fragments = doubling("mutation($a: UUID!) { ...F40 }", "Mutation", delete)
+assert validate(s, mutation, [_depth_rule(12)]) == []
+assert mutation_count_refusal(operation, fragments, {}) is None
+answer, operation, fragments = doubling(
+    "mutation($a: UUID!) { deleteAgentMemory(actionId: $a, id: $a) { ...F40 } }",
+    "ActionAgentMemory",
+    "memoryId action { name }",
+)
+reader = Caller(uuid.uuid4(), "reader", parse_policies([]))
+refusal = selection_refusal(s, operation, fragments, {}, reader)
+assert refusal and "financial.Action.document" in refusal, refusal
+print("checked")
+"""
+
+
+def test_fragments_spread_twice_at_each_level_are_checked_once_each():
+    """Validation's depth rule and the mutation checks (one mutation a request, the answer's
+    grants) measure each fragment once. Measured at each spread, 40 levels were 2^40 steps: run
+    apart, so that a regression fails at the timeout instead of holding the test run."""
+    done = subprocess.run(
+        [sys.executable, "-c", DOUBLING], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "checked" in done.stdout, done.stderr
+
+
+async def test_fragments_nested_past_the_limit_are_bad_request(gql, admin):
+    """A chain of 300 fragments, each spreading the next: the depth rule recursed past
+    Python's stack, and the request failed with a RecursionError's words and no code."""
+    chain = ["fragment F0 on Query { viewer { principal } }"] + [
+        f"fragment F{i} on Query {{ ...F{i - 1} }}" for i in range(1, 300)
+    ]
+    result = await gql(admin, "query { ...F299 } " + " ".join(chain))
+    assert [e.get("extensions", {}).get("code") for e in result.errors][:1] == ["BAD_REQUEST"]
+    assert (
+        "fragments are spread within fragments 300 deep; at most 100" in result.errors[0]["message"]
+    )
+    nested = ["fragment F0 on Query { viewer { principal } }"] + [
+        f"fragment F{i} on Query {{ ...F{i - 1} }}" for i in range(1, 100)
+    ]
+    assert (await gql(admin, "query { ...F99 } " + " ".join(nested))).ok()["viewer"]
+
+
+async def test_an_answer_repeating_a_page_through_the_schema_is_refused_before_it_runs(
+    state, gql, admin
+):
+    agent = await make_agent(state, admin)
+    await remember(state, agent, "the only record", scope="AGENT")
+    a = str(agent.action_id)
+    looped = await gql(admin, MEMORIES, a=a)
+    assert looped.codes == ["BAD_REQUEST"] and looped.data is None
+    assert "could hold 1,003,002 objects" in looped.errors[0]["message"]
+    assert "at most 10,000 (ENGRAM_MAX_QUERY_NODES): nothing ran" in looped.errors[0]["message"]
+    aliased = on_agent(PAGE.format(i=i) for i in range(11))
+    assert "could hold 11,012 objects" in (await gql(admin, aliased, a=a)).errors[0]["message"]
+    # The same, within the limit, runs: nine full pages, or the loop at pages of 95.
+    within = on_agent(PAGE.format(i=i) for i in range(9))
+    assert len((await gql(admin, within, a=a)).ok()["action"]) == 9
+    small = MEMORIES.replace("1000", "95")
+    page = (await gql(admin, small, a=a)).ok()["action"]["memories"]["nodes"]
+    assert [n["action"]["memories"]["nodes"][0]["summary"] for n in page] == ["the only record"]
+
+
+async def test_a_mutation_whose_answer_is_over_the_limit_writes_nothing(state, gql, admin):
+    """Refused before the mutation runs, as an answer the caller may not read is: a change is
+    never made and then lost with its answer."""
+    agent = await make_agent(state, admin)
+    a = str(agent.action_id)
+    add = """mutation($a: UUID!, $inputs: [AgentMemoryInput!]!) {
+      addAgentMemories(actionId: $a, inputs: $inputs) {
+        memoryIds memories { action { memories(first: 1000) { nodes { memoryId } } } } } }"""
+    inputs = [{"summary": f"fact {i}", "kind": "fact", "scope": "AGENT"} for i in range(20)]
+    refused = await gql(admin, add, a=a, inputs=inputs)
+    assert (
+        refused.codes == ["BAD_REQUEST"]
+        and "could hold 20,061 objects" in refused.errors[0]["message"]
+    )
+    listing = (
+        "query($a: UUID!) { action(actionId: $a) { memories(first: 10) { nodes { memoryId } } } }"
+    )
+    assert (await gql(admin, listing, a=a)).ok()["action"]["memories"]["nodes"] == []
+    added = await gql(admin, add, a=a, inputs=inputs[:9])
+    assert len(added.ok()["addAgentMemories"]["memoryIds"]) == 9
+
+
+async def test_searches_a_request_runs_are_counted_wherever_they_are(state, gql, admin):
+    agent = await make_agent(state, admin)
+    await remember(state, agent, "the parcel is blue", scope="AGENT")
+    a = str(agent.action_id)
+
+    def searches(n: int, query: str = "parcel") -> str:
+        return on_agent(SEARCH.format(i=i, query=query) for i in range(n))
+
+    refused = await gql(admin, searches(21), a=a)
+    assert refused.codes == ["BAD_REQUEST"]
+    assert "would run 21 searches" in refused.errors[0]["message"]
+    assert "at most 20 (ENGRAM_MAX_QUERY_SEARCHES): nothing ran" in refused.errors[0]["message"]
+    ran = (await gql(admin, searches(20), a=a)).ok()["action"]
+    assert {n["summary"] for s in ran.values() for n in s["nodes"]} == {"the parcel is blue"}
+    # A listing (no query) is no search; a search in each session of a page counts per session.
+    assert (await gql(admin, searches(21, query=" "), a=a)).ok()
+    per_session = """query($a: UUID!) { action(actionId: $a) { sessions(first: 21) {
+      nodes { searchHistory(query: "parcel") { score } } } } }"""
+    assert "would run 21 searches" in (await gql(admin, per_session, a=a)).errors[0]["message"]
+    skipped = per_session.replace('(query: "parcel")', '(query: "parcel") @skip(if: true)')
+    assert (await gql(admin, skipped, a=a)).ok()
+
+
+async def test_a_request_runs_two_searches_at_once(state, gql, admin, monkeypatch):
+    """Aliased searches ran all at once, each holding a pooled connection: 50 held the whole
+    pool, and every other tenant's request (and /healthz) waited for one."""
+    agent = await make_agent(state, admin)
+    running, most = 0, 0
+    search = memory_search.search_as_operator
+
+    async def counted(*args, **kwargs):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            await asyncio.sleep(0.05)
+            return await search(*args, **kwargs)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(memory_search, "search_as_operator", counted)
+    six = on_agent(SEARCH.format(i=i, query="x") for i in range(6))
+    result = await gql(admin, six, a=str(agent.action_id))
+    assert len(result.ok()["action"]) == 6
+    assert most == 2
+
+
+@pytest.mark.settings(max_query_nodes=50_000, max_query_searches=30)
+async def test_the_limits_are_settings(base_url, admin, state):
+    """ENGRAM_MAX_QUERY_NODES and ENGRAM_MAX_QUERY_SEARCHES reach the served schema."""
+    token = await token_for(state, admin, "reader", allow(["SELECT"], "financial.*"))
+    agent = await make_agent(state, admin)
+    eleven = on_agent(PAGE.format(i=i) for i in range(11))
+    searches = on_agent(SEARCH.format(i=i, query="x") for i in range(31))
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        headers = {"Authorization": f"Bearer {token}"}
+        body = {"query": eleven, "variables": {"a": str(agent.action_id)}}
+        assert "errors" not in (await http.post("/graphql", json=body, headers=headers)).json()
+        body = {"query": searches, "variables": {"a": str(agent.action_id)}}
+        answer = (await http.post("/graphql", json=body, headers=headers)).json()
+        assert "at most 30 (ENGRAM_MAX_QUERY_SEARCHES)" in answer["errors"][0]["message"]
+
+
+async def test_introspection_is_asked_once_a_request(gql, admin):
+    """40 aliases of a full `__schema` held the event loop a second (3.8 MB), for a client
+    holding no grant at all."""
+    schema = "__schema { types { name fields { name type { name } } } }"
+    twice = await gql(admin, f"{{ a: {schema} b: {schema} }}")
+    assert twice.codes == ["BAD_REQUEST"]
+    assert "asks for the schema 2 times" in twice.errors[0]["message"]
+    assert (await gql(admin, f"{{ {schema} }}")).ok()["__schema"]["types"]
+    types = " ".join(f't{i}: __type(name: "Action") {{ name }}' for i in range(21))
+    assert "and for 21 types" in (await gql(admin, f"{{ {types} }}")).errors[0]["message"]
+    within = types.replace(' t20: __type(name: "Action") { name }', "")
+    assert len((await gql(admin, f"{{ {within} }}")).ok()) == 20
+
+
+async def test_a_selection_repeats_a_field_name_at_most_100_times(gql, admin):
+    """Validation compares fields of one response name pairwise, and deeper: 300 `viewer {
+    principal }` held the event loop 0.6 s, 1,200 (through fragments as well) 1.4 s."""
+    repeated = "{ " + "viewer { principal } " * 101 + "}"
+    refused = await gql(admin, repeated)
+    assert refused.codes == ["BAD_REQUEST"]
+    assert "one selection asks for `viewer` 101 times" in refused.errors[0]["message"]
+    assert (await gql(admin, "{ " + "viewer { principal } " * 100 + "}")).ok()["viewer"]
+    spreads = (
+        "{ "
+        + " ".join(f"...F{i}" for i in range(34))
+        + " } "
+        + " ".join(
+            f"fragment F{i} on Query {{ viewer {{ principal }} viewer {{ principal }} "
+            "... on Query { viewer { principal } } }"
+            for i in range(34)
+        )
+    )
+    assert "asks for `viewer` 102 times" in (await gql(admin, spreads)).errors[0]["message"]
+    # Aliases name them apart; the same name in many selections is no repetition.
+    aliased = " ".join(f'a{i}: action(actionId: "{uuid.uuid4()}") {{ name }}' for i in range(150))
+    assert len((await gql(admin, "{ " + aliased + " }")).ok()) == 150
