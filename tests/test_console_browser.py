@@ -974,6 +974,8 @@ async def test_long_unbroken_data_wraps_and_disguising_characters_show(db_url, e
             "memories": f"#/agents/{agent}/memories",
             "record": f"#/agents/{agent}/memories/{wide['memoryId']}",
             "clients": "#/clients",
+            "new agent": "#/agents/new",
+            "session": f"#/agents/{agent}/sessions/s-1",
         }
         for width in (1280, 390):
             await page.set_viewport_size({"width": width, "height": 900})

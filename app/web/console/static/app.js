@@ -38,6 +38,7 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const PAGE = 20;
 const EVENTS = 500; // transcript events shown per turn
 const HITS = 10; // history search results
+const SUMMARIES = 50; // records an erasure left, shown with their summaries
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -915,9 +916,10 @@ function eraseButton(actionId, sessionId) {
       title: `Erase session ${sessionId} for good?`,
       body: [
         h("p", {}, "Erasing removes for good what this session said: its history (what history search and the "
-          + "agent's search_history find), with its vectors, its running summary, and the text of every turn's "
-          + "input, output and transcript, each replaced by [erased]. A model call keeps its purpose, model "
-          + "and usage. It cannot be undone, and later turns of the session no longer read the erased ones."),
+          + "agent's search_history find), with its vectors, its running summary, and the text of its turns and "
+          + "operator writes (input, output, error and transcript), each replaced by [erased]. A model call keeps "
+          + "its purpose, model and usage. It cannot be undone, and later turns of the session no longer read the "
+          + "erased ones."),
         h("p", {}, "It does not delete the memory records the session's turns wrote: they stay, and the agent "
           + "still recalls them. The answer lists them, to delete one by one. The erasure is recorded in the "
           + `session as an execution of kind ERASE naming you (${viewer.principal}).`),
@@ -945,9 +947,10 @@ function eraseButton(actionId, sessionId) {
   return h("div", {}, erase, status);
 }
 
-// The summaries of records `ids` of agent `actionId`, by ID, read in one request where the
-// grants allow it (else none: the IDs alone are shown).
-async function summariesOf(actionId, ids) {
+// The summaries of records `ids` of agent `actionId` (the first SUMMARIES), by ID, read in one
+// request where the grants allow it (else none: the IDs alone are shown).
+async function summariesOf(actionId, all) {
+  const ids = all.slice(0, SUMMARIES); // a request's aliases stay well under the server's token limit
   if (!ids.length || !can("agentMemory")) return {};
   const parts = ids.map((_, i) => `m${i}: agentMemory(actionId: $a, id: $m${i}) { summary }`);
   const variables = { a: actionId };
