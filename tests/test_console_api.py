@@ -2,7 +2,17 @@
 filters on `Action.memories`, and `viewer.allowed(operations)`."""
 
 import httpx
-from factories import allow, caller, forget, make_account, make_agent, remember, token_for
+from factories import (
+    allow,
+    caller,
+    forget,
+    make_account,
+    make_agent,
+    record_turn,
+    remember,
+    token_for,
+    writer,
+)
 from helpers import db_settings
 from servers import serving
 
@@ -148,11 +158,17 @@ async def test_viewer_allowed_says_which_operations_the_grants_permit(gql, state
 
 async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, admin, state):
     """The table mirrors the services' checks: a client holding exactly an operation's grants
-    is allowed it, and one lacking any of them is refused by the operation itself."""
+    is allowed it, and one lacking any of them is refused by the operation itself. Among them
+    what the console offers or hides by it: creating agents and clients, deleting clients and
+    erasing sessions."""
     agent = await make_agent(state, admin)
     kept = await remember(state, agent, "kept")
+    await record_turn(state, writer(agent, session="s1"))
     aid = str(agent.action_id)
     account = admin.account_id
+    await service.create_client(
+        state.pool, admin, account_id=None, principal="doomed", name="Doomed", policies=[]
+    )
     runs = {
         "Action.memories": (
             "query($a: UUID!) { action(actionId: $a) { memories(first: 1) "
@@ -165,6 +181,18 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
         ),
         "clients": ("{ clients(first: 1) { nodes { principal } } }", {}),
         "actions": ("{ actions(first: 1) { nodes { name } } }", {}),
+        "createAction": ('mutation { createAction(input: {name: "made"}) { version } }', {}),
+        "createClient": (
+            'mutation { createClient(input: {principal: "made", name: "Made", policies: []}) '
+            "{ principal } }",
+            {},
+        ),
+        "deleteClient": ('mutation { deleteClient(principal: "doomed") { principal } }', {}),
+        "eraseSession": (
+            'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") '
+            "{ erasedExecutions } }",
+            {"a": aid},
+        ),
     }
     for name, (query, variables) in runs.items():
         grants = operations.OPERATIONS[name]

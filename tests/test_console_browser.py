@@ -50,7 +50,7 @@ class Api:
         return body["data"]
 
 
-def seed(api: Api, model: OpenAIServer) -> dict[str, str]:
+def seed(api: Api, model: OpenAIServer) -> dict[str, Any]:
     """An agent with records and one session whose turn called tools; a reader's token; and
     another tenant's agent."""
     # Session history (issue 13) where the server has it: the console then offers its search.
@@ -127,8 +127,9 @@ ADD = """mutation($a: UUID!, $i: AgentMemoryInput!) {
 
 
 @asynccontextmanager
-async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[str, str]]]:
-    """The service (with the scripted model) seeded, and a browser page that may reach only it."""
+async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[str, Any]]]:
+    """The service (with the scripted model, `seeded["model"]`) seeded, and a browser page that
+    may reach only it."""
     executable = chromium()
     from playwright.async_api import async_playwright
 
@@ -138,7 +139,7 @@ async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[s
             db_url, bootstrap_token=ADMIN, model_base_url=model.url, model_max_retries=0
         )
         with serving(settings, embedder) as url:
-            seeded = seed(Api(url, ADMIN), model)
+            seeded = {**seed(Api(url, ADMIN), model), "model": model}
             async with async_playwright() as p:
                 browser = await p.chromium.launch(
                     executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
@@ -756,9 +757,19 @@ async def test_edit_and_new_tokens_are_offered_only_for_clients_the_token_covers
         await page.get_by_role("link", name="Clients and tokens").click()
         await expect(client_card(page, "looker")).to_be_visible()
         await expect(page.get_by_role("button", name="Edit client")).to_have_count(0)
-        await expect(page.locator("main > .notice")).to_contain_text(
-            "Your token's grants do not allow editing clients: this client is not allowed to "
-            "UPDATE financial.Client.document."
+        # Nor creating or deleting clients: no button for either, and why.
+        await expect(page.get_by_role("button", name="New client")).to_have_count(0)
+        await expect(page.get_by_role("button", name=re.compile("^Delete client"))).to_have_count(0)
+        await expect(page.locator("main > .notice")).to_have_text(
+            [
+                f"Your token's grants do not allow {what}: this client is not allowed to "
+                f"{verb} financial.Client.document."
+                for what, verb in [
+                    ("editing clients", "UPDATE"),
+                    ("deleting clients", "DELETE"),
+                    ("creating clients", "INSERT"),
+                ]
+            ]
         )
 
 
@@ -963,6 +974,8 @@ async def test_long_unbroken_data_wraps_and_disguising_characters_show(db_url, e
             "memories": f"#/agents/{agent}/memories",
             "record": f"#/agents/{agent}/memories/{wide['memoryId']}",
             "clients": "#/clients",
+            "new agent": "#/agents/new",
+            "session": f"#/agents/{agent}/sessions/s-1",
         }
         for width in (1280, 390):
             await page.set_viewport_size({"width": width, "height": 900})
@@ -1207,3 +1220,421 @@ async def test_a_page_asked_for_before_the_filters_changed_adds_nothing_to_the_n
         await page.wait_for_timeout(500)  # the old page comes back, and must change nothing
         await expect(listing.locator("tbody tr")).to_have_count(1)
         await expect(page.get_by_role("button", name="Show older records")).to_be_hidden()
+
+
+ACTIONS_NAMED = "{ actions(first: 100) { nodes { actionId name version harness instructions } } }"
+
+
+def agents_named(api: Api, name: str) -> list[dict[str, Any]]:
+    return [a for a in api(ACTIONS_NAMED)["actions"]["nodes"] if a["name"] == name]
+
+
+async def test_an_operator_creates_an_agent_and_a_refusal_keeps_the_form(db_url, embedder):
+    """ "New agent" (createAction): a harness the server refuses is said at its field, and a
+    grant taken away meanwhile above the button, with what was typed kept and nothing created;
+    corrected, the agent is created and its page opens, and it is listed. A token that may not
+    create agents is offered no form, and told why."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        maker = [
+            {
+                "effect": "ALLOW",
+                "actions": ["SELECT", "INSERT"],
+                "resources": ["financial.Action.*"],
+            }
+        ]
+        admin(CREATE_CLIENT, i={"principal": "maker", "name": "Maker", "policies": maker})
+        token = admin('mutation { createClientToken(principal: "maker") { token } }')
+        await sign_in(page, url, token["createClientToken"]["token"])
+        agents = page.get_by_role("table", name="Agents, newest first")
+        await expect(agents.get_by_role("link", name="Support desk")).to_be_visible()
+        await page.get_by_role("link", name="New agent").click()
+        await expect(page.get_by_role("heading", name="New agent")).to_be_focused()
+        form = page.get_by_role("form", name="New agent")
+        await form.get_by_label("Name").fill("Billing desk")
+        await form.get_by_label("Instructions").fill("Answer billing questions.")
+        harness = form.get_by_label("Harness (JSON)")
+        await expect(harness).to_have_value(json.dumps({"memory": {"enabled": True}}, indent=2))
+        error = page.locator("#" + await harness.get_attribute("aria-describedby"))
+
+        # Not JSON: said at the field before anything is sent.
+        await harness.fill('{"memory": ')
+        await form.get_by_role("button", name="Create agent").click()
+        await expect(error).to_contain_text("This is not valid JSON")
+        await expect(harness).to_be_focused()
+        # JSON the server refuses: its sentence at the field, the input kept, nothing created.
+        bad = {"memory": {"enabled": True, "extraction": {"every": 0}}}
+        await harness.fill(json.dumps(bad))
+        await harness.press("Control+Enter")
+        await expect(error).to_contain_text("harness.memory.extraction.every")
+        await expect(harness).to_have_attribute("aria-invalid", "")
+        await expect(harness).to_be_focused()
+        await expect(harness).to_have_value(json.dumps(bad))
+        await expect(form.get_by_label("Name")).to_have_value("Billing desk")
+        await page.screenshot(path=screenshot_path("console-new-agent-refused.png"), full_page=True)
+        assert agents_named(admin, "Billing desk") == []
+
+        # The grant taken away while the form is open: the server's sentence above the button.
+        admin(
+            """mutation($p: [PolicyInput!]!) { updateClient(principal: "maker",
+              input: {policies: $p}) { name } }""",
+            p=[{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]}],
+        )
+        await harness.fill(
+            json.dumps({"memory": {"enabled": True}, "history": {"index": "messages"}})
+        )
+        await form.get_by_role("button", name="Create agent").click()
+        await expect(form.get_by_role("alert").last).to_have_text(
+            "Your token's grants do not allow this: this client is not allowed to INSERT "
+            "financial.Action.document."
+        )
+        await expect(form.get_by_label("Instructions")).to_have_value("Answer billing questions.")
+        assert agents_named(admin, "Billing desk") == []
+
+        # Given back, the same form creates it: the agent's page opens, saying so.
+        admin(
+            """mutation($p: [PolicyInput!]!) { updateClient(principal: "maker",
+              input: {policies: $p}) { name } }""",
+            p=maker,
+        )
+        await form.get_by_role("button", name="Create agent").click()
+        await expect(page.get_by_role("heading", name="Billing desk")).to_be_focused()
+        await expect(page.get_by_role("status")).to_have_text(
+            "Created agent Billing desk (version 1)."
+        )
+        [made] = agents_named(admin, "Billing desk")
+        assert page.url.endswith(f"#/agents/{made['actionId']}")
+        assert made["version"] == 1 and made["instructions"] == "Answer billing questions."
+        assert made["harness"]["history"] == {"index": "messages"}
+        await page.get_by_role("link", name="Agents").first.click()
+        await expect(agents.get_by_role("link", name="Billing desk")).to_be_visible()
+        await expect(agents.locator("tbody tr").first).to_contain_text("Billing desk")  # newest
+
+        # A token that may read agents but not create them: no link, no form, and why.
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, seeded["reader"])
+        await expect(page.get_by_role("link", name="New agent")).to_have_count(0)
+        refusal = (
+            "Your token's grants do not allow creating agents: this client is not allowed to "
+            "INSERT financial.Action.document."
+        )
+        await expect(page.locator("main > .notice")).to_have_text(refusal)
+        await page.goto(f"{url}/console/#/agents/new")
+        await expect(page.get_by_role("heading", name="New agent")).to_be_visible()
+        await expect(page.locator("main > .notice")).to_have_text(refusal)
+        await expect(page.locator("main form")).to_have_count(0)
+
+
+async def test_an_operator_creates_a_client_with_its_first_token_then_deletes_it(db_url, embedder):
+    """ "New client" (createClient): a principal taken and a pattern the server refuses are said
+    at their fields, the form kept; created, the client heads the list offering its first token,
+    shown once with a way to copy it. "Delete client…" (deleteClient) says in its dialog that the
+    tokens stop working, and they do; a client deleted meanwhile (NOT_FOUND) leaves its place
+    with a note. The console's own client offers no delete: the server refuses a client deleting
+    itself."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        await page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await page.evaluate("window.stayed = true")  # gone if the page were loaded again
+        new = page.get_by_role("button", name="New client")
+        await new.click()
+        form = page.get_by_role("form", name="New client")
+        principal = form.get_by_label("Principal")
+        await expect(principal).to_be_focused()
+        # Escape closes it, focus back on the button.
+        await page.keyboard.press("Escape")
+        await expect(form).to_have_count(0)
+        await expect(new).to_be_focused()
+        await page.keyboard.press("Enter")
+
+        # A principal that is taken: refused at its field, what was typed kept.
+        await principal.fill("auditor")
+        await form.get_by_label("Name").fill("Support console")
+        resources = form.get_by_role("group", name="Policy 1").get_by_label("Resources")
+        await resources.fill("financial.AgentMemory.*")
+        await form.get_by_role("button", name="Create client").click()
+        error = page.locator("#" + await principal.get_attribute("aria-describedby"))
+        await expect(error).to_have_text(
+            "A client with principal 'auditor' already exists in this account. Choose another "
+            "principal, or edit that client."
+        )
+        await expect(principal).to_be_focused()
+        await expect(form.get_by_role("alert").last).to_have_text(
+            "Not created: the principal is taken."
+        )
+        await expect(resources).to_have_value("financial.AgentMemory.*")
+        assert admin(READ_CLIENT, p="auditor")["client"]["name"] == "Auditor"
+        # A pattern that matches nothing: at its field.
+        await principal.fill("support-console")
+        await resources.fill("financial.agentmemory.*")
+        await resources.press("Control+Enter")
+        resources_error = page.locator("#" + await resources.get_attribute("aria-describedby"))
+        await expect(resources_error).to_contain_text("'financial.agentmemory.*' matches no known")
+        await expect(resources).to_be_focused()
+        await page.screenshot(
+            path=screenshot_path("console-new-client-refused.png"), full_page=True
+        )
+        assert admin(READ_CLIENT, p="support-console")["client"] is None
+
+        # Created: it heads the list, and the focus is on creating its first token.
+        await resources.fill("financial.AgentMemory.*")
+        await form.get_by_role("button", name="Create client").click()
+        await expect(form).to_have_count(0)
+        created = client_card(page, "support-console")
+        await expect(page.locator("section.client").first).to_contain_text("support-console")
+        await expect(created.locator("h2")).to_have_text("Support console support-console new")
+        await expect(created.locator("li")).to_have_text(
+            ["ALLOW SELECT on financial.AgentMemory.*"]
+        )
+        await expect(page.get_by_role("status").first).to_have_text(
+            "Created client support-console."
+        )
+        first = created.get_by_role("button", name="Create its first token")
+        await expect(first).to_be_focused()
+        offer = created.locator(".notice", has_text="has no token yet, so nothing can use it")
+        await expect(offer).to_have_count(1)
+        tokens = created.get_by_role("table", name="Tokens of support-console")
+        await expect(tokens.locator("tbody tr")).to_have_text(["No tokens."])
+        await page.keyboard.press("Enter")
+        secret = created.get_by_label("The new token")
+        await expect(secret).to_be_focused()
+        token = await secret.input_value()
+        await expect(created.locator(".token-once")).to_contain_text(
+            "Copy it now: it is not shown again."
+        )
+        await expect(tokens.locator("tbody tr")).to_have_count(1)
+        await expect(offer).to_have_count(0)  # it has one now
+        await created.get_by_role("button", name="Copy the token").click()
+        await expect(created.locator(".token-once [role=status]")).to_have_text("Copied.")
+        assert await page.evaluate("navigator.clipboard.readText()") == token
+        await page.screenshot(path=screenshot_path("console-new-client-token.png"), full_page=True)
+        reader = Api(url, token)
+        assert reader("{ viewer { principal } }")["viewer"]["principal"] == "support-console"
+        assert await page.evaluate("window.stayed") is True
+        # Listed once on the next visit (ordered by principal), no longer new.
+        await page.reload()
+        await expect(client_card(page, "support-console")).to_have_count(1)
+        await expect(client_card(page, "support-console").locator("h2")).to_have_text(
+            "Support console support-console"
+        )
+
+        # Deleted after a dialog saying what deleting does: its tokens stop working at once.
+        card = client_card(page, "support-console")
+        await card.get_by_role("button", name="Delete client support-console").click()
+        dialog = page.get_by_role("dialog")
+        await expect(dialog).to_have_accessible_name("Delete client support-console?")
+        await expect(dialog).to_have_accessible_description(
+            re.compile("every one of its tokens: requests sending any of them are refused at once")
+        )
+        await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+        await page.screenshot(path=screenshot_path("console-delete-client-confirm.png"))
+        await page.keyboard.press("Escape")  # cancelled: nothing deleted
+        await expect(card).to_have_count(1)
+        assert reader("{ viewer { principal } }")["viewer"]["principal"] == "support-console"
+        await card.get_by_role("button", name="Delete client support-console").click()
+        await dialog.get_by_role("button", name="Delete client").click()
+        await expect(card).to_have_count(0)
+        note = page.locator("main .notice", has_text="support-console")
+        await expect(note).to_have_text(
+            "Deleted client support-console: its tokens no longer work."
+        )
+        await expect(note).to_be_focused()
+        gone = reader.raw("{ viewer { principal } }")
+        assert gone["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+        assert admin(READ_CLIENT, p="support-console")["client"] is None
+        await page.reload()
+        auditor = client_card(page, "auditor")
+        await expect(auditor).to_be_visible()
+        await expect(client_card(page, "support-console")).to_have_count(0)
+
+        # Deleted by someone else since the page loaded: the card goes, with a note.
+        admin('mutation { deleteClient(principal: "auditor") { principal } }')
+        await auditor.get_by_role("button", name="Delete client auditor").click()
+        await dialog.get_by_role("button", name="Delete client").click()
+        await expect(auditor).to_have_count(0)
+        await expect(page.locator("main .notice", has_text="auditor")).to_have_text(
+            "Client auditor was already deleted (by someone else, or in another tab, since this "
+            "page loaded); its tokens no longer work."
+        )
+        await expect(page.locator("main .error")).to_have_count(0)
+
+        # The console's own client: no delete, and why.
+        own = client_card(page, "admin")
+        await expect(own.get_by_role("button", name=re.compile("^Delete client"))).to_have_count(0)
+        await expect(own).to_contain_text(
+            "This is the client you are signed in as: the console does not delete it"
+        )
+
+
+async def test_a_new_client_is_held_to_the_operators_grants(db_url, embedder):
+    """A client gives only grants it holds: a new client with a policy wider than the manager's
+    is refused in words, the form kept and nothing created. A token that may create clients but
+    not tokens is told so on the new client's card instead of being offered its first token."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = await as_manager(page, url)
+        await page.get_by_role("button", name="New client").click()
+        form = page.get_by_role("form", name="New client")
+        await form.get_by_label("Principal").fill("wider")
+        await form.get_by_label("Name").fill("Wider")
+        await (
+            form.get_by_role("group", name="Policy 1")
+            .get_by_label("Resources")
+            .fill("financial.Action.*")
+        )
+        await form.get_by_role("button", name="Create client").click()
+        await expect(form.get_by_role("alert").last).to_contain_text(
+            "Not created: these policies would give SELECT financial.Action.document"
+        )
+        await expect(form.get_by_label("Principal")).to_have_value("wider")
+        assert admin(READ_CLIENT, p="wider")["client"] is None
+
+        creator = [
+            {
+                "effect": "ALLOW",
+                "actions": ["SELECT", "INSERT"],
+                "resources": ["financial.Client.document"],
+            },
+            {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Client.token"]},
+        ]
+        admin(CREATE_CLIENT, i={"principal": "creator", "name": "Creator", "policies": creator})
+        token = admin('mutation { createClientToken(principal: "creator") { token } }')
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, token["createClientToken"]["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await page.get_by_role("button", name="New client").click()
+        await form.get_by_label("Principal").fill("bare")
+        await form.get_by_label("Name").fill("Bare")
+        await form.get_by_role("button", name="Remove policy 1").click()
+        await expect(form).to_contain_text("No policies: a client without any may do nothing.")
+        await form.get_by_role("button", name="Create client").click()
+        bare = client_card(page, "bare")
+        await expect(bare.locator(".notice")).to_have_text(
+            "Your token's grants do not allow creating tokens: this client is not allowed to "
+            "INSERT financial.Client.token."
+        )
+        await expect(bare.get_by_role("button", name=re.compile("token"))).to_have_count(0)
+        await expect(bare.locator("h2")).to_be_focused()
+        assert admin(READ_CLIENT, p="bare")["client"]["policies"] == []
+
+
+EXECUTE = """mutation($i: ExecuteActionInput!) { executeAction(input: $i) { status output } }"""
+SESSION_TEXT = """query($a: UUID!) { action(actionId: $a) { sessions(first: 10) {
+  nodes { sessionId executions(first: 10) { nodes { kind input output } } } } } }"""
+
+
+async def test_an_operator_erases_a_session_after_typing_its_id(db_url, embedder):
+    """ "Erase this session…" (eraseSession): a dialog says what erasing removes and leaves, and
+    is confirmed only by typing the session's ID; refused while a turn of the session runs
+    (CONFLICT), nothing erased; then erased, the page shows the counts, the ERASE execution and
+    the memory records it left, and the turns' text is gone. A token that may read sessions but
+    not erase them is offered no button, and told why."""
+    import asyncio
+
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent, model = Api(url, ADMIN), seeded["agent"], seeded["model"]
+
+        def said() -> str:
+            return json.dumps(admin(SESSION_TEXT, a=agent))  # s-1 is its one session
+
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions")
+        sessions = page.get_by_role("table", name="Sessions, newest first")
+        await sessions.get_by_role("link", name="s-1").click()
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        erase = page.get_by_role("button", name="Erase this session…")
+        dialog = page.get_by_role("dialog")
+        typed = dialog.get_by_label("Type s-1 to confirm")
+        ok = dialog.get_by_role("button", name="Erase session")
+
+        # The dialog: what erasing removes and leaves; the focus on the ID to type.
+        await erase.click()
+        await expect(dialog).to_have_accessible_name("Erase session s-1 for good?")
+        await expect(dialog).to_have_accessible_description(
+            re.compile("^Erasing removes for good what this session said: its history")
+        )
+        await expect(dialog).to_contain_text("does not delete the memory records")
+        await expect(typed).to_be_focused()
+        await expect(ok).to_be_disabled()
+        await typed.fill("s-")
+        await typed.press("Enter")  # not the ID: nothing happens
+        await expect(dialog).to_be_visible()
+        await expect(ok).to_be_disabled()
+        await page.screenshot(path=screenshot_path("console-erase-confirm.png"))
+        await page.keyboard.press("Escape")
+        await expect(dialog).to_be_hidden()
+        assert "ships tomorrow" in said()
+
+        # A turn of the session is running: refused, nothing erased.
+        model.say("Noted: your parcel is blue.", delay=4.0)
+        turn = asyncio.create_task(
+            asyncio.to_thread(
+                admin,
+                EXECUTE,
+                i={"actionId": agent, "sessionId": "s-1", "input": "My parcel is blue."},
+            )
+        )
+        await asyncio.sleep(1.0)
+        await erase.click()
+        await expect(typed).to_have_value("")  # a new dialog starts empty
+        await typed.fill("s-1")
+        await expect(ok).to_be_enabled()
+        await typed.press("Enter")
+        await expect(page.locator("main .error")).to_contain_text(
+            "Conflict: execution", use_inner_text=True
+        )
+        await expect(page.locator("main .error")).to_contain_text("is running; nothing was erased")
+        assert "ships tomorrow" in said()
+        assert (await turn)["executeAction"]["status"] == "SUCCEEDED"
+
+        # Once it has ended: erased, and what was erased shown.
+        [session] = admin(SESSION_TEXT, a=agent)["action"]["sessions"]["nodes"]
+        executions = len(session["executions"]["nodes"])  # the two turns, and operator writes
+        await erase.click()
+        await typed.fill("s-1")
+        await ok.click()
+        report = page.get_by_role("region", name="Session erased")
+        await expect(report.get_by_role("heading", name="Session erased")).to_be_focused()
+        await expect(report.locator("dt").nth(1)).to_have_text(
+            "Executions whose input and output were erased"
+        )
+        await expect(report.locator("dd").nth(1)).to_have_text(str(executions))
+        await expect(report).to_contain_text("of kind ERASE by admin")
+        left = report.get_by_role("list", name="Live memory records left")
+        await expect(left.get_by_role("link", name=re.compile("prefers espresso"))).to_be_visible()
+        await page.screenshot(path=screenshot_path("console-erased.png"), full_page=True)
+        # The page as it is now: the turns' words are gone, the erasure is listed.
+        await expect(
+            page.get_by_role("heading", name=re.compile("^Erased by admin"))
+        ).to_be_visible()
+        await expect(page.locator("main")).not_to_contain_text("ships tomorrow")
+        await expect(page.locator("main")).not_to_contain_text("parcel is blue")
+        inputs = page.locator("li.event.turn-input .event-head")
+        await expect(inputs).to_have_text(["Input erased", "Input erased"])
+        assert "ships tomorrow" not in said() and "parcel is blue" not in said()
+        # A live record it left opens, still there to delete.
+        await left.get_by_role("link", name=re.compile("prefers espresso")).click()
+        await expect(page.get_by_role("button", name="Delete this record…")).to_be_visible()
+
+        # A token that reads sessions but may not erase them: no button, and why.
+        watcher = [{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.*"]}]
+        admin(CREATE_CLIENT, i={"principal": "watcher", "name": "Watcher", "policies": watcher})
+        token = admin('mutation { createClientToken(principal: "watcher") { token } }')
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, token["createClientToken"]["token"])
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        await expect(erase).to_have_count(0)
+        await expect(page.locator("main > .notice")).to_have_text(
+            "Your token's grants do not allow erasing sessions: this client is not allowed to "
+            "DELETE financial.ActionExecution.document."
+        )

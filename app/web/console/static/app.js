@@ -6,15 +6,17 @@ import { append, clear, codePoint, confirmDialog, field, h, json, link, when } f
 import { policyEditor, policyText } from "./policies.js";
 
 const OPERATIONS = [
-  "actions", "action", "updateAction",
+  "actions", "action", "createAction", "updateAction",
   "Action.memories", "Action.searchMemories", "agentMemory", "deleteAgentMemory",
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript",
-  "ActionSession.searchHistory",
-  "clients", "Client.tokens", "updateClient", "createClientToken", "revokeClientToken",
+  "ActionSession.searchHistory", "eraseSession",
+  "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
+  "revokeClientToken",
 ];
 const WHAT = {
   actions: "listing agents",
   action: "reading an agent's configuration",
+  createAction: "creating agents",
   updateAction: "editing agents",
   "Action.memories": "listing this agent's memories",
   "Action.searchMemories": "searching memories",
@@ -23,15 +25,20 @@ const WHAT = {
   "Action.sessions": "listing sessions",
   "ActionSession.executions": "reading a session's turns",
   "ActionExecution.transcript": "reading transcripts",
+  eraseSession: "erasing sessions",
   clients: "listing clients",
   "Client.tokens": "listing tokens",
+  createClient: "creating clients",
   updateClient: "editing clients",
+  deleteClient: "deleting clients",
+  createClientToken: "creating tokens",
 };
 const OLDER = 20; // earlier versions of an agent, and records either way of a supersede chain
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const PAGE = 20;
 const EVENTS = 500; // transcript events shown per turn
 const HITS = 10; // history search results
+const SUMMARIES = 50; // records an erasure left, shown with their summaries
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -184,8 +191,11 @@ const ACTIONS = `query($first: Int!, $after: String) { actions(first: $first, af
 
 async function agentsView() {
   const out = [h("h1", { tabindex: -1 }, "Agents")];
-  if (!can("actions")) return [...out, refusal("actions"),
-    h("p", {}, "Open an agent you know the ID of by going to #/agents/ followed by its ID.")];
+  const create = can("createAction") ? h("p", {}, h("a", { href: "#/agents/new", class: "button" }, "New agent"))
+    : null;
+  if (!can("actions")) return [...out, create, refusal("actions"),
+    h("p", {}, "Open an agent you know the ID of by going to #/agents/ followed by its ID."),
+    create ? null : refusal("createAction")];
   const table = h("tbody");
   const more = moreButton("Show more agents", table, load);
   async function load(after) {
@@ -202,9 +212,9 @@ async function agentsView() {
     if (!table.children.length) append(table, [h("tr", {}, h("td", { colspan: 4 }, "No agents yet."))]);
   }
   await load(null);
-  return [...out, h("table", { class: "list" },
+  return [...out, create, h("table", { class: "list" }, h("caption", {}, "Agents, newest first"),
     h("thead", {}, h("tr", {}, ["Name", "Version", "Modified", "ID"].map((t) => h("th", {}, t)))),
-    table), more];
+    table), more, create ? null : refusal("createAction")];
 }
 
 function agentTabs(actionId, current) {
@@ -269,19 +279,66 @@ async function agentView({ actionId }) {
   return out;
 }
 
+// An agent's configuration as form fields, filled with `values` (text): name, instructions, and
+// model and harness as JSON, as createAction and updateAction take them.
+function agentFields(values, hints) {
+  const controls = {
+    name: h("input", { type: "text", value: values.name, required: true, autocomplete: "off" }),
+    instructions: h("textarea", { rows: 4 }, values.instructions),
+    model: h("textarea", { rows: 4, class: "mono", spellcheck: false }, values.model),
+    harness: h("textarea", { rows: 14, class: "mono", spellcheck: false }, values.harness),
+  };
+  const fields = {
+    name: field("Name", controls.name), instructions: field("Instructions", controls.instructions),
+    model: field("Model (JSON)", controls.model, hints.model),
+    harness: field("Harness (JSON)", controls.harness, hints.harness),
+  };
+  return {
+    controls,
+    elements: Object.values(fields),
+    clearErrors: () => Object.values(fields).forEach((f) => f.showError("")),
+    // The ActionInput the fields hold; null, with the error at its field, when model or
+    // harness is not JSON.
+    input() {
+      const input = { name: controls.name.value, instructions: controls.instructions.value };
+      for (const key of ["model", "harness"]) {
+        try {
+          input[key] = JSON.parse(controls[key].value || "null");
+        } catch (error) {
+          fields[key].showError(`This is not valid JSON: ${error.message}`);
+          controls[key].focus();
+          return null;
+        }
+      }
+      return input;
+    },
+    // A refusal that names one of these fields ("harness.memory.extraction.every: must be
+    // ..."), said there, focused: true; false for any other.
+    showRefusal(error) {
+      const m = /^(name|instructions|model|harness)\b/.exec(error.message || "");
+      if (!(error instanceof ApiError && error.code === "BAD_REQUEST" && m)) return false;
+      fields[m[1]].showError(error.message);
+      controls[m[1]].focus();
+      return true;
+    },
+  };
+}
+
+// Ctrl+Enter submits `form` from a text area, where Enter makes a new line.
+function submitOnCtrlEnter(form) {
+  form.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) form.requestSubmit();
+  });
+  return form;
+}
+
 // The form editing agent `action`, prefilled. It saves with the version it was filled from: a
 // version someone saved meanwhile is refused (CONFLICT), never overwritten unseen.
 function editForm(action) {
   let base = action.version;
-  const name = h("input", { type: "text", value: action.name, required: true });
-  const instructions = h("textarea", { rows: 4 }, action.instructions);
-  const model = h("textarea", { rows: 4, class: "mono", spellcheck: false }, json(action.model));
-  const harness = h("textarea", { rows: 14, class: "mono", spellcheck: false }, json(action.harness));
-  const fields = {
-    name: field("Name", name), instructions: field("Instructions", instructions),
-    model: field("Model (JSON)", model),
-    harness: field("Harness (JSON)", harness, "Saving writes a new version; earlier versions stay readable."),
-  };
+  const agent = agentFields(
+    { name: action.name, instructions: action.instructions, model: json(action.model), harness: json(action.harness) },
+    { harness: "Saving writes a new version; earlier versions stay readable." });
   const status = h("div", { role: "status", class: "status" });
   // Someone saved a version after this form was filled: said, with the edits kept, and the
   // next save (a choice now) based on that version.
@@ -305,18 +362,10 @@ function editForm(action) {
   }
   const form = h("form", { class: "card", onsubmit: async (e) => {
     e.preventDefault();
-    Object.values(fields).forEach((f) => f.showError(""));
+    agent.clearErrors();
     status.textContent = "";
-    const input = { name: name.value, instructions: instructions.value };
-    for (const [key, control] of [["model", model], ["harness", harness]]) {
-      try {
-        input[key] = JSON.parse(control.value || "null");
-      } catch (error) {
-        fields[key].showError(`This is not valid JSON: ${error.message}`);
-        control.focus();
-        return;
-      }
-    }
+    const input = agent.input();
+    if (!input) return;
     try {
       const data = await gql(`mutation($id: UUID!, $input: ActionInput!, $v: Int) {
         updateAction(actionId: $id, input: $input, expectedVersion: $v) { version } }`,
@@ -324,24 +373,56 @@ function editForm(action) {
       status.textContent = `Saved as version ${data.updateAction.version}.`;
       setTimeout(route, 600);
     } catch (error) {
-      // The server names the field: "harness.memory.extraction.every: must be ...".
-      const m = /^(name|instructions|model|harness)\b/.exec(error.message || "");
-      if (error instanceof ApiError && error.code === "BAD_REQUEST" && m) {
-        fields[m[1]].showError(error.message);
-        ({ name, instructions, model, harness })[m[1]].focus();
-      } else if (error instanceof ApiError && error.code === "CONFLICT" && / is at version \d+/.test(error.message)) {
+      if (agent.showRefusal(error)) return;
+      if (error instanceof ApiError && error.code === "CONFLICT" && / is at version \d+/.test(error.message)) {
         await saidMeanwhile();
       } else {
         status.replaceChildren(problem(error));
       }
     }
-  } }, h("h2", {}, "Edit as a new version"), Object.values(fields),
+  } }, h("h2", {}, "Edit as a new version"), agent.elements,
     h("button", { type: "submit" }, "Save new version"), status);
-  // Ctrl+Enter submits from a text area, where Enter makes a new line.
-  form.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) form.requestSubmit();
+  return submitOnCtrlEnter(form);
+}
+
+const CREATE_ACTION = `mutation($input: ActionInput!) { createAction(input: $input) { actionId name version } }`;
+const NEW_HARNESS = { memory: { enabled: true } };
+
+async function newAgentView() {
+  const out = [h("p", { class: "crumbs" }, link("#/", "← Agents")), h("h1", { tabindex: -1 }, "New agent")];
+  if (!can("createAction")) return [...out, refusal("createAction")];
+  const agent = agentFields({ name: "", instructions: "", model: "", harness: json(NEW_HARNESS) }, {
+    model: "Empty: the deployment's model (its ENGRAM_MODEL_* settings). Or JSON such as "
+      + "{\"name\": \"gpt-4o-mini\", \"temperature\": 0.2}.",
+    harness: "What the runtime gives the agent: memory and history with their options, such as "
+      + "{\"memory\": {\"enabled\": true}, \"history\": {\"index\": \"messages\"}} (docs/harness.md lists every option).",
   });
-  return form;
+  const status = h("div", { class: "status" });
+  const create = h("button", { type: "submit" }, "Create agent");
+  let busy = false;
+  const form = h("form", { class: "card", "aria-label": "New agent", onsubmit: async (e) => {
+    e.preventDefault();
+    if (busy) return;
+    agent.clearErrors();
+    status.replaceChildren();
+    const input = agent.input();
+    if (!input) return;
+    busy = create.disabled = true;
+    try {
+      const made = (await gql(CREATE_ACTION, { input })).createAction;
+      flash = `Created agent ${made.name} (version ${made.version}).`;
+      location.hash = `#/agents/${made.actionId}`;
+      return;
+    } catch (error) {
+      // What was typed stays: the server's sentence, at the field it names or above the button,
+      // says what to change.
+      if (!agent.showRefusal(error)) status.replaceChildren(problem(error));
+    } finally {
+      busy = create.disabled = false;
+      if (form.isConnected && document.activeElement === document.body) create.focus();
+    }
+  } }, agent.elements, status, create);
+  return [...out, submitOnCtrlEnter(form)];
 }
 
 // ---------------------------------------------------------------- memories
@@ -651,7 +732,7 @@ async function sessionsView({ actionId }) {
     more.dataset.after = page.pageInfo.endCursor || "";
   }
   await load(null);
-  out.push(h("table", { class: "list" }, h("thead", {}, h("tr", {},
+  out.push(h("table", { class: "list" }, h("caption", {}, "Sessions, newest first"), h("thead", {}, h("tr", {},
     ["Session", "Turns", "Started", "Last turn"].map((t) => h("th", {}, t)))), body), more);
   return out;
 }
@@ -660,17 +741,33 @@ function usageText(usage) {
   return Object.entries(usage || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "no usage reported";
 }
 
+// What an event is called, where eraseSession left only its type (and a model call's or an
+// embedding's purpose, model and usage).
+const EVENT_TITLES = {
+  "turn.input": "Input", "tool.execution": "Tool execution", "memory.pinned": "Pins",
+  "memory.review": "Memory review", embedding: "Embedding", "output.use": "Output use",
+  "context.cleared": "Context cleared", "context.summary": "Context summary", "turn.output": "Output",
+  "turn.failed": "Failed",
+};
+
 function eventView(e) {
   const d = e.data || {};
   const head = (title, ...rest) => h("div", { class: "event-head" }, h("strong", {}, title), " ", ...rest);
   let body;
+  if (d.erased && e.type !== "model.call") {
+    body = [head(EVENT_TITLES[e.type] || e.type, badge("erased", "deleted"),
+      e.type === "embedding" && d.tokens !== undefined ? ` · ${d.tokens} tokens` : "")];
+    return h("li", { class: `event ${e.type.replace(/\./g, "-")}` }, body,
+      h("details", {}, h("summary", {}, `Event ${e.sequence} data`), pre(d)));
+  }
   switch (e.type) {
     case "turn.input":
       body = [head("Input"), h("div", { class: "text" }, typeof d.message === "string" ? d.message
         : typeof d.input === "string" ? d.input : json(d.input))];
       break;
     case "model.call":
-      body = [head("Model call", badge(`purpose ${d.purpose}`), ` ${d.model || ""} · ${usageText(d.usage)}`,
+      body = [head("Model call", badge(`purpose ${d.purpose}`), d.erased ? badge("erased", "deleted") : null,
+        ` ${d.model || ""} · ${usageText(d.usage)}`,
         d.durationMs !== undefined ? ` · ${d.durationMs} ms` : ""),
       d.content ? h("div", { class: "text" }, d.content) : null,
       (d.toolCalls || []).length ? h("div", { class: "muted" }, "Calls: ", d.toolCalls.map((c) => c.name).join(", ")) : null];
@@ -748,12 +845,13 @@ async function sessionView({ actionId, sessionId }) {
   let found = true;
   async function load(after) {
     const data = await gql(`query($id: ID!, $after: String) { node(id: $id) { ... on ActionSession {
-      sessionId turns executions(first: 10, after: $after) { nodes { executionId turn status preview
-        error created ${transcript} } pageInfo { hasNextPage endCursor } } } } }`, { id, after: after || null });
+      sessionId turns executions(first: 10, after: $after) { nodes { executionId turn kind principal status
+        preview error created ${transcript} } pageInfo { hasNextPage endCursor } } } } }`, { id, after: after || null });
     if (!data.node) { found = false; return; }
     for (const x of data.node.executions.nodes) {
       append(turns, [h("section", { class: "card turn" },
-        h("h2", {}, x.turn === null ? "Operator write (no turn)" : `Turn ${x.turn}`, " ",
+        h("h2", {}, x.kind === "ERASE" ? `Erased by ${x.principal}` : x.turn === null ? "Operator write (no turn)"
+          : `Turn ${x.turn}`, " ",
           badge(x.status, x.status.toLowerCase()),
           x.preview ? badge("preview") : null, " ", h("span", { class: "when" }, when(x.created))),
         x.error ? h("p", { class: "error" }, x.error) : null,
@@ -774,6 +872,7 @@ async function sessionView({ actionId, sessionId }) {
     found = false;
   }
   if (!found) return notFound(gone);
+  out.push(can("eraseSession") ? eraseButton(actionId, sessionId) : refusal("eraseSession"));
   if (can("ActionSession.searchHistory") && await hasHistorySearch()) {
     const query = h("input", { type: "search", required: true });
     const hits = h("p", { role: "status", class: "status" });
@@ -803,6 +902,90 @@ async function sessionView({ actionId, sessionId }) {
   return out;
 }
 
+const ERASE = `mutation($a: UUID!, $s: String!) { eraseSession(actionId: $a, sessionId: $s) {
+  execution { executionId principal created } erasedEvents erasedExecutions erasedTranscriptEvents liveMemoryIds } }`;
+
+// "Erase this session…": after a dialog that says what erasing removes and what it leaves, and
+// the session's ID typed, eraseSession; the page then shows the turns as they are now, and
+// above them what was erased.
+function eraseButton(actionId, sessionId) {
+  const status = h("div", { class: "status" });
+  const erase = button("Erase this session…", async () => {
+    status.replaceChildren();
+    const ok = await confirmDialog({
+      title: `Erase session ${sessionId} for good?`,
+      body: [
+        h("p", {}, "Erasing removes for good what this session said: its history (what history search and the "
+          + "agent's search_history find), with its vectors, its running summary, and the text of its turns and "
+          + "operator writes (input, output, error and transcript), each replaced by [erased]. A model call keeps "
+          + "its purpose, model and usage. It cannot be undone, and later turns of the session no longer read the "
+          + "erased ones."),
+        h("p", {}, "It does not delete the memory records the session's turns wrote: they stay, and the agent "
+          + "still recalls them. The answer lists them, to delete one by one. The erasure is recorded in the "
+          + `session as an execution of kind ERASE naming you (${viewer.principal}).`),
+      ],
+      ok: "Erase session",
+      typed: sessionId,
+    });
+    if (!ok) return;
+    let erased;
+    try {
+      erased = (await gql(ERASE, { a: actionId, s: sessionId })).eraseSession;
+    } catch (error) {
+      // CONFLICT: a turn of the session is running; the server's sentence says to wait for it.
+      status.replaceChildren(problem(error));
+      return;
+    }
+    const summaries = await summariesOf(actionId, erased.liveMemoryIds);
+    await route();
+    const heading = document.querySelector("#main h1");
+    if (!heading) return;
+    const report = erasedReport(actionId, erased, summaries);
+    heading.after(report);
+    report.querySelector("h2").focus();
+  }, { class: "danger" });
+  return h("div", {}, erase, status);
+}
+
+// The summaries of records `ids` of agent `actionId` (the first SUMMARIES), by ID, read in one
+// request where the grants allow it (else none: the IDs alone are shown).
+async function summariesOf(actionId, all) {
+  const ids = all.slice(0, SUMMARIES); // a request's aliases stay well under the server's token limit
+  if (!ids.length || !can("agentMemory")) return {};
+  const parts = ids.map((_, i) => `m${i}: agentMemory(actionId: $a, id: $m${i}) { summary }`);
+  const variables = { a: actionId };
+  ids.forEach((m, i) => { variables[`m${i}`] = m; });
+  try {
+    const data = await gql(`query($a: UUID!, ${ids.map((_, i) => `$m${i}: UUID!`).join(", ")}) {
+      ${parts.join(" ")} }`, variables);
+    return Object.fromEntries(ids.map((m, i) => [m, data[`m${i}`] && data[`m${i}`].summary]));
+  } catch {
+    return {};
+  }
+}
+
+// What eraseSession answered: the counts, the ERASE execution, and the memory it left.
+function erasedReport(actionId, erased, summaries) {
+  const memories = erased.liveMemoryIds;
+  const record = (m) => {
+    const id = h("span", { class: "mono" }, m);
+    const text = summaries[m] ? [summaries[m], " (", id, ")"] : id;
+    return can("agentMemory") ? link(`#/agents/${actionId}/memories/${m}`, text) : text;
+  };
+  return h("section", { class: "card erased", "aria-labelledby": "erased-title" },
+    h("h2", { id: "erased-title", tabindex: -1 }, "Session erased"),
+    dl([["History events erased", String(erased.erasedEvents)],
+      ["Executions whose input and output were erased", String(erased.erasedExecutions)],
+      ["Transcript events erased", String(erased.erasedTranscriptEvents)],
+      ["Recorded as", h("span", {}, "execution ", h("span", { class: "mono" }, erased.execution.executionId),
+        ` of kind ERASE by ${erased.execution.principal} at ${when(erased.execution.created)}`)]]),
+    memories.length
+      ? [h("p", {}, `Left as they were: the session's ${memories.length} live memory record`
+        + `${memories.length === 1 ? "" : "s"}, which the agent still recalls. Delete each that must go from its page.`),
+      h("ul", { "aria-label": "Live memory records left" }, memories.map((m) => h("li", {}, record(m))))]
+      : h("p", {}, "The session has no live memory records."));
+}
+
 // ---------------------------------------------------------------- clients and tokens
 
 async function clientsView() {
@@ -810,23 +993,63 @@ async function clientsView() {
   if (!can("clients")) return [...out, refusal("clients")];
   const tokens = can("Client.tokens") ? `tokens(first: ${PAGE}) { ${TOKEN_PAGE} }` : "";
   const list = h("div");
+  const shown = new Set(); // principals with a card: one created here is not listed again by "Show more"
   const more = moreButton("Show more clients", list, load);
   async function load(after) {
     const data = await gql(`query($after: String) { clients(first: ${PAGE}, after: $after) {
       nodes { ${CLIENT} ${tokens} }
       pageInfo { hasNextPage endCursor } } }`, { after: after || null });
-    for (const c of data.clients.nodes) append(list, [clientCard(c)]);
+    for (const c of data.clients.nodes) {
+      if (shown.has(c.principal)) continue;
+      shown.add(c.principal);
+      append(list, [clientCard(c)]);
+    }
     more.hidden = !data.clients.pageInfo.hasNextPage;
     more.dataset.after = data.clients.pageInfo.endCursor || "";
   }
   await load(null);
   if (!can("Client.tokens")) out.push(refusal("Client.tokens"));
   if (!can("updateClient")) out.push(refusal("updateClient"));
+  if (!can("deleteClient")) out.push(refusal("deleteClient"));
+  out.push(can("createClient") ? newClient(list, shown) : refusal("createClient"));
   return [...out, list, more];
+}
+
+// "New client": the client form, empty; the client it creates heads the list, offering its first
+// token.
+function newClient(list, shown) {
+  const said = h("p", { role: "status", class: "status" });
+  let form = null;
+  const open = h("button", { type: "button", onclick: () => {
+    said.textContent = "";
+    form = h("section", { class: "card new-client" }, clientForm(null, { saved, cancelled: close }));
+    open.hidden = true;
+    open.after(form);
+    form.querySelector("input").focus();
+  } }, "New client");
+  function close() {
+    form.remove();
+    open.hidden = false;
+    open.focus();
+  }
+  function saved(made) {
+    form.remove();
+    open.hidden = false;
+    shown.add(made.principal);
+    const tokens = can("Client.tokens") ? { nodes: [], pageInfo: { hasNextPage: false } } : undefined;
+    const card = clientCard({ ...made, tokens }, { fresh: true });
+    list.prepend(card);
+    said.textContent = `Created client ${made.principal}.`;
+    const heading = card.querySelector("h2");
+    heading.tabIndex = -1;
+    (card.querySelector("button.first-token") || heading).focus();
+  }
+  return h("div", {}, open, said);
 }
 
 const CLIENT = "principal name accountId modified policies { effect actions resources } coveredByViewer";
 const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap } pageInfo { hasNextPage endCursor }";
+const DELETE_CLIENT = `mutation($p: String!, $a: UUID) { deleteClient(principal: $p, accountId: $a) { principal } }`;
 const REVOKE = `mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`;
 
@@ -838,22 +1061,27 @@ function signedInWith(c, t) {
 
 const tokenName = (t) => (t.prefix ? `${t.prefix}…` : t.tokenId);
 
-function clientCard(c) {
+// Client `c`'s card: its policies and tokens, and what the grants allow doing with them. A
+// `fresh` one was just created here: it offers its first token.
+function clientCard(c, { fresh = false } = {}) {
   const status = h("div", { role: "status", class: "status" });
   const heading = h("h2");
   const policies = h("ul");
   const show = () => {
-    heading.replaceChildren(c.name, " ", h("span", { class: "mono muted" }, c.principal));
+    heading.replaceChildren(c.name, " ", h("span", { class: "mono muted" }, c.principal),
+      ...(fresh ? [" ", badge("new")] : []));
     policies.replaceChildren(...(c.policies.length ? c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))
       : [h("li", {}, "None: this client may do nothing.")]));
   };
   show();
   const facts = h("div", {}, h("h3", {}, "Policies"), policies);
-  const card = h("section", { class: "card client" }, heading, facts, clientChanges(c, facts, show));
+  const card = h("section", { class: "card client" }, heading, facts);
+  append(card, [h("div", { class: "client-actions" }, clientChanges(c, facts, show), clientRemoval(c, card))]);
   const shown = h("div"); // a new token's secret, shown once
   const body = c.tokens ? h("tbody") : null;
-  const table = h("table", { class: "list" }, h("thead", {}, h("tr", {},
-    ["Token", "Created", "Expires", "Last used", ""].map((x) => h("th", {}, x)))), body);
+  const table = h("table", { class: "list" }, h("caption", {}, `Tokens of ${c.principal}`), h("thead", {}, h("tr", {},
+    ["Token", "Created", "Expires", "Last used", h("span", { class: "visually-hidden" }, "Actions")]
+      .map((x) => h("th", {}, x)))), body);
   const empty = h("tr", {}, h("td", { colspan: 5 }, "No tokens."));
 
   async function revoke(t, tr) {
@@ -925,9 +1153,17 @@ function clientCard(c) {
     }, { class: "small" });
     more.hidden = !c.tokens.pageInfo.hasNextPage;
     more.dataset.after = c.tokens.pageInfo.endCursor || "";
-    append(card, [h("h3", {}, "Tokens"), table, more]);
+    append(card, [table, more]);
   }
   append(card, [status]);
+  // Just created: nothing can use it until it has a token, so its first is offered.
+  const firstToken = !fresh ? null : can("createClientToken")
+    ? h("p", { class: "notice" }, `Client ${c.principal} has no token yet, so nothing can use it. Create its first `
+      + "token now (optionally with an expiry); it is shown once.")
+    : refusal("createClientToken");
+  append(card, [firstToken]);
+  const issue = h("button", { type: "submit", class: fresh ? "first-token" : null },
+    fresh ? "Create its first token" : "Create token");
   if (can("createClientToken") && c.coveredByViewer) {
     const expires = h("input", { type: "datetime-local" });
     append(card, [h("form", { class: "inline", onsubmit: async (e) => {
@@ -939,25 +1175,89 @@ function clientCard(c) {
           createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires } }`,
         { p: c.principal, a: c.accountId, e: expires.value ? new Date(expires.value).toISOString() : null });
         const made = data.createClientToken;
+        if (firstToken) firstToken.remove();
+        issue.textContent = "Create token";
         if (body) {  // newest first, as the API lists them
           empty.remove();
           body.prepend(row({ ...made, lastUsed: null, bootstrap: false }, true));
         }
-        const value = h("input", { type: "text", readonly: true, value: made.token, class: "mono",
-          "aria-label": "The new token" });
         shown.dataset.tokenId = made.tokenId;
-        append(shown, [h("div", { class: "notice token-once", role: "status" },
-          h("p", {}, h("strong", {}, `Token ${tokenName(made)} created. Copy it now: it is shown once.`),
-            " Only its hash is kept, so it cannot be read again."),
-          value)]);
-        value.focus();
-        value.select();
+        const once = tokenOnce(made);
+        append(shown, [once]);
+        once.querySelector("input").focus();
+        once.querySelector("input").select();
       } catch (error) {
         append(shown, [problem(error)]);
       }
-    } }, field("Expires (optional, your local time)", expires), h("button", { type: "submit" }, "Create token")), shown]);
+    } }, field("Expires (optional, your local time)", expires),
+    issue), shown]);
   }
   return card;
+}
+
+// A new token's secret, shown this once, with a way to copy it.
+function tokenOnce(made) {
+  const value = h("input", { type: "text", readonly: true, value: made.token, class: "mono",
+    "aria-label": "The new token" });
+  const copied = h("span", { role: "status", class: "status" });
+  const copy = button("Copy the token", async () => {
+    value.select();
+    try {
+      await navigator.clipboard.writeText(made.token);
+      copied.textContent = "Copied.";
+    } catch {
+      copied.textContent = "This browser did not let the page copy: the token is selected, press Ctrl+C (⌘C).";
+    }
+  }, { class: "secondary small" });
+  return h("div", { class: "notice token-once", role: "status" },
+    h("p", {}, h("strong", {}, `Token ${tokenName(made)} created. Copy it now: it is not shown again.`),
+      " Only its hash is kept, so no one can read it later, you included; a lost token is replaced by "
+      + "creating another."),
+    value, copy, copied);
+}
+
+// "Delete client…", after a dialog saying what deleting does; not for the client this console is
+// signed in as, which the server refuses (a client cannot delete itself): said instead.
+function clientRemoval(c, card) {
+  if (!can("deleteClient")) return null;
+  if (signedInAs(c)) {
+    return h("p", { class: "muted" }, "This is the client you are signed in as: the console does not delete it, as a "
+      + "client cannot delete itself (the server refuses it) and this console would lose its token. Sign in as "
+      + "another client allowed to delete clients to delete it.");
+  }
+  const status = h("div", { class: "status" });
+  const remove = button("Delete client…", async () => {
+    status.replaceChildren();
+    const ok = await confirmDialog({
+      title: `Delete client ${c.principal}?`,
+      body: [
+        h("p", {}, `Deleting removes client ${c.principal} (${c.name}) with its policies and every one of its tokens: `
+          + "requests sending any of them are refused at once. It cannot be undone; a client created later with the "
+          + "same principal gets none of them back."),
+        h("p", {}, "What it did stays: agents, memory records and executions keep naming it as who made them."),
+      ],
+      ok: "Delete client",
+    });
+    if (!ok) return;
+    let gone = false; // deleted elsewhere (another operator, another tab) since the page loaded
+    try {
+      await gql(DELETE_CLIENT, { p: c.principal, a: c.accountId });
+    } catch (error) {
+      if (!(error instanceof ApiError && error.code === "NOT_FOUND")) {
+        status.replaceChildren(problem(error));
+        return;
+      }
+      gone = true;
+    }
+    // In place: a note where the card was, focused, and the rest of the list as it is.
+    const note = h("p", { class: "notice", role: "status", tabindex: -1 }, gone
+      ? `Client ${c.principal} was already deleted (by someone else, or in another tab, since this page loaded); `
+        + "its tokens no longer work."
+      : `Deleted client ${c.principal}: its tokens no longer work.`);
+    card.replaceWith(note);
+    note.focus();
+  }, { class: "danger", "aria-label": `Delete client ${c.principal}` });
+  return h("div", {}, remove, status);
 }
 
 // Whether client `c` is the one this console is signed in as.
@@ -1013,6 +1313,7 @@ function clientChanges(c, facts, show) {
   return h("div", {}, open, said);
 }
 
+const CREATE_CLIENT = `mutation($input: ClientInput!) { createClient(input: $input) { ${CLIENT} } }`;
 const UPDATE_CLIENT = `mutation($p: String!, $a: UUID, $input: ClientUpdateInput!) {
   updateClient(principal: $p, accountId: $a, input: $input) { ${CLIENT} } }`;
 const READ_CLIENT = `query($p: String!, $a: UUID) { client(principal: $p, accountId: $a) { ${CLIENT} } }`;
@@ -1022,16 +1323,26 @@ const capital = (text) => text.charAt(0).toUpperCase() + text.slice(1).replace(/
 // the `modified` it was filled from: a change made meanwhile is refused (CONFLICT), never
 // overwritten unseen. What the server refuses is said at its field, or above the buttons, and
 // the form stays open with what was typed. `changed(c)` redraws the client behind the form.
+// Without `c` it is the form of a new client, with its principal, saved by createClient.
 function clientForm(c, { saved, cancelled, changed }) {
-  let base = c.modified;
+  const creating = !c;
+  let base = creating ? null : c.modified;
   let busy = false;
-  const name = h("input", { type: "text", value: c.name, required: true, maxlength: 200, autocomplete: "off" });
-  const nameField = field("Name", name);
+  const principal = creating ? h("input", { type: "text", required: true, maxlength: 200, autocomplete: "off",
+    spellcheck: false, class: "mono" }) : null;
+  const principalField = creating ? field("Principal", principal, "What its tokens sign in as: 1 to 200 letters, "
+    + "digits and _ . : @ / + -, starting with a letter or digit. It cannot be changed later.") : null;
+  if (creating) principal.addEventListener("input", () => principalField.showError(""));
+  const name = h("input", { type: "text", value: creating ? "" : c.name, required: true, maxlength: 200,
+    autocomplete: "off" });
+  const nameField = field("Name", name, creating ? "What people call it, such as Support console." : null);
   name.addEventListener("input", () => nameField.showError(""));
-  const editor = policyEditor(c.policies);
+  const editor = policyEditor(creating ? [{ effect: "ALLOW", actions: ["SELECT"], resources: [] }] : c.policies);
   const outcome = h("div", { class: "status" });
-  const save = h("button", { type: "submit" }, "Save changes");
-  const title = h("h3", { id: `edit-${Math.random().toString(36).slice(2)}` }, `Edit client ${c.principal}`);
+  const save = h("button", { type: "submit" }, creating ? "Create client" : "Save changes");
+  const title = h("h3", { id: `edit-${Math.random().toString(36).slice(2)}` },
+    creating ? "New client" : `Edit client ${c.principal}`);
+  const not = creating ? "Not created" : "Not saved";
   const say = (...text) => outcome.replaceChildren(h("div", { class: "error", role: "alert" }, ...text));
 
   async function refused(error) {
@@ -1043,18 +1354,23 @@ function clientForm(c, { saved, cancelled, changed }) {
         x = /^policies\[(\d+)\]\.(effect|actions|resources):? ([\s\S]*)$/.exec(m);
         if (x && editor.showError(Number(x[1]), x[2], capital(x[3]))) {
           const what = { effect: "effect", actions: "verbs", resources: "resources" }[x[2]];
-          return say(`Not saved: correct the ${what} of policy ${Number(x[1]) + 1}.`);
+          return say(`${not}: correct the ${what} of policy ${Number(x[1]) + 1}.`);
         }
         if (/^client name\b/.test(m)) {
           nameField.showError(capital(m));
           name.focus();
-          return say("Not saved: correct the name.");
+          return say(`${not}: correct the name.`);
         }
-        return say(`Not saved: ${capital(m)}`);
+        if (creating && /^principal\b/.test(m)) {
+          principalField.showError(capital(m));
+          principal.focus();
+          return say(`${not}: correct the principal.`);
+        }
+        return say(`${not}: ${capital(m)}`);
       case "ACCESS_DENIED":
         x = /^the policies given to client .* allow (.+), which this client does not hold/.exec(m);
         if (x) {
-          return say(`Not saved: these policies would give ${x[1]}, which your token does not hold. A client `
+          return say(`${not}: these policies would give ${x[1]}, which your token does not hold. A client `
             + "can give only grants it holds: remove those, or ask someone whose token holds them.");
         }
         x = /^client .* holds (.+), which this client does not hold/.exec(m);
@@ -1062,12 +1378,19 @@ function clientForm(c, { saved, cancelled, changed }) {
           return say(`Not saved: this client now holds ${x[1]}, which your token does not, so your token `
             + "cannot change it. Someone may have given it more since this page loaded.");
         }
-        return say(`Not saved. ${error.sentence}`);
+        return say(`${not}. ${error.sentence}`);
       case "NOT_FOUND":
+        if (creating) return say(`${not}. ${error.sentence}`);
         return say(`Not saved: client ${c.principal} no longer exists; someone may have deleted it.`);
       case "CONFLICT": {
+        // A new client's principal taken (perhaps by someone else meanwhile): said at the field.
+        if (creating && /already exists/.test(m)) {
+          principalField.showError(`${capital(m)} Choose another principal, or edit that client.`);
+          principal.focus();
+          return say(`${not}: the principal is taken.`);
+        }
         // Another transaction at the same moment: nothing to show, saving again may pass.
-        if (!/^client .* was changed at /.test(m)) return say(`Not saved. ${error.sentence}`);
+        if (creating || !/^client .* was changed at /.test(m)) return say(`${not}. ${error.sentence}`);
         // Changed since the form was filled: shown as it is now, so saving again is a choice.
         let now;
         try {
@@ -1094,8 +1417,14 @@ function clientForm(c, { saved, cancelled, changed }) {
     e.preventDefault();
     if (busy) return;
     nameField.showError("");
+    if (creating) principalField.showError("");
     editor.clearErrors();
     outcome.replaceChildren();
+    if (creating && !principal.value.trim()) {
+      principalField.showError("Give the client a principal.");
+      principal.focus();
+      return;
+    }
     if (!name.value.trim()) {
       nameField.showError("Give the client a name.");
       name.focus();
@@ -1104,14 +1433,18 @@ function clientForm(c, { saved, cancelled, changed }) {
     const problems = editor.problems();
     if (problems.length) {
       problems.reverse().forEach(([i, key, message]) => editor.showError(i, key, message));  // focus: the first
-      return say(problems.length === 1 ? "Not saved: correct the field marked below."
-        : `Not saved: correct the ${problems.length} fields marked below.`);
+      return say(problems.length === 1 ? `${not}: correct the field marked below.`
+        : `${not}: correct the ${problems.length} fields marked below.`);
     }
     busy = save.disabled = true;
     try {
-      const input = { name: name.value, policies: editor.value(), expectedModified: base };
-      const data = await gql(UPDATE_CLIENT, { p: c.principal, a: c.accountId, input });
-      await saved(data.updateClient);
+      if (creating) {
+        const input = { principal: principal.value.trim(), name: name.value, policies: editor.value() };
+        await saved((await gql(CREATE_CLIENT, { input })).createClient);
+      } else {
+        const input = { name: name.value, policies: editor.value(), expectedModified: base };
+        await saved((await gql(UPDATE_CLIENT, { p: c.principal, a: c.accountId, input })).updateClient);
+      }
     } catch (error) {
       await refused(error);
     } finally {
@@ -1119,9 +1452,9 @@ function clientForm(c, { saved, cancelled, changed }) {
       if (form.isConnected && document.activeElement === document.body) save.focus();
     }
   } }, title,
-  signedInAs(c) ? h("p", { class: "notice" }, "This is the client you are signed in as: grants you take from it, "
+  !creating && signedInAs(c) ? h("p", { class: "notice" }, "This is the client you are signed in as: grants you take from it, "
     + "this console loses as soon as you save.") : null,
-  nameField, editor.element, outcome, save,
+  principalField, nameField, editor.element, outcome, save,
   h("button", { type: "button", class: "secondary", onclick: () => busy || cancelled() }, "Cancel"));
   form.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && !busy) {
@@ -1139,6 +1472,7 @@ function clientForm(c, { saved, cancelled, changed }) {
 const ROUTES = [
   [/^\/?$/, agentsView, []],
   [/^\/clients$/, clientsView, []],
+  [/^\/agents\/new$/, newAgentView, []],
   [/^\/agents\/([^/]+)$/, agentView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories$/, memoriesView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories\/([^/]+)$/, recordView, ["actionId", "memoryId"]],

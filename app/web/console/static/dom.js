@@ -84,24 +84,46 @@ export function field(label, control, hint) {
   return wrapper;
 }
 
-export function confirmDialog({ title, body, ok }) {
+// The page's one confirmation dialog: `title`, `body` (what the action does, its description)
+// and the `ok` button's label. With `typed`, the operator types that text before `ok` is
+// enabled: for what cannot be undone, so a stray Enter confirms nothing.
+export function confirmDialog({ title, body, ok, typed }) {
   const dialog = document.getElementById("confirm");
+  const place = document.getElementById("confirm-typed");
   document.getElementById("confirm-title").textContent = title;
   clear(document.getElementById("confirm-body"));
   append(document.getElementById("confirm-body"), [body]);
   const okButton = document.getElementById("confirm-ok");
   const cancel = document.getElementById("confirm-cancel");
   okButton.textContent = ok;
+  let input = null;
+  if (typed !== undefined) {
+    const id = `f-${Math.random().toString(36).slice(2)}`;
+    input = h("input", { id, type: "text", autocomplete: "off", spellcheck: false, class: "mono",
+      "aria-describedby": `${id}-hint` });
+    append(place, [h("div", { class: "field" }, h("label", { for: id }, "Type ", h("strong", {}, typed), " to confirm"),
+      h("p", { class: "hint", id: `${id}-hint` }, `“${ok}” is enabled once what is typed here matches exactly.`),
+      input)]);
+    okButton.disabled = true;
+    input.oninput = () => { okButton.disabled = input.value !== typed; };
+  }
   return new Promise((resolve) => {
     const done = (answer) => {
       okButton.onclick = cancel.onclick = dialog.oncancel = null;
+      okButton.disabled = false;
+      clear(place);
       if (dialog.open) dialog.close();
       resolve(answer);
     };
     okButton.onclick = () => done(true);
     cancel.onclick = () => done(false);
     dialog.oncancel = () => done(false);
+    if (input) {
+      input.onkeydown = (e) => {
+        if (e.key === "Enter" && input.value === typed) done(true);
+      };
+    }
     dialog.showModal();
-    cancel.focus();
+    (input || cancel).focus();
   });
 }
