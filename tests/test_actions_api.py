@@ -5,11 +5,22 @@ import logging
 from uuid import uuid4
 
 import pytest
-from factories import allow, caller, deny, make_account
+from factories import (
+    allow,
+    caller,
+    deny,
+    make_account,
+    make_agent,
+    record_turn,
+    remember,
+    token_for,
+    writer,
+)
 
 from app.actions import service as actions_service
 from app.db.cursors import pack
 from app.graphql.relay import global_id
+from app.graphql.schema import schema
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
 FIELDS = (
@@ -294,8 +305,6 @@ async def test_actions_pages_newest_first_with_keyset_cursors(gql, admin):
     # Each agent is listed once, at its current version.
     assert [(e["node"]["name"], e["node"]["version"]) for e in third["edges"]] == [("a0 v2", 2)]
     assert third["pageInfo"]["hasNextPage"] is False
-    empty = (await gql(admin, ACTIONS, first=0)).ok()["actions"]
-    assert empty["nodes"] == [] and empty["pageInfo"]["hasNextPage"] is True
 
 
 @pytest.mark.parametrize(
@@ -313,11 +322,67 @@ async def test_foreign_cursors_are_bad_request(gql, admin, after):
     assert "`after` is not a cursor this connection issued" in result.errors[0]["message"]
 
 
-@pytest.mark.parametrize("first", [-1, 1001])
+@pytest.mark.parametrize("first", [-1, 0, 1001])
 async def test_first_out_of_range_is_bad_request(gql, admin, first):
     result = await gql(admin, ACTIONS, first=first)
     assert result.codes == ["BAD_REQUEST"]
-    assert "`first` must be from 0 to 1000" in result.errors[0]["message"]
+    assert result.errors[0]["message"] == f"`first` must be from 1 to 1000, got {first}"
+
+
+# Each connection, reached from the root: `first: 0` would answer an empty page saying more
+# follow (hasNextPage) without an endCursor to ask for them, so every one refuses it.
+CONNECTIONS = {
+    "Query.actions": "actions(first: 0) { %s }",
+    "Query.clients": "clients(first: 0) { %s }",
+    "Client.tokens": 'client(principal: "c1") { tokens(first: 0) { %s } }',
+    "Action.sessions": "action(actionId: $a) { sessions(first: 0) { %s } }",
+    "Action.executions": "action(actionId: $a) { executions(first: 0) { %s } }",
+    "Action.memories": "action(actionId: $a) { memories(first: 0) { %s } }",
+    "Action.searchMemories": "action(actionId: $a) { searchMemories(first: 0) { %s } }",
+    "ActionAgentMemory.history": "agentMemory(actionId: $a, id: $m) { history(first: 0) { %s } }",
+    "ActionExecution.transcript": "execution(executionId: $e) { transcript(first: 0) { %s } }",
+    "ActionSession.history": "node(id: $s) { ... on ActionSession { history(first: 0) { %s } } }",
+    "ActionSession.executions": (
+        "node(id: $s) { ... on ActionSession { executions(first: 0) { %s } } }"
+    ),
+}
+
+
+def test_every_connection_is_in_the_first_zero_test():
+    connections = {
+        f"{name}.{field}"
+        for name, type_ in schema._schema.type_map.items()
+        for field, definition in getattr(type_, "fields", {}).items()
+        if "first" in getattr(definition, "args", {})
+        and str(definition.type).rstrip("!").endswith("Connection")
+    }
+    assert connections == set(CONNECTIONS)
+
+
+@pytest.mark.parametrize("field", sorted(CONNECTIONS))
+async def test_first_zero_is_bad_request_on_every_connection(state, gql, admin, field):
+    agent = await make_agent(state, admin)
+    w = writer(agent, session="s1")
+    await record_turn(state, w)
+    record = await remember(state, agent, "the office is in Oslo")
+    await token_for(state, admin, "c1")
+    variables = {
+        "a": (str(agent.action_id), "UUID"),
+        "m": (str(record.memory_id), "UUID"),
+        "e": (str(w.execution_id), "UUID"),
+        "s": (global_id("ActionSession", agent.action_id, "s1"), "ID"),
+    }
+    body = CONNECTIONS[field] % "edges { cursor } pageInfo { hasNextPage endCursor }"
+    used = {k: v for k, v in variables.items() if f"${k}" in body}
+    declared = ", ".join(f"${k}: {kind}!" for k, (_, kind) in used.items())
+    query = f"query({declared}) {{ {body} }}" if used else f"query {{ {body} }}"
+    result = await gql(admin, query, **{k: value for k, (value, _) in used.items()})
+    assert result.codes == ["BAD_REQUEST"], result.errors
+    assert result.errors[0]["message"] == "`first` must be from 1 to 1000, got 0"
+    one = await gql(
+        admin, query.replace("first: 0", "first: 1"), **{k: v for k, (v, _) in used.items()}
+    )
+    assert one.ok()
 
 
 # --- node -------------------------------------------------------------------------------------

@@ -430,7 +430,7 @@ class ActionMemoryFields:
         ] = None,
         first: Annotated[
             int,
-            strawberry.argument(description="How many records to return, from 0 to 1,000."),
+            strawberry.argument(description="How many records to return, from 1 to 1,000."),
         ],
         after: Annotated[
             str | None,
