@@ -12,6 +12,7 @@ from app.db.cursors import Keyset
 from app.errors import BadInput, NotFound
 from app.graphql.context import Info
 from app.graphql.enums import graphql_enum
+from app.graphql.inputs import built_directly
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
@@ -90,6 +91,7 @@ class ActionAgentMemoryLabel:
     )
 
 
+@built_directly
 @strawberry.input(description="A label value, by the label's declared name or number.")
 class AgentMemoryLabelInput:
     name: str | None = strawberry.field(
@@ -101,6 +103,7 @@ class AgentMemoryLabelInput:
     value: str = strawberry.field(description="The exact value, such as a customer ID.")
 
 
+@built_directly
 @strawberry.input(description="A record an operator seeds or corrects with addAgentMemory.")
 class AgentMemoryInput:
     summary: str = strawberry.field(description="One line the agent can act on, at most 512 bytes.")
