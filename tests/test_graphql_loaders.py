@@ -7,7 +7,16 @@ import uuid
 from uuid import UUID
 
 import pytest
-from factories import allow, caller, make_agent, record_turn, remember, token_for, writer
+from factories import (
+    allow,
+    caller,
+    forget,
+    make_agent,
+    record_turn,
+    remember,
+    token_for,
+    writer,
+)
 from helpers import GQL
 from runtime_support import RUNNER_POLICIES
 
@@ -17,7 +26,10 @@ from app.executions import store as executions_store
 from app.graphql.executions import SESSIONS as SESSIONS_KEYSET
 from app.graphql.executions import TRANSCRIPT as TRANSCRIPT_KEYS
 from app.graphql.history import CONVERSATION
+from app.graphql.memory import VERSIONS
 from app.graphql.relay import CREATED_ID, global_id
+from app.memory import operator
+from app.memory.operator import HistoryPage
 from app.runtime import redaction
 from app.state import AppState
 
@@ -646,3 +658,103 @@ async def agent_lists(state, action_id: UUID) -> tuple[list, list]:
         )
     ]
     return sessions, executions
+
+
+# Issue 14, item 3: a page of records reads each record's history in three queries (which
+# records the caller sees, their versions, the agent's label names); it was three per record.
+VERSION = "version status summary labels { number value name }"
+RECORD_HISTORY = (
+    "history(first: %d, after: %s) { edges { cursor node { " + VERSION + " } } " + PAGE_INFO + " }"
+)
+RECORDS = """query($a: UUID!) { action(actionId: $a) {
+  memories(first: 100, status: [ACTIVE, DELETED]) { nodes { memoryId %s } } } }"""
+
+
+async def records_with_versions(state, agent, n: int) -> None:
+    """`n` records with a label; every other one deleted (a second version)."""
+    for i in range(n):
+        record = await remember(
+            state, agent, f"fact {i}", scope="AGENT", labels={"customer_id": f"c{i}"}
+        )
+        if i % 2:
+            await forget(state, agent, record.memory_id)
+
+
+async def all_versions(state, agent) -> dict[str, list[tuple[str, dict]]]:
+    """Each record's versions as (cursor, node), newest first, read straight from the table."""
+    found: dict[str, list[tuple[str, dict]]] = {}
+    for r in await state.pool.fetch(
+        "SELECT memory_id, version, status, summary, labels FROM agent_memory_versions "
+        "WHERE action_id = $1 ORDER BY version DESC",
+        agent.action_id,
+    ):
+        names = {5: "customer_id", 7: "ticket"}
+        labels = [
+            {"number": int(k), "value": v, "name": names.get(int(k))}
+            for k, v in sorted(r["labels"].items(), key=lambda kv: int(kv[0]))
+        ]
+        node = {"version": r["version"], "status": r["status"], "summary": r["summary"],
+                "labels": labels}  # fmt: skip
+        found.setdefault(str(r["memory_id"]), []).append((VERSIONS.encode(r["version"]), node))
+    return found
+
+
+# Issue 14, item 3
+async def test_issue14_item3_record_histories_cost_three_queries_however_many_records(
+    state, db_url, admin
+):
+    agent = await make_agent(state, admin)
+    a = str(agent.action_id)
+    query = RECORDS % (RECORD_HISTORY % (1, "null"))
+    await records_with_versions(state, agent, 3)
+    few, with_few = await counted(state, db_url, admin, query, a=a)
+    await records_with_versions(state, agent, 9)
+    many, with_many = await counted(state, db_url, admin, query, a=a)
+    plain = (await counted(state, db_url, admin, RECORDS % "", a=a))[1]
+    assert with_many == with_few <= plain + 3
+    versions = await all_versions(state, agent)
+    for data in (few, many):
+        for node in data["action"]["memories"]["nodes"]:
+            assert node["history"] == expected(versions[node["memoryId"]], 1, None)
+    nodes = many["action"]["memories"]["nodes"]
+    assert len(nodes) == 12 and {n["history"]["pageInfo"]["hasNextPage"] for n in nodes} == {
+        True,
+        False,
+    }
+
+
+# Issue 14, item 3: parents asking for pages after different cursors, in one request; a record
+# the caller does not see (another agent's, under this agent's ID) has no versions, as before.
+async def test_issue14_item3_record_histories_page_after_each_parents_own_cursor(state, admin):
+    agent = await make_agent(state, admin)
+    await records_with_versions(state, agent, 4)
+    versions = await all_versions(state, agent)
+    ids = list(versions)
+    names = [f"r{i}" for i in range(len(ids))]
+    query = aliased(
+        {
+            n: f'agentMemory(actionId: "{agent.action_id}", id: "{m}") '
+            f"{{ {RECORD_HISTORY % (1, '$' + n)} }}"
+            for n, m in zip(names, ids, strict=True)
+        }
+    )
+    gql = GQL(state)
+    after: dict[str, str | None] = dict.fromkeys(names)
+    for _ in range(3):  # two versions at most, then an empty page after the last
+        data = (await gql(admin, query, **after)).ok()
+        for n, m in zip(names, ids, strict=True):
+            assert data[n]["history"] == expected(versions[m], 1, after[n]), (n, after[n])
+            after[n] = data[n]["history"]["pageInfo"]["endCursor"]
+    other = await make_agent(state, admin, name="other")
+    theirs = await remember(state, other, "not this agent's", scope="AGENT")
+    page = await operator.memory_history_pages(
+        state.pool,
+        admin,
+        pages=[
+            HistoryPage(agent.action_id, theirs.memory_id, None, 5),
+            HistoryPage(other.action_id, theirs.memory_id, None, 5),
+        ],
+    )
+    assert page[0] == [] and [v.record.version for v in page[1]] == [1]
+    too_many = await gql(admin, RECORDS % (RECORD_HISTORY % (1001, "null")), a=str(agent.action_id))
+    assert too_many.codes == ["BAD_REQUEST"] and too_many.errors[0]["path"][-1] == "history"
