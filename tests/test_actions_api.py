@@ -2,6 +2,7 @@
 and how errors reach the client (codes, masking, logging)."""
 
 import logging
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -18,7 +19,9 @@ from factories import (
 )
 
 from app.actions import service as actions_service
+from app.auth.caller import Caller
 from app.db.cursors import pack
+from app.graphql import execution
 from app.graphql.relay import global_id
 from app.graphql.schema import schema
 
@@ -495,3 +498,45 @@ async def test_domain_and_request_errors_log_no_stack_trace(gql, state, admin, c
         assert (await gql(admin, ACTION, id="not-a-uuid")).codes == ["BAD_REQUEST"]
     noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert noisy == []
+
+
+# A page's document fields are read directly once the caller may read them (app/graphql/
+# execution.py's guard): the answer, errors and their paths included, is strawberry's own,
+# for a reader with the grant, one without it (each field refused), and a creator without it
+# (the version it wrote is readable).
+async def test_document_fields_answer_as_strawberrys_own_path(state, gql, admin, monkeypatch):
+    for i in range(3):
+        await create(gql, admin, name=f"a{i}")
+    listing = "query { actions(first: 10) { nodes { actionId name model createdBy version } } }"
+    no_document = caller(admin.account_id, allow(["SELECT"], "financial.Action.indexes.*"))
+    creator = caller(admin.account_id, allow(["INSERT"], "financial.Action.document"))
+
+    async def answer(guarded: bool, who: Caller, query: str, **variables: Any) -> dict:
+        monkeypatch.setattr(execution, "_PLANS", {})  # plans made again, with or without guards
+        if not guarded:
+            monkeypatch.setattr(execution, "_guard", lambda definition: None)
+        result = await gql(who, query, **variables)
+        monkeypatch.undo()
+        return {"data": result.data, "errors": result.errors}
+
+    for who in (admin, no_document):
+        assert await answer(True, who, listing) == await answer(False, who, listing)
+    guarded = execution._plan(schema._schema.type_map["Action"])
+    assert guarded["name"][5] is not None and guarded["version"][5] is None
+    refused = await answer(True, no_document, listing)
+    assert refused["errors"] and refused["data"] is None
+    assert {e["extensions"]["code"] for e in refused["errors"]} == {"ACCESS_DENIED"}
+    # Each creation writes an agent of its own: its ID and times differ, the rest is the same.
+    new = [
+        await answer(guarded, creator, CREATE, input={"name": "new"}) for guarded in (True, False)
+    ]
+    assert [n["errors"] for n in new] == [[], []]
+    each = [
+        {
+            k: v
+            for k, v in n["data"]["createAction"].items()
+            if k not in ("id", "actionId", "created", "modified")
+        }
+        for n in new
+    ]
+    assert each[0] == each[1] and each[0]["name"] == "new" and each[0]["createdBy"] == "someone"
