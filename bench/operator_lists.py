@@ -10,13 +10,16 @@ runs it), as the default account's admin:
 
 - `nested`: each nested shape (a page of parents, each asking a page of children), its p50 /
   p95 ms and the statements it sends to PostgreSQL (pool resets excluded);
-- `bulk`: `addAgentMemories` of 1,000 records into a fresh agent, p50 over --runs, where the
-  time goes (cProfile of one run, the static embedder, the SQL as the server times it);
-- `actions`: `actions(first: 1000)` p50, and cProfile of it;
-- `tokens`: the plan of the token page statement for the client with --tokens tokens.
+- `bulk`: `addAgentMemories` of 1,000 records into a fresh agent, p50 over --runs / 10 runs,
+  and where the time goes: the SQL as the driver times it, the process's CPU, the static
+  embedder alone, cProfile of one run (--profile);
+- `actions`: `actions(first: 1000)` p50 against the actions layer alone, cProfile (--profile);
+- `tokens`: a page of the client with --tokens tokens, and the plans of the token page
+  statement for its first page and a page from the middle.
 
     python bench/operator_lists.py                  # every part
     python bench/operator_lists.py --part nested --part tokens
+    python bench/operator_lists.py --part bulk --runs 100 --profile
 """
 
 import argparse
