@@ -15,6 +15,7 @@ from app.actions.harness import Harness, parse_harness
 from app.actions.model import ModelConfig, check_endpoint, parse_model
 from app.auth import resources
 from app.auth.caller import Caller
+from app.auth.policies import is_allowed
 from app.config import Settings
 from app.errors import BadInput, Conflict, NotFound
 from app.text import check_one_line
@@ -199,6 +200,11 @@ async def get_action_versions(
 def require_document(caller: Caller) -> None:
     """Reading an action's document (name, instructions, model, harness, ...)."""
     caller.require(("SELECT", resources.ACTION))
+
+
+def may_read_document(caller: Caller) -> bool:
+    """Whether require_document lets the caller through."""
+    return is_allowed(caller.policies, "SELECT", resources.ACTION)
 
 
 async def require_action(pool: asyncpg.Pool, caller: Caller, *, action_id: UUID) -> ActionVersion:
