@@ -89,7 +89,12 @@ def check_name(name: str) -> str:
 
 
 def _values(
-    name: str, instructions: str, model: Any, harness: Harness, settings: Settings | None
+    name: str,
+    instructions: str,
+    model: Any,
+    harness: Harness,
+    settings: Settings | None,
+    account_id: UUID,
 ) -> dict[str, Any]:
     name = check_name(name)
     if len(instructions.encode()) > MAX_INSTRUCTIONS:
@@ -105,7 +110,7 @@ def _values(
     config, model_raw = parse_model(model)
     if settings is not None:
         # Refused when written, not at the action's first turn (turns check again).
-        check_endpoint(config, settings)
+        check_endpoint(config, settings, account_id)
     return {"name": name, "instructions": instructions, "model": model_raw, "harness": harness.raw}
 
 
@@ -120,9 +125,9 @@ async def create_action(
     settings: Settings | None = None,
 ) -> ActionVersion:
     """A new action. With `settings`, a model naming an endpoint or key variable the
-    deployment does not allow is BadInput (the API always passes them)."""
+    deployment does not allow the caller's account is BadInput (the API always passes them)."""
     caller.require(("INSERT", resources.ACTION))
-    values = _values(name, instructions, model, parse_harness(harness), settings)
+    values = _values(name, instructions, model, parse_harness(harness), settings, caller.account_id)
     action_id = uuid.uuid4()
     async with pool.acquire() as conn:
         async with conn.transaction():
@@ -159,7 +164,14 @@ async def update_action(
                     "written: read it again and make the change to what it holds now"
                 )
             previous = _harness(current["harness"])
-            values = _values(name, instructions, model, parse_harness(harness, previous), settings)
+            values = _values(
+                name,
+                instructions,
+                model,
+                parse_harness(harness, previous),
+                settings,
+                caller.account_id,
+            )
             version = await store.bump_version(conn, caller.account_id, action_id)
             await store.insert_version(
                 conn, caller.account_id, action_id, version, values, caller.principal

@@ -598,7 +598,7 @@ async def remember_conversation(
             f"action {action.action_id} has no long-term memory (harness.memory.enabled is "
             "false), so there is nothing to remember the conversation into"
         )
-    check_endpoint(action.model, state.settings)
+    check_endpoint(action.model, state.settings, action.account_id)
     now = datetime.now(UTC)
     run = await _start(
         state,
