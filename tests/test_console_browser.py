@@ -1638,3 +1638,46 @@ async def test_an_operator_erases_a_session_after_typing_its_id(db_url, embedder
             "Your token's grants do not allow erasing sessions: this client is not allowed to "
             "DELETE financial.ActionExecution.document."
         )
+
+
+async def test_a_page_opened_while_a_session_is_erased_is_not_told_it_was_erased(db_url, embedder):
+    """Erasing session s-1, then opening the agent's sessions before the server answered (a slow
+    server): the erasure happens, and the page opened since shows nothing of it. The report
+    ("Session erased", its counts and the records left) went under whichever page was open
+    then, naming no session: under another session's heading, as if that one was erased."""
+    import asyncio
+
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_erase(route):
+            if "eraseSession" in (route.request.post_data or ""):
+                held.set()
+                await release.wait()
+            await route.fallback()
+
+        await page.route("**/graphql", slow_erase)
+        await page.get_by_role("button", name="Erase this session…").click()
+        await page.get_by_role("dialog").get_by_label("Type s-1 to confirm").fill("s-1")
+        await page.get_by_role("dialog").get_by_role("button", name="Erase session").click()
+        await held.wait()
+        await page.get_by_role("link", name="← Sessions").click()
+        sessions = page.get_by_role("table", name="Sessions, newest first")
+        await expect(sessions.get_by_role("link", name="s-1")).to_be_visible()
+        release.set()
+        for _ in range(50):  # the erasure is made, answered, and the answer handled
+            [session] = admin(SESSION_TEXT, a=agent)["action"]["sessions"]["nodes"]
+            kinds = [x["kind"] for x in session["executions"]["nodes"]]
+            if "ERASE" in kinds:
+                break
+            await asyncio.sleep(0.1)
+        assert "ERASE" in kinds
+        await page.wait_for_timeout(500)
+        await expect(page.get_by_role("region", name="Session erased")).to_have_count(0)
+        await expect(page.get_by_role("heading", level=1)).to_have_text(re.compile("^Sessions"))

@@ -45,7 +45,7 @@ Plain = tuple[Any, ...]
 # A type's plain fields by name, keyed by the type's id(), with the type held so that the id
 # names it as long as the entry lives.
 _PLANS: dict[int, tuple[GraphQLObjectType, dict[str, Plain]]] = {}
-_GUARDS: dict[tuple[type, ...], Callable[[Any, Any], bool]] = {}
+_GUARDS: dict[tuple[Any, ...], Callable[[Any, Any], bool]] = {}
 
 
 class _Slow(Exception):
@@ -102,11 +102,17 @@ def _guard(definition: Any) -> Callable[[Any, Any], bool] | None:
     checks = [getattr(p, "allows", None) for p in permission.permissions]
     if not all(callable(c) for c in checks):
         return None
-    # One guard for the fields of the same permission classes: an object checks it once.
-    classes = tuple(type(p) for p in permission.permissions)
-    if classes not in _GUARDS:
-        _GUARDS[classes] = lambda source, context: all(c(source, context) for c in checks)
-    return _GUARDS[classes]
+
+    def guard(source: Any, context: Any) -> bool:
+        return all(c(source, context) for c in checks)
+
+    # One guard for the fields of alike permissions (the same classes with the same settings):
+    # an object checks it once. Keyed by class alone, Needs("a") answered for Needs("b").
+    try:
+        key = tuple((type(p), tuple(sorted(vars(p).items()))) for p in permission.permissions)
+        return _GUARDS.setdefault(key, guard)
+    except TypeError:  # a setting that cannot be a key: the field's own guard
+        return guard
 
 
 def _coercion(leaf_type: GraphQLLeafType) -> Callable[[Any], Any]:

@@ -928,6 +928,9 @@ function eraseButton(actionId, sessionId) {
       typed: sessionId,
     });
     if (!ok) return;
+    // The report goes under this session's page only: one opened meanwhile is another's, and
+    // the report names no session (this page lists the erasure when opened again).
+    const here = location.hash;
     let erased;
     try {
       erased = (await gql(ERASE, { a: actionId, s: sessionId })).eraseSession;
@@ -937,9 +940,10 @@ function eraseButton(actionId, sessionId) {
       return;
     }
     const summaries = await summariesOf(actionId, erased.liveMemoryIds);
+    if (location.hash !== here) return;
     await route();
     const heading = document.querySelector("#main h1");
-    if (!heading) return;
+    if (!heading || location.hash !== here) return;
     const report = erasedReport(actionId, erased, summaries);
     heading.after(report);
     report.querySelector("h2").focus();
