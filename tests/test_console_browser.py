@@ -1472,6 +1472,65 @@ async def test_an_operator_creates_a_client_with_its_first_token_then_deletes_it
         )
 
 
+async def test_a_client_made_again_since_the_page_loaded_is_not_deleted_by_it(db_url, embedder):
+    """A page loaded before a client was deleted and created again under the same principal
+    deletes nothing with "Delete client…": deleteClient is sent the `modified` the card showed,
+    is CONFLICT, and the card says why and shows the client as it is now, its new token
+    included. Deleting from that card, which knows the new client, then deletes it."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        card = client_card(page, "auditor")
+        await expect(card.locator("h2")).to_have_text("Auditor auditor")
+        await expect(card.locator("tbody tr")).to_have_count(1)
+        # Meanwhile someone deletes it and makes another client "auditor", with a token.
+        admin('mutation { deleteClient(principal: "auditor") { principal } }')
+        admin(CREATE_CLIENT, i={"principal": "auditor", "name": "Auditor II", "policies": [MEMORY]})
+        made = admin('mutation { createClientToken(principal: "auditor") { token prefix } }')
+        made = made["createClientToken"]
+        await page.evaluate("window.stayed = true")  # gone if the page were loaded again
+
+        await card.get_by_role("button", name="Delete client auditor").click()
+        dialog = page.get_by_role("dialog")
+        await dialog.get_by_role("button", name="Delete client").click()
+        note = page.locator("main .notice", has_text="Not deleted")
+        await expect(note).to_have_text(
+            "Not deleted: client auditor was changed, or deleted and created again, after this "
+            "page loaded. It is shown below as it is now; delete it again if this client must go."
+        )
+        await expect(note).to_be_focused()
+        # The new client stays, its token working; its card shows it as it is now.
+        assert admin(READ_CLIENT, p="auditor")["client"]["name"] == "Auditor II"
+        new = Api(url, made["token"])
+        assert new("{ viewer { principal } }")["viewer"]["principal"] == "auditor"
+        card = client_card(page, "auditor")
+        await expect(card).to_have_count(1)
+        await expect(card.locator("h2")).to_have_text("Auditor II auditor")
+        await expect(card.locator("li")).to_have_text(["ALLOW SELECT on financial.AgentMemory.*"])
+        await expect(card.locator("tbody tr")).to_have_count(1)
+        await expect(card.locator("tbody tr")).to_contain_text(made["prefix"])
+        await expect(card.locator(".notice", has_text="Not deleted")).to_have_count(1)
+        await expect(page.locator("main .error")).to_have_count(0)
+        await page.screenshot(
+            path=screenshot_path("console-delete-client-made-again.png"), full_page=True
+        )
+        assert await page.evaluate("window.stayed") is True
+
+        # Asked again from the card that shows it: deleted.
+        await card.get_by_role("button", name="Delete client auditor").click()
+        await dialog.get_by_role("button", name="Delete client").click()
+        await expect(card).to_have_count(0)
+        await expect(page.locator("main .notice", has_text="Deleted client auditor")).to_have_text(
+            "Deleted client auditor: its tokens no longer work."
+        )
+        assert admin(READ_CLIENT, p="auditor")["client"] is None
+        gone = new.raw("{ viewer { principal } }")
+        assert gone["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
 async def test_a_new_client_is_held_to_the_operators_grants(db_url, embedder):
     """A client gives only grants it holds: a new client with a policy wider than the manager's
     is refused in words, the form kept and nothing created. A token that may create clients but
