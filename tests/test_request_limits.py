@@ -18,6 +18,7 @@ import httpx
 import pytest
 from factories import allow, make_agent, remember, token_for
 
+from app.executions import store as executions_store
 from app.memory import search as memory_search
 
 MEMORIES = """query($a: UUID!) { action(actionId: $a) { memories(first: 1000) {
@@ -308,3 +309,47 @@ async def test_a_mutation_whose_answer_passes_max_answer_bytes_still_writes(base
         assert (
             len((await ask(fewer, input=agent | {"name": "terse"}))["data"]["createAction"]) == 15
         )
+
+
+@pytest.mark.settings(max_answer_bytes=2**20)
+async def test_json_an_answer_resolves_is_counted_at_its_length(base_url, state, admin, gql):
+    """An execution's `input` (a resolver's JSON value, up to a request body each) counts at
+    its length as JSON."""
+    agent = await make_agent(state, admin)
+    async with state.pool.acquire() as conn:
+        await executions_store.ensure_session(conn, admin.account_id, agent.action_id, "s1")
+        for turn in range(3):
+            await executions_store.insert_execution(
+                conn,
+                account_id=admin.account_id,
+                action_id=agent.action_id,
+                execution_id=uuid.uuid4(),
+                action_version=1,
+                session_id="s1",
+                turn=turn + 1,
+                kind="TURN",
+                status="RUNNING",
+                preview=False,
+                principal=admin.principal,
+                input={"messages": [{"role": "user", "content": "y" * 200_000}] * 2},
+            )
+    inputs = (
+        "query($a: UUID!) {{ action(actionId: $a) {{ executions(first: {n}) {{ nodes {{ input }} "
+        "}} }} }}"
+    )
+    token = await token_for(state, admin, "reader", allow(["SELECT"], "financial.*"))
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        headers = {"Authorization": f"Bearer {token}"}
+        a = str(agent.action_id)
+
+        async def ask(n: int) -> dict:
+            body = {"query": inputs.format(n=n), "variables": {"a": a}}
+            return (await http.post("/graphql", json=body, headers=headers)).json()
+
+        two = await ask(2)  # 800,000 characters of JSON
+        assert "errors" not in two
+        assert two["data"] == (await gql(admin, inputs.format(n=2), a=a)).ok()
+        refused = await ask(3)
+        assert refused["data"] is None and len(refused["errors"]) == 1, refused
+        assert refused["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
+        assert "ENGRAM_MAX_ANSWER_BYTES" in refused["errors"][0]["message"]
