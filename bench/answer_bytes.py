@@ -5,8 +5,8 @@ bench/memory_api.py lists: texts, IDs, timestamps, an enum, numbers, booleans, a
 comparison, through another checkout's (--baseline, e.g. a `git worktree` of main before the
 count), alternated round by round; process CPU per request, median and least of --rounds.
 
-    python bench/answer_bytes.py --baseline /work/main
-    python bench/answer_bytes.py --baseline /work/main --records 10   # a search's page
+    python bench/answer_bytes.py --baseline /tmp/engram-main
+    python bench/answer_bytes.py --baseline /tmp/engram-main --records 10   # a search's page
 """
 
 import argparse

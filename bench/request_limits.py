@@ -25,8 +25,8 @@ reach (the fragment check is no setting: compare with --root of a checkout befor
     python bench/request_limits.py                      # the limits as shipped
     python bench/request_limits.py --no-limits          # the answer and search attacks run
     python bench/request_limits.py --root /tmp/engram-main --no-limits --fragments 20
-    python bench/request_limits.py --only answer --records 0 --root /work/main   # before
-    python bench/request_limits.py --only answer --records 0                     # after
+    python bench/request_limits.py --only answer --records 0 --root /tmp/engram-main   # before
+    python bench/request_limits.py --only answer --records 0                          # after
 """
 
 import argparse
