@@ -251,6 +251,7 @@ def create_app(
         max_tokens=settings.max_query_tokens,
         max_nodes=settings.max_query_nodes,
         max_searches=settings.max_query_searches,
+        max_answer_bytes=settings.max_answer_bytes,
         introspection=settings.introspection,
     )
 

@@ -12,11 +12,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import httpx
 import pytest
 from factories import allow, make_agent, remember, token_for
 
+from app.executions import store as executions_store
 from app.memory import search as memory_search
 
 MEMORIES = """query($a: UUID!) { action(actionId: $a) { memories(first: 1000) {
@@ -239,3 +241,115 @@ async def test_a_selection_repeats_a_field_name_at_most_100_times(gql, admin):
     # Aliases name them apart; the same name in many selections is no repetition.
     aliased = " ".join(f'a{i}: action(actionId: "{uuid.uuid4()}") {{ name }}' for i in range(150))
     assert len((await gql(admin, "{ " + aliased + " }")).ok()) == 150
+
+
+def instructions_of(aliases: int, directive: str = "") -> str:
+    """`aliases` pages of the account's agents' instructions (through graphql-core's own path,
+    rather than the short one for plain fields, with a directive on the field)."""
+    page = "a{i}: actions(first: 20) {{ nodes {{ actionId instructions{directive} }} }}"
+    return "{ " + " ".join(page.format(i=i, directive=directive) for i in range(aliases)) + " }"
+
+
+@pytest.mark.settings(max_answer_bytes=2**20)
+async def test_an_answer_past_max_answer_bytes_is_refused_whole(base_url, state, admin, gql):
+    """The object count bounds no text: nine aliases of a page of 1,000 agents' 64 KiB
+    instructions are 9,009 objects and 590 MB. The answer's size is counted as it is built,
+    on the short path for plain fields and on graphql-core's own."""
+    for i in range(12):  # 720,000 characters of instructions
+        await make_agent(state, admin, name=f"agent {i}", instructions=str(i % 10) * 60_000)
+    token = await token_for(state, admin, "reader", allow(["SELECT"], "financial.*"))
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+
+        async def ask(query: str) -> dict:
+            body = {"query": query}
+            return (await http.post("/graphql", json=body, headers=headers)).json()
+
+        headers = {"Authorization": f"Bearer {token}"}
+        for directive in ("", " @include(if: true)"):
+            within = await ask(instructions_of(1, directive))
+            assert "errors" not in within
+            # In full, as the default budget (32 MiB) answers it.
+            assert within["data"] == (await gql(admin, instructions_of(1))).ok()
+            assert sorted(n["instructions"][0] for n in within["data"]["a0"]["nodes"]) == sorted(
+                str(i % 10) for i in range(12)
+            )
+            refused = await ask(instructions_of(2, directive))
+            assert refused["data"] is None and len(refused["errors"]) == 1, refused
+            error = refused["errors"][0]
+            assert error["extensions"]["code"] == "BAD_REQUEST"
+            assert "answer passed 1,048,576 bytes (ENGRAM_MAX_ANSWER_BYTES" in error["message"]
+            assert "ask for smaller pages or fewer fields" in error["message"]
+    assert len((await gql(admin, instructions_of(2))).ok()) == 2
+
+
+@pytest.mark.settings(max_answer_bytes=2**20)
+async def test_a_mutation_whose_answer_passes_max_answer_bytes_still_writes(base_url, state, admin):
+    """Aliases of one field hold one object's text many times over; a mutation's answer is
+    counted too, and its refusal says that the change was made (one mutation a request)."""
+    token = await token_for(state, admin, "writer", allow(["SELECT", "INSERT"], "financial.*"))
+    fields = " ".join(f"i{i}: instructions" for i in range(20))  # 20 x 60,000 characters
+    create = f"mutation($input: ActionInput!) {{ createAction(input: $input) {{ {fields} }} }}"
+    listing = "{ actions(first: 10) { nodes { name } } }"
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+
+        async def ask(query: str, **variables: Any) -> dict:
+            body = {"query": query, "variables": variables}
+            return (await http.post("/graphql", json=body, headers=headers)).json()
+
+        headers = {"Authorization": f"Bearer {token}"}
+        agent = {"name": "verbose", "instructions": "x" * 60_000}
+        refused = await ask(create, input=agent)
+        assert refused["data"] is None and len(refused["errors"]) == 1, refused
+        error = refused["errors"][0]
+        assert error["extensions"]["code"] == "BAD_REQUEST"
+        assert "passed 1,048,576 bytes (ENGRAM_MAX_ANSWER_BYTES" in error["message"]
+        assert "the change the mutation asked for was made" in error["message"]
+        assert (await ask(listing))["data"]["actions"]["nodes"] == [{"name": "verbose"}]
+        fewer = create.replace(fields, " ".join(f"i{i}: instructions" for i in range(15)))
+        assert (
+            len((await ask(fewer, input=agent | {"name": "terse"}))["data"]["createAction"]) == 15
+        )
+
+
+@pytest.mark.settings(max_answer_bytes=2**20)
+async def test_json_an_answer_resolves_is_counted_at_its_length(base_url, state, admin, gql):
+    """An execution's `input` (a resolver's JSON value, up to a request body each) counts at
+    its length as JSON."""
+    agent = await make_agent(state, admin)
+    async with state.pool.acquire() as conn:
+        await executions_store.ensure_session(conn, admin.account_id, agent.action_id, "s1")
+        for turn in range(3):
+            await executions_store.insert_execution(
+                conn,
+                account_id=admin.account_id,
+                action_id=agent.action_id,
+                execution_id=uuid.uuid4(),
+                action_version=1,
+                session_id="s1",
+                turn=turn + 1,
+                kind="TURN",
+                status="RUNNING",
+                preview=False,
+                principal=admin.principal,
+                input={"messages": [{"role": "user", "content": "y" * 200_000}] * 2},
+            )
+    inputs = (
+        "query($a: UUID!) {{ action(actionId: $a) {{ executions(first: {n}) {{ nodes {{ input }} "
+        "}} }} }}"
+    )
+    token = await token_for(state, admin, "reader", allow(["SELECT"], "financial.*"))
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        headers = {"Authorization": f"Bearer {token}"}
+        a = str(agent.action_id)
+
+        async def ask(n: int) -> dict:
+            body = {"query": inputs.format(n=n), "variables": {"a": a}}
+            return (await http.post("/graphql", json=body, headers=headers)).json()
+
+        two = await ask(2)  # 800,000 characters of JSON
+        assert "errors" not in two
+        assert two["data"] == (await gql(admin, inputs.format(n=2), a=a)).ok()
+        refused = await ask(3)
+        assert refused["data"] is None and len(refused["errors"]) == 1, refused
+        assert refused["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
+        assert "ENGRAM_MAX_ANSWER_BYTES" in refused["errors"][0]["message"]

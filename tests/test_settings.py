@@ -161,3 +161,18 @@ def test_a_wrong_allow_list_is_refused_naming_its_setting(monkeypatch, name, val
         f"ENGRAM_MODEL_ALLOWED_{name}" in str(refused.value)
     )
     assert told in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [("1048576", True), ("1073741824", True), ("1048575", False), ("1073741825", False)],
+)
+def test_max_answer_bytes_is_between_1_mib_and_1_gib(monkeypatch, value, accepted):
+    """Below 1 MiB one execution's input (a request body) could not be read back; above 1 GiB
+    one answer would hold the process's memory for every tenant."""
+    monkeypatch.setenv("ENGRAM_MAX_ANSWER_BYTES", value)
+    if accepted:
+        assert Settings().max_answer_bytes == int(value)
+    else:
+        with pytest.raises(ValueError, match="max_answer_bytes"):
+            Settings()

@@ -14,21 +14,35 @@ allowed, a value that does not coerce or is not of its type, a directive on the 
 deferred fragments) takes graphql-core's own path, before anything of it ran, so results and
 errors stay graphql-core's; an error raised below an object is handled by graphql-core's
 handle_field_error, as its own path does.
+
+Both paths count the answer's size as they complete it (`ENGRAM_MAX_ANSWER_BYTES`, made a
+class by `answer_budget`): the names of the fields an object's selection holds, the length of
+each text value, and of each JSON value as JSON. The object counts were bounded before any of it
+ran (app/graphql/limits.py), but not their text: nine aliases of a page of 1,000 agents' 64 KiB
+instructions are 9,009 objects and 590 MB. Past the budget, the request is refused whole: no
+further object is executed (fields awaited together are cancelled; those graphql-core settles
+in the background stop at their next object), and the answer is `data: null` with one
+BAD_REQUEST error.
 """
 
+import json
+import sys
 from collections.abc import Awaitable, Callable
-from functools import partial
+from functools import cache, partial
 from operator import attrgetter
 from typing import Any, cast
 
 from graphql import (
+    ExecutionResult,
     GraphQLEnumType,
+    GraphQLError,
     GraphQLField,
     GraphQLLeafType,
     GraphQLList,
     GraphQLNonNull,
     GraphQLObjectType,
     GraphQLOutputType,
+    OperationType,
     Undefined,
     is_leaf_type,
 )
@@ -36,6 +50,8 @@ from graphql.pyutils import Path, gather_with_cancel
 from strawberry.permission import PermissionExtension
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
+
+from app.errors import BadInput
 
 LEAF, OBJECT, LIST = "leaf", "object", "list"
 # How a plain field is completed: (kind, read, nullable, its type, then by kind: the leaf's
@@ -53,6 +69,21 @@ class _Slow(Exception):
 
 
 _SLOW = object()  # a field's result when graphql-core's own path is to complete it
+
+
+def _size(value: Any) -> int:
+    """A completed leaf's length in the answer, but for its name: a text's characters, a JSON
+    value's as JSON (a number, boolean or null, a few)."""
+    if value.__class__ is str:
+        return len(value)
+    if value.__class__ is int or value.__class__ is bool:
+        return 4
+    if isinstance(value, dict | list) and value:
+        try:
+            return len(json.dumps(value, ensure_ascii=False, check_circular=False, default=str))
+        except (TypeError, ValueError, RecursionError):
+            return len(str(value))
+    return 4
 
 
 def _unwrapped(type_: GraphQLOutputType) -> tuple[GraphQLOutputType, bool]:
@@ -141,6 +172,44 @@ def _of_type(object_type: GraphQLObjectType, value: Any) -> bool:
 
 
 class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
+    max_answer_bytes = sys.maxsize  # answer_budget makes a class of a budget
+    _answered = 0  # what this request's answer holds so far, as _size counts it
+    _refusal: GraphQLError | None = None  # set once the answer passed max_answer_bytes
+
+    def _refuse(self) -> None:
+        if self._refusal is None:
+            written = (
+                "; the change the mutation asked for was made: read it back in smaller pages"
+                if self.operation.operation is OperationType.MUTATION
+                else ""
+            )
+            message = (
+                f"this request's answer passed {self.max_answer_bytes:,} bytes "
+                "(ENGRAM_MAX_ANSWER_BYTES, counting its field names and the text of its values) "
+                "before it was complete, and was not sent: ask for smaller pages or fewer "
+                f"fields, and page on{written}"
+            )
+            self._refusal = GraphQLError(message, original_error=BadInput(message))
+        raise self._refusal.with_traceback(None)
+
+    def build_response(self, data: dict[str, Any] | None) -> Any:
+        response = super().build_response(data)
+        if self._refusal is None:
+            return response
+        return ExecutionResult(None, [self._refusal])  # the refusal alone, whatever else failed
+
+    def handle_field_error(self, raw_error: Exception, *args: Any) -> None:
+        if self._refusal is not None:  # no field nulled: the whole answer is refused
+            self._refuse()
+        super().handle_field_error(raw_error, *args)
+
+    def complete_leaf_value(self, return_type: GraphQLLeafType, result: Any) -> Any:  # type: ignore[override]
+        completed = super().complete_leaf_value(return_type, result)
+        self._answered += _size(completed)
+        if self._answered > self.max_answer_bytes:
+            self._refuse()
+        return completed
+
     def execute_fields(
         self,
         parent_type: GraphQLObjectType,
@@ -149,6 +218,8 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
         grouped_field_set: Any,
         *rest: Any,
     ) -> Any:
+        if self._refusal is not None:  # nothing more runs
+            self._refuse()
         middleware = self.middleware_manager
         if (middleware and middleware.middlewares) or (rest and rest[0] is not None):
             # Middleware wraps every field; a deferred fragment's fields are planned apart.
@@ -158,6 +229,9 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
         others: dict[str, Any] = {}  # for graphql-core's path
         pending: list[str] = []
         allowed: dict[Any, bool] = {}  # by guard: its answer for this object
+        # The names and the values completed here (but numbers and booleans: their names
+        # bound them), counted once for the object.
+        size = sum(map(len, grouped_field_set))
         try:
             for name, details in grouped_field_set.items():
                 node = details[0].node
@@ -182,6 +256,10 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                         completed = None if value is None and plain[2] else _SLOW
                     elif completed is Undefined:
                         completed = _SLOW
+                    elif completed.__class__ is str:
+                        size += len(completed)
+                    elif completed.__class__ is not bool and completed.__class__ is not int:
+                        size += _size(completed)
                 else:
                     completed = self._plain_field(
                         plain, parent_type, source_value, path, name, details
@@ -192,6 +270,9 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                     others[name] = details
                 else:
                     done[name] = completed
+            self._answered += size
+            if self._answered > self.max_answer_bytes:
+                self._refuse()
             if not others and not pending:
                 return done
             completed = (
@@ -278,7 +359,12 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
             try:
                 completed = self.execute_fields(object_type, item, item_path, sub_fields, None)
             except Exception as raw_error:
-                self.handle_field_error(raw_error, item_type, details, item_path)
+                try:
+                    self.handle_field_error(raw_error, item_type, details, item_path)
+                except Exception:  # the list fails: the items started are settled
+                    if pending:
+                        self.settle_in_background([results[i] for i in pending])
+                    raise
                 completed = None
             if self.is_awaitable(completed):
                 completed = self._guarded(completed, item_type, details, item_path)
@@ -306,6 +392,12 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                 return None
 
         return guarded()
+
+
+@cache
+def answer_budget(max_bytes: int) -> type[ExecutionContext]:
+    """The execution context that refuses an answer past `max_bytes` (one class per budget)."""
+    return type("BudgetedExecutionContext", (ExecutionContext,), {"max_answer_bytes": max_bytes})
 
 
 def _in_order(fields: Any, done: dict[str, Any], others: dict[str, Any]) -> dict[str, Any]:

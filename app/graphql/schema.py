@@ -15,7 +15,7 @@ from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.documents import DocumentCache, Documents
 from app.graphql.errors import ErrorCodes, Schema
-from app.graphql.execution import ExecutionContext
+from app.graphql.execution import answer_budget
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
 from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
@@ -92,6 +92,7 @@ def build_schema(
     *,
     max_nodes: int = 10_000,
     max_searches: int = 20,
+    max_answer_bytes: int = 32 * 2**20,
 ) -> strawberry.Schema:
     rules = [_depth_rule(max_depth)] + ([] if introspection else [NoIntrospection])
     documents = Documents(maxsize=256)  # this schema's: valid under its rules
@@ -100,7 +101,8 @@ def build_schema(
         mutation=Mutation,
         types=[ActionSession],
         config=StrawberryConfig(scalar_map=SCALARS),
-        execution_context_class=ExecutionContext,  # a short path for plain leaf fields
+        # A short path for plain fields, counting the answer's size as it completes it.
+        execution_context_class=answer_budget(max_answer_bytes),
         extensions=[
             # Factories, not instances: each request gets its own extension objects.
             Outcome,  # first: it reads the codes ErrorCodes gives, after it
