@@ -93,6 +93,16 @@ class Settings(BaseSettings):
     # Search queries (searchMemories, the agent's search tools) longer than this are refused:
     # a query is embedded and matched whole, so its length is work the service does per request.
     max_search_query_chars: int = Field(default=4096, ge=1)
+    # Fairness between accounts, per process (app/fairness.py): one account's requests in
+    # progress (GraphQL and MCP), its turns in progress, and the pooled connections its work
+    # holds at once. Unset: half the pool for requests and connections (so another account's
+    # requests and /healthz find connections), the pool's size for turns (which hold none while
+    # their model works). Beyond a bound a request waits, with at most as many others, up to
+    # account_queue_seconds (0: not at all), and is then answered 429.
+    max_requests_per_account: int | None = Field(default=None, ge=1, le=10_000)
+    max_turns_per_account: int | None = Field(default=None, ge=1, le=10_000)
+    max_connections_per_account: int | None = Field(default=None, ge=1)
+    account_queue_seconds: float = Field(default=1.0, ge=0, le=60, allow_inf_nan=False)
     # Schema introspection (__schema, __type) for authenticated clients; off: refused, and
     # GraphiQL says why it cannot load the schema.
     introspection: bool = True
@@ -301,6 +311,12 @@ class Settings(BaseSettings):
                 "ENGRAM_POOL_MIN_SIZE must not be more than ENGRAM_POOL_MAX_SIZE "
                 f"({self.pool_min_size} > {self.pool_max_size})"
             )
+        shared = self.max_connections_per_account
+        if shared is not None and shared > self.pool_max_size:
+            raise ValueError(
+                "ENGRAM_MAX_CONNECTIONS_PER_ACCOUNT must not be more than ENGRAM_POOL_MAX_SIZE "
+                f"({shared} > {self.pool_max_size}): it is each account's share of the pool"
+            )
         if self.turn_lease_seconds < 2 * self.turn_heartbeat_seconds:
             raise ValueError(
                 "ENGRAM_TURN_LEASE_SECONDS must be at least twice ENGRAM_TURN_HEARTBEAT_SECONDS, "
@@ -327,6 +343,15 @@ class Settings(BaseSettings):
                 "ENGRAM_DATABASE_URL"
             )
         return None
+
+    def requests_per_account(self) -> int:
+        return self.max_requests_per_account or max(1, self.pool_max_size // 2)
+
+    def turns_per_account(self) -> int:
+        return self.max_turns_per_account or self.pool_max_size
+
+    def connections_per_account(self) -> int:
+        return self.max_connections_per_account or max(1, self.pool_max_size // 2)
 
     def database_url_value(self) -> str | None:
         return self.database_url.get_secret_value() if self.database_url else None
