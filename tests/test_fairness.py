@@ -261,10 +261,20 @@ async def test_a_turn_holds_a_turns_place_not_a_requests(
 async def test_an_account_holds_at_most_its_share_of_the_pool(
     state: AppState, http: httpx.AsyncClient
 ) -> None:
-    a = Client(http, (await tenant(state, "a"))[1])
+    """GraphQL requests and MCP tool calls of one account draw on one share of the pool."""
+    account, token = await tenant(state, "a")
+    a = Client(http, token)
     b = Client(http, (await tenant(state, "b"))[1])
+    agent = await make_agent_id(state, caller(account, EVERYTHING), harness=memory_harness())
+    search = _rpc("tools/call", name="search_memory", arguments={"query": "parcel"})
     async with executions_locked(state):
-        holding = [a.blocked() for _ in range(4)]
+        holding = [a.blocked(), a.blocked()]
+        holding += [
+            asyncio.create_task(
+                http.post(f"/mcp/{agent}?session=s1", json=search, headers=_mcp_headers(token))
+            )
+            for _ in range(2)
+        ]
         await eventually(lambda: _at_least(state, 2), "A's requests hold their share of the pool")
         # The pool's other two connections answer B and /healthz, which waited without a share.
         answered(await asyncio.wait_for(b.post(SMALL), 10))
