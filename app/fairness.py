@@ -3,8 +3,8 @@
 Each bound is per account and per process (several processes each apply their own):
 
 - requests in progress (GraphQL and MCP, counted once authenticated): beyond the bound a
-  request waits, with at most as many others, up to `ENGRAM_ACCOUNT_QUEUE_SECONDS`, and is
-  then refused (TooManyRequests: 429 with Retry-After);
+  request waits up to `ENGRAM_ACCOUNT_QUEUE_SECONDS`, the first as many as the bound in line
+  for the places that free, and is then refused (TooManyRequests: 429 with Retry-After);
 - turns in progress (executeAction, and a conversation handed in for review): a turn waits on
   its model for seconds to minutes, so it gives its request's place back to the account's other
   requests and holds a turn's place instead, waiting and refused the same way;
@@ -29,8 +29,8 @@ RETRY_AFTER_SECONDS = 1
 
 
 class Slots:
-    """At most `limit` holders at once; beyond, at most `queue` wait (None: any number), each
-    for at most `wait` seconds (None: as long as it takes), served in arrival order."""
+    """At most `limit` holders at once; beyond, at most `queue` wait in line (None: any number),
+    each for at most `wait` seconds (None: as long as it takes), served in arrival order."""
 
     def __init__(self, limit: int, queue: int | None = None, wait: float | None = None) -> None:
         self.limit, self.queue, self.wait = limit, queue, wait
@@ -47,6 +47,14 @@ class Slots:
             self.held += 1
             return True
         if self.queue is not None and len(self._waiting) >= self.queue:
+            # No place in the queue: answered after the same wait all the same (taking a place
+            # free by then), so that a client sending again at once is slowed to one refusal a
+            # wait, which costs nothing meanwhile, rather than kept busy refusing it.
+            if self.wait:
+                await asyncio.sleep(self.wait)
+            if self.held < self.limit and not self._waiting:
+                self.held += 1
+                return True
             return False
         turn = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)

@@ -68,6 +68,7 @@ HEAVY = """query($a: UUID!, $q: String!, $after: String!) {
 }"""
 SMALL = "query($a: UUID!) { action(actionId: $a) { name } }"
 _RETRY = re.compile(rb"\r\nretry-after: *(\d+)", re.IGNORECASE)
+_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
 
 
 def gql(http: httpx.Client, token: str, query: str, **variables: Any) -> dict[str, Any]:
@@ -142,41 +143,50 @@ class Phase:
 
 async def probe(host: str, port: int, request: bytes, into: Latencies, phase: Phase) -> None:
     """One request every 50 ms (after the previous one's answer), its latency kept."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        while not phase.stop:
-            started = time.perf_counter()
-            status, body = await one_request(reader, writer, request)
-            took = time.perf_counter() - started
+    while not phase.stop:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while not phase.stop:
+                started = time.perf_counter()
+                status, body = await one_request(reader, writer, request)
+                took = time.perf_counter() - started
+                if phase.measuring:
+                    if status == 200 and b'"errors"' not in body:
+                        into.seconds.append(took)
+                    else:
+                        into.failed[f"HTTP {status}"] += 1
+                await asyncio.sleep(0.05)
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
             if phase.measuring:
-                if status == 200 and b'"errors"' not in body:
-                    into.seconds.append(took)
-                else:
-                    into.failed[f"HTTP {status}"] += 1
-            await asyncio.sleep(0.05)
-    finally:
-        writer.close()
+                into.failed[type(e).__name__] += 1
+        finally:
+            writer.close()
 
 
 async def flooder(host: str, port: int, request: bytes, phase: Phase, honour: bool) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        while not phase.stop:
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head[9:12])
-            length = int(re.search(rb"\r\ncontent-length: *(\d+)", head, re.I).group(1))  # type: ignore[union-attr]
-            body = await reader.readexactly(length)
+    """A's client: the heavy search back to back, on one connection (a new one if the service
+    drops it, counted)."""
+    while not phase.stop:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while not phase.stop:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head[9:12])
+                length = _LENGTH.search(head)
+                assert length is not None, head
+                body = await reader.readexactly(int(length.group(1)))
+                if phase.measuring:
+                    ok = status == 200 and b'"errors"' not in body
+                    phase.flood["answered" if ok else f"HTTP {status}"] += 1
+                retry = _RETRY.search(head)
+                if honour and status == 429 and retry:
+                    await asyncio.sleep(int(retry.group(1)))
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
             if phase.measuring:
-                if status == 200 and b'"errors"' not in body:
-                    phase.flood["answered"] += 1
-                else:
-                    phase.flood[f"HTTP {status}"] += 1
-            retry = _RETRY.search(head)
-            if honour and status == 429 and retry:
-                await asyncio.sleep(int(retry.group(1)))
-    finally:
-        writer.close()
+                phase.flood[type(e).__name__] += 1
+        finally:
+            writer.close()
 
 
 async def measure(
@@ -256,6 +266,9 @@ def main() -> None:
         print(f"flooded  /healthz  {flooded.healthz.line()}")
         rate = {k: f"{v / args.seconds:.1f}/s" for k, v in sorted(flooded.flood.items())}
         print(f"flooded  A heavy   {rate}")
+    except BaseException:
+        print(f"the service's log ends:\n{service.log.read_text()[-3000:]}", file=sys.stderr)
+        raise
     finally:
         service.stop()
         shutil.rmtree(data, ignore_errors=True)

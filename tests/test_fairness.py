@@ -115,23 +115,36 @@ async def test_an_account_beyond_its_bound_waits_then_429_while_another_is_answe
     assert answered(await a.post(SMALL)) == {"actions": {"nodes": []}}
 
 
-@pytest.mark.settings(max_requests_per_account=1, account_queue_seconds=30)
-async def test_a_waiting_request_runs_once_a_place_frees_and_the_queue_is_bounded(
+@asynccontextmanager
+async def actions_locked(state: AppState) -> AsyncIterator[None]:
+    async with state.pool.acquire() as conn, conn.transaction():
+        await conn.execute("LOCK TABLE actions IN ACCESS EXCLUSIVE MODE")
+        yield
+
+
+@pytest.mark.settings(max_requests_per_account=1, account_queue_seconds=3)
+async def test_waiting_requests_take_freed_places_in_order_and_the_rest_are_slowed(
     state: AppState, http: httpx.AsyncClient
 ) -> None:
+    """One request waits in line (as many as may run); one beyond it is answered only after
+    the same wait, so that a client sending again at once is not refused as fast as it sends."""
     a = Client(http, (await tenant(state, "a"))[1])
-    async with executions_locked(state):
-        holding = a.blocked()
-        await eventually(lambda: waiting_on_lock(state), "A's request waits on the lock")
-        queued = asyncio.create_task(a.post(SMALL))
-        await asyncio.sleep(0.3)
-        # One waits (as many as may run): the next is refused at once, not after 30 s.
-        started = time.monotonic()
-        refused_too_many(await a.post(SMALL))
-        assert time.monotonic() - started < 10
-        assert not queued.done()
-    assert (await holding).status_code == 200
-    answered(await queued)
+    async with actions_locked(state):
+        async with executions_locked(state):
+            holding = a.blocked()
+            await eventually(lambda: waiting_on_lock(state), "A's request waits on the lock")
+            in_line = asyncio.create_task(a.post(SMALL))  # reads actions: waits on that lock
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            beyond = asyncio.create_task(a.post(SMALL))
+            await asyncio.sleep(0.3)
+        # The first request ends: its place goes to the one in line, which then waits on the
+        # actions lock, holding it, until the one beyond the line is refused.
+        assert (await holding).status_code == 200
+        refused_too_many(await beyond)
+        assert time.monotonic() - started >= 3
+        assert not in_line.done()
+    answered(await in_line)
 
 
 @pytest.mark.settings(max_requests_per_account=1, account_queue_seconds=0)
