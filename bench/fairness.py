@@ -266,6 +266,10 @@ def main() -> None:
         print(f"flooded  /healthz  {flooded.healthz.line()}")
         rate = {k: f"{v / args.seconds:.1f}/s" for k, v in sorted(flooded.flood.items())}
         print(f"flooded  A heavy   {rate}")
+        logged = service.log.read_text().splitlines()
+        if logged:
+            print(f"the service logged {len(logged)} lines at WARNING or above; the last:")
+            print("\n".join(logged[-15:]))
     except BaseException:
         print(f"the service's log ends:\n{service.log.read_text()[-3000:]}", file=sys.stderr)
         raise
