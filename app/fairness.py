@@ -36,10 +36,11 @@ class Slots:
         self.limit, self.queue, self.wait = limit, queue, wait
         self.held = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
+        self._beyond = 0  # waiting beyond the line
 
     @property
     def idle(self) -> bool:
-        return self.held == 0 and not self._waiting
+        return self.held == 0 and not self._waiting and not self._beyond
 
     async def acquire(self) -> bool:
         """Whether a place was taken (False: the queue was full, or the wait ran out)."""
@@ -51,7 +52,11 @@ class Slots:
             # free by then), so that a client sending again at once is slowed to one refusal a
             # wait, which costs nothing meanwhile, rather than kept busy refusing it.
             if self.wait:
-                await asyncio.sleep(self.wait)
+                self._beyond += 1
+                try:
+                    await asyncio.sleep(self.wait)
+                finally:
+                    self._beyond -= 1
             if self.held < self.limit and not self._waiting:
                 self.held += 1
                 return True
@@ -74,7 +79,8 @@ class Slots:
             self.release()  # handed a place just as it gave up: the next one takes it
         else:
             turn.cancel()
-            self._waiting.remove(turn)
+            if turn in self._waiting:  # a release may have passed over it already
+                self._waiting.remove(turn)
 
     def release(self) -> None:
         while self._waiting:
@@ -100,7 +106,11 @@ class PerAccount:
         slots = self._slots.get(account_id)
         if slots is None:
             slots = self._slots[account_id] = Slots(self.limit, self.queue, self.wait)
-        return await slots.acquire()
+        try:
+            return await slots.acquire()
+        finally:
+            if slots.idle:  # e.g. cancelled waiting beyond the line of an account holding none
+                self._slots.pop(account_id, None)
 
     def give_back(self, account_id: UUID) -> None:
         slots = self._slots[account_id]

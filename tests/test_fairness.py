@@ -321,6 +321,15 @@ async def test_slots_a_waiter_cancelled_or_timed_out_holds_nothing() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert slots.held == 0 and slots.idle
+    # Cancelled, and passed over by a release before it ran again: nothing left to undo.
+    assert await slots.acquire()
+    waiter = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    slots.release()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert slots.held == 0 and slots.idle
     timed = Slots(1, queue=1, wait=0.05)
     assert await timed.acquire()
     assert not await timed.acquire()
@@ -339,3 +348,16 @@ async def test_per_account_bounds_are_forgotten_when_idle() -> None:
     bound.give_back(second)
     assert bound.held(first) == bound.held(second) == 0
     assert not bound._slots
+
+
+async def test_per_account_bounds_keep_an_account_while_a_request_waits_beyond_the_line() -> None:
+    bound = PerAccount(1, queue=0, wait=0.1)
+    account = uuid.uuid4()
+    assert await bound.take(account)
+    beyond = asyncio.create_task(bound.take(account))
+    await asyncio.sleep(0.01)
+    bound.give_back(account)  # the account holds nothing now, but one of its requests waits
+    assert await beyond  # the place it finds free at the end of its wait
+    assert bound.held(account) == 1
+    bound.give_back(account)
+    assert bound.held(account) == 0 and not bound._slots
