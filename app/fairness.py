@@ -144,14 +144,13 @@ class Fairness:
         self.requests = PerAccount(requests, queue=requests if wait else 0, wait=wait)
         self.turns = PerAccount(turns, queue=turns if wait else 0, wait=wait)
         self.connections = PerAccount(settings.connections_per_account())
-        self.retry_after = RETRY_AFTER_SECONDS
 
     async def admit(self, account_id: UUID) -> "Admission":
         """A place for one of the account's requests, or TooManyRequests."""
         if not await self.requests.take(account_id):
             raise TooManyRequests(
                 f"this account already has {self.requests.limit} requests in progress here, and "
-                f"more waiting: retry in {self.retry_after} s, or send fewer at once"
+                f"more waiting: retry in {RETRY_AFTER_SECONDS} s, or send fewer at once"
             )
         return Admission(self, account_id)
 
@@ -197,10 +196,9 @@ async def turn() -> AsyncIterator[None]:
     admission.release()
     turns = admission.fairness.turns
     if not await turns.take(admission.account_id):
-        retry = admission.fairness.retry_after
         raise TooManyRequests(
             f"this account already has {turns.limit} turns in progress here, and more waiting: "
-            f"retry in {retry} s, or run fewer at once"
+            f"retry in {RETRY_AFTER_SECONDS} s, or run fewer at once"
         )
     try:
         yield

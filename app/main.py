@@ -25,6 +25,7 @@ from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.db.pool import create_pool
 from app.embeddings.base import Embedder
 from app.errors import DomainError, TooManyRequests
+from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
 from app.graphql.context import Context
 from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
@@ -61,10 +62,10 @@ def _unavailable(body: object = None) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
-def _too_many(e: TooManyRequests, retry_after: int) -> JSONResponse:
-    response = _error(429, e.code, e.message)
-    response.headers["Retry-After"] = str(retry_after)
-    return response
+def _too_many(body: object) -> JSONResponse:
+    """An account's bound reached (app/fairness.py): 429, and when to come back."""
+    headers = {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)}
+    return JSONResponse(body, status_code=429, headers=headers)
 
 
 def _once_started(
@@ -110,7 +111,8 @@ class _Guard:
             # Once authenticated: a stranger's requests never take an account's places.
             admission = await self.fairness.admit(context.caller.account_id)
         except TooManyRequests as e:
-            await _too_many(e, self.fairness.retry_after)(scope, receive, send)
+            error = {"message": e.message, "extensions": {"code": e.code}}
+            await _too_many({"data": None, "errors": [error]})(scope, receive, send)
             return
         with admission.running():
             await self.app(scope, replaying(body, receive), send)
@@ -173,7 +175,6 @@ class _GraphQL(GraphQL[Context, None]):
     (no query, batches, ...) in the GraphQL error shape."""
 
     introspection = True
-    retry_after = 1  # seconds, for a turn refused by its account's bound (app/fairness.py)
 
     async def get_context(self, request: Request, response: Response) -> Context:  # type: ignore[override]
         # `_Guard` authenticated the POST; a GET only renders GraphiQL and executes nothing.
@@ -199,9 +200,8 @@ class _GraphQL(GraphQL[Context, None]):
         # A request that could not reach the database: 503, and when to come back.
         if _has_code(response_data, "UNAVAILABLE"):
             return _unavailable(response_data)
-        if _has_code(response_data, TooManyRequests.code):
-            headers = {"Retry-After": str(self.retry_after)}
-            return JSONResponse(response_data, status_code=429, headers=headers)
+        if _has_code(response_data, TooManyRequests.code):  # a turn beyond its account's bound
+            return _too_many(response_data)
         return super().create_response(response_data, sub_response)
 
 
@@ -349,7 +349,6 @@ def create_app(
 
     view = _GraphQL(schema, allow_queries_via_get=False)
     view.introspection = settings.introspection
-    view.retry_after = fairness.retry_after
     # HTTP only: the schema has no subscriptions, and a WebSocket would bypass the request's
     # authentication (the context is built from an HTTP request).
     app.add_route("/graphql", view, methods=["GET", "POST"])

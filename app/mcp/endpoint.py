@@ -30,6 +30,7 @@ from app.auth.caller import Caller
 from app.auth.service import authenticate
 from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.errors import DomainError, TooManyRequests
+from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
 from app.http_body import read_limited, replaying
 from app.runtime import calls
@@ -251,7 +252,7 @@ class McpEndpoint:
             if e.code == "UNAUTHENTICATED":
                 headers = {"WWW-Authenticate": "Bearer"}
             elif isinstance(e, TooManyRequests):
-                headers = {"Retry-After": str(self.fairness.retry_after)}
+                headers = {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)}
             return _error(_STATUS.get(e.code, 400), e.code, e.message, headers)
         if not is_unavailable(e):
             raise e
