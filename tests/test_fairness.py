@@ -23,7 +23,8 @@ from runtime_support import EXECUTE
 
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
-from app.fairness import PerAccount, Slots
+from app.config import Settings
+from app.fairness import Fairness, PerAccount, Slots
 from app.state import AppState
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
@@ -361,3 +362,27 @@ async def test_per_account_bounds_keep_an_account_while_a_request_waits_beyond_t
     assert bound.held(account) == 1
     bound.give_back(account)
     assert bound.held(account) == 0 and not bound._slots
+
+
+async def test_a_request_cancelled_while_running_or_waiting_gives_its_place_back() -> None:
+    fairness = Fairness(Settings(max_requests_per_account=1, account_queue_seconds=30))
+    account = uuid.uuid4()
+    started = asyncio.Event()
+
+    async def request() -> None:
+        admission = await fairness.admit(account)
+        with admission.running():
+            started.set()
+            await asyncio.sleep(30)
+
+    running = asyncio.create_task(request())
+    await started.wait()
+    waiting = asyncio.create_task(request())
+    await asyncio.sleep(0.01)
+    assert fairness.requests.held(account) == 1
+    waiting.cancel()
+    running.cancel()
+    for task in (waiting, running):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert fairness.requests.held(account) == 0 and not fairness.requests._slots
