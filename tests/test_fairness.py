@@ -7,6 +7,7 @@ execution (GraphQL) or starting one (an MCP tool call) then waits on it, holding
 (and a pooled connection) until the test lets go."""
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -108,6 +109,7 @@ async def test_an_account_beyond_its_bound_waits_then_429_while_another_is_answe
         # A request without a valid token is refused as such: it took none of A's places.
         stranger = await http.post("/graphql", json={"query": SMALL})
         assert stranger.status_code == 401
+        assert (await http.get("/healthz")).status_code == 200  # never bounded
         refused_too_many(await queued)
         assert time.monotonic() - started >= 2  # it waited its time in the queue first
         assert not holding.done()
@@ -386,3 +388,29 @@ async def test_a_request_cancelled_while_running_or_waiting_gives_its_place_back
         with pytest.raises(asyncio.CancelledError):
             await task
     assert fairness.requests.held(account) == 0 and not fairness.requests._slots
+
+
+@pytest.mark.settings(
+    max_requests_per_account=1, max_turns_per_account=1, account_queue_seconds=0.5
+)
+async def test_a_conversation_handed_in_over_mcp_holds_a_turns_place(
+    state: AppState, http: httpx.AsyncClient, model_server: OpenAIServer
+) -> None:
+    account, token = await tenant(state, "a")
+    agent = await make_agent_id(state, caller(account, EVERYTHING), harness=memory_harness())
+    model_server.call_tools(("remember", {"candidates": []}), delay=3, purpose="memory")
+    said = {"messages": [{"role": "user", "content": "My flight is on Friday"}]}
+    remember = _rpc("tools/call", name="remember_conversation", arguments=said)
+    url, headers = f"/mcp/{agent}?session=s1", _mcp_headers(token)
+    reviewing = asyncio.create_task(http.post(url, json=remember, headers=headers))
+    await eventually(lambda: model_server.chat_requests("memory"), "the review asks its model")
+    # The review waits on its model holding a turn's place: A's requests have theirs.
+    answered(await Client(http, token).post(SMALL))
+    again = await http.post(url, json=remember, headers=headers)
+    assert again.status_code == 200, again.text  # a tool's refusal, which the agent reads
+    result = again.json()["result"]
+    assert result["isError"] is True
+    refusal = json.loads(result["content"][0]["text"])
+    assert refusal["code"] == "TOO_MANY_REQUESTS" and "turns in progress" in refusal["error"]
+    done = await reviewing
+    assert done.json()["result"]["isError"] is False, done.text
