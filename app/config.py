@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
+from uuid import UUID
 
 import platformdirs
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
@@ -44,6 +45,70 @@ def _plain(value: Any) -> Any:
     """A setting's value as given, a secret's text unwrapped (for the validators that read it
     before pydantic wraps it)."""
     return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
+# An allow-list of model endpoints or key variables: a list (every account may use each), or
+# each mapped to the account IDs that may use it (canonical UUID text, or EVERY_ACCOUNT).
+AllowList = list[str] | dict[str, list[str]]
+EVERY_ACCOUNT = "*"
+# An environment variable an action's model.apiKeyEnv may name; ENGRAM_* ones never (they hold
+# the service's own secrets).
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+RESERVED_ENV_PREFIX = "ENGRAM_"
+
+
+def _allowed_name(name: str, index: int, urls: bool) -> str:
+    """An allow-list object's key, refused when it is no endpoint or variable an action could
+    name; named by its entry, not quoted (a URL may carry a password, a name may be a key
+    pasted in the wrong place)."""
+    if urls:
+        if not _is_http_url(name):
+            raise ValueError(f"entry {index} is not an http:// or https:// URL")
+    elif not name.strip():
+        raise ValueError(f"entry {index} names no variable (an empty name)")
+    elif not ENV_NAME.fullmatch(name):
+        raise ValueError(f"entry {index} is not an environment variable name (A-Z, digits, _)")
+    elif name.startswith(RESERVED_ENV_PREFIX):
+        raise ValueError(
+            f"entry {index} ({name}): ENGRAM_* variables hold the service's own settings and "
+            "cannot be an action's model key"
+        )
+    return name
+
+
+def _accounts(accounts: Any, name: str, index: int, urls: bool) -> list[str]:
+    """An allow-list entry's accounts, each as canonical UUID text or EVERY_ACCOUNT."""
+    entry = f"entry {index}" if urls else name
+    if not isinstance(accounts, list):
+        raise ValueError(
+            f'{entry}: must be a list of the account IDs that may use it, or ["*"] for every '
+            "account"
+        )
+    canonical = []
+    for position, account in enumerate(accounts):
+        if account == EVERY_ACCOUNT:
+            canonical.append(EVERY_ACCOUNT)
+            continue
+        try:
+            canonical.append(str(UUID(account)))
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(
+                f'{entry}: account {position} is not an account ID (a UUID), nor "*" for every '
+                "account"
+            ) from None
+    return canonical
+
+
+def _allowed_for(allowed: AllowList, account_id: UUID) -> list[str]:
+    """The names of `allowed` that `account_id` may use."""
+    if isinstance(allowed, list):
+        return allowed
+    account = str(account_id)
+    return [
+        name
+        for name, accounts in allowed.items()
+        if EVERY_ACCOUNT in accounts or account in accounts
+    ]
 
 
 def _seconds(default: float, *, low: float = 0, high: float = DAY) -> Any:
@@ -170,11 +235,14 @@ class Settings(BaseSettings):
     # model sets no contextTokens: earlier turns are cleared and summarized to stay within it.
     model_context_tokens: int = Field(default=32_000, ge=256)
     # Endpoints and key variables an action's `model` may name: an action names them, so a
-    # client that may write actions must not be able to send a host secret to its own server.
-    # model_base_url is always allowed; a key variable only when listed.
-    # JSON parsed by _json_list, not by pydantic-settings, so a wrong one names its variable.
-    model_allowed_base_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    model_allowed_key_envs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # client that may write actions must not be able to send a host secret to its own server,
+    # nor run on a key the operator gave another account. A JSON list: for every account; a
+    # JSON object: each to the accounts that may use it (account IDs, or "*" for every one).
+    # model_base_url (and model_api_key, sent only there) is every account's; a key variable
+    # is allowed only when listed. Parsed by _allow_list, not by pydantic-settings, so a wrong
+    # one names its variable; read through allows_base_url and allows_key_env.
+    model_allowed_base_urls: Annotated[AllowList, NoDecode] = Field(default_factory=list)
+    model_allowed_key_envs: Annotated[AllowList, NoDecode] = Field(default_factory=list)
 
     # Turns of a dead process (app/runtime/liveness.py): every process refreshes its heartbeat
     # and sweeps every turn_heartbeat_seconds; a turn whose process has not beaten for
@@ -265,23 +333,36 @@ class Settings(BaseSettings):
 
     @field_validator("model_allowed_base_urls", "model_allowed_key_envs", mode="before")
     @classmethod
-    def _json_list(cls, value: Any, info: ValidationInfo) -> Any:
-        if not isinstance(value, str):
+    def _allow_list(cls, value: Any, info: ValidationInfo) -> Any:
+        urls = info.field_name == "model_allowed_base_urls"
+        if isinstance(value, str):
+            if not value.strip():
+                return []
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = None
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                if not isinstance(item, str):
+                    raise ValueError(f"item {index}: must be a string")
             return value
-        if not value.strip():
-            return []
-        example = (
-            '["https://models.example.com/v1"]'
-            if info.field_name == "model_allowed_base_urls"
-            else '["TEAM_MODEL_KEY"]'
-        )
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, list):
-            raise ValueError(f"must be a JSON list of strings, e.g. {example}")
-        return parsed
+        if not isinstance(value, dict):
+            example = (
+                '["https://models.example.com/v1"]' if urls else '["TEAM_MODEL_KEY"]',
+                '{"https://models.example.com/v1": ["*"]}'
+                if urls
+                else '{"TEAM_MODEL_KEY": ["<account ID>"], "SHARED_KEY": ["*"]}',
+            )
+            raise ValueError(
+                f"must be a JSON list of strings, e.g. {example[0]} (every account may use "
+                "each), or a JSON object from each to the accounts that may use it (account "
+                f'IDs, or "*" for every account), e.g. {example[1]}'
+            )
+        return {
+            _allowed_name(name, index, urls): _accounts(accounts, name, index, urls)
+            for index, (name, accounts) in enumerate(value.items())
+        }
 
     @field_validator("otel_endpoint", mode="before")
     @classmethod
@@ -298,10 +379,12 @@ class Settings(BaseSettings):
 
     @field_validator("model_allowed_base_urls")
     @classmethod
-    def _http_urls(cls, values: list[str]) -> list[str]:
-        for index, value in enumerate(values):
-            if not _is_http_url(value):
-                raise ValueError(f"item {index} is not an http:// or https:// URL")
+    def _http_urls(cls, values: AllowList) -> AllowList:
+        # (an object's entries were checked by _allowed_name)
+        if isinstance(values, list):
+            for index, value in enumerate(values):
+                if not _is_http_url(value):
+                    raise ValueError(f"item {index} is not an http:// or https:// URL")
         return values
 
     @model_validator(mode="after")
@@ -322,6 +405,16 @@ class Settings(BaseSettings):
                 "ENGRAM_TURN_LEASE_SECONDS must be at least twice ENGRAM_TURN_HEARTBEAT_SECONDS, "
                 "or a live process's turns could be failed between two heartbeats"
             )
+        if isinstance(self.model_allowed_base_urls, dict):
+            default = self.model_base_url.rstrip("/")
+            for index, (url, accounts) in enumerate(self.model_allowed_base_urls.items()):
+                if url.rstrip("/") == default and EVERY_ACCOUNT not in accounts:
+                    # It would read as limited, and is not: agents that name no model use it.
+                    raise ValueError(
+                        f"ENGRAM_MODEL_ALLOWED_BASE_URLS: entry {index} is ENGRAM_MODEL_BASE_URL, "
+                        "the default model, which every account uses: it cannot be limited to "
+                        "accounts (remove the entry)"
+                    )
         if self.environment == "production":
             token = self.bootstrap_token_value()
             if token is not None and len(token) < 32:
@@ -343,6 +436,20 @@ class Settings(BaseSettings):
                 "ENGRAM_DATABASE_URL"
             )
         return None
+
+    def allows_base_url(self, url: str, account_id: UUID) -> bool:
+        """Whether an action of `account_id` may name `url` as its model.baseUrl."""
+        url = url.rstrip("/")
+        if url == self.model_base_url.rstrip("/"):
+            return True
+        return any(
+            url == allowed.rstrip("/")
+            for allowed in _allowed_for(self.model_allowed_base_urls, account_id)
+        )
+
+    def allows_key_env(self, name: str, account_id: UUID) -> bool:
+        """Whether an action of `account_id` may name `name` as its model.apiKeyEnv."""
+        return name in _allowed_for(self.model_allowed_key_envs, account_id)
 
     def requests_per_account(self) -> int:
         return self.max_requests_per_account or max(1, self.pool_max_size // 2)

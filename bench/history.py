@@ -230,8 +230,8 @@ async def quality(state: AppState, caller: Caller, convs: list[dict[str, Any]]) 
             )
             assert done.status == "FAILED"
             async with state.pool.acquire() as conn:
-                events = await executions_store.list_events(
-                    conn, caller.account_id, agent.action_id, done.execution_id, None, 100
+                (events,) = await executions_store.list_event_pages(
+                    conn, caller.account_id, [(agent.action_id, done.execution_id, None, 100)]
                 )
             (searched,) = [
                 e["data"]

@@ -237,6 +237,7 @@ async def window_alone(
             history=None,
             client=None,  # type: ignore[arg-type]
             config=ModelConfig(),
+            account_id=caller.account_id,
             transcript=Transcript(1),
             after_call=None,  # type: ignore[arg-type]
         )
@@ -250,7 +251,7 @@ def budget_check_alone(count: int) -> list[float]:
     """`ContextWindow.prompt` over 200 earlier turns that fit the default budget."""
     harness = parse_harness({"memory": {"enabled": True, "tools": ["add_memory"]}})
     tools = list(tool_schemas(harness.memory).values())
-    window = ContextWindow(32_000, 0, None, None, ModelConfig(), Transcript(1), None, [])  # type: ignore[arg-type]
+    window = ContextWindow(32_000, 0, None, None, ModelConfig(), None, Transcript(1), None, [])  # type: ignore[arg-type]
     for i in range(200):
         window.add_turn(
             i + 1,

@@ -27,9 +27,12 @@ from app.state import AppState
 # Accounts, callers, policies
 
 
-async def make_account(state: AppState, name: str = "tenant") -> UUID:
+async def make_account(
+    state: AppState, name: str = "tenant", account_id: UUID | None = None
+) -> UUID:
+    """A new account; `account_id` to name it beforehand (in a test's settings)."""
     async with state.pool.acquire() as conn:
-        row = await auth_store.insert_account(conn, uuid.uuid4(), name)
+        row = await auth_store.insert_account(conn, account_id or uuid.uuid4(), name)
     return row["account_id"]
 
 

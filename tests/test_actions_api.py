@@ -2,14 +2,28 @@
 and how errors reach the client (codes, masking, logging)."""
 
 import logging
+from typing import Any
 from uuid import uuid4
 
 import pytest
-from factories import allow, caller, deny, make_account
+from factories import (
+    allow,
+    caller,
+    deny,
+    make_account,
+    make_agent,
+    record_turn,
+    remember,
+    token_for,
+    writer,
+)
 
 from app.actions import service as actions_service
+from app.auth.caller import Caller
 from app.db.cursors import pack
+from app.graphql import execution
 from app.graphql.relay import global_id
+from app.graphql.schema import schema
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
 FIELDS = (
@@ -313,8 +327,6 @@ async def test_actions_pages_newest_first_with_keyset_cursors(gql, admin):
     # Each agent is listed once, at its current version.
     assert [(e["node"]["name"], e["node"]["version"]) for e in third["edges"]] == [("a0 v2", 2)]
     assert third["pageInfo"]["hasNextPage"] is False
-    empty = (await gql(admin, ACTIONS, first=0)).ok()["actions"]
-    assert empty["nodes"] == [] and empty["pageInfo"]["hasNextPage"] is True
 
 
 @pytest.mark.parametrize(
@@ -332,11 +344,67 @@ async def test_foreign_cursors_are_bad_request(gql, admin, after):
     assert "`after` is not a cursor this connection issued" in result.errors[0]["message"]
 
 
-@pytest.mark.parametrize("first", [-1, 1001])
+@pytest.mark.parametrize("first", [-1, 0, 1001])
 async def test_first_out_of_range_is_bad_request(gql, admin, first):
     result = await gql(admin, ACTIONS, first=first)
     assert result.codes == ["BAD_REQUEST"]
-    assert "`first` must be from 0 to 1000" in result.errors[0]["message"]
+    assert result.errors[0]["message"] == f"`first` must be from 1 to 1000, got {first}"
+
+
+# Each connection, reached from the root: `first: 0` would answer an empty page saying more
+# follow (hasNextPage) without an endCursor to ask for them, so every one refuses it.
+CONNECTIONS = {
+    "Query.actions": "actions(first: 0) { %s }",
+    "Query.clients": "clients(first: 0) { %s }",
+    "Client.tokens": 'client(principal: "c1") { tokens(first: 0) { %s } }',
+    "Action.sessions": "action(actionId: $a) { sessions(first: 0) { %s } }",
+    "Action.executions": "action(actionId: $a) { executions(first: 0) { %s } }",
+    "Action.memories": "action(actionId: $a) { memories(first: 0) { %s } }",
+    "Action.searchMemories": "action(actionId: $a) { searchMemories(first: 0) { %s } }",
+    "ActionAgentMemory.history": "agentMemory(actionId: $a, id: $m) { history(first: 0) { %s } }",
+    "ActionExecution.transcript": "execution(executionId: $e) { transcript(first: 0) { %s } }",
+    "ActionSession.history": "node(id: $s) { ... on ActionSession { history(first: 0) { %s } } }",
+    "ActionSession.executions": (
+        "node(id: $s) { ... on ActionSession { executions(first: 0) { %s } } }"
+    ),
+}
+
+
+def test_every_connection_is_in_the_first_zero_test():
+    connections = {
+        f"{name}.{field}"
+        for name, type_ in schema._schema.type_map.items()
+        for field, definition in getattr(type_, "fields", {}).items()
+        if "first" in getattr(definition, "args", {})
+        and str(definition.type).rstrip("!").endswith("Connection")
+    }
+    assert connections == set(CONNECTIONS)
+
+
+@pytest.mark.parametrize("field", sorted(CONNECTIONS))
+async def test_first_zero_is_bad_request_on_every_connection(state, gql, admin, field):
+    agent = await make_agent(state, admin)
+    w = writer(agent, session="s1")
+    await record_turn(state, w)
+    record = await remember(state, agent, "the office is in Oslo")
+    await token_for(state, admin, "c1")
+    variables = {
+        "a": (str(agent.action_id), "UUID"),
+        "m": (str(record.memory_id), "UUID"),
+        "e": (str(w.execution_id), "UUID"),
+        "s": (global_id("ActionSession", agent.action_id, "s1"), "ID"),
+    }
+    body = CONNECTIONS[field] % "edges { cursor } pageInfo { hasNextPage endCursor }"
+    used = {k: v for k, v in variables.items() if f"${k}" in body}
+    declared = ", ".join(f"${k}: {kind}!" for k, (_, kind) in used.items())
+    query = f"query({declared}) {{ {body} }}" if used else f"query {{ {body} }}"
+    result = await gql(admin, query, **{k: value for k, (value, _) in used.items()})
+    assert result.codes == ["BAD_REQUEST"], result.errors
+    assert result.errors[0]["message"] == "`first` must be from 1 to 1000, got 0"
+    one = await gql(
+        admin, query.replace("first: 0", "first: 1"), **{k: v for k, (v, _) in used.items()}
+    )
+    assert one.ok()
 
 
 # --- node -------------------------------------------------------------------------------------
@@ -449,3 +517,45 @@ async def test_domain_and_request_errors_log_no_stack_trace(gql, state, admin, c
         assert (await gql(admin, ACTION, id="not-a-uuid")).codes == ["BAD_REQUEST"]
     noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert noisy == []
+
+
+# A page's document fields are read directly once the caller may read them (app/graphql/
+# execution.py's guard): the answer, errors and their paths included, is strawberry's own,
+# for a reader with the grant, one without it (each field refused), and a creator without it
+# (the version it wrote is readable).
+async def test_document_fields_answer_as_strawberrys_own_path(state, gql, admin, monkeypatch):
+    for i in range(3):
+        await create(gql, admin, name=f"a{i}")
+    listing = "query { actions(first: 10) { nodes { actionId name model createdBy version } } }"
+    no_document = caller(admin.account_id, allow(["SELECT"], "financial.Action.indexes.*"))
+    creator = caller(admin.account_id, allow(["INSERT"], "financial.Action.document"))
+
+    async def answer(guarded: bool, who: Caller, query: str, **variables: Any) -> dict:
+        monkeypatch.setattr(execution, "_PLANS", {})  # plans made again, with or without guards
+        if not guarded:
+            monkeypatch.setattr(execution, "_guard", lambda definition: None)
+        result = await gql(who, query, **variables)
+        monkeypatch.undo()
+        return {"data": result.data, "errors": result.errors}
+
+    for who in (admin, no_document):
+        assert await answer(True, who, listing) == await answer(False, who, listing)
+    guarded = execution._plan(schema._schema.type_map["Action"])
+    assert guarded["name"][5] is not None and guarded["version"][5] is None
+    refused = await answer(True, no_document, listing)
+    assert refused["errors"] and refused["data"] is None
+    assert {e["extensions"]["code"] for e in refused["errors"]} == {"ACCESS_DENIED"}
+    # Each creation writes an agent of its own: its ID and times differ, the rest is the same.
+    new = [
+        await answer(guarded, creator, CREATE, input={"name": "new"}) for guarded in (True, False)
+    ]
+    assert [n["errors"] for n in new] == [[], []]
+    each = [
+        {
+            k: v
+            for k, v in n["data"]["createAction"].items()
+            if k not in ("id", "actionId", "created", "modified")
+        }
+        for n in new
+    ]
+    assert each[0] == each[1] and each[0]["name"] == "new" and each[0]["createdBy"] == "someone"

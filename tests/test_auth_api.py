@@ -31,8 +31,10 @@ mutation($principal: String!, $accountId: UUID, $input: ClientUpdateInput!) {{
   updateClient(principal: $principal, accountId: $accountId, input: $input) {{ {CLIENT_FIELDS} }}
 }}"""
 DELETE_CLIENT = """
-mutation($principal: String!, $accountId: UUID) {
-  deleteClient(principal: $principal, accountId: $accountId) { principal }
+mutation($principal: String!, $accountId: UUID, $expectedModified: Timestamp) {
+  deleteClient(principal: $principal, accountId: $accountId, expectedModified: $expectedModified) {
+    principal
+  }
 }"""
 CREATE_TOKEN = """
 mutation($principal: String!, $accountId: UUID) {
@@ -290,6 +292,46 @@ async def test_update_client_with_expected_modified_refuses_a_change_made_meanwh
     )
     assert refused.codes == ["BAD_REQUEST"]
     assert (await gql(who, read)).ok()["client"]["name"] == "Mine"
+
+
+async def test_delete_client_with_expected_modified_refuses_a_client_changed_or_made_again(
+    gql, state
+):
+    """A page sends the `modified` of the client it showed: a client deleted and created again
+    with the same principal since, or changed since, is CONFLICT and stays, with its tokens;
+    the `modified` it has now deletes it; without one, deleteClient deletes as it always did."""
+    account = await make_account(state)
+    who = caller(account, EVERYTHING)
+    read = 'query { client(principal: "svc") { name modified } }'
+    await add_client(gql, who, "svc")
+    shown = (await gql(who, read)).ok()["client"]["modified"]
+    # Someone else deletes it and makes another client with the same principal, with a token.
+    assert (await gql(who, DELETE_CLIENT, principal="svc")).ok()
+    remade = {"principal": "svc", "name": "Second", "policies": [POLICY]}
+    assert (await gql(who, CREATE_CLIENT, input=remade)).ok()
+    assert (await gql(who, CREATE_TOKEN, principal="svc")).ok()
+    stale = await gql(who, DELETE_CLIENT, principal="svc", expectedModified=shown)
+    assert stale.codes == ["CONFLICT"]
+    message = stale.errors[0]["message"]
+    assert "client 'svc' was changed or re-created since" in message
+    assert "nothing was deleted" in message
+    now = (await gql(who, read)).ok()["client"]
+    assert now["name"] == "Second" and now["modified"] != shown
+    assert await token_count(state, account, "svc") == 1
+    # Changed (renamed) since: refused too.
+    renamed = await gql(who, UPDATE_CLIENT, principal="svc", input={"name": "Third"})
+    later = await gql(who, DELETE_CLIENT, principal="svc", expectedModified=now["modified"])
+    assert later.codes == ["CONFLICT"]
+    assert (await gql(who, read)).ok()["client"]["name"] == renamed.ok()["updateClient"]["name"]
+    # The `modified` it has now deletes it, tokens and all.
+    current = (await gql(who, read)).ok()["client"]["modified"]
+    deleted = await gql(who, DELETE_CLIENT, principal="svc", expectedModified=current)
+    assert deleted.ok()["deleteClient"] == {"principal": "svc"}
+    assert (await gql(who, read)).ok()["client"] is None
+    assert await token_count(state, account, "svc") == 0
+    # Gone: NOT_FOUND, whatever `modified` is given.
+    gone = await gql(who, DELETE_CLIENT, principal="svc", expectedModified=current)
+    assert gone.codes == ["NOT_FOUND"]
 
 
 async def test_duplicate_principal_is_a_conflict(gql, state):

@@ -5,6 +5,13 @@ import uuid
 
 import pytest
 from factories import allow, caller, full_memory, make_agent, remember
+from graphql import parse
+from graphql.execution.values import get_variable_values
+from strawberry.types.arguments import convert_argument
+from strawberry.types.base import StrawberryList
+
+from app.graphql.memory import AgentMemoryInput, AgentMemoryLabelInput
+from app.graphql.schema import schema
 
 BULK = """
 mutation($actionId: UUID!, $inputs: [AgentMemoryInput!]!, $key: String) {
@@ -217,3 +224,47 @@ async def test_pins_of_one_call_count_together_against_the_budget(gql, admin, st
     assert await counts(state, agent) == (0, 0, 0)
     ok = await gql(admin, BULK, actionId=str(agent.action_id), inputs=pins[:2])
     assert len(ok.ok()["addAgentMemories"]["memoryIds"]) == 2
+
+
+# The inputs addAgentMemories and addAgentMemory receive, built from their coerced values by a
+# table made once (app/graphql/inputs.py), are those strawberry's own conversion builds.
+def test_memory_inputs_built_directly_equal_strawberrys_own(monkeypatch):
+    values = [
+        {"summary": "plain", "kind": "fact"},
+        {
+            "summary": "every field",
+            "content": "the evidence",
+            "kind": "event",
+            "labels": [{"name": "customer_id", "value": "42"}, {"number": 6, "value": "eu"}],
+            "scope": "SESSION",
+            "sessionId": "s1",
+            "pinned": True,
+            "replaces": str(uuid.uuid4()),
+            "metadata": {"source": ["crm", 1, None, {"deep": True}]},
+        },
+        {"summary": "nulls", "kind": "fact", "labels": None, "scope": None, "metadata": None},
+        {"summary": "empty labels", "kind": "fact", "labels": [], "metadata": "text"},
+    ]
+    operation = parse(
+        "mutation($inputs: [AgentMemoryInput!]!) "
+        '{ addAgentMemories(actionId: "00000000-0000-0000-0000-000000000000", inputs: $inputs) '
+        "{ executionId } }"
+    ).definitions[0]
+    coerced = get_variable_values(
+        schema._schema, operation.variable_definitions, {"inputs": values}
+    ).coerced["inputs"]
+
+    def converted() -> object:
+        return convert_argument(
+            coerced,
+            StrawberryList(AgentMemoryInput),
+            schema.schema_converter.scalar_registry,
+            schema.config,
+        )
+
+    built = converted()
+    for cls in (AgentMemoryInput, AgentMemoryLabelInput):
+        monkeypatch.setattr(cls.__strawberry_definition__, "from_input", None)
+    own = converted()
+    assert built == own and repr(built) == repr(own)
+    assert isinstance(built[1].labels[0], AgentMemoryLabelInput)

@@ -288,6 +288,18 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"model_allowed_key_envs": "FOO"}, "ENGRAM_MODEL_ALLOWED_KEY_ENVS: must be a JSON list"),
         ({"model_allowed_key_envs": "[1, 2]"}, "ENGRAM_MODEL_ALLOWED_KEY_ENVS: item 0: "),
         ({"model_allowed_base_urls": '["x"]'}, "ENGRAM_MODEL_ALLOWED_BASE_URLS: item 0 is not"),
+        (
+            {"model_allowed_key_envs": '{"TEAM_KEY": ["team-a"]}'},
+            "ENGRAM_MODEL_ALLOWED_KEY_ENVS: TEAM_KEY: account 0 is not an account ID (a UUID)",
+        ),
+        (
+            {"model_allowed_base_urls": '{"https://s3cret@team.example": "*"}'},
+            "ENGRAM_MODEL_ALLOWED_BASE_URLS: entry 0: must be a list of the account IDs",
+        ),
+        (
+            {"model_allowed_base_urls": '{"http://127.0.0.1:11434/v1": []}'},
+            "ENGRAM_MODEL_ALLOWED_BASE_URLS: entry 0 is ENGRAM_MODEL_BASE_URL",
+        ),
         ({"model_base_url": "localhost:11434"}, "ENGRAM_MODEL_BASE_URL: must be an http://"),
         ({"pool_min_size": "-1"}, "ENGRAM_POOL_MIN_SIZE: Input should be greater than or"),
         ({"pool_max_size": "0"}, "ENGRAM_POOL_MAX_SIZE: Input should be greater than or"),

@@ -490,7 +490,7 @@ async def test_m32_a_cleared_result_is_unread_though_an_earlier_one_has_its_call
         call = {"id": "call_0", "type": "function", "function": function}
         return {"role": "assistant", "content": None, "tool_calls": [call]}
 
-    window = ContextWindow(200, 0, None, None, None, Transcript(1, 1), None, [])  # type: ignore[arg-type]
+    window = ContextWindow(200, 0, None, None, None, None, Transcript(1, 1), None, [])  # type: ignore[arg-type]
     exchange = [
         calling(),
         {"role": "tool", "tool_call_id": "call_0", "content": '{"error": "e"}'},
@@ -576,6 +576,7 @@ async def test_h16_a_reply_of_many_tool_calls_takes_time_in_proportion(
         history=None,
         client=state.services["model"],
         config=ModelConfig(),
+        account_id=uuid4(),
         transcript=Transcript(1),
         after_call=None,  # type: ignore[arg-type]
     )

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import strawberry
 from strawberry.dataloader import DataLoader
+from strawberry.permission import BasePermission, PermissionExtension
 
 from app.graphql.execution import ExecutionContext
 
@@ -107,3 +108,51 @@ async def test_issue14_the_short_path_answers_as_graphql_core(query):
     expected = await run(plain, query)
     assert await run(short, query) == expected
     assert expected[2] <= 1  # the DataLoader batches the whole page either way
+
+
+class Needs(BasePermission):
+    """A permission of one setting: the grant it needs, which `allows` reads as has_permission
+    does."""
+
+    message = "not allowed"
+
+    def __init__(self, grant: str) -> None:
+        self.grant = grant
+
+    def has_permission(self, source: Any, info: strawberry.Info, **kwargs: Any) -> bool:
+        return self.grant in info.context["grants"]
+
+    def allows(self, source: Any, context: Any) -> bool:
+        return self.grant in context["grants"]
+
+
+def needs(grant: str) -> Any:
+    return strawberry.field(extensions=[PermissionExtension(permissions=[Needs(grant)])])
+
+
+@strawberry.type
+class Guarded:
+    a: str = needs("a")
+    b: str = needs("b")
+
+
+@strawberry.type
+class GuardedQuery:
+    @strawberry.field
+    def guarded(self) -> Guarded:
+        return Guarded(a="read with a", b="read with b")
+
+
+async def test_issue14_guarded_fields_each_keep_their_own_permission():
+    """A guarded leaf is read on the short path once its permission `allows` it: each field by
+    its own permission's settings, not by another field's of the same class (Needs("a") let a
+    caller holding only "a" read the field that Needs("b"))."""
+    query = "{ guarded { a b } }"
+    context = {"grants": {"a"}}
+    plain = await strawberry.Schema(GuardedQuery).execute(query, context_value=context)
+    short = await strawberry.Schema(GuardedQuery, execution_context_class=ExecutionContext).execute(
+        query, context_value=context
+    )
+    assert plain.data is None and [e.message for e in plain.errors] == ["not allowed"]
+    assert short.data == plain.data
+    assert [(e.message, e.path) for e in short.errors] == [("not allowed", ["guarded", "b"])]

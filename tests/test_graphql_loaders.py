@@ -7,15 +7,29 @@ import uuid
 from uuid import UUID
 
 import pytest
-from factories import allow, caller, make_agent, record_turn, remember, token_for, writer
+from factories import (
+    allow,
+    caller,
+    forget,
+    make_agent,
+    record_turn,
+    remember,
+    token_for,
+    writer,
+)
 from helpers import GQL
 from runtime_support import RUNNER_POLICIES
 
 from app.auth import service as auth_service
 from app.db.pool import create_pool
 from app.executions import store as executions_store
+from app.graphql.executions import SESSIONS as SESSIONS_KEYSET
 from app.graphql.executions import TRANSCRIPT as TRANSCRIPT_KEYS
-from app.graphql.relay import CREATED_ID
+from app.graphql.history import CONVERSATION
+from app.graphql.memory import VERSIONS
+from app.graphql.relay import CREATED_ID, global_id
+from app.memory import operator
+from app.memory.operator import HistoryPage
 from app.runtime import redaction
 from app.state import AppState
 
@@ -399,3 +413,348 @@ async def test_issue14_item3_batched_transcripts_keep_grants_and_errors(state, a
     )
     assert mixed.codes == ["BAD_REQUEST"] and mixed.errors[0]["path"][0] == "bad"
     assert mixed.data is None
+
+
+# Issue 14, item 3: a page of sessions reads each session's executions and history in one
+# query per field (they were one query per session: 52 statements for 50 sessions), and a page
+# of agents each agent's sessions and executions.
+
+
+def session_page(field: str, first: int, after: str) -> str:
+    """A session's `executions` or `history` page, with its cursors and pageInfo."""
+    node = "executionId" if field == "executions" else "eventId text"
+    return (
+        f"{field}(first: {first}, after: {after}) {{ edges {{ cursor node {{ {node} }} }} "
+        f"{PAGE_INFO} }}"
+    )
+
+
+SESSIONS = (
+    "query($a: UUID!) { action(actionId: $a) { sessions(first: 100) { nodes { sessionId %s } } } }"
+)
+HISTORY_EVENTS = [
+    ("user", None, None, {"content": "hello"}, "hello"),
+    (
+        "tool",
+        "c1",
+        "read_memory",
+        {"output": {"records": [{"id": "m1", "version": 1, "summary": "Ada likes tea"}]}},
+        "read_memory: Ada likes tea",
+    ),  # fmt: skip
+    ("agent", None, None, {"content": "Noted.", "toolCalls": []}, "Noted."),
+]
+
+
+async def sessions_with_turns(state, agent, counts: list[int], start: int = 0) -> None:
+    """A session per count (s00, s01...), each with that many executions and, per execution,
+    a kept history event (a cycle of HISTORY_EVENTS)."""
+    async with state.pool.acquire() as conn:
+        for i, n in enumerate(counts, start):
+            session = f"s{i:02}"
+            await executions_store.ensure_session(conn, agent.account_id, agent.action_id, session)
+            for turn in range(1, n + 1):
+                execution_id = uuid.uuid4()
+                await executions_store.insert_execution(
+                    conn,
+                    account_id=agent.account_id,
+                    action_id=agent.action_id,
+                    execution_id=execution_id,
+                    action_version=agent.version,
+                    session_id=session,
+                    turn=turn,
+                    kind="TURN",
+                    status="SUCCEEDED",
+                    preview=False,
+                    principal="admin",
+                    input="hello",
+                )
+                who, call_id, tool, data, text = HISTORY_EVENTS[(turn - 1) % len(HISTORY_EVENTS)]
+                await conn.execute(
+                    """
+                    INSERT INTO history_events (account_id, action_id, session_id, event_id, turn,
+                        execution_id, invocation_number, sequence, who, call_id, tool, data,
+                        text, parts, preview)
+                    VALUES ($1, $2, $3, $4, $5, $6, 1, 1, $7, $8, $9, $10, $11, 1, false)
+                    """,
+                    agent.account_id,
+                    agent.action_id,
+                    session,
+                    uuid.uuid4(),
+                    turn,
+                    execution_id,
+                    who,
+                    call_id,
+                    tool,
+                    data,
+                    text,
+                )
+
+
+async def session_children(state, agent) -> tuple[dict, dict]:
+    """Each session's executions (newest first) and history events (in conversation order) as
+    (cursor, node), read straight from the tables."""
+    executions: dict[str, list[tuple[str, dict]]] = {}
+    for r in await state.pool.fetch(
+        "SELECT session_id, created, execution_id FROM executions WHERE action_id = $1 "
+        "ORDER BY created DESC, execution_id DESC",
+        agent.action_id,
+    ):
+        node = {"executionId": str(r["execution_id"])}
+        cursor = CREATED_ID.encode(r["created"], r["execution_id"])
+        executions.setdefault(r["session_id"], []).append((cursor, node))
+    history: dict[str, list[tuple[str, dict]]] = {}
+    for r in await state.pool.fetch(
+        "SELECT session_id, turn, sequence, event_id, text FROM history_events "
+        "WHERE action_id = $1 ORDER BY turn, sequence",
+        agent.action_id,
+    ):
+        node = {"eventId": str(r["event_id"]), "text": r["text"]}
+        cursor = CONVERSATION.encode(r["turn"], r["sequence"])
+        history.setdefault(r["session_id"], []).append((cursor, node))
+    return executions, history
+
+
+# Issue 14, item 3
+async def test_issue14_item3_session_executions_and_history_cost_one_query_each(
+    state, db_url, admin
+):
+    agent = await make_agent(state, admin)
+    a = str(agent.action_id)
+    query = SESSIONS % (session_page("executions", 2, "null") + session_page("history", 2, "null"))
+    await sessions_with_turns(state, agent, [3, 1, 0, 2])
+    few, with_few = await counted(state, db_url, admin, query, a=a)
+    await sessions_with_turns(state, agent, [2, 4, 1, 0, 3, 5, 1, 2], start=4)
+    many, with_many = await counted(state, db_url, admin, query, a=a)
+    assert with_many == with_few <= 4  # the agent, its sessions, their executions, histories
+    executions, history = await session_children(state, agent)
+    for data in (few, many):
+        for session in data["action"]["sessions"]["nodes"]:
+            s = session["sessionId"]
+            assert session["executions"] == expected(executions.get(s, []), 2, None), s
+            assert session["history"] == expected(history.get(s, []), 2, None), s
+    nodes = many["action"]["sessions"]["nodes"]
+    assert len(nodes) == 12 and [n["history"]["edges"] for n in nodes].count([]) == 2
+
+
+# Issue 14, item 3: parents asking for pages after different cursors, in one request.
+@pytest.mark.parametrize("field", ["executions", "history"])
+async def test_issue14_item3_session_pages_after_each_parents_own_cursor(state, admin, field):
+    agent = await make_agent(state, admin)
+    await sessions_with_turns(state, agent, [5, 2, 0, 3])
+    executions, history = await session_children(state, agent)
+    listed = executions if field == "executions" else history
+    names = ["s00", "s01", "s02", "s03"]
+    query = aliased(
+        {
+            n: f'node(id: "{global_id("ActionSession", agent.action_id, n)}") '
+            f"{{ ... on ActionSession {{ {session_page(field, 2, '$' + n)} }} }}"
+            for n in names
+        }
+    )
+    gql = GQL(state)
+    after: dict[str, str | None] = dict.fromkeys(names)
+    for _ in range(4):  # s00's three pages, then an empty one after its last
+        data = (await gql(admin, query, **after)).ok()
+        for n in names:
+            assert data[n][field] == expected(listed.get(n, []), 2, after[n]), (n, after[n])
+            after[n] = data[n][field]["pageInfo"]["endCursor"]
+    assert data["s00"][field]["pageInfo"]["hasPreviousPage"]
+    assert data["s00"][field]["edges"] == []
+
+
+# Issue 14, item 3: each kind of executions page keeps its own grants in a shared batch (a
+# session's needs the session index, an agent's the created index), and history its redaction.
+async def test_issue14_item3_batched_session_pages_keep_grants_and_redaction(state, admin):
+    agent = await make_agent(state, admin)
+    await sessions_with_turns(state, agent, [3, 2])
+    a, gql = str(agent.action_id), GQL(state)
+    executions = session_page("executions", 2, "null")
+    sessions_only = caller(
+        admin.account_id,
+        allow(["SELECT"], "financial.Action.*"),
+        allow(["SELECT"], "financial.ActionExecution.document"),
+        allow(["SELECT"], "financial.ActionExecution.indexes.sessions"),
+    )
+    query = (
+        f'query {{ agent: action(actionId: "{a}") {{ {executions} }} '
+        f'bySession: action(actionId: "{a}") {{ sessions(first: 5) {{ nodes {{ {executions} }} '
+        "} } }"
+    )
+    # One error, the agent's page's: the sessions' pages of the same batch were read.
+    mixed = await gql(sessions_only, query)
+    assert mixed.codes == ["ACCESS_DENIED"] and mixed.errors[0]["path"] == ["agent", "executions"]
+    alone = (await gql(sessions_only, SESSIONS % executions, a=a)).ok()
+    listed, _ = await session_children(state, agent)
+    for node in alone["action"]["sessions"]["nodes"]:
+        assert node["executions"] == expected(listed[node["sessionId"]], 2, None)
+    both = await gql(admin, query)
+    assert both.ok()["agent"]["executions"]["edges"]
+    no_index = caller(
+        admin.account_id,
+        allow(["SELECT"], "financial.Action.*"),
+        allow(["SELECT"], "financial.ActionExecution.indexes.sessions"),
+        allow(["SELECT"], "financial.ActionExecution.transcript"),
+    )
+    denied = await gql(no_index, SESSIONS % executions, a=a)
+    assert denied.codes == ["ACCESS_DENIED"] and denied.errors[0]["path"][-1] == "executions"
+    history = SESSIONS % session_page("history", 5, "null")
+    shown = (await gql(reader(admin, reads_memory=True), history, a=a)).ok()
+    redacted = (await gql(no_index, history, a=a)).ok()
+    for data, reads_memory in ((shown, True), (redacted, False)):
+        texts = [e["node"]["text"] for s in data["action"]["sessions"]["nodes"]
+                 for e in s["history"]["edges"]]  # fmt: skip
+        assert len(texts) == 5 and any("Ada likes tea" in t for t in texts) == reads_memory
+    too_many = await gql(admin, SESSIONS % session_page("history", 1001, "null"), a=a)
+    assert too_many.codes == ["BAD_REQUEST"] and too_many.errors[0]["path"][-1] == "history"
+
+
+AGENT_PAGES = (
+    "query { actions(first: 100) { nodes { actionId "
+    "sessions(first: 2) { edges { cursor node { sessionId } } " + PAGE_INFO + " } "
+    "executions(first: 2) { edges { cursor node { executionId } } " + PAGE_INFO + " } } } }"
+)
+
+
+# Issue 14, item 3: a page of agents reads their sessions and executions in one query each.
+async def test_issue14_item3_agents_sessions_and_executions_cost_one_query_each(
+    state, db_url, admin
+):
+    agents = [await make_agent(state, admin, name=f"a{i}") for i in range(3)]
+    for agent in agents:
+        await sessions_with_turns(state, agent, [2, 1, 3])
+    few, with_few = await counted(state, db_url, admin, AGENT_PAGES)
+    for i in range(6):
+        agent = await make_agent(state, admin, name=f"b{i}")
+        await sessions_with_turns(state, agent, [1] * (i % 3))
+    many, with_many = await counted(state, db_url, admin, AGENT_PAGES)
+    assert with_many == with_few <= 3  # the agents, their sessions, their executions
+    for data in (few, many):
+        for node in data["actions"]["nodes"]:
+            sessions, executions = await agent_lists(state, UUID(node["actionId"]))
+            assert node["sessions"] == expected(sessions, 2, None)
+            assert node["executions"] == expected(executions, 2, None)
+    assert len(many["actions"]["nodes"]) == 9
+
+
+async def agent_lists(state, action_id: UUID) -> tuple[list, list]:
+    """The agent's sessions and executions as (cursor, node), newest first, from the tables."""
+    sessions = [
+        (SESSIONS_KEYSET.encode(r["created"], r["session_id"]), {"sessionId": r["session_id"]})
+        for r in await state.pool.fetch(
+            "SELECT created, session_id FROM sessions WHERE action_id = $1 "
+            "ORDER BY created DESC, session_id DESC",
+            action_id,
+        )
+    ]
+    executions = [
+        (
+            CREATED_ID.encode(r["created"], r["execution_id"]),
+            {"executionId": str(r["execution_id"])},
+        )
+        for r in await state.pool.fetch(
+            "SELECT created, execution_id FROM executions WHERE action_id = $1 "
+            "ORDER BY created DESC, execution_id DESC",
+            action_id,
+        )
+    ]
+    return sessions, executions
+
+
+# Issue 14, item 3: a page of records reads each record's history in three queries (which
+# records the caller sees, their versions, the agent's label names); it was three per record.
+VERSION = "version status summary labels { number value name }"
+RECORD_HISTORY = (
+    "history(first: %d, after: %s) { edges { cursor node { " + VERSION + " } } " + PAGE_INFO + " }"
+)
+RECORDS = """query($a: UUID!) { action(actionId: $a) {
+  memories(first: 100, status: [ACTIVE, DELETED]) { nodes { memoryId %s } } } }"""
+
+
+async def records_with_versions(state, agent, n: int) -> None:
+    """`n` records with a label; every other one deleted (a second version)."""
+    for i in range(n):
+        record = await remember(
+            state, agent, f"fact {i}", scope="AGENT", labels={"customer_id": f"c{i}"}
+        )
+        if i % 2:
+            await forget(state, agent, record.memory_id)
+
+
+async def all_versions(state, agent) -> dict[str, list[tuple[str, dict]]]:
+    """Each record's versions as (cursor, node), newest first, read straight from the table."""
+    found: dict[str, list[tuple[str, dict]]] = {}
+    for r in await state.pool.fetch(
+        "SELECT memory_id, version, status, summary, labels FROM agent_memory_versions "
+        "WHERE action_id = $1 ORDER BY version DESC",
+        agent.action_id,
+    ):
+        names = {5: "customer_id", 7: "ticket"}
+        labels = [
+            {"number": int(k), "value": v, "name": names.get(int(k))}
+            for k, v in sorted(r["labels"].items(), key=lambda kv: int(kv[0]))
+        ]
+        node = {"version": r["version"], "status": r["status"], "summary": r["summary"],
+                "labels": labels}  # fmt: skip
+        found.setdefault(str(r["memory_id"]), []).append((VERSIONS.encode(r["version"]), node))
+    return found
+
+
+# Issue 14, item 3
+async def test_issue14_item3_record_histories_cost_three_queries_however_many_records(
+    state, db_url, admin
+):
+    agent = await make_agent(state, admin)
+    a = str(agent.action_id)
+    query = RECORDS % (RECORD_HISTORY % (1, "null"))
+    await records_with_versions(state, agent, 3)
+    few, with_few = await counted(state, db_url, admin, query, a=a)
+    await records_with_versions(state, agent, 9)
+    many, with_many = await counted(state, db_url, admin, query, a=a)
+    plain = (await counted(state, db_url, admin, RECORDS % "", a=a))[1]
+    assert with_many == with_few <= plain + 3
+    versions = await all_versions(state, agent)
+    for data in (few, many):
+        for node in data["action"]["memories"]["nodes"]:
+            assert node["history"] == expected(versions[node["memoryId"]], 1, None)
+    nodes = many["action"]["memories"]["nodes"]
+    assert len(nodes) == 12 and {n["history"]["pageInfo"]["hasNextPage"] for n in nodes} == {
+        True,
+        False,
+    }
+
+
+# Issue 14, item 3: parents asking for pages after different cursors, in one request; a record
+# the caller does not see (another agent's, under this agent's ID) has no versions, as before.
+async def test_issue14_item3_record_histories_page_after_each_parents_own_cursor(state, admin):
+    agent = await make_agent(state, admin)
+    await records_with_versions(state, agent, 4)
+    versions = await all_versions(state, agent)
+    ids = list(versions)
+    names = [f"r{i}" for i in range(len(ids))]
+    query = aliased(
+        {
+            n: f'agentMemory(actionId: "{agent.action_id}", id: "{m}") '
+            f"{{ {RECORD_HISTORY % (1, '$' + n)} }}"
+            for n, m in zip(names, ids, strict=True)
+        }
+    )
+    gql = GQL(state)
+    after: dict[str, str | None] = dict.fromkeys(names)
+    for _ in range(3):  # two versions at most, then an empty page after the last
+        data = (await gql(admin, query, **after)).ok()
+        for n, m in zip(names, ids, strict=True):
+            assert data[n]["history"] == expected(versions[m], 1, after[n]), (n, after[n])
+            after[n] = data[n]["history"]["pageInfo"]["endCursor"]
+    other = await make_agent(state, admin, name="other")
+    theirs = await remember(state, other, "not this agent's", scope="AGENT")
+    page = await operator.memory_history_pages(
+        state.pool,
+        admin,
+        pages=[
+            HistoryPage(agent.action_id, theirs.memory_id, None, 5),
+            HistoryPage(other.action_id, theirs.memory_id, None, 5),
+        ],
+    )
+    assert page[0] == [] and [v.record.version for v in page[1]] == [1]
+    too_many = await gql(admin, RECORDS % (RECORD_HISTORY % (1001, "null")), a=str(agent.action_id))
+    assert too_many.codes == ["BAD_REQUEST"] and too_many.errors[0]["path"][-1] == "history"

@@ -147,7 +147,7 @@ async def test_m38_search_memories_pages_up_to_its_bound_with_a_clear_message(
         assert page["searchMemories"]["nodes"] == [{"memoryId": str(record.memory_id)}]
     too_many = await gql(admin, SEARCH, a=a, q="office", first=1001)
     assert too_many.codes == ["BAD_REQUEST"]
-    assert too_many.errors[0]["message"] == "`first` must be from 0 to 1000, got 1001"
+    assert too_many.errors[0]["message"] == "`first` must be from 1 to 1000, got 1001"
 
 
 # M38

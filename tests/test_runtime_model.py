@@ -2,6 +2,7 @@
 sends, retries, timeouts, refusals, and which key goes where."""
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,6 +20,8 @@ from app.observability import metrics
 from app.observability.metrics import Metrics
 from app.runtime.model import ModelClient, ModelFailed, resolve_endpoint
 
+# The account of the actions whose model calls these are.
+ACCOUNT = uuid.uuid4()
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOL = {
     "type": "function",
@@ -48,7 +51,7 @@ async def test_request_carries_purpose_tools_and_config(
 ) -> None:
     server.call_tools(("search_memory", {"query": "Ada"}), content="Let me look.", purpose="memory")
     config = ModelConfig(name="house-model", temperature=0.3, max_tokens=50)
-    completion = await client.complete(config, MESSAGES, [TOOL], "memory")
+    completion = await client.complete(config, MESSAGES, [TOOL], "memory", account_id=ACCOUNT)
 
     (request,) = server.requests_to(CHAT)
     assert request.headers["x-engram-purpose"] == "memory"
@@ -74,7 +77,7 @@ async def test_transient_failures_are_retried_with_backoff(
 ) -> None:
     server.fail_next(1, status=502, path=CHAT)
     server.fail_next(1, status=429, path=CHAT, retry_after=0.01)
-    completion = await client.complete(ModelConfig(), MESSAGES, [], "turn")
+    completion = await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     assert completion.content == "done" and completion.attempts == 3
     assert len(server.requests_to(CHAT)) == 3
 
@@ -84,13 +87,13 @@ async def test_retries_run_out_with_the_servers_message(
 ) -> None:
     server.fail_next(5, status=503, path=CHAT, message="overloaded")
     with pytest.raises(ModelFailed, match="failed 3 times, last: HTTP 503: overloaded"):
-        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
 
 
 async def test_a_refused_request_is_not_retried(client: ModelClient, server: OpenAIServer) -> None:
     server.fail_next(1, status=400, path=CHAT, message="unknown model")
     with pytest.raises(ModelFailed, match=r"refused the request .*\(HTTP 400\): unknown model"):
-        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     assert len(server.requests_to(CHAT)) == 1
 
 
@@ -99,7 +102,7 @@ async def test_a_slow_model_times_out_without_a_retry(server: OpenAIServer) -> N
     server.say("late", delay=1.0)
     try:
         with pytest.raises(ModelFailed, match="did not answer within 0.2 seconds"):
-            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
         await client.aclose()
     assert len(server.requests_to(CHAT)) == 1
@@ -110,7 +113,7 @@ async def test_an_unreachable_model_fails_after_its_retries() -> None:
     client = ModelClient(settings, backoff_seconds=0.01)
     try:
         with pytest.raises(ModelFailed, match="failed 2 times, last: ConnectError"):
-            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
         await client.aclose()
 
@@ -120,13 +123,13 @@ async def test_an_upstream_error_body_reaches_the_error_only_as_a_short_excerpt(
 ) -> None:
     server.fail_next(1, status=400, path=CHAT, message="echo: " + "x" * 5000)
     with pytest.raises(ModelFailed) as refused:
-        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     assert "echo: xxx" in refused.value.message and refused.value.message.endswith("(cut)")
     assert len(refused.value.message) < 400
 
     server.fail_next(5, status=503, path=CHAT, message="echo: " + "y" * 5000)
     with pytest.raises(ModelFailed) as exhausted:
-        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     assert "failed 3 times" in exhausted.value.message and len(exhausted.value.message) < 400
 
 
@@ -193,7 +196,7 @@ async def test_a_reply_of_another_shape_fails_the_call_saying_what_is_wrong(
     failure (its message becomes the turn's error), never an error of the code that reads it."""
     server.answer_with(body)
     with pytest.raises(ModelFailed) as failed:
-        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     assert told in failed.value.message
     assert failed.value.message.startswith(f"the model at {server.url}/chat/completions answered")
 
@@ -216,7 +219,7 @@ async def test_usage_that_is_no_count_is_recorded_as_unknown_and_logged(
     server.answer_with(completion_body(assistant(content="hi"), usage=usage))
     counted = Metrics()
     with metrics.using(counted), caplog.at_level(logging.WARNING):
-        completion = await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        completion = await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
 
     assert completion.content == "hi" and completion.usage == {"completion_tokens": 7}
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -244,10 +247,11 @@ async def test_a_reply_longer_than_its_bound_fails_without_being_read_or_retried
     )
     try:
         server.say("x" * 9_000)
-        assert (await client.complete(ModelConfig(), MESSAGES, [], "turn")).content == "x" * 9_000
+        replied = await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
+        assert replied.content == "x" * 9_000
         server.say("x" * 20_000)
         with pytest.raises(ModelFailed) as failed:
-            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
         await client.aclose()
     assert "answered with more than 10,000 bytes (ENGRAM_MODEL_MAX_REPLY_BYTES)" in str(
@@ -271,22 +275,22 @@ def test_an_action_names_only_allowed_endpoints_and_key_variables(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
     settings = Settings(model_base_url="http://models.internal/v1/")
     # The deployment's own endpoint is always allowed, with or without the trailing slash.
-    assert resolve_endpoint(ModelConfig(base_url="http://models.internal/v1"), settings)
+    assert resolve_endpoint(ModelConfig(base_url="http://models.internal/v1"), settings, ACCOUNT)
     with pytest.raises(BadInput, match="add it to ENGRAM_MODEL_ALLOWED_KEY_ENVS"):
-        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), settings)
+        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), settings, ACCOUNT)
     with pytest.raises(BadInput, match="add it to ENGRAM_MODEL_ALLOWED_BASE_URLS"):
-        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), settings)
+        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), settings, ACCOUNT)
 
     allowed = Settings(
         model_base_url="http://models.internal/v1",
         model_allowed_base_urls=["https://team.example/v1/"],
         model_allowed_key_envs=["TEAM_MODEL_KEY"],
     )
-    assert resolve_endpoint(ModelConfig(base_url="https://team.example/v1"), allowed)
+    assert resolve_endpoint(ModelConfig(base_url="https://team.example/v1"), allowed, ACCOUNT)
     with pytest.raises(BadInput, match="ENGRAM_MODEL_ALLOWED_BASE_URLS"):
-        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), allowed)
+        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), allowed, ACCOUNT)
     with pytest.raises(BadInput, match="ENGRAM_MODEL_ALLOWED_KEY_ENVS"):
-        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), allowed)
+        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), allowed, ACCOUNT)
 
 
 def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,31 +300,31 @@ def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None
         model_allowed_base_urls=["https://example.com/v1"],
         model_allowed_key_envs=["TEAM_MODEL_KEY", "MISSING_KEY", "ENGRAM_BOOTSTRAP_TOKEN"],
     )
-    assert resolve_endpoint(ModelConfig(), settings).api_key == "sk-house"
+    assert resolve_endpoint(ModelConfig(), settings, ACCOUNT).api_key == "sk-house"
     # The deployment's key never goes to an endpoint an action names.
     elsewhere = ModelConfig(base_url="https://example.com/v1")
-    assert resolve_endpoint(elsewhere, settings).api_key is None
+    assert resolve_endpoint(elsewhere, settings, ACCOUNT).api_key is None
 
     monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
     own = ModelConfig(base_url="https://example.com/v1", api_key_env="TEAM_MODEL_KEY")
-    endpoint = resolve_endpoint(own, settings)
+    endpoint = resolve_endpoint(own, settings, ACCOUNT)
     assert (endpoint.url, endpoint.api_key) == (
         "https://example.com/v1/chat/completions",
         "sk-team",
     )
 
     with pytest.raises(ModelFailed, match="MISSING_KEY, which is not set"):
-        resolve_endpoint(ModelConfig(api_key_env="MISSING_KEY"), settings)
+        resolve_endpoint(ModelConfig(api_key_env="MISSING_KEY"), settings, ACCOUNT)
     # The service's own settings are never sent as a model key, even when listed.
     monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "secret")
     with pytest.raises(BadInput, match="may not name ENGRAM_BOOTSTRAP_TOKEN"):
-        resolve_endpoint(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), settings)
+        resolve_endpoint(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), settings, ACCOUNT)
 
 
 async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:
     client = ModelClient(settings_for(server, model_api_key=SecretStr("sk-house")))
     try:
-        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
         await client.aclose()
     assert server.requests_to(CHAT)[0].headers["authorization"] == "Bearer sk-house"
@@ -336,7 +340,7 @@ async def test_a_server_that_quotes_the_key_it_refused_never_puts_it_in_the_erro
     client = ModelClient(settings_for(server, model_api_key=SecretStr(key), model_max_retries=0))
     try:
         with pytest.raises(ModelFailed) as failed:
-            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
         await client.aclose()
     assert (
@@ -364,7 +368,7 @@ async def test_a_key_read_with_a_newline_is_sent_stripped_and_a_refused_one_neve
     header, reaches the error without the key."""
     client = ModelClient(settings_for(server, model_api_key=SecretStr("sk-house-42\n")))
     try:
-        await client.complete(ModelConfig(), MESSAGES, [], "turn")
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
         await client.aclose()
     assert server.requests_to(CHAT)[-1].headers["authorization"] == "Bearer sk-house-42"
@@ -373,7 +377,7 @@ async def test_a_key_read_with_a_newline_is_sent_stripped_and_a_refused_one_neve
     client = ModelClient(settings_for(server, model_api_key=SecretStr(broken), model_max_retries=0))
     try:
         with pytest.raises(ModelFailed) as failed:
-            await client.complete(ModelConfig(), MESSAGES, [], "turn")
+            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
         await client.aclose()
     assert "[credential]" in failed.value.message, failed.value.message

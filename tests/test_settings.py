@@ -1,8 +1,10 @@
 """Settings read from ENGRAM_* variables: what an empty or padded value means, and what the
 production guard lets through (refusals are in test_cli.py, as the command prints them)."""
 
+import json
 import os
 from pathlib import Path
+from uuid import UUID
 
 import platformdirs
 import pytest
@@ -73,6 +75,9 @@ def test_lists_and_bounds_at_their_limits(monkeypatch):
     [
         ("ENGRAM_DATABASE_URL", "mysql://engram:S3CRET-9@db/engram"),
         ("ENGRAM_MODEL_ALLOWED_BASE_URLS", '["ftp://S3CRET-9@host"]'),
+        ("ENGRAM_MODEL_ALLOWED_BASE_URLS", '{"ftp://S3CRET-9@host": ["*"]}'),
+        # A key pasted where its variable's name belongs.
+        ("ENGRAM_MODEL_ALLOWED_KEY_ENVS", '{"sk-S3CRET-9": ["*"]}'),
     ],
 )
 def test_a_refused_value_is_never_quoted_where_it_could_be_a_secret(monkeypatch, name, value):
@@ -91,6 +96,71 @@ def test_a_database_url_libpq_cannot_read_is_one_line_without_its_password(capsy
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("engram: ENGRAM_DATABASE_URL cannot be read as a PostgreSQL URL")
     assert "S3CRET-9" not in line
+
+
+TEAM = "0B2A1F3E-0000-4000-8000-00000000000A"  # as an operator may paste it: upper case
+OTHER = "0b2a1f3e-0000-4000-8000-00000000000b"
+
+
+def test_allow_lists_may_name_the_accounts_of_each_key_and_endpoint(monkeypatch):
+    monkeypatch.setenv("ENGRAM_MODEL_BASE_URL", "http://models.internal/v1")
+    monkeypatch.setenv(
+        "ENGRAM_MODEL_ALLOWED_KEY_ENVS", json.dumps({"TEAM_KEY": [TEAM], "SHARED_KEY": ["*"]})
+    )
+    monkeypatch.setenv(
+        "ENGRAM_MODEL_ALLOWED_BASE_URLS",
+        json.dumps({"https://team.example/v1/": [TEAM], "http://models.internal/v1": ["*"]}),
+    )
+    settings = Settings()
+    assert settings.model_allowed_key_envs == {"TEAM_KEY": [TEAM.lower()], "SHARED_KEY": ["*"]}
+    team, other = UUID(TEAM), UUID(OTHER)
+    assert settings.allows_key_env("TEAM_KEY", team)
+    assert not settings.allows_key_env("TEAM_KEY", other)
+    assert settings.allows_key_env("SHARED_KEY", other)
+    assert not settings.allows_key_env("UNLISTED_KEY", team)
+    assert settings.allows_base_url("https://team.example/v1", team)
+    assert not settings.allows_base_url("https://team.example/v1", other)
+    # The default model's endpoint is every account's, listed or not.
+    assert settings.allows_base_url("http://models.internal/v1/", other)
+
+
+def test_a_list_still_allows_every_account(monkeypatch):
+    monkeypatch.setenv("ENGRAM_MODEL_ALLOWED_KEY_ENVS", '["TEAM_KEY"]')
+    monkeypatch.setenv("ENGRAM_MODEL_ALLOWED_BASE_URLS", '["https://team.example/v1"]')
+    settings = Settings()
+    assert settings.model_allowed_key_envs == ["TEAM_KEY"]
+    for account in (UUID(TEAM), UUID(OTHER)):
+        assert settings.allows_key_env("TEAM_KEY", account)
+        assert settings.allows_base_url("https://team.example/v1/", account)
+        assert not settings.allows_key_env("OTHER_KEY", account)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "told"),
+    [
+        ("KEY_ENVS", '{"TEAM_KEY": ["a"', "must be a JSON list of strings"),
+        ("KEY_ENVS", '"TEAM_KEY"', "or a JSON object from each to the accounts"),
+        ("KEY_ENVS", '{"TEAM_KEY": ["team-a"]}', "TEAM_KEY: account 0 is not an account ID"),
+        ("KEY_ENVS", f'{{"TEAM_KEY": ["*", "{OTHER}", 7]}}', "TEAM_KEY: account 2 is not an"),
+        ("KEY_ENVS", '{"TEAM_KEY": "*"}', "TEAM_KEY: must be a list of the account IDs"),
+        ("KEY_ENVS", '{"TEAM_KEY": ["*"], " ": ["*"]}', "entry 1 names no variable"),
+        ("KEY_ENVS", '{"": ["*"]}', "entry 0 names no variable"),
+        ("KEY_ENVS", '{"team-key": ["*"]}', "is not an environment variable name"),
+        ("KEY_ENVS", '{"ENGRAM_BOOTSTRAP_TOKEN": ["*"]}', "service's own settings"),
+        ("BASE_URLS", '{"": ["*"]}', "entry 0 is not an http:// or https:// URL"),
+        ("BASE_URLS", '{"https://team.example/v1": [""]}', "entry 0: account 0 is not an"),
+        # The default model is every account's: limiting it would read as limited, and not be.
+        ("BASE_URLS", json.dumps({"http://127.0.0.1:11434/v1/": [OTHER]}), "cannot be limited"),
+    ],
+)
+def test_a_wrong_allow_list_is_refused_naming_its_setting(monkeypatch, name, value, told):
+    monkeypatch.setenv(f"ENGRAM_MODEL_ALLOWED_{name}", value)
+    with pytest.raises(ValueError) as refused:
+        Settings()
+    assert f"model_allowed_{name.lower()}" in str(refused.value) or (
+        f"ENGRAM_MODEL_ALLOWED_{name}" in str(refused.value)
+    )
+    assert told in str(refused.value), str(refused.value)
 
 
 def test_account_bounds_follow_the_pool_unless_set(monkeypatch):

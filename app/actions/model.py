@@ -1,21 +1,17 @@
 """The `model` configuration of an action: which OpenAI-compatible endpoint runs it."""
 
-import re
 from typing import Annotated, Any
+from uuid import UUID
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from app.config import Settings
+from app.config import ENV_NAME, RESERVED_ENV_PREFIX, Settings
 from app.errors import BadInput
 from app.shapes import Integer, Number, Shape, nonempty, parse, refuse
 
 # The least context budget a turn can work in: instructions, tools, an input and a reply.
 MIN_CONTEXT_TOKENS = 256
 MAX_CONTEXT_TOKENS = 10_000_000
-_ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-# The service's own secrets (database URL, bootstrap token) must never leave with a request
-# to an endpoint an action names.
-_RESERVED_ENV_PREFIX = "ENGRAM_"
 
 
 def _url(value: str) -> str:
@@ -25,7 +21,7 @@ def _url(value: str) -> str:
 
 
 def _env(value: str) -> str:
-    if not _ENV.fullmatch(value):
+    if not ENV_NAME.fullmatch(value):
         raise refuse("must name an environment variable, e.g. OPENAI_API_KEY")
     return value
 
@@ -79,28 +75,29 @@ def parse_model(value: Any) -> tuple[ModelConfig, dict[str, Any]]:
     return parse(ModelConfig, value, "model", inline=True), dict(value)
 
 
-def check_endpoint(config: ModelConfig, settings: Settings) -> None:
+def check_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) -> None:
     """Refuses a model configuration that names an endpoint or key variable the operator has
-    not allowed: whoever may write an action must not be able to send a host secret to a
-    server of its own choosing. Checked when an action is written (createAction,
-    updateAction) and again at each model call, as the allow-lists may change meanwhile."""
+    not allowed for the action's account: whoever may write an action must not be able to send
+    a host secret to a server of its own choosing, nor run on a key given to another account.
+    Checked when an action is written (createAction, updateAction), when a turn or an ingest
+    starts and again at each model call, as the allow-lists may change meanwhile. One message
+    whether the name is allowed for no account or for others only: a refusal never tells an
+    account what another one may use."""
     if config.api_key_env is not None:
-        if config.api_key_env.startswith(_RESERVED_ENV_PREFIX):
+        if config.api_key_env.startswith(RESERVED_ENV_PREFIX):
             raise BadInput(
                 f"model.apiKeyEnv may not name {config.api_key_env}: ENGRAM_* variables hold the "
                 "service's own settings; put the model's key in another variable"
             )
-        if config.api_key_env not in settings.model_allowed_key_envs:
+        if not settings.allows_key_env(config.api_key_env, account_id):
             raise BadInput(
-                f"model.apiKeyEnv names {config.api_key_env}, which this deployment does not "
-                "allow: the operator must add it to ENGRAM_MODEL_ALLOWED_KEY_ENVS (a JSON list), "
-                "or the action must drop apiKeyEnv"
+                f"model.apiKeyEnv names {config.api_key_env}, which is not allowed for this "
+                "account: the operator must add it to ENGRAM_MODEL_ALLOWED_KEY_ENVS for this "
+                "account, or the action must drop apiKeyEnv"
             )
-    if config.base_url is not None:
-        allowed = [settings.model_base_url, *settings.model_allowed_base_urls]
-        if config.base_url.rstrip("/") not in {u.rstrip("/") for u in allowed}:
-            raise BadInput(
-                f"model.baseUrl {config.base_url} is not an endpoint this deployment allows: the "
-                "operator must add it to ENGRAM_MODEL_ALLOWED_BASE_URLS (a JSON list), or the "
-                "action must drop baseUrl to use ENGRAM_MODEL_BASE_URL"
-            )
+    if config.base_url is not None and not settings.allows_base_url(config.base_url, account_id):
+        raise BadInput(
+            f"model.baseUrl {config.base_url} is not an endpoint allowed for this account: the "
+            "operator must add it to ENGRAM_MODEL_ALLOWED_BASE_URLS for this account, or the "
+            "action must drop baseUrl to use ENGRAM_MODEL_BASE_URL"
+        )

@@ -15,6 +15,7 @@ from app.actions.harness import Harness, parse_harness
 from app.actions.model import ModelConfig, check_endpoint, parse_model
 from app.auth import resources
 from app.auth.caller import Caller
+from app.auth.policies import is_allowed
 from app.config import Settings
 from app.errors import BadInput, Conflict, NotFound
 from app.text import check_one_line
@@ -88,7 +89,12 @@ def check_name(name: str) -> str:
 
 
 def _values(
-    name: str, instructions: str, model: Any, harness: Harness, settings: Settings | None
+    name: str,
+    instructions: str,
+    model: Any,
+    harness: Harness,
+    settings: Settings | None,
+    account_id: UUID,
 ) -> dict[str, Any]:
     name = check_name(name)
     if len(instructions.encode()) > MAX_INSTRUCTIONS:
@@ -104,7 +110,7 @@ def _values(
     config, model_raw = parse_model(model)
     if settings is not None:
         # Refused when written, not at the action's first turn (turns check again).
-        check_endpoint(config, settings)
+        check_endpoint(config, settings, account_id)
     return {"name": name, "instructions": instructions, "model": model_raw, "harness": harness.raw}
 
 
@@ -119,9 +125,9 @@ async def create_action(
     settings: Settings | None = None,
 ) -> ActionVersion:
     """A new action. With `settings`, a model naming an endpoint or key variable the
-    deployment does not allow is BadInput (the API always passes them)."""
+    deployment does not allow the caller's account is BadInput (the API always passes them)."""
     caller.require(("INSERT", resources.ACTION))
-    values = _values(name, instructions, model, parse_harness(harness), settings)
+    values = _values(name, instructions, model, parse_harness(harness), settings, caller.account_id)
     action_id = uuid.uuid4()
     async with pool.acquire() as conn:
         async with conn.transaction():
@@ -158,7 +164,14 @@ async def update_action(
                     "written: read it again and make the change to what it holds now"
                 )
             previous = _harness(current["harness"])
-            values = _values(name, instructions, model, parse_harness(harness, previous), settings)
+            values = _values(
+                name,
+                instructions,
+                model,
+                parse_harness(harness, previous),
+                settings,
+                caller.account_id,
+            )
             version = await store.bump_version(conn, caller.account_id, action_id)
             await store.insert_version(
                 conn, caller.account_id, action_id, version, values, caller.principal
@@ -199,6 +212,11 @@ async def get_action_versions(
 def require_document(caller: Caller) -> None:
     """Reading an action's document (name, instructions, model, harness, ...)."""
     caller.require(("SELECT", resources.ACTION))
+
+
+def may_read_document(caller: Caller) -> bool:
+    """Whether require_document lets the caller through."""
+    return is_allowed(caller.policies, "SELECT", resources.ACTION)
 
 
 async def require_action(pool: asyncpg.Pool, caller: Caller, *, action_id: UUID) -> ActionVersion:

@@ -351,16 +351,33 @@ async def update_client(
 
 
 async def delete_client(
-    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID | None, principal: str
+    pool: asyncpg.Pool,
+    caller: Caller,
+    *,
+    account_id: UUID | None,
+    principal: str,
+    expected_modified: datetime | None = None,
 ) -> Client:
+    """Deletes the client and its tokens. With `expected_modified` (the `modified` of the
+    client the deletion was asked for), a client changed since, or deleted and created again
+    with the same principal, is refused as a Conflict and nothing is deleted."""
     caller.require(("DELETE", resources.CLIENT))
     account_id = caller.reach_account(account_id)
     if account_id == caller.account_id and principal == caller.principal:
         raise BadInput("a client cannot delete itself")
-    async with pool.acquire() as conn:
+    async with pool.acquire() as conn, conn.transaction():
+        # Locked from the check to the delete: no change can come between them.
+        current = await store.get_client(conn, account_id, principal, lock=True)
+        if current is None:
+            raise NotFound(f"client {principal!r} not found")
+        if expected_modified is not None and current["modified"] != expected_modified:
+            raise Conflict(
+                f"client {principal!r} was changed or re-created since the version this "
+                f"deletion was based on (modified {_utc(expected_modified)}; it is now "
+                f"modified {_utc(current['modified'])}); nothing was deleted: read it again "
+                "and delete what it is now if it must go"
+            )
         row = await store.delete_client(conn, account_id, principal)
-    if row is None:
-        raise NotFound(f"client {principal!r} not found")
     return Client.of(row)
 
 

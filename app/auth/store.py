@@ -260,8 +260,11 @@ async def list_token_pages(
         CROSS JOIN LATERAL (
             SELECT {_TOKEN_COLUMNS} FROM client_tokens c
             WHERE c.account_id = $1 AND c.principal = k.principal
-              AND (k.after_created IS NULL
-                   OR (c.created, c.token_id) < (k.after_created, k.after_id))
+              -- Without `after`, above every keyset: the keyset stays an index condition.
+              AND (c.created, c.token_id) < (
+                  coalesce(k.after_created, 'infinity'),
+                  coalesce(k.after_id, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+              )
             ORDER BY c.created DESC, c.token_id DESC
             LIMIT k.lim
         ) t

@@ -11,6 +11,7 @@ import asyncpg
 
 from app.auth import resources
 from app.auth.caller import Caller
+from app.errors import AccessDenied
 from app.executions import store
 
 
@@ -117,34 +118,56 @@ async def list_transcript_pages(
     return [[TranscriptEvent.of(r) for r in rows] for rows in found]
 
 
-async def list_sessions(
-    pool: asyncpg.Pool,
-    caller: Caller,
-    *,
-    action_id: UUID,
-    after: tuple[datetime, str] | None,
-    limit: int,
-) -> list[Session]:
+class SessionPage(NamedTuple):
+    """A page of an agent's sessions, newest first: after `after`, at most `limit`."""
+
+    action_id: UUID
+    after: tuple[datetime, str] | None
+    limit: int
+
+
+async def list_session_pages(
+    pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[SessionPage]
+) -> list[list[Session]]:
+    """Pages of agents' sessions, in one query."""
     caller.require(("SELECT", resources.SESSION_INDEX))
     async with pool.acquire() as conn:
-        rows = await store.list_sessions(conn, caller.account_id, action_id, after, limit)
-    return [Session.of(r) for r in rows]
+        found = await store.list_session_pages(conn, caller.account_id, pages)
+    return [[Session.of(r) for r in rows] for rows in found]
 
 
-async def list_executions(
-    pool: asyncpg.Pool,
-    caller: Caller,
-    *,
-    action_id: UUID,
-    session_id: str | None,
-    after: tuple[datetime, UUID] | None,
-    limit: int,
-) -> list[Execution]:
-    """A session's executions (or, without `session_id`, the agent's), newest first."""
-    index = resources.SESSION_INDEX if session_id is not None else resources.EXECUTION_INDEX
-    caller.require(("SELECT", index), ("SELECT", resources.EXECUTION_DOCUMENT))
+class ExecutionPage(NamedTuple):
+    """A page of a session's executions (or, with `session_id` None, of the agent's), newest
+    first: after `after`, at most `limit`."""
+
+    action_id: UUID
+    session_id: str | None
+    after: tuple[datetime, UUID] | None
+    limit: int
+
+
+async def list_execution_pages(
+    pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[ExecutionPage]
+) -> list[list[Execution] | AccessDenied]:
+    """Pages of executions, in one query for the sessions' and one for the agents': a
+    session's need SELECT on the session index, an agent's on the execution index, both on the
+    execution document; a page whose grants are missing is that AccessDenied."""
+    found: list[list[Execution] | AccessDenied] = [[] for _ in pages]
     async with pool.acquire() as conn:
-        rows = await store.list_executions(
-            conn, caller.account_id, action_id, session_id, after, limit
-        )
-    return [Execution.of(r) for r in rows]
+        for by_session in (True, False):
+            asked = [i for i, p in enumerate(pages) if (p.session_id is not None) == by_session]
+            if not asked:
+                continue
+            index = resources.SESSION_INDEX if by_session else resources.EXECUTION_INDEX
+            try:
+                caller.require(("SELECT", index), ("SELECT", resources.EXECUTION_DOCUMENT))
+            except AccessDenied as denied:
+                for i in asked:
+                    found[i] = denied
+                continue
+            rows = await store.list_execution_pages(
+                conn, caller.account_id, [pages[i] for i in asked], by_session=by_session
+            )
+            for i, page_rows in zip(asked, rows, strict=True):
+                found[i] = [Execution.of(r) for r in page_rows]
+    return found

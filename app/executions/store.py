@@ -370,55 +370,86 @@ async def list_event_pages(
         [after for _, _, after, _ in pages],
         [limit for _, _, _, limit in pages],
     )
-    found: list[list[Row]] = [[] for _ in pages]
+    return _by_page(rows, len(pages))
+
+
+# Above every (created, ID) keyset: a page asked without `after` starts below it, so that the
+# pages share one statement whose keyset is an index condition.
+_NEWEST = "'infinity'", "'ffffffff-ffff-ffff-ffff-ffffffffffff'"
+
+
+async def list_session_pages(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    pages: Sequence[tuple[UUID, tuple[Any, str] | None, int]],
+) -> list[list[Row]]:
+    """Pages of agents' sessions in one statement, each (action_id, after, limit): newest
+    first after a (created, session_id) keyset, at most `limit`."""
+    rows = await conn.fetch(
+        f"""
+        SELECT k.n, s.* FROM unnest($2::uuid[], $3::timestamptz[], $4::text[], $5::int[])
+            WITH ORDINALITY AS k(action_id, after_created, after_id, lim, n)
+        CROSS JOIN LATERAL (
+            SELECT * FROM sessions s
+            WHERE s.account_id = $1 AND s.action_id = k.action_id
+              AND (s.created, s.session_id)
+                  < (coalesce(k.after_created, {_NEWEST[0]}), coalesce(k.after_id, ''))
+            ORDER BY s.created DESC, s.session_id DESC
+            LIMIT k.lim
+        ) s
+        ORDER BY k.n, s.created DESC, s.session_id DESC
+        """,
+        account_id,
+        [action_id for action_id, _, _ in pages],
+        [after[0] if after else None for _, after, _ in pages],
+        [after[1] if after else None for _, after, _ in pages],
+        [limit for _, _, limit in pages],
+    )
+    return _by_page(rows, len(pages))
+
+
+async def list_execution_pages(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    pages: Sequence[tuple[UUID, str | None, tuple[Any, UUID] | None, int]],
+    *,
+    by_session: bool,
+) -> list[list[Row]]:
+    """Pages of executions in one statement, each (action_id, session_id, after, limit): newest
+    first after a (created, execution_id) keyset, at most `limit`; each the session's when
+    `by_session`, else the agent's (of every session or none; session_id unused)."""
+    session = "AND x.session_id = k.session_id" if by_session else ""
+    rows = await conn.fetch(
+        f"""
+        SELECT k.n, x.* FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::uuid[],
+                                    $6::int[])
+            WITH ORDINALITY AS k(action_id, session_id, after_created, after_id, lim, n)
+        CROSS JOIN LATERAL (
+            SELECT * FROM executions x
+            WHERE x.account_id = $1 AND x.action_id = k.action_id {session}
+              AND (x.created, x.execution_id)
+                  < (coalesce(k.after_created, {_NEWEST[0]}), coalesce(k.after_id, {_NEWEST[1]}))
+            ORDER BY x.created DESC, x.execution_id DESC
+            LIMIT k.lim
+        ) x
+        ORDER BY k.n, x.created DESC, x.execution_id DESC
+        """,
+        account_id,
+        [action_id for action_id, _, _, _ in pages],
+        [session_id for _, session_id, _, _ in pages],
+        [after[0] if after else None for _, _, after, _ in pages],
+        [after[1] if after else None for _, _, after, _ in pages],
+        [limit for _, _, _, limit in pages],
+    )
+    return _by_page(rows, len(pages))
+
+
+def _by_page(rows: list[Row], pages: int) -> list[list[Row]]:
+    """The rows of a pages statement (each naming its page by `n`, from 1), page by page."""
+    found: list[list[Row]] = [[] for _ in range(pages)]
     for r in rows:
         found[r["n"] - 1].append(r)
     return found
-
-
-async def list_sessions(
-    conn: asyncpg.Connection,
-    account_id: UUID,
-    action_id: UUID,
-    after: tuple[Any, str] | None,
-    limit: int,
-) -> list[Row]:
-    return await conn.fetch(
-        """
-        SELECT * FROM sessions
-        WHERE account_id = $1 AND action_id = $2
-          AND ($3::timestamptz IS NULL OR (created, session_id) < ($3, $4))
-        ORDER BY created DESC, session_id DESC
-        LIMIT $5
-        """,
-        account_id,
-        action_id,
-        after[0] if after else None,
-        after[1] if after else None,
-        limit,
-    )
-
-
-async def list_executions(
-    conn: asyncpg.Connection,
-    account_id: UUID,
-    action_id: UUID,
-    session_id: str | None,
-    after: tuple[Any, UUID] | None,
-    limit: int,
-) -> list[Row]:
-    """Executions newest first: the session's when `session_id` is given, else the agent's."""
-    p = Params(account_id, action_id)
-    where = "account_id = $1 AND action_id = $2"
-    if session_id is not None:
-        where += f" AND session_id = {p(session_id)}"
-    if after is not None:
-        where += f" AND (created, execution_id) < ({p(after[0])}, {p(after[1])})"
-    return await conn.fetch(
-        f"SELECT * FROM executions WHERE {where} "
-        f"ORDER BY created DESC, execution_id DESC LIMIT {p(limit)}",
-        *p.values,
-    )
 
 
 async def insert_recalls(

@@ -181,7 +181,8 @@ class Client(Node):
     name: str = strawberry.field(description="The client's name.")
     policies: list[Policy] = strawberry.field(description="What the client may do.")
     modified: Timestamp = strawberry.field(
-        description="When it was created or last updated (updateClient's expectedModified)."
+        description="When it was created or last updated (the expectedModified of updateClient "
+        "and deleteClient)."
     )
     record: strawberry.Private[ClientRecord]
 
@@ -443,13 +444,31 @@ class AuthMutation:
         return Client.of(client)
 
     @strawberry.mutation(
-        description="Deletes a client and its tokens. Needs DELETE on financial.Client.document."
+        description="Deletes a client and its tokens. Needs DELETE on financial.Client.document; "
+        "CONFLICT when `expectedModified` is given and the client changed, or was deleted and "
+        "created again, since."
     )
     async def delete_client(
-        self, info: Info, principal: PRINCIPAL, account_id: ACCOUNT_ID = None
+        self,
+        info: Info,
+        principal: PRINCIPAL,
+        account_id: ACCOUNT_ID = None,
+        expected_modified: Annotated[
+            Timestamp | None,
+            strawberry.argument(
+                description="The client's `modified` that the deletion was asked for: if it "
+                "changed since (someone changed the client, or deleted it and created another "
+                "with the same principal), the deletion is CONFLICT and nothing is deleted. A "
+                "page passes the `modified` it showed; by default no check."
+            ),
+        ] = None,
     ) -> Client:
         client = await service.delete_client(
-            info.context.pool, info.context.caller, account_id=account_id, principal=principal
+            info.context.pool,
+            info.context.caller,
+            account_id=account_id,
+            principal=principal,
+            expected_modified=expected_modified,
         )
         return Client.of(client)
 

@@ -6,11 +6,14 @@ it by its type. A field that only reads a stored attribute (strawberry's basic f
 resolver, arguments, permission or extension) needs none of that but the read and, by its
 type, the coercion of a scalar or enum, or the execution of an object's (or each listed
 object's) own fields; a page of 100 records holds about 2,000 such fields (bench/memory_api.py,
-figures in bench/README.md). Whatever the short path would not return as graphql-core does
-(null where null is not allowed, a value that does not coerce or is not of its type, a
-directive on the field, deferred fragments) takes graphql-core's own path, before anything
-of it ran, so results and errors stay graphql-core's; an error raised below an object is
-handled by graphql-core's handle_field_error, as its own path does.
+figures in bench/README.md). A leaf field guarded by a permission that can say when it lets the
+read through (`allows(source, context)`, as Action's document fields) is read the same way once
+that check, made once per object, says yes; a no takes strawberry's path, which refuses.
+Whatever the short path would not return as graphql-core does (null where null is not
+allowed, a value that does not coerce or is not of its type, a directive on the field,
+deferred fragments) takes graphql-core's own path, before anything of it ran, so results and
+errors stay graphql-core's; an error raised below an object is handled by graphql-core's
+handle_field_error, as its own path does.
 """
 
 from collections.abc import Awaitable, Callable
@@ -30,16 +33,19 @@ from graphql import (
     is_leaf_type,
 )
 from graphql.pyutils import Path, gather_with_cancel
+from strawberry.permission import PermissionExtension
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 
 LEAF, OBJECT, LIST = "leaf", "object", "list"
 # How a plain field is completed: (kind, read, nullable, its type, then by kind: the leaf's
-# coercion, or the object type and, for a list, its item type and whether items may be null).
+# coercion and its guard (None, or a permission check: _guard), or the object type and, for a
+# list, its item type and whether items may be null).
 Plain = tuple[Any, ...]
 # A type's plain fields by name, keyed by the type's id(), with the type held so that the id
 # names it as long as the entry lives.
 _PLANS: dict[int, tuple[GraphQLObjectType, dict[str, Plain]]] = {}
+_GUARDS: dict[tuple[Any, ...], Callable[[Any, Any], bool]] = {}
 
 
 class _Slow(Exception):
@@ -59,14 +65,21 @@ def _plain(field: GraphQLField) -> Plain | None:
     # A strawberry field without resolver or extensions (permissions are one) reads an attribute.
     definition = (field.extensions or {}).get(GraphQLCoreConverter.DEFINITION_BACKREF)
     if field.args or not getattr(definition, "is_basic_field", False):
-        return None
+        guard = _guard(definition)
+        if field.args or guard is None:
+            return None
+        type_, nullable = _unwrapped(field.type)
+        if not is_leaf_type(type_) or definition.default_resolver is not getattr:
+            return None
+        leaf = _coercion(cast(GraphQLLeafType, type_))
+        return LEAF, attrgetter(definition.python_name), nullable, field.type, leaf, guard
     if definition.default_resolver is getattr:  # strawberry's default: read it directly
         read = attrgetter(definition.python_name)
     else:
         read = partial(definition.get_result, info=None, args=[], kwargs={})
     type_, nullable = _unwrapped(field.type)
     if is_leaf_type(type_):
-        return LEAF, read, nullable, field.type, _coercion(cast(GraphQLLeafType, type_))
+        return LEAF, read, nullable, field.type, _coercion(cast(GraphQLLeafType, type_)), None
     if isinstance(type_, GraphQLObjectType):
         return OBJECT, read, nullable, field.type, type_
     if isinstance(type_, GraphQLList):
@@ -74,6 +87,32 @@ def _plain(field: GraphQLField) -> Plain | None:
         if isinstance(item, GraphQLObjectType):
             return LIST, read, nullable, field.type, item, type_.of_type, item_nullable
     return None
+
+
+def _guard(definition: Any) -> Callable[[Any, Any], bool] | None:
+    """For a leaf field whose only extension is a permission whose classes each say, with
+    `allows(source, context)`, when has_permission would let the read through: that check (a
+    yes reads the attribute directly; a no takes strawberry's path, which refuses as before)."""
+    extensions = getattr(definition, "extensions", None) or []
+    if getattr(definition, "base_resolver", True) or len(extensions) != 1:
+        return None
+    permission = extensions[0]
+    if not isinstance(permission, PermissionExtension) or not permission.permissions:
+        return None
+    checks = [getattr(p, "allows", None) for p in permission.permissions]
+    if not all(callable(c) for c in checks):
+        return None
+
+    def guard(source: Any, context: Any) -> bool:
+        return all(c(source, context) for c in checks)
+
+    # One guard for the fields of alike permissions (the same classes with the same settings):
+    # an object checks it once. Keyed by class alone, Needs("a") answered for Needs("b").
+    try:
+        key = tuple((type(p), tuple(sorted(vars(p).items()))) for p in permission.permissions)
+        return _GUARDS.setdefault(key, guard)
+    except TypeError:  # a setting that cannot be a key: the field's own guard
+        return guard
 
 
 def _coercion(leaf_type: GraphQLLeafType) -> Callable[[Any], Any]:
@@ -118,6 +157,7 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
         done: dict[str, Any] = {}  # by the short path: values, or awaitables named in pending
         others: dict[str, Any] = {}  # for graphql-core's path
         pending: list[str] = []
+        allowed: dict[Any, bool] = {}  # by guard: its answer for this object
         try:
             for name, details in grouped_field_set.items():
                 node = details[0].node
@@ -126,6 +166,13 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                     others[name] = details
                     continue
                 if plain[0] is LEAF:  # the most of them: inline
+                    guard = plain[5]
+                    if guard is not None:
+                        if guard not in allowed:  # once per object and permission
+                            allowed[guard] = guard(source_value, self.context_value)
+                        if not allowed[guard]:
+                            others[name] = details
+                            continue
                     try:
                         value = plain[1](source_value)
                         completed = plain[4](value) if value is not None else None

@@ -10,7 +10,14 @@ from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
 from app.executions import service as executions
-from app.executions.service import Execution, Session, TranscriptEvent, TranscriptPage
+from app.executions.service import (
+    Execution,
+    ExecutionPage,
+    Session,
+    SessionPage,
+    TranscriptEvent,
+    TranscriptPage,
+)
 from app.graphql.context import Info, batch_loader, batch_pages
 from app.graphql.enums import graphql_enum
 from app.graphql.history import SessionHistoryFields
@@ -85,17 +92,15 @@ class ActionExecutionEvent:
 async def list_executions(
     info: Info, action_id: UUID, session_id: str | None, first: int, after: str | None
 ) -> Connection["ActionExecution"]:
+    """A session's executions (or, with `session_id` None, the agent's), read with the other
+    pages of executions this request's resolvers ask for (one query per kind)."""
     return await keyset_connection(
         first,
         after,
         CREATED_ID,
-        lambda keyset, limit: executions.list_executions(
-            info.context.pool,
-            info.context.caller,
-            action_id=action_id,
-            session_id=session_id,
-            after=keyset,  # type: ignore[arg-type]
-            limit=limit,
+        lambda keyset, limit: info.context.load(
+            "ActionExecution pages",
+            ExecutionPage(action_id, session_id, keyset, limit),  # type: ignore[arg-type]
         ),
         lambda e: (e.created, e.execution_id),
         ActionExecution.of,
@@ -260,12 +265,9 @@ class ActionExecutionFields:
             first,
             after,
             SESSIONS,
-            lambda keyset, limit: executions.list_sessions(
-                info.context.pool,
-                info.context.caller,
-                action_id=self.action_id,  # type: ignore[attr-defined]
-                after=keyset,  # type: ignore[arg-type]
-                limit=limit,
+            lambda keyset, limit: info.context.load(
+                "Action.sessions",
+                SessionPage(self.action_id, keyset, limit),  # type: ignore[arg-type,attr-defined]
             ),
             lambda s: (s.created, s.session_id),
             ActionSession.of,
@@ -288,6 +290,9 @@ def _memory_view(info: Info, value: object) -> object:
 batch_loader("ActionExecution", executions.get_executions, ActionExecution.of)
 batch_loader("ActionSession", executions.get_sessions, ActionSession.of)
 batch_pages("ActionExecution.transcript", executions.list_transcript_pages)
+batch_pages("Action.sessions", executions.list_session_pages)
+# ActionSession.executions and Action.executions: one loader, one query per kind of page.
+batch_pages("ActionExecution pages", executions.list_execution_pages)
 
 
 def _key(parts: list[str], type_name: str) -> tuple[str, str]:

@@ -9,7 +9,7 @@ import strawberry
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
-from app.graphql.context import Info
+from app.graphql.context import Info, batch_pages
 from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
@@ -24,6 +24,7 @@ from app.graphql.relay import (
 from app.graphql.scalars import Timestamp, Value
 from app.history import service
 from app.history.search import MAX_LIMIT, Event
+from app.history.service import EventPage
 from app.runtime import redaction
 
 
@@ -126,13 +127,9 @@ class SessionHistoryFields:
             first,
             after,
             CONVERSATION,
-            lambda position, limit: service.list_events(
-                info.context.pool,
-                info.context.caller,
-                action_id=action_id,
-                session_id=session_id,
-                after=position,  # type: ignore[arg-type]
-                limit=limit,
+            lambda position, limit: info.context.load(
+                "ActionSession.history",
+                EventPage(action_id, session_id, position, limit),  # type: ignore[arg-type]
             ),
             lambda e: (e.turn, e.sequence),
             lambda e: ActionHistoryEvent.of(action_id, shown(info, e)),
@@ -182,6 +179,9 @@ class SessionHistoryFields:
                 )
             )
         return results
+
+
+batch_pages("ActionSession.history", service.list_event_pages)
 
 
 @node_type("ActionHistoryEvent")

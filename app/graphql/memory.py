@@ -10,8 +10,9 @@ from app.actions.service import ActionVersion
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput, NotFound
-from app.graphql.context import Info
+from app.graphql.context import Info, batch_pages
 from app.graphql.enums import graphql_enum
+from app.graphql.inputs import built_directly
 from app.graphql.node import node_type
 from app.graphql.relay import (
     AFTER,
@@ -31,7 +32,7 @@ from app.graphql.relay import (
 from app.graphql.scalars import Timestamp, Value
 from app.memory import operator
 from app.memory import search as memory_search
-from app.memory.operator import LabelValue, MemoryView, OperatorMemory
+from app.memory.operator import HistoryPage, LabelValue, MemoryView, OperatorMemory
 
 # The types a record points at are above this module (they list records): named lazily, and
 # read through the request's DataLoaders, which their modules register (app/graphql/context.py).
@@ -90,6 +91,7 @@ class ActionAgentMemoryLabel:
     )
 
 
+@built_directly
 @strawberry.input(description="A label value, by the label's declared name or number.")
 class AgentMemoryLabelInput:
     name: str | None = strawberry.field(
@@ -101,6 +103,7 @@ class AgentMemoryLabelInput:
     value: str = strawberry.field(description="The exact value, such as a customer ID.")
 
 
+@built_directly
 @strawberry.input(description="A record an operator seeds or corrects with addAgentMemory.")
 class AgentMemoryInput:
     summary: str = strawberry.field(description="One line the agent can act on, at most 512 bytes.")
@@ -252,17 +255,16 @@ class ActionAgentMemory(Node):
             first,
             after,
             VERSIONS,
-            lambda before, limit: operator.memory_history(
-                info.context.pool,
-                info.context.caller,
-                action_id=self.action_id,
-                memory_id=self.memory_id,
-                limit=limit,
-                before_version=before[0] if before else None,
+            lambda before, limit: info.context.load(
+                "ActionAgentMemory.history",
+                HistoryPage(self.action_id, self.memory_id, before[0] if before else None, limit),
             ),
             lambda v: (v.record.version,),
             lambda v: ActionAgentMemory.of(v, exact_version=True),
         )
+
+
+batch_pages("ActionAgentMemory.history", operator.memory_history_pages)
 
 
 async def _read(
@@ -430,7 +432,7 @@ class ActionMemoryFields:
         ] = None,
         first: Annotated[
             int,
-            strawberry.argument(description="How many records to return, from 0 to 1,000."),
+            strawberry.argument(description="How many records to return, from 1 to 1,000."),
         ],
         after: Annotated[
             str | None,

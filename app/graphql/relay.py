@@ -31,7 +31,7 @@ class SortOrder(Enum):
 
 # The arguments of every connection (Relay forward paging), described once.
 FIRST = Annotated[
-    int, strawberry.argument(description="How many to return, from 0 to 1,000 (a page).")
+    int, strawberry.argument(description="How many to return, from 1 to 1,000 (a page).")
 ]
 AFTER = Annotated[
     str | None,
@@ -125,15 +125,18 @@ MAX_PAGE = 1000  # the most items of a page; a list may allow fewer (check_first
 
 
 def check_first(first: int, maximum: int = MAX_PAGE) -> int:
-    if first < 0 or first > maximum:
-        raise BadInput(f"`first` must be from 0 to {maximum}, got {first}")
+    # Not 0: an empty page has no endCursor, so one that says more follows (hasNextPage) would
+    # leave a client that pages by endCursor nowhere to go on from.
+    if first < 1 or first > maximum:
+        raise BadInput(f"`first` must be from 1 to {maximum}, got {first}")
     return first
 
 
 def page(
     rows: Sequence[R], first: int, after: str | None, edge_of: Callable[[R], E], make: type[C]
 ) -> C:
-    """A connection of `rows` fetched with LIMIT first + 1 (the extra row means more)."""
+    """A connection of `rows` fetched with LIMIT first + 1 (the extra row means more); `first`
+    passed check_first."""
     edges = [edge_of(r) for r in rows[:first]]
     return make(
         edges=edges,

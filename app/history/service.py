@@ -2,6 +2,8 @@
 with the grant that reads transcripts. Record text is shown only to a reader who may read the
 agent's memory, as in transcripts: the GraphQL edge reduces it (app/graphql/history.py)."""
 
+from collections.abc import Sequence
+from typing import NamedTuple
 from uuid import UUID
 
 import asyncpg
@@ -25,20 +27,24 @@ def _scope(
     return Scope(caller.account_id, action_id, session_id, None, True, hidden_tools)
 
 
-async def list_events(
-    pool: asyncpg.Pool,
-    caller: Caller,
-    *,
-    action_id: UUID,
-    session_id: str,
-    after: tuple[int, int] | None,
-    limit: int,
-) -> list[Event]:
-    """The session's kept events in conversation order."""
+class EventPage(NamedTuple):
+    """A page of a session's kept events, in conversation order: after the (turn, sequence)
+    `after`, at most `limit`."""
+
+    action_id: UUID
+    session_id: str
+    after: tuple[int, int] | None
+    limit: int
+
+
+async def list_event_pages(
+    pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[EventPage]
+) -> list[list[Event]]:
+    """Pages of sessions' kept events, in one query."""
     caller.require(*READ_HISTORY)
     async with pool.acquire() as conn:
-        rows = await store.list_events(conn, _scope(caller, action_id, session_id), after, limit)
-    return [Event.of(r) for r in rows]
+        found = await store.list_event_pages(conn, caller.account_id, pages)
+    return [[Event.of(r) for r in rows] for rows in found]
 
 
 async def get_event(

@@ -8,6 +8,7 @@ see: one session's, from turns before a bound, preview parts only for a preview 
 """
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
@@ -16,6 +17,7 @@ import asyncpg
 import numpy as np
 from pgvector import Vector
 
+from app.db.cursors import INT4_MIN
 from app.db.fusion import HYBRID_WEIGHT, fusion
 from app.db.sql import Params
 from app.history.keeping import KeptEvent
@@ -314,15 +316,44 @@ async def read_events(conn: asyncpg.Connection, scope: Scope, ids: list[UUID]) -
     return await _events(conn, scope, p, f"e.event_id = any({p(ids)}::uuid[])")
 
 
-async def list_events(
-    conn: asyncpg.Connection, scope: Scope, after: tuple[int, int] | None, limit: int
-) -> list[Row]:
-    """The session's events in conversation order (turn, then sequence), after a keyset."""
-    p = Params()
-    keyset = "true"
-    if after is not None:
-        keyset = f"(e.turn, e.sequence) > ({p(after[0])}::int, {p(after[1])}::int)"
-    return await _events(conn, scope, p, keyset, limit)
+async def list_event_pages(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    pages: Sequence[tuple[UUID, str, tuple[int, int] | None, int]],
+) -> list[list[Row]]:
+    """Pages of sessions' events in one statement, as an operator reads them (every turn, live
+    and preview), each (action_id, session_id, after, limit): in conversation order after a
+    (turn, sequence) keyset, at most `limit`."""
+    rows = await conn.fetch(
+        f"""
+        SELECT k.n, e.* FROM unnest($2::uuid[], $3::text[], $4::int[], $5::int[], $6::int[])
+            WITH ORDINALITY AS k(action_id, session_id, after_turn, after_sequence, lim, n)
+        CROSS JOIN LATERAL (
+            SELECT {_EVENT} FROM history_events e
+            WHERE e.account_id = $1 AND e.action_id = k.action_id AND e.session_id = k.session_id
+              AND (e.turn, e.sequence)
+                  > (coalesce(k.after_turn, {_LOWEST}), coalesce(k.after_sequence, {_LOWEST}))
+            ORDER BY e.turn, e.sequence
+            LIMIT k.lim
+        ) e
+        ORDER BY k.n, e.turn, e.sequence
+        """,
+        account_id,
+        [action_id for action_id, _, _, _ in pages],
+        [session_id for _, session_id, _, _ in pages],
+        [after[0] if after else None for _, _, after, _ in pages],
+        [after[1] if after else None for _, _, after, _ in pages],
+        [limit for _, _, _, limit in pages],
+    )
+    found: list[list[Row]] = [[] for _ in pages]
+    for r in rows:
+        found[r["n"] - 1].append(r)
+    return found
+
+
+# Below every (turn, sequence) keyset: a page asked without `after` starts above it, so that the
+# pages share one statement whose keyset is an index condition.
+_LOWEST = f"'{INT4_MIN}'::int"
 
 
 async def _events(

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import asyncpg
@@ -148,26 +148,46 @@ async def get_memory(
     return MemoryView(store.record(row), names)
 
 
-async def memory_history(
-    pool: asyncpg.Pool,
-    caller: Caller,
-    *,
-    action_id: UUID,
-    memory_id: UUID,
-    limit: int,
-    before_version: int | None,
-) -> list[MemoryView]:
-    """Every committed version of a record, newest first."""
+class HistoryPage(NamedTuple):
+    """A page of a record's versions, newest first: below `before_version` (None: from the
+    newest), at most `limit`."""
+
+    action_id: UUID
+    memory_id: UUID
+    before_version: int | None
+    limit: int
+
+
+async def memory_history_pages(
+    pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[HistoryPage]
+) -> list[list[MemoryView]]:
+    """Pages of records' committed versions, every status, in three queries per agent (which
+    records the caller sees, their versions, the agent's label names); a record the caller
+    does not see has none."""
     caller.require(*resources.READ_MEMORY)
-    reader = OperatorReader(caller.account_id, action_id)
+    found: list[list[MemoryView]] = [[] for _ in pages]
+    by_agent: dict[UUID, list[int]] = {}
+    for i, page in enumerate(pages):
+        by_agent.setdefault(page.action_id, []).append(i)
     async with pool.acquire() as conn:
-        if await store.get_visible(conn, reader, memory_id) is None:
-            return []
-        rows = await store.list_versions(
-            conn, caller.account_id, action_id, memory_id, before=before_version, limit=limit
-        )
-        names = await _label_names(conn, caller.account_id, action_id) if rows else {}
-    return [MemoryView(store.record(r), names) for r in rows]
+        for action_id, indexes in by_agent.items():
+            reader = OperatorReader(caller.account_id, action_id)
+            seen = await store.visible_ids(conn, reader, [pages[i].memory_id for i in indexes])
+            asked = [i for i in indexes if pages[i].memory_id in seen]
+            if not asked:
+                continue
+            rows = await store.list_version_pages(
+                conn,
+                caller.account_id,
+                action_id,
+                [(pages[i].memory_id, pages[i].before_version, pages[i].limit) for i in asked],
+            )
+            if not any(rows):
+                continue
+            names = await _label_names(conn, caller.account_id, action_id)
+            for i, page_rows in zip(asked, rows, strict=True):
+                found[i] = [MemoryView(store.record(r), names) for r in page_rows]
+    return found
 
 
 async def _answered(

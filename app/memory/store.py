@@ -296,30 +296,50 @@ async def get_version(
     )
 
 
-async def list_versions(
+async def visible_ids(
+    conn: asyncpg.Connection, reader: Reader, memory_ids: list[UUID]
+) -> set[UUID]:
+    """Which of the records the reader sees, whatever their status."""
+    p = Params()
+    where = visible(reader, p, "m", any_status=True)
+    where += f" AND m.memory_id = any({p(memory_ids)}::uuid[])"
+    rows = await conn.fetch(f"SELECT m.memory_id FROM agent_memories m WHERE {where}", *p.values)
+    return {r["memory_id"] for r in rows}
+
+
+async def list_version_pages(
     conn: asyncpg.Connection,
     account_id: UUID,
     action_id: UUID,
-    memory_id: UUID,
-    *,
-    limit: int,
-    before: int | None = None,
-) -> list[Row]:
-    """Versions of one record, newest first, below version `before` (None: from the newest)."""
-    return await conn.fetch(
+    pages: Sequence[tuple[UUID, int | None, int]],
+) -> list[list[Row]]:
+    """Pages of versions of an agent's records in one statement, each (memory_id, before,
+    limit): the record's versions newest first, below version `before` (None: from the
+    newest), at most `limit`."""
+    rows = await conn.fetch(
         f"""
-        SELECT {_COLUMNS} FROM agent_memory_versions
-        WHERE account_id = $1 AND action_id = $2 AND memory_id = $3
-          AND ($4::integer IS NULL OR version < $4)
-        ORDER BY version DESC
-        LIMIT $5
+        SELECT k.n, v.* FROM unnest($3::uuid[], $4::int[], $5::int[])
+            WITH ORDINALITY AS k(memory_id, before, lim, n)
+        CROSS JOIN LATERAL (
+            SELECT {_COLUMNS} FROM agent_memory_versions
+            WHERE account_id = $1 AND action_id = $2 AND memory_id = k.memory_id
+              -- Without `before`, above every version: the bound stays an index condition.
+              AND version < coalesce(k.before::bigint, 2147483648)
+            ORDER BY version DESC
+            LIMIT k.lim
+        ) v
+        ORDER BY k.n, v.version DESC
         """,
         account_id,
         action_id,
-        memory_id,
-        before,
-        limit,
+        [memory_id for memory_id, _, _ in pages],
+        [before for _, before, _ in pages],
+        [limit for _, _, limit in pages],
     )
+    found: list[list[Row]] = [[] for _ in pages]
+    for r in rows:
+        found[r["n"] - 1].append(r)
+    return found
 
 
 async def publish(

@@ -599,7 +599,7 @@ async def remember_conversation(
             f"action {action.action_id} has no long-term memory (harness.memory.enabled is "
             "false), so there is nothing to remember the conversation into"
         )
-    check_endpoint(action.model, state.settings)
+    check_endpoint(action.model, state.settings, action.account_id)
     # Before anything is written: refused, the review leaves nothing behind.
     async with fairness.turn():
         now = datetime.now(UTC)

@@ -227,6 +227,7 @@ class ContextWindow:
     history: HistoryConfig | None
     client: ModelClient
     config: ModelConfig
+    account_id: UUID  # the agent's: whose model endpoints and keys the summary calls may use
     transcript: Transcript
     after_call: Callable[[Completion], Awaitable[None]]  # records a context call, keeps alive
     entries: list[Entry]  # earlier turns' messages after the summary, then the running turn's
@@ -553,7 +554,12 @@ class ContextWindow:
             conversation = self._next_chunk(summary, left, cap)
             request = self._request(summary, conversation, cap)
             completion = await self.client.complete(
-                self.config, request, [], "context", max_tokens=cap
+                self.config,
+                request,
+                [],
+                "context",
+                account_id=self.account_id,
+                max_tokens=cap,
             )
             await self.after_call(completion)
             calls += 1
@@ -613,13 +619,14 @@ async def open_window(
     history: HistoryConfig | None,
     client: ModelClient,
     config: ModelConfig,
+    account_id: UUID,
     transcript: Transcript,
     after_call: Callable[[Completion], Awaitable[None]],
 ) -> ContextWindow:
     """The window of a turn: the session's summary and the turns after it (None: the turn has
     no session). A session seen before a turn (a replay's) keeps no summary."""
     window = ContextWindow(
-        budget, reserve, history, client, config, transcript, after_call, entries=[]
+        budget, reserve, history, client, config, account_id, transcript, after_call, entries=[]
     )
     if reserve >= budget:
         raise ContextExceeded(

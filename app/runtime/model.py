@@ -19,6 +19,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+from uuid import UUID
 
 import httpx
 
@@ -103,9 +104,10 @@ class Endpoint:
     setting: str = "ENGRAM_MODEL_BASE_URL"
 
 
-def resolve_endpoint(config: ModelConfig, settings: Settings) -> Endpoint:
-    """The action's model configuration, completed from the settings; BadInput if not allowed."""
-    check_endpoint(config, settings)
+def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) -> Endpoint:
+    """The action's model configuration, completed from the settings; BadInput if not allowed
+    for the action's account (`account_id`)."""
+    check_endpoint(config, settings, account_id)
     base_url = (config.base_url or settings.model_base_url).rstrip("/")
     api_key: str | None = None
     if config.api_key_env is not None:
@@ -264,11 +266,13 @@ class ModelClient:
         tools: list[dict[str, Any]],
         purpose: Purpose,
         *,
+        account_id: UUID,
         tool_choice: Literal["auto", "none"] = "auto",
         max_tokens: int | None = None,
     ) -> Completion:
-        """One chat completion; `max_tokens` caps this reply below the action's own maxTokens."""
-        endpoint = resolve_endpoint(config, self.settings)
+        """One chat completion for an action of `account_id` (whose allowed endpoints and keys
+        it may use); `max_tokens` caps this reply below the action's own maxTokens."""
+        endpoint = resolve_endpoint(config, self.settings, account_id)
         body: dict[str, Any] = {
             "model": endpoint.model,
             "messages": messages,

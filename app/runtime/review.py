@@ -376,8 +376,9 @@ class Review:
                 "context budget leaves (model.contextTokens less maxTokens); its messages stay "
                 "for the next review"
             )
+        action = self.context.action
         completion = await self.client.complete(
-            self.context.action.model, messages, [tool], "memory"
+            action.model, messages, [tool], "memory", account_id=action.account_id
         )
         self.calls += 1
         self.context.transcript.add(events.MODEL_CALL, events.model_call(completion, "memory"))

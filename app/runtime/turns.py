@@ -261,7 +261,7 @@ async def _start_new(
     if action is None:
         raise NotFound(f"action {request.action_id} not found")
     _check_request(request, action)
-    check_endpoint(action.model, state.settings)
+    check_endpoint(action.model, state.settings, action.account_id)
     return action, await _insert_running(state, caller, action, request, key=key)
 
 
@@ -326,7 +326,7 @@ async def _start_replay(
     rerun = TurnRequest(action.action_id, original.session_id, original.input, preview=True)
     # The current version's rules for the original's session (e.g. scopes without a session).
     _check_request(rerun, action, stored=True)
-    check_endpoint(action.model, state.settings)
+    check_endpoint(action.model, state.settings, action.account_id)
     return action, await _insert_running(state, caller, action, rerun, key=key, replay_of=original)
 
 
@@ -389,7 +389,7 @@ async def _start_retry(
             raise NotFound(
                 f"action {request.action_id} version {previous.action_version} not found"
             )
-    check_endpoint(action.model, state.settings)
+    check_endpoint(action.model, state.settings, action.account_id)
     await _discard_ended(state, action)
     async with state.pool.acquire() as conn, conn.transaction():
         await store.defer_durability(conn)
@@ -559,6 +559,7 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
         history=action.harness.history,
         client=client,
         config=action.model,
+        account_id=action.account_id,
         transcript=context.transcript,
         after_call=context_call,
     )
@@ -613,6 +614,7 @@ async def _run(context: TurnContext) -> set[Version]:
             context.messages,
             tools.offered,
             "turn",
+            account_id=action.account_id,
             tool_choice="none" if last else "auto",
         )
         completion = unique_call_ids(completion, called, call_number)

@@ -928,6 +928,9 @@ function eraseButton(actionId, sessionId) {
       typed: sessionId,
     });
     if (!ok) return;
+    // The report goes under this session's page only: one opened meanwhile is another's, and
+    // the report names no session (this page lists the erasure when opened again).
+    const here = location.hash;
     let erased;
     try {
       erased = (await gql(ERASE, { a: actionId, s: sessionId })).eraseSession;
@@ -937,9 +940,10 @@ function eraseButton(actionId, sessionId) {
       return;
     }
     const summaries = await summariesOf(actionId, erased.liveMemoryIds);
+    if (location.hash !== here) return;
     await route();
     const heading = document.querySelector("#main h1");
-    if (!heading) return;
+    if (!heading || location.hash !== here) return;
     const report = erasedReport(actionId, erased, summaries);
     heading.after(report);
     report.querySelector("h2").focus();
@@ -991,7 +995,7 @@ function erasedReport(actionId, erased, summaries) {
 async function clientsView() {
   const out = [h("h1", { tabindex: -1 }, "Clients and tokens")];
   if (!can("clients")) return [...out, refusal("clients")];
-  const tokens = can("Client.tokens") ? `tokens(first: ${PAGE}) { ${TOKEN_PAGE} }` : "";
+  const tokens = clientTokens();
   const list = h("div");
   const shown = new Set(); // principals with a card: one created here is not listed again by "Show more"
   const more = moreButton("Show more clients", list, load);
@@ -1049,7 +1053,10 @@ function newClient(list, shown) {
 
 const CLIENT = "principal name accountId modified policies { effect actions resources } coveredByViewer";
 const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap } pageInfo { hasNextPage endCursor }";
-const DELETE_CLIENT = `mutation($p: String!, $a: UUID) { deleteClient(principal: $p, accountId: $a) { principal } }`;
+// A card's client with its first page of tokens, when the grants allow reading them.
+const clientTokens = () => (can("Client.tokens") ? `tokens(first: ${PAGE}) { ${TOKEN_PAGE} }` : "");
+const DELETE_CLIENT = `mutation($p: String!, $a: UUID, $m: Timestamp) {
+  deleteClient(principal: $p, accountId: $a, expectedModified: $m) { principal } }`;
 const REVOKE = `mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`;
 
@@ -1217,7 +1224,10 @@ function tokenOnce(made) {
 }
 
 // "Delete client…", after a dialog saying what deleting does; not for the client this console is
-// signed in as, which the server refuses (a client cannot delete itself): said instead.
+// signed in as, which the server refuses (a client cannot delete itself): said instead. It passes
+// the `modified` the card shows: a client changed, or deleted and created again under the same
+// principal, since then is refused (CONFLICT) and not deleted; the card is then drawn again as
+// the client is now, saying why, so deleting it is a choice made seeing it.
 function clientRemoval(c, card) {
   if (!can("deleteClient")) return null;
   if (signedInAs(c)) {
@@ -1241,8 +1251,12 @@ function clientRemoval(c, card) {
     if (!ok) return;
     let gone = false; // deleted elsewhere (another operator, another tab) since the page loaded
     try {
-      await gql(DELETE_CLIENT, { p: c.principal, a: c.accountId });
+      await gql(DELETE_CLIENT, { p: c.principal, a: c.accountId, m: c.modified });
     } catch (error) {
+      if (error instanceof ApiError && error.code === "CONFLICT" && /was changed or re-created since/.test(error.message)) {
+        await redraw();
+        return;
+      }
       if (!(error instanceof ApiError && error.code === "NOT_FOUND")) {
         status.replaceChildren(problem(error));
         return;
@@ -1257,6 +1271,31 @@ function clientRemoval(c, card) {
     card.replaceWith(note);
     note.focus();
   }, { class: "danger", "aria-label": `Delete client ${c.principal}` });
+
+  // Refused as changed since the card was drawn: the card as the client is now, saying why.
+  async function redraw() {
+    const why = `Not deleted: client ${c.principal} was changed, or deleted and created again, after this page `
+      + "loaded.";
+    let now;
+    try {
+      now = (await gql(`query($p: String!, $a: UUID) { client(principal: $p, accountId: $a) {
+        ${CLIENT} ${clientTokens()} } }`, { p: c.principal, a: c.accountId })).client;
+    } catch (error) {
+      status.replaceChildren(h("p", { class: "error", role: "alert" }, why), problem(error));
+      return;
+    }
+    const note = h("p", { class: "notice", role: "status", tabindex: -1 }, `${why} `, now
+      ? "It is shown below as it is now; delete it again if this client must go."
+      : "It has since been deleted too; its tokens no longer work.");
+    if (now) {
+      const fresh = clientCard(now);
+      fresh.querySelector("h2").after(note);
+      card.replaceWith(fresh);
+    } else {
+      card.replaceWith(note);
+    }
+    note.focus();
+  }
   return h("div", {}, remove, status);
 }
 
