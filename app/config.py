@@ -160,10 +160,12 @@ class Settings(BaseSettings):
     max_search_query_chars: int = Field(default=4096, ge=1)
     # Fairness between accounts, per process (app/fairness.py): one account's requests in
     # progress (GraphQL and MCP), its turns in progress, and the pooled connections its work
-    # holds at once. Unset: half the pool for requests and connections (so another account's
-    # requests and /healthz find connections), the pool's size for turns (which hold none while
-    # their model works). Beyond a bound a request waits, with at most as many others, up to
-    # account_queue_seconds (0: not at all), and is then answered 429.
+    # holds at once. Unset: twice the pool for requests (those beyond the connections' share
+    # wait for the account's own connections: 20 of a search-heavy account served its others
+    # as well as 5 did, bench/README.md), the pool's size for turns (which hold none while their
+    # model works), half the pool for connections (so that another account's requests and
+    # /healthz find one). Beyond a bound a request waits up to account_queue_seconds (0: not
+    # at all), and is then answered 429.
     max_requests_per_account: int | None = Field(default=None, ge=1, le=10_000)
     max_turns_per_account: int | None = Field(default=None, ge=1, le=10_000)
     max_connections_per_account: int | None = Field(default=None, ge=1)
@@ -452,7 +454,7 @@ class Settings(BaseSettings):
         return name in _allowed_for(self.model_allowed_key_envs, account_id)
 
     def requests_per_account(self) -> int:
-        return self.max_requests_per_account or max(1, self.pool_max_size // 2)
+        return self.max_requests_per_account or 2 * self.pool_max_size
 
     def turns_per_account(self) -> int:
         return self.max_turns_per_account or self.pool_max_size

@@ -168,10 +168,10 @@ def test_account_bounds_follow_the_pool_unless_set(monkeypatch):
         s = Settings()
         return s.requests_per_account(), s.turns_per_account(), s.connections_per_account()
 
-    assert bounds() == (5, 10, 5)  # half the pool; turns hold none while their model works
+    assert bounds() == (20, 10, 5)  # of the pool of 10
     monkeypatch.setenv("ENGRAM_POOL_MIN_SIZE", "1")
     monkeypatch.setenv("ENGRAM_POOL_MAX_SIZE", "1")
-    assert bounds() == (1, 1, 1)
+    assert bounds() == (2, 1, 1)
     monkeypatch.setenv("ENGRAM_MAX_REQUESTS_PER_ACCOUNT", "3")
     monkeypatch.setenv("ENGRAM_MAX_TURNS_PER_ACCOUNT", "2")
     monkeypatch.setenv("ENGRAM_MAX_CONNECTIONS_PER_ACCOUNT", "1")
