@@ -163,6 +163,18 @@ class Settings(BaseSettings):
     # Search queries (searchMemories, the agent's search tools) longer than this are refused:
     # a query is embedded and matched whole, so its length is work the service does per request.
     max_search_query_chars: int = Field(default=4096, ge=1)
+    # Fairness between accounts, per process (app/fairness.py): one account's requests in
+    # progress (GraphQL and MCP), its turns in progress, and the pooled connections its work
+    # holds at once. Unset: twice the pool for requests (those beyond the connections' share
+    # wait for the account's own connections: 20 of a search-heavy account served its others
+    # as well as 5 did, bench/README.md), the pool's size for turns (which hold none while their
+    # model works), half the pool for connections (so that another account's requests and
+    # /healthz find one). Beyond a bound a request waits up to account_queue_seconds (0: not
+    # at all), and is then answered 429.
+    max_requests_per_account: int | None = Field(default=None, ge=1, le=10_000)
+    max_turns_per_account: int | None = Field(default=None, ge=1, le=10_000)
+    max_connections_per_account: int | None = Field(default=None, ge=1)
+    account_queue_seconds: float = Field(default=1.0, ge=0, le=60, allow_inf_nan=False)
     # Schema introspection (__schema, __type) for authenticated clients; off: refused, and
     # GraphiQL says why it cannot load the schema.
     introspection: bool = True
@@ -389,6 +401,12 @@ class Settings(BaseSettings):
                 "ENGRAM_POOL_MIN_SIZE must not be more than ENGRAM_POOL_MAX_SIZE "
                 f"({self.pool_min_size} > {self.pool_max_size})"
             )
+        shared = self.max_connections_per_account
+        if shared is not None and shared > self.pool_max_size:
+            raise ValueError(
+                "ENGRAM_MAX_CONNECTIONS_PER_ACCOUNT must not be more than ENGRAM_POOL_MAX_SIZE "
+                f"({shared} > {self.pool_max_size}): it is each account's share of the pool"
+            )
         if self.turn_lease_seconds < 2 * self.turn_heartbeat_seconds:
             raise ValueError(
                 "ENGRAM_TURN_LEASE_SECONDS must be at least twice ENGRAM_TURN_HEARTBEAT_SECONDS, "
@@ -439,6 +457,15 @@ class Settings(BaseSettings):
     def allows_key_env(self, name: str, account_id: UUID) -> bool:
         """Whether an action of `account_id` may name `name` as its model.apiKeyEnv."""
         return name in _allowed_for(self.model_allowed_key_envs, account_id)
+
+    def requests_per_account(self) -> int:
+        return self.max_requests_per_account or 2 * self.pool_max_size
+
+    def turns_per_account(self) -> int:
+        return self.max_turns_per_account or self.pool_max_size
+
+    def connections_per_account(self) -> int:
+        return self.max_connections_per_account or max(1, self.pool_max_size // 2)
 
     def database_url_value(self) -> str | None:
         return self.database_url.get_secret_value() if self.database_url else None

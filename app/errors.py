@@ -27,3 +27,10 @@ class Conflict(DomainError):
 
 class Unauthenticated(DomainError):
     code = "UNAUTHENTICATED"
+
+
+class TooManyRequests(DomainError):
+    """One account has as much work in progress in this process as it may (app/fairness.py);
+    answered 429 with Retry-After."""
+
+    code = "TOO_MANY_REQUESTS"

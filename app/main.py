@@ -24,7 +24,9 @@ from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
 from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
 from app.db.pool import create_pool
 from app.embeddings.base import Embedder
-from app.errors import DomainError
+from app.errors import DomainError, TooManyRequests
+from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
+from app.fairness import Fairness
 from app.graphql.context import Context
 from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from app.graphql.inputs import check_body
@@ -60,6 +62,12 @@ def _unavailable(body: object = None) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
+def _too_many(body: object) -> JSONResponse:
+    """An account's bound reached (app/fairness.py): 429, and when to come back."""
+    headers = {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)}
+    return JSONResponse(body, status_code=429, headers=headers)
+
+
 def _once_started(
     handler: Callable[[Request, AppState], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -85,9 +93,10 @@ class _Guard:
     A GET only renders GraphiQL and executes nothing. (Plain ASGI: Starlette's
     BaseHTTPMiddleware ran the app in a task of its own per request, a tenth of its CPU.)"""
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, fairness: Fairness) -> None:
         self.app = app
         self.settings = settings
+        self.fairness = fairness
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/graphql" or scope["method"] != "POST":
@@ -97,7 +106,16 @@ class _Guard:
         if refused is not None:
             await refused(scope, receive, send)
             return
-        await self.app(scope, replaying(body, receive), send)
+        context: Context = scope["state"]["context"]
+        try:
+            # Once authenticated: a stranger's requests never take an account's places.
+            admission = await self.fairness.admit(context.caller.account_id)
+        except TooManyRequests as e:
+            error = {"message": e.message, "extensions": {"code": e.code}}
+            await _too_many({"data": None, "errors": [error]})(scope, receive, send)
+            return
+        with admission.running():
+            await self.app(scope, replaying(body, receive), send)
 
     async def _check(self, scope: Scope, receive: Receive) -> tuple[Response | None, bytes]:
         settings = self.settings
@@ -182,6 +200,8 @@ class _GraphQL(GraphQL[Context, None]):
         # A request that could not reach the database: 503, and when to come back.
         if _has_code(response_data, "UNAVAILABLE"):
             return _unavailable(response_data)
+        if _has_code(response_data, TooManyRequests.code):  # a turn beyond its account's bound
+            return _too_many(response_data)
         return super().create_response(response_data, sub_response)
 
 
@@ -280,8 +300,10 @@ def create_app(
     # Per app, not the process-wide default registry: one process may build several apps.
     metrics = Metrics()
     tracer = tracing.tracer_provider(settings.otel_endpoint) if settings.otel_endpoint else None
+    # Per process: each process bounds its own share of an account's work.
+    fairness = Fairness(settings)
     # The agent's tools over MCP (streamable HTTP); it checks its own requests.
-    mcp = McpEndpoint(settings.max_body_bytes)
+    mcp = McpEndpoint(settings.max_body_bytes, fairness)
     app.add_route("/mcp/{action_id}", mcp)
 
     @app.get("/healthz")
@@ -333,7 +355,7 @@ def create_app(
     app.add_route("/graphql", view, methods=["GET", "POST"])
     mount_console(app)
     app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
-    app.add_middleware(_Guard, settings=settings)
+    app.add_middleware(_Guard, settings=settings, fairness=fairness)
     # Outermost: every request, refused ones included, gets its ID, log line and metrics.
     app.add_middleware(Observe, metrics=metrics)
     if tracer is not None:

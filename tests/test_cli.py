@@ -304,6 +304,11 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"pool_min_size": "-1"}, "ENGRAM_POOL_MIN_SIZE: Input should be greater than or"),
         ({"pool_max_size": "0"}, "ENGRAM_POOL_MAX_SIZE: Input should be greater than or"),
         ({"pool_min_size": "11"}, "ENGRAM_POOL_MIN_SIZE must not be more than ENGRAM_POOL_MAX"),
+        (
+            {"max_connections_per_account": "11"},
+            "ENGRAM_MAX_CONNECTIONS_PER_ACCOUNT must not be more than ENGRAM_POOL_MAX_SIZE",
+        ),
+        ({"account_queue_seconds": "inf"}, "ENGRAM_ACCOUNT_QUEUE_SECONDS: Input should be a fin"),
         ({"max_body_bytes": "0"}, "ENGRAM_MAX_BODY_BYTES: Input should be greater than or"),
         ({"port": "-1"}, "ENGRAM_PORT: Input should be greater than or equal to 1"),
         ({"port": "99999999"}, "ENGRAM_PORT: Input should be less than or equal to 65535"),

@@ -3,12 +3,13 @@
 past its transaction says so first."""
 
 import ast
+import asyncio
 import re
 from pathlib import Path
 
 import pytest
 
-from app.db.pool import create_pool, session_changed
+from app.db.pool import create_pool, drawing_on, session_changed
 from app.embeddings import store as embedding_store
 
 APP = Path(__file__).resolve().parents[1] / "app"
@@ -160,3 +161,63 @@ def test_the_migrations_functions_leave_sessions_alone() -> None:
     assert any("FUNCTION word_tiers" in t for t in texts)  # the scan reads their SQL
     changing = [m.group(0) for t in texts for m in SESSION_STATEMENTS.finditer(t)]
     assert changing == []
+
+
+class _Share:
+    """A share of `size` connections that counts the most held at once."""
+
+    def __init__(self, size: int) -> None:
+        self.places = asyncio.Semaphore(size)
+        self.held = self.most = 0
+
+    async def acquire(self) -> None:
+        await self.places.acquire()
+        self.held += 1
+        self.most = max(self.most, self.held)
+
+    def release(self) -> None:
+        self.held -= 1
+        self.places.release()
+
+
+async def test_work_draws_its_connections_on_its_share(db_url: str) -> None:
+    """app/fairness.py: one account's work holds at most its share of the pool; a task that
+    holds one of its connections takes another without waiting for itself."""
+    pool = await create_pool(db_url, min_size=0, max_size=4)
+    share = _Share(1)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with pool.acquire() as conn:
+            holding.set()
+            # A second connection while it holds the share's only one: no deadlock.
+            async with pool.acquire() as other:
+                assert await other.fetchval("SELECT 1") == 1
+            await release.wait()
+            await conn.fetchval("SELECT 1")
+
+    async def one_more() -> int:
+        async with pool.acquire() as conn:
+            return await conn.fetchval("SELECT 2")
+
+    tasks: list[asyncio.Task[object]] = []
+    try:
+        with drawing_on(share):
+            tasks.append(holder := asyncio.create_task(hold()))
+            await holding.wait()
+            tasks.append(waiting := asyncio.create_task(one_more()))
+        # Outside the share: the pool's alone.
+        tasks.append(elsewhere := asyncio.create_task(one_more()))
+        assert await asyncio.wait_for(elsewhere, 10) == 2
+        await asyncio.sleep(0.2)
+        assert not waiting.done() and share.held == 1
+        release.set()
+        await asyncio.wait_for(holder, 10)
+        assert await asyncio.wait_for(waiting, 10) == 2
+        assert share.held == 0 and share.most == 1
+    finally:
+        release.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await pool.close()

@@ -176,3 +176,45 @@ def test_max_answer_bytes_is_between_1_mib_and_1_gib(monkeypatch, value, accepte
     else:
         with pytest.raises(ValueError, match="max_answer_bytes"):
             Settings()
+
+
+def test_account_bounds_follow_the_pool_unless_set(monkeypatch):
+    def bounds() -> tuple[int, int, int]:
+        s = Settings()
+        return s.requests_per_account(), s.turns_per_account(), s.connections_per_account()
+
+    assert bounds() == (20, 10, 5)  # of the pool of 10
+    monkeypatch.setenv("ENGRAM_POOL_MIN_SIZE", "1")
+    monkeypatch.setenv("ENGRAM_POOL_MAX_SIZE", "1")
+    assert bounds() == (2, 1, 1)
+    monkeypatch.setenv("ENGRAM_MAX_REQUESTS_PER_ACCOUNT", "3")
+    monkeypatch.setenv("ENGRAM_MAX_TURNS_PER_ACCOUNT", "2")
+    monkeypatch.setenv("ENGRAM_MAX_CONNECTIONS_PER_ACCOUNT", "1")
+    assert bounds() == (3, 2, 1)
+    monkeypatch.setenv("ENGRAM_ACCOUNT_QUEUE_SECONDS", "0")
+    assert Settings().account_queue_seconds == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "told"),
+    [
+        (
+            "MAX_CONNECTIONS_PER_ACCOUNT",
+            "11",
+            "ENGRAM_MAX_CONNECTIONS_PER_ACCOUNT must not be more than ENGRAM_POOL_MAX_SIZE "
+            "(11 > 10): it is each account's share of the pool",
+        ),
+        ("MAX_CONNECTIONS_PER_ACCOUNT", "0", "greater than or equal to 1"),
+        ("MAX_REQUESTS_PER_ACCOUNT", "0", "greater than or equal to 1"),
+        ("MAX_REQUESTS_PER_ACCOUNT", "", "a valid integer"),
+        ("MAX_TURNS_PER_ACCOUNT", "10001", "less than or equal to 10000"),
+        ("ACCOUNT_QUEUE_SECONDS", "-1", "greater than or equal to 0"),
+        ("ACCOUNT_QUEUE_SECONDS", "61", "less than or equal to 60"),
+        ("ACCOUNT_QUEUE_SECONDS", "nan", "finite number"),
+    ],
+)
+def test_account_bounds_out_of_range_are_refused(monkeypatch, name, value, told):
+    monkeypatch.setenv(f"ENGRAM_{name}", value)
+    with pytest.raises(ValueError) as refused:
+        Settings()
+    assert told in str(refused.value)

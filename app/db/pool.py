@@ -1,9 +1,11 @@
 """The asyncpg pool: one per process, created in the app's lifespan."""
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Any, Protocol
 
 import asyncpg
 from pgvector.asyncpg import register_vector
@@ -58,17 +60,86 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+class Share(Protocol):
+    """A bound on the connections some work holds at once (app/fairness.py: an account's)."""
+
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+_share: ContextVar[Share | None] = ContextVar("engram_connection_share", default=None)
+# Whether this task (or the one that started it) holds a connection of its share: a second
+# connection taken meanwhile is not counted again, or work holding the whole share while it
+# waited for one more connection would wait for itself.
+_holding: ContextVar[bool] = ContextVar("engram_holding_share", default=False)
+
+
+@contextmanager
+def drawing_on(share: Share | None) -> Iterator[None]:
+    """Connections acquired in this block, and in the tasks it starts, count against `share`
+    (None: against nothing but the pool)."""
+    token = _share.set(share)
+    try:
+        yield
+    finally:
+        _share.reset(token)
+
+
+class _SharedAcquire:
+    def __init__(self, acquiring: Any, share: Share) -> None:
+        self._acquiring, self._share = acquiring, share
+
+    async def __aenter__(self) -> asyncpg.Connection:
+        await self._share.acquire()
+        try:
+            conn = await self._acquiring.__aenter__()
+        except BaseException:
+            self._share.release()
+            raise
+        self._token = _holding.set(True)
+        return conn
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        try:
+            await self._acquiring.__aexit__(kind, error, trace)
+        finally:
+            _holding.reset(self._token)
+            self._share.release()
+
+
+class SharedPool(asyncpg.Pool):
+    """The pool, whose `acquire()` first waits for a place in the share of the work it is
+    acquired for (`drawing_on`), when that work has one: one account's requests then hold at
+    most their share of the connections, and the others' requests and /healthz find one."""
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        acquiring = super().acquire(timeout=timeout)
+        share = _share.get()
+        if share is None or _holding.get():
+            return acquiring
+        return _SharedAcquire(acquiring, share)
+
+
 async def create_pool(url: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(
+    # asyncpg.create_pool's defaults, but for those set here; the class is ours.
+    return await SharedPool(
         url,
         min_size=min_size,
         max_size=max_size,
+        max_queries=50_000,
+        max_inactive_connection_lifetime=300.0,
         init=init_connection,
         server_settings=SESSION_SETTINGS,
         connection_class=PooledConnection,
+        record_class=asyncpg.Record,
+        loop=None,
     )
-    assert pool is not None
-    return pool
 
 
 @asynccontextmanager

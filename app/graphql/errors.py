@@ -21,6 +21,7 @@ CODES = (
     "CONFLICT",
     "UNAUTHENTICATED",
     "UNAVAILABLE",
+    "TOO_MANY_REQUESTS",
     "INTERNAL",
 )
 INTERNAL_MESSAGE = "Internal error."

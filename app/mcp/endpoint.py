@@ -29,7 +29,9 @@ from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate
 from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
-from app.errors import DomainError
+from app.errors import DomainError, TooManyRequests
+from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
+from app.fairness import Fairness
 from app.http_body import read_limited, replaying
 from app.runtime import calls
 from app.state import AppState
@@ -154,7 +156,13 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-_STATUS = {"UNAUTHENTICATED": 401, "ACCESS_DENIED": 403, "NOT_FOUND": 404, "BAD_REQUEST": 400}
+_STATUS = {
+    "UNAUTHENTICATED": 401,
+    "ACCESS_DENIED": 403,
+    "NOT_FOUND": 404,
+    "BAD_REQUEST": 400,
+    "TOO_MANY_REQUESTS": 429,
+}
 
 
 def _preview(value: str | None) -> bool:
@@ -209,8 +217,9 @@ class McpEndpoint:
     """The ASGI app behind the route `/mcp/{action_id}`; `manager.run()` belongs in the
     app's lifespan."""
 
-    def __init__(self, max_body_bytes: int) -> None:
+    def __init__(self, max_body_bytes: int, fairness: Fairness) -> None:
         self.max_body_bytes = max_body_bytes
+        self.fairness = fairness
         self.manager = StreamableHTTPSessionManager(
             build_server(),
             stateless=True,
@@ -220,19 +229,38 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
+        state: AppState = request.app.state.engram
         try:
-            found = await self._check(request)
-        except DomainError as e:
-            headers = {"WWW-Authenticate": "Bearer"} if e.code == "UNAUTHENTICATED" else None
-            await _error(_STATUS.get(e.code, 400), e.code, e.message, headers)(scope, receive, send)
-            return
+            caller = await authenticate(state.pool, request.headers.get("authorization"))
+            # Once authenticated: a stranger's requests never take an account's places.
+            admission = await self.fairness.admit(caller.account_id)
         except Exception as e:
-            if not is_unavailable(e):
-                raise
-            response = _error(503, "UNAVAILABLE", "the database cannot be reached; retry soon")
-            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-            await response(scope, receive, send)
+            await self._refusal(e)(scope, receive, send)
             return
+        with admission.running():
+            try:
+                found = await self._check(request, state, caller)
+            except Exception as e:
+                await self._refusal(e)(scope, receive, send)
+                return
+            await self._serve(found, scope, receive, send)
+
+    def _refusal(self, e: Exception) -> Any:
+        """The answer to a request refused before the SDK reads it; re-raises what is a fault."""
+        if isinstance(e, DomainError):
+            headers = None
+            if e.code == "UNAUTHENTICATED":
+                headers = {"WWW-Authenticate": "Bearer"}
+            elif isinstance(e, TooManyRequests):
+                headers = {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)}
+            return _error(_STATUS.get(e.code, 400), e.code, e.message, headers)
+        if not is_unavailable(e):
+            raise e
+        response = _error(503, "UNAVAILABLE", "the database cannot be reached; retry soon")
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+
+    async def _serve(self, found: McpRequest, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] == "POST":
             # Read whole here: a client gone mid-body is then a 499 (app/observability), not
             # the SDK's logged error and 500.
@@ -248,9 +276,7 @@ class McpEndpoint:
             receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
 
-    async def _check(self, request: Request) -> McpRequest:
-        state: AppState = request.app.state.engram
-        caller = await authenticate(state.pool, request.headers.get("authorization"))
+    async def _check(self, request: Request, state: AppState, caller: Caller) -> McpRequest:
         raw = request.path_params.get("action_id", "")
         try:
             action_id = UUID(raw)

@@ -43,7 +43,7 @@ from uuid import UUID
 import asyncpg
 
 from app import tasks
-from app.db.pool import session_changed
+from app.db.pool import drawing_on, session_changed
 from app.history import indexes as history_indexes
 from app.memory import visibility
 
@@ -482,7 +482,9 @@ class IndexBuilds:
             self._counted[key] += rows
             if self._counted[key] < threshold:
                 return
-        task = asyncio.create_task(self._check(key, threshold), name=f"engram index {key}")
+        # Upkeep, not the writer's own work: its connections are not drawn on the account's share.
+        with drawing_on(None):
+            task = asyncio.create_task(self._check(key, threshold), name=f"engram index {key}")
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._tasks.pop(key, None))
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from app import fairness
 from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
@@ -599,54 +600,58 @@ async def remember_conversation(
             "false), so there is nothing to remember the conversation into"
         )
     check_endpoint(action.model, state.settings, action.account_id)
-    now = datetime.now(UTC)
-    run = await _start(
-        state,
-        caller,
-        action,
-        request.place,
-        kind="INGEST",
-        input={
-            "messages": [
-                {"role": role, "content": content, "time": (time or now).isoformat()}
-                for role, content, time in messages
-            ],
-            "client": (client or ClientInfo(caller.principal)).as_json(),
-        },
-        source="EXTRACTION",
-    )
-    context = run.context
-    execution = run.execution
-    with _running(state, execution):
-        try:
-            review = conversation_review.Review(context, turns.model_client(state))
-            said = [
-                conversation_review.Message(role, text, time or now, execution.execution_id, None)
-                for role, text, time in messages
-            ]
-            staged = await review.run(said)
-            review.event["written"] = versions(staged)
-            context.transcript.add(events.MEMORY_REVIEW, review.event)
-            decisions = _decisions(review.event)
-            kept = await _kept_history(run, [(role, text) for role, text, _ in messages])
-            execution = await _commit(
-                run,
-                lambda written: {"decisions": decisions, "memories": versions(written)},
-                key,
-                as_turn=True,
-                kept=kept,
-            )
-        except Duplicate:
-            # A concurrent request with the same key committed first: this one keeps nothing.
-            await _failed(
-                run,
-                Conflict("another request with the same idempotencyKey remembered it first"),
-            )
-            assert key is not None
-            answered = await _answered(state, caller, key)
-            assert answered is not None, "a key whose transaction committed is found"
-            return answered
-        except Exception as e:
-            return Remembered(await _failed(run, e))
-    output = execution.output or {}
-    return Remembered(execution, decisions, output.get("memories", []))
+    # Before anything is written: refused, the review leaves nothing behind.
+    async with fairness.turn():
+        now = datetime.now(UTC)
+        run = await _start(
+            state,
+            caller,
+            action,
+            request.place,
+            kind="INGEST",
+            input={
+                "messages": [
+                    {"role": role, "content": content, "time": (time or now).isoformat()}
+                    for role, content, time in messages
+                ],
+                "client": (client or ClientInfo(caller.principal)).as_json(),
+            },
+            source="EXTRACTION",
+        )
+        context = run.context
+        execution = run.execution
+        with _running(state, execution):
+            try:
+                review = conversation_review.Review(context, turns.model_client(state))
+                said = [
+                    conversation_review.Message(
+                        role, text, time or now, execution.execution_id, None
+                    )
+                    for role, text, time in messages
+                ]
+                staged = await review.run(said)
+                review.event["written"] = versions(staged)
+                context.transcript.add(events.MEMORY_REVIEW, review.event)
+                decisions = _decisions(review.event)
+                kept = await _kept_history(run, [(role, text) for role, text, _ in messages])
+                execution = await _commit(
+                    run,
+                    lambda written: {"decisions": decisions, "memories": versions(written)},
+                    key,
+                    as_turn=True,
+                    kept=kept,
+                )
+            except Duplicate:
+                # A concurrent request with the same key committed first: this one keeps nothing.
+                await _failed(
+                    run,
+                    Conflict("another request with the same idempotencyKey remembered it first"),
+                )
+                assert key is not None
+                answered = await _answered(state, caller, key)
+                assert answered is not None, "a key whose transaction committed is found"
+                return answered
+            except Exception as e:
+                return Remembered(await _failed(run, e))
+        output = execution.output or {}
+        return Remembered(execution, decisions, output.get("memories", []))

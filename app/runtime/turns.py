@@ -20,6 +20,7 @@ from uuid import UUID
 
 import asyncpg
 
+from app import fairness
 from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
@@ -457,22 +458,24 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
     key = _request_key(caller, request)
     if key is not None and (answered := await _answered(state, caller, key)) is not None:
         return answered
-    try:
-        if request.replay_of is not None:
-            action, execution = await _start_replay(state, caller, request, key)
-        elif request.execution_id is None:
-            action, execution = await _start_new(state, caller, request, key)
-        else:
-            action, execution = await _start_retry(state, caller, request, key)
-    except Duplicate:
-        # A concurrent request with the same key started the turn first.
-        assert key is not None
-        answered = await _answered(state, caller, key)
-        assert answered is not None, "a key whose transaction committed is found"
-        return answered
-    process = liveness.liveness(state.services)
-    with process.running(execution.execution_id) if process else contextlib.nullcontext():
-        finished = await _attempt(state, action, execution)
+    # Before anything is written: refused, the turn leaves nothing behind.
+    async with fairness.turn():
+        try:
+            if request.replay_of is not None:
+                action, execution = await _start_replay(state, caller, request, key)
+            elif request.execution_id is None:
+                action, execution = await _start_new(state, caller, request, key)
+            else:
+                action, execution = await _start_retry(state, caller, request, key)
+        except Duplicate:
+            # A concurrent request with the same key started the turn first.
+            assert key is not None
+            answered = await _answered(state, caller, key)
+            assert answered is not None, "a key whose transaction committed is found"
+            return answered
+        process = liveness.liveness(state.services)
+        with process.running(execution.execution_id) if process else contextlib.nullcontext():
+            finished = await _attempt(state, action, execution)
     metrics.current().turn(finished.status)
     return finished
 

@@ -35,6 +35,9 @@ export class ApiError extends Error {
         // Its database, or its embedding model: the server's sentence says which, and whether
         // trying again helps.
         return `The server cannot do this right now: ${m.charAt(0).toLowerCase()}${m.slice(1)}.`;
+      case "TOO_MANY_REQUESTS":
+        // The account's other requests (or turns) fill its places on the server for now.
+        return `The server is busy with this account's other requests: ${m}.`;
       case "NETWORK":
         return "The server could not be reached. Check your connection and try again.";
       default:
