@@ -31,7 +31,6 @@ from typing import Any
 
 from graphql import (
     DocumentNode,
-    ExecutionResult,
     FieldNode,
     FragmentDefinitionNode,
     FragmentSpreadNode,
@@ -54,7 +53,7 @@ from strawberry.extensions import SchemaExtension
 
 from app.errors import BadInput
 from app.graphql.relay import MAX_PAGE
-from app.graphql.selection import chosen_operation, coerced, root_fields, runs
+from app.graphql.selection import Refusing, chosen_operation, coerced, root_fields, runs
 from app.runtime.review import MAX_CANDIDATES
 
 # Fragments spread within fragments: beyond this, graphql-core's own walks (and ours) would
@@ -305,25 +304,14 @@ def cost_refusal(
     return None
 
 
-class RequestLimits(SchemaExtension):
+class RequestLimits(Refusing):
     """Answers BAD_REQUEST, instead of running the operation, when its answer could hold more
     objects, or it would run more searches, than a request may."""
 
     def __init__(self, *, max_nodes: int, max_searches: int) -> None:
         self.max_nodes, self.max_searches = max_nodes, max_searches
 
-    def on_execute(self) -> Iterator[None]:
-        context = self.execution_context
-        if context.result is None:
-            refusal = self._refusal()
-            if refusal is not None:
-                error = BadInput(refusal)
-                context.result = ExecutionResult(
-                    data=None, errors=[GraphQLError(error.message, original_error=error)]
-                )
-        yield
-
-    def _refusal(self) -> str | None:
+    def _refusal(self) -> BadInput | None:
         context = self.execution_context
         document = context.graphql_document
         if document is None:
@@ -336,9 +324,10 @@ class RequestLimits(SchemaExtension):
         if variables is None:
             return None  # execution refuses the variables, naming what is wrong
         fragments = _fragments(document.definitions)
-        return cost_refusal(
+        refusal = cost_refusal(
             schema, operation, fragments, variables, self.max_nodes, self.max_searches
         )
+        return BadInput(refusal) if refusal else None
 
 
 def _level(selections: SelectionSetNode, spread: Mapping[str, Counter[str]]) -> Counter[str]:

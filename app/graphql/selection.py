@@ -221,9 +221,9 @@ def mutation_count_refusal(
     )
 
 
-class SelectionGrants(SchemaExtension):
-    """Answers, instead of running a mutation, BAD_REQUEST when the request asks for several,
-    and ACCESS_DENIED when what its answer selects needs a grant the caller does not hold."""
+class Refusing(SchemaExtension):
+    """An extension that answers its `_refusal` (a DomainError: its code and message), with
+    `data: null`, instead of running the operation; None lets it run."""
 
     def on_execute(self) -> Iterator[None]:
         context = self.execution_context
@@ -233,6 +233,14 @@ class SelectionGrants(SchemaExtension):
                 data=None, errors=[GraphQLError(error.message, original_error=error)]
             )
         yield
+
+    def _refusal(self) -> DomainError | None:
+        raise NotImplementedError
+
+
+class SelectionGrants(Refusing):
+    """Answers, instead of running a mutation, BAD_REQUEST when the request asks for several,
+    and ACCESS_DENIED when what its answer selects needs a grant the caller does not hold."""
 
     def _refusal(self) -> DomainError | None:
         context = self.execution_context
