@@ -27,8 +27,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("actions", "idempotency"),  # agents and their harness; idempotency keys
     ("executions",),  # executions, sessions and transcripts as records
     ("auth",),  # callers, grants and policies
-    # What every domain uses: process state, embedding providers, observability.
-    ("state",),
+    # What every domain uses: process state, each account's share of the process (fairness),
+    # embedding providers, observability.
+    ("state", "fairness"),
     ("embeddings", "observability"),
     # The bottom: database access and SQL helpers, text safety, HTTP bodies and retries, record
     # scopes and session IDs, typed checks of configuration, settings, errors, stopping
