@@ -8,6 +8,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import verified
+from app.db.sql import by_page
 
 Row: TypeAlias = asyncpg.Record
 
@@ -276,10 +277,7 @@ async def list_token_pages(
         [after[1] if after else None for _, after, _ in pages],
         [limit for _, _, limit in pages],
     )
-    found: list[list[Row]] = [[] for _ in pages]
-    for r in rows:
-        found[r["n"] - 1].append(r)
-    return found
+    return by_page(rows, len(pages))
 
 
 async def get_token(

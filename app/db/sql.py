@@ -1,5 +1,6 @@
 """Building SQL statements with numbered parameters."""
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -13,3 +14,12 @@ class Params:
     def __call__(self, value: Any) -> str:
         self.values.append(value)
         return f"${len(self.values)}"
+
+
+def by_page(rows: Sequence[Any], pages: int) -> list[list[Any]]:
+    """The rows of a statement that reads several pages at once (each row naming its page by
+    `n`, counted from 1, as `unnest(...) WITH ORDINALITY` numbers them), page by page."""
+    found: list[list[Any]] = [[] for _ in range(pages)]
+    for r in rows:
+        found[r["n"] - 1].append(r)
+    return found

@@ -8,7 +8,7 @@ from uuid import UUID
 
 import asyncpg
 
-from app.db.sql import Params
+from app.db.sql import Params, by_page
 
 Row: TypeAlias = asyncpg.Record
 
@@ -370,7 +370,7 @@ async def list_event_pages(
         [after for _, _, after, _ in pages],
         [limit for _, _, _, limit in pages],
     )
-    return _by_page(rows, len(pages))
+    return by_page(rows, len(pages))
 
 
 # Above every (created, ID) keyset: a page asked without `after` starts below it, so that the
@@ -405,7 +405,7 @@ async def list_session_pages(
         [after[1] if after else None for _, after, _ in pages],
         [limit for _, _, limit in pages],
     )
-    return _by_page(rows, len(pages))
+    return by_page(rows, len(pages))
 
 
 async def list_execution_pages(
@@ -441,15 +441,7 @@ async def list_execution_pages(
         [after[1] if after else None for _, _, after, _ in pages],
         [limit for _, _, _, limit in pages],
     )
-    return _by_page(rows, len(pages))
-
-
-def _by_page(rows: list[Row], pages: int) -> list[list[Row]]:
-    """The rows of a pages statement (each naming its page by `n`, from 1), page by page."""
-    found: list[list[Row]] = [[] for _ in range(pages)]
-    for r in rows:
-        found[r["n"] - 1].append(r)
-    return found
+    return by_page(rows, len(pages))
 
 
 async def insert_recalls(

@@ -19,7 +19,7 @@ from pgvector import Vector
 
 from app.db.cursors import INT4_MIN
 from app.db.fusion import HYBRID_WEIGHT, fusion
-from app.db.sql import Params
+from app.db.sql import Params, by_page
 from app.history.keeping import KeptEvent
 
 Row = asyncpg.Record
@@ -345,10 +345,7 @@ async def list_event_pages(
         [after[1] if after else None for _, _, after, _ in pages],
         [limit for _, _, _, limit in pages],
     )
-    found: list[list[Row]] = [[] for _ in pages]
-    for r in rows:
-        found[r["n"] - 1].append(r)
-    return found
+    return by_page(rows, len(pages))
 
 
 # Below every (turn, sequence) keyset: a page asked without `after` starts above it, so that the

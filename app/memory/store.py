@@ -14,7 +14,7 @@ from uuid import UUID
 import asyncpg
 import numpy as np
 
-from app.db.sql import Params
+from app.db.sql import Params, by_page
 from app.memory.records import PIN_LINE_EXTRA, MemoryRecord, NewRecord, RecordFields
 from app.memory.visibility import AgentReader, Reader, shadows, visible
 from app.scope import Scope
@@ -336,10 +336,7 @@ async def list_version_pages(
         [before for _, before, _ in pages],
         [limit for _, _, limit in pages],
     )
-    found: list[list[Row]] = [[] for _ in pages]
-    for r in rows:
-        found[r["n"] - 1].append(r)
-    return found
+    return by_page(rows, len(pages))
 
 
 async def publish(
