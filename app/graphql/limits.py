@@ -53,7 +53,14 @@ from strawberry.extensions import SchemaExtension
 
 from app.errors import BadInput
 from app.graphql.relay import MAX_PAGE
-from app.graphql.selection import Refusing, chosen_operation, coerced, root_fields, runs
+from app.graphql.selection import (
+    Refusing,
+    chosen_operation,
+    coerced,
+    fragments_of,
+    root_fields,
+    runs,
+)
 from app.runtime.review import MAX_CANDIDATES
 
 # Fragments spread within fragments: beyond this, graphql-core's own walks (and ours) would
@@ -75,10 +82,6 @@ MAX_SAME_FIELD = 100
 _COUNTED = frozenset({"first", "inputs", "query"})
 # Lists that take no `first`, at the most items they hold (others: their page, or one).
 _LIST_BOUNDS = {"RememberConversationResult.records": MAX_CANDIDATES}
-
-
-def _fragments(definitions: Any) -> dict[str, FragmentDefinitionNode]:
-    return {d.name.value: d for d in definitions if isinstance(d, FragmentDefinitionNode)}
 
 
 def _spreads(selections: SelectionSetNode | None) -> Iterator[str]:
@@ -125,7 +128,7 @@ def depth_rule(max_depth: int) -> type[ValidationRule]:
     class DepthLimit(ValidationRule):
         def __init__(self, context: ValidationContext) -> None:
             super().__init__(context)
-            fragments = _fragments(context.document.definitions)
+            fragments = fragments_of(context.document.definitions)
             order, nesting = _in_order(fragments)
             if nesting > MAX_FRAGMENT_NESTING:
                 context.report_error(
@@ -323,7 +326,7 @@ class RequestLimits(Refusing):
         variables = coerced(schema, operation, context.variables or {})
         if variables is None:
             return None  # execution refuses the variables, naming what is wrong
-        fragments = _fragments(document.definitions)
+        fragments = fragments_of(document.definitions)
         refusal = cost_refusal(
             schema, operation, fragments, variables, self.max_nodes, self.max_searches
         )
@@ -348,7 +351,7 @@ def _level(selections: SelectionSetNode, spread: Mapping[str, Counter[str]]) -> 
 
 def repeated_field(document: DocumentNode) -> str | None:
     """Why a selection of the document holds too many fields of one name, or None."""
-    fragments = _fragments(document.definitions)
+    fragments = fragments_of(document.definitions)
     spread: dict[str, Counter[str]] = {}
     for name in _in_order(fragments)[0]:
         spread[name] = _level(fragments[name].selection_set, spread)

@@ -134,6 +134,11 @@ def selection_refusal(
     return None
 
 
+def fragments_of(definitions: Any) -> dict[str, FragmentDefinitionNode]:
+    """A document's fragments by name."""
+    return {d.name.value: d for d in definitions if isinstance(d, FragmentDefinitionNode)}
+
+
 def root_fields(
     selections: SelectionSetNode,
     fragments: Mapping[str, FragmentDefinitionNode],
@@ -251,9 +256,7 @@ class SelectionGrants(Refusing):
         operation = chosen_operation(document, context.operation_name)
         if operation is None or operation.operation != OperationType.MUTATION:
             return None  # a query changes nothing, and its fields check their own grants
-        fragments = {
-            d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
-        }
+        fragments = fragments_of(document.definitions)
         schema = context.schema._schema
         variables = coerced(schema, operation, context.variables or {})
         if variables is None:
