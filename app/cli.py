@@ -364,6 +364,7 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             return {
                 "accountId": str(client.account_id),
                 "principal": client.principal,
+                "name": client.name,
                 "policies": client.policies,
             }
         if command == "delete":

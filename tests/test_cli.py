@@ -74,8 +74,14 @@ async def test_cli_manages_accounts_and_clients(db_url, state, admin, tmp_path):
 
     account, created, updated, token = await asyncio.to_thread(commands)
     assert account["name"] == "acme"
-    assert created == {"accountId": account["accountId"], "principal": "bot", "policies": [policy]}
-    assert updated["policies"][1]["effect"] == "DENY"
+    assert created == {
+        "accountId": account["accountId"],
+        "principal": "bot",
+        "name": "Bot",
+        "policies": [policy],
+    }
+    # What it prints is the client as stored: the name --name gave it, which update kept.
+    assert (updated["name"], updated["policies"][1]["effect"]) == ("Bot", "DENY")
 
     # The printed token authenticates as that client, with the updated policies.
     bot = await service.authenticate(state.pool, f"Bearer {token['token']}")
@@ -95,7 +101,7 @@ async def test_cli_manages_accounts_and_clients(db_url, state, admin, tmp_path):
 async def test_cli_default_account_client_and_admin_token_note(db_url, state, tmp_path):
     env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
     created = await asyncio.to_thread(run, env, "client", "create", "ops")
-    assert output(created)["policies"] == []
+    assert (output(created)["name"], output(created)["policies"]) == ("ops", [])
     # The first command on a fresh database creates the admin token and says so, once, on stderr.
     assert "Engram admin token (shown once" in created.stderr
     token = await asyncio.to_thread(run, env, "client", "token", "ops")
