@@ -584,6 +584,40 @@ async def test_an_operator_seeds_only_scopes_the_agent_reads(state, gql, admin):
     )
 
 
+async def test_a_seed_refused_for_its_default_scope_says_where_that_scope_came_from(
+    state, gql, admin
+):
+    """An operator who gives no scope gets the one the sessionId implies: the refusal says so
+    and what to send, instead of naming a scope the request never mentioned."""
+    session_reader = await make_agent(
+        state,
+        admin,
+        name="s",
+        harness=full_memory(scope={"read": ["session"], "write": ["session"]}),
+    )
+    no_session = await gql(
+        admin, ADD, actionId=str(session_reader.action_id), input={"summary": "x", "kind": "fact"}
+    )
+    assert no_session.codes == ["BAD_REQUEST"]
+    assert no_session.errors[0]["message"] == (
+        "a record without a sessionId is AGENT-scoped, and this agent never recalls AGENT "
+        'records: its harness.memory.scope.read is ["session"]; give the sessionId of the '
+        "session that recalls it"
+    )
+    agent_reader = await make_agent(
+        state, admin, name="a", harness=full_memory(scope={"read": ["agent"], "write": ["agent"]})
+    )
+    in_session = await gql(
+        admin,
+        ADD,
+        actionId=str(agent_reader.action_id),
+        input={"summary": "x", "kind": "fact", "sessionId": "s1"},
+    )
+    assert in_session.codes == ["BAD_REQUEST"]
+    assert "a record with a sessionId is SESSION-scoped" in in_session.errors[0]["message"]
+    assert in_session.errors[0]["message"].endswith("give scope AGENT")
+
+
 async def test_an_operator_cannot_replace_a_preview_record_but_may_delete_it(
     state, gql, admin, agent
 ):

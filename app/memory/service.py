@@ -586,10 +586,21 @@ class MemoryWork:
                     "a SESSION record needs the sessionId of the session that recalls it"
                 )
             if scope not in config.read:
-                raise BadInput(
-                    f"this agent never recalls {scope} records: its harness.memory.scope.read is "
-                    f"{as_harness(config.read)}"
+                refusal = (
+                    f"this agent never recalls {scope} records: its harness.memory.scope.read "
+                    f"is {as_harness(config.read)}"
                 )
+                if requested is None:
+                    # The scope came from the sessionId, given or not: say so, or the refusal
+                    # names a scope the caller never asked for.
+                    refusal = (
+                        f"a record without a sessionId is AGENT-scoped, and {refusal}; give the "
+                        "sessionId of the session that recalls it"
+                        if session_id is None
+                        else f"a record with a sessionId is SESSION-scoped unless its scope says "
+                        f"AGENT, and {refusal}; give scope AGENT"
+                    )
+                raise BadInput(refusal)
             return scope
         if requested == Scope.AGENT:
             if Scope.AGENT not in config.write:
