@@ -121,8 +121,9 @@ class AgentMemoryInput:
     )
     scope: ActionAgentMemoryScope | None = strawberry.field(
         default=None,
-        description="SESSION or AGENT: which sessions recall it. By default session scope when "
-        "the agent writes it, else agent scope.",
+        description="SESSION or AGENT: which sessions recall it. By default SESSION when a "
+        "sessionId is given, else AGENT; either must be a scope the agent reads "
+        "(harness.memory.scope.read).",
     )
     session_id: str | None = strawberry.field(
         default=None, description="The session a session-scoped record belongs to."
