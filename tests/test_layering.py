@@ -10,6 +10,7 @@ hides a circle from Python, not from a reader.
 """
 
 import ast
+import re
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app"
@@ -153,6 +154,16 @@ def test_layers_look_down_only() -> None:
 def test_known_breaches_still_exist() -> None:
     """A known breach that is gone leaves KNOWN, so it cannot come back unnoticed."""
     assert set(breaches(APP)) >= KNOWN
+
+
+def test_the_architecture_page_names_every_package_in_its_layer() -> None:
+    """docs/architecture.md's table of layers lists each package of LAYERS in the row of its
+    layer, so that a package given a place here is given one there (fairness was not)."""
+    page = (APP.parent / "docs" / "architecture.md").read_text()
+    table = page.split("## Layers", 1)[1].split("\n\n| layer |", 1)[1].split("\n\n", 1)[0]
+    rows = [row.split("|")[2] for row in table.splitlines()[2:]]
+    listed = [tuple(re.findall(r"`(\w+)`", packages)) for packages in rows]
+    assert listed == list(LAYERS)
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
