@@ -1,7 +1,8 @@
 """The documentation works from a fresh clone (issue 16): every relative link in README.md,
 bench/README.md and docs/*.md resolves to a file in the repository (and its #anchor to a
-heading), nothing points outside it (`../shared`, `/work/`), and every ```graphql example
-parses and validates against the service's schema."""
+heading), nothing points outside it (`../shared`, `/work/`), every ```graphql example
+parses and validates against the service's schema, and every setting's documented default is
+the one app/config.py takes."""
 
 import re
 import subprocess
@@ -168,3 +169,50 @@ def test_every_cli_default_is_in_its_help():
 
     walk(parser(), [])
     assert missing == []
+
+
+# A setting named with the value it takes when unset, in prose ("`ENGRAM_PORT` (8000") or in a
+# row of operations.md's table ("| `ENGRAM_PORT` | `8000` |"); "twice `ENGRAM_POOL_MAX_SIZE`
+# (`20`)" and the like give a value derived from the setting, not its default.
+_PROSE_DEFAULT = re.compile(
+    r"(?<!twice )(?<!half of )`(ENGRAM_[A-Z_]+)` \(`?(\d[\d,]*(?:\.\d+)?)( MiB| MB)?[`,;:) ]"
+)
+_ROW_DEFAULT = re.compile(r"^\| `(ENGRAM_[A-Z_]+)`(?: / `(ENGRAM_[A-Z_]+)`)? \| ([^|]*) \|", re.M)
+_UNITS = {None: 1, " MiB": 2**20, " MB": 10**6}
+
+
+def _as_documented(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def test_every_documented_default_is_the_one_parsed():
+    """A default the docs give a setting is what app/config.py takes when it is unset."""
+    from app.config import Settings
+
+    def default(name: str) -> object:
+        field = Settings.model_fields[name.removeprefix("ENGRAM_").lower()]
+        return field.get_default(call_default_factory=True)
+
+    wrong = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for name, number, unit in _PROSE_DEFAULT.findall(text):
+            if name.removeprefix("ENGRAM_").lower() not in Settings.model_fields:
+                continue  # a test's variable (ENGRAM_CHROMIUM, ...)
+            given = float(number.replace(",", "")) * _UNITS[unit or None]
+            if given != default(name):
+                wrong.append(f"{_ids(doc)}: {name} ({number}{unit}) is {default(name)!r}")
+    table = (ROOT / "docs" / "operations.md").read_text()
+    for *names, cell in _ROW_DEFAULT.findall(table):
+        names = [n for n in names if n]
+        values = re.findall(r"`([^`]*)`", cell)
+        if not values or values[0].startswith("ENGRAM_") or names == ["ENGRAM_DATA_DIR"]:
+            continue  # derived from another setting, or the platform's directory
+        for name, value in zip(names, values if len(names) > 1 else values[:1], strict=True):
+            if value != _as_documented(default(name)):
+                wrong.append(f"docs/operations.md: {name} `{value}` is {default(name)!r}")
+    assert wrong == []
