@@ -183,15 +183,22 @@ async def test_round_trip_account_client_token_action(http):
 
 
 async def test_malformed_uuid_literal(http):
+    """The refusal names the scalar and shows a UUID, and points at the literal (it said
+    "Value cannot represent a UUID", Value being the JSON scalar, with no location)."""
     response = await post(http, '{ action(actionId: "not-a-uuid") { name } }')
     assert error_code(response) == "BAD_REQUEST"
-    assert "UUID" in response.json()["errors"][0]["message"]
+    [error] = response.json()["errors"]
+    assert "'UUID'" in error["message"] and "Value cannot" not in error["message"]
+    assert "0a1b2c3d-0000-4000-8000-00000000000a" in error["message"]
+    assert error["locations"] == [{"line": 1, "column": 20}]
 
 
 async def test_malformed_uuid_variable(http):
     response = await post(http, "query($id: UUID!) { action(actionId: $id) { name } }", id="12345")
     assert error_code(response) == "BAD_REQUEST"
-    assert "$id" in response.json()["errors"][0]["message"]
+    [error] = response.json()["errors"]
+    assert "$id" in error["message"] and "Value cannot" not in error["message"]
+    assert "not a UUID" in error["message"]
 
 
 async def test_unknown_field(http):

@@ -1,5 +1,5 @@
 """Custom scalars: `Timestamp` (RFC 3339, UTC) and `Value` (any JSON). `UUID` is strawberry's,
-described here."""
+described here, with a parser whose refusal names the scalar and where the literal was."""
 
 import dataclasses
 import uuid
@@ -27,14 +27,30 @@ def _parse_timestamp(value: Any) -> datetime:
     return rfc3339(value)
 
 
+UUID_EXAMPLE = "0a1b2c3d-0000-4000-8000-00000000000a"
+
+
+def _parse_uuid(value: Any) -> uuid.UUID:
+    # strawberry's parser said "Value cannot represent a UUID: ... badly formed hexadecimal UUID
+    # string" (Value being another scalar here), and raised a GraphQLError, which GraphQL
+    # reports without the literal's location; a ValueError is reported at it.
+    if not isinstance(value, str):
+        raise ValueError(f"a UUID is a string such as {UUID_EXAMPLE}")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValueError(f"not a UUID: write it as 32 hex digits such as {UUID_EXAMPLE}") from None
+
+
 def _parse_value_literal(node: ValueNode, variables: dict[str, Any] | None = None) -> Any:
     return value_from_ast_untyped(node, variables)
 
 
 SCALARS: dict[object, ScalarDefinition] = {
-    # strawberry's own UUID scalar (its parsing and errors), described.
+    # strawberry's own UUID scalar (its serialization), described, with its own parser.
     uuid.UUID: dataclasses.replace(
         UUIDDefinition,
+        parse_value=_parse_uuid,
         description="A UUID in its canonical text form, such as "
         "0a1b2c3d-0000-4000-8000-00000000000a: the ID of an account, agent, record or execution.",
     ),
