@@ -609,6 +609,7 @@ async def test_h16_the_default_budget_is_the_setting(
         ({"contextTokens": True}, "model.contextTokens must be an integer from 256"),
         ({"contextTokens": 10**12}, "model.contextTokens must be an integer from 256"),
         ({"contextTokens": 1000, "maxTokens": 600}, "less than half of model.contextTokens"),
+        ({"contextTokens": 1000, "maxTokens": 500}, "less than half of model.contextTokens"),
     ],
 )
 async def test_h16_model_context_tokens_is_validated(
@@ -621,6 +622,22 @@ async def test_h16_model_context_tokens_is_validated(
     )
     assert result.codes == ["BAD_REQUEST"]
     assert message in result.errors[0]["message"]
+
+
+async def test_h16_a_reply_room_under_half_an_odd_budget_is_accepted(
+    gql: GQL, admin: Caller
+) -> None:
+    # 500 is less than half of 1001 (500.5): refused while half was rounded down.
+    result = await gql(
+        admin,
+        "mutation($input: ActionInput!) { createAction(input: $input) { actionId } }",
+        input={
+            "name": "agent",
+            "instructions": "",
+            "model": {"contextTokens": 1001, "maxTokens": 500},
+        },
+    )
+    assert not result.errors and result.data["createAction"]["actionId"]
 
 
 async def test_h16_the_reply_room_comes_out_of_the_budget(

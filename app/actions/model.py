@@ -57,7 +57,7 @@ class ModelConfig(Shape):
         if (
             self.context_tokens is not None
             and self.max_tokens is not None
-            and self.max_tokens >= self.context_tokens // 2
+            and 2 * self.max_tokens >= self.context_tokens
         ):
             raise refuse(
                 f"model.maxTokens ({self.max_tokens}) must be less than half of "
