@@ -168,8 +168,8 @@ class Settings(BaseSettings):
     # holds at once. Unset: twice the pool for requests (those beyond the connections' share
     # wait for the account's own connections: 20 of a search-heavy account served its others
     # as well as 5 did, bench/README.md), the pool's size for turns (which hold none while their
-    # model works), half the pool for connections (so that another account's requests and
-    # /healthz find one). Beyond a bound a request waits up to account_queue_seconds (0: not
+    # model works), half the pool for connections (so that another account's requests find
+    # one). Beyond a bound a request waits up to account_queue_seconds (0: not
     # at all), and is then answered 429.
     max_requests_per_account: int | None = Field(default=None, ge=1, le=10_000)
     max_turns_per_account: int | None = Field(default=None, ge=1, le=10_000)

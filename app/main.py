@@ -22,6 +22,7 @@ from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
 from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
+from app.db.health import Health
 from app.db.pool import create_pool
 from app.embeddings.base import Embedder
 from app.errors import DomainError, TooManyRequests
@@ -207,11 +208,13 @@ class _GraphQL(GraphQL[Context, None]):
 
 @dataclass
 class Started:
-    """What `start_state` started: the state (its services and pool), and the embedded server
-    with its supervisor when it started one. `stop()` stops them once, whoever calls it first:
-    the lifespan's end, or `engram serve` when the lifespan never ran or never ended."""
+    """What `start_state` started: the state (its services and pool), /healthz's own
+    connection, and the embedded server with its supervisor when it started one. `stop()` stops
+    them once, whoever calls it first: the lifespan's end, or `engram serve` when the lifespan
+    never ran or never ended."""
 
     state: AppState
+    health: Health
     server: EmbeddedPostgres | None = None
     supervisor: asyncio.Task[None] | None = None
     stopped: bool = False
@@ -222,6 +225,7 @@ class Started:
         self.stopped = True
         await tasks.stop(self.supervisor)
         await stop_services(self.state)
+        await self.health.close()
         await self.state.pool.close()
         if self.server is not None:
             # The server stops unless another process still uses it (app/db/embedded.py).
@@ -246,7 +250,8 @@ async def start_state(settings: Settings, embedder: Embedder | None = None) -> S
         if server is not None:
             await asyncio.to_thread(server.stop)
         raise
-    started = Started(AppState(settings=settings, pool=pool, embedder=embedder), server)
+    state = AppState(settings=settings, pool=pool, embedder=embedder)
+    started = Started(state, Health(url), server)
     try:
         await start_services(started.state)
     except BaseException:
@@ -284,6 +289,7 @@ def create_app(
             created = await bootstrap_admin(state.pool, settings.bootstrap_token_value())
             if created is not None:
                 print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
+            app.state.health = running.health
             app.state.engram = state
             async with mcp.manager.run():
                 yield
@@ -309,10 +315,10 @@ def create_app(
     @app.get("/healthz")
     @_once_started
     async def healthz(request: Request, state: AppState) -> Response:
-        try:
-            async with state.pool.acquire() as conn:
-                await conn.fetchval("SELECT 1")
-        except Exception:  # the database did not answer
+        # On a connection of its own, not the pool's: a pool full of work is a busy process,
+        # not a dead one, and a load balancer's probe is answered within its timeout.
+        health: Health = request.app.state.health
+        if not await health.answers():
             return JSONResponse({"status": "database unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 

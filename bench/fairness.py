@@ -2,8 +2,10 @@
 
 Starts `engram serve` (as bench/http_load.py does: a subprocess on loopback, the static
 embedder, its own embedded PostgreSQL in a /tmp/engram-fair-* directory), makes two accounts,
-A and B, each with a client and an agent; A's agent gets --records records. Then, for
---seconds seconds after a second of warm-up, it measures:
+A and B, each with a client and an agent; A's agent gets --records records (with
+--flooding-accounts 2, a third account C floods alongside A, its agent as big, its clients as
+many: two accounts at their share of connections fill the pool). Then, for --seconds seconds
+after a second of warm-up, it measures:
 
 - B's small request (`action(actionId) { name }`, one client, every 50 ms), and
 - GET /healthz (one client, every 50 ms),
@@ -16,6 +18,7 @@ search pages is 10,000). A flooding client that is answered 429 sends again at o
 requests and /healthz in both phases, and what A got: searches answered, 429s, other errors.
 
     python bench/fairness.py                             # this checkout, bounds as shipped
+    python bench/fairness.py --flooding-accounts 2       # A and C flood together
     python bench/fairness.py --root /tmp/engram-before   # a checkout before the bounds
     python bench/fairness.py --clients 40 --seconds 20 --records 20000
 """
@@ -138,7 +141,7 @@ class Phase:
         self.stop = False
         self.small = Latencies()
         self.healthz = Latencies()
-        self.flood: Counter[str] = Counter()
+        self.flood: Counter[tuple[str, str]] = Counter()  # (account, outcome)
 
 
 async def probe(host: str, port: int, request: bytes, into: Latencies, phase: Phase) -> None:
@@ -163,9 +166,11 @@ async def probe(host: str, port: int, request: bytes, into: Latencies, phase: Ph
             writer.close()
 
 
-async def flooder(host: str, port: int, request: bytes, phase: Phase, honour: bool) -> None:
-    """A's client: the heavy search back to back, on one connection (a new one if the service
-    drops it, counted)."""
+async def flooder(
+    host: str, port: int, account: str, request: bytes, phase: Phase, honour: bool
+) -> None:
+    """A flooding account's client: the heavy search back to back, on one connection (a new
+    one if the service drops it, counted)."""
     while not phase.stop:
         reader, writer = await asyncio.open_connection(host, port)
         try:
@@ -178,30 +183,30 @@ async def flooder(host: str, port: int, request: bytes, phase: Phase, honour: bo
                 body = await reader.readexactly(int(length.group(1)))
                 if phase.measuring:
                     ok = status == 200 and b'"errors"' not in body
-                    phase.flood["answered" if ok else f"HTTP {status}"] += 1
+                    phase.flood[account, "answered" if ok else f"HTTP {status}"] += 1
                 retry = _RETRY.search(head)
                 if honour and status == 429 and retry:
                     await asyncio.sleep(int(retry.group(1)))
         except (ConnectionError, asyncio.IncompleteReadError) as e:
             if phase.measuring:
-                phase.flood[type(e).__name__] += 1
+                phase.flood[account, type(e).__name__] += 1
         finally:
             writer.close()
 
 
 async def measure(
-    host: str, port: int, small: bytes, heavy: bytes | None, args: argparse.Namespace
+    host: str, port: int, small: bytes, heavy: dict[str, bytes], args: argparse.Namespace
 ) -> Phase:
     phase = Phase()
     tasks = [
         asyncio.create_task(probe(host, port, small, phase.small, phase)),
         asyncio.create_task(probe(host, port, healthz_bytes(host, port), phase.healthz, phase)),
     ]
-    if heavy is not None:
-        tasks += [
-            asyncio.create_task(flooder(host, port, heavy, phase, args.honour_retry_after))
-            for _ in range(args.clients)
-        ]
+    tasks += [
+        asyncio.create_task(flooder(host, port, name, request, phase, args.honour_retry_after))
+        for name, request in heavy.items()
+        for _ in range(args.clients)
+    ]
     await asyncio.sleep(2.0)  # the flood fills the service first
     phase.measuring = True
     await asyncio.sleep(args.seconds)
@@ -215,7 +220,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to serve")
     parser.add_argument("--records", type=int, default=10_000)
-    parser.add_argument("--clients", type=int, default=40, help="A's concurrent connections")
+    parser.add_argument(
+        "--clients", type=int, default=40, help="each flooding account's concurrent connections"
+    )
+    parser.add_argument(
+        "--flooding-accounts", type=int, choices=(1, 2), default=1, help="A alone, or A and C"
+    )
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--honour-retry-after", action="store_true")
     parser.add_argument(
@@ -232,20 +242,28 @@ def main() -> None:
     try:
         words = Words(vocabulary(), seed=11)
         with httpx.Client(base_url=service.base, timeout=600) as http:
-            a_token, b_token = tenant(http, "a"), tenant(http, "b")
-            a_agent = agent(http, a_token, args.records, words)
+            flooding = {name: tenant(http, name) for name in "ac"[: args.flooding_accounts]}
+            flooding_agents = {
+                name: agent(http, token, args.records, words) for name, token in flooding.items()
+            }
+            b_token = tenant(http, "b")
             b_agent = agent(http, b_token, 50, words)
         query = words.some(2000, 2000)[:4096].strip()
         key = _search_key("hybrid", query, Filters())
         after = RANKED.encode(key, 1.0, datetime.now(UTC), uuid4(), 9_000)
         host = "127.0.0.1"
-        heavy = request_bytes(host, port, a_token, HEAVY, a=a_agent, q=query, after=after)
+        heavy = {
+            name.upper(): request_bytes(
+                host, port, token, HEAVY, a=flooding_agents[name], q=query, after=after
+            )
+            for name, token in flooding.items()
+        }
         small = request_bytes(host, port, b_token, SMALL, a=b_agent)
 
         async def one_heavy() -> float:
             reader, writer = await asyncio.open_connection(host, port)
             started = time.perf_counter()
-            status, body = await one_request(reader, writer, heavy)
+            status, body = await one_request(reader, writer, heavy["A"])
             writer.close()
             if status != 200 or b'"errors"' in body:
                 raise SystemExit(f"A's search failed: {status} {body[:300]!r}")
@@ -255,17 +273,19 @@ def main() -> None:
         honour = "honouring Retry-After" if args.honour_retry_after else "sending again at once"
         print(
             f"serving {args.root}; settings {args.set or 'as shipped'}; A: {args.records:,} "
-            f"records, one heavy search alone {alone * 1000:.0f} ms; {args.clients} A clients "
-            f"{honour}; {args.seconds:.0f} s measured"
+            f"records, one heavy search alone {alone * 1000:.0f} ms; {args.clients} clients "
+            f"of each of {', '.join(heavy)} {honour}; {args.seconds:.0f} s measured"
         )
-        quiet = asyncio.run(measure(host, port, small, None, args))
+        quiet = asyncio.run(measure(host, port, small, {}, args))
         flooded = asyncio.run(measure(host, port, small, heavy, args))
         print(f"quiet    B small   {quiet.small.line()}")
         print(f"quiet    /healthz  {quiet.healthz.line()}")
         print(f"flooded  B small   {flooded.small.line()}")
         print(f"flooded  /healthz  {flooded.healthz.line()}")
-        rate = {k: f"{v / args.seconds:.1f}/s" for k, v in sorted(flooded.flood.items())}
-        print(f"flooded  A heavy   {rate}")
+        for name in heavy:
+            got = {k: v for (account, k), v in flooded.flood.items() if account == name}
+            rate = {k: f"{v / args.seconds:.1f}/s" for k, v in sorted(got.items())}
+            print(f"flooded  {name} heavy   {rate}")
         logged = service.log.read_text().splitlines()
         if logged:
             print(f"the service logged {len(logged)} lines at WARNING or above; the last:")

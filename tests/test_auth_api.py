@@ -526,6 +526,62 @@ async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, sta
     assert {c.principal: c.name for c in clients}["plain"] == "Plainer"
 
 
+async def test_a_grant_to_delete_taken_from_the_caller_meanwhile_deletes_nothing(gql, state, admin):
+    """deleteClient and revokeClientToken read the caller's grants as they are when they write,
+    locked, as the coverage mutations do: a caller whose DELETE grants an administrator has
+    just taken (its request verified before, or up to a second before from memory) deletes no
+    client and revokes no token."""
+    account = await make_account(state)
+    manage = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.Client.*")
+    see_clients = allow(["SELECT"], "financial.Client.*")
+    for principal, policies in (("manager", [manage]), ("plain", [see_clients])):
+        data = {"principal": principal, "name": principal, "policies": policies}
+        (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
+    plain = await service.issue_client_token(
+        state.pool, admin, account_id=account, principal="plain"
+    )
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account, principal="manager"
+    )
+    authenticated = await service.authenticate(state.pool, f"Bearer {token}")
+    narrowed = {"policies": [see_clients]}
+    (
+        await gql(admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed)
+    ).ok()
+
+    revoke = """mutation($t: UUID!) { revokeClientToken(principal: "plain", tokenId: $t) { id } }"""
+    for operation, variables, needed in (
+        (DELETE_CLIENT, {"principal": "plain"}, "DELETE financial.Client.document"),
+        (revoke, {"t": str(plain.info.token_id)}, "DELETE financial.Client.token"),
+    ):
+        result = await gql(authenticated, operation, **variables)
+        assert result.codes == ["ACCESS_DENIED"], (operation, result.errors)
+        assert needed in result.errors[0]["message"]
+    assert await token_count(state, account, "plain") == 1
+    found = await service.get_client(state.pool, admin, account_id=account, principal="plain")
+    assert found is not None
+    # Given back, the same caller deletes; revoked meanwhile, its token deletes nothing.
+    (
+        await gql(
+            admin,
+            UPDATE_CLIENT,
+            principal="manager",
+            accountId=str(account),
+            input={"policies": [manage]},
+        )
+    ).ok()
+    (await gql(authenticated, revoke, t=str(plain.info.token_id))).ok()
+    assert await token_count(state, account, "plain") == 0
+    assert authenticated.token_id is not None
+    await service.revoke_client_token(
+        state.pool, admin, account_id=account, principal="manager", token_id=authenticated.token_id
+    )
+    result = await gql(authenticated, DELETE_CLIENT, principal="plain")
+    assert result.codes == ["UNAUTHENTICATED"], result.errors
+    found = await service.get_client(state.pool, admin, account_id=account, principal="plain")
+    assert found is not None
+
+
 async def test_two_clients_changing_each_other_at_once_both_succeed(gql, state, admin):
     """Each change locks both clients' rows (the caller's, to read its grants as they are, and
     the other's), in one order: two clients renaming each other at once wait, never deadlock."""

@@ -305,6 +305,24 @@ async def _at_least(state: AppState, count: int) -> bool:
     return await waiting_on_lock(state) >= count
 
 
+@pytest.mark.settings(pool_max_size=4, max_connections_per_account=2, account_queue_seconds=0)
+async def test_healthz_answers_while_two_accounts_at_their_share_fill_the_pool(
+    state: AppState, http: httpx.AsyncClient
+) -> None:
+    """Each account holds at most half the pool, so two of them fill it: /healthz asks the
+    database on a connection of its own, and says the process is up rather than waiting."""
+    a = Client(http, (await tenant(state, "a"))[1])
+    c = Client(http, (await tenant(state, "c"))[1])
+    async with executions_locked(state):
+        holding = [a.blocked(), a.blocked(), c.blocked(), c.blocked()]
+        await eventually(lambda: _at_least(state, 4), "A and C hold the whole pool")
+        health = await asyncio.wait_for(http.get("/healthz"), 10)
+        assert health.status_code == 200 and health.json() == {"status": "ok"}
+        assert not any(request.done() for request in holding)
+    for request in holding:
+        assert (await request).status_code == 200
+
+
 # --- the bounds themselves --------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from graphql import GraphQLError
 from helpers import database_copy, db_settings
 from servers import serving
 
@@ -410,3 +411,44 @@ def test_which_errors_mean_the_database_is_unavailable() -> None:
     assert not is_unavailable(FileNotFoundError(2, "No such file", "/etc/x"))
     assert not is_unavailable(asyncpg.exceptions.QueryCanceledError("statement timeout"))
     assert not is_unavailable(ValueError("a bug"))
+
+
+def _while_handling(handled: BaseException, error: Exception) -> Exception:
+    """`error` raised inside an `except` of `handled`: Python keeps `handled` as its context."""
+    try:
+        try:
+            raise handled
+        except BaseException:
+            raise error  # noqa: B904
+    except Exception as e:
+        return e
+
+
+def _from(cause: BaseException, error: Exception) -> Exception:
+    try:
+        raise error from cause
+    except Exception as e:
+        return e
+
+
+def test_an_error_raised_while_a_database_failure_is_handled_is_not_caused_by_it() -> None:
+    """A bug in an `except TimeoutError:` block was answered 503 UNAVAILABLE (retry later), and
+    one in an `except SerializationError:` block CONFLICT (retry it): what caused an error is
+    what it was raised from, not whatever was being handled."""
+    from app.db.errors import is_conflict, is_unavailable
+    from app.graphql.errors import classify
+
+    for handled in (TimeoutError(), ConnectionRefusedError(111, "refused")):
+        bug = _while_handling(handled, NameError("name 'retries' is not defined"))
+        assert bug.__context__ is handled
+        assert not is_unavailable(bug)
+        assert classify(GraphQLError("x", original_error=bug))[0] == "INTERNAL"
+        # Raised from it, the failure is the database's: 503 as before.
+        wrapped = _from(handled, RuntimeError("the statement could not be sent"))
+        assert is_unavailable(wrapped)
+        assert is_unavailable(_from(wrapped, RuntimeError("the page could not be read")))
+        assert classify(GraphQLError("x", original_error=wrapped))[0] == "UNAVAILABLE"
+    assert is_unavailable(TimeoutError())  # the database's own timeout stays unavailable
+    serialization = asyncpg.exceptions.SerializationError("could not serialize access")
+    assert not is_conflict(_while_handling(serialization, ValueError("a bug")))
+    assert is_conflict(_from(serialization, RuntimeError("the write could not commit")))

@@ -20,12 +20,24 @@ import pytest
 from factories import caller, make_agent_id, make_running_turn, memory_harness
 from helpers import GQL, eventually
 from openai_server import OpenAIServer
-from runtime_support import EXECUTE, RUNNER_POLICIES, chat, events, memories, run, tool_runs
+from runtime_support import (
+    EXECUTE,
+    RUNNER_POLICIES,
+    candidates,
+    chat,
+    decide,
+    events,
+    memories,
+    run,
+    tool_runs,
+)
 
 from app.actions.service import load_action
 from app.auth.caller import Caller
+from app.executions import store
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.runtime import liveness
+from app.runtime.model import ModelClient
 from app.state import AppState
 
 HEARTBEAT = 0.2
@@ -477,3 +489,56 @@ def test_a_turn_without_a_boot_id_is_judged_dead_only_after_its_retries_could_ha
     settings = Settings(max_model_calls_per_turn=2, model_timeout_seconds=10, model_max_retries=3)
     # 2 calls x (4 attempts x 10 s + 3 waits x 30 s) + 600 s of margin.
     assert liveness.stale_after_seconds(settings) == 2 * (4 * 10 + 3 * 30) + 600
+
+
+async def test_every_model_call_of_a_turn_is_followed_by_a_sign_of_life(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn is judged dead by how long it has shown no sign of life (`executions.modified`,
+    stale_after_seconds for a turn without a boot ID), not by how long it has run: its own
+    model calls, the context summary calls and the end-of-turn review's calls (candidates, a
+    malformed reply told once, the decide call), however many a turn makes, are each followed
+    by a sign of life (or by the commit), so no silence holds more than one model call."""
+    log: list[str] = []
+    complete = ModelClient.complete
+    touch, finish = store.touch_execution, store.finish_execution
+
+    async def logged_complete(self: ModelClient, *args: Any, **kwargs: Any) -> Any:
+        answer = await complete(self, *args, **kwargs)
+        log.append(args[3])  # the purpose
+        return answer
+
+    async def logged(name: str, write: Any, *args: Any, **kwargs: Any) -> Any:
+        log.append(name)
+        return await write(*args, **kwargs)
+
+    monkeypatch.setattr(ModelClient, "complete", logged_complete)
+    monkeypatch.setattr(store, "touch_execution", lambda *a, **k: logged("alive", touch, *a, **k))
+    monkeypatch.setattr(store, "finish_execution", lambda *a, **k: logged("end", finish, *a, **k))
+
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(), model={"contextTokens": 2500}
+    )
+    for n in range(1, 7):
+        model_server.say(f"context summary {n}", purpose="context")
+    candidates(model_server, {"summary": "The user's name is Ada."})
+    model_server.say(f"ANSWER-1 {'answer words ' * 150}")
+    assert (await run(gql, admin, action_id, f"ASK-1 {'my name is Ada ' * 100}"))["status"] == (
+        "SUCCEEDED"
+    )
+    for n in range(2, 6):
+        model_server.say("I think that is worth keeping", purpose="memory")  # malformed: told
+        candidates(model_server, {"summary": "The user is called Ada"})
+        decide(model_server, {"candidate": "c1", "action": "skip"})
+        model_server.say(f"ANSWER-{n} {'answer words ' * 150}")
+        executed = await run(gql, admin, action_id, f"ASK-{n} {'call me Ada ' * 120}")
+        assert executed["status"] == "SUCCEEDED", executed["error"]
+
+    silent, longest = 0, 0
+    for entry in log:
+        silent = 0 if entry in ("alive", "end") else silent + 1
+        longest = max(longest, silent)
+    assert longest == 1, log
+    calls = [e for e in log if e not in ("alive", "end")]
+    assert {"turn", "context", "memory"} <= set(calls), calls
+    assert calls.count("memory") >= 5 * 2  # each review's calls, several in a turn

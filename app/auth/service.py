@@ -366,8 +366,11 @@ async def delete_client(
     if account_id == caller.account_id and principal == caller.principal:
         raise BadInput("a client cannot delete itself")
     async with pool.acquire() as conn, conn.transaction():
-        # Locked from the check to the delete: no change can come between them.
-        current = await store.get_client(conn, account_id, principal, lock=True)
+        # The caller's grants as they are now, and the client, locked from the check to the
+        # delete: no change can come between them.
+        _, current = await _as_now(
+            conn, caller, ("DELETE", resources.CLIENT), account_id, principal
+        )
         if current is None:
             raise NotFound(f"client {principal!r} not found")
         if expected_modified is not None and current["modified"] != expected_modified:
@@ -492,7 +495,9 @@ async def revoke_client_token(
     """Deletes one of the client's tokens: requests sending it are refused from now on."""
     caller.require(("DELETE", resources.CLIENT_TOKEN))
     account_id = caller.reach_account(account_id)
-    async with pool.acquire() as conn:
+    async with pool.acquire() as conn, conn.transaction():
+        # The caller's grants as they are now, locked until the token is deleted.
+        await _as_now(conn, caller, ("DELETE", resources.CLIENT_TOKEN), account_id)
         row = await store.delete_token(conn, account_id, principal, token_id)
     if row is None:
         raise NotFound(f"client {principal!r} has no token {token_id}")

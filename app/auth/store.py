@@ -32,16 +32,9 @@ async def get_account(conn: asyncpg.Connection, account_id: UUID) -> Row | None:
     return await conn.fetchrow("SELECT * FROM accounts WHERE account_id = $1", account_id)
 
 
-async def get_client(
-    conn: asyncpg.Connection, account_id: UUID, principal: str, *, lock: bool = False
-) -> Row | None:
-    """The client; with `lock`, its row locked until the transaction ends (FOR UPDATE), so its
-    policies cannot change between a check of them and the write that relies on it."""
+async def get_client(conn: asyncpg.Connection, account_id: UUID, principal: str) -> Row | None:
     return await conn.fetchrow(
-        "SELECT * FROM clients WHERE account_id = $1 AND principal = $2"
-        + (" FOR UPDATE" if lock else ""),
-        account_id,
-        principal,
+        "SELECT * FROM clients WHERE account_id = $1 AND principal = $2", account_id, principal
     )
 
 

@@ -3,6 +3,7 @@ and which mean a transaction met another at the same moment (answered CONFLICT, 
 
 import errno
 import socket
+from collections.abc import Iterator
 
 import asyncpg
 
@@ -25,25 +26,33 @@ def _socket_error(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _SOCKET_ERRNOS
 
 
-def is_unavailable(error: BaseException | None) -> bool:
-    """True when `error` (or what caused it) says the database is down or not accepting work."""
+def _causes(error: BaseException | None) -> Iterator[BaseException]:
+    """`error` and what it was raised from (`raise ... from`), at most 8 deep. Not an error
+    that was being handled when it was raised (`__context__`): a bug of the handler's own
+    (a mistyped name in an `except TimeoutError:` block) was not caused by the timeout."""
     seen = 0
     while error is not None and seen < 8:
-        if isinstance(error, asyncpg.PostgresError):
-            if (getattr(error, "sqlstate", None) or "").startswith(_STATES):
+        yield error
+        error = error.__cause__
+        seen += 1
+
+
+def is_unavailable(error: BaseException | None) -> bool:
+    """True when `error` (or what caused it) says the database is down or not accepting work."""
+    for cause in _causes(error):
+        if isinstance(cause, asyncpg.PostgresError):
+            if (getattr(cause, "sqlstate", None) or "").startswith(_STATES):
                 return True
-        elif isinstance(error, asyncpg.InterfaceError):
-            if "closed" in str(error) or "closing" in str(error):
+        elif isinstance(cause, asyncpg.InterfaceError):
+            if "closed" in str(cause) or "closing" in str(cause):
                 return True
-        elif isinstance(error, asyncpg.exceptions.InternalClientError):
+        elif isinstance(cause, asyncpg.exceptions.InternalClientError):
             # A pooled connection whose backend was terminated while idle can be left in a
             # protocol state it cannot leave (asyncpg issues 784, 1069); the pool discards it
             # when it comes back, so the retry gets a fresh connection.
             return True
-        elif _socket_error(error):
+        elif _socket_error(cause):
             return True
-        error = error.__cause__ or error.__context__
-        seen += 1
     return False
 
 
@@ -54,10 +63,7 @@ _CONFLICT_STATES = ("40001", "40P01")
 
 def is_conflict(error: BaseException | None) -> bool:
     """True when `error` (or what caused it) is a transaction rolled back for meeting another."""
-    seen = 0
-    while error is not None and seen < 8:
-        if isinstance(error, asyncpg.PostgresError):
-            return getattr(error, "sqlstate", None) in _CONFLICT_STATES
-        error = error.__cause__ or error.__context__
-        seen += 1
+    for cause in _causes(error):
+        if isinstance(cause, asyncpg.PostgresError):
+            return getattr(cause, "sqlstate", None) in _CONFLICT_STATES
     return False

@@ -116,7 +116,7 @@ class _SharedAcquire:
 class SharedPool(asyncpg.Pool):
     """The pool, whose `acquire()` first waits for a place in the share of the work it is
     acquired for (`drawing_on`), when that work has one: one account's requests then hold at
-    most their share of the connections, and the others' requests and /healthz find one."""
+    most their share of the connections, and the others' requests find one."""
 
     def acquire(self, *, timeout: float | None = None) -> Any:
         acquiring = super().acquire(timeout=timeout)

@@ -45,9 +45,15 @@ SERVICE = "turn_liveness"
 
 
 def stale_after_seconds(settings: Settings) -> float:
-    """No live turn runs longer than every allowed model call timing out on every retry, with
-    the longest wait before each retry; a turn written without a boot ID is judged dead after
-    that long without a sign of life."""
+    """How long a turn may show no sign of life (`executions.modified`) before it is judged
+    dead when no process lease can say (written without a boot ID, `fail_dead_turns`; a new
+    turn of its agent, `fail_stale_turns`). Every model call of a turn, its own, the context
+    summary calls and the end-of-turn review's, is followed by a sign of life (keep_alive, or
+    the commit; tests/test_turn_liveness.py holds the runtime to it), so however many summary
+    and review calls a turn makes (their count follows the conversation, not a setting), a
+    silence holds one model call: this counts one at its worst (every attempt timing out, the
+    longest wait before each retry) for each call a turn may make, with ten minutes to spare
+    for the work between calls."""
     s = settings
     wait = max(MAX_RETRY_AFTER_SECONDS, MAX_BACKOFF_SECONDS)
     per_call = s.model_timeout_seconds * (s.model_max_retries + 1) + wait * s.model_max_retries

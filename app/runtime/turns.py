@@ -134,8 +134,7 @@ def model_client(state: AppState) -> ModelClient:
 
 
 def stale_after_seconds(state: AppState) -> float:
-    """No live turn runs longer than every allowed model call timing out on every retry (and
-    waiting before each)."""
+    """How long a live turn may go without a sign of life (liveness.stale_after_seconds)."""
     return liveness.stale_after_seconds(state.settings)
 
 

@@ -1,0 +1,62 @@
+"""/healthz's own connection to the database, apart from the pool.
+
+The pool may be full of accounts' work (each account holds at most its share, app/fairness.py,
+but two accounts at their share fill it) or of background rounds: a health check waiting for a
+pooled connection would report a busy process as a hung one, or hang until the load balancer
+gives up. One connection kept for the checks answers in milliseconds however busy the pool is,
+and a check that gets no answer within `TIMEOUT_SECONDS` reports the database unavailable
+rather than waiting longer than a load balancer's probe does.
+"""
+
+import asyncio
+
+import asyncpg
+
+# Below the usual probe timeouts (Kubernetes' default is 1 s, load balancers' 2 to 10 s), and
+# far above a `SELECT 1` on a connection of its own, a few milliseconds even under load.
+TIMEOUT_SECONDS = 0.9
+
+
+class Health:
+    """Whether the database answers, asked on a connection of its own (opened at the first
+    check, and again after one fails); checks made at the same moment take turns on it."""
+
+    def __init__(self, url: str, timeout: float = TIMEOUT_SECONDS) -> None:
+        self.url, self.timeout = url, timeout
+        self._conn: asyncpg.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def answers(self) -> bool:
+        """True when the database answered `SELECT 1` within the timeout, waiting for a check
+        in progress included."""
+        try:
+            async with asyncio.timeout(self.timeout), self._lock:
+                try:
+                    return await self._ask()
+                except BaseException:
+                    self._drop()  # failed, or timed out mid-statement: its state is unknown
+                    raise
+        except Exception:  # refused, reset, timed out, or the server is starting or stopping
+            return False
+
+    async def _ask(self) -> bool:
+        if self._conn is not None and not self._conn.is_closed():
+            try:
+                return await self._conn.fetchval("SELECT 1") == 1
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                self._drop()  # e.g. the server restarted since the last check: ask again
+        self._conn = await asyncpg.connect(self.url)
+        return await self._conn.fetchval("SELECT 1") == 1
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close(timeout=self.timeout)
+            except Exception:
+                conn.terminate()
