@@ -372,22 +372,23 @@ class ActionMemoryFields:
             preview=preview,
             statuses=[s.value for s in status] if status is not None else None,
         )
-        return await keyset_connection(
-            first,
-            after,
-            CREATED_ID,
-            lambda keyset, limit: operator.list_memories(
-                info.context.pool,
-                info.context.caller,
-                action_id=self.action_id,
-                limit=limit,
-                after=keyset,  # type: ignore[arg-type]
-                ascending=sort == SortOrder.ASC,
-                filters=filters,
-            ),
-            lambda v: (v.record.created, v.record.memory_id),
-            ActionAgentMemory.of,
-        )
+        async with info.context.reads():
+            return await keyset_connection(
+                first,
+                after,
+                CREATED_ID,
+                lambda keyset, limit: operator.list_memories(
+                    info.context.pool,
+                    info.context.caller,
+                    action_id=self.action_id,
+                    limit=limit,
+                    after=keyset,  # type: ignore[arg-type]
+                    ascending=sort == SortOrder.ASC,
+                    filters=filters,
+                ),
+                lambda v: (v.record.created, v.record.memory_id),
+                ActionAgentMemory.of,
+            )
 
     @strawberry.field(
         description="One of the agent's records, whatever its status, or an exact version; "
