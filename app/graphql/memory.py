@@ -372,23 +372,23 @@ class ActionMemoryFields:
             preview=preview,
             statuses=[s.value for s in status] if status is not None else None,
         )
-        async with info.context.reads():
-            return await keyset_connection(
-                first,
-                after,
-                CREATED_ID,
-                lambda keyset, limit: operator.list_memories(
-                    info.context.pool,
-                    info.context.caller,
-                    action_id=self.action_id,
-                    limit=limit,
-                    after=keyset,  # type: ignore[arg-type]
-                    ascending=sort == SortOrder.ASC,
-                    filters=filters,
+        return await keyset_connection(
+            first,
+            after,
+            CREATED_ID,
+            lambda keyset, limit: info.context.load(
+                "Action.memories",
+                operator.MemoryPage(
+                    self.action_id,
+                    keyset,  # type: ignore[arg-type]
+                    limit,
+                    sort == SortOrder.ASC,
+                    filters,
                 ),
-                lambda v: (v.record.created, v.record.memory_id),
-                ActionAgentMemory.of,
-            )
+            ),
+            lambda v: (v.record.created, v.record.memory_id),
+            ActionAgentMemory.of,
+        )
 
     @strawberry.field(
         description="One of the agent's records, whatever its status, or an exact version; "
@@ -472,6 +472,9 @@ class ActionMemoryFields:
             ),
             ActionAgentMemorySearchConnection,
         )
+
+
+batch_pages("Action.memories", operator.memory_pages)
 
 
 def _current(fields: ActionMemoryFields) -> ActionVersion | None:
