@@ -4,6 +4,7 @@ bench/memory_api.py lists: texts, IDs, timestamps, an enum, numbers, booleans, a
 `metadata`, a third with one label) executed through this checkout's ExecutionContext and, for
 comparison, through another checkout's (--baseline, e.g. a `git worktree` of main before the
 count), alternated round by round; process CPU per request, median and least of --rounds.
+What a refused answer holds in the service (its peak RSS) is `request_limits.py --only answer`'s.
 
     python bench/answer_bytes.py --baseline /tmp/engram-main
     python bench/answer_bytes.py --baseline /tmp/engram-main --records 10   # a search's page

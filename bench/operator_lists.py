@@ -3,7 +3,8 @@ memory write, a long agent listing, and a client's token listing.
 
 Builds (once, then reuses) a dedicated embedded PostgreSQL under --data-dir holding one agent
 with --sessions sessions of --executions executions each and --records memory records (every
-third one corrected once, so it has two versions), --agents more agents, and one client with
+third one corrected once, so it has two versions), --agents more agents (the 50 newest with
+--agent-records records each, every third labelled), and one client with
 --tokens tokens (rows written with SQL: none of the reads looks at their text). Then, in
 process through the whole GraphQL layer (`schema.execute` with a `Context`, as the service
 runs it), as the default account's admin:
@@ -68,8 +69,10 @@ HARNESS = {
     "memory": {
         "enabled": True,
         "scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
+        "labels": {"customer_id": {"number": 5, "description": "The customer."}},
     }
 }
+LISTED = 50  # the agents `actions(first: 50)` lists: the newest, each with --agent-records
 PAGE_INFO = "pageInfo { hasNextPage endCursor }"
 EXECUTION = "executionId status kind turn created"
 NESTED = {
@@ -90,6 +93,11 @@ NESTED = {
       executions(first: 5) {{ nodes {{ executionId }} {PAGE_INFO} }} }} }} }}""",
     "actions(50) { memories(5) }": f"""query {{ actions(first: 50) {{ nodes {{ actionId
       memories(first: 5) {{ nodes {{ memoryId }} {PAGE_INFO} }} }} }} }}""",
+    'actions(50) { memories(5, kind: "fact") }': f"""query {{ actions(first: 50) {{ nodes {{
+      actionId memories(first: 5, kind: "fact") {{ nodes {{ memoryId }} {PAGE_INFO} }} }} }} }}""",
+    "actions(50) { memories(5, labels: c1) }": f"""query {{ actions(first: 50) {{ nodes {{
+      actionId memories(first: 5, labels: [{{name: "customer_id", value: "c1"}}]) {{
+        nodes {{ memoryId }} {PAGE_INFO} }} }} }} }}""",
     "clients(100) { tokens(5) }": f"""query {{ clients(first: 100) {{ nodes {{ principal
       tokens(first: 5) {{ nodes {{ tokenId }} {PAGE_INFO} }} }} }} }}""",
 }
@@ -118,10 +126,12 @@ async def load(state: AppState, admin: Caller, args: argparse.Namespace) -> None
     main = await actions.create_action(
         pool, admin, name="main", instructions="", model=None, harness=HARNESS
     )
-    for i in range(args.agents):
+    others = [
         await actions.create_action(
             pool, admin, name=f"agent {i}", instructions="", model=None, harness=HARNESS
         )
+        for i in range(args.agents)
+    ]
     account, agent = admin.account_id, main.action_id
     async with pool.acquire() as conn:
         # Sessions a minute apart, their executions a second apart, newest last.
@@ -206,6 +216,15 @@ async def load(state: AppState, admin: Caller, args: argparse.Namespace) -> None
         ]
         await gql(BULK, a=str(agent), inputs=fixes)
         made += n
+    # The agents a page of 50 lists: records of two kinds, every third with a customer label.
+    for agent_version in others[-LISTED:]:
+        inputs = [
+            {"summary": text(i, 8), "kind": ("fact", "event")[i % 2]}
+            | ({"labels": [{"name": "customer_id", "value": f"c{i % 2}"}]} if i % 3 == 0 else {})
+            for i in range(args.agent_records)
+        ]
+        if inputs:
+            await gql(BULK, a=str(agent_version.action_id), inputs=inputs)
     async with pool.acquire() as conn:
         for table in ("sessions", "executions", "client_tokens", "agent_memories", "actions"):
             await conn.execute(f"VACUUM ANALYZE {table}")
@@ -429,6 +448,9 @@ def main() -> None:
     parser.add_argument("--executions", type=int, default=10)
     parser.add_argument("--records", type=int, default=1000)
     parser.add_argument("--agents", type=int, default=1200)
+    parser.add_argument(
+        "--agent-records", type=int, default=6, help=f"records of each of the {LISTED} newest"
+    )
     parser.add_argument("--tokens", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--profile", action="store_true", help="print cProfile's top functions")
@@ -439,7 +461,7 @@ def main() -> None:
     pg = server(args.data_dir)
     name = (
         f"engram_operator_{args.sessions}_{args.executions}_{args.records}_{args.agents}_"
-        f"{args.tokens}"
+        f"{args.tokens}_{args.agent_records}"
     )
 
     async def create_database() -> None:

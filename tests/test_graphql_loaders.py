@@ -11,6 +11,7 @@ from factories import (
     allow,
     caller,
     forget,
+    full_memory,
     make_agent,
     record_turn,
     remember,
@@ -758,3 +759,141 @@ async def test_issue14_item3_record_histories_page_after_each_parents_own_cursor
     assert page[0] == [] and [v.record.version for v in page[1]] == [1]
     too_many = await gql(admin, RECORDS % (RECORD_HISTORY % (1001, "null")), a=str(agent.action_id))
     assert too_many.codes == ["BAD_REQUEST"] and too_many.errors[0]["path"][-1] == "history"
+
+
+# Issue 14, item 3: a page of agents reads their records in one query (and one for their label
+# names), whatever filters the field asks with; it was one query per agent, or two with records.
+AGENT_RECORD = "memoryId summary kind scope status labels { number value name }"
+AGENT_MEMORIES = (
+    "query { actions(first: 100) { nodes { actionId memories(first: 2%s) { edges { cursor "
+    "node { " + AGENT_RECORD + " } } " + PAGE_INFO + " } } } }"
+)
+AGENT_FILTERS = [
+    "",
+    ", sort: ASC",
+    ', kind: "fact"',
+    ", scope: SESSION",
+    ", status: [ACTIVE, DELETED], sort: ASC",
+    ", preview: false, scope: AGENT",
+    ', labels: [{name: "customer_id", value: "c0"}]',
+    ', labels: [{number: 5, value: "c1"}], kind: "fact"',
+]
+
+
+async def agent_records(state, agent, n: int, *, labelled: bool = True) -> None:
+    """`n` records of the agent: facts and events, of agent scope and of session s1, a third
+    with a customer label (if `labelled`), and every fourth deleted."""
+    for i in range(n):
+        record = await remember(
+            state,
+            agent,
+            f"{agent.name}: record {i}",
+            kind=("fact", "event")[i % 2],
+            scope="SESSION" if i % 3 == 2 else "AGENT",
+            labels={"customer_id": f"c{i % 2}"} if labelled and i % 3 == 0 else {},
+        )
+        if i % 4 == 3:
+            await forget(state, agent, record.memory_id)
+
+
+async def listing_of(state, action_id: UUID) -> list[tuple[str, dict]]:
+    """The agent's listing as (cursor, node), newest first, read straight from the table: its
+    committed live records and preview deletions."""
+    found = []
+    for r in await state.pool.fetch(
+        "SELECT created, memory_id, summary, kind, scope, status FROM agent_memories "
+        "WHERE action_id = $1 AND pending_execution IS NULL "
+        "AND (status = 'ACTIVE' OR (preview AND tombstone)) ORDER BY created DESC, memory_id DESC",
+        action_id,
+    ):
+        number = await state.pool.fetchval(
+            "SELECT labels->>'5' FROM agent_memories WHERE memory_id = $1", r["memory_id"]
+        )
+        labels = [{"number": 5, "value": number, "name": "customer_id"}] if number else []
+        node = {"memoryId": str(r["memory_id"]), "summary": r["summary"], "kind": r["kind"],
+                "scope": r["scope"], "status": r["status"], "labels": labels}  # fmt: skip
+        found.append((CREATED_ID.encode(r["created"], r["memory_id"]), node))
+    return found
+
+
+# Issue 14, item 3
+async def test_issue14_item3_agents_memories_cost_one_query_however_many_agents(
+    state, db_url, admin
+):
+    for i in range(3):
+        await agent_records(state, await make_agent(state, admin, name=f"a{i}"), 4)
+    few = {f: await counted(state, db_url, admin, AGENT_MEMORIES % f) for f in AGENT_FILTERS}
+    for i in range(6):
+        await agent_records(state, await make_agent(state, admin, name=f"b{i}"), i % 3)
+    many = {f: await counted(state, db_url, admin, AGENT_MEMORIES % f) for f in AGENT_FILTERS}
+    # The agents, their pages, their label names.
+    assert many[""][1] == few[""][1] <= 3
+    for f in AGENT_FILTERS:
+        if "labels" in f:
+            # A statement each, planned for its values (its labels' numbers are its agent's).
+            assert many[f][1] - few[f][1] == 6, f
+            continue
+        # Filtered, in a transaction planned for the filters' values (three more round trips).
+        assert many[f][1] == few[f][1] <= 6, f
+    for data, _ in (few[""], many[""]):
+        for node in data["actions"]["nodes"]:
+            listing = await listing_of(state, UUID(node["actionId"]))
+            assert node["memories"] == expected(listing, 2, None)
+    nodes = many[""][0]["actions"]["nodes"]
+    assert len(nodes) == 9 and sum(bool(n["memories"]["edges"]) for n in nodes) == 7
+
+
+# Issue 14, item 3: each agent's page as the agent alone answers it, whatever the filters; its
+# own cursor; its own errors; the grants of the field.
+async def test_issue14_item3_batched_agent_memories_keep_filters_cursors_and_grants(state, admin):
+    unlabelled = await make_agent(state, admin, name="plain", harness=full_memory(labels={}))
+    await agent_records(state, unlabelled, 2, labelled=False)
+    agents = [await make_agent(state, admin, name=f"a{i}") for i in range(3)]
+    for i, agent in enumerate(agents):
+        await agent_records(state, agent, 5 + i)
+    await remember(state, agents[0], "a preview record", preview=True)
+    gql = GQL(state)
+    alone = (
+        'query { action(actionId: "%s") { memories(first: 2%s) { edges { cursor node { '
+        + AGENT_RECORD
+        + " } } "
+        + PAGE_INFO
+        + " } } }"
+    )
+    for f in AGENT_FILTERS + [", preview: true"]:
+        batched = await gql(admin, AGENT_MEMORIES % f)
+        if "name:" in f:
+            # A label the agent does not declare: its page fails, as when it is asked alone
+            # (and, a connection never null, the listing with it).
+            assert batched.codes == ["BAD_REQUEST"] and batched.data is None
+            assert "not declared by this agent" in batched.errors[0]["message"]
+            assert (await gql(admin, alone % (unlabelled.action_id, f))).codes == ["BAD_REQUEST"]
+            batched = await gql(admin, AGENT_MEMORIES.replace("100", "3") % f)  # the others
+        for node in batched.ok()["actions"]["nodes"]:
+            own = await gql(admin, alone % (node["actionId"], f))
+            assert node["memories"] == own.ok()["action"]["memories"], f
+    # Each agent pages after its own cursor, in one request, newest or oldest first.
+    names = [f"r{i}" for i in range(len(agents))]
+    listings = [await listing_of(state, a.action_id) for a in agents]
+    for sort, order in (("", 1), (", sort: ASC", -1)):
+        query = aliased(
+            {
+                n: f'action(actionId: "{a.action_id}") {{ memories(first: 2, after: ${n}{sort}) '
+                f"{{ edges {{ cursor node {{ {AGENT_RECORD} }} }} {PAGE_INFO} }} }}"
+                for n, a in zip(names, agents, strict=True)
+            }
+        )
+        after: dict[str, str | None] = dict.fromkeys(names)
+        for _ in range(4):  # 4 to 6 records listed, two a page, then empty pages
+            data = (await gql(admin, query, **after)).ok()
+            for n, listing in zip(names, listings, strict=True):
+                page = data[n]["memories"]
+                assert page == expected(listing[::order], 2, after[n]), (n, sort, after[n])
+                after[n] = page["pageInfo"]["endCursor"] or after[n]
+    no_status = await gql(admin, AGENT_MEMORIES % ", status: []")
+    assert set(no_status.codes) == {"BAD_REQUEST"}
+    assert {e["path"][-1] for e in no_status.errors} == {"memories"}
+    too_many = await gql(admin, AGENT_MEMORIES.replace("first: 2", "first: 1001") % "")
+    assert set(too_many.codes) == {"BAD_REQUEST"}
+    no_memory = await gql(reader(admin, reads_memory=False), AGENT_MEMORIES % "")
+    assert no_memory.codes and set(no_memory.codes) == {"ACCESS_DENIED"}, no_memory.errors

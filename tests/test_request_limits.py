@@ -11,15 +11,20 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import httpx
 import pytest
 from factories import allow, make_agent, remember, token_for
 
+from app.actions import service as actions_service
+from app.auth.caller import Caller
 from app.executions import store as executions_store
+from app.graphql.context import _BATCHES, Context
+from app.graphql.schema import build_schema
 from app.memory import search as memory_search
+from app.state import AppState
 
 MEMORIES = """query($a: UUID!) { action(actionId: $a) { memories(first: 1000) {
   nodes { memoryId action { memories(first: 1000) { nodes { memoryId summary } } } } } } }"""
@@ -353,3 +358,62 @@ async def test_json_an_answer_resolves_is_counted_at_its_length(base_url, state,
         assert refused["data"] is None and len(refused["errors"]) == 1, refused
         assert refused["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
         assert "ENGRAM_MAX_ANSWER_BYTES" in refused["errors"][0]["message"]
+
+
+@pytest.fixture
+def budgeted(state: AppState, admin: Caller) -> Callable[[str], Awaitable[Any]]:
+    """Runs a query in process, as the admin, with an answer budget of 1 MiB."""
+    schema = build_schema(max_answer_bytes=2**20)
+    return lambda query: schema.execute(query, context_value=Context(state, admin))
+
+
+async def test_a_request_reads_its_pages_two_at_a_time_and_none_once_refused(
+    state, admin, budgeted, monkeypatch
+):
+    """Nine aliases of a page of agents were read at once, every page held (250-450 MB of
+    instructions in the service) for an answer refused at its first: a request reads two pages
+    at a time, each answered before the next is read, and none once its answer is refused."""
+    for i in range(20):  # a page of 10: 600,000 characters
+        await make_agent(state, admin, name=f"agent {i}", instructions=str(i % 10) * 60_000)
+    list_actions = actions_service.list_actions
+    reads = {"started": 0, "running": 0, "most": 0}
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        reads["started"] += 1
+        reads["running"] += 1
+        reads["most"] = max(reads["most"], reads["running"])
+        try:
+            return await list_actions(*args, **kwargs)
+        finally:
+            reads["running"] -= 1
+
+    monkeypatch.setattr(actions_service, "list_actions", counted)
+    pages = "{ " + " ".join(f"a{i}: actions(first: 10) {{ nodes {{ name }} }}" for i in range(9))
+    answered = await budgeted(pages + " }")
+    assert not answered.errors and len(answered.data) == 9
+    assert reads["most"] == 2 and reads["started"] == 9
+    reads.update(started=0, most=0)
+    refused = await budgeted(pages.replace("name", "instructions") + " }")
+    assert refused.data is None and len(refused.errors) == 1
+    assert "ENGRAM_MAX_ANSWER_BYTES" in refused.errors[0].message
+    # The second page passed the budget: of the others, at most the one read meanwhile began.
+    assert reads["most"] <= 2 and reads["started"] <= 3, reads
+
+    # Each agent's sessions are asked for before its instructions are counted: the budget passed
+    # (at the 18th agent), those of the agents before are settled in the background, unread.
+    batches: list[int] = []
+    sessions = _BATCHES["Action.sessions"]
+
+    async def batch(pool: Any, caller: Any, keys: list[Any]) -> list[Any]:
+        batches.append(len(keys))
+        return await sessions(pool, caller, keys)
+
+    monkeypatch.setitem(_BATCHES, "Action.sessions", batch)
+    nested = "{ actions(first: 20) { nodes { sessions(first: 1) { nodes { sessionId } } %s } } }"
+    assert not (await budgeted(nested % "name")).errors and batches == [20]
+    batches.clear()
+    refused = await budgeted(nested % "instructions")
+    assert refused.data is None and "ENGRAM_MAX_ANSWER_BYTES" in refused.errors[0].message
+    for _ in range(200):  # the loop runs what was settled in the background
+        await asyncio.sleep(0)
+    assert batches == []

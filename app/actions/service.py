@@ -188,6 +188,15 @@ async def load_action(
     return ActionVersion.of(row) if row else None
 
 
+async def load_actions(
+    conn: asyncpg.Connection, account_id: UUID, action_ids: list[UUID]
+) -> dict[UUID, ActionVersion]:
+    """Actions at their current versions, those that exist, in one query; with no grant check,
+    as load_action."""
+    rows = await store.get_current(conn, account_id, action_ids)
+    return {r["action_id"]: ActionVersion.of(r) for r in rows}
+
+
 async def get_action(
     pool: asyncpg.Pool, caller: Caller, *, action_id: UUID, version: int | None = None
 ) -> ActionVersion | None:

@@ -115,6 +115,21 @@ async def get_versions(
     )
 
 
+async def get_current(
+    conn: asyncpg.Connection, account_id: UUID, action_ids: list[UUID]
+) -> list[asyncpg.Record]:
+    """The current versions of the actions of `action_ids` that exist, in any order."""
+    return await conn.fetch(
+        _VERSION
+        + """
+        WHERE a.account_id = $1 AND a.action_id = any($2::uuid[])
+          AND v.version = a.current_version
+        """,
+        account_id,
+        action_ids,
+    )
+
+
 async def list_current(
     conn: asyncpg.Connection, account_id: UUID, limit: int, after: tuple[Any, UUID] | None
 ) -> list[asyncpg.Record]:

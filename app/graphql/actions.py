@@ -153,19 +153,20 @@ class ActionQuery:
 
     @strawberry.field(description="The account's agents, newest first.")
     async def actions(self, info: Info, first: FIRST, after: AFTER = None) -> Connection[Action]:
-        return await keyset_connection(
-            first,
-            after,
-            CREATED_ID,
-            lambda keyset, limit: service.list_actions(
-                info.context.pool,
-                info.context.caller,
-                limit=limit,
-                after=keyset,  # type: ignore[arg-type]
-            ),
-            lambda a: (a.created, a.action_id),
-            Action.of,
-        )
+        async with info.context.reads():
+            return await keyset_connection(
+                first,
+                after,
+                CREATED_ID,
+                lambda keyset, limit: service.list_actions(
+                    info.context.pool,
+                    info.context.caller,
+                    limit=limit,
+                    after=keyset,  # type: ignore[arg-type]
+                ),
+                lambda a: (a.created, a.action_id),
+                Action.of,
+            )
 
 
 INPUT = Annotated[ActionInput, strawberry.argument(description="The agent's configuration.")]

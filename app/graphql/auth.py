@@ -356,20 +356,21 @@ class AuthQuery:
     async def clients(
         self, info: Info, first: FIRST, after: AFTER = None, account_id: ACCOUNT_ID = None
     ) -> Connection[Client]:
-        return await keyset_connection(
-            first,
-            after,
-            PRINCIPALS,
-            lambda principal, limit: service.list_clients(
-                info.context.pool,
-                info.context.caller,
-                account_id=account_id,
-                after=principal[0] if principal else None,
-                limit=limit,
-            ),
-            lambda c: (c.principal,),
-            Client.of,
-        )
+        async with info.context.reads():
+            return await keyset_connection(
+                first,
+                after,
+                PRINCIPALS,
+                lambda principal, limit: service.list_clients(
+                    info.context.pool,
+                    info.context.caller,
+                    account_id=account_id,
+                    after=principal[0] if principal else None,
+                    limit=limit,
+                ),
+                lambda c: (c.principal,),
+                Client.of,
+            )
 
     @strawberry.field(
         description="A client by its principal; null if none. Needs SELECT on "

@@ -1,7 +1,8 @@
 """The per-request context: who is asking, the service's state, and the request's DataLoaders."""
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -17,6 +18,11 @@ from app.state import AppState
 # Searches of one request run two at a time: each holds a pooled connection while it ranks,
 # and aliases ran 50 at once, so that every other request (any tenant's) waited for one.
 SEARCHES_AT_ONCE = 2
+# Reads of one request's pages run two at a time (a page a resolver reads, or a batch of what
+# its resolvers asked for meanwhile): each page is held until its answer is complete, and nine
+# aliased pages of agents' 64 KiB instructions, read at once, held 250-450 MB for an answer
+# that ENGRAM_MAX_ANSWER_BYTES refused at its first page (bench/README.md, "An answer's bytes").
+READS_AT_ONCE = 2
 
 BatchLoad = Callable[[asyncpg.Pool, Caller, list[Any]], Awaitable[list[Any]]]
 _BATCHES: dict[str, BatchLoad] = {}
@@ -50,6 +56,24 @@ def batch_pages(field: str, find: Callable[..., Awaitable[Sequence[Any]]]) -> No
     _BATCHES[field] = load
 
 
+class Reads:
+    """A request's reads of pages: a page a resolver reads itself, or a batch of what its
+    resolvers asked its DataLoaders for meanwhile. READS_AT_ONCE run at a time, so that the
+    pages read first are answered (or refused) before the others are read; and none starts
+    once the answer is refused (app/graphql/execution.py), whatever is still running."""
+
+    def __init__(self) -> None:
+        self._at_once = asyncio.Semaphore(READS_AT_ONCE)
+        self.refusal: Exception | None = None
+
+    @asynccontextmanager
+    async def __call__(self) -> AsyncIterator[None]:
+        async with self._at_once:
+            if self.refusal is not None:
+                raise self.refusal.with_traceback(None)
+            yield
+
+
 class Context(BaseContext):
     def __init__(self, state: AppState, caller: Caller) -> None:
         super().__init__()
@@ -57,6 +81,7 @@ class Context(BaseContext):
         self.caller = caller
         self._loaders: dict[str, DataLoader[Any, Any]] = {}
         self.searching = asyncio.Semaphore(SEARCHES_AT_ONCE)
+        self.reads = Reads()
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -76,9 +101,18 @@ class Context(BaseContext):
         if loader is None:
             # The pool and caller, not the context: a loader holding its context would make a
             # cycle that only the garbage collector frees, with everything the request loaded.
-            loader = DataLoader(load_fn=partial(_BATCHES[type_name], self.pool, self.caller))
+            loader = DataLoader(
+                load_fn=partial(_read, self.reads, _BATCHES[type_name], self.pool, self.caller)
+            )
             self._loaders[type_name] = loader
         return loader.load(key)
+
+
+async def _read(
+    reads: Reads, load: BatchLoad, pool: asyncpg.Pool, caller: Caller, keys: list[Any]
+) -> list[Any]:
+    async with reads():
+        return await load(pool, caller, keys)
 
 
 Info = StrawberryInfo[Context, Any]

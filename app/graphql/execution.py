@@ -20,9 +20,11 @@ class by `answer_budget`): the names of the fields an object's selection holds, 
 each text value, and of each JSON value as JSON. The object counts were bounded before any of it
 ran (app/graphql/limits.py), but not their text: nine aliases of a page of 1,000 agents' 64 KiB
 instructions are 9,009 objects and 590 MB. Past the budget, the request is refused whole: no
-further object is executed (fields awaited together are cancelled; those graphql-core settles
-in the background stop at their next object), and the answer is `data: null` with one
-BAD_REQUEST error.
+further object is executed and no further page read (fields awaited together are cancelled;
+those graphql-core settles in the background stop at their next object or read), and the answer
+is `data: null` with one BAD_REQUEST error. As a request reads its pages two at a time
+(app/graphql/context.py, Reads), the pages it holds when refused are the few read before the
+budget was passed, not every page it asked for.
 """
 
 import json
@@ -52,6 +54,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 
 from app.errors import BadInput
+from app.graphql.context import Context
 
 LEAF, OBJECT, LIST = "leaf", "object", "list"
 # How a plain field is completed: (kind, read, nullable, its type, then by kind: the leaf's
@@ -190,6 +193,8 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                 f"fields, and page on{written}"
             )
             self._refusal = GraphQLError(message, original_error=BadInput(message))
+            if isinstance(self.context_value, Context):  # no further page is read
+                self.context_value.reads.refusal = self._refusal
         raise self._refusal.with_traceback(None)
 
     def build_response(self, data: dict[str, Any] | None) -> Any:

@@ -377,14 +377,15 @@ class ActionMemoryFields:
             first,
             after,
             CREATED_ID,
-            lambda keyset, limit: operator.list_memories(
-                info.context.pool,
-                info.context.caller,
-                action_id=self.action_id,
-                limit=limit,
-                after=keyset,  # type: ignore[arg-type]
-                ascending=sort == SortOrder.ASC,
-                filters=filters,
+            lambda keyset, limit: info.context.load(
+                "Action.memories",
+                operator.MemoryPage(
+                    self.action_id,
+                    keyset,  # type: ignore[arg-type]
+                    limit,
+                    sort == SortOrder.ASC,
+                    filters,
+                ),
             ),
             lambda v: (v.record.created, v.record.memory_id),
             ActionAgentMemory.of,
@@ -472,6 +473,9 @@ class ActionMemoryFields:
             ),
             ActionAgentMemorySearchConnection,
         )
+
+
+batch_pages("Action.memories", operator.memory_pages)
 
 
 def _current(fields: ActionMemoryFields) -> ActionVersion | None:

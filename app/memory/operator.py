@@ -15,7 +15,7 @@ from uuid import UUID
 import asyncpg
 
 from app.actions.harness import MemoryConfig
-from app.actions.service import ActionVersion, load_action
+from app.actions.service import ActionVersion, load_action, load_actions
 from app.auth import resources
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
@@ -77,10 +77,18 @@ class MemoryFilters:
     preview: bool | None = None
     statuses: Sequence[str] | None = None  # None: the spec's listing
 
+    def __post_init__(self) -> None:
+        # As tuples: filters are part of a page's key in the request's DataLoader (a hash).
+        object.__setattr__(self, "labels", tuple(self.labels))
+        if self.statuses is not None:
+            object.__setattr__(self, "statuses", tuple(self.statuses))
 
-async def _list_filters(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, filters: MemoryFilters
+
+def _list_filters(
+    filters: MemoryFilters, action_id: UUID, action: ActionVersion | None = None
 ) -> store.ListFilters:
+    """The store's filters of an operator's listing of the agent `action_id`; `action`, its
+    current version, names the numbers of the labels it filters by (None: no such agent)."""
     # Imported here: app.memory.search imports this module's types.
     from app.memory.search import label_numbers
 
@@ -88,7 +96,6 @@ async def _list_filters(
         raise BadInput("`status` names at least one status; omit it for the usual listing")
     numbers: dict[int, str] | None = None
     if filters.labels:
-        action = await load_action(conn, account_id, action_id)
         if action is None:
             raise NotFound(f"action {action_id} not found")
         numbers = label_numbers(action.harness.memory, filters.labels)
@@ -99,6 +106,17 @@ async def _list_filters(
         preview=filters.preview,
         statuses=filters.statuses,
     )
+
+
+class MemoryPage(NamedTuple):
+    """A page of an agent's listing (list_memories'): after `after`, at most `limit`, oldest
+    first if `ascending`, narrowed by `filters`."""
+
+    action_id: UUID
+    after: tuple[datetime, UUID] | None
+    limit: int
+    ascending: bool
+    filters: MemoryFilters
 
 
 async def list_memories(
@@ -114,17 +132,86 @@ async def list_memories(
     """Spec: newest first unless ascending; deleted and superseded records omitted, except
     preview deletions; staged records of running turns never shown. `filters` narrow the
     listing; only `statuses` widens it, to the records of the statuses it names."""
+    page = MemoryPage(action_id, after, limit, ascending, filters or MemoryFilters())
+    (found,) = await memory_pages(pool, caller, pages=[page])
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+async def memory_pages(
+    pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[MemoryPage]
+) -> list[list[MemoryView] | BadInput | NotFound]:
+    """Pages of agents' listings, each as list_memories reads it: one query for the pages asked
+    in the same order with the same filters, and one for the agents (their label names). A
+    page filtered by label values is a query of its own, planned for its values (how many
+    records hold a value decides the plan; the labels' numbers are its agent's). A page's own
+    filters that name nothing (no status, a label its agent does not declare) are that page's
+    error."""
     caller.require(*resources.READ_MEMORY)
-    reader = OperatorReader(caller.account_id, action_id)
+    account_id = caller.account_id
+    found: list[list[store.Row] | BadInput | NotFound] = [[] for _ in pages]
+    together: dict[tuple[bool, store.ListFilters], list[int]] = {}
+    apart: dict[int, store.ListFilters] = {}
     async with pool.acquire() as conn:
-        narrowed = None
-        if filters is not None:
-            narrowed = await _list_filters(conn, caller.account_id, action_id, filters)
-        rows = await store.list_page(
-            conn, reader, after=after, limit=limit, ascending=ascending, filters=narrowed
-        )
-        names = await _label_names(conn, caller.account_id, action_id) if rows else {}
-    return [MemoryView(store.record(r), names) for r in rows]
+        labelled = {p.action_id for p in pages if p.filters.labels}
+        agents = await load_actions(conn, account_id, list(labelled)) if labelled else {}
+        for i, page in enumerate(pages):
+            try:
+                narrowed = _list_filters(page.filters, page.action_id, agents.get(page.action_id))
+            except (BadInput, NotFound) as error:
+                found[i] = error
+                continue
+            if narrowed.labels:
+                apart[i] = narrowed
+            else:
+                together.setdefault((page.ascending, narrowed), []).append(i)
+        if apart:
+            rows = await store.list_pages_apart(
+                conn,
+                account_id,
+                [
+                    (pages[i].action_id, pages[i].after, pages[i].limit, pages[i].ascending, f)
+                    for i, f in apart.items()
+                ],
+            )
+            for i, page_rows in zip(apart, rows, strict=True):
+                found[i] = page_rows
+        for (ascending, narrowed), indexes in together.items():
+            if len(indexes) == 1:  # one agent's page: its own statement, 0.3 ms the faster
+                page = pages[indexes[0]]
+                found[indexes[0]] = await store.list_page(
+                    conn,
+                    OperatorReader(account_id, page.action_id),
+                    after=page.after,
+                    limit=page.limit,
+                    ascending=ascending,
+                    filters=narrowed,
+                )
+                continue
+            rows = await store.list_pages(
+                conn,
+                account_id,
+                [(pages[i].action_id, pages[i].after, pages[i].limit) for i in indexes],
+                ascending=ascending,
+                filters=narrowed,
+            )
+            for i, page_rows in zip(indexes, rows, strict=True):
+                found[i] = page_rows
+        unread = {
+            p.action_id
+            for p, rows in zip(pages, found, strict=True)
+            if isinstance(rows, list) and rows and p.action_id not in agents
+        }
+        if unread:
+            agents |= await load_actions(conn, account_id, list(unread))
+    names = {action_id: _label_names_of(action) for action_id, action in agents.items()}
+    return [
+        [MemoryView(store.record(r), names.get(p.action_id, {})) for r in rows]
+        if isinstance(rows, list)
+        else rows
+        for p, rows in zip(pages, found, strict=True)
+    ]
 
 
 async def get_memory(

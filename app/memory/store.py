@@ -16,7 +16,14 @@ import numpy as np
 
 from app.db.sql import Params, by_page
 from app.memory.records import PIN_LINE_EXTRA, MemoryRecord, NewRecord, RecordFields
-from app.memory.visibility import AgentReader, Reader, shadows, visible
+from app.memory.visibility import (
+    AgentReader,
+    OperatorPages,
+    OperatorReader,
+    Reader,
+    shadows,
+    visible,
+)
 from app.scope import Scope
 from app.text import DISGUISING_SQL
 
@@ -248,9 +255,121 @@ async def list_page(
     filters: ListFilters | None = None,
 ) -> list[Row]:
     """A page of the records the reader lists, by (created, memory_id), after a keyset."""
-    p = Params()
     f = filters or ListFilters()
-    where = visible(reader, p, "m", any_status=f.statuses is not None)
+    sql, values = _page(reader, after, limit, ascending, f)
+    return await _listed(conn, sql, values, filtered=f != ListFilters())
+
+
+async def list_pages_apart(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    pages: Sequence[tuple[UUID, tuple[datetime, UUID] | None, int, bool, ListFilters]],
+) -> list[list[Row]]:
+    """Pages of several agents' filtered listings, each (action_id, after, limit, ascending,
+    filters) read as list_page reads it for an operator, a statement each, planned for its own
+    values, in one transaction."""
+    found = []
+    async with conn.transaction():
+        await conn.execute(_PLANNED_FOR_VALUES)
+        for action_id, after, limit, ascending, filters in pages:
+            reader = OperatorReader(account_id, action_id)
+            sql, values = _page(reader, after, limit, ascending, filters)
+            found.append(await conn.fetch(sql, *values))
+    return found
+
+
+def _page(
+    reader: Reader,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+    ascending: bool,
+    f: ListFilters,
+) -> tuple[str, list[Any]]:
+    """list_page's statement and its values."""
+    p = Params()
+    where = _narrowed(visible(reader, p, "m", any_status=f.statuses is not None), f, p)
+    if after is not None:
+        keyset = f"({p(after[0])}::timestamptz, {p(after[1])}::uuid)"
+        where += f" AND (m.created, m.memory_id) {'>' if ascending else '<'} {keyset}"
+    order = "ASC" if ascending else "DESC"
+    sql = (
+        f"SELECT {_m('m')} FROM agent_memories m WHERE {where} "
+        f"ORDER BY m.created {order}, m.memory_id {order} LIMIT {p(limit)}"
+    )
+    return sql, p.values
+
+
+# A filtered listing is planned for its values each time. How many records a label, kind or
+# status holds decides between walking the agent by time and reading the few that match; the
+# plan a prepared statement caches (generic, from its sixth run on a connection) chose one for
+# every value: 175-225 ms at 200,000 records for a rare label or a common one, 10-15 ms planned
+# for each (bench/README.md, "Thirty-fifth session").
+_PLANNED_FOR_VALUES = "SET LOCAL plan_cache_mode = force_custom_plan"
+
+
+# Beyond every (created, memory_id) keyset, oldest first (True) or newest first: a page asked
+# without `after` starts there, so that the pages of one statement share a keyset that is an
+# index condition.
+_BEYOND = {
+    True: ("'-infinity'", "'00000000-0000-0000-0000-000000000000'"),
+    False: ("'infinity'", "'ffffffff-ffff-ffff-ffff-ffffffffffff'"),
+}
+
+
+async def list_pages(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    pages: Sequence[tuple[UUID, tuple[datetime, UUID] | None, int]],
+    *,
+    ascending: bool,
+    filters: ListFilters | None = None,
+) -> list[list[Row]]:
+    """Pages of several agents' listings in one statement, each (action_id, after, limit) read
+    as list_page reads it for an operator, all in the same order with the same filters (none
+    by label: a label's number is its agent's)."""
+    f = filters or ListFilters()
+    assert not f.labels, "a page filtered by labels is its agent's own (list_page)"
+    p = Params()
+    asked = (
+        f"unnest({p([a for a, _, _ in pages])}::uuid[], "
+        f"{p([after[0] if after else None for _, after, _ in pages])}::timestamptz[], "
+        f"{p([after[1] if after else None for _, after, _ in pages])}::uuid[], "
+        f"{p([limit for _, _, limit in pages])}::int[])"
+    )
+    reader = OperatorPages(account_id, "k.action_id")
+    where = _narrowed(visible(reader, p, "m", any_status=f.statuses is not None), f, p)
+    created, memory_id = _BEYOND[ascending]
+    where += (
+        f" AND (m.created, m.memory_id) {'>' if ascending else '<'} "
+        f"(coalesce(k.after_created, {created}), coalesce(k.after_id, {memory_id}))"
+    )
+    order = "ASC" if ascending else "DESC"
+    sql = f"""
+        SELECT k.n, m.* FROM {asked}
+            WITH ORDINALITY AS k(action_id, after_created, after_id, lim, n)
+        CROSS JOIN LATERAL (
+            SELECT {_m("m")} FROM agent_memories m WHERE {where}
+            ORDER BY m.created {order}, m.memory_id {order}
+            LIMIT k.lim
+        ) m
+        ORDER BY k.n, m.created {order}, m.memory_id {order}
+        """
+    rows = await _listed(conn, sql, p.values, filtered=f != ListFilters())
+    return by_page(rows, len(pages))
+
+
+async def _listed(
+    conn: asyncpg.Connection, sql: str, values: list[Any], *, filtered: bool
+) -> list[Row]:
+    if not filtered:
+        return await conn.fetch(sql, *values)
+    async with conn.transaction():
+        await conn.execute(_PLANNED_FOR_VALUES)
+        return await conn.fetch(sql, *values)
+
+
+def _narrowed(where: str, f: ListFilters, p: Params) -> str:
+    """`where`, and the listing's filters."""
     if f.statuses is not None:
         where += f" AND m.status = any({p(list(f.statuses))}::text[])"
     if f.kind is not None:
@@ -261,24 +380,7 @@ async def list_page(
         where += f" AND m.preview = {p(f.preview)}"
     if f.labels:
         where += f" AND {has_labels(f.labels, p)}"
-    if after is not None:
-        keyset = f"({p(after[0])}::timestamptz, {p(after[1])}::uuid)"
-        where += f" AND (m.created, m.memory_id) {'>' if ascending else '<'} {keyset}"
-    order = "ASC" if ascending else "DESC"
-    sql = (
-        f"SELECT {_m('m')} FROM agent_memories m WHERE {where} "
-        f"ORDER BY m.created {order}, m.memory_id {order} LIMIT {p(limit)}"
-    )
-    if f == ListFilters():
-        return await conn.fetch(sql, *p.values)
-    # Filtered: planned for its values each time. How many records a label, kind or status
-    # holds decides between walking the agent by time and reading the few that match; the
-    # plan a prepared statement caches (generic, from its sixth run on a connection) chose
-    # one for every value: 175-225 ms at 200,000 records for a rare label or a common one,
-    # 10-15 ms planned for each (bench/README.md, "Thirty-fifth session").
-    async with conn.transaction():
-        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        return await conn.fetch(sql, *p.values)
+    return where
 
 
 async def get_version(

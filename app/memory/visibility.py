@@ -35,6 +35,16 @@ class OperatorReader:
     action_id: UUID
 
 
+@dataclass(frozen=True)
+class OperatorPages:
+    """An operator reading several agents' records in one statement, as OperatorReader reads
+    one agent's: `agent` is the SQL naming each row's agent (a column of the `unnest` of the
+    pages asked)."""
+
+    account_id: UUID
+    agent: str
+
+
 Reader = AgentReader | OperatorReader
 
 
@@ -98,7 +108,12 @@ def in_scopes(reader: AgentReader, p: Params, m: str = "m") -> str:
 
 
 def visible(
-    reader: Reader, p: Params, m: str = "m", *, any_status: bool = False, scope: str | None = None
+    reader: Reader | OperatorPages,
+    p: Params,
+    m: str = "m",
+    *,
+    any_status: bool = False,
+    scope: str | None = None,
 ) -> str:
     """SQL predicate over `agent_memories` aliased `m`: the records `reader` sees.
 
@@ -106,10 +121,11 @@ def visible(
     searches and recalls see only live records. `scope`: an agent reader's records of one of
     its scopes alone (one of `scope_arms`).
     """
-    account, action = p(reader.account_id), p(reader.action_id)
+    account = p(reader.account_id)
+    action = reader.agent if isinstance(reader, OperatorPages) else p(reader.action_id)
     where = [f"{m}.account_id = {account}", f"{m}.action_id = {action}"]
 
-    if isinstance(reader, OperatorReader):
+    if isinstance(reader, OperatorReader | OperatorPages):
         where.append(f"{m}.pending_execution IS NULL")
         if not any_status:
             # Spec: deleted and superseded records are omitted, except preview deletions: the
