@@ -55,19 +55,21 @@ def stale_after_seconds(settings: Settings) -> float:
     """How long a turn may show no sign of life (`executions.modified`) before it is judged
     dead when no process lease can say (written without a boot ID, `fail_dead_turns`; a new
     turn of its agent, `fail_stale_turns`, which judges every turn so). It counts, for each
-    model call a turn may make, its worst (every attempt taking its whole timeout, the longest
-    wait before each retry), with ten minutes to spare.
+    model call a turn may make, its worst: every attempt taking its whole timeout (which bounds
+    the whole reply, app/http_retry.py), the longest wait before each retry; with ten minutes
+    to spare.
 
     A live turn never stays silent that long, by construction: while an execution runs, its
-    process gives it a sign of life whenever it has been silent for `pulse_seconds` (`running`),
-    so no silence lasts half the bound, whatever the turn waits for. Every model call is
-    followed by a sign of life as well (keep_alive, or the commit; tests/test_turn_liveness.py
-    holds the runtime to both). The bound does not count the rest of a turn's work instead:
-    its tool calls (up to ENGRAM_MAX_TOOL_CALLS_PER_REPLY a reply, each of which may embed),
-    the review's embeddings (one or two for each of up to 20 candidates), the batches that
-    embed the history a turn keeps, have counts that follow the conversation and durations
-    that follow other settings (the embedder's, the database's): a bound that counted them at
-    their worst would run to days, and a dead turn would wait that long to be retried."""
+    process gives it a sign of life whenever it has been silent for `pulse_seconds`
+    (`running`), so no silence lasts much past half the bound, whatever the turn waits for.
+    Every model call is followed by a sign of life as well (keep_alive, or the commit;
+    tests/test_turn_liveness.py holds the runtime to both). The bound does not count the rest
+    of a turn's work instead: its tool calls (up to ENGRAM_MAX_TOOL_CALLS_PER_REPLY a reply,
+    each of which may embed), the review's embeddings (one or two for each of up to 20
+    candidates), the batches that embed the history a turn keeps, have counts that follow the
+    conversation and durations that follow other settings (the embedder's, the database's): a
+    bound that counted them at their worst would run to days, and a dead turn would wait that
+    long to be retried."""
     s = settings
     wait = max(MAX_RETRY_AFTER_SECONDS, MAX_BACKOFF_SECONDS)
     per_call = s.model_timeout_seconds * (s.model_max_retries + 1) + wait * s.model_max_retries
@@ -76,7 +78,7 @@ def stale_after_seconds(settings: Settings) -> float:
 
 def pulse_seconds(settings: Settings) -> float:
     """How long a running execution may be silent before its process gives it a sign of life
-    (`running`): a quarter of the bound, so a silence ends before half of it (the pulse looks
+    (`running`): a quarter of the bound, so a silence ends by about half of it (the pulse looks
     every quarter), and a turn whose own model calls keep it alive costs no write."""
     return stale_after_seconds(settings) / 4
 
