@@ -6,11 +6,17 @@ or one of the 4xx statuses the caller names. Retries back off exponentially with
 `MAX_BACKOFF_SECONDS`, and honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS`.
 An answer is read up to the caller's `max_bytes` (TooLarge beyond). Any other answer, success
 or not, goes back to the caller, which words its own errors.
+
+Each attempt, from connecting to the answer's last byte, takes at most the caller's
+`attempt_seconds`, and running out of it is a read timeout: the client's own timeouts bound
+each read, so a server that trickles its answer would otherwise hold an attempt as long as
+it liked.
 """
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Container
+from collections.abc import AsyncIterator, Container
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -107,6 +113,7 @@ async def post_with_retries(
     backoff_seconds: float,
     retried_4xx: Container[int],
     retry_read_timeouts: bool,
+    attempt_seconds: float,
     max_bytes: int | None = None,
 ) -> tuple[httpx.Response, int]:
     """The first answer that is not transient, and the number of attempts it took.
@@ -120,7 +127,14 @@ async def post_with_retries(
         attempt += 1
         try:
             response = await _post(
-                client, url, body, headers, retried_4xx, retry_read_timeouts, max_bytes
+                client,
+                url,
+                body,
+                headers,
+                retried_4xx,
+                retry_read_timeouts,
+                max_bytes,
+                attempt_seconds,
             )
         except Transient as e:
             if attempt > max_retries:
@@ -131,6 +145,16 @@ async def post_with_retries(
             return response, attempt
 
 
+@contextlib.asynccontextmanager
+async def _within(seconds: float) -> AsyncIterator[None]:
+    """Ends what it holds after `seconds`, raising httpx.ReadTimeout as a read timeout does."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError as e:
+        raise httpx.ReadTimeout(f"no whole answer within {seconds:g} s") from e
+
+
 async def _post(
     client: httpx.AsyncClient,
     url: str,
@@ -139,10 +163,14 @@ async def _post(
     retried_4xx: Container[int],
     retry_read_timeouts: bool,
     max_bytes: int | None,
+    attempt_seconds: float,
 ) -> httpx.Response:
     sent = (headers or {}).get("Authorization") or client.headers.get("authorization")
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as streamed:
+        async with (
+            _within(attempt_seconds),
+            client.stream("POST", url, json=body, headers=headers) as streamed,
+        ):
             response = await _read(streamed, max_bytes)
     except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
         if not retry_read_timeouts:

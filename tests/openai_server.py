@@ -25,7 +25,7 @@ import numpy as np
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 _WORD = re.compile(r"\w+")
@@ -63,6 +63,7 @@ class Fault:
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     message: str = "scripted failure"
+    trickle: float = 0.0  # answer normally, but in pieces this many seconds apart (`trickled`)
 
 
 CHAT = "/v1/chat/completions"
@@ -105,6 +106,20 @@ class ChatReply:
     # The whole body instead of a completion (to play a server that answers in another shape):
     # bytes as they are, anything else as JSON.
     body: Any = None
+    trickle: float = 0.0  # send the answer in pieces this many seconds apart (`trickled`)
+
+
+def trickled(raw: bytes, seconds: float, pieces: int = 10) -> Response:
+    """`raw` sent in `pieces` parts, `seconds` apart: a server that keeps every read within a
+    client's read timeout, but not the whole answer."""
+
+    async def parts() -> Any:
+        size = -(-len(raw) // pieces)
+        for start in range(0, len(raw), size):
+            await asyncio.sleep(seconds)
+            yield raw[start : start + size]
+
+    return StreamingResponse(parts(), media_type="application/json")
 
 
 class OpenAIServer:
@@ -162,6 +177,11 @@ class OpenAIServer:
         with self._lock:
             self._faults[path].extend(Fault(None, seconds) for _ in range(times))
 
+    def trickle_next(self, times: int, seconds: float, *, path: str = "/v1/embeddings") -> None:
+        """The next calls answer normally, but trickled: in pieces `seconds` apart."""
+        with self._lock:
+            self._faults[path].extend(Fault(None, trickle=seconds) for _ in range(times))
+
     def requests_to(self, path: str) -> list[Recorded]:
         with self._lock:
             return [r for r in self.requests if r.path == path]
@@ -169,7 +189,9 @@ class OpenAIServer:
     # Plumbing shared by every route
 
     async def _begin(self, request: Request) -> tuple[Any, Response | None]:
-        """Records the request and plays the next scripted fault for its path, if any."""
+        """Records the request and plays the next scripted fault for its path, if any (a
+        trickle is left to the route: `request.state.trickle`)."""
+        request.state.trickle = 0.0
         body = await request.json()
         with self._lock:
             self.requests.append(
@@ -180,6 +202,7 @@ class OpenAIServer:
             )
         if fault is None:
             return body, None
+        request.state.trickle = fault.trickle
         if fault.delay:
             await asyncio.sleep(fault.delay)
         if fault.status is None:
@@ -216,13 +239,15 @@ class OpenAIServer:
             answer["usage"] = {"prompt_tokens": tokens}
             if self.usage == "total_tokens":
                 answer["usage"]["total_tokens"] = tokens
+        if request.state.trickle:
+            return trickled(json.dumps(answer).encode(), request.state.trickle)
         return JSONResponse(answer)
 
     # Chat completions: scripted answers, played in order; `chat_default` when none is left
 
     def say(self, text: str, *, delay: float = 0.0, **match: Any) -> None:
-        """Queues a text answer; `match`: ChatReply's `when`, `after_requests` and `purpose`
-        (by default the agent's own calls, "turn"; e.g. "context" or "memory")."""
+        """Queues a text answer; `match`: ChatReply's `when`, `after_requests`, `purpose`
+        (by default the agent's own calls, "turn"; e.g. "context" or "memory") and `trickle`."""
         with self._lock:
             self._chat_script.append(ChatReply(text, [], delay, **match))
 
@@ -294,6 +319,12 @@ class OpenAIServer:
         if reply.body is not None:
             raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
             return Response(raw, media_type="application/json")
+        answer = self._completion(body, reply, number)
+        if reply.trickle:
+            return trickled(answer.body, reply.trickle)
+        return answer
+
+    def _completion(self, body: Any, reply: ChatReply, number: int) -> Response:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = [

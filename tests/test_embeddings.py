@@ -167,6 +167,21 @@ async def test_openai_retries_a_timeout(openai_server: OpenAIServer) -> None:
     assert result.vectors.shape == (1, 48)
 
 
+async def test_openai_retries_an_answer_trickled_past_the_timeout(
+    openai_server: OpenAIServer,
+) -> None:
+    """The timeout bounds a request's whole answer, not each read: one sent in pieces, each
+    well within it, is cut off at it and retried as a timeout is."""
+    openai_server.trickle_next(1, 0.2)  # ten pieces 0.2 s apart: 2 s in all
+    embedder = openai_embedder(openai_server, timeout_seconds=0.5)
+    try:
+        result = await embedder.embed(TEXTS[:1])
+    finally:
+        await embedder.aclose()
+    assert len(openai_server.requests_to("/v1/embeddings")) == 2
+    assert result.vectors.shape == (1, 48)
+
+
 async def test_openai_retries_connection_errors_then_fails() -> None:
     with OpenAIServer() as server:
         url = server.url  # a port nobody listens on once the server stops

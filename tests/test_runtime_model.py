@@ -108,6 +108,28 @@ async def test_a_slow_model_times_out_without_a_retry(server: OpenAIServer) -> N
     assert len(server.requests_to(CHAT)) == 1
 
 
+async def test_a_model_that_trickles_its_reply_times_out_at_the_whole_replys_deadline(
+    server: OpenAIServer,
+) -> None:
+    """The timeout bounds the whole reply, not each read: a server that sends it in pieces,
+    each well within the timeout, is cut off at it, and the call is not retried."""
+    settings = settings_for(server, model_timeout_seconds=0.5, model_max_retries=2)
+    client = ModelClient(settings, backoff_seconds=0.01)
+    server.say("late", trickle=0.2)  # ten pieces 0.2 s apart: 2 s in all
+    try:
+        with pytest.raises(
+            ModelFailed, match=r"did not answer within 0.5 seconds \(ENGRAM_MODEL_TIMEOUT_SECONDS\)"
+        ):
+            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
+        # Within the timeout, a reply in pieces is read as any other.
+        server.say("in pieces", trickle=0.01)
+        answered = await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
+    finally:
+        await client.aclose()
+    assert len(server.requests_to(CHAT)) == 2
+    assert answered.content == "in pieces" and answered.attempts == 1
+
+
 async def test_an_unreachable_model_fails_after_its_retries() -> None:
     settings = Settings(model_base_url="http://127.0.0.1:9/v1", model_max_retries=1)
     client = ModelClient(settings, backoff_seconds=0.01)

@@ -676,6 +676,32 @@ async def test_a_model_nobody_answers_fails_the_turn_naming_the_setting_to_chang
     assert "model.baseUrl" in executed["error"] and "ENGRAM_MODEL_BASE_URL" not in executed["error"]
 
 
+@pytest.mark.settings(model_timeout_seconds=0.5)
+async def test_a_model_that_trickles_its_reply_fails_the_turn_at_the_timeout(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """ENGRAM_MODEL_TIMEOUT_SECONDS bounds a model call's whole reply, not each read of it: a
+    server that trickles its reply, each piece well within the timeout, fails the turn as a
+    call that timed out does, naming the setting. The call is not retried, the turn keeps
+    only its transcript, and the execution can be retried."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Saved, slowly.", trickle=0.2)  # ten pieces 0.2 s apart: 2 s in all
+
+    failed = await run(gql, admin, action_id, "note that Ada prefers email")
+
+    assert failed["status"] == "FAILED"
+    assert "did not answer within 0.5 seconds (ENGRAM_MODEL_TIMEOUT_SECONDS)" in failed["error"]
+    assert events(failed, "turn.failed") == [{"error": failed["error"]}]
+    assert len(chat(model_server)) == 2  # the trickled call was not retried
+    assert await memories(gql, admin, action_id) == []
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Saved.")
+    retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert retried["output"] == "Saved."
+
+
 async def test_transient_model_errors_are_retried(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

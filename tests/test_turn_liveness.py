@@ -12,7 +12,9 @@ retry after a lost answer does not write twice.
 """
 
 import asyncio
+import itertools
 import re
+import time
 import uuid
 from typing import Any
 
@@ -542,3 +544,95 @@ async def test_every_model_call_of_a_turn_is_followed_by_a_sign_of_life(
     calls = [e for e in log if e not in ("alive", "end")]
     assert {"turn", "context", "memory"} <= set(calls), calls
     assert calls.count("memory") >= 5 * 2  # each review's calls, several in a turn
+
+
+async def test_a_turn_slow_between_model_calls_shows_life_well_within_the_bound(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    state: AppState,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a turn does between two model calls has no bound of its own: one reply's tool
+    calls (up to ENGRAM_MAX_TOOL_CALLS_PER_REPLY, each search embedding its query), the
+    review's embeddings, a slow embedder or database. While it runs, its process gives it a
+    sign of life whenever it has been silent for a quarter of the bound (liveness.running),
+    so no silence reaches the bound: a new turn of the agent, which fails the agent's turns
+    silent that long (fail_stale_turns), spares it. Here the bound is 2 s, and one reply's
+    ten searches against an embedder that takes 0.4 s a request keep the turn from its next
+    model call for over 4 s."""
+    bound = 2.0
+    monkeypatch.setattr(liveness, "stale_after_seconds", lambda settings: bound)
+    signs: list[tuple[Any, float]] = []  # (execution ID, when it showed life)
+
+    def signed(write: Any, execution_id: Any) -> Any:
+        async def logged(*args: Any, **kwargs: Any) -> Any:
+            done = await write(*args, **kwargs)
+            if done:
+                signs.append((execution_id(args, kwargs), time.monotonic()))
+            return done
+
+        return logged
+
+    by_position, by_name = (lambda a, k: a[3]), (lambda a, k: k["execution_id"])
+    for name, which in [
+        ("insert_execution", by_name),
+        ("touch_execution", by_position),
+        ("touch_silent_execution", by_position),
+        ("finish_execution", by_name),
+    ]:
+        monkeypatch.setattr(store, name, signed(getattr(store, name), which))
+
+    assert state.embedder is not None
+    embed, embedded, busy = state.embedder.embed, 0, asyncio.Event()
+
+    async def slow_embed(texts: list[str]) -> Any:
+        nonlocal embedded
+        await asyncio.sleep(0.4)
+        embedded += 1
+        if embedded == 8:  # the recall's, then six of the searches': over 2 s of silence
+            busy.set()
+        return await embed(texts)
+
+    monkeypatch.setattr(state.embedder, "embed", slow_embed)
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    searches = [("search_memory", {"query": f"topic {k}"}) for k in range(10)]
+    model_server.call_tools(*searches, when="ASK-SLOW")
+    model_server.say("slow done", when="ASK-SLOW")
+    model_server.say("quick done", when="ASK-QUICK")
+
+    slow = asyncio.ensure_future(run(gql, admin, action_id, "ASK-SLOW", session="s1"))
+    await asyncio.wait_for(busy.wait(), 60)
+    quick = await run(gql, admin, action_id, "ASK-QUICK", session="s2")
+    executed = await slow
+    assert quick["status"] == "SUCCEEDED", quick["error"]
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert len(tool_runs(executed, "search_memory")) == 10
+
+    times = [when for e, when in signs if str(e) == executed["executionId"]]
+    assert len(times) >= 4  # its start, its first model call, a pulse or more, its end
+    longest = max(b - a for a, b in itertools.pairwise(times))
+    assert longest < bound, (longest, times)
+
+
+async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's sign of life is written only for a turn silent for a quarter of the
+    bound: a turn that answers within it writes exactly what it wrote before (its start, a
+    sign of life after each model call, its end)."""
+    log: list[str] = []
+    for name in ["touch_execution", "touch_silent_execution", "finish_execution"]:
+        write = getattr(store, name)
+
+        async def logged(*args: Any, write: Any = write, name: str = name, **kwargs: Any) -> Any:
+            log.append(name)
+            return await write(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, logged)
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.call_tools(("search_memory", {"query": "Ada"}))
+    model_server.say("done")
+    executed = await run(gql, admin, action_id, "hello")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert log == ["touch_execution", "touch_execution", "finish_execution"]

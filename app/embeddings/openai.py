@@ -1,8 +1,9 @@
 """`openai`: any OpenAI-compatible `POST {url}/embeddings` endpoint (OpenAI, vLLM, Ollama, ...).
 
-Texts are sent in batches of `batch_size`. A transient failure (no connection, a timeout,
-408, 429 or 5xx) is retried with exponential backoff, honouring `Retry-After`; any other 4xx
-is a mistake in the request or the settings and fails at once, with the server's message.
+Texts are sent in batches of `batch_size`, each request answered whole within
+`timeout_seconds` or timed out. A transient failure (no connection, a timeout, 408, 429 or
+5xx) is retried with exponential backoff, honouring `Retry-After`; any other 4xx is a mistake
+in the request or the settings and fails at once, with the server's message.
 
 With `dimensions` set, it is sent with each request (OpenAI's text-embedding-3 models shorten
 their vectors to it) and every answer is checked against it; without it, `open()` learns the
@@ -55,6 +56,7 @@ class OpenAIEmbedder:
         self.batch_size = batch_size
         self.max_retries = max_retries
         self.backoff_seconds = backoff_seconds
+        self.timeout_seconds = timeout_seconds
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._endpoint = url.rstrip("/") + "/embeddings"
         self._client = httpx.AsyncClient(
@@ -104,6 +106,7 @@ class OpenAIEmbedder:
                 backoff_seconds=self.backoff_seconds,
                 retried_4xx=_RETRIED_4XX,
                 retry_read_timeouts=True,
+                attempt_seconds=self.timeout_seconds,
                 max_bytes=_answer_bytes(len(texts), self.dimensions),
             )
         except TooLarge as e:

@@ -282,6 +282,33 @@ async def touch_execution(
     return bool(touched)
 
 
+async def touch_silent_execution(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    invocation_number: int,
+    silent_seconds: float,
+) -> bool:
+    """touch_execution, for an attempt that has shown no sign of life for `silent_seconds`
+    (else nothing is written); False if it was not touched."""
+    touched = await conn.fetchval(
+        """
+        UPDATE executions SET modified = now()
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+          AND status = 'RUNNING' AND invocation_number = $4
+          AND modified < now() - make_interval(secs => $5)
+        RETURNING true
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        invocation_number,
+        silent_seconds,
+    )
+    return bool(touched)
+
+
 async def finish_execution(
     conn: asyncpg.Connection,
     *,

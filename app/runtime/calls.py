@@ -14,9 +14,8 @@ session history when the agent keeps history (app/history/keeping.py).
 """
 
 import asyncio
-import contextlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -255,14 +254,6 @@ async def _start(
     return _Run(TurnContext(state, action, execution, Transcript(1, 1), work))
 
 
-@contextlib.contextmanager
-def _running(state: AppState, execution: Execution) -> Iterator[None]:
-    """While it runs, the process's liveness counts the execution as its own."""
-    process = liveness.liveness(state.services)
-    with process.running(execution.execution_id) if process else contextlib.nullcontext():
-        yield
-
-
 async def _commit(
     run: _Run,
     output: Callable[[list[MemoryRecord]], Any],
@@ -369,7 +360,7 @@ async def call_tool(
         source="MCP",
     )
     context = run.context
-    with _running(state, run.execution):
+    async with liveness.running(state, run.execution):
         try:
             tools = turns.native_tools(
                 state,
@@ -620,7 +611,7 @@ async def remember_conversation(
         )
         context = run.context
         execution = run.execution
-        with _running(state, execution):
+        async with liveness.running(state, execution):
             try:
                 review = conversation_review.Review(context, turns.model_client(state))
                 said = [

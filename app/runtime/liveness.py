@@ -13,6 +13,11 @@ account (`sweep`):
   (`addAgentMemory`) whose process died between staging and committing, are deleted;
 - idempotency keys older than a day are forgotten, and so are processes long dead.
 
+A turn shows its own sign of life too (`executions.modified`): after each model call, and
+from its process whenever it has been silent for a while (`running`); turns written without a
+boot ID, and the turns a new turn of the same agent finds, are judged by it
+(`stale_after_seconds`).
+
 Several processes may share one database: each statement changes a row only while it still
 qualifies (a turn only while RUNNING), so two sweeps never both act on one row, and a turn
 that committed meanwhile is left alone. A turn's own end is conditional too
@@ -26,7 +31,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -35,9 +40,11 @@ import asyncpg
 from app import tasks
 from app.config import Settings
 from app.executions import store
+from app.executions.service import Execution
 from app.http_retry import MAX_BACKOFF_SECONDS, MAX_RETRY_AFTER_SECONDS
 from app.idempotency import store as idempotency_store
 from app.idempotency.keys import KEEP_SECONDS
+from app.state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +54,67 @@ SERVICE = "turn_liveness"
 def stale_after_seconds(settings: Settings) -> float:
     """How long a turn may show no sign of life (`executions.modified`) before it is judged
     dead when no process lease can say (written without a boot ID, `fail_dead_turns`; a new
-    turn of its agent, `fail_stale_turns`). Every model call of a turn, its own, the context
-    summary calls and the end-of-turn review's, is followed by a sign of life (keep_alive, or
-    the commit; tests/test_turn_liveness.py holds the runtime to it), so however many summary
-    and review calls a turn makes (their count follows the conversation, not a setting), a
-    silence holds one model call: this counts one at its worst (every attempt timing out, the
-    longest wait before each retry) for each call a turn may make, with ten minutes to spare
-    for the work between calls."""
+    turn of its agent, `fail_stale_turns`, which judges every turn so). It counts, for each
+    model call a turn may make, its worst: every attempt taking its whole timeout (which bounds
+    the whole reply, app/http_retry.py), the longest wait before each retry; with ten minutes
+    to spare.
+
+    A live turn never stays silent that long, by construction: while an execution runs, its
+    process gives it a sign of life whenever it has been silent for `pulse_seconds`
+    (`running`), so no silence lasts much past half the bound, whatever the turn waits for.
+    Every model call is followed by a sign of life as well (keep_alive, or the commit;
+    tests/test_turn_liveness.py holds the runtime to both). The bound does not count the rest
+    of a turn's work instead: its tool calls (up to ENGRAM_MAX_TOOL_CALLS_PER_REPLY a reply,
+    each of which may embed), the review's embeddings (one or two for each of up to 20
+    candidates), the batches that embed the history a turn keeps, have counts that follow the
+    conversation and durations that follow other settings (the embedder's, the database's): a
+    bound that counted them at their worst would run to days, and a dead turn would wait that
+    long to be retried."""
     s = settings
     wait = max(MAX_RETRY_AFTER_SECONDS, MAX_BACKOFF_SECONDS)
     per_call = s.model_timeout_seconds * (s.model_max_retries + 1) + wait * s.model_max_retries
     return s.max_model_calls_per_turn * per_call + 600
+
+
+def pulse_seconds(settings: Settings) -> float:
+    """How long a running execution may be silent before its process gives it a sign of life
+    (`running`): a quarter of the bound, so a silence ends by about half of it (the pulse looks
+    every quarter), and a turn whose own model calls keep it alive costs no write."""
+    return stale_after_seconds(settings) / 4
+
+
+@contextlib.asynccontextmanager
+async def running(state: AppState, execution: Execution) -> AsyncIterator[None]:
+    """While an execution (a turn, an MCP call, an ingest) runs in this process: the process
+    counts it as its own (its lease speaks for it), and gives it a sign of life every
+    `pulse_seconds` it has shown none, until it ends."""
+    process = liveness(state.services)
+    every = pulse_seconds(state.settings)
+    pulse = asyncio.create_task(_pulse(state.pool, execution, every), name="engram turn pulse")
+    try:
+        with process.running(execution.execution_id) if process else contextlib.nullcontext():
+            yield
+    finally:
+        await tasks.stop(pulse)
+
+
+async def _pulse(pool: asyncpg.Pool, e: Execution, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        try:
+            async with pool.acquire() as conn:
+                await store.touch_silent_execution(
+                    conn, e.account_id, e.action_id, e.execution_id, e.invocation_number, every
+                )
+        except Exception as error:
+            # The database may be down or restarting: the next look tries again.
+            log.warning(
+                "could not keep execution %s alive (%s: %s); next in %s s",
+                e.execution_id,
+                type(error).__name__,
+                error,
+                every,
+            )
 
 
 @dataclass(frozen=True)

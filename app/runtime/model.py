@@ -4,8 +4,11 @@ Every request says why it is made: the header `X-Engram-Purpose` and `metadata.p
 the body (`turn` for the agent's own calls, `memory` for memory reviews, `context` for the
 summaries that keep a turn's context within its budget). A transient failure
 (no connection, a connect timeout, 429 or 5xx) is retried with exponential backoff, honouring
-`Retry-After`; a read timeout is not retried (the model may still be working on it, and a
-retry would pay twice), and any other 4xx fails at once with the server's message.
+`Retry-After`; any other 4xx fails at once with the server's message. An attempt not answered
+whole within ENGRAM_MODEL_TIMEOUT_SECONDS (connecting, waiting, and reading the reply however
+slowly the server sends it) times out, and is not retried (the model may still be working on
+it, and a retry would pay twice): a call takes at most its retries' worth of that, plus the
+waits between them.
 
 A reply is read up to `ENGRAM_MODEL_MAX_REPLY_BYTES`: a longer one fails the call, as one that
 is not a chat completion does (not JSON, nested deeper than `MAX_REPLY_DEPTH`, a part of
@@ -343,6 +346,8 @@ class ModelClient:
                 retried_4xx=_RETRIED_4XX,
                 # The model may still be working on it, and a retry would pay twice.
                 retry_read_timeouts=False,
+                # The whole reply, however the server sends it (a trickle keeps each read short).
+                attempt_seconds=self.settings.model_timeout_seconds,
                 max_bytes=self.max_reply_bytes,
             )
         except (httpx.ReadTimeout, httpx.WriteTimeout) as e:

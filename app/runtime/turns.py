@@ -9,7 +9,6 @@ it runs again as the execution's next invocation.
 """
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -472,8 +471,7 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
             answered = await _answered(state, caller, key)
             assert answered is not None, "a key whose transaction committed is found"
             return answered
-        process = liveness.liveness(state.services)
-        with process.running(execution.execution_id) if process else contextlib.nullcontext():
+        async with liveness.running(state, execution):
             finished = await _attempt(state, action, execution)
     metrics.current().turn(finished.status)
     return finished
