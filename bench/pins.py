@@ -10,8 +10,9 @@ and 10 agent-scope pins (one agent per size); times each statement 20 times for 
 another session, alternating, and prints p50 and max of runs 5-20 (ms) and the rows each
 returns, and whether both find lists of the same longest length. Then WRITES turns each pin
 one record and commit (session pins each in a new session; agent-scope pins), and prints p50
-and max of those after the first 5 (ms); and p50 and max of the statements that count one
-session's list again (`store.count_pinned_lists`, which a session pin's commit runs).
+and max of those after the first 5 (ms): session pins alternately with and without counting
+their session's list again (`store.count_pinned_lists` replaced by nothing), and the
+statements that count one session's list again alone.
 
     python bench/pins.py [--sessions 1000 10000 50000] [--per 2] [--content 2000] [--writes 40]
 
@@ -141,6 +142,10 @@ async def pin(pool, agent, session: str, scope: str) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+async def uncounted(*_: object) -> None:
+    """`store.count_pinned_lists` left out: a session pin's cost without it, alternating."""
+
+
 async def counting(pool, agent) -> str:
     """What a session pin's commit adds to count its session's list again (its two statements,
     `store.count_pinned_lists`), 20 times in one transaction; n/a before migration 0030."""
@@ -173,10 +178,10 @@ async def measure(url: str, sizes: list[int], per: int, content: int, writes: in
         caller = Caller(account, "admin", ADMIN_POLICIES, in_default_account=True)
         print(
             "| sessions | pinned rows | before: p50 / max ms (rows) | shipped: p50 / max (rows) "
-            "| same longest | session pin: p50 / max ms | agent-scope pin: p50 / max ms "
-            "| counting a session: p50 / max ms |"
+            "| same longest | session pin: p50 / max ms | session pin, not counted | "
+            "agent-scope pin | counting a session |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for sessions in sizes:
             agent, reader = await load(pool, caller, sessions, per, content)
             times: dict[str, list[float]] = {"before": [], "shipped": []}
@@ -192,14 +197,21 @@ async def measure(url: str, sizes: list[int], per: int, content: int, writes: in
                         rows[statement.__name__] = found
             same = longest(rows["before"]) == longest(rows["shipped"])
             cells = [f"{cell(t)} ({len(rows[name])})" for name, t in times.items()]
-            pins = {"SESSION": [], "AGENT": []}
+            pins: dict[str, list[float]] = {"session": [], "uncounted": [], "agent": []}
+            count = getattr(store, "count_pinned_lists", None)
             for i in range(writes):
-                for scope, samples in pins.items():
-                    samples.append(await pin(pool, agent, f"w{i}", scope))
-            writes_cells = [cell(samples[5:]) for samples in pins.values()]
+                pins["session"].append(await pin(pool, agent, f"w{i}", "SESSION"))
+                if count is not None:
+                    store.count_pinned_lists = uncounted  # type: ignore[assignment]
+                    try:
+                        pins["uncounted"].append(await pin(pool, agent, f"u{i}", "SESSION"))
+                    finally:
+                        store.count_pinned_lists = count
+                pins["agent"].append(await pin(pool, agent, f"w{i}", "AGENT"))
+            written = [cell(s[5:]) if s else "n/a" for s in pins.values()]
             print(
                 f"| {sessions:,} | {sessions * per:,} | {cells[0]} | {cells[1]} | {same} | "
-                f"{writes_cells[0]} | {writes_cells[1]} | {await counting(pool, agent)} |",
+                f"{' | '.join(written)} | {await counting(pool, agent)} |",
                 flush=True,
             )
     finally:
