@@ -386,3 +386,47 @@ class Capture:
     async def fetch(self, *args: Any) -> Any:
         self.sql = args
         return await self.conn.fetch(*args)
+
+
+# Pinned lists kept by the writes (migration 0030)
+
+
+async def pinned_lists(state: AppState, agent: ActionVersion) -> dict[str, tuple[int, int]]:
+    """The lengths `pinned_lists` keeps for the agent's sessions: (live, preview) by session."""
+    rows = await state.pool.fetch(
+        "SELECT session_id, live_length, preview_length FROM pinned_lists "
+        "WHERE account_id = $1 AND action_id = $2",
+        agent.account_id,
+        agent.action_id,
+    )
+    return {r["session_id"]: (r["live_length"], r["preview_length"]) for r in rows}
+
+
+async def pinned_lists_counted(state: AppState, agent: ActionVersion) -> dict[str, tuple[int, int]]:
+    """The same lengths counted now, from what each session's live and preview turns list
+    (`list_pinned`, its session-scope records), in Python: each line as `pin_line` writes it,
+    and its line break."""
+    lengths: dict[str, list[int]] = {}
+    async with state.pool.acquire() as conn:
+        sessions = await conn.fetch(
+            "SELECT DISTINCT session_id FROM agent_memories "
+            "WHERE account_id = $1 AND action_id = $2 AND scope = 'SESSION'",
+            agent.account_id,
+            agent.action_id,
+        )
+        for s in sessions:
+            for mode, preview in enumerate((False, True)):
+                turn = AgentReader(
+                    agent.account_id, agent.action_id, s["session_id"], (Scope.SESSION,), preview
+                )
+                listed = map(memory_store.record, await memory_store.list_pinned(conn, turn))
+                length = sum(len(r.pinned_line()) + 1 for r in listed)
+                lengths.setdefault(s["session_id"], [0, 0])[mode] = length
+    return {s: (live, preview) for s, (live, preview) in lengths.items() if live or preview}
+
+
+async def assert_pinned_lists_kept(state: AppState, agent: ActionVersion) -> dict[str, Any]:
+    """The lengths kept are those counted now; returns them."""
+    kept = await pinned_lists(state, agent)
+    assert kept == await pinned_lists_counted(state, agent)
+    return kept

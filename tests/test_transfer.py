@@ -15,7 +15,15 @@ from typing import Any
 
 import asyncpg
 import pytest
-from factories import full_memory, make_agent, record_turn, work, writer
+from factories import (
+    assert_pinned_lists_kept,
+    full_memory,
+    make_agent,
+    pinned_lists,
+    record_turn,
+    work,
+    writer,
+)
 from helpers import GQL, database_copy, db_settings
 from servers import clean_env, engram_command, run
 
@@ -268,6 +276,35 @@ async def test_an_interrupted_import_continues(state, admin, gql, second):
     # Without vectors in the file, the records were embedded again with the same model.
     assert rest.vectors == "re-embedded"
     assert await reads(GQL(second), target_admin, agent.action_id) == before
+
+
+# M52
+async def test_m52_an_import_counts_each_sessions_pinned_list(state, admin, second):
+    """Imported in batches written two at a time (a preview record's batch beside the batch of
+    the live pin it replaces), the pinned lists are counted as the agent's turns list them."""
+    agent = await make_agent(state, admin, harness=full_memory(pinned={"max_tokens": 200}))
+    _, b = await turn(
+        state,
+        agent,
+        steps=[
+            NewMemory("a pin", "fact", pinned=True),
+            NewMemory('a "b" pin', "fact", pinned=True),
+        ],
+    )
+    await turn(state, agent, session="s2", steps=[NewMemory("s2's pin", "fact", pinned=True)])
+    await turn(
+        state,
+        agent,
+        preview=True,
+        steps=[NewMemory("a preview pin", "fact", pinned=True), b.memory_id],
+    )
+    kept = await assert_pinned_lists_kept(state, agent)
+    assert set(kept) == {"s1", "s2"} and kept["s1"][0] != kept["s1"][1]
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, await exported(state, admin, agent), batch_rows=1)
+    imported = agent.__class__(**{**vars(agent), "account_id": target_admin.account_id})
+    assert await assert_pinned_lists_kept(second, imported) == kept
+    assert await pinned_lists(second, imported) == kept
 
 
 async def test_a_conflicting_id_is_refused(state, admin, second):

@@ -365,6 +365,8 @@ async def _delete(
                     replaced_by=None,
                     modified_by=caller.principal,
                 )
+                if current.pinned and current.scope == Scope.SESSION:
+                    await store.count_pinned_lists(conn, caller.account_id, action_id, [memory_id])
             if key is not None:
                 await key.record(conn, {"memoryId": str(memory_id), "version": row["version"]})
         names = await _label_names(conn, caller.account_id, action_id)

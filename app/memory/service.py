@@ -510,6 +510,7 @@ class MemoryWork:
                 changed.append(store.record(row))
             if tombstones:
                 await store.delete_staged(conn, account_id, action_id, w.execution_id, tombstones)
+            await _count_pinned_lists(conn, account_id, action_id, published, changed)
             if any(r.pinned for r in published):
                 await self._recheck_pins(conn, published)
         except asyncpg.UniqueViolationError:
@@ -741,6 +742,22 @@ class MemoryWork:
                 "other turns pinned memories meanwhile; nothing was saved. "
                 + _over_budget(tokens, budget, listed)
             )
+
+
+async def _count_pinned_lists(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    published: list[MemoryRecord],
+    changed: list[MemoryRecord],
+) -> None:
+    """Counts again the pinned lists of the sessions a commit changes (`store.count_pinned_lists`):
+    its pinned session-scope records, new, replaced or deleted, and the records its preview
+    records replace or delete, which preview turns no longer list."""
+    ids = [r.memory_id for r in (*published, *changed) if r.pinned and r.scope == Scope.SESSION]
+    ids += [r.replaces for r in published if r.preview and r.replaces is not None]
+    if ids:
+        await store.count_pinned_lists(conn, account_id, action_id, ids)
 
 
 def _pinned_in(scope: str, session_id: str | None) -> str | None:

@@ -202,33 +202,118 @@ async def list_pinned(conn: asyncpg.Connection, reader: Reader) -> list[Row]:
     )
 
 
+def _listed_in_session(account_id: UUID, action_id: UUID, preview: bool, p: Params) -> str:
+    """SQL: row `m` is a committed pinned session-scope record that a turn of its session lists,
+    live or preview (`preview`): what an agent-scope pin joins in that session's turns."""
+    turn = AgentReader(account_id, action_id, None, (Scope.SESSION,), preview)
+    where = visible(turn, p, "m", scope="m.scope = 'SESSION'")
+    return where + " AND m.pinned AND m.pending_execution IS NULL"
+
+
+def _line_length(p: Params) -> str:
+    """SQL: the characters row `m` adds to a pinned list (`pin_line`: its summary a JSON string
+    stripped as `for_model` strips it, with its ID, and the line break before the next)."""
+    stripped = f"regexp_replace(m.summary, {p(DISGUISING_SQL)}, '', 'g')"
+    return f"length(to_json({stripped})::text) + {PIN_LINE_EXTRA}"
+
+
 async def other_sessions_pins(
     conn: asyncpg.Connection, reader: AgentReader, named: Sequence[str], most: int = 3
 ) -> list[Row]:
     """The committed pinned session-scope records of the `most` sessions with the longest
     pinned lists but those `named`, as a turn of the reader's mode (live, or preview) sees
     them: what an agent-scope pin joins in those sessions' turns. Longest as the lists are
-    listed (`pin_line`: each summary a JSON string stripped as `for_model` strips it, with its
-    ID), so the longest is among them; the caller counts them exactly.
+    listed, so the longest is among them; the caller counts them exactly.
 
-    One statement whatever the number of sessions: it reads every pinned session-scope record
-    of the agent to rank the sessions (their summaries' lengths alone), and returns the rows
-    of `most` sessions."""
+    The sessions are read from the lengths `count_pinned_lists` keeps (migration 0030), longest
+    first by an index: the statement reads `most` entries and those sessions' pins, whatever
+    the number of sessions."""
     p = Params()
-    other = AgentReader(reader.account_id, reader.action_id, None, (Scope.SESSION,), reader.preview)
-    where = visible(other, p, "m", scope="m.scope = 'SESSION'")
-    where += " AND m.pinned AND m.pending_execution IS NULL"
-    listed = f"length(to_json(regexp_replace(m.summary, {p(DISGUISING_SQL)}, '', 'g'))::text)"
+    where = _listed_in_session(reader.account_id, reader.action_id, reader.preview, p)
+    length = "preview_length" if reader.preview else "live_length"
     return await conn.fetch(
         f"""
         WITH longest AS (
-            SELECT m.session_id FROM agent_memories m
-            WHERE {where} AND m.session_id <> ALL({p(list(named))}::text[])
-            GROUP BY m.session_id
-            ORDER BY sum({listed} + {PIN_LINE_EXTRA}) DESC LIMIT {p(most)}
+            SELECT l.session_id FROM pinned_lists l
+            WHERE l.account_id = {p(reader.account_id)} AND l.action_id = {p(reader.action_id)}
+              AND l.{length} > 0 AND l.session_id <> ALL({p(list(named))}::text[])
+            ORDER BY l.{length} DESC, l.session_id DESC LIMIT {p(most)}
         )
         SELECT {_m("m")} FROM agent_memories m JOIN longest l ON l.session_id = m.session_id
         WHERE {where} ORDER BY m.created, m.memory_id
+        """,
+        *p.values,
+    )
+
+
+# The sessions of an agent's pinned session-scope records, as rows to lock in `pinned_lists`.
+_PINNED_SESSIONS = """
+    SELECT DISTINCT m.session_id FROM agent_memories m
+    WHERE m.account_id = $1 AND m.action_id = $2 AND m.scope = 'SESSION' AND m.pinned
+      AND m.session_id IS NOT NULL
+    """
+
+
+async def count_pinned_lists(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    memory_ids: Sequence[UUID] | None,
+) -> None:
+    """Counts again the pinned lists (`pinned_lists`, migration 0030) of the sessions of these
+    records, pinned and of session scope (None: of every session of the agent), as
+    `other_sessions_pins` ranks them: in the writing transaction, after every write of it that
+    adds, removes, replaces or hides such a record, and before the pin lock (`lock_pins`).
+    Pass the records written, and those a preview record replaces (which preview turns no
+    longer list).
+
+    Each session's row is locked first (in session order: writers of several sessions wait
+    for each other, never in a cycle), then counted by a statement of its own, whose snapshot
+    holds whatever the writers that held the lock before committed: the last writer to commit
+    counted every write before its own."""
+    if memory_ids is None:
+        chosen = f"""
+            {_PINNED_SESSIONS}
+            UNION SELECT session_id FROM pinned_lists WHERE account_id = $1 AND action_id = $2
+            """
+        values: list[Any] = [account_id, action_id]
+    else:
+        chosen = _PINNED_SESSIONS + " AND m.memory_id = any($3::uuid[])"
+        values = [account_id, action_id, list(memory_ids)]
+    locked = await conn.fetch(
+        f"""
+        INSERT INTO pinned_lists AS l (account_id, action_id, session_id, live_length,
+            preview_length)
+        SELECT $1, $2, s.session_id, 0, 0 FROM ({chosen}) s ORDER BY s.session_id
+        ON CONFLICT (account_id, action_id, session_id) DO UPDATE SET live_length = l.live_length
+        RETURNING l.session_id
+        """,
+        *values,
+    )
+    if not locked:
+        return
+    p = Params(account_id, action_id, [r["session_id"] for r in locked])
+    live = _listed_in_session(account_id, action_id, False, p)
+    preview = _listed_in_session(account_id, action_id, True, p)
+    length = _line_length(p)
+    await conn.execute(
+        f"""
+        WITH counted AS (
+            SELECT s.session_id,
+                (SELECT coalesce(sum({length}), 0) FROM agent_memories m
+                 WHERE {live} AND m.session_id = s.session_id) AS live,
+                (SELECT coalesce(sum({length}), 0) FROM agent_memories m
+                 WHERE {preview} AND m.session_id = s.session_id) AS preview
+            FROM unnest($3::text[]) s(session_id)
+        ), emptied AS (
+            DELETE FROM pinned_lists l USING counted c
+            WHERE l.account_id = $1 AND l.action_id = $2 AND l.session_id = any($3::text[])
+              AND l.session_id = c.session_id AND c.live = 0 AND c.preview = 0
+        )
+        UPDATE pinned_lists l SET live_length = c.live, preview_length = c.preview
+        FROM counted c
+        WHERE l.account_id = $1 AND l.action_id = $2 AND l.session_id = any($3::text[])
+          AND l.session_id = c.session_id AND (c.live > 0 OR c.preview > 0)
         """,
         *p.values,
     )
@@ -577,8 +662,10 @@ async def copy_committed(
     embeddings: Iterable[np.ndarray | None],
 ) -> int:
     """Bulk-loads committed records, as given (versions, times), with their version rows, by
-    COPY. For imports and benchmarks: no rule is checked here, the caller has checked them."""
+    COPY, and counts their agents' pinned lists again. For imports and benchmarks: no rule is
+    checked here, the caller has checked them."""
     columns = [*RECORD_COLUMNS, EMBEDDING]
+    records = list(records)
     rows = [
         (i, *_values(r, RECORD_COLUMNS, json_text=True), vector)
         for i, (r, vector) in enumerate(zip(records, embeddings, strict=True))
@@ -601,6 +688,8 @@ async def copy_committed(
             """
         )
         await conn.execute("DROP TABLE agent_memories_load")
+        for account_id, action_id in sorted({(r.account_id, r.action_id) for r in records}):
+            await count_pinned_lists(conn, account_id, action_id, None)
     return len(rows)
 
 

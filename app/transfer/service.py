@@ -37,6 +37,7 @@ from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
+from app.memory import store as memory_store
 from app.memory.service import check_content, check_summary
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.scope import check_session_id
@@ -196,6 +197,7 @@ async def import_file(
                     }
                 finally:
                     await importer.cancel()
+                    await importer.count_pinned_lists()
         finally:
             if embedder is not None:
                 await embedder.aclose()
@@ -429,6 +431,14 @@ class _Importer:
                 action_id = UUID(row["action_id"])
                 self.result.records[action_id] = self.result.records.get(action_id, 0) + 1
         self.done(len(rows))
+
+    async def count_pinned_lists(self) -> None:
+        """Counts the pinned lists of every agent whose records were written, once they all
+        are: a batch's preview record may replace a record of a batch written beside it."""
+        async with self.pool.acquire() as conn:
+            for action_id in sorted(self.result.records):
+                async with conn.transaction():
+                    await memory_store.count_pinned_lists(conn, self.account_id, action_id, None)
 
     async def _check_versioned(self, conn: asyncpg.Connection, rows_json: str) -> None:
         """A record's current version is among its versions (which the file holds before
