@@ -1,5 +1,6 @@
 """Which failures mean the database cannot be reached (answered 503 UNAVAILABLE, retry later),
-and which mean a transaction met another at the same moment (answered CONFLICT, retry)."""
+which mean a transaction met another at the same moment (answered CONFLICT, retry), and which
+mean a statement or a lock wait ran past the pool's bounds (app/db/pool.py `bounds`)."""
 
 import errno
 import socket
@@ -12,8 +13,9 @@ RETRY_AFTER_SECONDS = 5
 
 # SQLSTATE classes and codes of a server that is down, restarting, in recovery, full, or a
 # standby: 08 connection exceptions, 57P01-57P05 (shutdown, crash, cannot connect now, database
-# dropped, idle timeout), 53300 too many connections, 25006 read-only transaction.
-_STATES = ("08", "57P0", "53300", "25006")
+# dropped, idle timeout), 53300 too many connections, 25006 read-only transaction; and 25P03, a
+# session the server ended for idling in its transaction past its bound (a stalled process).
+_STATES = ("08", "57P0", "53300", "25006", "25P03")
 
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
@@ -61,9 +63,29 @@ def is_unavailable(error: BaseException | None) -> bool:
 _CONFLICT_STATES = ("40001", "40P01")
 
 
-def is_conflict(error: BaseException | None) -> bool:
-    """True when `error` (or what caused it) is a transaction rolled back for meeting another."""
+def _sqlstate(error: BaseException | None) -> str | None:
+    """The SQLSTATE of the first database error among `error` and what caused it."""
     for cause in _causes(error):
         if isinstance(cause, asyncpg.PostgresError):
-            return getattr(cause, "sqlstate", None) in _CONFLICT_STATES
-    return False
+            return getattr(cause, "sqlstate", None)
+    return None
+
+
+def is_conflict(error: BaseException | None) -> bool:
+    """True when `error` (or what caused it) is a transaction rolled back for meeting another."""
+    return _sqlstate(error) in _CONFLICT_STATES
+
+
+def is_lock_timeout(error: BaseException | None) -> bool:
+    """True when a statement waited for a lock (rows or a table another transaction holds)
+    past lock_timeout (55P03 lock_not_available, asyncpg's LockNotAvailableError): its
+    transaction is rolled back. The app takes no lock with NOWAIT, the other source of 55P03."""
+    return _sqlstate(error) == "55P03"
+
+
+def is_statement_timeout(error: BaseException | None) -> bool:
+    """True when a statement was cancelled by the server (57014 query_canceled, asyncpg's
+    QueryCanceledError): it ran past statement_timeout, or an operator cancelled it
+    (pg_cancel_backend). Its transaction is rolled back. (A task cancelled while it waits for
+    a statement raises CancelledError, not this.)"""
+    return _sqlstate(error) == "57014"

@@ -8,7 +8,13 @@ from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
 
-from app.db.errors import RETRY_AFTER_SECONDS, is_conflict, is_unavailable
+from app.db.errors import (
+    RETRY_AFTER_SECONDS,
+    is_conflict,
+    is_lock_timeout,
+    is_statement_timeout,
+    is_unavailable,
+)
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.errors import DomainError
 
@@ -33,6 +39,18 @@ CONFLICT_MESSAGE = (
     "This request ran into another change made at the same moment, and the database rolled "
     "its transaction back; retry it."
 )
+# The pool's bounds (app/db/pool.py `bounds`): a lock wait past its bound met another change
+# holding the rows, as a deadlock does (CONFLICT: retry); a statement past its bound met a
+# database too busy to finish it in time (UNAVAILABLE, 503 with Retry-After).
+LOCK_TIMEOUT_MESSAGE = (
+    "This request waited longer than the service allows (ENGRAM_LOCK_TIMEOUT_SECONDS) for data "
+    "another change was holding, and the database rolled its transaction back; retry it."
+)
+STATEMENT_TIMEOUT_MESSAGE = (
+    "The database did not finish this request's work within the time the service allows "
+    "(ENGRAM_STATEMENT_TIMEOUT_SECONDS), and rolled its transaction back; "
+    f"retry in {RETRY_AFTER_SECONDS} seconds."
+)
 EMBEDDER_MESSAGE = (
     "The embedding model could not embed the text (its provider failed; the service's log says "
     f"why); retry in {RETRY_AFTER_SECONDS} seconds."
@@ -43,6 +61,20 @@ EMBEDDER_REFUSED_MESSAGE = (
     "The embedding model refused the text: the service's embedding provider is misconfigured "
     "(its log says why), and retrying will not help until an operator fixes it."
 )
+
+
+def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
+    """The code and the message for a failure of the database that is no fault of ours (it is
+    unavailable, or rolled the work back: a conflict, a bound reached); None for others."""
+    if is_unavailable(error):
+        return "UNAVAILABLE", UNAVAILABLE_MESSAGE
+    if is_conflict(error):
+        return "CONFLICT", CONFLICT_MESSAGE
+    if is_lock_timeout(error):
+        return "CONFLICT", LOCK_TIMEOUT_MESSAGE
+    if is_statement_timeout(error):
+        return "UNAVAILABLE", STATEMENT_TIMEOUT_MESSAGE
+    return None
 
 
 def classify(error: GraphQLError) -> tuple[str, str]:
@@ -56,10 +88,9 @@ def classify(error: GraphQLError) -> tuple[str, str]:
     if isinstance(original, ValueError) and error.path is None:
         # A scalar refused a variable or literal before anything ran.
         return "BAD_REQUEST", error.message
-    if is_unavailable(original):
-        return "UNAVAILABLE", UNAVAILABLE_MESSAGE
-    if is_conflict(original):
-        return "CONFLICT", CONFLICT_MESSAGE
+    refused = database_refusal(original)
+    if refused is not None:
+        return refused
     if isinstance(original, EmbeddingFailed) and not original.transient:
         return "UNAVAILABLE", EMBEDDER_REFUSED_MESSAGE
     if isinstance(original, EmbedderUnavailable | EmbeddingFailed):
@@ -91,7 +122,7 @@ class Schema(strawberry.Schema):
             code = classify(error)[0]
             if code == "UNAVAILABLE":
                 log.warning("unavailable at %s: %r", error.path, error.original_error)
-            elif code == "CONFLICT" and is_conflict(error.original_error):
+            elif code == "CONFLICT" and database_refusal(error.original_error) is not None:
                 log.warning("rolled back at %s: %r", error.path, error.original_error)
             elif code == "INTERNAL":
                 log.error(
