@@ -28,8 +28,10 @@ from app.auth.caller import Caller
 from app.config import Settings
 from app.db import errors
 from app.db.pool import bounds, create_pool, lift_bounds, session_changed
+from app.embeddings.setup import ensure_model
 from app.main import request_bounds
 from app.memory import maintenance
+from app.memory.vectors import VECTOR_COLUMNS
 from app.state import AppState
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
@@ -251,3 +253,19 @@ async def test_search_upkeep_is_not_cut_off_by_the_bounds(
     assert sorted(done.built) == sorted(maintenance.index_names(agent.account_id, agent.action_id))
     async with state.pool.acquire() as conn:
         assert tuple(await conn.fetchrow(SETTINGS)) == ("200ms", "200ms", "1min")
+
+
+async def test_a_start_waits_past_the_bounds_for_a_reembed_holding_the_model(
+    db_url: str, embedder
+) -> None:
+    """`engram reembed` holds the model's lock for its whole run; a service starting meanwhile
+    waits for it (its start is no request) rather than failing at the lock bound."""
+    pool = await create_pool(db_url, min_size=1, max_size=1, limits=bounds(0.2, 0.2))
+    try:
+        async with holding(db_url, "SELECT pg_advisory_xact_lock(hashtext('engram.embedding'))"):
+            start = asyncio.create_task(ensure_model(pool, embedder, VECTOR_COLUMNS))
+            await asyncio.sleep(0.6)
+            assert not start.done()
+        await asyncio.wait_for(start, 30)
+    finally:
+        await pool.close()
