@@ -21,7 +21,7 @@ from app.auth.service import authenticate, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
-from app.db.errors import RETRY_AFTER_SECONDS
+from app.db.errors import RETRY_AFTER_SECONDS, UNAVAILABLE_MESSAGE, database_refusal
 from app.db.health import Health
 from app.db.pool import bounds, create_pool
 from app.embeddings.base import Embedder
@@ -29,12 +29,7 @@ from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
 from app.graphql.context import Context
-from app.graphql.errors import (
-    EMBEDDER_REFUSED_MESSAGE,
-    INTERNAL_MESSAGE,
-    UNAVAILABLE_MESSAGE,
-    database_refusal,
-)
+from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.http_body import read_limited, replaying
@@ -70,7 +65,7 @@ def _unavailable(body: object = None) -> JSONResponse:
 
 def _refused(error: Exception) -> JSONResponse | None:
     """The answer to a request the database refused outside GraphQL's execution (unavailable,
-    or its transaction rolled back: app/graphql/errors.py `database_refusal`); None for others."""
+    or its transaction rolled back: app/db/errors.py `database_refusal`); None for others."""
     refused = database_refusal(error)
     if refused is None:
         return None

@@ -21,6 +21,7 @@ from factories import (
     token_for,
 )
 from helpers import eventually
+from mcp_support import call, mcp_session, mcp_url, refused
 from openai_server import OpenAIServer
 from runtime_support import EXECUTE, chat, events, memories, run, tool_runs
 
@@ -269,3 +270,25 @@ async def test_a_start_waits_past_the_bounds_for_a_reembed_holding_the_model(
         await asyncio.wait_for(start, 30)
     finally:
         await pool.close()
+
+
+@pytest.mark.settings(lock_timeout_seconds=0.3)
+async def test_an_mcp_call_refused_at_the_lock_bound_says_so_as_graphql_does(
+    state: AppState, admin: Caller, base_url: str, db_url: str
+) -> None:
+    harness = memory_harness(tools=["add_memory"], scope={"write": ["session", "agent"]})
+    action_id = await make_agent_id(state, admin, harness=harness)
+    policies = (
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT", "INSERT", "UPDATE"], "financial.AgentMemory.*"),
+    )
+    token = await token_for(state, admin, "client", *policies)
+    note = {"summary": "Ada prefers email", "kind": "fact", "scope": "agent"}
+    session = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
+    async with mcp_session(mcp_url(base_url, action_id), token) as client:
+        await call(client, "add_memory", **note)  # the session exists
+        async with holding(db_url, session, uuid.UUID(action_id)):
+            body = await refused(client, "add_memory", **note)
+        assert body["code"] == "CONFLICT", body
+        assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in body["error"]
+        await call(client, "add_memory", **note)

@@ -1,6 +1,7 @@
 """Which failures mean the database cannot be reached (answered 503 UNAVAILABLE, retry later),
 which mean a transaction met another at the same moment (answered CONFLICT, retry), and which
-mean a statement or a lock wait ran past the pool's bounds (app/db/pool.py `bounds`)."""
+mean a statement or a lock wait ran past the pool's bounds (app/db/pool.py `bounds`); and what
+a client is told of each (`database_refusal`: GraphQL, MCP and the HTTP edge alike)."""
 
 import errno
 import socket
@@ -89,3 +90,39 @@ def is_statement_timeout(error: BaseException | None) -> bool:
     (pg_cancel_backend). Its transaction is rolled back. (A task cancelled while it waits for
     a statement raises CancelledError, not this.)"""
     return _sqlstate(error) == "57014"
+
+
+UNAVAILABLE_MESSAGE = (
+    "The database is unavailable (restarting, in recovery or out of connections); "
+    f"retry in {RETRY_AFTER_SECONDS} seconds."
+)
+CONFLICT_MESSAGE = (
+    "This request ran into another change made at the same moment, and the database rolled "
+    "its transaction back; retry it."
+)
+# The pool's bounds (app/db/pool.py `bounds`): a lock wait past its bound met another change
+# holding the rows, as a deadlock does (CONFLICT: retry); a statement past its bound met a
+# database too busy to finish it in time (UNAVAILABLE, 503 with Retry-After).
+LOCK_TIMEOUT_MESSAGE = (
+    "This request waited longer than the service allows (ENGRAM_LOCK_TIMEOUT_SECONDS) for data "
+    "another change was holding, and the database rolled its transaction back; retry it."
+)
+STATEMENT_TIMEOUT_MESSAGE = (
+    "The database did not finish this request's work within the time the service allows "
+    "(ENGRAM_STATEMENT_TIMEOUT_SECONDS), and rolled its transaction back; "
+    f"retry in {RETRY_AFTER_SECONDS} seconds."
+)
+
+
+def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
+    """The code and the message for a failure of the database that is no fault of ours (it is
+    unavailable, or rolled the work back: a conflict, a bound reached); None for others."""
+    if is_unavailable(error):
+        return "UNAVAILABLE", UNAVAILABLE_MESSAGE
+    if is_conflict(error):
+        return "CONFLICT", CONFLICT_MESSAGE
+    if is_lock_timeout(error):
+        return "CONFLICT", LOCK_TIMEOUT_MESSAGE
+    if is_statement_timeout(error):
+        return "UNAVAILABLE", STATEMENT_TIMEOUT_MESSAGE
+    return None

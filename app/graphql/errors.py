@@ -8,13 +8,7 @@ from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
 
-from app.db.errors import (
-    RETRY_AFTER_SECONDS,
-    is_conflict,
-    is_lock_timeout,
-    is_statement_timeout,
-    is_unavailable,
-)
+from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.errors import DomainError
 
@@ -31,26 +25,6 @@ CODES = (
     "INTERNAL",
 )
 INTERNAL_MESSAGE = "Internal error."
-UNAVAILABLE_MESSAGE = (
-    "The database is unavailable (restarting, in recovery or out of connections); "
-    f"retry in {RETRY_AFTER_SECONDS} seconds."
-)
-CONFLICT_MESSAGE = (
-    "This request ran into another change made at the same moment, and the database rolled "
-    "its transaction back; retry it."
-)
-# The pool's bounds (app/db/pool.py `bounds`): a lock wait past its bound met another change
-# holding the rows, as a deadlock does (CONFLICT: retry); a statement past its bound met a
-# database too busy to finish it in time (UNAVAILABLE, 503 with Retry-After).
-LOCK_TIMEOUT_MESSAGE = (
-    "This request waited longer than the service allows (ENGRAM_LOCK_TIMEOUT_SECONDS) for data "
-    "another change was holding, and the database rolled its transaction back; retry it."
-)
-STATEMENT_TIMEOUT_MESSAGE = (
-    "The database did not finish this request's work within the time the service allows "
-    "(ENGRAM_STATEMENT_TIMEOUT_SECONDS), and rolled its transaction back; "
-    f"retry in {RETRY_AFTER_SECONDS} seconds."
-)
 EMBEDDER_MESSAGE = (
     "The embedding model could not embed the text (its provider failed; the service's log says "
     f"why); retry in {RETRY_AFTER_SECONDS} seconds."
@@ -61,20 +35,6 @@ EMBEDDER_REFUSED_MESSAGE = (
     "The embedding model refused the text: the service's embedding provider is misconfigured "
     "(its log says why), and retrying will not help until an operator fixes it."
 )
-
-
-def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
-    """The code and the message for a failure of the database that is no fault of ours (it is
-    unavailable, or rolled the work back: a conflict, a bound reached); None for others."""
-    if is_unavailable(error):
-        return "UNAVAILABLE", UNAVAILABLE_MESSAGE
-    if is_conflict(error):
-        return "CONFLICT", CONFLICT_MESSAGE
-    if is_lock_timeout(error):
-        return "CONFLICT", LOCK_TIMEOUT_MESSAGE
-    if is_statement_timeout(error):
-        return "UNAVAILABLE", STATEMENT_TIMEOUT_MESSAGE
-    return None
 
 
 def classify(error: GraphQLError) -> tuple[str, str]:
