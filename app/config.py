@@ -133,6 +133,15 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir)
     pool_min_size: int = Field(default=2, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
+    # Bounds on the database work of requests and turns, set on each pooled connection as it
+    # connects (0: none): a statement's run, a wait for a lock (a row another transaction
+    # holds), and a transaction left idle (a process stalled mid-transaction). Search upkeep
+    # lifts them for its own connection (index builds take minutes), and the command line's
+    # pool (exports, imports, reembed, maintain-search) has none. Generous for every request:
+    # the slowest, eraseSession of a 20,000-turn session, is about 3.5 s.
+    statement_timeout_seconds: float = Field(default=60.0, ge=0, le=DAY, allow_inf_nan=False)
+    lock_timeout_seconds: float = Field(default=10.0, ge=0, le=DAY, allow_inf_nan=False)
+    idle_in_transaction_seconds: float = Field(default=60.0, ge=0, le=DAY, allow_inf_nan=False)
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)

@@ -21,15 +21,15 @@ from app.auth.service import authenticate, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
-from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
+from app.db.errors import RETRY_AFTER_SECONDS, UNAVAILABLE_MESSAGE, database_refusal
 from app.db.health import Health
-from app.db.pool import create_pool
+from app.db.pool import bounds, create_pool
 from app.embeddings.base import Embedder
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
 from app.graphql.context import Context
-from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
+from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.http_body import read_limited, replaying
@@ -61,6 +61,21 @@ def _unavailable(body: object = None) -> JSONResponse:
     if all(e.get("message") == EMBEDDER_REFUSED_MESSAGE for e in unavailable):
         return JSONResponse(body, status_code=503)  # no retry mends it: no Retry-After
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def _refused(error: Exception) -> JSONResponse | None:
+    """The answer to a request the database refused outside GraphQL's execution (unavailable,
+    or its transaction rolled back: app/db/errors.py `database_refusal`); None for others."""
+    refused = database_refusal(error)
+    if refused is None:
+        return None
+    log.warning("database refused the request: %r", error)
+    code, message = refused
+    if code == "UNAVAILABLE":
+        return _unavailable(
+            {"data": None, "errors": [{"message": message, "extensions": {"code": code}}]}
+        )
+    return _error(409, code, message)
 
 
 def _too_many(body: object) -> JSONResponse:
@@ -162,9 +177,8 @@ class _Guard:
         except DomainError as e:
             return _error(401, e.code, e.message), body
         except Exception as e:
-            if is_unavailable(e):
-                log.warning("database unavailable: %r", e)
-                return _unavailable(), body
+            if (refused := _refused(e)) is not None:
+                return refused, body
             raise
         scope.setdefault("state", {})["context"] = Context(state, caller)
         return None, body
@@ -232,6 +246,15 @@ class Started:
             await asyncio.to_thread(self.server.stop)
 
 
+def request_bounds(settings: Settings) -> dict[str, str]:
+    """The bounds on the service's database work (its pool's), from the settings."""
+    return bounds(
+        settings.statement_timeout_seconds,
+        settings.lock_timeout_seconds,
+        settings.idle_in_transaction_seconds,
+    )
+
+
 async def start_state(settings: Settings, embedder: Embedder | None = None) -> Started:
     """Starts the database (embedded when no URL is set, then supervised: restarted if it
     dies), migrates it, and opens the pool."""
@@ -244,7 +267,10 @@ async def start_state(settings: Settings, embedder: Embedder | None = None) -> S
     try:
         await asyncio.to_thread(migrate.upgrade, url)
         pool = await create_pool(
-            url, min_size=settings.pool_min_size, max_size=settings.pool_max_size
+            url,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            limits=request_bounds(settings),
         )
     except BaseException:
         if server is not None:
@@ -324,9 +350,8 @@ def create_app(
 
     async def unexpected(request: Request, error: Exception) -> Response:
         # Whatever escaped the GraphQL layer still answers in its shape, never as plain text.
-        if is_unavailable(error):
-            log.warning("database unavailable: %r", error)
-            return _unavailable()
+        if (refused := _refused(error)) is not None:
+            return refused
         log.error("unhandled error on %s", request.url.path, exc_info=error)
         return _error(500, "INTERNAL", INTERNAL_MESSAGE)
 

@@ -32,6 +32,7 @@ from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
+from app.main import request_bounds
 from app.runtime.model import ModelClient
 from app.services import start_services, stop_services
 from app.state import AppState
@@ -121,7 +122,8 @@ def settings(request: pytest.FixtureRequest, db_url: str) -> Settings:
 async def state(
     request: pytest.FixtureRequest, settings: Settings, db_url: str, embedder: StaticEmbedder
 ) -> AsyncIterator[AppState]:
-    pool = await create_pool(db_url, min_size=1, max_size=8)
+    # Bounded as the service's pool is (app/main.py), by the test's settings.
+    pool = await create_pool(db_url, min_size=1, max_size=8, limits=request_bounds(settings))
     state = AppState(settings=settings, pool=pool, embedder=embedder)
     await start_services(state)
     if _uses_model_server(request):

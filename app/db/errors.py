@@ -1,5 +1,7 @@
 """Which failures mean the database cannot be reached (answered 503 UNAVAILABLE, retry later),
-and which mean a transaction met another at the same moment (answered CONFLICT, retry)."""
+which mean a transaction met another at the same moment (answered CONFLICT, retry), and which
+mean a statement or a lock wait ran past the pool's bounds (app/db/pool.py `bounds`); and what
+a client is told of each (`database_refusal`: GraphQL, MCP and the HTTP edge alike)."""
 
 import errno
 import socket
@@ -12,8 +14,9 @@ RETRY_AFTER_SECONDS = 5
 
 # SQLSTATE classes and codes of a server that is down, restarting, in recovery, full, or a
 # standby: 08 connection exceptions, 57P01-57P05 (shutdown, crash, cannot connect now, database
-# dropped, idle timeout), 53300 too many connections, 25006 read-only transaction.
-_STATES = ("08", "57P0", "53300", "25006")
+# dropped, idle timeout), 53300 too many connections, 25006 read-only transaction; and 25P03, a
+# session the server ended for idling in its transaction past its bound (a stalled process).
+_STATES = ("08", "57P0", "53300", "25006", "25P03")
 
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
@@ -61,9 +64,65 @@ def is_unavailable(error: BaseException | None) -> bool:
 _CONFLICT_STATES = ("40001", "40P01")
 
 
-def is_conflict(error: BaseException | None) -> bool:
-    """True when `error` (or what caused it) is a transaction rolled back for meeting another."""
+def _sqlstate(error: BaseException | None) -> str | None:
+    """The SQLSTATE of the first database error among `error` and what caused it."""
     for cause in _causes(error):
         if isinstance(cause, asyncpg.PostgresError):
-            return getattr(cause, "sqlstate", None) in _CONFLICT_STATES
-    return False
+            return getattr(cause, "sqlstate", None)
+    return None
+
+
+def is_conflict(error: BaseException | None) -> bool:
+    """True when `error` (or what caused it) is a transaction rolled back for meeting another."""
+    return _sqlstate(error) in _CONFLICT_STATES
+
+
+def is_lock_timeout(error: BaseException | None) -> bool:
+    """True when a statement waited for a lock (rows or a table another transaction holds)
+    past lock_timeout (55P03 lock_not_available, asyncpg's LockNotAvailableError): its
+    transaction is rolled back. The app takes no lock with NOWAIT, the other source of 55P03."""
+    return _sqlstate(error) == "55P03"
+
+
+def is_statement_timeout(error: BaseException | None) -> bool:
+    """True when a statement was cancelled by the server (57014 query_canceled, asyncpg's
+    QueryCanceledError): it ran past statement_timeout, or an operator cancelled it
+    (pg_cancel_backend). Its transaction is rolled back. (A task cancelled while it waits for
+    a statement raises CancelledError, not this.)"""
+    return _sqlstate(error) == "57014"
+
+
+UNAVAILABLE_MESSAGE = (
+    "The database is unavailable (restarting, in recovery or out of connections); "
+    f"retry in {RETRY_AFTER_SECONDS} seconds."
+)
+CONFLICT_MESSAGE = (
+    "This request ran into another change made at the same moment, and the database rolled "
+    "its transaction back; retry it."
+)
+# The pool's bounds (app/db/pool.py `bounds`): a lock wait past its bound met another change
+# holding the rows, as a deadlock does (CONFLICT: retry); a statement past its bound met a
+# database too busy to finish it in time (UNAVAILABLE, 503 with Retry-After).
+LOCK_TIMEOUT_MESSAGE = (
+    "This request waited longer than the service allows (ENGRAM_LOCK_TIMEOUT_SECONDS) for data "
+    "another change was holding, and the database rolled its transaction back; retry it."
+)
+STATEMENT_TIMEOUT_MESSAGE = (
+    "The database did not finish this request's work within the time the service allows "
+    "(ENGRAM_STATEMENT_TIMEOUT_SECONDS), and rolled its transaction back; "
+    f"retry in {RETRY_AFTER_SECONDS} seconds."
+)
+
+
+def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
+    """The code and the message for a failure of the database that is no fault of ours (it is
+    unavailable, or rolled the work back: a conflict, a bound reached); None for others."""
+    if is_unavailable(error):
+        return "UNAVAILABLE", UNAVAILABLE_MESSAGE
+    if is_conflict(error):
+        return "CONFLICT", CONFLICT_MESSAGE
+    if is_lock_timeout(error):
+        return "CONFLICT", LOCK_TIMEOUT_MESSAGE
+    if is_statement_timeout(error):
+        return "UNAVAILABLE", STATEMENT_TIMEOUT_MESSAGE
+    return None

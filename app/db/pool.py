@@ -1,6 +1,7 @@
 """The asyncpg pool: one per process, created in the app's lifespan."""
 
 import json
+import math
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -16,6 +17,18 @@ from pgvector.asyncpg import register_vector
 # sets its `hnsw.ef_search` inside its statement, app/memory/search_store.py; EF_SEARCH in
 # app/memory/search.py is this default.)
 SESSION_SETTINGS = {"hnsw.ef_search": "80", "hnsw.iterative_scan": "relaxed_order"}
+
+# The bounds on a request's database work (`create_pool`), PostgreSQL's settings for them, set
+# at connect like SESSION_SETTINGS (no statement sent per acquire) and so kept by RESET ALL.
+BOUNDS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+
+
+def bounds(statement: float = 0, lock: float = 0, idle_in_transaction: float = 0) -> dict[str, str]:
+    """The server settings for those bounds, each in seconds, as whole milliseconds
+    (PostgreSQL's unit for them; a bound under one is one, not none). 0 sets none: the
+    server's own applies (none, unless the database or role sets one)."""
+    seconds = (statement, lock, idle_in_transaction)
+    return {name: str(math.ceil(s * 1000)) for name, s in zip(BOUNDS, seconds, strict=True) if s}
 
 
 class PooledConnection(asyncpg.Connection):
@@ -52,6 +65,18 @@ def session_changed(conn: asyncpg.Connection) -> None:
     mark = getattr(conn, "session_changed", None)
     if mark is not None:
         mark()
+
+
+async def lift_bounds(conn: asyncpg.Connection) -> None:
+    """Lifts the pool's bounds (BOUNDS) for `conn` until it is released: for upkeep that is
+    long by design (CREATE INDEX CONCURRENTLY over a large table, which also waits for every
+    older transaction to end), never for a request's work."""
+    session_changed(conn)  # the pool's RESET ALL brings the bounds back on release
+    await conn.execute(
+        "SELECT set_config('statement_timeout', '0', false), "
+        "set_config('lock_timeout', '0', false), "
+        "set_config('idle_in_transaction_session_timeout', '0', false)"
+    )
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
@@ -126,7 +151,11 @@ class SharedPool(asyncpg.Pool):
         return _SharedAcquire(acquiring, share)
 
 
-async def create_pool(url: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(
+    url: str, *, min_size: int = 2, max_size: int = 10, limits: dict[str, str] | None = None
+) -> asyncpg.Pool:
+    """`limits`: `bounds(...)` for the connections' statements, lock waits and idle
+    transactions (None: none, for the command line's own work)."""
     # asyncpg.create_pool's defaults, but for those set here; the class is ours.
     return await SharedPool(
         url,
@@ -135,7 +164,7 @@ async def create_pool(url: str, *, min_size: int = 2, max_size: int = 10) -> asy
         max_queries=50_000,
         max_inactive_connection_lifetime=300.0,
         init=init_connection,
-        server_settings=SESSION_SETTINGS,
+        server_settings={**SESSION_SETTINGS, **(limits or {})},
         connection_class=PooledConnection,
         record_class=asyncpg.Record,
         loop=None,

@@ -69,8 +69,13 @@ async def record_model(conn: asyncpg.Connection, name: str, dimensions: int) -> 
 
 
 async def lock_model_xact(conn: asyncpg.Connection) -> None:
-    """Serializes changes to the recorded model until the transaction ends."""
-    await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK})")
+    """Serializes changes to the recorded model until the transaction ends. A service's start
+    waits past the pool's bounds (app/db/pool.py `bounds`) for an `engram reembed` holding it,
+    as before there were bounds: it is no request."""
+    await conn.execute(
+        "SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0; "
+        f"SELECT pg_advisory_xact_lock({_LOCK})"
+    )
 
 
 async def try_lock_model(conn: asyncpg.Connection) -> bool:

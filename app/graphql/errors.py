@@ -8,7 +8,7 @@ from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
 
-from app.db.errors import RETRY_AFTER_SECONDS, is_conflict, is_unavailable
+from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.errors import DomainError
 
@@ -25,14 +25,6 @@ CODES = (
     "INTERNAL",
 )
 INTERNAL_MESSAGE = "Internal error."
-UNAVAILABLE_MESSAGE = (
-    "The database is unavailable (restarting, in recovery or out of connections); "
-    f"retry in {RETRY_AFTER_SECONDS} seconds."
-)
-CONFLICT_MESSAGE = (
-    "This request ran into another change made at the same moment, and the database rolled "
-    "its transaction back; retry it."
-)
 EMBEDDER_MESSAGE = (
     "The embedding model could not embed the text (its provider failed; the service's log says "
     f"why); retry in {RETRY_AFTER_SECONDS} seconds."
@@ -56,10 +48,9 @@ def classify(error: GraphQLError) -> tuple[str, str]:
     if isinstance(original, ValueError) and error.path is None:
         # A scalar refused a variable or literal before anything ran.
         return "BAD_REQUEST", error.message
-    if is_unavailable(original):
-        return "UNAVAILABLE", UNAVAILABLE_MESSAGE
-    if is_conflict(original):
-        return "CONFLICT", CONFLICT_MESSAGE
+    refused = database_refusal(original)
+    if refused is not None:
+        return refused
     if isinstance(original, EmbeddingFailed) and not original.transient:
         return "UNAVAILABLE", EMBEDDER_REFUSED_MESSAGE
     if isinstance(original, EmbedderUnavailable | EmbeddingFailed):
@@ -91,7 +82,7 @@ class Schema(strawberry.Schema):
             code = classify(error)[0]
             if code == "UNAVAILABLE":
                 log.warning("unavailable at %s: %r", error.path, error.original_error)
-            elif code == "CONFLICT" and is_conflict(error.original_error):
+            elif code == "CONFLICT" and database_refusal(error.original_error) is not None:
                 log.warning("rolled back at %s: %r", error.path, error.original_error)
             elif code == "INTERNAL":
                 log.error(

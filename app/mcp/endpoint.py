@@ -12,6 +12,7 @@ agent's own model would read.
 """
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -28,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate
-from app.db.errors import RETRY_AFTER_SECONDS, is_unavailable
+from app.db.errors import RETRY_AFTER_SECONDS, database_refusal, is_unavailable
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
@@ -36,6 +37,8 @@ from app.http_body import read_limited, replaying
 from app.runtime import calls
 from app.state import AppState
 from app.text import check_storable
+
+log = logging.getLogger(__name__)
 
 SCOPE_KEY = "engram.mcp"
 INSTRUCTIONS = (
@@ -116,6 +119,15 @@ async def _call_tool(
     except DomainError as e:
         # Refused before anything ran (a grant, the agent gone meanwhile, a bad argument).
         body = {"error": e.message, "code": e.code}
+        return _text(json.dumps(body, ensure_ascii=False), is_error=True)
+    except Exception as e:
+        # The database refused the call's start (a lock held past its bound, ...): said as
+        # GraphQL says it, not in the database's words.
+        refused = database_refusal(e)
+        if refused is None:
+            raise
+        log.warning("tool call refused by the database: %r", e)
+        body = {"error": refused[1], "code": refused[0]}
         return _text(json.dumps(body, ensure_ascii=False), is_error=True)
     return _text(outcome.content, outcome.is_error)
 

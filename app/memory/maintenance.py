@@ -43,7 +43,7 @@ from uuid import UUID
 import asyncpg
 
 from app import tasks
-from app.db.pool import drawing_on, session_changed
+from app.db.pool import drawing_on, lift_bounds, session_changed
 from app.history import indexes as history_indexes
 from app.memory import visibility
 
@@ -527,6 +527,7 @@ class IndexBuilds:
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
             return False
         try:
+            await lift_bounds(conn)  # a build takes minutes, and waits for older transactions
             if self._build_memory:
                 await conn.execute(
                     "SELECT set_config('maintenance_work_mem', $1, false)", self._build_memory
@@ -613,6 +614,8 @@ async def run_round(
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
             return None
         try:
+            # Builds take minutes and wait for older transactions; counts read whole agents.
+            await lift_bounds(conn)
             await _record_round(conn, finished=False)
             if build_memory:
                 # Session-wide for this connection; the pool resets it on release.

@@ -23,6 +23,7 @@ from app import fairness
 from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
+from app.db.errors import is_lock_timeout, is_statement_timeout
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.executions import store
@@ -859,6 +860,16 @@ def _failure_message(error: BaseException) -> str:
                 "not help until the service's embedding provider is fixed"
             )
         return "the embedding model failed (logged by the service); retry the execution"
+    if is_lock_timeout(error):
+        return (
+            "the turn waited longer than ENGRAM_LOCK_TIMEOUT_SECONDS for data another change was "
+            "holding, and its database work was rolled back; retry the execution"
+        )
+    if is_statement_timeout(error):
+        return (
+            "the database did not finish the turn's work within ENGRAM_STATEMENT_TIMEOUT_SECONDS, "
+            "and rolled it back; retry the execution"
+        )
     return "the turn failed on an internal error (logged by the service); retry the execution"
 
 
@@ -868,6 +879,8 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         log.warning(
             "turn %s failed: the embedding model failed: %s", context.execution.execution_id, error
         )
+    elif is_lock_timeout(error) or is_statement_timeout(error):
+        log.warning("turn %s failed: %r", context.execution.execution_id, error)
     elif not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
         log.error("turn %s failed", context.execution.execution_id, exc_info=error)
     message = storable(_failure_message(error))
@@ -883,6 +896,9 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
             )
     try:
         async with context.state.pool.acquire() as conn, conn.transaction():
+            # The transcript is kept even when the commit's wait for its session ran past the
+            # lock bound: this wait is bounded by the statement bound only.
+            await conn.execute("SET LOCAL lock_timeout = 0")
             # Failed by a sweep while it ran (its process stalled), its session may have been
             # erased since: then it writes no words back.
             await _lock_session(conn, context.execution)

@@ -1,0 +1,294 @@
+"""Bounded database waits (app/db/pool.py `bounds`, ENGRAM_STATEMENT_TIMEOUT_SECONDS,
+ENGRAM_LOCK_TIMEOUT_SECONDS, ENGRAM_IDLE_IN_TRANSACTION_SECONDS): a request's statement or
+lock wait past its bound is refused with a clear, retryable error and writes nothing; a turn
+that meets one fails as failed turns do; search upkeep, long by design, is not cut off."""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+import httpx
+import pytest
+from factories import (
+    allow,
+    caller,
+    make_agent,
+    make_agent_id,
+    memory_harness,
+    remember,
+    token_for,
+)
+from helpers import eventually
+from mcp_support import call, mcp_session, mcp_url, refused
+from openai_server import OpenAIServer
+from runtime_support import EXECUTE, chat, events, memories, run, tool_runs
+
+from app.auth.caller import Caller
+from app.config import Settings
+from app.db import errors
+from app.db.pool import bounds, create_pool, lift_bounds, session_changed
+from app.embeddings.setup import ensure_model
+from app.main import request_bounds
+from app.memory import maintenance
+from app.memory.vectors import VECTOR_COLUMNS
+from app.state import AppState
+
+EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
+DELETE = """mutation($a: UUID!, $id: UUID!) {
+  deleteAgentMemory(actionId: $a, id: $id) { status version } }"""
+READ = "query($a: UUID!, $id: UUID!) { agentMemory(actionId: $a, id: $id) { status version } }"
+SETTINGS = (
+    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'), "
+    "current_setting('idle_in_transaction_session_timeout')"
+)
+
+
+async def waiting(state: AppState, sql: str) -> bool:
+    """Whether a statement holding `sql` waits for a lock."""
+    return bool(
+        await state.pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND position($1 in query) > 0 AND pid <> pg_backend_pid()",
+            sql,
+        )
+    )
+
+
+@asynccontextmanager
+async def holding(url: str, sql: str, *args: object) -> AsyncIterator[asyncpg.Connection]:
+    """Another client's transaction holding the locks `sql` takes, until the block ends."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute(sql, *args)
+            yield conn
+    finally:
+        await conn.close()
+
+
+def test_the_defaults_bound_every_request_generously() -> None:
+    settings = Settings()
+    assert request_bounds(settings) == {
+        "statement_timeout": "60000",
+        "lock_timeout": "10000",
+        "idle_in_transaction_session_timeout": "60000",
+    }
+    # 0 sets none: the server's own applies; a bound under a millisecond is one, not none.
+    assert bounds(0, 0.0001, 0) == {"lock_timeout": "1"}
+
+
+@pytest.mark.settings(lock_timeout_seconds=0.3)
+async def test_a_request_waiting_on_a_locked_row_past_the_lock_bound_is_a_conflict(
+    state: AppState, gql, admin: Caller, db_url: str
+) -> None:
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "wrong address", scope="AGENT")
+    deleter = caller(agent.account_id, EVERYTHING, principal="ops@example.com")
+    ids = {"a": str(agent.action_id), "id": str(record.memory_id)}
+    lock = "SELECT FROM agent_memories WHERE memory_id = $1 FOR UPDATE"
+    async with holding(db_url, lock, record.memory_id) as other:
+        refused = await asyncio.wait_for(gql(deleter, DELETE, **ids), 30)
+        # Answered while the other transaction still holds the row: not after it let go.
+        assert not other.is_closed() and other.is_in_transaction()
+    assert refused.codes == ["CONFLICT"], refused.errors
+    assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in refused.errors[0]["message"]
+    assert refused.data is None
+    # Nothing written; once the row is free, the retry passes.
+    assert (await gql(admin, READ, **ids)).ok()["agentMemory"] == {"status": "ACTIVE", "version": 1}
+    assert (
+        await state.pool.fetchval(
+            "SELECT count(*) FROM agent_memories WHERE memory_id = $1", record.memory_id
+        )
+        == 1
+    )
+    deleted = (await gql(deleter, DELETE, **ids)).ok()["deleteAgentMemory"]
+    assert deleted == {"status": "DELETED", "version": 2}
+
+
+@pytest.mark.settings(statement_timeout_seconds=0.3, lock_timeout_seconds=0)
+async def test_a_statement_past_the_statement_bound_is_refused_unavailable(
+    state: AppState, gql, admin: Caller, db_url: str
+) -> None:
+    """With no lock bound, the statement bound ends the same wait: QueryCanceledError."""
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "wrong address", scope="AGENT")
+    ids = {"a": str(agent.action_id), "id": str(record.memory_id)}
+    lock = "SELECT FROM agent_memories WHERE memory_id = $1 FOR UPDATE"
+    async with holding(db_url, lock, record.memory_id) as other:
+        refused = await asyncio.wait_for(gql(admin, DELETE, **ids), 30)
+        assert other.is_in_transaction()
+    assert refused.codes == ["UNAVAILABLE"], refused.errors
+    assert "ENGRAM_STATEMENT_TIMEOUT_SECONDS" in refused.errors[0]["message"]
+    assert (await gql(admin, READ, **ids)).ok()["agentMemory"] == {"status": "ACTIVE", "version": 1}
+
+
+@pytest.mark.settings(statement_timeout_seconds=0.3, lock_timeout_seconds=0)
+async def test_a_statement_past_its_bound_answers_503_with_retry_after(
+    state: AppState, admin: Caller, base_url: str, db_url: str
+) -> None:
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "wrong address", scope="AGENT")
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    body = {"query": DELETE, "variables": {"a": str(agent.action_id), "id": str(record.memory_id)}}
+    lock = "SELECT FROM agent_memories WHERE memory_id = $1 FOR UPDATE"
+    async with (
+        holding(db_url, lock, record.memory_id),
+        httpx.AsyncClient(base_url=base_url, timeout=30) as http,
+    ):
+        response = await http.post(
+            "/graphql", json=body, headers={"authorization": f"Bearer {token}"}
+        )
+    assert response.status_code == 503, response.text
+    assert int(response.headers["retry-after"]) > 0
+    assert [e["extensions"]["code"] for e in response.json()["errors"]] == ["UNAVAILABLE"]
+
+
+async def test_the_pool_sets_its_bounds_at_connect_and_keeps_them_through_a_reset(
+    db_url: str,
+) -> None:
+    pool = await create_pool(db_url, min_size=1, max_size=1, limits=bounds(0.2, 0.1, 5))
+    try:
+        async with pool.acquire() as conn:
+            backend = await conn.fetchval("SELECT pg_backend_pid()")
+            assert tuple(await conn.fetchrow(SETTINGS)) == ("200ms", "100ms", "5s")
+            with pytest.raises(asyncpg.QueryCanceledError) as cancelled:
+                await conn.execute("SELECT pg_sleep(2)")
+            assert errors.is_statement_timeout(cancelled.value)
+            assert not errors.is_unavailable(cancelled.value)
+            await lift_bounds(conn)  # upkeep's: none until the connection is released
+            assert tuple(await conn.fetchrow(SETTINGS)) == ("0", "0", "0")
+            await conn.execute("SELECT pg_sleep(0.4)")
+        async with pool.acquire() as conn:
+            # The same connection, reset (RESET ALL) to the bounds it connected with.
+            assert await conn.fetchval("SELECT pg_backend_pid()") == backend
+            assert tuple(await conn.fetchrow(SETTINGS)) == ("200ms", "100ms", "5s")
+            session_changed(conn)
+        async with pool.acquire() as conn:
+            assert tuple(await conn.fetchrow(SETTINGS)) == ("200ms", "100ms", "5s")
+    finally:
+        await pool.close()
+
+
+async def test_a_transaction_left_idle_past_its_bound_is_ended_as_unavailable(
+    db_url: str,
+) -> None:
+    """A process stalled mid-transaction holds no row locks for long: the server ends its
+    session, and what it then tries is answered as a database gone (UNAVAILABLE, retry)."""
+    pool = await create_pool(db_url, min_size=1, max_size=1, limits=bounds(idle_in_transaction=0.2))
+    try:
+        async with pool.acquire() as conn:
+            with pytest.raises(Exception) as ended:  # noqa: PT011 (asyncpg's, by its state)
+                async with conn.transaction():
+                    await conn.execute("SELECT FROM agent_memories FOR UPDATE")
+                    await asyncio.sleep(1)
+                    await conn.execute("SELECT 1")
+            assert errors.is_unavailable(ended.value), repr(ended.value)
+        async with pool.acquire() as conn:  # the pool replaces the connection
+            assert await conn.fetchval("SELECT 1") == 1
+        # Should the server's own word for it arrive first, it reads the same.
+        timeout = asyncpg.exceptions.IdleInTransactionSessionTimeoutError("idle timeout")
+        assert errors.is_unavailable(timeout)
+    finally:
+        await pool.close()
+
+
+@pytest.mark.settings(lock_timeout_seconds=0.3)
+async def test_a_turn_past_the_lock_bound_fails_and_keeps_nothing(
+    state: AppState, gql, admin: Caller, model_server: OpenAIServer, db_url: str
+) -> None:
+    action_id = await make_agent_id(state, admin, harness=memory_harness(tools=["add_memory"]))
+    model_server.say("Hello.")
+    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"
+    session = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
+    # Refused at its start, while another transaction holds its session: nothing runs.
+    async with holding(db_url, session, uuid.UUID(action_id)):
+        refused = await gql(
+            admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "hi"}
+        )
+    assert refused.codes == ["CONFLICT"], refused.errors
+    # Held from while its model works: the turn fails at its commit, as failed turns do.
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Noted.", delay=1.0)
+    turn = asyncio.create_task(run(gql, admin, action_id, "email me"))
+    await eventually(lambda: len(chat(model_server)) == 3, "the turn's last model call")
+    async with holding(db_url, session, uuid.UUID(action_id)):
+        # Its commit waits past the lock bound and fails; the failure's own record waits on.
+        await eventually(lambda: waiting(state, "FOR SHARE"), "the failure's wait", 30)
+        await asyncio.sleep(0.6)  # past the lock bound
+    failed = await asyncio.wait_for(turn, 30)
+    assert failed["status"] == "FAILED"
+    assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in failed["error"], failed["error"]
+    # Its transcript kept whole, as any failed turn's.
+    assert len(tool_runs(failed, "add_memory")) == 1
+    (ended,) = events(failed, "turn.failed")
+    assert ended == {"error": failed["error"]}
+    assert await memories(gql, admin, action_id) == []
+    # It can be retried.
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Noted.")
+    retried = await run(gql, admin, action_id, execution_id=failed["executionId"], input=None)
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert len(await memories(gql, admin, action_id)) == 1
+
+
+@pytest.mark.settings(statement_timeout_seconds=0.2, lock_timeout_seconds=0.2)
+async def test_search_upkeep_is_not_cut_off_by_the_bounds(
+    state: AppState, admin: Caller, db_url: str
+) -> None:
+    """An index build waits for every older transaction (CREATE INDEX CONCURRENTLY): here a
+    second, past both bounds of the pool it runs on; it finishes, and the connection goes
+    back to the pool bounded again."""
+    agent = await make_agent(state, admin)
+    for i in range(6):
+        await remember(state, agent, f"note {i}", scope="AGENT")
+    # A snapshot older than the build's, held for a second.
+    async with holding(db_url, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ") as other:
+        await other.fetchval("SELECT count(*) FROM agent_memories")
+        round_ = asyncio.create_task(maintenance.run_round(state.pool, min_records=5))
+        await asyncio.sleep(1)
+        assert not round_.done()  # waiting for this transaction, past both bounds
+    done = await asyncio.wait_for(round_, 60)
+    assert done is not None and done.failed == [], done
+    assert sorted(done.built) == sorted(maintenance.index_names(agent.account_id, agent.action_id))
+    async with state.pool.acquire() as conn:
+        assert tuple(await conn.fetchrow(SETTINGS)) == ("200ms", "200ms", "1min")
+
+
+async def test_a_start_waits_past_the_bounds_for_a_reembed_holding_the_model(
+    db_url: str, embedder
+) -> None:
+    """`engram reembed` holds the model's lock for its whole run; a service starting meanwhile
+    waits for it (its start is no request) rather than failing at the lock bound."""
+    pool = await create_pool(db_url, min_size=1, max_size=1, limits=bounds(0.2, 0.2))
+    try:
+        async with holding(db_url, "SELECT pg_advisory_xact_lock(hashtext('engram.embedding'))"):
+            start = asyncio.create_task(ensure_model(pool, embedder, VECTOR_COLUMNS))
+            await asyncio.sleep(0.6)
+            assert not start.done()
+        await asyncio.wait_for(start, 30)
+    finally:
+        await pool.close()
+
+
+@pytest.mark.settings(lock_timeout_seconds=0.3)
+async def test_an_mcp_call_refused_at_the_lock_bound_says_so_as_graphql_does(
+    state: AppState, admin: Caller, base_url: str, db_url: str
+) -> None:
+    harness = memory_harness(tools=["add_memory"], scope={"write": ["session", "agent"]})
+    action_id = await make_agent_id(state, admin, harness=harness)
+    policies = (
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT", "INSERT", "UPDATE"], "financial.AgentMemory.*"),
+    )
+    token = await token_for(state, admin, "client", *policies)
+    note = {"summary": "Ada prefers email", "kind": "fact", "scope": "agent"}
+    session = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
+    async with mcp_session(mcp_url(base_url, action_id), token) as client:
+        await call(client, "add_memory", **note)  # the session exists
+        async with holding(db_url, session, uuid.UUID(action_id)):
+            body = await refused(client, "add_memory", **note)
+        assert body["code"] == "CONFLICT", body
+        assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in body["error"]
+        await call(client, "add_memory", **note)
