@@ -406,6 +406,32 @@ async def test_m7_add_agent_memory_with_a_key_writes_once(
     assert kept.codes == ["CONFLICT"]
 
 
+async def test_a_backlog_of_old_keys_is_forgotten_in_batches(
+    admin: Caller, state: AppState
+) -> None:
+    """A backlog (the first sweep after a long stop) is deleted a batch at a time, each batch
+    its own statement within the statement bound, until none is left; a recent key stays."""
+    from app.idempotency import store as idempotency_store
+    from app.idempotency.keys import KEEP_SECONDS
+
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO idempotency_keys (account_id, principal, operation, key, request,"
+            " result, created) SELECT $1, 'backlog', 'op', 'old' || i, '', '{}',"
+            " now() - interval '2 days' FROM generate_series(1, 25) i",
+            admin.account_id,
+        )
+        await conn.execute(
+            "INSERT INTO idempotency_keys (account_id, principal, operation, key, request,"
+            " result) VALUES ($1, 'backlog', 'op', 'new', '', '{}')",
+            admin.account_id,
+        )
+        forgotten = await idempotency_store.forget_older_than(conn, KEEP_SECONDS, batch=10)
+        left = await conn.fetch("SELECT key FROM idempotency_keys WHERE principal = 'backlog'")
+    assert forgotten == 25
+    assert [r["key"] for r in left] == ["new"]
+
+
 async def test_m7_a_deleted_clients_keys_go_with_it(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:

@@ -49,8 +49,30 @@ async def insert(
     return bool(inserted)
 
 
-async def forget_older_than(conn: asyncpg.Connection, seconds: float) -> int:
-    status = await conn.execute(
-        "DELETE FROM idempotency_keys WHERE created < now() - make_interval(secs => $1)", seconds
-    )
-    return int(status.split()[-1])
+FORGET_BATCH = 10_000
+
+
+async def forget_older_than(
+    conn: asyncpg.Connection, seconds: float, batch: int = FORGET_BATCH
+) -> int:
+    """Deletes the keys older than `seconds`, `batch` at a time, each batch its own statement
+    (outside a transaction, each commits): a backlog, such as the first sweep after a long
+    stop, stays within the pool's statement bound (ENGRAM_STATEMENT_TIMEOUT_SECONDS) and holds
+    no lock on all of it at once."""
+    forgotten = 0
+    while True:
+        status = await conn.execute(
+            """
+            DELETE FROM idempotency_keys k
+            USING (SELECT account_id, principal, operation, key FROM idempotency_keys
+                   WHERE created < now() - make_interval(secs => $1) LIMIT $2) old
+            WHERE (k.account_id, k.principal, k.operation, k.key)
+                = (old.account_id, old.principal, old.operation, old.key)
+            """,
+            seconds,
+            batch,
+        )
+        done = int(status.split()[-1])
+        forgotten += done
+        if done < batch:
+            return forgotten
