@@ -109,7 +109,8 @@ class Connections:
     A share's waiter may take one only while it holds fewer than its limit, and, holding some
     already, only if more than `RESERVE` are free. So an account holding none finds a free
     connection at once whatever the others hold, unless as many acquires of accounts holding
-    none (or of work without a share) hold the reserve; then it takes the next one given back.
+    none (or of work without a share) hold the reserve; then it takes one of the first given
+    back, after work without a share and accounts holding none that waited longer.
 
     Every `async with pool.acquire()` passes here first (`SharedPool`), so an acquire given
     leave finds a connection free in asyncpg's own queue, which never has to choose: that queue
