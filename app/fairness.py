@@ -9,7 +9,10 @@ Each bound is per account and per process (several processes each apply their ow
   its model for seconds to minutes, so it gives its request's place back to the account's other
   requests and holds a turn's place instead, waiting and refused the same way;
 - pooled connections held at once by all of the account's requests and turns (app/db/pool.py
-  `drawing_on`): beyond it they wait for one of the account's own to be released.
+  `drawing_on`, `Connections`): beyond it they wait for one of the account's own to be
+  released; an account already holding some leaves one connection of the pool free for an
+  account holding none, and a connection given back goes to the account waiting that holds the
+  fewest.
 """
 
 import asyncio
@@ -20,7 +23,7 @@ from contextvars import ContextVar
 from uuid import UUID
 
 from app.config import Settings
-from app.db.pool import drawing_on
+from app.db.pool import Share, drawing_on
 from app.errors import TooManyRequests
 
 # What a refusal's Retry-After says: a place frees as soon as one of the account's requests
@@ -118,22 +121,6 @@ class PerAccount:
         if slots.idle:
             del self._slots[account_id]
 
-    def share(self, account_id: UUID) -> "AccountShare":
-        return AccountShare(self, account_id)
-
-
-class AccountShare:
-    """One account's places in a `PerAccount`, as app/db/pool.py's `Share`."""
-
-    def __init__(self, bound: PerAccount, account_id: UUID) -> None:
-        self.bound, self.account_id = bound, account_id
-
-    async def acquire(self) -> None:
-        await self.bound.take(self.account_id)  # no queue bound, no time limit: always True
-
-    def release(self) -> None:
-        self.bound.give_back(self.account_id)
-
 
 class Fairness:
     """The process's bounds, from the settings (each `ENGRAM_MAX_*_PER_ACCOUNT`)."""
@@ -143,7 +130,7 @@ class Fairness:
         requests, turns = settings.requests_per_account(), settings.turns_per_account()
         self.requests = PerAccount(requests, queue=requests if wait else 0, wait=wait)
         self.turns = PerAccount(turns, queue=turns if wait else 0, wait=wait)
-        self.connections = PerAccount(settings.connections_per_account())
+        self.connection_share = settings.connections_per_account()
 
     async def admit(self, account_id: UUID) -> "Admission":
         """A place for one of the account's requests, or TooManyRequests."""
@@ -176,7 +163,7 @@ class Admission:
         back when it ends, however it ends (an error, a cancellation, a client gone)."""
         token = _admitted.set(self)
         try:
-            with drawing_on(self.fairness.connections.share(self.account_id)):
+            with drawing_on(Share(self.account_id, self.fairness.connection_share)):
                 yield
         finally:
             _admitted.reset(token)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.db.pool import create_pool, drawing_on, session_changed
+from app.db.pool import Share, create_pool, drawing_on, session_changed
 from app.embeddings import store as embedding_store
 
 APP = Path(__file__).resolve().parents[1] / "app"
@@ -163,32 +163,18 @@ def test_the_migrations_functions_leave_sessions_alone() -> None:
     assert changing == []
 
 
-class _Share:
-    """A share of `size` connections that counts the most held at once."""
-
-    def __init__(self, size: int) -> None:
-        self.places = asyncio.Semaphore(size)
-        self.held = self.most = 0
-
-    async def acquire(self) -> None:
-        await self.places.acquire()
-        self.held += 1
-        self.most = max(self.most, self.held)
-
-    def release(self) -> None:
-        self.held -= 1
-        self.places.release()
-
-
 async def test_work_draws_its_connections_on_its_share(db_url: str) -> None:
     """app/fairness.py: one account's work holds at most its share of the pool; a task that
     holds one of its connections takes another without waiting for itself."""
     pool = await create_pool(db_url, min_size=0, max_size=4)
-    share = _Share(1)
+    share = Share("a", 1)
+    most = 0
     holding, release = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
+        nonlocal most
         async with pool.acquire() as conn:
+            most = max(most, pool.connections.held("a"))
             holding.set()
             # A second connection while it holds the share's only one: no deadlock.
             async with pool.acquire() as other:
@@ -210,11 +196,12 @@ async def test_work_draws_its_connections_on_its_share(db_url: str) -> None:
         tasks.append(elsewhere := asyncio.create_task(one_more()))
         assert await asyncio.wait_for(elsewhere, 10) == 2
         await asyncio.sleep(0.2)
-        assert not waiting.done() and share.held == 1
+        assert not waiting.done() and pool.connections.held("a") == 1
         release.set()
         await asyncio.wait_for(holder, 10)
         assert await asyncio.wait_for(waiting, 10) == 2
-        assert share.held == 0 and share.most == 1
+        assert pool.connections.held("a") == 0 and most == 1
+        assert pool.connections.in_use == 0
     finally:
         release.set()
         for task in tasks:

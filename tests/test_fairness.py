@@ -25,6 +25,7 @@ from runtime_support import EXECUTE
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
 from app.config import Settings
+from app.db.pool import Connections, Share
 from app.fairness import Fairness, PerAccount, Slots
 from app.state import AppState
 
@@ -306,16 +307,40 @@ async def _at_least(state: AppState, count: int) -> bool:
 
 
 @pytest.mark.settings(pool_max_size=4, max_connections_per_account=2, account_queue_seconds=0)
-async def test_healthz_answers_while_two_accounts_at_their_share_fill_the_pool(
+async def test_a_third_account_is_served_while_two_others_fill_their_shares(
     state: AppState, http: httpx.AsyncClient
 ) -> None:
-    """Each account holds at most half the pool, so two of them fill it: /healthz asks the
-    database on a connection of its own, and says the process is up rather than waiting."""
+    """Two accounts, each with more requests than its share (half the pool), hold one
+    connection fewer than the pool between them: the last is B's, at once, while A's and C's
+    requests beyond wait for theirs."""
     a = Client(http, (await tenant(state, "a"))[1])
+    b = Client(http, (await tenant(state, "b"))[1])
     c = Client(http, (await tenant(state, "c"))[1])
     async with executions_locked(state):
+        holding = [a.blocked() for _ in range(3)] + [c.blocked() for _ in range(3)]
+        await eventually(lambda: _at_least(state, 3), "A and C hold 3 of the 4 connections")
+        # Without the free connection B would wait here for one of theirs, until the lock goes.
+        answered(await asyncio.wait_for(b.post(SMALL), 30))
+        assert await waiting_on_lock(state) == 3
+        assert not any(request.done() for request in holding)
+    for request in holding:
+        assert (await request).status_code == 200
+
+
+@pytest.mark.settings(pool_max_size=4, max_connections_per_account=2, account_queue_seconds=0)
+async def test_healthz_answers_while_three_accounts_fill_the_pool(
+    state: AppState, http: httpx.AsyncClient
+) -> None:
+    """/healthz asks the database on a connection of its own, and says the process is up rather
+    than waiting for one of the pool's."""
+    a = Client(http, (await tenant(state, "a"))[1])
+    c = Client(http, (await tenant(state, "c"))[1])
+    d = Client(http, (await tenant(state, "d"))[1])
+    async with executions_locked(state):
         holding = [a.blocked(), a.blocked(), c.blocked(), c.blocked()]
-        await eventually(lambda: _at_least(state, 4), "A and C hold the whole pool")
+        await eventually(lambda: _at_least(state, 3), "A and C hold all they may")
+        holding.append(d.blocked())
+        await eventually(lambda: _at_least(state, 4), "D holds the last connection")
         health = await asyncio.wait_for(http.get("/healthz"), 10)
         assert health.status_code == 200 and health.json() == {"status": "ok"}
         assert not any(request.done() for request in holding)
@@ -432,3 +457,108 @@ async def test_a_conversation_handed_in_over_mcp_holds_a_turns_place(
     assert refusal["code"] == "TOO_MANY_REQUESTS" and "turns in progress" in refusal["error"]
     done = await reviewing
     assert done.json()["result"]["isError"] is False, done.text
+
+
+# --- who takes the pool's connections (app/db/pool.py `Connections`) ----------------------------
+
+
+def _taking(connections: Connections, share: Share | None) -> "asyncio.Task[None]":
+    return asyncio.create_task(connections.take(share))
+
+
+async def test_an_account_holding_none_takes_a_connection_before_those_holding_some() -> None:
+    connections = Connections(4)
+    a, b, c, d = (Share(name, 2) for name in "abcd")
+    for share in (a, a, c):
+        await connections.take(share)
+    # C holds one: its second would leave none free, so it waits; A waits for its own share.
+    c_second, a_third = _taking(connections, c), _taking(connections, a)
+    await asyncio.sleep(0)
+    assert not c_second.done() and not a_third.done()
+    # D, holding none, takes the free one at once.
+    await asyncio.wait_for(connections.take(d), 1)
+    assert connections.in_use == 4
+    # The pool is full: B waits too, behind C and A...
+    b_first = _taking(connections, b)
+    await asyncio.sleep(0)
+    assert not b_first.done()
+    # ...and takes the first connection given back, holding none.
+    connections.give_back(a)
+    await asyncio.sleep(0)
+    assert b_first.done() and not c_second.done() and not a_third.done()
+    # A newcomer holding none finds the pool full: it takes nothing B was given (no barging).
+    assert connections.in_use == 4 and connections.held("b") == 1
+    e_first = _taking(connections, Share("e", 2))
+    await asyncio.sleep(0)
+    assert not e_first.done()
+    # Then: E holds none; C and A one each, C waiting the longer.
+    connections.give_back(d)
+    await asyncio.sleep(0)
+    assert e_first.done() and not c_second.done() and not a_third.done()
+    connections.give_back(b)  # one free: the reserve, which neither C nor A may take
+    await asyncio.sleep(0)
+    assert not c_second.done() and not a_third.done()
+    connections.give_back(Share("e", 2))
+    await asyncio.sleep(0)
+    assert c_second.done() and not a_third.done()
+    assert (connections.in_use, connections.held("c"), connections.held("a")) == (3, 2, 1)
+    connections.give_back(c)
+    await asyncio.sleep(0)
+    assert a_third.done()
+    for share in (a, a, c):
+        connections.give_back(share)
+    assert connections.in_use == 0 and not connections._held and not connections._waiting
+
+
+async def test_unshared_work_and_a_tasks_second_connection_take_the_reserve_first() -> None:
+    """Work without a share (or a second connection of a task holding one, which acquires
+    without its share) is never held back by a share or the reserve: a task holding the
+    connections it waits on never waits for itself."""
+    connections = Connections(3)
+    a = Share("a", 3)
+    await connections.take(a)
+    await connections.take(a)
+    waiting = _taking(connections, a)  # would leave none free
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await asyncio.wait_for(connections.take(None), 1)  # takes the last one at once
+    second = _taking(connections, None)
+    b = _taking(connections, Share("b", 3))
+    await asyncio.sleep(0)
+    connections.give_back(a)
+    await asyncio.sleep(0)
+    assert second.done() and not b.done()  # unshared first, then B holding none
+    connections.give_back(None)
+    await asyncio.sleep(0)
+    assert b.done() and not waiting.done()
+
+
+async def test_a_cancelled_wait_for_a_connection_takes_nothing() -> None:
+    connections = Connections(1)
+    a, b = Share("a", 1), Share("b", 1)
+    await connections.take(a)
+    waiter = _taking(connections, b)
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    # Given leave just as it was cancelled: it passes the connection on.
+    c = Share("c", 1)
+    waiter, after = _taking(connections, b), _taking(connections, c)
+    await asyncio.sleep(0)
+    connections.give_back(a)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await asyncio.wait_for(after, 1)
+    connections.give_back(c)
+    # Cancelled, and passed over by a give back before it ran again.
+    await connections.take(a)
+    waiter = _taking(connections, b)
+    await asyncio.sleep(0)
+    waiter.cancel()
+    connections.give_back(a)
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert connections.in_use == 0 and not connections._held
+    assert not connections._waiting and not connections._first

@@ -1,11 +1,12 @@
 """/healthz's own connection to the database, apart from the pool.
 
 The pool may be full of accounts' work (each account holds at most its share, app/fairness.py,
-but two accounts at their share fill it) or of background rounds: a health check waiting for a
-pooled connection would report a busy process as a hung one, or hang until the load balancer
-gives up. One connection kept for the checks answers in milliseconds however busy the pool is,
-and a check that gets no answer within `TIMEOUT_SECONDS` reports the database unavailable
-rather than waiting longer than a load balancer's probe does.
+and leaves one connection for an account holding none, but a few accounts together fill it) or
+of background rounds: a health check waiting for a pooled connection would report a busy
+process as a hung one, or hang until the load balancer gives up. One connection kept for the
+checks answers in milliseconds however busy the pool is, and a check that gets no answer within
+`TIMEOUT_SECONDS` reports the database unavailable rather than waiting longer than a load
+balancer's probe does.
 """
 
 import asyncio

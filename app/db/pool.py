@@ -1,12 +1,14 @@
 """The asyncpg pool: one per process, created in the app's lifespan."""
 
+import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Generator, Hashable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 from pgvector.asyncpg import register_vector
@@ -85,12 +87,14 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-class Share(Protocol):
-    """A bound on the connections some work holds at once (app/fairness.py: an account's)."""
+class Share:
+    """The connections some work may hold at once (app/fairness.py: an account's, `key` its
+    ID): at most `limit`."""
 
-    async def acquire(self) -> None: ...
+    __slots__ = ("key", "limit")
 
-    def release(self) -> None: ...
+    def __init__(self, key: Hashable, limit: int) -> None:
+        self.key, self.limit = key, limit
 
 
 _share: ContextVar[Share | None] = ContextVar("engram_connection_share", default=None)
@@ -111,18 +115,151 @@ def drawing_on(share: Share | None) -> Iterator[None]:
         _share.reset(token)
 
 
+# Connections that work already holding some of its share leaves free: one for the next
+# account holding none, so that two accounts at their share (half the pool each, by default)
+# cannot fill the pool between them and keep a third waiting for one of theirs to end.
+RESERVE = 1
+
+
+class Connections:
+    """Who takes the pool's `size` connections, and in what order.
+
+    A connection is taken at once when one is free and no waiter comes first; otherwise the
+    acquire waits, and every connection given back goes to the first waiter that may take it:
+    - work without a share (upkeep, a token's check) and a task's second connection while it
+      holds one (`_holding`) first, in arrival order: never bounded, so a task holding a
+      connection never waits for more than the pool to free one;
+    - then the waiter whose share holds the fewest connections (max-min fairness), the
+      earliest of those that hold as few; each share's waiters in arrival order.
+    A share's waiter may take one only while it holds fewer than its limit, and, holding some
+    already, only if more than `RESERVE` are free. So an account holding none finds a free
+    connection at once whatever the others hold, unless as many acquires of accounts holding
+    none (or of work without a share) hold the reserve; then it takes one of the first given
+    back, after work without a share and accounts holding none that waited longer.
+
+    Every `async with pool.acquire()` passes here first (`SharedPool`), so an acquire given
+    leave finds a connection free in asyncpg's own queue, which never has to choose: that queue
+    lets a task arriving while a woken waiter has not yet run take the connection it was woken
+    for, and sends the waiter to the back of the line.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.in_use = 0
+        self._held: dict[Hashable, int] = {}
+        self._first: deque[asyncio.Future[None]] = deque()
+        self._waiting: dict[Hashable, deque[tuple[int, Share, asyncio.Future[None]]]] = {}
+        self._arrivals = 0
+
+    def held(self, key: Hashable) -> int:
+        """Connections the share `key` holds (a task's second ones are not counted)."""
+        return self._held.get(key, 0)
+
+    def _may(self, share: Share | None) -> bool:
+        if self.in_use >= self.size:
+            return False
+        if share is None:
+            return True
+        held = self._held.get(share.key, 0)
+        return held < share.limit and (held == 0 or self.size - self.in_use > RESERVE)
+
+    def _take(self, share: Share | None) -> None:
+        self.in_use += 1
+        if share is not None:
+            self._held[share.key] = self._held.get(share.key, 0) + 1
+
+    async def take(self, share: Share | None) -> None:
+        queue = self._first if share is None else self._waiting.get(share.key)
+        if not queue and self._may(share):
+            self._take(share)
+            return
+        turn = asyncio.get_running_loop().create_future()
+        if share is None:
+            self._first.append(turn)
+        else:
+            self._arrivals += 1
+            self._waiting.setdefault(share.key, deque()).append((self._arrivals, share, turn))
+        try:
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give_back(share)  # given leave just as it gave up: the next one takes it
+            else:
+                turn.cancel()
+                self._forget(share)
+                self._pass_on()
+            raise
+
+    def give_back(self, share: Share | None) -> None:
+        self.in_use -= 1
+        if share is not None:
+            held = self._held[share.key] - 1
+            if held:
+                self._held[share.key] = held
+            else:
+                del self._held[share.key]
+        self._pass_on()
+
+    def _forget(self, share: Share | None) -> None:
+        """Drops the cancelled waiters of `share`'s queue."""
+        if share is None:
+            self._first = deque(t for t in self._first if not t.done())
+            return
+        queue = self._waiting.get(share.key)
+        if queue is not None:
+            kept = deque(w for w in queue if not w[2].done())
+            if kept:
+                self._waiting[share.key] = kept
+            else:
+                del self._waiting[share.key]
+
+    def _pass_on(self) -> None:
+        """Free connections to the waiters that come first, while they may take them."""
+        while self.in_use < self.size:
+            if self._first:
+                turn = self._first.popleft()
+                if not turn.done():
+                    self._take(None)
+                    turn.set_result(None)
+                continue
+            best: tuple[int, int] | None = None
+            chosen = None
+            for key, queue in self._waiting.items():
+                arrival, share, _ = queue[0]
+                if self._may(share):
+                    rank = (self._held.get(key, 0), arrival)
+                    if best is None or rank < best:
+                        best, chosen = rank, key
+            if best is None:
+                return
+            queue = self._waiting[chosen]
+            _, share, turn = queue.popleft()
+            if not queue:
+                del self._waiting[chosen]
+            if not turn.done():  # cancelled, and not yet gone from its queue
+                self._take(share)
+                turn.set_result(None)
+
+
 class _SharedAcquire:
-    def __init__(self, acquiring: Any, share: Share) -> None:
-        self._acquiring, self._share = acquiring, share
+    def __init__(self, pool: "SharedPool", timeout: float | None) -> None:
+        self._pool, self._timeout = pool, timeout
+        self._share = None if _holding.get() else _share.get()
 
     async def __aenter__(self) -> asyncpg.Connection:
-        await self._share.acquire()
+        connections = self._pool.connections
+        if self._timeout is None:
+            await connections.take(self._share)
+        else:
+            async with asyncio.timeout(self._timeout):
+                await connections.take(self._share)
         try:
+            self._acquiring = asyncpg.Pool.acquire(self._pool, timeout=self._timeout)
             conn = await self._acquiring.__aenter__()
         except BaseException:
-            self._share.release()
+            connections.give_back(self._share)
             raise
-        self._token = _holding.set(True)
+        self._token = _holding.set(True) if self._share is not None else None
         return conn
 
     async def __aexit__(
@@ -134,21 +271,27 @@ class _SharedAcquire:
         try:
             await self._acquiring.__aexit__(kind, error, trace)
         finally:
-            _holding.reset(self._token)
-            self._share.release()
+            if self._token is not None:
+                _holding.reset(self._token)
+            self._pool.connections.give_back(self._share)
+
+    def __await__(self) -> Generator[Any, None, asyncpg.Connection]:
+        # `await pool.acquire()` and `pool.release(conn)` (bench only) pass the shares by.
+        return asyncpg.Pool.acquire(self._pool, timeout=self._timeout).__await__()
 
 
 class SharedPool(asyncpg.Pool):
-    """The pool, whose `acquire()` first waits for a place in the share of the work it is
-    acquired for (`drawing_on`), when that work has one: one account's requests then hold at
-    most their share of the connections, and the others' requests find one."""
+    """The pool, whose `acquire()` (`async with`) first waits for leave from `connections`:
+    one account's work then holds at most its share of the connections (`drawing_on`), leaves
+    one free for an account holding none, and a connection given back goes to the account
+    waiting that holds the fewest."""
+
+    def __init__(self, *args: Any, max_size: int, **kwargs: Any) -> None:
+        super().__init__(*args, max_size=max_size, **kwargs)
+        self.connections = Connections(max_size)
 
     def acquire(self, *, timeout: float | None = None) -> Any:
-        acquiring = super().acquire(timeout=timeout)
-        share = _share.get()
-        if share is None or _holding.get():
-            return acquiring
-        return _SharedAcquire(acquiring, share)
+        return _SharedAcquire(self, timeout)
 
 
 async def create_pool(
