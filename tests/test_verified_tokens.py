@@ -7,10 +7,13 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import pytest
+from factories import allow
 from helpers import db_settings
 from servers import serving
 
-from app.auth import verified
+from app.auth import service, store, verified
+from app.errors import Unauthenticated
 
 ADMIN = "verified-tokens-admin-token-0123456789"
 VIEWER = {"query": "{ viewer { principal } }"}
@@ -121,3 +124,42 @@ def test_a_lookup_overtaken_by_a_change_is_not_kept():
     assert verified.recall(pool, token_hash) is None
     verified.keep(pool, token_hash, "caller", None, verified.generation(), 0.0)
     assert verified.recall(pool, token_hash) is None  # kept a second from long ago: gone
+
+
+@pytest.mark.parametrize("change", ["revokeClientToken", "deleteClient"])
+async def test_a_lookup_while_a_revocation_commits_is_not_kept(state, admin, monkeypatch, change):
+    """A request verified between the revocation's write and its commit (the row still there
+    for other transactions) was kept, and the token answered for up to a second after
+    revokeClientToken or deleteClient returned: each forgets what was kept once it committed."""
+    await service.create_client(
+        state.pool,
+        admin,
+        account_id=None,
+        principal="bot",
+        name="Bot",
+        policies=[allow(["SELECT"], "financial.Client.*")],
+    )
+    issued = await service.issue_client_token(state.pool, admin, account_id=None, principal="bot")
+    bearer = f"Bearer {issued.token}"
+    await service.authenticate(state.pool, bearer)  # its last use noted: the lookup writes not
+    looked_up = []
+
+    def meanwhile(write):
+        async def written(*args, **kwargs):
+            row = await write(*args, **kwargs)  # in the revocation's transaction, uncommitted
+            looked_up.append(await service.authenticate(state.pool, bearer, recent=True))
+            return row
+
+        return written
+
+    if change == "revokeClientToken":
+        monkeypatch.setattr(store, "delete_token", meanwhile(store.delete_token))
+        await service.revoke_client_token(
+            state.pool, admin, account_id=None, principal="bot", token_id=issued.info.token_id
+        )
+    else:
+        monkeypatch.setattr(store, "delete_client", meanwhile(store.delete_client))
+        await service.delete_client(state.pool, admin, account_id=None, principal="bot")
+    assert looked_up and looked_up[0].principal == "bot"  # the token was there meanwhile
+    with pytest.raises(Unauthenticated):
+        await service.authenticate(state.pool, bearer, recent=True)

@@ -381,6 +381,7 @@ async def delete_client(
                 "and delete what it is now if it must go"
             )
         row = await store.delete_client(conn, account_id, principal)
+    verified.forget()  # again once committed: a lookup meanwhile may have kept its tokens
     return Client.of(row)
 
 
@@ -499,6 +500,7 @@ async def revoke_client_token(
         # The caller's grants as they are now, locked until the token is deleted.
         await _as_now(conn, caller, ("DELETE", resources.CLIENT_TOKEN), account_id)
         row = await store.delete_token(conn, account_id, principal, token_id)
+    verified.forget()  # again once committed: a lookup meanwhile may have kept the token
     if row is None:
         raise NotFound(f"client {principal!r} has no token {token_id}")
     return TokenInfo.of(row)
