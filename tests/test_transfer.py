@@ -322,6 +322,30 @@ async def test_a_conflicting_id_is_refused(state, admin, second):
         await load(second, target_admin.account_id, lines)
 
 
+async def test_an_import_that_fails_reports_its_own_error(state, admin, second, monkeypatch):
+    """The pinned lists' recount after a failed import cannot hide why the import failed
+    (a database that stopped answering fails both)."""
+    from app.transfer import service as transfer_service
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, lines)
+    memory = json.loads(lines[-1])["row"]["memory_id"]
+    async with second.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE agent_memories SET summary = 'edited here' WHERE memory_id = $1",
+            uuid.UUID(memory),
+        )
+
+    async def recount_fails(self) -> None:
+        raise ConnectionResetError("the database went away")
+
+    monkeypatch.setattr(transfer_service._Importer, "count_pinned_lists", recount_fails)
+    with pytest.raises(Conflict, match="already exists"):
+        await load(second, target_admin.account_id, lines)
+
+
 # Whether the agent has its own search indexes (listed by maintenance).
 INDEXED = "SELECT count(*) FROM agent_indexes WHERE action_id = $1"
 

@@ -17,6 +17,7 @@ model, as `engram reembed` would.
 """
 
 import asyncio
+import contextlib
 import io
 import json
 import reprlib
@@ -195,9 +196,15 @@ async def import_file(
                         for kind, n in header["counts"].items()
                         if result.by_type.get(kind, 0) < n
                     }
-                finally:
+                except BaseException:
                     await importer.cancel()
-                    await importer.count_pinned_lists()
+                    # The rows written so far are counted if the database still answers; the
+                    # import's own error is the one reported (re-running the import recounts).
+                    with contextlib.suppress(Exception):
+                        await importer.count_pinned_lists()
+                    raise
+                await importer.cancel()
+                await importer.count_pinned_lists()
         finally:
             if embedder is not None:
                 await embedder.aclose()
