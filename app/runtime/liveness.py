@@ -95,7 +95,10 @@ async def running(state: AppState, execution: Execution) -> AsyncIterator[None]:
         with process.running(execution.execution_id) if process else contextlib.nullcontext():
             yield
     finally:
-        await tasks.stop(pulse)
+        pulse.cancel()
+        # Not `tasks.stop`, which drops a cancellation of this task that comes while it waits
+        # (the pulse may be giving its connection back): the execution's cancellation is its own.
+        await asyncio.wait([pulse])
 
 
 async def _pulse(pool: asyncpg.Pool, e: Execution, every: float) -> None:
