@@ -34,6 +34,7 @@ from app.embeddings.setup import ensure_model
 from app.main import request_bounds
 from app.memory import maintenance
 from app.memory.vectors import VECTOR_COLUMNS
+from app.services import start_services, stop_services
 from app.state import AppState
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
@@ -320,3 +321,29 @@ async def test_a_token_check_past_the_lock_bound_is_refused_as_such_over_mcp_and
     assert mcp["error"]["data"]["code"] == graphql["errors"][0]["extensions"]["code"] == "CONFLICT"
     assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in mcp["error"]["message"]
     assert mcp["error"]["message"] == graphql["errors"][0]["message"]
+
+
+async def test_a_start_waits_past_the_bounds_for_a_reorder_holding_the_memory_table(
+    db_url: str, embedder
+) -> None:
+    """`engram maintain-search --reorder` holds agent_memories' lock while it rewrites the
+    table (minutes on a large one); a service starting meanwhile waits for it, as for a
+    re-embed, rather than failing at the lock bound in its first sweep of dead turns' staged
+    rows. Its later sweeps stay bounded."""
+    pool = await create_pool(db_url, min_size=1, max_size=1, limits=bounds(0.2, 0.2))
+    state = AppState(
+        settings=Settings(database_url=db_url, search_maintenance_seconds=0),
+        pool=pool,
+        embedder=embedder,
+    )
+    try:
+        async with holding(db_url, "LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE"):
+            start = asyncio.create_task(start_services(state))
+            await asyncio.sleep(0.6)
+            assert not start.done()
+        await asyncio.wait_for(start, 30)
+        async with pool.acquire() as conn:  # its connection back, bounded again
+            assert tuple(await conn.fetchrow(SETTINGS)) == ("200ms", "200ms", "0")
+    finally:
+        await stop_services(state)
+        await pool.close()
