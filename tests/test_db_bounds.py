@@ -26,6 +26,7 @@ from openai_server import OpenAIServer
 from runtime_support import EXECUTE, chat, events, memories, run, tool_runs
 
 from app.auth.caller import Caller
+from app.auth.service import hash_token
 from app.config import Settings
 from app.db import errors
 from app.db.pool import bounds, create_pool, lift_bounds, session_changed
@@ -33,6 +34,7 @@ from app.embeddings.setup import ensure_model
 from app.main import request_bounds
 from app.memory import maintenance
 from app.memory.vectors import VECTOR_COLUMNS
+from app.services import start_services, stop_services
 from app.state import AppState
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
@@ -292,3 +294,56 @@ async def test_an_mcp_call_refused_at_the_lock_bound_says_so_as_graphql_does(
         assert body["code"] == "CONFLICT", body
         assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in body["error"]
         await call(client, "add_memory", **note)
+
+
+@pytest.mark.settings(lock_timeout_seconds=0.3)
+async def test_a_token_check_past_the_lock_bound_is_refused_as_such_over_mcp_and_graphql(
+    state: AppState, admin: Caller, base_url: str, db_url: str
+) -> None:
+    """A request's token check writes the token's last use (at most once a minute), which waits
+    for a lock on the token's row (a token being revoked, its client deleted, an index built on
+    the table): past the lock bound, MCP answers as GraphQL does, 409 CONFLICT naming the
+    setting, not a 500."""
+    action_id = await make_agent_id(state, admin)
+    token = await token_for(state, admin, "client", EVERYTHING)
+    lock = "SELECT FROM client_tokens WHERE token_hash = $1 FOR UPDATE"
+    headers = {"authorization": f"Bearer {token}"}
+    async with (
+        holding(db_url, lock, hash_token(token)),
+        httpx.AsyncClient(base_url=base_url, timeout=30, headers=headers) as http,
+    ):
+        answers = [
+            await http.post(mcp_url("", action_id), json={"jsonrpc": "2.0", "id": 1}),
+            await http.post("/graphql", json={"query": "{ __typename }"}),
+        ]
+    mcp, graphql = (a.json() for a in answers)
+    assert [a.status_code for a in answers] == [409, 409], [a.text for a in answers]
+    assert mcp["error"]["data"]["code"] == graphql["errors"][0]["extensions"]["code"] == "CONFLICT"
+    assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in mcp["error"]["message"]
+    assert mcp["error"]["message"] == graphql["errors"][0]["message"]
+
+
+async def test_a_start_waits_past_the_bounds_for_a_reorder_holding_the_memory_table(
+    db_url: str, embedder
+) -> None:
+    """`engram maintain-search --reorder` holds agent_memories' lock while it rewrites the
+    table (minutes on a large one); a service starting meanwhile waits for it, as for a
+    re-embed, rather than failing at the lock bound in its first sweep of dead turns' staged
+    rows. Its later sweeps stay bounded."""
+    pool = await create_pool(db_url, min_size=1, max_size=1, limits=bounds(0.2, 0.2))
+    state = AppState(
+        settings=Settings(database_url=db_url, search_maintenance_seconds=0),
+        pool=pool,
+        embedder=embedder,
+    )
+    try:
+        async with holding(db_url, "LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE"):
+            start = asyncio.create_task(start_services(state))
+            await asyncio.sleep(0.6)
+            assert not start.done()
+        await asyncio.wait_for(start, 30)
+        async with pool.acquire() as conn:  # its connection back, bounded again
+            assert tuple(await conn.fetchrow(SETTINGS)) == ("200ms", "200ms", "0")
+    finally:
+        await stop_services(state)
+        await pool.close()

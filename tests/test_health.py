@@ -3,6 +3,8 @@ within the check's timeout, and a connection the server dropped is replaced at o
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import pytest
@@ -51,4 +53,54 @@ async def test_a_connection_the_server_dropped_is_replaced_by_the_next_check(db_
     assert await health.answers()  # not a 503 for the server's restart, already over
     await health.close()
     assert await health.answers()  # opened again after a close
+    await health.close()
+
+
+@pytest.fixture
+async def slow_to_let_in(db_url: str) -> AsyncIterator[str]:
+    """A URL of the test database behind a proxy that holds each connection's first answer
+    from the server back SLOW_START seconds (a server far away, or busy starting backends);
+    what follows passes at once."""
+    socket = next(Path(parse_qs(urlsplit(db_url).query)["host"][0]).glob(".s.PGSQL.*"))
+
+    async def pipe(source: asyncio.StreamReader, to: asyncio.StreamWriter, hold: float) -> None:
+        try:
+            while data := await source.read(65536):
+                await asyncio.sleep(hold)
+                hold = 0
+                to.write(data)
+                await to.drain()
+        except OSError:
+            pass
+        finally:
+            to.close()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_unix_connection(socket)
+        await asyncio.gather(
+            pipe(reader, server_writer, 0), pipe(server_reader, writer, SLOW_START)
+        )
+
+    proxy = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    yield f"postgresql://{urlsplit(db_url).username}@127.0.0.1:{port}{urlsplit(db_url).path}"
+    proxy.close()
+
+
+SLOW_START = 1.0
+
+
+async def test_a_server_slower_to_let_in_than_the_timeout_is_seen_answering(
+    slow_to_let_in: str,
+) -> None:
+    """Opening the check's connection goes on past a check's timeout: the checks after it use
+    it, rather than each opening another and giving it up (503 for good)."""
+    health = Health(slow_to_let_in, timeout=0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert not await health.answers()  # no answer within the timeout...
+    assert loop.time() - started < 0.5 + 0.3
+    await asyncio.sleep(SLOW_START)
+    assert await health.answers()  # ...but the database answers, and says so from then on
+    assert await health.answers()
     await health.close()

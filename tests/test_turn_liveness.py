@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import re
 import time
+import types
 import uuid
 from typing import Any
 
@@ -662,3 +663,34 @@ async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
     executed = await run(gql, admin, action_id, "hello")
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert log == ["touch_execution", "touch_execution", "finish_execution"]
+
+
+async def test_a_turn_cancelled_while_its_pulse_ends_is_cancelled(
+    state: AppState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An execution's end waits for its pulse to end (it may be giving its connection back):
+    a cancellation of the execution's own task meanwhile (its request's, a deadline's) cancels
+    the execution, rather than being taken for the pulse's and dropped."""
+    ending = asyncio.Event()
+
+    async def pulse(*args: Any) -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ending.set()
+            await asyncio.sleep(0.2)  # as a release of its connection takes a round trip
+
+    monkeypatch.setattr(liveness, "_pulse", pulse)
+    execution: Any = types.SimpleNamespace(execution_id=uuid.uuid4())
+
+    async def execute() -> str:
+        async with liveness.running(state, execution):
+            await asyncio.sleep(0)
+        return "ended as if not cancelled"
+
+    task = asyncio.create_task(execute())
+    await asyncio.wait_for(ending.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    await asyncio.sleep(0.3)  # the pulse, cancelled already, ends meanwhile

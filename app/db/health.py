@@ -20,11 +20,17 @@ TIMEOUT_SECONDS = 0.9
 
 class Health:
     """Whether the database answers, asked on a connection of its own (opened at the first
-    check, and again after one fails); checks made at the same moment take turns on it."""
+    check, and again after one fails); checks made at the same moment take turns on it.
+
+    Opening it goes on past a check's timeout (up to asyncpg's connect timeout), and the next
+    check uses it: a server slower than the timeout to let a client in (far away, TLS, busy
+    starting backends) yet quick to answer on an open connection would otherwise have every
+    check start a new connection and give it up, and be reported unavailable for good."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT_SECONDS) -> None:
         self.url, self.timeout = url, timeout
         self._conn: asyncpg.Connection | None = None
+        self._connecting: asyncio.Task[asyncpg.Connection] | None = None
         self._lock = asyncio.Lock()
 
     async def answers(self) -> bool:
@@ -46,7 +52,17 @@ class Health:
                 return await self._conn.fetchval("SELECT 1") == 1
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 self._drop()  # e.g. the server restarted since the last check: ask again
-        self._conn = await asyncpg.connect(self.url)
+        connecting = self._connecting
+        if connecting is None:
+            connecting = self._connecting = asyncio.create_task(asyncpg.connect(self.url))
+            connecting.add_done_callback(_retrieved)
+        try:
+            # A check out of time leaves it opening, for the next one.
+            conn = await asyncio.shield(connecting)
+        except Exception:
+            self._connecting = None  # failed: the next check opens another
+            raise
+        self._connecting, self._conn = None, conn
         return await self._conn.fetchval("SELECT 1") == 1
 
     def _drop(self) -> None:
@@ -55,9 +71,21 @@ class Health:
             self._conn = None
 
     async def close(self) -> None:
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()
+            await asyncio.wait([connecting])
+            if not connecting.cancelled() and connecting.exception() is None:
+                connecting.result().terminate()  # opened as it was cancelled
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
                 await conn.close(timeout=self.timeout)
             except Exception:
                 conn.terminate()
+
+
+def _retrieved(task: asyncio.Task[asyncpg.Connection]) -> None:
+    """Marks a failed connect's error as seen: a check, or none, says so (False)."""
+    if not task.cancelled():
+        task.exception()

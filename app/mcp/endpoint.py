@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate
-from app.db.errors import RETRY_AFTER_SECONDS, database_refusal, is_unavailable
+from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
@@ -266,11 +266,16 @@ class McpEndpoint:
             elif isinstance(e, TooManyRequests):
                 headers = {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)}
             return _error(_STATUS.get(e.code, 400), e.code, e.message, headers)
-        if not is_unavailable(e):
+        # The database refused the token's check or the agent's look-up (unavailable, a lock
+        # held past its bound, ...): said as GraphQL's edge says it (app/main.py `_refused`).
+        refused = database_refusal(e)
+        if refused is None:
             raise e
-        response = _error(503, "UNAVAILABLE", "the database cannot be reached; retry soon")
-        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        return response
+        code, message = refused
+        log.warning("database refused the request: %r", e)
+        if code == "UNAVAILABLE":
+            return _error(503, code, message, {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return _error(409, code, message)
 
     async def _serve(self, found: McpRequest, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] == "POST":

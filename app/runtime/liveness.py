@@ -39,6 +39,7 @@ import asyncpg
 
 from app import tasks
 from app.config import Settings
+from app.db.pool import lift_bounds
 from app.executions import store
 from app.executions.service import Execution
 from app.http_retry import MAX_BACKOFF_SECONDS, MAX_RETRY_AFTER_SECONDS
@@ -95,7 +96,10 @@ async def running(state: AppState, execution: Execution) -> AsyncIterator[None]:
         with process.running(execution.execution_id) if process else contextlib.nullcontext():
             yield
     finally:
-        await tasks.stop(pulse)
+        pulse.cancel()
+        # Not `tasks.stop`, which drops a cancellation of this task that comes while it waits
+        # (the pulse may be giving its connection back): the execution's cancellation is its own.
+        await asyncio.wait([pulse])
 
 
 async def _pulse(pool: asyncpg.Pool, e: Execution, every: float) -> None:
@@ -140,7 +144,7 @@ class TurnLiveness:
     async def start(self) -> None:
         """Registers the process and sweeps once (ending what a killed predecessor left, once
         its lease has run out), then sweeps at every heartbeat."""
-        await self.sweep()
+        await self.sweep(starting=True)
         self._task = asyncio.create_task(self._loop(), name="engram turn liveness")
 
     @contextlib.contextmanager
@@ -152,8 +156,14 @@ class TurnLiveness:
         finally:
             self._running.discard(execution_id)
 
-    async def sweep(self) -> Swept:
+    async def sweep(self, *, starting: bool = False) -> Swept:
+        """`starting`: the start's, which waits past the pool's bounds (app/db/pool.py
+        `bounds`) for what holds the rows it changes, as the start's check of the embedding
+        model does: it is no request (`engram maintain-search --reorder` holds agent_memories
+        for minutes, and the start would otherwise fail at the bound)."""
         async with self.pool.acquire() as conn:
+            if starting:
+                await lift_bounds(conn)
             await store.beat(conn, self.boot_id, self._host, os.getpid(), self.lease_seconds)
             failed = await store.fail_dead_turns(
                 conn,
