@@ -307,17 +307,23 @@ async def test_m52_an_import_counts_each_sessions_pinned_list(state, admin, seco
     assert await pinned_lists(second, imported) == kept
 
 
+async def _edited_after_import(target: AppState, lines: list[str]) -> str:
+    """The last record imported, edited in the target since: importing it again conflicts."""
+    memory = json.loads(lines[-1])["row"]["memory_id"]
+    async with target.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE agent_memories SET summary = 'edited here' WHERE memory_id = $1",
+            uuid.UUID(memory),
+        )
+    return memory
+
+
 async def test_a_conflicting_id_is_refused(state, admin, second):
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
     await load(second, target_admin.account_id, lines)
-    memory = json.loads(lines[-1])["row"]["memory_id"]
-    async with second.pool.acquire() as conn:
-        await conn.execute(
-            "UPDATE agent_memories SET summary = 'edited here' WHERE memory_id = $1",
-            uuid.UUID(memory),
-        )
+    memory = await _edited_after_import(second, lines)
     with pytest.raises(Conflict, match=f"memory {memory} already exists"):
         await load(second, target_admin.account_id, lines)
 
@@ -331,12 +337,7 @@ async def test_an_import_that_fails_reports_its_own_error(state, admin, second, 
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
     await load(second, target_admin.account_id, lines)
-    memory = json.loads(lines[-1])["row"]["memory_id"]
-    async with second.pool.acquire() as conn:
-        await conn.execute(
-            "UPDATE agent_memories SET summary = 'edited here' WHERE memory_id = $1",
-            uuid.UUID(memory),
-        )
+    await _edited_after_import(second, lines)
 
     async def recount_fails(self) -> None:
         raise ConnectionResetError("the database went away")
