@@ -275,7 +275,9 @@ class Viewer:
     @strawberry.field(
         description="Which of the named operations (root fields such as `deleteAgentMemory`, "
         "or `Type.field` such as `Action.memories`) this client's grants permit, in the order "
-        "asked; an unknown name is BAD_REQUEST listing the known ones."
+        "asked; an unknown name is BAD_REQUEST listing the known ones. "
+        "`Action.searchMemories` answers for a search with a query; one without a query lists "
+        "records, and one with `ids` reads them, which need what `Action.memories` needs."
     )
     def allowed(
         self,
