@@ -26,6 +26,10 @@ records; load it first, `--load-only`), with LoCoMo dev questions and a turn's r
   could search with).
 - `builds`: one agent's HNSW and GIN indexes built as the upkeep builds them (CREATE INDEX
   CONCURRENTLY reads the whole table).
+- `backends`: searches on a new connection (a PostgreSQL backend that has touched none of the
+  shared buffers yet) against the same searches on a connection that has served as many
+  searches of other questions first: the backend's minor page faults and CPU per search, and
+  the latency (what `app/db/pool.py` keeping its connections buys).
 - `bound`: around `EXACT_MAX_ROWS`, a label value set on --counts of the 200,000-record
   agent's records, ranked exactly and by the index plan, and how much of the exact page the
   index plan finds.
@@ -38,6 +42,7 @@ What `recount` and `kept-counts` change in the data set is rolled back.
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import shlex
 import statistics
@@ -58,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 import search_scale as scale  # noqa: E402
 from common import add_locomo_argument, load_locomo, percentiles, summary  # noqa: E402
 
-from app.db.pool import create_pool  # noqa: E402
+from app.db.pool import SESSION_SETTINGS, create_pool, init_connection  # noqa: E402
 from app.db.sql import Params  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance, search, search_store, store  # noqa: E402
@@ -88,6 +93,7 @@ class Bench:
         self.questions = questions
         self.vectors = vectors
         self.plan = scale.Plan(1.0)
+        self.url = ""
 
     def agent(self, size: int) -> scale.Agent:
         return next(a for a in self.plan.agents if a[2] == size)
@@ -349,6 +355,58 @@ async def iterative_scan(b: Bench) -> None:
             )
 
 
+def _backend_stat(pid: int) -> tuple[int, float, float]:
+    """A local backend's minor page faults and user and system CPU (ms) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = 1000 / os.sysconf("SC_CLK_TCK")
+    return int(fields[7]), int(fields[11]) * tick, int(fields[12]) * tick
+
+
+async def _served(
+    b: Bench, conn: asyncpg.Connection, agents: list[scale.Agent], mode: str, warm: list[str]
+) -> str:
+    """The questions searched on `conn` (question i of agent `agents[i]`) after the `warm`
+    questions (of the agents after them): faults and CPU of its backend, and the latency."""
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+    n = len(b.questions)
+    if warm:
+        vectors = (await StaticEmbedder().embed(warm)).vectors
+        for i, text in enumerate(warm):
+            r = search.make_ranking(mode, text, vectors[i] if mode != "lexical" else None, None, 10)
+            await search.ranked(Held(conn), reader_of(agents[n + i]), Filters(), r)
+    before, times = _backend_stat(pid), []
+    for i in range(n):
+        t = time.perf_counter()
+        await search.ranked(Held(conn), reader_of(agents[i]), Filters(), b.ranking(mode, i))
+        times.append((time.perf_counter() - t) * 1000)
+    faults, user, system = (y - x for x, y in zip(before, _backend_stat(pid), strict=True))
+    return f"faults {faults / n:.0f}, CPU user {user / n:.2f} sys {system / n:.2f} ms; " + (
+        percentiles(times)
+    )
+
+
+async def backends(b: Bench) -> None:
+    print("\nbackends: searches on a new connection (after ten others, which prepare and plan its")
+    print("  statements), against on one that served as many other searches first (other")
+    print("  questions; at 1,000 records other agents), per search")
+    n = len(b.questions)
+    others = [q for q in scale.locomo_questions() if q not in set(b.questions)]
+    others = random.Random(8).sample(others, n)
+    small = [a for a in b.plan.agents if a[2] == 1_000][: 2 * n]
+    for agents in (small, [b.agent(200_000)] * (2 * n)):
+        for mode in ("hybrid", "lexical", "vector"):
+            for warm in (False, True):
+                conn = await asyncpg.connect(b.url, server_settings=dict(SESSION_SETTINGS))
+                try:
+                    await init_connection(conn)
+                    # Ten first, so that both have their statements prepared and planned.
+                    figures = await _served(b, conn, agents, mode, others[: n if warm else 10])
+                finally:
+                    await conn.close()
+                label = "warm" if warm else "new "
+                print(f"  {agents[0][2]:,} {mode:7} {label} {figures}")
+
+
 async def labels(b: Bench) -> None:
     print("\nlabels: a listed agent searched under one label value (hybrid), as the service")
     print("  chooses (the exact plan) and the index plan forced")
@@ -590,6 +648,7 @@ def main() -> None:
         pool = await create_pool(url, min_size=1, max_size=2)
         try:
             b = Bench(pool, questions, vectors)
+            b.url = url
             for part in parts:
                 await PARTS[part](b, args)
         finally:
@@ -612,6 +671,7 @@ PARTS: dict[str, Callable[[Bench, argparse.Namespace], Awaitable[None]]] = {
     "builds": lambda b, _: builds(b),
     "plans": lambda b, _: plans(b),
     "bound": lambda b, args: bound(b, [int(n) for n in args.counts.split(",")]),
+    "backends": lambda b, _: backends(b),
 }
 
 
