@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from factories import allow, caller, make_agent, make_agent_id
+from factories import allow, caller, make_agent_id
 from helpers import GQL, database_copy
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -248,11 +248,7 @@ async def test_h3_h4_tools_mode_keeps_results_and_errors_but_never_retrievals(
     assert not any("<memory>" in e["text"] for e in kept)
 
     # The same turns with `messages` keep no tool results at all (H2).
-    plain = str(
-        (
-            await make_agent(gql.state, admin, harness={**MESSAGES, "memory": harness["memory"]})
-        ).action_id
-    )
+    plain = await make_agent_id(gql.state, admin, harness={**MESSAGES, "memory": harness["memory"]})
     model_server.call_tools(("add_memory", {"summary": "Bo's locker is 7", "kind": "fact"}))
     model_server.say("Saved.")
     assert (await run(gql, admin, plain, "Remember Bo's locker is 7"))["status"] == "SUCCEEDED"

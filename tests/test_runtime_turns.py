@@ -14,7 +14,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from factories import allow, caller, make_agent, make_agent_id, make_running_turn, memory_harness
+from factories import allow, caller, make_agent_id, make_running_turn, memory_harness
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -367,12 +367,8 @@ async def test_a_tool_crash_fails_the_turn_and_keeps_no_memory(
     model_server: OpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=memory_harness(tools=["add_memory", "delete_memory"])
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(tools=["add_memory", "delete_memory"])
     )
     model_server.call_tools(
         ("add_memory", {"summary": "Ada prefers email", "kind": "fact"}),
@@ -614,10 +610,8 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
         # An action written while the operator allowed its endpoint is checked again at each
         # turn: the allow-list may have shrunk meanwhile.
         state.settings.model_allowed_base_urls = [elsewhere.url]
-        action_id = str(
-            (
-                await make_agent(gql.state, admin, harness=None, model={"baseUrl": elsewhere.url})
-            ).action_id
+        action_id = await make_agent_id(
+            gql.state, admin, harness=None, model={"baseUrl": elsewhere.url}
         )
         state.settings.model_allowed_base_urls = []
         refused = await gql(
@@ -636,15 +630,11 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
     # Once the operator lists the variable, its value goes to an allowed endpoint.
     monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
     monkeypatch.setattr(state.settings, "model_allowed_key_envs", ["TEAM_MODEL_KEY"])
-    action_id = str(
-        (
-            await make_agent(
-                gql.state,
-                admin,
-                harness=None,
-                model={"baseUrl": model_server.url, "apiKeyEnv": "TEAM_MODEL_KEY"},
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state,
+        admin,
+        harness=None,
+        model={"baseUrl": model_server.url, "apiKeyEnv": "TEAM_MODEL_KEY"},
     )
     executed = await run(gql, admin, action_id, "hi")
     assert executed["status"] == "SUCCEEDED", executed["error"]
