@@ -60,6 +60,17 @@ def runner(admin: Caller) -> Caller:
     return caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
 
 
+async def runner_reads(gql: GQL, admin: Caller, action_id: str, memory_id: str) -> list[str]:
+    """The error codes of the runner reading one of the agent's records."""
+    read = await gql(
+        runner(admin),
+        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }",
+        a=action_id,
+        m=memory_id,
+    )
+    return read.codes
+
+
 # Provenance, atomicity, retries
 
 
@@ -115,13 +126,7 @@ async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
     executed = await run(gql, runner(admin), action_id, "note it")
     (written,) = tool_runs(executed, "add_memory")[0]["output"]["memories"]
 
-    denied = await gql(
-        runner(admin),
-        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { summary } }",
-        a=action_id,
-        m=written["id"],
-    )
-    assert denied.codes == ["ACCESS_DENIED"]
+    assert await runner_reads(gql, admin, action_id, written["id"]) == ["ACCESS_DENIED"]
 
 
 async def test_m26_a_turn_without_memory_grants_deletes_and_replaces_its_records(
@@ -171,13 +176,7 @@ async def test_m26_a_turn_without_memory_grants_deletes_and_replaces_its_records
     )
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [new["id"]]
     # The runner itself still reads none of it.
-    denied = await gql(
-        runner(admin),
-        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }",
-        a=action_id,
-        m=new["id"],
-    )
-    assert denied.codes == ["ACCESS_DENIED"]
+    assert await runner_reads(gql, admin, action_id, new["id"]) == ["ACCESS_DENIED"]
 
 
 async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_not_run(
