@@ -50,6 +50,24 @@ HISTORY = """query($a: UUID!, $after: String) {
 SEARCH = """query($a: UUID!, $q: String!) { action(actionId: $a) { sessions(first: 10) { nodes {
     sessionId searchHistory(query: $q, first: 5) { part score text
         event { eventId turn who text parts } } } } } }"""
+ERASE_S1 = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
+
+
+async def retry_turn(gql: GQL, admin: Caller, action_id: str, execution_id: str) -> Any:
+    """The answer to retrying a failed turn of session s1."""
+    input = {"actionId": action_id, "sessionId": "s1", "executionId": execution_id}
+    return await gql(admin, EXECUTE, input=input)
+
+
+async def words_kept(gql: GQL, admin: Caller, execution_id: str) -> str:
+    """What an execution still says of its turn (input, output, error, transcript), as JSON."""
+    read = await gql(
+        admin,
+        "query($id: UUID!) { execution(executionId: $id) { input output error"
+        " transcript(first: 100) { nodes { data } } } }",
+        id=execution_id,
+    )
+    return json.dumps(read.ok())
 
 
 # H1 H2 H6 H7 H9 H10 H11 H14
@@ -792,14 +810,9 @@ async def test_a_turn_of_an_erased_session_is_neither_retried_nor_replayed(
     model_server.chat_error(500)
     failed = await run(gql, admin, action_id, "And the other secret?")
     assert (committed["status"], failed["status"]) == ("SUCCEEDED", "FAILED")
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
-    assert (await gql(admin, erase, a=action_id)).ok()
+    assert (await gql(admin, ERASE_S1, a=action_id)).ok()
 
-    retry = await gql(
-        admin,
-        EXECUTE,
-        input={"actionId": action_id, "sessionId": "s1", "executionId": failed["executionId"]},
-    )
+    retry = await retry_turn(gql, admin, action_id, failed["executionId"])
     replay = await gql(
         admin, EXECUTE, input={"actionId": action_id, "replayOf": committed["executionId"]}
     )
@@ -824,7 +837,6 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
     (history, transcript, output), whether it commits or fails: while one runs, eraseSession is
     CONFLICT and erases nothing; once it has ended, the erasure takes everything."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
     model_server.say("First reply.")
     await run(gql, admin, action_id, "hello first")
     for reply in ("say", "fail"):
@@ -834,7 +846,7 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
             model_server.chat_error(400, message="'The secret is marmalade.' is flagged", delay=3.0)
         turn = asyncio.create_task(run(gql, admin, action_id, "The secret is marmalade."))
         await asyncio.sleep(1.0)
-        refused = await gql(admin, erase, a=action_id)
+        refused = await gql(admin, ERASE_S1, a=action_id)
         assert refused.codes == ["CONFLICT"], refused.errors
         assert "is running; nothing was erased" in refused.errors[0]["message"]
         before = json.dumps(await history_of(gql, admin, action_id))
@@ -842,22 +854,12 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
         assert ("hello first" in before) if reply == "say" else before == "[]"
         ended = await turn
         assert ended["status"] == ("SUCCEEDED" if reply == "say" else "FAILED")
-        assert (await gql(admin, erase, a=action_id)).ok()
+        assert (await gql(admin, ERASE_S1, a=action_id)).ok()
         assert await history_of(gql, admin, action_id) == []
-        read = await gql(
-            admin,
-            "query($id: UUID!) { execution(executionId: $id) { input output error"
-            " transcript(first: 100) { nodes { data } } } }",
-            id=ended["executionId"],
-        )
-        assert "marmalade" not in json.dumps(read.ok()), read.data  # the error's text too
+        # The error's text too.
+        assert "marmalade" not in await words_kept(gql, admin, ended["executionId"])
     # Erased, the failed turn is not retried (its input is gone).
-    retry = await gql(
-        admin,
-        EXECUTE,
-        input={"actionId": action_id, "sessionId": "s1", "executionId": ended["executionId"]},
-    )
-    assert retry.codes == ["BAD_REQUEST"]
+    assert (await retry_turn(gql, admin, action_id, ended["executionId"])).codes == ["BAD_REQUEST"]
 
 
 async def test_a_turn_failed_by_a_sweep_while_it_ran_writes_nothing_back_after_an_erasure(
@@ -866,7 +868,6 @@ async def test_a_turn_failed_by_a_sweep_while_it_ran_writes_nothing_back_after_a
     """A stalled process's turn is failed by a sweep, so an erasure may proceed while it still
     runs; when it then ends, it writes no words of the erased session back."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
     model_server.say("First reply.")
     await run(gql, admin, action_id, "hello first")
     model_server.say("Noted: marmalade.", delay=3.0)
@@ -878,23 +879,12 @@ async def test_a_turn_failed_by_a_sweep_while_it_ran_writes_nothing_back_after_a
             uuid.UUID(action_id),
         )
     assert swept == "UPDATE 1"
-    assert (await gql(admin, erase, a=action_id)).ok()
+    assert (await gql(admin, ERASE_S1, a=action_id)).ok()
     ended = await turn
     assert ended["status"] == "FAILED"
-    read = await gql(
-        admin,
-        "query($id: UUID!) { execution(executionId: $id) { input output error"
-        " transcript(first: 100) { nodes { data } } } }",
-        id=ended["executionId"],
-    )
-    assert "marmalade" not in json.dumps(read.ok()), read.data
+    assert "marmalade" not in await words_kept(gql, admin, ended["executionId"])
     assert await history_of(gql, admin, action_id) == []
-    retry = await gql(
-        admin,
-        EXECUTE,
-        input={"actionId": action_id, "sessionId": "s1", "executionId": ended["executionId"]},
-    )
-    assert retry.codes == ["BAD_REQUEST"]
+    assert (await retry_turn(gql, admin, action_id, ended["executionId"])).codes == ["BAD_REQUEST"]
 
 
 async def test_h16_later_turns_read_neither_erased_turns_nor_replays(
@@ -917,8 +907,7 @@ async def test_h16_later_turns_read_neither_erased_turns_nor_replays(
     assert said == ["ALPHA question", "ANSWER-1", "BRAVO question", "ANSWER-2", said[-1]]
     assert said[-1].startswith("CHARLIE")
     # Erased turns are gone from the context, not retold as "[erased]".
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
-    assert (await gql(admin, erase, a=action_id)).ok()
+    assert (await gql(admin, ERASE_S1, a=action_id)).ok()
     model_server.say("ANSWER-4")
     await run(gql, admin, action_id, "DELTA question")
     said = [m["content"] for m in chat(model_server)[-1].body["messages"][1:]]
@@ -1169,12 +1158,7 @@ async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     assert "pier seven" in found["index"].events[0].text
     # A second round keeps it; once the session is erased, it goes.
     assert (await maintenance.run_round(state.pool, 10**9, min_parts=s1)).built == []
-    erased = await gql(
-        admin,
-        'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }',
-        a=action_id,
-    )
-    erased.ok()
+    (await gql(admin, ERASE_S1, a=action_id)).ok()
     assert (await maintenance.run_round(state.pool, 10**9, min_parts=s1)).dropped == [name]
     await run(gql, admin, action_id, "Rain again.", session="s2")
     await maintenance.run_round(state.pool, 10**9, min_parts=1)
