@@ -3,14 +3,12 @@ it, replays, and the operators' reads and erasure; through GraphQL with the scri
 
 import asyncio
 import json
-import os
 import uuid
 from typing import Any
 
-import asyncpg
 import pytest
 from factories import allow, caller, make_agent_id
-from helpers import GQL, database_copy
+from helpers import GQL, upgraded_from
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
@@ -28,7 +26,6 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.db import migrate
 from app.history import indexes as history_indexes
 from app.history import parts, store
 from app.history import search as history_search
@@ -1175,7 +1172,6 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
     them from the events, so a reader without the memory grants still finds no memory tool's
     result, nor a message that called one, in what was kept then, nor in what a process of the
     release before keeps during a rolling upgrade (no `tools`: its event is read)."""
-    name = f"engram_history_0027_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     account, action = uuid.uuid4(), uuid.uuid4()
     who_said = {  # event: (who, tool, data)
         "user": ("user", None, {"message": "Ada's plan is Basic"}),
@@ -1208,47 +1204,36 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
             turn,
         )
 
-    async with database_copy(pg_server, None, name) as url:
-        migrate.upgrade(url, "0026")
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'a')", account)
-            await conn.execute(
-                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
-                account,
-                action,
-            )
-            await conn.execute(
-                "INSERT INTO sessions (account_id, action_id, session_id) VALUES ($1, $2, 's')",
-                account,
-                action,
-            )
-            for sequence, (label, (who, tool, data)) in enumerate(who_said.items(), 1):
-                await keep(conn, events[label], 1, sequence, who, tool, data)
-        finally:
-            await conn.close()
-        migrate.upgrade(url)
-        conn = await asyncpg.connect(url)
-        try:
-            # A process of the release before, still running during a rolling upgrade, keeps a
-            # memory tool's result and a user's message without naming `tools`.
-            for sequence, (label, who, tool) in enumerate(
-                [("late", "tool", "search_memory"), ("late user", "user", None)], 1
-            ):
-                events[label] = uuid.uuid4()
-                await keep(conn, events[label], 2, sequence, who, tool, {})
-            named = {
-                r["event_id"]: r["tools"]
-                for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
-            }
-            scope = Scope(account, action, "s", None, False, ("add_memory", "search_memory"))
-            p = store.Params()
-            seen = await conn.fetch(
-                "SELECT h.event_id FROM history_parts h WHERE " + store._visible(scope, p, "h"),
-                *p.values,
-            )
-        finally:
-            await conn.close()
+    async def written(conn) -> None:
+        await conn.execute(
+            "INSERT INTO sessions (account_id, action_id, session_id) VALUES ($1, $2, 's')",
+            account,
+            action,
+        )
+        for sequence, (label, (who, tool, data)) in enumerate(who_said.items(), 1):
+            await keep(conn, events[label], 1, sequence, who, tool, data)
+
+    async def read(conn) -> tuple[dict, list]:
+        # A process of the release before, still running during a rolling upgrade, keeps a
+        # memory tool's result and a user's message without naming `tools`.
+        for sequence, (label, who, tool) in enumerate(
+            [("late", "tool", "search_memory"), ("late user", "user", None)], 1
+        ):
+            events[label] = uuid.uuid4()
+            await keep(conn, events[label], 2, sequence, who, tool, {})
+        named = {
+            r["event_id"]: r["tools"]
+            for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
+        }
+        scope = Scope(account, action, "s", None, False, ("add_memory", "search_memory"))
+        p = store.Params()
+        seen = await conn.fetch(
+            "SELECT h.event_id FROM history_parts h WHERE " + store._visible(scope, p, "h"),
+            *p.values,
+        )
+        return named, seen
+
+    named, seen = await upgraded_from(pg_server, "0026", account, action, written, read)
     assert {label: named[events[label]] for label in who_said} == {
         "user": [],
         "call": ["add_memory"],
