@@ -5,7 +5,10 @@ get one."""
 
 import os
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +39,42 @@ def screenshot_path(name: str) -> Path:
     directory = Path(os.environ.get("ENGRAM_SCREENSHOT_DIR", "/tmp/engram-screens"))
     directory.mkdir(parents=True, exist_ok=True)
     return directory / name
+
+
+class Offline:
+    """A headless Chromium whose pages reach only the service at `url`: a request to any other
+    host is refused, and listed in `elsewhere`."""
+
+    def __init__(self, browser: Any, url: str) -> None:
+        self.browser, self.url = browser, url
+        self.elsewhere: list[str] = []
+
+    async def page(self, height: int | None = None) -> Any:
+        """A new page, 1280 pixels wide and `height` high (None: the browser's own size)."""
+        size = {"viewport": {"width": 1280, "height": height}} if height else {}
+        page = await self.browser.new_page(**size)
+        await page.route("**/*", self._offline)
+        return page
+
+    async def _offline(self, route: Any) -> None:
+        if route.request.url.startswith(self.url + "/"):
+            await route.continue_()
+        else:
+            self.elsewhere.append(route.request.url)
+            await route.abort()
+
+
+@asynccontextmanager
+async def offline_browser(url: str) -> AsyncIterator[Offline]:
+    """Headless Chromium (a skip, or under CI a failure, without one) reaching only `url`."""
+    executable = chromium()
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield Offline(browser, url)
+        finally:
+            await browser.close()

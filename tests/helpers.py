@@ -4,16 +4,19 @@ for what a background task or another process does."""
 import asyncio
 import inspect
 import json
+import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
 from app.auth.caller import Caller
 from app.config import Settings
+from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.graphql.context import Context
 from app.graphql.schema import schema
@@ -70,6 +73,41 @@ async def database_copy(
         conn = await asyncpg.connect(server.uri())
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+T = TypeVar("T")
+
+
+async def upgraded_from(
+    server: EmbeddedPostgres,
+    revision: str,
+    account: uuid.UUID,
+    action: uuid.UUID,
+    written: Callable[[asyncpg.Connection], Awaitable[None]],
+    read: Callable[[asyncpg.Connection], Awaitable[T]],
+) -> T:
+    """What `read` finds once a database at migration `revision`, holding an account, its
+    action (version 1) and what `written` wrote there, is upgraded to the newest migration."""
+    name = f"engram_from_{revision}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(server, None, name) as url:
+        migrate.upgrade(url, revision)
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'a')", account)
+            await conn.execute(
+                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
+                account,
+                action,
+            )
+            await written(conn)
+        finally:
+            await conn.close()
+        migrate.upgrade(url)
+        conn = await asyncpg.connect(url)
+        try:
+            return await read(conn)
         finally:
             await conn.close()
 

@@ -61,6 +61,24 @@ async def add_client(gql, who: Caller, principal: str, account_id: UUID | None =
     return (await gql(who, CREATE_CLIENT, input=data)).ok()["createClient"]
 
 
+async def signed_in(state, admin: Caller, account_id: UUID, principal: str) -> Caller:
+    """The client as a request authenticates it, with a new token of its own."""
+    token = await service.create_client_token(
+        state.pool, admin, account_id=account_id, principal=principal
+    )
+    return await service.authenticate(state.pool, f"Bearer {token}")
+
+
+async def set_policies(gql, admin: Caller, account_id: UUID, principal: str, policies) -> None:
+    """An administrator's change of the client's policies (they replace all it held)."""
+    update = {"policies": policies}
+    (
+        await gql(
+            admin, UPDATE_CLIENT, principal=principal, accountId=str(account_id), input=update
+        )
+    ).ok()
+
+
 async def token_count(state, account_id: UUID, principal: str) -> int:
     async with state.pool.acquire() as conn:
         return await conn.fetchval(
@@ -464,14 +482,8 @@ async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, sta
     plain = {"principal": "plain", "name": "P", "policies": [see_clients]}
     for data in (manager, reader, plain):
         (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
-    token = await service.create_client_token(
-        state.pool, admin, account_id=account, principal="manager"
-    )
-    authenticated = await service.authenticate(state.pool, f"Bearer {token}")
-    narrowed = {"policies": [client_admin]}
-    (
-        await gql(admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed)
-    ).ok()
+    authenticated = await signed_in(state, admin, account, "manager")
+    await set_policies(gql, admin, account, "manager", [client_admin])
 
     for operation, variables in (
         (UPDATE_CLIENT, {"principal": "plain", "input": {"policies": [read_memory]}}),
@@ -494,18 +506,11 @@ async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, sta
     # What it still holds it still manages.
     (await gql(authenticated, UPDATE_CLIENT, principal="plain", input={"name": "Plainer"})).ok()
     # Nor may it still do what it may no longer do at all.
-    reads_clients = {"policies": [see_clients]}
-    (
-        await gql(
-            admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=reads_clients
-        )
-    ).ok()
+    await set_policies(gql, admin, account, "manager", [see_clients])
     result = await gql(authenticated, UPDATE_CLIENT, principal="plain", input={"name": "Later"})
     assert result.codes == ["ACCESS_DENIED"], result.errors
     assert "UPDATE financial.Client.document" in result.errors[0]["message"]
-    (
-        await gql(admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed)
-    ).ok()
+    await set_policies(gql, admin, account, "manager", [client_admin])
     # A token revoked meanwhile acts no more.
     assert authenticated.token_id is not None
     await service.revoke_client_token(
@@ -514,10 +519,7 @@ async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, sta
     result = await gql(authenticated, UPDATE_CLIENT, principal="plain", input={"name": "Later"})
     assert result.codes == ["UNAUTHENTICATED"], result.errors
     # A client deleted meanwhile changes nothing with the token it had.
-    token = await service.create_client_token(
-        state.pool, admin, account_id=account, principal="manager"
-    )
-    authenticated = await service.authenticate(state.pool, f"Bearer {token}")
+    authenticated = await signed_in(state, admin, account, "manager")
     (await gql(admin, DELETE_CLIENT, principal="manager", accountId=str(account))).ok()
     result = await gql(authenticated, CREATE_TOKEN, principal="plain")
     assert result.codes == ["UNAUTHENTICATED"], result.errors
@@ -540,14 +542,8 @@ async def test_a_grant_to_delete_taken_from_the_caller_meanwhile_deletes_nothing
     plain = await service.issue_client_token(
         state.pool, admin, account_id=account, principal="plain"
     )
-    token = await service.create_client_token(
-        state.pool, admin, account_id=account, principal="manager"
-    )
-    authenticated = await service.authenticate(state.pool, f"Bearer {token}")
-    narrowed = {"policies": [see_clients]}
-    (
-        await gql(admin, UPDATE_CLIENT, principal="manager", accountId=str(account), input=narrowed)
-    ).ok()
+    authenticated = await signed_in(state, admin, account, "manager")
+    await set_policies(gql, admin, account, "manager", [see_clients])
 
     revoke = """mutation($t: UUID!) { revokeClientToken(principal: "plain", tokenId: $t) { id } }"""
     for operation, variables, needed in (
@@ -561,15 +557,7 @@ async def test_a_grant_to_delete_taken_from_the_caller_meanwhile_deletes_nothing
     found = await service.get_client(state.pool, admin, account_id=account, principal="plain")
     assert found is not None
     # Given back, the same caller deletes; revoked meanwhile, its token deletes nothing.
-    (
-        await gql(
-            admin,
-            UPDATE_CLIENT,
-            principal="manager",
-            accountId=str(account),
-            input={"policies": [manage]},
-        )
-    ).ok()
+    await set_policies(gql, admin, account, "manager", [manage])
     (await gql(authenticated, revoke, t=str(plain.info.token_id))).ok()
     assert await token_count(state, account, "plain") == 0
     assert authenticated.token_id is not None
@@ -591,10 +579,7 @@ async def test_two_clients_changing_each_other_at_once_both_succeed(gql, state, 
     for principal in ("a", "b"):
         data = {"principal": principal, "name": principal, "policies": everything}
         (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
-        token = await service.create_client_token(
-            state.pool, admin, account_id=account, principal=principal
-        )
-        callers.append(await service.authenticate(state.pool, f"Bearer {token}"))
+        callers.append(await signed_in(state, admin, account, principal))
     for n in range(15):
         results = await asyncio.gather(
             gql(callers[0], UPDATE_CLIENT, principal="b", input={"name": f"b{n}"}),
@@ -611,8 +596,7 @@ async def test_a_deadlock_is_a_conflict_to_retry_not_an_internal_error(gql, stat
     for principal in ("a", "b"):
         data = {"principal": principal, "name": principal, "policies": [EVERYTHING]}
         (await gql(admin, CREATE_CLIENT, input={**data, "accountId": str(account)})).ok()
-    token = await service.create_client_token(state.pool, admin, account_id=account, principal="a")
-    a = await service.authenticate(state.pool, f"Bearer {token}")
+    a = await signed_in(state, admin, account, "a")
     lock = "SELECT FROM clients WHERE account_id = $1 AND principal = $2 FOR UPDATE"
     async with state.pool.acquire() as other, other.transaction():
         # This session waits long before looking for a deadlock: the request's finds it first.
@@ -695,11 +679,7 @@ async def test_policy_changes_apply_to_existing_tokens(gql, state, admin):
         await gql(before, 'mutation { createAction(input: {name: "a"}) { version } }')
     ).codes == ["ACCESS_DENIED"]
     grant = [{"effect": "ALLOW", "actions": ["INSERT"], "resources": ["financial.Action.document"]}]
-    (
-        await gql(
-            admin, UPDATE_CLIENT, principal="bot", accountId=str(account), input={"policies": grant}
-        )
-    ).ok()
+    await set_policies(gql, admin, account, "bot", grant)
     after = await service.authenticate(state.pool, f"Bearer {token}")
     assert (await gql(after, 'mutation { createAction(input: {name: "a"}) { version } }')).ok()
 

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from browser import chromium, screenshot_path
+from browser import chromium, offline_browser, screenshot_path
 from helpers import db_settings
 from openai_server import OpenAIServer
 from runtime_support import NOTHING_TO_KEEP
@@ -130,9 +130,7 @@ ADD = """mutation($a: UUID!, $i: AgentMemoryInput!) {
 async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[str, Any]]]:
     """The service (with the scripted model, `seeded["model"]`) seeded, and a browser page that
     may reach only it."""
-    executable = chromium()
-    from playwright.async_api import async_playwright
-
+    chromium()  # without a browser, skipped before the service is seeded
     with OpenAIServer() as model:
         model.chat_defaults["memory"] = NOTHING_TO_KEEP
         settings = db_settings(
@@ -140,29 +138,13 @@ async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[s
         )
         with serving(settings, embedder) as url:
             seeded = {**seed(Api(url, ADMIN), model), "model": model}
-            async with async_playwright() as p:
-                browser = await p.chromium.launch(
-                    executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
-                )
-                try:
-                    page = await browser.new_page(viewport={"width": 1280, "height": 900})
-                    elsewhere: list[str] = []
-
-                    async def offline(route):
-                        if route.request.url.startswith(url + "/"):
-                            await route.continue_()
-                        else:
-                            elsewhere.append(route.request.url)
-                            await route.abort()
-
-                    await page.route("**/*", offline)
-                    errors: list[str] = []
-                    page.on("pageerror", lambda e: errors.append(str(e)))
-                    yield url, page, seeded
-                    assert elsewhere == [], elsewhere
-                    assert errors == [], errors
-                finally:
-                    await browser.close()
+            async with offline_browser(url) as browser:
+                page = await browser.page(height=900)
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                yield url, page, seeded
+                assert browser.elsewhere == [], browser.elsewhere
+                assert errors == [], errors
 
 
 async def sign_in(page, url: str, token: str) -> None:

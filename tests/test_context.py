@@ -14,7 +14,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from factories import make_agent, make_agent_id
+from factories import make_agent_id
 from helpers import GQL
 from openai_server import OpenAIServer, Recorded
 from runtime_support import events, run, tool_names, tool_results
@@ -117,11 +117,7 @@ async def test_h16_old_messages_are_summarized_incrementally_with_purpose_contex
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = str(
-        (
-            await make_agent(gql.state, admin, harness=None, model={"contextTokens": budget})
-        ).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"contextTokens": budget})
     script_summaries(model_server, "SUMMARY")
     executed = [await long_turn(gql, admin, model_server, action_id, turn) for turn in range(1, 7)]
 
@@ -177,11 +173,7 @@ async def test_h16_a_failed_turn_leaves_the_summary_unchanged(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = str(
-        (
-            await make_agent(gql.state, admin, harness=None, model={"contextTokens": budget})
-        ).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"contextTokens": budget})
     model_server.say("SUMMARY-1.", purpose="context")
     for turn in range(1, 5):
         await long_turn(gql, admin, model_server, action_id, turn)
@@ -212,11 +204,7 @@ async def test_h16_a_preview_turns_summary_never_reaches_a_live_turn(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = str(
-        (
-            await make_agent(gql.state, admin, harness=None, model={"contextTokens": budget})
-        ).action_id
-    )
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"contextTokens": budget})
     model_server.say("LIVE-SUMMARY-1.", purpose="context")
     for turn in range(1, 5):
         await long_turn(gql, admin, model_server, action_id, turn)
@@ -276,12 +264,8 @@ async def test_h16_a_long_conversation_clears_old_tool_results_first_then_summar
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 2000
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
     )
     await seed_records(gql, admin, action_id)
     for k in range(1, 10):
@@ -357,10 +341,8 @@ async def test_h16_the_stub_says_search_history_finds_cleared_results_when_it_ke
     for index, says in (("messages_and_tools", True), ("messages", False)):
         harness = tool_agent_harness(index=index)
         harness["memory"]["tools"] = ["add_memory"]
-        action_id = str(
-            (
-                await make_agent(gql.state, admin, harness=harness, model={"contextTokens": budget})
-            ).action_id
+        action_id = await make_agent_id(
+            gql.state, admin, harness=harness, model={"contextTokens": budget}
         )
         await seed_records(gql, admin, action_id)
         for turn in range(1, 3):
@@ -388,12 +370,8 @@ async def test_h16_a_turn_whose_own_exchange_outgrows_the_budget_is_compacted(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     budget = 2000
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
     )
     await seed_records(gql, admin, action_id)
     model_server.say("SUMMARY-OF-THIS-TURN.", purpose="context")
@@ -434,12 +412,8 @@ async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_to
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": budget}
     )
     await seed_records(gql, admin, action_id)
     model_server.call_tools(LOOKUP)
@@ -513,12 +487,8 @@ async def test_m32_a_recall_no_model_call_read_is_no_retrieved_use(
 ) -> None:
     """The turn recalls records, then cannot fit its first model call: the recall is recorded
     (it ran), but as no RETRIEVED use, since no model read it."""
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": 600}
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": 600}
     )
     await seed_records(gql, admin, action_id)
     failed = await run(gql, admin, action_id, "parcel " * 400)
@@ -644,12 +614,8 @@ async def test_h16_the_reply_room_comes_out_of_the_budget(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=None, model={"contextTokens": budget, "maxTokens": 200}
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=None, model={"contextTokens": budget, "maxTokens": 200}
     )
     script_summaries(model_server, "S")
     for turn in range(1, 5):
@@ -666,15 +632,11 @@ async def test_h16_search_history_finds_a_detail_the_summary_left_out(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     budget = 1000
-    action_id = str(
-        (
-            await make_agent(
-                gql.state,
-                admin,
-                harness={"history": {"index": "messages"}},
-                model={"contextTokens": budget},
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state,
+        admin,
+        harness={"history": {"index": "messages"}},
+        model={"contextTokens": budget},
     )
     script_summaries(model_server, "They talked about the weather")
     model_server.say("Noted.")

@@ -4,8 +4,10 @@ heading), nothing points outside it (`../shared`, `/work/`), every ```graphql ex
 parses and validates against the service's schema, and every setting's documented default is
 the one app/config.py takes."""
 
+import argparse
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,54 +122,47 @@ def test_every_setting_is_documented_as_parsed():
     assert missing == []
 
 
-def test_every_policy_resource_and_cli_flag_is_documented():
-    import argparse
-
-    from app.auth.resources import KNOWN
+def cli_commands() -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """`engram` and every command under it: its words after `engram`, and its parser."""
     from app.cli import parser
+
+    pending: list[tuple[list[str], argparse.ArgumentParser]] = [([], parser())]
+    while pending:
+        words, p = pending.pop()
+        yield " ".join(words), p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending += [([*words, name], sub) for name, sub in action.choices.items()]
+
+
+def test_every_policy_resource_and_cli_flag_is_documented():
+    from app.auth.resources import KNOWN
 
     access = (ROOT / "docs" / "access.md").read_text()
     assert [r for r in sorted(KNOWN) if f"`{r}`" not in access] == []
     missing = []
-
-    def walk(p: argparse.ArgumentParser, words: list[str]) -> None:
+    for command, p in cli_commands():
         for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, sub in action.choices.items():
-                    walk(sub, [*words, name])
-            elif action.option_strings and action.dest != "help":
+            if action.option_strings and action.dest != "help":
                 if action.help is None:
-                    missing.append(f"{' '.join(words)} {action.option_strings[0]}: no --help text")
+                    missing.append(f"{command} {action.option_strings[0]}: no --help text")
                 if not any(option in access for option in action.option_strings):
-                    missing.append(f"{' '.join(words)} {action.option_strings[-1]}")
-        if words and not p._subparsers and f"`engram {' '.join(words)}" not in access:
-            missing.append(f"engram {' '.join(words)}")
-
-    walk(parser(), [])
+                    missing.append(f"{command} {action.option_strings[-1]}")
+        if command and not p._subparsers and f"`engram {command}" not in access:
+            missing.append(f"engram {command}")
     assert missing == []
 
 
 def test_every_cli_default_is_in_its_help():
     """access.md says `engram <command> --help` prints what its table does, defaults included."""
-    import argparse
-
-    from app.cli import parser
-
-    missing = []
-
-    def walk(p: argparse.ArgumentParser, words: list[str]) -> None:
-        for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, sub in action.choices.items():
-                    walk(sub, [*words, name])
-            elif (
-                action.option_strings
-                and action.default not in (None, False, argparse.SUPPRESS)
-                and f"default: {action.default}" not in (action.help or "")
-            ):
-                missing.append(f"{' '.join(words)} {action.option_strings[-1]}")
-
-    walk(parser(), [])
+    missing = [
+        f"{command} {action.option_strings[-1]}"
+        for command, p in cli_commands()
+        for action in p._actions
+        if action.option_strings
+        and action.default not in (None, False, argparse.SUPPRESS)
+        and f"default: {action.default}" not in (action.help or "")
+    ]
     assert missing == []
 
 

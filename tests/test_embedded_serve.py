@@ -15,7 +15,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -141,16 +142,30 @@ def test_serve_stopped_while_starting_leaves_no_server_running(root: Path) -> No
 # --- supervision: the embedded server dies while serving ----------------------------------
 
 
+@contextmanager
+def healthy_service(
+    root: Path, parent: Sequence[str] = (), **settings: str
+) -> Iterator[tuple[Served, Path, str, str]]:
+    """`engram serve` on a data directory of its own, healthy: (served, pgdata, url, its admin
+    token); killed on exit, which must leave no server of the directory running."""
+    data, port = root / "data", free_port()
+    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
+    env = clean_env(data_dir=str(data), port=str(port), **settings)
+    served = Served(env, root / "serve.log", parent=parent)
+    try:
+        served.wait_healthy(url)
+        [admin] = served.admin_tokens()
+        yield served, pgdata, url, admin
+    finally:
+        served.kill()
+    assert _server_processes(pgdata) == []
+
+
 def test_a_killed_embedded_server_is_started_again(root: Path) -> None:
     """The postmaster killed with SIGKILL: the service starts the server again, says so in one
     line, /healthz is 200 again and GraphQL answers with the data kept; the restarted server
     stops with the service."""
-    data, port = root / "data", free_port()
-    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
-    served = Served(clean_env(data_dir=str(data), port=str(port)), root / "serve.log")
-    try:
-        served.wait_healthy(url)
-        [admin] = served.admin_tokens()
+    with healthy_service(root) as (served, pgdata, url, admin):
         assert post_graphql(url, admin, VIEWER)["viewer"]["principal"] == "admin"
         _kill_and_see_it_restarted(served, pgdata, url, admin, 120)
         # The supervisor logs once the library's start returns, which may be after the server
@@ -159,9 +174,6 @@ def test_a_killed_embedded_server_is_started_again(root: Path) -> None:
         restarts = _restarts(served)
         assert len(restarts) == 1 and "was down" in restarts[0], restarts
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
-    finally:
-        served.kill()
-    assert _server_processes(pgdata) == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER")
@@ -170,19 +182,10 @@ def test_a_killed_server_nobody_else_reaps_is_started_again(root: Path) -> None:
     not reap): pg_ctl leaves the postmaster behind, so a killed one stays a zombie of whoever
     adopted it, which the library takes for a running server. The service adopts its server
     itself and reaps it: the server is started again and answers."""
-    data, port = root / "data", free_port()
-    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
-    env = clean_env(data_dir=str(data), port=str(port))
-    served = Served(env, root / "serve.log", parent=NON_REAPING_PARENT)
-    try:
-        served.wait_healthy(url)
-        [admin] = served.admin_tokens()
+    with healthy_service(root, parent=NON_REAPING_PARENT) as (served, pgdata, url, admin):
         killed = _kill_and_see_it_restarted(served, pgdata, url, admin, 60)
         assert not psutil.pid_exists(killed)  # reaped
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
-    finally:
-        served.kill()
-    assert _server_processes(pgdata) == []
 
 
 def _kill_and_see_it_restarted(
@@ -226,12 +229,7 @@ def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(
     """While the lock file names a live process that is not the directory's server (another
     container's, for all this process can tell), the server is not started again: /healthz
     stays 503 and each attempt logs why; once that process is gone, the next attempt starts it."""
-    data, port = root / "data", free_port()
-    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
-    served = Served(clean_env(data_dir=str(data), port=str(port)), root / "serve.log")
-    try:
-        served.wait_healthy(url)
-        [admin] = served.admin_tokens()
+    with healthy_service(root) as (served, pgdata, url, admin):
         _kill_with_the_lock_naming(pgdata, sleeper.pid)
 
         def refused() -> bool:
@@ -252,9 +250,6 @@ def test_a_server_that_cannot_start_again_keeps_healthz_503_and_says_why(
         wait_until(lambda: _restarts(served), "the restart logged", 60, every=0.2)
         assert "after" in _restarts(served)[0]
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
-    finally:
-        served.kill()
-    assert _server_processes(pgdata) == []
 
 
 # One log record a line, whichever logger: "<date> <time> LEVEL <logger>: <message>".
@@ -268,13 +263,7 @@ def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(
     live process), asyncpg's pool retries its connections, search upkeep fails its rounds, and
     requests answer 503 UNAVAILABLE: each logged in one line that says the database is
     unavailable and why, never a traceback (asyncpg logged one at every retry)."""
-    data, port = root / "data", free_port()
-    pgdata, url = data / "pgdata", f"http://127.0.0.1:{port}"
-    env = clean_env(data_dir=str(data), port=str(port), search_maintenance_seconds="1")
-    served = Served(env, root / "serve.log")
-    try:
-        served.wait_healthy(url)
-        [admin] = served.admin_tokens()
+    with healthy_service(root, search_maintenance_seconds="1") as (served, pgdata, url, admin):
         _kill_with_the_lock_naming(pgdata, sleeper.pid)
 
         wait_until(lambda: _health(url) == 503, "/healthz 503", 60, every=0.2)
@@ -304,6 +293,3 @@ def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(
         sleeper.wait()
         served.wait_healthy(url, timeout=180)
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
-    finally:
-        served.kill()
-    assert _server_processes(pgdata) == []

@@ -54,6 +54,15 @@ def openai_embedder(server: OpenAIServer, **options: object) -> OpenAIEmbedder:
     return OpenAIEmbedder(**{**defaults, **options})  # type: ignore[arg-type]
 
 
+async def embedded(server: OpenAIServer, texts: list[str], **options: object) -> Embeddings:
+    """`texts` embedded by an embedder of the scripted server, opened for them and closed."""
+    embedder = openai_embedder(server, **options)
+    try:
+        return await embedder.embed(texts)
+    finally:
+        await embedder.aclose()
+
+
 def expected(text: str, dimensions: int) -> np.ndarray:
     vector = hashed_embedding(text, dimensions)
     return vector / np.linalg.norm(vector)
@@ -80,11 +89,7 @@ def test_memory_text_is_summary_then_content() -> None:
 
 
 async def test_openai_batches_restores_order_and_normalizes(openai_server: OpenAIServer) -> None:
-    embedder = openai_embedder(openai_server, batch_size=3, api_key="sk-test")
-    try:
-        result = await embedder.embed(TEXTS)
-    finally:
-        await embedder.aclose()
+    result = await embedded(openai_server, TEXTS, batch_size=3, api_key="sk-test")
     calls = openai_server.requests_to("/v1/embeddings")
     assert [call.body["input"] for call in calls] == [TEXTS[0:3], TEXTS[3:6], TEXTS[6:7]]
     assert all(call.headers["authorization"] == "Bearer sk-test" for call in calls)
@@ -113,11 +118,7 @@ async def test_m24_openai_reports_usage_tokens(openai_server: OpenAIServer) -> N
 
 
 async def test_openai_sends_a_blank_text_as_a_space(openai_server: OpenAIServer) -> None:
-    embedder = openai_embedder(openai_server)
-    try:
-        result = await embedder.embed(["", "hello"])
-    finally:
-        await embedder.aclose()
+    result = await embedded(openai_server, ["", "hello"])
     assert openai_server.requests_to("/v1/embeddings")[0].body["input"] == [" ", "hello"]
     assert_unit_rows(result.vectors, 48)
 
@@ -125,44 +126,28 @@ async def test_openai_sends_a_blank_text_as_a_space(openai_server: OpenAIServer)
 async def test_openai_retries_5xx_and_429(openai_server: OpenAIServer) -> None:
     openai_server.fail_next(2, status=503)
     openai_server.fail_next(1, status=429, retry_after=0.01)
-    embedder = openai_embedder(openai_server)
-    try:
-        result = await embedder.embed(TEXTS[:2])
-    finally:
-        await embedder.aclose()
+    result = await embedded(openai_server, TEXTS[:2])
     assert len(openai_server.requests_to("/v1/embeddings")) == 4
     np.testing.assert_allclose(result.vectors[1], expected(TEXTS[1], 48), rtol=1e-5, atol=1e-6)
 
 
 async def test_openai_gives_up_after_its_retries(openai_server: OpenAIServer) -> None:
     openai_server.fail_next(10, status=500, message="model overloaded")
-    embedder = openai_embedder(openai_server, max_retries=2)
-    try:
-        with pytest.raises(EmbeddingFailed, match="failed 3 times.*model overloaded"):
-            await embedder.embed(TEXTS[:2])
-    finally:
-        await embedder.aclose()
+    with pytest.raises(EmbeddingFailed, match="failed 3 times.*model overloaded"):
+        await embedded(openai_server, TEXTS[:2], max_retries=2)
     assert len(openai_server.requests_to("/v1/embeddings")) == 3
 
 
 async def test_openai_does_not_retry_other_4xx(openai_server: OpenAIServer) -> None:
     openai_server.fail_next(1, status=400, message="unknown model 'test-embed'")
-    embedder = openai_embedder(openai_server)
-    try:
-        with pytest.raises(EmbeddingFailed, match="HTTP 400.*unknown model 'test-embed'"):
-            await embedder.embed(TEXTS[:2])
-    finally:
-        await embedder.aclose()
+    with pytest.raises(EmbeddingFailed, match="HTTP 400.*unknown model 'test-embed'"):
+        await embedded(openai_server, TEXTS[:2])
     assert len(openai_server.requests_to("/v1/embeddings")) == 1
 
 
 async def test_openai_retries_a_timeout(openai_server: OpenAIServer) -> None:
     openai_server.stall_next(1, 1.0)
-    embedder = openai_embedder(openai_server, timeout_seconds=0.2)
-    try:
-        result = await embedder.embed(TEXTS[:1])
-    finally:
-        await embedder.aclose()
+    result = await embedded(openai_server, TEXTS[:1], timeout_seconds=0.2)
     assert len(openai_server.requests_to("/v1/embeddings")) == 2
     assert result.vectors.shape == (1, 48)
 
@@ -173,11 +158,7 @@ async def test_openai_retries_an_answer_trickled_past_the_timeout(
     """The timeout bounds a request's whole answer, not each read: one sent in pieces, each
     well within it, is cut off at it and retried as a timeout is."""
     openai_server.trickle_next(1, 0.2)  # ten pieces 0.2 s apart: 2 s in all
-    embedder = openai_embedder(openai_server, timeout_seconds=0.5)
-    try:
-        result = await embedder.embed(TEXTS[:1])
-    finally:
-        await embedder.aclose()
+    result = await embedded(openai_server, TEXTS[:1], timeout_seconds=0.5)
     assert len(openai_server.requests_to("/v1/embeddings")) == 2
     assert result.vectors.shape == (1, 48)
 

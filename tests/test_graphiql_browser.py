@@ -6,7 +6,7 @@ token in the page's header field, runs a query and shows its result. It writes a
 Under CI (CI=true) a missing browser fails the run; elsewhere the test is skipped, saying how to
 get one: `apt-get install chromium` (Debian) and `pip install -e '.[test]'` (Playwright)."""
 
-from browser import chromium, screenshot_path
+from browser import chromium, offline_browser, screenshot_path
 from helpers import db_settings
 from servers import serving
 
@@ -15,85 +15,68 @@ QUERY = "{ viewer { principal } }"
 
 
 async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db_url, embedder):
-    executable = chromium()
-    from playwright.async_api import async_playwright, expect
+    chromium()  # without a browser, skipped before the service starts
+    from playwright.async_api import expect
 
     expect.set_options(timeout=20_000)  # a loaded CI machine parses 3.5 MB of GraphiQL slowly
 
     settings = db_settings(db_url, bootstrap_token=TOKEN)
     with serving(settings, embedder) as url:
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(
-                executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+        async with offline_browser(url) as browser:
+            page = await browser.page(height=760)
+            sent: list[dict[str, str]] = []
+            page.on(
+                "request",
+                lambda r: sent.append(r.headers) if r.method == "POST" else None,
             )
-            try:
-                page = await browser.new_page(viewport={"width": 1280, "height": 760})
-                elsewhere: list[str] = []
-                sent: list[dict[str, str]] = []
+            blocked: list[str] = []  # what the page's Content-Security-Policy refused
+            page.on(
+                "console",
+                lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else 0,
+            )
+            await page.goto(url + "/graphql")
 
-                async def offline(route):  # anything not from the service: as if offline
-                    if route.request.url.startswith(url + "/"):
-                        await route.continue_()
-                    else:
-                        elsewhere.append(route.request.url)
-                        await route.abort()
+            # Without a token the page says what to do, where a person looks first.
+            status = page.get_by_role("status")
+            await expect(status).to_contain_text("No token")
+            await expect(page.locator(".graphiql-query-editor .CodeMirror")).to_be_visible()
+            await page.screenshot(path=str(screenshot_path("graphiql-no-token.png")))
 
-                await page.route("**/*", offline)
-                page.on(
-                    "request",
-                    lambda r: sent.append(r.headers) if r.method == "POST" else None,
-                )
-                blocked: list[str] = []  # what the page's Content-Security-Policy refused
-                page.on(
-                    "console",
-                    lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else 0,
-                )
-                await page.goto(url + "/graphql")
+            await page.get_by_label("API token").fill(TOKEN)
+            before = len(sent)  # the schema request sent without a token (refused)
+            await page.get_by_role("button", name="Use token").click()
+            await expect(status).to_contain_text("Token in use")
 
-                # Without a token the page says what to do, where a person looks first.
-                status = page.get_by_role("status")
-                await expect(status).to_contain_text("No token")
-                await expect(page.locator(".graphiql-query-editor .CodeMirror")).to_be_visible()
-                await page.screenshot(path=str(screenshot_path("graphiql-no-token.png")))
+            # GraphiQL mounted again with the token: it loads the schema and runs a query.
+            editor = page.locator(".graphiql-query-editor .CodeMirror")
+            await expect(editor).to_be_visible()
+            await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", QUERY)
+            await page.locator(".graphiql-execute-button").click()
+            response = page.locator(".graphiql-response")
+            await expect(response).to_contain_text('"principal": "admin"')
+            # Nothing outlives the tab: GraphiQL's history (which would hold headers typed
+            # in its editor) is kept in session storage, not localStorage.
+            kept = await page.evaluate("() => Object.keys(localStorage)")
+            assert kept == [], kept
+            history = await page.evaluate("() => sessionStorage.getItem('graphiql:queries')")
+            assert history and "viewer" in history
+            # The schema came through the token too: the docs explorer lists Query's fields.
+            await page.get_by_role("button", name="Show Documentation Explorer").click()
+            await expect(page.locator(".graphiql-doc-explorer")).to_contain_text("Query")
 
-                await page.get_by_label("API token").fill(TOKEN)
-                before = len(sent)  # the schema request sent without a token (refused)
-                await page.get_by_role("button", name="Use token").click()
-                await expect(status).to_contain_text("Token in use")
+            shot = screenshot_path("graphiql.png")
+            await page.screenshot(path=str(shot))
+            print(f"GraphiQL screenshot: {shot}")
 
-                # GraphiQL mounted again with the token: it loads the schema and runs a query.
-                editor = page.locator(".graphiql-query-editor .CodeMirror")
-                await expect(editor).to_be_visible()
-                await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", QUERY)
-                await page.locator(".graphiql-execute-button").click()
-                response = page.locator(".graphiql-response")
-                await expect(response).to_contain_text('"principal": "admin"')
-                # Nothing outlives the tab: GraphiQL's history (which would hold headers typed
-                # in its editor) is kept in session storage, not localStorage.
-                kept = await page.evaluate("() => Object.keys(localStorage)")
-                assert kept == [], kept
-                history = await page.evaluate("() => sessionStorage.getItem('graphiql:queries')")
-                assert history and "viewer" in history
-                # The schema came through the token too: the docs explorer lists Query's fields.
-                await page.get_by_role("button", name="Show Documentation Explorer").click()
-                await expect(page.locator(".graphiql-doc-explorer")).to_contain_text("Query")
+            # Another site cannot frame the page a token is pasted into (clickjacking).
+            framing = await browser.page()
+            await framing.set_content(f'<iframe src="{url}/graphql"></iframe>')
+            framed = await (await framing.query_selector("iframe")).content_frame()
+            await framed.wait_for_load_state("load")
+            assert await framed.locator("#engram-token").count() == 0
+            assert await page.locator("#engram-token").count() == 1  # (not framed: shown)
 
-                shot = screenshot_path("graphiql.png")
-                await page.screenshot(path=str(shot))
-                print(f"GraphiQL screenshot: {shot}")
-
-                # Another site cannot frame the page a token is pasted into (clickjacking).
-                framing = await browser.new_page()
-                await framing.route("**/*", offline)
-                await framing.set_content(f'<iframe src="{url}/graphql"></iframe>')
-                framed = await (await framing.query_selector("iframe")).content_frame()
-                await framed.wait_for_load_state("load")
-                assert await framed.locator("#engram-token").count() == 0
-                assert await page.locator("#engram-token").count() == 1  # (not framed: shown)
-            finally:
-                await browser.close()
-
-    assert elsewhere == [], f"the page reached beyond the service: {elsewhere}"
+    assert browser.elsewhere == [], f"the page reached beyond the service: {browser.elsewhere}"
     assert blocked == [], f"the page's own policy refused its parts: {blocked}"
     assert not any("authorization" in h for h in sent[:before])
     after = sent[before:]
@@ -103,34 +86,26 @@ async def test_graphiql_runs_a_query_with_a_token_entered_in_the_page_offline(db
 
 
 async def test_graphiql_without_introspection_says_why_and_still_runs_queries(db_url, embedder):
-    executable = chromium()
-    from playwright.async_api import async_playwright, expect
+    chromium()  # without a browser, skipped before the service starts
+    from playwright.async_api import expect
 
     expect.set_options(timeout=20_000)  # a loaded CI machine parses 3.5 MB of GraphiQL slowly
 
     settings = db_settings(db_url, bootstrap_token=TOKEN, introspection=False)
     with serving(settings, embedder) as url:
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(
-                executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+        async with offline_browser(url) as browser:
+            page = await browser.page(height=600)
+            await page.goto(url + "/graphql")
+            await expect(page.get_by_role("alert")).to_contain_text(
+                "introspection is turned off on this server (ENGRAM_INTROSPECTION=false)"
             )
-            try:
-                page = await browser.new_page(viewport={"width": 1280, "height": 600})
-                await page.goto(url + "/graphql")
-                await expect(page.get_by_role("alert")).to_contain_text(
-                    "introspection is turned off on this server (ENGRAM_INTROSPECTION=false)"
-                )
-                await page.get_by_label("API token").fill(TOKEN)
-                await page.get_by_role("button", name="Use token").click()
-                editor = page.locator(".graphiql-query-editor .CodeMirror")
-                await expect(editor).to_be_visible()
-                await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", QUERY)
-                await page.locator(".graphiql-execute-button").click()
-                await expect(page.locator(".graphiql-response")).to_contain_text(
-                    '"principal": "admin"'
-                )
-                shot = screenshot_path("graphiql-introspection-off.png")
-                await page.screenshot(path=str(shot))
-                print(f"GraphiQL screenshot: {shot}")
-            finally:
-                await browser.close()
+            await page.get_by_label("API token").fill(TOKEN)
+            await page.get_by_role("button", name="Use token").click()
+            editor = page.locator(".graphiql-query-editor .CodeMirror")
+            await expect(editor).to_be_visible()
+            await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", QUERY)
+            await page.locator(".graphiql-execute-button").click()
+            await expect(page.locator(".graphiql-response")).to_contain_text('"principal": "admin"')
+            shot = screenshot_path("graphiql-introspection-off.png")
+            await page.screenshot(path=str(shot))
+            print(f"GraphiQL screenshot: {shot}")

@@ -13,6 +13,7 @@ from factories import (
     forget,
     full_memory,
     make_agent,
+    make_agent_id,
     record_turn,
     remember,
     token_for,
@@ -119,7 +120,7 @@ TWO_TURNS = """mutation($a: UUID!) {
 
 
 async def test_issue14_item3_a_mutations_answer_reads_what_it_wrote(state, admin, model_server):
-    a = str((await make_agent(state, admin)).action_id)
+    a = await make_agent_id(state, admin)
     gql = GQL(state)
     assert (await gql(admin, TWO_TURNS, a=a)).codes == ["BAD_REQUEST"]
     for turns in (1, 2):

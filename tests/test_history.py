@@ -3,14 +3,12 @@ it, replays, and the operators' reads and erasure; through GraphQL with the scri
 
 import asyncio
 import json
-import os
 import uuid
 from typing import Any
 
-import asyncpg
 import pytest
-from factories import allow, caller, make_agent, make_agent_id
-from helpers import GQL, database_copy
+from factories import allow, caller, make_agent_id
+from helpers import GQL, upgraded_from
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
@@ -28,7 +26,6 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.db import migrate
 from app.history import indexes as history_indexes
 from app.history import parts, store
 from app.history import search as history_search
@@ -50,6 +47,24 @@ HISTORY = """query($a: UUID!, $after: String) {
 SEARCH = """query($a: UUID!, $q: String!) { action(actionId: $a) { sessions(first: 10) { nodes {
     sessionId searchHistory(query: $q, first: 5) { part score text
         event { eventId turn who text parts } } } } } }"""
+ERASE_S1 = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
+
+
+async def retry_turn(gql: GQL, admin: Caller, action_id: str, execution_id: str) -> Any:
+    """The answer to retrying a failed turn of session s1."""
+    input = {"actionId": action_id, "sessionId": "s1", "executionId": execution_id}
+    return await gql(admin, EXECUTE, input=input)
+
+
+async def words_kept(gql: GQL, admin: Caller, execution_id: str) -> str:
+    """What an execution still says of its turn (input, output, error, transcript), as JSON."""
+    read = await gql(
+        admin,
+        "query($id: UUID!) { execution(executionId: $id) { input output error"
+        " transcript(first: 100) { nodes { data } } } }",
+        id=execution_id,
+    )
+    return json.dumps(read.ok())
 
 
 # H1 H2 H6 H7 H9 H10 H11 H14
@@ -248,11 +263,7 @@ async def test_h3_h4_tools_mode_keeps_results_and_errors_but_never_retrievals(
     assert not any("<memory>" in e["text"] for e in kept)
 
     # The same turns with `messages` keep no tool results at all (H2).
-    plain = str(
-        (
-            await make_agent(gql.state, admin, harness={**MESSAGES, "memory": harness["memory"]})
-        ).action_id
-    )
+    plain = await make_agent_id(gql.state, admin, harness={**MESSAGES, "memory": harness["memory"]})
     model_server.call_tools(("add_memory", {"summary": "Bo's locker is 7", "kind": "fact"}))
     model_server.say("Saved.")
     assert (await run(gql, admin, plain, "Remember Bo's locker is 7"))["status"] == "SUCCEEDED"
@@ -796,14 +807,9 @@ async def test_a_turn_of_an_erased_session_is_neither_retried_nor_replayed(
     model_server.chat_error(500)
     failed = await run(gql, admin, action_id, "And the other secret?")
     assert (committed["status"], failed["status"]) == ("SUCCEEDED", "FAILED")
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
-    assert (await gql(admin, erase, a=action_id)).ok()
+    assert (await gql(admin, ERASE_S1, a=action_id)).ok()
 
-    retry = await gql(
-        admin,
-        EXECUTE,
-        input={"actionId": action_id, "sessionId": "s1", "executionId": failed["executionId"]},
-    )
+    retry = await retry_turn(gql, admin, action_id, failed["executionId"])
     replay = await gql(
         admin, EXECUTE, input={"actionId": action_id, "replayOf": committed["executionId"]}
     )
@@ -828,7 +834,6 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
     (history, transcript, output), whether it commits or fails: while one runs, eraseSession is
     CONFLICT and erases nothing; once it has ended, the erasure takes everything."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
     model_server.say("First reply.")
     await run(gql, admin, action_id, "hello first")
     for reply in ("say", "fail"):
@@ -838,7 +843,7 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
             model_server.chat_error(400, message="'The secret is marmalade.' is flagged", delay=3.0)
         turn = asyncio.create_task(run(gql, admin, action_id, "The secret is marmalade."))
         await asyncio.sleep(1.0)
-        refused = await gql(admin, erase, a=action_id)
+        refused = await gql(admin, ERASE_S1, a=action_id)
         assert refused.codes == ["CONFLICT"], refused.errors
         assert "is running; nothing was erased" in refused.errors[0]["message"]
         before = json.dumps(await history_of(gql, admin, action_id))
@@ -846,22 +851,12 @@ async def test_an_erasure_waits_for_no_running_turn_and_refuses_while_one_runs(
         assert ("hello first" in before) if reply == "say" else before == "[]"
         ended = await turn
         assert ended["status"] == ("SUCCEEDED" if reply == "say" else "FAILED")
-        assert (await gql(admin, erase, a=action_id)).ok()
+        assert (await gql(admin, ERASE_S1, a=action_id)).ok()
         assert await history_of(gql, admin, action_id) == []
-        read = await gql(
-            admin,
-            "query($id: UUID!) { execution(executionId: $id) { input output error"
-            " transcript(first: 100) { nodes { data } } } }",
-            id=ended["executionId"],
-        )
-        assert "marmalade" not in json.dumps(read.ok()), read.data  # the error's text too
+        # The error's text too.
+        assert "marmalade" not in await words_kept(gql, admin, ended["executionId"])
     # Erased, the failed turn is not retried (its input is gone).
-    retry = await gql(
-        admin,
-        EXECUTE,
-        input={"actionId": action_id, "sessionId": "s1", "executionId": ended["executionId"]},
-    )
-    assert retry.codes == ["BAD_REQUEST"]
+    assert (await retry_turn(gql, admin, action_id, ended["executionId"])).codes == ["BAD_REQUEST"]
 
 
 async def test_a_turn_failed_by_a_sweep_while_it_ran_writes_nothing_back_after_an_erasure(
@@ -870,7 +865,6 @@ async def test_a_turn_failed_by_a_sweep_while_it_ran_writes_nothing_back_after_a
     """A stalled process's turn is failed by a sweep, so an erasure may proceed while it still
     runs; when it then ends, it writes no words of the erased session back."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
     model_server.say("First reply.")
     await run(gql, admin, action_id, "hello first")
     model_server.say("Noted: marmalade.", delay=3.0)
@@ -882,23 +876,12 @@ async def test_a_turn_failed_by_a_sweep_while_it_ran_writes_nothing_back_after_a
             uuid.UUID(action_id),
         )
     assert swept == "UPDATE 1"
-    assert (await gql(admin, erase, a=action_id)).ok()
+    assert (await gql(admin, ERASE_S1, a=action_id)).ok()
     ended = await turn
     assert ended["status"] == "FAILED"
-    read = await gql(
-        admin,
-        "query($id: UUID!) { execution(executionId: $id) { input output error"
-        " transcript(first: 100) { nodes { data } } } }",
-        id=ended["executionId"],
-    )
-    assert "marmalade" not in json.dumps(read.ok()), read.data
+    assert "marmalade" not in await words_kept(gql, admin, ended["executionId"])
     assert await history_of(gql, admin, action_id) == []
-    retry = await gql(
-        admin,
-        EXECUTE,
-        input={"actionId": action_id, "sessionId": "s1", "executionId": ended["executionId"]},
-    )
-    assert retry.codes == ["BAD_REQUEST"]
+    assert (await retry_turn(gql, admin, action_id, ended["executionId"])).codes == ["BAD_REQUEST"]
 
 
 async def test_h16_later_turns_read_neither_erased_turns_nor_replays(
@@ -921,8 +904,7 @@ async def test_h16_later_turns_read_neither_erased_turns_nor_replays(
     assert said == ["ALPHA question", "ANSWER-1", "BRAVO question", "ANSWER-2", said[-1]]
     assert said[-1].startswith("CHARLIE")
     # Erased turns are gone from the context, not retold as "[erased]".
-    erase = 'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }'
-    assert (await gql(admin, erase, a=action_id)).ok()
+    assert (await gql(admin, ERASE_S1, a=action_id)).ok()
     model_server.say("ANSWER-4")
     await run(gql, admin, action_id, "DELTA question")
     said = [m["content"] for m in chat(model_server)[-1].body["messages"][1:]]
@@ -1173,12 +1155,7 @@ async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     assert "pier seven" in found["index"].events[0].text
     # A second round keeps it; once the session is erased, it goes.
     assert (await maintenance.run_round(state.pool, 10**9, min_parts=s1)).built == []
-    erased = await gql(
-        admin,
-        'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") { erasedEvents } }',
-        a=action_id,
-    )
-    erased.ok()
+    (await gql(admin, ERASE_S1, a=action_id)).ok()
     assert (await maintenance.run_round(state.pool, 10**9, min_parts=s1)).dropped == [name]
     await run(gql, admin, action_id, "Rain again.", session="s2")
     await maintenance.run_round(state.pool, 10**9, min_parts=1)
@@ -1195,7 +1172,6 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
     them from the events, so a reader without the memory grants still finds no memory tool's
     result, nor a message that called one, in what was kept then, nor in what a process of the
     release before keeps during a rolling upgrade (no `tools`: its event is read)."""
-    name = f"engram_history_0027_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     account, action = uuid.uuid4(), uuid.uuid4()
     who_said = {  # event: (who, tool, data)
         "user": ("user", None, {"message": "Ada's plan is Basic"}),
@@ -1228,47 +1204,36 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
             turn,
         )
 
-    async with database_copy(pg_server, None, name) as url:
-        migrate.upgrade(url, "0026")
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'a')", account)
-            await conn.execute(
-                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
-                account,
-                action,
-            )
-            await conn.execute(
-                "INSERT INTO sessions (account_id, action_id, session_id) VALUES ($1, $2, 's')",
-                account,
-                action,
-            )
-            for sequence, (label, (who, tool, data)) in enumerate(who_said.items(), 1):
-                await keep(conn, events[label], 1, sequence, who, tool, data)
-        finally:
-            await conn.close()
-        migrate.upgrade(url)
-        conn = await asyncpg.connect(url)
-        try:
-            # A process of the release before, still running during a rolling upgrade, keeps a
-            # memory tool's result and a user's message without naming `tools`.
-            for sequence, (label, who, tool) in enumerate(
-                [("late", "tool", "search_memory"), ("late user", "user", None)], 1
-            ):
-                events[label] = uuid.uuid4()
-                await keep(conn, events[label], 2, sequence, who, tool, {})
-            named = {
-                r["event_id"]: r["tools"]
-                for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
-            }
-            scope = Scope(account, action, "s", None, False, ("add_memory", "search_memory"))
-            p = store.Params()
-            seen = await conn.fetch(
-                "SELECT h.event_id FROM history_parts h WHERE " + store._visible(scope, p, "h"),
-                *p.values,
-            )
-        finally:
-            await conn.close()
+    async def written(conn) -> None:
+        await conn.execute(
+            "INSERT INTO sessions (account_id, action_id, session_id) VALUES ($1, $2, 's')",
+            account,
+            action,
+        )
+        for sequence, (label, (who, tool, data)) in enumerate(who_said.items(), 1):
+            await keep(conn, events[label], 1, sequence, who, tool, data)
+
+    async def read(conn) -> tuple[dict, list]:
+        # A process of the release before, still running during a rolling upgrade, keeps a
+        # memory tool's result and a user's message without naming `tools`.
+        for sequence, (label, who, tool) in enumerate(
+            [("late", "tool", "search_memory"), ("late user", "user", None)], 1
+        ):
+            events[label] = uuid.uuid4()
+            await keep(conn, events[label], 2, sequence, who, tool, {})
+        named = {
+            r["event_id"]: r["tools"]
+            for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
+        }
+        scope = Scope(account, action, "s", None, False, ("add_memory", "search_memory"))
+        p = store.Params()
+        seen = await conn.fetch(
+            "SELECT h.event_id FROM history_parts h WHERE " + store._visible(scope, p, "h"),
+            *p.values,
+        )
+        return named, seen
+
+    named, seen = await upgraded_from(pg_server, "0026", account, action, written, read)
     assert {label: named[events[label]] for label in who_said} == {
         "user": [],
         "call": ["add_memory"],

@@ -54,14 +54,10 @@ def leaked(value: Any) -> list[str]:
 async def test_m55_transcripts_show_memory_text_only_with_the_memory_grants(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (
-            await make_agent(
-                gql.state,
-                admin,
-                harness=memory_harness(tools=["add_memory", "read_memory"], labels=LABELS),
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state,
+        admin,
+        harness=memory_harness(tools=["add_memory", "read_memory"], labels=LABELS),
     )
     model_server.call_tools(
         (
@@ -195,10 +191,8 @@ async def test_m55_a_sessions_running_summary_shows_only_with_the_memory_grants(
     wrote), so a reader without the grants sees neither the `context.summary` event's text nor
     the reply of the model call of purpose `context` that wrote it."""
     harness = memory_harness(tools=["add_memory"])
-    action_id = str(
-        (
-            await make_agent(gql.state, admin, harness=harness, model={"contextTokens": 1500})
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=harness, model={"contextTokens": 1500}
     )
     model_server.call_tools(("add_memory", {"summary": SUMMARY, "kind": "fact"}))
     model_server.say("Noted.")

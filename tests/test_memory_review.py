@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from factories import allow, caller, make_agent, make_agent_id, memory_harness
+from factories import allow, caller, make_agent_id, memory_harness
 from helpers import GQL, eventually
 from openai_server import OpenAIServer, Recorded
 from runtime_support import (
@@ -334,12 +334,8 @@ async def test_m13_extraction_prompt_replaces_the_default_instructions(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     prompt = "Keep only the customer's shipping preferences."
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=memory_harness(extraction={"prompt": prompt})
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(extraction={"prompt": prompt})
     )
     await run(gql, admin, action_id, "Ship by sea please")
     (asked,) = chat(model_server, "memory")
@@ -644,12 +640,8 @@ async def test_m14_a_long_run_of_messages_is_read_in_parts(
     gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # the test's messages fill two parts
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=memory_harness(extraction={"every": {"messages": 4}})
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(extraction={"every": {"messages": 4}})
     )
     model_server.say("Noted the first.")
     await run(gql, admin, action_id, "First: " + "tea " * 50)
@@ -677,7 +669,7 @@ async def test_m14_turns_a_full_review_did_not_read_wait_for_the_next(
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # each turn's messages a part
     monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
     harness = memory_harness(extraction={"every": {"messages": 4}})
-    action_id = str((await make_agent(gql.state, admin, harness=harness)).action_id)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.say("Noted the first.")
     await run(gql, admin, action_id, "First: " + "tea " * 50)
     candidates(model_server, {"summary": "Ada likes tea"})
@@ -706,7 +698,7 @@ async def test_m14_a_turn_longer_than_a_full_review_reads_is_not_read_again(
     marked reviewed all the same, or every later review would start at it again."""
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)
     monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
-    action_id = str((await make_agent(gql.state, admin, harness=memory_harness())).action_id)
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada likes tea"})
     model_server.say("Noted: " + "tea " * 80)
     first = await run(gql, admin, action_id, "First: " + "tea " * 50)

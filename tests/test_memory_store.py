@@ -282,39 +282,28 @@ async def test_m5_read_scopes_decide_what_is_seen(state, admin):
     session_rec = await remember(state, agent, "session only")
     from app.actions import service
 
-    session_reader = await service.update_action(
-        state.pool,
-        admin,
-        action_id=agent.action_id,
-        name="r",
-        instructions="",
-        model=None,
-        harness={
-            "memory": {
-                "enabled": True,
-                "scope": {"read": ["session"], "write": ["session"]},
-                "labels": agent.harness.raw["memory"]["labels"],
-            }
-        },
-    )
+    async def reading_only(scope: str):
+        """The agent's next version, reading and writing records of `scope` only."""
+        memory = {
+            "enabled": True,
+            "scope": {"read": [scope], "write": [scope]},
+            "labels": agent.harness.raw["memory"]["labels"],
+        }
+        return await service.update_action(
+            state.pool,
+            admin,
+            action_id=agent.action_id,
+            name="r",
+            instructions="",
+            model=None,
+            harness={"memory": memory},
+        )
+
+    session_reader = await reading_only("session")
     seen = await listed(state, writer(session_reader))
     assert session_rec.memory_id in seen and agent_rec.memory_id not in seen
     assert await work(state, writer(session_reader)).read(agent_rec.memory_id) is None
-    agent_reader = await service.update_action(
-        state.pool,
-        admin,
-        action_id=agent.action_id,
-        name="r",
-        instructions="",
-        model=None,
-        harness={
-            "memory": {
-                "enabled": True,
-                "scope": {"read": ["agent"], "write": ["agent"]},
-                "labels": agent.harness.raw["memory"]["labels"],
-            }
-        },
-    )
+    agent_reader = await reading_only("agent")
     seen = await listed(state, writer(agent_reader))
     assert agent_rec.memory_id in seen and session_rec.memory_id not in seen
 

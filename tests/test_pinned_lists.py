@@ -3,11 +3,9 @@ pin's check (M52): after every kind of write the lengths kept are those counted 
 records, and the check that reads them answers as counting would."""
 
 import asyncio
-import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 from factories import (
     assert_pinned_lists_kept,
@@ -20,9 +18,8 @@ from factories import (
     work,
     writer,
 )
-from helpers import database_copy
+from helpers import upgraded_from
 
-from app.db import migrate
 from app.errors import BadInput, Conflict
 from app.memory import operator, store
 from app.memory.records import pin_line
@@ -287,7 +284,6 @@ async def _write_rows(conn, account, action, rows):
 
 # M52
 async def test_m52_migration_0030_counts_the_lists_pinned_before_it(pg_server, embedder):
-    name = f"engram_pins_0030_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     account, action = uuid.uuid4(), uuid.uuid4()
     shadowed = uuid.uuid4()
 
@@ -306,29 +302,18 @@ async def test_m52_migration_0030_counts_the_lists_pinned_before_it(pg_server, e
         row("unpinned", session_id="s4", pinned=False),
         row("agent scope", scope="AGENT", session_id=None),
     ]
-    async with database_copy(pg_server, None, name) as url:
-        migrate.upgrade(url, "0029")
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute("INSERT INTO accounts (account_id, name) VALUES ($1, 'a')", account)
-            await conn.execute(
-                "INSERT INTO actions (account_id, action_id, current_version) VALUES ($1, $2, 1)",
-                account,
-                action,
-            )
-            await _write_rows(conn, account, action, rows)
-        finally:
-            await conn.close()
-        migrate.upgrade(url)
-        conn = await asyncpg.connect(url)
-        try:
-            query = "SELECT session_id, live_length, preview_length FROM pinned_lists"
-            migrated = {r[0]: (r[1], r[2]) for r in await conn.fetch(query)}
-            async with conn.transaction():
-                await store.count_pinned_lists(conn, account, action, None)
-            counted = {r[0]: (r[1], r[2]) for r in await conn.fetch(query)}
-        finally:
-            await conn.close()
+
+    async def lists(conn):
+        """The pinned lists as the migration counted them, and as counted again."""
+        query = "SELECT session_id, live_length, preview_length FROM pinned_lists"
+        migrated = {r[0]: (r[1], r[2]) for r in await conn.fetch(query)}
+        async with conn.transaction():
+            await store.count_pinned_lists(conn, account, action, None)
+        return migrated, {r[0]: (r[1], r[2]) for r in await conn.fetch(query)}
+
+    migrated, counted = await upgraded_from(
+        pg_server, "0029", account, action, lambda c: _write_rows(c, account, action, rows), lists
+    )
 
     def length(*summaries):
         chosen = [r for r in rows if r["summary"] in summaries]

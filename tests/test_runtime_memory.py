@@ -175,10 +175,8 @@ async def test_m31_a_recall_with_one_new_version_is_recorded_whole(
 async def test_m22_m38_search_memory_takes_its_default_limit_up_to_the_largest_max_results(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (
-            await make_agent(gql.state, admin, harness=memory_harness(search={"max_results": 100}))
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(search={"max_results": 100})
     )
     model_server.call_tools(("search_memory", {"query": "invoice"}))
     executed = await run(gql, admin, action_id, "Find Ada's invoice")
@@ -682,12 +680,8 @@ async def test_p1_p2_p3_p4_preview_and_live_turns_are_isolated_both_ways(
 async def test_m3_session_records_are_never_recalled_in_another_session(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=memory_harness(tools=["add_memory"], scope=BOTH_SCOPES)
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(tools=["add_memory"], scope=BOTH_SCOPES)
     )
     secret = await add(gql, admin, model_server, action_id, "Ada's PIN hint is her cat's name")
     shared = await add(gql, admin, model_server, action_id, "Ada's cat is a Persian", scope="AGENT")

@@ -18,7 +18,7 @@ from app.errors import BadInput
 from app.http_retry import MAX_BACKOFF_SECONDS, backoff
 from app.observability import metrics
 from app.observability.metrics import Metrics
-from app.runtime.model import ModelClient, ModelFailed, resolve_endpoint
+from app.runtime.model import Completion, ModelClient, ModelFailed, resolve_endpoint
 
 # The account of the actions whose model calls these are.
 ACCOUNT = uuid.uuid4()
@@ -37,6 +37,15 @@ def server() -> Iterator[OpenAIServer]:
 
 def settings_for(server: OpenAIServer, **values: object) -> Settings:
     return Settings(model_base_url=server.url, model_name="default-model", **values)  # type: ignore[arg-type]
+
+
+async def one_call(settings: Settings) -> Completion:
+    """A turn's model call, by a client opened for it (retrying at once) and closed."""
+    client = ModelClient(settings, backoff_seconds=0.01)
+    try:
+        return await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture
@@ -98,13 +107,9 @@ async def test_a_refused_request_is_not_retried(client: ModelClient, server: Ope
 
 
 async def test_a_slow_model_times_out_without_a_retry(server: OpenAIServer) -> None:
-    client = ModelClient(settings_for(server, model_timeout_seconds=0.2), backoff_seconds=0.01)
     server.say("late", delay=1.0)
-    try:
-        with pytest.raises(ModelFailed, match="did not answer within 0.2 seconds"):
-            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
-    finally:
-        await client.aclose()
+    with pytest.raises(ModelFailed, match="did not answer within 0.2 seconds"):
+        await one_call(settings_for(server, model_timeout_seconds=0.2))
     assert len(server.requests_to(CHAT)) == 1
 
 
@@ -132,12 +137,8 @@ async def test_a_model_that_trickles_its_reply_times_out_at_the_whole_replys_dea
 
 async def test_an_unreachable_model_fails_after_its_retries() -> None:
     settings = Settings(model_base_url="http://127.0.0.1:9/v1", model_max_retries=1)
-    client = ModelClient(settings, backoff_seconds=0.01)
-    try:
-        with pytest.raises(ModelFailed, match="failed 2 times, last: ConnectError"):
-            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
-    finally:
-        await client.aclose()
+    with pytest.raises(ModelFailed, match="failed 2 times, last: ConnectError"):
+        await one_call(settings)
 
 
 async def test_an_upstream_error_body_reaches_the_error_only_as_a_short_excerpt(
@@ -344,11 +345,7 @@ def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:
-    client = ModelClient(settings_for(server, model_api_key=SecretStr("sk-house")))
-    try:
-        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
-    finally:
-        await client.aclose()
+    await one_call(settings_for(server, model_api_key=SecretStr("sk-house")))
     assert server.requests_to(CHAT)[0].headers["authorization"] == "Bearer sk-house"
 
 
@@ -359,12 +356,8 @@ async def test_a_server_that_quotes_the_key_it_refused_never_puts_it_in_the_erro
     a model server quotes back is not in it (nor in an embedding provider's failure)."""
     key = "sk-house-0123456789"
     server.chat_error(status=401, message=f"Incorrect API key provided: Bearer {key}.")
-    client = ModelClient(settings_for(server, model_api_key=SecretStr(key), model_max_retries=0))
-    try:
-        with pytest.raises(ModelFailed) as failed:
-            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
-    finally:
-        await client.aclose()
+    with pytest.raises(ModelFailed) as failed:
+        await one_call(settings_for(server, model_api_key=SecretStr(key), model_max_retries=0))
     assert (
         "HTTP 401" in failed.value.message and "Incorrect API key provided" in failed.value.message
     )
@@ -388,20 +381,12 @@ async def test_a_key_read_with_a_newline_is_sent_stripped_and_a_refused_one_neve
     """A key from a secret file often ends in a newline: it is sent without it. A key no header
     can carry (a newline inside it) fails the call, and httpx's refusal, which quotes the
     header, reaches the error without the key."""
-    client = ModelClient(settings_for(server, model_api_key=SecretStr("sk-house-42\n")))
-    try:
-        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
-    finally:
-        await client.aclose()
+    await one_call(settings_for(server, model_api_key=SecretStr("sk-house-42\n")))
     assert server.requests_to(CHAT)[-1].headers["authorization"] == "Bearer sk-house-42"
 
     broken = "sk-house-4242\nsecond-line-of-the-key"
-    client = ModelClient(settings_for(server, model_api_key=SecretStr(broken), model_max_retries=0))
-    try:
-        with pytest.raises(ModelFailed) as failed:
-            await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
-    finally:
-        await client.aclose()
+    with pytest.raises(ModelFailed) as failed:
+        await one_call(settings_for(server, model_api_key=SecretStr(broken), model_max_retries=0))
     assert "[credential]" in failed.value.message, failed.value.message
     assert "failed once, last: LocalProtocolError" in failed.value.message
     assert "sk-house-4242" not in failed.value.message

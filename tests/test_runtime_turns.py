@@ -14,7 +14,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from factories import allow, caller, make_agent, make_agent_id, make_running_turn, memory_harness
+from factories import allow, caller, make_agent_id, make_running_turn, memory_harness
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -58,6 +58,17 @@ pytestmark = [
 
 def runner(admin: Caller) -> Caller:
     return caller(admin.account_id, *RUNNER_POLICIES, principal="runner")
+
+
+async def runner_reads(gql: GQL, admin: Caller, action_id: str, memory_id: str) -> list[str]:
+    """The error codes of the runner reading one of the agent's records."""
+    read = await gql(
+        runner(admin),
+        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }",
+        a=action_id,
+        m=memory_id,
+    )
+    return read.codes
 
 
 # Provenance, atomicity, retries
@@ -115,13 +126,7 @@ async def test_m55_running_an_agent_grants_its_caller_nothing_on_memory(
     executed = await run(gql, runner(admin), action_id, "note it")
     (written,) = tool_runs(executed, "add_memory")[0]["output"]["memories"]
 
-    denied = await gql(
-        runner(admin),
-        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { summary } }",
-        a=action_id,
-        m=written["id"],
-    )
-    assert denied.codes == ["ACCESS_DENIED"]
+    assert await runner_reads(gql, admin, action_id, written["id"]) == ["ACCESS_DENIED"]
 
 
 async def test_m26_a_turn_without_memory_grants_deletes_and_replaces_its_records(
@@ -171,13 +176,7 @@ async def test_m26_a_turn_without_memory_grants_deletes_and_replaces_its_records
     )
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [new["id"]]
     # The runner itself still reads none of it.
-    denied = await gql(
-        runner(admin),
-        "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }",
-        a=action_id,
-        m=new["id"],
-    )
-    assert denied.codes == ["ACCESS_DENIED"]
+    assert await runner_reads(gql, admin, action_id, new["id"]) == ["ACCESS_DENIED"]
 
 
 async def test_a_turn_whose_answer_asks_for_what_its_caller_may_not_read_does_not_run(
@@ -367,12 +366,8 @@ async def test_a_tool_crash_fails_the_turn_and_keeps_no_memory(
     model_server: OpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    action_id = str(
-        (
-            await make_agent(
-                gql.state, admin, harness=memory_harness(tools=["add_memory", "delete_memory"])
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(tools=["add_memory", "delete_memory"])
     )
     model_server.call_tools(
         ("add_memory", {"summary": "Ada prefers email", "kind": "fact"}),
@@ -614,10 +609,8 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
         # An action written while the operator allowed its endpoint is checked again at each
         # turn: the allow-list may have shrunk meanwhile.
         state.settings.model_allowed_base_urls = [elsewhere.url]
-        action_id = str(
-            (
-                await make_agent(gql.state, admin, harness=None, model={"baseUrl": elsewhere.url})
-            ).action_id
+        action_id = await make_agent_id(
+            gql.state, admin, harness=None, model={"baseUrl": elsewhere.url}
         )
         state.settings.model_allowed_base_urls = []
         refused = await gql(
@@ -636,15 +629,11 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
     # Once the operator lists the variable, its value goes to an allowed endpoint.
     monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
     monkeypatch.setattr(state.settings, "model_allowed_key_envs", ["TEAM_MODEL_KEY"])
-    action_id = str(
-        (
-            await make_agent(
-                gql.state,
-                admin,
-                harness=None,
-                model={"baseUrl": model_server.url, "apiKeyEnv": "TEAM_MODEL_KEY"},
-            )
-        ).action_id
+    action_id = await make_agent_id(
+        gql.state,
+        admin,
+        harness=None,
+        model={"baseUrl": model_server.url, "apiKeyEnv": "TEAM_MODEL_KEY"},
     )
     executed = await run(gql, admin, action_id, "hi")
     assert executed["status"] == "SUCCEEDED", executed["error"]

@@ -8,7 +8,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import verified
-from app.db.sql import by_page
+from app.db.sql import by_page, page_arrays
 
 Row: TypeAlias = asyncpg.Record
 
@@ -265,10 +265,7 @@ async def list_token_pages(
         ORDER BY k.n, t.created DESC, t.token_id DESC
         """,
         account_id,
-        [principal for principal, _, _ in pages],
-        [after[0] if after else None for _, after, _ in pages],
-        [after[1] if after else None for _, after, _ in pages],
-        [limit for _, _, limit in pages],
+        *page_arrays(pages, keys=1, keyset=2),
     )
     return by_page(rows, len(pages))
 

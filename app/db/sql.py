@@ -16,6 +16,21 @@ class Params:
         return f"${len(self.values)}"
 
 
+def page_arrays(
+    pages: Sequence[Sequence[Any]], *, keys: int, keyset: int | None = None
+) -> list[list[Any]]:
+    """The arrays a statement that reads several pages at once unnests, from pages
+    (*keys, after, limit): one array per key, then `after`'s, then the limits'. With `keyset`,
+    `after` is a keyset of that many values (None on a first page), split into one array each."""
+    arrays = [[page[i] for page in pages] for i in range(keys)]
+    if keyset is None:
+        arrays.append([page[keys] for page in pages])
+    else:
+        arrays += [[page[keys][i] if page[keys] else None for page in pages] for i in range(keyset)]
+    arrays.append([page[keys + 1] for page in pages])
+    return arrays
+
+
 def by_page(rows: Sequence[Any], pages: int) -> list[list[Any]]:
     """The rows of a statement that reads several pages at once (each row naming its page by
     `n`, counted from 1, as `unnest(...) WITH ORDINALITY` numbers them), page by page."""

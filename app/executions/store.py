@@ -8,7 +8,7 @@ from uuid import UUID
 
 import asyncpg
 
-from app.db.sql import Params, by_page
+from app.db.sql import Params, by_page, page_arrays
 
 Row: TypeAlias = asyncpg.Record
 
@@ -392,10 +392,7 @@ async def list_event_pages(
         ORDER BY k.n, t.sequence
         """,
         account_id,
-        [action_id for action_id, _, _, _ in pages],
-        [execution_id for _, execution_id, _, _ in pages],
-        [after for _, _, after, _ in pages],
-        [limit for _, _, _, limit in pages],
+        *page_arrays(pages, keys=2),
     )
     return by_page(rows, len(pages))
 
@@ -427,10 +424,7 @@ async def list_session_pages(
         ORDER BY k.n, s.created DESC, s.session_id DESC
         """,
         account_id,
-        [action_id for action_id, _, _ in pages],
-        [after[0] if after else None for _, after, _ in pages],
-        [after[1] if after else None for _, after, _ in pages],
-        [limit for _, _, limit in pages],
+        *page_arrays(pages, keys=1, keyset=2),
     )
     return by_page(rows, len(pages))
 
@@ -462,11 +456,7 @@ async def list_execution_pages(
         ORDER BY k.n, x.created DESC, x.execution_id DESC
         """,
         account_id,
-        [action_id for action_id, _, _, _ in pages],
-        [session_id for _, session_id, _, _ in pages],
-        [after[0] if after else None for _, _, after, _ in pages],
-        [after[1] if after else None for _, _, after, _ in pages],
-        [limit for _, _, _, limit in pages],
+        *page_arrays(pages, keys=2, keyset=2),
     )
     return by_page(rows, len(pages))
 

@@ -55,8 +55,6 @@ from app.errors import BadInput
 from app.graphql.relay import MAX_PAGE
 from app.graphql.selection import (
     Refusing,
-    chosen_operation,
-    coerced,
     fragments_of,
     root_fields,
     runs,
@@ -315,21 +313,8 @@ class RequestLimits(Refusing):
         self.max_nodes, self.max_searches = max_nodes, max_searches
 
     def _refusal(self) -> BadInput | None:
-        context = self.execution_context
-        document = context.graphql_document
-        if document is None:
-            return None
-        operation = chosen_operation(document, context.operation_name)
-        if operation is None:
-            return None
-        schema = context.schema._schema
-        variables = coerced(schema, operation, context.variables or {})
-        if variables is None:
-            return None  # execution refuses the variables, naming what is wrong
-        fragments = fragments_of(document.definitions)
-        refusal = cost_refusal(
-            schema, operation, fragments, variables, self.max_nodes, self.max_searches
-        )
+        asked = self._asked()
+        refusal = cost_refusal(*asked, self.max_nodes, self.max_searches) if asked else None
         return BadInput(refusal) if refusal else None
 
 

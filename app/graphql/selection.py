@@ -226,6 +226,12 @@ def mutation_count_refusal(
     )
 
 
+# The operation a request runs, as execution reads it: (schema, operation, fragments, variables).
+Asked = tuple[
+    GraphQLSchema, OperationDefinitionNode, dict[str, FragmentDefinitionNode], Mapping[str, Any]
+]
+
+
 class Refusing(SchemaExtension):
     """An extension that answers its `_refusal` (a DomainError: its code and message), with
     `data: null`, instead of running the operation; None lets it run."""
@@ -242,25 +248,35 @@ class Refusing(SchemaExtension):
     def _refusal(self) -> DomainError | None:
         raise NotImplementedError
 
+    def _asked(self, kind: OperationType | None = None) -> Asked | None:
+        """The operation the request runs (if it is of `kind`), as execution reads it; None
+        without one, or when its variables are wrong (execution refuses them, naming what is
+        wrong)."""
+        context = self.execution_context
+        document = context.graphql_document
+        if document is None:
+            return None
+        operation = chosen_operation(document, context.operation_name)
+        if operation is None or kind not in (None, operation.operation):
+            return None
+        schema = context.schema._schema
+        variables = coerced(schema, operation, context.variables or {})
+        if variables is None:
+            return None
+        return schema, operation, fragments_of(document.definitions), variables
+
 
 class SelectionGrants(Refusing):
     """Answers, instead of running a mutation, BAD_REQUEST when the request asks for several,
     and ACCESS_DENIED when what its answer selects needs a grant the caller does not hold."""
 
     def _refusal(self) -> DomainError | None:
-        context = self.execution_context
-        document = context.graphql_document
-        caller = getattr(context.context, "caller", None)
-        if document is None or not isinstance(caller, Caller):
+        caller = getattr(self.execution_context.context, "caller", None)
+        # A query changes nothing, and its fields check their own grants.
+        asked = self._asked(OperationType.MUTATION) if isinstance(caller, Caller) else None
+        if asked is None:
             return None
-        operation = chosen_operation(document, context.operation_name)
-        if operation is None or operation.operation != OperationType.MUTATION:
-            return None  # a query changes nothing, and its fields check their own grants
-        fragments = fragments_of(document.definitions)
-        schema = context.schema._schema
-        variables = coerced(schema, operation, context.variables or {})
-        if variables is None:
-            return None  # execution refuses the variables, naming what is wrong
+        schema, operation, fragments, variables = asked
         several = mutation_count_refusal(operation, fragments, variables)
         if several:
             return BadInput(several)

@@ -19,7 +19,7 @@ from pgvector import Vector
 
 from app.db.cursors import INT4_MIN
 from app.db.fusion import HYBRID_WEIGHT, fusion
-from app.db.sql import Params, by_page
+from app.db.sql import Params, by_page, page_arrays
 from app.history.keeping import KeptEvent
 
 Row = asyncpg.Record
@@ -339,11 +339,7 @@ async def list_event_pages(
         ORDER BY k.n, e.turn, e.sequence
         """,
         account_id,
-        [action_id for action_id, _, _, _ in pages],
-        [session_id for _, session_id, _, _ in pages],
-        [after[0] if after else None for _, _, after, _ in pages],
-        [after[1] if after else None for _, _, after, _ in pages],
-        [limit for _, _, _, limit in pages],
+        *page_arrays(pages, keys=2, keyset=2),
     )
     return by_page(rows, len(pages))
 

@@ -14,7 +14,7 @@ from uuid import UUID
 import asyncpg
 import numpy as np
 
-from app.db.sql import Params, by_page
+from app.db.sql import Params, by_page, page_arrays
 from app.memory.records import PIN_LINE_EXTRA, MemoryRecord, NewRecord, RecordFields
 from app.memory.visibility import (
     AgentReader,
@@ -415,11 +415,10 @@ async def list_pages(
     f = filters or ListFilters()
     assert not f.labels, "a page filtered by labels is its agent's own (list_page)"
     p = Params()
+    action_ids, after_created, after_ids, limits = page_arrays(pages, keys=1, keyset=2)
     asked = (
-        f"unnest({p([a for a, _, _ in pages])}::uuid[], "
-        f"{p([after[0] if after else None for _, after, _ in pages])}::timestamptz[], "
-        f"{p([after[1] if after else None for _, after, _ in pages])}::uuid[], "
-        f"{p([limit for _, _, limit in pages])}::int[])"
+        f"unnest({p(action_ids)}::uuid[], {p(after_created)}::timestamptz[], "
+        f"{p(after_ids)}::uuid[], {p(limits)}::int[])"
     )
     reader = OperatorPages(account_id, "k.action_id")
     where = _narrowed(visible(reader, p, "m", any_status=f.statuses is not None), f, p)
@@ -519,9 +518,7 @@ async def list_version_pages(
         """,
         account_id,
         action_id,
-        [memory_id for memory_id, _, _ in pages],
-        [before for _, before, _ in pages],
-        [limit for _, _, limit in pages],
+        *page_arrays(pages, keys=1),
     )
     return by_page(rows, len(pages))
 
