@@ -146,6 +146,10 @@ def build_server() -> Server[Any]:
 # protocol (-32600 would say the JSON-RPC itself was malformed); `data.code` says which.
 REFUSED = -32000
 INVALID_REQUEST = -32600  # a message JSON-RPC itself refuses (an id of another type)
+NO_STREAM = (
+    "this MCP endpoint is stateless and sends no messages of its own, so it opens no stream on "
+    "GET: POST each JSON-RPC request to this URL"
+)
 
 
 def _error(
@@ -278,6 +282,13 @@ class McpEndpoint:
         return _error(409, code, message)
 
     async def _serve(self, found: McpRequest, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "GET":
+            # The SDK opened a stream for messages of the server's own, which a stateless server
+            # never sends: it stayed open, holding one of the account's places, until the
+            # client left (MCP allows 405 for a server that offers no such stream).
+            refused = _error(405, "BAD_REQUEST", NO_STREAM, {"Allow": "POST"})
+            await refused(scope, receive, send)
+            return
         if scope["method"] == "POST":
             # Read whole here: a client gone mid-body is then a 499 (app/observability), not
             # the SDK's logged error and 500.
