@@ -150,6 +150,8 @@ class Settings(BaseSettings):
 
     # Request limits: bodies larger than this are refused before parsing.
     max_body_bytes: int = Field(default=1_000_000, ge=1)
+    # ... and bodies that do not arrive whole within this (each held its buffer meanwhile).
+    body_timeout_seconds: float = _seconds(30.0)
     max_query_depth: int = Field(default=12, ge=1)
     max_query_tokens: int = Field(default=5_000, ge=1)
     # The most objects an answer may hold, each list counted at its `first` (app/graphql/limits.py):

@@ -1,22 +1,35 @@
-"""A request's body read whole before anything acts on it, within a size limit."""
+"""A request's body read whole before anything acts on it, within a size limit and a time."""
+
+import asyncio
 
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive
 
 
-async def read_limited(receive: Receive, limit: int) -> bytes | None:
+async def read_limited(receive: Receive, limit: int, seconds: float) -> bytes | None:
     """The request body, or None once it grows past `limit` (chunked bodies have no length).
-    ClientDisconnect when the client goes away first (app/observability/requests.py: a 499)."""
+    ClientDisconnect when the client goes away first (app/observability/requests.py: a 499);
+    TimeoutError when it is not whole within `seconds` (a client that never sends its last
+    bytes held its buffer, up to `limit`, for as long as it kept the connection)."""
     body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect
-        body += message.get("body", b"")
-        if len(body) > limit:
-            return None
-        if not message.get("more_body", False):
-            return bytes(body)
+    async with asyncio.timeout(seconds):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect
+            body += message.get("body", b"")
+            if len(body) > limit:
+                return None
+            if not message.get("more_body", False):
+                return bytes(body)
+
+
+def too_slow(seconds: float) -> str:
+    """What a client whose body did not arrive in time is told."""
+    return (
+        f"the request body did not arrive whole within {seconds:g} seconds "
+        "(ENGRAM_BODY_TIMEOUT_SECONDS): send it at once"
+    )
 
 
 def replaying(body: bytes, receive: Receive) -> Receive:

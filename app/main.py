@@ -32,7 +32,7 @@ from app.graphql.context import Context
 from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
-from app.http_body import read_limited, replaying
+from app.http_body import read_limited, replaying, too_slow
 from app.mcp.endpoint import McpEndpoint
 from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
@@ -140,7 +140,12 @@ class _Guard:
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
             return _error(413, "BAD_REQUEST", too_big), b""
-        body = await read_limited(receive, settings.max_body_bytes)
+        try:
+            body = await read_limited(
+                receive, settings.max_body_bytes, settings.body_timeout_seconds
+            )
+        except TimeoutError:
+            return _error(408, "BAD_REQUEST", too_slow(settings.body_timeout_seconds)), b""
         if body is None:
             return _error(413, "BAD_REQUEST", too_big), b""
         try:
@@ -335,7 +340,7 @@ def create_app(
     # Per process: each process bounds its own share of an account's work.
     fairness = Fairness(settings)
     # The agent's tools over MCP (streamable HTTP); it checks its own requests.
-    mcp = McpEndpoint(settings.max_body_bytes, fairness)
+    mcp = McpEndpoint(settings.max_body_bytes, settings.body_timeout_seconds, fairness)
     app.add_route("/mcp/{action_id}", mcp)
 
     @app.get("/healthz")

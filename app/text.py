@@ -229,3 +229,11 @@ def rfc3339(text: str) -> datetime:
             "UTC, both excluded"
         )
     return utc
+
+
+def shown(value: Any, most: int = 100) -> str:
+    """`value` as a refusal quotes it (its repr), at most `most` characters: a value a client or
+    a model sent may be as long as its request, and a message that repeats it whole is sent
+    back, stored and (to a model) read again, for no more than its start tells."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 1] + "…"

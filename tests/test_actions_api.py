@@ -278,6 +278,21 @@ async def test_update_of_a_missing_action_is_not_found(gql, admin):
             "harness.memory.extraction.prompt: must be at most 16384 bytes (the review sends it "
             "with each of its calls), not 16386",
         ),
+        (
+            {"name": "a", "harness": {"memory": {"kinds": [f"k{i}" for i in range(101)]}}},
+            "harness.memory.kinds: must be at most 100 kinds (each is in the tools' schemas of "
+            "every model call), not 101",
+        ),
+        (
+            {
+                "name": "a",
+                "harness": {
+                    "memory": {"labels": {"topic": {"number": 5, "description": "é" * 513}}}
+                },
+            },
+            "harness.memory.labels.topic.description: must be at most 1024 bytes (it is in the "
+            "tools' schemas of every model call), not 1,026",
+        ),
         ({"name": "a", "model": "gpt"}, "model must be an object"),
         ({"name": "a", "model": {"nmae": "gpt"}}, "model: unknown field 'nmae'"),
         (
@@ -302,6 +317,15 @@ async def test_bad_action_input_is_bad_request(gql, admin, input, message):
     result = await gql(admin, CREATE, input=input)
     assert result.codes == ["BAD_REQUEST"]
     assert message in result.errors[0]["message"]
+
+
+async def test_kinds_and_label_descriptions_at_their_limits_are_taken(gql, admin):
+    memory = {
+        "kinds": [f"k{i}" for i in range(100)],
+        "labels": {"topic": {"number": 5, "description": "é" * 512}},
+    }
+    created = await gql(admin, CREATE, input={"name": "a", "harness": {"memory": memory}})
+    assert created.ok()["createAction"]["version"] == 1
 
 
 # --- listing ----------------------------------------------------------------------------------

@@ -898,3 +898,32 @@ async def test_issue14_item3_batched_agent_memories_keep_filters_cursors_and_gra
     assert set(too_many.codes) == {"BAD_REQUEST"}
     no_memory = await gql(reader(admin, reads_memory=False), AGENT_MEMORIES % "")
     assert no_memory.codes and set(no_memory.codes) == {"ACCESS_DENIED"}, no_memory.errors
+
+
+# A field that fails cancels its siblings (graphql-core); a sibling waiting on a DataLoader's
+# future cancelled that future for every other field loading the same key.
+@pytest.mark.parametrize(
+    "field",
+    [
+        "session { sessionId }",
+        "execution { status }",
+        "action { name }",
+        "history(first: 1) { nodes { version } }",
+    ],
+)
+async def test_a_field_failing_beside_a_load_leaves_the_same_load_elsewhere_answered(
+    state, admin, gql, field
+):
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "prefers phone", session="chat-7")
+    failing = "bad: history(first: 0) { nodes { version } }"
+    query = (
+        "query($a: UUID!, $id: UUID!) {"
+        f" x: agentMemory(actionId: $a, id: $id) {{ {field} }}"
+        f" y: agentMemory(actionId: $a, id: $id) {{ {field} {failing} }} }}"
+    )
+    for _ in range(3):
+        result = await gql(admin, query, a=str(agent.action_id), id=str(record.memory_id))
+        (error,) = result.errors  # was: CancelledError out of the resolver (HTTP 500)
+        assert error["extensions"]["code"] == "BAD_REQUEST", error
+        assert error["path"] == ["y", "bad"]

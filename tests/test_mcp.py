@@ -557,3 +557,26 @@ async def test_mcp_a_request_whose_id_json_rpc_refuses_is_answered_invalid(
             f"/mcp/{action_id}?session=s1", content=body % '"call-1"', headers=headers
         )
         assert fine.status_code == 200 and fine.json()["id"] == "call-1"
+
+
+@pytest.mark.settings(max_requests_per_account=1, account_queue_seconds=0)
+async def test_mcp_a_get_is_refused_at_once_rather_than_held_open(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """A GET opened the SDK's stream for messages of the server's own, which this stateless
+    endpoint never sends: it stayed open until the client left, holding one of the account's
+    places all along (here its only one). It is answered 405 at once, saying to POST."""
+    action_id, headers = await _raw_client(gql, admin, state, "getter")
+    url = f"/mcp/{action_id}?session=s1"
+    async with httpx.AsyncClient(base_url=base_url, timeout=5) as http:
+        got = await http.get(url, headers={**headers, "accept": "text/event-stream"})
+        assert got.status_code == 405, got.text
+        assert got.headers["allow"] == "POST"
+        error = got.json()["error"]
+        assert error["data"]["code"] == "BAD_REQUEST"
+        assert "POST each JSON-RPC request" in error["message"]
+        listed = await http.post(
+            url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers
+        )
+        assert listed.status_code == 200, listed.text
+        assert listed.json()["result"]["tools"]

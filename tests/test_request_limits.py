@@ -26,6 +26,8 @@ from app.graphql.schema import build_schema
 from app.memory import search as memory_search
 from app.state import AppState
 
+EXECUTION_DOCUMENT = "financial.ActionExecution.document"
+
 MEMORIES = """query($a: UUID!) { action(actionId: $a) { memories(first: 1000) {
   nodes { memoryId action { memories(first: 1000) { nodes { memoryId summary } } } } } } }"""
 
@@ -417,3 +419,35 @@ async def test_a_request_reads_its_pages_two_at_a_time_and_none_once_refused(
     for _ in range(200):  # the loop runs what was settled in the background
         await asyncio.sleep(0)
     assert batches == []
+
+
+@pytest.mark.settings(body_timeout_seconds=0.5)
+async def test_a_body_that_does_not_arrive_in_time_is_refused_and_its_buffer_let_go(
+    base_url, state, admin
+):
+    """A client that sent its headers and most of its body, and never the rest, held that
+    buffer (up to ENGRAM_MAX_BODY_BYTES, before any token was checked on /graphql) for as long
+    as it kept the connection open: any number of them held any amount of memory. A body is
+    read within ENGRAM_BODY_TIMEOUT_SECONDS, else answered 408 and the connection closed."""
+    agent = await make_agent(state, admin)
+    token = await token_for(state, admin, "slow", allow(["INSERT"], EXECUTION_DOCUMENT))
+    host, port = base_url.removeprefix("http://").split(":")
+    for path, headers in (
+        ("/graphql", ""),  # no token: the body is read first
+        (
+            f"/mcp/{agent.action_id}?session=s1",
+            f"authorization: Bearer {token}\r\naccept: application/json, text/event-stream\r\n",
+        ),
+    ):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n{headers}"
+            "content-length: 100000\r\n\r\n".encode()
+            + b'{"query": "{ vie'
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)  # read() returns once closed
+        writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer
+        assert b"ENGRAM_BODY_TIMEOUT_SECONDS" in body and b"BAD_REQUEST" in body, answer

@@ -175,3 +175,25 @@ async def test_arguments_nested_too_deep_are_refused_for_the_model_to_read(raw):
         "error": "the arguments are not valid JSON for a tool: they nest deeper than 32 levels; "
         "send one JSON object"
     }
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "quoted"),
+    [
+        ("read_memory", {"id": "x" * 100_000}, "got 'xxxx"),
+        ("search_memory", {"ids": ["y" * 100_000]}, "got 'yyyy"),
+        ("search_memory", {"kind": "k" * 100_000}, "kind 'kkkk"),
+        ("search_memory", {"labels": {"l" * 100_000: "v"}}, "label 'llll"),
+        ("search_memory", {"labels": {"customer_id": "v", "m" * 100_000: None}}, "label 'mmmm"),
+        ("read_memory", {"i" * 100_000: 1}, "unknown parameter 'iiii"),
+        ("n" * 100_000, {}, "there is no tool named 'nnnn"),
+    ],
+    ids=["id", "ids", "kind", "label", "label-value", "parameter", "tool"],
+)
+async def test_a_refusal_quotes_only_the_start_of_a_long_value(tool, args, quoted):
+    """A refusal repeated the value it refused whole: 100,000 characters sent back to the model,
+    stored in the transcript and read again with every later call of the turn."""
+    answer = await EVERYTHING.call(ToolCall("c1", tool, json.dumps(args)))
+    error = json.loads(answer.content)["error"]
+    assert quoted in error and "…" in error
+    assert len(error) < 400, len(error)

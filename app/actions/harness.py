@@ -21,6 +21,7 @@ from app.shapes import (
     parse,
     refuse,
 )
+from app.text import shown
 
 SCOPES = tuple(s.word for s in Scope)
 SEARCH_MODES = ("hybrid", "lexical", "vector")
@@ -73,7 +74,7 @@ class MemoryConfig:
         if label is None:
             declared = ", ".join(f"{d.name} (number {d.number})" for d in self.labels)
             raise BadInput(
-                f"label {key!r} is not declared by this agent; "
+                f"label {shown(key)} is not declared by this agent; "
                 + (f"its labels are: {declared}" if declared else "it declares no labels")
             )
         if number is not None and number != label.number:

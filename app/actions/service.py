@@ -22,6 +22,10 @@ from app.text import check_one_line
 
 MAX_INSTRUCTIONS = 64 * 1024
 MAX_EXTRACTION_PROMPT = 16 * 1024  # the review's prompt: about 4,000 tokens at most
+# Kinds and label descriptions are in the tools' schemas, sent with every model call: 100,000
+# kinds and a long description made 3.5 MB a call, of a harness only the body limit bounded.
+MAX_KINDS = 100
+MAX_LABEL_DESCRIPTION = 1024  # bytes
 
 
 def agent_principal(action_id: UUID) -> str:
@@ -107,6 +111,19 @@ def _values(
             f"harness.memory.extraction.prompt: must be at most {MAX_EXTRACTION_PROMPT} bytes "
             f"(the review sends it with each of its calls), not {size}"
         )
+    memory = harness.memory
+    if len(memory.kinds) > MAX_KINDS:
+        raise BadInput(
+            f"harness.memory.kinds: must be at most {MAX_KINDS} kinds (each is in the tools' "
+            f"schemas of every model call), not {len(memory.kinds):,}"
+        )
+    for label in memory.labels:
+        if (size := len(label.description.encode())) > MAX_LABEL_DESCRIPTION:
+            raise BadInput(
+                f"harness.memory.labels.{label.name}.description: must be at most "
+                f"{MAX_LABEL_DESCRIPTION} bytes (it is in the tools' schemas of every model "
+                f"call), not {size:,}"
+            )
     config, model_raw = parse_model(model)
     if settings is not None:
         # Refused when written, not at the action's first turn (turns check again).

@@ -105,7 +105,10 @@ class Context(BaseContext):
                 load_fn=partial(_read, self.reads, _BATCHES[type_name], self.pool, self.caller)
             )
             self._loaders[type_name] = loader
-        return loader.load(key)
+        # Shielded: the loader hands every resolver of the key one future, and a resolver
+        # cancelled while it waits (graphql-core cancels a failed field's siblings) cancelled
+        # it for the others too, whose CancelledError escaped GraphQL's errors as a 500.
+        return asyncio.shield(loader.load(key))
 
 
 async def _read(

@@ -33,7 +33,7 @@ from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
-from app.http_body import read_limited, replaying
+from app.http_body import read_limited, replaying, too_slow
 from app.runtime import calls
 from app.state import AppState
 from app.text import check_storable
@@ -146,6 +146,10 @@ def build_server() -> Server[Any]:
 # protocol (-32600 would say the JSON-RPC itself was malformed); `data.code` says which.
 REFUSED = -32000
 INVALID_REQUEST = -32600  # a message JSON-RPC itself refuses (an id of another type)
+NO_STREAM = (
+    "this MCP endpoint is stateless and sends no messages of its own, so it opens no stream on "
+    "GET: POST each JSON-RPC request to this URL"
+)
 
 
 def _error(
@@ -229,8 +233,9 @@ class McpEndpoint:
     """The ASGI app behind the route `/mcp/{action_id}`; `manager.run()` belongs in the
     app's lifespan."""
 
-    def __init__(self, max_body_bytes: int, fairness: Fairness) -> None:
+    def __init__(self, max_body_bytes: int, body_seconds: float, fairness: Fairness) -> None:
         self.max_body_bytes = max_body_bytes
+        self.body_seconds = body_seconds
         self.fairness = fairness
         self.manager = StreamableHTTPSessionManager(
             build_server(),
@@ -278,10 +283,22 @@ class McpEndpoint:
         return _error(409, code, message)
 
     async def _serve(self, found: McpRequest, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "GET":
+            # The SDK opened a stream for messages of the server's own, which a stateless server
+            # never sends: it stayed open, holding one of the account's places, until the
+            # client left (MCP allows 405 for a server that offers no such stream).
+            refused = _error(405, "BAD_REQUEST", NO_STREAM, {"Allow": "POST"})
+            await refused(scope, receive, send)
+            return
         if scope["method"] == "POST":
             # Read whole here: a client gone mid-body is then a 499 (app/observability), not
             # the SDK's logged error and 500.
-            body = await read_limited(receive, self.max_body_bytes)
+            try:
+                body = await read_limited(receive, self.max_body_bytes, self.body_seconds)
+            except TimeoutError:
+                slow = _error(408, "BAD_REQUEST", too_slow(self.body_seconds))
+                await slow(scope, receive, send)
+                return
             if body is None:
                 too_big = f"request bodies are limited to {self.max_body_bytes} bytes"
                 await _error(413, "BAD_REQUEST", too_big)(scope, receive, send)

@@ -51,7 +51,7 @@ from app.runtime.tools import versions
 from app.runtime.transcript import Transcript
 from app.runtime.turns import TurnContext, TurnRequest
 from app.state import AppState
-from app.text import check_json, check_storable, rfc3339, storable, storable_json
+from app.text import check_json, check_storable, rfc3339, shown, storable, storable_json
 
 REMEMBER_CONVERSATION = "remember_conversation"
 ROLES = ("user", "assistant", "tool")
@@ -345,7 +345,9 @@ async def call_tool(
         pins = action.harness.memory.pinned_max_tokens is not None
         caller.require(*tool_grants(name, arguments, pins))
     elif name not in (*NATIVE_TOOLS, SEARCH_HISTORY):
-        raise BadInput(f"there is no tool named {name!r}; your tools are: {', '.join(offered)}")
+        raise BadInput(
+            f"there is no tool named {shown(name)}; your tools are: {', '.join(offered)}"
+        )
     # else a native tool this agent does not offer: refused by the tool, as its model reads it.
     if name == REMEMBER_CONVERSATION:
         return await _remember_over_mcp(state, caller, place, client, arguments)

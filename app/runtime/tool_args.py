@@ -13,6 +13,7 @@ from app.history import search as history_search
 from app.memory.records import MAX_SUMMARY_BYTES
 from app.scope import Scope, listed
 from app.shapes import Boolean, Integer, refuse
+from app.text import shown
 
 # The native tools: the memory tools, and session history's.
 SEARCH_MEMORY = "search_memory"
@@ -25,7 +26,7 @@ SEARCH_HISTORY = "search_history"
 # harness.memory.search.max_results may be up to 100, and is the default limit: it must pass.
 MAX_SEARCH_LIMIT = 100
 MAX_IDS = 100
-_RECORD_ID = "must be a record ID (a UUID such as 3f2a...), got {!r}"
+_RECORD_ID = "must be a record ID (a UUID such as 3f2a...), got {}"
 
 
 def _string(value: Any) -> Any:
@@ -44,7 +45,7 @@ def _uuid(value: Any) -> UUID | None:
 def _record_id(value: Any) -> UUID:
     found = _uuid(value)
     if found is None:
-        raise refuse(_RECORD_ID.format(value))
+        raise refuse(_RECORD_ID.format(shown(value)))
     return found
 
 
@@ -58,7 +59,7 @@ def _ids(most: int, what: str) -> Any:
         for v, found in zip(value, ids, strict=True):
             if found is None:
                 raise refuse(f"ids[] must be a{'n' if what[0] in 'aeiou' else ''} {what} ID "
-                             f"(a UUID such as 3f2a...), got {v!r}", whole=True)  # fmt: skip
+                             f"(a UUID such as 3f2a...), got {shown(v)}", whole=True)  # fmt: skip
         return ids
 
     return check
@@ -73,7 +74,9 @@ def _memory(info: ValidationInfo) -> MemoryConfig:
 def _kind(value: Any, info: ValidationInfo) -> Any:
     kinds = _memory(info).kinds
     if _string(value) is not None and value not in kinds:
-        raise refuse(f"kind {value!r} is not one of your kinds: {', '.join(kinds)}", whole=True)
+        raise refuse(
+            f"kind {shown(value)} is not one of your kinds: {', '.join(kinds)}", whole=True
+        )
     return value
 
 
@@ -89,7 +92,7 @@ def _labels(value: Any) -> Any:
     values = {}
     for name, label_value in value.items():
         if isinstance(label_value, bool) or not isinstance(label_value, str | int | float):
-            raise refuse(f"label {name!r} must be an exact string value", whole=True)
+            raise refuse(f"label {shown(name)} must be an exact string value", whole=True)
         values[name] = str(label_value)
     return values
 

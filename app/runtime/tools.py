@@ -50,7 +50,7 @@ from app.runtime.tool_args import (
 from app.runtime.transcript import Transcript
 from app.scope import Scope as RecordScope
 from app.shapes import WRITTEN, first_error
-from app.text import for_model, for_model_json, nests_deeper, storable_json
+from app.text import for_model, for_model_json, nests_deeper, shown, storable_json
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def _arguments(
         if key not in properties:
             raise ToolRefused(
                 (_WITHHELD.get(key) if kind is AddMemory else None)
-                or f"unknown parameter {key!r}; the parameters are: {', '.join(properties)}"
+                or f"unknown parameter {shown(key)}; the parameters are: {', '.join(properties)}"
             )
     for key in schema["function"]["parameters"]["required"]:
         if args.get(key) in (None, ""):
@@ -401,7 +401,7 @@ class NativeTools:
                 f"{name} is not available to this agent: harness.memory.tools does not name it"
             )
         offered = ", ".join(self.schemas) or "none"
-        raise ToolRefused(f"there is no tool named {name!r}; your tools are: {offered}")
+        raise ToolRefused(f"there is no tool named {shown(name)}; your tools are: {offered}")
 
     def _views(self, records: list[MemoryRecord]) -> list[dict[str, Any]]:
         return [record_view(r, self.memory) for r in records]
