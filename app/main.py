@@ -189,6 +189,15 @@ class _Guard:
         return None, body
 
 
+# Strawberry's refusals that do not say what to send instead.
+_REASONS = {
+    "Unsupported content type": (
+        'Unsupported content type: POST the request as application/json, {"query": ...,'
+        ' "variables": {...}}'
+    ),
+}
+
+
 class _GraphQL(GraphQL[Context, None]):
     """Strawberry's ASGI view at /graphql (its FastAPI router resolved FastAPI dependencies
     for every request, a tenth of a small query's CPU). It answers requests strawberry refuses
@@ -212,7 +221,7 @@ class _GraphQL(GraphQL[Context, None]):
         try:
             return await super().run(request, context, root_value)
         except HTTPException as e:
-            return _error(e.status_code, "BAD_REQUEST", e.reason)
+            return _error(e.status_code, "BAD_REQUEST", _REASONS.get(e.reason, e.reason))
 
     def create_response(  # type: ignore[override]
         self, response_data: dict[str, object], sub_response: Response

@@ -418,3 +418,15 @@ async def test_a_client_gone_before_its_body_is_no_fault_of_the_service(http, ba
     metrics = (await http.get("/metrics", headers=ADMIN)).text
     assert 'engram_requests_total{code="CLIENT_CLOSED",operation="-"} 2.0' in metrics
     assert "HTTP_500" not in metrics
+
+
+async def test_a_body_of_another_content_type_is_told_to_be_sent_as_json(http):
+    body = '{"query": "{ viewer { principal } }"}'
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        response = await http.post(
+            "/graphql", content=body, headers={**ADMIN, "content-type": content_type}
+        )
+        assert response.status_code == 400
+        assert error_code(response) == "BAD_REQUEST"
+        message = response.json()["errors"][0]["message"]
+        assert "application/json" in message, message
