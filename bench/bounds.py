@@ -7,8 +7,8 @@ erase    `eraseSession` (app/runtime/erase.py) of one session of TURNS turns, ea
          events of a turn with a recall (its results 3,000 characters of random words), 2
          history events (the user's message and the agent's reply, one part each, with a
          256-dimension vector) and the session's running summary. The history parts' HNSW
-         index is dropped while loading (building it takes minutes at these sizes, and a
-         delete does not touch it: its entries go at VACUUM).
+         and GIN indexes are dropped before loading (loading into them takes many minutes at
+         these sizes, and a delete does not touch them: their entries go at VACUUM).
 client   `deleteClient` (app/auth/service.py) of a client holding TOKENS tokens and KEYS
          idempotency keys (kept a day: a client writing 10 times a second with keys holds
          864,000), each key's stored result about 300 characters.
@@ -164,7 +164,8 @@ async def erase(pool: asyncpg.Pool, caller: Caller, turns: int) -> tuple[float, 
     )
     args = (agent.account_id, agent.action_id, "big", turns)
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("DROP INDEX IF EXISTS history_parts_embedding")
+        # A delete touches neither (their entries go at VACUUM); loading into them takes long.
+        await conn.execute("DROP INDEX IF EXISTS history_parts_embedding, history_parts_words")
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS bench_vectors AS SELECT i, (SELECT"
             " array_agg(random() - 0.5) FROM generate_series(1, 256) WHERE i >= 0)::vector(256)"
@@ -173,6 +174,7 @@ async def erase(pool: asyncpg.Pool, caller: Caller, turns: int) -> tuple[float, 
         )
         for sql in LOAD_SESSION:
             await conn.execute(sql, *args[: max_parameter(sql)])
+            await conn.execute("ANALYZE")
     await pool.execute("VACUUM ANALYZE")
     return await run_timed(lambda: erase_session(pool, caller, agent.action_id, "big"))
 
@@ -186,7 +188,7 @@ def max_parameter(sql: str) -> int:
 
 
 async def client(
-    pool: asyncpg.Pool, caller: Caller, tokens: int, keys: int
+    pool: asyncpg.Pool, caller: Caller, keys: int, tokens: int
 ) -> tuple[float, float, str, int]:
     principal = f"busy-{uuid.uuid4().hex[:8]}@example.com"
     await create_client(
@@ -307,8 +309,7 @@ async def measure(pg: EmbeddedPostgres, args: argparse.Namespace) -> None:
                     account = await ensure_default_account(conn)
                 caller = Caller(account, "admin", ADMIN_POLICIES, in_default_account=True)
                 extra = (args.tokens,) if path == "client" else ()
-                first = (size, *extra) if path == "client" else (size,)
-                whole, longest, words, count = await request(pool, caller, *first)
+                whole, longest, words, count = await request(pool, caller, size, *extra)
             finally:
                 await pool.close()
             print(f"| {size:,} | {count} | {longest:.2f} | {whole:.2f} |  longest: {words}")
