@@ -137,8 +137,9 @@ class Settings(BaseSettings):
     # connects (0: none): a statement's run, a wait for a lock (a row another transaction
     # holds), and a transaction left idle (a process stalled mid-transaction). Search upkeep
     # lifts them for its own connection (index builds take minutes), and the command line's
-    # pool (exports, imports, reembed, maintain-search) has none. Generous for every request:
-    # the slowest, eraseSession of a 20,000-turn session, is about 3.5 s.
+    # pool (exports, imports, reembed, maintain-search) has none. Generous for every request's
+    # statements: work that grows with what is stored (eraseSession) is done in statements of
+    # a bounded size, each under a second (bench/bounds.py).
     statement_timeout_seconds: float = Field(default=60.0, ge=0, le=DAY, allow_inf_nan=False)
     lock_timeout_seconds: float = Field(default=10.0, ge=0, le=DAY, allow_inf_nan=False)
     idle_in_transaction_seconds: float = Field(default=60.0, ge=0, le=DAY, allow_inf_nan=False)

@@ -31,6 +31,8 @@ from app.config import Settings
 from app.db import errors
 from app.db.pool import bounds, create_pool, lift_bounds, session_changed
 from app.embeddings.setup import ensure_model
+from app.executions import store as executions_store
+from app.history import store as history_store
 from app.main import request_bounds
 from app.memory import maintenance
 from app.memory.vectors import VECTOR_COLUMNS
@@ -347,3 +349,99 @@ async def test_a_start_waits_past_the_bounds_for_a_reorder_holding_the_memory_ta
     finally:
         await stop_services(state)
         await pool.close()
+
+
+ERASE = """mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "long") {
+  erasedEvents erasedExecutions erasedTranscriptEvents } }"""
+LONG_SESSION = [
+    "INSERT INTO sessions (account_id, action_id, session_id, turns) VALUES ($1, $2, 'long', $3)",
+    """
+    INSERT INTO executions (account_id, action_id, execution_id, action_version, session_id,
+                            turn, kind, status, principal, input, output, created)
+    SELECT $1, $2, gen_random_uuid(), 1, 'long', t, 'TURN', 'SUCCEEDED', 'u', '"words"',
+           '"reply"', now() - make_interval(secs => $3 - t)
+    FROM generate_series(1, $3::int) t
+    """,
+    """
+    INSERT INTO transcript_events (account_id, action_id, execution_id, sequence,
+                                   invocation_number, type, data)
+    SELECT account_id, action_id, execution_id, s, 1, 'turn.input', '{"message": "words"}'
+    FROM executions, generate_series(1, 2) s WHERE account_id = $1 AND action_id = $2
+    """,
+    """
+    INSERT INTO history_events (account_id, action_id, session_id, event_id, turn, execution_id,
+                                invocation_number, sequence, who, data, text, parts, preview)
+    SELECT account_id, action_id, 'long', gen_random_uuid(), turn, execution_id, 1, s,
+           (ARRAY['user', 'agent'])[s], '{}', 'words', 1, false
+    FROM executions, generate_series(1, 2) s WHERE account_id = $1 AND action_id = $2
+    """,
+    """
+    INSERT INTO history_parts (account_id, action_id, session_id, event_id, part, turn, preview,
+                               text, tools)
+    SELECT account_id, action_id, session_id, event_id, 1, turn, false, text, '{}'
+    FROM history_events WHERE account_id = $1 AND action_id = $2
+    """,
+]
+# Each history event deleted and each transcript event rewritten takes 10 ms more (and one of
+# the events of turn $1, when given, 3 s): a session of 150 turns is 3 s of work for either
+# table, twice the bound, and 20 rows a statement 0.2 s.
+SLOW_ROWS = """
+CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep(CASE WHEN OLD.turn = {stuck} THEN 3 ELSE 0.01 END);
+    RETURN OLD;
+END $$;
+CREATE FUNCTION slow_transcript() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
+CREATE TRIGGER slow_row BEFORE DELETE ON history_events FOR EACH ROW EXECUTE FUNCTION slow_row();
+CREATE TRIGGER slow_transcript BEFORE UPDATE ON transcript_events
+    FOR EACH ROW EXECUTE FUNCTION slow_transcript();
+"""
+SESSION_ROWS = """SELECT
+    (SELECT count(*) FROM history_events WHERE action_id = $1),
+    (SELECT count(*) FROM history_parts WHERE action_id = $1),
+    (SELECT count(*) FROM executions WHERE action_id = $1 AND input = '"[erased]"'),
+    (SELECT count(*) FROM transcript_events WHERE action_id = $1 AND data ? 'erased')"""
+
+
+async def long_session(state: AppState, admin: Caller, turns: int, stuck: int = 0) -> str:
+    """An agent with a session "long" of `turns` turns (two history events and two transcript
+    events each), whose rows are slow to erase (SLOW_ROWS); its ID."""
+    agent = await make_agent(state, admin)
+    async with state.pool.acquire() as conn, conn.transaction():
+        for sql in LONG_SESSION:
+            await conn.execute(sql, agent.account_id, agent.action_id, *([turns] * ("$3" in sql)))
+        await conn.execute(SLOW_ROWS.format(stuck=stuck))
+    return str(agent.action_id)
+
+
+@pytest.mark.settings(statement_timeout_seconds=1.5)
+async def test_a_session_too_long_to_erase_in_one_statement_is_erased_in_several(
+    state: AppState, gql, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eraseSession deletes a session's history, and rewrites its executions and transcripts,
+    a bounded batch a statement: a session as long as a user may make it is erased within
+    ENGRAM_STATEMENT_TIMEOUT_SECONDS, which one statement over all of it would pass (and be
+    refused at every retry)."""
+    monkeypatch.setattr(history_store, "ERASE_BATCH", 20, raising=False)
+    monkeypatch.setattr(executions_store, "ERASE_BATCH", 10, raising=False)
+    action_id = await long_session(state, admin, 150)
+    erased = (await gql(admin, ERASE, a=action_id)).ok()["eraseSession"]
+    assert erased == {"erasedEvents": 300, "erasedExecutions": 150, "erasedTranscriptEvents": 300}
+    left = await state.pool.fetchrow(SESSION_ROWS, uuid.UUID(action_id))
+    assert tuple(left) == (0, 0, 150, 300)
+
+
+@pytest.mark.settings(statement_timeout_seconds=1.5)
+async def test_an_erasure_refused_in_a_later_batch_erases_nothing(
+    state: AppState, gql, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All or nothing: the batches share one transaction, so a batch past the bound (here the
+    fifth, one of its rows slow) leaves the batches before it undone too."""
+    monkeypatch.setattr(history_store, "ERASE_BATCH", 20, raising=False)
+    action_id = await long_session(state, admin, 150, stuck=45)
+    answer = await gql(admin, ERASE, a=action_id)
+    assert answer.codes == ["UNAVAILABLE"], answer.errors
+    assert "ENGRAM_STATEMENT_TIMEOUT_SECONDS" in answer.errors[0]["message"]
+    left = await state.pool.fetchrow(SESSION_ROWS, uuid.UUID(action_id))
+    assert tuple(left) == (300, 300, 0, 0)

@@ -3,6 +3,7 @@ an erasure), their transcript events, sessions with their running summaries and 
 the heartbeats of the processes that run turns (app/runtime/liveness.py)."""
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeAlias
 from uuid import UUID
 
@@ -836,26 +837,44 @@ async def record_review(
 ERASED = "[erased]"
 
 
-_ERASE_EXECUTIONS = """
-    UPDATE executions SET input = to_jsonb($4::text),
-        output = CASE WHEN output IS NULL THEN NULL ELSE to_jsonb($4::text) END,
-        error = CASE WHEN error IS NULL THEN NULL ELSE $4::text END,
-        modified = now()
-    WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND kind <> 'ERASE'
-"""
+# Executions a statement of an erasure rewrites, with their transcripts (eraseSession): a long
+# session is erased in statements of this many, each well within
+# ENGRAM_STATEMENT_TIMEOUT_SECONDS (a turn's transcript is a few events, at most a few hundred:
+# its model calls are bounded by ENGRAM_MAX_MODEL_CALLS_PER_TURN).
+ERASE_BATCH = 1_000
 
-# A transcript keeps its shape (types, sequences, and a model call's purpose, model and usage,
-# which limits and accounting read); every word goes.
-_ERASE_TRANSCRIPTS = """
-    UPDATE transcript_events t SET data = CASE
-        WHEN t.type IN ('model.call', 'embedding') THEN jsonb_strip_nulls(
-            jsonb_build_object('purpose', t.data->'purpose', 'model', t.data->'model',
-                'usage', t.data->'usage', 'tokens', t.data->'tokens', 'erased', $4::text))
-        ELSE jsonb_build_object('erased', $4::text) END
-    FROM executions x
-    WHERE x.account_id = $1 AND x.action_id = $2 AND x.session_id = $3
-      AND x.kind <> 'ERASE' AND t.account_id = x.account_id
-      AND t.action_id = x.action_id AND t.execution_id = x.execution_id
+# A batch of the session's executions after the cursor ($4, $5: created, execution_id, newest
+# first, by executions_session), their text replaced by the marker $6. A transcript keeps its
+# shape (types, sequences, and a model call's purpose, model and usage, which limits and
+# accounting read); every word goes.
+_ERASE_EXECUTIONS = """
+    WITH batch AS (
+        SELECT execution_id, created FROM executions
+        WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND kind <> 'ERASE'
+          AND (created, execution_id) < ($4, $5)
+        ORDER BY created DESC, execution_id DESC LIMIT $7),
+    rewritten AS (
+        UPDATE executions x SET input = to_jsonb($6::text),
+            output = CASE WHEN x.output IS NULL THEN NULL ELSE to_jsonb($6::text) END,
+            error = CASE WHEN x.error IS NULL THEN NULL ELSE $6::text END,
+            modified = now()
+        FROM batch b
+        WHERE x.account_id = $1 AND x.action_id = $2 AND x.execution_id = b.execution_id
+        RETURNING 1),
+    words AS (
+        UPDATE transcript_events t SET data = CASE
+            WHEN t.type IN ('model.call', 'embedding') THEN jsonb_strip_nulls(
+                jsonb_build_object('purpose', t.data->'purpose', 'model', t.data->'model',
+                    'usage', t.data->'usage', 'tokens', t.data->'tokens', 'erased', $6::text))
+            ELSE jsonb_build_object('erased', $6::text) END
+        FROM batch b
+        WHERE t.account_id = $1 AND t.action_id = $2 AND t.execution_id = b.execution_id
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM rewritten) AS executions,
+           (SELECT count(*) FROM words) AS transcripts,
+           last.created, last.execution_id
+    FROM (SELECT created, execution_id FROM batch
+          ORDER BY created, execution_id LIMIT 1) last
 """
 
 
@@ -888,12 +907,22 @@ async def erase_executions(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
 ) -> dict[str, int]:
     """Replaces the text of the session's executions' inputs, outputs and transcripts by a
-    marker (eraseSession), inside the caller's transaction; returns counts."""
-    counts = {}
-    for name, sql in (("executions", _ERASE_EXECUTIONS), ("transcriptEvents", _ERASE_TRANSCRIPTS)):
-        status = await conn.execute(sql, account_id, action_id, session_id, ERASED)
-        counts[name] = int(status.split()[-1])  # "UPDATE n"
-    return counts
+    marker (eraseSession), ERASE_BATCH executions a statement, inside the caller's transaction
+    (all or nothing); returns counts."""
+    counts = {"executions": 0, "transcriptEvents": 0}
+    after: tuple[Any, Any] = (datetime.max.replace(tzinfo=UTC), UUID(int=2**128 - 1))
+    batch = ERASE_BATCH
+    while True:
+        done = await conn.fetchrow(
+            _ERASE_EXECUTIONS, account_id, action_id, session_id, *after, ERASED, batch
+        )
+        if done is None:  # the batch was empty
+            return counts
+        counts["executions"] += done["executions"]
+        counts["transcriptEvents"] += done["transcripts"]
+        if done["executions"] < batch:
+            return counts
+        after = (done["created"], done["execution_id"])
 
 
 async def live_memories(

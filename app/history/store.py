@@ -362,15 +362,41 @@ async def _events(
     )
 
 
+# Events a statement of an erasure deletes, with their parts (eraseSession): a long session is
+# erased in statements of this many, each well within ENGRAM_STATEMENT_TIMEOUT_SECONDS.
+ERASE_BATCH = 5_000
+
+
 async def erase(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
 ) -> int:
     """Deletes the session's history for good: its events, and with them their parts and
-    vectors (eraseSession). Returns how many events went."""
-    return await conn.fetchval(
-        "WITH gone AS (DELETE FROM history_events WHERE account_id = $1 AND action_id = $2"
-        " AND session_id = $3 RETURNING 1) SELECT count(*) FROM gone",
-        account_id,
-        action_id,
-        session_id,
-    )
+    vectors (eraseSession), ERASE_BATCH events a statement in conversation order, inside the
+    caller's transaction (all or nothing). Returns how many events went."""
+    erased, after, batch = 0, (INT4_MIN, INT4_MIN), ERASE_BATCH
+    while True:
+        done = await conn.fetchrow(
+            """
+            WITH batch AS (
+                SELECT event_id, turn, sequence FROM history_events
+                WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+                  AND (turn, sequence) > ($4, $5)
+                ORDER BY turn, sequence LIMIT $6),
+            gone AS (
+                DELETE FROM history_events e USING batch b
+                WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
+                  AND e.event_id = b.event_id)
+            SELECT count(*) AS events, max(turn) AS turn,
+                   max(sequence) FILTER (WHERE turn = (SELECT max(turn) FROM batch)) AS sequence
+            FROM batch
+            """,
+            account_id,
+            action_id,
+            session_id,
+            *after,
+            batch,
+        )
+        erased += done["events"]
+        if done["events"] < batch:
+            return erased
+        after = (done["turn"], done["sequence"])
