@@ -559,6 +559,33 @@ async def test_mcp_a_request_whose_id_json_rpc_refuses_is_answered_invalid(
         assert fine.status_code == 200 and fine.json()["id"] == "call-1"
 
 
+async def test_mcp_an_unpaired_surrogate_escape_is_a_parse_error_that_says_so(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """JSON may escape half of a UTF-16 pair (`\\ud800`), which no Unicode text holds; the
+    SDK's parser answered "unexpected end of hex escape", which names neither the string nor
+    the fix. Answered as a Parse error that says what it is, and nothing is run."""
+    action_id, headers = await _raw_client(gql, admin, state, "surrogates")
+    body = (
+        '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": '
+        '"search_memory", "arguments": {"query": "%s"}}}'
+    )
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for text in ("parcel \\ud800", "\\udfff tail", "\\udc00\\ud800"):
+            response = await http.post(
+                f"/mcp/{action_id}?session=s1", content=body % text, headers=headers
+            )
+            assert response.status_code == 400, (text, response.status_code, response.text)
+            error = response.json()["error"]
+            assert error["code"] == -32700, error
+            assert "unpaired surrogate" in error["message"], error
+        assert await _executions(state, action_id) == []
+        paired = await http.post(  # an escaped pair is one character, and fine
+            f"/mcp/{action_id}?session=s1", content=body % "\\ud83d\\ude00", headers=headers
+        )
+        assert paired.status_code == 200 and paired.json()["id"] == 7, paired.text
+
+
 @pytest.mark.settings(max_requests_per_account=1, account_queue_seconds=0)
 async def test_mcp_a_get_is_refused_at_once_rather_than_held_open(
     gql: GQL, admin: Caller, state: AppState, base_url: str

@@ -13,6 +13,7 @@ agent's own model would read.
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -146,6 +147,7 @@ def build_server() -> Server[Any]:
 # protocol (-32600 would say the JSON-RPC itself was malformed); `data.code` says which.
 REFUSED = -32000
 INVALID_REQUEST = -32600  # a message JSON-RPC itself refuses (an id of another type)
+PARSE_ERROR = -32700  # a body that is not JSON text (here: not Unicode text)
 NO_STREAM = (
     "this MCP endpoint is stateless and sends no messages of its own, so it opens no stream on "
     "GET: POST each JSON-RPC request to this URL"
@@ -203,20 +205,43 @@ def _query(request: Request) -> dict[str, str]:
         ) from None
 
 
-def _bad_id(body: bytes) -> str | None:
-    """What is wrong with a JSON-RPC message's `id`, which must be a string, an integer or
-    null: the SDK took an object, a fraction or 1e400 for a notification, answered 202 and
-    nothing. A body that is not JSON is left to the SDK, which says so."""
+def _unpaired(value: Any) -> bool:
+    """Whether a decoded JSON value holds half of a UTF-16 surrogate pair, in a string or a
+    key (JSON's `\\ud800` escape, which no Unicode text holds)."""
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_unpaired(k) or _unpaired(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unpaired(v) for v in value)
+    return False
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _bad_message(body: bytes) -> tuple[int, str] | None:
+    """What is wrong with a JSON-RPC body that the SDK would mishandle, with the JSON-RPC
+    error code to answer: an `id` not a string, an integer or null (the SDK took an object, a
+    fraction or 1e400 for a notification, answered 202 and nothing), or an unpaired surrogate
+    escape (the SDK's parser said "unexpected end of hex escape"). A body that is not JSON is
+    left to the SDK, which says so."""
     try:
         message = json.loads(body)
     except (ValueError, RecursionError):
         return None
+    if _unpaired(message):
+        return PARSE_ERROR, (
+            "Parse error: a string holds an unpaired surrogate escape (\\ud800 to \\udfff"
+            " without its other half), which is not Unicode text: send each character as"
+            " itself or as its full escaped pair"
+        )
     for item in message if isinstance(message, list) else [message]:
         if not isinstance(item, dict) or "id" not in item:
             continue
         id_ = item["id"]
         if id_ is not None and (isinstance(id_, bool) or not isinstance(id_, str | int)):
-            return (
+            return INVALID_REQUEST, (
                 f"Invalid Request: the id must be a string, an integer or null, not "
                 f"{json.dumps(id_)[:40]}"
             )
@@ -303,9 +328,9 @@ class McpEndpoint:
                 too_big = f"request bodies are limited to {self.max_body_bytes} bytes"
                 await _error(413, "BAD_REQUEST", too_big)(scope, receive, send)
                 return
-            if (problem := _bad_id(body)) is not None:
-                invalid = _error(400, "BAD_REQUEST", problem, rpc=INVALID_REQUEST)
-                await invalid(scope, receive, send)
+            if (problem := _bad_message(body)) is not None:
+                rpc, message = problem
+                await _error(400, "BAD_REQUEST", message, rpc=rpc)(scope, receive, send)
                 return
             receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
