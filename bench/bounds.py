@@ -137,7 +137,8 @@ LOAD_SESSION = [
     """,
     # And TOOL_CALLS tool calls' results (a few hundred characters each), as a turn of many
     # tool calls writes them (up to 16 model calls of 64 tool calls each, by default): a turn's
-    # together, as it commits them.
+    # together, as it commits them. ($4 is named only because each statement takes the first n
+    # arguments.)
     """
     INSERT INTO transcript_events (account_id, action_id, execution_id, sequence,
                                    invocation_number, type, data)
