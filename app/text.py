@@ -215,7 +215,7 @@ def rfc3339(text: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(f"{day}T{time}{fraction}{offset}")
     except ValueError:
-        raise ValueError(f"{text!r} names no such day or time") from None
+        raise ValueError(f"{shown(text)} names no such day or time") from None
     try:
         # In UTC, as stored: an instant outside year 1 to 9999 cannot be represented.
         utc = parsed.astimezone(UTC)

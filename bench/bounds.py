@@ -4,7 +4,8 @@ cuts off: the request is answered 503 UNAVAILABLE and rolled back) and the whole
 
 erase    `eraseSession` (app/runtime/erase.py) of one session of TURNS turns, each turn an
          execution (its input about 200 characters, its output 600) with the 6 transcript
-         events of a turn with a recall (its results 3,000 characters of random words), 2
+         events of a turn with a recall (its results 3,000 characters of random words) and
+         TOOL_CALLS more (a tool call's result, about 250 characters, each), 2
          history events (the user's message and the agent's reply, one part each, with a
          256-dimension vector) and the session's running summary. The history parts' HNSW
          and GIN indexes are dropped before loading (loading into them takes many minutes at
@@ -25,6 +26,7 @@ it grew in proportion to the largest size measured.
     python bench/bounds.py                        # a few minutes
     python bench/bounds.py --large                # erase 100,000 and 300,000 turns, ...
     python bench/bounds.py --paths erase --turns 20000 50000
+    python bench/bounds.py --paths erase --turns 1000 --tool-calls 1000
 """
 
 import argparse
@@ -133,6 +135,20 @@ LOAD_SESSION = [
     FROM executions x, generate_series(1, 6) s
     WHERE x.account_id = $1 AND x.action_id = $2 AND x.session_id = $3
     """,
+    # And TOOL_CALLS tool calls' results (a few hundred characters each), as a turn of many
+    # tool calls writes them (up to 16 model calls of 64 tool calls each, by default): a turn's
+    # together, as it commits them. ($4 is named only because each statement takes the first n
+    # arguments.)
+    """
+    INSERT INTO transcript_events (account_id, action_id, execution_id, sequence,
+                                   invocation_number, type, data)
+    SELECT x.account_id, x.action_id, x.execution_id, 6 + s, 1, 'tool.execution',
+           jsonb_build_object('name', 'lookup', 'arguments', jsonb_build_object('q', x.turn),
+               'output', 'result ' || s || ' of turn ' || x.turn || repeat(' word', 40))
+    FROM executions x, generate_series(1, $5::int) s
+    WHERE x.account_id = $1 AND x.action_id = $2 AND x.session_id = $3 AND $4::int > 0
+    ORDER BY x.turn, s
+    """,
     """
     INSERT INTO history_events (account_id, action_id, session_id, event_id, turn, execution_id,
                                 invocation_number, sequence, who, data, text, parts, preview)
@@ -158,11 +174,13 @@ LOAD_SESSION = [
 ]
 
 
-async def erase(pool: asyncpg.Pool, caller: Caller, turns: int) -> tuple[float, float, str, int]:
+async def erase(
+    pool: asyncpg.Pool, caller: Caller, turns: int, tool_calls: int
+) -> tuple[float, float, str, int]:
     agent = await create_action(
         pool, caller, name=f"erase {turns}", instructions="", model=None, harness={}
     )
-    args = (agent.account_id, agent.action_id, "big", turns)
+    args = (agent.account_id, agent.action_id, "big", turns, tool_calls)
     async with pool.acquire() as conn, conn.transaction():
         # A delete touches neither (their entries go at VACUUM); loading into them takes long.
         await conn.execute("DROP INDEX IF EXISTS history_parts_embedding, history_parts_words")
@@ -308,7 +326,7 @@ async def measure(pg: EmbeddedPostgres, args: argparse.Namespace) -> None:
                 async with pool.acquire() as conn:
                     account = await ensure_default_account(conn)
                 caller = Caller(account, "admin", ADMIN_POLICIES, in_default_account=True)
-                extra = (args.tokens,) if path == "client" else ()
+                extra = {"client": (args.tokens,), "erase": (args.tool_calls,)}.get(path, ())
                 whole, longest, words, count = await request(pool, caller, size, *extra)
             finally:
                 await pool.close()
@@ -323,6 +341,9 @@ def main() -> None:
     )
     parser.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS))
     parser.add_argument("--turns", type=int, nargs="+", default=[5000, 20000, 50000])
+    parser.add_argument(
+        "--tool-calls", type=int, default=0, help="each erased turn's tool calls (default: 0)"
+    )
     parser.add_argument("--keys", type=int, nargs="+", default=[100_000, 400_000])
     parser.add_argument("--tokens", type=int, default=1000, help="the deleted client's tokens")
     parser.add_argument("--dead", type=int, nargs="+", default=[100, 1000])

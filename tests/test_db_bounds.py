@@ -404,12 +404,16 @@ SESSION_ROWS = """SELECT
     (SELECT count(*) FROM transcript_events WHERE action_id = $1 AND data ? 'erased')"""
 
 
-async def long_session(state: AppState, admin: Caller, turns: int, stuck: int = 0) -> str:
-    """An agent with a session "long" of `turns` turns (two history events and two transcript
-    events each), whose rows are slow to erase (SLOW_ROWS); its ID."""
+async def long_session(
+    state: AppState, admin: Caller, turns: int, stuck: int = 0, events: int = 2
+) -> str:
+    """An agent with a session "long" of `turns` turns (two history events and `events`
+    transcript events each), whose rows are slow to erase (SLOW_ROWS); its ID."""
     agent = await make_agent(state, admin)
     async with state.pool.acquire() as conn, conn.transaction():
         for sql in LONG_SESSION:
+            if "INTO transcript_events" in sql:
+                sql = sql.replace("generate_series(1, 2)", f"generate_series(1, {events})")
             await conn.execute(sql, agent.account_id, agent.action_id, *([turns] * ("$3" in sql)))
         await conn.execute(SLOW_ROWS.format(stuck=stuck))
     return str(agent.action_id)
@@ -445,3 +449,18 @@ async def test_an_erasure_refused_in_a_later_batch_erases_nothing(
     assert "ENGRAM_STATEMENT_TIMEOUT_SECONDS" in answer.errors[0]["message"]
     left = await state.pool.fetchrow(SESSION_ROWS, uuid.UUID(action_id))
     assert tuple(left) == (300, 300, 0, 0)
+
+
+@pytest.mark.settings(statement_timeout_seconds=1.5)
+async def test_executions_with_long_transcripts_are_erased_a_bounded_number_of_events_a_statement(
+    state: AppState, gql, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's transcript may hold a thousand events (16 model calls of 64 tool calls each, by
+    default): a batch of executions is not a bound on the rows its transcripts are. Here three
+    turns of 100 events each, 3 s of work in one statement, twice the bound."""
+    monkeypatch.setattr(executions_store, "ERASE_TRANSCRIPT_BATCH", 20, raising=False)
+    action_id = await long_session(state, admin, 3, events=100)
+    erased = (await gql(admin, ERASE, a=action_id)).ok()["eraseSession"]
+    assert erased == {"erasedEvents": 6, "erasedExecutions": 3, "erasedTranscriptEvents": 300}
+    left = await state.pool.fetchrow(SESSION_ROWS, uuid.UUID(action_id))
+    assert tuple(left) == (0, 0, 3, 300)

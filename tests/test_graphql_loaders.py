@@ -2,6 +2,7 @@
 execution and session) are read through per-request DataLoaders, one query per kind however
 many records the page holds, with the same grants as one read."""
 
+import asyncio
 import json
 import uuid
 from uuid import UUID
@@ -25,6 +26,7 @@ from runtime_support import RUNNER_POLICIES
 from app.auth import service as auth_service
 from app.db.pool import create_pool
 from app.executions import store as executions_store
+from app.graphql.context import _BATCHES
 from app.graphql.executions import SESSIONS as SESSIONS_KEYSET
 from app.graphql.executions import TRANSCRIPT as TRANSCRIPT_KEYS
 from app.graphql.history import CONVERSATION
@@ -927,3 +929,34 @@ async def test_a_field_failing_beside_a_load_leaves_the_same_load_elsewhere_answ
         (error,) = result.errors  # was: CancelledError out of the resolver (HTTP 500)
         assert error["extensions"]["code"] == "BAD_REQUEST", error
         assert error["path"] == ["y", "bad"]
+
+
+async def test_a_load_no_field_waits_for_any_more_is_not_read_on_after_the_answer(
+    state, admin, gql, monkeypatch
+):
+    """A field whose sibling fails is cancelled (graphql-core); when it was the only one
+    waiting for a load, that load is cancelled too: its batch is not read on in the background,
+    holding a pooled connection, after the request has answered."""
+    agent = await make_agent(state, admin)
+    record = await remember(state, agent, "prefers phone", session="chat-7")
+    reads = {"started": 0, "running": 0}
+    sessions = _BATCHES["ActionSession"]
+
+    async def slow(pool, caller, keys):
+        reads["started"] += 1
+        reads["running"] += 1
+        try:
+            await asyncio.sleep(0.5)
+            return await sessions(pool, caller, keys)
+        finally:
+            reads["running"] -= 1
+
+    monkeypatch.setitem(_BATCHES, "ActionSession", slow)
+    query = (
+        "query($a: UUID!, $id: UUID!) { y: agentMemory(actionId: $a, id: $id) {"
+        " session { sessionId } bad: history(first: 0) { nodes { version } } } }"
+    )
+    result = await gql(admin, query, a=str(agent.action_id), id=str(record.memory_id))
+    assert result.codes == ["BAD_REQUEST"], result.errors
+    await asyncio.sleep(0.1)
+    assert reads["running"] == 0, reads  # was: read on for 0.5 s after the answer

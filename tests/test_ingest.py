@@ -9,7 +9,7 @@ from uuid import UUID
 import pytest
 from factories import allow, caller, make_agent_id, memory_harness, token_for
 from helpers import GQL
-from mcp_support import call, mcp_session, mcp_url
+from mcp_support import call, mcp_session, mcp_url, refused
 from openai_server import OpenAIServer
 from runtime_support import (
     DECIDE_CALL,
@@ -447,3 +447,39 @@ async def test_a_handed_in_conversation_of_another_shape_fails_no_later_turn(
     assert executed["status"] == "SUCCEEDED", executed["error"]
     sent = [(m["role"], m["content"]) for m in chat(model_server)[-1].body["messages"][1:]]
     assert sent == [("user", "I like tea."), ("user", "What do I like?")]
+
+
+LONG = 100_000
+
+
+@pytest.mark.parametrize(
+    ("arguments", "quoted"),
+    [
+        ({"messages": [], "p" * LONG: 1}, "unknown parameter 'pppp"),
+        ({"messages": [{"role": "user", "content": "hi", "f" * LONG: 1}]}, "field 'ffff"),
+        ({"messages": [{"role": "r" * LONG, "content": "hi"}]}, "not 'rrrr"),
+        ({"messages": [{"role": "user", "content": "hi", "time": "t" * LONG}]}, "got 'tttt"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi", "time": f"2026-02-30T00:00:00.{'0' * LONG}Z"}
+                ]
+            },
+            "'2026-02-30T00:00:00.0000",
+        ),
+    ],
+    ids=["parameter", "field", "role", "time", "day"],
+)
+async def test_remember_conversation_refusals_quote_only_the_start_of_a_long_value(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, arguments: dict, quoted: str
+) -> None:
+    """As the native tools' refusals do: the MCP client's model reads them too."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    token = await token_for(
+        state, admin, "agent-runner", allow(["INSERT"], "financial.ActionExecution.document")
+    )
+    async with mcp_session(mcp_url(base_url, action_id), token) as session:
+        body = await refused(session, "remember_conversation", **arguments)
+    assert body["code"] == "BAD_REQUEST", body
+    assert quoted in body["error"] and "…" in body["error"], body["error"][:300]
+    assert len(body["error"]) < 400, len(body["error"])

@@ -9,6 +9,7 @@ from uuid import UUID
 
 import asyncpg
 
+from app.db.cursors import INT4_MIN
 from app.db.sql import Params, by_page, page_arrays
 
 Row: TypeAlias = asyncpg.Record
@@ -837,30 +838,41 @@ async def record_review(
 ERASED = "[erased]"
 
 
-# Executions a statement of an erasure rewrites, with their transcripts (eraseSession): a long
-# session is erased in statements of this many, each well within
-# ENGRAM_STATEMENT_TIMEOUT_SECONDS (a turn's transcript is a few events, at most a few hundred:
-# its model calls are bounded by ENGRAM_MAX_MODEL_CALLS_PER_TURN).
+# Executions a statement of an erasure rewrites, and transcript events (eraseSession): a long
+# session is erased in statements of these many rows, each well within
+# ENGRAM_STATEMENT_TIMEOUT_SECONDS (bench/bounds.py). The transcripts are counted apart: a
+# turn's is a few events, but may be a thousand (ENGRAM_MAX_MODEL_CALLS_PER_TURN model calls,
+# each with up to ENGRAM_MAX_TOOL_CALLS_PER_REPLY tool calls), a batch of such turns' a million.
 ERASE_BATCH = 1_000
+ERASE_TRANSCRIPT_BATCH = 10_000
 
 # A batch of the session's executions after the cursor ($4, $5: created, execution_id, newest
-# first, by executions_session), their text replaced by the marker $6. A transcript keeps its
-# shape (types, sequences, and a model call's purpose, model and usage, which limits and
-# accounting read); every word goes.
+# first, by executions_session), their text replaced by the marker $6.
 _ERASE_EXECUTIONS = """
     WITH batch AS (
-        SELECT execution_id, created FROM executions
+        SELECT execution_id FROM executions
         WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND kind <> 'ERASE'
           AND (created, execution_id) < ($4, $5)
-        ORDER BY created DESC, execution_id DESC LIMIT $7),
-    rewritten AS (
-        UPDATE executions x SET input = to_jsonb($6::text),
-            output = CASE WHEN x.output IS NULL THEN NULL ELSE to_jsonb($6::text) END,
-            error = CASE WHEN x.error IS NULL THEN NULL ELSE $6::text END,
-            modified = now()
-        FROM batch b
-        WHERE x.account_id = $1 AND x.action_id = $2 AND x.execution_id = b.execution_id
-        RETURNING 1),
+        ORDER BY created DESC, execution_id DESC LIMIT $7)
+    UPDATE executions x SET input = to_jsonb($6::text),
+        output = CASE WHEN x.output IS NULL THEN NULL ELSE to_jsonb($6::text) END,
+        error = CASE WHEN x.error IS NULL THEN NULL ELSE $6::text END,
+        modified = now()
+    FROM batch b
+    WHERE x.account_id = $1 AND x.action_id = $2 AND x.execution_id = b.execution_id
+    RETURNING x.execution_id, x.created
+"""
+
+# A batch of the transcript events of executions $3 after the cursor ($4, $5: execution_id,
+# sequence, in the primary key's order), their words replaced by the marker $6. A transcript
+# keeps its shape (types, sequences, and a model call's purpose, model and usage, which limits
+# and accounting read); every word goes.
+_ERASE_TRANSCRIPTS = """
+    WITH batch AS (
+        SELECT execution_id, sequence FROM transcript_events
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = any($3::uuid[])
+          AND (execution_id, sequence) > ($4, $5)
+        ORDER BY execution_id, sequence LIMIT $7),
     words AS (
         UPDATE transcript_events t SET data = CASE
             WHEN t.type IN ('model.call', 'embedding') THEN jsonb_strip_nulls(
@@ -869,12 +881,10 @@ _ERASE_EXECUTIONS = """
             ELSE jsonb_build_object('erased', $6::text) END
         FROM batch b
         WHERE t.account_id = $1 AND t.action_id = $2 AND t.execution_id = b.execution_id
-        RETURNING 1)
-    SELECT (SELECT count(*) FROM rewritten) AS executions,
-           (SELECT count(*) FROM words) AS transcripts,
-           last.created, last.execution_id
-    FROM (SELECT created, execution_id FROM batch
-          ORDER BY created, execution_id LIMIT 1) last
+          AND t.sequence = b.sequence)
+    SELECT (SELECT count(*) FROM batch) AS events, last.execution_id, last.sequence
+    FROM (SELECT execution_id, sequence FROM batch
+          ORDER BY execution_id DESC, sequence DESC LIMIT 1) last
 """
 
 
@@ -907,22 +917,39 @@ async def erase_executions(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
 ) -> dict[str, int]:
     """Replaces the text of the session's executions' inputs, outputs and transcripts by a
-    marker (eraseSession), ERASE_BATCH executions a statement, inside the caller's transaction
-    (all or nothing); returns counts."""
+    marker (eraseSession), ERASE_BATCH executions and then ERASE_TRANSCRIPT_BATCH of their
+    transcript events a statement, inside the caller's transaction (all or nothing); returns
+    counts."""
     counts = {"executions": 0, "transcriptEvents": 0}
     after: tuple[Any, Any] = (datetime.max.replace(tzinfo=UTC), UUID(int=2**128 - 1))
     batch = ERASE_BATCH
     while True:
-        done = await conn.fetchrow(
+        rows = await conn.fetch(
             _ERASE_EXECUTIONS, account_id, action_id, session_id, *after, ERASED, batch
         )
+        counts["executions"] += len(rows)
+        ids = [r["execution_id"] for r in rows]
+        counts["transcriptEvents"] += await _erase_transcripts(conn, account_id, action_id, ids)
+        if len(rows) < batch:
+            return counts
+        after = min((r["created"], r["execution_id"]) for r in rows)
+
+
+async def _erase_transcripts(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_ids: list[UUID]
+) -> int:
+    erased, after, batch = 0, (UUID(int=0), INT4_MIN), ERASE_TRANSCRIPT_BATCH
+    while execution_ids:
+        done = await conn.fetchrow(
+            _ERASE_TRANSCRIPTS, account_id, action_id, execution_ids, *after, ERASED, batch
+        )
         if done is None:  # the batch was empty
-            return counts
-        counts["executions"] += done["executions"]
-        counts["transcriptEvents"] += done["transcripts"]
-        if done["executions"] < batch:
-            return counts
-        after = (done["created"], done["execution_id"])
+            break
+        erased += done["events"]
+        if done["events"] < batch:
+            break
+        after = (done["execution_id"], done["sequence"])
+    return erased
 
 
 async def live_memories(

@@ -80,6 +80,8 @@ class Context(BaseContext):
         self.state = state
         self.caller = caller
         self._loaders: dict[str, DataLoader[Any, Any]] = {}
+        # A loader's pending futures, each with how many resolvers wait for it (_shared).
+        self._waiting: dict[asyncio.Future[Any], int] = {}
         self.searching = asyncio.Semaphore(SEARCHES_AT_ONCE)
         self.reads = Reads()
 
@@ -105,10 +107,30 @@ class Context(BaseContext):
                 load_fn=partial(_read, self.reads, _BATCHES[type_name], self.pool, self.caller)
             )
             self._loaders[type_name] = loader
-        # Shielded: the loader hands every resolver of the key one future, and a resolver
-        # cancelled while it waits (graphql-core cancels a failed field's siblings) cancelled
-        # it for the others too, whose CancelledError escaped GraphQL's errors as a 500.
-        return asyncio.shield(loader.load(key))
+        return self._shared(asyncio.ensure_future(loader.load(key)))  # the loader's own future
+
+    def _shared(self, future: asyncio.Future[Any]) -> Awaitable[Any]:
+        """`future`, the one the loader hands every resolver of a key, for one more resolver:
+        cancelled (graphql-core cancels a failed field's siblings), it is cancelled for that
+        resolver alone, whose fellows' CancelledError escaped GraphQL's errors as a 500; and
+        `future` with it once no resolver waits for it, which stops its batch (strawberry's
+        DataLoader cancels a batch whose every future is) rather than leave it read on, holding
+        a pooled connection, after the request has answered."""
+        if future.done():
+            return future
+        waiting = self._waiting
+        waiting[future] = waiting.get(future, 0) + 1
+        mine = asyncio.shield(future)
+
+        def left(mine: asyncio.Future[Any]) -> None:
+            waiting[future] -= 1
+            if waiting[future] == 0:
+                del waiting[future]
+                if mine.cancelled():
+                    future.cancel()
+
+        mine.add_done_callback(left)
+        return mine
 
 
 async def _read(

@@ -402,7 +402,8 @@ async def _remember_over_mcp(
     extra = set(arguments) - {"messages", "idempotencyKey"}
     if extra:
         raise BadInput(
-            f"unknown parameter {sorted(extra)[0]!r}; the parameters are: messages, idempotencyKey"
+            f"unknown parameter {shown(sorted(extra)[0])}; the parameters are: messages, "
+            "idempotencyKey"
         )
     raw = arguments.get("messages")
     if not isinstance(raw, list):
@@ -413,7 +414,7 @@ async def _remember_over_mcp(
             raise BadInput(f"messages[{i}] must be an object with role, content and time")
         unknown = set(m) - {"role", "content", "time"}
         if unknown:
-            raise BadInput(f"messages[{i}] has an unknown field {sorted(unknown)[0]!r}")
+            raise BadInput(f"messages[{i}] has an unknown field {shown(sorted(unknown)[0])}")
         messages.append(RawMessage(m.get("role"), m.get("content"), m.get("time")))
     key = arguments.get("idempotencyKey")
     if key is not None and not isinstance(key, str):
@@ -477,7 +478,7 @@ def parse_time(value: Any, where: str) -> datetime | None:
     try:
         return rfc3339(value)
     except ValueError as e:
-        raise BadInput(f"{where}: {e}; got {value!r}") from None
+        raise BadInput(f"{where}: {e}; got {shown(value)}") from None
 
 
 def check_messages(messages: Sequence[RawMessage]) -> list[tuple[str, str, datetime | None]]:
@@ -489,7 +490,7 @@ def check_messages(messages: Sequence[RawMessage]) -> list[tuple[str, str, datet
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if m.role not in ROLES:
-            raise BadInput(f"{where}.role must be one of {', '.join(ROLES)}, not {m.role!r}")
+            raise BadInput(f"{where}.role must be one of {', '.join(ROLES)}, not {shown(m.role)}")
         if not isinstance(m.content, str) or not m.content.strip():
             raise BadInput(f"{where}.content must be non-empty text")
         check_storable(m.content, f"{where}.content")
