@@ -634,15 +634,18 @@ async def remember_conversation(
                     as_turn=True,
                     kept=kept,
                 )
-            except Duplicate:
-                # A concurrent request with the same key committed first: this one keeps nothing.
+            except (Duplicate, Conflict) as e:
+                # A concurrent request with the same key committed first: its key, or a record
+                # its review replaced or deleted that this one's did too. This one keeps
+                # nothing, and answers as that one did (the key's promise), not with the refusal.
+                answered = None if key is None else await _answered(state, caller, key)
+                if answered is None:
+                    assert not isinstance(e, Duplicate), "a committed key is found"
+                    return Remembered(await _failed(run, e))
                 await _failed(
                     run,
                     Conflict("another request with the same idempotencyKey remembered it first"),
                 )
-                assert key is not None
-                answered = await _answered(state, caller, key)
-                assert answered is not None, "a key whose transaction committed is found"
                 return answered
             except Exception as e:
                 return Remembered(await _failed(run, e))
