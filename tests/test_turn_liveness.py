@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 import pytest
-from factories import caller, make_agent_id, make_running_turn, memory_harness
+from factories import allow, caller, make_agent_id, make_running_turn, memory_harness, token_for
 from helpers import GQL, eventually
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -450,6 +450,39 @@ async def test_m7_a_deleted_clients_keys_go_with_it(
         assert (await gql(ops, ADD, a=action_id, input=fact, key="k1")).ok()
         await auth_service.delete_client(state.pool, admin, account_id=None, principal="ops")
     assert await _count(state, "SELECT count(*) FROM agent_memories") == 2
+
+
+async def test_m7_a_write_committing_after_its_client_was_deleted_keeps_no_key(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """A keyed write authenticated before its client's deletion that commits after it is
+    refused: nothing written, no key kept (the key was kept, and a client made again with the
+    principal was answered with the deleted one's write)."""
+    from app.auth import service as auth_service
+
+    action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
+    fact = {"summary": "Ada prefers email", "kind": "fact"}
+
+    async def signed_in() -> Caller:
+        token = await token_for(state, admin, "ops", allow(["SELECT", "INSERT"], "*"))
+        return await auth_service.authenticate(state.pool, f"Bearer {token}")
+
+    ops = await signed_in()
+    async with state.pool.acquire() as conn, conn.transaction():
+        # The write waits at its execution's insert, before its key.
+        await conn.execute("LOCK TABLE executions IN ACCESS EXCLUSIVE MODE")
+        write = asyncio.create_task(gql(ops, ADD, a=action_id, input=fact, key="k1"))
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted"
+        await eventually(lambda: _count(state, waiting), "the write waits on the lock")
+        await auth_service.delete_client(state.pool, admin, account_id=None, principal="ops")
+    refused = await write
+    assert refused.codes == ["UNAUTHENTICATED"] and "deleted" in refused.errors[0]["message"]
+    assert await _count(state, "SELECT count(*) FROM idempotency_keys") == 0
+    assert await _count(state, "SELECT count(*) FROM agent_memories") == 0
+    # A client made again with the principal starts with no key.
+    again = (await gql(await signed_in(), ADD, a=action_id, input=fact, key="k1")).ok()
+    assert again["addAgentMemory"]["summary"] == fact["summary"]
+    assert await _count(state, "SELECT count(*) FROM agent_memories") == 1
 
 
 async def test_m7_delete_agent_memory_with_a_key_answers_the_same(

@@ -516,13 +516,7 @@ def _request_key(caller: Caller, request: IngestRequest) -> Key | None:
         "preview": request.place.preview,
         "messages": [[m.role, m.content, m.time] for m in request.messages],
     }
-    return key_for(
-        request.idempotency_key,
-        caller.account_id,
-        caller.principal,
-        "rememberConversation",
-        arguments,
-    )
+    return key_for(request.idempotency_key, caller, "rememberConversation", arguments)
 
 
 async def _answered(state: AppState, caller: Caller, key: Key) -> Remembered | None:

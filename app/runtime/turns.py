@@ -415,9 +415,7 @@ def _request_key(caller: Caller, request: TurnRequest) -> Key | None:
         "executionId": request.execution_id,
         "replayOf": request.replay_of,
     }
-    return key_for(
-        request.idempotency_key, caller.account_id, caller.principal, "executeAction", arguments
-    )
+    return key_for(request.idempotency_key, caller, "executeAction", arguments)
 
 
 async def keyed_execution(state: AppState, caller: Caller, key: Key) -> Execution | None:
