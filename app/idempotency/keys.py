@@ -26,7 +26,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth.caller import Caller
-from app.errors import BadInput, Conflict, Unauthenticated
+from app.errors import BadInput, Conflict, DomainError, Unauthenticated
 from app.idempotency import store
 from app.text import check_storable
 
@@ -64,13 +64,27 @@ class Key:
         if self.client_created is not None and not await store.lock_client(
             conn, self.account_id, self.principal, self.client_created
         ):
-            raise Unauthenticated(
-                f"client {self.principal!r} was deleted while this request ran; nothing was written"
-            )
+            raise self._client_gone()
         if not await store.insert(
             conn, self.account_id, self.principal, self.operation, self.key, self.request, result
         ):
             raise Duplicate(self.key)
+
+    def lost(self) -> DomainError:
+        """The refusal of a write that lost to the key's first request (`Duplicate`) and then
+        found the key gone: its client was deleted meanwhile, with its keys (or, for a caller
+        in process, the key was forgotten)."""
+        if self.client_created is not None:
+            return self._client_gone()
+        return Conflict(
+            f"idempotency key {self.key!r}: the request that used it first is no longer "
+            "recorded; nothing was written by this one: send it again"
+        )
+
+    def _client_gone(self) -> Unauthenticated:
+        return Unauthenticated(
+            f"client {self.principal!r} was deleted while this request ran; nothing was written"
+        )
 
 
 def key_for(key: str | None, caller: Caller, operation: str, arguments: Any) -> Key | None:

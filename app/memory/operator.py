@@ -391,7 +391,8 @@ async def _answered_first(
     """The answer of the concurrent request with the same key that committed first."""
     assert key is not None
     answered = await _answered(pool, caller, action_id, key)
-    assert answered is not None, "a key whose transaction committed is found"
+    if answered is None:
+        raise key.lost()
     return answered
 
 

@@ -634,8 +634,8 @@ async def remember_conversation(
                 # nothing, and answers as that one did (the key's promise), not with the refusal.
                 answered = None if key is None else await _answered(state, caller, key)
                 if answered is None:
-                    assert not isinstance(e, Duplicate), "a committed key is found"
-                    return Remembered(await _failed(run, e))
+                    lost = key.lost() if key is not None and isinstance(e, Duplicate) else e
+                    return Remembered(await _failed(run, lost))
                 await _failed(
                     run,
                     Conflict("another request with the same idempotencyKey remembered it first"),

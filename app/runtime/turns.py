@@ -468,7 +468,8 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
             # A concurrent request with the same key started the turn first.
             assert key is not None
             answered = await _answered(state, caller, key)
-            assert answered is not None, "a key whose transaction committed is found"
+            if answered is None:
+                raise key.lost() from None
             return answered
         async with liveness.running(state, execution):
             finished = await _attempt(state, action, execution)
