@@ -460,7 +460,7 @@ async def signed_in(state: AppState, admin: Caller, principal: str) -> Caller:
     return await auth_service.authenticate(state.pool, f"Bearer {token}")
 
 
-async def test_m7_a_write_committing_after_its_client_was_deleted_keeps_no_key(
+async def test_a_write_committing_after_its_client_was_deleted_keeps_no_key(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
     """A keyed write authenticated before its client's deletion that commits after it is
@@ -491,7 +491,7 @@ async def test_m7_a_write_committing_after_its_client_was_deleted_keeps_no_key(
     assert await _count(state, "SELECT count(*) FROM agent_memories") == 1
 
 
-async def test_m7_a_duplicate_finding_the_first_writes_key_gone_is_refused(
+async def test_a_duplicate_finding_the_first_writes_key_gone_is_refused(
     gql: GQL, admin: Caller, state: AppState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A keyed write that lost to the first request with its key (a Duplicate at its commit)
