@@ -2,6 +2,7 @@
 (the scripted model answers the review's calls, purpose `memory`), as an execution of kind
 INGEST whose records have source EXTRACTION."""
 
+import asyncio
 import json
 from typing import Any
 from uuid import UUID
@@ -153,6 +154,31 @@ async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
         },
     )
     assert other.codes == ["CONFLICT"] and "ingest-1" in other.errors[0]["message"]
+
+
+async def test_requests_with_the_same_key_at_once_answer_as_the_first_though_it_replaced_a_record(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Two requests with one key, both reviewed before either commits, both replacing the
+    record they read: the second finds the record replaced by the first, and answers as the
+    first did (it answered FAILED, 'another turn changed this agent's memory')."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server, {"summary": "Ada lives in Paris"})
+    paris = await _remember(gql, admin, action_id, _talk("I live in Paris"))
+    for _ in range(2):
+        candidates(model_server, {"summary": "Ada lives in Berlin"})
+        # Answered once both reviews asked (the first ingest's call, then two each): both
+        # read the Paris record before either commits.
+        replace = {"candidate": "c1", "action": "replace", "record": "r1"}
+        decide(model_server, replace, after_requests=5)
+    messages = _talk("I moved to Berlin")
+    first, second = await asyncio.gather(
+        *(_remember(gql, admin, action_id, messages, idempotencyKey="k") for _ in range(2))
+    )
+    assert first == second and first["status"] == "SUCCEEDED", (first, second)
+    (decision,) = first["decisions"]
+    assert decision["targetId"] == paris["records"][0]["memoryId"]
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Berlin"]
 
 
 async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(

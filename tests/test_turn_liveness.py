@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 import pytest
-from factories import caller, make_agent_id, make_running_turn, memory_harness
+from factories import allow, caller, make_agent_id, make_running_turn, memory_harness, token_for
 from helpers import GQL, eventually
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -450,6 +450,75 @@ async def test_m7_a_deleted_clients_keys_go_with_it(
         assert (await gql(ops, ADD, a=action_id, input=fact, key="k1")).ok()
         await auth_service.delete_client(state.pool, admin, account_id=None, principal="ops")
     assert await _count(state, "SELECT count(*) FROM agent_memories") == 2
+
+
+async def signed_in(state: AppState, admin: Caller, principal: str) -> Caller:
+    """A new client that may read and write, as a request with its token authenticates."""
+    from app.auth import service as auth_service
+
+    token = await token_for(state, admin, principal, allow(["SELECT", "INSERT"], "*"))
+    return await auth_service.authenticate(state.pool, f"Bearer {token}")
+
+
+async def test_a_write_committing_after_its_client_was_deleted_keeps_no_key(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """A keyed write authenticated before its client's deletion that commits after it is
+    refused: nothing written, no key kept (the key was kept, and a client made again with the
+    principal was answered with the deleted one's write)."""
+    from app.auth import service as auth_service
+
+    action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
+    fact = {"summary": "Ada prefers email", "kind": "fact"}
+
+    ops = await signed_in(state, admin, "ops")
+    async with state.pool.acquire() as conn, conn.transaction():
+        # The write waits at its execution's insert, before its key.
+        await conn.execute("LOCK TABLE executions IN ACCESS EXCLUSIVE MODE")
+        write = asyncio.create_task(gql(ops, ADD, a=action_id, input=fact, key="k1"))
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted"
+        await eventually(lambda: _count(state, waiting), "the write waits on the lock")
+        await auth_service.delete_client(state.pool, admin, account_id=None, principal="ops")
+    refused = await write
+    assert refused.codes == ["UNAUTHENTICATED"] and "deleted" in refused.errors[0]["message"]
+    assert await _count(state, "SELECT count(*) FROM idempotency_keys") == 0
+    assert await _count(state, "SELECT count(*) FROM agent_memories") == 0
+    # A client made again with the principal starts with no key.
+    again = (
+        await gql(await signed_in(state, admin, "ops"), ADD, a=action_id, input=fact, key="k1")
+    ).ok()
+    assert again["addAgentMemory"]["summary"] == fact["summary"]
+    assert await _count(state, "SELECT count(*) FROM agent_memories") == 1
+
+
+async def test_a_duplicate_finding_the_first_writes_key_gone_is_refused(
+    gql: GQL, admin: Caller, state: AppState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyed write that lost to the first request with its key (a Duplicate at its commit)
+    and then finds that key gone, its client deleted in between, is refused and writes
+    nothing (it failed an assertion: INTERNAL)."""
+    from app.auth import service as auth_service
+    from app.memory import operator
+
+    action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
+    fact = {"summary": "Ada prefers email", "kind": "fact"}
+    ops = await signed_in(state, admin, "ops")
+    assert (await gql(ops, ADD, a=action_id, input=fact, key="k1")).ok()
+    answered, looked = operator._answered, 0
+
+    async def deleted_meanwhile(*args: Any) -> Any:
+        nonlocal looked
+        looked += 1
+        if looked == 1:
+            return None  # looked before the first write committed
+        await auth_service.delete_client(state.pool, admin, account_id=None, principal="ops")
+        return await answered(*args)
+
+    monkeypatch.setattr(operator, "_answered", deleted_meanwhile)
+    refused = await gql(ops, ADD, a=action_id, input=fact, key="k1")
+    assert refused.codes == ["UNAUTHENTICATED"] and "deleted" in refused.errors[0]["message"]
+    assert looked == 2
+    assert await _count(state, "SELECT count(*) FROM agent_memories") == 1
 
 
 async def test_m7_delete_agent_memory_with_a_key_answers_the_same(

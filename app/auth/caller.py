@@ -1,6 +1,7 @@
 """Who is asking: the authenticated client behind a request."""
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from uuid import UUID
 
 from app.auth.policies import Policy, covers, require, require_covers
@@ -18,6 +19,9 @@ class Caller:
     # The token the request authenticated with (None: a caller made in process, such as the
     # `engram` command's).
     token_id: UUID | None = field(default=None, compare=False)
+    # The client's `created`, as that token's lookup read it: a write the request makes keeps
+    # its idempotency key only while that client exists (app/idempotency/keys.py).
+    client_created: datetime | None = field(default=None, compare=False)
 
     def require(self, *grants: Grant) -> None:
         require(self.policies, *grants)

@@ -191,6 +191,7 @@ async def _verify(
         policies=parse_policies(row["policies"]),
         in_default_account=row["is_default"],
         token_id=row["token_id"],
+        client_created=row["created"],
     )
     if keep is not None:
         verified.keep(pool, token_hash, caller, row["expires"], *keep)

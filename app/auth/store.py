@@ -312,7 +312,8 @@ async def client_by_token(conn: asyncpg.Connection, token_hash: bytes) -> Row | 
     is a minute old or more (so that it is written at most once a minute)."""
     return await conn.fetchrow(
         """
-        SELECT c.account_id, c.principal, c.policies, a.is_default, t.token_id, t.expires,
+        SELECT c.account_id, c.principal, c.policies, c.created, a.is_default, t.token_id,
+               t.expires,
                coalesce(t.expires <= now(), false) AS expired,
                coalesce(t.last_used < now() - interval '1 minute', true) AS stale
         FROM token_accounts ta

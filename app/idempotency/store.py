@@ -1,5 +1,6 @@
 """SQL for idempotency keys."""
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -19,6 +20,23 @@ async def find(
         operation,
         key,
     )
+
+
+async def lock_client(
+    conn: asyncpg.Connection, account_id: UUID, principal: str, created: datetime
+) -> bool:
+    """Whether the client made at `created` still exists; its row is then locked until the
+    caller's transaction ends, so that its deletion (which deletes its keys) waits for it."""
+    found = await conn.fetchval(
+        """
+        SELECT true FROM clients WHERE account_id = $1 AND principal = $2 AND created = $3
+        FOR KEY SHARE
+        """,
+        account_id,
+        principal,
+        created,
+    )
+    return bool(found)
 
 
 async def insert(

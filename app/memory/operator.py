@@ -325,9 +325,7 @@ async def delete_memory(
     answer."""
     caller.require(*resources.DELETE_MEMORY)
     arguments = {"actionId": action_id, "id": memory_id}
-    key = key_for(
-        idempotency_key, caller.account_id, caller.principal, "deleteAgentMemory", arguments
-    )
+    key = key_for(idempotency_key, caller, "deleteAgentMemory", arguments)
     if key is not None and (answered := await _answered(pool, caller, action_id, key)):
         return answered[0]
     try:
@@ -393,7 +391,8 @@ async def _answered_first(
     """The answer of the concurrent request with the same key that committed first."""
     assert key is not None
     answered = await _answered(pool, caller, action_id, key)
-    assert answered is not None, "a key whose transaction committed is found"
+    if answered is None:
+        raise key.lost()
     return answered
 
 
@@ -512,7 +511,7 @@ async def add_memory(
         caller.require(*resources.PIN_MEMORY)
     check_session_id(memory.session_id)
     arguments = {"actionId": action_id, **asdict(memory)}
-    key = key_for(idempotency_key, caller.account_id, caller.principal, "addAgentMemory", arguments)
+    key = key_for(idempotency_key, caller, "addAgentMemory", arguments)
     if key is not None and (answered := await _answered(pool, caller, action_id, key)):
         return answered[0]
     async with pool.acquire() as conn:
@@ -597,9 +596,7 @@ async def add_memories(
     key = None
     if idempotency_key is not None:
         arguments = {"actionId": action_id, "inputs": [asdict(m) for m in memories]}
-        key = key_for(
-            idempotency_key, caller.account_id, caller.principal, "addAgentMemories", arguments
-        )
+        key = key_for(idempotency_key, caller, "addAgentMemories", arguments)
     if key is not None and (answered := await _answered(pool, caller, action_id, key)):
         return answered
     async with pool.acquire() as conn:

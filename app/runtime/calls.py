@@ -517,13 +517,7 @@ def _request_key(caller: Caller, request: IngestRequest) -> Key | None:
         "preview": request.place.preview,
         "messages": [[m.role, m.content, m.time] for m in request.messages],
     }
-    return key_for(
-        request.idempotency_key,
-        caller.account_id,
-        caller.principal,
-        "rememberConversation",
-        arguments,
-    )
+    return key_for(request.idempotency_key, caller, "rememberConversation", arguments)
 
 
 async def _answered(state: AppState, caller: Caller, key: Key) -> Remembered | None:
@@ -635,15 +629,18 @@ async def remember_conversation(
                     as_turn=True,
                     kept=kept,
                 )
-            except Duplicate:
-                # A concurrent request with the same key committed first: this one keeps nothing.
+            except (Duplicate, Conflict) as e:
+                # A concurrent request with the same key committed first: its key, or a record
+                # its review replaced or deleted that this one's did too. This one keeps
+                # nothing, and answers as that one did (the key's promise), not with the refusal.
+                answered = None if key is None else await _answered(state, caller, key)
+                if answered is None:
+                    lost = key.lost() if key is not None and isinstance(e, Duplicate) else e
+                    return Remembered(await _failed(run, lost))
                 await _failed(
                     run,
                     Conflict("another request with the same idempotencyKey remembered it first"),
                 )
-                assert key is not None
-                answered = await _answered(state, caller, key)
-                assert answered is not None, "a key whose transaction committed is found"
                 return answered
             except Exception as e:
                 return Remembered(await _failed(run, e))

@@ -415,9 +415,7 @@ def _request_key(caller: Caller, request: TurnRequest) -> Key | None:
         "executionId": request.execution_id,
         "replayOf": request.replay_of,
     }
-    return key_for(
-        request.idempotency_key, caller.account_id, caller.principal, "executeAction", arguments
-    )
+    return key_for(request.idempotency_key, caller, "executeAction", arguments)
 
 
 async def keyed_execution(state: AppState, caller: Caller, key: Key) -> Execution | None:
@@ -470,7 +468,8 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
             # A concurrent request with the same key started the turn first.
             assert key is not None
             answered = await _answered(state, caller, key)
-            assert answered is not None, "a key whose transaction committed is found"
+            if answered is None:
+                raise key.lost() from None
             return answered
         async with liveness.running(state, execution):
             finished = await _attempt(state, action, execution)

@@ -1,0 +1,457 @@
+"""Concurrency probe: operations on the same objects at once, over real HTTP, many rounds.
+
+Each race runs ENGRAM_RACE_ROUNDS rounds (default 20; seeded by ENGRAM_RACE_SEED, default 1)
+of requests sent together (asyncio.gather) to the service on loopback, then checks what was
+stored against the truth. Every race fails on an HTTP 500 or an INTERNAL error, and prints
+its rounds, the answers by status and code, and the rounds whose check failed (which must be
+0):
+
+- pinned_lists: turns (live and preview, pinning, replacing, unpinning, deleting pins, some
+  failing after their tool call and retried) and operator pins, unpins and deletions on one
+  agent's three sessions: each session's kept lengths (migration 0030) against a recount.
+- erase: turns (some failing, retried) in two sessions while eraseSession erases one: every
+  execution is erased whole (its history and transcript words gone) or not at all, and the
+  other session's never.
+- tokens: a client's requests (reads, and keyed writes) while it is deleted or its token
+  revoked: none sent after the mutation answered is accepted; a client made again with a
+  deleted one's principal finds none of its keys.
+- ingest_key: rememberConversation sent several times at once with one idempotency key, the
+  review adding a record, or replacing one (both reviews read it): one execution, one answer.
+- replaces: addAgentMemories batches at once whose `replaces` overlap (in cycles): each record
+  replaced at most once, `replacedBy` and status consistent, a refused batch writes nothing,
+  no staged row left, pinned lengths kept.
+- gate: the pool's connection gate (app/db/pool.py `Connections`) under many accounts'
+  acquires, timeouts and cancellations: nothing held or waiting once all ended.
+
+    PYTHONPATH=.:tests ENGRAM_RACE_ROUNDS=100 pytest bench/races.py -p conftest -q -s \\
+        -p no:cacheprovider [-k pinned_lists]
+"""
+
+import asyncio
+import os
+import random
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from factories import (
+    allow,
+    assert_pinned_lists_kept,
+    full_memory,
+    make_agent,
+    remember,
+    token_for,
+)
+from openai_server import ChatReply
+from runtime_support import candidates, decide
+
+from app.db.pool import Share, create_pool, drawing_on
+
+ROUNDS = int(os.environ.get("ENGRAM_RACE_ROUNDS", "20"))
+SEED = int(os.environ.get("ENGRAM_RACE_SEED", "1"))
+EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
+
+EXECUTE = """mutation($input: ExecuteActionInput!) { executeAction(input: $input) {
+    executionId sessionId preview status error } }"""
+ADD = """mutation($a: UUID!, $i: AgentMemoryInput!, $k: String) {
+    addAgentMemory(actionId: $a, input: $i, idempotencyKey: $k) { memoryId } }"""
+ADDS = """mutation($a: UUID!, $i: [AgentMemoryInput!]!) {
+    addAgentMemories(actionId: $a, inputs: $i) { memoryIds } }"""
+DELETE = """mutation($a: UUID!, $m: UUID!) {
+    deleteAgentMemory(actionId: $a, id: $m) { status } }"""
+ERASE = """mutation($a: UUID!, $s: String!) {
+    eraseSession(actionId: $a, sessionId: $s) { erasedEvents } }"""
+VIEWER = "{ viewer { principal } }"
+DELETE_CLIENT = "mutation($p: String!) { deleteClient(principal: $p) { principal } }"
+CREATE_TOKEN = "mutation($p: String!) { createClientToken(principal: $p) { token tokenId } }"
+REVOKE = """mutation($p: String!, $t: UUID!) {
+    revokeClientToken(principal: $p, tokenId: $t) { tokenId } }"""
+REMEMBER = """mutation($input: RememberConversationInput!) {
+    rememberConversation(input: $input) { executionId status error } }"""
+
+
+class Race:
+    """One race's answers and failed checks."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.answers, self.failed = name, Counter(), 0
+
+    async def post(self, http: httpx.AsyncClient, token: str, query: str, **variables) -> dict:
+        response = await http.post(
+            "/graphql",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert response.status_code < 500, response.text
+        body = response.json()
+        for error in body.get("errors") or []:
+            code = error.get("extensions", {}).get("code")
+            assert code not in (None, "INTERNAL"), body
+            self.answers[code] += 1
+        for value in (body.get("data") or {}).values():
+            if isinstance(value, dict) and "status" in value:
+                self.answers[value["status"]] += 1
+        return body
+
+    def check(self, ok: bool, *about: object) -> None:
+        if not ok:
+            self.failed += 1
+            print(self.name, "CHECK FAILED", *about)
+
+    def report(self) -> None:
+        print(f"{self.name}: {ROUNDS} rounds, {self.failed} failed checks, {dict(self.answers)}")
+        assert self.failed == 0
+
+
+def fail_once(server, when: str) -> None:
+    """The scripted model answers 500 to the next call of the turn whose input holds `when`."""
+    with server._lock:
+        server._chat_script.append(ChatReply(status=500, when=when))
+
+
+@pytest.mark.settings(max_requests_per_account=64)
+async def test_pinned_lists(state, admin, base_url, model_server):
+    race, rng = Race("pinned_lists"), random.Random(SEED)
+    agent = await make_agent(state, admin, harness=full_memory(pinned={"max_tokens": 100_000}))
+    token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+    failed: list[dict] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            pins = await state.pool.fetch(
+                "SELECT memory_id::text FROM agent_memories WHERE action_id = $1 AND pinned "
+                "AND scope = 'SESSION' AND status = 'ACTIVE' AND pending_execution IS NULL "
+                "ORDER BY created DESC LIMIT 3",
+                agent.action_id,
+            )
+            # The same few pins for every writer of the round.
+            targets = [r["memory_id"] for r in pins] or [None]
+            jobs = []
+            for t in range(6):
+                tag, target = f"<r{n}t{t}>", rng.choice(targets)
+                what = rng.choice(["pin", "pin", "replace", "delete", "unpin"])
+                pin = {"summary": f"pin {tag}" * rng.randint(1, 3), "kind": "fact", "pinned": True}
+                if target is None or what == "pin":
+                    call = ("add_memory", pin | ({"scope": "agent"} if rng.random() < 0.15 else {}))
+                elif what == "replace":
+                    call = ("add_memory", pin | {"replaces": target})
+                elif what == "unpin":
+                    call = (
+                        "add_memory",
+                        {"summary": f"un {tag}", "kind": "fact", "replaces": target},
+                    )
+                else:
+                    call = ("delete_memory", {"id": target})
+                model_server.call_tools(call, when=tag)
+                if rng.random() < 0.25:
+                    fail_once(model_server, tag)  # staged, then dropped
+                else:
+                    model_server.say("ok", when=tag)
+                turn = {"actionId": a, "sessionId": rng.choice(["s1", "s2", "s3"]), "input": tag}
+                jobs.append(
+                    race.post(http, token, EXECUTE, input=turn | {"preview": rng.random() < 0.3})
+                )
+            for retried in failed[-2:]:
+                jobs.append(race.post(http, token, EXECUTE, input={"actionId": a, **retried}))
+            failed.clear()
+            batch = [
+                {
+                    "summary": f"op {n} {i}",
+                    "kind": "fact",
+                    "pinned": True,
+                    "sessionId": rng.choice(["s1", "s2", "s3"]),
+                }
+                for i in range(3)
+            ]
+            if targets[0] is not None:
+                batch[0]["replaces"] = rng.choice(targets)
+                jobs.append(race.post(http, token, DELETE, a=a, m=rng.choice(targets)))
+                unpin = {"summary": f"unpin {n}", "kind": "fact", "sessionId": "s1"}
+                jobs.append(
+                    race.post(http, token, ADD, a=a, i=unpin | {"replaces": rng.choice(targets)})
+                )
+            jobs.append(race.post(http, token, ADDS, a=a, i=batch))
+            preview = await state.pool.fetchval(
+                "SELECT memory_id::text FROM agent_memories WHERE action_id = $1 AND preview "
+                "AND status = 'ACTIVE' AND pending_execution IS NULL ORDER BY random() LIMIT 1",
+                agent.action_id,
+            )
+            if preview is not None:
+                jobs.append(race.post(http, token, DELETE, a=a, m=preview))
+            for body in await asyncio.gather(*jobs):
+                done = (body.get("data") or {}).get("executeAction")
+                if done and done["status"] == "FAILED":
+                    failed.append({k: done[k] for k in ("executionId", "sessionId", "preview")})
+            try:
+                await assert_pinned_lists_kept(state, agent)
+            except AssertionError as drift:
+                race.check(False, n, drift)
+    race.report()
+
+
+@pytest.mark.settings(max_requests_per_account=64)
+async def test_erase(state, admin, base_url, model_server):
+    race, rng = Race("erase"), random.Random(SEED)
+    harness = {**full_memory(), "history": {"index": "messages_and_tools"}}
+    agent = await make_agent(state, admin, harness=harness)
+    token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+    failed: list[dict] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            jobs = []
+            for t in range(6):
+                tag = f"<r{n}t{t}>"
+                if rng.random() < 0.4:
+                    fail_once(model_server, tag)
+                session = rng.choice(["s1", "s1", "s2"])
+                turn = {"actionId": a, "sessionId": session, "input": f"{tag} secret"}
+                jobs.append(race.post(http, token, EXECUTE, input=turn))
+            for retried in failed[-3:]:
+                jobs.append(race.post(http, token, EXECUTE, input={"actionId": a, **retried}))
+            failed.clear()
+            jobs += [race.post(http, token, ERASE, a=a, s="s1") for _ in range(2)]
+            rng.shuffle(jobs)
+            for body in await asyncio.gather(*jobs):
+                done = (body.get("data") or {}).get("executeAction")
+                if done and done["status"] == "FAILED":
+                    failed.append({k: done[k] for k in ("executionId", "sessionId")})
+            rows = await state.pool.fetch(
+                """
+                SELECT x.session_id, x.status, x.input = to_jsonb('[erased]'::text) AS erased,
+                    (SELECT count(*) FROM history_events e WHERE e.action_id = x.action_id
+                       AND e.execution_id = x.execution_id) AS events,
+                    (SELECT count(*) FROM transcript_events t WHERE t.action_id = x.action_id
+                       AND t.execution_id = x.execution_id AND t.data->>'erased' IS NULL) AS words
+                FROM executions x WHERE x.action_id = $1 AND x.kind = 'TURN'
+                """,
+                agent.action_id,
+            )
+            for row in rows:
+                whole = row["erased"] and row["events"] == 0 and row["words"] == 0
+                kept = not row["erased"] and (row["events"] > 0 or row["status"] != "SUCCEEDED")
+                race.check(
+                    (whole or kept) and not (row["erased"] and row["session_id"] == "s2"),
+                    n,
+                    dict(row),
+                )
+    race.report()
+
+
+async def _token_round(race, http, client_token, asking, **variables) -> tuple[bool, set]:
+    """A client's requests (reads, and a keyed write) until 0.3 s after `asking` answered:
+    whether one sent after that was accepted, and the records its writes answered."""
+    answered_at: float | None = None
+    seen: list[tuple[float, int]] = []
+    written: set[str] = set()
+
+    async def requests(i: int) -> None:
+        while answered_at is None or time.monotonic() - answered_at < 0.3:
+            at = time.monotonic()
+            query, asked = (
+                (ADD, {"a": variables["a"], "i": variables["fact"], "k": "k"})
+                if i % 2
+                else (VIEWER, {})
+            )
+            response = await http.post(
+                "/graphql",
+                json={"query": query, "variables": asked},
+                headers={"Authorization": f"Bearer {client_token}"},
+            )
+            assert response.status_code in (200, 401), response.text
+            body = response.json()
+            for error in body.get("errors") or []:
+                assert error["extensions"]["code"] != "INTERNAL", body
+            if (body.get("data") or {}).get("addAgentMemory"):
+                written.add(body["data"]["addAgentMemory"]["memoryId"])
+            seen.append((at, response.status_code))
+
+    async def mutate() -> None:
+        nonlocal answered_at
+        await asyncio.sleep(variables["after"])
+        await race.post(http, variables["boss"], asking, **variables["mutation"])
+        answered_at = time.monotonic()
+
+    await asyncio.gather(mutate(), *(requests(i) for i in range(8)))
+    race.answers["requests"] += len(seen)
+    race.answers["sent after the mutation"] += sum(at > answered_at for at, _ in seen)
+    return any(at > answered_at and status == 200 for at, status in seen), written
+
+
+@pytest.mark.settings(max_requests_per_account=200)
+async def test_tokens(state, admin, base_url):
+    race, rng = Race("tokens"), random.Random(SEED)
+    boss = await token_for(state, admin, "boss", EVERYTHING)
+    a = str((await make_agent(state, admin, harness=full_memory())).action_id)
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            principal, revoke = f"victim{n}", rng.random() < 0.5
+            token = await token_for(state, admin, principal, EVERYTHING)
+            fact = {"summary": f"fact {n}", "kind": "fact"}
+            given = {"a": a, "fact": fact, "boss": boss, "after": rng.random() * 0.2}
+            if revoke:
+                issued = (await race.post(http, boss, CREATE_TOKEN, p=principal))["data"]
+                token = issued["createClientToken"]["token"]
+                revoked = {"p": principal, "t": issued["createClientToken"]["tokenId"]}
+                late, _ = await _token_round(race, http, token, REVOKE, **given, mutation=revoked)
+                race.check(not late, n, "accepted after revokeClientToken")
+                continue
+            deleted = {"p": principal}
+            late, written = await _token_round(
+                race, http, token, DELETE_CLIENT, **given, mutation=deleted
+            )
+            race.check(not late, n, "accepted after deleteClient")
+            kept = await state.pool.fetchval(
+                "SELECT count(*) FROM idempotency_keys WHERE principal = $1", principal
+            )
+            again = await token_for(state, admin, principal, EVERYTHING)
+            anew = (await race.post(http, again, ADD, a=a, i=fact, k="k"))["data"]
+            race.check(kept == 0 and anew["addAgentMemory"]["memoryId"] not in written, n, kept)
+    race.report()
+
+
+@pytest.mark.settings(max_requests_per_account=64, max_turns_per_account=64)
+async def test_ingest_key(state, admin, base_url, model_server):
+    race = Race("ingest_key")
+    token = await token_for(state, admin, "probe", EVERYTHING)
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            agent = await make_agent(state, admin, name=f"ingest{n}", harness=full_memory())
+            replacing = n % 2 == 1
+            if replacing:
+                await remember(state, agent, "Ada lives in Paris", session=None, scope="AGENT")
+            for _ in range(3):
+                candidates(model_server, {"summary": "Ada lives in Berlin"})
+                if replacing:
+                    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+            request = {
+                "actionId": str(agent.action_id),
+                "sessionId": "s1",
+                "idempotencyKey": f"k{n}",
+                "messages": [{"role": "user", "content": f"I moved to Berlin ({n})"}],
+            }
+            answers = [
+                (body.get("data") or {}).get("rememberConversation") or {}
+                for body in await asyncio.gather(
+                    *(race.post(http, token, REMEMBER, input=request) for _ in range(3))
+                )
+            ]
+            active = await state.pool.fetchval(
+                "SELECT count(*) FROM agent_memories WHERE action_id = $1 AND status = 'ACTIVE'",
+                agent.action_id,
+            )
+            one = len({x.get("executionId") for x in answers}) == 1
+            race.check(
+                one and active == 1 and {x.get("status") for x in answers} == {"SUCCEEDED"},
+                n,
+                answers,
+            )
+            # The model's unused replies (the requests answered before their review) go.
+            with model_server._lock:
+                model_server._chat_script.clear()
+    race.report()
+
+
+@pytest.mark.settings(max_requests_per_account=64)
+async def test_replaces(state, admin, base_url):
+    race, rng = Race("replaces"), random.Random(SEED)
+    agent = await make_agent(state, admin, harness=full_memory(pinned={"max_tokens": 100_000}))
+    token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+
+    def record(summary: str, **given) -> dict:
+        session = rng.choice(["s1", "s2", None])
+        return {
+            "summary": summary,
+            "kind": "fact",
+            "pinned": rng.random() < 0.5,
+            "sessionId": session,
+            **given,
+        }
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            base = await race.post(
+                http, token, ADDS, a=a, i=[record(f"base {n} {i}") for i in range(4)]
+            )
+            ids = base["data"]["addAgentMemories"]["memoryIds"]
+            batches = [
+                [record(f"new {n} {b} {j}", replaces=t) for j, t in enumerate(rng.sample(ids, 2))]
+                + [{"summary": f"extra {n} {b}", "kind": "fact", "sessionId": "s3"}]
+                for b in range(4)
+            ]
+            done = await asyncio.gather(*(race.post(http, token, ADDS, a=a, i=i) for i in batches))
+            written = [
+                m
+                for body in done
+                if body.get("data")
+                for m in body["data"]["addAgentMemories"]["memoryIds"]
+            ]
+            rows = await state.pool.fetch(
+                "SELECT memory_id::text AS id, status, replaces::text, replaced_by::text, summary, "
+                "pending_execution FROM agent_memories WHERE action_id = $1",
+                agent.action_id,
+            )
+            race.answers["batches committed"] += len(written) // 3
+            by = {r["id"]: r for r in rows}
+            successors = Counter(r["replaces"] for r in rows if r["replaces"])
+            race.check(not any(r["pending_execution"] for r in rows), n, "staged rows left")
+            race.check(all(m in by for m in written), n, "a written record is missing")
+            race.check(max(successors.values(), default=0) <= 1, n, successors)
+            for i in ids:
+                superseded = by[i]["status"] == "SUPERSEDED"
+                race.check(superseded == (successors[i] == 1), n, i, by[i]["status"])
+                if by[i]["replaced_by"] is not None:
+                    race.check(by[by[i]["replaced_by"]]["replaces"] == i, n, "replacedBy")
+            extras = sum(r["summary"].startswith(f"extra {n} ") for r in rows)
+            race.check(extras == len(written) // 3, n, "a refused batch wrote", extras)
+            try:
+                await assert_pinned_lists_kept(state, agent)
+            except AssertionError as drift:
+                race.check(False, n, drift)
+    race.report()
+
+
+async def test_gate(db_url):
+    race, rng = Race("gate"), random.Random(SEED)
+    pool = await create_pool(db_url, min_size=0, max_size=4)
+
+    async def work(share: Share, second: bool, sleep: float, timeout: float | None) -> None:
+        with drawing_on(share):
+            async with pool.acquire(timeout=timeout) as conn:
+                if second:  # a task's second connection while it holds one
+                    async with pool.acquire(timeout=timeout) as other:
+                        await other.execute(f"SELECT pg_sleep({sleep / 2})")
+                async with conn.transaction():
+                    await conn.execute(f"SELECT pg_sleep({sleep})")
+
+    async def one() -> None:
+        share = Share(f"account {rng.randrange(8)}", 2)
+        sleep = rng.choice([0, 0.001, 0.01, 0.03])
+        acquire = rng.choice([None, 0.01, 0.05, 1])
+        try:
+            await asyncio.wait_for(
+                work(share, rng.random() < 0.2, sleep, acquire), rng.choice([0.005, 0.02, 0.1, 10])
+            )
+            race.answers["done"] += 1
+        except TimeoutError:
+            race.answers["timed out"] += 1
+        except asyncio.CancelledError:
+            race.answers["cancelled"] += 1
+            raise
+
+    try:
+        for n in range(ROUNDS):
+            tasks = [asyncio.create_task(one()) for _ in range(60)]
+            await asyncio.sleep(rng.random() * 0.05)
+            for task in rng.sample(tasks, 10):
+                task.cancel()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+            await asyncio.sleep(0.05)
+            c = pool.connections
+            busy = sum(h._in_use is not None for h in pool._holders)
+            held = (c.in_use, dict(c._held), len(c._waiting), len(c._first), busy)
+            race.check(held == (0, {}, 0, 0, 0), n, held)
+            async with asyncio.timeout(10):  # every connection still given
+                await asyncio.gather(*(pool.fetchval("SELECT 1") for _ in range(8)))
+    finally:
+        await pool.close()
+    race.report()
