@@ -427,8 +427,8 @@ async def test_a_session_too_long_to_erase_in_one_statement_is_erased_in_several
     a bounded batch a statement: a session as long as a user may make it is erased within
     ENGRAM_STATEMENT_TIMEOUT_SECONDS, which one statement over all of it would pass (and be
     refused at every retry)."""
-    monkeypatch.setattr(history_store, "ERASE_BATCH", 20, raising=False)
-    monkeypatch.setattr(executions_store, "ERASE_BATCH", 10, raising=False)
+    monkeypatch.setattr(history_store, "ERASE_BATCH", 20)
+    monkeypatch.setattr(executions_store, "ERASE_BATCH", 10)
     action_id = await long_session(state, admin, 150)
     erased = (await gql(admin, ERASE, a=action_id)).ok()["eraseSession"]
     assert erased == {"erasedEvents": 300, "erasedExecutions": 150, "erasedTranscriptEvents": 300}
@@ -442,7 +442,7 @@ async def test_an_erasure_refused_in_a_later_batch_erases_nothing(
 ) -> None:
     """All or nothing: the batches share one transaction, so a batch past the bound (here the
     fifth, one of its rows slow) leaves the batches before it undone too."""
-    monkeypatch.setattr(history_store, "ERASE_BATCH", 20, raising=False)
+    monkeypatch.setattr(history_store, "ERASE_BATCH", 20)
     action_id = await long_session(state, admin, 150, stuck=45)
     answer = await gql(admin, ERASE, a=action_id)
     assert answer.codes == ["UNAVAILABLE"], answer.errors
@@ -458,7 +458,7 @@ async def test_executions_with_long_transcripts_are_erased_a_bounded_number_of_e
     """A turn's transcript may hold a thousand events (16 model calls of 64 tool calls each, by
     default): a batch of executions is not a bound on the rows its transcripts are. Here three
     turns of 100 events each, 3 s of work in one statement, twice the bound."""
-    monkeypatch.setattr(executions_store, "ERASE_TRANSCRIPT_BATCH", 20, raising=False)
+    monkeypatch.setattr(executions_store, "ERASE_TRANSCRIPT_BATCH", 20)
     action_id = await long_session(state, admin, 3, events=100)
     erased = (await gql(admin, ERASE, a=action_id)).ok()["eraseSession"]
     assert erased == {"erasedEvents": 6, "erasedExecutions": 3, "erasedTranscriptEvents": 300}
