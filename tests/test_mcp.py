@@ -586,6 +586,31 @@ async def test_mcp_an_unpaired_surrogate_escape_is_a_parse_error_that_says_so(
         assert paired.status_code == 200 and paired.json()["id"] == 7, paired.text
 
 
+async def test_mcp_a_deeply_nested_body_is_looked_through_without_recursion(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """The look for unpaired surrogates walks the decoded body: a walk that recursed ran out of
+    stack on arguments nested a few hundred deep, which Python's JSON parser takes (HTTP 500).
+    A surrogate at the bottom is still found; without one, the SDK answers as it does."""
+    action_id, headers = await _raw_client(gql, admin, state, "nested")
+    body = (
+        '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": '
+        '"search_memory", "arguments": {"query": %s}}}'
+    )
+    deep = '{"a": ' * 900 + "%s" + "}" * 900
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        hidden = await http.post(
+            f"/mcp/{action_id}?session=s1", content=body % (deep % '"\\ud800"'), headers=headers
+        )
+        assert hidden.status_code == 400, (hidden.status_code, hidden.text)
+        assert hidden.json()["error"]["code"] == -32700
+        plain = await http.post(
+            f"/mcp/{action_id}?session=s1", content=body % (deep % '"x"'), headers=headers
+        )
+        assert plain.status_code < 500, (plain.status_code, plain.text)
+    assert await _executions(state, action_id) == []
+
+
 @pytest.mark.settings(max_requests_per_account=1, account_queue_seconds=0)
 async def test_mcp_a_get_is_refused_at_once_rather_than_held_open(
     gql: GQL, admin: Caller, state: AppState, base_url: str

@@ -207,13 +207,19 @@ def _query(request: Request) -> dict[str, str]:
 
 def _unpaired(value: Any) -> bool:
     """Whether a decoded JSON value holds half of a UTF-16 surrogate pair, in a string or a
-    key (JSON's `\\ud800` escape, which no Unicode text holds)."""
-    if isinstance(value, str):
-        return _SURROGATE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_unpaired(k) or _unpaired(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_unpaired(v) for v in value)
+    key (JSON's `\\ud800` escape, which no Unicode text holds). Walked with a list, not by
+    recursion: the parser takes nesting deeper than Python's stack."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item) is not None:
+                return True
+        elif isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
     return False
 
 
