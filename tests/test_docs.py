@@ -211,3 +211,236 @@ def test_every_documented_default_is_the_one_parsed():
             if value != _as_documented(default(name)):
                 wrong.append(f"docs/operations.md: {name} `{value}` is {default(name)!r}")
     assert wrong == []
+
+
+# --- settings: bounds and choices as documented ---------------------------------------------
+
+_OPERATIONS = ROOT / "docs" / "operations.md"
+# A bound as the docs write it; numbers inside `code` are examples, and "30 s" or "20 ms" a
+# duration of something else, not a bound.
+_BOUND = re.compile(
+    r"\b(?:from (-?\d[\d,.]*) to (\d[\d,.]*)|at least (\d[\d,.]*)|at most (\d[\d,.]*))\b(?! ?m?s\b)"
+)
+_WORDS = {86_400: ("86400", "a day"), 604_800: ("604800", "a week")}
+
+
+def setting_texts() -> dict[str, str]:
+    """What operations.md says of each setting: its row of the table (shared with the other
+    setting of a `A` / `B` row), or, for one the prose describes, the text from its name to the
+    next setting's name or the paragraph's end."""
+    text = _OPERATIONS.read_text()
+    found: dict[str, str] = {}
+    for row in re.findall(r"^\| `ENGRAM_.*$", text, re.M):
+        head = row.split("|")[1]
+        for name in re.findall(r"`(ENGRAM_[A-Z_]+)`", head):
+            found[name] = row
+    for paragraph in re.split(r"\n\s*\n", text):
+        if paragraph.startswith("|"):
+            continue
+        for match in re.finditer(r"`(ENGRAM_[A-Z_]+)` \(", paragraph):
+            rest = paragraph[match.end() :]
+            following = re.search(r"`ENGRAM_[A-Z_]+` \(", rest)
+            found.setdefault(match[1], rest[: following.start() if following else None])
+    return found
+
+
+def _bounds(name: str) -> dict[str, float]:
+    from app.config import Settings
+
+    field = Settings.model_fields[name.removeprefix("ENGRAM_").lower()]
+    return {
+        kind: float(getattr(item, kind))
+        for item in field.metadata
+        for kind in ("ge", "gt", "le", "lt")
+        if hasattr(item, kind)
+    }
+
+
+def _written(value: float) -> tuple[str, ...]:
+    number = int(value) if value.is_integer() else value
+    if isinstance(number, int):
+        return (*_WORDS.get(number, ()), str(number), f"{number:,}")
+    return (str(number),)
+
+
+def test_every_bound_a_setting_has_is_documented_and_no_other():
+    """operations.md: "where the table gives no upper bound there is none". Each bound of a
+    setting (app/config.py) is written where operations.md describes it, and each bound the
+    text gives ("from 1 to 20", "at least 256", "at most 604800") is one the setting has."""
+    from app.config import Settings
+
+    texts = setting_texts()
+    wrong = []
+    for field in Settings.model_fields:
+        name = f"ENGRAM_{field.upper()}"
+        text = re.sub(r"`[^`]*`", "", texts.get(name, ""))
+        bounds = _bounds(name)
+        for kind, value in bounds.items():
+            if kind == "gt" and value == 0:
+                said = re.search(r"above 0|more than 0|at least twice", text)
+            else:
+                said = any(
+                    re.search(rf"(?<![\d,.]){re.escape(w)}(?![\d]|[,.]\d)", text)
+                    for w in _written(value)
+                )
+            if not said:
+                wrong.append(f"{name}: its bound {kind} {value:g} is not documented")
+    for name, row in texts.items():
+        if name.removeprefix("ENGRAM_").lower() not in Settings.model_fields:
+            continue
+        names = re.findall(r"`(ENGRAM_[A-Z_]+)`", row.split("|")[1]) if row.startswith("|") else []
+        allowed = {v for n in (names or [name]) for v in _bounds(n).values()}
+        for numbers in _BOUND.findall(re.sub(r"`[^`]*`", "", row)):
+            for number in filter(None, numbers):
+                if float(number.replace(",", "")) not in allowed:
+                    wrong.append(f"{name}: the docs give a bound of {number}, which it has not")
+    assert wrong == []
+
+
+def test_every_choice_a_setting_takes_is_documented():
+    """A setting that takes one of a few words (`ENGRAM_EMBEDDER`, `ENGRAM_LOG_LEVEL`, ...) has
+    each of them named where operations.md describes it."""
+    import typing
+
+    from app.config import Settings
+
+    texts = setting_texts()
+    missing = [
+        f"ENGRAM_{field.upper()}: {choice}"
+        for field, info in Settings.model_fields.items()
+        if typing.get_origin(info.annotation) is typing.Literal
+        for choice in typing.get_args(info.annotation)
+        if f"`{choice}`" not in texts.get(f"ENGRAM_{field.upper()}", "")
+    ]
+    assert missing == []
+
+
+# --- the `engram` command as the docs show it -----------------------------------------------
+
+_ENGRAM = re.compile(r"`(engram [^`<]*)`")
+
+
+def test_every_engram_command_the_docs_show_exists_with_its_flags():
+    """Each `engram ...` the docs show (README's table, access.md, operations.md, ...) names a
+    command the CLI has, and each flag it shows is one of that command's: a renamed command or
+    flag fails here, not in a user's terminal."""
+    commands = {words: p for words, p in cli_commands() if words}
+    wrong = []
+    for doc in DOCS:
+        for shown in _ENGRAM.findall(re.sub(r"\s+", " ", doc.read_text())):
+            words = shown.split()[1:]
+            if words and "/" in words[0] + "".join(words[1:2]):  # `client update/delete`
+                continue
+            path = []
+            while words and " ".join([*path, words[0]]) in commands:
+                path.append(words.pop(0))
+            if not path or commands[" ".join(path)]._subparsers:
+                wrong.append(f"{_ids(doc)}: `{shown}` names no command")
+                continue
+            known = {
+                option
+                for action in commands[" ".join(path)]._actions
+                for option in action.option_strings
+            }
+            for word in words:
+                flag = word.strip("[]").split("=")[0]
+                if flag.startswith("-") and flag not in known:
+                    wrong.append(f"{_ids(doc)}: `{shown}`: {flag} is no flag of it")
+    assert wrong == []
+
+
+# --- harness and model examples -------------------------------------------------------------
+
+
+def _json_examples(doc: Path) -> list[str]:
+    text = doc.read_text()
+    inline = re.findall(r"`(\{\"(?:memory|history|harness|model)\".*?\})`", text)
+    return re.findall(r"^```json\n(.*?)^```", text, re.S | re.M) + inline
+
+
+def test_every_harness_and_model_example_is_accepted():
+    """Every harness the docs show (harness.md's examples, the README's `{"memory": ...}`)
+    is one createAction takes, and harness.md's `model` example is accepted once its endpoint
+    and key variable are allowed, as the text says, and refused before."""
+    import json
+    from uuid import uuid4
+
+    from app.actions.harness import parse_harness
+    from app.actions.model import check_endpoint, parse_model
+    from app.config import Settings
+    from app.errors import BadInput
+
+    seen = 0
+    for doc in DOCS:
+        for example in _json_examples(doc):
+            value = json.loads(example)
+            if not {"memory", "history", "harness", "baseUrl"} & set(value):
+                continue  # a policy (access.md), an MCP client's configuration (README)
+            if "baseUrl" in value:  # harness.md's `model`
+                config, _ = parse_model(value)
+                account = uuid4()
+                with pytest.raises(BadInput):
+                    check_endpoint(config, Settings(), account)
+                allowed = Settings(
+                    model_allowed_base_urls=[value["baseUrl"]],
+                    model_allowed_key_envs=[value["apiKeyEnv"]],
+                )
+                check_endpoint(config, allowed, account)
+            else:
+                value = value.get("harness", value)
+                parse_harness(value)
+                if "model" in value:
+                    parse_model(value["model"])
+            seen += 1
+    assert seen >= 8
+
+
+def test_every_graphql_request_a_curl_example_sends_validates():
+    """The `curl ... -d '{"query": ...}'` examples (README, graphql.md) send a document that
+    validates against the schema (the fenced examples are checked above)."""
+    import json
+
+    schema = build_schema()._schema
+    bodies = [
+        json.loads(body)
+        for doc in DOCS
+        for body in re.findall(r"-d '(\{\"query\".*?\})'", doc.read_text(), re.S)
+    ]
+    assert len(bodies) >= 2
+    for body in bodies:
+        assert [e.message for e in validate(schema, parse(body["query"]))] == [], body
+
+
+# --- error codes ----------------------------------------------------------------------------
+
+_QUOTED_CODE = re.compile(
+    r"extensions\.code:? ?`?([A-Z_]+)|\"code\": \"([A-Z_]+)\""
+    r"|error \(([A-Z_]+)\)|data\.code: ([A-Z_]+)"
+)
+
+
+def test_every_error_code_is_explained_and_every_quoted_one_exists():
+    """graphql.md's list of `extensions.code` values explains each code the service can answer
+    (app/graphql/errors.py CODES, which every domain error's code is one of), and every code
+    the docs quote (`extensions.code: UNAVAILABLE`, `"code": "ACCESS_DENIED"`, `error
+    (CONFLICT)`) is one of them."""
+    from app import errors
+    from app.graphql.errors import CODES
+
+    domain = {
+        cls.code
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.DomainError)
+    }
+    assert domain <= set(CODES)
+    guide = (ROOT / "docs" / "graphql.md").read_text()
+    listed = guide[guide.index("Errors come back in") :].split("\n\n")[0]
+    assert [code for code in CODES if f"`{code}` (" not in listed] == []
+    quoted = {
+        code
+        for doc in DOCS
+        for match in _QUOTED_CODE.findall(re.sub(r"\s+", " ", doc.read_text()))
+        for code in match
+        if code and code != "CODE"
+    }
+    assert quoted and quoted <= set(CODES), quoted - set(CODES)
