@@ -1,9 +1,16 @@
 """docs/graphql.md can be followed in order: every example of the guide is sent, as the guide
 writes it and in the guide's order, over HTTP to a served app, with the token the guide says
 and with the IDs it names taken from earlier answers (STEPS), and answers without `errors`.
-Turns talk to the scripted model server (`model_script`)."""
+Turns talk to the scripted model server (`model_script`).
 
+The README's examples (its curl request, `rememberConversation`, the MCP address), harness.md's
+and what the guide says of errors (each code, the HTTP statuses, lookups of nothing) are run the
+same way, against a served app."""
+
+import json
 import re
+import socket
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +18,7 @@ from typing import Any
 import httpx
 from helpers import db_settings
 from openai_server import OpenAIServer
-from runtime_support import NOTHING_TO_KEEP
+from runtime_support import NOTHING_TO_KEEP, candidates, review_requests
 from servers import serving
 
 from app.embeddings.static import StaticEmbedder
@@ -175,3 +182,214 @@ def test_the_guide_runs_in_order(db_url: str, embedder: StaticEmbedder):
             revoked = pick(answers, "IssueToken[0].createClientToken.token")
             refused = post(url, revoked, "{ viewer { principal } }", {})
             assert refused.status_code == 401
+
+
+# --- the README's and harness.md's examples, and what the guide says of errors ---------------
+
+ROOT = GUIDE.parents[1]
+README = ROOT / "README.md"
+HARNESS = ROOT / "docs" / "harness.md"
+EXAMPLE_ACTION = "3f2a9c1e-0000-4000-8000-000000000001"  # the README's placeholder agent
+
+
+def curl_body(doc: Path) -> dict[str, Any]:
+    """The JSON the first `curl ... -d '...'` example of `doc` sends."""
+    found = re.search(r"-d '(\{\"query\".*?\})'", doc.read_text(), re.S)
+    assert found, f"{doc.name} has no curl example"
+    return json.loads(found[1])
+
+
+def fenced(doc: Path) -> list[str]:
+    return _FENCE.findall(doc.read_text())
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answer(url: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = post(url, token, body["query"], body.get("variables") or {})
+    data = response.json()
+    assert response.status_code == 200 and not data.get("errors"), data
+    return data["data"]
+
+
+def test_the_readme_and_harness_examples_run(db_url: str, embedder: StaticEmbedder):
+    """The README's curl example creates an agent; its `rememberConversation` example, sent to
+    that agent, keeps what the review found and answers a repeat of its idempotency key with the
+    first ingest; the MCP address it shows answers a GET 405; harness.md's example, with the
+    variables it gives, returns the harness with every default filled in."""
+    with OpenAIServer() as model:
+        candidates(model, {"summary": "The customer lives in Berlin since November 2026"})
+        settings = db_settings(
+            db_url, bootstrap_token=ADMIN_TOKEN, model_base_url=model.url, model_max_retries=0
+        )
+        with serving(settings, embedder) as url:
+            created = answer(url, ADMIN_TOKEN, curl_body(README))["createAction"]
+            assert created["version"] == 1
+            agent = created["actionId"]
+
+            (_, remember) = fenced(README)
+            remember = remember.replace(EXAMPLE_ACTION, agent)
+            first = answer(url, ADMIN_TOKEN, {"query": remember})["rememberConversation"]
+            assert first["status"] == "SUCCEEDED", first
+            assert [d["action"] for d in first["decisions"]] == ["ADD"]
+            (record,) = first["records"]
+            assert record["summary"] == "The customer lives in Berlin since November 2026"
+            assert record["status"] == "ACTIVE"
+            again = answer(url, ADMIN_TOKEN, {"query": remember})["rememberConversation"]
+            assert again == first
+            assert len(review_requests(model)) == 1  # the repeat ran no review
+
+            listening = httpx.get(
+                f"{url}/mcp/{agent}?session=customer-42",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                timeout=30,
+            )
+            assert listening.status_code == 405
+
+            (example,) = fenced(HARNESS)
+            variables = json.loads(
+                re.search(r"with variables such as `(.*?)`", HARNESS.read_text())[1]
+            )
+            made = answer(url, ADMIN_TOKEN, {"query": example, "variables": variables})
+            made = made["createAction"]
+            assert made["harness"] == {
+                "memory": {
+                    "enabled": True,
+                    "scope": {"read": ["session"], "write": ["session"]},
+                    "extraction": {"every": "turn"},
+                    "search": {"mode": "hybrid", "max_results": 5},
+                    "tools": [],
+                    "kinds": ["guidance", "fact", "event", "reference"],
+                    "labels": {},
+                }
+            }
+            assert made["model"] == variables["model"]
+
+
+def test_without_a_model_turns_fail_saying_so_and_the_rest_works(
+    db_url: str, embedder: StaticEmbedder
+):
+    """README: until a model answers, turns and `rememberConversation` end FAILED saying so
+    (naming ENGRAM_MODEL_BASE_URL), and everything else works without one."""
+    settings = db_settings(
+        db_url,
+        bootstrap_token=ADMIN_TOKEN,
+        model_base_url=f"http://127.0.0.1:{closed_port()}/v1",
+        model_max_retries=0,
+    )
+    named = dict(guide_examples())
+    with serving(settings, embedder) as url:
+
+        def run(name: str, **variables: Any) -> dict[str, Any]:
+            return answer(url, ADMIN_TOKEN, {"query": named[name], "variables": variables})
+
+        agent = run("NewAgent")["createAction"]["actionId"]
+        turn = run("Turn", id=agent)["executeAction"]
+        assert turn["status"] == "FAILED" and "ENGRAM_MODEL_BASE_URL" in turn["error"], turn
+        ingest = run("Remember", id=agent)["rememberConversation"]
+        assert ingest["status"] == "FAILED" and "ENGRAM_MODEL_BASE_URL" in ingest["error"]
+        # Memory needs no model: an operator seeds a record, lists it and deletes it.
+        seeded = run("Seed", id=agent)["addAgentMemory"]
+        listed = run("Memories", id=agent)["action"]["memories"]["nodes"]
+        assert [m["memoryId"] for m in listed] == [seeded["memoryId"]]
+        gone = run("Forget", id=agent, memory=seeded["memoryId"])["deleteAgentMemory"]
+        assert gone["status"] == "DELETED"
+
+
+def test_errors_answer_as_the_guide_says(db_url: str, embedder: StaticEmbedder):
+    """graphql.md's account of errors: each code, and the HTTP status of each refusal before a
+    request runs; a lookup of nothing answers null, a mutation or `node(id)` naming nothing or
+    another account's object NOT_FOUND."""
+    settings = db_settings(db_url, bootstrap_token=ADMIN_TOKEN)
+    named = dict(guide_examples())
+    with serving(settings, embedder) as url:
+
+        def refused(token: str, query: str, **variables: Any) -> tuple[int, str, str]:
+            response = post(url, token, query, variables)
+            body = response.json()
+            assert body["data"] is None, body
+            (error,) = body["errors"]
+            return response.status_code, error["extensions"]["code"], error["message"]
+
+        assert refused("not-a-token", "{ viewer { principal } }")[:2] == (401, "UNAUTHENTICATED")
+        status, code, message = refused(ADMIN_TOKEN, "{ actions(first: 0) { nodes { name } } }")
+        assert (status, code) == (200, "BAD_REQUEST")
+        assert message.startswith("`first` must be from 1 to 1000")
+        two = (
+            'mutation { a: createAccount(input: {name: "a"}) { name } '
+            'b: createAccount(input: {name: "b"}) { name } }'
+        )
+        assert refused(ADMIN_TOKEN, two)[:2] == (200, "BAD_REQUEST")
+        big = httpx.post(
+            f"{url}/graphql",
+            content=b'{"query": "' + b" " * settings.max_body_bytes + b'{ viewer { principal } }"}',
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"},
+            timeout=60,
+        )
+        assert (big.status_code, big.json()["errors"][0]["extensions"]["code"]) == (
+            413,
+            "BAD_REQUEST",
+        )
+        broken = httpx.post(
+            f"{url}/graphql",
+            content=b"{not json",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"},
+            timeout=60,
+        )
+        assert (broken.status_code, broken.json()["errors"][0]["extensions"]["code"]) == (
+            400,
+            "BAD_REQUEST",
+        )
+
+        # Another tenant, and its agent.
+        account = answer(url, ADMIN_TOKEN, {"query": named["NewTenant"]})["createAccount"][
+            "accountId"
+        ]
+        answer(
+            url, ADMIN_TOKEN, {"query": named["NewTenantAdmin"], "variables": {"account": account}}
+        )
+        tenant = answer(
+            url,
+            ADMIN_TOKEN,
+            {"query": named["TenantAdminToken"], "variables": {"account": account}},
+        )["createClientToken"]["token"]
+        theirs = answer(url, tenant, {"query": named["NewAgent"]})["createAction"]["actionId"]
+        their_id = answer(
+            url,
+            tenant,
+            {
+                "query": "query($a: UUID!) { action(actionId: $a) { id } }",
+                "variables": {"a": theirs},
+            },
+        )["action"]["id"]
+
+        nothing = str(uuid.uuid4())
+        lookups = """query($a: UUID!, $n: UUID!) {
+          a: action(actionId: $a) { name }
+          m: agentMemory(actionId: $a, id: $n) { summary }
+          e: execution(executionId: $n) { status }
+          c: client(principal: "nobody") { name }
+        }"""
+        for agent in (nothing, theirs):
+            found = answer(
+                url, ADMIN_TOKEN, {"query": lookups, "variables": {"a": agent, "n": nothing}}
+            )
+            assert found == {"a": None, "m": None, "e": None, "c": None}
+        ours = answer(url, ADMIN_TOKEN, curl_body(README))["createAction"]["actionId"]
+        memory = (
+            "query($a: UUID!, $n: UUID!) { action(actionId: $a) { memory(id: $n) { summary } } }"
+        )
+        found = answer(url, ADMIN_TOKEN, {"query": memory, "variables": {"a": ours, "n": nothing}})
+        assert found == {"action": {"memory": None}}
+        assert (
+            refused(ADMIN_TOKEN, "query($id: ID!) { node(id: $id) { id } }", id=their_id)[1]
+            == "NOT_FOUND"
+        )
+        assert refused(ADMIN_TOKEN, '{ node(id: "abc") { id } }')[1] == "BAD_REQUEST"
+        for agent in (nothing, theirs):
+            status, code, _ = refused(ADMIN_TOKEN, named["Forget"], id=agent, memory=nothing)
+            assert (status, code) == (200, "NOT_FOUND")
