@@ -288,6 +288,8 @@ def test_an_outage_is_logged_in_one_line_an_event_and_answered_unavailable(
         for line in text.splitlines():
             if " asyncpg.pool: " in line or "search maintenance failed" in line:
                 assert ": the database is unavailable (" in line, line
+        # The 503 request, as operations.md quotes it ("Health and logs").
+        assert re.search(r"WARNING app\.\S+: (database refused the request|unavailable at )", text)
 
         sleeper.kill()
         sleeper.wait()
