@@ -247,12 +247,7 @@ def _index_builds(settings: Settings, pool: Any) -> Any:
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
     from app.memory.maintenance import reorder, run_round
 
-    min_records = settings.agent_index_min_records
-    if args.min_records is not None:
-        if args.min_records < 1:
-            print("error: --min-records must be at least 1", file=sys.stderr)
-            return 2
-        min_records = args.min_records
+    min_records = args.min_records or settings.agent_index_min_records
 
     async def work() -> Any:
         async with _database(settings) as pool:
@@ -593,7 +588,10 @@ def parser() -> argparse.ArgumentParser:
         "(the service does it every ENGRAM_SEARCH_MAINTENANCE_SECONDS)",
     )
     maintain.add_argument(
-        "--min-records", type=int, help="index agents of this many records (default: settings)"
+        "--min-records",
+        type=_at_least(1),
+        help="index agents of this many records or more, at least 1 "
+        "(default: ENGRAM_AGENT_INDEX_MIN_RECORDS, 2000)",
     )
     maintain.add_argument(
         "--reorder",

@@ -17,6 +17,7 @@ from app.graphql.schema import build_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+ACCESS = ROOT / "docs" / "access.md"
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```graphql\n(.*?)^```", re.S | re.M)
 
@@ -164,6 +165,30 @@ def test_every_cli_default_is_in_its_help():
         and f"default: {action.default}" not in (action.help or "")
     ]
     assert missing == []
+
+
+def test_a_flag_whose_default_is_a_setting_names_it_in_its_help():
+    """access.md gives some flags a setting as their default (`--port PORT` (... default
+    `ENGRAM_PORT`, 8000)); the flag's --help says the same, with the setting's default."""
+    from app.config import Settings
+
+    flags = {
+        (command, option): action
+        for command, p in cli_commands()
+        for action in p._actions
+        for option in action.option_strings
+    }
+    wrong = []
+    for row in re.findall(r"^\| `engram ([a-z -]+)` \| (.*)$", ACCESS.read_text(), re.M):
+        command, cell = row
+        for flag, setting in re.findall(
+            r"`(--[a-z-]+)[^`]*` \([^)]*?default `(ENGRAM_[A-Z_]+)`", cell
+        ):
+            help = flags[(command.strip(), flag)].help or ""
+            default = Settings.model_fields[setting.removeprefix("ENGRAM_").lower()].default
+            if setting not in help or str(default) not in help:
+                wrong.append(f"engram {command.strip()} {flag}: {help!r}")
+    assert wrong == []
 
 
 # A setting named with the value it takes when unset, in prose ("`ENGRAM_PORT` (8000") or in a
