@@ -1,6 +1,8 @@
 # The Engram service image. It expects ENGRAM_DATABASE_URL (see docker-compose.yml); without it
-# the service would start its embedded PostgreSQL inside the container's data volume
-# (/var/lib/engram, declared below so that it outlives the container).
+# the service starts its embedded PostgreSQL inside the container's data volume
+# (/var/lib/engram, declared below so that it outlives the container), in development only
+# (production refuses the embedded database on 0.0.0.0), and needs `--shm-size=2g` for index
+# builds (ENGRAM_AGENT_INDEX_BUILD_MEMORY; Docker's /dev/shm is 64 MB).
 # Not built on the development machines (they have only a docker client); kept correct by review.
 FROM python:3.11-slim
 

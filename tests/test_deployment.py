@@ -2,6 +2,7 @@
 with the production checks, the image keeps its data in a volume, and introspection is a
 setting, for authenticated clients only."""
 
+import json
 import os
 import re
 from pathlib import Path
@@ -134,3 +135,43 @@ async def test_introspection_is_for_authenticated_clients_and_can_be_turned_off(
             page = await http.get("/graphql", headers={"accept": "text/html"})
             assert page.status_code == 200 and "GraphiQL" in page.text
             assert "introspection is turned off on this server" in page.text
+
+
+def test_the_image_and_compose_name_what_the_code_has():
+    """Read against the code, as docker cannot run here: the image installs the package alone
+    (no extra: tests, otel and minilm stay optional), runs `engram serve`, a command the CLI
+    has, exposes and publishes the port its ENGRAM_PORT names, probes /healthz, a route of the
+    app, on that port, and every ENGRAM_* variable the image and compose set is a setting."""
+    from app.cli import parser
+    from app.main import create_app
+
+    yaml = pytest.importorskip("yaml")
+    text = (ROOT / "Dockerfile").read_text()
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    engram = compose["services"]["engram"]
+    env = dockerfile_env()
+
+    installs = re.findall(r"pip install ([^\\&\n]+)", text)
+    assert [i.strip() for i in installs] == ["-e ."], installs
+    command = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
+    assert command[0] == "engram"
+    parser().parse_args(command[1:])  # exits on a command the CLI does not have
+    assert command[1:] == ["serve"]
+
+    port = env["ENGRAM_PORT"]
+    assert re.search(rf"^EXPOSE {port}$", text, re.M)
+    assert [p.split(":")[-1] for p in engram["ports"]] == [port]
+    routes = {getattr(r, "path", None) for r in create_app(Settings()).routes}
+    probes = [
+        re.search(r"HEALTHCHECK .*?CMD (.*)$", text, re.S | re.M)[1],
+        " ".join(engram["healthcheck"]["test"]),
+    ]
+    for probe in probes:
+        path = re.search(r"127\.0\.0\.1:(?:%s|(\d+))(/\w+)", probe)
+        assert path and path[2] in routes, probe
+        assert path[1] in (None, port), probe  # %s: ENGRAM_PORT, read in the probe
+
+    named = set(env) | {k for k in engram["environment"] if k.startswith("ENGRAM_")}
+    assert {
+        n for n in named if n.removeprefix("ENGRAM_").lower() not in Settings.model_fields
+    } == set()
