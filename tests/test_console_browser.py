@@ -330,8 +330,8 @@ async def test_a_reader_sees_no_delete_button_and_a_direct_delete_is_refused(db_
         await page.get_by_label("API token").fill("not-a-token")
         await page.get_by_label("API token").press("Enter")
         await expect(page.get_by_role("alert")).to_have_text(
-            "The server did not accept this token: the API token is not valid. Sign in again "
-            "with a valid token."
+            "The server did not accept this token: the API token is not valid (mistyped, "
+            "revoked, or its client deleted); ask for a new one. Sign in again with a valid token."
         )
         await sign_in(page, url, seeded["reader"])
         # No clients view for a token without the grant.

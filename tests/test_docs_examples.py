@@ -315,7 +315,9 @@ def test_errors_answer_as_the_guide_says(db_url: str, embedder: StaticEmbedder):
             (error,) = body["errors"]
             return response.status_code, error["extensions"]["code"], error["message"]
 
-        assert refused("not-a-token", "{ viewer { principal } }")[:2] == (401, "UNAUTHENTICATED")
+        status, code, message = refused("not-a-token", "{ viewer { principal } }")
+        assert (status, code) == (401, "UNAUTHENTICATED")
+        assert "ask for a new one" in message  # says what to do, as an expired token's does
         status, code, message = refused(ADMIN_TOKEN, "{ actions(first: 0) { nodes { name } } }")
         assert (status, code) == (200, "BAD_REQUEST")
         assert message.startswith("`first` must be from 1 to 1000")

@@ -67,7 +67,7 @@ async def test_a_token_revoked_through_this_process_is_refused_at_once(db_url, e
         token, token_id = await api.bot_token()
         assert await api.status(token) == (200, None)  # verified, and now kept
         await api.admin(REVOKE, p="bot", t=token_id)
-        assert await api.status(token) == (401, "the API token is not valid")
+        assert await api.status(token) == (401, service.NOT_VALID)
 
     await with_api(db_url, embedder, test)
 
@@ -85,7 +85,7 @@ async def test_changed_policies_and_a_deleted_client_apply_to_the_next_request(d
         await api.admin(UPDATE_CLIENT, p="bot", input={"policies": []})
         assert not await may_read_clients()
         await api.admin(DELETE_CLIENT, p="bot")
-        assert await api.status(token) == (401, "the API token is not valid")
+        assert await api.status(token) == (401, service.NOT_VALID)
 
     await with_api(db_url, embedder, test)
 
@@ -98,7 +98,7 @@ async def test_a_token_revoked_elsewhere_is_refused_within_the_bound(db_url, emb
         async with state.pool.acquire() as conn:
             await conn.execute("DELETE FROM client_tokens WHERE token_id = $1", token_id)
         await asyncio.sleep(verified.VERIFIED_SECONDS + 0.1)
-        assert await api.status(token) == (401, "the API token is not valid")
+        assert await api.status(token) == (401, service.NOT_VALID)
 
     await with_api(db_url, embedder, test)
 

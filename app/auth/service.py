@@ -152,6 +152,12 @@ class IssuedToken:
     info: TokenInfo
 
 
+# Said of a token no client holds: what may be wrong, and what to do (as for an expired one).
+NOT_VALID = (
+    "the API token is not valid (mistyped, revoked, or its client deleted); ask for a new one"
+)
+
+
 async def authenticate(
     pool: asyncpg.Pool, authorization: str | None, *, recent: bool = False
 ) -> Caller:
@@ -180,7 +186,7 @@ async def _verify(
         if row is not None and not row["expired"] and row["stale"]:
             await store.touch_token(conn, row["account_id"], token_hash)
     if row is None:
-        raise Unauthenticated("the API token is not valid")
+        raise Unauthenticated(NOT_VALID)
     if row["expired"]:
         raise Unauthenticated(
             f"the API token expired at {row['expires'].isoformat()}; ask for a new one"
