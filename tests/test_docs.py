@@ -469,3 +469,22 @@ def test_every_error_code_is_explained_and_every_quoted_one_exists():
         if code and code != "CODE"
     }
     assert quoted and quoted <= set(CODES), quoted - set(CODES)
+
+
+def test_every_file_and_function_the_docs_name_exists():
+    """A path the docs name in code (`app/runtime/review.py`, `bench/history.py`) is a file or
+    folder of the repository, and `app/memory/review.rerank` a function of that module."""
+    missing = []
+    for doc in DOCS:
+        for named in set(
+            re.findall(r"`((?:app|bench|tests|migrations)/[\w./-]+)`", doc.read_text())
+        ):
+            path = ROOT / named.rstrip("/")
+            if path.exists():
+                continue
+            module, _, name = named.rpartition(".")
+            source = ROOT / f"{module}.py"
+            if source.exists() and re.search(rf"^(async )?def {name}\b", source.read_text(), re.M):
+                continue
+            missing.append(f"{_ids(doc)}: {named}")
+    assert missing == []
