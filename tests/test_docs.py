@@ -9,6 +9,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from graphql import parse, validate
@@ -488,3 +489,43 @@ def test_every_file_and_function_the_docs_name_exists():
                 continue
             missing.append(f"{_ids(doc)}: {named}")
     assert missing == []
+
+
+# An operation as the prose writes it: `deleteClient(principal, accountId, expectedModified)`,
+# `Action.searchMemories(query, first)`,
+# `executeAction(input: {actionId, replayOf: <executionId>})`.
+_SIGNATURE = re.compile(r"`(?:(\w+)\.)?(\w+)\((\w+: \{[^}`]*\}|[\w, ]*)\)")
+
+
+def test_every_operation_signature_in_the_prose_matches_the_schema():
+    """The arguments (and input fields) the prose gives an operation are the schema's."""
+    from graphql import get_named_type
+
+    schema = build_schema()._schema
+    fields: dict[str, list[tuple[str, Any]]] = {}
+    for type_name, kind in schema.type_map.items():
+        for name, field in (
+            getattr(kind, "fields", {}).items() if not type_name.startswith("__") else ()
+        ):
+            if hasattr(field, "args"):
+                fields.setdefault(name, []).append((type_name.lower(), field))
+    wrong = []
+    for doc in DOCS:
+        for owner, name, args in _SIGNATURE.findall(re.sub(r"\s+", " ", doc.read_text())):
+            candidates = [f for t, f in fields.get(name, ()) if not owner or t == owner.lower()]
+            if not candidates:
+                continue  # not an operation of the schema (a tool, a Python function)
+            nested = re.fullmatch(r"(\w+): \{(.*)\}", args)
+            words = [a.split(":")[0].strip() for a in (nested[2] if nested else args).split(",")]
+            words = [w for w in words if w and w != "..."]
+            fits = False
+            for field in candidates:
+                if nested:
+                    arg = field.args.get(nested[1])
+                    known = set(get_named_type(arg.type).fields) if arg else set()
+                else:
+                    known = set(field.args)
+                fits = fits or set(words) <= known
+            if not fits:
+                wrong.append(f"{_ids(doc)}: {owner + '.' if owner else ''}{name}({args})")
+    assert wrong == []
