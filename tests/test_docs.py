@@ -1,8 +1,11 @@
 """The documentation works from a fresh clone (issue 16): every relative link in README.md,
 bench/README.md and docs/*.md resolves to a file in the repository (and its #anchor to a
-heading), nothing points outside it (`../shared`, `/work/`), every ```graphql example
-parses and validates against the service's schema, and every setting's documented default is
-the one app/config.py takes."""
+heading), nothing points outside it (`../shared`, `/work/`), every ```graphql example (and
+every curl example's query) parses and validates against the service's schema, and what the docs
+say of the code is the code's: each setting's default, bounds and choices (app/config.py), each
+`engram` command and flag they show, each harness and model example, each operation's arguments
+as the prose writes them, each error code, and each file and function they name. Running the
+examples against a served app is tests/test_docs_examples.py's."""
 
 import argparse
 import re
