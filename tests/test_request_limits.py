@@ -451,3 +451,11 @@ async def test_a_body_that_does_not_arrive_in_time_is_refused_and_its_buffer_let
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408"), answer
         assert b"ENGRAM_BODY_TIMEOUT_SECONDS" in body and b"BAD_REQUEST" in body, answer
+    # Counted under its error code, as the README says of engram_requests_total, not its status.
+    watcher = await token_for(
+        state, admin, "watcher", allow(["SELECT"], "financial.Deployment.metrics")
+    )
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        metrics = (await http.get("/metrics", headers={"Authorization": f"Bearer {watcher}"})).text
+    assert 'engram_requests_total{code="BAD_REQUEST",operation="-"} 1.0' in metrics, metrics
+    assert "HTTP_408" not in metrics

@@ -24,13 +24,18 @@ HEADER = "x-request-id"
 _WELL_FORMED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # A request whose client closed the connection before sending its body whole.
 CLIENT_CLOSED = 499
-# Refusals answered before GraphQL runs, by HTTP status.
+# Refusals answered before GraphQL runs, by HTTP status: each the code its body carries (a body
+# too slow, 408, is BAD_REQUEST; a token check rolled back past the lock bound, 409, CONFLICT),
+# so engram_requests_total's `code` is always OK, an error code or CLIENT_CLOSED.
 _STATUS_CODES = {
     400: "BAD_REQUEST",
     401: "UNAUTHENTICATED",
     403: "ACCESS_DENIED",
+    408: "BAD_REQUEST",
+    409: "CONFLICT",
     413: "BAD_REQUEST",
     429: "TOO_MANY_REQUESTS",
+    500: "INTERNAL",
     503: "UNAVAILABLE",
 }
 
