@@ -175,3 +175,26 @@ def test_the_image_and_compose_name_what_the_code_has():
     assert {
         n for n in named if n.removeprefix("ENGRAM_").lower() not in Settings.model_fields
     } == set()
+
+
+def test_the_image_healthcheck_passes_on_a_serving_app_and_fails_without(db_url, embedder):
+    """The image's HEALTHCHECK command, run as docker runs it (a shell, the image's
+    ENGRAM_PORT), exits 0 while the service serves and non-zero once nothing answers."""
+    import shlex
+    import subprocess
+    import sys
+
+    text = (ROOT / "Dockerfile").read_text()
+    command = re.search(r"HEALTHCHECK .*?\n\s+CMD (.*)$", text, re.M)[1]
+    argv = shlex.split(command)
+    assert argv[0] == "python"
+    argv[0] = sys.executable
+
+    def probe(port: str) -> int:
+        env = {**os.environ, "ENGRAM_PORT": port}
+        return subprocess.run(argv, env=env, capture_output=True, timeout=30).returncode
+
+    with serving(db_settings(db_url), embedder) as url:
+        port = url.rsplit(":", 1)[1]
+        assert probe(port) == 0
+    assert probe(port) != 0
