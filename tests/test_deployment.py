@@ -97,6 +97,9 @@ def test_compose_restarts_the_service_and_waits_for_a_database_that_serves_tcp()
     assert engram["restart"] == db["restart"] == "unless-stopped"
     assert "-h 127.0.0.1" in " ".join(db["healthcheck"]["test"])
     assert engram["depends_on"]["db"]["condition"] == "service_healthy"
+    # Time for running turns to finish when stopped (a model call may take its timeout).
+    grace = engram["stop_grace_period"]
+    assert grace.endswith("m") and int(grace[:-1]) * 60 >= Settings().model_timeout_seconds
     # Room in /dev/shm for an index build of the default build memory.
     build = Settings.model_fields["agent_index_build_memory"].default
     assert build.endswith("GB") and db["shm_size"].endswith("gb")
@@ -198,3 +201,45 @@ def test_the_image_healthcheck_passes_on_a_serving_app_and_fails_without(db_url,
         port = url.rsplit(":", 1)[1]
         assert probe(port) == 0
     assert probe(port) != 0
+
+
+def test_sigterm_lets_a_running_turn_finish(db_url, model_server, tmp_path):
+    """operations.md: once it serves, SIGTERM stops `engram serve` gracefully, taking no new
+    requests and finishing those running, turns included (why compose gives it stop time)."""
+    import signal
+    import threading
+
+    from helpers import wait_until
+    from servers import Served, clean_env, free_port, post_graphql
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = clean_env(
+        database_url=db_url,
+        port=str(port),
+        bootstrap_token=TOKEN,
+        model_base_url=model_server.url,
+        search_maintenance_seconds="0",
+    )
+    served = Served(env, tmp_path / "serve.log")
+    try:
+        served.wait_healthy(url)
+        create = 'mutation { createAction(input: {name: "slow"}) { actionId } }'
+        agent = post_graphql(url, TOKEN, create)["createAction"]["actionId"]
+        model_server.say("done at last", delay=3)
+        turn = (
+            'mutation($a: UUID!) { executeAction(input: {actionId: $a, input: "hi"}) '
+            "{ status output } }"
+        )
+        answers: list[dict] = []
+        running = threading.Thread(
+            target=lambda: answers.append(post_graphql(url, TOKEN, turn, a=agent)), daemon=True
+        )
+        running.start()
+        wait_until(lambda: model_server.chat_requests(), "the turn's model call", 30, every=0.05)
+        served.proc.send_signal(signal.SIGTERM)
+        running.join(timeout=60)
+        assert answers == [{"executeAction": {"status": "SUCCEEDED", "output": "done at last"}}]
+        served.proc.wait(timeout=60)
+    finally:
+        served.kill()
