@@ -781,3 +781,78 @@ async def test_a_session_id_or_name_the_api_refuses_is_refused(state, admin, sec
             edited(lines, index, **{column: value}),
             f"line {index + 1}: .* not valid .*{said}",
         )
+
+
+async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(
+    state, admin, second
+):
+    # A NUL or a lone surrogate anywhere in a row (a column, a JSON value or key inside one),
+    # or a number JSON has not: refused before anything is written, not by PostgreSQL after
+    # the rows before it were (which named neither the line nor the place).
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    execution, last = first(lines, "execution"), len(lines) - 1
+    nan = json.loads(lines[last])
+    nan["row"]["metadata"] = {"n": float("nan")}
+    for changed, said in [
+        (edited(lines, execution, input={"x": "a\x00b"}), "input.x contains a NUL character"),
+        (edited(lines, execution, error="a\x00"), "error contains a NUL character"),
+        (edited(lines, last, metadata={"\udc00": 1}), "a key in metadata contains a lone"),
+        (edited(lines, last, labels={"5": "c-\ud800"}), "labels.5 contains a lone UTF-16"),
+        ([*lines[:last], json.dumps(nan)], "metadata.n is nan: numbers must be finite"),
+    ]:
+        index = next(i for i, (a, b) in enumerate(zip(lines, changed, strict=True)) if a != b)
+        await refused(
+            second, target_admin.account_id, changed, f"line {index + 1}: .* not valid .*{said}"
+        )
+
+
+async def test_a_row_postgresql_would_refuse_is_refused_before_any_is_written(state, admin, second):
+    # The last row (a record's, written last) is checked as PostgreSQL stores it, its types and
+    # checks, with the others: a refusal names its line and leaves nothing half imported.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    for column, value, said in [
+        ("memory_id", "not-a-uuid", 'invalid input syntax for type uuid: "not-a-uuid"'),
+        ("status", "EXPLODED", 'violates check constraint "agent_memories_status_check"'),
+        ("scope", None, 'null value in column "scope"'),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, last, **{column: value}),
+            f"line {last + 1}: its memory row is not valid \\(.*{said}",
+        )
+
+
+async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, admin, second):
+    # A key twice: the write kept the first and counted the other as already there, whatever
+    # it held. A row before those it names (a session after the executions in it): refused by
+    # PostgreSQL once the rows before it were written.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    other = json.loads(lines[last])
+    other["row"]["summary"] = "never said"
+    memory_id = other["row"]["memory_id"]
+    for twice in (json.dumps(other), lines[last]):
+        await refused(
+            second,
+            target_admin.account_id,
+            [*lines, twice],
+            f"line {last + 2}: its memory row has the key of line {last + 1}'s "
+            f"\\(memory {memory_id}\\)",
+        )
+    session = first(lines, "session")
+    late = [*lines[:session], *lines[session + 1 :], lines[session]]
+    await refused(
+        second,
+        target_admin.account_id,
+        late,
+        f"line {len(lines)}: a session row after memory rows; an export holds its rows in the "
+        "order action, action_version, session,",
+    )

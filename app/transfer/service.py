@@ -42,7 +42,7 @@ from app.memory import store as memory_store
 from app.memory.service import check_content, check_summary
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.scope import check_session_id
-from app.text import is_storable
+from app.text import check_json, is_storable
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 
@@ -163,13 +163,13 @@ async def import_file(
                 raise NotFound(f"account {account_id} not found")
             recorded = await embeddings_store.recorded_model(conn)
             catalog = {t.kind: await store.columns(conn, t.name) for t in TABLES}
-        for _ in _rows(read(), header, catalog):
-            pass
+        copied = bool(
+            header.get("embeddings") and recorded is not None and header["embedder"] == recorded
+        )
+        await _check_file(pool, _rows(read(), header, catalog), copied, batch_rows)
         embedder: Embedder | None = None
         result = ImportResult()
-        if not (
-            header.get("embeddings") and recorded is not None and header["embedder"] == recorded
-        ):
+        if not copied:
             # Embedded again with this deployment's model (which the database records, or will).
             embedder = await open_embedder()
             await ensure_model(pool, embedder, VECTOR_COLUMNS)
@@ -181,7 +181,7 @@ async def import_file(
                 try:
                     table: Table | None = None
                     batch: list[dict[str, Any]] = []
-                    for kind, row in _rows(read(), header, catalog):
+                    for kind, row, _ in _rows(read(), header, catalog):
                         if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
                             assert table is not None
                             await importer.submit(table, batch)
@@ -233,9 +233,66 @@ def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[st
     return again
 
 
+async def _check_file(
+    pool: asyncpg.Pool,
+    rows: Iterator[tuple[str, dict[str, Any], int]],
+    copied: bool,
+    batch_rows: int,
+) -> None:
+    """Every row as `_rows` checks it, no key twice (the write would keep the first and skip
+    the other as already there), and every row as PostgreSQL would store it (its types and
+    checks, `store.check_rows`), so that a file refused for a row writes nothing. `copied`:
+    whether the file's vectors are stored (else they are replaced, and not checked)."""
+    seen: dict[tuple[str, ...], int] = {}
+    batch: list[tuple[dict[str, Any], int]] = []
+
+    async def check(conn: asyncpg.Connection, table: Table) -> None:
+        columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
+        if await store.check_rows(conn, table, json.dumps([r for r, _ in batch]), columns) is None:
+            return
+        for row, number in batch:  # which one: each alone
+            error = await store.check_rows(conn, table, json.dumps([row]), columns)
+            if error is not None:
+                raise BadInput(f"line {number}: its {table.kind} row is not valid ({error})")
+
+    async with pool.acquire() as conn:
+        checking = conn.transaction()
+        await checking.start()
+        try:
+            await store.check_tables(conn)
+            table: Table | None = None
+            for kind, row, number in rows:
+                if table is not None and TABLES.index(BY_KIND[kind]) < TABLES.index(table):
+                    order = ", ".join(t.kind for t in TABLES)
+                    raise BadInput(
+                        f"line {number}: a {kind} row after {table.kind} rows; an export holds "
+                        f"its rows in the order {order} (the file was edited)"
+                    )
+                key = (kind, *(str(row.get(k)) for k in BY_KIND[kind].key))
+                earlier = seen.setdefault(key, number)
+                if earlier != number:
+                    raise BadInput(
+                        f"line {number}: its {kind} row has the key of line {earlier}'s "
+                        f"({_noun(BY_KIND[kind], row)}): the file was edited"
+                    )
+                if table is not None and (kind != table.kind or len(batch) >= batch_rows):
+                    await check(conn, table)
+                    batch = []
+                table = BY_KIND[kind]
+                batch.append((row, number))
+            if table is not None and batch:
+                await check(conn, table)
+        finally:
+            await checking.rollback()  # the copies the rows were checked in go with it
+
+
+def _noun(table: Table, row: dict[str, Any]) -> str:
+    return _NOUNS[table.name].format(**{k: row.get(k) for k in table.key})
+
+
 def _rows(
     lines: Iterator[str], header: dict[str, Any], catalog: dict[str, dict[str, str]]
-) -> Iterator[tuple[str, dict[str, Any]]]:
+) -> Iterator[tuple[str, dict[str, Any], int]]:
     """The rows after the header, by type, each checked (`_check_row`) against the columns of
     its table (`catalog`: their types by type of row)."""
     action_id = UUID(header["actionId"])
@@ -259,7 +316,7 @@ def _rows(
                 "before it (the file was edited); every row of a type has the same"
             )
         _check_row(kind, row, number, action_id=action_id, types=catalog[kind])
-        yield kind, row
+        yield kind, row, number
 
 
 # The counters that go on from an imported row (a session's turns, a record's or an agent's
@@ -276,6 +333,8 @@ def _check_row(
     try:
         if "account_id" in row:
             raise ValueError("it names an account: an export's rows name none")
+        # Text PostgreSQL cannot hold (a NUL, a lone surrogate), numbers JSON has not (NaN).
+        check_json(row, "the row")
         agent = row.get("action_id")
         if not isinstance(agent, str) or UUID(agent) != action_id:
             raise ValueError(f"action_id is {agent!r}, not the exported agent {action_id}")
