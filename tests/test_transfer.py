@@ -856,3 +856,23 @@ async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, adm
         f"line {len(lines)}: a session row after memory rows; an export holds its rows in the "
         "order action, action_version, session,",
     )
+
+
+async def test_label_values_and_metadata_the_api_would_refuse_are_refused(state, admin, second):
+    # The API takes label values of 1 to 512 bytes (filters match them exactly) and metadata of
+    # at most 16 KiB as JSON; an edited file is held to the same.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    for column, value, said in [
+        ("labels", {"5": "v" * 513}, "labels.5 is 513 bytes; a label value is 1 to 512 bytes"),
+        ("labels", {"6": ""}, "labels.6 is 0 bytes"),
+        ("metadata", {"k": "m" * 20_000}, "metadata is 20009 bytes as JSON; at most 16384"),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, last, **{column: value}),
+            f"line {last + 1}: its memory row is not valid \\({said}",
+        )

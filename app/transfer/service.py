@@ -40,7 +40,12 @@ from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
 from app.memory import store as memory_store
-from app.memory.service import check_content, check_summary
+from app.memory.service import (
+    MAX_LABEL_VALUE_BYTES,
+    check_content,
+    check_metadata,
+    check_summary,
+)
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.scope import check_session_id
 from app.text import check_json, is_storable
@@ -385,6 +390,13 @@ def _check_row(
                 for key, value in labels.items()
             ):
                 raise ValueError("labels are not text values by label number (5 to 18)")
+            for key, value in labels.items():
+                if not 0 < len(value.encode()) <= MAX_LABEL_VALUE_BYTES:
+                    raise ValueError(
+                        f"labels.{key} is {len(value.encode())} bytes; a label value is 1 to "
+                        f"{MAX_LABEL_VALUE_BYTES} bytes"
+                    )
+            check_metadata(row.get("metadata"))
             # The API's rules for a record's text: one line of summary, bounded text.
             summary, content = row.get("summary"), row.get("content")
             if not isinstance(summary, str) or not isinstance(content, str | None):
