@@ -876,3 +876,26 @@ async def test_label_values_and_metadata_the_api_would_refuse_are_refused(state,
             edited(lines, last, **{column: value}),
             f"line {last + 1}: its memory row is not valid \\({said}",
         )
+
+
+async def test_cli_import_names_the_line_of_a_byte_that_is_not_utf8(state, admin, second, tmp_path):
+    # A decoding error named a byte of the block being decoded (some thousands into it), not
+    # of the file; the file or standard input is refused naming the line, writing nothing.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    env = clean_env(database_url=second.settings.database_url_value())
+    last = len(lines) - 1
+    data = ("\n".join(lines) + "\n").encode()
+    cut = data.rindex(b'"summary"')  # in the last line, well past the first 8 KiB block
+    assert cut > 20_000
+    damaged = data[:cut] + b"\xff" + data[cut:]
+    path = tmp_path / "damaged.jsonl"
+    path.write_bytes(damaged)
+    said = f"line {last + 1} is not UTF-8 text (character "
+    for command, stdin in [(["import", str(path)], None), (["import", "-"], damaged)]:
+        done = subprocess.run(
+            [*engram_command(), *command], env=env, input=stdin, capture_output=True
+        )
+        assert done.returncode == 2 and said in done.stderr.decode(), done.stderr
+        assert "Traceback" not in done.stderr.decode()
+    assert set((await table_counts(second)).values()) == {0}

@@ -120,7 +120,24 @@ class ImportResult:
     missing: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
+# A byte that is not UTF-8, as a file read with errors="surrogateescape" holds it (a valid
+# file decodes to no surrogate: JSON writes one escaped).
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def _utf8(line: str, number: int) -> str:
+    found = _NOT_UTF8.search(line)
+    if found is not None:
+        raise BadInput(
+            f"line {number} is not UTF-8 text (character {found.start() + 1} of the line): "
+            "the file is damaged, or was saved in another encoding"
+        )
+    return line
+
+
 def _header(line: str | None) -> dict[str, Any]:
+    if line is not None:
+        _utf8(line, 1)
     try:
         header = json.loads(line) if line else None
     except ValueError:
@@ -226,7 +243,7 @@ def _rereadable(lines: Iterable[str]) -> Iterator[Callable[[], Iterator[str]]]:
     elif isinstance(lines, io.TextIOBase) and lines.seekable():
         yield _from(lines, lines.tell())
     else:
-        with tempfile.TemporaryFile("w+", encoding="utf-8") as copy:
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as copy:
             copy.writelines(lines)
             yield _from(copy, 0)
 
@@ -307,7 +324,7 @@ def _rows(
     for number, line in enumerate(lines, start=2):
         if not line.strip():
             continue
-        kind, row = _parse(line, number)
+        kind, row = _parse(_utf8(line, number), number)
         if kind not in columns:
             unknown = [c for c in row if c not in catalog[kind] and c != "account_id"]
             if unknown:
