@@ -899,3 +899,23 @@ async def test_cli_import_names_the_line_of_a_byte_that_is_not_utf8(state, admin
         assert done.returncode == 2 and said in done.stderr.decode(), done.stderr
         assert "Traceback" not in done.stderr.decode()
     assert set((await table_counts(second)).values()) == {0}
+
+
+async def test_a_record_replacing_another_agents_record_is_refused(state, admin, second):
+    # An edited file would have a record replace, or be replaced by, a record of another agent
+    # of the account it is imported into (one the file does not hold may be in the part of a
+    # file cut short that is not there: test_an_interrupted_import_continues).
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    other = await make_agent(second, target_admin, name="other")
+    (foreign,) = await turn(second, other, steps=[NewMemory("another agent's", "fact")])
+    last, version = len(lines) - 1, first(lines, "memory_version")
+    for index, column in [(last, "replaces"), (version, "replaced_by")]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: str(foreign.memory_id)}),
+            f"line {index + 1}: .* not valid \\({column} names record {foreign.memory_id}, "
+            "which is another agent's",
+        )

@@ -189,7 +189,14 @@ async def import_file(
         copied = bool(
             header.get("embeddings") and recorded is not None and header["embedder"] == recorded
         )
-        await _check_file(pool, _rows(read(), header, catalog), copied, batch_rows)
+        await _check_file(
+            pool,
+            account_id,
+            UUID(header["actionId"]),
+            _rows(read(), header, catalog),
+            copied,
+            batch_rows,
+        )
         embedder: Embedder | None = None
         result = ImportResult()
         if not copied:
@@ -258,6 +265,8 @@ def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[st
 
 async def _check_file(
     pool: asyncpg.Pool,
+    account_id: UUID,
+    action_id: UUID,
     rows: Iterator[tuple[str, dict[str, Any], int]],
     copied: bool,
     batch_rows: int,
@@ -268,6 +277,10 @@ async def _check_file(
     whether the file's vectors are stored (else they are replaced, and not checked)."""
     seen: dict[tuple[str, ...], int] = {}
     batch: list[tuple[dict[str, Any], int]] = []
+    # A record replaces, and is replaced by, records of its own agent: the records the file
+    # has, and where each record is first named.
+    records: set[UUID] = set()
+    named: dict[UUID, tuple[int, str, str]] = {}
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
@@ -303,10 +316,40 @@ async def _check_file(
                     batch = []
                 table = BY_KIND[kind]
                 batch.append((row, number))
+                if kind in ("memory", "memory_version"):
+                    _note_records(row, number, kind, records, named)
             if table is not None and batch:
                 await check(conn, table)
+            # One the file does not hold may be in its part not written yet (a file cut short
+            # imports what it holds), never another agent's.
+            elsewhere = [m for m in named if m not in records]
+            foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
+            if foreign is not None:
+                number, kind, column = named[foreign]
+                raise BadInput(
+                    f"line {number}: its {kind} row is not valid ({column} names record "
+                    f"{foreign}, which is another agent's: a record replaces, and is replaced "
+                    "by, records of its own agent only)"
+                )
         finally:
             await checking.rollback()  # the copies the rows were checked in go with it
+
+
+def _note_records(
+    row: dict[str, Any],
+    number: int,
+    kind: str,
+    records: set[UUID],
+    named: dict[UUID, tuple[int, str, str]],
+) -> None:
+    try:
+        records.add(UUID(row["memory_id"]))
+        for column in ("replaces", "replaced_by"):
+            if row.get(column) is not None:
+                named.setdefault(UUID(row[column]), (number, kind, column))
+    except (KeyError, TypeError, ValueError):
+        # Not IDs: the row's check in its table's copy refuses it, naming it.
+        pass
 
 
 def _noun(table: Table, row: dict[str, Any]) -> str:

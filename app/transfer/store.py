@@ -281,6 +281,24 @@ async def check_rows(
     return None
 
 
+async def other_agents_record(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, memory_ids: Sequence[UUID]
+) -> UUID | None:
+    """The first of these records that is another agent's in the account, if any."""
+    if not memory_ids:
+        return None
+    return await conn.fetchval(
+        """
+        SELECT memory_id FROM agent_memories
+        WHERE account_id = $1 AND memory_id = any($2::uuid[]) AND action_id <> $3
+        LIMIT 1
+        """,
+        account_id,
+        list(memory_ids),
+        action_id,
+    )
+
+
 async def unversioned(conn: asyncpg.Connection, account_id: UUID, rows_json: str) -> UUID | None:
     """The first of these memory rows (a JSON array) whose current version has no version
     row in the account: a file cut short or edited (every write records its version)."""
