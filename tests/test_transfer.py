@@ -919,3 +919,20 @@ async def test_a_record_replacing_another_agents_record_is_refused(state, admin,
             f"line {index + 1}: .* not valid \\({column} names record {foreign.memory_id}, "
             "which is another agent's",
         )
+
+
+async def test_an_agent_whose_current_version_the_file_lacks_is_refused(state, admin, second):
+    # Every read of an agent is of its current version: one no version row has would leave the
+    # agent imported but never listed nor found, and a second import refused as a conflict.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    action = first(lines, "action")
+    for version in (7, 0):
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, action, current_version=version),
+            f"line {action + 1}: its action row is not valid \\(current_version is {version}, "
+            "a version no action_version row of this export has",
+        )

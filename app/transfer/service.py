@@ -193,6 +193,7 @@ async def import_file(
             pool,
             account_id,
             UUID(header["actionId"]),
+            header["counts"],
             _rows(read(), header, catalog),
             copied,
             batch_rows,
@@ -267,6 +268,7 @@ async def _check_file(
     pool: asyncpg.Pool,
     account_id: UUID,
     action_id: UUID,
+    expected: dict[str, int],
     rows: Iterator[tuple[str, dict[str, Any], int]],
     copied: bool,
     batch_rows: int,
@@ -281,6 +283,10 @@ async def _check_file(
     # has, and where each record is first named.
     records: set[UUID] = set()
     named: dict[UUID, tuple[int, str, str]] = {}
+    # The agent's current version (and its line), and the versions the file has: every read of
+    # the agent is of its current version, so one the file lacks would hide the agent.
+    current: tuple[Any, int] | None = None
+    versions: set[Any] = set()
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
@@ -318,8 +324,19 @@ async def _check_file(
                 batch.append((row, number))
                 if kind in ("memory", "memory_version"):
                     _note_records(row, number, kind, records, named)
+                elif kind == "action":
+                    current = (row.get("current_version"), number)
+                elif kind == "action_version":
+                    versions.add(row.get("version"))
             if table is not None and batch:
                 await check(conn, table)
+            # (A file cut short before all of the agent's versions imports what it holds.)
+            whole = len(versions) >= expected.get("action_version", 0)
+            if current is not None and whole and current[0] not in versions:
+                raise BadInput(
+                    f"line {current[1]}: its action row is not valid (current_version is "
+                    f"{current[0]}, a version no action_version row of this export has)"
+                )
             # One the file does not hold may be in its part not written yet (a file cut short
             # imports what it holds), never another agent's.
             elsewhere = [m for m in named if m not in records]
