@@ -936,3 +936,33 @@ async def test_an_agent_whose_current_version_the_file_lacks_is_refused(state, a
             f"line {action + 1}: its action row is not valid \\(current_version is {version}, "
             "a version no action_version row of this export has",
         )
+
+
+async def test_a_transcript_event_of_no_execution_of_the_file_is_refused(state, admin, second):
+    # Refused by its foreign key only once the rows before it were written; now by its line.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    execution = json.loads(lines[first(lines, "execution")])["row"]
+    event = {
+        "action_id": execution["action_id"],
+        "execution_id": execution["execution_id"],
+        "sequence": 1,
+        "invocation_number": 1,
+        "type": "turn.input",
+        "data": {"text": "hello"},
+        "created": execution["created"],
+    }
+    at = first(lines, "memory_version")
+    stray = {**event, "execution_id": str(uuid.uuid4())}
+    changed = [*lines[:at], json.dumps({"type": "transcript_event", "row": stray}), *lines[at:]]
+    await refused(
+        second,
+        target_admin.account_id,
+        changed,
+        f"line {at + 1}: its transcript_event row is not valid \\(execution_id "
+        f"{stray['execution_id']} is no execution of this export",
+    )
+    # The same event of an execution the file has is imported.
+    kept = [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]]
+    assert (await load(second, target_admin.account_id, kept)).by_type["transcript_event"] == 1

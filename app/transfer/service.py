@@ -287,6 +287,7 @@ async def _check_file(
     # the agent is of its current version, so one the file lacks would hide the agent.
     current: tuple[Any, int] | None = None
     versions: set[Any] = set()
+    executions: set[str] = set()  # a transcript's events follow its execution
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
@@ -328,6 +329,15 @@ async def _check_file(
                     current = (row.get("current_version"), number)
                 elif kind == "action_version":
                     versions.add(row.get("version"))
+                elif kind == "execution":
+                    executions.add(str(row.get("execution_id")).lower())
+                elif kind == "transcript_event":
+                    execution_id = row.get("execution_id")
+                    if str(execution_id).lower() not in executions:
+                        raise BadInput(
+                            f"line {number}: its transcript_event row is not valid "
+                            f"(execution_id {execution_id} is no execution of this export)"
+                        )
             if table is not None and batch:
                 await check(conn, table)
             # (A file cut short before all of the agent's versions imports what it holds.)
