@@ -966,3 +966,24 @@ async def test_a_transcript_event_of_no_execution_of_the_file_is_refused(state, 
     # The same event of an execution the file has is imported.
     kept = [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]]
     assert (await load(second, target_admin.account_id, kept)).by_type["transcript_event"] == 1
+
+
+async def test_two_records_replacing_one_are_refused_writing_nothing(state, admin, second):
+    # A record has one successor (and one preview record naming it): PostgreSQL refused the
+    # second by a unique index once the batches before it were written.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    memories = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    rows = {i: json.loads(lines[i])["row"] for i in memories}
+    successor = next(i for i in memories if rows[i]["replaces"] and not rows[i]["preview"])
+    other = next(i for i in memories if not rows[i]["replaces"] and not rows[i]["preview"])
+    replaced = rows[successor]["replaces"]
+    later, earlier = max(successor, other), min(successor, other)
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, other, replaces=replaced),
+        f"line {later + 1}: its memory row is not valid \\(it replaces record {replaced}, as the "
+        f"record of line {earlier + 1} does",
+    )

@@ -288,6 +288,9 @@ async def _check_file(
     current: tuple[Any, int] | None = None
     versions: set[Any] = set()
     executions: set[str] = set()  # a transcript's events follow its execution
+    # A record has at most one successor, and one preview record naming it (as PostgreSQL
+    # holds it: a unique index on the records it would refuse the second by, once written).
+    successors: dict[tuple[str, bool], int] = {}
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
@@ -325,6 +328,16 @@ async def _check_file(
                 batch.append((row, number))
                 if kind in ("memory", "memory_version"):
                     _note_records(row, number, kind, records, named)
+                if kind == "memory" and row.get("replaces") is not None:
+                    replaces = str(row["replaces"]).lower()
+                    earlier = successors.setdefault((replaces, bool(row.get("preview"))), number)
+                    if earlier != number:
+                        raise BadInput(
+                            f"line {number}: its memory row is not valid (it replaces record "
+                            f"{row['replaces']}, as the {'preview ' * bool(row.get('preview'))}"
+                            f"record of line {earlier} does: a record has one successor, and "
+                            "one preview record naming it)"
+                        )
                 elif kind == "action":
                     current = (row.get("current_version"), number)
                 elif kind == "action_version":
