@@ -590,9 +590,9 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
-    # A record whose current version's row the file lacks would have no history: its batch
-    # is refused, and nothing of it is stored (a row refused below stores nothing at all:
-    # every row is checked before any is written).
+    # A record whose current version's row the file lacks would have no history: it is
+    # refused by its line, and nothing is stored (as for every row refused below: every row is
+    # checked before any is written).
     current = next(json.loads(x)["row"] for x in lines if json.loads(x)["type"] == "memory")
     unversioned = [
         line
@@ -602,10 +602,13 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
         != (current["memory_id"], current["version"])
     ]
     assert len(unversioned) == len(lines) - 1
-    with pytest.raises(BadInput, match=f"memory {current['memory_id']} has no row for its"):
-        await load(second, target_admin.account_id, unversioned)
-    async with second.pool.acquire() as conn:
-        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+    at = next(i for i, x in enumerate(unversioned) if json.loads(x)["type"] == "memory")
+    await refused(
+        second,
+        target_admin.account_id,
+        unversioned,
+        f"line {at + 1}: memory {current['memory_id']} has no row for its current version",
+    )
     with pytest.raises(BadInput, match="line 3 is not JSON"):
         await load(second, target_admin.account_id, [lines[0], lines[1], lines[2][:20]])
     action = json.loads(lines[1])

@@ -291,6 +291,7 @@ async def _check_file(
     # A record has at most one successor, and one preview record naming it (as PostgreSQL
     # holds it: a unique index on the records it would refuse the second by, once written).
     successors: dict[tuple[str, bool], int] = {}
+    held: set[tuple[str, Any]] = set()  # the record versions the file has: (record, version)
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
@@ -328,6 +329,16 @@ async def _check_file(
                 batch.append((row, number))
                 if kind in ("memory", "memory_version"):
                     _note_records(row, number, kind, records, named)
+                if kind == "memory_version":
+                    held.add((str(row.get("memory_id")).lower(), row.get("version")))
+                elif kind == "memory" and (
+                    (str(row.get("memory_id")).lower(), row.get("version")) not in held
+                ):
+                    raise BadInput(
+                        f"line {number}: memory {row.get('memory_id')} has no row for its current "
+                        f"version ({row.get('version')}) in this export (the file is cut short or "
+                        "edited): its history would be empty"
+                    )
                 if kind == "memory" and row.get("replaces") is not None:
                     replaces = str(row["replaces"]).lower()
                     earlier = successors.setdefault((replaces, bool(row.get("preview"))), number)
