@@ -295,12 +295,23 @@ async def _check_file(
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
-        if await store.check_rows(conn, table, json.dumps([r for r, _ in batch]), columns) is None:
-            return
-        for row, number in batch:  # which one: each alone
-            error = await store.check_rows(conn, table, json.dumps([row]), columns)
-            if error is not None:
-                raise BadInput(f"line {number}: its {table.kind} row is not valid ({error})")
+        refused = await store.check_rows(conn, table, json.dumps([r for r, _ in batch]), columns)
+        if refused is not None:
+            for row, number in batch:  # which one: each alone
+                error = await store.check_rows(conn, table, json.dumps([row]), columns)
+                if error is not None:
+                    raise BadInput(f"line {number}: its {table.kind} row is not valid ({error})")
+            raise BadInput(  # none alone: the batch together (its size)
+                f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not valid "
+                f"together ({refused}); import with a smaller --batch-size"
+            )
+        for row, number in batch if table.kind == "memory" else ():
+            if (str(row["memory_id"]).lower(), row["version"]) not in held:
+                raise BadInput(
+                    f"line {number}: memory {row['memory_id']} has no row for its current "
+                    f"version ({row['version']}) in this export (the file is cut short or "
+                    "edited): its history would be empty"
+                )
 
     async with pool.acquire() as conn:
         checking = conn.transaction()
@@ -331,14 +342,6 @@ async def _check_file(
                     _note_records(row, number, kind, records, named)
                 if kind == "memory_version":
                     held.add((str(row.get("memory_id")).lower(), row.get("version")))
-                elif kind == "memory" and (
-                    (str(row.get("memory_id")).lower(), row.get("version")) not in held
-                ):
-                    raise BadInput(
-                        f"line {number}: memory {row.get('memory_id')} has no row for its current "
-                        f"version ({row.get('version')}) in this export (the file is cut short or "
-                        "edited): its history would be empty"
-                    )
                 if kind == "memory" and row.get("replaces") is not None:
                     replaces = str(row["replaces"]).lower()
                     earlier = successors.setdefault((replaces, bool(row.get("preview"))), number)
