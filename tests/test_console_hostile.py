@@ -60,6 +60,13 @@ async def test_hostile_text_in_every_field_shows_as_text_and_runs_nothing(db_url
             i={"principal": "hostile", "name": ONE_LINE, "policies": READER},
         )
         await sign_in(page, url, ADMIN)
+        # The token is kept in the tab's session storage only: in no address, cookie or
+        # long-lived storage.
+        kept = await page.evaluate(
+            "[location.href, document.cookie, JSON.stringify(localStorage),"
+            " JSON.stringify(sessionStorage)]"
+        )
+        assert ADMIN not in kept[0] + kept[1] + kept[2] and ADMIN in kept[3]
         session = quote(ONE_LINE, safe="")  # as the console's links encode it
 
         pages = [
