@@ -264,6 +264,116 @@ def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[st
     return again
 
 
+@dataclass
+class _Across:
+    """What a row is checked against in the rows before it: each key once, the export's order
+    of types, and what rows of other types it names."""
+
+    seen: dict[tuple[str, ...], int] = field(default_factory=dict)  # each row's key: its line
+    kinds: int = 0  # the place in TABLES of the type of the rows so far
+    # The agent's current version (and its line), and the versions the file has: every read of
+    # the agent is of its current version, so one the file lacks would hide the agent.
+    current: tuple[Any, int] | None = None
+    versions: set[Any] = field(default_factory=set)
+    executions: set[str] = field(default_factory=set)  # a transcript's events follow them
+    held: set[tuple[str, Any]] = field(default_factory=set)  # record versions: (record, version)
+    # A record replaces, and is replaced by, records of its own agent: the records the file
+    # has, and where each record is first named.
+    records: set[UUID] = field(default_factory=set)
+    named: dict[UUID, tuple[int, str, str]] = field(default_factory=dict)
+    # A record has one successor, and one preview record naming it (a unique index, which
+    # refused the second only once the batches before it were written): (record, preview).
+    successors: dict[tuple[str, bool], int] = field(default_factory=dict)
+
+    def row(self, kind: str, row: dict[str, Any], number: int) -> None:
+        table = BY_KIND[kind]
+        if TABLES.index(table) < self.kinds:
+            order = ", ".join(t.kind for t in TABLES)
+            raise BadInput(
+                f"line {number}: a {kind} row after {TABLES[self.kinds].kind} rows; an export "
+                f"holds its rows in the order {order} (the file was edited)"
+            )
+        self.kinds = TABLES.index(table)
+        earlier = self.seen.setdefault((kind, *(str(row.get(k)) for k in table.key)), number)
+        if earlier != number:
+            raise BadInput(
+                f"line {number}: its {kind} row has the key of line {earlier}'s "
+                f"({_noun(table, row)}): the file was edited"
+            )
+        if kind == "action":
+            self.current = (row.get("current_version"), number)
+        elif kind == "action_version":
+            self.versions.add(row.get("version"))
+        elif kind == "execution":
+            self.executions.add(str(row.get("execution_id")).lower())
+        elif kind == "transcript_event":
+            if str(row.get("execution_id")).lower() not in self.executions:
+                raise BadInput(
+                    f"line {number}: its transcript_event row is not valid (execution_id "
+                    f"{row.get('execution_id')} is no execution of this export)"
+                )
+        elif kind in ("memory", "memory_version"):
+            self._record(kind, row, number)
+
+    def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
+        if kind == "memory_version":
+            self.held.add((str(row.get("memory_id")).lower(), row.get("version")))
+        try:
+            self.records.add(UUID(row["memory_id"]))
+            for column in ("replaces", "replaced_by"):
+                if row.get(column) is not None:
+                    self.named.setdefault(UUID(row[column]), (number, kind, column))
+        except (KeyError, TypeError, ValueError):
+            pass  # not IDs: the row's check in its table's copy refuses it, naming it
+        if kind == "memory" and row.get("replaces") is not None:
+            preview = bool(row.get("preview"))
+            key = (str(row["replaces"]).lower(), preview)
+            earlier = self.successors.setdefault(key, number)
+            if earlier != number:
+                raise BadInput(
+                    f"line {number}: its memory row is not valid (it replaces record "
+                    f"{row['replaces']}, as the {'preview ' * preview}record of line {earlier} "
+                    "does: a record has one successor, and one preview record naming it)"
+                )
+
+    def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
+        """After the batch's rows passed PostgreSQL's checks (so their columns are there)."""
+        for row, number in batch if table.kind == "memory" else ():
+            if (str(row["memory_id"]).lower(), row["version"]) not in self.held:
+                raise BadInput(
+                    f"line {number}: memory {row['memory_id']} has no row for its current "
+                    f"version ({row['version']}) in this export (the file is cut short or "
+                    "edited): its history would be empty"
+                )
+
+    async def end(
+        self,
+        conn: asyncpg.Connection,
+        account_id: UUID,
+        action_id: UUID,
+        expected: dict[str, int],
+    ) -> None:
+        # A file cut short before all of the agent's versions imports what it holds.
+        whole = len(self.versions) >= expected.get("action_version", 0)
+        if self.current is not None and whole and self.current[0] not in self.versions:
+            version, number = self.current
+            raise BadInput(
+                f"line {number}: its action row is not valid (current_version is {version}, a "
+                "version no action_version row of this export has)"
+            )
+        # A record the file does not hold may be in its part not written yet (a file cut short
+        # imports what it holds), never another agent's.
+        elsewhere = [m for m in self.named if m not in self.records]
+        foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
+        if foreign is not None:
+            number, kind, column = self.named[foreign]
+            raise BadInput(
+                f"line {number}: its {kind} row is not valid ({column} names record {foreign}, "
+                "which is another agent's: a record replaces, and is replaced by, records of "
+                "its own agent only)"
+            )
+
+
 async def _check_file(
     pool: asyncpg.Pool,
     account_id: UUID,
@@ -273,25 +383,12 @@ async def _check_file(
     copied: bool,
     batch_rows: int,
 ) -> None:
-    """Every row as `_rows` checks it, no key twice (the write would keep the first and skip
-    the other as already there), and every row as PostgreSQL would store it (its types and
-    checks, `store.check_rows`), so that a file refused for a row writes nothing. `copied`:
+    """Every row as `_rows` checks it, against the rows before it (`_Across`), and as
+    PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
+    that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
     whether the file's vectors are stored (else they are replaced, and not checked)."""
-    seen: dict[tuple[str, ...], int] = {}
+    across = _Across()
     batch: list[tuple[dict[str, Any], int]] = []
-    # A record replaces, and is replaced by, records of its own agent: the records the file
-    # has, and where each record is first named.
-    records: set[UUID] = set()
-    named: dict[UUID, tuple[int, str, str]] = {}
-    # The agent's current version (and its line), and the versions the file has: every read of
-    # the agent is of its current version, so one the file lacks would hide the agent.
-    current: tuple[Any, int] | None = None
-    versions: set[Any] = set()
-    executions: set[str] = set()  # a transcript's events follow its execution
-    # A record has at most one successor, and one preview record naming it (as PostgreSQL
-    # holds it: a unique index on the records it would refuse the second by, once written).
-    successors: dict[tuple[str, bool], int] = {}
-    held: set[tuple[str, Any]] = set()  # the record versions the file has: (record, version)
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
@@ -305,13 +402,7 @@ async def _check_file(
                 f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not valid "
                 f"together ({refused}); import with a smaller --batch-size"
             )
-        for row, number in batch if table.kind == "memory" else ():
-            if (str(row["memory_id"]).lower(), row["version"]) not in held:
-                raise BadInput(
-                    f"line {number}: memory {row['memory_id']} has no row for its current "
-                    f"version ({row['version']}) in this export (the file is cut short or "
-                    "edited): its history would be empty"
-                )
+        across.stored(table, batch)
 
     async with pool.acquire() as conn:
         checking = conn.transaction()
@@ -320,90 +411,17 @@ async def _check_file(
             await store.check_tables(conn)
             table: Table | None = None
             for kind, row, number in rows:
-                if table is not None and TABLES.index(BY_KIND[kind]) < TABLES.index(table):
-                    order = ", ".join(t.kind for t in TABLES)
-                    raise BadInput(
-                        f"line {number}: a {kind} row after {table.kind} rows; an export holds "
-                        f"its rows in the order {order} (the file was edited)"
-                    )
-                key = (kind, *(str(row.get(k)) for k in BY_KIND[kind].key))
-                earlier = seen.setdefault(key, number)
-                if earlier != number:
-                    raise BadInput(
-                        f"line {number}: its {kind} row has the key of line {earlier}'s "
-                        f"({_noun(BY_KIND[kind], row)}): the file was edited"
-                    )
+                across.row(kind, row, number)
                 if table is not None and (kind != table.kind or len(batch) >= batch_rows):
                     await check(conn, table)
                     batch = []
                 table = BY_KIND[kind]
                 batch.append((row, number))
-                if kind in ("memory", "memory_version"):
-                    _note_records(row, number, kind, records, named)
-                if kind == "memory_version":
-                    held.add((str(row.get("memory_id")).lower(), row.get("version")))
-                if kind == "memory" and row.get("replaces") is not None:
-                    replaces = str(row["replaces"]).lower()
-                    earlier = successors.setdefault((replaces, bool(row.get("preview"))), number)
-                    if earlier != number:
-                        raise BadInput(
-                            f"line {number}: its memory row is not valid (it replaces record "
-                            f"{row['replaces']}, as the {'preview ' * bool(row.get('preview'))}"
-                            f"record of line {earlier} does: a record has one successor, and "
-                            "one preview record naming it)"
-                        )
-                elif kind == "action":
-                    current = (row.get("current_version"), number)
-                elif kind == "action_version":
-                    versions.add(row.get("version"))
-                elif kind == "execution":
-                    executions.add(str(row.get("execution_id")).lower())
-                elif kind == "transcript_event":
-                    execution_id = row.get("execution_id")
-                    if str(execution_id).lower() not in executions:
-                        raise BadInput(
-                            f"line {number}: its transcript_event row is not valid "
-                            f"(execution_id {execution_id} is no execution of this export)"
-                        )
             if table is not None and batch:
                 await check(conn, table)
-            # (A file cut short before all of the agent's versions imports what it holds.)
-            whole = len(versions) >= expected.get("action_version", 0)
-            if current is not None and whole and current[0] not in versions:
-                raise BadInput(
-                    f"line {current[1]}: its action row is not valid (current_version is "
-                    f"{current[0]}, a version no action_version row of this export has)"
-                )
-            # One the file does not hold may be in its part not written yet (a file cut short
-            # imports what it holds), never another agent's.
-            elsewhere = [m for m in named if m not in records]
-            foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
-            if foreign is not None:
-                number, kind, column = named[foreign]
-                raise BadInput(
-                    f"line {number}: its {kind} row is not valid ({column} names record "
-                    f"{foreign}, which is another agent's: a record replaces, and is replaced "
-                    "by, records of its own agent only)"
-                )
+            await across.end(conn, account_id, action_id, expected)
         finally:
             await checking.rollback()  # the copies the rows were checked in go with it
-
-
-def _note_records(
-    row: dict[str, Any],
-    number: int,
-    kind: str,
-    records: set[UUID],
-    named: dict[UUID, tuple[int, str, str]],
-) -> None:
-    try:
-        records.add(UUID(row["memory_id"]))
-        for column in ("replaces", "replaced_by"):
-            if row.get(column) is not None:
-                named.setdefault(UUID(row[column]), (number, kind, column))
-    except (KeyError, TypeError, ValueError):
-        # Not IDs: the row's check in its table's copy refuses it, naming it.
-        pass
 
 
 def _noun(table: Table, row: dict[str, Any]) -> str:
