@@ -990,3 +990,30 @@ async def test_two_records_replacing_one_are_refused_writing_nothing(state, admi
         f"line {later + 1}: its memory row is not valid \\(it replaces record {replaced}, as the "
         f"record of line {earlier + 1} does",
     )
+
+
+async def test_an_agent_or_record_behind_its_own_latest_version_is_refused(state, admin, second):
+    # An agent whose current_version is below a version the file has (a record likewise) would
+    # be imported, and its next change refused: that change's version is already taken.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    action = first(lines, "action")
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, action, current_version=1),
+        f"line {action + 1}: its action row is not valid \\(current_version is 1, but this "
+        "export has its version 2",
+    )
+    memories = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    rows = {i: json.loads(lines[i])["row"] for i in memories}
+    behind = next(i for i in memories if rows[i]["version"] > 1)
+    memory_id = rows[behind]["memory_id"]
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, behind, version=1),
+        f"line {behind + 1}: memory {memory_id} is at version 1, but this export has its "
+        f"version {rows[behind]['version']}",
+    )

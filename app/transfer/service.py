@@ -277,6 +277,7 @@ class _Across:
     versions: set[Any] = field(default_factory=set)
     executions: set[str] = field(default_factory=set)  # a transcript's events follow them
     held: set[tuple[str, Any]] = field(default_factory=set)  # record versions: (record, version)
+    latest: dict[str, int] = field(default_factory=dict)  # each record's last version held
     # A record replaces, and is replaced by, records of its own agent: the records the file
     # has, and where each record is first named.
     records: set[UUID] = field(default_factory=set)
@@ -317,7 +318,10 @@ class _Across:
 
     def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
         if kind == "memory_version":
-            self.held.add((str(row.get("memory_id")).lower(), row.get("version")))
+            memory_id, version = str(row.get("memory_id")).lower(), row.get("version")
+            self.held.add((memory_id, version))
+            if isinstance(version, int):
+                self.latest[memory_id] = max(version, self.latest.get(memory_id, version))
         try:
             self.records.add(UUID(row["memory_id"]))
             for column in ("replaces", "replaced_by"):
@@ -339,11 +343,18 @@ class _Across:
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
         """After the batch's rows passed PostgreSQL's checks (so their columns are there)."""
         for row, number in batch if table.kind == "memory" else ():
-            if (str(row["memory_id"]).lower(), row["version"]) not in self.held:
+            memory_id, version = str(row["memory_id"]).lower(), row["version"]
+            if (memory_id, version) not in self.held:
                 raise BadInput(
                     f"line {number}: memory {row['memory_id']} has no row for its current "
-                    f"version ({row['version']}) in this export (the file is cut short or "
-                    "edited): its history would be empty"
+                    f"version ({version}) in this export (the file is cut short or edited): its "
+                    "history would be empty"
+                )
+            if version < self.latest[memory_id]:
+                raise BadInput(
+                    f"line {number}: memory {row['memory_id']} is at version {version}, but "
+                    f"this export has its version {self.latest[memory_id]} (the file was "
+                    "edited): its next change would be refused as that version's"
                 )
 
     async def end(
@@ -355,12 +366,20 @@ class _Across:
     ) -> None:
         # A file cut short before all of the agent's versions imports what it holds.
         whole = len(self.versions) >= expected.get("action_version", 0)
-        if self.current is not None and whole and self.current[0] not in self.versions:
+        if self.current is not None and whole:
             version, number = self.current
-            raise BadInput(
-                f"line {number}: its action row is not valid (current_version is {version}, a "
-                "version no action_version row of this export has)"
-            )
+            if version not in self.versions:
+                raise BadInput(
+                    f"line {number}: its action row is not valid (current_version is {version}, "
+                    "a version no action_version row of this export has)"
+                )
+            last = max(v for v in self.versions if isinstance(v, int))
+            if version < last:
+                raise BadInput(
+                    f"line {number}: its action row is not valid (current_version is {version}, "
+                    f"but this export has its version {last}: its next version would be refused "
+                    "as that one)"
+                )
         # A record the file does not hold may be in its part not written yet (a file cut short
         # imports what it holds), never another agent's.
         elsewhere = [m for m in self.named if m not in self.records]
