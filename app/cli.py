@@ -3,6 +3,7 @@
 import argparse
 import asyncio
 import gc
+import io
 import json
 import logging
 import os
@@ -433,11 +434,16 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[TextIO]:
     written beside it first and takes its name only when the work succeeds: a failed export
     leaves a file already there as it was. A link is followed (it stays a link); what is not a
     file (a FIFO, a device such as /dev/stdout) is written straight into."""
+    # Read, a byte that is not UTF-8 becomes a lone surrogate, which the import names by line
+    # (a decoding error names a byte of the block being decoded, not of the file).
+    errors = "strict" if "w" in mode else "surrogateescape"
     if path in (None, "-"):
+        if "w" not in mode and isinstance(sys.stdin, io.TextIOWrapper):
+            sys.stdin.reconfigure(errors=errors)
         yield sys.stdout if "w" in mode else sys.stdin
         return
     if "w" not in mode or (os.path.exists(path) and not os.path.isfile(path)):
-        with open(path, mode, encoding="utf-8") as f:
+        with open(path, mode, encoding="utf-8", errors=errors) as f:
             yield f
         return
     target = Path(path).resolve()

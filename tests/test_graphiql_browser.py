@@ -109,3 +109,61 @@ async def test_graphiql_without_introspection_says_why_and_still_runs_queries(db
             shot = screenshot_path("graphiql-introspection-off.png")
             await page.screenshot(path=str(shot))
             print(f"GraphiQL screenshot: {shot}")
+
+
+async def test_graphiql_shows_markup_in_answers_and_errors_as_text(db_url, embedder):
+    """A record's summary and an error that echoes what was sent, both markup: GraphiQL shows
+    them in its editor as text; nothing of them becomes an element or runs."""
+    import httpx
+
+    chromium()
+    from playwright.async_api import expect
+
+    expect.set_options(timeout=20_000)
+    markup = '<img src=x onerror="window.pwned=1"></script><script>window.pwned=2</script>'
+    settings = db_settings(db_url, bootstrap_token=TOKEN)
+    with serving(settings, embedder) as url:
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"})
+        harness = {"memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}}
+        agent = api.post(
+            "/graphql",
+            json={
+                "query": "mutation($i: ActionInput!) { createAction(input: $i) { actionId } }",
+                "variables": {"i": {"name": "hostile", "harness": harness}},
+            },
+        ).json()["data"]["createAction"]["actionId"]
+        added = api.post(
+            "/graphql",
+            json={
+                "query": "mutation($a: UUID!, $i: AgentMemoryInput!) { addAgentMemory("
+                "actionId: $a, input: $i) { memoryId } }",
+                "variables": {"a": agent, "i": {"summary": markup, "kind": "fact"}},
+            },
+        ).json()
+        assert "errors" not in added, added
+        async with offline_browser(url) as browser:
+            page = await browser.page(height=760)
+            await page.goto(url + "/graphql")
+            await page.get_by_label("API token").fill(TOKEN)
+            await page.get_by_role("button", name="Use token").click()
+            editor = page.locator(".graphiql-query-editor .CodeMirror")
+            response = page.locator(".graphiql-response")
+            for query, shown in [
+                (
+                    f'{{ action(actionId: "{agent}") {{ memories(first: 1) {{ nodes {{ summary }}'
+                    " } } }",
+                    "window.pwned=2",
+                ),
+                # Not an ID: the error says what was sent (a GraphQL string: no quotes in it).
+                (f'{{ action(actionId: "{markup.replace(chr(34), "")}") {{ name }} }}', "onerror"),
+            ]:
+                await editor.evaluate("(e, q) => e.CodeMirror.setValue(q)", query)
+                await page.locator(".graphiql-execute-button").click()
+                await expect(response).to_contain_text(shown)
+                elements = await page.evaluate(
+                    "document.querySelectorAll('.graphiql-container img, "
+                    ".graphiql-container script').length"
+                )
+                assert elements == 0
+                assert await page.evaluate("window.pwned") is None
+    assert browser.elsewhere == []

@@ -1244,3 +1244,33 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
     assert named[events["late"]] is named[events["late user"]] is None  # read through its event
     visible = ("user", "other", "broken", "late user")
     assert {r["event_id"] for r in seen} == {events[k] for k in visible}
+
+
+async def test_h15_ids_reach_no_other_sessions_events_and_bad_arguments_are_told(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """`ids` reads no further than a search: another session's event named by its ID is not
+    returned; an ID twice (or in capitals) reads the event once; what is not an ID, and a
+    limit out of bounds, are refused with a message the model can act on, and the turn goes
+    on."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    assert (await run(gql, admin, action_id, "Order 5511 shipped."))["status"] == "SUCCEEDED"
+    assert (await run(gql, admin, action_id, "Kiwi 777.", session="s2"))["status"] == "SUCCEEDED"
+    _, mine = await searched(model_server, gql, admin, action_id, {"query": "order 5511"})
+    _, theirs = await searched(
+        model_server, gql, admin, action_id, {"query": "kiwi 777"}, session="s2"
+    )
+    own, other = mine["output"]["events"][0]["id"], theirs["output"]["events"][0]["id"]
+
+    _, read = await searched(model_server, gql, admin, action_id, {"ids": [other]})
+    assert read["output"]["events"] == [] and "Kiwi" not in texts(read)
+    _, read = await searched(model_server, gql, admin, action_id, {"ids": [own, own.upper()]})
+    assert [e["id"] for e in read["output"]["events"]] == [own]
+    for arguments, said in [
+        ({"ids": ["order-5511"]}, "ids[] must be an event ID (a UUID such as 3f2a...), got"),
+        ({"ids": [own] * (history_search.MAX_IDS + 1)}, "ids must be a list of at most"),
+        ({"query": "order", "limit": -1}, "limit must be an integer from 1 to"),
+        ({"query": "order", "limit": 10**12}, "limit must be an integer from 1 to"),
+    ]:
+        _, refused = await searched(model_server, gql, admin, action_id, arguments)
+        assert refused["error"].startswith(said), refused

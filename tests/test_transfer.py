@@ -590,9 +590,9 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
-    # A record whose current version's row the file lacks would have no history: its batch
-    # is refused, and nothing of it is stored (a row refused below stores nothing at all:
-    # every row is checked before any is written).
+    # A record whose current version's row the file lacks would have no history: it is
+    # refused by its line, and nothing is stored (as for every row refused below: every row is
+    # checked before any is written).
     current = next(json.loads(x)["row"] for x in lines if json.loads(x)["type"] == "memory")
     unversioned = [
         line
@@ -602,10 +602,13 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
         != (current["memory_id"], current["version"])
     ]
     assert len(unversioned) == len(lines) - 1
-    with pytest.raises(BadInput, match=f"memory {current['memory_id']} has no row for its"):
-        await load(second, target_admin.account_id, unversioned)
-    async with second.pool.acquire() as conn:
-        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+    at = next(i for i, x in enumerate(unversioned) if json.loads(x)["type"] == "memory")
+    await refused(
+        second,
+        target_admin.account_id,
+        unversioned,
+        f"line {at + 1}: memory {current['memory_id']} has no row for its current version",
+    )
     with pytest.raises(BadInput, match="line 3 is not JSON"):
         await load(second, target_admin.account_id, [lines[0], lines[1], lines[2][:20]])
     action = json.loads(lines[1])
@@ -781,3 +784,236 @@ async def test_a_session_id_or_name_the_api_refuses_is_refused(state, admin, sec
             edited(lines, index, **{column: value}),
             f"line {index + 1}: .* not valid .*{said}",
         )
+
+
+async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(
+    state, admin, second
+):
+    # A NUL or a lone surrogate anywhere in a row (a column, a JSON value or key inside one),
+    # or a number JSON has not: refused before anything is written, not by PostgreSQL after
+    # the rows before it were (which named neither the line nor the place).
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    execution, last = first(lines, "execution"), len(lines) - 1
+    nan = json.loads(lines[last])
+    nan["row"]["metadata"] = {"n": float("nan")}
+    for changed, said in [
+        (edited(lines, execution, input={"x": "a\x00b"}), "input.x contains a NUL character"),
+        (edited(lines, execution, error="a\x00"), "error contains a NUL character"),
+        (edited(lines, last, metadata={"\udc00": 1}), "a key in metadata contains a lone"),
+        (edited(lines, last, labels={"5": "c-\ud800"}), "labels.5 contains a lone UTF-16"),
+        ([*lines[:last], json.dumps(nan)], "metadata.n is nan: numbers must be finite"),
+    ]:
+        index = next(i for i, (a, b) in enumerate(zip(lines, changed, strict=True)) if a != b)
+        await refused(
+            second, target_admin.account_id, changed, f"line {index + 1}: .* not valid .*{said}"
+        )
+
+
+async def test_a_row_postgresql_would_refuse_is_refused_before_any_is_written(state, admin, second):
+    # The last row (a record's, written last) is checked as PostgreSQL stores it, its types and
+    # checks, with the others: a refusal names its line and leaves nothing half imported.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    for column, value, said in [
+        ("memory_id", "not-a-uuid", 'invalid input syntax for type uuid: "not-a-uuid"'),
+        ("status", "EXPLODED", 'violates check constraint "agent_memories_status_check"'),
+        ("scope", None, 'null value in column "scope"'),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, last, **{column: value}),
+            f"line {last + 1}: its memory row is not valid \\(.*{said}",
+        )
+
+
+async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, admin, second):
+    # A key twice: the write kept the first and counted the other as already there, whatever
+    # it held. A row before those it names (a session after the executions in it): refused by
+    # PostgreSQL once the rows before it were written.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    other = json.loads(lines[last])
+    other["row"]["summary"] = "never said"
+    memory_id = other["row"]["memory_id"]
+    for twice in (json.dumps(other), lines[last]):
+        await refused(
+            second,
+            target_admin.account_id,
+            [*lines, twice],
+            f"line {last + 2}: its memory row has the key of line {last + 1}'s "
+            f"\\(memory {memory_id}\\)",
+        )
+    session = first(lines, "session")
+    late = [*lines[:session], *lines[session + 1 :], lines[session]]
+    await refused(
+        second,
+        target_admin.account_id,
+        late,
+        f"line {len(lines)}: a session row after memory rows; an export holds its rows in the "
+        "order action, action_version, session,",
+    )
+
+
+async def test_label_values_and_metadata_the_api_would_refuse_are_refused(state, admin, second):
+    # The API takes label values of 1 to 512 bytes (filters match them exactly) and metadata of
+    # at most 16 KiB as JSON; an edited file is held to the same.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    for column, value, said in [
+        ("labels", {"5": "v" * 513}, "labels.5 is 513 bytes; a label value is 1 to 512 bytes"),
+        ("labels", {"6": ""}, "labels.6 is 0 bytes"),
+        ("metadata", {"k": "m" * 20_000}, "metadata is 20009 bytes as JSON; at most 16384"),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, last, **{column: value}),
+            f"line {last + 1}: its memory row is not valid \\({said}",
+        )
+
+
+async def test_cli_import_names_the_line_of_a_byte_that_is_not_utf8(state, admin, second, tmp_path):
+    # A decoding error named a byte of the block being decoded (some thousands into it), not
+    # of the file; the file or standard input is refused naming the line, writing nothing.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    env = clean_env(database_url=second.settings.database_url_value())
+    last = len(lines) - 1
+    data = ("\n".join(lines) + "\n").encode()
+    cut = data.rindex(b'"summary"')  # in the last line, well past the first 8 KiB block
+    assert cut > 20_000
+    damaged = data[:cut] + b"\xff" + data[cut:]
+    path = tmp_path / "damaged.jsonl"
+    path.write_bytes(damaged)
+    said = f"line {last + 1} is not UTF-8 text (character "
+    for command, stdin in [(["import", str(path)], None), (["import", "-"], damaged)]:
+        done = subprocess.run(
+            [*engram_command(), *command], env=env, input=stdin, capture_output=True
+        )
+        assert done.returncode == 2 and said in done.stderr.decode(), done.stderr
+        assert "Traceback" not in done.stderr.decode()
+    assert set((await table_counts(second)).values()) == {0}
+
+
+async def test_a_record_replacing_another_agents_record_is_refused(state, admin, second):
+    # An edited file would have a record replace, or be replaced by, a record of another agent
+    # of the account it is imported into (one the file does not hold may be in the part of a
+    # file cut short that is not there: test_an_interrupted_import_continues).
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    other = await make_agent(second, target_admin, name="other")
+    (foreign,) = await turn(second, other, steps=[NewMemory("another agent's", "fact")])
+    last, version = len(lines) - 1, first(lines, "memory_version")
+    for index, column in [(last, "replaces"), (version, "replaced_by")]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: str(foreign.memory_id)}),
+            f"line {index + 1}: .* not valid \\({column} names record {foreign.memory_id}, "
+            "which is another agent's",
+        )
+
+
+async def test_an_agent_whose_current_version_the_file_lacks_is_refused(state, admin, second):
+    # Every read of an agent is of its current version: one no version row has would leave the
+    # agent imported but never listed nor found, and a second import refused as a conflict.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    action = first(lines, "action")
+    for version in (7, 0):
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, action, current_version=version),
+            f"line {action + 1}: its action row is not valid \\(current_version is {version}, "
+            "a version no action_version row of this export has",
+        )
+
+
+async def test_a_transcript_event_of_no_execution_of_the_file_is_refused(state, admin, second):
+    # Refused by its foreign key only once the rows before it were written; now by its line.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    execution = json.loads(lines[first(lines, "execution")])["row"]
+    event = {
+        "action_id": execution["action_id"],
+        "execution_id": execution["execution_id"],
+        "sequence": 1,
+        "invocation_number": 1,
+        "type": "turn.input",
+        "data": {"text": "hello"},
+        "created": execution["created"],
+    }
+    at = first(lines, "memory_version")
+    stray = {**event, "execution_id": str(uuid.uuid4())}
+    changed = [*lines[:at], json.dumps({"type": "transcript_event", "row": stray}), *lines[at:]]
+    await refused(
+        second,
+        target_admin.account_id,
+        changed,
+        f"line {at + 1}: its transcript_event row is not valid \\(execution_id "
+        f"{stray['execution_id']} is no execution of this export",
+    )
+    # The same event of an execution the file has is imported.
+    kept = [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]]
+    assert (await load(second, target_admin.account_id, kept)).by_type["transcript_event"] == 1
+
+
+async def test_two_records_replacing_one_are_refused_writing_nothing(state, admin, second):
+    # A record has one successor (and one preview record naming it): PostgreSQL refused the
+    # second by a unique index once the batches before it were written.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    memories = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    rows = {i: json.loads(lines[i])["row"] for i in memories}
+    successor = next(i for i in memories if rows[i]["replaces"] and not rows[i]["preview"])
+    other = next(i for i in memories if not rows[i]["replaces"] and not rows[i]["preview"])
+    replaced = rows[successor]["replaces"]
+    later, earlier = max(successor, other), min(successor, other)
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, other, replaces=replaced),
+        f"line {later + 1}: its memory row is not valid \\(it replaces record {replaced}, as the "
+        f"record of line {earlier + 1} does",
+    )
+
+
+async def test_an_agent_or_record_behind_its_own_latest_version_is_refused(state, admin, second):
+    # An agent whose current_version is below a version the file has (a record likewise) would
+    # be imported, and its next change refused: that change's version is already taken.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    action = first(lines, "action")
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, action, current_version=1),
+        f"line {action + 1}: its action row is not valid \\(current_version is 1, but this "
+        "export has its version 2",
+    )
+    memories = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    rows = {i: json.loads(lines[i])["row"] for i in memories}
+    behind = next(i for i in memories if rows[i]["version"] > 1)
+    memory_id = rows[behind]["memory_id"]
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, behind, version=1),
+        f"line {behind + 1}: memory {memory_id} is at version 1, but this export has its "
+        f"version {rows[behind]['version']}",
+    )

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import io
 import json
+import re
 import reprlib
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -39,10 +40,15 @@ from app.embeddings.base import Embedder
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
 from app.memory import store as memory_store
-from app.memory.service import check_content, check_summary
+from app.memory.service import (
+    MAX_LABEL_VALUE_BYTES,
+    check_content,
+    check_metadata,
+    check_summary,
+)
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.scope import check_session_id
-from app.text import is_storable
+from app.text import check_json, is_storable
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 
@@ -114,7 +120,24 @@ class ImportResult:
     missing: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
+# A byte that is not UTF-8, as a file read with errors="surrogateescape" holds it (a valid
+# file decodes to no surrogate: JSON writes one escaped).
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def _utf8(line: str, number: int) -> str:
+    found = _NOT_UTF8.search(line)
+    if found is not None:
+        raise BadInput(
+            f"line {number} is not UTF-8 text (character {found.start() + 1} of the line): "
+            "the file is damaged, or was saved in another encoding"
+        )
+    return line
+
+
 def _header(line: str | None) -> dict[str, Any]:
+    if line is not None:
+        _utf8(line, 1)
     try:
         header = json.loads(line) if line else None
     except ValueError:
@@ -163,13 +186,21 @@ async def import_file(
                 raise NotFound(f"account {account_id} not found")
             recorded = await embeddings_store.recorded_model(conn)
             catalog = {t.kind: await store.columns(conn, t.name) for t in TABLES}
-        for _ in _rows(read(), header, catalog):
-            pass
+        copied = bool(
+            header.get("embeddings") and recorded is not None and header["embedder"] == recorded
+        )
+        await _check_file(
+            pool,
+            account_id,
+            UUID(header["actionId"]),
+            header["counts"],
+            _rows(read(), header, catalog),
+            copied,
+            batch_rows,
+        )
         embedder: Embedder | None = None
         result = ImportResult()
-        if not (
-            header.get("embeddings") and recorded is not None and header["embedder"] == recorded
-        ):
+        if not copied:
             # Embedded again with this deployment's model (which the database records, or will).
             embedder = await open_embedder()
             await ensure_model(pool, embedder, VECTOR_COLUMNS)
@@ -181,7 +212,7 @@ async def import_file(
                 try:
                     table: Table | None = None
                     batch: list[dict[str, Any]] = []
-                    for kind, row in _rows(read(), header, catalog):
+                    for kind, row, _ in _rows(read(), header, catalog):
                         if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
                             assert table is not None
                             await importer.submit(table, batch)
@@ -220,7 +251,7 @@ def _rereadable(lines: Iterable[str]) -> Iterator[Callable[[], Iterator[str]]]:
     elif isinstance(lines, io.TextIOBase) and lines.seekable():
         yield _from(lines, lines.tell())
     else:
-        with tempfile.TemporaryFile("w+", encoding="utf-8") as copy:
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as copy:
             copy.writelines(lines)
             yield _from(copy, 0)
 
@@ -233,9 +264,192 @@ def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[st
     return again
 
 
+@dataclass
+class _Across:
+    """What a row is checked against in the rows before it: each key once, the export's order
+    of types, and what rows of other types it names."""
+
+    seen: dict[tuple[str, ...], int] = field(default_factory=dict)  # each row's key: its line
+    kinds: int = 0  # the place in TABLES of the type of the rows so far
+    # The agent's current version (and its line), and the versions the file has: every read of
+    # the agent is of its current version, so one the file lacks would hide the agent.
+    current: tuple[Any, int] | None = None
+    versions: set[Any] = field(default_factory=set)
+    executions: set[str] = field(default_factory=set)  # a transcript's events follow them
+    held: set[tuple[str, Any]] = field(default_factory=set)  # record versions: (record, version)
+    latest: dict[str, int] = field(default_factory=dict)  # each record's last version held
+    # A record replaces, and is replaced by, records of its own agent: the records the file
+    # has, and where each record is first named.
+    records: set[UUID] = field(default_factory=set)
+    named: dict[UUID, tuple[int, str, str]] = field(default_factory=dict)
+    # A record has one successor, and one preview record naming it (a unique index, which
+    # refused the second only once the batches before it were written): (record, preview).
+    successors: dict[tuple[str, bool], int] = field(default_factory=dict)
+
+    def row(self, kind: str, row: dict[str, Any], number: int) -> None:
+        table = BY_KIND[kind]
+        if TABLES.index(table) < self.kinds:
+            order = ", ".join(t.kind for t in TABLES)
+            raise BadInput(
+                f"line {number}: a {kind} row after {TABLES[self.kinds].kind} rows; an export "
+                f"holds its rows in the order {order} (the file was edited)"
+            )
+        self.kinds = TABLES.index(table)
+        earlier = self.seen.setdefault((kind, *(str(row.get(k)) for k in table.key)), number)
+        if earlier != number:
+            raise BadInput(
+                f"line {number}: its {kind} row has the key of line {earlier}'s "
+                f"({_noun(table, row)}): the file was edited"
+            )
+        if kind == "action":
+            self.current = (row.get("current_version"), number)
+        elif kind == "action_version":
+            self.versions.add(row.get("version"))
+        elif kind == "execution":
+            self.executions.add(str(row.get("execution_id")).lower())
+        elif kind == "transcript_event":
+            if str(row.get("execution_id")).lower() not in self.executions:
+                raise BadInput(
+                    f"line {number}: its transcript_event row is not valid (execution_id "
+                    f"{row.get('execution_id')} is no execution of this export)"
+                )
+        elif kind in ("memory", "memory_version"):
+            self._record(kind, row, number)
+
+    def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
+        if kind == "memory_version":
+            memory_id, version = str(row.get("memory_id")).lower(), row.get("version")
+            self.held.add((memory_id, version))
+            if isinstance(version, int):
+                self.latest[memory_id] = max(version, self.latest.get(memory_id, version))
+        try:
+            self.records.add(UUID(row["memory_id"]))
+            for column in ("replaces", "replaced_by"):
+                if row.get(column) is not None:
+                    self.named.setdefault(UUID(row[column]), (number, kind, column))
+        except (KeyError, TypeError, ValueError):
+            pass  # not IDs: the row's check in its table's copy refuses it, naming it
+        if kind == "memory" and row.get("replaces") is not None:
+            preview = bool(row.get("preview"))
+            key = (str(row["replaces"]).lower(), preview)
+            earlier = self.successors.setdefault(key, number)
+            if earlier != number:
+                raise BadInput(
+                    f"line {number}: its memory row is not valid (it replaces record "
+                    f"{row['replaces']}, as the {'preview ' * preview}record of line {earlier} "
+                    "does: a record has one successor, and one preview record naming it)"
+                )
+
+    def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
+        """After the batch's rows passed PostgreSQL's checks (so their columns are there)."""
+        for row, number in batch if table.kind == "memory" else ():
+            memory_id, version = str(row["memory_id"]).lower(), row["version"]
+            if (memory_id, version) not in self.held:
+                raise BadInput(
+                    f"line {number}: memory {row['memory_id']} has no row for its current "
+                    f"version ({version}) in this export (the file is cut short or edited): its "
+                    "history would be empty"
+                )
+            if version < self.latest[memory_id]:
+                raise BadInput(
+                    f"line {number}: memory {row['memory_id']} is at version {version}, but "
+                    f"this export has its version {self.latest[memory_id]} (the file was "
+                    "edited): its next change would be refused as that version's"
+                )
+
+    async def end(
+        self,
+        conn: asyncpg.Connection,
+        account_id: UUID,
+        action_id: UUID,
+        expected: dict[str, int],
+    ) -> None:
+        # A file cut short before all of the agent's versions imports what it holds.
+        whole = len(self.versions) >= expected.get("action_version", 0)
+        if self.current is not None and whole:
+            version, number = self.current
+            if version not in self.versions:
+                raise BadInput(
+                    f"line {number}: its action row is not valid (current_version is {version}, "
+                    "a version no action_version row of this export has)"
+                )
+            last = max(v for v in self.versions if isinstance(v, int))
+            if version < last:
+                raise BadInput(
+                    f"line {number}: its action row is not valid (current_version is {version}, "
+                    f"but this export has its version {last}: its next version would be refused "
+                    "as that one)"
+                )
+        # A record the file does not hold may be in its part not written yet (a file cut short
+        # imports what it holds), never another agent's.
+        elsewhere = [m for m in self.named if m not in self.records]
+        foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
+        if foreign is not None:
+            number, kind, column = self.named[foreign]
+            raise BadInput(
+                f"line {number}: its {kind} row is not valid ({column} names record {foreign}, "
+                "which is another agent's: a record replaces, and is replaced by, records of "
+                "its own agent only)"
+            )
+
+
+async def _check_file(
+    pool: asyncpg.Pool,
+    account_id: UUID,
+    action_id: UUID,
+    expected: dict[str, int],
+    rows: Iterator[tuple[str, dict[str, Any], int]],
+    copied: bool,
+    batch_rows: int,
+) -> None:
+    """Every row as `_rows` checks it, against the rows before it (`_Across`), and as
+    PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
+    that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
+    whether the file's vectors are stored (else they are replaced, and not checked)."""
+    across = _Across()
+    batch: list[tuple[dict[str, Any], int]] = []
+
+    async def check(conn: asyncpg.Connection, table: Table) -> None:
+        columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
+        refused = await store.check_rows(conn, table, json.dumps([r for r, _ in batch]), columns)
+        if refused is not None:
+            for row, number in batch:  # which one: each alone
+                error = await store.check_rows(conn, table, json.dumps([row]), columns)
+                if error is not None:
+                    raise BadInput(f"line {number}: its {table.kind} row is not valid ({error})")
+            raise BadInput(  # none alone: the batch together (its size)
+                f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not valid "
+                f"together ({refused}); import with a smaller --batch-size"
+            )
+        across.stored(table, batch)
+
+    async with pool.acquire() as conn:
+        checking = conn.transaction()
+        await checking.start()
+        try:
+            await store.check_tables(conn)
+            table: Table | None = None
+            for kind, row, number in rows:
+                across.row(kind, row, number)
+                if table is not None and (kind != table.kind or len(batch) >= batch_rows):
+                    await check(conn, table)
+                    batch = []
+                table = BY_KIND[kind]
+                batch.append((row, number))
+            if table is not None and batch:
+                await check(conn, table)
+            await across.end(conn, account_id, action_id, expected)
+        finally:
+            await checking.rollback()  # the copies the rows were checked in go with it
+
+
+def _noun(table: Table, row: dict[str, Any]) -> str:
+    return _NOUNS[table.name].format(**{k: row.get(k) for k in table.key})
+
+
 def _rows(
     lines: Iterator[str], header: dict[str, Any], catalog: dict[str, dict[str, str]]
-) -> Iterator[tuple[str, dict[str, Any]]]:
+) -> Iterator[tuple[str, dict[str, Any], int]]:
     """The rows after the header, by type, each checked (`_check_row`) against the columns of
     its table (`catalog`: their types by type of row)."""
     action_id = UUID(header["actionId"])
@@ -244,7 +458,7 @@ def _rows(
     for number, line in enumerate(lines, start=2):
         if not line.strip():
             continue
-        kind, row = _parse(line, number)
+        kind, row = _parse(_utf8(line, number), number)
         if kind not in columns:
             unknown = [c for c in row if c not in catalog[kind] and c != "account_id"]
             if unknown:
@@ -258,8 +472,15 @@ def _rows(
                 f"line {number}: its {kind} row has other columns than the ones "
                 "before it (the file was edited); every row of a type has the same"
             )
-        _check_row(kind, row, number, action_id=action_id, types=catalog[kind])
-        yield kind, row
+        _check_row(
+            kind,
+            row,
+            number,
+            action_id=action_id,
+            types=catalog[kind],
+            walk=_SUSPECT.search(line) is not None,
+        )
+        yield kind, row, number
 
 
 # The counters that go on from an imported row (a session's turns, a record's or an agent's
@@ -267,8 +488,20 @@ def _rows(
 MAX_COUNT = 2**30
 
 
+# What a line holds, written as JSON, when it has a NUL, a lone surrogate (as an export writes
+# them: escaped) or a number that is not finite; only then is the row walked for it (`walk`),
+# which for every row would add a third to a large import's check.
+_SUSPECT = re.compile(r"\\u0000|\\u[dD][89abcdefABCDEF]|NaN|Infinity")
+
+
 def _check_row(
-    kind: str, row: dict[str, Any], number: int, *, action_id: UUID, types: dict[str, str]
+    kind: str,
+    row: dict[str, Any],
+    number: int,
+    *,
+    action_id: UUID,
+    types: dict[str, str],
+    walk: bool = True,
 ) -> None:
     """What the API reads back from a row, or goes on from, holds as the API wrote it: an
     edited file is refused here rather than stored and failing every read after (PostgreSQL
@@ -276,6 +509,9 @@ def _check_row(
     try:
         if "account_id" in row:
             raise ValueError("it names an account: an export's rows name none")
+        # Text PostgreSQL cannot hold (a NUL, a lone surrogate), numbers JSON has not (NaN).
+        if walk:
+            check_json(row, "the row")
         agent = row.get("action_id")
         if not isinstance(agent, str) or UUID(agent) != action_id:
             raise ValueError(f"action_id is {agent!r}, not the exported agent {action_id}")
@@ -305,6 +541,13 @@ def _check_row(
                 for key, value in labels.items()
             ):
                 raise ValueError("labels are not text values by label number (5 to 18)")
+            for key, value in labels.items():
+                if not 0 < len(value.encode()) <= MAX_LABEL_VALUE_BYTES:
+                    raise ValueError(
+                        f"labels.{key} is {len(value.encode())} bytes; a label value is 1 to "
+                        f"{MAX_LABEL_VALUE_BYTES} bytes"
+                    )
+            check_metadata(row.get("metadata"))
             # The API's rules for a record's text: one line of summary, bounded text.
             summary, content = row.get("summary"), row.get("content")
             if not isinstance(summary, str) or not isinstance(content, str | None):

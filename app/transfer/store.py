@@ -240,6 +240,65 @@ async def write_rows(
     return Written(inserted, rows - inserted)
 
 
+async def check_tables(conn: asyncpg.Connection) -> None:
+    """Empty copies of `TABLES`, with their types, defaults, NOT NULL and CHECK constraints
+    (no keys, no indexes), in which `check_rows` tries rows; dropped with the transaction, which
+    the caller rolls back."""
+    session_changed(conn)  # a temporary schema stays with the session
+    for table in TABLES:
+        await conn.execute(
+            f"CREATE TEMPORARY TABLE check_{table.name} "
+            f"(LIKE {table.name} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ON COMMIT DROP"
+        )
+
+
+async def check_rows(
+    conn: asyncpg.Connection, table: Table, rows_json: str, row_columns: Sequence[str]
+) -> str | None:
+    """Why PostgreSQL would not store these rows (a JSON array of objects with `row_columns`),
+    or None: they are inserted into the copy of their table (`check_tables`) in a savepoint
+    rolled back after."""
+    columns_sql = ", ".join(row_columns)
+    savepoint = conn.transaction()
+    await savepoint.start()
+    try:
+        await conn.execute(
+            f"""
+            INSERT INTO check_{table.name} (account_id, {columns_sql})
+            SELECT gen_random_uuid(), {", ".join(f"i.{c}" for c in row_columns)}
+            FROM jsonb_populate_recordset(NULL::{table.name}, $1::text::jsonb) i
+            """,
+            rows_json,
+        )
+    except (
+        asyncpg.DataError,
+        asyncpg.IntegrityConstraintViolationError,
+        asyncpg.ProgramLimitExceededError,
+    ) as e:
+        return str(e).replace(f"check_{table.name}", table.name)
+    finally:
+        await savepoint.rollback()
+    return None
+
+
+async def other_agents_record(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, memory_ids: Sequence[UUID]
+) -> UUID | None:
+    """The first of these records that is another agent's in the account, if any."""
+    if not memory_ids:
+        return None
+    return await conn.fetchval(
+        """
+        SELECT memory_id FROM agent_memories
+        WHERE account_id = $1 AND memory_id = any($2::uuid[]) AND action_id <> $3
+        LIMIT 1
+        """,
+        account_id,
+        list(memory_ids),
+        action_id,
+    )
+
+
 async def unversioned(conn: asyncpg.Connection, account_id: UUID, rows_json: str) -> UUID | None:
     """The first of these memory rows (a JSON array) whose current version has no version
     row in the account: a file cut short or edited (every write records its version)."""
