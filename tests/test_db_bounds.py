@@ -305,7 +305,7 @@ async def test_a_token_check_past_the_lock_bound_is_refused_as_such_over_mcp_and
     """A request's token check writes the token's last use (at most once a minute), which waits
     for a lock on the token's row (a token being revoked, its client deleted, an index built on
     the table): past the lock bound, MCP answers as GraphQL does, 409 CONFLICT naming the
-    setting, not a 500."""
+    setting, not a 500, and the GraphQL request is counted as CONFLICT."""
     action_id = await make_agent_id(state, admin)
     token = await token_for(state, admin, "client", EVERYTHING)
     lock = "SELECT FROM client_tokens WHERE token_hash = $1 FOR UPDATE"
@@ -323,6 +323,10 @@ async def test_a_token_check_past_the_lock_bound_is_refused_as_such_over_mcp_and
     assert mcp["error"]["data"]["code"] == graphql["errors"][0]["extensions"]["code"] == "CONFLICT"
     assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in mcp["error"]["message"]
     assert mcp["error"]["message"] == graphql["errors"][0]["message"]
+    # Counted under the code its body carries, as the README says of engram_requests_total.
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=headers) as http:
+        metrics = (await http.get("/metrics")).text
+    assert 'engram_requests_total{code="CONFLICT",operation="-"} 1.0' in metrics, metrics
 
 
 async def test_a_start_waits_past_the_bounds_for_a_reorder_holding_the_memory_table(
