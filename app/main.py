@@ -401,8 +401,9 @@ def create_app(
     mount_console(app)
     app.mount(graphiql.STATIC_PATH, graphiql.static_files(), name="static")
     app.add_middleware(_Guard, settings=settings, fairness=fairness)
-    # Outermost: every request, refused ones included, gets its ID, log line and metrics.
-    app.add_middleware(Observe, metrics=metrics)
+    # Outermost: every request, refused ones included, gets its ID, log line and metrics; what
+    # escapes is answered there too, so that its answer has them.
+    app.add_middleware(Observe, metrics=metrics, on_error=unexpected)
     if tracer is not None:
         app.add_middleware(tracing.middleware(), tracer_provider=tracer)
     return app

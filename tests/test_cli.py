@@ -491,3 +491,12 @@ async def test_serve_without_the_otel_extra_is_one_line(db_url, tmp_path):
         "engram: ENGRAM_OTEL_ENDPOINT is set, but OpenTelemetry is not installed: "
         "pip install -e '.[otel]' (or unset ENGRAM_OTEL_ENDPOINT)"
     )
+
+
+def test_maintain_search_refuses_min_records_0(tmp_path):
+    # argparse refuses it, so `args.min_records or the setting` never reads 0 as "unset"; an
+    # unreachable database: without the refusal the command would go on to connect.
+    url = f"postgresql://engram@127.0.0.1:{free_port()}/engram"
+    result = run(clean_env(database_url=url), "maintain-search", "--min-records", "0")
+    assert result.returncode == 2, result.stderr
+    assert "--min-records: must be an integer at least 1, not 0" in result.stderr

@@ -4,6 +4,7 @@ lock wait past its bound is refused with a clear, retryable error and writes not
 that meets one fails as failed turns do; search upkeep, long by design, is not cut off."""
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -305,7 +306,7 @@ async def test_a_token_check_past_the_lock_bound_is_refused_as_such_over_mcp_and
     """A request's token check writes the token's last use (at most once a minute), which waits
     for a lock on the token's row (a token being revoked, its client deleted, an index built on
     the table): past the lock bound, MCP answers as GraphQL does, 409 CONFLICT naming the
-    setting, not a 500."""
+    setting, not a 500, and the GraphQL request is counted as CONFLICT."""
     action_id = await make_agent_id(state, admin)
     token = await token_for(state, admin, "client", EVERYTHING)
     lock = "SELECT FROM client_tokens WHERE token_hash = $1 FOR UPDATE"
@@ -323,6 +324,10 @@ async def test_a_token_check_past_the_lock_bound_is_refused_as_such_over_mcp_and
     assert mcp["error"]["data"]["code"] == graphql["errors"][0]["extensions"]["code"] == "CONFLICT"
     assert "ENGRAM_LOCK_TIMEOUT_SECONDS" in mcp["error"]["message"]
     assert mcp["error"]["message"] == graphql["errors"][0]["message"]
+    # Counted under the code its body carries, as the README says of engram_requests_total.
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=headers) as http:
+        metrics = (await http.get("/metrics")).text
+    assert 'engram_requests_total{code="CONFLICT",operation="-"} 1.0' in metrics, metrics
 
 
 async def test_a_start_waits_past_the_bounds_for_a_reorder_holding_the_memory_table(
@@ -464,3 +469,34 @@ async def test_executions_with_long_transcripts_are_erased_a_bounded_number_of_e
     assert erased == {"erasedEvents": 6, "erasedExecutions": 3, "erasedTranscriptEvents": 300}
     left = await state.pool.fetchrow(SESSION_ROWS, uuid.UUID(action_id))
     assert tuple(left) == (0, 0, 3, 300)
+
+
+@pytest.mark.settings(lock_timeout_seconds=0.3)
+async def test_a_refusal_answered_by_the_error_handler_keeps_its_request_id_and_status(
+    state: AppState, admin: Caller, base_url: str, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/metrics checks its token outside GraphQL: past the lock bound the refusal is answered
+    by the app's error handler (409 CONFLICT), and, as every answer, it carries the request's
+    X-Request-ID and is logged with the status the client got, not a 500 it never saw."""
+    token = await token_for(state, admin, "watcher", EVERYTHING)
+    lock = "SELECT FROM client_tokens WHERE token_hash = $1 FOR UPDATE"
+    headers = {"authorization": f"Bearer {token}", "x-request-id": "metrics-at-the-bound"}
+    caplog.set_level(logging.INFO, "app.access")
+    async with (
+        holding(db_url, lock, hash_token(token)),
+        httpx.AsyncClient(base_url=base_url, timeout=30, headers=headers) as http,
+    ):
+        answer = await http.get("/metrics")
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["errors"][0]["extensions"]["code"] == "CONFLICT"
+    assert answer.headers.get("x-request-id") == "metrics-at-the-bound"
+
+    def logged() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "app.access" and r.getMessage().startswith("GET /metrics ")
+        ]
+
+    await eventually(logged, "the request's log line")
+    assert logged()[0].startswith("GET /metrics 409 "), logged()

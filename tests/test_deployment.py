@@ -34,6 +34,14 @@ def interpolate(value: str, env: dict[str, str]) -> str:
     return _VARIABLE.sub(one, value)
 
 
+def compose_seconds(duration: str) -> float:
+    """A compose duration ("2m", "150s", "1m30s", "1h") in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 0.000001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
 def engram_environment(env: dict[str, str]) -> dict[str, str]:
     yaml = pytest.importorskip("yaml")
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -98,8 +106,8 @@ def test_compose_restarts_the_service_and_waits_for_a_database_that_serves_tcp()
     assert "-h 127.0.0.1" in " ".join(db["healthcheck"]["test"])
     assert engram["depends_on"]["db"]["condition"] == "service_healthy"
     # Time for running turns to finish when stopped (a model call may take its timeout).
-    grace = engram["stop_grace_period"]
-    assert grace.endswith("m") and int(grace[:-1]) * 60 >= Settings().model_timeout_seconds
+    grace = compose_seconds(engram["stop_grace_period"])
+    assert grace >= Settings().model_timeout_seconds, engram["stop_grace_period"]
     # Room in /dev/shm for an index build of the default build memory.
     build = Settings.model_fields["agent_index_build_memory"].default
     assert build.endswith("GB") and db["shm_size"].endswith("gb")

@@ -501,7 +501,8 @@ _SIGNATURE = re.compile(r"`(?:(\w+)\.)?(\w+)\((\w+: \{[^}`]*\}|[\w, ]*)\)")
 
 
 def test_every_operation_signature_in_the_prose_matches_the_schema():
-    """The arguments (and input fields) the prose gives an operation are the schema's."""
+    """The operations the prose calls (`deleteClient(...)`, `Action.searchMemories(...)`) are
+    the schema's, with the arguments (and input fields) the schema gives them."""
     from graphql import get_named_type
 
     schema = build_schema()._schema
@@ -512,12 +513,17 @@ def test_every_operation_signature_in_the_prose_matches_the_schema():
         ):
             if hasattr(field, "args"):
                 fields.setdefault(name, []).append((type_name.lower(), field))
+    types = {name.lower() for name in schema.type_map if not name.startswith("__")}
     wrong = []
     for doc in DOCS:
         for owner, name, args in _SIGNATURE.findall(re.sub(r"\s+", " ", doc.read_text())):
             candidates = [f for t, f in fields.get(name, ()) if not owner or t == owner.lower()]
             if not candidates:
-                continue  # not an operation of the schema (a tool, a Python function)
+                # A tool or a Python function (`search_history(...)`, `gc.freeze()`) is
+                # snake_case; a camelCase name, or a field of a type, is the schema's.
+                if re.search(r"[a-z][A-Z]", name) or owner.lower() in types:
+                    wrong.append(f"{_ids(doc)}: {owner + '.' if owner else ''}{name} is no field")
+                continue
             nested = re.fullmatch(r"(\w+): \{(.*)\}", args)
             words = [a.split(":")[0].strip() for a in (nested[2] if nested else args).split(",")]
             words = [w for w in words if w and w != "..."]

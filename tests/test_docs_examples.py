@@ -199,8 +199,12 @@ def curl_body(doc: Path) -> dict[str, Any]:
     return json.loads(found[1])
 
 
-def fenced(doc: Path) -> list[str]:
-    return _FENCE.findall(doc.read_text())
+def fenced(doc: Path, operation: str) -> str:
+    """The one ```graphql example of `doc` that runs `operation` (wherever it stands, so that
+    an example added before it moves nothing here)."""
+    found = [e for e in _FENCE.findall(doc.read_text()) if re.search(rf"\b{operation}\(", e)]
+    assert len(found) == 1, f"{doc.name}: {len(found)} graphql examples run {operation}"
+    return found[0]
 
 
 def closed_port() -> int:
@@ -231,8 +235,7 @@ def test_the_readme_and_harness_examples_run(db_url: str, embedder: StaticEmbedd
             assert created["version"] == 1
             agent = created["actionId"]
 
-            (_, remember) = fenced(README)
-            remember = remember.replace(EXAMPLE_ACTION, agent)
+            remember = fenced(README, "rememberConversation").replace(EXAMPLE_ACTION, agent)
             first = answer(url, ADMIN_TOKEN, {"query": remember})["rememberConversation"]
             assert first["status"] == "SUCCEEDED", first
             assert [d["action"] for d in first["decisions"]] == ["ADD"]
@@ -250,7 +253,7 @@ def test_the_readme_and_harness_examples_run(db_url: str, embedder: StaticEmbedd
             )
             assert listening.status_code == 405
 
-            (example,) = fenced(HARNESS)
+            example = fenced(HARNESS, "createAction")
             variables = json.loads(
                 re.search(r"with variables such as `(.*?)`", HARNESS.read_text())[1]
             )

@@ -430,3 +430,30 @@ async def test_a_body_of_another_content_type_is_told_to_be_sent_as_json(http):
         assert error_code(response) == "BAD_REQUEST"
         message = response.json()["errors"][0]["message"]
         assert "application/json" in message, message
+
+
+async def test_a_fault_before_graphql_runs_answers_500_and_is_counted_once_as_internal(
+    http, monkeypatch, caplog
+):
+    """A fault outside GraphQL (here in the token check) answers 500 INTERNAL in the GraphQL
+    shape, masked, with the request's X-Request-ID, is logged once with its traceback, and
+    engram_requests_total counts it once, under INTERNAL, as the README says of its `code` (an
+    error code, not the HTTP status)."""
+    import app.main
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("connection string postgresql://secret@db")
+
+    monkeypatch.setattr(app.main, "authenticate", broken)
+    response = await post(http, "{ viewer { principal } }")
+    monkeypatch.undo()
+    assert response.status_code == 500
+    assert response.json() == {
+        "data": None,
+        "errors": [{"message": "Internal error.", "extensions": {"code": "INTERNAL"}}],
+    }
+    assert response.headers.get("x-request-id")  # as every answer, to find its log line
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["unhandled error on /graphql"]  # logged once
+    metrics = (await http.get("/metrics", headers=ADMIN)).text
+    assert 'engram_requests_total{code="INTERNAL",operation="-"} 1.0' in metrics, metrics

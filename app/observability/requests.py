@@ -8,11 +8,13 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 
 from app.observability import logs
 from app.observability.metrics import Metrics, using
@@ -64,9 +66,19 @@ def _code(status: int) -> str:
 
 
 class Observe:
-    def __init__(self, app: Any, metrics: Metrics) -> None:
+    """`on_error` answers what escapes the app (the app's handler of Exception): here, inside
+    this middleware, so that its answer carries the request's ID and is logged and counted with
+    the status and code the client gets (Starlette's own handler answers outside it)."""
+
+    def __init__(
+        self,
+        app: Any,
+        metrics: Metrics,
+        on_error: Callable[[Request, Exception], Awaitable[Response]] | None = None,
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        self.on_error = on_error
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -75,17 +87,18 @@ class Observe:
         sent = dict(scope.get("headers") or []).get(HEADER.encode())
         rid = request_id_from(sent.decode("latin-1") if sent is not None else None)
         status = 500
+        started = False
         result = Outcome()
 
         async def send_with_id(message: Any) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 headers = [h for h in message.get("headers", []) if h[0].lower() != HEADER.encode()]
                 message = {**message, "headers": [*headers, (HEADER.encode(), rid.encode())]}
             await send(message)
 
-        started = time.perf_counter()
+        began = time.perf_counter()
         rid_token = logs.request_id.set(rid)
         outcome_token = outcome.set(result)
         try:
@@ -95,8 +108,14 @@ class Observe:
             # The client went away before its request was read whole: no one to answer, and
             # no fault of the service (as nginx logs it, 499).
             status, result.code = CLIENT_CLOSED, "CLIENT_CLOSED"
+        except Exception as error:
+            if started or self.on_error is None:
+                raise
+            answer = await self.on_error(Request(scope, receive), error)
+            await answer(scope, receive, send_with_id)
+            result.code = None  # the answer's status names its code (_STATUS_CODES)
         finally:
-            seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - began
             graphql = scope["path"] == "/graphql" and scope["method"] == "POST"
             code = result.code or _code(status)
             if graphql:
