@@ -1017,3 +1017,26 @@ async def test_an_agent_or_record_behind_its_own_latest_version_is_refused(state
         f"line {behind + 1}: memory {memory_id} is at version 1, but this export has its "
         f"version {rows[behind]['version']}",
     )
+
+
+async def test_the_check_holds_no_table_of_rows_it_has_checked(state, admin, second, monkeypatch):
+    """The check pass takes a table's lock only while it tries a batch of its rows: a command
+    that needs a table alone (`maintain-search --reorder`'s CLUSTER, a migration) does not
+    wait for the whole check, with every request queued behind it."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    check_rows = store.check_rows
+    taken: list[str] = []
+
+    async def watched(conn, table, *args):
+        if table.name == "agent_memories" and not taken:  # the last rows: the others are done
+            async with second.pool.acquire() as other, other.transaction():
+                for name in ("actions", "sessions", "agent_memory_versions"):
+                    await other.execute(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                    taken.append(name)
+        return await check_rows(conn, table, *args)
+
+    monkeypatch.setattr(store, "check_rows", watched)
+    await load(second, target_admin.account_id, lines, batch_rows=2)
+    assert taken == ["actions", "sessions", "agent_memory_versions"]

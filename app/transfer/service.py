@@ -411,36 +411,35 @@ async def _check_file(
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
-        refused = await store.check_rows(conn, table, json.dumps([r for r, _ in batch]), columns)
-        if refused is not None:
-            for row, number in batch:  # which one: each alone
-                error = await store.check_rows(conn, table, json.dumps([row]), columns)
-                if error is not None:
-                    raise BadInput(f"line {number}: its {table.kind} row is not valid ({error})")
-            raise BadInput(  # none alone: the batch together (its size)
-                f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not valid "
-                f"together ({refused}); import with a smaller --batch-size"
-            )
+        # A transaction a batch, not one for the file: see `store.checking`.
+        async with store.checking(conn, table):
+            rows_json = json.dumps([r for r, _ in batch])
+            refused = await store.check_rows(conn, table, rows_json, columns)
+            if refused is not None:
+                for row, number in batch:  # which one: each alone
+                    error = await store.check_rows(conn, table, json.dumps([row]), columns)
+                    if error is not None:
+                        raise BadInput(
+                            f"line {number}: its {table.kind} row is not valid ({error})"
+                        )
+                raise BadInput(  # none alone: the batch together (its size)
+                    f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not "
+                    f"valid together ({refused}); import with a smaller --batch-size"
+                )
         across.stored(table, batch)
 
     async with pool.acquire() as conn:
-        checking = conn.transaction()
-        await checking.start()
-        try:
-            await store.check_tables(conn)
-            table: Table | None = None
-            for kind, row, number in rows:
-                across.row(kind, row, number)
-                if table is not None and (kind != table.kind or len(batch) >= batch_rows):
-                    await check(conn, table)
-                    batch = []
-                table = BY_KIND[kind]
-                batch.append((row, number))
-            if table is not None and batch:
+        table: Table | None = None
+        for kind, row, number in rows:
+            across.row(kind, row, number)
+            if table is not None and (kind != table.kind or len(batch) >= batch_rows):
                 await check(conn, table)
-            await across.end(conn, account_id, action_id, expected)
-        finally:
-            await checking.rollback()  # the copies the rows were checked in go with it
+                batch = []
+            table = BY_KIND[kind]
+            batch.append((row, number))
+        if table is not None and batch:
+            await check(conn, table)
+        await across.end(conn, account_id, action_id, expected)
 
 
 def _noun(table: Table, row: dict[str, Any]) -> str:
