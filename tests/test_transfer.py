@@ -1040,3 +1040,51 @@ async def test_the_check_holds_no_table_of_rows_it_has_checked(state, admin, sec
     monkeypatch.setattr(store, "check_rows", watched)
     await load(second, target_admin.account_id, lines, batch_rows=2)
     assert taken == ["actions", "sessions", "agent_memory_versions"]
+
+
+async def test_a_refusal_quotes_a_long_value_of_the_file_shortened(state, admin, second):
+    """A message names the line and shows what is wrong, but a value of the file (an ID of a
+    megabyte, as an edit can make) is shown cut, never whole."""
+    from app.errors import BadInput
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    long = "x" * 1_000_000
+    last = len(lines) - 1
+    execution = first(lines, "execution")
+    event = {
+        "action_id": str(agent.action_id),
+        "execution_id": long,
+        "sequence": 1,
+        "invocation_number": 1,
+        "type": "turn.input",
+        "data": {},
+        "created": json.loads(lines[execution])["row"]["created"],
+    }
+    at = first(lines, "memory_version")
+    twice = edited(lines, execution, execution_id=long)
+    replacing = edited(lines, last, replaces=long)
+    cases = [
+        (edited(lines, last, memory_id=long), f"line {last + 1}: its memory row is not valid"),
+        (edited(lines, last, action_id=[long]), f"line {last + 1}: its memory row is not valid"),
+        (
+            [*twice[: execution + 1], twice[execution], *twice[execution + 1 :]],
+            f"line {execution + 2}: its execution row has the key of line {execution + 1}",
+        ),
+        (
+            [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]],
+            f"line {at + 1}: its transcript_event row is not valid",
+        ),
+        (  # two records replacing one
+            [*replacing, edited(replacing, last, memory_id=str(uuid.uuid4()))[last]],
+            f"line {last + 2}: its memory row is not valid (it replaces record",
+        ),
+    ]
+    for changed, said in cases:
+        before = await table_counts(second)
+        with pytest.raises(BadInput) as refusal:
+            await load(second, target_admin.account_id, changed)
+        assert refusal.value.message.startswith(said), refusal.value.message[:300]
+        assert len(refusal.value.message) < 1000, refusal.value.message[:300]
+        assert await table_counts(second) == before

@@ -311,7 +311,7 @@ class _Across:
             if str(row.get("execution_id")).lower() not in self.executions:
                 raise BadInput(
                     f"line {number}: its transcript_event row is not valid (execution_id "
-                    f"{row.get('execution_id')} is no execution of this export)"
+                    f"{_shown(row.get('execution_id'))} is no execution of this export)"
                 )
         elif kind in ("memory", "memory_version"):
             self._record(kind, row, number)
@@ -336,8 +336,9 @@ class _Across:
             if earlier != number:
                 raise BadInput(
                     f"line {number}: its memory row is not valid (it replaces record "
-                    f"{row['replaces']}, as the {'preview ' * preview}record of line {earlier} "
-                    "does: a record has one successor, and one preview record naming it)"
+                    f"{_shown(row['replaces'])}, as the {'preview ' * preview}record of line "
+                    f"{earlier} does: a record has one successor, and one preview record naming "
+                    "it)"
                 )
 
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
@@ -418,13 +419,14 @@ async def _check_file(
             if refused is not None:
                 for row, number in batch:  # which one: each alone
                     error = await store.check_rows(conn, table, json.dumps([row]), columns)
-                    if error is not None:
+                    if error is not None:  # PostgreSQL's message quotes the value it refused
                         raise BadInput(
-                            f"line {number}: its {table.kind} row is not valid ({error})"
+                            f"line {number}: its {table.kind} row is not valid "
+                            f"({_shown(error, 300)})"
                         )
                 raise BadInput(  # none alone: the batch together (its size)
                     f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not "
-                    f"valid together ({refused}); import with a smaller --batch-size"
+                    f"valid together ({_shown(refused, 300)}); import with a smaller --batch-size"
                 )
         across.stored(table, batch)
 
@@ -443,7 +445,16 @@ async def _check_file(
 
 
 def _noun(table: Table, row: dict[str, Any]) -> str:
-    return _NOUNS[table.name].format(**{k: row.get(k) for k in table.key})
+    return _NOUNS[table.name].format(**{k: _shown(row.get(k)) for k in table.key})
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value of the file in a message: whole when short, else its start and its end (an
+    edited file may hold an ID of a megabyte, which a message would quote whole)."""
+    text = value if isinstance(value, str) else reprlib.repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 20]}...{text[-10:]} ({len(text):,} characters)"
 
 
 def _rows(
@@ -513,7 +524,8 @@ def _check_row(
             check_json(row, "the row")
         agent = row.get("action_id")
         if not isinstance(agent, str) or UUID(agent) != action_id:
-            raise ValueError(f"action_id is {agent!r}, not the exported agent {action_id}")
+            shown = repr(agent) if isinstance(agent, str) else _shown(agent)  # an ID: short
+            raise ValueError(f"action_id is {shown}, not the exported agent {action_id}")
         for column, value in row.items():
             if value is None:
                 continue
