@@ -804,6 +804,24 @@ async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(
         (edited(lines, last, metadata={"\udc00": 1}), "a key in metadata contains a lone"),
         (edited(lines, last, labels={"5": "c-\ud800"}), "labels.5 contains a lone UTF-16"),
         ([*lines[:last], json.dumps(nan)], "metadata.n is nan: numbers must be finite"),
+        # A number too large for a float is one too (Python reads 1e999 as inf), and so is
+        # NaN or Infinity written in capitals or signed.
+        (
+            [
+                *lines[:execution],
+                lines[execution].replace('"input": {', '"input": {"n": 1E999, '),
+                *lines[execution + 1 :],
+            ],
+            "input.n is inf: numbers must be finite",
+        ),
+        (
+            [
+                *lines[:execution],
+                lines[execution].replace('"input": {', '"input": {"n": -1e+400, '),
+                *lines[execution + 1 :],
+            ],
+            "input.n is -inf: numbers must be finite",
+        ),
     ]:
         index = next(i for i, (a, b) in enumerate(zip(lines, changed, strict=True)) if a != b)
         await refused(

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import io
 import json
+import math
 import re
 import reprlib
 import tempfile
@@ -468,7 +469,7 @@ def _rows(
     for number, line in enumerate(lines, start=2):
         if not line.strip():
             continue
-        kind, row = _parse(_utf8(line, number), number)
+        kind, row, overflowed = _parse(_utf8(line, number), number)
         if kind not in columns:
             unknown = [c for c in row if c not in catalog[kind] and c != "account_id"]
             if unknown:
@@ -488,7 +489,7 @@ def _rows(
             number,
             action_id=action_id,
             types=catalog[kind],
-            walk=_SUSPECT.search(line) is not None,
+            walk=overflowed or _SUSPECT.search(line) is not None,
         )
         yield kind, row, number
 
@@ -594,9 +595,30 @@ def _check_time(column: str, value: Any) -> None:
         ) from None
 
 
-def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
+class _Overflow(Exception):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Overflow
+    return value
+
+
+# Python reads a number too large for a float (1e999) as inf, which no escape or word of the
+# line shows to `_SUSPECT`: a line of one is read again, and its row walked (`_check_row`).
+_DECODER = json.JSONDecoder(parse_float=_finite)
+
+
+def _parse(line: str, number: int) -> tuple[str, dict[str, Any], bool]:
+    """The line's type and row, and whether a number of it was too large for a float."""
+    overflowed = False
     try:
-        item = json.loads(line)
+        try:
+            item = _DECODER.decode(line)
+        except _Overflow:
+            item, overflowed = json.loads(line), True
     except (ValueError, RecursionError):
         raise BadInput(f"line {number} is not JSON: the file is damaged or cut short") from None
     if not isinstance(item, dict) or item.get("type") not in BY_KIND:
@@ -604,7 +626,7 @@ def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
         raise BadInput(f"line {number} is not an exported row (a type among {known})")
     if not isinstance(item.get("row"), dict):
         raise BadInput(f"line {number} has no row")
-    return item["type"], item["row"]
+    return item["type"], item["row"], overflowed
 
 
 @dataclass
