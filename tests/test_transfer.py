@@ -19,12 +19,14 @@ from factories import (
     assert_pinned_lists_kept,
     full_memory,
     make_agent,
+    make_agent_id,
     pinned_lists,
     record_turn,
     work,
     writer,
 )
 from helpers import GQL, database_copy, db_settings
+from runtime_support import run as run_turn
 from servers import clean_env, engram_command, run
 
 from app.actions import service as actions
@@ -1106,3 +1108,62 @@ async def test_a_refusal_quotes_a_long_value_of_the_file_shortened(state, admin,
         assert refusal.value.message.startswith(said), refusal.value.message[:300]
         assert len(refusal.value.message) < 1000, refusal.value.message[:300]
         assert await table_counts(second) == before
+
+
+# Text of the shapes the import's checks look for, as a model may write it: the words NaN and
+# Infinity, a NUL's and a surrogate's escapes as text, an astral character, a bidi override.
+ODD = 'NaN Infinity -Infinity 1e999 \\u0000 \\uD800 \\\\u0000 "q" 😀 \u202e tab\tend'
+
+
+@pytest.mark.settings(model_name="scripted")
+async def test_an_export_of_real_turns_imports_whole_and_identical(
+    state, admin, gql, second, db_url, tmp_path, model_server
+):
+    """Two agents, one written by real turns (tool calls, their transcripts, sessions, a pin,
+    a preview turn, text that looks like what the checks refuse): each exported with `engram
+    export` imports whole, reads back the same, and exports again line for line."""
+    factory_made = await build_agent(state, admin)
+    harness = full_memory(pinned={"max_tokens": 200}, tools=["add_memory", "delete_memory"])
+    turned = await make_agent_id(state, admin, name="other", harness=harness)
+    model_server.call_tools(
+        (
+            "add_memory",
+            {
+                "summary": ODD,
+                "kind": "fact",
+                "content": ODD + "\nline",
+                "labels": {"customer_id": "NaN"},
+                "pinned": True,
+                "scope": "AGENT",
+            },
+        )
+    )
+    model_server.say("ok " + ODD)
+    executions = [await run_turn(gql, admin, turned, {"x": ODD, "n": 1.5e300}, session="a")]
+    model_server.call_tools(("add_memory", {"summary": "second", "kind": "fact"}))
+    model_server.say("done")
+    executions.append(await run_turn(gql, admin, turned, "again", session="b"))
+    model_server.call_tools(("add_memory", {"summary": "previewed", "kind": "fact"}))
+    model_server.say("preview")
+    executions.append(await run_turn(gql, admin, turned, "p", session="b", preview=True))
+    assert [e["status"] for e in executions] == ["SUCCEEDED"] * 3, executions
+    target_url = second.settings.database_url_value()
+    target_admin = await admin_of(second)
+    for action_id in (str(factory_made.action_id), turned):
+        before = await reads(GQL(state), admin, uuid.UUID(action_id))
+        path, again = tmp_path / f"{action_id}.jsonl", tmp_path / f"{action_id}.again.jsonl"
+        done = run(clean_env(database_url=db_url), "export", "--action", action_id, "-o", str(path))
+        assert done.returncode == 0, done.stderr
+        imported = run(clean_env(database_url=target_url), "import", str(path))
+        assert imported.returncode == 0, imported.stderr
+        assert await reads(GQL(second), target_admin, uuid.UUID(action_id)) == before
+        done = run(
+            clean_env(database_url=target_url), "export", "--action", action_id, "-o", str(again)
+        )
+        assert done.returncode == 0, done.stderr
+        lines, lines_again = path.read_text().splitlines(), again.read_text().splitlines()
+        assert lines[1:] == lines_again[1:]
+        assert len(lines) > 20
+    assert "transcript_event" in {json.loads(line)["type"] for line in lines[1:]}
+    query = "SELECT count(*) FROM agent_memories WHERE summary = $1 AND pinned"
+    assert await second.pool.fetchval(query, ODD) == 1
