@@ -19,12 +19,14 @@ from factories import (
     assert_pinned_lists_kept,
     full_memory,
     make_agent,
+    make_agent_id,
     pinned_lists,
     record_turn,
     work,
     writer,
 )
 from helpers import GQL, database_copy, db_settings
+from runtime_support import run as run_turn
 from servers import clean_env, engram_command, run
 
 from app.actions import service as actions
@@ -804,6 +806,24 @@ async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(
         (edited(lines, last, metadata={"\udc00": 1}), "a key in metadata contains a lone"),
         (edited(lines, last, labels={"5": "c-\ud800"}), "labels.5 contains a lone UTF-16"),
         ([*lines[:last], json.dumps(nan)], "metadata.n is nan: numbers must be finite"),
+        # A number too large for a float is one too (Python reads 1e999 as inf), and so is
+        # NaN or Infinity written in capitals or signed.
+        (
+            [
+                *lines[:execution],
+                lines[execution].replace('"input": {', '"input": {"n": 1E999, '),
+                *lines[execution + 1 :],
+            ],
+            "input.n is inf: numbers must be finite",
+        ),
+        (
+            [
+                *lines[:execution],
+                lines[execution].replace('"input": {', '"input": {"n": -1e+400, '),
+                *lines[execution + 1 :],
+            ],
+            "input.n is -inf: numbers must be finite",
+        ),
     ]:
         index = next(i for i, (a, b) in enumerate(zip(lines, changed, strict=True)) if a != b)
         await refused(
@@ -1017,3 +1037,133 @@ async def test_an_agent_or_record_behind_its_own_latest_version_is_refused(state
         f"line {behind + 1}: memory {memory_id} is at version 1, but this export has its "
         f"version {rows[behind]['version']}",
     )
+
+
+async def test_the_check_holds_no_table_of_rows_it_has_checked(state, admin, second, monkeypatch):
+    """The check pass takes a table's lock only while it tries a batch of its rows: a command
+    that needs a table alone (`maintain-search --reorder`'s CLUSTER, a migration) does not
+    wait for the whole check, with every request queued behind it."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    check_rows = store.check_rows
+    taken: list[str] = []
+
+    async def watched(conn, table, *args):
+        if table.name == "agent_memories" and not taken:  # the last rows: the others are done
+            async with second.pool.acquire() as other, other.transaction():
+                for name in ("actions", "sessions", "agent_memory_versions"):
+                    await other.execute(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                    taken.append(name)
+        return await check_rows(conn, table, *args)
+
+    monkeypatch.setattr(store, "check_rows", watched)
+    await load(second, target_admin.account_id, lines, batch_rows=2)
+    assert taken == ["actions", "sessions", "agent_memory_versions"]
+
+
+async def test_a_refusal_quotes_a_long_value_of_the_file_shortened(state, admin, second):
+    """A message names the line and shows what is wrong, but a value of the file (an ID of a
+    megabyte, as an edit can make) is shown cut, never whole."""
+    from app.errors import BadInput
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    long = "x" * 1_000_000
+    last = len(lines) - 1
+    execution = first(lines, "execution")
+    event = {
+        "action_id": str(agent.action_id),
+        "execution_id": long,
+        "sequence": 1,
+        "invocation_number": 1,
+        "type": "turn.input",
+        "data": {},
+        "created": json.loads(lines[execution])["row"]["created"],
+    }
+    at = first(lines, "memory_version")
+    twice = edited(lines, execution, execution_id=long)
+    replacing = edited(lines, last, replaces=long)
+    cases = [
+        (edited(lines, last, memory_id=long), f"line {last + 1}: its memory row is not valid"),
+        (edited(lines, last, action_id=[long]), f"line {last + 1}: its memory row is not valid"),
+        (
+            [*twice[: execution + 1], twice[execution], *twice[execution + 1 :]],
+            f"line {execution + 2}: its execution row has the key of line {execution + 1}",
+        ),
+        (
+            [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]],
+            f"line {at + 1}: its transcript_event row is not valid",
+        ),
+        (  # two records replacing one
+            [*replacing, edited(replacing, last, memory_id=str(uuid.uuid4()))[last]],
+            f"line {last + 2}: its memory row is not valid (it replaces record",
+        ),
+    ]
+    for changed, said in cases:
+        before = await table_counts(second)
+        with pytest.raises(BadInput) as refusal:
+            await load(second, target_admin.account_id, changed)
+        assert refusal.value.message.startswith(said), refusal.value.message[:300]
+        assert len(refusal.value.message) < 1000, refusal.value.message[:300]
+        assert await table_counts(second) == before
+
+
+# Text of the shapes the import's checks look for, as a model may write it: the words NaN and
+# Infinity, a NUL's and a surrogate's escapes as text, an astral character, a bidi override.
+ODD = 'NaN Infinity -Infinity 1e999 \\u0000 \\uD800 \\\\u0000 "q" 😀 \u202e tab\tend'
+
+
+@pytest.mark.settings(model_name="scripted")
+async def test_an_export_of_real_turns_imports_whole_and_identical(
+    state, admin, gql, second, db_url, tmp_path, model_server
+):
+    """Two agents, one written by real turns (tool calls, their transcripts, sessions, a pin,
+    a preview turn, text that looks like what the checks refuse): each exported with `engram
+    export` imports whole, reads back the same, and exports again line for line."""
+    factory_made = await build_agent(state, admin)
+    harness = full_memory(pinned={"max_tokens": 200}, tools=["add_memory", "delete_memory"])
+    turned = await make_agent_id(state, admin, name="other", harness=harness)
+    model_server.call_tools(
+        (
+            "add_memory",
+            {
+                "summary": ODD,
+                "kind": "fact",
+                "content": ODD + "\nline",
+                "labels": {"customer_id": "NaN"},
+                "pinned": True,
+                "scope": "AGENT",
+            },
+        )
+    )
+    model_server.say("ok " + ODD)
+    executions = [await run_turn(gql, admin, turned, {"x": ODD, "n": 1.5e300}, session="a")]
+    model_server.call_tools(("add_memory", {"summary": "second", "kind": "fact"}))
+    model_server.say("done")
+    executions.append(await run_turn(gql, admin, turned, "again", session="b"))
+    model_server.call_tools(("add_memory", {"summary": "previewed", "kind": "fact"}))
+    model_server.say("preview")
+    executions.append(await run_turn(gql, admin, turned, "p", session="b", preview=True))
+    assert [e["status"] for e in executions] == ["SUCCEEDED"] * 3, executions
+    target_url = second.settings.database_url_value()
+    target_admin = await admin_of(second)
+    for action_id in (str(factory_made.action_id), turned):
+        before = await reads(GQL(state), admin, uuid.UUID(action_id))
+        path, again = tmp_path / f"{action_id}.jsonl", tmp_path / f"{action_id}.again.jsonl"
+        done = run(clean_env(database_url=db_url), "export", "--action", action_id, "-o", str(path))
+        assert done.returncode == 0, done.stderr
+        imported = run(clean_env(database_url=target_url), "import", str(path))
+        assert imported.returncode == 0, imported.stderr
+        assert await reads(GQL(second), target_admin, uuid.UUID(action_id)) == before
+        done = run(
+            clean_env(database_url=target_url), "export", "--action", action_id, "-o", str(again)
+        )
+        assert done.returncode == 0, done.stderr
+        lines, lines_again = path.read_text().splitlines(), again.read_text().splitlines()
+        assert lines[1:] == lines_again[1:]
+        assert len(lines) > 20
+    assert "transcript_event" in {json.loads(line)["type"] for line in lines[1:]}
+    query = "SELECT count(*) FROM agent_memories WHERE summary = $1 AND pinned"
+    assert await second.pool.fetchval(query, ODD) == 1

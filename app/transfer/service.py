@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import io
 import json
+import math
 import re
 import reprlib
 import tempfile
@@ -311,7 +312,7 @@ class _Across:
             if str(row.get("execution_id")).lower() not in self.executions:
                 raise BadInput(
                     f"line {number}: its transcript_event row is not valid (execution_id "
-                    f"{row.get('execution_id')} is no execution of this export)"
+                    f"{_shown(row.get('execution_id'))} is no execution of this export)"
                 )
         elif kind in ("memory", "memory_version"):
             self._record(kind, row, number)
@@ -336,8 +337,9 @@ class _Across:
             if earlier != number:
                 raise BadInput(
                     f"line {number}: its memory row is not valid (it replaces record "
-                    f"{row['replaces']}, as the {'preview ' * preview}record of line {earlier} "
-                    "does: a record has one successor, and one preview record naming it)"
+                    f"{_shown(row['replaces'])}, as the {'preview ' * preview}record of line "
+                    f"{earlier} does: a record has one successor, and one preview record naming "
+                    "it)"
                 )
 
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
@@ -411,40 +413,49 @@ async def _check_file(
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
-        refused = await store.check_rows(conn, table, json.dumps([r for r, _ in batch]), columns)
-        if refused is not None:
-            for row, number in batch:  # which one: each alone
-                error = await store.check_rows(conn, table, json.dumps([row]), columns)
-                if error is not None:
-                    raise BadInput(f"line {number}: its {table.kind} row is not valid ({error})")
-            raise BadInput(  # none alone: the batch together (its size)
-                f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not valid "
-                f"together ({refused}); import with a smaller --batch-size"
-            )
+        # A transaction a batch, not one for the file: see `store.checking`.
+        async with store.checking(conn, table):
+            rows_json = json.dumps([r for r, _ in batch])
+            refused = await store.check_rows(conn, table, rows_json, columns)
+            if refused is not None:
+                for row, number in batch:  # which one: each alone
+                    error = await store.check_rows(conn, table, json.dumps([row]), columns)
+                    if error is not None:  # PostgreSQL's message quotes the value it refused
+                        raise BadInput(
+                            f"line {number}: its {table.kind} row is not valid "
+                            f"({_shown(error, 300)})"
+                        )
+                raise BadInput(  # none alone: the batch together (its size)
+                    f"lines {batch[0][1]} to {batch[-1][1]}: their {table.kind} rows are not "
+                    f"valid together ({_shown(refused, 300)}); import with a smaller --batch-size"
+                )
         across.stored(table, batch)
 
     async with pool.acquire() as conn:
-        checking = conn.transaction()
-        await checking.start()
-        try:
-            await store.check_tables(conn)
-            table: Table | None = None
-            for kind, row, number in rows:
-                across.row(kind, row, number)
-                if table is not None and (kind != table.kind or len(batch) >= batch_rows):
-                    await check(conn, table)
-                    batch = []
-                table = BY_KIND[kind]
-                batch.append((row, number))
-            if table is not None and batch:
+        table: Table | None = None
+        for kind, row, number in rows:
+            across.row(kind, row, number)
+            if table is not None and (kind != table.kind or len(batch) >= batch_rows):
                 await check(conn, table)
-            await across.end(conn, account_id, action_id, expected)
-        finally:
-            await checking.rollback()  # the copies the rows were checked in go with it
+                batch = []
+            table = BY_KIND[kind]
+            batch.append((row, number))
+        if table is not None and batch:
+            await check(conn, table)
+        await across.end(conn, account_id, action_id, expected)
 
 
 def _noun(table: Table, row: dict[str, Any]) -> str:
-    return _NOUNS[table.name].format(**{k: row.get(k) for k in table.key})
+    return _NOUNS[table.name].format(**{k: _shown(row.get(k)) for k in table.key})
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value of the file in a message: whole when short, else its start and its end (an
+    edited file may hold an ID of a megabyte, which a message would quote whole)."""
+    text = value if isinstance(value, str) else reprlib.repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 20]}...{text[-10:]} ({len(text):,} characters)"
 
 
 def _rows(
@@ -458,7 +469,7 @@ def _rows(
     for number, line in enumerate(lines, start=2):
         if not line.strip():
             continue
-        kind, row = _parse(_utf8(line, number), number)
+        kind, row, overflowed = _parse(_utf8(line, number), number)
         if kind not in columns:
             unknown = [c for c in row if c not in catalog[kind] and c != "account_id"]
             if unknown:
@@ -478,7 +489,7 @@ def _rows(
             number,
             action_id=action_id,
             types=catalog[kind],
-            walk=_SUSPECT.search(line) is not None,
+            walk=overflowed or _SUSPECT.search(line) is not None,
         )
         yield kind, row, number
 
@@ -514,7 +525,8 @@ def _check_row(
             check_json(row, "the row")
         agent = row.get("action_id")
         if not isinstance(agent, str) or UUID(agent) != action_id:
-            raise ValueError(f"action_id is {agent!r}, not the exported agent {action_id}")
+            shown = repr(agent) if isinstance(agent, str) else _shown(agent)  # an ID: short
+            raise ValueError(f"action_id is {shown}, not the exported agent {action_id}")
         for column, value in row.items():
             if value is None:
                 continue
@@ -583,9 +595,30 @@ def _check_time(column: str, value: Any) -> None:
         ) from None
 
 
-def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
+class _Overflow(Exception):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Overflow
+    return value
+
+
+# Python reads a number too large for a float (1e999) as inf, which no escape or word of the
+# line shows to `_SUSPECT`: a line of one is read again, and its row walked (`_check_row`).
+_DECODER = json.JSONDecoder(parse_float=_finite)
+
+
+def _parse(line: str, number: int) -> tuple[str, dict[str, Any], bool]:
+    """The line's type and row, and whether a number of it was too large for a float."""
+    overflowed = False
     try:
-        item = json.loads(line)
+        try:
+            item = _DECODER.decode(line)
+        except _Overflow:
+            item, overflowed = json.loads(line), True
     except (ValueError, RecursionError):
         raise BadInput(f"line {number} is not JSON: the file is damaged or cut short") from None
     if not isinstance(item, dict) or item.get("type") not in BY_KIND:
@@ -593,7 +626,7 @@ def _parse(line: str, number: int) -> tuple[str, dict[str, Any]]:
         raise BadInput(f"line {number} is not an exported row (a type among {known})")
     if not isinstance(item.get("row"), dict):
         raise BadInput(f"line {number} has no row")
-    return item["type"], item["row"]
+    return item["type"], item["row"], overflowed
 
 
 @dataclass

@@ -8,6 +8,7 @@ never from a file.
 """
 
 from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -240,23 +241,31 @@ async def write_rows(
     return Written(inserted, rows - inserted)
 
 
-async def check_tables(conn: asyncpg.Connection) -> None:
-    """Empty copies of `TABLES`, with their types, defaults, NOT NULL and CHECK constraints
-    (no keys, no indexes), in which `check_rows` tries rows; dropped with the transaction, which
-    the caller rolls back."""
+@asynccontextmanager
+async def checking(conn: asyncpg.Connection, table: Table) -> AsyncIterator[None]:
+    """A transaction, rolled back on exit, holding an empty copy of `table` with its types,
+    defaults, NOT NULL and CHECK constraints (no keys, no indexes), in which `check_rows` tries
+    rows. One a batch: the copy locks its table against a command that needs it alone (CLUSTER,
+    ALTER TABLE), and every request waits behind such a command, so the lock is held as long as
+    one batch's check, never a whole file's."""
     session_changed(conn)  # a temporary schema stays with the session
-    for table in TABLES:
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
         await conn.execute(
             f"CREATE TEMPORARY TABLE check_{table.name} "
             f"(LIKE {table.name} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ON COMMIT DROP"
         )
+        yield
+    finally:
+        await transaction.rollback()  # the copy goes with it
 
 
 async def check_rows(
     conn: asyncpg.Connection, table: Table, rows_json: str, row_columns: Sequence[str]
 ) -> str | None:
     """Why PostgreSQL would not store these rows (a JSON array of objects with `row_columns`),
-    or None: they are inserted into the copy of their table (`check_tables`) in a savepoint
+    or None: they are inserted into the copy of their table (inside `checking`) in a savepoint
     rolled back after."""
     columns_sql = ", ".join(row_columns)
     savepoint = conn.transaction()
