@@ -20,6 +20,12 @@ its rounds, the answers by status and code, and the rounds whose check failed (w
 - replaces: addAgentMemories batches at once whose `replaces` overlap (in cycles): each record
   replaced at most once, `replacedBy` and status consistent, a refused batch writes nothing,
   no staged row left, pinned lengths kept.
+- review: turns of one agent at once (every turn on three sessions, or `every: {messages: 6}`
+  on one), whose memory reviews learn each turn's own fact and its round's fact at agent
+  scope; some fail before their review (retried next round), two a round replace one record
+  with add_memory so that one rolls back after its review staged: no two live records say the
+  same (M12), no record of an attempt that did not commit (M17), and after one more turn a
+  session, every reviewed turn's fact kept and fewer than N messages waiting (M14).
 - gate: the pool's connection gate (app/db/pool.py `Connections`) under many accounts'
   acquires, timeouts and cancellations: nothing held or waiting once all ended.
 
@@ -28,9 +34,13 @@ its rounds, the answers by status and code, and the rounds whose check failed (w
 """
 
 import asyncio
+import hashlib
+import json
 import os
 import random
+import re
 import time
+import types
 from collections import Counter
 
 import httpx
@@ -43,7 +53,7 @@ from factories import (
     remember,
     token_for,
 )
-from openai_server import ChatReply
+from openai_server import CHAT, ChatReply
 from runtime_support import candidates, decide
 
 from app.db.pool import Share, create_pool, drawing_on
@@ -454,4 +464,148 @@ async def test_gate(db_url):
                 await asyncio.gather(*(pool.fetchval("SELECT 1") for _ in range(8)))
     finally:
         await pool.close()
+    race.report()
+
+
+# A turn's tag (its input, or in it): a round's `#rNtT#`, or a sweep's. No angle brackets: the
+# review reads the conversation with them escaped.
+TAG = re.compile(r"#(r\d+)t\d+#|#sweep \w+#")
+
+
+def fact(seed: str) -> str:
+    """A summary of words no other fact shares."""
+    digest = hashlib.blake2b(seed.encode(), digest_size=12).hexdigest()
+    return " ".join("q" + digest[i : i + 6] for i in range(0, 24, 6))
+
+
+REVIEWER = ChatReply(content="review", purpose="memory")
+
+
+def reviewing(server) -> None:
+    """The scripted model's memory review learns, from each turn whose tag `#rNtT#` it reads,
+    that turn's own fact (session scope) and its round's fact (agent scope: every turn of the
+    round learns it); a decide call skips a candidate a shown record says word for word, and
+    adds the others."""
+    plain = server._completion
+
+    def completion(self, body, reply, number):
+        if reply is not REVIEWER:
+            return plain(body, reply, number)
+        tools = [t["function"]["name"] for t in body.get("tools", [])]
+        if "decide" in tools:
+            shown = json.loads(body["messages"][1]["content"])
+            said = {r["summary"] for r in shown["records"].values()}
+            decisions = [
+                {"candidate": c["handle"], "action": "skip" if c["summary"] in said else "add"}
+                for c in shown["candidates"]
+            ]
+            return plain(body, ChatReply(tool_calls=[("decide", {"decisions": decisions})]), number)
+        said = json.dumps(body["messages"][1:])
+        items = []
+        for m in TAG.finditer(said):
+            items.append({"summary": fact(m.group(0)), "kind": "fact", "scope": "session"})
+            if m.group(1):
+                items.append({"summary": fact(m.group(1)), "kind": "fact", "scope": "agent"})
+        return plain(body, ChatReply(tool_calls=[("remember", {"candidates": items})]), number)
+
+    server._completion = types.MethodType(completion, server)
+    server.chat_defaults["memory"] = REVIEWER
+
+
+async def _review_checks(race: Race, state, agent, n: object) -> None:
+    """No two live records say the same (M12); no record of an attempt that did not commit
+    (M17)."""
+    twice = await state.pool.fetch(
+        "SELECT memory_summary_key(summary) AS key, count(*) FROM agent_memories "
+        "WHERE action_id = $1 AND status = 'ACTIVE' AND pending_execution IS NULL "
+        "GROUP BY 1 HAVING count(*) > 1",
+        agent.action_id,
+    )
+    race.check(not twice, n, "restated facts piled up", [dict(r) for r in twice])
+    stray = await state.pool.fetch(
+        "SELECT m.memory_id, x.status, m.invocation_number, x.invocation_number AS now "
+        "FROM agent_memories m JOIN executions x ON x.account_id = m.account_id "
+        "AND x.action_id = m.action_id AND x.execution_id = m.execution_id "
+        "WHERE m.action_id = $1 AND m.source = 'EXTRACTION' AND m.pending_execution IS NULL "
+        "AND (x.status <> 'SUCCEEDED' OR x.invocation_number <> m.invocation_number)",
+        agent.action_id,
+    )
+    race.check(not stray, n, "a record of a turn that rolled back", [dict(r) for r in stray])
+
+
+@pytest.mark.parametrize("every", ["turn", 6])
+@pytest.mark.settings(max_requests_per_account=64)
+async def test_review(state, admin, base_url, model_server, every):
+    """Turns of one agent at once, on three sessions, whose reviews learn the same agent-scope
+    fact; some fail before their review (retried next round), and two a round replace one
+    record with add_memory, so that one of them rolls back after its review staged."""
+    race, rng = Race(f"review[{every}]"), random.Random(SEED)
+    reviewing(model_server)
+    extraction = {} if every == "turn" else {"extraction": {"every": {"messages": every}}}
+    agent = await make_agent(state, admin, harness=full_memory(**extraction))
+    token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+    failed: list[dict] = []
+    sessions = ["s1", "s2", "s3"] if every == "turn" else ["s1"]
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            target = await race.post(
+                http, token, ADD, a=a, i={"summary": fact(f"target {n}"), "kind": "fact"}
+            )
+            target = target["data"]["addAgentMemory"]["memoryId"]
+            jobs = []
+            for t in range(6):
+                tag = f"#r{n}t{t}#"
+                if t < 2:
+                    replacing = {"summary": fact(f"by {tag}"), "kind": "fact", "replaces": target}
+                    model_server.call_tools(("add_memory", replacing), when=tag)
+                if rng.random() < 0.25:
+                    fail_once(model_server, tag)
+                model_server.say("ok", when=tag)
+                turn = {"actionId": a, "sessionId": rng.choice(sessions), "input": tag}
+                jobs.append(race.post(http, token, EXECUTE, input=turn))
+            for retried in failed[-2:]:
+                jobs.append(race.post(http, token, EXECUTE, input={"actionId": a, **retried}))
+            failed.clear()
+            for body in await asyncio.gather(*jobs):
+                done = (body.get("data") or {}).get("executeAction")
+                if done and done["status"] == "FAILED" and "scripted" in (done["error"] or ""):
+                    failed.append({k: done[k] for k in ("executionId", "sessionId")})
+                elif done and done["status"] == "FAILED":
+                    race.answers["rolled back after the review"] += 1
+            with model_server._lock:
+                model_server._chat_script.clear()
+            await _review_checks(race, state, agent, n)
+            if every != "turn":
+                waiting = await state.pool.fetchval(
+                    "SELECT coalesce(sum(review_messages), 0) FROM executions WHERE action_id = $1 "
+                    "AND review_messages IS NOT NULL AND reviewed_by IS NULL",
+                    agent.action_id,
+                )
+                race.answers["rounds ending with a review due"] += waiting >= every
+        # One more turn a session, alone: whatever waits is reviewed, once.
+        for s in sessions:
+            sweep = {"actionId": a, "sessionId": s, "input": f"#sweep {s}#"}
+            await race.post(http, token, EXECUTE, input=sweep)
+        await _review_checks(race, state, agent, "sweep")
+        rows = await state.pool.fetch(
+            "SELECT input #>> '{}' AS tag, reviewed_by IS NOT NULL AS reviewed, review_messages "
+            "FROM executions WHERE action_id = $1 AND kind = 'TURN' AND status = 'SUCCEEDED'",
+            agent.action_id,
+        )
+        kept = {
+            r["summary"]
+            for r in await state.pool.fetch(
+                "SELECT summary FROM agent_memories WHERE action_id = $1 AND status = 'ACTIVE' "
+                "AND source = 'EXTRACTION'",
+                agent.action_id,
+            )
+        }
+        unreviewed = sum(r["review_messages"] for r in rows if not r["reviewed"])
+        race.check(unreviewed < (2 if every == "turn" else every), "sweep", unreviewed, "waiting")
+        for r in rows:
+            if r["reviewed"]:
+                race.check(fact(r["tag"]) in kept, "sweep", r["tag"], "reviewed, fact not kept")
+        race.answers["decide calls"] += sum(
+            '"decide"' in json.dumps(x.body.get("tools")) for x in model_server.requests_to(CHAT)
+        )
     race.report()
