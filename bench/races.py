@@ -609,3 +609,185 @@ async def test_review(state, admin, base_url, model_server, every):
             '"decide"' in json.dumps(x.body.get("tools")) for x in model_server.requests_to(CHAT)
         )
     race.report()
+
+
+EXECUTE_REPLAY = """mutation($input: ExecuteActionInput!) { executeAction(input: $input) {
+    executionId status error } }"""
+
+
+async def _history_checks(race: Race, state, agent, n: object) -> None:
+    """What the tables hold against the rules: kept events only of committed attempts (H5),
+    none twice, turn numbers unique and 1..the session's count, parts whole (H8), and every
+    committed search's results from turns before its own (H6), its original's (H12), never a
+    preview turn's for a live turn (H13)."""
+    a = agent.action_id
+    wrong = await state.pool.fetch(
+        """
+        SELECT e.event_id, e.turn, x.turn AS committed, x.status, e.invocation_number,
+            x.invocation_number AS now, x.replay_of IS NOT NULL AS replay, e.preview, x.preview
+        FROM history_events e LEFT JOIN executions x ON x.account_id = e.account_id
+            AND x.action_id = e.action_id AND x.execution_id = e.execution_id
+        WHERE e.action_id = $1 AND (x.status IS DISTINCT FROM 'SUCCEEDED'
+            OR x.invocation_number <> e.invocation_number OR x.turn IS DISTINCT FROM e.turn
+            OR x.replay_of IS NOT NULL OR x.preview <> e.preview OR e.text LIKE '%lost%')
+        """,
+        a,
+    )
+    race.check(not wrong, n, "kept events of no committed attempt", [dict(r) for r in wrong])
+    twice = await state.pool.fetch(
+        "SELECT execution_id, sequence, count(*) FROM history_events WHERE action_id = $1 "
+        "GROUP BY 1, 2 HAVING count(*) > 1",
+        a,
+    )
+    race.check(not twice, n, "an event kept twice", [dict(r) for r in twice])
+    for s in await state.pool.fetch(
+        "SELECT session_id, turns FROM sessions WHERE action_id = $1", a
+    ):
+        numbers = [
+            r["turn"]
+            for r in await state.pool.fetch(
+                "SELECT turn FROM executions WHERE action_id = $1 AND session_id = $2 "
+                "AND status = 'SUCCEEDED' AND replay_of IS NULL AND kind IN ('TURN', 'INGEST') "
+                "ORDER BY turn",
+                a,
+                s["session_id"],
+            )
+        ]
+        race.check(numbers == list(range(1, s["turns"] + 1)), n, "turn numbers", s, numbers)
+    torn = await state.pool.fetch(
+        """
+        SELECT e.event_id, e.parts, array_agg(p.part ORDER BY p.part) AS numbers
+        FROM history_events e LEFT JOIN history_parts p ON p.account_id = e.account_id
+            AND p.action_id = e.action_id AND p.session_id = e.session_id
+            AND p.event_id = e.event_id AND p.turn = e.turn AND p.preview = e.preview
+        WHERE e.action_id = $1 GROUP BY 1, 2
+        HAVING array_agg(p.part ORDER BY p.part) <> array(SELECT generate_series(1, e.parts))
+        """,
+        a,
+    )
+    race.check(not torn, n, "an event's parts not whole", [dict(r) for r in torn])
+    searches = await state.pool.fetch(
+        """
+        SELECT x.execution_id, x.turn, x.preview, o.turn AS original, o.preview AS opreview,
+            t.data->'output'->'events' AS found
+        FROM executions x
+        JOIN transcript_events t ON t.account_id = x.account_id AND t.action_id = x.action_id
+            AND t.execution_id = x.execution_id AND t.invocation_number = x.invocation_number
+        LEFT JOIN executions o ON o.account_id = x.account_id AND o.action_id = x.action_id
+            AND o.execution_id = x.replay_of
+        WHERE x.action_id = $1 AND x.status = 'SUCCEEDED' AND t.type = 'tool.execution'
+            AND t.data->>'name' = 'search_history'
+        """,
+        a,
+    )
+    for r in searches:
+        before = r["original"] if r["original"] is not None else r["turn"]
+        preview = r["opreview"] if r["original"] is not None else r["preview"]
+        for found in r["found"] or []:
+            race.answers["results checked"] += 1
+            ok = found["turn"] < before and (preview or not found.get("preview"))
+            race.check(ok, n, "a search saw", found["turn"], found.get("preview"), dict(r))
+
+
+@pytest.mark.settings(max_requests_per_account=64)
+async def test_history(state, admin, base_url, model_server):
+    """Turns of one session at once (live and preview, some with a long message, a third
+    failing after their search, retried next round), each searching the session's history;
+    a replay of an earlier turn searching; an eraseSession of the session every fourth round;
+    turns of a second session beside them."""
+    race, rng = Race("history"), random.Random(SEED)
+    agent = await make_agent(state, admin, harness={"history": {"index": "messages_and_tools"}})
+    token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+    failed: list[dict] = []
+    replayable: list[tuple[str, str]] = []  # (execution, tag) of committed live turns
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            jobs, sent = [], []
+            for t in range(6):
+                tag = f"#r{n}t{t}#"
+                failing = rng.random() < 0.33
+                # A failing attempt's search (its call, its result) is said only by it.
+                words = f"lost{n}x{t}" if failing else "entry"
+                search = {"query": f"ledger {words}", "limit": 20}
+                model_server.call_tools(("search_history", search), when=tag)
+                if failing:
+                    fail_once(model_server, tag)  # after the search: its words never kept
+                else:
+                    model_server.say(f"noted ledger {tag}", when=tag)
+                words = f"{tag} ledger entry {n} {t}."
+                long = " ".join([f"Ledger line {i} of {tag} says nothing new." for i in range(60)])
+                turn = {
+                    "actionId": a,
+                    "sessionId": "s2" if t == 5 else "s1",
+                    "input": words + (" " + long if rng.random() < 0.3 else ""),
+                    "preview": rng.random() < 0.2,
+                }
+                sent.append(tag)
+                jobs.append(race.post(http, token, EXECUTE, input=turn))
+            for retried in failed[-3:]:
+                jobs.append(race.post(http, token, EXECUTE, input={"actionId": a, **retried}))
+            failed.clear()
+            if replayable:
+                original, tag = rng.choice(replayable)
+                model_server.call_tools(("search_history", {"query": "ledger"}), when=tag)
+                model_server.say("replayed", when=tag)
+                replay = {"actionId": a, "replayOf": original}
+                jobs.append(race.post(http, token, EXECUTE_REPLAY, input=replay))
+            if n % 4 == 3:
+                jobs.append(race.post(http, token, ERASE, a=a, s="s1"))
+            rng.shuffle(jobs)
+            for body in await asyncio.gather(*jobs):
+                done = (body.get("data") or {}).get("executeAction")
+                if done and "sessionId" in done and done["status"] == "FAILED":
+                    failed.append({k: done[k] for k in ("executionId", "sessionId", "preview")})
+            with model_server._lock:
+                model_server._chat_script.clear()
+            replayable = [
+                (str(r["execution_id"]), r["tag"])
+                for r in await state.pool.fetch(
+                    "SELECT execution_id, substring(input #>> '{}' from '#r[0-9]+t[0-9]+#') AS tag "
+                    "FROM executions WHERE action_id = $1 AND kind = 'TURN' AND NOT preview "
+                    "AND status = 'SUCCEEDED' AND replay_of IS NULL "
+                    "AND input <> to_jsonb('[erased]'::text)",
+                    agent.action_id,
+                )
+                if r["tag"]
+            ]
+            await _history_checks(race, state, agent, n)
+    race.report()
+
+
+@pytest.mark.settings(max_requests_per_account=64)
+async def test_ingest(state, admin, base_url, model_server):
+    """rememberConversation beside turns of the same sessions, an agent that keeps history and
+    writes agent scope: the reviews of both learn each one's fact and the round's (M12, M17),
+    and an ingest is a turn of its session (H5, H8, turn numbers)."""
+    race, rng = Race("ingest"), random.Random(SEED)
+    reviewing(model_server)
+    harness = {**full_memory(), "history": {"index": "messages_and_tools"}}
+    agent = await make_agent(state, admin, harness=harness)
+    token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            jobs = []
+            for t in range(6):
+                tag, session = f"#r{n}t{t}#", rng.choice(["s1", "s1", "s2"])
+                if t < 3:
+                    if rng.random() < 0.25:
+                        fail_once(model_server, tag)
+                    model_server.say(f"noted {tag}", when=tag)
+                    turn = {"actionId": a, "sessionId": session, "input": f"{tag} ledger"}
+                    jobs.append(race.post(http, token, EXECUTE, input=turn))
+                    continue
+                said = [
+                    {"role": "user", "content": f"{tag} ledger"},
+                    {"role": "assistant", "content": f"noted {tag}"},
+                ]
+                request = {"actionId": a, "sessionId": session, "messages": said}
+                jobs.append(race.post(http, token, REMEMBER, input=request))
+            await asyncio.gather(*jobs)
+            with model_server._lock:
+                model_server._chat_script.clear()
+            await _review_checks(race, state, agent, n)
+            await _history_checks(race, state, agent, n)
+    race.report()
