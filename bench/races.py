@@ -35,6 +35,7 @@ its rounds, the answers by status and code, and the rounds whose check failed (w
 
 import asyncio
 import hashlib
+import io
 import json
 import os
 import random
@@ -49,6 +50,7 @@ from factories import (
     allow,
     assert_pinned_lists_kept,
     full_memory,
+    make_account,
     make_agent,
     remember,
     token_for,
@@ -517,18 +519,21 @@ async def _review_checks(race: Race, state, agent, n: object) -> None:
     (M17)."""
     twice = await state.pool.fetch(
         "SELECT memory_summary_key(summary) AS key, count(*) FROM agent_memories "
-        "WHERE action_id = $1 AND status = 'ACTIVE' AND pending_execution IS NULL "
-        "GROUP BY 1 HAVING count(*) > 1",
+        "WHERE account_id = $2 AND action_id = $1 AND status = 'ACTIVE' "
+        "AND pending_execution IS NULL GROUP BY 1 HAVING count(*) > 1",
         agent.action_id,
+        agent.account_id,
     )
     race.check(not twice, n, "restated facts piled up", [dict(r) for r in twice])
     stray = await state.pool.fetch(
         "SELECT m.memory_id, x.status, m.invocation_number, x.invocation_number AS now "
         "FROM agent_memories m JOIN executions x ON x.account_id = m.account_id "
         "AND x.action_id = m.action_id AND x.execution_id = m.execution_id "
-        "WHERE m.action_id = $1 AND m.source = 'EXTRACTION' AND m.pending_execution IS NULL "
+        "WHERE m.account_id = $2 AND m.action_id = $1 AND m.source = 'EXTRACTION' "
+        "AND m.pending_execution IS NULL "
         "AND (x.status <> 'SUCCEEDED' OR x.invocation_number <> m.invocation_number)",
         agent.action_id,
+        agent.account_id,
     )
     race.check(not stray, n, "a record of a turn that rolled back", [dict(r) for r in stray])
 
@@ -615,55 +620,65 @@ EXECUTE_REPLAY = """mutation($input: ExecuteActionInput!) { executeAction(input:
     executionId status error } }"""
 
 
-async def _history_checks(race: Race, state, agent, n: object) -> None:
+async def _history_checks(race: Race, state, agent, n: object, every_turn: bool = True) -> None:
     """What the tables hold against the rules: kept events only of committed attempts (H5),
     none twice, turn numbers unique and 1..the session's count, parts whole (H8), and every
     committed search's results from turns before its own (H6), its original's (H12), never a
     preview turn's for a live turn (H13)."""
-    a = agent.action_id
+    a, account = agent.action_id, agent.account_id
     wrong = await state.pool.fetch(
         """
         SELECT e.event_id, e.turn, x.turn AS committed, x.status, e.invocation_number,
             x.invocation_number AS now, x.replay_of IS NOT NULL AS replay, e.preview, x.preview
         FROM history_events e LEFT JOIN executions x ON x.account_id = e.account_id
             AND x.action_id = e.action_id AND x.execution_id = e.execution_id
-        WHERE e.action_id = $1 AND (x.status IS DISTINCT FROM 'SUCCEEDED'
+        WHERE e.account_id = $2 AND e.action_id = $1 AND (x.status IS DISTINCT FROM 'SUCCEEDED'
             OR x.invocation_number <> e.invocation_number OR x.turn IS DISTINCT FROM e.turn
             OR x.replay_of IS NOT NULL OR x.preview <> e.preview OR e.text LIKE '%lost%')
         """,
         a,
+        account,
     )
     race.check(not wrong, n, "kept events of no committed attempt", [dict(r) for r in wrong])
     twice = await state.pool.fetch(
         "SELECT execution_id, sequence, count(*) FROM history_events WHERE action_id = $1 "
-        "GROUP BY 1, 2 HAVING count(*) > 1",
+        "AND account_id = $2 GROUP BY 1, 2 HAVING count(*) > 1",
         a,
+        account,
     )
     race.check(not twice, n, "an event kept twice", [dict(r) for r in twice])
     for s in await state.pool.fetch(
-        "SELECT session_id, turns FROM sessions WHERE action_id = $1", a
+        "SELECT session_id, turns FROM sessions WHERE action_id = $1 AND account_id = $2",
+        a,
+        account,
     ):
         numbers = [
             r["turn"]
             for r in await state.pool.fetch(
                 "SELECT turn FROM executions WHERE action_id = $1 AND session_id = $2 "
                 "AND status = 'SUCCEEDED' AND replay_of IS NULL AND kind IN ('TURN', 'INGEST') "
-                "ORDER BY turn",
+                "AND account_id = $3 ORDER BY turn",
                 a,
                 s["session_id"],
+                account,
             )
         ]
-        race.check(numbers == list(range(1, s["turns"] + 1)), n, "turn numbers", s, numbers)
+        if every_turn:
+            race.check(numbers == list(range(1, s["turns"] + 1)), n, "turn numbers", s, numbers)
+        else:  # an import holds the turns its records name, not every turn
+            unique = len(set(numbers)) == len(numbers) and max(numbers, default=0) <= s["turns"]
+            race.check(unique, n, "turn numbers", dict(s), numbers)
     torn = await state.pool.fetch(
         """
         SELECT e.event_id, e.parts, array_agg(p.part ORDER BY p.part) AS numbers
         FROM history_events e LEFT JOIN history_parts p ON p.account_id = e.account_id
             AND p.action_id = e.action_id AND p.session_id = e.session_id
             AND p.event_id = e.event_id AND p.turn = e.turn AND p.preview = e.preview
-        WHERE e.action_id = $1 GROUP BY 1, 2
+        WHERE e.action_id = $1 AND e.account_id = $2 GROUP BY 1, 2
         HAVING array_agg(p.part ORDER BY p.part) <> array(SELECT generate_series(1, e.parts))
         """,
         a,
+        account,
     )
     race.check(not torn, n, "an event's parts not whole", [dict(r) for r in torn])
     searches = await state.pool.fetch(
@@ -675,10 +690,11 @@ async def _history_checks(race: Race, state, agent, n: object) -> None:
             AND t.execution_id = x.execution_id AND t.invocation_number = x.invocation_number
         LEFT JOIN executions o ON o.account_id = x.account_id AND o.action_id = x.action_id
             AND o.execution_id = x.replay_of
-        WHERE x.action_id = $1 AND x.status = 'SUCCEEDED' AND t.type = 'tool.execution'
-            AND t.data->>'name' = 'search_history'
+        WHERE x.action_id = $1 AND x.account_id = $2 AND x.status = 'SUCCEEDED'
+            AND t.type = 'tool.execution' AND t.data->>'name' = 'search_history'
         """,
         a,
+        account,
     )
     for r in searches:
         before = r["original"] if r["original"] is not None else r["turn"]
@@ -789,5 +805,117 @@ async def test_ingest(state, admin, base_url, model_server):
             with model_server._lock:
                 model_server._chat_script.clear()
             await _review_checks(race, state, agent, n)
+            await _history_checks(race, state, agent, n)
+    race.report()
+
+
+async def _turns_until(race, http, token, agent_id: str, tags: list[str], model_server, rng):
+    """Turns of an agent that may not exist yet (an import writes it): each sent again while
+    the answer is NOT_FOUND, pinning and replacing pins in sessions the import holds and one
+    it does not. Returns the answers, each with when it came."""
+    answers = []
+    for tag in tags:
+        pin = {"summary": f"pin {tag}", "kind": "fact", "pinned": True}
+        if rng.random() < 0.5:
+            pin["scope"] = "agent"
+        model_server.call_tools(("add_memory", pin), when=tag)
+        model_server.say(f"noted {tag}", when=tag)
+        turn = {"actionId": agent_id, "sessionId": rng.choice(["s1", "s2", "s9"]), "input": tag}
+        for _ in range(200):
+            body = await race.post(http, token, EXECUTE, input=turn)
+            codes = {e["extensions"]["code"] for e in body.get("errors") or []}
+            if codes != {"NOT_FOUND"}:
+                break
+            await asyncio.sleep(0.005)
+        answers.append((time.monotonic(), body))
+    return answers
+
+
+async def _import(race, state, account, lines: list[str], batch: int, n: int) -> float:
+    """Imports the lines into the account; returns when it ended (time.monotonic)."""
+    from app.errors import Conflict
+    from app.transfer.service import import_file
+
+    async def opener():
+        return state.embedder
+
+    try:
+        await import_file(
+            state.pool, account_id=account, lines=lines, open_embedder=opener, batch_rows=batch
+        )
+        race.answers["imports whole"] += 1
+    except Conflict as e:
+        race.answers["imports stopped: CONFLICT"] += 1
+        race.check("already exists" in e.message or "clashes" in e.message, n, e)
+    return time.monotonic()
+
+
+def _answered_at(answers: list) -> list[float]:
+    return [at for at, _ in answers]
+
+
+@pytest.mark.settings(max_requests_per_account=64)
+async def test_import(state, admin, base_url, model_server):
+    """`engram import` of an agent (import_file, batches of 2 to 20 rows) into a new account
+    while turns of that account start on the agent as soon as it exists, in sessions the file
+    holds and another; `engram export` of the agent while its turns run, and the file imported
+    back into its own account while more run. An import ends whole or stops with CONFLICT
+    naming a row (nothing overwritten); each session's turn numbers unique; the pinned lists
+    kept as counted (migration 0030), in both accounts."""
+    from types import SimpleNamespace
+
+    from app.transfer.service import export_action
+
+    race, rng = Race("import"), random.Random(SEED)
+    harness = {
+        **full_memory(pinned={"max_tokens": 100_000}),
+        "history": {"index": "messages_and_tools"},
+    }
+    agent = await make_agent(state, admin, harness=harness)
+    token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for n in range(ROUNDS):
+            out = io.StringIO()
+            turns = _turns_until(
+                race, http, token, a, [f"#r{n}h{t}#" for t in range(4)], model_server, rng
+            )
+            exporting = export_action(
+                state.pool, account_id=admin.account_id, action_id=agent.action_id, out=out
+            )
+            await asyncio.gather(turns, exporting)
+            lines = out.getvalue().splitlines()
+            # The same file into its own account, while more turns run: all there already, or
+            # changed since (CONFLICT); nothing overwritten.
+            again = _turns_until(
+                race, http, token, a, [f"#r{n}a{t}#" for t in range(4)], model_server, rng
+            )
+            await asyncio.gather(
+                _import(race, state, admin.account_id, lines, rng.randint(2, 6), n), again
+            )
+            try:
+                await assert_pinned_lists_kept(state, agent)
+            except AssertionError as drift:
+                race.check(False, n, "pinned lists", drift)
+            account = await make_account(state, f"copy{n}")
+            other = await token_for(state, admin, f"copy{n}", EVERYTHING, account_id=account)
+
+            tags = [f"#r{n}c{t}#" for t in range(6)]
+            batch = rng.randint(2, 6)
+            ended, *answers = await asyncio.gather(
+                _import(race, state, account, lines, batch, n),
+                *(_turns_until(race, http, other, a, [t], model_server, rng) for t in tags),
+            )
+            race.answers["turns answered while the import ran"] += sum(
+                at < ended for each in answers for at in _answered_at(each)
+            )
+            with model_server._lock:
+                model_server._chat_script.clear()
+            copy = SimpleNamespace(account_id=account, action_id=agent.action_id)
+            try:
+                await assert_pinned_lists_kept(state, copy)
+            except AssertionError as drift:
+                race.check(False, n, "pinned lists", drift)
+            await _history_checks(race, state, copy, n, every_turn=False)
             await _history_checks(race, state, agent, n)
     race.report()
