@@ -26,6 +26,16 @@ its rounds, the answers by status and code, and the rounds whose check failed (w
   with add_memory so that one rolls back after its review staged: no two live records say the
   same (M12), no record of an attempt that did not commit (M17), and after one more turn a
   session, every reviewed turn's fact kept and fewer than N messages waiting (M14).
+- history: turns of one session at once (live and preview, some kept in parts, a third failing
+  after their search_history call, retried next round), a replay searching, eraseSession every
+  fourth round: kept events only of committed attempts and never twice, turn numbers 1..the
+  session's count, parts whole, each search's results from turns before its own (H5, H6, H8,
+  H12, H13).
+- ingest: rememberConversation beside turns of the same sessions: the review's and history's
+  checks.
+- import: engram export while turns run, the file imported back into its own account and into
+  a new one while turns start on the agent there: whole, or CONFLICT naming a row; turn numbers
+  unique; pinned lists as counted.
 - gate: the pool's connection gate (app/db/pool.py `Connections`) under many accounts'
   acquires, timeouts and cancellations: nothing held or waiting once all ended.
 
