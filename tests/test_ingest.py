@@ -131,6 +131,48 @@ async def test_m11_restated_facts_do_not_pile_up(
     assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Berlin"]
 
 
+async def test_m12_an_ingest_and_a_turn_at_once_that_learn_the_same_fact_keep_it_once(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A turn of session s1 and a conversation handed in for s2 at once, whose reviews both
+    add "Ada lives in Berlin" at agent scope, each decided before either commits; the ingest's
+    decision is answered only once the turn committed. The ingest drops its copy and answers
+    the decision as a skip: the fact is kept once, the turn's."""
+    scope = {"read": ["session", "agent"], "write": ["session", "agent"]}
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=scope))
+    # A record near the fact, so that each review asks the model to decide.
+    candidates(model_server, {"summary": "Ada lives in Paris", "scope": "agent"})
+    assert (await run(gql, admin, action_id, "I live in Paris", session="s0"))["status"] == (
+        "SUCCEEDED"
+    )  # 2 chat requests: the turn's, the review's candidates
+    for said, where in (("Berlin it is now", "from the turn"), ("I moved to", "from the ingest")):
+        fact = {"summary": "Ada lives in Berlin", "kind": "fact", "scope": "agent"}
+        found = {"candidates": [fact | {"content": where}]}
+        model_server.call_tools(("remember", found), purpose="memory", when=said)
+    add = ("decide", {"decisions": [{"candidate": "c1", "action": "add"}]})
+    # The turn's decision once both reviews asked for theirs (the turn's three calls and the
+    # ingest's two): neither review saw the other's record. The ingest's once a turn started
+    # after the first committed.
+    model_server.call_tools(add, purpose="memory", when="from the turn", after_requests=7)
+    model_server.call_tools(add, purpose="memory", when="from the ingest", after_requests=8)
+
+    async def turn_then_another() -> dict[str, Any]:
+        first = await run(gql, admin, action_id, "Berlin it is now", session="s1")
+        await run(gql, admin, action_id, "Anything else?", session="s3")
+        return first
+
+    request = {"actionId": action_id, "sessionId": "s2", "messages": _talk("I moved to Berlin")}
+    turn, ingest = await asyncio.gather(turn_then_another(), gql(admin, REMEMBER, input=request))
+    ingest = ingest.ok()["rememberConversation"]
+    assert (turn["status"], ingest["status"]) == ("SUCCEEDED", "SUCCEEDED"), ingest["error"]
+    berlin = [m for m in await memories(gql, admin, action_id) if "Berlin" in m["summary"]]
+    assert len(berlin) == 1, berlin
+    assert berlin[0]["executionId"] == turn["executionId"]
+    (decision,) = ingest["decisions"]
+    assert decision["action"] == "SKIP" and decision["memoryId"] is None
+    assert "committed it meanwhile" in decision["note"] and ingest["records"] == []
+
+
 async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

@@ -829,6 +829,48 @@ async def test_m10_two_turns_at_once_whose_reviews_keep_nothing_both_commit(
     assert all(events(e, "memory.review") for e in ended)  # both reviewed
 
 
+async def test_m12_two_turns_at_once_that_learn_the_same_fact_keep_it_once(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Turns of two sessions at once whose reviews both add "Ada lives in Berlin" at agent
+    scope, each decided (the decide calls answered together) before either commits, so
+    neither saw the other's record. The second to commit finds the first's saying it word for
+    word: it drops its own (its transcript says so), keeps its turn reviewed, and the fact is
+    kept once."""
+    harness = memory_harness(scope=BOTH_SCOPES)
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    # A record near the fact, so that each review asks the model to decide.
+    candidates(model_server, {"summary": "Ada lives in Paris", "scope": "agent"})
+    assert (await run(gql, admin, action_id, "I live in Paris", session="s0"))["status"] == (
+        "SUCCEEDED"
+    )  # 2 chat requests: the turn's, the review's candidates
+    for _ in range(2):
+        candidates(model_server, {"summary": "Ada lives in Berlin", "scope": "agent"})
+        # Answered once both turns made their three calls: both reviews read before either
+        # commits.
+        decide(model_server, {"candidate": "c1", "action": "add"}, after_requests=8)
+    ended = await asyncio.gather(
+        run(gql, admin, action_id, "I moved to Berlin", session="s1"),
+        run(gql, admin, action_id, "Berlin it is now", session="s2"),
+    )
+    assert [e["status"] for e in ended] == ["SUCCEEDED", "SUCCEEDED"], [e["error"] for e in ended]
+    berlin = [m for m in await memories(gql, admin, action_id) if "Berlin" in m["summary"]]
+    assert len(berlin) == 1, berlin
+    dropped = [(e, d) for e in ended for d in events(e, "memory.review.dropped")]
+    assert len(dropped) == 1, "exactly the second to commit dropped its record"
+    second, note = dropped[0]
+    (written,) = note["records"]
+    assert written["id"] != berlin[0]["memoryId"] and "word for word" in note["reason"]
+    assert await memory(gql, admin, action_id, written["id"]) is None  # never committed
+    async with state.pool.acquire() as conn:
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM executions WHERE action_id = $1 AND reviewed_by IS NULL "
+            "AND review_messages IS NOT NULL",
+            uuid.UUID(action_id),
+        )
+    assert waiting == 0  # both turns were reviewed: the fact is kept, nothing waits
+
+
 # A hostile model: what it answers the review may fail the review, never the turn.
 
 DEEP = '{"candidates": ' + "[" * 5000 + "]" * 5000 + "}"

@@ -330,6 +330,49 @@ async def test_a_conflicting_id_is_refused(state, admin, second):
         await load(second, target_admin.account_id, lines)
 
 
+async def test_a_session_a_turn_starts_while_the_import_writes_it_stops_the_import(
+    state, admin, second
+):
+    """A turn of the imported agent that starts in a session of the file while the import
+    writes that session (its row inserted, not yet committed, when the import looks for rows
+    with other content) holds its own turn count: the import stops with CONFLICT naming the
+    session, as for a row there before, and never leaves the turn's row with the imported
+    turns' numbers (two turns of the session numbered 1)."""
+    from app.executions import store as executions_store
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target = (await admin_of(second)).account_id
+    # The agent first (a file cut short after its versions): turns can start on it.
+    head = [x for x in lines if json.loads(x)["type"] in ("header", "action", "action_version")]
+    await load(second, target, head)
+    async with second.pool.acquire() as conn:
+        turn = conn.transaction()
+        await turn.start()  # a turn's start: the session ensured, not yet committed
+        await executions_store.ensure_session(conn, target, agent.action_id, "s1")
+        importing = asyncio.create_task(load(second, target, lines))
+        async with asyncio.timeout(30):  # the import waits for the turn's row
+            while not await second.pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO sessions%'"
+            ):
+                assert not importing.done(), importing.result()
+                await asyncio.sleep(0.01)
+        await turn.commit()
+    with pytest.raises(Conflict, match="session s1 of action .* already exists"):
+        await importing
+    async with second.pool.acquire() as conn:
+        assert (
+            await conn.fetchval(
+                "SELECT turns FROM sessions WHERE account_id = $1 AND session_id = 's1'", target
+            )
+            == 0
+        )
+        assert not await conn.fetchval(
+            "SELECT count(*) FROM executions WHERE account_id = $1 AND session_id = 's1'", target
+        )
+
+
 async def test_an_import_that_fails_reports_its_own_error(state, admin, second, monkeypatch):
     """The pinned lists' recount after a failed import cannot hide why the import failed
     (a database that stopped answering fails both)."""

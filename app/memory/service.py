@@ -542,6 +542,26 @@ class MemoryWork:
             )
         del self._staged[staged:], self._unstaged[unstaged:], self._changes[changes:]
 
+    async def drop_restated(
+        self, conn: asyncpg.Connection, mark: tuple[int, int, int]
+    ) -> list[UUID]:
+        """Drops, in the caller's transaction (a commit's, before `commit`), the records staged
+        since `mark` that only add (replace and delete nothing) and whose summary a committed
+        record this writer reads already says word for word: one another writer committed
+        after this work checked (a memory review's exact duplicates, M12). Returns their IDs.
+        Their summaries stay locked until the transaction ends, so of two commits adding the
+        same at once the second finds the first's."""
+        changing = {c.by for c in self._changes}
+        added = [m for m in self._staged[mark[0] :] if m not in changing]
+        restated = await store.restated_staged(conn, self.writer.reader(), added)
+        if restated:
+            w = self.writer
+            await store.delete_staged(
+                conn, w.account_id, w.action.action_id, w.execution_id, restated
+            )
+            self._staged = [m for m in self._staged if m not in restated]
+        return restated
+
     async def discard(self) -> None:
         """Drops whatever this work staged (a failed turn leaves no memory).
 

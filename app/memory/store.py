@@ -22,6 +22,7 @@ from app.memory.visibility import (
     OperatorReader,
     Reader,
     shadows,
+    staged_by,
     visible,
 )
 from app.scope import Scope
@@ -710,6 +711,45 @@ async def summaries_known(
         *p.values,
     )
     return [r["i"] for r in rows]
+
+
+async def restated_staged(
+    conn: asyncpg.Connection, reader: AgentReader, memory_ids: Sequence[UUID]
+) -> list[UUID]:
+    """Of the given rows the reader's attempt staged, those whose summary (normalised, as
+    `summaries_known` compares) a committed record the reader sees already says. Locks those
+    summaries for the agent first, until the caller's transaction ends (in one order, so two
+    commits never deadlock): of two commits adding the same summary at once, the second finds
+    the first's record."""
+    if not memory_ids:
+        return []
+    p = Params()
+    staged = (
+        f"s.account_id = {p(reader.account_id)} AND s.action_id = {p(reader.action_id)}"
+        f" AND s.memory_id = any({p(list(memory_ids))}::uuid[]) AND {staged_by(reader, p, 's')}"
+    )
+    await conn.execute(
+        f"""
+        SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM (
+            SELECT DISTINCT 'engram.summary:' || s.account_id || ':' || s.action_id || ':'
+                || memory_summary_key(s.summary) AS k
+            FROM agent_memories s WHERE {staged} ORDER BY 1) keys
+        """,
+        *p.values,
+    )
+    where = visible(reader, p, "m")
+    return [
+        r["memory_id"]
+        for r in await conn.fetch(
+            f"""
+            SELECT s.memory_id FROM agent_memories s WHERE {staged} AND EXISTS (
+                SELECT 1 FROM agent_memories m
+                WHERE {where} AND m.pending_execution IS NULL
+                  AND memory_summary_key(m.summary) = memory_summary_key(s.summary))
+            """,
+            *p.values,
+        )
+    ]
 
 
 async def stemmed_words(conn: asyncpg.Connection, texts: list[str]) -> list[set[str]]:

@@ -265,11 +265,15 @@ async def _commit(
     """Commits the staged memory, the execution's `output` (made from the records as
     committed) and its transcript together. `as_turn` (an ingest in a session): the
     execution is counted as the session's next turn, and keeps `kept` as that turn's history,
-    in the same transaction (H5)."""
+    in the same transaction (H5). A review's records (`context.review_written`) that a record
+    committed meanwhile says word for word are dropped first, as a turn's are."""
     context = run.context
     execution = run.execution
     async with context.state.pool.acquire() as conn, conn.transaction():
         await turns._lock_session(conn, execution, exclusive=True)  # before the memory rows
+        restated = await turns._drop_restated(conn, context)
+        if restated is not None:
+            context.transcript.add(events.MEMORY_REVIEW_DROPPED, restated)
         written = await context.work.commit(conn) if context.work is not None else []
         if key is not None:
             await key.record(conn, {"executionId": str(execution.execution_id)})
@@ -552,6 +556,19 @@ def _decisions(event: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def _restated_skipped(
+    decisions: list[dict[str, Any]], written: list[MemoryRecord]
+) -> list[dict[str, Any]]:
+    """The decisions as committed: an addition the commit dropped, because a record committed
+    meanwhile says it word for word, is a skip (changed in place: the answer reads them)."""
+    kept = {str(r.memory_id) for r in written}
+    for d in decisions:
+        if d["action"] == "add" and d.get("memoryId") and d["memoryId"] not in kept:
+            d.update(action="skip", note="duplicate: another turn committed it meanwhile")
+            del d["memoryId"]
+    return decisions
+
+
 async def _kept_history(run: _Run, messages: list[tuple[str, str]]) -> keeping.Prepared | None:
     """What an ingest keeps in its session's history, embedded before its commit (None: the
     agent keeps no history, or the ingest has no session)."""
@@ -619,12 +636,17 @@ async def remember_conversation(
                 ]
                 staged = await review.run(said)
                 review.event["written"] = versions(staged)
+                if staged:
+                    context.review_written = ((0, 0, 0), review.event["written"])
                 context.transcript.add(events.MEMORY_REVIEW, review.event)
                 decisions = _decisions(review.event)
                 kept = await _kept_history(run, [(role, text) for role, text, _ in messages])
                 execution = await _commit(
                     run,
-                    lambda written: {"decisions": decisions, "memories": versions(written)},
+                    lambda written: {
+                        "decisions": _restated_skipped(decisions, written),
+                        "memories": versions(written),
+                    },
                     key,
                     as_turn=True,
                     kept=kept,

@@ -31,7 +31,9 @@ runs are the turn's to meet, as without a review. The marks
 (`TurnContext.review_messages`, `.reviewed`) are written by the turn's commit, so a turn that
 fails or rolls back marks nothing and leaves no record. Two turns of a session at once may
 both review an earlier turn: the second to commit then drops its review's records (they would
-restate the first's), and commits the rest, its messages left for the next review.
+restate the first's), and commits the rest, its messages left for the next review. Turns at
+once whose reviews add the same summary word for word: the second to commit drops its copy
+(`turns._drop_restated`), as step 3 would have skipped it had the review run after.
 """
 
 import json

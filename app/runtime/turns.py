@@ -777,6 +777,24 @@ async def _drop_review(conn: asyncpg.Connection, context: TurnContext, why: str)
     }
 
 
+async def _drop_restated(conn: asyncpg.Connection, context: TurnContext) -> dict[str, Any] | None:
+    """Drops, in the commit's transaction, the records the turn's review adds that a record
+    committed meanwhile says word for word (another turn's review learned the same at the same
+    time: neither saw the other's record, M12); the review would have skipped them had it run
+    after. Returns the `memory.review.dropped` event naming them, or None."""
+    if context.work is None or context.review_written is None:
+        return None
+    mark, written = context.review_written
+    restated = {str(m) for m in await context.work.drop_restated(conn, mark)}
+    if not restated:
+        return None
+    return {
+        "reason": "another turn committed, while this one ran, records that say word for word "
+        "what these records of this turn's memory review say: they were not kept twice",
+        "records": [r for r in written if r["id"] in restated],
+    }
+
+
 async def _commit_memory(
     conn: asyncpg.Connection, context: TurnContext
 ) -> tuple[list[MemoryRecord], dict[str, Any] | None]:
@@ -787,11 +805,12 @@ async def _commit_memory(
     alone; a conflict then is the turn's own, and fails it."""
     if context.work is None:
         return [], await _record_review(conn, context)
+    restated = await _drop_restated(conn, context)
     dropped = None
     try:
         async with conn.transaction():  # a savepoint: the review's marks go with its records
             dropped = await _record_review(conn, context)
-            return await context.work.commit(conn), dropped
+            return await context.work.commit(conn), dropped or restated
     except Conflict:
         if context.review_written is None or dropped is not None:
             raise  # the review's records were not in it: the turn's own writes conflicted

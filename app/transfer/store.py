@@ -209,9 +209,23 @@ async def write_rows(
     """Writes rows (a JSON array of objects with `row_columns`) into the account: new ones are
     inserted, identical ones skipped; Differs when one exists with other content (the caller's
     transaction then rolls back). The vector column is never compared (a re-embedding may
-    differ in the last bits)."""
+    differ in the last bits).
+
+    Inserted first, compared after, by a statement of its own: a row another writer inserted
+    meanwhile (a turn's session, started on the agent the import already wrote), which the
+    insert waited for and skipped, is then compared too. Compared first, it was not there yet,
+    and was skipped as if it were the file's."""
     columns_sql = ", ".join(row_columns)
     incoming = f"jsonb_populate_recordset(NULL::{table.name}, $2::text::jsonb)"
+    status = await conn.execute(
+        f"""
+        INSERT INTO {table.name} (account_id, {columns_sql})
+        SELECT $1, {", ".join(f"i.{c}" for c in row_columns)} FROM {incoming} i
+        ON CONFLICT (account_id, {", ".join(table.key)}) DO NOTHING
+        """,
+        account_id,
+        rows_json,
+    )
     key_match = " AND ".join(f"e.{k} = i.{k}" for k in table.key)
     compared = [c for c in row_columns if c != VECTOR_COLUMN]
     mine = ", ".join(f"i.{c}" for c in compared)
@@ -228,15 +242,6 @@ async def write_rows(
     )
     if differing is not None:
         raise Differs(table, dict(differing))
-    status = await conn.execute(
-        f"""
-        INSERT INTO {table.name} (account_id, {columns_sql})
-        SELECT $1, {", ".join(f"i.{c}" for c in row_columns)} FROM {incoming} i
-        ON CONFLICT (account_id, {", ".join(table.key)}) DO NOTHING
-        """,
-        account_id,
-        rows_json,
-    )
     inserted = int(status.split()[-1])
     return Written(inserted, rows - inserted)
 
