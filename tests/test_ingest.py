@@ -171,6 +171,14 @@ async def test_m12_an_ingest_and_a_turn_at_once_that_learn_the_same_fact_keep_it
     (decision,) = ingest["decisions"]
     assert decision["action"] == "SKIP" and decision["memoryId"] is None
     assert "committed it meanwhile" in decision["note"] and ingest["records"] == []
+    execution = (await gql(admin, EXECUTION, e=ingest["executionId"])).ok()["execution"]
+    (dropped,) = [
+        e["data"]
+        for e in execution["transcript"]["nodes"]
+        if e["type"] == ("memory.review.dropped")
+    ]
+    (record,) = dropped["records"]  # the ingest's copy, never committed
+    assert record["id"] != berlin[0]["memoryId"]
 
 
 async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
@@ -221,6 +229,37 @@ async def test_requests_with_the_same_key_at_once_answer_as_the_first_though_it_
     (decision,) = first["decisions"]
     assert decision["targetId"] == paris["records"][0]["memoryId"]
     assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Berlin"]
+
+
+async def test_a_request_with_the_same_key_that_lost_keeps_no_drop_it_never_committed(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Two requests with one key at once, both reviews adding "Ada lives in Berlin" decided
+    before either commits. The second to commit finds the first's record and drops its copy,
+    then loses the key to the first and fails: its transcript ends FAILED and holds no
+    `memory.review.dropped` (written only by a commit), as a turn's failed commit holds none."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server, {"summary": "Ada lives in Paris"})
+    await _remember(gql, admin, action_id, _talk("I live in Paris"))
+    for _ in range(2):
+        candidates(model_server, {"summary": "Ada lives in Berlin"})
+        # Answered once both reviews asked (the first ingest's call, then two each).
+        decide(model_server, {"candidate": "c1", "action": "add"}, after_requests=5)
+    messages = _talk("I moved to Berlin")
+    first, second = await asyncio.gather(
+        *(_remember(gql, admin, action_id, messages, idempotencyKey="k") for _ in range(2))
+    )
+    assert first == second and first["status"] == "SUCCEEDED", (first, second)
+    berlin = [m for m in await memories(gql, admin, action_id) if "Berlin" in m["summary"]]
+    assert len(berlin) == 1, berlin
+    lost = await state.pool.fetchval(
+        "SELECT execution_id FROM executions WHERE action_id = $1 AND status = 'FAILED'",
+        UUID(action_id),
+    )
+    assert lost is not None  # the second lost the key to the first
+    execution = (await gql(admin, EXECUTION, e=str(lost))).ok()["execution"]
+    types = [e["type"] for e in execution["transcript"]["nodes"]]
+    assert types[-1] == "turn.failed" and "memory.review.dropped" not in types, types
 
 
 async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(

@@ -272,8 +272,6 @@ async def _commit(
     async with context.state.pool.acquire() as conn, conn.transaction():
         await turns._lock_session(conn, execution, exclusive=True)  # before the memory rows
         restated = await turns._drop_restated(conn, context)
-        if restated is not None:
-            context.transcript.add(events.MEMORY_REVIEW_DROPPED, restated)
         written = await context.work.commit(conn) if context.work is not None else []
         if key is not None:
             await key.record(conn, {"executionId": str(execution.execution_id)})
@@ -284,6 +282,8 @@ async def _commit(
             )
             if kept is not None:
                 await turns.keep_history(conn, execution, turn, kept)
+        if restated is not None:  # the last step before the commit: a failed one drops nothing
+            context.transcript.add(events.MEMORY_REVIEW_DROPPED, restated)
         row = await turns._finish(
             conn, context, status="SUCCEEDED", output=output(written), error=None, turn=turn
         )
