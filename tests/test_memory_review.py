@@ -871,6 +871,62 @@ async def test_m12_two_turns_at_once_that_learn_the_same_fact_keep_it_once(
     assert waiting == 0  # both turns were reviewed: the fact is kept, nothing waits
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "dropped"),
+    [
+        ((True, "agent"), (False, "agent"), False),  # P2: a live turn never reads a preview one
+        ((False, "session"), (False, "agent"), False),  # another session's record is not read
+        ((False, "agent"), (True, "agent"), True),  # P3: a preview turn reads a live record
+    ],
+    ids=["preview-then-live", "other-session-then-agent", "live-then-preview"],
+)
+async def test_a_turn_drops_only_a_copy_its_reader_sees(
+    gql: GQL,
+    model_server: OpenAIServer,
+    admin: Caller,
+    first: tuple[bool, str],
+    second: tuple[bool, str],
+    dropped: bool,
+) -> None:
+    """Two turns at once whose reviews add "Ada lives in Berlin", each decided before either
+    commits, the first (session s2) committing before the second (s1) is answered. The second
+    drops its copy only when its own reader sees the first's record, as its review's duplicate
+    skip would have: a live turn keeps its copy beside a preview turn's (P2), and an agent-scope
+    copy beside another session's session-scope record; a preview turn drops its copy of a live
+    turn's (P3)."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
+    # A record near the fact, so that each review asks the model to decide.
+    candidates(model_server, {"summary": "Ada lives in Paris", "scope": "agent"})
+    assert (await run(gql, admin, action_id, "I live in Paris", session="s0"))["status"] == (
+        "SUCCEEDED"
+    )  # 2 chat requests: the turn's, the review's candidates
+    said = {"first": "Berlin it is now", "second": "I moved to Berlin"}
+    for which, (_, scope) in (("first", first), ("second", second)):
+        fact = {"summary": "Ada lives in Berlin", "kind": "fact", "scope": scope}
+        found = {"candidates": [fact | {"content": f"from the {which}"}]}
+        model_server.call_tools(("remember", found), purpose="memory", when=said[which])
+    add = ("decide", {"decisions": [{"candidate": "c1", "action": "add"}]})
+    # The first's decision once both turns made their three calls; the second's once a turn
+    # started after the first committed.
+    model_server.call_tools(add, purpose="memory", when="from the first", after_requests=8)
+    model_server.call_tools(add, purpose="memory", when="from the second", after_requests=9)
+
+    async def first_then_another() -> dict[str, Any]:
+        ended = await run(gql, admin, action_id, said["first"], session="s2", preview=first[0])
+        await run(gql, admin, action_id, "Anything else?", session="s3")
+        return ended
+
+    one, two = await asyncio.gather(
+        first_then_another(), run(gql, admin, action_id, said["second"], preview=second[0])
+    )
+    assert (one["status"], two["status"]) == ("SUCCEEDED", "SUCCEEDED"), (one, two)
+    berlin = [m for m in await memories(gql, admin, action_id) if "Berlin" in m["summary"]]
+    assert one["executionId"] in [m["executionId"] for m in berlin]
+    kept = two["executionId"] in [m["executionId"] for m in berlin]
+    assert (kept, bool(events(two, "memory.review.dropped"))) == (not dropped, dropped), berlin
+    assert not events(one, "memory.review.dropped")
+
+
 # A hostile model: what it answers the review may fail the review, never the turn.
 
 DEEP = '{"candidates": ' + "[" * 5000 + "]" * 5000 + "}"
