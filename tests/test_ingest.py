@@ -161,7 +161,12 @@ async def test_m12_an_ingest_and_a_turn_at_once_that_learn_the_same_fact_keep_it
         await run(gql, admin, action_id, "Anything else?", session="s3")
         return first
 
-    request = {"actionId": action_id, "sessionId": "s2", "messages": _talk("I moved to Berlin")}
+    request = {
+        "actionId": action_id,
+        "sessionId": "s2",
+        "messages": _talk("I moved to Berlin"),
+        "idempotencyKey": "berlin",
+    }
     turn, ingest = await asyncio.gather(turn_then_another(), gql(admin, REMEMBER, input=request))
     ingest = ingest.ok()["rememberConversation"]
     assert (turn["status"], ingest["status"]) == ("SUCCEEDED", "SUCCEEDED"), ingest["error"]
@@ -179,6 +184,10 @@ async def test_m12_an_ingest_and_a_turn_at_once_that_learn_the_same_fact_keep_it
     ]
     (record,) = dropped["records"]  # the ingest's copy, never committed
     assert record["id"] != berlin[0]["memoryId"]
+    # Sent again with its key: answered as it committed (the skip), with nothing asked or kept.
+    asked = len(chat(model_server, "memory"))
+    again = (await gql(admin, REMEMBER, input=request)).ok()["rememberConversation"]
+    assert again == ingest and len(chat(model_server, "memory")) == asked
 
 
 async def test_a_retry_with_the_same_idempotency_key_writes_nothing_new(
