@@ -214,7 +214,8 @@ async def write_rows(
     Inserted first, compared after, by a statement of its own: a row another writer inserted
     meanwhile (a turn's session, started on the agent the import already wrote), which the
     insert waited for and skipped, is then compared too. Compared first, it was not there yet,
-    and was skipped as if it were the file's."""
+    and was skipped as if it were the file's. When the insert wrote every row, none was there
+    to differ: the comparison is left out (a new agent's import pays for the insert alone)."""
     columns_sql = ", ".join(row_columns)
     incoming = f"jsonb_populate_recordset(NULL::{table.name}, $2::text::jsonb)"
     status = await conn.execute(
@@ -226,6 +227,9 @@ async def write_rows(
         account_id,
         rows_json,
     )
+    inserted = int(status.split()[-1])
+    if inserted == rows:
+        return Written(inserted, 0)
     key_match = " AND ".join(f"e.{k} = i.{k}" for k in table.key)
     compared = [c for c in row_columns if c != VECTOR_COLUMN]
     mine = ", ".join(f"i.{c}" for c in compared)
@@ -242,7 +246,6 @@ async def write_rows(
     )
     if differing is not None:
         raise Differs(table, dict(differing))
-    inserted = int(status.split()[-1])
     return Written(inserted, rows - inserted)
 
 
