@@ -440,9 +440,9 @@ async def test_first_zero_is_bad_request_on_every_connection(state, gql, admin, 
         "%%%",
         global_id("Nothing", "x"),
         global_id("Action", "not-a-uuid", 1),
-        global_id("Action", uuid4()),
-        global_id("Action", uuid4(), "one"),
-        global_id("Client", uuid4()),
+        global_id("Action", "1ce1792c-f822-49c0-be3d-991d9e222750"),
+        global_id("Action", "0a50f328-89e8-44cf-bf37-1a4aadfa2f2d", "one"),
+        global_id("Client", "cbf1e063-5d8d-4221-a66f-262de3e718c1"),
     ],
 )
 async def test_bad_or_unknown_node_ids_are_bad_request_or_not_found(gql, admin, node_id):
