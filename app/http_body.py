@@ -24,6 +24,12 @@ async def read_limited(receive: Receive, limit: int, seconds: float) -> bytes | 
                 return bytes(body)
 
 
+# Sent with the 408 of a body that stalled: the server would otherwise keep the connection
+# for its keep-alive time (5 s). Not with a 413: a client still sending its body would find
+# the connection reset and never read the answer.
+CLOSE = {"Connection": "close"}
+
+
 def too_slow(seconds: float) -> str:
     """What a client whose body did not arrive in time is told."""
     return (

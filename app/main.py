@@ -32,7 +32,7 @@ from app.graphql.context import Context
 from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
-from app.http_body import read_limited, replaying, too_slow
+from app.http_body import CLOSE, read_limited, replaying, too_slow
 from app.mcp.endpoint import McpEndpoint
 from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
@@ -46,9 +46,11 @@ from app.web.console import mount_console
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = {"data": None, "errors": [{"message": message, "extensions": {"code": code}}]}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _unavailable(body: object = None) -> JSONResponse:
@@ -145,7 +147,8 @@ class _Guard:
                 receive, settings.max_body_bytes, settings.body_timeout_seconds
             )
         except TimeoutError:
-            return _error(408, "BAD_REQUEST", too_slow(settings.body_timeout_seconds)), b""
+            slow = too_slow(settings.body_timeout_seconds)
+            return _error(408, "BAD_REQUEST", slow, CLOSE), b""
         if body is None:
             return _error(413, "BAD_REQUEST", too_big), b""
         try:

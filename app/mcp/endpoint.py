@@ -34,7 +34,7 @@ from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
-from app.http_body import read_limited, replaying, too_slow
+from app.http_body import CLOSE, read_limited, replaying, too_slow
 from app.runtime import calls
 from app.state import AppState
 from app.text import check_storable
@@ -327,7 +327,7 @@ class McpEndpoint:
             try:
                 body = await read_limited(receive, self.max_body_bytes, self.body_seconds)
             except TimeoutError:
-                slow = _error(408, "BAD_REQUEST", too_slow(self.body_seconds))
+                slow = _error(408, "BAD_REQUEST", too_slow(self.body_seconds), CLOSE)
                 await slow(scope, receive, send)
                 return
             if body is None:
