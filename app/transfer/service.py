@@ -47,6 +47,7 @@ from app.memory.service import (
     check_content,
     check_metadata,
     check_summary,
+    label_value_fits,
 )
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.scope import check_session_id
@@ -582,7 +583,7 @@ def _check_row(
             ):
                 raise ValueError("labels are not text values by label number (5 to 18)")
             for key, value in labels.items():
-                if not 0 < len(value.encode()) <= MAX_LABEL_VALUE_BYTES:
+                if not label_value_fits(value):
                     raise ValueError(
                         f"labels.{key} is {len(value.encode())} bytes; a label value is 1 to "
                         f"{MAX_LABEL_VALUE_BYTES} bytes"
