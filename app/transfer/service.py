@@ -51,7 +51,7 @@ from app.memory.service import (
 )
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.scope import check_session_id
-from app.text import check_json, is_storable
+from app.text import check_json, is_storable, shortened
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 
@@ -479,12 +479,8 @@ def _noun(table: Table, row: dict[str, Any]) -> str:
 
 
 def _shown(value: Any, limit: int = 80) -> str:
-    """A value of the file in a message: whole when short, else its start and its end (an
-    edited file may hold an ID of a megabyte, which a message would quote whole)."""
-    text = value if isinstance(value, str) else reprlib.repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit - 20]}...{text[-10:]} ({len(text):,} characters)"
+    """A value of the file in a message, `shortened`: text as the file has it (an ID unquoted)."""
+    return shortened(value if isinstance(value, str) else reprlib.repr(value), limit)
 
 
 def _rows(
