@@ -357,7 +357,7 @@ class _Across:
             for column in ("replaces", "replaced_by"):
                 if row.get(column) is not None:
                     self.named.setdefault(UUID(row[column]).int, (number, kind, column))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):  # UUID(5): AttributeError
             pass  # not IDs: the row's check in its table's copy refuses it, naming it
         if kind == "memory" and row.get("replaces") is not None:
             preview = bool(row.get("preview"))
