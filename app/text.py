@@ -232,8 +232,16 @@ def rfc3339(text: str) -> datetime:
 
 
 def shown(value: Any, most: int = 100) -> str:
-    """`value` as a refusal quotes it (its repr), at most `most` characters: a value a client or
-    a model sent may be as long as its request, and a message that repeats it whole is sent
-    back, stored and (to a model) read again, for no more than its start tells."""
-    text = repr(value)
-    return text if len(text) <= most else text[: most - 1] + "…"
+    """`value` as a refusal quotes it: its repr, `shortened` to `most` characters."""
+    return shortened(repr(value), most)
+
+
+def shortened(text: str, most: int) -> str:
+    """`text` whole when it is at most `most` characters, else cut to that many: its start, `…`,
+    its last ten characters and its length. A value a client, a model or an edited file sent
+    may be as long as its request (an ID of a megabyte), and a message that repeats it whole is
+    sent back, stored and (to a model) read again, for no more than its start and end tell."""
+    if len(text) <= most:
+        return text
+    end = f"…{text[-10:]} ({len(text):,} characters)"
+    return text[: max(most - len(end), 0)] + end

@@ -9,10 +9,14 @@ PostgreSQL under --data-dir, it measures in one run
   with a bearer token, calls of --batch records selecting `executionId memoryIds`): records/s;
 - `engram export` of that agent (in process) and `engram import` of the file into a second
   database: in process (records/s of the import alone), and as the command a person runs
-  (`python -m app.cli import FILE`, process start and migration check included).
+  (`python -m app.cli import FILE`, process start and migration check included, with its
+  largest resident size);
+- with `--memory`, what the import's check pass holds at most (tracemalloc, above what was
+  allocated when it began): it grows with the rows, the rest of an import is a batch at a time.
 
     python bench/ingest.py                      # 20,000 records
     python bench/ingest.py --records 5000       # quick
+    python bench/ingest.py --records 10000 --memory  # the check pass's memory (slower import)
     python bench/ingest.py --no-bulk --mcp      # the MCP overhead alone
 """
 
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -59,6 +64,16 @@ BULK = """
 mutation($a: UUID!, $inputs: [AgentMemoryInput!]!) {
   addAgentMemories(actionId: $a, inputs: $inputs) { executionId memoryIds }
 }"""
+
+
+# Runs a command and prints its largest resident size (KiB) after its output, from a process of
+# its own: a child of this one (which holds the export, the embedder) counts this process's
+# pages as its own until the command starts (it read 1.6 GB for an import of 100,000 records
+# whose own peak is 235 MiB).
+MAX_RSS = (
+    "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)"
+)
 
 
 def _vocabulary(embedder: StaticEmbedder) -> list[str]:
@@ -236,6 +251,7 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
     calls.sort()
 
     checking: list[float] = []
+    check_peak: list[int] = []
 
     async def export_import() -> tuple[float, float, int, Any]:
         pool = await create_pool(source_url, min_size=1, max_size=2)
@@ -262,13 +278,18 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
             check_file = transfer_service._check_file
 
             async def timed_check(*args: Any, **kwargs: Any) -> None:
+                began = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
                 t = time.perf_counter()
                 try:
                     await check_file(*args, **kwargs)
                 finally:
                     checking.append(time.perf_counter() - t)
+                    check_peak.append(tracemalloc.get_traced_memory()[1] - began)
 
             transfer_service._check_file = timed_check
+            if args.memory:
+                tracemalloc.start()
             t = time.perf_counter()
             result = await import_file(
                 target,
@@ -278,6 +299,7 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
             )
             imported = time.perf_counter() - t
         finally:
+            tracemalloc.stop()
             transfer_service._check_file = check_file
             await target.close()
         return exported, imported, len(out.getvalue().splitlines()) - 1, result
@@ -294,7 +316,7 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
     env.update(ENGRAM_DATABASE_URL=cli_url, PYTHONPATH=str(ROOT))
     t = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "import", str(path)],
+        [sys.executable, "-c", MAX_RSS, sys.executable, "-m", "app.cli", "import", str(path)],
         env=env,
         capture_output=True,
         text=True,
@@ -303,6 +325,7 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
     cli_seconds = time.perf_counter() - t
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
+    *said, cli_kib = done.stdout.strip().splitlines()
 
     print(f"command: python bench/ingest.py {shlex.join(sys.argv[1:])}")
     print(
@@ -320,14 +343,21 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
         f"import (in process, vectors {result.vectors}): {rows:,} rows in {imported:.2f} s "
         f"({rows / imported:,.0f} rows/s; {n / imported:,.0f} records/s), of which checking "
         f"every row before writing any {sum(checking):.2f} s"
+        + (" (allocations traced: slower)" if args.memory else "")
     )
+    if args.memory:
+        print(
+            f"the check pass held at most {check_peak[0] / 2**20:,.1f} MiB (tracemalloc, above "
+            f"its start; {check_peak[0] / rows:,.0f} bytes a row)"
+        )
     print(
         f"the SQL ceiling: inserting 1,000 records into agent_memories (SQL alone, {n:,} there) "
         f"takes {with_index * 1000:.0f} ms with every index ({1000 / with_index:,.0f} records/s)"
     )
     print(
         f"engram import (the command, process start included): {cli_seconds:.2f} s "
-        f"({n / cli_seconds:,.0f} records/s); {done.stdout.strip()}"
+        f"({n / cli_seconds:,.0f} records/s), max RSS {int(cli_kib) / 1024:,.0f} MiB; "
+        f"{' '.join(said)}"
     )
 
 
@@ -343,6 +373,9 @@ def main() -> None:
     p.add_argument("--records", type=int, default=20_000)
     p.add_argument("--batch", type=int, default=1000, help="records per addAgentMemories call")
     p.add_argument("--clients", type=int, default=2, help="concurrent HTTP clients")
+    p.add_argument(
+        "--memory", action="store_true", help="trace the import's check pass's allocations"
+    )
     p.add_argument("--mcp", action="store_true", help="measure one MCP tool call's overhead")
     p.add_argument("--calls", type=int, default=200, help="--mcp: timed calls a tool and mode")
     p.add_argument("--mcp-records", type=int, default=1000, help="--mcp: records the agent holds")

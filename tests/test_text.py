@@ -12,6 +12,8 @@ from app.text import (
     for_model,
     quoted,
     rfc3339,
+    shortened,
+    shown,
     storable,
     storable_json,
 )
@@ -72,3 +74,12 @@ def test_rfc3339_refuses_exactly_the_range_its_message_names() -> None:
             rfc3339(text)
     assert rfc3339("0001-01-01T00:00:00.000001Z").isoformat() == "0001-01-01T00:00:00.000001+00:00"
     assert rfc3339("9999-12-31T23:59:59.999998Z").isoformat() == "9999-12-31T23:59:59.999998+00:00"
+
+
+def test_a_long_value_is_shown_by_its_start_its_end_and_its_length() -> None:
+    """A refusal's value, as the tools (quoted) and the import (as the file has it) show it."""
+    assert shown("short") == "'short'" and shortened("short", 10) == "short"
+    long = "a" + "x" * 99_998 + "z"
+    assert shown(long) == f"'a{'x' * 66}…{'x' * 8}z' (100,002 characters)"
+    assert len(shown(long)) == 100
+    assert shortened(long, 80) == f"a{'x' * 47}…{'x' * 9}z (100,000 characters)"

@@ -739,6 +739,28 @@ async def test_a_row_refused_writes_nothing_of_the_rows_before_it(state, admin, 
     await refused(second, target_admin.account_id, last, "summary must be one line")
 
 
+async def test_a_record_whose_ids_are_not_text_is_refused_naming_its_line(state, admin, second):
+    """An edit that writes a record's ID, or the record it replaces, as a number, a list or an
+    object: the check noting which records the file has took it for an ID and failed."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    version, last = first(lines, "memory_version"), len(lines) - 1
+    for index, column, value in [
+        (version, "memory_id", 5),
+        (last, "memory_id", ["a"]),
+        (last, "replaces", {"a": 1}),
+        (version, "replaced_by", 7.5),
+    ]:
+        kind = json.loads(lines[index])["type"]
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: its {kind} row is not valid",
+        )
+
+
 async def test_a_time_python_cannot_hold_is_refused_writing_nothing(state, admin, second):
     # PostgreSQL stores 44 BC or the year 10000; every read of it after (the account's list of
     # agents, the records, a turn of the session) would fail.

@@ -30,7 +30,7 @@ from app.memory import search as memory_search
 from app.memory import store
 from app.memory.records import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Scope
 from app.memory.search_store import Filters
-from app.memory.service import LINE_BREAKS, MAX_LABEL_VALUE_BYTES
+from app.memory.service import LINE_BREAKS, MAX_LABEL_VALUE_BYTES, label_value_fits
 from app.memory.visibility import Reader
 from app.scope import listed
 from app.text import storable
@@ -136,7 +136,7 @@ def candidate(value: Any, config: MemoryConfig, offers_scope: bool) -> Candidate
         if isinstance(label_value, bool) or not isinstance(label_value, str | int | float):
             raise ValueError(f"label {name!r} must be an exact string value")
         text = storable(str(label_value))
-        if not text or len(text.encode()) > MAX_LABEL_VALUE_BYTES:
+        if not label_value_fits(text):
             raise ValueError(f"label {name!r} must be 1 to {MAX_LABEL_VALUE_BYTES} bytes")
         labels[label.number] = text
     scope = value.get("scope")

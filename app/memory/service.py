@@ -47,6 +47,7 @@ from app.text import CHARS_PER_TOKEN
 
 # Every character that ends a line for str.splitlines: a summary is one line.
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+# A label value is matched exactly (an ID, a customer's name): 1 to this many bytes of UTF-8.
 MAX_LABEL_VALUE_BYTES = 512
 MAX_METADATA_BYTES = 16 * 1024
 NO_SESSION = (
@@ -130,6 +131,12 @@ def _check_bytes(name: str, text: str, most: int, unit: str, advice: str) -> Non
         )
 
 
+def label_value_fits(value: str) -> bool:
+    """Whether a label value is within its bound (`MAX_LABEL_VALUE_BYTES`): every door that
+    takes one (the API, the memory review, the import) asks this, each with its own words."""
+    return 0 < len(value.encode()) <= MAX_LABEL_VALUE_BYTES
+
+
 def check_kind(config: MemoryConfig, kind: str) -> None:
     if kind not in config.kinds:
         raise BadInput(
@@ -146,7 +153,7 @@ def check_labels(config: MemoryConfig, labels: Mapping[str | int, str]) -> dict[
             raise BadInput(
                 f"label {label.name} needs an exact, non-empty string value, such as an ID"
             )
-        if len(value.encode()) > MAX_LABEL_VALUE_BYTES:
+        if not label_value_fits(value):
             raise BadInput(
                 f"label {label.name}'s value must be at most {MAX_LABEL_VALUE_BYTES} bytes"
             )

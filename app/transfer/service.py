@@ -23,6 +23,7 @@ import json
 import math
 import re
 import reprlib
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -46,10 +47,11 @@ from app.memory.service import (
     check_content,
     check_metadata,
     check_summary,
+    label_value_fits,
 )
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
 from app.scope import check_session_id
-from app.text import check_json, is_storable
+from app.text import check_json, is_storable, shortened
 from app.transfer import store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 
@@ -265,27 +267,46 @@ def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[st
     return again
 
 
+# An ID as an export writes it: lowercase, with its hyphens.
+_EXPORTED_ID = re.compile("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _id(text: str) -> int | str:
+    """Text of a row that the checks compare, as they compare it (texts are equal exactly when
+    these are) in half the memory when it is an ID as exported: its 128-bit number (44 bytes,
+    not 85). Any other text is kept as it is (the same ID in capitals is another text)."""
+    return int(text.replace("-", ""), 16) if _EXPORTED_ID.fullmatch(text) else text
+
+
 @dataclass
 class _Across:
     """What a row is checked against in the rows before it: each key once, the export's order
-    of types, and what rows of other types it names."""
+    of types, and what rows of other types it names.
 
-    seen: dict[tuple[str, ...], int] = field(default_factory=dict)  # each row's key: its line
+    Every row is noted, so what is noted of a row is kept small (an agent may have a million):
+    its IDs are noted by `_id`, and the file's agent, whose ID every row has, as one object."""
+
+    agent: str  # the file's agent's ID, as exported
+    seen: dict[tuple[Any, ...], int] = field(default_factory=dict)  # each row's key: its line
     kinds: int = 0  # the place in TABLES of the type of the rows so far
     # The agent's current version (and its line), and the versions the file has: every read of
     # the agent is of its current version, so one the file lacks would hide the agent.
     current: tuple[Any, int] | None = None
     versions: set[Any] = field(default_factory=set)
-    executions: set[str] = field(default_factory=set)  # a transcript's events follow them
-    held: set[tuple[str, Any]] = field(default_factory=set)  # record versions: (record, version)
-    latest: dict[str, int] = field(default_factory=dict)  # each record's last version held
+    executions: set[int | str] = field(default_factory=set)  # a transcript's events follow them
+    held: set[tuple[int | str, Any]] = field(default_factory=set)  # (record, version) held
+    latest: dict[int | str, int] = field(default_factory=dict)  # each record's last version held
     # A record replaces, and is replaced by, records of its own agent: the records the file
-    # has, and where each record is first named.
-    records: set[UUID] = field(default_factory=set)
-    named: dict[UUID, tuple[int, str, str]] = field(default_factory=dict)
+    # has, and where each record is first named (by their IDs' numbers).
+    records: set[int] = field(default_factory=set)
+    named: dict[int, tuple[int, str, str]] = field(default_factory=dict)
     # A record has one successor, and one preview record naming it (a unique index, which
     # refused the second only once the batches before it were written): (record, preview).
-    successors: dict[tuple[str, bool], int] = field(default_factory=dict)
+    successors: dict[tuple[int | str, bool], int] = field(default_factory=dict)
+    _agent_key: int | str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._agent_key = _id(self.agent)
 
     def row(self, kind: str, row: dict[str, Any], number: int) -> None:
         table = BY_KIND[kind]
@@ -296,7 +317,8 @@ class _Across:
                 f"holds its rows in the order {order} (the file was edited)"
             )
         self.kinds = TABLES.index(table)
-        earlier = self.seen.setdefault((kind, *(str(row.get(k)) for k in table.key)), number)
+        key = (table.kind, *(self._key(row.get(k)) for k in table.key))
+        earlier = self.seen.setdefault(key, number)
         if earlier != number:
             raise BadInput(
                 f"line {number}: its {kind} row has the key of line {earlier}'s "
@@ -307,9 +329,9 @@ class _Across:
         elif kind == "action_version":
             self.versions.add(row.get("version"))
         elif kind == "execution":
-            self.executions.add(str(row.get("execution_id")).lower())
+            self.executions.add(_id(str(row.get("execution_id")).lower()))
         elif kind == "transcript_event":
-            if str(row.get("execution_id")).lower() not in self.executions:
+            if _id(str(row.get("execution_id")).lower()) not in self.executions:
                 raise BadInput(
                     f"line {number}: its transcript_event row is not valid (execution_id "
                     f"{_shown(row.get('execution_id'))} is no execution of this export)"
@@ -317,22 +339,29 @@ class _Across:
         elif kind in ("memory", "memory_version"):
             self._record(kind, row, number)
 
+    def _key(self, value: Any) -> int | str:
+        """A value of a row's key as its text is compared (`_id`), held once when every row
+        has it: the file's agent, a counter (a version: the same few texts in every row)."""
+        if value == self.agent:
+            return self._agent_key
+        return _id(value) if isinstance(value, str) else sys.intern(str(value))
+
     def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
         if kind == "memory_version":
-            memory_id, version = str(row.get("memory_id")).lower(), row.get("version")
+            memory_id, version = _id(str(row.get("memory_id")).lower()), row.get("version")
             self.held.add((memory_id, version))
             if isinstance(version, int):
                 self.latest[memory_id] = max(version, self.latest.get(memory_id, version))
         try:
-            self.records.add(UUID(row["memory_id"]))
+            self.records.add(UUID(row["memory_id"]).int)
             for column in ("replaces", "replaced_by"):
                 if row.get(column) is not None:
-                    self.named.setdefault(UUID(row[column]), (number, kind, column))
-        except (KeyError, TypeError, ValueError):
+                    self.named.setdefault(UUID(row[column]).int, (number, kind, column))
+        except (KeyError, TypeError, ValueError, AttributeError):  # UUID(5): AttributeError
             pass  # not IDs: the row's check in its table's copy refuses it, naming it
         if kind == "memory" and row.get("replaces") is not None:
             preview = bool(row.get("preview"))
-            key = (str(row["replaces"]).lower(), preview)
+            key = (_id(str(row["replaces"]).lower()), preview)
             earlier = self.successors.setdefault(key, number)
             if earlier != number:
                 raise BadInput(
@@ -345,7 +374,7 @@ class _Across:
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
         """After the batch's rows passed PostgreSQL's checks (so their columns are there)."""
         for row, number in batch if table.kind == "memory" else ():
-            memory_id, version = str(row["memory_id"]).lower(), row["version"]
+            memory_id, version = _id(str(row["memory_id"]).lower()), row["version"]
             if (memory_id, version) not in self.held:
                 raise BadInput(
                     f"line {number}: memory {row['memory_id']} has no row for its current "
@@ -384,10 +413,10 @@ class _Across:
                 )
         # A record the file does not hold may be in its part not written yet (a file cut short
         # imports what it holds), never another agent's.
-        elsewhere = [m for m in self.named if m not in self.records]
+        elsewhere = [UUID(int=m) for m in self.named if m not in self.records]
         foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
         if foreign is not None:
-            number, kind, column = self.named[foreign]
+            number, kind, column = self.named[foreign.int]
             raise BadInput(
                 f"line {number}: its {kind} row is not valid ({column} names record {foreign}, "
                 "which is another agent's: a record replaces, and is replaced by, records of "
@@ -408,7 +437,7 @@ async def _check_file(
     PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
     that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
     whether the file's vectors are stored (else they are replaced, and not checked)."""
-    across = _Across()
+    across = _Across(str(action_id))
     batch: list[tuple[dict[str, Any], int]] = []
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
@@ -450,12 +479,8 @@ def _noun(table: Table, row: dict[str, Any]) -> str:
 
 
 def _shown(value: Any, limit: int = 80) -> str:
-    """A value of the file in a message: whole when short, else its start and its end (an
-    edited file may hold an ID of a megabyte, which a message would quote whole)."""
-    text = value if isinstance(value, str) else reprlib.repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit - 20]}...{text[-10:]} ({len(text):,} characters)"
+    """A value of the file in a message, `shortened`: text as the file has it (an ID unquoted)."""
+    return shortened(value if isinstance(value, str) else reprlib.repr(value), limit)
 
 
 def _rows(
@@ -554,7 +579,7 @@ def _check_row(
             ):
                 raise ValueError("labels are not text values by label number (5 to 18)")
             for key, value in labels.items():
-                if not 0 < len(value.encode()) <= MAX_LABEL_VALUE_BYTES:
+                if not label_value_fits(value):
                     raise ValueError(
                         f"labels.{key} is {len(value.encode())} bytes; a label value is 1 to "
                         f"{MAX_LABEL_VALUE_BYTES} bytes"
