@@ -918,8 +918,10 @@ async def test_a_row_postgresql_would_refuse_is_refused_before_any_is_written(st
 
 async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, admin, second):
     # A key twice: the write kept the first and counted the other as already there, whatever
-    # it held. A row before those it names (a session after the executions in it): refused by
-    # PostgreSQL once the rows before it were written.
+    # it held. The same ID in capitals is the same key to PostgreSQL: the check took it for
+    # another, and the write stopped part way ("already exists"). A row before those it names
+    # (a session after the executions in it): refused by PostgreSQL once the rows before it
+    # were written.
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
@@ -927,13 +929,18 @@ async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, adm
     other = json.loads(lines[last])
     other["row"]["summary"] = "never said"
     memory_id = other["row"]["memory_id"]
-    for twice in (json.dumps(other), lines[last]):
+    shouted = edited(edited(lines, last, summary="never said"), last, memory_id=memory_id.upper())
+    for twice, shown in (
+        (json.dumps(other), memory_id),
+        (lines[last], memory_id),
+        (shouted[last], memory_id.upper()),
+    ):
         await refused(
             second,
             target_admin.account_id,
             [*lines, twice],
             f"line {last + 2}: its memory row has the key of line {last + 1}'s "
-            f"\\(memory {memory_id}\\)",
+            f"\\(memory {shown}\\)",
         )
     session = first(lines, "session")
     late = [*lines[:session], *lines[session + 1 :], lines[session]]

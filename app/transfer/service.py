@@ -278,6 +278,25 @@ def _id(text: str) -> int | str:
     return int(text.replace("-", ""), 16) if _EXPORTED_ID.fullmatch(text) else text
 
 
+# The key columns of type uuid: PostgreSQL reads an ID in capitals, in braces or without its
+# hyphens as the same ID, so the checks must too (an edited file with one record twice, once
+# in capitals, passed them, and the write stopped part way on "already exists").
+_UUID_KEYS = frozenset({"action_id", "execution_id", "memory_id"})
+
+
+def _uuid(value: Any) -> int | str:
+    """A uuid column's value as PostgreSQL compares it: an ID's 128-bit number however it is
+    written; anything else as its text (its row's check refuses it, naming it)."""
+    if isinstance(value, str):
+        if _EXPORTED_ID.fullmatch(value):
+            return int(value.replace("-", ""), 16)
+        try:
+            return UUID(value).int
+        except ValueError:
+            return value
+    return str(value)
+
+
 @dataclass
 class _Across:
     """What a row is checked against in the rows before it: each key once, the export's order
@@ -317,7 +336,7 @@ class _Across:
                 f"holds its rows in the order {order} (the file was edited)"
             )
         self.kinds = TABLES.index(table)
-        key = (table.kind, *(self._key(row.get(k)) for k in table.key))
+        key = (table.kind, *(self._key(k, row.get(k)) for k in table.key))
         earlier = self.seen.setdefault(key, number)
         if earlier != number:
             raise BadInput(
@@ -329,9 +348,9 @@ class _Across:
         elif kind == "action_version":
             self.versions.add(row.get("version"))
         elif kind == "execution":
-            self.executions.add(_id(str(row.get("execution_id")).lower()))
+            self.executions.add(_uuid(row.get("execution_id")))
         elif kind == "transcript_event":
-            if _id(str(row.get("execution_id")).lower()) not in self.executions:
+            if _uuid(row.get("execution_id")) not in self.executions:
                 raise BadInput(
                     f"line {number}: its transcript_event row is not valid (execution_id "
                     f"{_shown(row.get('execution_id'))} is no execution of this export)"
@@ -339,16 +358,19 @@ class _Across:
         elif kind in ("memory", "memory_version"):
             self._record(kind, row, number)
 
-    def _key(self, value: Any) -> int | str:
-        """A value of a row's key as its text is compared (`_id`), held once when every row
-        has it: the file's agent, a counter (a version: the same few texts in every row)."""
+    def _key(self, column: str, value: Any) -> int | str:
+        """A value of a row's key as PostgreSQL compares it (an ID by `_uuid`, text by `_id`),
+        held once when every row has it: the file's agent, a counter (a version: the same few
+        texts in every row)."""
         if value == self.agent:
             return self._agent_key
+        if column in _UUID_KEYS:
+            return _uuid(value)
         return _id(value) if isinstance(value, str) else sys.intern(str(value))
 
     def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
         if kind == "memory_version":
-            memory_id, version = _id(str(row.get("memory_id")).lower()), row.get("version")
+            memory_id, version = _uuid(row.get("memory_id")), row.get("version")
             self.held.add((memory_id, version))
             if isinstance(version, int):
                 self.latest[memory_id] = max(version, self.latest.get(memory_id, version))
@@ -361,7 +383,7 @@ class _Across:
             pass  # not IDs: the row's check in its table's copy refuses it, naming it
         if kind == "memory" and row.get("replaces") is not None:
             preview = bool(row.get("preview"))
-            key = (_id(str(row["replaces"]).lower()), preview)
+            key = (_uuid(row["replaces"]), preview)
             earlier = self.successors.setdefault(key, number)
             if earlier != number:
                 raise BadInput(
@@ -374,7 +396,7 @@ class _Across:
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
         """After the batch's rows passed PostgreSQL's checks (so their columns are there)."""
         for row, number in batch if table.kind == "memory" else ():
-            memory_id, version = _id(str(row["memory_id"]).lower()), row["version"]
+            memory_id, version = _uuid(row["memory_id"]), row["version"]
             if (memory_id, version) not in self.held:
                 raise BadInput(
                     f"line {number}: memory {row['memory_id']} has no row for its current "
