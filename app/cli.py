@@ -215,13 +215,32 @@ async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResu
 
 
 def _reembed(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncpg
+
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
     from app.embeddings.reembed import ReembedBusy
 
     try:
         result = asyncio.run(_reembed_database(settings, args.batch_size))
-    except (EmbedderUnavailable, EmbeddingFailed, ReembedBusy) as e:
+    except (EmbedderUnavailable, ReembedBusy) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EmbeddingFailed as e:
+        print(
+            f"error: {e}; once it answers, run `engram reembed` again to finish (it goes on "
+            "from the records already re-embedded)",
+            file=sys.stderr,
+        )
+        return 2
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        # The database went away mid-run (restarted, or the connection cut): what was written
+        # stays, and a run again goes on from there.
+        reason = " ".join(str(e).split()) or type(e).__name__
+        print(
+            f"error: the database failed while re-embedding ({reason}); run `engram reembed` "
+            "again to finish (it goes on from the records already re-embedded)",
+            file=sys.stderr,
+        )
         return 2
     resumed = ", resuming an interrupted run" if result.resumed else ""
     print(
@@ -511,14 +530,6 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(
-            "import interrupted: the batches stored stay; run the same import again to "
-            "continue (rows already there are skipped). Search indexes not built yet are "
-            "built by the service's next maintenance round, or by that import.",
-            file=sys.stderr,
-        )
-        return 130
     print(
         f"imported {result.inserted} rows, {result.present} already there unchanged; "
         f"vectors {result.vectors}"
@@ -533,6 +544,19 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 2
     return 0
+
+
+# What an interrupted command (Ctrl-C, or SIGTERM) leaves, said in one line after its name.
+_INTERRUPTED = {
+    "reembed": "the records re-embedded so far keep their new vectors; run `engram reembed` "
+    "again to finish (it goes on from there): the service does not start on a database that "
+    "is half re-embedded",
+    "export": "no file was written (a file already there is as it was); what went to standard "
+    "output is cut short, and an import refuses it as such",
+    "import": "the batches stored stay; run the same import again to continue (rows already "
+    "there are skipped). Search indexes not built yet are built by the service's next "
+    "maintenance round, or by that import.",
+}
 
 
 _ACCOUNT_HELP = "account ID (default: the default account)"
@@ -753,8 +777,25 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
+    terminated = False
+    if args.command != "serve":  # (which stops on SIGTERM as it serves: _serve)
+
+        def terminate(*_: object) -> None:
+            # As Ctrl-C: the work is cancelled and what it opened closed (a partial export
+            # file removed, the embedded PostgreSQL stopped), where SIGTERM's default would
+            # kill the process and leave them.
+            nonlocal terminated
+            terminated = True
+            signal.raise_signal(signal.SIGINT)
+
+        signal.signal(signal.SIGTERM, terminate)
     try:
         return int(args.run(settings, args))
+    except KeyboardInterrupt:
+        how = "stopped by SIGTERM" if terminated else "interrupted"
+        after = _INTERRUPTED.get(args.command)
+        print(f"engram {args.command} {how}" + (f": {after}" if after else ""), file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     except DomainError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)
         return 2
