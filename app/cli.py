@@ -487,6 +487,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
             out=out,
             embeddings=not args.no_embeddings,
             progress=sys.stderr.isatty(),
+            notice=lambda text: print(f"engram export: {text}", file=sys.stderr),
         )
         counts = _in_account(settings, account, work)
     rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())

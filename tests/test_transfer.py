@@ -32,9 +32,11 @@ from servers import clean_env, engram_command, run
 from app.actions import service as actions
 from app.auth.service import ensure_default_account
 from app.db.pool import create_pool
+from app.embeddings import store as embeddings_store
 from app.errors import Conflict
 from app.memory.maintenance import ROUND_LOCK
 from app.memory.service import NewMemory
+from app.memory.vectors import VECTOR_COLUMNS
 from app.services import start_services, stop_services
 from app.state import AppState
 from app.transfer import store
@@ -440,6 +442,38 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
         refused = run(clean_env(database_url=target_url), *args)
         assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
         assert "Traceback" not in refused.stderr
+
+
+async def test_an_export_during_an_interrupted_reembed_leaves_the_vectors_out(
+    state, admin, db_url, second, tmp_path
+):
+    # An `engram reembed` stopped part way leaves vectors of two models, or none, under the old
+    # model's name: copied, they would give the target records without vectors, or of another
+    # model. The export leaves them out, says so, and the import embeds the records again.
+    agent = await build_agent(state, admin)
+    before = await reads(GQL(state), admin, agent.action_id)
+    unembedded = "SELECT count(*) FROM agent_memories WHERE embedding IS NULL"
+    without_vectors = await state.pool.fetchval(unembedded)  # (deleted records have none)
+    async with state.pool.acquire() as conn, conn.transaction():
+        # What `engram reembed` to a 48-d model does before its first batch (app/embeddings).
+        await embeddings_store.set_reembed_target(conn, "openai:test-embed", 48)
+        await embeddings_store.reset_vectors(conn, 48, VECTOR_COLUMNS)
+    path = tmp_path / "agent.jsonl"
+    export = ("export", "--action", str(agent.action_id), "-o", str(path))
+    done = run(clean_env(database_url=db_url), *export)
+    assert done.returncode == 0, done.stderr
+    assert "the vectors are left out: an `engram reembed` was interrupted" in done.stderr
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["embeddings"] is False
+    assert all("embedding" not in line["row"] for line in lines[1:])
+    imported = run(
+        clean_env(database_url=second.settings.database_url_value()), "import", str(path)
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert "vectors re-embedded" in imported.stdout
+    assert await second.pool.fetchval("SELECT count(*) FROM agent_memories") > 0
+    assert await second.pool.fetchval(unembedded) == without_vectors
+    assert await reads(GQL(second), await admin_of(second), agent.action_id) == before
 
 
 async def test_cli_export_writes_through_a_link_and_into_a_fifo(state, admin, db_url, tmp_path):
