@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
@@ -779,17 +780,22 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 2
     terminated = False
-    if args.command != "serve":  # (which stops on SIGTERM as it serves: _serve)
 
-        def terminate(*_: object) -> None:
-            # As Ctrl-C: the work is cancelled and what it opened closed (a partial export
-            # file removed, the embedded PostgreSQL stopped), where SIGTERM's default would
-            # kill the process and leave them.
-            nonlocal terminated
-            terminated = True
-            signal.raise_signal(signal.SIGINT)
+    def terminate(signum: int, frame: Any) -> None:
+        # As Ctrl-C: the work is cancelled and what it opened closed (a partial export file
+        # removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill the
+        # process and leave them.
+        nonlocal terminated
+        terminated = True
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)
+            interrupt(signal.SIGINT, frame)
+        else:  # Ctrl-C ignored (a command started in the background by a shell)
+            raise KeyboardInterrupt
 
-        signal.signal(signal.SIGTERM, terminate)
+    # (`serve` stops on SIGTERM as it serves: _serve. A signal handler is the main thread's.)
+    handled = args.command != "serve" and threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, terminate) if handled else None
     try:
         return int(args.run(settings, args))
     except KeyboardInterrupt:
@@ -817,6 +823,9 @@ def main(argv: list[str] | None = None) -> int:
         # asyncpg); ProgrammingError: a URL libpq cannot parse, which it quotes, password too.
         print(_unreachable(settings, e), file=sys.stderr)
         return 2
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 if __name__ == "__main__":

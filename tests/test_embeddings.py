@@ -683,3 +683,16 @@ async def test_engram_reembed_refuses_a_vector_that_is_not_finite(
     assert "returned a vector holding NaN or infinity" in last
     assert "run `engram reembed` again" in last
     await assert_finishes_with_the_new_model(db_url, openai_server)
+
+
+@pytest.mark.parametrize("edit", [holding_nan, holding_infinity])
+async def test_an_embedding_holding_nan_or_infinity_is_refused(
+    openai_server: OpenAIServer, edit: Any
+) -> None:
+    # Refused as the embedder's failure (a turn's or a write's, as reembed's): PostgreSQL
+    # would refuse to store it with a DataError, an INTERNAL error to the caller.
+    openai_server.edit_next(1, edit)
+    with pytest.raises(EmbeddingFailed, match="a vector holding NaN or infinity") as refused:
+        await embedded(openai_server, ["first", "second"])
+    assert not refused.value.transient
+    assert len(openai_server.requests_to("/v1/embeddings")) == 1  # not retried

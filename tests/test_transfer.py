@@ -498,11 +498,16 @@ async def many_records(state, admin, count: int) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("sig", "status", "said"),
-    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+    ("sig", "status", "said", "ctrl_c"),
+    [
+        (signal.SIGINT, 130, "interrupted", signal.SIG_DFL),
+        (signal.SIGTERM, 143, "stopped by SIGTERM", signal.SIG_DFL),
+        # Started in the background by a shell, which ignores Ctrl-C for it.
+        (signal.SIGTERM, 143, "stopped by SIGTERM", signal.SIG_IGN),
+    ],
 )
 async def test_cli_export_stopped_part_way_leaves_no_file_and_says_so(
-    state, admin, db_url, tmp_path, sig, status, said
+    state, admin, db_url, tmp_path, sig, status, said, ctrl_c
 ):
     agent = await many_records(state, admin, 5000)
     path = tmp_path / "agent.jsonl"
@@ -510,7 +515,11 @@ async def test_cli_export_stopped_part_way_leaves_no_file_and_says_so(
     partial = path.with_name(path.name + ".partial")
     command = [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)]
     proc = await asyncio.create_subprocess_exec(
-        *command, env=clean_env(database_url=db_url), stdout=PIPE, stderr=PIPE
+        *command,
+        env=clean_env(database_url=db_url),
+        stdout=PIPE,
+        stderr=PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
     )
     while not partial.exists():
         assert proc.returncode is None, await proc.communicate()
