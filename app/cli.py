@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
@@ -215,13 +216,32 @@ async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResu
 
 
 def _reembed(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncpg
+
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
     from app.embeddings.reembed import ReembedBusy
 
     try:
         result = asyncio.run(_reembed_database(settings, args.batch_size))
-    except (EmbedderUnavailable, EmbeddingFailed, ReembedBusy) as e:
+    except (EmbedderUnavailable, ReembedBusy) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EmbeddingFailed as e:
+        print(
+            f"error: {e}; once it answers, run `engram reembed` again to finish (it goes on "
+            "from the records already re-embedded)",
+            file=sys.stderr,
+        )
+        return 2
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        # The database went away mid-run (restarted, or the connection cut): what was written
+        # stays, and a run again goes on from there.
+        reason = " ".join(str(e).split()) or type(e).__name__
+        print(
+            f"error: the database failed while re-embedding ({reason}); run `engram reembed` "
+            "again to finish (it goes on from the records already re-embedded)",
+            file=sys.stderr,
+        )
         return 2
     resumed = ", resuming an interrupted run" if result.resumed else ""
     print(
@@ -468,6 +488,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
             out=out,
             embeddings=not args.no_embeddings,
             progress=sys.stderr.isatty(),
+            notice=lambda text: print(f"engram export: {text}", file=sys.stderr),
         )
         counts = _in_account(settings, account, work)
     rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
@@ -511,14 +532,6 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(
-            "import interrupted: the batches stored stay; run the same import again to "
-            "continue (rows already there are skipped). Search indexes not built yet are "
-            "built by the service's next maintenance round, or by that import.",
-            file=sys.stderr,
-        )
-        return 130
     print(
         f"imported {result.inserted} rows, {result.present} already there unchanged; "
         f"vectors {result.vectors}"
@@ -533,6 +546,19 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 2
     return 0
+
+
+# What an interrupted command (Ctrl-C, or SIGTERM) leaves, said in one line after its name.
+_INTERRUPTED = {
+    "reembed": "the records re-embedded so far keep their new vectors; run `engram reembed` "
+    "again to finish (it goes on from there): the service does not start on a database that "
+    "is half re-embedded",
+    "export": "no file was written (a file already there is as it was); what went to standard "
+    "output is cut short, and an import refuses it as such",
+    "import": "the batches stored stay; run the same import again to continue (rows already "
+    "there are skipped). Search indexes not built yet are built by the service's next "
+    "maintenance round, or by that import.",
+}
 
 
 _ACCOUNT_HELP = "account ID (default: the default account)"
@@ -753,8 +779,30 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
+    terminated = False
+
+    def terminate(signum: int, frame: Any) -> None:
+        # As Ctrl-C: the work is cancelled and what it opened closed (a partial export file
+        # removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill the
+        # process and leave them.
+        nonlocal terminated
+        terminated = True
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)
+            interrupt(signal.SIGINT, frame)
+        else:  # Ctrl-C ignored (a command started in the background by a shell)
+            raise KeyboardInterrupt
+
+    # (`serve` stops on SIGTERM as it serves: _serve. A signal handler is the main thread's.)
+    handled = args.command != "serve" and threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, terminate) if handled else None
     try:
         return int(args.run(settings, args))
+    except KeyboardInterrupt:
+        how = "stopped by SIGTERM" if terminated else "interrupted"
+        after = _INTERRUPTED.get(args.command)
+        print(f"engram {args.command} {how}" + (f": {after}" if after else ""), file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     except DomainError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)
         return 2
@@ -775,6 +823,9 @@ def main(argv: list[str] | None = None) -> int:
         # asyncpg); ProgrammingError: a URL libpq cannot parse, which it quotes, password too.
         print(_unreachable(settings, e), file=sys.stderr)
         return 2
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,8 @@ class Fault:
     headers: dict[str, str] = field(default_factory=dict)
     message: str = "scripted failure"
     trickle: float = 0.0  # answer normally, but in pieces this many seconds apart (`trickled`)
+    # Edits the answer (an embeddings answer, as a dict) before it is sent as JSON (`edit_next`).
+    edit: Callable[[dict[str, Any]], Any] | None = None
 
 
 CHAT = "/v1/chat/completions"
@@ -182,6 +185,13 @@ class OpenAIServer:
         with self._lock:
             self._faults[path].extend(Fault(None, trickle=seconds) for _ in range(times))
 
+    def edit_next(self, times: int, edit: Callable[[dict[str, Any]], Any]) -> None:
+        """The next embeddings answers are made as usual, then changed by `edit` (it changes
+        the dict in place, or returns what to send instead): NaN, wrong dimensions and the
+        like, as json.dumps writes them."""
+        with self._lock:
+            self._faults["/v1/embeddings"].extend(Fault(None, edit=edit) for _ in range(times))
+
     def requests_to(self, path: str) -> list[Recorded]:
         with self._lock:
             return [r for r in self.requests if r.path == path]
@@ -192,6 +202,7 @@ class OpenAIServer:
         """Records the request and plays the next scripted fault for its path, if any (a
         trickle is left to the route: `request.state.trickle`)."""
         request.state.trickle = 0.0
+        request.state.edit = None
         body = await request.json()
         with self._lock:
             self.requests.append(
@@ -203,6 +214,7 @@ class OpenAIServer:
         if fault is None:
             return body, None
         request.state.trickle = fault.trickle
+        request.state.edit = fault.edit
         if fault.delay:
             await asyncio.sleep(fault.delay)
         if fault.status is None:
@@ -239,6 +251,10 @@ class OpenAIServer:
             answer["usage"] = {"prompt_tokens": tokens}
             if self.usage == "total_tokens":
                 answer["usage"]["total_tokens"] = tokens
+        if request.state.edit is not None:
+            edited = request.state.edit(answer)
+            answer = answer if edited is None else edited
+            return Response(json.dumps(answer), media_type="application/json")
         if request.state.trickle:
             return trickled(json.dumps(answer).encode(), request.state.trickle)
         return JSONResponse(answer)

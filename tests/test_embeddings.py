@@ -5,16 +5,21 @@ tests skip when the `minilm` extra is not installed (CI installs only `.[test]`)
 """
 
 import asyncio
+import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from subprocess import PIPE
+from typing import Any
 
 import asyncpg
 import numpy as np
 import pytest
 from openai_server import OpenAIServer, hashed_embedding, word_count
 from pydantic import SecretStr
+from servers import clean_env, engram_command, run
 
 from app import cli
 from app.config import Settings
@@ -548,3 +553,146 @@ def test_engram_reembed_command(
     assert "re-embedded 5 records with openai:test-embed (48 dimensions" in out
     assert "re-embedding with openai:test-embed" in err and "5/5" in err  # the progress bar
     asyncio.run(start_checks())
+
+
+# --- `engram reembed` stopped part way, as a command ----------------------------------------
+
+
+def reembed_env(db_url: str, server: OpenAIServer) -> dict[str, str]:
+    return clean_env(
+        database_url=db_url,
+        embedder="openai",
+        embedding_url=server.url,
+        embedding_model=server.embedding_model,
+        embedding_timeout_seconds="30",
+    )
+
+
+async def assert_finishes_with_the_new_model(db_url: str, server: OpenAIServer) -> None:
+    """A run again finishes the job: every record has a vector of the new model, the model is
+    recorded, and the service starts with it."""
+    again = await asyncio.to_thread(
+        run, reembed_env(db_url, server), "reembed", "--batch-size", "2"
+    )
+    assert again.returncode == 0, again.stderr
+    assert "resuming an interrupted run" in again.stdout
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    target = openai_embedder(server)
+    try:
+        await ensure_model(pool, target, VECTOR_COLUMNS)
+        rows = await stored_vectors(pool)
+        assert len(rows) == 12 and {row["type"] for row in rows} == {"vector(48)"}
+        for row in rows:
+            text = memory_text(row["summary"], row["content"])
+            np.testing.assert_allclose(
+                row["embedding"].to_numpy(), expected(text, 48), rtol=1e-5, atol=1e-6
+            )
+    finally:
+        await target.aclose()
+        await pool.close()
+
+
+async def started_reembed(
+    db_url: str, embedder: StaticEmbedder, server: OpenAIServer
+) -> subprocess.Popen[str]:
+    """`engram reembed` of 12 records in batches of 2, each embedded in a second, once it has
+    written two batches."""
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    try:
+        await insert_memories(pool, embedder, 12)
+    finally:
+        await pool.close()
+    server.stall_next(3, 0.0)  # the dimension probe and two batches at once
+    server.stall_next(10, 1.0)
+    command = [*engram_command(), "reembed", "--batch-size", "2"]
+    proc = subprocess.Popen(
+        command, env=reembed_env(db_url, server), stdout=PIPE, stderr=PIPE, text=True
+    )
+    while len(server.requests_to("/v1/embeddings")) < 5:
+        assert proc.poll() is None, proc.communicate()
+        await asyncio.sleep(0.05)
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("sig", "status", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+)
+async def test_engram_reembed_stopped_by_a_signal_says_so_and_a_run_again_finishes(
+    db_url: str,
+    embedder: StaticEmbedder,
+    openai_server: OpenAIServer,
+    sig: signal.Signals,
+    status: int,
+    said: str,
+) -> None:
+    proc = await started_reembed(db_url, embedder, openai_server)
+    proc.send_signal(sig)
+    _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == status, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"engram reembed {said}: ") and "run `engram reembed` again" in last
+    await assert_finishes_with_the_new_model(db_url, openai_server)
+
+
+async def test_engram_reembed_losing_the_database_says_so_and_a_run_again_finishes(
+    db_url: str, embedder: StaticEmbedder, openai_server: OpenAIServer
+) -> None:
+    proc = await started_reembed(db_url, embedder, openai_server)
+    conn = await asyncpg.connect(db_url)
+    try:
+        # As a restart of PostgreSQL looks to the command: its connection is gone.
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("error: the database failed while re-embedding")
+    await assert_finishes_with_the_new_model(db_url, openai_server)
+
+
+def holding_nan(answer: dict[str, Any]) -> None:
+    answer["data"][0]["embedding"][3] = float("nan")
+
+
+def holding_infinity(answer: dict[str, Any]) -> None:
+    answer["data"][1]["embedding"][0] = 1e300  # past float32: infinity
+
+
+@pytest.mark.parametrize("edit", [holding_nan, holding_infinity])
+async def test_engram_reembed_refuses_a_vector_that_is_not_finite(
+    db_url: str, embedder: StaticEmbedder, openai_server: OpenAIServer, edit: Any
+) -> None:
+    # pgvector stores no NaN nor infinity: the answer is refused by the embedder, with a
+    # message, not by PostgreSQL with a traceback.
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    try:
+        await insert_memories(pool, embedder, 12)
+    finally:
+        await pool.close()
+    openai_server.stall_next(3, 0.0)
+    openai_server.edit_next(1, edit)
+    env = reembed_env(db_url, openai_server)
+    done = await asyncio.to_thread(run, env, "reembed", "--batch-size", "2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "returned a vector holding NaN or infinity" in last
+    assert "run `engram reembed` again" in last
+    await assert_finishes_with_the_new_model(db_url, openai_server)
+
+
+@pytest.mark.parametrize("edit", [holding_nan, holding_infinity])
+async def test_an_embedding_holding_nan_or_infinity_is_refused(
+    openai_server: OpenAIServer, edit: Any
+) -> None:
+    # Refused as the embedder's failure (a turn's or a write's, as reembed's): PostgreSQL
+    # would refuse to store it with a DataError, an INTERNAL error to the caller.
+    openai_server.edit_next(1, edit)
+    with pytest.raises(EmbeddingFailed, match="a vector holding NaN or infinity") as refused:
+        await embedded(openai_server, ["first", "second"])
+    assert not refused.value.transient
+    assert len(openai_server.requests_to("/v1/embeddings")) == 1  # not retried

@@ -32,9 +32,11 @@ from servers import clean_env, engram_command, run
 from app.actions import service as actions
 from app.auth.service import ensure_default_account
 from app.db.pool import create_pool
+from app.embeddings import store as embeddings_store
 from app.errors import Conflict
 from app.memory.maintenance import ROUND_LOCK
 from app.memory.service import NewMemory
+from app.memory.vectors import VECTOR_COLUMNS
 from app.services import start_services, stop_services
 from app.state import AppState
 from app.transfer import store
@@ -440,6 +442,114 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
         refused = run(clean_env(database_url=target_url), *args)
         assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
         assert "Traceback" not in refused.stderr
+
+
+async def test_an_export_during_an_interrupted_reembed_leaves_the_vectors_out(
+    state, admin, db_url, second, tmp_path
+):
+    # An `engram reembed` stopped part way leaves vectors of two models, or none, under the old
+    # model's name: copied, they would give the target records without vectors, or of another
+    # model. The export leaves them out, says so, and the import embeds the records again.
+    agent = await build_agent(state, admin)
+    before = await reads(GQL(state), admin, agent.action_id)
+    unembedded = "SELECT count(*) FROM agent_memories WHERE embedding IS NULL"
+    without_vectors = await state.pool.fetchval(unembedded)  # (deleted records have none)
+    async with state.pool.acquire() as conn, conn.transaction():
+        # What `engram reembed` to a 48-d model does before its first batch (app/embeddings).
+        await embeddings_store.set_reembed_target(conn, "openai:test-embed", 48)
+        await embeddings_store.reset_vectors(conn, 48, VECTOR_COLUMNS)
+    path = tmp_path / "agent.jsonl"
+    export = ("export", "--action", str(agent.action_id), "-o", str(path))
+    done = run(clean_env(database_url=db_url), *export)
+    assert done.returncode == 0, done.stderr
+    assert "the vectors are left out: an `engram reembed` was interrupted" in done.stderr
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["embeddings"] is False
+    assert all("embedding" not in line["row"] for line in lines[1:])
+    imported = run(
+        clean_env(database_url=second.settings.database_url_value()), "import", str(path)
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert "vectors re-embedded" in imported.stdout
+    assert await second.pool.fetchval("SELECT count(*) FROM agent_memories") > 0
+    assert await second.pool.fetchval(unembedded) == without_vectors
+    assert await reads(GQL(second), await admin_of(second), agent.action_id) == before
+
+
+async def many_records(state, admin, count: int) -> Any:
+    """An agent with `count` records (rows as the memory layer writes them, one version each)."""
+    agent = await make_agent(state, admin)
+    await state.pool.execute(
+        """
+        INSERT INTO agent_memories
+            (account_id, action_id, memory_id, version, created, modified, summary, content,
+             status, scope, kind, source, execution_id, invocation_number, action_version,
+             modified_by, embedding)
+        SELECT $1, $2, gen_random_uuid(), 1, now(), now(), 'fact ' || i, repeat('evidence ', 20),
+               'ACTIVE', 'AGENT', 'fact', 'TOOL', gen_random_uuid(), 1, 1, 'agent',
+               array_fill(0.0625::real, ARRAY[256])::vector
+        FROM generate_series(1, $3) AS i
+        """,
+        admin.account_id,
+        agent.action_id,
+        count,
+    )
+    return agent
+
+
+@pytest.mark.parametrize(
+    ("sig", "status", "said", "ctrl_c"),
+    [
+        (signal.SIGINT, 130, "interrupted", signal.SIG_DFL),
+        (signal.SIGTERM, 143, "stopped by SIGTERM", signal.SIG_DFL),
+        # Started in the background by a shell, which ignores Ctrl-C for it.
+        (signal.SIGTERM, 143, "stopped by SIGTERM", signal.SIG_IGN),
+    ],
+)
+async def test_cli_export_stopped_part_way_leaves_no_file_and_says_so(
+    state, admin, db_url, tmp_path, sig, status, said, ctrl_c
+):
+    agent = await many_records(state, admin, 5000)
+    path = tmp_path / "agent.jsonl"
+    path.write_text("an earlier export\n")
+    partial = path.with_name(path.name + ".partial")
+    command = [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)]
+    proc = await asyncio.create_subprocess_exec(
+        *command,
+        env=clean_env(database_url=db_url),
+        stdout=PIPE,
+        stderr=PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
+    )
+    while not partial.exists():
+        assert proc.returncode is None, await proc.communicate()
+        await asyncio.sleep(0.01)
+    # Stopped while it writes the file, so that the signal comes before the export ends.
+    proc.send_signal(signal.SIGSTOP)
+    proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
+    _, err = await proc.communicate()
+    assert proc.returncode == status and b"Traceback" not in err, err.decode()
+    assert err.decode().strip().splitlines()[-1] == (
+        f"engram export {said}: no file was written (a file already there is as it was); what "
+        "went to standard output is cut short, and an import refuses it as such"
+    )
+    assert path.read_text() == "an earlier export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]
+
+
+async def test_an_export_cut_in_a_line_is_refused_by_that_line(state, admin, second, tmp_path):
+    # As an export to standard output stopped part way (a full disk, a reader gone) leaves it.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(lines[:5]) + "\n" + lines[5][: len(lines[5]) // 2])
+    cut = run(clean_env(database_url=second.settings.database_url_value()), "import", str(short))
+    assert cut.returncode == 2 and "Traceback" not in cut.stderr, cut.stderr
+    assert cut.stderr.strip().splitlines()[-1] == (
+        "error (BAD_REQUEST): line 6 is not JSON: the file is damaged or cut short"
+    )
+    assert set((await table_counts(second)).values()) == {0}
 
 
 async def test_cli_export_writes_through_a_link_and_into_a_fifo(state, admin, db_url, tmp_path):

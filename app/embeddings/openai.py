@@ -138,7 +138,8 @@ class OpenAIEmbedder:
         count = len(texts)
         try:
             data = sorted(answer["data"], key=lambda item: item["index"])
-            vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
+            with np.errstate(over="ignore"):  # a value past float32's range: inf, refused below
+                vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
         except (KeyError, TypeError, ValueError) as e:
             raise EmbeddingFailed(
                 f"{self._endpoint} answered in an unexpected shape ({e!r}); it must be an "
@@ -154,6 +155,14 @@ class OpenAIEmbedder:
             raise EmbeddingFailed(
                 f"{self.model} returned {vectors.shape[1]}-d vectors, expected {self.dimensions}: "
                 "fix ENGRAM_EMBEDDING_DIMENSIONS, or run `engram reembed` after changing model",
+                transient=False,
+            )
+        if not np.isfinite(vectors).all():
+            # PostgreSQL would refuse to store it (pgvector allows no NaN or infinity), nor
+            # could it be searched.
+            raise EmbeddingFailed(
+                f"{self.model} returned a vector holding NaN or infinity (from {self._endpoint});"
+                " it must be an OpenAI-compatible embeddings endpoint for this model",
                 transient=False,
             )
         usage = answer.get("usage") or {}

@@ -78,8 +78,10 @@ async def export_action(
     out: TextIO,
     embeddings: bool = True,
     progress: bool = False,
+    notice: Callable[[str], None] = lambda _: None,
 ) -> dict[str, int]:
-    """Writes the agent to `out` as JSONL, from one snapshot; returns the rows per type."""
+    """Writes the agent to `out` as JSONL, from one snapshot; returns the rows per type.
+    `notice` is told what a person should know about the file (vectors left out)."""
     from tqdm import tqdm
 
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
@@ -88,6 +90,14 @@ async def export_action(
         if counts["action"] == 0:
             raise NotFound(f"action {action_id} not found in account {account_id}")
         model = await embeddings_store.recorded_model(conn)
+        if embeddings and model is not None and await embeddings_store.reembed_target(conn):
+            # An `engram reembed` stopped part way: the vectors are of two models, or none, not
+            # of the one recorded. Left out, the import embeds every record again.
+            embeddings = False
+            notice(
+                "the vectors are left out: an `engram reembed` was interrupted, so they are not "
+                f"all of {model['name']}; the import embeds the records again"
+            )
         header = {
             "type": "header",
             "format": FORMAT,
