@@ -536,6 +536,11 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         f"imported {result.inserted} rows, {result.present} already there unchanged; "
         f"vectors {result.vectors}"
         + (f" ({result.reembedded} records)" if result.vectors == "re-embedded" else "")
+        + (
+            f" ({result.reembedded} records the file has no vector for: embedded again)"
+            if result.vectors == "copied" and result.reembedded
+            else ""
+        )
     )
     if result.missing:
         told = ", ".join(f"{got} of {n} {kind} rows" for kind, (got, n) in result.missing.items())

@@ -724,6 +724,52 @@ async def test_another_embedding_model_is_embedded_again(state, admin, gql, seco
     assert missing == 0
 
 
+@pytest.mark.parametrize("edit", ["null", "no column"])
+async def test_a_record_the_file_has_no_vector_for_is_embedded_again(
+    state, admin, gql, second, edit
+):
+    # A file whose header says it has vectors, with a record without one (edited, or written
+    # by hand): copied as it is, the record would be stored without a vector, found by no
+    # search by meaning. It is embedded again, and the rest copied.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    assert json.loads(lines[0])["embeddings"]
+    memories = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    if edit == "null":
+        refund = next(i for i in memories if "refund" in json.loads(lines[i])["row"]["summary"])
+        lines = edited(lines, refund, embedding=None)
+    else:
+        for i in memories:
+            item = json.loads(lines[i])
+            del item["row"]["embedding"]
+            lines[i] = json.dumps(item)
+    target_admin = await admin_of(second)
+    result = await load(second, target_admin.account_id, lines)
+    assert result.vectors == "copied" and result.reembedded == (1 if edit == "null" else 8)
+    query = "SELECT memory_id, embedding::text FROM agent_memories ORDER BY memory_id"
+    async with state.pool.acquire() as a, second.pool.acquire() as b:
+        assert [tuple(r) for r in await a.fetch(query)] == [tuple(r) for r in await b.fetch(query)]
+    for q in ("refund", "where does the customer live"):
+        here = (await gql(admin, SEARCH, a=str(agent.action_id), q=q)).ok()
+        there = (await GQL(second)(target_admin, SEARCH, a=str(agent.action_id), q=q)).ok()
+        assert there == here and here["action"]["searchMemories"]["edges"]
+
+
+async def test_cli_import_says_which_records_it_embedded_again(state, admin, second, tmp_path):
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    lines = edited(lines, first(lines, "memory"), embedding=None)
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    imported = run(
+        clean_env(database_url=second.settings.database_url_value()), "import", str(path)
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert (
+        "vectors copied (1 records the file has no vector for: embedded again)" in imported.stdout
+    )
+
+
 @pytest.mark.parametrize(
     ("first_line", "message"),
     [

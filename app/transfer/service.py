@@ -13,7 +13,8 @@ skipped, so importing twice changes nothing and an interrupted import continues 
 stopped; a row there with other content stops the import with CONFLICT naming it. Vectors
 are copied when the file's embedding model is the deployment's (same name and dimensions);
 otherwise, or when the file has none, each record is embedded again with the deployment's
-model, as `engram reembed` would.
+model, as `engram reembed` would. A record the file has no vector for, where it has vectors
+(an edited file), is embedded again too: stored without one, no search would find it.
 """
 
 import asyncio
@@ -125,7 +126,7 @@ async def export_action(
 class ImportResult:
     inserted: int = 0
     present: int = 0  # already there, identical: skipped
-    reembedded: int = 0
+    reembedded: int = 0  # records embedded again (vectors copied: those the file had none for)
     vectors: str = "copied"  # or "re-embedded"
     by_type: dict[str, int] = field(default_factory=dict)
     records: dict[UUID, int] = field(default_factory=dict)  # records written, by agent
@@ -202,7 +203,7 @@ async def import_file(
         copied = bool(
             header.get("embeddings") and recorded is not None and header["embedder"] == recorded
         )
-        await _check_file(
+        unembedded = await _check_file(
             pool,
             account_id,
             UUID(header["actionId"]),
@@ -213,15 +214,18 @@ async def import_file(
         )
         embedder: Embedder | None = None
         result = ImportResult()
-        if not copied:
-            # Embedded again with this deployment's model (which the database records, or will).
+        if not copied or unembedded:
+            # Embedded again with this deployment's model (which the database records, or will):
+            # every record, or those of a file with vectors that has none for them (edited, or
+            # written by hand), which copied as they are no search would find.
             embedder = await open_embedder()
             await ensure_model(pool, embedder, VECTOR_COLUMNS)
-            result.vectors = "re-embedded"
+            if not copied:
+                result.vectors = "re-embedded"
         total = sum(header["counts"].values())
         try:
             with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
-                importer = _Importer(pool, account_id, embedder, result, bar.update)
+                importer = _Importer(pool, account_id, embedder, copied, result, bar.update)
                 try:
                     table: Table | None = None
                     batch: list[dict[str, Any]] = []
@@ -464,12 +468,14 @@ async def _check_file(
     rows: Iterator[tuple[str, dict[str, Any], int]],
     copied: bool,
     batch_rows: int,
-) -> None:
+) -> int:
     """Every row as `_rows` checks it, against the rows before it (`_Across`), and as
     PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
     that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
-    whether the file's vectors are stored (else they are replaced, and not checked)."""
+    whether the file's vectors are stored (else they are replaced, and not checked). Returns
+    how many records (not tombstones, which have no vector) the file has no vector for."""
     across = _Across(str(action_id))
+    unembedded = 0
     batch: list[tuple[dict[str, Any], int]] = []
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
@@ -496,6 +502,8 @@ async def _check_file(
         table: Table | None = None
         for kind, row, number in rows:
             across.row(kind, row, number)
+            if kind == "memory" and not row.get("tombstone") and row.get(VECTOR_COLUMN) is None:
+                unembedded += 1
             if table is not None and (kind != table.kind or len(batch) >= batch_rows):
                 await check(conn, table)
                 batch = []
@@ -504,6 +512,7 @@ async def _check_file(
         if table is not None and batch:
             await check(conn, table)
         await across.end(conn, account_id, action_id, expected)
+    return unembedded
 
 
 def _noun(table: Table, row: dict[str, Any]) -> str:
@@ -698,6 +707,7 @@ class _Importer:
     pool: asyncpg.Pool
     account_id: UUID
     embedder: Embedder | None
+    copied: bool  # the file's vectors are stored: only records it has none for are embedded
     result: ImportResult
     done: Callable[[int], object]
     _running: list[asyncio.Task[None]] = field(default_factory=list)
@@ -791,11 +801,18 @@ class _Importer:
             )
 
     async def _embed(self, rows: list[dict[str, Any]]) -> None:
-        """Vectors of this deployment's model; a tombstone (a preview deletion) has none."""
+        """Vectors of this deployment's model, for every record or (`copied`) for those the
+        file has none for; a tombstone (a preview deletion) has none."""
         assert self.embedder is not None
-        embedded = [r for r in rows if not r.get("tombstone")]
+        embedded = [
+            r
+            for r in rows
+            if not r.get("tombstone") and (not self.copied or r.get(VECTOR_COLUMN) is None)
+        ]
         for r in rows:
-            r[VECTOR_COLUMN] = None
+            if not self.copied:
+                r[VECTOR_COLUMN] = None
+            r.setdefault(VECTOR_COLUMN, None)
         for r in embedded:
             if not all(
                 isinstance(r.get(c), str) and is_storable(r[c]) for c in ("summary", "content")
