@@ -685,6 +685,27 @@ async def test_engram_reembed_refuses_a_vector_that_is_not_finite(
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 
+def of_uneven_lengths(answer: dict[str, Any]) -> None:
+    answer["data"][1]["embedding"].pop()
+
+
+async def test_vectors_of_different_lengths_are_refused_in_one_line(
+    openai_server: OpenAIServer,
+) -> None:
+    # Refused as wrong dimensions are, in one line naming the fault (numpy's own error is a
+    # paragraph on an "inhomogeneous shape").
+    openai_server.edit_next(1, of_uneven_lengths)
+    d = openai_server.embedding_dimensions
+    with pytest.raises(EmbeddingFailed) as refused:
+        await embedded(openai_server, ["first", "second"])
+    assert str(refused.value) == (
+        f"{openai_server.embedding_model} returned vectors of different lengths ({d - 1} to "
+        f"{d}), expected {d}: it must be an OpenAI-compatible embeddings endpoint for this model"
+    )
+    assert not refused.value.transient
+    assert len(openai_server.requests_to("/v1/embeddings")) == 1  # not retried
+
+
 @pytest.mark.parametrize("edit", [holding_nan, holding_infinity])
 async def test_an_embedding_holding_nan_or_infinity_is_refused(
     openai_server: OpenAIServer, edit: Any

@@ -138,6 +138,14 @@ class OpenAIEmbedder:
         count = len(texts)
         try:
             data = sorted(answer["data"], key=lambda item: item["index"])
+            lengths = {len(v) for item in data if isinstance(v := item["embedding"], list)}
+            if len(lengths) > 1:  # numpy's own error is a paragraph on "inhomogeneous shape"
+                raise EmbeddingFailed(
+                    f"{self.model} returned vectors of different lengths ({min(lengths)} to "
+                    f"{max(lengths)}), expected {self.dimensions or 'one length'}: it must be "
+                    "an OpenAI-compatible embeddings endpoint for this model",
+                    transient=False,
+                )
             with np.errstate(over="ignore"):  # a value past float32's range: inf, refused below
                 vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
         except (KeyError, TypeError, ValueError) as e:
