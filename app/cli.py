@@ -476,21 +476,58 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[TextIO]:
         partial_file.unlink(missing_ok=True)
 
 
+class _Output:
+    """The export's output, which remembers the error of a write that failed (a full disk) so
+    that it is told as the output's, not as one of the database's (both are OSErrors)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.failed: OSError | None = None
+
+    def write(self, text: str) -> int:
+        return self._tried(self.out.write, text)
+
+    def flush(self) -> None:
+        self._tried(self.out.flush)
+
+    def _tried(self, call: Callable[..., T], *args: Any) -> T:
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise  # the reader went away: `main` exits quietly
+        except OSError as e:
+            self.failed = e
+            raise
+
+
 def _export(settings: Settings, args: argparse.Namespace) -> int:
     from app.transfer.service import export_action
 
     action_id = _uuid(args.action, "action ID")
     account = _account_id(args.account)
-    with _file_or_std(args.output, "w") as out:
-        work = partial(
-            export_action,
-            action_id=action_id,
-            out=out,
-            embeddings=not args.no_embeddings,
-            progress=sys.stderr.isatty(),
-            notice=lambda text: print(f"engram export: {text}", file=sys.stderr),
-        )
-        counts = _in_account(settings, account, work)
+    to_std = args.output in (None, "-")
+    output: _Output | None = None
+    try:
+        with _file_or_std(args.output, "w") as out:
+            output = _Output(out)
+            work = partial(
+                export_action,
+                action_id=action_id,
+                out=output,
+                embeddings=not args.no_embeddings,
+                progress=sys.stderr.isatty(),
+                notice=lambda text: print(f"engram export: {text}", file=sys.stderr),
+            )
+            counts = _in_account(settings, account, work)
+            output.flush()  # here, where its error is told, not at Python's exit
+    except OSError as e:  # (a file's close, after a write failed, fails as it did)
+        if output is None or output.failed is None:
+            raise
+        if to_std:  # what is left in the buffer, written at exit, would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        where = "standard output" if to_std else args.output
+        print(f"error: cannot write {where}: {output.failed.strerror or e}", file=sys.stderr)
+        return 2
     rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
     print(f"exported action {action_id}: {rows}", file=sys.stderr)
     return 0

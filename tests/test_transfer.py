@@ -2,8 +2,10 @@
 
 import asyncio
 import io
+import itertools
 import json
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -578,6 +580,64 @@ async def test_cli_export_writes_through_a_link_and_into_a_fifo(state, admin, db
     assert json.loads(read.splitlines()[0])["actionId"] == str(agent.action_id)
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl", "fifo", "link.jsonl"]
+
+
+@pytest.mark.parametrize("size", ["large", "small"])
+async def test_cli_export_to_a_full_disk_says_what_it_could_not_write(
+    state, admin, db_url, tmp_path, size
+):
+    # /dev/full: every write fails with ENOSPC. The export says what it could not write, in
+    # one line: a large export while it writes (its rows fill the output's buffer), a small
+    # one (an agent without records) at its end, not at Python's exit.
+    agent = await (build_agent(state, admin) if size == "large" else make_agent(state, admin))
+    export = ["export", "--action", str(agent.action_id)]
+    unbuffered = clean_env(database_url=db_url)
+    buffered = {k: v for k, v in unbuffered.items() if k != "PYTHONUNBUFFERED"}  # as a shell
+    outputs = [([], "standard output"), (["-o", "/dev/full"], "/dev/full")]
+    for (output, named), env in itertools.product(outputs, [unbuffered, buffered]):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(
+                [*engram_command(), *export, *output],
+                env=env,
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [
+            f"error: cannot write {named}: No space left on device"
+        ], done.stderr
+    # A file: written beside it, whose write fails (past a limit on a file's size, as on a
+    # full disk): named as given, the file already there left as it was.
+    path = tmp_path / "agent.jsonl"
+    path.write_text("kept")
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the write kills the process
+
+    done = subprocess.run(
+        [*engram_command(), *export, "-o", str(path)],
+        env=buffered,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limited,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: cannot write {path}: File too large"]
+    assert path.read_text() == "kept" and os.listdir(tmp_path) == ["agent.jsonl"]
+    # A reader gone (`engram export | head`) is no such error: quiet, as other tools.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [*engram_command(), *export], env=buffered, stdout=write, stderr=PIPE, timeout=120
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 1 and done.stderr == b""
 
 
 async def test_cli_import_from_standard_input_is_checked_before_it_is_written(

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import IO, Any, ClassVar, TextIO
+from typing import IO, Any, ClassVar, Protocol
 from uuid import UUID
 
 import asyncpg
@@ -71,12 +71,16 @@ _NOUNS = {
 }
 
 
+class Output(Protocol):
+    def write(self, text: str, /) -> object: ...
+
+
 async def export_action(
     pool: asyncpg.Pool,
     *,
     account_id: UUID,
     action_id: UUID,
-    out: TextIO,
+    out: Output,
     embeddings: bool = True,
     progress: bool = False,
     notice: Callable[[str], None] = lambda _: None,
