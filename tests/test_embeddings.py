@@ -706,7 +706,13 @@ async def test_vectors_of_different_lengths_are_refused_in_one_line(
     assert len(openai_server.requests_to("/v1/embeddings")) == 1  # not retried
 
 
-@pytest.mark.parametrize("edit", [holding_nan, holding_infinity])
+def holding_an_integer_past_a_float(answer: dict[str, Any]) -> None:
+    # An integer of 401 digits: numpy raised OverflowError converting it, which escaped the
+    # embedder as an unexpected error.
+    answer["data"][1]["embedding"][0] = 10**400
+
+
+@pytest.mark.parametrize("edit", [holding_nan, holding_infinity, holding_an_integer_past_a_float])
 async def test_an_embedding_holding_nan_or_infinity_is_refused(
     openai_server: OpenAIServer, edit: Any
 ) -> None:

@@ -134,6 +134,13 @@ class OpenAIEmbedder:
             ) from e
         return self._parse(answer, texts)
 
+    def _not_finite(self) -> EmbeddingFailed:
+        return EmbeddingFailed(
+            f"{self.model} returned a vector holding NaN or infinity (from {self._endpoint});"
+            " it must be an OpenAI-compatible embeddings endpoint for this model",
+            transient=False,
+        )
+
     def _parse(self, answer: Any, texts: list[str]) -> tuple[np.ndarray, int]:
         count = len(texts)
         try:
@@ -154,6 +161,8 @@ class OpenAIEmbedder:
                 "OpenAI-compatible embeddings endpoint",
                 transient=False,
             ) from e
+        except OverflowError:  # an integer past a float's range (10**400): no finite value
+            raise self._not_finite() from None
         if vectors.ndim != 2 or len(vectors) != count:
             raise EmbeddingFailed(
                 f"{self._endpoint} returned {len(data)} embeddings for {count} texts",
@@ -168,11 +177,7 @@ class OpenAIEmbedder:
         if not np.isfinite(vectors).all():
             # PostgreSQL would refuse to store it (pgvector allows no NaN or infinity), nor
             # could it be searched.
-            raise EmbeddingFailed(
-                f"{self.model} returned a vector holding NaN or infinity (from {self._endpoint});"
-                " it must be an OpenAI-compatible embeddings endpoint for this model",
-                transient=False,
-            )
+            raise self._not_finite()
         usage = answer.get("usage") or {}
         tokens = usage.get("total_tokens") or usage.get("prompt_tokens")
         # (compared, not converted: an int past a float's range, 10**400, is no count either)
