@@ -10,6 +10,7 @@ test or a module sets the test's settings beyond the defaults.
 
 import asyncio
 import itertools
+import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +33,7 @@ from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
 from app.main import request_bounds
+from app.observability import logs
 from app.runtime.model import ModelClient
 from app.services import start_services, stop_services
 from app.state import AppState
@@ -48,6 +50,30 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     (and the browser tests a Chromium); most of a test's time is waiting on them, so two
     workers on two cores take the suite from ~16 to ~9 minutes, and more buy little."""
     return min(4, os.cpu_count() or 1)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A test calling `app.cli.main` in this process configures logging as the command does
+    (app.observability.logs.configure: the root logger at INFO, writing to stderr): put back
+    after it. Left, every later test's request logged its `INFO app.access` line to stderr, and
+    one logged after the test ended (the server's thread logs once the answer is sent) landed
+    between pytest's dots, the capture being suspended between a test's phases."""
+    root = logging.getLogger()
+    named = [logging.getLogger(name) for name in (*logs.QUIET_LOGGERS, "uvicorn.access")]
+    handlers, level = list(root.handlers), root.level
+    levels = [(logger, logger.level, logger.disabled) for logger in named]
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    for logger, was, disabled in levels:
+        logger.setLevel(was)
+        logger.disabled = disabled
 
 
 @pytest.fixture(scope="session")

@@ -118,3 +118,26 @@ def test_a_traceback_cannot_begin_a_line_that_reads_as_a_record():
     assert lines[0].endswith(" ERROR app.x: failed")
     assert lines[1] == "  Traceback (most recent call last):"
     assert lines[-1] == "  2026-01-01 00:00:00,000 INFO app.access: GET / 200 FORGED\\x0d\\x1b[2J"
+
+
+def test_a_command_run_in_the_test_process_configures_logging(tmp_path):
+    """The first of two (the next checks what it leaves): `app.cli.main` called in this
+    process sets logging up as the command does, the root logger at INFO on stderr."""
+    import logging
+
+    from app.cli import main
+
+    assert main(["schema", "-o", str(tmp_path / "schema.graphql")]) == 0
+    assert logging.getLogger("app.access").isEnabledFor(logging.INFO)
+
+
+def test_the_logging_a_test_configured_is_put_back_after_it():
+    """tests/conftest.py puts back the logging a test set up: left, a later test's request
+    logged its `INFO app.access` line, and one logged once the test had ended (the server's
+    thread logs after sending the answer) landed between pytest's dots."""
+    import logging
+
+    from app.observability.logs import _Stderr
+
+    assert not any(isinstance(h, _Stderr) for h in logging.getLogger().handlers)
+    assert not logging.getLogger("app.access").isEnabledFor(logging.INFO)
