@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: a worker a core, at most four. Each worker starts its own embedded PostgreSQL
     (and the browser tests a Chromium); most of a test's time is waiting on them, so two
-    workers on two cores take the suite from ~16 to ~9 minutes, and more buy little."""
+    workers on two cores take the suite from ~14 to ~6.5 minutes, and more buy little."""
     return min(4, os.cpu_count() or 1)
 
 
