@@ -4,7 +4,8 @@ started again (app/db/embedded.py `supervise`).
 
 Real processes: `engram serve` (this checkout's code, `servers.clean_env`), its postmaster
 killed with SIGKILL, and `sleep` standing in for another process a lock file names. Each test
-has its own data directory in /tmp (not pytest's: the server runs as its own system user).
+has its own data directory (helpers.scratch_dir: /dev/shm, else /tmp; not pytest's: the server
+runs as its own system user).
 """
 
 import os
