@@ -10,7 +10,6 @@ test or a module sets the test's settings beyond the defaults.
 
 import asyncio
 import itertools
-import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +18,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import GQL, database_copy, db_settings, scratch_dir
+from helpers import GQL, database_copy, db_settings, logging_kept, scratch_dir
 from openai_server import OpenAIServer
 from runtime_support import NOTHING_TO_KEEP
 from servers import serving
@@ -33,7 +32,6 @@ from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
 from app.main import request_bounds
-from app.observability import logs
 from app.runtime.model import ModelClient
 from app.services import start_services, stop_services
 from app.state import AppState
@@ -46,34 +44,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: a worker a core, at most four. Each worker starts its own embedded PostgreSQL
-    (and the browser tests a Chromium); most of a test's time is waiting on them, so two
-    workers on two cores take the suite from ~14 to ~6.5 minutes, and more buy little."""
-    return min(4, os.cpu_count() or 1)
+    """`-n auto`: a worker a core this process may run on, at most four. Each worker starts
+    its own embedded PostgreSQL (and the browser tests a Chromium); most of a test's time is
+    waiting on them, so two workers on two cores take the suite from ~14 to ~6.5 minutes, and
+    more buy little."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(4, cores or 1)
 
 
 @pytest.fixture(autouse=True)
 def _logging_as_it_was() -> Iterator[None]:
-    """A test calling `app.cli.main` in this process configures logging as the command does
-    (app.observability.logs.configure: the root logger at INFO, writing to stderr): put back
-    after it. Left, every later test's request logged its `INFO app.access` line to stderr, and
-    one logged after the test ended (the server's thread logs once the answer is sent) landed
-    between pytest's dots, the capture being suspended between a test's phases."""
-    root = logging.getLogger()
-    named = [logging.getLogger(name) for name in (*logs.QUIET_LOGGERS, "uvicorn.access")]
-    handlers, level = list(root.handlers), root.level
-    levels = [(logger, logger.level, logger.disabled) for logger in named]
-    yield
-    for handler in root.handlers:
-        if handler not in handlers:
-            root.removeHandler(handler)
-    for handler in handlers:
-        if handler not in root.handlers:
-            root.addHandler(handler)
-    root.setLevel(level)
-    for logger, was, disabled in levels:
-        logger.setLevel(was)
-        logger.disabled = disabled
+    """A test calling `app.cli.main` in this process configures logging as the command does:
+    put back after it (helpers.logging_kept)."""
+    with logging_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

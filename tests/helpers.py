@@ -4,13 +4,14 @@ for what a background task or another process does."""
 import asyncio
 import inspect
 import json
+import logging
 import os
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.graphql.context import Context
 from app.graphql.schema import schema
+from app.observability import logs
 from app.state import AppState
 
 
@@ -55,6 +57,33 @@ class GQL:
         return Result(
             json.loads(json.dumps(result.data, default=str)) if result.data else None, errors
         )
+
+
+@contextmanager
+def logging_kept() -> Iterator[None]:
+    """Logging as it was before, put back on exit. `app.cli.main` called in the test process
+    configures it as the command does (app.observability.logs.configure: the root logger at
+    INFO, writing to stderr); left, every later test's request logged its `INFO app.access`
+    line to stderr, and one logged after the test ended (the server's thread logs once the
+    answer is sent) landed between pytest's dots, the capture being suspended between a test's
+    phases."""
+    root = logging.getLogger()
+    named = [logging.getLogger(name) for name in (*logs.QUIET_LOGGERS, "uvicorn.access")]
+    handlers, level = list(root.handlers), root.level
+    levels = [(logger, logger.level, logger.disabled) for logger in named]
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+        for logger, was, disabled in levels:
+            logger.setLevel(was)
+            logger.disabled = disabled
 
 
 # tmpfs when the machine gives it room: on this project's test host, copying a test's database

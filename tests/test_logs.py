@@ -3,10 +3,12 @@ Engram's own), and ENGRAM_LOG_FORMAT=json writes one JSON object a line, each re
 with the ID that came back in its X-Request-ID header."""
 
 import json
+import logging
 import re
 import signal
 
 import httpx
+from helpers import logging_kept
 from servers import Served, clean_env, free_port, run
 
 # Engram's own text lines: "<date> <time> LEVEL app.<module>: <message>" (the logger is
@@ -120,24 +122,20 @@ def test_a_traceback_cannot_begin_a_line_that_reads_as_a_record():
     assert lines[-1] == "  2026-01-01 00:00:00,000 INFO app.access: GET / 200 FORGED\\x0d\\x1b[2J"
 
 
-def test_a_command_run_in_the_test_process_configures_logging(tmp_path):
-    """The first of two (the next checks what it leaves): `app.cli.main` called in this
-    process sets logging up as the command does, the root logger at INFO on stderr."""
-    import logging
-
+def test_the_logging_a_command_run_in_the_test_process_configured_is_put_back(tmp_path):
+    """`app.cli.main` called in this process sets logging up as the command does (the root
+    logger at INFO on stderr); the tests' `logging_kept` (autouse in conftest) puts it back:
+    left, a later test's request logged its `INFO app.access` line, and one logged once the
+    test had ended landed between pytest's dots."""
     from app.cli import main
-
-    assert main(["schema", "-o", str(tmp_path / "schema.graphql")]) == 0
-    assert logging.getLogger("app.access").isEnabledFor(logging.INFO)
-
-
-def test_the_logging_a_test_configured_is_put_back_after_it():
-    """tests/conftest.py puts back the logging a test set up: left, a later test's request
-    logged its `INFO app.access` line, and one logged once the test had ended (the server's
-    thread logs after sending the answer) landed between pytest's dots."""
-    import logging
-
     from app.observability.logs import _Stderr
 
-    assert not any(isinstance(h, _Stderr) for h in logging.getLogger().handlers)
+    def configured() -> bool:
+        stderr = any(isinstance(h, _Stderr) for h in logging.getLogger().handlers)
+        return stderr and logging.getLogger("app.access").isEnabledFor(logging.INFO)
+
+    with logging_kept():
+        assert main(["schema", "-o", str(tmp_path / "schema.graphql")]) == 0
+        assert configured()
+    assert not configured()
     assert not logging.getLogger("app.access").isEnabledFor(logging.INFO)
