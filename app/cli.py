@@ -215,6 +215,12 @@ async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResu
             await embedder.aclose()
 
 
+# What a reembed stopped part way is told to do: what it wrote stays.
+_REEMBED_AGAIN = (
+    "run `engram reembed` again to finish (it goes on from the records already re-embedded)"
+)
+
+
 def _reembed(settings: Settings, args: argparse.Namespace) -> int:
     import asyncpg
 
@@ -228,8 +234,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     except EmbeddingFailed as e:
         print(
-            f"error: {e}; once it answers, run `engram reembed` again to finish (it goes on "
-            "from the records already re-embedded)",
+            f"error: {e}; once it answers, {_REEMBED_AGAIN}",
             file=sys.stderr,
         )
         return 2
@@ -238,8 +243,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         # stays, and a run again goes on from there.
         reason = " ".join(str(e).split()) or type(e).__name__
         print(
-            f"error: the database failed while re-embedding ({reason}); run `engram reembed` "
-            "again to finish (it goes on from the records already re-embedded)",
+            f"error: the database failed while re-embedding ({reason}); {_REEMBED_AGAIN}",
             file=sys.stderr,
         )
         return 2

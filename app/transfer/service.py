@@ -305,14 +305,14 @@ _UUID_KEYS = frozenset({"action_id", "execution_id", "memory_id"})
 def _uuid(value: Any) -> int | str:
     """A uuid column's value as PostgreSQL compares it: an ID's 128-bit number however it is
     written; anything else as its text (its row's check refuses it, naming it)."""
-    if isinstance(value, str):
-        if _EXPORTED_ID.fullmatch(value):
-            return int(value.replace("-", ""), 16)
-        try:
-            return UUID(value).int
-        except ValueError:
-            return value
-    return str(value)
+    if not isinstance(value, str):
+        return str(value)
+    if isinstance(exported := _id(value), int):
+        return exported
+    try:
+        return UUID(value).int
+    except ValueError:
+        return value
 
 
 @dataclass
