@@ -73,6 +73,15 @@ def expected(text: str, dimensions: int) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
+def assert_scripted_vectors(rows: list[Any]) -> None:
+    """Each stored record's vector is the scripted server's (48 dimensions) for its text."""
+    for row in rows:
+        text = memory_text(row["summary"], row["content"])
+        np.testing.assert_allclose(
+            row["embedding"].to_numpy(), expected(text, 48), rtol=1e-5, atol=1e-6
+        )
+
+
 def assert_unit_rows(vectors: np.ndarray, dimensions: int) -> None:
     assert vectors.dtype == np.float32
     assert vectors.shape[1] == dimensions
@@ -420,11 +429,7 @@ async def test_reembed_switches_static_to_openai(
     assert result.tokens > 0 and not result.resumed
     rows = await stored_vectors(pool)
     assert len(rows) == 10 and {row["type"] for row in rows} == {"vector(48)"}
-    for row in rows:
-        text = memory_text(row["summary"], row["content"])
-        np.testing.assert_allclose(
-            row["embedding"].to_numpy(), expected(text, 48), rtol=1e-5, atol=1e-6
-        )
+    assert_scripted_vectors(rows)
     assert "hnsw (embedding vector_cosine_ops)" in (await embedding_index(pool) or "")
     async with pool.acquire() as conn:
         assert await store.recorded_model(conn) == {"name": "openai:test-embed", "dimensions": 48}
@@ -480,11 +485,7 @@ async def test_reembed_resumes_after_an_interruption(
     assert result.resumed and result.records == 5
     assert len(openai_server.requests_to("/v1/embeddings")) - calls_before == 3
     rows = await stored_vectors(pool)
-    for row in rows:
-        text = memory_text(row["summary"], row["content"])
-        np.testing.assert_allclose(
-            row["embedding"].to_numpy(), expected(text, 48), rtol=1e-5, atol=1e-6
-        )
+    assert_scripted_vectors(rows)
 
 
 async def test_reembed_back_to_the_same_dimension_keeps_nothing_stale(
@@ -582,11 +583,7 @@ async def assert_finishes_with_the_new_model(db_url: str, server: OpenAIServer) 
         await ensure_model(pool, target, VECTOR_COLUMNS)
         rows = await stored_vectors(pool)
         assert len(rows) == 12 and {row["type"] for row in rows} == {"vector(48)"}
-        for row in rows:
-            text = memory_text(row["summary"], row["content"])
-            np.testing.assert_allclose(
-                row["embedding"].to_numpy(), expected(text, 48), rtol=1e-5, atol=1e-6
-            )
+        assert_scripted_vectors(rows)
     finally:
         await target.aclose()
         await pool.close()

@@ -757,15 +757,22 @@ SEARCH = """query($a: UUID!, $q: String) { action(actionId: $a) {
   searchMemories(query: $q, first: 5) { edges { score node { memoryId } } } } }"""
 
 
+async def searched_alike(gql, admin, second, action_id, queries) -> None:
+    """Each query finds something, and the same, in the exporting and the importing deployment."""
+    target_admin = await admin_of(second)
+    for q in queries:
+        here = (await gql(admin, SEARCH, a=str(action_id), q=q)).ok()
+        there = (await GQL(second)(target_admin, SEARCH, a=str(action_id), q=q)).ok()
+        assert there == here and here["action"]["searchMemories"]["edges"]
+
+
 async def test_search_finds_the_same_after_import(state, admin, gql, second):
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
     await load(second, target_admin.account_id, lines)
-    for q in ("where does the customer live", "email", "refund"):
-        here = (await gql(admin, SEARCH, a=str(agent.action_id), q=q)).ok()
-        there = (await GQL(second)(target_admin, SEARCH, a=str(agent.action_id), q=q)).ok()
-        assert there == here and here["action"]["searchMemories"]["edges"]
+    queries = ("where does the customer live", "email", "refund")
+    await searched_alike(gql, admin, second, agent.action_id, queries)
 
 
 async def test_another_embedding_model_is_embedded_again(state, admin, gql, second):
@@ -809,10 +816,8 @@ async def test_a_record_the_file_has_no_vector_for_is_embedded_again(
     query = "SELECT memory_id, embedding::text FROM agent_memories ORDER BY memory_id"
     async with state.pool.acquire() as a, second.pool.acquire() as b:
         assert [tuple(r) for r in await a.fetch(query)] == [tuple(r) for r in await b.fetch(query)]
-    for q in ("refund", "where does the customer live"):
-        here = (await gql(admin, SEARCH, a=str(agent.action_id), q=q)).ok()
-        there = (await GQL(second)(target_admin, SEARCH, a=str(agent.action_id), q=q)).ok()
-        assert there == here and here["action"]["searchMemories"]["edges"]
+    queries = ("refund", "where does the customer live")
+    await searched_alike(gql, admin, second, agent.action_id, queries)
 
 
 async def test_cli_import_says_which_records_it_embedded_again(state, admin, second, tmp_path):
