@@ -719,8 +719,9 @@ async def restated_staged(
     """Of the given rows the reader's attempt staged, those whose summary (normalised, as
     `summaries_known` compares) a committed record the reader sees already says. Locks those
     summaries for the agent first, until the caller's transaction ends (in one order, so two
-    commits never deadlock): of two commits adding the same summary at once, the second finds
-    the first's record."""
+    commits never deadlock: the locks' own 64-bit keys, sorted, so that even two summaries
+    whose keys collide take their locks in the one order): of two commits adding the same
+    summary at once, the second finds the first's record."""
     if not memory_ids:
         return []
     p = Params()
@@ -730,9 +731,9 @@ async def restated_staged(
     )
     await conn.execute(
         f"""
-        SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM (
-            SELECT DISTINCT 'engram.summary:' || s.account_id || ':' || s.action_id || ':'
-                || memory_summary_key(s.summary) AS k
+        SELECT count(pg_advisory_xact_lock(k)) FROM (
+            SELECT DISTINCT hashtextextended('engram.summary:' || s.account_id || ':'
+                || s.action_id || ':' || memory_summary_key(s.summary), 0) AS k
             FROM agent_memories s WHERE {staged} ORDER BY 1) keys
         """,
         *p.values,
