@@ -691,23 +691,37 @@ async def test_m14_turns_a_full_review_did_not_read_wait_for_the_next(
     }
 
 
-async def test_m14_a_turn_longer_than_a_full_review_reads_is_not_read_again(
+async def test_m14_a_turn_a_full_review_stopped_inside_is_read_on_from_there(
     gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One turn in two parts, the first giving the one candidate a review takes: the turn is
-    marked reviewed all the same, or every later review would start at it again."""
+    """One turn in two parts, the first giving the one candidate a review takes: the turn's
+    reply was not read, so the turn stays unreviewed and the next review reads on from its
+    reply (not its input again). That review takes its candidate there and stops in turn, so
+    the second turn waits for the third's review. Every message is read, and read once."""
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)
     monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada likes tea"})
-    model_server.say("Noted: " + "tea " * 80)
+    model_server.say("Noted: " + "kettle " * 45)
     first = await run(gql, admin, action_id, "First: " + "tea " * 50)
     assert "parts 2 to 2" in reviews(first)[0]["dropped"][0]
-    candidates(model_server, {"summary": "Bob bakes cake"})
+    candidates(model_server, {"summary": "Carl sails boats"})
     model_server.say("Noted the second.")
-    await run(gql, admin, action_id, "Second: cake")
-    read = conversation(chat(model_server, "memory")[-1])
-    assert "Second: cake" in read and "First" not in read
+    second = await run(gql, admin, action_id, "Second: " + "cake " * 10)
+    assert "parts 2 to 2" in reviews(second)[0]["dropped"][0]
+    candidates(model_server, {"summary": "Bob bakes cake"})
+    model_server.say("Noted the third.")
+    await run(gql, admin, action_id, "Third: hello")
+    one, two, three = (conversation(r) for r in chat(model_server, "memory"))
+    assert "First: tea" in one and "kettle" not in one
+    assert "kettle" in two and "First" not in two and "Second" not in two
+    assert all(said in three for said in ("Second: cake", "Noted the second", "Third: hello"))
+    assert "First" not in three and "kettle" not in three
+    assert {m["summary"] for m in await memories(gql, admin, action_id)} == {
+        "Ada likes tea",
+        "Carl sails boats",
+        "Bob bakes cake",
+    }
 
 
 def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
