@@ -26,6 +26,7 @@ from runtime_support import (
 
 from app.actions.service import agent_principal
 from app.auth.caller import Caller
+from app.executions import store as executions_store
 from app.runtime import review as review_module
 from app.runtime.context import request_tokens
 from app.runtime.review import DEFAULT_INSTRUCTIONS
@@ -816,6 +817,37 @@ async def test_m10_two_turns_at_once_never_both_review_one_earlier_turn(
     assert said in read and "turn C" in read and "my plan is Basic" not in read
     assert review["messages"]["count"] == 4
     assert len(await memories(gql, admin, action_id)) == 1
+
+
+async def test_m10_a_turn_another_review_read_on_in_is_not_covered_by_one_that_read_it_whole(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Two reviews at once read a waiting turn from the same place: the first to commit stopped
+    inside it and recorded how far it read; the second read it whole, so its records may
+    restate the first's, and marking the turn covered would lose the rest of it for nobody.
+    As when both cover one turn, the second is told (False) and marks nothing."""
+    harness = memory_harness(extraction={"every": {"messages": 100}})  # no review runs
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    turns = []
+    for said in ("one", "two", "three"):
+        model_server.say("ok")
+        turns.append(uuid.UUID((await run(gql, admin, action_id, said))["executionId"]))
+    waiting, first, second = turns
+    key = (admin.account_id, uuid.UUID(action_id))
+    record = executions_store.record_review
+    async with state.pool.acquire() as conn, conn.transaction():
+        assert await record(conn, *key, first, 2, {}, (waiting, 0, 1))
+        assert not await record(conn, *key, second, 2, {waiting: 0, second: 0})
+        marks = await conn.fetchrow(
+            "SELECT reviewed_by, review_read FROM executions WHERE execution_id = $1", waiting
+        )
+        assert (marks["reviewed_by"], marks["review_read"]) == (None, 1)
+        # A review that read on from there covers it.
+        assert await record(conn, *key, second, 2, {waiting: 1, second: 0})
+        by = await conn.fetchval(
+            "SELECT reviewed_by FROM executions WHERE execution_id = $1", waiting
+        )
+        assert by == second
 
 
 async def test_m10_two_turns_at_once_whose_reviews_keep_nothing_both_commit(

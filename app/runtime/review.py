@@ -797,14 +797,15 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
         return
     review.event["written"] = versions(written)
     context.transcript.add(events.MEMORY_REVIEW, review.event)
-    read = [*(p["execution_id"] for p in pending), e.execution_id]
+    before = {p["execution_id"]: p["review_read"] for p in pending}
+    read = [*before, e.execution_id]
     # A turn the review did not read to its end waits for the next review, and so do the turns
     # after it. When that is the first, the review stopped inside it: the turn keeps how many of
     # its messages were read, and the next review reads on from there (so reviews move on).
-    context.reviewed = [t for t in read if t not in review.unread]
-    before = pending[0]["review_read"] if pending else 0
+    context.reviewed = {t: before.get(t, 0) for t in read if t not in review.unread}
+    first = before.get(read[0], 0)
     context.review_partly = (
-        None if context.reviewed else (read[0], before, before + review.read[read[0]])
+        None if context.reviewed else (read[0], first, first + review.read[read[0]])
     )
     if written:
         context.review_written = (mark, review.event["written"])

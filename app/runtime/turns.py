@@ -97,7 +97,8 @@ class TurnContext:
     # Set by the memory review (app/runtime/review.py), written by the commit: how many
     # messages this turn adds for review, and the turns (this one too) its review covered.
     review_messages: int | None = None
-    reviewed: list[UUID] = field(default_factory=list)
+    # Each with the messages of it an earlier review had read (review_read, migration 0031).
+    reviewed: dict[UUID, int] = field(default_factory=dict)
     # A turn the review stopped inside: its messages read before the review, and after.
     review_partly: tuple[UUID, int, int] | None = None
     # When that review changed records: where `work` stood before it, and the versions.
@@ -769,7 +770,7 @@ async def _drop_review(conn: asyncpg.Connection, context: TurnContext, why: str)
     e = context.execution
     mark, records = context.review_written
     await store.record_review(
-        conn, e.account_id, e.action_id, e.execution_id, context.review_messages, []
+        conn, e.account_id, e.action_id, e.execution_id, context.review_messages, {}
     )
     await context.work.discard_since(conn, mark)
     return {
