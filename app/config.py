@@ -16,6 +16,8 @@ from app.text import is_storable
 
 DAY = 86_400.0
 WEEK = 7 * DAY
+# pgvector's HNSW indexes, which the searches read, take vectors of at most 2,000 dimensions.
+INDEXED_DIMENSIONS = 2000
 # PostgreSQL's range for maintenance_work_mem, in kB.
 _BUILD_MEMORY_KB = (1024, 2_147_483_647)
 _SIZE = re.compile(r"(\d+) ?(kB|MB|GB|TB)?")
@@ -202,7 +204,7 @@ class Settings(BaseSettings):
     embedder: Literal["static", "minilm", "openai"] = "static"
     embedding_url: str = "http://127.0.0.1:11434/v1"
     embedding_model: str = "text-embedding-3-small"
-    embedding_dimensions: int | None = Field(default=None, ge=1)
+    embedding_dimensions: int | None = Field(default=None, ge=1, le=INDEXED_DIMENSIONS)
     embedding_api_key: SecretStr | None = None
     embedding_batch_size: int = Field(default=64, ge=1)
     embedding_timeout_seconds: float = _seconds(30.0)

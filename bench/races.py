@@ -592,7 +592,8 @@ async def test_review(state, admin, base_url, model_server, every):
             await _review_checks(race, state, agent, n)
             if every != "turn":
                 waiting = await state.pool.fetchval(
-                    "SELECT coalesce(sum(review_messages), 0) FROM executions WHERE action_id = $1 "
+                    "SELECT coalesce(sum(review_messages - review_read), 0) FROM executions "
+                    "WHERE action_id = $1 "
                     "AND review_messages IS NOT NULL AND reviewed_by IS NULL",
                     agent.action_id,
                 )
@@ -603,7 +604,8 @@ async def test_review(state, admin, base_url, model_server, every):
             await race.post(http, token, EXECUTE, input=sweep)
         await _review_checks(race, state, agent, "sweep")
         rows = await state.pool.fetch(
-            "SELECT input #>> '{}' AS tag, reviewed_by IS NOT NULL AS reviewed, review_messages "
+            "SELECT input #>> '{}' AS tag, reviewed_by IS NOT NULL AS reviewed, "
+            "review_messages - review_read AS review_messages "
             "FROM executions WHERE action_id = $1 AND kind = 'TURN' AND status = 'SUCCEEDED'",
             agent.action_id,
         )

@@ -355,6 +355,10 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"bootstrap_token": "s3cret\udcff" * 6}, "ENGRAM_BOOTSTRAP_TOKEN: is not valid text"),
         ({"model_name": "gpt\udcff"}, "ENGRAM_MODEL_NAME: is not valid text"),
         (
+            {"embedding_dimensions": "3072"},
+            "ENGRAM_EMBEDDING_DIMENSIONS: Input should be less than or equal to 2000",
+        ),
+        (
             {"environment": "test"},
             "ENGRAM_ENVIRONMENT: Input should be 'development' or 'production'",
         ),

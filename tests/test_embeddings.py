@@ -445,6 +445,59 @@ async def test_reembed_switches_static_to_openai(
         await ensure_model(pool, embedder, VECTOR_COLUMNS)
 
 
+# pgvector's HNSW indexes take vectors of at most 2,000 dimensions; text-embedding-3-large
+# gives 3,072 unless asked for fewer.
+TOO_MANY = (
+    "openai:test-embed gives vectors of 3072 dimensions, more than the 2000 the search indexes "
+    "(pgvector's HNSW) take: set ENGRAM_EMBEDDING_DIMENSIONS (1 to 2000) for a model that "
+    "shortens its vectors when asked (OpenAI's text-embedding-3 models), or choose another model"
+)
+
+
+async def test_reembed_to_a_model_with_more_dimensions_than_indexed_is_refused_first(
+    pool: asyncpg.Pool, embedder: StaticEmbedder
+) -> None:
+    """Refused before anything is dropped: it dropped every vector, embedded every record, and
+    then failed to index them, leaving a service that would not start."""
+    await insert_memories(pool, embedder, 3)
+    with OpenAIServer(embedding_dimensions=3072) as large:
+        target = openai_embedder(large, dimensions=None)
+        try:
+            await target.open()
+            with pytest.raises(EmbeddingModelMismatch) as refused:
+                await reembed(pool, target, VECTOR_COLUMNS)
+        finally:
+            await target.aclose()
+        assert len(large.requests_to("/v1/embeddings")) == 1  # open()'s probe only
+    assert str(refused.value) == TOO_MANY
+    rows = await stored_vectors(pool)
+    assert len(rows) == 3 and {row["type"] for row in rows} == {"vector(256)"}
+    assert all(row["embedding"] is not None for row in rows)
+    await ensure_model(pool, embedder, VECTOR_COLUMNS)  # the service starts as before
+
+
+async def test_serve_with_a_model_of_more_dimensions_than_indexed_is_one_line(
+    data_root: Path,
+) -> None:
+    """A first start with such a model: one line naming the setting and its bounds, status 2,
+    and the embedded server it started stopped (it was a traceback from CREATE INDEX)."""
+    with OpenAIServer(embedding_dimensions=3072) as large:
+        env = clean_env(
+            data_dir=str(data_root / "data"),
+            embedder="openai",
+            embedding_url=large.url,
+            embedding_model=large.embedding_model,
+            search_maintenance_seconds="0",
+        )
+        result = await asyncio.to_thread(run, env, "serve")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert [x for x in result.stderr.splitlines() if x.startswith("engram: ")] == [
+        f"engram: {TOO_MANY}"
+    ]
+    assert not (data_root / "data" / "pgdata" / "postmaster.pid").exists()
+
+
 class FailsAfter:
     """Wraps a provider and fails on call number `calls + 1`, like a crash mid-run."""
 

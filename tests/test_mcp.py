@@ -559,6 +559,38 @@ async def test_mcp_a_request_whose_id_json_rpc_refuses_is_answered_invalid(
         assert fine.status_code == 200 and fine.json()["id"] == "call-1"
 
 
+async def test_mcp_a_request_whose_id_is_null_is_answered_invalid(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """MCP, unlike JSON-RPC, refuses a null id for a request: the SDK took it for a
+    notification, answered 202 and ran nothing, so the client waited for an answer that never
+    came. It is an Invalid Request answered 400, alone or in a batch; a notification (no id)
+    is still accepted."""
+    action_id, headers = await _raw_client(gql, admin, state, "null-ids")
+    call = (
+        '{"jsonrpc": "2.0", "id": null, "method": "tools/call", "params": {"name": '
+        '"search_memory", "arguments": {"query": "parcel"}}}'
+    )
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for body in (call, f"[{call}]"):
+            response = await http.post(
+                f"/mcp/{action_id}?session=s1", content=body, headers=headers
+            )
+            assert response.status_code == 400, (body, response.status_code, response.text)
+            error = response.json()["error"]
+            assert error["code"] == -32600
+            assert error["message"] == (
+                "Invalid Request: an MCP request's id must be a string or an integer, not null"
+                " (a notification has no id)"
+            )
+        notification = '{"jsonrpc": "2.0", "method": "notifications/initialized"}'
+        response = await http.post(
+            f"/mcp/{action_id}?session=s1", content=notification, headers=headers
+        )
+        assert response.status_code == 202, response.text
+    assert await _executions(state, action_id) == []
+
+
 async def test_mcp_an_unpaired_surrogate_escape_is_a_parse_error_that_says_so(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:

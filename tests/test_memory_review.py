@@ -26,6 +26,7 @@ from runtime_support import (
 
 from app.actions.service import agent_principal
 from app.auth.caller import Caller
+from app.executions import store as executions_store
 from app.runtime import review as review_module
 from app.runtime.context import request_tokens
 from app.runtime.review import DEFAULT_INSTRUCTIONS
@@ -691,23 +692,37 @@ async def test_m14_turns_a_full_review_did_not_read_wait_for_the_next(
     }
 
 
-async def test_m14_a_turn_longer_than_a_full_review_reads_is_not_read_again(
+async def test_m14_a_turn_a_full_review_stopped_inside_is_read_on_from_there(
     gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One turn in two parts, the first giving the one candidate a review takes: the turn is
-    marked reviewed all the same, or every later review would start at it again."""
+    """One turn in two parts, the first giving the one candidate a review takes: the turn's
+    reply was not read, so the turn stays unreviewed and the next review reads on from its
+    reply (not its input again). That review takes its candidate there and stops in turn, so
+    the second turn waits for the third's review. Every message is read, and read once."""
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)
     monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada likes tea"})
-    model_server.say("Noted: " + "tea " * 80)
+    model_server.say("Noted: " + "kettle " * 45)
     first = await run(gql, admin, action_id, "First: " + "tea " * 50)
     assert "parts 2 to 2" in reviews(first)[0]["dropped"][0]
-    candidates(model_server, {"summary": "Bob bakes cake"})
+    candidates(model_server, {"summary": "Carl sails boats"})
     model_server.say("Noted the second.")
-    await run(gql, admin, action_id, "Second: cake")
-    read = conversation(chat(model_server, "memory")[-1])
-    assert "Second: cake" in read and "First" not in read
+    second = await run(gql, admin, action_id, "Second: " + "cake " * 10)
+    assert "parts 2 to 2" in reviews(second)[0]["dropped"][0]
+    candidates(model_server, {"summary": "Bob bakes cake"})
+    model_server.say("Noted the third.")
+    await run(gql, admin, action_id, "Third: hello")
+    one, two, three = (conversation(r) for r in chat(model_server, "memory"))
+    assert "First: tea" in one and "kettle" not in one
+    assert "kettle" in two and "First" not in two and "Second" not in two
+    assert all(said in three for said in ("Second: cake", "Noted the second", "Third: hello"))
+    assert "First" not in three and "kettle" not in three
+    assert {m["summary"] for m in await memories(gql, admin, action_id)} == {
+        "Ada likes tea",
+        "Carl sails boats",
+        "Bob bakes cake",
+    }
 
 
 def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
@@ -802,6 +817,37 @@ async def test_m10_two_turns_at_once_never_both_review_one_earlier_turn(
     assert said in read and "turn C" in read and "my plan is Basic" not in read
     assert review["messages"]["count"] == 4
     assert len(await memories(gql, admin, action_id)) == 1
+
+
+async def test_m10_a_turn_another_review_read_on_in_is_not_covered_by_one_that_read_it_whole(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Two reviews at once read a waiting turn from the same place: the first to commit stopped
+    inside it and recorded how far it read; the second read it whole, so its records may
+    restate the first's, and marking the turn covered would lose the rest of it for nobody.
+    As when both cover one turn, the second is told (False) and marks nothing."""
+    harness = memory_harness(extraction={"every": {"messages": 100}})  # no review runs
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    turns = []
+    for said in ("one", "two", "three"):
+        model_server.say("ok")
+        turns.append(uuid.UUID((await run(gql, admin, action_id, said))["executionId"]))
+    waiting, first, second = turns
+    key = (admin.account_id, uuid.UUID(action_id))
+    record = executions_store.record_review
+    async with state.pool.acquire() as conn, conn.transaction():
+        assert await record(conn, *key, first, 2, {}, (waiting, 0, 1))
+        assert not await record(conn, *key, second, 2, {waiting: 0, second: 0})
+        marks = await conn.fetchrow(
+            "SELECT reviewed_by, review_read FROM executions WHERE execution_id = $1", waiting
+        )
+        assert (marks["reviewed_by"], marks["review_read"]) == (None, 1)
+        # A review that read on from there covers it.
+        assert await record(conn, *key, second, 2, {waiting: 1, second: 0})
+        by = await conn.fetchval(
+            "SELECT reviewed_by FROM executions WHERE execution_id = $1", waiting
+        )
+        assert by == second
 
 
 async def test_m10_two_turns_at_once_whose_reviews_keep_nothing_both_commit(

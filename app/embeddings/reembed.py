@@ -27,6 +27,7 @@ from tqdm import tqdm
 from app.config import Settings
 from app.embeddings import store
 from app.embeddings.base import Embedder
+from app.embeddings.setup import check_dimensions
 
 
 class ReembedBusy(RuntimeError):
@@ -121,6 +122,7 @@ async def reembed(
     configured ENGRAM_TURN_LEASE_SECONDS, which the service's heartbeat keeps within)."""
     if batch_size < 1:
         raise ValueError("the re-embedding batch size must be at least 1")
+    check_dimensions(embedder)
     target = {"name": embedder.name, "dimensions": embedder.dimensions}
     async with pool.acquire() as conn:
         if not await store.try_lock_model(conn):

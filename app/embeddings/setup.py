@@ -5,7 +5,7 @@ from typing import Any
 
 import asyncpg
 
-from app.config import Settings
+from app.config import INDEXED_DIMENSIONS, Settings
 from app.embeddings import store
 from app.embeddings.base import Embedder
 
@@ -45,6 +45,18 @@ async def open_embedder(settings: Settings) -> Embedder:
     raise ValueError(f"unknown embedder {settings.embedder!r}: use static, minilm or openai")
 
 
+def check_dimensions(embedder: Embedder) -> None:
+    """Refuses a model whose vectors the search indexes cannot take, before anything is
+    changed for it."""
+    if embedder.dimensions > INDEXED_DIMENSIONS:
+        raise EmbeddingModelMismatch(
+            f"{embedder.name} gives vectors of {embedder.dimensions} dimensions, more than the "
+            f"{INDEXED_DIMENSIONS} the search indexes (pgvector's HNSW) take: set "
+            f"ENGRAM_EMBEDDING_DIMENSIONS (1 to {INDEXED_DIMENSIONS}) for a model that shortens "
+            "its vectors when asked (OpenAI's text-embedding-3 models), or choose another model"
+        )
+
+
 def _mismatch(recorded: dict[str, Any], embedder: Embedder) -> str:
     return (
         f"the database holds vectors of {recorded['name']} ({recorded['dimensions']} dimensions) "
@@ -58,6 +70,7 @@ async def ensure_model(
     pool: asyncpg.Pool, embedder: Embedder, vectors: store.VectorColumns
 ) -> None:
     """First start: fix the vector columns to this model. Later: refuse a different model."""
+    check_dimensions(embedder)
     async with pool.acquire() as conn, conn.transaction():
         await store.lock_model_xact(conn)
         recorded = await store.recorded_model(conn)

@@ -761,12 +761,14 @@ async def pending_review(
     preview: bool,
 ) -> list[Row]:
     """The session's (or the session-less agent's) committed turns not reviewed yet, oldest
-    first; a preview turn's review covers preview turns, a live turn's live ones."""
+    first, each with how many of its first messages an earlier review read (`review_read`,
+    migration 0031); a preview turn's review covers preview turns, a live turn's live ones."""
     p = Params(account_id, action_id, preview)
     session = "session_id IS NULL" if session_id is None else f"session_id = {p(session_id)}"
     return await conn.fetch(
         f"""
-        SELECT execution_id, turn, invocation_number, review_messages, created FROM executions
+        SELECT execution_id, turn, invocation_number, review_messages, review_read, created
+        FROM executions
         WHERE account_id = $1 AND action_id = $2 AND {session} AND preview = $3
           AND review_messages IS NOT NULL AND reviewed_by IS NULL
         ORDER BY created, execution_id
@@ -800,12 +802,15 @@ async def record_review(
     action_id: UUID,
     execution_id: UUID,
     messages: int,
-    reviewed: list[UUID],
+    reviewed: dict[UUID, int],
+    partly: tuple[UUID, int, int] | None = None,
 ) -> bool:
     """Counts a committing turn's messages for review, and marks the turns `reviewed` (this
-    one among them, when its review ran) as covered by its review. False when another turn's
-    review, committed meanwhile, covered one of them (that one's mark stays; the caller decides
-    whether its transaction goes on)."""
+    one among them, when its review ran; each with the messages of it an earlier review had
+    read) as covered by its review; `partly` (a turn, the messages of it read before, and now)
+    records a turn the review stopped inside, left unreviewed. False when another turn's
+    review, committed meanwhile, covered one of them or read on in it (the other's mark stays;
+    the caller decides whether its transaction goes on)."""
     await conn.execute(
         """
         UPDATE executions SET review_messages = $4,
@@ -816,21 +821,39 @@ async def record_review(
         action_id,
         execution_id,
         messages,
-        reviewed,
+        list(reviewed),
     )
-    others = {r for r in reviewed if r != execution_id}
+    others = {turn: before for turn, before in reviewed.items() if turn != execution_id}
     status = await conn.execute(
         """
-        UPDATE executions SET reviewed_by = $3
-        WHERE account_id = $1 AND action_id = $2 AND execution_id = any($4::uuid[])
-          AND execution_id <> $3 AND reviewed_by IS NULL
+        UPDATE executions e SET reviewed_by = $3
+        FROM unnest($4::uuid[], $5::int[]) AS r(execution_id, review_read)
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.execution_id = r.execution_id
+          AND e.reviewed_by IS NULL AND e.review_read = r.review_read
         """,
         account_id,
         action_id,
         execution_id,
         list(others),
+        list(others.values()),
     )
-    return int(status.split()[-1]) == len(others)  # "UPDATE n"
+    covered = int(status.split()[-1]) == len(others)  # "UPDATE n"
+    if partly is not None:
+        turn, before, read = partly
+        status = await conn.execute(
+            """
+            UPDATE executions SET review_read = $5
+            WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+              AND reviewed_by IS NULL AND review_read = $4
+            """,
+            account_id,
+            action_id,
+            turn,
+            before,
+            read,
+        )
+        covered = covered and status == "UPDATE 1"
+    return covered
 
 
 # Erasure (eraseSession): a person's request that what a session said be gone for good.

@@ -146,7 +146,7 @@ def build_server() -> Server[Any]:
 # JSON-RPC 2.0 leaves -32000 to -32099 to the server: a refusal of the request, not of its
 # protocol (-32600 would say the JSON-RPC itself was malformed); `data.code` says which.
 REFUSED = -32000
-INVALID_REQUEST = -32600  # a message JSON-RPC itself refuses (an id of another type)
+INVALID_REQUEST = -32600  # a message JSON-RPC (or MCP) refuses (an id of another type)
 PARSE_ERROR = -32700  # a body that is not JSON text (here: not Unicode text)
 NO_STREAM = (
     "this MCP endpoint is stateless and sends no messages of its own, so it opens no stream on "
@@ -228,8 +228,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def _bad_message(body: bytes) -> tuple[int, str] | None:
     """What is wrong with a JSON-RPC body that the SDK would mishandle, with the JSON-RPC
-    error code to answer: an `id` not a string, an integer or null (the SDK took an object, a
-    fraction or 1e400 for a notification, answered 202 and nothing), or an unpaired surrogate
+    error code to answer: an `id` not a string, an integer or null, or a request's `id` null,
+    which MCP refuses (the SDK took an object, a fraction, 1e400 or a request's null for a
+    notification, answered 202 and nothing, nothing run), or an unpaired surrogate
     escape (the SDK's parser said "unexpected end of hex escape"). A body that is not JSON is
     left to the SDK, which says so."""
     try:
@@ -246,6 +247,11 @@ def _bad_message(body: bytes) -> tuple[int, str] | None:
         if not isinstance(item, dict) or "id" not in item:
             continue
         id_ = item["id"]
+        if id_ is None and "method" in item:
+            return INVALID_REQUEST, (
+                "Invalid Request: an MCP request's id must be a string or an integer, not null"
+                " (a notification has no id)"
+            )
         if id_ is not None and (isinstance(id_, bool) or not isinstance(id_, str | int)):
             return INVALID_REQUEST, (
                 f"Invalid Request: the id must be a string, an integer or null, not "

@@ -9,10 +9,11 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    turns' messages are read back from their transcripts (executions/store.pending_review).
 2. Asks the model (purpose `memory`) for candidates over those messages, one a line with its
    time and speaker, its text quoted (`_line`), by a tool call shaped like add_memory's
-   arguments; at most MAX_CANDIDATES in all (once reached, the turns of the parts not read
-   are left for the next review). A malformed reply is told what was wrong once
-   (sent back as parsed, never raw); if the second is malformed too, what is wrong in it is
-   dropped.
+   arguments; at most MAX_CANDIDATES in all (once reached, the messages of the parts not read
+   are left for the next review: their turns stay unreviewed, and a turn it stopped inside
+   keeps how many of its messages were read, `review_read`, so the next reads on from there).
+   A malformed reply is told what was wrong once (sent back as parsed, never raw); if the
+   second is malformed too, what is wrong in it is dropped.
 3. Skips a candidate whose normalised summary a visible record already has, with no model
    call; finds each other candidate's neighbours (app/memory/review.py), and the earlier
    candidates of the same review it may restate (`restated`, from RESTATES_FLOOR).
@@ -245,7 +246,7 @@ class _Part:
     """Lines of the conversation that one candidate call reads, and the turns they are from."""
 
     lines: list[str] = field(default_factory=list)
-    turns: set[UUID] = field(default_factory=set)
+    turns: dict[UUID, int] = field(default_factory=dict)  # each turn's messages in the part
 
 
 def _parts(messages: list[Message], most: int = CALL_CHARS) -> list[_Part]:
@@ -259,7 +260,8 @@ def _parts(messages: list[Message], most: int = CALL_CHARS) -> list[_Part]:
             parts.append(_Part())
             size = 0
         parts[-1].lines.append(line)
-        parts[-1].turns.add(m.execution_id)
+        turns = parts[-1].turns
+        turns[m.execution_id] = turns.get(m.execution_id, 0) + 1
         size += len(line) + 1
     return parts
 
@@ -356,6 +358,7 @@ class Review:
         self.settings = context.state.settings
         self.event: dict[str, Any] = {}
         self.unread: set[UUID] = set()  # turns with messages the review did not reach
+        self.read: dict[UUID, int] = {}  # each turn's messages the review read
         self.calls = 0
         self.turns_own: Exception | None = None  # what keeping the turn alive raised
         budget, reserve = budget_of(context.action.model, self.settings.model_context_tokens)
@@ -512,10 +515,12 @@ class Review:
                 self.unread = {t for p in parts[n:] for t in p.turns}
                 self.event.setdefault("dropped", []).append(
                     f"parts {n + 1} to {len(parts)} of the conversation were not read: the "
-                    f"review had taken the {MAX_CANDIDATES} candidates it takes; their turns "
-                    "are read by the next review"
+                    f"review had taken the {MAX_CANDIDATES} candidates it takes; their "
+                    "messages are read by the next review"
                 )
                 break
+            for turn, count in part.turns.items():
+                self.read[turn] = self.read.get(turn, 0) + count
             asked = [
                 {"role": "system", "content": system + "\n\n" + _FORMAT.format(most=room)},
                 {"role": "user", "content": _conversation(part.lines) + pinned},
@@ -755,7 +760,9 @@ async def _earlier(context: "TurnContext", pending: list[Any]) -> list[Message]:
     by_turn: dict[UUID, list[tuple[str, Any, datetime]]] = {i: [] for i in ids}
     for row in rows:
         by_turn[row["execution_id"]].append((row["type"], row["data"], row["created"]))
-    return [m for i in ids for m in _messages(by_turn[i], i, turns[i])]
+    # A turn an earlier review stopped inside is read on from its first message not read.
+    skip = {p["execution_id"]: p["review_read"] for p in pending}
+    return [m for i in ids for m in _messages(by_turn[i], i, turns[i])[skip[i] :]]
 
 
 async def review_memory(context: "TurnContext", client: ModelClient) -> None:
@@ -775,7 +782,8 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     try:
         every = context.action.harness.memory.extraction_every_messages
         pending = await _pending(context)
-        if every is not None and sum(p["review_messages"] for p in pending) + len(current) < every:
+        waiting = sum(p["review_messages"] - p["review_read"] for p in pending) + len(current)
+        if every is not None and waiting < every:
             return
         messages = await _earlier(context, pending) + current
         written = await review.run(messages)
@@ -789,11 +797,16 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
         return
     review.event["written"] = versions(written)
     context.transcript.add(events.MEMORY_REVIEW, review.event)
-    read = [*(p["execution_id"] for p in pending), e.execution_id]
+    before = {p["execution_id"]: p["review_read"] for p in pending}
+    read = [*before, e.execution_id]
     # A turn the review did not read to its end waits for the next review, and so do the turns
-    # after it; the first is marked in any case, so that reviews move on (a single turn longer
-    # than MAX_CANDIDATES candidates' worth would otherwise be read again and again).
-    context.reviewed = [t for t in read if t not in review.unread] or read[:1]
+    # after it. When that is the first, the review stopped inside it: the turn keeps how many of
+    # its messages were read, and the next review reads on from there (so reviews move on).
+    context.reviewed = {t: before.get(t, 0) for t in read if t not in review.unread}
+    first = before.get(read[0], 0)
+    context.review_partly = (
+        None if context.reviewed else (read[0], first, first + review.read[read[0]])
+    )
     if written:
         context.review_written = (mark, review.event["written"])
 

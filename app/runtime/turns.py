@@ -97,7 +97,10 @@ class TurnContext:
     # Set by the memory review (app/runtime/review.py), written by the commit: how many
     # messages this turn adds for review, and the turns (this one too) its review covered.
     review_messages: int | None = None
-    reviewed: list[UUID] = field(default_factory=list)
+    # Each with the messages of it an earlier review had read (review_read, migration 0031).
+    reviewed: dict[UUID, int] = field(default_factory=dict)
+    # A turn the review stopped inside: its messages read before the review, and after.
+    review_partly: tuple[UUID, int, int] | None = None
     # When that review changed records: where `work` stood before it, and the versions.
     review_written: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
     # The session history its search_history reads (None: history off, or no session).
@@ -745,7 +748,7 @@ async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> dict
     key = (conn, e.account_id, e.action_id, e.execution_id, context.review_messages)
     try:
         async with conn.transaction():  # a savepoint: the marks below go if the review does
-            covered = await store.record_review(*key, context.reviewed)
+            covered = await store.record_review(*key, context.reviewed, context.review_partly)
             if not covered and context.review_written is not None:
                 raise _Overlap
     except _Overlap:
@@ -767,7 +770,7 @@ async def _drop_review(conn: asyncpg.Connection, context: TurnContext, why: str)
     e = context.execution
     mark, records = context.review_written
     await store.record_review(
-        conn, e.account_id, e.action_id, e.execution_id, context.review_messages, []
+        conn, e.account_id, e.action_id, e.execution_id, context.review_messages, {}
     )
     await context.work.discard_since(conn, mark)
     return {
