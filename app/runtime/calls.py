@@ -10,7 +10,9 @@ transcript. The tools are the turn's own (turns.native_tools): the same schemas,
 scope rules, preview flag and error messages. Records an MCP call writes have source MCP,
 those an ingest's review writes EXTRACTION, and both have the agent's principal as modifiedBy.
 An ingest in a session is counted as one turn of it, and keeps its messages as that turn's
-session history when the agent keeps history (app/history/keeping.py).
+session history when the agent keeps history (app/history/keeping.py). An ingest's review has
+a turn's deadline (app/runtime/deadline.py): past it the ingest fails, keeping nothing. An MCP
+call runs one tool, bounded by the database's and the embedder's timeouts instead.
 """
 
 import asyncio
