@@ -248,6 +248,11 @@ class Settings(BaseSettings):
     # reads (OpenAI's API takes at most 128 tools in a request; no agent needs to fan out
     # further in one reply, and each call may embed, search or write).
     max_tool_calls_per_reply: int = Field(default=64, ge=1, le=1024)
+    # The longest one turn may run, its end-of-turn memory review included (0: no bound): past
+    # it the turn stops what it awaits (a model call, a tool call) and fails, keeping nothing;
+    # a review cut by it is dropped and the turn commits its answer (app/runtime/deadline.py).
+    # Ten minutes: five model calls each taking its whole ENGRAM_MODEL_TIMEOUT_SECONDS.
+    turn_timeout_seconds: float = Field(default=600.0, ge=0, le=DAY, allow_inf_nan=False)
     # The most a model's reply may take, read decoded: 2 MB holds the longest replies models
     # write (128k tokens, ~0.5 MB of English, ~1.2 MB of escaped CJK); a longer one fails the
     # call, unread and unstored.

@@ -145,6 +145,7 @@ class OpenAIServer:
         self.chat_default = "done"  # the answer when nothing is scripted
         # The answer by purpose when nothing is scripted for it (else chat_default).
         self.chat_defaults: dict[str, ChatReply] = {}
+        self.abandoned = 0  # delayed chat replies whose client went away while they waited
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -197,6 +198,17 @@ class OpenAIServer:
             return [r for r in self.requests if r.path == path]
 
     # Plumbing shared by every route
+
+    async def _wait(self, request: Request, seconds: float) -> None:
+        """Waits `seconds`, or until the client has gone (a turn cut at its deadline, counted
+        in `abandoned`), so that a reply nobody waits for does not hold the server's shutdown."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if await request.is_disconnected():
+                with self._lock:
+                    self.abandoned += 1
+                return
+            await asyncio.sleep(min(left, 0.05))
 
     async def _begin(self, request: Request) -> tuple[Any, Response | None]:
         """Records the request and plays the next scripted fault for its path, if any (a
@@ -328,7 +340,7 @@ class OpenAIServer:
         while len(self.requests_to(CHAT)) < reply.after_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if reply.delay:
-            await asyncio.sleep(reply.delay)
+            await self._wait(request, reply.delay)
         if reply.status is not None:
             error = {"error": {"message": reply.error, "type": "scripted"}}
             return JSONResponse(error, status_code=reply.status)

@@ -59,6 +59,7 @@ def test_lists_and_bounds_at_their_limits(monkeypatch):
     monkeypatch.setenv("ENGRAM_POOL_MIN_SIZE", "0")
     monkeypatch.setenv("ENGRAM_MODEL_TIMEOUT_SECONDS", "86400")
     monkeypatch.setenv("ENGRAM_TURN_LEASE_SECONDS", "604800")
+    monkeypatch.setenv("ENGRAM_TURN_TIMEOUT_SECONDS", "86400")
     monkeypatch.setenv("ENGRAM_MAX_JSON_DEPTH", "256")
     monkeypatch.setenv("ENGRAM_MODEL_MAX_RETRIES", "10")
     monkeypatch.setenv("ENGRAM_MAX_TOOL_CALLS_PER_REPLY", "1024")
@@ -68,6 +69,9 @@ def test_lists_and_bounds_at_their_limits(monkeypatch):
     assert (settings.port, settings.pool_min_size, settings.max_json_depth) == (65535, 0, 256)
     assert (settings.model_max_retries, settings.max_tool_calls_per_reply) == (10, 1024)
     assert settings.model_max_reply_bytes == 100_000_000
+    assert settings.turn_timeout_seconds == 86400
+    monkeypatch.setenv("ENGRAM_TURN_TIMEOUT_SECONDS", "0")  # no bound
+    assert Settings().turn_timeout_seconds == 0
 
 
 @pytest.mark.parametrize(

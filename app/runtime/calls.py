@@ -10,7 +10,9 @@ transcript. The tools are the turn's own (turns.native_tools): the same schemas,
 scope rules, preview flag and error messages. Records an MCP call writes have source MCP,
 those an ingest's review writes EXTRACTION, and both have the agent's principal as modifiedBy.
 An ingest in a session is counted as one turn of it, and keeps its messages as that turn's
-session history when the agent keeps history (app/history/keeping.py).
+session history when the agent keeps history (app/history/keeping.py). An ingest's review has
+a turn's deadline (app/runtime/deadline.py): past it the ingest fails, keeping nothing. An MCP
+call runs one tool, bounded by the database's and the embedder's timeouts instead.
 """
 
 import asyncio
@@ -35,7 +37,7 @@ from app.history.store import Scope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork
-from app.runtime import liveness, redaction, turns
+from app.runtime import deadline, liveness, redaction, turns
 from app.runtime import review as conversation_review
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall, check_endpoint
@@ -251,7 +253,10 @@ async def _start(
     if action.harness.memory.enabled:
         assert state.embedder is not None
         work = MemoryWork(state.pool, state.embedder, turns._writer(action, execution, source))
-    return _Run(TurnContext(state, action, execution, Transcript(1, 1), work))
+    context = TurnContext(
+        state, action, execution, Transcript(1, 1), work, deadline=deadline.deadline(state.settings)
+    )
+    return _Run(context)
 
 
 async def _commit(
@@ -634,7 +639,14 @@ async def remember_conversation(
                     )
                     for role, text, time in messages
                 ]
-                staged = await review.run(said)
+                # The review is the ingest's work: cut at the deadline, the ingest fails.
+                timed_out = (
+                    "the conversation's review did not end within "
+                    f"{deadline.bound(state.settings)}: it was stopped, and nothing of it was "
+                    "kept; send the conversation again, in smaller parts, or raise the setting"
+                )
+                async with deadline.within(context.deadline, timed_out):
+                    staged = await review.run(said)
                 review.event["written"] = versions(staged)
                 if staged:
                     context.review_written = ((0, 0, 0), review.event["written"])

@@ -26,8 +26,9 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    the turn; a write the agent's configuration refuses is recorded and skipped.
 
 The review failing never fails the turn, whatever failed (its model calls, its embeddings, a
-reply it could not read): the `memory.review` event records the error, and the messages stay
-unreviewed for the next review. A database that cannot be reached and a turn that no longer
+reply it could not read, the turn's deadline, ENGRAM_TURN_TIMEOUT_SECONDS, passing while it
+ran): the `memory.review` event records the error, and the messages stay unreviewed for the
+next review. A database that cannot be reached and a turn that no longer
 runs are the turn's to meet, as without a review. The marks
 (`TurnContext.review_messages`, `.reviewed`) are written by the turn's commit, so a turn that
 fails or rolls back marks nothing and leaves no record. Two turns of a session at once may
@@ -54,6 +55,7 @@ from app.memory import review as memory_review
 from app.memory.records import MemoryRecord
 from app.memory.review import Candidate
 from app.memory.service import NewMemory
+from app.runtime import deadline
 from app.runtime import transcript as events
 from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
@@ -779,14 +781,21 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     mark = context.work.mark()
     messages = current
     pending: list[Any] = []
+    # Cut at the turn's deadline, the review fails as any failure fails it: the turn commits
+    # its answer, which a review that ran late must not cost it.
+    cut = (
+        f"the memory review was stopped at the turn's deadline, "
+        f"{deadline.bound(context.state.settings)}; its messages wait for the next review"
+    )
     try:
-        every = context.action.harness.memory.extraction_every_messages
-        pending = await _pending(context)
-        waiting = sum(p["review_messages"] - p["review_read"] for p in pending) + len(current)
-        if every is not None and waiting < every:
-            return
-        messages = await _earlier(context, pending) + current
-        written = await review.run(messages)
+        async with deadline.within(context.deadline, cut):
+            every = context.action.harness.memory.extraction_every_messages
+            pending = await _pending(context)
+            waiting = sum(p["review_messages"] - p["review_read"] for p in pending) + len(current)
+            if every is not None and waiting < every:
+                return
+            messages = await _earlier(context, pending) + current
+            written = await review.run(messages)
     except Exception as failure:
         # A review that fails never fails the turn, whatever failed (a model's reply Engram
         # could not read included): but the turn's own end (it no longer runs) and a database
@@ -829,8 +838,8 @@ async def _failed(
         # tool's failed embedding, app/runtime/tools.py).
         log.warning("turn %s: the memory review's embedding failed: %s", e.execution_id, failure)
         error = "the embedding model failed (logged by the service)"
-    elif isinstance(failure, ModelFailed | DomainError):
-        error = failure.message if isinstance(failure, DomainError) else str(failure)
+    elif isinstance(failure, ModelFailed | DomainError | deadline.TimedOut):
+        error = str(failure)
     else:
         log.error("turn %s: the memory review failed", e.execution_id, exc_info=failure)
         error = "the memory review failed on an internal error (logged by the service)"

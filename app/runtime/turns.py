@@ -5,7 +5,9 @@ transaction (the execution row, RUNNING), stages its memory writes through Memor
 only it sees), and ends in one short transaction that commits the memory, the execution's
 result, the session's turn count and the transcript together. A turn that fails discards its
 staged memory and keeps only its transcript, written in a transaction of its own; retried,
-it runs again as the execution's next invocation.
+it runs again as the execution's next invocation. A turn that has not answered by its deadline
+(ENGRAM_TURN_TIMEOUT_SECONDS, app/runtime/deadline.py) fails so; a memory review still running
+then is dropped, and the turn commits its answer.
 """
 
 import asyncio
@@ -36,7 +38,7 @@ from app.memory import maintenance
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork, Writer
 from app.observability import metrics
-from app.runtime import liveness
+from app.runtime import deadline, liveness
 from app.runtime import transcript as events
 from app.runtime.context import ContextWindow, budget_of, open_window
 from app.runtime.instructions import listed_tokens, system_instructions
@@ -105,6 +107,8 @@ class TurnContext:
     review_written: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
     # The session history its search_history reads (None: history off, or no session).
     history: Scope | None = None
+    # When it must stop, in the event loop's time (None: no bound; deadline.py).
+    deadline: float | None = None
 
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
@@ -492,7 +496,9 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
     if action.harness.memory.enabled:
         assert state.embedder is not None
         work = MemoryWork(state.pool, state.embedder, _writer(action, execution))
-    context = TurnContext(state, action, execution, transcript, work)
+    context = TurnContext(
+        state, action, execution, transcript, work, deadline=deadline.deadline(state.settings)
+    )
     try:
         context.history = await _history_scope(state, action, execution)
         recalled = await _run(context)
@@ -566,10 +572,26 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
 
 
 async def _run(context: TurnContext) -> set[Version]:
-    """The agent's side of the turn; returns the record versions its recalls recorded."""
+    """The agent's side of the turn, within the turn's deadline, then the end-of-turn steps
+    (each bounded by the same deadline, which fails the step, not the turn); returns the
+    record versions its recalls recorded."""
+    client = model_client(context.state)
+    timed_out = (
+        f"the turn did not answer within {deadline.bound(context.state.settings)}: the model "
+        "or tool call under way was stopped, and nothing of this turn was kept; retry the "
+        "execution, or raise the setting"
+    )
+    async with deadline.within(context.deadline, timed_out):
+        recall = await _answer(context, client)
+    for step in END_OF_TURN_STEPS:
+        await step(context, client)
+    return recall.recorded if recall else set()
+
+
+async def _answer(context: TurnContext, client: ModelClient) -> Recall | None:
+    """The agent's side of the turn, up to its answer (`context.output`); returns its recall."""
     state, action, transcript = context.state, context.action, context.transcript
     memory = action.harness.memory
-    client = model_client(state)
     request = input_text(context.execution.input)
     transcript.add(events.TURN_INPUT, {"input": context.execution.input})
 
@@ -655,9 +677,7 @@ async def _run(context: TurnContext) -> set[Version]:
             exchange.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
         # The next recall looks for what the work is now about: the reply and the tools' words.
         latest = "\n".join(t for t in [completion.content or "", *results] if t)
-    for step in END_OF_TURN_STEPS:
-        await step(context, client)
-    return recall.recorded if recall else set()
+    return recall
 
 
 async def _finish(
@@ -870,7 +890,7 @@ def _failure_message(error: BaseException) -> str:
             f"another turn changed this agent's memory while this turn ran ({error.message}); "
             "nothing of this turn was kept: retry the execution"
         )
-    if isinstance(error, ModelFailed | DomainError):
+    if isinstance(error, ModelFailed | DomainError | deadline.TimedOut):
         return error.message
     if isinstance(error, asyncio.CancelledError):
         return "the turn was cancelled before it finished; retry the execution"
@@ -902,6 +922,8 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         )
     elif is_lock_timeout(error) or is_statement_timeout(error):
         log.warning("turn %s failed: %r", context.execution.execution_id, error)
+    elif isinstance(error, deadline.TimedOut):
+        log.warning("turn %s failed: %s", context.execution.execution_id, error.message)
     elif not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
         log.error("turn %s failed", context.execution.execution_id, exc_info=error)
     message = storable(_failure_message(error))

@@ -1,0 +1,185 @@
+"""The bound on a whole turn, ENGRAM_TURN_TIMEOUT_SECONDS (app/runtime/deadline.py), end to end:
+turns and ingests through GraphQL (in process, and once over HTTP), the scripted model on
+loopback delaying its replies, the real database.
+
+A turn that has not answered by its deadline fails as other failed turns do (FAILED, the
+message naming the setting, only its transcript kept, its staged memory dropped), whatever it
+was waiting for, cut then rather than after the model call's own timeout; a memory review cut
+by it is dropped and the turn commits its answer; an ingest, whose work is its review, fails.
+"""
+
+import time
+import uuid
+
+import httpx
+import pytest
+from factories import allow, make_agent_id, memory_harness, token_for
+from helpers import GQL, eventually
+from openai_server import OpenAIServer
+from runtime_support import EXECUTE, candidates, chat, events, memories, run, tool_runs
+
+from app.auth.caller import Caller
+from app.state import AppState
+
+pytestmark = [
+    pytest.mark.usefixtures("model_server"),
+    pytest.mark.settings(model_name="scripted", turn_timeout_seconds=1.5),
+]
+
+SETTING = "ENGRAM_TURN_TIMEOUT_SECONDS (1.5 seconds)"
+# Far past the deadline, and within ENGRAM_MODEL_TIMEOUT_SECONDS (120): only the deadline cuts it.
+LATE = 10.0
+REMEMBER = """mutation($input: RememberConversationInput!) { rememberConversation(input: $input) {
+    executionId status error records { memoryId } } }"""
+
+
+async def staged_rows(state: AppState, execution_id: str) -> int:
+    """The memory rows an execution staged and did not commit (or drop)."""
+    async with state.pool.acquire() as conn:
+        return await conn.fetchval(
+            "SELECT count(*) FROM agent_memories WHERE pending_execution = $1",
+            uuid.UUID(execution_id),
+        )
+
+
+async def test_a_turn_whose_model_keeps_calling_tools_fails_at_the_deadline_keeping_nothing(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    # Eight replies that each save a fact, 0.4 s apart: 3.2 s of work, within the bound on
+    # model calls (16), past the turn's deadline.
+    for n in range(8):
+        note = {"summary": f"Ada's fact number {n}", "kind": "fact"}
+        model_server.call_tools(("add_memory", note), delay=0.4)
+    model_server.say("Saved them all.")
+
+    failed = await run(gql, admin, action_id, "note everything about Ada")
+
+    assert failed["status"] == "FAILED" and failed["output"] is None
+    assert f"the turn did not answer within {SETTING}" in failed["error"], failed["error"]
+    assert "nothing of this turn was kept" in failed["error"]
+    assert events(failed, "turn.failed") == [{"error": failed["error"]}]
+    saved = tool_runs(failed, "add_memory")
+    assert 1 <= len(saved) < 8, saved  # it staged writes before the deadline...
+    assert await memories(gql, admin, action_id) == []  # ...and committed none
+    assert await staged_rows(state, failed["executionId"]) == 0
+    assert events(failed, "memory.review") == []  # a turn that did not answer is not reviewed
+    # Retried with a longer bound, it runs again as its next invocation (the model's replies
+    # not yet sent: the rest of the facts, and the answer).
+    state.settings.turn_timeout_seconds = 600
+    retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert retried["output"] == "Saved them all."
+    kept = {m["summary"] for m in await memories(gql, admin, action_id)}
+    first = {r["input"]["summary"] for r in saved}
+    assert kept and not kept & first, (kept, first)  # its own writes; none of the first's
+    assert kept <= {r["input"]["summary"] for r in tool_runs(retried, "add_memory")}
+
+
+async def test_a_slow_model_call_is_cut_at_the_deadline_not_at_the_model_timeout(
+    state: AppState, admin: Caller, base_url: str, model_server: OpenAIServer
+) -> None:
+    """Over HTTP: the model call in flight is cancelled at the deadline; the answer is the
+    FAILED execution with no GraphQL error, as for a model call past its own timeout."""
+    action_id = await make_agent_id(state, admin, harness=None)
+    model_server.say("Hello, at last.", delay=LATE)
+    token = await token_for(state, admin, "ops", allow(["SELECT", "INSERT"], "*"))
+    body = {"query": EXECUTE, "variables": {"input": {"actionId": action_id, "input": "hi"}}}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        started = time.monotonic()
+        response = await http.post(
+            "/graphql", json=body, headers={"authorization": f"Bearer {token}"}
+        )
+        took = time.monotonic() - started
+
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert "errors" not in answer, answer
+    failed = answer["data"]["executeAction"]
+    assert failed["status"] == "FAILED"
+    assert f"the turn did not answer within {SETTING}" in failed["error"], failed["error"]
+    assert "ENGRAM_MODEL_TIMEOUT_SECONDS" not in failed["error"]
+    assert took < LATE * 0.7, took  # not when the model answered, nor at its own timeout
+    assert len(chat(model_server, "turn")) == 1  # cut, not retried
+    # The call in flight was cancelled: its connection closed while the model still worked.
+    await eventually(lambda: model_server.abandoned == 1, "the cut call's connection to close")
+    assert events(failed, "model.call") == []
+
+
+async def test_a_review_past_the_deadline_is_dropped_and_the_turn_keeps_its_answer(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The deadline bounds the end-of-turn review too, but a review it cuts fails as any
+    review failure does: the turn commits its answer without the review's records, and the
+    next review reads its messages."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.say("Got it, Lisbon.")
+    candidates(model_server, {"summary": "Ada lives in Lisbon"}, delay=LATE)
+
+    started = time.monotonic()
+    answered = await run(gql, admin, action_id, "I live in Lisbon")
+    took = time.monotonic() - started
+
+    assert answered["status"] == "SUCCEEDED", answered["error"]
+    assert answered["output"] == "Got it, Lisbon."
+    (review,) = events(answered, "memory.review")
+    assert review["error"] == (
+        f"the memory review was stopped at the turn's deadline, {SETTING}; its messages wait "
+        "for the next review"
+    )
+    assert "written" not in review
+    assert took < LATE * 0.7, took
+    assert await memories(gql, admin, action_id) == []
+
+    model_server.say("It is sunny.")
+    candidates(model_server, {"summary": "Ada lives in Lisbon"})
+    later = await run(gql, admin, action_id, "What's the weather?")
+    assert later["status"] == "SUCCEEDED", later["error"]
+    (review,) = events(later, "memory.review")
+    assert review["messages"]["count"] == 4  # the cut review's two, and this turn's
+    assert review["messages"]["from"]["executionId"] == answered["executionId"]
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Lisbon"]
+
+
+async def test_an_ingest_whose_review_runs_past_the_deadline_fails_keeping_nothing(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server, {"summary": "Ada lives in Berlin"}, delay=LATE)
+    request = {
+        "actionId": action_id,
+        "sessionId": "s1",
+        "messages": [{"role": "user", "content": "I'm Ada and I live in Berlin."}],
+    }
+    started = time.monotonic()
+    failed = (await gql(admin, REMEMBER, input=request)).ok()["rememberConversation"]
+    took = time.monotonic() - started
+
+    assert failed["status"] == "FAILED" and failed["records"] == []
+    assert failed["error"] == (
+        f"the conversation's review did not end within {SETTING}: it was stopped, and nothing "
+        "of it was kept; send the conversation again, in smaller parts, or raise the setting"
+    )
+    assert took < LATE * 0.7, took
+    assert await memories(gql, admin, action_id) == []
+    assert await staged_rows(state, failed["executionId"]) == 0
+
+
+@pytest.mark.parametrize("seconds", [0, 30])
+async def test_a_turn_within_the_deadline_or_with_none_is_unaffected(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer, seconds: float
+) -> None:
+    state.settings.turn_timeout_seconds = seconds  # 0: no bound
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Saved, after a while.", delay=1.6)  # past the module's 1.5 s
+    candidates(model_server, {"summary": "Ada's team meets on Mondays"}, delay=0.3)
+
+    executed = await run(gql, admin, action_id, "note that Ada prefers email")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Saved, after a while."
+    (review,) = events(executed, "memory.review")
+    assert "error" not in review, review
+    saved = sorted(m["summary"] for m in await memories(gql, admin, action_id))
+    assert saved == ["Ada prefers email", "Ada's team meets on Mondays"]
