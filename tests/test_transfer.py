@@ -28,6 +28,7 @@ from factories import (
     writer,
 )
 from helpers import GQL, database_copy, db_settings
+from openai_server import OpenAIServer
 from runtime_support import run as run_turn
 from servers import clean_env, engram_command, run
 
@@ -833,6 +834,59 @@ async def test_cli_import_says_which_records_it_embedded_again(state, admin, sec
     assert (
         "vectors copied (1 records the file has no vector for: embedded again)" in imported.stdout
     )
+
+
+async def test_an_import_again_embeds_no_record_already_there(
+    state, admin, pg_server, template_db, tmp_path
+):
+    """Records already imported are skipped: none is sent to the embedding model again, and the
+    report counts only those it embedded (here none), whether the file has no vectors at all or
+    lacks one for an edited record."""
+    agent = await build_agent(state, admin)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("\n".join(await exported(state, admin, agent, embeddings=False)) + "\n")
+    name = f"engram_openai_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with OpenAIServer() as server:
+        async with database_copy(pg_server, template_db, name) as url:
+            env = clean_env(
+                database_url=url,
+                embedder="openai",
+                embedding_url=server.url,
+                embedding_model=server.embedding_model,
+            )
+            assert run(env, "reembed").returncode == 0  # this deployment's model: the server's
+
+            def imported(path) -> tuple[str, list[str]]:
+                before = len(server.requests_to("/v1/embeddings"))
+                done = run(env, "import", str(path))
+                assert done.returncode == 0, done.stderr
+                sent = server.requests_to("/v1/embeddings")[before:]
+                return done.stdout.strip(), [text for r in sent for text in r.body["input"]]
+
+            said, texts = imported(bare)
+            rows = int(said.split()[1])
+            assert said == (
+                f"imported {rows} rows, 0 already there unchanged; vectors re-embedded (8 records)"
+            )
+            assert len(texts) == 1 + 8  # the embedder's dimension probe, opening it; the records
+            said, texts = imported(bare)
+            assert said == (
+                f"imported 0 rows, {rows} already there unchanged; vectors re-embedded (0 records)"
+            )
+            assert texts == []
+            # Its own export, edited: a record without a vector, which it already holds.
+            edited_path = tmp_path / "edited.jsonl"
+            exported_again = run(
+                env, "export", "--action", str(agent.action_id), "-o", str(edited_path)
+            )
+            assert exported_again.returncode == 0, exported_again.stderr
+            lines = edited_path.read_text().splitlines()
+            edited_path.write_text(
+                "\n".join(edited(lines, first(lines, "memory"), embedding=None)) + "\n"
+            )
+            said, texts = imported(edited_path)
+            assert said == f"imported 0 rows, {rows} already there unchanged; vectors copied"
+            assert texts == []
 
 
 @pytest.mark.parametrize(
