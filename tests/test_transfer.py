@@ -890,6 +890,33 @@ async def test_an_import_again_embeds_no_record_already_there(
 
 
 @pytest.mark.parametrize(
+    ("vector", "fault"),
+    [
+        ([[0.25, 0.5]] * 128, "item 0 is a list"),
+        ([0.25] * 100 + [[0.25, 0.5]] + [0.25] * 155, "item 100 is a list"),
+        ([0.25] * 7 + ["0.5"] + [0.25] * 248, "item 7 is text"),
+    ],
+)
+async def test_cli_import_refuses_a_vector_that_is_not_a_list_of_numbers_in_one_line(
+    state, admin, second, tmp_path, vector, fault
+):
+    # A vector written as a JSON list (an export writes a vector's text) holding a list or
+    # text: named as such, not by PostgreSQL's message quoting the whole vector.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    line = first(lines, "memory")
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(edited(lines, line, embedding=vector)) + "\n")
+    done = run(clean_env(database_url=second.settings.database_url_value()), "import", str(path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error (BAD_REQUEST): line {line + 1}: its memory row is not valid (embedding is not a "
+        f"list of numbers: {fault})"
+    ]
+    assert set((await table_counts(second)).values()) == {0}
+
+
+@pytest.mark.parametrize(
     ("first_line", "message"),
     [
         ('{"hello": 1}', "not an Engram export"),

@@ -40,7 +40,7 @@ from app.actions.harness import LABEL_NUMBERS, parse_harness
 from app.actions.model import parse_model
 from app.actions.service import check_name
 from app.embeddings import store as embeddings_store
-from app.embeddings.base import Embedder
+from app.embeddings.base import Embedder, vector_fault
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
 from app.memory import store as memory_store
@@ -513,6 +513,15 @@ async def _check_file(
         table: Table | None = None
         for kind, row, number in rows:
             across.row(kind, row, number)
+            if copied and kind == "memory" and isinstance(row.get(VECTOR_COLUMN), list):
+                # Written as a JSON list rather than as exported (a vector's text): PostgreSQL
+                # would refuse one nested with its own message, quoting the whole vector.
+                fault = vector_fault(row[VECTOR_COLUMN])
+                if fault is not None:
+                    raise BadInput(
+                        f"line {number}: its memory row is not valid ({VECTOR_COLUMN} is not a "
+                        f"list of numbers: {fault})"
+                    )
             if table is not None and (kind != table.kind or len(batch) >= batch_rows):
                 await check(conn, table)
                 batch = []
