@@ -528,6 +528,16 @@ class _Output:
             raise
 
 
+def _stdout_to_devnull() -> None:
+    """Standard output, which failed, pointed at /dev/null: what is left in its buffer is
+    written there at exit rather than failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def _export(settings: Settings, args: argparse.Namespace) -> int:
     from app.transfer.service import export_action
 
@@ -552,7 +562,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
         if output is None or output.failed is None:
             raise
         if to_std:  # what is left in the buffer, written at exit, would fail again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _stdout_to_devnull()
         where = "standard output" if to_std else args.output
         print(f"error: cannot write {where}: {output.failed.strerror or e}", file=sys.stderr)
         return 2
@@ -864,7 +874,7 @@ def _command(args: argparse.Namespace) -> int:
         return 2
     except BrokenPipeError:
         # The reader went away (`engram export ... | head`): as other tools, quietly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return 1
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""

@@ -9,6 +9,7 @@ import resource
 import signal
 import stat
 import subprocess
+import sys
 import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from openai_server import OpenAIServer
 from runtime_support import run as run_turn
 from servers import clean_env, engram_command, run
 
+from app import cli
 from app.actions import service as actions
 from app.auth.service import ensure_default_account
 from app.db.pool import create_pool
@@ -639,6 +641,39 @@ async def test_cli_export_to_a_full_disk_says_what_it_could_not_write(
     finally:
         os.close(write)
     assert done.returncode == 1 and done.stderr == b""
+
+
+def devnull_descriptors() -> int:
+    """How many of this process's descriptors are open on /dev/null."""
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == os.devnull)
+
+
+@pytest.mark.parametrize("output", ["full disk", "reader gone"])
+async def test_cli_export_that_cannot_write_leaves_no_descriptor_open(
+    state, admin, db_url, monkeypatch, output
+):
+    # Its standard output, which failed, is pointed at /dev/null (what is left in its buffer
+    # would fail again at exit) through a descriptor closed once used: `main` called in a
+    # process that goes on (as here) keeps none of them.
+    agent = await build_agent(state, admin)
+    if output == "full disk":
+        out = open("/dev/full", "w")  # noqa: SIM115 (closed below)
+    else:
+        read, write = os.pipe()
+        os.close(read)
+        out = os.fdopen(write, "w")
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.setattr(sys, "stdout", out)
+    before = devnull_descriptors()
+    try:
+        code = await asyncio.to_thread(cli.main, ["export", "--action", str(agent.action_id)])
+        assert code == (2 if output == "full disk" else 1)
+        # The output's own descriptor now is /dev/null's; no other one is.
+        assert os.path.realpath(f"/proc/self/fd/{out.fileno()}") == os.devnull
+        assert devnull_descriptors() == before + 1
+    finally:
+        out.close()
 
 
 async def test_cli_import_from_standard_input_is_checked_before_it_is_written(
