@@ -220,9 +220,10 @@ async def _reembed_database(settings: Settings, batch_size: int) -> ReembedResul
             await embedder.aclose()
 
 
-# What a reembed stopped part way is told to do: what it wrote stays.
+# What a reembed stopped part way (failed, or interrupted: _INTERRUPTED) is told to do: what it
+# wrote stays.
 _REEMBED_AGAIN = (
-    "run `engram reembed` again to finish (it goes on from the records already re-embedded)"
+    "run `engram reembed` again to finish (it embeds only the records still without a new vector)"
 )
 
 
@@ -630,9 +631,8 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
 
 # What an interrupted command (Ctrl-C, or SIGTERM) leaves, said in one line after its name.
 _INTERRUPTED = {
-    "reembed": "the records re-embedded so far keep their new vectors; run `engram reembed` "
-    "again to finish (it goes on from there): the service does not start on a database that "
-    "is half re-embedded",
+    "reembed": f"the records re-embedded so far keep their new vectors; {_REEMBED_AGAIN}: the "
+    "service does not start on a database that is half re-embedded",
     "export": "no file was written (a file already there is as it was); what went to standard "
     "output is cut short, and an import refuses it as such",
     "import": "the batches stored stay; run the same import again to continue (rows already "

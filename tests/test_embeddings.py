@@ -559,6 +559,12 @@ def test_engram_reembed_command(
 # --- `engram reembed` stopped part way, as a command ----------------------------------------
 
 
+# What a reembed stopped part way says to do, however it stopped.
+REEMBED_AGAIN = (
+    "run `engram reembed` again to finish (it embeds only the records still without a new vector)"
+)
+
+
 def reembed_env(db_url: str, server: OpenAIServer) -> dict[str, str]:
     return clean_env(
         database_url=db_url,
@@ -629,7 +635,10 @@ async def test_engram_reembed_stopped_by_a_signal_says_so_and_a_run_again_finish
     assert proc.returncode == status, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"engram reembed {said}: ") and "run `engram reembed` again" in last
+    assert last == (
+        f"engram reembed {said}: the records re-embedded so far keep their new vectors; "
+        f"{REEMBED_AGAIN}: the service does not start on a database that is half re-embedded"
+    )
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 
@@ -648,7 +657,9 @@ async def test_engram_reembed_losing_the_database_says_so_and_a_run_again_finish
         await conn.close()
     _, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err, err
-    assert err.strip().splitlines()[-1].startswith("error: the database failed while re-embedding")
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: the database failed while re-embedding (")
+    assert last.endswith(f"); {REEMBED_AGAIN}")  # as an interrupted reembed says it
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 
@@ -692,7 +703,7 @@ async def test_engram_reembed_refuses_a_vector_that_is_not_finite_or_not_numbers
     done = await asyncio.to_thread(run, env, "reembed", "--batch-size", "2")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert said in last and "run `engram reembed` again" in last
+    assert said in last and last.endswith(f"; once it answers, {REEMBED_AGAIN}")
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 
