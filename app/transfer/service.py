@@ -487,6 +487,7 @@ async def _check_file(
     batch: list[tuple[dict[str, Any], int]] = []
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
+        nonlocal to_embed
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
         # A transaction a batch, not one for the file: see `store.checking`.
         async with store.checking(conn, table):
@@ -506,7 +507,6 @@ async def _check_file(
                 )
         across.stored(table, batch)
         if table.name == "agent_memories":
-            nonlocal to_embed
             to_embed += len(await _to_embed(conn, account_id, [r for r, _ in batch], copied))
 
     async with pool.acquire() as conn:
