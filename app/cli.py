@@ -1,11 +1,11 @@
 """The `engram` command: serve, migrate, and manage accounts and clients from a terminal."""
 
-import argparse
-import asyncio
+# Annotations are not evaluated: the types they name (settings, pydantic's errors) are imported
+# where used, so that `main` starts, and handles interrupts, before the modules that take time.
+from __future__ import annotations
+
 import gc
 import io
-import json
-import logging
 import os
 import re
 import signal
@@ -13,18 +13,18 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
-from uuid import UUID
-
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
-
-from app.config import Settings
 
 if TYPE_CHECKING:
+    import argparse
+    from datetime import datetime
+    from uuid import UUID
+
+    from pydantic_settings import SettingsError
+
+    from app.config import Settings
     from app.embeddings.reembed import ReembedResult
 
 T = TypeVar("T")
@@ -46,6 +46,9 @@ def _tracing_missing(settings: Settings) -> str | None:
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
     import uvicorn
 
     from app.db.embedded import adopt_orphans
@@ -158,6 +161,8 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
 @asynccontextmanager
 async def _database(settings: Settings) -> AsyncIterator[Any]:
     """A pool on the migrated database (the embedded server unless a URL is set)."""
+    import asyncio
+
     from app.db import migrate
     from app.db.embedded import embedded_uri
     from app.db.pool import create_pool
@@ -195,7 +200,7 @@ async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any
         return await work(pool, caller)
 
 
-async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResult":
+async def _reembed_database(settings: Settings, batch_size: int) -> ReembedResult:
     from app.embeddings.reembed import reembed
     from app.embeddings.setup import open_embedder
     from app.memory.vectors import VECTOR_COLUMNS
@@ -215,13 +220,16 @@ async def _reembed_database(settings: Settings, batch_size: int) -> "ReembedResu
             await embedder.aclose()
 
 
-# What a reembed stopped part way is told to do: what it wrote stays.
+# What a reembed stopped part way (failed, or interrupted: _INTERRUPTED) is told to do: what it
+# wrote stays.
 _REEMBED_AGAIN = (
-    "run `engram reembed` again to finish (it goes on from the records already re-embedded)"
+    "run `engram reembed` again to finish (it embeds only the records still without a new vector)"
 )
 
 
 def _reembed(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+
     import asyncpg
 
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
@@ -270,6 +278,8 @@ def _index_builds(settings: Settings, pool: Any) -> Any:
 
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+
     from app.memory.maintenance import reorder, run_round
 
     min_records = args.min_records or settings.agent_index_min_records
@@ -301,6 +311,8 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _policies(values: list[str] | None) -> list[Any] | None:
+    import json
+
     from app.errors import BadInput
 
     if values is None:
@@ -318,6 +330,8 @@ def _policies(values: list[str] | None) -> list[Any] | None:
 
 
 def _uuid(value: str, what: str) -> UUID:
+    from uuid import UUID
+
     from app.errors import BadInput
 
     try:
@@ -351,6 +365,8 @@ def _token(info: Any) -> dict[str, Any]:
 
 
 def _account_id(value: str | None) -> UUID | None:
+    from uuid import UUID
+
     from app.errors import BadInput
 
     if value is None:
@@ -362,6 +378,9 @@ def _account_id(value: str | None) -> UUID | None:
 
 
 def _client(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
     from app.auth import service
     from app.errors import NotFound
 
@@ -412,6 +431,9 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _account(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
     from app.auth import service
 
     async def work(pool: Any, caller: Any) -> Any:
@@ -437,6 +459,9 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
 def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Awaitable[T]]) -> T:
     """Runs `work(pool, account_id=...)` on the migrated database, in `account` or else the default
     account (export and import need no admin token)."""
+    import asyncio
+    import logging
+
     from app.auth.service import ensure_default_account
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -504,6 +529,16 @@ class _Output:
             raise
 
 
+def _stdout_to_devnull() -> None:
+    """Standard output, which failed, pointed at /dev/null: what is left in its buffer is
+    written there at exit rather than failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def _export(settings: Settings, args: argparse.Namespace) -> int:
     from app.transfer.service import export_action
 
@@ -528,7 +563,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
         if output is None or output.failed is None:
             raise
         if to_std:  # what is left in the buffer, written at exit, would fail again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _stdout_to_devnull()
         where = "standard output" if to_std else args.output
         print(f"error: cannot write {where}: {output.failed.strerror or e}", file=sys.stderr)
         return 2
@@ -596,9 +631,8 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
 
 # What an interrupted command (Ctrl-C, or SIGTERM) leaves, said in one line after its name.
 _INTERRUPTED = {
-    "reembed": "the records re-embedded so far keep their new vectors; run `engram reembed` "
-    "again to finish (it goes on from there): the service does not start on a database that "
-    "is half re-embedded",
+    "reembed": f"the records re-embedded so far keep their new vectors; {_REEMBED_AGAIN}: the "
+    "service does not start on a database that is half re-embedded",
     "export": "no file was written (a file already there is as it was); what went to standard "
     "output is cut short, and an import refuses it as such",
     "import": "the batches stored stay; run the same import again to continue (rows already "
@@ -614,6 +648,8 @@ def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer from `low` (to `high`)."""
 
     def parse(text: str) -> int:
+        import argparse
+
         try:
             value = int(text)
         except ValueError:
@@ -627,6 +663,8 @@ def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="engram", description="Durable memory for AI agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -780,11 +818,15 @@ def _unreachable(settings: Settings, error: Exception) -> str:
     return f"engram: cannot connect to the database at {where} (ENGRAM_DATABASE_URL): {reason}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _command(args: argparse.Namespace) -> int:
+    """Runs the command parsed, with the settings: a wrong setting, bad input or an error the
+    user can act on told in one line."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from app.config import Settings
     from app.observability import logs
 
-    logs.configure()  # quiet libraries (alembic, uvicorn) from the first line
-    args = parser().parse_args(argv)
     try:
         settings = Settings()
     except ValidationError as e:
@@ -825,36 +867,14 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-    terminated = False
-
-    def terminate(signum: int, frame: Any) -> None:
-        # As Ctrl-C: the work is cancelled and what it opened closed (a partial export file
-        # removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill the
-        # process and leave them.
-        nonlocal terminated
-        terminated = True
-        interrupt = signal.getsignal(signal.SIGINT)
-        if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)
-            interrupt(signal.SIGINT, frame)
-        else:  # Ctrl-C ignored (a command started in the background by a shell)
-            raise KeyboardInterrupt
-
-    # (`serve` stops on SIGTERM as it serves: _serve. A signal handler is the main thread's.)
-    handled = args.command != "serve" and threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGTERM, terminate) if handled else None
     try:
         return int(args.run(settings, args))
-    except KeyboardInterrupt:
-        how = "stopped by SIGTERM" if terminated else "interrupted"
-        after = _INTERRUPTED.get(args.command)
-        print(f"engram {args.command} {how}" + (f": {after}" if after else ""), file=sys.stderr)
-        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     except DomainError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader went away (`engram export ... | head`): as other tools, quietly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return 1
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
@@ -869,6 +889,45 @@ def main(argv: list[str] | None = None) -> int:
         # asyncpg); ProgrammingError: a URL libpq cannot parse, which it quotes, password too.
         print(_unreachable(settings, e), file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    terminated = False
+
+    def terminate(signum: int, frame: Any) -> None:
+        # As Ctrl-C: the work is cancelled and what it opened closed (a partial export file
+        # removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill the
+        # process and leave them.
+        nonlocal terminated
+        terminated = True
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)
+            interrupt(signal.SIGINT, frame)
+        else:  # Ctrl-C ignored (a command started in the background by a shell)
+            raise KeyboardInterrupt
+
+    # First, before the modules the command needs are imported (a tenth of a second or more):
+    # Ctrl-C or SIGTERM while they are is told in one line too, not as a KeyboardInterrupt
+    # traceback or a silent kill. (A signal handler is the main thread's.)
+    handled = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, terminate) if handled else None
+    args: argparse.Namespace | None = None
+    try:
+        from app.observability import logs
+
+        logs.configure()  # quiet libraries (alembic, uvicorn) from the first line
+        args = parser().parse_args(argv)
+        if handled and args.command == "serve":  # it stops on SIGTERM as it serves: _serve
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+        return _command(args)
+    except KeyboardInterrupt:
+        how = "stopped by SIGTERM" if terminated else "interrupted"
+        if args is None:
+            print(f"engram {how} while starting", file=sys.stderr)
+        else:
+            after = _INTERRUPTED.get(args.command)
+            print(f"engram {args.command} {how}" + (f": {after}" if after else ""), file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     finally:
         if handled:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)

@@ -15,7 +15,7 @@ import pytest
 from helpers import scratch_dir
 from servers import Served, clean_env, free_port, post_graphql, run
 
-from app import cli
+from app import cli, config
 from app.auth import service
 from app.errors import Unauthenticated
 
@@ -383,10 +383,10 @@ def test_a_wrong_setting_stops_the_command_with_one_line_and_status_2(settings, 
 
 def test_a_value_pydantic_settings_cannot_decode_is_one_line(monkeypatch, capsys):
     # No setting of Engram's is decoded by pydantic-settings now; one added later would be.
-    class WithMap(cli.Settings):
+    class WithMap(config.Settings):
         labels: dict[str, str] = {}
 
-    monkeypatch.setattr(cli, "Settings", WithMap)
+    monkeypatch.setattr(config, "Settings", WithMap)
     monkeypatch.setenv("ENGRAM_LABELS", "notjson")
     assert cli.main(["schema", "-o", "/dev/null"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
@@ -435,6 +435,48 @@ def test_a_database_that_never_answers_is_given_up_on_in_seconds():
     (line,) = result.stderr.splitlines()
     assert line.startswith("engram: cannot connect to the database at 127.0.0.1:"), line
     assert "timeout" in line and took < 60, (line, took)
+
+
+@pytest.mark.parametrize(
+    ("module", "command"),
+    [
+        # `main`'s first import, before the arguments are read; the settings' (pydantic's, the
+        # slowest); the database driver's, once the settings are read.
+        ("app.observability", None),
+        ("pydantic_settings", "export"),
+        ("psycopg", "export"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("sig", "status", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+)
+def test_a_command_interrupted_while_importing_is_one_line(
+    tmp_path, module, command, sig, status, said
+):
+    """Ctrl-C or SIGTERM in the command's first tenth of a second, while Python imports what it
+    needs, is told as later: one line, status 130 or 143. The signal is the process's own, sent
+    when it first looks for `module`, so that it comes at that point of every run."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == {module!r}:\n"
+        "            sys.meta_path.remove(self)\n"
+        f"            os.kill(os.getpid(), {int(sig)})\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+    )
+    env = clean_env(database_url=f"postgresql://engram@127.0.0.1:{free_port()}/engram")
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    out = tmp_path / "agent.jsonl"
+    result = run(env, "export", "--action", str(UUID(int=1)), "-o", str(out))
+    assert result.returncode == status and "Traceback" not in result.stderr, result
+    (line,) = result.stderr.splitlines()
+    if command is None:
+        assert line == f"engram {said} while starting"
+    else:
+        assert line == f"engram {command} {said}: {cli._INTERRUPTED[command]}"
+    assert not out.exists()
 
 
 def test_serve_refuses_port_0(tmp_path):

@@ -612,6 +612,12 @@ def test_engram_reembed_command(
 # --- `engram reembed` stopped part way, as a command ----------------------------------------
 
 
+# What a reembed stopped part way says to do, however it stopped.
+REEMBED_AGAIN = (
+    "run `engram reembed` again to finish (it embeds only the records still without a new vector)"
+)
+
+
 def reembed_env(db_url: str, server: OpenAIServer) -> dict[str, str]:
     return clean_env(
         database_url=db_url,
@@ -682,7 +688,10 @@ async def test_engram_reembed_stopped_by_a_signal_says_so_and_a_run_again_finish
     assert proc.returncode == status, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"engram reembed {said}: ") and "run `engram reembed` again" in last
+    assert last == (
+        f"engram reembed {said}: the records re-embedded so far keep their new vectors; "
+        f"{REEMBED_AGAIN}: the service does not start on a database that is half re-embedded"
+    )
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 
@@ -701,7 +710,9 @@ async def test_engram_reembed_losing_the_database_says_so_and_a_run_again_finish
         await conn.close()
     _, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err, err
-    assert err.strip().splitlines()[-1].startswith("error: the database failed while re-embedding")
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: the database failed while re-embedding (")
+    assert last.endswith(f"); {REEMBED_AGAIN}")  # as an interrupted reembed says it
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 
@@ -713,12 +724,27 @@ def holding_infinity(answer: dict[str, Any]) -> None:
     answer["data"][1]["embedding"][0] = 1e300  # past float32: infinity
 
 
-@pytest.mark.parametrize("edit", [holding_nan, holding_infinity])
-async def test_engram_reembed_refuses_a_vector_that_is_not_finite(
-    db_url: str, embedder: StaticEmbedder, openai_server: OpenAIServer, edit: Any
+def embedding_of(answer: dict[str, Any], index: int) -> dict[str, Any]:
+    return next(item for item in answer["data"] if item["index"] == index)
+
+
+def holding_a_list(answer: dict[str, Any]) -> None:
+    embedding_of(answer, 1)["embedding"][3] = [0.25, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (holding_nan, "returned a vector holding NaN or infinity"),
+        (holding_infinity, "returned a vector holding NaN or infinity"),
+        (holding_a_list, "returned a vector that is not a list of numbers (embedding 1: item 3"),
+    ],
+)
+async def test_engram_reembed_refuses_a_vector_that_is_not_finite_or_not_numbers(
+    db_url: str, embedder: StaticEmbedder, openai_server: OpenAIServer, edit: Any, said: str
 ) -> None:
-    # pgvector stores no NaN nor infinity: the answer is refused by the embedder, with a
-    # message, not by PostgreSQL with a traceback.
+    # pgvector stores no NaN nor infinity, and a vector is numbers only: the answer is refused
+    # by the embedder, with a message, not by PostgreSQL or numpy with a traceback.
     pool = await create_pool(db_url, min_size=1, max_size=2)
     try:
         await insert_memories(pool, embedder, 12)
@@ -730,8 +756,7 @@ async def test_engram_reembed_refuses_a_vector_that_is_not_finite(
     done = await asyncio.to_thread(run, env, "reembed", "--batch-size", "2")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert "returned a vector holding NaN or infinity" in last
-    assert "run `engram reembed` again" in last
+    assert said in last and last.endswith(f"; once it answers, {REEMBED_AGAIN}")
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 
@@ -751,6 +776,46 @@ async def test_vectors_of_different_lengths_are_refused_in_one_line(
     assert str(refused.value) == (
         f"{openai_server.embedding_model} returned vectors of different lengths ({d - 1} to "
         f"{d}), expected {d}: it must be an OpenAI-compatible embeddings endpoint for this model"
+    )
+    assert not refused.value.transient
+    assert len(openai_server.requests_to("/v1/embeddings")) == 1  # not retried
+
+
+def of_pairs(answer: dict[str, Any]) -> None:
+    # Every vector as pairs of numbers, alike: numpy read them as one array of three dimensions.
+    for item in answer["data"]:
+        values = item["embedding"]
+        item["embedding"] = [values[i : i + 2] for i in range(0, len(values), 2)]
+
+
+def holding_text(answer: dict[str, Any]) -> None:
+    embedding_of(answer, 1)["embedding"][2] = "x"
+
+
+def as_an_object(answer: dict[str, Any]) -> None:
+    embedding_of(answer, 0)["embedding"] = {"values": embedding_of(answer, 0)["embedding"]}
+
+
+@pytest.mark.parametrize(
+    ("edit", "fault"),
+    [
+        (of_pairs, "embedding 0: item 0 is a list"),
+        (holding_a_list, "embedding 1: item 3 is a list"),
+        (holding_text, "embedding 1: item 2 is text"),
+        (as_an_object, "embedding 0: it is an object"),
+    ],
+)
+async def test_a_vector_that_is_not_a_list_of_numbers_is_refused_in_one_line(
+    openai_server: OpenAIServer, edit: Any, fault: str
+) -> None:
+    # Said as the other malformed answers are, naming the fault, not as numpy's paragraph on an
+    # "inhomogeneous shape" (nor, for vectors nested alike, as a count of embeddings).
+    openai_server.edit_next(1, edit)
+    with pytest.raises(EmbeddingFailed) as refused:
+        await embedded(openai_server, ["first", "second"])
+    assert str(refused.value) == (
+        f"{openai_server.embedding_model} returned a vector that is not a list of numbers "
+        f"({fault}): it must be an OpenAI-compatible embeddings endpoint for this model"
     )
     assert not refused.value.transient
     assert len(openai_server.requests_to("/v1/embeddings")) == 1  # not retried

@@ -9,6 +9,7 @@ import resource
 import signal
 import stat
 import subprocess
+import sys
 import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
@@ -28,9 +29,11 @@ from factories import (
     writer,
 )
 from helpers import GQL, database_copy, db_settings
+from openai_server import OpenAIServer
 from runtime_support import run as run_turn
 from servers import clean_env, engram_command, run
 
+from app import cli
 from app.actions import service as actions
 from app.auth.service import ensure_default_account
 from app.db.pool import create_pool
@@ -640,6 +643,39 @@ async def test_cli_export_to_a_full_disk_says_what_it_could_not_write(
     assert done.returncode == 1 and done.stderr == b""
 
 
+def devnull_descriptors() -> int:
+    """How many of this process's descriptors are open on /dev/null."""
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == os.devnull)
+
+
+@pytest.mark.parametrize("output", ["full disk", "reader gone"])
+async def test_cli_export_that_cannot_write_leaves_no_descriptor_open(
+    state, admin, db_url, monkeypatch, output
+):
+    # Its standard output, which failed, is pointed at /dev/null (what is left in its buffer
+    # would fail again at exit) through a descriptor closed once used: `main` called in a
+    # process that goes on (as here) keeps none of them.
+    agent = await build_agent(state, admin)
+    if output == "full disk":
+        out = open("/dev/full", "w")  # noqa: SIM115 (closed below)
+    else:
+        read, write = os.pipe()
+        os.close(read)
+        out = os.fdopen(write, "w")
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.setattr(sys, "stdout", out)
+    before = devnull_descriptors()
+    try:
+        code = await asyncio.to_thread(cli.main, ["export", "--action", str(agent.action_id)])
+        assert code == (2 if output == "full disk" else 1)
+        # The output's own descriptor now is /dev/null's; no other one is.
+        assert os.path.realpath(f"/proc/self/fd/{out.fileno()}") == os.devnull
+        assert devnull_descriptors() == before + 1
+    finally:
+        out.close()
+
+
 async def test_cli_import_from_standard_input_is_checked_before_it_is_written(
     state, admin, second, tmp_path
 ):
@@ -833,6 +869,86 @@ async def test_cli_import_says_which_records_it_embedded_again(state, admin, sec
     assert (
         "vectors copied (1 records the file has no vector for: embedded again)" in imported.stdout
     )
+
+
+async def test_an_import_again_embeds_no_record_already_there(
+    state, admin, pg_server, template_db, tmp_path
+):
+    """Records already imported are skipped: none is sent to the embedding model again, and the
+    report counts only those it embedded (here none), whether the file has no vectors at all or
+    lacks one for an edited record."""
+    agent = await build_agent(state, admin)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("\n".join(await exported(state, admin, agent, embeddings=False)) + "\n")
+    name = f"engram_openai_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with OpenAIServer() as server:
+        async with database_copy(pg_server, template_db, name) as url:
+            env = clean_env(
+                database_url=url,
+                embedder="openai",
+                embedding_url=server.url,
+                embedding_model=server.embedding_model,
+            )
+            assert run(env, "reembed").returncode == 0  # this deployment's model: the server's
+
+            def imported(path) -> tuple[str, list[str]]:
+                before = len(server.requests_to("/v1/embeddings"))
+                done = run(env, "import", str(path))
+                assert done.returncode == 0, done.stderr
+                sent = server.requests_to("/v1/embeddings")[before:]
+                return done.stdout.strip(), [text for r in sent for text in r.body["input"]]
+
+            said, texts = imported(bare)
+            rows = int(said.split()[1])
+            assert said == (
+                f"imported {rows} rows, 0 already there unchanged; vectors re-embedded (8 records)"
+            )
+            assert len(texts) == 1 + 8  # the embedder's dimension probe, opening it; the records
+            said, texts = imported(bare)
+            assert said == (
+                f"imported 0 rows, {rows} already there unchanged; vectors re-embedded (0 records)"
+            )
+            assert texts == []
+            # Its own export, edited: a record without a vector, which it already holds.
+            edited_path = tmp_path / "edited.jsonl"
+            exported_again = run(
+                env, "export", "--action", str(agent.action_id), "-o", str(edited_path)
+            )
+            assert exported_again.returncode == 0, exported_again.stderr
+            lines = edited_path.read_text().splitlines()
+            edited_path.write_text(
+                "\n".join(edited(lines, first(lines, "memory"), embedding=None)) + "\n"
+            )
+            said, texts = imported(edited_path)
+            assert said == f"imported 0 rows, {rows} already there unchanged; vectors copied"
+            assert texts == []
+
+
+@pytest.mark.parametrize(
+    ("vector", "fault"),
+    [
+        ([[0.25, 0.5]] * 128, "item 0 is a list"),
+        ([0.25] * 100 + [[0.25, 0.5]] + [0.25] * 155, "item 100 is a list"),
+        ([0.25] * 7 + ["0.5"] + [0.25] * 248, "item 7 is text"),
+    ],
+)
+async def test_cli_import_refuses_a_vector_that_is_not_a_list_of_numbers_in_one_line(
+    state, admin, second, tmp_path, vector, fault
+):
+    # A vector written as a JSON list (an export writes a vector's text) holding a list or
+    # text: named as such, not by PostgreSQL's message quoting the whole vector.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    line = first(lines, "memory")
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(edited(lines, line, embedding=vector)) + "\n")
+    done = run(clean_env(database_url=second.settings.database_url_value()), "import", str(path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error (BAD_REQUEST): line {line + 1}: its memory row is not valid (embedding is not a "
+        f"list of numbers: {fault})"
+    ]
+    assert set((await table_counts(second)).values()) == {0}
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,6 +27,30 @@ class Embedder(Embeds, Protocol):
     dimensions: int
 
     async def aclose(self) -> None: ...
+
+
+def vector_fault(value: Any) -> str | None:
+    """What makes `value`, a vector as JSON holds it, other than a list of numbers (`item 3 is
+    a list`), or None when it is one: said in a refusal, where numpy's own error would be a
+    paragraph on an "inhomogeneous shape"."""
+    if not isinstance(value, list):
+        return f"it is {_json_kind(value)}"
+    for place, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            return f"item {place} is {_json_kind(item)}"
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else type(value).__name__
 
 
 def normalize(vectors: np.ndarray) -> np.ndarray:

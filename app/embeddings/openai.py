@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from app.embeddings.base import Embeddings, normalize
+from app.embeddings.base import Embeddings, normalize, vector_fault
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.http_retry import RetriesExhausted, TooLarge, post_with_retries, server_message, times
 from app.text import CHARS_PER_TOKEN, MAX_COUNT
@@ -134,6 +134,35 @@ class OpenAIEmbedder:
             ) from e
         return self._parse(answer, texts)
 
+    def _unexpected(self, error: object) -> EmbeddingFailed:
+        return EmbeddingFailed(
+            f"{self._endpoint} answered in an unexpected shape ({error!r}); it must be an "
+            "OpenAI-compatible embeddings endpoint",
+            transient=False,
+        )
+
+    def _not_vectors(self, embeddings: list[Any]) -> EmbeddingFailed | None:
+        """The first fault of embeddings that numpy could not read as a vector each (a nested
+        list, a value that is not a number, vectors of different lengths), if any."""
+        for number, embedding in enumerate(embeddings):
+            fault = vector_fault(embedding)
+            if fault is not None:
+                return EmbeddingFailed(
+                    f"{self.model} returned a vector that is not a list of numbers (embedding "
+                    f"{number}: {fault}): it must be an OpenAI-compatible embeddings endpoint "
+                    "for this model",
+                    transient=False,
+                )
+        lengths = {len(embedding) for embedding in embeddings}
+        if len(lengths) > 1:
+            return EmbeddingFailed(
+                f"{self.model} returned vectors of different lengths ({min(lengths)} to "
+                f"{max(lengths)}), expected {self.dimensions or 'one length'}: it must be "
+                "an OpenAI-compatible embeddings endpoint for this model",
+                transient=False,
+            )
+        return None
+
     def _not_finite(self) -> EmbeddingFailed:
         return EmbeddingFailed(
             f"{self.model} returned a vector holding NaN or infinity (from {self._endpoint});"
@@ -145,29 +174,24 @@ class OpenAIEmbedder:
         count = len(texts)
         try:
             data = sorted(answer["data"], key=lambda item: item["index"])
-            lengths = {len(v) for item in data if isinstance(v := item["embedding"], list)}
-            if len(lengths) > 1:  # numpy's own error is a paragraph on "inhomogeneous shape"
-                raise EmbeddingFailed(
-                    f"{self.model} returned vectors of different lengths ({min(lengths)} to "
-                    f"{max(lengths)}), expected {self.dimensions or 'one length'}: it must be "
-                    "an OpenAI-compatible embeddings endpoint for this model",
-                    transient=False,
-                )
-            with np.errstate(over="ignore"):  # a value past float32's range: inf, refused below
-                vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
+            embeddings = [item["embedding"] for item in data]
         except (KeyError, TypeError, ValueError) as e:
+            raise self._unexpected(e) from e
+        if len(embeddings) != count:
             raise EmbeddingFailed(
-                f"{self._endpoint} answered in an unexpected shape ({e!r}); it must be an "
-                "OpenAI-compatible embeddings endpoint",
-                transient=False,
-            ) from e
-        except OverflowError:  # an integer past a float's range (10**400): no finite value
-            raise self._not_finite() from None
-        if vectors.ndim != 2 or len(vectors) != count:
-            raise EmbeddingFailed(
-                f"{self._endpoint} returned {len(data)} embeddings for {count} texts",
+                f"{self._endpoint} returned {len(embeddings)} embeddings for {count} texts",
                 transient=False,
             )
+        try:
+            with np.errstate(over="ignore"):  # a value past float32's range: inf, refused below
+                vectors = np.array(embeddings, dtype=np.float32)
+        except OverflowError:  # an integer past a float's range (10**400): no finite value
+            raise self._not_finite() from None
+        except (TypeError, ValueError) as e:
+            # numpy's own error is a paragraph on an "inhomogeneous shape": said plainly.
+            raise self._not_vectors(embeddings) or self._unexpected(e) from None
+        if vectors.ndim != 2:  # lists of lists of numbers (or of nothing), uniformly
+            raise self._not_vectors(embeddings) or self._unexpected(vectors.shape)
         if self.dimensions and vectors.shape[1] != self.dimensions:
             raise EmbeddingFailed(
                 f"{self.model} returned {vectors.shape[1]}-d vectors, expected {self.dimensions}: "

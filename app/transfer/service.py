@@ -14,7 +14,8 @@ stopped; a row there with other content stops the import with CONFLICT naming it
 are copied when the file's embedding model is the deployment's (same name and dimensions);
 otherwise, or when the file has none, each record is embedded again with the deployment's
 model, as `engram reembed` would. A record the file has no vector for, where it has vectors
-(an edited file), is embedded again too: stored without one, no search would find it.
+(an edited file), is embedded again too: stored without one, no search would find it. A record
+already there is not embedded (it is skipped, or refused as different).
 """
 
 import asyncio
@@ -39,7 +40,7 @@ from app.actions.harness import LABEL_NUMBERS, parse_harness
 from app.actions.model import parse_model
 from app.actions.service import check_name
 from app.embeddings import store as embeddings_store
-from app.embeddings.base import Embedder
+from app.embeddings.base import Embedder, vector_fault
 from app.embeddings.setup import ensure_model
 from app.errors import BadInput, Conflict, NotFound
 from app.memory import store as memory_store
@@ -130,7 +131,9 @@ async def export_action(
 class ImportResult:
     inserted: int = 0
     present: int = 0  # already there, identical: skipped
-    reembedded: int = 0  # records embedded again (vectors copied: those the file had none for)
+    # Records embedded by this import (vectors copied: those the file had none for); none that
+    # was there already.
+    reembedded: int = 0
     vectors: str = "copied"  # or "re-embedded"
     by_type: dict[str, int] = field(default_factory=dict)
     records: dict[UUID, int] = field(default_factory=dict)  # records written, by agent
@@ -207,7 +210,7 @@ async def import_file(
         copied = bool(
             header.get("embeddings") and recorded is not None and header["embedder"] == recorded
         )
-        unembedded = await _check_file(
+        to_embed = await _check_file(
             pool,
             account_id,
             UUID(header["actionId"]),
@@ -218,14 +221,15 @@ async def import_file(
         )
         embedder: Embedder | None = None
         result = ImportResult()
-        if not copied or unembedded:
+        if not copied:
+            result.vectors = "re-embedded"
+        if to_embed:
             # Embedded again with this deployment's model (which the database records, or will):
             # every record, or those of a file with vectors that has none for them (edited, or
-            # written by hand), which copied as they are no search would find.
+            # written by hand), which copied as they are no search would find; of them, those
+            # the account does not hold yet (an import run again skips the others).
             embedder = await open_embedder()
             await ensure_model(pool, embedder, VECTOR_COLUMNS)
-            if not copied:
-                result.vectors = "re-embedded"
         total = sum(header["counts"].values())
         try:
             with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
@@ -477,12 +481,13 @@ async def _check_file(
     PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
     that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
     whether the file's vectors are stored (else they are replaced, and not checked). Returns
-    how many records (not tombstones, which have no vector) the file has no vector for."""
+    how many records the import will embed (`_to_embed`)."""
     across = _Across(str(action_id))
-    unembedded = 0
+    to_embed = 0
     batch: list[tuple[dict[str, Any], int]] = []
 
     async def check(conn: asyncpg.Connection, table: Table) -> None:
+        nonlocal to_embed
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
         # A transaction a batch, not one for the file: see `store.checking`.
         async with store.checking(conn, table):
@@ -501,13 +506,22 @@ async def _check_file(
                     f"valid together ({_shown(refused, 300)}); import with a smaller --batch-size"
                 )
         across.stored(table, batch)
+        if table.name == "agent_memories":
+            to_embed += len(await _to_embed(conn, account_id, [r for r, _ in batch], copied))
 
     async with pool.acquire() as conn:
         table: Table | None = None
         for kind, row, number in rows:
             across.row(kind, row, number)
-            if kind == "memory" and not row.get("tombstone") and row.get(VECTOR_COLUMN) is None:
-                unembedded += 1
+            if copied and kind == "memory" and isinstance(row.get(VECTOR_COLUMN), list):
+                # Written as a JSON list rather than as exported (a vector's text): PostgreSQL
+                # would refuse one nested with its own message, quoting the whole vector.
+                fault = vector_fault(row[VECTOR_COLUMN])
+                if fault is not None:
+                    raise BadInput(
+                        f"line {number}: its memory row is not valid ({VECTOR_COLUMN} is not a "
+                        f"list of numbers: {fault})"
+                    )
             if table is not None and (kind != table.kind or len(batch) >= batch_rows):
                 await check(conn, table)
                 batch = []
@@ -516,7 +530,23 @@ async def _check_file(
         if table is not None and batch:
             await check(conn, table)
         await across.end(conn, account_id, action_id, expected)
-    return unembedded
+    return to_embed
+
+
+async def _to_embed(
+    conn: asyncpg.Connection, account_id: UUID, rows: list[dict[str, Any]], copied: bool
+) -> list[dict[str, Any]]:
+    """The records among these memory rows that the import embeds with this deployment's
+    model: every record, or (`copied`) those the file has no vector for, but a tombstone (a
+    preview deletion: it has none) and a record the account holds already (it is skipped)."""
+    wanting = [
+        r for r in rows if not r.get("tombstone") and (not copied or r.get(VECTOR_COLUMN) is None)
+    ]
+    if not wanting:
+        return []
+    keys = json.dumps([{"action_id": r["action_id"], "memory_id": r["memory_id"]} for r in wanting])
+    stored = await store.stored_records(conn, account_id, keys)
+    return [r for place, r in enumerate(wanting) if place not in stored]
 
 
 def _noun(table: Table, row: dict[str, Any]) -> str:
@@ -741,7 +771,7 @@ class _Importer:
 
     async def write(self, table: Table, rows: list[dict[str, Any]]) -> None:
         row_columns = list(rows[0])
-        if table.name == "agent_memories" and self.embedder is not None:
+        if table.name == "agent_memories":
             await self._embed(rows)
             if VECTOR_COLUMN not in row_columns:
                 row_columns.append(VECTOR_COLUMN)
@@ -805,18 +835,14 @@ class _Importer:
             )
 
     async def _embed(self, rows: list[dict[str, Any]]) -> None:
-        """Vectors of this deployment's model, for every record or (`copied`) for those the
-        file has none for; a tombstone (a preview deletion) has none."""
-        assert self.embedder is not None
-        embedded = [
-            r
-            for r in rows
-            if not r.get("tombstone") and (not self.copied or r.get(VECTOR_COLUMN) is None)
-        ]
+        """Vectors of this deployment's model for the records that need one (`_to_embed`); the
+        file's vectors are dropped unless `copied`."""
         for r in rows:
             if not self.copied:
                 r[VECTOR_COLUMN] = None
             r.setdefault(VECTOR_COLUMN, None)
+        async with self.pool.acquire() as conn:
+            embedded = await _to_embed(conn, self.account_id, rows, self.copied)
         for r in embedded:
             if not all(
                 isinstance(r.get(c), str) and is_storable(r[c]) for c in ("summary", "content")
@@ -827,6 +853,9 @@ class _Importer:
                 )
         if not embedded:
             return
+        # The check found records to embed, so opened the embedder: a record the account held
+        # then is held still (a committed record's row is never removed).
+        assert self.embedder is not None
         vectors = await self.embedder.embed(
             [memory_text(r["summary"], r["content"]) for r in embedded]
         )

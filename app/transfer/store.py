@@ -316,6 +316,26 @@ async def other_agents_record(
     )
 
 
+async def stored_records(conn: asyncpg.Connection, account_id: UUID, rows_json: str) -> set[int]:
+    """Which of these memory rows (a JSON array; their places in it, from 0) the account holds
+    committed (a turn's staged row may yet be removed): an import writes none of them, so
+    embeds none of them."""
+    rows = await conn.fetch(
+        """
+        SELECT a.n - 1 AS place
+        FROM jsonb_array_elements($2::text::jsonb) WITH ORDINALITY AS a (row, n),
+             jsonb_populate_record(NULL::agent_memories, a.row) i
+        WHERE EXISTS (
+            SELECT FROM agent_memories e
+            WHERE e.account_id = $1 AND e.action_id = i.action_id AND e.memory_id = i.memory_id
+              AND e.pending_execution IS NULL)
+        """,
+        account_id,
+        rows_json,
+    )
+    return {row["place"] for row in rows}
+
+
 async def unversioned(conn: asyncpg.Connection, account_id: UUID, rows_json: str) -> UUID | None:
     """The first of these memory rows (a JSON array) whose current version has no version
     row in the account: a file cut short or edited (every write records its version)."""
