@@ -232,6 +232,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
 
     import asyncpg
 
+    from app.db.errors import is_lost
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
     from app.embeddings.reembed import ReembedBusy
 
@@ -249,7 +250,10 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
     except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
         # The database went away mid-run (restarted, or the connection cut): what was written
         # stays, and a run again goes on from there.
-        reason = " ".join(str(e).split()) or type(e).__name__
+        if is_lost(e):
+            reason = "its connection was lost: the server restarted or ended it"
+        else:
+            reason = " ".join(str(e).split()) or type(e).__name__
         print(
             f"error: the database failed while re-embedding ({reason}); {_REEMBED_AGAIN}",
             file=sys.stderr,

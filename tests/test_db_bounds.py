@@ -199,6 +199,38 @@ async def test_a_transaction_left_idle_past_its_bound_is_ended_as_unavailable(
         await pool.close()
 
 
+async def test_a_held_connection_the_server_ended_is_unavailable(db_url: str) -> None:
+    """A connection held between two statements (a request awaiting its model or embedder)
+    whose backend the server ends (a restart): the next statement is answered as a database
+    gone (UNAVAILABLE, retry), not as an internal error; asyncpg's own words for it say the
+    connection "has been released back to the pool"."""
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            backend = await conn.fetchval("SELECT pg_backend_pid()")
+            other = await asyncpg.connect(db_url)
+            try:
+                assert await other.fetchval("SELECT pg_terminate_backend($1)", backend)
+            finally:
+                await other.close()
+
+            def ended() -> bool:  # asyncpg has read the server's goodbye
+                try:
+                    return conn.is_closed()
+                except asyncpg.InterfaceError:  # the proxy already detached
+                    return True
+
+            await eventually(ended, "the connection seen closed")
+            with pytest.raises(asyncpg.InterfaceError) as lost:
+                await conn.fetchval("SELECT 1")
+        assert "released back to the pool" in str(lost.value)
+        assert errors.database_refusal(lost.value) == ("UNAVAILABLE", errors.UNAVAILABLE_MESSAGE)
+        async with pool.acquire() as conn:  # the pool replaces the connection
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await pool.close()
+
+
 @pytest.mark.settings(lock_timeout_seconds=0.3)
 async def test_a_turn_past_the_lock_bound_fails_and_keeps_nothing(
     state: AppState, gql, admin: Caller, model_server: OpenAIServer, db_url: str

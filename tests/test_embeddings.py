@@ -711,8 +711,12 @@ async def test_engram_reembed_losing_the_database_says_so_and_a_run_again_finish
     _, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("error: the database failed while re-embedding (")
-    assert last.endswith(f"); {REEMBED_AGAIN}")  # as an interrupted reembed says it
+    # Held while the model embedded, its connection was ended under it: said so, not asyncpg's
+    # "released back to the pool".
+    assert last == (
+        "error: the database failed while re-embedding (its connection was lost: the server "
+        f"restarted or ended it); {REEMBED_AGAIN}"  # as an interrupted reembed says it
+    )
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 

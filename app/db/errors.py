@@ -40,6 +40,14 @@ def _causes(error: BaseException | None) -> Iterator[BaseException]:
         seen += 1
 
 
+def is_lost(error: BaseException) -> bool:
+    """True for asyncpg's error when a pooled connection is used after its server ended it
+    (restarted, or `pg_terminate_backend`) while it was held but idle: asyncpg then detaches the
+    holder's proxy (`Connection._cleanup`), and every call on it says the connection "has been
+    released back to the pool", which it never was."""
+    return isinstance(error, asyncpg.InterfaceError) and "released back to the pool" in str(error)
+
+
 def is_unavailable(error: BaseException | None) -> bool:
     """True when `error` (or what caused it) says the database is down or not accepting work."""
     for cause in _causes(error):
@@ -47,7 +55,7 @@ def is_unavailable(error: BaseException | None) -> bool:
             if (getattr(cause, "sqlstate", None) or "").startswith(_STATES):
                 return True
         elif isinstance(cause, asyncpg.InterfaceError):
-            if "closed" in str(cause) or "closing" in str(cause):
+            if "closed" in str(cause) or "closing" in str(cause) or is_lost(cause):
                 return True
         elif isinstance(cause, asyncpg.exceptions.InternalClientError):
             # A pooled connection whose backend was terminated while idle can be left in a
