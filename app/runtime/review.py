@@ -809,13 +809,13 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     before = {p["execution_id"]: p["review_read"] for p in pending}
     read = [*before, e.execution_id]
     # A turn the review did not read to its end waits for the next review, and so do the turns
-    # after it. When that is the first, the review stopped inside it: the turn keeps how many of
-    # its messages were read, and the next review reads on from there (so reviews move on).
+    # after it. When the review stopped inside it, the turn keeps how many of its messages were
+    # read, and the next review reads on from there (so each is read once, and reviews move on).
     context.reviewed = {t: before.get(t, 0) for t in read if t not in review.unread}
-    first = before.get(read[0], 0)
-    context.review_partly = (
-        None if context.reviewed else (read[0], first, first + review.read[read[0]])
-    )
+    stopped = next((t for t in read if t in review.unread), None)
+    if stopped is not None and stopped in review.read:
+        first = before.get(stopped, 0)
+        context.review_partly = (stopped, first, first + review.read[stopped])
     if written:
         context.review_written = (mark, review.event["written"])
 
