@@ -27,6 +27,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
+from app.runtime import review as review_module
 from app.state import AppState
 
 # Every turn here talks to the scripted model server.
@@ -599,3 +600,29 @@ async def test_remember_conversation_refusals_quote_only_the_start_of_a_long_val
     assert body["code"] == "BAD_REQUEST", body
     assert quoted in body["error"] and "…" in body["error"], body["error"][:300]
     assert len(body["error"]) < 400, len(body["error"])
+
+
+async def test_an_ingest_whose_review_took_all_its_candidates_says_what_was_not_read(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review stops reading once it holds the candidates it takes. A turn's unread messages
+    wait for the session's next review; an ingest's have no next review (it is no turn whose
+    messages wait), so its event says to hand them in again rather than that a review will
+    read them."""
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # each message a part
+    monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server, {"summary": "Ada likes tea"})
+    done = await _remember(
+        gql, admin, action_id, _talk("I'm Ada: " + "tea " * 80, "Bob here: " + "cake " * 80)
+    )
+    assert done["status"] == "SUCCEEDED", done["error"]
+    assert len(review_requests(model_server)) == 1  # the first part's call only
+    execution = (await gql(admin, EXECUTION, e=done["executionId"])).ok()["execution"]
+    (review,) = [
+        e["data"] for e in execution["transcript"]["nodes"] if e["type"] == "memory.review"
+    ]
+    assert review["dropped"] == [
+        "parts 2 to 2 of the conversation were not read: the review had taken the 1 candidates "
+        "it takes; send their messages again, in another rememberConversation"
+    ]

@@ -725,6 +725,31 @@ async def test_m14_a_turn_a_full_review_stopped_inside_is_read_on_from_there(
     }
 
 
+async def test_m14_a_turn_a_full_review_stopped_inside_after_whole_turns_is_read_on_from_there(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review reads a waiting turn whole and stops inside the next (its input read, its
+    reply not): the waiting turn is covered, and the next review reads on from the reply, not
+    from the input again, as when the turn it stopped inside is the first it read."""
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)
+    monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
+    harness = memory_harness(extraction={"every": {"messages": 3}})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.say("ok")
+    await run(gql, admin, action_id, "First: hi")  # 2 messages: no review yet
+    candidates(model_server, {"summary": "Ada likes tea"})
+    model_server.say("Noted: " + "kettle " * 45)
+    second = await run(gql, admin, action_id, "Second: " + "tea " * 50)
+    assert "parts 2 to 2" in reviews(second)[0]["dropped"][0]
+    candidates(model_server, {"summary": "Ada owns a kettle"})
+    model_server.say("Noted the third.")
+    await run(gql, admin, action_id, "Third: hello")
+    one, *later = (conversation(r) for r in chat(model_server, "memory"))
+    assert "First: hi" in one and "Second: tea" in one and "kettle" not in one
+    assert "kettle" in later[0]
+    assert not any("Second: tea" in read or "First" in read for read in later), later
+
+
 def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
     """The review's neighbours: the records search ranked, ranked again with the candidate's
     words weighted by how rare they are among them (bench/review.py measures its recall)."""

@@ -11,7 +11,8 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    time and speaker, its text quoted (`_line`), by a tool call shaped like add_memory's
    arguments; at most MAX_CANDIDATES in all (once reached, the messages of the parts not read
    are left for the next review: their turns stay unreviewed, and a turn it stopped inside
-   keeps how many of its messages were read, `review_read`, so the next reads on from there).
+   keeps how many of its messages were read, `review_read`, so the next reads on from there;
+   an ingest's are not read unless sent again).
    A malformed reply is told what was wrong once (sent back as parsed, never raw); if the
    second is malformed too, what is wrong in it is dropped.
 3. Skips a candidate whose normalised summary a visible record already has, with no model
@@ -515,10 +516,16 @@ class Review:
             if room == 0:
                 # Their turns stay unreviewed, for the next review (review_memory).
                 self.unread = {t for p in parts[n:] for t in p.turns}
+                # An ingest is no turn whose messages wait for a review: only sent again are
+                # they read.
+                later = (
+                    "send their messages again, in another rememberConversation"
+                    if self.context.execution.kind == "INGEST"
+                    else "their messages are read by the next review"
+                )
                 self.event.setdefault("dropped", []).append(
                     f"parts {n + 1} to {len(parts)} of the conversation were not read: the "
-                    f"review had taken the {MAX_CANDIDATES} candidates it takes; their "
-                    "messages are read by the next review"
+                    f"review had taken the {MAX_CANDIDATES} candidates it takes; {later}"
                 )
                 break
             for turn, count in part.turns.items():
@@ -809,13 +816,13 @@ async def review_memory(context: "TurnContext", client: ModelClient) -> None:
     before = {p["execution_id"]: p["review_read"] for p in pending}
     read = [*before, e.execution_id]
     # A turn the review did not read to its end waits for the next review, and so do the turns
-    # after it. When that is the first, the review stopped inside it: the turn keeps how many of
-    # its messages were read, and the next review reads on from there (so reviews move on).
+    # after it. When the review stopped inside it, the turn keeps how many of its messages were
+    # read, and the next review reads on from there (so each is read once, and reviews move on).
     context.reviewed = {t: before.get(t, 0) for t in read if t not in review.unread}
-    first = before.get(read[0], 0)
-    context.review_partly = (
-        None if context.reviewed else (read[0], first, first + review.read[read[0]])
-    )
+    stopped = next((t for t in read if t in review.unread), None)
+    if stopped is not None and stopped in review.read:
+        first = before.get(stopped, 0)
+        context.review_partly = (stopped, first, first + review.read[stopped])
     if written:
         context.review_written = (mark, review.event["written"])
 
