@@ -34,7 +34,7 @@ from app.state import AppState
 pytestmark = pytest.mark.usefixtures("model_server")
 
 REMEMBER = """mutation($input: RememberConversationInput!) { rememberConversation(input: $input) {
-    executionId status error
+    executionId status error reviewedMessages
     decisions { candidate action summary kind memoryId targetId note }
     records { memoryId version summary status source sessionId modifiedBy executionId replaces }
 } }"""
@@ -73,6 +73,7 @@ async def test_m10_facts_of_a_conversation_become_extraction_records(
     ]
     done = await _remember(gql, admin, action_id, messages)
     assert done["status"] == "SUCCEEDED" and done["error"] is None
+    assert done["reviewedMessages"] == 3  # every message
     (decision,) = done["decisions"]
     assert decision["action"] == "ADD" and decision["kind"] == "fact"
     assert decision["summary"] == "Ada lives in Berlin since late November 2026"
@@ -281,6 +282,7 @@ async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(
     failed = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
     assert failed["status"] == "FAILED" and failed["error"]
     assert failed["decisions"] == [] and failed["records"] == []
+    assert failed["reviewedMessages"] == 0  # nothing of it kept
     execution = (await gql(admin, EXECUTION, e=failed["executionId"])).ok()["execution"]
     assert execution["kind"] == "INGEST" and execution["status"] == "FAILED"
     assert await memories(gql, admin, action_id) == []
@@ -389,7 +391,8 @@ async def test_remember_conversation_over_mcp(
             messages=[{"role": "user", "content": "My flight is the day after tomorrow"}],
             idempotencyKey="k1",
         )
-    assert again == done and done["status"] == "SUCCEEDED"
+    assert again == done and done["status"] == "SUCCEEDED"  # the key's answer, whole
+    assert done["reviewedMessages"] == 1
     (decision,) = done["decisions"]
     assert decision["action"] == "add"
     (kept,) = await memories(gql, admin, action_id)
@@ -618,6 +621,7 @@ async def test_an_ingest_whose_review_took_all_its_candidates_says_what_was_not_
     )
     assert done["status"] == "SUCCEEDED", done["error"]
     assert len(review_requests(model_server)) == 1  # the first part's call only
+    assert done["reviewedMessages"] == 1  # the answer says where to send again from
     execution = (await gql(admin, EXECUTION, e=done["executionId"])).ok()["execution"]
     (review,) = [
         e["data"] for e in execution["transcript"]["nodes"] if e["type"] == "memory.review"

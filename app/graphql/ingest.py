@@ -13,6 +13,7 @@ from app.graphql.memory import ActionAgentMemory
 from app.graphql.scalars import Timestamp
 from app.memory import operator
 from app.runtime import calls, redaction
+from app.runtime.review import MAX_CANDIDATES
 
 
 @strawberry.input(description="One message of a conversation.")
@@ -90,6 +91,12 @@ class RememberConversationResult:
         description="The record versions it wrote (added, superseded, deleted); null without "
         "SELECT on financial.AgentMemory.indexes.* and financial.AgentMemory.document."
     )
+    reviewed_messages: int | None = strawberry.field(
+        description="How many of the messages, from the first, the review read: all of them, "
+        f"unless it took the {MAX_CANDIDATES} candidates a review takes before their end; "
+        "then send the messages after these again, in another rememberConversation (no later "
+        "review reads them). 0 when it failed; null for an ingest an older release ran."
+    )
 
 
 def _uuid(value: object) -> UUID | None:
@@ -156,4 +163,5 @@ class IngestMutation:
                 for d in done.decisions
             ],
             records=records,
+            reviewed_messages=done.reviewed,
         )

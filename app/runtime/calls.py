@@ -436,6 +436,7 @@ async def _remember_over_mcp(
         "status": done.execution.status,
         "decisions": done.decisions,
         "memories": done.memories,
+        "reviewedMessages": done.reviewed,
     }
     if done.execution.error:
         output["error"] = done.execution.error
@@ -473,6 +474,10 @@ class Remembered:
     # targetId, note}; `summary` and `kind` are memory text.
     decisions: list[dict[str, Any]] = field(default_factory=list)
     memories: list[dict[str, Any]] = field(default_factory=list)  # the versions written
+    # How many of the messages, from the first, the review read (all, unless it took its
+    # MAX_CANDIDATES candidates before their end): 0 for an ingest that failed, None for one
+    # an older release committed.
+    reviewed: int | None = 0
 
 
 def parse_time(value: Any, where: str) -> datetime | None:
@@ -535,7 +540,12 @@ async def _answered(state: AppState, caller: Caller, key: Key) -> Remembered | N
     if execution is None:
         return None
     output = execution.output or {}
-    return Remembered(execution, output.get("decisions", []), output.get("memories", []))
+    return Remembered(
+        execution,
+        output.get("decisions", []),
+        output.get("memories", []),
+        output.get("reviewedMessages"),
+    )
 
 
 def _decisions(event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -652,12 +662,14 @@ async def remember_conversation(
                     context.review_written = ((0, 0, 0), review.event["written"])
                 context.transcript.add(events.MEMORY_REVIEW, review.event)
                 decisions = _decisions(review.event)
+                reviewed = review.read.get(execution.execution_id, 0)
                 kept = await _kept_history(run, [(role, text) for role, text, _ in messages])
                 execution = await _commit(
                     run,
                     lambda written: {
                         "decisions": _restated_skipped(decisions, written),
                         "memories": versions(written),
+                        "reviewedMessages": reviewed,
                     },
                     key,
                     as_turn=True,
@@ -679,4 +691,4 @@ async def remember_conversation(
             except Exception as e:
                 return Remembered(await _failed(run, e))
         output = execution.output or {}
-        return Remembered(execution, decisions, output.get("memories", []))
+        return Remembered(execution, decisions, output.get("memories", []), reviewed)
