@@ -25,7 +25,7 @@ from app import fairness
 from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
-from app.db.errors import is_lock_timeout, is_statement_timeout
+from app.db.errors import is_lock_timeout, is_statement_timeout, is_unavailable
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.executions import store
@@ -911,6 +911,14 @@ def _failure_message(error: BaseException) -> str:
             "the database did not finish the turn's work within ENGRAM_STATEMENT_TIMEOUT_SECONDS, "
             "and rolled it back; retry the execution"
         )
+    if is_unavailable(error):
+        # Its connection ended under it (a restart of the database, pg_terminate_backend, a
+        # session idle in its transaction past its bound), or none could be had: no fault of
+        # the turn's, and a retry may well pass.
+        return (
+            "the database became unavailable while the turn ran (restarting, or its connection "
+            "was ended), and the turn's database work was rolled back; retry the execution"
+        )
     return "the turn failed on an internal error (logged by the service); retry the execution"
 
 
@@ -920,7 +928,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         log.warning(
             "turn %s failed: the embedding model failed: %s", context.execution.execution_id, error
         )
-    elif is_lock_timeout(error) or is_statement_timeout(error):
+    elif is_lock_timeout(error) or is_statement_timeout(error) or is_unavailable(error):
         log.warning("turn %s failed: %r", context.execution.execution_id, error)
     elif isinstance(error, deadline.TimedOut):
         log.warning("turn %s failed: %s", context.execution.execution_id, error.message)
