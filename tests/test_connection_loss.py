@@ -42,6 +42,20 @@ async def waiter(state: AppState, sql: str) -> int | None:
     )
 
 
+async def end_waiter(state: AppState, other: asyncpg.Connection, sql: str) -> None:
+    """Ends (from `other`) the backend whose statement holding `sql` waits for a lock, once it
+    waits."""
+    found: list[int] = []
+
+    async def waits() -> bool:
+        pid = await waiter(state, sql)
+        found.extend([pid] if pid else [])
+        return pid is not None
+
+    await eventually(waits, f"a statement holding {sql!r} waiting for a lock", 30)
+    assert await other.fetchval("SELECT pg_terminate_backend($1)", found[0])
+
+
 async def test_a_turn_whose_connection_is_ended_at_its_commit_fails_saying_so(
     state: AppState,
     gql,
@@ -64,15 +78,7 @@ async def test_a_turn_whose_connection_is_ended_at_its_commit_fails_saying_so(
     await eventually(lambda: len(chat(model_server)) == 3, "the turn's last model call")
     with caplog.at_level(logging.WARNING, logger="app.runtime.turns"):
         async with holding(db_url, session, uuid.UUID(action_id)) as other:
-            found: list[int] = []
-
-            async def commit_waits() -> bool:
-                pid = await waiter(state, "sessions")
-                found.extend([pid] if pid else [])
-                return pid is not None
-
-            await eventually(commit_waits, "the commit's wait for its session", 30)
-            assert await other.fetchval("SELECT pg_terminate_backend($1)", found[0])
+            await end_waiter(state, other, "FOR UPDATE")  # the commit's wait for its session
         failed = await asyncio.wait_for(turn, 30)
     assert failed["status"] == "FAILED"
     assert "internal error" not in failed["error"], failed["error"]
@@ -90,3 +96,39 @@ async def test_a_turn_whose_connection_is_ended_at_its_commit_fails_saying_so(
     retried = await run(gql, admin, action_id, execution_id=failed["executionId"], input=None)
     assert retried["status"] == "SUCCEEDED", retried["error"]
     assert len(await memories(gql, admin, action_id)) == 1
+
+
+async def test_a_turn_whose_failure_record_loses_its_connection_too_keeps_the_failure(
+    state: AppState,
+    gql,
+    admin: Caller,
+    model_server: OpenAIServer,
+    db_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The commit's connection is ended while it waits for its session, and so is the
+    connection of the failure's record (which waits for the session too): the failure is kept
+    alone, noting the transcript events lost, and none of it is logged as an error."""
+    action_id = await make_agent_id(state, admin, harness=memory_harness(tools=["add_memory"]))
+    model_server.say("Hello.")
+    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"  # the session
+    session = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Noted.", delay=1.0)
+    turn = asyncio.create_task(run(gql, admin, action_id, "email me"))
+    await eventually(lambda: len(chat(model_server)) == 3, "the turn's last model call")
+    with caplog.at_level(logging.WARNING, logger="app.runtime.turns"):
+        async with holding(db_url, session, uuid.UUID(action_id)) as other:
+            await end_waiter(state, other, "FOR UPDATE")  # the commit's wait
+            await end_waiter(state, other, "FOR SHARE")  # the failure's own record's wait
+            failed = await asyncio.wait_for(turn, 30)
+    assert failed["status"] == "FAILED"
+    assert "database became unavailable" in failed["error"], failed["error"]
+    (ended,) = events(failed, "turn.failed")
+    assert ended["error"] == failed["error"] and "could not be stored" in ended["transcriptLost"]
+    assert await memories(gql, admin, action_id) == []
+    turn_logs = [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == "app.runtime.turns"
+    ]
+    assert any("could not be stored" in m for _, m in turn_logs), turn_logs
+    assert all(level == "WARNING" for level, _ in turn_logs), turn_logs

@@ -922,6 +922,15 @@ def _failure_message(error: BaseException) -> str:
     return "the turn failed on an internal error (logged by the service); retry the execution"
 
 
+def _log_lost(error: BaseException, what: str, e: Execution) -> None:
+    """A failure's own step that failed: a warning when the database went away (the turn's
+    failure says so already), an error with its traceback otherwise."""
+    if is_unavailable(error):
+        log.warning(what + " (%r)", e.execution_id, error)
+    else:
+        log.error(what, e.execution_id, exc_info=error)
+
+
 async def _fail(context: TurnContext, error: BaseException) -> Execution:
     """Keeps the failed attempt's transcript; drops its memory."""
     if isinstance(error, EmbeddingFailed):
@@ -940,10 +949,10 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
     if context.work is not None:
         try:
             await context.work.discard()
-        except Exception:
+        except Exception as discard_error:
             # Staged rows of a turn that no longer runs are dropped by the liveness sweep.
-            log.exception(
-                "turn %s: its staged memory is left to the sweep", context.execution.execution_id
+            _log_lost(
+                discard_error, "turn %s: its staged memory is left to the sweep", context.execution
             )
     try:
         async with context.state.pool.acquire() as conn, conn.transaction():
@@ -971,7 +980,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
     except Exception as write_error:
         # Once more with only the failure, so the turn never stays RUNNING for want of a
         # transcript the database refused (if this fails too, the liveness sweep ends it).
-        log.exception("turn %s: its transcript could not be stored", context.execution.execution_id)
+        _log_lost(write_error, "turn %s: its transcript could not be stored", context.execution)
         lost = transcript.unwritten()
         note = (
             f"the turn's last {len(lost) - 1} transcript events could not be stored "
