@@ -6,6 +6,7 @@ that say so, and keeps nothing half-written (bench/conn_loss.py is the random st
 import asyncio
 import logging
 import uuid
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,6 +16,7 @@ from factories import make_agent_id, memory_harness
 from helpers import eventually
 from openai_server import OpenAIServer
 from runtime_support import chat, events, memories, run
+from servers import clean_env, engram_command
 
 from app.auth.caller import Caller
 from app.state import AppState
@@ -132,3 +134,28 @@ async def test_a_turn_whose_failure_record_loses_its_connection_too_keeps_the_fa
     ]
     assert any("could not be stored" in m for _, m in turn_logs), turn_logs
     assert all(level == "WARNING" for level, _ in turn_logs), turn_logs
+
+
+async def test_an_export_whose_connection_is_ended_says_so_in_one_line(
+    state: AppState, admin: Caller, db_url: str, tmp_path
+) -> None:
+    """`engram export` whose connection the server ends while it reads (here while it waits
+    for the records' table, held by another transaction): one line naming the lost connection
+    and what is left (no file), exit status 2, no traceback."""
+    agent = await make_agent_id(state, admin, harness=memory_harness())
+    path = tmp_path / "agent.jsonl"
+    command = [*engram_command(), "export", "--action", agent, "-o", str(path)]
+    async with holding(db_url, "LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE") as other:
+        proc = await asyncio.create_subprocess_exec(
+            *command, env=clean_env(database_url=db_url), stdout=PIPE, stderr=PIPE
+        )
+        await end_waiter(state, other, "agent_memories")
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    said = err.decode()
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    assert said.strip().splitlines()[-1] == (
+        "engram export: the database became unavailable while it ran (restarting, or its "
+        "connection was ended): no file was written (a file already there is as it was); what went "
+        "to standard output is cut short, and an import refuses it as such"
+    ), said
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
