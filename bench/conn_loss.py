@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -99,9 +100,9 @@ DELETE_CLIENT = "mutation($p: String!) { deleteClient(principal: $p) { principal
 
 
 def _tag(text: str) -> str | None:
-    start = text.find("<t")
-    end = text.find(">", start)
-    return text[start : end + 1] if start >= 0 and end > start else None
+    """The first request tag (<t3x14>) in `text`, however its brackets were escaped."""
+    found = re.search(r"t\d+x\d+", text)
+    return f"<{found.group()}>" if found else None
 
 
 class LossModel(OpenAIServer):
@@ -493,7 +494,8 @@ async def test_connection_loss(state, admin, base_url, model_server, db_url, pg_
             "WHERE e.status = 'FAILED' AND m.pending_execution IS NULL",
         )
         turns_without = await conn.fetchval(
-            "SELECT count(*) FROM executions e WHERE e.status = 'SUCCEEDED' AND e.kind = 'TURN' "
+            "SELECT count(*) FROM executions e WHERE e.status = 'SUCCEEDED' "
+            "AND e.kind IN ('TURN', 'INGEST') "
             "AND e.action_id = $1 AND NOT EXISTS (SELECT 1 FROM agent_memories m "
             "WHERE m.execution_id = e.execution_id AND m.invocation_number = e.invocation_number)",
             agent.action_id,
@@ -553,7 +555,7 @@ async def test_connection_loss(state, admin, base_url, model_server, db_url, pg_
     print(f"  left RUNNING: {len(running)}; staged rows left: {staged}")
     print(f"  memory by execution status: {[dict(r) for r in by_status]}")
     print(f"  FAILED executions with committed memory: {failed_kept}")
-    print(f"  SUCCEEDED turns without memory: {turns_without}")
+    print(f"  SUCCEEDED turns and ingests without memory: {turns_without}")
     print(
         f"  history: events of no committed attempt {history_wrong}, kept twice "
         f"{history_twice}, parts not whole {torn}, sessions misnumbered {numbering}"
