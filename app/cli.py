@@ -893,6 +893,30 @@ def _command(args: argparse.Namespace) -> int:
         # asyncpg); ProgrammingError: a URL libpq cannot parse, which it quotes, password too.
         print(_unreachable(settings, e), file=sys.stderr)
         return 2
+    except Exception as e:
+        # The database went away while the command ran (restarted; its connection ended by an
+        # operator, a bound, or the network): said with what is left, as for an interruption.
+        if not _database_gone(e):
+            raise
+        after = _INTERRUPTED.get(args.command, "run it again once the database answers")
+        print(f"engram {args.command}: {_DATABASE_GONE}: {after}", file=sys.stderr)
+        return 2
+
+
+_DATABASE_GONE = (
+    "the database became unavailable while it ran (restarting, or its connection was ended)"
+)
+
+
+def _database_gone(error: BaseException) -> bool:
+    """An error of the database driver (asyncpg) saying the database cannot be reached."""
+    import asyncpg
+    from asyncpg.exceptions import InternalClientError
+
+    from app.db.errors import is_unavailable
+
+    driver = (asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError)
+    return isinstance(error, driver) and is_unavailable(error)
 
 
 def main(argv: list[str] | None = None) -> int:

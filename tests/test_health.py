@@ -104,3 +104,59 @@ async def test_a_server_slower_to_let_in_than_the_timeout_is_seen_answering(
     assert await health.answers()  # ...but the database answers, and says so from then on
     assert await health.answers()
     await health.close()
+
+
+@pytest.fixture
+async def slow_to_hang_up(db_url: str) -> AsyncIterator[str]:
+    """A URL of the test database behind a proxy that passes everything at once, but passes
+    the server's hanging up (its end of the connection) only HANG_UP seconds later: the
+    server's last words (a FATAL) are read well before the connection is seen closed, as a
+    busy process or a slow network may read them."""
+    socket = next(Path(parse_qs(urlsplit(db_url).query)["host"][0]).glob(".s.PGSQL.*"))
+
+    async def pipe(source: asyncio.StreamReader, to: asyncio.StreamWriter, hang_up: float) -> None:
+        try:
+            while data := await source.read(65536):
+                to.write(data)
+                await to.drain()
+            await asyncio.sleep(hang_up)
+        except OSError:
+            pass
+        finally:
+            to.close()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_unix_connection(socket)
+        await asyncio.gather(pipe(reader, server_writer, 0), pipe(server_reader, writer, HANG_UP))
+
+    proxy = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    yield f"postgresql://{urlsplit(db_url).username}@127.0.0.1:{port}{urlsplit(db_url).path}"
+    proxy.close()
+
+
+HANG_UP = 1.0
+
+
+async def test_a_connection_ended_and_not_yet_seen_closed_is_replaced_by_the_next_check(
+    slow_to_hang_up: str, db_url: str
+) -> None:
+    """The check's connection is ended by the server (pg_terminate_backend: an operator, an
+    idle-session bound, a restart) and its FATAL read, but not yet its hanging up: asyncpg then
+    refuses the next statement with an error of its own (InternalClientError, "cannot switch
+    to state"). The check opens another connection and reports the database answering, not a
+    503 for a database that is up."""
+    health = Health(slow_to_hang_up)
+    assert await health.answers()
+    conn = await asyncpg.connect(db_url)
+    try:
+        ended = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid)"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    assert ended == 1
+    await asyncio.sleep(HANG_UP / 4)  # the FATAL read, the hanging up not yet
+    assert await health.answers()
+    await health.close()

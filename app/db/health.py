@@ -12,6 +12,7 @@ balancer's probe does.
 import asyncio
 
 import asyncpg
+from asyncpg.exceptions import InternalClientError
 
 # Below the usual probe timeouts (Kubernetes' default is 1 s, load balancers' 2 to 10 s), and
 # far above a `SELECT 1` on a connection of its own, a few milliseconds even under load.
@@ -50,8 +51,11 @@ class Health:
         if self._conn is not None and not self._conn.is_closed():
             try:
                 return await self._conn.fetchval("SELECT 1") == 1
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                self._drop()  # e.g. the server restarted since the last check: ask again
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError):
+                # E.g. the server restarted since the last check: ask again. (Its FATAL read but
+                # its hanging up not yet seen, asyncpg refuses the statement with an
+                # InternalClientError of its own, "cannot switch to state".)
+                self._drop()
         connecting = self._connecting
         if connecting is None:
             connecting = self._connecting = asyncio.create_task(asyncpg.connect(self.url))

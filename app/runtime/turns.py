@@ -25,7 +25,7 @@ from app import fairness
 from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
-from app.db.errors import is_lock_timeout, is_statement_timeout
+from app.db.errors import is_lock_timeout, is_statement_timeout, is_unavailable
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.executions import store
@@ -911,7 +911,24 @@ def _failure_message(error: BaseException) -> str:
             "the database did not finish the turn's work within ENGRAM_STATEMENT_TIMEOUT_SECONDS, "
             "and rolled it back; retry the execution"
         )
+    if is_unavailable(error):
+        # Its connection ended under it (a restart of the database, pg_terminate_backend, a
+        # session idle in its transaction past its bound), or none could be had: no fault of
+        # the turn's, and a retry may well pass.
+        return (
+            "the database became unavailable while the turn ran (restarting, or its connection "
+            "was ended), and the turn's database work was rolled back; retry the execution"
+        )
     return "the turn failed on an internal error (logged by the service); retry the execution"
+
+
+def _log_lost(error: BaseException, what: str, e: Execution) -> None:
+    """A failure's own step that failed: a warning when the database went away (the turn's
+    failure says so already), an error with its traceback otherwise."""
+    if is_unavailable(error):
+        log.warning(what + " (%r)", e.execution_id, error)
+    else:
+        log.error(what, e.execution_id, exc_info=error)
 
 
 async def _fail(context: TurnContext, error: BaseException) -> Execution:
@@ -920,7 +937,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         log.warning(
             "turn %s failed: the embedding model failed: %s", context.execution.execution_id, error
         )
-    elif is_lock_timeout(error) or is_statement_timeout(error):
+    elif is_lock_timeout(error) or is_statement_timeout(error) or is_unavailable(error):
         log.warning("turn %s failed: %r", context.execution.execution_id, error)
     elif isinstance(error, deadline.TimedOut):
         log.warning("turn %s failed: %s", context.execution.execution_id, error.message)
@@ -932,10 +949,10 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
     if context.work is not None:
         try:
             await context.work.discard()
-        except Exception:
+        except Exception as discard_error:
             # Staged rows of a turn that no longer runs are dropped by the liveness sweep.
-            log.exception(
-                "turn %s: its staged memory is left to the sweep", context.execution.execution_id
+            _log_lost(
+                discard_error, "turn %s: its staged memory is left to the sweep", context.execution
             )
     try:
         async with context.state.pool.acquire() as conn, conn.transaction():
@@ -963,7 +980,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
     except Exception as write_error:
         # Once more with only the failure, so the turn never stays RUNNING for want of a
         # transcript the database refused (if this fails too, the liveness sweep ends it).
-        log.exception("turn %s: its transcript could not be stored", context.execution.execution_id)
+        _log_lost(write_error, "turn %s: its transcript could not be stored", context.execution)
         lost = transcript.unwritten()
         note = (
             f"the turn's last {len(lost) - 1} transcript events could not be stored "
