@@ -181,6 +181,18 @@ def wait_until(
         time.sleep(every)
 
 
+@asynccontextmanager
+async def holding(url: str, sql: str, *args: object) -> AsyncIterator[asyncpg.Connection]:
+    """Another client's transaction holding the locks `sql` takes, until the block ends."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute(sql, *args)
+            yield conn
+    finally:
+        await conn.close()
+
+
 async def eventually(
     check: Callable[[], bool | Awaitable[bool]], what: str, seconds: float = 10.0
 ) -> None:

@@ -7,31 +7,18 @@ import asyncio
 import logging
 import uuid
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 import pytest
 from factories import make_agent_id, memory_harness
-from helpers import eventually
+from helpers import eventually, holding
 from openai_server import OpenAIServer
 from runtime_support import chat, events, memories, run
 from servers import clean_env, engram_command
 
 from app.auth.caller import Caller
 from app.state import AppState
-
-
-@asynccontextmanager
-async def holding(url: str, sql: str, *args: object) -> AsyncIterator[asyncpg.Connection]:
-    """Another client's transaction holding the locks `sql` takes, until the block ends."""
-    conn = await asyncpg.connect(url)
-    try:
-        async with conn.transaction():
-            await conn.execute(sql, *args)
-            yield conn
-    finally:
-        await conn.close()
 
 
 async def waiter(state: AppState, sql: str) -> int | None:
@@ -58,6 +45,25 @@ async def end_waiter(state: AppState, other: asyncpg.Connection, sql: str) -> No
     assert await other.fetchval("SELECT pg_terminate_backend($1)", found[0])
 
 
+SESSION = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
+
+
+async def turn_at_its_last_model_call(
+    state: AppState, gql, admin: Caller, model_server: OpenAIServer
+) -> tuple[str, asyncio.Task[dict[str, Any]]]:
+    """An agent whose session s1 has a turn, and a second turn of it, running, that has added
+    a memory and waits a second for its last model call's answer (before its commit, which
+    waits for the session: `SESSION` holds it)."""
+    action_id = await make_agent_id(state, admin, harness=memory_harness(tools=["add_memory"]))
+    model_server.say("Hello.")
+    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"  # the session
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("Noted.", delay=1.0)
+    turn = asyncio.create_task(run(gql, admin, action_id, "email me"))
+    await eventually(lambda: len(chat(model_server)) == 3, "the turn's last model call")
+    return action_id, turn
+
+
 async def test_a_turn_whose_connection_is_ended_at_its_commit_fails_saying_so(
     state: AppState,
     gql,
@@ -70,16 +76,9 @@ async def test_a_turn_whose_connection_is_ended_at_its_commit_fails_saying_so(
     waits. The turn fails as failed turns do (transcript kept, nothing of its memory), with an
     error that says the database went away and to retry, not an internal error; and it is
     logged as such, without a traceback."""
-    action_id = await make_agent_id(state, admin, harness=memory_harness(tools=["add_memory"]))
-    model_server.say("Hello.")
-    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"  # the session
-    session = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
-    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
-    model_server.say("Noted.", delay=1.0)
-    turn = asyncio.create_task(run(gql, admin, action_id, "email me"))
-    await eventually(lambda: len(chat(model_server)) == 3, "the turn's last model call")
+    action_id, turn = await turn_at_its_last_model_call(state, gql, admin, model_server)
     with caplog.at_level(logging.WARNING, logger="app.runtime.turns"):
-        async with holding(db_url, session, uuid.UUID(action_id)) as other:
+        async with holding(db_url, SESSION, uuid.UUID(action_id)) as other:
             await end_waiter(state, other, "FOR UPDATE")  # the commit's wait for its session
         failed = await asyncio.wait_for(turn, 30)
     assert failed["status"] == "FAILED"
@@ -111,16 +110,9 @@ async def test_a_turn_whose_failure_record_loses_its_connection_too_keeps_the_fa
     """The commit's connection is ended while it waits for its session, and so is the
     connection of the failure's record (which waits for the session too): the failure is kept
     alone, noting the transcript events lost, and none of it is logged as an error."""
-    action_id = await make_agent_id(state, admin, harness=memory_harness(tools=["add_memory"]))
-    model_server.say("Hello.")
-    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"  # the session
-    session = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
-    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
-    model_server.say("Noted.", delay=1.0)
-    turn = asyncio.create_task(run(gql, admin, action_id, "email me"))
-    await eventually(lambda: len(chat(model_server)) == 3, "the turn's last model call")
+    action_id, turn = await turn_at_its_last_model_call(state, gql, admin, model_server)
     with caplog.at_level(logging.WARNING, logger="app.runtime.turns"):
-        async with holding(db_url, session, uuid.UUID(action_id)) as other:
+        async with holding(db_url, SESSION, uuid.UUID(action_id)) as other:
             await end_waiter(state, other, "FOR UPDATE")  # the commit's wait
             await end_waiter(state, other, "FOR SHARE")  # the failure's own record's wait
             failed = await asyncio.wait_for(turn, 30)

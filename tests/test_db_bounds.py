@@ -6,8 +6,6 @@ that meets one fails as failed turns do; search upkeep, long by design, is not c
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import asyncpg
 import httpx
@@ -21,7 +19,7 @@ from factories import (
     remember,
     token_for,
 )
-from helpers import eventually
+from helpers import eventually, holding
 from mcp_support import call, mcp_session, mcp_url, refused
 from openai_server import OpenAIServer
 from runtime_support import EXECUTE, chat, events, memories, run, tool_runs
@@ -59,18 +57,6 @@ async def waiting(state: AppState, sql: str) -> bool:
             sql,
         )
     )
-
-
-@asynccontextmanager
-async def holding(url: str, sql: str, *args: object) -> AsyncIterator[asyncpg.Connection]:
-    """Another client's transaction holding the locks `sql` takes, until the block ends."""
-    conn = await asyncpg.connect(url)
-    try:
-        async with conn.transaction():
-            await conn.execute(sql, *args)
-            yield conn
-    finally:
-        await conn.close()
 
 
 def test_the_defaults_bound_every_request_generously() -> None:

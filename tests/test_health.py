@@ -3,6 +3,7 @@ within the check's timeout, and a connection the server dropped is replaced at o
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -56,35 +57,49 @@ async def test_a_connection_the_server_dropped_is_replaced_by_the_next_check(db_
     await health.close()
 
 
-@pytest.fixture
-async def slow_to_let_in(db_url: str) -> AsyncIterator[str]:
-    """A URL of the test database behind a proxy that holds each connection's first answer
-    from the server back SLOW_START seconds (a server far away, or busy starting backends);
-    what follows passes at once."""
-    socket = next(Path(parse_qs(urlsplit(db_url).query)["host"][0]).glob(".s.PGSQL.*"))
+async def pipe(
+    source: asyncio.StreamReader, to: asyncio.StreamWriter, hold: float = 0, hang_up: float = 0
+) -> None:
+    """Passes what `source` sends to `to`, its first data `hold` seconds late and its end
+    `hang_up` seconds late."""
+    try:
+        while data := await source.read(65536):
+            await asyncio.sleep(hold)
+            hold = 0
+            to.write(data)
+            await to.drain()
+        await asyncio.sleep(hang_up)
+    except OSError:
+        pass
+    finally:
+        to.close()
 
-    async def pipe(source: asyncio.StreamReader, to: asyncio.StreamWriter, hold: float) -> None:
-        try:
-            while data := await source.read(65536):
-                await asyncio.sleep(hold)
-                hold = 0
-                to.write(data)
-                await to.drain()
-        except OSError:
-            pass
-        finally:
-            to.close()
+
+@asynccontextmanager
+async def proxied(db_url: str, hold: float = 0, hang_up: float = 0) -> AsyncIterator[str]:
+    """A URL of the test database behind a loopback proxy: what the client sends passes at
+    once, what the server sends as `pipe` passes it."""
+    socket = next(Path(parse_qs(urlsplit(db_url).query)["host"][0]).glob(".s.PGSQL.*"))
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server_reader, server_writer = await asyncio.open_unix_connection(socket)
         await asyncio.gather(
-            pipe(reader, server_writer, 0), pipe(server_reader, writer, SLOW_START)
+            pipe(reader, server_writer), pipe(server_reader, writer, hold, hang_up)
         )
 
     proxy = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = proxy.sockets[0].getsockname()[1]
     yield f"postgresql://{urlsplit(db_url).username}@127.0.0.1:{port}{urlsplit(db_url).path}"
     proxy.close()
+
+
+@pytest.fixture
+async def slow_to_let_in(db_url: str) -> AsyncIterator[str]:
+    """A URL of the test database behind a proxy that holds each connection's first answer
+    from the server back SLOW_START seconds (a server far away, or busy starting backends);
+    what follows passes at once."""
+    async with proxied(db_url, hold=SLOW_START) as url:
+        yield url
 
 
 SLOW_START = 1.0
@@ -112,27 +127,9 @@ async def slow_to_hang_up(db_url: str) -> AsyncIterator[str]:
     the server's hanging up (its end of the connection) only HANG_UP seconds later: the
     server's last words (a FATAL) are read well before the connection is seen closed, as a
     busy process or a slow network may read them."""
-    socket = next(Path(parse_qs(urlsplit(db_url).query)["host"][0]).glob(".s.PGSQL.*"))
 
-    async def pipe(source: asyncio.StreamReader, to: asyncio.StreamWriter, hang_up: float) -> None:
-        try:
-            while data := await source.read(65536):
-                to.write(data)
-                await to.drain()
-            await asyncio.sleep(hang_up)
-        except OSError:
-            pass
-        finally:
-            to.close()
-
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        server_reader, server_writer = await asyncio.open_unix_connection(socket)
-        await asyncio.gather(pipe(reader, server_writer, 0), pipe(server_reader, writer, HANG_UP))
-
-    proxy = await asyncio.start_server(accept, "127.0.0.1", 0)
-    port = proxy.sockets[0].getsockname()[1]
-    yield f"postgresql://{urlsplit(db_url).username}@127.0.0.1:{port}{urlsplit(db_url).path}"
-    proxy.close()
+    async with proxied(db_url, hang_up=HANG_UP) as url:
+        yield url
 
 
 HANG_UP = 1.0
