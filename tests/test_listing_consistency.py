@@ -8,11 +8,12 @@ import asyncio
 import itertools
 import random
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from factories import allow, make_agent, token_for
+import pytest
+from factories import T0, allow, make_agent, make_search_agent, token_for
 
 from app.state import AppState
 
@@ -398,3 +399,57 @@ async def test_clients_and_tokens_page_whole_while_others_are_created_and_delete
         finally:
             stop.set()
             await writer
+
+
+SEARCH = """
+query($a: UUID!, $q: String, $mode: ActionAgentMemorySearchMode, $after: String) {
+  action(actionId: $a) {
+    searchMemories(query: $q, mode: $mode, first: 5, after: $after) {
+      edges { cursor score node { memoryId created } }
+      pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+    }
+  }
+}"""
+
+
+@pytest.mark.parametrize("mode", ["VECTOR", None])
+async def test_vector_search_and_the_search_listing_page_whole_while_records_are_added(
+    state: AppState, admin, base_url: str, mode: str | None
+) -> None:
+    """A vector search's score is the record's own, and a search without a query is the
+    listing: records unchanged while others are added come back once each (docs/graphql.md).
+    (Hybrid and lexical scores shift with the agent's records: documented, not asserted.)"""
+    token = await token_for(state, admin, "operator", allow(["SELECT", "INSERT"], "financial.*"))
+    agent = await make_search_agent(state, admin)
+    words = ["invoice", "email", "customer", "parcel", "refund", "berlin", "order", "phone"]
+    rnd = random.Random(145)
+    ids = [
+        str(await agent.add(" ".join(rnd.sample(words, 3)), created=T0 - timedelta(hours=i // 4)))
+        for i in range(60)
+    ]
+    a = str(agent.action_id)
+    query = "customer invoice email" if mode else None
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        api = Api(http, token)
+        nodes: list[dict[str, Any]] = []
+        after = None
+        added = 0
+        while True:
+            page = (await api(SEARCH, a=a, q=query, mode=mode, after=after))["action"][
+                "searchMemories"
+            ]
+            nodes += [{**e["node"], "score": e["score"]} for e in page["edges"]]
+            if not page["pageInfo"]["hasNextPage"]:
+                break
+            after = page["pageInfo"]["endCursor"]
+            for _ in range(3):  # between pages, records that hold the query's words
+                await agent.add(" ".join(rnd.sample(words, 3)) + " customer invoice")
+                added += 1
+            assert added < 300, "paging does not end"
+    key = (
+        (lambda n: (n["score"], instant(n["created"]), n["memoryId"]))
+        if mode
+        else (lambda n: (instant(n["created"]), n["memoryId"]))
+    )
+    check_run(nodes, key, "memoryId", set(ids), descending=True)
+    assert added
