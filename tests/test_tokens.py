@@ -2,7 +2,7 @@
 
 import asyncio
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import httpx
 import pytest
@@ -157,11 +157,13 @@ async def test_last_used_is_written_at_most_once_a_minute(gql, state, admin):
 
 async def test_an_expired_token_is_unauthenticated(gql, state, admin):
     account = await bot(gql, admin, state)
-    past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
-    refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=past)
-    assert refused.codes == ["BAD_REQUEST"] and "expires must be in the future" in str(
-        refused.errors
-    )
+    past = (datetime.now(UTC) - timedelta(seconds=1)).replace(microsecond=0)
+    # Sent with an offset, the time is named back in UTC as every Timestamp is written.
+    sent = past.astimezone(timezone(timedelta(hours=2))).isoformat()
+    refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=sent)
+    assert refused.codes == ["BAD_REQUEST"]
+    shown = past.isoformat().replace("+00:00", "Z")
+    assert f"expires must be in the future, got {shown}" in refused.errors[0]["message"]
     soon = datetime.now(UTC) + timedelta(hours=1)
     token = await service.create_client_token(
         state.pool, admin, account_id=account, principal="bot", expires=soon
@@ -169,7 +171,7 @@ async def test_an_expired_token_is_unauthenticated(gql, state, admin):
     assert (await service.authenticate(state.pool, f"Bearer {token}")).principal == "bot"
     async with state.pool.acquire() as conn:  # an hour passes
         await conn.execute("UPDATE client_tokens SET expires = now() - interval '1 second'")
-    with pytest.raises(Unauthenticated, match="expired"):
+    with pytest.raises(Unauthenticated, match=r"expired at \d{4}-\d\d-\d\dT[\d:.]+Z;"):
         await service.authenticate(state.pool, f"Bearer {token}")
 
 
