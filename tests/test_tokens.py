@@ -274,3 +274,38 @@ async def test_an_expiry_past_the_representable_range_is_bad_request(gql, state,
     ]:
         fine = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)
         assert fine.ok()["createClientToken"]["expires"] == stored
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [
+        ("2099-01-01T00:00:00Z", "2099-01-01T00:00:00Z"),
+        ("2099-01-01t02:00:00+02:00", "2099-01-01T00:00:00Z"),
+        ("2099-01-01T00:00:00-00:00", "2099-01-01T00:00:00Z"),
+        ("2099-01-01T00:00:00z", "2099-01-01T00:00:00Z"),
+        ("2099-01-01T00:00:00.1234569Z", "2099-01-01T00:00:00.123456Z"),  # cut, not rounded
+        ("2099-03-29T02:30:00+01:00", "2099-03-29T01:30:00Z"),  # skipped by DST: the offset's
+        ("9999-12-31T23:59:59Z", "9999-12-31T23:59:59Z"),
+        ("2099-01-01T00:00:00", None),  # no offset: no zone is assumed
+        ("2016-12-31T23:59:60Z", None),  # a leap second
+        ("2099-01-01T24:00:00Z", None),
+        ("2099-01-01T00:00:00+0100", None),
+        ("2099-01-01T00:00:00,5Z", None),
+        ("2099-W01-1T00:00:00Z", None),
+        ("2099-01-01T00:00Z", None),
+        ("20990101T000000Z", None),
+        ("9999-12-31T23:59:59.999999Z", None),
+        ("9999-12-31T23:30:00-01:00", None),
+        ("10000-01-01T00:00:00Z", None),
+    ],
+)
+async def test_timestamps_are_rfc3339_read_back_in_utc(gql, state, admin, sent, read):
+    """docs/graphql.md: what a Timestamp accepts, what it refuses (BAD_REQUEST naming the
+    variable) and how it is written back."""
+    account = await bot(gql, admin, state)
+    answer = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=sent)
+    if read is None:
+        assert answer.codes == ["BAD_REQUEST"], answer.errors
+        assert "$e" in answer.errors[0]["message"]
+    else:
+        assert answer.ok()["createClientToken"]["expires"] == read
