@@ -453,3 +453,93 @@ async def test_vector_search_and_the_search_listing_page_whole_while_records_are
     )
     check_run(nodes, key, "memoryId", set(ids), descending=True)
     assert added
+
+
+HISTORY = """
+query($a: UUID!, $after: String) {
+  action(actionId: $a) {
+    sessions(first: 1) {
+      nodes {
+        history(first: 7, after: $after) {
+          edges { cursor node { eventId turn sequence } }
+          pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+        }
+      }
+    }
+  }
+}"""
+
+AGENTS = """
+query($after: String) {
+  actions(first: 7, after: $after) {
+    edges { cursor node { actionId created } }
+    pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+  }
+}"""
+
+TURN = """
+mutation($input: ExecuteActionInput!) { executeAction(input: $input) { status turn } }"""
+
+
+@pytest.mark.usefixtures("model_server")
+async def test_history_and_agents_page_whole_while_turns_run_and_agents_change(
+    state: AppState, admin, base_url: str
+) -> None:
+    token = await token_for(
+        state, admin, "operator", allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.*")
+    )
+    agent = await make_agent(state, admin, harness={"history": {"index": "messages"}})
+    a = str(agent.action_id)
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        api = Api(http, token)
+        for i in range(25):
+            turn = {"actionId": a, "sessionId": "s1", "input": f"message {i}"}
+            assert (await api(TURN, input=turn))["executeAction"]["status"] == "SUCCEEDED"
+        kept, _ = await page_through(
+            api, HISTORY, lambda d: d["action"]["sessions"]["nodes"][0]["history"], a=a
+        )
+        assert len(kept) == 50  # the user's message and the agent's answer, each turn
+        agents = [await make_agent(state, admin, name=f"agent {i}") for i in range(30)]
+        async with state.pool.acquire() as conn:  # ties: half the agents created at one instant
+            await conn.execute(
+                "UPDATE actions SET created = '2026-06-01T00:00:00Z'"
+                " WHERE action_id = any($1::uuid[])",
+                [x.action_id for x in agents[::2]],
+            )
+        stop = asyncio.Event()
+
+        async def write() -> None:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                preview = n % 3 == 2
+                turn = {"actionId": a, "sessionId": "s1", "input": f"new {n}", "preview": preview}
+                await api(TURN, input=turn)
+                await make_agent(state, admin, name=f"new agent {n}")
+                await asyncio.sleep(0.005)
+
+        writer = asyncio.create_task(write())
+        try:
+            for _ in range(3):
+                nodes, _ = await page_through(
+                    api, HISTORY, lambda d: d["action"]["sessions"]["nodes"][0]["history"], a=a
+                )
+                check_run(
+                    nodes,
+                    lambda n: (n["turn"], n["sequence"]),
+                    "eventId",
+                    {n["eventId"] for n in kept},
+                    descending=False,
+                )
+                assert len(nodes) > len(kept), "no turn was kept while paging"
+                nodes, _ = await page_through(api, AGENTS, lambda d: d["actions"])
+                check_run(
+                    nodes,
+                    lambda n: (instant(n["created"]), n["actionId"]),
+                    "actionId",
+                    {str(x.action_id) for x in agents},
+                    descending=True,
+                )
+        finally:
+            stop.set()
+            await writer
