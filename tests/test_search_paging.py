@@ -149,3 +149,19 @@ async def test_a_ranked_search_pages_through_its_best_10000(
     result = await gql(admin, PAGE, a=a, q="invoice", first=1, after=deep)
     assert result.codes == ["BAD_REQUEST"]
     assert "best 10,000 records" in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize("first", [1, 2, 3, 5])
+async def test_a_ranked_search_ends_at_its_bound_without_promising_more(
+    state: AppState, admin: Caller, gql: Any, monkeypatch: pytest.MonkeyPatch, first: int
+) -> None:
+    """The page that reaches MAX_DEPTH ends the ranking: `hasNextPage` false, not a cursor the
+    next request refuses. Its pages hold the best MAX_DEPTH records, in order."""
+    monkeypatch.setattr(search_module, "MAX_DEPTH", 5)
+    agent = await make_search_agent(state, admin)
+    for i in range(8):
+        await agent.add(f"invoice number {i}", created=T0 - timedelta(hours=i))
+    paged = await pages(gql, admin, agent, first, q="invoice", mode="LEXICAL")
+    whole = (await pages(gql, admin, agent, 100, q="invoice", mode="LEXICAL"))[0]
+    assert [m for page in paged for m in page] == whole[:5]
+    assert all(paged), "an empty page"

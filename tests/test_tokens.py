@@ -2,7 +2,7 @@
 
 import asyncio
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import httpx
 import pytest
@@ -157,11 +157,13 @@ async def test_last_used_is_written_at_most_once_a_minute(gql, state, admin):
 
 async def test_an_expired_token_is_unauthenticated(gql, state, admin):
     account = await bot(gql, admin, state)
-    past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
-    refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=past)
-    assert refused.codes == ["BAD_REQUEST"] and "expires must be in the future" in str(
-        refused.errors
-    )
+    past = (datetime.now(UTC) - timedelta(seconds=1)).replace(microsecond=0)
+    # Sent with an offset, the time is named back in UTC as every Timestamp is written.
+    sent = past.astimezone(timezone(timedelta(hours=2))).isoformat()
+    refused = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=sent)
+    assert refused.codes == ["BAD_REQUEST"]
+    shown = past.isoformat().replace("+00:00", "Z")
+    assert f"expires must be in the future, got {shown}" in refused.errors[0]["message"]
     soon = datetime.now(UTC) + timedelta(hours=1)
     token = await service.create_client_token(
         state.pool, admin, account_id=account, principal="bot", expires=soon
@@ -169,7 +171,7 @@ async def test_an_expired_token_is_unauthenticated(gql, state, admin):
     assert (await service.authenticate(state.pool, f"Bearer {token}")).principal == "bot"
     async with state.pool.acquire() as conn:  # an hour passes
         await conn.execute("UPDATE client_tokens SET expires = now() - interval '1 second'")
-    with pytest.raises(Unauthenticated, match="expired"):
+    with pytest.raises(Unauthenticated, match=r"expired at \d{4}-\d\d-\d\dT[\d:.]+Z;"):
         await service.authenticate(state.pool, f"Bearer {token}")
 
 
@@ -272,3 +274,38 @@ async def test_an_expiry_past_the_representable_range_is_bad_request(gql, state,
     ]:
         fine = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=expires)
         assert fine.ok()["createClientToken"]["expires"] == stored
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [
+        ("2099-01-01T00:00:00Z", "2099-01-01T00:00:00Z"),
+        ("2099-01-01t02:00:00+02:00", "2099-01-01T00:00:00Z"),
+        ("2099-01-01T00:00:00-00:00", "2099-01-01T00:00:00Z"),
+        ("2099-01-01T00:00:00z", "2099-01-01T00:00:00Z"),
+        ("2099-01-01T00:00:00.1234569Z", "2099-01-01T00:00:00.123456Z"),  # cut, not rounded
+        ("2099-03-29T02:30:00+01:00", "2099-03-29T01:30:00Z"),  # skipped by DST: the offset's
+        ("9999-12-31T23:59:59Z", "9999-12-31T23:59:59Z"),
+        ("2099-01-01T00:00:00", None),  # no offset: no zone is assumed
+        ("2016-12-31T23:59:60Z", None),  # a leap second
+        ("2099-01-01T24:00:00Z", None),
+        ("2099-01-01T00:00:00+0100", None),
+        ("2099-01-01T00:00:00,5Z", None),
+        ("2099-W01-1T00:00:00Z", None),
+        ("2099-01-01T00:00Z", None),
+        ("20990101T000000Z", None),
+        ("9999-12-31T23:59:59.999999Z", None),
+        ("9999-12-31T23:30:00-01:00", None),
+        ("10000-01-01T00:00:00Z", None),
+    ],
+)
+async def test_timestamps_are_rfc3339_read_back_in_utc(gql, state, admin, sent, read):
+    """docs/graphql.md: what a Timestamp accepts, what it refuses (BAD_REQUEST naming the
+    variable) and how it is written back."""
+    account = await bot(gql, admin, state)
+    answer = await gql(admin, CREATE_TOKEN, p="bot", a=str(account), e=sent)
+    if read is None:
+        assert answer.codes == ["BAD_REQUEST"], answer.errors
+        assert "$e" in answer.errors[0]["message"]
+    else:
+        assert answer.ok()["createClientToken"]["expires"] == read

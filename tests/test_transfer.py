@@ -1123,6 +1123,28 @@ async def test_a_time_python_cannot_hold_is_refused_writing_nothing(state, admin
     assert (await load(second, target_admin.account_id, year_one)).missing == {}
 
 
+async def test_a_time_python_reads_but_postgresql_does_not_is_refused(state, admin, second):
+    """ISO 8601 forms Python's fromisoformat reads (a week date, an hour alone, a comma, an
+    offset PostgreSQL does not take): refused as rows PostgreSQL would not store, never stored
+    as another time or failing the import as a fault of the service."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    for value in (
+        "2026-W48-2T10:00:00+00:00",
+        "2026-12-01T10+00:00",
+        "2026-12-01T10:00:00,5+00:00",
+        "2026-12-01T10:00:00-23:59",
+    ):
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, last, modified=value),
+            f"line {last + 1}: .*not valid",
+        )
+
+
 async def test_a_row_of_another_agent_is_refused(state, admin, second):
     # An edited export would put a record into another agent of the account it is imported
     # into; every row is the exported agent's, and names no account.

@@ -188,9 +188,7 @@ async def _verify(
     if row is None:
         raise Unauthenticated(NOT_VALID)
     if row["expired"]:
-        raise Unauthenticated(
-            f"the API token expired at {row['expires'].isoformat()}; ask for a new one"
-        )
+        raise Unauthenticated(f"the API token expired at {_utc(row['expires'])}; ask for a new one")
     caller = Caller(
         account_id=row["account_id"],
         principal=row["principal"],
@@ -404,7 +402,7 @@ async def issue_client_token(
     caller.require(("INSERT", resources.CLIENT_TOKEN))
     account_id = caller.reach_account(account_id)
     if expires is not None and expires <= datetime.now(UTC):
-        raise BadInput(f"expires must be in the future, got {expires.isoformat()}")
+        raise BadInput(f"expires must be in the future, got {_utc(expires)}")
     token = new_token()
     async with pool.acquire() as conn, conn.transaction():
         await _lock_covered_client(

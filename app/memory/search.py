@@ -230,6 +230,10 @@ async def search(
 
     key = _search_key(mode, query, filters)
     position = _decode_ranked(after, key)
+    # The ranking is its best MAX_DEPTH records: a page ends there, and a caller that reads one
+    # record more to learn whether another page follows learns that none does (a cursor past
+    # the bound is refused, so promising one would lead nowhere).
+    limit = min(limit, MAX_DEPTH - (position.depth if position else 0))
     if limit == 0:
         return SearchResult([])
     vector, tokens = None, 0
