@@ -15,6 +15,8 @@ other:
             four failing at the model; each followed by a searchHistory of its session;
 - mcp:      --mcp calls of the agent's search_memory tool over MCP (stateless JSON-RPC
             POSTs), each a distinct query in a new session;
+- documents: --documents distinct valid queries near ENGRAM_MAX_QUERY_TOKENS (one field
+            aliased over and over), as a client generating its query texts may send;
 - failures: --failures failing requests: a distinct syntax error, a distinct unknown field, a
             bad argument (BAD_REQUEST), and a request naming a distinct set of root fields.
 
@@ -388,6 +390,15 @@ def load(
         every("mcp", i)
     probe.sample(client, "mcp")
 
+    # Distinct valid documents near the token limit (aliased fields): each parsed document
+    # takes about 140 bytes a character of its text.
+    tokens = Settings().max_query_tokens
+    for i in range(1, args.documents + 1):
+        fields = " ".join(f"f{i}x{j}: principal" for j in range(tokens // 3 - 10))
+        ok("{ viewer { " + fields + " } }")
+        every("documents", i)
+    probe.sample(client, "documents")
+
     names = sorted(ROOTS)
     for i in range(1, args.failures + 1):
         kind = i % 4
@@ -430,7 +441,8 @@ def report(probe: Probe, args: argparse.Namespace) -> None:
         print(f"  {phase}: " + ("; ".join(grew) or "nothing grew"))
     print(
         f"\nreproduce: python bench/growth.py --agents {args.agents} --searches {args.searches} "
-        f"--tokens {args.tokens} --turns {args.turns} --mcp {args.mcp} --failures {args.failures} "
+        f"--tokens {args.tokens} --turns {args.turns} --mcp {args.mcp} "
+        f"--documents {args.documents} --failures {args.failures} "
         f"--every {args.every}"
     )
 
@@ -453,6 +465,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--mcp", type=int, default=5000)
+    parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--failures", type=int, default=8000)
     parser.add_argument("--every", type=int, default=1000, help="sample every N requests")
     run(parser.parse_args())
