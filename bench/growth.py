@@ -101,6 +101,7 @@ ROOTS = {
     "action": 'action(actionId: "00000000-0000-0000-0000-000000000000") { name }',
     "execution": 'execution(executionId: "00000000-0000-0000-0000-000000000000") { status }',
     "node": 'node(id: "QWN0aW9uOjA=") { id }',
+    "__typename": "__typename",
 }
 
 
