@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -244,6 +245,10 @@ class Probe:
             "pg prepared": prepared,
         }
         row.update({name: f() for name, f in self.structures.items()})
+        if tracemalloc.is_tracing():
+            row["snapshot"] = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)]
+            )
         self.rows.append(row)
         print(
             f"  {phase:9} {self.requests:>7,} requests  rss {row['rss MB']:.0f} MB  "
@@ -338,6 +343,8 @@ def load(
         if i % args.every == 0:
             probe.sample(client, phase)
 
+    if args.trace:
+        tracemalloc.start(args.trace)
     print("growth: sampling every", args.every, "requests", flush=True)
     probe.sample(client, "start")
     harness = {"memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}}
@@ -420,7 +427,7 @@ def load(
 
 def report(probe: Probe, args: argparse.Namespace) -> None:
     rows = probe.rows
-    columns = [c for c in rows[0] if c not in ("phase", "requests")]
+    columns = [c for c in rows[0] if c not in ("phase", "requests", "snapshot")]
     print("\nsamples (the last of each phase):")
     last = [
         r for i, r in enumerate(rows) if i + 1 == len(rows) or rows[i + 1]["phase"] != r["phase"]
@@ -440,6 +447,12 @@ def report(probe: Probe, args: argparse.Namespace) -> None:
             if abs(a) > 1e-3 or abs(b) > 1e-3:
                 grew.append(f"{c} {_fmt(a)} -> {_fmt(b)}")
         print(f"  {phase}: " + ("; ".join(grew) or "nothing grew"))
+        if "snapshot" in mid:  # --trace: where the second half's growth was allocated
+            for stat in span[-1]["snapshot"].compare_to(mid["snapshot"], "traceback")[:5]:
+                where = " <- ".join(str(f) for f in stat.traceback[:4])
+                print(
+                    f"    {stat.size_diff / 1024:+,.0f} kB in {stat.count_diff:+,} blocks: {where}"
+                )
     print(
         f"\nreproduce: python bench/growth.py --agents {args.agents} --searches {args.searches} "
         f"--tokens {args.tokens} --turns {args.turns} --mcp {args.mcp} "
@@ -468,6 +481,14 @@ def main() -> None:
     parser.add_argument("--mcp", type=int, default=5000)
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--failures", type=int, default=8000)
+    parser.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="trace allocations (tracemalloc, FRAMES deep) and show where each phase grew (the "
+        "snapshots kept add to RSS: read RSS from a run without it)",
+    )
     parser.add_argument("--every", type=int, default=1000, help="sample every N requests")
     run(parser.parse_args())
 
