@@ -5,6 +5,7 @@ purpose, searches by mode, embedding time and pool usage, and no label names an 
 principal. Every response carries an X-Request-ID."""
 
 import re
+from itertools import combinations
 
 import httpx
 import pytest
@@ -12,6 +13,8 @@ from helpers import db_settings
 from openai_server import OpenAIServer
 from prometheus_client.parser import text_string_to_metric_families
 from servers import serving
+
+from app.observability.metrics import MAX_OPERATION_SETS, SEVERAL, Metrics
 
 ADMIN_TOKEN = "metrics-test-admin-token"
 METRICS = "financial.Deployment.metrics"
@@ -206,3 +209,25 @@ async def test_every_response_carries_a_request_id(db_url, embedder):
             )
             assert refused.status_code == 401
             assert re.fullmatch(r"[0-9a-f]{32}", refused.headers["x-request-id"])
+
+
+def test_operation_labels_of_several_root_fields_are_bounded():
+    """A client naming its own sets of root fields gets at most MAX_OPERATION_SETS labels of
+    their own; later sets count as `several`, and a single root field keeps its own label."""
+    metrics = Metrics()
+    roots = [f"field{i}" for i in range(12)]
+    sets = [",".join(c) for n in (2, 3) for c in combinations(roots, n)]
+    assert len(sets) > 2 * MAX_OPERATION_SETS
+    for operation in sets:
+        metrics.request(operation, "OK", 0.01)
+    metrics.request("viewer", "OK", 0.01)
+
+    found = samples(metrics.render().decode())
+    operations = {
+        dict(labels)["operation"] for name, labels in found if name == "engram_requests_total"
+    }
+    assert len(operations) == MAX_OPERATION_SETS + 2  # the first sets, `several` and `viewer`
+    assert SEVERAL in operations and "viewer" in operations
+    assert set(sets[:MAX_OPERATION_SETS]) < operations
+    counted = value(found, "engram_requests_total", operation=SEVERAL, code="OK")
+    assert counted == len(sets) - MAX_OPERATION_SETS

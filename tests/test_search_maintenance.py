@@ -337,6 +337,26 @@ async def test_m20_a_listed_agent_is_searched_by_one_statement_that_checks_its_p
         await pool.close()
 
 
+async def test_listed_agents_remembered_are_at_most_max_listed(
+    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each listed agent searched is remembered (with each session of its turns reading agent
+    # scope): a process serving many agents holds at most MAX_LISTED, the least recently used
+    # going first, rather than one entry for every agent it ever searched.
+    agents = [await make_search_agent(state, admin) for _ in range(4)]
+    for agent in agents:
+        await fill(agent, 101)
+    await maintenance.run_round(state.pool, min_records=100)
+    monkeypatch.setattr(search_module, "_LISTED", {})
+    monkeypatch.setattr(search_module, "MAX_LISTED", 2)
+    for agent in agents:
+        r = await ranking(agent, "hiking in the mountains")
+        found, plan = await search_module.ranked(state.pool, agent.operator, Filters(), r)
+        assert found and plan == "index"
+        assert len(search_module._LISTED) <= 2
+    assert [key[2] for key in search_module._LISTED] == [a.action_id for a in agents[2:]]
+
+
 async def test_m20_the_exact_plan_runs_on_a_cached_generic_plan(
     db_url: str, state: AppState, admin: Caller
 ) -> None:

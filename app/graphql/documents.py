@@ -9,13 +9,21 @@ from typing import Any
 from graphql import DocumentNode
 from strawberry.extensions import SchemaExtension
 
+# A parsed document takes about 140 bytes a character of its text (graphql-core keeps every
+# token), so 256 texts near ENGRAM_MAX_QUERY_TOKENS (27,000 characters) held 600 MB that a
+# client could fill with distinct texts (bench/README.md, "Growth"). Held texts are bounded in
+# characters too: about 140 MB of documents at most, far more than a client's usual texts.
+MAX_CHARS = 1_000_000
+
 
 class Documents:
     """The documents of query texts that parsed and validated without error, most recently
-    used last; at most `maxsize` of them. One per schema (its validation rules are fixed)."""
+    used last; at most `maxsize` of them, of at most `max_chars` characters of text in all. One
+    per schema (its validation rules are fixed)."""
 
-    def __init__(self, maxsize: int = 256) -> None:
-        self.maxsize = maxsize
+    def __init__(self, maxsize: int = 256, max_chars: int = MAX_CHARS) -> None:
+        self.maxsize, self.max_chars = maxsize, max_chars
+        self.chars = 0
         self._valid: OrderedDict[tuple[str, Any], DocumentNode] = OrderedDict()
 
     def get(self, key: tuple[str, Any]) -> DocumentNode | None:
@@ -25,9 +33,13 @@ class Documents:
         return document
 
     def add(self, key: tuple[str, Any], document: DocumentNode) -> None:
+        if len(key[0]) > self.max_chars or key in self._valid:
+            return
         self._valid[key] = document
-        if len(self._valid) > self.maxsize:
-            self._valid.popitem(last=False)
+        self.chars += len(key[0])
+        while len(self._valid) > self.maxsize or self.chars > self.max_chars:
+            (text, _), _ = self._valid.popitem(last=False)
+            self.chars -= len(text)
 
 
 class DocumentCache(SchemaExtension):

@@ -3,10 +3,10 @@
 input types built from their coerced values directly (built_directly)."""
 
 import math
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING
 from typing import Any, TypeVar
+from weakref import WeakValueDictionary
 
 from graphql import (
     ExecutionResult,
@@ -90,13 +90,12 @@ def check_request(document: Node, variables: dict[str, Any] | None, operation: s
     if id(document) not in _LITERALS_PASSED:
         visit(document, _Literals())
         _LITERALS_PASSED[id(document)] = document
-        if len(_LITERALS_PASSED) > 256:
-            _LITERALS_PASSED.popitem(last=False)
 
 
 # Documents whose literals passed, by identity: the document cache (graphql/documents.py)
-# hands back one document per query text. Each is held, so that its id stays its own.
-_LITERALS_PASSED: OrderedDict[int, Node] = OrderedDict()
+# hands back one document per query text. Held weakly: an entry goes with its document (so
+# its id stays its own), and this holds no more than the cache and the requests running do.
+_LITERALS_PASSED: WeakValueDictionary[int, Node] = WeakValueDictionary()
 
 
 class InputChecks(SchemaExtension):

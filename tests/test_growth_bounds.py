@@ -1,0 +1,88 @@
+"""Process-level structures that grow with use hold at most their bound, however many distinct
+keys a long-running process meets (bench/growth.py measures them under load)."""
+
+import gc
+import uuid
+import weakref
+
+from graphql import parse
+
+from app.auth import policies, verified
+from app.graphql.documents import Documents
+from app.graphql.inputs import _LITERALS_PASSED, check_request
+from app.history import search as history_search
+
+
+def test_verified_tokens_are_at_most_max_entries():
+    pool = object()
+    since = verified.generation()
+    try:
+        for i in range(verified.MAX_ENTRIES + 500):
+            verified.keep(pool, i.to_bytes(8, "big"), "caller", None, since, 1e12)
+            assert len(verified._entries) <= verified.MAX_ENTRIES
+        assert verified.recall(pool, (verified.MAX_ENTRIES + 499).to_bytes(8, "big")) == "caller"
+    finally:
+        verified.forget()
+
+
+def test_learnt_session_plans_are_at_most_max_remembered():
+    pool = -1  # no real pool has this id
+    keys = [(pool, uuid.uuid4(), uuid.uuid4(), f"s{i}", False) for i in range(3)]
+    keys += [
+        (pool, keys[0][1], keys[0][2], f"t{i}", False)
+        for i in range(history_search.MAX_REMEMBERED + 100)
+    ]
+    try:
+        for key in keys:
+            history_search._remember(key, "exact", 5)
+        assert len(history_search._PLANS) <= history_search.MAX_REMEMBERED
+        assert history_search._remembered(keys[-1], 5) == "exact"  # the latest kept
+        assert history_search._remembered(keys[0], 5) is None  # the least lately learnt gone
+    finally:
+        for key in keys:
+            history_search._PLANS.pop(key, None)
+
+
+def test_valid_documents_are_at_most_maxsize_the_least_recently_used_going():
+    documents = Documents(maxsize=3)
+    for i in range(10):
+        documents.add((f"query {i}", ()), object())  # type: ignore[arg-type]
+        if i == 7:
+            assert documents.get(("query 5", ())) is not None  # used: kept over 6 and 7
+    assert len(documents._valid) == 3
+    assert [k for k, _ in documents._valid] == ["query 5", "query 8", "query 9"]
+
+
+def test_valid_documents_hold_at_most_max_chars_of_text():
+    # A parsed document takes about 140 bytes a character: 256 texts near the token limit
+    # held 600 MB before the characters were bounded too.
+    documents = Documents(maxsize=256, max_chars=100)
+    for i in range(10):
+        documents.add((f"{i:<39}", ()), object())  # type: ignore[arg-type]
+        assert documents.chars <= 100
+    assert [k for k, _ in documents._valid] == [f"{i:<39}" for i in (8, 9)]
+    documents.add(("x" * 101, ()), object())  # type: ignore[arg-type]
+    assert documents.get(("x" * 101, ())) is None and len(documents._valid) == 2
+    assert documents.chars == 78
+
+
+def test_documents_whose_literals_passed_are_not_held_alive():
+    held = []
+    for i in range(300):
+        document = parse(f'{{ viewer {{ principal }} a{i}: client(principal: "p{i}") {{ name }} }}')
+        check_request(document, None, None)
+        held.append(weakref.ref(document))
+    assert len(_LITERALS_PASSED) >= 1  # the last one, alive until here
+    del document
+    gc.collect()
+    assert [r for r in held if r() is not None] == []
+
+
+def test_unmatched_policy_patterns_are_warned_about_at_most_warned_max(caplog):
+    policies.forget_warnings()
+    try:
+        for i in range(policies._WARNED_MAX + 50):
+            policies._warn_unmatched(f"nothing.Known{i}")
+        assert len(policies._warned) == policies._WARNED_MAX
+    finally:
+        policies.forget_warnings()
