@@ -253,10 +253,7 @@ async def _start(
     if action.harness.memory.enabled:
         assert state.embedder is not None
         work = MemoryWork(state.pool, state.embedder, turns._writer(action, execution, source))
-    context = TurnContext(
-        state, action, execution, Transcript(1, 1), work, deadline=deadline.deadline(state.settings)
-    )
-    return _Run(context)
+    return _Run(TurnContext(state, action, execution, Transcript(1, 1), work))
 
 
 async def _commit(

@@ -41,6 +41,7 @@ from app.observability import metrics
 from app.runtime import deadline, liveness
 from app.runtime import transcript as events
 from app.runtime.context import ContextWindow, budget_of, open_window
+from app.runtime.deadline import deadline as turn_deadline
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import (
     Completion,
@@ -107,8 +108,12 @@ class TurnContext:
     review_written: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
     # The session history its search_history reads (None: history off, or no session).
     history: Scope | None = None
-    # When it must stop, in the event loop's time (None: no bound; deadline.py).
-    deadline: float | None = None
+    # When it must stop, in the event loop's time (None: no bound; deadline.py): set as the
+    # attempt starts, which is when the context is made.
+    deadline: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.deadline = turn_deadline(self.state.settings)
 
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
@@ -496,9 +501,7 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
     if action.harness.memory.enabled:
         assert state.embedder is not None
         work = MemoryWork(state.pool, state.embedder, _writer(action, execution))
-    context = TurnContext(
-        state, action, execution, transcript, work, deadline=deadline.deadline(state.settings)
-    )
+    context = TurnContext(state, action, execution, transcript, work)
     try:
         context.history = await _history_scope(state, action, execution)
         recalled = await _run(context)
