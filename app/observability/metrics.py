@@ -26,10 +26,10 @@ from app.text import MAX_COUNT
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "current", "using"]
 
-# Latency buckets from a millisecond to two minutes (a turn waits on a model).
 # Distinct combinations of several root fields with their own `operation` label (see above).
 MAX_OPERATION_SETS = 100
 SEVERAL = "several"
+# Latency buckets from a millisecond to two minutes (a turn waits on a model).
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
