@@ -193,6 +193,21 @@ async def holding(url: str, sql: str, *args: object) -> AsyncIterator[asyncpg.Co
         await conn.close()
 
 
+async def end_other_backends(url: str) -> int:
+    """Ends every backend of the database at `url` but the asking one, as a restart of
+    PostgreSQL ends its clients' connections; returns how many."""
+    conn = await asyncpg.connect(url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid)"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+    finally:
+        await conn.close()
+
+
 async def eventually(
     check: Callable[[], bool | Awaitable[bool]], what: str, seconds: float = 10.0
 ) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 import pytest
+from helpers import end_other_backends
 from openai_server import OpenAIServer, hashed_embedding, word_count
 from pydantic import SecretStr
 from servers import clean_env, engram_command, run
@@ -699,15 +700,8 @@ async def test_engram_reembed_losing_the_database_says_so_and_a_run_again_finish
     db_url: str, embedder: StaticEmbedder, openai_server: OpenAIServer
 ) -> None:
     proc = await started_reembed(db_url, embedder, openai_server)
-    conn = await asyncpg.connect(db_url)
-    try:
-        # As a restart of PostgreSQL looks to the command: its connection is gone.
-        await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-    finally:
-        await conn.close()
+    # As a restart of PostgreSQL looks to the command: its connection is gone.
+    await end_other_backends(db_url)
     _, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]

@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import asyncpg
 import pytest
+from helpers import end_other_backends
 
 from app.db.health import Health
 
@@ -41,15 +41,8 @@ async def test_a_connection_the_server_dropped_is_replaced_by_the_next_check(db_
     health = Health(db_url)
     assert await health.answers()
     async with asyncio.timeout(10):
-        conn = await asyncpg.connect(db_url)
-        try:
-            # Every other backend of this database: the check's kept connection among them.
-            ended = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid)"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        finally:
-            await conn.close()
+        # Every other backend of this database: the check's kept connection among them.
+        ended = await end_other_backends(db_url)
     assert ended >= 1
     assert await health.answers()  # not a 503 for the server's restart, already over
     await health.close()
@@ -145,15 +138,7 @@ async def test_a_connection_ended_and_not_yet_seen_closed_is_replaced_by_the_nex
     503 for a database that is up."""
     health = Health(slow_to_hang_up)
     assert await health.answers()
-    conn = await asyncpg.connect(db_url)
-    try:
-        ended = await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid)"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-    finally:
-        await conn.close()
-    assert ended == 1
+    assert await end_other_backends(db_url) == 1
     await asyncio.sleep(HANG_UP / 4)  # the FATAL read, the hanging up not yet
     assert await health.answers()
     await health.close()
