@@ -15,6 +15,7 @@ import httpx
 import pytest
 from factories import T0, allow, make_agent, make_search_agent, token_for
 
+from app.memory import maintenance
 from app.state import AppState
 
 PAGE = 7  # small pages: many page boundaries fall inside runs of tied rows
@@ -412,28 +413,56 @@ query($a: UUID!, $q: String, $mode: ActionAgentMemorySearchMode, $after: String)
 }"""
 
 
-@pytest.mark.parametrize("mode", ["VECTOR", None])
-async def test_vector_search_and_the_search_listing_page_whole_while_records_are_added(
-    state: AppState, admin, base_url: str, mode: str | None
+@pytest.mark.parametrize(
+    ("mode", "indexed"),
+    [
+        ("VECTOR", False),
+        (None, False),
+        ("HYBRID", False),
+        ("LEXICAL", False),
+        ("HYBRID", True),
+        ("LEXICAL", True),
+    ],
+)
+async def test_search_pages_whole_while_records_are_added(
+    state: AppState, admin, base_url: str, mode: str | None, indexed: bool
 ) -> None:
-    """A vector search's score is the record's own, and a search without a query is the
-    listing: records unchanged while others are added come back once each (docs/graphql.md).
-    (Hybrid and lexical scores shift with the agent's records: documented, not asserted.)"""
+    """Records unchanged while others are added come back once each, in the order of their
+    scores (docs/graphql.md). A vector search's score is the record's own; a search without a
+    query is the listing; hybrid and lexical scores weigh each word by how many of the agent's
+    records hold it and hybrid divides by the best match's, so a later page ranks with its
+    first page's weights and best match, which its cursor carries. `indexed`: the agent has
+    its own indexes and counts (the index plan), recounted between pages as it grows."""
     token = await token_for(state, admin, "operator", allow(["SELECT", "INSERT"], "financial.*"))
     agent = await make_search_agent(state, admin)
     words = ["invoice", "email", "customer", "parcel", "refund", "berlin", "order", "phone"]
     rnd = random.Random(145)
-    ids = [
-        str(await agent.add(" ".join(rnd.sample(words, 3)), created=T0 - timedelta(hours=i // 4)))
-        for i in range(60)
-    ]
-    a = str(agent.action_id)
     query = "customer invoice email" if mode else None
+    texts = [" ".join(rnd.sample(words, 3)) for _ in range(60)]
+    added = [await agent.add(t, created=T0 - timedelta(hours=i // 4)) for i, t in enumerate(texts)]
+    ids = {
+        str(memory_id)
+        for memory_id, text in zip(added, texts, strict=True)
+        # In lexical mode, those sharing a word with the query.
+        if mode != "LEXICAL" or set(text.split()) & {"customer", "invoice", "email"}
+    }
+    a = str(agent.action_id)
+    recounts = 0
+
+    async def recount() -> None:
+        nonlocal recounts
+        done = await maintenance.run_round(state.pool, min_records=30)
+        assert done is not None
+        recounts += done.counted
+
+    if indexed:
+        await recount()
+        assert recounts
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
         api = Api(http, token)
         nodes: list[dict[str, Any]] = []
         after = None
-        added = 0
+        more = 0
         while True:
             page = (await api(SEARCH, a=a, q=query, mode=mode, after=after))["action"][
                 "searchMemories"
@@ -444,15 +473,19 @@ async def test_vector_search_and_the_search_listing_page_whole_while_records_are
             after = page["pageInfo"]["endCursor"]
             for _ in range(3):  # between pages, records that hold the query's words
                 await agent.add(" ".join(rnd.sample(words, 3)) + " customer invoice")
-                added += 1
-            assert added < 300, "paging does not end"
+                more += 1
+            if indexed:
+                await recount()
+            assert more < 300, "paging does not end"
     key = (
         (lambda n: (n["score"], instant(n["created"]), n["memoryId"]))
         if mode
         else (lambda n: (instant(n["created"]), n["memoryId"]))
     )
-    check_run(nodes, key, "memoryId", set(ids), descending=True)
-    assert added
+    check_run(nodes, key, "memoryId", ids, descending=True)
+    assert more
+    if indexed:  # the words were counted again while paging: their weights moved
+        assert recounts > 1
 
 
 HISTORY = """

@@ -3,6 +3,8 @@ message saying what to send, never an internal error."""
 
 import base64
 import json
+import math
+import struct
 import uuid
 from typing import Any
 
@@ -103,6 +105,8 @@ def test_m56_each_kind_writes_the_json_of_its_value() -> None:
         cursors.INSTANT: [datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=-5)))],
         cursors.ID_TEXT: [uuid.uuid4()],
         cursors.ID: [uuid.uuid4()],
+        cursors.WEIGHTS: [None, (), (1.0,), (0.1, 1 / 3, 2.302585092994046, 5e-324, 0.0)],
+        cursors.POSITIVE: [None, 0.1, 1 / 3, 7.25, 5e-324],
     }
     for kind, values in samples.items():
         for value in values:
@@ -132,6 +136,61 @@ async def test_m38_crafted_search_cursors_are_bad_input(state, admin, name):
             query=None,
             after=SEARCH_CURSORS[name],
         )
+
+
+def packed(*weights: float) -> str:
+    return base64.urlsafe_b64encode(struct.pack(f"<{len(weights)}d", *weights)).decode()
+
+
+# A ranked cursor's weights and best text score (the first page's, which later pages rank by),
+# crafted: each is refused, not ranked by.
+WEIGHTS = {
+    "weights not base64": (["%%%"], None),
+    "weights not whole numbers": (["AAAA"], None),
+    "a weight not a number": ([packed(math.nan)], None),
+    "an infinite weight": ([packed(1.0, math.inf)], None),
+    "a negative weight": ([packed(-1.0)], None),
+    "too many weights": ([packed(*[1.0] * (cursors.MAX_WEIGHTS + 1))], None),
+    "weights as a list": ([[1.0, 2.0]], None),
+    "a best score of 0": ([None], 0.0),
+    "a negative best score": ([None], -1.0),
+    "a best score as text": ([None], "1.0"),
+}
+
+
+# M38
+@pytest.mark.parametrize("name", list(WEIGHTS))
+async def test_m38_crafted_ranked_cursors_are_bad_input(state, admin, name):
+    agent = await make_agent(state, admin)
+    for text in ("the office is in Oslo", "the office moved to Bergen"):
+        await remember(state, agent, text, scope="AGENT")
+    reader = OperatorReader(admin.account_id, agent.action_id)
+
+    async def page(after: str | None = None) -> search_module.SearchResult:
+        return await search(
+            state.pool,
+            state.embedder,
+            reader,
+            agent.harness.memory.search,
+            query="office Oslo",
+            mode="hybrid",
+            limit=1,
+            after=after,
+        )
+
+    issued = cursors.unpack((await page()).cursors[0])
+    weights, best = issued[5:]
+    assert weights and best  # the first page's, carried
+    later = await page(cursors.pack(issued))
+    assert len(later.records) == 1
+    (weights,), best = WEIGHTS[name]
+    with pytest.raises(BadInput, match="cursor"):
+        await page(cursors.pack([*issued[:5], weights, best]))
+    # Weights for another number of words are not used: the page is weighed afresh.
+    other = cursors.pack([*issued[:5], packed(1.0, 2.0, 3.0, 4.0, 5.0), None])
+    assert [r.memory_id for r in (await page(other)).records] == [
+        r.memory_id for r in later.records
+    ]
 
 
 # M38

@@ -9,6 +9,7 @@ value reaches SQL.
 import base64
 import json
 import math
+import struct
 from collections.abc import Callable
 from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii
@@ -132,6 +133,44 @@ INSTANT_TEXT: Kind[datetime] = Kind(
 ID_TEXT: Kind[UUID] = Kind(str, _plain_uuid, lambda u: '"' + str(u) + '"')
 SCORE: Kind[float] = Kind(_same, _score, float.__repr__)
 COUNT: Kind[int] = Kind(_same, _int(1, 2**63), int.__repr__)
+MAX_WEIGHTS = 64  # the most numbers a cursor carries (WEIGHTS), 8 bytes each
+
+
+def _weights_text(weights: tuple[float, ...] | None) -> str:
+    if weights is None:
+        return "null"
+    packed = struct.pack(f"<{len(weights)}d", *weights)
+    return '"' + base64.urlsafe_b64encode(packed).decode().rstrip("=") + '"'
+
+
+def _weights(v: Any) -> tuple[float, ...] | None:
+    if v is None:
+        return None
+    packed = base64.b64decode(_text(v) + "=" * (-len(v) % 4), altchars=b"-_", validate=True)
+    if len(packed) % 8 or len(packed) > 8 * MAX_WEIGHTS:
+        raise ValueError("not weights")
+    weights = struct.unpack(f"<{len(packed) // 8}d", packed)
+    if not all(math.isfinite(w) and w >= 0 for w in weights):
+        raise ValueError("not weights")
+    return weights
+
+
+def _positive(v: Any) -> float | None:
+    if v is None:
+        return None
+    if _score(v) <= 0:
+        raise ValueError("not a positive score")
+    return float(v)
+
+
+# A ranked search's weights of its words, exactly (binary, not decimal: 11 characters a word),
+# and its best text score: what ranked its first page (app/memory/search.py). Either may be null.
+WEIGHTS: Kind[tuple[float, ...] | None] = Kind(
+    lambda w: json.loads(_weights_text(w)), _weights, _weights_text
+)
+POSITIVE: Kind[float | None] = Kind(
+    _same, _positive, lambda v: "null" if v is None else float.__repr__(v)
+)
 
 
 class Keyset:

@@ -110,6 +110,7 @@ from app.auth import resources
 from app.auth.caller import Caller
 from app.auth.resources import Grant
 from app.db import cursors
+from app.db.cursors import MAX_WEIGHTS
 from app.db.fusion import HYBRID_WEIGHT
 from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
@@ -117,7 +118,7 @@ from app.errors import BadInput, NotFound
 from app.memory import search_store
 from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
-from app.memory.search_store import Filters, Plan, Ranking
+from app.memory.search_store import Filters, Plan, Ranking, Scored
 from app.memory.visibility import OperatorReader, Reader
 from app.observability import metrics
 from app.text import MAX_QUERY_CHARS, check_query
@@ -180,8 +181,9 @@ class SearchResult:
     plan: Plan | None = field(default=None, compare=False)  # which plan ranked (benchmarks)
     # Each record's cursor: passed as `after` (with the same query and filters), the records
     # after it. A listing's is its (created, memory_id); a ranked search's its (score, created,
-    # memory_id) and how many records came before (the index plan reads that many more
-    # candidates). GraphQL's searchMemories pages with them; the agent's tool, by next_cursor.
+    # memory_id), how many records came before (the index plan reads that many more
+    # candidates) and what ranked the first page (`Ranking.weights`, `best`). GraphQL's
+    # searchMemories pages with them; the agent's tool, by next_cursor.
     cursors: list[str] = field(default_factory=list, compare=False)
 
 
@@ -242,18 +244,37 @@ async def search(
             # Embedded before taking a connection: no transaction waits on the model.
             embedded = await embedder.embed([query])
             vector, tokens = embedded.vectors[0], embedded.tokens
+        position = position or _Position(None, 0, None, None)
         ranking = make_ranking(
             mode,
             query,
             vector,
             config.min_score,
             limit,
-            after=position.keyset if position else None,
-            depth=position.depth if position else 0,
+            after=position.after,
+            depth=position.depth,
+            weights=position.weights,
+            best=position.best,
         )
         records, plan = await ranked(pool, reader, filters, ranking)
-    depth = position.depth if position else 0
-    cursors = [_encode_ranked(key, r, depth + i + 1) for i, r in enumerate(records)]
+    # Each cursor carries what ranked the first page, so that every later page ranks alike
+    # (`Ranking.weights`): a record keeps its score while the agent writes. (A query of more
+    # words than a cursor carries is weighed afresh on each page.)
+    weights = records.weights
+    if weights is not None and len(weights) > MAX_WEIGHTS:
+        weights = None
+    cursors = [
+        RANKED.encode(
+            key,
+            r.score or 0.0,
+            r.created,
+            r.memory_id,
+            position.depth + i + 1,
+            weights,
+            records.best,
+        )
+        for i, r in enumerate(records)
+    ]
     return SearchResult(records, None, tokens, plan, cursors)
 
 
@@ -268,9 +289,12 @@ def make_ranking(
     *,
     after: tuple[float, datetime, UUID] | None = None,
     depth: int = 0,
+    weights: tuple[float, ...] | None = None,
+    best: float | None = None,
 ) -> Ranking:
     """`after` and `depth`: a later page, after that record with `depth` records before it
-    (the index plan proposes enough candidates for them and this page)."""
+    (the index plan proposes enough candidates for them and this page); `weights` and `best`:
+    what ranked the first page (`Ranking`)."""
     reach = depth + limit
     return Ranking(
         mode=mode,  # type: ignore[arg-type]
@@ -286,12 +310,14 @@ def make_ranking(
         by_length=by_length,
         after=after,
         depth=depth,
+        weights=weights,
+        best=best,
     )
 
 
 async def ranked(
     pool: asyncpg.Pool, reader: Reader, filters: Filters, ranking: Ranking, plan: Plan | None = None
-) -> tuple[list[MemoryRecord], Plan]:
+) -> tuple[Scored, Plan]:
     """Ranks by the plan the agent's indexes and filtered row count call for (or by `plan`,
     for benchmarks). An agent found listed with own indexes (`_LISTED`) is ranked by the index
     statement first, which checks that it still is."""
@@ -322,7 +348,7 @@ async def ranked(
             # counted few but hold more since (the gate's second statement counted them): one
             # statement more than before this memory, until the next count. Ranked as before.
             found, _ = await _by_index(conn, reader, filters, ranking, records, None)
-        return found or [], "index"  # (never None unchecked)
+        return found if found is not None else Scored(), "index"  # (never None unchecked)
 
 
 async def _by_index(
@@ -332,7 +358,7 @@ async def _by_index(
     ranking: Ranking,
     records: int | None,
     key: tuple[object, ...] | None,
-) -> tuple[list[MemoryRecord] | None, int | None]:
+) -> tuple[Scored | None, int | None]:
     """The index plan for an agent with `records` as listed (None: without own indexes).
     With `key`, a listed agent's statement checks that its plan holds, and the agent is
     remembered under `key` when it does (None: it no longer does, and nothing was read)."""
@@ -445,6 +471,8 @@ RANKED = cursors.Keyset(
     cursors.INSTANT_TEXT,
     cursors.ID_TEXT,
     cursors.COUNT,
+    cursors.WEIGHTS,
+    cursors.POSITIVE,
     error="`after` is not a cursor a search with this query issued: pass the cursor of the "
     "last record of the previous page, with the same query, mode and filters",
 )
@@ -460,8 +488,10 @@ def _decode(after: str | None) -> tuple[datetime, UUID] | None:
 
 @dataclass(frozen=True)
 class _Position:
-    keyset: tuple[float, datetime, UUID]  # the last record of the page before
+    after: tuple[float, datetime, UUID] | None  # the last record of the page before
     depth: int  # how many records the pages before held
+    weights: tuple[float, ...] | None  # what ranked the first page (`Ranking`)
+    best: float | None
 
 
 def _search_key(mode: str, query: str, filters: Filters) -> str:
@@ -473,19 +503,14 @@ def _search_key(mode: str, query: str, filters: Filters) -> str:
     return "ranked:" + hashlib.sha256(spelled.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def _encode_ranked(key: str, last: MemoryRecord, depth: int) -> str:
-    score = last.score if last.score is not None else 0.0
-    return RANKED.encode(key, score, last.created, last.memory_id, depth)
-
-
 def _decode_ranked(after: str | None, key: str) -> _Position | None:
     values = RANKED.decode(after)
     if values is None:
         return None
-    issued_for, score, created, memory_id, depth = values
+    issued_for, score, created, memory_id, depth, weights, best = values
     if issued_for != key:
         raise BadInput(RANKED.error)
-    position = _Position((score, created, memory_id), depth)
+    position = _Position((score, created, memory_id), depth, weights, best)
     if position.depth >= MAX_DEPTH:
         raise BadInput(
             f"a ranked search pages through its best {MAX_DEPTH:,} records; narrow the query or "

@@ -88,11 +88,25 @@ class Ranking:
     # of the page before (the order is score DESC, created DESC, memory_id DESC).
     after: tuple[float, datetime, UUID] | None = None
     depth: int = 0  # how many records the pages before held
+    # A later page ranks as the first did (the cursor carries both): the query words' weights,
+    # in the order of their terms (`query_words`), and in hybrid mode the best text score that
+    # normalized the text rank. None: weighed and normalized afresh, as a first page is.
+    weights: tuple[float, ...] | None = None
+    best: float | None = None
 
     @property
     def reach(self) -> int:
         """The ranks this page ends at: the pages before and this one."""
         return self.depth + self.limit
+
+
+class Scored(list[MemoryRecord]):
+    """A ranked page's records, best first, with what ranked them (`Ranking.weights` and
+    `best`, as the statement used them: None where it used none), which a cursor carries to
+    the next page."""
+
+    weights: tuple[float, ...] | None = None
+    best: float | None = None
 
 
 def _filters(f: Filters, p: Params, m: str = "m", *, labels_index: bool = True) -> str:
@@ -145,6 +159,14 @@ def _words(r: Ranking, p: Params, reader: Reader, ranked: str | None = None) -> 
             "q.counted + coalesce(q.session_counted, (SELECT count(*) FROM own)),"
             " q.held + CASE WHEN q.session_counted IS NOT NULL THEN q.session_held"
             " ELSE (SELECT count(*) FROM own o WHERE o.tsv @@ q.term) END) END"
+        )
+    if r.weights is not None:
+        # The first page's weights, by the term's place in term order; a list of another
+        # length (the words parse otherwise now) is not used.
+        given = p(list(r.weights)) + "::float8[]"
+        weight = (
+            f"coalesce(CASE WHEN count(*) OVER () = cardinality({given})"
+            f" THEN ({given})[row_number() OVER (ORDER BY q.term)] END, {weight})"
         )
     if ranked is not None:
         # Evaluated only for a reader not weighed by counts (COALESCE stops early).
@@ -290,7 +312,7 @@ _FUSED = """
         SELECT memory_id, created, score FROM fused{after}
         ORDER BY score DESC, created DESC, memory_id DESC LIMIT {limit}
     )
-    SELECT {columns}, top.score{gate} FROM {source}top JOIN agent_memories m
+    SELECT {columns}, top.score{carry}{gate} FROM {source}top JOIN agent_memories m
         ON m.account_id = {account} AND m.action_id = {action} AND m.memory_id = top.memory_id
     {close}ORDER BY top.score DESC, top.created DESC, top.memory_id DESC
 """
@@ -305,26 +327,39 @@ def _finish(
     counted: str | None = None,
     holds: str | None = None,
     best: str | None = None,
+    weights: str = "words",
 ) -> str:
     """The fusion and the page; `gated`: one row more, the gate's answer (`_gate_cte`), with or
     without records; `counted`: a CTE whose rows that row counts (ranked_exact); `holds`: a
     condition on the gate that row answers too (ranked_index); `best`: the text score that
-    normalizes the text rank, when not the best in `scored`."""
+    normalizes the text rank, when not the best in `scored` (the ranking's own when it has
+    one); `weights`: the CTE whose `weights` weighed the words. A first page's rows also carry
+    what ranked them (`Scored`), read once."""
+    if r.best is not None:
+        best = f"{p(r.best)}::float8"
     score, found = fusion(r.mode, r.weight, r.min_score, p, best)
+    carry = ""
+    if r.text is not None and not r.by_length:
+        if r.weights is None:
+            terms = f"unnest((SELECT terms FROM words), (SELECT weights FROM {weights}))"
+            carry += (
+                f", CASE WHEN top.memory_id IS NOT NULL THEN ARRAY(SELECT x.weight FROM {terms}"
+                " x(term, weight) ORDER BY x.term) END AS weights"
+            )
+        if r.mode == "hybrid" and r.best is None:
+            normalizer = best or "(SELECT max(words) FROM scored)"
+            carry += f", CASE WHEN top.memory_id IS NOT NULL THEN {normalizer} END AS best"
     after = ""
     if r.after is not None:
         # After the fusion: the text rank is still normalized over every match.
-        s, created, memory_id = r.after
-        after = (
-            f" WHERE (score, created, memory_id) < "
-            f"({p(s)}::float8, {p(created)}::timestamptz, {p(memory_id)}::uuid)"
-        )
+        after = f" WHERE (score, created, memory_id) < {_keyset(r.after, p)}"
     return _FUSED.format(
         score=score,
         found=found,
         after=after,
         limit=int(r.limit),
         columns=_COLUMNS,
+        carry=carry,
         gate=(
             ", g.listed AS gate_listed, g.seen AS gate_seen, g.rows AS gate_rows"
             + (f", (SELECT count(*) FROM {counted}) AS scored" if counted else "")
@@ -348,7 +383,7 @@ async def ranked_exact(
     *,
     scoped: int | None = None,
     by_scope: bool = False,
-) -> tuple[list[MemoryRecord] | None, int | None]:
+) -> tuple[Scored | None, int | None]:
     """Scores every record the reader sees under the filters: (records, None). With
     `max_rows`, in the same statement, only if the agent has no own indexes and it scores at
     most that many records, or, under label or ID filters or for a reader of one session
@@ -392,12 +427,14 @@ async def ranked_exact(
         weighed, best = _weighed(r)
         scored, rows = f"scanned AS MATERIALIZED ({scan}), {weighed}", "scanned"
     gated = max_rows is not None
-    finish = _finish(reader, r, p, gated=gated, counted=rows if gated else None, best=best)
+    finish = _finish(
+        reader, r, p, gated=gated, counted=rows if gated else None, best=best, weights="weights"
+    )
     sql = f"""
     WITH {gate}{_words(r, p, reader)}{scored}{finish}"""
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
-        return [_scored(row) for row in found], None
+        return _page(found, r), None
     listed, seen, counted_rows, scored_rows = (
         found[0][k] for k in ("gate_listed", "gate_seen", "gate_rows", "scored")
     )
@@ -406,7 +443,7 @@ async def ranked_exact(
     else:
         too_many = scored_rows > max_rows or (listed is not None and scored_rows == 0)
     if not too_many:
-        return [_scored(row) for row in found if row["memory_id"] is not None], None
+        return _page(found, r), None
     if scoping and seen is not None and seen <= scoped:
         return await ranked_exact(conn, reader, filters, r, scoped, by_scope=True)
     return None, listed
@@ -567,7 +604,7 @@ async def ranked_index(
     *,
     checked: bool = False,
     scoped: int | None = None,
-) -> tuple[list[MemoryRecord] | None, int | None]:
+) -> tuple[Scored | None, int | None]:
     """Candidates from the indexes, scored as they are read. Meaning: the agent's own HNSW
     index, iterative scan (without one, every record's cosine: there is no shared index,
     migration 0015). Words: the records holding the query's words, best text score first, read
@@ -650,11 +687,14 @@ async def ranked_index(
         # (OFFSET 0), so that no index that supplies the order (HNSW, the created btree) is
         # walked instead, testing the words on every row (which `_newest_first` does on
         # purpose, and bounded, for a tier of common words).
-        tier = (
-            f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.probe"
-            " AND ts_match_vq(m.tsv, t.exact) OFFSET 0) m"
-            f" ORDER BY {nearest or 'm.created DESC, m.memory_id DESC'} LIMIT {limit}"
-        )
+        def read_tier(where: str = "") -> str:  # `where`: more conditions on its records
+            return (
+                f"SELECT * FROM (SELECT {columns} FROM {agent} AND m.tsv @@ t.probe"
+                f" AND ts_match_vq(m.tsv, t.exact){where} OFFSET 0) m"
+                f" ORDER BY {nearest or 'm.created DESC, m.memory_id DESC'} LIMIT {limit}"
+            )
+
+        tier = read_tier()
 
         # Tiers in order, each read only when the ones before hold too few records: the loop
         # keeps the order of its sorted outer side. (An outer ORDER BY would be planned as a
@@ -673,13 +713,19 @@ async def ranked_index(
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
             # The tiers' order is the lexical ranking when the query has at most six words:
-            # then the page's ranks are enough.
+            # then the page's ranks are enough; a later page ranked as its first (`weights`),
+            # the records after its cursor (`_after_tier`).
+            reach, newest = r.reach, where
+            if r.after is not None and r.weights is not None:
+                (follows, after), reach = _after_tier(r.after, p), r.limit
+                tiers = f"SELECT * FROM ({tiers}) t WHERE {follows}"
+                tier, newest = read_tier(after), where + after
             want = (
-                f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(r.reach))}"
+                f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(reach))}"
                 f" ELSE {limit} END FROM words)"
             )
             if records is not None and not preview:
-                tier = _newest_first(tier, reader, where, p, want, records)
+                tier = _newest_first(tier, reader, newest, p, want, records)
             lists.append(walk(tiers, f"LIMIT {want}"))
         else:
             lists.append(walk(tiers, f"LIMIT {limit}"))
@@ -688,11 +734,27 @@ async def ranked_index(
     sql = f"WITH {gate}{words}{ctes}scored AS ({' UNION '.join(lists)}){finish}"
     found = await conn.fetch(sql, *p.values)
     if not gate:
-        return [_scored(row) for row in found], records
+        return _page(found, r), records
     listed = found[0]["gate_listed"]
     if not found[0]["gate_holds"]:
         return None, listed
-    return [_scored(row) for row in found if row["memory_id"] is not None], listed
+    return _page(found, r), listed
+
+
+def _after_tier(after: tuple[float, datetime, UUID], p: Params) -> tuple[str, str]:
+    """A later lexical page of a query of at most six words, whose tiers' records all score
+    their tier's `most` (to 9 decimals: `word_tiers`), with the first page's weights: the
+    condition on a tier that some of its records may follow the cursor, and the condition on
+    a record read from it that it does (records written since then above it take no place in
+    the walk's count). With more words, both hold for every tier and record."""
+    score, created, memory_id = after
+    more = "(SELECT cardinality(terms) > 6 FROM words)"
+    s = f"{p(score)}::float8"
+    return (
+        f" ({more} OR t.most <= {s} + 1e-7)",
+        f" AND ({more} OR t.most < {s} - 1e-7 OR (m.created, m.memory_id)"
+        f" < ({p(created)}::timestamptz, {p(memory_id)}::uuid))",
+    )
 
 
 def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, records: int) -> str:
@@ -763,13 +825,32 @@ def _threshold(
     can be (`top`), so at most the page's last score. Any other tier is read only if one of
     its records could score `w * last + (1 - w) * most / low >= floor`: the tiers skipped are
     the last ones, which the full walk reads only after those read here, and none of their
-    records could reach the page. (A later page trusts its cursor's count of the records
-    before it: after writes that moved more records above it, a record may be skipped, as a
-    later page may skip or repeat one anyway.) `tiers`: the query's tiers (`_tiers`). Returns
+    records could reach the page. A later page ranked with its first page's normalizer
+    (`Ranking.best`) takes `floor` among the records after its cursor; without it (a query of
+    more words than a cursor carries), it trusts the cursor's count of the records before it,
+    and after writes that moved more records above it a record may be skipped, as such a page
+    may skip or repeat one anyway. `tiers`: the query's tiers (`_tiers`). Returns
     the CTEs and the walk over the tiers after `first`."""
     w = p(r.weight) + "::float8"
     # The fusion's own score, normalized by `top`: never above the score it gives the row.
     score, found = fusion(r.mode, r.weight, r.min_score, p, best="h.top")
+    # A later page's normalizer is its first page's (`Ranking.best`): the fusion's, whatever
+    # the tiers hold.
+    low, top = (
+        "greatest(n.words, (SELECT max(words) FROM head))",
+        "greatest(b.low, (SELECT most FROM first))",
+    )
+    # `floor`: the reach-th score, or with the first page's normalizer, whose scores are the
+    # page's own, the limit-th after the cursor (records written above it since then do not
+    # raise it).
+    after, offset = "", int(r.reach) - 1
+    if r.best is not None:
+        low = top = f"{p(r.best)}::float8"
+        if r.after is not None:
+            after, offset = (
+                f" AND ({score}, created, memory_id) < {_keyset(r.after, p)}",
+                r.limit - 1,
+            )
     rest = (
         "SELECT * FROM tiers t WHERE CASE WHEN (SELECT tier FROM first) IS NULL"
         " THEN t.most < (SELECT words FROM best) ELSE t.tier > (SELECT tier FROM first) END"
@@ -795,9 +876,8 @@ def _threshold(
     ), bound AS MATERIALIZED (
         SELECT b.low, CASE WHEN n.rows < {limit} THEN 1 ELSE greatest(n.last, 0) END AS last, (
             SELECT {score} FROM (SELECT * FROM nearest UNION SELECT * FROM head) s
-            WHERE {found} ORDER BY 1 DESC OFFSET {p(int(r.reach) - 1)} LIMIT 1) AS floor
-        FROM best n, LATERAL (SELECT greatest(n.words, (SELECT max(words) FROM head)) AS low) b,
-            LATERAL (SELECT greatest(b.low, (SELECT most FROM first)) AS top) h
+            WHERE {found}{after} ORDER BY 1 DESC OFFSET {p(offset)} LIMIT 1) AS floor
+        FROM best n, LATERAL (SELECT {low} AS low) b, LATERAL (SELECT {top} AS top) h
     ), """
     return ctes, rest
 
@@ -823,6 +903,26 @@ async def newest(
         *p.values,
     )
     return [record(row) for row in rows]
+
+
+def _keyset(after: tuple[float, datetime, UUID], p: Params) -> str:
+    """A ranked page's cursor as a row, to compare (score, created, memory_id) with."""
+    score, created, memory_id = after
+    return f"({p(score)}::float8, {p(created)}::timestamptz, {p(memory_id)}::uuid)"
+
+
+def _page(rows: list[asyncpg.Record], r: Ranking) -> Scored:
+    """The records of a ranked statement's rows (not its gate's alone), with what ranked them:
+    the ranking's own, or what the statement read (`_finish`)."""
+    rows = [row for row in rows if row["memory_id"] is not None]
+    page = Scored(_scored(row) for row in rows)
+    page.weights, page.best = r.weights, r.best
+    if rows:  # a first page's columns (`_finish`), where it has them
+        weights, best = rows[0].get("weights"), rows[0].get("best")
+        if weights is not None and None not in weights:
+            page.weights = tuple(weights)
+        page.best = best if best is not None else page.best
+    return page
 
 
 def _scored(row: asyncpg.Record) -> MemoryRecord:
