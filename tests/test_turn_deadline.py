@@ -175,6 +175,30 @@ async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cle
     assert events(failed, "turn.failed") == [{"error": failed["error"]}]  # nothing lost
 
 
+async def test_a_review_cut_while_it_stages_a_record_leaves_no_staged_row(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The deadline cuts the memory review as it stages a record, the row stored all the
+    same: the review's failure drops it with the rest of what the review staged, at once."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    async with state.pool.acquire() as conn:
+        await conn.execute(LATE_STATEMENT)
+        await conn.execute("""
+            CREATE TRIGGER late BEFORE INSERT ON agent_memories FOR EACH ROW
+                WHEN (NEW.pending_execution IS NOT NULL) EXECUTE FUNCTION late()
+        """)
+    model_server.say("Got it, Lisbon.")
+    candidates(model_server, {"summary": "Ada lives in Lisbon"})
+
+    answered = await run(gql, admin, action_id, "I live in Lisbon")
+
+    assert answered["status"] == "SUCCEEDED", answered["error"]
+    (review,) = events(answered, "memory.review")
+    assert "stopped at the turn's deadline" in review["error"], review
+    assert await staged_rows(state, answered["executionId"]) == 0
+    assert await memories(gql, admin, action_id) == []
+
+
 async def test_an_ingest_whose_review_runs_past_the_deadline_fails_keeping_nothing(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
