@@ -175,18 +175,41 @@ async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cle
     assert events(failed, "turn.failed") == [{"error": failed["error"]}]  # nothing lost
 
 
-async def test_a_review_cut_while_it_stages_a_record_leaves_no_staged_row(
-    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
-) -> None:
-    """The deadline cuts the memory review as it stages a record, the row stored all the
-    same: the review's failure drops it with the rest of what the review staged, at once."""
-    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+async def late_staging(state: AppState) -> None:
+    """Every staged memory row is stored LATE_STATEMENT's way."""
     async with state.pool.acquire() as conn:
         await conn.execute(LATE_STATEMENT)
         await conn.execute("""
             CREATE TRIGGER late BEFORE INSERT ON agent_memories FOR EACH ROW
                 WHEN (NEW.pending_execution IS NOT NULL) EXECUTE FUNCTION late()
         """)
+
+
+async def test_a_turn_cut_while_a_tool_stages_a_record_leaves_no_staged_row(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The cut waits for the statement it cancelled to end, so the failure, which drops every
+    row the execution staged, drops the one stored all the same too."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    await late_staging(state)
+    model_server.call_tools(("add_memory", {"summary": "Ada lives in Lisbon", "kind": "fact"}))
+    model_server.say("Saved.")
+
+    failed = await run(gql, admin, action_id, "I live in Lisbon")
+
+    assert failed["status"] == "FAILED", failed
+    assert f"the turn did not answer within {SETTING}" in failed["error"], failed["error"]
+    assert await staged_rows(state, failed["executionId"]) == 0
+    assert await memories(gql, admin, action_id) == []
+
+
+async def test_a_review_cut_while_it_stages_a_record_leaves_no_staged_row(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The deadline cuts the memory review as it stages a record, the row stored all the
+    same: the review's failure drops it with the rest of what the review staged, at once."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    await late_staging(state)
     model_server.say("Got it, Lisbon.")
     candidates(model_server, {"summary": "Ada lives in Lisbon"})
 
