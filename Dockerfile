@@ -30,6 +30,11 @@ EXPOSE 8000
 # for minutes, so failures count only after the start period.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=5 \
   CMD python -c "import os,urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('ENGRAM_PORT', '8000')).status == 200 else 1)"
+# On SIGTERM (`docker stop`) the service finishes the requests running, a turn within
+# ENGRAM_TURN_TIMEOUT_SECONDS (600) and its commit: give it `docker stop --time 660` or
+# `docker run --stop-timeout 660` (compose: stop_grace_period), not Docker's default 10 s, past
+# which a running turn is killed and left to the sweep (docs/operations.md, "Starting, and
+# what stops a start").
 # PID 1 with no init: engram serve reaps its embedded PostgreSQL's processes itself
 # (docs/operations.md, "Health and logs"); `docker run --init` reaps anything else.
 CMD ["engram", "serve"]

@@ -105,9 +105,9 @@ def test_compose_restarts_the_service_and_waits_for_a_database_that_serves_tcp()
     assert engram["restart"] == db["restart"] == "unless-stopped"
     assert "-h 127.0.0.1" in " ".join(db["healthcheck"]["test"])
     assert engram["depends_on"]["db"]["condition"] == "service_healthy"
-    # Time for running turns to finish when stopped (a model call may take its timeout).
+    # Time for running turns to finish when stopped: a turn's deadline, and its commit.
     grace = compose_seconds(engram["stop_grace_period"])
-    assert grace >= Settings().model_timeout_seconds, engram["stop_grace_period"]
+    assert grace > Settings().turn_timeout_seconds, engram["stop_grace_period"]
     # Room in /dev/shm for an index build of the default build memory.
     build = Settings.model_fields["agent_index_build_memory"].default
     assert build.endswith("GB") and db["shm_size"].endswith("gb")
@@ -251,3 +251,90 @@ def test_sigterm_lets_a_running_turn_finish(db_url, model_server, tmp_path):
         served.proc.wait(timeout=60)
     finally:
         served.kill()
+
+
+def test_a_turn_killed_with_its_process_is_failed_by_a_sweep_and_can_be_retried(
+    db_url, model_server, tmp_path
+):
+    """operations.md: a turn still running when its process is killed (a stop past the process
+    manager's grace period) stays RUNNING until a process's sweep finds the killed one silent
+    past ENGRAM_TURN_LEASE_SECONDS; it is then FAILED, and retried it runs again."""
+    import asyncio
+    import threading
+
+    import asyncpg
+    from helpers import wait_until
+    from servers import Served, clean_env, free_port, post_graphql
+
+    from app.executions.store import DEAD_PROCESS_ERROR
+
+    def started(name: str) -> tuple[Served, str]:
+        port = free_port()
+        env = clean_env(
+            database_url=db_url,
+            port=str(port),
+            bootstrap_token=TOKEN,
+            model_base_url=model_server.url,
+            search_maintenance_seconds="0",
+            turn_heartbeat_seconds="0.5",
+            turn_lease_seconds="2",
+        )
+        served = Served(env, tmp_path / f"{name}.log")
+        url = f"http://127.0.0.1:{port}"
+        served.wait_healthy(url)
+        return served, url
+
+    def turns() -> list[asyncpg.Record]:
+        async def read() -> list[asyncpg.Record]:
+            conn = await asyncpg.connect(db_url)
+            try:
+                return await conn.fetch(
+                    "SELECT execution_id, status, error, invocation_number FROM executions"
+                )
+            finally:
+                await conn.close()
+
+        return asyncio.run(read())
+
+    turn = (
+        'mutation($a: UUID!, $e: UUID) { executeAction(input: {actionId: $a, input: "hi", '
+        "executionId: $e}) { status output invocationNumber } }"
+    )
+    first, url = started("first")
+    second = None
+    try:
+        create = 'mutation { createAction(input: {name: "slow"}) { actionId } }'
+        agent = post_graphql(url, TOKEN, create)["createAction"]["actionId"]
+        model_server.say("never sent", delay=60)
+
+        def ask() -> None:
+            with pytest.raises(httpx.TransportError):  # its process is killed under it
+                httpx.post(
+                    f"{url}/graphql",
+                    json={"query": turn, "variables": {"a": agent}},
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    timeout=60,
+                )
+
+        running = threading.Thread(target=ask, daemon=True)
+        running.start()
+        wait_until(lambda: model_server.chat_requests(), "the turn's model call", 30, every=0.05)
+        first.kill()  # SIGKILL, as Docker's at the end of stop_grace_period
+        running.join(timeout=30)
+        [killed] = turns()
+        assert killed["status"] == "RUNNING"
+
+        second, url = started("second")
+        wait_until(lambda: turns()[0]["status"] == "FAILED", "the sweep", 30, every=0.2)
+        assert turns()[0]["error"] == DEAD_PROCESS_ERROR
+        model_server.say("done at last")
+        retried = post_graphql(url, TOKEN, turn, a=agent, e=str(killed["execution_id"]))
+        assert retried["executeAction"] == {
+            "status": "SUCCEEDED",
+            "output": "done at last",
+            "invocationNumber": 2,
+        }
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()

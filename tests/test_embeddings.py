@@ -790,6 +790,15 @@ def holding_text(answer: dict[str, Any]) -> None:
     embedding_of(answer, 1)["embedding"][2] = "x"
 
 
+def holding_numeric_text(answer: dict[str, Any]) -> None:
+    # Text numpy reads as the number it spells: it passed as one.
+    embedding_of(answer, 1)["embedding"][2] = "0.5"
+
+
+def holding_true(answer: dict[str, Any]) -> None:
+    embedding_of(answer, 0)["embedding"][5] = True  # numpy reads it as 1.0
+
+
 def as_an_object(answer: dict[str, Any]) -> None:
     embedding_of(answer, 0)["embedding"] = {"values": embedding_of(answer, 0)["embedding"]}
 
@@ -800,6 +809,8 @@ def as_an_object(answer: dict[str, Any]) -> None:
         (of_pairs, "embedding 0: item 0 is a list"),
         (holding_a_list, "embedding 1: item 3 is a list"),
         (holding_text, "embedding 1: item 2 is text"),
+        (holding_numeric_text, "embedding 1: item 2 is text"),
+        (holding_true, "embedding 0: item 5 is true"),
         (as_an_object, "embedding 0: it is an object"),
     ],
 )

@@ -29,6 +29,15 @@ pytestmark = [
 SETTING = "ENGRAM_TURN_TIMEOUT_SECONDS (1.5 seconds)"
 # Far past the deadline, and within ENGRAM_MODEL_TIMEOUT_SECONDS (120): only the deadline cuts it.
 LATE = 10.0
+# A statement that runs past the deadline, as the deadline's cancel reaches the server too late
+# to stop it (its reply was on its way): it sleeps, and goes on when cancelled.
+LATE_STATEMENT = """
+CREATE FUNCTION late() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    BEGIN PERFORM pg_sleep(2.5); EXCEPTION WHEN query_canceled THEN NULL; END;
+    RETURN NEW;
+END $$;
+"""
 REMEMBER = """mutation($input: RememberConversationInput!) { rememberConversation(input: $input) {
     executionId status error records { memoryId } } }"""
 
@@ -139,6 +148,78 @@ async def test_a_review_past_the_deadline_is_dropped_and_the_turn_keeps_its_answ
     assert review["messages"]["count"] == 4  # the cut review's two, and this turn's
     assert review["messages"]["from"]["executionId"] == answered["executionId"]
     assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Lisbon"]
+
+
+async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cleanly(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The deadline passes while the sign of life after a model call commits the transcript so
+    far: the commit ends (it is not cut), and the turn fails naming the setting, its transcript
+    whole, each event once."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    async with state.pool.acquire() as conn:
+        await conn.execute(LATE_STATEMENT)
+        await conn.execute("""
+            CREATE CONSTRAINT TRIGGER late AFTER INSERT ON transcript_events
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.type = 'model.call')
+                EXECUTE FUNCTION late()
+        """)
+    model_server.say("Hello.")
+
+    failed = await run(gql, admin, action_id, "hi")
+
+    assert failed["status"] == "FAILED", failed
+    assert f"the turn did not answer within {SETTING}" in failed["error"], failed["error"]
+    types = [e["type"] for e in failed["transcript"]["nodes"]]
+    assert types == ["turn.input", "model.call", "turn.failed"], types
+    assert events(failed, "turn.failed") == [{"error": failed["error"]}]  # nothing lost
+
+
+async def late_staging(state: AppState) -> None:
+    """Every staged memory row is stored LATE_STATEMENT's way."""
+    async with state.pool.acquire() as conn:
+        await conn.execute(LATE_STATEMENT)
+        await conn.execute("""
+            CREATE TRIGGER late BEFORE INSERT ON agent_memories FOR EACH ROW
+                WHEN (NEW.pending_execution IS NOT NULL) EXECUTE FUNCTION late()
+        """)
+
+
+async def test_a_turn_cut_while_a_tool_stages_a_record_leaves_no_staged_row(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The cut waits for the statement it cancelled to end, so the failure, which drops every
+    row the execution staged, drops the one stored all the same too."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    await late_staging(state)
+    model_server.call_tools(("add_memory", {"summary": "Ada lives in Lisbon", "kind": "fact"}))
+    model_server.say("Saved.")
+
+    failed = await run(gql, admin, action_id, "I live in Lisbon")
+
+    assert failed["status"] == "FAILED", failed
+    assert f"the turn did not answer within {SETTING}" in failed["error"], failed["error"]
+    assert await staged_rows(state, failed["executionId"]) == 0
+    assert await memories(gql, admin, action_id) == []
+
+
+async def test_a_review_cut_while_it_stages_a_record_leaves_no_staged_row(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The deadline cuts the memory review as it stages a record, the row stored all the
+    same: the review's failure drops it with the rest of what the review staged, at once."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    await late_staging(state)
+    model_server.say("Got it, Lisbon.")
+    candidates(model_server, {"summary": "Ada lives in Lisbon"})
+
+    answered = await run(gql, admin, action_id, "I live in Lisbon")
+
+    assert answered["status"] == "SUCCEEDED", answered["error"]
+    (review,) = events(answered, "memory.review")
+    assert "stopped at the turn's deadline" in review["error"], review
+    assert await staged_rows(state, answered["executionId"]) == 0
+    assert await memories(gql, admin, action_id) == []
 
 
 async def test_an_ingest_whose_review_runs_past_the_deadline_fails_keeping_nothing(

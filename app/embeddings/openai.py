@@ -142,8 +142,10 @@ class OpenAIEmbedder:
         )
 
     def _not_vectors(self, embeddings: list[Any]) -> EmbeddingFailed | None:
-        """The first fault of embeddings that numpy could not read as a vector each (a nested
-        list, a value that is not a number, vectors of different lengths), if any."""
+        """The first fault of embeddings that are not a vector each (a nested list, a value
+        that is not a number, vectors of different lengths), if any: looked for before numpy,
+        which reads some values that are not numbers as numbers ("0.5", true) and says its own
+        faults as a paragraph on an "inhomogeneous shape"."""
         for number, embedding in enumerate(embeddings):
             fault = vector_fault(embedding)
             if fault is not None:
@@ -182,16 +184,18 @@ class OpenAIEmbedder:
                 f"{self._endpoint} returned {len(embeddings)} embeddings for {count} texts",
                 transient=False,
             )
+        fault = self._not_vectors(embeddings)
+        if fault is not None:
+            raise fault
         try:
             with np.errstate(over="ignore"):  # a value past float32's range: inf, refused below
                 vectors = np.array(embeddings, dtype=np.float32)
         except OverflowError:  # an integer past a float's range (10**400): no finite value
             raise self._not_finite() from None
         except (TypeError, ValueError) as e:
-            # numpy's own error is a paragraph on an "inhomogeneous shape": said plainly.
-            raise self._not_vectors(embeddings) or self._unexpected(e) from None
-        if vectors.ndim != 2:  # lists of lists of numbers (or of nothing), uniformly
-            raise self._not_vectors(embeddings) or self._unexpected(vectors.shape)
+            raise self._unexpected(e) from None
+        if vectors.ndim != 2:  # lists of numbers (or of nothing), of one length: never
+            raise self._unexpected(vectors.shape)
         if self.dimensions and vectors.shape[1] != self.dimensions:
             raise EmbeddingFailed(
                 f"{self.model} returned {vectors.shape[1]}-d vectors, expected {self.dimensions}: "

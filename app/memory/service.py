@@ -543,9 +543,16 @@ class MemoryWork:
         review whose records the turn does not keep); what it staged before stays."""
         staged, unstaged, changes = mark
         w = self.writer
-        if dropped := self._staged[staged:]:
+        if self._started:
+            # Every row of this attempt but those staged before the mark: a staging insert cut
+            # as its reply came (the turn's deadline) stored a row this work never listed.
             await store.delete_staged(
-                conn, w.account_id, w.action.action_id, w.execution_id, dropped
+                conn,
+                w.account_id,
+                w.action.action_id,
+                w.execution_id,
+                keep=self._staged[:staged],
+                invocation=w.invocation_number,
             )
         del self._staged[staged:], self._unstaged[unstaged:], self._changes[changes:]
 

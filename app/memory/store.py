@@ -617,22 +617,29 @@ async def delete_staged(
     memory_ids: Sequence[UUID] | None = None,
     *,
     through_invocation: int | None = None,
+    invocation: int | None = None,
+    keep: Sequence[UUID] = (),
 ) -> int:
-    """Removes staged rows of an execution (all of them, or those of `memory_ids`); with
-    `through_invocation`, only those its attempts up to that one staged (a later attempt, a
-    retry started meanwhile, keeps its own)."""
+    """Removes staged rows of an execution (all of them, or those of `memory_ids`) but those
+    of `keep`; with `through_invocation`, only those its attempts up to that one staged (a
+    later attempt, a retry started meanwhile, keeps its own); with `invocation`, only that
+    attempt's."""
     status = await conn.execute(
         """
         DELETE FROM agent_memories
         WHERE account_id = $1 AND action_id = $2 AND pending_execution = $3
           AND ($4::uuid[] IS NULL OR memory_id = any($4::uuid[]))
           AND ($5::integer IS NULL OR pending_invocation <= $5)
+          AND ($6::integer IS NULL OR pending_invocation = $6)
+          AND NOT memory_id = any($7::uuid[])
         """,
         account_id,
         action_id,
         execution_id,
         list(memory_ids) if memory_ids is not None else None,
         through_invocation,
+        invocation,
+        list(keep),
     )
     return int(status.split()[-1])
 

@@ -70,7 +70,15 @@ def stale_after_seconds(settings: Settings) -> float:
     candidates), the batches that embed the history a turn keeps, have counts that follow the
     conversation and durations that follow other settings (the embedder's, the database's): a
     bound that counted them at their worst would run to days, and a dead turn would wait that
-    long to be retried."""
+    long to be retried.
+
+    Not capped near ENGRAM_TURN_TIMEOUT_SECONDS, though no turn of this release runs longer
+    than its deadline and its commit: the turns judged by it alone (no boot ID) are those of
+    releases before boot IDs, which had no deadline; the judge applies its own settings to
+    other processes' turns, and a deadline may be set anywhere up to a day, so a process with a
+    short one would fail the live turns of one with a long one; and a live turn is kept
+    from it by its pulse anyway, while a dead one with a boot ID is failed by its process's
+    lease (ENGRAM_TURN_LEASE_SECONDS) long before."""
     s = settings
     wait = max(MAX_RETRY_AFTER_SECONDS, MAX_BACKOFF_SECONDS)
     per_call = s.model_timeout_seconds * (s.model_max_retries + 1) + wait * s.model_max_retries

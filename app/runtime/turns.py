@@ -11,6 +11,7 @@ then is dropped, and the turn commits its answer.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -118,17 +119,33 @@ class TurnContext:
     async def keep_alive(self) -> None:
         """Call after each model call: a live turn is never swept as stale, and a swept one
         stops here rather than after more model calls it could never commit."""
-        e = self.execution
         rows = self.transcript.unwritten()
+        write = asyncio.ensure_future(self._touch(rows))
+        try:
+            alive = await asyncio.shield(write)
+        except asyncio.CancelledError:
+            # Cut as it writes (at the deadline, or as the request ends): the write, one short
+            # transaction, ends first, so the failure that follows knows whether these rows
+            # were stored and does not write them twice.
+            with contextlib.suppress(Exception):
+                if await asyncio.shield(write):
+                    self.transcript.written += len(rows)
+            raise
+        if not alive:
+            raise TurnEnded(self.execution)
+        self.transcript.written += len(rows)
+
+    async def _touch(self, rows: list[tuple[int, int, str, Any]]) -> bool:
+        """The sign of life and the transcript's `rows`, in one transaction; False: the
+        execution no longer runs this attempt (and nothing was written)."""
+        e = self.execution
         async with self.state.pool.acquire() as conn, conn.transaction():
             alive = await store.touch_execution(
                 conn, e.account_id, e.action_id, e.execution_id, e.invocation_number
             )
             if alive:
                 await store.insert_events(conn, e.account_id, e.action_id, e.execution_id, rows)
-        if not alive:
-            raise TurnEnded(e)
-        self.transcript.written += len(rows)
+        return alive
 
 
 # Steps run after the agent answers and before the turn commits, inside its unit of work:
