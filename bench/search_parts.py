@@ -17,6 +17,8 @@ records; load it first, `--load-only`), with LoCoMo dev questions and a turn's r
   each search (as before its first count).
 - `ids`: a search under an ID filter ranked exactly at once (`ranked`'s shortcut), against
   through the exact statement's gate.
+- `carry`: a first page reading what ranked it for its cursors (its words' weights, hybrid's
+  best text score), against not; a second page ranked with them, against weighed afresh.
 - `iterative-scan`: vector pages under a filter that hides most of the HNSW walk's records (one
   kind of four), with `hnsw.iterative_scan` relaxed_order (the connections' default) and off.
 - `labels`: a listed agent searched under one label value that a few thousand of its records
@@ -325,6 +327,51 @@ async def ids(b: Bench) -> None:
                     f"  {size:,} {count} IDs {label} {percentiles(times[shortcut][WARMUP:])}, "
                     f"pages identical {same} of {len(b.questions)}"
                 )
+
+
+async def carry(b: Bench) -> None:
+    """A first page with what ranked it read for its cursors (`search_store._finish`'s
+    `weights` and `best` columns) against without them (as before they were carried), and a
+    second page ranked with the first's weights and best against weighed afresh; alternated
+    question by question, on a turn's reader, with the plan the service chooses."""
+    print("\ncarry: what ranked a first page, read for its cursors and carried to the next")
+    finish = search_store._finish
+
+    def bare(reader: Reader, r: Ranking, p: Params, **kwargs: Any) -> str:
+        return finish(reader, replace(r, by_length=True), p, **kwargs)  # no carried columns
+
+    for size in (1_000, 200_000):
+        reader = reader_of(b.agent(size))
+        for mode in ("hybrid", "lexical"):
+            first: dict[bool, list[float]] = {True: [], False: []}
+            later: dict[bool, list[float]] = {True: [], False: []}
+            for i in range(len(b.questions)):
+                for carried in (True, False) if i % 2 else (False, True):
+                    search_store._finish = finish if carried else bare  # type: ignore[assignment]
+                    try:
+                        t = time.perf_counter()
+                        page, _ = await search.ranked(b.pool, reader, Filters(), b.ranking(mode, i))
+                        first[carried].append((time.perf_counter() - t) * 1000)
+                    finally:
+                        search_store._finish = finish  # type: ignore[assignment]
+                if not page:
+                    continue
+                last = page[-1]
+                for carried in (True, False) if i % 2 else (False, True):
+                    r = b.ranking(
+                        mode, i, after=(last.score, last.created, last.memory_id), depth=10
+                    )
+                    if carried:
+                        r = replace(r, weights=page.weights, best=page.best)
+                    t = time.perf_counter()
+                    await search.ranked(b.pool, reader, Filters(), r)
+                    later[carried].append((time.perf_counter() - t) * 1000)
+            for name, times in (("first page ", first), ("second page", later)):
+                for carried in (True, False):
+                    label = "carried" if carried else "afresh "
+                    print(
+                        f"  {size:,} {mode:7} {name} {label} {percentiles(times[carried][WARMUP:])}"
+                    )
 
 
 async def iterative_scan(b: Bench) -> None:
@@ -666,6 +713,7 @@ PARTS: dict[str, Callable[[Bench, argparse.Namespace], Awaitable[None]]] = {
     "kept-counts": lambda b, _: kept_counts(b),
     "ids": lambda b, _: ids(b),
     "iterative-scan": lambda b, _: iterative_scan(b),
+    "carry": lambda b, _: carry(b),
     "labels": lambda b, _: labels(b),
     "probes": lambda b, _: probes(b),
     "builds": lambda b, _: builds(b),

@@ -715,17 +715,17 @@ async def ranked_index(
             # The tiers' order is the lexical ranking when the query has at most six words:
             # then the page's ranks are enough; a later page ranked as its first (`weights`),
             # the records after its cursor (`_after_tier`).
-            reach, newest = r.reach, where
+            reach, below = r.reach, None
             if r.after is not None and r.weights is not None:
-                (follows, after), reach = _after_tier(r.after, p), r.limit
+                (follows, below), reach = _after_tier(r.after, p), r.limit
                 tiers = f"SELECT * FROM ({tiers}) t WHERE {follows}"
-                tier, newest = read_tier(after), where + after
+                tier = read_tier(f" AND (m.created, m.memory_id) < {below}")
             want = (
                 f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(reach))}"
                 f" ELSE {limit} END FROM words)"
             )
             if records is not None and not preview:
-                tier = _newest_first(tier, reader, newest, p, want, records)
+                tier = _newest_first(tier, reader, where, p, want, records, below)
             lists.append(walk(tiers, f"LIMIT {want}"))
         else:
             lists.append(walk(tiers, f"LIMIT {limit}"))
@@ -744,23 +744,29 @@ async def ranked_index(
 def _after_tier(after: tuple[float, datetime, UUID], p: Params) -> tuple[str, str]:
     """A later lexical page of a query of at most six words, whose tiers' records all score
     their tier's `most` (to 9 decimals: `word_tiers`), with the first page's weights: the
-    condition on a tier that some of its records may follow the cursor, and the condition on
-    a record read from it that it does (records written since then above it take no place in
-    the walk's count). With more words, both hold for every tier and record."""
+    condition on a tier that some of its records may follow the cursor, and the (created,
+    memory_id) its records are read below: the cursor's in the cursor's tier, else above any
+    (records written since the first page above the cursor take no place in the walk's count).
+    With more words, every tier and record."""
     score, created, memory_id = after
-    more = "(SELECT cardinality(terms) > 6 FROM words)"
     s = f"{p(score)}::float8"
+    more = "(SELECT cardinality(terms) > 6 FROM words)"
+    whole = f"{more} OR t.most < {s} - 1e-7"
     return (
-        f" ({more} OR t.most <= {s} + 1e-7)",
-        f" AND ({more} OR t.most < {s} - 1e-7 OR (m.created, m.memory_id)"
-        f" < ({p(created)}::timestamptz, {p(memory_id)}::uuid))",
+        f"{more} OR t.most <= {s} + 1e-7",
+        f"(CASE WHEN {whole} THEN 'infinity'::timestamptz ELSE {p(created)}::timestamptz END,"
+        f" CASE WHEN {whole} THEN 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid"
+        f" ELSE {p(memory_id)}::uuid END)",
     )
 
 
-def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, records: int) -> str:
+def _newest_first(
+    tier: str, reader: Reader, where: str, p: Params, want: str, records: int, below: str | None
+) -> str:
     """A lexical tier's newest `want` records (SQL; `tier` reads them all by GIN and sorts
     them), read newest first by the (agent, created) btree instead when the tier's words are
-    common; `where`: the reader's rows, as `ranked_index` selects them.
+    common; `where`: the reader's rows, as `ranked_index` selects them; `below`: a later page's
+    (created, memory_id) the tier is read below (`_after_tier`), where the btree walk starts.
 
     A word's weight is BM25's IDF, so e^-weight is about the share of the records that hold it,
     and e^-most about the share holding all of a tier's words (`most`: their summed weights,
@@ -777,7 +783,9 @@ def _newest_first(tier: str, reader: Reader, where: str, p: Params, want: str, r
     rows = f"CASE WHEN {common} THEN ceil(2 * {want} * exp(t.most))::bigint ELSE 0 END"
     first = (
         f"SELECT * FROM agent_memories m WHERE m.account_id = {p(reader.account_id)}"
-        f" AND m.action_id = {p(reader.action_id)} ORDER BY {newest} LIMIT {rows}"
+        f" AND m.action_id = {p(reader.action_id)}"
+        + (f" AND (m.created, m.memory_id) < {below}" if below else "")
+        + f" ORDER BY {newest} LIMIT {rows}"
     )
     # The words as functions, which no index takes: the btree's order is read, not GIN (and
     # the walk stops at the tier's `want`-th record: no sort).
