@@ -105,8 +105,8 @@ def test_m56_each_kind_writes_the_json_of_its_value() -> None:
         cursors.INSTANT: [datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=-5)))],
         cursors.ID_TEXT: [uuid.uuid4()],
         cursors.ID: [uuid.uuid4()],
-        cursors.WEIGHTS: [None, (), (1.0,), (0.1, 1 / 3, 2.302585092994046, 5e-324, 0.0)],
-        cursors.POSITIVE: [None, 0.1, 1 / 3, 7.25, 5e-324],
+        cursors.WEIGHTS: [None, (), (1.0,), (0.1, 1 / 3, 2.302585092994046, 5e-324, 0.0, 1e6)],
+        cursors.BEST: [None, 0.1, 1 / 3, 7.25, 1e-12, 1e12],
     }
     for kind, values in samples.items():
         for value in values:
@@ -155,6 +155,8 @@ WEIGHTS = {
     "a best score of 0": ([None], 0.0),
     "a negative best score": ([None], -1.0),
     "a best score as text": ([None], "1.0"),
+    "a best score so small the text rank overflows": ([None], 5e-324),
+    "a weight so large its sums overflow": ([packed(1e300, 1e300)], None),
 }
 
 

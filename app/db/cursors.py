@@ -134,6 +134,10 @@ ID_TEXT: Kind[UUID] = Kind(str, _plain_uuid, lambda u: '"' + str(u) + '"')
 SCORE: Kind[float] = Kind(_same, _score, float.__repr__)
 COUNT: Kind[int] = Kind(_same, _int(1, 2**63), int.__repr__)
 MAX_WEIGHTS = 64  # the most numbers a cursor carries (WEIGHTS), 8 bytes each
+# A word's weight is BM25's IDF (about 21 at a billion records) or 1; a best text score sums
+# such weights. Past these bounds a crafted cursor's sums and quotients would overflow float8.
+MAX_WEIGHT = 1e6
+BEST_RANGE = (1e-12, 1e12)
 
 
 def _weights_text(weights: tuple[float, ...] | None) -> str:
@@ -150,16 +154,16 @@ def _weights(v: Any) -> tuple[float, ...] | None:
     if len(packed) % 8 or len(packed) > 8 * MAX_WEIGHTS:
         raise ValueError("not weights")
     weights = struct.unpack(f"<{len(packed) // 8}d", packed)
-    if not all(math.isfinite(w) and w >= 0 for w in weights):
+    if not all(0 <= w <= MAX_WEIGHT for w in weights):  # (NaN compares false)
         raise ValueError("not weights")
     return weights
 
 
-def _positive(v: Any) -> float | None:
+def _best(v: Any) -> float | None:
     if v is None:
         return None
-    if _score(v) <= 0:
-        raise ValueError("not a positive score")
+    if not BEST_RANGE[0] <= _score(v) <= BEST_RANGE[1]:
+        raise ValueError("not a best score")
     return float(v)
 
 
@@ -168,9 +172,7 @@ def _positive(v: Any) -> float | None:
 WEIGHTS: Kind[tuple[float, ...] | None] = Kind(
     lambda w: json.loads(_weights_text(w)), _weights, _weights_text
 )
-POSITIVE: Kind[float | None] = Kind(
-    _same, _positive, lambda v: "null" if v is None else float.__repr__(v)
-)
+BEST: Kind[float | None] = Kind(_same, _best, lambda v: "null" if v is None else float.__repr__(v))
 
 
 class Keyset:

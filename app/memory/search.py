@@ -472,7 +472,7 @@ RANKED = cursors.Keyset(
     cursors.ID_TEXT,
     cursors.COUNT,
     cursors.WEIGHTS,
-    cursors.POSITIVE,
+    cursors.BEST,
     error="`after` is not a cursor a search with this query issued: pass the cursor of the "
     "last record of the previous page, with the same query, mode and filters",
 )
