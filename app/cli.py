@@ -133,6 +133,10 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         return 0 if asyncio.run(serve()) else 2
     except KeyboardInterrupt:
+        # `main`'s SIGTERM handler, which came before `serve`'s: said by `main`, status 143.
+        handler = signal.getsignal(signal.SIGTERM)
+        if isinstance(handler, _Termination) and handler.came:
+            raise
         return 0
     except asyncio.CancelledError:
         if not terminated:
@@ -232,7 +236,6 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
 
     import asyncpg
 
-    from app.db.errors import is_lost
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
     from app.embeddings.reembed import ReembedBusy
 
@@ -248,12 +251,11 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 2
     except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        # The database went away mid-run (restarted, or the connection cut): what was written
-        # stays, and a run again goes on from there.
-        if is_lost(e):
-            reason = "its connection was lost: the server restarted or ended it"
-        else:
-            reason = " ".join(str(e).split()) or type(e).__name__
+        if _database_gone(e):
+            raise  # told by `_command`, as for every command
+        # Any other failure of the database: what was written stays, and a run again goes on
+        # from there.
+        reason = " ".join(str(e).split()) or type(e).__name__
         print(
             f"error: the database failed while re-embedding ({reason}); {_REEMBED_AGAIN}",
             file=sys.stderr,
@@ -919,24 +921,29 @@ def _database_gone(error: BaseException) -> bool:
     return isinstance(error, driver) and is_unavailable(error)
 
 
-def main(argv: list[str] | None = None) -> int:
-    terminated = False
+class _Termination:
+    """SIGTERM handled as Ctrl-C: the work is cancelled and what it opened closed (a partial
+    export file removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill
+    the process and leave them. `came`: it was received."""
 
-    def terminate(signum: int, frame: Any) -> None:
-        # As Ctrl-C: the work is cancelled and what it opened closed (a partial export file
-        # removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill the
-        # process and leave them.
-        nonlocal terminated
-        terminated = True
+    def __init__(self) -> None:
+        self.came = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.came = True
         interrupt = signal.getsignal(signal.SIGINT)
         if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)
             interrupt(signal.SIGINT, frame)
         else:  # Ctrl-C ignored (a command started in the background by a shell)
             raise KeyboardInterrupt
 
+
+def main(argv: list[str] | None = None) -> int:
     # First, before the modules the command needs are imported (a tenth of a second or more):
     # Ctrl-C or SIGTERM while they are is told in one line too, not as a KeyboardInterrupt
-    # traceback or a silent kill. (A signal handler is the main thread's.)
+    # traceback or a silent kill. (A signal handler is the main thread's.) `engram serve`
+    # replaces it with its own once its event loop runs (`_serve`).
+    terminate = _Termination()
     handled = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, terminate) if handled else None
     args: argparse.Namespace | None = None
@@ -945,17 +952,15 @@ def main(argv: list[str] | None = None) -> int:
 
         logs.configure()  # quiet libraries (alembic, uvicorn) from the first line
         args = parser().parse_args(argv)
-        if handled and args.command == "serve":  # it stops on SIGTERM as it serves: _serve
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
         return _command(args)
     except KeyboardInterrupt:
-        how = "stopped by SIGTERM" if terminated else "interrupted"
+        how = "stopped by SIGTERM" if terminate.came else "interrupted"
         if args is None:
             print(f"engram {how} while starting", file=sys.stderr)
         else:
             after = _INTERRUPTED.get(args.command)
             print(f"engram {args.command} {how}" + (f": {after}" if after else ""), file=sys.stderr)
-        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+        return 128 + (signal.SIGTERM if terminate.came else signal.SIGINT)
     finally:
         if handled:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
