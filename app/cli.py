@@ -614,16 +614,17 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(
-        f"imported {result.inserted} rows, {result.present} already there unchanged; "
-        f"vectors {result.vectors}"
-        + (f" ({result.reembedded} records)" if result.vectors == "re-embedded" else "")
-        + (
+    if result.vectors == "copied":
+        vectors = "vectors copied" + (
             f" ({result.reembedded} records the file has no vector for: embedded again)"
-            if result.vectors == "copied" and result.reembedded
+            if result.reembedded
             else ""
         )
-    )
+    elif result.reembedded:
+        vectors = f"vectors re-embedded ({result.reembedded} records)"
+    else:  # the file's records were all there already (an import run again), or it has none
+        vectors = "no record needed embedding"
+    print(f"imported {result.inserted} rows, {result.present} already there unchanged; {vectors}")
     if result.missing:
         told = ", ".join(f"{got} of {n} {kind} rows" for kind, (got, n) in result.missing.items())
         print(

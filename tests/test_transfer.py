@@ -905,8 +905,9 @@ async def test_an_import_again_embeds_no_record_already_there(
             )
             assert len(texts) == 1 + 8  # the embedder's dimension probe, opening it; the records
             said, texts = imported(bare)
-            assert said == (
-                f"imported 0 rows, {rows} already there unchanged; vectors re-embedded (0 records)"
+            assert (
+                said
+                == f"imported 0 rows, {rows} already there unchanged; no record needed embedding"
             )
             assert texts == []
             # Its own export, edited: a record without a vector, which it already holds.
