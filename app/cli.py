@@ -899,10 +899,18 @@ def _command(args: argparse.Namespace) -> int:
     except Exception as e:
         # The database went away while the command ran (restarted; its connection ended by an
         # operator, a bound, or the network): said with what is left, as for an interruption.
-        if not _database_gone(e):
+        # Or it rolled the command's work back: its statement cancelled (an operator, or a
+        # statement_timeout or lock_timeout the database or its role sets), a deadlock.
+        gone = _database_gone(e)
+        if gone:
+            told = _DATABASE_GONE
+        elif _database_stopped(e):
+            told = f"the database stopped its work ({' '.join(str(e).split())})"
+        else:
             raise
-        after = _INTERRUPTED.get(args.command, "run it again once the database answers")
-        print(f"engram {args.command}: {_DATABASE_GONE}: {after}", file=sys.stderr)
+        again = "run it again once the database answers" if gone else "run it again"
+        after = _INTERRUPTED.get(args.command, again)
+        print(f"engram {args.command}: {told}: {after}", file=sys.stderr)
         return 2
 
 
@@ -920,6 +928,19 @@ def _database_gone(error: BaseException) -> bool:
 
     driver = (asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError)
     return isinstance(error, driver) and is_unavailable(error)
+
+
+def _database_stopped(error: BaseException) -> bool:
+    """An error of the database driver saying the database rolled the work back, no fault of
+    the command's: a conflict (deadlock, serialization), a lock wait or a statement past its
+    bound, a statement an operator cancelled."""
+    import asyncpg
+
+    from app.db.errors import is_conflict, is_lock_timeout, is_statement_timeout
+
+    return isinstance(error, asyncpg.PostgresError) and (
+        is_conflict(error) or is_lock_timeout(error) or is_statement_timeout(error)
+    )
 
 
 class _Termination:
