@@ -133,6 +133,10 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         return 0 if asyncio.run(serve()) else 2
     except KeyboardInterrupt:
+        # `main`'s SIGTERM handler, which came before `serve`'s: said by `main`, status 143.
+        handler = signal.getsignal(signal.SIGTERM)
+        if isinstance(handler, _Termination) and handler.came:
+            raise
         return 0
     except asyncio.CancelledError:
         if not terminated:
@@ -232,7 +236,6 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
 
     import asyncpg
 
-    from app.db.errors import is_lost
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
     from app.embeddings.reembed import ReembedBusy
 
@@ -248,12 +251,11 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 2
     except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        # The database went away mid-run (restarted, or the connection cut): what was written
-        # stays, and a run again goes on from there.
-        if is_lost(e):
-            reason = "its connection was lost: the server restarted or ended it"
-        else:
-            reason = " ".join(str(e).split()) or type(e).__name__
+        if _database_gone(e):
+            raise  # told by `_command`, as for every command
+        # Any other failure of the database: what was written stays, and a run again goes on
+        # from there.
+        reason = " ".join(str(e).split()) or type(e).__name__
         print(
             f"error: the database failed while re-embedding ({reason}); {_REEMBED_AGAIN}",
             file=sys.stderr,
@@ -612,16 +614,17 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(
-        f"imported {result.inserted} rows, {result.present} already there unchanged; "
-        f"vectors {result.vectors}"
-        + (f" ({result.reembedded} records)" if result.vectors == "re-embedded" else "")
-        + (
+    if result.vectors == "copied":
+        vectors = "vectors copied" + (
             f" ({result.reembedded} records the file has no vector for: embedded again)"
-            if result.vectors == "copied" and result.reembedded
+            if result.reembedded
             else ""
         )
-    )
+    elif result.reembedded:
+        vectors = f"vectors re-embedded ({result.reembedded} records)"
+    else:  # the file's records were all there already (an import run again), or it has none
+        vectors = "no record needed embedding"
+    print(f"imported {result.inserted} rows, {result.present} already there unchanged; {vectors}")
     if result.missing:
         told = ", ".join(f"{got} of {n} {kind} rows" for kind, (got, n) in result.missing.items())
         print(
@@ -896,10 +899,18 @@ def _command(args: argparse.Namespace) -> int:
     except Exception as e:
         # The database went away while the command ran (restarted; its connection ended by an
         # operator, a bound, or the network): said with what is left, as for an interruption.
-        if not _database_gone(e):
+        # Or it rolled the command's work back: its statement cancelled (an operator, or a
+        # statement_timeout or lock_timeout the database or its role sets), a deadlock.
+        gone = _database_gone(e)
+        if gone:
+            told = _DATABASE_GONE
+        elif _database_stopped(e):
+            told = f"the database stopped its work ({' '.join(str(e).split())})"
+        else:
             raise
-        after = _INTERRUPTED.get(args.command, "run it again once the database answers")
-        print(f"engram {args.command}: {_DATABASE_GONE}: {after}", file=sys.stderr)
+        again = "run it again once the database answers" if gone else "run it again"
+        after = _INTERRUPTED.get(args.command, again)
+        print(f"engram {args.command}: {told}: {after}", file=sys.stderr)
         return 2
 
 
@@ -919,24 +930,42 @@ def _database_gone(error: BaseException) -> bool:
     return isinstance(error, driver) and is_unavailable(error)
 
 
-def main(argv: list[str] | None = None) -> int:
-    terminated = False
+def _database_stopped(error: BaseException) -> bool:
+    """An error of the database driver saying the database rolled the work back, no fault of
+    the command's: a conflict (deadlock, serialization), a lock wait or a statement past its
+    bound, a statement an operator cancelled."""
+    import asyncpg
 
-    def terminate(signum: int, frame: Any) -> None:
-        # As Ctrl-C: the work is cancelled and what it opened closed (a partial export file
-        # removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill the
-        # process and leave them.
-        nonlocal terminated
-        terminated = True
+    from app.db.errors import is_conflict, is_lock_timeout, is_statement_timeout
+
+    return isinstance(error, asyncpg.PostgresError) and (
+        is_conflict(error) or is_lock_timeout(error) or is_statement_timeout(error)
+    )
+
+
+class _Termination:
+    """SIGTERM handled as Ctrl-C: the work is cancelled and what it opened closed (a partial
+    export file removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill
+    the process and leave them. `came`: it was received."""
+
+    def __init__(self) -> None:
+        self.came = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.came = True
         interrupt = signal.getsignal(signal.SIGINT)
         if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)
             interrupt(signal.SIGINT, frame)
         else:  # Ctrl-C ignored (a command started in the background by a shell)
             raise KeyboardInterrupt
 
+
+def main(argv: list[str] | None = None) -> int:
     # First, before the modules the command needs are imported (a tenth of a second or more):
     # Ctrl-C or SIGTERM while they are is told in one line too, not as a KeyboardInterrupt
-    # traceback or a silent kill. (A signal handler is the main thread's.)
+    # traceback or a silent kill. (A signal handler is the main thread's.) `engram serve`
+    # replaces it with its own once its event loop runs (`_serve`).
+    terminate = _Termination()
     handled = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, terminate) if handled else None
     args: argparse.Namespace | None = None
@@ -945,17 +974,15 @@ def main(argv: list[str] | None = None) -> int:
 
         logs.configure()  # quiet libraries (alembic, uvicorn) from the first line
         args = parser().parse_args(argv)
-        if handled and args.command == "serve":  # it stops on SIGTERM as it serves: _serve
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
         return _command(args)
     except KeyboardInterrupt:
-        how = "stopped by SIGTERM" if terminated else "interrupted"
+        how = "stopped by SIGTERM" if terminate.came else "interrupted"
         if args is None:
             print(f"engram {how} while starting", file=sys.stderr)
         else:
             after = _INTERRUPTED.get(args.command)
             print(f"engram {args.command} {how}" + (f": {after}" if after else ""), file=sys.stderr)
-        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+        return 128 + (signal.SIGTERM if terminate.came else signal.SIGINT)
     finally:
         if handled:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)

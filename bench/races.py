@@ -873,7 +873,9 @@ async def test_import(state, admin, base_url, model_server):
     holds and another; `engram export` of the agent while its turns run, and the file imported
     back into its own account while more run. An import ends whole or stops with CONFLICT
     naming a row (nothing overwritten); each session's turn numbers unique; the pinned lists
-    kept as counted (migration 0030), in both accounts."""
+    kept as counted (migration 0030), in both accounts; no deadlock between an import and the
+    turns (PostgreSQL's count, pg_stat_database: a turn's would be answered CONFLICT, which
+    the checks above do not look at)."""
     from types import SimpleNamespace
 
     from app.transfer.service import export_action
@@ -885,6 +887,7 @@ async def test_import(state, admin, base_url, model_server):
     }
     agent = await make_agent(state, admin, harness=harness)
     token, a = await token_for(state, admin, "probe", EVERYTHING), str(agent.action_id)
+    deadlocks = await _deadlocks(state)
 
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
         for n in range(ROUNDS):
@@ -930,4 +933,14 @@ async def test_import(state, admin, base_url, model_server):
                 race.check(False, n, "pinned lists", drift)
             await _history_checks(race, state, copy, n, every_turn=False)
             await _history_checks(race, state, agent, n)
+    await asyncio.sleep(11)  # a backend reports its counts once idle, within 10 s
+    race.answers["deadlocks"] = await _deadlocks(state) - deadlocks
+    race.check(race.answers["deadlocks"] == 0, "deadlocks", race.answers["deadlocks"])
     race.report()
+
+
+async def _deadlocks(state) -> int:
+    """The deadlocks PostgreSQL has found in this database (as its backends reported them)."""
+    return await state.pool.fetchval(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    )

@@ -479,6 +479,32 @@ def test_a_command_interrupted_while_importing_is_one_line(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("sig", "status", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+)
+def test_serve_interrupted_while_importing_after_its_arguments_is_one_line(
+    tmp_path, sig, status, said
+):
+    """`engram serve` stopped while it imports the web server (its arguments read, its own
+    handler not yet in place) says so in one line, status 130 or 143, as other commands do:
+    SIGTERM killed it silently."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'uvicorn':\n"
+        "            sys.meta_path.remove(self)\n"
+        f"            os.kill(os.getpid(), {int(sig)})\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+    )
+    env = clean_env(database_url=f"postgresql://engram@127.0.0.1:{free_port()}/engram")
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = run(env, "serve", "--port", str(free_port()))
+    assert result.returncode == status and "Traceback" not in result.stderr, result
+    assert result.stderr.splitlines() == [f"engram serve {said}"]
+
+
 def test_serve_refuses_port_0(tmp_path):
     # An unreachable database: without the refusal the command would go on to connect.
     url = f"postgresql://engram@127.0.0.1:{free_port()}/engram"

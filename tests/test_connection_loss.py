@@ -31,9 +31,11 @@ async def waiter(state: AppState, sql: str) -> int | None:
     )
 
 
-async def end_waiter(state: AppState, other: asyncpg.Connection, sql: str) -> None:
+async def end_waiter(
+    state: AppState, other: asyncpg.Connection, sql: str, *, how: str = "pg_terminate_backend"
+) -> None:
     """Ends (from `other`) the backend whose statement holding `sql` waits for a lock, once it
-    waits."""
+    waits; or, `how="pg_cancel_backend"`, cancels its statement."""
     found: list[int] = []
 
     async def waits() -> bool:
@@ -42,7 +44,8 @@ async def end_waiter(state: AppState, other: asyncpg.Connection, sql: str) -> No
         return pid is not None
 
     await eventually(waits, f"a statement holding {sql!r} waiting for a lock", 30)
-    assert await other.fetchval("SELECT pg_terminate_backend($1)", found[0])
+    assert how in ("pg_terminate_backend", "pg_cancel_backend")
+    assert await other.fetchval(f"SELECT {how}($1)", found[0])
 
 
 SESSION = "SELECT FROM sessions WHERE action_id = $1 AND session_id = 's1' FOR UPDATE"
@@ -149,5 +152,31 @@ async def test_an_export_whose_connection_is_ended_says_so_in_one_line(
         "engram export: the database became unavailable while it ran (restarting, or its "
         "connection was ended): no file was written (a file already there is as it was); what went "
         "to standard output is cut short, and an import refuses it as such"
+    ), said
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+async def test_an_export_whose_statement_is_cancelled_says_so_in_one_line(
+    state: AppState, admin: Caller, db_url: str, tmp_path
+) -> None:
+    """`engram export` whose statement the database cancels (an operator's pg_cancel_backend,
+    or a statement_timeout or lock_timeout the database or its role sets): one line with
+    PostgreSQL's reason and what is left (no file), exit status 2, no traceback. It printed
+    asyncpg's traceback."""
+    agent = await make_agent_id(state, admin, harness=memory_harness())
+    path = tmp_path / "agent.jsonl"
+    command = [*engram_command(), "export", "--action", agent, "-o", str(path)]
+    async with holding(db_url, "LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE") as other:
+        proc = await asyncio.create_subprocess_exec(
+            *command, env=clean_env(database_url=db_url), stdout=PIPE, stderr=PIPE
+        )
+        await end_waiter(state, other, "agent_memories", how="pg_cancel_backend")
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    said = err.decode()
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    assert said.strip().splitlines()[-1] == (
+        "engram export: the database stopped its work (canceling statement due to user "
+        "request): no file was written (a file already there is as it was); what went to "
+        "standard output is cut short, and an import refuses it as such"
     ), said
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -705,11 +705,13 @@ async def test_engram_reembed_losing_the_database_says_so_and_a_run_again_finish
     _, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
-    # Held while the model embedded, its connection was ended under it: said so, not asyncpg's
-    # "released back to the pool".
+    # Held while the model embedded, its connection was ended under it: said as every command
+    # says it (`cli._database_gone`), not as asyncpg's "released back to the pool", then what an
+    # interrupted reembed leaves.
     assert last == (
-        "error: the database failed while re-embedding (its connection was lost: the server "
-        f"restarted or ended it); {REEMBED_AGAIN}"  # as an interrupted reembed says it
+        "engram reembed: the database became unavailable while it ran (restarting, or its "
+        "connection was ended): the records re-embedded so far keep their new vectors; "
+        f"{REEMBED_AGAIN}: the service does not start on a database that is half re-embedded"
     )
     await assert_finishes_with_the_new_model(db_url, openai_server)
 

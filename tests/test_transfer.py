@@ -905,8 +905,9 @@ async def test_an_import_again_embeds_no_record_already_there(
             )
             assert len(texts) == 1 + 8  # the embedder's dimension probe, opening it; the records
             said, texts = imported(bare)
-            assert said == (
-                f"imported 0 rows, {rows} already there unchanged; vectors re-embedded (0 records)"
+            assert (
+                said
+                == f"imported 0 rows, {rows} already there unchanged; no record needed embedding"
             )
             assert texts == []
             # Its own export, edited: a record without a vector, which it already holds.
@@ -1273,6 +1274,42 @@ async def test_a_row_postgresql_would_refuse_is_refused_before_any_is_written(st
             edited(lines, last, **{column: value}),
             f"line {last + 1}: its memory row is not valid \\(.*{said}",
         )
+
+
+async def test_a_batch_too_large_together_is_refused_by_its_lines_writing_nothing(
+    state, admin, second, monkeypatch
+):
+    """A batch past the JSON PostgreSQL takes in one statement (a jsonb array's 256 MB), each of
+    its rows alone within it, is refused by its lines, saying to import with a smaller
+    --batch-size, before anything is written; with one, the same file imports whole. The bound
+    is lowered so that a small batch takes that path."""
+    from app.transfer import service
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    records = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    for i in records:  # records of 10 kB of text: their batch is the file's largest by far
+        lines = edited(lines, i, content="x" * 10_000)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for line in lines[1:]:
+        item = json.loads(line)
+        by_kind.setdefault(item["type"], []).append(item["row"])
+    largest_row = max(len(json.dumps([r])) for rows in by_kind.values() for r in rows)
+    others = max(len(json.dumps(rows)) for kind, rows in by_kind.items() if kind != "memory")
+    bound = max(largest_row, others) + 1
+    assert len(records) >= 2 and len(json.dumps(by_kind["memory"])) > bound
+    monkeypatch.setattr(service, "MAX_BATCH_BYTES", bound)
+    target_admin = await admin_of(second)
+    await refused(
+        second,
+        target_admin.account_id,
+        lines,
+        f"^lines {records[0] + 1} to {records[-1] + 1}: their memory rows are not valid "
+        f"together \\([0-9,]+ bytes as JSON, past the {bound:,} PostgreSQL takes in one "
+        "statement\\); import with a smaller --batch-size$",
+    )
+    result = await load(second, target_admin.account_id, lines, batch_rows=1)
+    assert result.by_type["memory"] == len(records) and result.missing == {}
 
 
 async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, admin, second):

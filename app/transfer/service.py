@@ -60,6 +60,10 @@ from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 FORMAT = "engram-export"
 FORMAT_VERSION = 1
 BATCH_ROWS = 1000
+# The most JSON a batch is sent as: PostgreSQL's bound on a jsonb array (268,435,455 bytes),
+# held by the check on the batch's text, which is ASCII (json.dumps escapes the rest). Past it,
+# the batch is refused whole, each row alone passing: --batch-size is then too large.
+MAX_BATCH_BYTES = 2**28 - 1
 
 _NOUNS = {
     "actions": "action {action_id}",
@@ -491,11 +495,10 @@ async def _check_file(
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
         # A transaction a batch, not one for the file: see `store.checking`.
         async with store.checking(conn, table):
-            rows_json = json.dumps([r for r, _ in batch])
-            refused = await store.check_rows(conn, table, rows_json, columns)
+            refused = await _refusal(conn, table, [r for r, _ in batch], columns)
             if refused is not None:
                 for row, number in batch:  # which one: each alone
-                    error = await store.check_rows(conn, table, json.dumps([row]), columns)
+                    error = await _refusal(conn, table, [row], columns)
                     if error is not None:  # PostgreSQL's message quotes the value it refused
                         raise BadInput(
                             f"line {number}: its {table.kind} row is not valid "
@@ -531,6 +534,20 @@ async def _check_file(
             await check(conn, table)
         await across.end(conn, account_id, action_id, expected)
     return to_embed
+
+
+async def _refusal(
+    conn: asyncpg.Connection, table: Table, rows: list[dict[str, Any]], columns: list[str]
+) -> str | None:
+    """Why these rows would not be stored in one statement (inside `store.checking`): their
+    size, or PostgreSQL's refusal (`store.check_rows`); None if they would."""
+    rows_json = json.dumps(rows)
+    if len(rows_json) > MAX_BATCH_BYTES:
+        return (
+            f"{len(rows_json):,} bytes as JSON, past the {MAX_BATCH_BYTES:,} PostgreSQL takes "
+            "in one statement"
+        )
+    return await store.check_rows(conn, table, rows_json, columns)
 
 
 async def _to_embed(
