@@ -144,7 +144,7 @@ async def test_a_ranked_search_pages_through_its_best_10000(
     page = (await gql(admin, PAGE, a=a, q="invoice", first=1)).ok()["action"]["searchMemories"]
     cursor = page["pageInfo"]["endCursor"]
     raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    raw[-1] = search_module.MAX_DEPTH  # as deep as a ranked search pages
+    raw[4] = search_module.MAX_DEPTH  # its depth: as deep as a ranked search pages
     deep = base64.urlsafe_b64encode(json.dumps(raw).encode()).decode().rstrip("=")
     result = await gql(admin, PAGE, a=a, q="invoice", first=1, after=deep)
     assert result.codes == ["BAD_REQUEST"]
