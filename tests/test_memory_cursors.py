@@ -105,7 +105,7 @@ def test_m56_each_kind_writes_the_json_of_its_value() -> None:
         cursors.INSTANT: [datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=-5)))],
         cursors.ID_TEXT: [uuid.uuid4()],
         cursors.ID: [uuid.uuid4()],
-        cursors.WEIGHTS: [None, (), (1.0,), (0.1, 1 / 3, 2.302585092994046, 5e-324, 0.0, 1e6)],
+        cursors.WEIGHTS: [None, (), (1.0,), (0.1, 1 / 3, 2.302585092994046, 1e-30, 0.0, 1e6)],
         cursors.BEST: [None, 0.1, 1 / 3, 7.25, 1e-12, 1e12],
     }
     for kind, values in samples.items():
@@ -156,6 +156,7 @@ WEIGHTS = {
     "a negative best score": ([None], -1.0),
     "a best score as text": ([None], "1.0"),
     "a best score so small the text rank overflows": ([None], 5e-324),
+    "weights so small the text rank underflows": ([packed(5e-324, 5e-324)], 3.0),
     "a weight so large its sums overflow": ([packed(1e300, 1e300)], None),
 }
 
@@ -193,6 +194,39 @@ async def test_m38_crafted_ranked_cursors_are_bad_input(state, admin, name):
     assert [r.memory_id for r in (await page(other)).records] == [
         r.memory_id for r in later.records
     ]
+
+
+# M38
+@pytest.mark.parametrize("mode", ["lexical", "vector"])
+async def test_m38_a_best_score_crafted_into_a_cursor_that_carries_none_is_not_read(
+    state, admin, mode
+):
+    """Only a hybrid cursor carries a best text score (lexical and vector modes normalize
+    nothing): one crafted into another mode's cursor changes nothing, and is no internal
+    error."""
+    agent = await make_agent(state, admin)
+    for text in ("the office is in Oslo", "the office moved to Bergen", "Oslo has a fjord"):
+        await remember(state, agent, text, scope="AGENT")
+    reader = OperatorReader(admin.account_id, agent.action_id)
+
+    async def page(after: str | None = None) -> search_module.SearchResult:
+        return await search(
+            state.pool,
+            state.embedder,
+            reader,
+            agent.harness.memory.search,
+            query="office Oslo",
+            mode=mode,
+            limit=1,
+            after=after,
+        )
+
+    issued = cursors.unpack((await page()).cursors[0])
+    assert issued[6] is None
+    later = [r.memory_id for r in (await page(cursors.pack(issued))).records]
+    assert later
+    crafted = await page(cursors.pack([*issued[:6], 1.0]))
+    assert [r.memory_id for r in crafted.records] == later
 
 
 # M38

@@ -138,6 +138,10 @@ MAX_WEIGHTS = 64  # the most numbers a cursor carries (WEIGHTS), 8 bytes each
 # such weights. Past these bounds a crafted cursor's sums and quotients would overflow float8.
 MAX_WEIGHT = 1e6
 BEST_RANGE = (1e-12, 1e12)
+# A word's weight, if not 0, is at least this (BM25's IDF of a word all of 2^63 records hold is
+# about 5e-20): a smaller one divided by the best text score, or weighed, would underflow float8
+# to 0, which PostgreSQL raises as an error too ("value out of range: underflow").
+MIN_WEIGHT = 1e-30
 
 
 def _weights_text(weights: tuple[float, ...] | None) -> str:
@@ -154,7 +158,7 @@ def _weights(v: Any) -> tuple[float, ...] | None:
     if len(packed) % 8 or len(packed) > 8 * MAX_WEIGHTS:
         raise ValueError("not weights")
     weights = struct.unpack(f"<{len(packed) // 8}d", packed)
-    if not all(0 <= w <= MAX_WEIGHT for w in weights):  # (NaN compares false)
+    if not all(w == 0 or MIN_WEIGHT <= w <= MAX_WEIGHT for w in weights):  # (NaN: false)
         raise ValueError("not weights")
     return weights
 

@@ -335,7 +335,9 @@ def _finish(
     normalizes the text rank, when not the best in `scored` (the ranking's own when it has
     one); `weights`: the CTE whose `weights` weighed the words. A first page's rows also carry
     what ranked them (`Scored`), read once."""
-    if r.best is not None:
+    # Only hybrid normalizes: a crafted cursor's best in another mode is not read (a parameter
+    # the statement never reads has no type, which PostgreSQL refuses).
+    if r.best is not None and r.mode == "hybrid":
         best = f"{p(r.best)}::float8"
     score, found = fusion(r.mode, r.weight, r.min_score, p, best)
     carry = ""
