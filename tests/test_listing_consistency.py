@@ -488,6 +488,54 @@ async def test_search_pages_whole_while_records_are_added(
         assert recounts > 1
 
 
+@pytest.mark.parametrize(
+    ("mode", "query"),
+    [
+        ("HYBRID", "customer invoice email"),
+        ("VECTOR", "customer invoice email"),
+        ("LEXICAL", "customer invoice email parcel refund berlin order phone"),  # > 6 words
+    ],
+)
+async def test_search_pages_whole_after_more_records_above_its_cursor_than_it_reads(
+    state: AppState, admin, base_url: str, mode: str, query: str
+) -> None:
+    """On the index plan a later page reads candidates for the records before its cursor and
+    its own: 60 records written above the cursor between two pages of 5 (more than the 40
+    candidates each list reads) took their places, and the second page came back empty,
+    ending the search with 55 unchanged records never returned. Such a page is ranked again
+    as deep as the records above its cursor reach."""
+    token = await token_for(state, admin, "operator", allow(["SELECT", "INSERT"], "financial.*"))
+    agent = await make_search_agent(state, admin)
+    words = ["invoice", "email", "customer", "parcel", "refund", "berlin", "order", "phone"]
+    rnd = random.Random(149)
+    ids = {
+        str(await agent.add(" ".join(rnd.sample(words, 3)), created=T0 - timedelta(hours=i // 4)))
+        for i in range(60)
+    }
+    done = await maintenance.run_round(state.pool, min_records=30)  # own indexes: index plan
+    assert done is not None and done.counted
+    a = str(agent.action_id)
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        api = Api(http, token)
+        nodes: list[dict[str, Any]] = []
+        after = None
+        while True:
+            page = (await api(SEARCH, a=a, q=query, mode=mode, after=after))["action"][
+                "searchMemories"
+            ]
+            nodes += [{**e["node"], "score": e["score"]} for e in page["edges"]]
+            if not page["pageInfo"]["hasNextPage"]:
+                break
+            if after is None:  # after the first page, records that rank above its cursor
+                for i in range(60):
+                    await agent.add(f"{query} note {i}", created=T0 + timedelta(minutes=i))
+                await maintenance.run_round(state.pool, min_records=30)
+            after = page["pageInfo"]["endCursor"]
+            assert len(nodes) < 200, "paging does not end"
+    key = lambda n: (n["score"], instant(n["created"]), n["memoryId"])  # noqa: E731
+    check_run(nodes, key, "memoryId", ids, descending=True)
+
+
 HISTORY = """
 query($a: UUID!, $after: String) {
   action(actionId: $a) {

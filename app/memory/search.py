@@ -171,6 +171,9 @@ MAX_IDS = 1000
 # A ranked search pages at most this deep: each page's index plan reads candidates for every
 # record before it, so deeper pages cost more (a listing without a query pages without end).
 MAX_DEPTH = 10_000
+# How many times a later page on the index plan is ranked deeper when records written since its
+# cursor took its candidates' places (`_by_index`).
+DEEPER_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -269,13 +272,25 @@ async def search(
             r.score or 0.0,
             r.created,
             r.memory_id,
-            position.depth + i + 1,
+            (records.depth or position.depth) + i + 1,
             weights,
             records.best,
         )
         for i, r in enumerate(records)
     ]
     return SearchResult(records, None, tokens, plan, cursors)
+
+
+def deeper(ranking: Ranking, depth: int) -> Ranking:
+    """`ranking` as a page after `depth` records ranks: its lists as long as such a page's."""
+    reach = depth + ranking.limit
+    base = EF_SEARCH if ranking.mode == "vector" else HYBRID_EF_SEARCH
+    return replace(
+        ranking,
+        depth=depth,
+        candidates=max(ranking.candidates, CANDIDATES, 4 * reach),
+        ef_search=max(ranking.ef_search, min(MAX_EF_SEARCH, max(base, 4 * reach))),
+    )
 
 
 def make_ranking(
@@ -364,9 +379,24 @@ async def _by_index(
     remembered under `key` when it does (None: it no longer does, and nothing was read)."""
     if records is not None and records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":
         ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
-    found, listed = await search_store.ranked_index(
-        conn, reader, filters, ranking, records, checked=key is not None, scoped=SCOPED_MAX_ROWS
-    )
+    depth_asked = ranking.depth
+    for _ in range(DEEPER_TRIES):
+        found, listed = await search_store.ranked_index(
+            conn, reader, filters, ranking, records, checked=key is not None, scoped=SCOPED_MAX_ROWS
+        )
+        # A later page whose candidates hold more records above its cursor than the pages
+        # before held: records written since (a score is the first page's, `Ranking.weights`,
+        # so unchanged records stay where they were) took candidates' places, and records after
+        # the cursor may be missing. Ranked again as deep as those records reach (the lists
+        # hold more candidates), as if the pages before had held them.
+        if found is None or found.above is None or found.above <= ranking.depth:
+            break
+        depth = min(found.above, MAX_DEPTH - ranking.limit)
+        if depth <= ranking.depth:
+            break
+        ranking = deeper(ranking, depth)
+    if found is not None and ranking.depth > depth_asked:
+        found.depth = ranking.depth
     if key is not None and found is not None and listed is not None:
         _LISTED.pop(key, None)  # re-inserted last: dicts keep insertion order
         if len(_LISTED) >= MAX_LISTED:

@@ -107,6 +107,11 @@ class Scored(list[MemoryRecord]):
 
     weights: tuple[float, ...] | None = None
     best: float | None = None
+    # A later page on the index plan: how many of its candidates ranked above its cursor (None
+    # on a first page and on the exact plan, which scores every record). More than the pages
+    # before held: records written since took candidates' places (`search._by_index`).
+    above: int | None = None
+    depth: int | None = None  # the depth it was ranked at, when deeper than its cursor's
 
 
 def _filters(f: Filters, p: Params, m: str = "m", *, labels_index: bool = True) -> str:
@@ -328,13 +333,15 @@ def _finish(
     holds: str | None = None,
     best: str | None = None,
     weights: str = "words",
+    above: bool = False,
 ) -> str:
     """The fusion and the page; `gated`: one row more, the gate's answer (`_gate_cte`), with or
     without records; `counted`: a CTE whose rows that row counts (ranked_exact); `holds`: a
     condition on the gate that row answers too (ranked_index); `best`: the text score that
     normalizes the text rank, when not the best in `scored` (the ranking's own when it has
     one); `weights`: the CTE whose `weights` weighed the words. A first page's rows also carry
-    what ranked them (`Scored`), read once."""
+    what ranked them (`Scored`), read once. With `above`, a later page's statement answers
+    one row at least, which counts the scored rows that rank above its cursor (`Scored`)."""
     # Only hybrid normalizes: a crafted cursor's best in another mode is not read (a parameter
     # the statement never reads has no type, which PostgreSQL refuses).
     if r.best is not None and r.mode == "hybrid":
@@ -352,9 +359,16 @@ def _finish(
             normalizer = best or "(SELECT max(words) FROM scored)"
             carry += f", CASE WHEN top.memory_id IS NOT NULL THEN {normalizer} END AS best"
     after = ""
+    source, close = ("gate g LEFT JOIN (", ") ON true\n    ") if gated else ("", "")
     if r.after is not None:
         # After the fusion: the text rank is still normalized over every match.
-        after = f" WHERE (score, created, memory_id) < {_keyset(r.after, p)}"
+        keyset = _keyset(r.after, p)
+        after = f" WHERE (score, created, memory_id) < {keyset}"
+        if above:
+            count = f"SELECT count(*) FROM fused WHERE NOT (score, created, memory_id) < {keyset}"
+            carry += f", ({count}) AS above"
+            if not gated:
+                source, close = "(SELECT) g LEFT JOIN (", ") ON true\n    "
     return _FUSED.format(
         score=score,
         found=found,
@@ -369,8 +383,8 @@ def _finish(
             if gated
             else ""
         ),
-        source="gate g LEFT JOIN (" if gated else "",
-        close=") ON true\n    " if gated else "",
+        source=source,
+        close=close,
         account=p(reader.account_id),
         action=p(reader.action_id),
     )
@@ -732,7 +746,7 @@ async def ranked_index(
         else:
             lists.append(walk(tiers, f"LIMIT {limit}"))
     words = _words(r, p, reader, agent)
-    finish = _finish(reader, r, p, gated=bool(gate), holds=holds)
+    finish = _finish(reader, r, p, gated=bool(gate), holds=holds, above=True)
     sql = f"WITH {gate}{words}{ctes}scored AS ({' UNION '.join(lists)}){finish}"
     found = await conn.fetch(sql, *p.values)
     if not gate:
@@ -924,9 +938,11 @@ def _keyset(after: tuple[float, datetime, UUID], p: Params) -> str:
 def _page(rows: list[asyncpg.Record], r: Ranking) -> Scored:
     """The records of a ranked statement's rows (not its gate's alone), with what ranked them:
     the ranking's own, or what the statement read (`_finish`)."""
-    rows = [row for row in rows if row["memory_id"] is not None]
+    all_rows, rows = rows, [row for row in rows if row["memory_id"] is not None]
     page = Scored(_scored(row) for row in rows)
     page.weights, page.best = r.weights, r.best
+    if r.after is not None and all_rows:  # a later page's count (`_finish`), where it has one
+        page.above = all_rows[0].get("above")
     if rows:  # a first page's columns (`_finish`), where it has them
         weights, best = rows[0].get("weights"), rows[0].get("best")
         if weights is not None and None not in weights:
