@@ -185,7 +185,8 @@ class SearchResult:
     # Each record's cursor: passed as `after` (with the same query and filters), the records
     # after it. A listing's is its (created, memory_id); a ranked search's its (score, created,
     # memory_id), how many records came before (the index plan reads that many more
-    # candidates) and what ranked the first page (`Ranking.weights`, `best`). GraphQL's
+    # candidates; more when records written since rank above it, `_by_index`) and what ranked
+    # the first page (`Ranking.weights`, `best`). GraphQL's
     # searchMemories pages with them; the agent's tool, by next_cursor.
     cursors: list[str] = field(default_factory=list, compare=False)
 
