@@ -24,12 +24,18 @@ Every --every requests it samples the process: RSS (VmRSS), open file descriptor
 tasks on the server's loop, the length of each process-level structure that grows with use
 (the `SAMPLED` table below), the pooled connections' asyncpg statement caches, the size and
 series count of GET /metrics, and the pool's PostgreSQL backends (their private memory,
-RssAnon, summed from /proc, and `pg_prepared_statements` of one of them). It prints a table
-of the samples and, per phase, the growth per 1,000 requests over its first and second half
-(a structure that levels off grows in the first half and not in the second).
+RssAnon, summed from /proc, and `pg_prepared_statements` of one of them), and glibc malloc's
+bytes in use and free (mallinfo2: C and Rust code's memory, out of tracemalloc's sight) and
+pymalloc's arenas. It prints a table of the samples and, per phase, the growth per 1,000
+requests over its first and second half (a structure that levels off grows in the first half
+and not in the second). --distinct N sends the searches round N (agent, query) pairs, to tell
+growth per distinct query from growth per request; --trim calls malloc_trim(0) before reading
+RSS (freed heap the process still held comes back).
 
     python bench/growth.py                              # 2,000 agents, 20,000 searches, ...
     python bench/growth.py --agents 200 --searches 2000 --tokens 100 --turns 300 --failures 2000
+    python bench/growth.py --agents 100 --searches 20000 --distinct 14000 --tokens 0 --turns 0 \
+        --mcp 0 --documents 0 --failures 0 --every 2000      # searches only, then asked again
 """
 
 import argparse
