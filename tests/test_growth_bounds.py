@@ -1,13 +1,18 @@
 """Process-level structures that grow with use hold at most their bound, however many distinct
 keys a long-running process meets (bench/growth.py measures them under load)."""
 
+import ctypes
 import gc
+import random
+import string
 import uuid
 import weakref
 
+import pytest
 from graphql import parse
 
 from app.auth import policies, verified
+from app.embeddings.static import StaticEmbedder
 from app.graphql.documents import Documents
 from app.graphql.inputs import _LITERALS_PASSED, check_request
 from app.history import search as history_search
@@ -86,3 +91,39 @@ def test_unmatched_policy_patterns_are_warned_about_at_most_warned_max(caplog):
         assert len(policies._warned) == policies._WARNED_MAX
     finally:
         policies.forget_warnings()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _malloc_in_use() -> int:
+    """glibc malloc's bytes in use: what the tokenizer (Rust, out of tracemalloc's sight) holds."""
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc 2.33 or later")
+def test_the_static_embedder_keeps_nothing_per_distinct_text():
+    # Its tokenizer's BPE cache kept the tokens of each distinct text under 256 bytes, the first
+    # 10,000 for good: about 8 kB a text such as these (16 MB for 2,000 of them).
+    embedder = StaticEmbedder()  # its own: another test's texts may have filled a cache
+    rng = random.Random(5)
+    characters = string.ascii_letters + string.digits + string.punctuation
+
+    def distinct(n: int) -> None:
+        for _ in range(n):
+            embedder._embed(["".join(rng.choices(characters, k=250))])
+
+    distinct(200)  # the first calls' own allocations
+    before = _malloc_in_use()
+    distinct(2_000)
+    assert _malloc_in_use() - before < 2 * 2**20
