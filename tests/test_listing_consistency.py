@@ -7,7 +7,7 @@ set to one instant), so the cursor's tie-break is what keeps them apart."""
 import asyncio
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -413,6 +413,35 @@ query($a: UUID!, $q: String, $mode: ActionAgentMemorySearchMode, $after: String)
 }"""
 
 
+async def search_pages(
+    http: httpx.AsyncClient,
+    token: str,
+    a: str,
+    query: str | None,
+    mode: str | None,
+    between: Callable[[int], Awaitable[None]],
+) -> list[dict[str, Any]]:
+    """Every node (with its score) of one paging run of `searchMemories`, 5 at a time;
+    `between(pages)` runs after each page that promises another."""
+    api = Api(http, token)
+    nodes: list[dict[str, Any]] = []
+    after = None
+    pages = 0
+    while True:
+        page = (await api(SEARCH, a=a, q=query, mode=mode, after=after))["action"]["searchMemories"]
+        nodes += [{**e["node"], "score": e["score"]} for e in page["edges"]]
+        pages += 1
+        if not page["pageInfo"]["hasNextPage"]:
+            return nodes
+        after = page["pageInfo"]["endCursor"]
+        await between(pages)
+        assert pages < 100, "paging does not end"
+
+
+def ranked_key(node: dict[str, Any]) -> tuple[float, datetime, str]:
+    return node["score"], instant(node["created"]), node["memoryId"]
+
+
 @pytest.mark.parametrize(
     ("mode", "indexed"),
     [
@@ -458,30 +487,19 @@ async def test_search_pages_whole_while_records_are_added(
     if indexed:
         await recount()
         assert recounts
+    more = 0
+
+    async def write(pages: int) -> None:
+        nonlocal more
+        for _ in range(3):  # between pages, records that hold the query's words
+            await agent.add(" ".join(rnd.sample(words, 3)) + " customer invoice")
+            more += 1
+        if indexed:
+            await recount()
+
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
-        api = Api(http, token)
-        nodes: list[dict[str, Any]] = []
-        after = None
-        more = 0
-        while True:
-            page = (await api(SEARCH, a=a, q=query, mode=mode, after=after))["action"][
-                "searchMemories"
-            ]
-            nodes += [{**e["node"], "score": e["score"]} for e in page["edges"]]
-            if not page["pageInfo"]["hasNextPage"]:
-                break
-            after = page["pageInfo"]["endCursor"]
-            for _ in range(3):  # between pages, records that hold the query's words
-                await agent.add(" ".join(rnd.sample(words, 3)) + " customer invoice")
-                more += 1
-            if indexed:
-                await recount()
-            assert more < 300, "paging does not end"
-    key = (
-        (lambda n: (n["score"], instant(n["created"]), n["memoryId"]))
-        if mode
-        else (lambda n: (instant(n["created"]), n["memoryId"]))
-    )
+        nodes = await search_pages(http, token, a, query, mode, write)
+    key = ranked_key if mode else (lambda n: (instant(n["created"]), n["memoryId"]))
     check_run(nodes, key, "memoryId", ids, descending=True)
     assert more
     if indexed:  # the words were counted again while paging: their weights moved
@@ -515,24 +533,16 @@ async def test_search_pages_whole_after_more_records_above_its_cursor_than_it_re
     done = await maintenance.run_round(state.pool, min_records=30)  # own indexes: index plan
     assert done is not None and done.counted
     a = str(agent.action_id)
+
+    async def write(pages: int) -> None:
+        if pages == 1:  # after the first page, records that rank above its cursor
+            for i in range(60):
+                await agent.add(f"{query} note {i}", created=T0 + timedelta(minutes=i))
+            await maintenance.run_round(state.pool, min_records=30)
+
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
-        api = Api(http, token)
-        nodes: list[dict[str, Any]] = []
-        after = None
-        while True:
-            page = (await api(SEARCH, a=a, q=query, mode=mode, after=after))["action"][
-                "searchMemories"
-            ]
-            nodes += [{**e["node"], "score": e["score"]} for e in page["edges"]]
-            if not page["pageInfo"]["hasNextPage"]:
-                break
-            if after is None:  # after the first page, records that rank above its cursor
-                for i in range(60):
-                    await agent.add(f"{query} note {i}", created=T0 + timedelta(minutes=i))
-                await maintenance.run_round(state.pool, min_records=30)
-            after = page["pageInfo"]["endCursor"]
-            assert len(nodes) < 200, "paging does not end"
-    key = lambda n: (n["score"], instant(n["created"]), n["memoryId"])  # noqa: E731
+        nodes = await search_pages(http, token, a, query, mode, write)
+    key = ranked_key
     check_run(nodes, key, "memoryId", ids, descending=True)
 
 

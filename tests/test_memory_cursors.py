@@ -161,25 +161,31 @@ WEIGHTS = {
 }
 
 
+async def office_search(
+    state: Any, agent: Any, mode: str, after: str | None = None
+) -> search_module.SearchResult:
+    """A page of one record of an operator's search for "office Oslo"."""
+    return await search(
+        state.pool,
+        state.embedder,
+        OperatorReader(agent.account_id, agent.action_id),
+        agent.harness.memory.search,
+        query="office Oslo",
+        mode=mode,
+        limit=1,
+        after=after,
+    )
+
+
 # M38
 @pytest.mark.parametrize("name", list(WEIGHTS))
 async def test_m38_crafted_ranked_cursors_are_bad_input(state, admin, name):
     agent = await make_agent(state, admin)
     for text in ("the office is in Oslo", "the office moved to Bergen"):
         await remember(state, agent, text, scope="AGENT")
-    reader = OperatorReader(admin.account_id, agent.action_id)
 
     async def page(after: str | None = None) -> search_module.SearchResult:
-        return await search(
-            state.pool,
-            state.embedder,
-            reader,
-            agent.harness.memory.search,
-            query="office Oslo",
-            mode="hybrid",
-            limit=1,
-            after=after,
-        )
+        return await office_search(state, agent, "hybrid", after)
 
     issued = cursors.unpack((await page()).cursors[0])
     weights, best = issued[5:]
@@ -207,19 +213,9 @@ async def test_m38_a_best_score_crafted_into_a_cursor_that_carries_none_is_not_r
     agent = await make_agent(state, admin)
     for text in ("the office is in Oslo", "the office moved to Bergen", "Oslo has a fjord"):
         await remember(state, agent, text, scope="AGENT")
-    reader = OperatorReader(admin.account_id, agent.action_id)
 
     async def page(after: str | None = None) -> search_module.SearchResult:
-        return await search(
-            state.pool,
-            state.embedder,
-            reader,
-            agent.harness.memory.search,
-            query="office Oslo",
-            mode=mode,
-            limit=1,
-            after=after,
-        )
+        return await office_search(state, agent, mode, after)
 
     issued = cursors.unpack((await page()).cursors[0])
     assert issued[6] is None
