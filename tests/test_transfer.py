@@ -1312,6 +1312,46 @@ async def test_a_batch_too_large_together_is_refused_by_its_lines_writing_nothin
     assert result.by_type["memory"] == len(records) and result.missing == {}
 
 
+async def test_a_batch_its_vectors_take_past_one_statement_is_written_in_several(
+    state, admin, second, monkeypatch
+):
+    """A file without vectors passes the check by its rows as the file holds them; the records'
+    vectors, which the import's embedding adds, took the batch's write past what PostgreSQL
+    takes in one statement (a jsonb array's 256 MB: about 3,600 records at 1,536 dimensions),
+    and it was refused after earlier batches were stored. The write sends such a batch in
+    several statements, in the batch's transaction. The bound is lowered, and the database's
+    refusal of a larger array stood in for, so that a small batch takes that path."""
+    from app.transfer import service, store
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent, embeddings=False)
+    items = [json.loads(line) for line in lines[1:]]
+    memories = [item["row"] for item in items if item["type"] == "memory"]
+    others = [item["row"] for item in items if item["type"] != "memory"]
+    assert memories and all("embedding" not in row for row in memories)
+    bound = max(len(json.dumps(memories)), len(json.dumps(others))) + 1
+    monkeypatch.setattr(service, "MAX_BATCH_BYTES", bound)
+    sent: list[int] = []
+    write_rows = store.write_rows
+
+    async def bounded(conn, table, account_id, rows_json, rows, row_columns):
+        sent.append(len(rows_json))
+        if len(rows_json) > bound:  # as PostgreSQL refuses a jsonb array past its bound
+            raise asyncpg.ProgramLimitExceededError("total size of jsonb array elements exceeds")
+        return await write_rows(conn, table, account_id, rows_json, rows, row_columns)
+
+    monkeypatch.setattr(store, "write_rows", bounded)
+    target_admin = await admin_of(second)
+    result = await load(second, target_admin.account_id, lines)
+    assert result.by_type["memory"] == len(memories) and result.missing == {}
+    assert len(sent) > len({item["type"] for item in items})  # a batch sent in several
+    unembedded = "SELECT count(*) FROM agent_memories WHERE embedding IS NULL"
+    assert await second.pool.fetchval(unembedded) == await state.pool.fetchval(unembedded)
+    assert await reads(GQL(second), target_admin, agent.action_id) == await reads(
+        GQL(state), admin, agent.action_id
+    )
+
+
 async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, admin, second):
     # A key twice: the write kept the first and counted the other as already there, whatever
     # it held. The same ID in capitals is the same key to PostgreSQL: the check took it for

@@ -62,7 +62,8 @@ FORMAT_VERSION = 1
 BATCH_ROWS = 1000
 # The most JSON a batch is sent as: PostgreSQL's bound on a jsonb array (268,435,455 bytes),
 # held by the check on the batch's text, which is ASCII (json.dumps escapes the rest). Past it,
-# the batch is refused whole, each row alone passing: --batch-size is then too large.
+# the batch is refused whole, each row alone passing: --batch-size is then too large. Its write,
+# with the vectors the import's embedding adds, is sent in as many statements as that takes.
 MAX_BATCH_BYTES = 2**28 - 1
 
 _NOUNS = {
@@ -536,6 +537,24 @@ async def _check_file(
     return to_embed
 
 
+def _in_statements(rows: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """A batch's rows as the JSON arrays its writes send, each within MAX_BATCH_BYTES, and how
+    many rows each holds: one, but where the vectors this deployment's model gave the records
+    (about 34 kB a record at 1,536 dimensions) take a batch that passed the check past it.
+    (Each row alone fits: the check measured it without its vector, and a vector is at most
+    2,000 numbers.)"""
+    parts = [json.dumps(row) for row in rows]
+    arrays: list[tuple[str, int]] = []
+    start, size = 0, 2
+    for i, part in enumerate(parts):
+        if i > start and size + len(part) + 1 > MAX_BATCH_BYTES:
+            arrays.append(("[" + ",".join(parts[start:i]) + "]", i - start))
+            start, size = i, 2
+        size += len(part) + 1
+    arrays.append(("[" + ",".join(parts[start:]) + "]", len(parts) - start))
+    return arrays
+
+
 async def _refusal(
     conn: asyncpg.Connection, table: Table, rows: list[dict[str, Any]], columns: list[str]
 ) -> str | None:
@@ -795,12 +814,14 @@ class _Importer:
         async with self.pool.acquire() as conn:
             try:
                 async with conn.transaction():
-                    rows_json = json.dumps(rows)
-                    written = await store.write_rows(
-                        conn, table, self.account_id, rows_json, len(rows), row_columns
-                    )
-                    if table.name == "agent_memories":
-                        await self._check_versioned(conn, rows_json)
+                    inserted = present = 0
+                    for rows_json, count in _in_statements(rows):
+                        written = await store.write_rows(
+                            conn, table, self.account_id, rows_json, count, row_columns
+                        )
+                        inserted, present = inserted + written.inserted, present + written.present
+                        if table.name == "agent_memories":
+                            await self._check_versioned(conn, rows_json)
             except Differs as e:
                 raise Conflict(
                     f"{_NOUNS[table.name].format(**e.key)} already exists in account "
@@ -824,8 +845,8 @@ class _Importer:
                 asyncpg.ProgramLimitExceededError,
             ) as e:
                 raise BadInput(f"a {table.kind} row of this export is not valid: {e}") from None
-        self.result.inserted += written.inserted
-        self.result.present += written.present
+        self.result.inserted += inserted
+        self.result.present += present
         self.result.by_type[table.kind] = self.result.by_type.get(table.kind, 0) + len(rows)
         if table.name == "agent_memories":
             for row in rows:
