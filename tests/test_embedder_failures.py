@@ -5,6 +5,7 @@ database of its own (its vectors have the server's dimensions)."""
 
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -31,6 +32,8 @@ SEARCH = """query($a: UUID!) { action(actionId: $a) {
   searchMemories(query: "Ada's plan", first: 5) { nodes { summary } } } }"""
 EMBED = "/v1/embeddings"
 CREATE = """mutation($i: ActionInput!) { createAction(input: $i) { actionId } }"""
+REMEMBER = """mutation($input: RememberConversationInput!) { rememberConversation(input: $input) {
+    executionId status error } }"""
 
 
 @pytest.fixture
@@ -202,3 +205,104 @@ async def test_a_review_that_fails_partway_keeps_none_of_its_records(
         )
     assert [(m["reviewed_by"], m["review_messages"]) for m in marks] == [(None, 2)]
     assert staged_left == 0
+
+
+async def test_a_turn_whose_history_embedding_runs_past_the_deadline_fails_at_it(
+    remote: AppState, model_server: OpenAIServer
+) -> None:
+    """ENGRAM_TURN_TIMEOUT_SECONDS bounds a turn from its start to its commit: the embedding of
+    the history it keeps (before the commit's transaction) is cut at the deadline too, and the
+    turn fails naming the setting, keeping nothing but its transcript. It ran past it, as long as
+    the provider took (a stop's grace period, docker-compose.yml, counts on the deadline)."""
+    remote.settings.turn_timeout_seconds = 1.5
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    harness = {"history": {"index": "messages"}}
+    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
+    action_id = created.ok()["createAction"]["actionId"]
+    model_server.say("Hello.")
+    model_server.stall_next(1, 6.0, path=EMBED)  # the history's embedding, within its timeout
+
+    started = time.monotonic()
+    failed = await run(gql, admin, action_id, "hi")
+    took = time.monotonic() - started
+
+    assert failed["status"] == "FAILED", (failed["status"], round(took, 2))
+    setting = "ENGRAM_TURN_TIMEOUT_SECONDS (1.5 seconds)"
+    assert setting in failed["error"] and "history" in failed["error"], failed["error"]
+    assert took < 4.0, took
+    assert events(failed, "turn.failed") == [{"error": failed["error"]}]
+    assert [e["type"] for e in failed["transcript"]["nodes"]] == [
+        "turn.input",
+        "model.call",
+        "turn.failed",
+    ]
+
+
+async def test_a_review_cut_at_the_deadline_still_costs_the_turn_neither_answer_nor_history(
+    remote: AppState, model_server: OpenAIServer
+) -> None:
+    """The history is embedded once the turn answered, before its memory review: a review
+    that the deadline cuts leaves the turn its answer and the history it keeps, which an
+    embedding after the review, past the deadline, would have cost it."""
+    remote.settings.turn_timeout_seconds = 1.5
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    harness = {"memory": {"enabled": True}, "history": {"index": "messages"}}
+    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
+    action_id = created.ok()["createAction"]["actionId"]
+    model_server.say("Got it, Lisbon.")
+    candidates(model_server, {"summary": "Ada lives in Lisbon"}, delay=10.0)
+
+    answered = await run(gql, admin, action_id, "I live in Lisbon")
+
+    assert answered["status"] == "SUCCEEDED", answered["error"]
+    assert answered["output"] == "Got it, Lisbon."
+    (review,) = events(answered, "memory.review")
+    assert "stopped at the turn's deadline" in review["error"], review
+    async with remote.pool.acquire() as conn:
+        kept = await conn.fetchval(
+            "SELECT count(*) FROM history_events WHERE execution_id = $1",
+            uuid.UUID(answered["executionId"]),
+        )
+    assert kept == 2  # the input and the answer
+
+
+async def test_an_ingest_whose_history_embedding_runs_past_the_deadline_fails_at_it(
+    remote: AppState, model_server: OpenAIServer
+) -> None:
+    """As a turn's: an ingest's deadline bounds the embedding of the history it keeps, and the
+    ingest fails at it naming the setting, keeping nothing."""
+    remote.settings.turn_timeout_seconds = 1.5
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    harness = {"memory": {"enabled": True}, "history": {"index": "messages"}}
+    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
+    action_id = created.ok()["createAction"]["actionId"]
+    model_server.stall_next(1, 6.0, path=EMBED)  # the history's embedding (the review keeps none)
+    request = {
+        "actionId": action_id,
+        "sessionId": "s1",
+        "messages": [{"role": "user", "content": "I'm Ada and I live in Berlin."}],
+    }
+
+    started = time.monotonic()
+    failed = (await gql(admin, REMEMBER, input=request)).ok()["rememberConversation"]
+    took = time.monotonic() - started
+
+    assert failed["status"] == "FAILED", (failed["status"], round(took, 2))
+    setting = "ENGRAM_TURN_TIMEOUT_SECONDS (1.5 seconds)"
+    assert setting in failed["error"] and "history" in failed["error"], failed["error"]
+    assert took < 4.0, took
+    async with remote.pool.acquire() as conn:
+        kept = await conn.fetchval(
+            "SELECT count(*) FROM history_events WHERE execution_id = $1",
+            uuid.UUID(failed["executionId"]),
+        )
+    assert kept == 0

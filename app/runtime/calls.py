@@ -660,7 +660,14 @@ async def remember_conversation(
                 context.transcript.add(events.MEMORY_REVIEW, review.event)
                 decisions = _decisions(review.event)
                 reviewed = review.read.get(execution.execution_id, 0)
-                kept = await _kept_history(run, [(role, text) for role, text, _ in messages])
+                unembedded = (
+                    "the conversation's history was not embedded within "
+                    f"{deadline.bound(state.settings)}: it was stopped, and nothing of it was "
+                    "kept; send the conversation again, or raise the setting"
+                )
+                said_text = [(role, text) for role, text, _ in messages]
+                async with deadline.within(context.deadline, unembedded):  # as the review
+                    kept = await _kept_history(run, said_text)
                 execution = await _commit(
                     run,
                     lambda written: {

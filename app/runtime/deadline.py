@@ -7,8 +7,10 @@ in flight (a model call, a retry's wait, a tool call) is cancelled, and `within`
 TimedOut, which the caller turns into a failure (turns.py: the turn fails, keeping nothing but
 its transcript) or, for the end-of-turn memory review, into the review's failure (review.py:
 the turn commits its answer without the review's records, whose messages wait for the next
-review). The commit itself, a short transaction, is never cut, nor is the write of a sign of
-life (TurnContext.keep_alive), which the cut waits for, so the failure knows what it stored.
+review). The embedding of the history a turn keeps (once it answered, before its review) or an
+ingest keeps is bounded too, and fails the turn or the ingest. The commit itself, a short
+transaction, is never cut, nor is the write of a sign of life (TurnContext.keep_alive), which
+the cut waits for, so the failure knows what it stored.
 """
 
 import asyncio

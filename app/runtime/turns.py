@@ -109,6 +109,8 @@ class TurnContext:
     review_written: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
     # The session history its search_history reads (None: history off, or no session).
     history: Scope | None = None
+    # The events it keeps in that history, embedded once it answered (`_kept_history`).
+    kept: keeping.Prepared | None = None
     # When it must stop, in the event loop's time (None: no bound; deadline.py): set as the
     # attempt starts, which is when the context is made.
     deadline: float | None = field(init=False)
@@ -592,9 +594,9 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
 
 
 async def _run(context: TurnContext) -> set[Version]:
-    """The agent's side of the turn, within the turn's deadline, then the end-of-turn steps
-    (each bounded by the same deadline, which fails the step, not the turn); returns the
-    record versions its recalls recorded."""
+    """The agent's side of the turn, within the turn's deadline, the history it keeps (within
+    it too), then the end-of-turn steps (each bounded by the same deadline, which fails the
+    step, not the turn); returns the record versions its recalls recorded."""
     client = model_client(context.state)
     timed_out = (
         f"the turn did not answer within {deadline.bound(context.state.settings)}: the model "
@@ -603,6 +605,16 @@ async def _run(context: TurnContext) -> set[Version]:
     )
     async with deadline.within(context.deadline, timed_out):
         recall = await _answer(context, client)
+    # The history the turn keeps is embedded within the deadline too (else the provider's
+    # timeout and retries could run past it), and before the review, whose cut at the
+    # deadline must cost the turn nothing.
+    unembedded = (
+        "the history this turn keeps was not embedded within "
+        f"{deadline.bound(context.state.settings)}: the embedding under way was stopped, and "
+        "nothing of this turn was kept; retry the execution, or raise the setting"
+    )
+    async with deadline.within(context.deadline, unembedded):
+        context.kept = await _kept_history(context)
     for step in END_OF_TURN_STEPS:
         await step(context, client)
     return recall.recorded if recall else set()
@@ -868,7 +880,7 @@ async def _commit_memory(
 
 async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
     execution, transcript = context.execution, context.transcript
-    kept = await _kept_history(context)
+    kept = context.kept
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
     async with context.state.pool.acquire() as conn, conn.transaction():
         await _lock_session(conn, execution, exclusive=True)  # before the memory rows
