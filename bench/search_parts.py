@@ -19,6 +19,9 @@ records; load it first, `--load-only`), with LoCoMo dev questions and a turn's r
   through the exact statement's gate.
 - `carry`: a first page reading what ranked it for its cursors (its words' weights, hybrid's
   best text score), against not; a second page ranked with them, against weighed afresh.
+- `shared-probes`: a lexical walk whose tiers that share a GIN probe read it once
+  (`search_store._shared_probes`) against every tier reading its own, first and second
+  pages, alternated question by question, whatever `SHARED_PROBES_MIN_RECORDS` says.
 - `iterative-scan`: vector pages under a filter that hides most of the HNSW walk's records (one
   kind of four), with `hnsw.iterative_scan` relaxed_order (the connections' default) and off.
 - `labels`: a listed agent searched under one label value that a few thousand of its records
@@ -374,6 +377,46 @@ async def carry(b: Bench) -> None:
                     )
 
 
+async def shared_probes(b: Bench) -> None:
+    """A lexical walk reading each GIN probe its tiers share once, against each tier reading
+    its own (`SHARED_PROBES_MIN_RECORDS` at 0 and at infinity), first and second pages,
+    alternated question by question, on a turn's reader; the pages compared."""
+    print("\nshared-probes: a lexical walk's shared GIN probes read once, against per tier")
+    least = search_store.SHARED_PROBES_MIN_RECORDS
+    for size in (25_000, 200_000):
+        reader = reader_of(b.agent(size))
+        times: dict[bool, list[float]] = {True: [], False: []}
+        same = 0
+        for i in range(len(b.questions)):
+            pages: dict[bool, list[tuple[UUID, float]]] = {}
+            for once in (True, False) if i % 2 else (False, True):
+                search_store.SHARED_PROBES_MIN_RECORDS = 0 if once else 2**62
+                try:
+                    t = time.perf_counter()
+                    page, _ = await search.ranked(
+                        b.pool, reader, Filters(), b.ranking("lexical", i)
+                    )
+                    times[once].append((time.perf_counter() - t) * 1000)
+                    pages[once] = [(r.memory_id, r.score) for r in page]
+                    if page:
+                        last = page[-1]
+                        r = b.ranking(
+                            "lexical", i, after=(last.score, last.created, last.memory_id)
+                        )
+                        r = replace(r, weights=page.weights, best=page.best)
+                        later, _ = await search.ranked(b.pool, reader, Filters(), r)
+                        pages[once] += [(x.memory_id, x.score) for x in later]
+                finally:
+                    search_store.SHARED_PROBES_MIN_RECORDS = least
+            same += pages[True] == pages[False]
+        for once in (True, False):
+            label = "once    " if once else "per tier"
+            print(f"  {size:,} lexical {label} {percentiles(times[once][WARMUP:])}")
+        print(
+            f"  {size:,} lexical pages (first and second) identical: {same} of {len(b.questions)}"
+        )
+
+
 async def iterative_scan(b: Bench) -> None:
     print("\niterative scan: vector pages of one kind of record (a quarter of the agent's) on the")
     print("  index plan, hnsw.iterative_scan relaxed_order (the default) against off")
@@ -714,6 +757,7 @@ PARTS: dict[str, Callable[[Bench, argparse.Namespace], Awaitable[None]]] = {
     "ids": lambda b, _: ids(b),
     "iterative-scan": lambda b, _: iterative_scan(b),
     "carry": lambda b, _: carry(b),
+    "shared-probes": lambda b, _: shared_probes(b),
     "labels": lambda b, _: labels(b),
     "probes": lambda b, _: probes(b),
     "builds": lambda b, _: builds(b),

@@ -825,6 +825,78 @@ async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_fi
     ]
 
 
+async def test_m20_m21_lexical_tiers_that_share_a_probe_read_it_once(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tier's GIN probe is the rarest of its words, so the tiers of a long query share
+    # probes. A large agent's lexical walk reads a shared probe once, into `probed`, and tests
+    # each tier's words on its records there: the same pages as the exact plan's, first and
+    # later, for an operator and for a turn.
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_store, "SHARED_PROBES_MIN_RECORDS", 100)
+    rng = random.Random(3)
+    common = ["garden", "river", "boat", "winter", "market"]
+    for i in range(200):
+        words = rng.sample(common, rng.randint(1, 4)) + ["zephyr"] * (i % 12 == 0)
+        await agent.add(" ".join(words) + f" note {i}")
+    pool = agent.state.pool
+    await maintenance.run_round(pool, min_records=10)  # listed: own indexes, words counted
+    listed = await search_store.listed_records(pool, agent.operator)
+    assert listed == 200
+    turn = replace(agent.reader(execution_id=uuid.uuid4()), invocation_number=1)
+
+    async def lexical(query: str, limit: int, reader: Reader) -> tuple[int, int]:
+        """The page against the exact plan's; the probes read into `probed`, and the tiers
+        that read theirs there."""
+        ranking = search_module.make_ranking("lexical", query, None, None, limit)
+        exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
+        async with pool.acquire() as conn:
+            explained = _Explained(conn)
+            found, _ = await search_store.ranked_index(
+                explained, reader, Filters(), ranking, listed
+            )
+        assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
+        assert len(found) == min(limit, len(exact))
+        nodes = list(explained.nodes())
+        (probed,) = [n for n in nodes if n.get("Subplan Name") == "CTE probed"]
+        probes = [n for n in explained.nodes(probed) if n["Node Type"] == "Aggregate"]
+        pooled = [n for n in nodes if n["Node Type"] == "Function Scan" and n["Alias"] == "u"]
+        return (
+            sum(n["Actual Loops"] for n in probes),
+            sum(n["Actual Loops"] for n in pooled),
+        )
+
+    # "zephyr" held by 17 records, its rarest word: the tiers of the words with it share its
+    # probe, and fewer probes are read than tiers read from them.
+    for reader in (agent.operator, turn):
+        for query, limit in (
+            ("zephyr garden river boat winter", 10),
+            ("zephyr garden river boat winter market", 40),
+        ):
+            probes, tiers = await lexical(query, limit, reader)
+            assert tiers > probes >= 1, (query, probes, tiers)
+
+    async def pages(limit: int, after: str | None = None) -> Any:
+        return await search(
+            pool,
+            agent.state.embedder,
+            agent.operator,
+            CONFIG,
+            query="zephyr garden river boat winter",
+            mode="lexical",
+            limit=limit,
+            after=after,
+        )
+
+    first, whole = await pages(10), await pages(30)
+    second = await pages(10, first.cursors[-1])
+    third = await pages(10, second.cursors[-1])
+    assert first.plan == second.plan == whole.plan == "index"
+    assert [r.memory_id for r in first.records + second.records + third.records] == [
+        r.memory_id for r in whole.records
+    ]
+
+
 async def test_m20_a_reader_of_one_session_is_ranked_over_its_rows_by_the_session_index(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:

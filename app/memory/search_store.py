@@ -646,7 +646,8 @@ async def ranked_index(
     common words is first walked newest first by the (agent, created) btree, testing its words
     on a bounded number of rows, when that should find the tier's newest records sooner than
     GIN reads all of them; a walk that comes back short leaves the tier to GIN
-    (`_newest_first`).
+    (`_newest_first`). For an agent of `SHARED_PROBES_MIN_RECORDS` or more, a lexical walk
+    reads a GIN probe that several of its tiers share once (`_shared_probes`).
 
     `records`: the agent's records as listed with its own indexes, None without them; with
     them the statement names the agent's key as literals (`AgentKey`), which their partial
@@ -740,6 +741,8 @@ async def ranked_index(
                 f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(reach))}"
                 f" ELSE {limit} END FROM words)"
             )
+            if records is not None and records >= SHARED_PROBES_MIN_RECORDS:
+                ctes, tiers, tier = _shared_probes(agent, tiers, tier, limit, below)
             if records is not None and not preview:
                 tier = _newest_first(tier, reader, where, p, want, records, below)
             lists.append(walk(tiers, f"LIMIT {want}"))
@@ -755,6 +758,51 @@ async def ranked_index(
     if not found[0]["gate_holds"]:
         return None, listed
     return _page(found, r), listed
+
+
+# A lexical walk reads each GIN probe shared by several of its tiers once, for an agent of
+# this many records or more (`_shared_probes`; bench/README.md, forty-third session: at
+# 200,000 records p95 8.04 -> 7.07 and 8.08 -> 6.90 ms, p50 3.44 -> 3.33 and 3.34 -> 3.27;
+# at 5,000 and 25,000 records the CTEs cost 0.16-0.19 ms at p50 for nothing).
+SHARED_PROBES_MIN_RECORDS = 100_000
+
+
+def _shared_probes(
+    agent: str, tiers: str, tier: str, limit: int, below: str | None
+) -> tuple[str, str, str]:
+    """A lexical walk whose tiers that share a GIN probe read it once. A tier's probe is the
+    rarest (up to three) of its words (`word_tiers`), so the tiers of subsets that share those
+    words share it: at 200,000 records a slow question's walk read 24 tiers by 8 probes, one of
+    them (305 records, all but a few dropped by each tier's `exact`) 14 times. Returns CTEs
+    `all_tiers`, `walk_tiers` (the tiers, with `k`, the first tier of a probe that others
+    share, and `shared`) and `probed` (a shared probe's records as arrays, a row a probe in the
+    order of `k`, each computed only when the walk first asks for it: a CTE is read lazily);
+    the tiers to walk; and a tier's records: a shared probe's from `probed`, tested on the
+    tier's `exact` (and a later page's `below`), in `tier`'s order and limit, else read by
+    `tier` (GIN). The same records in the same order either way (`NULL` vectors: lexical mode
+    reads none)."""
+    ctes = f"""all_tiers AS MATERIALIZED ({tiers}), walk_tiers AS MATERIALIZED (
+        SELECT t.*, s.k, s.k IS NOT NULL AS shared FROM all_tiers t LEFT JOIN (
+            SELECT probe, min(tier) AS k FROM all_tiers GROUP BY probe HAVING count(*) > 1
+        ) s ON s.probe = t.probe
+    ), probed AS MATERIALIZED (
+        SELECT s.k, x.* FROM (
+            SELECT DISTINCT k, probe FROM walk_tiers WHERE shared ORDER BY k) s
+        CROSS JOIN LATERAL (
+            SELECT array_agg(m.memory_id) AS ids, array_agg(m.created) AS created,
+                array_agg(m.tsv) AS tsvs FROM {agent} AND m.tsv @@ s.probe) x
+    ), """
+    pooled = (
+        "SELECT u.memory_id, u.created, NULL::vector AS embedding, u.tsv"
+        " FROM (SELECT * FROM probed WHERE probed.k = t.k LIMIT 1) p,"
+        " unnest(p.ids, p.created, p.tsvs) u(memory_id, created, tsv)"
+        " WHERE t.shared AND ts_match_vq(u.tsv, t.exact)"
+        + (f" AND (u.created, u.memory_id) < {below}" if below else "")
+        + f" ORDER BY u.created DESC, u.memory_id DESC LIMIT {limit}"
+    )
+    direct = tier.replace(" OFFSET 0) m", " AND NOT t.shared OFFSET 0) m", 1)
+    rows = f"SELECT * FROM (({pooled}) UNION ALL ({direct})) r"
+    return ctes, "SELECT * FROM walk_tiers", rows
 
 
 def _after_tier(after: tuple[float, datetime, UUID], p: Params) -> tuple[str, str]:
