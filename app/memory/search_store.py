@@ -761,7 +761,7 @@ async def ranked_index(
 
 
 # A lexical walk reads each GIN probe shared by several of its tiers once, for an agent of
-# this many records or more (`_shared_probes`; bench/README.md, forty-third session: at
+# this many records or more (`_shared_probes`; bench/README.md, forty-second session: at
 # 200,000 records p95 8.04 -> 7.07 and 8.08 -> 6.90 ms, p50 3.44 -> 3.33 and 3.34 -> 3.27;
 # at 5,000 and 25,000 records the CTEs cost 0.16-0.19 ms at p50 for nothing).
 SHARED_PROBES_MIN_RECORDS = 100_000
