@@ -8,6 +8,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -207,6 +208,18 @@ async def test_a_review_that_fails_partway_keeps_none_of_its_records(
     assert staged_left == 0
 
 
+async def keeper(remote: AppState, harness: dict[str, Any]) -> tuple[GQL, Caller, str]:
+    """An agent keeping its history, on a service whose turns have 1.5 s: the API, an admin,
+    the agent's ID."""
+    remote.settings.turn_timeout_seconds = 1.5
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
+    return gql, admin, created.ok()["createAction"]["actionId"]
+
+
 async def test_a_turn_whose_history_embedding_runs_past_the_deadline_fails_at_it(
     remote: AppState, model_server: OpenAIServer
 ) -> None:
@@ -214,14 +227,7 @@ async def test_a_turn_whose_history_embedding_runs_past_the_deadline_fails_at_it
     the history it keeps (before the commit's transaction) is cut at the deadline too, and the
     turn fails naming the setting, keeping nothing but its transcript. It ran past it, as long as
     the provider took (a stop's grace period, docker-compose.yml, counts on the deadline)."""
-    remote.settings.turn_timeout_seconds = 1.5
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    harness = {"history": {"index": "messages"}}
-    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
-    action_id = created.ok()["createAction"]["actionId"]
+    gql, admin, action_id = await keeper(remote, {"history": {"index": "messages"}})
     model_server.say("Hello.")
     model_server.stall_next(1, 6.0, path=EMBED)  # the history's embedding, within its timeout
 
@@ -247,14 +253,9 @@ async def test_a_review_cut_at_the_deadline_still_costs_the_turn_neither_answer_
     """The history is embedded once the turn answered, before its memory review: a review
     that the deadline cuts leaves the turn its answer and the history it keeps, which an
     embedding after the review, past the deadline, would have cost it."""
-    remote.settings.turn_timeout_seconds = 1.5
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    harness = {"memory": {"enabled": True}, "history": {"index": "messages"}}
-    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
-    action_id = created.ok()["createAction"]["actionId"]
+    gql, admin, action_id = await keeper(
+        remote, {"memory": {"enabled": True}, "history": {"index": "messages"}}
+    )
     model_server.say("Got it, Lisbon.")
     candidates(model_server, {"summary": "Ada lives in Lisbon"}, delay=10.0)
 
@@ -277,14 +278,9 @@ async def test_an_ingest_whose_history_embedding_runs_past_the_deadline_fails_at
 ) -> None:
     """As a turn's: an ingest's deadline bounds the embedding of the history it keeps, and the
     ingest fails at it naming the setting, keeping nothing."""
-    remote.settings.turn_timeout_seconds = 1.5
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    harness = {"memory": {"enabled": True}, "history": {"index": "messages"}}
-    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
-    action_id = created.ok()["createAction"]["actionId"]
+    gql, admin, action_id = await keeper(
+        remote, {"memory": {"enabled": True}, "history": {"index": "messages"}}
+    )
     model_server.stall_next(1, 6.0, path=EMBED)  # the history's embedding (the review keeps none)
     request = {
         "actionId": action_id,

@@ -738,6 +738,20 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
     assert await lexical_rows("violin lantern garden hose compost mulch sprinklers", 2) == 8
 
 
+async def lexical_page(agent: SearchAgent, query: str, limit: int, after: str | None = None) -> Any:
+    """A page of an operator's lexical search, as the service pages it."""
+    return await search(
+        agent.state.pool,
+        agent.state.embedder,
+        agent.operator,
+        CONFIG,
+        query=query,
+        mode="lexical",
+        limit=limit,
+        after=after,
+    )
+
+
 async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_first(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -806,16 +820,7 @@ async def test_m20_m21_lexical_index_plan_reads_a_tier_of_common_words_newest_fi
         await lexical(query, 25, turn)
 
     async def garden(limit: int, after: str | None = None) -> Any:
-        return await search(
-            pool,
-            agent.state.embedder,
-            agent.operator,
-            CONFIG,
-            query="garden",
-            mode="lexical",
-            limit=limit,
-            after=after,
-        )
+        return await lexical_page(agent, "garden", limit, after)
 
     first, whole = await garden(10), await garden(20)
     second = await garden(10, first.cursors[-1])
@@ -877,16 +882,7 @@ async def test_m20_m21_lexical_tiers_that_share_a_probe_read_it_once(
             assert tiers > probes >= 1, (query, probes, tiers)
 
     async def pages(limit: int, after: str | None = None) -> Any:
-        return await search(
-            pool,
-            agent.state.embedder,
-            agent.operator,
-            CONFIG,
-            query="zephyr garden river boat winter",
-            mode="lexical",
-            limit=limit,
-            after=after,
-        )
+        return await lexical_page(agent, "zephyr garden river boat winter", limit, after)
 
     first, whole = await pages(10), await pages(30)
     second = await pages(10, first.cursors[-1])
