@@ -282,15 +282,21 @@ async def search(
     return SearchResult(records, None, tokens, plan, cursors)
 
 
+def _lists(mode: str, reach: int) -> tuple[int, int]:
+    """The index plan's candidates per signal and `hnsw.ef_search` for a page ending at rank
+    `reach`: enough for the records before it and its own."""
+    base = EF_SEARCH if mode == "vector" else HYBRID_EF_SEARCH
+    return max(CANDIDATES, 4 * reach), min(MAX_EF_SEARCH, max(base, 4 * reach))
+
+
 def deeper(ranking: Ranking, depth: int) -> Ranking:
     """`ranking` as a page after `depth` records ranks: its lists as long as such a page's."""
-    reach = depth + ranking.limit
-    base = EF_SEARCH if ranking.mode == "vector" else HYBRID_EF_SEARCH
+    candidates, ef_search = _lists(ranking.mode, depth + ranking.limit)
     return replace(
         ranking,
         depth=depth,
-        candidates=max(ranking.candidates, CANDIDATES, 4 * reach),
-        ef_search=max(ranking.ef_search, min(MAX_EF_SEARCH, max(base, 4 * reach))),
+        candidates=max(ranking.candidates, candidates),
+        ef_search=max(ranking.ef_search, ef_search),
     )
 
 
@@ -311,7 +317,7 @@ def make_ranking(
     """`after` and `depth`: a later page, after that record with `depth` records before it
     (the index plan proposes enough candidates for them and this page); `weights` and `best`:
     what ranked the first page (`Ranking`)."""
-    reach = depth + limit
+    candidates, ef_search = _lists(mode, depth + limit)
     return Ranking(
         mode=mode,  # type: ignore[arg-type]
         text=query if mode != "vector" else None,
@@ -319,10 +325,8 @@ def make_ranking(
         min_score=min_score,
         limit=limit,
         weight=weight,
-        candidates=max(CANDIDATES, 4 * reach),
-        ef_search=min(
-            MAX_EF_SEARCH, max(EF_SEARCH if mode == "vector" else HYBRID_EF_SEARCH, 4 * reach)
-        ),
+        candidates=candidates,
+        ef_search=ef_search,
         by_length=by_length,
         after=after,
         depth=depth,

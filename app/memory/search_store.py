@@ -732,17 +732,19 @@ async def ranked_index(
             # The tiers' order is the lexical ranking when the query has at most six words:
             # then the page's ranks are enough; a later page ranked as its first (`weights`),
             # the records after its cursor (`_after_tier`).
-            reach, below = r.reach, None
+            reach, below, after = r.reach, None, ""
             if r.after is not None and r.weights is not None:
                 (follows, below), reach = _after_tier(r.after, p), r.limit
                 tiers = f"SELECT * FROM ({tiers}) t WHERE {follows}"
-                tier = read_tier(f" AND (m.created, m.memory_id) < {below}")
+                after = f" AND (m.created, m.memory_id) < {below}"
+                tier = read_tier(after)
             want = (
                 f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(reach))}"
                 f" ELSE {limit} END FROM words)"
             )
             if records is not None and records >= SHARED_PROBES_MIN_RECORDS:
-                ctes, tiers, tier = _shared_probes(agent, tiers, tier, limit, below)
+                direct = read_tier(after + " AND NOT t.shared")
+                ctes, tiers, tier = _shared_probes(agent, tiers, direct, limit, below)
             if records is not None and not preview:
                 tier = _newest_first(tier, reader, where, p, want, records, below)
             lists.append(walk(tiers, f"LIMIT {want}"))
@@ -768,7 +770,7 @@ SHARED_PROBES_MIN_RECORDS = 100_000
 
 
 def _shared_probes(
-    agent: str, tiers: str, tier: str, limit: int, below: str | None
+    agent: str, tiers: str, direct: str, limit: int, below: str | None
 ) -> tuple[str, str, str]:
     """A lexical walk whose tiers that share a GIN probe read it once. A tier's probe is the
     rarest (up to three) of its words (`word_tiers`), so the tiers of subsets that share those
@@ -778,9 +780,9 @@ def _shared_probes(
     share, and `shared`) and `probed` (a shared probe's records as arrays, a row a probe in the
     order of `k`, each computed only when the walk first asks for it: a CTE is read lazily);
     the tiers to walk; and a tier's records: a shared probe's from `probed`, tested on the
-    tier's `exact` (and a later page's `below`), in `tier`'s order and limit, else read by
-    `tier` (GIN). The same records in the same order either way (`NULL` vectors: lexical mode
-    reads none)."""
+    tier's `exact` (and a later page's `below`), in `direct`'s order and limit, else read by
+    `direct` (GIN, a tier that shares no probe). The same records in the same order either way
+    (`NULL` vectors: lexical mode reads none)."""
     ctes = f"""all_tiers AS MATERIALIZED ({tiers}), walk_tiers AS MATERIALIZED (
         SELECT t.*, s.k, s.k IS NOT NULL AS shared FROM all_tiers t LEFT JOIN (
             SELECT probe, min(tier) AS k FROM all_tiers GROUP BY probe HAVING count(*) > 1
@@ -800,7 +802,6 @@ def _shared_probes(
         + (f" AND (u.created, u.memory_id) < {below}" if below else "")
         + f" ORDER BY u.created DESC, u.memory_id DESC LIMIT {limit}"
     )
-    direct = tier.replace(" OFFSET 0) m", " AND NOT t.shared OFFSET 0) m", 1)
     rows = f"SELECT * FROM (({pooled}) UNION ALL ({direct})) r"
     return ctes, "SELECT * FROM walk_tiers", rows
 
