@@ -182,18 +182,10 @@ async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cle
     assert events(failed, "turn.failed") == [{"error": failed["error"]}]  # nothing lost
 
 
-@pytest.mark.settings(turn_timeout_seconds=0)
-async def test_a_turn_cancelled_twice_while_a_transcript_is_committed_fails_cleanly(
-    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
-) -> None:
-    """Cancelled as the sign of life commits the transcript so far (at the deadline, or as its
-    request ends), and again while it waits for that commit (the request ending after the
-    deadline): it still waits, so the failure knows what was stored and writes each event once
-    (not the stored ones again, which the database refuses, leaving the turn RUNNING)."""
-    action_id = await make_agent_id(gql.state, admin, harness=None)
-    await late_transcript(state)
-    model_server.say("Hello.")
-
+async def cancelled_twice_as_it_commits(gql: GQL, admin: Caller, state: AppState, action_id: str):
+    """Runs a turn, cancelled as its sign of life commits its transcript so far (at the
+    deadline, or as its request ends), and again while it waits for that commit (the request
+    ending after the deadline); returns its status, error and transcript as stored."""
     turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
     sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
     async with state.pool.acquire() as conn:
@@ -206,20 +198,64 @@ async def test_a_turn_cancelled_twice_while_a_transcript_is_committed_fails_clea
     turn.cancel()  # ...and is cancelled again meanwhile
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(turn, 30)
-
     async with state.pool.acquire() as conn:
         status, error = await conn.fetchrow(
             "SELECT status, error FROM executions WHERE action_id = $1", uuid.UUID(action_id)
         )
-        types = await conn.fetchval(
-            "SELECT array_agg(type ORDER BY sequence) FROM transcript_events WHERE action_id = $1",
+        transcript = await conn.fetch(
+            "SELECT type, data FROM transcript_events WHERE action_id = $1 ORDER BY sequence",
             uuid.UUID(action_id),
         )
-    assert (status, error) == (
-        "FAILED",
-        "the turn was cancelled before it finished; retry the execution",
-    )
+    return status, error, [(e["type"], e["data"]) for e in transcript]
+
+
+CANCELLED = "the turn was cancelled before it finished; retry the execution"
+
+
+@pytest.mark.settings(turn_timeout_seconds=0)
+async def test_a_turn_cancelled_twice_while_a_transcript_is_committed_fails_cleanly(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """It still waits for the commit, so the failure knows what was stored and writes each
+    event once: it wrote the stored ones again, which the database refused, leaving the turn
+    RUNNING."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    await late_transcript(state)
+    model_server.say("Hello.")
+
+    status, error, transcript = await cancelled_twice_as_it_commits(gql, admin, state, action_id)
+
+    assert (status, error) == ("FAILED", CANCELLED)
+    types = [t for t, _ in transcript]
     assert types == ["turn.input", "model.call", "turn.failed"], types
+
+
+@pytest.mark.settings(turn_timeout_seconds=0)
+async def test_a_sign_of_life_failing_while_its_turn_is_cancelled_twice_is_waited_for(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The commit the turn waits for fails: its error is taken, not raised in place of the
+    cancellation, nothing is counted as stored, and the failure, whose own commit of those
+    events fails too, keeps itself alone, noting the events lost."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    async with state.pool.acquire() as conn:
+        await conn.execute("""
+            CREATE FUNCTION refused_late() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep(1); RAISE EXCEPTION 'refused late'; END $$;
+            CREATE CONSTRAINT TRIGGER refused AFTER INSERT ON transcript_events
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.type = 'model.call')
+                EXECUTE FUNCTION refused_late();
+        """)
+    model_server.say("Hello.")
+
+    status, error, transcript = await cancelled_twice_as_it_commits(gql, admin, state, action_id)
+
+    assert (status, error) == ("FAILED", CANCELLED)
+    ((kind, data),) = transcript
+    assert kind == "turn.failed" and data["error"] == CANCELLED
+    assert data["transcriptLost"] == (
+        "the turn's last 2 transcript events could not be stored (RaiseError)"
+    ), data
 
 
 async def late_staging(state: AppState) -> None:
