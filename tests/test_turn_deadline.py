@@ -11,6 +11,7 @@ by it is dropped and the turn commits its answer; an ingest, whose work is its r
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import httpx
 import pytest
@@ -182,7 +183,9 @@ async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cle
     assert events(failed, "turn.failed") == [{"error": failed["error"]}]  # nothing lost
 
 
-async def cancelled_twice_as_it_commits(gql: GQL, admin: Caller, state: AppState, action_id: str):
+async def cancelled_twice_as_it_commits(
+    gql: GQL, admin: Caller, state: AppState, action_id: str
+) -> tuple[str, str | None, list[tuple[str, Any]]]:
     """Runs a turn, cancelled as its sign of life commits its transcript so far (at the
     deadline, or as its request ends), and again while it waits for that commit (the request
     ending after the deadline); returns its status, error and transcript as stored."""
