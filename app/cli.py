@@ -252,8 +252,8 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 2
     except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        if _database_gone(e):
-            raise  # told by `_command`, as for every command
+        if _database_gone(e) or _database_stopped(e):
+            raise  # told by `_command`, as for every command (a statement cancelled too)
         # Any other failure of the database: what was written stays, and a run again goes on
         # from there.
         reason = " ".join(str(e).split()) or type(e).__name__

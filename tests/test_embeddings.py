@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 import pytest
-from helpers import end_other_backends
+from helpers import end_other_backends, eventually, holding
 from openai_server import OpenAIServer, hashed_embedding, word_count
 from pydantic import SecretStr
 from servers import clean_env, engram_command, run
@@ -713,6 +713,43 @@ async def test_engram_reembed_losing_the_database_says_so_and_a_run_again_finish
         "connection was ended): the records re-embedded so far keep their new vectors; "
         f"{REEMBED_AGAIN}: the service does not start on a database that is half re-embedded"
     )
+    await assert_finishes_with_the_new_model(db_url, openai_server)
+
+
+async def test_engram_reembed_whose_statement_is_cancelled_says_so_in_one_line(
+    db_url: str, embedder: StaticEmbedder, openai_server: OpenAIServer
+) -> None:
+    """Its statement cancelled by the database (an operator's pg_cancel_backend, or a
+    statement_timeout or lock_timeout the database or its role sets): said as every command
+    says it (`cli._database_stopped`), with PostgreSQL's reason, then what an interrupted
+    reembed leaves, exit status 2. It said it in words of its own."""
+    proc = await started_reembed(db_url, embedder, openai_server)
+    # The records' table held: the command's next statement waits for it, and is cancelled.
+    async with holding(db_url, "LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE") as other:
+        waiting = (
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database() AND pid <> $1"
+        )
+        found: list[int] = []
+
+        async def waits() -> bool:
+            # Asked on a connection of its own: `other`'s transaction sees a snapshot.
+            conn = await asyncpg.connect(db_url)
+            try:
+                found[:] = [p for p in [await conn.fetchval(waiting, other.get_server_pid())] if p]
+            finally:
+                await conn.close()
+            return bool(found)
+
+        await eventually(waits, "the reembed's statement waiting for the records' table", 30)
+        assert await other.fetchval("SELECT pg_cancel_backend($1)", found[0])
+    _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        "engram reembed: the database stopped its work (canceling statement due to user "
+        "request): the records re-embedded so far keep their new vectors; "
+        f"{REEMBED_AGAIN}: the service does not start on a database that is half re-embedded"
+    ), err
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 

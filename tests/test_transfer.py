@@ -1352,6 +1352,82 @@ async def test_a_batch_its_vectors_take_past_one_statement_is_written_in_several
     )
 
 
+async def test_a_batch_past_one_statement_as_jsonb_though_not_as_text_is_written_in_several(
+    state, admin, second, monkeypatch
+):
+    """PostgreSQL's bound is on the jsonb array's binary size, which for short numbers is
+    several times their text: records whose vectors are all zeros took 2.4 times their text, so
+    a batch whose text was within the bound was sent in one statement and refused ("total size
+    of jsonb array elements exceeds the maximum") after earlier batches were stored. The bound
+    is lowered between the batch's text and its size as jsonb, and PostgreSQL's refusal stood
+    in for, past it, by the size PostgreSQL gives the array as jsonb."""
+    from app.transfer import service, store
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    records = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
+    dimensions = len(json.loads(json.loads(lines[records[0]])["row"]["embedding"]))
+    for i in records:  # as JSON lists (as the import's embedding adds them), of zeros
+        lines = edited(lines, i, embedding=[0.0] * dimensions)
+    items = [json.loads(line) for line in lines[1:]]
+    memories = [item["row"] for item in items if item["type"] == "memory"]
+    others = [item["row"] for item in items if item["type"] != "memory"]
+    bound = max(len(json.dumps(memories)), len(json.dumps(others))) + 1
+    sizes: list[int] = []
+
+    async def jsonb_size(conn, rows_json: str) -> int:
+        return await conn.fetchval("SELECT pg_column_size($1::text::jsonb)", rows_json)
+
+    async with state.pool.acquire() as conn:
+        assert await jsonb_size(conn, json.dumps(memories)) > 1.5 * bound  # each row far within
+        assert max([await jsonb_size(conn, json.dumps([r])) for r in memories]) < bound / 2
+    monkeypatch.setattr(service, "MAX_BATCH_BYTES", bound)
+    write_rows = store.write_rows
+
+    async def bounded(conn, table, account_id, rows_json, rows, row_columns):
+        sizes.append(size := await jsonb_size(conn, rows_json))
+        if size > bound:  # as PostgreSQL refuses a jsonb array past its bound
+            raise asyncpg.ProgramLimitExceededError(
+                f"total size of jsonb array elements exceeds the maximum of {bound} bytes"
+            )
+        return await write_rows(conn, table, account_id, rows_json, rows, row_columns)
+
+    monkeypatch.setattr(store, "write_rows", bounded)
+    target_admin = await admin_of(second)
+    result = await load(second, target_admin.account_id, lines)
+    assert result.vectors == "copied" and result.reembedded == 0
+    assert result.by_type["memory"] == len(memories) and result.missing == {}
+    assert len(sizes) > len({item["type"] for item in items}) + 1  # the records' in several
+    zeros = (
+        "SELECT count(*) FROM agent_memories "
+        "WHERE embedding = array_fill(0::real, ARRAY[$1::int])::vector"
+    )
+    assert await second.pool.fetchval(zeros, dimensions) == len(memories)
+    assert await reads(GQL(second), target_admin, agent.action_id) == await reads(
+        GQL(state), admin, agent.action_id
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, 0.0, 7, 1.5, -1.5, 12.5, 10001, 1e-300, 1.5e300, 0.1234567890123456, "", "a", "é😀",
+     ",", None, True, [], {}, [0], [[]], {"": 0}, {"k": [1.5]}, {"a": 1.5}, {"abc": 1.5},
+     {"a": 1.5, "bb": 1.5}],
+)  # fmt: skip
+async def test_the_bound_on_a_batch_as_jsonb_is_never_below_what_postgresql_takes(state, value):
+    """`_jsonb_bound` against PostgreSQL's own size of the array as jsonb: values alone, many,
+    and after a string of each length; in objects, after keys of each length (an object's keys
+    come before its values, each number padded to 4 bytes)."""
+    from app.transfer.service import _jsonb_bound
+
+    texts = [json.dumps([value] * n) for n in (1, 2, 3, 1000)]
+    texts += [json.dumps(["x" * k, value] * 100) for k in range(4)]
+    async with state.pool.acquire() as conn:
+        for text in texts:
+            size = await conn.fetchval("SELECT pg_column_size($1::text::jsonb)", text)
+            assert size <= _jsonb_bound(text), (text[:60], size, _jsonb_bound(text))
+
+
 async def test_a_row_twice_or_out_of_order_is_refused_writing_nothing(state, admin, second):
     # A key twice: the write kept the first and counted the other as already there, whatever
     # it held. The same ID in capitals is the same key to PostgreSQL: the check took it for

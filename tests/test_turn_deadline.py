@@ -8,8 +8,10 @@ was waiting for, cut then rather than after the model call's own timeout; a memo
 by it is dropped and the turn commits its answer; an ingest, whose work is its review, fails.
 """
 
+import asyncio
 import time
 import uuid
+from typing import Any
 
 import httpx
 import pytest
@@ -150,13 +152,9 @@ async def test_a_review_past_the_deadline_is_dropped_and_the_turn_keeps_its_answ
     assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada lives in Lisbon"]
 
 
-async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cleanly(
-    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
-) -> None:
-    """The deadline passes while the sign of life after a model call commits the transcript so
-    far: the commit ends (it is not cut), and the turn fails naming the setting, its transcript
-    whole, each event once."""
-    action_id = await make_agent_id(gql.state, admin, harness=None)
+async def late_transcript(state: AppState) -> None:
+    """A transcript's model.call rows commit LATE_STATEMENT's way: the sign of life that writes
+    them takes 2.5 seconds to commit."""
     async with state.pool.acquire() as conn:
         await conn.execute(LATE_STATEMENT)
         await conn.execute("""
@@ -164,6 +162,16 @@ async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cle
                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.type = 'model.call')
                 EXECUTE FUNCTION late()
         """)
+
+
+async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cleanly(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The deadline passes while the sign of life after a model call commits the transcript so
+    far: the commit ends (it is not cut), and the turn fails naming the setting, its transcript
+    whole, each event once."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    await late_transcript(state)
     model_server.say("Hello.")
 
     failed = await run(gql, admin, action_id, "hi")
@@ -173,6 +181,84 @@ async def test_a_deadline_met_while_a_transcript_is_committed_fails_the_turn_cle
     types = [e["type"] for e in failed["transcript"]["nodes"]]
     assert types == ["turn.input", "model.call", "turn.failed"], types
     assert events(failed, "turn.failed") == [{"error": failed["error"]}]  # nothing lost
+
+
+async def cancelled_twice_as_it_commits(
+    gql: GQL, admin: Caller, state: AppState, action_id: str
+) -> tuple[str, str | None, list[tuple[str, Any]]]:
+    """Runs a turn, cancelled as its sign of life commits its transcript so far (at the
+    deadline, or as its request ends), and again while it waits for that commit (the request
+    ending after the deadline); returns its status, error and transcript as stored."""
+    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
+    sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+    async with state.pool.acquire() as conn:
+        await eventually(
+            lambda: conn.fetchval(sleeping), "the sign of life's commit to be under way"
+        )
+    turn.cancel()
+    await asyncio.sleep(0.3)
+    assert not turn.done()  # it waits for the commit...
+    turn.cancel()  # ...and is cancelled again meanwhile
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(turn, 30)
+    async with state.pool.acquire() as conn:
+        status, error = await conn.fetchrow(
+            "SELECT status, error FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+        )
+        transcript = await conn.fetch(
+            "SELECT type, data FROM transcript_events WHERE action_id = $1 ORDER BY sequence",
+            uuid.UUID(action_id),
+        )
+    return status, error, [(e["type"], e["data"]) for e in transcript]
+
+
+CANCELLED = "the turn was cancelled before it finished; retry the execution"
+
+
+@pytest.mark.settings(turn_timeout_seconds=0)
+async def test_a_turn_cancelled_twice_while_a_transcript_is_committed_fails_cleanly(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """It still waits for the commit, so the failure knows what was stored and writes each
+    event once: it wrote the stored ones again, which the database refused, leaving the turn
+    RUNNING."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    await late_transcript(state)
+    model_server.say("Hello.")
+
+    status, error, transcript = await cancelled_twice_as_it_commits(gql, admin, state, action_id)
+
+    assert (status, error) == ("FAILED", CANCELLED)
+    types = [t for t, _ in transcript]
+    assert types == ["turn.input", "model.call", "turn.failed"], types
+
+
+@pytest.mark.settings(turn_timeout_seconds=0)
+async def test_a_sign_of_life_failing_while_its_turn_is_cancelled_twice_is_waited_for(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """The commit the turn waits for fails: its error is taken, not raised in place of the
+    cancellation, nothing is counted as stored, and the failure, whose own commit of those
+    events fails too, keeps itself alone, noting the events lost."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    async with state.pool.acquire() as conn:
+        await conn.execute("""
+            CREATE FUNCTION refused_late() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep(1); RAISE EXCEPTION 'refused late'; END $$;
+            CREATE CONSTRAINT TRIGGER refused AFTER INSERT ON transcript_events
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.type = 'model.call')
+                EXECUTE FUNCTION refused_late();
+        """)
+    model_server.say("Hello.")
+
+    status, error, transcript = await cancelled_twice_as_it_commits(gql, admin, state, action_id)
+
+    assert (status, error) == ("FAILED", CANCELLED)
+    ((kind, data),) = transcript
+    assert kind == "turn.failed" and data["error"] == CANCELLED
+    assert data["transcriptLost"] == (
+        "the turn's last 2 transcript events could not be stored (RaiseError)"
+    ), data
 
 
 async def late_staging(state: AppState) -> None:

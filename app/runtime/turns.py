@@ -128,10 +128,13 @@ class TurnContext:
         except asyncio.CancelledError:
             # Cut as it writes (at the deadline, or as the request ends): the write, one short
             # transaction, ends first, so the failure that follows knows whether these rows
-            # were stored and does not write them twice.
-            with contextlib.suppress(Exception):
-                if await asyncio.shield(write):
-                    self.transcript.written += len(rows)
+            # were stored and does not write them twice. A further cut meanwhile (the request
+            # ending after the deadline) does not stop the wait; the first is raised, once.
+            while not write.done():
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(write)
+            if not write.cancelled() and write.exception() is None and write.result():
+                self.transcript.written += len(rows)
             raise
         if not alive:
             raise TurnEnded(self.execution)

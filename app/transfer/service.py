@@ -63,8 +63,14 @@ BATCH_ROWS = 1000
 # The most JSON a batch is sent as: PostgreSQL's bound on a jsonb array (268,435,455 bytes),
 # held by the check on the batch's text, which is ASCII (json.dumps escapes the rest). Past it,
 # the batch is refused whole, each row alone passing: --batch-size is then too large. Its write,
-# with the vectors the import's embedding adds, is sent in as many statements as that takes.
+# with the vectors the import's embedding adds, is sent in as many statements as that takes,
+# each measured as jsonb (`_jsonb_bound`): the bound is on the array's binary size, which for
+# short numbers is several times their text (a vector of zeros: 2.4 times).
 MAX_BATCH_BYTES = 2**28 - 1
+# What jsonb takes for a value beyond its text, at most: a 4-byte entry, padding to 4 bytes and
+# a number's or a container's header ("1.5" is 16 bytes in a jsonb array, with its ", " 5 as
+# text; a string's bytes are fewer than its quoted, escaped text).
+JSONB_VALUE_BYTES = 12
 
 _NOUNS = {
     "actions": "action {action_id}",
@@ -537,20 +543,30 @@ async def _check_file(
     return to_embed
 
 
+def _jsonb_bound(text: str) -> int:
+    """The most bytes PostgreSQL's jsonb takes for this JSON text: its bytes, and
+    JSONB_VALUE_BYTES a value, each value counted by the comma, bracket or brace that comes
+    with it (those inside strings count too: more, never fewer)."""
+    values = text.count(",") + text.count("[") + text.count("{") + 1
+    return len(text) + JSONB_VALUE_BYTES * values
+
+
 def _in_statements(rows: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    """A batch's rows as the JSON arrays its writes send, each within MAX_BATCH_BYTES, and how
-    many rows each holds: one, but where the vectors this deployment's model gave the records
-    (about 34 kB a record at 1,536 dimensions) take a batch that passed the check past it.
-    (Each row alone fits: the check measured it without its vector, and a vector is at most
-    2,000 numbers.)"""
+    """A batch's rows as the JSON arrays its writes send, each within MAX_BATCH_BYTES as jsonb
+    (`_jsonb_bound`), and how many rows each holds: one, but where the vectors this deployment's
+    model gave the records (about 34 kB a record at 1,536 dimensions), or numbers that take more
+    as jsonb than as text, take a batch that passed the check past it. (Each row alone fits: the
+    check stored it as jsonb without its vector, and a vector is at most 2,000 numbers.)"""
     parts = [json.dumps(row) for row in rows]
     arrays: list[tuple[str, int]] = []
-    start, size = 0, 2
+    empty = _jsonb_bound("[]")
+    start, size = 0, empty
     for i, part in enumerate(parts):
-        if i > start and size + len(part) + 1 > MAX_BATCH_BYTES:
+        cost = _jsonb_bound(part) + 1  # with the comma before it
+        if i > start and size + cost > MAX_BATCH_BYTES:
             arrays.append(("[" + ",".join(parts[start:i]) + "]", i - start))
-            start, size = i, 2
-        size += len(part) + 1
+            start, size = i, empty
+        size += cost
     arrays.append(("[" + ",".join(parts[start:]) + "]", len(parts) - start))
     return arrays
 
