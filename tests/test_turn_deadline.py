@@ -261,6 +261,42 @@ async def test_a_sign_of_life_failing_while_its_turn_is_cancelled_twice_is_waite
     ), data
 
 
+@pytest.mark.settings(turn_timeout_seconds=0)
+async def test_a_turn_cancelled_again_as_its_failure_is_recorded_ends_after_the_record(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """Cancelled during its model call, the turn records its failure; cancelled again while
+    that record commits, it still waits for it: the cancellation comes after the record (it
+    came at once, the record left running in the background, its error never taken)."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    async with state.pool.acquire() as conn:
+        await conn.execute(LATE_STATEMENT)
+        await conn.execute("""
+            CREATE CONSTRAINT TRIGGER late AFTER INSERT ON transcript_events
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.type = 'turn.failed')
+                EXECUTE FUNCTION late()
+        """)
+    model_server.say("Hello.", delay=LATE)
+    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
+    await eventually(
+        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
+        "the model call to be under way",
+    )
+    turn.cancel()
+    sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+    async with state.pool.acquire() as conn:
+        await eventually(lambda: conn.fetchval(sleeping), "the failure's commit to be under way")
+        turn.cancel()
+        await asyncio.sleep(0.3)
+        assert not turn.done()  # it waits for the record
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(turn, 30)
+        status, error = await conn.fetchrow(
+            "SELECT status, error FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+        )
+    assert (status, error) == ("FAILED", CANCELLED)
+
+
 async def late_staging(state: AppState) -> None:
     """Every staged memory row is stored LATE_STATEMENT's way."""
     async with state.pool.acquire() as conn:

@@ -311,8 +311,8 @@ async def _failed(run: _Run, error: BaseException) -> Execution:
     """As a turn fails: the transcript kept, the staged memory dropped, even when cancelled."""
     recording = asyncio.ensure_future(turns._fail(run.context, error))
     if isinstance(error, Exception):
-        return await asyncio.shield(recording)
-    await asyncio.shield(recording)
+        return await turns.outlast(recording)
+    await turns.outlast(recording)
     raise error
 
 

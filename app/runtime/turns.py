@@ -11,13 +11,12 @@ then is dropped, and the turn commits its answer.
 """
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -61,6 +60,7 @@ from app.state import AppState
 from app.text import storable
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -124,15 +124,11 @@ class TurnContext:
         rows = self.transcript.unwritten()
         write = asyncio.ensure_future(self._touch(rows))
         try:
-            alive = await asyncio.shield(write)
-        except asyncio.CancelledError:
             # Cut as it writes (at the deadline, or as the request ends): the write, one short
             # transaction, ends first, so the failure that follows knows whether these rows
-            # were stored and does not write them twice. A further cut meanwhile (the request
-            # ending after the deadline) does not stop the wait; the first is raised, once.
-            while not write.done():
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.shield(write)
+            # were stored and does not write them twice.
+            alive = await outlast(write)
+        except asyncio.CancelledError:
             if not write.cancelled() and write.exception() is None and write.result():
                 self.transcript.written += len(rows)
             raise
@@ -151,6 +147,28 @@ class TurnContext:
             if alive:
                 await store.insert_events(conn, e.account_id, e.action_id, e.execution_id, rows)
         return alive
+
+
+async def outlast(task: asyncio.Future[_T]) -> _T:
+    """`task`'s result (or error), awaited to its end even when the caller is cancelled
+    meanwhile, once or more (at the turn's deadline, and again as its request ends): the
+    cancellation is raised after the task ended, once, and the task's own error is then taken
+    (never left unretrieved). Work that must not be cut short: a turn's commit of its
+    transcript so far, the recording of its failure."""
+    cut: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as e:
+            if not task.cancelled():  # the caller's cut, not the task's own end
+                cut = cut or e
+        except Exception:
+            pass  # the task's error, raised below
+    if cut is not None:
+        if not task.cancelled():
+            task.exception()
+        raise cut
+    return task.result()
 
 
 # Steps run after the agent answers and before the turn commits, inside its unit of work:
@@ -529,11 +547,11 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
         recalled = await _run(context)
         return await _commit(context, recalled)
     except BaseException as e:
-        # A cancelled request still records its failure: the recording is shielded from it.
+        # A cancelled request still records its failure: the recording outlasts the cut.
         recording = asyncio.ensure_future(_fail(context, e))
         if isinstance(e, Exception):
-            return await asyncio.shield(recording)
-        await asyncio.shield(recording)
+            return await outlast(recording)
+        await outlast(recording)
         raise
 
 
