@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import httpx
 
@@ -49,6 +49,7 @@ from http_load import TOKEN, Service, Words, free_port, one_request, vocabulary 
 
 from app.memory.search import RANKED, _search_key  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
+from app.memory.visibility import OperatorReader  # noqa: E402
 
 HARNESS = {"memory": {"enabled": True, "scope": {"read": ["agent"], "write": ["agent"]}}}
 EVERYTHING = [
@@ -85,11 +86,13 @@ def gql(http: httpx.Client, token: str, query: str, **variables: Any) -> dict[st
     return body["data"]
 
 
-def tenant(http: httpx.Client, name: str) -> str:
-    """A new account with a client that may do anything in it; that client's token."""
+def tenant(http: httpx.Client, name: str) -> tuple[str, str]:
+    """A new account with a client that may do anything in it: the account's ID and that
+    client's token."""
     account = gql(http, TOKEN, ACCOUNT, n=name)["createAccount"]["accountId"]
     gql(http, TOKEN, CLIENT, a=account, p=f"{name}-client", policies=EVERYTHING)
-    return gql(http, TOKEN, TOKEN_FOR, a=account, p=f"{name}-client")["createClientToken"]["token"]
+    made = gql(http, TOKEN, TOKEN_FOR, a=account, p=f"{name}-client")
+    return account, made["createClientToken"]["token"]
 
 
 def agent(http: httpx.Client, token: str, records: int, words: Words) -> str:
@@ -244,19 +247,31 @@ def main() -> None:
         with httpx.Client(base_url=service.base, timeout=600) as http:
             flooding = {name: tenant(http, name) for name in "ac"[: args.flooding_accounts]}
             flooding_agents = {
-                name: agent(http, token, args.records, words) for name, token in flooding.items()
+                name: agent(http, token, args.records, words)
+                for name, (_, token) in flooding.items()
             }
-            b_token = tenant(http, "b")
+            _, b_token = tenant(http, "b")
             b_agent = agent(http, b_token, 50, words)
         query = words.some(2000, 2000)[:4096].strip()
-        key = _search_key("hybrid", query, Filters())
-        after = RANKED.encode(key, 1.0, datetime.now(UTC), uuid4(), 9_000)
+
+        def deep(account: str, action: str) -> str:
+            """A cursor 9,000 records deep into the agent's search for `query`."""
+            reader = OperatorReader(UUID(account), UUID(action))
+            key = _search_key(reader, "hybrid", query, Filters())
+            return RANKED.encode(key, 1.0, datetime.now(UTC), uuid4(), 9_000)
+
         host = "127.0.0.1"
         heavy = {
             name.upper(): request_bytes(
-                host, port, token, HEAVY, a=flooding_agents[name], q=query, after=after
+                host,
+                port,
+                token,
+                HEAVY,
+                a=flooding_agents[name],
+                q=query,
+                after=deep(account, flooding_agents[name]),
             )
-            for name, token in flooding.items()
+            for name, (account, token) in flooding.items()
         }
         small = request_bytes(host, port, b_token, SMALL, a=b_agent)
 

@@ -30,6 +30,7 @@ import os
 import random
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -69,7 +70,10 @@ HARNESS = {
         "scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
         "labels": {"topic": {"number": 5, "description": "The topic."}},
         "tools": ["add_memory", "read_memory", "delete_memory"],
-    }
+    },
+    # The turns' history (kept when a turn succeeds: with the scripted model), which
+    # `ActionSession.history` lists and `searchHistory` searches.
+    "history": {"index": "messages_and_tools"},
 }
 EVERYTHING = [
     {"effect": "ALLOW", "actions": ["SELECT", "INSERT", "UPDATE", "DELETE"], "resources": ["*"]}
@@ -209,14 +213,62 @@ def _tenant(client: httpx.Client, admin: Api, name: str, text: str) -> Tenant:
             tenant.node_ids.append(turn["session"]["id"])
         page = api(
             "query($a: UUID!) { action(actionId: $a) { memories(first: 1) { edges { cursor } }"
-            " executions(first: 1) { edges { cursor } } } }",
+            " executions(first: 1) { edges { cursor } }"
+            " sessions(first: 5) { nodes { history(first: 1) { edges { cursor } } } } } }",
             a=action["actionId"],
         )["action"]
         tenant.cursors += [e["cursor"] for e in page["memories"]["edges"]]
         tenant.cursors += [e["cursor"] for e in page["executions"]["edges"]]
+        for session in page["sessions"]["nodes"]:
+            tenant.cursors += [e["cursor"] for e in session["history"]["edges"]]
+        # A ranked search's cursors (each carries its search's key, its place, its depth and
+        # what ranked its first page), as issued and crafted at the bounds they are read with.
+        for mode in ("HYBRID", "LEXICAL", "VECTOR"):
+            ranked = api(
+                "query($a: UUID!, $m: ActionAgentMemorySearchMode) { action(actionId: $a) {"
+                ' searchMemories(query: "tenant A memory", mode: $m, first: 1)'
+                " { edges { cursor } } } }",
+                a=action["actionId"],
+                m=mode,
+            )["action"]["searchMemories"]["edges"]
+            tenant.cursors += [c for e in ranked for c in _ranked_variants(e["cursor"])]
     client_node = api("query($p: String!) { client(principal: $p) { id } }", p=f"helper-{name}")
     tenant.node_ids.append(client_node["client"]["id"])
     return tenant
+
+
+def _ranked_variants(cursor: str) -> list[str]:
+    """A ranked search's cursor, and copies with its depth, score, weights and best text score
+    changed to values at and past the bounds they are read with (app/db/cursors.py)."""
+    try:
+        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except ValueError:
+        return [cursor]
+    if not isinstance(values, list) or len(values) != 7:
+        return [cursor]
+
+    def weights(*numbers: float) -> str:
+        packed = struct.pack(f"<{len(numbers)}d", *numbers)
+        return base64.urlsafe_b64encode(packed).decode().rstrip("=")
+
+    changes: list[dict[int, Any]] = [
+        {4: 9_999},
+        {4: 10_000},
+        {4: 0},
+        {1: 1e308},
+        {1: -1e308},
+        {5: weights(1e6, 1e6, 1e6), 6: 1e-12},
+        {5: weights(1e-30, 1e-30, 1e-30), 6: 1e12},
+        {5: weights(0.0, 0.0, 0.0), 6: None},
+        {5: weights(*[1.0] * 65)},
+        {6: 0.0},
+    ]
+    crafted = []
+    for change in changes:
+        edited = [change.get(i, v) for i, v in enumerate(values)]
+        text = json.dumps(edited, separators=(",", ":")).encode()
+        crafted.append(base64.urlsafe_b64encode(text).decode().rstrip("="))
+    return [cursor, *crafted]
 
 
 def set_up(base_url: str, admin_token: str) -> World:

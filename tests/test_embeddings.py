@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -873,6 +873,48 @@ def holding_an_integer_past_a_float(answer: dict[str, Any]) -> None:
     # An integer of 401 digits: numpy raised OverflowError converting it, which escaped the
     # embedder as an unexpected error.
     answer["data"][1]["embedding"][0] = 10**400
+
+
+def of_zeros(answer: dict[str, Any]) -> None:
+    embedding_of(answer, 1)["embedding"] = [0.0] * len(embedding_of(answer, 1)["embedding"])
+
+
+async def test_an_embedding_of_zeros_is_refused(openai_server: OpenAIServer) -> None:
+    # A vector of zeros has no direction: stored, pgvector's cosine of it to any query is NaN,
+    # which ranked its record first with a score no answer carries (every hybrid or vector
+    # search of its agent failed). Refused as the embedder's failure, as NaN is.
+    openai_server.edit_next(1, of_zeros)
+    with pytest.raises(EmbeddingFailed) as refused:
+        await embedded(openai_server, ["first", "second"])
+    assert str(refused.value) == (
+        f"{openai_server.embedding_model} returned a vector of zeros (embedding 1), which has "
+        "no direction: it must be an OpenAI-compatible embeddings endpoint for this model"
+    )
+    assert not refused.value.transient
+    assert len(openai_server.requests_to("/v1/embeddings")) == 1  # not retried
+
+
+def scaled(factor: float) -> Callable[[dict[str, Any]], None]:
+    def edit(answer: dict[str, Any]) -> None:
+        for item in answer["data"]:
+            item["embedding"] = [v * factor for v in item["embedding"]]
+
+    return edit
+
+
+@pytest.mark.parametrize("factor", [1e20, 1e-30])
+async def test_an_embedding_of_any_finite_length_keeps_its_direction(
+    openai_server: OpenAIServer, factor: float
+) -> None:
+    # Its length taken in float32, a vector of values past about 1.8e19 was divided by
+    # infinity (zeros), and one of values under about 1e-23 was left as it came: pgvector's
+    # cosine of either is NaN. Both are unit vectors of their direction now.
+    openai_server.edit_next(1, scaled(factor))
+    found = await embedded(openai_server, ["first", "second"])
+    d = openai_server.embedding_dimensions
+    for text, vector in zip(["first", "second"], found.vectors, strict=True):
+        assert np.allclose(vector, expected(text, d), atol=1e-6)
+        assert abs(float(np.linalg.norm(vector)) - 1) < 1e-6
 
 
 @pytest.mark.parametrize("edit", [holding_nan, holding_infinity, holding_an_integer_past_a_float])

@@ -450,3 +450,56 @@ def test_an_error_raised_while_a_database_failure_is_handled_is_not_caused_by_it
     serialization = asyncpg.exceptions.SerializationError("could not serialize access")
     assert not is_conflict(_while_handling(serialization, ValueError("a bug")))
     assert is_conflict(_from(serialization, RuntimeError("the write could not commit")))
+
+
+def test_a_value_the_service_answers_that_its_type_cannot_carry_is_internal(caplog) -> None:
+    """graphql-core raises a value its field's type cannot carry (NaN for a Float, an Int past
+    32 bits, a list that is none) as a bare GraphQLError while it completes the answer: it was
+    coded BAD_REQUEST, as a request's own fault, with the value in its message (a NaN search
+    score said "Float cannot represent non numeric value: nan"), and logged nowhere, so the
+    fuzzer, which counts INTERNAL errors, never saw one. It is INTERNAL, masked and logged; the
+    request's own faults stay BAD_REQUEST."""
+    import logging
+    import uuid
+
+    import strawberry
+
+    from app.graphql.errors import ErrorCodes, Schema
+
+    @strawberry.type
+    class Query:
+        @strawberry.field
+        def score(self) -> float:
+            return float("nan")
+
+        @strawberry.field
+        def count(self) -> int:
+            return 2**40
+
+        @strawberry.field
+        def items(self) -> list[int]:
+            return 5  # type: ignore[return-value]
+
+        @strawberry.field
+        def named(self, id: uuid.UUID) -> str:
+            return str(id)
+
+    schema = Schema(query=Query, extensions=[ErrorCodes])
+    for field in ("score", "count", "items"):
+        with caplog.at_level(logging.ERROR, logger="app.graphql.errors"):
+            caplog.clear()
+            result = schema.execute_sync(f"{{ {field} }}")
+        (error,) = result.errors or []
+        assert error.extensions == {"code": "INTERNAL"}, (field, error.message)
+        assert error.message == "Internal error."
+        assert [r.getMessage() for r in caplog.records][0].startswith(
+            f"internal error at ['{field}']"
+        )
+    for request, variables in (
+        ('{ named(id: "not an id") }', None),
+        ("query($id: UUID!) { named(id: $id) }", {"id": "not an id"}),
+        ("{ nothing }", None),
+    ):
+        result = schema.execute_sync(request, variable_values=variables)
+        (error,) = result.errors or []
+        assert error.extensions == {"code": "BAD_REQUEST"}, (request, error.message)

@@ -2,14 +2,16 @@
 message saying what to send, never an internal error."""
 
 import base64
+import io
 import json
 import math
 import struct
 import uuid
 from typing import Any
 
+import httpx
 import pytest
-from factories import make_agent, remember
+from factories import allow, make_account, make_agent, remember, token_for
 
 from app.db import cursors
 from app.errors import BadInput
@@ -17,6 +19,7 @@ from app.graphql.relay import CREATED_ID, global_id
 from app.memory import search as search_module
 from app.memory.search import search
 from app.memory.visibility import OperatorReader
+from app.transfer.service import export_action, import_file
 
 MEMORIES = """query($a: UUID!, $after: String) {
   action(actionId: $a) { memories(first: 5, after: $after) { nodes { memoryId } } } }"""
@@ -267,3 +270,64 @@ async def test_m57_node_ids_naming_impossible_versions_are_bad_requests(state, g
         "memoryId": str(record.memory_id),
         "version": 1,
     }
+
+
+RANKED_PAGE = """query($a: UUID!, $after: String) { action(actionId: $a) {
+  searchMemories(query: "office Oslo", first: 1, after: $after) {
+    edges { node { memoryId } } pageInfo { endCursor } } } }"""
+
+
+# M38
+async def test_m38_a_ranked_cursor_of_another_agent_or_account_is_bad_request(
+    state, admin, base_url
+):
+    """A ranked search's cursor belongs to the agent it searched: passed to the same search of
+    another agent, also of another account holding an agent of the same ID (an import of an
+    export), it is refused as a cursor of another query is. It paged that agent from a place
+    its own search never reached, ranked by the word weights of the other agent's records."""
+    texts = ("the office is in Oslo", "the office moved to Bergen", "Oslo has a fjord")
+    agent, neighbour = await make_agent(state, admin), await make_agent(state, admin)
+    for text in texts:
+        await remember(state, agent, text, scope="AGENT")
+        await remember(state, neighbour, text, scope="AGENT")
+    exported = io.StringIO()
+    await export_action(
+        state.pool, account_id=admin.account_id, action_id=agent.action_id, out=exported
+    )
+    other_account = await make_account(state, "other")
+
+    async def embedder() -> Any:
+        return state.embedder
+
+    lines = exported.getvalue().splitlines()
+    await import_file(state.pool, account_id=other_account, lines=lines, open_embedder=embedder)
+    verbs = ["SELECT", "INSERT", "UPDATE", "DELETE"]
+    ours = await token_for(state, admin, "console", allow(verbs, "*"))
+    theirs = await token_for(state, admin, "console", allow(verbs, "*"), account_id=other_account)
+    a, n = str(agent.action_id), str(neighbour.action_id)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+
+        async def page(token: str, action: str, after: str | None = None) -> dict[str, Any]:
+            answer = await http.post(
+                "/graphql",
+                json={"query": RANKED_PAGE, "variables": {"a": action, "after": after}},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        first = (await page(ours, a))["data"]["action"]["searchMemories"]
+        cursor = first["pageInfo"]["endCursor"]
+        # Its own search goes on from it.
+        second = (await page(ours, a, cursor))["data"]["action"]["searchMemories"]
+        assert second["edges"] and second["edges"] != first["edges"]
+        # The other account's copy answers its own first page as ours does.
+        copy = (await page(theirs, a))["data"]["action"]["searchMemories"]
+        assert copy["edges"] == first["edges"]
+        for token, action in ((ours, n), (theirs, a)):
+            refused = await page(token, action, cursor)
+            assert refused["data"] is None
+            (error,) = refused["errors"]
+            assert error["extensions"]["code"] == "BAD_REQUEST", error
+            assert error["message"].startswith("`after` is not a cursor a search with this")

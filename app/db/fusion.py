@@ -6,6 +6,16 @@ from app.db.sql import Params
 HYBRID_WEIGHT = 0.5  # weight of the cosine; the rest goes to the normalized text rank
 
 
+def cosine_of(column: str, vector: str) -> str:
+    """The cosine of a stored vector (`column`) to the query's (`vector`, a parameter), NULL
+    for a stored vector without a direction (of zeros, or past what pgvector's float4 sums
+    hold), whose cosine pgvector makes NaN: its row is then found by its words alone, as a row
+    without a vector is, rather than ranked first by NaN, a score no answer can carry (one such
+    record failed every search of its agent). No vector is stored so now (app/embeddings,
+    app/transfer), but a release before may have stored one."""
+    return f"nullif(1 - ({column} <=> {vector}), 'NaN')"
+
+
 def fusion(
     mode: str,
     weight: float,

@@ -59,9 +59,19 @@ def _json_kind(value: Any) -> str:
 
 
 def normalize(vectors: np.ndarray) -> np.ndarray:
-    vectors = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.where(norms == 0, 1, norms)
+    """Each vector at length 1, in float32 as stored. Its length is taken in float64: in
+    float32 the squares of a value past about 1.8e19 overflowed (the vector was divided by
+    infinity, to zeros) and those of one under about 1e-23 underflowed (it was left as it came),
+    and pgvector's cosine of either is NaN, which no search can rank. A vector of zeros has no
+    length and stays as it is (`has_direction`)."""
+    wide = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(wide, axis=1, keepdims=True)
+    return (wide / np.where(norms == 0, 1, norms)).astype(np.float32)
+
+
+def has_direction(vectors: np.ndarray) -> np.ndarray:
+    """Which vectors have a direction: not all zeros (a cosine to one is NaN)."""
+    return np.asarray(vectors).any(axis=1)
 
 
 class LocalEmbedder:

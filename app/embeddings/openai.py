@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from app.embeddings.base import Embeddings, normalize, vector_fault
+from app.embeddings.base import Embeddings, has_direction, normalize, vector_fault
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.http_retry import RetriesExhausted, TooLarge, post_with_retries, server_message, times
 from app.text import CHARS_PER_TOKEN, MAX_COUNT
@@ -206,6 +206,15 @@ class OpenAIEmbedder:
             # PostgreSQL would refuse to store it (pgvector allows no NaN or infinity), nor
             # could it be searched.
             raise self._not_finite()
+        pointless = np.flatnonzero(~has_direction(vectors))
+        if pointless.size:
+            # Stored, its cosine to any query would be NaN: its text found by meaning never.
+            raise EmbeddingFailed(
+                f"{self.model} returned a vector of zeros (embedding {int(pointless[0])}), which "
+                "has no direction: it must be an OpenAI-compatible embeddings endpoint for this "
+                "model",
+                transient=False,
+            )
         usage = answer.get("usage") or {}
         tokens = usage.get("total_tokens") or usage.get("prompt_tokens")
         # (compared, not converted: an int past a float's range, 10**400, is no count either)

@@ -42,6 +42,11 @@ def classify(error: GraphQLError) -> tuple[str, str]:
     original = error.original_error
     if isinstance(original, DomainError):
         return original.code, original.message
+    if isinstance(original, GraphQLError) and error.path is not None and not original.nodes:
+        # A value the service answered that its field's type cannot carry (NaN for a Float, an
+        # Int past 32 bits, a list that is none): graphql-core raises it bare, naming no node
+        # of the request, as it completes the answer. A fault of ours, not the request's.
+        return "INTERNAL", INTERNAL_MESSAGE
     if original is None or isinstance(original, GraphQLError):
         # Syntax, validation and variable coercion errors: the request itself is wrong.
         return "BAD_REQUEST", error.message

@@ -18,7 +18,7 @@ import numpy as np
 from pgvector import Vector
 
 from app.db.cursors import INT4_MIN
-from app.db.fusion import HYBRID_WEIGHT, fusion
+from app.db.fusion import HYBRID_WEIGHT, cosine_of, fusion
 from app.db.sql import Params, by_page, page_arrays
 from app.history.keeping import KeptEvent
 
@@ -210,7 +210,7 @@ _EVENT = (
 
 
 def _signals(r: Ranking, p: Params, h: str, query: str) -> str:
-    cosine = f"1 - ({h}.embedding <=> {p(r.vector)})"
+    cosine = cosine_of(f"{h}.embedding", p(r.vector))
     rank = f"CASE WHEN {h}.tsv @@ {query} THEN ts_rank({h}.tsv, {query})::float8 END"
     return f"{h}.event_id, {h}.part, {h}.turn, {h}.created, {cosine} AS cosine, {rank} AS words"
 

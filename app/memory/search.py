@@ -234,7 +234,7 @@ async def search(
         cursors = [_encode(r) for r in page]
         return SearchResult(page, cursors[-1] if more else None, cursors=cursors)
 
-    key = _search_key(mode, query, filters)
+    key = _search_key(reader, mode, query, filters)
     position = _decode_ranked(after, key)
     # The ranking is its best MAX_DEPTH records: a page ends there, and a caller that reads one
     # record more to learn whether another page follows learns that none does (a cursor past
@@ -529,12 +529,15 @@ class _Position:
     best: float | None
 
 
-def _search_key(mode: str, query: str, filters: Filters) -> str:
-    """What a ranked search's cursors belong to, digested: its mode, query and filters. A
-    cursor passed with another search would page that one from a place it never reached."""
+def _search_key(reader: Reader, mode: str, query: str, filters: Filters) -> str:
+    """What a ranked search's cursors belong to, digested: the agent searched (its account and
+    ID: an import can give an agent of another account the same ID), its mode, query and
+    filters. A cursor passed with another search, of another agent too, would page that one
+    from a place it never reached, with the word weights of another agent's records."""
     labels = sorted((filters.labels or {}).items())
     ids = sorted(map(str, filters.ids)) if filters.ids is not None else None
-    spelled = json.dumps([mode, query, filters.kind, labels, ids], ensure_ascii=False)
+    agent = [str(reader.account_id), str(reader.action_id)]
+    spelled = json.dumps([*agent, mode, query, filters.kind, labels, ids], ensure_ascii=False)
     return "ranked:" + hashlib.sha256(spelled.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 

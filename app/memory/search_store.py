@@ -33,7 +33,7 @@ from uuid import UUID
 import asyncpg
 import numpy as np
 
-from app.db.fusion import fusion
+from app.db.fusion import cosine_of, fusion
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, has_labels, record
@@ -283,7 +283,7 @@ def _signals(r: Ranking, p: Params, m: str = "m", *, scan: bool = False) -> str:
     under a `words` CTE (`_words`). With `scan`, instead of the score the query's words the
     row holds (`held`, the text of their lexemes' array: one value for each set of words) and,
     for `by_length`, its words (`length`): what `_weighed` scores once the weights are known."""
-    cosine = f"1 - ({m}.embedding <=> {p(r.vector)})" if r.vector is not None else "NULL::float8"
+    cosine = cosine_of(f"{m}.embedding", p(r.vector)) if r.vector is not None else "NULL::float8"
     words = "NULL::float8 AS words"
     if r.text is not None:
         # Sub-selects of the CTE are evaluated once per search, also in a generic plan; the

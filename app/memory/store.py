@@ -14,6 +14,7 @@ from uuid import UUID
 import asyncpg
 import numpy as np
 
+from app.db.fusion import cosine_of
 from app.db.sql import Params, by_page, page_arrays
 from app.memory.records import PIN_LINE_EXTRA, MemoryRecord, NewRecord, RecordFields
 from app.memory.visibility import (
@@ -787,7 +788,7 @@ async def similarities(
         WITH q AS (SELECT tsvector_to_array(to_tsvector('english', $4)) AS words)
         SELECT m.memory_id, greatest(
             CASE WHEN $5::{EMBEDDING_TYPE} IS NOT NULL AND m.{EMBEDDING} IS NOT NULL
-                THEN 1 - (m.{EMBEDDING} <=> $5::{EMBEDDING_TYPE}) END,
+                THEN {cosine_of(f"m.{EMBEDDING}", f"$5::{EMBEDDING_TYPE}")} END,
             (SELECT count(*) FILTER (WHERE w = any(tsvector_to_array(m.tsv)))::float8
                     / greatest(count(*), 1)
              FROM q, unnest(q.words) w)

@@ -14,8 +14,9 @@ stopped; a row there with other content stops the import with CONFLICT naming it
 are copied when the file's embedding model is the deployment's (same name and dimensions);
 otherwise, or when the file has none, each record is embedded again with the deployment's
 model, as `engram reembed` would. A record the file has no vector for, where it has vectors
-(an edited file), is embedded again too: stored without one, no search would find it. A record
-already there is not embedded (it is skipped, or refused as different).
+(an edited file), is embedded again too: stored without one, no search would find it; so is one
+whose vector has no direction (of zeros: no search could rank it). A record already there is
+not embedded (it is skipped, or refused as different).
 """
 
 import asyncio
@@ -221,6 +222,7 @@ async def import_file(
         copied = bool(
             header.get("embeddings") and recorded is not None and header["embedder"] == recorded
         )
+        directionless: set[UUID] = set()
         to_embed = await _check_file(
             pool,
             account_id,
@@ -229,6 +231,7 @@ async def import_file(
             _rows(read(), header, catalog),
             copied,
             batch_rows,
+            directionless,
         )
         embedder: Embedder | None = None
         result = ImportResult()
@@ -244,7 +247,9 @@ async def import_file(
         total = sum(header["counts"].values())
         try:
             with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
-                importer = _Importer(pool, account_id, embedder, copied, result, bar.update)
+                importer = _Importer(
+                    pool, account_id, embedder, copied, result, bar.update, directionless
+                )
                 try:
                     table: Table | None = None
                     batch: list[dict[str, Any]] = []
@@ -487,12 +492,15 @@ async def _check_file(
     rows: Iterator[tuple[str, dict[str, Any], int]],
     copied: bool,
     batch_rows: int,
+    directionless: set[UUID],
 ) -> int:
     """Every row as `_rows` checks it, against the rows before it (`_Across`), and as
     PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
     that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
-    whether the file's vectors are stored (else they are replaced, and not checked). Returns
-    how many records the import will embed (`_to_embed`)."""
+    whether the file's vectors are stored (else they are replaced, and not checked), then the
+    records whose vector has no direction are added to `directionless`: embedded again, as if
+    the file had none for them. Returns how many records the import will embed
+    (`_to_embed`)."""
     across = _Across(str(action_id))
     to_embed = 0
     batch: list[tuple[dict[str, Any], int]] = []
@@ -502,7 +510,9 @@ async def _check_file(
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
         # A transaction a batch, not one for the file: see `store.checking`.
         async with store.checking(conn, table):
-            refused = await _refusal(conn, table, [r for r, _ in batch], columns)
+            refused = await _refusal(
+                conn, table, [r for r, _ in batch], columns, directionless if copied else None
+            )
             if refused is not None:
                 for row, number in batch:  # which one: each alone
                     error = await _refusal(conn, table, [row], columns)
@@ -517,7 +527,8 @@ async def _check_file(
                 )
         across.stored(table, batch)
         if table.name == "agent_memories":
-            to_embed += len(await _to_embed(conn, account_id, [r for r, _ in batch], copied))
+            rows = [_without_pointless(r, directionless) for r, _ in batch]
+            to_embed += len(await _to_embed(conn, account_id, rows, copied))
 
     async with pool.acquire() as conn:
         table: Table | None = None
@@ -572,17 +583,35 @@ def _in_statements(rows: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 
 async def _refusal(
-    conn: asyncpg.Connection, table: Table, rows: list[dict[str, Any]], columns: list[str]
+    conn: asyncpg.Connection,
+    table: Table,
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    directionless: set[UUID] | None = None,
 ) -> str | None:
     """Why these rows would not be stored in one statement (inside `store.checking`): their
-    size, or PostgreSQL's refusal (`store.check_rows`); None if they would."""
+    size, or PostgreSQL's refusal (`store.check_rows`, which adds to `directionless`); None if
+    they would."""
     rows_json = json.dumps(rows)
     if len(rows_json) > MAX_BATCH_BYTES:
         return (
             f"{len(rows_json):,} bytes as JSON, past the {MAX_BATCH_BYTES:,} PostgreSQL takes "
             "in one statement"
         )
-    return await store.check_rows(conn, table, rows_json, columns)
+    return await store.check_rows(conn, table, rows_json, columns, directionless)
+
+
+def _without_pointless(row: dict[str, Any], directionless: set[UUID]) -> dict[str, Any]:
+    """A memory row, without its vector when it has no direction (`store.check_rows`): the
+    record is then embedded again. Stored, its cosine to any query was NaN, which every hybrid
+    or vector search of the agent failed on (before `fusion.cosine_of` read it as none)."""
+    if not directionless or row.get(VECTOR_COLUMN) is None:
+        return row
+    try:
+        pointless = UUID(row["memory_id"]) in directionless
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return row  # PostgreSQL refused it: the check says so
+    return {**row, VECTOR_COLUMN: None} if pointless else row
 
 
 async def _to_embed(
@@ -796,6 +825,8 @@ class _Importer:
     copied: bool  # the file's vectors are stored: only records it has none for are embedded
     result: ImportResult
     done: Callable[[int], object]
+    # Records whose vector in the file has no direction (`_check_file`): embedded again.
+    directionless: set[UUID] = field(default_factory=set)
     _running: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
@@ -892,7 +923,7 @@ class _Importer:
         """Vectors of this deployment's model for the records that need one (`_to_embed`); the
         file's vectors are dropped unless `copied`."""
         for r in rows:
-            if not self.copied:
+            if not self.copied or _without_pointless(r, self.directionless) is not r:
                 r[VECTOR_COLUMN] = None
             r.setdefault(VECTOR_COLUMN, None)
         async with self.pool.acquire() as conn:

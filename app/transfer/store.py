@@ -270,11 +270,17 @@ async def checking(conn: asyncpg.Connection, table: Table) -> AsyncIterator[None
 
 
 async def check_rows(
-    conn: asyncpg.Connection, table: Table, rows_json: str, row_columns: Sequence[str]
+    conn: asyncpg.Connection,
+    table: Table,
+    rows_json: str,
+    row_columns: Sequence[str],
+    directionless: set[UUID] | None = None,
 ) -> str | None:
     """Why PostgreSQL would not store these rows (a JSON array of objects with `row_columns`),
     or None: they are inserted into the copy of their table (inside `checking`) in a savepoint
-    rolled back after."""
+    rolled back after. `directionless`, for records with their vectors: where the IDs of those
+    whose vector has no direction are added (pgvector's cosine of it is NaN: of zeros, or of
+    squares past float4), which no search could rank."""
     columns_sql = ", ".join(row_columns)
     savepoint = conn.transaction()
     await savepoint.start()
@@ -287,6 +293,12 @@ async def check_rows(
             """,
             rows_json,
         )
+        if directionless is not None and VECTOR_COLUMN in row_columns:
+            found = await conn.fetch(
+                f"SELECT memory_id FROM check_{table.name}"
+                f" WHERE ({VECTOR_COLUMN} <=> {VECTOR_COLUMN}) = 'NaN'"
+            )
+            directionless.update(r["memory_id"] for r in found)
     except (
         asyncpg.DataError,
         asyncpg.IntegrityConstraintViolationError,
