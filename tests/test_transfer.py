@@ -1367,8 +1367,10 @@ async def test_a_batch_past_one_statement_as_jsonb_though_not_as_text_is_written
     lines = await exported(state, admin, agent)
     records = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
     dimensions = len(json.loads(json.loads(lines[records[0]])["row"]["embedding"]))
-    for i in records:  # as JSON lists (as the import's embedding adds them), of zeros
-        lines = edited(lines, i, embedding=[0.0] * dimensions)
+    # As JSON lists (as the import's embedding adds them), of zeros but one (a vector of zeros
+    # only has no direction, and is embedded again).
+    for i in records:
+        lines = edited(lines, i, embedding=[1.0] + [0.0] * (dimensions - 1))
     items = [json.loads(line) for line in lines[1:]]
     memories = [item["row"] for item in items if item["type"] == "memory"]
     others = [item["row"] for item in items if item["type"] != "memory"]
@@ -1398,11 +1400,11 @@ async def test_a_batch_past_one_statement_as_jsonb_though_not_as_text_is_written
     assert result.vectors == "copied" and result.reembedded == 0
     assert result.by_type["memory"] == len(memories) and result.missing == {}
     assert len(sizes) > len({item["type"] for item in items}) + 1  # the records' in several
-    zeros = (
+    copied = (
         "SELECT count(*) FROM agent_memories "
-        "WHERE embedding = array_fill(0::real, ARRAY[$1::int])::vector"
+        "WHERE embedding = ('[1' || repeat(',0', $1::int - 1) || ']')::vector"
     )
-    assert await second.pool.fetchval(zeros, dimensions) == len(memories)
+    assert await second.pool.fetchval(copied, dimensions) == len(memories)
     assert await reads(GQL(second), target_admin, agent.action_id) == await reads(
         GQL(state), admin, agent.action_id
     )
