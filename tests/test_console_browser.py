@@ -1722,3 +1722,32 @@ async def test_a_page_opened_while_a_session_is_erased_is_not_told_it_was_erased
         await page.wait_for_timeout(500)
         await expect(page.get_by_role("region", name="Session erased")).to_have_count(0)
         await expect(page.get_by_role("heading", level=1)).to_have_text(re.compile("^Sessions"))
+
+
+async def test_a_turns_history_search_shows_the_events_it_found(db_url, embedder):
+    """A transcript's search_history call (its tool execution and its output use) says how many
+    history events it returned and the model was given, not "0 records" (its output holds
+    events, not records); a memory tool's still counts its records."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent, model = Api(url, ADMIN), seeded["agent"], seeded["model"]
+        if not seeded["history"]:
+            return
+        model.call_tools(("search_history", {"query": "late order"}))
+        model.say("You asked about a late order before.")
+        turn = admin(
+            EXECUTE, i={"actionId": agent, "sessionId": "s-1", "input": "What did I ask before?"}
+        )["executeAction"]
+        assert turn["status"] == "SUCCEEDED", turn
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        heads = page.locator("li.event .event-head")
+        searched = heads.filter(has_text="Tool execution").filter(has_text="search_history")
+        await expect(searched).to_have_text(re.compile(r"· [1-9]\d* history events?$"))
+        used = heads.filter(has_text="Output use").filter(has_text="history event")
+        await expect(used).to_have_text(re.compile(r"RETRIEVED · [1-9]\d* history events? reached"))
+        saved = heads.filter(has_text="Tool execution").filter(has_text="add_memory")
+        await expect(saved).to_have_text(re.compile(r"· 1 record$"))
+        await page.screenshot(path=screenshot_path("console-history-search.png"), full_page=True)

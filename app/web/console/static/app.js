@@ -752,6 +752,12 @@ const EVENT_TITLES = {
 
 function eventView(e) {
   const d = e.data || {};
+  // What a tool returned or the model was given: history events (search_history) or records.
+  const found = (o) => {
+    const [n, what] = Array.isArray(o.events) ? [o.events.length, "history event"]
+      : [(o.records || o.memories || o.sources || []).length, "record"];
+    return ` · ${n} ${what}${n === 1 ? "" : "s"}`;
+  };
   const head = (title, ...rest) => h("div", { class: "event-head" }, h("strong", {}, title), " ", ...rest);
   let body;
   if (d.erased && e.type !== "model.call") {
@@ -774,9 +780,8 @@ function eventView(e) {
       break;
     case "tool.execution": {
       const recall = d.input && d.input.recall;
-      const records = (d.output && (d.output.records || d.output.memories || d.output.sources)) || [];
       body = [head(recall ? "Recall" : "Tool execution", badge(d.name || "tool"),
-        ` · ${records.length} record${records.length === 1 ? "" : "s"}`, d.error ? badge("error", "deleted") : null),
+        found(d.output || {}), d.error ? badge("error", "deleted") : null),
       d.error ? h("div", { class: "text" }, d.error) : null];
       break;
     }
@@ -794,7 +799,7 @@ function eventView(e) {
       body = [head("Embedding", `for ${d.for} · ${d.tokens} tokens`)];
       break;
     case "output.use":
-      body = [head("Output use", `${d.use} · ${(d.records || []).length} records reached the model`)];
+      body = [head("Output use", `${d.use}${found(d)} reached the model`)];
       break;
     case "context.cleared":
       body = [head("Context cleared", `${d.results} tool results · ${d.tokens} tokens · ${d.reason}`)];
