@@ -811,6 +811,40 @@ async def test_search_finds_the_same_after_import(state, admin, gql, second):
     await searched_alike(gql, admin, second, agent.action_id, queries)
 
 
+async def test_an_import_before_the_first_start_copies_the_files_vectors(
+    state, admin, pg_server, embedder
+):
+    """A deployment no service has started on yet (migrated, no embedding model recorded):
+    the import records the configured model, as a first start would, and copies the vectors
+    of a file of that model rather than embedding every record again."""
+    from app.db import migrate
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    name = f"engram_unstarted_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(url, min_size=1, max_size=4)
+        try:
+            async with pool.acquire() as conn:
+                account_id = await ensure_default_account(conn)
+                assert await embeddings_store.recorded_model(conn) is None
+            target = AppState(settings=db_settings(url), pool=pool, embedder=embedder)
+            result = await load(target, account_id, lines)
+            assert (result.vectors, result.reembedded) == ("copied", 0)
+            async with state.pool.acquire() as a, pool.acquire() as b:
+                assert await embeddings_store.recorded_model(b) == {
+                    "name": embedder.name,
+                    "dimensions": embedder.dimensions,
+                }
+                query = "SELECT memory_id, embedding::text FROM agent_memories ORDER BY memory_id"
+                assert [tuple(r) for r in await a.fetch(query)] == [
+                    tuple(r) for r in await b.fetch(query)
+                ]
+        finally:
+            await pool.close()
+
+
 async def test_another_embedding_model_is_embedded_again(state, admin, gql, second):
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
