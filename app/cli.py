@@ -549,6 +549,7 @@ def _stdout_to_devnull() -> None:
 
 
 def _export(settings: Settings, args: argparse.Namespace) -> int:
+    from app.errors import NotFound
     from app.transfer.service import export_action
 
     action_id = _uuid(args.action, "an action ID")
@@ -566,7 +567,14 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
                 progress=sys.stderr.isatty(),
                 notice=lambda text: print(f"engram export: {text}", file=sys.stderr),
             )
-            counts = _in_account(settings, account, work)
+            try:
+                counts = _in_account(settings, account, work)
+            except NotFound as e:
+                if account is not None:
+                    raise
+                raise NotFound(
+                    f"{e}, the default account: an agent of another account needs --account ID"
+                ) from None
             output.flush()  # here, where its error is told, not at Python's exit
     except OSError as e:  # (a file's close, after a write failed, fails as it did)
         if output is None or output.failed is None:

@@ -449,6 +449,26 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
         assert "Traceback" not in refused.stderr
 
 
+async def test_cli_export_of_a_tenants_agent_without_account_says_to_pass_it(
+    state, db_url, monkeypatch, capsys
+):
+    """Without --account the agent is looked for in the default account: a tenant's agent is
+    NOT_FOUND there, and the error says that --account is what it needs."""
+    from factories import caller, make_account
+
+    account = await make_account(state, "acme")
+    owner = caller(account, {"effect": "ALLOW", "actions": ["INSERT"], "resources": ["*"]})
+    agent = await make_agent(state, owner)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    args = ["export", "--action", str(agent.action_id)]
+    code = await asyncio.to_thread(cli.main, args)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error (NOT_FOUND): action ")
+    assert "an agent of another account needs --account ID" in err
+    code = await asyncio.to_thread(cli.main, [*args, "--account", str(account)])
+    assert code == 0 and '"type": "header"' in capsys.readouterr().out
+
+
 async def test_an_export_during_an_interrupted_reembed_leaves_the_vectors_out(
     state, admin, db_url, second, tmp_path
 ):
