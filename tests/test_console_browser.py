@@ -1751,3 +1751,57 @@ async def test_a_turns_history_search_shows_the_events_it_found(db_url, embedder
         saved = heads.filter(has_text="Tool execution").filter(has_text="add_memory")
         await expect(saved).to_have_text(re.compile(r"· 1 record$"))
         await page.screenshot(path=screenshot_path("console-history-search.png"), full_page=True)
+
+
+async def test_a_sessions_executions_are_titled_by_their_kind(db_url, embedder):
+    """A session's page titles each execution by what it is: an operator's write, a client's
+    MCP tool call and a conversation handed in (rememberConversation) each name the client,
+    and a replay says it replays its turn; an MCP call was titled "Operator write (no turn)"
+    and an ingest as a plain turn."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        [first] = admin(
+            """query($a: UUID!) { action(actionId: $a) { executions(first: 1) {
+              nodes { executionId } } } }""",
+            a=agent,
+        )["action"]["executions"]["nodes"]
+        replay = admin(
+            """mutation($a: UUID!, $o: UUID!) { executeAction(input: {actionId: $a,
+              replayOf: $o}) { status } }""",
+            a=agent,
+            o=first["executionId"],
+        )["executeAction"]
+        assert replay["status"] == "SUCCEEDED", replay
+        call = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "search_memory", "arguments": {"query": "espresso"}},
+        }
+        headers = {"accept": "application/json, text/event-stream"}
+        answer = admin.client.post(f"/mcp/{agent}?session=s-1", json=call, headers=headers)
+        assert answer.status_code == 200 and not answer.json()["result"]["isError"], answer.text
+        ingest = admin(
+            """mutation($a: UUID!) { rememberConversation(input: {actionId: $a, sessionId: "s-1",
+              messages: [{role: "user", content: "My parcel is blue."}]}) { status } }""",
+            a=agent,
+        )["rememberConversation"]
+        assert ingest["status"] == "SUCCEEDED", ingest
+
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        titles = page.locator("section.turn h2")
+        # Newest first: the ingest (the session's second turn), the MCP call, the replay of
+        # turn 1, turn 1, and the three records the seed wrote into the session.
+        await expect(titles).to_have_count(7)
+        said = [t.split(" SUCCEEDED")[0] for t in await titles.all_inner_texts()]
+        assert said == [
+            "Turn 2: conversation handed in by admin",
+            "MCP tool call by admin",
+            "Replay of turn 1",
+            "Turn 1",
+            *["Operator write by admin"] * 3,
+        ], said

@@ -835,6 +835,18 @@ async function hasHistorySearch() {
   return historySearch;
 }
 
+// What an execution of a session is, by its kind (a replay re-runs a turn, counting none).
+function executionTitle(x) {
+  switch (x.kind) {
+    case "ERASE": return `Erased by ${x.principal}`;
+    case "OPERATOR": return `Operator write by ${x.principal}`;
+    case "MCP": return `MCP tool call by ${x.principal}`;
+    case "INGEST": return x.turn === null ? `Conversation handed in by ${x.principal}`
+      : `Turn ${x.turn}: conversation handed in by ${x.principal}`;
+    default: return `${x.replayOf ? "Replay of turn" : "Turn"}${x.turn === null ? "" : ` ${x.turn}`}`;
+  }
+}
+
 async function sessionView({ actionId, sessionId }) {
   const agent = await loadAgent(actionId);
   const gone = `No session ${sessionId} of agent ${actionId} was found.`;
@@ -851,12 +863,11 @@ async function sessionView({ actionId, sessionId }) {
   async function load(after) {
     const data = await gql(`query($id: ID!, $after: String) { node(id: $id) { ... on ActionSession {
       sessionId turns executions(first: 10, after: $after) { nodes { executionId turn kind principal status
-        preview error created ${transcript} } pageInfo { hasNextPage endCursor } } } } }`, { id, after: after || null });
+        preview replayOf error created ${transcript} } pageInfo { hasNextPage endCursor } } } } }`, { id, after: after || null });
     if (!data.node) { found = false; return; }
     for (const x of data.node.executions.nodes) {
       append(turns, [h("section", { class: "card turn" },
-        h("h2", {}, x.kind === "ERASE" ? `Erased by ${x.principal}` : x.turn === null ? "Operator write (no turn)"
-          : `Turn ${x.turn}`, " ",
+        h("h2", {}, executionTitle(x), " ",
           badge(x.status, x.status.toLowerCase()),
           x.preview ? badge("preview") : null, " ", h("span", { class: "when" }, when(x.created))),
         x.error ? h("p", { class: "error" }, x.error) : null,
