@@ -435,7 +435,17 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             return {"principal": args.principal, "revoked": _token(revoked)}
         raise AssertionError(args.client_command)
 
-    print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))
+    async def told(pool: Any, caller: Any) -> Any:
+        try:
+            return await work(pool, caller)
+        except NotFound as e:
+            if account is not None or not str(e).endswith(" not found"):
+                raise
+            raise NotFound(
+                f"{e} in the default account: a client of another account needs --account ID"
+            ) from None
+
+    print(json.dumps(asyncio.run(_as_admin(settings, told)), indent=2))
     return 0
 
 

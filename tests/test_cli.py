@@ -141,7 +141,11 @@ async def test_cli_default_account_client_and_admin_token_note(db_url, state, tm
             ["client", "revoke-token", "admin", "nope"],
             "error (BAD_REQUEST): 'nope' is not a token ID (a UUID)",
         ),
-        (["client", "token", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
+        (
+            ["client", "token", "ghost"],
+            "error (NOT_FOUND): client 'ghost' not found in the default account: a client of "
+            "another account needs --account ID",
+        ),
         (["client", "delete", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
         (["client", "tokens", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
         (["client", "delete", "admin"], "error (BAD_REQUEST): a client cannot delete itself"),
