@@ -1805,3 +1805,26 @@ async def test_a_sessions_executions_are_titled_by_their_kind(db_url, embedder):
             "Turn 1",
             *["Operator write by admin"] * 3,
         ], said
+
+
+async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, embedder):
+    """An agent whose `model` is empty shows `{}` and says that its turns use the deployment's
+    model; one that names a model does not say so."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        note = page.get_by_text("None set: its turns use the deployment's model")
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.get_by_role("heading", name="Version 1 (current)")).to_be_visible()
+        await expect(note).to_contain_text("(its ENGRAM_MODEL_* settings)")
+        admin(
+            """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+              { version } }""",
+            a=agent,
+            i={"name": "Support desk", "model": {"temperature": 0.2}, "harness": HARNESS},
+        )
+        await page.reload()
+        await expect(page.get_by_role("heading", name="Version 2 (current)")).to_be_visible()
+        await expect(note).to_have_count(0)

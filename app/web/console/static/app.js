@@ -263,6 +263,8 @@ async function agentView({ actionId }) {
     h("h3", {}, "Harness"), pre(action.harness),
     action.instructions ? [h("h3", {}, "Instructions"), pre(action.instructions)] : null,
     h("h3", {}, "Model"), pre(action.model),
+    action.model && Object.keys(action.model).length ? null
+      : h("p", { class: "muted" }, "None set: its turns use the deployment's model (its ENGRAM_MODEL_* settings)."),
   ];
   if (can("updateAction")) out.push(editForm(action));
   if (versions.length) {
