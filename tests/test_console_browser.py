@@ -1805,6 +1805,17 @@ async def test_a_sessions_executions_are_titled_by_their_kind(db_url, embedder):
             "Turn 1",
             *["Operator write by admin"] * 3,
         ], said
+        # What the ingest handed in, and the MCP call's tool and arguments, open on request.
+        ingest, mcp = page.locator("section.turn").nth(0), page.locator("section.turn").nth(1)
+        await ingest.get_by_text("Messages handed in").click()
+        await expect(ingest.locator("details.handed-in li.event")).to_have_count(1)
+        await expect(ingest.locator("details.handed-in li.event")).to_contain_text(
+            "user", use_inner_text=True
+        )
+        await expect(ingest.locator("details.handed-in")).to_contain_text("My parcel is blue.")
+        await mcp.get_by_text("Tool and arguments").click()
+        await expect(mcp.locator("details.handed-in pre")).to_contain_text('"query": "espresso"')
+        await page.screenshot(path=screenshot_path("console-session-kinds.png"), full_page=True)
 
 
 async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, embedder):

@@ -8,7 +8,7 @@ import { policyEditor, policyText } from "./policies.js";
 const OPERATIONS = [
   "actions", "action", "createAction", "updateAction",
   "Action.memories", "Action.searchMemories", "agentMemory", "deleteAgentMemory",
-  "Action.sessions", "ActionSession.executions", "ActionExecution.transcript",
+  "Action.sessions", "ActionSession.executions", "ActionExecution.transcript", "execution",
   "ActionSession.searchHistory", "eraseSession",
   "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
   "revokeClientToken",
@@ -25,6 +25,7 @@ const WHAT = {
   "Action.sessions": "listing sessions",
   "ActionSession.executions": "reading a session's turns",
   "ActionExecution.transcript": "reading transcripts",
+  execution: "reading executions' inputs",
   eraseSession: "erasing sessions",
   clients: "listing clients",
   "Client.tokens": "listing tokens",
@@ -849,6 +850,30 @@ function executionTitle(x) {
   }
 }
 
+// An ingest's messages, and an MCP call's tool and arguments, are its input, not transcript
+// events: read when opened (an input may be as long as a megabyte).
+function handedIn(x) {
+  const body = h("div", {});
+  let loaded = false;
+  return h("details", { class: "handed-in", ontoggle: async (e) => {
+    if (!e.target.open || loaded) return;
+    loaded = true;
+    body.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+    try {
+      const data = await gql(`query($e: UUID!) { execution(executionId: $e) { input } }`, { e: x.executionId });
+      const input = data.execution && data.execution.input;
+      body.replaceChildren(x.kind === "INGEST" && input && Array.isArray(input.messages)
+        ? h("ol", { class: "events" }, input.messages.map((m) => h("li", { class: "event" },
+          h("div", { class: "event-head" }, h("strong", {}, String(m.role)), m.time ? ` ${when(m.time)}` : ""),
+          h("div", { class: "text" }, typeof m.content === "string" ? m.content : json(m.content)))))
+        : pre(input));
+    } catch (error) {
+      loaded = false;
+      body.replaceChildren(problem(error));
+    }
+  } }, h("summary", {}, x.kind === "INGEST" ? "Messages handed in" : "Tool and arguments"), body);
+}
+
 async function sessionView({ actionId, sessionId }) {
   const agent = await loadAgent(actionId);
   const gone = `No session ${sessionId} of agent ${actionId} was found.`;
@@ -873,6 +898,7 @@ async function sessionView({ actionId, sessionId }) {
           badge(x.status, x.status.toLowerCase()),
           x.preview ? badge("preview") : null, " ", h("span", { class: "when" }, when(x.created))),
         x.error ? h("p", { class: "error" }, x.error) : null,
+        ["INGEST", "MCP"].includes(x.kind) && can("execution") ? handedIn(x) : null,
         !x.transcript ? refusal("ActionExecution.transcript")
           : x.transcript.nodes.length ? h("ol", { class: "events" }, x.transcript.nodes.map(eventView))
             : h("p", { class: "muted" }, "No transcript events."),
