@@ -324,15 +324,17 @@ def _policies(values: list[str] | None) -> list[Any] | None:
 
     if values is None:
         return None
-    policies = []
+    policies: list[Any] = []
     for value in values:
         try:
-            policies.append(json.loads(value))
+            policy = json.loads(value)
         except ValueError:
             raise BadInput(
                 f"--policy {value!r} is not JSON; write it like "
                 '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
             ) from None
+        # A list (as docs/access.md writes several) gives each of its policies.
+        policies.extend(policy if isinstance(policy, list) else [policy])
     return policies
 
 
@@ -344,7 +346,7 @@ def _uuid(value: str, what: str) -> UUID:
     try:
         return UUID(value)
     except ValueError:
-        raise BadInput(f"{value!r} is not a {what} (a UUID)") from None
+        raise BadInput(f"{value!r} is not {what} (a UUID)") from None
 
 
 def _expires(value: str | None) -> datetime | None:
@@ -428,12 +430,22 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             listed = await service.list_client_tokens(pool, caller, **named)
             return {"principal": args.principal, "tokens": [_token(t) for t in listed]}
         if command == "revoke-token":
-            token_id = _uuid(args.token_id, "token ID")
+            token_id = _uuid(args.token_id, "a token ID")
             revoked = await service.revoke_client_token(pool, caller, **named, token_id=token_id)
             return {"principal": args.principal, "revoked": _token(revoked)}
         raise AssertionError(args.client_command)
 
-    print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))
+    async def told(pool: Any, caller: Any) -> Any:
+        try:
+            return await work(pool, caller)
+        except NotFound as e:
+            if account is not None or not str(e).endswith(" not found"):
+                raise
+            raise NotFound(
+                f"{e} in the default account: a client of another account needs --account ID"
+            ) from None
+
+    print(json.dumps(asyncio.run(_as_admin(settings, told)), indent=2))
     return 0
 
 
@@ -547,9 +559,10 @@ def _stdout_to_devnull() -> None:
 
 
 def _export(settings: Settings, args: argparse.Namespace) -> int:
+    from app.errors import NotFound
     from app.transfer.service import export_action
 
-    action_id = _uuid(args.action, "action ID")
+    action_id = _uuid(args.action, "an action ID")
     account = _account_id(args.account)
     to_std = args.output in (None, "-")
     output: _Output | None = None
@@ -564,7 +577,14 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
                 progress=sys.stderr.isatty(),
                 notice=lambda text: print(f"engram export: {text}", file=sys.stderr),
             )
-            counts = _in_account(settings, account, work)
+            try:
+                counts = _in_account(settings, account, work)
+            except NotFound as e:
+                if account is not None:
+                    raise
+                raise NotFound(
+                    f"{e}, the default account: an agent of another account needs --account ID"
+                ) from None
             output.flush()  # here, where its error is told, not at Python's exit
     except OSError as e:  # (a file's close, after a write failed, fails as it did)
         if output is None or output.failed is None:
@@ -767,7 +787,8 @@ def parser() -> argparse.ArgumentParser:
     client_sub = client.add_subparsers(dest="client_command", required=True)
     policy_help = (
         "a policy as JSON, e.g. "
-        '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\''
+        '\'{"effect":"ALLOW","actions":["SELECT"],"resources":["financial.*"]}\', or a JSON '
+        "list of them"
     )
     helps = {
         "create": "create a client with its policies",
@@ -788,7 +809,9 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument(
                 "--policy",
                 action="append",
-                help=policy_help + "; repeat it for several (update: replaces them all)",
+                help=policy_help
+                + "; repeat it for several (create: none, a client that may do nothing, when"
+                " not given; update: replaces them all)",
             )
         if name == "token":
             c.add_argument("--expires", help="when it stops working, e.g. 2027-01-31T12:00:00Z")

@@ -136,7 +136,16 @@ async def test_cli_default_account_client_and_admin_token_note(db_url, state, tm
             ["client", "token", "x", "--account", "not-a-uuid"],
             "error (BAD_REQUEST): --account 'not-a-uuid' is not an account ID",
         ),
-        (["client", "token", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
+        (["export", "--action", "nope"], "error (BAD_REQUEST): 'nope' is not an action ID"),
+        (
+            ["client", "revoke-token", "admin", "nope"],
+            "error (BAD_REQUEST): 'nope' is not a token ID (a UUID)",
+        ),
+        (
+            ["client", "token", "ghost"],
+            "error (NOT_FOUND): client 'ghost' not found in the default account: a client of "
+            "another account needs --account ID",
+        ),
         (["client", "delete", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
         (["client", "tokens", "ghost"], "error (NOT_FOUND): client 'ghost' not found"),
         (["client", "delete", "admin"], "error (BAD_REQUEST): a client cannot delete itself"),
@@ -158,6 +167,24 @@ async def test_cli_errors_are_one_line_and_exit_2(db_url, monkeypatch, capsys, a
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+
+
+async def test_cli_policy_takes_a_list_as_access_md_writes_several(db_url, monkeypatch, capsys):
+    """`--policy` given a JSON list, such as docs/access.md's "everything but deleting clients",
+    gives the client each policy of it, alongside those of other `--policy` flags."""
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.delenv("ENGRAM_BOOTSTRAP_TOKEN", raising=False)
+    every = ["SELECT", "INSERT", "UPDATE", "DELETE"]
+    listed = [
+        {"effect": "ALLOW", "actions": every, "resources": ["financial.*"]},
+        {"effect": "DENY", "actions": ["DELETE"], "resources": ["financial.Client.*"]},
+    ]
+    one = {"effect": "DENY", "actions": ["UPDATE"], "resources": ["financial.Client.token"]}
+    args = ["client", "create", "ops", "--policy", json.dumps(listed), "--policy", json.dumps(one)]
+    code = await asyncio.to_thread(cli.main, args)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["policies"] == [*listed, one]
 
 
 # --- engram serve on the embedded database ----------------------------------------------------

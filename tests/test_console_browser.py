@@ -1722,3 +1722,120 @@ async def test_a_page_opened_while_a_session_is_erased_is_not_told_it_was_erased
         await page.wait_for_timeout(500)
         await expect(page.get_by_role("region", name="Session erased")).to_have_count(0)
         await expect(page.get_by_role("heading", level=1)).to_have_text(re.compile("^Sessions"))
+
+
+async def test_a_turns_history_search_shows_the_events_it_found(db_url, embedder):
+    """A transcript's search_history call (its tool execution and its output use) says how many
+    history events it returned and the model was given, not "0 records" (its output holds
+    events, not records); a memory tool's still counts its records."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent, model = Api(url, ADMIN), seeded["agent"], seeded["model"]
+        if not seeded["history"]:
+            return
+        model.call_tools(("search_history", {"query": "late order"}))
+        model.say("You asked about a late order before.")
+        turn = admin(
+            EXECUTE, i={"actionId": agent, "sessionId": "s-1", "input": "What did I ask before?"}
+        )["executeAction"]
+        assert turn["status"] == "SUCCEEDED", turn
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        heads = page.locator("li.event .event-head")
+        searched = heads.filter(has_text="Tool execution").filter(has_text="search_history")
+        await expect(searched).to_have_text(re.compile(r"· [1-9]\d* history events?$"))
+        used = heads.filter(has_text="Output use").filter(has_text="history event")
+        await expect(used).to_have_text(re.compile(r"RETRIEVED · [1-9]\d* history events? reached"))
+        saved = heads.filter(has_text="Tool execution").filter(has_text="add_memory")
+        await expect(saved).to_have_text(re.compile(r"· 1 record$"))
+        await page.screenshot(path=screenshot_path("console-history-search.png"), full_page=True)
+
+
+async def test_a_sessions_executions_are_titled_by_their_kind(db_url, embedder):
+    """A session's page titles each execution by what it is: an operator's write, a client's
+    MCP tool call and a conversation handed in (rememberConversation) each name the client,
+    and a replay says it replays its turn; an MCP call was titled "Operator write (no turn)"
+    and an ingest as a plain turn."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        [first] = admin(
+            """query($a: UUID!) { action(actionId: $a) { executions(first: 1) {
+              nodes { executionId } } } }""",
+            a=agent,
+        )["action"]["executions"]["nodes"]
+        replay = admin(
+            """mutation($a: UUID!, $o: UUID!) { executeAction(input: {actionId: $a,
+              replayOf: $o}) { status } }""",
+            a=agent,
+            o=first["executionId"],
+        )["executeAction"]
+        assert replay["status"] == "SUCCEEDED", replay
+        call = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "search_memory", "arguments": {"query": "espresso"}},
+        }
+        headers = {"accept": "application/json, text/event-stream"}
+        answer = admin.client.post(f"/mcp/{agent}?session=s-1", json=call, headers=headers)
+        assert answer.status_code == 200 and not answer.json()["result"]["isError"], answer.text
+        ingest = admin(
+            """mutation($a: UUID!) { rememberConversation(input: {actionId: $a, sessionId: "s-1",
+              messages: [{role: "user", content: "My parcel is blue."}]}) { status } }""",
+            a=agent,
+        )["rememberConversation"]
+        assert ingest["status"] == "SUCCEEDED", ingest
+
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        titles = page.locator("section.turn h2")
+        # Newest first: the ingest (the session's second turn), the MCP call, the replay of
+        # turn 1, turn 1, and the three records the seed wrote into the session.
+        await expect(titles).to_have_count(7)
+        said = [t.split(" SUCCEEDED")[0] for t in await titles.all_inner_texts()]
+        assert said == [
+            "Turn 2: conversation handed in by admin",
+            "MCP tool call by admin",
+            "Replay of turn 1",
+            "Turn 1",
+            *["Operator write by admin"] * 3,
+        ], said
+        # What the ingest handed in, and the MCP call's tool and arguments, open on request.
+        ingest, mcp = page.locator("section.turn").nth(0), page.locator("section.turn").nth(1)
+        await ingest.get_by_text("Messages handed in").click()
+        await expect(ingest.locator("details.handed-in li.event")).to_have_count(1)
+        await expect(ingest.locator("details.handed-in li.event")).to_contain_text(
+            "user", use_inner_text=True
+        )
+        await expect(ingest.locator("details.handed-in")).to_contain_text("My parcel is blue.")
+        await mcp.get_by_text("Tool and arguments").click()
+        await expect(mcp.locator("details.handed-in pre")).to_contain_text('"query": "espresso"')
+        await page.screenshot(path=screenshot_path("console-session-kinds.png"), full_page=True)
+
+
+async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, embedder):
+    """An agent whose `model` is empty shows `{}` and says that its turns use the deployment's
+    model; one that names a model does not say so."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        note = page.get_by_text("None set: its turns use the deployment's model")
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}")
+        await expect(page.get_by_role("heading", name="Version 1 (current)")).to_be_visible()
+        await expect(note).to_contain_text("(its ENGRAM_MODEL_* settings)")
+        admin(
+            """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+              { version } }""",
+            a=agent,
+            i={"name": "Support desk", "model": {"temperature": 0.2}, "harness": HARNESS},
+        )
+        await page.reload()
+        await expect(page.get_by_role("heading", name="Version 2 (current)")).to_be_visible()
+        await expect(note).to_have_count(0)

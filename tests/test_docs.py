@@ -538,3 +538,19 @@ def test_every_operation_signature_in_the_prose_matches_the_schema():
             if not fits:
                 wrong.append(f"{_ids(doc)}: {owner + '.' if owner else ''}{name}({args})")
     assert wrong == []
+
+
+def test_every_type_field_the_prose_names_is_the_schemas():
+    """A field the prose names by its type without arguments (`ActionExecution.kind`,
+    `Client.coveredByViewer`, `ActionHistoryWho.TOOL`) is a field (or enum value) of that
+    type of the schema."""
+    schema = build_schema()._schema
+    wrong = []
+    for doc in DOCS:
+        for owner, name in re.findall(r"`([A-Z]\w+)\.(\w+)", doc.read_text()):
+            kind = schema.type_map.get(owner)
+            if kind is None:
+                continue  # not a schema type (a Python name such as `Settings.x`)
+            if name not in (getattr(kind, "fields", None) or getattr(kind, "values", None) or {}):
+                wrong.append(f"{_ids(doc)}: {owner}.{name}")
+    assert wrong == []

@@ -403,6 +403,31 @@ async def test_remember_conversation_over_mcp(
     assert execution["input"]["client"]["principal"] == "agent-runner"
 
 
+async def test_remember_conversation_over_mcp_shows_no_record_text_without_the_read_grants(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer, base_url: str
+) -> None:
+    """Over MCP as over GraphQL, a client that may hand in a conversation but not read the
+    agent's memory gets the decisions without their text (summary and note null), the IDs of
+    the records written kept; the tool answered with the summaries, which are the records'."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    token = await token_for(
+        state, admin, "runner", allow(["INSERT"], "financial.ActionExecution.document")
+    )
+    candidates(model_server, {"summary": "Ada's card ends in 4242"})
+    async with mcp_session(mcp_url(base_url, action_id), token) as session:
+        done = await call(
+            session,
+            "remember_conversation",
+            messages=[{"role": "user", "content": "My card ends in 4242"}],
+        )
+    assert done["status"] == "SUCCEEDED"
+    (decision,) = done["decisions"]
+    assert decision["action"] == "add" and decision["summary"] is None
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["memoryId"] == decision["memoryId"] == done["memories"][0]["id"]
+    assert "ends in" not in json.dumps(done)
+
+
 # Issue 15 item 2: an ingest keeps its messages as session history when the agent keeps it.
 
 WITH_HISTORY = {**memory_harness(), "history": {"index": "messages_and_tools"}}

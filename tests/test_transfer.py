@@ -449,6 +449,26 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
         assert "Traceback" not in refused.stderr
 
 
+async def test_cli_export_of_a_tenants_agent_without_account_says_to_pass_it(
+    state, db_url, monkeypatch, capsys
+):
+    """Without --account the agent is looked for in the default account: a tenant's agent is
+    NOT_FOUND there, and the error says that --account is what it needs."""
+    from factories import caller, make_account
+
+    account = await make_account(state, "acme")
+    owner = caller(account, {"effect": "ALLOW", "actions": ["INSERT"], "resources": ["*"]})
+    agent = await make_agent(state, owner)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    args = ["export", "--action", str(agent.action_id)]
+    code = await asyncio.to_thread(cli.main, args)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error (NOT_FOUND): action ")
+    assert "an agent of another account needs --account ID" in err
+    code = await asyncio.to_thread(cli.main, [*args, "--account", str(account)])
+    assert code == 0 and '"type": "header"' in capsys.readouterr().out
+
+
 async def test_an_export_during_an_interrupted_reembed_leaves_the_vectors_out(
     state, admin, db_url, second, tmp_path
 ):
@@ -809,6 +829,40 @@ async def test_search_finds_the_same_after_import(state, admin, gql, second):
     await load(second, target_admin.account_id, lines)
     queries = ("where does the customer live", "email", "refund")
     await searched_alike(gql, admin, second, agent.action_id, queries)
+
+
+async def test_an_import_before_the_first_start_copies_the_files_vectors(
+    state, admin, pg_server, embedder
+):
+    """A deployment no service has started on yet (migrated, no embedding model recorded):
+    the import records the configured model, as a first start would, and copies the vectors
+    of a file of that model rather than embedding every record again."""
+    from app.db import migrate
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    name = f"engram_unstarted_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(url, min_size=1, max_size=4)
+        try:
+            async with pool.acquire() as conn:
+                account_id = await ensure_default_account(conn)
+                assert await embeddings_store.recorded_model(conn) is None
+            target = AppState(settings=db_settings(url), pool=pool, embedder=embedder)
+            result = await load(target, account_id, lines)
+            assert (result.vectors, result.reembedded) == ("copied", 0)
+            async with state.pool.acquire() as a, pool.acquire() as b:
+                assert await embeddings_store.recorded_model(b) == {
+                    "name": embedder.name,
+                    "dimensions": embedder.dimensions,
+                }
+                query = "SELECT memory_id, embedding::text FROM agent_memories ORDER BY memory_id"
+                assert [tuple(r) for r in await a.fetch(query)] == [
+                    tuple(r) for r in await b.fetch(query)
+                ]
+        finally:
+            await pool.close()
 
 
 async def test_another_embedding_model_is_embedded_again(state, admin, gql, second):

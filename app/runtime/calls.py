@@ -428,10 +428,16 @@ async def _remember_over_mcp(
     done = await remember_conversation(
         state, caller, IngestRequest(place, messages, key), client=client
     )
+    decisions = done.decisions
+    if not redaction.may_read(caller):
+        # As rememberConversation answers such a client: the decisions without their text (a
+        # summary is the record's, a note may quote one), the records' IDs kept.
+        hidden = ("summary", "note")
+        decisions = [{k: None if k in hidden else v for k, v in d.items()} for d in decisions]
     output = {
         "executionId": str(done.execution.execution_id),
         "status": done.execution.status,
-        "decisions": done.decisions,
+        "decisions": decisions,
         "memories": done.memories,
         "reviewedMessages": done.reviewed,
     }

@@ -219,6 +219,13 @@ async def import_file(
                 raise NotFound(f"account {account_id} not found")
             recorded = await embeddings_store.recorded_model(conn)
             catalog = {t.kind: await store.columns(conn, t.name) for t in TABLES}
+        embedder: Embedder | None = None
+        if recorded is None and header.get("embeddings"):
+            # A deployment that has not started yet records no model: its configured one will
+            # be recorded (below, once the file is checked, as its first start would), so a
+            # file of that model's vectors is copied, not embedded again.
+            embedder = await open_embedder()
+            recorded = {"name": embedder.name, "dimensions": embedder.dimensions}
         copied = bool(
             header.get("embeddings") and recorded is not None and header["embedder"] == recorded
         )
@@ -233,16 +240,15 @@ async def import_file(
             batch_rows,
             directionless,
         )
-        embedder: Embedder | None = None
         result = ImportResult()
         if not copied:
             result.vectors = "re-embedded"
-        if to_embed:
+        if to_embed or embedder is not None:
             # Embedded again with this deployment's model (which the database records, or will):
             # every record, or those of a file with vectors that has none for them (edited, or
             # written by hand), which copied as they are no search would find; of them, those
             # the account does not hold yet (an import run again skips the others).
-            embedder = await open_embedder()
+            embedder = embedder or await open_embedder()
             await ensure_model(pool, embedder, VECTOR_COLUMNS)
         total = sum(header["counts"].values())
         try:

@@ -8,7 +8,7 @@ import { policyEditor, policyText } from "./policies.js";
 const OPERATIONS = [
   "actions", "action", "createAction", "updateAction",
   "Action.memories", "Action.searchMemories", "agentMemory", "deleteAgentMemory",
-  "Action.sessions", "ActionSession.executions", "ActionExecution.transcript",
+  "Action.sessions", "ActionSession.executions", "ActionExecution.transcript", "execution",
   "ActionSession.searchHistory", "eraseSession",
   "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
   "revokeClientToken",
@@ -25,6 +25,7 @@ const WHAT = {
   "Action.sessions": "listing sessions",
   "ActionSession.executions": "reading a session's turns",
   "ActionExecution.transcript": "reading transcripts",
+  execution: "reading executions' inputs",
   eraseSession: "erasing sessions",
   clients: "listing clients",
   "Client.tokens": "listing tokens",
@@ -263,6 +264,8 @@ async function agentView({ actionId }) {
     h("h3", {}, "Harness"), pre(action.harness),
     action.instructions ? [h("h3", {}, "Instructions"), pre(action.instructions)] : null,
     h("h3", {}, "Model"), pre(action.model),
+    action.model && Object.keys(action.model).length ? null
+      : h("p", { class: "muted" }, "None set: its turns use the deployment's model (its ENGRAM_MODEL_* settings)."),
   ];
   if (can("updateAction")) out.push(editForm(action));
   if (versions.length) {
@@ -752,6 +755,12 @@ const EVENT_TITLES = {
 
 function eventView(e) {
   const d = e.data || {};
+  // What a tool returned or the model was given: history events (search_history) or records.
+  const found = (o) => {
+    const [n, what] = Array.isArray(o.events) ? [o.events.length, "history event"]
+      : [(o.records || o.memories || o.sources || []).length, "record"];
+    return ` · ${n} ${what}${n === 1 ? "" : "s"}`;
+  };
   const head = (title, ...rest) => h("div", { class: "event-head" }, h("strong", {}, title), " ", ...rest);
   let body;
   if (d.erased && e.type !== "model.call") {
@@ -774,9 +783,8 @@ function eventView(e) {
       break;
     case "tool.execution": {
       const recall = d.input && d.input.recall;
-      const records = (d.output && (d.output.records || d.output.memories || d.output.sources)) || [];
       body = [head(recall ? "Recall" : "Tool execution", badge(d.name || "tool"),
-        ` · ${records.length} record${records.length === 1 ? "" : "s"}`, d.error ? badge("error", "deleted") : null),
+        found(d.output || {}), d.error ? badge("error", "deleted") : null),
       d.error ? h("div", { class: "text" }, d.error) : null];
       break;
     }
@@ -794,7 +802,7 @@ function eventView(e) {
       body = [head("Embedding", `for ${d.for} · ${d.tokens} tokens`)];
       break;
     case "output.use":
-      body = [head("Output use", `${d.use} · ${(d.records || []).length} records reached the model`)];
+      body = [head("Output use", `${d.use}${found(d)} reached the model`)];
       break;
     case "context.cleared":
       body = [head("Context cleared", `${d.results} tool results · ${d.tokens} tokens · ${d.reason}`)];
@@ -830,6 +838,42 @@ async function hasHistorySearch() {
   return historySearch;
 }
 
+// What an execution of a session is, by its kind (a replay re-runs a turn, counting none).
+function executionTitle(x) {
+  switch (x.kind) {
+    case "ERASE": return `Erased by ${x.principal}`;
+    case "OPERATOR": return `Operator write by ${x.principal}`;
+    case "MCP": return `MCP tool call by ${x.principal}`;
+    case "INGEST": return x.turn === null ? `Conversation handed in by ${x.principal}`
+      : `Turn ${x.turn}: conversation handed in by ${x.principal}`;
+    default: return `${x.replayOf ? "Replay of turn" : "Turn"}${x.turn === null ? "" : ` ${x.turn}`}`;
+  }
+}
+
+// An ingest's messages, and an MCP call's tool and arguments, are its input, not transcript
+// events: read when opened (an input may be as long as a megabyte).
+function handedIn(x) {
+  const body = h("div", {});
+  let loaded = false;
+  return h("details", { class: "handed-in", ontoggle: async (e) => {
+    if (!e.target.open || loaded) return;
+    loaded = true;
+    body.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+    try {
+      const data = await gql(`query($e: UUID!) { execution(executionId: $e) { input } }`, { e: x.executionId });
+      const input = data.execution && data.execution.input;
+      body.replaceChildren(x.kind === "INGEST" && input && Array.isArray(input.messages)
+        ? h("ol", { class: "events" }, input.messages.map((m) => h("li", { class: "event" },
+          h("div", { class: "event-head" }, h("strong", {}, String(m.role)), m.time ? ` ${when(m.time)}` : ""),
+          h("div", { class: "text" }, typeof m.content === "string" ? m.content : json(m.content)))))
+        : pre(input));
+    } catch (error) {
+      loaded = false;
+      body.replaceChildren(problem(error));
+    }
+  } }, h("summary", {}, x.kind === "INGEST" ? "Messages handed in" : "Tool and arguments"), body);
+}
+
 async function sessionView({ actionId, sessionId }) {
   const agent = await loadAgent(actionId);
   const gone = `No session ${sessionId} of agent ${actionId} was found.`;
@@ -846,15 +890,15 @@ async function sessionView({ actionId, sessionId }) {
   async function load(after) {
     const data = await gql(`query($id: ID!, $after: String) { node(id: $id) { ... on ActionSession {
       sessionId turns executions(first: 10, after: $after) { nodes { executionId turn kind principal status
-        preview error created ${transcript} } pageInfo { hasNextPage endCursor } } } } }`, { id, after: after || null });
+        preview replayOf error created ${transcript} } pageInfo { hasNextPage endCursor } } } } }`, { id, after: after || null });
     if (!data.node) { found = false; return; }
     for (const x of data.node.executions.nodes) {
       append(turns, [h("section", { class: "card turn" },
-        h("h2", {}, x.kind === "ERASE" ? `Erased by ${x.principal}` : x.turn === null ? "Operator write (no turn)"
-          : `Turn ${x.turn}`, " ",
+        h("h2", {}, executionTitle(x), " ",
           badge(x.status, x.status.toLowerCase()),
           x.preview ? badge("preview") : null, " ", h("span", { class: "when" }, when(x.created))),
         x.error ? h("p", { class: "error" }, x.error) : null,
+        ["INGEST", "MCP"].includes(x.kind) && can("execution") ? handedIn(x) : null,
         !x.transcript ? refusal("ActionExecution.transcript")
           : x.transcript.nodes.length ? h("ol", { class: "events" }, x.transcript.nodes.map(eventView))
             : h("p", { class: "muted" }, "No transcript events."),
