@@ -635,16 +635,16 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if result.vectors == "copied":
+    if not result.inserted:  # all there already (an import run again), or the file is empty
+        vectors = "no record written, so no vector copied or embedded"
+    elif result.vectors == "copied":
         vectors = "vectors copied" + (
             f" ({result.reembedded} records the file has no vector for: embedded again)"
             if result.reembedded
             else ""
         )
-    elif result.reembedded:
+    else:
         vectors = f"vectors re-embedded ({result.reembedded} records)"
-    else:  # the file's records were all there already (an import run again), or it has none
-        vectors = "no record needed embedding"
     print(f"imported {result.inserted} rows, {result.present} already there unchanged; {vectors}")
     if result.missing:
         told = ", ".join(f"{got} of {n} {kind} rows" for kind, (got, n) in result.missing.items())

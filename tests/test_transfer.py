@@ -959,10 +959,8 @@ async def test_an_import_again_embeds_no_record_already_there(
             )
             assert len(texts) == 1 + 8  # the embedder's dimension probe, opening it; the records
             said, texts = imported(bare)
-            assert (
-                said
-                == f"imported 0 rows, {rows} already there unchanged; no record needed embedding"
-            )
+            nothing = "no record written, so no vector copied or embedded"
+            assert said == f"imported 0 rows, {rows} already there unchanged; {nothing}"
             assert texts == []
             # Its own export, edited: a record without a vector, which it already holds.
             edited_path = tmp_path / "edited.jsonl"
@@ -975,7 +973,7 @@ async def test_an_import_again_embeds_no_record_already_there(
                 "\n".join(edited(lines, first(lines, "memory"), embedding=None)) + "\n"
             )
             said, texts = imported(edited_path)
-            assert said == f"imported 0 rows, {rows} already there unchanged; vectors copied"
+            assert said == f"imported 0 rows, {rows} already there unchanged; {nothing}"
             assert texts == []
 
 
