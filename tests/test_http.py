@@ -88,6 +88,9 @@ async def test_graphiql_on_get(http):
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     assert "GraphiQL" in response.text
+    # It names its icon (none), as the console does: a browser would otherwise ask for
+    # /favicon.ico, which the service does not serve (a 404 in the log at each page load).
+    assert '<link rel="icon" href="data:," />' in response.text
 
 
 async def test_queries_over_get_are_refused_clearly(http):
