@@ -118,6 +118,20 @@ async def test_without_a_valid_token_unauthenticated(http, headers):
     assert "Authorization: Bearer" in response.text or "not valid" in response.text
 
 
+async def test_bearer_said_twice_is_told_so(http):
+    """A client that puts the scheme before a value holding it already is told that, not that
+    its token is not valid (which sends a person to ask for a new one)."""
+    response = await post(
+        http, "{ viewer { principal } }", headers={"Authorization": f"Bearer Bearer {ADMIN_TOKEN}"}
+    )
+    assert response.status_code == 401
+    assert error_code(response) == "UNAUTHENTICATED"
+    assert response.json()["errors"][0]["message"] == (
+        "the Authorization header says `Bearer` twice: send `Authorization: Bearer <token>`, "
+        "the word once"
+    )
+
+
 async def test_bootstrap_token_is_an_admin_token(http):
     response = await post(http, "{ viewer { principal } }")
     assert response.status_code == 200

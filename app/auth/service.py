@@ -166,9 +166,23 @@ async def authenticate(
     if not authorization:
         raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("send an API token as `Authorization: Bearer <token>`")
-    token_hash = hash_token(token.strip())
+    try:
+        return await _caller(pool, hash_token(token), recent)
+    except Unauthenticated as e:
+        # A client that puts the scheme before a value holding it already: said so, where a
+        # token no client holds is (a token of that form is one no client holds).
+        if e.message == NOT_VALID and token[:7].lower() == "bearer ":
+            raise Unauthenticated(
+                "the Authorization header says `Bearer` twice: send `Authorization: Bearer "
+                "<token>`, the word once"
+            ) from None
+        raise
+
+
+async def _caller(pool: asyncpg.Pool, token_hash: bytes, recent: bool) -> Caller:
     if not recent:
         return await _verify(pool, token_hash)
     caller = verified.recall(pool, token_hash)
