@@ -562,6 +562,8 @@ async def recorded_or_logged(recording: asyncio.Future[Any], execution: Executio
     liveness sweep ends the turn."""
     try:
         await outlast(recording)
+    except TurnEnded:
+        pass  # swept meanwhile: ended already
     except Exception as lost:
         _log_lost(lost, "turn %s: its failure could not be recorded", execution)
 
