@@ -239,9 +239,9 @@ async def import_file(
             copied,
             batch_rows,
             directionless,
-            # (copied: the file's model is the deployment's, whose dimensions a database no
-            # service started on has not fixed yet; its vectors are checked against them)
-            recorded["dimensions"] if copied and recorded is not None else None,
+            # Copied to a database no service started on, whose vector columns have no
+            # dimensions yet (`ensure_model` fixes them below): checked against the model's.
+            recorded["dimensions"] if copied and embedder is not None else None,
         )
         result = ImportResult()
         if not copied:
