@@ -330,4 +330,4 @@ async def test_m38_a_ranked_cursor_of_another_agent_or_account_is_bad_request(
             assert refused["data"] is None
             (error,) = refused["errors"]
             assert error["extensions"]["code"] == "BAD_REQUEST", error
-            assert error["message"].startswith("`after` is not a cursor a search with this")
+            assert error["message"].startswith("`after` is not a cursor this search issued")

@@ -865,6 +865,37 @@ async def test_an_import_before_the_first_start_copies_the_files_vectors(
             await pool.close()
 
 
+async def test_an_import_before_the_first_start_checks_the_vectors_length(
+    state, admin, pg_server, embedder
+):
+    """Before the first start the vector columns have no dimensions yet (the import fixes
+    them): a vector in the file of other dimensions than its model's is refused by the check,
+    as once they are fixed, and nothing is written (it was refused by the write, part way,
+    after the rows before it were stored)."""
+    from app.db import migrate
+    from app.errors import BadInput
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    last = max(i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory")
+    lines = edited(lines, last, embedding=json.dumps([0.5] * (embedder.dimensions - 1)))
+    name = f"engram_unstarted_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(url, min_size=1, max_size=4)
+        try:
+            async with pool.acquire() as conn:
+                account_id = await ensure_default_account(conn)
+            target = AppState(settings=db_settings(url), pool=pool, embedder=embedder)
+            before = await table_counts(target)
+            said = f"line {last + 1}: its memory row is not valid .*dimensions"
+            with pytest.raises(BadInput, match=said):
+                await load(target, account_id, lines, batch_rows=1)
+            assert await table_counts(target) == before
+        finally:
+            await pool.close()
+
+
 async def test_another_embedding_model_is_embedded_again(state, admin, gql, second):
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)

@@ -297,6 +297,41 @@ async def test_a_turn_cancelled_again_as_its_failure_is_recorded_ends_after_the_
     assert (status, error) == ("FAILED", CANCELLED)
 
 
+@pytest.mark.settings(turn_timeout_seconds=0)
+async def test_a_cancelled_turn_whose_failure_cannot_be_recorded_stays_cancelled(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer, caplog
+) -> None:
+    """Cancelled during its model call, the turn records its failure, and the database refuses
+    the record (both of its writes): the turn ends cancelled, as it was, the record's error
+    logged (the liveness sweep ends the turn); the record's error was raised in place of the
+    cancellation, which whoever cancelled it then never saw."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    async with state.pool.acquire() as conn:
+        await conn.execute("""
+            CREATE FUNCTION refused() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'refused'; END $$;
+            CREATE TRIGGER refused BEFORE INSERT ON transcript_events
+                FOR EACH ROW WHEN (NEW.type = 'turn.failed') EXECUTE FUNCTION refused();
+        """)
+    model_server.say("Hello.", delay=LATE)
+    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
+    await eventually(
+        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
+        "the model call to be under way",
+    )
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(turn, 30)
+    assert any("could not be recorded" in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
+    async with state.pool.acquire() as conn:
+        status = await conn.fetchval(
+            "SELECT status FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+        )
+    assert status == "RUNNING"  # (ended by the liveness sweep)
+
+
 async def late_staging(state: AppState) -> None:
     """Every staged memory row is stored LATE_STATEMENT's way."""
     async with state.pool.acquire() as conn:

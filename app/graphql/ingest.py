@@ -64,7 +64,8 @@ class MemoryReviewDecision:
         description="The fact, as one line; null without the grants that read memory."
     )
     kind: str | None = strawberry.field(
-        description="The fact's kind, one of the agent's; null without the grants that read memory."
+        description="The fact's kind, one of the agent's (a reader without the grants that read "
+        "memory sees it too: a kind is the harness's, not the record's text)."
     )
     memory_id: UUID | None = strawberry.field(description="The record it added (add, replace).")
     target_id: UUID | None = strawberry.field(

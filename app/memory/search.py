@@ -508,8 +508,9 @@ RANKED = cursors.Keyset(
     cursors.COUNT,
     cursors.WEIGHTS,
     cursors.BEST,
-    error="`after` is not a cursor a search with this query issued: pass the cursor of the "
-    "last record of the previous page, with the same query, mode and filters",
+    error="`after` is not a cursor this search issued: pass the cursor of the last record of "
+    "the previous page, of the same agent, with the same query, mode and filters (a cursor of "
+    "an older release's: start again from the first page)",
 )
 
 

@@ -312,7 +312,7 @@ async def _failed(run: _Run, error: BaseException) -> Execution:
     recording = asyncio.ensure_future(turns._fail(run.context, error))
     if isinstance(error, Exception):
         return await turns.outlast(recording)
-    await turns.outlast(recording)
+    await turns.recorded_or_logged(recording, run.execution)
     raise error
 
 

@@ -551,8 +551,21 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
         recording = asyncio.ensure_future(_fail(context, e))
         if isinstance(e, Exception):
             return await outlast(recording)
-        await outlast(recording)
+        await recorded_or_logged(recording, context.execution)
         raise
+
+
+async def recorded_or_logged(recording: asyncio.Future[Any], execution: Execution) -> None:
+    """Waits for the record of a failure that is a cancellation (`outlast`), which then goes
+    on: a record the database refused is logged, not raised in its place (the cancel was
+    answered as an error of the turn's, whoever cancelled it never learning it ended so); the
+    liveness sweep ends the turn."""
+    try:
+        await outlast(recording)
+    except TurnEnded:
+        pass  # swept meanwhile: ended already
+    except Exception as lost:
+        _log_lost(lost, "turn %s: its failure could not be recorded", execution)
 
 
 def native_tools(

@@ -239,6 +239,9 @@ async def import_file(
             copied,
             batch_rows,
             directionless,
+            # Copied to a database no service started on, whose vector columns have no
+            # dimensions yet (`ensure_model` fixes them below): checked against the model's.
+            recorded["dimensions"] if copied and embedder is not None else None,
         )
         result = ImportResult()
         if not copied:
@@ -499,14 +502,15 @@ async def _check_file(
     copied: bool,
     batch_rows: int,
     directionless: set[UUID],
+    dimensions: int | None = None,
 ) -> int:
     """Every row as `_rows` checks it, against the rows before it (`_Across`), and as
     PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
     that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
     whether the file's vectors are stored (else they are replaced, and not checked), then the
     records whose vector has no direction are added to `directionless`: embedded again, as if
-    the file had none for them. Returns how many records the import will embed
-    (`_to_embed`)."""
+    the file had none for them; `dimensions`: those of the copied vectors (`store.checking`).
+    Returns how many records the import will embed (`_to_embed`)."""
     across = _Across(str(action_id))
     to_embed = 0
     batch: list[tuple[dict[str, Any], int]] = []
@@ -515,7 +519,7 @@ async def _check_file(
         nonlocal to_embed
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
         # A transaction a batch, not one for the file: see `store.checking`.
-        async with store.checking(conn, table):
+        async with store.checking(conn, table, dimensions):
             refused = await _refusal(
                 conn, table, [r for r, _ in batch], columns, directionless if copied else None
             )

@@ -250,12 +250,16 @@ async def write_rows(
 
 
 @asynccontextmanager
-async def checking(conn: asyncpg.Connection, table: Table) -> AsyncIterator[None]:
+async def checking(
+    conn: asyncpg.Connection, table: Table, dimensions: int | None = None
+) -> AsyncIterator[None]:
     """A transaction, rolled back on exit, holding an empty copy of `table` with its types,
     defaults, NOT NULL and CHECK constraints (no keys, no indexes), in which `check_rows` tries
     rows. One a batch: the copy locks its table against a command that needs it alone (CLUSTER,
     ALTER TABLE), and every request waits behind such a command, so the lock is held as long as
-    one batch's check, never a whole file's."""
+    one batch's check, never a whole file's. `dimensions`: those the table's vectors will have
+    when the rows are written, which a database no service has started on has not fixed yet
+    (the import's `ensure_model` does, after the check): the copy's vectors have them already."""
     session_changed(conn)  # a temporary schema stays with the session
     transaction = conn.transaction()
     await transaction.start()
@@ -264,6 +268,11 @@ async def checking(conn: asyncpg.Connection, table: Table) -> AsyncIterator[None
             f"CREATE TEMPORARY TABLE check_{table.name} "
             f"(LIKE {table.name} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ON COMMIT DROP"
         )
+        if dimensions is not None and table.kind == "memory":
+            await conn.execute(
+                f"ALTER TABLE check_{table.name} ALTER COLUMN {VECTOR_COLUMN} "
+                f"TYPE vector({int(dimensions)})"
+            )
         yield
     finally:
         await transaction.rollback()  # the copy goes with it
