@@ -156,3 +156,45 @@ async def test_another_tenants_agent_stays_unseen_and_a_client_without_memory_is
     body = await post(base_url, agents_only, a=a, session="s-1")
     (error,) = body["errors"]
     assert error["extensions"]["code"] == "ACCESS_DENIED", error
+
+
+BATCHED = """query($a: UUID!) {
+  action(actionId: $a) {
+    first: memories(first: 10, sessionId: "s-1") { nodes { memoryId } }
+    second: memories(first: 10, sessionId: "s-2") { nodes { memoryId } }
+  }
+  actions(first: 10) {
+    nodes { actionId memories(first: 10, sessionId: "s-2") { nodes { memoryId } } }
+  }
+}"""
+
+
+async def test_listings_of_several_sessions_and_agents_in_one_request(base_url, seeded):
+    """Read together (one request's DataLoader: a page per session, and the agents' pages of one
+    session in one statement), each listing keeps its own session."""
+    state, admin, token, records = (seeded[k] for k in ("state", "admin", "token", "records"))
+    other = await make_agent(state, admin, name="other")
+    theirs = await remember(
+        state, other, "other agent's s-2 record", session="s-2", scope="SESSION"
+    )
+    await remember(state, other, "other agent's s-1 record", session="s-1", scope="SESSION")
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        answer = await http.post(
+            "/graphql",
+            json={"query": BATCHED, "variables": {"a": seeded["agent"]}},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    body = answer.json()
+    assert not body.get("errors"), body
+
+    def ids(listing: dict) -> list[str]:
+        return [n["memoryId"] for n in listing["nodes"]]
+
+    action = body["data"]["action"]
+    assert ids(action["first"]) == newest_first(records["s-1"])
+    assert ids(action["second"]) == newest_first(records["s-2"])
+    by_agent = {a["actionId"]: ids(a["memories"]) for a in body["data"]["actions"]["nodes"]}
+    assert by_agent == {
+        seeded["agent"]: newest_first(records["s-2"]),
+        str(other.action_id): [str(theirs.memory_id)],
+    }
