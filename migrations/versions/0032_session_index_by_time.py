@@ -12,7 +12,8 @@ newer record of the agent first (bench/session_listing.py). The index now holds 
 `memory_id` after the session, so a page of a session is read in order from where its keyset
 starts, however large the session or the agent. It keeps its name and its rows (session scope
 only), and serves the reads of a session it served (its columns lead the same way). Built in
-the migration, which writes to the table wait for.
+the migration beside the old one, which writes to the table wait for; reads wait only for the
+swap at the end.
 """
 
 from alembic import op
@@ -25,10 +26,13 @@ depends_on = None
 
 def upgrade() -> None:
     op.execute("""
-    DROP INDEX agent_memories_session;
-    CREATE INDEX agent_memories_session ON agent_memories
+    -- Built beside the old one (writes wait, reads go on), which goes only then (a moment's
+    -- lock that reads wait for too).
+    CREATE INDEX agent_memories_session_next ON agent_memories
         (account_id, action_id, session_id, created, memory_id)
         WHERE scope = 'SESSION';
+    DROP INDEX agent_memories_session;
+    ALTER INDEX agent_memories_session_next RENAME TO agent_memories_session;
     """)
 
 
