@@ -1204,6 +1204,71 @@ async def test_a_page_asked_for_before_the_filters_changed_adds_nothing_to_the_n
         await expect(page.get_by_role("button", name="Show older records")).to_be_hidden()
 
 
+SESSION_MEMORIES = """query($a: UUID!, $s: String) { action(actionId: $a) {
+  memories(first: 100, sessionId: $s) { nodes { summary } } } }"""
+
+
+async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_url, embedder):
+    """Each record shows its session, or "agent" for agent scope; the Session filter lists one
+    session's records (with the other filters too), a blank one is refused and said; a
+    session's page links to the memories of that session."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        for summary, kind, where in [
+            ("Parcel for c-7 left at the door", "event", {"sessionId": "s-2"}),
+            ("Customer c-7 wants invoices by post", "fact", {"sessionId": "s-2"}),
+            ("The shop closes on Sundays", "fact", {"scope": "AGENT"}),
+        ]:
+            admin(ADD, a=agent, i={"summary": summary, "kind": kind, **where})
+        in_s1 = [
+            n["summary"]
+            for n in admin(SESSION_MEMORIES, a=agent, s="s-1")["action"]["memories"]["nodes"]
+        ]
+        assert "Customer c-42 prefers espresso over filter coffee" in in_s1
+
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        rows = listing.locator("tbody tr")
+        sessions = listing.locator("td[data-label=Session]")
+        sundays = rows.filter(has_text="The shop closes on Sundays")
+        await expect(sundays.locator("td[data-label=Session]")).to_have_text("agent")
+        parcel = rows.filter(has_text="Parcel for c-7 left at the door")
+        await expect(parcel.locator("td[data-label=Session]")).to_have_text("s-2")
+        await expect(rows).to_have_count(len(in_s1) + 3)
+
+        await page.get_by_label("Session").fill("s-2")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(rows).to_have_count(2)
+        await expect(sessions).to_have_text(["s-2", "s-2"])
+        await page.get_by_label("Kind").fill("event")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(rows).to_have_count(1)
+        await expect(
+            listing.get_by_role("link", name="Parcel for c-7 left at the door")
+        ).to_be_visible()
+        await page.screenshot(path=screenshot_path("console-memories-session.png"), full_page=True)
+
+        # A blank session ID is refused, and the refusal says what a session ID must be.
+        await page.get_by_label("Kind").fill("")
+        await page.get_by_label("Session").fill("   ")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(page.get_by_text("sessionId must be 1 to 200 characters")).to_be_visible()
+        await expect(rows).to_have_count(0)
+
+        # From a session's page, its memories: the listing opens filtered by it.
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.get_by_role("heading", name="Session s-1")).to_be_visible()
+        await page.get_by_role("link", name="Memories of this session").click()
+        await expect(page.get_by_role("heading", name="Memories of Support desk")).to_be_visible()
+        await expect(page.get_by_label("Session")).to_have_value("s-1")
+        await expect(rows).to_have_count(len(in_s1))
+        await expect(sessions).to_have_text(["s-1"] * len(in_s1))
+        await expect(listing.get_by_text("The shop closes on Sundays")).to_have_count(0)
+
+
 ACTIONS_NAMED = "{ actions(first: 100) { nodes { actionId name version harness instructions } } }"
 
 

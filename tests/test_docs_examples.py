@@ -75,6 +75,7 @@ STEPS = {
     "Memory": Step(
         SUPPORT, {"id": LISTED_AGENT, "memory": "Memories.action.memories.nodes[0].memoryId"}
     ),
+    "SessionMemories": Step(SUPPORT, {"id": LISTED_AGENT}),
     "Search": Step(SUPPORT, {"id": LISTED_AGENT}),
     "Seed": Step(SUPPORT, {"id": LISTED_AGENT}),
     "SeedMany": Step(SUPPORT, {"id": LISTED_AGENT}),
@@ -175,6 +176,8 @@ def test_the_guide_runs_in_order(db_url: str, embedder: StaticEmbedder):
             retried = answers["Retry"][0]["executeAction"]
             assert (retried["status"], retried["invocationNumber"]) == ("SUCCEEDED", 2)
             assert answers["Replay"][0]["executeAction"]["preview"] is True
+            in_session = answers["SessionMemories"][0]["action"]["memories"]["nodes"]
+            assert [n["summary"] for n in in_session] == ["Customer 42 wants the invoice by post"]
             found = answers["Search"][0]["action"]["searchMemories"]["edges"]
             assert [e["node"]["summary"] for e in found] == [
                 "Customer 42 wants the invoice by post"

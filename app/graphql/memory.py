@@ -331,7 +331,9 @@ class ActionMemoryFields:
     @strawberry.field(
         description="The agent's memory records by creation time, newest first unless "
         "`sort: ASC`; deleted and superseded records are omitted, except preview deletions. "
-        "Optionally filtered by kind, exact label values, scope, preview and status."
+        "Optionally filtered by kind, exact label values, scope, preview, status and session: "
+        "`sessionId` lists the session-scope records of that session, what the agent remembers "
+        "for that conversation alone."
     )
     async def memories(
         self,
@@ -365,6 +367,14 @@ class ActionMemoryFields:
                 "the usual listing, live records and preview deletions."
             ),
         ] = None,
+        session_id: Annotated[
+            str | None,
+            strawberry.argument(
+                description="Only the session-scope records of this session (agent-scope "
+                "records belong to no one session, even those its turns wrote); a session the "
+                "agent never had lists none."
+            ),
+        ] = None,
     ) -> Connection[ActionAgentMemory]:
         filters = operator.MemoryFilters(
             kind=kind,
@@ -372,6 +382,7 @@ class ActionMemoryFields:
             scope=scope.value if scope else None,
             preview=preview,
             statuses=[s.value for s in status] if status is not None else None,
+            session_id=session_id,
         )
         return await keyset_connection(
             first,

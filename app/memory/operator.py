@@ -76,6 +76,7 @@ class MemoryFilters:
     scope: Scope | None = None
     preview: bool | None = None
     statuses: Sequence[str] | None = None  # None: the spec's listing
+    session_id: str | None = None  # the session-scope records of this session
 
     def __post_init__(self) -> None:
         # As tuples: filters are part of a page's key in the request's DataLoader (a hash).
@@ -94,6 +95,7 @@ def _list_filters(
 
     if filters.statuses is not None and not filters.statuses:
         raise BadInput("`status` names at least one status; omit it for the usual listing")
+    check_session_id(filters.session_id)
     numbers: dict[int, str] | None = None
     if filters.labels:
         if action is None:
@@ -105,6 +107,7 @@ def _list_filters(
         scope=filters.scope,
         preview=filters.preview,
         statuses=filters.statuses,
+        session_id=filters.session_id,
     )
 
 
@@ -131,7 +134,9 @@ async def list_memories(
 ) -> list[MemoryView]:
     """Spec: newest first unless ascending; deleted and superseded records omitted, except
     preview deletions; staged records of running turns never shown. `filters` narrow the
-    listing; only `statuses` widens it, to the records of the statuses it names."""
+    listing; only `statuses` widens it, to the records of the statuses it names. A
+    `session_id` lists that session's session-scope records (the agent-scope records its turns
+    wrote are not among them); a session the agent never had lists nothing."""
     page = MemoryPage(action_id, after, limit, ascending, filters or MemoryFilters())
     (found,) = await memory_pages(pool, caller, pages=[page])
     if isinstance(found, Exception):

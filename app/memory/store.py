@@ -22,6 +22,7 @@ from app.memory.visibility import (
     OperatorPages,
     OperatorReader,
     Reader,
+    in_session,
     shadows,
     staged_by,
     visible,
@@ -330,6 +331,7 @@ class ListFilters:
     scope: str | None = None
     preview: bool | None = None
     statuses: Sequence[str] | None = None  # None: the spec's listing (live records)
+    session_id: str | None = None  # the session-scope records of this session
 
 
 async def list_page(
@@ -466,6 +468,8 @@ def _narrowed(where: str, f: ListFilters, p: Params) -> str:
         where += f" AND m.preview = {p(f.preview)}"
     if f.labels:
         where += f" AND {has_labels(f.labels, p)}"
+    if f.session_id is not None:
+        where += f" AND {in_session(f.session_id, p)}"
     return where
 
 

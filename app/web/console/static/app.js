@@ -430,7 +430,7 @@ async function newAgentView() {
 
 // ---------------------------------------------------------------- memories
 
-const RECORD = "memoryId version status summary kind scope preview pinned created labels { number name value }";
+const RECORD = "memoryId version status summary kind scope sessionId preview pinned created labels { number name value }";
 
 function memoryRow(actionId, m, score) {
   // A token that may search but not read records gets no link to a page it would be refused.
@@ -439,7 +439,9 @@ function memoryRow(actionId, m, score) {
     h("td", { dataset: { label: "Summary" } }, summary,
       m.pinned ? badge("pinned") : null, m.preview ? badge("preview") : null),
     h("td", { dataset: { label: "Kind" } }, m.kind),
-    h("td", { dataset: { label: "Scope" } }, m.scope),
+    // A session-scope record's session; an agent-scope one is recalled in every session.
+    h("td", { dataset: { label: "Session" }, class: "wrap" },
+      m.scope === "AGENT" ? h("span", { class: "muted" }, "agent") : h("span", { class: "mono" }, m.sessionId)),
     h("td", { dataset: { label: "Status" } }, badge(m.status, m.status.toLowerCase())),
     h("td", { dataset: { label: "Labels" }, class: "wrap" }, labelsText(m.labels)),
     h("td", { dataset: { label: score === undefined ? "Created" : "Score" } },
@@ -449,7 +451,7 @@ function memoryRow(actionId, m, score) {
 function memoryTable(caption, lastColumn) {
   const body = h("tbody");
   const table = h("table", { class: "list" }, h("caption", {}, caption),
-    h("thead", {}, h("tr", {}, ["Summary", "Kind", "Scope", "Status", "Labels", lastColumn].map((t) => h("th", {}, t)))),
+    h("thead", {}, h("tr", {}, ["Summary", "Kind", "Session", "Status", "Labels", lastColumn].map((t) => h("th", {}, t)))),
     body);
   return { table, body };
 }
@@ -524,7 +526,7 @@ function searchForm(actionId) {
   return [form, found, results];
 }
 
-async function memoriesView({ actionId }) {
+async function memoriesView({ actionId, session = "" }) {
   const agent = await loadAgent(actionId);
   if (!agent) return notFound(`No agent with ID ${actionId} was found.`);
   const out = [h("h1", { tabindex: -1 }, agent.name ? `Memories of ${agent.name}` : "Memories"),
@@ -534,6 +536,7 @@ async function memoriesView({ actionId }) {
   if (!can("Action.memories")) return [...out, refusal("Action.memories")];
 
   const kind = h("input", { type: "text", name: "kind" });
+  const sessionId = h("input", { type: "text", name: "session", value: session });
   const labelName = h("input", { type: "text", name: "label" });
   const labelValue = h("input", { type: "text", name: "labelValue" });
   const scope = h("select", { name: "scope" }, h("option", { value: "" }, "any"),
@@ -546,7 +549,8 @@ async function memoriesView({ actionId }) {
   const listing = memoryTable("Records, newest first", "Created");
   const more = moreButton("Show older records", listing.body, load);
   const listError = h("div");
-  let filters = {};
+  // Opened as "memories of this session" (from a session's page), the listing starts filtered.
+  let filters = session ? { session } : {};
   let shownListing = 0; // the listing shown: a page asked for before the filters changed adds nothing
   async function load(after) {
     const mine = shownListing;
@@ -554,9 +558,9 @@ async function memoriesView({ actionId }) {
     try {
       const data = await gql(`query($id: UUID!, $first: Int!, $after: String, $kind: String,
         $labels: [AgentMemoryLabelInput!], $scope: ActionAgentMemoryScope, $preview: Boolean,
-        $status: [ActionAgentMemoryStatus!]) { action(actionId: $id) {
+        $status: [ActionAgentMemoryStatus!], $session: String) { action(actionId: $id) {
           memories(first: $first, after: $after, kind: $kind, labels: $labels, scope: $scope,
-                   preview: $preview, status: $status) {
+                   preview: $preview, status: $status, sessionId: $session) {
             nodes { ${RECORD} } pageInfo { hasNextPage endCursor } } } }`,
       { id: actionId, first: PAGE, after: after || null, ...filters });
       if (mine !== shownListing) return;
@@ -577,13 +581,16 @@ async function memoriesView({ actionId }) {
       scope: scope.value || null,
       preview: preview.value === "" ? null : preview.value === "true",
       status: status.value === "" ? null : status.value === "ALL" ? ["ACTIVE", "DELETED", "SUPERSEDED"] : [status.value],
+      // As typed: a session ID may hold spaces at either end (a blank one is refused, and said).
+      session: sessionId.value === "" ? null : sessionId.value,
     };
     shownListing += 1;
     more.hidden = true;
     clear(listing.body);
     await load(null);
   } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), field("Label", labelName),
-    field("Label value", labelValue), field("Scope", scope), field("Status", status), field("Preview", preview)),
+    field("Label value", labelValue), field("Scope", scope), field("Session", sessionId), field("Status", status),
+    field("Preview", preview)),
   h("button", { type: "submit" }, "Apply filters"));
   await load(null);
   out.push(filterForm, listError, listing.table, more);
@@ -916,6 +923,10 @@ async function sessionView({ actionId, sessionId }) {
     found = false;
   }
   if (!found) return notFound(gone);
+  if (can("Action.memories")) {
+    out.push(h("p", {}, link(`#/agents/${actionId}/memories?session=${encodeURIComponent(sessionId)}`,
+      "Memories of this session")));
+  }
   out.push(can("eraseSession") ? eraseButton(actionId, sessionId) : refusal("eraseSession"));
   if (can("ActionSession.searchHistory") && await hasHistorySearch()) {
     const query = h("input", { type: "search", required: true });
@@ -1558,6 +1569,7 @@ const ROUTES = [
   [/^\/agents\/new$/, newAgentView, []],
   [/^\/agents\/([^/]+)$/, agentView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories$/, memoriesView, ["actionId"]],
+  [/^\/agents\/([^/]+)\/memories\?session=([^&]*)$/, memoriesView, ["actionId", "session"]],
   [/^\/agents\/([^/]+)\/memories\/([^/]+)$/, recordView, ["actionId", "memoryId"]],
   [/^\/agents\/([^/]+)\/sessions$/, sessionsView, ["actionId"]],
   [/^\/agents\/([^/]+)\/sessions\/([^/]+)$/, sessionView, ["actionId", "sessionId"]],
