@@ -79,13 +79,6 @@ class ActionAgentMemorySource(Enum):
     MCP = "A client's tool call over MCP (/mcp/{actionId}), as the agent."
 
 
-# Each enum's members by the value a record stores (calling the enum finds the same member, in
-# 0.9 us against 0.05; ActionAgentMemory.of makes three a record, a page of 10 records 30).
-_STATUSES = {m.value: m for m in ActionAgentMemoryStatus}
-_SCOPES = {m.value: m for m in ActionAgentMemoryScope}
-_SOURCES = {m.value: m for m in ActionAgentMemorySource}
-
-
 @strawberry.type(description="A label value of a record: the label's fixed number, and its name.")
 class ActionAgentMemoryLabel:
     number: int = strawberry.field(
@@ -219,10 +212,10 @@ class ActionAgentMemory(Node):
             summary=r.summary,
             content=r.content,
             metadata=Value(r.metadata),
-            status=_STATUSES[r.status],
-            scope=_SCOPES[r.scope],
+            status=ActionAgentMemoryStatus(r.status),
+            scope=ActionAgentMemoryScope(r.scope),
             kind=r.kind,
-            source=_SOURCES[r.source],
+            source=ActionAgentMemorySource(r.source),
             pinned=r.pinned,
             labels=[
                 ActionAgentMemoryLabel(number=n, value=r.labels[n], name=view.label_names.get(n))
