@@ -115,31 +115,6 @@ def test_m56_each_kind_writes_the_json_of_its_value() -> None:
             assert kind.load(json.loads(written)) == value
 
 
-def test_m38_a_pages_cursors_written_with_its_shared_values_once_are_the_same() -> None:
-    # A ranked page writes its query's key, weights and best score once for all its cursors.
-    from datetime import UTC, datetime
-
-    instant = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-    memory_id = uuid.uuid4()
-    for weights, best in (((0.1, 1 / 3, 2.5), 7.25), (None, None)):
-        encode = search_module.RANKED.encoder(("ranked:caf\u00e9",), (weights, best))
-        written = encode(0.7234567891234, instant, memory_id, 3)
-        assert written == search_module.RANKED.encode(
-            "ranked:caf\u00e9", 0.7234567891234, instant, memory_id, 3, weights, best
-        )
-        assert search_module.RANKED.decode(written) == (
-            "ranked:caf\u00e9",
-            0.7234567891234,
-            instant,
-            memory_id,
-            3,
-            weights,
-            best,
-        )
-    with pytest.raises(ValueError):
-        search_module.RANKED.encoder(("a", 0.5, instant, memory_id, 3), (None, None, None))
-
-
 SEARCH_CURSORS = {
     **KEYSETS,
     "search cursor with a number for the ID": cursor(["2026-01-01T00:00:00+00:00", 5]),

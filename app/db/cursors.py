@@ -189,23 +189,6 @@ class Keyset:
         texts = [k.text(v) for k, v in zip(self.kinds, values, strict=True)]
         return _b64("[" + ",".join(texts) + "]")
 
-    def encoder(self, head: tuple[Any, ...], tail: tuple[Any, ...]) -> Callable[..., str]:
-        """`encode` for the cursors of one page whose first values (`head`) and last (`tail`)
-        are the same in each: those are written once, and each cursor takes the values between.
-        (A ranked search's cursor spent 12 us a record so, 7 with them written once.)"""
-        middle = self.kinds[len(head) : len(self.kinds) - len(tail)]
-        if len(head) + len(middle) + len(tail) != len(self.kinds):
-            raise ValueError("more values than this keyset holds")
-        start = "[" + "".join(k.text(v) + "," for k, v in zip(self.kinds, head, strict=False))
-        tail_kinds = self.kinds[len(head) + len(middle) :]
-        end = "".join("," + k.text(v) for k, v in zip(tail_kinds, tail, strict=True)) + "]"
-
-        def encode(*values: Any) -> str:
-            texts = [k.text(v) for k, v in zip(middle, values, strict=True)]
-            return _b64(start + ",".join(texts) + end)
-
-        return encode
-
     def decode(self, cursor: str | None) -> tuple[Any, ...] | None:
         """The keyset values of an `after` cursor, or None for the first page."""
         if cursor is None:

@@ -267,10 +267,17 @@ async def search(
     weights = records.weights
     if weights is not None and len(weights) > MAX_WEIGHTS:
         weights = None
-    encode = RANKED.encoder((key,), (weights, records.best))
-    depth = records.depth or position.depth
     cursors = [
-        encode(r.score or 0.0, r.created, r.memory_id, depth + i + 1) for i, r in enumerate(records)
+        RANKED.encode(
+            key,
+            r.score or 0.0,
+            r.created,
+            r.memory_id,
+            (records.depth or position.depth) + i + 1,
+            weights,
+            records.best,
+        )
+        for i, r in enumerate(records)
     ]
     return SearchResult(records, None, tokens, plan, cursors)
 
