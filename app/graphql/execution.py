@@ -178,8 +178,6 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
     max_answer_bytes = sys.maxsize  # answer_budget makes a class of a budget
     _answered = 0  # what this request's answer holds so far, as _size counts it
     _refusal: GraphQLError | None = None  # set once the answer passed max_answer_bytes
-    # This request's selections as execute_fields reads them (_selection), by the set's id.
-    _selections: dict[int, tuple[Any, GraphQLObjectType, Any]] | None = None
 
     def _refuse(self) -> None:
         if self._refusal is None:
@@ -231,14 +229,19 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
         if (middleware and middleware.middlewares) or (rest and rest[0] is not None):
             # Middleware wraps every field; a deferred fragment's fields are planned apart.
             return super().execute_fields(parent_type, source_value, path, grouped_field_set, *rest)
-        fields, size = self._selection(parent_type, grouped_field_set)
+        plan = _plan(parent_type)
         done: dict[str, Any] = {}  # by the short path: values, or awaitables named in pending
         others: dict[str, Any] = {}  # for graphql-core's path
         pending: list[str] = []
         allowed: dict[Any, bool] = {}  # by guard: its answer for this object
+        # The names and the values completed here (but numbers and booleans: their names
+        # bound them), counted once for the object.
+        size = sum(map(len, grouped_field_set))
         try:
-            for name, plain, details in fields:
-                if plain is None:
+            for name, details in grouped_field_set.items():
+                node = details[0].node
+                plain = plan.get(node.name.value)
+                if plain is None or node.arguments or node.directives:
                     others[name] = details
                     continue
                 if plain[0] is LEAF:  # the most of them: inline
@@ -266,7 +269,7 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                     completed = self._plain_field(
                         plain, parent_type, source_value, path, name, details
                     )
-                    if completed is not _SLOW and self._awaitable(completed):
+                    if completed is not _SLOW and self.is_awaitable(completed):
                         pending.append(name)
                 if completed is _SLOW:  # graphql-core completes it, and reports what fails
                     others[name] = details
@@ -286,47 +289,18 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
             if pending:  # settled, as graphql-core does when a field fails
                 self.settle_in_background([done[n] for n in pending])
             raise
-        if not pending and not self._awaitable(completed):
+        if not pending and not self.is_awaitable(completed):
             return _in_order(grouped_field_set, done, completed)
 
         async def awaited() -> dict[str, Any]:
             # Together, as graphql-core does: DataLoaders batch what they all load.
-            others_pending = self._awaitable(completed)
+            others_pending = self.is_awaitable(completed)
             waits = [completed] if others_pending else []
             results = await gather_with_cancel(*waits, *(done[n] for n in pending))
             done.update(zip(pending, results[len(waits) :], strict=True))
             return _in_order(grouped_field_set, done, results[0] if others_pending else completed)
 
         return awaited()
-
-    def _awaitable(self, value: Any) -> bool:
-        # What the short path completes (dicts, lists) is most of what it checks: first.
-        cls = value.__class__
-        return cls is not dict and cls is not list and self.is_awaitable(value)
-
-    def _selection(
-        self, parent_type: GraphQLObjectType, grouped_field_set: Any
-    ) -> tuple[list[tuple[str, Plain | None, Any]], int]:
-        """The fields of a selection, each with its plan if the short path reads it (None: by
-        graphql-core's path), and the length of their names; once per request and selection
-        (graphql-core collects a list's items' selection once: the same object for each)."""
-        if self._selections is None:
-            self._selections = {}
-        found = self._selections.get(id(grouped_field_set))
-        if found is not None and found[0] is grouped_field_set and found[1] is parent_type:
-            return found[2]
-        plan = _plan(parent_type)
-        fields = []
-        for name, details in grouped_field_set.items():
-            node = details[0].node
-            plain = None if node.arguments or node.directives else plan.get(node.name.value)
-            fields.append((name, plain, details))
-        # The names and the values completed here (but numbers and booleans: their names
-        # bound them) are counted once for each object.
-        selection = fields, sum(map(len, grouped_field_set))
-        # The set is held, so that its id names it while the request lasts.
-        self._selections[id(grouped_field_set)] = (grouped_field_set, parent_type, selection)
-        return selection
 
     def _plain_field(
         self,
@@ -356,7 +330,7 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
         except Exception as raw_error:
             self.handle_field_error(raw_error, type_, details, field_path)
             return None
-        if self._awaitable(completed):
+        if self.is_awaitable(completed):
             return self._guarded(completed, type_, details, field_path)
         return completed
 
@@ -372,8 +346,6 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
         object_type, item_type, item_nullable = plain[4:]
         if not isinstance(items, list | tuple):
             raise _Slow
-        if not items:  # as graphql-core completes it, whatever the items would select
-            return []
         for item in items:
             if (item is None and not item_nullable) or not (
                 item is None or _of_type(object_type, item)
@@ -399,7 +371,7 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
                         self.settle_in_background([results[i] for i in pending])
                     raise
                 completed = None
-            if self._awaitable(completed):
+            if self.is_awaitable(completed):
                 completed = self._guarded(completed, item_type, details, item_path)
                 pending.append(index)
             results.append(completed)
