@@ -84,6 +84,9 @@ QUERIES = [
     "{ bad { optionalItems { name } } }",
     "{ bad { gone { name size } } }",
     "{ good { item { name @skip(if: true) color } items { name @include(if: false) size } } }",
+    # Empty lists, and one selection read for many objects (planned once for the request).
+    "{ good { items { parts { name broken } p: parts { color } } item { parts { parts { name } } }"
+    " optionalItems { parts { name } } } }",
 ]
 
 
