@@ -831,16 +831,12 @@ async def test_search_finds_the_same_after_import(state, admin, gql, second):
     await searched_alike(gql, admin, second, agent.action_id, queries)
 
 
-async def test_an_import_before_the_first_start_copies_the_files_vectors(
-    state, admin, pg_server, embedder
-):
-    """A deployment no service has started on yet (migrated, no embedding model recorded):
-    the import records the configured model, as a first start would, and copies the vectors
-    of a file of that model rather than embedding every record again."""
+@asynccontextmanager
+async def unstarted(pg_server, embedder) -> AsyncIterator[tuple[AppState, uuid.UUID]]:
+    """A deployment no service has started on yet (migrated, no embedding model recorded),
+    and its default account."""
     from app.db import migrate
 
-    agent = await build_agent(state, admin)
-    lines = await exported(state, admin, agent)
     name = f"engram_unstarted_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     async with database_copy(pg_server, None, name) as url:
         await asyncio.to_thread(migrate.upgrade, url)
@@ -848,21 +844,33 @@ async def test_an_import_before_the_first_start_copies_the_files_vectors(
         try:
             async with pool.acquire() as conn:
                 account_id = await ensure_default_account(conn)
-                assert await embeddings_store.recorded_model(conn) is None
-            target = AppState(settings=db_settings(url), pool=pool, embedder=embedder)
-            result = await load(target, account_id, lines)
-            assert (result.vectors, result.reembedded) == ("copied", 0)
-            async with state.pool.acquire() as a, pool.acquire() as b:
-                assert await embeddings_store.recorded_model(b) == {
-                    "name": embedder.name,
-                    "dimensions": embedder.dimensions,
-                }
-                query = "SELECT memory_id, embedding::text FROM agent_memories ORDER BY memory_id"
-                assert [tuple(r) for r in await a.fetch(query)] == [
-                    tuple(r) for r in await b.fetch(query)
-                ]
+            yield AppState(settings=db_settings(url), pool=pool, embedder=embedder), account_id
         finally:
             await pool.close()
+
+
+async def test_an_import_before_the_first_start_copies_the_files_vectors(
+    state, admin, pg_server, embedder
+):
+    """A deployment no service has started on yet (migrated, no embedding model recorded):
+    the import records the configured model, as a first start would, and copies the vectors
+    of a file of that model rather than embedding every record again."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    async with unstarted(pg_server, embedder) as (target, account_id):
+        async with target.pool.acquire() as conn:
+            assert await embeddings_store.recorded_model(conn) is None
+        result = await load(target, account_id, lines)
+        assert (result.vectors, result.reembedded) == ("copied", 0)
+        async with state.pool.acquire() as a, target.pool.acquire() as b:
+            assert await embeddings_store.recorded_model(b) == {
+                "name": embedder.name,
+                "dimensions": embedder.dimensions,
+            }
+            query = "SELECT memory_id, embedding::text FROM agent_memories ORDER BY memory_id"
+            assert [tuple(r) for r in await a.fetch(query)] == [
+                tuple(r) for r in await b.fetch(query)
+            ]
 
 
 async def test_an_import_before_the_first_start_checks_the_vectors_length(
@@ -872,28 +880,18 @@ async def test_an_import_before_the_first_start_checks_the_vectors_length(
     them): a vector in the file of other dimensions than its model's is refused by the check,
     as once they are fixed, and nothing is written (it was refused by the write, part way,
     after the rows before it were stored)."""
-    from app.db import migrate
     from app.errors import BadInput
 
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     last = max(i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory")
     lines = edited(lines, last, embedding=json.dumps([0.5] * (embedder.dimensions - 1)))
-    name = f"engram_unstarted_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    async with database_copy(pg_server, None, name) as url:
-        await asyncio.to_thread(migrate.upgrade, url)
-        pool = await create_pool(url, min_size=1, max_size=4)
-        try:
-            async with pool.acquire() as conn:
-                account_id = await ensure_default_account(conn)
-            target = AppState(settings=db_settings(url), pool=pool, embedder=embedder)
-            before = await table_counts(target)
-            said = f"line {last + 1}: its memory row is not valid .*dimensions"
-            with pytest.raises(BadInput, match=said):
-                await load(target, account_id, lines, batch_rows=1)
-            assert await table_counts(target) == before
-        finally:
-            await pool.close()
+    async with unstarted(pg_server, embedder) as (target, account_id):
+        before = await table_counts(target)
+        said = f"line {last + 1}: its memory row is not valid .*dimensions"
+        with pytest.raises(BadInput, match=said):
+            await load(target, account_id, lines, batch_rows=1)
+        assert await table_counts(target) == before
 
 
 async def test_another_embedding_model_is_embedded_again(state, admin, gql, second):

@@ -261,6 +261,19 @@ async def test_a_sign_of_life_failing_while_its_turn_is_cancelled_twice_is_waite
     ), data
 
 
+async def at_its_model_call(
+    gql: GQL, admin: Caller, action_id: str, model_server: OpenAIServer
+) -> asyncio.Future[Any]:
+    """A turn of the agent, started and waiting on its model call (answered only LATE)."""
+    model_server.say("Hello.", delay=LATE)
+    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
+    await eventually(
+        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
+        "the model call to be under way",
+    )
+    return turn
+
+
 @pytest.mark.settings(turn_timeout_seconds=0)
 async def test_a_turn_cancelled_again_as_its_failure_is_recorded_ends_after_the_record(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
@@ -276,12 +289,7 @@ async def test_a_turn_cancelled_again_as_its_failure_is_recorded_ends_after_the_
                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.type = 'turn.failed')
                 EXECUTE FUNCTION late()
         """)
-    model_server.say("Hello.", delay=LATE)
-    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
-    await eventually(
-        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
-        "the model call to be under way",
-    )
+    turn = await at_its_model_call(gql, admin, action_id, model_server)
     turn.cancel()
     sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
     async with state.pool.acquire() as conn:
@@ -313,12 +321,7 @@ async def test_a_cancelled_turn_whose_failure_cannot_be_recorded_stays_cancelled
             CREATE TRIGGER refused BEFORE INSERT ON transcript_events
                 FOR EACH ROW WHEN (NEW.type = 'turn.failed') EXECUTE FUNCTION refused();
         """)
-    model_server.say("Hello.", delay=LATE)
-    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
-    await eventually(
-        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
-        "the model call to be under way",
-    )
+    turn = await at_its_model_call(gql, admin, action_id, model_server)
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(turn, 30)
