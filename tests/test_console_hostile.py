@@ -116,3 +116,73 @@ async def test_hostile_text_in_every_field_shows_as_text_and_runs_nothing(db_url
             assert await page.evaluate(ELEMENTS) == 0
             await dialog.get_by_role("button", name="Cancel").click()
         assert await page.evaluate(PWN) is None
+
+
+# Session IDs that differ from another only in what does not show: a space at an end or beside
+# another, a left-to-right mark, a soft hyphen, a no-break space; and one whose right-to-left mark
+# reorders its digits to read as "34 12", another session's ID.
+LOOKALIKES = {
+    "s-1 ": "s-1U+0020",
+    " s-1": "U+0020s-1",
+    "a  b": "aU+0020U+0020b",
+    "s-1\u200e": "s-1U+200E",
+    "s\u00ad-1": "sU+00AD-1",
+    "a\u00a0b": "aU+00A0b",
+    "\u200f12 34": "U+200F12 34",
+    "34 12": "34 12",
+    "a b": "a b",
+}
+
+
+async def test_session_ids_that_look_alike_show_apart(db_url, embedder):
+    """Session IDs the API takes that would show as another's (a space at an end or doubled, an
+    invisible mark, a right-to-left mark reordering digits) show what they hold, as code points:
+    in the list of sessions, a session's title, the memory list and a record's page, and in the
+    text typed to erase one, which then matches what is shown. A session ID holding a NUL (none
+    can) typed into the address is not found, not "Something went wrong"."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        records = {}
+        for n, session in enumerate(LOOKALIKES):
+            records[session] = admin(
+                ADD, a=agent, i={"summary": f"Record {n}.", "kind": "fact", "sessionId": session}
+            )["addAgentMemory"]["memoryId"]
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions")
+        cells = page.locator("td[data-label=Session]")
+        await expect(cells).to_have_count(len(LOOKALIKES) + 1)  # and the seed's s-1
+        shown = await cells.all_inner_texts()
+        assert sorted(shown) == sorted([*LOOKALIKES.values(), "s-1"]), shown
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        for n, seen in enumerate(LOOKALIKES.values()):
+            row = listing.locator("tbody tr").filter(has_text=f"Record {n}.")
+            await expect(row.locator("td[data-label=Session]")).to_have_text(seen)
+        # Each session's title, and a record's page, say which it is; bidi stays inside the ID.
+        for session, seen in LOOKALIKES.items():
+            await page.goto(f"{url}/console/#/agents/{agent}/sessions/{quote(session, safe='')}")
+            await expect(page.locator("main h1")).to_have_text(f"Session {seen}")
+            await expect(page.locator("main h1 bdi")).to_have_count(1)
+            await page.goto(f"{url}/console/#/agents/{agent}/memories/{records[session]}")
+            facts = page.locator("dl.facts").last
+            await expect(facts).to_contain_text(seen)
+        # Erasing "s-1 ": what is shown to type says its space; typed so, it confirms.
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/{quote('s-1 ', safe='')}")
+        await page.get_by_role("button", name="Erase this session…").click()
+        dialog = page.get_by_role("dialog")
+        await expect(dialog.locator("h2")).to_have_text("Erase session s-1U+0020 for good?")
+        await expect(dialog.locator("label")).to_have_text("Type s-1U+0020 to confirm")
+        typed = dialog.get_by_role("textbox")
+        await typed.fill("s-1")
+        await expect(dialog.get_by_role("button", name="Erase session")).to_be_disabled()
+        await typed.fill("s-1 ")
+        await expect(dialog.get_by_role("button", name="Erase session")).to_be_enabled()
+        await dialog.get_by_role("button", name="Cancel").click()
+        # A NUL in the address: no such session, said so.
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/a%00b")
+        await expect(page.locator("main h1")).to_have_text("Not found")
+        await expect(page.locator("main")).to_contain_text(
+            f"No session aU+0000b of agent {agent} was found."
+        )

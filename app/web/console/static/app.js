@@ -2,7 +2,7 @@
 // signed-in token's grants allow (viewer.allowed), and says so in a sentence when they do not.
 
 import { ApiError, gql, token } from "./api.js";
-import { append, clear, codePoint, confirmDialog, field, h, json, link, when } from "./dom.js";
+import { append, clear, codePoint, confirmDialog, exact, field, h, json, link, when } from "./dom.js";
 import { policyEditor, policyText } from "./policies.js";
 
 const OPERATIONS = [
@@ -441,7 +441,7 @@ function memoryRow(actionId, m, score) {
     h("td", { dataset: { label: "Kind" } }, m.kind),
     // A session-scope record's session; an agent-scope one is recalled in every session.
     h("td", { dataset: { label: "Session" }, class: "wrap" },
-      m.scope === "AGENT" ? h("span", { class: "muted" }, "agent") : h("span", { class: "mono" }, m.sessionId)),
+      m.scope === "AGENT" ? h("span", { class: "muted" }, "agent") : h("span", { class: "mono" }, exact(m.sessionId))),
     h("td", { dataset: { label: "Status" } }, badge(m.status, m.status.toLowerCase())),
     h("td", { dataset: { label: "Labels" }, class: "wrap" }, labelsText(m.labels)),
     h("td", { dataset: { label: score === undefined ? "Created" : "Score" } },
@@ -679,7 +679,7 @@ async function recordView({ actionId, memoryId }) {
     dl([["Written by execution", h("span", { class: "mono" }, m.executionId)],
       ["Invocation", String(m.invocationNumber)],
       ["Agent version", link(`#/agents/${actionId}`, `version ${m.actionVersion}`)],
-      ["Session", m.sessionId ? link(`#/agents/${actionId}/sessions/${encodeURIComponent(m.sessionId)}`, m.sessionId) : "none"],
+      ["Session", m.sessionId ? link(`#/agents/${actionId}/sessions/${encodeURIComponent(m.sessionId)}`, exact(m.sessionId)) : "none"],
       ["Last changed by", m.modifiedBy]]),
   );
   if (chain) {
@@ -732,7 +732,7 @@ async function sessionsView({ actionId }) {
     const page = data.action.sessions;
     for (const s of page.nodes) {
       append(body, [h("tr", {},
-        h("td", { dataset: { label: "Session" } }, link(`#/agents/${actionId}/sessions/${encodeURIComponent(s.sessionId)}`, s.sessionId)),
+        h("td", { dataset: { label: "Session" } }, link(`#/agents/${actionId}/sessions/${encodeURIComponent(s.sessionId)}`, exact(s.sessionId))),
         h("td", { dataset: { label: "Turns" } }, String(s.turns)),
         h("td", { dataset: { label: "Started" } }, when(s.created)),
         h("td", { dataset: { label: "Last turn" } }, when(s.modified)))]);
@@ -883,10 +883,11 @@ function handedIn(x) {
 
 async function sessionView({ actionId, sessionId }) {
   const agent = await loadAgent(actionId);
-  const gone = `No session ${sessionId} of agent ${actionId} was found.`;
-  if (!agent) return notFound(gone);
+  const gone = ["No session ", exact(sessionId), ` of agent ${actionId} was found.`];
+  // No session ID holds a NUL (the API refuses it), and the server refuses a node ID naming one.
+  if (!agent || sessionId.includes("\0")) return notFound(gone);
   const out = [h("p", { class: "crumbs" }, link(`#/agents/${actionId}/sessions`, "← Sessions")),
-    h("h1", { tabindex: -1 }, `Session ${sessionId}`)];
+    h("h1", { tabindex: -1 }, "Session ", exact(sessionId))];
   if (!can("ActionSession.executions")) return [...out, refusal("ActionSession.executions")];
   const id = sessionNodeId(actionId, sessionId);
   const transcript = can("ActionExecution.transcript")
@@ -968,7 +969,7 @@ function eraseButton(actionId, sessionId) {
   const erase = button("Erase this session…", async () => {
     status.replaceChildren();
     const ok = await confirmDialog({
-      title: `Erase session ${sessionId} for good?`,
+      title: ["Erase session ", exact(sessionId), " for good?"],
       body: [
         h("p", {}, "Erasing removes for good what this session said: its history (what history search and the "
           + "agent's search_history find), with its vectors, its running summary, and the text of its turns and "
