@@ -1209,7 +1209,7 @@ SESSION_MEMORIES = """query($a: UUID!, $s: String) { action(actionId: $a) {
 
 
 async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_url, embedder):
-    """Each record shows its session, or "agent" for agent scope; the Session filter lists one
+    """Each record shows its session, or "agent scope"; the Session filter lists one
     session's records (with the other filters too), a blank one is refused and said; a
     session's page links to the memories of that session."""
     from playwright.async_api import expect
@@ -1234,7 +1234,7 @@ async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_
         rows = listing.locator("tbody tr")
         sessions = listing.locator("td[data-label=Session]")
         sundays = rows.filter(has_text="The shop closes on Sundays")
-        await expect(sundays.locator("td[data-label=Session]")).to_have_text("agent")
+        await expect(sundays.locator("td[data-label=Session]")).to_have_text("agent scope")
         parcel = rows.filter(has_text="Parcel for c-7 left at the door")
         await expect(parcel.locator("td[data-label=Session]")).to_have_text("s-2")
         await expect(rows).to_have_count(len(in_s1) + 3)

@@ -186,3 +186,25 @@ async def test_session_ids_that_look_alike_show_apart(db_url, embedder):
         await expect(page.locator("main")).to_contain_text(
             f"No session aU+0000b of agent {agent} was found."
         )
+
+
+async def test_a_session_called_agent_is_not_read_as_agent_scope(db_url, embedder):
+    """The memory list's Session column: a record of a session called "agent" does not read as
+    one of agent scope, which showed as the word "agent" too."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        admin(
+            ADD, a=agent, i={"summary": "In session agent.", "kind": "fact", "sessionId": "agent"}
+        )
+        admin(ADD, a=agent, i={"summary": "For every session.", "kind": "fact", "scope": "AGENT"})
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        rows = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        session = rows.locator("tr", has_text="In session agent.").locator("td[data-label=Session]")
+        every = rows.locator("tr", has_text="For every session.").locator("td[data-label=Session]")
+        await expect(session).to_have_text("agent")
+        await expect(every).not_to_have_text("agent")
+        await expect(every.locator(".badge")).to_have_count(1)
+        await expect(session.locator(".badge")).to_have_count(0)

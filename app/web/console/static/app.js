@@ -439,9 +439,10 @@ function memoryRow(actionId, m, score) {
     h("td", { dataset: { label: "Summary" } }, summary,
       m.pinned ? badge("pinned") : null, m.preview ? badge("preview") : null),
     h("td", { dataset: { label: "Kind" } }, m.kind),
-    // A session-scope record's session; an agent-scope one is recalled in every session.
+    // A session-scope record's session; an agent-scope one is recalled in every session: a
+    // badge, which no session ID can pass for (a session may be called "agent").
     h("td", { dataset: { label: "Session" }, class: "wrap" },
-      m.scope === "AGENT" ? h("span", { class: "muted" }, "agent") : h("span", { class: "mono" }, exact(m.sessionId))),
+      m.scope === "AGENT" ? badge("agent scope") : h("span", { class: "mono" }, exact(m.sessionId))),
     h("td", { dataset: { label: "Status" } }, badge(m.status, m.status.toLowerCase())),
     h("td", { dataset: { label: "Labels" }, class: "wrap" }, labelsText(m.labels)),
     h("td", { dataset: { label: score === undefined ? "Created" : "Score" } },
