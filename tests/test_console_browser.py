@@ -1885,7 +1885,9 @@ async def test_a_sessions_executions_are_titled_by_their_kind(db_url, embedder):
 
 async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, embedder):
     """An agent whose `model` is empty shows `{}` and says that its turns use the deployment's
-    model; one that names a model does not say so."""
+    model; one that leaves out the model's name or endpoint says that those are the
+    deployment's (a `{"temperature": 0.2}` said nothing of which model runs); one that names
+    both says neither."""
     from playwright.async_api import expect
 
     async with console(db_url, embedder) as (url, page, seeded):
@@ -1903,4 +1905,35 @@ async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, emb
         )
         await page.reload()
         await expect(page.get_by_role("heading", name="Version 2 (current)")).to_be_visible()
+        await expect(note).to_have_count(0)
+        left = page.get_by_text("Its turns use the deployment's")
+        await expect(left).to_have_text(
+            "Its turns use the deployment's model name (ENGRAM_MODEL_NAME) and endpoint"
+            " (ENGRAM_MODEL_BASE_URL): a field left out takes the deployment's setting."
+        )
+        admin(
+            """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+              { version } }""",
+            a=agent,
+            i={"name": "Support desk", "model": {"name": "other-model"}, "harness": HARNESS},
+        )
+        await page.reload()
+        await expect(page.get_by_role("heading", name="Version 3 (current)")).to_be_visible()
+        await expect(left).to_have_text(
+            "Its turns use the deployment's endpoint (ENGRAM_MODEL_BASE_URL): a field left out"
+            " takes the deployment's setting."
+        )
+        admin(
+            """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+              { version } }""",
+            a=agent,
+            i={
+                "name": "Support desk",
+                "model": {"name": "other-model", "baseUrl": seeded["model"].url},
+                "harness": HARNESS,
+            },
+        )
+        await page.reload()
+        await expect(page.get_by_role("heading", name="Version 4 (current)")).to_be_visible()
+        await expect(left).to_have_count(0)
         await expect(note).to_have_count(0)

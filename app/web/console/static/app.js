@@ -263,9 +263,7 @@ async function agentView({ actionId }) {
     h("h2", {}, `Version ${action.version} (current)`),
     h("h3", {}, "Harness"), pre(action.harness),
     action.instructions ? [h("h3", {}, "Instructions"), pre(action.instructions)] : null,
-    h("h3", {}, "Model"), pre(action.model),
-    action.model && Object.keys(action.model).length ? null
-      : h("p", { class: "muted" }, "None set: its turns use the deployment's model (its ENGRAM_MODEL_* settings)."),
+    h("h3", {}, "Model"), pre(action.model), modelNote(action.model),
   ];
   if (can("updateAction")) out.push(editForm(action));
   if (versions.length) {
@@ -280,6 +278,19 @@ async function agentView({ actionId }) {
     }
   }
   return out;
+}
+
+// Which model an agent's turns run, where its `model` leaves it to the deployment: a field left
+// out takes the deployment's setting, so {"temperature": 0.2} runs the deployment's model at its
+// endpoint, which the JSON alone does not say.
+function modelNote(model) {
+  if (!model || !Object.keys(model).length) {
+    return h("p", { class: "muted" }, "None set: its turns use the deployment's model (its ENGRAM_MODEL_* settings).");
+  }
+  const left = [model.name ? null : "model name (ENGRAM_MODEL_NAME)",
+    model.baseUrl ? null : "endpoint (ENGRAM_MODEL_BASE_URL)"].filter(Boolean);
+  return left.length ? h("p", { class: "muted" }, `Its turns use the deployment's ${left.join(" and ")}: `
+    + "a field left out takes the deployment's setting.") : null;
 }
 
 // An agent's configuration as form fields, filled with `values` (text): name, instructions, and
