@@ -208,3 +208,46 @@ async def test_a_session_called_agent_is_not_read_as_agent_scope(db_url, embedde
         await expect(every).not_to_have_text("agent")
         await expect(every.locator(".badge")).to_have_count(1)
         await expect(session.locator(".badge")).to_have_count(0)
+
+
+async def test_the_memory_lists_address_says_the_session_it_lists(db_url, embedder):
+    """The memory list opened for a session (…/memories?session=ID) keeps its address in step
+    with the Session filter applied, so a reload or a shared address lists what the page listed
+    (it kept naming the session it was opened with); an address it cannot read says why."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        other = "a&b #2 100%?"
+        admin(ADD, a=agent, i={"summary": "In the other.", "kind": "fact", "sessionId": other})
+        await sign_in(page, url, ADMIN)
+        base = f"{url}/console/#/agents/{agent}/memories"
+        await page.goto(f"{base}?session=s-1")
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        sessions = listing.locator("td[data-label=Session]")
+        await expect(sessions.first).to_have_text("s-1")
+        await page.get_by_label("Session").fill(other)
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(sessions).to_have_text([other])
+        assert page.url == f"{base}?session={quote(other, safe='')}", page.url
+        await page.reload()
+        await expect(page.get_by_label("Session")).to_have_value(other)
+        await expect(sessions).to_have_text([other])
+        # Emptied, the filter and the address list every session's records.
+        await page.get_by_label("Session").fill("")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(listing.get_by_text("s-1").first).to_be_visible()
+        assert page.url == base, page.url
+        # Addresses edited by hand: what is wrong with each is said.
+        for query in ["?session=%", "?session=%ED%A0%80", "?session=50%%"]:
+            await page.goto(f"{base}{query}")
+            await expect(page.locator("main h1")).to_have_text("Not found")
+            await expect(page.locator("main")).to_contain_text("is not well-formed: each “%”")
+        for query in ["?session=a&b", "?sessionId=s-1", "?"]:
+            await page.goto(f"{base}{query}")
+            await expect(page.locator("main h1")).to_have_text("Not found")
+            await expect(page.locator("main")).to_contain_text(
+                "The memory list's address takes one parameter"
+            )
+            await page.get_by_role("link", name="List every record of the agent").click()
+            await expect(sessions.first).to_be_visible()

@@ -596,6 +596,11 @@ async function memoriesView({ actionId, session = "" }) {
       // As typed: a session ID may hold spaces at either end (a blank one is refused, and said).
       session: sessionId.value === "" ? null : sessionId.value,
     };
+    // The address names the session filtered by, as a session's "Memories of this session" does:
+    // reloaded or shared, it lists what this page lists, not the session it was opened with.
+    const address = location.hash.replace(/\?.*$/, "")
+      + (filters.session === null ? "" : `?session=${encodeURIComponent(filters.session)}`);
+    if (location.hash !== address) history.replaceState(history.state, "", address);
     shownListing += 1;
     more.hidden = true;
     clear(listing.body);
@@ -607,6 +612,15 @@ async function memoriesView({ actionId, session = "" }) {
   await load(null);
   out.push(filterForm, listError, listing.table, more);
   return out;
+}
+
+// An address of the memory list with a query it does not take: said, with the one it does.
+function badFilter({ actionId }) {
+  if (!UUID.test(actionId)) return notFound(`No agent with ID ${actionId} was found.`);
+  return notFound(["The memory list's address takes one parameter, the session to list the records of: ",
+    h("span", { class: "mono" }, `#/agents/${actionId}/memories?session=ID`),
+    ", with “&”, “#” and “%” in the ID written %26, %23 and %25. ",
+    link(`#/agents/${actionId}/memories`, "List every record of the agent"), "."]);
 }
 
 const MEMORY = `query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) {
@@ -1583,6 +1597,7 @@ const ROUTES = [
   [/^\/agents\/([^/]+)$/, agentView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories$/, memoriesView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories\?session=([^&]*)$/, memoriesView, ["actionId", "session"]],
+  [/^\/agents\/([^/]+)\/memories\?/, badFilter, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories\/([^/]+)$/, recordView, ["actionId", "memoryId"]],
   [/^\/agents\/([^/]+)\/sessions$/, sessionsView, ["actionId"]],
   [/^\/agents\/([^/]+)\/sessions\/([^/]+)$/, sessionView, ["actionId", "sessionId"]],
@@ -1604,7 +1619,9 @@ async function route() {
         try {
           names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
         } catch {
-          view = null; // a "%" not followed by two hex digits: an address no page has
+          // A "%" not followed by two hex digits, or escapes that spell no text (a lone surrogate).
+          view = () => notFound(`The address ${path} is not well-formed: each “%” in it must begin the escape `
+            + "of a character, such as %25 for “%” itself, %26 for “&”, %23 for “#” and %3F for “?”.");
         }
         break;
       }
