@@ -251,3 +251,28 @@ async def test_the_memory_lists_address_says_the_session_it_lists(db_url, embedd
             )
             await page.get_by_role("link", name="List every record of the agent").click()
             await expect(sessions.first).to_be_visible()
+
+
+async def test_a_right_to_left_client_name_keeps_to_itself_in_its_card(db_url, embedder):
+    """A client's card titles it by name, then principal: a right-to-left name drew the
+    principal's leading digit to its left ("1 אבx" for name "אב", principal "1x"), so the
+    principal read as "x". The principal now shows whole, after the name."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        admin(
+            "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
+            i={"principal": "1x", "name": "אב", "policies": READER},
+        )
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/clients")
+        heading = page.locator("section.client h2").filter(has_text="1x")
+        await expect(heading).to_be_visible()
+        # Where the name ends and the principal begins, on the screen.
+        name_right, principal_left = await heading.evaluate(
+            """(h) => { const r = document.createRange(); r.selectNode(h.firstChild);
+              return [r.getBoundingClientRect().right,
+                      h.querySelector('.mono').getBoundingClientRect().left]; }"""
+        )
+        assert principal_left >= name_right, (name_right, principal_left)

@@ -812,7 +812,8 @@ function eventView(e) {
         ` ${d.model || ""} · ${usageText(d.usage)}`,
         d.durationMs !== undefined ? ` · ${d.durationMs} ms` : ""),
       d.content ? h("div", { class: "text" }, d.content) : null,
-      (d.toolCalls || []).length ? h("div", { class: "muted" }, "Calls: ", d.toolCalls.map((c) => c.name).join(", ")) : null];
+      (d.toolCalls || []).length ? h("div", { class: "muted" }, "Calls: ",
+        d.toolCalls.map((c, i) => [i ? ", " : "", h("bdi", {}, c.name)])) : null];
       break;
     case "tool.execution": {
       const recall = d.input && d.input.recall;
@@ -1157,7 +1158,9 @@ function clientCard(c, { fresh = false } = {}) {
   const heading = h("h2");
   const policies = h("ul");
   const show = () => {
-    heading.replaceChildren(c.name, " ", h("span", { class: "mono muted" }, c.principal),
+    // The name isolated (<bdi>): a right-to-left one would draw a principal's leading digits
+    // to its left ("1 אבx" for name "אב", principal "1x").
+    heading.replaceChildren(h("bdi", {}, c.name), " ", h("span", { class: "mono muted" }, c.principal),
       ...(fresh ? [" ", badge("new")] : []));
     policies.replaceChildren(...(c.policies.length ? c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))
       : [h("li", {}, "None: this client may do nothing.")]));
@@ -1323,7 +1326,7 @@ function clientRemoval(c, card) {
     const ok = await confirmDialog({
       title: `Delete client ${c.principal}?`,
       body: [
-        h("p", {}, `Deleting removes client ${c.principal} (${c.name}) with its policies and every one of its tokens: `
+        h("p", {}, `Deleting removes client ${c.principal} (`, h("bdi", {}, c.name), ") with its policies and every one of its tokens: "
           + "requests sending any of them are refused at once. It cannot be undone; a client created later with the "
           + "same principal gets none of them back."),
         h("p", {}, "What it did stays: agents, memory records and executions keep naming it as who made them."),
