@@ -276,3 +276,32 @@ async def test_a_right_to_left_client_name_keeps_to_itself_in_its_card(db_url, e
                       h.querySelector('.mono').getBoundingClientRect().left]; }"""
         )
         assert principal_left >= name_right, (name_right, principal_left)
+
+
+async def test_show_more_with_a_token_revoked_meanwhile_says_so(db_url, embedder):
+    """ "Show older turns" (and the other lists' "Show more" that did not catch) with a token
+    revoked since the page loaded: the console says the token was refused and offers to sign
+    in again, where the click did nothing and threw in the page."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        everything = [{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.*"]}]
+        admin(
+            "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
+            i={"principal": "watcher", "name": "Watcher", "policies": everything},
+        )
+        made = admin('mutation { createClientToken(principal: "watcher") { token tokenId } }')
+        for n in range(8):  # the seed's four executions and these: more than a page of ten
+            admin(ADD, a=agent, i={"summary": f"Note {n}.", "kind": "fact", "sessionId": "s-1"})
+        await sign_in(page, url, made["createClientToken"]["token"])
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/s-1")
+        await expect(page.locator("section.turn")).to_have_count(10)
+        admin(
+            'mutation($t: UUID!) { revokeClientToken(principal: "watcher", tokenId: $t) '
+            "{ tokenId } }",
+            t=made["createClientToken"]["tokenId"],
+        )
+        await page.get_by_role("button", name="Show older turns").click()
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        await expect(page.locator("main")).to_contain_text("The server did not accept this token")

@@ -87,10 +87,20 @@ function button(label, onclick, attrs = {}) {
 
 // A "Show more" button: `load(after)` appends the next page to `list`. After the last page the
 // button hides, and focus goes to the first row it loaded (or the list), not to the body.
+// A page that fails (a token revoked or expired since, the server gone) is said after the
+// button, which stays to try again: it threw in the page, saying nothing.
 function moreButton(label, list, load, attrs = {}) {
+  let failed = null;
   const more = button(label, async () => {
     const seen = list.children.length;
-    await load(more.dataset.after);
+    if (failed) failed.remove();
+    try {
+      await load(more.dataset.after);
+    } catch (error) {
+      failed = problem(error);
+      if (more.isConnected) more.after(failed);
+      return;
+    }
     if (!more.hidden || ![more, document.body].includes(document.activeElement)) return;
     const first = list.children[seen];
     const target = first ? first.querySelector("h2") || first : list.closest("table") || list;
