@@ -1155,7 +1155,9 @@ async def test_a_token_revoked_elsewhere_leaves_its_list_and_a_bad_address_is_no
         await page.goto(f"{url}/console/#/agents/%E0%A4%A")
         await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
         await expect(page.locator("main .notice")).to_have_text(
-            "There is no page at /agents/%E0%A4%A."
+            "The address /agents/%E0%A4%A is not well-formed: each “%” in it must begin the"
+            " escape of a character, such as %25 for “%” itself, %26 for “&”, %23 for “#” and"
+            " %3F for “?”."
         )
 
 
