@@ -305,3 +305,30 @@ async def test_show_more_with_a_token_revoked_meanwhile_says_so(db_url, embedder
         await page.get_by_role("button", name="Show older turns").click()
         await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
         await expect(page.locator("main")).to_contain_text("The server did not accept this token")
+
+
+async def test_the_erase_dialog_wraps_a_long_session_id(db_url, embedder):
+    """The dialog that erases a session names it, in its title and in the text to type: a
+    200-character ID, unbroken or of marks shown as code points, wraps inside the dialog, where
+    it ran past its edge and the dialog scrolled sideways (on a phone and on a desktop)."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        sessions = ["s" * 200, "x" + "\u200e" * 198 + "x"]
+        for session in sessions:
+            admin(ADD, a=agent, i={"summary": "Here.", "kind": "fact", "sessionId": session})
+        await sign_in(page, url, ADMIN)
+        for width in (1280, 375):
+            await page.set_viewport_size({"width": width, "height": 800})
+            for session in sessions:
+                await page.goto(
+                    f"{url}/console/#/agents/{agent}/sessions/{quote(session, safe='')}"
+                )
+                await page.get_by_role("button", name="Erase this session…").click()
+                dialog = page.get_by_role("dialog")
+                await expect(dialog).to_be_visible()
+                scroll, client = await dialog.evaluate("(d) => [d.scrollWidth, d.clientWidth]")
+                assert scroll <= client, (width, session[:3], scroll, client)
+                await dialog.get_by_role("button", name="Cancel").click()
+                await expect(dialog).to_be_hidden()
