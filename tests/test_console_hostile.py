@@ -332,3 +332,26 @@ async def test_the_erase_dialog_wraps_a_long_session_id(db_url, embedder):
                 assert scroll <= client, (width, session[:3], scroll, client)
                 await dialog.get_by_role("button", name="Cancel").click()
                 await expect(dialog).to_be_hidden()
+
+
+async def test_a_long_principal_wraps_in_the_header(db_url, embedder):
+    """The header says who is signed in: a 200-character principal wraps there, where it
+    widened the page past the window."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, principal = Api(url, ADMIN), "p" * 200
+        admin(
+            "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
+            i={"principal": principal, "name": "Long", "policies": READER},
+        )
+        made = admin(
+            "mutation($p: String!) { createClientToken(principal: $p) { token } }", p=principal
+        )
+        await sign_in(page, url, made["createClientToken"]["token"])
+        await expect(page.locator("#nav .who")).to_contain_text(principal)
+        for width in (1280, 375):
+            await page.set_viewport_size({"width": width, "height": 800})
+            scroll = await page.evaluate("document.documentElement.scrollWidth")
+            assert scroll == width, (width, scroll)
+            await page.screenshot(path=screenshot_path(f"console-long-principal-{width}.png"))
