@@ -142,6 +142,17 @@ async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[s
                 page = await browser.page(height=900)
                 errors: list[str] = []
                 page.on("pageerror", lambda e: errors.append(str(e)))
+
+                # And what its console reports as an error, where a CSP violation (an inline
+                # style or script) shows, but an answer with an error status (a refusal a test
+                # provokes).
+                def said(message: Any) -> None:
+                    if message.type == "error" and not message.text.startswith(
+                        "Failed to load resource"
+                    ):
+                        errors.append(message.text)
+
+                page.on("console", said)
                 yield url, page, seeded
                 assert browser.elsewhere == [], browser.elsewhere
                 assert errors == [], errors
