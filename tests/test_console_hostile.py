@@ -355,3 +355,36 @@ async def test_a_long_principal_wraps_in_the_header(db_url, embedder):
             scroll = await page.evaluate("document.documentElement.scrollWidth")
             assert scroll == width, (width, scroll)
             await page.screenshot(path=screenshot_path(f"console-long-principal-{width}.png"))
+
+
+async def test_a_session_whose_id_holds_a_mark_can_be_erased_by_typing_what_is_shown(
+    db_url, embedder
+):
+    """Erasing a session asks for its ID typed: one holding a U+200E (or a no-break space),
+    which few keyboards type and which showed as nothing, is confirmed by typing it as the
+    dialog shows it, "s-1U+200E", where the button could not be enabled."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        session = "s-1\u200e"
+        admin(ADD, a=agent, i={"summary": "Marked.", "kind": "fact", "sessionId": session})
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/sessions/{quote(session, safe='')}")
+        await page.get_by_role("button", name="Erase this session…").click()
+        dialog = page.get_by_role("dialog")
+        erase = dialog.get_by_role("button", name="Erase session")
+        typed = dialog.get_by_role("textbox")
+        await expect(dialog).to_contain_text("type a character shown as its code point")
+        await typed.fill("s-1")
+        await expect(erase).to_be_disabled()
+        await typed.fill("s-1U+200E")
+        await expect(erase).to_be_enabled()
+        await typed.press("Enter")
+        await expect(page.get_by_role("heading", name="Session erased")).to_be_visible()
+        erased = admin(
+            """query($a: UUID!) { action(actionId: $a) { executions(first: 1) {
+              nodes { kind sessionId } } } }""",
+            a=agent,
+        )["action"]["executions"]["nodes"]
+        assert erased == [{"kind": "ERASE", "sessionId": session}], erased

@@ -119,15 +119,21 @@ export function confirmDialog({ title, body, ok, typed }) {
   const cancel = document.getElementById("confirm-cancel");
   okButton.textContent = ok;
   let input = null;
+  let matches = null;
   if (typed !== undefined) {
+    // The text as typed, or as shown: a character shown as its code point ("s-1U+200E") may be
+    // typed so, as few keyboards type a U+200E.
+    const shown = exact(typed).textContent;
+    matches = () => input.value === typed || input.value === shown;
     const id = `f-${Math.random().toString(36).slice(2)}`;
     input = h("input", { id, type: "text", autocomplete: "off", spellcheck: false, class: "mono",
       "aria-describedby": `${id}-hint` });
     append(place, [h("div", { class: "field" }, h("label", { for: id }, "Type ", h("strong", {}, exact(typed)), " to confirm"),
-      h("p", { class: "hint", id: `${id}-hint` }, `“${ok}” is enabled once what is typed here matches exactly.`),
+      h("p", { class: "hint", id: `${id}-hint` }, `“${ok}” is enabled once what is typed here matches exactly`,
+        shown === typed ? "." : "; type a character shown as its code point (U+…) as the character or as shown."),
       input)]);
     okButton.disabled = true;
-    input.oninput = () => { okButton.disabled = input.value !== typed; };
+    input.oninput = () => { okButton.disabled = !matches(); };
   }
   return new Promise((resolve) => {
     const done = (answer) => {
@@ -142,7 +148,7 @@ export function confirmDialog({ title, body, ok, typed }) {
     dialog.oncancel = () => done(false);
     if (input) {
       input.onkeydown = (e) => {
-        if (e.key === "Enter" && input.value === typed) done(true);
+        if (e.key === "Enter" && matches()) done(true);
       };
     }
     dialog.showModal();
