@@ -55,6 +55,28 @@ async def test_hostile_text_in_every_field_shows_as_text_and_runs_nothing(db_url
             i={"actionId": agent, "sessionId": ONE_LINE, "input": HOSTILE},
         )["executeAction"]
         assert turn["status"] == "SUCCEEDED", turn
+        # A client's MCP tool call and a conversation handed in, each holding it: their input
+        # is loaded when opened on the session's page.
+        call = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "search_memory", "arguments": {"query": HOSTILE, HOSTILE: 1}},
+        }
+        admin.client.post(
+            f"/mcp/{agent}?session={quote(ONE_LINE, safe='')}",
+            json=call,
+            headers={"accept": "application/json, text/event-stream"},
+        ).raise_for_status()
+        handed = admin(
+            """mutation($a: UUID!, $s: String!, $m: [ConversationMessageInput!]!) {
+              rememberConversation(input: {actionId: $a, sessionId: $s, messages: $m})
+              { status } }""",
+            a=agent,
+            s=ONE_LINE,
+            m=[{"role": "user", "content": HOSTILE}, {"role": "assistant", "content": MARKUP}],
+        )["rememberConversation"]
+        assert handed["status"] == "SUCCEEDED", handed
         admin(
             "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
             i={"principal": "hostile", "name": ONE_LINE, "policies": READER},
@@ -73,6 +95,7 @@ async def test_hostile_text_in_every_field_shows_as_text_and_runs_nothing(db_url
             "#/",
             f"#/agents/{agent}",
             f"#/agents/{agent}/memories",
+            f"#/agents/{agent}/memories?session={session}",  # the memories of that session
             f"#/agents/{agent}/memories/{record}",
             f"#/agents/{agent}/sessions",
             f"#/agents/{agent}/sessions/{session}",
@@ -100,6 +123,15 @@ async def test_hostile_text_in_every_field_shows_as_text_and_runs_nothing(db_url
         await page.goto(f"{url}/console/#/agents/{agent}/sessions/{session}")
         await expect(page.locator("main h1")).to_have_text(f"Session {ONE_LINE}")
         await expect(page.locator("main")).to_contain_text("U+202Eevil")  # the turn's input
+        assert await page.evaluate(ELEMENTS) == 0
+        for opened in ["Tool and arguments", "Messages handed in"]:
+            await page.get_by_text(opened).click()
+        tool = page.locator("details.handed-in", has_text="Tool and arguments")
+        messages = page.locator("details.handed-in", has_text="Messages handed in")
+        await expect(tool.locator("pre")).to_contain_text('"<img src=x onerror=')
+        await expect(messages.locator("li.event")).to_have_count(2)
+        await expect(messages).to_contain_text("</script><script>window.pwned=3</script>")
+        await expect(messages).to_contain_text(SHOWN_CONTROLS)
         assert await page.evaluate(ELEMENTS) == 0
         # Its history searched: the results, the turn's words, are text too.
         await page.get_by_label("Search this session's history").fill(MARKUP)
