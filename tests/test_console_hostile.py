@@ -2,7 +2,10 @@
 `javascript:` addresses, closing script tags, bidi overrides and zero-width characters in an
 agent's name and instructions, a record's summary, content, labels and metadata, a session's ID,
 a turn's input, the model's reply and a tool's error, a client's name and an address's part
-echoed back in an error. Nothing of it runs or becomes an element; it shows as text."""
+echoed back in an error. Nothing of it runs or becomes an element; it shows as text. And what
+would mislead an operator or break a page: session IDs that differ only in what does not show,
+a right-to-left client name, a session called "agent", long IDs and principals, addresses edited
+by hand, a token revoked while a page is open."""
 
 from urllib.parse import quote
 
