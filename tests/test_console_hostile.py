@@ -423,3 +423,26 @@ async def test_a_session_whose_id_holds_a_mark_can_be_erased_by_typing_what_is_s
             a=agent,
         )["action"]["executions"]["nodes"]
         assert erased == [{"kind": "ERASE", "sessionId": session}], erased
+
+
+async def test_older_records_keep_the_session_filter(db_url, embedder):
+    """The memory list opened for a session pages on within it: "Show older records" lists
+    that session's older records, not every session's."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        session = "p&q #1"
+        for n in range(25):
+            admin(ADD, a=agent, i={"summary": f"Page {n}.", "kind": "fact", "sessionId": session})
+        await sign_in(page, url, ADMIN)
+        await page.goto(
+            f"{url}/console/#/agents/{agent}/memories?session={quote(session, safe='')}"
+        )
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        sessions = listing.locator("td[data-label=Session]")
+        await expect(sessions).to_have_count(20)
+        await page.get_by_role("button", name="Show older records").click()
+        await expect(sessions).to_have_count(25)
+        await expect(sessions).to_have_text([session] * 25)
+        await expect(page.get_by_role("button", name="Show older records")).to_be_hidden()
