@@ -278,6 +278,11 @@ async def test_the_memory_lists_address_says_the_session_it_lists(db_url, embedd
             await page.goto(f"{base}{query}")
             await expect(page.locator("main h1")).to_have_text("Not found")
             await expect(page.locator("main")).to_contain_text("is not well-formed: each “%”")
+        # A NUL, which no session ID holds: the refusal names the API's argument, sessionId.
+        await page.goto(f"{base}?session=a%00b")
+        await expect(page.locator("main .error")).to_contain_text(
+            "variables.sessionId contains a NUL character at position 1"
+        )
         for query in ["?session=a&b", "?sessionId=s-1", "?"]:
             await page.goto(f"{base}{query}")
             await expect(page.locator("main h1")).to_have_text("Not found")

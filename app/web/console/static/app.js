@@ -572,7 +572,7 @@ async function memoriesView({ actionId, session = "" }) {
   const more = moreButton("Show older records", listing.body, load);
   const listError = h("div");
   // Opened as "memories of this session" (from a session's page), the listing starts filtered.
-  let filters = session ? { session } : {};
+  let filters = session ? { sessionId: session } : {};
   let shownListing = 0; // the listing shown: a page asked for before the filters changed adds nothing
   async function load(after) {
     const mine = shownListing;
@@ -580,9 +580,9 @@ async function memoriesView({ actionId, session = "" }) {
     try {
       const data = await gql(`query($id: UUID!, $first: Int!, $after: String, $kind: String,
         $labels: [AgentMemoryLabelInput!], $scope: ActionAgentMemoryScope, $preview: Boolean,
-        $status: [ActionAgentMemoryStatus!], $session: String) { action(actionId: $id) {
+        $status: [ActionAgentMemoryStatus!], $sessionId: String) { action(actionId: $id) {
           memories(first: $first, after: $after, kind: $kind, labels: $labels, scope: $scope,
-                   preview: $preview, status: $status, sessionId: $session) {
+                   preview: $preview, status: $status, sessionId: $sessionId) {
             nodes { ${RECORD} } pageInfo { hasNextPage endCursor } } } }`,
       { id: actionId, first: PAGE, after: after || null, ...filters });
       if (mine !== shownListing) return;
@@ -604,12 +604,12 @@ async function memoriesView({ actionId, session = "" }) {
       preview: preview.value === "" ? null : preview.value === "true",
       status: status.value === "" ? null : status.value === "ALL" ? ["ACTIVE", "DELETED", "SUPERSEDED"] : [status.value],
       // As typed: a session ID may hold spaces at either end (a blank one is refused, and said).
-      session: sessionId.value === "" ? null : sessionId.value,
+      sessionId: sessionId.value === "" ? null : sessionId.value,
     };
     // The address names the session filtered by, as a session's "Memories of this session" does:
     // reloaded or shared, it lists what this page lists, not the session it was opened with.
     const address = location.hash.replace(/\?.*$/, "")
-      + (filters.session === null ? "" : `?session=${encodeURIComponent(filters.session)}`);
+      + (filters.sessionId === null ? "" : `?session=${encodeURIComponent(filters.sessionId)}`);
     if (location.hash !== address) history.replaceState(history.state, "", address);
     shownListing += 1;
     more.hidden = true;
