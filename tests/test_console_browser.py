@@ -142,6 +142,17 @@ async def console(db_url: str, embedder) -> AsyncIterator[tuple[str, Any, dict[s
                 page = await browser.page(height=900)
                 errors: list[str] = []
                 page.on("pageerror", lambda e: errors.append(str(e)))
+
+                # And what its console reports as an error, where a CSP violation (an inline
+                # style or script) shows, but an answer with an error status (a refusal a test
+                # provokes).
+                def said(message: Any) -> None:
+                    if message.type == "error" and not message.text.startswith(
+                        "Failed to load resource"
+                    ):
+                        errors.append(message.text)
+
+                page.on("console", said)
                 yield url, page, seeded
                 assert browser.elsewhere == [], browser.elsewhere
                 assert errors == [], errors
@@ -1155,7 +1166,9 @@ async def test_a_token_revoked_elsewhere_leaves_its_list_and_a_bad_address_is_no
         await page.goto(f"{url}/console/#/agents/%E0%A4%A")
         await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
         await expect(page.locator("main .notice")).to_have_text(
-            "There is no page at /agents/%E0%A4%A."
+            "The address /agents/%E0%A4%A is not well-formed: each “%” in it must begin the"
+            " escape of a character, such as %25 for “%” itself, %26 for “&”, %23 for “#” and"
+            " %3F for “?”."
         )
 
 
@@ -1209,7 +1222,7 @@ SESSION_MEMORIES = """query($a: UUID!, $s: String) { action(actionId: $a) {
 
 
 async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_url, embedder):
-    """Each record shows its session, or "agent" for agent scope; the Session filter lists one
+    """Each record shows its session, or "agent scope"; the Session filter lists one
     session's records (with the other filters too), a blank one is refused and said; a
     session's page links to the memories of that session."""
     from playwright.async_api import expect
@@ -1234,7 +1247,7 @@ async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_
         rows = listing.locator("tbody tr")
         sessions = listing.locator("td[data-label=Session]")
         sundays = rows.filter(has_text="The shop closes on Sundays")
-        await expect(sundays.locator("td[data-label=Session]")).to_have_text("agent")
+        await expect(sundays.locator("td[data-label=Session]")).to_have_text("agent scope")
         parcel = rows.filter(has_text="Parcel for c-7 left at the door")
         await expect(parcel.locator("td[data-label=Session]")).to_have_text("s-2")
         await expect(rows).to_have_count(len(in_s1) + 3)
@@ -1885,7 +1898,9 @@ async def test_a_sessions_executions_are_titled_by_their_kind(db_url, embedder):
 
 async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, embedder):
     """An agent whose `model` is empty shows `{}` and says that its turns use the deployment's
-    model; one that names a model does not say so."""
+    model; one that leaves out the model's name or endpoint says that those are the
+    deployment's (a `{"temperature": 0.2}` said nothing of which model runs); one that names
+    both says neither."""
     from playwright.async_api import expect
 
     async with console(db_url, embedder) as (url, page, seeded):
@@ -1903,4 +1918,35 @@ async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, emb
         )
         await page.reload()
         await expect(page.get_by_role("heading", name="Version 2 (current)")).to_be_visible()
+        await expect(note).to_have_count(0)
+        left = page.get_by_text("Its turns use the deployment's")
+        await expect(left).to_have_text(
+            "Its turns use the deployment's model name (ENGRAM_MODEL_NAME) and endpoint"
+            " (ENGRAM_MODEL_BASE_URL): a field left out takes the deployment's setting."
+        )
+        admin(
+            """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+              { version } }""",
+            a=agent,
+            i={"name": "Support desk", "model": {"name": "other-model"}, "harness": HARNESS},
+        )
+        await page.reload()
+        await expect(page.get_by_role("heading", name="Version 3 (current)")).to_be_visible()
+        await expect(left).to_have_text(
+            "Its turns use the deployment's endpoint (ENGRAM_MODEL_BASE_URL): a field left out"
+            " takes the deployment's setting."
+        )
+        admin(
+            """mutation($a: UUID!, $i: ActionInput!) { updateAction(actionId: $a, input: $i)
+              { version } }""",
+            a=agent,
+            i={
+                "name": "Support desk",
+                "model": {"name": "other-model", "baseUrl": seeded["model"].url},
+                "harness": HARNESS,
+            },
+        )
+        await page.reload()
+        await expect(page.get_by_role("heading", name="Version 4 (current)")).to_be_visible()
+        await expect(left).to_have_count(0)
         await expect(note).to_have_count(0)

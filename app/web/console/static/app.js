@@ -2,7 +2,7 @@
 // signed-in token's grants allow (viewer.allowed), and says so in a sentence when they do not.
 
 import { ApiError, gql, token } from "./api.js";
-import { append, clear, codePoint, confirmDialog, field, h, json, link, when } from "./dom.js";
+import { append, clear, codePoint, confirmDialog, exact, field, h, json, link, when } from "./dom.js";
 import { policyEditor, policyText } from "./policies.js";
 
 const OPERATIONS = [
@@ -87,10 +87,20 @@ function button(label, onclick, attrs = {}) {
 
 // A "Show more" button: `load(after)` appends the next page to `list`. After the last page the
 // button hides, and focus goes to the first row it loaded (or the list), not to the body.
+// A page that fails (a token revoked or expired since, the server gone) is said after the
+// button, which stays to try again: it threw in the page, saying nothing.
 function moreButton(label, list, load, attrs = {}) {
+  let failed = null;
   const more = button(label, async () => {
     const seen = list.children.length;
-    await load(more.dataset.after);
+    if (failed) failed.remove();
+    try {
+      await load(more.dataset.after);
+    } catch (error) {
+      failed = problem(error);
+      if (more.isConnected) more.after(failed);
+      return;
+    }
     if (!more.hidden || ![more, document.body].includes(document.activeElement)) return;
     const first = list.children[seen];
     const target = first ? first.querySelector("h2") || first : list.closest("table") || list;
@@ -263,9 +273,7 @@ async function agentView({ actionId }) {
     h("h2", {}, `Version ${action.version} (current)`),
     h("h3", {}, "Harness"), pre(action.harness),
     action.instructions ? [h("h3", {}, "Instructions"), pre(action.instructions)] : null,
-    h("h3", {}, "Model"), pre(action.model),
-    action.model && Object.keys(action.model).length ? null
-      : h("p", { class: "muted" }, "None set: its turns use the deployment's model (its ENGRAM_MODEL_* settings)."),
+    h("h3", {}, "Model"), pre(action.model), modelNote(action.model),
   ];
   if (can("updateAction")) out.push(editForm(action));
   if (versions.length) {
@@ -280,6 +288,19 @@ async function agentView({ actionId }) {
     }
   }
   return out;
+}
+
+// Which model an agent's turns run, where its `model` leaves it to the deployment: a field left
+// out takes the deployment's setting, so {"temperature": 0.2} runs the deployment's model at its
+// endpoint, which the JSON alone does not say.
+function modelNote(model) {
+  if (!model || !Object.keys(model).length) {
+    return h("p", { class: "muted" }, "None set: its turns use the deployment's model (its ENGRAM_MODEL_* settings).");
+  }
+  const left = [model.name ? null : "model name (ENGRAM_MODEL_NAME)",
+    model.baseUrl ? null : "endpoint (ENGRAM_MODEL_BASE_URL)"].filter(Boolean);
+  return left.length ? h("p", { class: "muted" }, `Its turns use the deployment's ${left.join(" and ")}: `
+    + "a field left out takes the deployment's setting.") : null;
 }
 
 // An agent's configuration as form fields, filled with `values` (text): name, instructions, and
@@ -439,9 +460,10 @@ function memoryRow(actionId, m, score) {
     h("td", { dataset: { label: "Summary" } }, summary,
       m.pinned ? badge("pinned") : null, m.preview ? badge("preview") : null),
     h("td", { dataset: { label: "Kind" } }, m.kind),
-    // A session-scope record's session; an agent-scope one is recalled in every session.
+    // A session-scope record's session; an agent-scope one is recalled in every session: a
+    // badge, which no session ID can pass for (a session may be called "agent").
     h("td", { dataset: { label: "Session" }, class: "wrap" },
-      m.scope === "AGENT" ? h("span", { class: "muted" }, "agent") : h("span", { class: "mono" }, m.sessionId)),
+      m.scope === "AGENT" ? badge("agent scope") : h("span", { class: "mono" }, exact(m.sessionId))),
     h("td", { dataset: { label: "Status" } }, badge(m.status, m.status.toLowerCase())),
     h("td", { dataset: { label: "Labels" }, class: "wrap" }, labelsText(m.labels)),
     h("td", { dataset: { label: score === undefined ? "Created" : "Score" } },
@@ -550,7 +572,7 @@ async function memoriesView({ actionId, session = "" }) {
   const more = moreButton("Show older records", listing.body, load);
   const listError = h("div");
   // Opened as "memories of this session" (from a session's page), the listing starts filtered.
-  let filters = session ? { session } : {};
+  let filters = session ? { sessionId: session } : {};
   let shownListing = 0; // the listing shown: a page asked for before the filters changed adds nothing
   async function load(after) {
     const mine = shownListing;
@@ -558,9 +580,9 @@ async function memoriesView({ actionId, session = "" }) {
     try {
       const data = await gql(`query($id: UUID!, $first: Int!, $after: String, $kind: String,
         $labels: [AgentMemoryLabelInput!], $scope: ActionAgentMemoryScope, $preview: Boolean,
-        $status: [ActionAgentMemoryStatus!], $session: String) { action(actionId: $id) {
+        $status: [ActionAgentMemoryStatus!], $sessionId: String) { action(actionId: $id) {
           memories(first: $first, after: $after, kind: $kind, labels: $labels, scope: $scope,
-                   preview: $preview, status: $status, sessionId: $session) {
+                   preview: $preview, status: $status, sessionId: $sessionId) {
             nodes { ${RECORD} } pageInfo { hasNextPage endCursor } } } }`,
       { id: actionId, first: PAGE, after: after || null, ...filters });
       if (mine !== shownListing) return;
@@ -582,8 +604,13 @@ async function memoriesView({ actionId, session = "" }) {
       preview: preview.value === "" ? null : preview.value === "true",
       status: status.value === "" ? null : status.value === "ALL" ? ["ACTIVE", "DELETED", "SUPERSEDED"] : [status.value],
       // As typed: a session ID may hold spaces at either end (a blank one is refused, and said).
-      session: sessionId.value === "" ? null : sessionId.value,
+      sessionId: sessionId.value === "" ? null : sessionId.value,
     };
+    // The address names the session filtered by, as a session's "Memories of this session" does:
+    // reloaded or shared, it lists what this page lists, not the session it was opened with.
+    const address = location.hash.replace(/\?.*$/, "")
+      + (filters.sessionId === null ? "" : `?session=${encodeURIComponent(filters.sessionId)}`);
+    if (location.hash !== address) history.replaceState(history.state, "", address);
     shownListing += 1;
     more.hidden = true;
     clear(listing.body);
@@ -595,6 +622,15 @@ async function memoriesView({ actionId, session = "" }) {
   await load(null);
   out.push(filterForm, listError, listing.table, more);
   return out;
+}
+
+// An address of the memory list with a query it does not take: said, with the one it does.
+function badFilter({ actionId }) {
+  if (!UUID.test(actionId)) return notFound(`No agent with ID ${actionId} was found.`);
+  return notFound(["The memory list's address takes one parameter, the session to list the records of: ",
+    h("span", { class: "mono" }, `#/agents/${actionId}/memories?session=ID`),
+    ", with “&”, “#” and “%” in the ID written %26, %23 and %25. ",
+    link(`#/agents/${actionId}/memories`, "List every record of the agent"), "."]);
 }
 
 const MEMORY = `query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) {
@@ -679,7 +715,7 @@ async function recordView({ actionId, memoryId }) {
     dl([["Written by execution", h("span", { class: "mono" }, m.executionId)],
       ["Invocation", String(m.invocationNumber)],
       ["Agent version", link(`#/agents/${actionId}`, `version ${m.actionVersion}`)],
-      ["Session", m.sessionId ? link(`#/agents/${actionId}/sessions/${encodeURIComponent(m.sessionId)}`, m.sessionId) : "none"],
+      ["Session", m.sessionId ? link(`#/agents/${actionId}/sessions/${encodeURIComponent(m.sessionId)}`, exact(m.sessionId)) : "none"],
       ["Last changed by", m.modifiedBy]]),
   );
   if (chain) {
@@ -732,7 +768,7 @@ async function sessionsView({ actionId }) {
     const page = data.action.sessions;
     for (const s of page.nodes) {
       append(body, [h("tr", {},
-        h("td", { dataset: { label: "Session" } }, link(`#/agents/${actionId}/sessions/${encodeURIComponent(s.sessionId)}`, s.sessionId)),
+        h("td", { dataset: { label: "Session" } }, link(`#/agents/${actionId}/sessions/${encodeURIComponent(s.sessionId)}`, exact(s.sessionId))),
         h("td", { dataset: { label: "Turns" } }, String(s.turns)),
         h("td", { dataset: { label: "Started" } }, when(s.created)),
         h("td", { dataset: { label: "Last turn" } }, when(s.modified)))]);
@@ -786,7 +822,8 @@ function eventView(e) {
         ` ${d.model || ""} · ${usageText(d.usage)}`,
         d.durationMs !== undefined ? ` · ${d.durationMs} ms` : ""),
       d.content ? h("div", { class: "text" }, d.content) : null,
-      (d.toolCalls || []).length ? h("div", { class: "muted" }, "Calls: ", d.toolCalls.map((c) => c.name).join(", ")) : null];
+      (d.toolCalls || []).length ? h("div", { class: "muted" }, "Calls: ",
+        d.toolCalls.map((c, i) => [i ? ", " : "", h("bdi", {}, c.name)])) : null];
       break;
     case "tool.execution": {
       const recall = d.input && d.input.recall;
@@ -883,10 +920,11 @@ function handedIn(x) {
 
 async function sessionView({ actionId, sessionId }) {
   const agent = await loadAgent(actionId);
-  const gone = `No session ${sessionId} of agent ${actionId} was found.`;
-  if (!agent) return notFound(gone);
+  const gone = ["No session ", exact(sessionId), ` of agent ${actionId} was found.`];
+  // No session ID holds a NUL (the API refuses it), and the server refuses a node ID naming one.
+  if (!agent || sessionId.includes("\0")) return notFound(gone);
   const out = [h("p", { class: "crumbs" }, link(`#/agents/${actionId}/sessions`, "← Sessions")),
-    h("h1", { tabindex: -1 }, `Session ${sessionId}`)];
+    h("h1", { tabindex: -1 }, "Session ", exact(sessionId))];
   if (!can("ActionSession.executions")) return [...out, refusal("ActionSession.executions")];
   const id = sessionNodeId(actionId, sessionId);
   const transcript = can("ActionExecution.transcript")
@@ -968,7 +1006,7 @@ function eraseButton(actionId, sessionId) {
   const erase = button("Erase this session…", async () => {
     status.replaceChildren();
     const ok = await confirmDialog({
-      title: `Erase session ${sessionId} for good?`,
+      title: ["Erase session ", exact(sessionId), " for good?"],
       body: [
         h("p", {}, "Erasing removes for good what this session said: its history (what history search and the "
           + "agent's search_history find), with its vectors, its running summary, and the text of its turns and "
@@ -1130,7 +1168,9 @@ function clientCard(c, { fresh = false } = {}) {
   const heading = h("h2");
   const policies = h("ul");
   const show = () => {
-    heading.replaceChildren(c.name, " ", h("span", { class: "mono muted" }, c.principal),
+    // The name isolated (<bdi>): a right-to-left one would draw a principal's leading digits
+    // to its left ("1 אבx" for name "אב", principal "1x").
+    heading.replaceChildren(h("bdi", {}, c.name), " ", h("span", { class: "mono muted" }, c.principal),
       ...(fresh ? [" ", badge("new")] : []));
     policies.replaceChildren(...(c.policies.length ? c.policies.map((p) => h("li", { class: "mono" }, policyText(p)))
       : [h("li", {}, "None: this client may do nothing.")]));
@@ -1296,7 +1336,7 @@ function clientRemoval(c, card) {
     const ok = await confirmDialog({
       title: `Delete client ${c.principal}?`,
       body: [
-        h("p", {}, `Deleting removes client ${c.principal} (${c.name}) with its policies and every one of its tokens: `
+        h("p", {}, `Deleting removes client ${c.principal} (`, h("bdi", {}, c.name), ") with its policies and every one of its tokens: "
           + "requests sending any of them are refused at once. It cannot be undone; a client created later with the "
           + "same principal gets none of them back."),
         h("p", {}, "What it did stays: agents, memory records and executions keep naming it as who made them."),
@@ -1570,6 +1610,7 @@ const ROUTES = [
   [/^\/agents\/([^/]+)$/, agentView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories$/, memoriesView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories\?session=([^&]*)$/, memoriesView, ["actionId", "session"]],
+  [/^\/agents\/([^/]+)\/memories\?/, badFilter, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories\/([^/]+)$/, recordView, ["actionId", "memoryId"]],
   [/^\/agents\/([^/]+)\/sessions$/, sessionsView, ["actionId"]],
   [/^\/agents\/([^/]+)\/sessions\/([^/]+)$/, sessionView, ["actionId", "sessionId"]],
@@ -1591,7 +1632,9 @@ async function route() {
         try {
           names.forEach((n, i) => { params[n] = decodeURIComponent(m[i + 1]); });
         } catch {
-          view = null; // a "%" not followed by two hex digits: an address no page has
+          // A "%" not followed by two hex digits, or escapes that spell no text (a lone surrogate).
+          view = () => notFound(`The address ${path} is not well-formed: each “%” in it must begin the escape `
+            + "of a character, such as %25 for “%” itself, %26 for “&”, %23 for “#” and %3F for “?”.");
         }
         break;
       }

@@ -40,6 +40,28 @@ function text(value) {
   return fragment;
 }
 
+// An ID a person must tell from another (a session's ID, a text typed to confirm), isolated
+// from the sentence around it (<bdi>): besides what text() shows as code points, so do format
+// characters (U+200E, U+200F, the joiners, a soft hyphen), spaces other than U+0020, and a
+// U+0020 at either end or beside another. "s-1 ", "s-1\u200E" and "a  b" would read as "s-1" and
+// "a b", and "\u200F12 34" as "34 12", each another session's ID.
+const UNSEEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]|[^\S ]|^ +| +$| {2,}/gu;
+
+export function exact(value) {
+  const el = h("bdi", { class: "exact" });
+  let at = 0;
+  for (const m of String(value).matchAll(UNSEEN)) {
+    append(el, [m.input.slice(at, m.index)]);
+    for (const char of m[0]) {
+      const code = codePoint(char);
+      el.append(h("span", { class: "hidden-char", title: `${code}, a character that is not shown` }, code));
+    }
+    at = m.index + m[0].length;
+  }
+  append(el, [String(value).slice(at)]);
+  return el;
+}
+
 export function append(el, children) {
   for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
@@ -90,22 +112,28 @@ export function field(label, control, hint) {
 export function confirmDialog({ title, body, ok, typed }) {
   const dialog = document.getElementById("confirm");
   const place = document.getElementById("confirm-typed");
-  document.getElementById("confirm-title").textContent = title;
+  append(clear(document.getElementById("confirm-title")), [title]);
   clear(document.getElementById("confirm-body"));
   append(document.getElementById("confirm-body"), [body]);
   const okButton = document.getElementById("confirm-ok");
   const cancel = document.getElementById("confirm-cancel");
   okButton.textContent = ok;
   let input = null;
+  let matches = null;
   if (typed !== undefined) {
+    // The text as typed, or as shown: a character shown as its code point ("s-1U+200E") may be
+    // typed so, as few keyboards type a U+200E.
+    const shown = exact(typed).textContent;
+    matches = () => input.value === typed || input.value === shown;
     const id = `f-${Math.random().toString(36).slice(2)}`;
     input = h("input", { id, type: "text", autocomplete: "off", spellcheck: false, class: "mono",
       "aria-describedby": `${id}-hint` });
-    append(place, [h("div", { class: "field" }, h("label", { for: id }, "Type ", h("strong", {}, typed), " to confirm"),
-      h("p", { class: "hint", id: `${id}-hint` }, `“${ok}” is enabled once what is typed here matches exactly.`),
+    append(place, [h("div", { class: "field" }, h("label", { for: id }, "Type ", h("strong", {}, exact(typed)), " to confirm"),
+      h("p", { class: "hint", id: `${id}-hint` }, `“${ok}” is enabled once what is typed here matches exactly`,
+        shown === typed ? "." : "; type a character shown as its code point (U+…) as the character or as shown."),
       input)]);
     okButton.disabled = true;
-    input.oninput = () => { okButton.disabled = input.value !== typed; };
+    input.oninput = () => { okButton.disabled = !matches(); };
   }
   return new Promise((resolve) => {
     const done = (answer) => {
@@ -120,7 +148,7 @@ export function confirmDialog({ title, body, ok, typed }) {
     dialog.oncancel = () => done(false);
     if (input) {
       input.onkeydown = (e) => {
-        if (e.key === "Enter" && input.value === typed) done(true);
+        if (e.key === "Enter" && matches()) done(true);
       };
     }
     dialog.showModal();
