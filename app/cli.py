@@ -155,11 +155,11 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     if url is None:
         server, url = embedded_uri(settings.data_dir)
     try:
-        migrate.upgrade(url)
+        revision = migrate.upgrade(url)
     finally:
         if server is not None:
             server.stop()
-    print("database is at the latest migration")
+    print(f"database is at the latest migration ({revision})")
     return 0
 
 

@@ -1,5 +1,7 @@
 """Runs the alembic migrations (raw SQL) against a database URL."""
 
+import logging
+import time
 from pathlib import Path
 
 import psycopg
@@ -11,6 +13,8 @@ from psycopg.conninfo import conninfo_to_dict
 from app.errors import Conflict
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+log = logging.getLogger(__name__)
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -32,6 +36,14 @@ class DatabaseTooNew(Conflict):
     """The database was migrated by a newer release: this one knows none of its revisions."""
 
 
+def current_revision(lock: psycopg.Connection) -> str | None:
+    """The migration the database is at (None: none yet, an empty database)."""
+    if lock.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
+        return None
+    row = lock.execute("SELECT version_num FROM alembic_version").fetchone()
+    return None if row is None else row[0]
+
+
 def _refuse_unknown_revisions(lock: psycopg.Connection, cfg: Config) -> None:
     if lock.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
         return
@@ -45,18 +57,38 @@ def _refuse_unknown_revisions(lock: psycopg.Connection, cfg: Config) -> None:
             )
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "head") -> str | None:
     """Migrates, one process at a time: several `engram serve` starting together against one
     database would otherwise run the same migration twice (a session advisory lock, held on
-    a connection of its own while alembic works on another)."""
+    a connection of its own while alembic works on another). Returns the revision the
+    database is at. Logs a line before a migration runs and one when it is done (a migration
+    of a large database may take minutes, during which a start says nothing else), and one
+    when it waits for another process's; nothing when there is nothing to do."""
     # A server that never answers (a firewall dropping packets) would hold the start for the
     # system's TCP timeout: 10 s, unless the URL sets its own connect_timeout.
     timeout = {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
     with psycopg.connect(url, autocommit=True, **timeout) as lock:
-        lock.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
+        taken = lock.execute("SELECT pg_try_advisory_lock(hashtext('engram.migrate'))").fetchone()
+        if taken != (True,):
+            log.info("another process is migrating the database: waiting for it to finish")
+            lock.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
         try:
             cfg = alembic_config(url)
             _refuse_unknown_revisions(lock, cfg)
+            before = current_revision(lock)
+            script = ScriptDirectory.from_config(cfg)
+            target = script.get_current_head() if revision == "head" else revision
+            if before == target:
+                return before
+            log.info(
+                "migrating %s to migration %s",
+                f"the database from migration {before}" if before else "an empty database",
+                target,
+            )
+            started = time.monotonic()
             command.upgrade(cfg, revision)
+            after = current_revision(lock)
+            log.info("migrated the database to %s in %.1f s", after, time.monotonic() - started)
+            return after
         finally:
             lock.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")
