@@ -36,10 +36,26 @@ def test_a_normal_start_prints_no_warnings_and_no_library_lines(data_root):
         # Anyone may send a path that spells a line break, a NUL and a bidi override.
         forged = "/x%0a2026-12-04%2018:00:00,000%20INFO%20app.access:%20FORGED%0d%00%E2%80%AE"
         assert httpx.get(f"http://127.0.0.1:{port}{forged}").status_code == 404
+        # A GraphQL error is answered with status 200: the line names the operation and code.
+        (token,) = served.admin_tokens()
+        failed = httpx.post(
+            f"http://127.0.0.1:{port}/graphql",
+            json={"query": "mutation { deleteAgentMemory(memoryId: 1) { memoryId } }"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert failed.status_code == 200
+        assert failed.json()["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
         served.kill()
     lines = (root / "stderr.log").read_text().split("\n")[:-1]  # a line ends only at LF
+    (graphql,) = [line for line in lines if "app.access: POST /graphql" in line]
+    assert re.search(
+        r" INFO app\.access: POST /graphql 200 [\d.]+ ms deleteAgentMemory BAD_REQUEST "
+        rf"\[request {failed.headers['x-request-id']}\]$",
+        graphql,
+    ), graphql
     assert lines, "engram serve said nothing on stderr"
     (access,) = [line for line in lines if "FORGED" in line]
     assert access.endswith(
