@@ -177,7 +177,7 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
     if url is None:
         server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
     try:
-        await asyncio.to_thread(migrate.upgrade, url)
+        await migrate.upgrade_in_thread(url)
         pool = await create_pool(url, min_size=1, max_size=2)
         try:
             yield pool

@@ -7,14 +7,12 @@ import json
 import logging
 import re
 import signal
-import subprocess
 import uuid
 
-import asyncpg
 import httpx
 from alembic.script import ScriptDirectory
 from helpers import database_copy, logging_kept
-from servers import Served, clean_env, engram_command, free_port, run
+from servers import Served, clean_env, free_port, run
 
 from app.db import migrate
 
@@ -102,36 +100,6 @@ async def test_a_migration_is_logged_from_and_to_its_revisions(pg_server, tmp_pa
             rf".* INFO app\.db\.migrate: migrated the database to {HEAD} in [\d.]+ s", lines[1]
         )
         assert len(lines) == 2 and all(OWN_LINE.match(line) for line in lines), lines
-
-
-async def test_a_process_waiting_for_another_ones_migration_says_so(db_url, tmp_path):
-    """Processes starting together migrate one at a time (scaling.md); the one that waits
-    says why it is not starting, rather than nothing for as long as the other migrates."""
-    holder = await asyncpg.connect(db_url)
-    try:
-        await holder.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
-        env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
-        waiting = subprocess.Popen(
-            [*engram_command(), "migrate"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(waiting.stderr.readline), 60)
-            assert line.rstrip("\n").endswith(
-                "INFO app.db.migrate: another process is migrating the database: waiting for it "
-                "to finish"
-            ), line
-            assert waiting.poll() is None  # still waiting for the lock
-        finally:
-            await holder.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")
-        out, err = await asyncio.to_thread(waiting.communicate, timeout=60)
-        assert waiting.returncode == 0, err
-        assert out == f"database is at the latest migration ({HEAD})\n"
-    finally:
-        await holder.close()
 
 
 def test_json_logs_carry_the_request_id_sent_back_in_the_header(db_url, tmp_path):

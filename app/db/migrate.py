@@ -1,6 +1,8 @@
 """Runs the alembic migrations (raw SQL) against a database URL."""
 
+import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from app.errors import Conflict
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 log = logging.getLogger(__name__)
+# How often a process waiting for another's migration tries the lock again.
+_LOCK_RETRY_SECONDS = 0.2
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -30,6 +34,10 @@ def alembic_config(url: str) -> Config:
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
     return cfg
+
+
+class MigrationStopped(Exception):
+    """The process stopped (SIGTERM while starting) while waiting for another's migration."""
 
 
 class DatabaseTooNew(Conflict):
@@ -57,21 +65,30 @@ def _refuse_unknown_revisions(lock: psycopg.Connection, cfg: Config) -> None:
             )
 
 
-def upgrade(url: str, revision: str = "head") -> str | None:
+def upgrade(url: str, revision: str = "head", stop: threading.Event | None = None) -> str | None:
     """Migrates, one process at a time: several `engram serve` starting together against one
     database would otherwise run the same migration twice (a session advisory lock, held on
     a connection of its own while alembic works on another). Returns the revision the
     database is at. Logs a line before a migration runs and one when it is done (a migration
     of a large database may take minutes, during which a start says nothing else), and one
-    when it waits for another process's; nothing when there is nothing to do."""
+    when it waits for another process's; nothing when there is nothing to do. That wait ends
+    when `stop` is set (MigrationStopped)."""
     # A server that never answers (a firewall dropping packets) would hold the start for the
     # system's TCP timeout: 10 s, unless the URL sets its own connect_timeout.
     timeout = {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
     with psycopg.connect(url, autocommit=True, **timeout) as lock:
-        taken = lock.execute("SELECT pg_try_advisory_lock(hashtext('engram.migrate'))").fetchone()
-        if taken != (True,):
-            log.info("another process is migrating the database: waiting for it to finish")
-            lock.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
+        # Tried again and again rather than waited for in the server: a thread blocked there
+        # could not be stopped, and held its process's exit until the other migration ended.
+        stop = stop or threading.Event()
+        said = False
+        while lock.execute(
+            "SELECT pg_try_advisory_lock(hashtext('engram.migrate'))"
+        ).fetchone() != (True,):
+            if not said:
+                log.info("another process is migrating the database: waiting for it to finish")
+                said = True
+            if stop.wait(_LOCK_RETRY_SECONDS):
+                raise MigrationStopped("stopped while waiting for another process's migration")
         try:
             cfg = alembic_config(url)
             _refuse_unknown_revisions(lock, cfg)
@@ -92,3 +109,14 @@ def upgrade(url: str, revision: str = "head") -> str | None:
             return after
         finally:
             lock.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")
+
+
+async def upgrade_in_thread(url: str) -> str | None:
+    """`upgrade` in a thread, for the event loop: cancelled (SIGTERM while starting), its wait
+    for another process's migration ends at once. A migration it runs itself goes on to its
+    end, and the process ends then."""
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(upgrade, url, stop=stop)
+    finally:
+        stop.set()
