@@ -884,6 +884,7 @@ def _command(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format, settings.log_level)
     from psycopg import OperationalError, ProgrammingError
 
+    from app.db.errors import MigrationFailed
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
     from app.errors import DomainError
@@ -911,7 +912,7 @@ def _command(args: argparse.Namespace) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"engram: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except (EmbeddingModelMismatch, EmbedderUnavailable) as e:
+    except (EmbeddingModelMismatch, EmbedderUnavailable, MigrationFailed) as e:
         # What to run or set is in the message: nothing else is worth printing.
         print(f"engram: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from psycopg.conninfo import conninfo_to_dict
+from sqlalchemy.exc import DBAPIError
 
+from app.db.errors import MigrationFailed
 from app.errors import Conflict
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
@@ -103,12 +105,34 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
                 target,
             )
             started = time.monotonic()
-            command.upgrade(cfg, revision)
+            try:
+                command.upgrade(cfg, revision)
+            except DBAPIError as e:
+                raise _failed(lock, script, e) from e
             after = current_revision(lock)
             log.info("migrated the database to %s in %.1f s", after, time.monotonic() - started)
             return after
         finally:
             lock.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")
+
+
+def _failed(lock: psycopg.Connection, script: ScriptDirectory, error: DBAPIError) -> Exception:
+    """What a failed migration says, in one line: which migration, PostgreSQL's reason, where
+    the database stays (each migration is its own transaction), and what to do."""
+    why = " ".join(str(error.orig).split())
+    try:
+        at = current_revision(lock)
+    except psycopg.Error:
+        return MigrationFailed(
+            f"a migration failed ({why}), and the database cannot be asked which it is at: "
+            "the one that failed was rolled back; once it answers, run `engram migrate` again"
+        )
+    failed = next((s.revision for s in script.walk_revisions() if s.down_revision == at), "?")
+    return MigrationFailed(
+        f"migration {failed} failed and was rolled back ({why}); the database stays at "
+        f"{f'migration {at}' if at else 'no migration'}: fix the cause and run `engram migrate` "
+        "again (docs/operations.md, Upgrades, says what each migration needs)"
+    )
 
 
 async def upgrade_in_thread(url: str) -> str | None:
