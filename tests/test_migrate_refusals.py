@@ -137,22 +137,22 @@ async def test_a_migration_that_fails_is_said_in_one_line_with_where_the_databas
     name = f"engram_failing_0032_{uuid.uuid4().hex[:8]}"
     async with database_copy(pg_server, None, name) as url:
         migrate.upgrade(url, "0031")
-        await _execute(url, "CREATE INDEX agent_memories_session_next ON agent_memories (created)")
+        await _execute(url, "CREATE TABLE agent_memories_session_next ()")  # the name taken
         env = clean_env(database_url=url, data_dir=str(tmp_path / "unused"), port="1")
         for command in ("migrate", "serve"):
             done = await asyncio.to_thread(run, env, command)
             assert done.returncode == 2, done.stderr
             assert "Traceback" not in done.stderr, done.stderr
             assert done.stderr.splitlines()[-1] == (
-                "engram: migration 0032 failed and was rolled back (relation "
-                '"agent_memories_session_next" already exists); the database stays at migration '
+                'engram: migration 0032 failed ("agent_memories_session_next" is not an index); '
+                "the database stays at migration "
                 "0031: fix the cause and run `engram migrate` again (docs/operations.md, "
                 "Upgrades, says what each migration needs)"
             ), done.stderr
         conn = await asyncpg.connect(url)
         try:
             assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0031"
-            await conn.execute("DROP INDEX agent_memories_session_next")
+            await conn.execute("DROP TABLE agent_memories_session_next")
         finally:
             await conn.close()
         done = await asyncio.to_thread(run, env, "migrate")

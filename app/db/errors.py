@@ -12,7 +12,7 @@ import asyncpg
 
 class MigrationFailed(Exception):
     """A migration the database refused or could not finish (out of disk, a duplicate, its
-    connection ended): rolled back, the migrations before it kept (app/db/migrate.py)."""
+    connection ended); the migrations before it kept (app/db/migrate.py)."""
 
 
 # Seconds a client is told to wait (Retry-After) when the database is unavailable.

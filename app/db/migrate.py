@@ -118,18 +118,21 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
 
 def _failed(lock: psycopg.Connection, script: ScriptDirectory, error: DBAPIError) -> Exception:
     """What a failed migration says, in one line: which migration, PostgreSQL's reason, where
-    the database stays (each migration is its own transaction), and what to do."""
-    why = " ".join(str(error.orig).split())
+    the database stays, and what to do. Each migration is its own transaction, rolled back
+    when it fails, or (0032) can run again from where it stopped."""
+    # PostgreSQL's message without its DETAIL and HINT lines (which speak of its SQL).
+    diag = getattr(error.orig, "diag", None)
+    why = " ".join(str(getattr(diag, "message_primary", None) or error.orig).split())
     try:
         at = current_revision(lock)
     except psycopg.Error:
         return MigrationFailed(
             f"a migration failed ({why}), and the database cannot be asked which it is at: "
-            "the one that failed was rolled back; once it answers, run `engram migrate` again"
+            "once it answers, run `engram migrate` again"
         )
     failed = next((s.revision for s in script.walk_revisions() if s.down_revision == at), "?")
     return MigrationFailed(
-        f"migration {failed} failed and was rolled back ({why}); the database stays at "
+        f"migration {failed} failed ({why}); the database stays at "
         f"{f'migration {at}' if at else 'no migration'}: fix the cause and run `engram migrate` "
         "again (docs/operations.md, Upgrades, says what each migration needs)"
     )
