@@ -144,10 +144,9 @@ async def test_a_migration_that_fails_is_said_in_one_line_with_where_the_databas
             assert done.returncode == 2, done.stderr
             assert "Traceback" not in done.stderr, done.stderr
             assert done.stderr.splitlines()[-1] == (
-                'engram: migration 0032 failed ("agent_memories_session_next" is not an index); '
-                "the database stays at migration "
-                "0031: fix the cause and run `engram migrate` again (docs/operations.md, "
-                "Upgrades, says what each migration needs)"
+                'engram: migration 0032 failed (relation "agent_memories_session_next" already '
+                "exists); the database stays at migration 0031: fix the cause and run `engram "
+                "migrate` again (docs/operations.md, Upgrades, says what each migration needs)"
             ), done.stderr
         conn = await asyncpg.connect(url)
         try:

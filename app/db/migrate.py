@@ -118,8 +118,7 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
 
 def _failed(lock: psycopg.Connection, script: ScriptDirectory, error: DBAPIError) -> Exception:
     """What a failed migration says, in one line: which migration, PostgreSQL's reason, where
-    the database stays, and what to do. Each migration is its own transaction, rolled back
-    when it fails, or (0032) can run again from where it stopped."""
+    the database stays (each migration is its own transaction), and what to do."""
     # PostgreSQL's message without its DETAIL and HINT lines (which speak of its SQL).
     diag = getattr(error.orig, "diag", None)
     why = " ".join(str(getattr(diag, "message_primary", None) or error.orig).split())
