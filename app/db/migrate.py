@@ -139,8 +139,7 @@ def _failed(lock: psycopg.Connection, script: ScriptDirectory, error: DBAPIError
 
 async def upgrade_in_thread(url: str) -> str | None:
     """`upgrade` in a thread, for the event loop: cancelled (SIGTERM while starting), its wait
-    for another process's migration ends at once. A migration it runs itself goes on to its
-    end, and the process ends then."""
+    for another process's migration ends at once (a migration already running is not cut)."""
     stop = threading.Event()
     try:
         return await asyncio.to_thread(upgrade, url, stop=stop)
