@@ -90,7 +90,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
             await conn.execute("ANALYZE agent_memories")
             total = await conn.fetchval("SELECT count(*) FROM agent_memories")
             print(f"# {total:,} records loaded in {time.perf_counter() - started:.0f} s")
-            # What building the index costs (a plain build; migration 0032 builds it concurrently).
+            # What building the index costs (migration 0032 builds it while writes wait).
             t = time.perf_counter()
             await conn.execute("REINDEX INDEX agent_memories_session")
             size = await conn.fetchval("SELECT pg_relation_size('agent_memories_session')")
