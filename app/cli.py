@@ -155,11 +155,11 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     if url is None:
         server, url = embedded_uri(settings.data_dir)
     try:
-        migrate.upgrade(url)
+        revision = migrate.upgrade(url)
     finally:
         if server is not None:
             server.stop()
-    print("database is at the latest migration")
+    print(f"database is at the latest migration ({revision})")
     return 0
 
 
@@ -177,7 +177,7 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
     if url is None:
         server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
     try:
-        await asyncio.to_thread(migrate.upgrade, url)
+        await migrate.upgrade_in_thread(url)
         pool = await create_pool(url, min_size=1, max_size=2)
         try:
             yield pool
@@ -884,6 +884,7 @@ def _command(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format, settings.log_level)
     from psycopg import OperationalError, ProgrammingError
 
+    from app.db.errors import MigrationFailed
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
     from app.errors import DomainError
@@ -911,7 +912,7 @@ def _command(args: argparse.Namespace) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"engram: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except (EmbeddingModelMismatch, EmbedderUnavailable) as e:
+    except (EmbeddingModelMismatch, EmbedderUnavailable, MigrationFailed) as e:
         # What to run or set is in the message: nothing else is worth printing.
         print(f"engram: {e}", file=sys.stderr)
         return 2

@@ -282,7 +282,7 @@ async def start_state(settings: Settings, embedder: Embedder | None = None) -> S
     else:
         url = configured
     try:
-        await asyncio.to_thread(migrate.upgrade, url)
+        await migrate.upgrade_in_thread(url)
         pool = await create_pool(
             url,
             min_size=settings.pool_min_size,

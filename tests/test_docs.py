@@ -554,3 +554,19 @@ def test_every_type_field_the_prose_names_is_the_schemas():
             if name not in (getattr(kind, "fields", None) or getattr(kind, "values", None) or {}):
                 wrong.append(f"{_ids(doc)}: {owner}.{name}")
     assert wrong == []
+
+
+def test_every_field_of_a_request_log_line_is_documented():
+    """operations.md names the fields a request's JSON log line carries: each key the access
+    log passes (app/observability/requests.py, `extra=`), and the request ID."""
+    import ast
+
+    source = (ROOT / "app" / "observability" / "requests.py").read_text()
+    fields = {"request_id", "time", "level", "logger", "message"}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.keyword) and node.arg == "extra":
+            assert isinstance(node.value, ast.Dict)
+            fields |= {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
+    assert "duration_ms" in fields  # the scan found the access log's fields
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    assert sorted(f for f in fields if f"`{f}`" not in operations) == []

@@ -2,14 +2,21 @@
 Engram's own), and ENGRAM_LOG_FORMAT=json writes one JSON object a line, each request's line
 with the ID that came back in its X-Request-ID header."""
 
+import asyncio
 import json
 import logging
 import re
 import signal
+import uuid
 
 import httpx
-from helpers import logging_kept
+from alembic.script import ScriptDirectory
+from helpers import database_copy, logging_kept
 from servers import Served, clean_env, free_port, run
+
+from app.db import migrate
+
+HEAD = ScriptDirectory.from_config(migrate.alembic_config("")).get_current_head()
 
 # Engram's own text lines: "<date> <time> LEVEL app.<module>: <message>" (the logger is
 # `__main__` when run as `python -m app.cli`).
@@ -27,10 +34,26 @@ def test_a_normal_start_prints_no_warnings_and_no_library_lines(data_root):
         # Anyone may send a path that spells a line break, a NUL and a bidi override.
         forged = "/x%0a2026-12-04%2018:00:00,000%20INFO%20app.access:%20FORGED%0d%00%E2%80%AE"
         assert httpx.get(f"http://127.0.0.1:{port}{forged}").status_code == 404
+        # A GraphQL error is answered with status 200: the line names the operation and code.
+        (token,) = served.admin_tokens()
+        failed = httpx.post(
+            f"http://127.0.0.1:{port}/graphql",
+            json={"query": "mutation { deleteAgentMemory(memoryId: 1) { memoryId } }"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert failed.status_code == 200
+        assert failed.json()["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
         assert served.stop(signal.SIGTERM) == -signal.SIGTERM
     finally:
         served.kill()
     lines = (root / "stderr.log").read_text().split("\n")[:-1]  # a line ends only at LF
+    (graphql,) = [line for line in lines if "app.access: POST /graphql" in line]
+    assert re.search(
+        r" INFO app\.access: POST /graphql 200 [\d.]+ ms deleteAgentMemory BAD_REQUEST "
+        rf"\[request {failed.headers['x-request-id']}\]$",
+        graphql,
+    ), graphql
     assert lines, "engram serve said nothing on stderr"
     (access,) = [line for line in lines if "FORGED" in line]
     assert access.endswith(
@@ -54,8 +77,29 @@ def test_commands_print_no_migration_lines(db_url, tmp_path):
     env.pop("XDG_RUNTIME_DIR", None)
     done = run(env, "migrate")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "database is at the latest migration\n"
+    assert done.stdout == f"database is at the latest migration ({HEAD})\n"
     assert done.stderr == ""  # no alembic plugin or migration lines, no warnings
+
+
+async def test_a_migration_is_logged_from_and_to_its_revisions(pg_server, tmp_path):
+    """operations.md, Upgrades: a migration of a large database may take minutes, during which
+    a start said nothing at all; it now says which migration it runs, and when it is done."""
+    name = f"engram_logs_from_0031_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url, "0031")
+        env = clean_env(database_url=url, data_dir=str(tmp_path / "unused"))
+        env.pop("XDG_RUNTIME_DIR", None)
+        done = await asyncio.to_thread(run, env, "migrate")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"database is at the latest migration ({HEAD})\n"
+        lines = done.stderr.splitlines()
+        assert [line.split(": ", 1)[1] for line in lines][0] == (
+            f"migrating the database from migration 0031 to migration {HEAD}"
+        )
+        assert re.fullmatch(
+            rf".* INFO app\.db\.migrate: migrated the database to {HEAD} in [\d.]+ s", lines[1]
+        )
+        assert len(lines) == 2 and all(OWN_LINE.match(line) for line in lines), lines
 
 
 def test_json_logs_carry_the_request_id_sent_back_in_the_header(db_url, tmp_path):

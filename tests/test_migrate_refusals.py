@@ -9,6 +9,8 @@ import uuid
 import asyncpg
 import pytest
 from alembic.script import ScriptDirectory
+from helpers import database_copy
+from servers import clean_env, run
 
 from app import cli
 from app.db import migrate
@@ -124,3 +126,35 @@ def test_engram_reembed_refuses_while_a_service_on_another_host_beats(
     assert out == ""
     assert err.count("\n") == 1
     assert "process 4242 on elsewhere" in err and "stop the service first" in err
+
+
+async def test_a_migration_that_fails_is_said_in_one_line_with_where_the_database_stays(
+    pg_server, tmp_path
+):
+    """A migration the database refuses (here a name taken; out of disk, say, in production)
+    stopped `engram migrate` and `engram serve` with an 80-line traceback, exit 1, saying
+    neither which migration failed nor where the database was left."""
+    name = f"engram_failing_0032_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url, "0031")
+        await _execute(url, "CREATE TABLE agent_memories_session_next ()")  # the name taken
+        env = clean_env(database_url=url, data_dir=str(tmp_path / "unused"), port="1")
+        for command in ("migrate", "serve"):
+            done = await asyncio.to_thread(run, env, command)
+            assert done.returncode == 2, done.stderr
+            assert "Traceback" not in done.stderr, done.stderr
+            assert done.stderr.splitlines()[-1] == (
+                'engram: migration 0032 failed (relation "agent_memories_session_next" already '
+                "exists); the database stays at migration 0031: fix the cause and run `engram "
+                "migrate` again (docs/operations.md, Upgrades, says what each migration needs)"
+            ), done.stderr
+        conn = await asyncpg.connect(url)
+        try:
+            assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0031"
+            await conn.execute("DROP TABLE agent_memories_session_next")
+        finally:
+            await conn.close()
+        done = await asyncio.to_thread(run, env, "migrate")
+        assert done.returncode == 0, done.stderr
+        head = ScriptDirectory.from_config(migrate.alembic_config(url)).get_current_head()
+        assert done.stdout == f"database is at the latest migration ({head})\n"

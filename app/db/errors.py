@@ -9,6 +9,12 @@ from collections.abc import Iterator
 
 import asyncpg
 
+
+class MigrationFailed(Exception):
+    """A migration the database refused or could not finish (out of disk, a duplicate, its
+    connection ended); the migrations before it kept (app/db/migrate.py)."""
+
+
 # Seconds a client is told to wait (Retry-After) when the database is unavailable.
 RETRY_AFTER_SECONDS = 5
 

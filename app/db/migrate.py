@@ -1,5 +1,9 @@
 """Runs the alembic migrations (raw SQL) against a database URL."""
 
+import asyncio
+import logging
+import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -7,10 +11,16 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from psycopg.conninfo import conninfo_to_dict
+from sqlalchemy.exc import DBAPIError
 
+from app.db.errors import MigrationFailed
 from app.errors import Conflict
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+log = logging.getLogger(__name__)
+# How often a process waiting for another's migration tries the lock again.
+_LOCK_RETRY_SECONDS = 0.2
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -28,8 +38,20 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+class MigrationStopped(Exception):
+    """The process stopped (SIGTERM while starting) while waiting for another's migration."""
+
+
 class DatabaseTooNew(Conflict):
     """The database was migrated by a newer release: this one knows none of its revisions."""
+
+
+def current_revision(lock: psycopg.Connection) -> str | None:
+    """The migration the database is at (None: none yet, an empty database)."""
+    if lock.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
+        return None
+    row = lock.execute("SELECT version_num FROM alembic_version").fetchone()
+    return None if row is None else row[0]
 
 
 def _refuse_unknown_revisions(lock: psycopg.Connection, cfg: Config) -> None:
@@ -45,18 +67,81 @@ def _refuse_unknown_revisions(lock: psycopg.Connection, cfg: Config) -> None:
             )
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "head", stop: threading.Event | None = None) -> str | None:
     """Migrates, one process at a time: several `engram serve` starting together against one
     database would otherwise run the same migration twice (a session advisory lock, held on
-    a connection of its own while alembic works on another)."""
+    a connection of its own while alembic works on another). Returns the revision the
+    database is at. Logs a line before a migration runs and one when it is done (a migration
+    of a large database may take minutes, during which a start says nothing else), and one
+    when it waits for another process's; nothing when there is nothing to do. That wait ends
+    when `stop` is set (MigrationStopped)."""
     # A server that never answers (a firewall dropping packets) would hold the start for the
     # system's TCP timeout: 10 s, unless the URL sets its own connect_timeout.
     timeout = {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
     with psycopg.connect(url, autocommit=True, **timeout) as lock:
-        lock.execute("SELECT pg_advisory_lock(hashtext('engram.migrate'))")
+        # Tried again and again rather than waited for in the server: a thread blocked there
+        # could not be stopped, and held its process's exit until the other migration ended.
+        stop = stop or threading.Event()
+        said = False
+        while lock.execute(
+            "SELECT pg_try_advisory_lock(hashtext('engram.migrate'))"
+        ).fetchone() != (True,):
+            if not said:
+                log.info("another process is migrating the database: waiting for it to finish")
+                said = True
+            if stop.wait(_LOCK_RETRY_SECONDS):
+                raise MigrationStopped("stopped while waiting for another process's migration")
         try:
             cfg = alembic_config(url)
             _refuse_unknown_revisions(lock, cfg)
-            command.upgrade(cfg, revision)
+            before = current_revision(lock)
+            script = ScriptDirectory.from_config(cfg)
+            target = script.get_current_head() if revision == "head" else revision
+            if before == target:
+                return before
+            log.info(
+                "migrating %s to migration %s",
+                f"the database from migration {before}" if before else "an empty database",
+                target,
+            )
+            started = time.monotonic()
+            try:
+                command.upgrade(cfg, revision)
+            except DBAPIError as e:
+                raise _failed(lock, script, e) from e
+            after = current_revision(lock)
+            log.info("migrated the database to %s in %.1f s", after, time.monotonic() - started)
+            return after
         finally:
             lock.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")
+
+
+def _failed(lock: psycopg.Connection, script: ScriptDirectory, error: DBAPIError) -> Exception:
+    """What a failed migration says, in one line: which migration, PostgreSQL's reason, where
+    the database stays (each migration is its own transaction), and what to do."""
+    # PostgreSQL's message without its DETAIL and HINT lines (which speak of its SQL).
+    diag = getattr(error.orig, "diag", None)
+    why = " ".join(str(getattr(diag, "message_primary", None) or error.orig).split())
+    try:
+        at = current_revision(lock)
+    except psycopg.Error:
+        return MigrationFailed(
+            f"a migration failed ({why}), and the database cannot be asked which it is at: "
+            "once it answers, run `engram migrate` again"
+        )
+    failed = next((s.revision for s in script.walk_revisions() if s.down_revision == at), "?")
+    return MigrationFailed(
+        f"migration {failed} failed ({why}); the database stays at "
+        f"{f'migration {at}' if at else 'no migration'}: fix the cause and run `engram migrate` "
+        "again (docs/operations.md, Upgrades, says what each migration needs)"
+    )
+
+
+async def upgrade_in_thread(url: str) -> str | None:
+    """`upgrade` in a thread, for the event loop: cancelled (SIGTERM while starting), its wait
+    for another process's migration ends at once (a migration already running is not cut)."""
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(upgrade, url, stop=stop)
+    finally:
+        stop.set()

@@ -120,12 +120,16 @@ class Observe:
             code = result.code or _code(status)
             if graphql:
                 self.metrics.request(result.operation or "-", code, seconds)
+            line = "%s %s %d %.1f ms"
+            args: list[object] = [scope["method"], scope["path"], status, seconds * 1000]
+            if graphql:
+                # Its operation and outcome too: an answer's errors (BAD_REQUEST, NOT_FOUND,
+                # CONFLICT, ...) mostly come with status 200.
+                line += " %s %s"
+                args += [result.operation or "-", code]
             log.info(
-                "%s %s %d %.1f ms",
-                scope["method"],
-                scope["path"],
-                status,
-                seconds * 1000,
+                line,
+                *args,
                 extra={
                     "method": scope["method"],
                     "path": scope["path"],

@@ -14,6 +14,15 @@ starts, however large the session or the agent. It keeps its name and its rows (
 only), and serves the reads of a session it served (its columns lead the same way). Built in
 the migration beside the old one, which writes to the table wait for; reads wait only for the
 swap at the end.
+
+Each lock it takes is waited for at most 5 s (lock_timeout, for this transaction): the swap's
+DROP INDEX waits for every transaction already on the table (an export's, another process's
+index build, a long search), and every read of the table queued behind it, refused past the
+service's own lock bound (CONFLICT, 10 s by default), for as long as that transaction ran.
+Now the migration fails instead, rolled back (`engram: migration 0032 failed (canceling
+statement due to lock timeout)...`), and runs again at the next start or `engram migrate`.
+Not built concurrently: a process of an earlier release waiting for the migration lock sits
+in a statement that a concurrent build waits for (see 0024), a wait neither side would end.
 """
 
 from alembic import op
@@ -25,6 +34,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.execute("SET LOCAL lock_timeout = '5s'")
     op.execute("""
     -- Built beside the old one (writes wait, reads go on), which goes only then (a moment's
     -- lock that reads wait for too).
