@@ -690,10 +690,42 @@ def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _print_version() -> None:
+    """The release, and the migration a database is at once this release has started on it
+    (what an operator compares with `engram migrate`'s before an upgrade)."""
+    from importlib.metadata import version
+
+    from app.db import migrate
+
+    print(f"engram {version('engram')} (database migrations up to {migrate.latest_revision()})")
+
+
+def _version_action() -> type:
+    import argparse
+
+    class Version(argparse.Action):
+        """--version, read only when asked (the migrations' directory is not read at every
+        command's start)."""
+
+        def __init__(self, option_strings: list[str], dest: str, help: str) -> None:
+            super().__init__(option_strings, dest, nargs=0, help=help)
+
+        def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+            _print_version()
+            parser.exit()
+
+    return Version
+
+
 def parser() -> argparse.ArgumentParser:
     import argparse
 
     p = argparse.ArgumentParser(prog="engram", description="Durable memory for AI agents.")
+    p.add_argument(
+        "--version",
+        action=_version_action(),
+        help="print the release and the newest database migration it brings, then exit",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def command(

@@ -602,3 +602,16 @@ def test_maintain_search_refuses_min_records_0(tmp_path):
     result = run(clean_env(database_url=url), "maintain-search", "--min-records", "0")
     assert result.returncode == 2, result.stderr
     assert "--min-records: must be an integer at least 1, not 0" in result.stderr
+
+
+def test_version_names_the_release_and_its_newest_migration():
+    """An operator compares it with `engram migrate`'s revision before an upgrade: the newest
+    migration of the release's own migrations directory, with no database needed."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    migrations = Path(__file__).resolve().parents[1] / "migrations" / "versions"
+    newest = max(p.name.split("_", 1)[0] for p in migrations.glob("[0-9][0-9][0-9][0-9]_*.py"))
+    done = run(clean_env(), "--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"engram {version('engram')} (database migrations up to {newest})\n"

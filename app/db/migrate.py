@@ -46,6 +46,13 @@ class DatabaseTooNew(Conflict):
     """The database was migrated by a newer release: this one knows none of its revisions."""
 
 
+def latest_revision() -> str:
+    """The newest migration this release brings."""
+    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    assert head is not None  # the release's migrations are one line of revisions
+    return head
+
+
 def current_revision(lock: psycopg.Connection) -> str | None:
     """The migration the database is at (None: none yet, an empty database)."""
     if lock.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
