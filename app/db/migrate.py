@@ -61,10 +61,9 @@ def current_revision(lock: psycopg.Connection) -> str | None:
     return None if row is None else row[0]
 
 
-def _refuse_unknown_revisions(lock: psycopg.Connection, cfg: Config) -> None:
+def _refuse_unknown_revisions(lock: psycopg.Connection, script: ScriptDirectory) -> None:
     if lock.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
         return
-    script = ScriptDirectory.from_config(cfg)
     known = {s.revision for s in script.walk_revisions()}
     for (current,) in lock.execute("SELECT version_num FROM alembic_version").fetchall():
         if current not in known:
@@ -100,9 +99,9 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
                 raise MigrationStopped("stopped while waiting for another process's migration")
         try:
             cfg = alembic_config(url)
-            _refuse_unknown_revisions(lock, cfg)
+            script = ScriptDirectory.from_config(cfg)  # the migrations' files, read once
+            _refuse_unknown_revisions(lock, script)
             before = current_revision(lock)
-            script = ScriptDirectory.from_config(cfg)
             target = script.get_current_head() if revision == "head" else revision
             if before == target:
                 return before
