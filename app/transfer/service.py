@@ -611,17 +611,21 @@ async def _refusal(
     return await store.check_rows(conn, table, rows_json, columns, directionless)
 
 
-def _without_pointless(row: dict[str, Any], directionless: set[UUID]) -> dict[str, Any]:
-    """A memory row, without its vector when it has no direction (`store.check_rows`): the
-    record is then embedded again. Stored, its cosine to any query was NaN, which every hybrid
-    or vector search of the agent failed on (before `fusion.cosine_of` read it as none)."""
+def _pointless(row: dict[str, Any], directionless: set[UUID]) -> bool:
+    """Whether a memory row's vector has no direction (`store.check_rows`): the record is
+    then embedded again. Stored, its cosine to any query was NaN, which every hybrid or vector
+    search of the agent failed on (before `fusion.cosine_of` read it as none)."""
     if not directionless or row.get(VECTOR_COLUMN) is None:
-        return row
+        return False
     try:
-        pointless = UUID(row["memory_id"]) in directionless
+        return UUID(row["memory_id"]) in directionless
     except (KeyError, TypeError, ValueError, AttributeError):
-        return row  # PostgreSQL refused it: the check says so
-    return {**row, VECTOR_COLUMN: None} if pointless else row
+        return False  # PostgreSQL refused it: the check says so
+
+
+def _without_pointless(row: dict[str, Any], directionless: set[UUID]) -> dict[str, Any]:
+    """A memory row, without its vector when it has no direction (`_pointless`)."""
+    return {**row, VECTOR_COLUMN: None} if _pointless(row, directionless) else row
 
 
 async def _to_embed(
@@ -933,7 +937,7 @@ class _Importer:
         """Vectors of this deployment's model for the records that need one (`_to_embed`); the
         file's vectors are dropped unless `copied`."""
         for r in rows:
-            if not self.copied or _without_pointless(r, self.directionless) is not r:
+            if not self.copied or _pointless(r, self.directionless):
                 r[VECTOR_COLUMN] = None
             r.setdefault(VECTOR_COLUMN, None)
         async with self.pool.acquire() as conn:
