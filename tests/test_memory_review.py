@@ -1216,3 +1216,33 @@ def test_m10_a_message_time_shows_a_four_digit_year() -> None:
 
     said = review_module.Message("user", "hi", datetime(5, 1, 2, 3, 4, tzinfo=UTC), uuid4(), 1)
     assert review_module._line(said).startswith('[0005-01-02 03:04 UTC] user: "hi"')
+
+
+async def test_m11_m12_a_fact_kept_in_a_scope_written_but_not_read_does_not_pile_up(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An agent that writes agent scope but reads its session alone: its reviews compare each
+    candidate with the records of the scopes it writes too, so a fact it kept in agent scope,
+    restated word for word or in other words (in the same session or another), is not kept
+    again."""
+    harness = memory_harness(scope={"read": ["session"], "write": ["session", "agent"]})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    candidates(model_server, {"summary": "Acme's office is in Paris.", "scope": "AGENT"})
+    first = await run(gql, admin, action_id, "Acme's office is in Paris")
+    (kept,) = await memories(gql, admin, action_id)
+    assert (kept["scope"], kept["executionId"]) == ("AGENT", first["executionId"])
+
+    # Word for word, in another session: skipped with no decide call.
+    candidates(model_server, {"summary": "acme's office is in Paris", "scope": "AGENT"})
+    again = await run(gql, admin, action_id, "Acme is in Paris, I said", session="s2")
+    (review,) = reviews(again)
+    assert review["decisions"] == [{"candidate": "c1", "action": "skip", "reason": "duplicate"}]
+    # In other words, in the first session: the record is shown to the decide call.
+    candidates(model_server, {"summary": "Acme has its office in Paris", "scope": "AGENT"})
+    decide(model_server, {"candidate": "c1", "action": "skip"})
+    third = await run(gql, admin, action_id, "Acme: Paris office")
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    shown = json.loads(decided.body["messages"][1]["content"])
+    assert shown["records"]["r1"]["summary"] == "Acme's office is in Paris."
+    assert reviews(third)[0]["neighbours"][0]["records"][0]["id"] == kept["memoryId"]
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]

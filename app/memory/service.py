@@ -67,13 +67,20 @@ class Writer:
     source: Source
     preview: bool
 
-    def reader(self) -> AgentReader:
-        """How this writer reads: its read scopes, its session, its own staged rows."""
+    def reader(self, *, writing: bool = False) -> AgentReader:
+        """How this writer reads: its read scopes, its session, its own staged rows.
+        `writing`: what it changes or compares its writes with (a replacement, a deletion, a
+        memory review's neighbours and duplicates), the scopes it writes too, even one it does
+        not read, so that it finds what it wrote there and a fact kept there is not kept again."""
+        config = self.action.harness.memory
+        scopes = config.read
+        if writing:
+            scopes = tuple(s for s in Scope if s in config.read or s in config.write)
         return AgentReader(
             account_id=self.account_id,
             action_id=self.action.action_id,
             session_id=self.session_id,
-            scopes=self.action.harness.memory.read,
+            scopes=scopes,
             preview=self.preview,
             execution_id=self.execution_id,
             invocation_number=self.invocation_number,
@@ -567,7 +574,7 @@ class MemoryWork:
         same at once the second finds the first's."""
         changing = {c.by for c in self._changes}
         added = [m for m in self._staged[mark[0] :] if m not in changing]
-        restated = await store.restated_staged(conn, self.writer.reader(), added)
+        restated = await store.restated_staged(conn, self.writer.reader(writing=True), added)
         if restated:
             w = self.writer
             await store.delete_staged(
@@ -668,11 +675,7 @@ class MemoryWork:
         w = self.writer
         if w.is_operator:
             return OperatorReader(w.account_id, w.action.action_id)
-        reader = w.reader()
-        if not writing:
-            return reader
-        scopes = tuple(s for s in Scope if s in reader.scopes or s in self.config.write)
-        return replace(reader, scopes=scopes)
+        return w.reader(writing=writing)
 
     async def _find(
         self, conn: asyncpg.Connection, memory_id: UUID, *, writing: bool = False

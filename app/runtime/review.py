@@ -457,7 +457,9 @@ class Review:
         self.event.update(neighbours=[], decisions=decisions)
         # Exact duplicates, of a visible record or of an earlier candidate: no model call.
         duplicate = await memory_review.known(
-            self.context.state.pool, self.work.writer.reader(), [c.summary for c in candidates]
+            self.context.state.pool,
+            self.work.writer.reader(writing=True),
+            [c.summary for c in candidates],
         )
         seen: set[str] = set()
         open_: list[tuple[str, Candidate]] = []
@@ -546,7 +548,7 @@ class Review:
         candidates has one)."""
         state = self.context.state
         assert state.embedder is not None
-        reader = self.work.writer.reader()
+        reader = self.work.writer.reader(writing=True)  # the scopes it writes too
         shown = _Shown()
         handle_of: dict[UUID, str] = {}
         tokens = 0
