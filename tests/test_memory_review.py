@@ -1246,3 +1246,30 @@ async def test_m11_m12_a_fact_kept_in_a_scope_written_but_not_read_does_not_pile
     assert shown["records"]["r1"]["summary"] == "Acme's office is in Paris."
     assert reviews(third)[0]["neighbours"][0]["records"][0]["id"] == kept["memoryId"]
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]
+
+
+async def test_m11_a_candidate_is_compared_with_its_nearest_record_whatever_min_score(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """`search.min_score` is what recall and search need of a record found by meaning alone;
+    the review compares a candidate with the records most like it whatever that is (its own
+    floor decides whether to ask the model), so a paraphrase sharing no word with a record,
+    under min_score, is still shown to the decide call and not kept again."""
+    record = "The physician prescribed antibiotics for my infection."
+    paraphrase = "A doctor gave the user medicine"
+    async with state.pool.acquire() as conn:  # no word in common: found by meaning alone
+        assert not await conn.fetchval(
+            "SELECT to_tsvector('english', $1) @@ any_words($2)", record, paraphrase
+        )
+    harness = memory_harness(search={"min_score": 0.9})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    kept = await remembered(gql, admin, model_server, action_id, record)
+    candidates(model_server, {"summary": paraphrase})
+    decide(model_server, {"candidate": "c1", "action": "skip"})
+    executed = await run(gql, admin, action_id, "The doctor gave me medicine")
+    (near,) = reviews(executed)[0]["neighbours"]
+    assert near["records"][0]["id"] == kept["memoryId"]
+    assert 0.4 <= near["records"][0]["similarity"] < 0.9
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    assert json.loads(decided.body["messages"][1]["content"])["records"]["r1"]["summary"] == record
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]
