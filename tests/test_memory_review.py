@@ -1273,3 +1273,38 @@ async def test_m11_a_candidate_is_compared_with_its_nearest_record_whatever_min_
     (decided,) = review_requests(model_server, DECIDE_CALL)
     assert json.loads(decided.body["messages"][1]["content"])["records"]["r1"]["summary"] == record
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]
+
+
+async def test_m12_m16_a_correction_keeps_the_scope_of_the_record_it_replaces(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A candidate that names no scope and replaces an agent-scope record takes that record's
+    place in agent scope: every session that recalled the old fact recalls the correction,
+    rather than losing the fact to one session's record. A scope the candidate names stays."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
+    candidates(model_server, {"summary": "Acme's office is in Paris", "scope": "AGENT"})
+    assert (await run(gql, admin, action_id, "Acme is in Paris", session="s1"))["status"] == (
+        "SUCCEEDED"
+    )
+    (old,) = await memories(gql, admin, action_id)
+    assert old["scope"] == "AGENT"
+    candidates(model_server, {"summary": "Acme's office is in Lyon"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "Acme moved to Lyon", session="s2")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (kept,) = await memories(gql, admin, action_id)
+    assert (kept["summary"], kept["replaces"]) == ("Acme's office is in Lyon", old["memoryId"])
+    assert kept["scope"] == "AGENT"
+    # Another session recalls the correction.
+    model_server.say("Lyon.")
+    await run(gql, admin, action_id, "Where is Acme's office?", session="s3")
+    assert "Acme's office is in Lyon" in json.dumps(chat(model_server)[-1].body["messages"])
+
+    # A candidate that names session scope keeps it.
+    candidates(model_server, {"summary": "Acme's office is in Nice", "scope": "SESSION"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "For me, Acme is in Nice", session="s4")
+    (review,) = reviews(executed)
+    assert review["decisions"][0]["id"] == kept["memoryId"]
+    (nice,) = [m for m in await memories(gql, admin, action_id) if "Nice" in m["summary"]]
+    assert nice["scope"] == "SESSION" and nice["sessionId"] == "s4"

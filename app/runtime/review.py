@@ -62,6 +62,7 @@ from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.tool_args import function_tool
 from app.runtime.tools import labels_property, offers_scope, record_view, versions
+from app.scope import Scope
 from app.text import for_model, nests_deeper, quoted
 
 if TYPE_CHECKING:
@@ -726,13 +727,18 @@ class Review:
                     decision["evidence"] = str(evidence) if evidence else f"{handle}: {c.summary}"
                     written.append(await self.work.delete(target.memory_id, source="EXTRACTION"))
                 else:
+                    scope = c.scope
+                    if scope is None and target is not None and target.scope in self.memory.write:
+                        # A correction takes the place of the record it corrects, in its scope:
+                        # sessions that recalled the old fact recall the new one.
+                        scope = Scope(target.scope)
                     added = await self.work.add(
                         NewMemory(
                             summary=c.summary,
                             kind=c.kind,
                             content=c.content,
                             labels=c.labels,
-                            scope=c.scope,
+                            scope=scope,
                             replaces=target.memory_id if target else None,
                             source="EXTRACTION",
                         )
