@@ -22,6 +22,7 @@ from runtime_support import (
     memory,
     review_requests,
     run,
+    system_message,
 )
 
 from app.actions.service import agent_principal
@@ -1308,3 +1309,40 @@ async def test_m12_m16_a_correction_keeps_the_scope_of_the_record_it_replaces(
     assert review["decisions"][0]["id"] == kept["memoryId"]
     (nice,) = [m for m in await memories(gql, admin, action_id) if "Nice" in m["summary"]]
     assert nice["scope"] == "SESSION" and nice["sessionId"] == "s4"
+
+
+PIN = """mutation($a: UUID!, $input: AgentMemoryInput!) {
+  addAgentMemory(actionId: $a, input: $input) { memoryId pinned } }"""
+
+
+@pytest.mark.parametrize("room", ["fits", "over"])
+async def test_m12_m50_a_correction_of_a_pinned_record_stays_pinned_while_the_budget_allows(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, room: str
+) -> None:
+    """A review that replaces a pinned record pins the correction in its place, so every turn
+    still lists the fact, now right; a correction too long for the pin budget is kept unpinned,
+    and the review's decision says why."""
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(pinned={"max_tokens": 40})
+    )
+    pin = {"summary": "Ada's plan is Basic", "kind": "fact", "pinned": True, "sessionId": "s1"}
+    old = (await gql(admin, PIN, a=action_id, input=pin)).ok()["addAgentMemory"]
+    summary = "Ada's plan is Premium" + ("" if room == "fits" else ", billed yearly" * 12)
+    candidates(model_server, {"summary": summary})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "I upgraded to Premium")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (kept,) = await memories(gql, admin, action_id)
+    assert (kept["summary"], kept["replaces"]) == (summary, old["memoryId"])
+    (decision,) = reviews(executed)[0]["decisions"]
+    model_server.say("Premium.")
+    await run(gql, admin, action_id, "Which plan am I on?")
+    listed = system_message(chat(model_server)[-1])
+    if room == "fits":
+        assert kept["pinned"] is True and "unpinned" not in decision
+        assert kept["memoryId"] in listed and "Ada's plan is Premium" in listed
+    else:
+        assert kept["pinned"] is False
+        assert "over this agent's budget" in decision["unpinned"]
+        assert kept["memoryId"] not in listed
+    assert "Ada's plan is Basic" not in listed

@@ -56,6 +56,10 @@ NO_SESSION = (
 )
 
 
+class OverPinBudget(BadInput):
+    """A pin the agent's pinned list has no room for (harness.memory.pinned.max_tokens)."""
+
+
 @dataclass(frozen=True)
 class Writer:
     account_id: UUID
@@ -762,7 +766,7 @@ class MemoryWork:
         assert budget is not None
         tokens, listed = await _longest_list(conn, self.writer.reader(), lines, replaced)
         if tokens > budget:
-            raise BadInput(_over_budget(tokens, budget, listed))
+            raise OverPinBudget(_over_budget(tokens, budget, listed))
 
     async def _recheck_pins(self, conn: asyncpg.Connection, published: list[MemoryRecord]) -> None:
         """Pins other turns committed meanwhile count too: the budget holds once committed."""
