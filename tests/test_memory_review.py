@@ -1346,3 +1346,29 @@ async def test_m12_m50_a_correction_of_a_pinned_record_stays_pinned_while_the_bu
         assert "over this agent's budget" in decision["unpinned"]
         assert kept["memoryId"] not in listed
     assert "Ada's plan is Basic" not in listed
+
+
+async def test_m12_m37_a_correction_keeps_the_labels_of_the_record_it_replaces(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A correction takes the record's place under its labels: one the candidate does not set
+    is kept from the record it replaces, so a search filtering on it finds the fact, now
+    right; one the candidate sets is the candidate's."""
+    labels = {
+        "customer_id": {"number": 5, "description": "The customer."},
+        "region": {"number": 6, "description": "The region."},
+    }
+    harness = memory_harness(labels=labels, tools=["add_memory"])
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    candidates(
+        model_server,
+        {"summary": "Ada's plan is Basic", "labels": {"customer_id": "c-1", "region": "eu"}},
+    )
+    assert (await run(gql, admin, action_id, "I'm on Basic"))["status"] == "SUCCEEDED"
+    (old,) = await memories(gql, admin, action_id)
+    candidates(model_server, {"summary": "Ada's plan is Premium", "labels": {"region": "us"}})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    assert (await run(gql, admin, action_id, "Upgraded, and moved"))["status"] == "SUCCEEDED"
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["replaces"] == old["memoryId"]
+    assert kept["labels"] == [{"number": 5, "value": "c-1"}, {"number": 6, "value": "us"}]

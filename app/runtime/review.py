@@ -24,7 +24,8 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    (as many candidates as fit the budget; the rest are skipped); otherwise adds them all
    without that call.
 5. Stages the writes in the turn's MemoryWork (source EXTRACTION, unpinned but for the correction
-   of a pinned record, pinned in its place while the budget allows), committed with
+   of a pinned record, pinned in its place while the budget allows; a correction keeps the scope
+   and labels of the record it replaces where the candidate names none), committed with
    the turn; a write the agent's configuration refuses is recorded and skipped.
 
 The review failing never fails the turn, whatever failed (its model calls, its embeddings, a
@@ -729,15 +730,20 @@ class Review:
                     written.append(await self.work.delete(target.memory_id, source="EXTRACTION"))
                 else:
                     scope = c.scope
-                    if scope is None and target is not None and target.scope in self.memory.write:
-                        # A correction takes the place of the record it corrects, in its scope:
-                        # sessions that recalled the old fact recall the new one.
-                        scope = Scope(target.scope)
+                    labels: dict[str | int, str] = dict(c.labels)
+                    if target is not None:
+                        # A correction takes the place of the record it corrects: in its scope,
+                        # so the sessions that recalled the old fact recall the new one, and
+                        # under its labels, which the candidate may set anew.
+                        if scope is None and target.scope in self.memory.write:
+                            scope = Scope(target.scope)
+                        labels = {int(n): v for n, v in target.labels.items()}
+                        labels.update((int(n), v) for n, v in c.labels.items())
                     new = NewMemory(
                         summary=c.summary,
                         kind=c.kind,
                         content=c.content,
-                        labels=c.labels,
+                        labels=labels,
                         scope=scope,
                         replaces=target.memory_id if target else None,
                         source="EXTRACTION",
