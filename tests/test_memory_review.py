@@ -1248,6 +1248,15 @@ async def test_m11_m12_a_fact_kept_in_a_scope_written_but_not_read_does_not_pile
     assert reviews(third)[0]["neighbours"][0]["records"][0]["id"] == kept["memoryId"]
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]
 
+    # Another session's session-scope records stay out of the comparison (M3).
+    candidates(model_server, {"summary": "Acme's CEO is Bob Stone"})
+    assert (await run(gql, admin, action_id, "Acme's CEO is Bob"))["status"] == "SUCCEEDED"
+    candidates(model_server, {"summary": "Acme's CEO is Bob Stone"})
+    elsewhere = await run(gql, admin, action_id, "Acme's CEO is Bob", session="s3")
+    (review,) = reviews(elsewhere)
+    assert review["decisions"][0]["action"] == "add"
+    assert all(r["id"] == kept["memoryId"] for r in review["neighbours"][0]["records"])
+
 
 async def test_m11_a_candidate_is_compared_with_its_nearest_record_whatever_min_score(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
