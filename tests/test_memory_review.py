@@ -944,13 +944,18 @@ async def test_m12_two_turns_at_once_that_learn_the_same_fact_keep_it_once(
 
 
 @pytest.mark.parametrize(
-    ("first", "second", "dropped"),
+    ("first", "second", "dropped", "read"),
     [
-        ((True, "agent"), (False, "agent"), False),  # P2: a live turn never reads a preview one
-        ((False, "session"), (False, "agent"), False),  # another session's record is not read
-        ((False, "agent"), (True, "agent"), True),  # P3: a preview turn reads a live record
+        # P2: a live turn never reads a preview one
+        ((True, "agent"), (False, "agent"), False, BOTH_SCOPES["read"]),
+        # another session's record is not read
+        ((False, "session"), (False, "agent"), False, BOTH_SCOPES["read"]),
+        # P3: a preview turn reads a live record
+        ((False, "agent"), (True, "agent"), True, BOTH_SCOPES["read"]),
+        # M12: a scope the agent writes but does not read is compared with all the same
+        ((False, "agent"), (False, "agent"), True, ["session"]),
     ],
-    ids=["preview-then-live", "other-session-then-agent", "live-then-preview"],
+    ids=["preview-then-live", "other-session-then-agent", "live-then-preview", "written-unread"],
 )
 async def test_a_turn_drops_only_a_copy_its_reader_sees(
     gql: GQL,
@@ -959,6 +964,7 @@ async def test_a_turn_drops_only_a_copy_its_reader_sees(
     first: tuple[bool, str],
     second: tuple[bool, str],
     dropped: bool,
+    read: list[str],
 ) -> None:
     """Two turns at once whose reviews add "Ada lives in Berlin", each decided before either
     commits, the first (session s2) committing before the second (s1) is answered. The second
@@ -966,7 +972,8 @@ async def test_a_turn_drops_only_a_copy_its_reader_sees(
     skip would have: a live turn keeps its copy beside a preview turn's (P2), and an agent-scope
     copy beside another session's session-scope record; a preview turn drops its copy of a live
     turn's (P3)."""
-    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
+    scope = {**BOTH_SCOPES, "read": read}
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=scope))
     # A record near the fact, so that each review asks the model to decide.
     candidates(model_server, {"summary": "Ada lives in Paris", "scope": "agent"})
     assert (await run(gql, admin, action_id, "I live in Paris", session="s0"))["status"] == (
