@@ -436,10 +436,17 @@ async def test_h8_a_long_event_is_kept_in_parts_and_read_whole_by_id(
     every_part = parts.split(long)
     assert best["text"] == f"turn 1, user\n{every_part[best['part'] - 1]}"
 
-    _, reading = await searched(model_server, gql, admin, action_id, {"ids": [best["id"]]})
+    read, reading = await searched(model_server, gql, admin, action_id, {"ids": [best["id"]]})
     (whole,) = reading["output"]["events"]
     assert whole["text"] == f"turn 1, user\n{long}" and "part" not in whole
     assert whole["parts"] == best["parts"]
+    # H10: a read by ID is a search_history execution too, and a RETRIEVED use of the event.
+    (use,) = events(read, "output.use")
+    assert (use["use"], use["tool"], use["events"]) == (
+        "RETRIEVED",
+        "search_history",
+        [{"id": best["id"]}],
+    )
 
 
 async def test_h8_an_empty_ids_list_counts_as_not_given(

@@ -22,6 +22,7 @@ from runtime_support import (
     memory,
     review_requests,
     run,
+    system_message,
 )
 
 from app.actions.service import agent_principal
@@ -943,13 +944,18 @@ async def test_m12_two_turns_at_once_that_learn_the_same_fact_keep_it_once(
 
 
 @pytest.mark.parametrize(
-    ("first", "second", "dropped"),
+    ("first", "second", "dropped", "read"),
     [
-        ((True, "agent"), (False, "agent"), False),  # P2: a live turn never reads a preview one
-        ((False, "session"), (False, "agent"), False),  # another session's record is not read
-        ((False, "agent"), (True, "agent"), True),  # P3: a preview turn reads a live record
+        # P2: a live turn never reads a preview one
+        ((True, "agent"), (False, "agent"), False, BOTH_SCOPES["read"]),
+        # another session's record is not read
+        ((False, "session"), (False, "agent"), False, BOTH_SCOPES["read"]),
+        # P3: a preview turn reads a live record
+        ((False, "agent"), (True, "agent"), True, BOTH_SCOPES["read"]),
+        # M12: a scope the agent writes but does not read is compared with all the same
+        ((False, "agent"), (False, "agent"), True, ["session"]),
     ],
-    ids=["preview-then-live", "other-session-then-agent", "live-then-preview"],
+    ids=["preview-then-live", "other-session-then-agent", "live-then-preview", "written-unread"],
 )
 async def test_a_turn_drops_only_a_copy_its_reader_sees(
     gql: GQL,
@@ -958,6 +964,7 @@ async def test_a_turn_drops_only_a_copy_its_reader_sees(
     first: tuple[bool, str],
     second: tuple[bool, str],
     dropped: bool,
+    read: list[str],
 ) -> None:
     """Two turns at once whose reviews add "Ada lives in Berlin", each decided before either
     commits, the first (session s2) committing before the second (s1) is answered. The second
@@ -965,7 +972,8 @@ async def test_a_turn_drops_only_a_copy_its_reader_sees(
     skip would have: a live turn keeps its copy beside a preview turn's (P2), and an agent-scope
     copy beside another session's session-scope record; a preview turn drops its copy of a live
     turn's (P3)."""
-    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
+    scope = {**BOTH_SCOPES, "read": read}
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=scope))
     # A record near the fact, so that each review asks the model to decide.
     candidates(model_server, {"summary": "Ada lives in Paris", "scope": "agent"})
     assert (await run(gql, admin, action_id, "I live in Paris", session="s0"))["status"] == (
@@ -1216,3 +1224,167 @@ def test_m10_a_message_time_shows_a_four_digit_year() -> None:
 
     said = review_module.Message("user", "hi", datetime(5, 1, 2, 3, 4, tzinfo=UTC), uuid4(), 1)
     assert review_module._line(said).startswith('[0005-01-02 03:04 UTC] user: "hi"')
+
+
+async def test_m11_m12_a_fact_kept_in_a_scope_written_but_not_read_does_not_pile_up(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An agent that writes agent scope but reads its session alone: its reviews compare each
+    candidate with the records of the scopes it writes too, so a fact it kept in agent scope,
+    restated word for word or in other words (in the same session or another), is not kept
+    again."""
+    harness = memory_harness(scope={"read": ["session"], "write": ["session", "agent"]})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    candidates(model_server, {"summary": "Acme's office is in Paris.", "scope": "AGENT"})
+    first = await run(gql, admin, action_id, "Acme's office is in Paris")
+    (kept,) = await memories(gql, admin, action_id)
+    assert (kept["scope"], kept["executionId"]) == ("AGENT", first["executionId"])
+
+    # Word for word, in another session: skipped with no decide call.
+    candidates(model_server, {"summary": "acme's office is in Paris", "scope": "AGENT"})
+    again = await run(gql, admin, action_id, "Acme is in Paris, I said", session="s2")
+    (review,) = reviews(again)
+    assert review["decisions"] == [{"candidate": "c1", "action": "skip", "reason": "duplicate"}]
+    # In other words, in the first session: the record is shown to the decide call.
+    candidates(model_server, {"summary": "Acme has its office in Paris", "scope": "AGENT"})
+    decide(model_server, {"candidate": "c1", "action": "skip"})
+    third = await run(gql, admin, action_id, "Acme: Paris office")
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    shown = json.loads(decided.body["messages"][1]["content"])
+    assert shown["records"]["r1"]["summary"] == "Acme's office is in Paris."
+    assert reviews(third)[0]["neighbours"][0]["records"][0]["id"] == kept["memoryId"]
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]
+
+    # Another session's session-scope records stay out of the comparison (M3).
+    candidates(model_server, {"summary": "Acme's CEO is Bob Stone"})
+    assert (await run(gql, admin, action_id, "Acme's CEO is Bob"))["status"] == "SUCCEEDED"
+    candidates(model_server, {"summary": "Acme's CEO is Bob Stone"})
+    elsewhere = await run(gql, admin, action_id, "Acme's CEO is Bob", session="s3")
+    (review,) = reviews(elsewhere)
+    assert review["decisions"][0]["action"] == "add"
+    assert all(r["id"] == kept["memoryId"] for r in review["neighbours"][0]["records"])
+
+
+async def test_m11_a_candidate_is_compared_with_its_nearest_record_whatever_min_score(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """`search.min_score` is what recall and search need of a record found by meaning alone;
+    the review compares a candidate with the records most like it whatever that is (its own
+    floor decides whether to ask the model), so a paraphrase sharing no word with a record,
+    under min_score, is still shown to the decide call and not kept again."""
+    record = "The physician prescribed antibiotics for my infection."
+    paraphrase = "A doctor gave the user medicine"
+    async with state.pool.acquire() as conn:  # no word in common: found by meaning alone
+        assert not await conn.fetchval(
+            "SELECT to_tsvector('english', $1) @@ any_words($2)", record, paraphrase
+        )
+    harness = memory_harness(search={"min_score": 0.9})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    kept = await remembered(gql, admin, model_server, action_id, record)
+    candidates(model_server, {"summary": paraphrase})
+    decide(model_server, {"candidate": "c1", "action": "skip"})
+    executed = await run(gql, admin, action_id, "The doctor gave me medicine")
+    (near,) = reviews(executed)[0]["neighbours"]
+    assert near["records"][0]["id"] == kept["memoryId"]
+    assert 0.4 <= near["records"][0]["similarity"] < 0.9
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    assert json.loads(decided.body["messages"][1]["content"])["records"]["r1"]["summary"] == record
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]
+
+
+async def test_m12_m16_a_correction_keeps_the_scope_of_the_record_it_replaces(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A candidate that names no scope and replaces an agent-scope record takes that record's
+    place in agent scope: every session that recalled the old fact recalls the correction,
+    rather than losing the fact to one session's record. A scope the candidate names stays."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
+    candidates(model_server, {"summary": "Acme's office is in Paris", "scope": "AGENT"})
+    assert (await run(gql, admin, action_id, "Acme is in Paris", session="s1"))["status"] == (
+        "SUCCEEDED"
+    )
+    (old,) = await memories(gql, admin, action_id)
+    assert old["scope"] == "AGENT"
+    candidates(model_server, {"summary": "Acme's office is in Lyon"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "Acme moved to Lyon", session="s2")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (kept,) = await memories(gql, admin, action_id)
+    assert (kept["summary"], kept["replaces"]) == ("Acme's office is in Lyon", old["memoryId"])
+    assert kept["scope"] == "AGENT"
+    # Another session recalls the correction.
+    model_server.say("Lyon.")
+    await run(gql, admin, action_id, "Where is Acme's office?", session="s3")
+    assert "Acme's office is in Lyon" in json.dumps(chat(model_server)[-1].body["messages"])
+
+    # A candidate that names session scope keeps it.
+    candidates(model_server, {"summary": "Acme's office is in Nice", "scope": "SESSION"})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "For me, Acme is in Nice", session="s4")
+    (review,) = reviews(executed)
+    assert review["decisions"][0]["id"] == kept["memoryId"]
+    (nice,) = [m for m in await memories(gql, admin, action_id) if "Nice" in m["summary"]]
+    assert nice["scope"] == "SESSION" and nice["sessionId"] == "s4"
+
+
+PIN = """mutation($a: UUID!, $input: AgentMemoryInput!) {
+  addAgentMemory(actionId: $a, input: $input) { memoryId pinned } }"""
+
+
+@pytest.mark.parametrize("room", ["fits", "over"])
+async def test_m12_m50_a_correction_of_a_pinned_record_stays_pinned_while_the_budget_allows(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, room: str
+) -> None:
+    """A review that replaces a pinned record pins the correction in its place, so every turn
+    still lists the fact, now right; a correction too long for the pin budget is kept unpinned,
+    and the review's decision says why."""
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(pinned={"max_tokens": 40})
+    )
+    pin = {"summary": "Ada's plan is Basic", "kind": "fact", "pinned": True, "sessionId": "s1"}
+    old = (await gql(admin, PIN, a=action_id, input=pin)).ok()["addAgentMemory"]
+    summary = "Ada's plan is Premium" + ("" if room == "fits" else ", billed yearly" * 12)
+    candidates(model_server, {"summary": summary})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "I upgraded to Premium")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (kept,) = await memories(gql, admin, action_id)
+    assert (kept["summary"], kept["replaces"]) == (summary, old["memoryId"])
+    (decision,) = reviews(executed)[0]["decisions"]
+    model_server.say("Premium.")
+    await run(gql, admin, action_id, "Which plan am I on?")
+    listed = system_message(chat(model_server)[-1])
+    if room == "fits":
+        assert kept["pinned"] is True and "unpinned" not in decision
+        assert kept["memoryId"] in listed and "Ada's plan is Premium" in listed
+    else:
+        assert kept["pinned"] is False
+        assert "over this agent's budget" in decision["unpinned"]
+        assert kept["memoryId"] not in listed
+    assert "Ada's plan is Basic" not in listed
+
+
+async def test_m12_m37_a_correction_keeps_the_labels_of_the_record_it_replaces(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A correction takes the record's place under its labels: one the candidate does not set
+    is kept from the record it replaces, so a search filtering on it finds the fact, now
+    right; one the candidate sets is the candidate's."""
+    labels = {
+        "customer_id": {"number": 5, "description": "The customer."},
+        "region": {"number": 6, "description": "The region."},
+    }
+    harness = memory_harness(labels=labels, tools=["add_memory"])
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    candidates(
+        model_server,
+        {"summary": "Ada's plan is Basic", "labels": {"customer_id": "c-1", "region": "eu"}},
+    )
+    assert (await run(gql, admin, action_id, "I'm on Basic"))["status"] == "SUCCEEDED"
+    (old,) = await memories(gql, admin, action_id)
+    candidates(model_server, {"summary": "Ada's plan is Premium", "labels": {"region": "us"}})
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    assert (await run(gql, admin, action_id, "Upgraded, and moved"))["status"] == "SUCCEEDED"
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["replaces"] == old["memoryId"]
+    assert kept["labels"] == [{"number": 5, "value": "c-1"}, {"number": 6, "value": "us"}]

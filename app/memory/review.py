@@ -2,11 +2,12 @@
 the neighbours a candidate is compared with. The runtime (app/runtime/review.py) asks the
 model; this module knows the records.
 
-Neighbours are found as recall finds records (the agent's reader: its read scopes, its session,
-live or preview, its turn's own staged writes), by the agent's search mode, but ranked for a
-restatement rather than a question: the text score is divided by 1 + the log of the record's
-distinct words, and meaning weighs 0.7; the best 40 by that are ranked again with 0.3 of a BM25 of
-the candidate's words, weighted by their rarity among those 40. On the LoCoMo dev observations
+Neighbours are found as recall finds records (the agent's reader, with the scopes it writes as
+well as those it reads: its session, live or preview, its turn's own staged writes), by the
+agent's search mode but whatever its `min_score`, and ranked for a restatement rather than a
+question: the text score is divided by 1 + the log of the record's distinct words, and meaning
+weighs 0.7; the best 40 by that are ranked again with 0.3 of a BM25 of the candidate's words,
+weighted by their rarity among those 40. On the LoCoMo dev observations
 (a dialog turn as the candidate, the facts citing it as what it restates) that finds 0.951 of
 the citing facts among the top 5 (bench/review.py; bench/README.md has how the weights were
 chosen).
@@ -223,11 +224,14 @@ async def neighbours(
     if config.mode != "lexical":
         embedded = await embedder.embed([text])
         vector, tokens = embedded.vectors[0], embedded.tokens
+    # Not the agent's min_score: that is what recall and search need of a record found by
+    # meaning alone; a restatement is compared with the records most like it whatever their
+    # cosine, and the review's floor decides whether the model is asked (M11).
     ranking = memory_search.make_ranking(
         config.mode,
         text,
         vector,
-        config.min_score,
+        None,
         max(limit, REVIEW_POOL),
         REVIEW_WEIGHT,
         by_length=True,

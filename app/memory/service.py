@@ -56,6 +56,10 @@ NO_SESSION = (
 )
 
 
+class OverPinBudget(BadInput):
+    """A pin the agent's pinned list has no room for (harness.memory.pinned.max_tokens)."""
+
+
 @dataclass(frozen=True)
 class Writer:
     account_id: UUID
@@ -67,13 +71,20 @@ class Writer:
     source: Source
     preview: bool
 
-    def reader(self) -> AgentReader:
-        """How this writer reads: its read scopes, its session, its own staged rows."""
+    def reader(self, *, writing: bool = False) -> AgentReader:
+        """How this writer reads: its read scopes, its session, its own staged rows.
+        `writing`: what it changes or compares its writes with (a replacement, a deletion, a
+        memory review's neighbours and duplicates), the scopes it writes too, even one it does
+        not read, so that it finds what it wrote there and a fact kept there is not kept again."""
+        config = self.action.harness.memory
+        scopes = config.read
+        if writing:
+            scopes = tuple(s for s in Scope if s in config.read or s in config.write)
         return AgentReader(
             account_id=self.account_id,
             action_id=self.action.action_id,
             session_id=self.session_id,
-            scopes=self.action.harness.memory.read,
+            scopes=scopes,
             preview=self.preview,
             execution_id=self.execution_id,
             invocation_number=self.invocation_number,
@@ -567,7 +578,7 @@ class MemoryWork:
         same at once the second finds the first's."""
         changing = {c.by for c in self._changes}
         added = [m for m in self._staged[mark[0] :] if m not in changing]
-        restated = await store.restated_staged(conn, self.writer.reader(), added)
+        restated = await store.restated_staged(conn, self.writer.reader(writing=True), added)
         if restated:
             w = self.writer
             await store.delete_staged(
@@ -668,11 +679,7 @@ class MemoryWork:
         w = self.writer
         if w.is_operator:
             return OperatorReader(w.account_id, w.action.action_id)
-        reader = w.reader()
-        if not writing:
-            return reader
-        scopes = tuple(s for s in Scope if s in reader.scopes or s in self.config.write)
-        return replace(reader, scopes=scopes)
+        return w.reader(writing=writing)
 
     async def _find(
         self, conn: asyncpg.Connection, memory_id: UUID, *, writing: bool = False
@@ -759,7 +766,7 @@ class MemoryWork:
         assert budget is not None
         tokens, listed = await _longest_list(conn, self.writer.reader(), lines, replaced)
         if tokens > budget:
-            raise BadInput(_over_budget(tokens, budget, listed))
+            raise OverPinBudget(_over_budget(tokens, budget, listed))
 
     async def _recheck_pins(self, conn: asyncpg.Connection, published: list[MemoryRecord]) -> None:
         """Pins other turns committed meanwhile count too: the budget holds once committed."""

@@ -23,7 +23,9 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    or skip each candidate, with the neighbours and earlier candidates under short handles
    (as many candidates as fit the budget; the rest are skipped); otherwise adds them all
    without that call.
-5. Stages the writes in the turn's MemoryWork (source EXTRACTION, never pinned), committed with
+5. Stages the writes in the turn's MemoryWork (source EXTRACTION, unpinned but for the correction
+   of a pinned record, pinned in its place while the budget allows; a correction keeps the scope
+   and labels of the record it replaces where the candidate names none), committed with
    the turn; a write the agent's configuration refuses is recorded and skipped.
 
 The review failing never fails the turn, whatever failed (its model calls, its embeddings, a
@@ -42,7 +44,7 @@ once whose reviews add the same summary word for word: the second to commit drop
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
@@ -55,13 +57,14 @@ from app.executions import store
 from app.memory import review as memory_review
 from app.memory.records import MemoryRecord
 from app.memory.review import Candidate
-from app.memory.service import NewMemory
+from app.memory.service import NewMemory, OverPinBudget
 from app.runtime import deadline
 from app.runtime import transcript as events
 from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.tool_args import function_tool
 from app.runtime.tools import labels_property, offers_scope, record_view, versions
+from app.scope import Scope
 from app.text import for_model, nests_deeper, quoted
 
 if TYPE_CHECKING:
@@ -457,7 +460,9 @@ class Review:
         self.event.update(neighbours=[], decisions=decisions)
         # Exact duplicates, of a visible record or of an earlier candidate: no model call.
         duplicate = await memory_review.known(
-            self.context.state.pool, self.work.writer.reader(), [c.summary for c in candidates]
+            self.context.state.pool,
+            self.work.writer.reader(writing=True),
+            [c.summary for c in candidates],
         )
         seen: set[str] = set()
         open_: list[tuple[str, Candidate]] = []
@@ -546,7 +551,7 @@ class Review:
         candidates has one)."""
         state = self.context.state
         assert state.embedder is not None
-        reader = self.work.writer.reader()
+        reader = self.work.writer.reader(writing=True)  # the scopes it writes too
         shown = _Shown()
         handle_of: dict[UUID, str] = {}
         tokens = 0
@@ -724,17 +729,26 @@ class Review:
                     decision["evidence"] = str(evidence) if evidence else f"{handle}: {c.summary}"
                     written.append(await self.work.delete(target.memory_id, source="EXTRACTION"))
                 else:
-                    added = await self.work.add(
-                        NewMemory(
-                            summary=c.summary,
-                            kind=c.kind,
-                            content=c.content,
-                            labels=c.labels,
-                            scope=c.scope,
-                            replaces=target.memory_id if target else None,
-                            source="EXTRACTION",
-                        )
+                    scope = c.scope
+                    labels: dict[str | int, str] = dict(c.labels)
+                    if target is not None:
+                        # A correction takes the place of the record it corrects: in its scope,
+                        # so the sessions that recalled the old fact recall the new one, and
+                        # under its labels, which the candidate may set anew.
+                        if scope is None and target.scope in self.memory.write:
+                            scope = Scope(target.scope)
+                        labels = {int(n): v for n, v in target.labels.items()}
+                        labels.update((int(n), v) for n, v in c.labels.items())
+                    new = NewMemory(
+                        summary=c.summary,
+                        kind=c.kind,
+                        content=c.content,
+                        labels=labels,
+                        scope=scope,
+                        replaces=target.memory_id if target else None,
+                        source="EXTRACTION",
                     )
+                    added = await self._add(new, target, decision)
                     decision["memoryId"] = str(added[0].memory_id)
                     written += added
             except DomainError as e:
@@ -745,6 +759,20 @@ class Review:
             name = self.context.state.embedder.name
             self.context.transcript.embedding(name, tokens, "memory.review")
         return written
+
+    async def _add(
+        self, new: NewMemory, target: MemoryRecord | None, decision: dict[str, Any]
+    ) -> list[MemoryRecord]:
+        """Stages a candidate. A correction of a pinned record is pinned in its place, so every
+        turn still lists the fact; one the pin budget cannot take is kept unpinned, and the
+        decision says why."""
+        if target is None or not target.pinned or self.memory.pinned_max_tokens is None:
+            return await self.work.add(new)
+        try:
+            return await self.work.add(replace(new, pinned=True))
+        except OverPinBudget as e:
+            decision["unpinned"] = e.message
+        return await self.work.add(new)
 
 
 async def _pending(context: "TurnContext") -> list[Any]:
