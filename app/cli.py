@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 if TYPE_CHECKING:
     import argparse
@@ -45,6 +45,33 @@ def _tracing_missing(settings: Settings) -> str | None:
     return None
 
 
+def _json_log(command: str | None) -> bool:
+    """Whether `engram serve` runs with ENGRAM_LOG_FORMAT=json, read as Settings reads it (the
+    name in any case) but from the environment itself: also when another setting is refused."""
+    return command == "serve" and any(
+        name.upper() == "ENGRAM_LOG_FORMAT" and value == "json"
+        for name, value in os.environ.items()
+    )
+
+
+def _say(line: str, command: str | None) -> None:
+    """A line saying why a command stopped, on stderr. `engram serve` under
+    ENGRAM_LOG_FORMAT=json says it as its log does, one JSON object (level ERROR, logger
+    `engram`), so that what reads the service's log parses its refusal to start as well; other
+    commands speak to a person at a terminal, in text whatever the log's format."""
+    if not _json_log(command):
+        print(line, file=sys.stderr)
+        return
+    import logging
+
+    from app.observability import logs
+
+    record = logging.makeLogRecord(
+        {"name": "engram", "levelno": logging.ERROR, "levelname": "ERROR", "msg": line}
+    )
+    print(logs.JsonFormatter().format(record), file=sys.stderr)
+
+
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -56,14 +83,14 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
     missing = _tracing_missing(settings)
     if missing is not None:
-        print(f"engram: {missing}", file=sys.stderr)
+        _say(f"engram: {missing}", "serve")
         return 2
     # The settings' own check, for the flag that overrides ENGRAM_HOST.
     exposed = (
         None if args.host is None else settings.exposed_refusal(args.host, f"--host {args.host}")
     )
     if exposed is not None:
-        print(f"engram: {exposed}", file=sys.stderr)
+        _say(f"engram: {exposed}", "serve")
         return 2
 
     if settings.database_url_value() is None:
@@ -119,9 +146,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
                 if server.started:
                     raise
                 await server.lifespan.shutdown()  # as uvicorn does after an OSError
-                print(
+                _say(
                     f"engram: cannot listen on {host} (ENGRAM_HOST, or --host): {e}",
-                    file=sys.stderr,
+                    "serve",
                 )
                 return False
             return server.started
@@ -142,7 +169,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         if not terminated:
             raise
-        print("engram: stopped by SIGTERM while starting", file=sys.stderr)
+        _say("engram: stopped by SIGTERM while starting", "serve")
         return 128 + signal.SIGTERM
 
 
@@ -720,7 +747,16 @@ def _version_action() -> type:
 def parser() -> argparse.ArgumentParser:
     import argparse
 
-    p = argparse.ArgumentParser(prog="engram", description="Durable memory for AI agents.")
+    class Parser(argparse.ArgumentParser):
+        """`engram serve`'s wrong option said as its other refusals are (`_say`)."""
+
+        def error(self, message: str) -> NoReturn:
+            if self.prog.endswith(" serve") and _json_log("serve"):
+                _say(f"{self.prog}: error: {message}", "serve")
+                raise SystemExit(2)
+            super().error(message)
+
+    p = Parser(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(
         "--version",
         action=_version_action(),
@@ -903,15 +939,15 @@ def _command(args: argparse.Namespace) -> int:
             message = error["msg"].removeprefix("Value error, ")
             if item:
                 message = f"item {'.'.join(str(part) for part in item)}: {message}"
-            print(
+            _say(
                 f"engram: ENGRAM_{str(field).upper()}: {message}"
                 if field
                 else f"engram: {message}",
-                file=sys.stderr,
+                args.command,
             )
         return 2
     except SettingsError as e:
-        print(_settings_error(e), file=sys.stderr)
+        _say(_settings_error(e), args.command)
         return 2
     logs.configure(settings.log_format, settings.log_level)
     from psycopg import OperationalError, ProgrammingError
@@ -925,16 +961,16 @@ def _command(args: argparse.Namespace) -> int:
     for name, value in vars(args).items():
         for text in value if isinstance(value, list) else [value]:
             if isinstance(text, str) and not is_storable(text):
-                print(
+                _say(
                     f"engram: {name.replace('_', '-')} is not valid text (a NUL, or bytes "
                     "that are not UTF-8)",
-                    file=sys.stderr,
+                    args.command,
                 )
                 return 2
     try:
         return int(args.run(settings, args))
     except DomainError as e:
-        print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        _say(f"error ({e.code}): {e.message}", args.command)
         return 2
     except BrokenPipeError:
         # The reader went away (`engram export ... | head`): as other tools, quietly.
@@ -942,16 +978,16 @@ def _command(args: argparse.Namespace) -> int:
         return 1
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        print(f"engram: {where}{e.strerror or e}", file=sys.stderr)
+        _say(f"engram: {where}{e.strerror or e}", args.command)
         return 2
     except (EmbeddingModelMismatch, EmbedderUnavailable, MigrationFailed) as e:
         # What to run or set is in the message: nothing else is worth printing.
-        print(f"engram: {e}", file=sys.stderr)
+        _say(f"engram: {e}", args.command)
         return 2
     except (OperationalError, ProgrammingError) as e:
         # Raised by the first connection, the migrations' (psycopg; the service's pool is
         # asyncpg); ProgrammingError: a URL libpq cannot parse, which it quotes, password too.
-        print(_unreachable(settings, e), file=sys.stderr)
+        _say(_unreachable(settings, e), args.command)
         return 2
     except Exception as e:
         # The database went away while the command ran (restarted; its connection ended by an
@@ -967,7 +1003,7 @@ def _command(args: argparse.Namespace) -> int:
             raise
         again = "run it again once the database answers" if gone else "run it again"
         after = _INTERRUPTED.get(args.command, again)
-        print(f"engram {args.command}: {told}: {after}", file=sys.stderr)
+        _say(f"engram {args.command}: {told}: {after}", args.command)
         return 2
 
 
@@ -1038,7 +1074,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"engram {how} while starting", file=sys.stderr)
         else:
             after = _INTERRUPTED.get(args.command)
-            print(f"engram {args.command} {how}" + (f": {after}" if after else ""), file=sys.stderr)
+            _say(f"engram {args.command} {how}" + (f": {after}" if after else ""), args.command)
         return 128 + (signal.SIGTERM if terminate.came else signal.SIGINT)
     finally:
         if handled:

@@ -30,13 +30,17 @@ class Scope(StrEnum):
         return cls.__members__.get(name.upper()) if isinstance(name, str) else None
 
 
-def check_session_id(session_id: str | None, field: str = "sessionId") -> None:
+def check_session_id(
+    session_id: str | None, field: str = "sessionId", *, stored: bool = False
+) -> None:
     """A session ID, from a turn, an MCP request or an operator's write: 1 to 200 characters,
-    not all white space, one line (None: no session). `field`: how the caller named it."""
+    not all white space, one line (None: no session). `field`: how the caller named it.
+    `stored`: the ID of a session that may be stored already, which a listing looks up or an
+    import restores (check_one_line's `stored`); a turn or a write in it names it new."""
     if session_id is not None and (not session_id.strip() or len(session_id) > MAX_SESSION_ID):
         raise BadInput(f"{field} must be 1 to {MAX_SESSION_ID} characters, not blank")
     if session_id is not None:
-        check_one_line(session_id, field)
+        check_one_line(session_id, field, stored=stored)
 
 
 def as_harness(scopes: "tuple[Scope, ...]") -> str:

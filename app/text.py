@@ -119,20 +119,53 @@ def nests_deeper(value: Any, levels: int) -> bool:
 
 # What a name or an ID, shown on one line, may not hold: controls (line breaks included), the
 # line and paragraph separators, bidi embeddings, overrides and isolates, the zero-width space
-# and the BOM. (The zero-width joiners and the left/right marks stay: scripts and emoji need them.)
+# and the BOM.
 _NOT_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200b\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+# Nor, when it is new, what shows as nothing and has no part in writing a name: Unicode's
+# default-ignorable code points (the bidi marks U+200E, U+200F and U+061C, the soft hyphen, the
+# word joiner and invisible operators, the combining grapheme joiner, the Hangul fillers, the
+# Mongolian vowel separator, deprecated and unassigned format characters, tags), and the
+# interlinear annotation characters that hide the text between them. Kept, as scripts and
+# emoji need them: the joiners U+200C and U+200D, variation selectors (U+180B-U+180D, U+180F,
+# U+FE00-U+FE0F, U+E0100-U+E01EF), and tags inside an emoji flag's tag sequence (England's
+# 🏴 U+1F3F4, tag letters, U+E007F), outside which tags are ASCII text a reader cannot see.
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200e\u200f\u2060-\u2065"
+    "\u206a-\u206f\u3164\uffa0\ufff0-\ufffb\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e00ff\U000e01f0-\U000e0fff]"
+)
+_EMOJI_TAGS = re.compile("\U0001f3f4[\U000e0030-\U000e0039\U000e0061-\U000e007a]+\U000e007f")
 
 
-def check_one_line(text: str, field: str) -> str:
-    """A name or an ID a client gives: refused with BAD_REQUEST naming the field and the
-    character when it holds one that breaks or disguises the line it is shown on (a console,
-    a log, a model's context), or cannot be stored."""
+def _invisible_at(text: str) -> int | None:
+    """Where `text`'s first `_INVISIBLE` character is (None: it has none)."""
+    flags = [m.span() for m in _EMOJI_TAGS.finditer(text)] if "\U0001f3f4" in text else []
+    for match in _INVISIBLE.finditer(text):
+        if not any(start < match.start() < end for start, end in flags):
+            return match.start()
+    return None
+
+
+def check_one_line(text: str, field: str, *, stored: bool = False) -> str:
+    """A name or an ID a client gives: refused with BAD_REQUEST naming the field, the character
+    and where it is when it holds one that breaks or disguises the line it is shown on (a
+    console, a log, a model's context), or cannot be stored.
+
+    `stored`: the name or ID of something that may be stored already (an import restores it,
+    an update keeps it): earlier releases took invisible characters (`_INVISIBLE`), which
+    are refused only in a new one."""
     check_storable(text, field)
     match = _NOT_ONE_LINE.search(text)
-    if match is not None:
+    at = match.start() if match is not None else None
+    if not stored:
+        invisible = _invisible_at(text[:at])
+        at = invisible if invisible is not None else at
+    if at is not None:
         raise BadInput(
-            f"{field} contains U+{ord(match.group()):04X} at position {match.start()}; a name or"
-            " ID holds no control, line break, bidi override or zero-width space"
+            f"{field} contains U+{ord(text[at]):04X} at position {at}; a name or ID holds no"
+            " control, line break, bidi mark, override or isolate, zero-width space or other"
+            " character that shows as nothing (but the joiners U+200C and U+200D, variation"
+            " selectors and an emoji flag's tags)"
         )
     return text
 

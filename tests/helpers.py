@@ -193,6 +193,30 @@ async def holding(url: str, sql: str, *args: object) -> AsyncIterator[asyncpg.Co
         await conn.close()
 
 
+async def stored_earlier(url: str, session_id: str, earlier: str) -> None:
+    """Renames the session `session_id` to `earlier` in every table that holds session IDs
+    (foreign keys and triggers off for the transaction): a session an earlier release stored
+    under an ID that a new session may no longer have."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            tables = await conn.fetch(
+                "SELECT c.table_name FROM information_schema.columns c"
+                " JOIN information_schema.tables t USING (table_schema, table_name)"
+                " WHERE c.table_schema = 'public' AND c.column_name = 'session_id'"
+                " AND t.table_type = 'BASE TABLE'"
+            )
+            for row in tables:
+                await conn.execute(
+                    f'UPDATE "{row[0]}" SET session_id = $2 WHERE session_id = $1',
+                    session_id,
+                    earlier,
+                )
+    finally:
+        await conn.close()
+
+
 async def end_other_backends(url: str) -> int:
     """Ends every backend of the database at `url` but the asking one, as a restart of
     PostgreSQL ends its clients' connections; returns how many."""

@@ -9,8 +9,10 @@ import signal
 import socket
 import subprocess
 import time
+from datetime import datetime
 from uuid import UUID
 
+import asyncpg
 import pytest
 from helpers import scratch_dir
 from servers import Served, clean_env, free_port, post_graphql, run
@@ -530,6 +532,55 @@ def test_serve_interrupted_while_importing_after_its_arguments_is_one_line(
     result = run(env, "serve", "--port", str(free_port()))
     assert result.returncode == status and "Traceback" not in result.stderr, result
     assert result.stderr.splitlines() == [f"engram serve {said}"]
+
+
+def _json_lines(stderr: str) -> list[dict]:
+    """Each line of `stderr` read as a JSON log object, with the JSON log's fields."""
+    entries = [json.loads(line) for line in stderr.splitlines()]
+    for entry in entries:
+        assert set(entry) == {"time", "level", "logger", "message"}, entry
+        assert entry["level"] == "ERROR" and entry["logger"] == "engram", entry
+        assert datetime.fromisoformat(entry["time"]).tzinfo is not None, entry
+    return entries
+
+
+async def test_serve_refusals_are_json_log_lines_under_the_json_format(db_url):
+    """`engram serve` with ENGRAM_LOG_FORMAT=json says why it does not start as its log does,
+    one JSON object a line, where a log collector found text among its JSON: a wrong setting,
+    a wrong option, a database a newer release migrated. The exit status is the text format's,
+    2; the text format and other commands (read by a person) keep text."""
+    port = str(free_port())
+    said = _json_lines(run(clean_env(log_format="json", port="abc"), "serve").stderr)
+    assert [e["message"] for e in said] == [
+        "engram: ENGRAM_PORT: Input should be a valid integer, unable to parse string as an integer"
+    ]
+    done = run(clean_env(log_format="json", database_url=db_url), "serve", "--port", "0")
+    assert done.returncode == 2, done.stderr
+    assert [e["message"] for e in _json_lines(done.stderr)] == [
+        "engram serve: error: argument --port: must be an integer from 1 to 65535, not 0"
+    ]
+
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("UPDATE alembic_version SET version_num = '0099_future'")
+    finally:
+        await conn.close()
+    env = clean_env(database_url=db_url, port=port, search_maintenance_seconds="0")
+    newer = "revision 0099_future, newer than this release's latest"
+    for log_format in ("json", "text"):
+        env["ENGRAM_LOG_FORMAT"] = log_format
+        done = await asyncio.to_thread(run, env, "serve")
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.splitlines()
+        if log_format == "json":
+            (entry,) = _json_lines(line)
+            assert entry["message"].startswith("error (CONFLICT): the database is at revision")
+            assert newer in entry["message"]
+        else:
+            assert line.startswith("error (CONFLICT): the database is at ") and newer in line
+    env["ENGRAM_LOG_FORMAT"] = "json"
+    done = await asyncio.to_thread(run, env, "migrate")
+    assert done.returncode == 2 and done.stderr.startswith("error (CONFLICT): the database is at")
 
 
 def test_serve_refuses_port_0(tmp_path):

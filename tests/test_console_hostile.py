@@ -10,6 +10,7 @@ by hand, a token revoked while a page is open."""
 from urllib.parse import quote
 
 from browser import screenshot_path
+from helpers import stored_earlier
 from test_console_browser import ADD, ADMIN, READER, Api, console, sign_in
 
 PWN = "window.pwned"
@@ -170,20 +171,24 @@ LOOKALIKES = {
 
 
 async def test_session_ids_that_look_alike_show_apart(db_url, embedder):
-    """Session IDs the API takes that would show as another's (a space at an end or doubled, an
-    invisible mark, a right-to-left mark reordering digits) show what they hold, as code points:
-    in the list of sessions, a session's title, the memory list and a record's page, and in the
-    text typed to erase one, which then matches what is shown. A session ID holding a NUL (none
-    can) typed into the address is not found, not "Something went wrong"."""
+    """Session IDs the API takes, or an earlier release stored, that would show as another's (a
+    space at an end or doubled, an invisible mark, a right-to-left mark reordering digits) show
+    what they hold, as code points: in the list of sessions, a session's title, the memory list
+    and a record's page, and in the text typed to erase one, which then matches what is shown.
+    A session ID holding a NUL (none can) typed into the address is not found, not "Something
+    went wrong"."""
     from playwright.async_api import expect
 
     async with console(db_url, embedder) as (url, page, seeded):
         admin, agent = Api(url, ADMIN), seeded["agent"]
         records = {}
         for n, session in enumerate(LOOKALIKES):
+            # Under another ID first: a new session's may not hold the marks an earlier
+            # release stored.
             records[session] = admin(
-                ADD, a=agent, i={"summary": f"Record {n}.", "kind": "fact", "sessionId": session}
+                ADD, a=agent, i={"summary": f"Record {n}.", "kind": "fact", "sessionId": f"_{n}"}
             )["addAgentMemory"]["memoryId"]
+            await stored_earlier(db_url, f"_{n}", session)
         await sign_in(page, url, ADMIN)
         await page.goto(f"{url}/console/#/agents/{agent}/sessions")
         cells = page.locator("td[data-label=Session]")
@@ -356,8 +361,9 @@ async def test_the_erase_dialog_wraps_a_long_session_id(db_url, embedder):
     async with console(db_url, embedder) as (url, page, seeded):
         admin, agent = Api(url, ADMIN), seeded["agent"]
         sessions = ["s" * 200, "x" + "\u200e" * 198 + "x"]
-        for session in sessions:
-            admin(ADD, a=agent, i={"summary": "Here.", "kind": "fact", "sessionId": session})
+        for n, session in enumerate(sessions):
+            admin(ADD, a=agent, i={"summary": "Here.", "kind": "fact", "sessionId": f"_{n}"})
+            await stored_earlier(db_url, f"_{n}", session)  # as an earlier release took it
         await sign_in(page, url, ADMIN)
         for width in (1280, 375):
             await page.set_viewport_size({"width": width, "height": 800})
@@ -407,8 +413,9 @@ async def test_a_session_whose_id_holds_a_mark_can_be_erased_by_typing_what_is_s
 
     async with console(db_url, embedder) as (url, page, seeded):
         admin, agent = Api(url, ADMIN), seeded["agent"]
-        session = "s-1\u200e"
-        admin(ADD, a=agent, i={"summary": "Marked.", "kind": "fact", "sessionId": session})
+        session = "s-1\u200e"  # stored by an earlier release: a new session's ID holds no mark
+        admin(ADD, a=agent, i={"summary": "Marked.", "kind": "fact", "sessionId": "_"})
+        await stored_earlier(db_url, "_", session)
         await sign_in(page, url, ADMIN)
         await page.goto(f"{url}/console/#/agents/{agent}/sessions/{quote(session, safe='')}")
         await page.get_by_role("button", name="Erase this session…").click()

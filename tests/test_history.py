@@ -26,6 +26,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
+from app.errors import BadInput
 from app.history import indexes as history_indexes
 from app.history import parts, store
 from app.history import search as history_search
@@ -1281,3 +1282,27 @@ async def test_h15_ids_reach_no_other_sessions_events_and_bad_arguments_are_told
     ]:
         _, refused = await searched(model_server, gql, admin, action_id, arguments)
         assert refused["error"].startswith(said), refused
+
+
+async def test_history_search_called_directly_refuses_a_nul_in_its_query(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Every entry point makes a query storable before it searches (a client's NUL is
+    BAD_REQUEST, a model's becomes U+FFFD); the search itself refuses one too, naming it, for
+    any caller that does not, where the database's refusal of the statement was raised."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    await run(gql, admin, action_id, "The boat is moored at pier seven.")
+    async with state.pool.acquire() as conn:
+        account_id = await conn.fetchval(
+            "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
+        )
+    scope = Scope(account_id, uuid.UUID(action_id), "s1", 2, False)
+    assert state.embedder is not None
+    for plan in (None, "exact", "index"):
+        with pytest.raises(BadInput) as refused:
+            await history_search.search(
+                state.pool, state.embedder, scope, query="pier\x00seven", plan=plan
+            )
+        assert refused.value.message.startswith("query contains a NUL character at position 4")
+    found = await history_search.search(state.pool, state.embedder, scope, query="pier seven")
+    assert "pier seven" in found.events[0].text

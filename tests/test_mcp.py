@@ -21,9 +21,9 @@ from factories import (
     memory_harness,
     token_for,
 )
-from helpers import GQL
+from helpers import GQL, eventually
 from mcp.shared.exceptions import MCPError
-from mcp_support import call, mcp_session, mcp_url, refused
+from mcp_support import call, mcp_session, mcp_url, refused, result_json
 from openai_server import OpenAIServer
 from runtime_support import memories, memory, run
 
@@ -664,3 +664,58 @@ async def test_mcp_a_get_is_refused_at_once_rather_than_held_open(
         )
         assert listed.status_code == 200, listed.text
         assert listed.json()["result"]["tools"]
+
+
+@pytest.mark.settings(turn_heartbeat_seconds=0.2, turn_lease_seconds=5)
+async def test_an_mcp_call_whose_failure_the_database_refuses_is_an_error_and_ends_failed(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """A tool call fails (the database refuses its record), and then the database refuses the
+    call's failure record too (here triggers do, as a full disk or a constraint might): the
+    client is answered with an error it can read, at once, and the execution, left RUNNING,
+    is ended FAILED by the liveness sweep once the database takes writes again."""
+    action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
+    token = await token_for(state, admin, "refused-runner", *AGENT_POLICIES)
+    async with state.pool.acquire() as conn:
+        await conn.execute("""
+            CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.summary LIKE '%POISON%' THEN RAISE EXCEPTION 'refused record'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_poison BEFORE INSERT ON agent_memories
+                FOR EACH ROW EXECUTE FUNCTION refuse_poison();
+            CREATE FUNCTION refuse_failure() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.kind = 'MCP' AND NEW.status = 'FAILED' THEN
+                    RAISE EXCEPTION 'refused failure';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_failure BEFORE UPDATE ON executions
+                FOR EACH ROW EXECUTE FUNCTION refuse_failure();
+        """)
+    async with mcp_session(mcp_url(base_url, action_id), token) as session:
+        result = await asyncio.wait_for(
+            session.call_tool("add_memory", {"summary": "POISON", "kind": "fact"}), 30
+        )
+        assert result.is_error, result
+        (run,) = await _executions(state, action_id)
+        assert (run["kind"], run["status"]) == ("MCP", "RUNNING")
+        assert result_json(result) == {
+            "error": "the turn failed on an internal error (logged by the service); retry the "
+            "execution (its failure could not be recorded, logged by the service: execution "
+            f"{run['execution_id']} shows RUNNING until the service ends it FAILED, within "
+            "about 0.4 s of the database taking writes again)"
+        }
+        # The session still serves: the next call is answered as usual.
+        assert (await call(session, "search_memory", query="anything"))["records"] == []
+
+    async with state.pool.acquire() as conn:
+        await conn.execute("DROP TRIGGER refuse_failure ON executions")
+
+    async def ended() -> bool:
+        runs = {r["execution_id"]: r["status"] for r in await _executions(state, action_id)}
+        return runs[run["execution_id"]] == "FAILED"
+
+    await eventually(ended, "the sweep ended the call whose failure was refused")

@@ -84,12 +84,13 @@ def _harness(text: str) -> Harness:
     return parse_harness(json.loads(text))
 
 
-def check_name(name: str) -> str:
-    """An agent's name as it is stored: 1 to 200 characters once trimmed, on one line."""
+def check_name(name: str, *, stored: bool = False) -> str:
+    """An agent's name as it is stored: 1 to 200 characters once trimmed, on one line.
+    `stored`: a name stored already (check_one_line's `stored`)."""
     name = name.strip()
     if not name or len(name) > 200:
         raise BadInput("name must be 1 to 200 characters")
-    return check_one_line(name, "name")
+    return check_one_line(name, "name", stored=stored)
 
 
 def _values(
@@ -99,8 +100,11 @@ def _values(
     harness: Harness,
     settings: Settings | None,
     account_id: UUID,
+    current_name: str | None = None,
 ) -> dict[str, Any]:
-    name = check_name(name)
+    """`current_name`: the agent's name before an update (None: a new agent); kept as it is,
+    it is taken as it was stored."""
+    name = check_name(name, stored=name.strip() == current_name)
     if len(instructions.encode()) > MAX_INSTRUCTIONS:
         raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
     # Checked when written, not when a stored version is read (one written before the limit
@@ -188,6 +192,7 @@ async def update_action(
                 parse_harness(harness, previous),
                 settings,
                 caller.account_id,
+                current["name"],
             )
             version = await store.bump_version(conn, caller.account_id, action_id)
             await store.insert_version(

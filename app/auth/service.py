@@ -41,11 +41,13 @@ def _check_principal(principal: str) -> None:
         )
 
 
-def _check_name(name: str, what: str) -> str:
+def _check_name(name: str, what: str, current: str | None = None) -> str:
+    """A name given to a new account or client, or to a client whose name is `current`: one
+    that keeps it as it is is taken as it was stored (check_one_line's `stored`)."""
     name = name.strip()
     if not name or len(name) > 200:
         raise BadInput(f"{what} name must be 1 to 200 characters")
-    return check_one_line(name, f"{what} name")
+    return check_one_line(name, f"{what} name", stored=name == current)
 
 
 @dataclass(frozen=True)
@@ -362,7 +364,7 @@ async def update_client(
             conn,
             account_id,
             principal,
-            _check_name(name, "client") if name is not None else None,
+            _check_name(name, "client", current["name"]) if name is not None else None,
             parsed,
         )
     verified.forget()  # again once committed: a lookup meanwhile may have kept the old policies

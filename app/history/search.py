@@ -28,7 +28,7 @@ from app.embeddings.base import Embeds
 from app.errors import BadInput
 from app.history import store
 from app.history.store import Ranking, Scope
-from app.text import for_model
+from app.text import check_storable, for_model
 
 DEFAULT_LIMIT = 5
 # A tool name as the model API and MCP spell them.
@@ -118,8 +118,9 @@ async def search(
     limit: int = DEFAULT_LIMIT,
     plan: str | None = None,
 ) -> Found:
-    """The best `limit` parts for `query` among those the scope sees."""
-    query = query.strip()
+    """The best `limit` parts for `query` among those the scope sees. A query its entry point
+    left unstorable (a NUL) is BadInput, not the database's refusal of the statement."""
+    query = check_storable(query, "query").strip()
     if not query:
         raise BadInput("query is required: what to look for in the session's earlier turns")
     check_limit(limit)

@@ -95,7 +95,7 @@ def _list_filters(
 
     if filters.statuses is not None and not filters.statuses:
         raise BadInput("`status` names at least one status; omit it for the usual listing")
-    check_session_id(filters.session_id)
+    check_session_id(filters.session_id, stored=True)
     numbers: dict[int, str] | None = None
     if filters.labels:
         if action is None:

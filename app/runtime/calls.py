@@ -16,6 +16,7 @@ call runs one tool, bounded by the database's and the embedder's timeouts instea
 """
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -308,12 +309,32 @@ async def _refused(run: _Run, message: str) -> Execution:
 
 
 async def _failed(run: _Run, error: BaseException) -> Execution:
-    """As a turn fails: the transcript kept, the staged memory dropped, even when cancelled."""
+    """As a turn fails: the transcript kept, the staged memory dropped, even when cancelled.
+
+    A failure the database refuses to record (a full disk, a constraint) is logged, and the
+    call is answered FAILED all the same, with its own failure and what became of its record:
+    the execution stays RUNNING until this process's liveness sweep, which fails the
+    executions it no longer runs, ends it (app/runtime/liveness.py). Its database error,
+    raised in the failure's place, reached an MCP client in the database's words, and a
+    GraphQL one as INTERNAL."""
     recording = asyncio.ensure_future(turns._fail(run.context, error))
-    if isinstance(error, Exception):
+    if not isinstance(error, Exception):
+        await turns.recorded_or_logged(recording, run.execution)
+        raise error
+    try:
         return await turns.outlast(recording)
-    await turns.recorded_or_logged(recording, run.execution)
-    raise error
+    except turns.TurnEnded:
+        raise
+    except Exception as lost:
+        execution = run.execution
+        turns._log_lost(lost, "call %s: its failure could not be recorded", execution)
+        within = 2 * run.context.state.settings.turn_heartbeat_seconds
+        said = (
+            f"{turns._failure_message(error)} (its failure could not be recorded, logged by "
+            f"the service: execution {execution.execution_id} shows RUNNING until the service "
+            f"ends it FAILED, within about {within:g} s of the database taking writes again)"
+        )
+        return dataclasses.replace(execution, status="FAILED", error=storable(said))
 
 
 # MCP tool calls

@@ -733,11 +733,12 @@ def _check_row(
                 raise ValueError(
                     f"{column} is not an integer from 0 to {MAX_COUNT}: {reprlib.repr(value)}"
                 )
-        # The API's rules for what names a session or an agent.
+        # The API's rules for what names a session or an agent, as stored: a dump of an earlier
+        # release may hold invisible characters a new name or ID may not.
         session_id = row.get("session_id")
         if not isinstance(session_id, str | None):
             raise ValueError("session_id is not text")
-        check_session_id(session_id, "session_id")
+        check_session_id(session_id, "session_id", stored=True)
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
@@ -766,7 +767,7 @@ def _check_row(
             name = row.get("name")
             if not isinstance(name, str):
                 raise ValueError("name is not text")
-            check_name(name)
+            check_name(name, stored=True)
             for column, parse in (("harness", parse_harness), ("model", parse_model)):
                 value = row.get(column)
                 parse(json.loads(value) if isinstance(value, str) else value)
