@@ -31,13 +31,20 @@ MAX_COUNT = 2**53
 # NUL: PostgreSQL text cannot hold it. Lone surrogates: not encodable as UTF-8.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # C0 and C1 controls except tab, newline and carriage return; DEL; bidi embeddings, overrides,
-# isolates and marks; the zero-width characters that hide text from a human reader.
+# isolates and marks; the zero-width characters that hide text from a human reader; and the tag
+# characters (U+E0000-U+E007F), which show as nothing but spell ASCII that a model may read as
+# text: instructions hidden from whoever reads the record ("ASCII smuggling").
 _DISGUISING = re.compile(
-    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
+    "\U000e0000-\U000e007f]"
 )
-# The same characters as a PostgreSQL regular expression, each written as its \uXXXX escape:
-# SQL that measures text as `for_model` leaves it (the pinned lists, app/memory/store.py).
-DISGUISING_SQL = "".join(c if c in "[-]" else f"\\u{ord(c):04x}" for c in _DISGUISING.pattern)
+# The same characters as a PostgreSQL regular expression, each written as its \uXXXX (or, past
+# U+FFFF, \UXXXXXXXX) escape: SQL that measures text as `for_model` leaves it (the pinned lists,
+# app/memory/store.py).
+DISGUISING_SQL = "".join(
+    c if c in "[-]" else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+    for c in _DISGUISING.pattern
+)
 
 
 def is_storable(text: str) -> bool:
