@@ -4,6 +4,7 @@ Every refused request must come back as JSON with `extensions.code`, never as a 
 """
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -355,7 +356,31 @@ async def test_query_at_the_depth_limit_is_served(http):
 async def test_deeply_nested_query(http):
     response = await post(http, "{ actions(first: 1) { edges { node { actionId } } } }")
     assert error_code(response) == "BAD_REQUEST"
-    assert "exceeds maximum operation depth" in response.json()["errors"][0]["message"]
+    message = response.json()["errors"][0]["message"]
+    assert "exceeds maximum operation depth of 2 (ENGRAM_MAX_QUERY_DEPTH)" in message
+    assert "it nests fields 3 deep, and nothing ran; ask for less nesting" in message
+
+
+async def test_a_query_past_the_token_limit_names_the_setting_and_what_to_do(http):
+    """The limit counts the query's own tokens: the same values passed as variables fit."""
+    names = ["executeAction"] * 100  # as many as `allowed` takes; twice, past MAX_TOKENS
+    asked = json.dumps(names)
+    literal = f"{{ viewer {{ a: allowed(operations: {asked}) {{ allowed }} "
+    literal += f"b: allowed(operations: {asked}) {{ allowed }} }} }}"
+    response = await post(http, literal)
+    assert response.status_code == 200
+    assert error_code(response) == "BAD_REQUEST"
+    assert response.json()["errors"][0]["message"] == (
+        f"the request's query holds more than {MAX_TOKENS:,} tokens (names, punctuation and "
+        f"values); a query may hold at most {MAX_TOKENS:,} (ENGRAM_MAX_QUERY_TOKENS): nothing "
+        "ran; pass long values and lists as variables, which do not count, or split the request"
+    )
+    variables = """query($o: [String!]!) {
+      viewer { a: allowed(operations: $o) { allowed } b: allowed(operations: $o) { allowed } } }"""
+    response = await http.post(
+        "/graphql", json={"query": variables, "variables": {"o": names}}, headers=ADMIN
+    )
+    assert len(response.json()["data"]["viewer"]["b"]) == 100, response.json()
 
 
 async def test_deeply_nested_fragments(http):
