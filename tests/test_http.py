@@ -257,6 +257,13 @@ async def test_syntax_error(http):
     assert error_code(response) == "BAD_REQUEST"
 
 
+TOO_BIG = (
+    f"request bodies are limited to {MAX_BODY} bytes (ENGRAM_MAX_BODY_BYTES): nothing ran; send "
+    "less in one request (fewer records or messages at once), or have the operator raise the "
+    "limit"
+)
+
+
 async def test_oversized_body_with_content_length(http):
     padding = "x" * MAX_BODY
     response = await http.post(
@@ -266,7 +273,7 @@ async def test_oversized_body_with_content_length(http):
     )
     assert response.status_code == 413
     assert error_code(response) == "BAD_REQUEST"
-    assert f"limited to {MAX_BODY} bytes" in response.text
+    assert response.json()["errors"][0]["message"] == TOO_BIG
 
 
 async def test_oversized_chunked_body(http):
@@ -281,6 +288,7 @@ async def test_oversized_chunked_body(http):
     )
     assert response.status_code == 413
     assert error_code(response) == "BAD_REQUEST"
+    assert response.json()["errors"][0]["message"] == TOO_BIG
 
 
 async def test_body_just_under_the_limit_is_served(http):
