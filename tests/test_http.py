@@ -16,6 +16,7 @@ from servers import serving
 
 from app.actions import service as actions_service
 from app.config import Settings
+from app.graphql.relay import global_id
 
 ADMIN_TOKEN = "test-bootstrap-admin-token"
 MAX_BODY = 4096
@@ -217,6 +218,25 @@ async def test_malformed_uuid_variable(http):
     [error] = response.json()["errors"]
     assert "$id" in error["message"] and "Value cannot" not in error["message"]
     assert "not a UUID" in error["message"]
+
+
+async def test_a_global_id_where_a_uuid_goes_says_which_to_pass(http):
+    """A record's `id` (global, for node) passed as agentMemory's `id` (its memoryId)."""
+    memory_id = "0a1b2c3d-0000-4000-8000-00000000000a"
+    record = global_id("ActionAgentMemory", memory_id, memory_id)
+    query = "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { memoryId } }"
+    for variables in ({"a": memory_id, "m": record}, {"a": record, "m": memory_id}):
+        response = await post(http, query, **variables)
+        assert error_code(response) == "BAD_REQUEST"
+        [error] = response.json()["errors"]
+        assert (
+            "not a UUID but a global `id` (of ActionAgentMemory): pass the object's UUID here "
+            "(its memoryId, actionId, executionId, tokenId or accountId field), or read it with "
+            "node(id)"
+        ) in error["message"]
+    action = global_id("Action", memory_id, 1)
+    answer = (await post(http, '{ action(actionId: "' + action + '") { name } }')).json()
+    assert "a global `id` (of Action)" in answer["errors"][0]["message"]
 
 
 async def test_unknown_field(http):
