@@ -30,6 +30,15 @@ async def read_limited(receive: Receive, limit: int, seconds: float) -> bytes | 
 CLOSE = {"Connection": "close"}
 
 
+def too_big(limit: int) -> str:
+    """What a client whose body is over ENGRAM_MAX_BODY_BYTES is told."""
+    return (
+        f"request bodies are limited to {limit} bytes (ENGRAM_MAX_BODY_BYTES): nothing ran; "
+        "send less in one request (fewer records or messages at once), or have the operator "
+        "raise the limit"
+    )
+
+
 def too_slow(seconds: float) -> str:
     """What a client whose body did not arrive in time is told."""
     return (

@@ -32,7 +32,7 @@ from app.graphql.context import Context
 from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
-from app.http_body import CLOSE, read_limited, replaying, too_slow
+from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
 from app.mcp.endpoint import McpEndpoint
 from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
@@ -138,10 +138,9 @@ class _Guard:
     async def _check(self, scope: Scope, receive: Receive) -> tuple[Response | None, bytes]:
         settings = self.settings
         headers = Headers(scope=scope)
-        too_big = f"request bodies are limited to {settings.max_body_bytes} bytes"
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return _error(413, "BAD_REQUEST", too_big), b""
+            return _error(413, "BAD_REQUEST", too_big(settings.max_body_bytes)), b""
         try:
             body = await read_limited(
                 receive, settings.max_body_bytes, settings.body_timeout_seconds
@@ -150,7 +149,7 @@ class _Guard:
             slow = too_slow(settings.body_timeout_seconds)
             return _error(408, "BAD_REQUEST", slow, CLOSE), b""
         if body is None:
-            return _error(413, "BAD_REQUEST", too_big), b""
+            return _error(413, "BAD_REQUEST", too_big(settings.max_body_bytes)), b""
         try:
             payload = json.loads(body)
         except ValueError:

@@ -115,6 +115,16 @@ def test_the_guide_covers_each_client():
     assert "## Admin consoles" in guide and "## Operators" in guide and "## `node(id)`" in guide
 
 
+def test_the_guide_states_the_page_bounds_the_service_enforces():
+    """Connections take `first` from 1 to MAX_PAGE; a history search, a plain list, fewer."""
+    from app.graphql.relay import MAX_PAGE
+    from app.history.search import MAX_LIMIT
+
+    guide = " ".join((ROOT / "docs" / "graphql.md").read_text().split())
+    assert f"ask for `first` (1 to {MAX_PAGE:,})" in guide
+    assert f"its best `first` parts (1 to {MAX_LIMIT}, by default 10)" in guide
+
+
 def test_every_setting_is_documented_as_parsed():
     from app.config import Settings
 

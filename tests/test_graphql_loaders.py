@@ -24,6 +24,7 @@ from helpers import GQL
 from runtime_support import RUNNER_POLICIES
 
 from app.auth import service as auth_service
+from app.db.cursors import pack, unpack
 from app.db.pool import create_pool
 from app.executions import store as executions_store
 from app.graphql.context import _BATCHES
@@ -150,10 +151,38 @@ def aliased(fields: dict[str, str]) -> str:
     return f"query({declared}) {{ {body} }}" if used else f"query {{ {body} }}"
 
 
+def position(cursor: str | None) -> str | None:
+    """A listing's cursor without its binding (app/db/cursors.py, Keyset.bound): the cursor its
+    keyset alone encodes, as `expected` builds them. Which arguments a cursor is bound to is
+    tests/test_listing_cursors.py's."""
+    return None if cursor is None else pack(unpack(cursor)[1:])
+
+
+def positions(connection: dict) -> dict:
+    """A connection as the API answered it, each cursor its `position`; its cursors are all
+    bound alike."""
+    edges = connection["edges"]
+    page_info = connection["pageInfo"]
+    bound = {unpack(e["cursor"])[0] for e in edges}
+    assert len(bound) <= 1, bound
+    ends = (page_info["startCursor"], page_info["endCursor"])
+    assert {unpack(c)[0] for c in ends if c is not None} <= bound
+    return {
+        **connection,
+        "edges": [{**e, "cursor": position(e["cursor"])} for e in edges],
+        "pageInfo": {
+            **page_info,
+            "startCursor": position(page_info["startCursor"]),
+            "endCursor": position(page_info["endCursor"]),
+        },
+    }
+
+
 def expected(items: list[tuple[str, dict]], first: int, after: str | None) -> dict:
-    """The connection a keyset list gives: `items` are (cursor, node) in the list's order."""
+    """The connection a keyset list gives: `items` are (cursor, node) in the list's order;
+    compare with `positions` of the API's, `after` as the API issued it."""
     cursors = [c for c, _ in items]
-    start = cursors.index(after) + 1 if after is not None else 0
+    start = cursors.index(position(after)) + 1 if after is not None else 0
     edges = [{"cursor": c, "node": n} for c, n in items[start : start + first]]
     return {
         "edges": edges,
@@ -204,7 +233,9 @@ async def test_issue14_item3_client_tokens_cost_one_query_however_many_clients(
     tokens = await all_tokens(state, admin)
     for data in (few, many):
         for client in data["clients"]["nodes"]:
-            assert client["tokens"] == expected(tokens.get(client["principal"], []), 2, None)
+            assert positions(client["tokens"]) == expected(
+                tokens.get(client["principal"], []), 2, None
+            )
     assert len(many["clients"]["nodes"]) == 11  # c00 to c09, no-tokens
     assert [c["tokens"]["edges"] for c in many["clients"]["nodes"]].count([]) == 1
 
@@ -222,7 +253,7 @@ async def test_issue14_item3_client_tokens_page_after_each_parents_own_cursor(st
     for _ in range(4):  # c00's three pages, then an empty one after its last
         data = (await gql(admin, query, **after)).ok()
         for p in principals:
-            assert data[p]["tokens"] == expected(tokens[p], 2, after[p]), (p, after[p])
+            assert positions(data[p]["tokens"]) == expected(tokens[p], 2, after[p]), (p, after[p])
             after[p] = data[p]["tokens"]["pageInfo"]["endCursor"]
     assert data["c00"]["tokens"]["pageInfo"]["hasPreviousPage"]
     assert data["c00"]["tokens"]["edges"] == []
@@ -360,7 +391,7 @@ async def test_issue14_item3_transcripts_cost_one_query_however_many_executions(
     for data in (few, many):
         for execution in data["action"]["executions"]["nodes"]:
             listed = events.get(execution["executionId"], [])
-            assert execution["transcript"] == expected(listed, 3, None)
+            assert positions(execution["transcript"]) == expected(listed, 3, None)
     nodes = many["action"]["executions"]["nodes"]
     assert len(nodes) == 12 and [n["transcript"]["edges"] for n in nodes].count([]) == 2
     shown = json.dumps(many)
@@ -385,7 +416,7 @@ async def test_issue14_item3_transcripts_page_after_each_parents_own_cursor(stat
         data = (await gql(who, query, **after)).ok()
         for n, e in zip(names, made, strict=True):
             transcript = data[n]["transcript"]
-            assert transcript == expected(events.get(e, []), 2, after[n]), (n, after[n])
+            assert positions(transcript) == expected(events.get(e, []), 2, after[n]), (n, after[n])
             after[n] = transcript["pageInfo"]["endCursor"]
     assert data["e0"]["transcript"]["pageInfo"]["hasPreviousPage"]
     assert data["e0"]["transcript"]["edges"] == []
@@ -534,8 +565,8 @@ async def test_issue14_item3_session_executions_and_history_cost_one_query_each(
     for data in (few, many):
         for session in data["action"]["sessions"]["nodes"]:
             s = session["sessionId"]
-            assert session["executions"] == expected(executions.get(s, []), 2, None), s
-            assert session["history"] == expected(history.get(s, []), 2, None), s
+            assert positions(session["executions"]) == expected(executions.get(s, []), 2, None), s
+            assert positions(session["history"]) == expected(history.get(s, []), 2, None), s
     nodes = many["action"]["sessions"]["nodes"]
     assert len(nodes) == 12 and [n["history"]["edges"] for n in nodes].count([]) == 2
 
@@ -560,7 +591,10 @@ async def test_issue14_item3_session_pages_after_each_parents_own_cursor(state, 
     for _ in range(4):  # s00's three pages, then an empty one after its last
         data = (await gql(admin, query, **after)).ok()
         for n in names:
-            assert data[n][field] == expected(listed.get(n, []), 2, after[n]), (n, after[n])
+            assert positions(data[n][field]) == expected(listed.get(n, []), 2, after[n]), (
+                n,
+                after[n],
+            )
             after[n] = data[n][field]["pageInfo"]["endCursor"]
     assert data["s00"][field]["pageInfo"]["hasPreviousPage"]
     assert data["s00"][field]["edges"] == []
@@ -590,7 +624,7 @@ async def test_issue14_item3_batched_session_pages_keep_grants_and_redaction(sta
     alone = (await gql(sessions_only, SESSIONS % executions, a=a)).ok()
     listed, _ = await session_children(state, agent)
     for node in alone["action"]["sessions"]["nodes"]:
-        assert node["executions"] == expected(listed[node["sessionId"]], 2, None)
+        assert positions(node["executions"]) == expected(listed[node["sessionId"]], 2, None)
     both = await gql(admin, query)
     assert both.ok()["agent"]["executions"]["edges"]
     no_index = caller(
@@ -635,8 +669,8 @@ async def test_issue14_item3_agents_sessions_and_executions_cost_one_query_each(
     for data in (few, many):
         for node in data["actions"]["nodes"]:
             sessions, executions = await agent_lists(state, UUID(node["actionId"]))
-            assert node["sessions"] == expected(sessions, 2, None)
-            assert node["executions"] == expected(executions, 2, None)
+            assert positions(node["sessions"]) == expected(sessions, 2, None)
+            assert positions(node["executions"]) == expected(executions, 2, None)
     assert len(many["actions"]["nodes"]) == 9
 
 
@@ -719,7 +753,7 @@ async def test_issue14_item3_record_histories_cost_three_queries_however_many_re
     versions = await all_versions(state, agent)
     for data in (few, many):
         for node in data["action"]["memories"]["nodes"]:
-            assert node["history"] == expected(versions[node["memoryId"]], 1, None)
+            assert positions(node["history"]) == expected(versions[node["memoryId"]], 1, None)
     nodes = many["action"]["memories"]["nodes"]
     assert len(nodes) == 12 and {n["history"]["pageInfo"]["hasNextPage"] for n in nodes} == {
         True,
@@ -747,7 +781,10 @@ async def test_issue14_item3_record_histories_page_after_each_parents_own_cursor
     for _ in range(3):  # two versions at most, then an empty page after the last
         data = (await gql(admin, query, **after)).ok()
         for n, m in zip(names, ids, strict=True):
-            assert data[n]["history"] == expected(versions[m], 1, after[n]), (n, after[n])
+            assert positions(data[n]["history"]) == expected(versions[m], 1, after[n]), (
+                n,
+                after[n],
+            )
             after[n] = data[n]["history"]["pageInfo"]["endCursor"]
     other = await make_agent(state, admin, name="other")
     theirs = await remember(state, other, "not this agent's", scope="AGENT")
@@ -841,7 +878,7 @@ async def test_issue14_item3_agents_memories_cost_one_query_however_many_agents(
     for data, _ in (few[""], many[""]):
         for node in data["actions"]["nodes"]:
             listing = await listing_of(state, UUID(node["actionId"]))
-            assert node["memories"] == expected(listing, 2, None)
+            assert positions(node["memories"]) == expected(listing, 2, None)
     nodes = many[""][0]["actions"]["nodes"]
     assert len(nodes) == 9 and sum(bool(n["memories"]["edges"]) for n in nodes) == 7
 
@@ -891,7 +928,11 @@ async def test_issue14_item3_batched_agent_memories_keep_filters_cursors_and_gra
             data = (await gql(admin, query, **after)).ok()
             for n, listing in zip(names, listings, strict=True):
                 page = data[n]["memories"]
-                assert page == expected(listing[::order], 2, after[n]), (n, sort, after[n])
+                assert positions(page) == expected(listing[::order], 2, after[n]), (
+                    n,
+                    sort,
+                    after[n],
+                )
                 after[n] = page["pageInfo"]["endCursor"] or after[n]
     no_status = await gql(admin, AGENT_MEMORIES % ", status: []")
     assert set(no_status.codes) == {"BAD_REQUEST"}

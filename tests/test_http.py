@@ -4,6 +4,7 @@ Every refused request must come back as JSON with `extensions.code`, never as a 
 """
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +16,7 @@ from servers import serving
 
 from app.actions import service as actions_service
 from app.config import Settings
+from app.graphql.relay import global_id
 
 ADMIN_TOKEN = "test-bootstrap-admin-token"
 MAX_BODY = 4096
@@ -218,6 +220,25 @@ async def test_malformed_uuid_variable(http):
     assert "not a UUID" in error["message"]
 
 
+async def test_a_global_id_where_a_uuid_goes_says_which_to_pass(http):
+    """A record's `id` (global, for node) passed as agentMemory's `id` (its memoryId)."""
+    memory_id = "0a1b2c3d-0000-4000-8000-00000000000a"
+    record = global_id("ActionAgentMemory", memory_id, memory_id)
+    query = "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { memoryId } }"
+    for variables in ({"a": memory_id, "m": record}, {"a": record, "m": memory_id}):
+        response = await post(http, query, **variables)
+        assert error_code(response) == "BAD_REQUEST"
+        [error] = response.json()["errors"]
+        assert (
+            "not a UUID but a global `id` (of ActionAgentMemory): pass the object's UUID here "
+            "(its memoryId, actionId, executionId, tokenId or accountId field), or read it with "
+            "node(id)"
+        ) in error["message"]
+    action = global_id("Action", memory_id, 1)
+    answer = (await post(http, '{ action(actionId: "' + action + '") { name } }')).json()
+    assert "a global `id` (of Action)" in answer["errors"][0]["message"]
+
+
 async def test_unknown_field(http):
     response = await post(http, "{ viewer { principal password } }")
     assert error_code(response) == "BAD_REQUEST"
@@ -256,6 +277,13 @@ async def test_syntax_error(http):
     assert error_code(response) == "BAD_REQUEST"
 
 
+TOO_BIG = (
+    f"request bodies are limited to {MAX_BODY} bytes (ENGRAM_MAX_BODY_BYTES): nothing ran; send "
+    "less in one request (fewer records or messages at once), or have the operator raise the "
+    "limit"
+)
+
+
 async def test_oversized_body_with_content_length(http):
     padding = "x" * MAX_BODY
     response = await http.post(
@@ -265,7 +293,7 @@ async def test_oversized_body_with_content_length(http):
     )
     assert response.status_code == 413
     assert error_code(response) == "BAD_REQUEST"
-    assert f"limited to {MAX_BODY} bytes" in response.text
+    assert response.json()["errors"][0]["message"] == TOO_BIG
 
 
 async def test_oversized_chunked_body(http):
@@ -280,6 +308,7 @@ async def test_oversized_chunked_body(http):
     )
     assert response.status_code == 413
     assert error_code(response) == "BAD_REQUEST"
+    assert response.json()["errors"][0]["message"] == TOO_BIG
 
 
 async def test_body_just_under_the_limit_is_served(http):
@@ -355,7 +384,31 @@ async def test_query_at_the_depth_limit_is_served(http):
 async def test_deeply_nested_query(http):
     response = await post(http, "{ actions(first: 1) { edges { node { actionId } } } }")
     assert error_code(response) == "BAD_REQUEST"
-    assert "exceeds maximum operation depth" in response.json()["errors"][0]["message"]
+    message = response.json()["errors"][0]["message"]
+    assert "exceeds maximum operation depth of 2 (ENGRAM_MAX_QUERY_DEPTH)" in message
+    assert "it nests fields 3 deep, and nothing ran; ask for less nesting" in message
+
+
+async def test_a_query_past_the_token_limit_names_the_setting_and_what_to_do(http):
+    """The limit counts the query's own tokens: the same values passed as variables fit."""
+    names = ["executeAction"] * 100  # as many as `allowed` takes; twice, past MAX_TOKENS
+    asked = json.dumps(names)
+    literal = f"{{ viewer {{ a: allowed(operations: {asked}) {{ allowed }} "
+    literal += f"b: allowed(operations: {asked}) {{ allowed }} }} }}"
+    response = await post(http, literal)
+    assert response.status_code == 200
+    assert error_code(response) == "BAD_REQUEST"
+    assert response.json()["errors"][0]["message"] == (
+        f"the request's query holds more than {MAX_TOKENS:,} tokens (names, punctuation and "
+        f"values); a query may hold at most {MAX_TOKENS:,} (ENGRAM_MAX_QUERY_TOKENS): nothing "
+        "ran; pass long values and lists as variables, which do not count, or split the request"
+    )
+    variables = """query($o: [String!]!) {
+      viewer { a: allowed(operations: $o) { allowed } b: allowed(operations: $o) { allowed } } }"""
+    response = await http.post(
+        "/graphql", json={"query": variables, "variables": {"o": names}}, headers=ADMIN
+    )
+    assert len(response.json()["data"]["viewer"]["b"]) == 100, response.json()
 
 
 async def test_deeply_nested_fragments(http):

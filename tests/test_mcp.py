@@ -482,6 +482,7 @@ async def test_an_mcp_client_gone_mid_body_is_no_fault_of_the_service(
     assert big.status_code == 413
     assert big.json()["error"]["data"]["code"] == "BAD_REQUEST"
     assert "request bodies are limited to" in big.json()["error"]["message"]
+    assert "(ENGRAM_MAX_BODY_BYTES): nothing ran" in big.json()["error"]["message"]
 
 
 async def _raw_client(

@@ -23,6 +23,8 @@ from app.transfer.service import export_action, import_file
 
 MEMORIES = """query($a: UUID!, $after: String) {
   action(actionId: $a) { memories(first: 5, after: $after) { nodes { memoryId } } } }"""
+FIRST_PAGE = """query($a: UUID!) {
+  action(actionId: $a) { memories(first: 1) { pageInfo { endCursor } } } }"""
 HISTORY = """query($a: UUID!, $id: UUID!, $after: String) {
   agentMemory(actionId: $a, id: $id) { history(first: 5, after: $after) { nodes { version } } } }"""
 SEARCH = """query($a: UUID!, $q: String, $ids: [UUID!], $first: Int!) {
@@ -60,11 +62,27 @@ VERSIONS = {
 }
 
 
+def bound_as(crafted: str, issued: str) -> str:
+    """`crafted` as the list would read it: its values after the binding of a cursor the list
+    issued (app/db/cursors.py, Keyset.bound), so that what is refused is the values."""
+    try:
+        values = cursors.unpack(crafted)
+    except Exception:
+        return crafted
+    if not isinstance(values, list):
+        return crafted
+    return cursors.pack([cursors.unpack(issued)[0], *values])
+
+
 # M56
 @pytest.mark.parametrize("name", list(KEYSETS))
 async def test_m56_crafted_listing_cursors_are_bad_requests(state, gql, admin, name):
     agent = await make_agent(state, admin)
-    result = await gql(admin, MEMORIES, a=str(agent.action_id), after=KEYSETS[name])
+    a = str(agent.action_id)
+    for summary in ("one", "two"):
+        await remember(state, agent, summary, scope="AGENT")
+    issued = (await gql(admin, FIRST_PAGE, a=a)).ok()["action"]["memories"]["pageInfo"]["endCursor"]
+    result = await gql(admin, MEMORIES, a=a, after=bound_as(KEYSETS[name], issued))
     assert result.codes == ["BAD_REQUEST"], result.errors
     assert "cursor" in result.errors[0]["message"]
 
@@ -75,11 +93,15 @@ async def test_m59_crafted_history_cursors_are_bad_requests(state, gql, admin, n
     agent = await make_agent(state, admin)
     record = await remember(state, agent, "a record", scope="AGENT")
     a, id_ = str(agent.action_id), str(record.memory_id)
-    result = await gql(admin, HISTORY, a=a, id=id_, after=VERSIONS[name])
+    listed = await gql(admin, HISTORY.replace("nodes", "edges { cursor } nodes"), a=a, id=id_)
+    issued = listed.ok()["agentMemory"]["history"]["edges"][0]["cursor"]
+    result = await gql(admin, HISTORY, a=a, id=id_, after=bound_as(VERSIONS[name], issued))
     assert result.codes == ["BAD_REQUEST"], result.errors
     # The cursors the connection issues still page.
-    issued = await gql(admin, HISTORY, a=a, id=id_, after=cursors.pack([2]))
-    assert issued.ok()["agentMemory"]["history"]["nodes"] == [{"version": 1}]
+    after_2 = bound_as(cursors.pack([2]), issued)
+    assert (await gql(admin, HISTORY, a=a, id=id_, after=after_2)).ok()["agentMemory"]["history"][
+        "nodes"
+    ] == [{"version": 1}]
 
 
 def test_m56_issued_cursors_decode_to_their_values() -> None:

@@ -31,7 +31,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
-from app.db.cursors import pack
+from app.db.cursors import pack, unpack
 from app.executions import store as executions_store
 from app.graphql.relay import global_id
 from app.memory.service import MemoryWork
@@ -879,13 +879,11 @@ async def test_sessions_count_turns_and_earlier_turns_reach_the_model(
     ]
     assert listed[0]["session"] == {"sessionId": "s2", "turns": 1}
 
-    # Pages continue after the cursor, for the agent's executions and for a session's.
+    # Pages continue after the cursor, for the agent's executions and for a session's (each
+    # list its own cursors: tests/test_listing_cursors.py).
     paged = """query($a: UUID!, $after: String) { action(actionId: $a) {
         executions(first: 1, after: $after) { nodes { executionId }
-            pageInfo { hasNextPage endCursor } }
-        sessions(first: 5) { nodes { sessionId
-            executions(first: 1, after: $after) { nodes { executionId } } } }
-    } }"""
+            pageInfo { hasNextPage endCursor } } } }"""
     cursors: dict[str, str] = {}  # execution ID -> the cursor after it
     after = None
     for _ in range(len(listed)):
@@ -894,9 +892,14 @@ async def test_sessions_count_turns_and_earlier_turns_reach_the_model(
         after = cursors[node["executionId"]] = page["pageInfo"]["endCursor"]
     assert not page["pageInfo"]["hasNextPage"]
     assert list(cursors) == [e["executionId"] for e in listed]
-    after_second = cursors[second["executionId"]]
-    after_second = (await gql(admin, paged, a=action_id, after=after_second)).ok()
-    s1_rest = next(s for s in after_second["action"]["sessions"]["nodes"] if s["sessionId"] == "s1")
+    session_paged = """query($id: ID!, $after: String) { node(id: $id) { ... on ActionSession {
+        executions(first: 1, after: $after) { nodes { executionId } pageInfo { endCursor } }
+    } } }"""
+    s1_id = global_id("ActionSession", action_id, "s1")
+    newest = (await gql(admin, session_paged, id=s1_id)).ok()["node"]["executions"]
+    assert [e["executionId"] for e in newest["nodes"]] == [second["executionId"]]
+    after_second = newest["pageInfo"]["endCursor"]
+    s1_rest = (await gql(admin, session_paged, id=s1_id, after=after_second)).ok()["node"]
     assert [e["executionId"] for e in s1_rest["executions"]["nodes"]] == [first["executionId"]]
 
 
@@ -970,10 +973,16 @@ async def test_crafted_global_ids_and_cursors_are_bad_requests(
     assert whole.ok()["node"]["id"] == global_id("ActionSession", action_id, "s1")
 
     transcript = """query($id: UUID!, $after: String) { execution(executionId: $id) {
-        transcript(first: 2, after: $after) { nodes { sequence } }
+        transcript(first: 2, after: $after) { nodes { sequence } pageInfo { endCursor } }
     } }"""
+    first = await gql(admin, transcript, id=executed["executionId"])
+    # A crafted sequence after the binding of one the list issued (app/db/cursors.py).
+    binding = unpack(first.ok()["execution"]["transcript"]["pageInfo"]["endCursor"])[0]
+    page = await gql(admin, transcript, id=executed["executionId"], after=pack([binding, 0]))
+    assert page.ok()["execution"]["transcript"]["nodes"]
     for beyond in (2**31, 2**70, -1):
-        page = await gql(admin, transcript, id=executed["executionId"], after=pack([beyond]))
+        after = pack([binding, beyond])
+        page = await gql(admin, transcript, id=executed["executionId"], after=after)
         assert page.codes == ["BAD_REQUEST"], page.errors
 
 

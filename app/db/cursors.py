@@ -4,9 +4,16 @@ A cursor is the base64url (unpadded) JSON list of the keyset values of a page's 
 Each list declares its cursor's shape once (`Keyset`), which encodes its values and checks a
 cursor sent back: anything a list did not issue is the client's error (BadInput), before any
 value reaches SQL.
+
+A GraphQL listing's cursor also names what it was issued for (`Keyset.bound`): the list, its
+parent and the arguments that choose and order its items. Reused under others (another kind or
+session, `sort: ASC`, another agent's or session's list of the same shape) it would page that
+list from a place it never reached, silently leaving out what sorts before; it is refused
+instead, as a ranked search's cursor is (app/memory/search.py, `_search_key`).
 """
 
 import base64
+import hashlib
 import json
 import math
 import struct
@@ -21,6 +28,13 @@ from app.text import is_storable
 
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 NOT_OURS = "`after` is not a cursor this connection issued"
+# A bound listing's refusal: what to do instead, whether the cursor is crafted, of an older
+# release (before cursors were bound), of another list or of other arguments.
+NOT_THESE_ARGUMENTS = (
+    NOT_OURS + " with these arguments: pass the `endCursor` of the previous page of this list, "
+    "asked with the same arguments (filters, `sort`, `accountId`), or leave `after` out to start "
+    "again from the first page"
+)
 V = TypeVar("V")
 
 
@@ -200,3 +214,47 @@ class Keyset:
             return tuple(k.load(v) for k, v in zip(self.kinds, values, strict=True))
         except Exception:  # a crafted cursor is the client's error, whatever it trips
             raise BadInput(self.error) from None
+
+    def bound(self, listing: str, *arguments: Any) -> "BoundKeyset":
+        """This shape's cursors for one listing: `listing` names the list (`Action.memories`),
+        `arguments` its parent and whatever chooses or orders its items, each JSON-able (UUIDs
+        and enums as str), spelled the same however a client may spell the same choice."""
+        return BoundKeyset(self, binding(listing, *arguments))
+
+
+def binding(listing: str, *arguments: Any) -> str:
+    """What a bound listing's cursors carry first: its name and arguments, digested (64 bits:
+    a guard against a client's mistake, not a secret; the position it guards is no secret
+    either, every read is of the caller's own account)."""
+    spelled = json.dumps([listing, *arguments], ensure_ascii=False, default=str)
+    return hashlib.sha256(spelled.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+class BoundKeyset:
+    """A keyset's cursors for one listing and its arguments (Keyset.bound): each carries the
+    binding before its values, and a cursor of another binding is refused."""
+
+    def __init__(self, keyset: Keyset, key: str) -> None:
+        self.keyset, self.key = keyset, key
+        self._head = '["' + key + '",'
+
+    def encode(self, *values: Any) -> str:
+        texts = [k.text(v) for k, v in zip(self.keyset.kinds, values, strict=True)]
+        return _b64(self._head + ",".join(texts) + "]")
+
+    def decode(self, cursor: str | None) -> tuple[Any, ...] | None:
+        """The keyset values of an `after` cursor issued with this binding, or None for the
+        first page."""
+        if cursor is None:
+            return None
+        kinds = self.keyset.kinds
+        try:
+            values = unpack(cursor)
+            if not isinstance(values, list) or len(values) != len(kinds) + 1:
+                raise ValueError("wrong arity")
+            loaded = tuple(k.load(v) for k, v in zip(kinds, values[1:], strict=True))
+        except Exception:  # a crafted cursor is the client's error, whatever it trips
+            raise BadInput(NOT_THESE_ARGUMENTS) from None
+        if values[0] != self.key:
+            raise BadInput(NOT_THESE_ARGUMENTS)
+        return loaded

@@ -157,7 +157,7 @@ class ActionQuery:
             return await keyset_connection(
                 first,
                 after,
-                CREATED_ID,
+                CREATED_ID.bound("actions", info.context.caller.account_id),
                 lambda keyset, limit: service.list_actions(
                     info.context.pool,
                     info.context.caller,

@@ -223,7 +223,7 @@ class Client(Node):
         return await keyset_connection(
             first,
             after,
-            CREATED_ID,
+            CREATED_ID.bound("Client.tokens", self.account_id, self.principal),
             lambda keyset, limit: info.context.load(
                 "Client.tokens",
                 TokenPage(self.account_id, self.principal, keyset, limit),  # type: ignore[arg-type]
@@ -362,7 +362,7 @@ class AuthQuery:
             return await keyset_connection(
                 first,
                 after,
-                PRINCIPALS,
+                PRINCIPALS.bound("clients", account_id or info.context.caller.account_id),
                 lambda principal, limit: service.list_clients(
                     info.context.pool,
                     info.context.caller,

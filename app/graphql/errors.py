@@ -1,6 +1,7 @@
 """Maps every error to an `extensions.code`, and masks what is not a domain error."""
 
 import logging
+import re
 from collections.abc import Iterator
 
 import strawberry
@@ -37,6 +38,21 @@ EMBEDDER_REFUSED_MESSAGE = (
 )
 
 
+# graphql-core's refusal of a document past ENGRAM_MAX_QUERY_TOKENS (strawberry's
+# MaxTokensLimiter), which names neither the setting nor what to do.
+_TOO_MANY_TOKENS = re.compile(
+    r"Syntax Error: Document contains more than (\d+) tokens\. Parsing aborted\."
+)
+
+
+def _too_many_tokens(limit: int) -> str:
+    return (
+        f"the request's query holds more than {limit:,} tokens (names, punctuation and values); "
+        f"a query may hold at most {limit:,} (ENGRAM_MAX_QUERY_TOKENS): nothing ran; pass long "
+        "values and lists as variables, which do not count, or split the request"
+    )
+
+
 def classify(error: GraphQLError) -> tuple[str, str]:
     """The code and the message a client sees for `error`."""
     original = error.original_error
@@ -49,6 +65,8 @@ def classify(error: GraphQLError) -> tuple[str, str]:
         return "INTERNAL", INTERNAL_MESSAGE
     if original is None or isinstance(original, GraphQLError):
         # Syntax, validation and variable coercion errors: the request itself is wrong.
+        if too_many := _TOO_MANY_TOKENS.fullmatch(error.message):
+            return "BAD_REQUEST", _too_many_tokens(int(too_many[1]))
         return "BAD_REQUEST", error.message
     if isinstance(original, ValueError) and error.path is None:
         # A scalar refused a variable or literal before anything ran.

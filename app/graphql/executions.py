@@ -97,7 +97,7 @@ async def list_executions(
     return await keyset_connection(
         first,
         after,
-        CREATED_ID,
+        CREATED_ID.bound("executions", info.context.caller.account_id, action_id, session_id),
         lambda keyset, limit: info.context.load(
             "ActionExecution pages",
             ExecutionPage(action_id, session_id, keyset, limit),  # type: ignore[arg-type]
@@ -205,7 +205,9 @@ class ActionExecution(Node):
         return await keyset_connection(
             first,
             after,
-            TRANSCRIPT,
+            TRANSCRIPT.bound(
+                "ActionExecution.transcript", info.context.caller.account_id, self.execution_id
+            ),
             lambda sequence, limit: info.context.load(
                 "ActionExecution.transcript",
                 TranscriptPage(
@@ -264,7 +266,11 @@ class ActionExecutionFields:
         return await keyset_connection(
             first,
             after,
-            SESSIONS,
+            SESSIONS.bound(
+                "Action.sessions",
+                info.context.caller.account_id,
+                self.action_id,  # type: ignore[attr-defined]
+            ),
             lambda keyset, limit: info.context.load(
                 "Action.sessions",
                 SessionPage(self.action_id, keyset, limit),  # type: ignore[arg-type,attr-defined]

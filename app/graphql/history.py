@@ -126,7 +126,9 @@ class SessionHistoryFields:
         return await keyset_connection(
             first,
             after,
-            CONVERSATION,
+            CONVERSATION.bound(
+                "ActionSession.history", info.context.caller.account_id, action_id, session_id
+            ),
             lambda position, limit: info.context.load(
                 "ActionSession.history",
                 EventPage(action_id, session_id, position, limit),  # type: ignore[arg-type]

@@ -153,14 +153,17 @@ def depth_rule(max_depth: int) -> type[ValidationRule]:
             for name in order:
                 heights[name] = height(fragments[name].selection_set)
             for definition in context.document.definitions:
-                if (
-                    isinstance(definition, OperationDefinitionNode)
-                    and height(definition.selection_set) > max_depth
-                ):
+                if not isinstance(definition, OperationDefinitionNode):
+                    continue
+                depth = height(definition.selection_set)
+                if depth > max_depth:
                     operation = definition.name.value if definition.name else "anonymous"
                     context.report_error(
                         GraphQLError(
-                            f"'{operation}' exceeds maximum operation depth of {max_depth}",
+                            f"'{operation}' exceeds maximum operation depth of {max_depth} "
+                            f"(ENGRAM_MAX_QUERY_DEPTH): it nests fields {depth} deep, and "
+                            "nothing ran; ask for less nesting, and read what is deeper by "
+                            "requests of its own (`node(id)` reads any object by its `id`)",
                             [definition],
                         )
                     )

@@ -255,7 +255,12 @@ class ActionAgentMemory(Node):
         return await keyset_connection(
             first,
             after,
-            VERSIONS,
+            VERSIONS.bound(
+                "ActionAgentMemory.history",
+                info.context.caller.account_id,
+                self.action_id,
+                self.memory_id,
+            ),
             lambda before, limit: info.context.load(
                 "ActionAgentMemory.history",
                 HistoryPage(self.action_id, self.memory_id, before[0] if before else None, limit),
@@ -384,10 +389,24 @@ class ActionMemoryFields:
             statuses=[s.value for s in status] if status is not None else None,
             session_id=session_id,
         )
+        # A cursor belongs to these arguments: the same filter spelled otherwise (labels or
+        # statuses in another order) is the same listing.
+        bound = CREATED_ID.bound(
+            "Action.memories",
+            info.context.caller.account_id,
+            self.action_id,
+            (sort or SortOrder.DESC).name,
+            kind,
+            sorted({(v.name, v.number, v.value) for v in labels or []}, key=str),
+            filters.scope,
+            preview,
+            sorted(set(filters.statuses)) if filters.statuses is not None else None,
+            session_id,
+        )
         return await keyset_connection(
             first,
             after,
-            CREATED_ID,
+            bound,
             lambda keyset, limit: info.context.load(
                 "Action.memories",
                 operator.MemoryPage(

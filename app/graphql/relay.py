@@ -12,7 +12,7 @@ from uuid import UUID
 import strawberry
 
 from app.db import cursors
-from app.db.cursors import INT4_MAX, Keyset
+from app.db.cursors import INT4_MAX, BoundKeyset, Keyset
 from app.errors import BadInput
 from app.graphql.enums import graphql_enum
 from app.text import is_storable
@@ -153,12 +153,13 @@ def page(
 async def keyset_connection(
     first: int,
     after: str | None,
-    keyset: Keyset,
+    keyset: BoundKeyset,
     fetch: Callable[[tuple[Any, ...] | None, int], Awaitable[Sequence[R]]],
     key: Callable[[R], tuple[Any, ...]],
     node: Callable[[R], T],
 ) -> Connection[T]:
-    """Every list's page: `first` checked, `after` decoded by the list's `keyset`, `fetch`ed
+    """Every list's page: `first` checked, `after` decoded by the list's `keyset` (bound to the
+    list and its arguments: a cursor of another is BAD_REQUEST), `fetch`ed
     (after that keyset, first + 1 rows) and each row's cursor encoded from its `key`. A list
     nested in another's items fetches through the request's DataLoader (Context.load of a
     field registered with batch_pages), so the parents' pages are read in one query."""

@@ -1,7 +1,10 @@
 """Custom scalars: `Timestamp` (RFC 3339, UTC) and `Value` (any JSON). `UUID` is strawberry's,
 described here, with a parser whose refusal names the scalar and where the literal was."""
 
+import base64
+import binascii
 import dataclasses
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any, NewType
@@ -39,7 +42,26 @@ def _parse_uuid(value: Any) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise ValueError(f"not a UUID: write it as 32 hex digits such as {UUID_EXAMPLE}") from None
+        pass
+    if (type_name := _global_id_type(value)) is not None:
+        raise ValueError(
+            f"not a UUID but a global `id` (of {type_name}): pass the object's UUID here (its "
+            "memoryId, actionId, executionId, tokenId or accountId field), or read it with "
+            "node(id)"
+        )
+    raise ValueError(f"not a UUID: write it as 32 hex digits such as {UUID_EXAMPLE}")
+
+
+def _global_id_type(value: str) -> str | None:
+    """The type a global `id` (app/graphql/relay.py, global_id) names, if `value` is one."""
+    if len(value) > 1000:
+        return None
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    named = isinstance(parts, list) and len(parts) >= 2 and isinstance(parts[0], str)
+    return parts[0] if named and parts[0].isidentifier() and len(parts[0]) <= 40 else None
 
 
 def _parse_value_literal(node: ValueNode, variables: dict[str, Any] | None = None) -> Any:

@@ -34,7 +34,7 @@ from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
-from app.http_body import CLOSE, read_limited, replaying, too_slow
+from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
 from app.runtime import calls
 from app.state import AppState
 from app.text import check_storable
@@ -337,8 +337,8 @@ class McpEndpoint:
                 await slow(scope, receive, send)
                 return
             if body is None:
-                too_big = f"request bodies are limited to {self.max_body_bytes} bytes"
-                await _error(413, "BAD_REQUEST", too_big)(scope, receive, send)
+                refused = too_big(self.max_body_bytes)
+                await _error(413, "BAD_REQUEST", refused)(scope, receive, send)
                 return
             if (problem := _bad_message(body)) is not None:
                 rpc, message = problem
