@@ -41,6 +41,10 @@ MEMORIES = f"""query($after: String, $a: UUID!, $kind: String, $labels: [AgentMe
   action(actionId: $a) {{ memories(first: 1, after: $after, kind: $kind, labels: $labels,
     scope: $scope, preview: $preview, status: $status, sessionId: $sessionId, sort: $sort) {{
     {PAGE_INFO} }} }} }}"""
+LISTED = f"""query($after: String, $a: UUID!, $kind: String, $labels: [AgentMemoryLabelInput!],
+    $ids: [UUID!]) {{
+  action(actionId: $a) {{ searchMemories(first: 1, after: $after, kind: $kind, labels: $labels,
+    ids: $ids) {{ {PAGE_INFO} }} }} }}"""
 TURN = """mutation($a: UUID!, $s: String!) {
   executeAction(input: {actionId: $a, sessionId: $s, input: "Where is my parcel?"}) {
     executionId status } }"""
@@ -230,6 +234,28 @@ CASES = {
         f"memories with another {name}": _memories_with(filters)
         for name, filters in FILTERS.items()
     },
+    # searchMemories without a query lists the newest records: its cursor is bound alike.
+    "a query-less search of another agent": lambda w: (
+        LISTED,
+        "admin",
+        {"a": w["a"]},
+        "admin",
+        {"a": w["b"]},
+    ),
+    "a query-less search with another kind": lambda w: (
+        LISTED,
+        "admin",
+        {"a": w["a"]},
+        "admin",
+        {"a": w["a"], "kind": "fact"},
+    ),
+    "a query-less search with other labels": lambda w: (
+        LISTED,
+        "admin",
+        {"a": w["a"], "kind": "fact"},
+        "admin",
+        {"a": w["a"], "kind": "fact", "labels": [{"name": "customer_id", "value": "42"}]},
+    ),
 }
 # A cursor of one list passed to a list of the same shape (its parent's other list).
 ACROSS = {

@@ -224,14 +224,15 @@ async def search(
     query = query.strip() if query is not None else None
 
     if not query:
-        keyset = _decode(after)
+        listing = _listing(reader, filters)
+        keyset = listing.decode(after)
         if limit == 0:
             return SearchResult([])
         async with pool.acquire() as conn:
             rows = await search_store.newest(conn, reader, filters, after=keyset, limit=limit + 1)
         more = len(rows) > limit
         page = rows[:limit]
-        cursors = [_encode(r) for r in page]
+        cursors = [listing.encode(r.created, r.memory_id) for r in page]
         return SearchResult(page, cursors[-1] if more else None, cursors=cursors)
 
     key = _search_key(reader, mode, query, filters)
@@ -495,11 +496,7 @@ def _labels(labels: Mapping[int, str] | None) -> dict[int, str] | None:
     return dict(labels)
 
 
-LISTING = cursors.Keyset(
-    cursors.INSTANT_TEXT,
-    cursors.ID_TEXT,
-    error="`after` is not a cursor a search issued: pass the previous page's next cursor",
-)
+LISTING = cursors.Keyset(cursors.INSTANT_TEXT, cursors.ID_TEXT)
 RANKED = cursors.Keyset(
     cursors.TEXT,  # the search it belongs to (`_search_key`)
     cursors.SCORE,
@@ -514,12 +511,13 @@ RANKED = cursors.Keyset(
 )
 
 
-def _encode(last: MemoryRecord) -> str:
-    return LISTING.encode(last.created, last.memory_id)
-
-
-def _decode(after: str | None) -> tuple[datetime, UUID] | None:
-    return LISTING.decode(after)  # type: ignore[return-value]
+def _listing(reader: Reader, filters: Filters) -> cursors.BoundKeyset:
+    """A query-less search's cursors, bound to the agent listed and the filters: passed with
+    others, a cursor would page that listing from a place it never reached."""
+    labels = sorted((filters.labels or {}).items())
+    ids = sorted(map(str, filters.ids)) if filters.ids is not None else None
+    agent = (str(reader.account_id), str(reader.action_id))
+    return LISTING.bound("searchMemories", *agent, filters.kind, labels, ids)
 
 
 @dataclass(frozen=True)
