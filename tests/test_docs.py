@@ -82,7 +82,10 @@ def test_every_link_resolves_inside_the_repository(doc: Path):
         file = (doc.parent / path).resolve() if path else doc
         if not _resolves(file, anchor):
             broken.append(target)
-    assert broken == []
+    assert broken == [], (
+        "links to no committed file or no heading of it (a changed heading changes its "
+        "#anchor): point them at what is there now, or `git add` the file"
+    )
 
 
 def _examples() -> list[tuple[str, str]]:
@@ -97,7 +100,7 @@ def _examples() -> list[tuple[str, str]]:
 def test_every_graphql_example_validates_against_the_schema(where: str, query: str):
     schema = build_schema()._schema
     errors = validate(schema, parse(query))
-    assert [e.message for e in errors] == []
+    assert [e.message for e in errors] == [], f"{where} does not validate: fix the example"
 
 
 def test_the_guide_covers_each_client():
@@ -134,7 +137,10 @@ def test_every_setting_is_documented_as_parsed():
         for name in Settings.model_fields
         if f"`ENGRAM_{name.upper()}`" not in operations
     ]
-    assert missing == []
+    assert missing == [], (
+        "settings of app/config.py that docs/operations.md does not name: give each a row in "
+        "its table of settings (| `ENGRAM_NAME` | `default` (its bounds) | what it does |)"
+    )
 
 
 def cli_commands() -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -154,7 +160,8 @@ def test_every_policy_resource_and_cli_flag_is_documented():
     from app.auth.resources import KNOWN
 
     access = (ROOT / "docs" / "access.md").read_text()
-    assert [r for r in sorted(KNOWN) if f"`{r}`" not in access] == []
+    unnamed = [r for r in sorted(KNOWN) if f"`{r}`" not in access]
+    assert unnamed == [], "name each resource of app/auth/resources.KNOWN in docs/access.md"
     missing = []
     for command, p in cli_commands():
         for action in p._actions:
@@ -165,7 +172,10 @@ def test_every_policy_resource_and_cli_flag_is_documented():
                     missing.append(f"{command} {action.option_strings[-1]}")
         if command and not p._subparsers and f"`engram {command}" not in access:
             missing.append(f"engram {command}")
-    assert missing == []
+    assert missing == [], (
+        "give each option of app/cli.py a help= text, and name each command (`engram name`) and "
+        "option in docs/access.md's table of commands"
+    )
 
 
 def test_every_cli_default_is_in_its_help():
@@ -178,7 +188,7 @@ def test_every_cli_default_is_in_its_help():
         and action.default not in (None, False, argparse.SUPPRESS)
         and f"default: {action.default}" not in (action.help or "")
     ]
-    assert missing == []
+    assert missing == [], "end these options' help= (app/cli.py) with `(default: VALUE)`"
 
 
 def test_a_flag_whose_default_is_a_setting_names_it_in_its_help():
@@ -202,7 +212,10 @@ def test_a_flag_whose_default_is_a_setting_names_it_in_its_help():
             default = Settings.model_fields[setting.removeprefix("ENGRAM_").lower()].default
             if setting not in help or str(default) not in help:
                 wrong.append(f"engram {command.strip()} {flag}: {help!r}")
-    assert wrong == []
+    assert wrong == [], (
+        "docs/access.md gives these options a setting as default: their help= (app/cli.py) "
+        "says the same, `(default: ENGRAM_NAME, its default)`"
+    )
 
 
 # A setting named with the value it takes when unset, in prose ("`ENGRAM_PORT` (8000") or in a
@@ -249,7 +262,7 @@ def test_every_documented_default_is_the_one_parsed():
         for name, value in zip(names, values if len(names) > 1 else values[:1], strict=True):
             if value != _as_documented(default(name)):
                 wrong.append(f"docs/operations.md: {name} `{value}` is {default(name)!r}")
-    assert wrong == []
+    assert wrong == [], "the docs give these settings another default than app/config.py's"
 
 
 # --- settings: bounds and choices as documented ---------------------------------------------
@@ -333,7 +346,11 @@ def test_every_bound_a_setting_has_is_documented_and_no_other():
             for number in filter(None, numbers):
                 if float(number.replace(",", "")) not in allowed:
                     wrong.append(f"{name}: the docs give a bound of {number}, which it has not")
-    assert wrong == []
+    assert wrong == [], (
+        "where docs/operations.md describes a setting, write each bound app/config.py gives it "
+        "(ge/gt/le, Field(...)) as `from 1 to 100`, `at least 1`, `at most 100` or `above 0`, "
+        "and no other"
+    )
 
 
 def test_every_choice_a_setting_takes_is_documented():
@@ -351,7 +368,7 @@ def test_every_choice_a_setting_takes_is_documented():
         for choice in typing.get_args(info.annotation)
         if f"`{choice}`" not in texts.get(f"ENGRAM_{field.upper()}", "")
     ]
-    assert missing == []
+    assert missing == [], "name each value (`value`) where docs/operations.md describes the setting"
 
 
 # --- the `engram` command as the docs show it -----------------------------------------------
@@ -389,7 +406,7 @@ def test_every_engram_command_the_docs_show_exists_with_its_flags():
                 flag = word.strip("[]").split("=")[0]
                 if flag.startswith("-") and flag not in known:
                     wrong.append(f"{_ids(doc)}: `{shown}`: {flag} is no flag of it")
-    assert wrong == []
+    assert wrong == [], "the docs show commands or flags app/cli.py's parser does not have"
 
 
 # --- harness and model examples -------------------------------------------------------------
@@ -478,7 +495,11 @@ def test_every_error_code_is_explained_and_every_quoted_one_exists():
     assert domain <= set(CODES)
     guide = (ROOT / "docs" / "graphql.md").read_text()
     listed = guide[guide.index("Errors come back in") :].split("\n\n")[0]
-    assert [code for code in CODES if f"`{code}` (" not in listed] == []
+    unexplained = [code for code in CODES if f"`{code}` (" not in listed]
+    assert unexplained == [], (
+        "explain each in docs/graphql.md's list that starts `Errors come back in`, as "
+        "`CODE` (what it means)"
+    )
     quoted = {
         code
         for doc in DOCS
@@ -489,23 +510,42 @@ def test_every_error_code_is_explained_and_every_quoted_one_exists():
     assert quoted and quoted <= set(CODES), quoted - set(CODES)
 
 
-def test_every_file_and_function_the_docs_name_exists():
-    """A path the docs name in code (`app/runtime/review.py`, `bench/history.py`) is a file or
-    folder of the repository, and `app/memory/review.rerank` a function of that module."""
-    missing = []
-    for doc in DOCS:
-        for named in set(
-            re.findall(r"`((?:app|bench|tests|migrations)/[\w./-]+)`", doc.read_text())
+# The packages of app/, which architecture.md and others name without `app/` (`runtime/review.py`,
+# `memory/maintenance.IndexBuilds`).
+_PACKAGES = sorted(p.name for p in (ROOT / "app").iterdir() if (p / "__init__.py").exists())
+_NAMED_PATH = re.compile(rf"`((?:app|bench|tests|migrations|{'|'.join(_PACKAGES)})/[\w./-]+)`")
+
+
+def _names_something(named: str) -> bool:
+    """`named` is a file or folder of the repository (or of app/), or `module.name` a function
+    or class of that module."""
+    for base in (ROOT, ROOT / "app"):
+        if (base / named.rstrip("/")).exists():
+            return True
+        module, _, name = named.rpartition(".")
+        source = base / f"{module}.py"
+        if source.exists() and re.search(
+            rf"^(async def|def|class) {re.escape(name)}\b", source.read_text(), re.M
         ):
-            path = ROOT / named.rstrip("/")
-            if path.exists():
-                continue
-            module, _, name = named.rpartition(".")
-            source = ROOT / f"{module}.py"
-            if source.exists() and re.search(rf"^(async )?def {name}\b", source.read_text(), re.M):
-                continue
-            missing.append(f"{_ids(doc)}: {named}")
-    assert missing == []
+            return True
+    return False
+
+
+def test_every_file_and_function_the_docs_name_exists():
+    """A path the docs name in code (`app/runtime/review.py`, `bench/history.py`, or under app/
+    by its package, `runtime/deadline.py`) is a file or folder of the repository, and
+    `app/memory/review.rerank` (`memory/maintenance.IndexBuilds`) a function (class) of that
+    module."""
+    missing = [
+        f"{_ids(doc)}: {named}"
+        for doc in DOCS
+        for named in sorted(set(_NAMED_PATH.findall(doc.read_text())))
+        if not _names_something(named)
+    ]
+    assert missing == [], (
+        "the docs name files, functions or classes that are not there (moved or renamed?): "
+        "write where they are now"
+    )
 
 
 # An operation as the prose writes it: `deleteClient(principal, accountId, expectedModified)`,
@@ -551,7 +591,7 @@ def test_every_operation_signature_in_the_prose_matches_the_schema():
                 fits = fits or set(words) <= known
             if not fits:
                 wrong.append(f"{_ids(doc)}: {owner + '.' if owner else ''}{name}({args})")
-    assert wrong == []
+    assert wrong == [], "the prose gives operations arguments the schema does not (schema.graphql)"
 
 
 def test_every_type_field_the_prose_names_is_the_schemas():
@@ -567,7 +607,7 @@ def test_every_type_field_the_prose_names_is_the_schemas():
                 continue  # not a schema type (a Python name such as `Settings.x`)
             if name not in (getattr(kind, "fields", None) or getattr(kind, "values", None) or {}):
                 wrong.append(f"{_ids(doc)}: {owner}.{name}")
-    assert wrong == []
+    assert wrong == [], "the prose names fields or enum values the schema does not have"
 
 
 def test_every_field_of_a_request_log_line_is_documented():
@@ -583,4 +623,5 @@ def test_every_field_of_a_request_log_line_is_documented():
             fields |= {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
     assert "duration_ms" in fields  # the scan found the access log's fields
     operations = (ROOT / "docs" / "operations.md").read_text()
-    assert sorted(f for f in fields if f"`{f}`" not in operations) == []
+    unnamed = sorted(f for f in fields if f"`{f}`" not in operations)
+    assert unnamed == [], "name each field of the request log line (`field`) in docs/operations.md"
