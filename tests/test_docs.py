@@ -409,6 +409,24 @@ def test_every_engram_command_the_docs_show_exists_with_its_flags():
     assert wrong == [], "the docs show commands or flags app/cli.py's parser does not have"
 
 
+def test_the_newest_migration_the_docs_quote_is_this_releases():
+    """access.md and operations.md quote what `engram --version` and `engram migrate` print,
+    with the newest migration of migrations/versions; a new migration changes what they print."""
+    from app.db.migrate import latest_revision
+
+    newest = latest_revision()
+    stale = [
+        f"{_ids(doc)}: {quoted}"
+        for doc in DOCS
+        for quoted in re.findall(
+            r"migrations up to \d+|the latest migration \(\d+\)",
+            re.sub(r"\s+", " ", doc.read_text()),
+        )
+        if not quoted.rstrip(")").endswith(newest)
+    ]
+    assert stale == [], f"the newest migration is {newest}: write it in these"
+
+
 # --- harness and model examples -------------------------------------------------------------
 
 
