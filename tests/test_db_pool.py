@@ -160,7 +160,10 @@ def test_the_migrations_functions_leave_sessions_alone() -> None:
     ]
     assert any("FUNCTION word_tiers" in t for t in texts)  # the scan reads their SQL
     changing = [m.group(0) for t in texts for m in SESSION_STATEMENTS.finditer(t)]
-    assert changing == []
+    assert changing == [], (
+        "a migration's SQL changes the session of the connection that calls it: use SET LOCAL, "
+        "a transaction-level lock or ON COMMIT DROP, or the function's own SET clause"
+    )
 
 
 async def test_work_draws_its_connections_on_its_share(db_url: str) -> None:

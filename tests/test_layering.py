@@ -163,7 +163,10 @@ def test_the_architecture_page_names_every_package_in_its_layer() -> None:
     table = page.split("## Layers", 1)[1].split("\n\n| layer |", 1)[1].split("\n\n", 1)[0]
     rows = [row.split("|")[2] for row in table.splitlines()[2:]]
     listed = [tuple(re.findall(r"`(\w+)`", packages)) for packages in rows]
-    assert listed == list(LAYERS)
+    assert listed == list(LAYERS), (
+        "write each package of LAYERS, in its order, in its layer's row of the table in "
+        "docs/architecture.md (`name`, a row a tuple of LAYERS)"
+    )
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:

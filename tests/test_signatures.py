@@ -32,4 +32,5 @@ def positional_subjects(path: Path) -> list[str]:
 
 def test_issue14_item6_service_functions_take_their_subjects_by_keyword() -> None:
     found = [f for path in SERVICES for f in positional_subjects(path)]
-    assert found == [], "\n".join(found)
+    how = "put `*,` before these (keyword-only), and call them with `name=`:\n"
+    assert found == [], how + "\n".join(found)
