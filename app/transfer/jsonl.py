@@ -1,0 +1,252 @@
+"""An export's lines read back (`engram import`): its header, then each row parsed and checked
+as the API would have written it, naming the line of what is wrong. The export itself and the
+import's writes are app/transfer/service.py's."""
+
+import json
+import math
+import re
+import reprlib
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from app.actions.harness import LABEL_NUMBERS, parse_harness
+from app.actions.model import parse_model
+from app.actions.service import check_name
+from app.errors import BadInput
+from app.memory.service import (
+    MAX_LABEL_VALUE_BYTES,
+    check_content,
+    check_metadata,
+    check_summary,
+    label_value_fits,
+)
+from app.scope import check_session_id
+from app.text import check_json, shortened
+from app.transfer.store import BY_KIND
+
+FORMAT = "engram-export"
+FORMAT_VERSION = 1
+
+
+# A byte that is not UTF-8, as a file read with errors="surrogateescape" holds it (a valid
+# file decodes to no surrogate: JSON writes one escaped).
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def _utf8(line: str, number: int) -> str:
+    found = _NOT_UTF8.search(line)
+    if found is not None:
+        raise BadInput(
+            f"line {number} is not UTF-8 text (character {found.start() + 1} of the line): "
+            "the file is damaged, or was saved in another encoding"
+        )
+    return line
+
+
+def header(line: str | None) -> dict[str, Any]:
+    if line is not None:
+        _utf8(line, 1)
+    try:
+        header = json.loads(line) if line else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise BadInput("this is not an Engram export: its first line is not an export header")
+    if header.get("version") != FORMAT_VERSION:
+        raise BadInput(
+            f"this export has format version {header.get('version')}; this Engram reads "
+            f"version {FORMAT_VERSION}"
+        )
+    action_id = header.get("actionId")
+    try:
+        UUID(action_id if isinstance(action_id, str) else "")
+    except ValueError:
+        raise BadInput("this export's header is damaged: its actionId is not an ID") from None
+    counts = header.get("counts")
+    if not isinstance(counts, dict) or not all(
+        kind in BY_KIND and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+        for kind, n in counts.items()
+    ):
+        raise BadInput("this export's header is damaged: its counts are not rows by type")
+    if header.get("embeddings") and header.get("embedder") is None:
+        raise BadInput("this export's header is damaged: it has vectors but names no model")
+    return header
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A value of the file in a message, `shortened`: text as the file has it (an ID unquoted)."""
+    return shortened(value if isinstance(value, str) else reprlib.repr(value), limit)
+
+
+def rows(
+    lines: Iterator[str], header: dict[str, Any], catalog: dict[str, dict[str, str]]
+) -> Iterator[tuple[str, dict[str, Any], int]]:
+    """The rows after the header, by type, each checked (`_check_row`) against the columns of
+    its table (`catalog`: their types by type of row)."""
+    action_id = UUID(header["actionId"])
+    next(lines, None)
+    columns: dict[str, tuple[str, ...]] = {}  # each type's columns, as its first row has them
+    for number, line in enumerate(lines, start=2):
+        if not line.strip():
+            continue
+        kind, row, overflowed = _parse(_utf8(line, number), number)
+        if kind not in columns:
+            unknown = [c for c in row if c not in catalog[kind] and c != "account_id"]
+            if unknown:
+                raise BadInput(
+                    f"line {number}: this export's {kind} rows have columns this deployment "
+                    f"does not ({', '.join(unknown)}): import it into an Engram at least as new "
+                    "as the one that exported it"
+                )
+        if tuple(row) != columns.setdefault(kind, tuple(row)):
+            raise BadInput(
+                f"line {number}: its {kind} row has other columns than the ones "
+                "before it (the file was edited); every row of a type has the same"
+            )
+        _check_row(
+            kind,
+            row,
+            number,
+            action_id=action_id,
+            types=catalog[kind],
+            walk=overflowed or _SUSPECT.search(line) is not None,
+        )
+        yield kind, row, number
+
+
+# The counters that go on from an imported row (a session's turns, a record's or an agent's
+# versions, an execution's attempts) are 32-bit columns: an import leaves room for a billion more.
+MAX_COUNT = 2**30
+
+
+# What a line holds, written as JSON, when it has a NUL, a lone surrogate (as an export writes
+# them: escaped) or a number that is not finite; only then is the row walked for it (`walk`),
+# which for every row would add a third to a large import's check.
+_SUSPECT = re.compile(r"\\u0000|\\u[dD][89abcdefABCDEF]|NaN|Infinity")
+
+
+def _check_row(
+    kind: str,
+    row: dict[str, Any],
+    number: int,
+    *,
+    action_id: UUID,
+    types: dict[str, str],
+    walk: bool = True,
+) -> None:
+    """What the API reads back from a row, or goes on from, holds as the API wrote it: an
+    edited file is refused here rather than stored and failing every read after (PostgreSQL
+    checks the rest). `types`: the row's columns' types, from the catalog."""
+    try:
+        if "account_id" in row:
+            raise ValueError("it names an account: an export's rows name none")
+        # Text PostgreSQL cannot hold (a NUL, a lone surrogate), numbers JSON has not (NaN).
+        if walk:
+            check_json(row, "the row")
+        agent = row.get("action_id")
+        if not isinstance(agent, str) or UUID(agent) != action_id:
+            named = repr(agent) if isinstance(agent, str) else shown(agent)  # an ID: short
+            raise ValueError(f"action_id is {named}, not the exported agent {action_id}")
+        for column, value in row.items():
+            if value is None:
+                continue
+            if types[column] == "timestamp with time zone":
+                _check_time(column, value)
+            elif types[column] in ("smallint", "integer", "bigint") and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT
+            ):
+                raise ValueError(
+                    f"{column} is not an integer from 0 to {MAX_COUNT}: {reprlib.repr(value)}"
+                )
+        # The API's rules for what names a session or an agent, as stored: a dump of an earlier
+        # release may hold invisible characters a new name or ID may not.
+        session_id = row.get("session_id")
+        if not isinstance(session_id, str | None):
+            raise ValueError("session_id is not text")
+        check_session_id(session_id, "session_id", stored=True)
+        if kind in ("memory", "memory_version"):
+            labels = row.get("labels")
+            if not isinstance(labels, dict) or not all(
+                key.isascii()  # "５" is a digit to Python, not the key "5" reads find
+                and key.isdigit()
+                and int(key) in LABEL_NUMBERS
+                and isinstance(value, str)
+                for key, value in labels.items()
+            ):
+                raise ValueError("labels are not text values by label number (5 to 18)")
+            for key, value in labels.items():
+                if not label_value_fits(value):
+                    raise ValueError(
+                        f"labels.{key} is {len(value.encode())} bytes; a label value is 1 to "
+                        f"{MAX_LABEL_VALUE_BYTES} bytes"
+                    )
+            check_metadata(row.get("metadata"))
+            # The API's rules for a record's text: one line of summary, bounded text.
+            summary, content = row.get("summary"), row.get("content")
+            if not isinstance(summary, str) or not isinstance(content, str | None):
+                raise ValueError("its summary and content are not text")
+            check_summary(summary)
+            if content is not None:
+                check_content(content)
+        if kind == "action_version":
+            name = row.get("name")
+            if not isinstance(name, str):
+                raise ValueError("name is not text")
+            check_name(name, stored=True)
+            for column, parse in (("harness", parse_harness), ("model", parse_model)):
+                value = row.get(column)
+                parse(json.loads(value) if isinstance(value, str) else value)
+    except (ValueError, TypeError, KeyError, BadInput) as e:
+        message = e.message if isinstance(e, BadInput) else str(e)
+        raise BadInput(f"line {number}: its {kind} row is not valid ({message})") from None
+
+
+def _check_time(column: str, value: Any) -> None:
+    """A time as exported (ISO 8601 with its offset) that Python's datetime holds in UTC, as
+    every read gets it: from year 1 to 9999, not infinity, not BC."""
+    try:
+        when = datetime.fromisoformat(value)
+        if when.tzinfo is None:
+            raise ValueError
+        # PostgreSQL rounds a fraction past microseconds, where Python cuts it.
+        (when + timedelta(microseconds=1)).astimezone(UTC)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(
+            f"{column} is not a time from year 1 to 9999 with its offset: {reprlib.repr(value)}"
+        ) from None
+
+
+class _Overflow(Exception):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Overflow
+    return value
+
+
+# Python reads a number too large for a float (1e999) as inf, which no escape or word of the
+# line shows to `_SUSPECT`: a line of one is read again, and its row walked (`_check_row`).
+_DECODER = json.JSONDecoder(parse_float=_finite)
+
+
+def _parse(line: str, number: int) -> tuple[str, dict[str, Any], bool]:
+    """The line's type and row, and whether a number of it was too large for a float."""
+    overflowed = False
+    try:
+        try:
+            item = _DECODER.decode(line)
+        except _Overflow:
+            item, overflowed = json.loads(line), True
+    except (ValueError, RecursionError):
+        raise BadInput(f"line {number} is not JSON: the file is damaged or cut short") from None
+    if not isinstance(item, dict) or item.get("type") not in BY_KIND:
+        known = ", ".join(BY_KIND)
+        raise BadInput(f"line {number} is not an exported row (a type among {known})")
+    if not isinstance(item.get("row"), dict):
+        raise BadInput(f"line {number} has no row")
+    return item["type"], item["row"], overflowed
