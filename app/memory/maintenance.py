@@ -200,6 +200,26 @@ async def _list(conn: asyncpg.Connection, account_id: UUID, action_id: UUID) -> 
         await conn.fetchval("SELECT count_agent_words($1, $2)", account_id, action_id)
 
 
+def _places(
+    sizes: dict[AgentKey, int], listed: list[AgentKey], min_records: int, max_agents: int | None
+) -> tuple[list[AgentKey], list[AgentKey], AgentKey | None]:
+    """Which agents have their own indexes after this round (`index_agents` says the rule): the
+    listed ones that keep their place, largest first; the new ones; and the listed one that
+    gives its place up to the last new one once that one is built (None: none does)."""
+    places = len(sizes) if max_agents is None else max_agents
+    largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
+    keep = [agent for agent in largest if agent in listed][:places]
+    waiting = [agent for agent in largest if sizes[agent] >= min_records and agent not in listed]
+    new, waiting = waiting[: places - len(keep)], waiting[places - len(keep) :]
+    # Full: the smallest listed agent gives its place up to a waiting one of TRADE times its
+    # records, one a round, and only once the newcomer's indexes are built (index_agents).
+    traded = None  # it keeps its upkeep (counts, repairs) while it is listed
+    if waiting and keep and sizes[waiting[0]] >= TRADE * sizes[keep[-1]]:
+        traded = keep[-1]
+        new.append(waiting[0])
+    return keep, new, traded
+
+
 async def index_agents(
     conn: asyncpg.Connection, min_records: int, max_agents: int | None = None
 ) -> tuple[int, list[str], list[str], list[UUID]]:
@@ -237,17 +257,7 @@ async def index_agents(
     }
     states = await _agent_index_states(conn)
     listed = list(then)
-    places = len(sizes) if max_agents is None else max_agents
-    largest = sorted(sizes, key=lambda agent: (-sizes[agent], agent))
-    keep = [agent for agent in largest if agent in listed][:places]
-    waiting = [agent for agent in largest if sizes[agent] >= min_records and agent not in listed]
-    new, waiting = waiting[: places - len(keep)], waiting[places - len(keep) :]
-    # Full: the smallest listed agent gives its place up to a waiting one of TRADE times its
-    # records, one a round, and only once the newcomer's indexes are built (below).
-    traded = None  # it keeps its upkeep (counts, repairs) while it is listed
-    if waiting and keep and sizes[waiting[0]] >= TRADE * sizes[keep[-1]]:
-        traded = keep[-1]
-        new.append(waiting[0])
+    keep, new, traded = _places(sizes, listed, min_records, max_agents)
     leaving = sorted(set(listed) - set(keep))
     await conn.execute(
         "DELETE FROM agent_indexes a USING unnest($1::uuid[], $2::uuid[]) AS d(account, action) "
