@@ -6,7 +6,8 @@ packages of one layer may import each other, but no two packages import each oth
 or around a circle. Store modules (store.py, *_store.py) hold SQL: outside their own package
 they import only the bottom layer. Modules of app/graphql import each other in no circle.
 Every import counts, also those inside a function or under TYPE_CHECKING: deferring an import
-hides a circle from Python, not from a reader.
+hides a circle from Python, not from a reader. And SQL runs in the stores (and app/db) only,
+but for the exceptions docs/architecture.md names (SQL_OUTSIDE_STORES).
 """
 
 import ast
@@ -41,6 +42,29 @@ BOTTOM = LAYERS[-1]
 
 # Known breaches, each to be removed by the change named beside it.
 KNOWN: set[str] = set()
+
+# Modules other than the stores (and app/db) that run SQL, as docs/architecture.md says: index
+# upkeep, which is DDL and catalog reads (any statement), and single statements that lock or
+# bound their transaction.
+SQL_OUTSIDE_STORES: dict[str, tuple[str, ...] | None] = {
+    "app/memory/maintenance.py": None,
+    "app/history/indexes.py": None,
+    "app/auth/service.py": ("SELECT pg_advisory_xact_lock(hashtext('engram.bootstrap'))",),
+    "app/runtime/turns.py": ("SET LOCAL lock_timeout = 0",),
+}
+# asyncpg's calls that run a statement.
+_RUNS_SQL = {
+    "execute",
+    "executemany",
+    "fetch",
+    "fetchrow",
+    "fetchval",
+    "cursor",
+    "prepare",
+    "copy_records_to_table",
+    "copy_to_table",
+    "copy_from_query",
+}
 
 
 def _modules(app: Path) -> dict[str, Path]:
@@ -146,6 +170,38 @@ def breaches(app: Path) -> list[str]:
     return list(dict.fromkeys(found))  # once each
 
 
+def sql_outside_stores(app: Path) -> list[str]:
+    """Each call that runs SQL in a module that is no store, one line each."""
+    found = []
+    for path in sorted(app.rglob("*.py")):
+        name = path.relative_to(app.parent).as_posix()
+        if path.stem == "store" or path.stem.endswith("_store") or name.startswith("app/db/"):
+            continue
+        allowed = SQL_OUTSIDE_STORES.get(name, ())
+        if allowed is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _RUNS_SQL
+            ):
+                continue
+            first = node.args[0] if node.args else None
+            if not (isinstance(first, ast.Constant) and first.value in allowed):
+                found.append(f"{name}:{node.lineno} runs SQL ({node.func.attr})")
+    return found
+
+
+def test_sql_runs_in_the_stores() -> None:
+    found = sql_outside_stores(APP)
+    assert found == [], (
+        "move the statement into its package's store.py (a function taking the connection), or, "
+        "if it is index upkeep or a lock, name it in SQL_OUTSIDE_STORES and in "
+        "docs/architecture.md:\n" + "\n".join(found)
+    )
+
+
 def test_layers_look_down_only() -> None:
     found = breaches(APP)
     assert [b for b in found if b not in KNOWN] == [], "\n".join(found)
@@ -175,6 +231,29 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)
     return root / "app"
+
+
+def test_sql_outside_a_store_is_reported(tmp_path: Path) -> None:
+    app = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "memory/__init__.py": "",
+            "memory/service.py": "async def f(conn):\n    return await conn.fetchval('SELECT 1')\n",
+            "memory/store.py": "async def f(conn):\n    return await conn.fetchval('SELECT 1')\n",
+            "memory/search_store.py": "async def f(c):\n    return await c.fetch('SELECT 1')\n",
+            "db/pool.py": "async def f(conn):\n    await conn.execute('RESET ALL')\n",
+            "auth/service.py": (
+                "async def f(conn):\n"
+                f"    await conn.execute({SQL_OUTSIDE_STORES['app/auth/service.py'][0]!r})\n"
+                "    await conn.execute('DELETE FROM clients')\n"
+            ),
+        },
+    )
+    assert sql_outside_stores(app) == [
+        "app/auth/service.py:3 runs SQL (execute)",
+        "app/memory/service.py:2 runs SQL (fetchval)",
+    ]
 
 
 def test_a_lower_layer_importing_a_higher_one_is_reported(tmp_path: Path) -> None:

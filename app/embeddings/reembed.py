@@ -43,17 +43,8 @@ async def _refuse_while_serving(conn: asyncpg.Connection, lease_seconds: float) 
     a process of a release that recorded none, `lease_seconds`): the signal the services'
     own sweeps trust. A process of this host that no longer exists is not waited for (a
     killed service's row stays fresh until its lease runs out)."""
-    rows = await conn.fetch(
-        """
-        SELECT host, pid, extract(epoch FROM now() - heartbeat) AS age
-        FROM service_processes
-        WHERE heartbeat >= now() - make_interval(secs => coalesce(lease_seconds, $1))
-        ORDER BY heartbeat DESC
-        """,
-        lease_seconds,
-    )
     here = socket.gethostname()
-    for row in rows:
+    for row in await store.live_processes(conn, lease_seconds):
         if row["host"] == here and not psutil.pid_exists(row["pid"]):
             continue
         raise ServiceRunning(

@@ -1,7 +1,8 @@
-"""SQL for the deployment's embedding model, the vector columns it fixes, and re-embedding.
+"""SQL for the deployment's embedding model, the vector columns it fixes, and re-embedding
+(and the service processes a run refuses to overlap: `live_processes`).
 
-It knows no table: the owners of the rows describe their vector columns (app/memory/vectors.py)
-and pass them in."""
+It knows no table of records: the owners of the rows describe their vector columns
+(app/memory/vectors.py) and pass them in."""
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -99,6 +100,20 @@ async def set_reembed_target(conn: asyncpg.Connection, name: str, dimensions: in
 
 async def clear_reembed_target(conn: asyncpg.Connection) -> None:
     await conn.execute("DELETE FROM deployment WHERE key = $1", _REEMBED_TARGET)
+
+
+async def live_processes(conn: asyncpg.Connection, lease_seconds: float) -> list[asyncpg.Record]:
+    """The service processes that beat within their lease (`lease_seconds` for one of a release
+    that recorded none), the latest first: their host, pid and the age of their beat."""
+    return await conn.fetch(
+        """
+        SELECT host, pid, extract(epoch FROM now() - heartbeat) AS age
+        FROM service_processes
+        WHERE heartbeat >= now() - make_interval(secs => coalesce(lease_seconds, $1))
+        ORDER BY heartbeat DESC
+        """,
+        lease_seconds,
+    )
 
 
 def _check(dimensions: int) -> None:
