@@ -156,6 +156,24 @@ async def test_viewer_allowed_says_which_operations_the_grants_permit(gql, state
     assert "deleteAgentMemory" in unknown.errors[0]["message"]
 
 
+def test_viewer_allowed_knows_every_root_operation():
+    """Each query and mutation of the schema is one `viewer.allowed` answers for (the grants in
+    app/auth/operations.py), but `node` and `viewer`, which need none of their own."""
+    from app.graphql.schema import build_schema
+
+    schema = build_schema()._schema
+    unknown = [
+        f"{kind}.{name}"
+        for kind in ("Query", "Mutation")
+        for name in schema.type_map[kind].fields
+        if name not in operations.OPERATIONS and name not in ("node", "viewer")
+    ]
+    assert unknown == [], (
+        "give each the grants its service checks in app/auth/operations.py's OPERATIONS, so that "
+        "viewer.allowed (and the console) can tell a client before it calls"
+    )
+
+
 async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, admin, state):
     """The table mirrors the services' checks: a client holding exactly an operation's grants
     is allowed it, and one lacking any of them is refused by the operation itself. Among them
