@@ -409,6 +409,17 @@ def test_every_engram_command_the_docs_show_exists_with_its_flags():
     assert wrong == [], "the docs show commands or flags app/cli.py's parser does not have"
 
 
+def test_every_benchmark_is_in_the_table_of_scripts():
+    """bench/README.md's table of scripts links each benchmark of bench/ to its section."""
+    text = (ROOT / "bench" / "README.md").read_text()
+    table = text.split("**Scripts.**", 1)[1].split("\n\n", 2)[1]
+    listed = set(re.findall(r"^\| \[`(\w+\.py)", table, re.M))
+    scripts = {p.name for p in (ROOT / "bench").glob("*.py")} - {"common.py"}
+    assert sorted(scripts - listed) == [], (
+        "give each a row in bench/README.md's table of scripts, linked to its section"
+    )
+
+
 def test_the_newest_migration_the_docs_quote_is_this_releases():
     """access.md and operations.md quote what `engram --version` and `engram migrate` print,
     with the newest migration of migrations/versions; a new migration changes what they print."""
