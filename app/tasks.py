@@ -1,4 +1,5 @@
-"""Background loops the service starts with itself (search maintenance, turn liveness)."""
+"""Stopping a background loop the service started with itself (search maintenance, turn
+liveness, the embedded server's supervisor)."""
 
 import asyncio
 import contextlib
