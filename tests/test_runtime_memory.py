@@ -666,6 +666,40 @@ async def test_m49_m50_m51_m52_pins_listed_in_instructions_and_budgeted(
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [pin["id"]]
 
 
+async def test_m3_m52_a_pin_refused_for_another_sessions_list_names_none_of_its_pins(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An agent-scope pin joins every session's list, so another session's pins can take it over
+    the budget: the model is told so, to consolidate the agent-scope pins it reads or pin for its
+    session alone, and is shown none of that session's records, not even their IDs."""
+    harness = memory_harness(tools=["add_memory"], scope=BOTH_SCOPES, pinned={"max_tokens": 50})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    everywhere = await add(
+        gql, admin, model_server, action_id, "Be brief", pinned=True, scope="AGENT"
+    )
+    theirs = await add(
+        gql, admin, model_server, action_id, "Account 42 is in collections: be firm", pinned=True
+    )
+    wide = {"summary": "Greet every customer by name", "kind": "fact", "pinned": True}
+    model_server.call_tools(("add_memory", {**wide, "scope": "AGENT"}))
+    model_server.call_tools(("add_memory", wide))
+    model_server.say("Pinned for this session.")
+    executed = await run(gql, admin, action_id, "Always greet customers by name", session="s2")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    refused, taken = tool_runs(executed, "add_memory")
+    error = refused["error"]
+    assert "another session's pinned list" in error and "Consolidate the agent-scope pins" in error
+    assert "pin it for this session alone (scope SESSION)" in error
+    assert error.endswith(f"Agent-scope pins now: {everywhere['id']}")
+    assert theirs["id"] not in json.dumps(executed)
+    assert theirs["id"] not in json.dumps(chat(model_server)[-1].body)
+    (pinned,) = taken["output"]["memories"]
+    assert (pinned["scope"], pinned["pinned"]) == ("SESSION", True)
+    listed = {m["memoryId"] for m in await memories(gql, admin, action_id)}
+    assert listed == {everywhere["id"], theirs["id"], pinned["id"]}
+
+
 async def test_m49_m50_a_version_without_pinned_lists_no_pins_and_a_later_one_lists_them_again(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
