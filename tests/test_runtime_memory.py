@@ -6,11 +6,20 @@ import json
 from typing import Any
 
 import pytest
-from factories import SearchAgent, full_memory, make_agent, make_agent_id, memory_harness
+from factories import (
+    SearchAgent,
+    caller,
+    deny,
+    full_memory,
+    make_agent,
+    make_agent_id,
+    memory_harness,
+)
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
+    RUNNER_POLICIES,
     chat,
     events,
     memories,
@@ -455,6 +464,52 @@ async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(
         after = await conn.fetch("SELECT * FROM agent_memory_versions ORDER BY 1, 2, 3")
     assert after == before
     assert (await memory(gql, admin, action_id, kept["id"]))["status"] == "ACTIVE"
+
+
+async def test_m26_a_caller_denied_all_memory_runs_an_agent_that_uses_its_memory_in_full(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The client that starts the turns holds a DENY on every verb of financial.AgentMemory:
+    the agent recalls, searches, saves, reads, replaces and deletes its records all the same,
+    and the client still reads none of them."""
+    denied = caller(
+        admin.account_id,
+        *RUNNER_POLICIES,
+        deny(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.AgentMemory.*"),
+        principal="denied",
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=ALL_TOOLS))
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's locker is number 17", "kind": "fact"}),
+        ("add_memory", {"summary": "Ada's desk is number 4B", "kind": "fact"}),
+    )
+    model_server.say("Saved.")
+    saved = await run(gql, denied, action_id, "Ada: locker 17, desk 4B")
+    assert saved["status"] == "SUCCEEDED", saved["error"]
+    (locker,), (desk,) = (r["output"]["memories"] for r in tool_runs(saved, "add_memory"))
+
+    fix = {"summary": "Ada's desk is number 9C", "kind": "fact", "replaces": desk["id"]}
+    model_server.call_tools(
+        ("search_memory", {"query": "Ada locker desk"}),
+        ("read_memory", {"id": locker["id"]}),
+        ("delete_memory", {"id": locker["id"]}),
+        ("add_memory", fix),
+    )
+    model_server.say("Done.")
+    executed = await run(gql, denied, action_id, "Where are Ada's locker and desk?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert all("error" not in r for r in tool_runs(executed)), tool_runs(executed)
+    recalled = recalls(executed)[0]
+    assert {r["id"] for r in recalled["output"]["records"]} == {locker["id"], desk["id"]}
+    (block,) = memory_blocks(chat(model_server)[-2])
+    assert "number 17" in block and "number 4B" in block  # the model read them
+    gone = await memory(gql, admin, action_id, locker["id"])
+    old = await memory(gql, admin, action_id, desk["id"])
+    assert gone is not None and old is not None
+    assert (gone["status"], old["status"]) == ("DELETED", "SUPERSEDED")
+    read = "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }"
+    assert (await gql(denied, read, a=action_id, m=locker["id"])).codes == ["ACCESS_DENIED"]
 
 
 async def test_m41_m49_scope_and_pinned_refused_where_not_offered(
