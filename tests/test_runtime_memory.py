@@ -609,6 +609,38 @@ async def test_m38_search_memory_lists_newest_first_a_page_at_a_time_and_reads_b
     assert sorted(found_ids(by_id)) == sorted([oldest, newest])
 
 
+async def test_m38_a_search_with_a_query_ranks_once_and_after_pages_only_a_listing(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A ranked search returns its best `limit` records and no nextCursor; `after` with a query
+    (a listing's cursor, say) is refused with what to do instead, not taken for a cursor the
+    model never had."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    action_id = str(agent.action_id)
+    await seed(state, agent, "Ada invoice 4411", "Ada invoice 4412", "Ada invoice 4413")
+    model_server.call_tools(
+        ("search_memory", {"limit": 1}), ("search_memory", {"query": "Ada invoice", "limit": 1})
+    )
+    model_server.say("Listed.")
+    first = await run(gql, admin, action_id, "List your memory")
+    listing, ranked = [r for r in tool_runs(first, "search_memory") if not r["input"].get("recall")]
+    cursor = listing["output"]["nextCursor"]
+    assert len(ranked["output"]["records"]) == 1 and "nextCursor" not in ranked["output"]
+
+    model_server.call_tools(("search_memory", {"query": "Ada invoice", "after": cursor}))
+    model_server.say("Listed.")
+    second = await run(gql, admin, action_id, "And the rest?")
+
+    assert second["status"] == "SUCCEEDED", second["error"]
+    (refused,) = [r for r in tool_runs(second, "search_memory") if not r["input"].get("recall")]
+    assert refused["error"] == (
+        "after pages a listing (search_memory without a query); a search with a query returns "
+        "its best `limit` records: to see more, raise limit (at most 100) or narrow the search "
+        "with kind, labels or other words"
+    )
+    assert json.loads(tool_results(chat(model_server)[-1])[-1]) == {"error": refused["error"]}
+
+
 async def test_m38_an_empty_ids_list_counts_as_not_given(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
