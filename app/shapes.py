@@ -172,15 +172,21 @@ def One(choices: tuple[str, ...]) -> Any:  # noqa: N802
     return Annotated[str, BeforeValidator(check)]
 
 
-def Several(choices: tuple[str, ...], *, empty: str | None = None) -> Any:  # noqa: N802
-    """A list of distinct `choices`; `empty`: the message refusing an empty list (None: allowed)."""
+def Several(  # noqa: N802
+    choices: tuple[str, ...], *, empty: str | None = None, why: Mapping[str, str] | None = None
+) -> Any:
+    """A list of distinct `choices`; `empty`: the message refusing an empty list (None: allowed);
+    `why`: what a refusal adds for a value that is no choice for a reason worth saying."""
 
     def check(value: Any) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise refuse(f"must be a list of {' / '.join(choices)}")
         for v in value:
             if v not in choices:
-                raise refuse(f"{v!r} is not one of {', '.join(choices)}")
+                reason = (why or {}).get(v)
+                raise refuse(
+                    f"{v!r} is not one of {', '.join(choices)}" + (f": {reason}" if reason else "")
+                )
         if len(set(value)) != len(value):
             raise refuse("must not repeat a value")
         if not value and empty is not None:

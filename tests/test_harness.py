@@ -302,6 +302,20 @@ RULES = [
         "tools outside the set",
         memory(tools=["add_memory", "search_memory"]),
         "harness.memory.tools: 'search_memory' is not one of "
+        "add_memory, read_memory, delete_memory: search_memory is always offered when memory is "
+        "enabled; leave it out",
+    ),
+    (
+        "tools naming search_history",
+        memory(tools=["search_history"]),
+        "harness.memory.tools: 'search_history' is not one of "
+        "add_memory, read_memory, delete_memory: search_history is offered with harness.history; "
+        "leave it out",
+    ),
+    (
+        "tools naming no tool",
+        memory(tools=["programmatic_tool_caller"]),
+        "harness.memory.tools: 'programmatic_tool_caller' is not one of "
         "add_memory, read_memory, delete_memory",
     ),
     (

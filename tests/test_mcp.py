@@ -268,6 +268,17 @@ async def test_mcp_tool_calls_change_memory_as_the_agent_with_provenance(
     assert [r["status"] for r in runs] == ["SUCCEEDED"] * 4 + ["FAILED"] * 4 + ["SUCCEEDED"] * 2
     failed = await _execution(gql, admin, str(runs[4]["execution_id"]))
     assert failed["error"] == "kind 'event' is not one of your kinds: fact, preference"
+    # The search is an execution of search_memory listing what it returned (M28), a RETRIEVED
+    # use of those records (M32), and its embedding is usage of purpose embed (M24).
+    searched = await _execution(gql, admin, str(runs[1]["execution_id"]))
+    logged = {e["type"]: e["data"] for e in searched["transcript"]["nodes"]}
+    assert logged["tool.execution"]["name"] == "search_memory"
+    assert [r["id"] for r in logged["tool.execution"]["output"]["records"]] == [record["id"]]
+    assert logged["output.use"]["use"] == "RETRIEVED"
+    assert logged["output.use"]["records"] == [{"id": record["id"], "version": 1}]
+    embedding = logged["embedding"]
+    assert (embedding["purpose"], embedding["for"]) == ("embed", "search_memory")
+    assert embedding["tokens"] > 0
 
 
 async def test_mcp_preview_calls_never_reach_live_ones(

@@ -35,6 +35,7 @@ DELETE = """mutation($a: UUID!, $id: UUID!) {
 ADD = """mutation($a: UUID!) {
   addAgentMemory(actionId: $a, input: {summary: "seeded", kind: "fact"}) { memoryId source } }"""
 NODE = "query($id: ID!) { node(id: $id) { ... on ActionAgentMemory { memoryId } } }"
+GLOBAL_ID = "query($a: UUID!, $id: UUID!) { agentMemory(actionId: $a, id: $id) { id } }"
 
 # Who asks -> (may list and read, may delete, may add). Adding returns the stored record, so
 # it needs the grants that read it besides INSERT.
@@ -103,6 +104,13 @@ async def test_m55_grant_matrix(state, gql, admin, who):
         assert (await gql(asker, LIST, a=a)).ok()["action"]["memories"]["nodes"] == [
             {"memoryId": id_}
         ]
+    # node(id) reads the record as agentMemory does, with the same grants.
+    global_id = (await gql(admin, GLOBAL_ID, a=a, id=id_)).ok()["agentMemory"]["id"]
+    by_node = await gql(asker, NODE, id=global_id)
+    if may_read:
+        assert by_node.ok()["node"] == {"memoryId": id_}
+    else:
+        assert by_node.codes == ["ACCESS_DENIED"] and by_node.data is None
 
     added = await gql(asker, ADD, a=a)
     if may_add:

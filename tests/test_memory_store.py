@@ -938,7 +938,9 @@ async def test_m52_the_longest_other_list_is_found_by_its_listed_length(state, a
         await work(state, writer(pinner, session="e")).add(
             NewMemory(summary="x", kind="fact", pinned=True, scope="AGENT")
         )
-    assert str(quotes.memory_id) in refused.value.message
+    message = refused.value.message
+    assert "another session's pinned list to about 151 tokens" in message
+    assert str(quotes.memory_id) not in message  # a's own pin is none of e's business (M3)
 
 
 # M52

@@ -218,7 +218,9 @@ async def test_m52_a_preview_turns_agent_scope_pin_counts_the_lists_preview_turn
     for preview, over in ((True, previewed), (False, live)):
         with pytest.raises(BadInput, match="about 33 tokens") as refused:
             await work(state, writer(pinner, session="s3", preview=preview)).add(fits)
-        assert str(over.memory_id) in refused.value.message
+        message = refused.value.message
+        assert "another session's pinned list" in message  # named by no ID of its (M3)
+        assert str(over.memory_id) not in message
     shorter = NewMemory(summary=SIXTY[:-8], kind="fact", pinned=True, scope="AGENT")
     for preview in (True, False):
         (taken,) = await work(state, writer(pinner, session="s3", preview=preview)).add(shorter)

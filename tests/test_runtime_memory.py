@@ -6,11 +6,20 @@ import json
 from typing import Any
 
 import pytest
-from factories import SearchAgent, full_memory, make_agent, make_agent_id, memory_harness
+from factories import (
+    SearchAgent,
+    caller,
+    deny,
+    full_memory,
+    make_agent,
+    make_agent_id,
+    memory_harness,
+)
 from helpers import GQL
 from openai_server import OpenAIServer
 from runtime_support import (
     EXECUTE,
+    RUNNER_POLICIES,
     chat,
     events,
     memories,
@@ -318,6 +327,46 @@ async def test_m22_a_recall_returns_max_results_records_five_by_default(
         assert len(recalled["output"]["records"]) == shown
 
 
+async def test_m21_m23_the_agents_search_settings_rank_its_recalls_and_searches(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """`harness.memory.search` is the agent's own: its mode and min_score decide what a turn's
+    recall and its model's search_memory find (a lexical search embeds nothing)."""
+    request = "puppies and kittens"
+    cases = [
+        ({"mode": "lexical"}, ["words"]),
+        ({"mode": "vector"}, ["pets", "words", "revenue"]),
+        ({"mode": "vector", "min_score": 0.99}, []),  # nothing is that similar by meaning
+        ({"min_score": 0.99}, ["words"]),  # hybrid: found by a shared word, not by meaning
+    ]
+    for search, expected in cases:
+        agent = await make_agent(gql.state, admin, harness=full_memory(search=search))
+        pets, words, revenue = await seed(
+            state,
+            agent,
+            "Our dog and two cats sleep by the fireplace",
+            "Kittens: see the invoice from the supplier",
+            "Quarterly revenue grew in the enterprise segment",
+        )
+        named = {"pets": pets, "words": words, "revenue": revenue}
+        model_server.call_tools(("search_memory", {"query": request, "limit": 10}))
+        model_server.say("Noted.")
+        executed = await run(gql, admin, str(agent.action_id), request)
+
+        assert executed["status"] == "SUCCEEDED", executed["error"]
+        want = [named[n] for n in expected]
+        (searched,) = [
+            r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")
+        ]
+        assert sorted(r["id"] for r in searched["output"]["records"]) == sorted(want), search
+        blocks = memory_blocks(chat(model_server)[-2])
+        assert sorted(block_ids(blocks[0]) if blocks else []) == sorted(want), search
+        assert len(recalls(executed)) == (1 if want else 0), search  # M30
+        embedded = {e["for"] for e in events(executed, "embedding")}
+        lexical = search.get("mode") == "lexical"
+        assert embedded == (set() if lexical else {"recall", "search_memory"}), search
+
+
 # The native tools and what the configuration allows
 
 
@@ -417,6 +466,52 @@ async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(
     assert (await memory(gql, admin, action_id, kept["id"]))["status"] == "ACTIVE"
 
 
+async def test_m26_a_caller_denied_all_memory_runs_an_agent_that_uses_its_memory_in_full(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """The client that starts the turns holds a DENY on every verb of financial.AgentMemory:
+    the agent recalls, searches, saves, reads, replaces and deletes its records all the same,
+    and the client still reads none of them."""
+    denied = caller(
+        admin.account_id,
+        *RUNNER_POLICIES,
+        deny(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.AgentMemory.*"),
+        principal="denied",
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=ALL_TOOLS))
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada's locker is number 17", "kind": "fact"}),
+        ("add_memory", {"summary": "Ada's desk is number 4B", "kind": "fact"}),
+    )
+    model_server.say("Saved.")
+    saved = await run(gql, denied, action_id, "Ada: locker 17, desk 4B")
+    assert saved["status"] == "SUCCEEDED", saved["error"]
+    (locker,), (desk,) = (r["output"]["memories"] for r in tool_runs(saved, "add_memory"))
+
+    fix = {"summary": "Ada's desk is number 9C", "kind": "fact", "replaces": desk["id"]}
+    model_server.call_tools(
+        ("search_memory", {"query": "Ada locker desk"}),
+        ("read_memory", {"id": locker["id"]}),
+        ("delete_memory", {"id": locker["id"]}),
+        ("add_memory", fix),
+    )
+    model_server.say("Done.")
+    executed = await run(gql, denied, action_id, "Where are Ada's locker and desk?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert all("error" not in r for r in tool_runs(executed)), tool_runs(executed)
+    recalled = recalls(executed)[0]
+    assert {r["id"] for r in recalled["output"]["records"]} == {locker["id"], desk["id"]}
+    (block,) = memory_blocks(chat(model_server)[-2])
+    assert "number 17" in block and "number 4B" in block  # the model read them
+    gone = await memory(gql, admin, action_id, locker["id"])
+    old = await memory(gql, admin, action_id, desk["id"])
+    assert gone is not None and old is not None
+    assert (gone["status"], old["status"]) == ("DELETED", "SUPERSEDED")
+    read = "query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) { status } }"
+    assert (await gql(denied, read, a=action_id, m=locker["id"])).codes == ["ACCESS_DENIED"]
+
+
 async def test_m41_m49_scope_and_pinned_refused_where_not_offered(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
@@ -439,7 +534,7 @@ async def test_m41_m49_scope_and_pinned_refused_where_not_offered(
         assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
 
 
-async def test_m41_tool_schemas_follow_the_configuration(
+async def test_m40_m41_tool_schemas_follow_the_configuration(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     harness = memory_harness(
@@ -462,7 +557,20 @@ async def test_m41_tool_schemas_follow_the_configuration(
         "customer_id": {"type": "string", "description": "The customer the memory is about."}
     }
     search_props = tools["search_memory"]["parameters"]["properties"]
-    assert set(search_props) == {"query", "kind", "labels", "ids", "limit", "after"}
+    assert list(search_props) == ["query", "kind", "labels", "ids", "limit", "after"]
+    # M40, M43, M44: the tools' parameters as the spec names them.
+    assert list(add_props) == [
+        "summary",
+        "content",
+        "kind",
+        "labels",
+        "scope",
+        "pinned",
+        "replaces",
+    ]
+    assert tools["add_memory"]["parameters"]["required"] == ["summary", "kind"]
+    assert list(tools["read_memory"]["parameters"]["properties"]) == ["id"]
+    assert list(tools["delete_memory"]["parameters"]["properties"]) == ["id"]
 
 
 async def test_m38_search_memory_lists_newest_first_a_page_at_a_time_and_reads_by_id(
@@ -499,6 +607,38 @@ async def test_m38_search_memory_lists_newest_first_a_page_at_a_time_and_reads_b
     searched, by_id = tool_results(chat(model_server)[-1])[-2:]
     assert found_ids(searched) == [oldest]
     assert sorted(found_ids(by_id)) == sorted([oldest, newest])
+
+
+async def test_m38_a_search_with_a_query_ranks_once_and_after_pages_only_a_listing(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A ranked search returns its best `limit` records and no nextCursor; `after` with a query
+    (a listing's cursor, say) is refused with what to do instead, not taken for a cursor the
+    model never had."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    action_id = str(agent.action_id)
+    await seed(state, agent, "Ada invoice 4411", "Ada invoice 4412", "Ada invoice 4413")
+    model_server.call_tools(
+        ("search_memory", {"limit": 1}), ("search_memory", {"query": "Ada invoice", "limit": 1})
+    )
+    model_server.say("Listed.")
+    first = await run(gql, admin, action_id, "List your memory")
+    listing, ranked = [r for r in tool_runs(first, "search_memory") if not r["input"].get("recall")]
+    cursor = listing["output"]["nextCursor"]
+    assert len(ranked["output"]["records"]) == 1 and "nextCursor" not in ranked["output"]
+
+    model_server.call_tools(("search_memory", {"query": "Ada invoice", "after": cursor}))
+    model_server.say("Listed.")
+    second = await run(gql, admin, action_id, "And the rest?")
+
+    assert second["status"] == "SUCCEEDED", second["error"]
+    (refused,) = [r for r in tool_runs(second, "search_memory") if not r["input"].get("recall")]
+    assert refused["error"] == (
+        "after pages a listing (search_memory without a query); a search with a query returns "
+        "its best `limit` records: to see more, raise limit (at most 100) or narrow the search "
+        "with kind, labels or other words"
+    )
+    assert json.loads(tool_results(chat(model_server)[-1])[-1]) == {"error": refused["error"]}
 
 
 async def test_m38_an_empty_ids_list_counts_as_not_given(
@@ -613,6 +753,40 @@ async def test_m49_m50_m51_m52_pins_listed_in_instructions_and_budgeted(
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [pin["id"]]
 
 
+async def test_m3_m52_a_pin_refused_for_another_sessions_list_names_none_of_its_pins(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An agent-scope pin joins every session's list, so another session's pins can take it over
+    the budget: the model is told so, to consolidate the agent-scope pins it reads or pin for its
+    session alone, and is shown none of that session's records, not even their IDs."""
+    harness = memory_harness(tools=["add_memory"], scope=BOTH_SCOPES, pinned={"max_tokens": 50})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    everywhere = await add(
+        gql, admin, model_server, action_id, "Be brief", pinned=True, scope="AGENT"
+    )
+    theirs = await add(
+        gql, admin, model_server, action_id, "Account 42 is in collections: be firm", pinned=True
+    )
+    wide = {"summary": "Greet every customer by name", "kind": "fact", "pinned": True}
+    model_server.call_tools(("add_memory", {**wide, "scope": "AGENT"}))
+    model_server.call_tools(("add_memory", wide))
+    model_server.say("Pinned for this session.")
+    executed = await run(gql, admin, action_id, "Always greet customers by name", session="s2")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    refused, taken = tool_runs(executed, "add_memory")
+    error = refused["error"]
+    assert "another session's pinned list" in error and "Consolidate the agent-scope pins" in error
+    assert "pin it for this session alone (scope SESSION)" in error
+    assert error.endswith(f"Agent-scope pins now: {everywhere['id']}")
+    assert theirs["id"] not in json.dumps(executed)
+    assert theirs["id"] not in json.dumps(chat(model_server)[-1].body)
+    (pinned,) = taken["output"]["memories"]
+    assert (pinned["scope"], pinned["pinned"]) == ("SESSION", True)
+    listed = {m["memoryId"] for m in await memories(gql, admin, action_id)}
+    assert listed == {everywhere["id"], theirs["id"], pinned["id"]}
+
+
 async def test_m49_m50_a_version_without_pinned_lists_no_pins_and_a_later_one_lists_them_again(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
@@ -631,6 +805,135 @@ async def test_m49_m50_a_version_without_pinned_lists_no_pins_and_a_later_one_li
         assert (line in system_message(chat(model_server)[-1])) is listed
         assert bool(events(executed, "memory.pinned")) is listed
     assert (await memory(gql, admin, action_id, pin["id"]))["pinned"] is True
+
+
+# Memory off, other agents, deletions
+
+
+async def test_m1_a_version_with_memory_disabled_recalls_offers_lists_and_reviews_nothing(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """`enabled: false` turns memory off whatever else the harness says, even for an agent whose
+    earlier version kept (and pinned) records."""
+    update = """mutation($id: UUID!, $input: ActionInput!) {
+      updateAction(actionId: $id, input: $input) { version } }"""
+    on = memory_harness(tools=ALL_TOOLS, scope=BOTH_SCOPES, pinned={"max_tokens": 100})
+    action_id = await make_agent_id(gql.state, admin, harness=on)
+    pin = await add(
+        gql, admin, model_server, action_id, "Always greet Ada by name", pinned=True, scope="AGENT"
+    )
+    off = {"memory": {**on["memory"], "enabled": False}}
+    changed = await gql(
+        admin, update, id=action_id, input={"name": "a", "instructions": "Help.", "harness": off}
+    )
+    changed.ok()
+    calls = len(chat(model_server, None))
+    model_server.call_tools(
+        ("search_memory", {"query": "greet Ada"}),
+        ("add_memory", {"summary": "Ada likes tea", "kind": "fact"}),
+    )
+    model_server.say("Hello.")
+    executed = await run(gql, admin, action_id, "How should I greet Ada?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    requests = chat(model_server, None)[calls:]
+    assert [r.body["metadata"]["purpose"] for r in requests] == ["turn", "turn"]  # no review
+    for request in requests:
+        assert "tools" not in request.body and memory_blocks(request) == []
+        assert pin["id"] not in system_message(request)
+    assert [r.get("error") for r in tool_runs(executed)] == [
+        f"{name} is not available: this agent's memory is not enabled"
+        for name in ("search_memory", "add_memory")
+    ]
+    assert events(executed, "memory.pinned") == [] and events(executed, "embedding") == []
+    assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [pin["id"]]
+
+
+async def test_m2_a_turn_never_reaches_another_agents_records(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Two agents of one account: the second's turns recall, search, read, list among their
+    pins, replace and delete none of the first's records, whatever ID or words they use."""
+    first = await make_agent(gql.state, admin, harness=full_memory(pinned={"max_tokens": 100}))
+    owner = str(first.action_id)
+    kept = await add(
+        gql, admin, model_server, owner, "Ada's door code is kumquat", pinned=True, scope="AGENT"
+    )
+    second = await make_agent(
+        gql.state, admin, name="other", harness=full_memory(pinned={"max_tokens": 100})
+    )
+    (own,) = await seed(state, second, "Grace's door code is unknown")
+    fix = {"summary": "Ada's door code is lime", "kind": "fact", "replaces": kept["id"]}
+    model_server.call_tools(
+        ("search_memory", {"query": "Ada door code kumquat", "limit": 10}),
+        ("search_memory", {"ids": [kept["id"]]}),
+        ("search_memory", {"limit": 10}),
+        ("read_memory", {"id": kept["id"]}),
+        ("delete_memory", {"id": kept["id"]}),
+        ("add_memory", fix),
+    )
+    model_server.say("I do not know it.")
+    calls = len(chat(model_server))
+    executed = await run(gql, admin, str(second.action_id), "What is Ada's door code, kumquat?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    searches = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
+    assert [[r["id"] for r in s["output"]["records"]] for s in searches] == [[own], [], [own]]
+    refusals = [r["error"] for r in tool_runs(executed) if r["name"] != "search_memory"]
+    assert len(refusals) == 3 and all(f"no memory {kept['id']}" in e for e in refusals[1:])
+    assert refusals[0] == f"no memory record {kept['id']} is visible to you"
+    for request in chat(model_server)[calls:]:
+        assert "kumquat" not in json.dumps([*tool_results(request), *memory_blocks(request)])
+        assert kept["id"] not in system_message(request)
+        for block in memory_blocks(request):
+            assert block_ids(block) == [own]
+    stored = await memory(gql, admin, owner, kept["id"])
+    assert stored is not None and (stored["status"], stored["version"]) == ("ACTIVE", 1)
+
+
+async def test_m54_m58_a_deleted_record_is_recalled_by_no_later_turn_but_stays_readable(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Deleted by the agent's delete_memory or through deleteAgentMemory: later turns neither
+    recall nor find the record, `memories` omits it, and agentMemory and its history read it."""
+    delete = """mutation($a: UUID!, $m: UUID!) {
+      deleteAgentMemory(actionId: $a, id: $m) { status version } }"""
+    history = """query($a: UUID!, $m: UUID!) { agentMemory(actionId: $a, id: $m) {
+      history(first: 10) { nodes { version status modifiedBy } } } }"""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=ALL_TOOLS))
+    locker = await add(gql, admin, model_server, action_id, "Ada's locker is number 17")
+    desk = await add(gql, admin, model_server, action_id, "Ada's desk is number 4B")
+    model_server.call_tools(("delete_memory", {"id": locker["id"]}))
+    model_server.say("Forgotten.")
+    dropped = await run(gql, admin, action_id, "Ada gave up her locker")
+    assert dropped["status"] == "SUCCEEDED", dropped["error"]
+    deleted = await gql(admin, delete, a=action_id, m=desk["id"])
+    assert deleted.ok()["deleteAgentMemory"] == {"status": "DELETED", "version": 2}
+
+    model_server.call_tools(
+        ("search_memory", {"query": "Ada locker desk number"}),
+        ("search_memory", {"ids": [locker["id"], desk["id"]]}),
+        ("search_memory", {}),
+    )
+    model_server.say("I do not know.")
+    calls = len(chat(model_server))
+    executed = await run(gql, admin, action_id, "Where are Ada's locker and desk?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert recalls(executed) == []
+    assert all(memory_blocks(r) == [] for r in chat(model_server)[calls:])
+    searches = [r for r in tool_runs(executed, "search_memory")]
+    assert [s["output"]["records"] for s in searches] == [[], [], []]
+    assert await memories(gql, admin, action_id) == []
+    by = {locker["id"]: f"action:{action_id}", desk["id"]: admin.principal}
+    for memory_id, who in by.items():
+        read = await memory(gql, admin, action_id, memory_id)
+        assert read is not None and (read["status"], read["version"]) == ("DELETED", 2)
+        versions = (await gql(admin, history, a=action_id, m=memory_id)).ok()
+        assert versions["agentMemory"]["history"]["nodes"] == [
+            {"version": 2, "status": "DELETED", "modifiedBy": who},
+            {"version": 1, "status": "ACTIVE", "modifiedBy": f"action:{action_id}"},
+        ]
 
 
 # Preview mode and session scope

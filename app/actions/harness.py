@@ -26,6 +26,11 @@ from app.text import shown
 SCOPES = tuple(s.word for s in Scope)
 SEARCH_MODES = ("hybrid", "lexical", "vector")
 MEMORY_TOOLS = ("add_memory", "read_memory", "delete_memory")
+# Tools a harness may name in memory.tools by mistake: offered without it.
+_OFFERED_ANYWAY = {
+    "search_memory": "search_memory is always offered when memory is enabled; leave it out",
+    "search_history": "search_history is offered with harness.history; leave it out",
+}
 HISTORY_INDEXES = ("messages", "messages_and_tools")
 DEFAULT_KINDS = ("guidance", "fact", "event", "reference")
 LABEL_NUMBERS = range(5, 19)
@@ -184,7 +189,7 @@ class _MemoryShape(Shape):
     scope: _ScopeShape = _ScopeShape()
     extraction: _ExtractionShape = _ExtractionShape()
     search: SearchConfig = SearchConfig()
-    tools: Several(MEMORY_TOOLS) = ()  # type: ignore[valid-type]
+    tools: Several(MEMORY_TOOLS, why=_OFFERED_ANYWAY) = ()  # type: ignore[valid-type]
     pinned: _PinnedShape | None = None
     kinds: Annotated[tuple[str, ...], BeforeValidator(_kinds)] = DEFAULT_KINDS
     labels: Annotated[

@@ -764,9 +764,9 @@ class MemoryWork:
         """`lines`: the new pins' lines by the list they join (`_longest_list`)."""
         budget = self.config.pinned_max_tokens
         assert budget is not None
-        tokens, listed = await _longest_list(conn, self.writer.reader(), lines, replaced)
-        if tokens > budget:
-            raise OverPinBudget(_over_budget(tokens, budget, listed))
+        longest = await _longest_list(conn, self.writer.reader(), lines, replaced)
+        if longest.tokens > budget:
+            raise OverPinBudget(_over_budget(longest, budget, self.writer))
 
     async def _recheck_pins(self, conn: asyncpg.Connection, published: list[MemoryRecord]) -> None:
         """Pins other turns committed meanwhile count too: the budget holds once committed."""
@@ -777,11 +777,11 @@ class MemoryWork:
         await store.lock_pins(conn, w.account_id, w.action.action_id)
         committed = replace(w.reader(), execution_id=None, invocation_number=None)
         lists = {_pinned_in(r.scope, r.session_id): [] for r in published if r.pinned}
-        tokens, listed = await _longest_list(conn, committed, lists)
-        if tokens > budget:
+        longest = await _longest_list(conn, committed, lists)
+        if longest.tokens > budget:
             raise Conflict(
                 "other turns pinned memories meanwhile; nothing was saved. "
-                + _over_budget(tokens, budget, listed)
+                + _over_budget(longest, budget, w)
             )
 
 
@@ -806,13 +806,23 @@ def _pinned_in(scope: str, session_id: str | None) -> str | None:
     return None if scope == Scope.AGENT.value else session_id
 
 
+@dataclass(frozen=True)
+class _PinnedList:
+    """A pinned list as a turn would read it with the new pins: its tokens, its records (less
+    those replaced), and whose list it is (a session's, or None: the agent's alone)."""
+
+    tokens: int
+    pins: list[MemoryRecord]
+    session_id: str | None
+
+
 async def _longest_list(
     conn: asyncpg.Connection,
     reader: AgentReader,
     lines: Mapping[str | None, Sequence[str]],
     replaced: Set[UUID | None] = frozenset(),
-) -> tuple[int, list[MemoryRecord]]:
-    """The tokens of the longest pinned list that new pins join, and its records. `lines`: the
+) -> _PinnedList:
+    """The longest pinned list that new pins join, with their lines. `lines`: the
     new pins' lines by the list they join (`_pinned_in`): a session's, or None for agent-scope
     pins, which every list lists. The lists: each named session's (the pins its turns read,
     less `replaced`, with the lines it gains), or the reader's own when none is named (its
@@ -821,33 +831,55 @@ async def _longest_list(
     statement reads the longest (`store.other_sessions_pins`)."""
     everywhere = list(lines.get(None, ()))
     sessions = [s for s in lines if s is not None] or [reader.session_id]
-    lists: list[tuple[list[MemoryRecord], list[str]]] = []
+    lists: list[tuple[list[MemoryRecord], list[str], str | None]] = []
     for session in sessions:
         rows = await store.list_pinned(conn, replace(reader, session_id=session))
         pins = [r for r in map(store.record, rows) if r.memory_id not in replaced]
         own = lines.get(session, ()) if session is not None else ()
-        lists.append((pins, [*everywhere, *own]))
+        lists.append((pins, [*everywhere, *own], session))
     if None in lines and Scope.SESSION in reader.scopes:
         agent = [r for r in lists[0][0] if r.scope == Scope.AGENT.value]
         others: dict[str, list[MemoryRecord]] = {}
         named = [s for s in sessions if s is not None]
         for row in await store.other_sessions_pins(conn, reader, named):
             others.setdefault(row["session_id"], []).append(store.record(row))
-        lists += [(agent + own, everywhere) for own in others.values()]
+        lists += [(agent + own, everywhere, session) for session, own in others.items()]
     counted = [
-        (pinned_tokens([*(r.pinned_line() for r in pins), *new]), pins) for pins, new in lists
+        _PinnedList(pinned_tokens([*(r.pinned_line() for r in pins), *new]), pins, session)
+        for pins, new, session in lists
     ]
-    return max(counted, key=lambda c: c[0])
+    return max(counted, key=lambda c: c.tokens)
 
 
-def _over_budget(tokens: int, budget: int, pins: list[MemoryRecord]) -> str:
-    pinned = ", ".join(str(r.memory_id) for r in pins) or "none"
+def _over_budget(longest: _PinnedList, budget: int, writer: Writer) -> str:
+    """What a refused pin is told. An agent whose agent-scope pin would take another session's
+    list over is told so, and shown only the pins it reads: that session's own are no more its
+    business than their text (spec: what one session learns never reaches another)."""
+    over = (
+        f"over this agent's budget of {budget} (harness.memory.pinned.max_tokens, about "
+        f"{CHARS_PER_TOKEN} characters a token)"
+    )
+    if writer.is_operator or longest.session_id in (None, writer.session_id):
+        pinned = ", ".join(str(r.memory_id) for r in longest.pins) or "none"
+        return (
+            f"pinning this memory would take the pinned list to about {longest.tokens} tokens, "
+            f"{over}. Consolidate: add one pinned memory that says what several pinned ones "
+            "say, with replaces naming one of them, and delete the others; or save this memory "
+            f"unpinned. Pinned now: {pinned}"
+        )
+    agent_pins = [r for r in longest.pins if r.scope == Scope.AGENT.value]
+    pinned = ", ".join(str(r.memory_id) for r in agent_pins) or "none"
+    alone = (
+        "pin it for this session alone (scope SESSION); "
+        if Scope.SESSION in writer.action.harness.memory.write and writer.session_id is not None
+        else ""
+    )
     return (
-        f"pinning this memory would take the pinned list to about {tokens} tokens, over this "
-        f"agent's budget of {budget} (harness.memory.pinned.max_tokens, about {CHARS_PER_TOKEN} "
-        "characters a token). Consolidate: add one pinned memory that says what several pinned "
-        "ones say, with replaces naming one of them, and delete the others; or save this memory "
-        f"unpinned. Pinned now: {pinned}"
+        "an agent-scope pin is listed in every session's turns, with that session's own pins, "
+        f"and this one would take another session's pinned list to about {longest.tokens} "
+        f"tokens, {over}. Consolidate the agent-scope pins: add one pinned memory that says what "
+        "several of them say, with replaces naming one of them, and delete the others; or "
+        f"{alone}or save this memory unpinned. Agent-scope pins now: {pinned}"
     )
 
 

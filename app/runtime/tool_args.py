@@ -133,7 +133,11 @@ class SearchMemory(Arguments):
     limit: Integer(1, MAX_SEARCH_LIMIT, got=False) = Field(  # type: ignore[valid-type]
         None, description="How many records (default {default})."
     )
-    after: Text = Field(None, description="The nextCursor of an earlier search, for its next page.")
+    after: Text = Field(
+        None,
+        description="The nextCursor of an earlier listing (a search without a query), for its "
+        "next page.",
+    )
 
 
 class AddMemory(Arguments):

@@ -34,6 +34,7 @@ from app.runtime.model import ToolCall
 from app.runtime.tool_args import (
     ADD_MEMORY,
     DELETE_MEMORY,
+    MAX_SEARCH_LIMIT,
     NATIVE_TOOLS,
     READ_MEMORY,
     SEARCH_HISTORY,
@@ -446,8 +447,16 @@ class NativeTools:
     async def _search(self, args: dict[str, Any]) -> ToolResult:
         a = _arguments(SearchMemory, args, self.schemas[SEARCH_MEMORY], self.memory)
         memory_search.check_query(a.query, self.max_query_chars)
+        query = a.query.strip() if a.query and a.query.strip() else None
+        if query is not None and a.after:
+            # A ranked search issues no nextCursor: its best records are what it returns.
+            raise ToolRefused(
+                "after pages a listing (search_memory without a query); a search with a query "
+                f"returns its best `limit` records: to see more, raise limit (at most "
+                f"{MAX_SEARCH_LIMIT}) or narrow the search with kind, labels or other words"
+            )
         found = await self.search(
-            query=a.query.strip() if a.query and a.query.strip() else None,
+            query=query,
             kind=a.kind,
             labels=_label_numbers(self.memory, a.labels),
             ids=a.ids,
