@@ -756,6 +756,18 @@ def parser() -> argparse.ArgumentParser:
                 raise SystemExit(2)
             super().error(message)
 
+        def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+            """As argparse's, but an argument no parser knew (`engram serve --bogus`), which
+            argparse leaves to the top-level parser, is said as the command's own refusals."""
+            parsed, extras = self.parse_known_args(args, namespace)
+            if extras:
+                message = f"unrecognized arguments: {' '.join(extras)}"
+                if getattr(parsed, "command", None) == "serve" and _json_log("serve"):
+                    _say(f"{self.prog}: error: {message}", "serve")
+                    raise SystemExit(2)
+                self.error(message)
+            return parsed
+
     p = Parser(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(
         "--version",

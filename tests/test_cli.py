@@ -583,6 +583,23 @@ async def test_serve_refusals_are_json_log_lines_under_the_json_format(db_url):
     assert done.returncode == 2 and done.stderr.startswith("error (CONFLICT): the database is at")
 
 
+def test_serve_with_an_unknown_option_says_so_as_a_json_log_line_under_the_json_format():
+    """An option `engram serve` does not know is refused by the top-level parser (argparse
+    leaves unrecognized arguments to it), whose words are JSON too under ENGRAM_LOG_FORMAT=json:
+    a log collector reads one object, not a usage text; other commands keep text."""
+    done = run(clean_env(log_format="json"), "serve", "--bogus", "x")
+    assert done.returncode == 2, done.stderr
+    assert [e["message"] for e in _json_lines(done.stderr)] == [
+        "engram: error: unrecognized arguments: --bogus x"
+    ]
+    text = run(clean_env(), "serve", "--bogus")
+    assert text.returncode == 2
+    assert text.stderr.splitlines()[-1] == "engram: error: unrecognized arguments: --bogus"
+    other = run(clean_env(log_format="json"), "migrate", "--bogus")
+    assert other.returncode == 2
+    assert other.stderr.splitlines()[-1] == "engram: error: unrecognized arguments: --bogus"
+
+
 def test_serve_refuses_port_0(tmp_path):
     # An unreachable database: without the refusal the command would go on to connect.
     url = f"postgresql://engram@127.0.0.1:{free_port()}/engram"

@@ -239,6 +239,22 @@ async def test_a_global_id_where_a_uuid_goes_says_which_to_pass(http):
     assert "a global `id` (of Action)" in answer["errors"][0]["message"]
 
 
+async def test_a_cursor_where_a_uuid_goes_is_not_called_a_global_id(http):
+    """A listing's cursor is base64 JSON too, its binding a hex digest first: one starting with
+    a letter (as a `clients` cursor's might) is no object's global `id`, and is refused as any
+    other string that is not a UUID, not as `a global id (of e3b0c44298fc1c14)`."""
+    from app.db import cursors
+
+    for cursor in (
+        cursors.pack(["e3b0c44298fc1c14", "p-1"]),
+        cursors.pack(["abcdef0123456789", {"t": "2026-01-01T00:00:00+00:00"}, {"u": "x"}]),
+    ):
+        answer = (await post(http, '{ action(actionId: "' + cursor + '") { name } }')).json()
+        message = answer["errors"][0]["message"]
+        assert "not a UUID: write it as 32 hex digits" in message, message
+        assert "global" not in message, message
+
+
 async def test_unknown_field(http):
     response = await post(http, "{ viewer { principal password } }")
     assert error_code(response) == "BAD_REQUEST"

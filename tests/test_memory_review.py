@@ -954,8 +954,16 @@ async def test_m12_two_turns_at_once_that_learn_the_same_fact_keep_it_once(
         ((False, "agent"), (True, "agent"), True, BOTH_SCOPES["read"]),
         # M12: a scope the agent writes but does not read is compared with all the same
         ((False, "agent"), (False, "agent"), True, ["session"]),
+        # M3, M5: but a session-scope copy is no copy of a record its session never recalls
+        ((False, "agent"), (False, "session"), False, ["session"]),
     ],
-    ids=["preview-then-live", "other-session-then-agent", "live-then-preview", "written-unread"],
+    ids=[
+        "preview-then-live",
+        "other-session-then-agent",
+        "live-then-preview",
+        "written-unread",
+        "written-unread-then-session",
+    ],
 )
 async def test_a_turn_drops_only_a_copy_its_reader_sees(
     gql: GQL,
@@ -1263,6 +1271,33 @@ async def test_m11_m12_a_fact_kept_in_a_scope_written_but_not_read_does_not_pile
     (review,) = reviews(elsewhere)
     assert review["decisions"][0]["action"] == "add"
     assert all(r["id"] == kept["memoryId"] for r in review["neighbours"][0]["records"])
+
+
+async def test_m3_m5_m12_a_fact_kept_in_a_scope_unread_is_kept_where_another_session_reads_it(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An agent that writes agent scope but reads its session alone: a fact one session kept in
+    agent scope, which no session recalls, is no copy of the same fact another session is told
+    and keeps in session scope (the default): that session's review adds it, word for word or
+    not, and the session recalls it. Compared with the agent-scope record, it was skipped as a
+    duplicate and the session never recalled what it was told."""
+    harness = memory_harness(scope={"read": ["session"], "write": ["session", "agent"]})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    candidates(model_server, {"summary": "Acme's office is in Paris.", "scope": "AGENT"})
+    assert (await run(gql, admin, action_id, "Acme's office is in Paris"))["status"] == (
+        "SUCCEEDED"
+    )
+    for session, summary in (("s2", "acme's office is in Paris"), ("s3", "Acme is in Paris")):
+        candidates(model_server, {"summary": summary})
+        told = await run(gql, admin, action_id, "Acme's office is in Paris", session=session)
+        (review,) = reviews(told)
+        assert [d["action"] for d in review["decisions"]] == ["add"], review
+        assert review["neighbours"][0]["records"] == [], review  # nothing it reads or adds to
+        (kept,) = [m for m in await memories(gql, admin, action_id) if m["sessionId"] == session]
+        assert (kept["scope"], kept["summary"]) == ("SESSION", summary)
+        model_server.say("Paris.")
+        await run(gql, admin, action_id, "Where is Acme's office?", session=session)
+        assert summary in json.dumps(chat(model_server)[-1].body["messages"])
 
 
 async def test_m11_a_candidate_is_compared_with_its_nearest_record_whatever_min_score(

@@ -641,6 +641,31 @@ async def test_m38_a_search_with_a_query_ranks_once_and_after_pages_only_a_listi
     assert json.loads(tool_results(chat(model_server)[-1])[-1]) == {"error": refused["error"]}
 
 
+async def test_m38_a_listing_cursor_of_other_filters_tells_the_model_what_to_pass(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A listing's `nextCursor` passed with another kind (its binding refuses it) is refused in
+    the words of the tool the model called: its nextCursor and filters, not a GraphQL
+    connection's `endCursor`, `sort` or `accountId`, which the model has never seen."""
+    agent = await make_agent(gql.state, admin, harness=full_memory())
+    await seed(state, agent, "Ada prefers email", "Ada's plan is Basic", "Ada lives in Leeds")
+    model_server.call_tools(("search_memory", {"limit": 2}))
+    model_server.say("Listed.")
+    first = await run(gql, admin, str(agent.action_id), "List your memory")
+    (page,) = [r for r in tool_runs(first, "search_memory") if not r["input"].get("recall")]
+    cursor = page["output"]["nextCursor"]
+
+    model_server.call_tools(("search_memory", {"limit": 2, "kind": "fact", "after": cursor}))
+    model_server.say("Listed.")
+    second = await run(gql, admin, str(agent.action_id), "And the facts after those?")
+
+    (refused,) = [r for r in tool_runs(second, "search_memory") if not r["input"].get("recall")]
+    said = refused["error"]
+    assert "nextCursor" in said and "leave `after` out" in said, said
+    for graphql_only in ("endCursor", "connection", "sort", "accountId"):
+        assert graphql_only not in said, said
+
+
 async def test_m38_an_empty_ids_list_counts_as_not_given(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:

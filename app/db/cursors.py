@@ -215,11 +215,15 @@ class Keyset:
         except Exception:  # a crafted cursor is the client's error, whatever it trips
             raise BadInput(self.error) from None
 
-    def bound(self, listing: str, *arguments: Any) -> "BoundKeyset":
+    def bound(
+        self, listing: str, *arguments: Any, error: str = NOT_THESE_ARGUMENTS
+    ) -> "BoundKeyset":
         """This shape's cursors for one listing: `listing` names the list (`Action.memories`),
         `arguments` its parent and whatever chooses or orders its items, each JSON-able (UUIDs
-        and enums as str), spelled the same however a client may spell the same choice."""
-        return BoundKeyset(self, binding(listing, *arguments))
+        and enums as str), spelled the same however a client may spell the same choice.
+        `error`: the refusal of a cursor it did not issue, in the words of whoever passes it
+        (a connection's by default; a model's tool names its own cursor and arguments)."""
+        return BoundKeyset(self, binding(listing, *arguments), error)
 
 
 def binding(listing: str, *arguments: Any) -> str:
@@ -234,8 +238,8 @@ class BoundKeyset:
     """A keyset's cursors for one listing and its arguments (Keyset.bound): each carries the
     binding before its values, and a cursor of another binding is refused."""
 
-    def __init__(self, keyset: Keyset, key: str) -> None:
-        self.keyset, self.key = keyset, key
+    def __init__(self, keyset: Keyset, key: str, error: str = NOT_THESE_ARGUMENTS) -> None:
+        self.keyset, self.key, self.error = keyset, key, error
         self._head = '["' + key + '",'
 
     def encode(self, *values: Any) -> str:
@@ -254,7 +258,7 @@ class BoundKeyset:
                 raise ValueError("wrong arity")
             loaded = tuple(k.load(v) for k, v in zip(kinds, values[1:], strict=True))
         except Exception:  # a crafted cursor is the client's error, whatever it trips
-            raise BadInput(NOT_THESE_ARGUMENTS) from None
+            raise BadInput(self.error) from None
         if values[0] != self.key:
-            raise BadInput(NOT_THESE_ARGUMENTS)
+            raise BadInput(self.error)
         return loaded

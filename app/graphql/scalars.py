@@ -60,8 +60,11 @@ def _global_id_type(value: str) -> str | None:
         parts = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
     except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         return None
-    named = isinstance(parts, list) and len(parts) >= 2 and isinstance(parts[0], str)
-    return parts[0] if named and parts[0].isidentifier() and len(parts[0]) <= 40 else None
+    # Every part text, and a type's name first (Action, ActionAgentMemory...): a listing's
+    # cursor is base64 JSON as well, led by its binding's hex digest (app/db/cursors.py).
+    named = isinstance(parts, list) and len(parts) >= 2 and all(isinstance(p, str) for p in parts)
+    name = parts[0] if named else ""
+    return name if name[:1].isupper() and name.isidentifier() and len(name) <= 40 else None
 
 
 def _parse_value_literal(node: ValueNode, variables: dict[str, Any] | None = None) -> Any:

@@ -2,9 +2,10 @@
 the neighbours a candidate is compared with. The runtime (app/runtime/review.py) asks the
 model; this module knows the records.
 
-Neighbours are found as recall finds records (the agent's reader, with the scopes it writes as
-well as those it reads: its session, live or preview, its turn's own staged writes), by the
-agent's search mode but whatever its `min_score`, and ranked for a restatement rather than a
+Neighbours are found as recall finds records (the agent's reader, with the scope the candidate
+goes to as well as those it reads: its session, live or preview, its turn's own staged
+writes), by the agent's search mode but whatever its `min_score`, and ranked for a restatement
+rather than a
 question: the text score is divided by 1 + the log of the record's distinct words, and meaning
 weighs 0.7; the best 40 by that are ranked again with 0.3 of a BM25 of the candidate's words,
 weighted by their rarity among those 40. On the LoCoMo dev observations

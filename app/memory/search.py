@@ -497,6 +497,15 @@ def _labels(labels: Mapping[int, str] | None) -> dict[int, str] | None:
 
 
 LISTING = cursors.Keyset(cursors.INSTANT_TEXT, cursors.ID_TEXT)
+# Said to an operator (searchMemories) and to a model (search_memory, its `nextCursor`) alike,
+# as RANKED's refusal is: neither pages a GraphQL connection of `endCursor`, `sort` and
+# `accountId`.
+NOT_THIS_LISTING = (
+    "`after` is not a cursor this listing issued: pass the next cursor of the previous page "
+    "(search_memory's `nextCursor`, or the `cursor` of its last record), of the same agent "
+    "with the same kind, labels and ids, or leave `after` out to start again from the first "
+    "page"
+)
 RANKED = cursors.Keyset(
     cursors.TEXT,  # the search it belongs to (`_search_key`)
     cursors.SCORE,
@@ -517,7 +526,9 @@ def _listing(reader: Reader, filters: Filters) -> cursors.BoundKeyset:
     labels = sorted((filters.labels or {}).items())
     ids = sorted(map(str, filters.ids)) if filters.ids is not None else None
     agent = (str(reader.account_id), str(reader.action_id))
-    return LISTING.bound("searchMemories", *agent, filters.kind, labels, ids)
+    return LISTING.bound(
+        "searchMemories", *agent, filters.kind, labels, ids, error=NOT_THIS_LISTING
+    )
 
 
 @dataclass(frozen=True)

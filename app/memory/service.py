@@ -71,15 +71,21 @@ class Writer:
     source: Source
     preview: bool
 
-    def reader(self, *, writing: bool = False) -> AgentReader:
+    def reader(self, *, writing: bool = False, adding: Scope | None = None) -> AgentReader:
         """How this writer reads: its read scopes, its session, its own staged rows.
-        `writing`: what it changes or compares its writes with (a replacement, a deletion, a
-        memory review's neighbours and duplicates), the scopes it writes too, even one it does
-        not read, so that it finds what it wrote there and a fact kept there is not kept again."""
+        `writing`: what it changes (a replacement, a deletion), the scopes it writes too, even
+        one it does not read, so that it finds what it wrote there. `adding`: what a new record
+        of that scope may restate (a memory review's neighbours and duplicates): the records of
+        its read scopes and of that scope, so that a fact kept in a scope the agent writes but
+        does not read is not kept there again, but is kept again where the session reads it."""
         config = self.action.harness.memory
         scopes = config.read
-        if writing:
-            scopes = tuple(s for s in Scope if s in config.read or s in config.write)
+        if writing or adding is not None:
+            scopes = tuple(
+                s
+                for s in Scope
+                if s in config.read or (s in config.write if writing else s == adding)
+            )
         return AgentReader(
             account_id=self.account_id,
             action_id=self.action.action_id,
@@ -578,7 +584,7 @@ class MemoryWork:
         same at once the second finds the first's."""
         changing = {c.by for c in self._changes}
         added = [m for m in self._staged[mark[0] :] if m not in changing]
-        restated = await store.restated_staged(conn, self.writer.reader(writing=True), added)
+        restated = await store.restated_staged(conn, self.writer.reader(), added)
         if restated:
             w = self.writer
             await store.delete_staged(
@@ -669,6 +675,14 @@ class MemoryWork:
         if Scope.AGENT in config.write:
             return Scope.AGENT
         raise BadInput(NO_SESSION)
+
+    def scope_of(self, requested: Scope | None) -> Scope | None:
+        """The scope a record this work adds with `requested` (None: the default) would have;
+        None when it would be refused."""
+        try:
+            return self._scope(requested, self.writer.session_id)
+        except BadInput:
+            return None
 
     def _target_reader(self, *, writing: bool) -> Reader:
         """Whose records a call finds: an operator every record; an agent those of the scopes

@@ -6,7 +6,7 @@ its WHERE clause from it.
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -22,6 +22,7 @@ from app.memory.visibility import (
     OperatorPages,
     OperatorReader,
     Reader,
+    in_scopes,
     in_session,
     shadows,
     staged_by,
@@ -729,7 +730,8 @@ async def restated_staged(
     conn: asyncpg.Connection, reader: AgentReader, memory_ids: Sequence[UUID]
 ) -> list[UUID]:
     """Of the given rows the reader's attempt staged, those whose summary (normalised, as
-    `summaries_known` compares) a committed record the reader sees already says. Locks those
+    `summaries_known` compares) a committed record the reader sees, or one of the row's own
+    scope (which its writer may not read), already says. Locks those
     summaries for the agent first, until the caller's transaction ends (in one order, so two
     commits never deadlock: the locks' own 64-bit keys, sorted, so that even two summaries
     whose keys collide take their locks in the one order): of two commits adding the same
@@ -750,7 +752,9 @@ async def restated_staged(
         """,
         *p.values,
     )
-    where = visible(reader, p, "m")
+    # Every scope as the reader would see it, then those it reads or the staged row's own.
+    where = visible(replace(reader, scopes=tuple(Scope)), p, "m")
+    where += f" AND (m.scope = s.scope OR {in_scopes(reader, p, 'm')})"
     return [
         r["memory_id"]
         for r in await conn.fetch(

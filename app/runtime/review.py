@@ -68,6 +68,7 @@ from app.scope import Scope
 from app.text import for_model, nests_deeper, quoted
 
 if TYPE_CHECKING:
+    from app.memory.visibility import AgentReader
     from app.runtime.turns import TurnContext
 
 log = logging.getLogger(__name__)
@@ -459,11 +460,7 @@ class Review:
         decisions: list[dict[str, Any]] = []
         self.event.update(neighbours=[], decisions=decisions)
         # Exact duplicates, of a visible record or of an earlier candidate: no model call.
-        duplicate = await memory_review.known(
-            self.context.state.pool,
-            self.work.writer.reader(writing=True),
-            [c.summary for c in candidates],
-        )
+        duplicate = await self._known(candidates)
         seen: set[str] = set()
         open_: list[tuple[str, Candidate]] = []
         for i, (handle, c) in enumerate(zip(handles, candidates, strict=True)):
@@ -546,12 +543,33 @@ class Review:
             found += await self._ask(asked, candidates_tool(memory, room), parse) or []
         return found
 
+    def _reader(self, c: Candidate) -> "AgentReader":
+        """What candidate `c` may restate: the records of the scopes the agent reads and of the
+        scope `c` goes to, which it may write but not read (a fact kept in agent scope is not
+        kept there again; told to a session that reads its own scope alone, it is kept there,
+        where that session recalls it)."""
+        return self.work.writer.reader(adding=self.work.scope_of(c.scope))
+
+    async def _known(self, candidates: list[Candidate]) -> set[int]:
+        """The positions of the candidates a record they may restate says word for word."""
+        by_scope: dict[Scope | None, list[int]] = {}
+        for i, c in enumerate(candidates):
+            by_scope.setdefault(self.work.scope_of(c.scope), []).append(i)
+        known: set[int] = set()
+        for positions in by_scope.values():
+            found = await memory_review.known(
+                self.context.state.pool,
+                self._reader(candidates[positions[0]]),
+                [candidates[i].summary for i in positions],
+            )
+            known.update(positions[j] for j in found)
+        return known
+
     async def _compare(self, open_: list[tuple[str, Candidate]]) -> "_Shown":
         """Each candidate's neighbours, under short handles (a record shown for several
         candidates has one)."""
         state = self.context.state
         assert state.embedder is not None
-        reader = self.work.writer.reader(writing=True)  # the scopes it writes too
         shown = _Shown()
         handle_of: dict[UUID, str] = {}
         tokens = 0
@@ -561,7 +579,7 @@ class Review:
             found = await memory_review.neighbours(
                 state.pool,
                 state.embedder,
-                reader,
+                self._reader(c),
                 self.memory.search,
                 texts[-1],
                 self.settings.memory_review_neighbours,
