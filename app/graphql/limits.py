@@ -9,9 +9,9 @@ connections and the database's cores are shared. So beyond the size of its text
   twice took 2^30 steps: minutes of a blocked event loop), and fragments spread within
   fragments at most `MAX_FRAGMENT_NESTING` deep;
 - the objects its answer may hold (`ENGRAM_MAX_QUERY_NODES`), each list counted at its page
-  size (`first`): aliases and the loops of the schema (a record's `action`, whose `memories`
-  hold records) repeat a page of 1,000 records as often as the text allows, 514 MB in one
-  answer;
+  size (`first`; `nodes` at its `ids`): aliases and the loops of the schema (a record's
+  `action`, whose `memories` hold records) repeat a page of 1,000 records as often as the
+  text allows, 514 MB in one answer;
 - the searches it may run (`ENGRAM_MAX_QUERY_SEARCHES`): each is a ranked query on the
   database, and aliases ran 50 of them at once, holding every pooled connection;
 - introspection: the schema once (`__schema`), and at most `MAX_TYPES` types (`__type`);
