@@ -20,11 +20,10 @@ from factories import (
     token_for,
     writer,
 )
-from helpers import GQL
+from test_graphql_loaders import counted
 
 from app.actions import service as actions
 from app.auth import service as auth_service
-from app.db.pool import create_pool
 from app.graphql.node import MAX_IDS
 from app.graphql.relay import global_id
 from app.state import AppState
@@ -349,24 +348,6 @@ async def test_each_id_keeps_the_grants_node_has(state, admin, base_url):
         ids=ids["Action"],
     )
     assert codes(body) == ["ACCESS_DENIED"] and body["data"] is None
-
-
-async def counted(state: AppState, db_url: str, who, query: str, **variables) -> tuple[dict, int]:
-    """The operation's data, and how many statements it sent to PostgreSQL, the second time it
-    ran (as tests/test_graphql_loaders.py counts them)."""
-    pool = await create_pool(db_url, min_size=1, max_size=1)
-    statements: list[str] = []
-    try:
-        async with pool.acquire() as conn:
-            reset = conn.get_reset_query()
-            conn.add_query_logger(lambda record: statements.append(record.query))
-        run = GQL(AppState(settings=state.settings, pool=pool))
-        await run(who, query, **variables)
-        statements.clear()
-        result = await run(who, query, **variables)
-    finally:
-        await pool.close()
-    return result.ok(), len([s for s in statements if s != reset])
 
 
 async def test_nodes_reads_each_type_in_one_batch(state, db_url, admin):

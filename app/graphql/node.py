@@ -6,7 +6,7 @@ load through the request's DataLoaders (Context.load), so `nodes` reads the obje
 in one batch however many IDs name them."""
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ async def resolve_node(info: Info, id: str) -> Any:
     return found
 
 
-async def resolve_nodes(info: Info, ids: list[str]) -> list[Any]:
+async def resolve_nodes(info: Info, ids: Sequence[str]) -> list[Any]:
     """The objects of `ids`, in their order: at an ID `node` would answer NOT_FOUND, an error
     located at that item (a MissingItem), which the answer holds as null. A malformed ID, or
     an error `node` would answer otherwise (ACCESS_DENIED), fails the whole field."""

@@ -252,18 +252,18 @@ async def get_memories(
         rows = await store.get_visible_many(conn, account_id, list({k[:2] for k in keys}))
         current = {(r["action_id"], r["memory_id"]): r for r in rows}
         earlier = [
-            k
+            (k[0], k[1], k[2])
             for k in keys
             if k[2] is not None and k[:2] in current and current[k[:2]]["version"] != k[2]
         ]
         versions = await store.get_versions(conn, account_id, earlier) if earlier else []
         agents = await load_actions(conn, account_id, list({k[0] for k in current}))
     exact = {(r["action_id"], r["memory_id"], r["version"]): r for r in versions}
-    found = {}
+    found: dict[tuple[UUID, UUID, int | None], MemoryView] = {}
     for k in keys:
         row = current.get(k[:2])
         if row is not None and k[2] is not None and k[2] != row["version"]:
-            row = exact.get(k)  # type: ignore[arg-type]
+            row = exact.get(k)
         if row is not None:
             action = agents.get(k[0])
             found[k] = MemoryView(
