@@ -86,6 +86,10 @@ STEPS = {
     "SearchHistory": Step(SUPPORT, {"id": LISTED_AGENT}),
     "Erase": Step(SUPPORT, {"id": LISTED_AGENT}),
     "Refetch": Step(SUPPORT, {"id": "Agents.actions.nodes[0].id"}),
+    "RefetchMany": Step(
+        SUPPORT,
+        {"agent": "Agents.actions.nodes[0].id", "record": "Memories.action.memories.nodes[0].id"},
+    ),
 }
 
 

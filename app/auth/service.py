@@ -264,16 +264,30 @@ async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> UU
     return row["account_id"]
 
 
-async def get_account(pool: asyncpg.Pool, caller: Caller, *, account_id: UUID) -> tuple[UUID, str]:
-    """An account's ID and name: the caller's own, or any for a client of the default account
-    (another tenant's is not found)."""
+def _reachable(caller: Caller, keys: list[Any]) -> list[Any]:
+    """The keys (each leading with an account) in accounts the caller reaches: those of another
+    tenant's name nothing it may find."""
+    reached = []
+    for key in keys:
+        try:
+            caller.reach_account(key[0])
+        except NotFound:
+            continue
+        reached.append(key)
+    return reached
+
+
+async def get_accounts(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID]]
+) -> dict[tuple[UUID], tuple[UUID, str]]:
+    """The accounts of `keys` (each a 1-tuple of its ID) that get_account finds, in one query."""
     caller.require(("SELECT", resources.ACCOUNT))
-    account_id = caller.reach_account(account_id)
+    reached = _reachable(caller, keys)
+    if not reached:
+        return {}
     async with pool.acquire() as conn:
-        row = await store.get_account(conn, account_id)
-    if row is None:
-        raise NotFound(f"account {account_id} not found")
-    return row["account_id"], row["name"]
+        rows = await store.get_accounts(conn, [k[0] for k in reached])
+    return {(r["account_id"],): (r["account_id"], r["name"]) for r in rows}
 
 
 async def create_client(
@@ -313,6 +327,19 @@ async def get_client(
     async with pool.acquire() as conn:
         row = await store.get_client(conn, account_id, principal)
     return Client.of(row) if row else None
+
+
+async def get_clients(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, str]]
+) -> dict[tuple[UUID, str], Client]:
+    """The clients of `keys` (account, principal) that get_client finds, in one query."""
+    caller.require(("SELECT", resources.CLIENT))
+    reached = _reachable(caller, keys)
+    if not reached:
+        return {}
+    async with pool.acquire() as conn:
+        rows = await store.get_clients(conn, reached)
+    return {(r["account_id"], r["principal"]): Client.of(r) for r in rows}
 
 
 async def list_clients(
@@ -500,15 +527,18 @@ async def list_client_token_pages(
     return found
 
 
-async def get_client_token(
-    pool: asyncpg.Pool, caller: Caller, *, account_id: UUID, principal: str, token_id: UUID
-) -> TokenInfo | None:
-    """One of the client's tokens, as `list_client_tokens` shows it."""
+async def get_client_tokens(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, str, UUID]]
+) -> dict[tuple[UUID, str, UUID], TokenInfo]:
+    """The tokens of `keys` (account, principal, token_id) that get_client_token finds, in one
+    query."""
     caller.require(("SELECT", resources.CLIENT_TOKEN))
-    account_id = caller.reach_account(account_id)
+    reached = _reachable(caller, keys)
+    if not reached:
+        return {}
     async with pool.acquire() as conn:
-        row = await store.get_token(conn, account_id, principal, token_id)
-    return TokenInfo.of(row) if row else None
+        rows = await store.get_tokens(conn, reached)
+    return {(r["account_id"], r["principal"], r["token_id"]): TokenInfo.of(r) for r in rows}
 
 
 async def revoke_client_token(

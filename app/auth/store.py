@@ -38,6 +38,20 @@ async def get_client(conn: asyncpg.Connection, account_id: UUID, principal: str)
     )
 
 
+async def get_accounts(conn: asyncpg.Connection, account_ids: list[UUID]) -> list[Row]:
+    return await conn.fetch("SELECT * FROM accounts WHERE account_id = any($1)", account_ids)
+
+
+async def get_clients(conn: asyncpg.Connection, keys: Sequence[tuple[UUID, str]]) -> list[Row]:
+    """The clients of `keys` (account, principal) that exist, in one statement."""
+    return await conn.fetch(
+        "SELECT c.* FROM clients c JOIN unnest($1::uuid[], $2::text[]) k(account_id, principal)"
+        " USING (account_id, principal)",
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+    )
+
+
 async def lock_clients(
     conn: asyncpg.Connection, keys: Iterable[tuple[UUID, str]]
 ) -> dict[tuple[UUID, str], Row]:
@@ -270,17 +284,15 @@ async def list_token_pages(
     return by_page(rows, len(pages))
 
 
-async def get_token(
-    conn: asyncpg.Connection, account_id: UUID, principal: str, token_id: UUID
-) -> Row | None:
-    return await conn.fetchrow(
+async def get_tokens(conn: asyncpg.Connection, keys: Sequence[tuple[UUID, str, UUID]]) -> list[Row]:
+    """The tokens of `keys` (account, principal, token_id) that exist, in one statement."""
+    return await conn.fetch(
         f"""
         SELECT {_TOKEN_COLUMNS} FROM client_tokens
-        WHERE account_id = $1 AND principal = $2 AND token_id = $3
+        JOIN unnest($1::uuid[], $2::text[], $3::uuid[]) k(account_id, principal, token_id)
+            USING (account_id, principal, token_id)
         """,
-        account_id,
-        principal,
-        token_id,
+        *([k[i] for k in keys] for i in range(3)),
     )
 
 

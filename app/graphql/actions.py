@@ -126,12 +126,16 @@ DOCUMENT_FIELDS: tuple[str, ...] = tuple(
 )
 
 
-@node_type("Action")
-async def _action_node(info: Info, parts: list[str]) -> Action | None:
+def _action_key(parts: list[str]) -> tuple[UUID, int]:
     version = parse_int4(parts[1]) if len(parts) == 2 else None
     if version is None:
         raise BadInput("an Action ID names an action and a version")
-    return await info.context.load("Action", (parse_uuid(parts[0]), version))
+    return parse_uuid(parts[0]), version
+
+
+@node_type("Action", _action_key)
+async def _action_node(info: Info, key: tuple[UUID, int]) -> Action | None:
+    return await info.context.load("Action", key)
 
 
 @strawberry.type(description="Reading agents.")

@@ -14,7 +14,7 @@ from app.auth.service import TokenInfo, TokenPage
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
-from app.graphql.context import Info, batch_pages
+from app.graphql.context import Info, batch_loader, batch_pages
 from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
@@ -307,39 +307,43 @@ def _policies(policies: list[PolicyInput]) -> list[dict[str, object]]:
     ]
 
 
-@node_type("Client")
-async def _client_node(info: Info, parts: list[str]) -> Client | None:
+# Clients, accounts and tokens by ID, for node(id) and nodes(ids): one query per type.
+batch_loader("Client", service.get_clients, Client.of)
+batch_loader("Account", service.get_accounts, lambda found: Account.of(*found))
+batch_loader("ClientToken", service.get_client_tokens, ClientTokenInfo.of)
+
+
+def _client_key(parts: list[str]) -> tuple[UUID, str]:
     if len(parts) != 2:
         raise BadInput("a Client ID names an account and a principal")
-    account_id, principal = parse_uuid(parts[0]), parts[1]
-    found = await service.get_client(
-        info.context.pool, info.context.caller, account_id=account_id, principal=principal
-    )
-    return Client.of(found) if found else None
+    return parse_uuid(parts[0]), parts[1]
 
 
-@node_type("Account")
-async def _account_node(info: Info, parts: list[str]) -> Account | None:
+def _account_key(parts: list[str]) -> tuple[UUID]:
     if len(parts) != 1:
         raise BadInput("an Account ID names one account")
-    found = await service.get_account(
-        info.context.pool, info.context.caller, account_id=parse_uuid(parts[0])
-    )
-    return Account.of(*found)
+    return (parse_uuid(parts[0]),)
 
 
-@node_type("ClientToken")
-async def _token_node(info: Info, parts: list[str]) -> ClientTokenInfo | None:
+def _token_key(parts: list[str]) -> tuple[UUID, str, UUID]:
     if len(parts) != 3:
         raise BadInput("a ClientToken ID names an account, a principal and a token")
-    found = await service.get_client_token(
-        info.context.pool,
-        info.context.caller,
-        account_id=parse_uuid(parts[0]),
-        principal=parts[1],
-        token_id=parse_uuid(parts[2]),
-    )
-    return ClientTokenInfo.of(found) if found else None
+    return parse_uuid(parts[0]), parts[1], parse_uuid(parts[2])
+
+
+@node_type("Client", _client_key)
+async def _client_node(info: Info, key: tuple[UUID, str]) -> Client | None:
+    return await info.context.load("Client", key)
+
+
+@node_type("Account", _account_key)
+async def _account_node(info: Info, key: tuple[UUID]) -> Account | None:
+    return await info.context.load("Account", key)
+
+
+@node_type("ClientToken", _token_key)
+async def _token_node(info: Info, key: tuple[UUID, str, UUID]) -> ClientTokenInfo | None:
+    return await info.context.load("ClientToken", key)
 
 
 @strawberry.type(description="Who is asking, and the account's clients.")

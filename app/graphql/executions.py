@@ -308,18 +308,24 @@ def _key(parts: list[str], type_name: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-@node_type("ActionExecution")
-async def _execution_node(info: Info, parts: list[str]) -> ActionExecution | None:
+def _execution_key(parts: list[str]) -> tuple[UUID, UUID]:
     action_id, execution_id = _key(parts, "ActionExecution")
-    return await info.context.load(
-        "ActionExecution", (parse_uuid(action_id), parse_uuid(execution_id))
-    )
+    return parse_uuid(action_id), parse_uuid(execution_id)
 
 
-@node_type("ActionSession")
-async def _session_node(info: Info, parts: list[str]) -> ActionSession | None:
+def _session_key(parts: list[str]) -> tuple[UUID, str]:
     action_id, session_id = _key(parts, "ActionSession")
-    return await info.context.load("ActionSession", (parse_uuid(action_id), session_id))
+    return parse_uuid(action_id), session_id
+
+
+@node_type("ActionExecution", _execution_key)
+async def _execution_node(info: Info, key: tuple[UUID, UUID]) -> ActionExecution | None:
+    return await info.context.load("ActionExecution", key)
+
+
+@node_type("ActionSession", _session_key)
+async def _session_node(info: Info, key: tuple[UUID, str]) -> ActionSession | None:
+    return await info.context.load("ActionSession", key)
 
 
 @strawberry.type

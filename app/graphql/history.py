@@ -9,7 +9,7 @@ import strawberry
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput
-from app.graphql.context import Info, batch_pages
+from app.graphql.context import Info, batch_loader, batch_pages
 from app.graphql.enums import graphql_enum
 from app.graphql.node import node_type
 from app.graphql.relay import (
@@ -186,16 +186,17 @@ class SessionHistoryFields:
 batch_pages("ActionSession.history", service.list_event_pages)
 
 
-@node_type("ActionHistoryEvent")
-async def _event_node(info: Info, parts: list[str]) -> ActionHistoryEvent | None:
+# Events by ID, for node(id) and nodes(ids): those of one request in one query.
+batch_loader("ActionHistoryEvent", service.get_events, lambda event: event)
+
+
+def _event_key(parts: list[str]) -> tuple[UUID, str, UUID]:
     if len(parts) != 3 or any("\x00" in p for p in parts):
         raise BadInput("not a global ID of an ActionHistoryEvent: it must come from its `id`")
-    action_id, event_id = parse_uuid(parts[0]), parse_uuid(parts[2])
-    found = await service.get_event(
-        info.context.pool,
-        info.context.caller,
-        action_id=action_id,
-        session_id=parts[1],
-        event_id=event_id,
-    )
-    return ActionHistoryEvent.of(action_id, shown(info, found)) if found else None
+    return parse_uuid(parts[0]), parts[1], parse_uuid(parts[2])
+
+
+@node_type("ActionHistoryEvent", _event_key)
+async def _event_node(info: Info, key: tuple[UUID, str, UUID]) -> ActionHistoryEvent | None:
+    found = await info.context.load("ActionHistoryEvent", key)
+    return ActionHistoryEvent.of(key[0], shown(info, found)) if found else None

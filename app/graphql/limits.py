@@ -9,9 +9,9 @@ connections and the database's cores are shared. So beyond the size of its text
   twice took 2^30 steps: minutes of a blocked event loop), and fragments spread within
   fragments at most `MAX_FRAGMENT_NESTING` deep;
 - the objects its answer may hold (`ENGRAM_MAX_QUERY_NODES`), each list counted at its page
-  size (`first`): aliases and the loops of the schema (a record's `action`, whose `memories`
-  hold records) repeat a page of 1,000 records as often as the text allows, 514 MB in one
-  answer;
+  size (`first`; `nodes` at its `ids`): aliases and the loops of the schema (a record's
+  `action`, whose `memories` hold records) repeat a page of 1,000 records as often as the
+  text allows, 514 MB in one answer;
 - the searches it may run (`ENGRAM_MAX_QUERY_SEARCHES`): each is a ranked query on the
   database, and aliases ran 50 of them at once, holding every pooled connection;
 - introspection: the schema once (`__schema`), and at most `MAX_TYPES` types (`__type`);
@@ -52,6 +52,7 @@ from graphql.validation import ValidationContext
 from strawberry.extensions import SchemaExtension
 
 from app.errors import BadInput
+from app.graphql.node import MAX_IDS
 from app.graphql.relay import MAX_PAGE
 from app.graphql.selection import (
     Refusing,
@@ -77,9 +78,11 @@ MAX_TYPES = 20
 # execution merges them; a legible query repeats none.
 MAX_SAME_FIELD = 100
 # The arguments the counts read.
-_COUNTED = frozenset({"first", "inputs", "query"})
+_COUNTED = frozenset({"first", "inputs", "query", "ids"})
 # Lists that take no `first`, at the most items they hold (others: their page, or one).
 _LIST_BOUNDS = {"RememberConversationResult.records": MAX_CANDIDATES}
+# Lists of an object per ID they are given.
+_BY_IDS = frozenset({"Query.nodes"})
 
 
 def _spreads(selections: SelectionSetNode | None) -> Iterator[str]:
@@ -213,6 +216,14 @@ def _page(field: Any, arguments: Mapping[str, Any]) -> int | None:
     return len(inputs) if isinstance(inputs, list) else None
 
 
+def _by_ids(arguments: Mapping[str, Any]) -> int:
+    """The objects of a list of `ids`: one per ID (a single ID, not in a list, is a list of
+    one); past MAX_IDS, none: the field refuses them itself, naming its own limit."""
+    ids = arguments.get("ids")
+    count = len(ids) if isinstance(ids, list) else 1
+    return count if count <= MAX_IDS else 0
+
+
 def request_cost(
     schema: GraphQLSchema,
     operation: OperationDefinitionNode,
@@ -251,7 +262,7 @@ def request_cost(
         arguments = {k: v for k, v in arguments.items() if v is not Undefined}
         name = f"{parent.name}.{node.name.value}"
         searches = int(_SEARCHES[name](arguments)) if name in _SEARCHES else 0
-        page = _page(field, arguments)
+        page = _by_ids(arguments) if name in _BY_IDS else _page(field, arguments)
         inner = cost(named, node.selection_set)
         if isinstance(type_, GraphQLList):
             nodes, searches_each = inner.at(1)

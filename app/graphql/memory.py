@@ -10,7 +10,7 @@ from app.actions.service import ActionVersion
 from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput, NotFound
-from app.graphql.context import Info, batch_pages
+from app.graphql.context import Info, batch_loader, batch_pages
 from app.graphql.enums import graphql_enum
 from app.graphql.inputs import built_directly
 from app.graphql.node import node_type
@@ -517,12 +517,21 @@ def _current(fields: ActionMemoryFields) -> ActionVersion | None:
     return None
 
 
-@node_type("ActionAgentMemory")
-async def _memory_node(info: Info, parts: list[str]) -> ActionAgentMemory | None:
+# Records by ID, for node(id) and nodes(ids): those of one request in three queries.
+batch_loader("ActionAgentMemory", operator.get_memories, lambda view: view)
+
+
+def _memory_key(parts: list[str]) -> tuple[UUID, UUID, int | None]:
     version = parse_int4(parts[2]) if len(parts) == 3 else None
     if len(parts) not in (2, 3) or (len(parts) == 3 and version is None):
         raise BadInput("an ActionAgentMemory ID names an agent, a record and maybe a version")
-    return await _read(info, parse_uuid(parts[0]), parse_uuid(parts[1]), version)
+    return parse_uuid(parts[0]), parse_uuid(parts[1]), version
+
+
+@node_type("ActionAgentMemory", _memory_key)
+async def _memory_node(info: Info, key: tuple[UUID, UUID, int | None]) -> ActionAgentMemory | None:
+    found = await info.context.load("ActionAgentMemory", key)
+    return ActionAgentMemory.of(found, exact_version=key[2] is not None) if found else None
 
 
 @strawberry.type(description="Reading an agent's records.")

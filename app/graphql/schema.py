@@ -21,7 +21,7 @@ from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
 from app.graphql.limits import RepeatedFields, RequestLimits, depth_rule
 from app.graphql.memory import MemoryMutation, MemoryQuery
-from app.graphql.node import resolve_node
+from app.graphql.node import resolve_node, resolve_nodes
 from app.graphql.observe import Outcome
 from app.graphql.relay import Node
 from app.graphql.scalars import SCALARS
@@ -43,6 +43,23 @@ class NodeQuery:
         ],
     ) -> Node | None:
         return await resolve_node(info, id)
+
+    @strawberry.field(
+        description="Objects by their global IDs, in the order of `ids` (at most 1,000; an ID "
+        "may come more than once): each as `node(id)` reads it. Where `node(id)` would answer "
+        "NOT_FOUND (an ID of another account, or of nothing) the list holds null, and the answer "
+        'an error at that item (`["nodes", i]`, NOT_FOUND) while the rest stands. A malformed '
+        "ID, or one of a type the caller may not read (ACCESS_DENIED), fails the whole field."
+    )
+    async def nodes(
+        self,
+        info: Info,
+        ids: Annotated[
+            list[strawberry.ID],
+            strawberry.argument(description="The objects' `id`s, as fields returned them."),
+        ],
+    ) -> list[Node | None]:
+        return await resolve_nodes(info, ids)
 
 
 @strawberry.type(

@@ -47,13 +47,15 @@ async def list_event_pages(
     return [[Event.of(r) for r in rows] for rows in found]
 
 
-async def get_event(
-    pool: asyncpg.Pool, caller: Caller, *, action_id: UUID, session_id: str, event_id: UUID
-) -> Event | None:
+async def get_events(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, str, UUID]]
+) -> dict[tuple[UUID, str, UUID], Event]:
+    """The events of `keys` (action_id, session_id, event_id) that get_event finds, in one
+    query."""
     caller.require(*READ_HISTORY)
     async with pool.acquire() as conn:
-        rows = await store.read_events(conn, _scope(caller, action_id, session_id), [event_id])
-    return Event.of(rows[0]) if rows else None
+        rows = await store.read_events_at(conn, caller.account_id, keys)
+    return {(r["action_id"], r["session_id"], r["event_id"]): Event.of(r) for r in rows}
 
 
 async def search_events(

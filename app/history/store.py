@@ -316,6 +316,24 @@ async def read_events(conn: asyncpg.Connection, scope: Scope, ids: list[UUID]) -
     return await _events(conn, scope, p, f"e.event_id = any({p(ids)}::uuid[])")
 
 
+async def read_events_at(
+    conn: asyncpg.Connection, account_id: UUID, keys: Sequence[tuple[UUID, str, UUID]]
+) -> list[Row]:
+    """The events of `keys` (action_id, session_id, event_id) that exist, as an operator reads
+    them (read_events of an operator's scope: every turn, live and preview), in one statement
+    however many sessions they are of; each row names its agent."""
+    return await conn.fetch(
+        f"""
+        SELECT k.action_id, {_EVENT}
+        FROM unnest($2::uuid[], $3::text[], $4::uuid[]) AS k(action_id, session_id, event_id)
+        JOIN history_events e ON e.account_id = $1 AND e.action_id = k.action_id
+            AND e.session_id = k.session_id AND e.event_id = k.event_id
+        """,
+        account_id,
+        *([k[i] for k in keys] for i in range(3)),
+    )
+
+
 async def list_event_pages(
     conn: asyncpg.Connection,
     account_id: UUID,

@@ -240,6 +240,38 @@ async def get_memory(
     return MemoryView(store.record(row), names)
 
 
+async def get_memories(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, UUID, int | None]]
+) -> dict[tuple[UUID, UUID, int | None], MemoryView]:
+    """The records (or exact versions) of `keys` (action_id, memory_id, version) that
+    get_memory finds, in three queries however many agents they are of: the records the
+    caller sees, the versions asked of them, their agents' label names."""
+    caller.require(*resources.READ_MEMORY)
+    account_id = caller.account_id
+    async with pool.acquire() as conn:
+        rows = await store.get_visible_many(conn, account_id, list({k[:2] for k in keys}))
+        current = {(r["action_id"], r["memory_id"]): r for r in rows}
+        earlier = [
+            (k[0], k[1], k[2])
+            for k in keys
+            if k[2] is not None and k[:2] in current and current[k[:2]]["version"] != k[2]
+        ]
+        versions = await store.get_versions(conn, account_id, earlier) if earlier else []
+        agents = await load_actions(conn, account_id, list({k[0] for k in current}))
+    exact = {(r["action_id"], r["memory_id"], r["version"]): r for r in versions}
+    found: dict[tuple[UUID, UUID, int | None], MemoryView] = {}
+    for k in keys:
+        row = current.get(k[:2])
+        if row is not None and k[2] is not None and k[2] != row["version"]:
+            row = exact.get(k)
+        if row is not None:
+            action = agents.get(k[0])
+            found[k] = MemoryView(
+                store.record(row), _label_names_of(action) if action is not None else {}
+            )
+    return found
+
+
 class HistoryPage(NamedTuple):
     """A page of a record's versions, newest first: below `before_version` (None: from the
     newest), at most `limit`."""

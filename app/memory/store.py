@@ -179,6 +179,23 @@ async def get_visible(
     )
 
 
+async def get_visible_many(
+    conn: asyncpg.Connection, account_id: UUID, keys: Sequence[tuple[UUID, UUID]]
+) -> list[Row]:
+    """The records of `keys` (action_id, memory_id) an operator sees, whatever their status, in
+    one statement (get_visible, for several agents' records)."""
+    p = Params()
+    asked = f"unnest({p([k[0] for k in keys])}::uuid[], {p([k[1] for k in keys])}::uuid[])"
+    where = visible(OperatorPages(account_id, "k.action_id"), p, "m", any_status=True)
+    return await conn.fetch(
+        f"""
+        SELECT {_m("m")} FROM {asked} AS k(action_id, memory_id)
+        JOIN agent_memories m ON m.memory_id = k.memory_id AND {where}
+        """,
+        *p.values,
+    )
+
+
 async def get_shadow(conn: asyncpg.Connection, reader: AgentReader, memory_id: UUID) -> Row | None:
     """The row that hides `memory_id` from the reader, if any: its own staged replacement or
     deletion first, else (for a preview reader) the newest preview record naming it."""
@@ -486,6 +503,22 @@ async def get_version(
         action_id,
         memory_id,
         version,
+    )
+
+
+async def get_versions(
+    conn: asyncpg.Connection, account_id: UUID, keys: Sequence[tuple[UUID, UUID, int]]
+) -> list[Row]:
+    """The versions of `keys` (action_id, memory_id, version) that exist, in one statement."""
+    return await conn.fetch(
+        f"""
+        SELECT {_COLUMNS} FROM agent_memory_versions
+        JOIN unnest($2::uuid[], $3::uuid[], $4::int[]) AS k(action_id, memory_id, version)
+            USING (action_id, memory_id, version)
+        WHERE account_id = $1
+        """,
+        account_id,
+        *([k[i] for k in keys] for i in range(3)),
     )
 
 

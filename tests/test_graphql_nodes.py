@@ -1,0 +1,373 @@
+"""`nodes(ids)`: many objects by their global IDs in one call, over HTTP, each as `node(id)`
+reads it; what `node` answers NOT_FOUND is null with an error at its item, the rest stands."""
+
+import base64
+import json
+import uuid
+from typing import Any
+from uuid import UUID
+
+import httpx
+import pytest
+from factories import (
+    allow,
+    caller,
+    forget,
+    make_account,
+    make_agent,
+    record_turn,
+    remember,
+    token_for,
+    writer,
+)
+from test_graphql_loaders import counted
+
+from app.actions import service as actions
+from app.auth import service as auth_service
+from app.graphql.node import MAX_IDS
+from app.graphql.relay import global_id
+from app.state import AppState
+
+EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
+
+# Every Node type, by a fragment each: what node(id) and nodes(ids) answer alike.
+FIELDS = """
+  __typename id
+  ... on Action { actionId version name }
+  ... on ActionAgentMemory { memoryId version memoryStatus: status summary }
+  ... on ActionExecution { executionId status }
+  ... on ActionSession { sessionId turns }
+  ... on ActionHistoryEvent { eventId sessionId text }
+  ... on Client { principal name }
+  ... on Account { accountId name }
+  ... on ClientTokenInfo { tokenId prefix }
+"""
+NODES = f"query($ids: [ID!]!) {{ nodes(ids: $ids) {{ {FIELDS} }} }}"
+NODE = f"query($id: ID!) {{ node(id: $id) {{ {FIELDS} }} }}"
+
+
+def post(url: str, token: str, query: str, **variables: Any) -> tuple[int, dict[str, Any]]:
+    response = httpx.post(
+        f"{url}/graphql",
+        json={"query": query, "variables": variables},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    return response.status_code, response.json()
+
+
+def codes(body: dict[str, Any]) -> list[str]:
+    return [e["extensions"]["code"] for e in body.get("errors") or []]
+
+
+async def add_event(state: AppState, agent, session: str, execution_id: UUID) -> UUID:
+    """A kept history event of the session's turn, as a turn keeps one."""
+    event_id = uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            """
+            INSERT INTO history_events (account_id, action_id, session_id, event_id, turn,
+                execution_id, invocation_number, sequence, who, data, text, parts, preview)
+            VALUES ($1, $2, $3, $4, 1, $5, 1, 1, 'user', $6, $7, 1, false)
+            """,
+            agent.account_id,
+            agent.action_id,
+            session,
+            event_id,
+            execution_id,
+            {"content": f"hello from {session}"},
+            f"hello from {session}",
+        )
+    return event_id
+
+
+async def every_type(state: AppState, admin, count: int = 1, owner=None) -> dict[str, list[str]]:
+    """`count` objects of each Node type, by type: their global IDs. The agent's are `owner`'s
+    (by default the admin's); the clients and tokens are of the owner's account, or of a new
+    one when the owner is the admin of the default account."""
+    owner = owner or admin
+    agent = await make_agent(state, owner)
+    account_id = await make_account(state, "acme") if owner is admin else owner.account_id
+    ids: dict[str, list[str]] = {
+        "Action": [global_id("Action", agent.action_id, agent.version)],
+        "ActionAgentMemory": [],
+        "ActionExecution": [],
+        "ActionSession": [],
+        "ActionHistoryEvent": [],
+        "Client": [],
+        "Account": [global_id("Account", account_id)],
+        "ClientToken": [],
+    }
+    for i in range(count):
+        w = writer(agent, session=f"s{i}")
+        await record_turn(state, w)
+        record = await remember(state, agent, f"fact {i}", scope="AGENT")
+        ids["ActionAgentMemory"].append(
+            global_id("ActionAgentMemory", agent.action_id, record.memory_id)
+        )
+        ids["ActionExecution"].append(global_id("ActionExecution", agent.action_id, w.execution_id))
+        ids["ActionSession"].append(global_id("ActionSession", agent.action_id, f"s{i}"))
+        event = await add_event(state, agent, f"s{i}", w.execution_id)
+        ids["ActionHistoryEvent"].append(
+            global_id("ActionHistoryEvent", agent.action_id, f"s{i}", event)
+        )
+        principal = f"bot{i}"
+        await token_for(state, admin, principal, EVERYTHING, account_id=account_id)
+        ids["Client"].append(global_id("Client", account_id, principal))
+        tokens = await auth_service.list_client_tokens(
+            state.pool, admin, account_id=account_id, principal=principal
+        )
+        ids["ClientToken"].append(
+            global_id("ClientToken", account_id, principal, tokens[0].token_id)
+        )
+    return ids
+
+
+def parts(id: str) -> list[str]:
+    return json.loads(base64.urlsafe_b64decode(id + "=" * (-len(id) % 4)))[1:]
+
+
+async def test_nodes_reads_every_type_in_the_order_asked_duplicates_at_each_place(
+    state, admin, base_url
+):
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin)
+    one_each = [i for found in ids.values() for i in found]
+    assert len(one_each) == 8
+    asked = [*reversed(one_each), one_each[0], one_each[3], one_each[0]]
+    status, body = post(base_url, token, NODES, ids=asked)
+    assert status == 200 and "errors" not in body, body
+    answered = body["data"]["nodes"]
+    assert [n["id"] for n in answered] == asked
+    assert {n["__typename"] for n in answered} == {
+        "Action",
+        "ActionAgentMemory",
+        "ActionExecution",
+        "ActionSession",
+        "ActionHistoryEvent",
+        "Client",
+        "Account",
+        "ClientTokenInfo",
+    }
+    # Each entry is what node(id) answers for its ID.
+    for id, entry in zip(asked, answered, strict=True):
+        status, one = post(base_url, token, NODE, id=id)
+        assert status == 200 and one == {"data": {"node": entry}}
+    # No IDs: an empty list.
+    assert post(base_url, token, NODES, ids=[])[1] == {"data": {"nodes": []}}
+
+
+async def test_ids_naming_nothing_are_null_with_not_found_at_their_index(state, admin, base_url):
+    """Unknown, deleted (as node has it: a deleted record stays readable, a revoked token or a
+    deleted client does not) or another tenant's: null, a NOT_FOUND error at the item, and
+    the rest of the answer stands; another tenant's answers exactly as an unknown one."""
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin, count=2)
+    agent_id, memory_id = map(UUID, parts(ids["ActionAgentMemory"][1]))
+    # A deleted record: node reads it (status DELETED), so does nodes.
+    agent = await actions.get_action(state.pool, admin, action_id=agent_id)
+    assert agent is not None
+    await forget(state, agent, memory_id)
+    # A revoked token and a deleted client: node answers NOT_FOUND.
+    account_id, principal, token_id = parts(ids["ClientToken"][1])
+    await auth_service.revoke_client_token(
+        state.pool, admin, account_id=UUID(account_id), principal=principal, token_id=UUID(token_id)
+    )
+    gone_client = ids["Client"][0]
+    await auth_service.delete_client(
+        state.pool, admin, account_id=UUID(account_id), principal="bot0"
+    )
+    other_account = await make_account(state, "other")
+    theirs = await every_type(state, admin, owner=caller(other_account, EVERYTHING))
+    unknown_record = global_id("ActionAgentMemory", agent_id, uuid.uuid4())
+    no_such_type = global_id("Invoice", uuid.uuid4())
+    asked = [
+        ids["Action"][0],  # 0
+        unknown_record,  # 1
+        theirs["ActionAgentMemory"][0],  # 2
+        ids["ActionAgentMemory"][1],  # 3: deleted, still read
+        ids["ClientToken"][1],  # 4: revoked
+        gone_client,  # 5: deleted
+        theirs["Action"][0],  # 6
+        no_such_type,  # 7
+        ids["ActionSession"][0],  # 8
+        unknown_record,  # 9: again
+    ]
+    # The other tenant's client reads its own; the default account's objects are hidden from it.
+    tenant_token = await token_for(state, admin, "tenant-ops", EVERYTHING, account_id=other_account)
+    status, body = post(base_url, tenant_token, NODES, ids=asked)
+    assert status == 200
+    missing_for_tenant = [i for i in range(10) if i not in (2, 6)]
+    assert [e["path"] for e in body["errors"]] == [["nodes", i] for i in missing_for_tenant]
+    assert codes(body) == ["NOT_FOUND"] * 8
+    assert [i for i, n in enumerate(body["data"]["nodes"]) if n is None] == missing_for_tenant
+
+    # The ops client (of the default account: it reaches other accounts' clients, never their
+    # agents' objects).
+    status, body = post(base_url, token, NODES, ids=asked)
+    assert status == 200
+    answered = body["data"]["nodes"]
+    missing = [1, 2, 4, 5, 6, 7, 9]
+    assert [i for i, n in enumerate(answered) if n is None] == missing
+    assert answered[3]["memoryStatus"] == "DELETED"
+    assert [n["id"] for n in answered if n is not None] == [
+        asked[i] for i in range(10) if i not in missing
+    ]
+    assert [(e["path"], e["extensions"]["code"]) for e in body["errors"]] == [
+        (["nodes", i], "NOT_FOUND") for i in missing
+    ]
+    # Another tenant's object answers as an unknown one: the message names only the ID.
+    for error in body["errors"]:
+        assert error["message"] == f"no object has the ID {asked[error['path'][1]]!r}"
+    # As node answers them.
+    for i in missing:
+        assert codes(post(base_url, token, NODE, id=asked[i])[1]) == ["NOT_FOUND"]
+    # Under an alias, the path names the alias.
+    status, body = post(
+        base_url,
+        token,
+        "query($ids: [ID!]!) { found: nodes(ids: $ids) { id } }",
+        ids=[ids["Action"][0], unknown_record],
+    )
+    assert body["data"] == {"found": [{"id": ids["Action"][0]}, None]}
+    assert [e["path"] for e in body["errors"]] == [["found", 1]]
+
+
+async def test_a_malformed_id_fails_the_field_naming_its_place(state, admin, base_url):
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin)
+    for bad, says in [
+        ("not an id", "`ids[1]`: 'not an id' is not a global ID"),
+        (global_id("Action", uuid.uuid4(), "x"), "`ids[1]`: an Action ID names an action"),
+        (global_id("ActionExecution", "nope", uuid.uuid4()), "`ids[1]`: 'nope' is not a valid"),
+    ]:
+        status, body = post(base_url, token, NODES, ids=[ids["Action"][0], bad])
+        assert status == 200 and body["data"] is None
+        assert codes(body) == ["BAD_REQUEST"]
+        assert body["errors"][0]["message"].startswith(says), body
+        # node answers the same ID BAD_REQUEST too.
+        assert codes(post(base_url, token, NODE, id=bad)[1]) == ["BAD_REQUEST"]
+
+
+async def test_at_most_max_ids_at_once(state, admin, base_url):
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin)
+    many = [ids["ActionAgentMemory"][0]] * MAX_IDS
+    status, body = post(
+        base_url, token, "query($ids: [ID!]!) { nodes(ids: $ids) { id } }", ids=many
+    )
+    assert status == 200 and "errors" not in body
+    assert body["data"]["nodes"] == [{"id": many[0]}] * MAX_IDS
+    status, body = post(
+        base_url, token, "query($ids: [ID!]!) { nodes(ids: $ids) { id } }", ids=[*many, many[0]]
+    )
+    assert codes(body) == ["BAD_REQUEST"] and body["data"] is None
+    assert body["errors"][0]["message"] == (
+        "`ids` holds 1,001 IDs; `nodes` reads at most 1,000 at once: send the others in "
+        "further requests"
+    )
+
+
+@pytest.mark.settings(max_query_nodes=50)
+async def test_the_request_limits_count_nodes_at_its_ids(state, admin, base_url):
+    """ENGRAM_MAX_QUERY_NODES counts an object per ID (and what each selects), before
+    anything runs."""
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin)
+    action = ids["Action"][0]
+    plain = "query($ids: [ID!]!) { nodes(ids: $ids) { id } }"
+    assert (
+        post(base_url, token, plain, ids=[action] * 50)[1]["data"]["nodes"] == [{"id": action}] * 50
+    )
+    status, body = post(base_url, token, plain, ids=[action] * 51)
+    assert codes(body) == ["BAD_REQUEST"]
+    assert "could hold 51 objects" in body["errors"][0]["message"]
+    # Nested pages multiply: 5 IDs, each an agent, its page and 10 records, are 5 * 12.
+    nested = """query($ids: [ID!]!) { nodes(ids: $ids) {
+        ... on Action { memories(first: 10) { nodes { memoryId } } } } }"""
+    status, body = post(base_url, token, nested, ids=[action] * 5)
+    assert codes(body) == ["BAD_REQUEST"]
+    assert "could hold 60 objects" in body["errors"][0]["message"]
+    assert "errors" not in post(base_url, token, nested, ids=[action] * 4)[1]
+
+
+@pytest.mark.settings(max_answer_bytes=2**20)
+async def test_the_answers_bytes_bound_holds(state, admin, base_url):
+    """ENGRAM_MAX_ANSWER_BYTES bounds the answer as it is built, an ID asked again counted
+    again."""
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    big = await make_agent(state, admin, instructions="x" * 60_000)
+    asked = [global_id("Action", big.action_id, big.version)]
+    query = "query($ids: [ID!]!) { nodes(ids: $ids) { ... on Action { instructions } } }"
+    assert "errors" not in post(base_url, token, query, ids=asked * 16)[1]
+    status, body = post(base_url, token, query, ids=asked * 18)
+    assert body["data"] is None and codes(body) == ["BAD_REQUEST"]
+    assert "answer passed 1,048,576 bytes" in body["errors"][0]["message"]
+
+
+async def test_each_id_keeps_the_grants_node_has(state, admin, base_url):
+    """A client holding the memory grants alone: records read; an execution's ID is
+    ACCESS_DENIED (as node answers it), failing the field; an agent's ID reads it without its
+    document (a field of it needs SELECT on financial.Action.document, as node's)."""
+    ids = await every_type(state, admin)
+    memory_only = await token_for(
+        state,
+        admin,
+        "memory-reader",
+        allow(["SELECT"], "financial.AgentMemory.indexes.*", "financial.AgentMemory.document"),
+    )
+    records = "query($ids: [ID!]!) { nodes(ids: $ids) { id ... on ActionAgentMemory { summary } } }"
+    status, body = post(base_url, memory_only, records, ids=ids["ActionAgentMemory"])
+    assert "errors" not in body and body["data"]["nodes"][0]["summary"] == "fact 0"
+    for type_name in (
+        "ActionExecution",
+        "ActionSession",
+        "ActionHistoryEvent",
+        "Client",
+        "Account",
+        "ClientToken",
+    ):
+        asked = [ids["ActionAgentMemory"][0], ids[type_name][0]]
+        status, body = post(base_url, memory_only, records, ids=asked)
+        assert body["data"] is None and codes(body) == ["ACCESS_DENIED"], (type_name, body)
+        assert body["errors"][0]["message"].startswith("`ids[1]`: "), body
+        assert codes(post(base_url, memory_only, NODE, id=asked[1])[1]) == ["ACCESS_DENIED"]
+    # An unknown ID of a type it may not read is ACCESS_DENIED as well: the grant is checked
+    # before anything is read, so the answer tells nothing of what exists.
+    unknown = global_id("ActionExecution", uuid.uuid4(), uuid.uuid4())
+    assert codes(post(base_url, memory_only, records, ids=[unknown])[1]) == ["ACCESS_DENIED"]
+    # An agent reads without grants; its name needs the document grant, as through node.
+    status, body = post(
+        base_url, memory_only, "query($ids: [ID!]!) { nodes(ids: $ids) { id } }", ids=ids["Action"]
+    )
+    assert body == {"data": {"nodes": [{"id": ids["Action"][0]}]}}
+    status, body = post(
+        base_url,
+        memory_only,
+        "query($ids: [ID!]!) { nodes(ids: $ids) { ... on Action { name } } }",
+        ids=ids["Action"],
+    )
+    assert codes(body) == ["ACCESS_DENIED"] and body["data"] is None
+
+
+async def test_nodes_reads_each_type_in_one_batch(state, db_url, admin):
+    """No N+1: 100 IDs of every type cost what 8 do (a statement per type; records three:
+    the records, the versions asked, their agents' label names)."""
+    ids = await every_type(state, admin, count=15)
+    # A second agent's records, asked at their first version (since deleted: version 2).
+    other = await make_agent(state, admin, name="billing")
+    versioned = []
+    for i in range(8):
+        record = await remember(state, other, f"billing fact {i}", scope="AGENT")
+        await forget(state, other, record.memory_id)
+        versioned.append(global_id("ActionAgentMemory", other.action_id, record.memory_id, 1))
+    few = [found[0] for found in ids.values()] + versioned[:1]
+    many = [i for found in ids.values() for i in found] + versioned
+    assert len(many) == 100 and len(set(many)) == 100
+    data, statements_few = await counted(state, db_url, admin, NODES, ids=few)
+    assert all(n is not None for n in data["nodes"])
+    data, statements_many = await counted(state, db_url, admin, NODES, ids=many)
+    assert [n["id"] for n in data["nodes"]] == many
+    assert all(n is not None for n in data["nodes"])
+    assert data["nodes"][-1]["version"] == 1 and data["nodes"][-1]["memoryStatus"] == "ACTIVE"
+    assert statements_many == statements_few == 10, (statements_few, statements_many)
