@@ -11,7 +11,7 @@ from strawberry.types import ExecutionContext
 
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
-from app.errors import DomainError, NotFound
+from app.errors import DomainError
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +82,6 @@ def classify(error: GraphQLError) -> tuple[str, str]:
     return "INTERNAL", INTERNAL_MESSAGE
 
 
-class MissingItem(NotFound):
-    """An item of a list that names no object the caller may read (`nodes(ids)`): the list
-    holds null there, with this error at the item's path, and the rest of the answer stands."""
-
-
-def _partial(errors: list[GraphQLError]) -> bool:
-    """Whether the answer stands with its errors: each is an item a list answered as null."""
-    return all(isinstance(e.original_error, MissingItem) for e in errors)
-
-
 def coded(error: GraphQLError) -> GraphQLError:
     code, message = classify(error)
     return GraphQLError(
@@ -131,9 +121,6 @@ class ErrorCodes(SchemaExtension):
         yield
         result = self.execution_context.result
         if result is not None and result.errors:
-            partial = _partial(result.errors)
             result.errors = [coded(e) for e in result.errors]
-            if not partial:
-                # Spec: a failed request returns data: null. One whose only errors are items
-                # of `nodes` that name nothing did not fail: it answered each of them null.
-                result.data = None
+            # Spec: a failed request returns data: null.
+            result.data = None

@@ -12,7 +12,6 @@ from typing import Any
 
 from app.errors import BadInput, DomainError, NotFound
 from app.graphql.context import Info
-from app.graphql.errors import MissingItem
 from app.graphql.relay import MAX_PAGE, parse_global_id
 
 # The most IDs one `nodes` call reads: a page's worth (MAX_PAGE), as many as a page can return
@@ -62,9 +61,10 @@ async def resolve_node(info: Info, id: str) -> Any:
 
 
 async def resolve_nodes(info: Info, ids: Sequence[str]) -> list[Any]:
-    """The objects of `ids`, in their order: at an ID `node` would answer NOT_FOUND, an error
-    located at that item (a MissingItem), which the answer holds as null. A malformed ID, or
-    an error `node` would answer otherwise (ACCESS_DENIED), fails the whole field."""
+    """The objects of `ids`, in their order: null at an ID `node` would answer NOT_FOUND (as
+    `action(actionId)` answers an agent it does not find: no error, so the request stands, and
+    another tenant's object is null like an unknown one). A malformed ID, or an error `node`
+    would answer otherwise (ACCESS_DENIED), fails the request, naming the position."""
     if len(ids) > MAX_IDS:
         raise BadInput(
             f"`ids` holds {len(ids):,} IDs; `nodes` reads at most {MAX_IDS:,} at once: send "
@@ -79,9 +79,9 @@ async def resolve_nodes(info: Info, ids: Sequence[str]) -> list[Any]:
     # Loaded together: each type's DataLoader reads its keys in one batch (duplicates once).
     loaded = await asyncio.gather(*(_load(info, p) for p in parsed), return_exceptions=True)
     answer: list[Any] = []
-    for i, (id, found) in enumerate(zip(ids, loaded, strict=True)):
+    for i, found in enumerate(loaded):
         if isinstance(found, NotFound) or found is None:
-            answer.append(MissingItem(_missing(id).message))
+            answer.append(None)
         elif isinstance(found, BaseException):
             if isinstance(found, DomainError):
                 raise type(found)(f"`ids[{i}]`: {found.message}") from None
