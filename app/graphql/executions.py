@@ -36,7 +36,8 @@ from app.graphql.scalars import Timestamp, Value
 from app.runtime import erase, redaction, turns
 
 # Action is above this module (it lists executions): named lazily, read through its DataLoader.
-ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # noqa: F821
+# Not imported, even under TYPE_CHECKING (a circle, tests/test_layering.py): mypy cannot see it.
+ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # type: ignore[name-defined]  # noqa: F821
 SESSIONS = Keyset(cursors.INSTANT, cursors.TEXT)  # (created, session_id)
 TRANSCRIPT = Keyset(cursors.SEQUENCE)  # transcript sequences are PostgreSQL integers
 
