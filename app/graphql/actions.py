@@ -163,7 +163,7 @@ class ActionQuery:
                     info.context.pool,
                     info.context.caller,
                     limit=limit,
-                    after=keyset,  # type: ignore[arg-type]
+                    after=keyset,
                 ),
                 lambda a: (a.created, a.action_id),
                 Action.of,

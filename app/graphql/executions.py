@@ -101,7 +101,7 @@ async def list_executions(
         CREATED_ID.bound("executions", info.context.caller.account_id, action_id, session_id),
         lambda keyset, limit: info.context.load(
             "ActionExecution pages",
-            ExecutionPage(action_id, session_id, keyset, limit),  # type: ignore[arg-type]
+            ExecutionPage(action_id, session_id, keyset, limit),
         ),
         lambda e: (e.created, e.execution_id),
         ActionExecution.of,
@@ -274,7 +274,7 @@ class ActionExecutionFields:
             ),
             lambda keyset, limit: info.context.load(
                 "Action.sessions",
-                SessionPage(self.action_id, keyset, limit),  # type: ignore[arg-type,attr-defined]
+                SessionPage(self.action_id, keyset, limit),  # type: ignore[attr-defined]
             ),
             lambda s: (s.created, s.session_id),
             ActionSession.of,

@@ -414,7 +414,7 @@ class ActionMemoryFields:
                 "Action.memories",
                 operator.MemoryPage(
                     self.action_id,
-                    keyset,  # type: ignore[arg-type]
+                    keyset,
                     limit,
                     sort == SortOrder.ASC,
                     filters,
