@@ -32,7 +32,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from functools import cache, partial
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any
 
 from graphql import (
     ExecutionResult,
@@ -107,7 +107,7 @@ def _plain(field: GraphQLField) -> Plain | None:
         type_, nullable = _unwrapped(field.type)
         if not is_leaf_type(type_) or definition.default_resolver is not getattr:
             return None
-        leaf = _coercion(cast(GraphQLLeafType, type_))
+        leaf = _coercion(type_)
         return LEAF, attrgetter(definition.python_name), nullable, field.type, leaf, guard
     read: Callable[[Any], Any]
     if definition.default_resolver is getattr:  # strawberry's default: read it directly
@@ -116,7 +116,7 @@ def _plain(field: GraphQLField) -> Plain | None:
         read = partial(definition.get_result, info=None, args=[], kwargs={})
     type_, nullable = _unwrapped(field.type)
     if is_leaf_type(type_):
-        return LEAF, read, nullable, field.type, _coercion(cast(GraphQLLeafType, type_)), None
+        return LEAF, read, nullable, field.type, _coercion(type_), None
     if isinstance(type_, GraphQLObjectType):
         return OBJECT, read, nullable, field.type, type_
     if isinstance(type_, GraphQLList):
