@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     import argparse
@@ -202,7 +202,9 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
     server = None
     url = settings.database_url_value()
     if url is None:
-        server, url = await asyncio.to_thread(embedded_uri, settings.data_dir)
+        # (Unpacked apart: mypy does not narrow `url` through an awaited call's tuple.)
+        started = await asyncio.to_thread(embedded_uri, settings.data_dir)
+        server, url = started
     try:
         await migrate.upgrade_in_thread(url)
         pool = await create_pool(url, min_size=1, max_size=2)
@@ -524,7 +526,7 @@ def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Aw
 
 
 @contextmanager
-def _file_or_std(path: str | None, mode: str) -> Iterator[TextIO]:
+def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
     """The named file, or standard input or output for `-` (or no name). A file written is
     written beside it first and takes its name only when the work succeeds: a failed export
     leaves a file already there as it was. A link is followed (it stays a link); what is not a
@@ -555,7 +557,7 @@ class _Output:
     """The export's output, which remembers the error of a write that failed (a full disk) so
     that it is told as the output's, not as one of the database's (both are OSErrors)."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: IO[str]) -> None:
         self.out = out
         self.failed: OSError | None = None
 
@@ -1008,14 +1010,14 @@ def _command(args: argparse.Namespace) -> int:
         # statement_timeout or lock_timeout the database or its role sets), a deadlock.
         gone = _database_gone(e)
         if gone:
-            told = _DATABASE_GONE
+            what = _DATABASE_GONE
         elif _database_stopped(e):
-            told = f"the database stopped its work ({' '.join(str(e).split())})"
+            what = f"the database stopped its work ({' '.join(str(e).split())})"
         else:
             raise
         again = "run it again once the database answers" if gone else "run it again"
         after = _INTERRUPTED.get(args.command, again)
-        _say(f"engram {args.command}: {told}: {after}", args.command)
+        _say(f"engram {args.command}: {what}: {after}", args.command)
         return 2
 
 

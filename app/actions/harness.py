@@ -247,5 +247,5 @@ def parse_harness(value: Any, previous: Harness | None = None) -> Harness:
                     f"an earlier version declares this label with number {label.number}; "
                     f"it cannot change to {kept.number}",
                 )
-    history = HistoryConfig(shape.history.index) if shape.history else None  # type: ignore[arg-type]
+    history = HistoryConfig(shape.history.index) if shape.history else None
     return Harness(memory, history, shape.model_dump(mode="json", exclude_none=True))

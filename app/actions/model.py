@@ -32,14 +32,14 @@ class ModelConfig(Shape):
     not_object = 'must be an object such as {"baseUrl": "...", "name": "..."}'
 
     base_url: Annotated[str | None, BeforeValidator(nonempty), AfterValidator(_url)] = Field(
-        None, alias="baseUrl"
+        default=None, alias="baseUrl"
     )
     name: Annotated[str | None, BeforeValidator(nonempty)] = None
     api_key_env: Annotated[str | None, BeforeValidator(nonempty), AfterValidator(_env)] = Field(
-        None, alias="apiKeyEnv"
+        default=None, alias="apiKeyEnv"
     )
     temperature: Number(0, 2, got=False, as_float=False) | None = None  # type: ignore[valid-type]
-    max_tokens: Integer(1, 1_000_000, got=False) | None = Field(None, alias="maxTokens")  # type: ignore[valid-type]
+    max_tokens: Integer(1, 1_000_000, got=False) | None = Field(default=None, alias="maxTokens")  # type: ignore[valid-type]
     # The most a request may send, counted at about four characters a token (runtime/context.py);
     # None: ENGRAM_MODEL_CONTEXT_TOKENS.
     context_tokens: (
@@ -50,7 +50,7 @@ class ModelConfig(Shape):
             suffix=": the most a model call may send, in tokens of about four characters",
         )
         | None
-    ) = Field(None, alias="contextTokens")
+    ) = Field(default=None, alias="contextTokens")
 
     @model_validator(mode="after")
     def _reply_fits(self) -> "ModelConfig":

@@ -175,13 +175,13 @@ class _PolicyShape(Shape):
         '{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.*"]}'
     )
     # Validated even when left out, to say what is missing.
-    effect: Annotated[Effect, BeforeValidator(_effect)] = Field(None, validate_default=True)  # type: ignore[assignment]
+    effect: Annotated[Effect, BeforeValidator(_effect)] = Field(None, validate_default=True)
     actions: Annotated[tuple[Verb, ...], BeforeValidator(_verbs)] = Field(
-        None,  # type: ignore[assignment]
+        None,
         validate_default=True,
     )
     resources: Annotated[tuple[str, ...], BeforeValidator(_resources)] = Field(
-        None,  # type: ignore[assignment]
+        None,
         validate_default=True,
     )
 

@@ -5,6 +5,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from alembic import command
@@ -83,7 +84,9 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
     when `stop` is set (MigrationStopped)."""
     # A server that never answers (a firewall dropping packets) would hold the start for the
     # system's TCP timeout: 10 s, unless the URL sets its own connect_timeout.
-    timeout = {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
+    timeout: dict[str, Any] = (
+        {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
+    )
     with psycopg.connect(url, autocommit=True, **timeout) as lock:
         # Tried again and again rather than waited for in the server: a thread blocked there
         # could not be stopped, and held its process's exit until the other migration ended.

@@ -71,7 +71,7 @@ def normalize(vectors: np.ndarray) -> np.ndarray:
 
 def has_direction(vectors: np.ndarray) -> np.ndarray:
     """Which vectors have a direction: not all zeros (a cosine to one is NaN)."""
-    return np.asarray(vectors).any(axis=1)
+    return np.any(np.asarray(vectors), axis=1)
 
 
 class LocalEmbedder:

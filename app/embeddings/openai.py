@@ -218,8 +218,11 @@ class OpenAIEmbedder:
         usage = answer.get("usage") or {}
         tokens = usage.get("total_tokens") or usage.get("prompt_tokens")
         # (compared, not converted: an int past a float's range, 10**400, is no count either)
-        counted = isinstance(tokens, int | float) and not isinstance(tokens, bool)
-        if counted and 1 <= tokens < MAX_COUNT:
+        if (
+            isinstance(tokens, int | float)
+            and not isinstance(tokens, bool)
+            and 1 <= tokens < MAX_COUNT
+        ):
             return vectors, int(tokens)
         # A server that reports no usage (some OpenAI-compatible ones), or nonsense: estimated
         # at about four characters a token, at least one a text, so that every embedding made

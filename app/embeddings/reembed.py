@@ -68,7 +68,7 @@ async def _reembed_table(
     table: store.VectorTable,
     embedder: Embedder,
     batch_size: int,
-    bar: tqdm,  # type: ignore[type-arg]
+    bar: tqdm,
 ) -> tuple[int, int]:
     """Embeds the table's rows that have no vector; returns (rows, tokens).
 

@@ -5,6 +5,7 @@ from uuid import UUID
 
 import strawberry
 from strawberry.permission import BasePermission
+from strawberry.types.base import get_object_definition
 from strawberry.utils.str_converters import to_camel_case
 
 from app.actions import service
@@ -121,7 +122,7 @@ batch_loader("Action", service.get_action_versions, Action.of)
 # Action's fields that need SELECT on financial.Action.document (app/graphql/selection.py).
 DOCUMENT_FIELDS: tuple[str, ...] = tuple(
     to_camel_case(f.python_name)
-    for f in Action.__strawberry_definition__.fields
+    for f in get_object_definition(Action, strict=True).fields
     if ActionDocument in f.permission_classes
 )
 
@@ -166,7 +167,7 @@ class ActionQuery:
                     info.context.pool,
                     info.context.caller,
                     limit=limit,
-                    after=keyset,  # type: ignore[arg-type]
+                    after=keyset,
                 ),
                 lambda a: (a.created, a.action_id),
                 Action.of,

@@ -226,7 +226,7 @@ class Client(Node):
             CREATED_ID.bound("Client.tokens", self.account_id, self.principal),
             lambda keyset, limit: info.context.load(
                 "Client.tokens",
-                TokenPage(self.account_id, self.principal, keyset, limit),  # type: ignore[arg-type]
+                TokenPage(self.account_id, self.principal, keyset, limit),
             ),
             lambda t: (t.created, t.token_id),
             ClientTokenInfo.of,

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from functools import cache, partial
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any
 
 from graphql import (
     ExecutionResult,
@@ -98,6 +98,8 @@ def _unwrapped(type_: GraphQLOutputType) -> tuple[GraphQLOutputType, bool]:
 def _plain(field: GraphQLField) -> Plain | None:
     # A strawberry field without resolver or extensions (permissions are one) reads an attribute.
     definition = (field.extensions or {}).get(GraphQLCoreConverter.DEFINITION_BACKREF)
+    if definition is None:  # not a strawberry field
+        return None
     if field.args or not getattr(definition, "is_basic_field", False):
         guard = _guard(definition)
         if field.args or guard is None:
@@ -105,15 +107,16 @@ def _plain(field: GraphQLField) -> Plain | None:
         type_, nullable = _unwrapped(field.type)
         if not is_leaf_type(type_) or definition.default_resolver is not getattr:
             return None
-        leaf = _coercion(cast(GraphQLLeafType, type_))
+        leaf = _coercion(type_)
         return LEAF, attrgetter(definition.python_name), nullable, field.type, leaf, guard
+    read: Callable[[Any], Any]
     if definition.default_resolver is getattr:  # strawberry's default: read it directly
         read = attrgetter(definition.python_name)
     else:
         read = partial(definition.get_result, info=None, args=[], kwargs={})
     type_, nullable = _unwrapped(field.type)
     if is_leaf_type(type_):
-        return LEAF, read, nullable, field.type, _coercion(cast(GraphQLLeafType, type_)), None
+        return LEAF, read, nullable, field.type, _coercion(type_), None
     if isinstance(type_, GraphQLObjectType):
         return OBJECT, read, nullable, field.type, type_
     if isinstance(type_, GraphQLList):
@@ -133,9 +136,12 @@ def _guard(definition: Any) -> Callable[[Any, Any], bool] | None:
     permission = extensions[0]
     if not isinstance(permission, PermissionExtension) or not permission.permissions:
         return None
-    checks = [getattr(p, "allows", None) for p in permission.permissions]
-    if not all(callable(c) for c in checks):
-        return None
+    checks: list[Callable[[Any, Any], bool]] = []
+    for p in permission.permissions:
+        allows = getattr(p, "allows", None)
+        if not callable(allows):
+            return None
+        checks.append(allows)
 
     def guard(source: Any, context: Any) -> bool:
         return all(c(source, context) for c in checks)
@@ -170,8 +176,8 @@ def _plan(parent_type: GraphQLObjectType) -> dict[str, Plain]:
 
 def _of_type(object_type: GraphQLObjectType, value: Any) -> bool:
     is_type_of = object_type.is_type_of
-    # strawberry's is_type_of reads only the value (an isinstance check).
-    return is_type_of is None or is_type_of(value, None) is True
+    # strawberry's is_type_of reads only the value (an isinstance check): no info.
+    return is_type_of is None or is_type_of(value, None) is True  # type: ignore[arg-type]
 
 
 class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
@@ -289,16 +295,17 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
             if pending:  # settled, as graphql-core does when a field fails
                 self.settle_in_background([done[n] for n in pending])
             raise
+        # (The ignores: graphql-core's is_awaitable is a TypeGuard, which narrows only a yes.)
         if not pending and not self.is_awaitable(completed):
-            return _in_order(grouped_field_set, done, completed)
+            return _in_order(grouped_field_set, done, completed)  # type: ignore[arg-type]
 
         async def awaited() -> dict[str, Any]:
             # Together, as graphql-core does: DataLoaders batch what they all load.
             others_pending = self.is_awaitable(completed)
             waits = [completed] if others_pending else []
-            results = await gather_with_cancel(*waits, *(done[n] for n in pending))
+            results = await gather_with_cancel(*waits, *(done[n] for n in pending))  # type: ignore[arg-type]
             done.update(zip(pending, results[len(waits) :], strict=True))
-            return _in_order(grouped_field_set, done, results[0] if others_pending else completed)
+            return _in_order(grouped_field_set, done, results[0] if others_pending else completed)  # type: ignore[arg-type]
 
         return awaited()
 

@@ -36,7 +36,8 @@ from app.graphql.scalars import Timestamp, Value
 from app.runtime import erase, redaction, turns
 
 # Action is above this module (it lists executions): named lazily, read through its DataLoader.
-ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # noqa: F821
+# Not imported, even under TYPE_CHECKING (a circle, tests/test_layering.py): mypy cannot see it.
+ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # type: ignore[name-defined]  # noqa: F821
 SESSIONS = Keyset(cursors.INSTANT, cursors.TEXT)  # (created, session_id)
 TRANSCRIPT = Keyset(cursors.SEQUENCE)  # transcript sequences are PostgreSQL integers
 
@@ -100,7 +101,7 @@ async def list_executions(
         CREATED_ID.bound("executions", info.context.caller.account_id, action_id, session_id),
         lambda keyset, limit: info.context.load(
             "ActionExecution pages",
-            ExecutionPage(action_id, session_id, keyset, limit),  # type: ignore[arg-type]
+            ExecutionPage(action_id, session_id, keyset, limit),
         ),
         lambda e: (e.created, e.execution_id),
         ActionExecution.of,
@@ -273,7 +274,7 @@ class ActionExecutionFields:
             ),
             lambda keyset, limit: info.context.load(
                 "Action.sessions",
-                SessionPage(self.action_id, keyset, limit),  # type: ignore[arg-type,attr-defined]
+                SessionPage(self.action_id, keyset, limit),  # type: ignore[attr-defined]
             ),
             lambda s: (s.created, s.session_id),
             ActionSession.of,

@@ -131,7 +131,7 @@ class SessionHistoryFields:
             ),
             lambda position, limit: info.context.load(
                 "ActionSession.history",
-                EventPage(action_id, session_id, position, limit),  # type: ignore[arg-type]
+                EventPage(action_id, session_id, position, limit),
             ),
             lambda e: (e.turn, e.sequence),
             lambda e: ActionHistoryEvent.of(action_id, shown(info, e)),

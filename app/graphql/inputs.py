@@ -27,6 +27,7 @@ from strawberry.types.arguments import InputContext
 from strawberry.types.base import (
     StrawberryList,
     StrawberryOptional,
+    get_object_definition,
     has_object_definition,
 )
 from strawberry.types.lazy_type import LazyType
@@ -55,8 +56,8 @@ def _check_literal(value: ValueNode, field: str) -> None:
         for i, item in enumerate(value.values):
             _check_literal(item, f"{field}[{i}]")
     elif isinstance(value, ObjectValueNode):
-        for item in value.fields:
-            _check_literal(item.value, f"{field}.{item.name.value}")
+        for member in value.fields:
+            _check_literal(member.value, f"{field}.{member.name.value}")
 
 
 class _Literals(Visitor):
@@ -127,7 +128,7 @@ def built_directly(cls: type[T]) -> type[T]:
     every object (84 ms of addAgentMemories' 1,000 records, bench/README.md); the values are
     the same: scalars and enums as graphql-core coerced them, anything else (lists, nested
     inputs) converted by strawberry, and a field without a default that the value omits None."""
-    definition = cls.__strawberry_definition__
+    definition = get_object_definition(cls, strict=True)
     table: list[tuple[str, str, Any]] = []  # (GraphQL name, Python name, type if converted)
     unset = [
         f.python_name

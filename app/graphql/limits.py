@@ -93,7 +93,7 @@ def _spreads(selections: SelectionSetNode | None) -> Iterator[str]:
         for node in current.selections if current else ():
             if isinstance(node, FragmentSpreadNode):
                 yield node.name.value
-            else:
+            elif isinstance(node, FieldNode | InlineFragmentNode):
                 stack.append(node.selection_set)
 
 
@@ -255,7 +255,8 @@ def request_cost(
         type_ = field.type.of_type if isinstance(field.type, GraphQLNonNull) else field.type
         named = get_named_type(type_)
         arguments = {
-            a.name.value: value_from_ast_untyped(a.value, variables)
+            # (graphql-core types the variables, which it only reads, as a dict.)
+            a.name.value: value_from_ast_untyped(a.value, variables)  # type: ignore[arg-type]
             for a in node.arguments or ()
             if a.name.value in _COUNTED
         }

@@ -1,7 +1,7 @@
 """GraphQL types and operations for agent memory records."""
 
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 from uuid import UUID
 
 import strawberry
@@ -33,12 +33,15 @@ from app.graphql.scalars import Timestamp, Value
 from app.memory import operator
 from app.memory import search as memory_search
 from app.memory.operator import HistoryPage, LabelValue, MemoryView, OperatorMemory
+from app.scope import Scope
 
 # The types a record points at are above this module (they list records): named lazily, and
 # read through the request's DataLoaders, which their modules register (app/graphql/context.py).
-ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # noqa: F821
-EXECUTION = Annotated["ActionExecution", strawberry.lazy("app.graphql.executions")]  # noqa: F821
-SESSION = Annotated["ActionSession", strawberry.lazy("app.graphql.executions")]  # noqa: F821
+# Not imported, even under TYPE_CHECKING (a circle, tests/test_layering.py): mypy cannot see the
+# names that strawberry resolves.
+ACTION = Annotated["Action", strawberry.lazy("app.graphql.actions")]  # type: ignore[name-defined]  # noqa: F821
+EXECUTION = Annotated["ActionExecution", strawberry.lazy("app.graphql.executions")]  # type: ignore[name-defined]  # noqa: F821
+SESSION = Annotated["ActionSession", strawberry.lazy("app.graphql.executions")]  # type: ignore[name-defined]  # noqa: F821
 VERSIONS = Keyset(cursors.INT4)  # a record's history, by version
 
 # Arguments several fields take, described once.
@@ -384,7 +387,7 @@ class ActionMemoryFields:
         filters = operator.MemoryFilters(
             kind=kind,
             labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
-            scope=scope.value if scope else None,
+            scope=Scope[scope.name] if scope else None,
             preview=preview,
             statuses=[s.value for s in status] if status is not None else None,
             session_id=session_id,
@@ -411,7 +414,7 @@ class ActionMemoryFields:
                 "Action.memories",
                 operator.MemoryPage(
                     self.action_id,
-                    keyset,  # type: ignore[arg-type]
+                    keyset,
                     limit,
                     sort == SortOrder.ASC,
                     filters,
@@ -483,7 +486,8 @@ class ActionMemoryFields:
                 info.context.caller,
                 action_id=self.action_id,
                 query=query,
-                mode=mode.value if mode else None,
+                # graphql_enum's value, the str, not the (value, description) mypy reads.
+                mode=cast(str, mode.value) if mode else None,
                 kind=kind,
                 labels=[LabelValue(v.value, v.name, v.number) for v in labels or []],
                 ids=ids,
@@ -634,7 +638,7 @@ def _operator_memory(input: AgentMemoryInput) -> OperatorMemory:
         kind=input.kind,
         content=input.content,
         labels=[LabelValue(v.value, v.name, v.number) for v in input.labels or []],
-        scope=input.scope.value if input.scope else None,
+        scope=Scope[input.scope.name] if input.scope else None,
         session_id=input.session_id,
         pinned=input.pinned,
         replaces=input.replaces,

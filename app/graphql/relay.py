@@ -133,7 +133,11 @@ def check_first(first: int, maximum: int = MAX_PAGE) -> int:
 
 
 def page(
-    rows: Sequence[R], first: int, after: str | None, edge_of: Callable[[R], E], make: type[C]
+    rows: Sequence[R],
+    first: int,
+    after: str | None,
+    edge_of: Callable[[R], E],
+    make: Callable[..., C],
 ) -> C:
     """A connection of `rows` fetched with LIMIT first + 1 (the extra row means more); `first`
     passed check_first."""

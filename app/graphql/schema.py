@@ -4,7 +4,7 @@ from functools import cache
 from typing import Annotated
 
 import strawberry
-from graphql import ASTValidationRule, FieldNode, GraphQLError, get_named_type
+from graphql import ASTValidationRule, FieldNode, GraphQLError, ValidationRule, get_named_type
 from graphql.language.visitor import SKIP, VisitorAction
 from graphql.type import is_introspection_type
 from strawberry.extensions import AddValidationRules, MaxTokensLimiter
@@ -91,7 +91,7 @@ INTROSPECTION_OFF = (
 )
 
 
-class NoIntrospection(ASTValidationRule):
+class NoIntrospection(ValidationRule):
     """Refuses `__schema` and `__type` (`__typename` stays: clients need it for unions)."""
 
     def enter_field(self, node: FieldNode, *_args: object) -> VisitorAction:

@@ -10,7 +10,7 @@ second naming the mutations (BAD_REQUEST: a request runs one mutation).
 """
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from graphql import (
     DocumentNode,
@@ -57,7 +57,11 @@ _WRITES_ACTION = ("createAction", "updateAction")
 
 def _search_grants(node: FieldNode, variables: Mapping[str, Any]) -> tuple[Grant, ...]:
     """`searchMemories` needs what the search its arguments ask for needs."""
-    arguments = {a.name.value: value_from_ast_untyped(a.value, variables) for a in node.arguments}
+    # (graphql-core types the variables, which it only reads, as a dict.)
+    arguments = {
+        a.name.value: value_from_ast_untyped(a.value, variables)  # type: ignore[arg-type]
+        for a in node.arguments or ()
+    }
     query = arguments.get("query")
     return search_grants(query if isinstance(query, str) else None, arguments.get("ids"))
 
@@ -175,7 +179,8 @@ def coerced(
     values = get_variable_values(schema, operation.variable_definitions or (), dict(variables))
     if isinstance(values, list):  # errors
         return None
-    return getattr(values, "coerced", values)  # graphql-core 3.3's VariableValues, or a dict
+    # graphql-core 3.3's VariableValues, or 3.2's dict.
+    return cast(Mapping[str, Any], getattr(values, "coerced", values))
 
 
 def runs(node: Node, variables: Mapping[str, Any]) -> bool:
@@ -186,7 +191,8 @@ def runs(node: Node, variables: Mapping[str, Any]) -> bool:
         if name not in ("skip", "include"):
             continue
         condition = next((a.value for a in directive.arguments if a.name.value == "if"), None)
-        value = value_from_ast_untyped(condition, variables) if condition else None
+        # (graphql-core types the variables, which it only reads, as a dict.)
+        value = value_from_ast_untyped(condition, variables) if condition else None  # type: ignore[arg-type]
         if isinstance(value, bool) and value == (name == "skip"):
             return False
     return True
@@ -272,8 +278,10 @@ class SelectionGrants(Refusing):
 
     def _refusal(self) -> DomainError | None:
         caller = getattr(self.execution_context.context, "caller", None)
+        if not isinstance(caller, Caller):
+            return None
         # A query changes nothing, and its fields check their own grants.
-        asked = self._asked(OperationType.MUTATION) if isinstance(caller, Caller) else None
+        asked = self._asked(OperationType.MUTATION)
         if asked is None:
             return None
         schema, operation, fragments, variables = asked

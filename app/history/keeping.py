@@ -81,7 +81,9 @@ def _calls(data: dict[str, Any]) -> list[str]:
     ]
 
 
-def _parts(who: str, data: dict[str, Any], text: str, tool: str | None) -> tuple[list[str], ...]:
+def _parts(
+    who: str, data: dict[str, Any], text: str, tool: str | None
+) -> tuple[list[str], list[list[str]]]:
     """An event's parts and the tools each names: an agent message's words apart from its
     calls, whose parts name every tool it calls."""
     if who == "tool":

@@ -10,7 +10,7 @@ see: one session's, from turns before a bound, preview parts only for a preview 
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 from uuid import UUID
 
 import asyncpg
@@ -22,7 +22,8 @@ from app.db.fusion import HYBRID_WEIGHT, cosine_of, fusion
 from app.db.sql import Params, by_page, page_arrays
 from app.history.keeping import KeptEvent
 
-Row = asyncpg.Record
+# TypeAlias: asyncpg has no types, and mypy reads a bare `Row = asyncpg.Record` as a variable.
+Row: TypeAlias = asyncpg.Record
 
 
 @dataclass(frozen=True)

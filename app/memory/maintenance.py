@@ -38,6 +38,7 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 from uuid import UUID
 
 import asyncpg
@@ -402,10 +403,11 @@ def _recount(now: tuple[int | None, ...], then: tuple[int | None, ...]) -> bool:
     """Whether a listed agent's words are counted again: never counted, a record deleted or
     replaced since (its words must not outlive it by more than a round), or the records
     counted in either scope changed by WORDS_RECOUNT."""
-    *counts, gone = now
-    *were, was_gone = then
     if None in then:
         return True
+    # Counts (`now`'s are count(*)s; `then`'s, none None as just checked).
+    *counts, gone = cast(tuple[int, ...], now)
+    *were, was_gone = cast(tuple[int, ...], then)
     return gone != was_gone or any(
         c < was or c - was > WORDS_RECOUNT * was for c, was in zip(counts, were, strict=True)
     )
@@ -499,14 +501,14 @@ class IndexBuilds:
         task.add_done_callback(lambda _: self._tasks.pop(key, None))
 
     async def _check(self, key: Key, threshold: int) -> None:
-        agent = len(key) == 2
         waiting = False
         try:
             while True:
                 async with self._pool.acquire() as conn:
-                    count = await (agent_records if agent else history_indexes.session_parts)(
-                        conn, key, threshold
-                    )
+                    if len(key) == 2:
+                        count = await agent_records(conn, key, threshold)
+                    else:
+                        count = await history_indexes.session_parts(conn, key, threshold)
                     if count is not None and count < threshold:
                         self._counted[key] = count
                         return

@@ -400,6 +400,7 @@ async def _delete(
                     replaced_by=None,
                     modified_by=caller.principal,
                 )
+                assert row is not None  # locked: None only for a record changed meanwhile
                 if current.pinned and current.scope == Scope.SESSION:
                     await store.count_pinned_lists(conn, caller.account_id, action_id, [memory_id])
             if key is not None:

@@ -277,8 +277,9 @@ async def restated(
         for j in range(i):
             share = len(own & words[j]) / max(len(own), 1)
             cosine = 0.0
-            if vector is not None and vectors[j] is not None:
-                cosine = float(np.dot(vector, vectors[j]))  # unit vectors (Embeddings)
+            earlier = vectors[j]
+            if vector is not None and earlier is not None:
+                cosine = float(np.dot(vector, earlier))  # unit vectors (Embeddings)
             found[j] = max(share, cosine)
         alike.append(found)
     return alike

@@ -349,7 +349,7 @@ async def ranked(
         # (A pool's id may name a later pool once it is gone: harmless, as nothing is trusted.)
         key = (id(pool), *listing) if listing is not None else None
         remembered = _LISTED.get(key) if key is not None else None
-        if remembered is not None:
+        if key is not None and remembered is not None:
             found, records = await _by_index(conn, reader, filters, ranking, remembered, key)
             if found is not None:
                 return found, "index"

@@ -773,7 +773,7 @@ class MemoryWork:
         self,
         conn: asyncpg.Connection,
         lines: Mapping[str | None, Sequence[str]],
-        replaced: set[UUID | None],
+        replaced: Set[UUID | None],
     ) -> None:
         """`lines`: the new pins' lines by the list they join (`_longest_list`)."""
         budget = self.config.pinned_max_tokens
@@ -790,7 +790,9 @@ class MemoryWork:
             return
         await store.lock_pins(conn, w.account_id, w.action.action_id)
         committed = replace(w.reader(), execution_id=None, invocation_number=None)
-        lists = {_pinned_in(r.scope, r.session_id): [] for r in published if r.pinned}
+        lists: dict[str | None, list[str]] = {
+            _pinned_in(r.scope, r.session_id): [] for r in published if r.pinned
+        }
         longest = await _longest_list(conn, committed, lists)
         if longest.tokens > budget:
             raise Conflict(
@@ -844,7 +846,7 @@ async def _longest_list(
     every other session's too (the agent's pins with that session's own), of which one
     statement reads the longest (`store.other_sessions_pins`)."""
     everywhere = list(lines.get(None, ()))
-    sessions = [s for s in lines if s is not None] or [reader.session_id]
+    sessions: list[str | None] = [s for s in lines if s is not None] or [reader.session_id]
     lists: list[tuple[list[MemoryRecord], list[str], str | None]] = []
     for session in sessions:
         rows = await store.list_pinned(conn, replace(reader, session_id=session))

@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
@@ -31,7 +31,8 @@ from app.memory.visibility import (
 from app.scope import Scope
 from app.text import DISGUISING_SQL
 
-Row = asyncpg.Record
+# TypeAlias: asyncpg has no types, and mypy reads a bare `Row = asyncpg.Record` as a variable.
+Row: TypeAlias = asyncpg.Record
 
 # Every column of a record as readers get it: MemoryRecord's fields but the search score (not
 # the vector, the tsvector or the staging marks).

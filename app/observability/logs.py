@@ -116,11 +116,11 @@ def _indented(text: str) -> str:
     return "\n".join("  " + _UNSHOWN.sub(_escaped, line) for line in text.split("\n"))
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.StreamHandler):
     """Writes to whatever sys.stderr is when a record comes, not the one at configure time (a
     test harness swaps and closes it; a record written later would hit a closed file)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

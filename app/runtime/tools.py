@@ -478,7 +478,8 @@ class NativeTools:
                 summary=a.summary or "",
                 kind=a.kind or "",
                 content=a.content or "",
-                labels=dict(_label_numbers(self.memory, a.labels)),
+                # Typed as NewMemory's labels, str or int keys (dict(...) of the numbers is not).
+                labels={n: value for n, value in _label_numbers(self.memory, a.labels).items()},
                 scope=RecordScope(a.scope) if a.scope else None,
                 pinned=a.pinned,
                 replaces=a.replaces,

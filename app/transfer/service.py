@@ -101,6 +101,7 @@ async def export_action(
                 "the vectors are left out: an `engram reembed` was interrupted, so they are not "
                 f"all of {model['name']}; the import embeds the records again"
             )
+        embeddings = embeddings and model is not None
         header = {
             "type": "header",
             "format": jsonl.FORMAT,
@@ -108,7 +109,7 @@ async def export_action(
             "actionId": str(action_id),
             "exported": datetime.now(UTC).isoformat(),
             "embedder": model,
-            "embeddings": embeddings and model is not None,
+            "embeddings": embeddings,
             "counts": counts,
         }
         out.write(json.dumps(header) + "\n")
@@ -117,7 +118,7 @@ async def export_action(
         ) as bar:
             for table in TABLES:
                 async for row in store.export_rows(
-                    conn, table, account_id, action_id, embeddings=header["embeddings"]
+                    conn, table, account_id, action_id, embeddings=embeddings
                 ):
                     out.write(f'{{"type":"{table.kind}","row":{row}}}\n')
                     bar.update()
@@ -181,7 +182,9 @@ async def import_file(
             directionless,
             # Copied to a database no service started on, whose vector columns have no
             # dimensions yet (`ensure_model` fixes them below): checked against the model's.
-            recorded["dimensions"] if copied and embedder is not None else None,
+            recorded["dimensions"]
+            if copied and recorded is not None and embedder is not None
+            else None,
         )
         result = ImportResult()
         if not copied:
