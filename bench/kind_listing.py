@@ -26,6 +26,7 @@ variant's index; the time to build it.
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -123,39 +124,54 @@ async def plan_of(conn, sql: str, values: list) -> str:
     return ", ".join(found)
 
 
-async def writes(conn, account, action, embedder, count: int) -> tuple[float, float]:
+def cpu_ms(pid: int) -> float:
+    """The CPU time (user and system) process `pid` has used, in ms: a server process's own
+    work, which other processes on the machine slow less than they slow the wall clock."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+async def writes(conn, account, action, embedder, count: int) -> dict[str, float]:
     """Records/s inserted (`copy_committed`, as imports and the benchmarks write) and updated
     (a status change, which writes every index's entry again), into the loaded agent, each in a
-    transaction rolled back."""
+    transaction rolled back; and for each, the server process's CPU ms and the WAL bytes a
+    record."""
     records = [
         bench_record(account, action, WORDS[i % len(WORDS)], kind=KINDS[i % 4])
         for i in range(count)
     ]
     vectors = (await embedder.embed([r.summary for r in records])).vectors
-    tr = conn.transaction()
-    await tr.start()
-    try:
-        t = time.perf_counter()
-        await store.copy_committed(conn, records, vectors)
-        inserted = count / (time.perf_counter() - t)
-    finally:
-        await tr.rollback()
-    tr = conn.transaction()
-    await tr.start()
-    try:
-        t = time.perf_counter()
-        await conn.execute(
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+    found: dict[str, float] = {}
+
+    async def timed(name: str, write) -> None:
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+            cpu, t = cpu_ms(pid), time.perf_counter()
+            await write()
+            found[name] = count / (time.perf_counter() - t)
+            found[f"{name} cpu"] = (cpu_ms(pid) - cpu) / count
+            found[f"{name} wal"] = await conn.fetchval(
+                "SELECT ((pg_current_wal_insert_lsn() - $1::text::pg_lsn) / $2)::float8", wal, count
+            )
+        finally:
+            await tr.rollback()
+
+    await timed("insert", lambda: store.copy_committed(conn, records, vectors))
+    await timed(
+        "update",
+        lambda: conn.execute(
             "UPDATE agent_memories SET status = 'DELETED', version = version + 1"
             " WHERE memory_id IN (SELECT memory_id FROM agent_memories WHERE account_id = $1"
             " AND action_id = $2 AND status = 'ACTIVE' ORDER BY random() LIMIT $3)",
             account,
             action,
             count,
-        )
-        updated = count / (time.perf_counter() - t)
-    finally:
-        await tr.rollback()
-    return inserted, updated
+        ),
+    )
+    return found
 
 
 async def measure(url: str, args: argparse.Namespace) -> None:
@@ -176,7 +192,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
         )
         reader = OperatorReader(account, action)
         if args.writes:
-            rates: dict[str, list[tuple[float, float]]] = {v: [] for v in args.variant}
+            rates: dict[str, list[dict[str, float]]] = {v: [] for v in args.variant}
             async with pool.acquire() as conn:
                 await writes(conn, account, action, embedder, args.writes)  # warm
                 for _ in range(args.rounds):
@@ -190,14 +206,31 @@ async def measure(url: str, args: argparse.Namespace) -> None:
                         for sql in undo:
                             await conn.execute(sql)
             print(f"\n## writes of {args.writes:,} records, {args.rounds} rounds alternated")
-            print("| variant | inserted records/s, median (each round) | updated records/s |")
-            print("| --- | --- | --- |")
+            print(
+                "| variant | inserted records/s, median (each round) | insert: server CPU us,"
+                " WAL bytes a record | updated records/s | update: CPU us, WAL bytes |"
+            )
+            print("| --- | --- | --- | --- | --- |")
             for variant, found in rates.items():
-                ins, upd = [r[0] for r in found], [r[1] for r in found]
+
+                def of(name: str, found=found) -> list[float]:
+                    return [r[name] for r in found]
+
+                def rate(name: str, of=of) -> str:
+                    return (
+                        f"{statistics.median(of(name)):,.0f}"
+                        f" ({', '.join(f'{r:,.0f}' for r in of(name))})"
+                    )
+
+                def work(name: str, of=of) -> str:
+                    return (
+                        f"{statistics.median(of(name + ' cpu')) * 1000:.0f},"
+                        f" {statistics.median(of(name + ' wal')):,.0f}"
+                    )
+
                 print(
-                    f"| {variant} | {statistics.median(ins):,.0f}"
-                    f" ({', '.join(f'{r:,.0f}' for r in ins)}) | {statistics.median(upd):,.0f}"
-                    f" ({', '.join(f'{r:,.0f}' for r in upd)}) |",
+                    f"| {variant} | {rate('insert')} | {work('insert')} | {rate('update')} |"
+                    f" {work('update')} |",
                     flush=True,
                 )
             return

@@ -12,8 +12,11 @@ the whole agent: 50-500 ms at 200,000 records, growing with the agent (bench/kin
 `agent_memories_kind`, on `(account_id, action_id, kind, created, memory_id)`, reads a page
 of any kind in order from where its keyset starts, newest or oldest first: about 1 ms there.
 Every row is in it, whatever its status or scope, so that every listing and reader may use
-it (a status filter, an agent's own staged records). It costs each write one more entry, one
-index among fourteen (bench/README.md, forty-fourth session).
+it (a status filter, an agent's own staged records). It costs each write one more entry: a
+record's row was written to six of the table's indexes (its key, time, words, summary, search
+entries and scope; the others hold only pinned, labelled, staged or replacing rows), now seven,
+about 8% more of the database's CPU for a row inserted or updated (bench/README.md,
+`kind_listing.py`, forty-fourth session).
 
 Built in the migration, which writes to the table wait for; reads go on. The build waits for
 the writes already running, and the writes that come meanwhile queue behind it, so it waits at
