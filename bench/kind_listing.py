@@ -2,9 +2,9 @@
 common kind, a rare one and absent ones, with each candidate index.
 
 Loads one agent into a scratch database: RECORDS records over 30 days, of kinds `fact` (60%,
-a tenth of them superseded), `event` (30%), `preference` (the rest but for:) `reference`
-(RARE records, spread over the whole time), `note` (NOTE records, every one superseded: no live
-record) and none of `procedure`; ANALYZE. Then, for each `--variant` (indexes made and dropped
+a tenth of them superseded), `event` (30%) and `preference` (10%), but for RARE records of
+`reference` and NOTE of `note` (every one superseded: no live record), each spread over the
+whole time; none of `procedure`; ANALYZE. Then, for each `--variant` (indexes made and dropped
 in that database):
 
 - `none`: the tables as migrated;
@@ -20,8 +20,14 @@ without and with `statuses: [ACTIVE]`, as `app.memory.store.list_page` sends it,
 the plan PostgreSQL caches from its sixth run). p50 / p95 ms of runs 5-24; the size of the
 variant's index; the time to build it.
 
+With `--writes N`, instead: N records inserted into that agent (`store.copy_committed`) and N
+of its records' status changed (one UPDATE), each in a transaction rolled back, with each
+variant in turn, `--rounds` times: records/s and the database server process's CPU a record
+(from /proc: the machine's other jobs slow it less than they slow the wall clock).
+
     python bench/kind_listing.py [--records 200000] [--rare 200] [--note 1000]
         [--variant none kind kind-live created-kind] [--data-dir DIR]
+        [--writes 2000 --rounds 8]
 """
 
 import argparse
@@ -134,8 +140,7 @@ def cpu_ms(pid: int) -> float:
 async def writes(conn, account, action, embedder, count: int) -> dict[str, float]:
     """Records/s inserted (`copy_committed`, as imports and the benchmarks write) and updated
     (a status change, which writes every index's entry again), into the loaded agent, each in a
-    transaction rolled back; and for each, the server process's CPU ms and the WAL bytes a
-    record."""
+    transaction rolled back; and for each, the server process's CPU ms a record."""
     records = [
         bench_record(account, action, WORDS[i % len(WORDS)], kind=KINDS[i % 4])
         for i in range(count)
@@ -148,14 +153,10 @@ async def writes(conn, account, action, embedder, count: int) -> dict[str, float
         tr = conn.transaction()
         await tr.start()
         try:
-            wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
             cpu, t = cpu_ms(pid), time.perf_counter()
             await write()
             found[name] = count / (time.perf_counter() - t)
             found[f"{name} cpu"] = (cpu_ms(pid) - cpu) / count
-            found[f"{name} wal"] = await conn.fetchval(
-                "SELECT ((pg_current_wal_insert_lsn() - $1::text::pg_lsn) / $2)::float8", wal, count
-            )
         finally:
             await tr.rollback()
 
@@ -208,7 +209,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
             print(f"\n## writes of {args.writes:,} records, {args.rounds} rounds alternated")
             print(
                 "| variant | inserted records/s, median (each round) | insert: server CPU us,"
-                " WAL bytes a record | updated records/s | update: CPU us, WAL bytes |"
+                " a record | updated records/s | update: CPU us |"
             )
             print("| --- | --- | --- | --- | --- |")
             for variant, found in rates.items():
@@ -223,10 +224,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
                     )
 
                 def work(name: str, of=of) -> str:
-                    return (
-                        f"{statistics.median(of(name + ' cpu')) * 1000:.0f},"
-                        f" {statistics.median(of(name + ' wal')):,.0f}"
-                    )
+                    return f"{statistics.median(of(name + ' cpu')) * 1000:.0f}"
 
                 print(
                     f"| {variant} | {rate('insert')} | {work('insert')} | {rate('update')} |"
