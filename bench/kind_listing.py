@@ -208,7 +208,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
                             await conn.execute(sql)
             print(f"\n## writes of {args.writes:,} records, {args.rounds} rounds alternated")
             print(
-                "| variant | inserted records/s, median (each round) | insert: server CPU us,"
+                "| variant | inserted records/s, median (each round) | insert: server CPU us"
                 " a record | updated records/s | update: CPU us |"
             )
             print("| --- | --- | --- | --- | --- |")
