@@ -38,6 +38,13 @@ def _reads(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def _rows_read(reads: list[dict[str, Any]]) -> float:
+    """The rows those scans read, kept or not (a scan's counts are each loop's average)."""
+    return sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in reads
+    )
+
+
 async def _explained(conn: Any, sql: str, values: list[Any], mode: str) -> dict[str, Any]:
     async with conn.transaction():
         await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
@@ -79,9 +86,7 @@ async def test_a_kind_few_records_hold_is_listed_from_its_index(
             sql, values = store._page(agent.operator, None, 50, ascending, f)
             reads = _reads(await _explained(conn, sql, values, "force_custom_plan"))
             assert {n.get("Index Name") for n in reads} == {"agent_memories_kind"}
-            assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in reads) == (
-                len(listed)
-            )
+            assert _rows_read(reads) == len(listed)
 
 
 async def test_search_memories_without_a_query_lists_a_kind_from_its_index(
@@ -101,4 +106,43 @@ async def test_search_memories_without_a_query_lists_a_kind_from_its_index(
         sql, *values = captured.sql
         reads = _reads(await _explained(conn, sql, values, "force_generic_plan"))
     assert {n.get("Index Name") for n in reads} == {"agent_memories_kind"}
-    assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in reads) == 3
+    assert _rows_read(reads) == 3
+
+
+class _Recording:
+    """A connection that records the SQL and values of its last fetch."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.sql = conn, ("",)
+
+    def transaction(self) -> Any:
+        return self.conn.transaction()
+
+    async def execute(self, *args: Any) -> Any:
+        return await self.conn.execute(*args)
+
+    async def fetch(self, *args: Any) -> Any:
+        self.sql = args
+        return await self.conn.fetch(*args)
+
+
+async def test_several_agents_pages_of_a_kind_are_read_from_its_index(
+    agent: SearchAgent, state: AppState, admin: Caller
+) -> None:
+    # `actions { memories(kind:) }`: one statement reads each agent's page (store.list_pages).
+    small = await make_search_agent(state, admin)
+    theirs = await small.add("Their reference", kind="reference")
+    async with state.pool.acquire() as conn:
+        recording = _Recording(conn)
+        pages = await store.list_pages(
+            recording,
+            admin.account_id,
+            [(agent.action_id, None, 50), (small.action_id, None, 50)],
+            ascending=False,
+            filters=store.ListFilters(kind="reference"),
+        )
+        assert [len(p) for p in pages] == [3, 1] and pages[1][0]["memory_id"] == theirs
+        sql, *values = recording.sql
+        reads = _reads(await _explained(conn, sql, values, "force_custom_plan"))
+    assert {n.get("Index Name") for n in reads} == {"agent_memories_kind"}
+    assert _rows_read(reads) == 4
