@@ -18,7 +18,8 @@ the kind (or, for a kind with fewer, the middle of the agent's time), newest and
 without and with `statuses: [ACTIVE]`, as `app.memory.store.list_page` sends it, and
 `searchMemories`' first page (`app.memory.search_store.newest`, a prepared statement reused:
 the plan PostgreSQL caches from its sixth run). p50 / p95 ms of runs 5-24; the size of the
-variant's index; the time to build it.
+variant's index; the time to build it. With `--ranked`, also a hybrid `searchMemories` of each
+kind (`app.memory.search.ranked`, as it plans it): whether the index changes a ranked plan.
 
 With `--writes N`, instead: N records inserted into that agent (`store.copy_committed`) and N
 of its records' status changed (one UPDATE), each in a transaction rolled back, with each
@@ -27,7 +28,7 @@ variant in turn, `--rounds` times: records/s and the database server process's C
 
     python bench/kind_listing.py [--records 200000] [--rare 200] [--note 1000]
         [--variant none kind kind-live created-kind] [--data-dir DIR]
-        [--writes 2000 --rounds 8]
+        [--ranked] [--writes 2000 --rounds 8]
 """
 
 import argparse
@@ -46,6 +47,7 @@ from common import bench_record, load_agent, run_scratch  # noqa: E402
 
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.memory import search as search_module  # noqa: E402
 from app.memory import search_store, store  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
 
@@ -176,7 +178,7 @@ async def writes(conn, account, action, embedder, count: int) -> dict[str, float
 
 
 async def measure(url: str, args: argparse.Namespace) -> None:
-    pool = await create_pool(url, min_size=1, max_size=1)
+    pool = await create_pool(url, min_size=1, max_size=2)
     embedder = StaticEmbedder()
     try:
         started = time.perf_counter()
@@ -192,6 +194,9 @@ async def measure(url: str, args: argparse.Namespace) -> None:
             + ", ".join(f"{r['kind']} {r['n']:,} ({r['live']:,} live)" for r in counts)
         )
         reader = OperatorReader(account, action)
+        query = "refund for the coffee order"
+        vector = (await embedder.embed([query])).vectors[0]
+        ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
         if args.writes:
             rates: dict[str, list[dict[str, float]]] = {v: [] for v in args.variant}
             async with pool.acquire() as conn:
@@ -301,6 +306,22 @@ async def measure(url: str, args: argparse.Namespace) -> None:
                         f"| {kind} | searchMemories first | desc | | {timed_runs(times)} | |",
                         flush=True,
                     )
+                    if args.ranked:
+                        # A ranked search under the kind (not changed here: whether the new
+                        # index changes its plan), as `search.ranked` plans it.
+                        times, plans = [], set()
+                        for _ in range(24):
+                            t = time.perf_counter()
+                            _, plan = await search_module.ranked(
+                                pool, reader, search_store.Filters(kind=kind), ranking
+                            )
+                            times.append((time.perf_counter() - t) * 1000)
+                            plans.add(plan)
+                        print(
+                            f"| {kind} | searchMemories hybrid | | | {timed_runs(times)} |"
+                            f" {', '.join(sorted(plans))} plan |",
+                            flush=True,
+                        )
                 for sql in undo:
                     await conn.execute(sql)
     finally:
@@ -317,6 +338,7 @@ def main() -> None:
     parser.add_argument(
         "--writes", type=int, default=0, help="measure writes of this many records instead"
     )
+    parser.add_argument("--ranked", action="store_true", help="and a hybrid search of each kind")
     parser.add_argument("--rounds", type=int, default=5, help="--writes: rounds alternated")
     args = parser.parse_args()
     run_scratch(args.data_dir, "engram-kinds-", lambda url: measure(url, args), StaticEmbedder())
