@@ -15,7 +15,7 @@ Every row is in it, whatever its status or scope, so that every listing and read
 it (a status filter, an agent's own staged records). It costs each write one more entry: a
 record's row was written to six of the table's indexes (its key, time, words, summary, search
 entries and scope; the others hold only pinned, labelled, staged or replacing rows), now seven,
-about 8% more of the database's CPU for a row inserted or updated (bench/README.md,
+about 4-5% more of the database's CPU for a row inserted or updated (bench/README.md,
 `kind_listing.py`, forty-fourth session).
 
 Built in the migration, which writes to the table wait for; reads go on. The build waits for
