@@ -1,6 +1,7 @@
 """Migrating while others serve or start: processes starting together migrate one at a time
 (docs/scaling.md, an advisory lock), and one that waits for another's migration says so, and
-stops at once on SIGTERM; migration 0032 holds the service's reads up 5 s at most."""
+stops at once on SIGTERM; migration 0032 holds the service's reads up 5 s at most, and 0033
+its writes."""
 
 import asyncio
 import signal
@@ -127,4 +128,46 @@ async def test_migration_0032_holds_reads_up_seconds_at_most_and_runs_again(pg_s
             assert "(account_id, action_id, session_id, created, memory_id)" in columns
         finally:
             await reader.close()
+            await other.close()
+
+
+async def test_migration_0033_holds_writes_up_seconds_at_most_and_runs_again(pg_server):
+    """Migration 0033 builds an index of agent_memories, which waits for the writes already
+    running (here a transaction left open after its write, as an import's or a turn's), while
+    the writes that come meanwhile queue behind it. It waits 5 s at most, fails and is rolled
+    back, and runs once that transaction has ended; reads go on meanwhile."""
+    name = f"engram_build_0033_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url, "0032")
+        writer = await asyncpg.connect(url)
+        other = await asyncpg.connect(url, server_settings={"lock_timeout": "10s"})
+        try:
+            running = writer.transaction()
+            await running.start()
+            await writer.execute("UPDATE agent_memories SET version = version WHERE false")
+            migrating = asyncio.ensure_future(asyncio.to_thread(migrate.upgrade, url))
+            deadline = time.monotonic() + 60
+            while not await other.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INDEX%agent_memories_kind%'"
+            ):
+                assert not migrating.done(), migrating.result()
+                assert time.monotonic() < deadline, "the migration never waited"
+                await asyncio.sleep(0.05)
+            # A read goes on while the build waits.
+            assert await other.fetchval("SELECT count(*) FROM agent_memories") == 0
+            with pytest.raises(MigrationFailed) as failed:
+                await asyncio.wait_for(migrating, 60)
+            assert "migration 0033 failed (canceling statement due to lock timeout)" in str(
+                failed.value
+            )
+            assert await other.fetchval("SELECT version_num FROM alembic_version") == "0032"
+            await running.rollback()
+            assert await asyncio.to_thread(migrate.upgrade, url) == HEAD
+            columns = await other.fetchval(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'agent_memories_kind'"
+            )
+            assert "(account_id, action_id, kind, created, memory_id)" in columns
+        finally:
+            await writer.close()
             await other.close()
