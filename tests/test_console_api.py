@@ -158,7 +158,7 @@ async def test_viewer_allowed_says_which_operations_the_grants_permit(gql, state
 
 def test_viewer_allowed_knows_every_root_operation():
     """Each query and mutation of the schema is one `viewer.allowed` answers for (the grants in
-    app/auth/operations.py), but `node` and `viewer`, which need none of their own."""
+    app/auth/operations.py), but `node`, `nodes` and `viewer`, which need none of their own."""
     from app.graphql.schema import build_schema
 
     schema = build_schema()._schema
@@ -166,7 +166,7 @@ def test_viewer_allowed_knows_every_root_operation():
         f"{kind}.{name}"
         for kind in ("Query", "Mutation")
         for name in schema.type_map[kind].fields
-        if name not in operations.OPERATIONS and name not in ("node", "viewer")
+        if name not in operations.OPERATIONS and name not in ("node", "nodes", "viewer")
     ]
     assert unknown == [], (
         "give each the grants its service checks in app/auth/operations.py's OPERATIONS, so that "
