@@ -23,6 +23,7 @@ from app.actions.model import MAX_CONTEXT_TOKENS, ModelConfig
 from app.auth.caller import Caller
 from app.executions import summary_store
 from app.runtime.context import ContextWindow, open_window, request_tokens
+from app.runtime.model import MODEL
 from app.runtime.transcript import Transcript
 from app.state import AppState
 
@@ -547,7 +548,7 @@ async def test_h16_a_reply_of_many_tool_calls_takes_time_in_proportion(
         budget=MAX_CONTEXT_TOKENS,
         reserve=0,
         history=None,
-        client=state.services["model"],
+        client=state.services[MODEL],
         config=ModelConfig(),
         account_id=uuid4(),
         transcript=Transcript(1),

@@ -45,11 +45,9 @@ from app.executions.service import Execution
 from app.http_retry import MAX_BACKOFF_SECONDS, MAX_RETRY_AFTER_SECONDS
 from app.idempotency import store as idempotency_store
 from app.idempotency.keys import KEEP_SECONDS
-from app.state import AppState
+from app.state import AppState, ServiceKey
 
 log = logging.getLogger(__name__)
-
-SERVICE = "turn_liveness"
 
 
 def stale_after_seconds(settings: Settings) -> float:
@@ -97,7 +95,7 @@ async def running(state: AppState, execution: Execution) -> AsyncIterator[None]:
     """While an execution (a turn, an MCP call, an ingest) runs in this process: the process
     counts it as its own (its lease speaks for it), and gives it a sign of life every
     `pulse_seconds` it has shown none, until it ends."""
-    process = liveness(state.services)
+    process = state.services.get(TURN_LIVENESS)
     every = pulse_seconds(state.settings)
     pulse = asyncio.create_task(_pulse(state.pool, execution, every), name="engram turn pulse")
     try:
@@ -137,7 +135,8 @@ class Swept:
 
 
 class TurnLiveness:
-    """One per process (AppState.services[SERVICE]): its boot ID, its running turns, its sweep."""
+    """One per process (AppState.services[TURN_LIVENESS]): its boot ID, its running turns, its
+    sweep."""
 
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool
@@ -221,6 +220,4 @@ class TurnLiveness:
                 await liveness_store.remove_process(conn, self.boot_id)
 
 
-def liveness(services: dict[str, object]) -> TurnLiveness | None:
-    found = services.get(SERVICE)
-    return found if isinstance(found, TurnLiveness) else None
+TURN_LIVENESS: ServiceKey[TurnLiveness] = ServiceKey("turn_liveness")

@@ -44,6 +44,7 @@ from app.runtime.context import ContextWindow, budget_of, open_window
 from app.runtime.deadline import deadline as turn_deadline
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import (
+    MODEL,
     Completion,
     ModelClient,
     ModelFailed,
@@ -179,9 +180,9 @@ END_OF_TURN_STEPS: list[TurnEndStep] = [review_memory]
 
 def model_client(state: AppState) -> ModelClient:
     """The process's model client, made on first use (closed by stop_services)."""
-    client = state.services.get("model")
+    client = state.services.get(MODEL)
     if client is None:
-        client = state.services["model"] = ModelClient(state.settings)
+        client = state.services[MODEL] = ModelClient(state.settings)
     return client
 
 
@@ -192,7 +193,7 @@ def stale_after_seconds(state: AppState) -> float:
 
 def _boot_id(state: AppState) -> UUID | None:
     """The process's boot ID, which its RUNNING turns carry (app/runtime/liveness.py)."""
-    process = liveness.liveness(state.services)
+    process = state.services.get(liveness.TURN_LIVENESS)
     return process.boot_id if process is not None else None
 
 
