@@ -1,10 +1,9 @@
 """Starts and stops the providers the layers need (embeddings, model clients)."""
 
 from app.embeddings.setup import ensure_model, open_embedder
-from app.memory.maintenance import SearchMaintenance
+from app.memory.maintenance import SEARCH_MAINTENANCE, SearchMaintenance
 from app.memory.vectors import VECTOR_COLUMNS
-from app.runtime.liveness import SERVICE as TURN_LIVENESS
-from app.runtime.liveness import TurnLiveness
+from app.runtime.liveness import TURN_LIVENESS, TurnLiveness
 from app.state import AppState
 
 
@@ -12,7 +11,7 @@ async def start_services(state: AppState) -> None:
     if state.embedder is None:
         state.embedder = await open_embedder(state.settings)
     await ensure_model(state.pool, state.embedder, VECTOR_COLUMNS)
-    maintenance = state.services["search_maintenance"] = SearchMaintenance(
+    maintenance = state.services[SEARCH_MAINTENANCE] = SearchMaintenance(
         state.pool,
         interval=state.settings.search_maintenance_seconds,
         min_records=state.settings.agent_index_min_records,
@@ -27,7 +26,7 @@ async def start_services(state: AppState) -> None:
 
 
 async def stop_services(state: AppState) -> None:
-    for service in [*reversed(list(state.services.values())), state.embedder]:
+    for service in [*reversed(state.services.values()), state.embedder]:
         close = getattr(service, "aclose", None)
         if close is not None:
             await close()

@@ -82,7 +82,7 @@ from app.history import search as history_search  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.memory import maintenance  # noqa: E402
 from app.memory import search as memory_search  # noqa: E402
-from app.runtime.liveness import SERVICE as LIVENESS  # noqa: E402
+from app.runtime.liveness import TURN_LIVENESS  # noqa: E402
 
 TOKEN = "bench-growth-admin-token-0123456789abcdef0123"
 FAIL = "fail-this-turn"
@@ -162,7 +162,7 @@ def sampled(app: Any) -> dict[str, Callable[[], int]]:
     fairness = _one(Fairness)
     documents = [o for o in gc.get_objects() if type(o) is Documents]
     builds = maintenance._BUILDS.get(state.pool)
-    liveness = state.services.get(LIVENESS)
+    liveness = state.services.get(TURN_LIVENESS)
     return {
         "memory._LISTED": lambda: len(memory_search._LISTED),
         "history._PLANS": lambda: len(history_search._PLANS),

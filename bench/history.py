@@ -79,7 +79,7 @@ from app.history.store import Scope  # noqa: E402
 from app.memory.search import search as memory_search  # noqa: E402
 from app.memory.store import copy_committed  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
-from app.runtime.model import ModelClient  # noqa: E402
+from app.runtime.model import MODEL, ModelClient  # noqa: E402
 from app.runtime.tools import NATIVE_TOOLS  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
@@ -177,7 +177,7 @@ async def open_state(url: str, model_url: str) -> tuple[AppState, Caller]:
     )
     state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
     await start_services(state)
-    state.services["model"] = ModelClient(settings)
+    state.services[MODEL] = ModelClient(settings)
     async with pool.acquire() as conn:
         account_id = await ensure_default_account(conn)
     return state, Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)

@@ -71,7 +71,7 @@ from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
 from app.memory.store import copy_committed  # noqa: E402
 from app.memory.vectors import memory_text  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
-from app.runtime.model import ModelClient  # noqa: E402
+from app.runtime.model import MODEL, ModelClient  # noqa: E402
 from app.runtime.turns import TurnRequest, execute_turn  # noqa: E402
 from app.services import start_services, stop_services  # noqa: E402
 from app.state import AppState  # noqa: E402
@@ -401,7 +401,7 @@ async def runtime_figures(args: argparse.Namespace, model_url: str) -> None:
         )
         state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
         await start_services(state)
-        state.services["model"] = ModelClient(settings)
+        state.services[MODEL] = ModelClient(settings)
         async with pool.acquire() as conn:
             account_id = await ensure_default_account(conn)
         caller = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)

@@ -71,7 +71,7 @@ from app.executions import store as executions_store  # noqa: E402
 from app.history.store import Scope  # noqa: E402
 from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
 from app.runtime.context import ContextWindow, open_window  # noqa: E402
-from app.runtime.model import ModelClient  # noqa: E402
+from app.runtime.model import MODEL, ModelClient  # noqa: E402
 from app.runtime.recall import Recall  # noqa: E402
 from app.runtime.tools import NativeTools, tool_schemas  # noqa: E402
 from app.runtime.transcript import Transcript  # noqa: E402
@@ -288,7 +288,7 @@ async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
         settings = Settings(database_url=url, model_base_url=model_url, model_name="scripted")
         state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
         await start_services(state)
-        state.services["model"] = ModelClient(settings)
+        state.services[MODEL] = ModelClient(settings)
         async with pool.acquire() as conn:
             account_id = await ensure_default_account(conn)
         caller = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)

@@ -32,7 +32,7 @@ from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
 from app.main import request_bounds
-from app.runtime.model import ModelClient
+from app.runtime.model import MODEL, ModelClient
 from app.services import start_services, stop_services
 from app.state import AppState
 
@@ -144,7 +144,7 @@ async def state(
     await start_services(state)
     if _uses_model_server(request):
         # A retried model call waits 10 ms, not half a second.
-        state.services["model"] = ModelClient(settings, backoff_seconds=0.01)
+        state.services[MODEL] = ModelClient(settings, backoff_seconds=0.01)
     yield state
     await stop_services(state)
     await pool.close()

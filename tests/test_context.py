@@ -21,8 +21,9 @@ from runtime_support import events, run, tool_names, tool_results
 
 from app.actions.model import MAX_CONTEXT_TOKENS, ModelConfig
 from app.auth.caller import Caller
-from app.executions import store as executions_store
+from app.executions import summary_store
 from app.runtime.context import ContextWindow, open_window, request_tokens
+from app.runtime.model import MODEL
 from app.runtime.transcript import Transcript
 from app.state import AppState
 
@@ -547,7 +548,7 @@ async def test_h16_a_reply_of_many_tool_calls_takes_time_in_proportion(
         budget=MAX_CONTEXT_TOKENS,
         reserve=0,
         history=None,
-        client=state.services["model"],
+        client=state.services[MODEL],
         config=ModelConfig(),
         account_id=uuid4(),
         transcript=Transcript(1),
@@ -677,16 +678,16 @@ async def test_h16_a_summary_is_kept_only_over_the_one_its_turn_started_from(
         execution_id=uuid4(),
     )
     async with state.pool.acquire() as conn:
-        assert await executions_store.save_summary(
+        assert await summary_store.save_summary(
             conn, **key, summary="first", through_turn=1, base_version=None
         )
-        assert not await executions_store.save_summary(
+        assert not await summary_store.save_summary(
             conn, **key, summary="second", through_turn=1, base_version=None
         )
-        assert await executions_store.save_summary(
+        assert await summary_store.save_summary(
             conn, **key, summary="third", through_turn=1, base_version=1
         )
-        assert not await executions_store.save_summary(
+        assert not await summary_store.save_summary(
             conn, **key, summary="fourth", through_turn=1, base_version=1
         )
     stored = await stored_summary(state)

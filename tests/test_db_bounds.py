@@ -30,7 +30,7 @@ from app.config import Settings
 from app.db import errors
 from app.db.pool import bounds, create_pool, lift_bounds, session_changed
 from app.embeddings.setup import ensure_model
-from app.executions import store as executions_store
+from app.executions import erasure_store
 from app.history import store as history_store
 from app.main import request_bounds
 from app.memory import maintenance
@@ -451,7 +451,7 @@ async def test_a_session_too_long_to_erase_in_one_statement_is_erased_in_several
     ENGRAM_STATEMENT_TIMEOUT_SECONDS, which one statement over all of it would pass (and be
     refused at every retry)."""
     monkeypatch.setattr(history_store, "ERASE_BATCH", 20)
-    monkeypatch.setattr(executions_store, "ERASE_BATCH", 10)
+    monkeypatch.setattr(erasure_store, "ERASE_BATCH", 10)
     action_id = await long_session(state, admin, 150)
     erased = (await gql(admin, ERASE, a=action_id)).ok()["eraseSession"]
     assert erased == {"erasedEvents": 300, "erasedExecutions": 150, "erasedTranscriptEvents": 300}
@@ -481,7 +481,7 @@ async def test_executions_with_long_transcripts_are_erased_a_bounded_number_of_e
     """A turn's transcript may hold a thousand events (16 model calls of 64 tool calls each, by
     default): a batch of executions is not a bound on the rows its transcripts are. Here three
     turns of 100 events each, 3 s of work in one statement, twice the bound."""
-    monkeypatch.setattr(executions_store, "ERASE_TRANSCRIPT_BATCH", 20)
+    monkeypatch.setattr(erasure_store, "ERASE_TRANSCRIPT_BATCH", 20)
     action_id = await long_session(state, admin, 3, events=100)
     erased = (await gql(admin, ERASE, a=action_id)).ok()["eraseSession"]
     assert erased == {"erasedEvents": 6, "erasedExecutions": 3, "erasedTranscriptEvents": 300}

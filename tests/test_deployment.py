@@ -266,7 +266,7 @@ def test_a_turn_killed_with_its_process_is_failed_by_a_sweep_and_can_be_retried(
     from helpers import wait_until
     from servers import Served, clean_env, free_port, post_graphql
 
-    from app.executions.store import DEAD_PROCESS_ERROR
+    from app.executions.liveness_store import DEAD_PROCESS_ERROR
 
     def started(name: str) -> tuple[Served, str]:
         port = free_port()

@@ -23,7 +23,7 @@ from app.auth.service import ensure_default_account
 from app.db import migrate
 from app.db.pool import create_pool
 from app.embeddings.openai import OpenAIEmbedder
-from app.runtime.model import ModelClient
+from app.runtime.model import MODEL, ModelClient
 from app.services import start_services, stop_services
 from app.state import AppState
 
@@ -53,7 +53,7 @@ async def remote(pg_server, model_server: OpenAIServer) -> AsyncIterator[AppStat
         pool = await create_pool(url, min_size=1, max_size=4)
         state = AppState(settings=settings, pool=pool, embedder=embedder)
         await start_services(state)
-        state.services["model"] = ModelClient(settings, backoff_seconds=0.01)
+        state.services[MODEL] = ModelClient(settings, backoff_seconds=0.01)
         try:
             yield state
         finally:

@@ -46,7 +46,7 @@ async def add_many(gql: GQL, admin: Caller, action_id: uuid.UUID, n: int, start:
 
 
 def builds(state: AppState) -> maintenance.IndexBuilds:
-    return state.services["search_maintenance"].builds
+    return state.services[maintenance.SEARCH_MAINTENANCE].builds
 
 
 async def index_oids(pool: asyncpg.Pool, account_id: uuid.UUID, action_id: uuid.UUID) -> list[Any]:
@@ -190,7 +190,7 @@ async def test_m20_the_service_stops_cleanly_with_a_build_in_flight(
             "WHERE wait_event_type = 'Lock' AND query LIKE 'CREATE INDEX CONCURRENTLY%'"
         )
         await eventually(lambda: state.pool.fetchval(waiting), "a build waiting on the lock")
-        await asyncio.wait_for(state.services["search_maintenance"].aclose(), 10)
+        await asyncio.wait_for(state.services[maintenance.SEARCH_MAINTENANCE].aclose(), 10)
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # not failed
         assert not builds(state)._tasks
         # The build was cancelled in the server too, and the round's lock let go.

@@ -30,6 +30,7 @@ from runtime_support import memories, memory, run
 from app.actions.harness import parse_harness
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
+from app.executions import liveness_store
 from app.executions import store as executions_store
 from app.runtime.calls import WHEN_TO_USE
 from app.runtime.tools import tool_schemas
@@ -445,7 +446,7 @@ async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
                 input={},
             )
         await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
-        failed = await executions_store.fail_stale_turns(conn, admin.account_id, action_id, 60)
+        failed = await liveness_store.fail_stale_turns(conn, admin.account_id, action_id, 60)
         kinds = await conn.fetch(
             "SELECT kind, status FROM executions WHERE action_id = $1 ORDER BY kind", action_id
         )

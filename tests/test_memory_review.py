@@ -27,7 +27,7 @@ from runtime_support import (
 
 from app.actions.service import agent_principal
 from app.auth.caller import Caller
-from app.executions import store as executions_store
+from app.executions import review_store
 from app.runtime import review as review_module
 from app.runtime.context import request_tokens
 from app.runtime.review import DEFAULT_INSTRUCTIONS
@@ -438,11 +438,9 @@ async def test_m10_a_review_whose_record_changed_meanwhile_drops_its_records_not
     before the turn's commit writes them (the commit's first step is made to wait for the
     delete): the review's records go (`memory.review.dropped` says why), the turn keeps its
     answer and commits, and its messages wait for the next review, which reads them again."""
-    from app.executions import store as executions_store
-
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
-    record_review = executions_store.record_review
+    record_review = review_store.record_review
     meanwhile: list[dict[str, Any]] = []
 
     async def after_a_delete(*args: Any) -> bool:
@@ -457,7 +455,7 @@ async def test_m10_a_review_whose_record_changed_meanwhile_drops_its_records_not
             meanwhile.append(deleted.ok()["deleteAgentMemory"])
         return await record_review(*args)
 
-    monkeypatch.setattr(executions_store, "record_review", after_a_delete)
+    monkeypatch.setattr(review_store, "record_review", after_a_delete)
     model_server.say("Noted: Berlin.")
     candidates(model_server, {"summary": "Ada lives in Berlin"})
     decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
@@ -860,7 +858,7 @@ async def test_m10_a_turn_another_review_read_on_in_is_not_covered_by_one_that_r
         turns.append(uuid.UUID((await run(gql, admin, action_id, said))["executionId"]))
     waiting, first, second = turns
     key = (admin.account_id, uuid.UUID(action_id))
-    record = executions_store.record_review
+    record = review_store.record_review
     async with state.pool.acquire() as conn, conn.transaction():
         assert await record(conn, *key, first, 2, {}, (waiting, 0, 1))
         assert not await record(conn, *key, second, 2, {waiting: 0, second: 0})
@@ -1113,7 +1111,7 @@ async def test_m10_a_review_that_cannot_reach_the_database_fails_the_turn_as_it_
     async def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(review_module.store, "pending_review", unreachable)
+    monkeypatch.setattr(review_module.review_store, "pending_review", unreachable)
     model_server.say("Got it.")
     executed = await run(gql, admin, action_id, "I live in Lisbon")
     assert executed["status"] == "FAILED"

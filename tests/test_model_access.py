@@ -22,7 +22,7 @@ from app.auth.policies import ADMIN_POLICIES
 from app.config import Settings
 from app.errors import BadInput
 from app.runtime.context import ContextWindow
-from app.runtime.model import Completion
+from app.runtime.model import MODEL, Completion
 from app.runtime.transcript import Transcript
 from app.state import AppState
 
@@ -229,7 +229,7 @@ async def test_a_summary_call_uses_only_keys_its_account_may(
             400,
             0,
             None,
-            state.services["model"],
+            state.services[MODEL],
             ModelConfig(api_key_env="KEY_A"),
             account,
             Transcript(1),

@@ -32,7 +32,7 @@ from runtime_support import (
 
 from app.auth.caller import Caller
 from app.db.cursors import pack, unpack
-from app.executions import store as executions_store
+from app.executions import liveness_store
 from app.graphql.relay import global_id
 from app.memory.service import MemoryWork
 from app.runtime import turns
@@ -452,7 +452,7 @@ async def _sweep(state: AppState, context: turns.TurnContext) -> list[uuid.UUID]
             "UPDATE executions SET modified = now() - interval '1 day' WHERE execution_id = $1",
             e.execution_id,
         )
-        return await executions_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
+        return await liveness_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
 
 
 async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
@@ -499,7 +499,7 @@ async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
                 "UPDATE executions SET modified = now() - interval '1 day' WHERE status = 'RUNNING'"
             )
             if sweep_in_tool:
-                await executions_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
+                await liveness_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
         return await original(self, call)
 
     swept: list[uuid.UUID] = []
@@ -508,7 +508,7 @@ async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
         async with state.pool.acquire() as conn:
             e = context.execution
             swept.extend(
-                await executions_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
+                await liveness_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
             )
 
     action_uuid = uuid.UUID(action_id)
@@ -1042,9 +1042,7 @@ async def test_m17_a_killed_attempt_keeps_its_transcript_up_to_its_last_model_ca
     assert seen_while_running["listed"] == []
     async with state.pool.acquire() as conn:
         await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")
-        [crashed] = await executions_store.fail_stale_turns(
-            conn, admin.account_id, action_uuid, 3600
-        )
+        [crashed] = await liveness_store.fail_stale_turns(conn, admin.account_id, action_uuid, 3600)
     listed = await gql(
         admin,
         TRANSCRIPT_TYPES,

@@ -671,8 +671,8 @@ async def test_m20_the_service_maintains_search_in_the_background(
         built = "SELECT count(*) > 0 FROM agent_indexes"
         await eventually(lambda: state.pool.fetchval(built), "a round building the indexes")
     finally:
-        await service.services["search_maintenance"].aclose()
-    assert service.services["search_maintenance"]._task is None  # cancelled, awaited
+        await service.services[maintenance.SEARCH_MAINTENANCE].aclose()
+    assert service.services[maintenance.SEARCH_MAINTENANCE]._task is None  # cancelled, awaited
 
 
 async def test_m20_maintain_search_command(

@@ -53,7 +53,7 @@ AGENT_MEMORY = memory_harness(scope={"read": ["agent"], "write": ["agent"]})
 
 
 def process(state: AppState) -> liveness.TurnLiveness:
-    found = liveness.liveness(state.services)
+    found = state.services.get(liveness.TURN_LIVENESS)
     assert found is not None
     return found
 

@@ -47,6 +47,7 @@ from app import tasks
 from app.db.pool import drawing_on, lift_bounds, session_changed
 from app.history import indexes as history_indexes
 from app.memory import visibility
+from app.state import ServiceKey
 
 log = logging.getLogger(__name__)
 
@@ -654,7 +655,7 @@ async def run_round(
 
 class SearchMaintenance:
     """With an interval, runs a round at once and every `interval` seconds until closed
-    (AppState.services)."""
+    (AppState.services[SEARCH_MAINTENANCE])."""
 
     def __init__(
         self,
@@ -714,3 +715,6 @@ class SearchMaintenance:
         await tasks.stop(self._task)
         self._task = None
         await self.builds.aclose()
+
+
+SEARCH_MAINTENANCE: ServiceKey[SearchMaintenance] = ServiceKey("search_maintenance")

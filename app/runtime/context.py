@@ -46,7 +46,7 @@ import asyncpg
 from app.actions.harness import HistoryConfig
 from app.actions.model import ModelConfig
 from app.errors import BadInput
-from app.executions import store
+from app.executions import summary_store
 from app.executions.service import Execution
 from app.history import keeping
 from app.history.store import Scope
@@ -595,7 +595,7 @@ class ContextWindow:
             return
         assert execution.session_id is not None  # only a turn in a session keeps a summary
         s = self.summary
-        await store.save_summary(
+        await summary_store.save_summary(
             conn,
             account_id=execution.account_id,
             action_id=execution.action_id,
@@ -639,13 +639,15 @@ async def open_window(
     preview, before_turn = session.preview, session.before_turn
     window.savable = before_turn is None
     async with pool.acquire() as conn:
-        row = await store.session_summary(conn, account_id, action_id, session_id, preview)
+        row = await summary_store.session_summary(conn, account_id, action_id, session_id, preview)
         if row is not None:
             window.base_version = row["version"]
         elif preview:
             # A preview turn may start from the live summary when no preview turn is in it.
-            live = await store.session_summary(conn, account_id, action_id, session_id, False)
-            if live is not None and not await store.preview_turn_through(
+            live = await summary_store.session_summary(
+                conn, account_id, action_id, session_id, False
+            )
+            if live is not None and not await summary_store.preview_turn_through(
                 conn, account_id, action_id, session_id, live["through_turn"]
             ):
                 row = live
@@ -660,10 +662,12 @@ async def open_window(
                 text_tokens(row["summary"]),
             )
             first = row["through_turn"]
-        turns = await store.turns_from(conn, account_id, action_id, session_id, preview, first)
+        turns = await summary_store.turns_from(
+            conn, account_id, action_id, session_id, preview, first
+        )
         if before_turn is not None:
             turns = [t for t in turns if t["turn"] < before_turn]
-        calls = await store.turn_calls(
+        calls = await summary_store.turn_calls(
             conn, account_id, action_id, [t["execution_id"] for t in turns]
         )
     by_execution: dict[UUID, list[tuple[str, Any]]] = {t["execution_id"]: [] for t in turns}

@@ -19,7 +19,7 @@ from app.actions.service import load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.errors import Conflict, NotFound
-from app.executions import store
+from app.executions import erasure_store, store
 from app.executions.service import Execution
 from app.history import store as history_store
 from app.text import check_storable
@@ -58,9 +58,13 @@ async def erase_session(
                 "its lease, ENGRAM_TURN_LEASE_SECONDS, runs out)"
             )
         events = await history_store.erase(conn, caller.account_id, action_id, session_id)
-        await store.erase_summaries(conn, caller.account_id, action_id, session_id)
-        counts = await store.erase_executions(conn, caller.account_id, action_id, session_id)
-        memory_ids = await store.live_memories(conn, caller.account_id, action_id, session_id)
+        await erasure_store.erase_summaries(conn, caller.account_id, action_id, session_id)
+        counts = await erasure_store.erase_executions(
+            conn, caller.account_id, action_id, session_id
+        )
+        memory_ids = await erasure_store.live_memories(
+            conn, caller.account_id, action_id, session_id
+        )
         summary = {
             "operation": "eraseSession",
             "events": events,

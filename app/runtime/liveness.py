@@ -40,16 +40,14 @@ import asyncpg
 from app import tasks
 from app.config import Settings
 from app.db.pool import lift_bounds
-from app.executions import store
+from app.executions import liveness_store, store
 from app.executions.service import Execution
 from app.http_retry import MAX_BACKOFF_SECONDS, MAX_RETRY_AFTER_SECONDS
 from app.idempotency import store as idempotency_store
 from app.idempotency.keys import KEEP_SECONDS
-from app.state import AppState
+from app.state import AppState, ServiceKey
 
 log = logging.getLogger(__name__)
-
-SERVICE = "turn_liveness"
 
 
 def stale_after_seconds(settings: Settings) -> float:
@@ -97,7 +95,7 @@ async def running(state: AppState, execution: Execution) -> AsyncIterator[None]:
     """While an execution (a turn, an MCP call, an ingest) runs in this process: the process
     counts it as its own (its lease speaks for it), and gives it a sign of life every
     `pulse_seconds` it has shown none, until it ends."""
-    process = liveness(state.services)
+    process = state.services.get(TURN_LIVENESS)
     every = pulse_seconds(state.settings)
     pulse = asyncio.create_task(_pulse(state.pool, execution, every), name="engram turn pulse")
     try:
@@ -137,7 +135,8 @@ class Swept:
 
 
 class TurnLiveness:
-    """One per process (AppState.services[SERVICE]): its boot ID, its running turns, its sweep."""
+    """One per process (AppState.services[TURN_LIVENESS]): its boot ID, its running turns, its
+    sweep."""
 
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool
@@ -172,8 +171,10 @@ class TurnLiveness:
         async with self.pool.acquire() as conn:
             if starting:
                 await lift_bounds(conn)
-            await store.beat(conn, self.boot_id, self._host, os.getpid(), self.lease_seconds)
-            failed = await store.fail_dead_turns(
+            await liveness_store.beat(
+                conn, self.boot_id, self._host, os.getpid(), self.lease_seconds
+            )
+            failed = await liveness_store.fail_dead_turns(
                 conn,
                 boot_id=self.boot_id,
                 live=list(self._running),
@@ -183,9 +184,9 @@ class TurnLiveness:
                 legacy_seconds=self.legacy_seconds,
             )
             # After the failures above, so the staged rows of the turns just failed go too.
-            dropped = await store.drop_orphaned_staged(conn, self.lease_seconds)
+            dropped = await liveness_store.drop_orphaned_staged(conn, self.lease_seconds)
             forgotten = await idempotency_store.forget_older_than(conn, KEEP_SECONDS)
-            await store.forget_dead_processes(conn, self.lease_seconds)
+            await liveness_store.forget_dead_processes(conn, self.lease_seconds)
         if failed:
             log.warning(
                 "failed %d turns no process runs any more: %s",
@@ -216,9 +217,7 @@ class TurnLiveness:
         # A clean stop: turns still marked running here are ended by the next sweep anywhere.
         with contextlib.suppress(Exception):
             async with self.pool.acquire() as conn:
-                await store.remove_process(conn, self.boot_id)
+                await liveness_store.remove_process(conn, self.boot_id)
 
 
-def liveness(services: dict[str, object]) -> TurnLiveness | None:
-    found = services.get(SERVICE)
-    return found if isinstance(found, TurnLiveness) else None
+TURN_LIVENESS: ServiceKey[TurnLiveness] = ServiceKey("turn_liveness")

@@ -36,6 +36,7 @@ from app.http_retry import (
     times,
 )
 from app.observability import metrics
+from app.state import ServiceKey
 from app.text import MAX_COUNT, nests_deeper, storable
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ def _unexpected(endpoint: Endpoint, what: str) -> ModelFailed:
 
 
 class ModelClient:
-    """One per process (in AppState.services["model"]): it pools connections to every endpoint."""
+    """One per process (in AppState.services[MODEL]): it pools connections to every endpoint."""
 
     def __init__(
         self,
@@ -388,3 +389,6 @@ class ModelClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+MODEL: ServiceKey[ModelClient] = ServiceKey("model")

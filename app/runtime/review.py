@@ -6,7 +6,7 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
 1. Counts the turn's messages (its input, the agent's replies and tool calls, the tools'
    results; not recalls) and, unless `harness.memory.extraction.every` is `"turn"`, reviews
    only once the session's (or session-less agent's) unreviewed messages reach N. The earlier
-   turns' messages are read back from their transcripts (executions/store.pending_review).
+   turns' messages are read back from their transcripts (executions/review_store.pending_review).
 2. Asks the model (purpose `memory`) for candidates over those messages, one a line with its
    time and speaker, its text quoted (`_line`), by a tool call shaped like add_memory's
    arguments; at most MAX_CANDIDATES in all (once reached, the messages of the parts not read
@@ -53,7 +53,7 @@ from app.actions.harness import MemoryConfig
 from app.db.errors import is_unavailable
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import DomainError
-from app.executions import store
+from app.executions import review_store
 from app.memory import review as memory_review
 from app.memory.records import MemoryRecord
 from app.memory.review import Candidate
@@ -797,7 +797,7 @@ async def _pending(context: "TurnContext") -> list[Any]:
     """The committed turns awaiting review in this turn's session (or session-less agent)."""
     e = context.execution
     async with context.state.pool.acquire() as conn:
-        pending = await store.pending_review(
+        pending = await review_store.pending_review(
             conn, e.account_id, e.action_id, e.session_id, e.preview
         )
     return [p for p in pending if p["execution_id"] != e.execution_id]
@@ -810,7 +810,7 @@ async def _earlier(context: "TurnContext", pending: list[Any]) -> list[Message]:
     e = context.execution
     ids = [p["execution_id"] for p in pending]
     async with context.state.pool.acquire() as conn:
-        rows = await store.review_events(conn, e.account_id, e.action_id, ids)
+        rows = await review_store.review_events(conn, e.account_id, e.action_id, ids)
     turns = {p["execution_id"]: p["turn"] for p in pending}
     by_turn: dict[UUID, list[tuple[str, Any, datetime]]] = {i: [] for i in ids}
     for row in rows:

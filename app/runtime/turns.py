@@ -28,7 +28,7 @@ from app.auth.caller import Caller
 from app.db.errors import is_lock_timeout, is_statement_timeout, is_unavailable
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import BadInput, Conflict, DomainError, NotFound
-from app.executions import store
+from app.executions import erasure_store, liveness_store, review_store, store
 from app.executions.service import Execution
 from app.history import keeping
 from app.history import store as history_store
@@ -44,6 +44,7 @@ from app.runtime.context import ContextWindow, budget_of, open_window
 from app.runtime.deadline import deadline as turn_deadline
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import (
+    MODEL,
     Completion,
     ModelClient,
     ModelFailed,
@@ -179,9 +180,9 @@ END_OF_TURN_STEPS: list[TurnEndStep] = [review_memory]
 
 def model_client(state: AppState) -> ModelClient:
     """The process's model client, made on first use (closed by stop_services)."""
-    client = state.services.get("model")
+    client = state.services.get(MODEL)
     if client is None:
-        client = state.services["model"] = ModelClient(state.settings)
+        client = state.services[MODEL] = ModelClient(state.settings)
     return client
 
 
@@ -192,7 +193,7 @@ def stale_after_seconds(state: AppState) -> float:
 
 def _boot_id(state: AppState) -> UUID | None:
     """The process's boot ID, which its RUNNING turns carry (app/runtime/liveness.py)."""
-    process = liveness.liveness(state.services)
+    process = state.services.get(liveness.TURN_LIVENESS)
     return process.boot_id if process is not None else None
 
 
@@ -227,10 +228,10 @@ def _check_request(
 async def _discard_ended(state: AppState, action: ActionVersion) -> None:
     """Fails turns whose process died, and drops the memory they staged (it can never commit)."""
     async with state.pool.acquire() as conn:
-        await store.fail_stale_turns(
+        await liveness_store.fail_stale_turns(
             conn, action.account_id, action.action_id, stale_after_seconds(state)
         )
-        ended = await store.ended_turns_with_pending_memory(
+        ended = await liveness_store.ended_turns_with_pending_memory(
             conn, action.account_id, action.action_id
         )
     assert state.embedder is not None
@@ -328,7 +329,7 @@ async def _lock_session(conn: asyncpg.Connection, e: Execution, *, exclusive: bo
 
 async def _check_not_erased(conn: asyncpg.Connection, e: Execution, done: str) -> None:
     """A turn of a session erased since it ran has lost its input: it is not run again."""
-    if await store.was_erased(conn, e.account_id, e.action_id, e.execution_id):
+    if await erasure_store.was_erased(conn, e.account_id, e.action_id, e.execution_id):
         raise BadInput(
             f"execution {e.execution_id} cannot be {done}: its session was erased "
             "(eraseSession) after it ran, and its input with it; start a new turn"
@@ -834,7 +835,9 @@ async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> dict
     key = (conn, e.account_id, e.action_id, e.execution_id, context.review_messages)
     try:
         async with conn.transaction():  # a savepoint: the marks below go if the review does
-            covered = await store.record_review(*key, context.reviewed, context.review_partly)
+            covered = await review_store.record_review(
+                *key, context.reviewed, context.review_partly
+            )
             if not covered and context.review_written is not None:
                 raise _Overlap
     except _Overlap:
@@ -855,7 +858,7 @@ async def _drop_review(conn: asyncpg.Connection, context: TurnContext, why: str)
     assert context.review_messages is not None  # the review ran
     e = context.execution
     mark, records = context.review_written
-    await store.record_review(
+    await review_store.record_review(
         conn, e.account_id, e.action_id, e.execution_id, context.review_messages, {}
     )
     await context.work.discard_since(conn, mark)
@@ -1028,7 +1031,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
             # Failed by a sweep while it ran (its process stalled), its session may have been
             # erased since: then it writes no words back.
             await _lock_session(conn, context.execution)
-            if await store.was_erased(
+            if await erasure_store.was_erased(
                 conn,
                 context.execution.account_id,
                 context.execution.action_id,

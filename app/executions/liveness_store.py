@@ -1,0 +1,158 @@
+"""SQL for the liveness of service processes: their heartbeats (table service_processes),
+and the turns a dead process left RUNNING and the memory rows they staged, failed and dropped.
+Called by app/runtime/liveness.py (each process's heartbeat and sweep) and by
+app/runtime/turns.py (a turn's start discards what its agent's dead turns left)."""
+
+from uuid import UUID
+
+import asyncpg
+
+from app.executions.store import Row
+
+DEAD_PROCESS_ERROR = "the turn stopped without finishing (its process ended); retry the execution"
+UNRECORDED_ERROR = (
+    "the turn failed but its end could not be recorded (the database was unreachable); retry "
+    "the execution"
+)
+
+
+async def beat(
+    conn: asyncpg.Connection, boot_id: UUID, host: str, pid: int, lease_seconds: float
+) -> None:
+    """Registers the process, or refreshes its heartbeat (its row may have been removed while
+    it stalled: it comes back), with the lease after which its silence means it is gone."""
+    await conn.execute(
+        """
+        INSERT INTO service_processes (boot_id, host, pid, lease_seconds) VALUES ($1, $2, $3, $4)
+        ON CONFLICT (boot_id) DO UPDATE SET heartbeat = now(), lease_seconds = $4
+        """,
+        boot_id,
+        host,
+        pid,
+        lease_seconds,
+    )
+
+
+def _lease(asker: str) -> str:
+    """SQL: process `p`'s lease, its own or (a process of a release before migration 0028
+    recorded none) the asker's, the parameter `asker`."""
+    return f"make_interval(secs => coalesce(p.lease_seconds, {asker}))"
+
+
+async def remove_process(conn: asyncpg.Connection, boot_id: UUID) -> None:
+    await conn.execute("DELETE FROM service_processes WHERE boot_id = $1", boot_id)
+
+
+async def fail_dead_turns(
+    conn: asyncpg.Connection,
+    *,
+    boot_id: UUID,
+    live: list[UUID],
+    lease_seconds: float,
+    grace_seconds: float,
+    legacy_seconds: float,
+) -> list[Row]:
+    """Fails, in every account, the RUNNING turns no process runs any more: those of a process
+    whose heartbeat is older than the lease (or whose row is gone); those of this process that
+    it no longer runs (their end could not be recorded); and those without a boot ID (written
+    before boot IDs) by their last sign of life. A turn that showed life in the last
+    `grace_seconds` is spared (it may have started just now). Safe to run from several
+    processes at once: each row is updated only while it is still RUNNING."""
+    return await conn.fetch(
+        f"""
+        UPDATE executions e
+        SET status = 'FAILED', modified = now(),
+            error = CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
+        WHERE e.status = 'RUNNING' AND e.kind <> 'OPERATOR'
+          AND e.modified < now() - make_interval(secs => $4)
+          AND ((e.boot_id <> $1 AND NOT EXISTS (
+                  SELECT 1 FROM service_processes p
+                  WHERE p.boot_id = e.boot_id
+                    AND p.heartbeat >= now() - {_lease("$3")}))
+               OR (e.boot_id = $1 AND e.execution_id <> ALL($2::uuid[]))
+               OR (e.boot_id IS NULL AND e.modified < now() - make_interval(secs => $5)))
+        RETURNING e.account_id, e.action_id, e.execution_id
+        """,
+        boot_id,
+        live,
+        lease_seconds,
+        grace_seconds,
+        legacy_seconds,
+        DEAD_PROCESS_ERROR,
+        UNRECORDED_ERROR,
+    )
+
+
+async def drop_orphaned_staged(conn: asyncpg.Connection, grace_seconds: float) -> int:
+    """Deletes, in every account, staged memory rows that can never commit: those of a turn
+    attempt no longer running, and those of an operator write whose execution was never
+    recorded (its process died between staging and committing) once `grace_seconds` old."""
+    status = await conn.execute(
+        """
+        DELETE FROM agent_memories m
+        WHERE m.pending_execution IS NOT NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM executions e
+              WHERE e.account_id = m.account_id AND e.action_id = m.action_id
+                AND e.execution_id = m.pending_execution AND e.status = 'RUNNING'
+                AND e.invocation_number = m.pending_invocation)
+          AND (m.created < now() - make_interval(secs => $1) OR EXISTS (
+              SELECT 1 FROM executions e
+              WHERE e.account_id = m.account_id AND e.action_id = m.action_id
+                AND e.execution_id = m.pending_execution))
+        """,
+        grace_seconds,
+    )
+    return int(status.split()[-1])
+
+
+async def forget_dead_processes(conn: asyncpg.Connection, lease_seconds: float) -> None:
+    """Removes the rows of processes past their lease that no longer own a RUNNING turn."""
+    await conn.execute(
+        f"""
+        DELETE FROM service_processes p
+        WHERE p.heartbeat < now() - {_lease("$1")}
+          AND NOT EXISTS (
+              SELECT 1 FROM executions e WHERE e.boot_id = p.boot_id AND e.status = 'RUNNING')
+        """,
+        lease_seconds,
+    )
+
+
+async def fail_stale_turns(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, older_than_seconds: float
+) -> list[UUID]:
+    """Marks FAILED the turns still RUNNING long after any turn could have ended."""
+    rows = await conn.fetch(
+        """
+        UPDATE executions
+        SET status = 'FAILED', modified = now(),
+            error = 'the turn stopped without finishing (its process ended); retry the execution'
+        WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
+          AND modified < now() - make_interval(secs => $3)
+        RETURNING execution_id
+        """,
+        account_id,
+        action_id,
+        older_than_seconds,
+    )
+    return [r["execution_id"] for r in rows]
+
+
+async def ended_turns_with_pending_memory(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID
+) -> list[Row]:
+    """Turns no longer running that still have staged memory rows (their process died)."""
+    return await conn.fetch(
+        """
+        SELECT e.* FROM executions e
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.kind <> 'OPERATOR'
+          AND e.status <> 'RUNNING'
+          AND e.execution_id IN (
+              SELECT DISTINCT m.pending_execution FROM agent_memories m
+              WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NOT NULL
+          )
+        """,
+        account_id,
+        action_id,
+    )

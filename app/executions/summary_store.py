@@ -1,0 +1,146 @@
+"""SQL for a session's bounded context: its running summary (table session_summaries) and
+the turns after it, with their tool calls, that a turn reads back. Called by
+app/runtime/context.py."""
+
+from uuid import UUID
+
+import asyncpg
+
+from app.executions.erasure_store import ERASED
+from app.executions.store import Row
+
+
+async def session_summary(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, preview: bool
+) -> Row | None:
+    return await conn.fetchrow(
+        """
+        SELECT summary, through_turn, through_message, version FROM session_summaries
+        WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND preview = $4
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+    )
+
+
+async def preview_turn_through(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, turn: int
+) -> bool:
+    """Whether a preview turn of the session committed at or before turn `turn`."""
+    return bool(
+        await conn.fetchval(
+            """
+            SELECT true FROM executions
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+              AND kind = 'TURN' AND status = 'SUCCEEDED' AND preview AND turn <= $4
+              AND replay_of IS NULL
+            LIMIT 1
+            """,
+            account_id,
+            action_id,
+            session_id,
+            turn,
+        )
+    )
+
+
+async def turns_from(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    preview: bool,
+    first_turn: int,
+) -> list[Row]:
+    """The session's committed turns from `first_turn` on that a turn may read (live turns
+    skip preview ones), in turn order, conversations handed in (kind INGEST) among them: not a
+    replay (which keeps nothing in its session, and has its original's number), nor a turn
+    eraseSession erased (its words are gone; a turn retold as `[erased]` would only take
+    room)."""
+    return await conn.fetch(
+        """
+        SELECT e.turn, e.kind, e.execution_id, e.invocation_number, e.input, e.output
+        FROM executions e
+        WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
+          AND e.kind IN ('TURN', 'INGEST') AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
+          AND e.turn >= $5 AND e.replay_of IS NULL
+          AND (SELECT t.data->>'erased' FROM transcript_events t
+              WHERE t.account_id = e.account_id AND t.action_id = e.action_id
+                AND t.execution_id = e.execution_id ORDER BY t.sequence LIMIT 1)
+              IS DISTINCT FROM $6
+        ORDER BY e.turn
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+        first_turn,
+        ERASED,
+    )
+
+
+async def turn_calls(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_ids: list[UUID]
+) -> list[Row]:
+    """The agent's tool calls and their results in these executions' transcripts, in order:
+    its model calls (purpose `turn`) that called tools, and the tool executions of a call
+    (every invocation's: the caller keeps the committed one's)."""
+    return await conn.fetch(
+        """
+        SELECT execution_id, invocation_number, type, data - 'input' AS data
+        FROM transcript_events
+        WHERE account_id = $1 AND action_id = $2 AND execution_id = any($3::uuid[])
+          AND (type = 'tool.execution' AND data ? 'callId'
+               OR type = 'model.call' AND data ->> 'purpose' = 'turn'
+                  AND jsonb_typeof(data -> 'toolCalls') = 'array'
+                  AND data -> 'toolCalls' <> '[]'::jsonb)
+        ORDER BY execution_id, sequence
+        """,
+        account_id,
+        action_id,
+        execution_ids,
+    )
+
+
+async def save_summary(
+    conn: asyncpg.Connection,
+    *,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    preview: bool,
+    summary: str,
+    through_turn: int,
+    through_message: int,
+    tokens: int,
+    execution_id: UUID,
+    base_version: int | None,
+) -> bool:
+    """Writes the session's summary if the stored one is still `base_version` (None: none was
+    stored); False when another turn changed it meanwhile (its summary stays)."""
+    written = await conn.fetchval(
+        """
+        INSERT INTO session_summaries AS s (account_id, action_id, session_id, preview, summary,
+                                            through_turn, through_message, tokens, execution_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        ON CONFLICT (account_id, action_id, session_id, preview) DO UPDATE
+        SET summary = excluded.summary, through_turn = excluded.through_turn,
+            through_message = excluded.through_message, tokens = excluded.tokens,
+            execution_id = excluded.execution_id, version = s.version + 1, modified = now()
+        WHERE s.version = $10
+        RETURNING true
+        """,
+        account_id,
+        action_id,
+        session_id,
+        preview,
+        summary,
+        through_turn,
+        through_message,
+        tokens,
+        execution_id,
+        base_version,
+    )
+    return bool(written)
