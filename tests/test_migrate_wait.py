@@ -88,86 +88,74 @@ async def test_sigterm_ends_a_start_waiting_for_another_ones_migration(db_url, t
     assert log.splitlines()[-1] == "engram: stopped by SIGTERM while starting", log
 
 
-async def test_migration_0032_holds_reads_up_seconds_at_most_and_runs_again(pg_server):
-    """Migration 0032 swaps an index of agent_memories in one transaction. Its DROP INDEX
-    waited for every transaction already on the table (here one left open, as an export's or
-    a long search's), and every read of the table queued behind it, refused past the service's
-    lock bound (CONFLICT, 10 s) for as long as that transaction ran. It now waits 5 s at most,
-    fails and is rolled back, and runs once that transaction has ended."""
-    name = f"engram_swap_0032_{uuid.uuid4().hex[:8]}"
+# Each migration that builds an index of agent_memories in one transaction, with what it waits
+# for: (revision, the one before, what an open transaction has done, the index, its columns).
+INDEX_BUILDS = [
+    # 0032 swaps an index: its DROP INDEX waited for every transaction already on the table
+    # (one left open, as an export's or a long search's), and every read of the table queued
+    # behind it, refused past the service's lock bound (CONFLICT, 10 s) for as long as that
+    # transaction ran.
+    pytest.param(
+        "0032",
+        "0031",
+        "SELECT count(*) FROM agent_memories",
+        "agent_memories_session",
+        "(account_id, action_id, session_id, created, memory_id)",
+        id="0032 holds reads up",
+    ),
+    # 0033 builds an index: it waits for the writes already running (a transaction left open
+    # after its write, as an import's or a turn's), while the writes that come meanwhile queue
+    # behind it; reads go on.
+    pytest.param(
+        "0033",
+        "0032",
+        "UPDATE agent_memories SET version = version WHERE false",
+        "agent_memories_kind",
+        "(account_id, action_id, kind, created, memory_id)",
+        id="0033 holds writes up",
+    ),
+]
+
+
+@pytest.mark.parametrize(("revision", "before", "held", "index", "columns"), INDEX_BUILDS)
+async def test_an_index_build_waits_seconds_at_most_and_runs_again(
+    pg_server, revision, before, held, index, columns
+):
+    """A migration that builds an index of agent_memories waits 5 s at most for a transaction
+    already on the table, fails and is rolled back (the database stays at the revision before),
+    and runs once that transaction has ended; a read goes on, or waits within the service's lock
+    bound, meanwhile."""
+    name = f"engram_build_{revision}_{uuid.uuid4().hex[:8]}"
     async with database_copy(pg_server, None, name) as url:
-        migrate.upgrade(url, "0031")
-        reader = await asyncpg.connect(url)
+        migrate.upgrade(url, before)
+        holder = await asyncpg.connect(url)
         other = await asyncpg.connect(url, server_settings={"lock_timeout": "10s"})
         try:
-            running = reader.transaction()
+            running = holder.transaction()
             await running.start()
-            await reader.fetchval("SELECT count(*) FROM agent_memories")
+            await holder.execute(held)
             migrating = asyncio.ensure_future(asyncio.to_thread(migrate.upgrade, url))
             deadline = time.monotonic() + 60
             while not await other.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%INDEX%agent_memories_session%'"
+                f"AND query LIKE '%INDEX%{index}%'"
             ):
                 assert not migrating.done(), migrating.result()
                 assert time.monotonic() < deadline, "the migration never waited"
                 await asyncio.sleep(0.05)
-            # A read waits for the swap, within the service's lock bound.
             assert await other.fetchval("SELECT count(*) FROM agent_memories") == 0
             with pytest.raises(MigrationFailed) as failed:
                 await asyncio.wait_for(migrating, 60)
-            assert "migration 0032 failed (canceling statement due to lock timeout)" in str(
+            assert f"migration {revision} failed (canceling statement due to lock timeout)" in str(
                 failed.value
             )
-            assert await other.fetchval("SELECT version_num FROM alembic_version") == "0031"
+            assert await other.fetchval("SELECT version_num FROM alembic_version") == before
             await running.rollback()
             assert await asyncio.to_thread(migrate.upgrade, url) == HEAD
-            columns = await other.fetchval(
-                "SELECT indexdef FROM pg_indexes WHERE indexname = 'agent_memories_session'"
+            made = await other.fetchval(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = $1", index
             )
-            assert "(account_id, action_id, session_id, created, memory_id)" in columns
+            assert columns in made
         finally:
-            await reader.close()
-            await other.close()
-
-
-async def test_migration_0033_holds_writes_up_seconds_at_most_and_runs_again(pg_server):
-    """Migration 0033 builds an index of agent_memories, which waits for the writes already
-    running (here a transaction left open after its write, as an import's or a turn's), while
-    the writes that come meanwhile queue behind it. It waits 5 s at most, fails and is rolled
-    back, and runs once that transaction has ended; reads go on meanwhile."""
-    name = f"engram_build_0033_{uuid.uuid4().hex[:8]}"
-    async with database_copy(pg_server, None, name) as url:
-        migrate.upgrade(url, "0032")
-        writer = await asyncpg.connect(url)
-        other = await asyncpg.connect(url, server_settings={"lock_timeout": "10s"})
-        try:
-            running = writer.transaction()
-            await running.start()
-            await writer.execute("UPDATE agent_memories SET version = version WHERE false")
-            migrating = asyncio.ensure_future(asyncio.to_thread(migrate.upgrade, url))
-            deadline = time.monotonic() + 60
-            while not await other.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%INDEX%agent_memories_kind%'"
-            ):
-                assert not migrating.done(), migrating.result()
-                assert time.monotonic() < deadline, "the migration never waited"
-                await asyncio.sleep(0.05)
-            # A read goes on while the build waits.
-            assert await other.fetchval("SELECT count(*) FROM agent_memories") == 0
-            with pytest.raises(MigrationFailed) as failed:
-                await asyncio.wait_for(migrating, 60)
-            assert "migration 0033 failed (canceling statement due to lock timeout)" in str(
-                failed.value
-            )
-            assert await other.fetchval("SELECT version_num FROM alembic_version") == "0032"
-            await running.rollback()
-            assert await asyncio.to_thread(migrate.upgrade, url) == HEAD
-            columns = await other.fetchval(
-                "SELECT indexdef FROM pg_indexes WHERE indexname = 'agent_memories_kind'"
-            )
-            assert "(account_id, action_id, kind, created, memory_id)" in columns
-        finally:
-            await writer.close()
+            await holder.close()
             await other.close()
