@@ -6,12 +6,19 @@ and clients, and seeds tenant B's text with a marker string. Then hypothesis gen
 operations as tenant A from the schema itself: every root field of Query and Mutation, with
 arguments drawn from valid values (tenant A's own IDs, names and kinds), unknown IDs of every
 Node type, tenant B's IDs, and hostile values (NUL, lone surrogates, bidi controls, huge strings,
-deep JSON, out-of-range integers), and selections of the returned type's fields.
+deep JSON, out-of-range integers), and selections of the returned type's fields. A fifth of
+the queries are `nodes(ids:)`: a few IDs, or up to 1,001 mostly duplicated or unknown, mixing
+A's, B's, IDs built of both tenants' parts (A's agent with B's record, event or session), and
+IDs whose parts are hostile; `after` takes every listing's cursors (each bound to its list and
+arguments) of both tenants, copies with their places replaced (past int4, NaN, Infinity, wrong
+types, timestamps out of range), other digests and base64 spelled otherwise, and B's places
+under A's digests.
 
 It prints the requests sent, those that passed validation and executed (a resolver ran: data,
 or an error with a path) per root field, and the three figures that must be 0: HTTP 5xx
-answers, INTERNAL errors, and cross-tenant reads (a response to A holding B's marker). It exits
-non-zero when any of the three is not 0.
+answers, INTERNAL errors, and cross-tenant reads (a response to A holding B's marker, or data
+holding one of B's IDs, bare or in a global ID). It exits non-zero when any of the three is not
+0.
 
     python bench/fuzz_graphql.py                       # 12,000 operations, seed 11
     python bench/fuzz_graphql.py --examples 500 --seed 3
@@ -62,7 +69,19 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MARKER = "ZQXMARKERB"  # in tenant B's text only; never sent by A
-NODE_TYPES = ("Action", "ActionAgentMemory", "ActionExecution", "ActionSession", "Client")
+# The queries that are `nodes(ids:)` whatever the root field drawn: many IDs of both tenants,
+# hybrids of their parts, malformed ones, each call reading several types at once.
+NODES_SHARE = 0.2
+NODE_TYPES = (
+    "Action",
+    "ActionAgentMemory",
+    "ActionExecution",
+    "ActionSession",
+    "ActionHistoryEvent",
+    "Client",
+    "ClientToken",
+    "Account",
+)
 HARNESS = {
     "memory": {
         "enabled": True,
@@ -97,6 +116,22 @@ class Tenant:
     sessions: list[str] = field(default_factory=list)
     node_ids: list[str] = field(default_factory=list)
     cursors: list[str] = field(default_factory=list)
+    # Every listing's cursors as issued (each bound to its list and arguments), before the
+    # crafted copies `cursors` holds as well.
+    bound: list[str] = field(default_factory=list)
+    event_ids: list[tuple[str, str, str]] = field(default_factory=list)  # agent, session, event
+    token_ids: list[str] = field(default_factory=list)
+
+    def owned(self) -> set[str]:
+        """The IDs (UUIDs) of what this tenant owns: none may reach another tenant's answers."""
+        return {
+            self.account_id,
+            *self.action_ids,
+            *self.memory_ids,
+            *self.execution_ids,
+            *self.token_ids,
+            *(e[2] for e in self.event_ids),
+        }
 
 
 @dataclass
@@ -115,6 +150,8 @@ class Report:
     cross_tenant: int = 0
     samples: list[str] = field(default_factory=list)
     messages: Counter[str] = field(default_factory=Counter)  # "root CODE message", for --errors
+    nodes_calls: int = 0  # of them `nodes(ids:)`, with `ids` as a variable
+    ids_sent: int = 0  # the IDs those passed
 
     @property
     def failures(self) -> int:
@@ -127,6 +164,7 @@ class Report:
             *out,
             f"requests sent:          {self.sent}",
             f"requests executed:      {sum(self.executed.values())}",
+            f"nodes(ids:) calls:      {self.nodes_calls} ({self.ids_sent} IDs)",
             "error codes:            "
             + ", ".join(f"{c} {n}" for c, n in sorted(self.codes.items())),
             f"HTTP 5xx:               {self.server_errors}",
@@ -232,9 +270,127 @@ def _tenant(client: httpx.Client, admin: Api, name: str, text: str) -> Tenant:
                 m=mode,
             )["action"]["searchMemories"]["edges"]
             tenant.cursors += [c for e in ranked for c in _ranked_variants(e["cursor"])]
+        listed = api(LISTINGS, a=action["actionId"])["action"]
+        for session in listed["sessions"]["nodes"]:
+            tenant.node_ids.append(session["id"])
+            for event in session["history"]["nodes"]:
+                tenant.node_ids.append(event["id"])
+                tenant.event_ids.append((action["actionId"], event["sessionId"], event["eventId"]))
+        for record in listed["memories"]["nodes"]:
+            tenant.node_ids += [v["id"] for v in record["history"]["nodes"]]
+        tenant.bound += _cursors_in(listed)
     client_node = api("query($p: String!) { client(principal: $p) { id } }", p=f"helper-{name}")
     tenant.node_ids.append(client_node["client"]["id"])
+    account = api(
+        "query($p: String!) { actions(first: 1) { edges { cursor } }"
+        " clients(first: 1) { edges { cursor } }"
+        " client(principal: $p) { tokens(first: 1) { edges { cursor node { id tokenId } } } } }",
+        p=tenant.principal,
+    )
+    for edge in account["client"]["tokens"]["edges"]:
+        tenant.node_ids.append(edge["node"]["id"])
+        tenant.token_ids.append(edge["node"]["tokenId"])
+    tenant.node_ids.append(node_id("Account", account_id))
+    tenant.bound += _cursors_in(account)
+    tenant.cursors += [c for cursor in tenant.bound for c in _bound_variants(cursor)]
     return tenant
+
+
+# Every listing of an agent, a page of one each (sessions, their history and executions; the
+# agent's executions, their transcripts; its records, their versions; searchMemories without a
+# query, with and without a kind): their cursors, each bound to its list and arguments, and the
+# IDs of what they list.
+LISTINGS = """query($a: UUID!) { action(actionId: $a) {
+  sessions(first: 3) { edges { cursor } nodes { id
+    history(first: 2) { edges { cursor } nodes { id sessionId eventId } }
+    executions(first: 1) { edges { cursor } } } }
+  executions(first: 2) { edges { cursor } nodes { transcript(first: 1) { edges { cursor } } } }
+  memories(first: 2) { edges { cursor }
+    nodes { history(first: 2) { edges { cursor } nodes { id } } } }
+  plain: searchMemories(first: 1) { edges { cursor } }
+  ofKind: searchMemories(first: 1, kind: "fact") { edges { cursor } }
+} }"""
+
+
+def _cursors_in(value: Any) -> list[str]:
+    """Every `cursor` in an answer."""
+    if isinstance(value, dict):
+        found = [value["cursor"]] if isinstance(value.get("cursor"), str) else []
+        return found + [c for v in value.values() for c in _cursors_in(v)]
+    if isinstance(value, list):
+        return [c for v in value for c in _cursors_in(v)]
+    return []
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+# What a bound cursor's places are replaced with (app/db/cursors.py reads each as its kind):
+# integers past int4 and int8, negative ones, floats past a double, NaN and Infinity (which
+# json.dumps writes), wrong types, timestamps that leave datetime's range in UTC, a naive one,
+# UUIDs that are none, NUL and a lone surrogate (as JSON escapes), nesting.
+BOUND_PLACES: list[Any] = [
+    2**31,
+    -(2**31) - 1,
+    2**64,
+    -1,
+    1e308,
+    float("nan"),
+    float("inf"),
+    "x",
+    None,
+    True,
+    [[["x"]]],
+    {"t": "0001-01-01T00:00:00+14:00"},
+    {"t": "9999-12-31T23:59:59-14:00"},
+    {"t": "2026-01-01T00:00:00"},
+    {"u": "not-a-uuid"},
+    {"u": "0" * 31},
+    "9999-12-31T23:59:59-14:00",
+    "\x00",
+    "\ud800",
+]
+
+
+def _bound_variants(cursor: str) -> list[str]:
+    """A bound listing's cursor (its binding's digest, then its places) and copies of it: each
+    place replaced (BOUND_PLACES), a place more or less, another digest, and base64 spelled
+    otherwise (padded, the standard alphabet, characters outside it)."""
+    try:
+        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except ValueError:
+        return [cursor]
+    if not isinstance(values, list) or not values or not isinstance(values[0], str):
+        return [cursor]
+    crafted = []
+    for i in range(1, len(values)):
+        for place in BOUND_PLACES:
+            edited = [*values[:i], place, *values[i + 1 :]]
+            # (NUL and a lone surrogate go as JSON escapes, as json.dumps writes them.)
+            crafted.append(_b64(json.dumps(edited, separators=(",", ":")).encode()))
+    digest, places = values[0], values[1:]
+    for edited in ([*values, 1], values[:-1], ["0" * 16, *places], [digest.upper(), *places]):
+        crafted.append(_b64(json.dumps(edited, separators=(",", ":")).encode()))
+    padded = cursor + "=" * (-len(cursor) % 4)
+    crafted += [padded, padded.replace("-", "+").replace("_", "/"), cursor + "!~", cursor[:-2]]
+    return [cursor, *crafted]
+
+
+def _mixed_cursors(own: list[str], other: list[str]) -> list[str]:
+    """The other tenant's places under this tenant's digests: a valid-looking binding whose
+    position was never issued for it (every pair of the same length)."""
+
+    def values(cursor: str) -> Any:
+        return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+
+    mixed = []
+    for mine in own:
+        for theirs in other:
+            a, b = values(mine), values(theirs)
+            if len(a) == len(b) and a[0] != b[0]:
+                mixed.append(_b64(json.dumps([a[0], *b[1:]], separators=(",", ":")).encode()))
+    return mixed
 
 
 def _ranked_variants(cursor: str) -> list[str]:
@@ -274,9 +430,11 @@ def _ranked_variants(cursor: str) -> list[str]:
 def set_up(base_url: str, admin_token: str) -> World:
     with httpx.Client(base_url=base_url, timeout=60) as client:
         admin = Api(client, admin_token)
-        return World(
+        world = World(
             a=_tenant(client, admin, "a", "tenant A"), b=_tenant(client, admin, "b", MARKER)
         )
+        world.a.cursors += _mixed_cursors(world.a.bound, world.b.bound)
+        return world
 
 
 # Values
@@ -321,6 +479,9 @@ class Draw:
     def chance(self, p: float) -> bool:
         return self.rnd.random() < p
 
+    def fresh(self) -> str:
+        return str(uuid.UUID(int=self.rnd.getrandbits(128)))
+
     def text(self, name: str) -> str:
         a, b = self.world.a, self.world.b
         if self.hostile and self.chance(0.3):
@@ -363,11 +524,11 @@ class Draw:
     def node_id(self) -> str:
         a, b = self.world.a, self.world.b
         roll = self.rnd.random()
-        if roll < 0.4:
+        if roll < 0.35:
             return self.rnd.choice(a.node_ids)
-        if roll < 0.65:
+        if roll < 0.55:
             return self.rnd.choice(b.node_ids)
-        if roll < 0.9:  # unknown IDs of every Node type
+        if roll < 0.75:  # unknown IDs of every Node type
             kind = self.rnd.choice(NODE_TYPES)
             fresh = str(uuid.UUID(int=self.rnd.getrandbits(128)))
             action = self.rnd.choice(a.action_ids + b.action_ids + [fresh])
@@ -376,12 +537,19 @@ class Draw:
                 "ActionAgentMemory": node_id("ActionAgentMemory", action, fresh),
                 "ActionExecution": node_id("ActionExecution", action, fresh),
                 "ActionSession": node_id("ActionSession", action, "no-such-session"),
+                "ActionHistoryEvent": node_id("ActionHistoryEvent", action, "s", fresh),
                 "Client": node_id(
                     "Client",
                     self.rnd.choice([a.account_id, b.account_id]),
                     self.rnd.choice(["nobody", a.other_principal]),
                 ),
+                "ClientToken": node_id("ClientToken", a.account_id, a.principal, fresh),
+                "Account": node_id("Account", fresh),
             }[kind]
+        if roll < 0.88:
+            return self.hybrid_id()
+        if roll < 0.95:
+            return self.hostile_id()
         return self.rnd.choice(
             [
                 "",
@@ -392,6 +560,95 @@ class Draw:
                 node_id("Action", fresh_uuid(), "-1"),
             ]
         )
+
+    def hybrid_id(self) -> str:
+        """An ID whose parts are of both tenants: one's agent (or account) with the other's
+        record, execution, session, event or token, so that a check of one part alone would
+        read the other tenant's object."""
+        a, b = self.world.a, self.world.b
+        mine, theirs = (a, b) if self.chance(0.5) else (b, a)
+        event = self.rnd.choice(theirs.event_ids or [(theirs.action_ids[0], "s", self.fresh())])
+        agent = self.rnd.choice(mine.action_ids)
+        return self.rnd.choice(
+            [
+                node_id("ActionAgentMemory", agent, self.rnd.choice(theirs.memory_ids)),
+                node_id("ActionAgentMemory", agent, self.rnd.choice(theirs.memory_ids), 1),
+                node_id("ActionExecution", agent, self.rnd.choice(theirs.execution_ids)),
+                node_id("ActionSession", agent, self.rnd.choice(theirs.sessions)),
+                node_id("ActionHistoryEvent", agent, event[1], event[2]),
+                node_id("ActionHistoryEvent", event[0], self.rnd.choice(mine.sessions), event[2]),
+                node_id("Action", agent, 1),
+                node_id("Client", mine.account_id, theirs.principal),
+                node_id(
+                    "ClientToken",
+                    mine.account_id,
+                    theirs.principal,
+                    self.rnd.choice(theirs.token_ids or [self.fresh()]),
+                ),
+                node_id("Account", theirs.account_id),
+            ]
+        )
+
+    def hostile_id(self) -> str:
+        """A well-encoded global ID whose parts are hostile: NUL and lone surrogates (as JSON
+        escapes), numbers past int4 and int8, negative, non-ASCII digits, parts that are not
+        text, nesting, a part of 50,000 characters, too many or too few parts."""
+        action = self.rnd.choice(self.world.a.action_ids)
+        memory = self.rnd.choice(self.world.a.memory_ids)
+        part = self.rnd.choice(
+            [
+                '"\\u0000"',
+                '"a\\u0000b"',
+                '"\\ud800"',
+                '"\\udfff\\ud800"',
+                '"2147483648"',
+                '"99999999999999999999999"',
+                '"-1"',
+                '"\\uff11"',
+                '" 1"',
+                '"1e3"',
+                "1",
+                "1e400",
+                "NaN",
+                "null",
+                "true",
+                '["1"]',
+                "[" * 2000 + "]" * 2000,
+                json.dumps("x" * 50_000),
+            ]
+        )
+        shapes = [
+            f'["Action","{action}",{part}]',
+            f'["ActionAgentMemory","{action}","{memory}",{part}]',
+            f'["ActionAgentMemory","{action}",{part}]',
+            f'["ActionSession","{action}",{part}]',
+            f'["ActionHistoryEvent","{action}",{part},"{memory}"]',
+            f'["ActionExecution",{part},"{memory}"]',
+            f'["Client","{self.world.a.account_id}",{part}]',
+            f'["Account",{part}]',
+            f'[{part},"{action}"]',
+            f'["Action","{action}","1","extra"]',
+            '["Account"]',
+        ]
+        return _b64(self.rnd.choice(shapes).encode())
+
+    def node_ids(self) -> list[str]:
+        """`nodes(ids:)`: a few IDs of every kind; or tens to a thousand, mostly duplicates
+        or unknown, with a malformed one among them at times; or one past the bound."""
+        roll = self.rnd.random()
+        if roll < 0.6:
+            return [self.node_id() for _ in range(self.rnd.randint(0, 6))]
+        count = self.rnd.choice([20, 100, 999, 1000, 1000, 1001])
+        if roll < 0.75:  # the other tenant's objects and unknown ones, each many times
+            pool = [self.node_id() for _ in range(8)]
+            ids = [self.rnd.choice(pool) for _ in range(count)]
+        elif roll < 0.9:  # distinct unknown ones (one read each, none found)
+            agent = self.rnd.choice(self.world.a.action_ids + self.world.b.action_ids)
+            ids = [node_id("ActionAgentMemory", agent, self.fresh()) for _ in range(count)]
+        else:  # own objects, then one malformed at a random place
+            ids = [self.rnd.choice(self.world.a.node_ids) for _ in range(count)]
+            ids[self.rnd.randrange(count)] = self.hostile_id()
+        return ids
 
     def json_value(self, depth: int = 0) -> Any:
         if self.hostile and depth == 0 and self.chance(0.1):
@@ -416,6 +673,8 @@ class Draw:
         inner = type_.of_type if isinstance(type_, GraphQLNonNull) else type_
         if not required and self.chance(0.25):
             return None
+        if isinstance(inner, GraphQLList) and _named(inner).name == "ID":
+            return self.node_ids()
         if isinstance(inner, GraphQLList):
             count = self.rnd.choice([0, 1, 1, 2, 3])
             return [self.value(inner.of_type, name, depth + 1) for _ in range(count)]
@@ -464,6 +723,12 @@ def fresh_uuid() -> str:
     return str(uuid.uuid4())
 
 
+def _named(type_: Any) -> Any:
+    while isinstance(type_, GraphQLNonNull | GraphQLList):
+        type_ = type_.of_type
+    return type_
+
+
 # Operations
 
 
@@ -475,6 +740,14 @@ def _selection(draw: Draw, type_: Any, depth: int) -> str:
     if isinstance(type_, GraphQLInterfaceType | GraphQLUnionType):
         possible = draw.schema.get_possible_types(type_)
         parts = ["__typename"]
+        if isinstance(type_, GraphQLInterfaceType):  # its own fields too (Node's `id`)
+            parts += [
+                name
+                for name, field_ in type_.fields.items()
+                if not field_.args
+                and isinstance(_named(field_.type), GraphQLScalarType)
+                and draw.chance(0.7)
+            ]
         for concrete in draw.rnd.sample(possible, min(len(possible), 2)):
             parts.append(f"... on {concrete.name} {{ {_selection(draw, concrete, depth)} }}")
         return " ".join(parts)
@@ -569,6 +842,8 @@ def operation(draw: Draw) -> tuple[str, str, dict[str, Any]]:
     root = draw.schema.mutation_type if kind == "mutation" else draw.schema.query_type
     assert root is not None
     name = draw.rnd.choice(sorted(root.fields))
+    if kind == "query" and draw.chance(NODES_SHARE):
+        name = "nodes"
     field_ = root.fields[name]
     variables: dict[str, Any] = {}
     definitions, args = [], []
@@ -583,7 +858,9 @@ def operation(draw: Draw) -> tuple[str, str, dict[str, Any]]:
         variables[arg_name] = value
         definitions.append(f"${arg_name}: {_type_ref(arg.type)}")
         args.append(f"{arg_name}: ${arg_name}")
-    selection = _selection(draw, field_.type, 1)
+    # Under node and nodes, at times deeper: the objects' own lists and their objects' lists.
+    deeper = name in ("node", "nodes") and draw.chance(0.3)
+    selection = _selection(draw, field_.type, -1 if deeper else 1)
     body = f"{name}({', '.join(args)})" if args else name
     if selection:
         body += f" {{ {selection} }}"
@@ -591,7 +868,30 @@ def operation(draw: Draw) -> tuple[str, str, dict[str, Any]]:
     return name, f"{header} {{ {body} }}", variables
 
 
-def check(report: Report, root: str, response: httpx.Response) -> None:
+def _foreign(value: Any, theirs: set[str]) -> str | None:
+    """A string of an answer's data that is, or is a global ID naming, one of `theirs`."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return next((f for v in value if (f := _foreign(v, theirs)) is not None), None)
+    if not isinstance(value, str):
+        return None
+    if value in theirs:
+        return value
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(parts, list) and any(isinstance(p, str) and p in theirs for p in parts):
+        return value
+    return None
+
+
+def check(
+    report: Report, root: str, response: httpx.Response, theirs: set[str] | None = None
+) -> None:
+    """Counts the answer: 5xx, INTERNAL, and a cross-tenant read (B's marker anywhere in it, or
+    in its data one of `theirs`, B's IDs, bare or in a global ID)."""
     report.sent += 1
     text = response.text
     if response.status_code >= 500:
@@ -606,6 +906,10 @@ def check(report: Report, root: str, response: httpx.Response) -> None:
         report.samples.append(f"not JSON on {root}: {text[:200]}")
         report.server_errors += response.status_code >= 500
         return
+    found = _foreign(body.get("data"), theirs) if theirs and MARKER not in text else None
+    if found is not None:
+        report.cross_tenant += 1
+        report.samples.append(f"cross-tenant ID on {root}: {found[:100]} in {text[:300]}")
     errors = body.get("errors") or []
     for error in errors:
         code = (error.get("extensions") or {}).get("code", "NONE")
@@ -623,6 +927,7 @@ def fuzz(base_url: str, world: World, examples: int, seed_value: int) -> Report:
 
     graphql_schema = app_schema._schema
     report = Report()
+    theirs = world.b.owned()
     headers = {"authorization": f"Bearer {world.a.token}", "content-type": "application/json"}
     client = httpx.Client(base_url=base_url, timeout=120, headers=headers)
 
@@ -639,8 +944,12 @@ def fuzz(base_url: str, world: World, examples: int, seed_value: int) -> Report:
         hostile = data.draw(st.integers(0, 9)) < 3
         draw = Draw(data, world, graphql_schema, hostile)
         root, document, variables = operation(draw)
+        if root == "nodes":
+            report.nodes_calls += 1
+            ids = variables.get("ids")
+            report.ids_sent += len(ids) if isinstance(ids, list) else 0
         payload = json.dumps({"query": document, "variables": variables})
-        check(report, root, client.post("/graphql", content=payload.encode()))
+        check(report, root, client.post("/graphql", content=payload.encode()), theirs)
 
     try:
         one()

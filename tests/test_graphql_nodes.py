@@ -228,6 +228,90 @@ async def test_ids_naming_nothing_are_null_at_their_index(state, admin, base_url
     assert body == {"data": {"found": [{"id": ids["Action"][0]}, None]}}
 
 
+async def test_ids_mixing_two_tenants_parts_name_nothing(state, admin, base_url):
+    """A tenant building IDs from its own parts and another tenant's (its agent with their
+    record, execution or event; their agent with its session or event; its account with their
+    token) reads nothing of theirs, and what it reads of them answers exactly as
+    IDs naming nothing do: null, no error, the same bytes."""
+    ours, theirs = await make_account(state, "ours"), await make_account(state, "theirs")
+    mine = await every_type(state, admin, owner=caller(ours, EVERYTHING))
+    other = await every_type(state, admin, owner=caller(theirs, EVERYTHING))
+    token = await token_for(state, admin, "ours-ops", EVERYTHING, account_id=ours)
+    agent = parts(mine["Action"][0])[0]
+    their_agent = parts(other["Action"][0])[0]
+    _, their_memory = parts(other["ActionAgentMemory"][0])
+    _, their_execution = parts(other["ActionExecution"][0])
+    _, their_session, their_event = parts(other["ActionHistoryEvent"][0])
+    _, their_principal, their_token = parts(other["ClientToken"][0])
+    _, my_session, my_event = parts(mine["ActionHistoryEvent"][0])
+
+    def mixed(memory: str, execution: str, event: str, token_id: str, account: str) -> list[str]:
+        return [
+            global_id("ActionAgentMemory", agent, memory),
+            global_id("ActionAgentMemory", agent, memory, 1),
+            global_id("ActionExecution", agent, execution),
+            global_id("ActionHistoryEvent", agent, their_session, event),
+            global_id("ActionHistoryEvent", agent, my_session, event),
+            global_id("ActionHistoryEvent", their_agent, my_session, my_event),
+            global_id("ActionSession", their_agent, my_session),
+            global_id("ClientToken", ours, their_principal, token_id),
+            global_id("ClientToken", theirs, their_principal, token_id),
+            global_id("Account", account),
+        ]
+
+    # Both accounts name a session s0 and a client bot0: only the agent or account tells them
+    # apart.
+    assert (their_session, their_principal) == (my_session, parts(mine["Client"][0])[1])
+    asked = mixed(their_memory, their_execution, their_event, their_token, str(theirs))
+    status, body = post(base_url, token, NODES, ids=asked)
+    assert status == 200 and body == {"data": {"nodes": [None] * len(asked)}}, [
+        (i, n) for i, n in enumerate(body["data"]["nodes"]) if n is not None
+    ]
+    unknown = mixed(*(str(uuid.uuid4()) for _ in range(4)), str(uuid.uuid4()))
+    assert post(base_url, token, NODES, ids=unknown)[1] == body
+    # Their own IDs, read by them, are theirs: the same parts name their objects.
+    their_token_text = await token_for(state, admin, "theirs-ops", EVERYTHING, account_id=theirs)
+    _, found = post(base_url, their_token_text, NODES, ids=[i for v in other.values() for i in v])
+    assert all(n is not None for n in found["data"]["nodes"]), found
+
+
+async def test_hostile_parts_of_an_id_are_bad_request(state, admin, base_url):
+    """Well-encoded IDs whose parts are NUL, lone surrogates (as JSON escapes), numbers past
+    int4 and int8 or negative, not text, nested 2,000 deep: BAD_REQUEST through node and
+    nodes, never INTERNAL; among 1,000 IDs, the field fails naming the malformed one's place."""
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin)
+    agent, memory = parts(ids["ActionAgentMemory"][0])
+
+    def encoded(text: str) -> str:
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+    hostile = [
+        f'["ActionSession","{agent}","a\\u0000b"]',
+        f'["ActionSession","{agent}","\\ud800"]',
+        f'["Client","{uuid.uuid4()}","\\udfff"]',
+        f'["Action","{agent}","2147483648"]',
+        f'["ActionAgentMemory","{agent}","{memory}","99999999999999999999999"]',
+        f'["Action","{agent}","-1"]',
+        f'["Action","{agent}","\\uff11"]',
+        f'["Action","{agent}",1]',
+        f'["Action","{agent}",1e400]',
+        f'["Action","{agent}",NaN]',
+        '["Account",' + "[" * 2000 + "]" * 2000 + "]",
+        f'["ActionHistoryEvent","{agent}","s0","{memory}","extra"]',
+    ]
+    for text in hostile:
+        for query, variables in ((NODES, {"ids": [encoded(text)]}), (NODE, {"id": encoded(text)})):
+            status, body = post(base_url, token, query, **variables)
+            assert status == 200 and codes(body) == ["BAD_REQUEST"], (text, body)
+            assert body["data"] is None
+    many = [ids["Action"][0]] * 1000
+    many[737] = encoded(hostile[1])
+    status, body = post(base_url, token, NODES, ids=many)
+    assert codes(body) == ["BAD_REQUEST"] and body["data"] is None
+    assert body["errors"][0]["message"].startswith("`ids[737]`: "), body
+
+
 async def test_a_malformed_id_fails_the_field_naming_its_place(state, admin, base_url):
     token = await token_for(state, admin, "ops", EVERYTHING)
     ids = await every_type(state, admin)
