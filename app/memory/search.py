@@ -520,15 +520,20 @@ RANKED = cursors.Keyset(
 )
 
 
+def _spelled(reader: Reader, filters: Filters) -> tuple[list[str], list[Any]]:
+    """The agent searched (its account and ID: an import can give an agent of another account
+    the same ID) and the filters, as a search's cursors are bound to them: labels and IDs in
+    one order however a client orders them."""
+    labels = sorted((filters.labels or {}).items())
+    ids = sorted(map(str, filters.ids)) if filters.ids is not None else None
+    return [str(reader.account_id), str(reader.action_id)], [filters.kind, labels, ids]
+
+
 def _listing(reader: Reader, filters: Filters) -> cursors.BoundKeyset:
     """A query-less search's cursors, bound to the agent listed and the filters: passed with
     others, a cursor would page that listing from a place it never reached."""
-    labels = sorted((filters.labels or {}).items())
-    ids = sorted(map(str, filters.ids)) if filters.ids is not None else None
-    agent = (str(reader.account_id), str(reader.action_id))
-    return LISTING.bound(
-        "searchMemories", *agent, filters.kind, labels, ids, error=NOT_THIS_LISTING
-    )
+    agent, chosen = _spelled(reader, filters)
+    return LISTING.bound("searchMemories", *agent, *chosen, error=NOT_THIS_LISTING)
 
 
 @dataclass(frozen=True)
@@ -544,10 +549,8 @@ def _search_key(reader: Reader, mode: str, query: str, filters: Filters) -> str:
     ID: an import can give an agent of another account the same ID), its mode, query and
     filters. A cursor passed with another search, of another agent too, would page that one
     from a place it never reached, with the word weights of another agent's records."""
-    labels = sorted((filters.labels or {}).items())
-    ids = sorted(map(str, filters.ids)) if filters.ids is not None else None
-    agent = [str(reader.account_id), str(reader.action_id)]
-    spelled = json.dumps([*agent, mode, query, filters.kind, labels, ids], ensure_ascii=False)
+    agent, chosen = _spelled(reader, filters)
+    spelled = json.dumps([*agent, mode, query, *chosen], ensure_ascii=False)
     return "ranked:" + hashlib.sha256(spelled.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
