@@ -178,7 +178,8 @@ def check_one_line(text: str, field: str, *, stored: bool = False) -> str:
 
 
 def for_model(text: str) -> str:
-    """Text shown to a model as data: controls and bidi/zero-width characters removed."""
+    """Text shown to a model as data: controls, bidi, zero-width and tag characters removed
+    (`_DISGUISING`)."""
     return _DISGUISING.sub("", storable(text))
 
 

@@ -530,8 +530,8 @@ async def list_client_token_pages(
 async def get_client_tokens(
     pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, str, UUID]]
 ) -> dict[tuple[UUID, str, UUID], TokenInfo]:
-    """The tokens of `keys` (account, principal, token_id) that get_client_token finds, in one
-    query."""
+    """The tokens of `keys` (account, principal, token_id) in accounts the caller reaches, in
+    one query (`node(id)` and `nodes(ids)` read a token this way)."""
     caller.require(("SELECT", resources.CLIENT_TOKEN))
     reached = _reachable(caller, keys)
     if not reached:

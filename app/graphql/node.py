@@ -48,15 +48,10 @@ def _parsed(id: str) -> tuple[NodeType, Hashable] | None:
     return (found, found.key(parts)) if found else None
 
 
-def _missing(id: str) -> NotFound:
-    return NotFound(f"no object has the ID {id!r}")
-
-
 async def resolve_node(info: Info, id: str) -> Any:
-    parsed = _parsed(id)
-    found = await parsed[0].load(info, parsed[1]) if parsed else None
+    found = await _load(info, _parsed(id))
     if found is None:
-        raise _missing(id)
+        raise NotFound(f"no object has the ID {id!r}")
     return found
 
 
