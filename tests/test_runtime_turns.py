@@ -441,7 +441,7 @@ async def test_stale_turns_are_failed_and_their_staged_memory_dropped(
         row = await conn.fetchrow(
             "SELECT status, error FROM executions WHERE execution_id = $1", crashed
         )
-    assert row["status"] == "FAILED" and "stopped without finishing" in row["error"]
+    assert (row["status"], row["error"]) == ("FAILED", liveness_store.DEAD_PROCESS_ERROR)
 
 
 async def _sweep(state: AppState, context: turns.TurnContext) -> list[uuid.UUID]:

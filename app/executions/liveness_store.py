@@ -126,8 +126,7 @@ async def fail_stale_turns(
     rows = await conn.fetch(
         """
         UPDATE executions
-        SET status = 'FAILED', modified = now(),
-            error = 'the turn stopped without finishing (its process ended); retry the execution'
+        SET status = 'FAILED', modified = now(), error = $4
         WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
           AND modified < now() - make_interval(secs => $3)
         RETURNING execution_id
@@ -135,6 +134,7 @@ async def fail_stale_turns(
         account_id,
         action_id,
         older_than_seconds,
+        DEAD_PROCESS_ERROR,
     )
     return [r["execution_id"] for r in rows]
 
