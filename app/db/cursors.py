@@ -203,17 +203,24 @@ class Keyset:
         texts = [k.text(v) for k, v in zip(self.kinds, values, strict=True)]
         return _b64("[" + ",".join(texts) + "]")
 
-    def decode(self, cursor: str | None) -> tuple[Any, ...] | None:
-        """The keyset values of an `after` cursor, or None for the first page."""
+    def decode(
+        self, cursor: str | None, *, key: str | None = None, error: str | None = None
+    ) -> tuple[Any, ...] | None:
+        """The keyset values of an `after` cursor, or None for the first page. `key`: the
+        binding a bound listing's cursor carries before its values (BoundKeyset), refused if
+        another; `error`: the refusal, this keyset's own if not given."""
         if cursor is None:
             return None
+        lead = 0 if key is None else 1
         try:
             values = unpack(cursor)
-            if not isinstance(values, list) or len(values) != len(self.kinds):
+            if not isinstance(values, list) or len(values) != lead + len(self.kinds):
                 raise ValueError("wrong arity")
-            return tuple(k.load(v) for k, v in zip(self.kinds, values, strict=True))
+            if lead and values[0] != key:
+                raise ValueError("another binding")
+            return tuple(k.load(v) for k, v in zip(self.kinds, values[lead:], strict=True))
         except Exception:  # a crafted cursor is the client's error, whatever it trips
-            raise BadInput(self.error) from None
+            raise BadInput(error or self.error) from None
 
     def bound(
         self, listing: str, *arguments: Any, error: str = NOT_THESE_ARGUMENTS
@@ -249,16 +256,4 @@ class BoundKeyset:
     def decode(self, cursor: str | None) -> tuple[Any, ...] | None:
         """The keyset values of an `after` cursor issued with this binding, or None for the
         first page."""
-        if cursor is None:
-            return None
-        kinds = self.keyset.kinds
-        try:
-            values = unpack(cursor)
-            if not isinstance(values, list) or len(values) != len(kinds) + 1:
-                raise ValueError("wrong arity")
-            loaded = tuple(k.load(v) for k, v in zip(kinds, values[1:], strict=True))
-        except Exception:  # a crafted cursor is the client's error, whatever it trips
-            raise BadInput(self.error) from None
-        if values[0] != self.key:
-            raise BadInput(self.error)
-        return loaded
+        return self.keyset.decode(cursor, key=self.key, error=self.error)
