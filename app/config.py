@@ -164,9 +164,9 @@ class Settings(BaseSettings):
     # pooled connection while other tenants' requests waited).
     max_query_searches: int = Field(default=20, ge=1)
     # The most an answer may hold, counted as it is built (its field names and the text of its
-    # values, app/graphql/execution.py): the object count bounds no text, and nine aliased pages
-    # of agents' 64 KiB instructions were 590 MB. At least 1 MiB, so that one execution's input (a
-    # request body, ENGRAM_MAX_BODY_BYTES) is read; at most 1 GiB.
+    # values, app/graphql/field_completion.py): the object count bounds no text, and nine aliased
+    # pages of agents' 64 KiB instructions were 590 MB. At least 1 MiB, so that one execution's
+    # input (a request body, ENGRAM_MAX_BODY_BYTES) is read; at most 1 GiB.
     max_answer_bytes: int = Field(default=32 * 2**20, ge=2**20, le=2**30)
     # JSON in a request body nested deeper than this is refused before anything parses it further.
     # At most 256: Python's recursion limit (1000 frames) bounds how deep json and the walks of

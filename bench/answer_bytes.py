@@ -1,5 +1,5 @@
-"""What counting an answer's size (ENGRAM_MAX_ANSWER_BYTES, app/graphql/execution.py) costs a
-request: in process, no database, a page of --records record-like objects (the fields
+"""What counting an answer's size (ENGRAM_MAX_ANSWER_BYTES, app/graphql/field_completion.py)
+costs a request: in process, no database, a page of --records record-like objects (the fields
 bench/memory_api.py lists: texts, IDs, timestamps, an enum, numbers, booleans, an empty JSON
 `metadata`, a third with one label) executed through this checkout's ExecutionContext and, for
 comparison, through another checkout's (--baseline, e.g. a `git worktree` of main before the
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import strawberry  # noqa: E402
 from strawberry.schema.config import StrawberryConfig  # noqa: E402
 
-from app.graphql import execution  # noqa: E402
+from app.graphql import field_completion  # noqa: E402
 from app.graphql.scalars import SCALARS, Timestamp, Value  # noqa: E402
 
 
@@ -86,9 +86,12 @@ def schema_of(context_class: type, records: list[Record]) -> strawberry.Schema:
 
 
 def baseline_context(checkout: Path) -> type:
-    spec = importlib.util.spec_from_file_location(
-        "baseline_execution", checkout / "app" / "graphql" / "execution.py"
+    graphql = checkout / "app" / "graphql"
+    # field_completion.py was execution.py in checkouts before December 2026.
+    path = next(
+        p for p in (graphql / "field_completion.py", graphql / "execution.py") if p.exists()
     )
+    spec = importlib.util.spec_from_file_location("baseline_completion", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ExecutionContext
@@ -121,7 +124,7 @@ async def run(args: argparse.Namespace) -> None:
     ]
     schemas = {
         "baseline": schema_of(baseline_context(args.baseline), records),
-        "this checkout": schema_of(execution.answer_budget(32 * 2**20), records),
+        "this checkout": schema_of(field_completion.answer_budget(32 * 2**20), records),
     }
     answers = [(await s.execute(QUERY)) for s in schemas.values()]
     assert all(not a.errors for a in answers) and answers[0].data == answers[1].data

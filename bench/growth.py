@@ -75,7 +75,7 @@ from app.config import Settings  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.fairness import Fairness  # noqa: E402
-from app.graphql import execution as graphql_execution  # noqa: E402
+from app.graphql import field_completion  # noqa: E402
 from app.graphql import inputs as graphql_inputs  # noqa: E402
 from app.graphql.documents import Documents  # noqa: E402
 from app.history import search as history_search  # noqa: E402
@@ -173,7 +173,7 @@ def sampled(app: Any) -> dict[str, Callable[[], int]]:
             + policies._stored.cache_info().currsize
         ),
         "graphql._PLANS+_GUARDS": lambda: (
-            len(graphql_execution._PLANS) + len(graphql_execution._GUARDS)
+            len(field_completion._PLANS) + len(field_completion._GUARDS)
         ),
         "inputs._LITERALS_PASSED": lambda: len(graphql_inputs._LITERALS_PASSED),
         "documents": lambda: max((len(d._valid) for d in documents), default=-1),

@@ -21,7 +21,7 @@ from factories import (
 from app.actions import service as actions_service
 from app.auth.caller import Caller
 from app.db.cursors import pack
-from app.graphql import execution
+from app.graphql import field_completion
 from app.graphql.relay import global_id
 from app.graphql.schema import schema
 
@@ -544,7 +544,7 @@ async def test_domain_and_request_errors_log_no_stack_trace(gql, state, admin, c
 
 
 # A page's document fields are read directly once the caller may read them (app/graphql/
-# execution.py's guard): the answer, errors and their paths included, is strawberry's own,
+# field_completion.py's guard): the answer, errors and their paths included, is strawberry's own,
 # for a reader with the grant, one without it (each field refused), and a creator without it
 # (the version it wrote is readable).
 async def test_document_fields_answer_as_strawberrys_own_path(state, gql, admin, monkeypatch):
@@ -555,16 +555,18 @@ async def test_document_fields_answer_as_strawberrys_own_path(state, gql, admin,
     creator = caller(admin.account_id, allow(["INSERT"], "financial.Action.document"))
 
     async def answer(guarded: bool, who: Caller, query: str, **variables: Any) -> dict:
-        monkeypatch.setattr(execution, "_PLANS", {})  # plans made again, with or without guards
+        monkeypatch.setattr(
+            field_completion, "_PLANS", {}
+        )  # plans made again, with or without guards
         if not guarded:
-            monkeypatch.setattr(execution, "_guard", lambda definition: None)
+            monkeypatch.setattr(field_completion, "_guard", lambda definition: None)
         result = await gql(who, query, **variables)
         monkeypatch.undo()
         return {"data": result.data, "errors": result.errors}
 
     for who in (admin, no_document):
         assert await answer(True, who, listing) == await answer(False, who, listing)
-    guarded = execution._plan(schema._schema.type_map["Action"])
+    guarded = field_completion._plan(schema._schema.type_map["Action"])
     assert guarded["name"][5] is not None and guarded["version"][5] is None
     refused = await answer(True, no_document, listing)
     assert refused["errors"] and refused["data"] is None

@@ -63,7 +63,8 @@ class ActionDocument(BasePermission):
 
     def allows(self, source: Any, context: Context) -> bool:
         """has_permission's answer when it is yes, without an Info: a page's document fields
-        are then read directly (app/graphql/execution.py); no sends them to has_permission."""
+        are then read directly (app/graphql/field_completion.py); no sends them to
+        has_permission."""
         return source.written or service.may_read_document(context.caller)
 
 

@@ -60,7 +60,7 @@ class Reads:
     """A request's reads of pages: a page a resolver reads itself, or a batch of what its
     resolvers asked its DataLoaders for meanwhile. READS_AT_ONCE run at a time, so that the
     pages read first are answered (or refused) before the others are read; and none starts
-    once the answer is refused (app/graphql/execution.py), whatever is still running."""
+    once the answer is refused (app/graphql/field_completion.py), whatever is still running."""
 
     def __init__(self) -> None:
         self._at_once = asyncio.Semaphore(READS_AT_ONCE)

@@ -15,8 +15,8 @@ from app.graphql.auth import AuthMutation, AuthQuery
 from app.graphql.context import Info
 from app.graphql.documents import DocumentCache, Documents
 from app.graphql.errors import ErrorCodes, Schema
-from app.graphql.execution import answer_budget
 from app.graphql.executions import ActionSession, ExecutionMutation, ExecutionQuery
+from app.graphql.field_completion import answer_budget
 from app.graphql.ingest import IngestMutation
 from app.graphql.inputs import InputChecks
 from app.graphql.limits import RepeatedFields, RequestLimits, depth_rule

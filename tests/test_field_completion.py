@@ -1,4 +1,4 @@
-"""Issue 14: the short path for plain fields (app/graphql/execution.py) answers as
+"""Issue 14: the short path for plain fields (app/graphql/field_completion.py) answers as
 graphql-core does, values, nulls, errors and their paths included."""
 
 from enum import Enum
@@ -9,7 +9,7 @@ import strawberry
 from strawberry.dataloader import DataLoader
 from strawberry.permission import BasePermission, PermissionExtension
 
-from app.graphql.execution import ExecutionContext
+from app.graphql.field_completion import ExecutionContext
 
 
 @strawberry.enum
