@@ -17,7 +17,7 @@ CONTRACT (used by the runtime and the GraphQL layer; implemented in this module)
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -30,6 +30,7 @@ from app.actions.service import ActionVersion
 from app.embeddings.base import Embedder
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.memory import store
+from app.memory.pins import PinnedLists, pinned_in
 from app.memory.records import (
     MAX_CONTENT_BYTES,
     MAX_SUMMARY_BYTES,
@@ -38,12 +39,10 @@ from app.memory.records import (
     Scope,
     Source,
     pin_line,
-    pinned_tokens,
 )
 from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
 from app.scope import as_harness
-from app.text import CHARS_PER_TOKEN
 
 # Every character that ends a line for str.splitlines: a summary is one line.
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
@@ -54,10 +53,6 @@ NO_SESSION = (
     "this agent runs without a session, so it has no session scope: its harness.memory.scope "
     'must be {"read": ["agent"], "write": ["agent"]}'
 )
-
-
-class OverPinBudget(BadInput):
-    """A pin the agent's pinned list has no room for (harness.memory.pinned.max_tokens)."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +269,7 @@ class MemoryWork:
         self._unstaged: list[NewRecord] = []  # rows `commit` inserts (add_many)
         self._changes: list[_Change] = []
         self._started = False
+        self._pins = PinnedLists(writer.reader(), self.config, writer.is_operator)
 
     @property
     def config(self) -> MemoryConfig:
@@ -326,11 +322,9 @@ class MemoryWork:
                 self._check_replaceable(target)
             if new.pinned:
                 lines = {
-                    _pinned_in(checked.scope, checked.session_id): [
-                        pin_line(new.summary, memory_id)
-                    ]
+                    pinned_in(checked.scope, checked.session_id): [pin_line(new.summary, memory_id)]
                 }
-                await self._check_pin_budget(conn, lines, {new.replaces})
+                await self._pins.check(conn, lines, {new.replaces})
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(new.summary, new.content)])
         self.embed_tokens.append(embedded.tokens)
@@ -411,11 +405,11 @@ class MemoryWork:
             pins: dict[str | None, list[str]] = {}
             for new, c, memory_id in zip(news, checked, ids, strict=True):
                 if new.pinned:
-                    lines = pins.setdefault(_pinned_in(c.scope, c.session_id), [])
+                    lines = pins.setdefault(pinned_in(c.scope, c.session_id), [])
                     lines.append(pin_line(new.summary, memory_id))
             if pins:
                 replaced = {n.replaces for n in news if n.pinned and n.replaces is not None}
-                await self._check_pin_budget(conn, pins, replaced)
+                await self._pins.check(conn, pins, replaced)
         # Embedded with no connection held: a remote embedder may take its time.
         embedded = await self.embedder.embed([memory_text(n.summary, n.content) for n in news])
         self.embed_tokens.append(embedded.tokens)
@@ -534,9 +528,8 @@ class MemoryWork:
                 changed.append(store.record(row))
             if tombstones:
                 await store.delete_staged(conn, account_id, action_id, w.execution_id, tombstones)
-            await _count_pinned_lists(conn, account_id, action_id, published, changed)
-            if any(r.pinned for r in published):
-                await self._recheck_pins(conn, published)
+            await self._pins.recount(conn, published, changed)
+            await self._pins.recheck(conn, published)
         except asyncpg.UniqueViolationError:
             # Another writer committed a successor of a record this work replaces.
             targets = ", ".join(str(c.target) for c in self._changes)
@@ -768,135 +761,6 @@ class MemoryWork:
         )
         self._changes.append(change)
         return change
-
-    async def _check_pin_budget(
-        self,
-        conn: asyncpg.Connection,
-        lines: Mapping[str | None, Sequence[str]],
-        replaced: Set[UUID | None],
-    ) -> None:
-        """`lines`: the new pins' lines by the list they join (`_longest_list`)."""
-        budget = self.config.pinned_max_tokens
-        assert budget is not None
-        longest = await _longest_list(conn, self.writer.reader(), lines, replaced)
-        if longest.tokens > budget:
-            raise OverPinBudget(_over_budget(longest, budget, self.writer))
-
-    async def _recheck_pins(self, conn: asyncpg.Connection, published: list[MemoryRecord]) -> None:
-        """Pins other turns committed meanwhile count too: the budget holds once committed."""
-        w = self.writer
-        budget = self.config.pinned_max_tokens
-        if budget is None:
-            return
-        await store.lock_pins(conn, w.account_id, w.action.action_id)
-        committed = replace(w.reader(), execution_id=None, invocation_number=None)
-        lists: dict[str | None, list[str]] = {
-            _pinned_in(r.scope, r.session_id): [] for r in published if r.pinned
-        }
-        longest = await _longest_list(conn, committed, lists)
-        if longest.tokens > budget:
-            raise Conflict(
-                "other turns pinned memories meanwhile; nothing was saved. "
-                + _over_budget(longest, budget, w)
-            )
-
-
-async def _count_pinned_lists(
-    conn: asyncpg.Connection,
-    account_id: UUID,
-    action_id: UUID,
-    published: list[MemoryRecord],
-    changed: list[MemoryRecord],
-) -> None:
-    """Counts again the pinned lists of the sessions a commit changes (`store.count_pinned_lists`):
-    its pinned session-scope records, new, replaced or deleted, and the records its preview
-    records replace or delete, which preview turns no longer list."""
-    ids = [r.memory_id for r in (*published, *changed) if r.pinned and r.scope == Scope.SESSION]
-    ids += [r.replaces for r in published if r.preview and r.replaces is not None]
-    if ids:
-        await store.count_pinned_lists(conn, account_id, action_id, ids)
-
-
-def _pinned_in(scope: str, session_id: str | None) -> str | None:
-    """The pinned list a pin joins: its session's; None for an agent-scope pin (every list)."""
-    return None if scope == Scope.AGENT.value else session_id
-
-
-@dataclass(frozen=True)
-class _PinnedList:
-    """A pinned list as a turn would read it with the new pins: its tokens, its records (less
-    those replaced), and whose list it is (a session's, or None: the agent's alone)."""
-
-    tokens: int
-    pins: list[MemoryRecord]
-    session_id: str | None
-
-
-async def _longest_list(
-    conn: asyncpg.Connection,
-    reader: AgentReader,
-    lines: Mapping[str | None, Sequence[str]],
-    replaced: Set[UUID | None] = frozenset(),
-) -> _PinnedList:
-    """The longest pinned list that new pins join, with their lines. `lines`: the
-    new pins' lines by the list they join (`_pinned_in`): a session's, or None for agent-scope
-    pins, which every list lists. The lists: each named session's (the pins its turns read,
-    less `replaced`, with the lines it gains), or the reader's own when none is named (its
-    session's, or the agent's alone); with agent-scope pins, when turns read session scope,
-    every other session's too (the agent's pins with that session's own), of which one
-    statement reads the longest (`store.other_sessions_pins`)."""
-    everywhere = list(lines.get(None, ()))
-    sessions: list[str | None] = [s for s in lines if s is not None] or [reader.session_id]
-    lists: list[tuple[list[MemoryRecord], list[str], str | None]] = []
-    for session in sessions:
-        rows = await store.list_pinned(conn, replace(reader, session_id=session))
-        pins = [r for r in map(store.record, rows) if r.memory_id not in replaced]
-        own = lines.get(session, ()) if session is not None else ()
-        lists.append((pins, [*everywhere, *own], session))
-    if None in lines and Scope.SESSION in reader.scopes:
-        agent = [r for r in lists[0][0] if r.scope == Scope.AGENT.value]
-        others: dict[str, list[MemoryRecord]] = {}
-        named = [s for s in sessions if s is not None]
-        for row in await store.other_sessions_pins(conn, reader, named):
-            others.setdefault(row["session_id"], []).append(store.record(row))
-        lists += [(agent + own, everywhere, session) for session, own in others.items()]
-    counted = [
-        _PinnedList(pinned_tokens([*(r.pinned_line() for r in pins), *new]), pins, session)
-        for pins, new, session in lists
-    ]
-    return max(counted, key=lambda c: c.tokens)
-
-
-def _over_budget(longest: _PinnedList, budget: int, writer: Writer) -> str:
-    """What a refused pin is told. An agent whose agent-scope pin would take another session's
-    list over is told so, and shown only the pins it reads: that session's own are no more its
-    business than their text (spec: what one session learns never reaches another)."""
-    over = (
-        f"over this agent's budget of {budget} (harness.memory.pinned.max_tokens, about "
-        f"{CHARS_PER_TOKEN} characters a token)"
-    )
-    if writer.is_operator or longest.session_id in (None, writer.session_id):
-        pinned = ", ".join(str(r.memory_id) for r in longest.pins) or "none"
-        return (
-            f"pinning this memory would take the pinned list to about {longest.tokens} tokens, "
-            f"{over}. Consolidate: add one pinned memory that says what several pinned ones "
-            "say, with replaces naming one of them, and delete the others; or save this memory "
-            f"unpinned. Pinned now: {pinned}"
-        )
-    agent_pins = [r for r in longest.pins if r.scope == Scope.AGENT.value]
-    pinned = ", ".join(str(r.memory_id) for r in agent_pins) or "none"
-    alone = (
-        "pin it for this session alone (scope SESSION); "
-        if Scope.SESSION in writer.action.harness.memory.write and writer.session_id is not None
-        else ""
-    )
-    return (
-        "an agent-scope pin is listed in every session's turns, with that session's own pins, "
-        f"and this one would take another session's pinned list to about {longest.tokens} "
-        f"tokens, {over}. Consolidate the agent-scope pins: add one pinned memory that says what "
-        "several of them say, with replaces naming one of them, and delete the others; or "
-        f"{alone}or save this memory unpinned. Agent-scope pins now: {pinned}"
-    )
 
 
 def _changed_meanwhile(target: object) -> str:

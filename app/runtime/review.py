@@ -55,9 +55,10 @@ from app.embeddings.errors import EmbeddingFailed
 from app.errors import DomainError
 from app.executions import review_store
 from app.memory import review as memory_review
+from app.memory.pins import OverPinBudget
 from app.memory.records import MemoryRecord
 from app.memory.review import Candidate
-from app.memory.service import NewMemory, OverPinBudget
+from app.memory.service import NewMemory
 from app.runtime import deadline
 from app.runtime import transcript as events
 from app.runtime.context import budget_of, request_tokens
