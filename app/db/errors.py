@@ -22,7 +22,10 @@ RETRY_AFTER_SECONDS = 5
 # standby: 08 connection exceptions, 57P01-57P05 (shutdown, crash, cannot connect now, database
 # dropped, idle timeout), 53300 too many connections, 25006 read-only transaction; and 25P03, a
 # session the server ended for idling in its transaction past its bound (a stalled process).
-_STATES = ("08", "57P0", "53300", "25006", "25P03")
+# And a server that lets the service in no more, which only a new connection meets: 3D000, its
+# database does not exist (dropped, as a restore does, until it is created again), and 28, its
+# role may not log in (a password changed, LOGIN revoked, pg_hba.conf).
+_STATES = ("08", "57P0", "53300", "25006", "25P03", "3D000", "28")
 
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
