@@ -93,6 +93,18 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         _say(f"engram: {exposed}", "serve")
         return 2
 
+    class _Draining(uvicorn.Server):
+        """Says in a line when a stop begins and what it waits for: with turns running it
+        takes minutes, and uvicorn's own lines are kept out of the log."""
+
+        async def shutdown(self, sockets: list[Any] | None = None) -> None:
+            logging.getLogger(__name__).info(
+                "stopping: taking no new requests, finishing the %d in progress (a turn ends "
+                "by ENGRAM_TURN_TIMEOUT_SECONDS)",
+                len(self.server_state.tasks),
+            )
+            await super().shutdown(sockets)
+
     if settings.database_url_value() is None:
         # The embedded server's postmaster becomes this process's child, which the supervisor
         # reaps should it die (app/db/embedded.py).
@@ -132,7 +144,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
                 port,
             )
             # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
-            server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+            server = _Draining(uvicorn.Config(app, host=host, port=port, log_config=None))
             loop.remove_signal_handler(signal.SIGTERM)  # uvicorn's from here
             try:
                 await server.serve()
