@@ -1020,10 +1020,11 @@ def _command(args: argparse.Namespace) -> int:
         # operator, a bound, or the network): said with what is left, as for an interruption.
         # Or it rolled the command's work back: its statement cancelled (an operator, or a
         # statement_timeout or lock_timeout the database or its role sets), a deadlock.
-        gone = _database_gone(e)
+        stopped = _database_stopped(e)
+        gone = not stopped and _database_gone(e)
         if gone:
             what = _DATABASE_GONE
-        elif _database_stopped(e):
+        elif stopped:
             what = f"the database stopped its work ({' '.join(str(e).split())})"
         else:
             raise
@@ -1052,13 +1053,21 @@ def _database_gone(error: BaseException) -> bool:
 def _database_stopped(error: BaseException) -> bool:
     """An error of the database driver saying the database rolled the work back, no fault of
     the command's: a conflict (deadlock, serialization), a lock wait or a statement past its
-    bound, a statement an operator cancelled."""
+    bound, a statement an operator cancelled, a disk or memory the server ran out of."""
     import asyncpg
 
-    from app.db.errors import is_conflict, is_lock_timeout, is_statement_timeout
+    from app.db.errors import (
+        is_conflict,
+        is_lock_timeout,
+        is_out_of_resources,
+        is_statement_timeout,
+    )
 
     return isinstance(error, asyncpg.PostgresError) and (
-        is_conflict(error) or is_lock_timeout(error) or is_statement_timeout(error)
+        is_conflict(error)
+        or is_lock_timeout(error)
+        or is_statement_timeout(error)
+        or is_out_of_resources(error)
     )
 
 
