@@ -136,9 +136,22 @@ def _read(path: Path, empty: Any) -> tuple[Any, bool]:
 
 
 def _write(path: Path, value: Any) -> None:
-    """Whole or not at all: a kill mid-write leaves the old file."""
+    """Whole or not at all: a kill mid-write leaves the old file. On a full disk, where a new
+    file cannot be written, the file is rewritten in place (as the library writes its own; a
+    kill mid-write leaves it cut short, which `_read` mends): a process leaving the server
+    shortens the list, so its stop still stops the server. A write that fails even so names
+    the file, which the OS's error does not."""
+    text = json.dumps(value)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value))
+    try:
+        partial.write_text(text)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        try:
+            path.write_text(text)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        return
     os.replace(partial, path)
 
 
