@@ -150,7 +150,15 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
                 await server.serve()
             except SystemExit:
                 # uvicorn exits (status 3) when it cannot start, a port in use, having logged
-                # why and stopped the app: a refused start, status 2 as the others.
+                # why and stopped the app: a refused start, status 2 as the others. Its line
+                # names the address, but for a name that does not resolve only the resolver's
+                # words (`Name or service not known`): said again naming the host and setting.
+                unresolved = None if server.started else _unresolved(host)
+                if unresolved is not None:
+                    _say(
+                        f"engram: cannot listen on {host} (ENGRAM_HOST, or --host): {unresolved}",
+                        "serve",
+                    )
                 return False
             except UnicodeError as e:
                 # A host name the resolver cannot even encode (`127.0.0..1`), which uvicorn
@@ -183,6 +191,17 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             raise
         _say("engram: stopped by SIGTERM while starting", "serve")
         return 128 + signal.SIGTERM
+
+
+def _unresolved(host: str) -> str | None:
+    """Why `host` names no address to listen on, or None when it resolves."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:
+        return str(e)
+    return None
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:

@@ -635,6 +635,22 @@ async def test_a_port_in_use_stops_serve_with_status_2(db_url):
     assert "address already in use" in result.stderr
 
 
+async def test_a_host_that_does_not_resolve_stops_serve_naming_it(db_url):
+    """uvicorn's line said only the resolver's words (`Name or service not known`), naming
+    neither the host nor the setting; `.invalid` never resolves (RFC 6761)."""
+    env = clean_env(
+        database_url=db_url,
+        host="engram.invalid",
+        port=str(free_port()),
+        search_maintenance_seconds="0",
+    )
+    result = await asyncio.to_thread(run, env, "serve")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("engram: cannot listen on engram.invalid (ENGRAM_HOST, or --host): ")
+
+
 async def test_serve_without_the_otel_extra_is_one_line(db_url, tmp_path):
     # The extra's modules made unimportable, as where it is not installed.
     (tmp_path / "sitecustomize.py").write_text(
