@@ -635,6 +635,19 @@ async def test_a_port_in_use_stops_serve_with_status_2(db_url):
     assert "address already in use" in result.stderr
 
 
+def test_a_data_directory_that_cannot_be_made_is_one_line_naming_the_setting(tmp_path):
+    """A file where ENGRAM_DATA_DIR should be: the line named the path alone
+    (`engram: .../pgdata: Not a directory`), not the setting that chose it."""
+    data = tmp_path / "data"
+    data.write_text("not a directory")
+    for command in (["migrate"], ["serve", "--port", str(free_port())]):
+        result = run(clean_env(data_dir=str(data)), *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            f"engram: {data}/pgdata: Not a directory (ENGRAM_DATA_DIR is {data})"
+        ], result.stderr
+
+
 async def test_a_host_that_does_not_resolve_stops_serve_naming_it(db_url):
     """uvicorn's line said only the resolver's words (`Name or service not known`), naming
     neither the host nor the setting; `.invalid` never resolves (RFC 6761)."""

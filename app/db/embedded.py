@@ -338,7 +338,14 @@ class EmbeddedPostgres:
 
 
 def embedded_uri(data_dir: Path) -> tuple[EmbeddedPostgres, str]:
-    server = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        server = EmbeddedPostgres(data_dir / "pgdata")
+    except OSError as e:
+        # A directory that cannot be made or written (a file in the way, no permission, a full
+        # disk): its line names the setting that chose it.
+        if e.filename is None:
+            raise
+        raise OSError(e.errno, f"{e.strerror} (ENGRAM_DATA_DIR is {data_dir})", e.filename) from e
     log.info("embedded PostgreSQL running in %s", server.pgdata)
     return server, server.uri()
 
