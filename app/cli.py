@@ -346,16 +346,25 @@ def _index_builds(settings: Settings, pool: Any) -> Any:
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
+    import time
 
     from app.memory.maintenance import reorder, run_round
 
     min_records = args.min_records or settings.agent_index_min_records
 
+    reordered = ""
+
     async def work() -> Any:
+        nonlocal reordered
         async with _database(settings) as pool:
             if args.reorder:
+                began = time.monotonic()
                 async with pool.acquire() as conn:
                     await reorder(conn)
+                reordered = (
+                    f"stored the memory records in agent order again in "
+                    f"{time.monotonic() - began:.1f} s; "
+                )
             return await run_round(
                 pool,
                 min_records,
@@ -370,8 +379,8 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
         print("error: another process is maintaining search; try again", file=sys.stderr)
         return 2
     print(
-        f"agents of {min_records}+ records: built {len(done.built)} search indexes, dropped "
-        f"{len(done.dropped)}, counted the words of {done.counted} agents and "
+        f"{reordered}agents of {min_records}+ records: built {len(done.built)} search indexes, "
+        f"dropped {len(done.dropped)}, counted the words of {done.counted} agents and "
         f"{done.sessions} sessions"
     )
     return 0
