@@ -383,6 +383,12 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"agent_index_build_memory": "99999999GB"}, "ENGRAM_AGENT_INDEX_BUILD_MEMORY: must be a"),
         ({"otel_endpoint": "collector:4318"}, "ENGRAM_OTEL_ENDPOINT: must be an http://"),
         ({"database_url": "mysql://engram:s3cret@db/engram"}, "ENGRAM_DATABASE_URL: must be a"),
+        # An '@' of a password not percent-encoded: libpq took the rest of it for the host, and
+        # the refusal to connect showed it ("cannot connect to the database at s3cret@db...").
+        (
+            {"database_url": "postgresql://engram:pa@s3cret@db/engram"},
+            "ENGRAM_DATABASE_URL: holds '@' more than once before its host",
+        ),
         ({"bootstrap_token": " \n"}, "ENGRAM_BOOTSTRAP_TOKEN: is empty"),
         ({"bootstrap_token": "s3cret\udcff" * 6}, "ENGRAM_BOOTSTRAP_TOKEN: is not valid text"),
         ({"model_name": "gpt\udcff"}, "ENGRAM_MODEL_NAME: is not valid text"),
