@@ -98,7 +98,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         takes minutes, and uvicorn's own lines are kept out of the log."""
 
         async def shutdown(self, sockets: list[Any] | None = None) -> None:
-            logging.getLogger(__name__).info(
+            logging.getLogger("app.cli").info(
                 "stopping: taking no new requests, finishing the %d in progress (a turn ends "
                 "by ENGRAM_TURN_TIMEOUT_SECONDS)",
                 len(self.server_state.tasks),
@@ -137,7 +137,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             gc.freeze()
             host = settings.host if args.host is None else args.host
             port = settings.port if args.port is None else args.port
-            logging.getLogger(__name__).info(
+            logging.getLogger("app.cli").info(
                 "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; the admin "
                 "console at /console; metrics at /metrics)",
                 host,

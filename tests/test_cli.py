@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from datetime import datetime
 from uuid import UUID
@@ -668,6 +669,30 @@ async def test_a_host_that_does_not_resolve_stops_serve_naming_it(db_url):
     assert "Traceback" not in result.stderr, result.stderr
     last = result.stderr.splitlines()[-1]
     assert last.startswith("engram: cannot listen on engram.invalid (ENGRAM_HOST, or --host): ")
+
+
+async def test_serve_logs_as_app_cli_however_it_is_run(db_url):
+    """Run as `python -m app.cli`, the module is `__main__`: its lines were logged as that
+    (`"logger": "__main__"` in JSON), not as `app.cli` as under the `engram` command."""
+    env = clean_env(
+        database_url=db_url,
+        port=str(free_port()),
+        host="engram.invalid",  # stops the start once it has said it is starting
+        log_format="json",
+        search_maintenance_seconds="0",
+    )
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app.cli", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    starting = [line for line in lines if line["message"].startswith("Engram starting on ")]
+    assert [line["logger"] for line in starting] == ["app.cli"], lines
 
 
 async def test_serve_without_the_otel_extra_is_one_line(db_url, tmp_path):
