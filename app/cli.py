@@ -586,7 +586,12 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
     target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
     try:
-        with open(partial_file, mode, encoding="utf-8") as f:
+        try:
+            opened = open(partial_file, mode, encoding="utf-8")  # noqa: SIM115 (closed below)
+        except OSError as e:
+            # Told as the file asked for: the .partial beside it is ours, not the user's.
+            raise OSError(e.errno, e.strerror, path) from None
+        with opened as f:
             yield f
         os.replace(partial_file, target)
     finally:
