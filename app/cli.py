@@ -1011,6 +1011,7 @@ def _command(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format, settings.log_level)
     from psycopg import OperationalError, ProgrammingError
 
+    from app.db.embedded import StartFailed
     from app.db.errors import MigrationFailed
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
@@ -1039,7 +1040,7 @@ def _command(args: argparse.Namespace) -> int:
         where = f"{e.filename}: " if e.filename else ""
         _say(f"engram: {where}{e.strerror or e}", args.command)
         return 2
-    except (EmbeddingModelMismatch, EmbedderUnavailable, MigrationFailed) as e:
+    except (EmbeddingModelMismatch, EmbedderUnavailable, MigrationFailed, StartFailed) as e:
         # What to run or set is in the message: nothing else is worth printing.
         _say(f"engram: {e}", args.command)
         return 2

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -241,6 +242,30 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+class StartFailed(Exception):
+    """The server did not start (a data directory another PostgreSQL version made, damaged
+    files, no space): the message says why, from the server's log, in one line."""
+
+
+# A server log line's prefix (`2026-12-05 23:46:31.758 UTC [16192] `), and the line that says
+# why a server stopped.
+_LOG_PREFIX = re.compile(r"^\S+ \S+ \S+ \[\d+\] ")
+_FATAL = re.compile(r"\b(FATAL|PANIC):")
+
+
+def _why_not_started(pgdata: Path) -> str:
+    """The server log's last FATAL or PANIC line and those after it (its DETAIL and HINT), in
+    one line without their prefixes; else its last line."""
+    try:
+        lines = [line.strip() for line in (pgdata / "log").read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line]
+    fatal = [i for i, line in enumerate(lines) if _FATAL.search(line)]
+    told = lines[fatal[-1] :] if fatal else lines[-1:]
+    return " ".join(" ".join(_LOG_PREFIX.sub("", line) for line in told).split())[:2000]
+
+
 class RestartFailed(Exception):
     """The server did not start again; the message is why (the server log's last line)."""
 
@@ -269,7 +294,15 @@ class EmbeddedPostgres:
         with self._lock:
             _drop_stale_lock(pgdata)
             _settle_handles(pgdata, own=None)
-        self._server = library.get_server(pgdata, cleanup_mode="stop")
+        try:
+            with _library_quiet():
+                self._server = library.get_server(pgdata, cleanup_mode="stop")
+        except (subprocess.SubprocessError, AssertionError) as e:
+            why = _why_not_started(pgdata) or repr(e)
+            raise StartFailed(
+                f"the embedded PostgreSQL in {pgdata} did not start: {why} (its log: "
+                f"{pgdata / 'log'})"
+            ) from None
         with self._lock:
             _settle_handles(pgdata, own=True)
         self.pgdata = pgdata
