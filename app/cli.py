@@ -93,6 +93,18 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         _say(f"engram: {exposed}", "serve")
         return 2
 
+    class _Draining(uvicorn.Server):
+        """Says in a line when a stop begins and what it waits for: with turns running it
+        takes minutes, and uvicorn's own lines are kept out of the log."""
+
+        async def shutdown(self, sockets: list[Any] | None = None) -> None:
+            logging.getLogger("app.cli").info(
+                "stopping: taking no new requests, finishing the %d in progress (a turn ends "
+                "by ENGRAM_TURN_TIMEOUT_SECONDS)",
+                len(self.server_state.tasks),
+            )
+            await super().shutdown(sockets)
+
     if settings.database_url_value() is None:
         # The embedded server's postmaster becomes this process's child, which the supervisor
         # reaps should it die (app/db/embedded.py).
@@ -125,20 +137,28 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             gc.freeze()
             host = settings.host if args.host is None else args.host
             port = settings.port if args.port is None else args.port
-            logging.getLogger(__name__).info(
+            logging.getLogger("app.cli").info(
                 "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; the admin "
                 "console at /console; metrics at /metrics)",
                 host,
                 port,
             )
             # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
-            server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+            server = _Draining(uvicorn.Config(app, host=host, port=port, log_config=None))
             loop.remove_signal_handler(signal.SIGTERM)  # uvicorn's from here
             try:
                 await server.serve()
             except SystemExit:
                 # uvicorn exits (status 3) when it cannot start, a port in use, having logged
-                # why and stopped the app: a refused start, status 2 as the others.
+                # why and stopped the app: a refused start, status 2 as the others. Its line
+                # names the address, but for a name that does not resolve only the resolver's
+                # words (`Name or service not known`): said again naming the host and setting.
+                unresolved = None if server.started else _unresolved(host)
+                if unresolved is not None:
+                    _say(
+                        f"engram: cannot listen on {host} (ENGRAM_HOST, or --host): {unresolved}",
+                        "serve",
+                    )
                 return False
             except UnicodeError as e:
                 # A host name the resolver cannot even encode (`127.0.0..1`), which uvicorn
@@ -171,6 +191,17 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             raise
         _say("engram: stopped by SIGTERM while starting", "serve")
         return 128 + signal.SIGTERM
+
+
+def _unresolved(host: str) -> str | None:
+    """Why `host` names no address to listen on, or None when it resolves."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:
+        return str(e)
+    return None
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -315,16 +346,25 @@ def _index_builds(settings: Settings, pool: Any) -> Any:
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
+    import time
 
     from app.memory.maintenance import reorder, run_round
 
     min_records = args.min_records or settings.agent_index_min_records
 
+    reordered = ""
+
     async def work() -> Any:
+        nonlocal reordered
         async with _database(settings) as pool:
             if args.reorder:
+                began = time.monotonic()
                 async with pool.acquire() as conn:
                     await reorder(conn)
+                reordered = (
+                    f"stored the memory records in agent order again in "
+                    f"{time.monotonic() - began:.1f} s; "
+                )
             return await run_round(
                 pool,
                 min_records,
@@ -339,8 +379,8 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
         print("error: another process is maintaining search; try again", file=sys.stderr)
         return 2
     print(
-        f"agents of {min_records}+ records: built {len(done.built)} search indexes, dropped "
-        f"{len(done.dropped)}, counted the words of {done.counted} agents and "
+        f"{reordered}agents of {min_records}+ records: built {len(done.built)} search indexes, "
+        f"dropped {len(done.dropped)}, counted the words of {done.counted} agents and "
         f"{done.sessions} sessions"
     )
     return 0
@@ -546,7 +586,12 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
     target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
     try:
-        with open(partial_file, mode, encoding="utf-8") as f:
+        try:
+            opened = open(partial_file, mode, encoding="utf-8")  # noqa: SIM115 (closed below)
+        except OSError as e:
+            # Told as the file asked for: the .partial beside it is ours, not the user's.
+            raise OSError(e.errno, e.strerror, path) from None
+        with opened as f:
             yield f
         os.replace(partial_file, target)
     finally:
@@ -966,6 +1011,7 @@ def _command(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format, settings.log_level)
     from psycopg import OperationalError, ProgrammingError
 
+    from app.db.embedded import StartFailed
     from app.db.errors import MigrationFailed
     from app.embeddings.errors import EmbedderUnavailable
     from app.embeddings.setup import EmbeddingModelMismatch
@@ -994,7 +1040,7 @@ def _command(args: argparse.Namespace) -> int:
         where = f"{e.filename}: " if e.filename else ""
         _say(f"engram: {where}{e.strerror or e}", args.command)
         return 2
-    except (EmbeddingModelMismatch, EmbedderUnavailable, MigrationFailed) as e:
+    except (EmbeddingModelMismatch, EmbedderUnavailable, MigrationFailed, StartFailed) as e:
         # What to run or set is in the message: nothing else is worth printing.
         _say(f"engram: {e}", args.command)
         return 2
@@ -1008,10 +1054,11 @@ def _command(args: argparse.Namespace) -> int:
         # operator, a bound, or the network): said with what is left, as for an interruption.
         # Or it rolled the command's work back: its statement cancelled (an operator, or a
         # statement_timeout or lock_timeout the database or its role sets), a deadlock.
-        gone = _database_gone(e)
+        stopped = _database_stopped(e)
+        gone = not stopped and _database_gone(e)
         if gone:
             what = _DATABASE_GONE
-        elif _database_stopped(e):
+        elif stopped:
             what = f"the database stopped its work ({' '.join(str(e).split())})"
         else:
             raise
@@ -1040,13 +1087,21 @@ def _database_gone(error: BaseException) -> bool:
 def _database_stopped(error: BaseException) -> bool:
     """An error of the database driver saying the database rolled the work back, no fault of
     the command's: a conflict (deadlock, serialization), a lock wait or a statement past its
-    bound, a statement an operator cancelled."""
+    bound, a statement an operator cancelled, a disk or memory the server ran out of."""
     import asyncpg
 
-    from app.db.errors import is_conflict, is_lock_timeout, is_statement_timeout
+    from app.db.errors import (
+        is_conflict,
+        is_lock_timeout,
+        is_out_of_resources,
+        is_statement_timeout,
+    )
 
     return isinstance(error, asyncpg.PostgresError) and (
-        is_conflict(error) or is_lock_timeout(error) or is_statement_timeout(error)
+        is_conflict(error)
+        or is_lock_timeout(error)
+        or is_statement_timeout(error)
+        or is_out_of_resources(error)
     )
 
 

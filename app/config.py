@@ -307,6 +307,14 @@ class Settings(BaseSettings):
                 "must be a postgresql:// URL, e.g. postgresql://engram:PASSWORD@db:5432/engram "
                 "(unset: the embedded PostgreSQL)"
             )
+        authority = re.split(r"[/?]", url.split("://", 1)[1], maxsplit=1)[0]
+        if authority.count("@") > 1:
+            # libpq would take what follows the first '@' for the host, and say it (a part of
+            # the password) in its refusal to connect.
+            raise ValueError(
+                "holds '@' more than once before its host: write an '@' of the user name or "
+                "password as %40"
+            )
         return value
 
     @field_validator("data_dir", mode="before")

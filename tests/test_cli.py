@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from datetime import datetime
 from uuid import UUID
@@ -383,6 +384,12 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
         ({"agent_index_build_memory": "99999999GB"}, "ENGRAM_AGENT_INDEX_BUILD_MEMORY: must be a"),
         ({"otel_endpoint": "collector:4318"}, "ENGRAM_OTEL_ENDPOINT: must be an http://"),
         ({"database_url": "mysql://engram:s3cret@db/engram"}, "ENGRAM_DATABASE_URL: must be a"),
+        # An '@' of a password not percent-encoded: libpq took the rest of it for the host, and
+        # the refusal to connect showed it ("cannot connect to the database at s3cret@db...").
+        (
+            {"database_url": "postgresql://engram:pa@s3cret@db/engram"},
+            "ENGRAM_DATABASE_URL: holds '@' more than once before its host",
+        ),
         ({"bootstrap_token": " \n"}, "ENGRAM_BOOTSTRAP_TOKEN: is empty"),
         ({"bootstrap_token": "s3cret\udcff" * 6}, "ENGRAM_BOOTSTRAP_TOKEN: is not valid text"),
         ({"model_name": "gpt\udcff"}, "ENGRAM_MODEL_NAME: is not valid text"),
@@ -633,6 +640,59 @@ async def test_a_port_in_use_stops_serve_with_status_2(db_url):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert "address already in use" in result.stderr
+
+
+def test_a_data_directory_that_cannot_be_made_is_one_line_naming_the_setting(tmp_path):
+    """A file where ENGRAM_DATA_DIR should be: the line named the path alone
+    (`engram: .../pgdata: Not a directory`), not the setting that chose it."""
+    data = tmp_path / "data"
+    data.write_text("not a directory")
+    for command in (["migrate"], ["serve", "--port", str(free_port())]):
+        result = run(clean_env(data_dir=str(data)), *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            f"engram: {data}/pgdata: Not a directory (ENGRAM_DATA_DIR is {data})"
+        ], result.stderr
+
+
+async def test_a_host_that_does_not_resolve_stops_serve_naming_it(db_url):
+    """uvicorn's line said only the resolver's words (`Name or service not known`), naming
+    neither the host nor the setting; `.invalid` never resolves (RFC 6761)."""
+    env = clean_env(
+        database_url=db_url,
+        host="engram.invalid",
+        port=str(free_port()),
+        search_maintenance_seconds="0",
+    )
+    result = await asyncio.to_thread(run, env, "serve")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("engram: cannot listen on engram.invalid (ENGRAM_HOST, or --host): ")
+
+
+async def test_serve_logs_as_app_cli_however_it_is_run(db_url):
+    """Run as `python -m app.cli`, the module is `__main__`: its lines were logged as that
+    (`"logger": "__main__"` in JSON), not as `app.cli` as under the `engram` command."""
+    env = clean_env(
+        database_url=db_url,
+        port=str(free_port()),
+        host="engram.invalid",  # stops the start once it has said it is starting
+        log_format="json",
+        search_maintenance_seconds="0",
+    )
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app.cli", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    starting = [line for line in lines if line["message"].startswith("Engram starting on ")]
+    assert [line["logger"] for line in starting] == ["app.cli"], lines
 
 
 async def test_serve_without_the_otel_extra_is_one_line(db_url, tmp_path):

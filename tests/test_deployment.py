@@ -249,6 +249,10 @@ def test_sigterm_lets_a_running_turn_finish(db_url, model_server, tmp_path):
         running.join(timeout=60)
         assert answers == [{"executeAction": {"status": "SUCCEEDED", "output": "done at last"}}]
         served.proc.wait(timeout=60)
+        # The stop said when it began, and what it waited for (uvicorn's own lines are quiet).
+        log = served.log.read_text()
+        assert "stopping: taking no new requests, finishing the 1 in progress" in log, log
+        assert log.index("stopping: ") < log.index("executeAction OK"), log
     finally:
         served.kill()
 

@@ -153,6 +153,22 @@ def test_a_truncated_list_of_users_is_rewritten(pgdata: Path) -> None:
     assert _handles(pgdata) == []
 
 
+def test_a_full_disk_stops_the_server_all_the_same(pgdata: Path) -> None:
+    """The list of the server's users was written to a new file, then moved over the old one:
+    on a full disk that write failed, so `engram serve` stopped on a full disk left its server
+    running (and logged a traceback as the app's shutdown failing). It is rewritten in place
+    then, as the library writes its own. (/dev/full refuses every write with ENOSPC, as a
+    full disk does.)"""
+    server = EmbeddedPostgres(pgdata)
+    postmaster = _postmaster(pgdata)
+    assert postmaster is not None and _handles(pgdata) == [os.getpid()]
+    (pgdata / ".engram_handles.json.partial").symlink_to("/dev/full")
+    server.stop()
+    assert _handles(pgdata) == []
+    assert not is_postmaster_of(postmaster, pgdata)
+    assert not (pgdata / ".engram_handles.json.partial").exists()
+
+
 def test_a_lock_file_naming_an_unrelated_process_is_stale(pgdata: Path) -> None:
     """After a reboot the PID in postmaster.pid may be anyone's: the service starts its server
     and never signals that process."""

@@ -105,6 +105,49 @@ def test_a_start_that_fails_after_the_database_started_stops_it(root: Path) -> N
     assert _server_processes(pgdata) == []
 
 
+def test_a_data_directory_the_server_cannot_start_on_is_one_line(root: Path) -> None:
+    """A data directory another PostgreSQL version made (or damaged files, no space): the
+    start printed the library's two error records holding the whole server log, then a
+    traceback, exit status 1. One line now, the server's own reason, status 2."""
+    pgdata = root / "data" / "pgdata"
+    env = clean_env(data_dir=str(root / "data"))
+    assert run(env, "migrate").returncode == 0
+    (pgdata / "PG_VERSION").write_text("16\n")
+    for command in (["migrate"], ["serve", "--port", str(free_port())]):
+        result = run(env, *command)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.splitlines() == [
+            f"engram: the embedded PostgreSQL in {pgdata.resolve()} did not start: FATAL: "
+            "database files are incompatible with server DETAIL: The data directory was "
+            "initialized by PostgreSQL version 16, which is not compatible with this version "
+            f"{_version(result.stderr)}. (its log: {pgdata.resolve()}/log)"
+        ], result.stderr
+        assert _server_processes(pgdata) == []
+
+
+def test_a_data_directory_initdb_refuses_is_one_line(root: Path) -> None:
+    """A `pgdata` folder holding someone else's files: initdb's own reason, which the library
+    only logged (with a traceback after it), is the line."""
+    pgdata = root / "data" / "pgdata"
+    pgdata.mkdir(parents=True)
+    (pgdata / "notes.txt").write_text("not a database\n")
+    result = run(clean_env(data_dir=str(root / "data")), "migrate")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(
+        f"engram: the embedded PostgreSQL in {pgdata.resolve()} did not start: initdb: error: "
+        f'directory "{pgdata.resolve()}" exists but is not empty'
+    ), line
+    assert (pgdata / "notes.txt").exists()
+
+
+def _version(said: str) -> str:
+    found = re.search(r"with this version ([\d.]+)\.", said)
+    return found[1] if found else "?"
+
+
 def test_serve_stopped_while_starting_leaves_no_server_running(root: Path) -> None:
     """SIGTERM (a process manager stopping the service) while the start waits on the embedding
     endpoint, the database started and migrated: the start is ended as Ctrl-C ends it, the

@@ -2,8 +2,10 @@
 lone surrogates in any string, node IDs naming nothing storable, deep JSON, several operations
 without operationName; and a database that cannot be reached answers 503 UNAVAILABLE."""
 
+import asyncio
 import base64
 import json
+import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +22,7 @@ from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.embeddings.static import StaticEmbedder
+from app.observability.logs import OutageInOneLine
 
 TOKEN = "test-input-safety-admin-token"
 HARNESS = {
@@ -349,6 +352,66 @@ async def test_a_read_only_database_answers_503_unavailable_from_a_resolver(
                     unavailable(await client.post("/graphql", json=create))
                 read = await client.post("/graphql", json={"query": "{ viewer { principal } }"})
                 assert read.json() == {"data": {"viewer": {"principal": "admin"}}}
+
+
+async def test_a_database_dropped_or_refusing_the_login_answers_503_unavailable(
+    pg_server, template_db, embedder: StaticEmbedder, caplog
+) -> None:
+    """operations.md's restore drops the database under a running `engram serve` and creates
+    it again: meanwhile (and while the service's role may not log in, its password changed
+    under it) each request was a 500 INTERNAL, and each attempt of the pool to reconnect
+    logged a traceback. The database cannot be used: 503 UNAVAILABLE, one line each."""
+    name = f"engram_dropped_{os.getpid()}"
+    role = f"engram_login_{os.getpid()}"
+    admin = await asyncpg.connect(pg_server.uri())
+    try:
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
+        async with database_copy(pg_server, template_db, name) as url:
+            settings = Settings(
+                database_url=url.replace("postgres:@", f"{role}:@", 1),
+                bootstrap_token=TOKEN,
+                search_maintenance_seconds=0,
+            )
+            assert role in settings.database_url.get_secret_value()
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            query = {"query": "{ viewer { principal } actions(first: 1) { nodes { name } } }"}
+            with serving(settings, embedder) as base:
+                async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
+                    assert (await client.post("/graphql", json=query)).json()["data"]["viewer"]
+                    await admin.execute(f'ALTER ROLE "{role}" NOLOGIN')
+                    await admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+                        role,
+                    )
+                    for _ in range(3):
+                        unavailable(await client.post("/graphql", json=query))
+                    await admin.execute(f'ALTER ROLE "{role}" LOGIN')
+                    assert (await client.post("/graphql", json=query)).json()["data"]["viewer"]
+                    caplog.clear()
+                    await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+                    for _ in range(3):
+                        unavailable(await client.post("/graphql", json=query))
+                    await wait_for_pool_retry(caplog)
+            # Each said in one line by the service's handler (OutageInOneLine), none an error.
+            logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            assert any(r.name == "asyncpg.pool" for r in logged)
+            assert [r.getMessage() for r in logged if r.levelno > logging.WARNING] == []
+            for record in logged:
+                OutageInOneLine().filter(record)
+                assert record.exc_info is None, record.getMessage()
+    finally:
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()
+
+
+async def wait_for_pool_retry(caplog) -> None:
+    """Until asyncpg's pool has logged an attempt to reconnect (1 s after the failure)."""
+    for _ in range(100):
+        if any(r.name == "asyncpg.pool" for r in caplog.records):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the pool logged no attempt to reconnect")
 
 
 async def test_in_process_execution_checks_variables_too(gql, admin) -> None:

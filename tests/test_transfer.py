@@ -522,6 +522,16 @@ async def many_records(state, admin, count: int) -> Any:
     return agent
 
 
+def test_cli_export_to_a_file_that_cannot_be_made_names_that_file(db_url, tmp_path):
+    """The line named the `.partial` file the export writes first, which the user never
+    asked for (`engram: /x/agent.jsonl.partial: No such file or directory`)."""
+    path = tmp_path / "no such folder" / "agent.jsonl"
+    agent = str(uuid.uuid4())
+    result = run(clean_env(database_url=db_url), "export", "--action", agent, "-o", str(path))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"engram: {path}: No such file or directory"]
+
+
 @pytest.mark.parametrize(
     ("sig", "status", "said", "ctrl_c"),
     [

