@@ -8,16 +8,19 @@ as a full disk does at the next page it extends (filling a real disk needs a mou
 import asyncio
 import logging
 import subprocess
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import asyncpg
 import httpx
 import pytest
-from factories import make_agent_id, memory_harness
+from factories import allow, full_memory, make_agent_id, memory_harness, token_for
+from mcp_support import mcp_session, mcp_url, result_json
 from servers import clean_env, engram_command
 
 from app.auth.caller import Caller
+from app.db.errors import is_out_of_resources, is_unavailable
 from app.observability.logs import OutageInOneLine
 from app.state import AppState
 
@@ -130,3 +133,53 @@ async def test_an_import_the_full_disk_refuses_says_so_in_one_line(
         "the batches stored stay; run the same import again"
     ), said
     assert await count(db_url, "actions") == 0
+
+
+async def test_a_tool_call_the_full_disk_refuses_is_told_so_and_recorded(
+    state: AppState, admin: Caller, db_url: str, base_url: str
+) -> None:
+    """A turn's work the full disk refuses (here an MCP tool call's record) was told "the
+    database became unavailable ... (restarting, or its connection was ended)", which no
+    operator looking for a full disk would read as one: the call's answer and its execution's
+    error say the database ran out of room."""
+    agent = await make_agent_id(state, admin, harness=full_memory())
+    token = await token_for(
+        state,
+        admin,
+        "out-of-space-runner",
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT", "INSERT", "UPDATE"], "financial.AgentMemory.*"),
+    )
+    told = (
+        "the database ran out of disk space or memory for the turn's work (logged by the "
+        "service), and rolled it back; retry the execution once the operator has made room"
+    )
+    async with (
+        disk_full(db_url, "agent_memories"),
+        mcp_session(mcp_url(base_url, agent), token) as session,
+    ):
+        result = await asyncio.wait_for(
+            session.call_tool("add_memory", {"summary": "tea", "kind": "fact"}), 30
+        )
+    assert result.is_error, result
+    assert result_json(result) == {"error": told}
+    conn = await asyncpg.connect(db_url)
+    try:
+        row = await conn.fetchrow(
+            "SELECT status, error FROM executions WHERE action_id = $1 AND kind = 'MCP'",
+            uuid.UUID(agent),
+        )
+    finally:
+        await conn.close()
+    assert (row["status"], row["error"]) == ("FAILED", told)
+    assert await count(db_url, "agent_memories") == 0
+
+
+def test_a_configured_limit_is_not_told_to_retry() -> None:
+    """53400 (a limit the operator set, such as temp_file_limit) is met again by the same work
+    at every retry: not unavailable, unlike the rest of class 53."""
+    limit = asyncpg.exceptions.ConfigurationLimitExceededError("temporary file size exceeds")
+    full = asyncpg.exceptions.DiskFullError(FULL)
+    assert (limit.sqlstate, full.sqlstate) == ("53400", "53100")
+    assert not is_unavailable(limit) and not is_out_of_resources(limit)
+    assert is_unavailable(full) and is_out_of_resources(full)

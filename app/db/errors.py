@@ -28,6 +28,9 @@ RETRY_AFTER_SECONDS = 5
 # database does not exist (dropped, as a restore does, until it is created again), and 28, its
 # role may not log in (a password changed, LOGIN revoked, pg_hba.conf).
 _STATES = ("08", "57P0", "53", "25006", "25P03", "3D000", "28")
+# But 53400, a limit the operator configured (temp_file_limit): the same work meets it again at
+# every retry, so it is not told to retry (an internal error, logged with its statement).
+CONFIGURED_LIMIT = "53400"
 
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
@@ -63,7 +66,8 @@ def is_unavailable(error: BaseException | None) -> bool:
     """True when `error` (or what caused it) says the database is down or not accepting work."""
     for cause in _causes(error):
         if isinstance(cause, asyncpg.PostgresError):
-            if (getattr(cause, "sqlstate", None) or "").startswith(_STATES):
+            state = getattr(cause, "sqlstate", None) or ""
+            if state.startswith(_STATES) and state != CONFIGURED_LIMIT:
                 return True
         elif isinstance(cause, asyncpg.InterfaceError):
             if "closed" in str(cause) or "closing" in str(cause) or is_lost(cause):
@@ -98,10 +102,11 @@ def is_conflict(error: BaseException | None) -> bool:
 
 def is_out_of_resources(error: BaseException | None) -> bool:
     """True when the server ran out of disk space, memory or another resource for the work
-    (SQLSTATE class 53 but 53300, too many connections) and rolled it back: unavailable, but
-    reached (a command says the database stopped its work, not that it went away)."""
+    (SQLSTATE class 53 but 53300, too many connections, and 53400, a configured limit) and
+    rolled it back: unavailable, but reached (a command says the database stopped its work,
+    not that it went away)."""
     state = _sqlstate(error) or ""
-    return state.startswith("53") and state != "53300"
+    return state.startswith("53") and state not in ("53300", CONFIGURED_LIMIT)
 
 
 def is_lock_timeout(error: BaseException | None) -> bool:

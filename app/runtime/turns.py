@@ -25,7 +25,12 @@ from app import fairness
 from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
-from app.db.errors import is_lock_timeout, is_statement_timeout, is_unavailable
+from app.db.errors import (
+    is_lock_timeout,
+    is_out_of_resources,
+    is_statement_timeout,
+    is_unavailable,
+)
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.executions import erasure_store, liveness_store, review_store, store
@@ -979,6 +984,11 @@ def _failure_message(error: BaseException) -> str:
         return (
             "the database did not finish the turn's work within ENGRAM_STATEMENT_TIMEOUT_SECONDS, "
             "and rolled it back; retry the execution"
+        )
+    if is_out_of_resources(error):
+        return (
+            "the database ran out of disk space or memory for the turn's work (logged by the "
+            "service), and rolled it back; retry the execution once the operator has made room"
         )
     if is_unavailable(error):
         # Its connection ended under it (a restart of the database, pg_terminate_backend, a
