@@ -315,6 +315,16 @@ class Settings(BaseSettings):
                 "holds '@' more than once before its host: write an '@' of the user name or "
                 "password as %40"
             )
+        for host in authority.rpartition("@")[2].split(","):
+            port = host.rpartition("]")[2] if host.startswith("[") else host
+            port = port.partition(":")[2]
+            if port and not port.isdigit():
+                # A '/' or '?' of a password ends the authority early: libpq then reads the
+                # password's first part as the host and its next as the port, and says them.
+                raise ValueError(
+                    "has a port that is not a number: write a '/' or '?' of the user name or "
+                    "password as %2F or %3F"
+                )
         return value
 
     @field_validator("data_dir", mode="before")

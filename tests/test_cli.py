@@ -390,6 +390,12 @@ PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
             {"database_url": "postgresql://engram:pa@s3cret@db/engram"},
             "ENGRAM_DATABASE_URL: holds '@' more than once before its host",
         ),
+        # A '/' of a password not percent-encoded: libpq read "u" as the host and "se" as the
+        # port, and the refusal to connect showed them ("... at u:se").
+        (
+            {"database_url": "postgresql://u:se/cret@127.0.0.1:1/db"},
+            "ENGRAM_DATABASE_URL: has a port that is not a number",
+        ),
         ({"bootstrap_token": " \n"}, "ENGRAM_BOOTSTRAP_TOKEN: is empty"),
         ({"bootstrap_token": "s3cret\udcff" * 6}, "ENGRAM_BOOTSTRAP_TOKEN: is not valid text"),
         ({"model_name": "gpt\udcff"}, "ENGRAM_MODEL_NAME: is not valid text"),
