@@ -328,6 +328,26 @@ async def test_a_malformed_id_fails_the_field_naming_its_place(state, admin, bas
         assert codes(post(base_url, token, NODE, id=bad)[1]) == ["BAD_REQUEST"]
 
 
+async def test_a_refusal_quotes_a_long_id_by_its_start_end_and_length(state, admin, base_url):
+    """A refusal repeated the ID it refused whole: an ID of 900,000 characters (as long as the request
+    may be) came back in each error's message. The IDs the service issues are still quoted
+    whole; a longer one by its start, its end and its length."""
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    huge = "A" * 900_000 + "?"
+    for query, variables in ((NODE, {"id": huge}), (NODES, {"ids": [huge]})):
+        status, body = post(base_url, token, query, **variables)
+        assert status == 200 and codes(body) == ["BAD_REQUEST"], body["errors"][0]["message"][:200]
+        message = body["errors"][0]["message"]
+        assert len(message) < 4100 and "(900,003 characters) is not a global ID" in message
+    # Well formed, naming nothing: NOT_FOUND from node, quoted whole (an ID as long as the
+    # longest the service issues, a session of 200 emoji).
+    session = "\U0001f600" * 200
+    missing = global_id("ActionSession", uuid.uuid4(), session)
+    status, body = post(base_url, token, NODE, id=missing)
+    assert codes(body) == ["NOT_FOUND"]
+    assert body["errors"][0]["message"] == f"no object has the ID {missing!r}"
+
+
 async def test_at_most_max_ids_at_once(state, admin, base_url):
     token = await token_for(state, admin, "ops", EVERYTHING)
     ids = await every_type(state, admin)

@@ -12,7 +12,8 @@ from typing import Any
 
 from app.errors import BadInput, DomainError, NotFound
 from app.graphql.context import Info
-from app.graphql.relay import MAX_PAGE, parse_global_id
+from app.graphql.relay import ID_SHOWN, MAX_PAGE, parse_global_id
+from app.text import shown
 
 # The most IDs one `nodes` call reads: a page's worth (MAX_PAGE), as many as a page can return
 # and as searchMemories' `ids` take, so that the IDs of any page refetch in one call.
@@ -51,7 +52,7 @@ def _parsed(id: str) -> tuple[NodeType, Hashable] | None:
 async def resolve_node(info: Info, id: str) -> Any:
     found = await _load(info, _parsed(id))
     if found is None:
-        raise NotFound(f"no object has the ID {id!r}")
+        raise NotFound(f"no object has the ID {shown(id, ID_SHOWN)}")
     return found
 
 

@@ -15,7 +15,7 @@ from app.db import cursors
 from app.db.cursors import INT4_MAX, BoundKeyset, Keyset
 from app.errors import BadInput
 from app.graphql.enums import graphql_enum
-from app.text import is_storable
+from app.text import is_storable, shown
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -42,6 +42,12 @@ AFTER = Annotated[
 ]
 
 
+# How much of a wrong ID a refusal quotes: every ID this service issues whole (the longest, of
+# a session ID of 200 emoji written as JSON escapes, about 3,300 characters), a longer value
+# (as long as its request) by its start, end and length.
+ID_SHOWN = 4000
+
+
 def global_id(type_name: str, *key: object) -> strawberry.ID:
     # The JSON list of the parts as text, as json.dumps writes it (a page writes one per item).
     raw = "[" + ",".join([quoted(type_name), *[quoted(str(k)) for k in key]]) + "]"
@@ -53,14 +59,14 @@ def parse_global_id(value: str) -> tuple[str, list[str]]:
         raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
         decoded = json.loads(raw)
     except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
-        raise BadInput(f"{value!r} is not a global ID") from None
+        raise BadInput(f"{shown(value, ID_SHOWN)} is not a global ID") from None
     if (
         not isinstance(decoded, list)
         or len(decoded) < 2
         or not all(isinstance(p, str) and is_storable(p) for p in decoded)
     ):
         # A NUL or a lone surrogate names nothing stored, and must not reach the driver.
-        raise BadInput(f"{value!r} is not a global ID")
+        raise BadInput(f"{shown(value, ID_SHOWN)} is not a global ID")
     return decoded[0], decoded[1:]
 
 
@@ -76,7 +82,7 @@ def parse_uuid(value: str, what: str = "ID") -> UUID:
     try:
         return UUID(value)
     except ValueError:
-        raise BadInput(f"{value!r} is not a valid {what}") from None
+        raise BadInput(f"{shown(value, ID_SHOWN)} is not a valid {what}") from None
 
 
 @strawberry.interface(description="An object with a global identifier.")
