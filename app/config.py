@@ -316,6 +316,8 @@ class Settings(BaseSettings):
                 "password as %40"
             )
         for host in authority.rpartition("@")[2].split(","):
+            if host.startswith("[") and "]" not in host:
+                continue  # an IPv6 address left open: libpq's own refusal says so
             port = host.rpartition("]")[2] if host.startswith("[") else host
             port = port.partition(":")[2]
             if port and not port.isdigit():
