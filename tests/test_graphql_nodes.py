@@ -329,9 +329,9 @@ async def test_a_malformed_id_fails_the_field_naming_its_place(state, admin, bas
 
 
 async def test_a_refusal_quotes_a_long_id_by_its_start_end_and_length(state, admin, base_url):
-    """A refusal repeated the ID it refused whole: an ID of 900,000 characters (as long as the request
-    may be) came back in each error's message. The IDs the service issues are still quoted
-    whole; a longer one by its start, its end and its length."""
+    """A refusal repeated the ID it refused whole: an ID of 900,000 characters (as long as the
+    request may be) came back in each error's message. The IDs the service issues are still
+    quoted whole; a longer one by its start, its end and its length."""
     token = await token_for(state, admin, "ops", EVERYTHING)
     huge = "A" * 900_000 + "?"
     for query, variables in ((NODE, {"id": huge}), (NODES, {"ids": [huge]})):
