@@ -18,19 +18,22 @@ class MigrationFailed(Exception):
 # Seconds a client is told to wait (Retry-After) when the database is unavailable.
 RETRY_AFTER_SECONDS = 5
 
+# The SQLSTATEs of class 53 a server that ran out of disk space or memory (its locks' shared
+# memory included) rolls the work back with: 53000, 53100 disk full, 53200 out of memory. Not
+# 53300, too many connections (the server is not reached), nor 53400, a limit the operator
+# configured (temp_file_limit), which the same work meets again at every retry: an internal
+# error, logged with its statement.
+_OUT_OF_RESOURCES = ("53000", "53100", "53200")
+
 # SQLSTATE classes and codes of a server that is down, restarting, in recovery, full, or a
 # standby: 08 connection exceptions, 57P01-57P05 (shutdown, crash, cannot connect now, database
-# dropped, idle timeout), 53 out of a resource (53300 too many connections; 53100 disk full,
-# 53200 out of memory, locks' shared memory included: `is_out_of_resources`), 25006 read-only
-# transaction; and 25P03, a
-# session the server ended for idling in its transaction past its bound (a stalled process).
+# dropped, idle timeout), 53300 too many connections and the server out of a resource
+# (`_OUT_OF_RESOURCES`), 25006 read-only transaction; and 25P03, a session the server ended for
+# idling in its transaction past its bound (a stalled process).
 # And a server that lets the service in no more, which only a new connection meets: 3D000, its
 # database does not exist (dropped, as a restore does, until it is created again), and 28, its
 # role may not log in (a password changed, LOGIN revoked, pg_hba.conf).
-_STATES = ("08", "57P0", "53", "25006", "25P03", "3D000", "28")
-# But 53400, a limit the operator configured (temp_file_limit): the same work meets it again at
-# every retry, so it is not told to retry (an internal error, logged with its statement).
-CONFIGURED_LIMIT = "53400"
+_STATES = ("08", "57P0", "53300", *_OUT_OF_RESOURCES, "25006", "25P03", "3D000", "28")
 
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
@@ -66,8 +69,7 @@ def is_unavailable(error: BaseException | None) -> bool:
     """True when `error` (or what caused it) says the database is down or not accepting work."""
     for cause in _causes(error):
         if isinstance(cause, asyncpg.PostgresError):
-            state = getattr(cause, "sqlstate", None) or ""
-            if state.startswith(_STATES) and state != CONFIGURED_LIMIT:
+            if (getattr(cause, "sqlstate", None) or "").startswith(_STATES):
                 return True
         elif isinstance(cause, asyncpg.InterfaceError):
             if "closed" in str(cause) or "closing" in str(cause) or is_lost(cause):
@@ -101,12 +103,10 @@ def is_conflict(error: BaseException | None) -> bool:
 
 
 def is_out_of_resources(error: BaseException | None) -> bool:
-    """True when the server ran out of disk space, memory or another resource for the work
-    (SQLSTATE class 53 but 53300, too many connections, and 53400, a configured limit) and
-    rolled it back: unavailable, but reached (a command says the database stopped its work,
-    not that it went away)."""
-    state = _sqlstate(error) or ""
-    return state.startswith("53") and state not in ("53300", CONFIGURED_LIMIT)
+    """True when the server ran out of disk space or memory for the work and rolled it back
+    (`_OUT_OF_RESOURCES`): unavailable, but reached (a command says the database stopped its
+    work, not that it went away)."""
+    return _sqlstate(error) in _OUT_OF_RESOURCES
 
 
 def is_lock_timeout(error: BaseException | None) -> bool:
