@@ -11,7 +11,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -293,7 +293,6 @@ _REEMBED_AGAIN = (
 
 
 def _reembed(settings: Settings, args: argparse.Namespace) -> int:
-    import asyncio
 
     import asyncpg
 
@@ -301,7 +300,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
     from app.embeddings.reembed import ReembedBusy
 
     try:
-        result = asyncio.run(_reembed_database(settings, args.batch_size))
+        result = _run(_reembed_database(settings, args.batch_size))
     except (EmbedderUnavailable, ReembedBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -345,7 +344,6 @@ def _index_builds(settings: Settings, pool: Any) -> Any:
 
 
 def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
-    import asyncio
     import time
 
     from app.memory.maintenance import reorder, run_round
@@ -374,7 +372,7 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
                 max_sessions=settings.history_index_max_sessions,
             )
 
-    done = asyncio.run(work())
+    done = _run(work())
     if done is None:
         print("error: another process is maintaining search; try again", file=sys.stderr)
         return 2
@@ -456,7 +454,6 @@ def _account_id(value: str | None) -> UUID | None:
 
 
 def _client(settings: Settings, args: argparse.Namespace) -> int:
-    import asyncio
     import json
 
     from app.auth import service
@@ -514,12 +511,11 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
                 f"{e} in the default account: a client of another account needs --account ID"
             ) from None
 
-    print(json.dumps(asyncio.run(_as_admin(settings, told)), indent=2))
+    print(json.dumps(_run(_as_admin(settings, told)), indent=2))
     return 0
 
 
 def _account(settings: Settings, args: argparse.Namespace) -> int:
-    import asyncio
     import json
 
     from app.auth import service
@@ -528,7 +524,7 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
         account_id = await service.create_account(pool, caller, name=args.name)
         return {"accountId": str(account_id), "name": args.name.strip()}
 
-    print(json.dumps(asyncio.run(_as_admin(settings, work)), indent=2))
+    print(json.dumps(_run(_as_admin(settings, work)), indent=2))
     return 0
 
 
@@ -547,7 +543,6 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
 def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Awaitable[T]]) -> T:
     """Runs `work(pool, account_id=...)` on the migrated database, in `account` or else the default
     account (export and import need no admin token)."""
-    import asyncio
     import logging
 
     from app.auth.service import ensure_default_account
@@ -562,7 +557,7 @@ def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Aw
                     account_id = await ensure_default_account(conn)
             return await work(pool, account_id=account_id)
 
-    return asyncio.run(run())
+    return _run(run())
 
 
 @contextmanager
@@ -1103,6 +1098,45 @@ def _database_stopped(error: BaseException) -> bool:
         or is_statement_timeout(error)
         or is_out_of_resources(error)
     )
+
+
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(work)`, SIGTERM cancelling the work from the event loop as asyncio.run's
+    Ctrl-C does, once; `main` then says the command was stopped by it. `_Termination` alone
+    raised a KeyboardInterrupt wherever the main thread was when Ctrl-C is ignored (a command a
+    shell started in the background): inside the loop's own code it left the command hanging
+    as the loop closed, or killed by SIGSEGV, its partial file left behind."""
+    import asyncio
+
+    terminate = signal.getsignal(signal.SIGTERM)
+    if not isinstance(terminate, _Termination):  # not `main`'s (a test calling a command)
+        return asyncio.run(work)
+    task: asyncio.Task[T] | None = None
+
+    def cancel() -> None:
+        if not terminate.came:  # a second SIGTERM changes nothing
+            terminate.came = True
+            if task is not None:
+                task.cancel()
+
+    async def cancellable() -> T:
+        nonlocal task
+        task = asyncio.current_task()
+        if terminate.came:  # before the work began
+            work.close()
+            raise asyncio.CancelledError
+        return await work
+
+    try:
+        with asyncio.Runner() as runner:
+            runner.get_loop().add_signal_handler(signal.SIGTERM, cancel)
+            return runner.run(cancellable())
+    except asyncio.CancelledError:
+        if not terminate.came:
+            raise
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGTERM, terminate)  # the loop put back the default as it closed
 
 
 class _Termination:
