@@ -1101,23 +1101,24 @@ def _database_stopped(error: BaseException) -> bool:
 
 
 def _run(work: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(work)`, SIGTERM cancelling the work from the event loop as asyncio.run's
-    Ctrl-C does, once; `main` then says the command was stopped by it. `_Termination` alone
-    raised a KeyboardInterrupt wherever the main thread was when Ctrl-C is ignored (a command a
-    shell started in the background): inside the loop's own code it left the command hanging
-    as the loop closed, or killed by SIGSEGV, its partial file left behind."""
+    """`asyncio.run(work)`, a SIGTERM cancelling the work as asyncio.run's Ctrl-C does (once);
+    `main` then says the command was stopped by it. `_Termination` raised a KeyboardInterrupt
+    wherever the main thread was when Ctrl-C is ignored (a command a shell started in the
+    background): inside the loop's own code it left the command hanging as the loop closed, or
+    killed by SIGSEGV, its partial file left behind; and one while the loop was made left it
+    half made ("Exception ignored" on stderr at exit)."""
     import asyncio
 
     terminate = signal.getsignal(signal.SIGTERM)
     if not isinstance(terminate, _Termination):  # not `main`'s (a test calling a command)
         return asyncio.run(work)
     task: asyncio.Task[T] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
-    def cancel() -> None:
-        if not terminate.came:  # a second SIGTERM changes nothing
-            terminate.came = True
-            if task is not None:
-                task.cancel()
+    def cancel() -> None:  # in the main thread, as asyncio.run's Ctrl-C handler
+        if task is not None and loop is not None and not task.done():
+            task.cancel()
+            loop.call_soon_threadsafe(lambda: None)  # wakes the loop from its wait
 
     async def cancellable() -> T:
         nonlocal task
@@ -1127,27 +1128,38 @@ def _run(work: Coroutine[Any, Any, T]) -> T:
             raise asyncio.CancelledError
         return await work
 
+    terminate.cancel = cancel
     try:
         with asyncio.Runner() as runner:
-            runner.get_loop().add_signal_handler(signal.SIGTERM, cancel)
-            return runner.run(cancellable())
+            loop = runner.get_loop()
+            done = runner.run(cancellable())
     except asyncio.CancelledError:
         if not terminate.came:
             raise
         raise KeyboardInterrupt from None
     finally:
-        signal.signal(signal.SIGTERM, terminate)  # the loop put back the default as it closed
+        terminate.cancel = None
+    if terminate.came:  # as the loop closed: stopped all the same, the result unused
+        raise KeyboardInterrupt
+    return done
 
 
 class _Termination:
     """SIGTERM handled as Ctrl-C: the work is cancelled and what it opened closed (a partial
     export file removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill
-    the process and leave them. `came`: it was received."""
+    the process and leave them. `came`: it was received. `cancel`: what cancels the work of the
+    command's event loop, while it runs (`_run`)."""
 
     def __init__(self) -> None:
         self.came = False
+        self.cancel: Callable[[], None] | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
+        if self.cancel is not None:
+            if not self.came:  # a second SIGTERM changes nothing
+                self.came = True
+                self.cancel()
+            return
         self.came = True
         interrupt = signal.getsignal(signal.SIGINT)
         if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)

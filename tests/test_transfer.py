@@ -576,6 +576,49 @@ async def test_cli_export_stopped_part_way_leaves_no_file_and_says_so(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]
 
 
+# Python run with this sitecustomize sends itself SIGTERM as an event loop is made (before
+# its self-pipe, where one stopped half made printed "Exception ignored ... no attribute
+# '_ssock'" at exit), or just after one closed (which puts back SIGTERM's default: the export
+# was killed without a word, its .partial file left).
+_SIGTERM_AT = {
+    "made": "from asyncio.selector_events import BaseSelectorEventLoop as Loop\n"
+    "made = Loop._make_self_pipe\n"
+    "def _make_self_pipe(self):\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    made(self)\n"
+    "Loop._make_self_pipe = _make_self_pipe\n",
+    "closed": "from asyncio.unix_events import _UnixSelectorEventLoop as Loop\n"
+    "closed = Loop.close\n"
+    "def close(self):\n"
+    "    closed(self)\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "Loop.close = close\n",
+}
+
+
+@pytest.mark.parametrize("moment", sorted(_SIGTERM_AT))
+async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_says_so(
+    state, admin, db_url, tmp_path, moment
+):
+    agent = await make_agent(state, admin)
+    (tmp_path / "sitecustomize.py").write_text(f"import os, signal\n{_SIGTERM_AT[moment]}")
+    path = tmp_path / "out" / "agent.jsonl"
+    path.parent.mkdir()
+    path.write_text("an earlier export\n")
+    env = clean_env(database_url=db_url)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = await asyncio.to_thread(
+        run, env, "export", "--action", str(agent.action_id), "-o", str(path)
+    )
+    assert result.returncode == 143, result.stderr
+    assert result.stderr.splitlines() == [
+        "engram export stopped by SIGTERM: no file was written (a file already there is as it "
+        "was); what went to standard output is cut short, and an import refuses it as such"
+    ], result.stderr
+    assert path.read_text() == "an earlier export\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
+
+
 async def test_an_export_cut_in_a_line_is_refused_by_that_line(state, admin, second, tmp_path):
     # As an export to standard output stopped part way (a full disk, a reader gone) leaves it.
     agent = await build_agent(state, admin)
