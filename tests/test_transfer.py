@@ -633,6 +633,28 @@ async def test_an_export_cut_in_a_line_is_refused_by_that_line(state, admin, sec
     assert set((await table_counts(second)).values()) == {0}
 
 
+async def test_an_export_cut_in_its_header_is_refused_as_cut_short(state, admin, second, tmp_path):
+    """It was told as a file of another kind ("its first line is not an export header")."""
+    agent = await build_agent(state, admin)
+    head = (await exported(state, admin, agent))[0]
+    env = clean_env(database_url=second.settings.database_url_value())
+    for cut in (head[:20], head[: len(head) // 2], head[:-1]):
+        short = tmp_path / "short.jsonl"
+        short.write_text(cut)
+        refused = run(env, "import", str(short))
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.strip().splitlines()[-1] == (
+            "error (BAD_REQUEST): line 1, the export's header, is not JSON: the file is damaged "
+            "or cut short"
+        ), cut
+    short.write_text('{"type": "notes"}\n')
+    other = run(env, "import", str(short))
+    assert other.stderr.strip().splitlines()[-1] == (
+        "error (BAD_REQUEST): this is not an Engram export: its first line is not an export header"
+    )
+    assert set((await table_counts(second)).values()) == {0}
+
+
 async def test_cli_export_writes_through_a_link_and_into_a_fifo(state, admin, db_url, tmp_path):
     # A link stays a link, its file replaced; a FIFO (as /dev/stdout can be) is written into:
     # neither becomes a file of that name.

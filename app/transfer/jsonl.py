@@ -51,6 +51,12 @@ def header(line: str | None) -> dict[str, Any]:
     try:
         header = json.loads(line) if line else None
     except ValueError:
+        # The start of an export's header (as `export_action` writes it), cut short: said as
+        # such, not as a file of another kind.
+        if line is not None and (line.startswith('{"type": "header"') or f'"{FORMAT}"' in line):
+            raise BadInput(
+                "line 1, the export's header, is not JSON: the file is damaged or cut short"
+            ) from None
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise BadInput("this is not an Engram export: its first line is not an export header")
