@@ -300,7 +300,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
     from app.embeddings.reembed import ReembedBusy
 
     try:
-        result = _run(_reembed_database(settings, args.batch_size))
+        result = _run(partial(_reembed_database, settings, args.batch_size))
     except (EmbedderUnavailable, ReembedBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -372,7 +372,7 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
                 max_sessions=settings.history_index_max_sessions,
             )
 
-    done = _run(work())
+    done = _run(work)
     if done is None:
         print("error: another process is maintaining search; try again", file=sys.stderr)
         return 2
@@ -511,7 +511,7 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
                 f"{e} in the default account: a client of another account needs --account ID"
             ) from None
 
-    print(json.dumps(_run(_as_admin(settings, told)), indent=2))
+    print(json.dumps(_run(partial(_as_admin, settings, told)), indent=2))
     return 0
 
 
@@ -524,7 +524,7 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
         account_id = await service.create_account(pool, caller, name=args.name)
         return {"accountId": str(account_id), "name": args.name.strip()}
 
-    print(json.dumps(_run(_as_admin(settings, work)), indent=2))
+    print(json.dumps(_run(partial(_as_admin, settings, work)), indent=2))
     return 0
 
 
@@ -557,7 +557,7 @@ def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Aw
                     account_id = await ensure_default_account(conn)
             return await work(pool, account_id=account_id)
 
-    return _run(run())
+    return _run(run)
 
 
 @contextmanager
@@ -591,6 +591,23 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
         os.replace(partial_file, target)
     finally:
         partial_file.unlink(missing_ok=True)
+
+
+@contextmanager
+def _seekable(given: IO[str]) -> Iterator[IO[str]]:
+    """`given`, or a temporary copy of what it holds when it cannot seek (standard input from a
+    pipe), which the import reads twice. Copied here, before the work's event loop: copied in
+    it, a writer that stalled kept the import waiting past SIGTERM (the loop cancels its work
+    at its next wait, which a read that does not return never reaches)."""
+    import tempfile
+
+    if given.seekable():
+        yield given
+        return
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as copy:
+        copy.writelines(given)
+        copy.seek(0)
+        yield copy
 
 
 class _Output:
@@ -693,7 +710,7 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         return result
 
     try:
-        with _file_or_std(args.file, "r") as lines:
+        with _file_or_std(args.file, "r") as given, _seekable(given) as lines:
             result = _in_account(settings, account, partial(work, lines=lines))
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
@@ -1100,18 +1117,19 @@ def _database_stopped(error: BaseException) -> bool:
     )
 
 
-def _run(work: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(work)`, a SIGTERM cancelling the work as asyncio.run's Ctrl-C does (once);
+def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`asyncio.run(work())`, a SIGTERM cancelling the work as asyncio.run's Ctrl-C does;
     `main` then says the command was stopped by it. `_Termination` raised a KeyboardInterrupt
     wherever the main thread was when Ctrl-C is ignored (a command a shell started in the
     background): inside the loop's own code it left the command hanging as the loop closed, or
     killed by SIGSEGV, its partial file left behind; and one while the loop was made left it
-    half made ("Exception ignored" on stderr at exit)."""
+    half made ("Exception ignored" on stderr at exit). The work is made in the loop, so that no
+    signal finds it made and never run ("coroutine ... was never awaited")."""
     import asyncio
 
     terminate = signal.getsignal(signal.SIGTERM)
     if not isinstance(terminate, _Termination):  # not `main`'s (a test calling a command)
-        return asyncio.run(work)
+        return asyncio.run(work())
     task: asyncio.Task[T] | None = None
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -1124,9 +1142,8 @@ def _run(work: Coroutine[Any, Any, T]) -> T:
         nonlocal task
         task = asyncio.current_task()
         if terminate.came:  # before the work began
-            work.close()
             raise asyncio.CancelledError
-        return await work
+        return await work()
 
     terminate.cancel = cancel
     try:
@@ -1155,12 +1172,12 @@ class _Termination:
         self.cancel: Callable[[], None] | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
-        if self.cancel is not None:
-            if not self.came:  # a second SIGTERM changes nothing
-                self.came = True
-                self.cancel()
+        if self.came:  # a second SIGTERM changes nothing (nor cuts the first one's cleanup)
             return
         self.came = True
+        if self.cancel is not None:
+            self.cancel()
+            return
         interrupt = signal.getsignal(signal.SIGINT)
         if callable(interrupt):  # Python's, or asyncio.run's (which cancels its task)
             interrupt(signal.SIGINT, frame)

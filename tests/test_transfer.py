@@ -1,6 +1,7 @@
 """`engram export` / `engram import`: an agent read back identical in another database."""
 
 import asyncio
+import fcntl
 import io
 import itertools
 import json
@@ -10,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import termios
 import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
@@ -593,12 +595,33 @@ _SIGTERM_AT = {
     "    closed(self)\n"
     "    os.kill(os.getpid(), signal.SIGTERM)\n"
     "Loop.close = close\n",
+    # As `made`, and again as the export removes its .partial file: a second SIGTERM raised a
+    # KeyboardInterrupt in the first one's cleanup, which left the file (and a traceback).
+    "twice": "from asyncio.selector_events import BaseSelectorEventLoop as Loop\n"
+    "import pathlib\n"
+    "made = Loop._make_self_pipe\n"
+    "def _make_self_pipe(self):\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    made(self)\n"
+    "Loop._make_self_pipe = _make_self_pipe\n"
+    "unlink = pathlib.Path.unlink\n"
+    "def removed(self, *args, **kwargs):\n"
+    "    if self.name.endswith('.partial'):\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    unlink(self, *args, **kwargs)\n"
+    "pathlib.Path.unlink = removed\n",
 }
 
 
+# Ctrl-C as the shell leaves it: default in a terminal, ignored for a command it started in
+# the background.
+CTRL_C = pytest.mark.parametrize("ctrl_c", [signal.SIG_DFL, signal.SIG_IGN], ids=["fg", "bg"])
+
+
+@CTRL_C
 @pytest.mark.parametrize("moment", sorted(_SIGTERM_AT))
-async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_says_so(
-    state, admin, db_url, tmp_path, moment
+async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_says_so(
+    state, admin, db_url, tmp_path, moment, ctrl_c
 ):
     agent = await make_agent(state, admin)
     (tmp_path / "sitecustomize.py").write_text(f"import os, signal\n{_SIGTERM_AT[moment]}")
@@ -608,7 +631,13 @@ async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_says_so(
     env = clean_env(database_url=db_url)
     env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
     result = await asyncio.to_thread(
-        run, env, "export", "--action", str(agent.action_id), "-o", str(path)
+        subprocess.run,
+        [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
     )
     assert result.returncode == 143, result.stderr
     assert result.stderr.splitlines() == [
@@ -617,6 +646,43 @@ async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_says_so(
     ], result.stderr
     assert path.read_text() == "an earlier export\n"
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
+
+
+@CTRL_C
+async def test_cli_import_waiting_on_a_stalled_pipe_is_stopped_by_sigterm(db_url, ctrl_c):
+    """Standard input from a pipe is copied (the import reads it twice): copied inside the
+    event loop, a writer that stalled kept the import waiting past SIGTERM, whose cancelling of
+    the work waits for the loop's next turn, which a read that does not return never reaches."""
+    read, write = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *engram_command(),
+            "import",
+            "-",
+            env=clean_env(database_url=db_url),
+            stdin=read,
+            stdout=PIPE,
+            stderr=PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
+        )
+        os.write(write, b'{"type": "header", "format": "engram-export"')  # and nothing more
+        # Until the import has read it: then it waits on the pipe for the rest.
+        while int.from_bytes(fcntl.ioctl(write, termios.FIONREAD, b"\0" * 4), "little"):
+            assert proc.returncode is None, await proc.communicate()
+            await asyncio.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+        except TimeoutError:
+            proc.kill()
+            raise AssertionError("SIGTERM left the import waiting on its input") from None
+    finally:
+        os.close(read)
+        os.close(write)
+    assert proc.returncode == 143, err.decode()
+    assert err.decode().splitlines() == [
+        f"engram import stopped by SIGTERM: {cli._INTERRUPTED['import']}"
+    ], err.decode()
 
 
 async def test_an_export_cut_in_a_line_is_refused_by_that_line(state, admin, second, tmp_path):
