@@ -1118,25 +1118,40 @@ def _database_stopped(error: BaseException) -> bool:
 
 
 def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """`asyncio.run(work())`, a SIGTERM cancelling the work as asyncio.run's Ctrl-C does;
-    `main` then says the command was stopped by it. `_Termination` raised a KeyboardInterrupt
-    wherever the main thread was when Ctrl-C is ignored (a command a shell started in the
-    background): inside the loop's own code it left the command hanging as the loop closed, or
-    killed by SIGSEGV, its partial file left behind; and one while the loop was made left it
-    half made ("Exception ignored" on stderr at exit). The work is made in the loop, so that no
-    signal finds it made and never run ("coroutine ... was never awaited")."""
+    """`asyncio.run(work())`, a SIGTERM cancelling the work as asyncio.run's Ctrl-C does (a
+    second one stops it where it is held, should the loop not have turned for a second since,
+    as a second Ctrl-C does); `main` then says the command was stopped by it. `_Termination`
+    raised a KeyboardInterrupt wherever the main thread was when Ctrl-C is ignored (a command a
+    shell started in the background): inside the loop's own code it left the command hanging as
+    the loop closed, or killed by SIGSEGV, its partial file left behind; and one while the loop
+    was made left it half made ("Exception ignored" on stderr at exit). The work is made in the
+    loop, so that no signal finds it made and never run ("coroutine ... was never awaited")."""
     import asyncio
 
     terminate = signal.getsignal(signal.SIGTERM)
     if not isinstance(terminate, _Termination):  # not `main`'s (a test calling a command)
         return asyncio.run(work())
+    import time
+
     task: asyncio.Task[T] | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    cancelled: float | None = None  # when the work was cancelled, until the loop turned since
+
+    def turned() -> None:
+        nonlocal cancelled
+        cancelled = None
 
     def cancel() -> None:  # in the main thread, as asyncio.run's Ctrl-C handler
+        nonlocal cancelled
         if task is not None and loop is not None and not task.done():
             task.cancel()
-            loop.call_soon_threadsafe(lambda: None)  # wakes the loop from its wait
+            cancelled = time.monotonic()
+            loop.call_soon_threadsafe(turned)  # wakes the loop from its wait
+
+    def stuck() -> bool:
+        """The loop has not turned for a second since the work was cancelled: its thread is
+        held in a call (a write to a pipe nobody reads), which the cancel cannot reach."""
+        return cancelled is not None and time.monotonic() - cancelled >= 1
 
     async def cancellable() -> T:
         nonlocal task
@@ -1145,7 +1160,7 @@ def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
             raise asyncio.CancelledError
         return await work()
 
-    terminate.cancel = cancel
+    terminate.cancel, terminate.stuck = cancel, stuck
     try:
         with asyncio.Runner() as runner:
             loop = runner.get_loop()
@@ -1155,7 +1170,7 @@ def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
             raise
         raise KeyboardInterrupt from None
     finally:
-        terminate.cancel = None
+        terminate.cancel = terminate.stuck = None
     if terminate.came:  # as the loop closed: stopped all the same, the result unused
         raise KeyboardInterrupt
     return done
@@ -1165,14 +1180,17 @@ class _Termination:
     """SIGTERM handled as Ctrl-C: the work is cancelled and what it opened closed (a partial
     export file removed, the embedded PostgreSQL stopped), where SIGTERM's default would kill
     the process and leave them. `came`: it was received. `cancel`: what cancels the work of the
-    command's event loop, while it runs (`_run`)."""
+    command's event loop, while it runs (`_run`); `stuck`: whether that cancel cannot reach it."""
 
     def __init__(self) -> None:
         self.came = False
         self.cancel: Callable[[], None] | None = None
+        self.stuck: Callable[[], bool] | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
-        if self.came:  # a second SIGTERM changes nothing (nor cuts the first one's cleanup)
+        if self.came:  # a second SIGTERM changes nothing (nor cuts the first one's cleanup)...
+            if self.stuck is not None and self.stuck():
+                raise KeyboardInterrupt  # ...unless the first one's cancel cannot reach the work
             return
         self.came = True
         if self.cancel is not None:

@@ -16,6 +16,7 @@ import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -682,6 +683,52 @@ async def test_cli_import_waiting_on_a_stalled_pipe_is_stopped_by_sigterm(db_url
     assert proc.returncode == 143, err.decode()
     assert err.decode().splitlines() == [
         f"engram import stopped by SIGTERM: {cli._INTERRUPTED['import']}"
+    ], err.decode()
+
+
+@CTRL_C
+async def test_cli_export_to_a_pipe_nobody_reads_is_stopped_by_a_second_sigterm(
+    state, admin, db_url, ctrl_c
+):
+    """Held in a write to a full pipe, the export's loop cannot turn, so the first SIGTERM's
+    cancel never reaches the work; a second one stopped nothing either (a reader left waiting,
+    a pipeline whose SIGTERM went to the export alone): only SIGKILL ended it."""
+    agent = await many_records(state, admin, 200)
+    read, write = os.pipe()
+    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, 4096)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *engram_command(),
+            "export",
+            "--action",
+            str(agent.action_id),
+            env=clean_env(database_url=db_url),
+            stdout=write,
+            stderr=PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
+        )
+        os.close(write)
+        write = -1
+        # Until the pipe is full: the export waits in the kernel to write the rest.
+        wchan = Path(f"/proc/{proc.pid}/wchan")
+        while "pipe_write" not in wchan.read_text():
+            assert proc.returncode is None, await proc.communicate()
+            await asyncio.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+        except TimeoutError:
+            proc.kill()
+            raise AssertionError("a second SIGTERM left the export held in its write") from None
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
+    assert proc.returncode == 143, err.decode()
+    assert err.decode().splitlines() == [
+        f"engram export stopped by SIGTERM: {cli._INTERRUPTED['export']}"
     ], err.decode()
 
 
