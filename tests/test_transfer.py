@@ -711,9 +711,15 @@ async def test_cli_export_to_a_pipe_nobody_reads_is_stopped_by_a_second_sigterm(
         write = -1
         # Until the pipe is full: the export waits in the kernel to write the rest.
         wchan = Path(f"/proc/{proc.pid}/wchan")
-        while "pipe_write" not in wchan.read_text():
+        for _ in range(6000):
+            if "pipe_write" in wchan.read_text():
+                break
             assert proc.returncode is None, await proc.communicate()
             await asyncio.sleep(0.01)
+        else:
+            said = wchan.read_text()
+            proc.kill()
+            raise AssertionError(f"the export never waited to write ({wchan}: {said})")
         proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(1.5)
         proc.send_signal(signal.SIGTERM)
