@@ -293,7 +293,6 @@ _REEMBED_AGAIN = (
 
 
 def _reembed(settings: Settings, args: argparse.Namespace) -> int:
-
     import asyncpg
 
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
@@ -593,23 +592,6 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
         partial_file.unlink(missing_ok=True)
 
 
-@contextmanager
-def _seekable(given: IO[str]) -> Iterator[IO[str]]:
-    """`given`, or a temporary copy of what it holds when it cannot seek (standard input from a
-    pipe), which the import reads twice. Copied here, before the work's event loop: copied in
-    it, a writer that stalled kept the import waiting past SIGTERM (the loop cancels its work
-    at its next wait, which a read that does not return never reaches)."""
-    import tempfile
-
-    if given.seekable():
-        yield given
-        return
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as copy:
-        copy.writelines(given)
-        copy.seek(0)
-        yield copy
-
-
 class _Output:
     """The export's output, which remembers the error of a write that failed (a full disk) so
     that it is told as the output's, not as one of the database's (both are OSErrors)."""
@@ -688,7 +670,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
 def _import(settings: Settings, args: argparse.Namespace) -> int:
     from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
     from app.embeddings.setup import EmbeddingModelMismatch, open_embedder
-    from app.transfer.service import ImportResult, import_file
+    from app.transfer.service import ImportResult, import_file, seekable
 
     account = _account_id(args.account)
 
@@ -710,7 +692,11 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         return result
 
     try:
-        with _file_or_std(args.file, "r") as given, _seekable(given) as lines:
+        # Standard input from a pipe copied here, before the work's event loop: copied in it
+        # (`import_file` would), a writer that stalled kept the import waiting past SIGTERM
+        # (the loop cancels its work at its next wait, which a read that does not return never
+        # reaches).
+        with _file_or_std(args.file, "r") as given, seekable(given) as lines:
             result = _in_account(settings, account, partial(work, lines=lines))
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)

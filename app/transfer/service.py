@@ -237,16 +237,26 @@ async def import_file(
 
 @contextmanager
 def _rereadable(lines: Iterable[str]) -> Iterator[Callable[[], Iterator[str]]]:
-    """`lines` to read from their start more than once: a list as it is, a file that can seek
-    from where it stood, any other stream from a temporary copy."""
+    """`lines` to read from their start more than once: a list as it is, a stream from where it
+    stood (`seekable`)."""
     if isinstance(lines, Sequence):
         yield lambda: iter(lines)
-    elif isinstance(lines, io.TextIOBase) and lines.seekable():
-        yield _from(lines, lines.tell())
-    else:
-        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as copy:
-            copy.writelines(lines)
-            yield _from(copy, 0)
+        return
+    with seekable(lines) as file:
+        yield _from(file, file.tell())
+
+
+@contextmanager
+def seekable(lines: Iterable[str]) -> Iterator[IO[str] | io.TextIOBase]:
+    """`lines` as a file that can seek: a file that can as it is, any other stream (standard
+    input from a pipe) through a temporary copy, read to its end first."""
+    if isinstance(lines, io.TextIOBase) and lines.seekable():
+        yield lines
+        return
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as copy:
+        copy.writelines(lines)
+        copy.seek(0)
+        yield copy
 
 
 def _from(file: IO[str] | io.TextIOBase, start: int) -> Callable[[], Iterator[str]]:
