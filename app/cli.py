@@ -1120,7 +1120,6 @@ def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
     import time
 
     task: asyncio.Task[T] | None = None
-    loop: asyncio.AbstractEventLoop | None = None
     cancelled: float | None = None  # when the work was cancelled, until the loop turned since
 
     def turned() -> None:
@@ -1129,10 +1128,10 @@ def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
     def cancel() -> None:  # in the main thread, as asyncio.run's Ctrl-C handler
         nonlocal cancelled
-        if task is not None and loop is not None and not task.done():
+        if task is not None and not task.done():
             task.cancel()
             cancelled = time.monotonic()
-            loop.call_soon_threadsafe(turned)  # wakes the loop from its wait
+            task.get_loop().call_soon_threadsafe(turned)  # wakes the loop from its wait
 
     def stuck() -> bool:
         """The loop has not turned for a second since the work was cancelled: its thread is
@@ -1149,7 +1148,6 @@ def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
     terminate.cancel, terminate.stuck = cancel, stuck
     try:
         with asyncio.Runner() as runner:
-            loop = runner.get_loop()
             done = runner.run(cancellable())
     except asyncio.CancelledError:
         if not terminate.came:
