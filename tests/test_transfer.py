@@ -535,6 +535,31 @@ def test_cli_export_to_a_file_that_cannot_be_made_names_that_file(db_url, tmp_pa
     assert result.stderr.splitlines() == [f"engram: {path}: No such file or directory"]
 
 
+async def engram_started(
+    db_url: str, ctrl_c: Any, *args: str, **streams: Any
+) -> asyncio.subprocess.Process:
+    """`engram ARGS` on the test database, with Ctrl-C as a shell leaves it: default in a
+    terminal, ignored (`signal.SIG_IGN`) for a command it started in the background."""
+    return await asyncio.create_subprocess_exec(
+        *engram_command(),
+        *args,
+        env=clean_env(database_url=db_url),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
+        **streams,
+    )
+
+
+async def stderr_once_ended(proc: asyncio.subprocess.Process, held: str) -> str:
+    """What `proc` wrote on stderr, once it ended; killed and failed with `held` if it has not
+    within 30 s (a stop that never ends held a whole CI run once)."""
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        proc.kill()
+        raise AssertionError(held) from None
+    return err.decode()
+
+
 @pytest.mark.parametrize(
     ("sig", "status", "said", "ctrl_c"),
     [
@@ -551,14 +576,8 @@ async def test_cli_export_stopped_part_way_leaves_no_file_and_says_so(
     path = tmp_path / "agent.jsonl"
     path.write_text("an earlier export\n")
     partial = path.with_name(path.name + ".partial")
-    command = [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)]
-    proc = await asyncio.create_subprocess_exec(
-        *command,
-        env=clean_env(database_url=db_url),
-        stdout=PIPE,
-        stderr=PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
-    )
+    export = ("export", "--action", str(agent.action_id), "-o", str(path))
+    proc = await engram_started(db_url, ctrl_c, *export, stdout=PIPE, stderr=PIPE)
     # Until the export has written to the file (the .partial is made before its event loop
     # starts, and a signal while asyncio builds the loop leaves Python's "Exception ignored"
     # lines of the half-made loop on stderr).
@@ -569,9 +588,9 @@ async def test_cli_export_stopped_part_way_leaves_no_file_and_says_so(
     proc.send_signal(signal.SIGSTOP)
     proc.send_signal(sig)
     proc.send_signal(signal.SIGCONT)
-    _, err = await proc.communicate()
-    assert proc.returncode == status and b"Traceback" not in err, err.decode()
-    assert err.decode().strip().splitlines()[-1] == (
+    err = await stderr_once_ended(proc, f"{sig.name} left the export running")
+    assert proc.returncode == status and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (
         f"engram export {said}: no file was written (a file already there is as it was); what "
         "went to standard output is cut short, and an import refuses it as such"
     )
@@ -656,15 +675,8 @@ async def test_cli_import_waiting_on_a_stalled_pipe_is_stopped_by_sigterm(db_url
     the work waits for the loop's next turn, which a read that does not return never reaches."""
     read, write = os.pipe()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *engram_command(),
-            "import",
-            "-",
-            env=clean_env(database_url=db_url),
-            stdin=read,
-            stdout=PIPE,
-            stderr=PIPE,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
+        proc = await engram_started(
+            db_url, ctrl_c, "import", "-", stdin=read, stdout=PIPE, stderr=PIPE
         )
         os.write(write, b'{"type": "header", "format": "engram-export"')  # and nothing more
         # Until the import has read it: then it waits on the pipe for the rest.
@@ -672,18 +684,14 @@ async def test_cli_import_waiting_on_a_stalled_pipe_is_stopped_by_sigterm(db_url
             assert proc.returncode is None, await proc.communicate()
             await asyncio.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = await asyncio.wait_for(proc.communicate(), 30)
-        except TimeoutError:
-            proc.kill()
-            raise AssertionError("SIGTERM left the import waiting on its input") from None
+        err = await stderr_once_ended(proc, "SIGTERM left the import waiting on its input")
     finally:
         os.close(read)
         os.close(write)
-    assert proc.returncode == 143, err.decode()
-    assert err.decode().splitlines() == [
+    assert proc.returncode == 143, err
+    assert err.splitlines() == [
         f"engram import stopped by SIGTERM: {cli._INTERRUPTED['import']}"
-    ], err.decode()
+    ], err
 
 
 @CTRL_C
@@ -697,15 +705,8 @@ async def test_cli_export_to_a_pipe_nobody_reads_is_stopped_by_a_second_sigterm(
     read, write = os.pipe()
     fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, 4096)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *engram_command(),
-            "export",
-            "--action",
-            str(agent.action_id),
-            env=clean_env(database_url=db_url),
-            stdout=write,
-            stderr=PIPE,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
+        proc = await engram_started(
+            db_url, ctrl_c, "export", "--action", str(agent.action_id), stdout=write, stderr=PIPE
         )
         os.close(write)
         write = -1
@@ -723,19 +724,15 @@ async def test_cli_export_to_a_pipe_nobody_reads_is_stopped_by_a_second_sigterm(
         proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(1.5)
         proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = await asyncio.wait_for(proc.communicate(), 30)
-        except TimeoutError:
-            proc.kill()
-            raise AssertionError("a second SIGTERM left the export held in its write") from None
+        err = await stderr_once_ended(proc, "a second SIGTERM left the export held in its write")
     finally:
         os.close(read)
         if write >= 0:
             os.close(write)
-    assert proc.returncode == 143, err.decode()
-    assert err.decode().splitlines() == [
+    assert proc.returncode == 143, err
+    assert err.splitlines() == [
         f"engram export stopped by SIGTERM: {cli._INTERRUPTED['export']}"
-    ], err.decode()
+    ], err
 
 
 async def test_an_export_cut_in_a_line_is_refused_by_that_line(state, admin, second, tmp_path):
