@@ -4,6 +4,7 @@
 # where used, so that `main` starts, and handles interrupts, before the modules that take time.
 from __future__ import annotations
 
+import errno
 import gc
 import io
 import os
@@ -559,6 +560,12 @@ def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Aw
     return _run(run)
 
 
+_CLOSED = {
+    False: "standard input is closed: name the file to read instead of -",
+    True: "standard output is closed: name the file to write with -o FILE",
+}
+
+
 @contextmanager
 def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
     """The named file, or standard input or output for `-` (or no name). A file written is
@@ -569,9 +576,12 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
     # (a decoding error names a byte of the block being decoded, not of the file).
     errors = "strict" if "w" in mode else "surrogateescape"
     if path in (None, "-"):
-        if "w" not in mode and isinstance(sys.stdin, io.TextIOWrapper):
-            sys.stdin.reconfigure(errors=errors)
-        yield sys.stdout if "w" in mode else sys.stdin
+        std = sys.stdout if "w" in mode else sys.stdin
+        if std is None:  # closed when the command started (`>&-`, `<&-`): Python's None
+            raise OSError(errno.EBADF, _CLOSED["w" in mode])
+        if isinstance(std, io.TextIOWrapper) and "w" not in mode:
+            std.reconfigure(errors=errors)
+        yield std
         return
     if "w" not in mode or (os.path.exists(path) and not os.path.isfile(path)):
         with open(path, mode, encoding="utf-8", errors=errors) as f:

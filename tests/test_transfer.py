@@ -890,6 +890,36 @@ async def test_cli_export_that_cannot_write_leaves_no_descriptor_open(
         out.close()
 
 
+@pytest.mark.parametrize(
+    ("command", "closed", "said"),
+    [
+        (["import", "-"], 0, "error: cannot read -: standard input is closed: name the file"),
+        (["export", "--action"], 1, "engram: standard output is closed: name the file to write"),
+    ],
+)
+async def test_cli_import_or_export_with_its_standard_stream_closed_says_so(
+    state, admin, db_url, command, closed, said
+):
+    """Started with standard input or output closed (`<&-`, `>&-`), which Python makes None:
+    the import ended in a traceback (`'NoneType' object is not iterable`), an export of an
+    agent there is in one (`'NoneType' object has no attribute 'write'`) once it had read it."""
+    agent = await build_agent(state, admin)
+    if command[0] == "export":
+        command = [*command, str(agent.action_id)]
+    result = subprocess.run(
+        [*engram_command(), *command],
+        env=clean_env(database_url=db_url),
+        preexec_fn=lambda: os.close(closed),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(said), result.stderr
+
+
 async def test_cli_import_from_standard_input_is_checked_before_it_is_written(
     state, admin, second, tmp_path
 ):
