@@ -567,7 +567,9 @@ _CLOSED = {
 
 
 @contextmanager
-def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
+def _file_or_std(
+    path: str | None, mode: str, placed: Callable[[str], object] = lambda path: None
+) -> Iterator[IO[str]]:
     """The named file, or standard input or output for `-` (or no name). A file written is
     written beside it first and takes its name only when the work succeeds: a failed export
     leaves a file already there as it was. A link is followed (it stays a link); what is not a
@@ -589,6 +591,7 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
         return
     target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
+    written: os.stat_result | None = None
     try:
         try:
             opened = open(partial_file, mode, encoding="utf-8")  # noqa: SIM115 (closed below)
@@ -596,10 +599,23 @@ def _file_or_std(path: str | None, mode: str) -> Iterator[IO[str]]:
             # Told as the file asked for: the .partial beside it is ours, not the user's.
             raise OSError(e.errno, e.strerror, path) from None
         with opened as f:
+            written = os.fstat(f.fileno())
             yield f
         os.replace(partial_file, target)
     finally:
         partial_file.unlink(missing_ok=True)
+        # Whether the file took its name, asked of the file, not of the line reached: a stop
+        # (Ctrl-C, SIGTERM) may be raised as `os.replace` returns, with the new file in place.
+        if written is not None and _same_file(target, written):
+            placed(path)
+
+
+def _same_file(path: Path, known: os.stat_result) -> bool:
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (known.st_dev, known.st_ino)
 
 
 class _Output:
@@ -644,8 +660,9 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
     account = _account_id(args.account)
     to_std = args.output in (None, "-")
     output: _Output | None = None
+    placed: list[str] = []
     try:
-        with _file_or_std(args.output, "w") as out:
+        with _file_or_std(args.output, "w", placed.append) as out:
             output = _Output(out)
             work = partial(
                 export_action,
@@ -664,6 +681,12 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
                     f"{e}, the default account: an agent of another account needs --account ID"
                 ) from None
             output.flush()  # here, where its error is told, not at Python's exit
+        rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        print(f"exported action {action_id}: {rows}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if not placed:
+            raise
+        raise _StoppedAfter(f"it came after {placed[0]} was written in full") from None
     except OSError as e:  # (a file's close, after a write failed, fails as it did)
         if output is None or output.failed is None:
             raise
@@ -672,8 +695,6 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
         where = "standard output" if to_std else args.output
         print(f"error: cannot write {where}: {output.failed.strerror or e}", file=sys.stderr)
         return 2
-    rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
-    print(f"exported action {action_id}: {rows}", file=sys.stderr)
     return 0
 
 
@@ -737,6 +758,15 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 2
     return 0
+
+
+class _StoppedAfter(KeyboardInterrupt):
+    """A stop (Ctrl-C, SIGTERM) that came once the command's work was done, with what it left
+    (`said`), told in place of what the command leaves when stopped part way."""
+
+    def __init__(self, said: str) -> None:
+        super().__init__(said)
+        self.said = said
 
 
 # What an interrupted command (Ctrl-C, or SIGTERM) leaves, said in one line after its name.
@@ -1212,12 +1242,12 @@ def main(argv: list[str] | None = None) -> int:
         logs.configure()  # quiet libraries (alembic, uvicorn) from the first line
         args = parser().parse_args(argv)
         return _command(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         how = "stopped by SIGTERM" if terminate.came else "interrupted"
         if args is None:
             print(f"engram {how} while starting", file=sys.stderr)
         else:
-            after = _INTERRUPTED.get(args.command)
+            after = e.said if isinstance(e, _StoppedAfter) else _INTERRUPTED.get(args.command)
             _say(f"engram {args.command} {how}" + (f": {after}" if after else ""), args.command)
         return 128 + (signal.SIGTERM if terminate.came else signal.SIGINT)
     finally:

@@ -668,6 +668,46 @@ async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_s
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
 
 
+@pytest.mark.parametrize(
+    ("sig", "status", "how"),
+    [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")],
+)
+async def test_cli_export_stopped_as_its_file_takes_its_name_says_it_was_written(
+    state, admin, db_url, tmp_path, sig, status, how
+):
+    """A stop that came as the finished file replaced the one there was told "no file was
+    written (a file already there is as it was)", while the new file was in place."""
+    agent = await make_agent(state, admin)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "replace = os.replace\n"
+        "def replaced(source, target, **kwargs):\n"
+        "    replace(source, target, **kwargs)\n"
+        "    if str(target).endswith('agent.jsonl'):\n"  # (not another library's)
+        f"        os.kill(os.getpid(), {int(sig)})\n"
+        "os.replace = replaced\n"
+    )
+    path = tmp_path / "out" / "agent.jsonl"
+    path.parent.mkdir()
+    path.write_text("an earlier export\n")
+    env = clean_env(database_url=db_url)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == status, result.stderr
+    assert result.stderr.splitlines() == [
+        f"engram export {how}: it came after {path} was written in full"
+    ], result.stderr
+    assert json.loads(path.read_text().splitlines()[0])["type"] == "header"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
+
+
 @CTRL_C
 async def test_cli_import_waiting_on_a_stalled_pipe_is_stopped_by_sigterm(db_url, ctrl_c):
     """Standard input from a pipe is copied (the import reads it twice): copied inside the
