@@ -178,11 +178,11 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             # lifespan: then here, not at exit (or never, were the process killed).
             await started.stop()
 
-    # `main`'s SIGTERM handler, read before asyncio.run (which puts back the default as it
+    # `main`'s SIGTERM handler, read before `_run` (serve's loop puts back the default as it
     # ends): one that came before `serve`'s own is said by `main`, status 143.
     handler = signal.getsignal(signal.SIGTERM)
     try:
-        return 0 if asyncio.run(serve()) else 2
+        return 0 if _run(serve) else 2
     except KeyboardInterrupt:
         if isinstance(handler, _Termination) and handler.came:
             raise

@@ -182,6 +182,27 @@ def test_serve_stopped_while_starting_leaves_no_server_running(root: Path) -> No
     assert _server_processes(pgdata) == []
 
 
+def test_serve_stopped_as_its_event_loop_is_made_says_one_line(tmp_path: Path) -> None:
+    """SIGTERM while `engram serve`'s event loop was being made left a half-made loop, whose
+    collection printed "Exception ignored ... no attribute '_ssock'" and "coroutine ... was never
+    awaited" after the command's line: it is stopped before its work begins, as the other
+    commands are (`cli._run`)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "from asyncio.selector_events import BaseSelectorEventLoop as Loop\n"
+        "made = Loop._make_self_pipe\n"
+        "def _make_self_pipe(self):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    made(self)\n"
+        "Loop._make_self_pipe = _make_self_pipe\n"
+    )
+    env = clean_env(database_url="postgresql://nobody@127.0.0.1:1/never-reached")
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    result = run(env, "serve")
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert result.stderr.splitlines() == ["engram serve stopped by SIGTERM"], result.stderr
+
+
 # --- supervision: the embedded server dies while serving ----------------------------------
 
 
