@@ -638,13 +638,13 @@ _SIGTERM_AT = {
 CTRL_C = pytest.mark.parametrize("ctrl_c", [signal.SIG_DFL, signal.SIG_IGN], ids=["fg", "bg"])
 
 
-@CTRL_C
-@pytest.mark.parametrize("moment", sorted(_SIGTERM_AT))
-async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_says_so(
-    state, admin, db_url, tmp_path, moment, ctrl_c
-):
-    agent = await make_agent(state, admin)
-    (tmp_path / "sitecustomize.py").write_text(f"import os, signal\n{_SIGTERM_AT[moment]}")
+async def _export_patched(
+    db_url: str, tmp_path: Path, agent: Any, patch: str, ctrl_c: Any = signal.SIG_DFL
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`engram export` of `agent` over an earlier export at tmp_path/out/agent.jsonl, with
+    `patch` (Python under `import os, signal`) run at its start by a `sitecustomize`, and Ctrl-C
+    as `ctrl_c`: its result and the file's path."""
+    (tmp_path / "sitecustomize.py").write_text(f"import os, signal\n{patch}")
     path = tmp_path / "out" / "agent.jsonl"
     path.parent.mkdir()
     path.write_text("an earlier export\n")
@@ -659,6 +659,16 @@ async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_s
         timeout=120,
         preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
     )
+    return result, path
+
+
+@CTRL_C
+@pytest.mark.parametrize("moment", sorted(_SIGTERM_AT))
+async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_says_so(
+    state, admin, db_url, tmp_path, moment, ctrl_c
+):
+    agent = await make_agent(state, admin)
+    result, path = await _export_patched(db_url, tmp_path, agent, _SIGTERM_AT[moment], ctrl_c)
     assert result.returncode == 143, result.stderr
     assert result.stderr.splitlines() == [
         "engram export stopped by SIGTERM: no file was written (a file already there is as it "
@@ -678,8 +688,7 @@ async def test_cli_export_stopped_as_its_file_takes_its_name_says_it_was_written
     """A stop that came as the finished file replaced the one there was told "no file was
     written (a file already there is as it was)", while the new file was in place."""
     agent = await make_agent(state, admin)
-    (tmp_path / "sitecustomize.py").write_text(
-        "import os, signal\n"
+    patch = (
         "replace = os.replace\n"
         "def replaced(source, target, **kwargs):\n"
         "    replace(source, target, **kwargs)\n"
@@ -687,19 +696,7 @@ async def test_cli_export_stopped_as_its_file_takes_its_name_says_it_was_written
         f"        os.kill(os.getpid(), {int(sig)})\n"
         "os.replace = replaced\n"
     )
-    path = tmp_path / "out" / "agent.jsonl"
-    path.parent.mkdir()
-    path.write_text("an earlier export\n")
-    env = clean_env(database_url=db_url)
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result, path = await _export_patched(db_url, tmp_path, agent, patch)
     assert result.returncode == status, result.stderr
     assert result.stderr.splitlines() == [
         f"engram export {how}: it came after {path} was written in full"
