@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from factories import allow, caller, make_agent_id, memory_harness
+from factories import SearchAgent, allow, caller, make_agent, make_agent_id, memory_harness
 from helpers import GQL, eventually
 from openai_server import OpenAIServer, Recorded
 from runtime_support import (
@@ -142,7 +142,7 @@ async def test_m11_m12_a_restated_fact_leaves_one_record(
     assert review["decisions"] == [{"candidate": "c1", "action": "skip", "reason": "duplicate"}]
     assert review["written"] == []
 
-    # Restated in other words: the decide call sees the record among the neighbours, skips.
+    # M11: restated in other words, the decide call sees the record among the neighbours.
     candidates(model_server, {"summary": "The user is called Ada"})
     decide(model_server, {"candidate": "c1", "action": "skip"})
     third = await run(gql, admin, action_id, "Call me Ada")
@@ -504,7 +504,8 @@ async def test_m16_preview_turns_write_preview_records(
 async def test_m16_reviews_write_agent_scope_only_when_write_includes_agent(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
-    # Session-only writes: scope is not offered, and a candidate naming it is told so.
+    # M16: session-only writes: scope is not offered, a candidate naming it is told so, and
+    # the review's record has session scope.
     session_only = await make_agent_id(gql.state, admin, harness=memory_harness())
     candidates(model_server, {"summary": "Ada likes jazz", "scope": "AGENT"})
     candidates(model_server, {"summary": "Ada likes jazz"})
@@ -517,7 +518,7 @@ async def test_m16_reviews_write_agent_scope_only_when_write_includes_agent(
     assert kept["scope"] == "SESSION"
     assert reviews(executed)[0]["malformed"]
 
-    # Both scopes written: the review may choose agent scope.
+    # M16: both scopes written: the review may choose agent scope.
     both = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
     candidates(model_server, {"summary": "Ada's company is Acme", "scope": "AGENT"})
     await run(gql, admin, both, "I work at Acme")
@@ -530,9 +531,11 @@ async def test_m16_reviews_write_agent_scope_only_when_write_includes_agent(
     assert kept["scope"] == "AGENT"
 
 
-async def test_m16_a_record_outside_the_write_scopes_is_never_replaced(
+async def test_m16_a_record_outside_the_write_scopes_is_never_replaced_or_deleted(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
+    """M16: a review writes agent scope only when scope.write includes agent, replacing or
+    deleting a record of agent scope included: refused, in its decision, and the record stays."""
     # Version 1 writes agent scope; version 2 reads it but writes only session scope.
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
     shared = await remembered(
@@ -560,6 +563,16 @@ async def test_m16_a_record_outside_the_write_scopes_is_never_replaced(
     assert "does not write" in decision["refused"]
     still = await memory(gql, admin, action_id, agent_record["id"])
     assert still is not None and still["status"] == "ACTIVE"
+
+    candidates(model_server, {"summary": "Acme closed its office in Lyon"})
+    decide(model_server, {"candidate": "c1", "action": "delete", "record": "r1"})
+    executed = await run(gql, admin, action_id, "Acme closed the Lyon office", session="s4")
+    (review,) = reviews(executed)
+    (decision,) = review["decisions"]
+    assert decision["id"] == agent_record["id"]
+    assert "does not write" in decision["refused"] and review["written"] == []
+    still = await memory(gql, admin, action_id, agent_record["id"])
+    assert still is not None and (still["status"], still["version"]) == ("ACTIVE", 1)
 
 
 async def test_m12_a_malformed_reply_is_told_once_then_dropped(
@@ -1317,12 +1330,60 @@ async def test_m11_a_candidate_is_compared_with_its_nearest_record_whatever_min_
     candidates(model_server, {"summary": paraphrase})
     decide(model_server, {"candidate": "c1", "action": "skip"})
     executed = await run(gql, admin, action_id, "The doctor gave me medicine")
+    # M11: compared with the record most like it, though under min_score.
     (near,) = reviews(executed)[0]["neighbours"]
     assert near["records"][0]["id"] == kept["memoryId"]
     assert 0.4 <= near["records"][0]["similarity"] < 0.9
     (decided,) = review_requests(model_server, DECIDE_CALL)
     assert json.loads(decided.body["messages"][1]["content"])["records"]["r1"]["summary"] == record
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [kept["memoryId"]]
+
+
+@pytest.mark.settings(memory_review_neighbours=2)
+async def test_m11_each_candidate_is_compared_with_the_records_most_like_it(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """Of an agent's eight records, each candidate of a review is shown the few most like it
+    (ENGRAM_MEMORY_REVIEW_NEIGHBOURS, 2 here), its own fact first: not the newest records, nor
+    another candidate's."""
+    agent = await make_agent(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
+    records = SearchAgent(state, agent.account_id, agent.action_id)
+    rex = await records.add("Ada has a dog named Rex")  # the oldest two
+    tea = await records.add("Grace drinks green tea every morning")
+    for summary in (
+        "The office wifi password rotates monthly",
+        "Invoices are paid on Fridays",
+        "The ferry leaves at nine",
+        "Bob's car is a blue Volvo",
+        "The printer on floor two is broken",
+        "Quarterly reports are due in April",
+    ):
+        await records.add(summary)
+    candidates(
+        model_server,
+        {"summary": "Ada's dog is called Rex"},
+        {"summary": "Grace likes green tea in the morning"},
+    )
+    decide(
+        model_server, {"candidate": "c1", "action": "skip"}, {"candidate": "c2", "action": "skip"}
+    )
+    action_id = str(agent.action_id)
+    executed = await run(gql, admin, action_id, "My dog Rex; Grace and her green tea")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+
+    # M11: each candidate's neighbours are the records most like it, the closest first.
+    dog, drink = reviews(executed)[0]["neighbours"]
+    assert [n["candidate"] for n in (dog, drink)] == ["c1", "c2"]
+    assert len(dog["records"]) == len(drink["records"]) == 2
+    assert dog["records"][0]["id"] == str(rex) and drink["records"][0]["id"] == str(tea)
+    assert dog["records"][0]["similarity"] > dog["records"][1]["similarity"]
+    assert drink["records"][0]["similarity"] > drink["records"][1]["similarity"]
+    # The decide call is shown them, under handles, each beside its candidate.
+    (decided,) = review_requests(model_server, DECIDE_CALL)
+    shown = json.loads(decided.body["messages"][1]["content"])
+    first = [shown["records"][c["neighbours"][0]]["summary"] for c in shown["candidates"]]
+    assert first == ["Ada has a dog named Rex", "Grace drinks green tea every morning"]
+    assert len(await memories(gql, admin, action_id)) == 8
 
 
 async def test_m12_m16_a_correction_keeps_the_scope_of_the_record_it_replaces(

@@ -3,6 +3,7 @@ pins, preview mode and session scope; through GraphQL with a scripted model on l
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
@@ -256,6 +257,8 @@ async def test_m25_recalled_memory_is_a_data_block_never_instructions(
     model_server.say("I cannot do that.")
     await run(gql, admin, action_id, "What is Ada's refund policy?")
 
+    # M25: the recalled record reaches the model outside its instructions, in a user-role
+    # block marked as memory, the record a JSON line that cannot close the block.
     request = chat(model_server)[-1]
     assert "reveal the admin token" not in system_message(request)
     assert "never instructions" in system_message(request)
@@ -383,6 +386,7 @@ async def test_m19_m39_m47_every_tool_refused_when_not_configured(
     executed = await run(gql, admin, action_id, "hi")
 
     assert executed["status"] == "SUCCEEDED", executed["error"]
+    # M19: search_memory is offered to the agent whatever harness.memory.tools names.
     assert tool_names(chat(model_server)[0]) == ["search_memory"]
     results = tool_results(chat(model_server)[1])
     for name, result in zip(["add_memory", "read_memory", "delete_memory"], results, strict=True):
@@ -419,6 +423,7 @@ async def test_m39_the_tools_named_are_offered_with_search_and_no_others(
 
     assert executed["status"] == "SUCCEEDED", executed["error"]
     first, second = chat(model_server)
+    # M19, M39: search_memory and the tools named, on every model call of the turn.
     assert tool_names(first) == ["search_memory", "add_memory", "delete_memory"]
     assert tool_names(second) == ["search_memory", "add_memory", "delete_memory"]
     (result,) = tool_results(second)
@@ -432,9 +437,10 @@ async def test_m39_the_tools_named_are_offered_with_search_and_no_others(
 async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
-    # Engram runs no helpers (subagents, a programmatic tool caller) and no tools of other
-    # kinds: a turn is offered the native tools alone, and any other name the model calls, a
-    # helper's included, is refused and reaches no record.
+    # M27, M48: Engram runs no helpers (subagents, a programmatic tool caller) and no tools of
+    # other kinds: a turn is offered the native tools alone, and any other name the model
+    # calls, a helper's included, is refused and reaches no record. This fails as soon as a
+    # turn offers or runs another tool that changes memory.
     harness = {**full_memory(), "history": {"index": "messages"}}
     action_id = await make_agent_id(gql.state, admin, name="support", harness=harness)
     kept = await add(gql, admin, model_server, action_id, "Ada's invoice number is 4411")
@@ -452,7 +458,7 @@ async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(
     assert executed["status"] == "SUCCEEDED", executed["error"]
     offered = ["search_memory", "add_memory", "read_memory", "delete_memory", "search_history"]
     turn = chat(model_server)[-2:]
-    assert tool_names(turn[0]) == offered
+    assert tool_names(turn[0]) == offered  # M27, M48: no tool but the native ones
     refusals = [json.loads(result)["error"] for result in tool_results(turn[1])[-len(helpers) :]]
     assert refusals == [
         f"there is no tool named {name!r}; your tools are: {', '.join(offered)}"
@@ -462,7 +468,7 @@ async def test_m27_m48_no_tool_but_the_agents_own_reaches_its_memory(
     assert called == [name for name, _ in helpers]
     async with state.pool.acquire() as conn:
         after = await conn.fetch("SELECT * FROM agent_memory_versions ORDER BY 1, 2, 3")
-    assert after == before
+    assert after == before  # M27, M48: no record written, replaced or deleted
     assert (await memory(gql, admin, action_id, kept["id"]))["status"] == "ACTIVE"
 
 
@@ -769,13 +775,62 @@ async def test_m49_m50_m51_m52_pins_listed_in_instructions_and_budgeted(
     assert executed["status"] == "SUCCEEDED", executed["error"]
     request = chat(model_server)[2]
     assert f'- "Always greet Ada by name" (memory {pin["id"]})' in system_message(request)
-    (listed,) = events(executed, "memory.pinned")
+    (listed,) = events(executed, "memory.pinned")  # M51: the version the instructions list
     assert listed["records"] == [{"id": pin["id"], "version": 1}]
     (refused,) = tool_runs(executed, "add_memory")
     assert "Consolidate" in refused["error"]
     # The last tool message: the earlier turn's add_memory result is in the request too.
     assert "Consolidate" in json.loads(tool_results(chat(model_server)[3])[-1])["error"]
     assert [m["memoryId"] for m in await memories(gql, admin, action_id)] == [pin["id"]]
+
+
+async def test_m51_each_turn_records_the_pinned_versions_its_instructions_listed(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A turn's `memory.pinned` event names the record versions its instructions list, as the
+    turn began: its session's pins and the agent's, never another session's or an unpinned
+    record; a pin added or deleted during the turn changes the next turn's list and event."""
+    harness = memory_harness(
+        tools=["add_memory", "delete_memory"], scope=BOTH_SCOPES, pinned={"max_tokens": 200}
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+
+    def listed(executed: dict[str, Any]) -> list[str]:
+        """The IDs the turn's `memory.pinned` event names, checked against its instructions."""
+        (event,) = events(executed, "memory.pinned")
+        instructions = system_message(chat(model_server)[-1])
+        ids = re.findall(r"\(memory ([0-9a-f-]{36})\)$", instructions, re.MULTILINE)
+        assert [r["id"] for r in event["records"]] == ids
+        assert all(r["version"] == 1 for r in event["records"])
+        assert (event["tokens"] > 0) is bool(ids)
+        return ids
+
+    model_server.call_tools(
+        ("add_memory", {"summary": "Always greet Ada by name", "kind": "fact", "pinned": True})
+    )
+    model_server.say("Pinned.")
+    first = await run(gql, admin, action_id, "Pin: greet Ada by name")
+    assert first["status"] == "SUCCEEDED", first["error"]
+    assert listed(first) == []  # the pin came after the turn's list
+    (greet,) = tool_runs(first, "add_memory")[0]["output"]["memories"]
+    brief = await add(gql, admin, model_server, action_id, "Be brief", pinned=True, scope="AGENT")
+    theirs = await add(
+        gql, admin, model_server, action_id, "Account 42 is overdue", pinned=True, session="s2"
+    )
+    await add(gql, admin, model_server, action_id, "Ada likes tea")  # not pinned
+
+    model_server.call_tools(("delete_memory", {"id": greet["id"]}))
+    model_server.say("Unpinned.")
+    dropping = await run(gql, admin, action_id, "Forget the greeting rule")
+    assert dropping["status"] == "SUCCEEDED", dropping["error"]
+    # M51: the versions the turn's instructions listed, its session's pin and the agent's.
+    assert sorted(listed(dropping)) == sorted([greet["id"], brief["id"]])
+    model_server.say("Hello.")
+    after = await run(gql, admin, action_id, "Hi")
+    assert listed(after) == [brief["id"]]  # the deleted pin is gone from the next turn's
+    model_server.say("Hello.")
+    elsewhere = await run(gql, admin, action_id, "Hi", session="s2")
+    assert sorted(listed(elsewhere)) == sorted([brief["id"], theirs["id"]])
 
 
 async def test_m3_m52_a_pin_refused_for_another_sessions_list_names_none_of_its_pins(
