@@ -567,13 +567,12 @@ _CLOSED = {
 
 
 @contextmanager
-def _file_or_std(
-    path: str | None, mode: str, placed: Callable[[str], object] = lambda path: None
-) -> Iterator[IO[str]]:
+def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> Iterator[IO[str]]:
     """The named file, or standard input or output for `-` (or no name). A file written is
     written beside it first and takes its name only when the work succeeds: a failed export
     leaves a file already there as it was. A link is followed (it stays a link); what is not a
-    file (a FIFO, a device such as /dev/stdout) is written straight into."""
+    file (a FIFO, a device such as /dev/stdout) is written straight into. `placed`, given,
+    tells whether the file written took its name."""
     # Read, a byte that is not UTF-8 becomes a lone surrogate, which the import names by line
     # (a decoding error names a byte of the block being decoded, not of the file).
     errors = "strict" if "w" in mode else "surrogateescape"
@@ -591,7 +590,6 @@ def _file_or_std(
         return
     target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
-    written: os.stat_result | None = None
     try:
         try:
             opened = open(partial_file, mode, encoding="utf-8")  # noqa: SIM115 (closed below)
@@ -599,23 +597,32 @@ def _file_or_std(
             # Told as the file asked for: the .partial beside it is ours, not the user's.
             raise OSError(e.errno, e.strerror, path) from None
         with opened as f:
-            written = os.fstat(f.fileno())
+            if placed is not None:
+                placed.target, placed.written = target, os.fstat(f.fileno())
             yield f
         os.replace(partial_file, target)
     finally:
         partial_file.unlink(missing_ok=True)
-        # Whether the file took its name, asked of the file, not of the line reached: a stop
-        # (Ctrl-C, SIGTERM) may be raised as `os.replace` returns, with the new file in place.
-        if written is not None and _same_file(target, written):
-            placed(path)
 
 
-def _same_file(path: Path, known: os.stat_result) -> bool:
-    try:
-        now = os.stat(path)
-    except OSError:
-        return False
-    return (now.st_dev, now.st_ino) == (known.st_dev, known.st_ino)
+class _Placed:
+    """Whether the file `_file_or_std` wrote took its name, asked once a stop (Ctrl-C, SIGTERM)
+    came: of the file (its inode), not of the line reached, since the stop may be raised as
+    `os.replace` returns, or in the cleanup after it (the .partial name removed), with the new
+    file in place."""
+
+    def __init__(self) -> None:
+        self.target: Path | None = None
+        self.written: os.stat_result | None = None
+
+    def __bool__(self) -> bool:
+        if self.target is None or self.written is None:
+            return False
+        try:
+            now = os.stat(self.target)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == (self.written.st_dev, self.written.st_ino)
 
 
 class _Output:
@@ -660,9 +667,9 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
     account = _account_id(args.account)
     to_std = args.output in (None, "-")
     output: _Output | None = None
-    placed: list[str] = []
+    placed = _Placed()
     try:
-        with _file_or_std(args.output, "w", placed.append) as out:
+        with _file_or_std(args.output, "w", placed) as out:
             output = _Output(out)
             work = partial(
                 export_action,
@@ -686,7 +693,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if not placed:
             raise
-        raise _StoppedAfter(f"it came after {placed[0]} was written in full") from None
+        raise _StoppedAfter(f"it came after {args.output} was written in full") from None
     except OSError as e:  # (a file's close, after a write failed, fails as it did)
         if output is None or output.failed is None:
             raise

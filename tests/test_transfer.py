@@ -668,24 +668,39 @@ async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_s
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
 
 
+# Python run with this sitecustomize sends itself SIGNAL as the export's finished file has
+# taken its name: as `os.replace` returns, or as the .partial name, gone with it, is removed
+# just after (the stop, raised in that cleanup, skipped the check of whether the file took its
+# name: it said "no file was written" with the new file in place).
+_SIGNAL_ONCE_PLACED = {
+    "replace": "replace = os.replace\n"
+    "def replaced(source, target, **kwargs):\n"
+    "    replace(source, target, **kwargs)\n"
+    "    if str(target).endswith('agent.jsonl'):\n"  # (not another library's)
+    "        os.kill(os.getpid(), SIGNAL)\n"
+    "os.replace = replaced\n",
+    "unlink": "unlink = os.unlink\n"
+    "def unlinked(path, *args, **kwargs):\n"
+    "    if str(path).endswith('agent.jsonl.partial'):\n"
+    "        os.kill(os.getpid(), SIGNAL)\n"
+    "    unlink(path, *args, **kwargs)\n"
+    "os.unlink = unlinked\n",
+}
+
+
+@pytest.mark.parametrize("moment", sorted(_SIGNAL_ONCE_PLACED))
 @pytest.mark.parametrize(
     ("sig", "status", "how"),
     [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")],
 )
 async def test_cli_export_stopped_as_its_file_takes_its_name_says_it_was_written(
-    state, admin, db_url, tmp_path, sig, status, how
+    state, admin, db_url, tmp_path, sig, status, how, moment
 ):
     """A stop that came as the finished file replaced the one there was told "no file was
     written (a file already there is as it was)", while the new file was in place."""
     agent = await make_agent(state, admin)
     (tmp_path / "sitecustomize.py").write_text(
-        "import os, signal\n"
-        "replace = os.replace\n"
-        "def replaced(source, target, **kwargs):\n"
-        "    replace(source, target, **kwargs)\n"
-        "    if str(target).endswith('agent.jsonl'):\n"  # (not another library's)
-        f"        os.kill(os.getpid(), {int(sig)})\n"
-        "os.replace = replaced\n"
+        f"import os\nSIGNAL = {int(sig)}\n{_SIGNAL_ONCE_PLACED[moment]}"
     )
     path = tmp_path / "out" / "agent.jsonl"
     path.parent.mkdir()
