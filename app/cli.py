@@ -1234,11 +1234,37 @@ class _Termination:
             raise KeyboardInterrupt
 
 
+def _closed_streams_held() -> None:
+    """Standard streams closed when the command started (`<&-`, `>&-`, `2>&-`), which Python
+    makes None, held open on /dev/null: no file, socket or pipe the command opens takes their
+    descriptor, which a library or a child process (PostgreSQL) writes to as standard error or
+    output. Standard error becomes a stream that writes nowhere, where `print(file=None)` wrote
+    to standard output (into an export written there) and `sys.stderr.isatty()` failed (the
+    export, the import, `engram reembed` once it had reset the vectors, without a word).
+    Standard input and output stay None: a command that needs one says it is closed."""
+    for fd, stream in enumerate((sys.stdin, sys.stdout, sys.stderr)):
+        if stream is not None:
+            continue
+        try:
+            os.fstat(fd)
+            continue  # open again since (taken by what Python opened first): left as it is
+        except OSError:
+            pass
+        held = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if held != fd:
+            os.dup2(held, fd)
+            os.close(held)
+        os.set_inheritable(fd, True)  # as a standard stream is, for the children
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (until exit)
+
+
 def main(argv: list[str] | None = None) -> int:
     # First, before the modules the command needs are imported (a tenth of a second or more):
     # Ctrl-C or SIGTERM while they are is told in one line too, not as a KeyboardInterrupt
     # traceback or a silent kill. (A signal handler is the main thread's.) `engram serve`
     # replaces it with its own once its event loop runs (`_serve`).
+    _closed_streams_held()
     terminate = _Termination()
     handled = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, terminate) if handled else None

@@ -975,6 +975,47 @@ async def test_cli_import_or_export_with_its_standard_stream_closed_says_so(
     assert result.stderr.startswith(said), result.stderr
 
 
+async def test_cli_with_standard_error_closed_writes_nothing_of_its_own_to_standard_output(
+    state, admin, db_url, tmp_path
+):
+    """Started with standard error closed (`2>&-`), which Python makes None: the export and
+    the import failed at once, without a word (`sys.stderr.isatty()`, exit status 1), and
+    what they print on standard error went to standard output (`print(file=None)`), into an
+    export written there. (Python itself, not the `engram` script, which may be a shell script
+    that takes the closed descriptor for itself, such as pyenv's.)"""
+    agent = await build_agent(state, admin)
+    env = clean_env(database_url=db_url)
+    path = tmp_path / "agent.jsonl"
+
+    def engram(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", *args],
+            env=env,
+            preexec_fn=lambda: os.close(2),
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    exported = engram("export", "--action", str(agent.action_id), "-o", str(path))
+    assert (exported.returncode, exported.stdout) == (0, "")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[0]["type"] == "header"
+    assert len(rows) == 1 + sum(rows[0]["counts"].values())
+    to_stdout = engram("export", "--action", str(agent.action_id))
+    assert to_stdout.returncode == 0
+    # The export alone, each line a row (no "exported action ..." line after them).
+    assert [json.loads(line)["type"] for line in to_stdout.stdout.splitlines()] == [
+        row["type"] for row in rows
+    ]
+    imported = engram("import", str(path))
+    assert imported.returncode == 0
+    assert imported.stdout.startswith("imported 0 rows,"), imported.stdout
+    refused = engram("export", "--action", "not-an-id")
+    assert (refused.returncode, refused.stdout) == (2, "")
+
+
 async def test_cli_import_from_standard_input_is_checked_before_it_is_written(
     state, admin, second, tmp_path
 ):
