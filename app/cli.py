@@ -453,12 +453,21 @@ def _account_id(value: str | None) -> UUID | None:
         raise BadInput(f"--account {value!r} is not an account ID (a UUID)") from None
 
 
+def _printed_result() -> None:
+    """Refuses, before anything is made, a command whose result is printed (a token's secret,
+    shown only then; a new account's ID) started with standard output closed (`>&-`): Python
+    makes it None, which print writes nothing to."""
+    if sys.stdout is None:
+        raise OSError(errno.EBADF, "standard output is closed: the command prints its result there")
+
+
 def _client(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
     from app.auth import service
     from app.errors import NotFound
 
+    _printed_result()
     # Checked before the database starts, so a typo fails at once.
     account = _account_id(args.account)
     policies = _policies(getattr(args, "policy", None))
@@ -520,6 +529,8 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
 
     from app.auth import service
 
+    _printed_result()
+
     async def work(pool: Any, caller: Any) -> Any:
         account_id = await service.create_account(pool, caller, name=args.name)
         return {"accountId": str(account_id), "name": args.name.strip()}
@@ -535,6 +546,8 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
     if args.output:
         with open(args.output, "w") as f:
             f.write(sdl)
+    elif sys.stdout is None:  # closed when the command started (`>&-`)
+        raise OSError(errno.EBADF, _CLOSED[True])
     else:
         sys.stdout.write(sdl)
     return 0
