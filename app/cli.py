@@ -640,17 +640,20 @@ class _Placed:
 
 class _Output:
     """The export's output, which remembers the error of a write that failed (a full disk) so
-    that it is told as the output's, not as one of the database's (both are OSErrors)."""
+    that it is told as the output's, not as one of the database's (both are OSErrors), and
+    whether it was flushed (`flushed`: what was written to it is all out of the process)."""
 
     def __init__(self, out: IO[str]) -> None:
         self.out = out
         self.failed: OSError | None = None
+        self.flushed = False
 
     def write(self, text: str) -> int:
         return self._tried(self.out.write, text)
 
     def flush(self) -> None:
         self._tried(self.out.flush)
+        self.flushed = True
 
     def _tried(self, call: Callable[..., T], *args: Any) -> T:
         try:
@@ -704,9 +707,14 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
         rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
         print(f"exported action {action_id}: {rows}", file=sys.stderr)
     except KeyboardInterrupt:
-        if not placed:
+        # Written in full: the file took its name, or what is not a file (standard output, a
+        # FIFO, a device), written straight into, was flushed once the export was.
+        if not (placed if placed.target else output is not None and output.flushed):
             raise
-        raise _StoppedAfter(f"it came after {args.output} was written in full") from None
+        where = "the export was written in full to standard output"
+        if not to_std:
+            where = f"{args.output} was written in full"
+        raise _StoppedAfter(f"it came after {where}") from None
     except OSError as e:  # (a file's close, after a write failed, fails as it did)
         if output is None or output.failed is None:
             raise

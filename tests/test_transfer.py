@@ -723,6 +723,53 @@ async def test_cli_export_stopped_as_its_file_takes_its_name_says_it_was_written
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
 
 
+@pytest.mark.parametrize(
+    ("output", "sig", "said"),
+    [
+        (
+            "-",
+            signal.SIGTERM,
+            "stopped by SIGTERM: it came after the export was written in full to standard output",
+        ),
+        (
+            "/dev/stdout",
+            signal.SIGINT,
+            "interrupted: it came after /dev/stdout was written in full",
+        ),
+    ],
+)
+async def test_cli_export_to_standard_output_stopped_once_written_says_it_was_written(
+    state, admin, db_url, tmp_path, output, sig, said
+):
+    """A stop that came as the export said it was done (its last line, on stderr), with the
+    whole export on standard output or in a device, was told "what went to standard output is
+    cut short, and an import refuses it as such"."""
+    agent = await make_agent(state, admin)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import builtins, os\n"
+        "said = builtins.print\n"
+        "def print(*args, **kwargs):\n"
+        "    if args and str(args[0]).startswith('exported action'):\n"
+        f"        os.kill(os.getpid(), {int(sig)})\n"
+        "    said(*args, **kwargs)\n"
+        "builtins.print = print\n"
+    )
+    env = clean_env(database_url=db_url)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [*engram_command(), "export", "--action", str(agent.action_id), "-o", output],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 128 + sig, result.stderr
+    assert result.stderr.splitlines() == [f"engram export {said}"], result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 1 + sum(rows[0]["counts"].values())
+
+
 @CTRL_C
 async def test_cli_import_waiting_on_a_stalled_pipe_is_stopped_by_sigterm(db_url, ctrl_c):
     """Standard input from a pipe is copied (the import reads it twice): copied inside the
