@@ -453,12 +453,21 @@ def _account_id(value: str | None) -> UUID | None:
         raise BadInput(f"--account {value!r} is not an account ID (a UUID)") from None
 
 
+def _printed_result() -> None:
+    """Refuses, before anything is made, a command whose result is printed (a token's secret,
+    shown only then; a new account's ID) started with standard output closed (`>&-`): Python
+    makes it None, which print writes nothing to."""
+    if sys.stdout is None:
+        raise OSError(errno.EBADF, "standard output is closed: the command prints its result there")
+
+
 def _client(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
     from app.auth import service
     from app.errors import NotFound
 
+    _printed_result()
     # Checked before the database starts, so a typo fails at once.
     account = _account_id(args.account)
     policies = _policies(getattr(args, "policy", None))
@@ -520,6 +529,8 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
 
     from app.auth import service
 
+    _printed_result()
+
     async def work(pool: Any, caller: Any) -> Any:
         account_id = await service.create_account(pool, caller, name=args.name)
         return {"accountId": str(account_id), "name": args.name.strip()}
@@ -535,6 +546,8 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
     if args.output:
         with open(args.output, "w") as f:
             f.write(sdl)
+    elif sys.stdout is None:  # closed when the command started (`>&-`)
+        raise OSError(errno.EBADF, _CLOSED[True])
     else:
         sys.stdout.write(sdl)
     return 0
@@ -567,13 +580,12 @@ _CLOSED = {
 
 
 @contextmanager
-def _file_or_std(
-    path: str | None, mode: str, placed: Callable[[str], object] = lambda path: None
-) -> Iterator[IO[str]]:
+def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> Iterator[IO[str]]:
     """The named file, or standard input or output for `-` (or no name). A file written is
     written beside it first and takes its name only when the work succeeds: a failed export
     leaves a file already there as it was. A link is followed (it stays a link); what is not a
-    file (a FIFO, a device such as /dev/stdout) is written straight into."""
+    file (a FIFO, a device such as /dev/stdout) is written straight into. `placed`, given,
+    tells whether the file written took its name."""
     # Read, a byte that is not UTF-8 becomes a lone surrogate, which the import names by line
     # (a decoding error names a byte of the block being decoded, not of the file).
     errors = "strict" if "w" in mode else "surrogateescape"
@@ -591,7 +603,6 @@ def _file_or_std(
         return
     target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
-    written: os.stat_result | None = None
     try:
         try:
             opened = open(partial_file, mode, encoding="utf-8")  # noqa: SIM115 (closed below)
@@ -599,38 +610,50 @@ def _file_or_std(
             # Told as the file asked for: the .partial beside it is ours, not the user's.
             raise OSError(e.errno, e.strerror, path) from None
         with opened as f:
-            written = os.fstat(f.fileno())
+            if placed is not None:
+                placed.target, placed.written = target, os.fstat(f.fileno())
             yield f
         os.replace(partial_file, target)
     finally:
         partial_file.unlink(missing_ok=True)
-        # Whether the file took its name, asked of the file, not of the line reached: a stop
-        # (Ctrl-C, SIGTERM) may be raised as `os.replace` returns, with the new file in place.
-        if written is not None and _same_file(target, written):
-            placed(path)
 
 
-def _same_file(path: Path, known: os.stat_result) -> bool:
-    try:
-        now = os.stat(path)
-    except OSError:
-        return False
-    return (now.st_dev, now.st_ino) == (known.st_dev, known.st_ino)
+class _Placed:
+    """Whether the file `_file_or_std` wrote took its name, asked once a stop (Ctrl-C, SIGTERM)
+    came: of the file (its inode), not of the line reached, since the stop may be raised as
+    `os.replace` returns, or in the cleanup after it (the .partial name removed), with the new
+    file in place."""
+
+    def __init__(self) -> None:
+        self.target: Path | None = None
+        self.written: os.stat_result | None = None
+
+    def __bool__(self) -> bool:
+        if self.target is None or self.written is None:
+            return False
+        try:
+            now = os.stat(self.target)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == (self.written.st_dev, self.written.st_ino)
 
 
 class _Output:
     """The export's output, which remembers the error of a write that failed (a full disk) so
-    that it is told as the output's, not as one of the database's (both are OSErrors)."""
+    that it is told as the output's, not as one of the database's (both are OSErrors), and
+    whether it was flushed (`flushed`: what was written to it is all out of the process)."""
 
     def __init__(self, out: IO[str]) -> None:
         self.out = out
         self.failed: OSError | None = None
+        self.flushed = False
 
     def write(self, text: str) -> int:
         return self._tried(self.out.write, text)
 
     def flush(self) -> None:
         self._tried(self.out.flush)
+        self.flushed = True
 
     def _tried(self, call: Callable[..., T], *args: Any) -> T:
         try:
@@ -660,9 +683,9 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
     account = _account_id(args.account)
     to_std = args.output in (None, "-")
     output: _Output | None = None
-    placed: list[str] = []
+    placed = _Placed()
     try:
-        with _file_or_std(args.output, "w", placed.append) as out:
+        with _file_or_std(args.output, "w", placed) as out:
             output = _Output(out)
             work = partial(
                 export_action,
@@ -684,9 +707,14 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
         rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
         print(f"exported action {action_id}: {rows}", file=sys.stderr)
     except KeyboardInterrupt:
-        if not placed:
+        # Written in full: the file took its name, or what is not a file (standard output, a
+        # FIFO, a device), written straight into, was flushed once the export was.
+        if not (placed if placed.target else output is not None and output.flushed):
             raise
-        raise _StoppedAfter(f"it came after {placed[0]} was written in full") from None
+        where = "the export was written in full to standard output"
+        if not to_std:
+            where = f"{args.output} was written in full"
+        raise _StoppedAfter(f"it came after {where}") from None
     except OSError as e:  # (a file's close, after a write failed, fails as it did)
         if output is None or output.failed is None:
             raise
@@ -1227,11 +1255,37 @@ class _Termination:
             raise KeyboardInterrupt
 
 
+def _closed_streams_held() -> None:
+    """Standard streams closed when the command started (`<&-`, `>&-`, `2>&-`), which Python
+    makes None, held open on /dev/null: no file, socket or pipe the command opens takes their
+    descriptor, which a library or a child process (PostgreSQL) writes to as standard error or
+    output. Standard error becomes a stream that writes nowhere, where `print(file=None)` wrote
+    to standard output (into an export written there) and `sys.stderr.isatty()` failed (the
+    export, the import, `engram reembed` once it had reset the vectors, without a word).
+    Standard input and output stay None: a command that needs one says it is closed."""
+    for fd, stream in enumerate((sys.stdin, sys.stdout, sys.stderr)):
+        if stream is not None:
+            continue
+        try:
+            os.fstat(fd)
+            continue  # open again since (taken by what Python opened first): left as it is
+        except OSError:
+            pass
+        held = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if held != fd:
+            os.dup2(held, fd)
+            os.close(held)
+        os.set_inheritable(fd, True)  # as a standard stream is, for the children
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (until exit)
+
+
 def main(argv: list[str] | None = None) -> int:
     # First, before the modules the command needs are imported (a tenth of a second or more):
     # Ctrl-C or SIGTERM while they are is told in one line too, not as a KeyboardInterrupt
     # traceback or a silent kill. (A signal handler is the main thread's.) `engram serve`
     # replaces it with its own once its event loop runs (`_serve`).
+    _closed_streams_held()
     terminate = _Termination()
     handled = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, terminate) if handled else None

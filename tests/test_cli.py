@@ -190,6 +190,46 @@ async def test_cli_policy_takes_a_list_as_access_md_writes_several(db_url, monke
     assert json.loads(captured.out)["policies"] == [*listed, one]
 
 
+async def test_cli_printing_what_only_it_can_tell_refuses_standard_output_closed(db_url, tmp_path):
+    """Started with standard output closed (`>&-`), which Python makes None: `engram client
+    token` issued a token whose secret nobody saw, `engram account create` made an account
+    whose ID it never told (print to None writes nothing), exit status 0; `engram schema`
+    ended in a traceback (`'NoneType' object has no attribute 'write'`)."""
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    output(run(env, "client", "create", "bot"))
+
+    def closed(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", *args],
+            env=env,
+            preexec_fn=lambda: os.close(1),
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    conn = await asyncpg.connect(db_url)
+    try:
+        accounts = await conn.fetchval("SELECT count(*) FROM accounts")
+        said = {
+            ("client", "token", "bot"): "the command prints its result there",
+            ("account", "create", "acme"): "the command prints its result there",
+            ("schema",): "name the file to write with -o FILE",
+        }
+        for args, why in said.items():
+            result = await asyncio.to_thread(closed, *args)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr == f"engram: standard output is closed: {why}\n", args
+        assert await conn.fetchval("SELECT count(*) FROM accounts") == accounts
+    finally:
+        await conn.close()
+    assert output(run(env, "client", "tokens", "bot"))["tokens"] == []
+    schema = tmp_path / "schema.graphql"
+    assert closed("schema", "-o", str(schema)).returncode == 0
+    assert "type Query" in schema.read_text()
+
+
 # --- engram serve on the embedded database ----------------------------------------------------
 
 

@@ -678,24 +678,38 @@ async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_s
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
 
 
+# Python run with this sitecustomize sends itself SIGNAL as the export's finished file has
+# taken its name: as `os.replace` returns, or as the .partial name, gone with it, is removed
+# just after (the stop, raised in that cleanup, skipped the check of whether the file took its
+# name: it said "no file was written" with the new file in place).
+_SIGNAL_ONCE_PLACED = {
+    "replace": "replace = os.replace\n"
+    "def replaced(source, target, **kwargs):\n"
+    "    replace(source, target, **kwargs)\n"
+    "    if str(target).endswith('agent.jsonl'):\n"  # (not another library's)
+    "        os.kill(os.getpid(), SIGNAL)\n"
+    "os.replace = replaced\n",
+    "unlink": "unlink = os.unlink\n"
+    "def unlinked(path, *args, **kwargs):\n"
+    "    if str(path).endswith('agent.jsonl.partial'):\n"
+    "        os.kill(os.getpid(), SIGNAL)\n"
+    "    unlink(path, *args, **kwargs)\n"
+    "os.unlink = unlinked\n",
+}
+
+
+@pytest.mark.parametrize("moment", sorted(_SIGNAL_ONCE_PLACED))
 @pytest.mark.parametrize(
     ("sig", "status", "how"),
     [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")],
 )
 async def test_cli_export_stopped_as_its_file_takes_its_name_says_it_was_written(
-    state, admin, db_url, tmp_path, sig, status, how
+    state, admin, db_url, tmp_path, sig, status, how, moment
 ):
     """A stop that came as the finished file replaced the one there was told "no file was
     written (a file already there is as it was)", while the new file was in place."""
     agent = await make_agent(state, admin)
-    patch = (
-        "replace = os.replace\n"
-        "def replaced(source, target, **kwargs):\n"
-        "    replace(source, target, **kwargs)\n"
-        "    if str(target).endswith('agent.jsonl'):\n"  # (not another library's)
-        f"        os.kill(os.getpid(), {int(sig)})\n"
-        "os.replace = replaced\n"
-    )
+    patch = f"SIGNAL = {int(sig)}\n{_SIGNAL_ONCE_PLACED[moment]}"
     result, path = await _export_patched(db_url, tmp_path, agent, patch)
     assert result.returncode == status, result.stderr
     assert result.stderr.splitlines() == [
@@ -703,6 +717,53 @@ async def test_cli_export_stopped_as_its_file_takes_its_name_says_it_was_written
     ], result.stderr
     assert json.loads(path.read_text().splitlines()[0])["type"] == "header"
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("output", "sig", "said"),
+    [
+        (
+            "-",
+            signal.SIGTERM,
+            "stopped by SIGTERM: it came after the export was written in full to standard output",
+        ),
+        (
+            "/dev/stdout",
+            signal.SIGINT,
+            "interrupted: it came after /dev/stdout was written in full",
+        ),
+    ],
+)
+async def test_cli_export_to_standard_output_stopped_once_written_says_it_was_written(
+    state, admin, db_url, tmp_path, output, sig, said
+):
+    """A stop that came as the export said it was done (its last line, on stderr), with the
+    whole export on standard output or in a device, was told "what went to standard output is
+    cut short, and an import refuses it as such"."""
+    agent = await make_agent(state, admin)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import builtins, os\n"
+        "said = builtins.print\n"
+        "def print(*args, **kwargs):\n"
+        "    if args and str(args[0]).startswith('exported action'):\n"
+        f"        os.kill(os.getpid(), {int(sig)})\n"
+        "    said(*args, **kwargs)\n"
+        "builtins.print = print\n"
+    )
+    env = clean_env(database_url=db_url)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [*engram_command(), "export", "--action", str(agent.action_id), "-o", output],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 128 + sig, result.stderr
+    assert result.stderr.splitlines() == [f"engram export {said}"], result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 1 + sum(rows[0]["counts"].values())
 
 
 @CTRL_C
@@ -955,6 +1016,47 @@ async def test_cli_import_or_export_with_its_standard_stream_closed_says_so(
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(said), result.stderr
+
+
+async def test_cli_with_standard_error_closed_writes_nothing_of_its_own_to_standard_output(
+    state, admin, db_url, tmp_path
+):
+    """Started with standard error closed (`2>&-`), which Python makes None: the export and
+    the import failed at once, without a word (`sys.stderr.isatty()`, exit status 1), and
+    what they print on standard error went to standard output (`print(file=None)`), into an
+    export written there. (Python itself, not the `engram` script, which may be a shell script
+    that takes the closed descriptor for itself, such as pyenv's.)"""
+    agent = await build_agent(state, admin)
+    env = clean_env(database_url=db_url)
+    path = tmp_path / "agent.jsonl"
+
+    def engram(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", *args],
+            env=env,
+            preexec_fn=lambda: os.close(2),
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    exported = engram("export", "--action", str(agent.action_id), "-o", str(path))
+    assert (exported.returncode, exported.stdout) == (0, "")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[0]["type"] == "header"
+    assert len(rows) == 1 + sum(rows[0]["counts"].values())
+    to_stdout = engram("export", "--action", str(agent.action_id))
+    assert to_stdout.returncode == 0
+    # The export alone, each line a row (no "exported action ..." line after them).
+    assert [json.loads(line)["type"] for line in to_stdout.stdout.splitlines()] == [
+        row["type"] for row in rows
+    ]
+    imported = engram("import", str(path))
+    assert imported.returncode == 0
+    assert imported.stdout.startswith("imported 0 rows,"), imported.stdout
+    refused = engram("export", "--action", "not-an-id")
+    assert (refused.returncode, refused.stdout) == (2, "")
 
 
 async def test_cli_import_from_standard_input_is_checked_before_it_is_written(
