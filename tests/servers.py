@@ -76,6 +76,24 @@ def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_closed(env: dict[str, str], closed: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """`engram ARGS` started with descriptor `closed` (0, 1 or 2) closed, as a shell's `<&-`,
+    `>&-` or `2>&-` leaves it, the other two of stdin/stdout/stderr captured where open. Run as
+    `python -m app.cli`, not the `engram` script, which may be a shell script (pyenv's) that
+    takes the closed descriptor for itself."""
+    captured = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    captured.pop({1: "stdout", 2: "stderr"}.get(closed, ""), None)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        env=env,
+        preexec_fn=lambda: os.close(closed),
+        text=True,
+        timeout=120,
+        check=False,
+        **captured,
+    )
+
+
 # A parent that adopts what its descendants leave behind and never reaps it, as an init that
 # does not reap (Linux): it runs the command given, passes SIGTERM on, and ends as it ended.
 # Should it die, its child is killed (PR_SET_PDEATHSIG), not left serving.

@@ -16,7 +16,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 from helpers import scratch_dir
-from servers import Served, clean_env, free_port, post_graphql, run
+from servers import Served, clean_env, free_port, post_graphql, run, run_closed
 
 from app import cli, config
 from app.auth import service
@@ -199,15 +199,7 @@ async def test_cli_printing_what_only_it_can_tell_refuses_standard_output_closed
     output(run(env, "client", "create", "bot"))
 
     def closed(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "app.cli", *args],
-            env=env,
-            preexec_fn=lambda: os.close(1),
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_closed(env, 1, *args)
 
     conn = await asyncpg.connect(db_url)
     try:

@@ -554,25 +554,20 @@ async def test_m16_a_record_outside_the_write_scopes_is_never_replaced_or_delete
         h=memory_harness(scope={"read": ["session", "agent"], "write": ["session"]}),
     )
     assert updated.ok()
-    candidates(model_server, {"summary": "Acme's office is in Nice"})
-    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
-    executed = await run(gql, admin, action_id, "Acme moved again", session="s3")
-    (review,) = reviews(executed)
-    (decision,) = review["decisions"]
-    assert decision["id"] == agent_record["id"]
-    assert "does not write" in decision["refused"]
-    still = await memory(gql, admin, action_id, agent_record["id"])
-    assert still is not None and still["status"] == "ACTIVE"
-
-    candidates(model_server, {"summary": "Acme closed its office in Lyon"})
-    decide(model_server, {"candidate": "c1", "action": "delete", "record": "r1"})
-    executed = await run(gql, admin, action_id, "Acme closed the Lyon office", session="s4")
-    (review,) = reviews(executed)
-    (decision,) = review["decisions"]
-    assert decision["id"] == agent_record["id"]
-    assert "does not write" in decision["refused"] and review["written"] == []
-    still = await memory(gql, admin, action_id, agent_record["id"])
-    assert still is not None and (still["status"], still["version"]) == ("ACTIVE", 1)
+    refused = (
+        ("Acme's office is in Nice", "replace", "Acme moved again"),
+        ("Acme closed its office in Lyon", "delete", "Acme closed the Lyon office"),
+    )
+    for turn, (summary, action, message) in enumerate(refused, start=3):
+        candidates(model_server, {"summary": summary})
+        decide(model_server, {"candidate": "c1", "action": action, "record": "r1"})
+        executed = await run(gql, admin, action_id, message, session=f"s{turn}")
+        (review,) = reviews(executed)
+        (decision,) = review["decisions"]
+        assert decision["id"] == agent_record["id"], action
+        assert "does not write" in decision["refused"] and review["written"] == [], action
+        still = await memory(gql, admin, action_id, agent_record["id"])
+        assert still is not None and (still["status"], still["version"]) == ("ACTIVE", 1)
 
 
 async def test_m12_a_malformed_reply_is_told_once_then_dropped(

@@ -34,7 +34,7 @@ from factories import (
 from helpers import GQL, database_copy, db_settings
 from openai_server import OpenAIServer
 from runtime_support import run as run_turn
-from servers import clean_env, engram_command, run
+from servers import clean_env, engram_command, run, run_closed
 
 from app import cli
 from app.actions import service as actions
@@ -1004,15 +1004,7 @@ async def test_cli_import_or_export_with_its_standard_stream_closed_says_so(
     agent = await build_agent(state, admin)
     if command[0] == "export":
         command = [*command, str(agent.action_id)]
-    result = subprocess.run(
-        [*engram_command(), *command],
-        env=clean_env(database_url=db_url),
-        preexec_fn=lambda: os.close(closed),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_closed(clean_env(database_url=db_url), closed, *command)
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(said), result.stderr
@@ -1031,15 +1023,7 @@ async def test_cli_with_standard_error_closed_writes_nothing_of_its_own_to_stand
     path = tmp_path / "agent.jsonl"
 
     def engram(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "app.cli", *args],
-            env=env,
-            preexec_fn=lambda: os.close(2),
-            stdout=subprocess.PIPE,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_closed(env, 2, *args)
 
     exported = engram("export", "--action", str(agent.action_id), "-o", str(path))
     assert (exported.returncode, exported.stdout) == (0, "")
