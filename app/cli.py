@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import io
 import os
@@ -604,18 +605,42 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
     target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
     try:
+        # Held (flock) until the file has its name: another export to the same file meanwhile
+        # is refused, where it emptied this one's .partial and wrote into it too. One a killed
+        # export left is taken (its lock went with its process).
+        held = os.open(partial_file, os.O_RDONLY | os.O_CREAT, 0o666)
+    except OSError as e:
+        # Told as the file asked for: the .partial beside it is ours, not the user's.
+        raise OSError(e.errno, e.strerror, path) from None
+    try:
         try:
-            opened = open(partial_file, mode, encoding="utf-8")  # noqa: SIM115 (closed below)
-        except OSError as e:
-            # Told as the file asked for: the .partial beside it is ours, not the user's.
-            raise OSError(e.errno, e.strerror, path) from None
-        with opened as f:
-            if placed is not None:
-                placed.target, placed.written = target, os.fstat(f.fileno())
-            yield f
-        os.replace(partial_file, target)
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError(errno.EBUSY, _WRITING.format(name=partial_file.name), path) from None
+        ours = os.fstat(held)
+        try:
+            with open(partial_file, mode, encoding="utf-8") as f:
+                if placed is not None:
+                    placed.target, placed.written = target, os.fstat(f.fileno())
+                yield f
+            os.replace(partial_file, target)
+        finally:
+            if _names(partial_file, ours):  # not another export's, made since the rename
+                partial_file.unlink(missing_ok=True)
     finally:
-        partial_file.unlink(missing_ok=True)
+        os.close(held)
+
+
+_WRITING = "another export is writing it now ({name} is in use): run this one once it has ended"
+
+
+def _names(path: Path, known: os.stat_result) -> bool:
+    """`path` still names the file `known` was taken of."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (known.st_dev, known.st_ino)
 
 
 class _Placed:
@@ -631,11 +656,7 @@ class _Placed:
     def __bool__(self) -> bool:
         if self.target is None or self.written is None:
             return False
-        try:
-            now = os.stat(self.target)
-        except OSError:
-            return False
-        return (now.st_dev, now.st_ino) == (self.written.st_dev, self.written.st_ino)
+        return _names(self.target, self.written)
 
 
 class _Output:

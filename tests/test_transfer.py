@@ -525,6 +525,38 @@ async def many_records(state, admin, count: int) -> Any:
     return agent
 
 
+async def test_cli_export_to_a_file_another_export_is_writing_is_refused(
+    state, admin, db_url, tmp_path
+):
+    """Two exports to one file at once (a nightly job that overran): the second emptied the
+    first's .partial and wrote into it too, and the first then put that file in place of the
+    good one there was. The .partial is held while it is written: the second is refused and
+    touches nothing. One a killed export left (nobody holds it) is taken and written anew."""
+    agent = await make_agent(state, admin)
+    path = tmp_path / "agent.jsonl"
+    path.write_text("an earlier export\n")
+    partial = tmp_path / "agent.jsonl.partial"
+    env = clean_env(database_url=db_url)
+    command = ["export", "--action", str(agent.action_id), "-o", str(path)]
+    with open(partial, "w") as writing:  # another export's, under way
+        writing.write('{"type": "header", "format": "engram-export"}\n')
+        writing.flush()
+        fcntl.flock(writing.fileno(), fcntl.LOCK_EX)
+        result = await asyncio.to_thread(run, env, *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            f"engram: {path}: another export is writing it now (agent.jsonl.partial is in use): "
+            "run this one once it has ended"
+        ]
+        assert partial.read_text() == '{"type": "header", "format": "engram-export"}\n'
+        assert path.read_text() == "an earlier export\n"
+    # Left by an export that was killed: nobody holds it.
+    result = await asyncio.to_thread(run, env, *command)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(path.read_text().splitlines()[0])["type"] == "header"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]
+
+
 def test_cli_export_to_a_file_that_cannot_be_made_names_that_file(db_url, tmp_path):
     """The line named the `.partial` file the export writes first, which the user never
     asked for (`engram: /x/agent.jsonl.partial: No such file or directory`)."""
@@ -679,9 +711,9 @@ async def test_cli_export_stopped_as_its_event_loop_is_made_or_closed_or_twice_s
 
 
 # Python run with this sitecustomize sends itself SIGNAL as the export's finished file has
-# taken its name: as `os.replace` returns, or as the .partial name, gone with it, is removed
-# just after (the stop, raised in that cleanup, skipped the check of whether the file took its
-# name: it said "no file was written" with the new file in place).
+# taken its name: as `os.replace` returns, or in the cleanup just after, as it asks whether the
+# .partial name is still its own to remove (a stop raised in that cleanup skipped the check of
+# whether the file took its name: it said "no file was written" with the new file in place).
 _SIGNAL_ONCE_PLACED = {
     "replace": "replace = os.replace\n"
     "def replaced(source, target, **kwargs):\n"
@@ -689,12 +721,12 @@ _SIGNAL_ONCE_PLACED = {
     "    if str(target).endswith('agent.jsonl'):\n"  # (not another library's)
     "        os.kill(os.getpid(), SIGNAL)\n"
     "os.replace = replaced\n",
-    "unlink": "unlink = os.unlink\n"
-    "def unlinked(path, *args, **kwargs):\n"
+    "cleanup": "stat = os.stat\n"
+    "def stated(path, *args, **kwargs):\n"
     "    if str(path).endswith('agent.jsonl.partial'):\n"
     "        os.kill(os.getpid(), SIGNAL)\n"
-    "    unlink(path, *args, **kwargs)\n"
-    "os.unlink = unlinked\n",
+    "    return stat(path, *args, **kwargs)\n"
+    "os.stat = stated\n",
 }
 
 
