@@ -697,11 +697,13 @@ def _stdout_to_devnull() -> None:
 
 
 def _export(settings: Settings, args: argparse.Namespace) -> int:
-    from app.errors import NotFound
+    from app.errors import BadInput, NotFound
     from app.transfer.service import export_action
 
     action_id = _uuid(args.action, "an action ID")
     account = _account_id(args.account)
+    if args.output == "":  # (taken for the folder it runs in, once the export was written)
+        raise BadInput("-o names no file: give the file to write, or - for standard output")
     to_std = args.output in (None, "-")
     output: _Output | None = None
     placed = _Placed()

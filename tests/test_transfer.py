@@ -557,6 +557,18 @@ async def test_cli_export_to_a_file_another_export_is_writing_is_refused(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]
 
 
+async def test_cli_export_to_an_empty_file_name_is_refused_before_it_runs(state, admin, db_url):
+    """`-o ""` was taken for the folder the command runs in: the whole export was written, then
+    refused as it took the name (`engram: /parent/folder.partial: Is a directory`)."""
+    agent = await make_agent(state, admin)
+    command = ["export", "--action", str(agent.action_id), "-o", ""]
+    result = await asyncio.to_thread(run, clean_env(database_url=db_url), *command)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "error (BAD_REQUEST): -o names no file: give the file to write, or - for standard output"
+    ]
+
+
 def test_cli_export_to_a_file_that_cannot_be_made_names_that_file(db_url, tmp_path):
     """The line named the `.partial` file the export writes first, which the user never
     asked for (`engram: /x/agent.jsonl.partial: No such file or directory`)."""
