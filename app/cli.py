@@ -604,20 +604,8 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
         return
     target = Path(path).resolve()
     partial_file = target.with_name(target.name + ".partial")
+    held, ours = _partial_held(partial_file, path)
     try:
-        # Held (flock) until the file has its name: another export to the same file meanwhile
-        # is refused, where it emptied this one's .partial and wrote into it too. One a killed
-        # export left is taken (its lock went with its process).
-        held = os.open(partial_file, os.O_RDONLY | os.O_CREAT, 0o666)
-    except OSError as e:
-        # Told as the file asked for: the .partial beside it is ours, not the user's.
-        raise OSError(e.errno, e.strerror, path) from None
-    try:
-        try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OSError(errno.EBUSY, _WRITING.format(name=partial_file.name), path) from None
-        ours = os.fstat(held)
         try:
             with open(partial_file, mode, encoding="utf-8") as f:
                 if placed is not None:
@@ -632,6 +620,34 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
 
 
 _WRITING = "another export is writing it now ({name} is in use): run this one once it has ended"
+
+
+def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
+    """`partial_file` opened (made if need be) and locked (flock), with the file it is, held
+    until the export's file has its name: another export to the same file meanwhile is
+    refused, where it emptied this one's .partial and wrote into it too. One a killed export
+    left is taken (its lock went with its process). Locked once its name no longer named it
+    (the export that held it ended as this one opened it: its file took its name, or it
+    removed its .partial), it is opened again: the lock held that other file, and the .partial
+    this export then made by that name was held by none."""
+    while True:
+        try:
+            held = os.open(partial_file, os.O_RDONLY | os.O_CREAT, 0o666)
+        except OSError as e:
+            # Told as the file asked for: the .partial beside it is ours, not the user's.
+            raise OSError(e.errno, e.strerror, path) from None
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            ours = os.fstat(held)
+            if _names(partial_file, ours):
+                return held, ours
+        except BlockingIOError:
+            os.close(held)
+            raise OSError(errno.EBUSY, _WRITING.format(name=partial_file.name), path) from None
+        except BaseException:
+            os.close(held)
+            raise
+        os.close(held)
 
 
 def _names(path: Path, known: os.stat_result) -> bool:

@@ -557,6 +557,68 @@ async def test_cli_export_to_a_file_another_export_is_writing_is_refused(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]
 
 
+# Python run with this sitecustomize stops as the export is about to lock the .partial it has
+# opened, until the file `go` beside it is made (its first lock only).
+_WAIT_BEFORE_LOCK = (
+    "import fcntl, pathlib, time\n"
+    "flock = fcntl.flock\n"
+    "here = pathlib.Path(__file__).parent\n"
+    "def waited(fd, op):\n"
+    "    if not (here / 'go').exists():\n"
+    "        (here / 'opened').touch()\n"
+    "        while not (here / 'go').exists():\n"
+    "            time.sleep(0.01)\n"
+    "    return flock(fd, op)\n"
+    "fcntl.flock = waited\n"
+)
+
+
+@pytest.mark.parametrize("ended", ["placed", "failed"])
+async def test_cli_export_that_opened_the_partial_of_one_that_just_ended_holds_its_own(
+    state, admin, db_url, tmp_path, ended
+):
+    """An export that opened the .partial as another export ended (its file took its name, or it
+    failed and removed it) locked that file, no longer the .partial, and wrote a new .partial
+    by name that nobody held: a third export to the same file took it and wrote into it too.
+    The lock is taken again on the .partial there is now."""
+    agent = await many_records(state, admin, 3000)
+    path = tmp_path / "out" / "agent.jsonl"
+    path.parent.mkdir()
+    path.write_text("an earlier export\n")
+    partial = path.with_name(path.name + ".partial")
+    (tmp_path / "sitecustomize.py").write_text(_WAIT_BEFORE_LOCK)
+    env = clean_env(database_url=db_url)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    export = [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)]
+    with open(partial, "w") as first:  # an export under way, which ends as the second opens it
+        fcntl.flock(first.fileno(), fcntl.LOCK_EX)
+        proc = await asyncio.create_subprocess_exec(*export, env=env, stdout=PIPE, stderr=PIPE)
+        while not (tmp_path / "opened").exists():
+            assert proc.returncode is None, await proc.communicate()
+            await asyncio.sleep(0.01)
+        if ended == "placed":
+            first.write("the first export\n")
+            first.flush()
+            os.replace(partial, path)
+        else:
+            partial.unlink()
+    (tmp_path / "go").touch()
+    try:
+        while not partial.exists() or partial.stat().st_size == 0:
+            assert proc.returncode is None, await proc.communicate()
+            await asyncio.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        # A third export now: the .partial the second writes is held.
+        with open(partial) as third, pytest.raises(BlockingIOError):
+            fcntl.flock(third.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    err = await stderr_once_ended(proc, "the export did not end")
+    assert proc.returncode == 0, err
+    assert len(path.read_text().splitlines()) > 3000
+    assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
+
+
 async def test_cli_export_to_an_empty_file_name_is_refused_before_it_runs(state, admin, db_url):
     """`-o ""` was taken for the folder the command runs in: the whole export was written, then
     refused as it took the name (`engram: /parent/folder.partial: Is a directory`)."""
@@ -733,12 +795,17 @@ _SIGNAL_ONCE_PLACED = {
     "    if str(target).endswith('agent.jsonl'):\n"  # (not another library's)
     "        os.kill(os.getpid(), SIGNAL)\n"
     "os.replace = replaced\n",
-    "cleanup": "stat = os.stat\n"
+    # (once it has replaced the file: the .partial name is asked after as it is locked, too)
+    "cleanup": "stat, replace = os.stat, os.replace\n"
+    "placed = []\n"
+    "def replaced(source, target, **kwargs):\n"
+    "    replace(source, target, **kwargs)\n"
+    "    placed.append(target)\n"
     "def stated(path, *args, **kwargs):\n"
-    "    if str(path).endswith('agent.jsonl.partial'):\n"
+    "    if placed and str(path).endswith('agent.jsonl.partial'):\n"
     "        os.kill(os.getpid(), SIGNAL)\n"
     "    return stat(path, *args, **kwargs)\n"
-    "os.stat = stated\n",
+    "os.stat, os.replace = stated, replaced\n",
 }
 
 
