@@ -11,6 +11,7 @@ import io
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
@@ -622,6 +623,10 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
 _WRITING = "another export is writing it now ({name} is in use): run this one once it has ended"
 
 
+_NOT_A_FILE = "{}, which the export writes first, is {}: remove it, or name another file"
+_NO_FILE = {errno.ELOOP: "a link", errno.EISDIR: "a directory"}
+
+
 def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
     """`partial_file` opened (made if need be) and locked (flock), with the file it is, held
     until the export's file has its name: another export to the same file meanwhile is
@@ -632,11 +637,21 @@ def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
     this export then made by that name was held by none."""
     while True:
         try:
-            held = os.open(partial_file, os.O_RDONLY | os.O_CREAT, 0o666)
+            # Not through a link (the export went into the file it points at, and the link took
+            # FILE's place), nor waiting on a FIFO for a writer (for ever).
+            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            held = os.open(partial_file, flags, 0o666)
         except OSError as e:
+            if e.errno in _NO_FILE:  # (the folder it is in has no link: resolved)
+                said = _NOT_A_FILE.format(partial_file.name, _NO_FILE[e.errno])
+                raise OSError(e.errno, said, path) from None
             # Told as the file asked for: the .partial beside it is ours, not the user's.
             raise OSError(e.errno, e.strerror, path) from None
         try:
+            mode = os.fstat(held).st_mode
+            if not stat.S_ISREG(mode):
+                kind = "a FIFO" if stat.S_ISFIFO(mode) else "not a file"
+                raise OSError(errno.EEXIST, _NOT_A_FILE.format(partial_file.name, kind), path)
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
             ours = os.fstat(held)
             if _names(partial_file, ours):

@@ -619,6 +619,41 @@ async def test_cli_export_that_opened_the_partial_of_one_that_just_ended_holds_i
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl"]
 
 
+@pytest.mark.parametrize(
+    ("kind", "said"), [("link", "a link"), ("directory", "a directory"), ("fifo", "a FIFO")]
+)
+async def test_cli_export_whose_partial_name_is_no_file_is_refused_touching_nothing(
+    state, admin, db_url, tmp_path, kind, said
+):
+    """FILE.partial a link: the export was written into the file it points at (another file of
+    the user's, gone), and the link put in place of FILE; a directory: refused as "FILE: Is a
+    directory", of a FILE that is a file; a FIFO: the export waited, for ever, for a writer."""
+    agent = await make_agent(state, admin)
+    path = tmp_path / "out" / "agent.jsonl"
+    path.parent.mkdir()
+    path.write_text("an earlier export\n")
+    partial = path.with_name(path.name + ".partial")
+    other = tmp_path / "notes.txt"
+    other.write_text("the user's notes\n")
+    if kind == "link":
+        partial.symlink_to(other)
+    elif kind == "directory":
+        partial.mkdir()
+    else:
+        os.mkfifo(partial)
+    command = ["export", "--action", str(agent.action_id), "-o", str(path)]
+    result = await asyncio.to_thread(run, clean_env(database_url=db_url), *command)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"engram: {path}: agent.jsonl.partial, which the export writes first, is {said}: "
+        "remove it, or name another file"
+    ]
+    assert path.read_text() == "an earlier export\n"
+    assert other.read_text() == "the user's notes\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl", "agent.jsonl.partial"]
+    assert partial.is_symlink() == (kind == "link")
+
+
 async def test_cli_export_to_an_empty_file_name_is_refused_before_it_runs(state, admin, db_url):
     """`-o ""` was taken for the folder the command runs in: the whole export was written, then
     refused as it took the name (`engram: /parent/folder.partial: Is a directory`)."""
