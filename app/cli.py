@@ -603,12 +603,18 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
         with open(path, mode, encoding="utf-8", errors=errors) as f:
             yield f
         return
-    target = Path(path).resolve()
+    try:
+        target = Path(path).resolve()
+    except RuntimeError:  # links that lead back to themselves (Python 3.11; later ones: OSError)
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
     partial_file = target.with_name(target.name + ".partial")
     held, ours = _partial_held(partial_file, path)
     try:
         try:
-            with open(partial_file, mode, encoding="utf-8") as f:
+            # Written through the descriptor locked, made writable: reopened by its name, one
+            # made under a umask without the owner's write (0222) could not be written.
+            os.ftruncate(held, 0)
+            with open(os.dup(held), mode, encoding="utf-8") as f:
                 if placed is not None:
                     placed.target, placed.written = target, os.fstat(f.fileno())
                 yield f
@@ -639,8 +645,11 @@ def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
         try:
             # Not through a link (the export went into the file it points at, and the link took
             # FILE's place), nor waiting on a FIFO for a writer (for ever).
-            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-            held = os.open(partial_file, flags, 0o666)
+            flags = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            try:
+                held, writable = os.open(partial_file, os.O_RDWR | flags, 0o666), True
+            except PermissionError:  # still told when another export holds it
+                held, writable = os.open(partial_file, os.O_RDONLY | flags, 0o666), False
         except OSError as e:
             if e.errno in _NO_FILE:  # (the folder it is in has no link: resolved)
                 said = _NOT_A_FILE.format(partial_file.name, _NO_FILE[e.errno])
@@ -652,9 +661,12 @@ def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
             if not stat.S_ISREG(mode):
                 kind = "a FIFO" if stat.S_ISFIFO(mode) else "not a file"
                 raise OSError(errno.EEXIST, _NOT_A_FILE.format(partial_file.name, kind), path)
+            os.set_blocking(held, True)
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
             ours = os.fstat(held)
             if _names(partial_file, ours):
+                if not writable:
+                    raise OSError(errno.EACCES, os.strerror(errno.EACCES), path)
                 return held, ours
         except BlockingIOError:
             os.close(held)

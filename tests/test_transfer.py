@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import resource
+import shutil
 import signal
 import stat
 import subprocess
@@ -31,7 +32,7 @@ from factories import (
     work,
     writer,
 )
-from helpers import GQL, database_copy, db_settings
+from helpers import GQL, database_copy, db_settings, scratch_dir
 from openai_server import OpenAIServer
 from runtime_support import run as run_turn
 from servers import clean_env, engram_command, run, run_closed
@@ -652,6 +653,51 @@ async def test_cli_export_whose_partial_name_is_no_file_is_refused_touching_noth
     assert other.read_text() == "the user's notes\n"
     assert sorted(p.name for p in path.parent.iterdir()) == ["agent.jsonl", "agent.jsonl.partial"]
     assert partial.is_symlink() == (kind == "link")
+
+
+def test_cli_export_under_a_umask_without_the_owners_write_writes_its_file():
+    """Under `umask 0222` (files made read-only) the export made its .partial, then could not
+    open it to write: every export to a file failed, "Permission denied". (The file as the
+    export writes it, in a process of its own: another user than root, whom no mode keeps from
+    writing, cannot reach the test database.)"""
+    folder = scratch_dir("engram-export-umask-")  # (tmp_path is private to its user)
+    try:
+        folder.chmod(0o777)
+        path = folder / "agent.jsonl"
+        write = (
+            "import sys\n"
+            "from app.cli import _file_or_std\n"
+            "with _file_or_std(sys.argv[1], 'w') as f:\n"
+            "    f.write('the export\\n')\n"
+        )
+        user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        result = subprocess.run(
+            [*(user if os.geteuid() == 0 else []), "sh", "-c", 'umask 0222 && exec "$@"', "sh"]
+            + [sys.executable, "-c", write, str(path)],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert path.read_text() == "the export\n"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o444
+        assert os.listdir(folder) == ["agent.jsonl"]
+    finally:
+        shutil.rmtree(folder)
+
+
+async def test_cli_export_to_a_link_to_itself_is_refused_in_one_line(
+    state, admin, db_url, tmp_path
+):
+    agent = await make_agent(state, admin)
+    path = tmp_path / "agent.jsonl"
+    path.symlink_to(path)
+    command = ["export", "--action", str(agent.action_id), "-o", str(path)]
+    result = await asyncio.to_thread(run, clean_env(database_url=db_url), *command)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"engram: {path}: Too many levels of symbolic links"]
+    assert os.listdir(tmp_path) == ["agent.jsonl"] and path.is_symlink()
 
 
 async def test_cli_export_to_an_empty_file_name_is_refused_before_it_runs(state, admin, db_url):
