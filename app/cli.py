@@ -599,7 +599,12 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
             std.reconfigure(errors=errors)
         yield std
         return
-    if "w" not in mode or (os.path.exists(path) and not os.path.isfile(path)):
+    # A name ending in a slash is opened as it is (refused: a folder or "Not a directory"),
+    # where `Path.resolve` dropped the slash and the file of that name was written.
+    if "w" in mode and path.endswith(os.sep) and os.path.isfile(path.rstrip(os.sep)):
+        raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    not_a_file = os.path.exists(path) and not os.path.isfile(path)
+    if "w" not in mode or not_a_file or path.endswith(os.sep):
         with open(path, mode, encoding="utf-8", errors=errors) as f:
             yield f
         return

@@ -687,6 +687,24 @@ def test_cli_export_under_a_umask_without_the_owners_write_writes_its_file():
         shutil.rmtree(folder)
 
 
+@pytest.mark.parametrize(
+    ("name", "said"), [("agent.jsonl/", "Not a directory"), ("folder/", "Is a directory")]
+)
+async def test_cli_export_to_a_name_ending_in_a_slash_writes_no_file(
+    state, admin, db_url, tmp_path, name, said
+):
+    """The slash was dropped (`Path.resolve`): `-o agent.jsonl/` replaced the file agent.jsonl,
+    `-o folder/` wrote a file named folder. Refused as a shell's `>` refuses them."""
+    agent = await make_agent(state, admin)
+    (tmp_path / "agent.jsonl").write_text("an earlier export\n")
+    command = ["export", "--action", str(agent.action_id), "-o", f"{tmp_path}/{name}"]
+    result = await asyncio.to_thread(run, clean_env(database_url=db_url), *command)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"engram: {tmp_path}/{name}: {said}"]
+    assert (tmp_path / "agent.jsonl").read_text() == "an earlier export\n"
+    assert os.listdir(tmp_path) == ["agent.jsonl"]
+
+
 async def test_cli_export_to_a_link_to_itself_is_refused_in_one_line(
     state, admin, db_url, tmp_path
 ):
