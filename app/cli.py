@@ -603,6 +603,8 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
     # where `Path.resolve` dropped the slash and the file of that name was written.
     if "w" in mode and path.endswith(os.sep) and os.path.isfile(path.rstrip(os.sep)):
         raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    if "w" in mode and _a_held_stream(path):  # (else written into /dev/null, said done)
+        raise OSError(errno.EBADF, _CLOSED[True], path)
     not_a_file = os.path.exists(path) and not os.path.isfile(path)
     if "w" not in mode or not_a_file or path.endswith(os.sep):
         with open(path, mode, encoding="utf-8", errors=errors) as f:
@@ -1326,6 +1328,24 @@ class _Termination:
             raise KeyboardInterrupt
 
 
+# The standard streams `_closed_streams_held` holds on /dev/null.
+_HELD_ON_DEVNULL: set[int] = set()
+
+
+def _a_held_stream(path: str) -> bool:
+    """`path` names (through its links) a standard stream closed when the command started,
+    now held on /dev/null: /dev/stdout, /dev/fd/1, /proc/self/fd/1 with `>&-`."""
+    name = os.path.abspath(path)
+    for _ in range(40):  # (as the system follows links)
+        fd = re.fullmatch(r"/(?:proc/self|dev)/fd/(\d+)", name)
+        if fd:
+            return int(fd[1]) in _HELD_ON_DEVNULL
+        if not os.path.islink(name):
+            return False
+        name = os.path.normpath(os.path.join(os.path.dirname(name), os.readlink(name)))
+    return False
+
+
 def _closed_streams_held() -> None:
     """Standard streams closed when the command started (`<&-`, `>&-`, `2>&-`), which Python
     makes None, held open on /dev/null: no file, socket or pipe the command opens takes their
@@ -1346,6 +1366,7 @@ def _closed_streams_held() -> None:
         if held != fd:
             os.dup2(held, fd)
             os.close(held)
+        _HELD_ON_DEVNULL.add(fd)
         os.set_inheritable(fd, True)  # as a standard stream is, for the children
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (until exit)

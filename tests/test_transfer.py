@@ -1220,6 +1220,25 @@ async def test_cli_import_or_export_with_its_standard_stream_closed_says_so(
     assert result.stderr.startswith(said), result.stderr
 
 
+@pytest.mark.parametrize("output", ["/dev/stdout", "/dev/fd/1", "link"])
+async def test_cli_export_to_standard_output_by_name_with_it_closed_says_so(
+    state, admin, db_url, tmp_path, output
+):
+    """`engram export -o /dev/stdout >&-`: the export went into the /dev/null the closed
+    descriptor is held on, exit status 0, "exported action ...", where `-o -` says standard
+    output is closed."""
+    agent = await make_agent(state, admin)
+    if output == "link":
+        (tmp_path / "out").symlink_to("/dev/stdout")
+        output = str(tmp_path / "out")
+    command = ["export", "--action", str(agent.action_id), "-o", output]
+    result = await asyncio.to_thread(run_closed, clean_env(database_url=db_url), 1, *command)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"engram: {output}: standard output is closed: name the file to write with -o FILE"
+    ]
+
+
 async def test_cli_with_standard_error_closed_writes_nothing_of_its_own_to_standard_output(
     state, admin, db_url, tmp_path
 ):
