@@ -623,7 +623,7 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
             os.ftruncate(held, 0)
             with open(os.dup(held), mode, encoding="utf-8") as f:
                 if placed is not None:
-                    placed.target, placed.written = target, os.fstat(f.fileno())
+                    placed.target, placed.written = target, ours
                 yield f
             os.replace(partial_file, target)
         finally:
@@ -782,7 +782,11 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         # Written in full: the file took its name, or what is not a file (standard output, a
         # FIFO, a device), written straight into, was flushed once the export was.
-        if not (placed if placed.target else output is not None and output.flushed):
+        if placed.target is not None:
+            written = bool(placed)
+        else:
+            written = output is not None and output.flushed
+        if not written:
             raise
         where = "the export was written in full to standard output"
         if not to_std:
