@@ -558,6 +558,15 @@ async def test_cli_export_to_a_file_another_export_is_writing_is_refused(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]
 
 
+def _patched_env(db_url: str, tmp_path: Path, code: str) -> dict[str, str]:
+    """The environment of an `engram` command on the test database that runs `code` at its
+    start (a `sitecustomize` in tmp_path)."""
+    (tmp_path / "sitecustomize.py").write_text(code)
+    env = clean_env(database_url=db_url)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    return env
+
+
 # Python run with this sitecustomize stops as the export is about to lock the .partial it has
 # opened, until the file `go` beside it is made (its first lock only).
 _WAIT_BEFORE_LOCK = (
@@ -587,9 +596,7 @@ async def test_cli_export_that_opened_the_partial_of_one_that_just_ended_holds_i
     path.parent.mkdir()
     path.write_text("an earlier export\n")
     partial = path.with_name(path.name + ".partial")
-    (tmp_path / "sitecustomize.py").write_text(_WAIT_BEFORE_LOCK)
-    env = clean_env(database_url=db_url)
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    env = _patched_env(db_url, tmp_path, _WAIT_BEFORE_LOCK)
     export = [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)]
     with open(partial, "w") as first:  # an export under way, which ends as the second opens it
         fcntl.flock(first.fileno(), fcntl.LOCK_EX)
@@ -849,12 +856,10 @@ async def _export_patched(
     """`engram export` of `agent` over an earlier export at tmp_path/out/agent.jsonl, with
     `patch` (Python under `import os, signal`) run at its start by a `sitecustomize`, and Ctrl-C
     as `ctrl_c`: its result and the file's path."""
-    (tmp_path / "sitecustomize.py").write_text(f"import os, signal\n{patch}")
+    env = _patched_env(db_url, tmp_path, f"import os, signal\n{patch}")
     path = tmp_path / "out" / "agent.jsonl"
     path.parent.mkdir()
     path.write_text("an earlier export\n")
-    env = clean_env(database_url=db_url)
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
     result = await asyncio.to_thread(
         subprocess.run,
         [*engram_command(), "export", "--action", str(agent.action_id), "-o", str(path)],
@@ -951,17 +956,17 @@ async def test_cli_export_to_standard_output_stopped_once_written_says_it_was_wr
     whole export on standard output or in a device, was told "what went to standard output is
     cut short, and an import refuses it as such"."""
     agent = await make_agent(state, admin)
-    (tmp_path / "sitecustomize.py").write_text(
+    env = _patched_env(
+        db_url,
+        tmp_path,
         "import builtins, os\n"
         "said = builtins.print\n"
         "def print(*args, **kwargs):\n"
         "    if args and str(args[0]).startswith('exported action'):\n"
         f"        os.kill(os.getpid(), {int(sig)})\n"
         "    said(*args, **kwargs)\n"
-        "builtins.print = print\n"
+        "builtins.print = print\n",
     )
-    env = clean_env(database_url=db_url)
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
     result = await asyncio.to_thread(
         subprocess.run,
         [*engram_command(), "export", "--action", str(agent.action_id), "-o", output],
