@@ -1200,12 +1200,14 @@ def _command(args: argparse.Namespace) -> int:
         stopped = _database_stopped(e)
         gone = not stopped and _database_gone(e)
         if gone:
-            what = _DATABASE_GONE
+            what = _SCHEMA_MISSING if _schema_missing(e) else _DATABASE_GONE
         elif stopped:
             what = f"the database stopped its work ({' '.join(str(e).split())})"
         else:
             raise
         again = "run it again once the database answers" if gone else "run it again"
+        if gone and _schema_missing(e):
+            again = "run it again once the database is restored whole"
         after = _INTERRUPTED.get(args.command, again)
         _say(f"engram {args.command}: {what}: {after}", args.command)
         return 2
@@ -1214,6 +1216,18 @@ def _command(args: argparse.Namespace) -> int:
 _DATABASE_GONE = (
     "the database became unavailable while it ran (restarting, or its connection was ended)"
 )
+
+
+_SCHEMA_MISSING = (
+    "the database does not hold all of Engram's tables (it is being restored, or was changed "
+    "under the command)"
+)
+
+
+def _schema_missing(error: BaseException) -> bool:
+    from app.db.errors import is_schema_missing
+
+    return is_schema_missing(error)
 
 
 def _database_gone(error: BaseException) -> bool:

@@ -628,6 +628,24 @@ async def test_serve_refusals_are_json_log_lines_under_the_json_format(db_url):
     assert done.returncode == 2 and done.stderr.startswith("error (CONFLICT): the database is at")
 
 
+async def test_serve_on_a_database_missing_a_table_says_so_in_one_line(db_url):
+    """`engram serve` on a database at the newest migration that lacks one of its tables (a
+    restore not finished): one line saying so and what to do, exit status 2, where its start
+    ended in a lifespan traceback ("Application startup failed")."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("DROP TABLE client_tokens CASCADE")
+    finally:
+        await conn.close()
+    env = clean_env(database_url=db_url, port=str(free_port()), search_maintenance_seconds="0")
+    done = await asyncio.to_thread(run, env, "serve")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "engram serve: the database does not hold all of Engram's tables (it is being restored, "
+        "or was changed under the command): run it again once the database is restored whole"
+    ]
+
+
 def test_serve_with_an_unknown_option_says_so_as_a_json_log_line_under_the_json_format():
     """An option `engram serve` does not know is refused by the top-level parser (argparse
     leaves unrecognized arguments to it), whose words are JSON too under ENGRAM_LOG_FORMAT=json:

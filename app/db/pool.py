@@ -13,6 +13,8 @@ from typing import Any
 import asyncpg
 from pgvector.asyncpg import register_vector
 
+from app.db.errors import SchemaMissing
+
 # Every connection's session defaults, which RESET ALL (run by the pool on release after
 # `session_changed`) returns to: the HNSW settings of every scan that does not set its own, so
 # that a search is one statement, with no settings to send first. (Memory search's index plan
@@ -82,7 +84,10 @@ async def lift_bounds(conn: asyncpg.Connection) -> None:
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
-    await register_vector(conn)
+    try:
+        await register_vector(conn)
+    except ValueError as e:  # asyncpg's "unknown type: public.vector"
+        raise SchemaMissing(f"the database has no type vector (pgvector's): {e}") from e
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
