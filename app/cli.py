@@ -636,6 +636,9 @@ def _file_or_std(path: str | None, mode: str, placed: _Placed | None = None) -> 
 _WRITING = "another export is writing it now ({name} is in use): run this one once it has ended"
 
 
+# `_partial_held`'s passes: each one more needs another export to end just as it opens the file.
+_PARTIAL_TRIES = 20
+
 _NOT_A_FILE = "{}, which the export writes first, is {}: remove it, or name another file"
 _NO_FILE = {errno.ELOOP: "a link", errno.EISDIR: "a directory"}
 
@@ -647,8 +650,10 @@ def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
     left is taken (its lock went with its process). Locked once its name no longer named it
     (the export that held it ended as this one opened it: its file took its name, or it
     removed its .partial), it is opened again: the lock held that other file, and the .partial
-    this export then made by that name was held by none."""
-    while True:
+    this export then made by that name was held by none. One left that cannot be written (made
+    under a umask without the owner's write, its export killed) is removed once locked, and
+    made again: it was refused "Permission denied" at every export after."""
+    for _ in range(_PARTIAL_TRIES):
         try:
             # Not through a link (the export went into the file it points at, and the link took
             # FILE's place), nor waiting on a FIFO for a writer (for ever).
@@ -672,9 +677,12 @@ def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
             ours = os.fstat(held)
             if _names(partial_file, ours):
-                if not writable:
-                    raise OSError(errno.EACCES, os.strerror(errno.EACCES), path)
-                return held, ours
+                if writable:
+                    return held, ours
+                try:  # a stale one, held by none but this export: made anew
+                    partial_file.unlink()
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, path) from None
         except BlockingIOError:
             os.close(held)
             raise OSError(errno.EBUSY, _WRITING.format(name=partial_file.name), path) from None
@@ -682,6 +690,8 @@ def _partial_held(partial_file: Path, path: str) -> tuple[int, os.stat_result]:
             os.close(held)
             raise
         os.close(held)
+    # Each pass met another export ending just then: others keep writing it.
+    raise OSError(errno.EBUSY, _WRITING.format(name=partial_file.name), path)
 
 
 def _names(path: Path, known: os.stat_result) -> bool:

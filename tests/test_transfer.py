@@ -1,6 +1,7 @@
 """`engram export` / `engram import`: an agent read back identical in another database."""
 
 import asyncio
+import errno
 import fcntl
 import io
 import itertools
@@ -664,21 +665,21 @@ async def test_cli_export_whose_partial_name_is_no_file_is_refused_touching_noth
 
 def test_cli_export_under_a_umask_without_the_owners_write_writes_its_file():
     """Under `umask 0222` (files made read-only) the export made its .partial, then could not
-    open it to write: every export to a file failed, "Permission denied". (The file as the
-    export writes it, in a process of its own: another user than root, whom no mode keeps from
-    writing, cannot reach the test database.)"""
+    open it to write: every export to a file failed, "Permission denied". And a .partial such
+    an export left when killed, read-only, was refused "Permission denied" at every export
+    after. (The file as the export writes it, in a process of its own: another user than root,
+    whom no mode keeps from writing, cannot reach the test database.)"""
     folder = scratch_dir("engram-export-umask-")  # (tmp_path is private to its user)
-    try:
-        folder.chmod(0o777)
-        path = folder / "agent.jsonl"
+    user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+    def export(text: str) -> subprocess.CompletedProcess[str]:
         write = (
             "import sys\n"
             "from app.cli import _file_or_std\n"
             "with _file_or_std(sys.argv[1], 'w') as f:\n"
-            "    f.write('the export\\n')\n"
+            f"    f.write({text!r})\n"
         )
-        user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        result = subprocess.run(
+        return subprocess.run(
             [*(user if os.geteuid() == 0 else []), "sh", "-c", 'umask 0222 && exec "$@"', "sh"]
             + [sys.executable, "-c", write, str(path)],
             env=clean_env(),
@@ -686,12 +687,40 @@ def test_cli_export_under_a_umask_without_the_owners_write_writes_its_file():
             text=True,
             timeout=60,
         )
+
+    try:
+        folder.chmod(0o777)
+        path = folder / "agent.jsonl"
+        result = export("the export\n")
         assert result.returncode == 0, result.stderr
         assert path.read_text() == "the export\n"
         assert stat.S_IMODE(path.stat().st_mode) == 0o444
         assert os.listdir(folder) == ["agent.jsonl"]
+
+        partial = folder / "agent.jsonl.partial"
+        partial.write_text("a killed export's first rows\n")
+        partial.chmod(0o444)
+        if os.geteuid() == 0:
+            os.chown(partial, 65534, 65534)
+        again = export("again\n")
+        assert again.returncode == 0, again.stderr
+        assert path.read_text() == "again\n"
+        assert os.listdir(folder) == ["agent.jsonl"]
     finally:
         shutil.rmtree(folder)
+
+
+def test_cli_export_locking_its_partial_gives_up_when_it_never_holds_it(tmp_path, monkeypatch):
+    """Each pass of the lock taken again (the .partial's name no longer naming the file locked:
+    another export ended just then) is bounded: told as another export writing it, every
+    descriptor closed, where the loop had no end."""
+    monkeypatch.setattr(cli, "_names", lambda path, known: False)
+    opened = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as refused:
+        cli._partial_held(tmp_path / "agent.jsonl.partial", str(tmp_path / "agent.jsonl"))
+    assert refused.value.errno == errno.EBUSY
+    assert "another export is writing it now" in str(refused.value)
+    assert len(os.listdir("/proc/self/fd")) == opened
 
 
 @pytest.mark.parametrize(
