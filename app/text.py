@@ -134,8 +134,10 @@ _NOT_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200b\u2028\u2029\u202a-\u202e\u
 # Mongolian vowel separator, deprecated and unassigned format characters, tags), and the
 # interlinear annotation characters that hide the text between them. Kept, as scripts and
 # emoji need them: the joiners U+200C and U+200D, variation selectors (U+180B-U+180D, U+180F,
-# U+FE00-U+FE0F, U+E0100-U+E01EF), and tags inside an emoji flag's tag sequence (England's
-# 🏴 U+1F3F4, tag letters, U+E007F), outside which tags are ASCII text a reader cannot see.
+# U+FE00-U+FE0F, U+E0100-U+E01EF), tags inside an emoji flag's tag sequence (England's
+# 🏴 U+1F3F4, tag letters, U+E007F), outside which tags are ASCII text a reader cannot see, and
+# the Mongolian vowel separator between Mongolian letters (before a final a or e, where
+# traditional Mongolian writes it), outside which it is a gap nobody sees.
 _INVISIBLE = re.compile(
     "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200e\u200f\u2060-\u2065"
     "\u206a-\u206f\u3164\uffa0\ufff0-\ufffb\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
@@ -144,12 +146,23 @@ _INVISIBLE = re.compile(
 _EMOJI_TAGS = re.compile("\U0001f3f4[\U000e0030-\U000e0039\U000e0061-\U000e007a]+\U000e007f")
 
 
+def _separates_mongolian(text: str, at: int) -> bool:
+    """The Mongolian vowel separator at `at` follows a Mongolian letter (U+1820-U+1878, with
+    any free variation selectors after it) and comes before the letter a or e."""
+    before = text[:at].rstrip("\u180b\u180c\u180d\u180f")
+    after = text[at + 1 : at + 2]
+    return bool(before) and "\u1820" <= before[-1] <= "\u1878" and after in ("\u1820", "\u1821")
+
+
 def _invisible_at(text: str) -> int | None:
     """Where `text`'s first `_INVISIBLE` character is (None: it has none)."""
     flags = [m.span() for m in _EMOJI_TAGS.finditer(text)] if "\U0001f3f4" in text else []
     for match in _INVISIBLE.finditer(text):
-        if not any(start < match.start() < end for start, end in flags):
-            return match.start()
+        at = match.start()
+        if text[at] == "\u180e" and _separates_mongolian(text, at):
+            continue
+        if not any(start < at < end for start, end in flags):
+            return at
     return None
 
 

@@ -121,6 +121,11 @@ REFUSED = {
         {"i": {"name": "acme\u180e"}},
         "account name contains U+180E at position 4",
     ),
+    "agent name, Mongolian vowel separator before a letter, after none": (
+        CREATE,
+        {"i": {"name": "bot \u180e\u1820"}},
+        "name contains U+180E at position 4",
+    ),
     "account name, Hangul filler alone": (
         CREATE_ACCOUNT,
         {"i": {"name": "\u3164"}},
@@ -147,9 +152,11 @@ async def test_a_new_name_or_session_id_holding_an_invisible_character_is_bad_re
 
 async def test_joiners_variation_selectors_and_emoji_flags_are_kept(api: Any) -> None:
     """Persian needs a zero-width non-joiner, a family emoji the joiner, a red heart its
-    variation selector, England's flag its tags: each is a name, and a session ID."""
+    variation selector, England's flag its tags, traditional Mongolian its vowel separator
+    before a final a (qoriy-a): each is a name, and a session ID."""
     for name in (
         "\u0645\u06cc\u200c\u0631\u0648\u0645",
+        "\u182c\u1823\u1837\u1822\u1836\u180e\u1820",
         "\U0001f468\u200d\U0001f469\u200d\U0001f467",
         "\u2764\ufe0f bot",
         f"{ENGLAND} support",
