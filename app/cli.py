@@ -1241,13 +1241,14 @@ def _schema_missing(error: BaseException) -> bool:
 
 
 def _database_gone(error: BaseException) -> bool:
-    """An error of the database driver (asyncpg) saying the database cannot be reached."""
+    """An error of the database driver (asyncpg) saying the database cannot be reached, or the
+    pool's refusal of a connection to a database without pgvector's type (`SchemaMissing`)."""
     import asyncpg
     from asyncpg.exceptions import InternalClientError
 
-    from app.db.errors import is_unavailable
+    from app.db.errors import SchemaMissing, is_unavailable
 
-    driver = (asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError)
+    driver = (asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError, SchemaMissing)
     return isinstance(error, driver) and is_unavailable(error)
 
 

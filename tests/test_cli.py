@@ -646,6 +646,28 @@ async def test_serve_on_a_database_missing_a_table_says_so_in_one_line(db_url):
     ]
 
 
+async def test_commands_on_a_database_without_pgvector_say_so_in_one_line(db_url):
+    """A database at the newest migration without pgvector's type `vector` (restored onto a
+    server where its CREATE EXTENSION failed, or the extension dropped under it): `engram
+    serve`, and the commands that open a pool, end in one line saying so, exit status 2, where
+    each ended in the traceback of the pool's refusal (SchemaMissing is no driver error)."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("DROP EXTENSION vector CASCADE")
+    finally:
+        await conn.close()
+    env = clean_env(database_url=db_url, port=str(free_port()), search_maintenance_seconds="0")
+    missing = (
+        "the database does not hold all of Engram's tables (it is being restored, or was "
+        "changed under the command)"
+    )
+    for command in ("serve", "maintain-search", "reembed"):
+        done = await asyncio.to_thread(run, env, command)
+        assert done.returncode == 2, done.stderr
+        said = done.stderr.splitlines()
+        assert len(said) == 1 and said[0].startswith(f"engram {command}: {missing}: "), said
+
+
 def test_serve_with_an_unknown_option_says_so_as_a_json_log_line_under_the_json_format():
     """An option `engram serve` does not know is refused by the top-level parser (argparse
     leaves unrecognized arguments to it), whose words are JSON too under ENGRAM_LOG_FORMAT=json:

@@ -131,6 +131,43 @@ async def test_a_turn_whose_failure_record_loses_its_connection_too_keeps_the_fa
     assert all(level == "WARNING" for level, _ in turn_logs), turn_logs
 
 
+async def test_a_turn_on_a_database_missing_a_table_fails_saying_so(
+    state: AppState,
+    gql,
+    admin: Caller,
+    model_server: OpenAIServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A turn whose commit meets a table of Engram's that is not there (the session's history,
+    dropped under the service, as a restore not yet finished leaves it): the turn fails saying
+    so, logged as a warning naming the table, where its error said the database became
+    unavailable (restarting, or its connection ended), which nothing did. It passes again once
+    the table is back."""
+    harness = {**memory_harness(), "history": {"index": "messages"}}
+    action_id = await make_agent_id(state, admin, harness=harness)
+    model_server.say("Hello.")
+    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"
+    await state.pool.execute("ALTER TABLE history_parts RENAME TO history_parts_aside")
+    model_server.say("Hello again.")
+    with caplog.at_level(logging.WARNING, logger="app.runtime.turns"):
+        failed = await run(gql, admin, action_id, "hi again")
+    assert failed["status"] == "FAILED"
+    assert failed["error"] == (
+        "the database does not hold all of Engram's tables (it is being restored, or was "
+        "changed under the service), and the turn's database work was rolled back; retry the "
+        "execution once the database is restored whole"
+    )
+    (ended,) = events(failed, "turn.failed")
+    assert ended == {"error": failed["error"]}
+    turn_logs = [r for r in caplog.records if r.name == "app.runtime.turns"]
+    assert turn_logs and all(r.levelno == logging.WARNING for r in turn_logs)
+    assert any('relation "history_parts" does not exist' in r.getMessage() for r in turn_logs)
+    await state.pool.execute("ALTER TABLE history_parts_aside RENAME TO history_parts")
+    model_server.say("Hello again.")
+    retried = await run(gql, admin, action_id, execution_id=failed["executionId"], input=None)
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+
+
 async def test_an_export_whose_connection_is_ended_says_so_in_one_line(
     state: AppState, admin: Caller, db_url: str, tmp_path
 ) -> None:

@@ -28,6 +28,7 @@ from app.auth.caller import Caller
 from app.db.errors import (
     is_lock_timeout,
     is_out_of_resources,
+    is_schema_missing,
     is_statement_timeout,
     is_unavailable,
 )
@@ -989,6 +990,15 @@ def _failure_message(error: BaseException) -> str:
         return (
             "the database ran out of disk space or memory for the turn's work (logged by the "
             "service), and rolled it back; retry the execution once the operator has made room"
+        )
+    if is_schema_missing(error):
+        # A table, function or type of Engram's that the database does not hold (being
+        # restored, or changed under the service): no connection was lost, and a retry passes
+        # only once the database is whole again.
+        return (
+            "the database does not hold all of Engram's tables (it is being restored, or was "
+            "changed under the service), and the turn's database work was rolled back; retry "
+            "the execution once the database is restored whole"
         )
     if is_unavailable(error):
         # Its connection ended under it (a restart of the database, pg_terminate_backend, a
