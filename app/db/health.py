@@ -14,6 +14,11 @@ import asyncio
 import asyncpg
 from asyncpg.exceptions import InternalClientError
 
+# The database answers, and holds Engram's schema: its migrations' record (a restore under a
+# running service makes the database again empty, then its tables, then copies their rows; every
+# request meanwhile is refused UNAVAILABLE, app/db/errors.py, and so is the probe).
+_ASK = "SELECT EXISTS (SELECT FROM alembic_version)"
+
 # Below the usual probe timeouts (Kubernetes' default is 1 s, load balancers' 2 to 10 s), and
 # far above a `SELECT 1` on a connection of its own, a few milliseconds even under load.
 TIMEOUT_SECONDS = 0.9
@@ -35,8 +40,8 @@ class Health:
         self._lock = asyncio.Lock()
 
     async def answers(self) -> bool:
-        """True when the database answered `SELECT 1` within the timeout, waiting for a check
-        in progress included."""
+        """True when the database answered within the timeout, its migrations recorded (`_ASK`),
+        waiting for a check in progress included."""
         try:
             async with asyncio.timeout(self.timeout), self._lock:
                 try:
@@ -50,7 +55,9 @@ class Health:
     async def _ask(self) -> bool:
         if self._conn is not None and not self._conn.is_closed():
             try:
-                return await self._conn.fetchval("SELECT 1") == 1
+                return await self._conn.fetchval(_ASK) is True
+            except asyncpg.UndefinedTableError:
+                return False  # answers, without the table: no need to connect again
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError):
                 # E.g. the server restarted since the last check: ask again. (Its FATAL read but
                 # its hanging up not yet seen, asyncpg refuses the statement with an
@@ -67,7 +74,10 @@ class Health:
             self._connecting = None  # failed: the next check opens another
             raise
         self._connecting, self._conn = None, conn
-        return await self._conn.fetchval("SELECT 1") == 1
+        try:
+            return await self._conn.fetchval(_ASK) is True
+        except asyncpg.UndefinedTableError:
+            return False
 
     def _drop(self) -> None:
         if self._conn is not None:
