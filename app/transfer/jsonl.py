@@ -8,13 +8,14 @@ import re
 import reprlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 from uuid import UUID
 
-from app.actions.harness import LABEL_NUMBERS, parse_harness
+from app.actions.harness import LABEL_NUMBERS, is_kind_name, parse_harness
 from app.actions.model import parse_model
 from app.actions.service import check_name
 from app.errors import BadInput
+from app.memory.records import Source, Status
 from app.memory.service import (
     MAX_LABEL_VALUE_BYTES,
     check_content,
@@ -22,7 +23,7 @@ from app.memory.service import (
     check_summary,
     label_value_fits,
 )
-from app.scope import check_session_id
+from app.scope import Scope, check_session_id
 from app.text import check_json, shortened
 from app.transfer.store import BY_KIND
 
@@ -47,10 +48,12 @@ def _utf8(line: str, number: int) -> str:
 
 def header(line: str | None) -> dict[str, Any]:
     if line is not None:
-        _utf8(line, 1)
+        # A byte order mark, which an editor saving the file may put before it: not text of
+        # the header (JSON readers may ignore it, RFC 8259).
+        line = _utf8(line, 1).removeprefix("\ufeff")
     try:
         header = json.loads(line) if line else None
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past Python's limit: not JSON to it)
         # The start of an export's header (as `export_action` writes it), cut short: said as
         # such, not as a file of another kind.
         if line is not None and (line.startswith('{"type": "header"') or f'"{FORMAT}"' in line):
@@ -60,10 +63,12 @@ def header(line: str | None) -> dict[str, Any]:
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise BadInput("this is not an Engram export: its first line is not an export header")
-    if header.get("version") != FORMAT_VERSION:
+    version = header.get("version")
+    if version != FORMAT_VERSION:
+        # As the file has it: "1", the text, is not the version 1.
         raise BadInput(
-            f"this export has format version {header.get('version')}; this Engram reads "
-            f"version {FORMAT_VERSION}"
+            f"this export has format version {shown(json.dumps(version), 40)}; this Engram "
+            f"reads version {FORMAT_VERSION}"
         )
     action_id = header.get("actionId")
     try:
@@ -120,6 +125,14 @@ def rows(
             walk=overflowed or _SUSPECT.search(line) is not None,
         )
         yield kind, row, number
+
+
+# The values of a record's words, as its table's CHECKs hold them (app/memory/records.py).
+_WORDS: dict[str, tuple[str, ...]] = {
+    "status": get_args(Status),
+    "scope": tuple(s.value for s in Scope),
+    "source": get_args(Source),
+}
 
 
 # The counters that go on from an imported row (a session's turns, a record's or an agent's
@@ -188,6 +201,21 @@ def _check_row(
                         f"labels.{key} is {len(value.encode())} bytes; a label value is 1 to "
                         f"{MAX_LABEL_VALUE_BYTES} bytes"
                     )
+            # A version's row has no CHECK of these (its record's row has): one the API never
+            # wrote failed every `history` read of its record.
+            for column, allowed in _WORDS.items() if kind == "memory_version" else ():
+                if row.get(column) not in allowed:
+                    raise ValueError(
+                        f"{column} is {shown(json.dumps(row.get(column)), 40)}, not one of "
+                        f"{', '.join(allowed)}"
+                    )
+            # As a harness names it (a long one failed the index of records by kind once the
+            # rows before it were written).
+            if not is_kind_name(row.get("kind")):
+                raise ValueError(
+                    f"kind is {shown(json.dumps(row.get('kind')), 40)}, not a memory kind's name "
+                    "(lower case letters, digits and _, at most 63)"
+                )
             check_metadata(row.get("metadata"))
             # The API's rules for a record's text: one line of summary, bounded text.
             summary, content = row.get("summary"), row.get("content")
