@@ -2578,3 +2578,42 @@ async def test_a_record_of_a_kind_no_harness_names_is_refused_writing_nothing(st
                 edited(lines, index, kind=value),
                 f"line {index + 1}: its {kind} row is not valid \\(kind is {said}",
             )
+
+
+async def test_a_row_nested_deeper_than_the_service_writes_is_refused(state, admin, gql, second):
+    # An execution's input nested 500 levels (Python reads some 990) was imported, and reading
+    # the execution as a caller its memory is redacted for failed, INTERNAL: the redaction
+    # recurses over it past Python's limit.
+    from app.auth.caller import Caller
+    from app.auth.policies import Policy
+    from app.auth.resources import MEMORY_DOCUMENT
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    execution = first(lines, "execution")
+
+    def nested(levels: int) -> list[str]:
+        item = json.loads(lines[execution])
+        item["row"]["input"] = "@"
+        deep = '{"a":' * levels + "1" + "}" * levels
+        return [*lines[:execution], json.dumps(item).replace('"@"', deep), *lines[execution + 1 :]]
+
+    await refused(
+        second,
+        target_admin.account_id,
+        nested(500),
+        f"line {execution + 1}: its execution row is not valid \\(it nests deeper than 300 levels",
+    )
+    await load(second, target_admin.account_id, nested(250))
+    redacted = Caller(
+        target_admin.account_id,
+        "no memory",
+        (*target_admin.policies, Policy("DENY", ("SELECT",), (MEMORY_DOCUMENT,))),
+    )
+    read = await GQL(second)(
+        redacted,
+        "query($e: UUID!) { execution(executionId: $e) { input } }",
+        e=json.loads(lines[execution])["row"]["execution_id"],
+    )
+    assert read.ok()["execution"]["input"] is not None

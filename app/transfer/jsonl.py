@@ -24,7 +24,7 @@ from app.memory.service import (
     label_value_fits,
 )
 from app.scope import Scope, check_session_id
-from app.text import check_json, shortened
+from app.text import check_json, nests_deeper, shortened
 from app.transfer.store import BY_KIND
 
 FORMAT = "engram-export"
@@ -123,6 +123,8 @@ def rows(
             action_id=action_id,
             types=catalog[kind],
             walk=overflowed or _SUSPECT.search(line) is not None,
+            # As many containers as levels, at least (braces in strings count too: a walk more).
+            deep=line.count("{") + line.count("[") > MAX_ROW_DEPTH,
         )
         yield kind, row, number
 
@@ -133,6 +135,13 @@ _WORDS: dict[str, tuple[str, ...]] = {
     "scope": tuple(s.value for s in Scope),
     "source": get_args(Source),
 }
+
+
+# The deepest a row nests (the row's object: 1). The service takes JSON of at most
+# ENGRAM_MAX_JSON_DEPTH levels (256 at most), and stores it a few levels down in a row; a row
+# nested much deeper (Python reads some 990 levels) was imported, and reading it failed past
+# Python's recursion limit (an execution's input, for a reader its memory is redacted for).
+MAX_ROW_DEPTH = 300
 
 
 # The counters that go on from an imported row (a session's turns, a record's or an agent's
@@ -154,13 +163,21 @@ def _check_row(
     action_id: UUID,
     types: dict[str, str],
     walk: bool = True,
+    deep: bool = True,
 ) -> None:
     """What the API reads back from a row, or goes on from, holds as the API wrote it: an
     edited file is refused here rather than stored and failing every read after (PostgreSQL
-    checks the rest). `types`: the row's columns' types, from the catalog."""
+    checks the rest). `types`: the row's columns' types, from the catalog; `walk`, `deep`:
+    whether its line may hold what `_SUSPECT` finds, or nest past MAX_ROW_DEPTH (`rows` tells
+    from the line's text, so that only those rows are walked for it)."""
     try:
         if "account_id" in row:
             raise ValueError("it names an account: an export's rows name none")
+        if deep and nests_deeper(row, MAX_ROW_DEPTH):
+            raise ValueError(
+                f"it nests deeper than {MAX_ROW_DEPTH} levels, which the service never writes: "
+                "reading it would fail"
+            )
         # Text PostgreSQL cannot hold (a NUL, a lone surrogate), numbers JSON has not (NaN).
         if walk:
             check_json(row, "the row")
