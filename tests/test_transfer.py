@@ -2471,7 +2471,13 @@ async def test_a_header_nested_past_pythons_limit_or_of_a_version_as_text_is_ref
         ('{"a":' * 100_000, "this is not an Engram export"),
         (
             json.dumps({"type": "header", "format": "engram-export", "version": "1"}),
-            'this export has format version "1"; this Engram reads version 1',
+            'this export has format version "1"; this Engram reads version 1 \\(the header is '
+            "damaged\\)",
+        ),
+        (
+            json.dumps({"type": "header", "format": "engram-export", "version": 2}),
+            "this export has format version 2; this Engram reads version 1: import it into an "
+            "Engram at least as new as the one that exported it",
         ),
     ]:
         with pytest.raises(BadInput, match=said):

@@ -66,9 +66,15 @@ def header(line: str | None) -> dict[str, Any]:
     version = header.get("version")
     if version != FORMAT_VERSION:
         # As the file has it: "1", the text, is not the version 1.
+        newer = isinstance(version, int) and version > FORMAT_VERSION
         raise BadInput(
             f"this export has format version {shown(json.dumps(version), 40)}; this Engram "
             f"reads version {FORMAT_VERSION}"
+            + (
+                ": import it into an Engram at least as new as the one that exported it"
+                if newer
+                else " (the header is damaged)"
+            )
         )
     action_id = header.get("actionId")
     try:
