@@ -285,6 +285,22 @@ def rfc3339(text: str) -> datetime:
     return utc
 
 
+def escaped(text: str) -> str:
+    """`text` to print on one line of a terminal: each character that would break the line or
+    disguise it (controls, an escape sequence's ESC included; line separators; bidi overrides;
+    zero-width characters; the BOM; tags: `_NOT_ONE_LINE`, `_DISGUISING`) and each lone
+    surrogate written as its escape, \\u001b."""
+    return _ESCAPED.sub(
+        lambda m: (
+            f"\\u{ord(m.group()):04x}" if ord(m.group()) <= 0xFFFF else f"\\U{ord(m.group()):08x}"
+        ),
+        text,
+    )
+
+
+_ESCAPED = re.compile(f"{_NOT_ONE_LINE.pattern}|{_DISGUISING.pattern}|[\ud800-\udfff]")
+
+
 def shown(value: Any, most: int = 100) -> str:
     """`value` as a refusal quotes it: its repr, `shortened` to `most` characters."""
     return shortened(repr(value), most)

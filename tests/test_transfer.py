@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -2444,3 +2445,210 @@ async def test_an_export_of_real_turns_imports_whole_and_identical(
     assert "transcript_event" in {json.loads(line)["type"] for line in lines[1:]}
     query = "SELECT count(*) FROM agent_memories WHERE summary = $1 AND pinned"
     assert await second.pool.fetchval(query, ODD) == 1
+
+
+async def test_cli_import_says_a_refusal_of_postgresql_in_one_line_the_files_text_escaped(
+    state, admin, second, tmp_path
+):
+    """PostgreSQL's refusal came with its DETAIL on a line of its own (every column of the row,
+    the account a random one of the check's copy); the text of the file it quotes (an escape
+    sequence, a bidi override) reached the terminal as it is. Now one line, escaped."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    env = clean_env(database_url=second.settings.database_url_value())
+    action, execution, last = first(lines, "action"), first(lines, "execution"), len(lines) - 1
+    for index, column, value, said in [
+        (
+            action,
+            "modified",
+            None,
+            'null value in column "modified" of relation "actions" violates not-null constraint)',
+        ),
+        (
+            last,
+            "status",
+            "EXPLODED",
+            'new row for relation "agent_memories" violates check constraint '
+            '"agent_memories_status_check")',
+        ),
+        (
+            execution,
+            "boot_id",
+            "\x1b[2J\x1b[31mred\u202eevil",
+            'invalid input syntax for type uuid: "\\u001b[2J\\u001b[31mred\\u202eevil")',
+        ),
+    ]:
+        path = tmp_path / "edited.jsonl"
+        path.write_text("\n".join(edited(lines, index, **{column: value})) + "\n")
+        done = run(env, "import", str(path))
+        assert done.returncode == 2, done.stderr
+        kind = json.loads(lines[index])["type"]
+        assert done.stderr.splitlines() == [
+            f"error (BAD_REQUEST): line {index + 1}: its {kind} row is not valid ({said}"
+        ]
+    assert set((await table_counts(second)).values()) == {0}
+
+
+async def test_a_header_nested_past_pythons_limit_or_of_a_version_as_text_is_refused(second):
+    # A header nested past Python's recursion limit ended the import in a RecursionError (exit
+    # 1, a traceback); a version written as text was said as the version it is not ("format
+    # version 1; this Engram reads version 1").
+    from app.errors import BadInput
+
+    target_admin = await admin_of(second)
+    for header, said in [
+        ('{"a":' * 100_000, "this is not an Engram export"),
+        (
+            json.dumps({"type": "header", "format": "engram-export", "version": "1"}),
+            'this export has format version "1"; this Engram reads version 1 \\(the header is '
+            "damaged\\)",
+        ),
+        (
+            json.dumps({"type": "header", "format": "engram-export", "version": 2}),
+            "this export has format version 2; this Engram reads version 1: import it into an "
+            "Engram at least as new as the one that exported it",
+        ),
+    ]:
+        with pytest.raises(BadInput, match=said):
+            await load(second, target_admin.account_id, [header])
+
+
+async def test_an_export_after_a_byte_order_mark_imports_whole(state, admin, gql, second, tmp_path):
+    # Saved by an editor that starts a file with a BOM, the export was refused as "damaged or
+    # cut short"; JSON readers may ignore it (RFC 8259), and the import does.
+    agent = await build_agent(state, admin)
+    before = await reads(gql, admin, agent.action_id)
+    lines = await exported(state, admin, agent)
+    path = tmp_path / "agent.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + ("\n".join(lines) + "\n").encode())
+    done = run(clean_env(database_url=second.settings.database_url_value()), "import", str(path))
+    assert done.returncode == 0, done.stderr
+    target_admin = await admin_of(second)
+    assert await reads(GQL(second), target_admin, agent.action_id) == before
+
+
+async def test_a_record_version_of_a_status_scope_or_source_the_api_never_writes_is_refused(
+    state, admin, second
+):
+    # A version's row has no CHECK of these (its record's row has): stored, every `history` of
+    # the record failed, INTERNAL.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    version = first(lines, "memory_version")
+    for column, value, allowed in [
+        ("status", "bogus", "ACTIVE, DELETED, SUPERSEDED"),
+        ("scope", "session", "SESSION, AGENT"),
+        ("source", 5, "EXTRACTION, TOOL, OPERATOR, MCP"),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, version, **{column: value}),
+            f"line {version + 1}: its memory_version row is not valid \\({column} is "
+            f"{re.escape(json.dumps(value))}, not one of {allowed}\\)",
+        )
+
+
+async def test_a_row_naming_an_agent_version_the_file_lacks_is_refused(state, admin, second):
+    # A record's (and an execution's) `action` is the agent at the version it names: one the
+    # file lacks (a version number edited, a version's row renumbered) was imported, and every
+    # read of the record's agent failed, NOT_FOUND.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    agent_version = first(lines, "action_version")
+    for kind in ("execution", "memory_version", "memory"):
+        index = first(lines, kind)
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, action_version=9),
+            f"line {index + 1}: its {kind} row is not valid \\(action_version is 9, a version no "
+            "action_version row of this export has",
+        )
+    # Version 1 renumbered 0: the rows written by version 1 name a version the file lacks.
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, agent_version, version=0),
+        f"line {first(lines, 'execution') + 1}: its execution row is not valid \\(action_version "
+        "is 1, a version no action_version row",
+    )
+
+
+async def test_rows_without_their_agents_row_are_refused_by_their_line(state, admin, second):
+    # Without the action row, the check passed and the first write failed on its reference,
+    # naming no line.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    action = first(lines, "action")
+    await refused(
+        second,
+        target_admin.account_id,
+        [*lines[:action], *lines[action + 1 :]],
+        f"line {action + 1}: a action_version row, but no action row before it",
+    )
+
+
+async def test_a_record_of_a_kind_no_harness_names_is_refused_writing_nothing(state, admin, second):
+    # A kind of 12,000 characters that do not compress passed the check (its copy of the
+    # table has no index) and failed the index of records by kind once every row before the
+    # records was written: a file half imported, its refusal naming no line.
+    import random
+    import string
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    chosen = random.Random(1)
+    long = "".join(chosen.choice(string.ascii_letters) for _ in range(12_000))
+    for kind in ("memory", "memory_version"):
+        index = first(lines, kind)
+        for value, said in [(long, f'"{long[:8]}…'), ("Fact", '"Fact"'), (None, "null")]:
+            await refused(
+                second,
+                target_admin.account_id,
+                edited(lines, index, kind=value),
+                f"line {index + 1}: its {kind} row is not valid \\(kind is {said}",
+            )
+
+
+async def test_a_row_nested_deeper_than_the_service_writes_is_refused(state, admin, gql, second):
+    # An execution's input nested 500 levels (Python reads some 990) was imported, and reading
+    # the execution as a caller its memory is redacted for failed, INTERNAL: the redaction
+    # recurses over it past Python's limit.
+    from app.auth.caller import Caller
+    from app.auth.policies import Policy
+    from app.auth.resources import MEMORY_DOCUMENT
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    execution = first(lines, "execution")
+
+    def nested(levels: int) -> list[str]:
+        item = json.loads(lines[execution])
+        item["row"]["input"] = "@"
+        deep = '{"a":' * levels + "1" + "}" * levels
+        return [*lines[:execution], json.dumps(item).replace('"@"', deep), *lines[execution + 1 :]]
+
+    await refused(
+        second,
+        target_admin.account_id,
+        nested(500),
+        f"line {execution + 1}: its execution row is not valid \\(it nests deeper than 300 levels",
+    )
+    await load(second, target_admin.account_id, nested(250))
+    redacted = Caller(
+        target_admin.account_id,
+        "no memory",
+        (*target_admin.policies, Policy("DENY", ("SELECT",), (MEMORY_DOCUMENT,))),
+    )
+    read = await GQL(second)(
+        redacted,
+        "query($e: UUID!) { execution(executionId: $e) { input } }",
+        e=json.loads(lines[execution])["row"]["execution_id"],
+    )
+    assert read.ok()["execution"]["input"] is not None

@@ -35,6 +35,13 @@ HISTORY_INDEXES = ("messages", "messages_and_tools")
 DEFAULT_KINDS = ("guidance", "fact", "event", "reference")
 LABEL_NUMBERS = range(5, 19)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def is_kind_name(text: object) -> bool:
+    """`text` is a name `memory.kinds` takes: a record's kind is one of them."""
+    return isinstance(text, str) and _NAME.fullmatch(text) is not None
+
+
 _NO_SCOPE = "must name at least one scope (session or agent)"
 
 

@@ -8,13 +8,14 @@ import re
 import reprlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 from uuid import UUID
 
-from app.actions.harness import LABEL_NUMBERS, parse_harness
+from app.actions.harness import LABEL_NUMBERS, is_kind_name, parse_harness
 from app.actions.model import parse_model
 from app.actions.service import check_name
 from app.errors import BadInput
+from app.memory.records import Source, Status
 from app.memory.service import (
     MAX_LABEL_VALUE_BYTES,
     check_content,
@@ -22,8 +23,8 @@ from app.memory.service import (
     check_summary,
     label_value_fits,
 )
-from app.scope import check_session_id
-from app.text import check_json, shortened
+from app.scope import Scope, check_session_id
+from app.text import check_json, nests_deeper, shortened
 from app.transfer.store import BY_KIND
 
 FORMAT = "engram-export"
@@ -47,10 +48,12 @@ def _utf8(line: str, number: int) -> str:
 
 def header(line: str | None) -> dict[str, Any]:
     if line is not None:
-        _utf8(line, 1)
+        # A byte order mark, which an editor saving the file may put before it: not text of
+        # the header (JSON readers may ignore it, RFC 8259).
+        line = _utf8(line, 1).removeprefix("\ufeff")
     try:
         header = json.loads(line) if line else None
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past Python's limit: not JSON to it)
         # The start of an export's header (as `export_action` writes it), cut short: said as
         # such, not as a file of another kind.
         if line is not None and (line.startswith('{"type": "header"') or f'"{FORMAT}"' in line):
@@ -60,10 +63,18 @@ def header(line: str | None) -> dict[str, Any]:
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise BadInput("this is not an Engram export: its first line is not an export header")
-    if header.get("version") != FORMAT_VERSION:
+    version = header.get("version")
+    if version != FORMAT_VERSION:
+        # As the file has it: "1", the text, is not the version 1.
+        newer = isinstance(version, int) and version > FORMAT_VERSION
         raise BadInput(
-            f"this export has format version {header.get('version')}; this Engram reads "
-            f"version {FORMAT_VERSION}"
+            f"this export has format version {shown(json.dumps(version), 40)}; this Engram "
+            f"reads version {FORMAT_VERSION}"
+            + (
+                ": import it into an Engram at least as new as the one that exported it"
+                if newer
+                else " (the header is damaged)"
+            )
         )
     action_id = header.get("actionId")
     try:
@@ -118,8 +129,25 @@ def rows(
             action_id=action_id,
             types=catalog[kind],
             walk=overflowed or _SUSPECT.search(line) is not None,
+            # As many containers as levels, at least (braces in strings count too: a walk more).
+            deep=line.count("{") + line.count("[") > MAX_ROW_DEPTH,
         )
         yield kind, row, number
+
+
+# The values of a record's words, as its table's CHECKs hold them (app/memory/records.py).
+_WORDS: dict[str, tuple[str, ...]] = {
+    "status": get_args(Status),
+    "scope": tuple(s.value for s in Scope),
+    "source": get_args(Source),
+}
+
+
+# The deepest a row nests (the row's object: 1). The service takes JSON of at most
+# ENGRAM_MAX_JSON_DEPTH levels (256 at most), and stores it a few levels down in a row; a row
+# nested much deeper (Python reads some 990 levels) was imported, and reading it failed past
+# Python's recursion limit (an execution's input, for a reader its memory is redacted for).
+MAX_ROW_DEPTH = 300
 
 
 # The counters that go on from an imported row (a session's turns, a record's or an agent's
@@ -141,13 +169,21 @@ def _check_row(
     action_id: UUID,
     types: dict[str, str],
     walk: bool = True,
+    deep: bool = True,
 ) -> None:
     """What the API reads back from a row, or goes on from, holds as the API wrote it: an
     edited file is refused here rather than stored and failing every read after (PostgreSQL
-    checks the rest). `types`: the row's columns' types, from the catalog."""
+    checks the rest). `types`: the row's columns' types, from the catalog; `walk`, `deep`:
+    whether its line may hold what `_SUSPECT` finds, or nest past MAX_ROW_DEPTH (`rows` tells
+    from the line's text, so that only those rows are walked for it)."""
     try:
         if "account_id" in row:
             raise ValueError("it names an account: an export's rows name none")
+        if deep and nests_deeper(row, MAX_ROW_DEPTH):
+            raise ValueError(
+                f"it nests deeper than {MAX_ROW_DEPTH} levels, which the service never writes: "
+                "reading it would fail"
+            )
         # Text PostgreSQL cannot hold (a NUL, a lone surrogate), numbers JSON has not (NaN).
         if walk:
             check_json(row, "the row")
@@ -188,6 +224,21 @@ def _check_row(
                         f"labels.{key} is {len(value.encode())} bytes; a label value is 1 to "
                         f"{MAX_LABEL_VALUE_BYTES} bytes"
                     )
+            # A version's row has no CHECK of these (its record's row has): one the API never
+            # wrote failed every `history` read of its record.
+            for column, allowed in _WORDS.items() if kind == "memory_version" else ():
+                if row.get(column) not in allowed:
+                    raise ValueError(
+                        f"{column} is {shown(json.dumps(row.get(column)), 40)}, not one of "
+                        f"{', '.join(allowed)}"
+                    )
+            # As a harness names it (a long one failed the index of records by kind once the
+            # rows before it were written).
+            if not is_kind_name(row.get("kind")):
+                raise ValueError(
+                    f"kind is {shown(json.dumps(row.get('kind')), 40)}, not a memory kind's name "
+                    "(lower case letters, digits and _, at most 63)"
+                )
             check_metadata(row.get("metadata"))
             # The API's rules for a record's text: one line of summary, bounded text.
             summary, content = row.get("summary"), row.get("content")

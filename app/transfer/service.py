@@ -38,10 +38,10 @@ import asyncpg
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder, vector_fault
 from app.embeddings.setup import ensure_model
-from app.errors import BadInput, Conflict, NotFound
+from app.errors import BadInput, Conflict, DomainError, NotFound
 from app.memory import store as memory_store
 from app.memory.vectors import VECTOR_COLUMNS, memory_text
-from app.text import is_storable
+from app.text import escaped, is_storable
 from app.transfer import jsonl, store
 from app.transfer.store import BY_KIND, TABLES, VECTOR_COLUMN, Differs, Table
 
@@ -150,7 +150,35 @@ async def import_file(
 ) -> ImportResult:
     """Writes an export's rows into `account_id` (see the module's docstring). Every row is
     checked before any is written, so a file refused for a row writes nothing; `lines` is read
-    twice (a stream that cannot seek, standard input, through a temporary copy)."""
+    twice (a stream that cannot seek, standard input, through a temporary copy).
+
+    A refusal quotes the file (and PostgreSQL, the file): its text is `escaped`, so that a
+    hostile file's escape sequences, line breaks or bidi overrides never reach the terminal
+    that shows the refusal as they are."""
+    try:
+        return await _import_file(
+            pool,
+            account_id=account_id,
+            lines=lines,
+            open_embedder=open_embedder,
+            batch_rows=batch_rows,
+            progress=progress,
+        )
+    except DomainError as e:
+        e.message = escaped(e.message)
+        e.args = (e.message,)
+        raise
+
+
+async def _import_file(
+    pool: asyncpg.Pool,
+    *,
+    account_id: UUID,
+    lines: Iterable[str],
+    open_embedder: Callable[[], Awaitable[Embedder]],
+    batch_rows: int,
+    progress: bool,
+) -> ImportResult:
     from tqdm import tqdm
 
     with _rereadable(lines) as read:
@@ -322,6 +350,9 @@ class _Across:
     # A record has one successor, and one preview record naming it (a unique index, which
     # refused the second only once the batches before it were written): (record, preview).
     successors: dict[tuple[int | str, bool], int] = field(default_factory=dict)
+    # The versions of the agent that executions and records name, each with the first line
+    # naming it (a few: every row of a version names it).
+    named_versions: dict[str, tuple[int, str]] = field(default_factory=dict)
     _agent_key: int | str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -336,6 +367,13 @@ class _Across:
                 f"holds its rows in the order {order} (the file was edited)"
             )
         self.kinds = TABLES.index(table)
+        if kind != "action" and self.current is None:
+            # Every row is of the agent: without its row first, the first write fails on the
+            # reference, a batch in, naming no line.
+            raise BadInput(
+                f"line {number}: a {kind} row, but no action row before it: an export holds "
+                "its agent's row first (the file was edited)"
+            )
         key = (table.kind, *(self._key(k, row.get(k)) for k in table.key))
         earlier = self.seen.setdefault(key, number)
         if earlier != number:
@@ -357,6 +395,9 @@ class _Across:
                 )
         elif kind in ("memory", "memory_version"):
             self._record(kind, row, number)
+        if kind in ("execution", "memory_version", "memory"):
+            version = sys.intern(str(row.get("action_version")))
+            self.named_versions.setdefault(version, (number, kind))
 
     def _key(self, column: str, value: Any) -> int | str:
         """A value of a row's key as PostgreSQL compares it (an ID by `_uuid`, text by `_id`),
@@ -433,6 +474,15 @@ class _Across:
                     f"but this export has its version {last}: its next version would be refused "
                     "as that one)"
                 )
+            # A record's `action` (an execution's too) is the agent at the version it names.
+            held = {str(v) for v in self.versions}
+            for named, (line, kind) in self.named_versions.items():
+                if named not in held:
+                    raise BadInput(
+                        f"line {line}: its {kind} row is not valid (action_version is {named}, "
+                        "a version no action_version row of this export has: reading its "
+                        "agent would fail)"
+                    )
         # A record the file does not hold may be in its part not written yet (a file cut short
         # imports what it holds), never another agent's.
         elsewhere = [UUID(int=m) for m in self.named if m not in self.records]
@@ -671,19 +721,21 @@ class _Importer:
             except asyncpg.UniqueViolationError as e:
                 raise Conflict(
                     f"a {table.kind} row of this export clashes with a row of account "
-                    f"{self.account_id}: {e.detail or e}"
+                    f"{self.account_id}: {store.one_line(e)}"
                 ) from None
             except asyncpg.ForeignKeyViolationError as e:
                 raise BadInput(
                     f"a {table.kind} row names a row this export does not hold (the file is "
-                    f"cut short or edited): {e.detail or e}"
+                    f"cut short or edited): {store.one_line(e)}"
                 ) from None
             except (
                 asyncpg.DataError,
                 asyncpg.IntegrityConstraintViolationError,
                 asyncpg.ProgramLimitExceededError,
             ) as e:
-                raise BadInput(f"a {table.kind} row of this export is not valid: {e}") from None
+                raise BadInput(
+                    f"a {table.kind} row of this export is not valid: {store.one_line(e)}"
+                ) from None
         self.result.inserted += inserted
         self.result.present += present
         self.result.by_type[table.kind] = self.result.by_type.get(table.kind, 0) + len(rows)

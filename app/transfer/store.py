@@ -313,10 +313,23 @@ async def check_rows(
         asyncpg.IntegrityConstraintViolationError,
         asyncpg.ProgramLimitExceededError,
     ) as e:
-        return str(e).replace(f"check_{table.name}", table.name)
+        return one_line(e).replace(f"check_{table.name}", table.name)
     finally:
         await savepoint.rollback()
     return None
+
+
+def one_line(error: asyncpg.PostgresError) -> str:
+    """PostgreSQL's refusal in one line: its message, its hint, and its detail but for the row
+    it failed on (`Failing row contains (...)`: every column of the row, the account a random
+    one of the check's copy), where `str` gave them on lines of their own (`DETAIL:  ...`)."""
+    said = str(error.args[0] if error.args else error)
+    detail, hint = getattr(error, "detail", None), getattr(error, "hint", None)
+    if detail and not detail.startswith("Failing row contains"):
+        said = f"{said}: {detail}"
+    if hint:
+        said = f"{said} ({hint})"
+    return " ".join(said.split())
 
 
 async def other_agents_record(
