@@ -773,3 +773,50 @@ async def test_mcp_a_handler_that_fails_unexpectedly_answers_internal_error_in_n
             }
     faults = [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
     assert [str(r.exc_info[1]) for r in faults if r.exc_info] == [secret, secret]
+
+
+async def test_mcp_arguments_nested_deep_are_refused_before_they_are_walked(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
+) -> None:
+    """Arguments nested deeper than a few hundred levels (which the modern protocol's parser
+    takes) ran out of stack where the call makes their text storable, a walk that recurses: an
+    internal error, logged with its RecursionError; from 33 levels they were the tool's
+    refusal, recorded as a failed execution. Deeper than 32 levels (what a model may send) they
+    are the call's refusal, and nothing runs or is recorded; on the 2025 versions the SDK's
+    parser refuses the deepest itself."""
+    action_id, headers = await _raw_client(gql, admin, state, "deep-arguments")
+    modern = {
+        **headers,
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "add_memory",
+    }
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for depth in (33, 150, 400, 900):
+            labels = '{"a":' * depth + '"x"' + "}" * depth
+            for sent, meta in ((headers, ""), (modern, f', "_meta": {json.dumps(envelope)}')):
+                body = (
+                    '{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": '
+                    f'"add_memory", "arguments": {{"summary": "s", "kind": "fact", "labels": '
+                    f"{labels}}}{meta}}}}}"
+                )
+                with caplog.at_level(logging.ERROR):
+                    response = await http.post(
+                        f"/mcp/{action_id}?session=s1", content=body, headers=sent
+                    )
+                answer = response.json()
+                if "error" in answer:  # the SDK's parser refused it: too deep for it
+                    assert answer["error"]["code"] == -32700, (depth, answer)
+                    continue
+                result = answer["result"]
+                assert result["isError"] is True, (depth, result)
+                assert json.loads(result["content"][0]["text"]) == {
+                    "error": "the arguments nest deeper than 32 levels; send flatter JSON",
+                    "code": "BAD_REQUEST",
+                }
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert await _executions(state, action_id) == []
