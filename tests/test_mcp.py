@@ -732,3 +732,91 @@ async def test_an_mcp_call_whose_failure_the_database_refuses_is_an_error_and_en
         return runs[run["execution_id"]] == "FAILED"
 
     await eventually(ended, "the sweep ended the call whose failure was refused")
+
+
+async def test_mcp_a_handler_that_fails_unexpectedly_answers_internal_error_in_no_words_of_its_own(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, monkeypatch, caplog
+) -> None:
+    """A fault of the service's in a tool call or a tool listing (one no refusal covers) was
+    answered, on the 2025 protocol versions, with JSON-RPC code 0 and the exception's own words,
+    which may name the database, its address or a file (the SDK's legacy answer; its modern
+    path says -32603). It is -32603 Internal error, the same words for any fault, logged with
+    its traceback."""
+    from app.mcp import endpoint
+
+    secret = "connection to postgresql://engram:s3cret@db.internal failed"
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(secret)
+
+    action_id, headers = await _raw_client(gql, admin, state, "faults")
+    monkeypatch.setattr(endpoint.calls, "call_tool", fail)
+    monkeypatch.setattr(endpoint.calls, "offered_tools", fail)
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for method, params in (
+            ("tools/call", {"name": "search_memory", "arguments": {"query": "parcel"}}),
+            ("tools/list", {}),
+        ):
+            with caplog.at_level(logging.ERROR):
+                response = await http.post(
+                    f"/mcp/{action_id}?session=s1",
+                    json={"jsonrpc": "2.0", "id": 3, "method": method, "params": params},
+                    headers=headers,
+                )
+            assert "s3cret" not in response.text, response.text
+            body = response.json()
+            assert body["id"] == 3, body
+            assert body["error"] == {
+                "code": -32603,
+                "message": "Internal error (logged by the service)",
+                "data": {"code": "INTERNAL"},
+            }
+    faults = [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
+    assert [str(r.exc_info[1]) for r in faults if r.exc_info] == [secret, secret]
+
+
+async def test_mcp_arguments_nested_deep_are_refused_before_they_are_walked(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
+) -> None:
+    """Arguments nested deeper than a few hundred levels (which the modern protocol's parser
+    takes) ran out of stack where the call makes their text storable, a walk that recurses: an
+    internal error, logged with its RecursionError; from 33 levels they were the tool's
+    refusal, recorded as a failed execution. Deeper than 32 levels (what a model may send) they
+    are the call's refusal, and nothing runs or is recorded; on the 2025 versions the SDK's
+    parser refuses the deepest itself."""
+    action_id, headers = await _raw_client(gql, admin, state, "deep-arguments")
+    modern = {
+        **headers,
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "add_memory",
+    }
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for depth in (33, 150, 400, 900):
+            labels = '{"a":' * depth + '"x"' + "}" * depth
+            for sent, meta in ((headers, ""), (modern, f', "_meta": {json.dumps(envelope)}')):
+                body = (
+                    '{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": '
+                    f'"add_memory", "arguments": {{"summary": "s", "kind": "fact", "labels": '
+                    f"{labels}}}{meta}}}}}"
+                )
+                with caplog.at_level(logging.ERROR):
+                    response = await http.post(
+                        f"/mcp/{action_id}?session=s1", content=body, headers=sent
+                    )
+                answer = response.json()
+                if "error" in answer:  # the SDK's parser refused it: too deep for it
+                    assert answer["error"]["code"] == -32700, (depth, answer)
+                    continue
+                result = answer["result"]
+                assert result["isError"] is True, (depth, result)
+                assert json.loads(result["content"][0]["text"]) == {
+                    "error": "the arguments nest deeper than 32 levels; send flatter JSON",
+                    "code": "BAD_REQUEST",
+                }
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert await _executions(state, action_id) == []

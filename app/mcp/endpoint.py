@@ -14,8 +14,9 @@ agent's own model would read.
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 from uuid import UUID
 
@@ -23,6 +24,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
@@ -133,13 +135,41 @@ async def _call_tool(
     return _text(outcome.content, outcome.is_error)
 
 
+INTERNAL_ERROR = -32603
+INTERNAL_MESSAGE = "Internal error (logged by the service)"
+
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+def _masked(
+    handler: Callable[[ServerRequestContext[Any], P], Awaitable[R]],
+) -> Callable[[ServerRequestContext[Any], P], Awaitable[R]]:
+    """`handler`, its faults (what no refusal covers) answered as JSON-RPC's Internal error in
+    the same words for each, and logged with their traceback: the SDK answers them, on the 2025
+    protocol versions, with code 0 and the exception's own words, which may name the database,
+    its address or a file (as GraphQL masks INTERNAL, app/graphql/errors.py)."""
+
+    async def masked(ctx: ServerRequestContext[Any], params: P) -> R:
+        try:
+            return await handler(ctx, params)
+        except MCPError:
+            raise
+        except Exception:
+            log.exception("MCP %s failed on an internal error", handler.__name__.lstrip("_"))
+            raise MCPError(INTERNAL_ERROR, INTERNAL_MESSAGE, {"code": "INTERNAL"}) from None
+
+    return masked
+
+
 def build_server() -> Server[Any]:
     return Server(
         "engram",
         version="0.1.0",
         instructions=INSTRUCTIONS,
-        on_list_tools=_list_tools,
-        on_call_tool=_call_tool,
+        on_list_tools=_masked(_list_tools),
+        on_call_tool=_masked(_call_tool),
     )
 
 

@@ -50,11 +50,19 @@ from app.runtime.tool_args import (
     SEARCH_HISTORY,
     SEARCH_MEMORY,
 )
-from app.runtime.tools import versions
+from app.runtime.tools import MAX_ARGUMENT_DEPTH, versions
 from app.runtime.transcript import Transcript
 from app.runtime.turns import TurnContext, TurnRequest
 from app.state import AppState
-from app.text import check_json, check_storable, rfc3339, shown, storable, storable_json
+from app.text import (
+    check_json,
+    check_storable,
+    nests_deeper,
+    rfc3339,
+    shown,
+    storable,
+    storable_json,
+)
 
 REMEMBER_CONVERSATION = "remember_conversation"
 ROLES = ("user", "assistant", "tool")
@@ -362,6 +370,12 @@ async def call_tool(
     (AccessDenied), and a name that is no tool (BadInput), before anything is recorded; a
     native tool the agent does not offer is the tool's refusal, recorded as a FAILED execution.
     `action`: the agent as `load_place` found it for this request, else it is looked up."""
+    # Deeper than a model's may go, refused before anything walks them by recursion (making
+    # them storable; the modern protocol's parser takes hundreds of levels).
+    if nests_deeper(arguments, MAX_ARGUMENT_DEPTH):
+        raise BadInput(
+            f"the arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels; send flatter JSON"
+        )
     # Python's JSON (the MCP SDK's) reads NaN, Infinity and 1e400, which no JSON column stores.
     # (Text is made storable, as the tools make a model's: only numbers are refused here.)
     check_json(storable_json(arguments), "the arguments", root="arguments")
