@@ -2652,3 +2652,42 @@ async def test_a_row_nested_deeper_than_the_service_writes_is_refused(state, adm
         e=json.loads(lines[execution])["row"]["execution_id"],
     )
     assert read.ok()["execution"]["input"] is not None
+
+
+# Session IDs the API takes (app/text.py `check_one_line`): Persian with its zero-width
+# non-joiner, an emoji ZWJ sequence and England's flag (tag characters), Mongolian with its
+# vowel separator before a final a.
+PERSIAN = "می\u200cخواهم"
+FAMILY = "👨\u200d👩\u200d👧 🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f"
+MONGOLIAN = "\u182d\u1823\u1837\u1822\u1828\u180e\u1820"
+
+
+async def test_a_refusal_quotes_a_session_id_the_api_takes_as_it_is(state, admin, second):
+    """`escaped` wrote the joiners of Persian words and emoji sequences, and an emoji flag's
+    tags, as escapes (`می\\u200cخواهم`, `👨\\u200d👩\\u200d👧`): characters the API keeps in
+    a name or an ID (`check_one_line`), and that a terminal shows as the text they write."""
+    agent = await make_agent(state, admin)
+    for session in (PERSIAN, FAMILY, MONGOLIAN):
+        await turn(state, agent, session=session, steps=[NewMemory(f"in {session}", "fact")])
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, lines)
+    for session in (PERSIAN, FAMILY, MONGOLIAN):
+        await second.pool.execute(
+            "UPDATE sessions SET turns = turns + 1 WHERE session_id = $1", session
+        )
+        with pytest.raises(Conflict) as conflict:
+            await load(second, target_admin.account_id, lines)
+        assert f"session {session} of action {agent.action_id} already exists" in str(
+            conflict.value.message
+        ), conflict.value.message
+        await second.pool.execute(
+            "UPDATE sessions SET turns = turns - 1 WHERE session_id = $1", session
+        )
+    # What disguises a line is still written as its escape, next to the joiners kept.
+    from app.text import escaped
+
+    assert escaped(f"a\u202eb\u200c\u200d\u200bc {PERSIAN}\u200c") == (
+        f"a\\u202eb\\u200c\\u200d\\u200bc {PERSIAN}\\u200c"
+    )
+    assert escaped("\U000e0067tag x\u061cy") == "\\U000e0067tag x\\u061cy"
