@@ -2691,3 +2691,23 @@ async def test_a_refusal_quotes_a_session_id_the_api_takes_as_it_is(state, admin
         f"a\\u202eb\\u200c\\u200d\\u200bc {PERSIAN}\\u200c"
     )
     assert escaped("\U000e0067tag x\u061cy") == "\\U000e0067tag x\\u061cy"
+
+
+async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, admin, second):
+    """PostgreSQL's refusal was put on one line by collapsing all its white space, the file's
+    text it quotes included: a record naming the execution "x\\u00a0y\\ny\\u3000z  w" was said
+    to name "x y y z w", a value the file does not hold. The quote keeps each character, its
+    line break written as an escape."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    index = first(lines, "memory")
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, index, execution_id="x\u00a0y\ny\u3000z  w"),
+        re.escape(
+            f"line {index + 1}: its memory row is not valid (invalid input syntax for type uuid: "
+            '"x\u00a0y\\u000ay\u3000z  w")'
+        ),
+    )
