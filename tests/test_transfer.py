@@ -2691,6 +2691,11 @@ async def test_a_refusal_quotes_a_session_id_the_api_takes_as_it_is(state, admin
         f"a\\u202eb\\u200c\\u200d\\u200bc {PERSIAN}\\u200c"
     )
     assert escaped("\U000e0067tag x\u061cy") == "\\U000e0067tag x\\u061cy"
+    # And what shows as nothing, which a new name or ID may not hold (a Hangul filler, a soft
+    # hyphen, the Mongolian vowel separator but before a final a or e).
+    assert escaped(f"{MONGOLIAN} a\u3164b\u00adc \u180e\u1820") == (
+        f"{MONGOLIAN} a\\u3164b\\u00adc \\u180e\u1820"
+    )
 
 
 async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, admin, second):
