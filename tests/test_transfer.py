@@ -2716,3 +2716,27 @@ async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, adm
             '"x\u00a0y\\u000ay\u3000z  w")'
         ),
     )
+
+
+async def test_a_record_whose_metadata_holds_large_numbers_imports(state, admin, gql, second):
+    """Metadata the API took as 500 bytes (60 numbers of 1e300) is stored as jsonb, whose
+    numbers come back written out in full (1e300: a 1 and 300 zeros): its export's metadata was
+    18,000 bytes as JSON, and the import refused the record as past the 16 KiB the API allows.
+    A number is measured as it may be written (1e300), as the API measured it."""
+    agent = await make_agent(state, admin)
+    metadata = {"scores": [1e300] * 60, "n": [2.5e20, -1.5e16, 10**20, 1e-300, 7]}
+    await turn(state, agent, steps=[NewMemory("scored", "fact", metadata=metadata)])
+    before = await reads(gql, admin, agent.action_id)
+    lines = await exported(state, admin, agent)
+    assert len(lines[-1]) > 16 * 1024
+    target_admin = await admin_of(second)
+    # Past the API's bound written either way, still refused.
+    index = first(lines, "memory")
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, index, metadata={"scores": [10**300] * 3000}),
+        f"line {index + 1}: its memory row is not valid \\(metadata is 21012 bytes as JSON",
+    )
+    await load(second, target_admin.account_id, lines)
+    assert await reads(GQL(second), target_admin, agent.action_id) == before
