@@ -287,18 +287,33 @@ def rfc3339(text: str) -> datetime:
 
 def escaped(text: str) -> str:
     """`text` to print on one line of a terminal: each character that would break the line or
-    disguise it (controls, an escape sequence's ESC included; line separators; bidi overrides;
-    zero-width characters; the BOM; tags: `_NOT_ONE_LINE`, `_DISGUISING`) and each lone
-    surrogate written as its escape, \\u001b."""
-    return _ESCAPED.sub(
-        lambda m: (
-            f"\\u{ord(m.group()):04x}" if ord(m.group()) <= 0xFFFF else f"\\U{ord(m.group()):08x}"
-        ),
-        text,
-    )
+    disguise it written as its escape, \\u001b: controls (an escape sequence's ESC included),
+    line separators, bidi overrides and marks, zero-width characters, the BOM, tags, what shows
+    as nothing (`_NOT_ONE_LINE`, `_DISGUISING`, `_INVISIBLE`), and each lone surrogate. Kept as
+    they are, as a name or an ID keeps them (`check_one_line`): a joiner (U+200C, U+200D)
+    between two characters shown (a Persian word, an emoji sequence), the tags of an emoji
+    flag's tag sequence, and the Mongolian vowel separator before a final a or e."""
+    flags = [m.span() for m in _EMOJI_TAGS.finditer(text)] if "\U0001f3f4" in text else []
+
+    def visible(at: int) -> bool:
+        return 0 <= at < len(text) and not text[at].isspace() and not _ESCAPED.match(text, at)
+
+    def one(match: re.Match[str]) -> str:
+        c, at = match.group(), match.start()
+        if c in "\u200c\u200d" and visible(at - 1) and visible(at + 1):
+            return c
+        if c == "\u180e" and _separates_mongolian(text, at):
+            return c
+        if any(start < at < end for start, end in flags):  # a tag of an emoji flag
+            return c
+        return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+
+    return _ESCAPED.sub(one, text)
 
 
-_ESCAPED = re.compile(f"{_NOT_ONE_LINE.pattern}|{_DISGUISING.pattern}|[\ud800-\udfff]")
+_ESCAPED = re.compile(
+    f"{_NOT_ONE_LINE.pattern}|{_DISGUISING.pattern}|{_INVISIBLE.pattern}|[\ud800-\udfff]"
+)
 
 
 def shown(value: Any, most: int = 100) -> str:

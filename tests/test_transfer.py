@@ -2652,3 +2652,91 @@ async def test_a_row_nested_deeper_than_the_service_writes_is_refused(state, adm
         e=json.loads(lines[execution])["row"]["execution_id"],
     )
     assert read.ok()["execution"]["input"] is not None
+
+
+# Session IDs the API takes (app/text.py `check_one_line`): Persian with its zero-width
+# non-joiner, an emoji ZWJ sequence and England's flag (tag characters), Mongolian with its
+# vowel separator before a final a.
+PERSIAN = "می\u200cخواهم"
+FAMILY = "👨\u200d👩\u200d👧 🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f"
+MONGOLIAN = "\u182d\u1823\u1837\u1822\u1828\u180e\u1820"
+
+
+async def test_a_refusal_quotes_a_session_id_the_api_takes_as_it_is(state, admin, second):
+    """`escaped` wrote the joiners of Persian words and emoji sequences, and an emoji flag's
+    tags, as escapes (`می\\u200cخواهم`, `👨\\u200d👩\\u200d👧`): characters the API keeps in
+    a name or an ID (`check_one_line`), and that a terminal shows as the text they write."""
+    agent = await make_agent(state, admin)
+    for session in (PERSIAN, FAMILY, MONGOLIAN):
+        await turn(state, agent, session=session, steps=[NewMemory(f"in {session}", "fact")])
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, lines)
+    for session in (PERSIAN, FAMILY, MONGOLIAN):
+        await second.pool.execute(
+            "UPDATE sessions SET turns = turns + 1 WHERE session_id = $1", session
+        )
+        with pytest.raises(Conflict) as conflict:
+            await load(second, target_admin.account_id, lines)
+        assert f"session {session} of action {agent.action_id} already exists" in str(
+            conflict.value.message
+        ), conflict.value.message
+        await second.pool.execute(
+            "UPDATE sessions SET turns = turns - 1 WHERE session_id = $1", session
+        )
+    # What disguises a line is still written as its escape, next to the joiners kept.
+    from app.text import escaped
+
+    assert escaped(f"a\u202eb\u200c\u200d\u200bc {PERSIAN}\u200c") == (
+        f"a\\u202eb\\u200c\\u200d\\u200bc {PERSIAN}\\u200c"
+    )
+    assert escaped("\U000e0067tag x\u061cy") == "\\U000e0067tag x\\u061cy"
+    # And what shows as nothing, which a new name or ID may not hold (a Hangul filler, a soft
+    # hyphen, the Mongolian vowel separator but before a final a or e).
+    assert escaped(f"{MONGOLIAN} a\u3164b\u00adc \u180e\u1820") == (
+        f"{MONGOLIAN} a\\u3164b\\u00adc \\u180e\u1820"
+    )
+
+
+async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, admin, second):
+    """PostgreSQL's refusal was put on one line by collapsing all its white space, the file's
+    text it quotes included: a record naming the execution "x\\u00a0y\\ny\\u3000z  w" was said
+    to name "x y y z w", a value the file does not hold. The quote keeps each character, its
+    line break written as an escape."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    index = first(lines, "memory")
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, index, execution_id="x\u00a0y\ny\u3000z  w"),
+        re.escape(
+            f"line {index + 1}: its memory row is not valid (invalid input syntax for type uuid: "
+            '"x\u00a0y\\u000ay\u3000z  w")'
+        ),
+    )
+
+
+async def test_a_record_whose_metadata_holds_large_numbers_imports(state, admin, gql, second):
+    """Metadata the API took as 500 bytes (60 numbers of 1e300) is stored as jsonb, whose
+    numbers come back written out in full (1e300: a 1 and 300 zeros): its export's metadata was
+    18,000 bytes as JSON, and the import refused the record as past the 16 KiB the API allows.
+    A number is measured as it may be written (1e300), as the API measured it."""
+    agent = await make_agent(state, admin)
+    metadata = {"scores": [1e300] * 60, "n": [2.5e20, -1.5e16, 10**20, 1e-300, 7]}
+    await turn(state, agent, steps=[NewMemory("scored", "fact", metadata=metadata)])
+    before = await reads(gql, admin, agent.action_id)
+    lines = await exported(state, admin, agent)
+    assert len(lines[-1]) > 16 * 1024
+    target_admin = await admin_of(second)
+    # Past the API's bound written either way, still refused.
+    index = first(lines, "memory")
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, index, metadata={"scores": [10**300] * 3000}),
+        f"line {index + 1}: its memory row is not valid \\(metadata is 21012 bytes as JSON",
+    )
+    await load(second, target_admin.account_id, lines)
+    assert await reads(GQL(second), target_admin, agent.action_id) == before

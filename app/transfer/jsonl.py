@@ -18,6 +18,7 @@ from app.errors import BadInput
 from app.memory.records import Source, Status
 from app.memory.service import (
     MAX_LABEL_VALUE_BYTES,
+    MAX_METADATA_BYTES,
     check_content,
     check_metadata,
     check_summary,
@@ -239,7 +240,7 @@ def _check_row(
                     f"kind is {shown(json.dumps(row.get('kind')), 40)}, not a memory kind's name "
                     "(lower case letters, digits and _, at most 63)"
                 )
-            check_metadata(row.get("metadata"))
+            _check_metadata(row.get("metadata"))
             # The API's rules for a record's text: one line of summary, bounded text.
             summary, content = row.get("summary"), row.get("content")
             if not isinstance(summary, str) or not isinstance(content, str | None):
@@ -273,6 +274,43 @@ def _check_time(column: str, value: Any) -> None:
         raise ValueError(
             f"{column} is not a time from year 1 to 9999 with its offset: {reprlib.repr(value)}"
         ) from None
+
+
+def _check_metadata(metadata: Any) -> None:
+    """`check_metadata` of a record's metadata as stored: jsonb writes a number out in full
+    (1e300 a 1 and 300 zeros, 2.5e20 as 250000000000000000000), which the API measured as its
+    client wrote it (`1e+300`). Past the bound as it is, it is measured again with each
+    integer's trailing zeros as an exponent (1e300), never longer than the API's measure of
+    the number it took: metadata the API took as 500 bytes of 60 such numbers was refused."""
+    try:
+        check_metadata(metadata)
+    except BadInput as refused:
+        try:
+            size = len(json.dumps(metadata, allow_nan=False).encode()) - _written_out(metadata)
+        except (TypeError, ValueError):  # not JSON: as `check_metadata` says
+            raise refused from None
+        if size > MAX_METADATA_BYTES:
+            raise BadInput(
+                f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} are allowed"
+            ) from None
+
+
+def _written_out(value: Any) -> int:
+    """How many characters fewer the integers of decoded JSON take written with their trailing
+    zeros as an exponent (250000000000000000000: 25e19); walked without recursion."""
+    saved, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and item:
+            digits = str(abs(item))
+            significant = digits.rstrip("0")
+            zeros = len(digits) - len(significant)
+            saved += max(0, zeros - 1 - len(str(zeros)))
+    return saved
 
 
 class _Overflow(Exception):

@@ -15,6 +15,7 @@ from uuid import UUID
 import asyncpg
 
 from app.db.pool import session_changed
+from app.text import escaped
 
 
 @dataclass(frozen=True)
@@ -322,14 +323,17 @@ async def check_rows(
 def one_line(error: asyncpg.PostgresError) -> str:
     """PostgreSQL's refusal in one line: its message, its hint, and its detail but for the row
     it failed on (`Failing row contains (...)`: every column of the row, the account a random
-    one of the check's copy), where `str` gave them on lines of their own (`DETAIL:  ...`)."""
+    one of the check's copy), where `str` gave them on lines of their own (`DETAIL:  ...`).
+    The file's text it quotes is kept as it is, its line breaks and what else would break or
+    disguise the line written as escapes (`escaped`): collapsing white space misquoted it
+    ("x\\u00a0y\\ny" said as "x y y", a value the file does not hold)."""
     said = str(error.args[0] if error.args else error)
     detail, hint = getattr(error, "detail", None), getattr(error, "hint", None)
     if detail and not detail.startswith("Failing row contains"):
         said = f"{said}: {detail}"
     if hint:
         said = f"{said} ({hint})"
-    return " ".join(said.split())
+    return escaped(said)
 
 
 async def other_agents_record(
