@@ -7,9 +7,11 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +251,43 @@ def run_scratch(data_dir: Path | None, prefix: str, measure: Any, embedder: Any)
         pg.stop()
         if data_dir is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+class ChatServer:
+    """An OpenAI-compatible chat endpoint on loopback for a benchmark's scripted model: each
+    POST is answered, one at a time, by `reply` given the request's JSON ({} when it is none)
+    and returning the status and the body."""
+
+    def __init__(self, reply: Callable[[dict[str, Any]], tuple[int, str]]) -> None:
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802  (http.server's name)
+                length = int(self.headers.get("content-length") or 0)
+                try:
+                    asked = json.loads(self.rfile.read(length))
+                except ValueError:
+                    asked = {}
+                with lock:
+                    status, body = reply(asked if isinstance(asked, dict) else {})
+                raw = body.encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -41,12 +41,10 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +65,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import ChatServer  # noqa: E402
 
 MARKER = "ZQXMARKERB"  # in tenant B's text only; never sent by A
 # The queries that are `nodes(ids:)` whatever the root field drawn: many IDs of both tenants,
@@ -969,36 +969,14 @@ class Model:
     def __init__(self, seed_value: int) -> None:
         self.world: World | None = None  # until set: plain replies (the setup's turns)
         self.rnd = random.Random(seed_value)
-        self.lock = threading.Lock()
-        model = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802  (http.server's name)
-                length = int(self.headers.get("content-length") or 0)
-                self.rfile.read(length)
-                with model.lock:
-                    status, body = model.reply()
-                raw = body.encode()  # ASCII: json.dumps escapes NUL and lone surrogates
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.chat = ChatServer(lambda asked: self.reply())
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return self.chat.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.chat.close()
 
     def _text(self) -> str:
         return self.rnd.choice(

@@ -57,7 +57,6 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import ChatServer  # noqa: E402
 from bench.fuzz_graphql import EVERYTHING, HOSTILE_TEXT, Api, node_id, serve  # noqa: E402
 
 MARKERS = {"a": "ZQXMARKERA", "b": "ZQXMARKERB"}  # each tenant's text only; never sent by the other
@@ -1257,40 +1257,15 @@ class Model:
 
     def __init__(self, seed_value: int) -> None:
         self.rnd = random.Random(seed_value)
-        self.lock = threading.Lock()
         self.hostile = False  # plain answers during the set-up
-        model = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802  (http.server's name)
-                length = int(self.headers.get("content-length") or 0)
-                try:
-                    asked = json.loads(self.rfile.read(length))
-                except ValueError:
-                    asked = {}
-                with model.lock:
-                    status, body = model.reply(asked)
-                raw = body.encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.chat = ChatServer(self.reply)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return self.chat.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.chat.close()
 
     def reply(self, asked: dict[str, Any]) -> tuple[int, str]:
         tools = [t.get("function", {}).get("name") for t in asked.get("tools") or []]
