@@ -34,15 +34,25 @@ async def test_a_dump_restored_into_another_database_serves_the_same_tokens(
         [PGBIN / "pg_dump", *common, "-Fc", "-f", dump, name], check=True, capture_output=True
     )
 
-    # Restored over a database of the same name, as docs/operations.md does with `postgres`.
-    target = f"{name}_restored"
+    # Restored beside a database of the same name, then put in its place, as docs/operations.md
+    # does with `postgres`.
+    target, beside = f"{name}_restored", f"{name}_beside"
     async with database_copy(pg_server, template_db, target) as restored:
-        for step in (
-            ["dropdb", *common, "--maintenance-db=template1", "--force", target],
-            ["createdb", *common, "--maintenance-db=template1", "-T", "template0", target],
-            ["pg_restore", *common, "-d", target, "--no-owner", dump],
-        ):
-            subprocess.run([PGBIN / step[0], *step[1:]], check=True, capture_output=True)
+        rename = f'ALTER DATABASE "{beside}" RENAME TO "{target}"'
+        try:
+            for step in (
+                ["createdb", *common, "--maintenance-db=template1", "-T", "template0", beside],
+                ["pg_restore", *common, "-d", beside, "--no-owner", dump],
+                ["dropdb", *common, "--maintenance-db=template1", "--force", target],
+                ["psql", *common, "-d", "template1", "-v", "ON_ERROR_STOP=1", "-c", rename],
+            ):
+                subprocess.run([PGBIN / step[0], *step[1:]], check=True, capture_output=True)
+        finally:
+            subprocess.run(
+                [PGBIN / "dropdb", *common, "--maintenance-db=template1", "--if-exists", beside],
+                check=True,
+                capture_output=True,
+            )
         migrate.upgrade(restored)  # already at the latest migration: nothing to do
         pool = await create_pool(restored, min_size=1, max_size=1)
         try:

@@ -574,8 +574,9 @@ def test_a_value_the_service_answers_that_its_type_cannot_carry_is_internal(capl
 async def test_a_database_restored_part_way_answers_503_unavailable_naming_the_restore(
     pg_server, template_db, embedder: StaticEmbedder, tmp_path, caplog
 ) -> None:
-    """operations.md's restore under a running `engram serve`: once the database is created
-    again it is empty, then pg_restore makes its tables one by one. Meanwhile each request
+    """A dump restored into a running `engram serve`'s own database (operations.md restores
+    beside it and swaps, but says what this way does): once the database is created again it
+    is empty, then pg_restore makes its tables one by one. Meanwhile each request
     met a table or type that is not there yet and was a 500 INTERNAL, and /healthz said ok.
     The database cannot serve the service yet: 503 UNAVAILABLE saying so, /healthz 503, and
     data again once restored."""

@@ -36,8 +36,8 @@ _OUT_OF_RESOURCES = ("53000", "53100", "53200")
 # (`_OUT_OF_RESOURCES`), 25006 read-only transaction; and 25P03, a session the server ended for
 # idling in its transaction past its bound (a stalled process).
 # And a server that lets the service in no more, which only a new connection meets: 3D000, its
-# database does not exist (dropped, as a restore does, until it is created again), and 28, its
-# role may not log in (a password changed, LOGIN revoked, pg_hba.conf).
+# database does not exist (dropped, as a restore does, until the restored one takes its name),
+# and 28, its role may not log in (a password changed, LOGIN revoked, pg_hba.conf).
 _STATES = ("08", "57P0", "53300", *_OUT_OF_RESOURCES, "25006", "25P03", "3D000", "28")
 
 # A table of Engram's that the database does not hold (42P01): the service's statements name
