@@ -442,6 +442,43 @@ query ($actionId: UUID!, $text: String, $mode: ActionAgentMemorySearchMode, $kin
 """
 
 
+async def test_m37_a_label_filter_no_record_can_hold_is_bad_request(
+    state: AppState, admin: Caller, gql: Any
+) -> None:
+    """A label filter whose value no record can hold (over 512 bytes, or empty) found nothing
+    without a word why: BAD_REQUEST saying the bound, with a query or without one."""
+    harness = {"memory": {"labels": {"customer_id": {"number": 5, "description": "The customer."}}}}
+    created = await actions.create_action(
+        state.pool, admin, name="support", instructions="", model=None, harness=harness
+    )
+    agent = SearchAgent(state, admin.account_id, created.action_id)
+    await agent.add("Customer prefers email", labels={5: "c" * 512})
+    for text in ("email", None):
+        held = await gql(
+            admin,
+            SEARCH_QUERY,
+            actionId=str(agent.action_id),
+            text=text,
+            labels=[{"name": "customer_id", "value": "c" * 512}],
+            first=5,
+        )
+        assert len(held.ok()["action"]["searchMemories"]["edges"]) == 1
+        for value, size in (("c" * 513, 513), ("", 0)):
+            refused = await gql(
+                admin,
+                SEARCH_QUERY,
+                actionId=str(agent.action_id),
+                text=text,
+                labels=[{"number": 5, "value": value}],
+                first=5,
+            )
+            assert refused.codes == ["BAD_REQUEST"], refused.errors
+            assert refused.errors[0]["message"].startswith(
+                f"label customer_id's filter value is {size} bytes; a record's label value is 1"
+                " to 512 bytes"
+            ), refused.errors
+
+
 async def test_m38_m55_graphql_search_memories(state: AppState, admin: Caller, gql: Any) -> None:
     harness = {"memory": {"labels": {"customer_id": {"number": 5, "description": "The customer."}}}}
     created = await actions.create_action(

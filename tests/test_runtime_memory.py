@@ -719,6 +719,26 @@ async def test_m37_m43_m44_m46_labels_read_and_delete_through_the_tools(
     assert stored["modifiedBy"] == f"action:{action_id}"
 
 
+async def test_m37_a_tools_label_filter_no_record_can_hold_is_refused_saying_why(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """search_memory filtering on a label value longer than any record's found nothing, and
+    the model could not tell why: the tool's refusal names the bound."""
+    harness = memory_harness(
+        tools=ALL_TOOLS,
+        labels={"customer_id": {"number": 5, "description": "The customer the memory is about."}},
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    await add(gql, admin, model_server, action_id, "Prefers email", labels={"customer_id": "c-1"})
+    model_server.call_tools(("search_memory", {"labels": {"customer_id": "c" * 600}}))
+    model_server.say("Done.")
+    executed = await run(gql, admin, action_id, "how does that customer like to be reached?")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (searched,) = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
+    assert "label customer_id's filter value is 600 bytes" in searched["error"], searched
+    assert "1 to 512 bytes" in searched["error"]
+
+
 async def test_m44_changing_a_record_of_a_scope_written_but_not_read_shows_no_text(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

@@ -119,6 +119,7 @@ from app.memory import search_store
 from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking, Scored
+from app.memory.service import check_label_filter
 from app.memory.visibility import OperatorReader, Reader
 from app.observability import metrics
 from app.text import MAX_QUERY_CHARS, check_query
@@ -479,6 +480,8 @@ def label_numbers(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[in
             raise BadInput("each label filter needs the label's name or number, and a value")
         if number not in LABEL_NUMBERS:
             raise BadInput(f"label numbers are from 5 to 18, got {number}")
+        declared = config.label(number)
+        check_label_filter(declared.name if declared is not None else number, label.value)
         if number in numbers and numbers[number] != label.value:
             raise BadInput(f"label {number} is given twice with different values")
         numbers[number] = label.value

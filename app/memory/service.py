@@ -149,6 +149,17 @@ def label_value_fits(value: str) -> bool:
     return 0 < len(value.encode()) <= MAX_LABEL_VALUE_BYTES
 
 
+def check_label_filter(label: str | int, value: str) -> None:
+    """A search's or listing's label filter: refused when no record can hold its value (one of
+    more than `MAX_LABEL_VALUE_BYTES`, or empty), where it found nothing without a word why."""
+    if not label_value_fits(value):
+        raise BadInput(
+            f"label {label}'s filter value is {len(value.encode())} bytes; a record's label value"
+            f" is 1 to {MAX_LABEL_VALUE_BYTES} bytes, so none holds it: filter on the exact value"
+            " a record was given"
+        )
+
+
 def check_kind(config: MemoryConfig, kind: str) -> None:
     if kind not in config.kinds:
         raise BadInput(

@@ -27,7 +27,7 @@ from app.history import search as history_search
 from app.history.store import Scope
 from app.memory import search as memory_search
 from app.memory.records import MemoryRecord
-from app.memory.service import MemoryWork, NewMemory
+from app.memory.service import MemoryWork, NewMemory, check_label_filter
 from app.runtime import redaction
 from app.runtime import transcript as events
 from app.runtime.model import ToolCall
@@ -263,7 +263,12 @@ def _arguments(
 
 
 def _label_numbers(memory: MemoryConfig, labels: dict[str, str]) -> dict[int, str]:
-    return {memory.resolve_label(name).number: value for name, value in labels.items()}
+    """A search's or listing's label filters by number."""
+    numbers = {}
+    for name, value in labels.items():
+        numbers[memory.resolve_label(name).number] = value
+        check_label_filter(name, value)
+    return numbers
 
 
 @dataclass(frozen=True)
