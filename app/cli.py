@@ -1209,15 +1209,15 @@ def _command(args: argparse.Namespace) -> int:
         # statement_timeout or lock_timeout the database or its role sets), a deadlock.
         stopped = _database_stopped(e)
         gone = not stopped and _database_gone(e)
-        if gone:
-            what = _SCHEMA_MISSING if _schema_missing(e) else _DATABASE_GONE
+        if gone and _schema_missing(e):
+            what, again = _SCHEMA_MISSING, "run it again once the database is restored whole"
+        elif gone:
+            what, again = _DATABASE_GONE, "run it again once the database answers"
         elif stopped:
             what = f"the database stopped its work ({' '.join(str(e).split())})"
+            again = "run it again"
         else:
             raise
-        again = "run it again once the database answers" if gone else "run it again"
-        if gone and _schema_missing(e):
-            again = "run it again once the database is restored whole"
         after = _INTERRUPTED.get(args.command, again)
         _say(f"engram {args.command}: {what}: {after}", args.command)
         return 2

@@ -154,15 +154,25 @@ def _separates_mongolian(text: str, at: int) -> bool:
     return bool(before) and "\u1820" <= before[-1] <= "\u1878" and after in ("\u1820", "\u1821")
 
 
+def _flags(text: str) -> list[tuple[int, int]]:
+    """Where `text`'s emoji flags' tag sequences are (`_EMOJI_TAGS`)."""
+    return [m.span() for m in _EMOJI_TAGS.finditer(text)] if "\U0001f3f4" in text else []
+
+
+def _kept(text: str, at: int, flags: list[tuple[int, int]]) -> bool:
+    """The `_INVISIBLE` character at `at` is one a name keeps: the Mongolian vowel separator
+    before a final a or e, or a tag of an emoji flag (`flags`, `_flags`)."""
+    if text[at] == "\u180e" and _separates_mongolian(text, at):
+        return True
+    return any(start < at < end for start, end in flags)
+
+
 def _invisible_at(text: str) -> int | None:
     """Where `text`'s first `_INVISIBLE` character is (None: it has none)."""
-    flags = [m.span() for m in _EMOJI_TAGS.finditer(text)] if "\U0001f3f4" in text else []
+    flags = _flags(text)
     for match in _INVISIBLE.finditer(text):
-        at = match.start()
-        if text[at] == "\u180e" and _separates_mongolian(text, at):
-            continue
-        if not any(start < at < end for start, end in flags):
-            return at
+        if not _kept(text, match.start(), flags):
+            return match.start()
     return None
 
 
@@ -293,7 +303,7 @@ def escaped(text: str) -> str:
     they are, as a name or an ID keeps them (`check_one_line`): a joiner (U+200C, U+200D)
     between two characters shown (a Persian word, an emoji sequence), the tags of an emoji
     flag's tag sequence, and the Mongolian vowel separator before a final a or e."""
-    flags = [m.span() for m in _EMOJI_TAGS.finditer(text)] if "\U0001f3f4" in text else []
+    flags = _flags(text)
 
     def visible(at: int) -> bool:
         return 0 <= at < len(text) and not text[at].isspace() and not _ESCAPED.match(text, at)
@@ -302,9 +312,7 @@ def escaped(text: str) -> str:
         c, at = match.group(), match.start()
         if c in "\u200c\u200d" and visible(at - 1) and visible(at + 1):
             return c
-        if c == "\u180e" and _separates_mongolian(text, at):
-            return c
-        if any(start < at < end for start, end in flags):  # a tag of an emoji flag
+        if _kept(text, at, flags):
             return c
         return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
 

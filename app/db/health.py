@@ -24,6 +24,15 @@ _ASK = "SELECT EXISTS (SELECT FROM alembic_version)"
 TIMEOUT_SECONDS = 0.9
 
 
+async def _asked(conn: asyncpg.Connection) -> bool:
+    """`_ASK` on `conn`: False, not an error, when the database answers without the table
+    (no need to connect again)."""
+    try:
+        return await conn.fetchval(_ASK) is True
+    except asyncpg.UndefinedTableError:
+        return False
+
+
 class Health:
     """Whether the database answers, asked on a connection of its own (opened at the first
     check, and again after one fails); checks made at the same moment take turns on it.
@@ -55,9 +64,7 @@ class Health:
     async def _ask(self) -> bool:
         if self._conn is not None and not self._conn.is_closed():
             try:
-                return await self._conn.fetchval(_ASK) is True
-            except asyncpg.UndefinedTableError:
-                return False  # answers, without the table: no need to connect again
+                return await _asked(self._conn)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError):
                 # E.g. the server restarted since the last check: ask again. (Its FATAL read but
                 # its hanging up not yet seen, asyncpg refuses the statement with an
@@ -74,10 +81,7 @@ class Health:
             self._connecting = None  # failed: the next check opens another
             raise
         self._connecting, self._conn = None, conn
-        try:
-            return await self._conn.fetchval(_ASK) is True
-        except asyncpg.UndefinedTableError:
-            return False
+        return await _asked(conn)
 
     def _drop(self) -> None:
         if self._conn is not None:
