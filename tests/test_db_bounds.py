@@ -70,6 +70,28 @@ def test_the_defaults_bound_every_request_generously() -> None:
     assert bounds(0, 0.0001, 0) == {"lock_timeout": "1"}
 
 
+async def test_a_missing_table_is_unavailable_and_a_statements_missing_from_entry_is_not(
+    db_url: str,
+) -> None:
+    """SQLSTATE 42P01 has two senses: a table the database does not hold (being restored:
+    UNAVAILABLE, retry) and a FROM entry a statement lacks or names wrongly, a mistake in the
+    statement, which no retry mends: that stays an internal error, logged with its traceback."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        with pytest.raises(asyncpg.UndefinedTableError) as gone:
+            await conn.fetch("SELECT * FROM no_such_table_of_engrams")
+        with pytest.raises(asyncpg.UndefinedTableError) as missing:
+            await conn.fetch("SELECT m.memory_id FROM agent_memories a")
+        with pytest.raises(asyncpg.UndefinedTableError) as invalid:
+            await conn.fetch("SELECT 1 FROM agent_memories a WHERE agent_memories.kind = ''")
+    finally:
+        await conn.close()
+    assert errors.database_refusal(gone.value) == ("UNAVAILABLE", errors.SCHEMA_MISSING_MESSAGE)
+    for mistake in (missing.value, invalid.value):
+        assert mistake.sqlstate == "42P01"
+        assert errors.database_refusal(mistake) is None, str(mistake)
+
+
 @pytest.mark.settings(lock_timeout_seconds=0.3)
 async def test_a_request_waiting_on_a_locked_row_past_the_lock_bound_is_a_conflict(
     state: AppState, gql, admin: Caller, db_url: str

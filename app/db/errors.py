@@ -45,9 +45,10 @@ _STATES = ("08", "57P0", "53300", *_OUT_OF_RESOURCES, "25006", "25P03", "3D000",
 # (dropped, created again empty, then filled by pg_restore, which makes the extension, types
 # and functions before the tables: docs/operations.md), or changed under the service. Not a
 # missing column, function or type (42703, 42883, 42704), which no restore leaves alone and a
-# mistake in a statement does; nor is 42P01's other sense, a FROM entry a statement lacks, met
-# by any statement that ran once (each is checked as it is prepared, and the tests run each).
+# mistake in a statement does; nor 42P01's other sense, a FROM entry a statement lacks or names
+# wrongly (`_FROM_ENTRY`, PostgreSQL's words in English, its default), a statement's own mistake.
 _SCHEMA_STATES = ("42P01",)
+_FROM_ENTRY = ("missing FROM-clause entry", "invalid reference to FROM-clause entry")
 
 _SOCKET_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
@@ -75,7 +76,8 @@ def is_schema_missing(error: BaseException | None) -> bool:
     """True when `error` (or what caused it) met a database without part of Engram's schema
     (`_SCHEMA_STATES`, `SchemaMissing`): it serves again once restored whole."""
     if _sqlstate(error) in _SCHEMA_STATES:
-        return True
+        table = next(c for c in _causes(error) if isinstance(c, asyncpg.PostgresError))
+        return not str(table).startswith(_FROM_ENTRY)
     return any(isinstance(cause, SchemaMissing) for cause in _causes(error))
 
 
