@@ -249,9 +249,6 @@ class Started:
     server: EmbeddedPostgres | None = None
     supervisor: asyncio.Task[None] | None = None
     stopped: bool = False
-    # The admin token the start created (ENGRAM_BOOTSTRAP_TOKEN unset, no admin token yet),
-    # shown once by the lifespan.
-    admin_token: str | None = None
 
     async def stop(self) -> None:
         if self.stopped:
@@ -301,8 +298,12 @@ async def start_state(settings: Settings, embedder: Embedder | None = None) -> S
     try:
         await start_services(started.state)
         # Here, not in the lifespan: a database that cannot answer (one without all of its
-        # tables) ends `engram serve` with one line, not a lifespan traceback.
-        started.admin_token = await bootstrap_admin(pool, settings.bootstrap_token_value())
+        # tables) ends `engram serve` with one line, not a lifespan traceback. The admin token
+        # it created (ENGRAM_BOOTSTRAP_TOKEN unset, no admin token yet) is shown at once, as
+        # it is committed: a start that fails or is stopped later has shown it all the same.
+        created = await bootstrap_admin(pool, settings.bootstrap_token_value())
+        if created is not None:
+            print(f"Engram admin token (shown once, keep it safe): {created}", flush=True)
     except BaseException:
         # E.g. the embedder does not match the database: leave nothing running.
         await started.stop()
@@ -335,9 +336,6 @@ def create_app(
         try:
             state = running.state
             state.embedder = MeteredEmbedder(state.embedder, metrics)
-            if running.admin_token is not None:
-                token = running.admin_token
-                print(f"Engram admin token (shown once, keep it safe): {token}", flush=True)
             app.state.health = running.health
             app.state.engram = state
             async with mcp.manager.run():

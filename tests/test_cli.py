@@ -114,6 +114,28 @@ async def test_cli_default_account_client_and_admin_token_note(db_url, state, tm
     assert ops.principal == "ops" and ops.in_default_account
 
 
+async def test_serve_shows_the_admin_token_as_its_start_commits_it(
+    settings, embedder, state, capsys
+):
+    """`engram serve`'s start (`start_state`) shows the admin token it made on a fresh database
+    as soon as it is stored, before the app serves: a start that fails or is stopped after it
+    has shown the token all the same (it was shown by the lifespan, later)."""
+    from app.main import start_state
+
+    started = await start_state(settings, embedder)
+    try:
+        shown = capsys.readouterr().out
+        again = await start_state(settings, embedder)  # a second start finds a token: none shown
+        await again.stop()
+    finally:
+        await started.stop()
+    prefix = "Engram admin token (shown once, keep it safe): "
+    [token] = [line.removeprefix(prefix) for line in shown.splitlines() if prefix in line]
+    admin = await service.authenticate(state.pool, f"Bearer {token}")
+    assert admin.principal == "admin" and admin.in_default_account
+    assert prefix not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
