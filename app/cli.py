@@ -968,13 +968,25 @@ def parser() -> argparse.ArgumentParser:
                 self.error(message)
             return parsed
 
+    class Command(Parser):
+        """A command's parser (`engram import`, `engram client create`): an argument it does
+        not know is refused by it, with its usage and its name, as its other wrong arguments
+        are, where argparse left it to the top-level parser, whose usage of every command (three
+        lines) and `engram: error:` named none."""
+
+        def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+            parsed, extras = super().parse_known_args(args, namespace)
+            if extras:
+                self.error(f"unrecognized arguments: {' '.join(extras)}")
+            return parsed, extras
+
     p = Parser(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(
         "--version",
         action=_version_action(),
         help="print the release and the newest database migration it brings, then exit",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Command)
 
     def command(
         name: str, run: Callable[[Settings, argparse.Namespace], int], help: str
