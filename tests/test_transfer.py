@@ -1905,6 +1905,90 @@ async def test_a_session_id_or_name_the_api_refuses_is_refused(state, admin, sec
         )
 
 
+# As the API refuses a new client's principal (app/auth/service.py).
+PRINCIPAL_TAKES = (
+    "must be 1 to 200 characters: letters, digits and _ . : @ / + -, starting with a letter or "
+    "digit"
+)
+
+
+def with_event(lines: list[str], **columns: Any) -> tuple[list[str], int]:
+    """The export's lines with a transcript event of its first execution (`columns` changed),
+    and the event's index."""
+    execution = json.loads(lines[first(lines, "execution")])["row"]
+    event = {
+        "action_id": execution["action_id"],
+        "execution_id": execution["execution_id"],
+        "sequence": 1,
+        "invocation_number": 1,
+        "type": "turn.input",
+        "data": {"input": "hello"},
+        "created": execution["created"],
+        **columns,
+    }
+    at = first(lines, "memory_version")
+    return [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]], at
+
+
+async def test_a_principal_instructions_or_event_type_the_api_never_writes_is_refused(
+    state, admin, second
+):
+    """Who wrote a version of the agent or of a record, and who ran an execution, are
+    principals as the API names them (a client's, `admin`, an agent's `action:ID`); an agent's
+    instructions are at most 64 KiB; a transcript event's type is one the runtime writes. Each
+    was imported as any text: controls and bidi overrides a console or a log then showed as
+    they are, a principal no client can have, instructions no update could keep. Refused by
+    their line, naming the column and what it takes, writing nothing."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    version, execution = first(lines, "action_version"), first(lines, "execution")
+    record, last = first(lines, "memory_version"), len(lines) - 1
+    for index, column, value, said in [
+        (version, "created_by", "admin\x1b[31m", f"created_by {PRINCIPAL_TAKES}"),
+        (version, "created_by", "", f"created_by {PRINCIPAL_TAKES}"),
+        (version, "created_by", "a" * 201, f"created_by {PRINCIPAL_TAKES}"),
+        (execution, "principal", "admin\u202e", f"principal {PRINCIPAL_TAKES}"),
+        (execution, "principal", "\u0430dmin", f"principal {PRINCIPAL_TAKES}"),  # Cyrillic a
+        (record, "modified_by", "admin\n", f"modified_by {PRINCIPAL_TAKES}"),
+        (last, "modified_by", " admin", f"modified_by {PRINCIPAL_TAKES}"),
+        (last, "modified_by", 5, "modified_by is not text"),
+        (version, "instructions", "x" * (64 * 1024 + 1), "instructions must be at most 65536"),
+        (version, "instructions", "é" * (32 * 1024 + 1), "instructions must be at most 65536"),
+        (version, "instructions", ["be brief"], "instructions are not text"),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: its {json.loads(lines[index])['type']} row is not valid "
+            f"\\({re.escape(said)}",
+        )
+    for value in ("model.call\u202e", "bogus", "Turn.Input", None, ["turn.input"]):
+        changed, at = with_event(lines, type=value)
+        await refused(
+            second,
+            target_admin.account_id,
+            changed,
+            f"line {at + 1}: its transcript_event row is not valid \\(type is .*, not one of "
+            "the event types turn.input, memory.pinned, model.call, ",
+        )
+    # What the API writes imports: an agent's principal, a client's, 64 KiB of instructions.
+    kept, _ = with_event(lines, type="memory.review.dropped")
+    kept = edited(kept, version, instructions="é" * (32 * 1024), created_by="ops@acme.example/1")
+    kept = edited(kept, execution, principal=f"action:{agent.action_id}")
+    assert (await load(second, target_admin.account_id, kept)).by_type["transcript_event"] == 1
+
+
+def test_every_event_type_the_runtime_names_is_one_an_import_takes():
+    """An import takes the event types of `transcript.TYPES` only: a type added to the runtime
+    and left out of it would make every export holding one refused."""
+    from app.runtime import transcript
+
+    named = {v for k, v in vars(transcript).items() if k.isupper() and isinstance(v, str)}
+    assert set(transcript.TYPES) == named and len(transcript.TYPES) == len(named)
+
+
 async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(
     state, admin, second
 ):
