@@ -221,6 +221,12 @@ async def _verify(
     return caller
 
 
+async def default_account(conn: asyncpg.Connection) -> UUID | None:
+    """The default account's ID; None until it is made (`ensure_default_account`)."""
+    row = await store.default_account(conn)
+    return None if row is None else row["account_id"]
+
+
 async def ensure_default_account(conn: asyncpg.Connection) -> UUID:
     row = await store.default_account(conn)
     if row is None:
