@@ -555,9 +555,17 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Awaitable[T]]) -> T:
+def _in_account(
+    settings: Settings,
+    account: UUID | None,
+    work: Callable[..., Awaitable[T]],
+    *,
+    make_default: bool = True,
+) -> T:
     """Runs `work(pool, account_id=...)` on the migrated database, in `account` or else the default
-    account (export and import need no admin token)."""
+    account (export and import need no admin token), made first if there is none yet; unless
+    not `make_default`: `work` is then given None for the default account, and makes it only
+    if it writes (an import refused changes nothing)."""
     import logging
 
     from app.auth.service import ensure_default_account
@@ -567,7 +575,7 @@ def _in_account(settings: Settings, account: UUID | None, work: Callable[..., Aw
     async def run() -> T:
         async with _database(settings) as pool:
             account_id = account
-            if account_id is None:
+            if account_id is None and make_default:
                 async with pool.acquire() as conn:
                     account_id = await ensure_default_account(conn)
             return await work(pool, account_id=account_id)
@@ -820,7 +828,7 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
 
     account = _account_id(args.account)
 
-    async def work(pool: Any, *, account_id: UUID, lines: Iterable[str]) -> ImportResult:
+    async def work(pool: Any, *, account_id: UUID | None, lines: Iterable[str]) -> ImportResult:
         result = await import_file(
             pool,
             account_id=account_id,
@@ -833,7 +841,7 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         # the service's next maintenance round.
         builds = _index_builds(settings, pool)
         for action_id, records in result.records.items():
-            builds.wrote((account_id, action_id), records)
+            builds.wrote((result.account_id, action_id), records)
         await builds.settle()
         return result
 
@@ -843,7 +851,7 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         # (the loop cancels its work at its next wait, which a read that does not return never
         # reaches).
         with _file_or_std(args.file, "r") as given, seekable(given) as lines:
-            result = _in_account(settings, account, partial(work, lines=lines))
+            result = _in_account(settings, account, partial(work, lines=lines), make_default=False)
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
@@ -968,13 +976,25 @@ def parser() -> argparse.ArgumentParser:
                 self.error(message)
             return parsed
 
+    class Command(Parser):
+        """A command's parser (`engram import`, `engram client create`): an argument it does
+        not know is refused by it, with its usage and its name, as its other wrong arguments
+        are, where argparse left it to the top-level parser, whose usage of every command (three
+        lines) and `engram: error:` named none."""
+
+        def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+            parsed, extras = super().parse_known_args(args, namespace)
+            if extras:
+                self.error(f"unrecognized arguments: {' '.join(extras)}")
+            return parsed, extras
+
     p = Parser(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(
         "--version",
         action=_version_action(),
         help="print the release and the newest database migration it brings, then exit",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Command)
 
     def command(
         name: str, run: Callable[[Settings, argparse.Namespace], int], help: str

@@ -691,20 +691,63 @@ async def test_commands_on_a_database_without_pgvector_say_so_in_one_line(db_url
 
 
 def test_serve_with_an_unknown_option_says_so_as_a_json_log_line_under_the_json_format():
-    """An option `engram serve` does not know is refused by the top-level parser (argparse
-    leaves unrecognized arguments to it), whose words are JSON too under ENGRAM_LOG_FORMAT=json:
-    a log collector reads one object, not a usage text; other commands keep text."""
+    """An option `engram serve` does not know is refused by its parser, in words that are JSON
+    too under ENGRAM_LOG_FORMAT=json: a log collector reads one object, not a usage text; other
+    commands keep text."""
     done = run(clean_env(log_format="json"), "serve", "--bogus", "x")
     assert done.returncode == 2, done.stderr
     assert [e["message"] for e in _json_lines(done.stderr)] == [
-        "engram: error: unrecognized arguments: --bogus x"
+        "engram serve: error: unrecognized arguments: --bogus x"
     ]
     text = run(clean_env(), "serve", "--bogus")
     assert text.returncode == 2
-    assert text.stderr.splitlines()[-1] == "engram: error: unrecognized arguments: --bogus"
+    assert text.stderr.splitlines()[-1] == "engram serve: error: unrecognized arguments: --bogus"
     other = run(clean_env(log_format="json"), "migrate", "--bogus")
     assert other.returncode == 2
-    assert other.stderr.splitlines()[-1] == "engram: error: unrecognized arguments: --bogus"
+    assert other.stderr.splitlines()[-1] == "engram migrate: error: unrecognized arguments: --bogus"
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (
+            ["import", "agent.jsonl", "--bogus"],
+            "engram import: error: unrecognized arguments: --bogus",
+        ),
+        (["import", "a.jsonl", "b.jsonl"], "engram import: error: unrecognized arguments: b.jsonl"),
+        (["import"], "engram import: error: the following arguments are required: file"),
+        (
+            ["import", "a.jsonl", "--batch-size", "0"],
+            "engram import: error: argument --batch-size: must be an integer at least 1, not 0",
+        ),
+        (
+            ["export", "--action", "x", "--bogus"],
+            "engram export: error: unrecognized arguments: --bogus",
+        ),
+        (
+            ["client", "create", "bot", "--bogus", "x"],
+            "engram client create: error: unrecognized arguments: --bogus x",
+        ),
+        (
+            ["account", "create", "a", "b"],
+            "engram account create: error: unrecognized arguments: b",
+        ),
+        (["reembed", "--bogus"], "engram reembed: error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_commands_wrong_argument_is_told_by_the_command_with_its_usage(args, said):
+    """Every wrong argument of a command, one it does not know too, is told as argparse tells
+    the others (`engram import: error: argument --batch-size: ...`): the command's usage, then
+    one line naming the command and what is wrong, exit status 2. An argument it did not know
+    was left to the top-level parser, which printed its usage of every command (three lines)
+    and named no command (`engram: error: unrecognized arguments: --bogus`)."""
+    done = run(clean_env(), *args)
+    assert done.returncode == 2, done.stderr
+    command = said.split(":")[0]
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"usage: {command} [-h]"), lines
+    assert lines[-1] == said and "{serve," not in done.stderr, lines
+    assert done.stdout == ""
 
 
 def test_serve_refuses_port_0(tmp_path):

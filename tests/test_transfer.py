@@ -1751,14 +1751,30 @@ def first(lines: list[str], kind: str) -> int:
     return next(i for i, line in enumerate(lines) if json.loads(line)["type"] == kind)
 
 
+async def digests(conn: asyncpg.Connection, *, but: tuple[str, ...] = ()) -> dict[str, str]:
+    """A digest of every table's rows (but those of the tables `but`), by table."""
+    tables = await conn.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
+    )
+    every = "SELECT md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), '')) FROM {} t"
+    return {
+        r["tablename"]: await conn.fetchval(every.format(f'"{r["tablename"]}"'))
+        for r in tables
+        if r["tablename"] not in but
+    }
+
+
 async def refused(target: AppState, account_id, lines: list[str], said: str) -> None:
-    """The import is refused with BAD_REQUEST saying `said`, and writes nothing."""
+    """The import is refused with BAD_REQUEST saying `said`, and changes nothing: no table's
+    rows (but the running service's own heartbeat, service_processes)."""
     from app.errors import BadInput
 
-    before = await table_counts(target)
+    async with target.pool.acquire() as conn:
+        before = await digests(conn, but=("service_processes",))
     with pytest.raises(BadInput, match=said):
         await load(target, account_id, lines)
-    assert await table_counts(target) == before
+    async with target.pool.acquire() as conn:
+        assert await digests(conn, but=("service_processes",)) == before
 
 
 async def test_a_row_refused_writes_nothing_of_the_rows_before_it(state, admin, second):
@@ -1903,6 +1919,169 @@ async def test_a_session_id_or_name_the_api_refuses_is_refused(state, admin, sec
             edited(lines, index, **{column: value}),
             f"line {index + 1}: .* not valid .*{said}",
         )
+
+
+# As the API refuses a new client's principal (app/auth/service.py).
+PRINCIPAL_TAKES = (
+    "must be 1 to 200 characters: letters, digits and _ . : @ / + -, starting with a letter or "
+    "digit"
+)
+
+
+def with_event(lines: list[str], **columns: Any) -> tuple[list[str], int]:
+    """The export's lines with a transcript event of its first execution (`columns` changed),
+    and the event's index."""
+    execution = json.loads(lines[first(lines, "execution")])["row"]
+    event = {
+        "action_id": execution["action_id"],
+        "execution_id": execution["execution_id"],
+        "sequence": 1,
+        "invocation_number": 1,
+        "type": "turn.input",
+        "data": {"input": "hello"},
+        "created": execution["created"],
+        **columns,
+    }
+    at = first(lines, "memory_version")
+    return [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]], at
+
+
+async def test_a_principal_instructions_or_event_type_the_api_never_writes_is_refused(
+    state, admin, second
+):
+    """Who wrote a version of the agent or of a record, and who ran an execution, are
+    principals as the API names them (a client's, `admin`, an agent's `action:ID`); an agent's
+    instructions are at most 64 KiB; a transcript event's type is one the runtime writes. Each
+    was imported as any text: controls and bidi overrides a console or a log then showed as
+    they are, a principal no client can have, instructions no update could keep. Refused by
+    their line, naming the column and what it takes, writing nothing."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    version, execution = first(lines, "action_version"), first(lines, "execution")
+    record, last = first(lines, "memory_version"), len(lines) - 1
+    for index, column, value, said in [
+        (version, "created_by", "admin\x1b[31m", f"created_by {PRINCIPAL_TAKES}"),
+        (version, "created_by", "", f"created_by {PRINCIPAL_TAKES}"),
+        (version, "created_by", "a" * 201, f"created_by {PRINCIPAL_TAKES}"),
+        (execution, "principal", "admin\u202e", f"principal {PRINCIPAL_TAKES}"),
+        (execution, "principal", "\u0430dmin", f"principal {PRINCIPAL_TAKES}"),  # Cyrillic a
+        (record, "modified_by", "admin\n", f"modified_by {PRINCIPAL_TAKES}"),
+        (last, "modified_by", " admin", f"modified_by {PRINCIPAL_TAKES}"),
+        (last, "modified_by", 5, "modified_by is not text"),
+        (version, "instructions", "x" * (64 * 1024 + 1), "instructions must be at most 65536"),
+        (version, "instructions", "é" * (32 * 1024 + 1), "instructions must be at most 65536"),
+        (version, "instructions", ["be brief"], "instructions are not text"),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, **{column: value}),
+            f"line {index + 1}: its {json.loads(lines[index])['type']} row is not valid "
+            f"\\({re.escape(said)}",
+        )
+    for value in ("model.call\u202e", "bogus", "Turn.Input", None, ["turn.input"]):
+        changed, at = with_event(lines, type=value)
+        await refused(
+            second,
+            target_admin.account_id,
+            changed,
+            f"line {at + 1}: its transcript_event row is not valid \\(type is .*, not one of "
+            "the event types turn.input, memory.pinned, model.call, ",
+        )
+    # What the API writes imports: an agent's principal, a client's, 64 KiB of instructions.
+    kept, _ = with_event(lines, type="memory.review.dropped")
+    kept = edited(kept, version, instructions="é" * (32 * 1024), created_by="ops@acme.example/1")
+    kept = edited(kept, execution, principal=f"action:{agent.action_id}")
+    assert (await load(second, target_admin.account_id, kept)).by_type["transcript_event"] == 1
+
+
+def test_every_event_type_the_runtime_names_is_one_an_import_takes():
+    """An import takes the event types of `transcript.TYPES` only: a type added to the runtime
+    and left out of it would make every export holding one refused."""
+    from app.runtime import transcript
+
+    named = {v for k, v in vars(transcript).items() if k.isupper() and isinstance(v, str)}
+    assert set(transcript.TYPES) == named and len(transcript.TYPES) == len(named)
+
+
+async def test_cli_import_refused_without_account_makes_no_default_account(
+    state, admin, pg_server, template_db, tmp_path
+):
+    """`engram import FILE` without --account into a deployment whose default account no start
+    of the service has made yet: a refused file changes nothing in the database, where the
+    default account was made before the file was read, and stayed. A file that imports makes it,
+    and writes into it."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    version = first(lines, "action_version")
+    bad, good = tmp_path / "bad.jsonl", tmp_path / "good.jsonl"
+    bad.write_text("\n".join(edited(lines, version, created_by="admin\x1b[2J")) + "\n")
+    good.write_text("\n".join(lines) + "\n")
+    name = f"engram_no_default_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, template_db, name) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            before = await digests(conn)
+            assert await conn.fetchval("SELECT count(*) FROM accounts") == 0
+            done = await asyncio.to_thread(run, clean_env(database_url=url), "import", str(bad))
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.splitlines() == [
+                f"error (BAD_REQUEST): line {version + 1}: its action_version row is not valid "
+                f"(created_by {PRINCIPAL_TAKES})"
+            ]
+            assert await digests(conn) == before
+            done = await asyncio.to_thread(run, clean_env(database_url=url), "import", str(good))
+            assert done.returncode == 0, done.stderr
+            (account,) = await conn.fetch("SELECT account_id, is_default FROM accounts")
+            assert account["is_default"]
+            held = "SELECT DISTINCT account_id FROM agent_memories"
+            assert [r["account_id"] for r in await conn.fetch(held)] == [account["account_id"]]
+        finally:
+            await conn.close()
+
+
+async def test_an_import_refused_before_the_first_start_changes_nothing_and_closes_its_model(
+    state, admin, pg_server, embedder
+):
+    """Into a deployment no service has started on (no model recorded, no default account):
+    the import opens the configured embedding model before it checks the file (to copy its
+    vectors), and a refused file closed it never; nor does the refusal record the model or
+    make the default account (the import of no account named makes it once it writes)."""
+    from app.db import migrate
+    from app.errors import BadInput
+
+    class Held:
+        """The embedder, counting its closes."""
+
+        def __init__(self) -> None:
+            self.name, self.dimensions, self.closed = embedder.name, embedder.dimensions, 0
+
+        async def aclose(self) -> None:
+            self.closed += 1
+
+    held = Held()
+
+    async def opener():
+        return held
+
+    agent = await build_agent(state, admin)
+    changed, at = with_event(await exported(state, admin, agent), type="turn.started")
+    name = f"engram_unstarted_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        await asyncio.to_thread(migrate.upgrade, url)
+        pool = await create_pool(url, min_size=1, max_size=4)
+        try:
+            async with pool.acquire() as conn:
+                before = await digests(conn)
+            with pytest.raises(BadInput, match=f"line {at + 1}: its transcript_event row"):
+                await import_file(pool, account_id=None, lines=changed, open_embedder=opener)
+            async with pool.acquire() as conn:
+                assert await digests(conn) == before
+                assert await conn.fetchval("SELECT count(*) FROM accounts") == 0
+            assert held.closed == 1
+        finally:
+            await pool.close()
 
 
 async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(

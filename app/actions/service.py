@@ -93,6 +93,12 @@ def check_name(name: str, *, stored: bool = False) -> str:
     return check_one_line(name, "name", stored=stored)
 
 
+def check_instructions(instructions: str) -> None:
+    """An agent's instructions: at most MAX_INSTRUCTIONS bytes (of UTF-8)."""
+    if len(instructions.encode()) > MAX_INSTRUCTIONS:
+        raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
+
+
 def _values(
     name: str,
     instructions: str,
@@ -105,8 +111,7 @@ def _values(
     """`current_name`: the agent's name before an update (None: a new agent); kept as it is,
     it is taken as it was stored."""
     name = check_name(name, stored=name.strip() == current_name)
-    if len(instructions.encode()) > MAX_INSTRUCTIONS:
-        raise BadInput(f"instructions must be at most {MAX_INSTRUCTIONS} bytes")
+    check_instructions(instructions)
     # Checked when written, not when a stored version is read (one written before the limit
     # still loads, and can be updated).
     prompt = harness.memory.extraction_prompt

@@ -33,10 +33,13 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def _check_principal(principal: str) -> None:
+def check_principal(principal: str, field: str = "principal") -> None:
+    """A client's principal, as a new client is given it, and so every principal a row names
+    (who wrote an agent's version, ran an execution, wrote a record's version: a client, the
+    `admin`, an agent's `action:ID`); `field`: how the caller names it."""
     if not _PRINCIPAL.fullmatch(principal):
         raise BadInput(
-            "principal must be 1 to 200 characters: letters, digits and _ . : @ / + -, "
+            f"{field} must be 1 to 200 characters: letters, digits and _ . : @ / + -, "
             "starting with a letter or digit"
         )
 
@@ -218,6 +221,12 @@ async def _verify(
     return caller
 
 
+async def default_account(conn: asyncpg.Connection) -> UUID | None:
+    """The default account's ID; None until it is made (`ensure_default_account`)."""
+    row = await store.default_account(conn)
+    return None if row is None else row["account_id"]
+
+
 async def ensure_default_account(conn: asyncpg.Connection) -> UUID:
     row = await store.default_account(conn)
     if row is None:
@@ -301,7 +310,7 @@ async def create_client(
 ) -> Client:
     caller.require(("INSERT", resources.CLIENT))
     account_id = caller.reach_account(account_id)
-    _check_principal(principal)
+    check_principal(principal)
     given = parse_policies(policies, strict=True)
     what = f"the policies given to client {principal!r} allow"
     caller.require_covers(given, what)

@@ -62,6 +62,21 @@ MEMORY_REVIEW = "memory.review"
 MEMORY_REVIEW_DROPPED = "memory.review.dropped"
 TURN_OUTPUT = "turn.output"
 TURN_FAILED = "turn.failed"
+# Every type an event is written with (an import takes no other).
+TYPES = (
+    TURN_INPUT,
+    MEMORY_PINNED,
+    MODEL_CALL,
+    EMBEDDING,
+    TOOL_EXECUTION,
+    OUTPUT_USE,
+    CONTEXT_CLEARED,
+    CONTEXT_SUMMARY,
+    MEMORY_REVIEW,
+    MEMORY_REVIEW_DROPPED,
+    TURN_OUTPUT,
+    TURN_FAILED,
+)
 
 
 def model_call(completion: "Completion", purpose: str) -> dict[str, Any]:

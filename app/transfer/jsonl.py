@@ -13,7 +13,8 @@ from uuid import UUID
 
 from app.actions.harness import LABEL_NUMBERS, is_kind_name, parse_harness
 from app.actions.model import parse_model
-from app.actions.service import check_name
+from app.actions.service import check_instructions, check_name
+from app.auth.service import check_principal
 from app.errors import BadInput
 from app.memory.records import Source, Status
 from app.memory.service import (
@@ -24,6 +25,7 @@ from app.memory.service import (
     check_summary,
     label_value_fits,
 )
+from app.runtime import transcript
 from app.scope import Scope, check_session_id
 from app.text import check_json, nests_deeper, shortened
 from app.transfer.store import BY_KIND
@@ -144,6 +146,16 @@ _WORDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The columns that name a principal (who wrote an agent's version, ran an execution, wrote a
+# record's version), which the API names as it names a client's (`check_principal`).
+_PRINCIPALS: dict[str, tuple[str, ...]] = {
+    "action_version": ("created_by",),
+    "execution": ("principal",),
+    "memory_version": ("modified_by",),
+    "memory": ("modified_by",),
+}
+
+
 # The deepest a row nests (the row's object: 1). The service takes JSON of at most
 # ENGRAM_MAX_JSON_DEPTH levels (256 at most), and stores it a few levels down in a row; a row
 # nested much deeper (Python reads some 990 levels) was imported, and reading it failed past
@@ -209,6 +221,17 @@ def _check_row(
         if not isinstance(session_id, str | None):
             raise ValueError("session_id is not text")
         check_session_id(session_id, "session_id", stored=True)
+        for column in _PRINCIPALS.get(kind, ()):
+            principal = row.get(column)
+            if not isinstance(principal, str):
+                raise ValueError(f"{column} is not text")
+            check_principal(principal, column)
+        # As the runtime writes them (a reader is shown the event's data by its type).
+        if kind == "transcript_event" and row.get("type") not in transcript.TYPES:
+            raise ValueError(
+                f"type is {shown(json.dumps(row.get('type')), 40)}, not one of the event types "
+                f"{', '.join(transcript.TYPES)}"
+            )
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
@@ -253,6 +276,10 @@ def _check_row(
             if not isinstance(name, str):
                 raise ValueError("name is not text")
             check_name(name, stored=True)
+            instructions = row.get("instructions")
+            if not isinstance(instructions, str):
+                raise ValueError("instructions are not text")
+            check_instructions(instructions)
             for column, parse in (("harness", parse_harness), ("model", parse_model)):
                 value = row.get(column)
                 parse(json.loads(value) if isinstance(value, str) else value)

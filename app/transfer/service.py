@@ -35,6 +35,7 @@ from uuid import UUID
 
 import asyncpg
 
+from app.auth.service import default_account, ensure_default_account
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder, vector_fault
 from app.embeddings.setup import ensure_model
@@ -127,6 +128,9 @@ async def export_action(
 
 @dataclass
 class ImportResult:
+    # The account written into: the one named, or the default account (made by the import,
+    # once the file was checked, if no start of the service had made it).
+    account_id: UUID
     inserted: int = 0
     present: int = 0  # already there, identical: skipped
     # Records embedded by this import (vectors copied: those the file had none for); none that
@@ -142,25 +146,34 @@ class ImportResult:
 async def import_file(
     pool: asyncpg.Pool,
     *,
-    account_id: UUID,
+    account_id: UUID | None,
     lines: Iterable[str],
     open_embedder: Callable[[], Awaitable[Embedder]],
     batch_rows: int = BATCH_ROWS,
     progress: bool = False,
 ) -> ImportResult:
-    """Writes an export's rows into `account_id` (see the module's docstring). Every row is
-    checked before any is written, so a file refused for a row writes nothing; `lines` is read
-    twice (a stream that cannot seek, standard input, through a temporary copy).
+    """Writes an export's rows into `account_id` (see the module's docstring), or None: the
+    default account, made (if no start of the service made it yet) once the file is checked,
+    as the import writes. Every row is checked before any is written, so a file refused for a
+    row writes nothing, and changes nothing; `lines` is read twice (a stream that cannot seek,
+    standard input, through a temporary copy).
 
     A refusal quotes the file (and PostgreSQL, the file): its text is `escaped`, so that a
     hostile file's escape sequences, line breaks or bidi overrides never reach the terminal
     that shows the refusal as they are."""
+    opened: list[Embedder] = []
+
+    async def opening() -> Embedder:
+        """`open_embedder`, closed as the import ends (a refused file's check opened it too)."""
+        opened.append(await open_embedder())
+        return opened[-1]
+
     try:
         return await _import_file(
             pool,
             account_id=account_id,
             lines=lines,
-            open_embedder=open_embedder,
+            open_embedder=opening,
             batch_rows=batch_rows,
             progress=progress,
         )
@@ -168,12 +181,15 @@ async def import_file(
         e.message = escaped(e.message)
         e.args = (e.message,)
         raise
+    finally:
+        for embedder in opened:
+            await embedder.aclose()
 
 
 async def _import_file(
     pool: asyncpg.Pool,
     *,
-    account_id: UUID,
+    account_id: UUID | None,
     lines: Iterable[str],
     open_embedder: Callable[[], Awaitable[Embedder]],
     batch_rows: int,
@@ -184,7 +200,9 @@ async def _import_file(
     with _rereadable(lines) as read:
         header = jsonl.header(next(read(), None))
         async with pool.acquire() as conn:
-            if not await store.account_exists(conn, account_id):
+            if account_id is None:
+                account_id = await default_account(conn)  # None: not made yet
+            elif not await store.account_exists(conn, account_id):
                 raise NotFound(f"account {account_id} not found")
             recorded = await embeddings_store.recorded_model(conn)
             catalog = {t.kind: await store.columns(conn, t.name) for t in TABLES}
@@ -214,9 +232,6 @@ async def _import_file(
             if copied and recorded is not None and embedder is not None
             else None,
         )
-        result = ImportResult()
-        if not copied:
-            result.vectors = "re-embedded"
         if to_embed or embedder is not None:
             # Embedded again with this deployment's model (which the database records, or will):
             # every record, or those of a file with vectors that has none for them (edited, or
@@ -224,42 +239,44 @@ async def _import_file(
             # the account does not hold yet (an import run again skips the others).
             embedder = embedder or await open_embedder()
             await ensure_model(pool, embedder, VECTOR_COLUMNS)
+        if account_id is None:
+            async with pool.acquire() as conn:
+                account_id = await ensure_default_account(conn)
+        result = ImportResult(account_id)
+        if not copied:
+            result.vectors = "re-embedded"
         total = sum(header["counts"].values())
-        try:
-            with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
-                importer = _Importer(
-                    pool, account_id, embedder, copied, result, bar.update, directionless
-                )
-                try:
-                    table: Table | None = None
-                    batch: list[dict[str, Any]] = []
-                    for kind, row, _ in jsonl.rows(read(), header, catalog):
-                        if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
-                            assert table is not None
-                            await importer.submit(table, batch)
-                            batch = []
-                        table = BY_KIND[kind]
-                        batch.append(row)
-                    if table is not None and batch:
+        with tqdm(total=total or None, unit="row", disable=not progress, desc="import") as bar:
+            importer = _Importer(
+                pool, account_id, embedder, copied, result, bar.update, directionless
+            )
+            try:
+                table: Table | None = None
+                batch: list[dict[str, Any]] = []
+                for kind, row, _ in jsonl.rows(read(), header, catalog):
+                    if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
+                        assert table is not None
                         await importer.submit(table, batch)
-                    await importer.drain()
-                    result.missing = {
-                        kind: (result.by_type.get(kind, 0), n)
-                        for kind, n in header["counts"].items()
-                        if result.by_type.get(kind, 0) < n
-                    }
-                except BaseException:
-                    await importer.cancel()
-                    # The rows written so far are counted if the database still answers; the
-                    # import's own error is the one reported (re-running the import recounts).
-                    with contextlib.suppress(Exception):
-                        await importer.count_pinned_lists()
-                    raise
+                        batch = []
+                    table = BY_KIND[kind]
+                    batch.append(row)
+                if table is not None and batch:
+                    await importer.submit(table, batch)
+                await importer.drain()
+                result.missing = {
+                    kind: (result.by_type.get(kind, 0), n)
+                    for kind, n in header["counts"].items()
+                    if result.by_type.get(kind, 0) < n
+                }
+            except BaseException:
                 await importer.cancel()
-                await importer.count_pinned_lists()
-        finally:
-            if embedder is not None:
-                await embedder.aclose()
+                # The rows written so far are counted if the database still answers; the
+                # import's own error is the one reported (re-running the import recounts).
+                with contextlib.suppress(Exception):
+                    await importer.count_pinned_lists()
+                raise
+            await importer.cancel()
+            await importer.count_pinned_lists()
     return result
 
 
@@ -454,7 +471,7 @@ class _Across:
     async def end(
         self,
         conn: asyncpg.Connection,
-        account_id: UUID,
+        account_id: UUID | None,
         action_id: UUID,
         expected: dict[str, int],
     ) -> None:
@@ -484,7 +501,9 @@ class _Across:
                         "agent would fail)"
                     )
         # A record the file does not hold may be in its part not written yet (a file cut short
-        # imports what it holds), never another agent's.
+        # imports what it holds), never another agent's. (An account not made yet holds none.)
+        if account_id is None:
+            return
         elsewhere = [UUID(int=m) for m in self.named if m not in self.records]
         foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
         if foreign is not None:
@@ -498,7 +517,7 @@ class _Across:
 
 async def _check_file(
     pool: asyncpg.Pool,
-    account_id: UUID,
+    account_id: UUID | None,
     action_id: UUID,
     expected: dict[str, int],
     rows: Iterator[tuple[str, dict[str, Any], int]],
@@ -633,16 +652,17 @@ def _without_pointless(row: dict[str, Any], directionless: set[UUID]) -> dict[st
 
 
 async def _to_embed(
-    conn: asyncpg.Connection, account_id: UUID, rows: list[dict[str, Any]], copied: bool
+    conn: asyncpg.Connection, account_id: UUID | None, rows: list[dict[str, Any]], copied: bool
 ) -> list[dict[str, Any]]:
     """The records among these memory rows that the import embeds with this deployment's
     model: every record, or (`copied`) those the file has no vector for, but a tombstone (a
-    preview deletion: it has none) and a record the account holds already (it is skipped)."""
+    preview deletion: it has none) and a record the account holds already (it is skipped;
+    None: the default account, not made yet, holds none)."""
     wanting = [
         r for r in rows if not r.get("tombstone") and (not copied or r.get(VECTOR_COLUMN) is None)
     ]
-    if not wanting:
-        return []
+    if not wanting or account_id is None:
+        return wanting
     keys = json.dumps([{"action_id": r["action_id"], "memory_id": r["memory_id"]} for r in wanting])
     stored = await store.stored_records(conn, account_id, keys)
     return [r for place, r in enumerate(wanting) if place not in stored]
