@@ -577,24 +577,30 @@ async def test_mcp_a_request_whose_id_is_null_is_answered_invalid(
 ) -> None:
     """MCP, unlike JSON-RPC, refuses a null id for a request: the SDK took it for a
     notification, answered 202 and ran nothing, so the client waited for an answer that never
-    came. It is an Invalid Request answered 400, alone or in a batch; a notification (no id)
-    is still accepted."""
+    came. It is an Invalid Request answered 400, alone or in a batch (where 2025-03-26 takes
+    one); a notification (no id) is still accepted."""
     action_id, headers = await _raw_client(gql, admin, state, "null-ids")
     call = (
         '{"jsonrpc": "2.0", "id": null, "method": "tools/call", "params": {"name": '
         '"search_memory", "arguments": {"query": "parcel"}}}'
     )
+    refused = (
+        "Invalid Request: an MCP request's id must be a string or an integer, not null"
+        " (a notification has no id)"
+    )
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
-        for body in (call, f"[{call}]"):
+        for body, version in ((call, "2025-06-18"), (f"[{call}]", "2025-03-26")):
             response = await http.post(
-                f"/mcp/{action_id}?session=s1", content=body, headers=headers
+                f"/mcp/{action_id}?session=s1",
+                content=body,
+                headers={**headers, "mcp-protocol-version": version},
             )
             assert response.status_code == 400, (body, response.status_code, response.text)
-            error = response.json()["error"]
+            answer = response.json()
+            error = answer[0]["error"] if isinstance(answer, list) else answer["error"]
             assert error["code"] == -32600
-            assert error["message"] == (
-                "Invalid Request: an MCP request's id must be a string or an integer, not null"
-                " (a notification has no id)"
+            assert error["message"] == refused + (
+                " (message 1 of the batch)" if isinstance(answer, list) else ""
             )
         notification = '{"jsonrpc": "2.0", "method": "notifications/initialized"}'
         response = await http.post(

@@ -8,26 +8,32 @@ answers any request. Before the SDK sees a request, this endpoint authenticates 
 INSERT on financial.ActionExecution.document, and finds the agent in the caller's account: an
 unknown agent and another tenant's agent answer the same 404. Each tool call is one execution
 (app/runtime/calls.py); a tool's refusal is a tool result with `isError` and the message the
-agent's own model would read.
+agent's own model would read. A JSON-RPC batch, which only protocol version 2025-03-26 takes,
+is served here message by message; what is wrong with a message the SDK refuses is said in
+app/mcp/messages.py's words.
 """
 
 import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 from uuid import UUID
 
 import mcp_types as types
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from mcp_types import DEFAULT_NEGOTIATED_VERSION, INVALID_PARAMS, METHOD_NOT_FOUND
+from mcp_types.methods import MONOLITH_REQUESTS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
+from starlette.types import Message, Receive, Scope, Send
 
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
@@ -37,6 +43,7 @@ from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Fairness
 from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
+from app.mcp import messages
 from app.runtime import calls
 from app.state import AppState
 from app.text import check_storable
@@ -163,14 +170,43 @@ def _masked(
     return masked
 
 
+class _Explained:
+    """Middleware (innermost, under the SDK's own) that says what is wrong with a request the
+    SDK refuses before any handler runs: parameters that do not validate, which the SDK answers
+    -32602 "Invalid request parameters" alone, name each parameter at fault, what it takes and
+    what came; a method not answered (-32601 "Method not found") says whether MCP has it at the
+    request's protocol version and what this server answers there. Codes are kept as the SDK
+    gives them (on 2026-07-28 they choose the HTTP status: 400, 404)."""
+
+    def __init__(self, server: Server[Any]) -> None:
+        self.handled = [m for m in MONOLITH_REQUESTS if server.get_request_handler(m)]
+
+    async def __call__(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        if ctx.request_id is None:  # a notification: nothing is answered
+            return await call_next(ctx)
+        try:
+            return await call_next(ctx)
+        except ValidationError as e:
+            message = messages.params_refused(ctx.method, ctx.params, e)
+            raise MCPError(INVALID_PARAMS, message, {"code": "BAD_REQUEST"}) from None
+        except MCPError as e:
+            if e.code != METHOD_NOT_FOUND:
+                raise
+            served = messages.served_methods(self.handled, ctx.protocol_version)
+            message = messages.method_not_found(ctx.method, ctx.protocol_version, served)
+            raise MCPError(METHOD_NOT_FOUND, message, e.data) from None
+
+
 def build_server() -> Server[Any]:
-    return Server(
+    server: Server[Any] = Server(
         "engram",
         version="0.1.0",
         instructions=INSTRUCTIONS,
         on_list_tools=_masked(_list_tools),
         on_call_tool=_masked(_call_tool),
     )
+    server.middleware.append(_Explained(server))
+    return server
 
 
 # JSON-RPC 2.0 leaves -32000 to -32099 to the server: a refusal of the request, not of its
@@ -182,6 +218,15 @@ NO_STREAM = (
     "this MCP endpoint is stateless and sends no messages of its own, so it opens no stream on "
     "GET: POST each JSON-RPC request to this URL"
 )
+NOT_POST = "this MCP endpoint takes POST only: POST each JSON-RPC request to this URL"
+_NOT_POST = {
+    "GET": NO_STREAM,
+    "DELETE": (
+        "this MCP endpoint is stateless: it gives no session to end (MCP allows 405 for a "
+        "server that lets no client end a session), so DELETE ends nothing; POST each JSON-RPC"
+        " request to this URL"
+    ),
+}
 
 
 def _error(
@@ -256,38 +301,72 @@ def _unpaired(value: Any) -> bool:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _bad_message(body: bytes) -> tuple[int, str] | None:
-    """What is wrong with a JSON-RPC body that the SDK would mishandle, with the JSON-RPC
-    error code to answer: an `id` not a string, an integer or null, or a request's `id` null,
-    which MCP refuses (the SDK took an object, a fraction, 1e400 or a request's null for a
-    notification, answered 202 and nothing, nothing run), or an unpaired surrogate
-    escape (the SDK's parser said "unexpected end of hex escape"). A body that is not JSON is
-    left to the SDK, which says so."""
+_NOT_JSON = object()
+
+
+def _decoded(body: bytes) -> Any:
+    """The body's JSON value, or `_NOT_JSON` (left to the SDK, which answers -32700 saying
+    where the JSON breaks)."""
     try:
-        message = json.loads(body)
+        return json.loads(body)
     except (ValueError, RecursionError):
-        return None
-    if _unpaired(message):
-        return PARSE_ERROR, (
-            "Parse error: a string holds an unpaired surrogate escape (\\ud800 to \\udfff"
-            " without its other half), which is not Unicode text: send each character as"
-            " itself or as its full escaped pair"
-        )
-    for item in message if isinstance(message, list) else [message]:
-        if not isinstance(item, dict) or "id" not in item:
-            continue
-        id_ = item["id"]
-        if id_ is None and "method" in item:
-            return INVALID_REQUEST, (
+        return _NOT_JSON
+
+
+# (The SDK's parser said "unexpected end of hex escape", naming neither the string nor the fix.)
+_UNPAIRED = (
+    "Parse error: a string holds an unpaired surrogate escape (\\ud800 to \\udfff"
+    " without its other half), which is not Unicode text: send each character as"
+    " itself or as its full escaped pair"
+)
+
+
+def _bad_message(message: Any) -> str | None:
+    """Why one JSON-RPC message is refused as an Invalid Request (-32600) before the SDK sees
+    it, or None: an `id` not a string, an integer or null, or a request's `id` null, which MCP
+    refuses (the SDK took an object, a fraction, 1e400 or a request's null for a notification,
+    answered 202 and nothing, nothing run); or no JSON-RPC message at all (a member missing or
+    of the wrong type, `params` not an object), which the SDK answered -32602 with pydantic's
+    validation text."""
+    if isinstance(message, dict) and "id" in message:
+        id_ = message["id"]
+        if id_ is None and "method" in message:
+            return (
                 "Invalid Request: an MCP request's id must be a string or an integer, not null"
                 " (a notification has no id)"
             )
         if id_ is not None and (isinstance(id_, bool) or not isinstance(id_, str | int)):
-            return INVALID_REQUEST, (
+            return (
                 f"Invalid Request: the id must be a string, an integer or null, not "
                 f"{json.dumps(id_)[:40]}"
             )
-    return None
+    problem = messages.not_a_message(message)
+    return None if problem is None else f"Invalid Request: {problem}"
+
+
+def _version(scope: Scope) -> str:
+    """The protocol version the SDK serves a request at: its first MCP-Protocol-Version header,
+    or without one 2025-03-26 (the 2025-06-18 transport: a server without the header "SHOULD
+    assume protocol version 2025-03-26")."""
+    for key, value in scope["headers"]:
+        if key == b"mcp-protocol-version":
+            return str(value.decode("latin-1"))
+    return DEFAULT_NEGOTIATED_VERSION
+
+
+def _rpc_error(id_: Any, rpc: int, message: str) -> bytes:
+    """A JSON-RPC error response's JSON text, for a message of a batch refused here."""
+    error = {"code": rpc, "message": message, "data": {"code": "BAD_REQUEST"}}
+    return json.dumps({"jsonrpc": "2.0", "id": id_, "error": error}).encode()
+
+
+@dataclass
+class _Answer:
+    """What the SDK answered one message of a batch."""
+
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: bytes = b""
 
 
 class _Refused(DomainError):
@@ -350,32 +429,129 @@ class McpEndpoint:
         return _error(409, code, message)
 
     async def _serve(self, found: McpRequest, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] == "GET":
-            # The SDK opened a stream for messages of the server's own, which a stateless server
-            # never sends: it stayed open, holding one of the account's places, until the
-            # client left (MCP allows 405 for a server that offers no such stream).
-            refused = _error(405, "BAD_REQUEST", NO_STREAM, {"Allow": "POST"})
+        if scope["method"] != "POST":
+            # GET: the SDK opened a stream for messages of the server's own, which a stateless
+            # server never sends: it stayed open, holding one of the account's places, until
+            # the client left (MCP allows 405 for a server that offers no such stream). DELETE
+            # and the rest: the SDK's 405 had no Allow header, or one naming GET and DELETE.
+            words = _NOT_POST.get(scope["method"], NOT_POST)
+            refused = _error(405, "BAD_REQUEST", words, {"Allow": "POST"})
             await refused(scope, receive, send)
             return
-        if scope["method"] == "POST":
-            # Read whole here: a client gone mid-body is then a 499 (app/observability), not
-            # the SDK's logged error and 500.
-            try:
-                body = await read_limited(receive, self.max_body_bytes, self.body_seconds)
-            except TimeoutError:
-                slow = _error(408, "BAD_REQUEST", too_slow(self.body_seconds), CLOSE)
-                await slow(scope, receive, send)
+        # Read whole here: a client gone mid-body is then a 499 (app/observability), not
+        # the SDK's logged error and 500.
+        try:
+            body = await read_limited(receive, self.max_body_bytes, self.body_seconds)
+        except TimeoutError:
+            slow = _error(408, "BAD_REQUEST", too_slow(self.body_seconds), CLOSE)
+            await slow(scope, receive, send)
+            return
+        if body is None:
+            refused = too_big(self.max_body_bytes)
+            await _error(413, "BAD_REQUEST", refused)(scope, receive, send)
+            return
+        message = _decoded(body)
+        if message is not _NOT_JSON and _unpaired(message):
+            await _error(400, "BAD_REQUEST", _UNPAIRED, rpc=PARSE_ERROR)(scope, receive, send)
+            return
+        version = _version(scope)
+        if isinstance(message, list) and version in HANDSHAKE_PROTOCOL_VERSIONS:
+            # (A batch at 2026-07-28 is the SDK's to refuse: -32600, "Body must be a single
+            # JSON-RPC request or notification object".)
+            if version == messages.BATCHING_VERSION:
+                await self._batch(found, message, scope, receive, send)
                 return
-            if body is None:
-                refused = too_big(self.max_body_bytes)
-                await _error(413, "BAD_REQUEST", refused)(scope, receive, send)
-                return
-            if (problem := _bad_message(body)) is not None:
-                rpc, message = problem
-                await _error(400, "BAD_REQUEST", message, rpc=rpc)(scope, receive, send)
-                return
-            receive = replaying(body, receive)
+            refused = messages.batch_refused(version)
+            await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
+            return
+        single = message is not _NOT_JSON and not isinstance(message, list)
+        if single and (problem := _bad_message(message)) is not None:
+            refused = _error(400, "BAD_REQUEST", problem, rpc=INVALID_REQUEST)
+            await refused(scope, receive, send)
+            return
+        receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
+
+    async def _batch(
+        self, found: McpRequest, batch: list[Any], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A JSON-RPC batch at 2025-03-26, which "MUST support receiving JSON-RPC batches":
+        each message served by the SDK as if posted alone, one after another (the batch holds
+        one of the account's places), and the answers to its requests in one array, in order;
+        202 and no body when it holds none ("If the input consists solely of (any number of)
+        JSON-RPC responses or notifications ... 202 Accepted"). A message that is not one,
+        and `initialize` ("The initialize request MUST NOT be part of a JSON-RPC batch"), is
+        answered its own Invalid Request in the array; a batch with no message taken, and an
+        empty one (JSON-RPC 2.0: "an empty Array" is an Invalid Request), is HTTP 400."""
+        if not batch:
+            refused = "Invalid Request: an empty batch: a batch is an array of one or more messages"
+            await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
+            return
+        if len(batch) > messages.MAX_BATCH:
+            refused = (
+                f"Invalid Request: a batch holds at most {messages.MAX_BATCH} messages, this one "
+                f"{len(batch)}: send them in smaller batches, or one per request"
+            )
+            await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
+            return
+        answers: list[bytes] = []  # each a JSON-RPC response's JSON text
+        taken = False
+        for number, item in enumerate(batch, 1):
+            problem = _bad_message(item)
+            if problem is None and item.get("method") == "initialize":
+                problem = (
+                    "Invalid Request: initialize must not be part of a JSON-RPC batch (MCP "
+                    "2025-03-26): send it on its own"
+                )
+                answers.append(_rpc_error(item.get("id"), INVALID_REQUEST, problem))
+                continue
+            if problem is not None:
+                problem = f"{problem} (message {number} of the batch)"
+                answers.append(_rpc_error(None, INVALID_REQUEST, problem))
+                continue
+            try:
+                alone = json.dumps(item).encode()
+            except (RecursionError, ValueError):
+                problem = f"Parse error: message {number} of the batch is nested too deep to read"
+                answers.append(_rpc_error(None, PARSE_ERROR, problem))
+                continue
+            answer = await self._alone(found, alone, scope, receive)
+            answered = _decoded(answer.body) if answer.body else None
+            if answer.status not in (200, 202, 400) or answered is _NOT_JSON:
+                # Refused whatever it held (a header the SDK refuses, such as Accept): the
+                # batch is answered so.
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in answer.headers}
+                headers.pop("content-length", None)
+                await Response(answer.body, answer.status, headers)(scope, receive, send)
+                return
+            taken = taken or answer.status != 400
+            if answered is not None:
+                answers.append(answer.body)
+        if not answers:
+            await Response(status_code=202)(scope, receive, send)
+            return
+        body = b"[" + b",".join(answers) + b"]"
+        answered_all = Response(body, 200 if taken else 400, media_type="application/json")
+        await answered_all(scope, receive, send)
+
+    async def _alone(
+        self, found: McpRequest, body: bytes, scope: Scope, receive: Receive
+    ) -> _Answer:
+        """The SDK's answer to one message of a batch, posted alone with the batch's headers."""
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        answer = _Answer()
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                answer.status = message["status"]
+                answer.headers = list(message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                answer.body += message.get("body", b"")
+
+        alone = {**scope, "headers": headers, SCOPE_KEY: found}
+        await self.manager.handle_request(alone, replaying(body, receive), send)
+        return answer
 
     async def _check(self, request: Request, state: AppState, caller: Caller) -> McpRequest:
         raw = request.path_params.get("action_id", "")

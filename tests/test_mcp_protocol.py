@@ -1,0 +1,436 @@
+"""MCP at /mcp/{actionId}: JSON-RPC as each protocol version takes it, over real HTTP (the app
+served by uvicorn on loopback), posted by hand as a client library's developer would see it.
+
+A refusal says what is wrong and what it takes: which member or parameter, of what type, what
+the method or protocol version takes instead. Never a Python or pydantic text."""
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from factories import allow, make_agent_id, memory_harness, token_for
+from helpers import GQL
+
+from app.auth.caller import Caller
+from app.state import AppState
+
+pytestmark = pytest.mark.usefixtures("model_server")
+
+MODERN = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+POLICIES = (
+    allow(["INSERT"], "financial.ActionExecution.document"),
+    allow(["SELECT", "INSERT", "UPDATE"], "financial.AgentMemory.*"),
+)
+PYDANTIC = ("validation error", "pydantic", "input_value", "type=", "Invalid request parameters")
+
+
+async def _client(gql: GQL, admin: Caller, state: AppState, name: str) -> tuple[str, str]:
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    return action_id, await token_for(state, admin, name, *POLICIES)
+
+
+def _headers(token: str, version: str | None, body: Any = None) -> dict[str, str]:
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+    }
+    if version is not None:
+        headers["mcp-protocol-version"] = version
+    if version == MODERN and isinstance(body, dict):  # the modern routing headers
+        headers["mcp-method"] = str(body.get("method"))
+        name = (body.get("params") or {}).get("name")
+        if isinstance(name, str):
+            headers["mcp-name"] = name
+    return headers
+
+
+async def _post(
+    http: httpx.AsyncClient, action_id: str, token: str, version: str | None, body: Any
+) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body)
+    headers = _headers(token, version, body)
+    return await http.post(f"/mcp/{action_id}?session=s1", content=content, headers=headers)
+
+
+def _plain(text: str) -> None:
+    """No Python or pydantic text in an answer."""
+    assert not any(word in text for word in PYDANTIC), text
+
+
+async def _executions(state: AppState, action_id: str) -> int:
+    async with state.pool.acquire() as conn:
+        return await conn.fetchval(
+            "SELECT count(*) FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+        )
+
+
+def _call(id_: Any, name: Any = "search_memory", **params: Any) -> dict[str, Any]:
+    params = {"name": name, "arguments": {"query": "parcel"}, **params}
+    return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
+
+
+async def test_mcp_a_batch_at_2025_03_26_is_served_message_by_message(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """2025-03-26 (also a request without MCP-Protocol-Version, which a server "SHOULD assume"
+    is 2025-03-26): implementations "MUST support receiving JSON-RPC batches". The SDK answered
+    any batch -32602 with pydantic's validation text. Each message is now served as if posted
+    alone, the answers to its requests in one array, in order; a message that is none, and
+    `initialize` ("MUST NOT be part of a JSON-RPC batch"), answered its own Invalid Request."""
+    action_id, token = await _client(gql, admin, state, "batcher")
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        _call("call-2"),
+        {"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {}},
+        7,
+        {"jsonrpc": "2.0", "id": 4, "method": "ping"},
+    ]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for version in ("2025-03-26", None):
+            response = await _post(http, action_id, token, version, batch)
+            assert response.status_code == 200, (version, response.text)
+            answers = response.json()
+            assert [a["id"] for a in answers] == [1, "call-2", 3, None, 4], answers
+            assert [t["name"] for t in answers[0]["result"]["tools"]] == [
+                "search_memory",
+                "remember_conversation",
+            ]
+            assert answers[1]["result"]["isError"] is False, answers[1]
+            assert answers[2]["error"]["code"] == -32600
+            assert answers[2]["error"]["message"] == (
+                "Invalid Request: initialize must not be part of a JSON-RPC batch (MCP "
+                "2025-03-26): send it on its own"
+            )
+            assert answers[3]["error"] == {
+                "code": -32600,
+                "message": "Invalid Request: a JSON-RPC message is an object, not a number "
+                "(message 5 of the batch)",
+                "data": {"code": "BAD_REQUEST"},
+            }
+            assert answers[4]["result"] == {}
+        assert await _executions(state, action_id) == 2  # each call in a batch is one
+
+        # Notifications (and responses) only: 202 and no body, as for one posted alone.
+        only = [{"jsonrpc": "2.0", "method": "notifications/initialized"}]
+        response = await _post(http, action_id, token, "2025-03-26", only)
+        assert response.status_code == 202 and response.content == b"", response.text
+        # Nothing taken: HTTP 400, each message's refusal in the array.
+        response = await _post(http, action_id, token, None, [{"id": 1}])
+        assert response.status_code == 400, response.text
+        assert response.json() == [
+            {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {
+                    "code": -32600,
+                    "message": 'Invalid Request: a JSON-RPC 2.0 message has "jsonrpc": "2.0" '
+                    "(it is missing) (message 1 of the batch)",
+                    "data": {"code": "BAD_REQUEST"},
+                },
+            }
+        ]
+        # An empty batch is an Invalid Request (JSON-RPC 2.0), and so is one past the bound.
+        for body, words in (
+            ([], "an empty batch: a batch is an array of one or more messages"),
+            ([{"jsonrpc": "2.0", "id": 1, "method": "ping"}] * 21, "at most 20 messages"),
+        ):
+            response = await _post(http, action_id, token, "2025-03-26", body)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == -32600 and words in error["message"], error
+    assert await _executions(state, action_id) == 2
+
+
+async def test_mcp_a_batch_where_the_protocol_version_takes_none_says_so(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """2025-06-18 removed batching ("Remove support for JSON-RPC batching"; the body "MUST be a
+    single JSON-RPC request, notification, or response"), and 2024-11-05 predates it: a batch
+    is an Invalid Request saying so (it was -32602 with pydantic's text). 2026-07-28's is the
+    SDK's own refusal, which says what the body takes."""
+    action_id, token = await _client(gql, admin, state, "no-batches")
+    batch = [_call(1)]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for version, why in (
+            ("2025-06-18", "MCP removed batching in 2025-06-18"),
+            ("2025-11-25", "MCP removed batching in 2025-06-18"),
+            ("2024-11-05", "batches came with 2025-03-26"),
+        ):
+            response = await _post(http, action_id, token, version, batch)
+            assert response.status_code == 400, (version, response.text)
+            error = response.json()["error"]
+            assert error["code"] == -32600
+            assert error["message"] == (
+                f"Invalid Request: protocol version {version} takes one JSON-RPC message per "
+                f"request, not a batch (a JSON array): {why}. POST each message on its own"
+            )
+        modern = [{**_call(1), "params": {**_call(1)["params"], "_meta": META}}]
+        response = await _post(http, action_id, token, MODERN, modern)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == {
+            "code": -32600,
+            "message": "Body must be a single JSON-RPC request or notification object",
+        }
+    assert await _executions(state, action_id) == 0
+
+
+async def test_mcp_a_body_that_is_no_json_rpc_message_names_what_is_wrong(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """JSON that is no JSON-RPC message is an Invalid Request (-32600, "The JSON sent is not a
+    valid Request object") naming the member at fault and what it takes: the SDK answered
+    -32602, Invalid params, with pydantic's validation text for each member of its union."""
+    action_id, token = await _client(gql, admin, state, "envelopes")
+    cases = [
+        (
+            {"id": 1, "method": "ping"},
+            'a JSON-RPC 2.0 message has "jsonrpc": "2.0" (it is missing)',
+        ),
+        (
+            {"jsonrpc": "1.0", "id": 1, "method": "ping"},
+            'a JSON-RPC 2.0 message has "jsonrpc": "2.0", not "1.0"',
+        ),
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": 5},
+            '"method" must be a string (the method\'s name, such as "tools/call"), not a number',
+        ),
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": "search_memory"},
+            '"params" must be an object (the method\'s parameters by name), not a string',
+        ),
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ["search_memory"]},
+            '"params" must be an object (the method\'s parameters by name), not an array',
+        ),
+        ("5", "a JSON-RPC message is an object, not a number"),
+        (
+            {"jsonrpc": "2.0", "id": 1},
+            'a JSON-RPC message has a "method" (a request or a notification), or a "result" '
+            'or an "error" (a response): this has none',
+        ),
+        (
+            {"jsonrpc": "2.0", "result": {}},
+            'a response has the "id" of the request it answers (it is missing)',
+        ),
+    ]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for version in ("2025-06-18", None):
+            for body, words in cases:
+                response = await _post(http, action_id, token, version, body)
+                assert response.status_code == 400, (body, response.text)
+                _plain(response.text)
+                assert response.json()["error"] == {
+                    "code": -32600,
+                    "message": f"Invalid Request: {words}",
+                    "data": {"code": "BAD_REQUEST"},
+                }
+    assert await _executions(state, action_id) == 0
+
+
+async def test_mcp_params_of_the_wrong_shape_name_the_parameter_and_what_it_takes(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """Parameters a method does not take are -32602 Invalid params, as the SDK answers them, but
+    saying which parameter, what it takes and what came: the SDK said "Invalid request
+    parameters" and nothing else. On 2026-07-28 the same words, with its HTTP 400 (a
+    `tools/call` without a string name is refused there first, by its Mcp-Name header)."""
+    action_id, token = await _client(gql, admin, state, "params")
+    call = _call(1)
+    cases = [
+        (
+            {**call, "params": {"name": 5, "arguments": {}}},
+            "params.name must be a string (the tool's name, as tools/list gives it), not 5",
+        ),
+        (
+            {**call, "params": {"name": "search_memory", "arguments": ["parcel"]}},
+            "params.arguments must be an object (the tool's arguments by name), not an array",
+        ),
+        (
+            {**call, "params": {"arguments": {}}},
+            "params.name is required (the tool's name, as tools/list gives it)",
+        ),
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call"},
+            'params is required (the tool and its arguments: {"name": ..., "arguments": {...}})',
+        ),
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"cursor": 5}},
+            "params.cursor must be a string (the nextCursor of the listing before), not 5",
+        ),
+    ]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for version in ("2025-06-18", MODERN):
+            for body, words in cases:
+                if version == MODERN:
+                    body = {**body, "params": {**body.get("params", {}), "_meta": META}}
+                    if body["method"] == "tools/call" and not isinstance(
+                        body["params"].get("name"), str
+                    ):
+                        # 2026-07-28 checks the Mcp-Name header against the name first: the
+                        # SDK's -32020 HeaderMismatch ("The HTTP headers do not match the
+                        # corresponding values in the request body").
+                        continue
+                response = await _post(http, action_id, token, version, body)
+                assert response.status_code == (400 if version == MODERN else 200), (
+                    version,
+                    body,
+                    response.text,
+                )
+                _plain(response.text)
+                assert response.json()["error"] == {
+                    "code": -32602,
+                    "message": f"Invalid params: {words}",
+                    "data": {"code": "BAD_REQUEST"},
+                }, (version, body)
+
+        # initialize's parameters, of the handshake's versions.
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": 5,
+                "clientInfo": {"name": "c", "version": "1"},
+            },
+        }
+        response = await _post(http, action_id, token, None, initialize)
+        assert response.json()["error"]["message"] == (
+            "Invalid params: params.capabilities must be an object (the client's capabilities,"
+            " {} for none), not 5"
+        )
+    assert await _executions(state, action_id) == 0
+
+
+async def test_mcp_methods_a_client_library_sends_are_answered_as_each_version_takes_them(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """What an MCP client library sends besides tools: `initialize` with capabilities this
+    server does not know (taken), `notifications/initialized` and `notifications/cancelled`
+    (202: "If the server accepts the input, the server MUST return HTTP status code 202"),
+    `ping` (an empty result up to 2025-11-25). What it does not answer is -32601 Method not
+    found, as the SDK answered, but saying why and what it answers at that version: resources,
+    prompts, logging and completion, which its capabilities do not name; and `ping` at
+    2026-07-28, which removed it ("Remove `ping`, `logging/setLevel`, and
+    `notifications/roots/list_changed`"), with the HTTP 404 that version requires ("If the
+    server does not implement the requested RPC method, it MUST respond with 404 Not Found and
+    a JSON-RPC error with code -32601")."""
+    action_id, token = await _client(gql, admin, state, "library")
+    handshake = "initialize, ping, tools/call and tools/list at protocol version 2025-06-18"
+    modern = "server/discover, tools/call and tools/list at protocol version 2026-07-28"
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"roots": {"listChanged": True}, "x-unknown": {"a": 1}},
+                "clientInfo": {"name": "c", "version": "1"},
+            },
+        }
+        response = await _post(http, action_id, token, None, initialize)
+        result = response.json()["result"]
+        assert result["protocolVersion"] == "2025-06-18"
+        assert result["capabilities"] == {"tools": {"listChanged": False}}
+
+        for body in (
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}},
+        ):
+            response = await _post(http, action_id, token, "2025-06-18", body)
+            assert response.status_code == 202 and response.content == b"", response.text
+
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        response = await _post(http, action_id, token, "2025-06-18", ping)
+        assert response.json() == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+        for method, params in (
+            ("resources/list", {}),
+            ("resources/templates/list", {}),
+            ("prompts/list", {}),
+            ("logging/setLevel", {"level": "info"}),
+            (
+                "completion/complete",
+                {
+                    "ref": {"type": "ref/prompt", "name": "p"},
+                    "argument": {"name": "a", "value": ""},
+                },
+            ),
+        ):
+            body = {"jsonrpc": "2.0", "id": 3, "method": method, "params": params}
+            response = await _post(http, action_id, token, "2025-06-18", body)
+            assert response.status_code == 200, response.text
+            assert response.json()["error"] == {
+                "code": -32601,
+                "message": f'Method not found: this server does not offer "{method}" (its '
+                f"capabilities name tools only); this server answers {handshake}",
+                "data": method,
+            }
+        for method, why in (
+            (
+                "server/discover",
+                "is not part of protocol version 2025-06-18 (it came with 2026-07-28)",
+            ),
+            (
+                "notifications/cancelled",
+                "is a notification, not a request: send it without an id (and nothing answers it)",
+            ),
+            ("roots/list", "is a request a server sends its client, not one it answers"),
+            ("tools/delete", "is no method this server knows"),
+        ):
+            body = {"jsonrpc": "2.0", "id": 4, "method": method, "params": {"requestId": 1}}
+            response = await _post(http, action_id, token, "2025-06-18", body)
+            assert response.json()["error"]["message"] == (
+                f'Method not found: "{method}" {why}; this server answers {handshake}'
+            )
+
+        for method in ("ping", "logging/setLevel", "initialize"):
+            body = {"jsonrpc": "2.0", "id": 5, "method": method, "params": {"_meta": META}}
+            response = await _post(http, action_id, token, MODERN, body)
+            assert response.status_code == 404, response.text
+            assert response.json()["error"] == {
+                "code": -32601,
+                "message": f'Method not found: "{method}" is not part of protocol version '
+                f"2026-07-28, which removed it; this server answers {modern}",
+                "data": method,
+            }
+        body = {"jsonrpc": "2.0", "id": 6, "method": "resources/list", "params": {"_meta": META}}
+        response = await _post(http, action_id, token, MODERN, body)
+        assert response.status_code == 404, response.text
+        assert "does not offer" in response.json()["error"]["message"]
+        body = {"jsonrpc": "2.0", "id": 7, "method": "server/discover", "params": {"_meta": META}}
+        response = await _post(http, action_id, token, MODERN, body)
+        assert response.json()["result"]["supportedVersions"] == [MODERN]
+
+
+async def test_mcp_an_http_method_but_post_is_405_naming_post(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """Only POST carries JSON-RPC to this stateless endpoint. DELETE, which a client sends to
+    end its session ("The server MAY respond to this request with HTTP 405 Method Not
+    Allowed"), had the SDK's 405 without the Allow header HTTP requires of a 405; PUT and the
+    rest had one naming GET and DELETE, which this endpoint refuses too."""
+    action_id, token = await _client(gql, admin, state, "methods")
+    headers = _headers(token, "2025-06-18")
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for method, words in (
+            ("DELETE", "it gives no session to end"),
+            ("PUT", "this MCP endpoint takes POST only"),
+            ("PATCH", "this MCP endpoint takes POST only"),
+            ("GET", "it opens no stream on GET"),
+        ):
+            response = await http.request(method, f"/mcp/{action_id}?session=s1", headers=headers)
+            assert response.status_code == 405, (method, response.text)
+            assert response.headers["allow"] == "POST", (method, response.headers)
+            error = response.json()["error"]
+            assert error["data"] == {"code": "BAD_REQUEST"}
+            assert words in error["message"] and "POST each JSON-RPC request" in error["message"]
