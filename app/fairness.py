@@ -135,11 +135,15 @@ class Fairness:
     async def admit(self, account_id: UUID) -> "Admission":
         """A place for one of the account's requests, or TooManyRequests."""
         if not await self.requests.take(account_id):
-            raise TooManyRequests(
-                f"this account already has {self.requests.limit} requests in progress here, and "
-                f"more waiting: retry in {RETRY_AFTER_SECONDS} s, or send fewer at once"
-            )
+            raise TooManyRequests(_too_many(self.requests.limit))
         return Admission(self, account_id)
+
+
+def _too_many(limit: int) -> str:
+    return (
+        f"this account already has {limit} requests in progress here, and more waiting: retry "
+        f"in {RETRY_AFTER_SECONDS} s, or send fewer at once"
+    )
 
 
 _admitted: ContextVar["Admission | None"] = ContextVar("engram_admission", default=None)
@@ -156,6 +160,17 @@ class Admission:
         if self._held:
             self._held = False
             self.fairness.requests.give_back(self.account_id)
+
+    async def again(self) -> None:
+        """The place taken again when a turn gave it back (`turn`), before more of the
+        request's work: an MCP batch's next message, which would otherwise run holding no place
+        (any number of batches at once, each past its first remember_conversation). Waits and
+        is refused as a new request is (TooManyRequests)."""
+        if self._held:
+            return
+        if not await self.fairness.requests.take(self.account_id):
+            raise TooManyRequests(_too_many(self.fairness.requests.limit))
+        self._held = True
 
     @contextmanager
     def running(self) -> Iterator[None]:

@@ -4,14 +4,17 @@ served by uvicorn on loopback), posted by hand as a client library's developer w
 A refusal says what is wrong and what it takes: which member or parameter, of what type, what
 the method or protocol version takes instead. Never a Python or pydantic text."""
 
+import asyncio
 import json
+import logging
 import uuid
 from typing import Any
 
 import httpx
 import pytest
-from factories import allow, make_agent_id, memory_harness, token_for
-from helpers import GQL
+from factories import allow, full_memory, make_agent_id, memory_harness, token_for
+from helpers import GQL, eventually
+from openai_server import CHAT, OpenAIServer
 
 from app.auth.caller import Caller
 from app.state import AppState
@@ -147,6 +150,141 @@ async def test_mcp_a_batch_at_2025_03_26_is_served_message_by_message(
             error = response.json()["error"]
             assert error["code"] == -32600 and words in error["message"], error
     assert await _executions(state, action_id) == 2
+
+
+def _add(id_: Any, summary: str) -> dict[str, Any]:
+    arguments = {"summary": summary, "kind": "fact", "scope": "agent"}
+    params = {"name": "add_memory", "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
+
+
+REMEMBER = {
+    "jsonrpc": "2.0",
+    "id": "remember",
+    "method": "tools/call",
+    "params": {
+        "name": "remember_conversation",
+        "arguments": {"messages": [{"role": "user", "content": "the parcel came"}]},
+    },
+}
+
+
+async def _waiting_on_a_lock(state: AppState) -> int:
+    async with state.pool.acquire() as conn:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            )
+        )
+
+
+# Held by the test, it makes each add_memory wait at its write (SHARE lets reads through, so
+# the memory review of remember_conversation, which keeps nothing here, does not wait).
+HOLD_WRITES = "LOCK TABLE agent_memories IN SHARE MODE"
+
+
+@pytest.mark.settings(max_requests_per_account=1, account_queue_seconds=0)
+async def test_mcp_each_message_of_a_batch_runs_holding_the_accounts_place(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, model_server: OpenAIServer
+) -> None:
+    """A batch holds one of the account's places (ENGRAM_MAX_REQUESTS_PER_ACCOUNT) while its
+    messages run. remember_conversation gives its request's place back for its turn
+    (app/fairness.py `turn`): the messages after it ran holding none, so any number of batches
+    could run at once past a first remember_conversation. The next message takes the place
+    again, or it and the requests after it are refused TOO_MANY_REQUESTS in the array."""
+    action_id = await make_agent_id(gql.state, admin, harness=full_memory())
+    token = await token_for(state, admin, "fair-batcher", *POLICIES)
+    listing = {"jsonrpc": "2.0", "id": "other", "method": "tools/list"}
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        async with state.pool.acquire() as lock, lock.transaction():
+            await lock.execute(HOLD_WRITES)
+            batch = asyncio.create_task(
+                _post(http, action_id, token, "2025-03-26", [REMEMBER, _add(2, "after")])
+            )
+            await eventually(lambda: _waiting_on_a_lock(state), "the batch's add_memory waits")
+            # The account's one place is the batch's, running its add_memory.
+            other = await _post(http, action_id, token, "2025-03-26", listing)
+            assert other.status_code == 429, other.text
+            assert other.json()["error"]["data"]["code"] == "TOO_MANY_REQUESTS"
+        answered = await batch
+        assert answered.status_code == 200, answered.text
+        assert [a["result"]["isError"] for a in answered.json()] == [False, False]
+
+        # A request that took the place meanwhile (it waits at its write): the batch's next
+        # message is refused, as the request would be, and said so in the array.
+        model_server.stall_next(1, 3, path=CHAT)
+        asked = len(model_server.requests_to(CHAT))
+        async with state.pool.acquire() as lock, lock.transaction():
+            await lock.execute(HOLD_WRITES)
+            batch = asyncio.create_task(
+                _post(
+                    http,
+                    action_id,
+                    token,
+                    "2025-03-26",
+                    [REMEMBER, _add(2, "refused"), {"jsonrpc": "2.0", "id": 3, "method": "ping"}],
+                )
+            )
+            await eventually(
+                lambda: len(model_server.requests_to(CHAT)) > asked, "the review's model call"
+            )
+            single = asyncio.create_task(
+                _post(http, action_id, token, "2025-03-26", _add(1, "single"))
+            )
+            await eventually(lambda: _waiting_on_a_lock(state), "the single add_memory waits")
+            answered = await batch
+        assert (await single).status_code == 200
+    assert answered.status_code == 200, answered.text
+    assert answered.headers["retry-after"] == "1"
+    first, *refused = answered.json()
+    assert first["id"] == "remember" and first["result"]["isError"] is False, first
+    assert [(a["id"], a["error"]["code"], a["error"]["data"]) for a in refused] == [
+        (2, -32000, {"code": "TOO_MANY_REQUESTS"}),
+        (3, -32000, {"code": "TOO_MANY_REQUESTS"}),
+    ]
+    assert "1 requests in progress here" in refused[0]["error"]["message"]
+    async with state.pool.acquire() as conn:
+        kept = await conn.fetch(
+            "SELECT summary FROM agent_memories WHERE action_id = $1 ORDER BY summary",
+            uuid.UUID(action_id),
+        )
+    assert [r["summary"] for r in kept] == ["after", "single"]
+
+
+async def test_mcp_a_batch_whose_client_leaves_runs_no_message_after_the_one_running(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that leaves mid-batch is answered by no one: the message running ends as a
+    request posted alone would (committed), and the messages after it are not run (all of
+    them ran, writing what no one would be told of). Logged as closed by the client, 499."""
+    action_id = await make_agent_id(gql.state, admin, harness=full_memory())
+    token = await token_for(state, admin, "leaver", *POLICIES)
+    batch = [_add(1, "first"), _add(2, "second"), _add(3, "third")]
+    with caplog.at_level(logging.INFO):
+        async with state.pool.acquire() as lock, lock.transaction():
+            await lock.execute(HOLD_WRITES)
+            async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+                posted = asyncio.create_task(_post(http, action_id, token, "2025-03-26", batch))
+                await eventually(lambda: _waiting_on_a_lock(state), "the first add_memory waits")
+                posted.cancel()  # the client leaves, closing its connection
+                with pytest.raises(asyncio.CancelledError):
+                    await posted
+
+        def closed() -> bool:
+            return any(" 499 " in r.getMessage() for r in caplog.records)
+
+        await eventually(closed, "the batch logged as closed by its client")
+    async with state.pool.acquire() as conn:
+        runs = await conn.fetch(
+            "SELECT status FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+        )
+        kept = await conn.fetch(
+            "SELECT summary FROM agent_memories WHERE action_id = $1", uuid.UUID(action_id)
+        )
+    assert [r["status"] for r in runs] == ["SUCCEEDED"]
+    assert [r["summary"] for r in kept] == ["first"]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_mcp_a_batch_where_the_protocol_version_takes_none_says_so(

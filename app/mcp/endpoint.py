@@ -13,6 +13,7 @@ is served here message by message; what is wrong with a message the SDK refuses 
 app/mcp/messages.py's words.
 """
 
+import asyncio
 import json
 import logging
 import re
@@ -31,17 +32,18 @@ from mcp_types import DEFAULT_NEGOTIATED_VERSION, INVALID_PARAMS, METHOD_NOT_FOU
 from mcp_types.methods import MONOLITH_REQUESTS
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
+from app import tasks
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
-from app.fairness import Fairness
+from app.fairness import Admission, Fairness
 from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
 from app.mcp import messages
 from app.runtime import calls
@@ -354,9 +356,9 @@ def _version(scope: Scope) -> str:
     return DEFAULT_NEGOTIATED_VERSION
 
 
-def _rpc_error(id_: Any, rpc: int, message: str) -> bytes:
+def _rpc_error(id_: Any, rpc: int, message: str, code: str = "BAD_REQUEST") -> bytes:
     """A JSON-RPC error response's JSON text, for a message of a batch refused here."""
-    error = {"code": rpc, "message": message, "data": {"code": "BAD_REQUEST"}}
+    error = {"code": rpc, "message": message, "data": {"code": code}}
     return json.dumps({"jsonrpc": "2.0", "id": id_, "error": error}).encode()
 
 
@@ -406,7 +408,7 @@ class McpEndpoint:
             except Exception as e:
                 await self._refusal(e)(scope, receive, send)
                 return
-            await self._serve(found, scope, receive, send)
+            await self._serve(found, admission, scope, receive, send)
 
     def _refusal(self, e: Exception) -> Any:
         """The answer to a request refused before the SDK reads it; re-raises what is a fault."""
@@ -428,7 +430,9 @@ class McpEndpoint:
             return _error(503, code, message, {"Retry-After": str(RETRY_AFTER_SECONDS)})
         return _error(409, code, message)
 
-    async def _serve(self, found: McpRequest, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, found: McpRequest, admission: Admission, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         if scope["method"] != "POST":
             # GET: the SDK opened a stream for messages of the server's own, which a stateless
             # server never sends: it stayed open, holding one of the account's places, until
@@ -459,7 +463,7 @@ class McpEndpoint:
             # (A batch at 2026-07-28 is the SDK's to refuse: -32600, "Body must be a single
             # JSON-RPC request or notification object".)
             if version == messages.BATCHING_VERSION:
-                await self._batch(found, message, scope, receive, send)
+                await self._batch(found, admission, message, scope, receive, send)
                 return
             refused = messages.batch_refused(version)
             await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
@@ -473,7 +477,13 @@ class McpEndpoint:
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
 
     async def _batch(
-        self, found: McpRequest, batch: list[Any], scope: Scope, receive: Receive, send: Send
+        self,
+        found: McpRequest,
+        admission: Admission,
+        batch: list[Any],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         """A JSON-RPC batch at 2025-03-26, which "MUST support receiving JSON-RPC batches":
         each message served by the SDK as if posted alone, one after another (the batch holds
@@ -482,7 +492,12 @@ class McpEndpoint:
         JSON-RPC responses or notifications ... 202 Accepted"). A message that is not one,
         and `initialize` ("The initialize request MUST NOT be part of a JSON-RPC batch"), is
         answered its own Invalid Request in the array; a batch with no message taken, and an
-        empty one (JSON-RPC 2.0: "an empty Array" is an Invalid Request), is HTTP 400."""
+        empty one (JSON-RPC 2.0: "an empty Array" is an Invalid Request), is HTTP 400.
+
+        Each message runs holding the account's place: a remember_conversation gives it back
+        for its turn (app/fairness.py `turn`), and the next message takes it again, or it and
+        the requests after it are answered TOO_MANY_REQUESTS. A client gone leaves the messages
+        after the one running unrun (a 499, as a body cut short)."""
         if not batch:
             refused = "Invalid Request: an empty batch: a batch is an array of one or more messages"
             await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
@@ -494,9 +509,41 @@ class McpEndpoint:
             )
             await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
             return
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            # The body is read whole: what comes next is the client's leaving.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        async def after_body() -> Message:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        watcher = asyncio.create_task(watch())
+        try:
+            answered_all = await self._messages(found, admission, batch, scope, after_body, gone)
+        finally:
+            await tasks.stop(watcher)
+        await answered_all(scope, receive, send)
+
+    async def _messages(
+        self,
+        found: McpRequest,
+        admission: Admission,
+        batch: list[Any],
+        scope: Scope,
+        receive: Receive,
+        gone: asyncio.Event,
+    ) -> Response:
+        """The answer to a batch, its messages served one after another."""
         answers: list[bytes] = []  # each a JSON-RPC response's JSON text
         taken = False
+        busy: TooManyRequests | None = None
         for number, item in enumerate(batch, 1):
+            if gone.is_set():
+                raise ClientDisconnect  # no one to answer: the messages left are not run
             problem = _bad_message(item)
             if problem is None and item.get("method") == "initialize":
                 problem = (
@@ -515,6 +562,15 @@ class McpEndpoint:
                 problem = f"Parse error: message {number} of the batch is nested too deep to read"
                 answers.append(_rpc_error(None, PARSE_ERROR, problem))
                 continue
+            if busy is None:
+                try:
+                    await admission.again()
+                except TooManyRequests as e:
+                    busy = e
+            if busy is not None:
+                if "method" in item and "id" in item:  # a request (nothing answers the rest)
+                    answers.append(_rpc_error(item["id"], REFUSED, busy.message, busy.code))
+                continue
             answer = await self._alone(found, alone, scope, receive)
             answered = _decoded(answer.body) if answer.body else None
             if answer.status not in (200, 202, 400) or answered is _NOT_JSON:
@@ -522,17 +578,15 @@ class McpEndpoint:
                 # batch is answered so.
                 headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in answer.headers}
                 headers.pop("content-length", None)
-                await Response(answer.body, answer.status, headers)(scope, receive, send)
-                return
+                return Response(answer.body, answer.status, headers)
             taken = taken or answer.status != 400
             if answered is not None:
                 answers.append(answer.body)
         if not answers:
-            await Response(status_code=202)(scope, receive, send)
-            return
+            return Response(status_code=202)
         body = b"[" + b",".join(answers) + b"]"
-        answered_all = Response(body, 200 if taken else 400, media_type="application/json")
-        await answered_all(scope, receive, send)
+        retry = {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)} if busy is not None else None
+        return Response(body, 200 if taken else 400, retry, media_type="application/json")
 
     async def _alone(
         self, found: McpRequest, body: bytes, scope: Scope, receive: Receive
