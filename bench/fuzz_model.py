@@ -492,6 +492,8 @@ class Model:
                 "extra",
                 "several choices",
                 "role",
+                "raw numbers",
+                "duplicate keys",
             ]
         )
         self.served.add(f"envelope: {kind}")
@@ -564,9 +566,16 @@ class Model:
             body["choices"][0]["logprobs"] = nested(20)
         elif kind == "several choices":
             body["choices"].append({"index": 1, "message": {"content": "the second"}})
-        else:
+        elif kind == "role":
             message["role"] = rnd.choice(["user", "system", None, 7])
-        return ChatAnswer(200, json.dumps(body))  # NaN, Infinity as Python writes them
+        text_ = json.dumps(body)  # NaN, Infinity as Python writes them
+        if kind == "raw numbers":  # JSON text Python's json module writes otherwise or not at all
+            raw = rnd.choice(["1e400", "-Infinity", "NaN", "9" * 4000, "-0", "1" + "0" * 5000])
+            text_ = text_.replace('"prompt_tokens": 1', f'"prompt_tokens": {raw}')
+        elif kind == "duplicate keys":  # the last one wins in Python's parser
+            text_ = text_.replace('{"id": "chatcmpl-fuzz"', '{"choices": 7, "id": "chatcmpl-fuzz"')
+            text_ = text_[:-1] + ', "choices": ' + rnd.choice(["[]", "null", '"x"', "{}"]) + "}"
+        return ChatAnswer(200, text_)
 
     def _completion(self, rnd: random.Random, message: dict[str, Any]) -> ChatAnswer:
         finish = "tool_calls" if message.get("tool_calls") else "stop"
@@ -623,7 +632,23 @@ class Model:
         args = self._arguments(rnd, name)
         roll = rnd.random()
         if roll < 0.05:
-            return name, rnd.choice(["{not json", "", "[]", "null", '{"a":', "7", '"s"'])
+            return name, rnd.choice(
+                [
+                    "{not json",
+                    "",
+                    "[]",
+                    "null",
+                    '{"a":',
+                    "7",
+                    '"s"',
+                    '{"query": "x", "limit": 1e400}',
+                    '{"query": "x", "limit": NaN}',
+                    '{"query": "x", "limit": ' + "9" * 5000 + "}",
+                    '{"ids": [' + "1," * 30_000 + "1]}",
+                    '{"summary": "a", "summary": "b", "kind": "fact", "kind": 7}',
+                    '{"id": "\\ud800"}',
+                ]
+            )
         if roll < 0.08:
             return name, deep_json(rnd.choice([9, 30, 2_000]))
         if roll < 0.1:
