@@ -905,9 +905,11 @@ class Report:
     errors_logged: int = 0
     hangs: int = 0
     cross_tenant: int = 0
+    reads_refused: int = 0  # the run's own reads refused (the run's fault, not the service's)
     invariants: Counter[str] = field(default_factory=Counter)  # breaches, by invariant
     checks: Counter[str] = field(default_factory=Counter)  # invariant checks made
     seconds: dict[str, float] = field(default_factory=dict)  # the run's parts, timed
+    messages: Counter[str] = field(default_factory=Counter)  # refusals' words, for --errors
     # Held by each worker to count and to change what the run knows (--concurrency).
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     samples: list[str] = field(default_factory=list)
@@ -929,6 +931,7 @@ class Report:
             + self.errors_logged
             + self.hangs
             + self.cross_tenant
+            + self.reads_refused
             + self.breaches
         )
 
@@ -949,6 +952,7 @@ class Report:
             f"ERROR lines logged:     {self.errors_logged}",
             f"hangs:                  {self.hangs}",
             f"B's marker read by A:   {self.cross_tenant}",
+            f"own reads refused:      {self.reads_refused}",
             f"invariants broken:      {self.breaches} ({joined(self.invariants)})",
             "time:                   "
             + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()),
@@ -1048,7 +1052,11 @@ class Service:
             code = (
                 ((error.get("extensions") or {}).get("code")) if isinstance(error, dict) else None
             )
-            report.refusals[str(code)] += 1
+            report.refusals[f"{what} {code}"] += 1
+            if what.startswith("read") and code != "NOT_FOUND":
+                report.reads_refused += 1  # the run's own query is wrong: it reads nothing
+                report.sample(f"own read refused: {what}: {json.dumps(error)[:300]}")
+            report.messages[f"{what} {code}: {str(error.get('message'))[:100]}"] += 1
             if code == "INTERNAL":
                 report.internal += 1
                 report.sample(f"INTERNAL: {what}: {json.dumps(error)[:300]}")
@@ -1559,7 +1567,7 @@ def refresh(service: Service, tenant: Tenant, history: bool = False) -> None:
             answer = service.gql(
                 tenant,
                 "read memories" + (" and their history" if history else ""),
-                "query($a: UUID!, $after: String) { action(actionId: $a) { memories(first: 200,"
+                "query($a: UUID!, $after: String) { action(actionId: $a) { memories(first: 50,"
                 " after: $after, status: [ACTIVE, DELETED, SUPERSEDED]) { nodes { memoryId"
                 " preview" + (versions if history else "") + " } pageInfo { hasNextPage"
                 " endCursor } } } }",
@@ -1593,8 +1601,8 @@ def conversation(rnd: random.Random, marker: str) -> list[dict[str, str]]:
         content = text(rnd, marker)
         if not content.strip() or "\x00" in content or "\ud800" in content:
             content = f"the customer said {marker} {rnd.randint(0, 99)}"
-        if len(content.encode()) > 60_000:
-            content = content[:20_000]
+        if len(content.encode()) > 60_000:  # a message's bound is 64 KiB
+            content = content.encode()[:60_000].decode(errors="ignore")
         messages.append({"role": rnd.choice(["user", "assistant", "tool"]), "content": content})
     return messages
 
@@ -1790,17 +1798,18 @@ class Run:
             output = {}
         execution_id = output.get("executionId") if isinstance(output, dict) else None
         if not isinstance(execution_id, str):
-            self.report.statuses["mcp ingest refused"] += 1
+            with self.report.lock:
+                self.report.statuses["mcp ingest refused"] += 1
+                said = str((result.get("content") or [{}])[0].get("text"))[:100]
+                self.report.messages[f"mcp ingest refused: {said}"] += 1
             return "mcp ingest", preview, None
         row = self.service.gql(
             a,
             "read execution",
-            "query($a: UUID!, $e: UUID!) { action(actionId: $a) { execution(executionId: $e)"
-            " {" + EXECUTION + "} } }",
-            a=a.agents[agent],
+            "query($e: UUID!) { execution(executionId: $e) {" + EXECUTION + "} }",
             e=execution_id,
         )
-        execution = ((row.get("data") or {}).get("action") or {}).get("execution")
+        execution = (row.get("data") or {}).get("execution")
         if not execution:
             return "mcp ingest", preview, None
         self.ended("mcp ingest", execution, agent, preview)
@@ -2153,6 +2162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--canaries", action="store_true", help="then show each counter fires")
     p.add_argument("--samples", type=int, default=30, help="print this many samples")
     p.add_argument("--concurrency", type=int, default=1, help="operations in flight at once")
+    p.add_argument("--errors", type=int, default=0, help="print the N commonest refusals")
     args = p.parse_args(argv)
 
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-fuzz-model-"))
@@ -2217,6 +2227,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for sample in report.samples[: args.samples]:
         print("  " + sample)
+    for message, count in report.messages.most_common(args.errors):
+        print(f"  {count:>5}  {message}")
     for name, ok in fired.items():
         print(f"canary {name}: {'fired' if ok else 'DID NOT FIRE'}")
     return 1 if report.bad or not all(fired.values()) else 0

@@ -57,6 +57,7 @@ def test_a_hostile_model_never_fails_the_service_internally_nor_breaks_its_invar
     assert report.hangs == 0, report.samples
     assert report.cross_tenant == 0, report.samples
     assert report.breaches == 0, report.samples
+    assert report.reads_refused == 0, report.samples
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     # Turns that ran to their end both ways, reviews and faults of every layer among them.
     assert report.statuses["turn SUCCEEDED"] >= 15 and report.statuses["turn FAILED"] >= 10
