@@ -1,8 +1,8 @@
 """Model fuzzing: the chat endpoint an agent calls is the hostile party.
 
-Starts `engram serve` on loopback (its own embedded PostgreSQL in a /tmp/engram-* directory)
-pointed at a scripted OpenAI-compatible model on loopback, unless --url names a running service
-(then --db-url and --model-port are needed). Sets up two tenants, each with its own client and
+Starts `engram serve` on loopback (its own embedded PostgreSQL in a /tmp/engram-* directory,
+which the script reads too, for the invariants) pointed at a scripted OpenAI-compatible model on
+loopback (bench/common.py's ChatServer). Sets up two tenants, each with its own client and
 token, and the same agents: `full` (memory with every native tool, both scopes, labels, three
 kinds, pins with a small budget, an extraction prompt, review every turn, history
 `messages_and_tools`, a context of 4,000 tokens so that earlier turns are summarized), `batched`
@@ -10,13 +10,13 @@ kinds, pins with a small budget, an extraction prompt, review every turn, histor
 sessions: agent scope only) and `plain` (no memory, history kept). Tenant B's turns, records and
 conversations carry a marker; B is set up with a well-behaved model and never driven after.
 
-Then it drives tenant A, one operation at a time (drawn from a Random of the seed and the
-operation's number): turns over GraphQL (`executeAction`, in four sessions per agent, a fifth
-of them in preview mode, some with idempotency keys), replays of committed turns (`replayOf`),
-retries of failed ones (`executionId`), conversations handed in (`rememberConversation` over
-GraphQL, and the MCP tool `remember_conversation`, live and preview), and reads. Every model
-call they make is answered by the script, drawn from a Random of the seed and the reply's
-number:
+Then it drives tenant A, one operation at a time (--concurrency: that many at once), each drawn
+from a Random of the seed and the operation's number: turns over GraphQL (`executeAction`, in
+four sessions per agent, a fifth of them in preview mode, some with idempotency keys), replays
+of committed turns (`replayOf`), retries of failed ones (`executionId`), conversations handed
+in (`rememberConversation` over GraphQL, and the MCP tool `remember_conversation`, live and
+preview), and reads. Every model call they make is answered by the script, drawn from a
+Random of the seed and the reply's number:
 
 - the transport and the envelope: 5xx and 429 with and without Retry-After (seconds, negative,
   NaN, text, a date), 4xx with error bodies of every shape (nested thousands deep among them),
@@ -44,19 +44,23 @@ It counts, and prints with the command that reproduces the run, the figures that
 HTTP 5xx answers, INTERNAL errors (an `extensions.code` INTERNAL, a JSON-RPC internal error, an
 execution or memory review that failed "on an internal error"), tracebacks and ERROR lines in
 the service's log, hangs (a request unanswered within --timeout), tenant B's marker in anything
-tenant A read, and breaches of the invariants, checked in the database after every operation
-and at the end: tenant B's records and versions unchanged (a digest); a failed execution left
-no memory record, staged row or history event, and its transcript ends each attempt with
-`turn.failed` (a committed one with `turn.output`), numbered without gaps; a preview execution
-changed no live record, and a live one no preview record nor wrote one; no agent wrote agent
-scope without `agent` in `scope.write`; no live pinned list over its budget; and every
-execution's transcript and every record's history readable without INTERNAL. --canaries then
+tenant A read, its own reads refused (a wrong query of the script's checks nothing), and
+breaches of the invariants, checked in the database after every operation (one at a time) and
+at the end: tenant B's rows unchanged (a digest); a failed execution left no memory record,
+staged row or history event, and its transcript ends each attempt with `turn.failed` (a
+committed one with `turn.output`), numbered without gaps; a preview execution changed no live
+record, and a live one no preview record, each wrote records of its own mode only; what A's
+tools handed its model held nothing of B's, and in a live execution nothing a preview turn
+wrote or kept; no agent wrote agent scope without `agent` in `scope.write`; no live pinned list
+over its budget; and every execution's transcript and every record's history readable without
+INTERNAL. --canaries then
 injects each fault once (a 5xx, an INTERNAL, a traceback and an ERROR line in the log, a hang,
 B's marker, and each breach written into the database) and checks that its counter fires. It
 exits non-zero when any figure is not 0 (or a canary did not fire).
 
     python bench/fuzz_model.py                           # 600 operations, seed 11
     python bench/fuzz_model.py --operations 2000 --seed 3 --canaries
+    python bench/fuzz_model.py --concurrency 8 --errors 20
 """
 
 import argparse
@@ -247,7 +251,7 @@ class World:
 
 @dataclass
 class Served:
-    kinds: Counter[str] = field(default_factory=Counter)  # what the model answered, by kind
+    kinds: Counter[str] = field(default_factory=Counter)  # each reply of the model, by kind
 
     def add(self, kind: str) -> None:
         self.kinds[kind] += 1
@@ -464,7 +468,9 @@ class Model:
         self, rnd: random.Random, asked: dict[str, Any], purpose: str, tools: list[str]
     ) -> ChatAnswer:
         """JSON that is a chat completion but for one part of every wrong shape."""
+        counted = Counter(self.served.kinds)  # the reply counts as the envelope's kind alone
         message = self._review(rnd, asked, tools) if purpose == "memory" else self._turn(rnd)
+        self.served.kinds = counted
         body: Any = {
             "id": "chatcmpl-fuzz",
             "object": "chat.completion",
@@ -594,7 +600,7 @@ class Model:
             self.served.add("turn: text")
             return {"role": "assistant", "content": text(rnd, MARKERS["a"])}
         count = rnd.choice([1, 1, 1, 2, 3, 5]) if rnd.random() < 0.93 else rnd.randint(60, 300)
-        self.served.add("turn: calls" if count < 60 else "turn: many calls")
+        kind = "turn: calls" if count < 60 else "turn: many calls"
         calls = [self._call(rnd) for _ in range(count)]
         ids: list[Any] | None = None
         if rnd.random() < 0.15:  # duplicate, empty, unknown, hostile IDs
@@ -621,7 +627,8 @@ class Model:
                     json.dumps({"summary": fact(rnd), "kind": "fact", "replaces": target}),
                 ),
             ]
-            self.served.add("turn: one record twice")
+            kind = "turn: one record twice"
+        self.served.add(kind)
         message = self._calls(calls, ids if ids is None or len(ids) == len(calls) else None)
         if rnd.random() < 0.2:
             message["content"] = text(rnd)
@@ -2155,7 +2162,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--operations", type=int, default=600)
     p.add_argument("--seed", type=int, default=11)
     p.add_argument(
-        "--hostility", type=float, default=0.35, help="share of replies broken at the envelope"
+        "--hostility",
+        type=float,
+        default=0.35,
+        help="share of replies broken at the transport or envelope",
     )
     p.add_argument("--timeout", type=float, default=90, help="seconds a request may take")
     p.add_argument("--data-dir", type=Path, help="where the started service keeps its data")
@@ -2220,7 +2230,8 @@ def main(argv: list[str] | None = None) -> int:
         f" time, {elapsed:.0f} s"
     )
     print(f"reproduce: {command}")
-    print(f"model replies:          {sum(model.served.kinds.values())}")
+    assert sum(model.served.kinds.values()) == model.number  # each reply counted once
+    print(f"model replies:          {model.number} (by kind:)")
     for kind, count in sorted(model.served.kinds.items()):
         print(f"  {count:>6}  {kind}")
     for line in report.lines():
