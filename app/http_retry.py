@@ -3,9 +3,11 @@
 Shared by the embeddings client and the model client. Transient means: no connection, a
 dropped connection, a timeout (read and write timeouts only when the caller allows it), a 5xx,
 or one of the 4xx statuses the caller names. Retries back off exponentially with jitter, up to
-`MAX_BACKOFF_SECONDS`, and honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS`.
-An answer is read up to the caller's `max_bytes` (TooLarge beyond). Any other answer, success
-or not, goes back to the caller, which words its own errors.
+`MAX_BACKOFF_SECONDS`, and honour the server's `Retry-After` up to `MAX_RETRY_AFTER_SECONDS` (a
+value that is no wait, negative or NaN, is ignored: the backoff applies). An answer is read up
+to the caller's `max_bytes` (TooLarge beyond); one whose `Content-Encoding` does not decode it
+is Undecodable, not retried (it came whole, and a server or proxy that garbled it once will
+again). Any other answer, success or not, goes back to the caller, which words its own errors.
 
 Each attempt, from connecting to the answer's last byte, takes at most the caller's
 `attempt_seconds`, and running out of it is a read timeout: the client's own timeouts bound
@@ -15,6 +17,7 @@ it liked.
 
 import asyncio
 import contextlib
+import math
 import random
 from collections.abc import AsyncIterator, Container
 from typing import Any
@@ -48,6 +51,15 @@ class TooLarge(Exception):
         self.limit = limit
 
 
+class Undecodable(Exception):
+    """The answer's body did not decode by its Content-Encoding (gzip over plain bytes)."""
+
+    def __init__(self, encoding: str, reason: str) -> None:
+        super().__init__(f"its body does not decode as its Content-Encoding ({encoding}) says")
+        self.encoding = encoding
+        self.reason = reason
+
+
 class RetriesExhausted(Exception):
     """Every attempt failed transiently; `last` is the final failure."""
 
@@ -65,7 +77,7 @@ def server_message(response: httpx.Response) -> str:
     try:
         error = response.json().get("error")
         message = error.get("message") if isinstance(error, dict) else error
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # the last: a body nested too deep
         message = None
     try:
         sent = response.request.headers.get("authorization")
@@ -97,10 +109,15 @@ def backoff(attempt: int, base_seconds: float) -> float:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
+    """The server's wait in seconds, at most MAX_RETRY_AFTER_SECONDS; None when it gives none
+    that is a wait (absent, a date, negative, NaN: asyncio.sleep(nan) would never end)."""
     try:
-        return min(float(response.headers["retry-after"]), MAX_RETRY_AFTER_SECONDS)
+        seconds = float(response.headers["retry-after"])
     except (KeyError, ValueError):
         return None
+    if math.isnan(seconds) or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER_SECONDS)
 
 
 async def post_with_retries(
@@ -120,7 +137,8 @@ async def post_with_retries(
 
     Raises RetriesExhausted after `max_retries` retries; with `retry_read_timeouts` false,
     httpx.ReadTimeout and httpx.WriteTimeout propagate at once; TooLarge (not retried) for a
-    body longer than `max_bytes`, once decoded.
+    body longer than `max_bytes`, once decoded; Undecodable (not retried) for one that does not
+    decode.
     """
     attempt = 0
     while True:
@@ -192,7 +210,17 @@ _WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encod
 
 async def _read(response: httpx.Response, max_bytes: int | None) -> httpx.Response:
     """The response with its body read, decoded, at most `max_bytes` of it (TooLarge beyond,
-    having read no more than that: a body's length, or a compressed one's, is no promise)."""
+    having read no more than that: a body's length, or a compressed one's, is no promise);
+    Undecodable when its Content-Encoding does not decode it (httpx's DecodingError is no
+    TransportError, and would otherwise reach the caller as an error of its own)."""
+    try:
+        return await _read_decoded(response, max_bytes)
+    except httpx.DecodingError as e:
+        encoding = " ".join(response.headers.get("content-encoding", "").split())[:100]
+        raise Undecodable(encoding, str(e)[:200]) from e
+
+
+async def _read_decoded(response: httpx.Response, max_bytes: int | None) -> httpx.Response:
     if max_bytes is None:
         await response.aread()
         return response

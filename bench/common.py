@@ -2,14 +2,17 @@
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -253,12 +256,31 @@ def run_scratch(data_dir: Path | None, prefix: str, measure: Any, embedder: Any)
             shutil.rmtree(root, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class ChatAnswer:
+    """One answer of a scripted chat endpoint, as a hostile server or proxy may send it:
+    `body` as it is (text is encoded as UTF-8), under `content_type`, with `headers`; after
+    `delay` seconds; with `cut`, only that many bytes of it, under a content-length of the
+    whole, then the connection closed (a truncated body); `hang_up`: no answer at all, the
+    connection closed."""
+
+    status: int = 200
+    body: bytes | str = b""
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+    delay: float = 0.0
+    cut: int | None = None
+    hang_up: bool = False
+
+
 class ChatServer:
     """An OpenAI-compatible chat endpoint on loopback for a benchmark's scripted model: each
-    POST is answered, one at a time, by `reply` given the request's JSON ({} when it is none)
-    and returning the status and the body."""
+    POST is answered by `reply` given the request's JSON ({} when it is none) and returning the
+    status and the body, or a ChatAnswer. `reply` runs one at a time; an answer's delay is
+    waited outside that, so a slow answer holds up no other. A client gone before the answer
+    is written is no error of the script's."""
 
-    def __init__(self, reply: Callable[[dict[str, Any]], tuple[int, str]]) -> None:
+    def __init__(self, reply: Callable[[dict[str, Any]], tuple[int, str] | ChatAnswer]) -> None:
         lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
@@ -269,18 +291,42 @@ class ChatServer:
                 except ValueError:
                     asked = {}
                 with lock:
-                    status, body = reply(asked if isinstance(asked, dict) else {})
-                raw = body.encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
+                    answer = reply(asked if isinstance(asked, dict) else {})
+                if not isinstance(answer, ChatAnswer):
+                    answer = ChatAnswer(answer[0], answer[1])
+                # The client may have left (its timeout): nothing more to say.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+                    self._send(answer)
+
+            def _send(self, answer: ChatAnswer) -> None:
+                if answer.delay:
+                    time.sleep(answer.delay)
+                if answer.hang_up:
+                    self.close_connection = True
+                    return
+                raw = (
+                    answer.body.encode(errors="surrogatepass")
+                    if isinstance(answer.body, str)
+                    else answer.body
+                )
+                self.send_response(answer.status)
+                self.send_header("content-type", answer.content_type)
                 self.send_header("content-length", str(len(raw)))
+                for name, value in answer.headers:
+                    self.send_header(name, value)
                 self.end_headers()
+                if answer.cut is not None:
+                    self.wfile.write(raw[: answer.cut])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
                 self.wfile.write(raw)
 
             def log_message(self, *args: Any) -> None:
                 return None
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

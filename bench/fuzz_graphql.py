@@ -1049,8 +1049,10 @@ def _free_port() -> int:
 
 
 def serve(
-    data_dir: Path, admin_token: str, model_url: str | None
+    data_dir: Path, admin_token: str, model_url: str | None, more: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """`engram serve` on loopback with its own embedded PostgreSQL in `data_dir`, its log in
+    serve.log there; `more`: further settings (ENGRAM_* variables)."""
     port = _free_port()
     env = {
         **os.environ,
@@ -1062,6 +1064,7 @@ def serve(
         "ENGRAM_MODEL_BASE_URL": model_url or f"http://127.0.0.1:{_free_port()}/v1",
         "ENGRAM_MODEL_MAX_RETRIES": "0",
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        **(more or {}),
     }
     log = open(data_dir / "serve.log", "wb")  # noqa: SIM115  (closed with the process)
     process = subprocess.Popen(

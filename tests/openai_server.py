@@ -107,8 +107,10 @@ class ChatReply:
     error: str = "scripted failure"  # the message of an HTTP error's body
     extra: dict[str, Any] = field(default_factory=dict)
     # The whole body instead of a completion (to play a server that answers in another shape):
-    # bytes as they are, anything else as JSON.
+    # bytes as they are, anything else as JSON; answered with `status` when given (else 200)
+    # and `headers`.
     body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
     trickle: float = 0.0  # send the answer in pieces this many seconds apart (`trickled`)
 
 
@@ -186,6 +188,14 @@ class OpenAIServer:
         with self._lock:
             self._faults[path].extend(Fault(None, trickle=seconds) for _ in range(times))
 
+    def garble_next(self, times: int, *, path: str = "/v1/embeddings") -> None:
+        """The next calls answer normally, but under `Content-Encoding: gzip`, which the body
+        (plain JSON) is not: what a broken proxy sends."""
+        with self._lock:
+            self._faults[path].extend(
+                Fault(None, headers={"content-encoding": "gzip"}) for _ in range(times)
+            )
+
     def edit_next(self, times: int, edit: Callable[[dict[str, Any]], Any]) -> None:
         """The next embeddings answers are made as usual, then changed by `edit` (it changes
         the dict in place, or returns what to send instead): NaN, wrong dimensions and the
@@ -215,6 +225,7 @@ class OpenAIServer:
         trickle is left to the route: `request.state.trickle`)."""
         request.state.trickle = 0.0
         request.state.edit = None
+        request.state.headers = {}
         body = await request.json()
         with self._lock:
             self.requests.append(
@@ -227,6 +238,7 @@ class OpenAIServer:
             return body, None
         request.state.trickle = fault.trickle
         request.state.edit = fault.edit
+        request.state.headers = fault.headers if fault.status is None else {}
         if fault.delay:
             await asyncio.sleep(fault.delay)
         if fault.status is None:
@@ -269,7 +281,7 @@ class OpenAIServer:
             return Response(json.dumps(answer), media_type="application/json")
         if request.state.trickle:
             return trickled(json.dumps(answer).encode(), request.state.trickle)
-        return JSONResponse(answer)
+        return JSONResponse(answer, headers=request.state.headers)
 
     # Chat completions: scripted answers, played in order; `chat_default` when none is left
 
@@ -308,7 +320,7 @@ class OpenAIServer:
 
     def answer_with(self, body: Any, **match: Any) -> None:
         """Queues a reply whose whole body is `body` (bytes as they are, else its JSON), in
-        place of a completion; `match` as for `say`."""
+        place of a completion; `match` as for `say`, and ChatReply's `status` and `headers`."""
         with self._lock:
             self._chat_script.append(ChatReply(body=body, **match))
 
@@ -341,12 +353,17 @@ class OpenAIServer:
             await asyncio.sleep(0.01)
         if reply.delay:
             await self._wait(request, reply.delay)
+        if reply.body is not None:
+            raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+            return Response(
+                raw,
+                status_code=reply.status or 200,
+                media_type="application/json",
+                headers=reply.headers,
+            )
         if reply.status is not None:
             error = {"error": {"message": reply.error, "type": "scripted"}}
             return JSONResponse(error, status_code=reply.status)
-        if reply.body is not None:
-            raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
-            return Response(raw, media_type="application/json")
         answer = self._completion(body, reply, number)
         if reply.trickle:
             return trickled(answer.body, reply.trickle)

@@ -160,6 +160,30 @@ async def test_openai_does_not_retry_other_4xx(openai_server: OpenAIServer) -> N
     assert len(openai_server.requests_to("/v1/embeddings")) == 1
 
 
+async def test_openai_ignores_a_retry_after_that_is_no_wait(openai_server: OpenAIServer) -> None:
+    """`Retry-After: nan` was waited as asyncio.sleep(nan), which never ends (found by
+    bench/fuzz_model.py on the model client, which shares app/http_retry.py)."""
+    openai_server.fail_next(1, status=503, retry_after=float("nan"))
+    openai_server.fail_next(1, status=429, retry_after=-3)
+    result = await asyncio.wait_for(embedded(openai_server, TEXTS[:1]), 10)
+    assert len(openai_server.requests_to("/v1/embeddings")) == 3
+    assert result.vectors.shape == (1, 48)
+
+
+async def test_openai_refuses_an_answer_that_does_not_decode_without_retrying(
+    openai_server: OpenAIServer,
+) -> None:
+    """A body under a Content-Encoding it is not in (gzip over plain JSON) is the provider's
+    clear failure, not an error of httpx's own (DecodingError is no TransportError)."""
+    openai_server.garble_next(1)
+    with pytest.raises(
+        EmbeddingFailed, match=r"does not decode as its Content-Encoding \(gzip\)"
+    ) as e:
+        await embedded(openai_server, TEXTS[:1])
+    assert not e.value.transient
+    assert len(openai_server.requests_to("/v1/embeddings")) == 1
+
+
 async def test_openai_retries_a_timeout(openai_server: OpenAIServer) -> None:
     openai_server.stall_next(1, 1.0)
     result = await embedded(openai_server, TEXTS[:1], timeout_seconds=0.2)

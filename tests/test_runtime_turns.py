@@ -743,6 +743,72 @@ async def test_a_reply_of_another_shape_fails_the_turn_saying_what_is_wrong(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
+DEEP = b"[" * 50_000 + b"]" * 50_000  # JSON past the parser's recursion limit
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "said"),
+    [
+        # A proxy's gzip header over a plain body: httpx's DecodingError is no TransportError.
+        (
+            200,
+            json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode(),
+            {"content-encoding": "gzip"},
+            "answered with a body that does not decode as its Content-Encoding (gzip) says",
+        ),
+        # An error body nested too deep for the JSON parser: quoted, not parsed.
+        (500, DEEP, {}, "failed 3 times, last: HTTP 500: [[[["),
+        (400, DEEP, {}, "refused the request for scripted (HTTP 400): [[[["),
+    ],
+    ids=["gzip over plain", "5xx nested deep", "4xx nested deep"],
+)
+async def test_an_answer_that_does_not_read_fails_the_turn_saying_so_not_internally(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+    body: bytes,
+    headers: dict[str, str],
+    said: str,
+) -> None:
+    """A body the client cannot read (found by bench/fuzz_model.py: a DecodingError, or a
+    RecursionError reading an error's message) fails the turn saying what the model did, as
+    any other unusable answer does: not on an internal error with a traceback in the log."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    for _ in range(3):  # every attempt, where the answer is retried
+        model_server.answer_with(body, status=status, headers=headers, purpose="turn")
+    with caplog.at_level(logging.WARNING):
+        executed = await run(gql, admin, action_id, "hi")
+
+    assert executed["status"] == "FAILED"
+    assert said in executed["error"], executed["error"]
+    assert "internal error" not in executed["error"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    # The undecodable answer came whole: not asked for again.
+    expected = 3 if status >= 500 else 1
+    assert len(chat(model_server)) == expected
+
+
+@pytest.mark.settings(turn_timeout_seconds=10)
+async def test_a_retry_after_that_is_no_wait_is_ignored_and_the_retry_waits_its_backoff(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """`Retry-After: NaN` was waited as asyncio.sleep(nan), which never ends: the turn stalled
+    until its deadline (found by bench/fuzz_model.py). A wait that is none, NaN or negative, is
+    ignored."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    model_server.fail_next(1, status=503, path="/v1/chat/completions", retry_after=float("nan"))
+    model_server.fail_next(1, status=429, path="/v1/chat/completions", retry_after=-5)
+    model_server.say("hello back")
+    started = asyncio.get_running_loop().time()
+    executed = await run(gql, admin, action_id, "hi")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert events(executed, "model.call")[0]["attempts"] == 3
+    assert asyncio.get_running_loop().time() - started < 5
+
+
 @pytest.mark.settings(max_tool_calls_per_reply=2)
 async def test_tool_calls_beyond_the_bound_of_a_reply_are_refused_and_the_turn_goes_on(
     gql: GQL, admin: Caller, model_server: OpenAIServer

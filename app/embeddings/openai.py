@@ -18,7 +18,14 @@ import numpy as np
 
 from app.embeddings.base import Embeddings, has_direction, normalize, vector_fault
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
-from app.http_retry import RetriesExhausted, TooLarge, post_with_retries, server_message, times
+from app.http_retry import (
+    RetriesExhausted,
+    TooLarge,
+    Undecodable,
+    post_with_retries,
+    server_message,
+    times,
+)
 from app.text import CHARS_PER_TOKEN, MAX_COUNT
 
 _RETRIED_4XX = frozenset({408, 429})
@@ -114,6 +121,13 @@ class OpenAIEmbedder:
                 f"{self._endpoint} answered {len(texts)} texts with more than {e.limit:,} bytes,"
                 f" far more than {self.dimensions or 'any'}-d vectors take; it must be an"
                 " OpenAI-compatible embeddings endpoint for this model",
+                transient=False,
+            ) from e
+        except Undecodable as e:
+            raise EmbeddingFailed(
+                f"{self._endpoint} answered with a body that does not decode as its "
+                f"Content-Encoding ({e.encoding}) says; it must be an OpenAI-compatible "
+                "embeddings endpoint",
                 transient=False,
             ) from e
         except RetriesExhausted as e:

@@ -4,16 +4,17 @@ Every request says why it is made: the header `X-Engram-Purpose` and `metadata.p
 the body (`turn` for the agent's own calls, `memory` for memory reviews, `context` for the
 summaries that keep a turn's context within its budget). A transient failure
 (no connection, a connect timeout, 429 or 5xx) is retried with exponential backoff, honouring
-`Retry-After`; any other 4xx fails at once with the server's message. An attempt not answered
-whole within ENGRAM_MODEL_TIMEOUT_SECONDS (connecting, waiting, and reading the reply however
-slowly the server sends it) times out, and is not retried (the model may still be working on
-it, and a retry would pay twice): a call takes at most its retries' worth of that, plus the
-waits between them.
+`Retry-After` (app/http_retry.py); any other 4xx fails at once with the server's message. An
+attempt not answered whole within ENGRAM_MODEL_TIMEOUT_SECONDS (connecting, waiting, and
+reading the reply however slowly the server sends it) times out, and is not retried (the model
+may still be working on it, and a retry would pay twice): a call takes at most its retries'
+worth of that, plus the waits between them.
 
 A reply is read up to `ENGRAM_MODEL_MAX_REPLY_BYTES`: a longer one fails the call, as one that
 is not a chat completion does (not JSON, nested deeper than `MAX_REPLY_DEPTH`, a part of
-another type), naming what is wrong. Usage the reply reports that is no count (negative,
-fractional, not a number, 2**53 or more) is recorded as unknown, and logged.
+another type, a body its Content-Encoding does not decode), naming what is wrong. Usage the
+reply reports that is no count (negative, fractional, not a number, 2**53 or more) is recorded
+as unknown, and logged.
 """
 
 import json
@@ -31,6 +32,7 @@ from app.config import Settings
 from app.http_retry import (
     RetriesExhausted,
     TooLarge,
+    Undecodable,
     post_with_retries,
     server_message,
     times,
@@ -362,6 +364,13 @@ class ModelClient:
                 f"the model at {endpoint.url} answered with more than {e.limit:,} bytes "
                 "(ENGRAM_MODEL_MAX_REPLY_BYTES), so nothing of its reply was used: bound its "
                 "replies with model.maxTokens, or raise the setting"
+            ) from e
+        except Undecodable as e:
+            # Not retried: it came whole, and whatever garbled it (a proxy) would again.
+            raise ModelFailed(
+                f"the model at {endpoint.url} answered with a body that does not decode as its "
+                f"Content-Encoding ({_excerpt(e.encoding)}) says, so nothing of its reply was "
+                "used; check the endpoint, or the proxy in front of it"
             ) from e
         except RetriesExhausted as e:
             last = _excerpt(str(e.last))
