@@ -337,3 +337,20 @@ class ChatServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Log:
+    """A service's log file, read on from where the last look ended (None: nothing to read)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path is not None and path.exists() else 0
+
+    def new(self) -> str:
+        if self.path is None:
+            return ""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            raw = f.read()
+        self.offset += len(raw)
+        return raw.decode(errors="replace")

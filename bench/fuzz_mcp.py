@@ -64,7 +64,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ChatServer  # noqa: E402
+from bench.common import ChatServer, Log  # noqa: E402
 from bench.fuzz_graphql import EVERYTHING, HOSTILE_TEXT, Api, node_id, serve  # noqa: E402
 
 MARKERS = {"a": "ZQXMARKERA", "b": "ZQXMARKERB"}  # each tenant's text only; never sent by the other
@@ -1064,23 +1064,6 @@ def _carried(sent: str) -> str:
     spelled = " ".join(found)
     canonical = [str(uuid.UUID(u)) for u in _UUID.findall(spelled)]
     return " ".join([spelled, *canonical])
-
-
-class Log:
-    """The service's log, read on from where the last look ended."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path is not None and path.exists() else 0
-
-    def new(self) -> str:
-        if self.path is None:
-            return ""
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            raw = f.read()
-        self.offset += len(raw)
-        return raw.decode(errors="replace")
 
 
 def check(report: Report, world: World, sent: Request, response: httpx.Response | None) -> None:

@@ -88,7 +88,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.memory.records import pin_line, pinned_tokens  # noqa: E402
-from bench.common import ChatAnswer, ChatServer  # noqa: E402
+from bench.common import ChatAnswer, ChatServer, Log  # noqa: E402
 from bench.fuzz_graphql import EVERYTHING, serve  # noqa: E402
 
 MARKERS = {"a": "ZQXMODELA", "b": "ZQXMODELB"}  # each tenant's text only; never sent by the other
@@ -989,23 +989,6 @@ def why_failed(error: str) -> str:
         if needle in error:
             return kind
     return "other: " + error[:80]
-
-
-class Log:
-    """The service's log, read on from where the last look ended (None: nothing to read)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path is not None and path.exists() else 0
-
-    def new(self) -> str:
-        if self.path is None:
-            return ""
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            raw = f.read()
-        self.offset += len(raw)
-        return raw.decode(errors="replace")
 
 
 def logged(report: Report, text_: str, after: str) -> None:
