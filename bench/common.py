@@ -354,3 +354,18 @@ class Log:
             raw = f.read()
         self.offset += len(raw)
         return raw.decode(errors="replace")
+
+
+def faults(text: str, after: str) -> tuple[int, int, str | None]:
+    """What a service logged (`Log.new`) that a run counts against it: its tracebacks, its ERROR
+    and CRITICAL lines (logging's format puts the level after the time), and a sample naming
+    the first and the last line (None: nothing logged to count), `after` saying what came
+    before it."""
+    lines = text.splitlines()
+    tracebacks = text.count("Traceback (most recent call last)")
+    errors = [line for line in lines if " ERROR " in line[:60] or " CRITICAL " in line[:60]]
+    if not tracebacks and not errors:
+        return 0, 0, None
+    first = errors[0][:300] if errors else ""
+    last = [line for line in lines if line.strip()][-1][:300]
+    return tracebacks, len(errors), f"logged after {after}: {first} ... {last}"

@@ -64,7 +64,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ChatServer, Log  # noqa: E402
+from bench.common import ChatServer, Log, faults  # noqa: E402
 from bench.fuzz_graphql import EVERYTHING, HOSTILE_TEXT, Api, node_id, serve  # noqa: E402
 
 MARKERS = {"a": "ZQXMARKERA", "b": "ZQXMARKERB"}  # each tenant's text only; never sent by the other
@@ -1215,17 +1215,12 @@ def fuzz(
 
 
 def logged(report: Report, text: str, after: str) -> None:
-    """Counts what the service logged: tracebacks, and ERROR lines (logging's format puts the
-    level after the time)."""
-    lines = text.splitlines()
-    tracebacks = text.count("Traceback (most recent call last)")
-    errors = [line for line in lines if " ERROR " in line[:40] or " CRITICAL " in line[:40]]
+    """Counts what the service logged (`common.faults`)."""
+    tracebacks, errors, sample = faults(text, after)
     report.tracebacks += tracebacks
-    report.errors_logged += len(errors)
-    if tracebacks or errors:
-        last = [line for line in lines if line.strip()][-1][:300]
-        first = errors[0][:300] if errors else ""
-        report.samples.append(f"logged after {after}: {first} ... {last}")
+    report.errors_logged += errors
+    if sample is not None:
+        report.samples.append(sample)
 
 
 # A scripted model for the memory review

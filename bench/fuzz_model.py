@@ -88,7 +88,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.memory.records import pin_line, pinned_tokens  # noqa: E402
-from bench.common import ChatAnswer, ChatServer, Log  # noqa: E402
+from bench.common import ChatAnswer, ChatServer, Log, faults  # noqa: E402
 from bench.fuzz_graphql import EVERYTHING, serve  # noqa: E402
 
 MARKERS = {"a": "ZQXMODELA", "b": "ZQXMODELB"}  # each tenant's text only; never sent by the other
@@ -991,18 +991,13 @@ def why_failed(error: str) -> str:
     return "other: " + error[:80]
 
 
-def logged(report: Report, text_: str, after: str) -> None:
-    """Counts what the service logged: tracebacks, and ERROR lines (logging's format puts the
-    level after the time)."""
-    lines = text_.splitlines()
-    tracebacks = text_.count("Traceback (most recent call last)")
-    errors = [line for line in lines if " ERROR " in line[:60] or " CRITICAL " in line[:60]]
+def logged(report: Report, text: str, after: str) -> None:
+    """Counts what the service logged (`common.faults`)."""
+    tracebacks, errors, sample = faults(text, after)
     report.tracebacks += tracebacks
-    report.errors_logged += len(errors)
-    if tracebacks or errors:
-        first = errors[0][:300] if errors else ""
-        last = [line for line in lines if line.strip()][-1][:300]
-        report.sample(f"logged after {after}: {first} ... {last}")
+    report.errors_logged += errors
+    if sample is not None:
+        report.sample(sample)
 
 
 class Service:
