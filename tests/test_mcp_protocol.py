@@ -378,14 +378,29 @@ async def test_mcp_params_of_the_wrong_shape_name_the_parameter_and_what_it_take
 ) -> None:
     """Parameters a method does not take are -32602 Invalid params, as the SDK answers them, but
     saying which parameter, what it takes and what came: the SDK said "Invalid request
-    parameters" and nothing else. On 2026-07-28 the same words, with its HTTP 400 (a
-    `tools/call` without a string name is refused there first, by its Mcp-Name header)."""
+    parameters" and nothing else. On 2026-07-28 the same words, with its HTTP 400 ("A request
+    missing any required field is malformed; the server MUST reject it with JSON-RPC error code
+    -32602 (Invalid params). On HTTP, the response status MUST be 400 Bad Request"), a
+    `tools/call` whose name is no string included: the SDK compared its Mcp-Name header with
+    the name first, and answered -32020 HeaderMismatch whatever the header said."""
     action_id, token = await _client(gql, admin, state, "params")
     call = _call(1)
     cases = [
         (
             {**call, "params": {"name": 5, "arguments": {}}},
             "params.name must be a string (the tool's name, as tools/list gives it), not 5",
+        ),
+        (
+            {**call, "params": {"name": {"tool": "search_memory"}, "arguments": {}}},
+            "params.name must be a string (the tool's name, as tools/list gives it), not an object",
+        ),
+        (
+            {**call, "params": {"name": True, "arguments": {}}},
+            "params.name must be a string (the tool's name, as tools/list gives it), not true",
+        ),
+        (
+            {**call, "params": {"name": None, "arguments": {}}},
+            "params.name must be a string (the tool's name, as tools/list gives it), not null",
         ),
         (
             {**call, "params": {"name": "search_memory", "arguments": ["parcel"]}},
@@ -408,26 +423,53 @@ async def test_mcp_params_of_the_wrong_shape_name_the_parameter_and_what_it_take
         for version in ("2025-06-18", MODERN):
             for body, words in cases:
                 if version == MODERN:
+                    if "params" not in body:  # (2026-07-28's params hold at least its _meta)
+                        words = "params.name is required (the tool's name, as tools/list gives it)"
                     body = {**body, "params": {**body.get("params", {}), "_meta": META}}
-                    if body["method"] == "tools/call" and not isinstance(
-                        body["params"].get("name"), str
-                    ):
-                        # 2026-07-28 checks the Mcp-Name header against the name first: the
-                        # SDK's -32020 HeaderMismatch ("The HTTP headers do not match the
-                        # corresponding values in the request body").
-                        continue
-                response = await _post(http, action_id, token, version, body)
-                assert response.status_code == (400 if version == MODERN else 200), (
-                    version,
-                    body,
-                    response.text,
-                )
-                _plain(response.text)
-                assert response.json()["error"] == {
-                    "code": -32602,
-                    "message": f"Invalid params: {words}",
-                    "data": {"code": "BAD_REQUEST"},
-                }, (version, body)
+                # At 2026-07-28 a name that is no string has no Mcp-Name header a client could
+                # send (_headers sends none); one that renders it as text is answered the same.
+                name = body.get("params", {}).get("name")
+                named = [{}, {"mcp-name": json.dumps(name)}] if version == MODERN else [{}]
+                for header in named if name is not None and not isinstance(name, str) else [{}]:
+                    headers = {**_headers(token, version, body), **header}
+                    response = await http.post(
+                        f"/mcp/{action_id}?session=s1", content=json.dumps(body), headers=headers
+                    )
+                    assert response.status_code == (400 if version == MODERN else 200), (
+                        version,
+                        body,
+                        response.text,
+                    )
+                    _plain(response.text)
+                    assert response.json() == {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "error": {
+                            "code": -32602,
+                            "message": f"Invalid params: {words}",
+                            "data": {"code": "BAD_REQUEST"},
+                        },
+                    }, (version, body, header)
+
+        # A real mismatch stays the SDK's -32020 HeaderMismatch, which 2026-07-28 requires ("a
+        # required standard header (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`) is
+        # missing", "a header value does not match the corresponding request body value"):
+        # a string name and an Mcp-Name header saying another or none; and a name that is no
+        # string with another header wrong (its Mcp-Method).
+        body = {**call, "params": {**call["params"], "_meta": META}}
+        wrong = {**body, "params": {**body["params"], "name": 5}}
+        for sent, header in (
+            (body, {"mcp-name": "add_memory"}),
+            (body, {"mcp-name": None}),
+            (wrong, {"mcp-method": "tools/list"}),
+        ):
+            headers = {**_headers(token, MODERN, sent), **header}
+            headers = {k: v for k, v in headers.items() if v is not None}
+            response = await http.post(
+                f"/mcp/{action_id}?session=s1", content=json.dumps(sent), headers=headers
+            )
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["code"] == -32020, (header, response.text)
 
         # initialize's parameters, of the handshake's versions.
         initialize = {

@@ -26,11 +26,18 @@ from uuid import UUID
 import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    InboundLadderRejection,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+)
 from mcp_types import DEFAULT_NEGOTIATED_VERSION, INVALID_PARAMS, METHOD_NOT_FOUND
+from mcp_types import methods as mcp_methods
 from mcp_types.methods import MONOLITH_REQUESTS
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -356,6 +363,46 @@ def _version(scope: Scope) -> str:
     return DEFAULT_NEGOTIATED_VERSION
 
 
+def _name_refused(message: Any, version: str, request: Request) -> Response | None:
+    """The answer to a `tools/call` at a modern protocol version (2026-07-28) whose
+    `params.name` is there but no string (5, true, an object), or None: -32602 Invalid params
+    naming the parameter, in the words of the other versions, with the request's id and HTTP
+    400 (as the SDK answers other Invalid params there). 2026-07-28's tools page: "Malformed
+    requests (requests that fail to satisfy CallToolRequest schema)" are protocol errors, its
+    example -32602.
+
+    The SDK compared the Mcp-Name header with such a name first, and answered -32020
+    HeaderMismatch whatever the header said (a string never equals 5, and no header can be
+    right for a name that is no string): a client was told to fix its headers, not its body.
+    A real mismatch is still the SDK's -32020: a string name and an Mcp-Name header that is
+    missing or says another, and any other header, envelope or Accept fault, which the SDK's
+    own checks (run here on the request without its name) find first."""
+    if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(message, dict):
+        return None
+    params = message.get("params")
+    if message.get("method") != "tools/call" or "id" not in message or not isinstance(params, dict):
+        return None
+    if params.get("name") is None or isinstance(params["name"], str):
+        return None  # (a null or missing name: the SDK's own Invalid params, worded here)
+    if not check_accept_headers(request)[0] or find_duplicated_routing_header(
+        request.headers.items()
+    ):
+        return None
+    nameless = {**message, "params": {k: v for k, v in params.items() if k != "name"}}
+    if isinstance(
+        classify_inbound_request(nameless, headers=dict(request.headers)), InboundLadderRejection
+    ):
+        return None
+    try:
+        mcp_methods.validate_client_request("tools/call", version, params)
+    except ValidationError as e:
+        words = messages.params_refused("tools/call", params, e)
+    else:  # (the SDK's model takes it after all: the SDK's answer, whatever it is)
+        return None
+    error = {"code": INVALID_PARAMS, "message": words, "data": {"code": "BAD_REQUEST"}}
+    return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error}, 400)
+
+
 def _rpc_error(id_: Any, rpc: int, message: str, code: str = "BAD_REQUEST") -> bytes:
     """A JSON-RPC error response's JSON text, for a message of a batch refused here."""
     error = {"code": rpc, "message": message, "data": {"code": code}}
@@ -472,6 +519,9 @@ class McpEndpoint:
         if single and (problem := _bad_message(message)) is not None:
             refused = _error(400, "BAD_REQUEST", problem, rpc=INVALID_REQUEST)
             await refused(scope, receive, send)
+            return
+        if single and (named := _name_refused(message, version, Request(scope))) is not None:
+            await named(scope, receive, send)
             return
         receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
