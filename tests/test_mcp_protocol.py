@@ -287,6 +287,66 @@ async def test_mcp_a_batch_whose_client_leaves_runs_no_message_after_the_one_run
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.settings(turn_timeout_seconds=1)
+async def test_mcp_a_batch_starts_no_message_past_one_calls_bound(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """A batch of 20 messages, run one after another, could hold its HTTP request for 20 times
+    the longest one call may take (ENGRAM_TURN_TIMEOUT_SECONDS, a remember_conversation's
+    bound). Once it has run that long it starts no more: each request left is answered in its
+    place, -32000 TOO_MANY_REQUESTS saying it was not run and to send it again, alone or in a
+    later request; a notification left is not run; a message refused as no message is
+    answered as ever. The message running when the bound passes ends as it would alone."""
+    action_id = await make_agent_id(gql.state, admin, harness=full_memory())
+    token = await token_for(state, admin, "slow-batcher", *POLICIES)
+    batch = [
+        _add(1, "first"),
+        _add(2, "second"),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "ping", "method": "ping"},
+        7,
+        _add(3, "third"),
+    ]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        async with state.pool.acquire() as lock, lock.transaction():
+            await lock.execute(HOLD_WRITES)
+            posted = asyncio.create_task(_post(http, action_id, token, "2025-03-26", batch))
+            await eventually(lambda: _waiting_on_a_lock(state), "the first add_memory waits")
+            await asyncio.sleep(1.2)  # past the bound, the first message still running
+        answered = await posted
+        assert answered.status_code == 200, answered.text
+        assert "retry-after" not in answered.headers
+        first, *rest = answered.json()
+        assert first["id"] == 1 and first["result"]["isError"] is False, first
+        assert [(a["id"], a["error"]["code"], a["error"]["data"]) for a in rest] == [
+            (2, -32000, {"code": "TOO_MANY_REQUESTS"}),
+            ("ping", -32000, {"code": "TOO_MANY_REQUESTS"}),
+            (None, -32600, {"code": "BAD_REQUEST"}),
+            (3, -32000, {"code": "TOO_MANY_REQUESTS"}),
+        ]
+        message = rest[0]["error"]["message"]
+        assert message.startswith("Not run: the batch had run 1."), message
+        assert message.endswith(
+            "seconds when message 2 of 6 came up, past ENGRAM_TURN_TIMEOUT_SECONDS (1 seconds), "
+            "the longest one message may run, after which a batch starts no more; nothing of it "
+            "ran: send it again, alone or in a later request"
+        ), message
+        assert "message 6 of 6" in rest[3]["error"]["message"]
+
+        # Within the bound, every message runs.
+        answered = await _post(
+            http, action_id, token, "2025-03-26", [_add(4, "fourth"), _add(5, "fifth")]
+        )
+        assert [a["result"]["isError"] for a in answered.json()] == [False, False], answered.text
+    async with state.pool.acquire() as conn:
+        kept = await conn.fetch(
+            "SELECT summary FROM agent_memories WHERE action_id = $1 ORDER BY summary",
+            uuid.UUID(action_id),
+        )
+    assert [r["summary"] for r in kept] == ["fifth", "first", "fourth"]
+    assert await _executions(state, action_id) == 3
+
+
 async def test_mcp_a_batch_where_the_protocol_version_takes_none_says_so(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:

@@ -47,13 +47,14 @@ from app import tasks
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate
+from app.config import Settings
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Admission, Fairness
 from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
 from app.mcp import messages
-from app.runtime import calls
+from app.runtime import calls, deadline
 from app.state import AppState
 from app.text import check_storable
 
@@ -403,6 +404,15 @@ def _name_refused(message: Any, version: str, request: Request) -> Response | No
     return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error}, 400)
 
 
+def _late(number: int, total: int, elapsed: float, settings: Settings) -> str:
+    """Why message `number` of a batch was not run: the batch had used its time."""
+    return (
+        f"Not run: the batch had run {elapsed:.1f} seconds when message {number} of {total} came"
+        f" up, past {deadline.bound(settings)}, the longest one message may run, after which a"
+        " batch starts no more; nothing of it ran: send it again, alone or in a later request"
+    )
+
+
 def _rpc_error(id_: Any, rpc: int, message: str, code: str = "BAD_REQUEST") -> bytes:
     """A JSON-RPC error response's JSON text, for a message of a batch refused here."""
     error = {"code": rpc, "message": message, "data": {"code": code}}
@@ -546,8 +556,10 @@ class McpEndpoint:
 
         Each message runs holding the account's place: a remember_conversation gives it back
         for its turn (app/fairness.py `turn`), and the next message takes it again, or it and
-        the requests after it are answered TOO_MANY_REQUESTS. A client gone leaves the messages
-        after the one running unrun (a 499, as a body cut short)."""
+        the requests after it are answered TOO_MANY_REQUESTS. A batch that has run
+        ENGRAM_TURN_TIMEOUT_SECONDS starts no more messages, its requests left answered
+        TOO_MANY_REQUESTS in their places (`_messages`). A client gone leaves the messages after
+        the one running unrun (a 499, as a body cut short)."""
         if not batch:
             refused = "Invalid Request: an empty batch: a batch is an array of one or more messages"
             await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
@@ -587,10 +599,18 @@ class McpEndpoint:
         receive: Receive,
         gone: asyncio.Event,
     ) -> Response:
-        """The answer to a batch, its messages served one after another."""
+        """The answer to a batch, its messages served one after another. Once the batch has run
+        ENGRAM_TURN_TIMEOUT_SECONDS, the longest one message may run (a remember_conversation's
+        review), it starts no more: each request left is answered TOO_MANY_REQUESTS in its
+        place, unrun, and a notification left is not run (nothing answers it). So a batch's
+        request ends within about twice that bound, not twenty times it."""
         answers: list[bytes] = []  # each a JSON-RPC response's JSON text
         taken = False
         busy: TooManyRequests | None = None
+        loop = asyncio.get_running_loop()
+        budget = found.state.settings.turn_timeout_seconds  # 0: no bound
+        started = loop.time()
+        ran = 0  # messages handed to the SDK
         for number, item in enumerate(batch, 1):
             if gone.is_set():
                 raise ClientDisconnect  # no one to answer: the messages left are not run
@@ -612,6 +632,12 @@ class McpEndpoint:
                 problem = f"Parse error: message {number} of the batch is nested too deep to read"
                 answers.append(_rpc_error(None, PARSE_ERROR, problem))
                 continue
+            elapsed = loop.time() - started
+            if ran and budget and elapsed >= budget:
+                if "method" in item and "id" in item:  # a request (nothing answers the rest)
+                    late = _late(number, len(batch), elapsed, found.state.settings)
+                    answers.append(_rpc_error(item["id"], REFUSED, late, "TOO_MANY_REQUESTS"))
+                continue
             if busy is None:
                 try:
                     await admission.again()
@@ -621,6 +647,7 @@ class McpEndpoint:
                 if "method" in item and "id" in item:  # a request (nothing answers the rest)
                     answers.append(_rpc_error(item["id"], REFUSED, busy.message, busy.code))
                 continue
+            ran += 1
             answer = await self._alone(found, alone, scope, receive)
             answered = _decoded(answer.body) if answer.body else None
             if answer.status not in (200, 202, 400) or answered is _NOT_JSON:
