@@ -287,6 +287,66 @@ async def test_mcp_a_batch_whose_client_leaves_runs_no_message_after_the_one_run
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.settings(turn_timeout_seconds=1)
+async def test_mcp_a_batch_starts_no_message_past_one_calls_bound(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """A batch of 20 messages, run one after another, could hold its HTTP request for 20 times
+    the longest one call may take (ENGRAM_TURN_TIMEOUT_SECONDS, a remember_conversation's
+    bound). Once it has run that long it starts no more: each request left is answered in its
+    place, -32000 TOO_MANY_REQUESTS saying it was not run and to send it again, alone or in a
+    later request; a notification left is not run; a message refused as no message is
+    answered as ever. The message running when the bound passes ends as it would alone."""
+    action_id = await make_agent_id(gql.state, admin, harness=full_memory())
+    token = await token_for(state, admin, "slow-batcher", *POLICIES)
+    batch = [
+        _add(1, "first"),
+        _add(2, "second"),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "ping", "method": "ping"},
+        7,
+        _add(3, "third"),
+    ]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        async with state.pool.acquire() as lock, lock.transaction():
+            await lock.execute(HOLD_WRITES)
+            posted = asyncio.create_task(_post(http, action_id, token, "2025-03-26", batch))
+            await eventually(lambda: _waiting_on_a_lock(state), "the first add_memory waits")
+            await asyncio.sleep(1.2)  # past the bound, the first message still running
+        answered = await posted
+        assert answered.status_code == 200, answered.text
+        assert "retry-after" not in answered.headers
+        first, *rest = answered.json()
+        assert first["id"] == 1 and first["result"]["isError"] is False, first
+        assert [(a["id"], a["error"]["code"], a["error"]["data"]) for a in rest] == [
+            (2, -32000, {"code": "TOO_MANY_REQUESTS"}),
+            ("ping", -32000, {"code": "TOO_MANY_REQUESTS"}),
+            (None, -32600, {"code": "BAD_REQUEST"}),
+            (3, -32000, {"code": "TOO_MANY_REQUESTS"}),
+        ]
+        message = rest[0]["error"]["message"]
+        assert message.startswith("Not run: the batch had run 1."), message
+        assert message.endswith(
+            "seconds when message 2 of 6 came up, past ENGRAM_TURN_TIMEOUT_SECONDS (1 seconds), "
+            "the longest one message may run, after which a batch starts no more; nothing of it "
+            "ran: send it again, alone or in a later request"
+        ), message
+        assert "message 6 of 6" in rest[3]["error"]["message"]
+
+        # Within the bound, every message runs.
+        answered = await _post(
+            http, action_id, token, "2025-03-26", [_add(4, "fourth"), _add(5, "fifth")]
+        )
+        assert [a["result"]["isError"] for a in answered.json()] == [False, False], answered.text
+    async with state.pool.acquire() as conn:
+        kept = await conn.fetch(
+            "SELECT summary FROM agent_memories WHERE action_id = $1 ORDER BY summary",
+            uuid.UUID(action_id),
+        )
+    assert [r["summary"] for r in kept] == ["fifth", "first", "fourth"]
+    assert await _executions(state, action_id) == 3
+
+
 async def test_mcp_a_batch_where_the_protocol_version_takes_none_says_so(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:
@@ -378,14 +438,29 @@ async def test_mcp_params_of_the_wrong_shape_name_the_parameter_and_what_it_take
 ) -> None:
     """Parameters a method does not take are -32602 Invalid params, as the SDK answers them, but
     saying which parameter, what it takes and what came: the SDK said "Invalid request
-    parameters" and nothing else. On 2026-07-28 the same words, with its HTTP 400 (a
-    `tools/call` without a string name is refused there first, by its Mcp-Name header)."""
+    parameters" and nothing else. On 2026-07-28 the same words, with its HTTP 400 ("A request
+    missing any required field is malformed; the server MUST reject it with JSON-RPC error code
+    -32602 (Invalid params). On HTTP, the response status MUST be 400 Bad Request"), a
+    `tools/call` whose name is no string included: the SDK compared its Mcp-Name header with
+    the name first, and answered -32020 HeaderMismatch whatever the header said."""
     action_id, token = await _client(gql, admin, state, "params")
     call = _call(1)
     cases = [
         (
             {**call, "params": {"name": 5, "arguments": {}}},
             "params.name must be a string (the tool's name, as tools/list gives it), not 5",
+        ),
+        (
+            {**call, "params": {"name": {"tool": "search_memory"}, "arguments": {}}},
+            "params.name must be a string (the tool's name, as tools/list gives it), not an object",
+        ),
+        (
+            {**call, "params": {"name": True, "arguments": {}}},
+            "params.name must be a string (the tool's name, as tools/list gives it), not true",
+        ),
+        (
+            {**call, "params": {"name": None, "arguments": {}}},
+            "params.name must be a string (the tool's name, as tools/list gives it), not null",
         ),
         (
             {**call, "params": {"name": "search_memory", "arguments": ["parcel"]}},
@@ -408,26 +483,53 @@ async def test_mcp_params_of_the_wrong_shape_name_the_parameter_and_what_it_take
         for version in ("2025-06-18", MODERN):
             for body, words in cases:
                 if version == MODERN:
+                    if "params" not in body:  # (2026-07-28's params hold at least its _meta)
+                        words = "params.name is required (the tool's name, as tools/list gives it)"
                     body = {**body, "params": {**body.get("params", {}), "_meta": META}}
-                    if body["method"] == "tools/call" and not isinstance(
-                        body["params"].get("name"), str
-                    ):
-                        # 2026-07-28 checks the Mcp-Name header against the name first: the
-                        # SDK's -32020 HeaderMismatch ("The HTTP headers do not match the
-                        # corresponding values in the request body").
-                        continue
-                response = await _post(http, action_id, token, version, body)
-                assert response.status_code == (400 if version == MODERN else 200), (
-                    version,
-                    body,
-                    response.text,
-                )
-                _plain(response.text)
-                assert response.json()["error"] == {
-                    "code": -32602,
-                    "message": f"Invalid params: {words}",
-                    "data": {"code": "BAD_REQUEST"},
-                }, (version, body)
+                # At 2026-07-28 a name that is no string has no Mcp-Name header a client could
+                # send (_headers sends none); one that renders it as text is answered the same.
+                name = body.get("params", {}).get("name")
+                named = [{}, {"mcp-name": json.dumps(name)}] if version == MODERN else [{}]
+                for header in named if name is not None and not isinstance(name, str) else [{}]:
+                    headers = {**_headers(token, version, body), **header}
+                    response = await http.post(
+                        f"/mcp/{action_id}?session=s1", content=json.dumps(body), headers=headers
+                    )
+                    assert response.status_code == (400 if version == MODERN else 200), (
+                        version,
+                        body,
+                        response.text,
+                    )
+                    _plain(response.text)
+                    assert response.json() == {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "error": {
+                            "code": -32602,
+                            "message": f"Invalid params: {words}",
+                            "data": {"code": "BAD_REQUEST"},
+                        },
+                    }, (version, body, header)
+
+        # A real mismatch stays the SDK's -32020 HeaderMismatch, which 2026-07-28 requires ("a
+        # required standard header (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`) is
+        # missing", "a header value does not match the corresponding request body value"):
+        # a string name and an Mcp-Name header saying another or none; and a name that is no
+        # string with another header wrong (its Mcp-Method).
+        body = {**call, "params": {**call["params"], "_meta": META}}
+        wrong = {**body, "params": {**body["params"], "name": 5}}
+        for sent, header in (
+            (body, {"mcp-name": "add_memory"}),
+            (body, {"mcp-name": None}),
+            (wrong, {"mcp-method": "tools/list"}),
+        ):
+            headers = {**_headers(token, MODERN, sent), **header}
+            headers = {k: v for k, v in headers.items() if v is not None}
+            response = await http.post(
+                f"/mcp/{action_id}?session=s1", content=json.dumps(sent), headers=headers
+            )
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["code"] == -32020, (header, response.text)
 
         # initialize's parameters, of the handshake's versions.
         initialize = {

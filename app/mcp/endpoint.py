@@ -26,11 +26,18 @@ from uuid import UUID
 import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    InboundLadderRejection,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+)
 from mcp_types import DEFAULT_NEGOTIATED_VERSION, INVALID_PARAMS, METHOD_NOT_FOUND
+from mcp_types import methods as mcp_methods
 from mcp_types.methods import MONOLITH_REQUESTS
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -40,13 +47,14 @@ from app import tasks
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate
+from app.config import Settings
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Admission, Fairness
 from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
 from app.mcp import messages
-from app.runtime import calls
+from app.runtime import calls, deadline
 from app.state import AppState
 from app.text import check_storable
 
@@ -356,6 +364,55 @@ def _version(scope: Scope) -> str:
     return DEFAULT_NEGOTIATED_VERSION
 
 
+def _name_refused(message: Any, version: str, request: Request) -> Response | None:
+    """The answer to a `tools/call` at a modern protocol version (2026-07-28) whose
+    `params.name` is there but no string (5, true, an object), or None: -32602 Invalid params
+    naming the parameter, in the words of the other versions, with the request's id and HTTP
+    400 (as the SDK answers other Invalid params there). 2026-07-28's tools page: "Malformed
+    requests (requests that fail to satisfy CallToolRequest schema)" are protocol errors, its
+    example -32602.
+
+    The SDK compared the Mcp-Name header with such a name first, and answered -32020
+    HeaderMismatch whatever the header said (a string never equals 5, and no header can be
+    right for a name that is no string): a client was told to fix its headers, not its body.
+    A real mismatch is still the SDK's -32020: a string name and an Mcp-Name header that is
+    missing or says another, and any other header, envelope or Accept fault, which the SDK's
+    own checks (run here on the request without its name) find first."""
+    if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(message, dict):
+        return None
+    params = message.get("params")
+    if message.get("method") != "tools/call" or "id" not in message or not isinstance(params, dict):
+        return None
+    if params.get("name") is None or isinstance(params["name"], str):
+        return None  # (a null or missing name: the SDK's own Invalid params, worded here)
+    if not check_accept_headers(request)[0] or find_duplicated_routing_header(
+        request.headers.items()
+    ):
+        return None
+    nameless = {**message, "params": {k: v for k, v in params.items() if k != "name"}}
+    if isinstance(
+        classify_inbound_request(nameless, headers=dict(request.headers)), InboundLadderRejection
+    ):
+        return None
+    try:
+        mcp_methods.validate_client_request("tools/call", version, params)
+    except ValidationError as e:
+        words = messages.params_refused("tools/call", params, e)
+    else:  # (the SDK's model takes it after all: the SDK's answer, whatever it is)
+        return None
+    error = {"code": INVALID_PARAMS, "message": words, "data": {"code": "BAD_REQUEST"}}
+    return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error}, 400)
+
+
+def _late(number: int, total: int, elapsed: float, settings: Settings) -> str:
+    """Why message `number` of a batch was not run: the batch had used its time."""
+    return (
+        f"Not run: the batch had run {elapsed:.1f} seconds when message {number} of {total} came"
+        f" up, past {deadline.bound(settings)}, the longest one message may run, after which a"
+        " batch starts no more; nothing of it ran: send it again, alone or in a later request"
+    )
+
+
 def _rpc_error(id_: Any, rpc: int, message: str, code: str = "BAD_REQUEST") -> bytes:
     """A JSON-RPC error response's JSON text, for a message of a batch refused here."""
     error = {"code": rpc, "message": message, "data": {"code": code}}
@@ -473,6 +530,9 @@ class McpEndpoint:
             refused = _error(400, "BAD_REQUEST", problem, rpc=INVALID_REQUEST)
             await refused(scope, receive, send)
             return
+        if single and (named := _name_refused(message, version, Request(scope))) is not None:
+            await named(scope, receive, send)
+            return
         receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)
 
@@ -496,8 +556,10 @@ class McpEndpoint:
 
         Each message runs holding the account's place: a remember_conversation gives it back
         for its turn (app/fairness.py `turn`), and the next message takes it again, or it and
-        the requests after it are answered TOO_MANY_REQUESTS. A client gone leaves the messages
-        after the one running unrun (a 499, as a body cut short)."""
+        the requests after it are answered TOO_MANY_REQUESTS. A batch that has run
+        ENGRAM_TURN_TIMEOUT_SECONDS starts no more messages, its requests left answered
+        TOO_MANY_REQUESTS in their places (`_messages`). A client gone leaves the messages after
+        the one running unrun (a 499, as a body cut short)."""
         if not batch:
             refused = "Invalid Request: an empty batch: a batch is an array of one or more messages"
             await _error(400, "BAD_REQUEST", refused, rpc=INVALID_REQUEST)(scope, receive, send)
@@ -537,10 +599,18 @@ class McpEndpoint:
         receive: Receive,
         gone: asyncio.Event,
     ) -> Response:
-        """The answer to a batch, its messages served one after another."""
+        """The answer to a batch, its messages served one after another. Once the batch has run
+        ENGRAM_TURN_TIMEOUT_SECONDS, the longest one message may run (a remember_conversation's
+        review), it starts no more: each request left is answered TOO_MANY_REQUESTS in its
+        place, unrun, and a notification left is not run (nothing answers it). So a batch's
+        request ends within about twice that bound, not twenty times it."""
         answers: list[bytes] = []  # each a JSON-RPC response's JSON text
         taken = False
         busy: TooManyRequests | None = None
+        loop = asyncio.get_running_loop()
+        budget = found.state.settings.turn_timeout_seconds  # 0: no bound
+        started = loop.time()
+        ran = 0  # messages handed to the SDK
         for number, item in enumerate(batch, 1):
             if gone.is_set():
                 raise ClientDisconnect  # no one to answer: the messages left are not run
@@ -562,6 +632,12 @@ class McpEndpoint:
                 problem = f"Parse error: message {number} of the batch is nested too deep to read"
                 answers.append(_rpc_error(None, PARSE_ERROR, problem))
                 continue
+            elapsed = loop.time() - started
+            if ran and budget and elapsed >= budget:
+                if "method" in item and "id" in item:  # a request (nothing answers the rest)
+                    late = _late(number, len(batch), elapsed, found.state.settings)
+                    answers.append(_rpc_error(item["id"], REFUSED, late, "TOO_MANY_REQUESTS"))
+                continue
             if busy is None:
                 try:
                     await admission.again()
@@ -571,6 +647,7 @@ class McpEndpoint:
                 if "method" in item and "id" in item:  # a request (nothing answers the rest)
                     answers.append(_rpc_error(item["id"], REFUSED, busy.message, busy.code))
                 continue
+            ran += 1
             answer = await self._alone(found, alone, scope, receive)
             answered = _decoded(answer.body) if answer.body else None
             if answer.status not in (200, 202, 400) or answered is _NOT_JSON:
