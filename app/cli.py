@@ -980,13 +980,32 @@ def parser() -> argparse.ArgumentParser:
         """A command's parser (`engram import`, `engram client create`): an argument it does
         not know is refused by it, with its usage and its name, as its other wrong arguments
         are, where argparse left it to the top-level parser, whose usage of every command (three
-        lines) and `engram: error:` named none."""
+        lines) and `engram: error:` named none. It is refused before a required argument that
+        is missing is: `engram import --bogus` named only the file (argparse checks those first,
+        and stops there), where `engram import FILE --bogus` named `--bogus`."""
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-            parsed, extras = super().parse_known_args(args, namespace)
+            given = list(sys.argv[1:] if args is None else args)
+            unknown = self._unknown(given)
+            if unknown:
+                self.error(f"unrecognized arguments: {' '.join(unknown)}")
+            parsed, extras = super().parse_known_args(given, namespace)
             if extras:
                 self.error(f"unrecognized arguments: {' '.join(extras)}")
             return parsed, extras
+
+        def _unknown(self, given: list[str]) -> list[str]:
+            """The arguments of `given` no parser knows, found in a pass that requires none
+            (a subcommand's own pass as well): its namespace is thrown away."""
+            required = [a for a in self._actions if a.required]
+            for action in required:
+                action.required = False
+            try:
+                _, extras = super().parse_known_args(list(given), argparse.Namespace())
+            finally:
+                for action in required:
+                    action.required = True
+            return list(extras)
 
     p = Parser(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(

@@ -715,6 +715,15 @@ def test_serve_with_an_unknown_option_says_so_as_a_json_log_line_under_the_json_
             "engram import: error: unrecognized arguments: --bogus",
         ),
         (["import", "a.jsonl", "b.jsonl"], "engram import: error: unrecognized arguments: b.jsonl"),
+        # An argument it does not know is told before a required one that is missing, which
+        # argparse checks first: it named only the file, and the wrong argument went unsaid.
+        (["import", "--bogus"], "engram import: error: unrecognized arguments: --bogus"),
+        (["export", "--bogus", "x"], "engram export: error: unrecognized arguments: --bogus x"),
+        (
+            ["client", "create", "--bogus"],
+            "engram client create: error: unrecognized arguments: --bogus",
+        ),
+        (["client", "--bogus"], "engram client: error: unrecognized arguments: --bogus"),
         (["import"], "engram import: error: the following arguments are required: file"),
         (
             ["import", "a.jsonl", "--batch-size", "0"],
