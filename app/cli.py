@@ -261,7 +261,7 @@ async def _as_admin(
     """Runs `work(pool, caller)` as the default account's admin, for people at a terminal: made
     first (with the admin's client, and its token shown once) if no start of the service made
     them yet, unless the command only reads (`reads`, its name: `client tokens`), which is
-    refused then and makes nothing (`_unstarted`; `account_named`: it was given --account)."""
+    refused then and makes no account (`_unstarted`; `account_named`: it was given --account)."""
     from app.auth.caller import Caller
     from app.auth.policies import ADMIN_POLICIES
     from app.auth.service import (
@@ -290,7 +290,7 @@ async def _as_admin(
 
 
 # What a command that only reads says on a database whose default account no start of the
-# service made yet: it makes nothing, where `engram export` made the default account (then
+# service made yet: it makes no account, where `engram export` made the default account (then
 # answered NOT_FOUND) and `engram client tokens` made it, the admin and its token.
 _UNSTARTED = "this database has no default account yet (the service makes it when it first starts)"
 
@@ -300,7 +300,7 @@ def _unstarted(command: str, *, account_named: bool) -> Exception:
 
     named = "" if account_named else ", or name the account with --account ID"
     return NotFound(
-        f"{_UNSTARTED}: `engram {command}` only reads, and makes nothing; start the service "
+        f"{_UNSTARTED}: `engram {command}` only reads, and makes no account; start the service "
         f"first (`engram serve`){named}"
     )
 
@@ -605,7 +605,7 @@ def _in_account(
 ) -> T:
     """Runs `work(pool, account_id=...)` on the migrated database, in `account` or else the default
     account (export and import need no admin token). A command that only reads (`reads`, its
-    name: export) is refused when there is no default account yet, and makes nothing
+    name: export) is refused when there is no default account yet, and makes no account
     (`_unstarted`); one that writes is given None for it, and makes it only once it writes (an
     import refused changes nothing)."""
     import logging

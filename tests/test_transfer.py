@@ -2057,7 +2057,7 @@ async def test_commands_that_only_read_make_no_default_account(pg_server, templa
             assert await conn.fetchval("SELECT count(*) FROM accounts") == 0
             unstarted = (
                 "error (NOT_FOUND): this database has no default account yet (the service "
-                "makes it when it first starts): `engram {}` only reads, and makes nothing; "
+                "makes it when it first starts): `engram {}` only reads, and makes no account; "
                 "start the service first (`engram serve`){}"
             )
             named = ", or name the account with --account ID"
