@@ -251,21 +251,58 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
             await asyncio.to_thread(server.stop)
 
 
-async def _as_admin(settings: Settings, work: Callable[[Any, Any], Awaitable[Any]]) -> Any:
-    """Runs `work(pool, caller)` as the default account's admin, for people at a terminal."""
+async def _as_admin(
+    settings: Settings,
+    work: Callable[[Any, Any], Awaitable[Any]],
+    *,
+    reads: str | None = None,
+    account_named: bool = False,
+) -> Any:
+    """Runs `work(pool, caller)` as the default account's admin, for people at a terminal: made
+    first (with the admin's client, and its token shown once) if no start of the service made
+    them yet, unless the command only reads (`reads`, its name: `client tokens`), which is
+    refused then and makes no account (`_unstarted`; `account_named`: it was given --account)."""
     from app.auth.caller import Caller
     from app.auth.policies import ADMIN_POLICIES
-    from app.auth.service import ADMIN_PRINCIPAL, bootstrap_admin, ensure_default_account
+    from app.auth.service import (
+        ADMIN_PRINCIPAL,
+        bootstrap_admin,
+        default_account,
+        ensure_default_account,
+    )
 
     # Accounts and clients need only the database: no web app, no embedding model to load.
     async with _database(settings) as pool:
-        created = await bootstrap_admin(pool, settings.bootstrap_token_value())
-        if created is not None:
-            print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
-        async with pool.acquire() as conn:
-            account_id = await ensure_default_account(conn)
+        if reads is not None:
+            async with pool.acquire() as conn:
+                found = await default_account(conn)
+            if found is None:
+                raise _unstarted(reads, account_named=account_named)
+            account_id = found
+        else:
+            created = await bootstrap_admin(pool, settings.bootstrap_token_value())
+            if created is not None:
+                print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
+            async with pool.acquire() as conn:
+                account_id = await ensure_default_account(conn)
         caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
         return await work(pool, caller)
+
+
+# What a command that only reads says on a database whose default account no start of the
+# service made yet: it makes no account, where `engram export` made the default account (then
+# answered NOT_FOUND) and `engram client tokens` made it, the admin and its token.
+_UNSTARTED = "this database has no default account yet (the service makes it when it first starts)"
+
+
+def _unstarted(command: str, *, account_named: bool) -> Exception:
+    from app.errors import NotFound
+
+    named = "" if account_named else ", or name the account with --account ID"
+    return NotFound(
+        f"{_UNSTARTED}: `engram {command}` only reads, and makes no account; start the service "
+        f"first (`engram serve`){named}"
+    )
 
 
 async def _reembed_database(settings: Settings, batch_size: int) -> ReembedResult:
@@ -522,7 +559,11 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
                 f"{e} in the default account: a client of another account needs --account ID"
             ) from None
 
-    print(json.dumps(_run(partial(_as_admin, settings, told)), indent=2))
+    # Listing tokens only reads: on a database no start of the service made the default
+    # account of, it is refused, not made (with the admin and its token) to list nothing.
+    reads = "client tokens" if args.client_command == "tokens" else None
+    run = partial(_as_admin, settings, told, reads=reads, account_named=account is not None)
+    print(json.dumps(_run(run), indent=2))
     return 0
 
 
@@ -560,24 +601,27 @@ def _in_account(
     account: UUID | None,
     work: Callable[..., Awaitable[T]],
     *,
-    make_default: bool = True,
+    reads: str | None = None,
 ) -> T:
     """Runs `work(pool, account_id=...)` on the migrated database, in `account` or else the default
-    account (export and import need no admin token), made first if there is none yet; unless
-    not `make_default`: `work` is then given None for the default account, and makes it only
-    if it writes (an import refused changes nothing)."""
+    account (export and import need no admin token). A command that only reads (`reads`, its
+    name: export) is refused when there is no default account yet, and makes no account
+    (`_unstarted`); one that writes is given None for it, and makes it only once it writes (an
+    import refused changes nothing)."""
     import logging
 
-    from app.auth.service import ensure_default_account
+    from app.auth.service import default_account
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     async def run() -> T:
         async with _database(settings) as pool:
             account_id = account
-            if account_id is None and make_default:
+            if account_id is None and reads is not None:
                 async with pool.acquire() as conn:
-                    account_id = await ensure_default_account(conn)
+                    account_id = await default_account(conn)
+                if account_id is None:
+                    raise _unstarted(reads, account_named=False)
             return await work(pool, account_id=account_id)
 
     return _run(run)
@@ -787,9 +831,9 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
                 notice=lambda text: print(f"engram export: {text}", file=sys.stderr),
             )
             try:
-                counts = _in_account(settings, account, work)
+                counts = _in_account(settings, account, work, reads="export")
             except NotFound as e:
-                if account is not None:
+                if account is not None or e.message.startswith(_UNSTARTED):
                     raise
                 raise NotFound(
                     f"{e}, the default account: an agent of another account needs --account ID"
@@ -851,7 +895,7 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         # (the loop cancels its work at its next wait, which a read that does not return never
         # reaches).
         with _file_or_std(args.file, "r") as given, seekable(given) as lines:
-            result = _in_account(settings, account, partial(work, lines=lines), make_default=False)
+            result = _in_account(settings, account, partial(work, lines=lines))
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
@@ -980,13 +1024,32 @@ def parser() -> argparse.ArgumentParser:
         """A command's parser (`engram import`, `engram client create`): an argument it does
         not know is refused by it, with its usage and its name, as its other wrong arguments
         are, where argparse left it to the top-level parser, whose usage of every command (three
-        lines) and `engram: error:` named none."""
+        lines) and `engram: error:` named none. It is refused before a required argument that
+        is missing is: `engram import --bogus` named only the file (argparse checks those first,
+        and stops there), where `engram import FILE --bogus` named `--bogus`."""
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-            parsed, extras = super().parse_known_args(args, namespace)
+            given = list(sys.argv[1:] if args is None else args)
+            unknown = self._unknown(given)
+            if unknown:
+                self.error(f"unrecognized arguments: {' '.join(unknown)}")
+            parsed, extras = super().parse_known_args(given, namespace)
             if extras:
                 self.error(f"unrecognized arguments: {' '.join(extras)}")
             return parsed, extras
+
+        def _unknown(self, given: list[str]) -> list[str]:
+            """The arguments of `given` no parser knows, found in a pass that requires none
+            (a subcommand's own pass as well): its namespace is thrown away."""
+            required = [a for a in self._actions if a.required]
+            for action in required:
+                action.required = False
+            try:
+                _, extras = super().parse_known_args(list(given), argparse.Namespace())
+            finally:
+                for action in required:
+                    action.required = True
+            return list(extras)
 
     p = Parser(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(

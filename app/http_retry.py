@@ -25,6 +25,8 @@ from urllib.parse import quote, quote_plus
 
 import httpx
 
+from app.text import escaped
+
 MAX_RETRY_AFTER_SECONDS = 30.0
 # The longest computed wait between attempts (0.5 s doubled reaches it at the seventh retry).
 MAX_BACKOFF_SECONDS = 30.0
@@ -73,7 +75,10 @@ def server_message(response: httpx.Response) -> str:
     """The error an OpenAI-compatible server explains itself with, or the start of its body,
     without the credential the request sent: a server that quotes the key it refused ("Incorrect
     API key provided: Bearer sk-...") would otherwise put the operator's secret in a message
-    that an execution's error, and its readers, keep."""
+    that an execution's error, and its readers, keep. On one line, each character that would
+    disguise it (a control, an escape sequence's ESC, a NUL, a bidi override or isolate, a lone
+    surrogate) written as its escape (`escaped`): the server's words are kept in an execution's
+    error, a console shows them, a log line and a terminal (`engram reembed`) print them."""
     try:
         error = response.json().get("error")
         message = error.get("message") if isinstance(error, dict) else error
@@ -84,6 +89,7 @@ def server_message(response: httpx.Response) -> str:
     except RuntimeError:  # a response built without its request
         sent = None
     text = without_credential(str(message or response.text or response.reason_phrase), sent)
+    text = escaped(" ".join(text.split()))
     return text if message else text[:300]
 
 

@@ -790,6 +790,66 @@ async def test_an_answer_that_does_not_read_fails_the_turn_saying_so_not_interna
     assert len(chat(model_server)) == expected
 
 
+# Characters a model server's error may hold that would disguise, reorder or restyle the words
+# around them where an execution's error is shown (a console, a terminal, a log line), and each
+# as the error shows it: written as its escape. (NEL, U+0085, is a line break: a space.)
+DISGUISING = "\u202e \u202a \u2066 \u2069 \u200e \u200f \x1b[31m \x00 \x07 \x85 \ud800"
+SHOWN = "\\u202e \\u202a \\u2066 \\u2069 \\u200e \\u200f \\u001b[31m \\u0000 \\u0007 \\ud800"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (
+            400,
+            {"error": {"message": f"no such model {DISGUISING} (try gpt)"}},
+            f"refused the request for scripted (HTTP 400): no such model {SHOWN} (try gpt)",
+        ),
+        (
+            503,
+            {"error": {"message": f"overloaded {DISGUISING} (later)"}},
+            f"failed 3 times, last: HTTP 503: overloaded {SHOWN} (later)",
+        ),
+        (  # a body that is no JSON: its text (UTF-8, so without the surrogate)
+            502,
+            f"bad gateway {DISGUISING[:-2]} (proxy)".encode(),
+            f"failed 3 times, last: HTTP 502: bad gateway {SHOWN[:-7]} (proxy)",
+        ),
+    ],
+    ids=["4xx message", "5xx message", "5xx text body"],
+)
+async def test_a_model_servers_error_is_kept_without_the_characters_that_disguise_it(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    status: int,
+    body: object,
+    said: str,
+) -> None:
+    """The words a model server refuses a turn with are kept in the execution's error, which a
+    console shows: each control (an escape sequence's ESC, a NUL, a C1 control), bidi
+    override, isolate or mark, and lone surrogate written as its escape (\\u202e), where
+    they were kept as sent (a NUL and a surrogate as U+FFFD) and could turn or restyle what a
+    reader sees. What the model said is still there, in the order it said it."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    for _ in range(3):  # every attempt, where the answer is retried
+        model_server.answer_with(body, status=status, purpose="turn")
+    executed = await run(gql, admin, action_id, "hi")
+    assert executed["status"] == "FAILED"
+    read = await gql(
+        admin,
+        "query($e: UUID!) { execution(executionId: $e) { status error } }",
+        e=executed["executionId"],
+    )
+    stored = read.ok()["execution"]
+    assert stored == {"status": "FAILED", "error": executed["error"]}
+    (failed,) = events(executed, "turn.failed")
+    for error in (stored["error"], failed["error"]):
+        assert said in error, error
+        assert not [c for c in DISGUISING if c not in " [31m" and c in error], error
+        assert "\ufffd" not in error, error
+
+
 @pytest.mark.settings(turn_timeout_seconds=10)
 async def test_a_retry_after_that_is_no_wait_is_ignored_and_the_retry_waits_its_backoff(
     gql: GQL, admin: Caller, model_server: OpenAIServer

@@ -456,10 +456,11 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
 
 
 async def test_cli_export_of_a_tenants_agent_without_account_says_to_pass_it(
-    state, db_url, monkeypatch, capsys
+    state, admin, db_url, monkeypatch, capsys
 ):
-    """Without --account the agent is looked for in the default account: a tenant's agent is
-    NOT_FOUND there, and the error says that --account is what it needs."""
+    """Without --account the agent is looked for in the default account (made, with `admin`, as
+    the service's start makes it before any tenant): a tenant's agent is NOT_FOUND there, and
+    the error says that --account is what it needs."""
     from factories import caller, make_account
 
     account = await make_account(state, "acme")
@@ -2037,6 +2038,58 @@ async def test_cli_import_refused_without_account_makes_no_default_account(
             assert account["is_default"]
             held = "SELECT DISTINCT account_id FROM agent_memories"
             assert [r["account_id"] for r in await conn.fetch(held)] == [account["account_id"]]
+        finally:
+            await conn.close()
+
+
+async def test_commands_that_only_read_make_no_default_account(pg_server, template_db):
+    """`engram export` and `engram client tokens` only read: on a database no start of the
+    service has made the default account of, each is refused in one line that says what to do
+    (start the service, or name the account), and writes nothing, where the export made the
+    default account (then answered NOT_FOUND in it) and the listing made it, its admin and the
+    admin's token. With --account named, the account is looked for, and not made."""
+    name = f"engram_unstarted_reads_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, template_db, name) as url:
+        env = clean_env(database_url=url)
+        conn = await asyncpg.connect(url)
+        try:
+            before = await digests(conn)
+            assert await conn.fetchval("SELECT count(*) FROM accounts") == 0
+            unstarted = (
+                "error (NOT_FOUND): this database has no default account yet (the service "
+                "makes it when it first starts): `engram {}` only reads, and makes no account; "
+                "start the service first (`engram serve`){}"
+            )
+            named = ", or name the account with --account ID"
+            action, account = str(uuid.uuid4()), str(uuid.uuid4())
+            for args, said in [
+                (["export", "--action", action], unstarted.format("export", named)),
+                (["client", "tokens", "admin"], unstarted.format("client tokens", named)),
+                (
+                    ["client", "tokens", "admin", "--account", account],
+                    unstarted.format("client tokens", ""),
+                ),
+                (
+                    ["export", "--action", action, "--account", account],
+                    f"error (NOT_FOUND): action {action} not found in account {account}",
+                ),
+            ]:
+                done = await asyncio.to_thread(run, env, *args)
+                assert (done.returncode, done.stdout) == (2, ""), (args, done.stderr)
+                assert done.stderr.splitlines() == [said], args
+                assert await digests(conn) == before, args
+            assert await conn.fetchval("SELECT count(*) FROM accounts") == 0
+            assert await conn.fetchval("SELECT count(*) FROM clients") == 0
+            # Once a command that writes made the default account, each reads in it.
+            done = await asyncio.to_thread(run, env, "client", "create", "ops")
+            assert done.returncode == 0, done.stderr
+            done = await asyncio.to_thread(run, env, "client", "tokens", "ops")
+            assert done.returncode == 0 and json.loads(done.stdout)["tokens"] == [], done.stderr
+            done = await asyncio.to_thread(run, env, "export", "--action", action)
+            assert done.returncode == 2 and done.stderr.startswith(
+                f"error (NOT_FOUND): action {action} not found in account "
+            ), done.stderr
+            assert "an agent of another account needs --account ID" in done.stderr
         finally:
             await conn.close()
 

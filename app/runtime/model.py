@@ -39,7 +39,7 @@ from app.http_retry import (
 )
 from app.observability import metrics
 from app.state import ServiceKey
-from app.text import MAX_COUNT, nests_deeper, storable
+from app.text import MAX_COUNT, escaped, nests_deeper, storable
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,11 @@ def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) 
 
 
 def _excerpt(text: str) -> str:
-    text = " ".join(text.split())
+    """The start of what the model's server sent (its error's words, a header, a key of its
+    reply), as an execution's error quotes it: on one line, each character that would disguise
+    it (a control, a NUL, a bidi override or isolate, a lone surrogate) escaped (`escaped`), then
+    cut to `_EXCERPT_CHARS`."""
+    text = escaped(" ".join(text.split()))
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "... (cut)"
 
 
