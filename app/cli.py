@@ -1051,7 +1051,9 @@ def parser() -> argparse.ArgumentParser:
                     action.required = True
             return list(extras)
 
-    p = Parser(prog="engram", description="Durable memory for AI agents.")
+    # A Command too: `engram --bogus` names `--bogus`, where argparse named only the missing
+    # command.
+    p = Command(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(
         "--version",
         action=_version_action(),

@@ -764,6 +764,25 @@ def test_a_commands_wrong_argument_is_told_by_the_command_with_its_usage(args, s
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        # An option before any command was told as a missing command, --bogus unsaid.
+        (["--bogus"], "engram: error: unrecognized arguments: --bogus"),
+        (["--bogus", "serve"], "engram: error: unrecognized arguments: --bogus"),
+        ([], "engram: error: the following arguments are required: command"),
+    ],
+)
+def test_the_top_level_wrong_argument_is_named(args, said):
+    """`engram` with an option it does not know names the option, with the usage of every
+    command, exit status 2; with no command at all, says one is required."""
+    done = run(clean_env(), *args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("usage: engram [-h]") and "{serve," in done.stderr, lines
+    assert lines[-1] == said, lines
+
+
 def test_serve_refuses_port_0(tmp_path):
     # An unreachable database: without the refusal the command would go on to connect.
     url = f"postgresql://engram@127.0.0.1:{free_port()}/engram"
