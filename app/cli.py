@@ -225,16 +225,20 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 @asynccontextmanager
-async def _database(settings: Settings) -> AsyncIterator[Any]:
-    """A pool on the migrated database (the embedded server unless a URL is set)."""
+async def _database(settings: Settings, *, reads: str | None = None) -> AsyncIterator[Any]:
+    """A pool on the migrated database (the embedded server unless a URL is set). A command
+    that only reads (`reads`, its name) is refused where ENGRAM_DATA_DIR holds no database yet,
+    and makes none (`_no_database`), where it made and migrated one to read nothing from it."""
     import asyncio
 
     from app.db import migrate
-    from app.db.embedded import embedded_uri
+    from app.db.embedded import embedded_uri, holds_database
     from app.db.pool import create_pool
 
     server = None
     url = settings.database_url_value()
+    if url is None and reads is not None and not holds_database(settings.data_dir):
+        raise _no_database(reads, settings.data_dir)
     if url is None:
         # (Unpacked apart: mypy does not narrow `url` through an awaited call's tuple.)
         started = await asyncio.to_thread(embedded_uri, settings.data_dir)
@@ -272,7 +276,7 @@ async def _as_admin(
     )
 
     # Accounts and clients need only the database: no web app, no embedding model to load.
-    async with _database(settings) as pool:
+    async with _database(settings, reads=reads) as pool:
         if reads is not None:
             async with pool.acquire() as conn:
                 found = await default_account(conn)
@@ -293,6 +297,21 @@ async def _as_admin(
 # service made yet: it makes no account, where `engram export` made the default account (then
 # answered NOT_FOUND) and `engram client tokens` made it, the admin and its token.
 _UNSTARTED = "this database has no default account yet (the service makes it when it first starts)"
+
+
+# What a command that only reads says where ENGRAM_DATA_DIR holds no database: it makes none,
+# where it started an embedded server there, made a database and migrated it, to read nothing.
+_NO_DATABASE = "no database yet in ENGRAM_DATA_DIR"
+
+
+def _no_database(command: str, data_dir: Path) -> Exception:
+    from app.errors import NotFound
+
+    return NotFound(
+        f"{_NO_DATABASE} ({data_dir}): `engram {command}` only reads, and makes none; set "
+        "ENGRAM_DATA_DIR (or ENGRAM_DATABASE_URL) to the service's, or start the service first "
+        "(`engram serve`)"
+    )
 
 
 def _unstarted(command: str, *, account_named: bool) -> Exception:
@@ -615,7 +634,7 @@ def _in_account(
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     async def run() -> T:
-        async with _database(settings) as pool:
+        async with _database(settings, reads=reads) as pool:
             account_id = account
             if account_id is None and reads is not None:
                 async with pool.acquire() as conn:
@@ -833,7 +852,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
             try:
                 counts = _in_account(settings, account, work, reads="export")
             except NotFound as e:
-                if account is not None or e.message.startswith(_UNSTARTED):
+                if account is not None or e.message.startswith((_UNSTARTED, _NO_DATABASE)):
                     raise
                 raise NotFound(
                     f"{e}, the default account: an agent of another account needs --account ID"

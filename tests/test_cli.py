@@ -919,3 +919,26 @@ def test_version_names_the_release_and_its_newest_migration():
     done = run(clean_env(), "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"engram {version('engram')} (database migrations up to {newest})\n"
+
+
+def test_commands_that_only_read_make_no_database_where_there_is_none(tmp_path):
+    """`engram export` and `engram client tokens` in an ENGRAM_DATA_DIR that holds no database
+    (a mistyped directory, a machine the service never ran on) are refused in one line that says
+    what to do, and leave nothing there: they started an embedded server in it, made its
+    cluster (initdb) and migrated it, to read nothing."""
+    data_dir = tmp_path / "no-such-engram"
+    said = (
+        f"error (NOT_FOUND): no database yet in ENGRAM_DATA_DIR ({data_dir}): `engram {{}}` "
+        "only reads, and makes none; set ENGRAM_DATA_DIR (or ENGRAM_DATABASE_URL) to the "
+        "service's, or start the service first (`engram serve`)"
+    )
+    action = "00000000-0000-0000-0000-000000000001"
+    for args, command in [
+        (["export", "--action", action], "export"),
+        (["export", "--action", action, "--account", action], "export"),
+        (["client", "tokens", "admin"], "client tokens"),
+    ]:
+        done = run(clean_env(data_dir=str(data_dir)), *args)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.splitlines() == [said.format(command)], args
+        assert not data_dir.exists(), args

@@ -396,6 +396,12 @@ class EmbeddedPostgres:
             self._server._cleanup()
 
 
+def holds_database(data_dir: Path) -> bool:
+    """Whether ENGRAM_DATA_DIR holds the embedded database `embedded_uri` starts (its cluster
+    made: initdb writes PG_VERSION), where a start would otherwise make one."""
+    return (data_dir / "pgdata" / "PG_VERSION").is_file()
+
+
 def embedded_uri(data_dir: Path) -> tuple[EmbeddedPostgres, str]:
     try:
         server = EmbeddedPostgres(data_dir / "pgdata")
