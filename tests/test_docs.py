@@ -668,3 +668,18 @@ def test_the_readme_names_every_filter_of_action_memories():
     assert sentence, "the README's sentence on Action.memories' filters is gone"
     unnamed = sorted(a for a in arguments if f"`{a}`" not in sentence[1])
     assert unnamed == [], f"the README's list of Action.memories' filters leaves out {unnamed}"
+
+
+def test_the_migration_recipe_names_the_next_number():
+    """architecture.md's recipe for a migration names "the next number" in its file name, its
+    `revision` and the command that writes it: run as written after a new migration, it would
+    make a second file of that number (it named 0033 once 0033 existed)."""
+    from app.db.migrate import latest_revision
+
+    following = f"{int(latest_revision()) + 1:04d}"
+    text = " ".join((ROOT / "docs" / "architecture.md").read_text().split())
+    recipe = text[text.index("**A migration**") : text.index("**A setting**")]
+    quoted = re.findall(r"(\d{4})_session_labels|revision = \"(\d{4})\"|rev_id='(\d{4})'", recipe)
+    numbers = [n for found in quoted for n in found if n]
+    assert len(numbers) == 3, recipe
+    assert set(numbers) == {following}, f"the next migration is {following}: write it there"
