@@ -932,8 +932,10 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
             if result.reembedded
             else ""
         )
-    else:
+    elif result.reembedded:
         vectors = f"vectors re-embedded ({result.reembedded} records)"
+    else:  # rows written (an execution, a session...), but every record was there already
+        vectors = "no record needed embedding"
     print(f"imported {result.inserted} rows, {result.present} already there unchanged; {vectors}")
     if result.missing:
         told = ", ".join(f"{got} of {n} {kind} rows" for kind, (got, n) in result.missing.items())

@@ -59,20 +59,21 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 RESERVED_ENV_PREFIX = "ENGRAM_"
 
 
-def _allowed_name(name: str, index: int, urls: bool) -> str:
-    """An allow-list object's key, refused when it is no endpoint or variable an action could
-    name; named by its entry, not quoted (a URL may carry a password, a name may be a key
-    pasted in the wrong place)."""
+def _allowed_name(name: str, index: int, urls: bool, place: str = "entry") -> str:
+    """An allow-list object's key (`place` "entry") or a list's item ("item"), refused when it
+    is no endpoint or variable an action could name; named by its place, not quoted (a URL may
+    carry a password, a name may be a key pasted in the wrong place)."""
+    at = f"{place} {index}"
     if urls:
         if not _is_http_url(name):
-            raise ValueError(f"entry {index} is not an http:// or https:// URL")
+            raise ValueError(f"{at} is not an http:// or https:// URL")
     elif not name.strip():
-        raise ValueError(f"entry {index} names no variable (an empty name)")
+        raise ValueError(f"{at} names no variable (an empty name)")
     elif not ENV_NAME.fullmatch(name):
-        raise ValueError(f"entry {index} is not an environment variable name (A-Z, digits, _)")
+        raise ValueError(f"{at} is not an environment variable name (A-Z, digits, _)")
     elif name.startswith(RESERVED_ENV_PREFIX):
         raise ValueError(
-            f"entry {index} ({name}): ENGRAM_* variables hold the service's own settings and "
+            f"{at} ({name}): ENGRAM_* variables hold the service's own settings and "
             "cannot be an action's model key"
         )
     return name
@@ -392,6 +393,7 @@ class Settings(BaseSettings):
             for index, item in enumerate(value):
                 if not isinstance(item, str):
                     raise ValueError(f"item {index}: must be a string")
+                _allowed_name(item, index, urls, "item")
             return value
         if not isinstance(value, dict):
             example = (
@@ -422,16 +424,6 @@ class Settings(BaseSettings):
             # (not quoted: a URL may carry a password)
             raise ValueError("must be an http:// or https:// URL")
         return value
-
-    @field_validator("model_allowed_base_urls")
-    @classmethod
-    def _http_urls(cls, values: AllowList) -> AllowList:
-        # (an object's entries were checked by _allowed_name)
-        if isinstance(values, list):
-            for index, value in enumerate(values):
-                if not _is_http_url(value):
-                    raise ValueError(f"item {index} is not an http:// or https:// URL")
-        return values
 
     @model_validator(mode="after")
     def _refuse_inconsistent_or_unsafe(self) -> "Settings":

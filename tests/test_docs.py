@@ -654,3 +654,32 @@ def test_every_field_of_a_request_log_line_is_documented():
     operations = (ROOT / "docs" / "operations.md").read_text()
     unnamed = sorted(f for f in fields if f"`{f}`" not in operations)
     assert unnamed == [], "name each field of the request log line (`field`) in docs/operations.md"
+
+
+def test_the_readme_names_every_filter_of_action_memories():
+    """The README's sentence on `Action.memories` lists its optional filters: each argument of
+    the schema's field but the paging and the order (it left `sessionId` out)."""
+    schema = build_schema()._schema
+    arguments = set(schema.type_map["Action"].fields["memories"].args) - {"first", "after", "sort"}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    sentence = re.search(
+        r"`Action\.memories` lists newest first .*? filters: (.*?) Retrying", readme
+    )
+    assert sentence, "the README's sentence on Action.memories' filters is gone"
+    unnamed = sorted(a for a in arguments if f"`{a}`" not in sentence[1])
+    assert unnamed == [], f"the README's list of Action.memories' filters leaves out {unnamed}"
+
+
+def test_the_migration_recipe_names_the_next_number():
+    """architecture.md's recipe for a migration names "the next number" in its file name, its
+    `revision` and the command that writes it: run as written after a new migration, it would
+    make a second file of that number (it named 0033 once 0033 existed)."""
+    from app.db.migrate import latest_revision
+
+    following = f"{int(latest_revision()) + 1:04d}"
+    text = " ".join((ROOT / "docs" / "architecture.md").read_text().split())
+    recipe = text[text.index("**A migration**") : text.index("**A setting**")]
+    quoted = re.findall(r"(\d{4})_session_labels|revision = \"(\d{4})\"|rev_id='(\d{4})'", recipe)
+    numbers = [n for found in quoted for n in found if n]
+    assert len(numbers) == 3, recipe
+    assert set(numbers) == {following}, f"the next migration is {following}: write it there"

@@ -356,6 +356,32 @@ def test_errors_answer_as_the_guide_says(db_url: str, embedder: StaticEmbedder):
             400,
             "BAD_REQUEST",
         )
+        # The rest of the guide's 400s, refused before anything runs; a NUL the query writes as
+        # GraphQL's escape is refused as the query runs, 200.
+        deep: Any = []
+        for _ in range(settings.max_json_depth + 1):
+            deep = [deep]
+        lookup = "query($n: String!) { client(principal: $n) { name } }"
+        for body in (
+            {"query": lookup, "variables": [1]},
+            {"query": lookup, "variables": {"n": deep}},
+            {"query": lookup, "variables": {"n": "a\u0000b"}},
+            {"query": lookup, "variables": {"n": "\ud800"}},
+            {"query": lookup, "variables": {"n": "a"}, "operationName": "Other"},
+        ):
+            sent = httpx.post(
+                f"{url}/graphql",
+                content=json.dumps(body).encode(),
+                headers={
+                    "Authorization": f"Bearer {ADMIN_TOKEN}",
+                    "content-type": "application/json",
+                },
+                timeout=60,
+            )
+            code = sent.json()["errors"][0]["extensions"]["code"]
+            assert (sent.status_code, code) == (400, "BAD_REQUEST"), (body, sent.text)
+        escaped = '{ client(principal: "a\\u0000b") { name } }'
+        assert refused(ADMIN_TOKEN, escaped)[:2] == (200, "BAD_REQUEST")
 
         # Another tenant, and its agent.
         account = answer(url, ADMIN_TOKEN, {"query": named["NewTenant"]})["createAccount"][

@@ -20,6 +20,9 @@ query($id: UUID!, $version: Int) { action(actionId: $id, version: $version) { ve
 
 LABEL = {"number": 5, "description": "The customer the memory is about."}
 
+# What a kind or label name may be, as a refusal says it.
+NAME_RULE = "lower case letters, digits and _, starting with a letter, at most 63 characters"
+
 
 def memory(**fields):
     return {"memory": fields}
@@ -364,12 +367,24 @@ RULES = [
     (
         "kind upper case",
         memory(kinds=["Fact"]),
-        "harness.memory.kinds: 'Fact' must be lower case letters, digits and _",
+        f"harness.memory.kinds: 'Fact' must be {NAME_RULE}",
     ),
     (
         "kind with a space",
         memory(kinds=["a fact"]),
-        "harness.memory.kinds: 'a fact' must be lower case letters, digits and _",
+        f"harness.memory.kinds: 'a fact' must be {NAME_RULE}",
+    ),
+    # Lower case letters and digits, yet refused: the message says why (it said only "lower
+    # case letters, digits and _", which they are).
+    (
+        "kind starting with a digit",
+        memory(kinds=["2fa"]),
+        f"harness.memory.kinds: '2fa' must be {NAME_RULE}",
+    ),
+    (
+        "kind of 64 characters",
+        memory(kinds=["k" * 64]),
+        f"harness.memory.kinds: '{'k' * 64}' must be {NAME_RULE}",
     ),
     (
         "kinds repeat",
@@ -381,7 +396,7 @@ RULES = [
     (
         "label bad name",
         memory(labels={"Customer": LABEL}),
-        "harness.memory.labels.Customer: label names are lower case letters, digits and _",
+        f"harness.memory.labels.Customer: label names are {NAME_RULE}",
     ),
     (
         "label not an object",

@@ -674,3 +674,17 @@ async def test_mcp_an_http_method_but_post_is_405_naming_post(
             error = response.json()["error"]
             assert error["data"] == {"code": "BAD_REQUEST"}
             assert words in error["message"] and "POST each JSON-RPC request" in error["message"]
+        # Whatever the address: without the ?session= this agent needs, with a preview that is
+        # no boolean, or of no agent, the method is what is refused (it was 400 or 404, the
+        # address's refusal a POST meets).
+        for address in (
+            f"/mcp/{action_id}",
+            f"/mcp/{action_id}?session=s1&preview=maybe",
+            f"/mcp/{uuid.uuid4()}?session=s1",
+        ):
+            for method in ("GET", "DELETE"):
+                response = await http.request(method, address, headers=headers)
+                assert response.status_code == 405, (method, address, response.text)
+                assert response.headers["allow"] == "POST", (method, address, response.headers)
+        response = await http.get(f"/mcp/{action_id}", headers=_headers("wrong", "2025-06-18"))
+        assert response.status_code == 401, response.text  # the token is checked first

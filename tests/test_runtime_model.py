@@ -321,7 +321,7 @@ def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None
         model_base_url="http://models.internal/v1",
         model_api_key=SecretStr("sk-house"),
         model_allowed_base_urls=["https://example.com/v1"],
-        model_allowed_key_envs=["TEAM_MODEL_KEY", "MISSING_KEY", "ENGRAM_BOOTSTRAP_TOKEN"],
+        model_allowed_key_envs=["TEAM_MODEL_KEY", "MISSING_KEY"],
     )
     assert resolve_endpoint(ModelConfig(), settings, ACCOUNT).api_key == "sk-house"
     # The deployment's key never goes to an endpoint an action names.
@@ -338,10 +338,16 @@ def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None
 
     with pytest.raises(ModelFailed, match="MISSING_KEY, which is not set"):
         resolve_endpoint(ModelConfig(api_key_env="MISSING_KEY"), settings, ACCOUNT)
-    # The service's own settings are never sent as a model key, even when listed.
+    # The service's own settings are never sent as a model key: a list naming one is refused
+    # at start, and one listed all the same (settings built without that check) sends nothing.
+    with pytest.raises(ValueError, match="service's own settings"):
+        Settings(model_allowed_key_envs=["ENGRAM_BOOTSTRAP_TOKEN"])
+    listed = settings.model_copy(
+        update={"model_allowed_key_envs": ["TEAM_MODEL_KEY", "ENGRAM_BOOTSTRAP_TOKEN"]}
+    )
     monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "secret")
     with pytest.raises(BadInput, match="may not name ENGRAM_BOOTSTRAP_TOKEN"):
-        resolve_endpoint(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), settings, ACCOUNT)
+        resolve_endpoint(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), listed, ACCOUNT)
 
 
 async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:

@@ -151,6 +151,10 @@ def test_a_list_still_allows_every_account(monkeypatch):
         ("KEY_ENVS", '{"": ["*"]}', "entry 0 names no variable"),
         ("KEY_ENVS", '{"team-key": ["*"]}', "is not an environment variable name"),
         ("KEY_ENVS", '{"ENGRAM_BOOTSTRAP_TOKEN": ["*"]}', "service's own settings"),
+        # A list's items are names as an object's entries are (a list took any string).
+        ("KEY_ENVS", '["TEAM_KEY", ""]', "item 1 names no variable"),
+        ("KEY_ENVS", '["team-key"]', "item 0 is not an environment variable name"),
+        ("KEY_ENVS", '["ENGRAM_MODEL_API_KEY"]', "service's own settings"),
         ("BASE_URLS", '{"": ["*"]}', "entry 0 is not an http:// or https:// URL"),
         ("BASE_URLS", '{"https://team.example/v1": [""]}', "entry 0: account 0 is not an"),
         # The default model is every account's: limiting it would read as limited, and not be.

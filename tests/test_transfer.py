@@ -1618,6 +1618,31 @@ async def test_an_import_again_embeds_no_record_already_there(
             assert texts == []
 
 
+async def test_cli_import_of_new_rows_but_no_new_record_says_none_needed_embedding(
+    state, admin, second, tmp_path
+):
+    """A file without vectors whose records are all there already but some other row is not
+    (here an execution) writes that row and embeds nothing: the import says so (the
+    README's `no record needed embedding`), not `vectors re-embedded (0 records)`."""
+    agent = await build_agent(state, admin)
+    bare = await exported(state, admin, agent, embeddings=False)
+    path = tmp_path / "bare.jsonl"
+    path.write_text("\n".join(bare) + "\n")
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, bare)
+    async with second.pool.acquire() as conn:
+        gone = await conn.execute(
+            "DELETE FROM executions WHERE ctid = (SELECT ctid FROM executions LIMIT 1)"
+        )
+    assert gone == "DELETE 1"
+    imported = run(
+        clean_env(database_url=second.settings.database_url_value()), "import", str(path)
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.startswith("imported 1 rows, "), imported.stdout
+    assert imported.stdout.rstrip().endswith("; no record needed embedding"), imported.stdout
+
+
 @pytest.mark.parametrize(
     ("vector", "fault"),
     [

@@ -35,6 +35,8 @@ HISTORY_INDEXES = ("messages", "messages_and_tools")
 DEFAULT_KINDS = ("guidance", "fact", "event", "reference")
 LABEL_NUMBERS = range(5, 19)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+# What _NAME takes, as refusals say it: a name of digits alone is lower case, yet refused.
+NAME_RULE = "lower case letters, digits and _, starting with a letter, at most 63 characters"
 
 
 def is_kind_name(text: object) -> bool:
@@ -145,7 +147,7 @@ def _kinds(value: Any) -> tuple[str, ...]:
         raise refuse("must be a non-empty list of kind names")
     for kind in value:
         if not _NAME.fullmatch(kind):
-            raise refuse(f"{kind!r} must be lower case letters, digits and _")
+            raise refuse(f"{kind!r} must be {NAME_RULE}")
     if len(set(value)) != len(value):
         raise refuse("must not repeat a kind")
     return tuple(value)
@@ -168,7 +170,7 @@ class _LabelShape(Shape):
 
 def _label_name(name: str) -> str:
     if not _NAME.fullmatch(name):
-        raise refuse("label names are lower case letters, digits and _")
+        raise refuse(f"label names are {NAME_RULE}")
     return name
 
 

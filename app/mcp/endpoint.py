@@ -454,6 +454,16 @@ class McpEndpoint:
         state: AppState = request.app.state.engram
         try:
             caller = await authenticate(state.pool, request.headers.get("authorization"))
+        except Exception as e:
+            await self._refusal(e)(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            # Whatever the address says (its session, preview, agent): no method but POST is
+            # served here, so the answer is 405 naming POST, not a refusal of the address that
+            # a POST would meet; and it takes none of the account's places.
+            await self._not_post(scope, receive, send)
+            return
+        try:
             # Once authenticated: a stranger's requests never take an account's places.
             admission = await self.fairness.admit(caller.account_id)
         except Exception as e:
@@ -487,18 +497,17 @@ class McpEndpoint:
             return _error(503, code, message, {"Retry-After": str(RETRY_AFTER_SECONDS)})
         return _error(409, code, message)
 
+    async def _not_post(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """GET: the SDK opened a stream for messages of the server's own, which a stateless
+        server never sends: it stayed open, holding one of the account's places, until the
+        client left (MCP allows 405 for a server that offers no such stream). DELETE and the
+        rest: the SDK's 405 had no Allow header, or one naming GET and DELETE."""
+        words = _NOT_POST.get(scope["method"], NOT_POST)
+        await _error(405, "BAD_REQUEST", words, {"Allow": "POST"})(scope, receive, send)
+
     async def _serve(
         self, found: McpRequest, admission: Admission, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        if scope["method"] != "POST":
-            # GET: the SDK opened a stream for messages of the server's own, which a stateless
-            # server never sends: it stayed open, holding one of the account's places, until
-            # the client left (MCP allows 405 for a server that offers no such stream). DELETE
-            # and the rest: the SDK's 405 had no Allow header, or one naming GET and DELETE.
-            words = _NOT_POST.get(scope["method"], NOT_POST)
-            refused = _error(405, "BAD_REQUEST", words, {"Allow": "POST"})
-            await refused(scope, receive, send)
-            return
         # Read whole here: a client gone mid-body is then a 499 (app/observability), not
         # the SDK's logged error and 500.
         try:

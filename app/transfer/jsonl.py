@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, get_args
 from uuid import UUID
 
-from app.actions.harness import LABEL_NUMBERS, is_kind_name, parse_harness
+from app.actions.harness import LABEL_NUMBERS, NAME_RULE, is_kind_name, parse_harness
 from app.actions.model import parse_model
 from app.actions.service import check_instructions, check_name
 from app.auth.service import check_principal
@@ -261,7 +261,7 @@ def _check_row(
             if not is_kind_name(row.get("kind")):
                 raise ValueError(
                     f"kind is {shown(json.dumps(row.get('kind')), 40)}, not a memory kind's name "
-                    "(lower case letters, digits and _, at most 63)"
+                    f"({NAME_RULE})"
                 )
             _check_metadata(row.get("metadata"))
             # The API's rules for a record's text: one line of summary, bounded text.
