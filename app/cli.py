@@ -1061,8 +1061,9 @@ def parser() -> argparse.ArgumentParser:
 
         def _unknown(self, given: list[str]) -> list[str]:
             """The arguments of `given` no parser knows, found in a pass that requires none
-            (a subcommand's own pass as well): its namespace is thrown away."""
-            required = [a for a in self._actions if a.required]
+            (a subcommand's own pass as well: `engram --bogus import` named only import's
+            missing file, as its pass ran inside this one): its namespace is thrown away."""
+            required = list(self._required())
             for action in required:
                 action.required = False
             try:
@@ -1071,6 +1072,16 @@ def parser() -> argparse.ArgumentParser:
                 for action in required:
                     action.required = True
             return list(extras)
+
+        def _required(self) -> Iterator[argparse.Action]:
+            """The required arguments of this parser and of its commands', theirs included."""
+            for action in self._actions:
+                if action.required:
+                    yield action
+                if isinstance(action, argparse._SubParsersAction):
+                    for command in action.choices.values():
+                        if isinstance(command, Command):
+                            yield from command._required()
 
     # A Command too: `engram --bogus` names `--bogus`, where argparse named only the missing
     # command.

@@ -729,6 +729,10 @@ def test_serve_with_an_unknown_option_says_so_as_a_json_log_line_under_the_json_
             "engram client create: error: unrecognized arguments: --bogus",
         ),
         (["client", "--bogus"], "engram client: error: unrecognized arguments: --bogus"),
+        (
+            ["client", "--bogus", "tokens"],
+            "engram client: error: unrecognized arguments: --bogus",
+        ),
         (["import"], "engram import: error: the following arguments are required: file"),
         (
             ["import", "a.jsonl", "--batch-size", "0"],
@@ -770,6 +774,10 @@ def test_a_commands_wrong_argument_is_told_by_the_command_with_its_usage(args, s
         # An option before any command was told as a missing command, --bogus unsaid.
         (["--bogus"], "engram: error: unrecognized arguments: --bogus"),
         (["--bogus", "serve"], "engram: error: unrecognized arguments: --bogus"),
+        # Before a command that is missing a required argument: its own pass ran inside the
+        # top level's, and named only what it missed (import's file, client's command).
+        (["--bogus", "import"], "engram: error: unrecognized arguments: --bogus"),
+        (["--bogus", "client", "tokens"], "engram: error: unrecognized arguments: --bogus"),
         ([], "engram: error: the following arguments are required: command"),
     ],
 )
