@@ -25,7 +25,7 @@ from urllib.parse import quote, quote_plus
 
 import httpx
 
-from app.text import escaped
+from app.text import escaped, escaped_start
 
 MAX_RETRY_AFTER_SECONDS = 30.0
 # The longest computed wait between attempts (0.5 s doubled reaches it at the seventh retry).
@@ -90,7 +90,7 @@ def server_message(response: httpx.Response) -> str:
         sent = None
     text = without_credential(str(message or response.text or response.reason_phrase), sent)
     text = escaped(" ".join(text.split()))
-    return text if message else text[:300]
+    return text if message else escaped_start(text, 300)
 
 
 def without_credential(text: str, sent: str | None) -> str:

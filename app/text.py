@@ -324,6 +324,19 @@ _ESCAPED = re.compile(
 )
 
 
+def escaped_start(text: str, most: int) -> str:
+    """The first `most` characters of `escaped` text, less the start of an escape the cut would
+    split: `\\u00` of `\\u001b` reads as no character, or as another where what follows is
+    added (`... (cut)`)."""
+    if len(text) <= most:
+        return text
+    return _ESCAPE_START.sub("", text[:most])
+
+
+# The start of an escape `escaped` writes, at the end of a text (`\u`, `\u00`, `\U0001f`).
+_ESCAPE_START = re.compile(r"\\(?:u[0-9a-f]{0,3}|U[0-9a-f]{0,7})?\Z")
+
+
 def shown(value: Any, most: int = 100) -> str:
     """`value` as a refusal quotes it: its repr, `shortened` to `most` characters."""
     return shortened(repr(value), most)

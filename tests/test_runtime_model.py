@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from openai_server import CHAT, OpenAIServer
 from pydantic import SecretStr
@@ -15,7 +16,7 @@ from app.config import Settings
 from app.embeddings.errors import EmbeddingFailed
 from app.embeddings.openai import OpenAIEmbedder
 from app.errors import BadInput
-from app.http_retry import MAX_BACKOFF_SECONDS, backoff
+from app.http_retry import MAX_BACKOFF_SECONDS, backoff, server_message
 from app.observability import metrics
 from app.observability.metrics import Metrics
 from app.runtime.model import Completion, ModelClient, ModelFailed, resolve_endpoint
@@ -154,6 +155,30 @@ async def test_an_upstream_error_body_reaches_the_error_only_as_a_short_excerpt(
     with pytest.raises(ModelFailed) as exhausted:
         await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
     assert "failed 3 times" in exhausted.value.message and len(exhausted.value.message) < 400
+
+
+@pytest.mark.parametrize("before", [197, 198, 199])
+async def test_an_error_cut_at_its_length_keeps_no_part_of_an_escape(
+    client: ModelClient, server: OpenAIServer, before: int
+) -> None:
+    """A server's words are escaped, then cut: a cut that falls inside an escape (`\\u001b`,
+    six characters) drops what of it came before the cut, where it kept `\\u0`, `\\u00` or
+    `\\u001`, which read as no character (or, with the text added after, another)."""
+    server.fail_next(1, status=400, path=CHAT, message="a" * before + "\x1b[31m red")
+    with pytest.raises(ModelFailed) as refused:
+        await client.complete(ModelConfig(), MESSAGES, [], "turn", account_id=ACCOUNT)
+    assert refused.value.message.endswith(": " + "a" * before + "... (cut)"), refused.value.message
+
+
+def test_a_server_body_cut_at_its_length_keeps_no_part_of_an_escape() -> None:
+    """A body that is no error's JSON is quoted by its start, escaped, then cut: not inside an
+    escape (it kept `\\u0` of `\\u001b`)."""
+    request = httpx.Request("POST", "https://models.example/v1/embeddings")
+    for before in (295, 297, 299):
+        response = httpx.Response(502, text="b" * before + "\x1b[0m gateway", request=request)
+        assert server_message(response) == "b" * before, before
+    whole = httpx.Response(502, text="b" * 290 + "\x1b[0m", request=request)
+    assert server_message(whole) == "b" * 290 + "\\u001b[0m"
 
 
 def completion_body(message: Any, **rest: Any) -> dict[str, Any]:

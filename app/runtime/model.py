@@ -39,7 +39,7 @@ from app.http_retry import (
 )
 from app.observability import metrics
 from app.state import ServiceKey
-from app.text import MAX_COUNT, escaped, nests_deeper, storable
+from app.text import MAX_COUNT, escaped, escaped_start, nests_deeper, storable
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,11 @@ def _excerpt(text: str) -> str:
     """The start of what the model's server sent (its error's words, a header, a key of its
     reply), as an execution's error quotes it: on one line, each character that would disguise
     it (a control, a NUL, a bidi override or isolate, a lone surrogate) escaped (`escaped`), then
-    cut to `_EXCERPT_CHARS`."""
+    cut to `_EXCERPT_CHARS` (not inside an escape, `escaped_start`)."""
     text = escaped(" ".join(text.split()))
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "... (cut)"
+    return (
+        text if len(text) <= _EXCERPT_CHARS else escaped_start(text, _EXCERPT_CHARS) + "... (cut)"
+    )
 
 
 class _Unexpected(Exception):
