@@ -1034,12 +1034,17 @@ def parser() -> argparse.ArgumentParser:
             argparse leaves to the top-level parser, is said as the command's own refusals."""
             parsed, extras = self.parse_known_args(args, namespace)
             if extras:
-                message = f"unrecognized arguments: {' '.join(extras)}"
-                if getattr(parsed, "command", None) == "serve" and _json_log("serve"):
-                    _say(f"{self.prog}: error: {message}", "serve")
-                    raise SystemExit(2)
-                self.error(message)
+                self._unrecognized(extras, parsed)
             return parsed
+
+        def _unrecognized(self, extras: list[str], parsed: argparse.Namespace) -> NoReturn:
+            """The refusal of arguments no parser knew, as `engram serve`'s are said when they
+            came before its name (`engram --bogus serve`, `parsed` naming the command)."""
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            if getattr(parsed, "command", None) == "serve" and _json_log("serve"):
+                _say(f"{self.prog}: error: {message}", "serve")
+                raise SystemExit(2)
+            self.error(message)
 
     class Command(Parser):
         """A command's parser (`engram import`, `engram client create`): an argument it does
@@ -1051,27 +1056,28 @@ def parser() -> argparse.ArgumentParser:
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
             given = list(sys.argv[1:] if args is None else args)
-            unknown = self._unknown(given)
+            lenient, unknown = self._unknown(given)
             if unknown:
-                self.error(f"unrecognized arguments: {' '.join(unknown)}")
+                self._unrecognized(unknown, lenient)
             parsed, extras = super().parse_known_args(given, namespace)
             if extras:
-                self.error(f"unrecognized arguments: {' '.join(extras)}")
+                self._unrecognized(extras, parsed)
             return parsed, extras
 
-        def _unknown(self, given: list[str]) -> list[str]:
+        def _unknown(self, given: list[str]) -> tuple[argparse.Namespace, list[str]]:
             """The arguments of `given` no parser knows, found in a pass that requires none
             (a subcommand's own pass as well: `engram --bogus import` named only import's
-            missing file, as its pass ran inside this one): its namespace is thrown away."""
+            missing file, as its pass ran inside this one), and that pass's namespace (the
+            command it names, for `_unrecognized`), to be thrown away."""
             required = list(self._required())
             for action in required:
                 action.required = False
             try:
-                _, extras = super().parse_known_args(list(given), argparse.Namespace())
+                parsed, extras = super().parse_known_args(list(given), argparse.Namespace())
             finally:
                 for action in required:
                     action.required = True
-            return list(extras)
+            return parsed, list(extras)
 
         def _required(self) -> Iterator[argparse.Action]:
             """The required arguments of this parser and of its commands', theirs included."""

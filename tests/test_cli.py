@@ -704,6 +704,13 @@ def test_serve_with_an_unknown_option_says_so_as_a_json_log_line_under_the_json_
     assert [e["message"] for e in _json_lines(done.stderr)] == [
         "engram serve: error: unrecognized arguments: --bogus x"
     ]
+    # Before the command's name too (`engram --reload serve`): the top-level parser's
+    # refusal, as JSON (it was text since that parser refuses what it does not know itself).
+    before = run(clean_env(log_format="json"), "--reload", "serve")
+    assert before.returncode == 2, before.stderr
+    assert [e["message"] for e in _json_lines(before.stderr)] == [
+        "engram: error: unrecognized arguments: --reload"
+    ]
     text = run(clean_env(), "serve", "--bogus")
     assert text.returncode == 2
     assert text.stderr.splitlines()[-1] == "engram serve: error: unrecognized arguments: --bogus"
