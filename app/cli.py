@@ -926,16 +926,16 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     if not result.inserted:  # all there already (an import run again), or the file is empty
         vectors = "no record written, so no vector copied or embedded"
+    elif not result.records_written:  # rows written (an execution, a session...), no record
+        vectors = "no record needed embedding"
     elif result.vectors == "copied":
         vectors = "vectors copied" + (
             f" ({result.reembedded} records the file has no vector for: embedded again)"
             if result.reembedded
             else ""
         )
-    elif result.reembedded:
+    else:
         vectors = f"vectors re-embedded ({result.reembedded} records)"
-    else:  # rows written (an execution, a session...), but every record was there already
-        vectors = "no record needed embedding"
     print(f"imported {result.inserted} rows, {result.present} already there unchanged; {vectors}")
     if result.missing:
         told = ", ".join(f"{got} of {n} {kind} rows" for kind, (got, n) in result.missing.items())

@@ -1618,14 +1618,16 @@ async def test_an_import_again_embeds_no_record_already_there(
             assert texts == []
 
 
+@pytest.mark.parametrize("embeddings", [False, True])
 async def test_cli_import_of_new_rows_but_no_new_record_says_none_needed_embedding(
-    state, admin, second, tmp_path
+    state, admin, second, tmp_path, embeddings
 ):
-    """A file without vectors whose records are all there already but some other row is not
-    (here an execution) writes that row and embeds nothing: the import says so (the
-    README's `no record needed embedding`), not `vectors re-embedded (0 records)`."""
+    """A file whose records are all there already but some other row is not (here an
+    execution) writes that row and embeds nothing: the import says so (the README's `no record
+    needed embedding`), not `vectors re-embedded (0 records)` (a file without vectors) nor
+    `vectors copied` (one with: none was)."""
     agent = await build_agent(state, admin)
-    bare = await exported(state, admin, agent, embeddings=False)
+    bare = await exported(state, admin, agent, embeddings=embeddings)
     path = tmp_path / "bare.jsonl"
     path.write_text("\n".join(bare) + "\n")
     target_admin = await admin_of(second)

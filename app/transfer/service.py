@@ -137,6 +137,7 @@ class ImportResult:
     # was there already.
     reembedded: int = 0
     vectors: str = "copied"  # or "re-embedded"
+    records_written: int = 0  # record rows written (not those already there)
     by_type: dict[str, int] = field(default_factory=dict)
     records: dict[UUID, int] = field(default_factory=dict)  # records written, by agent
     # Rows the header counts that the file did not hold, by type (found, counted): cut short.
@@ -760,6 +761,7 @@ class _Importer:
         self.result.present += present
         self.result.by_type[table.kind] = self.result.by_type.get(table.kind, 0) + len(rows)
         if table.name == "agent_memories":
+            self.result.records_written += inserted
             for row in rows:
                 action_id = UUID(row["action_id"])
                 self.result.records[action_id] = self.result.records.get(action_id, 0) + 1
