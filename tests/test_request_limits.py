@@ -8,8 +8,10 @@ them 2^30 times, the event loop blocked for hours); a record's `action` listing 
 50 aliased searches (every pooled connection held for 6 to 10 s)."""
 
 import asyncio
+import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -17,11 +19,13 @@ from typing import Any
 import httpx
 import pytest
 from factories import allow, make_agent, remember, token_for
+from graphql import Source
 
 from app.actions import service as actions_service
 from app.auth.caller import Caller
 from app.executions import store as executions_store
 from app.graphql.context import _BATCHES, Context
+from app.graphql.documents import IndexedSource
 from app.graphql.schema import build_schema
 from app.memory import search as memory_search
 from app.state import AppState
@@ -462,3 +466,64 @@ async def test_a_body_that_does_not_arrive_in_time_is_refused_and_its_buffer_let
         metrics = (await http.get("/metrics", headers={"Authorization": f"Bearer {watcher}"})).text
     assert 'engram_requests_total{code="BAD_REQUEST",operation="-"} 1.0' in metrics, metrics
     assert "HTTP_408" not in metrics
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["", "{ a }", "\n", "\r\n", "\r", "a\r\nb\nc\rd\r\n\r\ne", "\n\n" + "x" * 50 + "\r\n\ry"],
+)
+def test_an_indexed_source_places_each_position_as_graphql_core_does(body):
+    """IndexedSource's bisection against graphql-core's scan, at every position (line breaks
+    of one and two characters, consecutive, first and last)."""
+    plain, indexed = Source(body), IndexedSource(body)
+    for position in range(len(body) + 2):
+        assert indexed.get_location(position) == plain.get_location(position), position
+
+
+async def test_many_field_errors_after_a_long_text_do_not_hold_the_event_loop(
+    base_url, state, admin, gql
+):
+    """Seed 64 of bench/fuzz_graphql.py: `nodes` of 1,002 IDs in 111 KB of text, each agent's
+    records asked for with `first: 0`, took 1.3 to 2.8 s. graphql-core placed each field
+    error in the text by scanning it from its start (twice an error), to its end when it holds
+    no line break past the error: 1,000 such errors after a comment of 900 KB held the event
+    loop 21 s, and /healthz waited as long. The text's line breaks are now found once."""
+    agent = await make_agent(state, admin)
+    a = str(agent.action_id)
+    node = (await gql(admin, "query($a: UUID!) { action(actionId: $a) { id } }", a=a)).ok()
+    token = await token_for(state, admin, "reader", allow(["SELECT"], "financial.*"))
+    field = "memories(first: 0) { __typename }"
+    query = (
+        "#" + "x" * 900_000 + "\r\n"  # a comment: no token, one line
+        + "query { nodes(ids: " + json.dumps([node["action"]["id"]] * 1000) + ") "
+        + "{ ... on Action { " + field + " } } }"
+    )  # fmt: skip
+    column = query.index(field) - (query.index("\r\n") + 2) + 1  # on the second line
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        waits: list[float] = []
+
+        async def ping() -> None:
+            while True:
+                started = time.monotonic()
+                assert (await http.get("/healthz")).status_code == 200
+                waits.append(time.monotonic() - started)
+                await asyncio.sleep(0.05)
+
+        pinging = asyncio.create_task(ping())
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        answer = await http.post(
+            "/graphql", json={"query": query}, headers={"Authorization": f"Bearer {token}"}
+        )
+        took = time.monotonic() - started
+        await asyncio.sleep(0.2)
+        pinging.cancel()
+    errors = answer.json()["errors"]
+    assert len(errors) == 1000
+    assert {e["extensions"]["code"] for e in errors} == {"BAD_REQUEST"}
+    assert {e["message"] for e in errors} == {"`first` must be from 1 to 1000, got 0"}
+    assert all(e["locations"] == [{"line": 2, "column": column}] for e in errors), errors[0]
+    # 0.7 s here against 21.9 s before, with /healthz waiting 0.3 s against 21.4 s: bounds
+    # far from both, for a shared machine.
+    assert took < 8, took
+    assert max(waits) < 5, waits

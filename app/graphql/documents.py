@@ -2,11 +2,14 @@
 different variables, and parsing and validating them was a fifth of a search's CPU
 (bench/README.md, http_load)."""
 
+import re
+from array import array
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from graphql import DocumentNode
+from graphql import DocumentNode, Source, SourceLocation, parse
 from strawberry.extensions import SchemaExtension
 
 # A parsed document takes about 140 bytes a character of its text (graphql-core keeps every
@@ -14,6 +17,32 @@ from strawberry.extensions import SchemaExtension
 # client could fill with distinct texts (bench/README.md, "Growth"). Held texts are bounded in
 # characters too: about 140 MB of documents at most, far more than a client's usual texts.
 MAX_CHARS = 1_000_000
+
+
+_NEWLINE = re.compile(r"\r\n|[\n\r]")  # graphql-core's line ends
+
+
+class IndexedSource(Source):
+    """A query text whose line ends are found once, at its first located error.
+
+    graphql-core's Source scans the text from its start for each error it places (every field
+    error's `locations`, made twice as the error goes up), to the end of a text without a line
+    break: a request of 1,000 field errors after 900 KB of text (a comment, a long string) held
+    the event loop 21 s, every tenant's `/healthz` waiting with it (bench/README.md,
+    fuzz_graphql.py). The same line and column, found by bisection.
+    """
+
+    def get_location(self, position: int) -> SourceLocation:
+        breaks = self.__dict__.get("_breaks")  # where each line break starts
+        if breaks is None:
+            found = (match.start() for match in _NEWLINE.finditer(self.body))
+            breaks = self.__dict__["_breaks"] = array("q", found)
+        before = bisect_left(breaks, position)  # the line breaks before the position
+        line_start = 0
+        if before:
+            last = breaks[before - 1]
+            line_start = last + (2 if self.body.startswith("\r\n", last) else 1)
+        return SourceLocation(before + 1, position + 1 - line_start)
 
 
 class Documents:
@@ -62,6 +91,13 @@ class DocumentCache(SchemaExtension):
             self.known = self.documents.get(self.key)
             if self.known is not None:
                 context.graphql_document = self.known  # strawberry skips its parse
+            else:
+                try:  # an IndexedSource: its errors are placed in the text at little cost
+                    document = parse(IndexedSource(context.query), **context.parse_options)
+                except Exception:
+                    pass  # strawberry parses it again in its hooks, its error out as ever
+                else:
+                    context.graphql_document = document  # strawberry skips its parse
         yield
 
     def on_validate(self) -> Iterator[None]:
