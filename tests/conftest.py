@@ -111,10 +111,12 @@ async def db_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator
 
 @pytest.fixture
 def model_server() -> Iterator[OpenAIServer]:
-    """The scripted OpenAI-compatible server; a memory review it is not told about keeps nothing."""
+    """The scripted OpenAI-compatible server; a memory review it is not told about keeps nothing.
+    A reply scripted to wait for a count of requests that never came fails the test."""
     with OpenAIServer() as server:
         server.chat_defaults["memory"] = NOTHING_TO_KEEP
         yield server
+    assert not server.unmet, server.unmet
 
 
 def _uses_model_server(request: pytest.FixtureRequest) -> bool:

@@ -148,6 +148,9 @@ class OpenAIServer:
         # The answer by purpose when nothing is scripted for it (else chat_default).
         self.chat_defaults: dict[str, ChatReply] = {}
         self.abandoned = 0  # delayed chat replies whose client went away while they waited
+        # Scripted replies answered without the `after_requests` they waited for (a test's
+        # count that was never reached: it lined nothing up, and cost 30 s).
+        self.unmet: list[str] = []
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -351,6 +354,11 @@ class OpenAIServer:
         deadline = time.monotonic() + 30  # a loaded machine can take a while to line them up
         while len(self.requests_to(CHAT)) < reply.after_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        if len(self.requests_to(CHAT)) < reply.after_requests:
+            self.unmet.append(
+                f"{reply.when!r} answered at {len(self.requests_to(CHAT))} chat requests "
+                f"of the {reply.after_requests} it waited for"
+            )
         if reply.delay:
             await self._wait(request, reply.delay)
         if reply.body is not None:
