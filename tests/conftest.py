@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from browser import stop_shared_browser
 from helpers import (
     GQL,
     database_copy,
@@ -71,6 +72,13 @@ def pg_server() -> Iterator[EmbeddedPostgres]:
     yield server
     server.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _shared_browser_stopped() -> AsyncIterator[None]:
+    """The browser tests' shared Chromium (browser.py), stopped once the session ends."""
+    yield
+    await stop_shared_browser()
 
 
 @pytest.fixture(scope="session")
