@@ -212,14 +212,16 @@ class OpenAIServer:
 
     # Plumbing shared by every route
 
-    async def _wait(self, request: Request, seconds: float) -> None:
+    async def _wait(self, request: Request, seconds: float, *, counted: bool = True) -> None:
         """Waits `seconds`, or until the client has gone (a turn cut at its deadline, counted
-        in `abandoned`), so that a reply nobody waits for does not hold the server's shutdown."""
+        in `abandoned` when `counted`), so that a reply nobody waits for does not hold the
+        server's shutdown."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             if await request.is_disconnected():
-                with self._lock:
-                    self.abandoned += 1
+                if counted:
+                    with self._lock:
+                        self.abandoned += 1
                 return
             await asyncio.sleep(min(left, 0.05))
 
@@ -243,7 +245,9 @@ class OpenAIServer:
         request.state.edit = fault.edit
         request.state.headers = fault.headers if fault.status is None else {}
         if fault.delay:
-            await asyncio.sleep(fault.delay)
+            # A stall (stall_next) ends early once its client has gone: cut by a timeout or a
+            # deadline, it held the server's stop (the test's teardown) for the rest.
+            await self._wait(request, fault.delay, counted=False)
         if fault.status is None:
             return body, None
         error = {"error": {"message": fault.message, "type": "scripted", "code": fault.status}}
