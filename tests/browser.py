@@ -43,16 +43,19 @@ def screenshot_path(name: str) -> Path:
 
 class Offline:
     """A headless Chromium whose pages reach only the service at `url`: a request to any other
-    host is refused, and listed in `elsewhere`."""
+    host is refused, and listed in `elsewhere`. Each page is in a context of its own (no
+    cookies or storage shared), closed with this."""
 
     def __init__(self, browser: Any, url: str) -> None:
         self.browser, self.url = browser, url
         self.elsewhere: list[str] = []
+        self.pages: list[Any] = []
 
     async def page(self, height: int | None = None) -> Any:
         """A new page, 1280 pixels wide and `height` high (None: the browser's own size)."""
         size = {"viewport": {"width": 1280, "height": height}} if height else {}
         page = await self.browser.new_page(**size)
+        self.pages.append(page)
         await page.route("**/*", self._offline)
         return page
 
@@ -63,18 +66,50 @@ class Offline:
             self.elsewhere.append(route.request.url)
             await route.abort()
 
+    async def close(self) -> None:
+        for page in self.pages:
+            await page.context.close()
+
+
+# One Chromium for this process's browser tests (they all run on the session's event loop):
+# launched with its Playwright driver it took ~1 s of each test. Stopped at the session's end
+# (conftest.py), or by the process's exit.
+_SHARED: dict[str, Any] = {}
+
+
+async def _browser(executable: str) -> Any:
+    """The shared Chromium, launched at first (or again, if it is gone)."""
+    browser = _SHARED.get("browser")
+    if browser is not None and browser.is_connected():
+        return browser
+    await stop_shared_browser()
+    from playwright.async_api import async_playwright
+
+    playwright = await async_playwright().start()
+    _SHARED["playwright"] = playwright
+    _SHARED["browser"] = await playwright.chromium.launch(
+        executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+    )
+    return _SHARED["browser"]
+
+
+async def stop_shared_browser() -> None:
+    """Closes the shared Chromium and its driver, if started."""
+    browser, playwright = _SHARED.pop("browser", None), _SHARED.pop("playwright", None)
+    try:
+        if browser is not None:
+            await browser.close()
+    finally:
+        if playwright is not None:
+            await playwright.stop()
+
 
 @asynccontextmanager
 async def offline_browser(url: str) -> AsyncIterator[Offline]:
-    """Headless Chromium (a skip, or under CI a failure, without one) reaching only `url`."""
-    executable = chromium()
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            yield Offline(browser, url)
-        finally:
-            await browser.close()
+    """Headless Chromium (a skip, or under CI a failure, without one) reaching only `url`; its
+    pages closed at the end."""
+    offline = Offline(await _browser(chromium()), url)
+    try:
+        yield offline
+    finally:
+        await offline.close()

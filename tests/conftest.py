@@ -18,21 +18,26 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import GQL, database_copy, db_settings, logging_kept, scratch_dir
+from browser import stop_shared_browser
+from helpers import (
+    GQL,
+    database_copy,
+    db_settings,
+    default_admin,
+    logging_kept,
+    running_state,
+    scratch_dir,
+)
 from openai_server import OpenAIServer
-from runtime_support import NOTHING_TO_KEEP
+from runtime_support import scripted_model
 from servers import serving
 
 from app.auth.caller import Caller
-from app.auth.policies import ADMIN_POLICIES
-from app.auth.service import ensure_default_account
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings.static import StaticEmbedder
-from app.main import request_bounds
-from app.runtime.model import MODEL, ModelClient
 from app.services import start_services, stop_services
 from app.state import AppState
 
@@ -67,6 +72,13 @@ def pg_server() -> Iterator[EmbeddedPostgres]:
     yield server
     server.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _shared_browser_stopped() -> AsyncIterator[None]:
+    """The browser tests' shared Chromium (browser.py), stopped once the session ends."""
+    yield
+    await stop_shared_browser()
 
 
 @pytest.fixture(scope="session")
@@ -111,9 +123,8 @@ async def db_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator
 
 @pytest.fixture
 def model_server() -> Iterator[OpenAIServer]:
-    """The scripted OpenAI-compatible server; a memory review it is not told about keeps nothing."""
-    with OpenAIServer() as server:
-        server.chat_defaults["memory"] = NOTHING_TO_KEEP
+    """The scripted model server (runtime_support.scripted_model)."""
+    with scripted_model() as server:
         yield server
 
 
@@ -138,24 +149,14 @@ def settings(request: pytest.FixtureRequest, db_url: str) -> Settings:
 async def state(
     request: pytest.FixtureRequest, settings: Settings, db_url: str, embedder: StaticEmbedder
 ) -> AsyncIterator[AppState]:
-    # Bounded as the service's pool is (app/main.py), by the test's settings.
-    pool = await create_pool(db_url, min_size=1, max_size=8, limits=request_bounds(settings))
-    state = AppState(settings=settings, pool=pool, embedder=embedder)
-    await start_services(state)
-    if _uses_model_server(request):
-        # A retried model call waits 10 ms, not half a second.
-        state.services[MODEL] = ModelClient(settings, backoff_seconds=0.01)
-    yield state
-    await stop_services(state)
-    await pool.close()
+    async with running_state(settings, db_url, embedder, model=_uses_model_server(request)) as s:
+        yield s
 
 
 @pytest.fixture
 async def admin(state: AppState) -> Caller:
     """The default account's admin: every action on every resource."""
-    async with state.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    return Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    return await default_admin(state)
 
 
 @pytest.fixture

@@ -19,12 +19,19 @@ from typing import Any, TypeVar
 import asyncpg
 
 from app.auth.caller import Caller
+from app.auth.policies import ADMIN_POLICIES
+from app.auth.service import ensure_default_account
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
+from app.db.pool import create_pool
+from app.embeddings.static import StaticEmbedder
 from app.graphql.context import Context
 from app.graphql.schema import schema
+from app.main import request_bounds
 from app.observability import logs
+from app.runtime.model import MODEL, ModelClient
+from app.services import start_services, stop_services
 from app.state import AppState
 
 
@@ -127,6 +134,33 @@ async def database_copy(
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await conn.close()
+
+
+@asynccontextmanager
+async def running_state(
+    settings: Settings, db_url: str, embedder: StaticEmbedder, *, model: bool
+) -> AsyncIterator[AppState]:
+    """The app's state on `db_url`, its services started (the `state` fixture's); `model`: its
+    turns talk to the scripted model server at settings.model_base_url."""
+    # Bounded as the service's pool is (app/main.py), by the test's settings.
+    pool = await create_pool(db_url, min_size=1, max_size=8, limits=request_bounds(settings))
+    state = AppState(settings=settings, pool=pool, embedder=embedder)
+    await start_services(state)
+    if model:
+        # A retried model call waits 10 ms, not half a second.
+        state.services[MODEL] = ModelClient(settings, backoff_seconds=0.01)
+    try:
+        yield state
+    finally:
+        await stop_services(state)
+        await pool.close()
+
+
+async def default_admin(state: AppState) -> Caller:
+    """The default account's admin: every action on every resource."""
+    async with state.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    return Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
 
 
 T = TypeVar("T")

@@ -148,6 +148,9 @@ class OpenAIServer:
         # The answer by purpose when nothing is scripted for it (else chat_default).
         self.chat_defaults: dict[str, ChatReply] = {}
         self.abandoned = 0  # delayed chat replies whose client went away while they waited
+        # Scripted replies answered without the `after_requests` they waited for (a test's
+        # count that was never reached: it lined nothing up, and cost 30 s).
+        self.unmet: list[str] = []
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -209,14 +212,16 @@ class OpenAIServer:
 
     # Plumbing shared by every route
 
-    async def _wait(self, request: Request, seconds: float) -> None:
+    async def _wait(self, request: Request, seconds: float, *, counted: bool = True) -> None:
         """Waits `seconds`, or until the client has gone (a turn cut at its deadline, counted
-        in `abandoned`), so that a reply nobody waits for does not hold the server's shutdown."""
+        in `abandoned` when `counted`), so that a reply nobody waits for does not hold the
+        server's shutdown."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             if await request.is_disconnected():
-                with self._lock:
-                    self.abandoned += 1
+                if counted:
+                    with self._lock:
+                        self.abandoned += 1
                 return
             await asyncio.sleep(min(left, 0.05))
 
@@ -240,7 +245,9 @@ class OpenAIServer:
         request.state.edit = fault.edit
         request.state.headers = fault.headers if fault.status is None else {}
         if fault.delay:
-            await asyncio.sleep(fault.delay)
+            # A stall (stall_next) ends early once its client has gone: cut by a timeout or a
+            # deadline, it held the server's stop (the test's teardown) for the rest.
+            await self._wait(request, fault.delay, counted=False)
         if fault.status is None:
             return body, None
         error = {"error": {"message": fault.message, "type": "scripted", "code": fault.status}}
@@ -351,6 +358,11 @@ class OpenAIServer:
         deadline = time.monotonic() + 30  # a loaded machine can take a while to line them up
         while len(self.requests_to(CHAT)) < reply.after_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        if len(self.requests_to(CHAT)) < reply.after_requests:
+            self.unmet.append(
+                f"{reply.when!r} answered at {len(self.requests_to(CHAT))} chat requests "
+                f"of the {reply.after_requests} it waited for"
+            )
         if reply.delay:
             await self._wait(request, reply.delay)
         if reply.body is not None:

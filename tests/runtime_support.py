@@ -2,6 +2,8 @@
 and the scripted memory review."""
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from factories import allow
@@ -29,6 +31,17 @@ MEMORY_FIELDS = """
 # What the scripted model answers a memory review (purpose `memory`) that a test does not
 # script: nothing worth keeping.
 NOTHING_TO_KEEP = ChatReply(tool_calls=[("remember", {"candidates": []})], purpose="memory")
+
+
+@contextmanager
+def scripted_model() -> Iterator[OpenAIServer]:
+    """The scripted OpenAI-compatible server (the `model_server` fixture's): a memory review it
+    is not told about keeps nothing. A reply scripted to wait for a count of requests that
+    never came fails the test (it lined nothing up, and took 30 s)."""
+    with OpenAIServer() as server:
+        server.chat_defaults["memory"] = NOTHING_TO_KEEP
+        yield server
+    assert not server.unmet, server.unmet
 
 
 # What a client that only runs turns and reads their executions holds: nothing on memory.

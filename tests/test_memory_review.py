@@ -950,18 +950,19 @@ async def test_m12_two_turns_at_once_that_learn_the_same_fact_keep_it_once(
 
 
 @pytest.mark.parametrize(
-    ("first", "second", "dropped", "read"),
+    ("first", "second", "dropped", "read", "second_decides"),
     [
         # P2: a live turn never reads a preview one
-        ((True, "agent"), (False, "agent"), False, BOTH_SCOPES["read"]),
+        ((True, "agent"), (False, "agent"), False, BOTH_SCOPES["read"], True),
         # another session's record is not read
-        ((False, "session"), (False, "agent"), False, BOTH_SCOPES["read"]),
+        ((False, "session"), (False, "agent"), False, BOTH_SCOPES["read"], True),
         # P3: a preview turn reads a live record
-        ((False, "agent"), (True, "agent"), True, BOTH_SCOPES["read"]),
+        ((False, "agent"), (True, "agent"), True, BOTH_SCOPES["read"], True),
         # M12: a scope the agent writes but does not read is compared with all the same
-        ((False, "agent"), (False, "agent"), True, ["session"]),
+        ((False, "agent"), (False, "agent"), True, ["session"], True),
         # M3, M5: but a session-scope copy is no copy of a record its session never recalls
-        ((False, "agent"), (False, "session"), False, ["session"]),
+        # (nor of s0's agent-scope one: the second has no record near its fact to decide on)
+        ((False, "agent"), (False, "session"), False, ["session"], False),
     ],
     ids=[
         "preview-then-live",
@@ -979,6 +980,7 @@ async def test_a_turn_drops_only_a_copy_its_reader_sees(
     second: tuple[bool, str],
     dropped: bool,
     read: list[str],
+    second_decides: bool,
 ) -> None:
     """Two turns at once whose reviews add "Ada lives in Berlin", each decided before either
     commits, the first (session s2) committing before the second (s1) is answered. The second
@@ -994,15 +996,26 @@ async def test_a_turn_drops_only_a_copy_its_reader_sees(
         "SUCCEEDED"
     )  # 2 chat requests: the turn's, the review's candidates
     said = {"first": "Berlin it is now", "second": "I moved to Berlin"}
+    # Both turns make their calls (the turn's, the review's candidates, and its decision when it
+    # has a record near the fact to decide on: 2 + 3 + 3 requests, or 2 + 3 + 2); the first's
+    # decision is answered once they have, the second's last call once a turn started after
+    # the first committed. (A count never reached is waited 30 s, then answered all the same,
+    # the second's review then committing first.)
+    both = 8 if second_decides else 7
     for which, (_, scope) in (("first", first), ("second", second)):
         fact = {"summary": "Ada lives in Berlin", "kind": "fact", "scope": scope}
         found = {"candidates": [fact | {"content": f"from the {which}"}]}
-        model_server.call_tools(("remember", found), purpose="memory", when=said[which])
+        last = which == "second" and not second_decides
+        model_server.call_tools(
+            ("remember", found),
+            purpose="memory",
+            when=said[which],
+            after_requests=both + 1 if last else 0,
+        )
     add = ("decide", {"decisions": [{"candidate": "c1", "action": "add"}]})
-    # The first's decision once both turns made their three calls; the second's once a turn
-    # started after the first committed.
-    model_server.call_tools(add, purpose="memory", when="from the first", after_requests=8)
-    model_server.call_tools(add, purpose="memory", when="from the second", after_requests=9)
+    model_server.call_tools(add, purpose="memory", when="from the first", after_requests=both)
+    if second_decides:
+        model_server.call_tools(add, purpose="memory", when="from the second", after_requests=9)
 
     async def first_then_another() -> dict[str, Any]:
         ended = await run(gql, admin, action_id, said["first"], session="s2", preview=first[0])
