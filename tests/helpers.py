@@ -25,7 +25,7 @@ from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
-from app.embeddings.static import StaticEmbedder
+from app.embeddings.base import Embedder
 from app.graphql.context import Context
 from app.graphql.schema import schema
 from app.main import request_bounds
@@ -138,7 +138,7 @@ async def database_copy(
 
 @asynccontextmanager
 async def running_state(
-    settings: Settings, db_url: str, embedder: StaticEmbedder, *, model: bool
+    settings: Settings, db_url: str, embedder: Embedder, *, model: bool
 ) -> AsyncIterator[AppState]:
     """The app's state on `db_url`, its services started (the `state` fixture's); `model`: its
     turns talk to the scripted model server at settings.model_base_url."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import GQL, database_copy, db_settings
+from helpers import GQL, database_copy, db_settings, running_state
 from openai_server import OpenAIServer
 from runtime_support import candidates, events, run, tool_runs
 from servers import serving
@@ -21,10 +21,7 @@ from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
 from app.auth.service import ensure_default_account
 from app.db import migrate
-from app.db.pool import create_pool
 from app.embeddings.openai import OpenAIEmbedder
-from app.runtime.model import MODEL, ModelClient
-from app.services import start_services, stop_services
 from app.state import AppState
 
 pytestmark = pytest.mark.usefixtures("model_server")
@@ -50,15 +47,10 @@ async def remote(pg_server, model_server: OpenAIServer) -> AsyncIterator[AppStat
             dimensions=model_server.embedding_dimensions,
             max_retries=0,
         )
-        pool = await create_pool(url, min_size=1, max_size=4)
-        state = AppState(settings=settings, pool=pool, embedder=embedder)
-        await start_services(state)
-        state.services[MODEL] = ModelClient(settings, backoff_seconds=0.01)
         try:
-            yield state
+            async with running_state(settings, url, embedder, model=True) as state:
+                yield state
         finally:
-            await stop_services(state)
-            await pool.close()
             await embedder.aclose()
 
 
