@@ -308,9 +308,9 @@ def _no_database(command: str, data_dir: Path) -> Exception:
     from app.errors import NotFound
 
     return NotFound(
-        f"{_NO_DATABASE} ({data_dir}): `engram {command}` only reads, and makes none; set "
-        "ENGRAM_DATA_DIR (or ENGRAM_DATABASE_URL) to the service's, or start the service first "
-        "(`engram serve`)"
+        f"{_NO_DATABASE} ({data_dir}): `engram {command}` only reads, and makes none: point "
+        "ENGRAM_DATA_DIR (or ENGRAM_DATABASE_URL) at the service's database, or start the "
+        "service first (`engram serve`)"
     )
 
 

@@ -944,8 +944,8 @@ def test_commands_that_only_read_make_no_database_where_there_is_none(tmp_path):
     data_dir = tmp_path / "no-such-engram"
     said = (
         f"error (NOT_FOUND): no database yet in ENGRAM_DATA_DIR ({data_dir}): `engram {{}}` "
-        "only reads, and makes none; set ENGRAM_DATA_DIR (or ENGRAM_DATABASE_URL) to the "
-        "service's, or start the service first (`engram serve`)"
+        "only reads, and makes none: point ENGRAM_DATA_DIR (or ENGRAM_DATABASE_URL) at the "
+        "service's database, or start the service first (`engram serve`)"
     )
     action = "00000000-0000-0000-0000-000000000001"
     for args, command in [
