@@ -4,7 +4,9 @@ database migrated by a newer release, and `engram reembed` while the service ser
 import asyncio
 import socket
 import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -14,6 +16,7 @@ from servers import clean_env, run
 
 from app import cli
 from app.db import migrate
+from app.db.embedded import EmbeddedPostgres
 from app.db.pool import create_pool
 from app.embeddings import store
 from app.embeddings.reembed import ServiceRunning, reembed
@@ -53,6 +56,42 @@ def test_a_database_of_a_newer_release_is_refused(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1 and "revision 0099_future, newer than" in err
+
+
+def test_each_migrations_revision_is_its_files_number() -> None:
+    """`migrate.upgrade` knows a database is at the newest migration from the files' names,
+    without importing alembic: that holds only while each revision is its file's number and
+    the newest file is alembic's head."""
+    script = ScriptDirectory.from_config(migrate.alembic_config(""))
+    for revision in script.walk_revisions():
+        assert Path(revision.path).name.startswith(f"{revision.revision}_"), revision.path
+    assert migrate.newest_file() == script.get_current_head()
+
+
+async def test_a_database_at_the_newest_migration_is_known_without_alembic(
+    db_url: str, pg_server: EmbeddedPostgres
+) -> None:
+    """Every command and start checks its database's migration first: on a database at the
+    newest (the usual case) it imports no alembic or SQLAlchemy (a third of a second or more
+    a command); an empty one is migrated as ever."""
+    check = (
+        "import sys; from app.db import migrate; print(migrate.upgrade(sys.argv[1]), "
+        "'alembic' in sys.modules, 'sqlalchemy' in sys.modules)"
+    )
+
+    def upgraded(url: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", check, url], env=clean_env(), capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    newest = migrate.newest_file()
+    assert await asyncio.to_thread(upgraded, db_url) == [newest, "False", "False"]
+    name = f"engram_unmigrated_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as empty:
+        assert await asyncio.to_thread(upgraded, empty) == [newest, "True", "True"]
+        assert await asyncio.to_thread(upgraded, empty) == [newest, "False", "False"]
 
 
 async def test_reembed_refuses_while_a_service_beats(state: AppState) -> None:

@@ -1,21 +1,27 @@
-"""Runs the alembic migrations (raw SQL) against a database URL."""
+"""Runs the alembic migrations (raw SQL) against a database URL.
+
+alembic (with SQLAlchemy) is imported only where a migration runs or its scripts are read: a
+third of a second or more, which every `engram` command and start paid to learn that its
+database is at the newest migration already (`upgrade`'s first look, by the files' numbers).
+"""
 
 import asyncio
 import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from psycopg.conninfo import conninfo_to_dict
-from sqlalchemy.exc import DBAPIError
 
 from app.db.errors import MigrationFailed
 from app.errors import Conflict
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.exc import DBAPIError
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -32,7 +38,9 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
-def alembic_config(url: str) -> Config:
+def alembic_config(url: str) -> "Config":
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
@@ -49,9 +57,19 @@ class DatabaseTooNew(Conflict):
 
 def latest_revision() -> str:
     """The newest migration this release brings."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
     assert head is not None  # the release's migrations are one line of revisions
     return head
+
+
+def newest_file() -> str:
+    """The newest migration this release brings, read from its files' names: each migration's
+    revision is its file's number (0033_kind_index.py, revision "0033"; docs/architecture.md's
+    recipe, and tests/test_migrations.py checks it against alembic's head), so that a database
+    already at it is known to be without importing alembic."""
+    return max(p.name[:4] for p in (MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
 
 
 def current_revision(lock: psycopg.Connection) -> str | None:
@@ -62,7 +80,7 @@ def current_revision(lock: psycopg.Connection) -> str | None:
     return None if row is None else row[0]
 
 
-def _refuse_unknown_revisions(lock: psycopg.Connection, script: ScriptDirectory) -> None:
+def _refuse_unknown_revisions(lock: psycopg.Connection, script: "ScriptDirectory") -> None:
     if lock.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
         return
     known = {s.revision for s in script.walk_revisions()}
@@ -101,6 +119,12 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
             if stop.wait(_LOCK_RETRY_SECONDS):
                 raise MigrationStopped("stopped while waiting for another process's migration")
         try:
+            if revision == "head" and current_revision(lock) == newest_file():
+                return newest_file()  # nothing to do: no alembic to import
+            from alembic import command
+            from alembic.script import ScriptDirectory
+            from sqlalchemy.exc import DBAPIError
+
             cfg = alembic_config(url)
             script = ScriptDirectory.from_config(cfg)  # the migrations' files, read once
             _refuse_unknown_revisions(lock, script)
@@ -125,7 +149,7 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
             lock.execute("SELECT pg_advisory_unlock(hashtext('engram.migrate'))")
 
 
-def _failed(lock: psycopg.Connection, script: ScriptDirectory, error: DBAPIError) -> Exception:
+def _failed(lock: psycopg.Connection, script: "ScriptDirectory", error: "DBAPIError") -> Exception:
     """What a failed migration says, in one line: which migration, PostgreSQL's reason, where
     the database stays (each migration is its own transaction), and what to do."""
     # PostgreSQL's message without its DETAIL and HINT lines (which speak of its SQL).
