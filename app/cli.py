@@ -1021,38 +1021,20 @@ def parser() -> argparse.ArgumentParser:
     import argparse
 
     class Parser(argparse.ArgumentParser):
-        """`engram serve`'s wrong option said as its other refusals are (`_say`)."""
+        """`engram`'s parser and each command's (`engram import`, `engram client create`): an
+        argument it does not know is refused by it, with its usage and its name, as its other
+        wrong arguments are, where argparse left it to the top-level parser, whose usage of
+        every command (three lines) and `engram: error:` named none. It is refused before a
+        required argument that is missing is: `engram import --bogus` named only the file
+        (argparse checks those first, and stops there), where `engram import FILE --bogus`
+        named `--bogus`. `engram serve`'s wrong option is said as its other refusals are
+        (`_say`)."""
 
         def error(self, message: str) -> NoReturn:
             if self.prog.endswith(" serve") and _json_log("serve"):
                 _say(f"{self.prog}: error: {message}", "serve")
                 raise SystemExit(2)
             super().error(message)
-
-        def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
-            """As argparse's, but an argument no parser knew (`engram serve --bogus`), which
-            argparse leaves to the top-level parser, is said as the command's own refusals."""
-            parsed, extras = self.parse_known_args(args, namespace)
-            if extras:
-                self._unrecognized(extras, parsed)
-            return parsed
-
-        def _unrecognized(self, extras: list[str], parsed: argparse.Namespace) -> NoReturn:
-            """The refusal of arguments no parser knew, as `engram serve`'s are said when they
-            came before its name (`engram --bogus serve`, `parsed` naming the command)."""
-            message = f"unrecognized arguments: {' '.join(extras)}"
-            if getattr(parsed, "command", None) == "serve" and _json_log("serve"):
-                _say(f"{self.prog}: error: {message}", "serve")
-                raise SystemExit(2)
-            self.error(message)
-
-    class Command(Parser):
-        """A command's parser (`engram import`, `engram client create`): an argument it does
-        not know is refused by it, with its usage and its name, as its other wrong arguments
-        are, where argparse left it to the top-level parser, whose usage of every command (three
-        lines) and `engram: error:` named none. It is refused before a required argument that
-        is missing is: `engram import --bogus` named only the file (argparse checks those first,
-        and stops there), where `engram import FILE --bogus` named `--bogus`."""
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
             given = list(sys.argv[1:] if args is None else args)
@@ -1063,6 +1045,15 @@ def parser() -> argparse.ArgumentParser:
             if extras:
                 self._unrecognized(extras, parsed)
             return parsed, extras
+
+        def _unrecognized(self, extras: list[str], parsed: argparse.Namespace) -> NoReturn:
+            """The refusal of arguments no parser knew, as `engram serve`'s are said when they
+            came before its name (`engram --bogus serve`, `parsed` naming the command)."""
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            if getattr(parsed, "command", None) == "serve" and _json_log("serve"):
+                _say(f"{self.prog}: error: {message}", "serve")
+                raise SystemExit(2)
+            self.error(message)
 
         def _unknown(self, given: list[str]) -> tuple[argparse.Namespace, list[str]]:
             """The arguments of `given` no parser knows, found in a pass that requires none
@@ -1086,18 +1077,16 @@ def parser() -> argparse.ArgumentParser:
                     yield action
                 if isinstance(action, argparse._SubParsersAction):
                     for command in action.choices.values():
-                        if isinstance(command, Command):
+                        if isinstance(command, Parser):
                             yield from command._required()
 
-    # A Command too: `engram --bogus` names `--bogus`, where argparse named only the missing
-    # command.
-    p = Command(prog="engram", description="Durable memory for AI agents.")
+    p = Parser(prog="engram", description="Durable memory for AI agents.")
     p.add_argument(
         "--version",
         action=_version_action(),
         help="print the release and the newest database migration it brings, then exit",
     )
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Command)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(
         name: str, run: Callable[[Settings, argparse.Namespace], int], help: str
