@@ -642,19 +642,21 @@ class McpEndpoint:
                 answers.append(_rpc_error(None, PARSE_ERROR, problem))
                 continue
             elapsed = loop.time() - started
+            refused: tuple[str, str] | None = None  # why it is not run, and the code
             if ran and budget and elapsed >= budget:
+                late = _late(number, len(batch), elapsed, found.state.settings)
+                refused = (late, TooManyRequests.code)
+            else:
+                if busy is None:
+                    try:
+                        await admission.again()
+                    except TooManyRequests as e:
+                        busy = e
+                if busy is not None:
+                    refused = (busy.message, busy.code)
+            if refused is not None:
                 if "method" in item and "id" in item:  # a request (nothing answers the rest)
-                    late = _late(number, len(batch), elapsed, found.state.settings)
-                    answers.append(_rpc_error(item["id"], REFUSED, late, "TOO_MANY_REQUESTS"))
-                continue
-            if busy is None:
-                try:
-                    await admission.again()
-                except TooManyRequests as e:
-                    busy = e
-            if busy is not None:
-                if "method" in item and "id" in item:  # a request (nothing answers the rest)
-                    answers.append(_rpc_error(item["id"], REFUSED, busy.message, busy.code))
+                    answers.append(_rpc_error(item["id"], REFUSED, *refused))
                 continue
             ran += 1
             answer = await self._alone(found, alone, scope, receive)
