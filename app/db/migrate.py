@@ -119,8 +119,9 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
             if stop.wait(_LOCK_RETRY_SECONDS):
                 raise MigrationStopped("stopped while waiting for another process's migration")
         try:
-            if revision == "head" and current_revision(lock) == newest_file():
-                return newest_file()  # nothing to do: no alembic to import
+            before = current_revision(lock)
+            if revision == "head" and before == newest_file():
+                return before  # nothing to do: no alembic to import
             from alembic import command
             from alembic.script import ScriptDirectory
             from sqlalchemy.exc import DBAPIError
@@ -128,7 +129,6 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
             cfg = alembic_config(url)
             script = ScriptDirectory.from_config(cfg)  # the migrations' files, read once
             _refuse_unknown_revisions(lock, script)
-            before = current_revision(lock)
             target = script.get_current_head() if revision == "head" else revision
             if before == target:
                 return before
