@@ -2503,28 +2503,17 @@ async def test_a_transcript_event_of_no_execution_of_the_file_is_refused(state, 
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
-    execution = json.loads(lines[first(lines, "execution")])["row"]
-    event = {
-        "action_id": execution["action_id"],
-        "execution_id": execution["execution_id"],
-        "sequence": 1,
-        "invocation_number": 1,
-        "type": "turn.input",
-        "data": {"text": "hello"},
-        "created": execution["created"],
-    }
-    at = first(lines, "memory_version")
-    stray = {**event, "execution_id": str(uuid.uuid4())}
-    changed = [*lines[:at], json.dumps({"type": "transcript_event", "row": stray}), *lines[at:]]
+    stray = str(uuid.uuid4())
+    changed, at = with_event(lines, execution_id=stray, data={"text": "hello"})
     await refused(
         second,
         target_admin.account_id,
         changed,
         f"line {at + 1}: its transcript_event row is not valid \\(execution_id "
-        f"{stray['execution_id']} is no execution of this export",
+        f"{stray} is no execution of this export",
     )
     # The same event of an execution the file has is imported.
-    kept = [*lines[:at], json.dumps({"type": "transcript_event", "row": event}), *lines[at:]]
+    kept, _ = with_event(lines, data={"text": "hello"})
     assert (await load(second, target_admin.account_id, kept)).by_type["transcript_event"] == 1
 
 
