@@ -662,6 +662,35 @@ async def test_h12_h13_a_replay_sees_preview_history_only_when_its_original_did(
     assert "Delta" not in preview
 
 
+async def test_h12_h13_a_replay_of_a_replay_sees_what_that_replay_saw(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A replay is a preview execution, but it saw what its original saw: replaying it sees no
+    more, neither the preview turns a live original never saw nor turns after the original."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    executed = []
+    for message, preview in (
+        ("Alpha fact: the ferry leaves at nine.", False),
+        ("Bravo fact: the ferry is purple.", True),
+        ("Charlie fact: the ferry is late.", False),
+        ("Delta fact: the ferry is full.", False),
+    ):
+        model_server.say("Noted.")
+        done = await run(gql, admin, action_id, message, preview=preview)
+        assert done["status"] == "SUCCEEDED", done["error"]
+        executed.append(done)
+
+    replay = executed[2]  # Charlie's, a live turn: it saw Alpha only
+    for _ in range(3):  # a replay of it, a replay of that replay, and one more
+        replay, searching = await _replayed_searching(gql, admin, model_server, action_id, replay)
+        seen = texts(searching)
+        assert "Alpha" in seen, seen
+        assert "Bravo" not in seen and "Charlie" not in seen and "Delta" not in seen, seen
+        # Its context window, too, holds only what the original's held.
+        sent = json.dumps(chat(model_server)[-2].body["messages"])
+        assert "Alpha" in sent and "Bravo" not in sent and "Delta" not in sent
+
+
 # Operators: history, searchHistory, node(id), grants and redaction, eraseSession
 
 

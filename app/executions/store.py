@@ -78,6 +78,29 @@ async def get_execution(
     )
 
 
+async def replayed_turn(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_id: UUID
+) -> Row | None:
+    """The turn a replay re-runs, through any replays between (a replay of a replay sees what
+    its original saw, which is what the first turn saw): its `turn` and `preview`."""
+    return await conn.fetchrow(
+        """
+        WITH RECURSIVE chain AS (
+            SELECT execution_id, replay_of, turn, preview FROM executions
+            WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+            UNION ALL
+            SELECT e.execution_id, e.replay_of, e.turn, e.preview
+            FROM chain c JOIN executions e
+                ON e.account_id = $1 AND e.action_id = $2 AND e.execution_id = c.replay_of
+        )
+        SELECT turn, preview FROM chain WHERE replay_of IS NULL
+        """,
+        account_id,
+        action_id,
+        execution_id,
+    )
+
+
 async def get_executions(
     conn: asyncpg.Connection, account_id: UUID, execution_ids: list[UUID]
 ) -> list[Row]:

@@ -399,14 +399,16 @@ async def _earlier_turns(state: AppState, e: Execution) -> tuple[int | None, boo
     """The session's turns a turn reads, its search_history and its context window alike: the
     turn before which they end (None: every kept turn) and whether preview turns are among
     them. A replay reads what its original read: the turns before it, preview ones only if
-    the original was a preview turn (H12). A turn's own events are kept only when it commits,
+    the original was a preview turn (H12); a replay of a replay, what that replay read. A
+    turn's own events are kept only when it commits,
     so every turn kept before it reads is before it: a new turn has no bound (its number, a
     guess until the commit numbers it, would leave out a turn committed while it ran, or
     between a failed attempt and its retry)."""
     if e.replay_of is None:
         return None, e.preview
     async with state.pool.acquire() as conn:
-        original = await store.get_execution(conn, e.account_id, e.action_id, e.replay_of)
+        # A replay of a replay sees what that one saw: the first turn's view, not a preview's.
+        original = await store.replayed_turn(conn, e.account_id, e.action_id, e.replay_of)
     assert original is not None  # executions are erased, never deleted
     return original["turn"], original["preview"]
 
