@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from factories import allow, caller, make_agent_id
+from factories import allow, caller, make_account, make_agent_id
 from helpers import GQL, upgraded_from
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -26,6 +26,7 @@ from runtime_support import (
 )
 
 from app.auth.caller import Caller
+from app.auth.policies import ADMIN_POLICIES
 from app.errors import BadInput
 from app.history import indexes as history_indexes
 from app.history import parts, store
@@ -1311,6 +1312,28 @@ async def test_h15_ids_reach_no_other_sessions_events_and_bad_arguments_are_told
     ]:
         _, refused = await searched(model_server, gql, admin, action_id, arguments)
         assert refused["error"].startswith(said), refused
+
+
+async def test_h15_another_agents_or_accounts_session_of_the_same_id_is_another_session(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A session is an agent's: another agent of the account, and an agent of another account,
+    with a session of the same ID, find nothing of it, by query or by ID."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    assert (await run(gql, admin, action_id, "The vault code is 8642."))["status"] == "SUCCEEDED"
+    _, mine = await searched(model_server, gql, admin, action_id, {"query": "vault code"})
+    own = [e["id"] for e in mine["output"]["events"] if "8642" in e["text"]]
+    assert own
+
+    other_account = await make_account(gql.state, "other")
+    stranger = Caller(other_account, "admin", ADMIN_POLICIES)
+    for owner in (admin, stranger):
+        other = await make_agent_id(gql.state, owner, harness=MESSAGES)
+        assert (await run(gql, owner, other, "Nothing to see."))["status"] == "SUCCEEDED"
+        for arguments in ({"query": "what is the vault code"}, {"ids": own}):
+            _, theirs = await searched(model_server, gql, owner, other, arguments)
+            assert "8642" not in texts(theirs), theirs
+        assert "8642" not in json.dumps(await history_of(gql, owner, other))
 
 
 async def test_history_search_called_directly_refuses_a_nul_in_its_query(
