@@ -142,6 +142,39 @@ async def test_h6_h15_mcp_offers_search_history_of_the_named_session(
     assert error["code"] == "ACCESS_DENIED"
 
 
+async def test_h13_mcp_search_history_finds_preview_turns_only_for_a_preview_client(
+    gql: GQL, admin: Caller, state: AppState, base_url: str, model_server: OpenAIServer
+) -> None:
+    """What a preview turn kept is searched only in preview mode: a live client over MCP finds
+    nothing of it, by query or by ID; a preview client finds it, and the live turns too."""
+    harness = {**memory_harness(), "history": {"index": "messages"}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.say("Noted.")
+    assert (await run(gql, admin, action_id, "The live code is 1357."))["status"] == "SUCCEEDED"
+    model_server.say("Noted too.")
+    tried = await run(gql, admin, action_id, "The preview code is 2468.", preview=True)
+    assert tried["status"] == "SUCCEEDED"
+    reader = await token_for(
+        state,
+        admin,
+        "history-reader",
+        *AGENT_POLICIES,
+        allow(["SELECT"], "financial.ActionExecution.transcript"),
+    )
+    async with mcp_session(mcp_url(base_url, action_id, preview=True), reader) as session:
+        found = await call(session, "search_history", query="what is the code", limit=10)
+    texts = [e["text"] for e in found["events"]]
+    assert any("1357" in t for t in texts) and any("2468" in t for t in texts), texts
+    (kept,) = [e for e in found["events"] if "2468" in e["text"]]
+    assert kept["preview"] is True
+    async with mcp_session(mcp_url(base_url, action_id), reader) as session:
+        found = await call(session, "search_history", query="what is the code", limit=10)
+        by_id = await call(session, "search_history", ids=[kept["id"]])
+    texts = [e["text"] for e in found["events"]]
+    assert any("1357" in t for t in texts) and not any("2468" in t for t in texts), texts
+    assert by_id == {"events": []}
+
+
 async def test_m55_mcp_search_history_leaves_out_memory_text_without_the_memory_grants(
     gql: GQL, admin: Caller, state: AppState, base_url: str, model_server: OpenAIServer
 ) -> None:
