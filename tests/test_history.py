@@ -594,6 +594,14 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     # A replay keeps nothing and counts no turn.
     kept = await history_of(gql, admin, action_id)
     assert max(e["turn"] for e in kept) == 3 and not any(e["preview"] for e in kept)
+    # ids read no further than its search: not an event of the original's turn or later.
+    model_server.call_tools(("search_history", {"ids": [e["eventId"] for e in kept]}))
+    model_server.say("Replayed.")
+    result = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+    )
+    (reading,) = tool_runs(result.ok()["executeAction"], "search_history")
+    assert [e["turn"] for e in reading["output"]["events"]] == [1, 1]
 
     both = await gql(
         admin,
