@@ -17,7 +17,7 @@ import pytest
 from factories import make_agent_id
 from helpers import GQL
 from openai_server import OpenAIServer, Recorded
-from runtime_support import events, run, tool_names, tool_results
+from runtime_support import events, history_of, run, tool_names, tool_results
 
 from app.actions.model import MAX_CONTEXT_TOKENS, ModelConfig
 from app.auth.caller import Caller
@@ -644,9 +644,9 @@ async def test_h16_search_history_finds_a_detail_the_summary_left_out(
     )
     script_summaries(model_server, "They talked about the weather")
     model_server.say("Noted.")
-    await run(gql, admin, action_id, "My locker code is 4417. " + ask_long("ASK-1"))
+    turns = [await run(gql, admin, action_id, "My locker code is 4417. " + ask_long("ASK-1"))]
     for turn in range(2, 8):
-        await long_turn(gql, admin, model_server, action_id, turn)
+        turns.append(await long_turn(gql, admin, model_server, action_id, turn))
         if "is 4417" not in sent_text(chat(model_server, "turn")[-1]):
             break
     assert "is 4417" not in sent_text(chat(model_server, "turn")[-1])  # summarized away
@@ -657,8 +657,16 @@ async def test_h16_search_history_finds_a_detail_the_summary_left_out(
     model_server.say("Your locker code is 4417.")
     executed = await run(gql, admin, action_id, "What is my locker code?")
     assert executed["status"] == "SUCCEEDED", executed["error"]
+    turns.append(executed)
     assert any("4417" in r for r in tool_results(chat(model_server, "turn")[-1]))
     assert_within(model_server, budget)
+    # H2: a summarizer's reply (purpose `context`) is not the agent's: the history keeps each
+    # turn's message and the agent's replies only.
+    assert any(e["purpose"] == "context" for t in turns for e in events(t, "model.call"))
+    kept = await history_of(gql, admin, action_id)
+    assert not any("They talked about the weather" in e["text"] for e in kept)
+    replies = [r for t in turns for r in events(t, "model.call") if r["purpose"] == "turn"]
+    assert len([e for e in kept if e["who"] == "AGENT"]) == len(replies)
 
 
 async def test_h16_a_summary_is_kept_only_over_the_one_its_turn_started_from(
