@@ -446,6 +446,42 @@ async def test_h16_a_result_too_large_for_the_budget_is_cleared_and_the_model_to
     assert len(uses) == len(recalled)
 
 
+async def test_h10_a_history_search_cleared_as_too_large_is_still_a_retrieved_use(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Unlike a memory search's (M32), each history search is a RETRIEVED use (H10), even one
+    whose result never reaches the model."""
+    harness = {"history": {"index": "messages"}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    told = " ".join(f"The ferry number {k} sails at dawn from pier {k}." for k in range(60))
+    model_server.say("Noted.")
+    assert (await run(gql, admin, action_id, told))["status"] == "SUCCEEDED"
+    # The same agent with a budget its turn 1 would not fit in, let alone that search's result.
+    (
+        await gql(
+            admin,
+            """mutation($a: UUID!, $input: ActionInput!) {
+                updateAction(actionId: $a, input: $input) { version } }""",
+            a=action_id,
+            input={"name": "support", "harness": harness, "model": {"contextTokens": 600}},
+        )
+    ).ok()
+    model_server.say("SUMMARY.", purpose="context")
+    model_server.call_tools(("search_history", {"query": "ferry pier dawn", "limit": 10}))
+    model_server.say("ANSWER")
+    executed = await run(gql, admin, action_id, "When does the ferry sail?")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (cleared,) = events(executed, "context.cleared")
+    assert (cleared["results"], cleared["reason"]) == (1, "too large")
+    (searching,) = [e for e in events(executed, "tool.execution") if "callId" in e]
+    found = searching["output"]["events"]
+    assert searching["name"] == "search_history" and len(found) > 1
+    (use,) = events(executed, "output.use")
+    assert (use["use"], use["tool"]) == ("RETRIEVED", "search_history")
+    assert [e["id"] for e in use["events"]] == [e["id"] for e in found]
+
+
 async def test_h16_a_turn_that_cannot_fit_fails_with_a_message_to_act_on(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

@@ -298,8 +298,8 @@ class NativeTools:
     embedder_name: str
     history: HistoryAccess | None = None
     max_query_chars: int = memory_search.MAX_QUERY_CHARS
-    # A turn holds each call's RETRIEVED uses until the model call that reads its result
-    # (`release_uses`): a result cleared before any call read it reached no model (M32).
+    # A turn holds each memory call's RETRIEVED uses until the model call that reads its
+    # result (`release_uses`): a result cleared before any call read it reached no model (M32).
     # None: recorded at once (over MCP the client reads the result as it is).
     held: list[tuple[str, dict[str, Any]]] | None = None
 
@@ -365,7 +365,9 @@ class NativeTools:
         if result.retrieved:
             self._use(call.id, {**use, "records": versions(result.retrieved)})
         if result.retrieved_events is not None:
-            self._use(call.id, {**use, "events": result.retrieved_events})
+            # Each history search is a RETRIEVED use (H10), even one whose result is cleared
+            # before a model call reads it: unlike a memory search's (M32), recorded at once.
+            self.transcript.add(events.OUTPUT_USE, {**use, "events": result.retrieved_events})
         summaries = [
             view["summary"]
             for views in result.output.values()

@@ -400,10 +400,9 @@ async def _earlier_turns(state: AppState, e: Execution) -> tuple[int | None, boo
     turn before which they end (None: every kept turn) and whether preview turns are among
     them. A replay reads what its original read: the turns before it, preview ones only if
     the original was a preview turn (H12); a replay of a replay, what that replay read. A
-    turn's own events are kept only when it commits,
-    so every turn kept before it reads is before it: a new turn has no bound (its number, a
-    guess until the commit numbers it, would leave out a turn committed while it ran, or
-    between a failed attempt and its retry)."""
+    turn's own events are kept only when it commits, so every turn kept before it reads is
+    before it: a new turn has no bound (its number, a guess until the commit numbers it, would
+    leave out a turn committed while it ran, or between a failed attempt and its retry)."""
     if e.replay_of is None:
         return None, e.preview
     async with state.pool.acquire() as conn:
