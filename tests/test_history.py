@@ -442,6 +442,11 @@ async def test_h8_a_long_event_is_kept_in_parts_and_read_whole_by_id(
     (whole,) = reading["output"]["events"]
     assert whole["text"] == f"turn 1, user\n{long}" and "part" not in whole
     assert whole["parts"] == best["parts"]
+    # A query beside ids is refused, where the query was dropped without a word to the model.
+    _, both = await searched(
+        model_server, gql, admin, action_id, {"query": "weather", "ids": [best["id"]]}
+    )
+    assert both["error"] == "pass a query to search, or ids to read events whole, not both"
     # H10: a read by ID is a search_history execution too, and a RETRIEVED use of the event.
     (use,) = events(read, "output.use")
     assert (use["use"], use["tool"], use["events"]) == (

@@ -193,7 +193,7 @@ class SearchHistory(Arguments):
         Field(
             None,
             max_length=history_search.MAX_IDS,
-            description="Read these events whole, by the id of a result.",
+            description="Read these events whole, by the id of a result (instead of a query).",
         )
     )
     limit: Integer(1, history_search.MAX_LIMIT, got=False) = Field(  # type: ignore[valid-type]

@@ -520,6 +520,9 @@ class NativeTools:
         if not access.memory_text:  # not ranked at all: neither a score nor a short page tells
             scope = replace(scope, hidden_tools=NATIVE_TOOLS)
         tokens = 0
+        if a.ids is not None and a.query and a.query.strip():
+            # Either would leave the other unanswered without a word to the model.
+            raise ToolRefused("pass a query to search, or ids to read events whole, not both")
         if a.ids is not None:
             found = await history_search.read(access.pool, scope, a.ids)
         elif a.query and a.query.strip():
