@@ -228,7 +228,10 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
 async def _database(settings: Settings, *, reads: str | None = None) -> AsyncIterator[Any]:
     """A pool on the migrated database (the embedded server unless a URL is set). A command
     that only reads (`reads`, its name) is refused where ENGRAM_DATA_DIR holds no database yet,
-    and makes none (`_no_database`), where it made and migrated one to read nothing from it."""
+    and makes none (`_no_database`), where it made and migrated one to read nothing from it;
+    and it migrates nothing: a database an older release migrated is refused as it is
+    (`_behind`), where it was migrated in place, for good, by the export an operator takes
+    before an upgrade."""
     import asyncio
 
     from app.db import migrate
@@ -244,7 +247,12 @@ async def _database(settings: Settings, *, reads: str | None = None) -> AsyncIte
         started = await asyncio.to_thread(embedded_uri, settings.data_dir)
         server, url = started
     try:
-        await migrate.upgrade_in_thread(url)
+        if reads is None:
+            await migrate.upgrade_in_thread(url)
+        else:
+            stands = await asyncio.to_thread(migrate.behind, url)
+            if stands is not None:
+                raise _behind(reads, settings, *stands)
         pool = await create_pool(url, min_size=1, max_size=2)
         try:
             yield pool
@@ -260,12 +268,13 @@ async def _as_admin(
     work: Callable[[Any, Any], Awaitable[Any]],
     *,
     reads: str | None = None,
-    account_named: bool = False,
+    account: UUID | None = None,
 ) -> Any:
     """Runs `work(pool, caller)` as the default account's admin, for people at a terminal: made
     first (with the admin's client, and its token shown once) if no start of the service made
-    them yet, unless the command only reads (`reads`, its name: `client tokens`), which is
-    refused then and makes no account (`_unstarted`; `account_named`: it was given --account)."""
+    them yet, unless the command only reads (`reads`, its name: `client tokens`), which makes
+    no account: without the default account it reads as the admin of the account it names
+    (`account`, given --account) if that exists, and is refused otherwise (`_unstarted`)."""
     from app.auth.caller import Caller
     from app.auth.policies import ADMIN_POLICIES
     from app.auth.service import (
@@ -280,17 +289,35 @@ async def _as_admin(
         if reads is not None:
             async with pool.acquire() as conn:
                 found = await default_account(conn)
-            if found is None:
-                raise _unstarted(reads, account_named=account_named)
-            account_id = found
+                if found is None:  # (`found` set below otherwise)
+                    caller = await _named_account_reader(conn, reads, account)
         else:
             created = await bootstrap_admin(pool, settings.bootstrap_token_value())
             if created is not None:
                 print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
             async with pool.acquire() as conn:
-                account_id = await ensure_default_account(conn)
-        caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
+                found = await ensure_default_account(conn)
+        if found is not None:
+            caller = Caller(found, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
         return await work(pool, caller)
+
+
+async def _named_account_reader(conn: Any, command: str, account: UUID | None) -> Any:
+    """The caller a command that only reads acts as on a database without the default account
+    (whose admin it acts as otherwise): the admin of the account it names, in that account
+    alone (as an administrator of it, not of the default account, reaching no other), once
+    that account is found. The operator at the terminal acts as admin already; the service's
+    API is not concerned: this caller has no token, and is made only here."""
+    from app.auth import store
+    from app.auth.caller import Caller
+    from app.auth.policies import ADMIN_POLICIES
+    from app.auth.service import ADMIN_PRINCIPAL
+
+    if account is None:
+        raise _unstarted(command, account=None)
+    if await store.get_account(conn, account) is None:
+        raise _unstarted(command, account=account)
+    return Caller(account, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=False)
 
 
 # What a command that only reads says on a database whose default account no start of the
@@ -304,6 +331,11 @@ _UNSTARTED = "this database has no default account yet (the service makes it whe
 _NO_DATABASE = "no database yet in ENGRAM_DATA_DIR"
 
 
+# What a command that only reads says on a database no migration has run on (a URL naming one
+# just created): it migrates nothing, where it made Engram's tables there to read nothing.
+_NO_TABLES = "the database holds no Engram tables yet (no migration has run on it)"
+
+
 def _no_database(command: str, data_dir: Path) -> Exception:
     from app.errors import NotFound
 
@@ -314,13 +346,41 @@ def _no_database(command: str, data_dir: Path) -> Exception:
     )
 
 
-def _unstarted(command: str, *, account_named: bool) -> Exception:
+def _behind(command: str, settings: Settings, at: str | None, newest: str) -> Exception:
+    from app.errors import Conflict, NotFound
+
+    if at is None:  # a database no migration has run on: no Engram database yet
+        return NotFound(
+            f"{_NO_TABLES}: `engram {command}` only reads, and migrates nothing: point "
+            "ENGRAM_DATABASE_URL (or ENGRAM_DATA_DIR) at the service's database, or start the "
+            "service first (`engram serve`)"
+        )
+    backup = (
+        f"the data directory ({settings.data_dir})"
+        if settings.database_url_value() is None
+        else "the database (docs/operations.md, Backup and restore)"
+    )
+    return Conflict(
+        f"the database is at revision {at}, this engram needs {newest}: `engram {command}` only "
+        f"reads, and migrates nothing: back up {backup} and run `engram migrate` (or run "
+        f"`engram {command}` with the release that wrote it)"
+    )
+
+
+def _unstarted(command: str, *, account: UUID | None) -> Exception:
+    """`account`: the account the command named (--account), which this database does not hold
+    either."""
     from app.errors import NotFound
 
-    named = "" if account_named else ", or name the account with --account ID"
+    if account is None:
+        return NotFound(
+            f"{_UNSTARTED}: `engram {command}` only reads, and makes no account; start the "
+            "service first (`engram serve`), or name the account with --account ID"
+        )
     return NotFound(
-        f"{_UNSTARTED}: `engram {command}` only reads, and makes no account; start the service "
-        f"first (`engram serve`){named}"
+        f"{_UNSTARTED}, nor account {account}: `engram {command}` only reads, and makes no "
+        "account; check the account ID (`engram account create` printed it), or start the "
+        "service first (`engram serve`)"
     )
 
 
@@ -579,9 +639,10 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             ) from None
 
     # Listing tokens only reads: on a database no start of the service made the default
-    # account of, it is refused, not made (with the admin and its token) to list nothing.
+    # account of, it lists in the account --account names, if that exists, and is refused
+    # otherwise, the account not made (with the admin and its token) to list nothing.
     reads = "client tokens" if args.client_command == "tokens" else None
-    run = partial(_as_admin, settings, told, reads=reads, account_named=account is not None)
+    run = partial(_as_admin, settings, told, reads=reads, account=account)
     print(json.dumps(_run(run), indent=2))
     return 0
 
@@ -640,7 +701,7 @@ def _in_account(
                 async with pool.acquire() as conn:
                     account_id = await default_account(conn)
                 if account_id is None:
-                    raise _unstarted(reads, account_named=False)
+                    raise _unstarted(reads, account=None)
             return await work(pool, account_id=account_id)
 
     return _run(run)
@@ -827,6 +888,16 @@ def _stdout_to_devnull() -> None:
         os.close(devnull)
 
 
+def _counted(n: int, kind: str) -> str:
+    """`n` rows of an export's `kind` (its lines' `type`), in English: "1 memory", "0 action
+    versions", "2 memories"."""
+    name = kind.replace("_", " ")
+    if n != 1:
+        consonant_y = name.endswith("y") and name[-2:-1] not in "aeiou"
+        name = name[:-1] + "ies" if consonant_y else name + "s"
+    return f"{n} {name}"
+
+
 def _export(settings: Settings, args: argparse.Namespace) -> int:
     from app.errors import BadInput, NotFound
     from app.transfer.service import export_action
@@ -852,13 +923,14 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
             try:
                 counts = _in_account(settings, account, work, reads="export")
             except NotFound as e:
-                if account is not None or e.message.startswith((_UNSTARTED, _NO_DATABASE)):
+                said = (_UNSTARTED, _NO_DATABASE, _NO_TABLES)
+                if account is not None or e.message.startswith(said):
                     raise
                 raise NotFound(
                     f"{e}, the default account: an agent of another account needs --account ID"
                 ) from None
             output.flush()  # here, where its error is told, not at Python's exit
-        rows = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        rows = ", ".join(_counted(n, kind) for kind, n in counts.items())
         print(f"exported action {action_id}: {rows}", file=sys.stderr)
     except KeyboardInterrupt:
         # Written in full: the file took its name, or what is not a file (standard output, a

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import psycopg
 import pytest
 from alembic.script import ScriptDirectory
 from helpers import database_copy
@@ -56,6 +57,11 @@ def test_a_database_of_a_newer_release_is_refused(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1 and "revision 0099_future, newer than" in err
+    # A command that only reads, which migrates nothing, refuses it the same way.
+    assert cli.main(["export", "--action", str(uuid.uuid4())]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"error (CONFLICT): {refused.value}\n"
 
 
 def test_each_migrations_revision_is_its_files_number() -> None:
@@ -197,3 +203,103 @@ async def test_a_migration_that_fails_is_said_in_one_line_with_where_the_databas
         assert done.returncode == 0, done.stderr
         head = ScriptDirectory.from_config(migrate.alembic_config(url)).get_current_head()
         assert done.stdout == f"database is at the latest migration ({head})\n"
+
+
+async def test_commands_that_only_read_refuse_an_older_database_and_leave_it_as_it_is(
+    pg_server, tmp_path
+):
+    """`engram export` and `engram client tokens` only read: on a database an older release
+    migrated (the backup an operator takes before upgrading) they migrated it in place first,
+    for good. Each is refused in one line saying where it stands and what to do, and leaves it
+    at its revision; a command that writes migrates it as ever."""
+    newest = migrate.newest_file()
+    name = f"engram_older_reads_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url, "0031")
+        env = clean_env(database_url=url, data_dir=str(tmp_path / "unused"))
+        action = str(uuid.uuid4())
+        for args, command in [
+            (["export", "--action", action], "export"),
+            (["export", "--action", action, "--account", action], "export"),
+            (["client", "tokens", "admin"], "client tokens"),
+            (["client", "tokens", "admin", "--account", action], "client tokens"),
+        ]:
+            done = await asyncio.to_thread(run, env, *args)
+            assert (done.returncode, done.stdout) == (2, ""), done.stderr
+            assert done.stderr.splitlines() == [
+                f"error (CONFLICT): the database is at revision 0031, this engram needs "
+                f"{newest}: `engram {command}` only reads, and migrates nothing: back up the "
+                "database (docs/operations.md, Backup and restore) and run `engram migrate` "
+                f"(or run `engram {command}` with the release that wrote it)"
+            ], args
+            conn = await asyncpg.connect(url)
+            try:
+                assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0031"
+                assert await conn.fetchval("SELECT count(*) FROM accounts") == 0
+            finally:
+                await conn.close()
+        done = await asyncio.to_thread(run, env, "client", "create", "ops")
+        assert done.returncode == 0, done.stderr
+        done = await asyncio.to_thread(run, env, "client", "tokens", "ops")
+        assert done.returncode == 0, done.stderr
+        conn = await asyncpg.connect(url)
+        try:
+            assert await conn.fetchval("SELECT version_num FROM alembic_version") == newest
+        finally:
+            await conn.close()
+
+
+async def test_commands_that_only_read_refuse_a_database_no_migration_has_run_on(pg_server):
+    """An empty database (ENGRAM_DATABASE_URL naming one just created): migrated by a command
+    that only reads, to read nothing from it; now refused, left empty."""
+    name = f"engram_empty_reads_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        env = clean_env(database_url=url)
+        for args, command in [
+            (["export", "--action", str(uuid.uuid4())], "export"),
+            (["client", "tokens", "admin"], "client tokens"),
+        ]:
+            done = await asyncio.to_thread(run, env, *args)
+            assert (done.returncode, done.stdout) == (2, ""), done.stderr
+            assert done.stderr.splitlines() == [
+                "error (NOT_FOUND): the database holds no Engram tables yet (no migration has "
+                f"run on it): `engram {command}` only reads, and migrates nothing: point "
+                "ENGRAM_DATABASE_URL (or ENGRAM_DATA_DIR) at the service's database, or start "
+                "the service first (`engram serve`)"
+            ], args
+        conn = await asyncpg.connect(url)
+        try:
+            assert await conn.fetchval("SELECT to_regclass('alembic_version')") is None
+        finally:
+            await conn.close()
+
+
+def test_an_export_of_an_older_embedded_database_says_to_back_up_its_data_directory(
+    data_root: Path,
+) -> None:
+    """The embedded database of a release before (ENGRAM_DATA_DIR), as an operator exports it
+    before upgrading: refused, naming the data directory to back up; left at its revision."""
+    from app.db.embedded import embedded_uri
+
+    data_dir = data_root / "data"
+    server, url = embedded_uri(data_dir)
+    try:
+        migrate.upgrade(url, "0031")
+    finally:
+        server.stop()
+    done = run(clean_env(data_dir=str(data_dir)), "export", "--action", str(uuid.uuid4()))
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    # (After the embedded server's log line.)
+    assert done.stderr.splitlines()[-1] == (
+        f"error (CONFLICT): the database is at revision 0031, this engram needs "
+        f"{migrate.newest_file()}: `engram export` only reads, and migrates nothing: back up the "
+        f"data directory ({data_dir}) and run `engram migrate` (or run `engram export` with the "
+        "release that wrote it)"
+    ), done.stderr
+    server, url = embedded_uri(data_dir)
+    try:
+        with psycopg.connect(url) as conn:
+            assert migrate.current_revision(conn) == "0031"
+    finally:
+        server.stop()

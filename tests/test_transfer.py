@@ -41,6 +41,8 @@ from servers import clean_env, engram_command, run, run_closed
 
 from app import cli
 from app.actions import service as actions
+from app.auth import service as auth_service
+from app.auth import store as auth_store
 from app.auth.service import ensure_default_account
 from app.db.pool import create_pool
 from app.embeddings import store as embeddings_store
@@ -474,6 +476,40 @@ async def test_cli_export_of_a_tenants_agent_without_account_says_to_pass_it(
     assert "an agent of another account needs --account ID" in err
     code = await asyncio.to_thread(cli.main, [*args, "--account", str(account)])
     assert code == 0 and '"type": "header"' in capsys.readouterr().out
+
+
+async def test_cli_export_summary_counts_each_kind_in_english(
+    state, admin, db_url, monkeypatch, capsys
+):
+    """The line `engram export` ends with names each kind of row it counts as English does, one
+    or several: it read "1 action, 0 session, 3 memory_version"."""
+    bare = await make_agent(state, admin)
+    built = await build_agent(state, admin)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    said = []
+    for agent in (bare, built):
+        code = await asyncio.to_thread(cli.main, ["export", "--action", str(agent.action_id)])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        said.append(err)
+    assert said[0] == (
+        f"exported action {bare.action_id}: 1 action, 1 action version, 0 sessions, "
+        "0 executions, 0 transcript events, 0 memory versions, 0 memories\n"
+    )
+    assert said[1] == (
+        f"exported action {built.action_id}: 1 action, 2 action versions, 1 session, "
+        "5 executions, 0 transcript events, 12 memory versions, 9 memories\n"
+    )
+    # Every kind an export counts is named in the line.
+    assert set(store.BY_KIND) == {
+        "action",
+        "action_version",
+        "session",
+        "execution",
+        "transcript_event",
+        "memory_version",
+        "memory",
+    }
 
 
 async def test_an_export_during_an_interrupted_reembed_leaves_the_vectors_out(
@@ -2074,7 +2110,8 @@ async def test_commands_that_only_read_make_no_default_account(pg_server, templa
     service has made the default account of, each is refused in one line that says what to do
     (start the service, or name the account), and writes nothing, where the export made the
     default account (then answered NOT_FOUND in it) and the listing made it, its admin and the
-    admin's token. With --account named, the account is looked for, and not made."""
+    admin's token. With --account named, the account is looked for, and not made; one that
+    exists is read (the listing was refused, the admin it acts as being the default account's)."""
     name = f"engram_unstarted_reads_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     async with database_copy(pg_server, template_db, name) as url:
         env = clean_env(database_url=url)
@@ -2094,7 +2131,10 @@ async def test_commands_that_only_read_make_no_default_account(pg_server, templa
                 (["client", "tokens", "admin"], unstarted.format("client tokens", named)),
                 (
                     ["client", "tokens", "admin", "--account", account],
-                    unstarted.format("client tokens", ""),
+                    "error (NOT_FOUND): this database has no default account yet (the service "
+                    f"makes it when it first starts), nor account {account}: `engram client "
+                    "tokens` only reads, and makes no account; check the account ID (`engram "
+                    "account create` printed it), or start the service first (`engram serve`)",
                 ),
                 (
                     ["export", "--action", action, "--account", account],
@@ -2107,6 +2147,36 @@ async def test_commands_that_only_read_make_no_default_account(pg_server, templa
                 assert await digests(conn) == before, args
             assert await conn.fetchval("SELECT count(*) FROM accounts") == 0
             assert await conn.fetchval("SELECT count(*) FROM clients") == 0
+            # An account that exists (a tenant's, the default account's gone) is read, as its
+            # own admin, making nothing either.
+            tenant = uuid.uuid4()
+            await conn.execute(
+                "INSERT INTO accounts (account_id, name) VALUES ($1, 'acme')", tenant
+            )
+            await auth_store.insert_client(conn, tenant, "ops", "Ops", "[]")  # (a raw jsonb)
+            token = auth_service.new_token()
+            await auth_store.insert_token(
+                conn,
+                auth_service.hash_token(token),
+                tenant,
+                "ops",
+                prefix=auth_service.token_prefix(token),
+            )
+            before = await digests(conn)
+            done = await asyncio.to_thread(
+                run, env, "client", "tokens", "ops", "--account", str(tenant)
+            )
+            assert done.returncode == 0, done.stderr
+            listed = json.loads(done.stdout)
+            assert listed["principal"] == "ops"
+            assert [t["prefix"] for t in listed["tokens"]] == [auth_service.token_prefix(token)]
+            done = await asyncio.to_thread(
+                run, env, "client", "tokens", "ghost", "--account", str(tenant)
+            )
+            assert (done.returncode, done.stdout) == (2, ""), done.stderr
+            assert done.stderr.splitlines() == ["error (NOT_FOUND): client 'ghost' not found"]
+            assert await digests(conn) == before
+            assert await conn.fetchval("SELECT count(*) FROM accounts WHERE is_default") == 0
             # Once a command that writes made the default account, each reads in it.
             done = await asyncio.to_thread(run, env, "client", "create", "ops")
             assert done.returncode == 0, done.stderr

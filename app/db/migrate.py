@@ -55,6 +55,13 @@ class DatabaseTooNew(Conflict):
     """The database was migrated by a newer release: this one knows none of its revisions."""
 
 
+def _too_new(current: str, latest: str) -> DatabaseTooNew:
+    return DatabaseTooNew(
+        f"the database is at revision {current}, newer than this release's latest ({latest}): "
+        "run the newer engram, or restore a backup"
+    )
+
+
 def latest_revision() -> str:
     """The newest migration this release brings."""
     from alembic.script import ScriptDirectory
@@ -64,12 +71,40 @@ def latest_revision() -> str:
     return head
 
 
+def _files() -> set[str]:
+    """The revisions of this release's migrations, read from their files' names (`newest_file`)."""
+    return {p.name[:4] for p in (MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")}
+
+
 def newest_file() -> str:
     """The newest migration this release brings, read from its files' names: each migration's
     revision is its file's number (0033_kind_index.py, revision "0033"; docs/architecture.md's
     recipe, and tests/test_migrations.py checks it against alembic's head), so that a database
     already at it is known to be without importing alembic."""
-    return max(p.name[:4] for p in (MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
+    return max(_files())
+
+
+def _connect_timeout(url: str) -> dict[str, Any]:
+    """A server that never answers (a firewall dropping packets) would hold the command for the
+    system's TCP timeout: 10 s, unless the URL sets its own connect_timeout."""
+    return {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
+
+
+def behind(url: str) -> tuple[str | None, str] | None:
+    """Where the database stands against this release's newest migration, for a command that
+    only reads and so migrates nothing: None at the newest, else the revision it is at (None: no
+    migration yet, an empty database) and the newest. Changes nothing, and imports no alembic
+    (the files' numbers, as `upgrade`'s first look). A revision this release does not know (a
+    newer release migrated it) is refused as `upgrade` refuses it."""
+    with psycopg.connect(url, autocommit=True, **_connect_timeout(url)) as conn:
+        current = current_revision(conn)
+    files = _files()
+    newest = max(files)
+    if current == newest:
+        return None
+    if current is not None and current not in files:
+        raise _too_new(current, newest)
+    return current, newest
 
 
 def current_revision(lock: psycopg.Connection) -> str | None:
@@ -86,10 +121,7 @@ def _refuse_unknown_revisions(lock: psycopg.Connection, script: "ScriptDirectory
     known = {s.revision for s in script.walk_revisions()}
     for (current,) in lock.execute("SELECT version_num FROM alembic_version").fetchall():
         if current not in known:
-            raise DatabaseTooNew(
-                f"the database is at revision {current}, newer than this release's latest "
-                f"({', '.join(script.get_heads())}): run the newer engram, or restore a backup"
-            )
+            raise _too_new(current, ", ".join(script.get_heads()))
 
 
 def upgrade(url: str, revision: str = "head", stop: threading.Event | None = None) -> str | None:
@@ -100,12 +132,7 @@ def upgrade(url: str, revision: str = "head", stop: threading.Event | None = Non
     of a large database may take minutes, during which a start says nothing else), and one
     when it waits for another process's; nothing when there is nothing to do. That wait ends
     when `stop` is set (MigrationStopped)."""
-    # A server that never answers (a firewall dropping packets) would hold the start for the
-    # system's TCP timeout: 10 s, unless the URL sets its own connect_timeout.
-    timeout: dict[str, Any] = (
-        {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
-    )
-    with psycopg.connect(url, autocommit=True, **timeout) as lock:
+    with psycopg.connect(url, autocommit=True, **_connect_timeout(url)) as lock:
         # Tried again and again rather than waited for in the server: a thread blocked there
         # could not be stopped, and held its process's exit until the other migration ended.
         stop = stop or threading.Event()
