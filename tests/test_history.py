@@ -637,23 +637,31 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     )
 
 
+async def ferry_turns(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, action_id: str, *, delta_preview: bool
+) -> list[dict[str, Any]]:
+    """Four committed turns, Alpha to Delta, Bravo's in preview (and Delta's if asked)."""
+    executed = []
+    for message, preview in (
+        ("Alpha fact: the ferry leaves at nine.", False),
+        ("Bravo fact: the ferry is purple.", True),
+        ("Charlie fact: the ferry is late.", False),
+        ("Delta fact: the ferry is full.", delta_preview),
+    ):
+        model_server.say("Noted.")
+        done = await run(gql, admin, action_id, message, preview=preview)
+        assert done["status"] == "SUCCEEDED", done["error"]
+        executed.append(done)
+    return executed
+
+
 async def test_h12_h13_a_replay_sees_preview_history_only_when_its_original_did(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
     """A live turn never saw the preview history kept before it, so neither does its replay;
     a preview turn saw it, and so does the replay of that one."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
-    executed = []
-    for message, preview in (
-        ("Alpha fact: the ferry leaves at nine.", False),
-        ("Bravo fact: the ferry is purple.", True),
-        ("Charlie fact: the ferry is late.", False),
-        ("Delta fact: the ferry is full.", True),
-    ):
-        model_server.say("Noted.")
-        done = await run(gql, admin, action_id, message, preview=preview)
-        assert done["status"] == "SUCCEEDED", done["error"]
-        executed.append(done)
+    executed = await ferry_turns(gql, admin, model_server, action_id, delta_preview=True)
     kept = await history_of(gql, admin, action_id)
     turns = {e["text"].split(" ")[0]: (e["turn"], e["preview"]) for e in kept if e["who"] == "USER"}
     assert turns == {
@@ -682,17 +690,7 @@ async def test_h12_h13_a_replay_of_a_replay_sees_what_that_replay_saw(
     """A replay is a preview execution, but it saw what its original saw: replaying it sees no
     more, neither the preview turns a live original never saw nor turns after the original."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
-    executed = []
-    for message, preview in (
-        ("Alpha fact: the ferry leaves at nine.", False),
-        ("Bravo fact: the ferry is purple.", True),
-        ("Charlie fact: the ferry is late.", False),
-        ("Delta fact: the ferry is full.", False),
-    ):
-        model_server.say("Noted.")
-        done = await run(gql, admin, action_id, message, preview=preview)
-        assert done["status"] == "SUCCEEDED", done["error"]
-        executed.append(done)
+    executed = await ferry_turns(gql, admin, model_server, action_id, delta_preview=False)
 
     replay = executed[2]  # Charlie's, a live turn: it saw Alpha only
     for _ in range(3):  # a replay of it, a replay of that replay, and one more
