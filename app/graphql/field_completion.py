@@ -26,13 +26,14 @@ is `data: null` with one BAD_REQUEST error. As a request reads its pages two at 
 (app/graphql/context.py, Reads), the pages it holds when refused are the few read before the
 budget was passed, not every page it asked for.
 
-Fields awaited together run as tasks, and when one fails its object or list, the others are
-cancelled (gather_with_cancel, graphql-core's and this module's). A task cancelled before its
-first step never runs its coroutine, so the coroutines that coroutine holds (a field's
-awaitable is made before it is awaited: graphql-core's complete_awaitable_value, strawberry's
-resolver, this module's awaited and guarded) were collected unawaited, each logging
-"coroutine ... was never awaited". This module's gather_with_cancel, which graphql-core's
-executor uses too, closes them when it cancels such a task: nothing of them ever runs, as before.
+Fields awaited together run as tasks (gather_with_cancel), and when one fails its object or
+list, the others are cancelled, and the tasks below them with them. A task cancelled before its
+first step never runs its coroutine, so the coroutines that coroutine holds (a field's awaitable
+is made before it is awaited: graphql-core's complete_awaitable_value and get_results,
+strawberry's resolver, this module's awaited and guarded) were collected unawaited, each logging
+"coroutine ... was never awaited" (bench/README.md, fuzz_graphql). This module's
+gather_with_cancel, which graphql-core's executor is made to use too, runs them as tasks that,
+cancelled before their first step, close those coroutines: none of them could run, none runs.
 """
 
 import json
