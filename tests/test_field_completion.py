@@ -1,11 +1,20 @@
 """Issue 14: the short path for plain fields (app/graphql/field_completion.py) answers as
 graphql-core does, values, nulls, errors and their paths included."""
 
+import asyncio
+import gc
+import sys
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from enum import Enum
 from typing import Any
 
+import httpx
 import pytest
 import strawberry
+from factories import allow, make_agent, record_turn, token_for, writer
+from graphql import GraphQLError
 from strawberry.dataloader import DataLoader
 from strawberry.permission import BasePermission, PermissionExtension
 
@@ -159,3 +168,151 @@ async def test_issue14_guarded_fields_each_keep_their_own_permission():
     assert plain.data is None and [e.message for e in plain.errors] == ["not allowed"]
     assert short.data == plain.data
     assert [(e.message, e.path) for e in short.errors] == [("not allowed", ["guarded", "b"])]
+
+
+@asynccontextmanager
+async def left_unawaited() -> AsyncIterator[list[str]]:
+    """What the process logs, while the block runs (the served app's thread included) and the
+    tasks it cancelled take their last step, of coroutines collected unawaited: the
+    RuntimeWarnings, and the warnings that themselves failed (`Exception ignored in:
+    <coroutine ...>`); filled in once the block ends."""
+    found: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: found.append(f"{u.err_msg}: {u.object!r}: {u.exc_value!r}")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found
+            await asyncio.sleep(0.2)  # a task cancelled unstarted is done at its first step
+            gc.collect()
+        found.extend(str(w.message) for w in caught if "never awaited" in str(w.message))
+    finally:
+        sys.unraisablehook = hook
+
+
+@strawberry.type
+class Tree:
+    n: int
+    kids: list["Tree"]
+    child: "Tree"
+
+    @strawberry.field
+    async def value(self) -> int:
+        return self.n
+
+    @strawberry.field
+    async def fail(self) -> int:
+        raise ValueError("failed on purpose")
+
+
+def tree(depth: int) -> Tree:
+    if depth == 0:
+        leaf = Tree(n=0, kids=[], child=None)  # type: ignore[arg-type]
+        leaf.child = leaf
+        return leaf
+    return Tree(n=depth, kids=[tree(depth - 1), tree(depth - 1)], child=tree(depth - 1))
+
+
+@strawberry.type
+class TreeQuery:
+    @strawberry.field
+    async def tree(self) -> Tree:
+        return tree(4)
+
+
+class Unlogged(strawberry.Schema):
+    def process_errors(self, errors: list[GraphQLError], *_: Any) -> None:
+        """Not logged: a record (as pytest keeps it) holds the error's traceback, and through
+        its frames what they held, past the test's collection."""
+
+
+async def test_fields_cancelled_before_they_start_leave_no_coroutine_unawaited():
+    """`child { fail }` fails `tree` (every field non-null) while its sibling `kids` is still
+    starting the tasks of its items' fields: gather_with_cancel cancels them, some before their
+    first step, and the coroutines they held (made before they were awaited) were collected
+    unawaited, 140 "never awaited" warnings on graphql-core's own path and 64 on the short one.
+    The answer stands as it was."""
+    query = (
+        "{ tree { child { fail } kids { value kids { value kids { value kids { value } } } } } }"
+    )
+    for context in (None, ExecutionContext):
+        schema = Unlogged(TreeQuery, execution_context_class=context)
+        async with left_unawaited() as unawaited:
+            result = await schema.execute(query)
+            answer = result.data, [(e.message, e.path) for e in result.errors or []]
+            del result  # its errors' tracebacks hold the request's frames, and what they held
+        assert answer == (None, [("failed on purpose", ["tree", "child", "fail"])])
+        assert unawaited == [], (context, len(unawaited), sorted(set(unawaited)))
+
+
+async def test_a_coroutine_a_resolver_leaves_unawaited_is_still_reported():
+    """Only coroutines that can never run are closed: one a resolver forgets to await (here
+    in a request that fails as above) still logs its RuntimeWarning."""
+
+    async def forgotten() -> None: ...
+
+    @strawberry.type
+    class Sloppy:
+        @strawberry.field
+        async def tree(self) -> Tree:
+            forgotten()
+            return tree(4)
+
+    query = "{ tree { child { fail } kids { value kids { value kids { value } } } } }"
+    schema = Unlogged(Sloppy, execution_context_class=ExecutionContext)
+    async with left_unawaited() as unawaited:
+        result = await schema.execute(query)
+        assert result.data is None
+        del result
+    assert [u.rsplit(".", 1)[-1] for u in unawaited] == ["forgotten' was never awaited"]
+
+
+# A session's executions, each one's session and that session's executions.
+EXECUTIONS = (
+    "executions(first: 5) { nodes { executionId session { sessionId "
+    "executions(first: 5) { nodes { executionId } } } } }"
+)
+
+
+async def test_a_served_request_whose_field_fails_leaves_no_coroutine_unawaited(
+    base_url, state, admin
+):
+    """fuzz_graphql seed 65 (bench/README.md) logged, after a request failed, dozens of
+    `RuntimeWarning: coroutine '...' was never awaited` (and `Exception ignored in: <coroutine
+    ...>` ... `KeyError: '__import__'` where the collector ran inside a namedtuple's `__new__`).
+    Here an execution's session's executions each read their session again, whose `history`
+    fails (`first: 0`; the field is not null) while its siblings, reading only what the request
+    has already read (the same page of executions, the same session), are still starting their
+    fields' tasks when they are cancelled: 48 such warnings, the same each time."""
+    agent = await make_agent(state, admin)
+    turns = [writer(agent, session=s) for s in ("s1", "s1", "s2")]
+    for turn in turns:
+        await record_turn(state, turn)
+    token = await token_for(state, admin, "reader", allow(["SELECT"], "financial.*"))
+    siblings = " ".join(f"x{i}: {EXECUTIONS}" for i in range(3))
+    query = (
+        "query($e: UUID!) { execution(executionId: $e) { session { executions(first: 5) { nodes "
+        f"{{ session {{ bad: history(first: 0) {{ nodes {{ id }} }} {siblings} }} }} }} }} }} }}"
+    )
+    body = {"query": query, "variables": {"e": str(turns[0].execution_id)}}
+    async with (
+        httpx.AsyncClient(base_url=base_url, timeout=60) as http,
+        left_unawaited() as unawaited,
+    ):
+        answer = (
+            await http.post("/graphql", json=body, headers={"Authorization": f"Bearer {token}"})
+        ).json()
+    bad = ["execution", "session", "executions", "nodes"]
+    assert answer == {
+        "data": None,
+        "errors": [
+            {
+                "message": "`first` must be from 1 to 1000, got 0",
+                "locations": [{"line": 1, "column": query.index("bad:") + 1}],
+                "path": [*bad, i, "session", "bad"],
+                "extensions": {"code": "BAD_REQUEST"},
+            }
+            for i in (0, 1)
+        ],
+    }
+    assert unawaited == [], (len(unawaited), sorted(set(unawaited)))

@@ -25,14 +25,26 @@ those graphql-core settles in the background stop at their next object or read),
 is `data: null` with one BAD_REQUEST error. As a request reads its pages two at a time
 (app/graphql/context.py, Reads), the pages it holds when refused are the few read before the
 budget was passed, not every page it asked for.
+
+Fields awaited together run as tasks (gather_with_cancel), and when one fails its object or
+list, the others are cancelled, and the tasks below them with them. A task cancelled before its
+first step never runs its coroutine, so the coroutines that coroutine holds (a field's awaitable
+is made before it is awaited: graphql-core's complete_awaitable_value and get_results,
+strawberry's resolver, this module's awaited and guarded) were collected unawaited, each logging
+"coroutine ... was never awaited" (bench/README.md, fuzz_graphql). This module's
+gather_with_cancel, which graphql-core's executor is made to use too, runs them as tasks that,
+cancelled before their first step, close those coroutines: none of them could run, none runs.
 """
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from asyncio import Future, Task, ensure_future, gather, get_running_loop
+from collections.abc import Awaitable, Callable, Iterable
 from functools import cache, partial
+from inspect import CORO_CREATED, getcoroutinestate
 from operator import attrgetter
-from typing import Any
+from types import CoroutineType
+from typing import Any, TypeGuard
 
 from graphql import (
     ExecutionResult,
@@ -48,7 +60,8 @@ from graphql import (
     Undefined,
     is_leaf_type,
 )
-from graphql.pyutils import Path, gather_with_cancel
+from graphql.execution import executor as graphql_executor
+from graphql.pyutils import Path
 from strawberry.permission import PermissionExtension
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
@@ -65,6 +78,74 @@ Plain = tuple[Any, ...]
 # names it as long as the entry lives.
 _PLANS: dict[int, tuple[GraphQLObjectType, dict[str, Plain]]] = {}
 _GUARDS: dict[tuple[Any, ...], Callable[[Any, Any], bool]] = {}
+
+
+def _unstarted(held: object) -> "TypeGuard[CoroutineType[Any, Any, Any]]":
+    return isinstance(held, CoroutineType) and getcoroutinestate(held) == CORO_CREATED
+
+
+def _close_held(coro: "CoroutineType[Any, Any, Any]") -> None:
+    """Close the coroutines that `coro`, which never started, holds (as arguments, in its
+    closure, or as items of a list, tuple or dict there), and those they hold in turn: none of
+    them can run once `coro` does not, and each, collected unclosed, logs that it was never
+    awaited. All are found before any is closed, so that none is collected first."""
+    found: dict[int, CoroutineType[Any, Any, Any]] = {}
+    stack = [coro]
+    while stack:
+        frame = stack.pop().cr_frame
+        if frame is None:
+            continue
+        for value in frame.f_locals.values():
+            if isinstance(value, list | tuple):
+                items: Iterable[object] = value
+            elif isinstance(value, dict):
+                items = value.values()
+            else:
+                items = (value,)
+            for held in items:
+                if _unstarted(held) and id(held) not in found:
+                    found[id(held)] = held
+                    stack.append(held)
+    for held in found.values():
+        held.close()
+
+
+class _FieldTask(Task[Any]):
+    """A task of gather_with_cancel. Cancelled before its first step (by gather_with_cancel,
+    or by asyncio's gather when the task awaiting it is cancelled), it closes what its
+    coroutine holds: that coroutine never runs, and neither will they."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        coro = self.get_coro()
+        if not self.done() and _unstarted(coro):
+            _close_held(coro)
+        return super().cancel(msg)
+
+
+async def gather_with_cancel(*awaitables: Awaitable[Any]) -> list[Any]:
+    """graphql-core's gather_with_cancel (the awaitables run at once; the first failure is
+    raised once the others are cancelled and settled), with tasks that close, cancelled before
+    they started, the coroutines they hold."""
+    loop = get_running_loop()
+    futures: list[Future[Any]] = [
+        _FieldTask(aw, loop=loop) if isinstance(aw, CoroutineType) else ensure_future(aw)
+        for aw in awaitables
+    ]
+    try:
+        return await gather(*futures)
+    except Exception:
+        for future in futures:
+            if not future.done():
+                future.cancel()
+        await gather(*futures, return_exceptions=True)
+        raise
+
+
+# graphql-core's executor gathers an object's fields, a list's items and a resolver's
+# gather_async_work with its module's gather_with_cancel: with this one instead.
+if not hasattr(graphql_executor, "gather_with_cancel"):  # pragma: no cover
+    raise ImportError("graphql-core's executor no longer has gather_with_cancel to replace")
+graphql_executor.gather_with_cancel = gather_with_cancel
 
 
 class _Slow(Exception):
