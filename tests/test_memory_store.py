@@ -788,6 +788,34 @@ async def test_p4_preview_turn_changes_preview_records_in_place(state, agent):
     assert stored.status == "SUPERSEDED" and stored.replaced_by == third.memory_id
 
 
+# P3 P4
+async def test_p3_p4_a_live_record_whose_preview_replacement_was_deleted_stays_replaced(
+    state, agent
+):
+    """To preview turns, a live record a preview record replaced stays replaced by it when that
+    replacement is deleted later, as a live record stays replaced by a deleted successor: it
+    is not deleted itself, and changing it is refused naming its replacement."""
+    live = await remember(state, agent, "live fact", scope="AGENT")
+    fix = await remember(
+        state, agent, "preview fix", scope="AGENT", preview=True, replaces=live.memory_id
+    )
+    assert (await forget(state, agent, fix.memory_id, preview=True)).status == "DELETED"
+
+    previewing = writer(agent, preview=True)
+    seen = await work(state, previewing).read(live.memory_id)
+    assert (seen.status, seen.replaced_by) == ("SUPERSEDED", fix.memory_id)
+    assert live.memory_id not in await listed(state, previewing)  # P3: still hidden
+    with pytest.raises(BadInput, match=f"replaced by memory {fix.memory_id}; delete that"):
+        await work(state, previewing).delete(live.memory_id)
+    with pytest.raises(BadInput, match=f"already replaced by memory {fix.memory_id}"):
+        await work(state, previewing).add(
+            NewMemory(summary="again", kind="fact", scope="AGENT", replaces=live.memory_id)
+        )
+    # P4: the live record is unchanged, and live turns see it as it is.
+    assert await versions_of(state, live) == [(1, "ACTIVE")]
+    assert (await work(state, writer(agent)).read(live.memory_id)).status == "ACTIVE"
+
+
 # --- conflicts and concurrency ----------------------------------------------------------------
 
 

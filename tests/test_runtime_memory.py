@@ -182,6 +182,35 @@ async def test_m31_a_recall_with_one_new_version_is_recorded_whole(
     assert {(r["id"], r["version"]) for r in use["records"]} == both
 
 
+async def test_m31_a_recall_of_versions_earlier_recalls_showed_between_them_is_not_recorded(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """What earlier recalls put before the conversation adds up: a recall that finds only a
+    version one of them showed is not recorded again, though the recall just before it showed
+    another record. Each recall finds the one record (max_results 1) whose words the latest
+    search result holds; the turn's request matches none."""
+    agent = await make_agent(
+        gql.state, admin, harness=full_memory(search={"mode": "lexical", "max_results": 1})
+    )
+    ada, bob = await seed(state, agent, "Ada invoice 4411 paid", "Bob parcel shipped Leeds")
+    model_server.call_tools(("search_memory", {"query": "Ada invoice", "limit": 1}))
+    model_server.call_tools(("search_memory", {"query": "Bob parcel", "limit": 1}))
+    model_server.call_tools(("search_memory", {"query": "Ada invoice", "limit": 1}))
+    model_server.say("Done.")
+    executed = await run(gql, admin, str(agent.action_id), "Hello there")
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    turn = chat(model_server)[-4:]
+    shown = [[block_ids(b) for b in memory_blocks(r)] for r in turn]
+    assert shown == [[], [[ada]], [[bob]], [[ada]]]  # a recall before each call but the first
+    # Ada's version was put before the conversation by the first recall: only two recorded.
+    recorded = [[r["id"] for r in e["output"]["records"]] for e in recalls(executed)]
+    assert recorded == [[ada], [bob]]
+    assert [u["records"] for u in events(executed, "output.use") if "records" in u][-1] == [
+        {"id": ada, "version": 1}
+    ]  # the model's own third search is a RETRIEVED use all the same (M32)
+
+
 async def test_m22_m38_search_memory_takes_its_default_limit_up_to_the_largest_max_results(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

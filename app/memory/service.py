@@ -255,12 +255,15 @@ def _as_changed(
     )
 
 
-def _effective(current: MemoryRecord, shadow: MemoryRecord | None, principal: str) -> MemoryRecord:
+def _effective(
+    current: MemoryRecord, shadow: MemoryRecord | None, deletes: bool, principal: str
+) -> MemoryRecord:
+    """The record as a reader whose `shadow` names it sees it: replaced by the shadow, or
+    deleted when the shadow is a deletion (`deletes`, a tombstone). A replacement deleted
+    since is no deletion: the record stays replaced by it, as a live one does (P3, P4)."""
     if shadow is None or current.status != "ACTIVE":
         return current
-    status: Literal["SUPERSEDED", "DELETED"] = (
-        "DELETED" if shadow.status == "DELETED" else "SUPERSEDED"
-    )
+    status: Literal["SUPERSEDED", "DELETED"] = "DELETED" if deletes else "SUPERSEDED"
     if shadow.preview and not current.preview:
         # A preview record names this live record, which no preview writer changes: to a
         # preview reader it is replaced or deleted all the same.
@@ -707,11 +710,13 @@ class MemoryWork:
         if row is None:
             return None
         current = store.record(row)
-        shadow = None
+        shadow, deletes = None, False
         if isinstance(reader, AgentReader):
             shadow_row = await store.get_shadow(conn, reader, memory_id)
-            shadow = store.record(shadow_row) if shadow_row else None
-        return _Target(current, shadow, _effective(current, shadow, self.writer.principal))
+            if shadow_row is not None:
+                shadow, deletes = store.record(shadow_row), shadow_row["tombstone"]
+        effective = _effective(current, shadow, deletes, self.writer.principal)
+        return _Target(current, shadow, effective)
 
     async def _target(self, conn: asyncpg.Connection, memory_id: UUID) -> _Target:
         found = await self._find(conn, memory_id, writing=True)

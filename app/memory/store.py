@@ -199,11 +199,12 @@ async def get_visible_many(
 
 async def get_shadow(conn: asyncpg.Connection, reader: AgentReader, memory_id: UUID) -> Row | None:
     """The row that hides `memory_id` from the reader, if any: its own staged replacement or
-    deletion first, else (for a preview reader) the newest preview record naming it."""
+    deletion first, else (for a preview reader) the newest preview record naming it. Its
+    `tombstone` tells a deletion from a replacement, which may itself be deleted since."""
     p = Params(reader.account_id, reader.action_id, memory_id)
     return await conn.fetchrow(
         f"""
-        SELECT {_m("r")} FROM agent_memories r
+        SELECT {_m("r")}, r.tombstone FROM agent_memories r
         WHERE r.account_id = $1 AND r.action_id = $2 AND r.replaces = $3
           AND {shadows(reader, p, "r")}
         ORDER BY r.pending_execution IS NULL, r.created DESC, r.memory_id DESC
