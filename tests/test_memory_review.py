@@ -757,6 +757,38 @@ async def test_m14_a_turn_a_full_review_stopped_inside_after_whole_turns_is_read
     assert not any("Second: tea" in read or "First" in read for read in later), later
 
 
+async def test_m14_messages_a_review_read_count_no_more_towards_the_next(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`every: {messages: 4}` counts the messages added since the last review: of a turn a
+    review stopped inside, only the messages it did not read. The second turn's review reads
+    the first turn and the second's input, and stops before its reply: one message waits. The
+    third turn adds two, three in all: not due, though the two turns hold four messages. The
+    fourth's makes five, and its review reads on from the second turn's reply."""
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)
+    monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
+    harness = memory_harness(extraction={"every": {"messages": 4}})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.say("ok")
+    await run(gql, admin, action_id, "First: hi")  # 2 messages: no review yet
+    candidates(model_server, {"summary": "Ada likes tea"})
+    model_server.say("Noted: " + "kettle " * 45)
+    second = await run(gql, admin, action_id, "Second: " + "tea " * 50)
+    assert "parts 2 to 2" in reviews(second)[0]["dropped"][0]
+    model_server.say("Noted the third.")
+    third = await run(gql, admin, action_id, "Third: hello")
+    assert reviews(third) == [] and len(chat(model_server, "memory")) == 1
+    candidates(model_server)
+    candidates(model_server)  # the five messages are read in two parts
+    model_server.say("Noted the fourth.")
+    fourth = await run(gql, admin, action_id, "Fourth: bye")
+    (review,) = reviews(fourth)
+    assert review["messages"]["count"] == 5
+    read = "".join(conversation(r) for r in chat(model_server, "memory")[1:])
+    assert all(said in read for said in ("kettle", "Third: hello", "Fourth: bye"))
+    assert "First" not in read and "Second: tea" not in read
+
+
 def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:
     """The review's neighbours: the records search ranked, ranked again with the candidate's
     words weighted by how rare they are among them (bench/review.py measures its recall)."""

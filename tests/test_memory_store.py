@@ -224,6 +224,26 @@ async def test_m5_m7_scope_write_decides_what_is_written_agent_only_if_named(sta
     assert chosen.scope == "AGENT" and chosen.session_id == "s1"  # the session that wrote it
 
 
+# M6 M7 M5
+async def test_m6_m7_an_agent_writing_agent_scope_alone_never_writes_session_scope(state, admin):
+    """In a session, an agent whose scope.write is ["agent"] writes agent scope by default (M6:
+    session scope only when write includes session), and may not choose session scope (M5:
+    write is what the agent may write)."""
+    agent_only = await make_agent(
+        state,
+        admin,
+        name="a",
+        harness=full_memory(scope={"read": ["session", "agent"], "write": ["agent"]}),
+    )
+    record = await remember(state, agent_only, "for every session", session="s1")
+    assert record.scope == "AGENT" and record.session_id == "s1"
+    with pytest.raises(BadInput, match="scope SESSION is not allowed"):
+        await work(state, writer(agent_only, session="s1")).add(
+            NewMemory(summary="x", kind="fact", scope="SESSION")
+        )
+    assert await count_rows(state, agent_only) == (1, 1)
+
+
 # M9
 async def test_m9_writer_without_session_writes_agent_scope_only(state, admin):
     sessionless = await make_agent(

@@ -569,6 +569,35 @@ async def test_m41_m49_scope_and_pinned_refused_where_not_offered(
         assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
 
 
+async def test_m5_m6_an_agent_writing_agent_scope_alone_saves_no_session_record(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """scope.write ["agent"] in a session: add_memory offers agent scope alone, refuses
+    session scope (what the agent may write), and saves agent scope by default."""
+    harness = memory_harness(
+        tools=["add_memory"], scope={"read": ["session", "agent"], "write": ["agent"]}
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada is in this session", "kind": "fact", "scope": "SESSION"}),
+        ("add_memory", {"summary": "Ada is a customer", "kind": "fact"}),
+    )
+    model_server.say("Saved.")
+    executed = await run(gql, admin, action_id, "hi", session="s1")
+
+    (schema,) = [
+        t for t in chat(model_server)[0].body["tools"] if t["function"]["name"] == "add_memory"
+    ]
+    assert schema["function"]["parameters"]["properties"]["scope"]["enum"] == ["AGENT"]
+    refused, saved = tool_runs(executed, "add_memory")
+    assert "must be one of AGENT" in refused["error"]
+    (record,) = saved["output"]["memories"]
+    assert record["scope"] == "AGENT"
+    assert [(m["summary"], m["scope"]) for m in await memories(gql, admin, action_id)] == [
+        ("Ada is a customer", "AGENT")
+    ]
+
+
 async def test_m40_m41_tool_schemas_follow_the_configuration(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
@@ -970,6 +999,9 @@ async def test_m1_a_version_with_memory_disabled_recalls_offers_lists_and_review
     for request in requests:
         assert "tools" not in request.body and memory_blocks(request) == []
         assert pin["id"] not in system_message(request)
+        # Nor do its instructions tell it of a memory it does not have.
+        assert "long-term memory" not in system_message(request)
+        assert "search_memory" not in system_message(request)
     assert [r.get("error") for r in tool_runs(executed)] == [
         f"{name} is not available: this agent's memory is not enabled"
         for name in ("search_memory", "add_memory")
@@ -1138,6 +1170,16 @@ async def test_m9_an_agent_without_a_session_needs_agent_scopes(
     assert 'must both be ["agent"]' in refused.errors[0]["message"]
     # The scopes as the harness writes them.
     assert 'read ["session"] and write ["session"]' in refused.errors[0]["message"]
+    # Both must be ["agent"]: one of them alone, or agent beside session, is refused too.
+    for scope in (
+        {"read": ["session", "agent"], "write": ["agent"]},
+        {"read": ["agent"], "write": ["session", "agent"]},
+        {"read": ["agent"], "write": ["session"]},
+    ):
+        mixed = await make_agent_id(gql.state, admin, harness=memory_harness(scope=scope))
+        refused = await gql(admin, EXECUTE, input={"actionId": mixed, "input": "hi"})
+        assert refused.codes == ["BAD_REQUEST"], scope
+        assert 'must both be ["agent"]' in refused.errors[0]["message"], scope
     assert chat(model_server) == []
 
     harness = memory_harness(tools=["add_memory"], scope={"read": ["agent"], "write": ["agent"]})

@@ -283,7 +283,7 @@ async def test_a_process_registers_at_start_and_leaves_at_stop(state: AppState) 
 # Orphaned staged rows of operator writes
 
 
-async def test_m7_staged_rows_of_an_operator_write_that_died_are_swept(
+async def test_staged_rows_of_an_operator_write_that_died_are_swept(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
     action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
@@ -341,7 +341,7 @@ async def _count(state: AppState, sql: str) -> int:
         return await conn.fetchval(sql)
 
 
-async def test_m7_add_agent_memory_with_a_key_writes_once(
+async def test_add_agent_memory_with_a_key_writes_once(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
     action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
@@ -433,9 +433,7 @@ async def test_a_backlog_of_old_keys_is_forgotten_in_batches(
     assert [r["key"] for r in left] == ["new"]
 
 
-async def test_m7_a_deleted_clients_keys_go_with_it(
-    gql: GQL, admin: Caller, state: AppState
-) -> None:
+async def test_a_deleted_clients_keys_go_with_it(gql: GQL, admin: Caller, state: AppState) -> None:
     """A client made again with a deleted one's principal is another client: its key of the
     same name writes anew (it answered with the deleted client's write)."""
     from app.auth import service as auth_service
@@ -521,7 +519,7 @@ async def test_a_duplicate_finding_the_first_writes_key_gone_is_refused(
     assert await _count(state, "SELECT count(*) FROM agent_memories") == 1
 
 
-async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
+async def test_delete_agent_memory_with_a_key_answers_the_same(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
     action_id = await make_agent_id(gql.state, admin, harness=AGENT_MEMORY)
@@ -545,7 +543,7 @@ async def test_m7_delete_agent_memory_with_a_key_answers_the_same(
     assert answers == [{"memoryId": two, "version": 2, "status": "DELETED"}] * 4
 
 
-async def test_m7_execute_action_with_a_key_runs_one_turn(
+async def test_execute_action_with_a_key_runs_one_turn(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
