@@ -13,6 +13,7 @@ from openai_server import OpenAIServer, Recorded
 from runtime_support import (
     CANDIDATE_CALL,
     DECIDE_CALL,
+    EXECUTE,
     RUNNER_POLICIES,
     candidates,
     chat,
@@ -787,6 +788,38 @@ async def test_m14_messages_a_review_read_count_no_more_towards_the_next(
     read = "".join(conversation(r) for r in chat(model_server, "memory")[1:])
     assert all(said in read for said in ("kettle", "Third: hello", "Fourth: bye"))
     assert "First" not in read and "Second: tea" not in read
+
+
+async def test_m14_a_replay_reviews_its_own_messages_alone(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """`every: {messages: 4}`. A replay of turn 1 (a preview execution) counts only its own two
+    messages, so it does not review the preview turn kept after its original (which that turn
+    never saw), and it waits for no later turn's review: the next preview turn reviews the
+    preview turn before it and itself, not the replay's reply."""
+    harness = memory_harness(extraction={"every": {"messages": 4}})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.say("ok")
+    first = await run(gql, admin, action_id, "Alpha: the ferry leaves at nine")
+    model_server.say("ok")
+    assert reviews(await run(gql, admin, action_id, "Bravo: it is purple", preview=True)) == []
+    model_server.say("REPLAYED-REPLY")
+    replayed = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": first["executionId"]}
+    )
+    replay = replayed.ok()["executeAction"]
+    assert replay["status"] == "SUCCEEDED", replay["error"]
+    assert reviews(replay) == [] and chat(model_server, "memory") == []
+
+    candidates(model_server)
+    model_server.say("ok")
+    third = await run(gql, admin, action_id, "Charlie: it is late", preview=True)
+    (review,) = reviews(third)
+    assert review["messages"]["count"] == 4
+    (request,) = chat(model_server, "memory")
+    read = conversation(request)
+    assert "Bravo: it is purple" in read and "Charlie: it is late" in read
+    assert "REPLAYED-REPLY" not in read and "Alpha" not in read
 
 
 def test_m12_neighbours_rerank_words_rare_among_the_candidates_pool() -> None:

@@ -20,7 +20,9 @@ async def pending_review(
 ) -> list[Row]:
     """The session's (or the session-less agent's) committed turns not reviewed yet, oldest
     first, each with how many of its first messages an earlier review read (`review_read`,
-    migration 0031); a preview turn's review covers preview turns, a live turn's live ones."""
+    migration 0031); a preview turn's review covers preview turns, a live turn's live ones. A
+    replay is none of them: it keeps no history and counts no turn, and its messages wait for
+    no other turn's review (app/runtime/review.py, _pending)."""
     p = Params(account_id, action_id, preview)
     session = "session_id IS NULL" if session_id is None else f"session_id = {p(session_id)}"
     return await conn.fetch(
@@ -28,7 +30,7 @@ async def pending_review(
         SELECT execution_id, turn, invocation_number, review_messages, review_read, created
         FROM executions
         WHERE account_id = $1 AND action_id = $2 AND {session} AND preview = $3
-          AND review_messages IS NOT NULL AND reviewed_by IS NULL
+          AND review_messages IS NOT NULL AND reviewed_by IS NULL AND replay_of IS NULL
         ORDER BY created, execution_id
         """,
         *p.values,

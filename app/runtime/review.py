@@ -795,8 +795,12 @@ class Review:
 
 
 async def _pending(context: "TurnContext") -> list[Any]:
-    """The committed turns awaiting review in this turn's session (or session-less agent)."""
+    """The committed turns awaiting review in this turn's session (or session-less agent). A
+    replay reviews its own messages alone: the session's other turns are not its conversation
+    (a preview turn kept after its original, one it never saw, least of all)."""
     e = context.execution
+    if e.replay_of is not None:
+        return []
     async with context.state.pool.acquire() as conn:
         pending = await review_store.pending_review(
             conn, e.account_id, e.action_id, e.session_id, e.preview
