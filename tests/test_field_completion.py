@@ -3,6 +3,7 @@ graphql-core does, values, nulls, errors and their paths included."""
 
 import asyncio
 import gc
+import inspect
 import sys
 import warnings
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from graphql import GraphQLError
 from strawberry.dataloader import DataLoader
 from strawberry.permission import BasePermission, PermissionExtension
 
-from app.graphql.field_completion import ExecutionContext
+from app.graphql.field_completion import ExecutionContext, gather_with_cancel
 
 
 @strawberry.enum
@@ -265,6 +266,40 @@ async def test_a_coroutine_a_resolver_leaves_unawaited_is_still_reported():
         assert result.data is None
         del result
     assert [u.rsplit(".", 1)[-1] for u in unawaited] == ["forgotten' was never awaited"]
+
+
+async def test_gather_with_cancel_closes_only_what_a_task_cancelled_unstarted_holds():
+    """A task cancelled after its first step may still await what its coroutine was given (here
+    in its `finally`): that runs. A task cancelled before its first step never runs its
+    coroutine, and what that was given is closed, unrun. A future (no coroutine) is cancelled
+    as graphql-core's gather_with_cancel cancels it."""
+    ran: list[str] = []
+
+    async def cleanup(name: str) -> None:
+        ran.append(name)
+
+    async def holding(held: Any) -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await held
+
+    async def fail() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("failed on purpose")
+
+    future = asyncio.get_running_loop().create_future()
+    with pytest.raises(ValueError, match="on purpose"):
+        await gather_with_cancel(fail(), holding(cleanup("started")), future)
+    assert ran == ["started"] and future.cancelled()
+
+    unstarted = cleanup("unstarted")
+    waiting = asyncio.ensure_future(gather_with_cancel(holding(unstarted)))
+    await asyncio.sleep(0)  # its task is made, and has not taken its first step
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert ran == ["started"] and inspect.getcoroutinestate(unstarted) == inspect.CORO_CLOSED
 
 
 # A session's executions, each one's session and that session's executions.

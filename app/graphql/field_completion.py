@@ -88,7 +88,9 @@ def _close_held(coro: "CoroutineType[Any, Any, Any]") -> None:
     """Close the coroutines that `coro`, which never started, holds (as arguments, in its
     closure, or as items of a list, tuple or dict there), and those they hold in turn: none of
     them can run once `coro` does not, and each, collected unclosed, logs that it was never
-    awaited. All are found before any is closed, so that none is collected first."""
+    awaited. All are found before any is closed, so that none is collected first. (A coroutine
+    handed to another is that one's alone to await, as graphql-core's, strawberry's and this
+    module's are: one also kept to be awaited elsewhere would be closed all the same.)"""
     found: dict[int, CoroutineType[Any, Any, Any]] = {}
     stack = [coro]
     while stack:
