@@ -284,21 +284,25 @@ async def _as_admin(
         ensure_default_account,
     )
 
+    def default_admin(account_id: UUID) -> Caller:
+        return Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
+
     # Accounts and clients need only the database: no web app, no embedding model to load.
     async with _database(settings, reads=reads) as pool:
-        if reads is not None:
-            async with pool.acquire() as conn:
-                found = await default_account(conn)
-                if found is None:  # (`found` set below otherwise)
-                    caller = await _named_account_reader(conn, reads, account)
-        else:
+        if reads is None:
             created = await bootstrap_admin(pool, settings.bootstrap_token_value())
             if created is not None:
                 print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
             async with pool.acquire() as conn:
-                found = await ensure_default_account(conn)
-        if found is not None:
-            caller = Caller(found, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
+                caller = default_admin(await ensure_default_account(conn))
+        else:
+            async with pool.acquire() as conn:
+                found = await default_account(conn)
+                caller = (
+                    default_admin(found)
+                    if found is not None
+                    else await _named_account_reader(conn, reads, account)
+                )
         return await work(pool, caller)
 
 
