@@ -733,15 +733,20 @@ async def test_m14_a_turn_a_full_review_stopped_inside_is_read_on_from_there(
     }
 
 
-async def test_m14_a_turn_a_full_review_stopped_inside_after_whole_turns_is_read_on_from_there(
-    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The review reads a waiting turn whole and stops inside the next (its input read, its
-    reply not): the waiting turn is covered, and the next review reads on from the reply, not
-    from the input again, as when the turn it stopped inside is the first it read."""
+async def second_turn_stopped_inside(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    every: int,
+) -> str:
+    """An agent reviewing every `every` messages (2 < every <= 4), one candidate a review, whose
+    first turn ("First: hi") waited and whose second's review read it and the second's input,
+    and stopped before the second's reply ("Noted: kettle ...")."""
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)
     monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
-    harness = memory_harness(extraction={"every": {"messages": 3}})
+    harness = memory_harness(extraction={"every": {"messages": every}})
     action_id = await make_agent_id(gql.state, admin, harness=harness)
     model_server.say("ok")
     await run(gql, admin, action_id, "First: hi")  # 2 messages: no review yet
@@ -749,6 +754,16 @@ async def test_m14_a_turn_a_full_review_stopped_inside_after_whole_turns_is_read
     model_server.say("Noted: " + "kettle " * 45)
     second = await run(gql, admin, action_id, "Second: " + "tea " * 50)
     assert "parts 2 to 2" in reviews(second)[0]["dropped"][0]
+    return action_id
+
+
+async def test_m14_a_turn_a_full_review_stopped_inside_after_whole_turns_is_read_on_from_there(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review reads a waiting turn whole and stops inside the next (its input read, its
+    reply not): the waiting turn is covered, and the next review reads on from the reply, not
+    from the input again, as when the turn it stopped inside is the first it read."""
+    action_id = await second_turn_stopped_inside(gql, admin, model_server, monkeypatch, every=3)
     candidates(model_server, {"summary": "Ada owns a kettle"})
     model_server.say("Noted the third.")
     await run(gql, admin, action_id, "Third: hello")
@@ -766,16 +781,7 @@ async def test_m14_messages_a_review_read_count_no_more_towards_the_next(
     the first turn and the second's input, and stops before its reply: one message waits. The
     third turn adds two, three in all: not due, though the two turns hold four messages. The
     fourth's makes five, and its review reads on from the second turn's reply."""
-    monkeypatch.setattr(review_module, "CALL_CHARS", 400)
-    monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
-    harness = memory_harness(extraction={"every": {"messages": 4}})
-    action_id = await make_agent_id(gql.state, admin, harness=harness)
-    model_server.say("ok")
-    await run(gql, admin, action_id, "First: hi")  # 2 messages: no review yet
-    candidates(model_server, {"summary": "Ada likes tea"})
-    model_server.say("Noted: " + "kettle " * 45)
-    second = await run(gql, admin, action_id, "Second: " + "tea " * 50)
-    assert "parts 2 to 2" in reviews(second)[0]["dropped"][0]
+    action_id = await second_turn_stopped_inside(gql, admin, model_server, monkeypatch, every=4)
     model_server.say("Noted the third.")
     third = await run(gql, admin, action_id, "Third: hello")
     assert reviews(third) == [] and len(chat(model_server, "memory")) == 1
