@@ -836,6 +836,24 @@ async def test_p3_p4_a_live_record_whose_preview_replacement_was_deleted_stays_r
     assert (await work(state, writer(agent)).read(live.memory_id)).status == "ACTIVE"
 
 
+# P3 P4
+async def test_p3_p4_a_live_record_deleted_live_is_deleted_whatever_preview_replaced_it(
+    state, agent
+):
+    """A live record deleted by a live turn, after a preview record replaced it and that one
+    was deleted: a preview turn deleting it is answered with the record itself, deleted, not
+    with the deleted preview replacement as if that were its deletion."""
+    live = await remember(state, agent, "live fact", scope="AGENT")
+    fix = await remember(
+        state, agent, "preview fix", scope="AGENT", preview=True, replaces=live.memory_id
+    )
+    await forget(state, agent, fix.memory_id, preview=True)
+    await forget(state, agent, live.memory_id)
+
+    deleted = await work(state, writer(agent, preview=True)).delete(live.memory_id)
+    assert (deleted.memory_id, deleted.status) == (live.memory_id, "DELETED")
+
+
 # --- conflicts and concurrency ----------------------------------------------------------------
 
 

@@ -221,6 +221,7 @@ class _Target:
 
     current: MemoryRecord  # committed, or staged by this attempt
     shadow: MemoryRecord | None  # the row hiding it from this writer (app.memory.visibility)
+    deletes: bool  # the shadow is a tombstone: a deletion, not a replacement
     effective: MemoryRecord
 
 
@@ -443,12 +444,7 @@ class MemoryWork:
             target = await self._target(conn, memory_id)
         current, shadow, effective = target.current, target.shadow, target.effective
         if effective.status == "DELETED":
-            if (
-                shadow is not None
-                and shadow.preview
-                and not current.preview
-                and shadow.status == "DELETED"
-            ):
+            if shadow is not None and shadow.preview and not current.preview and target.deletes:
                 return shadow  # the preview record that deleted this live record
             return effective
         if effective.status == "SUPERSEDED":
@@ -716,7 +712,7 @@ class MemoryWork:
             if shadow_row is not None:
                 shadow, deletes = store.record(shadow_row), shadow_row["tombstone"]
         effective = _effective(current, shadow, deletes, self.writer.principal)
-        return _Target(current, shadow, effective)
+        return _Target(current, shadow, deletes, effective)
 
     async def _target(self, conn: asyncpg.Connection, memory_id: UUID) -> _Target:
         found = await self._find(conn, memory_id, writing=True)
