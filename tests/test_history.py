@@ -846,6 +846,59 @@ async def test_erase_session_erases_history_and_text_and_lists_live_memories(
     assert tool_runs(later, "search_history")[0]["output"]["events"] == []
 
 
+async def test_an_erasure_takes_what_replays_and_preview_turns_said_and_lists_their_records(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A replay and a preview turn are the session's executions too: eraseSession erases their
+    words and the preview turns' summary as it does the live turns', lists the records they
+    wrote (preview ones) with the live ones, and a replay of an erased replay is refused."""
+    harness = {**MESSAGES, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    written = []
+    for preview in (False, True):
+        model_server.call_tools(("add_memory", {"summary": "Secret is marmalade", "kind": "fact"}))
+        model_server.say("Saved marmalade.")
+        done = await run(gql, admin, action_id, "The secret is marmalade.", preview=preview)
+        assert done["status"] == "SUCCEEDED", done["error"]
+        written.append(done)
+    live, preview = written
+    model_server.call_tools(("add_memory", {"summary": "Replayed marmalade", "kind": "fact"}))
+    model_server.say("Replayed marmalade.")
+    replayed = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": live["executionId"]}
+    )
+    replay = replayed.ok()["executeAction"]
+    assert replay["status"] == "SUCCEEDED", replay["error"]
+    records = [
+        tool_runs(x, "add_memory")[0]["output"]["memories"][0]["id"] for x in (*written, replay)
+    ]
+    async with state.pool.acquire() as conn:  # a preview turns' summary retells it too
+        await conn.execute(
+            "INSERT INTO session_summaries (account_id, action_id, session_id, preview, "
+            "summary, through_turn, through_message, tokens, execution_id) "
+            "VALUES ($1, $2, 's1', true, 'The secret is marmalade.', 2, 1, 5, $3)",
+            admin.account_id,
+            uuid.UUID(action_id),
+            uuid.UUID(preview["executionId"]),
+        )
+
+    erase = """mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") {
+        erasedExecutions liveMemoryIds } }"""
+    done = (await gql(admin, erase, a=action_id)).ok()["eraseSession"]
+    assert done["erasedExecutions"] == 3
+    assert sorted(done["liveMemoryIds"]) == sorted(records)
+    for execution in (live, preview, replay):
+        assert "marmalade" not in await words_kept(gql, admin, execution["executionId"])
+    async with state.pool.acquire() as conn:
+        left = "SELECT count(*) FROM session_summaries WHERE action_id = $1"
+        assert await conn.fetchval(left, uuid.UUID(action_id)) == 0
+    again = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": replay["executionId"]}
+    )
+    assert again.codes == ["BAD_REQUEST"]
+    assert "cannot be replayed: its session was erased" in again.errors[0]["message"]
+
+
 async def test_a_turn_of_an_erased_session_is_neither_retried_nor_replayed(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
