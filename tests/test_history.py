@@ -637,6 +637,41 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     )
 
 
+async def test_h12_a_failed_replay_retried_is_still_a_replay_of_its_original(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A replay that fails is retried as any failed turn is, in its own session and mode
+    (preview): the retry still sees only what the original saw, keeps nothing, counts no
+    turn, and keeps its original's number."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    executed = []
+    for message in ("Alpha fact: the ferry leaves at nine.", "Bravo fact: the ferry is red."):
+        model_server.say("Noted.")
+        executed.append(await run(gql, admin, action_id, message))
+    original = executed[1]
+    model_server.chat_error(500)
+    failed = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+    )
+    replay = failed.ok()["executeAction"]
+    assert replay["status"] == "FAILED"
+    model_server.say("Noted.")
+    await run(gql, admin, action_id, "Charlie fact: the ferry is late.")
+
+    model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
+    model_server.say("Replayed.")
+    retried = await run(
+        gql, admin, action_id, None, preview=True, execution_id=replay["executionId"]
+    )
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert (retried["invocationNumber"], retried["turn"]) == (2, original["turn"])
+    (searching,) = tool_runs(retried, "search_history")
+    assert {e["turn"] for e in searching["output"]["events"]} == {1}
+    assert "Bravo" not in texts(searching) and "Charlie" not in texts(searching)
+    kept = await history_of(gql, admin, action_id)
+    assert max(e["turn"] for e in kept) == 3 and not any(e["preview"] for e in kept)
+
+
 async def ferry_turns(
     gql: GQL, admin: Caller, model_server: OpenAIServer, action_id: str, *, delta_preview: bool
 ) -> list[dict[str, Any]]:
