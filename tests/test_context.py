@@ -17,7 +17,7 @@ import pytest
 from factories import make_agent_id
 from helpers import GQL
 from openai_server import OpenAIServer, Recorded
-from runtime_support import events, history_of, run, tool_names, tool_results
+from runtime_support import EXECUTE, events, history_of, run, tool_names, tool_results
 
 from app.actions.model import MAX_CONTEXT_TOKENS, ModelConfig
 from app.auth.caller import Caller
@@ -766,3 +766,82 @@ async def test_h16_a_message_never_reads_as_another_in_the_summarizers_conversat
     who, text = said[0].split(": ", 1)
     assert who == "turn 1, user" and json.loads(text) == forged
     assert "its text as a JSON string" in fold.body["messages"][0]["content"]
+
+
+REMEMBER = """mutation($input: RememberConversationInput!) {
+    rememberConversation(input: $input) { executionId status error } }"""
+
+
+async def test_h16_a_preview_turn_reads_a_preview_ingest_the_live_summary_never_saw(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """A conversation handed in in preview mode is a preview turn of its session: the live
+    turns' summary never holds it, so a preview turn never starts from that summary when a
+    preview ingest is among the turns it covers (it would never read the ingest)."""
+    budget = 1500
+    harness = {"memory": {"enabled": True}}
+    action_id = await make_agent_id(
+        gql.state, admin, harness=harness, model={"contextTokens": budget}
+    )
+    script_summaries(model_server, "LIVE-SUMMARY")
+    await long_turn(gql, admin, model_server, action_id, 1)
+    handed = {
+        "actionId": action_id,
+        "sessionId": "s1",
+        "preview": True,
+        "messages": [
+            {"role": "user", "content": "INGESTED-FACT: the vault code is walrus."},
+            {"role": "assistant", "content": "Noted."},
+        ],
+    }
+    ingested = (await gql(admin, REMEMBER, input=handed)).ok()["rememberConversation"]
+    assert ingested["status"] == "SUCCEEDED", ingested["error"]
+    for turn in range(3, 9):
+        await long_turn(gql, admin, model_server, action_id, turn)
+    live = await stored_summary(state)
+    assert live is not None and live["through_turn"] >= 2, live
+
+    def read_ingest(since: int) -> bool:
+        sent = [r for p in ("turn", "context") for r in chat(model_server, p)[since:]]
+        return any("INGESTED-FACT" in sent_text(r) for r in sent)
+
+    assert not read_ingest(0)  # live turns never read it
+
+    model_server.say("PREVIEW-SUMMARY.", purpose="context")
+    await long_turn(gql, admin, model_server, action_id, "PREVIEW", preview=True)
+    assert read_ingest(0)
+
+
+async def test_h12_h16_a_replay_reads_no_summary_of_its_turn_or_later_and_keeps_none(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """A replay reads what its original read: the stored summary only when it reaches no
+    further than the turns before the original (else those turns whole, folded by the replay
+    itself). What it folds is its own: neither the live summary nor a preview one changes."""
+    budget = 1000
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"contextTokens": budget})
+    script_summaries(model_server, "SUMMARY")
+    executed = [await long_turn(gql, admin, model_server, action_id, turn) for turn in (1, 2)]
+    executed.append(await long_turn(gql, admin, model_server, action_id, 3, times=3))
+    executed += [await long_turn(gql, admin, model_server, action_id, turn) for turn in (4, 5, 6)]
+    stored = await stored_summary(state)
+    assert stored is not None and stored["through_turn"] >= 3, stored
+    later = stored["summary"]  # it retells turn 3 and after, which turn 3 never read
+
+    before = len(chat(model_server))
+    model_server.say("REPLAYED-3")
+    replayed = await gql(
+        admin,
+        EXECUTE,
+        input={"actionId": action_id, "replayOf": executed[2]["executionId"]},
+    )
+    replay = replayed.ok()["executeAction"]
+    assert replay["status"] == "SUCCEEDED", replay["error"]
+    (fold,) = events(replay, "context.summary")
+    assert fold["turns"] == [1, 2] and fold["summary"] != later, fold
+    sent = [sent_text(r) for r in chat(model_server)[before:]]
+    assert any("ASK-3" in s for s in sent) and not any(later in s for s in sent)
+    assert not any(m in s for s in sent for m in ("ASK-4", "ANSWER-4", "ANSWER-3"))
+    assert await stored_summary(state) == stored
+    assert await stored_summary(state, preview=True) is None
+    assert_within(model_server, budget)

@@ -637,6 +637,41 @@ async def test_h12_a_replay_searches_only_what_its_original_saw(
     )
 
 
+async def test_h12_a_failed_replay_retried_is_still_a_replay_of_its_original(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A replay that fails is retried as any failed turn is, in its own session and mode
+    (preview): the retry still sees only what the original saw, keeps nothing, counts no
+    turn, and keeps its original's number."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    executed = []
+    for message in ("Alpha fact: the ferry leaves at nine.", "Bravo fact: the ferry is red."):
+        model_server.say("Noted.")
+        executed.append(await run(gql, admin, action_id, message))
+    original = executed[1]
+    model_server.chat_error(500)
+    failed = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+    )
+    replay = failed.ok()["executeAction"]
+    assert replay["status"] == "FAILED"
+    model_server.say("Noted.")
+    await run(gql, admin, action_id, "Charlie fact: the ferry is late.")
+
+    model_server.call_tools(("search_history", {"query": "ferry fact alpha bravo charlie"}))
+    model_server.say("Replayed.")
+    retried = await run(
+        gql, admin, action_id, None, preview=True, execution_id=replay["executionId"]
+    )
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert (retried["invocationNumber"], retried["turn"]) == (2, original["turn"])
+    (searching,) = tool_runs(retried, "search_history")
+    assert {e["turn"] for e in searching["output"]["events"]} == {1}
+    assert "Bravo" not in texts(searching) and "Charlie" not in texts(searching)
+    kept = await history_of(gql, admin, action_id)
+    assert max(e["turn"] for e in kept) == 3 and not any(e["preview"] for e in kept)
+
+
 async def ferry_turns(
     gql: GQL, admin: Caller, model_server: OpenAIServer, action_id: str, *, delta_preview: bool
 ) -> list[dict[str, Any]]:
@@ -844,6 +879,59 @@ async def test_erase_session_erases_history_and_text_and_lists_live_memories(
     model_server.say("Nothing.")
     later = await run(gql, admin, action_id, "What was the secret?")
     assert tool_runs(later, "search_history")[0]["output"]["events"] == []
+
+
+async def test_an_erasure_takes_what_replays_and_preview_turns_said_and_lists_their_records(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A replay and a preview turn are the session's executions too: eraseSession erases their
+    words and the preview turns' summary as it does the live turns', lists the records they
+    wrote (preview ones) with the live ones, and a replay of an erased replay is refused."""
+    harness = {**MESSAGES, "memory": {"enabled": True, "tools": ["add_memory"]}}
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    written = []
+    for preview in (False, True):
+        model_server.call_tools(("add_memory", {"summary": "Secret is marmalade", "kind": "fact"}))
+        model_server.say("Saved marmalade.")
+        done = await run(gql, admin, action_id, "The secret is marmalade.", preview=preview)
+        assert done["status"] == "SUCCEEDED", done["error"]
+        written.append(done)
+    live, preview = written
+    model_server.call_tools(("add_memory", {"summary": "Replayed marmalade", "kind": "fact"}))
+    model_server.say("Replayed marmalade.")
+    replayed = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": live["executionId"]}
+    )
+    replay = replayed.ok()["executeAction"]
+    assert replay["status"] == "SUCCEEDED", replay["error"]
+    records = [
+        tool_runs(x, "add_memory")[0]["output"]["memories"][0]["id"] for x in (*written, replay)
+    ]
+    async with state.pool.acquire() as conn:  # a preview turns' summary retells it too
+        await conn.execute(
+            "INSERT INTO session_summaries (account_id, action_id, session_id, preview, "
+            "summary, through_turn, through_message, tokens, execution_id) "
+            "VALUES ($1, $2, 's1', true, 'The secret is marmalade.', 2, 1, 5, $3)",
+            admin.account_id,
+            uuid.UUID(action_id),
+            uuid.UUID(preview["executionId"]),
+        )
+
+    erase = """mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") {
+        erasedExecutions liveMemoryIds } }"""
+    done = (await gql(admin, erase, a=action_id)).ok()["eraseSession"]
+    assert done["erasedExecutions"] == 3
+    assert sorted(done["liveMemoryIds"]) == sorted(records)
+    for execution in (live, preview, replay):
+        assert "marmalade" not in await words_kept(gql, admin, execution["executionId"])
+    async with state.pool.acquire() as conn:
+        left = "SELECT count(*) FROM session_summaries WHERE action_id = $1"
+        assert await conn.fetchval(left, uuid.UUID(action_id)) == 0
+    again = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "replayOf": replay["executionId"]}
+    )
+    assert again.codes == ["BAD_REQUEST"]
+    assert "cannot be replayed: its session was erased" in again.errors[0]["message"]
 
 
 async def test_a_turn_of_an_erased_session_is_neither_retried_nor_replayed(

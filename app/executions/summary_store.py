@@ -28,13 +28,16 @@ async def session_summary(
 async def preview_turn_through(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str, turn: int
 ) -> bool:
-    """Whether a preview turn of the session committed at or before turn `turn`."""
+    """Whether a preview turn of the session committed at or before turn `turn`: a turn run in
+    preview mode, or a conversation handed in in preview mode (kind INGEST, which a preview
+    turn reads as one of the session's turns); not a replay, which keeps nothing."""
     return bool(
         await conn.fetchval(
             """
             SELECT true FROM executions
             WHERE account_id = $1 AND action_id = $2 AND session_id = $3
-              AND kind = 'TURN' AND status = 'SUCCEEDED' AND preview AND turn <= $4
+              AND kind IN ('TURN', 'INGEST') AND status = 'SUCCEEDED' AND preview
+              AND turn <= $4
               AND replay_of IS NULL
             LIMIT 1
             """,
