@@ -450,33 +450,6 @@ async def list_execution_pages(
     return by_page(rows, len(pages))
 
 
-async def insert_recalls(
-    conn: asyncpg.Connection,
-    account_id: UUID,
-    action_id: UUID,
-    session_id: str,
-    preview: bool,
-    execution_id: UUID,
-    versions: list[tuple[UUID, int]],
-) -> None:
-    await conn.execute(
-        """
-        INSERT INTO session_recalls
-            (account_id, action_id, session_id, memory_id, version, preview, execution_id)
-        SELECT $1, $2, $3, v.memory_id, v.version, $4, $5
-        FROM unnest($6::uuid[], $7::int[]) AS v(memory_id, version)
-        ON CONFLICT DO NOTHING
-        """,
-        account_id,
-        action_id,
-        session_id,
-        preview,
-        execution_id,
-        [m for m, _ in versions],
-        [v for _, v in versions],
-    )
-
-
 async def defer_durability(conn: asyncpg.Connection) -> None:
     """This transaction's commit need not wait for its WAL flush.
 

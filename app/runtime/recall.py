@@ -11,7 +11,6 @@ The conversation is the turn's: earlier turns' memory blocks are not replayed in
 """
 
 import json
-from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
@@ -51,14 +50,11 @@ def recall_query(request: str, latest: str) -> str:
 
 
 class Recall:
-    def __init__(
-        self, tools: NativeTools, transcript: Transcript, seen: Iterable[Version] = ()
-    ) -> None:
+    def __init__(self, tools: NativeTools, transcript: Transcript) -> None:
         self.tools = tools
         self.transcript = transcript
         # Versions already in the conversation the model reads: only those are not recorded.
-        self.seen = set(seen)
-        self.recorded: set[Version] = set()  # versions this turn's recorded recalls put there
+        self.seen: set[Version] = set()
         self.held: dict[str, Any] | None = None  # the latest recall's RETRIEVED use
 
     def release_use(self) -> None:
@@ -96,5 +92,4 @@ class Recall:
                 "records": versions(records),
             }
             self.seen |= found_versions
-            self.recorded |= found_versions
         return memory_message(views)

@@ -57,7 +57,7 @@ from app.runtime.model import (
     check_endpoint,
     unique_call_ids,
 )
-from app.runtime.recall import Recall, Version, recall_query
+from app.runtime.recall import Recall, recall_query
 from app.runtime.review import review_memory
 from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
@@ -552,8 +552,8 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
     context = TurnContext(state, action, execution, transcript, work)
     try:
         context.history = await _history_scope(state, action, execution)
-        recalled = await _run(context)
-        return await _commit(context, recalled)
+        await _run(context)
+        return await _commit(context)
     except BaseException as e:
         # A cancelled request still records its failure: the recording outlasts the cut.
         recording = asyncio.ensure_future(_fail(context, e))
@@ -635,10 +635,10 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
     )
 
 
-async def _run(context: TurnContext) -> set[Version]:
+async def _run(context: TurnContext) -> None:
     """The agent's side of the turn, within the turn's deadline, the history it keeps (within
     it too), then the end-of-turn steps (each bounded by the same deadline, which fails the
-    step, not the turn); returns the record versions its recalls recorded."""
+    step, not the turn)."""
     client = model_client(context.state)
     timed_out = (
         f"the turn did not answer within {deadline.bound(context.state.settings)}: the model "
@@ -646,7 +646,7 @@ async def _run(context: TurnContext) -> set[Version]:
         "execution, or raise the setting"
     )
     async with deadline.within(context.deadline, timed_out):
-        recall = await _answer(context, client)
+        await _answer(context, client)
     # The history the turn keeps is embedded within the deadline too (else the provider's
     # timeout and retries could run past it), and before the review, whose cut at the
     # deadline must cost the turn nothing.
@@ -659,11 +659,10 @@ async def _run(context: TurnContext) -> set[Version]:
         context.kept = await _kept_history(context)
     for step in END_OF_TURN_STEPS:
         await step(context, client)
-    return recall.recorded if recall else set()
 
 
-async def _answer(context: TurnContext, client: ModelClient) -> Recall | None:
-    """The agent's side of the turn, up to its answer (`context.output`); returns its recall."""
+async def _answer(context: TurnContext, client: ModelClient) -> None:
+    """The agent's side of the turn, up to its answer (`context.output`)."""
     state, action, transcript = context.state, context.action, context.transcript
     memory = action.harness.memory
     request = input_text(context.execution.input)
@@ -751,7 +750,6 @@ async def _answer(context: TurnContext, client: ModelClient) -> Recall | None:
             exchange.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
         # The next recall looks for what the work is now about: the reply and the tools' words.
         latest = "\n".join(t for t in [completion.content or "", *results] if t)
-    return recall
 
 
 async def _finish(
@@ -922,7 +920,7 @@ async def _commit_memory(
         return await context.work.commit(conn), dropped
 
 
-async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
+async def _commit(context: TurnContext) -> Execution:
     execution, transcript = context.execution, context.transcript
     kept = context.kept
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
@@ -938,16 +936,6 @@ async def _commit(context: TurnContext, recalled: set[Version]) -> Execution:
                 await context.window.save(conn, execution, turn)
             if kept is not None:  # H5: kept only in the commit's transaction
                 await keep_history(conn, execution, turn, kept)
-        if execution.session_id is not None and recalled:
-            await store.insert_recalls(
-                conn,
-                execution.account_id,
-                execution.action_id,
-                execution.session_id,
-                execution.preview,
-                execution.execution_id,
-                sorted(recalled),
-            )
         if dropped is not None:  # the last step before the commit: a failed one drops nothing
             transcript.add(events.MEMORY_REVIEW_DROPPED, dropped)
         row = await _finish(
