@@ -328,6 +328,53 @@ async def test_a_malformed_id_fails_the_field_naming_its_place(state, admin, bas
         assert codes(post(base_url, token, NODE, id=bad)[1]) == ["BAD_REQUEST"]
 
 
+def respelled(id: str) -> list[str]:
+    """The same parts as `id` names, spelled otherwise: each decodes to an object's key, but
+    none is the `id` that object answers."""
+    type_name, *key = json.loads(base64.urlsafe_b64decode(id + "=" * (-len(id) % 4)))
+
+    def encoded(text: str) -> str:
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+    spellings = [
+        id + "=" * (-len(id) % 4 or 4),  # padded
+        encoded(json.dumps([type_name, *key])),  # JSON with spaces
+        encoded(json.dumps([type_name, *key], separators=(",", ":"), indent=0)),  # line breaks
+        id[:8] + "." + id[8:],  # a character base64 decoding skips
+    ]
+    for i, part in enumerate(key):
+        if part.isdigit():  # a version
+            spellings.append(global_id(type_name, *key[:i], "0" + part, *key[i + 1 :]))
+        try:
+            uuid.UUID(part)
+        except ValueError:
+            continue
+        for other in (part.upper(), part.replace("-", ""), "{" + part + "}", "urn:uuid:" + part):
+            spellings.append(global_id(type_name, *key[:i], other, *key[i + 1 :]))
+    return [s for s in spellings if s != id]
+
+
+async def test_an_id_spelled_otherwise_is_bad_request_not_another_id(state, admin, base_url):
+    """node(id) answers the object whose `id` is the one asked (a client caches by `id`): an ID
+    whose parts name an object but are not written as the service writes them (a UUID in
+    capitals or without hyphens, a version `01`, the JSON spaced, the base64 padded) is
+    BAD_REQUEST, as a malformed one is; it used to read the object, which answered another
+    `id`. Every issued ID reads back as itself."""
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin)
+    agent, memory = parts(ids["ActionAgentMemory"][0])
+    ids["ActionAgentMemory"].append(global_id("ActionAgentMemory", agent, memory, 1))
+    for type_name, issued in ids.items():
+        (id, *others) = issued
+        status, body = post(base_url, token, NODE, id=id)
+        assert status == 200 and body["data"]["node"]["id"] == id, (type_name, body)
+        for other in respelled(id) + [respelled(o)[0] for o in others]:
+            for query, variables in ((NODE, {"id": other}), (NODES, {"ids": [id, other]})):
+                status, body = post(base_url, token, query, **variables)
+                assert status == 200 and codes(body) == ["BAD_REQUEST"], (type_name, other, body)
+                assert body["data"] is None
+
+
 async def test_a_refusal_quotes_a_long_id_by_its_start_end_and_length(state, admin, base_url):
     """A refusal repeated the ID it refused whole: an ID of 900,000 characters (as long as the
     request may be) came back in each error's message. The IDs the service issues are still
