@@ -26,6 +26,7 @@ from app.actions import service as actions
 from app.auth import service as auth_service
 from app.graphql.node import MAX_IDS
 from app.graphql.relay import global_id
+from app.graphql.schema import schema
 from app.state import AppState
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
@@ -226,6 +227,15 @@ async def test_ids_naming_nothing_are_null_at_their_index(state, admin, base_url
         ids=[ids["Action"][0], unknown_record],
     )
     assert body == {"data": {"found": [{"id": ids["Action"][0]}, None]}}
+
+
+def test_the_schema_says_what_nodes_answers_for_an_id_naming_nothing():
+    """What a client reads in schema.graphql is what the test above checks: null at the item,
+    no error (a failed request answers `data: null`, so an error there would leave no list).
+    It used to promise an error at each such item."""
+    described = schema._schema.query_type.fields["nodes"].description
+    assert "the list holds null, with no error" in described, described
+    assert '["nodes", i]' not in described
 
 
 async def test_ids_mixing_two_tenants_parts_name_nothing(state, admin, base_url):
