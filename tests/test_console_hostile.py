@@ -220,6 +220,11 @@ async def test_session_ids_that_look_alike_show_apart(db_url, embedder):
         await typed.fill("s-1 ")
         await expect(dialog.get_by_role("button", name="Erase session")).to_be_enabled()
         await dialog.get_by_role("button", name="Cancel").click()
+        # The agent's ID typed in capitals: the session's turns still show (the console names
+        # the session by the agent's ID as the API returned it, the one spelling node(id) takes).
+        await page.goto(f"{url}/console/#/agents/{agent.upper()}/sessions/s-1")
+        await expect(page.locator("main h1")).to_have_text("Session s-1")
+        await expect(page.locator("main section.turn")).not_to_have_count(0)
         # A NUL in the address: no such session, said so.
         await page.goto(f"{url}/console/#/agents/{agent}/sessions/a%00b")
         await expect(page.locator("main h1")).to_have_text("Not found")

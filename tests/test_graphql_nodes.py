@@ -26,6 +26,7 @@ from app.actions import service as actions
 from app.auth import service as auth_service
 from app.graphql.node import MAX_IDS
 from app.graphql.relay import global_id
+from app.graphql.schema import schema
 from app.state import AppState
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
@@ -228,6 +229,15 @@ async def test_ids_naming_nothing_are_null_at_their_index(state, admin, base_url
     assert body == {"data": {"found": [{"id": ids["Action"][0]}, None]}}
 
 
+def test_the_schema_says_what_nodes_answers_for_an_id_naming_nothing():
+    """What a client reads in schema.graphql is what the test above checks: null at the item,
+    no error (a failed request answers `data: null`, so an error there would leave no list).
+    It used to promise an error at each such item."""
+    described = schema._schema.query_type.fields["nodes"].description
+    assert "the list holds null, with no error" in described, described
+    assert '["nodes", i]' not in described
+
+
 async def test_ids_mixing_two_tenants_parts_name_nothing(state, admin, base_url):
     """A tenant building IDs from its own parts and another tenant's (its agent with their
     record, execution or event; their agent with its session or event; its account with their
@@ -326,6 +336,53 @@ async def test_a_malformed_id_fails_the_field_naming_its_place(state, admin, bas
         assert body["errors"][0]["message"].startswith(says), body
         # node answers the same ID BAD_REQUEST too.
         assert codes(post(base_url, token, NODE, id=bad)[1]) == ["BAD_REQUEST"]
+
+
+def respelled(id: str) -> list[str]:
+    """The same parts as `id` names, spelled otherwise: each decodes to an object's key, but
+    none is the `id` that object answers."""
+    type_name, *key = json.loads(base64.urlsafe_b64decode(id + "=" * (-len(id) % 4)))
+
+    def encoded(text: str) -> str:
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+    spellings = [
+        id + "=" * (-len(id) % 4 or 4),  # padded
+        encoded(json.dumps([type_name, *key])),  # JSON with spaces
+        encoded(json.dumps([type_name, *key], separators=(",", ":"), indent=0)),  # line breaks
+        id[:8] + "." + id[8:],  # a character base64 decoding skips
+    ]
+    for i, part in enumerate(key):
+        if part.isdigit():  # a version
+            spellings.append(global_id(type_name, *key[:i], "0" + part, *key[i + 1 :]))
+        try:
+            uuid.UUID(part)
+        except ValueError:
+            continue
+        for other in (part.upper(), part.replace("-", ""), "{" + part + "}", "urn:uuid:" + part):
+            spellings.append(global_id(type_name, *key[:i], other, *key[i + 1 :]))
+    return [s for s in spellings if s != id]
+
+
+async def test_an_id_spelled_otherwise_is_bad_request_not_another_id(state, admin, base_url):
+    """node(id) answers the object whose `id` is the one asked (a client caches by `id`): an ID
+    whose parts name an object but are not written as the service writes them (a UUID in
+    capitals or without hyphens, a version `01`, the JSON spaced, the base64 padded) is
+    BAD_REQUEST, as a malformed one is; it used to read the object, which answered another
+    `id`. Every issued ID reads back as itself."""
+    token = await token_for(state, admin, "ops", EVERYTHING)
+    ids = await every_type(state, admin)
+    agent, memory = parts(ids["ActionAgentMemory"][0])
+    ids["ActionAgentMemory"].append(global_id("ActionAgentMemory", agent, memory, 1))
+    for type_name, issued in ids.items():
+        (id, *others) = issued
+        status, body = post(base_url, token, NODE, id=id)
+        assert status == 200 and body["data"]["node"]["id"] == id, (type_name, body)
+        for other in respelled(id) + [respelled(o)[0] for o in others]:
+            for query, variables in ((NODE, {"id": other}), (NODES, {"ids": [id, other]})):
+                status, body = post(base_url, token, query, **variables)
+                assert status == 200 and codes(body) == ["BAD_REQUEST"], (type_name, other, body)
+                assert body["data"] is None
 
 
 async def test_a_refusal_quotes_a_long_id_by_its_start_end_and_length(state, admin, base_url):

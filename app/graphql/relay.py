@@ -46,6 +46,8 @@ AFTER = Annotated[
 # a session ID of 200 emoji written as JSON escapes, about 3,300 characters), a longer value
 # (as long as its request) by its start, end and length.
 ID_SHOWN = 4000
+# How a refusal of an ID that decodes, but not as this service writes it, ends.
+UNCHANGED = "pass an object's `id` exactly as a field returned it"
 
 
 def global_id(type_name: str, *key: object) -> strawberry.ID:
@@ -67,22 +69,33 @@ def parse_global_id(value: str) -> tuple[str, list[str]]:
     ):
         # A NUL or a lone surrogate names nothing stored, and must not reach the driver.
         raise BadInput(f"{shown(value, ID_SHOWN)} is not a global ID")
+    if global_id(decoded[0], *decoded[1:]) != value:
+        # Decodable, but not as global_id writes it (padding, spacing, characters base64
+        # skips, text unescaped): the object it found would answer another `id` than the one
+        # asked, so a client's cache, keyed by `id`, would hold it twice.
+        raise BadInput(f"{shown(value, ID_SHOWN)} is not a global ID: {UNCHANGED}")
     return decoded[0], decoded[1:]
 
 
 def parse_int4(part: str) -> int | None:
     """A non-negative integer part of a global ID, or None when it is none PostgreSQL's int4
-    can hold (a version above 2^31 names nothing)."""
+    can hold (a version above 2^31 names nothing), or not written as global_id writes it
+    (`01`: the object read would answer the `id` with `1`)."""
     if part.isascii() and part.isdigit() and len(part) <= 10 and int(part) <= INT4_MAX:
-        return int(part)
+        return int(part) if str(int(part)) == part else None
     return None
 
 
 def parse_uuid(value: str, what: str = "ID") -> UUID:
+    """A UUID part of a global ID, in the form global_id writes it (lowercase, with hyphens):
+    another spelling of the same UUID finds the object, which would answer another `id`."""
     try:
-        return UUID(value)
+        parsed = UUID(value)
     except ValueError:
         raise BadInput(f"{shown(value, ID_SHOWN)} is not a valid {what}") from None
+    if str(parsed) != value:
+        raise BadInput(f"{shown(value, ID_SHOWN)} is not a valid {what}: {UNCHANGED}")
+    return parsed
 
 
 @strawberry.interface(description="An object with a global identifier.")

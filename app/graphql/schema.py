@@ -47,9 +47,9 @@ class NodeQuery:
     @strawberry.field(
         description="Objects by their global IDs, in the order of `ids` (at most 1,000; an ID "
         "may come more than once): each as `node(id)` reads it. Where `node(id)` would answer "
-        "NOT_FOUND (an ID of another account, or of nothing) the list holds null, and the answer "
-        'an error at that item (`["nodes", i]`, NOT_FOUND) while the rest stands. A malformed '
-        "ID, or one of a type the caller may not read (ACCESS_DENIED), fails the whole field."
+        "NOT_FOUND (an ID of another account, or of nothing) the list holds null, with no "
+        "error, and the rest stands. A malformed ID (BAD_REQUEST), or one of a type the caller "
+        "may not read (ACCESS_DENIED), fails the request, naming its place: `data` is null."
     )
     async def nodes(
         self,

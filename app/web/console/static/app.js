@@ -746,11 +746,14 @@ async function recordView({ actionId, memoryId }) {
 
 // ---------------------------------------------------------------- sessions
 
+// A session's global ID exactly as the server writes it (app/graphql/relay.py, global_id), which
+// refuses any other spelling of the same parts: compact JSON with every character outside
+// printable ASCII escaped (\u00e9, as Python's json does; JSON.stringify leaves it raw), and
+// the agent's ID as the API returned it (lowercase).
 function sessionNodeId(actionId, sessionId) {
-  const bytes = new TextEncoder().encode(JSON.stringify(["ActionSession", actionId, sessionId]));
-  let binary = "";
-  for (const b of bytes) binary += String.fromCharCode(b);
-  return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  const json = JSON.stringify(["ActionSession", actionId, sessionId])
+    .replace(/[^\x20-\x7e]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
+  return btoa(json).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 }
 
 async function sessionsView({ actionId }) {
@@ -926,7 +929,7 @@ async function sessionView({ actionId, sessionId }) {
   const out = [h("p", { class: "crumbs" }, link(`#/agents/${actionId}/sessions`, "← Sessions")),
     h("h1", { tabindex: -1 }, "Session ", exact(sessionId))];
   if (!can("ActionSession.executions")) return [...out, refusal("ActionSession.executions")];
-  const id = sessionNodeId(actionId, sessionId);
+  const id = sessionNodeId(agent.actionId, sessionId);
   const transcript = can("ActionExecution.transcript")
     ? `transcript(first: ${EVENTS}) { nodes { sequence invocationNumber type data created } pageInfo { hasNextPage } }` : "";
   const turns = h("div", { class: "turns" });
