@@ -140,6 +140,8 @@ LISTED = """query($a: UUID!) { action(actionId: $a) {
   sessions(first: 10) { nodes { sessionId
     executions(first: 100) { nodes { executionId } }
     history(first: 100) { nodes { id text } } } } } }"""
+SEARCH_HISTORY = """query($a: UUID!) { action(actionId: $a) {
+  sessions(first: 10) { nodes { searchHistory(query: "secret words") { text } } } } }"""
 DELETE = """mutation($a: UUID!, $id: UUID!) {
   deleteAgentMemory(actionId: $a, id: $id) { status } }"""
 ERASE = """mutation($a: UUID!, $s: String!) {
@@ -163,6 +165,11 @@ async def test_b_reads_none_of_what_a_wrote_after_the_copy(gql: GQL, twins: Twin
     assert [n["memoryId"] for n in listed["memories"]["nodes"]] == [str(twins.shared)]
     (session,) = listed["sessions"]["nodes"]
     assert session["history"]["nodes"] == []  # (an export holds no history)
+    assert (await gql(b, SEARCH_HISTORY, a=action)).ok()["action"]["sessions"]["nodes"] == [
+        {"searchHistory": []}
+    ]
+    found = (await gql(a, SEARCH_HISTORY, a=action)).ok()["action"]["sessions"]["nodes"]
+    assert "secret" in str(found)  # (A's own search finds it)
     sessions = (await gql(a, LISTED, a=action)).ok()["action"]["sessions"]["nodes"]
     mine = next(s for s in sessions if s["sessionId"] == "s1")
     event_id = next(e["id"] for e in mine["history"]["nodes"] if "secret" in e["text"])
