@@ -210,7 +210,7 @@ async def recall_alone(
     for i in range(count + 10):
         transcript = Transcript(1)
         tools = NativeTools(work, action.harness.memory, transcript, state.embedder.name)
-        recall = Recall(tools, transcript, set())
+        recall = Recall(tools, transcript)
         started = time.perf_counter()
         block = await recall.before_call(question(i))
         elapsed = (time.perf_counter() - started) * 1000
