@@ -23,6 +23,7 @@ from app.memory.vectors import memory_text
 from app.memory.visibility import AgentReader, OperatorReader, Reader
 from app.scope import Scope
 from app.state import AppState
+from app.transfer.service import import_file
 
 # Accounts, callers, policies
 
@@ -430,3 +431,15 @@ async def assert_pinned_lists_kept(state: AppState, agent: ActionVersion) -> dic
     kept = await pinned_lists(state, agent)
     assert kept == await pinned_lists_counted(state, agent)
     return kept
+
+
+async def import_into(state: AppState, account_id: UUID, exported: str) -> None:
+    """An agent's export imported into `account_id`, as `engram import --account` does: its
+    action, session, execution and record IDs kept, so two accounts may hold the same IDs."""
+
+    async def opener() -> Any:
+        return state.embedder
+
+    await import_file(
+        state.pool, account_id=account_id, lines=exported.splitlines(), open_embedder=opener
+    )

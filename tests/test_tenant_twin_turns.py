@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from factories import allow, caller, full_memory, make_account, make_agent
+from factories import allow, caller, full_memory, import_into, make_account, make_agent
 from helpers import GQL, database_copy, db_settings, running_state
 from openai_server import OpenAIServer
 from runtime_support import (
@@ -37,7 +37,7 @@ from runtime_support import (
 from app.auth.caller import Caller
 from app.executions import summary_store
 from app.state import AppState
-from app.transfer.service import export_action, import_file
+from app.transfer.service import export_action
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
 HARNESS = {**full_memory(), "history": {"index": "messages"}}
@@ -113,15 +113,7 @@ async def _build(state: AppState, model: OpenAIServer) -> World:
     )
     assert saved.ok()["updateAction"]["version"] == 2
 
-    async def opener() -> Any:
-        return state.embedder
-
-    await import_file(
-        state.pool,
-        account_id=b.account_id,
-        lines=out.getvalue().splitlines(),
-        open_embedder=opener,
-    )
+    await import_into(state, b.account_id, out.getvalue())
 
     # After the copy, A alone: a preview turn deleting echo (s3)...
     await _turn(

@@ -10,7 +10,6 @@ record's are no longer one account's."""
 
 import io
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
@@ -18,6 +17,7 @@ from factories import (
     allow,
     caller,
     commit,
+    import_into,
     make_account,
     make_agent,
     record_turn,
@@ -33,7 +33,7 @@ from app.history import store as history_store
 from app.history.keeping import KeptEvent
 from app.memory.service import NewMemory
 from app.state import AppState
-from app.transfer.service import export_action, import_file
+from app.transfer.service import export_action
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
 
@@ -95,15 +95,7 @@ async def twins(state: AppState) -> Twins:
     out = io.StringIO()
     await export_action(state.pool, account_id=a.account_id, action_id=agent.action_id, out=out)
 
-    async def opener() -> Any:
-        return state.embedder
-
-    await import_file(
-        state.pool,
-        account_id=b.account_id,
-        lines=out.getvalue().splitlines(),
-        open_embedder=opener,
-    )
+    await import_into(state, b.account_id, out.getvalue())
     secret, execution = await _turn(state, agent, "A's secret, written after the copy")
     event = await _keep_event(state, agent, execution, 2, "A's secret words")
     await record_turn(state, writer(agent, session="a-only"))  # a session of A's alone
