@@ -284,9 +284,6 @@ async def _as_admin(
         ensure_default_account,
     )
 
-    def default_admin(account_id: UUID) -> Caller:
-        return Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=True)
-
     # Accounts and clients need only the database: no web app, no embedding model to load.
     async with _database(settings, reads=reads) as pool:
         if reads is None:
@@ -294,34 +291,30 @@ async def _as_admin(
             if created is not None:
                 print(f"Engram admin token (shown once, keep it safe): {created}", file=sys.stderr)
             async with pool.acquire() as conn:
-                caller = default_admin(await ensure_default_account(conn))
+                account_id = await ensure_default_account(conn)
+            in_default = True
         else:
             async with pool.acquire() as conn:
                 found = await default_account(conn)
-                caller = (
-                    default_admin(found)
-                    if found is not None
-                    else await _named_account_reader(conn, reads, account)
-                )
+                account_id = found or await _named_account(conn, reads, account)
+            in_default = found is not None
+        caller = Caller(account_id, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=in_default)
         return await work(pool, caller)
 
 
-async def _named_account_reader(conn: Any, command: str, account: UUID | None) -> Any:
-    """The caller a command that only reads acts as on a database without the default account
-    (whose admin it acts as otherwise): the admin of the account it names, in that account
-    alone (as an administrator of it, not of the default account, reaching no other), once
-    that account is found. The operator at the terminal acts as admin already; the service's
-    API is not concerned: this caller has no token, and is made only here."""
+async def _named_account(conn: Any, command: str, account: UUID | None) -> UUID:
+    """The account a command that only reads acts in on a database without the default account
+    (whose admin it acts as otherwise): the one it names, once found, as the admin of it alone
+    (not of the default account, reaching no other). The operator at the terminal acts as admin
+    already; the service's API is not concerned: this caller has no token, and is made only
+    here."""
     from app.auth import store
-    from app.auth.caller import Caller
-    from app.auth.policies import ADMIN_POLICIES
-    from app.auth.service import ADMIN_PRINCIPAL
 
     if account is None:
         raise _unstarted(command, account=None)
     if await store.get_account(conn, account) is None:
         raise _unstarted(command, account=account)
-    return Caller(account, ADMIN_PRINCIPAL, ADMIN_POLICIES, in_default_account=False)
+    return account
 
 
 # What a command that only reads says on a database whose default account no start of the

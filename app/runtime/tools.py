@@ -520,14 +520,15 @@ class NativeTools:
         if not access.memory_text:  # not ranked at all: neither a score nor a short page tells
             scope = replace(scope, hidden_tools=NATIVE_TOOLS)
         tokens = 0
-        if a.ids is not None and a.query and a.query.strip():
+        query = a.query if a.query and a.query.strip() else None  # a blank one: none given
+        if a.ids is not None and query is not None:
             # Either would leave the other unanswered without a word to the model.
             raise ToolRefused("pass a query to search, or ids to read events whole, not both")
         if a.ids is not None:
             found = await history_search.read(access.pool, scope, a.ids)
-        elif a.query and a.query.strip():
+        elif query is not None:
             searched = await history_search.search(
-                access.pool, access.embedder, scope, query=a.query, limit=a.limit
+                access.pool, access.embedder, scope, query=query, limit=a.limit
             )
             found, tokens = searched.events, searched.embed_tokens
         else:
