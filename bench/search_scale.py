@@ -302,24 +302,33 @@ async def load(plan: Plan, url: str, embedder: StaticEmbedder) -> dict[str, floa
     return figures
 
 
-async def online_insert_rate(url: str, plan: Plan, embedder: StaticEmbedder, count: int) -> float:
+async def online_insert_rate(
+    url: str,
+    plan: Plan,
+    embedder: StaticEmbedder,
+    count: int,
+    ef_construction: str | None = None,
+    base: int = 10_000,
+) -> float:
     """Records embedded and stored per second into the fully indexed table, for an agent of
     their own, rolled back with them: the dead entries they leave in the indexes (the bench's
     server runs without autovacuum) are under a key no search reads. (Written to the first
     small agent, as until the twenty-fourth session, runs left its range of the covering
-    index at 3,366 buffers for its 1,000 rows, against 264 for another agent's.)"""
+    index at 3,366 buffers for its 1,000 rows, against 264 for another agent's.)
+
+    With `ef_construction`, into an agent with its own indexes: it is given `base` records
+    first, untimed, and its HNSW and GIN indexes as a round builds them (but in the transaction,
+    so that they go with it), the HNSW's ef_construction then set to that (pgvector reads it
+    at each insert; app/memory/maintenance.py INSERT_EF_CONSTRUCTION)."""
     turns = locomo_turns()
     rng = random.Random(5)
     conn = await copy_connection(url)
     account, action = plan.accounts[0], uuid.uuid4()
-    try:
-        started = time.perf_counter()
-        tr = conn.transaction()
-        await tr.start()
-        await conn.execute(NEW_AGENT, account, action)
-        for offset in range(0, count, 500):
+
+    async def write(records: int) -> None:
+        for offset in range(0, records, 500):
             texts = [
-                (rng.choice(turns), rng.choice(turns)) for _ in range(min(500, count - offset))
+                (rng.choice(turns), rng.choice(turns)) for _ in range(min(500, records - offset))
             ]
             vectors = (await embedder.embed([memory_text(s, c) for s, c in texts])).vectors
             now = datetime.now(UTC)
@@ -354,6 +363,22 @@ async def online_insert_rate(url: str, plan: Plan, embedder: StaticEmbedder, cou
                 ],
                 columns=COLUMNS,
             )
+
+    try:
+        tr = conn.transaction()
+        await tr.start()
+        await conn.execute(NEW_AGENT, account, action)
+        if ef_construction is not None:
+            await write(base)
+            names = maintenance.index_names(account, action)
+            where = maintenance.agent_predicate(account, action)
+            for name, method in zip(names, maintenance.index_methods(), strict=True):
+                await conn.execute(
+                    f"CREATE INDEX {name} ON agent_memories USING {method} WHERE {where}"
+                )
+            await conn.execute(f"ALTER INDEX {names[0]} SET (ef_construction = {ef_construction})")
+        started = time.perf_counter()
+        await write(count)
         elapsed = time.perf_counter() - started
         await tr.rollback()
     finally:
@@ -816,6 +841,15 @@ def main() -> None:
         "(2,000 records of a new agent, rolled back)"
     )
     figures["online_writes_per_s"] = rate
+    built = maintenance.OPTIONS[0]["ef_construction"]
+    for ef in dict.fromkeys([built, maintenance.INSERT_EF_CONSTRUCTION]):
+        rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000, ef))
+        print(
+            f"  online, into an agent with its own indexes (ef_construction {ef}"
+            f"{', as built' if ef == built else ', as a round leaves it'}): {rate:,.0f} records/s"
+            " (2,000 records into an agent of 10,000, rolled back)"
+        )
+        figures[f"online_writes_own_indexes_{ef}_per_s"] = rate
     figures["sql"] = asyncio.run(
         measure(plan, url, embedder, groups, picks, args.recall_samples, args.reader)
     )

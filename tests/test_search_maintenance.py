@@ -562,16 +562,16 @@ async def test_m20_indexes_built_with_other_options_are_rebuilt(
     await maintenance.run_round(state.pool, 30)
     options = "SELECT reloptions FROM pg_class WHERE relname = $1"
     assert sorted(await state.pool.fetchval(options, vectors)) == [
-        "ef_construction=256",
+        "ef_construction=128",  # built at 256, then lowered for the inserts
         "m=12",
     ]
     assert await state.pool.fetchval(options, words) == ["fastupdate=off"]
     # As an earlier release built it: the next round builds a replacement beside it, then
     # drops it; the agent stays listed, so its searches never go without one.
-    await state.pool.execute(f"ALTER INDEX {vectors} SET (ef_construction = 128)")
+    await state.pool.execute(f"ALTER INDEX {vectors} SET (ef_construction = 200)")
     done = await maintenance.run_round(state.pool, 30)
     assert done.dropped == [vectors] and done.built == [vectors]
-    assert "ef_construction=256" in await state.pool.fetchval(options, vectors)
+    assert "ef_construction=128" in await state.pool.fetchval(options, vectors)
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 1
     leftovers = "SELECT count(*) FROM pg_class WHERE relname LIKE '%\\_next'"
     assert await state.pool.fetchval(leftovers) == 0
@@ -585,6 +585,100 @@ async def test_m20_indexes_built_with_other_options_are_rebuilt(
     assert done.dropped == [] and done.built == []
     assert await index_exists(state.pool, vectors)
     assert await state.pool.fetchval(leftovers) == 0
+
+
+async def test_m20_an_agents_hnsw_index_takes_its_inserts_at_a_lower_ef_construction(
+    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built at OPTIONS' ef_construction, then lowered to INSERT_EF_CONSTRUCTION (pgvector reads
+    it at each insert): by the build of a round and of IndexBuilds, and by a later round for an
+    index still at the build's, without building it again; a lowering that waits too long for
+    its lock is left to the next round, the agent still searched by its index."""
+    options = "SELECT reloptions FROM pg_class WHERE relname = $1"
+    oid = "SELECT $1::regclass::oid"
+    lowered = sorted([f"ef_construction={maintenance.INSERT_EF_CONSTRUCTION}", "m=12"])
+    built = sorted(f"{k}={v}" for k, v in maintenance.OPTIONS[0].items())
+    assert built != lowered
+    agent, other = await make_search_agent(state, admin), await make_search_agent(state, admin)
+    await fill(agent, 45)  # the larger one takes the one place
+    await fill(other, 40)
+    vectors = maintenance.index_names(agent.account_id, agent.action_id)[0]
+    done = await maintenance.run_round(state.pool, 30, max_agents=1)
+    assert vectors in done.built
+    assert sorted(await state.pool.fetchval(options, vectors)) == lowered
+    theirs = maintenance.index_names(other.account_id, other.action_id)[0]
+    async with state.pool.acquire() as conn:
+        session_changed(conn)
+        assert await maintenance.index_agent(conn, (other.account_id, other.action_id), None)
+    assert sorted(await state.pool.fetchval(options, theirs)) == lowered
+
+    # As a release before this one left it: lowered by the next round, not built again.
+    await state.pool.execute(f"ALTER INDEX {vectors} SET (ef_construction = 256)")
+    was = await state.pool.fetchval(oid, vectors)
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [] and done.dropped == []
+    assert sorted(await state.pool.fetchval(options, vectors)) == lowered
+    assert await state.pool.fetchval(oid, vectors) == was
+
+    # A transaction that read agent_memories holds a lock on each of its indexes until it
+    # ends: the lowering gives up after LOWER_LOCK_TIMEOUT, the round goes on.
+    await state.pool.execute(f"ALTER INDEX {vectors} SET (ef_construction = 256)")
+    monkeypatch.setattr(maintenance, "LOWER_LOCK_TIMEOUT", "50ms")
+    async with state.pool.acquire() as reader, reader.transaction():
+        await reader.fetchval("SELECT count(*) FROM agent_memories")
+        done = await maintenance.run_round(state.pool, 30)
+    assert done.failed == []
+    assert sorted(await state.pool.fetchval(options, vectors)) == built
+    query = "hiking in the mountains"
+    found, plan = await search_module.ranked(
+        state.pool, agent.operator, Filters(), await ranking(agent, query, "vector")
+    )
+    assert plan == "index" and found
+    await maintenance.run_round(state.pool, 30)
+    assert sorted(await state.pool.fetchval(options, vectors)) == lowered
+
+
+async def test_m20_an_agents_hnsw_index_is_built_again_once_the_agent_has_doubled(
+    state: AppState, admin: Caller
+) -> None:
+    """Records written after the build go in at INSERT_EF_CONSTRUCTION: once the agent holds
+    REBUILD_GROWTH times the rows its HNSW index was built over (the index's comment), a round
+    builds it again beside the old one; its GIN index and its listing stay."""
+    assert maintenance.REBUILD_GROWTH == 2
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 40)
+    await maintenance.run_round(state.pool, 30)
+    vectors, words = maintenance.index_names(agent.account_id, agent.action_id)
+    comment = "SELECT obj_description($1::regclass, 'pg_class')"
+    oid = "SELECT $1::regclass::oid"
+    assert await state.pool.fetchval(comment, vectors) == "engram: built over 40 rows"
+    was = {name: await state.pool.fetchval(oid, name) for name in (vectors, words)}
+    await fill(agent, 39)
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [] and done.dropped == []
+    await fill(agent, 1)
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [vectors] and done.dropped == [vectors]
+    assert await state.pool.fetchval(comment, vectors) == "engram: built over 80 rows"
+    assert await state.pool.fetchval(oid, vectors) != was[vectors]
+    assert await state.pool.fetchval(oid, words) == was[words]
+    options = await state.pool.fetchval(
+        "SELECT reloptions FROM pg_class WHERE relname = $1", vectors
+    )
+    assert f"ef_construction={maintenance.INSERT_EF_CONSTRUCTION}" in options
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 1
+    leftovers = "SELECT count(*) FROM pg_class WHERE relname LIKE '%\\_next'"
+    assert await state.pool.fetchval(leftovers) == 0
+    r = await ranking(agent, "hiking in the mountains", "vector")
+    assert (await search_module.ranked(state.pool, agent.operator, Filters(), r))[1] == "index"
+
+    # An index without the comment, as a release before this one built it: the round notes the
+    # rows it finds, and builds nothing.
+    await fill(agent, 90)
+    await state.pool.execute(f"COMMENT ON INDEX {vectors} IS NULL")
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [] and done.dropped == []
+    assert await state.pool.fetchval(comment, vectors) == "engram: built over 170 rows"
 
 
 async def test_m20_interrupted_builds_and_orphans_are_dropped(
@@ -965,3 +1059,39 @@ async def test_m20_reorder_stores_each_agents_records_together(
         assert pages == list(range(pages[0], pages[-1] + 1))  # one run of pages
         assert len(pages) < len(before[0])
     assert await search_module.ranked(state.pool, agents[0].operator, Filters(), r) == found
+
+
+async def test_m20_reorder_builds_agents_hnsw_indexes_at_the_builds_ef_construction(
+    state: AppState, admin: Caller
+) -> None:
+    """CLUSTER builds every index again with its options: an agent's HNSW index, lowered for
+    its inserts, is set back to OPTIONS' ef_construction for the rewrite and lowered after,
+    in CLUSTER's transaction; its searches find what they found."""
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 40)
+    await maintenance.run_round(state.pool, 30)
+    vectors = maintenance.index_names(agent.account_id, agent.action_id)[0]
+    r = await ranking(agent, "hiking in the mountains", "vector")
+    found = await search_module.ranked(state.pool, agent.operator, Filters(), r)
+    assert found[1] == "index"
+    said: list[str] = []
+    async with state.pool.acquire() as conn:
+        session_changed(conn)
+        conn.add_query_logger(lambda logged: said.append(logged.query))
+        await maintenance.reorder(conn)
+    steps = [
+        q for q in said if q.startswith("CLUSTER") or (q.startswith("ALTER INDEX") and vectors in q)
+    ]
+    built, lowered = maintenance.OPTIONS[0]["ef_construction"], maintenance.INSERT_EF_CONSTRUCTION
+    assert steps == [
+        f"ALTER INDEX {vectors} SET (ef_construction = {built})",
+        "CLUSTER agent_memories USING agent_memories_created",
+        f"ALTER INDEX {vectors} SET (ef_construction = {lowered})",
+    ]
+    options = await state.pool.fetchval(
+        "SELECT reloptions FROM pg_class WHERE relname = $1", vectors
+    )
+    assert f"ef_construction={lowered}" in options
+    comment = "SELECT obj_description($1::regclass, 'pg_class')"
+    assert await state.pool.fetchval(comment, vectors) == "engram: built over 40 rows"
+    assert await search_module.ranked(state.pool, agent.operator, Filters(), r) == found

@@ -35,6 +35,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -63,6 +64,25 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # records, with ef_search 150 against m 16's 120, 0.82 at the same overlap; bench/README.md,
 # nineteenth session). An index built with other options is rebuilt.
 OPTIONS = ({"m": "12", "ef_construction": "256"}, {"fastupdate": "off"})
+# The HNSW index's ef_construction once built (`_lower`): pgvector reads it at each insert, and
+# a record written into an agent with its own index walks that many candidates. At 128, inserts
+# run 1.9-2.0x faster than at 256 (scratch, the 25,000-record agent's vectors: 543 against 272
+# rows/s), and an index whose every record went in at 128 still finds 0.986 of the exact vector
+# top-10 at 25,000 records (ef_search 80) and 0.986 at 200,000 (150), against 0.994 and 0.993
+# built at 256; at 64, 0.978 at 25,000 (bench/README.md, fifty-second session). No release
+# built an index with m 12 at 128, so an index with these options was built at 256 and lowered.
+INSERT_EF_CONSTRUCTION = "128"
+# An agent's HNSW index is built again (beside the old one, as for other options) once the agent
+# holds REBUILD_GROWTH times the rows the index was built over (its comment says how many,
+# `_note_built`): at most half its graph then went in at INSERT_EF_CONSTRUCTION. A graph built
+# wholly at 128 found 0.974-0.988 of the exact vector top-10 at 200,000 records, against
+# 0.996-0.998 built at 256 (bench/README.md, fifty-second session). Rebuilds at each doubling
+# read the table about as often again as the builds at the sizes reached.
+REBUILD_GROWTH = 2
+_BUILT = "engram: built over {} rows"
+# How long lowering waits for its lock (ACCESS EXCLUSIVE on the index, which statements on
+# agent_memories queue behind while it waits): past it, the next round tries again.
+LOWER_LOCK_TIMEOUT = "500ms"
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
 # A listed agent's words are counted again once its counted records have grown by this share
@@ -114,7 +134,8 @@ def agent_predicate(account_id: UUID, action_id: UUID) -> str:
 async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
     """Every index of agent_memories named like an agent's, and whether it is current: it
     answers queries (an index left invalid by an interrupted build does not, but is still
-    written to) and was built with today's OPTIONS."""
+    written to) and was built with today's OPTIONS (an HNSW index's ef_construction since
+    lowered to INSERT_EF_CONSTRUCTION or not)."""
     rows = await conn.fetch(
         "SELECT c.relname, i.indisvalid, coalesce(c.reloptions, '{}') AS options "
         "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
@@ -122,12 +143,66 @@ async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
         "AND (c.relname LIKE $1 || '%' OR c.relname LIKE $2 || '%')",
         *(prefix.replace("_", "\\_") for prefix in _PREFIXES),
     )
-    wanted = [sorted(f"{k}={v}" for k, v in options.items()) for options in OPTIONS]
+    hnsw, gin = OPTIONS
+    lowered = {**hnsw, "ef_construction": INSERT_EF_CONSTRUCTION}
+    vectors, words = [_spelled(hnsw), _spelled(lowered)], [_spelled(gin)]
     return {
         r["relname"]: r["indisvalid"]
-        and sorted(r["options"]) == wanted[0 if r["relname"].startswith(_PREFIXES[0]) else 1]
+        and sorted(r["options"]) in (vectors if r["relname"].startswith(_PREFIXES[0]) else words)
         for r in rows
     }
+
+
+def _spelled(options: dict[str, str]) -> list[str]:
+    """Options as pg_class.reloptions holds them, sorted."""
+    return sorted(f"{k}={v}" for k, v in options.items())
+
+
+async def _note_built(conn: asyncpg.Connection, name: str, rows: int | None = None) -> None:
+    """Writes in the HNSW index's comment how many rows it was built over: `rows`, or the
+    index's own count as its build (or CLUSTER) left it."""
+    if rows is None:
+        rows = await conn.fetchval(
+            "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = $1", name
+        )
+    quoted = await conn.fetchval("SELECT quote_ident($1)", name)
+    # COMMENT takes no parameters; the text is this module's, with an integer.
+    await conn.execute(f"COMMENT ON INDEX {quoted} IS '{_BUILT.format(int(rows or 0))}'")
+
+
+async def _built_over(conn: asyncpg.Connection, names: Sequence[str]) -> dict[str, int | None]:
+    """How many rows each HNSW index was built over, by its comment (None: no such comment,
+    as on an index of a release before this one)."""
+    rows = await conn.fetch(
+        "SELECT relname, obj_description(oid, 'pg_class') AS said FROM pg_class "
+        "WHERE relname = ANY($1::text[])",
+        list(names),
+    )
+    found = {r["relname"]: re.fullmatch(_BUILT.format(r"(\d+)"), r["said"] or "") for r in rows}
+    return {name: int(match[1]) if match else None for name, match in found.items()}
+
+
+async def _lower(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:
+    """Sets INSERT_EF_CONSTRUCTION on those of the HNSW indexes `names` still at the build's
+    (built just now, by a release before it, or whose lowering waited too long for its lock).
+    Returns the indexes lowered; one whose lock is not had within LOWER_LOCK_TIMEOUT (or that
+    fails otherwise) is logged and left to the next round: it answers searches all the same."""
+    rows = await conn.fetch(
+        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE c.relname = ANY($1::text[]) AND i.indisvalid AND c.reloptions @> $2::text[]",
+        list(names),
+        [f"ef_construction={OPTIONS[0]['ef_construction']}"],
+    )
+    lowered = []
+    for name in sorted(r["relname"] for r in rows):
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = '{LOWER_LOCK_TIMEOUT}'")
+                await _set_ef_construction(conn, name, INSERT_EF_CONSTRUCTION)
+            lowered.append(name)
+        except asyncpg.PostgresError:
+            log.warning("lowering ef_construction of %s failed; the next round tries again", name)
+    return lowered
 
 
 async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
@@ -142,6 +217,11 @@ async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
         quoted = await conn.fetchval("SELECT quote_ident($1)", name)
         await conn.execute(f"DROP INDEX IF EXISTS {quoted}")
     await history_indexes.drop_session_indexes(conn)  # large sessions' own indexes too
+
+
+async def _set_ef_construction(conn: asyncpg.Connection, name: str, value: str) -> None:
+    quoted = await conn.fetchval("SELECT quote_ident($1)", name)
+    await conn.execute(f"ALTER INDEX {quoted} SET (ef_construction = {value})")
 
 
 async def _drop_index(conn: asyncpg.Connection, name: str) -> None:
@@ -181,6 +261,15 @@ async def _build(
             await conn.execute(f"ALTER INDEX {target} RENAME TO {name}")
             dropped.append(name)
         built.append(name)
+    vectors = next(iter(methods))
+    if vectors in built:
+        rows = await conn.fetchval(
+            "SELECT count(*) FROM agent_memories WHERE account_id = $1 AND action_id = $2",
+            account_id,
+            action_id,
+        )
+        await _note_built(conn, vectors, rows)
+    await _lower(conn, [vectors])
     await _list(conn, account_id, action_id)
     return built, dropped
 
@@ -287,7 +376,18 @@ async def index_agents(
     built: list[str] = []
     failed: list[UUID] = []
     counted: list[AgentKey] = []  # counted again, or listed (and so counted) by `_list`
+    built_over = await _built_over(conn, [index_names(*agent)[0] for agent in keep])
+    for agent in keep:
+        vectors = index_names(*agent)[0]
+        if not states.get(vectors):
+            continue  # this round builds it anyway
+        over = built_over.get(vectors)
+        if not over:  # as a release before this one built it
+            await _note_built(conn, vectors, sizes[agent])
+        elif sizes[agent] >= REBUILD_GROWTH * over:
+            states[vectors] = False  # built again, beside the old one
     ready = {a for a in keep + new if all(states.get(name) for name in index_names(*a))}
+    await _lower(conn, [index_names(*agent)[0] for agent in ready])  # built at 256 before
     for agent in keep:
         # Before the builds (which may take minutes), and not an agent about to be rebuilt,
         # whose build lists it again.
@@ -586,8 +686,18 @@ def wrote(pool: asyncpg.Pool, key: Key, rows: int) -> None:
 async def reorder(conn: asyncpg.Connection) -> None:
     """Rewrites agent_memories in agent order, so that an agent's records share pages (the
     exact plan reads a quarter of them, bench/README.md). Holds the table's lock while it
-    runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible)."""
-    await conn.execute("CLUSTER agent_memories USING agent_memories_created")
+    runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible).
+
+    CLUSTER builds every index again with its options: agents' HNSW indexes are set back to
+    the build's ef_construction for it, and lowered again after (`_lower`), in its transaction."""
+    async with conn.transaction():
+        names = [name for name in await _agent_index_states(conn) if name.startswith(_PREFIXES[0])]
+        for name in names:
+            await _set_ef_construction(conn, name, OPTIONS[0]["ef_construction"])
+        await conn.execute("CLUSTER agent_memories USING agent_memories_created")
+        for name in names:
+            await _note_built(conn, name)
+            await _set_ef_construction(conn, name, INSERT_EF_CONSTRUCTION)
     await conn.execute("VACUUM (ANALYZE) agent_memories")
 
 
