@@ -47,6 +47,16 @@ async def index_exists(pool: asyncpg.Pool, name: str) -> bool:
     return bool(await pool.fetchval("SELECT to_regclass($1) IS NOT NULL", name))
 
 
+async def built_over(pool: asyncpg.Pool, name: str) -> str | None:
+    """The HNSW index's comment (maintenance._note_built), "in its file" where it names the
+    index's file now."""
+    said, file = await pool.fetchrow(
+        "SELECT obj_description(oid, 'pg_class'), relfilenode FROM pg_class WHERE relname = $1",
+        name,
+    )
+    return said and said.replace(f" in file {file}", " in its file")
+
+
 async def ranking(agent: SearchAgent, query: str, mode: str = "hybrid") -> search_store.Ranking:
     vector = (await agent.state.embedder.embed([query])).vectors[0]
     return search_module.make_ranking(mode, query, vector, None, 5)
@@ -649,9 +659,8 @@ async def test_m20_an_agents_hnsw_index_is_built_again_once_the_agent_has_double
     await fill(agent, 40)
     await maintenance.run_round(state.pool, 30)
     vectors, words = maintenance.index_names(agent.account_id, agent.action_id)
-    comment = "SELECT obj_description($1::regclass, 'pg_class')"
     oid = "SELECT $1::regclass::oid"
-    assert await state.pool.fetchval(comment, vectors) == "engram: built over 40 rows"
+    assert await built_over(state.pool, vectors) == "engram: built over 40 rows in its file"
     was = {name: await state.pool.fetchval(oid, name) for name in (vectors, words)}
     await fill(agent, 39)
     done = await maintenance.run_round(state.pool, 30)
@@ -659,7 +668,7 @@ async def test_m20_an_agents_hnsw_index_is_built_again_once_the_agent_has_double
     await fill(agent, 1)
     done = await maintenance.run_round(state.pool, 30)
     assert done.built == [vectors] and done.dropped == [vectors]
-    assert await state.pool.fetchval(comment, vectors) == "engram: built over 80 rows"
+    assert await built_over(state.pool, vectors) == "engram: built over 80 rows in its file"
     assert await state.pool.fetchval(oid, vectors) != was[vectors]
     assert await state.pool.fetchval(oid, words) == was[words]
     options = await state.pool.fetchval(
@@ -678,7 +687,43 @@ async def test_m20_an_agents_hnsw_index_is_built_again_once_the_agent_has_double
     await state.pool.execute(f"COMMENT ON INDEX {vectors} IS NULL")
     done = await maintenance.run_round(state.pool, 30)
     assert done.built == [] and done.dropped == []
-    assert await state.pool.fetchval(comment, vectors) == "engram: built over 170 rows"
+    assert await built_over(state.pool, vectors) == "engram: built over 170 rows in its file"
+    # One that says no rows (a build that found none, its records deleted meanwhile) likewise.
+    file = await state.pool.fetchval("SELECT relfilenode FROM pg_class WHERE relname = $1", vectors)
+    await state.pool.execute(
+        f"COMMENT ON INDEX {vectors} IS 'engram: built over 0 rows in file {file}'"
+    )
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [] and done.dropped == []
+    assert await built_over(state.pool, vectors) == "engram: built over 170 rows in its file"
+
+
+async def test_m20_an_agents_hnsw_index_postgresql_built_again_is_built_again_by_a_round(
+    state: AppState, admin: Caller
+) -> None:
+    """PostgreSQL builds an index again with its options (a restore from pg_dump, REINDEX,
+    VACUUM FULL, a CLUSTER by hand): an agent's HNSW index then went in wholly at
+    INSERT_EF_CONSTRUCTION, the comment's rows notwithstanding. Its file is not the one the
+    comment names: the next round builds it again at OPTIONS' ef_construction, beside it."""
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 40)
+    await maintenance.run_round(state.pool, 30)
+    vectors, words = maintenance.index_names(agent.account_id, agent.action_id)
+    oid = "SELECT $1::regclass::oid"
+    for rebuild in (f"REINDEX INDEX {vectors}", "VACUUM FULL agent_memories"):
+        was = {name: await state.pool.fetchval(oid, name) for name in (vectors, words)}
+        await state.pool.execute(rebuild)
+        said = await built_over(state.pool, vectors)  # the comment stays, naming the old file
+        assert said and said.startswith("engram: built over 40 rows in file ")
+        done = await maintenance.run_round(state.pool, 30)
+        assert done.built == [vectors] and done.dropped == [vectors], rebuild
+        assert await state.pool.fetchval(oid, vectors) != was[vectors]
+        assert await state.pool.fetchval(oid, words) == was[words]
+        assert await built_over(state.pool, vectors) == "engram: built over 40 rows in its file"
+        done = await maintenance.run_round(state.pool, 30)
+        assert done.built == [] and done.dropped == []
+    r = await ranking(agent, "hiking in the mountains", "vector")
+    assert (await search_module.ranked(state.pool, agent.operator, Filters(), r))[1] == "index"
 
 
 async def test_m20_interrupted_builds_and_orphans_are_dropped(
@@ -1066,10 +1111,12 @@ async def test_m20_reorder_builds_agents_hnsw_indexes_at_the_builds_ef_construct
 ) -> None:
     """CLUSTER builds every index again with its options: an agent's HNSW index, lowered for
     its inserts, is set back to OPTIONS' ef_construction for the rewrite and lowered after,
-    in CLUSTER's transaction; its searches find what they found."""
+    in CLUSTER's transaction, its comment saying it was built over the rows it now holds, in
+    its new file (a round then builds nothing); its searches find what they found."""
     agent = await make_search_agent(state, admin)
     await fill(agent, 40)
     await maintenance.run_round(state.pool, 30)
+    await fill(agent, 30)  # inserted at INSERT_EF_CONSTRUCTION; CLUSTER builds them in at 256
     vectors = maintenance.index_names(agent.account_id, agent.action_id)[0]
     r = await ranking(agent, "hiking in the mountains", "vector")
     found = await search_module.ranked(state.pool, agent.operator, Filters(), r)
@@ -1080,10 +1127,13 @@ async def test_m20_reorder_builds_agents_hnsw_indexes_at_the_builds_ef_construct
         conn.add_query_logger(lambda logged: said.append(logged.query))
         await maintenance.reorder(conn)
     steps = [
-        q for q in said if q.startswith("CLUSTER") or (q.startswith("ALTER INDEX") and vectors in q)
+        q
+        for q in said
+        if q.startswith(("CLUSTER", "LOCK")) or (q.startswith("ALTER INDEX") and vectors in q)
     ]
     built, lowered = maintenance.OPTIONS[0]["ef_construction"], maintenance.INSERT_EF_CONSTRUCTION
     assert steps == [
+        "LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE",
         f"ALTER INDEX {vectors} SET (ef_construction = {built})",
         "CLUSTER agent_memories USING agent_memories_created",
         f"ALTER INDEX {vectors} SET (ef_construction = {lowered})",
@@ -1092,6 +1142,70 @@ async def test_m20_reorder_builds_agents_hnsw_indexes_at_the_builds_ef_construct
         "SELECT reloptions FROM pg_class WHERE relname = $1", vectors
     )
     assert f"ef_construction={lowered}" in options
-    comment = "SELECT obj_description($1::regclass, 'pg_class')"
-    assert await state.pool.fetchval(comment, vectors) == "engram: built over 40 rows"
+    assert await built_over(state.pool, vectors) == "engram: built over 70 rows in its file"
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [] and done.dropped == []
     assert await search_module.ranked(state.pool, agent.operator, Filters(), r) == found
+
+
+async def test_m20_reorder_locks_the_table_before_its_agents_indexes(
+    state: AppState, admin: Caller
+) -> None:
+    """A statement on agent_memories locks the table, then each of its indexes (planning);
+    `reorder` alters the agents' HNSW indexes before CLUSTER, so it locks the table first: one
+    that holds the table and then reads waits for nothing, and the rewrite waits for it (an
+    index locked before the table: deadlock detected, the reorder or the statement undone)."""
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 40)
+    await maintenance.run_round(state.pool, 30)
+    async with state.pool.acquire() as writer, state.pool.acquire() as conn:
+        session_changed(conn)
+        # With pgvector loaded, ALTER INDEX SET (ef_construction) locks ACCESS EXCLUSIVE.
+        await conn.execute("SELECT '[1]'::vector")
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        async with writer.transaction():
+            await writer.execute("LOCK TABLE agent_memories IN ROW EXCLUSIVE MODE")  # an insert's
+            reordering = asyncio.create_task(maintenance.reorder(conn))
+            waiting = "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted"
+            await eventually(lambda: state.pool.fetchval(waiting, pid), "reorder waits")
+            # Its statement reads the agent (locking each index), as a write's check does.
+            count = "SELECT count(*) FROM agent_memories WHERE action_id = $1"
+            assert await writer.fetchval(count, agent.action_id) == 40
+        await reordering
+    r = await ranking(agent, "hiking in the mountains", "vector")
+    assert (await search_module.ranked(state.pool, agent.operator, Filters(), r))[1] == "index"
+
+
+async def test_m20_lowering_waits_for_one_lock_a_round_and_alters_no_lowered_index(
+    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each index lowering waits for locks statements on agent_memories queue behind: a round
+    alters no index already lowered, and once one lowering has waited LOWER_LOCK_TIMEOUT (what
+    holds one index, a transaction that read the table, holds them all) tries no other."""
+    agents = [await make_search_agent(state, admin) for _ in range(3)]
+    for agent in agents:
+        await fill(agent, 40)
+    await maintenance.run_round(state.pool, 30)
+    names = [maintenance.index_names(a.account_id, a.action_id)[0] for a in agents]
+    altered: list[str] = []
+    set_ef_construction = maintenance._set_ef_construction
+
+    async def recorded(conn: asyncpg.Connection, name: str, value: str) -> None:
+        altered.append(name)
+        await set_ef_construction(conn, name, value)
+
+    monkeypatch.setattr(maintenance, "_set_ef_construction", recorded)
+    done = await maintenance.run_round(state.pool, 30)
+    assert done.built == [] and altered == []  # all lowered by their builds
+
+    for name in names:  # as a release before this one left them
+        await state.pool.execute(f"ALTER INDEX {name} SET (ef_construction = 256)")
+    monkeypatch.setattr(maintenance, "LOWER_LOCK_TIMEOUT", "50ms")
+    async with state.pool.acquire() as conn:
+        session_changed(conn)
+        await conn.execute("SELECT '[1]'::vector")  # pgvector loaded: ACCESS EXCLUSIVE
+        async with state.pool.acquire() as reader, reader.transaction():
+            await reader.fetchval("SELECT count(*) FROM agent_memories")
+            assert await maintenance._lower(conn, names) == []
+        assert altered == [sorted(names)[0]]
+        assert await maintenance._lower(conn, names) == sorted(names)

@@ -79,9 +79,15 @@ INSERT_EF_CONSTRUCTION = "128"
 # 0.996-0.998 built at 256 (bench/README.md, fifty-second session). Rebuilds at each doubling
 # read the table about as often again as the builds at the sizes reached.
 REBUILD_GROWTH = 2
-_BUILT = "engram: built over {} rows"
-# How long lowering waits for its lock (ACCESS EXCLUSIVE on the index, which statements on
-# agent_memories queue behind while it waits): past it, the next round tries again.
+# The comment also names the index's file (pg_class.relfilenode) as the build left it: an index
+# that PostgreSQL built again itself since (a restore from pg_dump, REINDEX, VACUUM FULL, a
+# CLUSTER other than `reorder`'s, a migration that rewrites the table) was built wholly at its
+# options' INSERT_EF_CONSTRUCTION, in a new file, and is built again beside it.
+_BUILT = "engram: built over {} rows in file {}"
+# How long lowering waits for its lock (ACCESS EXCLUSIVE on the index once the backend has
+# loaded pgvector, which statements on agent_memories queue behind while it waits): past it,
+# the round lowers no more (what holds one index's lock, a transaction that read the table,
+# holds every one's), and the next round tries again.
 LOWER_LOCK_TIMEOUT = "500ms"
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
@@ -159,27 +165,36 @@ def _spelled(options: dict[str, str]) -> list[str]:
 
 
 async def _note_built(conn: asyncpg.Connection, name: str, rows: int | None = None) -> None:
-    """Writes in the HNSW index's comment how many rows it was built over: `rows`, or the
-    index's own count as its build (or CLUSTER) left it."""
-    if rows is None:
-        rows = await conn.fetchval(
-            "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = $1", name
-        )
-    quoted = await conn.fetchval("SELECT quote_ident($1)", name)
-    # COMMENT takes no parameters; the text is this module's, with an integer.
-    await conn.execute(f"COMMENT ON INDEX {quoted} IS '{_BUILT.format(int(rows or 0))}'")
+    """Writes in the HNSW index's comment how many rows it was built over (`rows`, or the
+    index's own count as its build, or CLUSTER, left it) and its file now."""
+    said = await conn.fetchrow(
+        "SELECT quote_ident(relname) AS quoted, relfilenode, "
+        "greatest(reltuples, 0)::bigint AS tuples FROM pg_class WHERE relname = $1",
+        name,
+    )
+    rows = said["tuples"] if rows is None else rows
+    # COMMENT takes no parameters; the text is this module's, with integers.
+    text = _BUILT.format(int(rows or 0), int(said["relfilenode"]))
+    await conn.execute(f"COMMENT ON INDEX {said['quoted']} IS '{text}'")
 
 
 async def _built_over(conn: asyncpg.Connection, names: Sequence[str]) -> dict[str, int | None]:
-    """How many rows each HNSW index was built over, by its comment (None: no such comment,
-    as on an index of a release before this one)."""
+    """How many rows each HNSW index was built over, by its comment: None without such a
+    comment (an index of a release before this one, or one noted as built over no rows), 0
+    when PostgreSQL built it again since in another file (`_BUILT`)."""
     rows = await conn.fetch(
-        "SELECT relname, obj_description(oid, 'pg_class') AS said FROM pg_class "
+        "SELECT relname, relfilenode, obj_description(oid, 'pg_class') AS said FROM pg_class "
         "WHERE relname = ANY($1::text[])",
         list(names),
     )
-    found = {r["relname"]: re.fullmatch(_BUILT.format(r"(\d+)"), r["said"] or "") for r in rows}
-    return {name: int(match[1]) if match else None for name, match in found.items()}
+    over: dict[str, int | None] = {}
+    for r in rows:
+        match = re.fullmatch(_BUILT.format(r"(\d+)", r"(\d+)"), r["said"] or "")
+        if match is None or not int(match[1]):
+            over[r["relname"]] = None
+        else:
+            over[r["relname"]] = int(match[1]) if int(match[2]) == r["relfilenode"] else 0
+    return over
 
 
 async def _lower(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:
@@ -200,6 +215,12 @@ async def _lower(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:
                 await conn.execute(f"SET LOCAL lock_timeout = '{LOWER_LOCK_TIMEOUT}'")
                 await _set_ef_construction(conn, name, INSERT_EF_CONSTRUCTION)
             lowered.append(name)
+        except asyncpg.LockNotAvailableError:
+            # Statements on agent_memories queued behind each wait: one is enough a round.
+            log.warning(
+                "lowering ef_construction of %s waited too long; the next round tries", name
+            )
+            break
         except asyncpg.PostgresError:
             log.warning("lowering ef_construction of %s failed; the next round tries again", name)
     return lowered
@@ -382,9 +403,9 @@ async def index_agents(
         if not states.get(vectors):
             continue  # this round builds it anyway
         over = built_over.get(vectors)
-        if not over:  # as a release before this one built it
+        if over is None:  # as a release before this one built it
             await _note_built(conn, vectors, sizes[agent])
-        elif sizes[agent] >= REBUILD_GROWTH * over:
+        elif sizes[agent] >= REBUILD_GROWTH * over:  # or PostgreSQL since (0)
             states[vectors] = False  # built again, beside the old one
     ready = {a for a in keep + new if all(states.get(name) for name in index_names(*a))}
     await _lower(conn, [index_names(*agent)[0] for agent in ready])  # built at 256 before
@@ -689,8 +710,11 @@ async def reorder(conn: asyncpg.Connection) -> None:
     runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible).
 
     CLUSTER builds every index again with its options: agents' HNSW indexes are set back to
-    the build's ef_construction for it, and lowered again after (`_lower`), in its transaction."""
+    the build's ef_construction for it, and lowered again after (`_lower`), in its transaction.
+    The table is locked first, as CLUSTER alone did: a statement on it locks the table, then its
+    indexes, and an index locked before the table deadlocks with one that comes between."""
     async with conn.transaction():
+        await conn.execute("LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE")
         names = [name for name in await _agent_index_states(conn) if name.startswith(_PREFIXES[0])]
         for name in names:
             await _set_ef_construction(conn, name, OPTIONS[0]["ef_construction"])
