@@ -209,6 +209,11 @@ async def _lower(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:
         [f"ef_construction={OPTIONS[0]['ef_construction']}"],
     )
     lowered = []
+    if rows:
+        # pgvector loaded, so that each ALTER takes the lock pgvector declares for the option
+        # (ACCESS EXCLUSIVE) on any connection: on one that has not loaded it, PostgreSQL does
+        # not know the option yet when it locks, and takes a weaker lock.
+        await conn.execute("SELECT '[1]'::vector")
     for name in sorted(r["relname"] for r in rows):
         try:
             async with conn.transaction():
