@@ -277,12 +277,12 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
             # copy of its table) before any is written.
             check_file = transfer_service._check_file
 
-            async def timed_check(*args: Any, **kwargs: Any) -> None:
+            async def timed_check(*args: Any, **kwargs: Any) -> Any:
                 began = tracemalloc.get_traced_memory()[0]
                 tracemalloc.reset_peak()
                 t = time.perf_counter()
                 try:
-                    await check_file(*args, **kwargs)
+                    return await check_file(*args, **kwargs)
                 finally:
                     checking.append(time.perf_counter() - t)
                     check_peak.append(tracemalloc.get_traced_memory()[1] - began)
