@@ -645,17 +645,15 @@ async def _check_file(
             async with contextlib.aclosing(_batches(each(rows), batch_rows)) as batches:
                 async for batch in batches:
                     if pending is not None:
-                        tried, pending = pending, None
-                        await tried
+                        await pending
                     if digests is not None:
                         digests.append(batch.digest)
                     pending = asyncio.create_task(check(conn, batch.table, batch.rows))
             if pending is not None:
-                tried, pending = pending, None
-                await tried
+                await pending
         except Exception:
             if pending is not None:  # a row after the batch refused: the batch's refusal first
-                await pending
+                await pending  # (or its own refusal again)
             raise
         finally:
             if pending is not None and not pending.done():  # interrupted
