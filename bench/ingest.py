@@ -22,6 +22,7 @@ PostgreSQL under --data-dir, it measures in one run
 
 import argparse
 import asyncio
+import contextlib
 import io
 import os
 import random
@@ -39,6 +40,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import psutil
 import uvicorn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,6 +174,20 @@ async def _index_cost(url: str, rows: int = 1000) -> float:
     return seconds
 
 
+def _server_cpu(pg: EmbeddedPostgres) -> float:
+    """CPU seconds the server's processes (the postmaster and its children: backends, WAL
+    writer, I/O workers) have used so far; of a backend that ended, not counted. Unlike a wall
+    time, barely moved by other work on the machine."""
+    pid = int((pg.pgdata / "postmaster.pid").read_text().split()[0])
+    postmaster = psutil.Process(pid)
+    used = 0.0
+    for process in (postmaster, *postmaster.children()):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            used += times.user + times.system
+    return used
+
+
 def _gql(client: httpx.Client, url: str, query: str, **variables: Any) -> dict[str, Any]:
     response = client.post(url, json={"query": query, "variables": variables})
     body = response.json()
@@ -252,6 +268,8 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
 
     checking: list[float] = []
     check_peak: list[int] = []
+    # CPU seconds of the import in process: this process's, the server's; the check pass's.
+    cpu: dict[str, float] = {}
 
     async def export_import() -> tuple[float, float, int, Any]:
         pool = await create_pool(source_url, min_size=1, max_size=2)
@@ -277,20 +295,22 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
             # copy of its table) before any is written.
             check_file = transfer_service._check_file
 
-            async def timed_check(*args: Any, **kwargs: Any) -> None:
+            async def timed_check(*args: Any, **kwargs: Any) -> Any:
                 began = tracemalloc.get_traced_memory()[0]
                 tracemalloc.reset_peak()
-                t = time.perf_counter()
+                t, own, server = time.perf_counter(), time.process_time(), _server_cpu(pg)
                 try:
-                    await check_file(*args, **kwargs)
+                    return await check_file(*args, **kwargs)
                 finally:
                     checking.append(time.perf_counter() - t)
+                    cpu["check python"] = time.process_time() - own
+                    cpu["check postgres"] = _server_cpu(pg) - server
                     check_peak.append(tracemalloc.get_traced_memory()[1] - began)
 
             transfer_service._check_file = timed_check
             if args.memory:
                 tracemalloc.start()
-            t = time.perf_counter()
+            t, own, server = time.perf_counter(), time.process_time(), _server_cpu(pg)
             result = await import_file(
                 target,
                 account_id=account,
@@ -298,6 +318,8 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
                 open_embedder=opener,
             )
             imported = time.perf_counter() - t
+            cpu["python"] = time.process_time() - own
+            cpu["postgres"] = _server_cpu(pg) - server
         finally:
             tracemalloc.stop()
             transfer_service._check_file = check_file
@@ -344,6 +366,10 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
         f"({rows / imported:,.0f} rows/s; {n / imported:,.0f} records/s), of which checking "
         f"every row before writing any {sum(checking):.2f} s"
         + (" (allocations traced: slower)" if args.memory else "")
+    )
+    print(
+        f"the import's CPU: Python {cpu['python']:.2f} s, PostgreSQL {cpu['postgres']:.2f} s; "
+        f"of them the check pass's {cpu['check python']:.2f} s and {cpu['check postgres']:.2f} s"
     )
     if args.memory:
         print(

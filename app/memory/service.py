@@ -116,7 +116,7 @@ def check_summary(summary: str) -> None:
         raise BadInput(
             "summary is empty: give one line the agent can act on without reading further"
         )
-    if any(c in LINE_BREAKS for c in summary):
+    if not LINE_BREAKS.isdisjoint(summary):
         raise BadInput("summary must be one line, without line breaks: move the details to content")
     _check_bytes(
         "summary", summary, MAX_SUMMARY_BYTES, "UTF-8", "shorten it and move the details to content"

@@ -8,7 +8,8 @@ JSON object a line, `{"type": ..., "row": {...}}`, each row every column of its 
 account (an account belongs to a deployment: the import names its own).
 
 An import checks every row (each line as app/transfer/jsonl.py reads it), then writes them
-with the same IDs, times, versions and provenance, in batches of one transaction each. A row
+with the same IDs, times, versions and provenance, in batches of one transaction each: the
+lines it checked (`_batches`' digests), each batch while the next is read. A row
 already there with the same content is skipped, so importing twice changes nothing and an
 interrupted import continues where it stopped; a row there with other content stops the import
 with CONFLICT naming it. Vectors are copied when the file's embedding model is the
@@ -21,12 +22,13 @@ it). A record already there is not embedded (it is skipped, or refused as differ
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import re
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -218,6 +220,7 @@ async def _import_file(
             header.get("embeddings") and recorded is not None and header["embedder"] == recorded
         )
         directionless: set[UUID] = set()
+        digests: list[bytes] = []  # of the batches checked, which the write compares
         to_embed = await _check_file(
             pool,
             account_id,
@@ -232,6 +235,7 @@ async def _import_file(
             recorded["dimensions"]
             if copied and recorded is not None and embedder is not None
             else None,
+            digests,
         )
         if to_embed or embedder is not None:
             # Embedded again with this deployment's model (which the database records, or will):
@@ -252,17 +256,22 @@ async def _import_file(
                 pool, account_id, embedder, copied, result, bar.update, directionless
             )
             try:
-                table: Table | None = None
-                batch: list[dict[str, Any]] = []
-                for kind, row, _ in jsonl.rows(read(), header, catalog):
-                    if (table is not None and kind != table.kind) or len(batch) >= batch_rows:
-                        assert table is not None
-                        await importer.submit(table, batch)
-                        batch = []
-                    table = BY_KIND[kind]
-                    batch.append(row)
-                if table is not None and batch:
-                    await importer.submit(table, batch)
+                # The rows as the check read them (compared by the batches' digests), so not
+                # checked again: parsed, each batch written while the next is read.
+                checked = iter(digests)
+                async with contextlib.aclosing(
+                    _batches(jsonl.parsed(read()), batch_rows)
+                ) as batches:
+                    async for batch in batches:
+                        if next(checked, None) != batch.digest:
+                            await importer.drain()  # those before it written, or refused first
+                            raise BadInput(
+                                f"lines {batch.rows[0][1]} to {batch.rows[-1][1]} of the file "
+                                "changed after the import checked them: they were not imported "
+                                "(rows before them were). Import the file again once nothing "
+                                "writes to it"
+                            )
+                        await importer.submit(batch.table, [row for row, _ in batch.rows])
                 await importer.drain()
                 result.missing = {
                     kind: (result.by_type.get(kind, 0), n)
@@ -343,6 +352,10 @@ def _uuid(value: Any) -> int | str:
         return value
 
 
+# Each type's place in TABLES, the order of an export's rows.
+_PLACES = {t.kind: place for place, t in enumerate(TABLES)}
+
+
 @dataclass
 class _Across:
     """What a row is checked against in the rows before it: each key once, the export's order
@@ -377,14 +390,14 @@ class _Across:
         self._agent_key = _id(self.agent)
 
     def row(self, kind: str, row: dict[str, Any], number: int) -> None:
-        table = BY_KIND[kind]
-        if TABLES.index(table) < self.kinds:
+        table, place = BY_KIND[kind], _PLACES[kind]
+        if place < self.kinds:
             order = ", ".join(t.kind for t in TABLES)
             raise BadInput(
                 f"line {number}: a {kind} row after {TABLES[self.kinds].kind} rows; an export "
                 f"holds its rows in the order {order} (the file was edited)"
             )
-        self.kinds = TABLES.index(table)
+        self.kinds = place
         if kind != "action" and self.current is None:
             # Every row is of the agent: without its row first, the first write fails on the
             # reference, a batch in, naming no line.
@@ -516,29 +529,91 @@ class _Across:
             )
 
 
+@dataclass
+class _Batch:
+    """Rows of one type that are checked, and written, together (`_batches`)."""
+
+    table: Table
+    rows: list[tuple[dict[str, Any], int]]  # each with its line's number
+    digest: bytes  # of its lines, their numbers and text
+
+
+# Rows read between two turns of the event loop, while the batch before them is checked or
+# written: its statements go on meanwhile (about a millisecond of reading a turn).
+_ROWS_A_TURN = 16
+
+
+async def _batches(
+    rows: Iterator[tuple[str, dict[str, Any], int, str]], batch_rows: int
+) -> AsyncGenerator[_Batch, None]:
+    """The rows in batches of one type and at most `batch_rows`, each given once the row after
+    it is read (and, where `rows` checks each, checked), with a digest of its lines: the check
+    pass notes them, and the write pass compares its own, so that the rows written are the ones
+    checked. Every _ROWS_A_TURN rows it hands the event loop a turn, so that the statements of a
+    batch given before go on while the rows after it are read."""
+    table: Table | None = None
+    batch: list[tuple[dict[str, Any], int]] = []
+    digest = hashlib.sha256()
+    for kind, row, number, line in rows:
+        if table is not None and (kind != table.kind or len(batch) >= batch_rows):
+            yield _Batch(table, batch, digest.digest())
+            batch, digest = [], hashlib.sha256()
+        table = BY_KIND[kind]
+        batch.append((row, number))
+        text = line.encode("utf-8", "surrogateescape")
+        digest.update(b"%d %d\n" % (number, len(text)))
+        digest.update(text)
+        if len(batch) % _ROWS_A_TURN == 0:
+            await asyncio.sleep(0)
+    if table is not None and batch:
+        yield _Batch(table, batch, digest.digest())
+
+
 async def _check_file(
     pool: asyncpg.Pool,
     account_id: UUID | None,
     action_id: UUID,
     expected: dict[str, int],
-    rows: Iterator[tuple[str, dict[str, Any], int]],
+    rows: Iterator[tuple[str, dict[str, Any], int, str]],
     copied: bool,
     batch_rows: int,
     directionless: set[UUID],
     dimensions: int | None = None,
+    digests: list[bytes] | None = None,
 ) -> int:
     """Every row as `jsonl.rows` checks it, against the rows before it (`_Across`), and as
     PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
     that a file refused for a row writes nothing. `expected`: the header's counts; `copied`:
     whether the file's vectors are stored (else they are replaced, and not checked), then the
     records whose vector has no direction are added to `directionless`: embedded again, as if
-    the file had none for them; `dimensions`: those of the copied vectors (`store.checking`).
-    Returns how many records the import will embed (`_to_embed`)."""
+    the file had none for them; `dimensions`: those of the copied vectors (`store.checking`);
+    `digests`: where each batch's digest is added (`_batches`).
+    Returns how many records the import will embed (`_to_embed`).
+
+    PostgreSQL tries a batch while the rows after it are read and checked here; a row refused
+    meanwhile is said once the batch is tried, and the batch's refusal, if any, in its place:
+    the refusal is the first in the file's order, as when each batch was tried before the
+    rows after it were read."""
     across = _Across(str(action_id))
     to_embed = 0
-    batch: list[tuple[dict[str, Any], int]] = []
 
-    async def check(conn: asyncpg.Connection, table: Table) -> None:
+    def each(
+        rows: Iterator[tuple[str, dict[str, Any], int, str]],
+    ) -> Iterator[tuple[str, dict[str, Any], int, str]]:
+        for kind, row, number, line in rows:
+            across.row(kind, row, number)
+            if copied and kind == "memory" and isinstance(row.get(VECTOR_COLUMN), list):
+                # Written as a JSON list rather than as exported (a vector's text): PostgreSQL
+                # would refuse one nested with its own message, quoting the whole vector.
+                fault = vector_fault(row[VECTOR_COLUMN])
+                if fault is not None:
+                    raise BadInput(
+                        f"line {number}: its memory row is not valid ({VECTOR_COLUMN} is not a "
+                        f"list of numbers: {fault})"
+                    )
+            yield kind, row, number, line
+
+    async def check(conn: asyncpg.Connection, table: Table, batch: list[tuple[Any, int]]) -> None:
         nonlocal to_embed
         columns = [c for c in batch[0][0] if copied or c != VECTOR_COLUMN]
         # A transaction a batch, not one for the file: see `store.checking`.
@@ -565,25 +640,25 @@ async def _check_file(
             to_embed += len(await _to_embed(conn, account_id, rows, copied))
 
     async with pool.acquire() as conn:
-        table: Table | None = None
-        for kind, row, number in rows:
-            across.row(kind, row, number)
-            if copied and kind == "memory" and isinstance(row.get(VECTOR_COLUMN), list):
-                # Written as a JSON list rather than as exported (a vector's text): PostgreSQL
-                # would refuse one nested with its own message, quoting the whole vector.
-                fault = vector_fault(row[VECTOR_COLUMN])
-                if fault is not None:
-                    raise BadInput(
-                        f"line {number}: its memory row is not valid ({VECTOR_COLUMN} is not a "
-                        f"list of numbers: {fault})"
-                    )
-            if table is not None and (kind != table.kind or len(batch) >= batch_rows):
-                await check(conn, table)
-                batch = []
-            table = BY_KIND[kind]
-            batch.append((row, number))
-        if table is not None and batch:
-            await check(conn, table)
+        pending: asyncio.Task[None] | None = None  # the batch PostgreSQL tries
+        try:
+            async with contextlib.aclosing(_batches(each(rows), batch_rows)) as batches:
+                async for batch in batches:
+                    if pending is not None:
+                        await pending
+                    if digests is not None:
+                        digests.append(batch.digest)
+                    pending = asyncio.create_task(check(conn, batch.table, batch.rows))
+            if pending is not None:
+                await pending
+        except Exception:
+            if pending is not None:  # a row after the batch refused: the batch's refusal first
+                await pending  # (or its own refusal again)
+            raise
+        finally:
+            if pending is not None and not pending.done():  # interrupted
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
         await across.end(conn, account_id, action_id, expected)
     return to_embed
 
@@ -675,10 +750,12 @@ def _noun(table: Table, row: dict[str, Any]) -> str:
 
 @dataclass
 class _Importer:
-    """Writes batches in order, except the records' current rows (the last and costliest: each
-    goes into the HNSW index), of which PARALLEL batches are written at once, on connections
-    of their own, so that PostgreSQL inserts into the index on more than one core. They are
-    independent of each other: nothing they refer to is written at the same time."""
+    """Writes batches in order, each while the rows after it are read, except the records'
+    current rows (the last and costliest: each goes into the table's indexes), of which
+    PARALLEL batches are written at once, on connections of their own, so that PostgreSQL
+    inserts into the indexes on more than one core. They are independent of each other:
+    nothing they refer to is written at the same time (a batch of another type waits for
+    those before it)."""
 
     PARALLEL: ClassVar[int] = 2
 
@@ -691,23 +768,23 @@ class _Importer:
     # Records whose vector in the file has no direction (`_check_file`): embedded again.
     directionless: set[UUID] = field(default_factory=set)
     _running: list[asyncio.Task[None]] = field(default_factory=list)
+    _writing: Table | None = None  # the table of the batches running
 
     async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
-        if table.name != "agent_memories":
+        if table is not self._writing or table.name != "agent_memories":
             await self.drain()
-            await self.write(table, rows)
-            return
         while len(self._running) >= self.PARALLEL:
             finished, _ = await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
             for task in finished:
                 self._running.remove(task)
                 task.result()  # its error, if it failed
+        self._writing = table
         self._running.append(asyncio.create_task(self.write(table, rows)))
 
     async def drain(self) -> None:
-        running, self._running = self._running, []
-        for task in running:
-            await task
+        while self._running:  # (one that failed stays listed: `cancel` ends the others)
+            await self._running[0]
+            self._running.pop(0)
 
     async def cancel(self) -> None:
         for task in self._running:
@@ -730,8 +807,14 @@ class _Importer:
                             conn, table, self.account_id, rows_json, count, row_columns
                         )
                         inserted, present = inserted + written.inserted, present + written.present
-                        if table.name == "agent_memories":
-                            await self._check_versioned(conn, rows_json)
+                        if written.unversioned is not None:
+                            # A record's current version is among its versions (which the file
+                            # holds before the records): else its `history` would be empty.
+                            raise BadInput(
+                                f"memory {written.unversioned} has no row for its current "
+                                "version in this export (the file is cut short or edited): "
+                                "nothing of its batch was imported"
+                            )
             except Differs as e:
                 raise Conflict(
                     f"{_NOUNS[table.name].format(**e.key)} already exists in account "
@@ -774,16 +857,6 @@ class _Importer:
             for action_id in sorted(self.result.records):
                 async with conn.transaction():
                     await memory_store.count_pinned_lists(conn, self.account_id, action_id, None)
-
-    async def _check_versioned(self, conn: asyncpg.Connection, rows_json: str) -> None:
-        """A record's current version is among its versions (which the file holds before
-        the records): else its `history` would be empty. Rolls back its batch."""
-        memory_id = await store.unversioned(conn, self.account_id, rows_json)
-        if memory_id is not None:
-            raise BadInput(
-                f"memory {memory_id} has no row for its current version in this export (the "
-                "file is cut short or edited): nothing of its batch was imported"
-            )
 
     async def _embed(self, rows: list[dict[str, Any]]) -> None:
         """Vectors of this deployment's model for the records that need one (`_to_embed`); the

@@ -188,6 +188,9 @@ async def export_rows(
 class Written:
     inserted: int
     present: int  # already there with the same content
+    # Records' rows: the first whose current version has no row in the account (a file cut
+    # short or edited: every write records its version), or None.
+    unversioned: UUID | None = None
 
 
 class Differs(Exception):
@@ -216,21 +219,40 @@ async def write_rows(
     meanwhile (a turn's session, started on the agent the import already wrote), which the
     insert waited for and skipped, is then compared too. Compared first, it was not there yet,
     and was skipped as if it were the file's. When the insert wrote every row, none was there
-    to differ: the comparison is left out (a new agent's import pays for the insert alone)."""
+    to differ: the comparison is left out (a new agent's import pays for the insert alone).
+
+    Records' rows (`agent_memories`) are also looked up among the account's versions, by the
+    same statement (the JSON read once): `Written.unversioned`."""
     columns_sql = ", ".join(row_columns)
     incoming = f"jsonb_populate_recordset(NULL::{table.name}, $2::text::jsonb)"
-    status = await conn.execute(
-        f"""
+    insert = f"""
         INSERT INTO {table.name} (account_id, {columns_sql})
-        SELECT $1, {", ".join(f"i.{c}" for c in row_columns)} FROM {incoming} i
+        SELECT $1, {", ".join(f"i.{c}" for c in row_columns)} FROM {{}} i
         ON CONFLICT (account_id, {", ".join(table.key)}) DO NOTHING
-        """,
-        account_id,
-        rows_json,
-    )
-    inserted = int(status.split()[-1])
+        """
+    unversioned = None
+    if table.name == "agent_memories":
+        written = await conn.fetchrow(
+            f"""
+            WITH i AS MATERIALIZED (SELECT * FROM {incoming}),
+            written AS ({insert.format("i")} RETURNING 1)
+            SELECT (SELECT count(*) FROM written) AS inserted, (
+                SELECT i.memory_id FROM i
+                WHERE NOT EXISTS (
+                    SELECT FROM agent_memory_versions v
+                    WHERE v.account_id = $1 AND v.action_id = i.action_id
+                      AND v.memory_id = i.memory_id AND v.version = i.version)
+                LIMIT 1) AS unversioned
+            """,
+            account_id,
+            rows_json,
+        )
+        inserted, unversioned = written["inserted"], written["unversioned"]
+    else:
+        status = await conn.execute(insert.format(incoming), account_id, rows_json)
+        inserted = int(status.split()[-1])
     if inserted == rows:
-        return Written(inserted, 0)
+        return Written(inserted, 0, unversioned)
     key_match = " AND ".join(f"e.{k} = i.{k}" for k in table.key)
     compared = [c for c in row_columns if c != VECTOR_COLUMN]
     mine = ", ".join(f"i.{c}" for c in compared)
@@ -247,7 +269,7 @@ async def write_rows(
     )
     if differing is not None:
         raise Differs(table, dict(differing))
-    return Written(inserted, rows - inserted)
+    return Written(inserted, rows - inserted, unversioned)
 
 
 @asynccontextmanager
@@ -372,23 +394,6 @@ async def stored_records(conn: asyncpg.Connection, account_id: UUID, rows_json: 
         rows_json,
     )
     return {row["place"] for row in rows}
-
-
-async def unversioned(conn: asyncpg.Connection, account_id: UUID, rows_json: str) -> UUID | None:
-    """The first of these memory rows (a JSON array) whose current version has no version
-    row in the account: a file cut short or edited (every write records its version)."""
-    return await conn.fetchval(
-        """
-        SELECT i.memory_id FROM jsonb_populate_recordset(NULL::agent_memories, $2::text::jsonb) i
-        WHERE NOT EXISTS (
-            SELECT FROM agent_memory_versions v
-            WHERE v.account_id = $1 AND v.action_id = i.action_id
-              AND v.memory_id = i.memory_id AND v.version = i.version)
-        LIMIT 1
-        """,
-        account_id,
-        rows_json,
-    )
 
 
 async def account_exists(conn: asyncpg.Connection, account_id: UUID) -> bool:
