@@ -481,6 +481,42 @@ async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
         assert await conn.fetchval("SELECT turns FROM sessions") == 0
 
 
+async def test_a_turn_swept_before_it_commits_its_end_alone_keeps_nothing(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, for a turn whose commit writes nothing but its end, in one statement
+    (store.commit_turn): swept, it is not counted in its session, and neither its answer nor
+    its review's marks are kept."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.say("hello")
+    swept: list[uuid.UUID] = []
+
+    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
+        swept.extend(await _sweep(state, context))
+        # What a review that ran and wrote nothing leaves for the commit to mark.
+        context.review_messages = 2
+        context.reviewed = {context.execution.execution_id: 0}
+
+    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
+    executed = await run(gql, admin, action_id, "hi")
+
+    assert swept == [uuid.UUID(executed["executionId"])]
+    assert executed["status"] == "FAILED" and executed["output"] is None
+    assert "failed as stale or retried" in executed["error"]
+    assert events(executed, "turn.failed") == [{"error": executed["error"]}]
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT turns FROM sessions") == 0
+        marks = await conn.fetchrow(
+            "SELECT review_messages, reviewed_by FROM executions WHERE execution_id = $1",
+            swept[0],
+        )
+    assert tuple(marks) == (None, None)
+
+
 async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
     gql: GQL,
     admin: Caller,

@@ -597,7 +597,7 @@ async def test_every_model_call_of_a_turn_is_followed_by_a_sign_of_life(
     by a sign of life (or by the commit), so no silence holds more than one model call."""
     log: list[str] = []
     complete = ModelClient.complete
-    touch, finish = store.touch_execution, store.finish_execution
+    touch, finish, commit = store.touch_execution, store.finish_execution, store.commit_turn
 
     async def logged_complete(self: ModelClient, *args: Any, **kwargs: Any) -> Any:
         answer = await complete(self, *args, **kwargs)
@@ -611,6 +611,7 @@ async def test_every_model_call_of_a_turn_is_followed_by_a_sign_of_life(
     monkeypatch.setattr(ModelClient, "complete", logged_complete)
     monkeypatch.setattr(store, "touch_execution", lambda *a, **k: logged("alive", touch, *a, **k))
     monkeypatch.setattr(store, "finish_execution", lambda *a, **k: logged("end", finish, *a, **k))
+    monkeypatch.setattr(store, "commit_turn", lambda *a, **k: logged("end", commit, *a, **k))
 
     action_id = await make_agent_id(
         gql.state, admin, harness=memory_harness(), model={"contextTokens": 2500}
@@ -674,6 +675,7 @@ async def test_a_turn_slow_between_model_calls_shows_life_well_within_the_bound(
         ("touch_execution", by_position),
         ("touch_silent_execution", by_position),
         ("finish_execution", by_name),
+        ("commit_turn", by_name),
     ]:
         monkeypatch.setattr(store, name, signed(getattr(store, name), which))
 
@@ -716,7 +718,7 @@ async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
     bound: a turn that answers within it writes exactly what it wrote before (its start, a
     sign of life after each model call, its end)."""
     log: list[str] = []
-    for name in ["touch_execution", "touch_silent_execution", "finish_execution"]:
+    for name in ["touch_execution", "touch_silent_execution", "finish_execution", "commit_turn"]:
         write = getattr(store, name)
 
         async def logged(*args: Any, write: Any = write, name: str = name, **kwargs: Any) -> Any:
@@ -729,7 +731,7 @@ async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
     model_server.say("done")
     executed = await run(gql, admin, action_id, "hello")
     assert executed["status"] == "SUCCEEDED", executed["error"]
-    assert log == ["touch_execution", "touch_execution", "finish_execution"]
+    assert log == ["touch_execution", "touch_execution", "commit_turn"]  # its end
 
 
 async def test_a_turn_cancelled_while_its_pulse_ends_is_cancelled(

@@ -139,20 +139,33 @@ async def fail_stale_turns(
     return [r["execution_id"] for r in rows]
 
 
-async def ended_turns_with_pending_memory(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID
+async def fail_stale_and_find_ended(
+    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, older_than_seconds: float
 ) -> list[Row]:
-    """Turns no longer running that still have staged memory rows (their process died)."""
+    """`fail_stale_turns`, then the agent's turns no longer running that still have staged
+    memory rows (their process died, or this statement failed them), in one statement."""
     return await conn.fetch(
         """
+        WITH failed AS (
+            UPDATE executions
+            SET status = 'FAILED', modified = now(), error = $4
+            WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING'
+              AND kind <> 'OPERATOR' AND modified < now() - make_interval(secs => $3)
+            RETURNING *
+        ), staged AS (
+            SELECT DISTINCT m.pending_execution FROM agent_memories m
+            WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NOT NULL
+        )
+        SELECT f.* FROM failed f WHERE f.execution_id IN (SELECT * FROM staged)
+        UNION ALL
+        -- The statement's snapshot still sees the turns it failed as RUNNING: none twice.
         SELECT e.* FROM executions e
         WHERE e.account_id = $1 AND e.action_id = $2 AND e.kind <> 'OPERATOR'
           AND e.status <> 'RUNNING'
-          AND e.execution_id IN (
-              SELECT DISTINCT m.pending_execution FROM agent_memories m
-              WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NOT NULL
-          )
+          AND e.execution_id IN (SELECT * FROM staged)
         """,
         account_id,
         action_id,
+        older_than_seconds,
+        DEAD_PROCESS_ERROR,
     )

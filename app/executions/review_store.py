@@ -8,7 +8,7 @@ from uuid import UUID
 import asyncpg
 
 from app.db.sql import Params
-from app.executions.store import Row
+from app.executions.store import Row, reviewed_others
 
 
 async def pending_review(
@@ -71,33 +71,26 @@ async def record_review(
     records a turn the review stopped inside, left unreviewed. False when another turn's
     review, committed meanwhile, covered one of them or read on in it (the other's mark stays;
     the caller decides whether its transaction goes on)."""
-    await conn.execute(
-        """
-        UPDATE executions SET review_messages = $4,
-            reviewed_by = CASE WHEN $3 = any($5::uuid[]) THEN $3 ELSE reviewed_by END
-        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+    others = {turn: before for turn, before in reviewed.items() if turn != execution_id}
+    # One statement: the turn's own row, and the others while no other review covered them.
+    marked = await conn.fetchval(
+        f"""
+        WITH own AS (
+            UPDATE executions SET review_messages = $4,
+                reviewed_by = CASE WHEN $3 = any($5::uuid[]) THEN $3 ELSE reviewed_by END
+            WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+        ), {reviewed_others(6)}
+        SELECT count(*) FROM others
         """,
         account_id,
         action_id,
         execution_id,
         messages,
         list(reviewed),
-    )
-    others = {turn: before for turn, before in reviewed.items() if turn != execution_id}
-    status = await conn.execute(
-        """
-        UPDATE executions e SET reviewed_by = $3
-        FROM unnest($4::uuid[], $5::int[]) AS r(execution_id, review_read)
-        WHERE e.account_id = $1 AND e.action_id = $2 AND e.execution_id = r.execution_id
-          AND e.reviewed_by IS NULL AND e.review_read = r.review_read
-        """,
-        account_id,
-        action_id,
-        execution_id,
         list(others),
         list(others.values()),
     )
-    covered = int(status.split()[-1]) == len(others)  # "UPDATE n"
+    covered = marked == len(others)
     if partly is not None:
         turn, before, read = partly
         status = await conn.execute(

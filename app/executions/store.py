@@ -7,6 +7,7 @@ Beside it in this package: liveness_store.py (process heartbeats and the turns d
 left), summary_store.py (a session's running summary and the turns after it), review_store.py
 (the memory review's marks) and erasure_store.py (eraseSession)."""
 
+import json
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 from uuid import UUID
@@ -16,6 +17,11 @@ import asyncpg
 from app.db.sql import by_page, page_arrays
 
 Row: TypeAlias = asyncpg.Record
+
+
+# SQL that is true, and lets its transaction's commit (the statement's own, when it runs alone)
+# not wait for its WAL flush, as `defer_durability` does, without a round trip of its own.
+_DEFERRED = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
 
 
 async def insert_execution(
@@ -36,14 +42,39 @@ async def insert_execution(
     boot_id: UUID | None = None,
     replay_of: UUID | None = None,
     output: Any = None,
+    open_session: bool = False,
+    next_turn: bool = False,
+    deferred: bool = False,
 ) -> Row:
-    """`boot_id`: the process running a RUNNING turn (app/runtime/liveness.py)."""
+    """`boot_id`: the process running a RUNNING turn (app/runtime/liveness.py).
+    `open_session`: the session is created if new (`ensure_session`) by the same statement,
+    and with `next_turn` the execution is numbered after its last turn (`turn` unused; the
+    commit numbers it). `deferred`: the transaction's commit need not wait for its WAL flush
+    (`defer_durability`, for a turn's start only); run alone, the statement is that
+    transaction, so a turn starts in one round trip."""
+    values = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
+    session = ""
+    if open_session:
+        session = """
+        WITH s AS (
+            INSERT INTO sessions (account_id, action_id, session_id) VALUES ($1, $2, $5)
+            ON CONFLICT (account_id, action_id, session_id)
+                DO UPDATE SET modified = sessions.modified
+            RETURNING turns
+        )"""
+        if next_turn:
+            values = values.replace("$6", "coalesce($6, s.turns + 1)")  # $6 is None
+    source = f"SELECT {values}" + (" FROM s" if open_session else "")
+    if deferred:
+        source += f" WHERE {_DEFERRED}"
+    elif not open_session:
+        source = f"VALUES ({values})"
     return await conn.fetchrow(
-        """
+        f"""{session}
         INSERT INTO executions (account_id, action_id, execution_id, action_version, session_id,
                                 turn, invocation_number, kind, status, preview, principal, input,
                                 boot_id, replay_of, output)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+        {source}
         RETURNING *
         """,
         account_id,
@@ -51,7 +82,7 @@ async def insert_execution(
         execution_id,
         action_version,
         session_id,
-        turn,
+        None if next_turn else turn,
         invocation_number,
         kind,
         status,
@@ -233,13 +264,28 @@ async def next_sequence(
 
 
 async def count_turn(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    action_id: UUID,
+    session_id: str,
+    *,
+    lock: bool = False,
 ) -> int:
-    """Counts a committed turn in its session; returns the turn's number."""
+    """Counts a committed turn in its session; returns the turn's number. `lock`: the session
+    is first locked as `lock_session` locks it (exclusively), in the same statement, until the
+    caller's transaction ends."""
+    locked = ""
+    if lock:
+        locked = """
+        WITH locked AS (
+            SELECT 1 FROM sessions WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+            FOR UPDATE
+        )"""
     return await conn.fetchval(
-        """
+        f"""{locked}
         UPDATE sessions SET turns = turns + 1, modified = now()
         WHERE account_id = $1 AND action_id = $2 AND session_id = $3
+            {"AND EXISTS (SELECT FROM locked)" if lock else ""}
         RETURNING turns
         """,
         account_id,
@@ -248,27 +294,76 @@ async def count_turn(
     )
 
 
+def _events_written(first: int, guard: str) -> str:
+    """SQL: a data-modifying WITH item inserting the events passed as four arrays from
+    parameter `first` on (`event_arrays`), for the execution of parameters $1-$3, when `guard`
+    holds."""
+    a, b, c, d = (f"${first + i}" for i in range(4))
+    return f"""written AS (
+            INSERT INTO transcript_events
+                (account_id, action_id, execution_id, sequence, invocation_number, type, data)
+            SELECT $1, $2, $3, e.sequence, e.invocation_number, e.type, e.data::jsonb
+            FROM unnest({a}::int[], {b}::int[], {c}::text[], {d}::text[])
+                AS e(sequence, invocation_number, type, data)
+            WHERE {guard}
+        )"""
+
+
+def event_arrays(events: list[tuple[int, int, str, Any]]) -> list[list[Any]]:
+    """Transcript events, each (sequence, invocation_number, type, data), as the four arrays
+    `_events_written` inserts: each event's data as JSON text, as the connection's jsonb codec
+    would send it (app/db/pool.py)."""
+    return [
+        [e[0] for e in events],
+        [e[1] for e in events],
+        [e[2] for e in events],
+        [json.dumps(e[3]) for e in events],
+    ]
+
+
 async def touch_execution(
     conn: asyncpg.Connection,
     account_id: UUID,
     action_id: UUID,
     execution_id: UUID,
     invocation_number: int,
+    events: list[tuple[int, int, str, Any]] | None = None,
 ) -> bool:
-    """Marks a running attempt alive, so fail_stale_turns spares it; False if it no longer runs."""
-    touched = await conn.fetchval(
-        """
-        UPDATE executions SET modified = now()
-        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
-          AND status = 'RUNNING' AND invocation_number = $4
-        RETURNING true
-        """,
-        account_id,
-        action_id,
-        execution_id,
-        invocation_number,
+    """Marks a running attempt alive, so fail_stale_turns spares it; False if it no longer runs.
+    `events`: transcript events written with the sign of life, in the same statement, only if
+    it runs (each as `insert_events` takes it)."""
+    if events is None:
+        touched = await conn.fetchval(
+            """
+            UPDATE executions SET modified = now()
+            WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+              AND status = 'RUNNING' AND invocation_number = $4
+            RETURNING true
+            """,
+            account_id,
+            action_id,
+            execution_id,
+            invocation_number,
+        )
+        return bool(touched)
+    return bool(
+        await conn.fetchval(
+            f"""
+            WITH alive AS (
+                UPDATE executions SET modified = now()
+                WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+                  AND status = 'RUNNING' AND invocation_number = $4
+                RETURNING true
+            ), {_events_written(5, "EXISTS (SELECT FROM alive)")}
+            SELECT EXISTS (SELECT FROM alive)
+            """,
+            account_id,
+            action_id,
+            execution_id,
+            invocation_number,
+            *event_arrays(events),
+        )
     )
-    return bool(touched)
 
 
 async def touch_silent_execution(
@@ -309,20 +404,30 @@ async def finish_execution(
     output: Any,
     error: str | None,
     turn: int | None,
+    events: list[tuple[int, int, str, Any]] | None = None,
 ) -> Row | None:
     """Ends the attempt `invocation_number` while it still runs; None once it no longer does
-    (swept as stale, or retried as a later invocation).
+    (swept as stale, or retried as a later invocation). `events`: transcript events written
+    by the same statement when it ends the attempt (each as `insert_events` takes it).
 
     A failing attempt may also re-mark its own invocation that a sweep already failed, so the
     execution keeps the real reason.
     """
+    written, arrays = "", []
+    if events is not None:
+        written = ", " + _events_written(9, "EXISTS (SELECT FROM done)")
+        arrays = event_arrays(events)
     return await conn.fetchrow(
-        """
-        UPDATE executions
-        SET status = $4, output = $5, error = $6, turn = coalesce($7, turn), modified = now()
-        WHERE account_id = $1 AND action_id = $2 AND execution_id = $3 AND invocation_number = $8
-          AND (status = 'RUNNING' OR (status = 'FAILED' AND $4 = 'FAILED'))
-        RETURNING *
+        f"""
+        WITH done AS (
+            UPDATE executions
+            SET status = $4, output = $5, error = $6, turn = coalesce($7, turn), modified = now()
+            WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+              AND invocation_number = $8
+              AND (status = 'RUNNING' OR (status = 'FAILED' AND $4 = 'FAILED'))
+            RETURNING *
+        ){written}
+        SELECT * FROM done
         """,
         account_id,
         action_id,
@@ -332,6 +437,86 @@ async def finish_execution(
         error,
         turn,
         invocation_number,
+        *arrays,
+    )
+
+
+def reviewed_others(first: int, guard: str = "true") -> str:
+    """SQL: a data-modifying WITH item `others` marking the turns of the arrays in parameters
+    `first` (execution IDs) and `first + 1` (the messages of each an earlier review had read)
+    as covered by the review of execution $3 (of account $1 and action $2), each only while
+    no other review covered it or read on in it, when `guard` holds; a row for each it marks
+    (app/executions/review_store.py, record_review)."""
+    return f"""others AS (
+            UPDATE executions e SET reviewed_by = $3
+            FROM unnest(${first}::uuid[], ${first + 1}::int[]) AS r(execution_id, review_read)
+            WHERE e.account_id = $1 AND e.action_id = $2 AND e.execution_id = r.execution_id
+              AND e.reviewed_by IS NULL AND e.review_read = r.review_read AND {guard}
+            RETURNING 1
+        )"""
+
+
+async def commit_turn(
+    conn: asyncpg.Connection,
+    *,
+    account_id: UUID,
+    action_id: UUID,
+    execution_id: UUID,
+    invocation_number: int,
+    output: Any,
+    session_id: str | None,
+    count: bool,
+    review: tuple[int, dict[UUID, int]] | None,
+    events: list[tuple[int, int, str, Any]],
+) -> Row | None:
+    """Ends the running attempt `invocation_number` as SUCCEEDED in one statement, its own
+    transaction, for a turn whose commit writes nothing else (no memory records, summary or
+    history): its session (if any) locked first, as `lock_session` locks it for a commit;
+    with `count`, the turn counted in it and numbered so (`count_turn`); `review`, the
+    messages it adds for review and the turns its review covered (as
+    `review_store.record_review` marks them, without `partly`); its transcript `events`.
+    None once the attempt no longer runs (swept as stale, or retried), and then nothing was
+    written."""
+    messages, reviewed = review if review is not None else (None, {})
+    others = {turn: before for turn, before in reviewed.items() if turn != execution_id}
+    return await conn.fetchrow(
+        f"""
+        WITH locked AS (
+            SELECT turns FROM sessions
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $6
+            FOR UPDATE
+        ), done AS (
+            UPDATE executions
+            SET status = 'SUCCEEDED', output = $5, error = NULL,
+                turn = coalesce((SELECT turns + 1 FROM locked WHERE $7), turn),
+                review_messages = coalesce($8, review_messages),
+                reviewed_by = CASE WHEN $3 = any($9::uuid[]) THEN $3 ELSE reviewed_by END,
+                modified = now()
+            WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
+              AND invocation_number = $4 AND status = 'RUNNING'
+              -- The session locked before the row (this filter is evaluated first).
+              AND (SELECT count(*) FROM locked) IS NOT NULL
+            RETURNING *
+        ), counted AS (
+            UPDATE sessions SET turns = turns + 1, modified = now()
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $6 AND $7
+              AND EXISTS (SELECT FROM done)
+        ), {reviewed_others(10, "EXISTS (SELECT FROM done)")},
+        {_events_written(12, "EXISTS (SELECT FROM done)")}
+        SELECT * FROM done
+        """,
+        account_id,
+        action_id,
+        execution_id,
+        invocation_number,
+        output,
+        session_id,
+        count,
+        messages,
+        list(reviewed),
+        list(others),
+        list(others.values()),
+        *event_arrays(events),
     )
 
 
@@ -455,5 +640,6 @@ async def defer_durability(conn: asyncpg.Connection) -> None:
 
     For a turn's start only: until the turn's own (synchronous) end commits, nothing depends on
     the start surviving a crash, and a later synchronous commit flushes it first (WAL order).
+    (`insert_execution(deferred=True)` sets it inside its statement.)
     """
     await conn.execute("SET LOCAL synchronous_commit = off")

@@ -49,39 +49,59 @@ async def preview_turn_through(
     )
 
 
-async def turns_from(
+async def summary_and_turns(
     conn: asyncpg.Connection,
     account_id: UUID,
     action_id: UUID,
     session_id: str,
     preview: bool,
-    first_turn: int,
-) -> list[Row]:
-    """The session's committed turns from `first_turn` on that a turn may read (live turns
-    skip preview ones), in turn order, conversations handed in (kind INGEST) among them: not a
+    before_turn: int | None,
+) -> tuple[Row | None, list[Row]]:
+    """In one statement: the session's summary of the mode (`session_summary`), and its
+    committed turns that a turn may read (live turns skip preview ones), in turn order, from
+    the summary's last turn on (from the first, without one, or when `before_turn` is given
+    and the summary reaches it), conversations handed in (kind INGEST) among them: not a
     replay (which keeps nothing in its session, and has its original's number), nor a turn
     eraseSession erased (its words are gone; a turn retold as `[erased]` would only take
     room)."""
-    return await conn.fetch(
+    rows = await conn.fetch(
         """
-        SELECT e.turn, e.kind, e.execution_id, e.invocation_number, e.input, e.output
-        FROM executions e
-        WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
-          AND e.kind IN ('TURN', 'INGEST') AND e.status = 'SUCCEEDED' AND (NOT e.preview OR $4)
-          AND e.turn >= $5 AND e.replay_of IS NULL
-          AND (SELECT t.data->>'erased' FROM transcript_events t
-              WHERE t.account_id = e.account_id AND t.action_id = e.action_id
-                AND t.execution_id = e.execution_id ORDER BY t.sequence LIMIT 1)
-              IS DISTINCT FROM $6
-        ORDER BY e.turn
+        WITH s AS (
+            SELECT summary, through_turn, through_message, version FROM session_summaries
+            WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND preview = $4
+        )
+        SELECT * FROM (
+            SELECT NULL::integer AS turn, NULL::text AS kind, NULL::uuid AS execution_id,
+                   NULL::integer AS invocation_number, NULL::jsonb AS input,
+                   NULL::jsonb AS output, s.*
+            FROM s
+            UNION ALL
+            SELECT e.turn, e.kind, e.execution_id, e.invocation_number, e.input, e.output,
+                   NULL, NULL, NULL, NULL
+            FROM executions e
+            WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
+              AND e.kind IN ('TURN', 'INGEST') AND e.status = 'SUCCEEDED'
+              AND (NOT e.preview OR $4)
+              AND e.turn >= coalesce(
+                  (SELECT through_turn FROM s WHERE $5::integer IS NULL OR through_turn < $5), 1)
+              AND e.replay_of IS NULL
+              AND (SELECT t.data->>'erased' FROM transcript_events t
+                  WHERE t.account_id = e.account_id AND t.action_id = e.action_id
+                    AND t.execution_id = e.execution_id ORDER BY t.sequence LIMIT 1)
+                  IS DISTINCT FROM $6
+        ) x
+        ORDER BY turn NULLS FIRST
         """,
         account_id,
         action_id,
         session_id,
         preview,
-        first_turn,
+        before_turn,
         ERASED,
     )
+    if rows and rows[0]["turn"] is None:
+        return rows[0], rows[1:]
+    return None, rows
 
 
 async def turn_calls(

@@ -493,9 +493,14 @@ class MemoryWork:
             rows = await store.list_pinned(conn, self.writer.reader())
         return [store.record(r) for r in rows]
 
+    @property
+    def idle(self) -> bool:
+        """Whether `commit` has nothing to write."""
+        return not self._staged and not self._unstaged
+
     async def commit(self, conn: asyncpg.Connection) -> list[MemoryRecord]:
         """Makes the staged changes visible in the caller's transaction; Conflict if stale."""
-        if not self._staged and not self._unstaged:
+        if self.idle:
             return []
         w = self.writer
         account_id, action_id = w.account_id, w.action.action_id

@@ -588,13 +588,18 @@ class ContextWindow:
 
     # Keeping the summary
 
+    @property
+    def unsaved(self) -> bool:
+        """Whether `save` has a summary to store."""
+        return self.changed and self.savable and self.summary is not None
+
     async def save(self, conn: asyncpg.Connection, execution: Execution, turn: int) -> None:
         """Stores the summary this turn updated, in the turn's commit transaction; `turn` is
         the number the commit gave the running turn."""
-        if not (self.changed and self.savable and self.summary is not None):
+        s = self.summary
+        if not self.unsaved or s is None:
             return
         assert execution.session_id is not None  # only a turn in a session keeps a summary
-        s = self.summary
         await summary_store.save_summary(
             conn,
             account_id=execution.account_id,
@@ -639,7 +644,9 @@ async def open_window(
     preview, before_turn = session.preview, session.before_turn
     window.savable = before_turn is None
     async with pool.acquire() as conn:
-        row = await summary_store.session_summary(conn, account_id, action_id, session_id, preview)
+        row, turns = await summary_store.summary_and_turns(
+            conn, account_id, action_id, session_id, preview, before_turn
+        )
         if row is not None:
             window.base_version = row["version"]
         elif preview:
@@ -662,14 +669,16 @@ async def open_window(
                 text_tokens(row["summary"]),
             )
             first = row["through_turn"]
-        turns = await summary_store.turns_from(
-            conn, account_id, action_id, session_id, preview, first
-        )
+        # Read from the summary of the turn's mode, if it applies (else from the first turn):
+        # a preview turn's live summary starts later.
+        turns = [t for t in turns if t["turn"] >= first]
         if before_turn is not None:
             turns = [t for t in turns if t["turn"] < before_turn]
-        calls = await summary_store.turn_calls(
-            conn, account_id, action_id, [t["execution_id"] for t in turns]
-        )
+        calls = []  # none to read before the session's first turn
+        if turns:
+            calls = await summary_store.turn_calls(
+                conn, account_id, action_id, [t["execution_id"] for t in turns]
+            )
     by_execution: dict[UUID, list[tuple[str, Any]]] = {t["execution_id"]: [] for t in turns}
     committed = {t["execution_id"]: t["invocation_number"] for t in turns}
     for c in calls:

@@ -147,13 +147,10 @@ class TurnContext:
         """The sign of life and the transcript's `rows`, in one transaction; False: the
         execution no longer runs this attempt (and nothing was written)."""
         e = self.execution
-        async with self.state.pool.acquire() as conn, conn.transaction():
-            alive = await store.touch_execution(
-                conn, e.account_id, e.action_id, e.execution_id, e.invocation_number
+        async with self.state.pool.acquire() as conn:  # one statement: its own transaction
+            return await store.touch_execution(
+                conn, e.account_id, e.action_id, e.execution_id, e.invocation_number, rows
             )
-            if alive:
-                await store.insert_events(conn, e.account_id, e.action_id, e.execution_id, rows)
-        return alive
 
 
 async def outlast(task: asyncio.Future[_T]) -> _T:
@@ -234,11 +231,8 @@ def _check_request(
 async def _discard_ended(state: AppState, action: ActionVersion) -> None:
     """Fails turns whose process died, and drops the memory they staged (it can never commit)."""
     async with state.pool.acquire() as conn:
-        await liveness_store.fail_stale_turns(
+        ended = await liveness_store.fail_stale_and_find_ended(
             conn, action.account_id, action.action_id, stale_after_seconds(state)
-        )
-        ended = await liveness_store.ended_turns_with_pending_memory(
-            conn, action.account_id, action.action_id
         )
     assert state.embedder is not None
     for row in ended:
@@ -275,27 +269,18 @@ async def _insert_running(
     last one (provisional: the commit numbers it); a replay has its original's number."""
     session_id = request.session_id
     await _discard_ended(state, action)
-    async with state.pool.acquire() as conn, conn.transaction():
-        await store.defer_durability(conn)
-        turn = replay_of.turn if replay_of is not None else None
-        if replay_of is not None:
-            # In this transaction, its session locked: an erasure came first, or waits for it.
-            await _lock_session(conn, replay_of)
-            await _check_not_erased(conn, replay_of, "replayed")
-        if session_id is not None and replay_of is None:
-            session = await store.ensure_session(
-                conn, caller.account_id, action.action_id, session_id
-            )
-            if kind == "TURN":
-                turn = session["turns"] + 1
-        row = await store.insert_execution(
+    opens = session_id is not None and replay_of is None
+
+    async def insert(conn: asyncpg.Connection) -> asyncpg.Record:
+        # In a session the session is created with it if new (`open_session`).
+        return await store.insert_execution(
             conn,
             account_id=caller.account_id,
             action_id=action.action_id,
             execution_id=uuid.uuid4(),
             action_version=action.version,
             session_id=session_id,
-            turn=turn,
+            turn=replay_of.turn if replay_of is not None else None,
             kind=kind,
             status="RUNNING",
             preview=request.preview,
@@ -303,9 +288,23 @@ async def _insert_running(
             input=request.input,
             boot_id=_boot_id(state),
             replay_of=replay_of.execution_id if replay_of is not None else None,
+            open_session=opens,
+            next_turn=opens and kind == "TURN",
+            deferred=True,  # store.defer_durability
         )
-        if key is not None:
-            await key.record(conn, {"executionId": str(row["execution_id"])})
+
+    async with state.pool.acquire() as conn:
+        if replay_of is None and key is None:
+            row = await insert(conn)  # one statement: its own transaction
+        else:
+            async with conn.transaction():
+                if replay_of is not None:
+                    # Its session locked: an erasure came first, or waits for it.
+                    await _lock_session(conn, replay_of)
+                    await _check_not_erased(conn, replay_of, "replayed")
+                row = await insert(conn)
+                if key is not None:
+                    await key.record(conn, {"executionId": str(row["execution_id"])})
     return Execution.of(row)
 
 
@@ -763,7 +762,7 @@ async def _finish(
     rows: list[tuple[int, int, str, Any]] | None = None,
 ) -> asyncpg.Record:
     """Ends the attempt and writes its transcript (or `rows` instead of its unwritten events),
-    inside the caller's transaction."""
+    in one statement inside the caller's transaction."""
     execution = context.execution
     row = await store.finish_execution(
         conn,
@@ -775,16 +774,10 @@ async def _finish(
         output=output,
         error=error,
         turn=turn,
+        events=context.transcript.unwritten() if rows is None else rows,
     )
     if row is None:
-        raise TurnEnded(execution)
-    await store.insert_events(
-        conn,
-        execution.account_id,
-        execution.action_id,
-        execution.execution_id,
-        context.transcript.unwritten() if rows is None else rows,
-    )
+        raise TurnEnded(execution)  # and nothing was written
     return row
 
 
@@ -838,12 +831,17 @@ async def _record_review(conn: asyncpg.Connection, context: TurnContext) -> dict
         return None
     e = context.execution
     key = (conn, e.account_id, e.action_id, e.execution_id, context.review_messages)
+    if context.review_written is None:
+        # Its marks alone: nothing of it to drop, so no savepoint (a statement that fails
+        # fails the commit).
+        await review_store.record_review(*key, context.reviewed, context.review_partly)
+        return None
     try:
         async with conn.transaction():  # a savepoint: the marks below go if the review does
             covered = await review_store.record_review(
                 *key, context.reviewed, context.review_partly
             )
-            if not covered and context.review_written is not None:
+            if not covered:
                 raise _Overlap
     except _Overlap:
         return await _drop_review(
@@ -900,8 +898,12 @@ async def _commit_memory(
     its turn: when committing meets a record another writer changed meanwhile, the review's
     records go (its messages wait for the next review) and the turn's own writes are committed
     alone; a conflict then is the turn's own, and fails it."""
-    if context.work is None:
-        return [], await _record_review(conn, context)
+    if context.review_written is None:
+        # The review staged no records (or did not run): none to drop, none restated, and a
+        # conflict is the turn's own, which fails it whole; so no savepoint.
+        await _record_review(conn, context)
+        return (await context.work.commit(conn) if context.work is not None else []), None
+    assert context.work is not None  # a review writes through the turn's memory
     restated = await _drop_restated(conn, context)
     dropped = None
     try:
@@ -909,7 +911,7 @@ async def _commit_memory(
             dropped = await _record_review(conn, context)
             return await context.work.commit(conn), dropped or restated
     except Conflict:
-        if context.review_written is None or dropped is not None:
+        if dropped is not None:
             raise  # the review's records were not in it: the turn's own writes conflicted
         dropped = await _drop_review(
             conn,
@@ -920,18 +922,67 @@ async def _commit_memory(
         return await context.work.commit(conn), dropped
 
 
+def _writes_only_its_end(context: TurnContext) -> bool:
+    """Whether the turn's commit writes nothing but its end (`store.commit_turn`): no memory
+    records (the turn's or its review's), no review stopped inside a turn, no summary, no
+    history."""
+    return (
+        (context.work is None or context.work.idle)
+        and context.review_written is None
+        and context.review_partly is None
+        and context.kept is None
+        and (context.window is None or not context.window.unsaved)
+    )
+
+
+async def _commit_its_end(context: TurnContext, counts: bool) -> asyncpg.Record:
+    """What `_commit`'s transaction does for a turn that writes nothing but its end
+    (`_writes_only_its_end`), in one statement."""
+    execution = context.execution
+    review = None
+    if context.review_messages is not None:
+        review = context.review_messages, context.reviewed
+    async with context.state.pool.acquire() as conn:
+        row = await store.commit_turn(
+            conn,
+            account_id=execution.account_id,
+            action_id=execution.action_id,
+            execution_id=execution.execution_id,
+            invocation_number=execution.invocation_number,
+            output=context.output,
+            session_id=execution.session_id,
+            count=counts,
+            review=review,
+            events=context.transcript.unwritten(),
+        )
+    if row is None:
+        raise TurnEnded(execution)  # and nothing was written
+    return row
+
+
 async def _commit(context: TurnContext) -> Execution:
     execution, transcript = context.execution, context.transcript
     kept = context.kept
     transcript.add(events.TURN_OUTPUT, {"output": context.output})
+    counts = execution.session_id is not None and execution.replay_of is None
+    if _writes_only_its_end(context):
+        row = await _commit_its_end(context, counts)
+        transcript.written = len(transcript.events)
+        committed(context.state, execution, 0, None)
+        return Execution.of(row)
     async with context.state.pool.acquire() as conn, conn.transaction():
-        await _lock_session(conn, execution, exclusive=True)  # before the memory rows
-        written, dropped = await _commit_memory(conn, context)
         turn = None
-        if execution.session_id is not None and execution.replay_of is None:
+        # The session locked before the memory rows; a turn it counts is counted by the same
+        # statement (numbered now: nothing else in this transaction reads the count).
+        if counts:
+            assert execution.session_id is not None
             turn = await store.count_turn(
-                conn, execution.account_id, execution.action_id, execution.session_id
+                conn, execution.account_id, execution.action_id, execution.session_id, lock=True
             )
+        else:
+            await _lock_session(conn, execution, exclusive=True)
+        written, dropped = await _commit_memory(conn, context)
+        if turn is not None:  # counted (a session's row is only gone with its action)
             if context.window is not None:
                 await context.window.save(conn, execution, turn)
             if kept is not None:  # H5: kept only in the commit's transaction
