@@ -517,6 +517,73 @@ async def test_a_turn_swept_before_it_commits_its_end_alone_keeps_nothing(
     assert tuple(marks) == (None, None)
 
 
+async def test_a_swept_turn_committing_its_end_alone_marks_no_turn_its_review_covered(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, when the review covered an earlier turn of the session too: swept before its
+    one-statement commit (store.commit_turn), it leaves that turn awaiting review."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.say("first")
+    earlier = uuid.UUID((await run(gql, admin, action_id, "one"))["executionId"])
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE executions SET review_messages = 2, reviewed_by = NULL, review_read = 0 "
+            "WHERE execution_id = $1",
+            earlier,
+        )
+    model_server.say("hello")
+    swept: list[uuid.UUID] = []
+
+    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
+        swept.extend(await _sweep(state, context))
+        # What a review that ran, covered the earlier turn and wrote nothing leaves.
+        context.review_messages = 2
+        context.reviewed = {context.execution.execution_id: 0, earlier: 0}
+
+    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
+    executed = await run(gql, admin, action_id, "hi")
+
+    assert executed["status"] == "FAILED" and swept == [uuid.UUID(executed["executionId"])]
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT turns FROM sessions") == 1
+        marked = await conn.fetchval(
+            "SELECT reviewed_by FROM executions WHERE execution_id = $1", earlier
+        )
+    assert marked is None
+
+
+async def test_a_replay_committing_its_end_alone_counts_no_turn(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """A replay whose commit writes nothing but its end (store.commit_turn, without `count`)
+    keeps its original's number and counts no turn in the session: the next turn is the
+    second."""
+    action_id = await make_agent_id(gql.state, admin)
+    model_server.say("first")
+    original = await run(gql, admin, action_id, "one")
+    model_server.say("again")
+    replay = (
+        await gql(
+            admin, EXECUTE, input={"actionId": action_id, "replayOf": original["executionId"]}
+        )
+    ).ok()["executeAction"]
+    assert replay["status"] == "SUCCEEDED", replay["error"]
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT turns FROM sessions") == 1
+        numbers = await conn.fetch("SELECT turn FROM executions ORDER BY created")
+    assert [r["turn"] for r in numbers] == [1, 1]
+    model_server.say("second")
+    await run(gql, admin, action_id, "two")
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT turns FROM sessions") == 2
+        last = await conn.fetchval("SELECT turn FROM executions ORDER BY created DESC LIMIT 1")
+    assert last == 2
+
+
 async def test_a_long_turn_stays_alive_and_a_swept_one_stops_calling_the_model(
     gql: GQL,
     admin: Caller,
