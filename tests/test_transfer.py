@@ -295,6 +295,54 @@ async def test_an_interrupted_import_continues(state, admin, gql, second):
     assert await reads(GQL(second), target_admin, agent.action_id) == before
 
 
+@pytest.mark.parametrize("hung", ["check_rows", "write_rows"])
+async def test_an_import_cancelled_as_it_reads_leaves_no_batch_running(
+    state, admin, second, monkeypatch, hung
+):
+    """Each pass reads the rows after a batch while PostgreSQL tries it (the check) or stores
+    it (the write): an import cancelled as it reads (Ctrl-C, SIGTERM) cancels that batch too,
+    and waits for it to end, so that no statement of it goes on, nor a transaction of its
+    connection, once the pool has the connection back (or the import ended)."""
+    from app.transfer import service
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    reached = asyncio.Event()
+
+    async def holding(*args: Any) -> None:
+        reached.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(store, hung, holding)
+    batches, passes = service._batches, []
+
+    async def reading(rows: Any, batch_rows: int) -> Any:
+        passes.append(None)
+        async for batch in batches(rows, batch_rows):
+            yield batch
+            if len(passes) == (1 if hung == "check_rows" else 2):  # cancelled here
+                await reached.wait()
+                await asyncio.sleep(3600)
+
+    monkeypatch.setattr(service, "_batches", reading)
+    before = asyncio.all_tasks()
+    importing = asyncio.create_task(load(second, target_admin.account_id, lines))
+    await reached.wait()
+    importing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await importing
+    left = asyncio.all_tasks() - before - {asyncio.current_task()}
+    for task in left:  # (else the test would wait for them at its end)
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+    assert not left
+    assert not await second.pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND state <> 'idle'"
+    )
+
+
 # M52
 async def test_m52_an_import_counts_each_sessions_pinned_list(state, admin, second):
     """Imported in batches written two at a time (a preview record's batch beside the batch of
@@ -1915,6 +1963,83 @@ async def test_a_file_changed_after_its_check_is_not_written(state, admin, secon
     assert result.missing == {} and result.by_type["memory"] == len(lines) - first(lines, "memory")
 
 
+class _Rewritten(list):
+    """An export read from its start each time, as a file is: its header, its rows to check,
+    then `changed`, the rows to write (the file as something else wrote it in between)."""
+
+    def __init__(self, lines: list[str], changed: list[str]) -> None:
+        super().__init__(lines)
+        self.changed, self.reads = changed, 0
+
+    def __iter__(self) -> Any:
+        self.reads += 1
+        return iter(self.changed) if self.reads > 2 else super().__iter__()
+
+
+async def test_a_file_no_longer_an_export_after_its_check_is_refused_as_changed(
+    state, admin, second
+):
+    """A line that is no row when the write reads it (the file changed after the check: a
+    line cut short, or written over) is refused as a batch that changed is, the batches before
+    it written (one was being written as the line was read: it was cancelled, and the refusal
+    was the JSON's, as of a file the check had refused). A file cut short after its check where
+    a batch ended is refused as changed too, not imported as a file that was cut short."""
+    from app.errors import BadInput
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    versions, records = first(lines, "memory_version"), first(lines, "memory")
+    cut = [*lines[:records], lines[records][:40], *lines[records + 1 :]]
+    with pytest.raises(
+        BadInput,
+        match=f"lines {versions + 1} to {records + 1} of the file changed after the import "
+        "checked them: they were not imported \\(rows before them were\\)",
+    ):
+        await load(second, target_admin.account_id, _Rewritten(lines, cut))
+    counts = await table_counts(second)
+    executions = sum(json.loads(line)["type"] == "execution" for line in lines)
+    assert counts["executions"] == executions and counts["agent_memory_versions"] == 0
+    with pytest.raises(
+        BadInput,
+        match=f"lines {records + 1} to {len(lines)} of the file changed after the import "
+        "checked them",
+    ):
+        await load(second, target_admin.account_id, _Rewritten(lines, lines[:records]))
+    assert (await table_counts(second))["agent_memories"] == 0
+    result = await load(second, target_admin.account_id, lines)
+    assert result.missing == {} and result.present > 0
+
+
+async def test_of_batches_written_at_once_the_first_to_fail_is_said(
+    state, admin, second, monkeypatch
+):
+    """Records' batches are written two at once: when both fail, the first in the file's order
+    is said (the later one failed first here), once the batches before it are written."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    await load(second, target_admin.account_id, lines)
+    records = first(lines, "memory")
+    a, b = (json.loads(lines[i])["row"]["memory_id"] for i in (records, records + 2))
+    for memory_id in (a, b):
+        async with second.pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE agent_memories SET summary = 'edited here' WHERE memory_id = $1",
+                uuid.UUID(memory_id),
+            )
+    write_rows = store.write_rows
+
+    async def slower(conn, table, account_id, rows_json, *args):
+        if a in rows_json:  # the first batch of records fails last
+            await asyncio.sleep(0.5)
+        return await write_rows(conn, table, account_id, rows_json, *args)
+
+    monkeypatch.setattr(store, "write_rows", slower)
+    with pytest.raises(Conflict, match=f"memory {a} already exists"):
+        await load(second, target_admin.account_id, lines, batch_rows=2)
+
+
 async def test_the_write_refuses_a_record_whose_current_version_has_no_row(
     state, admin, second, monkeypatch
 ):
@@ -1943,6 +2068,13 @@ async def test_the_write_refuses_a_record_whose_current_version_has_no_row(
     ):
         await load(second, target_admin.account_id, unversioned)
     assert await second.pool.fetchval("SELECT count(*) FROM agent_memories") == 0
+    # So it does when the other rows of the batch are there already (the insert wrote some).
+    others = [line for line in unversioned if current["memory_id"] not in line]
+    assert (await load(second, target_admin.account_id, others)).missing
+    with pytest.raises(BadInput, match=f"memory {current['memory_id']} has no row for its"):
+        await load(second, target_admin.account_id, unversioned)
+    record = "SELECT count(*) FROM agent_memories WHERE memory_id = $1"
+    assert await second.pool.fetchval(record, uuid.UUID(current["memory_id"])) == 0
 
 
 async def test_a_record_whose_ids_are_not_text_is_refused_naming_its_line(state, admin, second):
@@ -2365,6 +2497,16 @@ async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(
                 *lines[execution + 1 :],
             ],
             "input.n is -inf: numbers must be finite",
+        ),
+        # Given as text (not read from a file, whose bytes that are not UTF-8 are refused as
+        # such), a lone surrogate as it is, not escaped: its batch's digest took it (INTERNAL).
+        (
+            [
+                *lines[:execution],
+                lines[execution].replace('"input": {', '"input": {"s": "a\ud800b", '),
+                *lines[execution + 1 :],
+            ],
+            "Unicode low surrogate must follow a high surrogate",
         ),
     ]:
         index = next(i for i, (a, b) in enumerate(zip(lines, changed, strict=True)) if a != b)

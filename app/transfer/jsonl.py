@@ -140,9 +140,15 @@ def rows(
 def parsed(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any], int, str]]:
     """The rows after the header as `rows` gives them, parsed but not checked: lines that
     `rows` read before (the same text, which the caller makes sure of), whose rows are the same
-    and passed its checks then."""
+    and passed its checks then. A line that is no row now (the file changed since) is given
+    as an empty row of the type before it, its text as it is: not the text `rows` read, so the
+    caller refuses it as changed (as when it is a row), the rows before it given first."""
+    kind = "action"
     for number, line in _numbered(lines):
-        kind, row, _ = _parse(line, number)
+        try:
+            kind, row, _ = _parse(line, number)
+        except BadInput:
+            row = {}
         yield kind, row, number, line
 
 

@@ -220,7 +220,7 @@ async def _import_file(
             header.get("embeddings") and recorded is not None and header["embedder"] == recorded
         )
         directionless: set[UUID] = set()
-        digests: list[bytes] = []  # of the batches checked, which the write compares
+        digests: list[tuple[int, int, bytes]] = []  # of the batches checked (`_batches`)
         to_embed = await _check_file(
             pool,
             account_id,
@@ -256,23 +256,7 @@ async def _import_file(
                 pool, account_id, embedder, copied, result, bar.update, directionless
             )
             try:
-                # The rows as the check read them (compared by the batches' digests), so not
-                # checked again: parsed, each batch written while the next is read.
-                checked = iter(digests)
-                async with contextlib.aclosing(
-                    _batches(jsonl.parsed(read()), batch_rows)
-                ) as batches:
-                    async for batch in batches:
-                        if next(checked, None) != batch.digest:
-                            await importer.drain()  # those before it written, or refused first
-                            raise BadInput(
-                                f"lines {batch.rows[0][1]} to {batch.rows[-1][1]} of the file "
-                                "changed after the import checked them: they were not imported "
-                                "(rows before them were). Import the file again once nothing "
-                                "writes to it"
-                            )
-                        await importer.submit(batch.table, [row for row, _ in batch.rows])
-                await importer.drain()
+                await _write_file(importer, jsonl.parsed(read()), batch_rows, digests)
                 result.missing = {
                     kind: (result.by_type.get(kind, 0), n)
                     for kind, n in header["counts"].items()
@@ -288,6 +272,41 @@ async def _import_file(
             await importer.cancel()
             await importer.count_pinned_lists()
     return result
+
+
+async def _write_file(
+    importer: "_Importer",
+    rows: Iterator[tuple[str, dict[str, Any], int, str]],
+    batch_rows: int,
+    digests: list[tuple[int, int, bytes]],
+) -> None:
+    """Writes the rows as the check read them (`digests`: each batch's first and last line
+    and digest, `_batches`), so not checked again: parsed, each batch written while the next is
+    read. A batch that is not as checked (the file changed in between) is refused, writing
+    nothing of it; so is a file that ends before the lines checked. On any error, the batches
+    before it are written first (or the first of them that fails is the error said)."""
+    checked = iter(digests)
+    try:
+        async with contextlib.aclosing(_batches(rows, batch_rows)) as batches:
+            async for batch in batches:
+                was = next(checked, None)
+                if was is None or was[2] != batch.digest:
+                    raise _changed(batch.rows[0][1], batch.rows[-1][1])
+                await importer.submit(batch.table, [row for row, _ in batch.rows])
+        rest = next(checked, None)
+        if rest is not None:  # (cut short where a batch ended)
+            raise _changed(rest[0], rest[1])
+    except Exception:
+        await importer.drain()  # the batches before it written, or the first refusal of them
+        raise
+    await importer.drain()
+
+
+def _changed(first: int, last: int) -> BadInput:
+    return BadInput(
+        f"lines {first} to {last} of the file changed after the import checked them: they were "
+        "not imported (rows before them were). Import the file again once nothing writes to it"
+    )
 
 
 @contextmanager
@@ -535,7 +554,7 @@ class _Batch:
 
     table: Table
     rows: list[tuple[dict[str, Any], int]]  # each with its line's number
-    digest: bytes  # of its lines, their numbers and text
+    digest: bytes  # of its lines, their numbers and text (any text: `surrogatepass`)
 
 
 # Rows read between two turns of the event loop, while the batch before them is checked or
@@ -560,7 +579,7 @@ async def _batches(
             batch, digest = [], hashlib.sha256()
         table = BY_KIND[kind]
         batch.append((row, number))
-        text = line.encode("utf-8", "surrogateescape")
+        text = line.encode("utf-8", "surrogatepass")
         digest.update(b"%d %d\n" % (number, len(text)))
         digest.update(text)
         if len(batch) % _ROWS_A_TURN == 0:
@@ -579,7 +598,7 @@ async def _check_file(
     batch_rows: int,
     directionless: set[UUID],
     dimensions: int | None = None,
-    digests: list[bytes] | None = None,
+    digests: list[tuple[int, int, bytes]] | None = None,
 ) -> int:
     """Every row as `jsonl.rows` checks it, against the rows before it (`_Across`), and as
     PostgreSQL would store it (its types and checks, `store.check_rows`, a batch at a time), so
@@ -587,7 +606,7 @@ async def _check_file(
     whether the file's vectors are stored (else they are replaced, and not checked), then the
     records whose vector has no direction are added to `directionless`: embedded again, as if
     the file had none for them; `dimensions`: those of the copied vectors (`store.checking`);
-    `digests`: where each batch's digest is added (`_batches`).
+    `digests`: where each batch's first and last line and digest are added (`_batches`).
     Returns how many records the import will embed (`_to_embed`).
 
     PostgreSQL tries a batch while the rows after it are read and checked here; a row refused
@@ -647,7 +666,7 @@ async def _check_file(
                     if pending is not None:
                         await pending
                     if digests is not None:
-                        digests.append(batch.digest)
+                        digests.append((batch.rows[0][1], batch.rows[-1][1], batch.digest))
                     pending = asyncio.create_task(check(conn, batch.table, batch.rows))
             if pending is not None:
                 await pending
@@ -774,15 +793,21 @@ class _Importer:
         if table is not self._writing or table.name != "agent_memories":
             await self.drain()
         while len(self._running) >= self.PARALLEL:
-            finished, _ = await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
-            for task in finished:
-                self._running.remove(task)
-                task.result()  # its error, if it failed
+            await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+            if any(
+                t.done() and (t.cancelled() or t.exception() is not None) for t in self._running
+            ):
+                # The first to fail in the file's order is said, once those before it are
+                # written: a later batch may fail first (it stays listed, as in `drain`).
+                await self.drain()
+            self._running = [t for t in self._running if not t.done()]
         self._writing = table
         self._running.append(asyncio.create_task(self.write(table, rows)))
 
     async def drain(self) -> None:
-        while self._running:  # (one that failed stays listed: `cancel` ends the others)
+        """Waits for the batches written, in order: the first that failed raises its error
+        (and stays listed, so that a drain again raises it again; `cancel` ends the others)."""
+        while self._running:
             await self._running[0]
             self._running.pop(0)
 
