@@ -2011,6 +2011,60 @@ async def test_a_file_no_longer_an_export_after_its_check_is_refused_as_changed(
     assert result.missing == {} and result.present > 0
 
 
+async def test_a_file_with_rows_added_after_its_check_is_refused_as_changed(state, admin, second):
+    """Rows past the file's end as it was checked, a batch of their own, are refused as
+    changed: the write writes only the lines checked."""
+    from app.errors import BadInput
+
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    added = [*lines, lines[1]]  # (the agent's row again: a batch of another type)
+    with pytest.raises(
+        BadInput,
+        match=f"lines {len(added)} to {len(added)} of the file changed after the import checked",
+    ):
+        await load(second, target_admin.account_id, _Rewritten(lines, added))
+    result = await load(second, target_admin.account_id, lines)
+    assert result.missing == {} and result.present == len(lines) - 1
+
+
+async def test_blank_lines_are_skipped_and_counted(state, admin, second):
+    """Blank lines, or lines of white space alone, are no rows: skipped by both passes, and
+    counted in the numbers of the lines after them."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = len(lines) - 1
+    spaced = [lines[0], "", " \t", *lines[1:last], "\n", lines[last], "  "]
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(spaced, last + 3, summary="two\nlines"),
+        f"line {last + 4}: its memory row is not valid \\(summary must be one line",
+    )
+    result = await load(second, target_admin.account_id, spaced)
+    assert result.missing == {} and result.inserted == len(lines) - 1
+
+
+async def test_the_records_are_written_once_their_versions_are(state, admin, second, monkeypatch):
+    """A batch is written while the rows after it are read, but the records' first batch
+    waits for the batch before it (their versions, which the records' insert looks for)."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    write_rows = store.write_rows
+
+    async def slower(conn, table, *args):
+        if table.kind == "memory_version":
+            await asyncio.sleep(0.3)
+        return await write_rows(conn, table, *args)
+
+    monkeypatch.setattr(store, "write_rows", slower)
+    result = await load(second, target_admin.account_id, lines)
+    assert result.missing == {} and result.inserted == len(lines) - 1
+
+
 async def test_of_batches_written_at_once_the_first_to_fail_is_said(
     state, admin, second, monkeypatch
 ):
@@ -2037,6 +2091,16 @@ async def test_of_batches_written_at_once_the_first_to_fail_is_said(
 
     monkeypatch.setattr(store, "write_rows", slower)
     with pytest.raises(Conflict, match=f"memory {a} already exists"):
+        await load(second, target_admin.account_id, lines, batch_rows=2)
+    # The later one failing alone is said all the same, once the first is written.
+    async with second.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE agent_memories SET summary = $2 WHERE account_id = $1 AND memory_id = $3",
+            target_admin.account_id,
+            json.loads(lines[records])["row"]["summary"],
+            uuid.UUID(a),
+        )
+    with pytest.raises(Conflict, match=f"memory {b} already exists"):
         await load(second, target_admin.account_id, lines, batch_rows=2)
 
 
@@ -2170,6 +2234,11 @@ async def test_a_row_of_another_agent_is_refused(state, admin, second):
     async with second.pool.acquire() as conn:
         stored = "SELECT count(*) FROM agent_memories WHERE action_id = $1"
         assert await conn.fetchval(stored, other.action_id) == 0
+    # The exported agent's ID written otherwise (in capitals, without its hyphens) is its own.
+    capitals = edited(lines, len(lines) - 1, action_id=str(agent.action_id).upper())
+    capitals = edited(capitals, version, action_id=agent.action_id.hex)
+    result = await load(second, target_admin.account_id, capitals)
+    assert result.missing == {} and result.inserted == len(lines) - 1
 
 
 async def test_a_counter_the_service_cannot_go_on_from_is_refused(state, admin, second):
@@ -2494,6 +2563,14 @@ async def test_text_postgresql_cannot_hold_is_refused_naming_its_line_and_place(
             [
                 *lines[:execution],
                 lines[execution].replace('"input": {', '"input": {"n": -1e+400, '),
+                *lines[execution + 1 :],
+            ],
+            "input.n is -inf: numbers must be finite",
+        ),
+        (
+            [
+                *lines[:execution],
+                lines[execution].replace('"input": {', '"input": {"n": -Infinity, '),
                 *lines[execution + 1 :],
             ],
             "input.n is -inf: numbers must be finite",
