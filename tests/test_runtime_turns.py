@@ -12,6 +12,7 @@ import logging
 import socket
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from factories import allow, caller, make_agent_id, make_running_turn, memory_harness
@@ -455,6 +456,34 @@ async def _sweep(state: AppState, context: turns.TurnContext) -> list[uuid.UUID]
         return await liveness_store.fail_stale_turns(conn, e.account_id, e.action_id, 3600)
 
 
+async def _run_swept(
+    gql: GQL,
+    admin: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    action_id: str,
+    prompt: str,
+    reviewed: dict[uuid.UUID, int] | None = None,
+) -> dict[str, Any]:
+    """Runs a turn that its end-of-turn step sweeps as stale (`_sweep`), and checks it failed
+    as such. With `reviewed`, the step also leaves what a review that ran and wrote nothing
+    leaves for the commit to mark: the turn itself and those turns covered."""
+    swept: list[uuid.UUID] = []
+
+    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
+        swept.extend(await _sweep(gql.state, context))
+        if reviewed is not None:
+            context.review_messages = 2
+            context.reviewed = {context.execution.execution_id: 0, **reviewed}
+
+    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
+    executed = await run(gql, admin, action_id, prompt)
+    assert swept == [uuid.UUID(executed["executionId"])]
+    assert executed["status"] == "FAILED" and executed["output"] is None
+    assert "failed as stale or retried" in executed["error"]
+    assert events(executed, "turn.failed") == [{"error": executed["error"]}]
+    return executed
+
+
 async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
     gql: GQL,
     admin: Caller,
@@ -464,18 +493,7 @@ async def test_a_turn_swept_as_stale_before_it_commits_fails_and_keeps_nothing(
 ) -> None:
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
-    swept: list[uuid.UUID] = []
-
-    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
-        swept.extend(await _sweep(state, context))
-
-    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
-    executed = await run(gql, admin, action_id, "note it")
-
-    assert swept == [uuid.UUID(executed["executionId"])]
-    assert executed["status"] == "FAILED" and executed["output"] is None
-    assert "failed as stale or retried" in executed["error"]
-    assert events(executed, "turn.failed") == [{"error": executed["error"]}]
+    await _run_swept(gql, admin, monkeypatch, action_id, "note it")
     async with state.pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
         assert await conn.fetchval("SELECT turns FROM sessions") == 0
@@ -493,26 +511,12 @@ async def test_a_turn_swept_before_it_commits_its_end_alone_keeps_nothing(
     its review's marks are kept."""
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
     model_server.say("hello")
-    swept: list[uuid.UUID] = []
-
-    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
-        swept.extend(await _sweep(state, context))
-        # What a review that ran and wrote nothing leaves for the commit to mark.
-        context.review_messages = 2
-        context.reviewed = {context.execution.execution_id: 0}
-
-    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
-    executed = await run(gql, admin, action_id, "hi")
-
-    assert swept == [uuid.UUID(executed["executionId"])]
-    assert executed["status"] == "FAILED" and executed["output"] is None
-    assert "failed as stale or retried" in executed["error"]
-    assert events(executed, "turn.failed") == [{"error": executed["error"]}]
+    executed = await _run_swept(gql, admin, monkeypatch, action_id, "hi", reviewed={})
     async with state.pool.acquire() as conn:
         assert await conn.fetchval("SELECT turns FROM sessions") == 0
         marks = await conn.fetchrow(
             "SELECT review_messages, reviewed_by FROM executions WHERE execution_id = $1",
-            swept[0],
+            uuid.UUID(executed["executionId"]),
         )
     assert tuple(marks) == (None, None)
 
@@ -536,18 +540,7 @@ async def test_a_swept_turn_committing_its_end_alone_marks_no_turn_its_review_co
             earlier,
         )
     model_server.say("hello")
-    swept: list[uuid.UUID] = []
-
-    async def sweep(context: turns.TurnContext, client: ModelClient) -> None:
-        swept.extend(await _sweep(state, context))
-        # What a review that ran, covered the earlier turn and wrote nothing leaves.
-        context.review_messages = 2
-        context.reviewed = {context.execution.execution_id: 0, earlier: 0}
-
-    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep])
-    executed = await run(gql, admin, action_id, "hi")
-
-    assert executed["status"] == "FAILED" and swept == [uuid.UUID(executed["executionId"])]
+    await _run_swept(gql, admin, monkeypatch, action_id, "hi", reviewed={earlier: 0})
     async with state.pool.acquire() as conn:
         assert await conn.fetchval("SELECT turns FROM sessions") == 1
         marked = await conn.fetchval(

@@ -1780,14 +1780,7 @@ async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, secon
     # A record whose current version's row the file lacks would have no history: it is
     # refused by its line, and nothing is stored (as for every row refused below: every row is
     # checked before any is written).
-    current = next(json.loads(x)["row"] for x in lines if json.loads(x)["type"] == "memory")
-    unversioned = [
-        line
-        for line in lines
-        if json.loads(line)["type"] != "memory_version"
-        or (json.loads(line)["row"]["memory_id"], json.loads(line)["row"]["version"])
-        != (current["memory_id"], current["version"])
-    ]
+    current, unversioned = without_current_version(lines)
     assert len(unversioned) == len(lines) - 1
     at = next(i for i, x in enumerate(unversioned) if json.loads(x)["type"] == "memory")
     await refused(
@@ -1861,6 +1854,19 @@ def edited(lines: list[str], index: int, **columns: Any) -> list[str]:
 def first(lines: list[str], kind: str) -> int:
     """The index of the first line of a row of `kind`."""
     return next(i for i, line in enumerate(lines) if json.loads(line)["type"] == kind)
+
+
+def without_current_version(lines: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The first record's row, and the export's lines without the row of its current version."""
+    current = json.loads(lines[first(lines, "memory")])["row"]
+    kept = [
+        line
+        for line in lines
+        if json.loads(line)["type"] != "memory_version"
+        or (json.loads(line)["row"]["memory_id"], json.loads(line)["row"]["version"])
+        != (current["memory_id"], current["version"])
+    ]
+    return current, kept
 
 
 async def digests(conn: asyncpg.Connection, *, but: tuple[str, ...] = ()) -> dict[str, str]:
@@ -2117,14 +2123,7 @@ async def test_the_write_refuses_a_record_whose_current_version_has_no_row(
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
-    current = json.loads(lines[first(lines, "memory")])["row"]
-    unversioned = [
-        line
-        for line in lines
-        if json.loads(line)["type"] != "memory_version"
-        or (json.loads(line)["row"]["memory_id"], json.loads(line)["row"]["version"])
-        != (current["memory_id"], current["version"])
-    ]
+    current, unversioned = without_current_version(lines)
     with pytest.raises(
         BadInput,
         match=f"memory {current['memory_id']} has no row for its current version in this "
