@@ -228,7 +228,8 @@ def main() -> None:
         "--plan",
         choices=("auto", "index"),
         default="auto",
-        help="index: force the plan used for large agents (HNSW and GIN word tiers)",
+        help="index: force the plan used for large agents (HNSW and GIN word tiers; implies "
+        "--listed: an agent without its own indexes is ranked exactly)",
     )
     parser.add_argument(
         "--reader",
@@ -244,6 +245,8 @@ def main() -> None:
     SAMPLES[:] = load_locomo(args.locomo)
     if args.plan == "index":
         search_module.EXACT_MAX_ROWS = 0
+        search_module.SCOPED_MAX_ROWS = 0
+        args.listed = True
     command = "python bench/locomo_quality.py " + shlex.join(sys.argv[1:])
     print(f"# {command}")
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-locomo-"))

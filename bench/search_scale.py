@@ -606,6 +606,9 @@ async def measure(
                 if forced == "exact" and agents[0][2] > 50_000:
                     print("  exact plan forced: skipped (seconds per search at this size)")
                     continue
+                if forced == "index" and agents[0][2] < AGENT_INDEX_MIN_RECORDS:
+                    print("  index plan forced: none (without own indexes, ranked exactly)")
+                    continue
                 runs = group_picks[: max(20, len(group_picks) // 4)] if forced else group_picks
                 timings: dict[str, list[float]] = {m: [] for m in ("hybrid", "lexical", "vector")}
                 overlap: dict[str, list[float]] = {"vector": [], "hybrid": []}

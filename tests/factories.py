@@ -15,6 +15,7 @@ from app.auth import store as auth_store
 from app.auth.caller import Caller
 from app.auth.policies import parse_policies
 from app.executions import store as executions_store
+from app.memory import maintenance
 from app.memory import store as memory_store
 from app.memory.records import MemoryRecord
 from app.memory.search import search
@@ -270,6 +271,10 @@ CONFIG = SearchConfig()
 class SearchAgent:
     """One agent and a way to write its records exactly as a test needs them."""
 
+    # Searched by the index plan: `find` first gives the agent its own indexes and counts its
+    # words (`list_agents`). Set by a test's `plan` fixture (EXACT_MAX_ROWS 0 with it).
+    index_plan = False
+
     def __init__(self, state: AppState, account_id: UUID, action_id: UUID) -> None:
         self.state = state
         self.account_id = account_id
@@ -354,6 +359,8 @@ class SearchAgent:
         config: SearchConfig = CONFIG,
         **kwargs: Any,
     ) -> list[UUID]:
+        if self.index_plan:
+            await list_agents(self.state)
         result = await search(
             self.state.pool,
             self.state.embedder,
@@ -363,6 +370,20 @@ class SearchAgent:
             **kwargs,
         )
         return [r.memory_id for r in result.records]
+
+
+async def list_agents(state: AppState) -> None:
+    """Every agent of the test's database given its own search indexes and its words counted,
+    as the search upkeep does for agents of `agent_index_min_records` or more: their searches
+    take the index plan (under label or ID filters, and a turn's, too when EXACT_MAX_ROWS and
+    SCOPED_MAX_ROWS are 0). An agent without own indexes is always ranked exactly."""
+    await maintenance.run_round(state.pool, min_records=1)
+
+
+async def list_agent(state: AppState, agent: SearchAgent) -> None:
+    """The agent alone given its own search indexes and its words counted (`list_agents`)."""
+    async with state.pool.acquire() as conn:
+        await maintenance.index_agent(conn, (agent.account_id, agent.action_id), None)
 
 
 async def make_search_agent(state: AppState, owner: Caller) -> SearchAgent:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from factories import allow, make_account, make_agent, remember, token_for
+from factories import allow, list_agents, make_account, make_agent, remember, token_for
 
 from app.db import cursors
 from app.errors import BadInput
@@ -257,6 +257,7 @@ async def test_m38_search_memories_pages_up_to_its_bound_with_a_clear_message(
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)  # the index plan, HNSW included
     agent = await make_agent(state, admin)
     record = await remember(state, agent, "the office is in Oslo", scope="AGENT")
+    await list_agents(state)  # own indexes: an agent without them is ranked exactly
     a = str(agent.action_id)
     for query in (None, "office"):
         page = (await gql(admin, SEARCH, a=a, q=query, first=1000)).ok()["action"]

@@ -25,6 +25,8 @@ from factories import (
     SearchAgent,
     allow,
     caller,
+    list_agent,
+    list_agents,
     make_account,
     make_search_agent,
 )
@@ -48,6 +50,8 @@ from app.state import AppState
 def plan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "index":
         monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+        monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 0)
+        monkeypatch.setattr(SearchAgent, "index_plan", True)
     yield request.param
 
 
@@ -289,7 +293,9 @@ async def test_m37_a_label_filter_reads_the_agents_records_of_that_value_alone(
 ) -> None:
     # A label filter reads the agent's records of that value by one index (migration 0023),
     # not a bitmap of every row of the agent ANDed with one of every agent's rows of the
-    # value: a 200,000-record agent's search took 400 ms that way (bench/README.md).
+    # value: a 200,000-record agent's search took 400 ms that way (bench/README.md). An agent
+    # with own indexes, whose exact plan first counts the rows of the value (up to
+    # EXACT_MAX_ROWS + 1: else its index plan ranks).
     one = await make_search_agent(state, admin)
     two = await make_search_agent(state, admin)
     labelled = [await one.add(f"Customer note {i}", labels={5: "vip"}) for i in range(3)]
@@ -299,6 +305,7 @@ async def test_m37_a_label_filter_reads_the_agents_records_of_that_value_alone(
     # 4,000 more rows of the agent without the value, 200 of another agent's with it.
     await _copy(pool, plain, 4000)
     await _copy(pool, theirs, 200)
+    await list_agent(state, one)
     await pool.execute("ANALYZE agent_memories")
     vip = Filters(labels={5: "vip"})
     ranking = search_module.make_ranking("lexical", "customer note", None, None, 10)
@@ -349,12 +356,14 @@ async def test_m37_a_large_agents_label_filter_is_planned_for_that_agent_not_an_
     # agent's key a parameter, it was made for an agent of average size: among many small
     # agents, it read a large agent's whole key and tested labels on each row (a
     # 200,000-record agent: 366 ms against 54, bench/README.md, twentieth session). The key is
-    # written into the statement, so the plan is the agent's own.
+    # written into the statement, so the plan is the agent's own. (With own indexes: the plan
+    # first counts the rows of the value.)
     large = await make_search_agent(state, admin)
     labelled = [await large.add(f"Customer note {i}", labels={5: "vip"}) for i in range(3)]
     plain = await large.add("Customer note")
     pool = state.pool
     await _copy(pool, plain, 3000)
+    await list_agent(state, large)
     # 1,500 agents of two records each: the average agent holds a few records.
     await _add_agents(pool, large.account_id, 1500)
     await _copy_to_other_agents(pool, plain, 2)
@@ -620,6 +629,8 @@ async def test_m21_word_weights_come_from_the_records_the_reader_sees(
 
     async def scores(filters: Filters | None = None) -> dict[UUID, float | None]:
         ranking = search_module.make_ranking("lexical", "Zanzibar weather", None, None, 10)
+        if plan == "index":
+            await list_agents(state)
         found, chosen = await search_module.ranked(
             state.pool, reader, filters or Filters(), ranking
         )
@@ -638,8 +649,11 @@ async def test_m21_word_weights_come_from_the_records_the_reader_sees(
     await agent.add("Zanzibar, deleted", status="DELETED")
     await agent.add("Zanzibar, another turn's", pending_execution=uuid.uuid4())
     assert await scores() == before
-    # Filters narrow what is ranked, and so what the weights count.
-    assert (await scores(Filters(ids=[rare, common[0]])))[rare] == pytest.approx(math.log(2))
+    # Filters narrow what is ranked, and so what the weights count. (On the exact plan, which
+    # ranks ID filters always: they name at most MAX_IDS records, fewer than EXACT_MAX_ROWS.
+    # The index plan weighs by the agent's counts.)
+    if plan == "exact":
+        assert (await scores(Filters(ids=[rare, common[0]])))[rare] == pytest.approx(math.log(2))
 
 
 async def test_m20_index_plan_reads_the_exact_text_ranking(
@@ -655,6 +669,7 @@ async def test_m20_index_plan_reads_the_exact_text_ranking(
     for i in range(120):
         picked = rng.sample(words, rng.randint(1, 4))
         await agent.add(" ".join(picked), f"note {i}", kind=rng.choice(["fact", "event"]))
+    await list_agents(agent.state)
     pool = agent.state.pool
     queries = ["violin lantern", "garden roses river boat winter market violin", "winter", "boat?"]
     for query in queries:
@@ -726,9 +741,12 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
     best = [await agent.add(f"The violin and the lantern in the garden, {i}") for i in range(3)]
     for i in range(50):
         await agent.add(f"Garden hose {i} leaks", "Tomatoes, compost, sprinklers and mulch.")
+    await list_agents(agent.state)
     query = "violin lantern garden"
     vector = (await agent.state.embedder.embed([query])).vectors[0]
     pool = agent.state.pool
+    records = await search_store.listed_records(pool, agent.operator)
+    assert records == 53
 
     async def later_tiers(limit: int) -> tuple[int, int]:
         """The page's records against the exact plan's; the later tiers read and skipped."""
@@ -737,7 +755,7 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
         async with pool.acquire() as conn:
             explained = _Explained(conn)
             found, _ = await search_store.ranked_index(
-                explained, agent.operator, Filters(), ranking, None
+                explained, agent.operator, Filters(), ranking, records
             )
         assert [(r.memory_id, r.score) for r in found] == [(r.memory_id, r.score) for r in exact]
         (scan,) = [
@@ -760,7 +778,7 @@ async def test_m20_index_plan_stops_reading_tiers_that_cannot_reach_the_page(
         ranking = search_module.make_ranking("lexical", query, None, None, limit)
         async with pool.acquire() as conn:
             explained = _Explained(conn)
-            await search_store.ranked_index(explained, agent.operator, Filters(), ranking, None)
+            await search_store.ranked_index(explained, agent.operator, Filters(), ranking, records)
         # The walk: a limit over the loop of tiers.
         (walk,) = [
             n
@@ -1300,6 +1318,7 @@ async def test_m20_hybrid_index_plan_with_its_stop_ranks_as_the_exact_plan(
             rng.choice(["", "a long walk", "notes on spring"]),
             kind=rng.choice(["fact", "event"]),
         )
+    await list_agents(agent.state)
     pool = agent.state.pool
     for _ in range(12):
         # (At most six words: past six, the full walk itself may miss a record.)
@@ -1561,7 +1580,7 @@ async def test_m20_index_plan_probes_tiers_by_the_agents_records(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The index statement hands word_tiers the agent's records as listed, so that its probes
-    # stop at words few of them hold; an agent without own indexes is probed as before 0026.
+    # stop at words few of them hold.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
     for i in range(60):
         await agent.add(f"{'harbour' if i % 3 else 'lantern'} {'violin' * (i % 7 == 0)} n{i}")
@@ -1577,19 +1596,15 @@ async def test_m20_index_plan_probes_tiers_by_the_agents_records(
     for mode in ("lexical", "hybrid"):
         ranking = search_module.make_ranking(mode, query, vector, None, 5)
         exact, _ = await search_module.ranked(pool, agent.operator, Filters(), ranking, "exact")
-        for records in (listed, None):
-            async with pool.acquire() as conn:
-                capture = Capture(conn)
-                found, _ = await search_store.ranked_index(
-                    capture, agent.operator, Filters(), ranking, records
-                )
-            assert [r.memory_id for r in found] == [r.memory_id for r in exact]
-            sql, *args = capture.sql
-            (counted,) = call.findall(sql)
-            if records is None:
-                assert counted == "'Infinity'"
-            else:
-                assert args[int(counted.lstrip("$")) - 1] == 60.0
+        async with pool.acquire() as conn:
+            capture = Capture(conn)
+            found, _ = await search_store.ranked_index(
+                capture, agent.operator, Filters(), ranking, listed
+            )
+        assert [r.memory_id for r in found] == [r.memory_id for r in exact]
+        sql, *args = capture.sql
+        (counted,) = call.findall(sql)
+        assert args[int(counted.lstrip("$")) - 1] == 60.0
     # Every reader, mode and ranking the service sends: the statement runs (each parameter it
     # numbers is in its text), with the tiers once where there are words; a preview reader's
     # words all weigh 1, so its probes keep three words.
@@ -1631,36 +1646,50 @@ async def test_m20_index_plan_reads_words_of_equal_weight_as_one_tier(
     assert await agent.find("beta alpha", mode="lexical", limit=10) == newer[::-1][:10]
 
 
-async def test_m20_exact_plan_up_to_its_row_limit(
+async def test_m20_an_agent_without_own_indexes_is_ranked_exactly_whatever_its_size(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The exact plan scores at most EXACT_MAX_ROWS records in one statement; with one more it
-    # returns nothing, and the index plan ranks instead (with the same results). Unfiltered,
-    # what counts is the records the reader sees under the kind filter; under label or ID
-    # filters, the rows matching them, so an agent with own indexes reads a bounded number.
+    # No index serves an agent without its own (migrations 0015 and 0034): it is ranked
+    # exactly however many records it holds, under any filter. With own indexes, the index plan
+    # ranks, but for label or ID filters matching at most EXACT_MAX_ROWS rows (counted first,
+    # a bounded number), and a turn whose scopes hold at most SCOPED_MAX_ROWS; the results are
+    # the exact plan's either way.
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 3)
     query = "garden roses"
     vector = (await agent.state.embedder.embed([query])).vectors[0]
-    ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
     pool, operator, s1 = agent.state.pool, agent.operator, agent.reader(session="s1")
 
     async def plan(reader: Reader, filters: Filters) -> str:
-        return (await search_module.ranked(pool, reader, filters, ranking))[1]
+        """The plan that ranks every mode (one), each mode's page the exact plan's."""
+        chosen: set[str] = set()
+        for mode in ("hybrid", "lexical", "vector"):
+            ranking = search_module.make_ranking(mode, query, vector, None, 10)
+            found, used = await search_module.ranked(pool, reader, filters, ranking)
+            exact, _ = await search_module.ranked(pool, reader, filters, ranking, "exact")
+            assert [r.memory_id for r in found] == [r.memory_id for r in exact], (mode, used)
+            chosen.add(used)
+        (one,) = chosen
+        return one
 
-    three = [await agent.add(f"Roses in the garden, bed {i}", labels={5: "x"}) for i in range(3)]
-    found, chosen = await search_module.ranked(pool, operator, Filters(), ranking)
-    assert chosen == "exact" and sorted(r.memory_id for r in found) == sorted(three)
-    other = await agent.add(
+    for i in range(3):
+        await agent.add(f"Roses in the garden, bed {i}", labels={5: "x"})
+    await agent.add(
         "Roses in another session's garden", scope="SESSION", session_id="s2", kind="guidance"
     )
-    assert await plan(operator, Filters()) == "index"
-    assert await plan(s1, Filters()) == "exact"  # it sees three
-    assert await plan(operator, Filters(kind="fact")) == "exact"
-    assert await plan(operator, Filters(labels={5: "x"})) == "exact"
-    await agent.add("Roses of session two", scope="SESSION", session_id="s2", labels={5: "x"})
-    assert await plan(s1, Filters(labels={5: "x"})) == "index"  # four rows match the label
+    for i in range(8):
+        await agent.add(f"Garden roses of session two, {i}", session_id="s2", labels={5: "x"})
     for reader in (operator, s1):
-        found, _ = await search_module.ranked(pool, reader, Filters(), ranking)
-        exact, _ = await search_module.ranked(pool, reader, Filters(), ranking, "exact")
-        assert [r.memory_id for r in found] == [r.memory_id for r in exact]
-    assert len(found) == 3 and other not in {r.memory_id for r in found}  # s1 sees three
+        for filters in (Filters(), Filters(kind="fact"), Filters(labels={5: "x"})):
+            assert await plan(reader, filters) == "exact"
+    # Forced, the index plan of an agent without own indexes is the exact plan.
+    ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
+    assert (await search_module.ranked(pool, operator, Filters(), ranking, "index"))[1] == "exact"
+    await list_agents(agent.state)
+    assert await plan(operator, Filters()) == "index"
+    assert await plan(operator, Filters(kind="fact")) == "index"
+    assert await plan(operator, Filters(labels={5: "x"})) == "index"  # eleven rows hold it
+    assert await plan(s1, Filters()) == "exact"  # its scopes hold few (SCOPED_MAX_ROWS)
+    monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 0)
+    assert await plan(s1, Filters()) == "index"
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 11)
+    assert await plan(operator, Filters(labels={5: "x"})) == "exact"

@@ -790,11 +790,23 @@ async def test_m20_new_dimensions_drop_agent_indexes_and_keep_vectors_in_the_row
     assert not await index_exists(state.pool, "agent_memories_embedding")
 
 
-async def test_m20_words_index_has_no_pending_list(state: AppState) -> None:
-    options = await state.pool.fetchval(
-        "SELECT reloptions FROM pg_class WHERE relname = 'agent_memories_words'"
+async def test_m20_words_are_indexed_by_each_listed_agent_alone(
+    state: AppState, admin: Caller
+) -> None:
+    # No GIN index holds every agent's words (migration 0034): it served only agents without
+    # their own indexes, whose exact plan is faster, and every write paid for it. A listed
+    # agent's own has no pending list (fastupdate off), which every search would scan in full.
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 12)
+    await maintenance.run_round(state.pool, 10)
+    words = await state.pool.fetch(
+        "SELECT c.relname, c.reloptions FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " JOIN pg_am a ON a.oid = c.relam"
+        " WHERE i.indrelid = 'agent_memories'::regclass AND a.amname = 'gin'"
+        " AND pg_get_indexdef(i.indexrelid) LIKE '%tsv%'"
     )
-    assert options == ["fastupdate=off"]
+    own = maintenance.index_names(agent.account_id, agent.action_id)[1]
+    assert [(r["relname"], r["reloptions"]) for r in words] == [(own, ["fastupdate=off"])]
 
 
 async def test_m20_the_service_maintains_search_in_the_background(

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from factories import T0, SearchAgent, make_search_agent
+from factories import T0, SearchAgent, list_agents, make_search_agent
 
 from app.auth.caller import Caller
 from app.memory import search as search_module
@@ -71,6 +71,8 @@ async def test_search_memories_pages_with_after(
         await agent.add("customer email invoice", created=T0 - timedelta(days=1, hours=i))
     await agent.add("customer email invoice", created=T0 - timedelta(days=3))
     await agent.add("customer email invoice", created=T0 - timedelta(days=3))
+    if plan == "index":
+        await list_agents(state)  # own indexes: an agent without them is ranked exactly
 
     q = "customer email invoice"
     whole = await pages(gql, admin, agent, 100, q=q, mode=mode)
@@ -128,6 +130,7 @@ async def test_index_plan_pages_past_its_first_candidates(
     agent = await make_search_agent(state, admin)
     for i in range(50):
         await agent.add(f"invoice number {i} for the customer", created=T0 - timedelta(hours=i))
+    await list_agents(state)  # own indexes: an agent without them is ranked exactly
     q = "customer invoice"
     paged = await pages(gql, admin, agent, 5, q=q, mode=mode)
     found = [m for page in paged for m in page]

@@ -38,28 +38,28 @@ record sharing a word with the query is found whatever its cosine; in vector mod
 plain threshold; lexical mode ignores it.
 
 Plans (measured by bench/search_scale.py; figures in bench/README.md)
-- `exact` when the agent has no indexes of its own and the reader sees at most EXACT_MAX_ROWS
-  records under the filters (or label or ID filters match that few rows, or the reader's
-  session holds that few, for a reader of session scope alone; or, for a turn of an agent with
-  own indexes, the rows of the scopes it reads, agent scope and its session's, are at most
-  SCOPED_MAX_ROWS): read those rows and score every one. Exact whatever the filters. Each of
+- `exact` when the agent has no indexes of its own, whatever its size (an index plan without
+  them was slower at every size measured: migration 0034), and for an agent with them when
+  label or ID filters match at most EXACT_MAX_ROWS rows, or the reader's session holds that
+  few, for a reader of session scope alone, or, for a turn, the rows of the scopes it reads,
+  agent scope and its session's, are at most SCOPED_MAX_ROWS: read those rows and score every
+  one. Exact whatever the filters. Each of
   a turn's scopes is a range of a covering index that holds what the scan reads (migration
   0024; an operator's, the agent's range), read index-only, so an agent's rows are read where
   they lie together, however scattered they are in the table; the few records too large for it
   are read from the table; label and ID filters find their rows by their own indexes. Its cost
   grows with the rows: 1-5 µs a record by the host, most of it the cosine and the text rank
   (bench/README.md).
-- `index` otherwise: the top CANDIDATES of each signal from an index, then exact scores and
-  fusion over the union. Meaning: the agent's own HNSW index (app/memory/maintenance.py gives
-  one to every agent of 2,000 records or more, built in the background soon after a write
-  takes it there, up to `agent_index_max_agents` agents), iterative scan (`relaxed_order`, so
-  a filter that hides most rows still yields enough of them); no index is shared by all agents
-  (migration 0015), so an agent without one yet has every record's cosine computed. Words: the
-  exact text ranking, read from GIN on (agent, tsv), the agent's own when it has one, in tiers
-  (`word_tiers`): first the records holding the best-weighted subset of the query's six rarest
-  words, best cosine first, then the next subset, until CANDIDATES are read (an agent whose
-  words are not counted, not listed or not yet, first counts its records and, by GIN, each
-  query word's); GIN is asked for a subset's rarest three words (fewer where few of the
+- `index` otherwise: the top CANDIDATES of each signal from the agent's own indexes
+  (app/memory/maintenance.py gives them to every agent of 2,000 records or more, built in the
+  background soon after a write takes it there, up to `agent_index_max_agents` agents; no index
+  is shared by all agents, migrations 0015 and 0034), then exact scores and fusion over the
+  union. Meaning: its HNSW index, iterative scan (`relaxed_order`, so a filter that hides most
+  rows still yields enough of them). Words: the exact text ranking, read from its GIN index on
+  `tsv` in tiers (`word_tiers`): first the records holding the best-weighted subset of the
+  query's six rarest words, best cosine first, then the next subset, until CANDIDATES are read
+  (an agent whose words are not counted yet first counts its records and, by GIN, each query
+  word's); GIN is asked for a subset's rarest three words (fewer where few of the
   agent's records hold them), the others tested on the rows it finds. The walk ends sooner
   where that changes no record of the page: in hybrid mode once no later subset's records can
   reach it nor raise the best text score (taking the vector list's last cosine as the most any
@@ -70,15 +70,14 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   200,000 records in search_scale.py's samples, and 0.964-0.971 over two samples of 150
   questions at 200,000 records (bench/README.md, twenty-third session).
 - The choice costs no round trip of its own: the exact plan's statement first looks the agent
-  up in `agent_indexes` (with own indexes it reads nothing) and scores at most EXACT_MAX_ROWS
-  + 1 records; one more than that, and it returns none and the index plan runs. An agent it
-  found listed is remembered (`_LISTED`), and its next search runs the index plan's statement
-  alone, which looks the agent up itself (and a turn's scopes' counts, below) and reads
-  nothing if that plan no longer holds; the exact plan's statement then decides. Under label
-  or ID filters, or for a reader of one session alone, it first counts the rows matching them
-  (or the session's, up to EXACT_MAX_ROWS + 1, whatever the reader sees of them, so even an
-  agent with own indexes reads a bounded number), and ranks exactly when they are few. A turn
-  reading agent scope, of an agent with own indexes whose upkeep counted at most
+  up in `agent_indexes`; with own indexes it reads nothing, returns none and the index plan
+  runs. An agent it found listed is remembered (`_LISTED`), and its next search runs the index
+  plan's statement alone, which looks the agent up itself (and a turn's scopes' counts, below)
+  and reads nothing if that plan no longer holds; the exact plan's statement then decides.
+  Under label or ID filters, or for a reader of one session alone, of an agent with own
+  indexes, it first counts the rows matching them (or the session's, up to EXACT_MAX_ROWS + 1,
+  whatever the reader sees of them, so a bounded number), and ranks exactly when they are few.
+  A turn reading agent scope, of an agent with own indexes whose upkeep counted at most
   SCOPED_MAX_ROWS live records in its scopes (agent scope, and its session's when they are
   kept), costs one statement more: it does the same with the rows of its scopes, each counted
   by its partial index, so that an agent that writes mostly to other sessions is not ranked
@@ -125,9 +124,10 @@ from app.observability import metrics
 from app.text import MAX_QUERY_CHARS, check_query
 
 # An agent without its own indexes (under `agent_index_min_records`, not built yet, or beyond
-# `agent_index_max_agents`) is ranked exactly up to this many records; above it the exact plan
-# (a rank over every record: 11 ms p50 at 5,000) gets slow, and the index plan ranks (figures
-# in bench/README.md, search_scale).
+# `agent_index_max_agents`) is ranked exactly whatever its size: 1-5 µs a record, 11 ms p50 at
+# 5,000 records, 48 at 25,000 (its index plan, words by a GIN index over every agent, took
+# 84; migration 0034). Label or ID filters, or a reader of one session alone, matching at most
+# this many rows of an agent with them are ranked exactly too (figures in bench/README.md).
 EXACT_MAX_ROWS = 10_000
 # A turn of an agent with own indexes is ranked exactly over the rows of the scopes it reads
 # (agent scope and its session) when they are at most this many: the default of
@@ -355,15 +355,16 @@ async def ranked(
             if found is not None:
                 return found, "index"
             _LISTED.pop(key, None)
-        if plan == "index":
-            records = await search_store.listed_records(conn, reader)
-        else:
-            gate = None if plan == "exact" else EXACT_MAX_ROWS
+        # (An agent without own indexes has no index plan: forced, it is ranked exactly.)
+        records = await search_store.listed_records(conn, reader) if plan == "index" else None
+        if records is None:
+            gate = None if plan is not None else EXACT_MAX_ROWS
             found, records = await search_store.ranked_exact(
                 conn, reader, filters, ranking, gate, scoped=SCOPED_MAX_ROWS if gate else None
             )
             if found is not None:
                 return found, "exact"
+            assert records is not None, "ranked_exact leaves only listed agents to the index plan"
         found, _ = await _by_index(conn, reader, filters, ranking, records, key)
         if found is None:
             # Unlisted since the gate read it, a moment ago; or a turn whose scopes the upkeep
@@ -378,10 +379,10 @@ async def _by_index(
     reader: Reader,
     filters: Filters,
     ranking: Ranking,
-    records: int | None,
+    records: int,
     key: tuple[object, ...] | None,
 ) -> tuple[Scored | None, int | None]:
-    """The index plan for an agent with `records` as listed (None: without own indexes).
+    """The index plan for an agent with `records` as listed with its own indexes.
     With `key`, a listed agent's statement checks that its plan holds, and the agent is
     remembered under `key` when it does (None: it no longer does, and nothing was read)."""
     if records is not None and records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":

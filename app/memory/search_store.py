@@ -329,14 +329,13 @@ def _finish(
     p: Params,
     *,
     gated: bool = False,
-    counted: str | None = None,
     holds: str | None = None,
     best: str | None = None,
     weights: str = "words",
     above: bool = False,
 ) -> str:
     """The fusion and the page; `gated`: one row more, the gate's answer (`_gate_cte`), with or
-    without records; `counted`: a CTE whose rows that row counts (ranked_exact); `holds`: a
+    without records; `holds`: a
     condition on the gate that row answers too (ranked_index); `best`: the text score that
     normalizes the text rank, when not the best in `scored` (the ranking's own when it has
     one); `weights`: the CTE whose `weights` weighed the words. A first page's rows also carry
@@ -378,7 +377,6 @@ def _finish(
         carry=carry,
         gate=(
             ", g.listed AS gate_listed, g.seen AS gate_seen, g.rows AS gate_rows"
-            + (f", (SELECT count(*) FROM {counted}) AS scored" if counted else "")
             + (f", (SELECT {holds} FROM gate) AS gate_holds" if holds else "")
             if gated
             else ""
@@ -401,11 +399,11 @@ async def ranked_exact(
     by_scope: bool = False,
 ) -> tuple[Scored | None, int | None]:
     """Scores every record the reader sees under the filters: (records, None). With
-    `max_rows`, in the same statement, only if the agent has no own indexes and it scores at
-    most that many records, or, under label or ID filters or for a reader of one session
-    alone, at most that many rows match them (even a large agent's): otherwise it returns
-    (None, the agent's records as listed with its own indexes, or None without them), and
-    the index plan ranks.
+    `max_rows`, in the same statement, only if the agent has no own indexes (whatever its
+    size: its index plan, without them, was slower, migration 0034), or under label or ID
+    filters or for a reader of one session alone, if at most that many rows match them:
+    otherwise it returns (None, the agent's records as listed with its own indexes), and the
+    index plan ranks.
 
     With `scoped`, a turn reading agent scope, of an agent with own indexes whose upkeep
     counted at most that many live records in the turn's scopes (agent scope, and its session
@@ -428,37 +426,27 @@ async def ranked_exact(
         p = AgentKey(reader)
     elif filters.narrows:
         p = Params()
-    gate, bound, limit = "", "", ""
+    gate, bound = "", ""
     if max_rows is not None:
-        gate, bound, limit = _gate(
+        gate, bound = _gate(
             reader, filters, p, max_rows, narrow=narrow, by_scope=by_scope, seen=scoping
         )
     # Words are tested in the select list, not the WHERE clause, so the planner reads the
-    # agent's rows by their btrees (`_rows`) instead of the GIN index over every agent (slow for
-    # an OR query).
-    scan = f"SELECT {_signals(r, p, scan=True)} FROM ({_rows(reader, filters, p, bound)}) m{limit}"
+    # agent's rows by their btrees (`_rows`), never by words.
+    scan = f"SELECT {_signals(r, p, scan=True)} FROM ({_rows(reader, filters, p, bound)}) m"
     # Without a query text the scanned rows are scored (cosine only).
-    scored, rows, best = f"scored AS MATERIALIZED ({scan})", "scored", None
+    scored, best = f"scored AS MATERIALIZED ({scan})", None
     if r.text is not None:
         weighed, best = _weighed(r)
-        scored, rows = f"scanned AS MATERIALIZED ({scan}), {weighed}", "scanned"
-    gated = max_rows is not None
-    finish = _finish(
-        reader, r, p, gated=gated, counted=rows if gated else None, best=best, weights="weights"
-    )
+        scored = f"scanned AS MATERIALIZED ({scan}), {weighed}"
+    finish = _finish(reader, r, p, gated=max_rows is not None, best=best, weights="weights")
     sql = f"""
     WITH {gate}{_words(r, p, reader)}{scored}{finish}"""
     found = await conn.fetch(sql, *p.values)
     if max_rows is None:
         return _page(found, r), None
-    listed, seen, counted_rows, scored_rows = (
-        found[0][k] for k in ("gate_listed", "gate_seen", "gate_rows", "scored")
-    )
-    if narrow:
-        too_many = counted_rows > max_rows
-    else:
-        too_many = scored_rows > max_rows or (listed is not None and scored_rows == 0)
-    if not too_many:
+    listed, seen, counted_rows = (found[0][k] for k in ("gate_listed", "gate_seen", "gate_rows"))
+    if listed is None or (narrow and counted_rows <= max_rows):
         return _page(found, r), None
     if scoping and seen is not None and seen <= scoped:
         return await ranked_exact(conn, reader, filters, r, scoped, by_scope=True)
@@ -499,12 +487,12 @@ def _gate(
     narrow: bool,
     by_scope: bool,
     seen: bool,
-) -> tuple[str, str, str]:
+) -> tuple[str, str]:
     """`ranked_exact`'s choice: the CTE `gate` (`listed`: the agent's records as listed with
     own indexes; `seen`, only when asked: the live records of the reader's scopes as the
     upkeep counted them; `rows`: for a narrow reader, the rows matching its filters or scopes,
-    up to `max_rows` + 1), the condition the scan adds, and the scan's LIMIT."""
-    rows, limit, placeholders = "NULL::bigint", "", None
+    up to `max_rows` + 1, only with own indexes), and the condition the scan adds."""
+    rows, placeholders = "NULL::bigint", None
     if narrow:
         placeholders = account, action = p(reader.account_id), p(reader.action_id)
         # Counted under the key, the scopes and the label and ID filters alone, each scope by
@@ -519,15 +507,13 @@ def _gate(
         first = " UNION ALL ".join(
             f"(SELECT FROM agent_memories m WHERE {arm} LIMIT {int(max_rows) + 1})" for arm in arms
         )
-        rows = f"(SELECT count(*) FROM ({first}) c)"
-        bound = f" AND (SELECT rows <= {int(max_rows)} FROM gate)"
+        # Only for an agent with own indexes: one without is ranked here whatever its size.
+        rows = f"CASE WHEN v.records IS NOT NULL THEN (SELECT count(*) FROM ({first}) c) END"
+        bound = f" AND (SELECT listed IS NULL OR rows <= {int(max_rows)} FROM gate)"
     else:
-        # A large agent's own indexes serve it: nothing is read. Otherwise one record more than
-        # it may score tells the agent is too large for this plan, without a count walking the
-        # agent's btree first (0.6 ms at 5,000 records).
+        # An agent with own indexes is ranked by them: nothing is read.
         bound = " AND (SELECT listed IS NULL FROM gate)"
-        limit = f" LIMIT {int(max_rows) + 1}"
-    return _gate_cte(reader, p, rows, seen=seen, key=placeholders), bound, limit
+    return _gate_cte(reader, p, rows, seen=seen, key=placeholders), bound
 
 
 def _gate_cte(
@@ -616,15 +602,16 @@ async def ranked_index(
     reader: Reader,
     filters: Filters,
     r: Ranking,
-    records: int | None,
+    records: int,
     *,
     checked: bool = False,
     scoped: int | None = None,
 ) -> tuple[Scored | None, int | None]:
-    """Candidates from the indexes, scored as they are read. Meaning: the agent's own HNSW
-    index, iterative scan (without one, every record's cosine: there is no shared index,
-    migration 0015). Words: the records holding the query's words, best text score first, read
-    by the (agent, tsv) GIN index one tier at a time (`word_tiers`, migrations 0017, 0022 and
+    """Candidates from an agent's own indexes (maintenance.py), scored as they are read; an
+    agent without them is ranked exactly (`ranked_exact`: no index is shared by every agent,
+    migrations 0015 and 0034). Meaning: the agent's HNSW index, iterative scan. Words: the
+    records holding the query's words, best text score first, read by its GIN index one tier
+    at a time (`word_tiers`, migrations 0017, 0022 and
     0026, GIN asked for at most three words of a subset and the rest tested on its rows): a
     tier is the records holding exactly one subset of the query's six rarest words (or several
     of equal weight), and tiers come in the order of their weight, so the list is the exact text
@@ -642,30 +629,28 @@ async def ranked_index(
     in lexical mode after the page's ranks when the query has at most six words (the tiers'
     order is then the lexical ranking).
 
-    In lexical mode, for an agent with own indexes and any reader but a preview one, a tier of
+    In lexical mode, for any reader but a preview one, a tier of
     common words is first walked newest first by the (agent, created) btree, testing its words
     on a bounded number of rows, when that should find the tier's newest records sooner than
     GIN reads all of them; a walk that comes back short leaves the tier to GIN
     (`_newest_first`). For an agent of `SHARED_PROBES_MIN_RECORDS` or more, a lexical walk
     reads a GIN probe that several of its tiers share once (`_shared_probes`).
 
-    `records`: the agent's records as listed with its own indexes, None without them; with
-    them the statement names the agent's key as literals (`AgentKey`), which their partial
-    predicates need.
+    `records`: the agent's records as listed with its own indexes. The statement names the
+    agent's key as literals (`AgentKey`), which their partial predicates need.
 
-    Returns the records and the agent's records as listed: `records`, or with `checked` (and
-    `records`) as the statement read them. Then the statement first checks in `agent_indexes`
+    Returns the records and the agent's records as listed: `records`, or with `checked` as the
+    statement read them. Then the statement first checks in `agent_indexes`
     that the agent is still listed and, with `scoped`, that the upkeep counted more than
     `scoped` live records in the scopes of a turn reading agent scope (or none: else
     `ranked_exact` ranks it by scope); if not, it reads none of the agent's records and returns
     None for them."""
-    own = records is not None
-    p = AgentKey(reader) if own else Params()
+    p = AgentKey(reader)
     # A label held by more records than the exact plan ranks: not found by its index, whose
     # generic plan, blind to the value, expects a few rows and reads them all for each tier.
     where = visible(reader, p, "m") + _filters(filters, p, labels_index=False)
     gate, holds = "", None
-    if checked and own:
+    if checked:
         scoping = scoped is not None and _scoping(reader, filters)
         gate = _gate_cte(reader, p, seen=scoping)
         holds = "listed IS NOT NULL"
@@ -691,9 +676,8 @@ async def ranked_index(
         # statement before the search, and no reset of the connection after it (0.18 and 0.29
         # ms p50 at 200,000 records, bench/README.md, twenty-second session).
         scan = f"SELECT {columns} FROM {agent}"
-        if own:
-            scan += f" AND (SELECT set_config('hnsw.ef_search', {p(str(r.ef_search))}, true))"
-            scan += " IS NOT NULL"
+        scan += f" AND (SELECT set_config('hnsw.ef_search', {p(str(r.ef_search))}, true))"
+        scan += " IS NOT NULL"
         lists.append(candidates(f"{scan} ORDER BY {nearest} LIMIT {limit}"))
     if r.text is not None:
         # GIN reads the rarest three words of each of the tier's subsets, fewer where the
@@ -742,10 +726,10 @@ async def ranked_index(
                 f"(SELECT CASE WHEN cardinality(terms) <= 6 THEN {p(int(reach))}"
                 f" ELSE {limit} END FROM words)"
             )
-            if records is not None and records >= SHARED_PROBES_MIN_RECORDS:
+            if records >= SHARED_PROBES_MIN_RECORDS:
                 direct = read_tier(after + " AND NOT t.shared")
                 ctes, tiers, tier = _shared_probes(agent, tiers, direct, limit, below)
-            if records is not None and not preview:
+            if not preview:
                 tier = _newest_first(tier, reader, where, p, want, records, below)
             lists.append(walk(tiers, f"LIMIT {want}"))
         else:
