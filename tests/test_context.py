@@ -229,6 +229,27 @@ async def test_h16_a_preview_turns_summary_never_reaches_a_live_turn(
     assert_within(model_server, budget)
 
 
+async def test_h16_a_session_summarized_only_in_preview_gives_a_live_turn_no_summary(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
+) -> None:
+    """A session whose only summary is its preview turns' (no live turn was folded): a live
+    turn reads no summary, nor any preview turn, as if the session had none of them."""
+    action_id = await make_agent_id(gql.state, admin, harness=None, model={"contextTokens": 1000})
+    model_server.say("PREVIEW-SUMMARY.", purpose="context")
+    for turn in range(1, 5):
+        await long_turn(gql, admin, model_server, action_id, f"P{turn}", preview=True)
+    kept = await stored_summary(state, preview=True)
+    assert kept is not None and kept["summary"] == "PREVIEW-SUMMARY."
+    assert await stored_summary(state) is None
+
+    model_server.say("Live answer.")
+    live = await run(gql, admin, action_id, "LIVE question")
+    assert live["status"] == "SUCCEEDED", live["error"]
+    sent = sent_text(chat(model_server, "turn")[-1])
+    assert "LIVE question" in sent
+    assert "PREVIEW" not in sent and "ASK-P" not in sent and "ANSWER-P" not in sent
+
+
 # Tool results: cleared first, then summaries; a turn's own long exchange too.
 
 RECORD_TEXT = "The ledger entry {k} holds " + "account balance detail " * 30

@@ -733,6 +733,44 @@ async def test_m14_a_turn_a_full_review_stopped_inside_is_read_on_from_there(
     }
 
 
+async def test_m12_m14_a_review_that_stopped_inside_its_turn_keeping_nothing_is_read_on(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    state: AppState,
+) -> None:
+    """A review that stops inside its turn (it took the one candidate it may) and keeps nothing
+    (the candidate restates a kept record word for word, M12) still records where it stopped,
+    though its commit writes no record: the next review reads on from the turn's reply, not
+    from its input again (M14)."""
+    monkeypatch.setattr(review_module, "CALL_CHARS", 400)
+    monkeypatch.setattr(review_module, "MAX_CANDIDATES", 1)
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    await remembered(gql, admin, model_server, action_id, "Ada likes tea")
+    candidates(model_server, {"summary": "ada likes  TEA"})
+    model_server.say("Noted: " + "kettle " * 45)
+    second = await run(gql, admin, action_id, "Second: " + "tea " * 50)
+    (review,) = reviews(second)
+    assert review["decisions"] == [{"candidate": "c1", "action": "skip", "reason": "duplicate"}]
+    assert review["written"] == [] and "parts 2 to 2" in review["dropped"][0]
+    async with state.pool.acquire() as conn:
+        marks = await conn.fetchrow(
+            "SELECT reviewed_by, review_read FROM executions WHERE execution_id = $1::uuid",
+            second["executionId"],
+        )
+    assert (marks["reviewed_by"], marks["review_read"]) == (None, 1)
+
+    model_server.say("Noted the third.")
+    await run(gql, admin, action_id, "Third: hello")
+    _, stopped, *later = (conversation(r) for r in chat(model_server, "memory"))
+    assert "Second: tea" in stopped and "kettle" not in stopped
+    read = "".join(later)
+    assert "kettle" in read and "Third: hello" in read
+    assert "Second: tea" not in read and "Note: Ada" not in read
+    assert [m["summary"] for m in await memories(gql, admin, action_id)] == ["Ada likes tea"]
+
+
 async def second_turn_stopped_inside(
     gql: GQL,
     admin: Caller,

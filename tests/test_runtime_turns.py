@@ -549,6 +549,53 @@ async def test_a_swept_turn_committing_its_end_alone_marks_no_turn_its_review_co
     assert marked is None
 
 
+async def test_an_attempt_retried_while_it_ran_ends_as_no_longer_running_and_keeps_nothing(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn swept as stale before it commits (its process stalled), and retried by its
+    caller meanwhile: the first attempt, committing a record, finds its invocation no longer
+    runs. It answers that, as a CONFLICT, and writes nothing: not its record (M17), nor a word
+    of its transcript among the retry's (store.finish_execution writes the attempt's events
+    only when it ends the attempt; the retry numbered its own from where the first stopped)."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("noted")
+    retried: dict[str, Any] = {}
+
+    async def sweep_and_retry(context: turns.TurnContext, client: ModelClient) -> None:
+        monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [])  # the retry's end: no step
+        assert await _sweep(gql.state, context) == [context.execution.execution_id]
+        model_server.say("retried")
+        execution_id = str(context.execution.execution_id)
+        retried.update(await run(gql, admin, action_id, "note it", execution_id=execution_id))
+
+    monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [sweep_and_retry])
+    first = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "note it"}
+    )
+    assert first.codes == ["CONFLICT"]
+    assert "no longer runs invocation 1" in first.errors[0]["message"]
+    assert (retried["status"], retried["invocationNumber"]) == ("SUCCEEDED", 2)
+    assert retried["output"] == "retried"
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+        stored = await conn.fetch(
+            "SELECT invocation_number, type FROM transcript_events ORDER BY sequence"
+        )
+    # The first attempt's events are those written while it ran (none after its last model
+    # call); the retry's follow them.
+    first_types = [r["type"] for r in stored if r["invocation_number"] == 1]
+    assert first_types and first_types[-1] == "model.call"
+    assert [r["invocation_number"] for r in stored] == sorted(
+        r["invocation_number"] for r in stored
+    )
+    assert [r["type"] for r in stored if r["invocation_number"] == 2][-1] == "turn.output"
+
+
 async def test_a_replay_committing_its_end_alone_counts_no_turn(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:
