@@ -1693,3 +1693,43 @@ async def test_m20_an_agent_without_own_indexes_is_ranked_exactly_whatever_its_s
     assert await plan(s1, Filters()) == "index"
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 11)
     assert await plan(operator, Filters(labels={5: "x"})) == "exact"
+
+
+async def test_m20_the_exact_statement_reads_what_it_ranks_and_a_listed_agents_rows_bounded(
+    agent: SearchAgent,
+) -> None:
+    # The exact plan's statement reads the rows it ranks. Of an agent without own indexes it
+    # counts none first (under label filters, or for a reader of one session alone, it ranks
+    # them whatever their number); of an agent with them it reads none unfiltered (the index
+    # plan ranks), and under those filters at most `max_rows` + 1 rows, counted to find them
+    # too many. (Rows read by scans of agent_memories, joins by nested loops on the indexes,
+    # as at scale; the page's records are read by their key.)
+    for i in range(20):
+        await agent.add(f"Roses in the garden, bed {i}", labels={5: "x"})
+    for i in range(10):
+        await agent.add(f"Garden roses of session one, {i}", scope="SESSION", session_id="s1")
+    query = "garden roses"
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    labelled, alone = Filters(labels={5: "x"}), agent.reader(session="s1", scopes=("session",))
+    searches = [(agent.operator, labelled), (alone, Filters()), (agent.operator, Filters())]
+
+    async def reads(reader: Reader, filters: Filters) -> tuple[bool, int]:
+        """Whether the statement ranked, and the rows it read."""
+        r = search_module.make_ranking("hybrid", query, vector, None, 10)
+        async with agent.state.pool.acquire() as conn, conn.transaction(readonly=True):
+            await conn.execute(
+                "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off;"
+                " SET LOCAL enable_mergejoin = off"
+            )
+            explained = _Explained(conn)
+            found, _ = await search_store.ranked_exact(explained, reader, filters, r, 5)
+        read = 0
+        for node in explained.nodes():
+            page = node.get("Index Name") == "agent_memories_pkey" and "Filter" not in node
+            if node.get("Relation Name") == "agent_memories" and not page:
+                read += int(node["Actual Rows"] * node["Actual Loops"])
+        return found is not None, read
+
+    assert [await reads(*s) for s in searches] == [(True, 20), (True, 10), (True, 30)]
+    await list_agents(agent.state)
+    assert [await reads(*s) for s in searches] == [(False, 6), (False, 6), (False, 0)]

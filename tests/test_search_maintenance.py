@@ -348,6 +348,90 @@ async def test_m20_a_listed_agent_is_searched_by_one_statement_that_checks_its_p
         await pool.close()
 
 
+async def test_m20_an_agent_unlisted_after_its_gate_is_ranked_exactly(
+    state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A round may unlist an agent, and drop its indexes, between the exact statement's gate,
+    # which found it listed, and the index statement. That statement checks the listing, under
+    # label or ID filters too, and reads none of the agent's records: the agent is then ranked
+    # exactly, not by an index plan without its indexes (no index holds every agent's words,
+    # migration 0034: each of its word tiers would read the agent's rows). A turn whose scopes
+    # the upkeep counted few, but hold more since, is still ranked by the index plan.
+    monkeypatch.setattr(search_module, "_LISTED", {})
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 10)
+    monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 130)
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 100)
+    for i in range(20):
+        await agent.add(f"Note {i} about mountain hiking, labelled", labels={5: "x"})
+    names = maintenance.index_names(agent.account_id, agent.action_id)
+    calls: list[tuple[str, Any]] = []
+    race = False
+    ranked_exact, ranked_index = search_store.ranked_exact, search_store.ranked_index
+
+    async def exact(*args: Any, **kwargs: Any) -> Any:
+        nonlocal race
+        found = await ranked_exact(*args, **kwargs)
+        calls.append(("exact", found[1]))
+        if race and found[0] is None:
+            race = False  # a round of another connection, as of another process
+            done = await maintenance.run_round(state.pool, min_records=1000)
+            assert sorted(done.dropped) == sorted(names)
+        return found
+
+    async def index(*args: Any, **kwargs: Any) -> Any:
+        found = await ranked_index(*args, **kwargs)
+        calls.append(("index", found[0] is not None and found[1]))  # False: the check failed
+        return found
+
+    monkeypatch.setattr(search_store, "ranked_exact", exact)
+    monkeypatch.setattr(search_store, "ranked_index", index)
+
+    async def statements(reader: Reader, filters: Filters, unlisted: bool) -> list[Any]:
+        """Each mode's statements: the agent listed, then (with `unlisted`) unlisted by a round
+        right after the gate; the page the exact plan's."""
+        nonlocal race
+        made = []
+        for mode in ("hybrid", "lexical", "vector"):
+            if unlisted:
+                await maintenance.run_round(state.pool, min_records=100)
+                assert await index_exists(state.pool, names[1])
+            search_module._LISTED.clear()
+            calls.clear()
+            race = unlisted
+            r = await ranking(agent, "hiking in the mountains", mode)
+            found, plan = await search_module.ranked(state.pool, reader, filters, r)
+            made.append([*calls, ("plan", plan)])
+            race = False
+            exact_page, _ = await search_module.ranked(state.pool, reader, filters, r, "exact")
+            assert [(x.memory_id, x.score) for x in found] == [
+                (x.memory_id, x.score) for x in exact_page
+            ]
+        assert all(m == made[0] for m in made), made
+        return made[0]
+
+    checked, unlisted = ("index", False), [("exact", None), ("plan", "exact")]
+    for filters in (Filters(), Filters(labels={5: "x"})):  # 20 rows hold the label: too many
+        assert await statements(agent.operator, filters, True) == [
+            ("exact", 120),
+            checked,
+            *unlisted,
+        ]
+    # A turn reading agent scope: the upkeep counted 120 records in its scopes (at most 130:
+    # ranked over them), which hold 140 since. Its statement finds too few counted, and the
+    # index plan ranks it, the listing alone checked.
+    await maintenance.run_round(state.pool, min_records=100)
+    await fill(agent, 20)
+    turn = agent.reader(execution_id=uuid.uuid4())
+    assert await statements(turn, Filters(), False) == [
+        ("exact", 120),
+        ("exact", 120),
+        checked,
+        ("index", 120),
+        ("plan", "index"),
+    ]
+
+
 async def test_listed_agents_remembered_are_at_most_max_listed(
     state: AppState, admin: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -74,6 +74,9 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   runs. An agent it found listed is remembered (`_LISTED`), and its next search runs the index
   plan's statement alone, which looks the agent up itself (and a turn's scopes' counts, below)
   and reads nothing if that plan no longer holds; the exact plan's statement then decides.
+  Every index statement checks that the agent is still listed: one unlisted since the
+  gate read it (a round's, a moment before; its indexes may be gone, and the word tiers
+  without them would read its rows once each) is ranked exactly.
   Under label or ID filters, or for a reader of one session alone, of an agent with own
   indexes, it first counts the rows matching them (or the session's, up to EXACT_MAX_ROWS + 1,
   whatever the reader sees of them, so a bounded number), and ranks exactly when they are few.
@@ -365,13 +368,18 @@ async def ranked(
             if found is not None:
                 return found, "exact"
             assert records is not None, "ranked_exact leaves only listed agents to the index plan"
-        found, _ = await _by_index(conn, reader, filters, ranking, records, key)
+        found, listed = await _by_index(conn, reader, filters, ranking, records, key)
+        if found is None and listed is not None:
+            # A turn whose scopes the upkeep counted few but hold more since (the gate's second
+            # statement counted them): one statement more than before this memory, until the
+            # next count, its listing alone checked.
+            found, listed = await _by_index(conn, reader, filters, ranking, listed, None)
         if found is None:
-            # Unlisted since the gate read it, a moment ago; or a turn whose scopes the upkeep
-            # counted few but hold more since (the gate's second statement counted them): one
-            # statement more than before this memory, until the next count. Ranked as before.
-            found, _ = await _by_index(conn, reader, filters, ranking, records, None)
-        return found if found is not None else Scored(), "index"  # (never None unchecked)
+            # Unlisted since the gate read it, a moment ago: its indexes may be gone, and the
+            # index plan without them would read the agent's rows for each tier of words.
+            found, _ = await search_store.ranked_exact(conn, reader, filters, ranking)
+            return found if found is not None else Scored(), "exact"  # (never None ungated)
+        return found, "index"
 
 
 async def _by_index(
@@ -382,15 +390,23 @@ async def _by_index(
     records: int,
     key: tuple[object, ...] | None,
 ) -> tuple[Scored | None, int | None]:
-    """The index plan for an agent with `records` as listed with its own indexes.
-    With `key`, a listed agent's statement checks that its plan holds, and the agent is
-    remembered under `key` when it does (None: it no longer does, and nothing was read)."""
-    if records is not None and records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":
+    """The index plan for an agent with `records` as listed with its own indexes. Its
+    statement checks that the agent is still listed and, with `key`, that its plan holds (a
+    turn's scopes' counts); the agent is remembered under `key` when it does. Returns the
+    records (None: the check failed, and nothing was read) and the agent's records as listed
+    (None: unlisted)."""
+    if records >= LARGE_AGENT_RECORDS and ranking.mode == "vector":
         ranking = replace(ranking, ef_search=max(ranking.ef_search, LARGE_AGENT_EF_SEARCH))
     depth_asked = ranking.depth
     for _ in range(DEEPER_TRIES):
         found, listed = await search_store.ranked_index(
-            conn, reader, filters, ranking, records, checked=key is not None, scoped=SCOPED_MAX_ROWS
+            conn,
+            reader,
+            filters,
+            ranking,
+            records,
+            checked=True,
+            scoped=SCOPED_MAX_ROWS if key is not None else None,
         )
         # A later page whose candidates hold more records above its cursor than the pages
         # before held: records written since (a score is the first page's, `Ranking.weights`,

@@ -10,16 +10,16 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
 - `exact`: reads every row the reader sees under the filters once, scores each (cosine to the
   query vector, the text score when it holds any query word) and fuses them. No index decides
   what is found, so it is exact for any filter, and fastest while the filtered set is small.
-- `index`: takes the top candidates of each signal from its index and scores the union of both
-  lists exactly. Meaning: HNSW with an iterative scan. Words: the exact text ranking, read
-  from GIN tier by tier (`word_tiers`: records holding the best-weighted set of the query's
-  words first, best cosine first within a tier; GIN asked for the set's rarest three words,
-  fewer where few records hold them, the others tested on the rows it finds), until the list
-  is full; in hybrid mode, only while a tier's records can still reach the page or raise the
-  best text score (`_threshold`), and in lexical mode, only the page when the query has at
-  most six words (a tier of common words read newest first by the created btree when that is
-  cheaper, `_newest_first`). Fast
-  for an agent of any size; a record outside both lists is not found.
+- `index`: takes the top candidates of each signal from the agent's own indexes (an agent
+  without them has the exact plan alone) and scores the union of both lists exactly.
+  Meaning: HNSW with an iterative scan. Words: the exact text ranking, read from GIN tier by
+  tier (`word_tiers`: records holding the best-weighted set of the query's words first, best
+  cosine first within a tier; GIN asked for the set's rarest three words, fewer where few
+  records hold them, the others tested on the rows it finds), until the list is full; in
+  hybrid mode, only while a tier's records can still reach the page or raise the best text
+  score (`_threshold`), and in lexical mode, only the page when the query has at most six
+  words (a tier of common words read newest first by the created btree when that is cheaper,
+  `_newest_first`). Fast for an agent of any size; a record outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
