@@ -10,7 +10,9 @@ PostgreSQL under --data-dir, it measures in one run
 - `engram export` of that agent (in process) and `engram import` of the file into a second
   database: in process (records/s of the import alone), and as the command a person runs
   (`python -m app.cli import FILE`, process start and migration check included, with its
-  largest resident size);
+  largest resident size), which waits for the builds of the agent's own search indexes once
+  it holds `ENGRAM_AGENT_INDEX_MIN_RECORDS`, and again with that setting past the agent (no
+  build);
 - with `--memory`, what the import's check pass holds at most (tracemalloc, above what was
   allocated when it began): it grows with the rows, the rest of an import is a batch at a time.
 
@@ -330,24 +332,31 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
     exported, imported, rows, result = asyncio.run(export_import())
     with_index = asyncio.run(_index_cost(target_url))
 
-    # The command a person runs, into a third database: process start and checks included.
-    cli_url = asyncio.run(_create_database(pg, "ingest_cli"))
-    migrate.upgrade(cli_url)
-    asyncio.run(_record_model(cli_url, embedder))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
-    env.update(ENGRAM_DATABASE_URL=cli_url, PYTHONPATH=str(ROOT))
-    t = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", MAX_RSS, sys.executable, "-m", "app.cli", "import", str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    cli_seconds = time.perf_counter() - t
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr)
-    *said, cli_kib = done.stdout.strip().splitlines()
+    # The command a person runs, into a third database: process start and checks included;
+    # then again into a fourth with no index build: the command waits for the builds of the
+    # agents it took past ENGRAM_AGENT_INDEX_MIN_RECORDS (the agent's HNSW and GIN indexes).
+    def command(database: str, **settings: str) -> tuple[float, list[str], str]:
+        url = asyncio.run(_create_database(pg, database))
+        migrate.upgrade(url)
+        asyncio.run(_record_model(url, embedder))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+        env.update(ENGRAM_DATABASE_URL=url, PYTHONPATH=str(ROOT), **settings)
+        t = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", MAX_RSS, sys.executable, "-m", "app.cli", "import", str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        seconds = time.perf_counter() - t
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr)
+        *said, kib = done.stdout.strip().splitlines()
+        return seconds, said, kib
+
+    cli_seconds, said, cli_kib = command("ingest_cli")
+    unbuilt_seconds, _, _ = command("ingest_cli_unbuilt", ENGRAM_AGENT_INDEX_MIN_RECORDS=str(10**9))
 
     print(f"command: python bench/ingest.py {shlex.join(sys.argv[1:])}")
     print(
@@ -383,7 +392,9 @@ def _bulk(args: argparse.Namespace, pg: EmbeddedPostgres, data_dir: Path) -> Non
     print(
         f"engram import (the command, process start included): {cli_seconds:.2f} s "
         f"({n / cli_seconds:,.0f} records/s), max RSS {int(cli_kib) / 1024:,.0f} MiB; "
-        f"{' '.join(said)}"
+        f"{' '.join(said)}; without the index builds it waits for "
+        f"(ENGRAM_AGENT_INDEX_MIN_RECORDS past the agent): {unbuilt_seconds:.2f} s "
+        f"({n / unbuilt_seconds:,.0f} records/s)"
     )
 
 
