@@ -335,12 +335,12 @@ def _finish(
     above: bool = False,
 ) -> str:
     """The fusion and the page; `gated`: one row more, the gate's answer (`_gate_cte`), with or
-    without records; `holds`: a
-    condition on the gate that row answers too (ranked_index); `best`: the text score that
-    normalizes the text rank, when not the best in `scored` (the ranking's own when it has
-    one); `weights`: the CTE whose `weights` weighed the words. A first page's rows also carry
-    what ranked them (`Scored`), read once. With `above`, a later page's statement answers
-    one row at least, which counts the scored rows that rank above its cursor (`Scored`)."""
+    without records; `holds`: a condition on the gate that row answers too (ranked_index);
+    `best`: the text score that normalizes the text rank, when not the best in `scored` (the
+    ranking's own when it has one); `weights`: the CTE whose `weights` weighed the words. A
+    first page's rows also carry what ranked them (`Scored`), read once. With `above`, a later
+    page's statement answers one row at least, which counts the scored rows that rank above
+    its cursor (`Scored`)."""
     # Only hybrid normalizes: a crafted cursor's best in another mode is not read (a parameter
     # the statement never reads has no type, which PostgreSQL refuses).
     if r.best is not None and r.mode == "hybrid":
