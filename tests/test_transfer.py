@@ -475,6 +475,8 @@ async def test_cli_export_and_import(state, admin, db_url, second, tmp_path):
     assert imported.returncode == 0, imported.stderr
     assert "vectors copied" in imported.stdout
     assert await second.pool.fetchval(INDEXED, agent.action_id) == 1
+    # It says when the build it waited for is done (a large agent's takes minutes).
+    assert f"built search indexes for agent {agent.action_id} in " in imported.stderr
     target_admin = await admin_of(second)
     assert await reads(GQL(second), target_admin, agent.action_id) == before
     again = run(clean_env(database_url=target_url), "import", str(path))

@@ -37,6 +37,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import cast
@@ -105,6 +106,9 @@ SESSION_WORDS_MIN = 1_000
 TRADE = 2
 AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
 Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
+# Said when an agent's build is done: `engram import` waits for it silently otherwise (a
+# 200,000-record agent's HNSW index takes minutes).
+_BUILT = "built search indexes for agent %s in %.1f s"
 
 
 @dataclass(frozen=True)
@@ -435,11 +439,13 @@ async def index_agents(
                     failed.append(agent[1])
             continue
         log.info("building search indexes for agent %s (%d records)", agent[1], sizes[agent])
+        started = time.monotonic()
         try:
             made, replaced = await _build(conn, *agent, states)
             built += made
             dropped += replaced
             counted.append(agent)
+            log.info(_BUILT, agent[1], time.monotonic() - started)
         except asyncpg.PostgresError:
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
@@ -567,7 +573,9 @@ async def index_agent(conn: asyncpg.Connection, key: AgentKey, max_agents: int |
     if mine or (max_agents is not None and listed >= max_agents):
         return []
     log.info("building search indexes for agent %s", key[1])
+    started = time.monotonic()
     built, _ = await _build(conn, *key, await _agent_index_states(conn))
+    log.info(_BUILT, key[1], time.monotonic() - started)
     return built
 
 
