@@ -108,7 +108,7 @@ AgentKey = tuple[UUID, UUID]  # (account_id, action_id)
 Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, action, session)
 # Said when an agent's build is done: `engram import` waits for it silently otherwise (a
 # 200,000-record agent's HNSW index takes minutes).
-_BUILT = "built search indexes for agent %s in %.1f s"
+_BUILD_DONE = "built search indexes for agent %s in %.1f s"
 
 
 @dataclass(frozen=True)
@@ -445,7 +445,7 @@ async def index_agents(
             built += made
             dropped += replaced
             counted.append(agent)
-            log.info(_BUILT, agent[1], time.monotonic() - started)
+            log.info(_BUILD_DONE, agent[1], time.monotonic() - started)
         except asyncpg.PostgresError:
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
@@ -575,7 +575,7 @@ async def index_agent(conn: asyncpg.Connection, key: AgentKey, max_agents: int |
     log.info("building search indexes for agent %s", key[1])
     started = time.monotonic()
     built, _ = await _build(conn, *key, await _agent_index_states(conn))
-    log.info(_BUILT, key[1], time.monotonic() - started)
+    log.info(_BUILD_DONE, key[1], time.monotonic() - started)
     return built
 
 
