@@ -327,25 +327,11 @@ async def touch_execution(
     action_id: UUID,
     execution_id: UUID,
     invocation_number: int,
-    events: list[tuple[int, int, str, Any]] | None = None,
+    events: list[tuple[int, int, str, Any]],
 ) -> bool:
     """Marks a running attempt alive, so fail_stale_turns spares it; False if it no longer runs.
     `events`: transcript events written with the sign of life, in the same statement, only if
     it runs (each as `insert_events` takes it)."""
-    if events is None:
-        touched = await conn.fetchval(
-            """
-            UPDATE executions SET modified = now()
-            WHERE account_id = $1 AND action_id = $2 AND execution_id = $3
-              AND status = 'RUNNING' AND invocation_number = $4
-            RETURNING true
-            """,
-            account_id,
-            action_id,
-            execution_id,
-            invocation_number,
-        )
-        return bool(touched)
     return bool(
         await conn.fetchval(
             f"""
