@@ -119,18 +119,22 @@ async def forget_dead_processes(conn: asyncpg.Connection, lease_seconds: float) 
     )
 
 
+# The agent's ($1, $2) turns still RUNNING long after any turn could have ended ($3 seconds)
+# marked FAILED with error $4, returning their rows.
+_FAIL_STALE = """
+        UPDATE executions
+        SET status = 'FAILED', modified = now(), error = $4
+        WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
+          AND modified < now() - make_interval(secs => $3)
+        RETURNING *"""
+
+
 async def fail_stale_turns(
     conn: asyncpg.Connection, account_id: UUID, action_id: UUID, older_than_seconds: float
 ) -> list[UUID]:
     """Marks FAILED the turns still RUNNING long after any turn could have ended."""
     rows = await conn.fetch(
-        """
-        UPDATE executions
-        SET status = 'FAILED', modified = now(), error = $4
-        WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
-          AND modified < now() - make_interval(secs => $3)
-        RETURNING execution_id
-        """,
+        f"WITH failed AS ({_FAIL_STALE}) SELECT execution_id FROM failed",
         account_id,
         action_id,
         older_than_seconds,
@@ -145,13 +149,8 @@ async def fail_stale_and_find_ended(
     """`fail_stale_turns`, then the agent's turns no longer running that still have staged
     memory rows (their process died, or this statement failed them), in one statement."""
     return await conn.fetch(
-        """
-        WITH failed AS (
-            UPDATE executions
-            SET status = 'FAILED', modified = now(), error = $4
-            WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING'
-              AND kind <> 'OPERATOR' AND modified < now() - make_interval(secs => $3)
-            RETURNING *
+        f"""
+        WITH failed AS ({_FAIL_STALE}
         ), staged AS (
             SELECT DISTINCT m.pending_execution FROM agent_memories m
             WHERE m.account_id = $1 AND m.action_id = $2 AND m.pending_execution IS NOT NULL
