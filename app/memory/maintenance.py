@@ -266,6 +266,7 @@ async def _build(
     built with other options: the replacement is built beside the old index, which goes only
     then, so the agent's searches are never without one. Lists the agent in `agent_indexes`.
     Returns the indexes built and dropped."""
+    started = time.monotonic()
     methods = dict(zip(index_names(account_id, action_id), index_methods(), strict=True))
     built: list[str] = []
     dropped: list[str] = []
@@ -301,6 +302,8 @@ async def _build(
         await _note_built(conn, vectors, rows)
     await _lower(conn, [vectors])
     await _list(conn, account_id, action_id)
+    if built:
+        log.info(_BUILD_DONE, action_id, time.monotonic() - started)
     return built, dropped
 
 
@@ -439,13 +442,11 @@ async def index_agents(
                     failed.append(agent[1])
             continue
         log.info("building search indexes for agent %s (%d records)", agent[1], sizes[agent])
-        started = time.monotonic()
         try:
             made, replaced = await _build(conn, *agent, states)
             built += made
             dropped += replaced
             counted.append(agent)
-            log.info(_BUILD_DONE, agent[1], time.monotonic() - started)
         except asyncpg.PostgresError:
             # Left invalid or half built: the next round drops what it left and retries.
             log.exception("building search indexes for agent %s failed", agent[1])
@@ -573,9 +574,7 @@ async def index_agent(conn: asyncpg.Connection, key: AgentKey, max_agents: int |
     if mine or (max_agents is not None and listed >= max_agents):
         return []
     log.info("building search indexes for agent %s", key[1])
-    started = time.monotonic()
     built, _ = await _build(conn, *key, await _agent_index_states(conn))
-    log.info(_BUILD_DONE, key[1], time.monotonic() - started)
     return built
 
 
