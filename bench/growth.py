@@ -48,7 +48,6 @@ import multiprocessing
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -66,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
 
 import uvicorn  # noqa: E402
-from openai_server import OpenAIServer  # noqa: E402
+from openai_server import OpenAIServer, loopback_socket  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 
@@ -351,8 +350,7 @@ def run(args: argparse.Namespace) -> None:
             model_max_retries=0,
         )
         app = create_app(settings, embedder=StaticEmbedder())
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock = loopback_socket()
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", log_config=None))
         loops: list[asyncio.AbstractEventLoop] = []

@@ -29,7 +29,6 @@ import io
 import os
 import random
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,9 @@ import uvicorn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' loopback socket for uvicorn
+
+from openai_server import loopback_socket  # noqa: E402
 
 from app.auth.service import ensure_default_account  # noqa: E402
 from app.config import Settings  # noqa: E402
@@ -128,8 +130,7 @@ class Served:
     """The app under uvicorn in a thread, on a loopback port."""
 
     def __init__(self, settings: Settings, embedder: StaticEmbedder) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = loopback_socket()
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/graphql"
         config = uvicorn.Config(
             create_app(settings, embedder=embedder), log_level="warning", log_config=None

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import uvicorn
 from helpers import wait_until
+from openai_server import loopback_socket
 
 from app.config import Settings
 from app.embeddings.static import StaticEmbedder
@@ -25,8 +26,7 @@ from app.main import create_app
 @contextmanager
 def serving(settings: Settings, embedder: StaticEmbedder) -> Iterator[str]:
     """Runs the app in a background thread (its own event loop) until the block ends."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         create_app(settings, embedder=embedder), log_level="warning", log_config=None
