@@ -309,23 +309,29 @@ async def online_insert_rate(
     count: int,
     ef_construction: str | None = None,
     base: int = 10_000,
+    writers: int = 1,
 ) -> float:
     """Records embedded and stored per second into the fully indexed table, for an agent of
-    their own, rolled back with them: the dead entries they leave in the indexes (the bench's
-    server runs without autovacuum) are under a key no search reads. (Written to the first
-    small agent, as until the twenty-fourth session, runs left its range of the covering
-    index at 3,366 buffers for its 1,000 rows, against 264 for another agent's.)
+    their own, by `writers` connections at once (each its share of `count`, in its own
+    transaction), rolled back with them: the dead entries they leave in the indexes (the
+    bench's server runs without autovacuum) are under a key no search reads. (Written to the
+    first small agent, as until the twenty-fourth session, runs left its range of the
+    covering index at 3,366 buffers for its 1,000 rows, against 264 for another agent's.)
 
     With `ef_construction`, into an agent with its own indexes: it is given `base` records
-    first, untimed, and its HNSW and GIN indexes as a round builds them (but in the transaction,
-    so that they go with it), the HNSW's ef_construction then set to that (pgvector reads it
-    at each insert; app/memory/maintenance.py INSERT_EF_CONSTRUCTION)."""
+    first, untimed, and its HNSW and GIN indexes as a round builds them, the HNSW's
+    ef_construction then set to that (pgvector reads it at each insert;
+    app/memory/maintenance.py INSERT_EF_CONSTRUCTION). One writer does that in its
+    transaction, so that it goes with the rest; several need it committed to share it, and
+    it is deleted and its indexes dropped after them."""
     turns = locomo_turns()
     rng = random.Random(5)
-    conn = await copy_connection(url)
+    conns = [await copy_connection(url) for _ in range(writers)]
+    setup = conns[0]
     account, action = plan.accounts[0], uuid.uuid4()
+    names = maintenance.index_names(account, action)
 
-    async def write(records: int) -> None:
+    async def write(conn: asyncpg.Connection, records: int) -> None:
         for offset in range(0, records, 500):
             texts = [
                 (rng.choice(turns), rng.choice(turns)) for _ in range(min(500, records - offset))
@@ -364,25 +370,46 @@ async def online_insert_rate(
                 columns=COLUMNS,
             )
 
-    try:
-        tr = conn.transaction()
-        await tr.start()
-        await conn.execute(NEW_AGENT, account, action)
+    async def prepare() -> None:
+        await setup.execute(NEW_AGENT, account, action)
         if ef_construction is not None:
-            await write(base)
-            names = maintenance.index_names(account, action)
+            await write(setup, base)
             where = maintenance.agent_predicate(account, action)
             for name, method in zip(names, maintenance.index_methods(), strict=True):
-                await conn.execute(
+                await setup.execute(
                     f"CREATE INDEX {name} ON agent_memories USING {method} WHERE {where}"
                 )
-            await conn.execute(f"ALTER INDEX {names[0]} SET (ef_construction = {ef_construction})")
+            await setup.execute(f"ALTER INDEX {names[0]} SET (ef_construction = {ef_construction})")
+
+    shared = writers > 1
+    try:
+        if shared:
+            await prepare()
+        transactions = [conn.transaction() for conn in conns]
+        for tr in transactions:
+            await tr.start()
+        if not shared:
+            await prepare()
+        shares = [count // writers + (k < count % writers) for k in range(writers)]
         started = time.perf_counter()
-        await write(count)
+        await asyncio.gather(*(write(c, n) for c, n in zip(conns, shares, strict=True)))
         elapsed = time.perf_counter() - started
-        await tr.rollback()
+        for tr in transactions:
+            await tr.rollback()
     finally:
-        await conn.close()
+        if shared:
+            for name in names:
+                await setup.execute(f"DROP INDEX IF EXISTS {name}")
+            await setup.execute(
+                "DELETE FROM agent_memories WHERE account_id = $1 AND action_id = $2",
+                account,
+                action,
+            )
+            await setup.execute(
+                "DELETE FROM actions WHERE account_id = $1 AND action_id = $2", account, action
+            )
+        for conn in conns:
+            await conn.close()
     return count / elapsed
 
 
@@ -853,6 +880,14 @@ def main() -> None:
             " (2,000 records into an agent of 10,000, rolled back)"
         )
         figures[f"online_writes_own_indexes_{ef}_per_s"] = rate
+    # Online writes come from many turns at once: the table's rate with two writers (this
+    # machine's cores), into a new agent and into one with its own indexes as a round leaves
+    # them.
+    for ef in (None, maintenance.INSERT_EF_CONSTRUCTION):
+        rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000, ef, writers=2))
+        into = "a new agent" if ef is None else f"an agent of 10,000 with its own indexes ({ef})"
+        print(f"  online, two writers at once into {into}: {rate:,.0f} records/s (2,000 records)")
+        figures[f"online_writes_two_writers_{'own_indexes' if ef else 'new'}_per_s"] = rate
     figures["sql"] = asyncio.run(
         measure(plan, url, embedder, groups, picks, args.recall_samples, args.reader)
     )
