@@ -734,6 +734,39 @@ async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
     assert log == ["touch_execution", "touch_execution", "commit_turn"]  # its end
 
 
+async def test_only_a_turns_end_waits_for_its_wal_flush(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's start and its signs of life commit without waiting for their WAL flush (each
+    statement sets `synchronous_commit` off for its own transaction); its end waits, and so
+    flushes them first. Each write is run here in a transaction of its own to read the
+    setting it leaves for its commit."""
+    seen: list[tuple[str, str]] = []
+    for name in ["insert_execution", "touch_execution", "commit_turn"]:
+        write = getattr(store, name)
+
+        async def observed(
+            conn: Any, *args: Any, write: Any = write, name: str = name, **kwargs: Any
+        ) -> Any:
+            async with conn.transaction():
+                result = await write(conn, *args, **kwargs)
+                seen.append((name, await conn.fetchval("SHOW synchronous_commit")))
+            return result
+
+        monkeypatch.setattr(store, name, observed)
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.call_tools(("search_memory", {"query": "Ada"}))
+    model_server.say("done")
+    executed = await run(gql, admin, action_id, "hello")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert seen == [
+        ("insert_execution", "off"),
+        ("touch_execution", "off"),
+        ("touch_execution", "off"),
+        ("commit_turn", "on"),
+    ]
+
+
 async def test_a_turn_cancelled_while_its_pulse_ends_is_cancelled(
     state: AppState, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,7 +50,7 @@ async def insert_execution(
     `open_session`: the session is created if new (`ensure_session`) by the same statement,
     and with `next_turn` the execution is numbered after its last turn (`turn` unused; the
     commit numbers it). `deferred`: the transaction's commit need not wait for its WAL flush
-    (`defer_durability`, for a turn's start only); run alone, the statement is that
+    (`defer_durability`, for a turn's start); run alone, the statement is that
     transaction, so a turn starts in one round trip."""
     values = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
     session = ""
@@ -331,7 +331,13 @@ async def touch_execution(
 ) -> bool:
     """Marks a running attempt alive, so fail_stale_turns spares it; False if it no longer runs.
     `events`: transcript events written with the sign of life, in the same statement, only if
-    it runs (each as `insert_events` takes it)."""
+    it runs (each as `insert_events` takes it).
+
+    Run alone, the statement is its transaction, and its commit does not wait for its WAL flush
+    (`_DEFERRED`), as a turn's start does not: the turn's end commits synchronously and so
+    flushes it first (WAL order), and only a crash of the database itself, which ends the
+    attempt too, can lose it (the attempt's last sign of life and events, written at most
+    3 x `wal_writer_delay` before)."""
     return bool(
         await conn.fetchval(
             f"""
@@ -341,7 +347,7 @@ async def touch_execution(
                   AND status = 'RUNNING' AND invocation_number = $4
                 RETURNING true
             ), {_events_written(5, "EXISTS (SELECT FROM alive)")}
-            SELECT EXISTS (SELECT FROM alive)
+            SELECT EXISTS (SELECT FROM alive) AND {_DEFERRED}
             """,
             account_id,
             action_id,
@@ -624,8 +630,9 @@ async def list_execution_pages(
 async def defer_durability(conn: asyncpg.Connection) -> None:
     """This transaction's commit need not wait for its WAL flush.
 
-    For a turn's start only: until the turn's own (synchronous) end commits, nothing depends on
-    the start surviving a crash, and a later synchronous commit flushes it first (WAL order).
-    (`insert_execution(deferred=True)` sets it inside its statement.)
+    For a turn's start and its signs of life only: until the turn's own (synchronous) end
+    commits, nothing depends on them surviving a crash, and a later synchronous commit flushes
+    them first (WAL order). (`insert_execution(deferred=True)` and `touch_execution` set it
+    inside their statement.)
     """
     await conn.execute("SET LOCAL synchronous_commit = off")
