@@ -14,7 +14,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from factories import make_agent_id
+from factories import make_agent_id, memory_harness
 from helpers import GQL
 from openai_server import OpenAIServer, Recorded
 from runtime_support import EXECUTE, events, history_of, run, tool_names, tool_results
@@ -866,3 +866,30 @@ async def test_h12_h16_a_replay_reads_no_summary_of_its_turn_or_later_and_keeps_
     assert await stored_summary(state) == stored
     assert await stored_summary(state, preview=True) is None
     assert_within(model_server, budget)
+
+
+async def test_h16_a_later_turn_reads_back_only_the_committed_attempts_tool_calls(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A turn that failed after a tool call and was retried: the next turn of the session reads
+    back the tool calls of the attempt that committed, never the failed attempt's, though both
+    stay in the turn's transcript."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.call_tools(("search_memory", {"query": "FIRST-ATTEMPT-QUERY"}))
+    model_server.chat_error(500)  # the next call (the tests' model client does not retry)
+    failed = await run(gql, admin, action_id, "look it up")
+    assert failed["status"] == "FAILED", failed
+    model_server.call_tools(("search_memory", {"query": "SECOND-ATTEMPT-QUERY"}))
+    model_server.say("Found nothing.")
+    retried = await run(gql, admin, action_id, None, execution_id=failed["executionId"])
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert {e["invocationNumber"] for e in retried["transcript"]["nodes"]} == {1, 2}
+
+    before = len(chat(model_server, "turn"))
+    model_server.say("ok")
+    later = await run(gql, admin, action_id, "and now?")
+    assert later["status"] == "SUCCEEDED", later["error"]
+    (request,) = chat(model_server, "turn")[before:]
+    sent = json.dumps(request.body["messages"])
+    assert "SECOND-ATTEMPT-QUERY" in sent and "Found nothing." in sent, sent
+    assert "FIRST-ATTEMPT-QUERY" not in sent, sent

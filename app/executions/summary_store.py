@@ -49,6 +49,20 @@ async def preview_turn_through(
     )
 
 
+# SQL, for an execution `e`: the agent's tool calls and their results in the transcript of its
+# attempt `e.invocation_number`, in order, as a JSON array of `[type, data - 'input']`: its model
+# calls (purpose `turn`) that called tools, and the tool executions of a call.
+_CALLS = """
+    SELECT jsonb_agg(jsonb_build_array(c.type, c.data - 'input') ORDER BY c.sequence)
+    FROM transcript_events c
+    WHERE c.account_id = e.account_id AND c.action_id = e.action_id
+      AND c.execution_id = e.execution_id AND c.invocation_number = e.invocation_number
+      AND (c.type = 'tool.execution' AND c.data ? 'callId'
+           OR c.type = 'model.call' AND c.data ->> 'purpose' = 'turn'
+              AND jsonb_typeof(c.data -> 'toolCalls') = 'array'
+              AND c.data -> 'toolCalls' <> '[]'::jsonb)"""
+
+
 async def summary_and_turns(
     conn: asyncpg.Connection,
     account_id: UUID,
@@ -60,12 +74,14 @@ async def summary_and_turns(
     """In one statement: the session's summary of the mode (`session_summary`), and its
     committed turns that a turn may read (live turns skip preview ones), in turn order, from
     the summary's last turn on (from the first, without one, or when `before_turn` is given
-    and the summary reaches it), conversations handed in (kind INGEST) among them: not a
-    replay (which keeps nothing in its session, and has its original's number), nor a turn
-    eraseSession erased (its words are gone; a turn retold as `[erased]` would only take
-    room)."""
+    and the summary reaches it) and before `before_turn`, conversations handed in (kind
+    INGEST) among them: not a replay (which keeps nothing in its session, and has its
+    original's number), nor a turn eraseSession erased (its words are gone; a turn retold as
+    `[erased]` would only take room). Each turn's `calls`: the agent's tool calls and their
+    results in its committed attempt's transcript, in order, each `[type, data]` without the
+    data's `input` (`_CALLS`), or None."""
     rows = await conn.fetch(
-        """
+        f"""
         WITH s AS (
             SELECT summary, through_turn, through_message, version FROM session_summaries
             WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND preview = $4
@@ -73,17 +89,18 @@ async def summary_and_turns(
         SELECT * FROM (
             SELECT NULL::integer AS turn, NULL::text AS kind, NULL::uuid AS execution_id,
                    NULL::integer AS invocation_number, NULL::jsonb AS input,
-                   NULL::jsonb AS output, s.*
+                   NULL::jsonb AS output, s.*, NULL::jsonb AS calls
             FROM s
             UNION ALL
             SELECT e.turn, e.kind, e.execution_id, e.invocation_number, e.input, e.output,
-                   NULL, NULL, NULL, NULL
+                   NULL, NULL, NULL, NULL, ({_CALLS}) AS calls
             FROM executions e
             WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
               AND e.kind IN ('TURN', 'INGEST') AND e.status = 'SUCCEEDED'
               AND (NOT e.preview OR $4)
               AND e.turn >= coalesce(
                   (SELECT through_turn FROM s WHERE $5::integer IS NULL OR through_turn < $5), 1)
+              AND ($5::integer IS NULL OR e.turn < $5)
               AND e.replay_of IS NULL
               AND (SELECT t.data->>'erased' FROM transcript_events t
                   WHERE t.account_id = e.account_id AND t.action_id = e.action_id
@@ -102,29 +119,6 @@ async def summary_and_turns(
     if rows and rows[0]["turn"] is None:
         return rows[0], rows[1:]
     return None, rows
-
-
-async def turn_calls(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, execution_ids: list[UUID]
-) -> list[Row]:
-    """The agent's tool calls and their results in these executions' transcripts, in order:
-    its model calls (purpose `turn`) that called tools, and the tool executions of a call
-    (every invocation's: the caller keeps the committed one's)."""
-    return await conn.fetch(
-        """
-        SELECT execution_id, invocation_number, type, data - 'input' AS data
-        FROM transcript_events
-        WHERE account_id = $1 AND action_id = $2 AND execution_id = any($3::uuid[])
-          AND (type = 'tool.execution' AND data ? 'callId'
-               OR type = 'model.call' AND data ->> 'purpose' = 'turn'
-                  AND jsonb_typeof(data -> 'toolCalls') = 'array'
-                  AND data -> 'toolCalls' <> '[]'::jsonb)
-        ORDER BY execution_id, sequence
-        """,
-        account_id,
-        action_id,
-        execution_ids,
-    )
 
 
 async def save_summary(

@@ -672,18 +672,6 @@ async def open_window(
         # Read from the summary of the turn's mode, if it applies (else from the first turn):
         # a preview turn's live summary starts later.
         turns = [t for t in turns if t["turn"] >= first]
-        if before_turn is not None:
-            turns = [t for t in turns if t["turn"] < before_turn]
-        calls = []  # none to read before the session's first turn
-        if turns:
-            calls = await summary_store.turn_calls(
-                conn, account_id, action_id, [t["execution_id"] for t in turns]
-            )
-    by_execution: dict[UUID, list[tuple[str, Any]]] = {t["execution_id"]: [] for t in turns}
-    committed = {t["execution_id"]: t["invocation_number"] for t in turns}
-    for c in calls:
-        if c["invocation_number"] == committed[c["execution_id"]]:
-            by_execution[c["execution_id"]].append((c["type"], c["data"]))
     for t in turns:
         skip = 0
         if window.summary is not None and t["turn"] == window.summary.through_turn:
@@ -691,7 +679,8 @@ async def open_window(
         if t["kind"] == "INGEST":
             messages = ingested_messages(t["input"])
         else:
-            messages = turn_messages(t["input"], t["output"], by_execution[t["execution_id"]])
+            calls = [(kind, data) for kind, data in t["calls"] or []]
+            messages = turn_messages(t["input"], t["output"], calls)
         window.add_turn(t["turn"], messages, skip)
     return window
 
