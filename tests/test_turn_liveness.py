@@ -12,13 +12,17 @@ retry after a lost answer does not write twice.
 """
 
 import asyncio
+import contextlib
 import itertools
+import os
 import re
+import signal
 import time
 import types
 import uuid
 from typing import Any
 
+import asyncpg
 import pytest
 from factories import allow, caller, make_agent_id, make_running_turn, memory_harness, token_for
 from helpers import GQL, eventually
@@ -37,6 +41,7 @@ from runtime_support import (
 
 from app.actions.service import load_action
 from app.auth.caller import Caller
+from app.db.embedded import EmbeddedPostgres
 from app.executions import store
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.runtime import liveness
@@ -734,13 +739,14 @@ async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
     assert log == ["touch_execution", "touch_execution", "commit_turn"]  # its end
 
 
-async def test_only_a_turns_end_waits_for_its_wal_flush(
+async def test_only_a_turns_start_skips_its_wal_flush(
     gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A turn's start and its signs of life commit without waiting for their WAL flush (each
-    statement sets `synchronous_commit` off for its own transaction); its end waits, and so
-    flushes them first. Each write is run here in a transaction of its own to read the
-    setting it leaves for its commit."""
+    """A turn's start commits without waiting for its WAL flush (its statement sets
+    `synchronous_commit` off for its own transaction); its signs of life and its end wait, and
+    so flush it first (a crash that loses its signs of life does not end the turn: the test
+    below). Each write is run here in a transaction of its own to read the setting it leaves
+    for its commit."""
     seen: list[tuple[str, str]] = []
     for name in ["insert_execution", "touch_execution", "commit_turn"]:
         write = getattr(store, name)
@@ -761,10 +767,66 @@ async def test_only_a_turns_end_waits_for_its_wal_flush(
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert seen == [
         ("insert_execution", "off"),
-        ("touch_execution", "off"),
-        ("touch_execution", "off"),
+        ("touch_execution", "on"),
+        ("touch_execution", "on"),
         ("commit_turn", "on"),
     ]
+
+
+async def crash(server: EmbeddedPostgres) -> None:
+    """A crash of the database itself: one backend killed, the postmaster ends every other and
+    restarts from its WAL on disk (what it holds only in memory is lost), as after any crash of
+    a server process. Returns once it accepts connections again."""
+    conn = await asyncpg.connect(server.uri())
+    victim = await conn.fetchval("SELECT pg_backend_pid()")
+    os.kill(victim, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        await conn.close(timeout=1)
+
+    async def accepts() -> bool:
+        try:
+            again = await asyncpg.connect(server.uri(), timeout=1)
+        except (OSError, asyncpg.PostgresError):  # TimeoutError is an OSError
+            return False
+        await again.close()
+        return True
+
+    await eventually(accepts, "the database restarted after its crash", 60)
+
+
+async def test_a_turns_signs_of_life_outlive_a_crash_of_the_database(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    pg_server: EmbeddedPostgres,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn is not ended by a crash of the database while it waits for its model: its next
+    write reaches the restarted server on a new connection, and it goes on to its end. So what
+    its signs of life wrote before the crash must have survived it (their commit waits for
+    the WAL flush): else the turn ends SUCCEEDED with the transcript of a model call and its
+    tool calls missing, and their usage uncounted."""
+    touch = store.touch_execution
+    crashes: list[bool] = []
+
+    async def then_crash(*args: Any, **kwargs: Any) -> bool:
+        alive = await touch(*args, **kwargs)
+        if not crashes:  # just after the first sign of life (its model call and tool calls)
+            crashes.append(True)
+            await crash(pg_server)
+        return alive
+
+    monkeypatch.setattr(store, "touch_execution", then_crash)
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.call_tools(("search_memory", {"query": "Ada"}))
+    model_server.say("done")
+    executed = await run(gql, admin, action_id, "hello")
+    assert crashes
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    sequences = [e["sequence"] for e in executed["transcript"]["nodes"]]
+    assert sequences == list(range(1, len(sequences) + 1)), sequences
+    assert events(executed, "model.call")[0]["finishReason"] == "tool_calls"
+    assert len(tool_runs(executed, "search_memory")) == 1
 
 
 async def test_a_turn_cancelled_while_its_pulse_ends_is_cancelled(

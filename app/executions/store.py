@@ -50,7 +50,7 @@ async def insert_execution(
     `open_session`: the session is created if new (`ensure_session`) by the same statement,
     and with `next_turn` the execution is numbered after its last turn (`turn` unused; the
     commit numbers it). `deferred`: the transaction's commit need not wait for its WAL flush
-    (`defer_durability`, for a turn's start); run alone, the statement is that
+    (`defer_durability`, for a turn's start only); run alone, the statement is that
     transaction, so a turn starts in one round trip."""
     values = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
     session = ""
@@ -333,11 +333,12 @@ async def touch_execution(
     `events`: transcript events written with the sign of life, in the same statement, only if
     it runs (each as `insert_events` takes it).
 
-    Run alone, the statement is its transaction, and its commit does not wait for its WAL flush
-    (`_DEFERRED`), as a turn's start does not: the turn's end commits synchronously and so
-    flushes it first (WAL order), and only a crash of the database itself, which ends the
-    attempt too, can lose it (the attempt's last sign of life and events, written at most
-    3 x `wal_writer_delay` before)."""
+    Its commit waits for its WAL flush, unlike a turn's start (`defer_durability`): a crash of
+    the database does not end the attempt, whose next write reaches the restarted server on a
+    new connection and finds its execution RUNNING, so a sign of life lost in it would leave
+    the turn going on, to SUCCEEDED, without those transcript events (a model call's, with its
+    usage, and its tool calls); a lost start instead ends its attempt (its execution is gone).
+    tests/test_turn_liveness.py crashes the database after a sign of life."""
     return bool(
         await conn.fetchval(
             f"""
@@ -347,7 +348,7 @@ async def touch_execution(
                   AND status = 'RUNNING' AND invocation_number = $4
                 RETURNING true
             ), {_events_written(5, "EXISTS (SELECT FROM alive)")}
-            SELECT EXISTS (SELECT FROM alive) AND {_DEFERRED}
+            SELECT EXISTS (SELECT FROM alive)
             """,
             account_id,
             action_id,
@@ -630,9 +631,10 @@ async def list_execution_pages(
 async def defer_durability(conn: asyncpg.Connection) -> None:
     """This transaction's commit need not wait for its WAL flush.
 
-    For a turn's start and its signs of life only: until the turn's own (synchronous) end
-    commits, nothing depends on them surviving a crash, and a later synchronous commit flushes
-    them first (WAL order). (`insert_execution(deferred=True)` and `touch_execution` set it
-    inside their statement.)
+    For a turn's start only (a retry's too): until the turn's own (synchronous) end commits,
+    nothing depends on the start surviving a crash, and a later synchronous commit flushes it
+    first (WAL order); a start lost in a crash of the database ends its attempt, whose next
+    write finds no execution running. (`insert_execution(deferred=True)` sets it inside its
+    statement.) Not its signs of life, which the attempt goes on past (`touch_execution`).
     """
     await conn.execute("SET LOCAL synchronous_commit = off")
