@@ -381,6 +381,23 @@ async def online_insert_rate(
                 )
             await setup.execute(f"ALTER INDEX {names[0]} SET (ef_construction = {ef_construction})")
 
+    async def clean_up() -> None:
+        """The shared setup removed, on a connection of its own."""
+        conn = await asyncpg.connect(url)
+        try:
+            for name in names:
+                await conn.execute(f"DROP INDEX IF EXISTS {name}")
+            await conn.execute(
+                "DELETE FROM agent_memories WHERE account_id = $1 AND action_id = $2",
+                account,
+                action,
+            )
+            await conn.execute(
+                "DELETE FROM actions WHERE account_id = $1 AND action_id = $2", account, action
+            )
+        finally:
+            await conn.close()
+
     shared = writers > 1
     try:
         if shared:
@@ -392,24 +409,26 @@ async def online_insert_rate(
             await prepare()
         shares = [count // writers + (k < count % writers) for k in range(writers)]
         started = time.perf_counter()
-        await asyncio.gather(*(write(c, n) for c, n in zip(conns, shares, strict=True)))
+        # Every writer to its end, even once another failed: none is left writing on a
+        # connection closed below.
+        outcomes = await asyncio.gather(
+            *(write(c, n) for c, n in zip(conns, shares, strict=True)), return_exceptions=True
+        )
         elapsed = time.perf_counter() - started
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         for tr in transactions:
             await tr.rollback()
     finally:
-        if shared:
-            for name in names:
-                await setup.execute(f"DROP INDEX IF EXISTS {name}")
-            await setup.execute(
-                "DELETE FROM agent_memories WHERE account_id = $1 AND action_id = $2",
-                account,
-                action,
-            )
-            await setup.execute(
-                "DELETE FROM actions WHERE account_id = $1 AND action_id = $2", account, action
-            )
+        # Closed before the clean-up, which ends what transactions a failure left open (the
+        # server rolls them back): a writer's holds agent_memories, whose DROP INDEX would
+        # wait for it forever (this task never ending it), and the clean-up run in one
+        # (setup's) would be rolled back with it, or refused in an aborted one.
         for conn in conns:
             await conn.close()
+        if shared:
+            await clean_up()
     return count / elapsed
 
 
