@@ -596,6 +596,54 @@ async def test_an_attempt_retried_while_it_ran_ends_as_no_longer_running_and_kee
     assert [r["type"] for r in stored if r["invocation_number"] == 2][-1] == "turn.output"
 
 
+async def _lose_start(state: AppState, execution_id: uuid.UUID) -> None:
+    """What a crash of PostgreSQL leaves of a turn whose start it lost (the start is committed
+    without waiting for its WAL flush): no execution, while the turn goes on."""
+    async with state.pool.acquire() as conn:
+        await conn.execute("DELETE FROM executions WHERE execution_id = $1", execution_id)
+
+
+@pytest.mark.parametrize("lost", ["at a sign of life", "at the commit"])
+async def test_a_turn_whose_start_the_database_lost_says_so(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    lost: str,
+) -> None:
+    """A turn finding its execution gone, at a sign of life after a model call or at its
+    commit, answers CONFLICT saying the database lost its start and to run it again, not that
+    it was swept as stale or retried; nothing of it is kept."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("noted")
+    if lost == "at a sign of life":
+        touch = turns.store.touch_execution
+
+        async def lose_then_touch(conn: Any, *args: Any, **kwargs: Any) -> bool:
+            await _lose_start(state, args[2])  # account, action, execution, ...
+            return bool(await touch(conn, *args, **kwargs))
+
+        monkeypatch.setattr(turns.store, "touch_execution", lose_then_touch)
+    else:
+
+        async def lose(context: turns.TurnContext, client: ModelClient) -> None:
+            await _lose_start(state, context.execution.execution_id)
+
+        monkeypatch.setattr(turns, "END_OF_TURN_STEPS", [lose])
+    answered = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "note it"}
+    )
+    assert answered.codes == ["CONFLICT"], answered.errors
+    message = answered.errors[0]["message"]
+    assert "the database lost this turn's start" in message and "run the turn again" in message
+    assert "stale" not in message
+    async with state.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_memories") == 0
+        assert await conn.fetchval("SELECT count(*) FROM executions") == 0
+
+
 async def test_a_replay_committing_its_end_alone_counts_no_turn(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
 ) -> None:

@@ -82,14 +82,32 @@ class TurnRequest:
 
 
 class TurnEnded(Conflict):
-    """The execution stopped running this attempt while it worked (swept as stale, or retried)."""
+    """The execution stopped running this attempt while it worked (swept as stale, or retried),
+    or is `gone`: a turn's start is committed without waiting for its WAL flush, so a crash of
+    PostgreSQL may lose it while the turn goes on, on the restarted server."""
 
-    def __init__(self, execution: Execution) -> None:
+    def __init__(self, execution: Execution, *, gone: bool = False) -> None:
+        if gone:
+            super().__init__(
+                f"execution {execution.execution_id} is gone: the database lost this turn's "
+                "start (it restarted while the turn ran), so nothing of this attempt was kept; "
+                "run the turn again"
+            )
+            return
         super().__init__(
             f"execution {execution.execution_id} no longer runs invocation "
             f"{execution.invocation_number}: it was failed as stale or retried while this turn "
             "ran, so nothing of this attempt was kept"
         )
+
+
+async def _turn_ended(conn: asyncpg.Connection, execution: Execution) -> TurnEnded:
+    """The error for an attempt a write found no longer running: whether its execution is
+    still there says which."""
+    found = await store.get_execution(
+        conn, execution.account_id, execution.action_id, execution.execution_id
+    )
+    return TurnEnded(execution, gone=found is None)
 
 
 @dataclass
@@ -140,7 +158,8 @@ class TurnContext:
                 self.transcript.written += len(rows)
             raise
         if not alive:
-            raise TurnEnded(self.execution)
+            async with self.state.pool.acquire() as conn:
+                raise await _turn_ended(conn, self.execution)
         self.transcript.written += len(rows)
 
     async def _touch(self, rows: list[tuple[int, int, str, Any]]) -> bool:
@@ -777,7 +796,7 @@ async def _finish(
         events=context.transcript.unwritten() if rows is None else rows,
     )
     if row is None:
-        raise TurnEnded(execution)  # and nothing was written
+        raise await _turn_ended(conn, execution)  # and nothing was written
     return row
 
 
@@ -955,8 +974,8 @@ async def _commit_its_end(context: TurnContext, counts: bool) -> asyncpg.Record:
             review=review,
             events=context.transcript.unwritten(),
         )
-    if row is None:
-        raise TurnEnded(execution)  # and nothing was written
+        if row is None:
+            raise await _turn_ended(conn, execution)  # and nothing was written
     return row
 
 
