@@ -893,3 +893,52 @@ async def test_h16_a_later_turn_reads_back_only_the_committed_attempts_tool_call
     sent = json.dumps(request.body["messages"])
     assert "SECOND-ATTEMPT-QUERY" in sent and "Found nothing." in sent, sent
     assert "FIRST-ATTEMPT-QUERY" not in sent, sent
+
+
+async def test_h16_a_later_turn_reads_back_earlier_tool_results_of_any_total_size(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """An earlier turn's tool calls are read back event by event, each as stored: results that
+    total more than one jsonb value holds (256 MB: one array of them all could not be built)
+    leave the session's later turns their window, the calls as they were and the results
+    cleared to fit."""
+    action_id = await make_agent_id(gql.state, admin)
+    model_server.say("noted")
+    first = await run(gql, admin, action_id, "remember this")
+    assert first["status"] == "SUCCEEDED", first["error"]
+    # Its committed attempt called a tool three times, each result 90 MB: written here, as a
+    # model could have asked for them (a hundred search_memory results of 16 KB a call).
+    calls = [{"id": f"call-{n}", "name": "search_memory", "arguments": "{}"} for n in (1, 2, 3)]
+    async with gql.state.pool.acquire() as conn:
+        await conn.execute(
+            """
+            WITH e AS (
+                SELECT x.account_id, x.action_id, x.execution_id, x.invocation_number,
+                       (SELECT max(t.sequence) FROM transcript_events t
+                        WHERE t.account_id = x.account_id AND t.action_id = x.action_id
+                          AND t.execution_id = x.execution_id) AS last
+                FROM executions x WHERE x.execution_id = $1
+            )
+            INSERT INTO transcript_events
+                (account_id, action_id, execution_id, sequence, invocation_number, type, data)
+            SELECT account_id, action_id, execution_id, last + 1, invocation_number,
+                   'model.call', jsonb_build_object('purpose', 'turn', 'toolCalls', $2::jsonb)
+            FROM e
+            UNION ALL
+            SELECT account_id, action_id, execution_id, last + 1 + n, invocation_number,
+                   'tool.execution',
+                   jsonb_build_object('name', 'search_memory', 'callId', 'call-' || n,
+                                      'input', '{}'::jsonb,
+                                      'output', jsonb_build_object('note', repeat('x', 90000000)))
+            FROM e, generate_series(1, 3) n
+            """,
+            UUID(first["executionId"]),
+            calls,
+        )
+    before = len(chat(model_server, "turn"))
+    model_server.say("ok")
+    later = await run(gql, admin, action_id, "and now?")
+    assert later["status"] == "SUCCEEDED", later["error"]
+    (request,) = chat(model_server, "turn")[before:]
+    sent = [m.get("tool_calls") for m in request.body["messages"] if m.get("tool_calls")]
+    assert [[c["id"] for c in m] for m in sent] == [["call-1", "call-2", "call-3"]], sent

@@ -272,8 +272,8 @@ def _search_history(ids: Any = None, query: str | None = None) -> tuple[str, dic
 
 async def test_b_turn_context_shows_nothing_a_wrote_after_the_copy(world: World) -> None:
     """B's turns of s1 and s2: the window's earlier turns and running summary
-    (`summary_and_turns`), their tool calls (its `calls`, of the shared first turn too) and
-    recall are B's alone."""
+    (`summary_and_turns`), their tool calls (each `Turn`'s `calls`, of the shared first turn
+    too) and recall are B's alone."""
     w = world
     before = len(chat(w.model, None))
     s1 = await _turn(w, w.b, w.action_id, "What about the Zanzibar invoice and fact bravo?")

@@ -2,6 +2,7 @@
 the turns after it, with their tool calls, that a turn reads back. Called by
 app/runtime/context.py."""
 
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import asyncpg
@@ -49,18 +50,15 @@ async def preview_turn_through(
     )
 
 
-# SQL, for an execution `e`: the agent's tool calls and their results in the transcript of its
-# attempt `e.invocation_number`, in order, as a JSON array of `[type, data - 'input']`: its model
-# calls (purpose `turn`) that called tools, and the tool executions of a call.
-_CALLS = """
-    SELECT jsonb_agg(jsonb_build_array(c.type, c.data - 'input') ORDER BY c.sequence)
-    FROM transcript_events c
-    WHERE c.account_id = e.account_id AND c.action_id = e.action_id
-      AND c.execution_id = e.execution_id AND c.invocation_number = e.invocation_number
-      AND (c.type = 'tool.execution' AND c.data ? 'callId'
-           OR c.type = 'model.call' AND c.data ->> 'purpose' = 'turn'
-              AND jsonb_typeof(c.data -> 'toolCalls') = 'array'
-              AND c.data -> 'toolCalls' <> '[]'::jsonb)"""
+class Turn(NamedTuple):
+    """A committed turn a window reads (`summary_and_turns`): its `executions` row (turn,
+    kind, execution_id, invocation_number, input, output), and the agent's tool calls and their
+    results in its committed attempt's transcript, in order, each `(type, data)` without the
+    data's `input`: its model calls (purpose `turn`) that called tools, and the tool executions
+    of a call (none read for a conversation handed in, kind INGEST)."""
+
+    row: Row
+    calls: list[tuple[str, Any]]
 
 
 async def summary_and_turns(
@@ -70,30 +68,26 @@ async def summary_and_turns(
     session_id: str,
     preview: bool,
     before_turn: int | None,
-) -> tuple[Row | None, list[Row]]:
+) -> tuple[Row | None, list[Turn]]:
     """In one statement: the session's summary of the mode (`session_summary`), and its
     committed turns that a turn may read (live turns skip preview ones), in turn order, from
     the summary's last turn on (from the first, without one, or when `before_turn` is given
     and the summary reaches it) and before `before_turn`, conversations handed in (kind
     INGEST) among them: not a replay (which keeps nothing in its session, and has its
     original's number), nor a turn eraseSession erased (its words are gone; a turn retold as
-    `[erased]` would only take room). Each turn's `calls`: the agent's tool calls and their
-    results in its committed attempt's transcript, in order, each `[type, data]` without the
-    data's `input` (`_CALLS`), or None."""
+    `[erased]` would only take room); each with its tool calls (`Turn`).
+
+    Each tool call event is a row of its own, after its turn's: one JSON array of a turn's
+    events could not hold more than 256 MB (jsonb's bound on a value's elements), which the
+    results of a turn's many tool calls can reach, and every later turn of the session would
+    fail to read its window."""
     rows = await conn.fetch(
-        f"""
+        """
         WITH s AS (
             SELECT summary, through_turn, through_message, version FROM session_summaries
             WHERE account_id = $1 AND action_id = $2 AND session_id = $3 AND preview = $4
-        )
-        SELECT * FROM (
-            SELECT NULL::integer AS turn, NULL::text AS kind, NULL::uuid AS execution_id,
-                   NULL::integer AS invocation_number, NULL::jsonb AS input,
-                   NULL::jsonb AS output, s.*, NULL::jsonb AS calls
-            FROM s
-            UNION ALL
-            SELECT e.turn, e.kind, e.execution_id, e.invocation_number, e.input, e.output,
-                   NULL, NULL, NULL, NULL, ({_CALLS}) AS calls
+        ), turns AS (
+            SELECT e.turn, e.kind, e.execution_id, e.invocation_number, e.input, e.output
             FROM executions e
             WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
               AND e.kind IN ('TURN', 'INGEST') AND e.status = 'SUCCEEDED'
@@ -106,8 +100,36 @@ async def summary_and_turns(
                   WHERE t.account_id = e.account_id AND t.action_id = e.action_id
                     AND t.execution_id = e.execution_id ORDER BY t.sequence LIMIT 1)
                   IS DISTINCT FROM $6
+        )
+        SELECT * FROM (
+            SELECT NULL::integer AS turn, NULL::uuid AS execution_id, NULL::integer AS sequence,
+                   NULL::text AS kind, NULL::integer AS invocation_number, NULL::jsonb AS input,
+                   NULL::jsonb AS output, s.*, NULL::text AS type, NULL::jsonb AS data
+            FROM s
+            UNION ALL
+            SELECT t.turn, t.execution_id, NULL, t.kind, t.invocation_number, t.input, t.output,
+                   NULL, NULL, NULL, NULL, NULL, NULL
+            FROM turns t
+            UNION ALL
+            SELECT t.turn, t.execution_id, c.sequence, NULL, NULL, NULL, NULL,
+                   NULL, NULL, NULL, NULL, c.type, c.data
+            FROM turns t CROSS JOIN LATERAL (
+                -- OFFSET 0: read for each turn by its execution (the key's prefix), as a
+                -- correlated sub-select is, whatever the table's statistics say.
+                SELECT c.sequence, c.type, c.data - 'input' AS data
+                FROM transcript_events c
+                WHERE c.account_id = $1 AND c.action_id = $2
+                  AND c.execution_id = t.execution_id
+                  AND c.invocation_number = t.invocation_number
+                  AND (c.type = 'tool.execution' AND c.data ? 'callId'
+                       OR c.type = 'model.call' AND c.data ->> 'purpose' = 'turn'
+                          AND jsonb_typeof(c.data -> 'toolCalls') = 'array'
+                          AND c.data -> 'toolCalls' <> '[]'::jsonb)
+                OFFSET 0
+            ) c
+            WHERE t.kind = 'TURN'
         ) x
-        ORDER BY turn NULLS FIRST
+        ORDER BY turn NULLS FIRST, execution_id, sequence NULLS FIRST
         """,
         account_id,
         action_id,
@@ -116,9 +138,16 @@ async def summary_and_turns(
         before_turn,
         ERASED,
     )
-    if rows and rows[0]["turn"] is None:
-        return rows[0], rows[1:]
-    return None, rows
+    summary: Row | None = None
+    turns: list[Turn] = []
+    for r in rows:
+        if r["turn"] is None:
+            summary = r
+        elif r["sequence"] is None:
+            turns.append(Turn(r, []))
+        else:  # an event of the turn before it (same execution_id: the order)
+            turns[-1].calls.append((r["type"], r["data"]))
+    return summary, turns
 
 
 async def save_summary(

@@ -671,15 +671,14 @@ async def open_window(
             first = row["through_turn"]
         # Read from the summary of the turn's mode, if it applies (else from the first turn):
         # a preview turn's live summary starts later.
-        turns = [t for t in turns if t["turn"] >= first]
-    for t in turns:
+        turns = [t for t in turns if t.row["turn"] >= first]
+    for t, calls in turns:
         skip = 0
         if window.summary is not None and t["turn"] == window.summary.through_turn:
             skip = window.summary.through_message
         if t["kind"] == "INGEST":
             messages = ingested_messages(t["input"])
         else:
-            calls = [(kind, data) for kind, data in t["calls"] or []]
             messages = turn_messages(t["input"], t["output"], calls)
         window.add_turn(t["turn"], messages, skip)
     return window
