@@ -88,17 +88,18 @@ class TurnEnded(Conflict):
 
     def __init__(self, execution: Execution, *, gone: bool = False) -> None:
         if gone:
-            super().__init__(
+            message = (
                 f"execution {execution.execution_id} is gone: the database lost this turn's "
                 "start (it restarted while the turn ran), so nothing of this attempt was kept; "
                 "run the turn again"
             )
-            return
-        super().__init__(
-            f"execution {execution.execution_id} no longer runs invocation "
-            f"{execution.invocation_number}: it was failed as stale or retried while this turn "
-            "ran, so nothing of this attempt was kept"
-        )
+        else:
+            message = (
+                f"execution {execution.execution_id} no longer runs invocation "
+                f"{execution.invocation_number}: it was failed as stale or retried while this "
+                "turn ran, so nothing of this attempt was kept"
+            )
+        super().__init__(message)
 
 
 async def _turn_ended(conn: asyncpg.Connection, execution: Execution) -> TurnEnded:
