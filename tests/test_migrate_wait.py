@@ -1,7 +1,7 @@
 """Migrating while others serve or start: processes starting together migrate one at a time
 (docs/scaling.md, an advisory lock), and one that waits for another's migration says so, and
-stops at once on SIGTERM; migration 0032 holds the service's reads up 5 s at most, and 0033
-its writes."""
+stops at once on SIGTERM; migration 0032 holds the service's reads up 5 s at most, 0033 its
+writes, and 0035 (dropping session_recalls) those of sessions."""
 
 import asyncio
 import signal
@@ -156,6 +156,48 @@ async def test_an_index_build_waits_seconds_at_most_and_runs_again(
                 "SELECT indexdef FROM pg_indexes WHERE indexname = $1", index
             )
             assert columns in made
+        finally:
+            await holder.close()
+            await other.close()
+
+
+async def test_0035_drops_session_recalls_waiting_seconds_at_most(pg_server):
+    """Migration 0035 drops `session_recalls`, which nothing reads or writes. The drop takes the
+    ACCESS EXCLUSIVE lock of `sessions` too (its foreign key's triggers are there): it waits 5 s
+    at most for a transaction already on `sessions`, the reads that come meanwhile wait behind it
+    within the service's lock bound, and it fails and is rolled back (the table still there),
+    then runs once that transaction has ended, and the table is gone."""
+    name = f"engram_drop_0035_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        migrate.upgrade(url, "0034")
+        holder = await asyncpg.connect(url)
+        other = await asyncpg.connect(url, server_settings={"lock_timeout": "10s"})
+        try:
+            assert await other.fetchval("SELECT to_regclass('session_recalls')") is not None
+            running = holder.transaction()
+            await running.start()
+            await holder.execute("SELECT count(*) FROM sessions")  # as a turn's or an export's
+            migrating = asyncio.ensure_future(asyncio.to_thread(migrate.upgrade, url))
+            deadline = time.monotonic() + 60
+            while not await other.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%DROP TABLE%session_recalls%'"
+            ):
+                assert not migrating.done(), migrating.result()
+                assert time.monotonic() < deadline, "the migration never waited"
+                await asyncio.sleep(0.05)
+            # A read of sessions queues behind the drop, and goes on once it gives up.
+            assert await other.fetchval("SELECT count(*) FROM sessions") == 0
+            with pytest.raises(MigrationFailed) as failed:
+                await asyncio.wait_for(migrating, 60)
+            assert "migration 0035 failed (canceling statement due to lock timeout)" in str(
+                failed.value
+            )
+            assert await other.fetchval("SELECT version_num FROM alembic_version") == "0034"
+            assert await other.fetchval("SELECT to_regclass('session_recalls')") is not None
+            await running.rollback()
+            assert await asyncio.to_thread(migrate.upgrade, url) == HEAD
+            assert await other.fetchval("SELECT to_regclass('session_recalls')") is None
         finally:
             await holder.close()
             await other.close()
