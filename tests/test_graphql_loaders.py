@@ -9,6 +9,7 @@ from uuid import UUID
 
 import pytest
 from factories import (
+    LABELS,
     allow,
     caller,
     forget,
@@ -23,6 +24,7 @@ from factories import (
 from helpers import GQL
 from runtime_support import RUNNER_POLICIES
 
+from app.actions import service as actions
 from app.auth import service as auth_service
 from app.db.cursors import pack, unpack
 from app.db.pool import create_pool
@@ -881,6 +883,50 @@ async def test_issue14_item3_agents_memories_cost_one_query_however_many_agents(
             assert positions(node["memories"]) == expected(listing, 2, None)
     nodes = many[""][0]["actions"]["nodes"]
     assert len(nodes) == 9 and sum(bool(n["memories"]["edges"]) for n in nodes) == 7
+
+
+# A page under `action(actionId)` names its records' labels by the agent that field read, not
+# by reading the agent again: the page and the agent, two statements (three before), and one
+# fewer filtered by labels. An earlier version asked for names them by the current one, which
+# may have added labels since.
+async def test_issue14_item3_a_page_under_its_agent_reads_the_agent_once(state, db_url, admin):
+    agent = await make_agent(state, admin)
+    a = str(agent.action_id)
+    await remember(state, agent, "about c1", labels={"customer_id": "c1"})
+    query = (
+        "query($a: UUID!, $v: Int) { action(actionId: $a, version: $v) { memories(first: 10%s) "
+        "{ nodes { summary labels { number name value } } } } }"
+    )
+    c1 = [{"number": 5, "name": "customer_id", "value": "c1"}]
+    data, plain = await counted(state, db_url, admin, query % "", a=a)
+    assert data["action"]["memories"]["nodes"] == [{"summary": "about c1", "labels": c1}]
+    assert plain == 2
+    by_label = ', labels: [{name: "customer_id", value: "c1"}]'
+    data, filtered = await counted(state, db_url, admin, query % by_label, a=a)
+    assert data["action"]["memories"]["nodes"] == [{"summary": "about c1", "labels": c1}]
+    labels = {**LABELS, "region": {"number": 6, "description": "Where."}}
+    updated = await actions.update_action(
+        state.pool,
+        admin,
+        action_id=agent.action_id,
+        name=agent.name,
+        instructions=agent.instructions,
+        model=None,
+        harness=full_memory(labels=labels),
+        settings=state.settings,
+    )
+    await remember(state, updated, "in the north", labels={"region": "north"})
+    north = [{"number": 6, "name": "region", "value": "north"}]
+    for version, statements in ((None, plain), (1, plain + 1), (2, plain)):
+        data, sent = await counted(state, db_url, admin, query % "", a=a, v=version)
+        assert data["action"]["memories"]["nodes"] == [
+            {"summary": "in the north", "labels": north},
+            {"summary": "about c1", "labels": c1},
+        ], version
+        assert sent == statements, version
+        data, sent = await counted(state, db_url, admin, query % by_label, a=a, v=version)
+        assert data["action"]["memories"]["nodes"] == [{"summary": "about c1", "labels": c1}]
+        assert sent == filtered + statements - plain, version
 
 
 # Issue 14, item 3: each agent's page as the agent alone answers it, whatever the filters; its

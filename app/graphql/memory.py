@@ -335,6 +335,7 @@ class ActionMemoryFields:
 
     if TYPE_CHECKING:
         action_id: UUID
+        record: ActionVersion
 
     @strawberry.field(
         description="The agent's memory records by creation time, newest first unless "
@@ -418,6 +419,7 @@ class ActionMemoryFields:
                     limit,
                     sort == SortOrder.ASC,
                     filters,
+                    self.record,  # not read again for its labels, if current
                 ),
             ),
             lambda v: (v.record.created, v.record.memory_id),

@@ -7,7 +7,7 @@ of its own memory (app/memory/service.py) grants nothing to anyone.
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -111,15 +111,21 @@ def _list_filters(
     )
 
 
-class MemoryPage(NamedTuple):
+@dataclass(frozen=True)
+class MemoryPage:
     """A page of an agent's listing (list_memories'): after `after`, at most `limit`, oldest
-    first if `ascending`, narrowed by `filters`."""
+    first if `ascending`, narrowed by `filters`. `agent`: a version of the agent the caller has
+    read already (GraphQL's `action(actionId) { memories }`); if it is the current one, its
+    labels name the records' label values and those of `filters` (a later version keeps every
+    label of the earlier ones), one statement fewer than reading the agent again here. Not part
+    of the page's identity."""
 
     action_id: UUID
     after: tuple[datetime, UUID] | None
     limit: int
     ascending: bool
     filters: MemoryFilters
+    agent: ActionVersion | None = field(default=None, compare=False)
 
 
 async def list_memories(
@@ -158,9 +164,17 @@ async def memory_pages(
     found: list[list[store.Row] | BadInput | NotFound] = [[] for _ in pages]
     together: dict[tuple[bool, store.ListFilters], list[int]] = {}
     apart: dict[int, store.ListFilters] = {}
+    agents = {
+        p.action_id: p.agent
+        for p in pages
+        if p.agent is not None
+        and (p.agent.account_id, p.agent.action_id) == (account_id, p.action_id)
+        and p.agent.version == p.agent.current_version
+    }
     async with pool.acquire() as conn:
-        labelled = {p.action_id for p in pages if p.filters.labels}
-        agents = await load_actions(conn, account_id, list(labelled)) if labelled else {}
+        labelled = {p.action_id for p in pages if p.filters.labels} - agents.keys()
+        if labelled:
+            agents |= await load_actions(conn, account_id, list(labelled))
         for i, page in enumerate(pages):
             try:
                 narrowed = _list_filters(page.filters, page.action_id, agents.get(page.action_id))
