@@ -335,7 +335,6 @@ class ActionMemoryFields:
 
     if TYPE_CHECKING:
         action_id: UUID
-        record: ActionVersion
 
     @strawberry.field(
         description="The agent's memory records by creation time, newest first unless "
@@ -419,7 +418,7 @@ class ActionMemoryFields:
                     limit,
                     sort == SortOrder.ASC,
                     filters,
-                    self.record,  # not read again for its labels, if current
+                    _current(self),  # its labels name the records': not read again
                 ),
             ),
             lambda v: (v.record.created, v.record.memory_id),

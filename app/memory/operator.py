@@ -114,11 +114,11 @@ def _list_filters(
 @dataclass(frozen=True)
 class MemoryPage:
     """A page of an agent's listing (list_memories'): after `after`, at most `limit`, oldest
-    first if `ascending`, narrowed by `filters`. `agent`: a version of the agent the caller has
-    read already (GraphQL's `action(actionId) { memories }`); if it is the current one, its
-    labels name the records' label values and those of `filters` (a later version keeps every
-    label of the earlier ones), one statement fewer than reading the agent again here. Not part
-    of the page's identity."""
+    first if `ascending`, narrowed by `filters`. `agent`: its current version where the caller
+    has read it already (GraphQL's `action(actionId) { memories }`), whose labels name the
+    records' label values and those of `filters` (a later version keeps every label of the
+    earlier ones): one statement fewer than reading it again here. Not part of the page's
+    identity."""
 
     action_id: UUID
     after: tuple[datetime, UUID] | None
