@@ -12,6 +12,7 @@ import pytest
 from factories import (
     allow,
     caller,
+    deny,
     forget,
     make_account,
     make_agent,
@@ -20,10 +21,12 @@ from factories import (
     token_for,
     writer,
 )
-from test_graphql_loaders import counted
+from helpers import GQL
+from test_graphql_loaders import EVENTS, all_events, counted, executions_with_events, reader
 
 from app.actions import service as actions
 from app.auth import service as auth_service
+from app.executions import store as executions_store
 from app.graphql.node import MAX_IDS
 from app.graphql.relay import global_id
 from app.graphql.schema import schema
@@ -39,6 +42,7 @@ FIELDS = """
   ... on ActionExecution { executionId status }
   ... on ActionSession { sessionId turns }
   ... on ActionHistoryEvent { eventId sessionId text }
+  ... on ActionExecutionEvent { sequence invocationNumber type data created }
   ... on Client { principal name }
   ... on Account { accountId name }
   ... on ClientTokenInfo { tokenId prefix }
@@ -95,6 +99,7 @@ async def every_type(state: AppState, admin, count: int = 1, owner=None) -> dict
         "ActionExecution": [],
         "ActionSession": [],
         "ActionHistoryEvent": [],
+        "ActionExecutionEvent": [],
         "Client": [],
         "Account": [global_id("Account", account_id)],
         "ClientToken": [],
@@ -111,6 +116,17 @@ async def every_type(state: AppState, admin, count: int = 1, owner=None) -> dict
         event = await add_event(state, agent, f"s{i}", w.execution_id)
         ids["ActionHistoryEvent"].append(
             global_id("ActionHistoryEvent", agent.action_id, f"s{i}", event)
+        )
+        async with state.pool.acquire() as conn:
+            await executions_store.insert_events(
+                conn,
+                agent.account_id,
+                agent.action_id,
+                w.execution_id,
+                [(1, 1, "turn.input", {"input": f"hello from s{i}"})],
+            )
+        ids["ActionExecutionEvent"].append(
+            global_id("ActionExecutionEvent", agent.action_id, w.execution_id, 1)
         )
         principal = f"bot{i}"
         await token_for(state, admin, principal, EVERYTHING, account_id=account_id)
@@ -134,7 +150,7 @@ async def test_nodes_reads_every_type_in_the_order_asked_duplicates_at_each_plac
     token = await token_for(state, admin, "ops", EVERYTHING)
     ids = await every_type(state, admin)
     one_each = [i for found in ids.values() for i in found]
-    assert len(one_each) == 8
+    assert len(one_each) == 9
     asked = [*reversed(one_each), one_each[0], one_each[3], one_each[0]]
     status, body = post(base_url, token, NODES, ids=asked)
     assert status == 200 and "errors" not in body, body
@@ -146,6 +162,7 @@ async def test_nodes_reads_every_type_in_the_order_asked_duplicates_at_each_plac
         "ActionExecution",
         "ActionSession",
         "ActionHistoryEvent",
+        "ActionExecutionEvent",
         "Client",
         "Account",
         "ClientTokenInfo",
@@ -252,6 +269,7 @@ async def test_ids_mixing_two_tenants_parts_name_nothing(state, admin, base_url)
     _, their_memory = parts(other["ActionAgentMemory"][0])
     _, their_execution = parts(other["ActionExecution"][0])
     _, their_session, their_event = parts(other["ActionHistoryEvent"][0])
+    _, my_execution = parts(mine["ActionExecution"][0])
     _, their_principal, their_token = parts(other["ClientToken"][0])
     _, my_session, my_event = parts(mine["ActionHistoryEvent"][0])
 
@@ -263,6 +281,8 @@ async def test_ids_mixing_two_tenants_parts_name_nothing(state, admin, base_url)
             global_id("ActionHistoryEvent", agent, their_session, event),
             global_id("ActionHistoryEvent", agent, my_session, event),
             global_id("ActionHistoryEvent", their_agent, my_session, my_event),
+            global_id("ActionExecutionEvent", agent, execution, 1),
+            global_id("ActionExecutionEvent", their_agent, my_execution, 1),
             global_id("ActionSession", their_agent, my_session),
             global_id("ClientToken", ours, their_principal, token_id),
             global_id("ClientToken", theirs, their_principal, token_id),
@@ -309,6 +329,12 @@ async def test_hostile_parts_of_an_id_are_bad_request(state, admin, base_url):
         f'["Action","{agent}",NaN]',
         '["Account",' + "[" * 2000 + "]" * 2000 + "]",
         f'["ActionHistoryEvent","{agent}","s0","{memory}","extra"]',
+        f'["ActionExecutionEvent","{agent}","{memory}","-1"]',
+        f'["ActionExecutionEvent","{agent}","{memory}","2147483648"]',
+        f'["ActionExecutionEvent","{agent}","{memory}","1","2"]',
+        f'["ActionExecutionEvent","{agent}","{memory}"]',
+        f'["ActionExecutionEvent","{agent}","s0","1"]',
+        f'["ActionExecutionEvent","{agent}","{memory}",1]',
     ]
     for text in hostile:
         for query, variables in ((NODES, {"ids": [encoded(text)]}), (NODE, {"id": encoded(text)})):
@@ -329,6 +355,10 @@ async def test_a_malformed_id_fails_the_field_naming_its_place(state, admin, bas
         ("not an id", "`ids[1]`: 'not an id' is not a global ID"),
         (global_id("Action", uuid.uuid4(), "x"), "`ids[1]`: an Action ID names an action"),
         (global_id("ActionExecution", "nope", uuid.uuid4()), "`ids[1]`: 'nope' is not a valid"),
+        (
+            global_id("ActionExecutionEvent", uuid.uuid4(), uuid.uuid4(), "first"),
+            "`ids[1]`: an ActionExecutionEvent ID names an agent, an execution and a sequence",
+        ),
     ]:
         status, body = post(base_url, token, NODES, ids=[ids["Action"][0], bad])
         assert status == 200 and body["data"] is None
@@ -479,6 +509,7 @@ async def test_each_id_keeps_the_grants_node_has(state, admin, base_url):
         "ActionExecution",
         "ActionSession",
         "ActionHistoryEvent",
+        "ActionExecutionEvent",
         "Client",
         "Account",
         "ClientToken",
@@ -507,7 +538,7 @@ async def test_each_id_keeps_the_grants_node_has(state, admin, base_url):
 
 
 async def test_nodes_reads_each_type_in_one_batch(state, db_url, admin):
-    """No N+1: 100 IDs of every type cost what 8 do (a statement per type; records three:
+    """No N+1: 115 IDs of every type cost what 10 do (a statement per type; records three:
     the records, the versions asked, their agents' label names)."""
     ids = await every_type(state, admin, count=15)
     # A second agent's records, asked at their first version (since deleted: version 2).
@@ -519,11 +550,167 @@ async def test_nodes_reads_each_type_in_one_batch(state, db_url, admin):
         versioned.append(global_id("ActionAgentMemory", other.action_id, record.memory_id, 1))
     few = [found[0] for found in ids.values()] + versioned[:1]
     many = [i for found in ids.values() for i in found] + versioned
-    assert len(many) == 100 and len(set(many)) == 100
+    assert len(many) == 115 and len(set(many)) == 115
     data, statements_few = await counted(state, db_url, admin, NODES, ids=few)
     assert all(n is not None for n in data["nodes"])
     data, statements_many = await counted(state, db_url, admin, NODES, ids=many)
     assert [n["id"] for n in data["nodes"]] == many
     assert all(n is not None for n in data["nodes"])
     assert data["nodes"][-1]["version"] == 1 and data["nodes"][-1]["memoryStatus"] == "ACTIVE"
-    assert statements_many == statements_few == 10, (statements_few, statements_many)
+    assert statements_many == statements_few == 11, (statements_few, statements_many)
+
+
+# A turn's transcript events (ActionExecutionEvent): each a Node, read back by node(id) and
+# nodes(ids) as ActionExecution.transcript lists it.
+EVENT = "id sequence invocationNumber type data created"
+LISTED_EVENTS = f"""query($e: UUID!) {{ execution(executionId: $e) {{
+  transcript(first: 100) {{ nodes {{ {EVENT} }} }} }} }}"""
+EVENT_NODE = f"query($id: ID!) {{ node(id: $id) {{ ... on ActionExecutionEvent {{ {EVENT} }} }} }}"
+EVENT_NODES = (
+    f"query($ids: [ID!]!) {{ nodes(ids: $ids) {{ ... on ActionExecutionEvent {{ {EVENT} }} }} }}"
+)
+
+
+def event_id(agent, execution_id: UUID, sequence: int | str) -> str:
+    return global_id("ActionExecutionEvent", agent.action_id, execution_id, sequence)
+
+
+async def transcript_of(gql: GQL, who, execution_id: UUID) -> list[dict[str, Any]]:
+    listed = (await gql(who, LISTED_EVENTS, e=str(execution_id))).ok()["execution"]
+    return listed["transcript"]["nodes"]
+
+
+@pytest.mark.parametrize("reads_memory", [True, False])
+async def test_a_transcript_events_id_reads_it_as_the_transcript_lists_it(
+    gql: GQL, admin, reads_memory
+):
+    """Each event `transcript` lists has an `id` (its agent, execution and sequence) that
+    node(id) and nodes(ids) read back as the same event: for a reader without the memory
+    grants, with the same memory text left out."""
+    agent = await make_agent(gql.state, admin)
+    done, _running = await executions_with_events(gql.state, agent, [len(EVENTS), 2])
+    who = reader(admin, reads_memory=reads_memory)
+    listed = await transcript_of(gql, who, done)
+    assert [e["sequence"] for e in listed] == list(range(1, len(EVENTS) + 1))
+    assert ("Ada likes tea" in json.dumps(listed)) == reads_memory
+    for event in listed:
+        assert event["id"] == event_id(agent, done, event["sequence"])
+        assert (await gql(who, EVENT_NODE, id=event["id"])).ok() == {"node": event}
+    asked = [e["id"] for e in reversed(listed)] + [listed[0]["id"]]
+    found = (await gql(who, EVENT_NODES, ids=asked)).ok()["nodes"]
+    assert found == [*reversed(listed), listed[0]]
+
+
+async def test_an_event_of_a_running_attempt_is_found_once_it_ends(gql: GQL, admin):
+    """As the transcript lists an attempt's events once it ends, node(id) reads them then: an
+    execution's failed first attempt's events are read while its second runs, the second's
+    are NOT_FOUND (null in nodes) until it has ended."""
+    agent = await make_agent(gql.state, admin)
+    # Its first attempt wrote sequences 1 and 2; its second, running, 3 and 4.
+    (running,) = await executions_with_events(gql.state, agent, [4])
+    who = reader(admin, reads_memory=True)
+    ids = [event_id(agent, running, s) for s in range(1, 5)]
+    listed = await transcript_of(gql, who, running)
+    assert [e["id"] for e in listed] == ids[:2]
+    assert (await gql(who, EVENT_NODES, ids=ids)).ok()["nodes"] == [*listed, None, None]
+    for id in ids[2:]:
+        assert (await gql(who, EVENT_NODE, id=id)).codes == ["NOT_FOUND"]
+    await gql.state.pool.execute(
+        "UPDATE executions SET status = 'FAILED', error = 'gone' WHERE execution_id = $1",
+        running,
+    )
+    listed = await transcript_of(gql, who, running)
+    assert [e["id"] for e in listed] == ids
+    assert (await gql(who, EVENT_NODES, ids=ids)).ok()["nodes"] == listed
+    assert (await gql(who, EVENT_NODE, id=ids[3])).ok() == {"node": listed[3]}
+
+
+async def test_another_accounts_event_is_not_found(gql: GQL, state, admin):
+    """An event's ID read by a client of another account is NOT_FOUND (null in nodes), as an
+    ID naming no event is."""
+    agent = await make_agent(state, admin)
+    done, _ = await executions_with_events(state, agent, [3, 0])
+    id = event_id(agent, done, 1)
+    assert (await gql(admin, EVENT_NODE, id=id)).ok()["node"]["id"] == id
+    other = caller(await make_account(state, "other"), EVERYTHING)
+    refused = await gql(other, EVENT_NODE, id=id)
+    assert refused.codes == ["NOT_FOUND"] and refused.data is None
+    assert (await gql(other, EVENT_NODES, ids=[id, id])).ok() == {"nodes": [None, None]}
+    unknown = event_id(agent, done, 4)
+    assert (await gql(admin, EVENT_NODE, id=unknown)).codes == ["NOT_FOUND"]
+    assert (await gql(admin, EVENT_NODES, ids=[unknown, id])).ok()["nodes"][0] is None
+
+
+async def test_an_events_id_needs_the_grant_the_transcript_needs(gql: GQL, state, admin):
+    """SELECT on financial.ActionExecution.transcript, as ActionExecution.transcript: with it
+    alone an event reads (its memory text left out); without it, ACCESS_DENIED, whether the
+    event exists or not, as through the transcript."""
+    agent = await make_agent(state, admin)
+    done, _ = await executions_with_events(state, agent, [len(EVENTS), 0])
+    ids = [event_id(agent, done, s) for s in (2, 99)]
+    transcript_only = caller(
+        admin.account_id, allow(["SELECT"], "financial.ActionExecution.transcript")
+    )
+    found = (await gql(transcript_only, EVENT_NODE, id=ids[0])).ok()["node"]
+    assert found["type"] == "tool.execution" and "Ada likes tea" not in json.dumps(found)
+    no_transcript = caller(
+        admin.account_id,
+        allow(["SELECT"], "financial.*"),
+        deny(["SELECT"], "financial.ActionExecution.transcript"),
+    )
+    refused = await gql(no_transcript, LISTED_EVENTS, e=str(done))
+    assert refused.codes == ["ACCESS_DENIED"]
+    for id in ids:
+        assert (await gql(no_transcript, EVENT_NODE, id=id)).codes == ["ACCESS_DENIED"]
+        assert (await gql(no_transcript, EVENT_NODES, ids=[id])).codes == ["ACCESS_DENIED"]
+
+
+async def test_an_altered_events_id_is_bad_request(gql: GQL, admin):
+    """An event's ID with its sequence not a sequence (a word, negative, past int4, written
+    `01`), a part more or fewer, or its parts spelled otherwise than the `id` the transcript
+    gave: BAD_REQUEST through node and nodes, as for the other Node types."""
+    agent = await make_agent(gql.state, admin)
+    done, _ = await executions_with_events(gql.state, agent, [3, 0])
+    (listed, *_) = await transcript_of(gql, admin, done)
+    assert listed["id"] == event_id(agent, done, 1)
+    altered = [
+        event_id(agent, done, "first"),
+        event_id(agent, done, "-1"),
+        event_id(agent, done, "2147483648"),
+        event_id(agent, done, "01"),
+        global_id("ActionExecutionEvent", agent.action_id, done),
+        global_id("ActionExecutionEvent", agent.action_id, done, 1, 1),
+        global_id("ActionExecutionEvent", agent.action_id, "s1", 1),
+        *respelled(listed["id"]),
+    ]
+    for id in altered:
+        refused = await gql(admin, EVENT_NODE, id=id)
+        assert refused.codes == ["BAD_REQUEST"] and refused.data is None, (id, refused)
+        refused = await gql(admin, EVENT_NODES, ids=[listed["id"], id])
+        assert refused.codes == ["BAD_REQUEST"], (id, refused)
+        assert refused.errors[0]["message"].startswith("`ids[1]`: "), refused.errors
+
+
+async def test_nodes_reads_transcript_events_in_one_statement(state, db_url, admin):
+    """No N+1: the events of many IDs, of several executions (a running attempt's and IDs
+    naming nothing among them), are one statement, as one ID's; each answers as the
+    transcript lists it (here for a reader without the memory grants)."""
+    agent = await make_agent(state, admin)
+    counts = [5, 3, 6, 4]  # the last execution runs its second attempt (sequences 3 and 4)
+    made = await executions_with_events(state, agent, counts)
+    ids = [
+        event_id(agent, e, s) for e, n in zip(made, counts, strict=True) for s in range(1, n + 2)
+    ]
+    who = reader(admin, reads_memory=False)
+    fields = """query($ids: [ID!]!) { nodes(ids: $ids) {
+      ... on ActionExecutionEvent { id sequence invocationNumber type data } } }"""
+    _, one = await counted(state, db_url, who, fields, ids=ids[:1])
+    data, many = await counted(state, db_url, who, fields, ids=ids)
+    assert one == many == 1, (one, many)
+    listed = {}
+    for e, events in (await all_events(state, agent, reads_memory=False)).items():
+        for _, node in events:
+            id = event_id(agent, UUID(e), node["sequence"])
+            listed[id] = {"id": id, **node}
+    assert data["nodes"] == [listed.get(id) for id in ids]
+    assert sum(n is None for n in data["nodes"]) == len(counts) + 2

@@ -119,9 +119,10 @@ MEMORY = """query($a: UUID!, $id: UUID!, $v: Int) {
 NODE = """query($id: ID!) { node(id: $id) {
   ... on ActionAgentMemory { memoryId summary }
   ... on ActionExecution { executionId }
-  ... on ActionHistoryEvent { text } } }"""
+  ... on ActionHistoryEvent { text }
+  ... on ActionExecutionEvent { data } } }"""
 EXECUTION = """query($e: UUID!) { execution(executionId: $e) {
-  id executionId input transcript(first: 10) { nodes { data } } } }"""
+  id executionId input transcript(first: 10) { nodes { id data } } } }"""
 VERSIONS = """query($a: UUID!, $id: UUID!) {
   agentMemory(actionId: $a, id: $id) { history(first: 10) { nodes { id version status } } } }"""
 NODES = """query($ids: [ID!]!) { nodes(ids: $ids) {
@@ -168,6 +169,13 @@ async def test_b_reads_none_of_what_a_wrote_after_the_copy(gql: GQL, twins: Twin
     assert (await gql(b, NODE, id=event_id)).codes == ["NOT_FOUND"]
     copied = (await gql(b, EXECUTION, e=str(twins.shared_execution))).ok()["execution"]
     assert copied["transcript"]["nodes"] == []  # not the events A's copy got since
+    # Nor by their IDs, which name B's execution of that ID as well.
+    (since,) = (await gql(a, EXECUTION, e=str(twins.shared_execution))).ok()["execution"][
+        "transcript"
+    ]["nodes"]
+    assert (await gql(a, NODE, id=since["id"])).ok() == {"node": {"data": {"secret": 1}}}
+    assert (await gql(b, NODE, id=since["id"])).codes == ["NOT_FOUND"]
+    assert (await gql(b, NODES, ids=[since["id"]])).ok()["nodes"] == [None]
 
     # A deletes its copy of the shared record: its version 2 is A's alone.
     assert (await gql(a, DELETE, a=action, id=str(twins.shared))).ok()

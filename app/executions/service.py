@@ -107,15 +107,31 @@ class TranscriptPage(NamedTuple):
     limit: int
 
 
+# Reading transcript events, listed or by their IDs.
+READ_TRANSCRIPT: tuple[resources.Grant, ...] = (("SELECT", resources.EXECUTION_TRANSCRIPT),)
+
+
 async def list_transcript_pages(
     pool: asyncpg.Pool, caller: Caller, *, pages: Sequence[TranscriptPage]
 ) -> list[list[TranscriptEvent]]:
     """Pages of transcripts, in one query: each execution's events in order, every
-    invocation's, failed attempts included."""
-    caller.require(("SELECT", resources.EXECUTION_TRANSCRIPT))
+    invocation's, failed attempts included (an attempt's once it has ended)."""
+    caller.require(*READ_TRANSCRIPT)
     async with pool.acquire() as conn:
         found = await store.list_event_pages(conn, caller.account_id, pages)
     return [[TranscriptEvent.of(r) for r in rows] for rows in found]
+
+
+async def get_transcript_events(
+    pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID, UUID, int]]
+) -> dict[tuple[UUID, UUID, int], TranscriptEvent]:
+    """The transcript events named by (action_id, execution_id, sequence) that the
+    transcripts list (none of an attempt still running), in one query, behind the grant that
+    lists them."""
+    caller.require(*READ_TRANSCRIPT)
+    async with pool.acquire() as conn:
+        rows = await store.get_events(conn, caller.account_id, keys)
+    return {(r["action_id"], r["execution_id"], r["sequence"]): TranscriptEvent.of(r) for r in rows}
 
 
 class SessionPage(NamedTuple):

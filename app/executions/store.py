@@ -531,6 +531,18 @@ async def insert_events(
     )
 
 
+# A transcript event `e` is read once its attempt has ended (events are written as it goes):
+# listed in its transcript, and read by its ID.
+_ATTEMPT_ENDED = """
+    NOT EXISTS (
+        SELECT 1 FROM executions x
+        WHERE x.account_id = e.account_id AND x.action_id = e.action_id
+          AND x.execution_id = e.execution_id AND x.status = 'RUNNING'
+          AND x.invocation_number = e.invocation_number
+    )
+"""
+
+
 async def list_event_pages(
     conn: asyncpg.Connection,
     account_id: UUID,
@@ -539,20 +551,14 @@ async def list_event_pages(
     """Pages of transcripts in one statement, each (action_id, execution_id, after_sequence,
     limit): the execution's events in order, after that sequence, at most `limit`."""
     rows = await conn.fetch(
-        """
+        f"""
         SELECT k.n, t.* FROM unnest($2::uuid[], $3::uuid[], $4::int[], $5::int[])
             WITH ORDINALITY AS k(action_id, execution_id, after_sequence, lim, n)
         CROSS JOIN LATERAL (
             SELECT * FROM transcript_events e
             WHERE e.account_id = $1 AND e.action_id = k.action_id
               AND e.execution_id = k.execution_id AND e.sequence > coalesce(k.after_sequence, 0)
-              -- An attempt's events are listed once it ends (they are written as it goes).
-              AND NOT EXISTS (
-                  SELECT 1 FROM executions x
-                  WHERE x.account_id = e.account_id AND x.action_id = e.action_id
-                    AND x.execution_id = e.execution_id AND x.status = 'RUNNING'
-                    AND x.invocation_number = e.invocation_number
-              )
+              AND {_ATTEMPT_ENDED}
             ORDER BY e.sequence
             LIMIT k.lim
         ) t
@@ -562,6 +568,25 @@ async def list_event_pages(
         *page_arrays(pages, keys=2),
     )
     return by_page(rows, len(pages))
+
+
+async def get_events(
+    conn: asyncpg.Connection, account_id: UUID, keys: Sequence[tuple[UUID, UUID, int]]
+) -> list[Row]:
+    """The transcript events of `keys` (action_id, execution_id, sequence) that a transcript
+    lists (list_event_pages: none of an attempt still running), in one statement, in any
+    order."""
+    return await conn.fetch(
+        f"""
+        SELECT e.* FROM unnest($2::uuid[], $3::uuid[], $4::int[])
+            AS k(action_id, execution_id, sequence)
+        JOIN transcript_events e ON e.account_id = $1 AND e.action_id = k.action_id
+            AND e.execution_id = k.execution_id AND e.sequence = k.sequence
+        WHERE {_ATTEMPT_ENDED}
+        """,
+        account_id,
+        *([k[i] for k in keys] for i in range(3)),
+    )
 
 
 # Above every (created, ID) keyset: a page asked without `after` starts below it, so that the

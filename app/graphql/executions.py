@@ -30,6 +30,7 @@ from app.graphql.relay import (
     Node,
     global_id,
     keyset_connection,
+    parse_int4,
     parse_uuid,
 )
 from app.graphql.scalars import Timestamp, Value
@@ -67,7 +68,7 @@ class ActionExecutionKind(Enum):
 @strawberry.type(
     description="One event of a turn's transcript; `data` is JSON whose shape `type` names."
 )
-class ActionExecutionEvent:
+class ActionExecutionEvent(Node):
     sequence: int = strawberry.field(
         description="Its place in the execution's transcript, across invocations."
     )
@@ -79,9 +80,10 @@ class ActionExecutionEvent:
     created: Timestamp = strawberry.field(description="When it happened.")
 
     @classmethod
-    def of(cls, e: TranscriptEvent, reads_memory: bool = True) -> "ActionExecutionEvent":
+    def of(cls, e: TranscriptEvent, reads_memory: bool) -> "ActionExecutionEvent":
         """`reads_memory`: whether the reader may read the agent's memory records."""
         return cls(
+            id=global_id("ActionExecutionEvent", e.action_id, e.execution_id, e.sequence),
             sequence=e.sequence,
             invocation_number=e.invocation_number,
             type=e.type,
@@ -297,6 +299,8 @@ def _memory_view(info: Info, value: object) -> object:
 batch_loader("ActionExecution", executions.get_executions, ActionExecution.of)
 batch_loader("ActionSession", executions.get_sessions, ActionSession.of)
 batch_pages("ActionExecution.transcript", executions.list_transcript_pages)
+# Transcript events by ID, for node(id) and nodes(ids): those of one request in one query.
+batch_loader("ActionExecutionEvent", executions.get_transcript_events, lambda event: event)
 batch_pages("Action.sessions", executions.list_session_pages)
 # ActionSession.executions and Action.executions: one loader, one query per kind of page.
 batch_pages("ActionExecution pages", executions.list_execution_pages)
@@ -319,6 +323,16 @@ def _session_key(parts: list[str]) -> tuple[UUID, str]:
     return parse_uuid(action_id), session_id
 
 
+def _event_key(parts: list[str]) -> tuple[UUID, UUID, int]:
+    sequence = parse_int4(parts[2]) if len(parts) == 3 else None
+    if sequence is None:
+        raise BadInput(
+            "an ActionExecutionEvent ID names an agent, an execution and a sequence: it must "
+            "come from that event's `id`"
+        )
+    return parse_uuid(parts[0]), parse_uuid(parts[1]), sequence
+
+
 @node_type("ActionExecution", _execution_key)
 async def _execution_node(info: Info, key: tuple[UUID, UUID]) -> ActionExecution | None:
     return await info.context.load("ActionExecution", key)
@@ -327,6 +341,16 @@ async def _execution_node(info: Info, key: tuple[UUID, UUID]) -> ActionExecution
 @node_type("ActionSession", _session_key)
 async def _session_node(info: Info, key: tuple[UUID, str]) -> ActionSession | None:
     return await info.context.load("ActionSession", key)
+
+
+@node_type("ActionExecutionEvent", _event_key)
+async def _event_node(info: Info, key: tuple[UUID, UUID, int]) -> ActionExecutionEvent | None:
+    # As the transcript lists it: once its attempt has ended, reduced for a reader who may not
+    # read the agent's memory.
+    found = await info.context.load("ActionExecutionEvent", key)
+    if found is None:
+        return None
+    return ActionExecutionEvent.of(found, redaction.may_read(info.context.caller))
 
 
 @strawberry.type
