@@ -562,7 +562,7 @@ async def test_nodes_reads_each_type_in_one_batch(state, db_url, admin):
 
 # A turn's transcript events (ActionExecutionEvent): each a Node, read back by node(id) and
 # nodes(ids) as ActionExecution.transcript lists it.
-EVENT = "id sequence invocationNumber type data created"
+EVENT = "id actionId executionId sequence invocationNumber type data created"
 LISTED_EVENTS = f"""query($e: UUID!) {{ execution(executionId: $e) {{
   transcript(first: 100) {{ nodes {{ {EVENT} }} }} }} }}"""
 EVENT_NODE = f"query($id: ID!) {{ node(id: $id) {{ ... on ActionExecutionEvent {{ {EVENT} }} }} }}"
@@ -595,6 +595,7 @@ async def test_a_transcript_events_id_reads_it_as_the_transcript_lists_it(
     assert ("Ada likes tea" in json.dumps(listed)) == reads_memory
     for event in listed:
         assert event["id"] == event_id(agent, done, event["sequence"])
+        assert (event["actionId"], event["executionId"]) == (str(agent.action_id), str(done))
         assert (await gql(who, EVENT_NODE, id=event["id"])).ok() == {"node": event}
     asked = [e["id"] for e in reversed(listed)] + [listed[0]["id"]]
     found = (await gql(who, EVENT_NODES, ids=asked)).ok()["nodes"]

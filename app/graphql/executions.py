@@ -69,6 +69,8 @@ class ActionExecutionKind(Enum):
     description="One event of a turn's transcript; `data` is JSON whose shape `type` names."
 )
 class ActionExecutionEvent(Node):
+    action_id: UUID = strawberry.field(description="The agent whose execution it is of.")
+    execution_id: UUID = strawberry.field(description="The execution it is of.")
     sequence: int = strawberry.field(
         description="Its place in the execution's transcript, across invocations."
     )
@@ -84,6 +86,8 @@ class ActionExecutionEvent(Node):
         """`reads_memory`: whether the reader may read the agent's memory records."""
         return cls(
             id=global_id("ActionExecutionEvent", e.action_id, e.execution_id, e.sequence),
+            action_id=e.action_id,
+            execution_id=e.execution_id,
             sequence=e.sequence,
             invocation_number=e.invocation_number,
             type=e.type,
