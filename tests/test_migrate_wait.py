@@ -117,6 +117,20 @@ INDEX_BUILDS = [
 ]
 
 
+async def waits_for_a_lock(
+    conn: asyncpg.Connection, migrating: asyncio.Future, statement: str
+) -> None:
+    """Returns once the migration's statement (its text LIKE `statement`) waits for a lock."""
+    deadline = time.monotonic() + 60
+    while not await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+        statement,
+    ):
+        assert not migrating.done(), migrating.result()
+        assert time.monotonic() < deadline, "the migration never waited"
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize(("revision", "before", "held", "index", "columns"), INDEX_BUILDS)
 async def test_an_index_build_waits_seconds_at_most_and_runs_again(
     pg_server, revision, before, held, index, columns
@@ -135,14 +149,7 @@ async def test_an_index_build_waits_seconds_at_most_and_runs_again(
             await running.start()
             await holder.execute(held)
             migrating = asyncio.ensure_future(asyncio.to_thread(migrate.upgrade, url))
-            deadline = time.monotonic() + 60
-            while not await other.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                f"AND query LIKE '%INDEX%{index}%'"
-            ):
-                assert not migrating.done(), migrating.result()
-                assert time.monotonic() < deadline, "the migration never waited"
-                await asyncio.sleep(0.05)
+            await waits_for_a_lock(other, migrating, f"%INDEX%{index}%")
             assert await other.fetchval("SELECT count(*) FROM agent_memories") == 0
             with pytest.raises(MigrationFailed) as failed:
                 await asyncio.wait_for(migrating, 60)
@@ -178,14 +185,7 @@ async def test_0035_drops_session_recalls_waiting_seconds_at_most(pg_server):
             await running.start()
             await holder.execute("SELECT count(*) FROM sessions")  # as a turn's or an export's
             migrating = asyncio.ensure_future(asyncio.to_thread(migrate.upgrade, url))
-            deadline = time.monotonic() + 60
-            while not await other.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%DROP TABLE%session_recalls%'"
-            ):
-                assert not migrating.done(), migrating.result()
-                assert time.monotonic() < deadline, "the migration never waited"
-                await asyncio.sleep(0.05)
+            await waits_for_a_lock(other, migrating, "%DROP TABLE%session_recalls%")
             # A read of sessions queues behind the drop, and goes on once it gives up.
             assert await other.fetchval("SELECT count(*) FROM sessions") == 0
             with pytest.raises(MigrationFailed) as failed:
