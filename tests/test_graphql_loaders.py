@@ -929,6 +929,51 @@ async def test_issue14_item3_a_page_under_its_agent_reads_the_agent_once(state, 
         assert sent == filtered + statements - plain, version
 
 
+# The agent a page is given is the current version as its field read it, earlier in the
+# request: another request may have updated the agent since, adding labels that the records
+# written since hold and that a filter may name. A label it does not know sends the page to the
+# agent as it is now, as before it was given one: not a BAD_REQUEST for a label the agent
+# declares, nor a record's label without its name.
+async def test_a_page_given_its_agent_reads_it_again_for_a_label_added_since(state, admin):
+    agent = await make_agent(state, admin)
+    await remember(state, agent, "about c1", labels={"customer_id": "c1"})
+    updated = await actions.update_action(
+        state.pool,
+        admin,
+        action_id=agent.action_id,
+        name=agent.name,
+        instructions=agent.instructions,
+        model=None,
+        harness=full_memory(labels={**LABELS, "region": {"number": 6, "description": "Where."}}),
+        settings=state.settings,
+    )
+    await remember(state, updated, "in the north", labels={"region": "north"})
+    assert agent.version == agent.current_version == 1  # as read before the update
+
+    def page(*labels: operator.LabelValue) -> operator.MemoryPage:
+        filters = operator.MemoryFilters(labels=labels)
+        return operator.MemoryPage(agent.action_id, None, 10, False, filters, agent)
+
+    plain, north, c1 = await operator.memory_pages(
+        state.pool,
+        admin,
+        pages=[
+            page(),
+            page(operator.LabelValue("north", "region")),
+            page(operator.LabelValue("c1", "customer_id")),
+        ],
+    )
+    named = {5: "customer_id", 6: "region", 7: "ticket"}
+    assert isinstance(plain, list) and [v.record.summary for v in plain] == [
+        "in the north",
+        "about c1",
+    ]
+    assert [dict(v.label_names) for v in plain] == [named, named]
+    assert isinstance(north, list), north
+    assert [(v.record.summary, dict(v.label_names)) for v in north] == [("in the north", named)]
+    assert isinstance(c1, list) and [v.record.summary for v in c1] == ["about c1"]
+
+
 # Issue 14, item 3: each agent's page as the agent alone answers it, whatever the filters; its
 # own cursor; its own errors; the grants of the field.
 async def test_issue14_item3_batched_agent_memories_keep_filters_cursors_and_grants(state, admin):

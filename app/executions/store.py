@@ -1,5 +1,5 @@
 """SQL for the rows every run leaves: executions (a turn, an MCP tool call, an operator write,
-an erasure), their transcript events, and sessions with their recalls. Called by
+an erasure), their transcript events, and sessions. Called by
 app/executions/service.py (the reads GraphQL serves), app/runtime (turns, calls, erasure,
 liveness) and app/memory/operator.py (an operator's write is an execution).
 

@@ -117,8 +117,9 @@ class MemoryPage:
     first if `ascending`, narrowed by `filters`. `agent`: its current version where the caller
     has read it already (GraphQL's `action(actionId) { memories }`), whose labels name the
     records' label values and those of `filters` (a later version keeps every label of the
-    earlier ones): one statement fewer than reading it again here. Not part of the page's
-    identity."""
+    earlier ones): one statement fewer than reading it again here. Read again all the same
+    when a filter or a record names a label it does not declare (a version written since may).
+    Not part of the page's identity."""
 
     action_id: UUID
     after: tuple[datetime, UUID] | None
@@ -164,27 +165,41 @@ async def memory_pages(
     found: list[list[store.Row] | BadInput | NotFound] = [[] for _ in pages]
     together: dict[tuple[bool, store.ListFilters], list[int]] = {}
     apart: dict[int, store.ListFilters] = {}
-    agents = {
+    # The agents the pages were given: the current version, as read earlier in the request.
+    # Another request may have updated one since, adding labels that a filter names or that
+    # records written since hold: such a page's agent is read again, as one not given is.
+    given = {
         p.action_id: p.agent
         for p in pages
         if p.agent is not None
         and (p.agent.account_id, p.agent.action_id) == (account_id, p.action_id)
         and p.agent.version == p.agent.current_version
     }
+    agents = dict(given)
     async with pool.acquire() as conn:
         labelled = {p.action_id for p in pages if p.filters.labels} - agents.keys()
         if labelled:
             agents |= await load_actions(conn, account_id, list(labelled))
+        checked = [_page_filters(page, agents) for page in pages]
+        # A page's filters refused by its given agent: perhaps a label declared since.
+        again = {
+            p.action_id for p, f in zip(pages, checked, strict=True) if isinstance(f, Exception)
+        }
+        if again := again & given.keys():
+            agents |= await load_actions(conn, account_id, list(again))
+            for action_id in again:
+                del given[action_id]
+            checked = [
+                _page_filters(page, agents) if page.action_id in again else f
+                for page, f in zip(pages, checked, strict=True)
+            ]
         for i, page in enumerate(pages):
-            try:
-                narrowed = _list_filters(page.filters, page.action_id, agents.get(page.action_id))
-            except (BadInput, NotFound) as error:
-                found[i] = error
-                continue
-            if narrowed.labels:
-                apart[i] = narrowed
+            if isinstance(filters := checked[i], Exception):
+                found[i] = filters
+            elif filters.labels:
+                apart[i] = filters
             else:
-                together.setdefault((page.ascending, narrowed), []).append(i)
+                together.setdefault((page.ascending, filters), []).append(i)
         if apart:
             rows = await store.list_pages_apart(
                 conn,
@@ -217,10 +232,16 @@ async def memory_pages(
             )
             for i, page_rows in zip(indexes, rows, strict=True):
                 found[i] = page_rows
+        # A record holding a label its given agent does not declare: one declared since.
         unread = {
             p.action_id
             for p, rows in zip(pages, found, strict=True)
-            if isinstance(rows, list) and rows and p.action_id not in agents
+            if isinstance(rows, list)
+            and rows
+            and (
+                p.action_id not in agents
+                or (p.action_id in given and not _declares(given[p.action_id], rows))
+            )
         }
         if unread:
             agents |= await load_actions(conn, account_id, list(unread))
@@ -231,6 +252,22 @@ async def memory_pages(
         else rows
         for p, rows in zip(pages, found, strict=True)
     ]
+
+
+def _page_filters(
+    page: MemoryPage, agents: Mapping[UUID, ActionVersion]
+) -> store.ListFilters | BadInput | NotFound:
+    try:
+        return _list_filters(page.filters, page.action_id, agents.get(page.action_id))
+    except (BadInput, NotFound) as error:
+        return error
+
+
+def _declares(agent: ActionVersion, rows: Sequence[store.Row]) -> bool:
+    """Whether `agent` declares every label the records of `rows` hold (keyed as stored, by
+    their numbers as text)."""
+    declared = {str(label.number) for label in agent.harness.memory.labels}
+    return all(number in declared for r in rows for number in r["labels"])
 
 
 async def get_memory(

@@ -13,10 +13,10 @@ the turn's and earlier turns' memory blocks are not replayed into it (spec, M31)
 da1e682 ("turns: recalls no longer write session_recalls") removed its one writer, an INSERT
 that each committed turn with a recall ran into a table that only grew; the table stayed so
 that processes of the release before, still writing it during a rolling upgrade, kept working.
-Every release that brings migration 0034 comes after that commit and never touches the table.
-A process of an older release (migration 0033 or before), still running on the migrated
-database, fails the commit of each turn whose recall found records: upgrade every such
-process at once.
+Every release that brings migration 0034 comes after that commit and never touches the table,
+nor do those after it that bring 0033. A process of a release before that commit (migration
+0033 or before), still running on the migrated database, fails the commit of each turn whose
+recall found records: upgrade every such process at once.
 
 Dropping the table takes ACCESS EXCLUSIVE locks on it and on `sessions`, whose triggers for its
 foreign key go with it, for an instant (0.4 s for the whole migration with 2,000,000 rows,
