@@ -116,10 +116,10 @@ class MemoryPage:
     """A page of an agent's listing (list_memories'): after `after`, at most `limit`, oldest
     first if `ascending`, narrowed by `filters`. `agent`: its current version where the caller
     has read it already (GraphQL's `action(actionId) { memories }`), whose labels name the
-    records' label values and those of `filters` (a later version keeps every label of the
-    earlier ones): one statement fewer than reading it again here. Read again all the same
-    when a filter or a record names a label it does not declare (a version written since may).
-    Not part of the page's identity."""
+    records' label values (a later version keeps every label of the earlier ones): one
+    statement fewer than reading it again here, unless a record holds a label it does not
+    declare (one a version written since added). Label filters read the agent. Not part of the
+    page's identity."""
 
     action_id: UUID
     after: tuple[datetime, UUID] | None
@@ -165,9 +165,8 @@ async def memory_pages(
     found: list[list[store.Row] | BadInput | NotFound] = [[] for _ in pages]
     together: dict[tuple[bool, store.ListFilters], list[int]] = {}
     apart: dict[int, store.ListFilters] = {}
-    # The agents the pages were given: the current version, as read earlier in the request.
-    # Another request may have updated one since, adding labels that a filter names or that
-    # records written since hold: such a page's agent is read again, as one not given is.
+    # The agents the pages were given (the current version, read earlier in the request) name
+    # their records' labels; a label filter reads its agent, which may have been updated since.
     given = {
         p.action_id: p.agent
         for p in pages
@@ -175,31 +174,19 @@ async def memory_pages(
         and (p.agent.account_id, p.agent.action_id) == (account_id, p.action_id)
         and p.agent.version == p.agent.current_version
     }
-    agents = dict(given)
     async with pool.acquire() as conn:
-        labelled = {p.action_id for p in pages if p.filters.labels} - agents.keys()
-        if labelled:
-            agents |= await load_actions(conn, account_id, list(labelled))
-        checked = [_page_filters(page, agents) for page in pages]
-        # A page's filters refused by its given agent: perhaps a label declared since.
-        again = {
-            p.action_id for p, f in zip(pages, checked, strict=True) if isinstance(f, Exception)
-        }
-        if again := again & given.keys():
-            agents |= await load_actions(conn, account_id, list(again))
-            for action_id in again:
-                del given[action_id]
-            checked = [
-                _page_filters(page, agents) if page.action_id in again else f
-                for page, f in zip(pages, checked, strict=True)
-            ]
+        labelled = {p.action_id for p in pages if p.filters.labels}
+        agents = await load_actions(conn, account_id, list(labelled)) if labelled else {}
         for i, page in enumerate(pages):
-            if isinstance(filters := checked[i], Exception):
-                found[i] = filters
-            elif filters.labels:
-                apart[i] = filters
+            try:
+                narrowed = _list_filters(page.filters, page.action_id, agents.get(page.action_id))
+            except (BadInput, NotFound) as error:
+                found[i] = error
+                continue
+            if narrowed.labels:
+                apart[i] = narrowed
             else:
-                together.setdefault((page.ascending, filters), []).append(i)
+                together.setdefault((page.ascending, narrowed), []).append(i)
         if apart:
             rows = await store.list_pages_apart(
                 conn,
@@ -232,35 +219,25 @@ async def memory_pages(
             )
             for i, page_rows in zip(indexes, rows, strict=True):
                 found[i] = page_rows
-        # A record holding a label its given agent does not declare: one declared since.
+        # Read unless given, or given but a record holds a label it does not declare (one
+        # declared since).
         unread = {
             p.action_id
             for p, rows in zip(pages, found, strict=True)
             if isinstance(rows, list)
             and rows
-            and (
-                p.action_id not in agents
-                or (p.action_id in given and not _declares(given[p.action_id], rows))
-            )
+            and p.action_id not in agents
+            and not (p.action_id in given and _declares(given[p.action_id], rows))
         }
         if unread:
             agents |= await load_actions(conn, account_id, list(unread))
-    names = {action_id: _label_names_of(action) for action_id, action in agents.items()}
+    names = {action_id: _label_names_of(action) for action_id, action in (given | agents).items()}
     return [
         [MemoryView(store.record(r), names.get(p.action_id, {})) for r in rows]
         if isinstance(rows, list)
         else rows
         for p, rows in zip(pages, found, strict=True)
     ]
-
-
-def _page_filters(
-    page: MemoryPage, agents: Mapping[UUID, ActionVersion]
-) -> store.ListFilters | BadInput | NotFound:
-    try:
-        return _list_filters(page.filters, page.action_id, agents.get(page.action_id))
-    except (BadInput, NotFound) as error:
-        return error
 
 
 def _declares(agent: ActionVersion, rows: Sequence[store.Row]) -> bool:
