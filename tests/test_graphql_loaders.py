@@ -36,6 +36,7 @@ from app.graphql.history import CONVERSATION
 from app.graphql.memory import VERSIONS
 from app.graphql.relay import CREATED_ID, global_id
 from app.memory import operator
+from app.memory import search as memory_search
 from app.memory.operator import HistoryPage
 from app.runtime import redaction
 from app.state import AppState
@@ -974,6 +975,42 @@ async def test_a_page_given_its_agent_reads_it_again_for_a_label_added_since(sta
     assert isinstance(north, list), north
     assert [(v.record.summary, dict(v.label_names)) for v in north] == [("in the north", named)]
     assert isinstance(c1, list) and [v.record.summary for v in c1] == ["about c1"]
+
+
+# searchMemories is given its agent as its field read it, too: a label filter reads the agent as
+# it is now, and a record holding a label that version does not declare sends the names there.
+async def test_a_search_given_its_agent_reads_it_again_for_a_label_added_since(state, admin):
+    agent = await make_agent(state, admin)
+    await remember(state, agent, "about c1", labels={"customer_id": "c1"})
+    updated = await actions.update_action(
+        state.pool,
+        admin,
+        action_id=agent.action_id,
+        name=agent.name,
+        instructions=agent.instructions,
+        model=None,
+        harness=full_memory(labels={**LABELS, "region": {"number": 6, "description": "Where."}}),
+        settings=state.settings,
+    )
+    await remember(state, updated, "in the north", labels={"region": "north"})
+    named = {5: "customer_id", 6: "region", 7: "ticket"}
+    for query in (None, "north c1"):
+        for labels, summaries in (
+            ((), {"in the north", "about c1"}),
+            ((operator.LabelValue("north", "region"),), {"in the north"}),
+        ):
+            views, _ = await memory_search.search_as_operator(
+                state.pool,
+                state.embedder,
+                admin,
+                action_id=agent.action_id,
+                query=query,
+                labels=labels,
+                limit=10,
+                action=agent,  # as read before the update
+            )
+            assert {v.record.summary for v in views} == summaries, (query, labels)
+            assert all(dict(v.label_names) == named for v in views), (query, labels)
 
 
 # Issue 14, item 3: each agent's page as the agent alone answers it, whatever the filters; its

@@ -459,14 +459,16 @@ async def search_as_operator(
     agent's search settings. A ranked search needs SELECT on the memory search index and
     documents; without a query it is a listing, and with `ids` a read, needing what those do.
     Returns the records with their cursors (`after` for the records after each). `action`:
-    the agent's current version when the caller has just read it (not read again)."""
+    the agent's current version when the caller has just read it, not read again unless label
+    filters are given or a record holds a label it does not declare (a version written since
+    may have added it)."""
     caller.require(*search_grants(query, ids))
     check_query(query, max_query_chars)
-    if action is None or (action.account_id, action.action_id) != (caller.account_id, action_id):
-        async with pool.acquire() as conn:
-            action = await load_action(conn, caller.account_id, action_id)
-    if action is None:
-        raise NotFound(f"action {action_id} not found")
+    # A label filter reads the agent: it may have been updated since `action` was read.
+    given = action if action is not None and not labels else None
+    if given is not None and (given.account_id, given.action_id) != (caller.account_id, action_id):
+        given = None
+    action = given or await _agent(pool, caller.account_id, action_id)
     memory = action.harness.memory
     result = await search(
         pool,
@@ -482,7 +484,18 @@ async def search_as_operator(
         mode=mode,
     )
     names = {label.number: label.name for label in memory.labels}
+    if given is not None and any(n not in names for r in result.records for n in r.labels):
+        later = await _agent(pool, caller.account_id, action_id)
+        names = {label.number: label.name for label in later.harness.memory.labels}
     return [MemoryView(r, names) for r in result.records], result.cursors
+
+
+async def _agent(pool: asyncpg.Pool, account_id: UUID, action_id: UUID) -> ActionVersion:
+    async with pool.acquire() as conn:
+        action = await load_action(conn, account_id, action_id)
+    if action is None:
+        raise NotFound(f"action {action_id} not found")
+    return action
 
 
 def label_numbers(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[int, str]:
