@@ -886,6 +886,22 @@ async def test_issue14_item3_agents_memories_cost_one_query_however_many_agents(
     assert len(nodes) == 9 and sum(bool(n["memories"]["edges"]) for n in nodes) == 7
 
 
+async def add_a_label(state, admin, agent) -> None:
+    """A second version of `agent` declaring label `region` (number 6) too, and a record of it
+    holding region north, written after `agent` was read."""
+    updated = await actions.update_action(
+        state.pool,
+        admin,
+        action_id=agent.action_id,
+        name=agent.name,
+        instructions=agent.instructions,
+        model=None,
+        harness=full_memory(labels={**LABELS, "region": {"number": 6, "description": "Where."}}),
+        settings=state.settings,
+    )
+    await remember(state, updated, "in the north", labels={"region": "north"})
+
+
 # A page under `action(actionId)` names its records' labels by the agent that field read, not
 # by reading the agent again: the page and the agent, two statements (three before); filtered
 # by labels, the filter reads the agent whatever the version asked for. An earlier version asked
@@ -905,18 +921,7 @@ async def test_issue14_item3_a_page_under_its_agent_reads_the_agent_once(state, 
     by_label = ', labels: [{name: "customer_id", value: "c1"}]'
     data, filtered = await counted(state, db_url, admin, query % by_label, a=a)
     assert data["action"]["memories"]["nodes"] == [{"summary": "about c1", "labels": c1}]
-    labels = {**LABELS, "region": {"number": 6, "description": "Where."}}
-    updated = await actions.update_action(
-        state.pool,
-        admin,
-        action_id=agent.action_id,
-        name=agent.name,
-        instructions=agent.instructions,
-        model=None,
-        harness=full_memory(labels=labels),
-        settings=state.settings,
-    )
-    await remember(state, updated, "in the north", labels={"region": "north"})
+    await add_a_label(state, admin, agent)
     north = [{"number": 6, "name": "region", "value": "north"}]
     for version, statements in ((None, plain), (1, plain + 1), (2, plain)):
         data, sent = await counted(state, db_url, admin, query % "", a=a, v=version)
@@ -938,17 +943,7 @@ async def test_issue14_item3_a_page_under_its_agent_reads_the_agent_once(state, 
 async def test_a_page_given_its_agent_reads_it_again_for_a_label_added_since(state, admin):
     agent = await make_agent(state, admin)
     await remember(state, agent, "about c1", labels={"customer_id": "c1"})
-    updated = await actions.update_action(
-        state.pool,
-        admin,
-        action_id=agent.action_id,
-        name=agent.name,
-        instructions=agent.instructions,
-        model=None,
-        harness=full_memory(labels={**LABELS, "region": {"number": 6, "description": "Where."}}),
-        settings=state.settings,
-    )
-    await remember(state, updated, "in the north", labels={"region": "north"})
+    await add_a_label(state, admin, agent)
     assert agent.version == agent.current_version == 1  # as read before the update
 
     def page(*labels: operator.LabelValue) -> operator.MemoryPage:
@@ -982,17 +977,7 @@ async def test_a_page_given_its_agent_reads_it_again_for_a_label_added_since(sta
 async def test_a_search_given_its_agent_reads_it_again_for_a_label_added_since(state, admin):
     agent = await make_agent(state, admin)
     await remember(state, agent, "about c1", labels={"customer_id": "c1"})
-    updated = await actions.update_action(
-        state.pool,
-        admin,
-        action_id=agent.action_id,
-        name=agent.name,
-        instructions=agent.instructions,
-        model=None,
-        harness=full_memory(labels={**LABELS, "region": {"number": 6, "description": "Where."}}),
-        settings=state.settings,
-    )
-    await remember(state, updated, "in the north", labels={"region": "north"})
+    await add_a_label(state, admin, agent)
     named = {5: "customer_id", 6: "region", 7: "ticket"}
     for query in (None, "north c1"):
         for labels, summaries in (
