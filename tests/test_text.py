@@ -86,3 +86,14 @@ def test_a_long_value_is_shown_by_its_start_its_end_and_its_length() -> None:
     assert shown(long) == f"'a{'x' * 66}…{'x' * 8}z' (100,002 characters)"
     assert len(shown(long)) == 100
     assert shortened(long, 80) == f"a{'x' * 47}…{'x' * 9}z (100,000 characters)"
+
+
+def test_a_timestamp_is_written_in_utc_with_z_whatever_its_offset() -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from app.graphql.scalars import _serialize_timestamp
+
+    moment = datetime(2026, 1, 1, 0, 30, 0, 5, tzinfo=UTC)
+    assert _serialize_timestamp(moment) == "2026-01-01T00:30:00.000005Z"
+    east = moment.astimezone(timezone(timedelta(hours=2)))
+    assert _serialize_timestamp(east) == "2026-01-01T00:30:00.000005Z"

@@ -24,3 +24,12 @@ def graphql_enum(description: str) -> Callable[[E], E]:
         return strawberry.enum(rebuilt, description=description)  # type: ignore[return-value]
 
     return build
+
+
+M = TypeVar("M", bound=Enum)
+
+
+def by_value(kind: type[M]) -> dict[Any, M]:
+    """`kind`'s members by their values: a dict's lookup, where calling the enum takes about
+    0.9 µs (three a record, a hundred records a listing page)."""
+    return {member.value: member for member in kind}

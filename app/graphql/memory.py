@@ -11,7 +11,7 @@ from app.db import cursors
 from app.db.cursors import Keyset
 from app.errors import BadInput, NotFound
 from app.graphql.context import Info, batch_loader, batch_pages
-from app.graphql.enums import graphql_enum
+from app.graphql.enums import by_value, graphql_enum
 from app.graphql.inputs import built_directly
 from app.graphql.node import node_type
 from app.graphql.relay import (
@@ -80,6 +80,11 @@ class ActionAgentMemorySource(Enum):
     TOOL = "The agent's own add_memory tool during a turn."
     OPERATOR = "An operator, with addAgentMemory (an execution of its own)."
     MCP = "A client's tool call over MCP (/mcp/{actionId}), as the agent."
+
+
+_STATUS = by_value(ActionAgentMemoryStatus)
+_SCOPE = by_value(ActionAgentMemoryScope)
+_SOURCE = by_value(ActionAgentMemorySource)
 
 
 @strawberry.type(description="A label value of a record: the label's fixed number, and its name.")
@@ -215,10 +220,10 @@ class ActionAgentMemory(Node):
             summary=r.summary,
             content=r.content,
             metadata=Value(r.metadata),
-            status=ActionAgentMemoryStatus(r.status),
-            scope=ActionAgentMemoryScope(r.scope),
+            status=_STATUS[r.status],
+            scope=_SCOPE[r.scope],
             kind=r.kind,
-            source=ActionAgentMemorySource(r.source),
+            source=_SOURCE[r.source],
             pinned=r.pinned,
             labels=[
                 ActionAgentMemoryLabel(number=n, value=r.labels[n], name=view.label_names.get(n))
