@@ -78,6 +78,7 @@ NODE_TYPES = (
     "ActionExecution",
     "ActionSession",
     "ActionHistoryEvent",
+    "ActionExecutionEvent",
     "Client",
     "ClientToken",
     "Account",
@@ -120,6 +121,8 @@ class Tenant:
     # crafted copies `cursors` holds as well.
     bound: list[str] = field(default_factory=list)
     event_ids: list[tuple[str, str, str]] = field(default_factory=list)  # agent, session, event
+    # Transcript events: agent, execution, sequence.
+    transcript_events: list[tuple[str, str, int]] = field(default_factory=list)
     token_ids: list[str] = field(default_factory=list)
 
     def owned(self) -> set[str]:
@@ -241,12 +244,19 @@ def _tenant(client: httpx.Client, admin: Api, name: str, text: str) -> Tenant:
             tenant.sessions.append(session)
         turn = api(
             """mutation($i: ExecuteActionInput!) {
-              executeAction(input: $i) { executionId id session { id } }
+              executeAction(input: $i) {
+                executionId id session { id } transcript(first: 5) { nodes { id sequence } }
+              }
             }""",
             i={"actionId": action["actionId"], "sessionId": f"{text}-turn", "input": text},
         )["executeAction"]
         tenant.execution_ids.append(turn["executionId"])
         tenant.node_ids.append(turn["id"])
+        for event in turn["transcript"]["nodes"]:
+            tenant.node_ids.append(event["id"])
+            tenant.transcript_events.append(
+                (action["actionId"], turn["executionId"], event["sequence"])
+            )
         if turn["session"]:
             tenant.node_ids.append(turn["session"]["id"])
         page = api(
@@ -538,6 +548,7 @@ class Draw:
                 "ActionExecution": node_id("ActionExecution", action, fresh),
                 "ActionSession": node_id("ActionSession", action, "no-such-session"),
                 "ActionHistoryEvent": node_id("ActionHistoryEvent", action, "s", fresh),
+                "ActionExecutionEvent": node_id("ActionExecutionEvent", action, fresh, 1),
                 "Client": node_id(
                     "Client",
                     self.rnd.choice([a.account_id, b.account_id]),
@@ -568,6 +579,9 @@ class Draw:
         a, b = self.world.a, self.world.b
         mine, theirs = (a, b) if self.chance(0.5) else (b, a)
         event = self.rnd.choice(theirs.event_ids or [(theirs.action_ids[0], "s", self.fresh())])
+        transcript = self.rnd.choice(
+            theirs.transcript_events or [(theirs.action_ids[0], self.fresh(), 1)]
+        )
         agent = self.rnd.choice(mine.action_ids)
         return self.rnd.choice(
             [
@@ -577,6 +591,10 @@ class Draw:
                 node_id("ActionSession", agent, self.rnd.choice(theirs.sessions)),
                 node_id("ActionHistoryEvent", agent, event[1], event[2]),
                 node_id("ActionHistoryEvent", event[0], self.rnd.choice(mine.sessions), event[2]),
+                node_id("ActionExecutionEvent", agent, transcript[1], transcript[2]),
+                node_id(
+                    "ActionExecutionEvent", transcript[0], self.rnd.choice(mine.execution_ids), 1
+                ),
                 node_id("Action", agent, 1),
                 node_id("Client", mine.account_id, theirs.principal),
                 node_id(
