@@ -107,7 +107,7 @@ import asyncpg
 import numpy as np
 
 from app.actions.harness import LABEL_NUMBERS, SEARCH_MODES, MemoryConfig, SearchConfig
-from app.actions.service import ActionVersion, load_action
+from app.actions.service import ActionVersion, require_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.auth.resources import Grant
@@ -116,7 +116,7 @@ from app.db.cursors import MAX_WEIGHTS
 from app.db.fusion import HYBRID_WEIGHT
 from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
-from app.errors import BadInput, NotFound
+from app.errors import BadInput
 from app.memory import search_store
 from app.memory.operator import LabelValue, MemoryView
 from app.memory.records import MemoryRecord
@@ -468,7 +468,7 @@ async def search_as_operator(
     given = action if action is not None and not labels else None
     if given is not None and (given.account_id, given.action_id) != (caller.account_id, action_id):
         given = None
-    action = given or await _agent(pool, caller.account_id, action_id)
+    action = given or await require_action(pool, caller, action_id=action_id)
     memory = action.harness.memory
     result = await search(
         pool,
@@ -485,17 +485,9 @@ async def search_as_operator(
     )
     names = {label.number: label.name for label in memory.labels}
     if given is not None and any(n not in names for r in result.records for n in r.labels):
-        later = await _agent(pool, caller.account_id, action_id)
+        later = await require_action(pool, caller, action_id=action_id)
         names = {label.number: label.name for label in later.harness.memory.labels}
     return [MemoryView(r, names) for r in result.records], result.cursors
-
-
-async def _agent(pool: asyncpg.Pool, account_id: UUID, action_id: UUID) -> ActionVersion:
-    async with pool.acquire() as conn:
-        action = await load_action(conn, account_id, action_id)
-    if action is None:
-        raise NotFound(f"action {action_id} not found")
-    return action
 
 
 def label_numbers(config: MemoryConfig, labels: Sequence[LabelValue]) -> dict[int, str]:
