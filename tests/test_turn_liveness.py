@@ -716,6 +716,16 @@ async def test_a_turn_slow_between_model_calls_shows_life_well_within_the_bound(
     assert longest < bound, (longest, times)
 
 
+async def a_search_memory_turn(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> dict[str, Any]:
+    """One turn of a new memory agent whose model calls search_memory once, then answers."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.call_tools(("search_memory", {"query": "Ada"}))
+    model_server.say("done")
+    return await run(gql, admin, action_id, "hello")
+
+
 async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
     gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -731,10 +741,7 @@ async def test_a_turn_whose_model_calls_keep_it_alive_costs_no_other_write(
             return await write(*args, **kwargs)
 
         monkeypatch.setattr(store, name, logged)
-    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
-    model_server.call_tools(("search_memory", {"query": "Ada"}))
-    model_server.say("done")
-    executed = await run(gql, admin, action_id, "hello")
+    executed = await a_search_memory_turn(gql, admin, model_server)
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert log == ["touch_execution", "touch_execution", "commit_turn"]  # its end
 
@@ -760,10 +767,7 @@ async def test_only_a_turns_start_skips_its_wal_flush(
             return result
 
         monkeypatch.setattr(store, name, observed)
-    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
-    model_server.call_tools(("search_memory", {"query": "Ada"}))
-    model_server.say("done")
-    executed = await run(gql, admin, action_id, "hello")
+    executed = await a_search_memory_turn(gql, admin, model_server)
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert seen == [
         ("insert_execution", "off"),
@@ -817,10 +821,7 @@ async def test_a_turns_signs_of_life_outlive_a_crash_of_the_database(
         return alive
 
     monkeypatch.setattr(store, "touch_execution", then_crash)
-    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
-    model_server.call_tools(("search_memory", {"query": "Ada"}))
-    model_server.say("done")
-    executed = await run(gql, admin, action_id, "hello")
+    executed = await a_search_memory_turn(gql, admin, model_server)
     assert crashes
     assert executed["status"] == "SUCCEEDED", executed["error"]
     sequences = [e["sequence"] for e in executed["transcript"]["nodes"]]
