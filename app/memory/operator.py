@@ -172,7 +172,6 @@ async def memory_pages(
         for p in pages
         if p.agent is not None
         and (p.agent.account_id, p.agent.action_id) == (account_id, p.action_id)
-        and p.agent.version == p.agent.current_version
     }
     async with pool.acquire() as conn:
         labelled = {p.action_id for p in pages if p.filters.labels}
