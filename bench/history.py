@@ -26,11 +26,22 @@ scale    `history_parts` loaded by COPY (bulk, indexes built after): one session
          such indexes).
 commit   The same turn with and without history on, interleaved: wall time of
          `execute_turn` (the model answers at once, in its own process).
+inserts  A session of --big parts (loaded as `scale` does, among --sessions others) with its
+         own HNSW index, built as the search maintenance round builds it. Speed: --rounds
+         rounds of --insert-turns turns of --turn-parts parts each, written as a commit writes
+         them (`history_store.insert`, one transaction rolled back, then VACUUM), with the
+         index's ef_construction at 256, at 128, and without the index, each first, second
+         and third in turn. Recall: top-10 and top-40 overlap with brute force over the
+         session's parts of its HNSW search (the pool's ef_search and iterative scan, as the
+         index plan's vector list), LoCoMo's questions, for its index built at 256; for a
+         session of its first half, its index built at 256 and the second half then inserted
+         at 128 (and at 256); and for its index built at 128.
 
     python bench/history.py DATA/locomo-dev.json                    # quality and commit
     python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 0
     python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 1000 \
         --data-dir /tmp/history-1m --reuse [--session-index]
+    python bench/history.py DATA/locomo-dev.json --inserts --big 40000 --sessions 20
 """
 
 import argparse
@@ -46,7 +57,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -75,7 +86,10 @@ from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.executions import store as executions_store  # noqa: E402
 from app.history import indexes as history_indexes  # noqa: E402
 from app.history import search as history_search  # noqa: E402
-from app.history.store import Scope  # noqa: E402
+from app.history import store as history_store  # noqa: E402
+from app.history.keeping import KeptEvent  # noqa: E402
+from app.history.search import CANDIDATES  # noqa: E402
+from app.history.store import Scope, text_literal  # noqa: E402
 from app.memory.search import search as memory_search  # noqa: E402
 from app.memory.store import copy_committed  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
@@ -605,6 +619,280 @@ async def load(
         )  # fmt: skip
 
 
+# ef_construction: what a turn's write costs into a session with its own index, and recall
+
+
+@dataclass(frozen=True)
+class _Keeper:
+    """The execution a bench turn keeps its events for (history_store.Keeper)."""
+
+    account_id: uuid.UUID
+    action_id: uuid.UUID
+    session_id: str
+    execution_id: uuid.UUID
+    invocation_number: int = 1
+    preview: bool = False
+
+
+def _predicate(account_id: uuid.UUID, action_id: uuid.UUID, session: str) -> str:
+    """The session key as constants, as history_indexes' partial indexes and the index plan
+    write it (so that the planner uses the session's own index)."""
+    return (
+        f"account_id = '{account_id}'::uuid AND action_id = '{action_id}'::uuid"
+        f" AND session_id = {text_literal(session)}"
+    )
+
+
+def _turn_events(
+    texts: list[str], vectors: np.ndarray, rng: np.random.Generator, parts: int
+) -> tuple[list[KeptEvent], np.ndarray]:
+    """A turn of a user message (one part) and an agent message of `parts` - 1 parts: texts
+    and vectors as copy_sessions makes them (pairs of LoCoMo turns)."""
+    a = rng.integers(0, len(texts), parts)
+    b = rng.integers(0, len(texts), parts)
+    summed = vectors[a] + vectors[b]
+    summed /= np.linalg.norm(summed, axis=1, keepdims=True)
+    said = [f"{texts[i]} {texts[j]}" for i, j in zip(a, b, strict=True)]
+    user = KeptEvent(uuid.uuid4(), 1, "user", {"message": said[0]}, said[0], said[:1], [[]])
+    agent = KeptEvent(
+        uuid.uuid4(),
+        2,
+        "agent",
+        {"content": "\n".join(said[1:])},
+        "\n".join(said[1:]),
+        said[1:],
+        [[] for _ in said[1:]],
+    )
+    return [user, agent], summed
+
+
+async def _insert_rate(
+    conn: asyncpg.Connection,
+    keeper: _Keeper,
+    first_turn: int,
+    turns: int,
+    parts: int,
+    texts: list[str],
+    vectors: np.ndarray,
+    rng: np.random.Generator,
+    without: str | None = None,
+) -> float:
+    """Parts a second: `turns` turns' history written as a commit writes it
+    (history_store.insert), in one transaction rolled back (the graph is the same each round);
+    with `without`, that index dropped in it first."""
+    batches = [_turn_events(texts, vectors, rng, parts) for i in range(turns)]
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        if without is not None:
+            await conn.execute(f"DROP INDEX {without}")
+        started = time.perf_counter()
+        for i, (events, summed) in enumerate(batches):
+            await history_store.insert(conn, keeper, first_turn + i, events, summed)
+        took = time.perf_counter() - started
+    finally:
+        await tx.rollback()
+    return turns * parts / took
+
+
+async def _overlaps(
+    conn: asyncpg.Connection,
+    where: str,
+    name: str,
+    qvectors: np.ndarray,
+    ks: tuple[int, ...],
+) -> dict[int, float]:
+    """Top-k overlap of the session's HNSW search (its own index `name`, the pool's ef_search
+    and iterative scan, as the index plan's vector list) with brute force over its parts."""
+    rows = await conn.fetch(f"SELECT event_id, part, embedding FROM history_parts WHERE {where}")
+    ids = [(r["event_id"], r["part"]) for r in rows]
+    matrix = np.stack([np.asarray(r["embedding"].to_numpy(), dtype=np.float32) for r in rows])
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    sql = (
+        f"SELECT event_id, part FROM history_parts WHERE {where}"
+        f" ORDER BY embedding <=> $1 LIMIT {max(ks)}"
+    )
+    found = {k: 0 for k in ks}
+    # Without the shared HNSW index (rolled back): the planner weighs the two, and a small
+    # bench table can make it take the shared one, which the service's large tables do not.
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await conn.execute("DROP INDEX history_parts_embedding")
+        plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {sql}", qvectors[0]))
+        assert name in plan, plan  # the session's own index
+        for q in qvectors:
+            exact = np.argsort(-(matrix @ (q / np.linalg.norm(q))))[: max(ks)]
+            got = [(r["event_id"], r["part"]) for r in await conn.fetch(sql, q)]
+            for k in ks:
+                found[k] += len({ids[i] for i in exact[:k]} & set(got[:k]))
+    finally:
+        await tx.rollback()
+    return {k: found[k] / (k * len(qvectors)) for k in ks}
+
+
+async def inserts(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) -> None:
+    """A session of --big parts with its own HNSW index (among --sessions others): turns
+    written into it with the index's ef_construction at 256 and 128 in turn, and the top-k
+    overlap with exact of its HNSW search for graphs built or filled at either."""
+    embedder = StaticEmbedder()
+    url = await fresh_database(pg, "history_inserts", embedder)
+    texts = [text for conv in convs for _, text in conv["turns"]]
+    questions = [q for conv in convs for q, _ in conv["questions"]][: args.queries]
+    vectors = (await embedder.embed(texts)).vectors
+    qvectors = (await embedder.embed(questions)).vectors
+    rng = np.random.default_rng(7)
+    pool = await create_pool(url, min_size=1, max_size=2)
+    ks = (10, CANDIDATES)
+    try:
+        async with pool.acquire() as conn:
+            session_changed(conn)
+            account_id, action_id = uuid.uuid4(), uuid.uuid4()
+            started = time.perf_counter()
+            await load(conn, args, account_id, action_id, texts, vectors, rng)
+            print(f"inserts: loaded by COPY in {time.perf_counter() - started:.0f} s")
+            await conn.execute("SET maintenance_work_mem = '2GB'")
+            for sql in SECONDARY.values():
+                await conn.execute(sql)
+            await conn.execute("VACUUM ANALYZE history_parts")
+            await conn.execute("VACUUM ANALYZE history_events")
+            big = history_indexes.index_name((account_id, action_id, "big"))
+            began = time.perf_counter()
+            await history_indexes.index_sessions(conn, args.big, None)
+            print(f"  the session's own index ({big}) built in {time.perf_counter() - began:.0f} s")
+            await conn.execute("ANALYZE history_parts")
+            options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE relname = $1", big)
+            print(f"  its options: {options}")
+
+            # Speed: the same turns' writes at each value in turn, alternating which goes first.
+            keeper = _Keeper(account_id, action_id, "big", uuid.uuid4())
+            rates: dict[str, list[float]] = {"256": [], "128": [], "no own index": []}
+            values = list(rates)
+            for n in range(args.rounds):
+                # Each value first, second and third in turn; each its own turns (the same
+                # vectors again would find their rolled-back twins in the graph at once).
+                for i, value in enumerate(values[n % 3 :] + values[: n % 3]):
+                    if value in ("256", "128"):
+                        await conn.execute(f"ALTER INDEX {big} SET (ef_construction = {value})")
+                    rate = await _insert_rate(
+                        conn, keeper, args.big + 1, args.insert_turns, args.turn_parts,
+                        texts, vectors, np.random.default_rng([n, i]),
+                        big if value == "no own index" else None,
+                    )  # fmt: skip
+                    rates[value].append(rate)
+                # The rolled-back rows' graph elements go (untimed, repaired at 256), so that
+                # later rounds walk the same graph.
+                await conn.execute(f"ALTER INDEX {big} SET (ef_construction = 256)")
+                await conn.execute("VACUUM history_parts")
+                said = ", ".join(f"{value} {got[-1]:.0f}" for value, got in rates.items())
+                print(f"  round {n + 1}, parts/s: {said}")
+            for value, got in rates.items():
+                print(
+                    f"  {value}: {args.insert_turns} turns of {args.turn_parts} parts,"
+                    f" parts/s median {statistics.median(got):.0f}"
+                    f" ({', '.join(f'{r:.0f}' for r in got)}),"
+                    f" ms a turn {1000 * args.turn_parts / statistics.median(got):.2f}"
+                )
+            ratio = [b / a for a, b in zip(rates["256"], rates["128"], strict=True)]
+            print(f"  128 / 256 per round: {', '.join(f'{r:.2f}' for r in ratio)}")
+            await conn.execute(f"ALTER INDEX {big} SET (ef_construction = 256)")
+
+            # Recall: the graph as built at 256 (the session's index as the round builds it).
+            where = _predicate(account_id, action_id, "big")
+            print(f"  recall, {len(qvectors)} LoCoMo questions, ef_search of the pool's settings:")
+            got = await _overlaps(conn, where, big, qvectors, ks)
+            print(f"    built wholly at 256: {_said(got)}")
+            # Built over half the parts at 256, the other half inserted at 128 (or at 256).
+            half = args.big // 2
+            for value in ("128", "256"):
+                session = f"half{value}"
+                await _copy_session(conn, account_id, action_id, "big", session, 0, half)
+                name = history_indexes.index_name((account_id, action_id, session))
+                target = _predicate(account_id, action_id, session)
+                await _create(conn, name, target, "256")
+                await conn.execute(f"ALTER INDEX {name} SET (ef_construction = {value})")
+                began = time.perf_counter()
+                for start in range(half, args.big, 1000):
+                    await _copy_session(
+                        conn, account_id, action_id, "big", session, start,
+                        min(start + 1000, args.big),
+                    )  # fmt: skip
+                took = time.perf_counter() - began
+                await conn.execute("ANALYZE history_parts")
+                got = await _overlaps(conn, target, name, qvectors, ks)
+                print(
+                    f"    {half:,} built at 256, {args.big - half:,} inserted at {value}"
+                    f" ({(args.big - half) / took:.0f} parts/s): {_said(got)}"
+                )
+                await conn.execute(f"DROP INDEX {name}")
+            # Built wholly at 128 (what inserts at 128 alone make).
+            await conn.execute(f"DROP INDEX {big}")
+            began = time.perf_counter()
+            await _create(conn, big, where, "128")
+            print(f"    (built at 128 in {time.perf_counter() - began:.0f} s)")
+            await conn.execute("ANALYZE history_parts")
+            got = await _overlaps(conn, where, big, qvectors, ks)
+            print(f"    built wholly at 128: {_said(got)}")
+    finally:
+        await pool.close()
+
+
+async def _create(conn: asyncpg.Connection, name: str, where: str, ef_construction: str) -> None:
+    """A session's own HNSW index as history_indexes builds it, at `ef_construction`."""
+    await conn.execute(
+        f"CREATE INDEX {name} ON history_parts USING hnsw (embedding vector_cosine_ops)"
+        f" WITH (m = {history_indexes.OPTIONS['m']}, ef_construction = {ef_construction})"
+        f" WHERE {where}"
+    )
+
+
+def _said(overlaps: dict[int, float]) -> str:
+    return ", ".join(f"top-{k} overlap with exact {v:.4f}" for k, v in overlaps.items())
+
+
+async def _copy_session(
+    conn: asyncpg.Connection,
+    account_id: uuid.UUID,
+    action_id: uuid.UUID,
+    source: str,
+    target: str,
+    first: int,
+    last: int,
+) -> None:
+    """The source session's turns first+1..last, into the target session (created with the
+    first), committed: a row at a time into each index, as writes do."""
+    if not first:
+        await conn.execute(
+            "INSERT INTO sessions (account_id, action_id, session_id, turns)"
+            " VALUES ($1, $2, $3, 0)",
+            account_id,
+            action_id,
+            target,
+        )
+    for table in ("history_events", "history_parts"):
+        columns = [
+            r["attname"]
+            for r in await conn.fetch(
+                "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0"
+                " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                table,
+            )
+        ]
+        chosen = ", ".join(columns)
+        picked = ", ".join("$3" if c == "session_id" else c for c in columns)
+        await conn.execute(
+            f"INSERT INTO {table} ({chosen}) SELECT {picked} FROM {table}"
+            f" WHERE account_id = $1 AND action_id = $2 AND session_id = $4"
+            f" AND turn > $5 AND turn <= $6",
+            account_id,
+            action_id,
+            target,
+            source,
+            first,
+            last,
+        )
+
+
 def quoting(convs: list[dict[str, Any]]) -> None:
     """How long `quoted_headers` (H7) takes an event: LoCoMo's messages, 64 events of 64 KiB of
     them joined, and 64 KiB events of lines crafted against the header pattern."""
@@ -661,6 +949,16 @@ def main() -> None:
         action="store_true",
         help="only time the quoting of header lines in events (H7), LoCoMo's and crafted ones",
     )
+    parser.add_argument(
+        "--inserts",
+        action="store_true",
+        help="only: turns written into a session of --big parts with its own HNSW index at "
+        "ef_construction 256 and 128 in turn, and its search's overlap with exact for graphs "
+        "built or filled at either",
+    )
+    parser.add_argument("--insert-turns", type=int, default=300, help="with --inserts: a round")
+    parser.add_argument("--turn-parts", type=int, default=3, help="with --inserts: parts a turn")
+    parser.add_argument("--rounds", type=int, default=5, help="with --inserts")
     parser.add_argument("--commit-turns", type=int, default=200)
     parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (temp)")
     parser.add_argument(
@@ -682,8 +980,11 @@ def main() -> None:
         "random_page_cost": "1.1",
         "max_parallel_maintenance_workers": "1",
     }
-    pg = tuned_server(root, settings) if args.scale else None
+    pg = tuned_server(root, settings) if args.scale or args.inserts else None
     try:
+        if args.inserts:
+            asyncio.run(inserts(args, pg, convs))
+            return
         if args.scale:
             asyncio.run(scale(args, pg, convs))
             return

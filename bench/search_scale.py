@@ -64,7 +64,7 @@ from common import (  # noqa: E402
 
 from app.actions.harness import SearchConfig  # noqa: E402
 from app.config import Settings  # noqa: E402
-from app.db import migrate  # noqa: E402
+from app.db import hnsw, migrate  # noqa: E402
 from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings import store as embedding_store  # noqa: E402
@@ -321,7 +321,7 @@ async def online_insert_rate(
     With `ef_construction`, into an agent with its own indexes: it is given `base` records
     first, untimed, and its HNSW and GIN indexes as a round builds them, the HNSW's
     ef_construction then set to that (pgvector reads it at each insert;
-    app/memory/maintenance.py INSERT_EF_CONSTRUCTION). One writer does that in its
+    app/db/hnsw.py INSERT_EF_CONSTRUCTION). One writer does that in its
     transaction, so that it goes with the rest; several need it committed to share it, and
     it is deleted and its indexes dropped after them."""
     turns = locomo_turns()
@@ -893,7 +893,7 @@ def main() -> None:
     )
     figures["online_writes_per_s"] = rate
     built = maintenance.OPTIONS[0]["ef_construction"]
-    for ef in dict.fromkeys([built, maintenance.INSERT_EF_CONSTRUCTION]):
+    for ef in dict.fromkeys([built, hnsw.INSERT_EF_CONSTRUCTION]):
         rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000, ef))
         print(
             f"  online, into an agent with its own indexes (ef_construction {ef}"
@@ -904,7 +904,7 @@ def main() -> None:
     # Online writes come from many turns at once: the table's rate with two writers (this
     # machine's cores), into a new agent and into one with its own indexes as a round leaves
     # them.
-    for ef in (None, maintenance.INSERT_EF_CONSTRUCTION):
+    for ef in (None, hnsw.INSERT_EF_CONSTRUCTION):
         rate = asyncio.run(online_insert_rate(url, plan, embedder, 2000, ef, writers=2))
         into = "a new agent" if ef is None else f"an agent of 10,000 with its own indexes ({ef})"
         print(f"  online, two writers at once into {into}: {rate:,.0f} records/s (2,000 records)")

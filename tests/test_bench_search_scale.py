@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import search_scale  # noqa: E402
 
+from app.db import hnsw  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance  # noqa: E402
 
@@ -66,7 +67,7 @@ async def test_two_writers_leave_nothing_behind(
 ) -> None:
     rate = await asyncio.wait_for(
         search_scale.online_insert_rate(
-            db_url, plan, embedder, 1000, maintenance.INSERT_EF_CONSTRUCTION, 100, writers=2
+            db_url, plan, embedder, 1000, hnsw.INSERT_EF_CONSTRUCTION, 100, writers=2
         ),
         60,
     )
@@ -124,7 +125,7 @@ async def test_a_writer_that_fails_midway_leaves_nothing_behind(
         with pytest.raises(Failed if how == "client" else asyncpg.DivisionByZeroError):
             await asyncio.wait_for(
                 search_scale.online_insert_rate(
-                    db_url, plan, embedder, 2000, maintenance.INSERT_EF_CONSTRUCTION, 100, 2
+                    db_url, plan, embedder, 2000, hnsw.INSERT_EF_CONSTRUCTION, 100, 2
                 ),
                 20,
             )

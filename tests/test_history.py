@@ -27,6 +27,8 @@ from runtime_support import (
 
 from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
+from app.db import hnsw
+from app.db.pool import session_changed
 from app.errors import BadInput
 from app.history import indexes as history_indexes
 from app.history import parts, store
@@ -1301,6 +1303,152 @@ async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     async with state.pool.acquire() as conn, conn.transaction():
         await maintenance.drop_agent_indexes(conn)
     assert await state.pool.fetchval(own) == 0
+
+
+OPTIONS = "SELECT reloptions FROM pg_class WHERE relname = $1"
+OID = "SELECT $1::regclass::oid"
+LEFTOVERS = "SELECT count(*) FROM pg_class WHERE relname LIKE 'history\\_parts%\\_next'"
+
+
+async def noted(state: AppState, name: str) -> str | None:
+    """A session index's comment (hnsw.note_built), "in its file" where it names its file now."""
+    said, file = await state.pool.fetchrow(
+        "SELECT obj_description(oid, 'pg_class'), relfilenode FROM pg_class WHERE relname = $1",
+        name,
+    )
+    return said and said.replace(f" in file {file}", " in its file")
+
+
+async def parts_of(state: AppState, session: str) -> int:
+    return await state.pool.fetchval(
+        "SELECT count(*) FROM history_parts WHERE session_id = $1", session
+    )
+
+
+async def test_h6_a_large_sessions_own_index_takes_its_parts_at_a_lower_ef_construction(
+    gql: GQL, admin: Caller, state: AppState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's own HNSW index is built at ef_construction 256, then lowered to
+    INSERT_EF_CONSTRUCTION for the parts later turns write (pgvector reads it at each insert):
+    by a round's build and by IndexBuilds', and by a later round for an index still at 256 (as
+    a release before this one left it), without building it again; a lowering that waits too
+    long for its lock is left to the next round, the session still searched by its index."""
+    lowered = sorted([f"ef_construction={hnsw.INSERT_EF_CONSTRUCTION}", "m=16"])
+    assert hnsw.INSERT_EF_CONSTRUCTION != history_indexes.OPTIONS["ef_construction"] == "256"
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup.", "Rain."):
+        await run(gql, admin, action_id, message)
+    await run(gql, admin, action_id, "Another session.", session="s2")
+    account_id = admin.account_id
+    s1 = await parts_of(state, "s1")
+    assert s1 > await parts_of(state, "s2")
+    name = history_indexes.index_name((account_id, uuid.UUID(action_id), "s1"))
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=s1, max_sessions=5)
+    assert done is not None and done.built == [name]
+    assert sorted(await state.pool.fetchval(OPTIONS, name)) == lowered
+    assert await noted(state, name) == f"engram: built over {s1} rows in its file"
+    theirs = history_indexes.index_name((account_id, uuid.UUID(action_id), "s2"))
+    async with state.pool.acquire() as conn:
+        session_changed(conn)
+        key = (account_id, uuid.UUID(action_id), "s2")
+        assert await history_indexes.index_session(conn, key, None) == [theirs]
+    assert sorted(await state.pool.fetchval(OPTIONS, theirs)) == lowered
+    await state.pool.execute(f"DROP INDEX {theirs}")
+
+    # As a release before this one left it: lowered by the next round, not built again.
+    await state.pool.execute(f"ALTER INDEX {name} SET (ef_construction = 256)")
+    await state.pool.execute(f"COMMENT ON INDEX {name} IS NULL")
+    was = await state.pool.fetchval(OID, name)
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=s1)
+    assert done.built == [] and done.dropped == []
+    assert sorted(await state.pool.fetchval(OPTIONS, name)) == lowered
+    assert await state.pool.fetchval(OID, name) == was
+    assert await noted(state, name) == f"engram: built over {s1} rows in its file"
+
+    # A transaction that read history_parts holds a lock on each of its indexes until it ends:
+    # the lowering gives up after LOWER_LOCK_TIMEOUT, the round goes on.
+    await state.pool.execute(f"ALTER INDEX {name} SET (ef_construction = 256)")
+    monkeypatch.setattr(hnsw, "LOWER_LOCK_TIMEOUT", "50ms")
+    async with state.pool.acquire() as reader, reader.transaction():
+        await reader.fetchval("SELECT count(*) FROM history_parts")
+        done = await maintenance.run_round(state.pool, 10**9, min_parts=s1)
+    assert done.built == [] and done.dropped == []
+    assert sorted(await state.pool.fetchval(OPTIONS, name)) == ["ef_construction=256", "m=16"]
+    scope = Scope(account_id, uuid.UUID(action_id), "s1", 4, False)
+    assert state.embedder is not None
+    found = await history_search.search(
+        state.pool, state.embedder, scope, query="where is the boat moored", plan="index"
+    )
+    assert "pier seven" in found.events[0].text
+    await maintenance.run_round(state.pool, 10**9, min_parts=s1)
+    assert sorted(await state.pool.fetchval(OPTIONS, name)) == lowered
+
+
+async def test_h6_a_large_sessions_own_index_is_built_again_once_the_session_has_doubled(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """Parts written after the build go in at INSERT_EF_CONSTRUCTION: once the session holds
+    REBUILD_GROWTH times the parts its index was built over (the index's comment), a round
+    builds it again beside the old one, as it does one PostgreSQL built again itself
+    (REINDEX: wholly at 128); a replacement whose round stopped before renaming it is taken as
+    it is."""
+    assert hnsw.REBUILD_GROWTH == 2
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    for message in ("The boat is moored at pier seven.", "Lunch was a tomato soup."):
+        await run(gql, admin, action_id, message)
+    built_over = await parts_of(state, "s1")
+    key = (admin.account_id, uuid.UUID(action_id), "s1")
+    name = history_indexes.index_name(key)
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=built_over)
+    assert done.built == [name]
+    was = await state.pool.fetchval(OID, name)
+    turns = 0
+    while True:
+        await run(gql, admin, action_id, f"Rain, day {turns}.")
+        turns += 1
+        parts = await parts_of(state, "s1")
+        done = await maintenance.run_round(state.pool, 10**9, min_parts=built_over)
+        if parts < 2 * built_over:
+            assert done.built == [] and done.dropped == [], parts
+            assert await state.pool.fetchval(OID, name) == was
+            continue
+        assert done.built == [name] and done.dropped == [name]
+        break
+    assert turns > 1  # not rebuilt at the first part written after the build
+    assert await noted(state, name) == f"engram: built over {parts} rows in its file"
+    assert await state.pool.fetchval(OID, name) != was
+    assert f"ef_construction={hnsw.INSERT_EF_CONSTRUCTION}" in await state.pool.fetchval(
+        OPTIONS, name
+    )
+    assert await state.pool.fetchval(LEFTOVERS) == 0
+    scope = Scope(admin.account_id, uuid.UUID(action_id), "s1", None, False)
+    assert state.embedder is not None
+    query = "where is the boat moored"
+    vector = (await state.embedder.embed([query])).vectors[0]
+    sql, values = store.index_sql(scope, store.Ranking(query, vector, 5, 40), 4000)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *values))
+    assert name in plan
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=built_over)
+    assert done.built == [] and done.dropped == []
+
+    # PostgreSQL built it again (REINDEX, a restore from pg_dump, VACUUM FULL): its file is not
+    # the one the comment names, and the next round builds it again, beside it.
+    was = await state.pool.fetchval(OID, name)
+    await state.pool.execute(f"REINDEX INDEX {name}")
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=built_over)
+    assert done.built == [name] and done.dropped == [name]
+    assert await state.pool.fetchval(OID, name) != was
+    assert await noted(state, name) == f"engram: built over {parts} rows in its file"
+
+    # A round that stopped between dropping the old index and renaming its replacement: the
+    # next round takes the replacement as it is, rather than build it again.
+    await state.pool.execute(f"ALTER INDEX {name} RENAME TO {name}_next")
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=built_over)
+    assert done.built == [] and done.dropped == []
+    assert await state.pool.fetchval(OID, name)
+    assert await state.pool.fetchval(LEFTOVERS) == 0
 
 
 # M55

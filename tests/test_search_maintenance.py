@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from app import cli
 from app.auth.caller import Caller
 from app.config import Settings
+from app.db import hnsw
 from app.db.pool import create_pool, session_changed
 from app.embeddings import store as embedding_store
 from app.memory import maintenance, search_store
@@ -48,7 +49,7 @@ async def index_exists(pool: asyncpg.Pool, name: str) -> bool:
 
 
 async def built_over(pool: asyncpg.Pool, name: str) -> str | None:
-    """The HNSW index's comment (maintenance._note_built), "in its file" where it names the
+    """The HNSW index's comment (hnsw.note_built), "in its file" where it names the
     index's file now."""
     said, file = await pool.fetchrow(
         "SELECT obj_description(oid, 'pg_class'), relfilenode FROM pg_class WHERE relname = $1",
@@ -690,7 +691,7 @@ async def test_m20_an_agents_hnsw_index_takes_its_inserts_at_a_lower_ef_construc
     its lock is left to the next round, the agent still searched by its index."""
     options = "SELECT reloptions FROM pg_class WHERE relname = $1"
     oid = "SELECT $1::regclass::oid"
-    lowered = sorted([f"ef_construction={maintenance.INSERT_EF_CONSTRUCTION}", "m=12"])
+    lowered = sorted([f"ef_construction={hnsw.INSERT_EF_CONSTRUCTION}", "m=12"])
     built = sorted(f"{k}={v}" for k, v in maintenance.OPTIONS[0].items())
     assert built != lowered
     agent, other = await make_search_agent(state, admin), await make_search_agent(state, admin)
@@ -717,7 +718,7 @@ async def test_m20_an_agents_hnsw_index_takes_its_inserts_at_a_lower_ef_construc
     # A transaction that read agent_memories holds a lock on each of its indexes until it
     # ends: the lowering gives up after LOWER_LOCK_TIMEOUT, the round goes on.
     await state.pool.execute(f"ALTER INDEX {vectors} SET (ef_construction = 256)")
-    monkeypatch.setattr(maintenance, "LOWER_LOCK_TIMEOUT", "50ms")
+    monkeypatch.setattr(hnsw, "LOWER_LOCK_TIMEOUT", "50ms")
     async with state.pool.acquire() as reader, reader.transaction():
         await reader.fetchval("SELECT count(*) FROM agent_memories")
         done = await maintenance.run_round(state.pool, 30)
@@ -738,7 +739,7 @@ async def test_m20_an_agents_hnsw_index_is_built_again_once_the_agent_has_double
     """Records written after the build go in at INSERT_EF_CONSTRUCTION: once the agent holds
     REBUILD_GROWTH times the rows its HNSW index was built over (the index's comment), a round
     builds it again beside the old one; its GIN index and its listing stay."""
-    assert maintenance.REBUILD_GROWTH == 2
+    assert hnsw.REBUILD_GROWTH == 2
     agent = await make_search_agent(state, admin)
     await fill(agent, 40)
     await maintenance.run_round(state.pool, 30)
@@ -758,7 +759,7 @@ async def test_m20_an_agents_hnsw_index_is_built_again_once_the_agent_has_double
     options = await state.pool.fetchval(
         "SELECT reloptions FROM pg_class WHERE relname = $1", vectors
     )
-    assert f"ef_construction={maintenance.INSERT_EF_CONSTRUCTION}" in options
+    assert f"ef_construction={hnsw.INSERT_EF_CONSTRUCTION}" in options
     assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 1
     leftovers = "SELECT count(*) FROM pg_class WHERE relname LIKE '%\\_next'"
     assert await state.pool.fetchval(leftovers) == 0
@@ -1227,7 +1228,7 @@ async def test_m20_reorder_builds_agents_hnsw_indexes_at_the_builds_ef_construct
         for q in said
         if q.startswith(("CLUSTER", "LOCK")) or (q.startswith("ALTER INDEX") and vectors in q)
     ]
-    built, lowered = maintenance.OPTIONS[0]["ef_construction"], maintenance.INSERT_EF_CONSTRUCTION
+    built, lowered = maintenance.OPTIONS[0]["ef_construction"], hnsw.INSERT_EF_CONSTRUCTION
     assert steps == [
         "LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE",
         f"ALTER INDEX {vectors} SET (ef_construction = {built})",
@@ -1284,24 +1285,24 @@ async def test_m20_lowering_waits_for_one_lock_a_round_and_alters_no_lowered_ind
     await maintenance.run_round(state.pool, 30)
     names = [maintenance.index_names(a.account_id, a.action_id)[0] for a in agents]
     altered: list[str] = []
-    set_ef_construction = maintenance._set_ef_construction
+    set_ef_construction = hnsw.set_ef_construction
 
     async def recorded(conn: asyncpg.Connection, name: str, value: str) -> None:
         altered.append(name)
         await set_ef_construction(conn, name, value)
 
-    monkeypatch.setattr(maintenance, "_set_ef_construction", recorded)
+    monkeypatch.setattr(hnsw, "set_ef_construction", recorded)
     done = await maintenance.run_round(state.pool, 30)
     assert done.built == [] and altered == []  # all lowered by their builds
 
     for name in names:  # as a release before this one left them
         await state.pool.execute(f"ALTER INDEX {name} SET (ef_construction = 256)")
-    monkeypatch.setattr(maintenance, "LOWER_LOCK_TIMEOUT", "50ms")
+    monkeypatch.setattr(hnsw, "LOWER_LOCK_TIMEOUT", "50ms")
     async with state.pool.acquire() as conn:
         session_changed(conn)
         await conn.execute("SELECT '[1]'::vector")  # pgvector loaded: ACCESS EXCLUSIVE
         async with state.pool.acquire() as reader, reader.transaction():
             await reader.fetchval("SELECT count(*) FROM agent_memories")
-            assert await maintenance._lower(conn, names) == []
+            assert await hnsw.lower(conn, names) == []
         assert altered == [sorted(names)[0]]
-        assert await maintenance._lower(conn, names) == sorted(names)
+        assert await hnsw.lower(conn, names) == sorted(names)

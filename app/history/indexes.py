@@ -12,6 +12,10 @@ session's key into its SQL as constants (store.SessionKey), so the planner prove
 index covers it and prefers it, and a dropped index only makes PostgreSQL plan the statement
 again. Every statement that plans a query on history_parts or writes to it locks each of its
 indexes, hence the limit (max_locks_per_transaction x connections).
+
+As an agent's own HNSW index (app/db/hnsw.py): built at ef_construction 256, then lowered to
+128 for the parts later turns write into it, and built again, beside the old one, once the
+session holds twice the parts it was built over (the index's comment).
 """
 
 import hashlib
@@ -20,14 +24,17 @@ from uuid import UUID
 
 import asyncpg
 
+from app.db import hnsw
 from app.history.store import text_literal
 
 log = logging.getLogger(__name__)
 
 PREFIX = "history_parts_vectors_"
 # An index built with other options is rebuilt by the next round, as an agent's own HNSW index
-# is (app/memory/maintenance.py OPTIONS, whose m 12 was measured on memory records only).
-OPTIONS = {"m": "16", "ef_construction": "256"}
+# is (app/memory/maintenance.py OPTIONS, whose m 12 was measured on memory records only); its
+# ef_construction is lowered once built (hnsw.lower).
+OPTIONS = {"m": "16", "ef_construction": hnsw.BUILD_EF_CONSTRUCTION}
+_NEXT = "_next"  # a replacement index being built beside the one it replaces
 
 Key = tuple[UUID, UUID, str]
 
@@ -41,15 +48,16 @@ def index_name(key: Key) -> str:
 
 async def _states(conn: asyncpg.Connection) -> dict[str, bool]:
     """Every index of history_parts of this naming, and whether it is current: valid (an
-    interrupted build leaves an invalid one, still written to) and built with OPTIONS."""
+    interrupted build leaves an invalid one, still written to) and built with OPTIONS (its
+    ef_construction since lowered or not)."""
     rows = await conn.fetch(
         "SELECT c.relname, i.indisvalid, coalesce(c.reloptions, '{}') AS options "
         "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
         "WHERE i.indrelid = 'history_parts'::regclass AND c.relname LIKE $1 || '%'",
         PREFIX.replace("_", "\\_"),
     )
-    wanted = sorted(f"{k}={v}" for k, v in OPTIONS.items())
-    return {r["relname"]: r["indisvalid"] and sorted(r["options"]) == wanted for r in rows}
+    wanted = hnsw.current(OPTIONS)
+    return {r["relname"]: r["indisvalid"] and sorted(r["options"]) in wanted for r in rows}
 
 
 async def _drop(conn: asyncpg.Connection, name: str, concurrently: bool = True) -> None:
@@ -84,9 +92,12 @@ async def index_sessions(
     """Gives the largest sessions of `min_parts` parts or more their own HNSW index, no more
     than `max_sessions` (None: no limit), and takes it from sessions now under half that or
     beyond the limit. A session keeps its index against a larger one that has none (a build
-    reads the whole table, so they are not traded back and forth). Outside any transaction;
-    one failed build does not stop the others and is retried next round. Returns the indexes
-    built, dropped, and the sessions whose build failed."""
+    reads the whole table, so they are not traded back and forth). A kept index still at the
+    build's ef_construction is lowered (hnsw.lower); one whose session has grown to
+    hnsw.REBUILD_GROWTH times the parts it was built over is built again, beside it. Outside
+    any transaction; one failed build does not stop the others and is retried next round.
+    Returns the indexes built, dropped (an index built again is both), and the sessions whose
+    build failed."""
     sizes: dict[Key, int] = {
         (r["account_id"], r["action_id"], r["session_id"]): r["parts"]
         for r in await conn.fetch(
@@ -102,39 +113,77 @@ async def index_sessions(
     new = [key for key in largest if sizes[key] >= min_parts and index_name(key) not in states]
     wanted = keep + new[: places - len(keep)]
     owned = {index_name(key) for key in wanted}
+    for name in sorted(states):
+        base = name.removesuffix(_NEXT)
+        if base != name and base in owned and base not in states and states[name]:
+            # A replacement finished by a round that stopped after dropping the old index.
+            await conn.execute(f"ALTER INDEX {name} RENAME TO {base}")
+            states[base] = states.pop(name)
     dropped = await _drop_each(conn, sorted(set(states) - owned))
+    ready = [key for key in wanted if states.get(index_name(key))]
+    over = await hnsw.built_over(conn, [index_name(key) for key in ready])
+    for key in ready:
+        name = index_name(key)
+        if over.get(name) is None:  # as a release before this one built it
+            await hnsw.note_built(conn, name, sizes[key])
+        elif hnsw.outgrown(sizes[key], over[name]):  # or PostgreSQL built it again since
+            states[name] = False  # built again, beside the old one
+    await hnsw.lower(conn, [index_name(key) for key in ready if states[index_name(key)]])
     built: list[str] = []
     failed: list[str] = []
     for key in wanted:
-        if states.get(index_name(key)):
+        name = index_name(key)
+        if states.get(name):
             continue
         log.info("building a search index for session %r (%d parts)", key[2], sizes[key])
         try:
-            built.append(await _build(conn, key))
+            built.append(await _build(conn, key, beside=name in states))
         except asyncpg.PostgresError:
             log.exception("building a search index for session %r failed", key[2])
             failed.append(key[2])
+        else:
+            if name in states:
+                dropped.append(name)  # the one it replaced
     return built, dropped, failed
 
 
-async def _build(conn: asyncpg.Connection, key: Key) -> str:
-    """Builds the session's index, replacing what an interrupted build, or other options,
-    left under its name; returns its name."""
-    name = index_name(key)
+def _predicate(key: Key) -> str:
+    """The session's index's predicate: its key as constants (a predicate cannot take
+    parameters), as the index plan's SQL writes it (SessionKey): UUIDs printed by Python, the
+    session as a quoted constant."""
     account_id, action_id, session_id = key
-    # UUIDs printed by Python; the session as a quoted constant. A predicate cannot take
-    # parameters, and must read as the index plan's SQL writes the key (SessionKey).
-    where = (
+    return (
         f"account_id = '{UUID(int=account_id.int)}'::uuid"
         f" AND action_id = '{UUID(int=action_id.int)}'::uuid"
         f" AND session_id = {text_literal(session_id)}"
     )
+
+
+async def _build(conn: asyncpg.Connection, key: Key, beside: bool) -> str:
+    """Builds the session's index at OPTIONS, notes the parts it was built over and lowers
+    it; returns its name. `beside`: one of its name is there (other options, invalid, or
+    outgrown), and is replaced only once the new one is built, so that the session's searches
+    are not left without one. What an interrupted build left under the new one's name is
+    dropped first."""
+    name = index_name(key)
+    target = f"{name}{_NEXT}" if beside else name
     options = ", ".join(f"{k} = {v}" for k, v in OPTIONS.items())
-    await _drop(conn, name)
+    where = _predicate(key)
+    await _drop(conn, target)
     await conn.execute(
-        f"CREATE INDEX CONCURRENTLY {name} ON history_parts"
+        f"CREATE INDEX CONCURRENTLY {target} ON history_parts"
         f" USING hnsw (embedding vector_cosine_ops) WITH ({options}) WHERE {where}"
     )
+    if beside:
+        await _drop(conn, name)
+        await conn.execute(f"ALTER INDEX {target} RENAME TO {name}")
+    parts = await conn.fetchval(
+        "SELECT count(*) FROM history_parts "
+        "WHERE account_id = $1 AND action_id = $2 AND session_id = $3",
+        *key,
+    )
+    await hnsw.note_built(conn, name, parts)
+    await hnsw.lower(conn, [name])
     return name
 
 
@@ -165,4 +214,4 @@ async def index_session(conn: asyncpg.Connection, key: Key, max_sessions: int | 
     if states.get(name) or (max_sessions is not None and len(set(states) - {name}) >= max_sessions):
         return []
     log.info("building a search index for session %r", key[2])
-    return [await _build(conn, key)]
+    return [await _build(conn, key, beside=name in states)]

@@ -35,7 +35,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from uuid import UUID
 import asyncpg
 
 from app import tasks
+from app.db import hnsw
 from app.db.pool import drawing_on, lift_bounds, session_changed
 from app.history import indexes as history_indexes
 from app.memory import visibility
@@ -60,36 +60,13 @@ ROUND_LOCK = "hashtext('engram.search_maintenance')"
 ROUND_KEY = "search_maintenance.round"
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # Storage options of an agent's HNSW and GIN indexes: ef_construction 256 for recall at the
-# search's ef_search; m 12, not pgvector's 16, for a faster walk (vector p50 at 25,000 records
-# 0.78 of m 16's at the same ef_search, overlap with exact 0.995 against 0.999; at 200,000
-# records, with ef_search 150 against m 16's 120, 0.82 at the same overlap; bench/README.md,
-# nineteenth session). An index built with other options is rebuilt.
-OPTIONS = ({"m": "12", "ef_construction": "256"}, {"fastupdate": "off"})
-# The HNSW index's ef_construction once built (`_lower`): pgvector reads it at each insert, and
-# a record written into an agent with its own index walks that many candidates. At 128, inserts
-# run 1.9-2.0x faster than at 256 (scratch, the 25,000-record agent's vectors: 543 against 272
-# rows/s), and an index whose every record went in at 128 still finds 0.986 of the exact vector
-# top-10 at 25,000 records (ef_search 80) and 0.986 at 200,000 (150), against 0.994 and 0.993
-# built at 256; at 64, 0.978 at 25,000 (bench/README.md, fifty-second session). No release
-# built an index with m 12 at 128, so an index with these options was built at 256 and lowered.
-INSERT_EF_CONSTRUCTION = "128"
-# An agent's HNSW index is built again (beside the old one, as for other options) once the agent
-# holds REBUILD_GROWTH times the rows the index was built over (its comment says how many,
-# `_note_built`): at most half its graph then went in at INSERT_EF_CONSTRUCTION. A graph built
-# wholly at 128 found 0.974-0.988 of the exact vector top-10 at 200,000 records, against
-# 0.996-0.998 built at 256 (bench/README.md, fifty-second session). Rebuilds at each doubling
-# read the table about as often again as the builds at the sizes reached.
-REBUILD_GROWTH = 2
-# The comment also names the index's file (pg_class.relfilenode) as the build left it: an index
-# that PostgreSQL built again itself since (a restore from pg_dump, REINDEX, VACUUM FULL, a
-# CLUSTER other than `reorder`'s, a migration that rewrites the table) was built wholly at its
-# options' INSERT_EF_CONSTRUCTION, in a new file, and is built again beside it.
-_BUILT = "engram: built over {} rows in file {}"
-# How long lowering waits for its lock (ACCESS EXCLUSIVE on the index once the backend has
-# loaded pgvector, which statements on agent_memories queue behind while it waits): past it,
-# the round lowers no more (what holds one index's lock, a transaction that read the table,
-# holds every one's), and the next round tries again.
-LOWER_LOCK_TIMEOUT = "500ms"
+# search's ef_search (lowered once built, app/db/hnsw.py); m 12, not pgvector's 16, for a faster
+# walk (vector p50 at 25,000 records 0.78 of m 16's at the same ef_search, overlap with exact
+# 0.995 against 0.999; at 200,000 records, with ef_search 150 against m 16's 120, 0.82 at the
+# same overlap; bench/README.md, nineteenth session). An index built with other options is
+# rebuilt, and so is an HNSW index once the agent has grown to hnsw.REBUILD_GROWTH times the
+# records it was built over.
+OPTIONS = ({"m": "12", "ef_construction": hnsw.BUILD_EF_CONSTRUCTION}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
 _NEXT = "_next"  # a replacement index being built beside the one it replaces
 # A listed agent's words are counted again once its counted records have grown by this share
@@ -145,7 +122,7 @@ async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
     """Every index of agent_memories named like an agent's, and whether it is current: it
     answers queries (an index left invalid by an interrupted build does not, but is still
     written to) and was built with today's OPTIONS (an HNSW index's ef_construction since
-    lowered to INSERT_EF_CONSTRUCTION or not)."""
+    lowered to hnsw.INSERT_EF_CONSTRUCTION or not)."""
     rows = await conn.fetch(
         "SELECT c.relname, i.indisvalid, coalesce(c.reloptions, '{}') AS options "
         "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
@@ -153,86 +130,12 @@ async def _agent_index_states(conn: asyncpg.Connection) -> dict[str, bool]:
         "AND (c.relname LIKE $1 || '%' OR c.relname LIKE $2 || '%')",
         *(prefix.replace("_", "\\_") for prefix in _PREFIXES),
     )
-    hnsw, gin = OPTIONS
-    lowered = {**hnsw, "ef_construction": INSERT_EF_CONSTRUCTION}
-    vectors, words = [_spelled(hnsw), _spelled(lowered)], [_spelled(gin)]
+    vectors, words = hnsw.current(OPTIONS[0]), [hnsw.spelled(OPTIONS[1])]
     return {
         r["relname"]: r["indisvalid"]
         and sorted(r["options"]) in (vectors if r["relname"].startswith(_PREFIXES[0]) else words)
         for r in rows
     }
-
-
-def _spelled(options: dict[str, str]) -> list[str]:
-    """Options as pg_class.reloptions holds them, sorted."""
-    return sorted(f"{k}={v}" for k, v in options.items())
-
-
-async def _note_built(conn: asyncpg.Connection, name: str, rows: int | None = None) -> None:
-    """Writes in the HNSW index's comment how many rows it was built over (`rows`, or the
-    index's own count as its build, or CLUSTER, left it) and its file now."""
-    said = await conn.fetchrow(
-        "SELECT quote_ident(relname) AS quoted, relfilenode, "
-        "greatest(reltuples, 0)::bigint AS tuples FROM pg_class WHERE relname = $1",
-        name,
-    )
-    rows = said["tuples"] if rows is None else rows
-    # COMMENT takes no parameters; the text is this module's, with integers.
-    text = _BUILT.format(int(rows or 0), int(said["relfilenode"]))
-    await conn.execute(f"COMMENT ON INDEX {said['quoted']} IS '{text}'")
-
-
-async def _built_over(conn: asyncpg.Connection, names: Sequence[str]) -> dict[str, int | None]:
-    """How many rows each HNSW index was built over, by its comment: None without such a
-    comment (an index of a release before this one, or one noted as built over no rows), 0
-    when PostgreSQL built it again since in another file (`_BUILT`)."""
-    rows = await conn.fetch(
-        "SELECT relname, relfilenode, obj_description(oid, 'pg_class') AS said FROM pg_class "
-        "WHERE relname = ANY($1::text[])",
-        list(names),
-    )
-    over: dict[str, int | None] = {}
-    for r in rows:
-        match = re.fullmatch(_BUILT.format(r"(\d+)", r"(\d+)"), r["said"] or "")
-        if match is None or not int(match[1]):
-            over[r["relname"]] = None
-        else:
-            over[r["relname"]] = int(match[1]) if int(match[2]) == r["relfilenode"] else 0
-    return over
-
-
-async def _lower(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:
-    """Sets INSERT_EF_CONSTRUCTION on those of the HNSW indexes `names` still at the build's
-    (built just now, by a release before it, or whose lowering waited too long for its lock).
-    Returns the indexes lowered; one whose lock is not had within LOWER_LOCK_TIMEOUT (or that
-    fails otherwise) is logged and left to the next round: it answers searches all the same."""
-    rows = await conn.fetch(
-        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = ANY($1::text[]) AND i.indisvalid AND c.reloptions @> $2::text[]",
-        list(names),
-        [f"ef_construction={OPTIONS[0]['ef_construction']}"],
-    )
-    lowered = []
-    if rows:
-        # pgvector loaded, so that each ALTER takes the lock pgvector declares for the option
-        # (ACCESS EXCLUSIVE) on any connection: on one that has not loaded it, PostgreSQL does
-        # not know the option yet when it locks, and takes a weaker lock.
-        await conn.execute("SELECT '[1]'::vector")
-    for name in sorted(r["relname"] for r in rows):
-        try:
-            async with conn.transaction():
-                await conn.execute(f"SET LOCAL lock_timeout = '{LOWER_LOCK_TIMEOUT}'")
-                await _set_ef_construction(conn, name, INSERT_EF_CONSTRUCTION)
-            lowered.append(name)
-        except asyncpg.LockNotAvailableError:
-            # Statements on agent_memories queued behind each wait: one is enough a round.
-            log.warning(
-                "lowering ef_construction of %s waited too long; the next round tries", name
-            )
-            break
-        except asyncpg.PostgresError:
-            log.warning("lowering ef_construction of %s failed; the next round tries again", name)
-    return lowered
 
 
 async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
@@ -247,11 +150,6 @@ async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
         quoted = await conn.fetchval("SELECT quote_ident($1)", name)
         await conn.execute(f"DROP INDEX IF EXISTS {quoted}")
     await history_indexes.drop_session_indexes(conn)  # large sessions' own indexes too
-
-
-async def _set_ef_construction(conn: asyncpg.Connection, name: str, value: str) -> None:
-    quoted = await conn.fetchval("SELECT quote_ident($1)", name)
-    await conn.execute(f"ALTER INDEX {quoted} SET (ef_construction = {value})")
 
 
 async def _drop_index(conn: asyncpg.Connection, name: str) -> None:
@@ -299,8 +197,8 @@ async def _build(
             account_id,
             action_id,
         )
-        await _note_built(conn, vectors, rows)
-    await _lower(conn, [vectors])
+        await hnsw.note_built(conn, vectors, rows)
+    await hnsw.lower(conn, [vectors])
     await _list(conn, account_id, action_id)
     if built:
         log.info(_BUILD_DONE, action_id, time.monotonic() - started)
@@ -409,18 +307,18 @@ async def index_agents(
     built: list[str] = []
     failed: list[UUID] = []
     counted: list[AgentKey] = []  # counted again, or listed (and so counted) by `_list`
-    built_over = await _built_over(conn, [index_names(*agent)[0] for agent in keep])
+    built_over = await hnsw.built_over(conn, [index_names(*agent)[0] for agent in keep])
     for agent in keep:
         vectors = index_names(*agent)[0]
         if not states.get(vectors):
             continue  # this round builds it anyway
         over = built_over.get(vectors)
         if over is None:  # as a release before this one built it
-            await _note_built(conn, vectors, sizes[agent])
-        elif sizes[agent] >= REBUILD_GROWTH * over:  # or PostgreSQL since (0)
+            await hnsw.note_built(conn, vectors, sizes[agent])
+        elif hnsw.outgrown(sizes[agent], over):  # or PostgreSQL built it again since
             states[vectors] = False  # built again, beside the old one
     ready = {a for a in keep + new if all(states.get(name) for name in index_names(*a))}
-    await _lower(conn, [index_names(*agent)[0] for agent in ready])  # built at 256 before
+    await hnsw.lower(conn, [index_names(*agent)[0] for agent in ready])  # built at 256 before
     for agent in keep:
         # Before the builds (which may take minutes), and not an agent about to be rebuilt,
         # whose build lists it again.
@@ -722,18 +620,19 @@ async def reorder(conn: asyncpg.Connection) -> None:
     runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible).
 
     CLUSTER builds every index again with its options: agents' HNSW indexes are set back to
-    the build's ef_construction for it, and lowered again after (`_lower`), in its transaction.
-    The table is locked first, as CLUSTER alone did: a statement on it locks the table, then its
-    indexes, and an index locked before the table deadlocks with one that comes between."""
+    the build's ef_construction for it, and lowered again after (as `hnsw.lower` does), in its
+    transaction. The table is locked first, as CLUSTER alone did: a statement on it locks the
+    table, then its indexes, and an index locked before the table deadlocks with one that comes
+    between."""
     async with conn.transaction():
         await conn.execute("LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE")
         names = [name for name in await _agent_index_states(conn) if name.startswith(_PREFIXES[0])]
         for name in names:
-            await _set_ef_construction(conn, name, OPTIONS[0]["ef_construction"])
+            await hnsw.set_ef_construction(conn, name, OPTIONS[0]["ef_construction"])
         await conn.execute("CLUSTER agent_memories USING agent_memories_created")
         for name in names:
-            await _note_built(conn, name)
-            await _set_ef_construction(conn, name, INSERT_EF_CONSTRUCTION)
+            await hnsw.note_built(conn, name)
+            await hnsw.set_ef_construction(conn, name, hnsw.INSERT_EF_CONSTRUCTION)
     await conn.execute("VACUUM (ANALYZE) agent_memories")
 
 
