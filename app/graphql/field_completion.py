@@ -74,6 +74,7 @@ LEAF, OBJECT, LIST = "leaf", "object", "list"
 # coercion and its guard (None, or a permission check: _guard), or the object type and, for a
 # list, its item type and whether items may be null).
 Plain = tuple[Any, ...]
+Step = tuple[str, Any, Plain | None]  # a selected field: its response name, details, plan
 # A type's plain fields by name, keyed by the type's id(), with the type held so that the id
 # names it as long as the entry lives.
 _PLANS: dict[int, tuple[GraphQLObjectType, dict[str, Plain]]] = {}
@@ -267,6 +268,8 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
     max_answer_bytes = sys.maxsize  # answer_budget makes a class of a budget
     _answered = 0  # what this request's answer holds so far, as _size counts it
     _refusal: GraphQLError | None = None  # set once the answer passed max_answer_bytes
+    # Each selection's steps (`_steps`), by the identities of its parent type and fields.
+    _selections: dict[tuple[int, int], tuple[Any, Any, list[Step], int]] | None = None
 
     def _refuse(self) -> None:
         if self._refusal is None:
@@ -318,19 +321,14 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
         if (middleware and middleware.middlewares) or (rest and rest[0] is not None):
             # Middleware wraps every field; a deferred fragment's fields are planned apart.
             return super().execute_fields(parent_type, source_value, path, grouped_field_set, *rest)
-        plan = _plan(parent_type)
+        steps, size = self._steps(parent_type, grouped_field_set)
         done: dict[str, Any] = {}  # by the short path: values, or awaitables named in pending
         others: dict[str, Any] = {}  # for graphql-core's path
         pending: list[str] = []
         allowed: dict[Any, bool] = {}  # by guard: its answer for this object
-        # The names and the values completed here (but numbers and booleans: their names
-        # bound them), counted once for the object.
-        size = sum(map(len, grouped_field_set))
         try:
-            for name, details in grouped_field_set.items():
-                node = details[0].node
-                plain = plan.get(node.name.value)
-                if plain is None or node.arguments or node.directives:
+            for name, details, plain in steps:
+                if plain is None:
                     others[name] = details
                     continue
                 if plain[0] is LEAF:  # the most of them: inline
@@ -391,6 +389,27 @@ class ExecutionContext(StrawberryGraphQLCoreExecutionContext):
             return _in_order(grouped_field_set, done, results[0] if others_pending else completed)  # type: ignore[arg-type]
 
         return awaited()
+
+    def _steps(self, parent_type: GraphQLObjectType, fields: Any) -> tuple[list[Step], int]:
+        """The selection's fields, each with its plan (None: graphql-core's path), and the
+        size of their names (the answer's count starts from it: numbers and booleans are
+        bounded by their names). The same for every object a list holds, so found once a
+        request and selection."""
+        selections = self._selections
+        if selections is None:
+            selections = self._selections = {}
+        found = selections.get((id(parent_type), id(fields)))
+        if found is not None and found[0] is parent_type and found[1] is fields:
+            return found[2], found[3]
+        plan = _plan(parent_type)
+        steps: list[Step] = []
+        for name, details in fields.items():
+            node = details[0].node
+            plain = plan.get(node.name.value)
+            steps.append((name, details, None if node.arguments or node.directives else plain))
+        size = sum(map(len, fields))
+        selections[(id(parent_type), id(fields))] = (parent_type, fields, steps, size)
+        return steps, size
 
     def _plain_field(
         self,
