@@ -1251,6 +1251,47 @@ async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_stateme
     assert (empty.plan, empty.events, counted[-1]) == ("exact", [], ("s3", 3))
 
 
+async def test_h6_a_word_few_parts_hold_weighs_more_than_one_most_hold(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """H6 "keywords", as memory search weighs them: a part's text score is the sum of BM25's
+    IDF over the query's words it holds, counted over the parts the reader sees. A part holding
+    the rare word comes before newer parts holding the common one (ts_rank scored both words
+    alike, so recency put a newer common one first), by the exact and the index plan alike."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    await run(gql, admin, action_id, "I renewed my passport at the office.")
+    for place in ("kitchen", "garden", "station", "library"):
+        await run(gql, admin, action_id, f"Morning coffee in the {place}.")
+    assert state.embedder is not None
+    query = "coffee passport"
+    # No direction: the words alone rank (a part without a query word is not found).
+    vector = (await state.embedder.embed([query])).vectors[0] * 0
+    ranking = store.Ranking(query, vector, 5, 40)
+    scope = Scope(admin.account_id, uuid.UUID(action_id), "s1", None, False)
+    async with state.pool.acquire() as conn:
+        found = {
+            "exact": await store.ranked_exact(conn, scope, ranking),
+            "index": await store.ranked_index(conn, scope, ranking, history_search.WORD_WALK),
+        }
+    for plan, rows in found.items():
+        assert [r["part_text"] for r in rows][0] == "I renewed my passport at the office.", plan
+        assert len(rows) == 5 and all("coffee" in r["part_text"] for r in rows[1:]), plan
+        assert rows[0]["score"] > rows[1]["score"] == rows[4]["score"], plan
+        # The newest first among parts of one score.
+        assert [r["turn"] for r in rows[1:]] == [5, 4, 3, 2], plan
+    assert [r["score"] for r in found["exact"]] == [r["score"] for r in found["index"]]
+    # The index plan weighs the words over the newest parts it walks (here two coffee parts);
+    # a part it finds by meaning alone is scored by its own words, though none it walked holds
+    # the same ones.
+    async with state.pool.acquire() as conn:
+        walked = await store.ranked_index(conn, scope, ranking, 2)
+    assert walked[0]["part_text"] == "I renewed my passport at the office."
+    # Of the two walked parts (turn 5's message and reply) one holds "coffee": against the
+    # rare word, the common one weighs 0.39 here, 0.45 counted over all ten parts.
+    assert walked[1]["score"] == pytest.approx(0.5 * 0.3869, abs=1e-3)
+    assert found["index"][1]["score"] == pytest.approx(0.5 * 0.4486, abs=1e-3)
+
+
 async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:

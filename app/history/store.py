@@ -1,10 +1,12 @@
 """SQL for session history: keeping a turn's events, ranking their parts, reading, erasing.
 
 Ranking reuses memory search's fusion of meaning and words (`app.db.fusion`: 0.5 x cosine +
-0.5 x the text score scaled by the best match, words by `any_words`; here the text score is
-`ts_rank`, not memory search's weights of rare words, which were not measured on history),
-with recency as the tie-breaker (later turn, then later event), over the parts a reader may
-see: one session's, from turns before a bound, preview parts only for a preview reader.
+0.5 x the text score scaled by the best match) and its text score: the sum of BM25's IDF
+(`word_weight`, migration 0018) over the query's words a part holds, a word few parts hold
+weighing more than one most hold. The words are counted over the parts the reader sees (the
+exact plan), or over the newest parts a large session's index plan walks; recency breaks ties
+(later turn, then later event). A reader sees one session's parts, from turns before a bound,
+preview parts only for a preview reader.
 """
 
 import json
@@ -210,10 +212,50 @@ _EVENT = (
 )
 
 
-def _signals(r: Ranking, p: Params, h: str, query: str) -> str:
+def _words(r: Ranking, p: Params) -> str:
+    """CTE `words`: the query's words, any of them (`query`), and their lexemes (`lexemes`)."""
+    text = p(r.text)
+    return (
+        f"words AS MATERIALIZED (SELECT any_words({text}) AS query,"
+        f" tsvector_to_array(to_tsvector('english'::regconfig, {text})) AS lexemes), "
+    )
+
+
+def _held(h: str) -> str:
+    """The query's lexemes part `h` holds, sorted (NULL: none): its own positions of them
+    marked A and kept. `tsv` is to_tsvector's (migration 0010), whose every lexeme has
+    positions; functions on the row, not a sub-select per row."""
+    return (
+        f"CASE WHEN {h}.tsv @@ (SELECT query FROM words) THEN tsvector_to_array(ts_filter("
+        f"setweight({h}.tsv, 'A', (SELECT lexemes FROM words)), '{{a}}')) END"
+    )
+
+
+def _weights(rows: str, total: str = "(SELECT sum(rows) FROM counts)") -> str:
+    """CTEs `counts` (how many of `rows` hold each set of the query's lexemes, `held`; NULL:
+    none of them) and `weights` (each lexeme's IDF among `total` parts, by default `rows`)."""
+    holding = "(SELECT coalesce(sum(c.rows), 0) FROM counts c WHERE t.lexeme = any(c.held))"
+    return f"""counts AS MATERIALIZED (
+        SELECT held, count(*) AS rows FROM {rows} GROUP BY held
+    ), weights AS MATERIALIZED (
+        SELECT t.lexeme, word_weight({total}, {holding}) AS weight
+        FROM unnest((SELECT lexemes FROM words)) t(lexeme)
+    )"""
+
+
+def _score(held: str) -> str:
+    """The text score of a part holding the lexemes `held`: their weights summed, best first
+    (the same sum, to the last bit, wherever a part is scored); NULL for none."""
+    return (
+        "(SELECT sum(w.weight ORDER BY w.weight DESC, w.lexeme) FROM weights w"
+        f" WHERE w.lexeme = any({held}))"
+    )
+
+
+def _signals(r: Ranking, p: Params, h: str) -> str:
+    """A part's columns and cosine, and the query's lexemes it holds (`held`)."""
     cosine = cosine_of(f"{h}.embedding", p(r.vector))
-    rank = f"CASE WHEN {h}.tsv @@ {query} THEN ts_rank({h}.tsv, {query})::float8 END"
-    return f"{h}.event_id, {h}.part, {h}.turn, {h}.created, {cosine} AS cosine, {rank} AS words"
+    return f"{h}.event_id, {h}.part, {h}.turn, {h}.created, {cosine} AS cosine, {_held(h)} AS held"
 
 
 def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
@@ -259,7 +301,7 @@ async def ranked_exact(
 
 def exact_sql(scope: Scope, r: Ranking, at_most: int | None = None) -> tuple[str, list[Any]]:
     p = Params()
-    query = f"(SELECT any_words({p(r.text)}))"
+    words = _words(r, p)
     visible = _visible(scope, p, "h")
     size, small = "", ""
     if at_most is not None:
@@ -269,9 +311,15 @@ def exact_sql(scope: Scope, r: Ranking, at_most: int | None = None) -> tuple[str
             f" WHERE {visible} LIMIT {p(at_most + 1)})), "
         )
         small = f" AND (SELECT n FROM size) <= {p(at_most)}"
+    # The words weighed over the parts scanned; each set of them scored once, not each part.
     scored = f"""
-    WITH {size}scored AS MATERIALIZED (
-        SELECT {_signals(r, p, "h", query)} FROM history_parts h WHERE {visible}{small}
+    WITH {words}{size}scanned AS MATERIALIZED (
+        SELECT {_signals(r, p, "h")} FROM history_parts h WHERE {visible}{small}
+    ), {_weights("scanned")}, sets AS MATERIALIZED (
+        SELECT held, {_score("held")} AS words FROM counts WHERE held IS NOT NULL
+    ), scored AS MATERIALIZED (
+        SELECT s.event_id, s.part, s.turn, s.created, s.cosine, t.words
+        FROM scanned s LEFT JOIN sets t ON t.held = s.held
     )"""
     return _ranked_sql(scope, r, p, scored), p.values
 
@@ -288,27 +336,42 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
     p = SessionKey(scope)
     visible = _visible(scope, p, "h")
     columns = "h.event_id, h.part, h.turn, h.created, h.embedding, h.tsv"
-    query = "(SELECT query FROM words)"
-    words = f"words AS MATERIALIZED (SELECT any_words({p(r.text)}) AS query), "
+    # The newest `walk` parts, read from the session index alone (it holds `tsv`): the words
+    # are weighed over them (the whole session is not read), and the best `candidates` of them
+    # by words are read from the table.
+    newest = f"FROM history_parts h WHERE {visible} ORDER BY h.turn DESC LIMIT {int(walk)}"
+    walked = (
+        f"walked AS MATERIALIZED (SELECT w.event_id, w.part, w.turn, {_held('w')} AS held"
+        f" FROM (SELECT h.event_id, h.part, h.turn, h.tsv {newest}) w"
+        " WHERE w.tsv @@ (SELECT query FROM words)), "
+        f"walk AS MATERIALIZED (SELECT count(*) AS n FROM (SELECT {newest}) n), "
+    )
+    sets = (
+        f"sets AS MATERIALIZED (SELECT held, {_score('held')} AS words FROM counts"
+        " WHERE held IS NOT NULL)"
+    )
+    best = (
+        "(SELECT w.event_id, w.part FROM walked w JOIN sets s ON s.held = w.held"
+        f" ORDER BY s.words DESC, w.turn DESC LIMIT {int(r.candidates)})"
+    )
     lists = [
-        f"(SELECT {_signals(r, p, 'c', query)} FROM (SELECT {columns}"
+        f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns}"
         f" FROM history_parts h WHERE {visible} ORDER BY h.embedding <=> {p(r.vector)}"
         f" LIMIT {int(r.candidates)}) c)",
-        # Words: the newest `walk` parts, read from the session index alone (it holds `tsv`),
-        # ranked by ts_rank; only the best `candidates` are read from the table.
-        f"(SELECT {_signals(r, p, 'c', query)} FROM (SELECT h.* FROM"
-        f" (SELECT w.event_id, w.part FROM (SELECT h.event_id, h.part, h.tsv"
-        f" FROM history_parts h WHERE {visible} ORDER BY h.turn DESC LIMIT {int(walk)}) w"
-        f" WHERE w.tsv @@ {query} ORDER BY ts_rank(w.tsv, {query}) DESC"
-        f" LIMIT {int(r.candidates)}) k JOIN history_parts h"
+        f"(SELECT {_signals(r, p, 'h')} FROM {best} k JOIN history_parts h"
         f" ON h.account_id = {p(scope.account_id)} AND h.action_id = {p(scope.action_id)}"
         f" AND h.session_id = {p(scope.session_id)}"
-        " AND h.event_id = k.event_id AND h.part = k.part) c)",
+        " AND h.event_id = k.event_id AND h.part = k.part)",
     ]
     # A part both lists propose scores the same in each: it is one result, before the limit
-    # (taken after it, a page came back short by every part found both ways).
+    # (taken after it, a page came back short by every part found both ways). Each part's
+    # words scored by itself: a part of the nearest may hold a set no walked part holds.
     both = " UNION ALL ".join(lists)
-    scored = f"WITH {words}scored AS (SELECT DISTINCT ON (event_id, part) * FROM ({both}) u)"
+    scored = f"""WITH {_words(r, p)}{walked}{_weights("walked", "(SELECT n FROM walk)")},
+    {sets}, scored AS (
+        SELECT u.event_id, u.part, u.turn, u.created, u.cosine, {_score("u.held")} AS words
+        FROM (SELECT DISTINCT ON (event_id, part) * FROM ({both}) u) u
+    )"""
     return _ranked_sql(scope, r, p, scored), p.values
 
 
