@@ -11,7 +11,10 @@ quality  Each LoCoMo dev conversation is one session of one agent (`harness.hist
          so the question turn keeps nothing and every question sees the same history (H5).
          recall@k = share of the question's evidence turns among the results' events in the
          top k. Memory search (hybrid, the same fusion) over the same turns as records, one
-         agent per conversation, is measured beside it.
+         agent per conversation, is measured beside it. `--embedder minilm` embeds both
+         (and the questions) with MiniLM (the `minilm` extra) instead of the static embedder;
+         `--plan index` has search_history take the plan of a session over EXACT_MAX_PARTS
+         parts (shared HNSW under the session filter, the words of its newest WORD_WALK parts).
 scale    `history_parts` loaded by COPY (bulk, indexes built after): one session of
          --big events, then --sessions sessions of --per-session events. Texts are pairs of
          LoCoMo turns, vectors the normalized sum of the pair's (unique, realistic
@@ -38,6 +41,7 @@ inserts  A session of --big parts (loaded as `scale` does, among --sessions othe
          at 128 (and at 256); and for its index built at 128.
 
     python bench/history.py DATA/locomo-dev.json                    # quality and commit
+    python bench/history.py DATA/locomo-dev.json --commit-turns 0 --embedder minilm
     python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 0
     python bench/history.py DATA/locomo-dev.json --scale --big 100000 --sessions 1000 \
         --data-dir /tmp/history-1m --reuse [--session-index]
@@ -180,7 +184,7 @@ def serve_model(ports: Any, stop: Any) -> None:
     server.stop()
 
 
-async def open_state(url: str, model_url: str) -> tuple[AppState, Caller]:
+async def open_state(url: str, model_url: str, embedder: Any) -> tuple[AppState, Caller]:
     pool = await create_pool(url, min_size=2, max_size=8)
     settings = Settings(
         database_url=url,
@@ -189,7 +193,7 @@ async def open_state(url: str, model_url: str) -> tuple[AppState, Caller]:
         model_max_retries=0,
         search_maintenance_seconds=0,
     )
-    state = AppState(settings=settings, pool=pool, embedder=StaticEmbedder())
+    state = AppState(settings=settings, pool=pool, embedder=embedder)
     await start_services(state)
     state.services[MODEL] = ModelClient(settings)
     async with pool.acquire() as conn:
@@ -204,6 +208,15 @@ async def close_state(state: AppState) -> None:
 
 def recall(found: list[str], evidence: set[str], k: int) -> float:
     return len(set(found[:k]) & evidence) / len(evidence)
+
+
+def quality_embedder(name: str) -> Any:
+    """The quality part's embedder: history's parts, memory's records and both queries."""
+    if name == "minilm":
+        from app.embeddings.minilm import MiniLMEmbedder  # the `minilm` extra
+
+        return MiniLMEmbedder()
+    return StaticEmbedder()
 
 
 async def quality(state: AppState, caller: Caller, convs: list[dict[str, Any]]) -> None:
@@ -269,8 +282,11 @@ async def quality(state: AppState, caller: Caller, convs: list[dict[str, Any]]) 
     elapsed = time.perf_counter() - started
     print(
         f"quality: {len(convs)} sessions, {kept_turns} dialog turns kept through execute_turn, "
-        f"{count} questions asked through search_history ({elapsed:.0f} s)"
+        f"{count} questions asked through search_history ({elapsed:.0f} s, "
+        f"{state.embedder.name if state.embedder else None})"
     )
+    plans = sorted({plan for _, plan, _ in history_search._PLANS.values()})
+    print(f"  search_history's plans: {', '.join(plans)}")
     for name, label in (("history", "search_history"), ("memory", "memory search (hybrid)")):
         cells = "  ".join(f"R@{k} {totals[name][k] / count:.3f}" for k in KS)
         print(f"  {label:<24} {cells}")
@@ -331,7 +347,8 @@ async def commit_cost(state: AppState, caller: Caller, turns: int) -> None:
             assert done.status == "SUCCEEDED", done.error
             if i >= 10:
                 walls[name].append(elapsed)
-    print(f"commit: {turns} turns each, one model call, the message kept (static embedder)")
+    assert state.embedder is not None
+    print(f"commit: {turns} turns each, one model call, the message kept ({state.embedder.name})")
     for name, samples in walls.items():
         print(f"  {name:<16} turn wall  {percentiles(samples)}")
     added = statistics.median(walls["with history"]) - statistics.median(walls["without history"])
@@ -960,6 +977,19 @@ def main() -> None:
     parser.add_argument("--turn-parts", type=int, default=3, help="with --inserts: parts a turn")
     parser.add_argument("--rounds", type=int, default=5, help="with --inserts")
     parser.add_argument("--commit-turns", type=int, default=200)
+    parser.add_argument(
+        "--embedder",
+        choices=("static", "minilm"),
+        default="static",
+        help="the quality part's embedder (minilm: the `minilm` extra); commit cost is "
+        "measured with it too",
+    )
+    parser.add_argument(
+        "--plan",
+        choices=("auto", "index"),
+        default="auto",
+        help="index: search_history takes a large session's plan (memory search keeps its own)",
+    )
     parser.add_argument("--data-dir", type=Path, default=None, help="server data dir (temp)")
     parser.add_argument(
         "--reuse",
@@ -967,6 +997,8 @@ def main() -> None:
         help="with --data-dir: search the tables an earlier --scale run loaded there (same sizes)",
     )
     args = parser.parse_args()
+    if args.plan == "index":
+        history_search.EXACT_MAX_PARTS = 0  # every session counts as large
     command = "python bench/history.py " + shlex.join(sys.argv[1:])
     print(f"# {command}")
     convs = conversations(args.locomo)
@@ -1013,8 +1045,9 @@ async def _quality_and_commit(
 
     pg = EmbeddedPostgres(root / "pgdata")
     try:
-        url = await fresh_database(pg, "history_quality", StaticEmbedder())
-        state, caller = await open_state(url, model_url)
+        embedder = quality_embedder(args.embedder)
+        url = await fresh_database(pg, "history_quality", embedder)
+        state, caller = await open_state(url, model_url, embedder)
         try:
             await quality(state, caller, convs)
             if args.commit_turns:
