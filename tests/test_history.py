@@ -1292,6 +1292,70 @@ async def test_h6_a_word_few_parts_hold_weighs_more_than_one_most_hold(
     assert found["index"][1]["score"] == pytest.approx(0.5 * 0.4486, abs=1e-3)
 
 
+def rows_read(plan: dict[str, Any], under: bool = False) -> float:
+    """The rows that the nodes of an EXPLAIN (ANALYZE, FORMAT JSON) plan under CTEs `holding`,
+    `weights` and `sets` (the words' weights and the sets' scores) passed on or filtered out,
+    over all their loops."""
+    under = under or plan.get("Subplan Name") in ("CTE holding", "CTE weights", "CTE sets")
+    rows = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+    own = rows * plan.get("Actual Loops", 1) if under else 0
+    return own + sum(rows_read(p, under) for p in plan.get("Plans", []))
+
+
+async def test_h6_a_long_querys_words_are_weighed_in_time_of_the_parts_not_parts_x_words(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """A query of many words (a search_history query may hold 4,096 characters) over a session
+    of many parts: each set of the query's words the parts hold is read once to weigh the
+    words and once to score it, not once for each of the query's words (200 words over 2,000
+    sets read 800,000 rows, and a query of 500 words over 5,000 parts took a second against
+    ts_rank's 0.3), by the exact and the index plan alike."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    await run(gql, admin, action_id, "A first turn.")
+    key = (admin.account_id, uuid.UUID(action_id), "s1")
+    many = 2000
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            """
+            INSERT INTO history_events (account_id, action_id, session_id, event_id, turn,
+                execution_id, invocation_number, sequence, who, data, text, parts, preview)
+            SELECT $1, $2, $3, gen_random_uuid(), 100 + i, gen_random_uuid(), 1, 1, 'user',
+                '{}', '', 1, false
+            FROM generate_series(1, $4) i
+            """,
+            *key,
+            many,
+        )
+        await conn.execute(
+            """
+            INSERT INTO history_parts (account_id, action_id, session_id, event_id, part, turn,
+                preview, text)
+            SELECT e.account_id, e.action_id, e.session_id, e.event_id, 1, e.turn, false,
+                (SELECT string_agg('zq' || (e.turn * k % 300) || 'x', ' ')
+                 FROM generate_series(1, 8) k)
+            FROM history_events e
+            WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3 AND e.turn > 99
+            """,
+            *key,
+        )
+        query = " ".join(f"zq{i}x" for i in range(200))
+        assert state.embedder is not None
+        vector = (await state.embedder.embed([query])).vectors[0] * 0
+        ranking = store.Ranking(query, vector, 5, 40)
+        scope = Scope(*key, None, False)
+        for plan, (sql, values) in {
+            "exact": store.exact_sql(scope, ranking),
+            "index": store.index_sql(scope, ranking, history_search.WORD_WALK),
+        }.items():
+            explained = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
+            if isinstance(explained, str):
+                explained = json.loads(explained)
+            read = rows_read(explained[0]["Plan"])
+            assert read < 20 * many, (plan, read)
+            found = await conn.fetch(sql, *values)
+            assert len(found) == 5 and found[0]["score"] > 0, plan
+
+
 async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:

@@ -233,22 +233,31 @@ def _held(h: str) -> str:
 
 def _weights(rows: str, total: str = "(SELECT sum(rows) FROM counts)") -> str:
     """CTEs `counts` (how many of `rows` hold each set of the query's lexemes, `held`; NULL:
-    none of them) and `weights` (each lexeme's IDF among `total` parts, by default `rows`)."""
-    holding = "(SELECT coalesce(sum(c.rows), 0) FROM counts c WHERE t.lexeme = any(c.held))"
+    none of them), `holding` (how many hold each lexeme) and `weights` (each lexeme's IDF among
+    `total` parts, by default `rows`). Each set's lexemes are read once, not each set for each
+    of the query's lexemes: a query of hundreds of words over thousands of sets took seconds."""
     return f"""counts AS MATERIALIZED (
         SELECT held, count(*) AS rows FROM {rows} GROUP BY held
+    ), members AS MATERIALIZED (
+        SELECT c.held, l.lexeme, c.rows FROM counts c CROSS JOIN LATERAL unnest(c.held) l(lexeme)
+    ), holding AS MATERIALIZED (
+        SELECT lexeme, sum(rows) AS rows FROM members GROUP BY lexeme
     ), weights AS MATERIALIZED (
-        SELECT t.lexeme, word_weight({total}, {holding}) AS weight
+        SELECT t.lexeme, word_weight({total}, coalesce(h.rows, 0)) AS weight
         FROM unnest((SELECT lexemes FROM words)) t(lexeme)
+        LEFT JOIN holding h ON h.lexeme = t.lexeme
     )"""
 
 
-def _score(held: str) -> str:
-    """The text score of a part holding the lexemes `held`: their weights summed, best first
-    (the same sum, to the last bit, wherever a part is scored); NULL for none."""
+def _sets(helds: str = "members") -> str:
+    """Each set of the query's lexemes and its text score (`words`): their weights summed, best
+    first (the same sum, to the last bit, wherever a set is scored). `helds`: rows of a set
+    (`held`) and a lexeme of it each (`lexeme`), by default `members` (`_weights`). One join of
+    two relations read once each, not `weights` read again for each set (which the planner
+    chose for a lateral join when it thought the sets few)."""
     return (
-        "(SELECT sum(w.weight ORDER BY w.weight DESC, w.lexeme) FROM weights w"
-        f" WHERE w.lexeme = any({held}))"
+        "SELECT m.held, sum(w.weight ORDER BY w.weight DESC, w.lexeme) AS words"
+        f" FROM {helds} m JOIN weights w ON w.lexeme = m.lexeme GROUP BY m.held"
     )
 
 
@@ -315,9 +324,7 @@ def exact_sql(scope: Scope, r: Ranking, at_most: int | None = None) -> tuple[str
     scored = f"""
     WITH {words}{size}scanned AS MATERIALIZED (
         SELECT {_signals(r, p, "h")} FROM history_parts h WHERE {visible}{small}
-    ), {_weights("scanned")}, sets AS MATERIALIZED (
-        SELECT held, {_score("held")} AS words FROM counts WHERE held IS NOT NULL
-    ), scored AS MATERIALIZED (
+    ), {_weights("scanned")}, sets AS MATERIALIZED ({_sets()}), scored AS MATERIALIZED (
         SELECT s.event_id, s.part, s.turn, s.created, s.cosine, t.words
         FROM scanned s LEFT JOIN sets t ON t.held = s.held
     )"""
@@ -346,10 +353,7 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
         " WHERE w.tsv @@ (SELECT query FROM words)), "
         f"walk AS MATERIALIZED (SELECT count(*) AS n FROM (SELECT {newest}) n), "
     )
-    sets = (
-        f"sets AS MATERIALIZED (SELECT held, {_score('held')} AS words FROM counts"
-        " WHERE held IS NOT NULL)"
-    )
+    sets = f"sets AS MATERIALIZED ({_sets()})"
     best = (
         "(SELECT w.event_id, w.part FROM walked w JOIN sets s ON s.held = w.held"
         f" ORDER BY s.words DESC, w.turn DESC LIMIT {int(r.candidates)})"
@@ -367,10 +371,16 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
     # (taken after it, a page came back short by every part found both ways). Each part's
     # words scored by itself: a part of the nearest may hold a set no walked part holds.
     both = " UNION ALL ".join(lists)
+    own = (
+        "(SELECT c.held, l.lexeme FROM (SELECT DISTINCT held FROM proposed) c"
+        " CROSS JOIN LATERAL unnest(c.held) l(lexeme))"
+    )
     scored = f"""WITH {_words(r, p)}{walked}{_weights("walked", "(SELECT n FROM walk)")},
-    {sets}, scored AS (
-        SELECT u.event_id, u.part, u.turn, u.created, u.cosine, {_score("u.held")} AS words
-        FROM (SELECT DISTINCT ON (event_id, part) * FROM ({both}) u) u
+    {sets}, proposed AS MATERIALIZED (
+        SELECT DISTINCT ON (event_id, part) * FROM ({both}) u
+    ), own AS MATERIALIZED ({_sets(own)}), scored AS (
+        SELECT u.event_id, u.part, u.turn, u.created, u.cosine, o.words
+        FROM proposed u LEFT JOIN own o ON o.held = u.held
     )"""
     return _ranked_sql(scope, r, p, scored), p.values
 
