@@ -255,22 +255,27 @@ def _weighed(r: Ranking) -> tuple[str, str | None]:
     # Once per set, not per row (a sub-select for each of a 1,000-record agent's rows holding
     # a word cost about a millisecond, bench/README.md). With no row scanned (the gate found the
     # agent listed) nothing here reads `words`: the words are not looked up.
-    held = "c.held::text[]"
+    # Each set's lexemes are read once (`members`), not each set for each of the query's words
+    # and the weights again for each set: a 300-word query (a recall's, of a long message) over
+    # a 1,000-record agent took 210-270 ms (bench/README.md, fifty-sixth session).
     pairs = "unnest((SELECT lexemes FROM words), (SELECT weights FROM weights)) w(lexeme, weight)"
     best = None if r.by_length else "(SELECT max(words) FROM sets)"
     ctes = f"""counts AS MATERIALIZED (
         SELECT held, count(*) AS rows FROM scanned GROUP BY held
+    ), members AS MATERIALIZED (
+        SELECT c.held, l.lexeme, c.rows
+        FROM counts c CROSS JOIN LATERAL unnest(c.held::text[]) l(lexeme)
     ), weights AS MATERIALIZED (
         SELECT coalesce((SELECT weights FROM words WHERE weights[1] IS NOT NULL), ARRAY(
-            SELECT word_weight((SELECT sum(rows) FROM counts),
-                (SELECT coalesce(sum(c.rows), 0) FROM counts c WHERE t.lexeme = any({held})))
-            FROM unnest((SELECT lexemes FROM words)) WITH ORDINALITY t(lexeme, i) ORDER BY t.i
+            SELECT word_weight((SELECT sum(rows) FROM counts), coalesce(h.rows, 0))
+            FROM unnest((SELECT lexemes FROM words)) WITH ORDINALITY t(lexeme, i)
+            LEFT JOIN (SELECT lexeme, sum(rows) AS rows FROM members GROUP BY lexeme) h
+                ON h.lexeme = t.lexeme
+            ORDER BY t.i
         )) AS weights
     ), sets AS MATERIALIZED (
-        SELECT c.held, (
-            SELECT sum(w.weight ORDER BY w.weight DESC) FROM {pairs} WHERE w.lexeme = any({held})
-        ) AS words
-        FROM counts c WHERE c.held IS NOT NULL
+        SELECT m.held, sum(w.weight ORDER BY w.weight DESC) AS words
+        FROM members m JOIN {pairs} ON w.lexeme = m.lexeme GROUP BY m.held
     ), scored AS (
         SELECT s.memory_id, s.created, s.cosine, {_by_length(r, "h.words", "s.length")} AS words
         FROM scanned s LEFT JOIN sets h ON h.held = s.held
