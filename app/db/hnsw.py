@@ -46,6 +46,7 @@ _BUILT = "engram: built over {} rows in file {}"
 # round lowers no more (what holds one index's lock, a transaction that read the table, holds
 # every one's), and the next round tries again.
 LOWER_LOCK_TIMEOUT = "500ms"
+NEXT = "_next"  # an own index's replacement, built beside the one it replaces
 
 
 def spelled(options: dict[str, str]) -> list[str]:
@@ -92,11 +93,33 @@ async def built_over(conn: asyncpg.Connection, names: Sequence[str]) -> dict[str
     return over
 
 
-def outgrown(rows: int, over: int | None) -> bool:
-    """Whether an index built over `over` rows (`built_over`) is built again for its `rows`
-    now: grown REBUILD_GROWTH times, or built again by PostgreSQL (0). None: not (a caller
-    notes the rows it finds, `note_built`)."""
-    return over is not None and rows >= REBUILD_GROWTH * over
+async def outgrown(conn: asyncpg.Connection, rows: dict[str, int]) -> set[str]:
+    """Of the HNSW indexes named in `rows`, each with its agent's or session's rows now, those
+    to build again: grown REBUILD_GROWTH times the rows they were built over, or built again by
+    PostgreSQL since (`built_over`). One without such a comment (of a release before this one)
+    is noted as built over its rows now (`note_built`)."""
+    over = await built_over(conn, list(rows))
+    again = set()
+    for name, now in rows.items():
+        built = over.get(name)
+        if built is None:
+            await note_built(conn, name, now)
+        elif now >= REBUILD_GROWTH * built:  # or 0: PostgreSQL built it again
+            again.add(name)
+    return again
+
+
+async def finish_replacements(
+    conn: asyncpg.Connection, states: dict[str, bool], owned: set[str]
+) -> None:
+    """Renames to its own name each replacement (named with NEXT) that a round finished
+    building before it stopped after dropping the index it replaces, and says so in `states`
+    (an index's name: whether it is current)."""
+    for name in sorted(states):
+        base = name.removesuffix(NEXT)
+        if base != name and base in owned and base not in states and states[name]:
+            await conn.execute(f"ALTER INDEX {name} RENAME TO {base}")
+            states[base] = states.pop(name)
 
 
 async def lower(conn: asyncpg.Connection, names: Sequence[str]) -> list[str]:

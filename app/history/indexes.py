@@ -34,7 +34,6 @@ PREFIX = "history_parts_vectors_"
 # is (app/memory/maintenance.py OPTIONS, whose m 12 was measured on memory records only); its
 # ef_construction is lowered once built (hnsw.lower).
 OPTIONS = {"m": "16", "ef_construction": hnsw.BUILD_EF_CONSTRUCTION}
-_NEXT = "_next"  # a replacement index being built beside the one it replaces
 
 Key = tuple[UUID, UUID, str]
 
@@ -113,22 +112,12 @@ async def index_sessions(
     new = [key for key in largest if sizes[key] >= min_parts and index_name(key) not in states]
     wanted = keep + new[: places - len(keep)]
     owned = {index_name(key) for key in wanted}
-    for name in sorted(states):
-        base = name.removesuffix(_NEXT)
-        if base != name and base in owned and base not in states and states[name]:
-            # A replacement finished by a round that stopped after dropping the old index.
-            await conn.execute(f"ALTER INDEX {name} RENAME TO {base}")
-            states[base] = states.pop(name)
+    await hnsw.finish_replacements(conn, states, owned)
     dropped = await _drop_each(conn, sorted(set(states) - owned))
-    ready = [key for key in wanted if states.get(index_name(key))]
-    over = await hnsw.built_over(conn, [index_name(key) for key in ready])
-    for key in ready:
-        name = index_name(key)
-        if over.get(name) is None:  # as a release before this one built it
-            await hnsw.note_built(conn, name, sizes[key])
-        elif hnsw.outgrown(sizes[key], over[name]):  # or PostgreSQL built it again since
-            states[name] = False  # built again, beside the old one
-    await hnsw.lower(conn, [index_name(key) for key in ready if states[index_name(key)]])
+    ready = {index_name(key): sizes[key] for key in wanted if states.get(index_name(key))}
+    for name in await hnsw.outgrown(conn, ready):
+        states[name] = False  # built again, beside the old one
+    await hnsw.lower(conn, [name for name in ready if states[name]])
     built: list[str] = []
     failed: list[str] = []
     for key in wanted:
@@ -166,7 +155,7 @@ async def _build(conn: asyncpg.Connection, key: Key, beside: bool) -> str:
     are not left without one. What an interrupted build left under the new one's name is
     dropped first."""
     name = index_name(key)
-    target = f"{name}{_NEXT}" if beside else name
+    target = f"{name}{hnsw.NEXT}" if beside else name
     options = ", ".join(f"{k} = {v}" for k, v in OPTIONS.items())
     where = _predicate(key)
     await _drop(conn, target)

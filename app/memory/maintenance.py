@@ -68,7 +68,6 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # records it was built over.
 OPTIONS = ({"m": "12", "ef_construction": hnsw.BUILD_EF_CONSTRUCTION}, {"fastupdate": "off"})
 _PREFIXES = ("agent_memories_vectors_", "agent_memories_words_")
-_NEXT = "_next"  # a replacement index being built beside the one it replaces
 # A listed agent's words are counted again once its counted records have grown by this share
 # (a count reads every record of the agent: 2.3 s for the 200,000-record agent of
 # bench/search_scale.py, 0.4 s at 25,000); at once after a deletion or replacement.
@@ -179,7 +178,7 @@ async def _build(
         current = states.get(name)
         if current:
             continue
-        target = name if current is None else f"{name}{_NEXT}"
+        target = name if current is None else f"{name}{hnsw.NEXT}"
         await _drop_index(conn, target)  # what an interrupted build left under that name
         await conn.execute(
             f"CREATE INDEX CONCURRENTLY {target} ON agent_memories USING {method}"
@@ -296,27 +295,16 @@ async def index_agents(
         [sizes[agent] for agent in keep],
     )
     owned = {name for agent in [*keep, *new] for name in index_names(*agent)}
-    for name in sorted(states):
-        base = name.removesuffix(_NEXT)
-        if base != name and base in owned and base not in states and states[name]:
-            # A replacement finished by a round that stopped after dropping the old index.
-            await conn.execute(f"ALTER INDEX {name} RENAME TO {base}")
-            states[base] = states.pop(name)
+    await hnsw.finish_replacements(conn, states, owned)
     dropped = await _drop_indexes(conn, sorted(set(states) - owned))
     states = {name: current for name, current in states.items() if name in owned}
     built: list[str] = []
     failed: list[UUID] = []
     counted: list[AgentKey] = []  # counted again, or listed (and so counted) by `_list`
-    built_over = await hnsw.built_over(conn, [index_names(*agent)[0] for agent in keep])
-    for agent in keep:
-        vectors = index_names(*agent)[0]
-        if not states.get(vectors):
-            continue  # this round builds it anyway
-        over = built_over.get(vectors)
-        if over is None:  # as a release before this one built it
-            await hnsw.note_built(conn, vectors, sizes[agent])
-        elif hnsw.outgrown(sizes[agent], over):  # or PostgreSQL built it again since
-            states[vectors] = False  # built again, beside the old one
+    # Not one this round builds anyway; one built again goes beside the old one.
+    vectors = {index_names(*a)[0]: sizes[a] for a in keep if states.get(index_names(*a)[0])}
+    for name in await hnsw.outgrown(conn, vectors):
+        states[name] = False
     ready = {a for a in keep + new if all(states.get(name) for name in index_names(*a))}
     await hnsw.lower(conn, [index_names(*agent)[0] for agent in ready])  # built at 256 before
     for agent in keep:
