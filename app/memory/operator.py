@@ -64,7 +64,7 @@ async def _label_names(
 ) -> dict[int, str]:
     # Later versions keep every label with its number, so the current version names them all.
     action = await load_action(conn, account_id, action_id)
-    return _label_names_of(action) if action is not None else {}
+    return label_names_of(action) if action is not None else {}
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ async def memory_pages(
         }
         if unread:
             agents |= await load_actions(conn, account_id, list(unread))
-    names = {action_id: _label_names_of(action) for action_id, action in (given | agents).items()}
+    names = {action_id: label_names_of(action) for action_id, action in (given | agents).items()}
     return [
         [MemoryView(store.record(r), names.get(p.action_id, {})) for r in rows]
         if isinstance(rows, list)
@@ -294,7 +294,7 @@ async def get_memories(
         if row is not None:
             action = agents.get(k[0])
             found[k] = MemoryView(
-                store.record(row), _label_names_of(action) if action is not None else {}
+                store.record(row), label_names_of(action) if action is not None else {}
             )
     return found
 
@@ -525,7 +525,8 @@ async def _commit_write(
     return written
 
 
-def _label_names_of(action: ActionVersion) -> dict[int, str]:
+def label_names_of(action: ActionVersion) -> dict[int, str]:
+    """The labels the agent version declares: each one's name by its number."""
     return {label.number: label.name for label in action.harness.memory.labels}
 
 
@@ -624,7 +625,7 @@ async def add_memory(
     if written is None:
         return (await _answered_first(pool, caller, action_id, key))[0]
     record = next(r for r in written if r.memory_id == new_id)
-    return MemoryView(record, _label_names_of(action))
+    return MemoryView(record, label_names_of(action))
 
 
 MAX_BULK = 1000
@@ -713,7 +714,7 @@ async def add_memories(
     )
     if written is None:
         return await _answered_first(pool, caller, action_id, key)
-    names = _label_names_of(action)
+    names = label_names_of(action)
     return [MemoryView(record, names) for record in _in_order(written, ids)]
 
 

@@ -118,7 +118,7 @@ from app.db.pool import SESSION_SETTINGS
 from app.embeddings.base import Embedder
 from app.errors import BadInput
 from app.memory import search_store
-from app.memory.operator import LabelValue, MemoryView
+from app.memory.operator import LabelValue, MemoryView, label_names_of
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking, Scored
 from app.memory.service import check_label_filter
@@ -483,10 +483,9 @@ async def search_as_operator(
         after=after,
         mode=mode,
     )
-    names = {label.number: label.name for label in memory.labels}
+    names = label_names_of(action)
     if given is not None and any(n not in names for r in result.records for n in r.labels):
-        later = await require_action(pool, caller, action_id=action_id)
-        names = {label.number: label.name for label in later.harness.memory.labels}
+        names = label_names_of(await require_action(pool, caller, action_id=action_id))
     return [MemoryView(r, names) for r in result.records], result.cursors
 
 
