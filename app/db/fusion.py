@@ -1,5 +1,6 @@
 """The one fusion of meaning and words that memory search (app/memory/search.py) and session
-history search (app/history/store.py) both rank by; bench/README.md measures it."""
+history search (app/history/store.py) both rank by, and the words of the query a row holds,
+which both weigh; bench/README.md measures it."""
 
 from app.db.sql import Params
 
@@ -14,6 +15,18 @@ def cosine_of(column: str, vector: str) -> str:
     record failed every search of its agent). No vector is stored so now (app/embeddings,
     app/transfer), but a release before may have stored one."""
     return f"nullif(1 - ({column} <=> {vector}), 'NaN')"
+
+
+def held_lexemes(row: str) -> str:
+    """The query's lexemes (the `lexemes` of a CTE `words`) that row `row`'s `tsv` holds, as a
+    sorted array: the row's positions of them marked A and kept. `tsv` is to_tsvector's
+    (migrations 0002, 0010), whose every lexeme has positions (one without would be dropped),
+    all of weight D (another weight would only split a set). Functions on the row, not a
+    sub-select per row (about a millisecond at 1,000 records, bench/README.md)."""
+    return (
+        f"tsvector_to_array(ts_filter(setweight({row}.tsv, 'A', (SELECT lexemes FROM words)),"
+        " '{a}'))"
+    )
 
 
 def fusion(

@@ -20,7 +20,7 @@ import numpy as np
 from pgvector import Vector
 
 from app.db.cursors import INT4_MIN
-from app.db.fusion import HYBRID_WEIGHT, cosine_of, fusion
+from app.db.fusion import HYBRID_WEIGHT, cosine_of, fusion, held_lexemes
 from app.db.sql import Params, by_page, page_arrays
 from app.history.keeping import KeptEvent
 
@@ -222,13 +222,8 @@ def _words(r: Ranking, p: Params) -> str:
 
 
 def _held(h: str) -> str:
-    """The query's lexemes part `h` holds, sorted (NULL: none): its own positions of them
-    marked A and kept. `tsv` is to_tsvector's (migration 0010), whose every lexeme has
-    positions; functions on the row, not a sub-select per row."""
-    return (
-        f"CASE WHEN {h}.tsv @@ (SELECT query FROM words) THEN tsvector_to_array(ts_filter("
-        f"setweight({h}.tsv, 'A', (SELECT lexemes FROM words)), '{{a}}')) END"
-    )
+    """The query's lexemes part `h` holds, sorted (NULL: none)."""
+    return f"CASE WHEN {h}.tsv @@ (SELECT query FROM words) THEN {held_lexemes(h)} END"
 
 
 def _weights(rows: str, total: str = "(SELECT sum(rows) FROM counts)") -> str:

@@ -33,7 +33,7 @@ from uuid import UUID
 import asyncpg
 import numpy as np
 
-from app.db.fusion import cosine_of, fusion
+from app.db.fusion import cosine_of, fusion, held_lexemes
 from app.db.sql import Params
 from app.memory.records import MemoryRecord
 from app.memory.store import RECORD_COLUMNS, has_labels, record
@@ -294,14 +294,7 @@ def _signals(r: Ranking, p: Params, m: str = "m", *, scan: bool = False) -> str:
         # Sub-selects of the CTE are evaluated once per search, also in a generic plan; the
         # words only for a row that holds any.
         if scan:
-            # The row's positions of the query's words marked A and kept: `tsv` is to_tsvector's
-            # (migration 0002), whose every lexeme has positions (one without would be dropped),
-            # all of weight D (another weight would only split a set). Functions on the row, not
-            # a sub-select per row (about a millisecond at 1,000 records).
-            held = (
-                f"tsvector_to_array(ts_filter(setweight({m}.tsv, 'A',"
-                " (SELECT lexemes FROM words)), '{a}'))::text"
-            )
+            held = f"{held_lexemes(m)}::text"
         else:
             held = (
                 "(SELECT sum(w.weight) FROM unnest((SELECT terms FROM words),"
