@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -369,3 +369,35 @@ def faults(text: str, after: str) -> tuple[int, int, str | None]:
     first = errors[0][:300] if errors else ""
     last = [line for line in lines if line.strip()][-1][:300]
     return tracebacks, len(errors), f"logged after {after}: {first} ... {last}"
+
+
+async def statements_sent(
+    pool: asyncpg.Pool, work: Callable[[], Awaitable[Any]], *, warm: int | None = None
+) -> int:
+    """How many statements `work` sends through the pool's connections, besides the reset
+    the pool sends when a connection comes back, once the pool's connections have run it
+    (the first run on a connection also reads the driver's type information): `warm` runs
+    first, by default twice the pool's size."""
+    sent: list[str] = []
+
+    def log(record: Any) -> None:
+        sent.append(record.query)
+
+    async def every_connection(change: str | None) -> str:
+        held = [await pool.acquire() for _ in range(pool.get_max_size())]
+        reset = held[0].get_reset_query()
+        for conn in reversed(held):  # the pool hands out the last released first: kept
+            if change:
+                getattr(conn, change)(log)
+            await pool.release(conn)
+        return reset
+
+    await every_connection(None)  # open them all, then let the work warm the ones it takes
+    for _ in range(2 * pool.get_max_size() if warm is None else warm):
+        await work()
+    reset = await every_connection("add_query_logger")
+    try:
+        await work()
+    finally:
+        await every_connection("remove_query_logger")
+    return len([s for s in sent if s != reset])

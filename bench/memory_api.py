@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import percentiles, tuned_server  # noqa: E402
+from common import percentiles, statements_sent, tuned_server  # noqa: E402
 
 from app.actions import service as actions  # noqa: E402
 from app.auth.caller import Caller  # noqa: E402
@@ -211,35 +210,6 @@ async def timed(work: Any) -> float:
     t = time.perf_counter()
     await work
     return (time.perf_counter() - t) * 1000
-
-
-async def statements_sent(pool: asyncpg.Pool, work: Callable[[], Awaitable[Any]]) -> int:
-    """How many statements `work` sends through the pool's connections, besides the reset
-    the pool sends when a connection comes back, once the pool's connections have run it
-    (the first run on a connection also reads the driver's type information)."""
-    sent: list[str] = []
-
-    def log(record: Any) -> None:
-        sent.append(record.query)
-
-    async def every_connection(change: str | None) -> str:
-        held = [await pool.acquire() for _ in range(pool.get_max_size())]
-        reset = held[0].get_reset_query()
-        for conn in reversed(held):  # the pool hands out the last released first: kept
-            if change:
-                getattr(conn, change)(log)
-            await pool.release(conn)
-        return reset
-
-    await every_connection(None)  # open them all, then let the work warm the ones it takes
-    for _ in range(2 * pool.get_max_size()):
-        await work()
-    reset = await every_connection("add_query_logger")
-    try:
-        await work()
-    finally:
-        await every_connection("remove_query_logger")
-    return len([s for s in sent if s != reset])
 
 
 def cpu_figures(samples: list[float]) -> str:

@@ -18,6 +18,12 @@ transactions, recall, pins, tools, transcript). Scenarios:
 - compact: as session, with model.contextTokens 600: earlier turns are summarized every few
           turns (the summary calls are model time, so excluded; their bookkeeping is not).
 
+Each scenario also prints the event loop thread's CPU time a turn (the model client's
+included: it cannot be told apart here) and the statements a turn sends to PostgreSQL (counted
+over later, untimed turns of its own sessions with asyncpg's query logger on every pooled
+connection). On a machine whose idle cores halt, each statement also costs the waking of a
+backend and of this process, whatever its SQL: the wall time a turn spends beyond its CPU.
+
 The memory agents review each turn at its end (app/runtime/review.py); the model finds nothing
 worth keeping there, so the review is one more model call (its time excluded like the others')
 and its own work: counting the session's unreviewed messages and recording the call.
@@ -32,6 +38,7 @@ transcript events), timed directly over the same records; and the budget check a
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import shlex
@@ -40,6 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +56,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import percentiles  # noqa: E402
+from common import percentiles, statements_sent  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))  # the scripted model server of the tests
 
@@ -177,21 +185,45 @@ async def preload(state: AppState, caller: Caller, action_id: uuid.UUID, records
             await work.commit(conn)
 
 
+@dataclass
+class Scenario:
+    walls: list[float]  # each turn's wall time, ms
+    overheads: list[float]  # less its model calls' time
+    cpus: list[float]  # the event loop thread's CPU time in the turn, model client included
+    statements: float  # statements sent a turn (a later, untimed pass of turns)
+
+
 async def scenario(
     state: AppState, caller: Caller, action_id: uuid.UUID, turns: int, per_session: int = 10
-) -> tuple[list[float], list[float]]:
-    overheads: list[float] = []
-    walls: list[float] = []
+) -> Scenario:
+    def request(i: int, prefix: str = "s") -> TurnRequest:
+        return TurnRequest(
+            action_id, f"{prefix}{i // per_session + 1}", f"{question(i)} (turn {i})"
+        )
+
+    timed = Scenario([], [], [], 0.0)
     for i in range(turns + 10):  # the first 10 warm up
-        request = TurnRequest(action_id, f"s{i // per_session + 1}", f"{question(i)} (turn {i})")
-        started = time.perf_counter()
-        executed = await execute_turn(state, caller, request)
+        started, cpu = time.perf_counter(), time.thread_time()
+        executed = await execute_turn(state, caller, request(i))
         wall = (time.perf_counter() - started) * 1000
+        cpu = (time.thread_time() - cpu) * 1000
         assert executed.status == "SUCCEEDED", executed.error
         if i >= 10:
-            walls.append(wall)
-            overheads.append(wall - await model_ms(state, caller, action_id, executed.execution_id))
-    return walls, overheads
+            timed.walls.append(wall)
+            timed.cpus.append(cpu)
+            timed.overheads.append(
+                wall - await model_ms(state, caller, action_id, executed.execution_id)
+            )
+    # Counted apart, in sessions of their own (a later scenario reads the timed ones), so
+    # that the query logger costs the timed turns nothing; the timed turns warmed the pool.
+    counted, prefix = itertools.count(), f"counted-{uuid.uuid4().hex[:8]}-"
+
+    async def ten_turns() -> None:
+        for _ in range(10):
+            await execute_turn(state, caller, request(next(counted), prefix))
+
+    timed.statements = await statements_sent(state.pool, ten_turns, warm=1) / 10
+    return timed
 
 
 async def recall_alone(
@@ -377,9 +409,13 @@ def main() -> None:
     )
     print("turn wall time, and overhead (wall minus the model calls' time):")
     for name in ("plain", "recall", "tools", "session", "compact"):
-        walls, overheads = results[name]
-        print(f"  {name:<7} wall      {percentiles(walls)}")
-        print(f"  {name:<7} overhead  {percentiles(overheads)}")
+        run: Scenario = results[name]
+        print(f"  {name:<7} wall      {percentiles(run.walls)}")
+        print(f"  {name:<7} overhead  {percentiles(run.overheads)}")
+        print(
+            f"  {name:<7} CPU       {percentiles(run.cpus)}  (the thread's, model client "
+            f"included; {run.statements:.1f} statements a turn)"
+        )
     print(f"one recall alone ({args.recalls} recalls):")
     print(f"  recall            {percentiles(results['recall alone'])}")
     size, samples = results["window"]
