@@ -597,7 +597,7 @@ async def test_history_and_agents_page_whole_while_turns_run_and_agents_change(
                 " WHERE action_id = any($1::uuid[])",
                 [x.action_id for x in agents[::2]],
             )
-        stop = asyncio.Event()
+        stop, turned = asyncio.Event(), asyncio.Event()
 
         async def write() -> None:
             for n in itertools.count():
@@ -606,12 +606,17 @@ async def test_history_and_agents_page_whole_while_turns_run_and_agents_change(
                 preview = n % 3 == 2
                 turn = {"actionId": a, "sessionId": "s1", "input": f"new {n}", "preview": preview}
                 await api(TURN, input=turn)
+                turned.set()
                 await make_agent(state, admin, name=f"new agent {n}")
                 await asyncio.sleep(0.005)
 
         writer = asyncio.create_task(write())
         try:
             for _ in range(3):
+                # A turn kept since the last paging, and more keep coming as this one pages (on
+                # a loaded machine a whole paging could otherwise end before the first turn).
+                await asyncio.wait_for(turned.wait(), 60)
+                turned.clear()
                 nodes, _ = await page_through(
                     api, HISTORY, lambda d: d["action"]["sessions"]["nodes"][0]["history"], a=a
                 )
@@ -622,7 +627,7 @@ async def test_history_and_agents_page_whole_while_turns_run_and_agents_change(
                     {n["eventId"] for n in kept},
                     descending=False,
                 )
-                assert len(nodes) > len(kept), "no turn was kept while paging"
+                assert len(nodes) > len(kept), "the turns kept since are not in the history"
                 nodes, _ = await page_through(api, AGENTS, lambda d: d["actions"])
                 check_run(
                     nodes,
