@@ -65,7 +65,10 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   reach it nor raise the best text score (taking the vector list's last cosine as the most any
   other record has, which HNSW, being approximate, may rarely miss), in lexical mode once the
   page is read (a query of at most six words); in lexical mode a subset of common words is
-  read newest first by the (agent, created) btree rather than all its holders by GIN.
+  read newest first by the (agent, created) btree rather than all its holders by GIN, as is a
+  long query's last subset (the records holding only words after the sixth: most of the agent
+  for a recall's query), which hybrid mode reads best cosine first by HNSW when it should hold
+  half of the agent's records or more.
   With both lists the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and
   200,000 records in search_scale.py's samples, and 0.964-0.971 over two samples of 150
   questions at 200,000 records (bench/README.md, twenty-third session).

@@ -19,7 +19,10 @@ Two plans rank the same way (`app.memory.search` says when each is used, and why
   hybrid mode, only while a tier's records can still reach the page or raise the best text
   score (`_threshold`), and in lexical mode, only the page when the query has at most six
   words (a tier of common words read newest first by the created btree when that is cheaper,
-  `_newest_first`). Fast for an agent of any size; a record outside both lists is not found.
+  `_newest_first`). A long query's last tier (the records holding only words after the sixth,
+  most of the agent for a recall's query) is read in its order, not whole: best cosine first by
+  HNSW in hybrid mode (`_nearest_first`), newest first in lexical mode. Fast for an agent of
+  any size; a record outside both lists is not found.
 
 Both end in the same fusion (`_FUSED`), so a record scores the same whichever plan found it.
 """
@@ -618,7 +621,9 @@ async def ranked_index(
     more than six words, whose later words add to a record's score without moving its tier,
     and the review's division by length (`by_length`), which tiers ignore; there a record
     outside both lists is missed, and the best text score among the candidates, which
-    normalizes the fusion, may be below the agent's best.
+    normalizes the fusion, may be below the agent's best. In hybrid mode such a query's last
+    tier, when it should hold half of the agent's records or more, is read from HNSW
+    (`_nearest_first`), approximate as the vector list is.
 
     The walk ends early where that changes no record of the page (bench/README.md,
     thirteenth session): in hybrid mode at the first tier whose records can neither reach it
@@ -708,6 +713,7 @@ async def ranked_index(
         preview = isinstance(reader, AgentReader) and reader.preview
         tiers = _tiers(p, None if preview else records)
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
+            tier = _nearest_first(tier, agent, nearest, limit)
             ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit, tiers)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
@@ -733,6 +739,8 @@ async def ranked_index(
         else:
             lists.append(walk(tiers, f"LIMIT {limit}"))
     words = _words(r, p, reader, agent)
+    if r.text is not None:
+        words += _LATER
     finish = _finish(reader, r, p, gated=bool(gate), holds=holds, above=True)
     sql = f"WITH {gate}{words}{ctes}scored AS ({' UNION '.join(lists)}){finish}"
     found = await conn.fetch(sql, *p.values)
@@ -807,6 +815,49 @@ def _after_tier(after: tuple[float, datetime, UUID], p: Params) -> tuple[str, st
     )
 
 
+# A query of more than six words has a last tier (`word_tiers`): the records holding none of
+# the first six words but any after them. Its `most` is the later words' weights summed; every
+# other tier's adds at least the sixth's, which weighs as much as any later word, so half of it
+# tells them apart whatever the rounding. `rarity`: -ln of the share of the agent's records
+# expected in it, 1 - the product of 1 - e^-weight over the later words (a word's weight is
+# BM25's IDF: e^-weight is about the share of the records holding it), where e^-most, the share
+# holding all of a tier's words, would take the last tier for the rarest. The CTE is empty for
+# a query of at most six words. (exp bounded: PostgreSQL refuses an underflow.)
+_LATER = """later AS MATERIALIZED (
+    SELECT sum(w) + 0.5 * weights[6] AS below, -ln(greatest(
+        1 - exp(greatest(sum(ln(greatest(1 - exp(-w), 1e-300))), -700)), 1e-300)) AS rarity
+    FROM words, unnest(weights[7:]) w GROUP BY weights[6]
+), """
+_LAST = "t.most < (SELECT below FROM later)"  # whether tier `t` is the last (`_LATER`)
+# How rare tier `t`'s records are: e^-rarity is about the share of the agent's records it holds.
+_RARITY = f"CASE WHEN {_LAST} THEN (SELECT rarity FROM later) ELSE t.most END"
+
+
+def _nearest_first(tier: str, agent: str, nearest: str, limit: int) -> str:
+    """A hybrid tier's best-cosine `limit` records (SQL; `tier` reads them all by GIN and sorts
+    them), read best cosine first by the agent's HNSW index instead when it is a long query's
+    last tier (`_LATER`: the records holding only words after the sixth) and expected to hold
+    half of the agent's records or more, testing its words on each row; `agent`: the reader's
+    rows, as `ranked_index` selects them. For a recall's query (the turn's message and the
+    latest reply) GIN read nearly the whole agent for that tier whenever the six rarest words'
+    tiers held fewer than the list (a 300-word query at 5,000 records: 4,977 rows, 53-58 ms p50
+    against 8-12 walked, bench/README.md). Its records are then those the HNSW walk finds, as
+    the vector list's are; a walk that comes back short leaves the tier to GIN. A query of at
+    most six words has no such tier: its tiers are read by GIN as before, to the same page."""
+    walked = (
+        f"walked AS MATERIALIZED (SELECT {_SIGNAL_COLUMNS} FROM {agent}"
+        f" AND ts_match_vq(m.tsv, t.exact) ORDER BY {nearest} LIMIT {limit})"
+    )
+    # Never NULL (no last tier): NOT NULL would read the walk for every tier.
+    wide = f"coalesce({_LAST} AND (SELECT rarity FROM later) < ln(2), false)"
+    short = f"(SELECT count(*) FROM walked) < {limit}"
+    # Sorted again: the iterative scan (relaxed_order) may return a row out of its order.
+    return (
+        f"WITH {walked} (SELECT * FROM walked m WHERE {wide} AND NOT {short} ORDER BY {nearest})"
+        f" UNION ALL SELECT * FROM ({tier}) g WHERE NOT {wide} OR {short}"
+    )
+
+
 def _newest_first(
     tier: str, reader: Reader, where: str, p: Params, want: str, records: int, below: str | None
 ) -> str:
@@ -817,7 +868,8 @@ def _newest_first(
 
     A word's weight is BM25's IDF, so e^-weight is about the share of the records that hold it,
     and e^-most about the share holding all of a tier's words (`most`: their summed weights,
-    and those of any words after the sixth, so never less). The walk finds `want` of them in
+    and those of any words after the sixth, so never less; for a long query's last tier, whose
+    records hold any of its words, its own estimate, `_RARITY`). The walk finds `want` of them in
     about `want * e^most` rows, where GIN reads `records * e^-most` at about three times the
     cost a row: it is tried when the first is less, that is when `most` is under ln(3 *
     records / want) / 2, over at most twice the rows it should need (the agent's newest rows,
@@ -825,9 +877,9 @@ def _newest_first(
     two speakers' names, leave it short, and GIN reads the tier as before). Measured in
     bench/README.md (sixteenth and seventeenth sessions)."""
     want = f"greatest({want}, 1)"
-    common = f"t.most < 0.5 * ln(3 * {p(float(max(records, 1)))}::float8 / {want})"
+    common = f"{_RARITY} < 0.5 * ln(3 * {p(float(max(records, 1)))}::float8 / {want})"
     newest = "m.created DESC, m.memory_id DESC"  # the (agent, created) btree's order
-    rows = f"CASE WHEN {common} THEN ceil(2 * {want} * exp(t.most))::bigint ELSE 0 END"
+    rows = f"CASE WHEN {common} THEN ceil(2 * {want} * exp({_RARITY}))::bigint ELSE 0 END"
     first = (
         f"SELECT * FROM agent_memories m WHERE m.account_id = {p(reader.account_id)}"
         f" AND m.action_id = {p(reader.action_id)}"
