@@ -341,6 +341,29 @@ async def test_m18_recall_finds_what_matches_the_current_work_not_the_newest(
     assert seeds in [r["id"] for r in after["output"]["records"]]
 
 
+async def test_m18_a_long_requests_recall_reads_its_end_where_a_question_after_pasted_text_is(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
+) -> None:
+    """A request longer than the query's share keeps its start and its end: the question a
+    user asks after pasting text is not cut off."""
+    agent = await make_agent(
+        gql.state, admin, harness=full_memory(search={"mode": "lexical", "max_results": 1})
+    )
+    parcel, _ = await seed(
+        state, agent, "Bob's parcel shipped to Leeds", "The coffee machine is descaled on Fridays"
+    )
+    pasted = "".join(f"Line {n}: the nightly backup ran without warnings.\n" for n in range(30))
+    request = pasted + "Where did Bob's parcel ship to?"
+    model_server.say("Leeds.")
+    executed = await run(gql, admin, str(agent.action_id), request)
+
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (recalled,) = recalls(executed)
+    assert recalled["input"]["query"] == request[:500] + "\n" + request[-500:]
+    (block,) = memory_blocks(chat(model_server)[0])
+    assert block_ids(block) == [parcel]
+
+
 async def test_m22_a_recall_returns_max_results_records_five_by_default(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:

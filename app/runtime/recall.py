@@ -42,8 +42,16 @@ def memory_message(views: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def recall_query(request: str, latest: str) -> str:
-    """The current work: what the turn was asked, and the latest assistant or tool text."""
-    parts = [request[:_QUERY_PART_CHARS]]
+    """The current work: what the turn was asked, and the latest assistant or tool text.
+
+    A longer request keeps its first and last half of `_QUERY_PART_CHARS`: a question asked
+    after pasted text is its end, one asked before it its start. (LoCoMo dev questions after
+    250 words of another conversation: evidence R@10 0.04 with the first 1,000 characters,
+    0.21 with both ends; asked before them, 0.22 and 0.21.)"""
+    if len(request) > _QUERY_PART_CHARS:
+        half = _QUERY_PART_CHARS // 2
+        request = request[:half] + "\n" + request[-half:]
+    parts = [request]
     if latest.strip():
         parts.append(latest[-_QUERY_PART_CHARS:])
     return "\n".join(parts)
