@@ -1,0 +1,319 @@
+"""Recall quality of a long recall query on the LoCoMo dev half, on the exact and the index plan.
+
+A recall searches with the turn's message and the latest reply (`app.runtime.recall
+.recall_query`), which can be hundreds of words around the question that matters. The agents
+are `locomo_quality.py`'s (each conversation one agent, an operator reading agent scope), every
+agent listed with its own indexes and word counts so that either plan can rank it. Each
+question is wrapped in text of about `--lengths` words, four ways:
+
+- own-before: turns of the question's own conversation, then the question;
+- other-before: another conversation's turns, then the question;
+- other-after: the question, then another conversation's turns;
+- reply: the question as the message, another conversation's turns as the latest reply.
+
+Each is asked (hybrid, static embedder, a page of 10) as these queries, on both plans:
+
+- recall_query: as the service builds it (the message's first and last 500 characters when it
+  is longer than 1,000, and the latest reply's last 1,000);
+- first 1,000: as it was built before (the message's first 1,000 characters);
+- full text: the message and the latest reply, untruncated;
+- first sentence, last sentence, last question: of the message;
+- rarest K: the K words of recall_query the fewest of the agent's records hold (words no record
+  holds left out), in the query's order; and the 20 rarest of first 1,000.
+
+The question alone is the upper bound. Recall@k is the share of the question's evidence turns
+in the top k, averaged over questions; ms is the p50 of the query's embedding and search.
+
+    python bench/recall_queries.py --locomo PATH                      # 760 questions, minutes
+    python bench/recall_queries.py --locomo PATH --questions 20 --lengths 50,300   # quick
+    python bench/recall_queries.py --locomo PATH --questions 300 --pad
+    python bench/recall_queries.py --locomo PATH --lengths 200
+
+`--pad` also gives each agent the turns of the three conversations its text does not come
+from (2,100-2,400 records an agent instead of 370-680). PATH is LoCoMo's data/locomo10.json
+(https://github.com/snap-research/locomo, CC BY-NC 4.0), or a file of its dev half; see
+bench/README.md.
+"""
+
+import argparse
+import asyncio
+import random
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common import add_locomo_argument, fresh_database, load_locomo  # noqa: E402
+from locomo_quality import SAMPLES, conversations, load, recall  # noqa: E402
+
+from app.actions.harness import SearchConfig  # noqa: E402
+from app.db.embedded import EmbeddedPostgres  # noqa: E402
+from app.db.pool import create_pool  # noqa: E402
+from app.embeddings.static import StaticEmbedder  # noqa: E402
+from app.memory import maintenance  # noqa: E402
+from app.memory import search as search_module  # noqa: E402
+from app.memory.search_store import Filters  # noqa: E402
+from app.runtime.recall import recall_query  # noqa: E402
+
+CONTEXTS = ("own-before", "other-before", "other-after", "reply")
+PLANS = ("exact", "index")
+TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9']*")
+SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in SENTENCE.split(text) if s.strip()] or [text]
+
+
+def last_question(text: str) -> str:
+    asked = [s for s in sentences(text) if s.endswith("?")]
+    return (asked or sentences(text))[-1]
+
+
+def query_before(message: str, latest: str) -> str:
+    """The recall query before the fifty-seventh session: the message's first 1,000 characters."""
+    return message[:1000] + ("\n" + latest[-1000:] if latest.strip() else "")
+
+
+def turn_words(conv: dict[str, Any], start: int, need: int) -> list[str]:
+    """Words of the conversation's turns from `start` on (wrapping), at least `need` of them."""
+    found: list[str] = []
+    turns = conv["turns"]
+    while len(found) < need:
+        found += turns[start % len(turns)][1].split()
+        start += 1
+    return found
+
+
+def contexts(
+    question: str, own: dict[str, Any], other: dict[str, Any], length: int, rng: random.Random
+) -> list[tuple[str, str, str]]:
+    """(context, message, latest reply) of `length` words in all around the question: text
+    before it ends where a turn ends, text after it starts where one starts."""
+    need = max(length - len(question.split()), 0)
+    mine = turn_words(own, rng.randrange(len(own["turns"])), need)
+    theirs = turn_words(other, rng.randrange(len(other["turns"])), need)
+    before = " ".join(theirs[len(theirs) - need :])
+    after = " ".join(theirs[:need])
+    return [
+        ("own-before", " ".join(mine[len(mine) - need :]) + "\n" + question, ""),
+        ("other-before", before + "\n" + question, ""),
+        ("other-after", question + "\n" + after, ""),
+        ("reply", question, after),
+    ]
+
+
+class Rarest:
+    """An agent's query made of its K rarest words: by how many of the agent's records hold each
+    word's lexemes (a word none holds left out), ties and output in the query's order."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.lexemes: dict[str, list[str]] = {}
+
+    async def holding(self, reader: Any) -> Counter[str]:
+        """Lexeme -> how many of the reader's agent's records hold it."""
+        rows = await self.pool.fetch(
+            "SELECT tsvector_to_array(tsv) AS lexemes FROM agent_memories"
+            " WHERE account_id = $1 AND action_id = $2",
+            reader.account_id,
+            reader.action_id,
+        )
+        return Counter(lexeme for row in rows for lexeme in row["lexemes"])
+
+    async def words(self, text: str, k: int, held: Counter[str]) -> str:
+        tokens = TOKEN.findall(text)
+        new = sorted(set(tokens) - self.lexemes.keys())
+        if new:
+            rows = await self.pool.fetch(
+                "SELECT w, tsvector_to_array(to_tsvector('english', w)) AS lexemes"
+                " FROM unnest($1::text[]) w",
+                new,
+            )
+            self.lexemes.update((row["w"], list(row["lexemes"])) for row in rows)
+        order = list(dict.fromkeys(lx for t in tokens for lx in self.lexemes[t] if held[lx]))
+        chosen = set(sorted(order, key=lambda lx: held[lx])[:k])  # stable: query order ties
+        kept, used = [], set()
+        for t in tokens:
+            for lx in self.lexemes[t]:
+                if lx in chosen and lx not in used:
+                    used.add(lx)
+                    kept.append(t)
+        return " ".join(kept)
+
+
+async def queries(message: str, latest: str, rarest: Rarest, held: Counter[str]) -> dict[str, str]:
+    service = recall_query(message, latest)
+    before = query_before(message, latest)
+    built: dict[str, str] = {
+        "recall_query": service,
+        "first 1,000": before,
+        "full text": message + ("\n" + latest if latest else ""),
+        "first sentence": sentences(message)[0],
+        "last sentence": sentences(message)[-1],
+        "last question": last_question(message),
+    }
+    for k in (6, 10, 20):
+        built[f"rarest {k}"] = await rarest.words(service, k, held)
+    built["rarest 20 of first 1,000"] = await rarest.words(before, 20, held)
+    return built
+
+
+def padded(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each conversation with the turns of the three whose text is not wrapped around its
+    questions (itself and the next one, other-* contexts' source)."""
+    n = len(convs)
+    return [
+        {
+            **c,
+            "turns": c["turns"]
+            + [
+                (f"pad-{o['id']}-{dia}", text, created)
+                for j, o in enumerate(convs)
+                if j not in (i, (i + 1) % n)
+                for dia, text, created in o["turns"]
+            ],
+        }
+        for i, c in enumerate(convs)
+    ]
+
+
+async def measure(url: str, args: argparse.Namespace) -> None:
+    embedder = StaticEmbedder()
+    config = SearchConfig()
+    pool = await create_pool(url, min_size=1, max_size=2)
+    try:
+        convs = conversations()
+        stored = padded(convs) if args.pad else convs
+        agents = [await load(pool, embedder, s, "operator") for s in stored]
+        print(f"# records an agent: {[len(s['turns']) for s in stored]}", flush=True)
+        await pool.execute("ANALYZE agent_memories")
+        done = await maintenance.run_round(pool, min_records=1)
+        print(f"# {done.counted} agents listed with own indexes and word counts", flush=True)
+        rarest = Rarest(pool)
+        held = [await rarest.holding(reader) for reader, _ in agents]
+        asked: dict[tuple[int, str, str], list[str]] = {}
+
+        async def ask(agent: int, query: str, plan: str) -> tuple[list[str], float | None]:
+            """The page's dia ids, and ms (None: the same query on the same plan before)."""
+            if (agent, query, plan) in asked:
+                return asked[(agent, query, plan)], None
+            reader, ids = agents[agent]
+            started = time.perf_counter()
+            vector = (await embedder.embed([query])).vectors[0]
+            ranking = search_module.make_ranking("hybrid", query, vector, config.min_score, 10)
+            records, used = await search_module.ranked(pool, reader, Filters(), ranking, plan)
+            ms = (time.perf_counter() - started) * 1000
+            assert used == plan, (used, plan)
+            found = asked[(agent, query, plan)] = [ids[r.memory_id] for r in records]
+            return found, ms
+
+        sample = [(i, q, ev) for i, c in enumerate(convs) for q, ev in c["questions"]]
+        rng = random.Random(args.seed)
+        if args.questions:
+            sample = sorted(rng.sample(sample, args.questions), key=lambda s: s[0])
+        scores: dict[tuple[int, str, str, str], list[tuple[float, float]]] = defaultdict(list)
+        times: dict[tuple[int, str, str, str], list[float]] = defaultdict(list)
+        words: dict[tuple[int, str, str], list[int]] = defaultdict(list)
+        started = time.perf_counter()
+        for n, (i, question, evidence) in enumerate(sample):
+            cells = [(0, "question", "question", question)]
+            wrap = random.Random(f"{args.seed}-{n}-{question}")
+            for length in args.lengths:
+                other = convs[(i + 1) % len(convs)]
+                for context, message, latest in contexts(question, convs[i], other, length, wrap):
+                    built = await queries(message, latest, rarest, held[i])
+                    cells += [(length, name, context, text) for name, text in built.items()]
+            for length, name, context, text in cells:
+                words[(length, name, context)].append(len(text.split()))
+                for plan in PLANS:
+                    found, ms = await ask(i, text, plan)
+                    key = (length, name, context, plan)
+                    scores[key].append((recall(found, evidence, 5), recall(found, evidence, 10)))
+                    if ms is not None:
+                        times[key].append(ms)
+            if n % 50 == 49:
+                print(f"# {n + 1}/{len(sample)}, {time.perf_counter() - started:.0f} s", flush=True)
+    finally:
+        await pool.close()
+    report(len(sample), scores, times, words)
+
+
+def report(
+    count: int,
+    scores: dict[tuple[int, str, str, str], list[tuple[float, float]]],
+    times: dict[tuple[int, str, str, str], list[float]],
+    words: dict[tuple[int, str, str], list[int]],
+) -> None:
+    """One line a length, query and context: words, then R@5, R@10 and p50 ms on each plan."""
+    names = list(dict.fromkeys(name for _, name, _ in words))
+    print(
+        f"\n{count} questions; hybrid, static embedder, a page of 10; ms: the query's embedding "
+        "and search, p50 (-: the same queries as another line's, timed there)"
+    )
+    plans = "   ".join(f"{plan:>5s} R@5  R@10     ms" for plan in PLANS)
+    print(f"{'len':>4s} {'query':24s} {'context':12s} {'words':>5s}   {plans}")
+    for length, name, context in sorted(
+        words, key=lambda k: (k[0], names.index(k[1]), (*CONTEXTS, "question").index(k[2]))
+    ):
+        cells = []
+        for plan in PLANS:
+            got = scores[(length, name, context, plan)]
+            r5, r10 = (sum(g[j] for g in got) / len(got) for j in (0, 1))
+            timed = sorted(times[(length, name, context, plan)])
+            ms = f"{timed[len(timed) // 2]:6.1f}" if timed else "     -"
+            cells.append(f"{r5:.3f} {r10:.3f} {ms}")
+        size = sum(words[(length, name, context)]) / len(words[(length, name, context)])
+        print(f"{length:4d} {name:24s} {context:12s} {size:5.0f}   " + "   ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_locomo_argument(parser)
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[50, 150, 300],
+        help="words of text around each question, comma-separated (default 50,150,300)",
+    )
+    parser.add_argument("--questions", type=int, default=0, help="a seeded sample (0: all 760)")
+    parser.add_argument("--seed", type=int, default=223)
+    parser.add_argument(
+        "--pad",
+        action="store_true",
+        help="each agent also holds the turns of the three conversations not wrapped around "
+        "its questions (2,100-2,400 records an agent)",
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="server data dir (default: a temp dir)"
+    )
+    args = parser.parse_args()
+    SAMPLES[:] = load_locomo(args.locomo)
+    command = "python bench/recall_queries.py " + shlex.join(sys.argv[1:])
+    print(f"# {command}")
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-recall-queries-"))
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        url = asyncio.run(fresh_database(pg, "recall_queries", StaticEmbedder()))
+        asyncio.run(measure(url, args))
+    finally:
+        pg.stop()
+        if args.data_dir is None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    print(f"\nreproduce: {command}")
+
+
+if __name__ == "__main__":
+    main()
