@@ -228,6 +228,42 @@ async def test_m38_crafted_ranked_cursors_are_bad_input(state, admin, name):
 
 
 # M38
+@pytest.mark.parametrize("mode", ["hybrid", "lexical"])
+@pytest.mark.parametrize("weight", [cursors.MAX_WEIGHT, 0.0, cursors.MIN_WEIGHT])
+async def test_m38_a_long_querys_cursor_with_weights_at_their_bounds_pages(
+    state, admin, monkeypatch, mode, weight
+):
+    """A query of more than six words on the index plan estimates its last word tier's share
+    of the agent from its later words' weights (`search_store._LATER`): a cursor's weights at
+    the bounds it may carry page like any, with no internal error (e^-1e6 underflows float8,
+    which PostgreSQL raises)."""
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_module, "SCOPED_MAX_ROWS", 0)
+    agent = await make_agent(state, admin)
+    for text in ("the office is in Oslo", "the office moved to Bergen", "a fjord near Oslo"):
+        await remember(state, agent, text, scope="AGENT")
+    await list_agents(state)
+    query = "office Oslo Bergen fjord moved near harbour winter"  # eight words
+
+    async def page(after: str | None = None) -> search_module.SearchResult:
+        return await search(
+            state.pool,
+            state.embedder,
+            OperatorReader(agent.account_id, agent.action_id),
+            agent.harness.memory.search,
+            query=query,
+            mode=mode,
+            limit=1,
+            after=after,
+        )
+
+    issued = cursors.unpack((await page()).cursors[0])
+    assert issued[5] is not None  # the first page's weights, carried
+    crafted = cursors.pack([*issued[:5], packed(*[weight] * 8), issued[6]])
+    await page(crafted)  # ranked by those weights (every record above the cursor at 1e6)
+
+
+# M38
 @pytest.mark.parametrize("mode", ["lexical", "vector"])
 async def test_m38_a_best_score_crafted_into_a_cursor_that_carries_none_is_not_read(
     state, admin, mode

@@ -822,10 +822,12 @@ def _after_tier(after: tuple[float, datetime, UUID], p: Params) -> tuple[str, st
 # expected in it, 1 - the product of 1 - e^-weight over the later words (a word's weight is
 # BM25's IDF: e^-weight is about the share of the records holding it), where e^-most, the share
 # holding all of a tier's words, would take the last tier for the rarest. The CTE is empty for
-# a query of at most six words. (exp bounded: PostgreSQL refuses an underflow.)
+# a query of at most six words. (exp bounded both ways: PostgreSQL refuses an underflow, and a
+# later page's cursor may carry weights up to `cursors.MAX_WEIGHT`.)
 _LATER = """later AS MATERIALIZED (
     SELECT sum(w) + 0.5 * weights[6] AS below, -ln(greatest(
-        1 - exp(greatest(sum(ln(greatest(1 - exp(-w), 1e-300))), -700)), 1e-300)) AS rarity
+        1 - exp(greatest(sum(ln(greatest(1 - exp(-least(w, 700)), 1e-300))), -700)), 1e-300))
+        AS rarity
     FROM words, unnest(weights[7:]) w GROUP BY weights[6]
 ), """
 _LAST = "t.most < (SELECT below FROM later)"  # whether tier `t` is the last (`_LATER`)
