@@ -36,13 +36,10 @@ bench/README.md.
 """
 
 import argparse
-import asyncio
 import random
 import re
 import shlex
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -53,11 +50,10 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import add_locomo_argument, fresh_database, load_locomo  # noqa: E402
+from common import add_locomo_argument, load_locomo, run_scratch  # noqa: E402
 from locomo_quality import SAMPLES, conversations, load, recall  # noqa: E402
 
 from app.actions.harness import SearchConfig  # noqa: E402
-from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance  # noqa: E402
@@ -303,15 +299,9 @@ def main() -> None:
     SAMPLES[:] = load_locomo(args.locomo)
     command = "python bench/recall_queries.py " + shlex.join(sys.argv[1:])
     print(f"# {command}")
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-recall-queries-"))
-    pg = EmbeddedPostgres(data_dir / "pgdata")
-    try:
-        url = asyncio.run(fresh_database(pg, "recall_queries", StaticEmbedder()))
-        asyncio.run(measure(url, args))
-    finally:
-        pg.stop()
-        if args.data_dir is None:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    run_scratch(
+        args.data_dir, "engram-recall-queries-", lambda url: measure(url, args), StaticEmbedder()
+    )
     print(f"\nreproduce: {command}")
 
 
