@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import turn_overhead  # noqa: E402
 
 
-async def test_the_turn_overhead_bench_prints_each_scenarios_cpu_and_statements() -> None:
+async def test_the_turn_overhead_bench_measures_each_scenarios_cpu_and_statements() -> None:
     args = argparse.Namespace(turns=2, records=10, recalls=2)
     with turn_overhead.InstantModel() as model:
         results = await turn_overhead.bench(args, model.url)
