@@ -226,11 +226,11 @@ def _held(h: str) -> str:
     return f"CASE WHEN {h}.tsv @@ (SELECT query FROM words) THEN {held_lexemes(h)} END"
 
 
-def _weights(rows: str, total: str = "(SELECT sum(rows) FROM counts)") -> str:
+def _weights(rows: str) -> str:
     """CTEs `counts` (how many of `rows` hold each set of the query's lexemes, `held`; NULL:
     none of them), `holding` (how many hold each lexeme) and `weights` (each lexeme's IDF among
-    `total` parts, by default `rows`). Each set's lexemes are read once, not each set for each
-    of the query's lexemes: a query of hundreds of words over thousands of sets took seconds."""
+    `rows`). Each set's lexemes are read once, not each set for each of the query's lexemes: a
+    query of hundreds of words over thousands of sets took seconds."""
     return f"""counts AS MATERIALIZED (
         SELECT held, count(*) AS rows FROM {rows} GROUP BY held
     ), members AS MATERIALIZED (
@@ -238,7 +238,8 @@ def _weights(rows: str, total: str = "(SELECT sum(rows) FROM counts)") -> str:
     ), holding AS MATERIALIZED (
         SELECT lexeme, sum(rows) AS rows FROM members GROUP BY lexeme
     ), weights AS MATERIALIZED (
-        SELECT t.lexeme, word_weight({total}, coalesce(h.rows, 0)) AS weight
+        SELECT t.lexeme, word_weight((SELECT sum(rows) FROM counts), coalesce(h.rows, 0))
+            AS weight
         FROM unnest((SELECT lexemes FROM words)) t(lexeme)
         LEFT JOIN holding h ON h.lexeme = t.lexeme
     )"""
@@ -340,13 +341,12 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
     columns = "h.event_id, h.part, h.turn, h.created, h.embedding, h.tsv"
     # The newest `walk` parts, read from the session index alone (it holds `tsv`): the words
     # are weighed over them (the whole session is not read), and the best `candidates` of them
-    # by words are read from the table.
-    newest = f"FROM history_parts h WHERE {visible} ORDER BY h.turn DESC LIMIT {int(walk)}"
+    # by words are read from the table. Each walked part is kept, `held` NULL where it holds
+    # no query word, so that the one read of the index also counts the walk (`counts`).
     walked = (
         f"walked AS MATERIALIZED (SELECT w.event_id, w.part, w.turn, {_held('w')} AS held"
-        f" FROM (SELECT h.event_id, h.part, h.turn, h.tsv {newest}) w"
-        " WHERE w.tsv @@ (SELECT query FROM words)), "
-        f"walk AS MATERIALIZED (SELECT count(*) AS n FROM (SELECT {newest}) n), "
+        f" FROM (SELECT h.event_id, h.part, h.turn, h.tsv FROM history_parts h WHERE {visible}"
+        f" ORDER BY h.turn DESC LIMIT {int(walk)}) w), "
     )
     sets = f"sets AS MATERIALIZED ({_sets()})"
     best = (
@@ -370,7 +370,7 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
         "(SELECT c.held, l.lexeme FROM (SELECT DISTINCT held FROM proposed) c"
         " CROSS JOIN LATERAL unnest(c.held) l(lexeme))"
     )
-    scored = f"""WITH {_words(r, p)}{walked}{_weights("walked", "(SELECT n FROM walk)")},
+    scored = f"""WITH {_words(r, p)}{walked}{_weights("walked")},
     {sets}, proposed AS MATERIALIZED (
         SELECT DISTINCT ON (event_id, part) * FROM ({both}) u
     ), own AS MATERIALIZED ({_sets(own)}), scored AS (
