@@ -1356,6 +1356,60 @@ async def test_h6_a_long_querys_words_are_weighed_in_time_of_the_parts_not_parts
             assert len(found) == 5 and found[0]["score"] > 0, plan
 
 
+async def test_h6_parts_of_one_score_in_one_turn_are_cut_alike_by_both_plans_at_every_limit(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """H6: parts of one score in one turn (one commit's, so of one `created` too) come in the
+    order of their event and part, by the exact plan and the index plan alike, and a page is
+    the start of any longer one. The index plan takes its best parts by words before fusing;
+    with ties within a turn left to the order the btree holds them in (here the reverse of
+    the events' IDs), a page of 10 and one of 12 held different parts of the tie."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    await run(gql, admin, action_id, "A first turn.")
+    key = (admin.account_id, uuid.UUID(action_id), "s1")
+    ids = sorted((uuid.uuid4() for _ in range(60)), reverse=True)
+    async with state.pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            """
+            INSERT INTO history_events (account_id, action_id, session_id, event_id, turn,
+                execution_id, invocation_number, sequence, who, data, text, parts, preview)
+            SELECT $1, $2, $3, i.id, 100, gen_random_uuid(), 1, i.n, 'user', '{}', '', 1, false
+            FROM unnest($4::uuid[]) WITH ORDINALITY i(id, n) ORDER BY i.n
+            """,
+            *key,
+            ids,
+        )
+        await conn.execute(
+            """
+            INSERT INTO history_parts (account_id, action_id, session_id, event_id, part, turn,
+                preview, text)
+            SELECT $1, $2, $3, i.id, 1, 100, false, 'The zebra crossing.'
+            FROM unnest($4::uuid[]) WITH ORDINALITY i(id, n) ORDER BY i.n
+            """,
+            *key,
+            ids,
+        )
+    assert state.embedder is not None
+    query = "zebra"
+    # No direction: the words alone rank, and every one of these parts scores the same.
+    vector = (await state.embedder.embed([query])).vectors[0] * 0
+    scope = Scope(*key, None, False)
+    pages: dict[tuple[str, int], list[tuple[uuid.UUID, int, float]]] = {}
+    async with state.pool.acquire() as conn:
+        for limit in (10, 12):
+            ranking = store.Ranking(query, vector, limit, max(40, 4 * limit))
+            for plan, rows in {
+                "exact": await store.ranked_exact(conn, scope, ranking),
+                "index": await store.ranked_index(conn, scope, ranking, history_search.WORD_WALK),
+            }.items():
+                pages[plan, limit] = [(r["event_id"], r["part"], r["score"]) for r in rows]
+    first = sorted(ids)[:12]
+    assert [e for e, _, _ in pages["exact", 12]] == first
+    for plan in ("exact", "index"):
+        assert pages[plan, 12] == pages["exact", 12], plan
+        assert pages[plan, 10] == pages[plan, 12][:10], plan
+
+
 async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:

@@ -349,9 +349,11 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
         f" ORDER BY h.turn DESC LIMIT {int(walk)}) w), "
     )
     sets = f"sets AS MATERIALIZED ({_sets()})"
+    # Ties cut as the page orders them (a turn's parts share `created`, its commit's), not in
+    # the btree's order: a page is the start of a longer one, and the exact plan's.
     best = (
         "(SELECT w.event_id, w.part FROM walked w JOIN sets s ON s.held = w.held"
-        f" ORDER BY s.words DESC, w.turn DESC LIMIT {int(r.candidates)})"
+        f" ORDER BY s.words DESC, w.turn DESC, w.event_id, w.part LIMIT {int(r.candidates)})"
     )
     lists = [
         f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns}"
