@@ -1356,6 +1356,84 @@ async def test_h6_a_long_querys_words_are_weighed_in_time_of_the_parts_not_parts
             assert len(found) == 5 and found[0]["score"] > 0, plan
 
 
+def rows_scanned(plan: dict[str, Any], relations: tuple[str, ...]) -> float:
+    """The rows that the scans of `relations` in an EXPLAIN (ANALYZE, FORMAT JSON) plan read
+    (passed on or filtered out), over all their loops."""
+    rows = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+    own = rows * plan.get("Actual Loops", 1) if plan.get("Relation Name") in relations else 0
+    return own + sum(rows_scanned(p, relations) for p in plan.get("Plans", []))
+
+
+async def test_h6_a_session_the_statistics_have_not_seen_is_searched_in_time_of_its_parts(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """A session whose parts the planner's statistics do not count (written since the last
+    ANALYZE, which saw other sessions: it estimates one part) is read about once by either
+    plan, not once for each result or candidate: each result's part and event, and each best
+    part by words, are read by their key. As joins on the session's key they were nested loops
+    that filtered the whole session's parts for each row (here the exact plan read 10 times
+    the session's parts, the index plan 26 times)."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    many = 2000
+    assert state.embedder is not None
+    query = "zq1x zq2x zq3x zq4x zq5x"
+    vector = (await state.embedder.embed([query])).vectors[0]
+    ranking = store.Ranking(query, vector, 10, 40)
+
+    async def write(conn: Any, session: str) -> None:
+        key = (admin.account_id, uuid.UUID(action_id), session)
+        await conn.execute(
+            "INSERT INTO sessions (account_id, action_id, session_id, turns)"
+            " VALUES ($1, $2, $3, $4)",
+            *key,
+            many,
+        )
+        await conn.execute(
+            """
+            INSERT INTO history_events (account_id, action_id, session_id, event_id, turn,
+                execution_id, invocation_number, sequence, who, data, text, parts, preview)
+            SELECT $1, $2, $3, gen_random_uuid(), i, gen_random_uuid(), 1, 1, 'user', '{}',
+                '', 1, false
+            FROM generate_series(1, $4) i
+            """,
+            *key,
+            many,
+        )
+        await conn.execute(
+            """
+            INSERT INTO history_parts (account_id, action_id, session_id, event_id, part, turn,
+                preview, text, embedding)
+            SELECT e.account_id, e.action_id, e.session_id, e.event_id, 1, e.turn, false,
+                (SELECT string_agg('zq' || (abs(hashint8(e.turn * 10 + k)) % 300) || 'x', ' ')
+                 FROM generate_series(1, 8) k),
+                $4
+            FROM history_events e
+            WHERE e.account_id = $1 AND e.action_id = $2 AND e.session_id = $3
+            """,
+            *key,
+            vector,
+        )
+
+    scope = Scope(admin.account_id, uuid.UUID(action_id), "s2", None, False)
+    # In one open transaction: no ANALYZE but these, nor autovacuum's, counts session s2.
+    async with state.pool.acquire() as conn, conn.transaction():
+        await write(conn, "s1")
+        await conn.execute("ANALYZE history_parts")
+        await conn.execute("ANALYZE history_events")
+        await write(conn, "s2")
+        for plan, (sql, values) in {
+            "exact": store.exact_sql(scope, ranking),
+            "index": store.index_sql(scope, ranking, history_search.WORD_WALK),
+        }.items():
+            explained = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
+            if isinstance(explained, str):
+                explained = json.loads(explained)
+            read = rows_scanned(explained[0]["Plan"], ("history_parts", "history_events"))
+            assert read < 4 * many, (plan, read)
+            found = await conn.fetch(sql, *values)
+            assert len(found) == 10 and found[0]["score"] > 0, plan
+
+
 async def test_h6_parts_of_one_score_in_one_turn_are_cut_alike_by_both_plans_at_every_limit(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:

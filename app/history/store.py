@@ -85,11 +85,16 @@ class Ranking:
     candidates: int  # index plan: how many parts each signal proposes
 
 
-def _visible(scope: Scope, p: Params, h: str) -> str:
-    where = (
+def _session(scope: Scope, p: Params, h: str) -> str:
+    """SQL: row `h` is of the scope's session."""
+    return (
         f"{h}.account_id = {p(scope.account_id)} AND {h}.action_id = {p(scope.action_id)}"
         f" AND {h}.session_id = {p(scope.session_id)}"
     )
+
+
+def _visible(scope: Scope, p: Params, h: str) -> str:
+    where = _session(scope, p, h)
     if scope.before_turn is not None:
         where += f" AND {h}.turn < {p(scope.before_turn)}"
     if not scope.preview:
@@ -274,13 +279,22 @@ def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
     )
     SELECT {_EVENT}, top.part, top.score, h.text AS part_text, h.tools AS part_tools
     FROM top
-    JOIN history_parts h ON h.account_id = {p(scope.account_id)}
-        AND h.action_id = {p(scope.action_id)} AND h.session_id = {p(scope.session_id)}
-        AND h.event_id = top.event_id AND h.part = top.part
-    JOIN history_events e ON e.account_id = h.account_id AND e.action_id = h.action_id
-        AND e.session_id = h.session_id AND e.event_id = h.event_id
+    CROSS JOIN LATERAL {_by_key(scope, p, "h.text, h.tools", "top")} h
+    CROSS JOIN LATERAL (SELECT {_EVENT} FROM history_events e WHERE {_session(scope, p, "e")}
+        AND e.turn = top.turn AND e.event_id = top.event_id LIMIT 1) e
     ORDER BY top.score DESC, top.turn DESC, top.created DESC, top.event_id, top.part
     """
+
+
+def _by_key(scope: Scope, p: Params, columns: str, k: str) -> str:
+    """SQL: the `columns` of the part (`h`) that row `k` names (its turn, event and part), read
+    by its key. A lateral subquery, which the planner cannot flatten into a join (LIMIT), and
+    its turn, which bounds whichever index it takes: as a join, a session the statistics do not
+    count (estimated at one part) was read whole for each row of `k`, however large."""
+    return (
+        f"(SELECT {columns} FROM history_parts h WHERE {_session(scope, p, 'h')}"
+        f" AND h.turn = {k}.turn AND h.event_id = {k}.event_id AND h.part = {k}.part LIMIT 1)"
+    )
 
 
 async def count_parts(conn: asyncpg.Connection, scope: Scope, limit: int) -> int:
@@ -352,17 +366,15 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
     # Ties cut as the page orders them (a turn's parts share `created`, its commit's), not in
     # the btree's order: a page is the start of a longer one, and the exact plan's.
     best = (
-        "(SELECT w.event_id, w.part FROM walked w JOIN sets s ON s.held = w.held"
+        "(SELECT w.event_id, w.part, w.turn FROM walked w JOIN sets s ON s.held = w.held"
         f" ORDER BY s.words DESC, w.turn DESC, w.event_id, w.part LIMIT {int(r.candidates)})"
     )
     lists = [
         f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns}"
         f" FROM history_parts h WHERE {visible} ORDER BY h.embedding <=> {p(r.vector)}"
         f" LIMIT {int(r.candidates)}) c)",
-        f"(SELECT {_signals(r, p, 'h')} FROM {best} k JOIN history_parts h"
-        f" ON h.account_id = {p(scope.account_id)} AND h.action_id = {p(scope.action_id)}"
-        f" AND h.session_id = {p(scope.session_id)}"
-        " AND h.event_id = k.event_id AND h.part = k.part)",
+        f"(SELECT {_signals(r, p, 'h')} FROM {best} k"
+        f" CROSS JOIN LATERAL {_by_key(scope, p, columns, 'k')} h)",
     ]
     # A part both lists propose scores the same in each: it is one result, before the limit
     # (taken after it, a page came back short by every part found both ways). Each part's
