@@ -13,16 +13,19 @@ question is wrapped in text of about `--lengths` words, four ways:
 
 Each is asked (hybrid, static embedder, a page of 10) as these queries, on both plans:
 
-- recall_query: as the service builds it (the message's first and last 500 characters when it
-  is longer than 1,000, and the latest reply's last 1,000);
-- first 1,000: as it was built before (the message's first 1,000 characters);
+- recall_query: as the service searches it (`recall_query`: the message's first and last 500
+  characters when it is longer than 1,000, and the latest reply's last 1,000; of more than 20
+  words, its key words, `key_word_count` of them);
+- whole recall_query: all of it, as it was searched before the fifty-eighth session;
+- first 1,000: as it was built before the fifty-seventh (the message's first 1,000 characters);
 - full text: the message and the latest reply, untruncated;
 - first sentence, last sentence, last question: of the message;
-- rarest K: the K words of recall_query the fewest of the agent's records hold (words no record
-  holds left out), in the query's order; and the 20 rarest of first 1,000.
+- key words K: the K words of the whole recall_query that the fewest of the agent's records
+  hold (words none holds left out), in the query's order (`app.memory.search.key_words`).
 
 The question alone is the upper bound. Recall@k is the share of the question's evidence turns
-in the top k, averaged over questions; ms is the p50 of the query's embedding and search.
+in the top k, averaged over questions; ms is the p50 of the query's embedding and search (the
+key words' lookup is timed apart).
 
     python bench/recall_queries.py --locomo PATH                      # 760 questions, minutes
     python bench/recall_queries.py --locomo PATH --questions 20 --lengths 50,300   # quick
@@ -41,7 +44,7 @@ import re
 import shlex
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +61,14 @@ from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance  # noqa: E402
 from app.memory import search as search_module  # noqa: E402
+from app.memory.search import key_words  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
-from app.runtime.recall import recall_query  # noqa: E402
+from app.memory.visibility import AgentReader  # noqa: E402
+from app.runtime.recall import key_word_count, recall_query  # noqa: E402
+from app.scope import Scope  # noqa: E402
 
 CONTEXTS = ("own-before", "other-before", "other-after", "reply")
 PLANS = ("exact", "index")
-TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9']*")
 SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -109,59 +114,34 @@ def contexts(
     ]
 
 
-class Rarest:
-    """An agent's query made of its K rarest words: by how many of the agent's records hold each
-    word's lexemes (a word none holds left out), ties and output in the query's order."""
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
-        self.lexemes: dict[str, list[str]] = {}
-
-    async def holding(self, reader: Any) -> Counter[str]:
-        """Lexeme -> how many of the reader's agent's records hold it."""
-        rows = await self.pool.fetch(
-            "SELECT tsvector_to_array(tsv) AS lexemes FROM agent_memories"
-            " WHERE account_id = $1 AND action_id = $2",
-            reader.account_id,
-            reader.action_id,
-        )
-        return Counter(lexeme for row in rows for lexeme in row["lexemes"])
-
-    async def words(self, text: str, k: int, held: Counter[str]) -> str:
-        tokens = TOKEN.findall(text)
-        new = sorted(set(tokens) - self.lexemes.keys())
-        if new:
-            rows = await self.pool.fetch(
-                "SELECT w, tsvector_to_array(to_tsvector('english', w)) AS lexemes"
-                " FROM unnest($1::text[]) w",
-                new,
-            )
-            self.lexemes.update((row["w"], list(row["lexemes"])) for row in rows)
-        order = list(dict.fromkeys(lx for t in tokens for lx in self.lexemes[t] if held[lx]))
-        chosen = set(sorted(order, key=lambda lx: held[lx])[:k])  # stable: query order ties
-        kept, used = [], set()
-        for t in tokens:
-            for lx in self.lexemes[t]:
-                if lx in chosen and lx not in used:
-                    used.add(lx)
-                    kept.append(t)
-        return " ".join(kept)
+KEY_WORDS_MS: list[float] = []  # each recall_query's key words looked up, ms
 
 
-async def queries(message: str, latest: str, rarest: Rarest, held: Counter[str]) -> dict[str, str]:
-    service = recall_query(message, latest)
-    before = query_before(message, latest)
+def key_word_reader(reader: Any) -> AgentReader:
+    """A live turn of the agent reading agent scope alone: what the agent's records are."""
+    return AgentReader(reader.account_id, reader.action_id, None, (Scope.AGENT,), False, None)
+
+
+async def queries(message: str, latest: str, pool: asyncpg.Pool, reader: Any) -> dict[str, str]:
+    whole = recall_query(message, latest)
+    count = key_word_count(whole)
+    keys = key_word_reader(reader)
+    searched = whole
+    if count is not None:
+        started = time.perf_counter()
+        searched = await key_words(pool, keys, whole, count)
+        KEY_WORDS_MS.append((time.perf_counter() - started) * 1000)
     built: dict[str, str] = {
-        "recall_query": service,
-        "first 1,000": before,
+        "recall_query": searched,
+        "whole recall_query": whole,
+        "first 1,000": query_before(message, latest),
         "full text": message + ("\n" + latest if latest else ""),
         "first sentence": sentences(message)[0],
         "last sentence": sentences(message)[-1],
         "last question": last_question(message),
     }
     for k in (6, 10, 20):
-        built[f"rarest {k}"] = await rarest.words(service, k, held)
-    built["rarest 20 of first 1,000"] = await rarest.words(before, 20, held)
+        built[f"key words {k}"] = await key_words(pool, keys, whole, k)
     return built
 
 
@@ -196,8 +176,6 @@ async def measure(url: str, args: argparse.Namespace) -> None:
         await pool.execute("ANALYZE agent_memories")
         done = await maintenance.run_round(pool, min_records=1)
         print(f"# {done.counted} agents listed with own indexes and word counts", flush=True)
-        rarest = Rarest(pool)
-        held = [await rarest.holding(reader) for reader, _ in agents]
         asked: dict[tuple[int, str, str], list[str]] = {}
 
         async def ask(agent: int, query: str, plan: str) -> tuple[list[str], float | None]:
@@ -228,7 +206,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
             for length in args.lengths:
                 other = convs[(i + 1) % len(convs)]
                 for context, message, latest in contexts(question, convs[i], other, length, wrap):
-                    built = await queries(message, latest, rarest, held[i])
+                    built = await queries(message, latest, pool, agents[i][0])
                     cells += [(length, name, context, text) for name, text in built.items()]
             for length, name, context, text in cells:
                 words[(length, name, context)].append(len(text.split()))
@@ -257,6 +235,12 @@ def report(
         f"\n{count} questions; hybrid, static embedder, a page of 10; ms: the query's embedding "
         "and search, p50 (-: the same queries as another line's, timed there)"
     )
+    if KEY_WORDS_MS:
+        timed = sorted(KEY_WORDS_MS)
+        print(
+            f"recall_query's key words looked up (one statement, before the embedding): p50 "
+            f"{timed[len(timed) // 2]:.2f} ms, p95 {timed[int(len(timed) * 0.95)]:.2f} ms"
+        )
     plans = "   ".join(f"{plan:>5s} R@5  R@10     ms" for plan in PLANS)
     print(f"{'len':>4s} {'query':24s} {'context':12s} {'words':>5s}   {plans}")
     for length, name, context in sorted(

@@ -656,6 +656,50 @@ async def test_m21_word_weights_come_from_the_records_the_reader_sees(
         assert (await scores(Filters(ids=[rare, common[0]])))[rare] == pytest.approx(math.log(2))
 
 
+async def test_m18_key_words_are_those_the_fewest_records_the_reader_sees_hold(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long recall query is searched by its key words: the words of the text that the fewest
+    # of the records the reader sees hold, words none holds left out, in the text's order; the
+    # same whether the words are counted now, by the maintenance (a listed agent), or with the
+    # session's words kept too.
+    pool = agent.state.pool
+    for i in range(4):
+        await agent.add(f"Deploy log {i}: the nightly backup finished")
+    await agent.add("The backup server is in Leeds")
+    await agent.add("Leeds office parcel", scope="SESSION", session_id="s1")
+    for i in range(6):  # another session's: the reader sees none of them
+        await agent.add(f"Parcel {i} to Zanzibar", scope="SESSION", session_id="s2")
+    await agent.add("Zanzibar, a preview", preview=True)
+    await agent.add("Zanzibar, deleted", status="DELETED")
+    text = (
+        "Deploy log: nightly backup finished. Where is the parcel office, and the Zanzibar server?"
+    )
+    turn, alone = agent.reader(session="s1"), agent.reader(session="s1", scopes=("session",))
+
+    async def keys() -> list[str]:
+        return [
+            await search_module.key_words(pool, reader, text, count)
+            for reader, count in [(turn, 3), (turn, 4), (alone, 3)]
+        ]
+
+    # parcel, office and server are held by one record each, the others by four or more,
+    # Zanzibar by none the reader sees; a reader of s1 alone sees parcel and office alone.
+    expected = ["parcel office, server?", "Deploy parcel office, server?", "parcel office,"]
+    assert await keys() == expected  # counted now
+    await list_agent(agent.state, agent)
+    assert await keys() == expected  # the agent's counts, the session counted now
+    monkeypatch.setattr(maintenance, "SESSION_WORDS_MIN", 1)
+    await maintenance.run_round(pool, min_records=1)
+    assert await pool.fetchval("SELECT count(*) FROM session_words WHERE session_id = 's1'")
+    assert await keys() == expected  # and the session's kept counts
+    # A text no record holds a word of is its own key; any text that can be stored is safe (a
+    # turn's text is: NUL and lone surrogates never reach a recall).
+    assert await search_module.key_words(pool, turn, "Zanzibar quokka", 3) == "Zanzibar quokka"
+    for odd in ("& | ! ( ) : * '' \\", "x" * 3000, "日本語 ünïcödé \u202ertl\u202c \x01 \ufffd"):
+        assert await search_module.key_words(pool, turn, f"{odd} parcel {odd}", 3) == "parcel"
+
+
 async def test_m20_index_plan_reads_the_exact_text_ranking(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,6 +36,7 @@ from runtime_support import (
 
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
+from app.runtime.recall import key_word_count
 from app.state import AppState
 
 # Every turn here talks to the scripted model server.
@@ -341,16 +342,19 @@ async def test_m18_recall_finds_what_matches_the_current_work_not_the_newest(
     assert seeds in [r["id"] for r in after["output"]["records"]]
 
 
-async def test_m18_a_long_requests_recall_reads_its_end_where_a_question_after_pasted_text_is(
+async def test_m18_a_long_requests_recall_searches_its_key_words_from_both_its_ends(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
-    """A request longer than the query's share keeps its start and its end: the question a
-    user asks after pasting text is not cut off."""
-    agent = await make_agent(
-        gql.state, admin, harness=full_memory(search={"mode": "lexical", "max_results": 1})
-    )
-    parcel, _ = await seed(
-        state, agent, "Bob's parcel shipped to Leeds", "The coffee machine is descaled on Fridays"
+    """A request longer than the query's share keeps its start and its end (a question asked
+    after pasted text is not cut off), and a query of more than 30 words is searched by its key
+    words: those the fewest of the agent's records hold, words none holds left out. A short
+    request is searched as it is."""
+    agent = await make_agent(gql.state, admin, harness=full_memory(search={"max_results": 1}))
+    parcel, *_ = await seed(
+        state,
+        agent,
+        "Bob's parcel shipped to Leeds",
+        *(f"{day}'s nightly backup ran without warnings" for day in ("Monday", "Tuesday")),
     )
     pasted = "".join(f"Line {n}: the nightly backup ran without warnings.\n" for n in range(30))
     request = pasted + "Where did Bob's parcel ship to?"
@@ -359,9 +363,28 @@ async def test_m18_a_long_requests_recall_reads_its_end_where_a_question_after_p
 
     assert executed["status"] == "SUCCEEDED", executed["error"]
     (recalled,) = recalls(executed)
-    assert recalled["input"]["query"] == request[:500] + "\n" + request[-500:]
+    # The words the backup reports hold, each once, then the question's from the request's
+    # end; not "Line" or its numbers, which no record holds.
+    assert recalled["input"]["query"] == "nightly backup ran without warnings. Bob's parcel ship"
     (block,) = memory_blocks(chat(model_server)[0])
     assert block_ids(block) == [parcel]
+
+    short = "Where did Bob's parcel ship to? It was the nightly order from the shop, I think"
+    model_server.say("Leeds.")
+    executed = await run(gql, admin, str(agent.action_id), short)
+    (recalled,) = recalls(executed)
+    assert recalled["input"]["query"] == short
+
+
+async def test_m18_a_recall_query_of_more_than_30_words_keeps_an_eighth_of_them() -> None:
+    assert [key_word_count(" ".join(["word"] * n)) for n in (1, 30, 31, 100, 136, 300)] == [
+        None,
+        None,
+        10,
+        12,
+        17,
+        20,
+    ]
 
 
 async def test_m22_a_recall_returns_max_results_records_five_by_default(

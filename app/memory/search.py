@@ -125,7 +125,7 @@ from app.memory.operator import LabelValue, MemoryView, label_names_of
 from app.memory.records import MemoryRecord
 from app.memory.search_store import Filters, Plan, Ranking, Scored
 from app.memory.service import check_label_filter
-from app.memory.visibility import OperatorReader, Reader
+from app.memory.visibility import AgentReader, OperatorReader, Reader
 from app.observability import metrics
 from app.text import MAX_QUERY_CHARS, check_query
 
@@ -288,6 +288,25 @@ async def search(
         for i, r in enumerate(records)
     ]
     return SearchResult(records, None, tokens, plan, cursors)
+
+
+async def key_words(pool: asyncpg.Pool, reader: AgentReader, text: str, count: int) -> str:
+    """The `count` words of `text` that weigh most in a search by `reader` (those the fewest of
+    the records it sees hold; words none holds left out; ties by their place), in their order
+    in the text; the text itself when no word of it is held. A word of several lexemes (a
+    hyphenated one) is kept for any of them; a lexeme is kept once, for its first word."""
+    words = text.split()
+    async with pool.acquire() as conn:
+        rows = await search_store.word_holders(conn, reader, words)
+    held = {lexeme: holders for _, lexeme, holders in rows if holders}
+    chosen = set(sorted(held, key=held.__getitem__)[:count])  # stable: the first place first
+    kept: list[int] = []
+    for place, lexeme, _ in rows:
+        if lexeme in chosen:
+            chosen.discard(lexeme)
+            if not kept or kept[-1] != place:
+                kept.append(place)
+    return " ".join(words[place] for place in kept) if kept else text
 
 
 def _lists(mode: str, reach: int) -> tuple[int, int]:

@@ -27,6 +27,8 @@ MEMORY_NOTE = (
     "inside them, and weigh them against the conversation."
 )
 _QUERY_PART_CHARS = 1000
+# A recall query of more words is searched by its key words (`key_word_count`).
+_KEY_WORDS_FROM = 30
 
 Version = tuple[UUID, int]
 
@@ -57,6 +59,20 @@ def recall_query(request: str, latest: str) -> str:
     return "\n".join(parts)
 
 
+def key_word_count(query: str) -> int | None:
+    """How many key words a recall query is searched by: None (all of it) for a query of at
+    most `_KEY_WORDS_FROM` words, else an eighth of its words, from 10 to 20.
+
+    The whole of a long query ranks first the records that share its many other words, not
+    those its question is about. LoCoMo dev questions wrapped in other turns
+    (bench/recall_queries.py), evidence R@10 of the whole query -> its key words: static
+    embedder, 100-300 words, 0.09-0.31 -> 0.23-0.35 (the index plan 0.08-0.20 -> the same);
+    MiniLM, 100 words, 0.25-0.41 -> 0.32-0.44, and its embedding 51 -> 20 ms. At 25 and 50
+    words MiniLM is level either way (within 0.01), hence whole queries up to 30 words."""
+    words = len(query.split())
+    return max(10, min(20, words // 8)) if words > _KEY_WORDS_FROM else None
+
+
 class Recall:
     def __init__(self, tools: NativeTools, transcript: Transcript) -> None:
         self.tools = tools
@@ -73,8 +89,13 @@ class Recall:
             self.held = None
 
     async def before_call(self, query: str) -> dict[str, Any] | None:
-        """The memory message for the next model call, or None when nothing matches."""
+        """The memory message for the next model call, or None when nothing matches. A query of
+        many words is searched by its key words (`key_word_count`): the words that weigh most
+        in the agent's search, by its word counts; the recorded query is what was searched."""
         limit = self.tools.memory.search.max_results
+        count = key_word_count(query)
+        if count is not None:
+            query = await self.tools.key_words(query, count)
         found = await self.tools.search(query=query, limit=limit)
         if found.embed_tokens:
             self.transcript.embedding(self.tools.embedder_name, found.embed_tokens, "recall")

@@ -451,6 +451,11 @@ class NativeTools:
             mode=self.memory.search.mode,
         )
 
+    async def key_words(self, text: str, count: int) -> str:
+        """`text`'s `count` words that weigh most in this agent's search (a recall's query)."""
+        assert self.work is not None
+        return await memory_search.key_words(self.work.pool, self.work.writer.reader(), text, count)
+
     async def _search(self, args: dict[str, Any]) -> ToolResult:
         a = _arguments(SearchMemory, args, self.schemas[SEARCH_MEMORY], self.memory)
         memory_search.check_query(a.query, self.max_query_chars)
