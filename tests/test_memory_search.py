@@ -700,6 +700,49 @@ async def test_m18_key_words_are_those_the_fewest_records_the_reader_sees_hold(
         assert await search_module.key_words(pool, turn, f"{odd} parcel {odd}", 3) == "parcel"
 
 
+async def test_m18_key_words_count_the_records_written_since_the_agents_words_were(
+    agent: SearchAgent,
+) -> None:
+    # A listed agent's counts are those of its last count: a word of a record the turn sees
+    # that they do not hold (written since, a preview turn's preview record, the turn's own
+    # staged one) is held all the same, and a record the turn does not see holds none.
+    pool = agent.state.pool
+    for i in range(4):
+        await agent.add(f"Deploy log {i}: the nightly backup finished")
+    await maintenance.run_round(pool, min_records=1)
+    await agent.add("My Zanzibar trip is in June")
+    await agent.add("Quokka on the preview", preview=True)
+    turn, other = uuid.uuid4(), uuid.uuid4()
+    await agent.add("Tromso, staged by this turn", pending_execution=turn)
+    await agent.add("Lisbon, staged by another turn", pending_execution=other)
+    await agent.add("Harare, another session's", scope="SESSION", session_id="s2")
+    await agent.add("Osaka, deleted", status="DELETED")
+    text = "Deploy nightly backup: Zanzibar, Quokka, Tromso, Lisbon, Harare, Osaka"
+    live = agent.reader(session="s1", execution_id=turn)
+    preview = agent.reader(session="s1", preview=True)
+    # The words of the records it sees, held by one each, then the first of those four hold.
+    assert await search_module.key_words(pool, live, text, 3) == "Deploy Zanzibar, Tromso,"
+    assert await search_module.key_words(pool, preview, text, 3) == "Deploy Zanzibar, Quokka,"
+    assert await search_module.key_words(pool, agent.reader(), text, 2) == "Deploy Zanzibar,"
+
+
+async def test_m18_a_key_word_of_several_lexemes_counts_once(agent: SearchAgent) -> None:
+    # "e-mail" is three lexemes (e-mail, e, mail), a URL several: each is one of the words kept,
+    # then "team", which three records hold ("wiki" and "page" four).
+    pool = agent.state.pool
+    await agent.add("Send the e-mail about https://example.com/path?x=1 and the wiki page")
+    for i in range(3):
+        await agent.add(f"Wiki page {i} of the team")
+    text = "e-mail https://example.com/path?x=1 wiki team page"
+    turn = agent.reader(session="s1")
+    assert (
+        await search_module.key_words(pool, turn, text, 2) == "e-mail https://example.com/path?x=1"
+    )
+    assert await search_module.key_words(pool, turn, text, 3) == (
+        "e-mail https://example.com/path?x=1 team"
+    )
+
+
 async def test_m20_index_plan_reads_the_exact_text_ranking(
     agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:

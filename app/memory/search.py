@@ -294,19 +294,21 @@ async def key_words(pool: asyncpg.Pool, reader: AgentReader, text: str, count: i
     """The `count` words of `text` that weigh most in a search by `reader` (those the fewest of
     the records it sees hold; words none holds left out; ties by their place), in their order
     in the text; the text itself when no word of it is held. A word of several lexemes (a
-    hyphenated one) is kept for any of them; a lexeme is kept once, for its first word."""
+    hyphenated one, a URL) is kept for its rarest and counts once; a lexeme is kept for its
+    first word."""
     words = text.split()
     async with pool.acquire() as conn:
         rows = await search_store.word_holders(conn, reader, words)
-    held = {lexeme: holders for _, lexeme, holders in rows if holders}
-    chosen = set(sorted(held, key=held.__getitem__)[:count])  # stable: the first place first
-    kept: list[int] = []
-    for place, lexeme, _ in rows:
-        if lexeme in chosen:
-            chosen.discard(lexeme)
-            if not kept or kept[-1] != place:
-                kept.append(place)
-    return " ".join(words[place] for place in kept) if kept else text
+    first: dict[str, tuple[int, int]] = {}  # each held lexeme: its holders, its first word
+    for place, lexeme, holders in rows:
+        if holders:
+            first.setdefault(lexeme, (holders, place))
+    kept: set[int] = set()
+    for _, place in sorted(first.values()):  # the rarest first, ties by place
+        if len(kept) == count:
+            break
+        kept.add(place)
+    return " ".join(words[place] for place in sorted(kept)) if kept else text
 
 
 def _lists(mode: str, reach: int) -> tuple[int, int]:

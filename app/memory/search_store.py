@@ -1013,8 +1013,9 @@ async def word_holders(
     many of the records the reader sees hold it, as its search weighs words: by the
     maintenance's counts (`_counts`, a preview reader as a live one), or, where they do not
     cover the reader, over its records now, all the words in one pass (an agent not listed
-    has at most `agent_index_min_records`). A lexeme no record holds: 0. A word without a
-    lexeme (a stop word, punctuation) has no row."""
+    has at most `agent_index_min_records`). A lexeme the counts say no record holds is counted
+    now over the records they do not hold (`_held_since`). A lexeme no record holds: 0. A word
+    without a lexeme (a stop word, punctuation) has no row."""
     p = Params()
     text = p(" ".join(words))
     lexeme = "(tsvector_to_array(q.term::text::tsvector))[1]"
@@ -1050,14 +1051,38 @@ async def word_holders(
         WHERE (SELECT bool_or(held IS NULL) FROM weighed)
         GROUP BY l.lexeme
     )
-    SELECT t.place - 1 AS place, w.lexeme, coalesce(w.held, u.held, 0) AS held
+    SELECT t.place - 1 AS place, w.lexeme, coalesce(w.held, u.held, 0) AS held,
+        w.held = 0 AS unseen
     FROM unnest({p(list(words))}::text[]) WITH ORDINALITY t(word, place)
     CROSS JOIN LATERAL unnest(tsvector_to_array(to_tsvector('english'::regconfig, t.word)))
         l(lexeme)
     JOIN weighed w ON w.lexeme = l.lexeme LEFT JOIN uncounted u ON u.lexeme = w.lexeme
     ORDER BY t.place"""
     rows = await conn.fetch(sql, *p.values)
-    return [(row["place"], row["lexeme"], row["held"]) for row in rows]
+    unseen = sorted({row["lexeme"] for row in rows if row["unseen"]})
+    since = await _held_since(conn, reader, unseen) if unseen else {}
+    return [(row["place"], row["lexeme"], since.get(row["lexeme"], row["held"])) for row in rows]
+
+
+async def _held_since(
+    conn: asyncpg.Connection, reader: AgentReader, lexemes: Sequence[str]
+) -> dict[str, int]:
+    """How many of the records the reader sees hold each of `lexemes`, which the counts of a
+    listed agent say none holds: records they do not hold (written since they were counted, a
+    preview turn's preview records, the turn's own staged ones), few, found by the agent's own
+    GIN index (its key as constants, `AgentKey`): a record written since the last count holds
+    what a recall most often asks about."""
+    p = AgentKey(reader)
+    given = p(list(lexemes))
+    sql = f"""
+    SELECT l.lexeme, count(*) AS held
+    FROM agent_memories m CROSS JOIN LATERAL unnest(tsvector_to_array(m.tsv)) l(lexeme)
+    WHERE {visible(reader, p)}
+      AND m.tsv @@ (SELECT string_agg(array_to_tsvector(ARRAY[x])::text, ' | ')::tsquery
+                    FROM unnest({given}::text[]) x)
+      AND l.lexeme = any({given}::text[])
+    GROUP BY l.lexeme"""
+    return {row["lexeme"]: row["held"] for row in await conn.fetch(sql, *p.values)}
 
 
 async def newest(
