@@ -13,13 +13,15 @@ question is wrapped in text of about `--lengths` words, four ways:
 
 Each is asked (hybrid, static embedder, a page of 10) as these queries, on both plans:
 
-- recall_query: as the service searches it (`recall_query`: the message's first and last 500
-  characters when it is longer than 1,000, and the latest reply's last 1,000; of more than 20
-  words, its key words, `key_word_count` of them);
-- whole recall_query: all of it, as it was searched before the fifty-eighth session;
+- recall_query: as the service searches it (`searched_query`: `recall_query`, the message's
+  first and last 500 characters when it is longer than 1,000, and the latest reply's last
+  1,000; of more than 30 words, the message's first and last questions and the query's key
+  words, `key_word_count` of them);
+- whole recall_query: all of `recall_query`, as it was searched before the fifty-eighth session;
+- key words: its key words alone (without the questions);
 - first 1,000: as it was built before the fifty-seventh (the message's first 1,000 characters);
 - full text: the message and the latest reply, untruncated;
-- first sentence, last sentence, last question: of the message;
+- first sentence, last sentence, last question: of the message; questions: its first and last;
 - key words K: the K words of the whole recall_query that the fewest of the agent's records
   hold (words none holds left out), in the query's order (`app.memory.search.key_words`).
 
@@ -64,7 +66,12 @@ from app.memory import search as search_module  # noqa: E402
 from app.memory.search import key_words  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
 from app.memory.visibility import AgentReader  # noqa: E402
-from app.runtime.recall import key_word_count, recall_query  # noqa: E402
+from app.runtime.recall import (  # noqa: E402
+    key_word_count,
+    questions,
+    recall_query,
+    searched_query,
+)
 from app.scope import Scope  # noqa: E402
 
 CONTEXTS = ("own-before", "other-before", "other-after", "reply")
@@ -126,19 +133,23 @@ async def queries(message: str, latest: str, pool: asyncpg.Pool, reader: Any) ->
     whole = recall_query(message, latest)
     count = key_word_count(whole)
     keys = key_word_reader(reader)
-    searched = whole
-    if count is not None:
+
+    async def timed(text: str, k: int) -> str:
         started = time.perf_counter()
-        searched = await key_words(pool, keys, whole, count)
+        found = await key_words(pool, keys, text, k)
         KEY_WORDS_MS.append((time.perf_counter() - started) * 1000)
+        return found
+
     built: dict[str, str] = {
-        "recall_query": searched,
+        "recall_query": await searched_query(message, latest, timed),
         "whole recall_query": whole,
+        "key words": await key_words(pool, keys, whole, count) if count else whole,
         "first 1,000": query_before(message, latest),
         "full text": message + ("\n" + latest if latest else ""),
         "first sentence": sentences(message)[0],
         "last sentence": sentences(message)[-1],
         "last question": last_question(message),
+        "questions": " ".join(questions(message)) or whole,
     }
     for k in (6, 10, 20):
         built[f"key words {k}"] = await key_words(pool, keys, whole, k)
@@ -238,7 +249,7 @@ def report(
     if KEY_WORDS_MS:
         timed = sorted(KEY_WORDS_MS)
         print(
-            f"recall_query's key words looked up (one statement, before the embedding): p50 "
+            f"recall_query's key words looked up (before the embedding): p50 "
             f"{timed[len(timed) // 2]:.2f} ms, p95 {timed[int(len(timed) * 0.95)]:.2f} ms"
         )
     plans = "   ".join(f"{plan:>5s} R@5  R@10     ms" for plan in PLANS)

@@ -244,7 +244,7 @@ async def recall_alone(
         tools = NativeTools(work, action.harness.memory, transcript, state.embedder.name)
         recall = Recall(tools, transcript)
         started = time.perf_counter()
-        block = await recall.before_call(question(i))
+        block = await recall.before_call(question(i), "")
         elapsed = (time.perf_counter() - started) * 1000
         assert block is not None
         if i >= 10:

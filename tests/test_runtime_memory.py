@@ -36,7 +36,7 @@ from runtime_support import (
 
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
-from app.runtime.recall import key_word_count
+from app.runtime.recall import key_word_count, questions
 from app.state import AppState
 
 # Every turn here talks to the scripted model server.
@@ -342,13 +342,13 @@ async def test_m18_recall_finds_what_matches_the_current_work_not_the_newest(
     assert seeds in [r["id"] for r in after["output"]["records"]]
 
 
-async def test_m18_a_long_requests_recall_searches_its_key_words_from_both_its_ends(
+async def test_m18_a_long_requests_recall_searches_its_questions_and_key_words(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
     """A request longer than the query's share keeps its start and its end (a question asked
-    after pasted text is not cut off), and a query of more than 30 words is searched by its key
-    words: those the fewest of the agent's records hold, words none holds left out. A short
-    request is searched as it is."""
+    after pasted text is not cut off), and a query of more than 30 words is searched by the
+    questions the request asks and its key words: those the fewest of the agent's records
+    hold, words none holds left out. A short request is searched as it is."""
     agent = await make_agent(gql.state, admin, harness=full_memory(search={"max_results": 1}))
     parcel, *_ = await seed(
         state,
@@ -363,9 +363,12 @@ async def test_m18_a_long_requests_recall_searches_its_key_words_from_both_its_e
 
     assert executed["status"] == "SUCCEEDED", executed["error"]
     (recalled,) = recalls(executed)
-    # The words the backup reports hold, each once, then the question's from the request's
-    # end; not "Line" or its numbers, which no record holds.
-    assert recalled["input"]["query"] == "nightly backup ran without warnings. Bob's parcel ship"
+    # The question the request asks, then the key words: the words the backup reports hold,
+    # each once, then the question's from the request's end; not "Line" or its numbers, which
+    # no record holds.
+    assert recalled["input"]["query"] == (
+        "Where did Bob's parcel ship to?\nnightly backup ran without warnings. Bob's parcel ship"
+    )
     (block,) = memory_blocks(chat(model_server)[0])
     assert block_ids(block) == [parcel]
 
@@ -374,6 +377,16 @@ async def test_m18_a_long_requests_recall_searches_its_key_words_from_both_its_e
     executed = await run(gql, admin, str(agent.action_id), short)
     (recalled,) = recalls(executed)
     assert recalled["input"]["query"] == short
+
+
+async def test_m18_a_long_recall_query_keeps_the_first_and_last_question_the_request_asks() -> None:
+    pasted = "Is this line a question? " + "The build log goes on. " * 40
+    asked = "Why did the deploy fail? " + pasted + "Was it the cache?\nThanks."
+    assert questions(asked) == ["Why did the deploy fail?", "Was it the cache?"]
+    assert questions("Which one？ " + pasted + "Which one？") == ["Which one？"]
+    assert questions(pasted.replace("?", ".")) == []
+    long = "Could " + "you " * 40 + "tell me?"
+    assert questions(long) == [" ".join(long.split()[-30:])]
 
 
 async def test_m18_a_recall_query_of_more_than_30_words_keeps_an_eighth_of_them() -> None:

@@ -57,7 +57,7 @@ from app.runtime.model import (
     check_endpoint,
     unique_call_ids,
 )
-from app.runtime.recall import Recall, recall_query
+from app.runtime.recall import Recall
 from app.runtime.review import review_memory
 from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
@@ -716,7 +716,7 @@ async def _answer(context: TurnContext, client: ModelClient) -> None:
     )
     called: set[str] = set()  # the turn's tool call IDs so far
     for call_number in range(1, limit + 1):
-        recalled = await recall.before_call(recall_query(request, latest)) if recall else None
+        recalled = await recall.before_call(request, latest) if recall else None
         context.messages = await window.prompt(system, tools.offered, recalled, asked, exchange)
         tools.release_uses(window.reads)
         if recall is not None:
