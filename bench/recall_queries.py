@@ -15,13 +15,14 @@ Each is asked (hybrid, static embedder, a page of 10) as these queries, on both 
 
 - recall_query: as the service searches it (`searched_query`: `recall_query`, the message's
   first and last 500 characters when it is longer than 1,000, and the latest reply's last
-  1,000; of more than 30 words, the message's first and last questions and the query's key
-  words, `key_word_count` of them);
+  1,000; of more than 30 words, what the message asks, `asked`: its first and last questions,
+  and the query's key words, `key_word_count` of them);
 - whole recall_query: all of `recall_query`, as it was searched before the fifty-eighth session;
-- key words: its key words alone (without the questions);
+- key words: its key words alone (without what is asked);
 - first 1,000: as it was built before the fifty-seventh (the message's first 1,000 characters);
 - full text: the message and the latest reply, untruncated;
-- first sentence, last sentence, last question: of the message; questions: its first and last;
+- first sentence, last sentence, last question: of the message; asked: its first and last
+  questions (`asked`);
 - key words K: the K words of the whole recall_query that the fewest of the agent's records
   hold (words none holds left out), in the query's order (`app.memory.search.key_words`).
 
@@ -67,8 +68,8 @@ from app.memory.search import key_words  # noqa: E402
 from app.memory.search_store import Filters  # noqa: E402
 from app.memory.visibility import AgentReader  # noqa: E402
 from app.runtime.recall import (  # noqa: E402
+    asked,
     key_word_count,
-    questions,
     recall_query,
     searched_query,
 )
@@ -149,7 +150,7 @@ async def queries(message: str, latest: str, pool: asyncpg.Pool, reader: Any) ->
         "first sentence": sentences(message)[0],
         "last sentence": sentences(message)[-1],
         "last question": last_question(message),
-        "questions": " ".join(questions(message)) or whole,
+        "asked": " ".join(asked(message)),
     }
     for k in (6, 10, 20):
         built[f"key words {k}"] = await key_words(pool, keys, whole, k)

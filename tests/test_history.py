@@ -1804,9 +1804,9 @@ async def test_h15_another_agents_or_accounts_session_of_the_same_id_is_another_
     """A session is an agent's: another agent of the account, and an agent of another account,
     with a session of the same ID, find nothing of it, by query or by ID."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
-    assert (await run(gql, admin, action_id, "The vault code is 8642."))["status"] == "SUCCEEDED"
+    assert (await run(gql, admin, action_id, "The vault code is kestrel."))["status"] == "SUCCEEDED"
     _, mine = await searched(model_server, gql, admin, action_id, {"query": "vault code"})
-    own = [e["id"] for e in mine["output"]["events"] if "8642" in e["text"]]
+    own = [e["id"] for e in mine["output"]["events"] if "kestrel" in e["text"]]
     assert own
 
     other_account = await make_account(gql.state, "other")
@@ -1816,8 +1816,9 @@ async def test_h15_another_agents_or_accounts_session_of_the_same_id_is_another_
         assert (await run(gql, owner, other, "Nothing to see."))["status"] == "SUCCEEDED"
         for arguments in ({"query": "what is the vault code"}, {"ids": own}):
             _, theirs = await searched(model_server, gql, owner, other, arguments)
-            assert "8642" not in texts(theirs), theirs
-        assert "8642" not in json.dumps(await history_of(gql, owner, other))
+            assert "kestrel" not in texts(theirs), theirs
+        # (A word no UUID or time can hold: "8642" was found in an event ID.)
+        assert "kestrel" not in json.dumps(await history_of(gql, owner, other))
 
 
 async def test_history_search_called_directly_refuses_a_nul_in_its_query(

@@ -36,7 +36,7 @@ from runtime_support import (
 
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
-from app.runtime.recall import key_word_count, questions
+from app.runtime.recall import asked, key_word_count
 from app.state import AppState
 
 # Every turn here talks to the scripted model server.
@@ -342,13 +342,13 @@ async def test_m18_recall_finds_what_matches_the_current_work_not_the_newest(
     assert seeds in [r["id"] for r in after["output"]["records"]]
 
 
-async def test_m18_a_long_requests_recall_searches_its_questions_and_key_words(
+async def test_m18_a_long_requests_recall_searches_what_it_asks_and_its_key_words(
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
     """A request longer than the query's share keeps its start and its end (a question asked
-    after pasted text is not cut off), and a query of more than 30 words is searched by the
-    questions the request asks and its key words: those the fewest of the agent's records
-    hold, words none holds left out. A short request is searched as it is."""
+    after pasted text is not cut off), and a query of more than 30 words is searched by what
+    the request asks (its questions) and its key words: those the fewest of the agent's
+    records hold, words none holds left out. A short request is searched as it is."""
     agent = await make_agent(gql.state, admin, harness=full_memory(search={"max_results": 1}))
     parcel, *_ = await seed(
         state,
@@ -379,14 +379,17 @@ async def test_m18_a_long_requests_recall_searches_its_questions_and_key_words(
     assert recalled["input"]["query"] == short
 
 
-async def test_m18_a_long_recall_query_keeps_the_first_and_last_question_the_request_asks() -> None:
+async def test_m18_a_long_recall_query_keeps_what_the_request_asks() -> None:
+    """Its first and last questions, or without one its first and last sentences."""
     pasted = "Is this line a question? " + "The build log goes on. " * 40
-    asked = "Why did the deploy fail? " + pasted + "Was it the cache?\nThanks."
-    assert questions(asked) == ["Why did the deploy fail?", "Was it the cache?"]
-    assert questions("Which one？ " + pasted + "Which one？") == ["Which one？"]
-    assert questions(pasted.replace("?", ".")) == []
+    request = "Why did the deploy fail? " + pasted + "Was it the cache?\nThanks."
+    assert asked(request) == ["Why did the deploy fail?", "Was it the cache?"]
+    assert asked("Which one？ " + pasted + "Which one？") == ["Which one？"]
+    told = "Fix the failing build.\n" + pasted.replace("?", ".") + "Keep the cache."
+    assert asked(told) == ["Fix the failing build.", "Keep the cache."]
     long = "Could " + "you " * 40 + "tell me?"
-    assert questions(long) == [" ".join(long.split()[-30:])]
+    assert asked(long) == [" ".join(long.split()[-30:])]
+    assert asked("  \n ") == []
 
 
 async def test_m18_a_recall_query_of_more_than_30_words_keeps_an_eighth_of_them() -> None:

@@ -34,7 +34,7 @@ _KEY_WORDS_FROM = 30
 # Where a sentence ends: after its stop, or at a line's end; a question's stop.
 _SENTENCE_END = re.compile(r"(?<=[.!?\uff1f\u061f\u3002])\s+|\n+")
 _QUESTION_MARKS = ("?", "\uff1f", "\u061f")  # ?, fullwidth, Arabic
-_QUESTION_WORDS = 30  # of a question, its last
+_ASKED_WORDS = 30  # of a sentence `asked` keeps, its last
 
 Version = tuple[UUID, int]
 
@@ -79,31 +79,34 @@ def key_word_count(query: str) -> int | None:
     return max(10, min(20, words // 8)) if words > _KEY_WORDS_FROM else None
 
 
-def questions(request: str) -> list[str]:
+def asked(request: str) -> list[str]:
     """What the request asks: its first and last questions (sentences that end in a question
-    mark), each its last `_QUESTION_WORDS` words."""
-    asked = [s for s in map(str.strip, _SENTENCE_END.split(request)) if s.endswith(_QUESTION_MARKS)]
-    return [" ".join(q.split()[-_QUESTION_WORDS:]) for q in dict.fromkeys(asked[:1] + asked[-1:])]
+    mark), or without one its first and last sentences (an instruction), each its last
+    `_ASKED_WORDS` words."""
+    sentences = [s for s in map(str.strip, _SENTENCE_END.split(request)) if s]
+    questions = [s for s in sentences if s.endswith(_QUESTION_MARKS)] or sentences
+    ends = dict.fromkeys(questions[:1] + questions[-1:])
+    return [" ".join(s.split()[-_ASKED_WORDS:]) for s in ends]
 
 
 async def searched_query(
     request: str, latest: str, key_words: Callable[[str, int], Awaitable[str]]
 ) -> str:
     """What a recall searches for: its query (`recall_query`), or for one of more than
-    `_KEY_WORDS_FROM` words the questions the request asks (`questions`) and the query's key
-    words (`key_word_count` of them, by `key_words`: those that weigh most in the agent's
-    search).
+    `_KEY_WORDS_FROM` words what the request asks (`asked`) and the query's key words
+    (`key_word_count` of them, by `key_words`: those that weigh most in the agent's search).
 
-    LoCoMo dev questions wrapped in 50-300 words of other turns, R@10 exact (static embedder;
-    bench/README.md): key words 0.26-0.35 -> with the questions 0.44-0.58 (the question alone
-    0.658, the whole query 0.09-0.31). The questions alone scored higher still (0.60-0.67), but
-    only because the words around them are noise by construction: a message's own words bear
-    on its work, as the key words keep them."""
+    LoCoMo dev questions wrapped in 50-300 words of other turns, R@10 exact, whole query ->
+    key words alone -> with what is asked (bench/README.md; the question alone 0.658): static
+    embedder 0.09-0.44 -> 0.23-0.45 -> 0.45-0.57; MiniLM 0.13-0.51 -> 0.19-0.53 -> 0.50-0.63,
+    its embedding and search 36-90 -> 27-33 ms. What is asked alone scored higher still, but
+    only because the words around it are noise by construction there: a message's own words
+    bear on its work, as its key words keep them."""
     query = recall_query(request, latest)
     count = key_word_count(query)
     if count is None:
         return query
-    return "\n".join([*questions(request), await key_words(query, count)])
+    return "\n".join([*asked(request), await key_words(query, count)])
 
 
 class Recall:
