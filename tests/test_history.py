@@ -1302,6 +1302,22 @@ def rows_read(plan: dict[str, Any], under: bool = False) -> float:
     return own + sum(rows_read(p, under) for p in plan.get("Plans", []))
 
 
+async def both_plans(
+    conn: Any, scope: Scope, ranking: store.Ranking
+) -> dict[str, tuple[dict[str, Any], str, list[Any]]]:
+    """Each plan's statement for `ranking` (SQL and values), with its EXPLAIN ANALYZE plan."""
+    plans = {}
+    for plan, (sql, values) in {
+        "exact": store.exact_sql(scope, ranking),
+        "index": store.index_sql(scope, ranking, history_search.WORD_WALK),
+    }.items():
+        explained = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
+        if isinstance(explained, str):
+            explained = json.loads(explained)
+        plans[plan] = (explained[0]["Plan"], sql, values)
+    return plans
+
+
 async def test_h6_a_long_querys_words_are_weighed_in_time_of_the_parts_not_parts_x_words(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
@@ -1343,14 +1359,8 @@ async def test_h6_a_long_querys_words_are_weighed_in_time_of_the_parts_not_parts
         vector = (await state.embedder.embed([query])).vectors[0] * 0
         ranking = store.Ranking(query, vector, 5, 40)
         scope = Scope(*key, None, False)
-        for plan, (sql, values) in {
-            "exact": store.exact_sql(scope, ranking),
-            "index": store.index_sql(scope, ranking, history_search.WORD_WALK),
-        }.items():
-            explained = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
-            if isinstance(explained, str):
-                explained = json.loads(explained)
-            read = rows_read(explained[0]["Plan"])
+        for plan, (explained, sql, values) in (await both_plans(conn, scope, ranking)).items():
+            read = rows_read(explained)
             assert read < 20 * many, (plan, read)
             found = await conn.fetch(sql, *values)
             assert len(found) == 5 and found[0]["score"] > 0, plan
@@ -1421,14 +1431,8 @@ async def test_h6_a_session_the_statistics_have_not_seen_is_searched_in_time_of_
         await conn.execute("ANALYZE history_parts")
         await conn.execute("ANALYZE history_events")
         await write(conn, "s2")
-        for plan, (sql, values) in {
-            "exact": store.exact_sql(scope, ranking),
-            "index": store.index_sql(scope, ranking, history_search.WORD_WALK),
-        }.items():
-            explained = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *values)
-            if isinstance(explained, str):
-                explained = json.loads(explained)
-            read = rows_scanned(explained[0]["Plan"], ("history_parts", "history_events"))
+        for plan, (explained, sql, values) in (await both_plans(conn, scope, ranking)).items():
+            read = rows_scanned(explained, ("history_parts", "history_events"))
             assert read < 4 * many, (plan, read)
             found = await conn.fetch(sql, *values)
             assert len(found) == 10 and found[0]["score"] > 0, plan
