@@ -86,7 +86,7 @@ def asked(request: str) -> list[str]:
     sentences = [s for s in map(str.strip, _SENTENCE_END.split(request)) if s]
     questions = [s for s in sentences if s.endswith(_QUESTION_MARKS)] or sentences
     ends = dict.fromkeys(questions[:1] + questions[-1:])
-    return [" ".join(s.split()[-_ASKED_WORDS:]) for s in ends]
+    return [" ".join(s.rsplit(maxsplit=_ASKED_WORDS)[-_ASKED_WORDS:]) for s in ends]
 
 
 async def searched_query(
