@@ -36,8 +36,9 @@ from runtime_support import (
 
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
-from app.runtime.recall import asked, key_word_count
+from app.runtime.recall import asked, key_word_count, searched_query
 from app.state import AppState
+from app.text import MAX_QUERY_CHARS
 
 # Every turn here talks to the scripted model server.
 pytestmark = pytest.mark.usefixtures("model_server")
@@ -390,6 +391,22 @@ async def test_m18_a_long_recall_query_keeps_what_the_request_asks() -> None:
     long = "Could " + "you " * 40 + "tell me?"
     assert asked(long) == [" ".join(long.split()[-30:])]
     assert asked("  \n ") == []
+
+
+async def test_m18_a_long_recall_query_is_searched_within_the_search_query_limit() -> None:
+    """What a request asks is cut to characters as well as words: a sentence of a pasted blob
+    (base64, minified code) is one huge word, and the query it is searched by is embedded and
+    matched whole and recorded on every recall."""
+    blob = "iVBORw0KGgo" * 10_000
+    told = "Describe the image in this log. " + "The build ran. " * 20 + "Image: " + blob
+
+    async def held(text: str, count: int) -> str:
+        return " ".join(text.split()[:count])
+
+    searched = await searched_query(told, "", held)
+    assert len(searched) <= MAX_QUERY_CHARS
+    assert searched.startswith("Describe the image in this log.\n")
+    assert all(len(s) <= 500 for s in asked(told + "?"))
 
 
 async def test_m18_a_recall_query_of_more_than_30_words_keeps_an_eighth_of_them() -> None:

@@ -35,6 +35,9 @@ _KEY_WORDS_FROM = 30
 _SENTENCE_END = re.compile(r"(?<=[.!?\uff1f\u061f\u3002])\s+|\n+")
 _QUESTION_MARKS = ("?", "\uff1f", "\u061f")  # ?, fullwidth, Arabic
 _ASKED_WORDS = 30  # of a sentence `asked` keeps, its last
+# and of those at most as many characters as each end of a long request keeps: a pasted blob
+# (base64, minified code) is one word, and the query is embedded and matched whole.
+_ASKED_CHARS = _QUERY_PART_CHARS // 2
 
 Version = tuple[UUID, int]
 
@@ -82,11 +85,11 @@ def key_word_count(query: str) -> int | None:
 def asked(request: str) -> list[str]:
     """What the request asks: its first and last questions (sentences that end in a question
     mark), or without one its first and last sentences (an instruction), each its last
-    `_ASKED_WORDS` words."""
+    `_ASKED_WORDS` words and of them its last `_ASKED_CHARS` characters."""
     sentences = [s for s in map(str.strip, _SENTENCE_END.split(request)) if s]
     questions = [s for s in sentences if s.endswith(_QUESTION_MARKS)] or sentences
     ends = dict.fromkeys(questions[:1] + questions[-1:])
-    return [" ".join(s.rsplit(maxsplit=_ASKED_WORDS)[-_ASKED_WORDS:]) for s in ends]
+    return [" ".join(s.rsplit(maxsplit=_ASKED_WORDS)[-_ASKED_WORDS:])[-_ASKED_CHARS:] for s in ends]
 
 
 async def searched_query(
