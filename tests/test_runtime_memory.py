@@ -391,6 +391,8 @@ async def test_m18_a_long_recall_query_keeps_what_the_request_asks() -> None:
     long = "Could " + "you " * 40 + "tell me?"
     assert asked(long) == [" ".join(long.split()[-30:])]
     assert asked("  \n ") == []
+    quoted = 'She wrote: "Can we ship on Friday?" ' + pasted.replace("?", ".") + "(Or is it late?)"
+    assert asked(quoted) == ['She wrote: "Can we ship on Friday?"', "(Or is it late?)"]
 
 
 async def test_m18_a_long_recall_query_is_searched_within_the_search_query_limit() -> None:

@@ -32,8 +32,10 @@ _QUERY_PART_CHARS = 1000
 # A recall query of more words is searched by its key words (`key_word_count`).
 _KEY_WORDS_FROM = 30
 # Where a sentence ends: after its stop, or at a line's end; a question's stop.
-_SENTENCE_END = re.compile(r"(?<=[.!?\uff1f\u061f\u3002])\s+|\n+")
-_QUESTION_MARKS = ("?", "\uff1f", "\u061f")  # ?, fullwidth, Arabic
+_STOPS = ".!?\uff1f\u061f\u3002"  # ?, fullwidth and Arabic question marks; ideographic stop
+_CLOSERS = "\"')\u00bb\u201d\u2019"  # what may close a sentence after its stop: quotes, a bracket
+_SENTENCE_END = re.compile(rf"(?:(?<=[{_STOPS}])|(?<=[{_STOPS}][{_CLOSERS}]))\s+|\n+")
+_QUESTION_MARKS = ("?", "\uff1f", "\u061f")
 _ASKED_WORDS = 30  # of a sentence `asked` keeps, its last
 # and of those at most as many characters as each end of a long request keeps: a pasted blob
 # (base64, minified code) is one word, and the query is embedded and matched whole.
@@ -87,7 +89,7 @@ def asked(request: str) -> list[str]:
     mark), or without one its first and last sentences (an instruction), each its last
     `_ASKED_WORDS` words and of them its last `_ASKED_CHARS` characters."""
     sentences = [s for s in map(str.strip, _SENTENCE_END.split(request)) if s]
-    questions = [s for s in sentences if s.endswith(_QUESTION_MARKS)] or sentences
+    questions = [s for s in sentences if s.rstrip(_CLOSERS).endswith(_QUESTION_MARKS)] or sentences
     ends = dict.fromkeys(questions[:1] + questions[-1:])
     return [" ".join(s.rsplit(maxsplit=_ASKED_WORDS)[-_ASKED_WORDS:])[-_ASKED_CHARS:] for s in ends]
 
