@@ -142,7 +142,7 @@ async def queries(message: str, latest: str, pool: asyncpg.Pool, reader: Any) ->
         return found
 
     built: dict[str, str] = {
-        "recall_query": await searched_query(message, latest, timed),
+        "recall_query": await searched_query(message, latest, asked(message), timed),
         "whole recall_query": whole,
         "key words": await key_words(pool, keys, whole, count) if count else whole,
         "first 1,000": query_before(message, latest),

@@ -242,9 +242,9 @@ async def recall_alone(
     for i in range(count + 10):
         transcript = Transcript(1)
         tools = NativeTools(work, action.harness.memory, transcript, state.embedder.name)
-        recall = Recall(tools, transcript)
+        recall = Recall(tools, transcript, question(i))
         started = time.perf_counter()
-        block = await recall.before_call(question(i), "")
+        block = await recall.before_call("")
         elapsed = (time.perf_counter() - started) * 1000
         assert block is not None
         if i >= 10:

@@ -405,7 +405,7 @@ async def test_m18_a_long_recall_query_is_searched_within_the_search_query_limit
     async def held(text: str, count: int) -> str:
         return " ".join(text.split()[:count])
 
-    searched = await searched_query(told, "", held)
+    searched = await searched_query(told, "", asked(told), held)
     assert len(searched) <= MAX_QUERY_CHARS
     assert searched.startswith("Describe the image in this log.\n")
     assert all(len(s) <= 500 for s in asked(told + "?"))

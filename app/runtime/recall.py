@@ -95,11 +95,15 @@ def asked(request: str) -> list[str]:
 
 
 async def searched_query(
-    request: str, latest: str, key_words: Callable[[str, int], Awaitable[str]]
+    request: str,
+    latest: str,
+    asks: list[str],
+    key_words: Callable[[str, int], Awaitable[str]],
 ) -> str:
     """What a recall searches for: its query (`recall_query`), or for one of more than
-    `_KEY_WORDS_FROM` words what the request asks (`asked`) and the query's key words
-    (`key_word_count` of them, by `key_words`: those that weigh most in the agent's search).
+    `_KEY_WORDS_FROM` words what the request asks (`asks`, the request's `asked`) and the
+    query's key words (`key_word_count` of them, by `key_words`: those that weigh most in the
+    agent's search).
 
     LoCoMo dev questions wrapped in 50-300 words of other turns, R@10 exact, whole query ->
     key words alone -> with what is asked (bench/README.md; the question alone 0.658): static
@@ -111,13 +115,16 @@ async def searched_query(
     count = key_word_count(query)
     if count is None:
         return query
-    return "\n".join([*asked(request), await key_words(query, count)])
+    return "\n".join([*asks, await key_words(query, count)])
 
 
 class Recall:
-    def __init__(self, tools: NativeTools, transcript: Transcript) -> None:
+    def __init__(self, tools: NativeTools, transcript: Transcript, request: str) -> None:
         self.tools = tools
         self.transcript = transcript
+        self.request = request
+        # Read once a turn, not at each model call: a request may be a megabyte of one sentence.
+        self.asks = asked(request)
         # Versions already in the conversation the model reads: only those are not recorded.
         self.seen: set[Version] = set()
         self.held: dict[str, Any] | None = None  # the latest recall's RETRIEVED use
@@ -129,12 +136,12 @@ class Recall:
             self.transcript.add(events.OUTPUT_USE, self.held)
             self.held = None
 
-    async def before_call(self, request: str, latest: str) -> dict[str, Any] | None:
+    async def before_call(self, latest: str) -> dict[str, Any] | None:
         """The memory message for the next model call, or None when nothing matches: a search
         for the turn's current work (`searched_query`; the recorded query is what was searched).
         """
         limit = self.tools.memory.search.max_results
-        query = await searched_query(request, latest, self.tools.key_words)
+        query = await searched_query(self.request, latest, self.asks, self.tools.key_words)
         found = await self.tools.search(query=query, limit=limit)
         if found.embed_tokens:
             self.transcript.embedding(self.tools.embedder_name, found.embed_tokens, "recall")

@@ -697,7 +697,7 @@ async def _answer(context: TurnContext, client: ModelClient) -> None:
     tools = native_tools(state, action, transcript, context.work, context.history, hold_uses=True)
     # Earlier turns' memory blocks are not replayed, so only this turn's recalls count as
     # already put before the conversation (M31).
-    recall = Recall(tools, transcript) if context.work is not None else None
+    recall = Recall(tools, transcript, request) if context.work is not None else None
 
     system = {
         "role": "system",
@@ -716,7 +716,7 @@ async def _answer(context: TurnContext, client: ModelClient) -> None:
     )
     called: set[str] = set()  # the turn's tool call IDs so far
     for call_number in range(1, limit + 1):
-        recalled = await recall.before_call(request, latest) if recall else None
+        recalled = await recall.before_call(latest) if recall else None
         context.messages = await window.prompt(system, tools.offered, recalled, asked, exchange)
         tools.release_uses(window.reads)
         if recall is not None:
