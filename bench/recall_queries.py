@@ -43,7 +43,6 @@ bench/README.md.
 
 import argparse
 import random
-import re
 import shlex
 import sys
 import time
@@ -73,15 +72,16 @@ from app.runtime.recall import (  # noqa: E402
     recall_query,
     searched_query,
 )
+from app.runtime.recall import sentences as recall_sentences  # noqa: E402
 from app.scope import Scope  # noqa: E402
 
 CONTEXTS = ("own-before", "other-before", "other-after", "reply")
 PLANS = ("exact", "index")
-SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 def sentences(text: str) -> list[str]:
-    return [s.strip() for s in SENTENCE.split(text) if s.strip()] or [text]
+    """The message's sentences as the service splits them (`recall.sentences`), or the text."""
+    return recall_sentences(text) or [text]
 
 
 def last_question(text: str) -> str:

@@ -84,12 +84,18 @@ def key_word_count(query: str) -> int | None:
     return max(10, min(20, words // 8)) if words > _KEY_WORDS_FROM else None
 
 
+def sentences(text: str) -> list[str]:
+    """The text's sentences: ended by a stop (and any closing quote or bracket) before
+    whitespace, or by a line's end; empty ones left out."""
+    return [s for s in map(str.strip, _SENTENCE_END.split(text)) if s]
+
+
 def asked(request: str) -> list[str]:
     """What the request asks: its first and last questions (sentences that end in a question
     mark), or without one its first and last sentences (an instruction), each its last
     `_ASKED_WORDS` words and of them its last `_ASKED_CHARS` characters."""
-    sentences = [s for s in map(str.strip, _SENTENCE_END.split(request)) if s]
-    questions = [s for s in sentences if s.rstrip(_CLOSERS).endswith(_QUESTION_MARKS)] or sentences
+    said = sentences(request)
+    questions = [s for s in said if s.rstrip(_CLOSERS).endswith(_QUESTION_MARKS)] or said
     ends = dict.fromkeys(questions[:1] + questions[-1:])
     return [" ".join(s.rsplit(maxsplit=_ASKED_WORDS)[-_ASKED_WORDS:])[-_ASKED_CHARS:] for s in ends]
 
