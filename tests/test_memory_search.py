@@ -875,6 +875,89 @@ async def test_m20_a_long_querys_last_tier_is_read_in_its_order_not_whole(
         assert 0 < read < many / 2, (mode, read)  # 6 and 6 here; 306 and 306 reading it by GIN
 
 
+async def test_m20_a_long_querys_last_tier_is_walked_when_that_should_cost_less(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hybrid query's last tier (the records holding only words after the sixth) is read
+    best cosine first by HNSW when, by its expected share of the agent, the walk should find
+    the list's records in fewer rows than GIN reads at `NEAREST_ROW_COST` times less a row,
+    not only when it holds half of the agent: a recall's key words left a quarter to half of a
+    5,000-record agent to GIN (2,200 rows, p90 9-14 ms; 4.5-6.5 walked). Here a quarter of the
+    agent, each record holding one later word; scaled by the row cost as 300 records are to
+    thousands."""
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    later = 75
+    for i in range(later):
+        await agent.add(f"zq{i % 40}x filler{i}")
+    for i in range(225):
+        await agent.add(f"zp{i % 40}x other{i}")
+    for i in range(6):
+        await agent.add(f"zr{i}x")
+    await list_agents(agent.state)
+    query = " ".join([f"zr{i}x" for i in range(6)] + [f"zq{i}x" for i in range(40)])
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    records = await search_store.listed_records(agent.state.pool, agent.operator)
+    ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
+
+    async def probed(row_cost: float) -> float:
+        monkeypatch.setattr(search_store, "NEAREST_ROW_COST", row_cost)
+        async with agent.state.pool.acquire() as conn:
+            explained = _Explained(conn)
+            found, _ = await search_store.ranked_index(
+                explained, agent.operator, Filters(), ranking, records or 0
+            )
+        assert found is not None and len(found) == 10
+        return _probed_rows(explained.plan)
+
+    # ln(306 / (0.1 * 40)) / 2 = 2.2: a tier of 11% of the agent or more is walked.
+    assert await probed(0.1) < later / 2  # the six rarest words' tiers alone: 6
+    # ln(306 / (100 * 40)) / 2 < 0: no tier is walked, this one read by GIN.
+    assert await probed(100) >= later
+
+
+async def test_m20_a_last_tiers_walk_stops_after_twice_the_rows_it_should_need(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Words held together more often than chance make a last tier smaller than its estimate
+    (here ten later words, all in the same 60 records: estimated in nearly all of the agent),
+    and an HNSW walk for records few hold reads the index far (at 200,000 records 2,767 rows,
+    37 ms, for a tier of 483). The walk stops after twice the rows the estimate needs, and the
+    tier is read by GIN: the page still holds the tier's records."""
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(search_store, "NEAREST_ROW_COST", 0.1)
+    later = " ".join(f"zq{c}x" for c in "abcdefghij")
+    padding = [" ".join(f"pad{i}w{k}" for k in range(20)) for i in range(60)]
+    held = [await agent.add(f"{later} {pad}") for pad in padding]  # farther: 20 more words
+    # Nearer to the query than the tier's records, holding none of its words.
+    near = " ".join(f"zr{i}y" for i in range(6)) + " " + later.replace("x", "y")
+    for i in range(240):
+        await agent.add(f"{near} n{i}")
+    for i in range(6):
+        await agent.add(f"zr{i}x")
+    await list_agents(agent.state)
+    query = " ".join(f"zr{i}x" for i in range(6)) + " " + later
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    records = await search_store.listed_records(agent.state.pool, agent.operator)
+    ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
+    async with agent.state.pool.acquire() as conn:
+        explained = _Explained(conn)
+        found, _ = await search_store.ranked_index(
+            explained, agent.operator, Filters(), ranking, records or 0
+        )
+    assert found is not None and len(found) == 10
+    assert {r.memory_id for r in found} & set(held)
+    walked = sum(  # the rows the walk read from the index, whether or not they held its words
+        n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)
+        for walk in explained.nodes()
+        if walk.get("Subplan Name") == "CTE walked"
+        for n in explained.nodes(walk)
+        if n["Node Type"] == "Index Scan"
+    )
+    # Estimated in 1 - (1 - 60/306)^10 = 89% of the agent: 2 * 40 / 0.89 = 90 rows (91 read
+    # here: the weights are BM25's IDF); unbounded, the walk read the 240 nearer records first.
+    assert 0 < walked <= 100, walked
+
+
 def _probed_rows(plan: dict[str, Any]) -> float:
     """The rows of agent_memories that tiers read by their GIN probe (`word_tiers`' `probe`)
     found, all loops, in an EXPLAIN (ANALYZE, FORMAT JSON) plan: what each such tier sorted."""

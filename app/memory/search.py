@@ -67,8 +67,8 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   page is read (a query of at most six words); in lexical mode a subset of common words is
   read newest first by the (agent, created) btree rather than all its holders by GIN, as is a
   long query's last subset (the records holding only words after the sixth: most of the agent
-  for a recall's query), which hybrid mode reads best cosine first by HNSW when it should hold
-  half of the agent's records or more.
+  for a recall's query), which hybrid mode reads best cosine first by HNSW when that should
+  find its best records sooner (`search_store._nearest_first`).
   With both lists the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and
   200,000 records in search_scale.py's samples, and 0.964-0.971 over two samples of 150
   questions at 200,000 records (bench/README.md, twenty-third session).

@@ -637,7 +637,7 @@ async def ranked_index(
     and the review's division by length (`by_length`), which tiers ignore; there a record
     outside both lists is missed, and the best text score among the candidates, which
     normalizes the fusion, may be below the agent's best. In hybrid mode such a query's last
-    tier, when it should hold half of the agent's records or more, is read from HNSW
+    tier, when it should hold enough of the agent's records, is read from HNSW
     (`_nearest_first`), approximate as the vector list is.
 
     The walk ends early where that changes no record of the page (bench/README.md,
@@ -728,7 +728,7 @@ async def ranked_index(
         preview = isinstance(reader, AgentReader) and reader.preview
         tiers = _tiers(p, None if preview else records)
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
-            tier = _nearest_first(tier, agent, nearest, limit)
+            tier = _nearest_first(tier, agent, nearest, limit, p(float(max(records, 1))))
             ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit, tiers)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
@@ -850,23 +850,44 @@ _LAST = "t.most < (SELECT below FROM later)"  # whether tier `t` is the last (`_
 _RARITY = f"CASE WHEN {_LAST} THEN (SELECT rarity FROM later) ELSE t.most END"
 
 
-def _nearest_first(tier: str, agent: str, nearest: str, limit: int) -> str:
+# What a row read best cosine first through an agent's HNSW index costs against a row GIN reads,
+# for `_nearest_first` (bench/README.md, fifty-ninth session: 4, 8 and 16 measured).
+NEAREST_ROW_COST = 4
+
+
+def _nearest_first(tier: str, agent: str, nearest: str, limit: int, records: str) -> str:
     """A hybrid tier's best-cosine `limit` records (SQL; `tier` reads them all by GIN and sorts
     them), read best cosine first by the agent's HNSW index instead when it is a long query's
     last tier (`_LATER`: the records holding only words after the sixth) and expected to hold
-    half of the agent's records or more, testing its words on each row; `agent`: the reader's
-    rows, as `ranked_index` selects them. For a recall's query (the turn's message and the
-    latest reply) GIN read nearly the whole agent for that tier whenever the six rarest words'
-    tiers held fewer than the list (a 300-word query at 5,000 records: 4,977 rows, 53-58 ms p50
-    against 8-12 walked, bench/README.md). Its records are then those the HNSW walk finds, as
-    the vector list's are; a walk that comes back short leaves the tier to GIN. A query of at
+    enough of the agent's records that the walk should find `limit` of them sooner; `agent`:
+    the reader's rows, as `ranked_index` selects them; `records`: the agent's records as listed
+    (SQL). For a recall's query (bench/README.md, fifty-seventh session) GIN read nearly the
+    whole agent for that tier whenever the six rarest words' tiers held fewer than the list
+    (a 300-word query at 5,000 records: 4,977 rows, 53-58 ms p50 against 8-12 walked).
+
+    With e^-rarity the share of the records the tier holds (`_RARITY`), the walk finds `limit`
+    of them in about `limit * e^rarity` rows, where GIN reads `records * e^-rarity`, each at
+    about `NEAREST_ROW_COST` times less: the walk is taken when the first costs less, that is
+    when `rarity` is under ln(records / (NEAREST_ROW_COST * limit)) / 2 (at 5,000 records and a
+    list of 40, a tier of 18% of them or more; at 200,000, 3%). Until the fifty-ninth session
+    only a tier of half of the agent or more was walked: a recall's key words (30-40 words)
+    left a last tier of a quarter to a half of a 5,000-record agent to GIN, 2,200 rows (p90
+    9-14 ms against 4.5-6.5 now). Its records are then those the HNSW walk finds, as the vector
+    list's are. The walk stops after twice the rows it should need (words held together more
+    often than chance make a tier smaller than its estimate, and an HNSW walk for records few
+    hold reads the index far: at 200,000 records 2,767 rows, 37 ms, for a tier of 483,
+    forty-fourth session); a walk that comes back short leaves the tier to GIN. A query of at
     most six words has no such tier: its tiers are read by GIN as before, to the same page."""
+    # The nearest rows tested as they come (no sort between: the walk stops at its `limit`-th
+    # record or its bound, whichever first). rarity < 700 (`_LATER`): exp() stays finite.
+    bound = f"least(ceil(2 * {limit} * exp((SELECT rarity FROM later))), {records})::bigint"
     walked = (
-        f"walked AS MATERIALIZED (SELECT {_SIGNAL_COLUMNS} FROM {agent}"
-        f" AND ts_match_vq(m.tsv, t.exact) ORDER BY {nearest} LIMIT {limit})"
+        f"walked AS MATERIALIZED (SELECT * FROM (SELECT {_SIGNAL_COLUMNS} FROM {agent}"
+        f" ORDER BY {nearest} LIMIT {bound}) m WHERE ts_match_vq(m.tsv, t.exact) LIMIT {limit})"
     )
+    cut = f"0.5 * ln({records}::float8 / {NEAREST_ROW_COST * limit})"
     # Never NULL (no last tier): NOT NULL would read the walk for every tier.
-    wide = f"coalesce({_LAST} AND (SELECT rarity FROM later) < ln(2), false)"
+    wide = f"coalesce({_LAST} AND (SELECT rarity FROM later) < {cut}, false)"
     short = f"(SELECT count(*) FROM walked) < {limit}"
     # Sorted again: the iterative scan (relaxed_order) may return a row out of its order.
     return (
