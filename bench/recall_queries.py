@@ -11,7 +11,8 @@ question is wrapped in text of about `--lengths` words, four ways:
 - other-after: the question, then another conversation's turns;
 - reply: the question as the message, another conversation's turns as the latest reply.
 
-Each is asked (hybrid, static embedder, a page of 10) as these queries, on both plans:
+Each is asked (hybrid unless `--mode` says, static embedder, a page of 10) as these queries, on
+both plans:
 
 - recall_query: as the service searches it (`searched_query`: `recall_query`, the message's
   first and last 500 characters when it is longer than 1,000, and the latest reply's last
@@ -58,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 from common import add_locomo_argument, load_locomo, run_scratch  # noqa: E402
 from locomo_quality import SAMPLES, conversations, load, recall  # noqa: E402
 
-from app.actions.harness import SearchConfig  # noqa: E402
+from app.actions.harness import SEARCH_MODES, SearchConfig  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.memory import maintenance  # noqa: E402
@@ -197,7 +198,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
             reader, ids = agents[agent]
             started = time.perf_counter()
             vector = (await embedder.embed([query])).vectors[0]
-            ranking = search_module.make_ranking("hybrid", query, vector, config.min_score, 10)
+            ranking = search_module.make_ranking(args.mode, query, vector, config.min_score, 10)
             records, used = await search_module.ranked(pool, reader, Filters(), ranking, plan)
             ms = (time.perf_counter() - started) * 1000
             assert used == plan, (used, plan)
@@ -232,11 +233,12 @@ async def measure(url: str, args: argparse.Namespace) -> None:
                 print(f"# {n + 1}/{len(sample)}, {time.perf_counter() - started:.0f} s", flush=True)
     finally:
         await pool.close()
-    report(len(sample), scores, times, words)
+    report(len(sample), args.mode, scores, times, words)
 
 
 def report(
     count: int,
+    mode: str,
     scores: dict[tuple[int, str, str, str], list[tuple[float, float]]],
     times: dict[tuple[int, str, str, str], list[float]],
     words: dict[tuple[int, str, str], list[int]],
@@ -244,7 +246,7 @@ def report(
     """One line a length, query and context: words, then R@5, R@10 and p50 ms on each plan."""
     names = list(dict.fromkeys(name for _, name, _ in words))
     print(
-        f"\n{count} questions; hybrid, static embedder, a page of 10; ms: the query's embedding "
+        f"\n{count} questions; {mode}, static embedder, a page of 10; ms: the query's embedding "
         "and search, p50 (-: the same queries as another line's, timed there)"
     )
     if KEY_WORDS_MS:
@@ -282,6 +284,9 @@ def main() -> None:
     )
     parser.add_argument("--questions", type=int, default=0, help="a seeded sample (0: all 760)")
     parser.add_argument("--seed", type=int, default=223)
+    parser.add_argument(
+        "--mode", choices=SEARCH_MODES, default="hybrid", help="the search mode (default hybrid)"
+    )
     parser.add_argument(
         "--pad",
         action="store_true",
