@@ -851,7 +851,7 @@ _RARITY = f"CASE WHEN {_LAST} THEN (SELECT rarity FROM later) ELSE t.most END"
 
 
 # What a row read best cosine first through an agent's HNSW index costs against a row GIN reads,
-# for `_nearest_first` (bench/README.md, fifty-ninth session: 4, 8 and 16 measured).
+# for `_nearest_first` (bench/README.md, fifty-ninth session: 2, 4, 8 and 16 measured).
 NEAREST_ROW_COST = 4
 
 
@@ -871,11 +871,11 @@ def _nearest_first(tier: str, agent: str, nearest: str, limit: int, records: str
     when `rarity` is under ln(records / (NEAREST_ROW_COST * limit)) / 2 (at 5,000 records and a
     list of 40, a tier of 18% of them or more; at 200,000, 3%). Until the fifty-ninth session
     only a tier of half of the agent or more was walked: a recall's key words (30-40 words)
-    left a last tier of a quarter to a half of a 5,000-record agent to GIN, 2,200 rows (p90
-    9-14 ms against 4.5-6.5 now). Its records are then those the HNSW walk finds, as the vector
-    list's are. The walk stops after twice the rows it should need (words held together more
-    often than chance make a tier smaller than its estimate, and an HNSW walk for records few
-    hold reads the index far: at 200,000 records 2,767 rows, 37 ms, for a tier of 483,
+    left a last tier of a quarter to a half of a 5,000-record agent to GIN, 2,200 rows (p95
+    12.0-14.0 ms against 5.4-5.5 now). Its records are then those the HNSW walk finds, as the
+    vector list's are. The walk stops after twice the rows it should need (words held together
+    more often than chance make a tier smaller than its estimate, and an HNSW walk for records
+    few hold reads the index far: at 200,000 records 2,767 rows, 37 ms, for a tier of 483,
     forty-fourth session); a walk that comes back short leaves the tier to GIN. A query of at
     most six words has no such tier: its tiers are read by GIN as before, to the same page."""
     # The nearest rows tested as they come (no sort between: the walk stops at its `limit`-th
