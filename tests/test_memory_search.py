@@ -38,6 +38,7 @@ from app.auth.policies import ADMIN_POLICIES
 from app.errors import BadInput
 from app.memory import maintenance, search_store
 from app.memory import search as search_module
+from app.memory.records import MemoryRecord
 from app.memory.search import search
 from app.memory.search_store import Filters
 from app.memory.store import RECORD_COLUMNS
@@ -857,20 +858,10 @@ async def test_m20_a_long_querys_last_tier_is_read_in_its_order_not_whole(
     many = 300
     for i in range(many):
         await agent.add(" ".join(f"zq{i * k % 40}x" for k in range(1, 6)))
-    for i in range(6):
-        await agent.add(f"zr{i}x")
-    await list_agents(agent.state)
-    query = " ".join([f"zr{i}x" for i in range(6)] + [f"zq{i}x" for i in range(40)])
-    vector = (await agent.state.embedder.embed([query])).vectors[0]
-    records = await search_store.listed_records(agent.state.pool, agent.operator)
+    await _add_rarest(agent)
+    query = " ".join([_RAREST] + [f"zq{i}x" for i in range(40)])
     for mode in ("hybrid", "lexical"):
-        ranking = search_module.make_ranking(mode, query, vector, None, 10)
-        async with agent.state.pool.acquire() as conn:
-            explained = _Explained(conn)
-            found, _ = await search_store.ranked_index(
-                explained, agent.operator, Filters(), ranking, records or 0
-            )
-        assert found is not None and len(found) == 10
+        _, explained = await _index_page(agent, query, mode)
         read = _probed_rows(explained.plan)
         assert 0 < read < many / 2, (mode, read)  # 6 and 6 here; 306 and 306 reading it by GIN
 
@@ -891,23 +882,12 @@ async def test_m20_a_long_querys_last_tier_is_walked_when_that_should_cost_less(
         await agent.add(f"zq{i % 40}x filler{i}")
     for i in range(225):
         await agent.add(f"zp{i % 40}x other{i}")
-    for i in range(6):
-        await agent.add(f"zr{i}x")
-    await list_agents(agent.state)
-    query = " ".join([f"zr{i}x" for i in range(6)] + [f"zq{i}x" for i in range(40)])
-    vector = (await agent.state.embedder.embed([query])).vectors[0]
-    records = await search_store.listed_records(agent.state.pool, agent.operator)
-    ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
+    await _add_rarest(agent)
+    query = " ".join([_RAREST] + [f"zq{i}x" for i in range(40)])
 
     async def probed(row_cost: float) -> float:
         monkeypatch.setattr(search_store, "NEAREST_ROW_COST", row_cost)
-        async with agent.state.pool.acquire() as conn:
-            explained = _Explained(conn)
-            found, _ = await search_store.ranked_index(
-                explained, agent.operator, Filters(), ranking, records or 0
-            )
-        assert found is not None and len(found) == 10
-        return _probed_rows(explained.plan)
+        return _probed_rows((await _index_page(agent, query))[1].plan)
 
     # ln(306 / (0.1 * 40)) / 2 = 2.2: a tier of 11% of the agent or more is walked.
     assert await probed(0.1) < later / 2  # the six rarest words' tiers alone: 6
@@ -932,25 +912,12 @@ async def test_m20_a_last_tiers_walk_stops_after_twice_the_rows_it_should_need(
     near = " ".join(f"zr{i}y" for i in range(6)) + " " + later.replace("x", "y")
     for i in range(240):
         await agent.add(f"{near} n{i}")
-    for i in range(6):
-        await agent.add(f"zr{i}x")
-    await list_agents(agent.state)
+    await _add_rarest(agent)
     # With statistics (autovacuum's, whenever it comes) a table of 306 rows is read whole and
     # sorted rather than walked: taken here, with the walk's order kept by HNSW, as a large
     # agent's in a table of many agents is.
     await agent.state.pool.execute("ANALYZE agent_memories")
-    query = " ".join(f"zr{i}x" for i in range(6)) + " " + later
-    vector = (await agent.state.embedder.embed([query])).vectors[0]
-    records = await search_store.listed_records(agent.state.pool, agent.operator)
-    ranking = search_module.make_ranking("hybrid", query, vector, None, 10)
-    async with agent.state.pool.acquire() as conn:
-        await conn.execute("SET enable_sort = off")
-        explained = _Explained(conn)
-        found, _ = await search_store.ranked_index(
-            explained, agent.operator, Filters(), ranking, records or 0
-        )
-        await conn.execute("RESET enable_sort")
-    assert found is not None and len(found) == 10
+    found, explained = await _index_page(agent, f"{_RAREST} {later}", setting="enable_sort = off")
     assert {r.memory_id for r in found} & set(held)
     walked = sum(  # the rows the walk read from the index, whether or not they held its words
         n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)
@@ -962,6 +929,36 @@ async def test_m20_a_last_tiers_walk_stops_after_twice_the_rows_it_should_need(
     # Estimated in 1 - (1 - 60/306)^10 = 89% of the agent: 2 * 40 / 0.89 = 90 rows (91 read
     # here: the weights are BM25's IDF); unbounded, the walk read the 240 nearer records first.
     assert 0 < walked <= 100, walked
+
+
+_RAREST = " ".join(f"zr{i}x" for i in range(6))  # six words, each one record's (`_add_rarest`)
+
+
+async def _add_rarest(agent: SearchAgent) -> None:
+    """A record for each of `_RAREST`'s words, then the agent listed with its own indexes: a
+    query of those words and more reaches its last tier (the records holding only the rest)."""
+    for word in _RAREST.split():
+        await agent.add(word)
+    await list_agents(agent.state)
+
+
+async def _index_page(
+    agent: SearchAgent, query: str, mode: str = "hybrid", *, setting: str | None = None
+) -> tuple[list[MemoryRecord], _Explained]:
+    """The index plan's page of 10 for `query` over the agent as listed, its statement run
+    under EXPLAIN ANALYZE too; `setting`: set for that statement alone (`SET LOCAL`)."""
+    vector = (await agent.state.embedder.embed([query])).vectors[0]
+    records = await search_store.listed_records(agent.state.pool, agent.operator)
+    ranking = search_module.make_ranking(mode, query, vector, None, 10)
+    async with agent.state.pool.acquire() as conn, conn.transaction():
+        if setting is not None:
+            await conn.execute(f"SET LOCAL {setting}")
+        explained = _Explained(conn)
+        found, _ = await search_store.ranked_index(
+            explained, agent.operator, Filters(), ranking, records or 0
+        )
+    assert found is not None and len(found) == 10
+    return found, explained
 
 
 def _probed_rows(plan: dict[str, Any]) -> float:

@@ -879,7 +879,9 @@ def _nearest_first(tier: str, agent: str, nearest: str, limit: int, records: str
     forty-fourth session); a walk that comes back short leaves the tier to GIN. A query of at
     most six words has no such tier: its tiers are read by GIN as before, to the same page."""
     # The nearest rows tested as they come (no sort between: the walk stops at its `limit`-th
-    # record or its bound, whichever first). rarity < 700 (`_LATER`): exp() stays finite.
+    # record or its bound, whichever first; with the bound not a constant, the planner may
+    # read the few rows of a narrow reader whole and sort them instead, where that costs
+    # less). rarity < 700 (`_LATER`): exp() stays finite.
     bound = f"least(ceil(2 * {limit} * exp((SELECT rarity FROM later))), {records})::bigint"
     walked = (
         f"walked AS MATERIALIZED (SELECT * FROM (SELECT {_SIGNAL_COLUMNS} FROM {agent}"
