@@ -728,7 +728,8 @@ async def ranked_index(
         preview = isinstance(reader, AgentReader) and reader.preview
         tiers = _tiers(p, None if preview else records)
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
-            tier = _nearest_first(tier, agent, nearest, limit, p(float(max(records, 1))))
+            # (`records` None: `listed_records` of an unlisted agent, as tests pass it.)
+            tier = _nearest_first(tier, agent, nearest, limit, p(float(max(records or 0, 1))))
             ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit, tiers)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
