@@ -906,8 +906,7 @@ async def test_m20_a_last_tiers_walk_stops_after_twice_the_rows_it_should_need(
     monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
     monkeypatch.setattr(search_store, "NEAREST_ROW_COST", 0.1)
     later = " ".join(f"zq{c}x" for c in "abcdefghij")
-    padding = [" ".join(f"pad{i}w{k}" for k in range(20)) for i in range(60)]
-    held = [await agent.add(f"{later} {pad}") for pad in padding]  # farther: 20 more words
+    held = [await agent.add(f"{later} {pad}") for pad in _padding(60)]  # farther: 20 more words
     # Nearer to the query than the tier's records, holding none of its words.
     near = " ".join(f"zr{i}y" for i in range(6)) + " " + later.replace("x", "y")
     for i in range(240):
@@ -919,16 +918,59 @@ async def test_m20_a_last_tiers_walk_stops_after_twice_the_rows_it_should_need(
     await agent.state.pool.execute("ANALYZE agent_memories")
     found, explained = await _index_page(agent, f"{_RAREST} {later}", setting="enable_sort = off")
     assert {r.memory_id for r in found} & set(held)
-    walked = sum(  # the rows the walk read from the index, whether or not they held its words
+    walked = _walked_rows(explained)
+    # Estimated in 1 - (1 - 60/306)^10 = 89% of the agent: 2 * 40 / 0.89 = 90 rows (91 read
+    # here: the weights are BM25's IDF); unbounded, the walk read the 240 nearer records first.
+    assert 0 < walked <= 100, walked
+
+
+async def test_m20_a_large_agents_common_first_tier_is_walked_not_read_whole(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At an agent of `COMMON_TIER_MIN_RECORDS` or more, the hybrid walk's first tier, when
+    expected in `COMMON_TIER_RECORDS` records or more, is read best cosine first by HNSW over at
+    most `COMMON_TIER_ROWS`, not whole by GIN: a question about a common name and a common word
+    ({nate, like}: 11,111 of 200,000 records) took 37.3 ms, 4.9 walked. Here the thresholds
+    scaled to a 306-record agent whose records all hold the query's word."""
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    common = [await agent.add(f"zalpha {pad}") for pad in _padding(300)]
+    await _add_rarest(agent)
+    await agent.state.pool.execute("ANALYZE agent_memories")
+    monkeypatch.setattr(search_store, "COMMON_TIER_RECORDS", 10)
+
+    async def page(min_records: int, rows: int) -> tuple[set[UUID], float, float]:
+        monkeypatch.setattr(search_store, "COMMON_TIER_MIN_RECORDS", min_records)
+        monkeypatch.setattr(search_store, "COMMON_TIER_ROWS", rows)
+        found, explained = await _index_page(agent, "zalpha", setting="enable_sort = off")
+        assert {r.memory_id for r in found} <= set(common)
+        ids = {r.memory_id for r in found}
+        return ids, _probed_rows(explained.plan), _walked_rows(explained)
+
+    whole, probed, walked = await page(10**9, 300)  # not a large agent: GIN reads the tier
+    assert probed >= 300 and walked == 0, (probed, walked)
+    near, probed, walked = await page(0, 300)
+    assert probed == 0 and 40 <= walked <= 60, (probed, walked)  # its 40 nearest, all hold it
+    assert len(near & whole) >= 9  # the same best cosines, as far as HNSW finds them
+    # A walk of at most 5 rows comes back short: the tier is read by GIN after all.
+    _, probed, walked = await page(0, 5)
+    assert probed >= 300 and 0 < walked <= 5, (probed, walked)
+
+
+def _padding(count: int) -> list[str]:
+    """`count` texts of 20 words no other record holds, one text a record."""
+    return [" ".join(f"pad{i}w{k}" for k in range(20)) for i in range(count)]
+
+
+def _walked_rows(explained: _Explained) -> float:
+    """The rows `_nearest_first`'s walks read from the HNSW index (CTE `walked`), whether or not
+    they held its words, all loops, in an EXPLAIN (ANALYZE, FORMAT JSON) plan."""
+    return sum(
         n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)
         for walk in explained.nodes()
         if walk.get("Subplan Name") == "CTE walked"
         for n in explained.nodes(walk)
         if n["Node Type"] == "Index Scan"
     )
-    # Estimated in 1 - (1 - 60/306)^10 = 89% of the agent: 2 * 40 / 0.89 = 90 rows (91 read
-    # here: the weights are BM25's IDF); unbounded, the walk read the 240 nearer records first.
-    assert 0 < walked <= 100, walked
 
 
 _RAREST = " ".join(f"zr{i}x" for i in range(6))  # six words, each one record's (`_add_rarest`)

@@ -729,8 +729,11 @@ async def ranked_index(
         tiers = _tiers(p, None if preview else records)
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
             # (`records` None: `listed_records` of an unlisted agent, as tests pass it.)
-            tier = _nearest_first(tier, agent, nearest, limit, p(float(max(records or 0, 1))))
-            ctes, rest = _threshold(r, p, lists.pop(), candidates(tier), walk, limit, tiers)
+            counted = p(float(max(records or 0, 1)))
+            common = (records or 0) >= COMMON_TIER_MIN_RECORDS
+            first = _nearest_first(tier, agent, nearest, limit, counted, common=common)
+            tier = _nearest_first(tier, agent, nearest, limit, counted)  # later tiers' (`walk`)
+            ctes, rest = _threshold(r, p, lists.pop(), candidates(first), walk, limit, tiers)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
             # The tiers' order is the lexical ranking when the query has at most six words:
@@ -854,9 +857,18 @@ _RARITY = f"CASE WHEN {_LAST} THEN (SELECT rarity FROM later) ELSE t.most END"
 # What a row read best cosine first through an agent's HNSW index costs against a row GIN reads,
 # for `_nearest_first` (bench/README.md, fifty-ninth session: 2, 4, 8 and 16 measured).
 NEAREST_ROW_COST = 4
+# The hybrid walk's first tier read best cosine first too (`_nearest_first` with `common`) at an
+# agent of this many records or more, when expected in `COMMON_TIER_RECORDS` of them or more,
+# over at most `COMMON_TIER_ROWS` (bench/README.md, fifty-ninth session: "What does Nate like?"
+# 37.3 -> 4.9 ms at 200,000 records, 1,000 other questions level; level at 5,000 and 25,000).
+COMMON_TIER_MIN_RECORDS = 100_000
+COMMON_TIER_RECORDS = 1_000
+COMMON_TIER_ROWS = 300
 
 
-def _nearest_first(tier: str, agent: str, nearest: str, limit: int, records: str) -> str:
+def _nearest_first(
+    tier: str, agent: str, nearest: str, limit: int, records: str, *, common: bool = False
+) -> str:
     """A hybrid tier's best-cosine `limit` records (SQL; `tier` reads them all by GIN and sorts
     them), read best cosine first by the agent's HNSW index instead when it is a long query's
     last tier (`_LATER`: the records holding only words after the sixth) and expected to hold
@@ -878,12 +890,25 @@ def _nearest_first(tier: str, agent: str, nearest: str, limit: int, records: str
     more often than chance make a tier smaller than its estimate, and an HNSW walk for records
     few hold reads the index far: at 200,000 records 2,767 rows, 37 ms, for a tier of 483,
     forty-fourth session); a walk that comes back short leaves the tier to GIN. A query of at
-    most six words has no such tier: its tiers are read by GIN as before, to the same page."""
+    most six words has no such tier: its tiers are read by GIN as before, to the same page.
+
+    With `common` (the walk's first tier, `first` in `_threshold`, at a large agent), also a
+    tier that is not the last when expected in `COMMON_TIER_RECORDS` of the agent's records or
+    more (records x e^-most), over at most `COMMON_TIER_ROWS`: a question about a common name
+    and a common word ({nate, like}: 11,111 of 200,000 records) had GIN read the tier whole for
+    its best 40 cosines, where the records holding the query's words lie near the query and the
+    walk finds them in tens of rows. Its words often go together (a speaker and what they do),
+    so the estimate may be far off either way, and the bound caps what a wrong one costs; the
+    later tiers, several of which may pass the estimate in one search, are left to GIN (walked
+    too, one question took 58 ms against 14)."""
     # The nearest rows tested as they come (no sort between: the walk stops at its `limit`-th
     # record or its bound, whichever first; with the bound not a constant, the planner may
     # read the few rows of a narrow reader whole and sort them instead, where that costs
-    # less). rarity < 700 (`_LATER`): exp() stays finite.
-    bound = f"least(ceil(2 * {limit} * exp((SELECT rarity FROM later))), {records})::bigint"
+    # less). exp() kept finite whatever the tier (`most` may come from a cursor's weights).
+    rows = f"least(ceil(2 * {limit} * exp(least({_RARITY}, 700))), {records})"
+    if common:
+        rows = f"least({rows}, CASE WHEN {_LAST} THEN {records} ELSE {COMMON_TIER_ROWS} END)"
+    bound = f"{rows}::bigint"
     walked = (
         f"walked AS MATERIALIZED (SELECT * FROM (SELECT {_SIGNAL_COLUMNS} FROM {agent}"
         f" ORDER BY {nearest} LIMIT {bound}) m WHERE ts_match_vq(m.tsv, t.exact) LIMIT {limit})"
@@ -891,6 +916,9 @@ def _nearest_first(tier: str, agent: str, nearest: str, limit: int, records: str
     cut = f"0.5 * ln({records}::float8 / {NEAREST_ROW_COST * limit})"
     # Never NULL (no last tier): NOT NULL would read the walk for every tier.
     wide = f"coalesce({_LAST} AND (SELECT rarity FROM later) < {cut}, false)"
+    if common:
+        large = f"t.most < ln({records}::float8 / {COMMON_TIER_RECORDS})"
+        wide = f"({wide} OR (NOT coalesce({_LAST}, false) AND {large}))"
     short = f"(SELECT count(*) FROM walked) < {limit}"
     # Sorted again: the iterative scan (relaxed_order) may return a row out of its order.
     return (
