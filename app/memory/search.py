@@ -68,7 +68,9 @@ Plans (measured by bench/search_scale.py; figures in bench/README.md)
   read newest first by the (agent, created) btree rather than all its holders by GIN, as is a
   long query's last subset (the records holding only words after the sixth: most of the agent
   for a recall's query), which hybrid mode reads best cosine first by HNSW when that should
-  find its best records sooner (`search_store._nearest_first`).
+  find its best records sooner (`search_store._nearest_first`), as it does the first subset
+  that holds records when it should hold a thousand or more of an agent of 100,000 or more
+  (a common name and a common word).
   With both lists the index plan found 0.98-1.00 of the exact hybrid top-10 at 25,000 and
   200,000 records in search_scale.py's samples, and 0.964-0.971 over two samples of 150
   questions at 200,000 records (bench/README.md, twenty-third session).
