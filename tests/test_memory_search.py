@@ -956,6 +956,27 @@ async def test_m20_a_large_agents_common_first_tier_is_walked_not_read_whole(
     assert probed >= 300 and 0 < walked <= 5, (probed, walked)
 
 
+async def test_m20_a_preview_readers_first_tier_is_not_walked_by_its_blind_estimate(
+    agent: SearchAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preview reader's words all weigh 1, which says nothing of how many records hold them:
+    its first tier is read by GIN as before, not walked by HNSW for records that rare words
+    leave it short of (then read by GIN all the same)."""
+    monkeypatch.setattr(search_module, "EXACT_MAX_ROWS", 0)
+    for pad in _padding(300):
+        await agent.add(f"zalpha {pad}")
+    await _add_rarest(agent)
+    await agent.state.pool.execute("ANALYZE agent_memories")
+    monkeypatch.setattr(search_store, "COMMON_TIER_RECORDS", 10)
+    monkeypatch.setattr(search_store, "COMMON_TIER_MIN_RECORDS", 0)
+    query = " ".join(_RAREST.split()[:2])  # two records' words
+    for reader in (agent.operator, agent.reader(preview=True)):
+        found, explained = await _index_page(
+            agent, query, setting="enable_sort = off", reader=reader
+        )
+        assert _probed_rows(explained.plan) == 2 and _walked_rows(explained) == 0, reader
+
+
 def _padding(count: int) -> list[str]:
     """`count` texts of 20 words no other record holds, one text a record."""
     return [" ".join(f"pad{i}w{k}" for k in range(20)) for i in range(count)]
@@ -965,7 +986,7 @@ def _walked_rows(explained: _Explained) -> float:
     """The rows `_nearest_first`'s walks read from the HNSW index (CTE `walked`), whether or not
     they held its words, all loops, in an EXPLAIN (ANALYZE, FORMAT JSON) plan."""
     return sum(
-        n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)
+        (n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)) * n.get("Actual Loops", 1)
         for walk in explained.nodes()
         if walk.get("Subplan Name") == "CTE walked"
         for n in explained.nodes(walk)
@@ -985,10 +1006,16 @@ async def _add_rarest(agent: SearchAgent) -> None:
 
 
 async def _index_page(
-    agent: SearchAgent, query: str, mode: str = "hybrid", *, setting: str | None = None
+    agent: SearchAgent,
+    query: str,
+    mode: str = "hybrid",
+    *,
+    setting: str | None = None,
+    reader: Reader | None = None,
 ) -> tuple[list[MemoryRecord], _Explained]:
-    """The index plan's page of 10 for `query` over the agent as listed, its statement run
-    under EXPLAIN ANALYZE too; `setting`: set for that statement alone (`SET LOCAL`)."""
+    """The index plan's page of 10 for `query` over the agent as listed (read by `reader`, the
+    operator by default), its statement run under EXPLAIN ANALYZE too; `setting`: set for that
+    statement alone (`SET LOCAL`)."""
     vector = (await agent.state.embedder.embed([query])).vectors[0]
     records = await search_store.listed_records(agent.state.pool, agent.operator)
     ranking = search_module.make_ranking(mode, query, vector, None, 10)
@@ -997,7 +1024,7 @@ async def _index_page(
             await conn.execute(f"SET LOCAL {setting}")
         explained = _Explained(conn)
         found, _ = await search_store.ranked_index(
-            explained, agent.operator, Filters(), ranking, records or 0
+            explained, reader or agent.operator, Filters(), ranking, records or 0
         )
     assert found is not None and len(found) == 10
     return found, explained

@@ -638,7 +638,8 @@ async def ranked_index(
     outside both lists is missed, and the best text score among the candidates, which
     normalizes the fusion, may be below the agent's best. In hybrid mode such a query's last
     tier, when it should hold enough of the agent's records, is read from HNSW
-    (`_nearest_first`), approximate as the vector list is.
+    (`_nearest_first`), approximate as the vector list is; so is, at an agent of
+    `COMMON_TIER_MIN_RECORDS` or more, the first tier that holds records, when common.
 
     The walk ends early where that changes no record of the page (bench/README.md,
     thirteenth session): in hybrid mode at the first tier whose records can neither reach it
@@ -730,7 +731,8 @@ async def ranked_index(
         if r.mode == "hybrid" and not r.by_length and nearest is not None:
             # (`records` None: `listed_records` of an unlisted agent, as tests pass it.)
             counted = p(float(max(records or 0, 1)))
-            common = (records or 0) >= COMMON_TIER_MIN_RECORDS
+            # Not for a preview reader, whose words all weigh 1 (the tier's size unknown).
+            common = not preview and (records or 0) >= COMMON_TIER_MIN_RECORDS
             first = _nearest_first(tier, agent, nearest, limit, counted, common=common)
             tier = _nearest_first(tier, agent, nearest, limit, counted)  # later tiers' (`walk`)
             ctes, rest = _threshold(r, p, lists.pop(), candidates(first), walk, limit, tiers)
@@ -892,9 +894,10 @@ def _nearest_first(
     forty-fourth session); a walk that comes back short leaves the tier to GIN. A query of at
     most six words has no such tier: its tiers are read by GIN as before, to the same page.
 
-    With `common` (the walk's first tier, `first` in `_threshold`, at a large agent), also a
-    tier that is not the last when expected in `COMMON_TIER_RECORDS` of the agent's records or
-    more (records x e^-most), over at most `COMMON_TIER_ROWS`: a question about a common name
+    With `common` (the walk's first tier, `first` in `_threshold`, at a large agent, for any
+    reader but a preview one, whose words all weigh 1), also a tier that is not the last when
+    expected in `COMMON_TIER_RECORDS` of the agent's records or more (records x e^-most), over
+    at most `COMMON_TIER_ROWS`: a question about a common name
     and a common word ({nate, like}: 11,111 of 200,000 records) had GIN read the tier whole for
     its best 40 cosines, where the records holding the query's words lie near the query and the
     walk finds them in tens of rows. Its words often go together (a speaker and what they do),
