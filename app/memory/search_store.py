@@ -907,8 +907,9 @@ def _nearest_first(
     # The nearest rows tested as they come (no sort between: the walk stops at its `limit`-th
     # record or its bound, whichever first; with the bound not a constant, the planner may
     # read the few rows of a narrow reader whole and sort them instead, where that costs
-    # less). exp() kept finite whatever the tier (`most` may come from a cursor's weights).
-    rows = f"least(ceil(2 * {limit} * exp(least({_RARITY}, 700))), {records})"
+    # less). exp() kept finite whatever the tier and the list (`most` may come from a
+    # cursor's weights; a list 10,000 deep is 44,004 long).
+    rows = f"least(ceil(2 * {limit} * exp(least({_RARITY}, 600))), {records})"
     if common:
         rows = f"least({rows}, CASE WHEN {_LAST} THEN {records} ELSE {COMMON_TIER_ROWS} END)"
     bound = f"{rows}::bigint"
