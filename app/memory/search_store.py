@@ -733,8 +733,10 @@ async def ranked_index(
             counted = p(float(max(records or 0, 1)))
             # Not for a preview reader, whose words all weigh 1 (the tier's size unknown).
             common = not preview and (records or 0) >= COMMON_TIER_MIN_RECORDS
-            first = _nearest_first(tier, agent, nearest, limit, counted, common=common)
-            tier = _nearest_first(tier, agent, nearest, limit, counted)  # later tiers' (`walk`)
+            gin, tier = tier, _nearest_first(tier, agent, nearest, limit, counted)  # `walk`'s
+            first = (
+                _nearest_first(gin, agent, nearest, limit, counted, common=True) if common else tier
+            )
             ctes, rest = _threshold(r, p, lists.pop(), candidates(first), walk, limit, tiers)
             lists += ["SELECT * FROM nearest", "SELECT * FROM head", rest]
         elif r.mode == "lexical" and not r.by_length:
