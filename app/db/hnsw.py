@@ -21,7 +21,9 @@ BUILD_EF_CONSTRUCTION = "256"
 # inserts at 128 run 1.9-2.0x faster than at 256 (scratch, the 25,000-record agent's vectors: 543
 # against 272 rows/s), and an index whose every record went in at 128 still finds 0.986 of the
 # exact vector top-10 at 25,000 records (ef_search 80) and 0.986 at 200,000 (150), against 0.994
-# and 0.993 built at 256; at 64, 0.978 at 25,000 (bench/README.md, fifty-second session). A
+# and 0.993 built at 256; at 64, 0.978 at 25,000 (bench/README.md, fifty-second session). With
+# half a graph inserted (the most REBUILD_GROWTH leaves), 200,000 records found 0.9885 at 128,
+# 0.978 at 80 and 0.972 at 64, whose inserts ran 1.3-1.9x faster (sixtieth session). A
 # session's parts (m 16, ef_search 80): a turn of 3 parts into a 40,000-part session took 24.7
 # against 33.3 ms to write (11.8 without its own index), and its search's overlap with the
 # exact top-10 was 0.996 with half the parts inserted at 128, 0.9955 with all, against 0.998
