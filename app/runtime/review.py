@@ -26,7 +26,9 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
 5. Stages the writes in the turn's MemoryWork (source EXTRACTION, unpinned but for the correction
    of a pinned record, pinned in its place while the budget allows; a correction keeps the scope
    and labels of the record it replaces where the candidate names none), committed with
-   the turn; a write the agent's configuration refuses is recorded and skipped.
+   the turn; a write the agent's configuration refuses is recorded and skipped. A correction
+   of a record it cannot replace (of a scope the agent does not write, or replaced or deleted
+   by an earlier candidate) is added as a new record beside it, not lost.
 
 The review failing never fails the turn, whatever failed (its model calls, its embeddings, a
 reply it could not read, the turn's deadline, ENGRAM_TURN_TIMEOUT_SECONDS, passing while it
@@ -65,7 +67,7 @@ from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.tool_args import function_tool
 from app.runtime.tools import labels_property, offers_scope, record_view, versions
-from app.scope import Scope
+from app.scope import Scope, as_harness
 from app.text import for_model, nests_deeper, quoted
 
 if TYPE_CHECKING:
@@ -719,6 +721,7 @@ class Review:
     ) -> list[MemoryRecord]:
         written: list[MemoryRecord] = []
         embedded = len(self.work.embed_tokens)
+        changed: set[UUID] = set()  # the records this review replaced or deleted
         for handle, c in open_:
             choice = chosen.get(handle)
             if choice is None:
@@ -741,12 +744,22 @@ class Review:
                 decision.update(
                     record=choice["record"], id=str(target.memory_id), version=target.version
                 )
+            replaces = target
+            if action == "replace":
+                assert target is not None
+                kept = self._unreplaceable(target, changed)
+                if kept is not None:
+                    # The candidate is still worth keeping: a correction that cannot take its
+                    # record's place is added beside it rather than lost (M12, M16).
+                    decision["added"] = f"not replaced, added as a new record: {kept}"
+                    replaces = None
             try:
                 if action == "delete":
                     assert target is not None
                     evidence = choice.get("evidence")
                     decision["evidence"] = str(evidence) if evidence else f"{handle}: {c.summary}"
                     written.append(await self.work.delete(target.memory_id, source="EXTRACTION"))
+                    changed.add(target.memory_id)
                 else:
                     scope = c.scope
                     labels: dict[str | int, str] = dict(c.labels)
@@ -764,12 +777,14 @@ class Review:
                         content=c.content,
                         labels=labels,
                         scope=scope,
-                        replaces=target.memory_id if target else None,
+                        replaces=replaces.memory_id if replaces else None,
                         source="EXTRACTION",
                     )
-                    added = await self._add(new, target, decision)
+                    added = await self._add(new, replaces, decision)
                     decision["memoryId"] = str(added[0].memory_id)
                     written += added
+                    if replaces is not None:
+                        changed.add(replaces.memory_id)
             except DomainError as e:
                 decision["refused"] = e.message
         tokens = sum(self.work.embed_tokens[embedded:])
@@ -778,6 +793,19 @@ class Review:
             name = self.context.state.embedder.name
             self.context.transcript.embedding(name, tokens, "memory.review")
         return written
+
+    def _unreplaceable(self, target: MemoryRecord, changed: set[UUID]) -> str | None:
+        """Why a replace decision cannot supersede `target`, if it cannot: a record of a scope
+        the agent does not write, or one an earlier candidate of this review replaced or
+        deleted."""
+        if target.scope not in self.memory.write:
+            return (
+                f"the record has {target.scope} scope, which this agent does not write "
+                f"(harness.memory.scope.write is {as_harness(self.memory.write)})"
+            )
+        if target.memory_id in changed:
+            return "an earlier candidate of this review replaced or deleted the record"
+        return None
 
     async def _add(
         self, new: NewMemory, target: MemoryRecord | None, decision: dict[str, Any]
