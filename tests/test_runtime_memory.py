@@ -878,6 +878,34 @@ async def test_m37_a_tools_label_filter_no_record_can_hold_is_refused_saying_why
     assert "1 to 512 bytes" in searched["error"]
 
 
+async def test_m35_m47_a_label_value_add_memory_cannot_save_is_refused_in_its_own_words(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """add_memory with a label value no record can hold is told what is wrong with the value
+    it saves, not of a filter (the words search_memory's filters are told), and nothing is
+    written."""
+    harness = memory_harness(
+        tools=ALL_TOOLS,
+        labels={"customer_id": {"number": 5, "description": "The customer the memory is about."}},
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.call_tools(
+        ("add_memory", {"summary": "Prefers email", "kind": "fact", "labels": {"customer_id": ""}}),
+        (
+            "add_memory",
+            {"summary": "Prefers fax", "kind": "fact", "labels": {"customer_id": "c" * 600}},
+        ),
+    )
+    model_server.say("Done.")
+    executed = await run(gql, admin, action_id, "note how the customer likes to be reached")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    empty, long = (r["error"] for r in tool_runs(executed, "add_memory"))
+    assert "customer_id needs an exact, non-empty string value" in empty
+    assert "customer_id's value must be at most 512 bytes" in long
+    assert "filter" not in empty + long
+    assert await memories(gql, admin, action_id) == []
+
+
 async def test_m44_changing_a_record_of_a_scope_written_but_not_read_shows_no_text(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
