@@ -12,7 +12,9 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    arguments; at most MAX_CANDIDATES in all (once reached, the messages of the parts not read
    are left for the next review: their turns stay unreviewed, and a turn it stopped inside
    keeps how many of its messages were read, `review_read`, so the next reads on from there;
-   an ingest's are not read unless sent again).
+   an ingest's are not read unless sent again). A turn's review stops reading so too once half
+   the time the turn had left when it began has passed, so a backlog longer than a turn can
+   review is reviewed over the next turns, never cut at the deadline every time.
    A malformed reply is told what was wrong once (sent back as parsed, never raw); if the
    second is malformed too, what is wrong in it is dropped.
 3. Skips a candidate whose normalised summary a visible record already has, with no model
@@ -43,6 +45,7 @@ once whose reviews add the same summary word for word: the second to commit drop
 (`turns._drop_restated`), as step 3 would have skipped it had the review run after.
 """
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -373,6 +376,13 @@ class Review:
         self.turns_own: Exception | None = None  # what keeping the turn alive raised
         budget, reserve = budget_of(context.action.model, self.settings.model_context_tokens)
         self.room = budget - reserve  # what one request may send, in tokens
+        # A turn's review reads on only until half the time it has left passed, and leaves the
+        # rest for the next: one that read a long backlog past the deadline would be cut and
+        # keep nothing, every turn. (An ingest's review is its work: cut, it fails.)
+        self.halfway: float | None = None
+        if context.deadline is not None and context.execution.kind != "INGEST":
+            now = asyncio.get_running_loop().time()
+            self.halfway = now + (context.deadline - now) / 2
 
     async def _call(self, messages: list[dict[str, Any]], tool: dict[str, Any]) -> Completion:
         if self.calls:
@@ -516,9 +526,11 @@ class Review:
             )
         found: list[Candidate] = []
         parts = _parts(messages, most)
+        loop = asyncio.get_running_loop()
         for n, part in enumerate(parts):
             room = MAX_CANDIDATES - len(found)
-            if room == 0:
+            late = n > 0 and self.halfway is not None and loop.time() >= self.halfway
+            if room == 0 or late:
                 # Their turns stay unreviewed, for the next review (review_memory).
                 self.unread = {t for p in parts[n:] for t in p.turns}
                 # An ingest is no turn whose messages wait for a review: only sent again are
@@ -528,9 +540,15 @@ class Review:
                     if self.context.execution.kind == "INGEST"
                     else "their messages are read by the next review"
                 )
+                why = (
+                    f"the review had taken the {MAX_CANDIDATES} candidates it takes"
+                    if room == 0
+                    else "half the time the turn had left when the review began had passed "
+                    f"({deadline.bound(self.settings)})"
+                )
                 self.event.setdefault("dropped", []).append(
-                    f"parts {n + 1} to {len(parts)} of the conversation were not read: the "
-                    f"review had taken the {MAX_CANDIDATES} candidates it takes; {later}"
+                    f"parts {n + 1} to {len(parts)} of the conversation were not read: {why}; "
+                    f"{later}"
                 )
                 break
             for turn, count in part.turns.items():
