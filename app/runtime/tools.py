@@ -490,8 +490,8 @@ class NativeTools:
                 summary=a.summary or "",
                 kind=a.kind or "",
                 content=a.content or "",
-                # The record's checks bound the values, in words about a value to save (a
-                # filter's check, _label_numbers', speaks of a value to filter on).
+                # Bounded by the record's checks, whose words are about a value to save
+                # (_label_numbers' check is a search filter's).
                 labels={
                     self.memory.resolve_label(name).number: value
                     for name, value in a.labels.items()
