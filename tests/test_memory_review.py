@@ -536,7 +536,8 @@ async def test_m16_a_record_outside_the_write_scopes_is_never_replaced_or_delete
     gql: GQL, admin: Caller, model_server: OpenAIServer, state: AppState
 ) -> None:
     """M16: a review writes agent scope only when scope.write includes agent, replacing or
-    deleting a record of agent scope included: refused, in its decision, and the record stays."""
+    deleting a record of agent scope included: the record stays. A deletion is refused, in its
+    decision; a correction is still kept (M12), as a new record of the scope it may write."""
     # Version 1 writes agent scope; version 2 reads it but writes only session scope.
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness(scope=BOTH_SCOPES))
     shared = await remembered(
@@ -566,9 +567,45 @@ async def test_m16_a_record_outside_the_write_scopes_is_never_replaced_or_delete
         (review,) = reviews(executed)
         (decision,) = review["decisions"]
         assert decision["id"] == agent_record["id"], action
-        assert "does not write" in decision["refused"] and review["written"] == [], action
+        if action == "delete":
+            assert "does not write" in decision["refused"] and review["written"] == []
+        else:
+            assert "does not write" in decision["added"] and "refused" not in decision
+            (kept,) = review["written"]
+            added = await memory(gql, admin, action_id, kept["id"])
+            assert added is not None and added["summary"] == summary
+            assert (added["scope"], added["replaces"]) == ("SESSION", None)
         still = await memory(gql, admin, action_id, agent_record["id"])
         assert still is not None and (still["status"], still["version"]) == ("ACTIVE", 1)
+
+
+async def test_m12_two_corrections_of_one_record_are_both_kept(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Two candidates of one review correct the same record: the first replaces it, and the
+    second, which the model chose to keep too, is added beside it rather than lost."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    old = await remembered(
+        gql, admin, model_server, action_id, "Ada lives in Paris and works at Acme"
+    )
+    candidates(model_server, {"summary": "Ada lives in Rome"}, {"summary": "Ada works at Globex"})
+    decide(
+        model_server,
+        {"candidate": "c1", "action": "replace", "record": "r1"},
+        {"candidate": "c2", "action": "replace", "record": "r1"},
+    )
+    executed = await run(gql, admin, action_id, "I moved to Rome and work at Globex now")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    first, second = reviews(executed)[0]["decisions"]
+    assert "refused" not in first and "refused" not in second, second
+    assert "an earlier candidate of this review replaced" in second["added"]
+    kept = {m["summary"]: m for m in await memories(gql, admin, action_id)}
+    assert set(kept) == {"Ada lives in Rome", "Ada works at Globex"}
+    assert kept["Ada lives in Rome"]["replaces"] == old["memoryId"]
+    assert kept["Ada works at Globex"]["replaces"] is None
+    replaced = await memory(gql, admin, action_id, old["memoryId"])
+    assert replaced is not None and replaced["status"] == "SUPERSEDED"
+    assert replaced["replacedBy"] == kept["Ada lives in Rome"]["memoryId"]
 
 
 async def test_m12_a_malformed_reply_is_told_once_then_dropped(

@@ -148,6 +148,14 @@ async def test_m35_undeclared_label_refused_naming_the_declared_ones(state, admi
         await work(state, writer(bare)).add(NewMemory(summary="x", kind="fact", labels={5: "a"}))
 
 
+# M35
+@pytest.mark.parametrize("key", ["²", "①", "٥"])
+async def test_m35_a_label_key_of_non_ascii_digits_is_refused_as_undeclared(state, agent, key):
+    # str.isdigit holds for "²" and "①", which int() cannot read: that was an internal error.
+    with pytest.raises(BadInput, match="is not declared by this agent"):
+        await work(state, writer(agent)).add(NewMemory(summary="x", kind="fact", labels={key: "a"}))
+
+
 # M37
 @pytest.mark.parametrize("value", ["", 5, None, True])
 async def test_m37_label_values_are_non_empty_strings(state, agent, value):

@@ -878,6 +878,34 @@ async def test_m37_a_tools_label_filter_no_record_can_hold_is_refused_saying_why
     assert "1 to 512 bytes" in searched["error"]
 
 
+async def test_m35_m47_a_label_value_add_memory_cannot_save_is_refused_in_its_own_words(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """add_memory with a label value no record can hold is told what is wrong with the value
+    it saves, not of a filter (the words search_memory's filters are told), and nothing is
+    written."""
+    harness = memory_harness(
+        tools=ALL_TOOLS,
+        labels={"customer_id": {"number": 5, "description": "The customer the memory is about."}},
+    )
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    model_server.call_tools(
+        ("add_memory", {"summary": "Prefers email", "kind": "fact", "labels": {"customer_id": ""}}),
+        (
+            "add_memory",
+            {"summary": "Prefers fax", "kind": "fact", "labels": {"customer_id": "c" * 600}},
+        ),
+    )
+    model_server.say("Done.")
+    executed = await run(gql, admin, action_id, "note how the customer likes to be reached")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    empty, long = (r["error"] for r in tool_runs(executed, "add_memory"))
+    assert "customer_id needs an exact, non-empty string value" in empty
+    assert "customer_id's value must be at most 512 bytes" in long
+    assert "filter" not in empty + long
+    assert await memories(gql, admin, action_id) == []
+
+
 async def test_m44_changing_a_record_of_a_scope_written_but_not_read_shows_no_text(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:
@@ -990,6 +1018,39 @@ async def test_m51_each_turn_records_the_pinned_versions_its_instructions_listed
     model_server.say("Hello.")
     elsewhere = await run(gql, admin, action_id, "Hi", session="s2")
     assert sorted(listed(elsewhere)) == sorted([brief["id"], theirs["id"]])
+
+
+async def test_m52_the_consolidation_a_refused_pin_is_told_works_in_the_order_told(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Told to consolidate, an agent that can only add (no delete_memory) is told a way it
+    has, in an order that works: a new pin replacing one pin counts with the others, so they
+    are unpinned first, by replacing each with an unpinned record."""
+    harness = memory_harness(tools=["add_memory"], pinned={"max_tokens": 50})
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    a = await add(gql, admin, model_server, action_id, "Greet Ada by her first name", pinned=True)
+    b = await add(gql, admin, model_server, action_id, "Ada wants answers in French", pinned=True)
+    merged = "Greet Ada by first name, in French, and cc her manager Grace on every reply"
+    pin = {"summary": merged, "kind": "fact", "pinned": True}
+    model_server.call_tools(("add_memory", pin), ("add_memory", {**pin, "replaces": a["id"]}))
+    model_server.say("Too many pins.")
+    executed = await run(gql, admin, action_id, "cc Grace on every reply to Ada")
+    # Replacing one pin while the other stays pinned does not fit either.
+    error, replacing = (r["error"] for r in tool_runs(executed, "add_memory"))
+    assert "Consolidate" in replacing
+    assert "Consolidate: first unpin all but one" in error
+    assert "replace each with an unpinned record (replaces naming it, pinned false)" in error
+    assert "delete" not in error  # delete_memory is not this agent's
+
+    unpinned = {"summary": b["summary"], "kind": "fact", "pinned": False, "replaces": b["id"]}
+    one = {"summary": merged, "kind": "fact", "pinned": True, "replaces": a["id"]}
+    model_server.call_tools(("add_memory", unpinned))
+    model_server.call_tools(("add_memory", one))
+    model_server.say("Consolidated.")
+    executed = await run(gql, admin, action_id, "Tidy your pins")
+    assert [r.get("error") for r in tool_runs(executed, "add_memory")] == [None, None]
+    pinned = [m["summary"] for m in await memories(gql, admin, action_id) if m["pinned"]]
+    assert pinned == [merged]
 
 
 async def test_m3_m52_a_pin_refused_for_another_sessions_list_names_none_of_its_pins(

@@ -109,8 +109,7 @@ class PinnedLists:
             pinned = ", ".join(str(r.memory_id) for r in longest.pins) or "none"
             return (
                 f"pinning this memory would take the pinned list to about {longest.tokens} "
-                f"tokens, {over}. Consolidate: add one pinned memory that says what several "
-                "pinned ones say, with replaces naming one of them, and delete the others; or "
+                f"tokens, {over}. Consolidate: {self._consolidate('pinned memories')}; or "
                 f"save this memory unpinned. Pinned now: {pinned}"
             )
         agent_pins = [r for r in longest.pins if r.scope == Scope.AGENT.value]
@@ -123,10 +122,21 @@ class PinnedLists:
         return (
             "an agent-scope pin is listed in every session's turns, with that session's own "
             f"pins, and this one would take another session's pinned list to about "
-            f"{longest.tokens} tokens, {over}. Consolidate the agent-scope pins: add one pinned "
-            "memory that says what several of them say, with replaces naming one of them, and "
-            f"delete the others; or {alone}or save this memory unpinned. Agent-scope pins now: "
-            f"{pinned}"
+            f"{longest.tokens} tokens, {over}. Consolidate the agent-scope pins: "
+            f"{self._consolidate('agent-scope pins')}; or {alone}or save this memory unpinned. "
+            f"Agent-scope pins now: {pinned}"
+        )
+
+    def _consolidate(self, pins: str) -> str:
+        """How to fold several pins into one, in an order that works: a new pin replacing one
+        of them is counted with the others, so they are unpinned first (by the means the
+        writer has: an agent without delete_memory replaces each with an unpinned record)."""
+        unpin = "replace each with an unpinned record (replaces naming it, pinned false)"
+        if self.is_operator or "delete_memory" in self.config.tools:
+            unpin = "delete them, or " + unpin
+        return (
+            f"first unpin all but one of the {pins} you fold together ({unpin}), then add one "
+            "pinned memory that says what they all said, with replaces naming the one left"
         )
 
 

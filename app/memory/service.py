@@ -171,7 +171,9 @@ def check_labels(config: MemoryConfig, labels: Mapping[str | int, str]) -> dict[
     """Label values by number, from values given by declared label name or number."""
     result: dict[int, str] = {}
     for key, value in labels.items():
-        label = config.resolve_label(int(key) if isinstance(key, str) and key.isdigit() else key)
+        # "²" is a digit to str.isdigit, not to int(): only ASCII digits name a number.
+        number = isinstance(key, str) and key.isascii() and key.isdigit()
+        label = config.resolve_label(int(key) if number else key)
         if not isinstance(value, str) or not value:
             raise BadInput(
                 f"label {label.name} needs an exact, non-empty string value, such as an ID"

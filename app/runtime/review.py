@@ -12,7 +12,9 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
    arguments; at most MAX_CANDIDATES in all (once reached, the messages of the parts not read
    are left for the next review: their turns stay unreviewed, and a turn it stopped inside
    keeps how many of its messages were read, `review_read`, so the next reads on from there;
-   an ingest's are not read unless sent again).
+   an ingest's are not read unless sent again). A turn's review stops reading so too once half
+   the time the turn had left when it began has passed, so a backlog longer than a turn can
+   review is reviewed over the next turns, never cut at the deadline every time.
    A malformed reply is told what was wrong once (sent back as parsed, never raw); if the
    second is malformed too, what is wrong in it is dropped.
 3. Skips a candidate whose normalised summary a visible record already has, with no model
@@ -26,7 +28,9 @@ When a turn has answered, and before it commits, the review (an END_OF_TURN_STEP
 5. Stages the writes in the turn's MemoryWork (source EXTRACTION, unpinned but for the correction
    of a pinned record, pinned in its place while the budget allows; a correction keeps the scope
    and labels of the record it replaces where the candidate names none), committed with
-   the turn; a write the agent's configuration refuses is recorded and skipped.
+   the turn; a write the agent's configuration refuses is recorded and skipped. A correction
+   of a record it cannot replace (of a scope the agent does not write, or replaced or deleted
+   by an earlier candidate) is added as a new record beside it, not lost.
 
 The review failing never fails the turn, whatever failed (its model calls, its embeddings, a
 reply it could not read, the turn's deadline, ENGRAM_TURN_TIMEOUT_SECONDS, passing while it
@@ -41,6 +45,7 @@ once whose reviews add the same summary word for word: the second to commit drop
 (`turns._drop_restated`), as step 3 would have skipped it had the review run after.
 """
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -65,7 +70,7 @@ from app.runtime.context import budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.tool_args import function_tool
 from app.runtime.tools import labels_property, offers_scope, record_view, versions
-from app.scope import Scope
+from app.scope import Scope, as_harness
 from app.text import for_model, nests_deeper, quoted
 
 if TYPE_CHECKING:
@@ -371,6 +376,13 @@ class Review:
         self.turns_own: Exception | None = None  # what keeping the turn alive raised
         budget, reserve = budget_of(context.action.model, self.settings.model_context_tokens)
         self.room = budget - reserve  # what one request may send, in tokens
+        # A turn's review reads on only until half the time it has left passed, and leaves the
+        # rest for the next: one that read a long backlog past the deadline would be cut and
+        # keep nothing, every turn. (An ingest's review is its work: cut, it fails.)
+        self.halfway: float | None = None
+        if context.deadline is not None and context.execution.kind != "INGEST":
+            now = asyncio.get_running_loop().time()
+            self.halfway = now + (context.deadline - now) / 2
 
     async def _call(self, messages: list[dict[str, Any]], tool: dict[str, Any]) -> Completion:
         if self.calls:
@@ -514,9 +526,11 @@ class Review:
             )
         found: list[Candidate] = []
         parts = _parts(messages, most)
+        loop = asyncio.get_running_loop()
         for n, part in enumerate(parts):
             room = MAX_CANDIDATES - len(found)
-            if room == 0:
+            late = n > 0 and self.halfway is not None and loop.time() >= self.halfway
+            if room == 0 or late:
                 # Their turns stay unreviewed, for the next review (review_memory).
                 self.unread = {t for p in parts[n:] for t in p.turns}
                 # An ingest is no turn whose messages wait for a review: only sent again are
@@ -526,9 +540,15 @@ class Review:
                     if self.context.execution.kind == "INGEST"
                     else "their messages are read by the next review"
                 )
+                why = (
+                    f"the review had taken the {MAX_CANDIDATES} candidates it takes"
+                    if room == 0
+                    else "half the time the turn had left when the review began had passed "
+                    f"({deadline.bound(self.settings)})"
+                )
                 self.event.setdefault("dropped", []).append(
-                    f"parts {n + 1} to {len(parts)} of the conversation were not read: the "
-                    f"review had taken the {MAX_CANDIDATES} candidates it takes; {later}"
+                    f"parts {n + 1} to {len(parts)} of the conversation were not read: {why}; "
+                    f"{later}"
                 )
                 break
             for turn, count in part.turns.items():
@@ -719,6 +739,7 @@ class Review:
     ) -> list[MemoryRecord]:
         written: list[MemoryRecord] = []
         embedded = len(self.work.embed_tokens)
+        changed: set[UUID] = set()  # the records this review replaced or deleted
         for handle, c in open_:
             choice = chosen.get(handle)
             if choice is None:
@@ -741,12 +762,22 @@ class Review:
                 decision.update(
                     record=choice["record"], id=str(target.memory_id), version=target.version
                 )
+            replaces = target
+            if action == "replace":
+                assert target is not None
+                kept = self._unreplaceable(target, changed)
+                if kept is not None:
+                    # The candidate is still worth keeping: a correction that cannot take its
+                    # record's place is added beside it rather than lost (M12, M16).
+                    decision["added"] = f"not replaced, added as a new record: {kept}"
+                    replaces = None
             try:
                 if action == "delete":
                     assert target is not None
                     evidence = choice.get("evidence")
                     decision["evidence"] = str(evidence) if evidence else f"{handle}: {c.summary}"
                     written.append(await self.work.delete(target.memory_id, source="EXTRACTION"))
+                    changed.add(target.memory_id)
                 else:
                     scope = c.scope
                     labels: dict[str | int, str] = dict(c.labels)
@@ -764,12 +795,14 @@ class Review:
                         content=c.content,
                         labels=labels,
                         scope=scope,
-                        replaces=target.memory_id if target else None,
+                        replaces=replaces.memory_id if replaces else None,
                         source="EXTRACTION",
                     )
-                    added = await self._add(new, target, decision)
+                    added = await self._add(new, replaces, decision)
                     decision["memoryId"] = str(added[0].memory_id)
                     written += added
+                    if replaces is not None:
+                        changed.add(replaces.memory_id)
             except DomainError as e:
                 decision["refused"] = e.message
         tokens = sum(self.work.embed_tokens[embedded:])
@@ -778,6 +811,19 @@ class Review:
             name = self.context.state.embedder.name
             self.context.transcript.embedding(name, tokens, "memory.review")
         return written
+
+    def _unreplaceable(self, target: MemoryRecord, changed: set[UUID]) -> str | None:
+        """Why a replace decision cannot supersede `target`, if it cannot: a record of a scope
+        the agent does not write, or one an earlier candidate of this review replaced or
+        deleted."""
+        if target.scope not in self.memory.write:
+            return (
+                f"the record has {target.scope} scope, which this agent does not write "
+                f"(harness.memory.scope.write is {as_harness(self.memory.write)})"
+            )
+        if target.memory_id in changed:
+            return "an earlier candidate of this review replaced or deleted the record"
+        return None
 
     async def _add(
         self, new: NewMemory, target: MemoryRecord | None, decision: dict[str, Any]

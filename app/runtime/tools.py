@@ -490,8 +490,12 @@ class NativeTools:
                 summary=a.summary or "",
                 kind=a.kind or "",
                 content=a.content or "",
-                # Typed as NewMemory's labels, str or int keys (dict(...) of the numbers is not).
-                labels={n: value for n, value in _label_numbers(self.memory, a.labels).items()},
+                # Bounded by the record's checks, whose words are about a value to save
+                # (_label_numbers' check is a search filter's).
+                labels={
+                    self.memory.resolve_label(name).number: value
+                    for name, value in a.labels.items()
+                },
                 scope=RecordScope(a.scope) if a.scope else None,
                 pinned=a.pinned,
                 replaces=a.replaces,
