@@ -427,32 +427,41 @@ async def test_a_turn_within_the_deadline_or_with_none_is_unaffected(
     assert saved == ["Ada prefers email", "Ada's team meets on Mondays"]
 
 
-@pytest.mark.settings(model_name="scripted", turn_timeout_seconds=3)
+@pytest.mark.settings(model_name="scripted", turn_timeout_seconds=4)
 async def test_a_backlog_longer_than_a_turn_is_reviewed_over_several_turns(
     gql: GQL, admin: Caller, model_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`every: {messages: 10}`: five turns' messages, a part each, wait for the fifth turn's
-    review, whose five candidate calls take 0.8 s each, 4 s in all, past the 3 s deadline. Cut
+    """`every: {messages: 12}`: six turns' messages, a part each, wait for the sixth turn's
+    review, whose six candidate calls take 0.9 s each, 5.4 s in all, past the 4 s deadline. Cut
     there, it kept nothing, and the next review, with one part more, was cut too: the
     messages were never reviewed. A review reads on only while half the time it had left
-    remains, and leaves the rest for the next, so the backlog is reviewed over several turns."""
+    remains, and leaves the rest for the next, so the backlog is reviewed over several turns.
+    (A review that began with T seconds left reads its last part by T / 2 + 0.9 s: the turn
+    may take up to about 1.8 s before its review on a loaded machine.)"""
     monkeypatch.setattr(review_module, "CALL_CHARS", 400)  # each turn's messages a part
-    harness = memory_harness(extraction={"every": {"messages": 10}})
+    harness = memory_harness(extraction={"every": {"messages": 12}})
     action_id = await make_agent_id(gql.state, admin, harness=harness)
-    facts = ["Ada keeps bees", "Bob rows boats", "Cy grows figs", "Di plays oboe", "Ed bakes rye"]
+    facts = [
+        "Ada keeps bees",
+        "Bob rows boats",
+        "Cy grows figs",
+        "Di plays oboe",
+        "Ed bakes rye",
+        "Flo knits socks",
+    ]
     for fact in facts:
         model_server.say("Noted.")
-        candidates(model_server, {"summary": fact}, delay=0.8)
+        candidates(model_server, {"summary": fact}, delay=0.9)
     kept: list[str] = []
     for turn, fact in enumerate(facts):
         executed = await run(gql, admin, action_id, f"{fact}: " + "so it goes " * 30)
         assert executed["status"] == "SUCCEEDED", executed["error"]
-        if turn < 4:
+        if turn < len(facts) - 1:
             assert events(executed, "memory.review") == []  # not due
     (review,) = events(executed, "memory.review")
     assert "error" not in review, review["error"]
     assert "half the time the turn had left" in review["dropped"][-1] and review["written"]
-    for _ in range(6):  # the rest, with the later turns' messages, as each review comes due
+    for _ in range(8):  # the rest, with the later turns' messages, as each review comes due
         model_server.say("Noted.")
         executed = await run(gql, admin, action_id, "Thanks")
         kept = [m["summary"] for m in await memories(gql, admin, action_id)]
