@@ -417,6 +417,28 @@ async def test_h6_a_search_finds_by_meaning_alone_and_ties_go_to_the_later_turn(
     assert ranked[0]["score"] == ranked[1]["score"]
 
 
+async def test_h6_ties_within_a_turn_go_to_the_later_event(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A turn's events share its commit's time: of parts that score alike, the later event's
+    comes first, as a later turn's does (recency), not in the order of random event IDs."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    said = "The lamp is green."
+    for _ in range(4):  # four replies that say it beside a call, then the answer
+        model_server.call_tools(("lookup_lamp", {}), content=said)
+    model_server.say(said)
+    assert (await run(gql, admin, action_id, said))["status"] == "SUCCEEDED"
+
+    _, tied = await searched(
+        model_server, gql, admin, action_id, {"query": "green lamp", "limit": 6}
+    )
+    ranked = tied["output"]["events"]
+    assert [e["text"] for e in ranked] == ["turn 1, agent\n" + said] * 5 + ["turn 1, user\n" + said]
+    assert len({e["score"] for e in ranked}) == 1
+    sequences = [e["sequence"] for e in ranked]
+    assert sequences == sorted(sequences, reverse=True)
+
+
 # H8
 
 
@@ -1442,14 +1464,15 @@ async def test_h6_parts_of_one_score_in_one_turn_are_cut_alike_by_both_plans_at_
     gql: GQL, admin: Caller, state: AppState
 ) -> None:
     """H6: parts of one score in one turn (one commit's, so of one `created` too) come in the
-    order of their event and part, by the exact plan and the index plan alike, and a page is
-    the start of any longer one. The index plan takes its best parts by words before fusing;
-    with ties within a turn left to the order the btree holds them in (here the reverse of
-    the events' IDs), a page of 10 and one of 12 held different parts of the tie."""
+    order of their event (the later first: event IDs rise in the order they were said) and
+    part, by the exact plan and the index plan alike, and a page is the start of any longer
+    one. The index plan takes its best parts by words before fusing; with ties within a turn
+    left to the order the btree holds them in (here the reverse of the page's), a page of 10
+    and one of 12 held different parts of the tie."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     await run(gql, admin, action_id, "A first turn.")
     key = (admin.account_id, uuid.UUID(action_id), "s1")
-    ids = sorted((uuid.uuid4() for _ in range(60)), reverse=True)
+    ids = sorted(uuid.uuid4() for _ in range(60))
     async with state.pool.acquire() as conn, conn.transaction():
         await conn.execute(
             """
@@ -1485,7 +1508,7 @@ async def test_h6_parts_of_one_score_in_one_turn_are_cut_alike_by_both_plans_at_
                 "index": await store.ranked_index(conn, scope, ranking, history_search.WORD_WALK),
             }.items():
                 pages[plan, limit] = [(r["event_id"], r["part"], r["score"]) for r in rows]
-    first = sorted(ids)[:12]
+    first = ids[::-1][:12]
     assert [e for e, _, _ in pages["exact", 12]] == first
     for plan in ("exact", "index"):
         assert pages[plan, 12] == pages["exact", 12], plan

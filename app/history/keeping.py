@@ -21,7 +21,7 @@ Transcript event types are named here as strings (history does not import the ru
 import json
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
@@ -107,6 +107,14 @@ def _event(sequence: int, who: str, data: dict[str, Any], **call: str | None) ->
     return KeptEvent(uuid.uuid4(), sequence, who, data, text, parts, tools, **call)
 
 
+def _in_order(kept: list[KeptEvent]) -> list[KeptEvent]:
+    """The events with random IDs that rise in the order they were said: a turn's events share
+    its commit's time, and a search breaks their ties by ID, the later event first (recency,
+    app/history/store.py)."""
+    ids = sorted(uuid.uuid4() for _ in kept)
+    return [replace(e, event_id=i) for e, i in zip(kept, ids, strict=True)]
+
+
 def kept_events(
     events: Iterable[tuple[int, str, dict[str, Any]]], index: str, message: str
 ) -> list[KeptEvent]:
@@ -138,7 +146,7 @@ def kept_events(
                 found = _event(sequence, "tool", result, call_id=call_id, tool=name)
         if found is not None:
             kept.append(found)
-    return kept
+    return _in_order(kept)
 
 
 def ingested_events(messages: Iterable[tuple[str, str]], index: str) -> list[KeptEvent]:
@@ -155,7 +163,7 @@ def ingested_events(messages: Iterable[tuple[str, str]], index: str) -> list[Kep
             found = _event(sequence, "tool", {"output": content})
         if found is not None:
             kept.append(found)
-    return kept
+    return _in_order(kept)
 
 
 @dataclass(frozen=True)

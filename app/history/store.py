@@ -5,8 +5,9 @@ Ranking reuses memory search's fusion of meaning and words (`app.db.fusion`: 0.5
 (`word_weight`, migration 0018) over the query's words a part holds, a word few parts hold
 weighing more than one most hold. The words are counted over the parts the reader sees (the
 exact plan), or over the newest parts a large session's index plan walks; recency breaks ties
-(later turn, then later event). A reader sees one session's parts, from turns before a bound,
-preview parts only for a preview reader.
+(later turn, then later event: a turn's events share its commit's time, and their IDs rise in
+the order they were said, keeping._in_order). A reader sees one session's parts, from turns
+before a bound, preview parts only for a preview reader.
 """
 
 import json
@@ -274,7 +275,7 @@ def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
     {scored}, fused AS (
         SELECT event_id, part, turn, created, {score} AS score FROM scored WHERE {found}
     ), top AS (
-        SELECT * FROM fused ORDER BY score DESC, turn DESC, created DESC, event_id, part
+        SELECT * FROM fused ORDER BY score DESC, turn DESC, created DESC, event_id DESC, part
         LIMIT {int(r.limit)}
     )
     SELECT {_EVENT}, top.part, top.score, h.text AS part_text, h.tools AS part_tools
@@ -282,7 +283,7 @@ def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
     CROSS JOIN LATERAL {_by_key(scope, p, "h.text, h.tools", "top")} h
     CROSS JOIN LATERAL (SELECT {_EVENT} FROM history_events e WHERE {_session(scope, p, "e")}
         AND e.turn = top.turn AND e.event_id = top.event_id LIMIT 1) e
-    ORDER BY top.score DESC, top.turn DESC, top.created DESC, top.event_id, top.part
+    ORDER BY top.score DESC, top.turn DESC, top.created DESC, top.event_id DESC, top.part
     """
 
 
@@ -367,7 +368,7 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
     # the btree's order: a page is the start of a longer one, and the exact plan's.
     best = (
         "(SELECT w.event_id, w.part, w.turn FROM walked w JOIN sets s ON s.held = w.held"
-        f" ORDER BY s.words DESC, w.turn DESC, w.event_id, w.part LIMIT {int(r.candidates)})"
+        f" ORDER BY s.words DESC, w.turn DESC, w.event_id DESC, w.part LIMIT {int(r.candidates)})"
     )
     lists = [
         f"(SELECT {_signals(r, p, 'c')} FROM (SELECT {columns}"
