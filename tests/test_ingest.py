@@ -476,6 +476,9 @@ async def test_h2_an_ingested_conversation_is_history_a_later_turn_searches(
     user = next(e for e in found if e["text"].startswith("turn 1, user\n"))
     assert user["text"] == "turn 1, user\nMy locker code at the gym is 4471."
     assert user["execution"] == done["executionId"]
+    # A handed-in tool message answers no call the conversation names: none is shown.
+    tool = next(e for e in found if e["text"].startswith("turn 1, tool\n"))
+    assert "call" not in tool, tool
     assert await _turns(gql, admin, action_id) == 2
     assert [(e["turn"], e["who"]) for e in await history_of(gql, admin, action_id)][3] == (
         2,

@@ -187,7 +187,8 @@ def view(event: Event) -> dict[str, Any]:
     shown["parts"] = event.parts
     shown["execution"] = str(event.execution_id)
     shown["sequence"] = event.sequence
-    if event.who == "tool":
+    if event.who == "tool" and (event.call_id, event.tool) != (None, None):
+        # (A handed-in conversation's tool message answers no call it names.)
         shown["call"] = {"id": event.call_id, "name": event.tool}
     if event.preview:
         shown["preview"] = True
