@@ -424,7 +424,7 @@ async def test_h6_ties_within_a_turn_go_to_the_later_event(
     comes first, as a later turn's does (recency), not in the order of random event IDs."""
     action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
     said = "The lamp is green."
-    for _ in range(4):  # four replies that say it beside a call, then the answer
+    for _ in range(4):  # four replies that say it with a call, then the answer
         model_server.call_tools(("lookup_lamp", {}), content=said)
     model_server.say(said)
     assert (await run(gql, admin, action_id, said))["status"] == "SUCCEEDED"
@@ -433,10 +433,21 @@ async def test_h6_ties_within_a_turn_go_to_the_later_event(
         model_server, gql, admin, action_id, {"query": "green lamp", "limit": 6}
     )
     ranked = tied["output"]["events"]
-    assert [e["text"] for e in ranked] == ["turn 1, agent\n" + said] * 5 + ["turn 1, user\n" + said]
-    assert len({e["score"] for e in ranked}) == 1
-    sequences = [e["sequence"] for e in ranked]
-    assert sequences == sorted(sequences, reverse=True)
+    # Two ties: the four replies with their call, and the answer with the message.
+    tied_texts: dict[str, list[int]] = {}
+    for e in ranked:
+        tied_texts.setdefault(e["text"], []).append(e["sequence"])
+    assert tied_texts.keys() == {
+        f"turn 1, agent\n{said}\ncalled lookup_lamp {{}}",
+        f"turn 1, agent\n{said}",
+        f"turn 1, user\n{said}",
+    }
+    replies = tied_texts.pop(f"turn 1, agent\n{said}\ncalled lookup_lamp {{}}")
+    assert len(replies) == 4 and len({e["score"] for e in ranked if "called" in e["text"]}) == 1
+    assert replies == sorted(replies, reverse=True)
+    others = [e for e in ranked if "called" not in e["text"]]
+    assert others[0]["score"] == others[1]["score"]
+    assert [e["sequence"] for e in others] == sorted((e["sequence"] for e in others), reverse=True)
 
 
 # H8
@@ -478,6 +489,28 @@ async def test_h8_a_long_event_is_kept_in_parts_and_read_whole_by_id(
         "search_history",
         [{"id": best["id"]}],
     )
+
+
+async def test_h2_h8_a_short_reply_is_kept_whole_with_the_tools_it_called(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A reply that fits a part is one part, its words with its calls, so a search finds the
+    reply with the tools it called (H2) and takes one place of the limit (H8: only a long
+    event in parts). A reply calling a memory tool keeps its words apart from its calls, which
+    a reader without the memory grants may not see (M55, the test above)."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    model_server.call_tools(("lookup_locker", {"who": "Ada"}), content="Let me check the rota.")
+    model_server.say("Ada has locker 12.")
+    assert (await run(gql, admin, action_id, "Which locker is Ada's?"))["status"] == "SUCCEEDED"
+
+    _, searching = await searched(
+        model_server, gql, admin, action_id, {"query": "check the rota", "limit": 1}
+    )
+    (best,) = searching["output"]["events"]
+    assert best["parts"] == 1, best
+    assert best["text"] == (
+        'turn 1, agent\nLet me check the rota.\ncalled lookup_locker {"who": "Ada"}'
+    ), best
 
 
 async def test_h8_an_empty_ids_list_counts_as_not_given(

@@ -20,7 +20,7 @@ Transcript event types are named here as strings (history does not import the ru
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -47,8 +47,9 @@ class KeptEvent:
     text: str
     parts: list[str]
     # Per part, the tools it names: a tool result's tool, or the tools an agent message calls
-    # in each part holding its calls (a message's words and its calls are kept in parts of
-    # their own, so a reader who may not see a tool's calls still finds the words).
+    # in each part holding its calls (a message that calls a tool some reader may not see has
+    # its words and its calls kept in parts of their own, so that reader still finds the
+    # words; `kept_events`' `apart`).
     part_tools: list[list[str]]
     call_id: str | None = None
     tool: str | None = None
@@ -82,10 +83,12 @@ def _calls(data: dict[str, Any]) -> list[str]:
 
 
 def _parts(
-    who: str, data: dict[str, Any], text: str, tool: str | None
+    who: str, data: dict[str, Any], text: str, tool: str | None, apart: Collection[str]
 ) -> tuple[list[str], list[list[str]]]:
-    """An event's parts and the tools each names: an agent message's words apart from its
-    calls, whose parts name every tool it calls."""
+    """An event's parts and the tools each names. An agent message that calls a tool of
+    `apart` has its words apart from its calls, whose parts name every tool it calls; any other
+    is split as it reads, each part naming the tools it calls (H2: a reply with its tools; H8:
+    only a long event in parts)."""
     if who == "tool":
         parts = partition.split(text)
         return parts, [[tool] if tool is not None else [] for _ in parts]
@@ -93,17 +96,26 @@ def _parts(
     if who != "agent" or not calls:
         return partition.split(text), [[] for _ in partition.split(text)]
     named = [c["name"] for c in data["toolCalls"] if isinstance(c.get("name"), str)]
+    if set(named).isdisjoint(apart):
+        parts = partition.split(text)
+        return parts, [named for _ in parts]
     said = partition.split(storable(words[0])) if words and words[0].strip() else []
     called = partition.split(storable("\n".join(calls)))
     return said + called, [[] for _ in said] + [named for _ in called]
 
 
-def _event(sequence: int, who: str, data: dict[str, Any], **call: str | None) -> KeptEvent | None:
+def _event(
+    sequence: int,
+    who: str,
+    data: dict[str, Any],
+    apart: Collection[str] = (),
+    **call: str | None,
+) -> KeptEvent | None:
     data = storable_json(data)
     text = storable(render(who, data))
     if not text.strip():
         return None
-    parts, tools = _parts(who, data, text, call.get("tool"))
+    parts, tools = _parts(who, data, text, call.get("tool"), apart)
     return KeptEvent(uuid.uuid4(), sequence, who, data, text, parts, tools, **call)
 
 
@@ -116,9 +128,14 @@ def _in_order(kept: list[KeptEvent]) -> list[KeptEvent]:
 
 
 def kept_events(
-    events: Iterable[tuple[int, str, dict[str, Any]]], index: str, message: str
+    events: Iterable[tuple[int, str, dict[str, Any]]],
+    index: str,
+    message: str,
+    apart: Collection[str],
 ) -> list[KeptEvent]:
-    """The events a turn keeps, from its transcript rows (sequence, type, data) in order."""
+    """The events a turn keeps, from its transcript rows (sequence, type, data) in order;
+    `apart`: the tools whose calls some reader may not see (a search's `hidden_tools`), so
+    that a reply calling one keeps its words in parts of their own."""
     kept: list[KeptEvent] = []
     calls: dict[str, str] = {}  # the agent's calls this turn: call ID -> tool name
     for sequence, type, data in events:
@@ -132,7 +149,10 @@ def kept_events(
             ]
             calls.update((c["id"], c["name"]) for c in tool_calls)
             found = _event(
-                sequence, "agent", {"content": data.get("content"), "toolCalls": tool_calls}
+                sequence,
+                "agent",
+                {"content": data.get("content"), "toolCalls": tool_calls},
+                apart,
             )
         elif type == "tool.execution" and index == MESSAGES_AND_TOOLS:
             name, call_id = data.get("name"), data.get("callId")

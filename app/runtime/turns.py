@@ -59,6 +59,7 @@ from app.runtime.model import (
 )
 from app.runtime.recall import Recall
 from app.runtime.review import review_memory
+from app.runtime.tool_args import NATIVE_TOOLS
 from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
 from app.scope import Scope as RecordScope
@@ -808,7 +809,7 @@ async def _kept_history(context: TurnContext) -> keeping.Prepared | None:
     if history is None or execution.session_id is None or execution.replay_of is not None:
         return None
     rows = [(e.sequence, e.type, e.data) for e in context.transcript.events]
-    kept = keeping.kept_events(rows, history.index, input_text(execution.input))
+    kept = keeping.kept_events(rows, history.index, input_text(execution.input), NATIVE_TOOLS)
     assert context.state.embedder is not None
     prepared = await keeping.embed(context.state.embedder, kept)
     if prepared.embed_tokens:
