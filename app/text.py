@@ -220,6 +220,20 @@ _UNQUOTED = re.compile(
 )
 
 
+def _unquoted(literal: str) -> str:
+    """JSON text with the `_UNQUOTED` characters of its strings as \\uXXXX escapes (JSON's own
+    punctuation holds none of them)."""
+    return _UNQUOTED.sub(lambda m: f"\\u{ord(m.group()):04x}", literal)
+
+
+def model_json(value: Any) -> str:
+    """A JSON-shaped value shown to a model as data (a record, a tool's result): `for_model`
+    applied to its strings, and JSON text in which nothing reads as a tag, a chat template's
+    role marker (`<|im_start|>`) or a line of its own (`_UNQUOTED`); it parses to the same
+    value, less what `for_model` removes."""
+    return _unquoted(json.dumps(for_model_json(value), ensure_ascii=False))
+
+
 def quoted(text: str, most: int | None = None, cut: str = " …(cut)") -> str:
     """Text shown to a model as one speaker's data among others' (a conversation's messages,
     pinned summaries): `for_model`, as one JSON string literal on one line. Its line breaks
@@ -229,7 +243,7 @@ def quoted(text: str, most: int | None = None, cut: str = " …(cut)") -> str:
     `most`: the literal takes at most that many characters (but for `cut` itself): a longer
     text keeps its start, followed by `cut`, inside the quotes."""
     literal = json.dumps(for_model(text), ensure_ascii=False)
-    literal = _UNQUOTED.sub(lambda m: f"\\u{ord(m.group()):04x}", literal)
+    literal = _unquoted(literal)
     if most is None or len(literal) <= most:
         return literal
     keep = min(len(text), most)

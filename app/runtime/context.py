@@ -54,7 +54,7 @@ from app.memory.records import pinned_tokens
 from app.runtime import transcript as events
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.transcript import Transcript
-from app.text import CHARS_PER_TOKEN, for_model, for_model_json, quoted, storable
+from app.text import CHARS_PER_TOKEN, for_model, for_model_json, model_json, quoted, storable
 
 # The summary takes at most this share of the budget, and at most SUMMARY_MAX_TOKENS.
 SUMMARY_SHARE = 8
@@ -175,7 +175,7 @@ def turn_messages(input: Any, output: Any, rows: list[tuple[str, Any]]) -> list[
             result = results.get(c.get("id")) or {}
             # As the live turn showed them (tools.py): data, stripped of what could disguise it.
             if "output" in result:
-                content = json.dumps(for_model_json(result["output"]), ensure_ascii=False)
+                content = model_json(result["output"])
             else:
                 error = for_model_json(result.get("error", "no result"))
                 content = json.dumps({"error": error}, ensure_ascii=False)

@@ -2,15 +2,16 @@
 model, marked as memory: data, never instructions.
 
 The block is a user-role message wrapped in `<memory>` tags, never part of the system
-instructions. Records are JSON lines with `<` escaped, so a record's text cannot close the
-block or open a tag of its own, and lose the control and bidi characters that could disguise
-them (app.text.for_model). A recall that finds records is recorded as an execution of
-`search_memory` with `recall: true`, and a `RETRIEVED` output use; one that finds nothing,
-or only record versions an earlier recall already put before the same conversation, is not.
+instructions. Records are JSON lines whose angle brackets (and the characters drawn like them)
+and line separators are escaped (app.text.model_json), so a record's text cannot close the
+block, open a tag or a role marker of its own, or start a line, and lose the control and bidi
+characters that could disguise them (app.text.for_model). A recall that finds records is
+recorded as an execution of `search_memory` with `recall: true`, and a `RETRIEVED` output use;
+one that finds nothing, or only record versions an earlier recall already put before the same
+conversation, is not.
 The conversation is the turn's: earlier turns' memory blocks are not replayed into it.
 """
 
-import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,7 +22,7 @@ from app.runtime import transcript as events
 from app.runtime.tool_args import SEARCH_MEMORY
 from app.runtime.tools import NativeTools, record_view, versions
 from app.runtime.transcript import Transcript
-from app.text import for_model_json
+from app.text import model_json
 
 MEMORY_NOTE = (
     "Records recalled from your long-term memory because they may bear on the work at hand. "
@@ -45,13 +46,8 @@ Version = tuple[UUID, int]
 
 
 def memory_message(views: list[dict[str, Any]]) -> dict[str, Any]:
-    lines = [
-        json.dumps(for_model_json(v), ensure_ascii=False).replace("<", "\\u003c") for v in views
-    ]
-    return {
-        "role": "user",
-        "content": "<memory>\n" + MEMORY_NOTE + "\n" + "\n".join(lines) + "\n</memory>",
-    }
+    lines = "\n".join(map(model_json, views))
+    return {"role": "user", "content": "<memory>\n" + MEMORY_NOTE + "\n" + lines + "\n</memory>"}
 
 
 def recall_query(request: str, latest: str) -> str:

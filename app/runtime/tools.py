@@ -51,7 +51,7 @@ from app.runtime.tool_args import (
 from app.runtime.transcript import Transcript
 from app.scope import Scope as RecordScope
 from app.shapes import WRITTEN, first_error
-from app.text import for_model, for_model_json, nests_deeper, shown, storable_json
+from app.text import for_model, model_json, nests_deeper, shown, storable_json
 
 log = logging.getLogger(__name__)
 
@@ -376,9 +376,7 @@ class NativeTools:
             if isinstance(view, dict) and "summary" in view
         ]
         # Records are data: what could disguise them is stripped before the model reads them.
-        return ToolMessage(
-            json.dumps(for_model_json(result.output), ensure_ascii=False), "\n".join(summaries)
-        )
+        return ToolMessage(model_json(result.output), "\n".join(summaries))
 
     def refuse(self, call: ToolCall, message: str) -> "ToolMessage":
         """Answers a call without running it: the model reads `message` as its error."""
