@@ -38,13 +38,20 @@ _DISGUISING = re.compile(
     "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
     "\U000e0000-\U000e007f]"
 )
-# The same characters as a PostgreSQL regular expression, each written as its \uXXXX (or, past
-# U+FFFF, \UXXXXXXXX) escape: SQL that measures text as `for_model` leaves it (the pinned lists,
+
+
+def _sql_class(pattern: re.Pattern[str]) -> str:
+    """A character class as a PostgreSQL regular expression, each character written as its
+    \\uXXXX (or, past U+FFFF, \\UXXXXXXXX) escape."""
+    return "".join(
+        c if c in "[-]" else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+        for c in pattern.pattern
+    )
+
+
+# The same characters in SQL that measures text as `for_model` leaves it (the pinned lists,
 # app/memory/store.py).
-DISGUISING_SQL = "".join(
-    c if c in "[-]" else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
-    for c in _DISGUISING.pattern
-)
+DISGUISING_SQL = _sql_class(_DISGUISING)
 
 
 def is_storable(text: str) -> bool:
@@ -218,6 +225,8 @@ _UNQUOTED = re.compile(
     "[\u2028\u2029<>\u02c2\u02c3\u1433\u1438\u2039\u203a\u2329\u232a\u276c-\u2771"
     "\u27e8\u27e9\u29fc\u29fd\u3008\u3009\ufe64\ufe65\uff1c\uff1e]"
 )
+# The same in SQL that measures JSON text as `model_json` writes it (the pinned lists).
+UNQUOTED_SQL = _sql_class(_UNQUOTED)
 
 
 def _unquoted(literal: str) -> str:
@@ -226,12 +235,12 @@ def _unquoted(literal: str) -> str:
     return _UNQUOTED.sub(lambda m: f"\\u{ord(m.group()):04x}", literal)
 
 
-def model_json(value: Any) -> str:
+def model_json(value: Any, default: Callable[[Any], Any] | None = None) -> str:
     """A JSON-shaped value shown to a model as data (a record, a tool's result): `for_model`
     applied to its strings, and JSON text in which nothing reads as a tag, a chat template's
     role marker (`<|im_start|>`) or a line of its own (`_UNQUOTED`); it parses to the same
-    value, less what `for_model` removes."""
-    return _unquoted(json.dumps(for_model_json(value), ensure_ascii=False))
+    value, less what `for_model` removes. `default` as json.dumps takes it."""
+    return _unquoted(json.dumps(for_model_json(value), ensure_ascii=False, default=default))
 
 
 def quoted(text: str, most: int | None = None, cut: str = " …(cut)") -> str:

@@ -51,6 +51,10 @@ async def test_m52_a_turns_pins_replacements_and_deletions_keep_each_sessions_le
     quoted = await remember(state, pinner, '"q"\t', pinned=True, session="s1")
     # Quotes and a tab escaped as listed: `"\"q\"\t"`, 9 characters, not 6.
     assert await assert_pinned_lists_kept(state, pinner) == {"s1": (54 + 58, 54 + 58)}
+    # Angle brackets and their lookalikes as \uXXXX: `"\u003cx\uff1e"`, 15 characters, not 5.
+    tagged = await remember(state, pinner, "<x\uff1e", pinned=True, session="s1")
+    assert await assert_pinned_lists_kept(state, pinner) == {"s1": (54 + 58 + 64,) * 2}
+    await forget(state, pinner, tagged.memory_id, session="s1")
     # Agent-scope pins and unpinned records are in no session's length.
     await remember(state, pinner, "everywhere", pinned=True, scope="AGENT")
     await remember(state, pinner, "not pinned", session="s2")
@@ -285,7 +289,7 @@ async def _write_rows(conn, account, action, rows):
 
 
 # M52
-async def test_m52_migration_0030_counts_the_lists_pinned_before_it(pg_server, embedder):
+async def test_m52_migrations_0030_and_0036_count_the_lists_pinned_before_them(pg_server, embedder):
     account, action = uuid.uuid4(), uuid.uuid4()
     shadowed = uuid.uuid4()
 
@@ -294,7 +298,8 @@ async def test_m52_migration_0030_counts_the_lists_pinned_before_it(pg_server, e
 
     rows = [
         row('a "quoted" pin\u200b with a hidden space'),
-        row("a second pin of s1"),
+        # Angle brackets and their lookalikes escaped as \uXXXX, six characters each (0036).
+        row("a second pin of s1 <|im_end|>\uff1c/x\uff1e"),
         row("shadowed in preview", memory_id=shadowed),
         row("its preview replacement", preview=True, pinned=False, replaces=shadowed),
         row("a preview pin", session_id="s2", preview=True),
@@ -321,7 +326,7 @@ async def test_m52_migration_0030_counts_the_lists_pinned_before_it(pg_server, e
         chosen = [r for r in rows if r["summary"] in summaries]
         return sum(len(pin_line(r["summary"], r["memory_id"])) + 1 for r in chosen)
 
-    s1 = (rows[0]["summary"], "a second pin of s1")
+    s1 = (rows[0]["summary"], rows[1]["summary"])
     assert migrated == counted
     assert counted == {
         "s1": (length(*s1, "shadowed in preview"), length(*s1)),

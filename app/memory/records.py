@@ -1,6 +1,5 @@
 """Memory records as the layers pass them around, and the limits every write obeys."""
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from uuid import UUID
 import numpy as np
 
 from app.scope import Scope
-from app.text import CHARS_PER_TOKEN, for_model
+from app.text import CHARS_PER_TOKEN, model_json
 
 Status = Literal["ACTIVE", "DELETED", "SUPERSEDED"]
 Source = Literal["EXTRACTION", "TOOL", "OPERATOR", "MCP"]
@@ -72,8 +71,10 @@ class MemoryRecord(RecordFields):
 
 def pin_line(summary: str, memory_id: UUID) -> str:
     """The summary as quoted data: a JSON string (a quote, a newline or a fake `(memory ...)`
-    tag inside cannot end it), stripped of the characters that disguise text."""
-    return f"- {json.dumps(for_model(summary), ensure_ascii=False)} (memory {memory_id})"
+    tag inside cannot end it), stripped of the characters that disguise text, its angle
+    brackets and line separators escaped (`model_json`: no tag or chat template role marker
+    such as `<|im_start|>` in the instructions)."""
+    return f"- {model_json(summary)} (memory {memory_id})"
 
 
 # What a pinned line adds to its summary's JSON string (`- `, ` (memory <ID>)`), with the line

@@ -29,7 +29,7 @@ from app.memory.visibility import (
     visible,
 )
 from app.scope import Scope
-from app.text import DISGUISING_SQL
+from app.text import DISGUISING_SQL, UNQUOTED_SQL
 
 # TypeAlias: asyncpg has no types, and mypy reads a bare `Row = asyncpg.Record` as a variable.
 Row: TypeAlias = asyncpg.Record
@@ -235,9 +235,11 @@ def _listed_in_session(account_id: UUID, action_id: UUID, preview: bool, p: Para
 
 def _line_length(p: Params) -> str:
     """SQL: the characters row `m` adds to a pinned list (`pin_line`: its summary a JSON string
-    stripped as `for_model` strips it, with its ID, and the line break before the next)."""
+    stripped as `for_model` strips it, each character `model_json` escapes six (\\uXXXX), with
+    its ID, and the line break before the next)."""
     stripped = f"regexp_replace(m.summary, {p(DISGUISING_SQL)}, '', 'g')"
-    return f"length(to_json({stripped})::text) + {PIN_LINE_EXTRA}"
+    escaped = f"regexp_replace({stripped}, {p(UNQUOTED_SQL)}, 'uXXXX.', 'g')"
+    return f"length(to_json({escaped})::text) + {PIN_LINE_EXTRA}"
 
 
 async def other_sessions_pins(

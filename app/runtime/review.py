@@ -71,7 +71,7 @@ from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.tool_args import function_tool
 from app.runtime.tools import labels_property, offers_scope, record_view, versions
 from app.scope import Scope, as_harness
-from app.text import for_model, nests_deeper, quoted
+from app.text import for_model, model_json, nests_deeper, quoted
 
 if TYPE_CHECKING:
     from app.memory.visibility import AgentReader
@@ -671,11 +671,9 @@ class Review:
                 for h, c in open_
             ],
         }
-        text = for_model(json.dumps(payload, ensure_ascii=False, default=str))
-        text = text.replace("<", "\\u003c")
         return [
             {"role": "system", "content": _DECIDE},
-            {"role": "user", "content": text},
+            {"role": "user", "content": model_json(payload, default=str)},
         ]
 
     def _fitting(self, open_: list[tuple[str, Candidate]], shown: "_Shown") -> int:
