@@ -503,6 +503,33 @@ async def test_a_mutation_whose_answers_page_is_refused_changes_nothing(
     assert await changes() != before
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        'sessions(first: 1, after: "x") { nodes { sessionId } }',
+        'memories(first: 1, labels: [{name: "nope", value: "v"}]) { nodes { memoryId } }',
+    ],
+)
+async def test_a_refusal_below_a_mutation_that_ran_says_its_change_was_made(
+    state, gql, admin, answer
+):
+    """What a list refuses only once it knows its parent (a cursor bound to the agent just
+    made, a label its harness declares) fails after the change was made, and `data` is null:
+    the error says so, so that the client reads back rather than making the change twice."""
+    failed = await gql(admin, f'mutation {{ createAction(input: {{name: "new"}}) {{ {answer} }} }}')
+    assert failed.codes == ["BAD_REQUEST"] and failed.data is None
+    assert failed.errors[0]["message"].endswith(
+        "(the mutation ran and its change was made before this part of its answer failed: read "
+        "it back rather than sending the mutation again)"
+    )
+    listed = await gql(admin, "{ actions(first: 10) { nodes { name } } }")
+    assert [a["name"] for a in listed.ok()["actions"]["nodes"]] == ["new"]
+    # A mutation refused itself made nothing, and says nothing of the kind.
+    refused = await gql(admin, 'mutation { createAction(input: {name: " "}) { actionId } }')
+    assert refused.codes == ["BAD_REQUEST"]
+    assert "mutation ran" not in refused.errors[0]["message"]
+
+
 async def test_a_page_left_out_by_skip_is_not_refused(state, gql, admin):
     ran = await gql(
         admin,
