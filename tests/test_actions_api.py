@@ -7,6 +7,7 @@ from uuid import uuid4
 
 import pytest
 from factories import (
+    FULL_MEMORY,
     allow,
     caller,
     deny,
@@ -429,6 +430,114 @@ async def test_first_zero_is_bad_request_on_every_connection(state, gql, admin, 
         admin, query.replace("first: 0", "first: 1"), **{k: v for k, (v, _) in used.items()}
     )
     assert one.ok()
+
+
+# A mutation answering with a list, and what the mutation changed if it ran.
+NESTED_PAGES = {
+    "createAction": (
+        'mutation($f: Int!) { createAction(input: {name: "new"}) { actionId '
+        "sessions(first: $f) { nodes { sessionId } } } }",
+        1000,
+    ),
+    "updateAction": (
+        "mutation($a: UUID!, $h: Value, $f: Int!) { updateAction(actionId: $a, input: "
+        '{name: "v2", harness: $h}) { version searchMemories(first: $f) { nodes { memoryId } } } }',
+        1000,
+    ),
+    "deleteAgentMemory": (
+        "mutation($a: UUID!, $m: UUID!, $f: Int!) { deleteAgentMemory(actionId: $a, id: $m) { "
+        "status history(first: $f) { nodes { version } } } }",
+        1000,
+    ),
+    "addAgentMemory": (
+        "mutation($a: UUID!, $f: Int!) { addAgentMemory(actionId: $a, input: {summary: "
+        '"the office moved", kind: "fact", sessionId: "s1"}) { memoryId session { '
+        'searchHistory(query: "office", first: $f) { text } } } }',
+        50,
+    ),
+}
+
+
+async def _nested_world(state, gql, admin) -> tuple[dict[str, Any], Any]:
+    agent = await make_agent(state, admin)
+    w = writer(agent, session="s1")
+    await record_turn(state, w)
+    record = await remember(state, agent, "the office is in Oslo")
+    variables = {"a": str(agent.action_id), "m": str(record.memory_id), "h": FULL_MEMORY}
+
+    async def changes() -> dict[str, Any]:
+        seen = await gql(
+            admin,
+            "query($a: UUID!, $m: UUID!) { actions(first: 10) { nodes { actionId } } "
+            "action(actionId: $a) { currentVersion memories(first: 10) { nodes { memoryId } } } "
+            "agentMemory(actionId: $a, id: $m) { status } }",
+            a=variables["a"],
+            m=variables["m"],
+        )
+        return seen.ok()
+
+    return variables, changes
+
+
+@pytest.mark.parametrize("mutation", sorted(NESTED_PAGES))
+@pytest.mark.parametrize("past", [False, True])
+async def test_a_mutation_whose_answers_page_is_refused_changes_nothing(
+    state, gql, admin, mutation, past
+):
+    """A list's `first` out of its range is refused by the list, which completes after the
+    mutation made its change: the change was made and its answer lost (`data: null`), so a
+    retry made it twice. Refused before anything runs."""
+    query, maximum = NESTED_PAGES[mutation]
+    variables, changes = await _nested_world(state, gql, admin)
+    before = await changes()
+    first = maximum + 1 if past else 0
+    used = {k: v for k, v in variables.items() if f"${k}" in query}
+    refused = await gql(admin, query, f=first, **used)
+    assert refused.codes == ["BAD_REQUEST"], refused.errors
+    assert refused.data is None
+    assert (
+        f"must be from 1 to {maximum:,}, got {first}: nothing ran" in (refused.errors[0]["message"])
+    )
+    assert await changes() == before
+    assert (await gql(admin, query, f=maximum, **used)).ok()
+    assert await changes() != before
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        'sessions(first: 1, after: "x") { nodes { sessionId } }',
+        'memories(first: 1, labels: [{name: "nope", value: "v"}]) { nodes { memoryId } }',
+    ],
+)
+async def test_a_refusal_below_a_mutation_that_ran_says_its_change_was_made(
+    state, gql, admin, answer
+):
+    """What a list refuses only once it knows its parent (a cursor bound to the agent just
+    made, a label its harness declares) fails after the change was made, and `data` is null:
+    the error says so, so that the client reads back rather than making the change twice."""
+    failed = await gql(admin, f'mutation {{ createAction(input: {{name: "new"}}) {{ {answer} }} }}')
+    assert failed.codes == ["BAD_REQUEST"] and failed.data is None
+    assert failed.errors[0]["message"].endswith(
+        "(the mutation ran and its change was made before this part of its answer failed: read "
+        "it back rather than sending the mutation again)"
+    )
+    listed = await gql(admin, "{ actions(first: 10) { nodes { name } } }")
+    assert [a["name"] for a in listed.ok()["actions"]["nodes"]] == ["new"]
+    # A mutation refused itself made nothing, and says nothing of the kind.
+    refused = await gql(admin, 'mutation { createAction(input: {name: " "}) { actionId } }')
+    assert refused.codes == ["BAD_REQUEST"]
+    assert "mutation ran" not in refused.errors[0]["message"]
+
+
+async def test_a_page_left_out_by_skip_is_not_refused(state, gql, admin):
+    ran = await gql(
+        admin,
+        'mutation($no: Boolean!) { createAction(input: {name: "n"}) { actionId '
+        "sessions(first: 0) @skip(if: $no) { nodes { sessionId } } } }",
+        no=True,
+    )
+    assert ran.ok()["createAction"]["actionId"]
 
 
 # --- node -------------------------------------------------------------------------------------

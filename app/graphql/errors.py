@@ -8,6 +8,7 @@ import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
+from strawberry.types.graphql import OperationType
 
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
@@ -82,8 +83,20 @@ def classify(error: GraphQLError) -> tuple[str, str]:
     return "INTERNAL", INTERNAL_MESSAGE
 
 
-def coded(error: GraphQLError) -> GraphQLError:
+# Said of an error in a mutation's answer below the mutation itself (a list's `after` or filter
+# its list refuses as it completes): the change is made, and its answer is lost with data: null.
+MADE = (
+    " (the mutation ran and its change was made before this part of its answer failed: read it "
+    "back rather than sending the mutation again)"
+)
+
+
+def coded(error: GraphQLError, mutation: bool = False) -> GraphQLError:
+    """`error` with its code and the message a client sees; `mutation`: the request's operation
+    is one (an error below its root field says that the change was made)."""
     code, message = classify(error)
+    if mutation and error.path is not None and len(error.path) > 1:
+        message += MADE
     return GraphQLError(
         message,
         nodes=error.nodes,
@@ -121,6 +134,14 @@ class ErrorCodes(SchemaExtension):
         yield
         result = self.execution_context.result
         if result is not None and result.errors:
-            result.errors = [coded(e) for e in result.errors]
+            mutation = _is_mutation(self.execution_context)
+            result.errors = [coded(e, mutation) for e in result.errors]
             # Spec: a failed request returns data: null.
             result.data = None
+
+
+def _is_mutation(context: ExecutionContext) -> bool:
+    try:
+        return context.operation_type is OperationType.MUTATION
+    except RuntimeError:  # no document, or no such operation: nothing ran
+        return False

@@ -6,7 +6,9 @@ turns, `createAction { memories }` by one that may only create) would make its c
 leave its caller without even the ID of what it made: a retry would make it twice. Likewise a
 request of two mutations whose second fails after the first ran. The `SelectionGrants`
 extension refuses both before anything runs: the first naming the field (ACCESS_DENIED), the
-second naming the mutations (BAD_REQUEST: a request runs one mutation).
+second naming the mutations (BAD_REQUEST: a request runs one mutation). So is a mutation whose
+answer asks for a page its list refuses (`createAction { sessions(first: 0) }`): the change
+was made before the list's own check of `first` failed, and the answer was lost with it.
 """
 
 from collections.abc import Iterator, Mapping
@@ -39,6 +41,9 @@ from app.auth.policies import is_allowed
 from app.auth.resources import Grant
 from app.errors import AccessDenied, BadInput, DomainError
 from app.graphql.actions import DOCUMENT_FIELDS
+from app.graphql.relay import MAX_PAGE
+from app.history.search import MAX_LIMIT as HISTORY_SEARCH_MAX
+from app.memory import search as memory_search
 from app.memory.search import search_grants
 
 _ACTION_DOCUMENT = (("SELECT", resources.ACTION),)
@@ -53,6 +58,12 @@ FIELD_GRANTS: dict[str, tuple[Grant, ...]] = {
 }
 # Mutations whose answer is the version they wrote: its document fields need no SELECT.
 _WRITES_ACTION = ("createAction", "updateAction")
+# The most a field's `first` may ask for, where it is not a connection's MAX_PAGE (each field
+# refuses its own out of range: check_first, searchHistory).
+FIRST_MAXIMA: dict[str, int] = {
+    "Action.searchMemories": memory_search.MAX_PAGE,
+    "ActionSession.searchHistory": HISTORY_SEARCH_MAX,
+}
 
 
 def _search_grants(node: FieldNode, variables: Mapping[str, Any]) -> tuple[Grant, ...]:
@@ -85,55 +96,109 @@ def selection_refusal(
             return ()
         return FIELD_GRANTS.get(name, ())
 
-    def walk(answer: GraphQLNamedType | None, selections: SelectionSetNode | None,
-             written: bool) -> Iterator[tuple[str, Grant]]:  # fmt: skip
-        # Depth first, in the selection's order, without recursion (fragments spread within
-        # fragments nest as deep as the text allows); a fragment walked once, however often
-        # it is spread (its grants are the same each time: spread twice in each of 30
-        # fragments, it was walked 2^30 times).
-        if answer is None or selections is None:
-            return
-        stack = [(answer, iter(selections.selections), written)]
-        walked: set[tuple[str, bool]] = set()
-        while stack:
-            parent, pending, written = stack[-1]
-            node = next(pending, None)
-            if node is None:
-                stack.pop()
-            elif isinstance(node, FieldNode):
-                field = getattr(parent, "fields", {}).get(node.name.value)
-                if field is None:  # __typename
-                    continue
-                for grant in grants_of(parent, node, written):
-                    yield f"{parent.name}.{node.name.value}", grant
-                if node.selection_set:
-                    inner = get_named_type(field.type)
-                    stack.append((inner, iter(node.selection_set.selections), False))
-            elif isinstance(node, InlineFragmentNode):
-                condition = node.type_condition
-                target = schema.get_type(condition.name.value) if condition else parent
-                if target is not None:
-                    inside = written and target is parent
-                    stack.append((target, iter(node.selection_set.selections), inside))
-            elif isinstance(node, FragmentSpreadNode) and node.name.value in fragments:
-                fragment = fragments[node.name.value]
-                target = schema.get_type(fragment.type_condition.name.value)
-                key = (node.name.value, written and target is parent)
-                if target is not None and key not in walked:
-                    walked.add(key)
-                    stack.append((target, iter(fragment.selection_set.selections), key[1]))
-
     for node in root_fields(operation.selection_set, fragments):
         field = root.fields.get(node.name.value)
         if field is None:
             continue
         answer = get_named_type(field.type)
         written = node.name.value in _WRITES_ACTION
-        for name, (verb, resource) in walk(answer, node.selection_set, written):
-            if not is_allowed(caller.policies, verb, resource):
+        for parent, inner, inner_written in selected(
+            schema, fragments, answer, node.selection_set, written
+        ):
+            name = f"{parent.name}.{inner.name.value}"
+            for verb, resource in grants_of(parent, inner, inner_written):
+                if is_allowed(caller.policies, verb, resource):
+                    continue
                 return (
                     f"this client is not allowed to {verb} {resource}, which the answer's {name} "
                     f"needs: nothing ran; leave {name} out of the selection"
+                )
+    return None
+
+
+def selected(
+    schema: GraphQLSchema,
+    fragments: Mapping[str, FragmentDefinitionNode],
+    answer: GraphQLNamedType | None,
+    selections: SelectionSetNode | None,
+    written: bool,
+    variables: Mapping[str, Any] | None = None,
+) -> Iterator[tuple[GraphQLNamedType, FieldNode, bool]]:
+    """Every field a selection of `answer` holds, at any depth, with its parent type and
+    whether it is a field of the version a mutation wrote (`written`: the selection's own
+    fields are); with `variables`, only those that run (not left out by @skip or @include,
+    theirs or an enclosing selection's). Depth first, in the selection's order, without
+    recursion (fragments spread within fragments nest as deep as the text allows); a fragment
+    walked once, however often it is spread (its fields are the same each time: spread twice
+    in each of 30 fragments, it was walked 2^30 times)."""
+    if answer is None or selections is None:
+        return
+    stack = [(answer, iter(selections.selections), written)]
+    walked: set[tuple[str, bool]] = set()
+    while stack:
+        parent, pending, written = stack[-1]
+        node = next(pending, None)
+        if node is None:
+            stack.pop()
+        elif variables is not None and not runs(node, variables):
+            continue
+        elif isinstance(node, FieldNode):
+            field = getattr(parent, "fields", {}).get(node.name.value)
+            if field is None:  # __typename
+                continue
+            yield parent, node, written
+            if node.selection_set:
+                inner = get_named_type(field.type)
+                stack.append((inner, iter(node.selection_set.selections), False))
+        elif isinstance(node, InlineFragmentNode):
+            condition = node.type_condition
+            target = schema.get_type(condition.name.value) if condition else parent
+            if target is not None:
+                inside = written and target is parent
+                stack.append((target, iter(node.selection_set.selections), inside))
+        elif isinstance(node, FragmentSpreadNode) and node.name.value in fragments:
+            fragment = fragments[node.name.value]
+            target = schema.get_type(fragment.type_condition.name.value)
+            key = (node.name.value, written and target is parent)
+            if target is not None and key not in walked:
+                walked.add(key)
+                stack.append((target, iter(fragment.selection_set.selections), key[1]))
+
+
+def first_refusal(
+    schema: GraphQLSchema,
+    operation: OperationDefinitionNode,
+    fragments: Mapping[str, FragmentDefinitionNode],
+    variables: Mapping[str, Any],
+) -> str | None:
+    """Why a list a mutation operation's answers select may not be asked for with its
+    `first`, or None."""
+    root = schema.mutation_type
+    assert root is not None and operation.operation == OperationType.MUTATION
+    for node in root_fields(operation.selection_set, fragments, variables):
+        field = root.fields.get(node.name.value)
+        if field is None:
+            continue
+        answer = get_named_type(field.type)
+        for parent, inner, _ in selected(
+            schema, fragments, answer, node.selection_set, False, variables
+        ):
+            asked = getattr(parent, "fields", {})[inner.name.value].args.get("first")
+            if asked is None:
+                continue
+            given = next((a.value for a in inner.arguments or () if a.name.value == "first"), None)
+            # (graphql-core types the variables, which it only reads, as a dict.)
+            first = (
+                value_from_ast_untyped(given, variables)  # type: ignore[arg-type]
+                if given is not None
+                else asked.default_value
+            )
+            name = f"{parent.name}.{inner.name.value}"
+            maximum = FIRST_MAXIMA.get(name, MAX_PAGE)
+            if isinstance(first, int) and not 1 <= first <= maximum:
+                return (
+                    f"`first` of the answer's {name} must be from 1 to {maximum:,}, got {first}: "
+                    "nothing ran (the change would have been made, and its answer refused)"
                 )
     return None
 
@@ -288,5 +353,8 @@ class SelectionGrants(Refusing):
         several = mutation_count_refusal(operation, fragments, variables)
         if several:
             return BadInput(several)
+        page = first_refusal(schema, operation, fragments, variables)
+        if page:
+            return BadInput(page)
         denied = selection_refusal(schema, operation, fragments, variables, caller)
         return AccessDenied(denied) if denied else None
