@@ -1107,9 +1107,12 @@ def parser() -> argparse.ArgumentParser:
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
             given = list(sys.argv[1:] if args is None else args)
-            lenient, unknown = self._unknown(given)
-            if unknown:
-                self._unrecognized(unknown, lenient)
+            # Help is printed by the pass that runs it, which in the lenient pass showed every
+            # required option as optional (`[--action ACTION]`); it refuses nothing anyway.
+            if not any(arg == "-h" or len(arg) > 3 and "--help".startswith(arg) for arg in given):
+                lenient, unknown = self._unknown(given)
+                if unknown:
+                    self._unrecognized(unknown, lenient)
             parsed, extras = super().parse_known_args(given, namespace)
             if extras:
                 self._unrecognized(extras, parsed)

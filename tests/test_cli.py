@@ -776,6 +776,23 @@ def test_a_commands_wrong_argument_is_told_by_the_command_with_its_usage(args, s
 
 
 @pytest.mark.parametrize(
+    "args, usage",
+    [
+        (["export", "--help"], "usage: engram export [-h] --action ACTION [--account ACCOUNT]"),
+        (["export", "-h"], "usage: engram export [-h] --action ACTION [--account ACCOUNT]"),
+        (["--help"], "usage: engram [-h] [--version]"),
+    ],
+)
+def test_help_shows_a_required_option_as_required(args, usage):
+    """`engram export --help` shows `--action ACTION` without brackets, as its refusal without
+    it does (docs/access.md: `--action ID` (required)): its usage read `[--action ACTION]`,
+    printed by the pass that looks for unknown arguments with every argument made optional."""
+    done = run(clean_env(), *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith(usage), done.stdout
+
+
+@pytest.mark.parametrize(
     "args, said",
     [
         # An option before any command was told as a missing command, --bogus unsaid.
