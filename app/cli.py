@@ -568,12 +568,15 @@ def _account_id(value: str | None) -> UUID | None:
         raise BadInput(f"--account {value!r} is not an account ID (a UUID)") from None
 
 
+_STDOUT_CLOSED = "standard output is closed: the command prints its result there"
+
+
 def _printed_result() -> None:
     """Refuses, before anything is made, a command whose result is printed (a token's secret,
     shown only then; a new account's ID) started with standard output closed (`>&-`): Python
     makes it None, which print writes nothing to."""
     if sys.stdout is None:
-        raise OSError(errno.EBADF, "standard output is closed: the command prints its result there")
+        raise OSError(errno.EBADF, _STDOUT_CLOSED)
 
 
 def _client(settings: Settings, args: argparse.Namespace) -> int:
@@ -1080,6 +1083,8 @@ def _version_action() -> type:
             super().__init__(option_strings, dest, nargs=0, help=help)
 
         def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+            if sys.stdout is None:  # (`>&-`: print would write nothing, and exit 0)
+                parser.exit(2, f"engram: {_STDOUT_CLOSED}\n")
             _print_version()
             parser.exit()
 

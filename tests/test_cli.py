@@ -249,6 +249,17 @@ async def test_cli_printing_what_only_it_can_tell_refuses_standard_output_closed
     assert "type Query" in schema.read_text()
 
 
+def test_version_with_standard_output_closed_says_so():
+    """`engram --version` started with standard output closed (`>&-`) printed nothing and
+    exited 0, as if it had told the release: it says so in one line, exit status 2, as the
+    other commands that print their result do (docs/access.md)."""
+    result = run_closed(clean_env(), 1, "--version")
+    assert result.returncode == 2, result.stderr
+    said = "engram: standard output is closed: the command prints its result there\n"
+    assert result.stderr == said
+    assert run(clean_env(), "--version").stdout.startswith("engram ")
+
+
 # --- engram serve on the embedded database ----------------------------------------------------
 
 
