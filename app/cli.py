@@ -141,10 +141,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             host = settings.host if args.host is None else args.host
             port = settings.port if args.port is None else args.port
             logging.getLogger("app.cli").info(
-                "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; the admin "
-                "console at /console; metrics at /metrics)",
-                host,
-                port,
+                "Engram starting on %s (GraphiQL in a browser; the admin console at /console; "
+                "metrics at /metrics)",
+                listen_url(host, port),
             )
             # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
             server = _Draining(uvicorn.Config(app, host=host, port=port, log_config=None))
@@ -194,6 +193,17 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             raise
         _say("engram: stopped by SIGTERM while starting", "serve")
         return 128 + signal.SIGTERM
+
+
+def listen_url(host: str, port: int) -> str:
+    """The GraphQL address `engram serve` says it listens on (an IPv6 address in brackets)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/graphql"
+
+
+def _host(value: str) -> str | None:
+    """`--host`: an empty one counts as not given, as an empty ENGRAM_HOST counts as unset
+    (asyncio listens on every interface for an empty host)."""
+    return value if value.strip() else None
 
 
 def _unresolved(host: str) -> str | None:
@@ -1175,7 +1185,9 @@ def parser() -> argparse.ArgumentParser:
     serve = command(
         "serve", _serve, "start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
     )
-    serve.add_argument("--host", help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)")
+    serve.add_argument(
+        "--host", type=_host, help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)"
+    )
     serve.add_argument(
         "--port", type=_at_least(1, 65535), help="port to listen on (default: ENGRAM_PORT, 8000)"
     )

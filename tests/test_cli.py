@@ -260,6 +260,36 @@ def test_version_with_standard_output_closed_says_so():
     assert run(clean_env(), "--version").stdout.startswith("engram ")
 
 
+def test_serve_with_an_empty_host_listens_where_engram_host_says(db_url, tmp_path):
+    """`engram serve --host ""` (a script's `--host "$HOST"` with HOST unset) listened on every
+    interface, asyncio's reading of an empty host, and said `http://:PORT`; an empty
+    ENGRAM_HOST counts as unset (docs/operations.md), and so does the empty flag: it listens
+    where ENGRAM_HOST says, 127.0.0.1 by default. An IPv6 address is said in brackets."""
+    port = free_port()
+    env = clean_env(database_url=db_url, search_maintenance_seconds="0")
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--host", "", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while f"http://127.0.0.1:{port}/graphql" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # listening on loopback
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert "http://:" not in log.read_text()
+    assert cli.listen_url("::1", 8000) == "http://[::1]:8000/graphql"
+    assert cli.listen_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/graphql"
+
+
 # --- engram serve on the embedded database ----------------------------------------------------
 
 
