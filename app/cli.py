@@ -141,10 +141,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             host = settings.host if args.host is None else args.host
             port = settings.port if args.port is None else args.port
             logging.getLogger("app.cli").info(
-                "Engram starting on http://%s:%d/graphql (GraphiQL in a browser; the admin "
-                "console at /console; metrics at /metrics)",
-                host,
-                port,
+                "Engram starting on %s (GraphiQL in a browser; the admin console at /console; "
+                "metrics at /metrics)",
+                listen_url(host, port),
             )
             # log_config=None: uvicorn keeps our logging (quiet libraries, JSON when asked for).
             server = _Draining(uvicorn.Config(app, host=host, port=port, log_config=None))
@@ -194,6 +193,17 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             raise
         _say("engram: stopped by SIGTERM while starting", "serve")
         return 128 + signal.SIGTERM
+
+
+def listen_url(host: str, port: int) -> str:
+    """The GraphQL address `engram serve` says it listens on (an IPv6 address in brackets)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/graphql"
+
+
+def _host(value: str) -> str | None:
+    """`--host`: an empty one counts as not given, as an empty ENGRAM_HOST counts as unset
+    (asyncio listens on every interface for an empty host)."""
+    return value if value.strip() else None
 
 
 def _unresolved(host: str) -> str | None:
@@ -568,12 +578,15 @@ def _account_id(value: str | None) -> UUID | None:
         raise BadInput(f"--account {value!r} is not an account ID (a UUID)") from None
 
 
+_STDOUT_CLOSED = "standard output is closed: the command prints its result there"
+
+
 def _printed_result() -> None:
     """Refuses, before anything is made, a command whose result is printed (a token's secret,
     shown only then; a new account's ID) started with standard output closed (`>&-`): Python
     makes it None, which print writes nothing to."""
     if sys.stdout is None:
-        raise OSError(errno.EBADF, "standard output is closed: the command prints its result there")
+        raise OSError(errno.EBADF, _STDOUT_CLOSED)
 
 
 def _client(settings: Settings, args: argparse.Namespace) -> int:
@@ -1080,6 +1093,8 @@ def _version_action() -> type:
             super().__init__(option_strings, dest, nargs=0, help=help)
 
         def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+            if sys.stdout is None:  # (`>&-`: print would write nothing, and exit 0)
+                parser.exit(2, f"engram: {_STDOUT_CLOSED}\n")
             _print_version()
             parser.exit()
 
@@ -1107,9 +1122,12 @@ def parser() -> argparse.ArgumentParser:
 
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
             given = list(sys.argv[1:] if args is None else args)
-            lenient, unknown = self._unknown(given)
-            if unknown:
-                self._unrecognized(unknown, lenient)
+            # Help is printed by the pass that runs it, which in the lenient pass showed every
+            # required option as optional (`[--action ACTION]`); it refuses nothing anyway.
+            if not any(arg == "-h" or len(arg) > 3 and "--help".startswith(arg) for arg in given):
+                lenient, unknown = self._unknown(given)
+                if unknown:
+                    self._unrecognized(unknown, lenient)
             parsed, extras = super().parse_known_args(given, namespace)
             if extras:
                 self._unrecognized(extras, parsed)
@@ -1167,7 +1185,9 @@ def parser() -> argparse.ArgumentParser:
     serve = command(
         "serve", _serve, "start the service (embedded PostgreSQL unless ENGRAM_DATABASE_URL)"
     )
-    serve.add_argument("--host", help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)")
+    serve.add_argument(
+        "--host", type=_host, help="address to listen on (default: ENGRAM_HOST, 127.0.0.1)"
+    )
     serve.add_argument(
         "--port", type=_at_least(1, 65535), help="port to listen on (default: ENGRAM_PORT, 8000)"
     )

@@ -302,7 +302,11 @@ def rfc3339(text: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(f"{day}T{time}{fraction}{offset}")
     except ValueError:
-        raise ValueError(f"{shown(text)} names no such day or time") from None
+        # (not quoted: each caller names the value it was given)
+        raise ValueError(
+            "no such day or time: a day of its month, hours 00 to 23, minutes and seconds 00 "
+            "to 59 (no leap second)"
+        ) from None
     try:
         # In UTC, as stored: an instant outside year 1 to 9999 cannot be represented.
         utc = parsed.astimezone(UTC)

@@ -249,6 +249,47 @@ async def test_cli_printing_what_only_it_can_tell_refuses_standard_output_closed
     assert "type Query" in schema.read_text()
 
 
+def test_version_with_standard_output_closed_says_so():
+    """`engram --version` started with standard output closed (`>&-`) printed nothing and
+    exited 0, as if it had told the release: it says so in one line, exit status 2, as the
+    other commands that print their result do (docs/access.md)."""
+    result = run_closed(clean_env(), 1, "--version")
+    assert result.returncode == 2, result.stderr
+    said = "engram: standard output is closed: the command prints its result there\n"
+    assert result.stderr == said
+    assert run(clean_env(), "--version").stdout.startswith("engram ")
+
+
+def test_serve_with_an_empty_host_listens_where_engram_host_says(db_url, tmp_path):
+    """`engram serve --host ""` (a script's `--host "$HOST"` with HOST unset) listened on every
+    interface, asyncio's reading of an empty host, and said `http://:PORT`; an empty
+    ENGRAM_HOST counts as unset (docs/operations.md), and so does the empty flag: it listens
+    where ENGRAM_HOST says, 127.0.0.1 by default. An IPv6 address is said in brackets."""
+    port = free_port()
+    env = clean_env(database_url=db_url, search_maintenance_seconds="0")
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--host", "", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while f"http://127.0.0.1:{port}/graphql" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # listening on loopback
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert "http://:" not in log.read_text()
+    assert cli.listen_url("::1", 8000) == "http://[::1]:8000/graphql"
+    assert cli.listen_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/graphql"
+
+
 # --- engram serve on the embedded database ----------------------------------------------------
 
 
@@ -773,6 +814,23 @@ def test_a_commands_wrong_argument_is_told_by_the_command_with_its_usage(args, s
     assert lines[0].startswith(f"usage: {command} [-h]"), lines
     assert lines[-1] == said and "{serve," not in done.stderr, lines
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, usage",
+    [
+        (["export", "--help"], "usage: engram export [-h] --action ACTION [--account ACCOUNT]"),
+        (["export", "-h"], "usage: engram export [-h] --action ACTION [--account ACCOUNT]"),
+        (["--help"], "usage: engram [-h] [--version]"),
+    ],
+)
+def test_help_shows_a_required_option_as_required(args, usage):
+    """`engram export --help` shows `--action ACTION` without brackets, as its refusal without
+    it does (docs/access.md: `--action ID` (required)): its usage read `[--action ACTION]`,
+    printed by the pass that looks for unknown arguments with every argument made optional."""
+    done = run(clean_env(), *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith(usage), done.stdout
 
 
 @pytest.mark.parametrize(

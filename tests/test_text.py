@@ -79,6 +79,22 @@ def test_rfc3339_refuses_exactly_the_range_its_message_names() -> None:
     assert rfc3339("9999-12-31T23:59:59.999998Z").isoformat() == "9999-12-31T23:59:59.999998+00:00"
 
 
+@pytest.mark.parametrize(
+    "text", ["2030-02-30T10:00:00Z", "2030-01-01T24:00:00Z", "2016-12-31T23:59:60Z"]
+)
+def test_rfc3339_says_what_a_day_or_time_out_of_range_is(text: str) -> None:
+    """A time of RFC 3339's form that is no day or time (February 30, 24:00:00, a leap second)
+    is refused saying what is taken (docs/graphql.md: "naming the field and the form
+    expected"), without quoting the value, which every caller names: it read "'2030-01-01T
+    24:00:00Z' names no such day or time; got '2030-01-01T24:00:00Z'" (a message's time), and
+    GraphQL's `found:` quoted it a second time too."""
+    with pytest.raises(ValueError) as refused:
+        rfc3339(text)
+    said = str(refused.value)
+    assert text not in said
+    assert "hours 00 to 23" in said and "no leap second" in said, said
+
+
 def test_a_long_value_is_shown_by_its_start_its_end_and_its_length() -> None:
     """A refusal's value, as the tools (quoted) and the import (as the file has it) show it."""
     assert shown("short") == "'short'" and shortened("short", 10) == "short"
