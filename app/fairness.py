@@ -199,7 +199,8 @@ async def turn() -> AsyncIterator[None]:
     turns = admission.fairness.turns
     if not await turns.take(admission.account_id):
         raise TooManyRequests(
-            f"this account already has {turns.limit} turns in progress here, and more waiting: "
+            f"this account already has {turns.limit} turn{'s' if turns.limit != 1 else ''} in "
+            "progress here, and more waiting: "
             f"retry in {RETRY_AFTER_SECONDS} s, or run fewer at once"
         )
     try:
