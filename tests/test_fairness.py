@@ -454,7 +454,8 @@ async def test_a_conversation_handed_in_over_mcp_holds_a_turns_place(
     result = again.json()["result"]
     assert result["isError"] is True
     refusal = json.loads(result["content"][0]["text"])
-    assert refusal["code"] == "TOO_MANY_REQUESTS" and "already has 1 turn in progress here" in refusal["error"]
+    assert refusal["code"] == "TOO_MANY_REQUESTS"
+    assert "already has 1 turn in progress here" in refusal["error"]
     done = await reviewing
     assert done.json()["result"]["isError"] is False, done.text
 
