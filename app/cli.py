@@ -606,7 +606,12 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
         if command in ("create", "update"):
             if command == "create":
                 client = await service.create_client(
-                    pool, caller, **named, name=args.name or args.principal, policies=policies or []
+                    pool,
+                    caller,
+                    **named,
+                    # An empty --name is refused as update refuses it, not taken as not given.
+                    name=args.principal if args.name is None else args.name,
+                    policies=policies or [],
                 )
             else:
                 client = await service.update_client(

@@ -114,6 +114,16 @@ async def test_cli_default_account_client_and_admin_token_note(db_url, state, tm
     assert ops.principal == "ops" and ops.in_default_account
 
 
+async def test_an_empty_client_name_is_refused_by_create_as_by_update(
+    db_url, state, admin, tmp_path
+):
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    made = await asyncio.to_thread(run, env, "client", "create", "blank", "--name", "")
+    assert made.returncode == 2 and "Traceback" not in made.stderr, made.stderr
+    assert "BAD_REQUEST" in made.stderr and "name" in made.stderr, made.stderr
+    assert await service.get_client(state.pool, admin, account_id=None, principal="blank") is None
+
+
 async def test_serve_shows_the_admin_token_as_its_start_commits_it(
     settings, embedder, state, capsys
 ):
