@@ -360,6 +360,35 @@ async def test_retry_only_of_a_failed_execution_and_in_its_own_session(
     assert other_input.codes == ["BAD_REQUEST"]
 
 
+async def test_an_execution_still_running_is_retried_or_replayed_as_a_conflict(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Two retries of one failed turn at once: whichever comes second is answered CONFLICT
+    (the execution is running, which will change), as when both read it FAILED, never
+    BAD_REQUEST; so is a replay of a turn still running."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    model_server.chat_error(400)
+    failed = await run(gql, admin, action_id, "hi")
+    assert failed["status"] == "FAILED"
+    model_server.say("slow answer", delay=1.0)
+    request = {"actionId": action_id, "sessionId": "s1", "executionId": failed["executionId"]}
+
+    async def second() -> Any:
+        await asyncio.sleep(0.4)  # the first retry is running by now
+        again = await gql(admin, EXECUTE, input=request)
+        replay = await gql(
+            admin, EXECUTE, input={"actionId": action_id, "replayOf": failed["executionId"]}
+        )
+        return again, replay
+
+    first, (again, replay) = await asyncio.gather(gql(admin, EXECUTE, input=request), second())
+
+    assert first.ok()["executeAction"]["status"] == "SUCCEEDED"
+    assert again.codes == ["CONFLICT"], again.errors
+    assert "is running" in again.errors[0]["message"]
+    assert replay.codes == ["CONFLICT"], replay.errors
+
+
 async def test_a_tool_crash_fails_the_turn_and_keeps_no_memory(
     gql: GQL,
     admin: Caller,

@@ -386,6 +386,10 @@ async def _start_replay(
                 f"execution {original.execution_id} is of kind {original.kind}, not a turn; "
                 "only a turn (kind TURN) can be replayed"
             )
+        if original.status == "RUNNING":
+            raise Conflict(
+                f"execution {original.execution_id} is running; replay it once it has committed"
+            )
         if original.status != "SUCCEEDED":
             raise BadInput(
                 f"execution {original.execution_id} is a {original.status} turn; only a turn "
@@ -448,6 +452,13 @@ async def _start_retry(
         if previous.kind != "TURN":
             raise BadInput(
                 f"execution {previous.execution_id} is not a turn; only turns are retried"
+            )
+        if previous.status == "RUNNING":
+            # Being retried by another request, or its attempt not ended yet: as when two
+            # retries both read it FAILED (`restart_execution`), a state that will change.
+            raise Conflict(
+                f"execution {previous.execution_id} is running (being retried by another "
+                "request, or its attempt has not ended); retry it once it has FAILED"
             )
         if previous.status != "FAILED":
             raise BadInput(
