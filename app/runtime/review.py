@@ -759,8 +759,8 @@ class Review:
                     target = shown.records.get(str(choice.get("record")))
                     if target is None:
                         decision["ignored"] = (
-                            f"record handle {_brief(repr(choice.get('record')), 80)} was not shown; "
-                            "nothing changed"
+                            f"record handle {_brief(repr(choice.get('record')), 80)} was not "
+                            "shown; nothing changed"
                         )
                         continue
                     decision.update(
