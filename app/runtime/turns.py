@@ -458,7 +458,8 @@ async def _start_retry(
             # retries both read it FAILED (`restart_execution`), a state that will change.
             raise Conflict(
                 f"execution {previous.execution_id} is running (being retried by another "
-                "request, or its attempt has not ended); retry it once it has FAILED"
+                "request, or its attempt has not ended); retry it once it has FAILED (one whose "
+                "process stopped is failed when its lease, ENGRAM_TURN_LEASE_SECONDS, runs out)"
             )
         if previous.status != "FAILED":
             raise BadInput(
