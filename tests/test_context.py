@@ -579,6 +579,27 @@ async def test_h16_a_reply_whose_tool_calls_cannot_fit_fails_naming_them(
     assert len(chat(model_server, "turn")) == 1
 
 
+async def test_h16_a_call_whose_own_arguments_cannot_fit_fails_naming_its_arguments(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """One tool call whose arguments alone outgrow the budget: the failure says the call's
+    arguments are too long, not that the model called too many tools at once (lowering
+    ENGRAM_MAX_TOOL_CALLS_PER_REPLY could not help)."""
+    action_id = await make_agent_id(
+        gql.state, admin, harness=tool_agent_harness(), model={"contextTokens": 1000}
+    )
+    model_server.call_tools(("search_memory", {"query": "parcel " * 1500}))
+    failed = await run(gql, admin, action_id, "ASK-1")
+
+    assert failed["status"] == "FAILED"
+    error = failed["error"]
+    assert "context budget of 1000 tokens" in error
+    assert 'The model\'s call to "search_memory" has arguments of about 2' in error
+    assert "shorter arguments" in error and "model.contextTokens" in error
+    assert "tools in one reply" not in error and "ENGRAM_MAX_TOOL_CALLS_PER_REPLY" not in error
+    assert "Shorten the input" not in error
+
+
 async def test_h16_a_reply_of_many_tool_calls_takes_time_in_proportion(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:

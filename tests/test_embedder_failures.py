@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers import GQL, database_copy, db_settings, running_state
-from openai_server import OpenAIServer
+from openai_server import OpenAIServer, word_count
 from runtime_support import candidates, events, run, tool_runs
 from servers import serving
 
@@ -159,6 +159,40 @@ async def test_over_http_a_refusal_no_retry_mends_has_no_retry_after(
     assert "retry in" in failed["message"]
     assert "refused the text" in refusal["message"] and "will not help" in refusal["message"]
     assert "no such model" not in refusal["message"]
+
+
+@pytest.mark.parametrize("answered", [2, 4])
+async def test_m24_every_embedding_a_failed_review_made_is_recorded_as_usage(
+    remote: AppState, model_server: OpenAIServer, answered: int
+) -> None:
+    """After the recall's embedding, the review embeds its first candidate's neighbour search,
+    its second's, its first record, its second: the `answered`th embedding fails (the second
+    search's, or the second record's), and those made are still usage of purpose `embed` in
+    the transcript, as many tokens as the provider answered for."""
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    created = await gql(admin, CREATE, i={"name": "s", "harness": {"memory": {"enabled": True}}})
+    action_id = created.ok()["createAction"]["actionId"]
+    model_server.say("Noted.")
+    candidates(model_server, {"summary": "Ada's plan is Basic"}, {"summary": "Ada lives in Oslo"})
+    model_server.stall_next(answered, 0.0, path=EMBED)
+    model_server.fail_next(1, status=503, message="gone", path=EMBED)
+    executed = await run(gql, admin, action_id, "My plan is Basic and I live in Oslo")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    (review,) = events(executed, "memory.review")
+    assert "embedding model failed" in review["error"]
+
+    recall, *reviewed = model_server.requests_to(EMBED)[:answered]
+    usage = events(executed, "embedding")
+    assert {u["purpose"] for u in usage} == {"embed"}
+    assert [u["tokens"] for u in usage if u["for"] == "recall"] == [
+        sum(map(word_count, recall.body["input"]))
+    ]
+    assert sum(u["tokens"] for u in usage if u["for"] == "memory.review") == sum(
+        word_count(t) for r in reviewed for t in r.body["input"]
+    )
 
 
 async def test_a_review_that_fails_partway_keeps_none_of_its_records(

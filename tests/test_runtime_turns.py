@@ -14,6 +14,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 from factories import allow, caller, make_agent_id, make_running_turn, memory_harness
 from helpers import GQL
@@ -360,6 +361,35 @@ async def test_retry_only_of_a_failed_execution_and_in_its_own_session(
     assert other_input.codes == ["BAD_REQUEST"]
 
 
+async def test_an_execution_still_running_is_retried_or_replayed_as_a_conflict(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """Two retries of one failed turn at once: whichever comes second is answered CONFLICT
+    (the execution is running, which will change), as when both read it FAILED, never
+    BAD_REQUEST; so is a replay of a turn still running."""
+    action_id = await make_agent_id(gql.state, admin, harness=None)
+    model_server.chat_error(400)
+    failed = await run(gql, admin, action_id, "hi")
+    assert failed["status"] == "FAILED"
+    model_server.say("slow answer", delay=1.0)
+    request = {"actionId": action_id, "sessionId": "s1", "executionId": failed["executionId"]}
+
+    async def second() -> Any:
+        await asyncio.sleep(0.4)  # the first retry is running by now
+        again = await gql(admin, EXECUTE, input=request)
+        replay = await gql(
+            admin, EXECUTE, input={"actionId": action_id, "replayOf": failed["executionId"]}
+        )
+        return again, replay
+
+    first, (again, replay) = await asyncio.gather(gql(admin, EXECUTE, input=request), second())
+
+    assert first.ok()["executeAction"]["status"] == "SUCCEEDED"
+    assert again.codes == ["CONFLICT"], again.errors
+    assert "is running" in again.errors[0]["message"]
+    assert replay.codes == ["CONFLICT"], replay.errors
+
+
 async def test_a_tool_crash_fails_the_turn_and_keeps_no_memory(
     gql: GQL,
     admin: Caller,
@@ -594,6 +624,42 @@ async def test_an_attempt_retried_while_it_ran_ends_as_no_longer_running_and_kee
         r["invocation_number"] for r in stored
     )
     assert [r["type"] for r in stored if r["invocation_number"] == 2][-1] == "turn.output"
+
+
+@pytest.mark.parametrize("memory", [False, True])
+async def test_a_commit_whose_acknowledgement_was_lost_answers_the_committed_turn(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    memory: bool,
+) -> None:
+    """The turn's commit went through, but its connection ended before the answer came back
+    (the database or the network went away for a moment): the turn answers as committed, not
+    CONFLICT saying it was failed as stale or retried and nothing of it was kept."""
+    harness = memory_harness(tools=["add_memory"]) if memory else None
+    action_id = await make_agent_id(gql.state, admin, harness=harness)
+    if memory:  # a commit of its own transaction (`_commit`), not its end alone
+        model_server.call_tools(("add_memory", {"summary": "Ada prefers email", "kind": "fact"}))
+    model_server.say("noted")
+    commit = turns._commit
+
+    async def commit_then_lose_the_answer(context: turns.TurnContext) -> Any:
+        await commit(context)
+        raise asyncpg.ConnectionDoesNotExistError(
+            "connection was closed in the middle of operation"
+        )
+
+    monkeypatch.setattr(turns, "_commit", commit_then_lose_the_answer)
+    result = await gql(
+        admin, EXECUTE, input={"actionId": action_id, "sessionId": "s1", "input": "note it"}
+    )
+
+    executed = result.ok()["executeAction"]
+    assert (executed["status"], executed["output"], executed["turn"]) == ("SUCCEEDED", "noted", 1)
+    assert events(executed, "turn.failed") == []
+    assert len(await memories(gql, admin, action_id)) == (1 if memory else 0)
 
 
 async def _lose_start(state: AppState, execution_id: uuid.UUID) -> None:

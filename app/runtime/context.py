@@ -413,7 +413,8 @@ class ContextWindow:
         # results cleared), and the messages before them that could not be folded.
         protected = self._protected()
         latest = self.entries[protected:]
-        calls = len(latest[0].message.get("tool_calls") or []) if latest else 0
+        tool_calls = (latest[0].message.get("tool_calls") or []) if latest else []
+        calls = len(tool_calls)
         called = sum(e.shown for e in latest)
         parts = [f"{what} {tokens}" for what, tokens in fixed]
         if self._shown - called:
@@ -423,7 +424,22 @@ class ContextWindow:
                 f"the model's latest reply, its {calls} tool calls and their results {called}"
             )
         reply = f" after {self.reserve} for the reply (model.maxTokens)" if self.reserve else ""
-        if calls and fits:
+        # The longest call's arguments, which no clearing shortens.
+        argued, name = max(
+            (
+                (text_tokens(_as_text(c["function"]["arguments"])), c["function"]["name"])
+                for c in tool_calls
+            ),
+            default=(0, ""),
+        )
+        if calls and fits and argued > limit - sum(tokens for _, tokens in fixed):
+            # One call's own arguments do not fit, however few calls the reply made.
+            fix = (
+                f"The model's call to {quoted(name, 80)} has arguments of about {argued} "
+                "tokens, more than the budget holds: have the instructions ask for shorter "
+                "arguments, or raise model.contextTokens (default ENGRAM_MODEL_CONTEXT_TOKENS)."
+            )
+        elif calls and fits:
             # The fixed part fits: it is what the model asked for at once that does not.
             fix = (
                 f"The model called {calls} tools in one reply, more than the budget holds even "

@@ -595,36 +595,41 @@ class Review:
         handle_of: dict[UUID, str] = {}
         tokens = 0
         texts, vectors = [], []
-        for handle, c in open_:
-            texts.append(c.summary + ("\n" + c.content if c.content else ""))
-            found = await memory_review.neighbours(
-                state.pool,
-                state.embedder,
-                self._reader(c),
-                self.memory.search,
-                texts[-1],
-                self.settings.memory_review_neighbours,
-            )
-            tokens += found.embed_tokens
-            vectors.append(found.vector)
-            listed = []
-            for r in found.records:
-                if r.memory_id not in handle_of:
-                    handle_of[r.memory_id] = f"r{len(handle_of) + 1}"
-                    shown.records[handle_of[r.memory_id]] = r
-                similarity = found.similarity.get(r.memory_id, 0.0)
-                shown.reaches_floor |= similarity >= self.settings.memory_review_floor
-                shown.near.setdefault(handle, []).append(handle_of[r.memory_id])
-                listed.append(
-                    {
-                        "handle": handle_of[r.memory_id],
-                        "id": str(r.memory_id),
-                        "version": r.version,
-                        "score": round(float(r.score or 0), 4),
-                        "similarity": round(similarity, 4),
-                    }
+        try:
+            for handle, c in open_:
+                texts.append(c.summary + ("\n" + c.content if c.content else ""))
+                found = await memory_review.neighbours(
+                    state.pool,
+                    state.embedder,
+                    self._reader(c),
+                    self.memory.search,
+                    texts[-1],
+                    self.settings.memory_review_neighbours,
                 )
-            self.event["neighbours"].append({"candidate": handle, "records": listed})
+                tokens += found.embed_tokens
+                vectors.append(found.vector)
+                listed = []
+                for r in found.records:
+                    if r.memory_id not in handle_of:
+                        handle_of[r.memory_id] = f"r{len(handle_of) + 1}"
+                        shown.records[handle_of[r.memory_id]] = r
+                    similarity = found.similarity.get(r.memory_id, 0.0)
+                    shown.reaches_floor |= similarity >= self.settings.memory_review_floor
+                    shown.near.setdefault(handle, []).append(handle_of[r.memory_id])
+                    listed.append(
+                        {
+                            "handle": handle_of[r.memory_id],
+                            "id": str(r.memory_id),
+                            "version": r.version,
+                            "score": round(float(r.score or 0), 4),
+                            "similarity": round(similarity, 4),
+                        }
+                    )
+                self.event["neighbours"].append({"candidate": handle, "records": listed})
+        finally:
+            # The embeddings made count as usage, though a later one failed the review (M24).
+            if tokens:
+                self.context.transcript.embedding(state.embedder.name, tokens, "memory.review")
         # An earlier candidate of this review that says much the same is shown beside a
         # candidate too, so that a fact the conversation states twice is kept once (M12).
         floor = memory_review.RESTATES_FLOOR
@@ -637,8 +642,6 @@ class Review:
                 shown.earlier[handle] = [h for h, _ in earlier]
                 shown.reaches_floor = True
                 entry["candidates"] = [{"handle": h, "similarity": s} for h, s in earlier]
-        if tokens:
-            self.context.transcript.embedding(state.embedder.name, tokens, "memory.review")
         return shown
 
     def _decide_request(
@@ -738,76 +741,85 @@ class Review:
         written: list[MemoryRecord] = []
         embedded = len(self.work.embed_tokens)
         changed: set[UUID] = set()  # the records this review replaced or deleted
-        for handle, c in open_:
-            choice = chosen.get(handle)
-            if choice is None:
-                decisions.append({"candidate": handle, "action": "skip", "reason": "no decision"})
-                continue
-            action = choice["action"]
-            decision: dict[str, Any] = {"candidate": handle, "action": action}
-            decisions.append(decision)
-            if action == "skip":
-                continue
-            target: MemoryRecord | None = None
-            if action in ("replace", "delete"):
-                target = shown.records.get(str(choice.get("record")))
-                if target is None:
-                    decision["ignored"] = (
-                        f"record handle {_brief(repr(choice.get('record')), 80)} was not shown; "
-                        "nothing changed"
+        try:
+            for handle, c in open_:
+                choice = chosen.get(handle)
+                if choice is None:
+                    decisions.append(
+                        {"candidate": handle, "action": "skip", "reason": "no decision"}
                     )
                     continue
-                decision.update(
-                    record=choice["record"], id=str(target.memory_id), version=target.version
-                )
-            replaces = target
-            if action == "replace":
-                assert target is not None
-                kept = self._unreplaceable(target, changed)
-                if kept is not None:
-                    # The candidate is still worth keeping: a correction that cannot take its
-                    # record's place is added beside it rather than lost (M12, M16).
-                    decision["added"] = f"not replaced, added as a new record: {kept}"
-                    replaces = None
-            try:
-                if action == "delete":
-                    assert target is not None
-                    evidence = choice.get("evidence")
-                    decision["evidence"] = str(evidence) if evidence else f"{handle}: {c.summary}"
-                    written.append(await self.work.delete(target.memory_id, source="EXTRACTION"))
-                    changed.add(target.memory_id)
-                else:
-                    scope = c.scope
-                    labels: dict[str | int, str] = dict(c.labels)
-                    if target is not None:
-                        # A correction takes the place of the record it corrects: in its scope,
-                        # so the sessions that recalled the old fact recall the new one, and
-                        # under its labels, which the candidate may set anew.
-                        if scope is None and target.scope in self.memory.write:
-                            scope = Scope(target.scope)
-                        labels = {int(n): v for n, v in target.labels.items()}
-                        labels.update((int(n), v) for n, v in c.labels.items())
-                    new = NewMemory(
-                        summary=c.summary,
-                        kind=c.kind,
-                        content=c.content,
-                        labels=labels,
-                        scope=scope,
-                        replaces=replaces.memory_id if replaces else None,
-                        source="EXTRACTION",
+                action = choice["action"]
+                decision: dict[str, Any] = {"candidate": handle, "action": action}
+                decisions.append(decision)
+                if action == "skip":
+                    continue
+                target: MemoryRecord | None = None
+                if action in ("replace", "delete"):
+                    target = shown.records.get(str(choice.get("record")))
+                    if target is None:
+                        decision["ignored"] = (
+                            f"record handle {_brief(repr(choice.get('record')), 80)} was not "
+                            "shown; nothing changed"
+                        )
+                        continue
+                    decision.update(
+                        record=choice["record"], id=str(target.memory_id), version=target.version
                     )
-                    added = await self._add(new, replaces, decision)
-                    decision["memoryId"] = str(added[0].memory_id)
-                    written += added
-                    if replaces is not None:
-                        changed.add(replaces.memory_id)
-            except DomainError as e:
-                decision["refused"] = e.message
-        tokens = sum(self.work.embed_tokens[embedded:])
-        if tokens:
-            assert self.context.state.embedder is not None
-            name = self.context.state.embedder.name
-            self.context.transcript.embedding(name, tokens, "memory.review")
+                replaces = target
+                if action == "replace":
+                    assert target is not None
+                    kept = self._unreplaceable(target, changed)
+                    if kept is not None:
+                        # The candidate is still worth keeping: a correction that cannot take its
+                        # record's place is added beside it rather than lost (M12, M16).
+                        decision["added"] = f"not replaced, added as a new record: {kept}"
+                        replaces = None
+                try:
+                    if action == "delete":
+                        assert target is not None
+                        evidence = choice.get("evidence")
+                        decision["evidence"] = (
+                            str(evidence) if evidence else f"{handle}: {c.summary}"
+                        )
+                        written.append(
+                            await self.work.delete(target.memory_id, source="EXTRACTION")
+                        )
+                        changed.add(target.memory_id)
+                    else:
+                        scope = c.scope
+                        labels: dict[str | int, str] = dict(c.labels)
+                        if target is not None:
+                            # A correction takes the place of the record it corrects: in its scope,
+                            # so the sessions that recalled the old fact recall the new one, and
+                            # under its labels, which the candidate may set anew.
+                            if scope is None and target.scope in self.memory.write:
+                                scope = Scope(target.scope)
+                            labels = {int(n): v for n, v in target.labels.items()}
+                            labels.update((int(n), v) for n, v in c.labels.items())
+                        new = NewMemory(
+                            summary=c.summary,
+                            kind=c.kind,
+                            content=c.content,
+                            labels=labels,
+                            scope=scope,
+                            replaces=replaces.memory_id if replaces else None,
+                            source="EXTRACTION",
+                        )
+                        added = await self._add(new, replaces, decision)
+                        decision["memoryId"] = str(added[0].memory_id)
+                        written += added
+                        if replaces is not None:
+                            changed.add(replaces.memory_id)
+                except DomainError as e:
+                    decision["refused"] = e.message
+        finally:
+            # The embeddings made count as usage, though a later one failed the review (M24).
+            tokens = sum(self.work.embed_tokens[embedded:])
+            if tokens:
+                assert self.context.state.embedder is not None
+                name = self.context.state.embedder.name
+                self.context.transcript.embedding(name, tokens, "memory.review")
         return written
 
     def _unreplaceable(self, target: MemoryRecord, changed: set[UUID]) -> str | None:

@@ -7,7 +7,8 @@ once the stale-turn sweep marks it FAILED.
 
 Event types and what their `data` holds:
 
-- `turn.input`: `{input, message}`: what the turn was asked, and the text the model read.
+- `turn.input`: `{input}`: what the turn was asked (the model reads a string as it is, any
+  other value as its JSON).
 - `memory.pinned`: `{records: [{id, version}], tokens}`: the pins the instructions listed.
 - `model.call`: `{purpose, model, usage, attempts, durationMs, finishReason, content,
   toolCalls}`: one chat completion, with its usage and why it was made (`turn`, `memory`,

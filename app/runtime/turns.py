@@ -386,6 +386,10 @@ async def _start_replay(
                 f"execution {original.execution_id} is of kind {original.kind}, not a turn; "
                 "only a turn (kind TURN) can be replayed"
             )
+        if original.status == "RUNNING":
+            raise Conflict(
+                f"execution {original.execution_id} is running; replay it once it has committed"
+            )
         if original.status != "SUCCEEDED":
             raise BadInput(
                 f"execution {original.execution_id} is a {original.status} turn; only a turn "
@@ -448,6 +452,14 @@ async def _start_retry(
         if previous.kind != "TURN":
             raise BadInput(
                 f"execution {previous.execution_id} is not a turn; only turns are retried"
+            )
+        if previous.status == "RUNNING":
+            # Being retried by another request, or its attempt not ended yet: as when two
+            # retries both read it FAILED (`restart_execution`), a state that will change.
+            raise Conflict(
+                f"execution {previous.execution_id} is running (being retried by another "
+                "request, or its attempt has not ended); retry it once it has FAILED (one whose "
+                "process stopped is failed when its lease, ENGRAM_TURN_LEASE_SECONDS, runs out)"
             )
         if previous.status != "FAILED":
             raise BadInput(
@@ -1072,6 +1084,20 @@ def _failure_message(error: BaseException) -> str:
     return "the turn failed on an internal error (logged by the service); retry the execution"
 
 
+async def _committed_attempt(state: AppState, e: Execution) -> Execution | None:
+    """The execution, when this attempt of it committed after all: its commit went through
+    but the answer was lost on the way back (its connection ended), so the failure found it
+    no longer running. None otherwise."""
+    async with state.pool.acquire() as conn:
+        row = await store.get_execution(conn, e.account_id, e.action_id, e.execution_id)
+    if row is None or row["status"] != "SUCCEEDED":
+        return None
+    if row["invocation_number"] != e.invocation_number:
+        return None
+    log.warning("turn %s: its commit went through, though its answer was lost", e.execution_id)
+    return Execution.of(row)
+
+
 def _log_lost(error: BaseException, what: str, e: Execution) -> None:
     """A failure's own step that failed: a warning when the database went away (the turn's
     failure says so already), an error with its traceback otherwise."""
@@ -1126,6 +1152,8 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
                     conn, context, status="FAILED", output=None, error=message, turn=None
                 )
     except TurnEnded:
+        if (kept := await _committed_attempt(context.state, context.execution)) is not None:
+            return kept
         raise
     except Exception as write_error:
         # Once more with only the failure, so the turn never stays RUNNING for want of a
