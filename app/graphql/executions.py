@@ -128,7 +128,11 @@ class ActionExecution(Node):
         description="Its session; null for an agent without sessions."
     )
     turn: int | None = strawberry.field(
-        description="The turn's number in its session, from 1; null without a session."
+        description=(
+            "The turn's number in its session, from 1; null without a session. Given as the "
+            "turn starts and settled as it commits: a turn that failed keeps the number it "
+            "started with, which the session's next committed turn holds too."
+        )
     )
     invocation_number: int = strawberry.field(
         description="Its latest invocation: 1, and one more for each retry."
