@@ -1899,6 +1899,27 @@ async def refused(
         assert await digests(conn, but=("service_processes",)) == before
 
 
+async def test_a_line_with_more_than_its_type_and_row_is_refused_writing_nothing(
+    state, admin, second
+):
+    """A line holds its type and its row, as the export writes it: one with more (an edited
+    file, or a format that says more of a row) is refused by its line, as a row with a column
+    this deployment lacks is, rather than imported without what it said."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    at = next(i for i, x in enumerate(lines) if json.loads(x)["type"] == "memory")
+    line = json.loads(lines[at])
+    line["deleted"] = True
+    edited = [*lines[:at], json.dumps(line), *lines[at + 1 :]]
+    await refused(
+        second,
+        target_admin.account_id,
+        edited,
+        f"line {at + 1} holds more than its type and row \\(deleted\\)",
+    )
+
+
 async def test_a_row_refused_writes_nothing_of_the_rows_before_it(state, admin, second):
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
