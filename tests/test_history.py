@@ -991,6 +991,22 @@ async def test_an_erasure_takes_what_replays_and_preview_turns_said_and_lists_th
     assert "cannot be replayed: its session was erased" in again.errors[0]["message"]
 
 
+async def test_erase_session_refuses_a_session_id_no_session_can_have(
+    gql: GQL, admin: Caller
+) -> None:
+    """A session ID past 200 characters, or blank, names no session the API could have made:
+    BAD_REQUEST naming the field, as a listing by session says (not NOT_FOUND quoting it
+    whole)."""
+    action_id = await make_agent_id(gql.state, admin, harness=MESSAGES)
+    erase = """mutation($a: UUID!, $s: String!) {
+        eraseSession(actionId: $a, sessionId: $s) { erasedEvents } }"""
+    for session in ("x" * 100_000, " "):
+        refused = await gql(admin, erase, a=action_id, s=session)
+        assert refused.codes == ["BAD_REQUEST"], refused
+        message = refused.errors[0]["message"]
+        assert "sessionId must be 1 to 200 characters" in message and len(message) < 300
+
+
 async def test_a_turn_of_an_erased_session_is_neither_retried_nor_replayed(
     gql: GQL, admin: Caller, model_server: OpenAIServer
 ) -> None:

@@ -391,6 +391,22 @@ async def test_a_conflicting_id_is_refused(state, admin, second):
     memory = await _edited_after_import(second, lines)
     with pytest.raises(Conflict, match=f"memory {memory} already exists"):
         await load(second, target_admin.account_id, lines)
+    # The refusal names the row's line, in the middle of its batch as at its end; the file's
+    # ID in capitals is the same ID.
+    at = next(i for i, x in enumerate(lines) if memory in x and '"type":"memory"' in x)
+    edited = [*lines[:at], lines[at].replace(memory, memory.upper()), *lines[at + 1 :]]
+    for batch_rows in (1000, 2):
+        with pytest.raises(Conflict, match=f"^line {at + 1}: memory {memory} already"):
+            await load(second, target_admin.account_id, edited, batch_rows=batch_rows)
+    # So is a row of another type that differs, the first the file holds.
+    session = next(i for i, x in enumerate(lines) if json.loads(x)["type"] == "session")
+    async with second.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE sessions SET turns = turns + 1 WHERE account_id = $1",
+            target_admin.account_id,
+        )
+    with pytest.raises(Conflict, match=f"^line {session + 1}: session s1 of action"):
+        await load(second, target_admin.account_id, lines)
 
 
 async def test_a_session_a_turn_starts_while_the_import_writes_it_stops_the_import(
@@ -1897,6 +1913,27 @@ async def refused(
         await load(target, account_id, lines, **options)
     async with target.pool.acquire() as conn:
         assert await digests(conn, but=("service_processes",)) == before
+
+
+async def test_a_line_with_more_than_its_type_and_row_is_refused_writing_nothing(
+    state, admin, second
+):
+    """A line holds its type and its row, as the export writes it: one with more (an edited
+    file, or a format that says more of a row) is refused by its line, as a row with a column
+    this deployment lacks is, rather than imported without what it said."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    at = next(i for i, x in enumerate(lines) if json.loads(x)["type"] == "memory")
+    line = json.loads(lines[at])
+    line["deleted"] = True
+    edited = [*lines[:at], json.dumps(line), *lines[at + 1 :]]
+    await refused(
+        second,
+        target_admin.account_id,
+        edited,
+        f"line {at + 1} holds more than its type and row \\(deleted\\)",
+    )
 
 
 async def test_a_row_refused_writes_nothing_of_the_rows_before_it(state, admin, second):

@@ -22,6 +22,7 @@ from app.errors import Conflict, NotFound
 from app.executions import erasure_store, store
 from app.executions.service import Execution
 from app.history import store as history_store
+from app.scope import check_session_id
 from app.text import check_storable
 
 ERASE_SESSION = (("DELETE", resources.EXECUTION_DOCUMENT),)
@@ -41,6 +42,7 @@ async def erase_session(
 ) -> Erased:
     caller.require(*ERASE_SESSION)
     check_storable(session_id, "sessionId")
+    check_session_id(session_id, stored=True)  # (one no session can have is no session's)
     async with pool.acquire() as conn, conn.transaction():
         action = await load_action(conn, caller.account_id, action_id)
         if action is None:

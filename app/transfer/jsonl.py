@@ -401,4 +401,12 @@ def _parse(line: str, number: int) -> tuple[str, dict[str, Any], bool]:
         raise BadInput(f"line {number} is not an exported row (a type among {known})")
     if not isinstance(item.get("row"), dict):
         raise BadInput(f"line {number} has no row")
+    if len(item) > 2:
+        # What a line says besides its row would not be imported (an edited file, or a format
+        # that says more of a row): refused, as a column this deployment lacks is.
+        more = ", ".join(shown(k, 40) for k in item if k not in ("type", "row"))
+        raise BadInput(
+            f"line {number} holds more than its type and row ({more}): the file was edited, "
+            "or written by another Engram; import it into one at least as new"
+        )
     return item["type"], item["row"], overflowed

@@ -292,7 +292,7 @@ async def _write_file(
                 was = next(checked, None)
                 if was is None or was[2] != batch.digest:
                     raise _changed(batch.rows[0][1], batch.rows[-1][1])
-                await importer.submit(batch.table, [row for row, _ in batch.rows])
+                await importer.submit(batch.table, batch.rows)
         rest = next(checked, None)
         if rest is not None:  # (cut short where a batch ended)
             raise _changed(rest[0], rest[1])
@@ -369,6 +369,13 @@ def _uuid(value: Any) -> int | str:
         return UUID(value).int
     except ValueError:
         return value
+
+
+def _same(column: str, value: Any, key: Any) -> bool:
+    """Whether a row's `value` of a key column is `key`, as the database returned it."""
+    if column in _UUID_KEYS:
+        return _uuid(value) == _uuid(str(key))
+    return value == key
 
 
 # Each type's place in TABLES, the order of an export's rows.
@@ -789,7 +796,8 @@ class _Importer:
     _running: list[asyncio.Task[None]] = field(default_factory=list)
     _writing: Table | None = None  # the table of the batches running
 
-    async def submit(self, table: Table, rows: list[dict[str, Any]]) -> None:
+    async def submit(self, table: Table, numbered: list[tuple[dict[str, Any], int]]) -> None:
+        """Writes the rows (each with its line's number) once those before them are."""
         if table is not self._writing or table.name != "agent_memories":
             await self.drain()
         while len(self._running) >= self.PARALLEL:
@@ -802,7 +810,8 @@ class _Importer:
                 await self.drain()
             self._running = [t for t in self._running if not t.done()]
         self._writing = table
-        self._running.append(asyncio.create_task(self.write(table, rows)))
+        rows, numbers = [row for row, _ in numbered], [number for _, number in numbered]
+        self._running.append(asyncio.create_task(self.write(table, rows, numbers)))
 
     async def drain(self) -> None:
         """Waits for the batches written, in order: the first that failed raises its error
@@ -817,7 +826,18 @@ class _Importer:
         await asyncio.gather(*self._running, return_exceptions=True)
         self._running = []
 
-    async def write(self, table: Table, rows: list[dict[str, Any]]) -> None:
+    async def write(self, table: Table, rows: list[dict[str, Any]], numbers: list[int]) -> None:
+        """Writes a batch in one transaction; a refusal names the line of the row it is about
+        (`numbers`: each row's), or the batch's lines when PostgreSQL says of no one row."""
+        first, last = numbers[0], numbers[-1]
+        lines = f"line {first}: " if first == last else f"lines {first} to {last}: "
+
+        def line(key: dict[str, Any]) -> str:
+            for row, number in zip(rows, numbers, strict=True):
+                if all(_same(k, row.get(k), v) for k, v in key.items()):
+                    return f"line {number}: "
+            return lines
+
         row_columns = list(rows[0])
         if table.name == "agent_memories":
             await self._embed(rows)
@@ -836,25 +856,26 @@ class _Importer:
                             # A record's current version is among its versions (which the file
                             # holds before the records): else its `history` would be empty.
                             raise BadInput(
+                                f"{line({'memory_id': written.unversioned})}"
                                 f"memory {written.unversioned} has no row for its current "
                                 "version in this export (the file is cut short or edited): "
                                 "nothing of its batch was imported"
                             )
             except Differs as e:
                 raise Conflict(
-                    f"{_NOUNS[table.name].format(**e.key)} already exists in account "
+                    f"{line(e.key)}{_NOUNS[table.name].format(**e.key)} already exists in account "
                     f"{self.account_id} with other content; nothing of it was changed (rows "
                     "before it were imported). Import into another account (--account), or "
                     "leave this agent out"
                 ) from None
             except asyncpg.UniqueViolationError as e:
                 raise Conflict(
-                    f"a {table.kind} row of this export clashes with a row of account "
+                    f"{lines}a {table.kind} row of this export clashes with a row of account "
                     f"{self.account_id}: {store.one_line(e)}"
                 ) from None
             except asyncpg.ForeignKeyViolationError as e:
                 raise BadInput(
-                    f"a {table.kind} row names a row this export does not hold (the file is "
+                    f"{lines}a {table.kind} row names a row this export does not hold (the file is "
                     f"cut short or edited): {store.one_line(e)}"
                 ) from None
             except (
@@ -863,7 +884,7 @@ class _Importer:
                 asyncpg.ProgramLimitExceededError,
             ) as e:
                 raise BadInput(
-                    f"a {table.kind} row of this export is not valid: {store.one_line(e)}"
+                    f"{lines}a {table.kind} row of this export is not valid: {store.one_line(e)}"
                 ) from None
         self.result.inserted += inserted
         self.result.present += present
