@@ -32,6 +32,7 @@ from app.auth.caller import Caller
 from app.auth.policies import ADMIN_POLICIES
 from app.executions import liveness_store
 from app.executions import store as executions_store
+from app.idempotency.keys import MAX_KEY_LENGTH
 from app.runtime.calls import WHEN_TO_USE
 from app.runtime.tools import tool_schemas
 from app.state import AppState
@@ -50,6 +51,7 @@ FULL_TOOLS = memory_harness(
     kinds=["fact", "preference"],
     labels={"customer_id": {"number": 5, "description": "The customer it is about."}},
 )
+HELLO = {"role": "user", "content": "Hello"}
 EXECUTION_QUERY = """query($e: UUID!) { execution(executionId: $e) {
     executionId kind status preview sessionId input output error
     transcript(first: 50) { nodes { type data } } } }"""
@@ -99,7 +101,37 @@ async def test_mcp_offers_the_tools_of_the_agents_harness(
         assert (await session.list_tools()).tools == []
         # A tool the harness does not offer is refused with the native tools' message.
         error = await refused(session, "search_memory", query="x")
-    assert error == {"error": "search_memory is not available: this agent's memory is not enabled"}
+        assert error == {
+            "error": "search_memory is not available: this agent's memory is not enabled"
+        }
+        # remember_conversation too says why it is not there, not that no such tool exists;
+        # a name that is no tool lists the tools offered: none.
+        off = await refused(session, "remember_conversation", messages=[HELLO])
+        assert "has no long-term memory (harness.memory.enabled is false)" in off["error"]
+        unknown = await refused(session, "no_such_tool")
+        assert unknown["error"].endswith("your tools are: none"), unknown
+
+
+async def test_mcp_remember_conversation_schema_states_the_bounds_it_enforces(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """What the schema allows is accepted, and what it refuses is refused: the key is 1 to
+    MAX_KEY_LENGTH characters and a message's content is not empty."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    token = await token_for(state, admin, "agent-runner", *AGENT_POLICIES)
+    async with mcp_session(mcp_url(base_url, action_id), token) as session:
+        (tool,) = [t for t in (await session.list_tools()).tools if t.name.startswith("remember")]
+        key = tool.input_schema["properties"]["idempotencyKey"]
+        assert (key["minLength"], key["maxLength"]) == (1, MAX_KEY_LENGTH)
+        content = tool.input_schema["properties"]["messages"]["items"]["properties"]["content"]
+        assert content["minLength"] == 1
+        for bad, said in [
+            ({"idempotencyKey": "k" * (MAX_KEY_LENGTH + 1)}, f"1 to {MAX_KEY_LENGTH} characters"),
+            ({"idempotencyKey": ""}, f"1 to {MAX_KEY_LENGTH} characters"),
+            ({"messages": [{"role": "user", "content": ""}]}, "content must be non-empty"),
+        ]:
+            error = await refused(session, "remember_conversation", **{"messages": [HELLO], **bad})
+            assert said in error["error"] and error["code"] == "BAD_REQUEST", error
 
 
 async def test_h6_h15_mcp_offers_search_history_of_the_named_session(

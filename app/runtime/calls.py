@@ -35,7 +35,7 @@ from app.executions.service import Execution
 from app.history import keeping
 from app.history.service import READ_HISTORY
 from app.history.store import Scope
-from app.idempotency.keys import Duplicate, Key, key_for
+from app.idempotency.keys import MAX_KEY_LENGTH, Duplicate, Key, key_for
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork
 from app.runtime import deadline, liveness, redaction, turns
@@ -210,7 +210,9 @@ REMEMBER_CONVERSATION_TOOL: dict[str, Any] = {
                             "role": {"type": "string", "enum": list(ROLES)},
                             "content": {
                                 "type": "string",
-                                "description": f"At most {MAX_MESSAGE_BYTES} bytes.",
+                                "minLength": 1,
+                                "description": f"Not blank; at most {MAX_MESSAGE_BYTES} bytes, "
+                                f"and the messages together at most {MAX_CONVERSATION_BYTES}.",
                             },
                             "time": {
                                 "type": "string",
@@ -224,6 +226,8 @@ REMEMBER_CONVERSATION_TOOL: dict[str, Any] = {
                 },
                 "idempotencyKey": {
                     "type": "string",
+                    "minLength": 1,
+                    "maxLength": MAX_KEY_LENGTH,
                     "description": "Sent again with the same messages, answers with the first "
                     "call's result instead of remembering them twice.",
                 },
@@ -385,11 +389,12 @@ async def call_tool(
     if name in offered:
         pins = action.harness.memory.pinned_max_tokens is not None
         caller.require(*tool_grants(name, arguments, pins))
-    elif name not in (*NATIVE_TOOLS, SEARCH_HISTORY):
+    elif name not in (*NATIVE_TOOLS, SEARCH_HISTORY, REMEMBER_CONVERSATION):
         raise BadInput(
-            f"there is no tool named {shown(name)}; your tools are: {', '.join(offered)}"
+            f"there is no tool named {shown(name)}; your tools are: {', '.join(offered) or 'none'}"
         )
-    # else a native tool this agent does not offer: refused by the tool, as its model reads it.
+    # else a native tool this agent does not offer: refused by the tool, as its model reads it;
+    # remember_conversation, by remember_conversation (saying the agent's memory is off).
     if name == REMEMBER_CONVERSATION:
         return await _remember_over_mcp(state, caller, place, client, arguments)
     run = await _start(
