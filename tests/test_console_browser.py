@@ -1282,6 +1282,39 @@ async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_
         await expect(listing.get_by_text("The shop closes on Sundays")).to_have_count(0)
 
 
+
+async def test_a_label_value_without_its_label_is_said_not_listed_unfiltered(db_url, embedder):
+    """A value typed with no label to hold it filters nothing: the Label field says so, and the
+    listing stays as it was, not all records shown as if the value had filtered them."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        admin(ADD, a=agent, i={"summary": "Customer c-7 pays by card", "kind": "fact"})
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        rows = listing.locator("tbody tr")
+        await page.get_by_label("Kind").fill("fact")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(rows).to_have_count(2)
+
+        await page.get_by_label("Kind").fill("")
+        await page.get_by_label("Label value").fill("c-42")
+        await page.get_by_role("button", name="Apply filters").click()
+        label = page.get_by_label("Label", exact=True)
+        error = page.locator("#" + await label.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("Name the label that holds this value")
+        await expect(label).to_be_focused()
+        await expect(rows).to_have_count(2)  # still the records of kind fact, as the page said
+
+        # Named, it filters, and the note goes.
+        await label.fill("customer_id")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(rows).to_have_count(3)
+        await expect(rows.filter(has_text="Customer c-7 pays by card")).to_have_count(0)
+        await expect(error).to_be_hidden()
+
 ACTIONS_NAMED = "{ actions(first: 100) { nodes { actionId name version harness instructions } } }"
 
 

@@ -595,8 +595,17 @@ async function memoriesView({ actionId, session = "" }) {
       if (mine === shownListing) append(listError, [problem(error)]);
     }
   }
+  const labelField = field("Label", labelName);
   const filterForm = h("form", { class: "card filters", onsubmit: async (e) => {
     e.preventDefault();
+    // A value alone filters nothing: said at the label, not listed as if it were applied.
+    const unnamed = labelValue.value !== "" && !labelName.value.trim();
+    labelField.showError(unnamed ? "Name the label that holds this value, or clear the value to list "
+      + "records whatever their labels." : "");
+    if (unnamed) {
+      labelName.focus();
+      return;
+    }
     filters = {
       kind: kind.value.trim() || null,
       labels: labelName.value.trim() ? [{ name: labelName.value.trim(), value: labelValue.value }] : null,
@@ -615,7 +624,7 @@ async function memoriesView({ actionId, session = "" }) {
     more.hidden = true;
     clear(listing.body);
     await load(null);
-  } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), field("Label", labelName),
+  } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), labelField,
     field("Label value", labelValue), field("Scope", scope), field("Session", sessionId), field("Status", status),
     field("Preview", preview)),
   h("button", { type: "submit" }, "Apply filters"));
