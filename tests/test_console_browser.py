@@ -516,6 +516,34 @@ SEARCHER = [
 ]
 
 
+async def test_a_token_expiry_past_the_year_9999_is_said_at_its_field(db_url, embedder):
+    """The browser's date field takes years past 9999, which no time the server holds reaches:
+    the field says so and no token is made, not "Something went wrong: RangeError"."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        auditor = page.locator("section.client", has=page.locator("h2", has_text="auditor"))
+        rows = auditor.locator("tbody tr")
+        await expect(rows).to_have_count(1)
+        expires = auditor.get_by_label("Expires (optional, your local time)")
+        await expires.fill("10000-01-01T00:00")
+        await auditor.get_by_role("button", name="Create token").click()
+        error = page.locator("#" + await expires.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("before the year 10000")
+        await expect(expires).to_be_focused()
+        await expect(auditor.locator(".error")).to_have_count(0)
+        await expect(rows).to_have_count(1)
+
+        # A date it holds makes the token, and the note goes.
+        await expires.fill("2999-01-01T00:00")
+        await auditor.get_by_role("button", name="Create token").click()
+        await expect(auditor.get_by_label("The new token")).to_be_visible()
+        await expect(rows).to_have_count(2)
+        await expect(error).to_be_hidden()
+
+
 async def test_a_searcher_may_search_and_caps_are_stated(db_url, embedder):
     from playwright.async_api import expect
 
@@ -1282,7 +1310,6 @@ async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_
         await expect(listing.get_by_text("The shop closes on Sundays")).to_have_count(0)
 
 
-
 async def test_a_label_value_without_its_label_is_said_not_listed_unfiltered(db_url, embedder):
     """A value typed with no label to hold it filters nothing: the Label field says so, and the
     listing stays as it was, not all records shown as if the value had filtered them."""
@@ -1314,6 +1341,7 @@ async def test_a_label_value_without_its_label_is_said_not_listed_unfiltered(db_
         await expect(rows).to_have_count(3)
         await expect(rows.filter(has_text="Customer c-7 pays by card")).to_have_count(0)
         await expect(error).to_be_hidden()
+
 
 ACTIONS_NAMED = "{ actions(first: 100) { nodes { actionId name version harness instructions } } }"
 

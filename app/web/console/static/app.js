@@ -1280,14 +1280,25 @@ function clientCard(c, { fresh = false } = {}) {
     fresh ? "Create its first token" : "Create token");
   if (can("createClientToken") && c.coveredByViewer) {
     const expires = h("input", { type: "datetime-local" });
+    const expiresField = field("Expires (optional, your local time)", expires);
     append(card, [h("form", { class: "inline", onsubmit: async (e) => {
       e.preventDefault();
       clear(shown);
       delete shown.dataset.tokenId;
+      // The browser takes years past 9999, which neither a Date nor the server holds: said here,
+      // not thrown as "RangeError: Invalid time value".
+      const at = expires.value ? new Date(expires.value) : null;
+      const unheld = at !== null && !(at.getUTCFullYear() <= 9999);
+      expiresField.showError(unheld ? "A token expires at a time before the year 10000 (UTC): pick an earlier "
+        + "date, or leave it empty for a token that does not expire." : "");
+      if (unheld) {
+        expires.focus();
+        return;
+      }
       try {
         const data = await gql(`mutation($p: String!, $a: UUID, $e: Timestamp) {
           createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires } }`,
-        { p: c.principal, a: c.accountId, e: expires.value ? new Date(expires.value).toISOString() : null });
+        { p: c.principal, a: c.accountId, e: at && at.toISOString() });
         const made = data.createClientToken;
         if (firstToken) firstToken.remove();
         issue.textContent = "Create token";
@@ -1303,8 +1314,7 @@ function clientCard(c, { fresh = false } = {}) {
       } catch (error) {
         append(shown, [problem(error)]);
       }
-    } }, field("Expires (optional, your local time)", expires),
-    issue), shown]);
+    } }, expiresField, issue), shown]);
   }
   return card;
 }
