@@ -642,6 +642,29 @@ async def test_a_searcher_may_search_and_caps_are_stated(db_url, embedder):
         await expect(results.locator("caption")).to_have_text("Search results for “espresso” (1)")
 
 
+async def test_a_blank_search_is_said_not_shown_as_results_scored_0(db_url, embedder):
+    """Spaces alone pass the field's `required`, and the server lists the newest records for a
+    blank query, each scored 0: the field says to type words, and no results are shown."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{seeded['agent']}/memories")
+        query = page.get_by_label("Search memories")
+        await query.fill("   ")
+        await query.press("Enter")
+        error = page.locator("#" + await query.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("Type the words to search for")
+        await expect(query).to_be_focused()
+        await expect(page.locator("caption", has_text="Search results")).to_have_count(0)
+
+        await query.fill("espresso")
+        await query.press("Enter")
+        results = page.locator("table", has=page.locator("caption", has_text="Search results"))
+        await expect(results.get_by_text("prefers espresso")).to_be_visible()
+        await expect(error).to_be_hidden()
+
+
 async def test_search_shows_more_results_a_page_at_a_time(db_url, embedder):
     """Memory search pages with searchMemories' cursor: "Show more results" appends the next
     page (the same query and mode), each record once, in the order one large page has them, and

@@ -514,8 +514,16 @@ function searchForm(actionId) {
       : `${shown} record${shown === 1 ? "" : "s"} matched.`;
   }
 
+  const queryField = field("Search memories", query);
   const form = h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
     e.preventDefault();
+    // Blank, the server lists the newest records, each scored 0: not results of a search.
+    const blank = !query.value.trim();
+    queryField.showError(blank ? "Type the words to search for: a blank query searches for nothing." : "");
+    if (blank) {
+      query.focus();
+      return;
+    }
     clear(results);
     found.textContent = "";
     const { table, body } = memoryTable("", "Score");
@@ -544,7 +552,7 @@ function searchForm(actionId) {
       query.value = "";
       query.focus();
     }, { class: "secondary" })]);
-  } }, field("Search memories", query), field("Mode", mode), h("button", { type: "submit" }, "Search"));
+  } }, queryField, field("Mode", mode), h("button", { type: "submit" }, "Search"));
   return [form, found, results];
 }
 
