@@ -516,6 +516,34 @@ SEARCHER = [
 ]
 
 
+async def test_a_token_expiry_past_the_year_9999_is_said_at_its_field(db_url, embedder):
+    """The browser's date field takes years past 9999, which no time the server holds reaches:
+    the field says so and no token is made, not "Something went wrong: RangeError"."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        auditor = page.locator("section.client", has=page.locator("h2", has_text="auditor"))
+        rows = auditor.locator("tbody tr")
+        await expect(rows).to_have_count(1)
+        expires = auditor.get_by_label("Expires (optional, your local time)")
+        await expires.fill("10000-01-01T00:00")
+        await auditor.get_by_role("button", name="Create token").click()
+        error = page.locator("#" + await expires.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("before the year 10000")
+        await expect(expires).to_be_focused()
+        await expect(auditor.locator(".error")).to_have_count(0)
+        await expect(rows).to_have_count(1)
+
+        # A date it holds makes the token, and the note goes.
+        await expires.fill("2999-01-01T00:00")
+        await auditor.get_by_role("button", name="Create token").click()
+        await expect(auditor.get_by_label("The new token")).to_be_visible()
+        await expect(rows).to_have_count(2)
+        await expect(error).to_be_hidden()
+
+
 async def test_a_searcher_may_search_and_caps_are_stated(db_url, embedder):
     from playwright.async_api import expect
 
@@ -612,6 +640,29 @@ async def test_a_searcher_may_search_and_caps_are_stated(db_url, embedder):
         await expect(results.locator("tbody tr")).to_have_count(1)
         await expect(found).to_have_text("1 record matched.")
         await expect(results.locator("caption")).to_have_text("Search results for “espresso” (1)")
+
+
+async def test_a_blank_search_is_said_not_shown_as_results_scored_0(db_url, embedder):
+    """Spaces alone pass the field's `required`, and the server lists the newest records for a
+    blank query, each scored 0: the field says to type words, and no results are shown."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{seeded['agent']}/memories")
+        query = page.get_by_label("Search memories")
+        await query.fill("   ")
+        await query.press("Enter")
+        error = page.locator("#" + await query.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("Type the words to search for")
+        await expect(query).to_be_focused()
+        await expect(page.locator("caption", has_text="Search results")).to_have_count(0)
+
+        await query.fill("espresso")
+        await query.press("Enter")
+        results = page.locator("table", has=page.locator("caption", has_text="Search results"))
+        await expect(results.get_by_text("prefers espresso")).to_be_visible()
+        await expect(error).to_be_hidden()
 
 
 async def test_search_shows_more_results_a_page_at_a_time(db_url, embedder):
@@ -1280,6 +1331,39 @@ async def test_the_memory_list_shows_each_records_session_and_filters_by_one(db_
         await expect(rows).to_have_count(len(in_s1))
         await expect(sessions).to_have_text(["s-1"] * len(in_s1))
         await expect(listing.get_by_text("The shop closes on Sundays")).to_have_count(0)
+
+
+async def test_a_label_value_without_its_label_is_said_not_listed_unfiltered(db_url, embedder):
+    """A value typed with no label to hold it filters nothing: the Label field says so, and the
+    listing stays as it was, not all records shown as if the value had filtered them."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin, agent = Api(url, ADMIN), seeded["agent"]
+        admin(ADD, a=agent, i={"summary": "Customer c-7 pays by card", "kind": "fact"})
+        await sign_in(page, url, ADMIN)
+        await page.goto(f"{url}/console/#/agents/{agent}/memories")
+        listing = page.locator("table", has=page.locator("caption", has_text="newest first"))
+        rows = listing.locator("tbody tr")
+        await page.get_by_label("Kind").fill("fact")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(rows).to_have_count(2)
+
+        await page.get_by_label("Kind").fill("")
+        await page.get_by_label("Label value").fill("c-42")
+        await page.get_by_role("button", name="Apply filters").click()
+        label = page.get_by_label("Label", exact=True)
+        error = page.locator("#" + await label.get_attribute("aria-describedby"))
+        await expect(error).to_contain_text("Name the label that holds this value")
+        await expect(label).to_be_focused()
+        await expect(rows).to_have_count(2)  # still the records of kind fact, as the page said
+
+        # Named, it filters, and the note goes.
+        await label.fill("customer_id")
+        await page.get_by_role("button", name="Apply filters").click()
+        await expect(rows).to_have_count(3)
+        await expect(rows.filter(has_text="Customer c-7 pays by card")).to_have_count(0)
+        await expect(error).to_be_hidden()
 
 
 ACTIONS_NAMED = "{ actions(first: 100) { nodes { actionId name version harness instructions } } }"

@@ -514,8 +514,16 @@ function searchForm(actionId) {
       : `${shown} record${shown === 1 ? "" : "s"} matched.`;
   }
 
+  const queryField = field("Search memories", query);
   const form = h("form", { class: "card inline", role: "search", onsubmit: async (e) => {
     e.preventDefault();
+    // Blank, the server lists the newest records, each scored 0: not results of a search.
+    const blank = !query.value.trim();
+    queryField.showError(blank ? "Type the words to search for: a blank query searches for nothing." : "");
+    if (blank) {
+      query.focus();
+      return;
+    }
     clear(results);
     found.textContent = "";
     const { table, body } = memoryTable("", "Score");
@@ -544,7 +552,7 @@ function searchForm(actionId) {
       query.value = "";
       query.focus();
     }, { class: "secondary" })]);
-  } }, field("Search memories", query), field("Mode", mode), h("button", { type: "submit" }, "Search"));
+  } }, queryField, field("Mode", mode), h("button", { type: "submit" }, "Search"));
   return [form, found, results];
 }
 
@@ -595,8 +603,17 @@ async function memoriesView({ actionId, session = "" }) {
       if (mine === shownListing) append(listError, [problem(error)]);
     }
   }
+  const labelField = field("Label", labelName);
   const filterForm = h("form", { class: "card filters", onsubmit: async (e) => {
     e.preventDefault();
+    // A value alone filters nothing: said at the label, not listed as if it were applied.
+    const unnamed = labelValue.value !== "" && !labelName.value.trim();
+    labelField.showError(unnamed ? "Name the label that holds this value, or clear the value to list "
+      + "records whatever their labels." : "");
+    if (unnamed) {
+      labelName.focus();
+      return;
+    }
     filters = {
       kind: kind.value.trim() || null,
       labels: labelName.value.trim() ? [{ name: labelName.value.trim(), value: labelValue.value }] : null,
@@ -615,7 +632,7 @@ async function memoriesView({ actionId, session = "" }) {
     more.hidden = true;
     clear(listing.body);
     await load(null);
-  } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), field("Label", labelName),
+  } }, h("h2", {}, "Filter"), h("div", { class: "row" }, field("Kind", kind), labelField,
     field("Label value", labelValue), field("Scope", scope), field("Session", sessionId), field("Status", status),
     field("Preview", preview)),
   h("button", { type: "submit" }, "Apply filters"));
@@ -1271,14 +1288,25 @@ function clientCard(c, { fresh = false } = {}) {
     fresh ? "Create its first token" : "Create token");
   if (can("createClientToken") && c.coveredByViewer) {
     const expires = h("input", { type: "datetime-local" });
+    const expiresField = field("Expires (optional, your local time)", expires);
     append(card, [h("form", { class: "inline", onsubmit: async (e) => {
       e.preventDefault();
       clear(shown);
       delete shown.dataset.tokenId;
+      // The browser takes years past 9999, which neither a Date nor the server holds: said here,
+      // not thrown as "RangeError: Invalid time value".
+      const at = expires.value ? new Date(expires.value) : null;
+      const unheld = at !== null && !(at.getUTCFullYear() <= 9999);
+      expiresField.showError(unheld ? "A token expires at a time before the year 10000 (UTC): pick an earlier "
+        + "date, or leave it empty for a token that does not expire." : "");
+      if (unheld) {
+        expires.focus();
+        return;
+      }
       try {
         const data = await gql(`mutation($p: String!, $a: UUID, $e: Timestamp) {
           createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires } }`,
-        { p: c.principal, a: c.accountId, e: expires.value ? new Date(expires.value).toISOString() : null });
+        { p: c.principal, a: c.accountId, e: at && at.toISOString() });
         const made = data.createClientToken;
         if (firstToken) firstToken.remove();
         issue.textContent = "Create token";
@@ -1294,8 +1322,7 @@ function clientCard(c, { fresh = false } = {}) {
       } catch (error) {
         append(shown, [problem(error)]);
       }
-    } }, field("Expires (optional, your local time)", expires),
-    issue), shown]);
+    } }, expiresField, issue), shown]);
   }
   return card;
 }
