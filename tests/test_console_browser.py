@@ -664,6 +664,14 @@ async def test_a_blank_search_is_said_not_shown_as_results_scored_0(db_url, embe
         await expect(results.get_by_text("prefers espresso")).to_be_visible()
         await expect(error).to_be_hidden()
 
+        # What was typed is shown as records are: a right-to-left override as its code point,
+        # which cannot reorder the caption.
+        await query.fill("espresso \u202eoffee")
+        await query.press("Enter")
+        caption = page.locator("caption", has_text="Search results")
+        await expect(caption).to_contain_text("U+202E")
+        assert "\u202e" not in await caption.inner_text()
+
 
 async def test_search_shows_more_results_a_page_at_a_time(db_url, embedder):
     """Memory search pages with searchMemories' cursor: "Show more results" appends the next

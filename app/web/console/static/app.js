@@ -508,7 +508,9 @@ function searchForm(actionId) {
     if (!shown) append(s.body, [h("tr", {}, h("td", { colspan: 6 }, "Nothing matched."))]);
     s.more.hidden = !pageInfo.hasNextPage;
     s.more.dataset.after = pageInfo.endCursor || "";
-    s.caption.textContent = `Search results for “${s.q}” (${pageInfo.hasNextPage ? `first ${shown}` : shown})`;
+    // What the operator typed, as records are shown: a character that disguises text as its code point.
+    clear(s.caption);
+    append(s.caption, [`Search results for “${s.q}” (${pageInfo.hasNextPage ? `first ${shown}` : shown})`]);
     found.textContent = pageInfo.hasNextPage
       ? `Showing the first ${shown} results; more matched: show more, or refine the query to narrow them.`
       : `${shown} record${shown === 1 ? "" : "s"} matched.`;
