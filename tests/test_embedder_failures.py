@@ -161,14 +161,11 @@ async def test_over_http_a_refusal_no_retry_mends_has_no_retry_after(
     assert "no such model" not in refusal["message"]
 
 
-@pytest.mark.parametrize("answered", [2, 4])
-async def test_m24_every_embedding_a_failed_review_made_is_recorded_as_usage(
+async def _review_whose_embedding_fails(
     remote: AppState, model_server: OpenAIServer, answered: int
-) -> None:
-    """After the recall's embedding, the review embeds its first candidate's neighbour search,
-    its second's, its first record, its second: the `answered`th embedding fails (the second
-    search's, or the second record's), and those made are still usage of purpose `embed` in
-    the transcript, as many tokens as the provider answered for."""
+) -> tuple[GQL, Caller, str, dict[str, Any]]:
+    """A turn of a new agent with memory whose review takes two candidates, its embeddings
+    answered `answered` times (the recall's first) before one fails: the turn committed."""
     async with remote.pool.acquire() as conn:
         account_id = await ensure_default_account(conn)
     admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
@@ -181,6 +178,20 @@ async def test_m24_every_embedding_a_failed_review_made_is_recorded_as_usage(
     model_server.fail_next(1, status=503, message="gone", path=EMBED)
     executed = await run(gql, admin, action_id, "My plan is Basic and I live in Oslo")
     assert executed["status"] == "SUCCEEDED", executed["error"]
+    return gql, admin, action_id, executed
+
+
+@pytest.mark.parametrize("answered", [2, 4])
+async def test_m24_every_embedding_a_failed_review_made_is_recorded_as_usage(
+    remote: AppState, model_server: OpenAIServer, answered: int
+) -> None:
+    """After the recall's embedding, the review embeds its first candidate's neighbour search,
+    its second's, its first record, its second: the `answered`th embedding fails (the second
+    search's, or the second record's), and those made are still usage of purpose `embed` in
+    the transcript, as many tokens as the provider answered for."""
+    gql, admin, action_id, executed = await _review_whose_embedding_fails(
+        remote, model_server, answered
+    )
     (review,) = events(executed, "memory.review")
     assert "embedding model failed" in review["error"]
 
@@ -201,18 +212,8 @@ async def test_a_review_that_fails_partway_keeps_none_of_its_records(
     """The review stages its first record, then the embedding of its second fails: the turn
     commits its answer, the review's event says why, and none of the review's records is kept
     (its messages wait for the next review whole, which would otherwise restate the first)."""
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    created = await gql(admin, CREATE, i={"name": "s", "harness": {"memory": {"enabled": True}}})
-    action_id = created.ok()["createAction"]["actionId"]
-    model_server.say("Noted.")
-    candidates(model_server, {"summary": "Ada's plan is Basic"}, {"summary": "Ada lives in Oslo"})
-    model_server.stall_next(4, 0.0, path=EMBED)  # the recall's, and the review's first record's
-    model_server.fail_next(1, status=503, message="gone", path=EMBED)
-    executed = await run(gql, admin, action_id, "My plan is Basic and I live in Oslo")
-    assert executed["status"] == "SUCCEEDED", executed["error"]
+    # The recall's, the review's two neighbour searches and its first record's answered.
+    gql, admin, action_id, executed = await _review_whose_embedding_fails(remote, model_server, 4)
     (review,) = events(executed, "memory.review")
     assert review["error"] == "the embedding model failed (logged by the service)"
     staged = [d for d in review["decisions"] if d.get("memoryId")]
