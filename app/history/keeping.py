@@ -93,11 +93,9 @@ def _parts(
         parts = partition.split(text)
         return parts, [[tool] if tool is not None else [] for _ in parts]
     words, calls = _words(data), _calls(data)
-    if who != "agent" or not calls:
-        return partition.split(text), [[] for _ in partition.split(text)]
-    named = [c["name"] for c in data["toolCalls"] if isinstance(c.get("name"), str)]
-    if set(named).isdisjoint(apart):
-        parts = partition.split(text)
+    named = [c["name"] for c in data.get("toolCalls") or [] if isinstance(c.get("name"), str)]
+    if who != "agent" or set(named).isdisjoint(apart):
+        parts = partition.split(text)  # (a user's message, or a reply calling no tool: none)
         return parts, [named for _ in parts]
     said = partition.split(storable(words[0])) if words and words[0].strip() else []
     called = partition.split(storable("\n".join(calls)))
