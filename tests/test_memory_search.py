@@ -452,6 +452,30 @@ query ($actionId: UUID!, $text: String, $mode: ActionAgentMemorySearchMode, $kin
 """
 
 
+async def test_m38_search_memories_with_an_empty_ids_finds_none_as_its_description_says(
+    state: AppState, admin: Caller, gql: Any
+) -> None:
+    """`ids: []` over GraphQL names no record, so finds none, ranked or listed; null, or no
+    `ids`, filters by no ID. Its description says so, and that the agent's search_memory tool
+    reads [] as left out (models send [] for an array they leave empty)."""
+    agent = await make_search_agent(state, admin)
+    lisbon = await agent.add("The office moved to Lisbon")
+    for text in ("Lisbon", None):
+        for ids, found in (([], []), (None, [str(lisbon)])):
+            result = await gql(
+                admin, SEARCH_QUERY, actionId=str(agent.action_id), text=text, ids=ids, first=5
+            )
+            edges = result.ok()["action"]["searchMemories"]["edges"]
+            assert [e["node"]["memoryId"] for e in edges] == found, (text, ids)
+    described = await gql(
+        admin, '{ __type(name: "Action") { fields { name args { name description } } } }'
+    )
+    (search,) = [f for f in described.ok()["__type"]["fields"] if f["name"] == "searchMemories"]
+    (ids,) = [a["description"] for a in search["args"] if a["name"] == "ids"]
+    assert "an empty list finds none, where null (or leaving it out) filters by no ID" in ids
+    assert "search_memory tool reads an empty ids as left out" in ids
+
+
 async def test_m37_a_label_filter_no_record_can_hold_is_bad_request(
     state: AppState, admin: Caller, gql: Any
 ) -> None:

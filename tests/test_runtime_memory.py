@@ -864,6 +864,11 @@ async def test_m38_an_empty_ids_list_counts_as_not_given(
     assert executed["status"] == "SUCCEEDED", executed["error"]
     (found,) = [r for r in tool_runs(executed, "search_memory") if not r["input"].get("recall")]
     assert [r["id"] for r in found["output"]["records"]] == [leeds]
+    # The schema the model reads says so (an operator's searchMemories(ids: []) finds none).
+    (searching, *_) = chat(model_server)
+    (tool,) = [t for t in searching.body["tools"] if t["function"]["name"] == "search_memory"]
+    ids = tool["function"]["parameters"]["properties"]["ids"]
+    assert ids["description"].endswith("an empty list is the same as leaving ids out."), ids
 
 
 async def test_m37_m43_m44_m46_labels_read_and_delete_through_the_tools(

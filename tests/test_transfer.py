@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 import pytest
 from factories import (
+    LABELS,
     assert_pinned_lists_kept,
     full_memory,
     make_agent,
@@ -3411,3 +3412,111 @@ async def test_a_record_whose_metadata_holds_large_numbers_imports(state, admin,
     )
     await load(second, target_admin.account_id, lines)
     assert await reads(GQL(second), target_admin, agent.action_id) == before
+
+
+def labelled_versions(lines: list[str], harness_labels: dict[str, Any]) -> list[str]:
+    """The export's lines with the agent's last version declaring `harness_labels`."""
+    index = max(i for i, line in enumerate(lines) if json.loads(line)["type"] == "action_version")
+    harness = json.loads(lines[index])["row"]["harness"]
+    harness["memory"]["labels"] = harness_labels
+    return edited(lines, index, harness=harness)
+
+
+async def test_m36_an_agent_version_dropping_or_renumbering_a_label_is_refused(
+    state, admin, second
+):
+    # A version that drops a label, or gives its number another name, was imported: the
+    # records written under the earlier version then read their customer_id as order_id, and
+    # no `updateAction` could restore it (each version is checked against the one before).
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    last = max(i for i, line in enumerate(lines) if json.loads(line)["type"] == "action_version")
+    ticket = LABELS["ticket"]
+    for labels, said in [
+        (
+            {"customer_id": {"number": 9, "description": "d"}, "ticket": ticket},
+            "harness.memory.labels.customer_id.number: an earlier version declares this label "
+            "with number 5; it cannot change to 9",
+        ),
+        (
+            {"order_id": {"number": 5, "description": "An order."}, "ticket": ticket},
+            "harness.memory.labels.customer_id: an earlier version declares this label "
+            "\\(number 5\\); later versions must keep it with the same number",
+        ),
+    ]:
+        await refused(
+            second,
+            target_admin.account_id,
+            labelled_versions(lines, labels),
+            f"line {last + 1}: its action_version row is not valid \\({said}; the earlier "
+            "version is 1, this row's is 2\\)",
+        )
+    # Adding a label is what a later version may do.
+    added = {**LABELS, "order_id": {"number": 9, "description": "An order."}}
+    await load(second, target_admin.account_id, labelled_versions(lines, added))
+
+
+async def test_m36_a_record_label_its_agent_version_does_not_declare_is_refused(
+    state, admin, second
+):
+    # A record holding label 9, which its agent never declared, was imported: its label read
+    # with no name, and a review correcting it was refused ("label 9 is not declared").
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    for kind in ("memory_version", "memory"):
+        index = first(lines, kind)
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, labels={"5": "c-1", "9": "x"}),
+            f"line {index + 1}: its {kind} row is not valid \\(labels.9: version 1 of the agent, "
+            "which wrote it, declares no label number 9; its labels are customer_id \\(number "
+            "5\\), ticket \\(number 7\\)\\)",
+        )
+    # "05" and "５" read as label 5, but a search filtered on label 5 never found the record.
+    index = first(lines, "memory")
+    for key in ("05", "\uff15"):
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, labels={key: "c-1"}),
+            f"line {index + 1}: its memory row is not valid \\(labels are not text values by "
+            "label number",
+        )
+
+
+async def test_m36_a_record_whose_versions_differ_in_labels_is_refused(state, admin, second):
+    # The API writes a record's labels once: versions with other labels were imported, and its
+    # `history` showed labels the record never had.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    rows = [(i, json.loads(line)) for i, line in enumerate(lines)]
+    versions = [(i, item["row"]) for i, item in rows if item["type"] == "memory_version"]
+    labelled = next(row["memory_id"] for _, row in versions if row["labels"])
+    plain = next(
+        row["memory_id"] for _, row in versions if not row["labels"] and row["version"] > 1
+    )
+    (one, two) = [i for i, row in versions if row["memory_id"] == labelled]
+    current = next(
+        i for i, item in rows if item["type"] == "memory" and item["row"]["memory_id"] == labelled
+    )
+    for index, labels in [(two, {"5": "c-2"}), (two, {}), (current, {"5": "c-1", "7": "t-1"})]:
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, labels=labels),
+            f"line {index + 1}: its {rows[index][1]['type']} row is not valid \\(its labels are "
+            f"not those of line {one + 1}, a row of the same record {labelled}: a record keeps "
+            "its labels in every version\\)",
+        )
+    later = next(i for i, row in versions if row["memory_id"] == plain and row["version"] > 1)
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, later, labels={"7": "t-1"}),
+        f"line {later + 1}: its memory_version row is not valid \\(it has labels, where the rows "
+        f"of record {plain} before it have none",
+    )

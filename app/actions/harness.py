@@ -237,24 +237,30 @@ def _fail(path: str, message: str) -> BadInput:
     return BadInput(f"harness.{path}: {message}")
 
 
+def check_labels_kept(previous: MemoryConfig, memory: MemoryConfig) -> None:
+    """A later version (`memory`) keeps every label an earlier one declares, with its number
+    (M36); it may add labels."""
+    for label in previous.labels:
+        kept = memory.label(label.name)
+        if kept is None:
+            raise _fail(
+                f"memory.labels.{label.name}",
+                f"an earlier version declares this label (number {label.number}); "
+                "later versions must keep it with the same number",
+            )
+        if kept.number != label.number:
+            raise _fail(
+                f"memory.labels.{label.name}.number",
+                f"an earlier version declares this label with number {label.number}; "
+                f"it cannot change to {kept.number}",
+            )
+
+
 def parse_harness(value: Any, previous: Harness | None = None) -> Harness:
     """Validates a harness; `previous` is the agent's prior version, whose labels must stay."""
     shape = parse(_HarnessShape, value, "harness")
     memory = _memory(shape.memory)
     if previous is not None:
-        for label in previous.memory.labels:
-            kept = memory.label(label.name)
-            if kept is None:
-                raise _fail(
-                    f"memory.labels.{label.name}",
-                    f"an earlier version declares this label (number {label.number}); "
-                    "later versions must keep it with the same number",
-                )
-            if kept.number != label.number:
-                raise _fail(
-                    f"memory.labels.{label.name}.number",
-                    f"an earlier version declares this label with number {label.number}; "
-                    f"it cannot change to {kept.number}",
-                )
+        check_labels_kept(previous.memory, memory)
     history = HistoryConfig(shape.history.index) if shape.history else None
     return Harness(memory, history, shape.model_dump(mode="json", exclude_none=True))

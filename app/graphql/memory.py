@@ -469,7 +469,12 @@ class ActionMemoryFields:
         ] = None,
         ids: Annotated[
             list[UUID] | None,
-            strawberry.argument(description="Only these records (at most 1,000), read by ID."),
+            strawberry.argument(
+                description="Only these records (at most 1,000), read by ID: an empty list "
+                "finds none, where null (or leaving it out) filters by no ID. (The agent's "
+                "search_memory tool reads an empty ids as left out: models send [] for an array "
+                "they leave empty.)"
+            ),
         ] = None,
         first: Annotated[
             int,

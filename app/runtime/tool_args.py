@@ -128,7 +128,9 @@ class SearchMemory(Arguments):
         default_factory=dict, description="Only records with these label values."
     )
     ids: Annotated[list[UUID] | None, BeforeValidator(_ids(MAX_IDS, "record"))] = Field(
-        None, max_length=MAX_IDS, description="Read these records by ID."
+        None,
+        max_length=MAX_IDS,
+        description="Read these records by ID; an empty list is the same as leaving ids out.",
     )
     limit: Integer(1, MAX_SEARCH_LIMIT, got=False) = Field(  # type: ignore[valid-type]
         None, description="How many records (default {default})."

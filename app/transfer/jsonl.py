@@ -168,6 +168,11 @@ _WORDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# A record's label values are keyed by number as the API writes them: "5", never "05" or "５"
+# (each read as 5, but a filter on the label, which looks for "5", never found the record).
+_LABEL_KEYS = frozenset(str(number) for number in LABEL_NUMBERS)
+
+
 # The columns that name a principal (who wrote an agent's version, ran an execution, wrote a
 # record's version), which the API names as it names a client's (`check_principal`).
 _PRINCIPALS: dict[str, tuple[str, ...]] = {
@@ -265,11 +270,7 @@ def _check_row(
         if kind in ("memory", "memory_version"):
             labels = row.get("labels")
             if not isinstance(labels, dict) or not all(
-                key.isascii()  # "５" is a digit to Python, not the key "5" reads find
-                and key.isdigit()
-                and int(key) in LABEL_NUMBERS
-                and isinstance(value, str)
-                for key, value in labels.items()
+                key in _LABEL_KEYS and isinstance(value, str) for key, value in labels.items()
             ):
                 raise ValueError("labels are not text values by label number (5 to 18)")
             for key, value in labels.items():

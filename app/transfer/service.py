@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import re
 import sys
@@ -37,6 +38,7 @@ from uuid import UUID
 
 import asyncpg
 
+from app.actions.harness import MemoryConfig, check_labels_kept, parse_harness
 from app.auth.service import default_account, ensure_default_account
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder, vector_fault
@@ -410,6 +412,11 @@ class _Across:
     # The versions of the agent that executions and records name, each with the first line
     # naming it (a few: every row of a version names it).
     named_versions: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # The labels each version of the agent declares, with its row's line; and a record's
+    # labels, which never change across its versions, where its first row has any: their
+    # `hash` and that row's line (kept small: no record's labels themselves).
+    declared: dict[int, tuple[int, MemoryConfig]] = field(default_factory=dict)
+    labelled: dict[int | str, tuple[int, int]] = field(default_factory=dict)
     _agent_key: int | str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -442,6 +449,10 @@ class _Across:
             self.current = (row.get("current_version"), number)
         elif kind == "action_version":
             self.versions.add(row.get("version"))
+            if isinstance(version := row.get("version"), int):
+                harness = row.get("harness")  # (the row's check parsed it: valid)
+                parsed = parse_harness(json.loads(harness) if isinstance(harness, str) else harness)
+                self.declared[version] = (number, parsed.memory)
         elif kind == "execution":
             self.executions.add(_uuid(row.get("execution_id")))
         elif kind == "transcript_event":
@@ -467,8 +478,10 @@ class _Across:
         return _id(value) if isinstance(value, str) else sys.intern(str(value))
 
     def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
+        memory_id = _uuid(row.get("memory_id"))
+        self._labels(kind, row, number, memory_id, seen=memory_id in self.latest)
         if kind == "memory_version":
-            memory_id, version = _uuid(row.get("memory_id")), row.get("version")
+            version = row.get("version")
             self.held.add((memory_id, version))
             if isinstance(version, int):
                 self.latest[memory_id] = max(version, self.latest.get(memory_id, version))
@@ -490,6 +503,43 @@ class _Across:
                     f"{earlier} does: a record has one successor, and one preview record naming "
                     "it)"
                 )
+
+    def _labels(
+        self, kind: str, row: dict[str, Any], number: int, memory_id: int | str, *, seen: bool
+    ) -> None:
+        """A record's labels (by number, as the row's check found them) are labels the agent
+        version that wrote it declares, and the same in every row of the record (M36): the API
+        writes a record's labels once, as its agent then declares them. (`seen`: whether a row
+        of the record came before this one.)"""
+        labels: dict[str, str] = row["labels"]
+        written_by = row.get("action_version")
+        if isinstance(written_by, int) and written_by in self.declared:
+            memory = self.declared[written_by][1]
+            for key in labels:
+                if memory.label(int(key)) is None:
+                    declared = ", ".join(f"{d.name} (number {d.number})" for d in memory.labels)
+                    raise BadInput(
+                        f"line {number}: its {kind} row is not valid (labels.{key}: version "
+                        f"{written_by} of the agent, which wrote it, declares no label number "
+                        f"{key}; "
+                        + (f"its labels are {declared})" if declared else "it declares none)")
+                    )
+        mark = hash(frozenset(labels.items())) if labels else None
+        first = self.labelled.get(memory_id)
+        if not seen:
+            if mark is not None:
+                self.labelled[memory_id] = (mark, number)
+        elif (first[0] if first else None) != mark:
+            record = jsonl.shown(row["memory_id"])
+            differs = (
+                f"its labels are not those of line {first[1]}, a row of the same record {record}"
+                if first
+                else f"it has labels, where the rows of record {record} before it have none"
+            )
+            raise BadInput(
+                f"line {number}: its {kind} row is not valid ({differs}: a record keeps its "
+                "labels in every version)"
+            )
 
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
         """After the batch's rows passed PostgreSQL's checks (so their columns are there)."""
@@ -515,6 +565,17 @@ class _Across:
         action_id: UUID,
         expected: dict[str, int],
     ) -> None:
+        # Each version keeps the labels of the one before it (M36), as `updateAction` holds it.
+        for (before, (_, earlier)), (version, (number, later)) in itertools.pairwise(
+            sorted(self.declared.items())
+        ):
+            try:
+                check_labels_kept(earlier, later)
+            except BadInput as e:
+                raise BadInput(
+                    f"line {number}: its action_version row is not valid ({e.message}; the "
+                    f"earlier version is {before}, this row's is {version})"
+                ) from None
         # A file cut short before all of the agent's versions imports what it holds.
         whole = len(self.versions) >= expected.get("action_version", 0)
         if self.current is not None and whole:
