@@ -1306,3 +1306,36 @@ async def test_m20_lowering_waits_for_one_lock_a_round_and_alters_no_lowered_ind
             assert await hnsw.lower(conn, names) == []
         assert altered == [sorted(names)[0]]
         assert await hnsw.lower(conn, names) == sorted(names)
+
+
+async def test_m20_a_round_whose_connection_the_server_ends_says_why(
+    state: AppState, db_url: str
+) -> None:
+    """The server ends the round's connection (pg_terminate_backend, a restart): the round fails
+    with the server's reason, which the service logs in one line; its lock went with the
+    session. Letting the lock go on that connection raised asyncpg's "connection has been
+    released back to the pool" instead, which was all the log said."""
+    holder = await asyncpg.connect(db_url)
+    try:
+        async with holder.transaction():
+            # The round's first write (`_record_round`) waits on this row.
+            await holder.execute(
+                "INSERT INTO deployment (key, value) VALUES ($1, '{}') "
+                "ON CONFLICT (key) DO UPDATE SET value = '{}'",
+                maintenance.ROUND_KEY,
+            )
+            running = asyncio.create_task(maintenance.run_round(state.pool, 30))
+            waiting = (
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO deployment%'"
+            )
+            await eventually(lambda: state.pool.fetchval(waiting), "the round waiting")
+            await holder.execute("SELECT pg_terminate_backend($1)", await holder.fetchval(waiting))
+            with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)) as ended:
+                await running
+    finally:
+        await holder.close()
+    assert "terminating connection due to administrator command" in str(ended.value)
+    held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    assert await state.pool.fetchval(held) == 0
+    assert await maintenance.run_round(state.pool, 30) is not None

@@ -32,6 +32,7 @@ in agent order again (`reorder`).
 """
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -571,7 +572,7 @@ class IndexBuilds:
                 await history_indexes.index_session(conn, key, cap)
             return True
         finally:
-            await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
+            await _unlock(conn)
 
     async def settle(self) -> None:
         """Waits for the checks and builds in flight (a command that wrote, before it ends)."""
@@ -600,6 +601,13 @@ def wrote(pool: asyncpg.Pool, key: Key, rows: int) -> None:
     builds = _BUILDS.get(pool)
     if builds is not None and rows > 0:
         builds.wrote(key, rows)
+
+
+async def _unlock(conn: asyncpg.Connection) -> None:
+    """Lets the round's lock go. A connection the server ended took it with its session: the
+    error that ended it, not this call's ("released back to the pool"), is the one to say."""
+    with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresConnectionError):
+        await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
 
 
 async def reorder(conn: asyncpg.Connection) -> None:
@@ -683,7 +691,7 @@ async def run_round(
             await _record_round(conn, finished=True)
             return done
         finally:
-            await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
+            await _unlock(conn)
 
 
 class SearchMaintenance:
