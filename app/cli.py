@@ -1226,7 +1226,8 @@ def parser() -> argparse.ArgumentParser:
     maintain.add_argument(
         "--reorder",
         action="store_true",
-        help="first store memory records in agent order again (locks the table while it runs)",
+        help="first store memory records in agent order again, once no round or index build "
+        "is running (locks the table while it runs)",
     )
 
     export = command(

@@ -1306,3 +1306,87 @@ async def test_m20_lowering_waits_for_one_lock_a_round_and_alters_no_lowered_ind
             assert await hnsw.lower(conn, names) == []
         assert altered == [sorted(names)[0]]
         assert await hnsw.lower(conn, names) == sorted(names)
+
+
+async def test_m20_a_round_whose_connection_the_server_ends_says_why(
+    state: AppState, db_url: str
+) -> None:
+    """The server ends the round's connection (pg_terminate_backend, a restart): the round fails
+    with the server's reason, which the service logs in one line; its lock went with the
+    session. Letting the lock go on that connection raised asyncpg's "connection has been
+    released back to the pool" instead, which was all the log said."""
+    holder = await asyncpg.connect(db_url)
+    try:
+        async with holder.transaction():
+            # The round's first write (`_record_round`) waits on this row.
+            await holder.execute(
+                "INSERT INTO deployment (key, value) VALUES ($1, '{}') "
+                "ON CONFLICT (key) DO UPDATE SET value = '{}'",
+                maintenance.ROUND_KEY,
+            )
+            running = asyncio.create_task(maintenance.run_round(state.pool, 30))
+            waiting = (
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO deployment%'"
+            )
+            await eventually(lambda: state.pool.fetchval(waiting), "the round waiting")
+            await holder.execute("SELECT pg_terminate_backend($1)", await holder.fetchval(waiting))
+            with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)) as ended:
+                await running
+    finally:
+        await holder.close()
+    assert "terminating connection due to administrator command" in str(ended.value)
+    held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    assert await state.pool.fetchval(held) == 0
+    assert await maintenance.run_round(state.pool, 30) is not None
+
+
+async def test_m20_reorder_waits_for_a_build_in_flight_and_holds_no_table_meanwhile(
+    state: AppState, admin: Caller, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`engram maintain-search --reorder` while a round (or a write's build) runs CREATE INDEX
+    CONCURRENTLY: its table lock, asked for then, was granted only once the build ended, and
+    every read and write of memory queued behind it meanwhile (minutes for a large agent; each
+    request CONFLICT at ENGRAM_LOCK_TIMEOUT_SECONDS). It waits for the round's lock instead,
+    asking between statements: a statement waiting for it would hold a snapshot the build waits
+    out (deadlock, one of them undone)."""
+    monkeypatch.setattr(maintenance, "REORDER_RETRY_SECONDS", 0.05)
+    agent, other = await make_search_agent(state, admin), await make_search_agent(state, admin)
+    ids = await fill(agent, 40)
+    await fill(other, 3)
+    writer = await asyncpg.connect(db_url)
+    reorderer = await asyncpg.connect(db_url)
+    try:
+        # An open write: the round's build waits for it (as for any older transaction).
+        await writer.execute("BEGIN")
+        await writer.execute(
+            "UPDATE agent_memories SET modified = modified WHERE memory_id = $1", ids[0]
+        )
+        running = asyncio.create_task(maintenance.run_round(state.pool, 30))
+        building = (
+            "SELECT count(*) > 0 FROM pg_stat_activity "
+            "WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"
+        )
+        await eventually(lambda: state.pool.fetchval(building), "a build in flight")
+        pid = await reorderer.fetchval("SELECT pg_backend_pid()")
+        reordering = asyncio.create_task(maintenance.reorder(reorderer))
+        asked = (
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1 AND (query LIKE "
+            "'%pg_try_advisory_lock%' OR (query LIKE 'LOCK TABLE%' AND wait_event_type = 'Lock'))"
+        )
+        await eventually(lambda: state.pool.fetchval(asked, pid), "the reorder waiting")
+        async with state.pool.acquire() as reader, reader.transaction():
+            # Another agent's records are read meanwhile, without waiting.
+            await reader.execute("SET LOCAL lock_timeout = '200ms'")
+            count = "SELECT count(*) FROM agent_memories WHERE action_id = $1"
+            assert await reader.fetchval(count, other.action_id) == 3
+        assert not reordering.done()
+        await writer.execute("COMMIT")
+        done = await asyncio.wait_for(running, 30)
+        await asyncio.wait_for(reordering, 30)
+    finally:
+        await writer.close()
+        await reorderer.close()
+    assert done is not None and done.failed == [] and len(done.built) == 2
+    held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    assert await state.pool.fetchval(held) == 0

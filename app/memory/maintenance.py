@@ -32,6 +32,7 @@ in agent order again (`reorder`).
 """
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -55,6 +56,8 @@ log = logging.getLogger(__name__)
 
 # The round's advisory lock: one process at a time runs a round or a build.
 ROUND_LOCK = "hashtext('engram.search_maintenance')"
+# How often `reorder` asks for the round's lock again while a round or a build holds it.
+REORDER_RETRY_SECONDS = 1.0
 # The `deployment` row that says which process ran the last round, when it started and when it
 # finished (null while it runs): several processes share a database, one round at a time.
 ROUND_KEY = "search_maintenance.round"
@@ -571,7 +574,7 @@ class IndexBuilds:
                 await history_indexes.index_session(conn, key, cap)
             return True
         finally:
-            await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
+            await _unlock(conn)
 
     async def settle(self) -> None:
         """Waits for the checks and builds in flight (a command that wrote, before it ends)."""
@@ -602,26 +605,61 @@ def wrote(pool: asyncpg.Pool, key: Key, rows: int) -> None:
         builds.wrote(key, rows)
 
 
+async def _unlock(conn: asyncpg.Connection) -> None:
+    """Lets the round's lock go. A connection the server ended took it with its session: the
+    error that ended it, not this call's ("released back to the pool"), is the one to say."""
+    with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresConnectionError):
+        await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
+
+
+async def _hold_round(conn: asyncpg.Connection) -> None:
+    """Takes the round's lock for the connection's session, once no round or build holds it.
+    Asked for again every REORDER_RETRY_SECONDS, never waited for in a statement: a waiting
+    statement holds a snapshot, which the build's CREATE INDEX CONCURRENTLY waits out while
+    its round holds the lock (deadlock, one of them undone)."""
+    session_changed(conn)
+    waiting = False
+    while not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
+        if not waiting:
+            waiting = True
+            log.info(
+                "reordering the memory records waits for the search maintenance in flight (a "
+                "round or an index build, maybe of another process); trying again every %g s",
+                REORDER_RETRY_SECONDS,
+            )
+        await asyncio.sleep(REORDER_RETRY_SECONDS)
+
+
 async def reorder(conn: asyncpg.Connection) -> None:
     """Rewrites agent_memories in agent order, so that an agent's records share pages (the
     exact plan reads a quarter of them, bench/README.md). Holds the table's lock while it
     runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible).
+
+    Waits first for a round or an index build in flight, and holds the round's lock until it
+    is done (`_hold_round`): the table's lock, asked for during CREATE INDEX CONCURRENTLY, is
+    granted only once the build has ended, and every read and write of memory queues behind
+    it meanwhile (minutes for a large agent).
 
     CLUSTER builds every index again with its options: agents' HNSW indexes are set back to
     the build's ef_construction for it, and lowered again after (as `hnsw.lower` does), in its
     transaction. The table is locked first, as CLUSTER alone did: a statement on it locks the
     table, then its indexes, and an index locked before the table deadlocks with one that comes
     between."""
-    async with conn.transaction():
-        await conn.execute("LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE")
-        names = [name for name in await _agent_index_states(conn) if name.startswith(_PREFIXES[0])]
-        for name in names:
-            await hnsw.set_ef_construction(conn, name, OPTIONS[0]["ef_construction"])
-        await conn.execute("CLUSTER agent_memories USING agent_memories_created")
-        for name in names:
-            await hnsw.note_built(conn, name)
-            await hnsw.set_ef_construction(conn, name, hnsw.INSERT_EF_CONSTRUCTION)
-    await conn.execute("VACUUM (ANALYZE) agent_memories")
+    await _hold_round(conn)
+    try:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE")
+            states = await _agent_index_states(conn)
+            names = [name for name in states if name.startswith(_PREFIXES[0])]
+            for name in names:
+                await hnsw.set_ef_construction(conn, name, OPTIONS[0]["ef_construction"])
+            await conn.execute("CLUSTER agent_memories USING agent_memories_created")
+            for name in names:
+                await hnsw.note_built(conn, name)
+                await hnsw.set_ef_construction(conn, name, hnsw.INSERT_EF_CONSTRUCTION)
+        await conn.execute("VACUUM (ANALYZE) agent_memories")
+    finally:
+        await _unlock(conn)
 
 
 async def _record_round(conn: asyncpg.Connection, *, finished: bool) -> None:
@@ -683,7 +721,7 @@ async def run_round(
             await _record_round(conn, finished=True)
             return done
         finally:
-            await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
+            await _unlock(conn)
 
 
 class SearchMaintenance:
