@@ -1,21 +1,25 @@
 """How a turn's end is told to operators: `engram_turns_total{status}` counts every turn that
 starts once, however it ends (answered, failed, cut short by its request's cancellation, or
-ended by the liveness sweep before it could record its own failure). The scripted model on
-loopback, the real database."""
+ended by the liveness sweep before it could record its own failure), and a turn failed by its
+model logs one WARNING line naming its execution, within its request's ID. The scripted model
+on loopback, the real database."""
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
-from factories import make_agent_id, memory_harness
+from factories import make_agent_id, memory_harness, token_for
 from helpers import GQL, eventually
 from openai_server import OpenAIServer
-from runtime_support import EXECUTE, run
+from runtime_support import EXECUTE, RUNNER_POLICIES, run
 
 from app.auth.caller import Caller
 from app.executions import liveness_store
+from app.observability.logs import RequestIdFilter
 from app.observability.metrics import Metrics, using
 from app.runtime import turns
 from app.runtime.model import ModelClient
@@ -165,3 +169,43 @@ async def test_an_attempt_swept_and_retried_while_it_ran_is_counted_failed_once(
     assert first.codes == ["CONFLICT"]
     assert retried["status"] == "SUCCEEDED"
     assert turns_counted(metrics) == {"FAILED": 1, "SUCCEEDED": 1}
+
+
+@pytest.mark.parametrize("status", [500, 400], ids=["failed", "refused"])
+async def test_a_turn_failed_by_its_model_logs_one_warning_within_its_request(
+    state: AppState, admin: Caller, base_url: str, model_server: OpenAIServer, caplog, status
+) -> None:
+    """The model server errs (a 5xx, retried; a 4xx, not): one WARNING naming the execution
+    and what failed (the model's address, the HTTP status), with the request's ID; not the
+    prompt, nor the server's own words, which may quote it (the execution's error keeps
+    them). It logged nothing."""
+    action_id = await make_agent_id(state, admin, harness=None)
+    token = await token_for(state, admin, "runner", *RUNNER_POLICIES)
+    model_server.chat_error(status, message="bad request: messages[0].content='the secret plan'")
+    caplog.handler.addFilter(RequestIdFilter())
+    with caplog.at_level(logging.INFO):
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+            answer = await http.post(
+                "/graphql",
+                json={
+                    "query": EXECUTE,
+                    "variables": {
+                        "input": {"actionId": action_id, "sessionId": "s1", "input": "the plan"}
+                    },
+                },
+                headers={"Authorization": f"Bearer {token}", "X-Request-ID": "turn-fails-1"},
+            )
+    executed = answer.json()["data"]["executeAction"]
+    assert executed["status"] == "FAILED", executed
+    assert "the secret plan" in executed["error"]  # the execution's error keeps them
+    warned = [
+        r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "app.runtime.turns"
+    ]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    (line,) = warned
+    said = line.getMessage()
+    assert line.levelno == logging.WARNING
+    assert executed["executionId"] in said
+    assert model_server.url in said and f"HTTP {status}" in said, said
+    assert "the plan" not in said and "secret" not in said, said
+    assert getattr(line, "request_id", None) == "turn-fails-1"

@@ -1132,7 +1132,9 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         log.warning("turn %s failed: %r", context.execution.execution_id, error)
     elif isinstance(error, deadline.TimedOut):
         log.warning("turn %s failed: %s", context.execution.execution_id, error.message)
-    elif not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
+    elif isinstance(error, ModelFailed):
+        log.warning("turn %s failed: %s", context.execution.execution_id, error.logged)
+    elif not isinstance(error, DomainError | asyncio.CancelledError):
         log.error("turn %s failed", context.execution.execution_id, exc_info=error)
     message = storable(_failure_message(error))
     transcript = context.transcript
