@@ -33,11 +33,15 @@ MAX_BACKOFF_SECONDS = 30.0
 
 
 class Transient(Exception):
-    """A failure worth retrying; its message is what to tell if the retries run out."""
+    """A failure worth retrying; its message is what to tell if the retries run out. `status`:
+    the HTTP status of an answer (None: no answer, a transport error)."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None = None, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.status = status
 
 
 def times(attempts: int) -> str:
@@ -205,7 +209,9 @@ async def _post(
         raise Transient(without_credential(f"{type(e).__name__}: {e}", sent)) from e
     if response.status_code in retried_4xx or response.status_code >= 500:
         raise Transient(
-            f"HTTP {response.status_code}: {server_message(response)}", _retry_after(response)
+            f"HTTP {response.status_code}: {server_message(response)}",
+            _retry_after(response),
+            response.status_code,
         )
     return response
 

@@ -3,7 +3,7 @@
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -11,6 +11,7 @@ from cross_web import HTTPException
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 from strawberry.asgi import GraphQL
 from strawberry.http import GraphQLHTTPResponse
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 def _error(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     body = {"data": None, "errors": [{"message": message, "extensions": {"code": code}}]}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -99,6 +100,31 @@ def _once_started(
         return await handler(request, state)
 
     return route
+
+
+# What a 405 on /graphql says to send instead.
+_GRAPHQL_METHODS = (
+    '/graphql takes POST (a GraphQL request as application/json, {"query": ..., "variables":'
+    " {...}}) and GET (GraphiQL, in a browser)"
+)
+
+
+async def _not_served(request: Request, error: Exception) -> Response:
+    """Starlette's refusals (an address nothing serves, a method an address does not take) in
+    the error shape of the service's other refusals, not FastAPI's `{"detail": ...}`."""
+    assert isinstance(error, StarletteHTTPException)  # the only class it is registered for
+    if error.status_code == 404:
+        return _error(404, "NOT_FOUND", "nothing is served at this address: GraphQL is at /graphql")
+    if error.status_code == 405:
+        allow = (error.headers or {}).get("Allow", "")
+        words = (
+            _GRAPHQL_METHODS
+            if request.url.path == "/graphql"
+            else f"this address takes {allow} only"
+        )
+        return _error(405, "BAD_REQUEST", words, {"Allow": allow})
+    code = "BAD_REQUEST" if error.status_code < 500 else "INTERNAL"
+    return _error(error.status_code, code, error.detail, error.headers)
 
 
 def _has_code(data: object, code: str) -> bool:
@@ -221,6 +247,10 @@ class _GraphQL(GraphQL[Context, None]):
     async def run(  # type: ignore[override]
         self, request: Request, context: Context = UNSET, root_value: None = UNSET
     ) -> Response:
+        if request.method == "HEAD":
+            # As GET, which strawberry alone takes (the ASGI server sends no body for HEAD):
+            # the route's Allow names HEAD with GET, as Starlette lists it.
+            request = Request({**request.scope, "method": "GET"}, request.receive)
         try:
             return await super().run(request, context, root_value)
         except HTTPException as e:
@@ -379,6 +409,8 @@ def create_app(
         return _error(500, "INTERNAL", INTERNAL_MESSAGE)
 
     app.add_exception_handler(Exception, unexpected)
+
+    app.add_exception_handler(StarletteHTTPException, _not_served)
 
     @app.get("/metrics")
     @_once_started

@@ -242,6 +242,12 @@ def test_the_console_is_served_from_the_package_with_nothing_from_elsewhere(db_u
         script = http.get("/console/app.js")
         assert script.headers["content-type"].startswith(("text/javascript", "application/"))
         assert http.get("/console/nothing.js").status_code == 404
+        assert http.get("/console/index.html").status_code == 200
+        # A file named as a folder: its page would load its scripts and styles from under it.
+        for path in ("/console/index.html/", "/console/app.js/"):
+            missing = http.get(path)
+            assert missing.status_code == 404, path
+            assert missing.json()["errors"][0]["extensions"]["code"] == "NOT_FOUND", path
     for path in STATIC.iterdir():
         text = path.read_text()
         assert "http://" not in text and "https://" not in text, path.name

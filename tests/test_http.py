@@ -543,3 +543,38 @@ async def test_a_fault_before_graphql_runs_answers_500_and_is_counted_once_as_in
     assert [r.getMessage() for r in errors] == ["unhandled error on /graphql"]  # logged once
     metrics = (await http.get("/metrics", headers=ADMIN)).text
     assert 'engram_requests_total{code="INTERNAL",operation="-"} 1.0' in metrics, metrics
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS"])
+async def test_a_method_graphql_does_not_take_is_405_in_the_error_shape(http, method):
+    """Answered as the service's other refusals (FastAPI's `{"detail": ...}` before), with the
+    methods /graphql does take in its Allow header and its message."""
+    response = await http.request(method, "/graphql", json={"query": "{ viewer { principal } }"})
+    assert response.status_code == 405
+    assert error_code(response) == "BAD_REQUEST"
+    assert set(response.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
+    assert "/graphql takes POST" in response.json()["errors"][0]["message"]
+
+
+async def test_head_on_graphql_answers_as_get_without_a_body(http):
+    """Its Allow header names HEAD: a HEAD was refused 405 (strawberry's), without Allow."""
+    response = await http.head("/graphql", headers={"accept": "text/html"})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert response.content == b""
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_an_address_nothing_serves_is_404_in_the_error_shape(http, method):
+    response = await http.request(method, "/graphq1", headers=ADMIN)
+    assert response.status_code == 404
+    assert error_code(response) == "NOT_FOUND"
+    assert "/graphql" in response.json()["errors"][0]["message"]
+
+
+async def test_a_method_another_address_does_not_take_is_405_naming_those_it_does(http):
+    response = await http.post("/healthz")
+    assert response.status_code == 405
+    assert error_code(response) == "BAD_REQUEST"
+    assert response.headers["allow"] == "GET"
+    assert response.json()["errors"][0]["message"] == "this address takes GET only"

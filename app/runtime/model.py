@@ -55,11 +55,14 @@ MAX_REPLY_DEPTH = 64
 
 
 class ModelFailed(Exception):
-    """The model could not be reached or answered unusably; the message says what to fix."""
+    """The model could not be reached or answered unusably; the message says what to fix.
+    `logged`: what the service's log says of it, without the words of the model's server,
+    which may quote the request, its prompt (the message, the execution's error, keeps them)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, logged: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.logged = logged or message
 
 
 @dataclass(frozen=True)
@@ -387,14 +390,17 @@ class ModelClient:
                     f"; no model server answers there: start one, or point {endpoint.setting} "
                     "at an OpenAI-compatible endpoint that runs"
                 )
+            failed = f"the model at {endpoint.url} failed {times(e.attempts)}, last: "
+            status = e.last.status
             raise ModelFailed(
-                f"the model at {endpoint.url} failed {times(e.attempts)}, last: {last}{fix}"
+                f"{failed}{last}{fix}", f"{failed}{f'HTTP {status}' if status else last}{fix}"
             ) from e
         if response.status_code >= 400:
-            raise ModelFailed(
+            refused = (
                 f"the model at {endpoint.url} refused the request for {endpoint.model} "
-                f"(HTTP {response.status_code}): {_excerpt(server_message(response))}"
+                f"(HTTP {response.status_code})"
             )
+            raise ModelFailed(f"{refused}: {_excerpt(server_message(response))}", refused)
         try:
             return response.json(), attempts
         except ValueError as e:

@@ -564,12 +564,34 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
                 raise key.lost() from None
             return answered
         async with liveness.running(state, execution):
-            finished = await _attempt(state, action, execution)
-    metrics.current().turn(finished.status)
-    return finished
+            return await _attempt(state, action, execution)
 
 
 async def _attempt(state: AppState, action: ActionVersion, execution: Execution) -> Execution:
+    ended: Execution | None = None
+    try:
+        context = await _turn_context(state, action, execution)
+        try:
+            context.history = await _history_scope(state, action, execution)
+            await _run(context)
+            ended = await _commit(context)
+        except BaseException as e:
+            # A cancelled request still records its failure: the recording outlasts the cut.
+            recording = asyncio.ensure_future(_fail(context, e))
+            if not isinstance(e, Exception):
+                ended = await recorded_or_logged(recording, context.execution)
+                raise
+            ended = await outlast(recording)
+        return ended
+    finally:
+        # Every turn started, once, as it ended: one whose end could not be recorded, or found
+        # it ended already (failed by the liveness sweep, retried), as FAILED.
+        metrics.current().turn(ended.status if ended is not None else "FAILED")
+
+
+async def _turn_context(
+    state: AppState, action: ActionVersion, execution: Execution
+) -> TurnContext:
     first_sequence = 1
     if execution.invocation_number > 1:
         async with state.pool.acquire() as conn:
@@ -581,31 +603,24 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
     if action.harness.memory.enabled:
         assert state.embedder is not None
         work = MemoryWork(state.pool, state.embedder, _writer(action, execution))
-    context = TurnContext(state, action, execution, transcript, work)
-    try:
-        context.history = await _history_scope(state, action, execution)
-        await _run(context)
-        return await _commit(context)
-    except BaseException as e:
-        # A cancelled request still records its failure: the recording outlasts the cut.
-        recording = asyncio.ensure_future(_fail(context, e))
-        if isinstance(e, Exception):
-            return await outlast(recording)
-        await recorded_or_logged(recording, context.execution)
-        raise
+    return TurnContext(state, action, execution, transcript, work)
 
 
-async def recorded_or_logged(recording: asyncio.Future[Any], execution: Execution) -> None:
+async def recorded_or_logged(
+    recording: asyncio.Future[Execution], execution: Execution
+) -> Execution | None:
     """Waits for the record of a failure that is a cancellation (`outlast`), which then goes
-    on: a record the database refused is logged, not raised in its place (the cancel was
+    on, and returns the execution it ended; None when the turn had ended already (swept) or
+    the database refused the record, which is logged, not raised in its place (the cancel was
     answered as an error of the turn's, whoever cancelled it never learning it ended so); the
     liveness sweep ends the turn."""
     try:
-        await outlast(recording)
+        return await outlast(recording)
     except TurnEnded:
-        pass  # swept meanwhile: ended already
+        return None  # swept meanwhile: ended already
     except Exception as lost:
         _log_lost(lost, "turn %s: its failure could not be recorded", execution)
+        return None
 
 
 def native_tools(
@@ -1117,7 +1132,9 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         log.warning("turn %s failed: %r", context.execution.execution_id, error)
     elif isinstance(error, deadline.TimedOut):
         log.warning("turn %s failed: %s", context.execution.execution_id, error.message)
-    elif not isinstance(error, ModelFailed | DomainError | asyncio.CancelledError):
+    elif isinstance(error, ModelFailed):
+        log.warning("turn %s failed: %s", context.execution.execution_id, error.logged)
+    elif not isinstance(error, DomainError | asyncio.CancelledError):
         log.error("turn %s failed", context.execution.execution_id, exc_info=error)
     message = storable(_failure_message(error))
     transcript = context.transcript

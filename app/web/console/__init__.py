@@ -4,10 +4,13 @@ It talks to the public GraphQL API only (`/graphql`, with the token the person s
 so it can do nothing a client holding the same token could not.
 """
 
+import stat
 from pathlib import Path
 
+import anyio
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
@@ -30,9 +33,17 @@ HEADERS = {
 
 class _ConsoleFiles(StaticFiles):
     async def get_response(self, path: str, scope: Scope) -> Response:
+        if scope["path"].endswith("/") and await self._is_file(path):
+            # A file named as a folder (/console/index.html/): StaticFiles drops the slash and
+            # serves it, and the page then asks for its scripts and styles under that "folder".
+            raise HTTPException(status_code=404)
         response = await super().get_response(path, scope)
         response.headers.update(HEADERS)
         return response
+
+    async def _is_file(self, path: str) -> bool:
+        _, found = await anyio.to_thread.run_sync(self.lookup_path, path)
+        return found is not None and stat.S_ISREG(found.st_mode)
 
 
 def mount_console(app: FastAPI) -> None:
