@@ -32,6 +32,19 @@ MAX_RETRY_AFTER_SECONDS = 30.0
 MAX_BACKOFF_SECONDS = 30.0
 
 
+class CallFailed(Exception):
+    """A call to an outside server (the model's, the embedding provider's) that failed, said
+    twice: `message` for whoever sent what it carried (an execution's error keeps it), with the
+    server's own words; `logged` for the service's log, without them, since a server may quote
+    the request it refused (a prompt, a record's text, a search's query): the server's address,
+    the HTTP status and what kind of failure it was."""
+
+    def __init__(self, message: str, logged: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.logged = logged or message
+
+
 class Transient(Exception):
     """A failure worth retrying; its message is what to tell if the retries run out. `status`:
     the HTTP status of an answer (None: no answer, a transport error)."""
@@ -42,6 +55,12 @@ class Transient(Exception):
         super().__init__(message)
         self.retry_after = retry_after
         self.status = status
+
+    @property
+    def logged(self) -> str:
+        """What a log says of it (CallFailed.logged): an answer's HTTP status, without the
+        server's words; a transport error as its message says it (no server's words)."""
+        return str(self) if self.status is None else f"HTTP {self.status}"
 
 
 def times(attempts: int) -> str:

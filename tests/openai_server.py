@@ -79,6 +79,8 @@ class Fault:
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     message: str = "scripted failure"
+    # The message ends with the request's input, as a server that refuses a request quotes it.
+    quoting: bool = False
     trickle: float = 0.0  # answer normally, but in pieces this many seconds apart (`trickled`)
     # Edits the answer (an embeddings answer, as a dict) before it is sent as JSON (`edit_next`).
     edit: Callable[[dict[str, Any]], Any] | None = None
@@ -191,10 +193,15 @@ class OpenAIServer:
         path: str = "/v1/embeddings",
         retry_after: float | None = None,
         message: str = "scripted failure",
+        quoting: bool = False,
     ) -> None:
+        """The next calls answer `status`, their error saying `message` (`quoting`: then the
+        request's input, as a server quotes the request it refused)."""
         headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
         with self._lock:
-            self._faults[path].extend(Fault(status, 0.0, headers, message) for _ in range(times))
+            self._faults[path].extend(
+                Fault(status, 0.0, headers, message, quoting) for _ in range(times)
+            )
 
     def stall_next(self, times: int, seconds: float, *, path: str = "/v1/embeddings") -> None:
         """The next calls answer normally, but only after `seconds` (to trip client timeouts)."""
@@ -265,7 +272,10 @@ class OpenAIServer:
             await self._wait(request, fault.delay, counted=False)
         if fault.status is None:
             return body, None
-        error = {"error": {"message": fault.message, "type": "scripted", "code": fault.status}}
+        message = fault.message
+        if fault.quoting:
+            message += f": input={json.dumps(body.get('input'), ensure_ascii=False)}"
+        error = {"error": {"message": message, "type": "scripted", "code": fault.status}}
         return body, JSONResponse(error, status_code=fault.status, headers=fault.headers)
 
     # Routes

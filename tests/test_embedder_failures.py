@@ -1,9 +1,11 @@
-"""An embedding provider that fails: a search over GraphQL is UNAVAILABLE (HTTP 503, the
-provider's words kept for the log), and a turn's search_memory reads the failure as a tool
-error and goes on. The provider is the scripted OpenAI-compatible server on loopback, on a
-database of its own (its vectors have the server's dimensions)."""
+"""An embedding provider that fails: a search over GraphQL is UNAVAILABLE (HTTP 503; the log
+names the provider's address and HTTP status, never its words, which may quote the texts sent),
+and a turn's search_memory reads the failure as a tool error and goes on. The provider is the
+scripted OpenAI-compatible server on loopback, on a database of its own (its vectors have the
+server's dimensions)."""
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -117,6 +119,75 @@ async def test_a_failing_embedder_is_unavailable_over_graphql_and_a_tool_error_i
     assert failed_turn["status"] == "FAILED"
     assert failed_turn["error"].startswith("the embedding model refused the text")
     assert "retry the execution" not in failed_turn["error"]
+
+
+SEARCH_FOR = """query($a: UUID!, $q: String!) { action(actionId: $a) {
+  searchMemories(query: $q, first: 5) { nodes { summary } } } }"""
+ADD = """mutation($a: UUID!, $i: AgentMemoryInput!) { addAgentMemory(actionId: $a, input: $i) {
+  memoryId } }"""
+
+
+@pytest.mark.parametrize("status", [503, 400], ids=["failed", "refused"])
+async def test_the_log_names_the_provider_and_its_status_never_the_texts_it_quotes(
+    remote: AppState, model_server: OpenAIServer, caplog: pytest.LogCaptureFixture, status: int
+) -> None:
+    """A provider whose error quotes the texts it was sent (a search's query, a record's text, a
+    turn's input): each failure is logged as one warning naming the provider's address and the
+    HTTP status, and no line holds those texts, nor the provider's own words. Its failures
+    logged them: a GraphQL search's and write's, a turn's tool call's, its memory review's, its
+    recall's."""
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    created = await gql(admin, CREATE, i={"name": "s", "harness": {"memory": {"enabled": True}}})
+    action_id = created.ok()["createAction"]["actionId"]
+    endpoint = f"{model_server.url}/embeddings"
+
+    def fail() -> None:
+        model_server.fail_next(1, status=status, message="cannot embed", path=EMBED, quoting=True)
+
+    def warned(logger: str) -> list[str]:
+        lines = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == logger]
+        return [r.getMessage() for r in lines]
+
+    with caplog.at_level(logging.INFO):
+        fail()
+        searched = await gql(admin, SEARCH_FOR, a=action_id, q="where is the zebra quartz")
+        fail()
+        added = await gql(
+            admin,
+            ADD,
+            a=action_id,
+            i={"summary": "the zebra quartz is in Oslo", "kind": "fact", "sessionId": "s1"},
+        )
+        assert searched.codes == added.codes == ["UNAVAILABLE"], added.errors
+        assert len(warned("app.graphql.errors")) == 2, warned("app.graphql.errors")
+
+        model_server.call_tools(("search_memory", {"query": "the zebra quartz"}))
+        model_server.say("I could not look it up.")
+        model_server.stall_next(1, 0.0, path=EMBED)  # the recall's, answered
+        fail()
+        called = await run(gql, admin, action_id, "Where is it?")
+        assert called["status"] == "SUCCEEDED", called["error"]
+        (tool_line,) = warned("app.runtime.tools")
+
+        model_server.say("Noted.")
+        candidates(model_server, {"summary": "the zebra quartz is in Oslo"})
+        model_server.stall_next(1, 0.0, path=EMBED)
+        fail()  # the review's search for the candidate's neighbours
+        reviewed = await run(gql, admin, action_id, "It is in Oslo")
+        assert reviewed["status"] == "SUCCEEDED", reviewed["error"]
+        (review_line,) = warned("app.runtime.review")
+
+        fail()  # the recall of the turn's input
+        recalled = await run(gql, admin, action_id, "And the zebra quartz?")
+        assert recalled["status"] == "FAILED"
+        (turn_line,) = warned("app.runtime.turns")
+
+    for line in [*warned("app.graphql.errors"), tool_line, review_line, turn_line]:
+        assert endpoint in line and f"HTTP {status}" in line, line
+    assert "zebra" not in caplog.text and "cannot embed" not in caplog.text, caplog.text
 
 
 async def test_over_http_a_refusal_no_retry_mends_has_no_retry_after(

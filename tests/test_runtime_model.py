@@ -253,7 +253,8 @@ async def test_usage_that_is_no_count_is_recorded_as_unknown_and_logged(
     client: ModelClient, server: OpenAIServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A reply's usage is bookkeeping: numbers that are no count (past 2**53, negative,
-    fractional, true) are left out of the usage and the token metrics, and a warning says so;
+    fractional, true, text) are left out of the usage and the token metrics, and a warning says
+    so, naming a value that is no number by its kind (a server's text may quote the prompt);
     the reply itself is used."""
     usage = {
         "prompt_tokens": 10**400,
@@ -261,6 +262,7 @@ async def test_usage_that_is_no_count_is_recorded_as_unknown_and_logged(
         "total_tokens": -1,
         "cached_tokens": True,
         "reasoning_tokens": 2.5,
+        "audio_tokens": "none, for: hello there",  # (the server's words: told by their kind)
         "queue_time": 0.01,  # (a timing some servers add: not a count of tokens, not told)
         "prompt_tokens_details": {"cached_tokens": 0},
     }
@@ -273,6 +275,7 @@ async def test_usage_that_is_no_count_is_recorded_as_unknown_and_logged(
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "reported usage that is no count, recorded as unknown: prompt_tokens 1000" in warning
     assert all(k in warning for k in ("total_tokens -1", "cached_tokens true", "reasoning_tokens"))
+    assert "audio_tokens text" in warning and "hello" not in warning
     assert "queue_time" not in warning and len(warning) < 800
     rendered = counted.render().decode()
     assert 'engram_model_tokens_total{kind="completion",purpose="turn"} 7.0' in rendered

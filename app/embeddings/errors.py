@@ -1,12 +1,16 @@
 """Why an embedding provider could not start or could not embed."""
 
+from app.http_retry import CallFailed
+
 
 class EmbedderUnavailable(RuntimeError):
     """The configured provider cannot start here (missing extra, unreachable endpoint)."""
 
 
-class EmbeddingFailed(RuntimeError):
-    """A provider could not embed texts, after any retries it makes.
+class EmbeddingFailed(CallFailed):
+    """A provider could not embed texts, after any retries it makes. `logged`, what the log
+    says of it, leaves out the provider's own words: they may quote the texts sent (a record's,
+    a search's query).
 
     `transient`: whether a later attempt may succeed (the provider unreachable, overloaded or
     failing on its side). A refusal of the request itself (an unknown model, a bad key, a
@@ -14,6 +18,6 @@ class EmbeddingFailed(RuntimeError):
     configuration, so no one is told to retry.
     """
 
-    def __init__(self, message: str, *, transient: bool = True) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, logged: str | None = None, *, transient: bool = True) -> None:
+        super().__init__(message, logged)
         self.transient = transient

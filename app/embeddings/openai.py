@@ -131,13 +131,16 @@ class OpenAIEmbedder:
                 transient=False,
             ) from e
         except RetriesExhausted as e:
-            raise EmbeddingFailed(
-                f"{self._endpoint} failed {times(e.attempts)}, last: {e.last}"
-            ) from e
+            failed = f"{self._endpoint} failed {times(e.attempts)}, last: "
+            raise EmbeddingFailed(f"{failed}{e.last}", f"{failed}{e.last.logged}") from e
         if response.status_code >= 400:
-            raise EmbeddingFailed(
+            refused = (
                 f"{self._endpoint} refused the request for model {self.model} "
-                f"(HTTP {response.status_code}): {server_message(response)}",
+                f"(HTTP {response.status_code})"
+            )
+            raise EmbeddingFailed(
+                f"{refused}: {server_message(response)}",
+                refused,
                 transient=response.status_code >= 500,
             )
         try:

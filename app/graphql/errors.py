@@ -108,6 +108,15 @@ def coded(error: GraphQLError, mutation: bool = False) -> GraphQLError:
     )
 
 
+def _logged(error: Exception | None) -> str:
+    """What the log says of an UNAVAILABLE request's error: of the embedding provider's, its
+    address and HTTP status without its words, which may quote the texts sent (a query, a
+    record's)."""
+    if isinstance(error, EmbeddingFailed):
+        return f"the embedding model failed: {error.logged}"
+    return repr(error)
+
+
 class Schema(strawberry.Schema):
     """Logs only internal errors, with their stack: a refused request is not a fault of ours."""
 
@@ -117,7 +126,7 @@ class Schema(strawberry.Schema):
         for error in errors:
             code = classify(error)[0]
             if code == "UNAVAILABLE":
-                log.warning("unavailable at %s: %r", error.path, error.original_error)
+                log.warning("unavailable at %s: %s", error.path, _logged(error.original_error))
             elif code == "CONFLICT" and database_refusal(error.original_error) is not None:
                 log.warning("rolled back at %s: %r", error.path, error.original_error)
             elif code == "INTERNAL":

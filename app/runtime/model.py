@@ -30,6 +30,7 @@ import httpx
 from app.actions.model import ModelConfig, check_endpoint
 from app.config import Settings
 from app.http_retry import (
+    CallFailed,
     RetriesExhausted,
     TooLarge,
     Undecodable,
@@ -54,15 +55,9 @@ _EXCERPT_CHARS = 200
 MAX_REPLY_DEPTH = 64
 
 
-class ModelFailed(Exception):
-    """The model could not be reached or answered unusably; the message says what to fix.
-    `logged`: what the service's log says of it, without the words of the model's server,
-    which may quote the request, its prompt (the message, the execution's error, keeps them)."""
-
-    def __init__(self, message: str, logged: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.logged = logged or message
+class ModelFailed(CallFailed):
+    """The model could not be reached or answered unusably; the message says what to fix (and
+    what its server said, which `logged` leaves out: it may quote the prompt)."""
 
 
 @dataclass(frozen=True)
@@ -230,7 +225,9 @@ def _shape(answer: Any) -> _Reply:
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT:
             usage[storable(key)] = value
         else:
-            unknown.append(f"{_excerpt(storable(key))} {_excerpt(json.dumps(value))}")
+            # Logged: a value that is no number by its kind, not its words (a server's text).
+            said = json.dumps(value) if isinstance(value, int | float) else _kind(value)
+            unknown.append(f"{_excerpt(storable(key))} {_excerpt(said)}")
     finish_reason = choice.get("finish_reason")
     model = answer.get("model")
     return _Reply(
@@ -382,7 +379,6 @@ class ModelClient:
                 "used; check the endpoint, or the proxy in front of it"
             ) from e
         except RetriesExhausted as e:
-            last = _excerpt(str(e.last))
             fix = ""
             if isinstance(e.last.__cause__, httpx.TransportError):
                 # No answer at all: most often the endpoint is wrong or its server is down.
@@ -391,9 +387,8 @@ class ModelClient:
                     "at an OpenAI-compatible endpoint that runs"
                 )
             failed = f"the model at {endpoint.url} failed {times(e.attempts)}, last: "
-            status = e.last.status
             raise ModelFailed(
-                f"{failed}{last}{fix}", f"{failed}{f'HTTP {status}' if status else last}{fix}"
+                f"{failed}{_excerpt(str(e.last))}{fix}", f"{failed}{_excerpt(e.last.logged)}{fix}"
             ) from e
         if response.status_code >= 400:
             refused = (

@@ -948,9 +948,11 @@ async def _failed(
         await context.work.discard_since(conn, mark)
     e = context.execution
     if isinstance(failure, EmbeddingFailed):
-        # The deployment's provider's words name its endpoint: the log has them (as a
+        # The log names the deployment's provider's endpoint, which the event does not (as a
         # tool's failed embedding, app/runtime/tools.py).
-        log.warning("turn %s: the memory review's embedding failed: %s", e.execution_id, failure)
+        log.warning(
+            "turn %s: the memory review's embedding failed: %s", e.execution_id, failure.logged
+        )
         error = "the embedding model failed (logged by the service)"
     elif isinstance(failure, ModelFailed | DomainError | deadline.TimedOut):
         error = str(failure)

@@ -344,8 +344,8 @@ class NativeTools:
             result = await self._handlers[call.name](args)
         except (ToolRefused, DomainError, EmbeddingFailed) as e:
             if isinstance(e, EmbeddingFailed):
-                # The provider's words name its endpoint: the log has them, the model not.
-                log.warning("%s: the embedding model failed: %s", call.name, e)
+                # The log names the provider's endpoint, which the model is not told.
+                log.warning("%s: the embedding model failed: %s", call.name, e.logged)
                 message = (
                     f"{call.name} could not run: the embedding model failed; try again later, "
                     "or go on without it"

@@ -1126,7 +1126,9 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
     """Keeps the failed attempt's transcript; drops its memory."""
     if isinstance(error, EmbeddingFailed):
         log.warning(
-            "turn %s failed: the embedding model failed: %s", context.execution.execution_id, error
+            "turn %s failed: the embedding model failed: %s",
+            context.execution.execution_id,
+            error.logged,
         )
     elif is_lock_timeout(error) or is_statement_timeout(error) or is_unavailable(error):
         log.warning("turn %s failed: %r", context.execution.execution_id, error)
