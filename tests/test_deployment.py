@@ -92,10 +92,59 @@ def test_the_image_runs_unprivileged_and_checks_the_port_it_serves():
     assert re.search(rf"chown {user.group(1)}:\S+ {dockerfile_env()['ENGRAM_DATA_DIR']}", text)
     check = re.search(r"^HEALTHCHECK .*?\n\s+CMD (.*)$", text, re.M)
     assert check is not None and "ENGRAM_PORT" in check.group(1)
-    # The build context leaves out history, caches and tests, and none of what is copied.
+
+
+def dockerignore_sends(path: str, patterns: list[str]) -> bool:
+    """Whether Docker sends `path` (relative, with '/') in the build context: the last pattern
+    of .dockerignore matching it or a folder above it decides ('!' lets it in)."""
+
+    def regex(pattern: str) -> re.Pattern[str]:
+        parts = re.split(r"(\*\*/|\*\*|\*|\?|\[[^]]*\])", pattern.strip("/"))
+        glob = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+        return re.compile(
+            "".join(glob.get(p) or (p if p.startswith("[") else re.escape(p)) for p in parts)
+        )
+
+    folders = path.split("/")
+    candidates = ["/".join(folders[: i + 1]) for i in range(len(folders))]
+    sent = True
+    for line in patterns:
+        exception = line.startswith("!")
+        if any(regex(line.removeprefix("!")).fullmatch(c) for c in candidates):
+            sent = exception
+    return sent
+
+
+def test_the_build_context_holds_what_the_image_copies_and_nothing_else():
+    text = (ROOT / "Dockerfile").read_text()
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     copied = {name for line in re.findall(r"^COPY (.+) \S+$", text, re.M) for name in line.split()}
-    ignored = set((ROOT / ".dockerignore").read_text().split())
-    assert {".git", "tests", "bench"} <= ignored and not copied & ignored
+    assert copied == {"pyproject.toml", "README.md", "app", "migrations"}, copied
+    for name in copied:
+        for file in [ROOT / name, *(ROOT / name).rglob("*")]:
+            if not file.is_file():
+                continue
+            path = file.relative_to(ROOT).as_posix()
+            assert dockerignore_sends(path, patterns) == ("__pycache__" not in path), path
+    # History, tests, benchmarks, caches, and what a developer keeps beside the code.
+    for path in [
+        ".git/HEAD",
+        "tests/test_deployment.py",
+        "bench/README.md",
+        "docs/README.md",
+        ".mypy_cache/3.11/app/config.meta.json",
+        ".hypothesis/examples/0/1",
+        ".pytest_cache/v/cache/lastfailed",
+        "engram.egg-info/PKG-INFO",
+        ".env",
+        ".venv/bin/python",
+        ".data/pgdata/PG_VERSION",
+        "app/__pycache__/config.cpython-311.pyc",
+        "app/memory/__pycache__/store.cpython-311.pyc",
+        "app/stray.pyc",
+    ]:
+        assert not dockerignore_sends(path, patterns), path
 
 
 def test_compose_restarts_the_service_and_waits_for_a_database_that_serves_tcp():
@@ -342,3 +391,23 @@ def test_a_turn_killed_with_its_process_is_failed_by_a_sweep_and_can_be_retried(
         first.kill()
         if second is not None:
             second.kill()
+
+
+def test_ci_and_the_image_run_the_readmes_two_commands():
+    """README's "The two commands": the image runs the first (its install, then its CMD), and
+    .ci/run the second, as its last line under `set -euo pipefail`, so that a failed install or
+    test fails the run; a change to either command fails here until they follow."""
+    section = (ROOT / "README.md").read_text().split("\n## The two commands\n")[1]
+    section = section.split("\n## ")[0]
+    serve, test = re.findall(r"^```sh\n(.*)\n```$", section, re.M)
+
+    text = (ROOT / "Dockerfile").read_text()
+    [install] = re.findall(r"^RUN (pip install [^\\&\n]+?)\s*(?:\\|&&|$)", text, re.M)
+    command = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
+    assert f"{install} && {' '.join(command)}" == serve
+
+    ci = ROOT / ".ci" / "run"
+    assert os.access(ci, os.X_OK)
+    lines = [line for line in ci.read_text().splitlines() if line and not line.startswith("#")]
+    assert lines[0] == "set -euo pipefail" and lines[-1] == test
+    assert "export CI=true" in lines  # the browser and lint tests then fail, not skip
