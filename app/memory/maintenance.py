@@ -38,7 +38,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 from uuid import UUID
@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 
 # The round's advisory lock: one process at a time runs a round or a build.
 ROUND_LOCK = "hashtext('engram.search_maintenance')"
-# How often `reorder` asks for the round's lock again while a round or a build holds it.
-REORDER_RETRY_SECONDS = 1.0
+# How often `holding_round` asks for the round's lock again while a round or a build holds it.
+HOLD_RETRY_SECONDS = 1.0
 # The `deployment` row that says which process ran the last round, when it started and when it
 # finished (null while it runs): several processes share a database, one round at a time.
 ROUND_KEY = "search_maintenance.round"
@@ -144,9 +144,17 @@ async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
     """Unlists every agent (its word counts go too, and its searches count words themselves
     until it is listed again) and drops every index of this naming, inside the caller's
     transaction: new embedding dimensions make
-    them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for
-    a round that is building them (the round's lock), rather than deadlock with it."""
-    await conn.execute(f"SELECT pg_advisory_xact_lock({ROUND_LOCK})")
+    them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them.
+
+    The caller holds the round's lock, taken before its transaction (`dropping_agent_indexes`),
+    so that no round or build is in flight; without it, it is taken here for the transaction
+    when free, and refused otherwise: waiting for it here deadlocks with the build (as
+    `_hold_round` says)."""
+    if not await conn.fetchval(f"SELECT pg_try_advisory_xact_lock({ROUND_LOCK})"):
+        raise RuntimeError(
+            "search maintenance is running: hold its lock before the transaction that drops "
+            "the search indexes (maintenance.dropping_agent_indexes)"
+        )
     await conn.execute("DELETE FROM agent_indexes")
     for name in await _agent_index_states(conn):
         quoted = await conn.fetchval("SELECT quote_ident($1)", name)
@@ -612,22 +620,41 @@ async def _unlock(conn: asyncpg.Connection) -> None:
         await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
 
 
-async def _hold_round(conn: asyncpg.Connection) -> None:
-    """Takes the round's lock for the connection's session, once no round or build holds it.
-    Asked for again every REORDER_RETRY_SECONDS, never waited for in a statement: a waiting
-    statement holds a snapshot, which the build's CREATE INDEX CONCURRENTLY waits out while
-    its round holds the lock (deadlock, one of them undone)."""
+async def _hold_round(conn: asyncpg.Connection, doing: str) -> None:
+    """Takes the round's lock for the connection's session, once no round or build holds it;
+    says once that `doing` waits. Asked for again every HOLD_RETRY_SECONDS, never waited for
+    in a statement: a waiting statement holds a snapshot, which the build's CREATE INDEX
+    CONCURRENTLY waits out while its round holds the lock (deadlock, one of them undone)."""
     session_changed(conn)
     waiting = False
     while not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
         if not waiting:
             waiting = True
             log.info(
-                "reordering the memory records waits for the search maintenance in flight (a "
-                "round or an index build, maybe of another process); trying again every %g s",
-                REORDER_RETRY_SECONDS,
+                "%s waits for the search maintenance in flight (a round or an index build, "
+                "maybe of another process); trying again every %g s",
+                doing,
+                HOLD_RETRY_SECONDS,
             )
-        await asyncio.sleep(REORDER_RETRY_SECONDS)
+        await asyncio.sleep(HOLD_RETRY_SECONDS)
+
+
+@contextlib.asynccontextmanager
+async def holding_round(conn: asyncpg.Connection, doing: str) -> AsyncIterator[None]:
+    """Holds the round's lock for the connection's session while the block runs, taken once
+    no round or build holds it (`_hold_round`): outside any transaction."""
+    await _hold_round(conn, doing)
+    try:
+        yield
+    finally:
+        await _unlock(conn)
+
+
+def dropping_agent_indexes(
+    conn: asyncpg.Connection,
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """The round's lock, held around the transaction that calls `drop_agent_indexes`."""
+    return holding_round(conn, "dropping the search indexes for new embedding dimensions")
 
 
 async def reorder(conn: asyncpg.Connection) -> None:
@@ -636,7 +663,7 @@ async def reorder(conn: asyncpg.Connection) -> None:
     runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible).
 
     Waits first for a round or an index build in flight, and holds the round's lock until it
-    is done (`_hold_round`): the table's lock, asked for during CREATE INDEX CONCURRENTLY, is
+    is done (`holding_round`): the table's lock, asked for during CREATE INDEX CONCURRENTLY, is
     granted only once the build has ended, and every read and write of memory queues behind
     it meanwhile (minutes for a large agent).
 
@@ -645,8 +672,7 @@ async def reorder(conn: asyncpg.Connection) -> None:
     transaction. The table is locked first, as CLUSTER alone did: a statement on it locks the
     table, then its indexes, and an index locked before the table deadlocks with one that comes
     between."""
-    await _hold_round(conn)
-    try:
+    async with holding_round(conn, "reordering the memory records"):
         async with conn.transaction():
             await conn.execute("LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE")
             states = await _agent_index_states(conn)
@@ -658,8 +684,6 @@ async def reorder(conn: asyncpg.Connection) -> None:
                 await hnsw.note_built(conn, name)
                 await hnsw.set_ef_construction(conn, name, hnsw.INSERT_EF_CONSTRUCTION)
         await conn.execute("VACUUM (ANALYZE) agent_memories")
-    finally:
-        await _unlock(conn)
 
 
 async def _record_round(conn: asyncpg.Connection, *, finished: bool) -> None:
