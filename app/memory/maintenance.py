@@ -543,7 +543,7 @@ class IndexBuilds:
                     if count is not None and count < threshold:
                         self._counted[key] = count
                         return
-                    if count is None or await self._build(conn, key):
+                    if count is None or await self._build(conn, key, threshold):
                         self._settled.add(key)
                         self._counted.pop(key, None)
                         return
@@ -564,7 +564,7 @@ class IndexBuilds:
             self._settled.add(key)
             log.exception("building search indexes for %s failed", "/".join(map(str, key)))
 
-    async def _build(self, conn: asyncpg.Connection, key: Key) -> bool:
+    async def _build(self, conn: asyncpg.Connection, key: Key, threshold: int) -> bool:
         """Builds under the round's lock; False when another process holds it."""
         session_changed(conn)  # a session lock, and maintenance_work_mem
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
@@ -579,7 +579,9 @@ class IndexBuilds:
             if len(key) == 2:
                 await index_agent(conn, key, cap)
             else:
-                await history_indexes.index_session(conn, key, cap)
+                await history_indexes.index_session(
+                    conn, key, min_parts=threshold, max_sessions=cap
+                )
             return True
         finally:
             await _unlock(conn)
