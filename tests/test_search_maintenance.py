@@ -10,6 +10,7 @@ import asyncio
 import logging
 import math
 import re
+import threading
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -933,6 +934,49 @@ async def test_m20_maintain_search_command(
     monkeypatch.setenv("ENGRAM_AGENT_INDEX_MAX_AGENTS", "0")
     code = await asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10"])
     assert code == 0 and "dropped 2" in capsys.readouterr().out
+
+
+async def test_m20_maintain_search_reorder_leaves_the_round_to_a_process_that_began_one(
+    state: AppState,
+    admin: Caller,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
+    """Another process begins a round between `--reorder`'s reorder and its own round: the
+    reorder is done, and the command says so and exits 0 (it said "another process is
+    maintaining search; try again" and exited 2, as if nothing had been done)."""
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 12)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    reordered, begun = threading.Event(), threading.Event()
+    real = maintenance.reorder
+
+    async def then_a_round_begins(conn: asyncpg.Connection) -> None:
+        await real(conn)
+        reordered.set()
+        await asyncio.to_thread(begun.wait, 10)
+
+    monkeypatch.setattr(maintenance, "reorder", then_a_round_begins)
+    command = asyncio.create_task(
+        asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10", "--reorder"])
+    )
+    async with state.pool.acquire() as other:
+        assert await asyncio.to_thread(reordered.wait, 10)
+        await other.execute(f"SELECT pg_advisory_lock({maintenance.ROUND_LOCK})")
+        begun.set()
+        try:
+            code = await asyncio.wait_for(command, 30)
+        finally:
+            await other.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert re.fullmatch(
+        r"stored the memory records in agent order again in \d+\.\d s; another process is "
+        r"maintaining search: the round is left to it\n",
+        said.out,
+    )
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0  # not its round
 
 
 async def scores_in_both_plans(
