@@ -1,7 +1,7 @@
 """Search upkeep: search indexes of large agents, and their word counts.
 
 Run every `search_maintenance_seconds`, by one process at a time (a session advisory lock;
-other processes skip the round):
+other processes skip the round; `Rounds` counts each outcome for the service's metrics):
 
 - Agents with at least `agent_index_min_records` records get an HNSW and a GIN index of their
   own, partial indexes on `(account_id, action_id)`, built with CREATE INDEX CONCURRENTLY
@@ -39,7 +39,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import cast
 from uuid import UUID
 
@@ -88,6 +88,25 @@ Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, act
 # Said when an agent's build is done: `engram import` waits for it silently otherwise (a
 # 200,000-record agent's HNSW index takes minutes).
 _BUILD_DONE = "built search indexes for agent %s in %.1f s"
+
+
+# What a round of the service comes to (`Rounds`); skipped: another process held the lock.
+OUTCOMES = ("done", "failed", "skipped")
+
+
+@dataclass
+class Rounds:
+    """The service's rounds so far, by outcome (OUTCOMES), and the unix time the last one done
+    finished: they run outside any request, so the service's metrics read them when scraped
+    (app/main.py)."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    last_done: float | None = None
+
+    def count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+        if outcome == "done":
+            self.last_done = time.time()
 
 
 @dataclass(frozen=True)
@@ -773,6 +792,7 @@ class SearchMaintenance:
         self._build_memory = build_memory
         self._max_agents = max_agents
         self._task: asyncio.Task[None] | None = None
+        self.rounds = Rounds()
         self.builds = IndexBuilds(
             pool,
             min_records=min_records,
@@ -789,6 +809,7 @@ class SearchMaintenance:
 
     async def _loop(self) -> None:
         while True:
+            outcome = "failed"
             try:
                 done = await run_round(
                     self._pool,
@@ -798,11 +819,13 @@ class SearchMaintenance:
                     min_parts=self._min_parts,
                     max_sessions=self._max_sessions,
                 )
+                outcome = "skipped" if done is None else "done"
                 if done is not None and (done.built or done.dropped):
                     log.info("search maintenance: built %s, dropped %s", done.built, done.dropped)
             except Exception:
                 # Search goes on without it (older word counts, the shared index).
                 log.exception("search maintenance failed; next round in %s s", self._interval)
+            self.rounds.count(outcome)
             self.builds.forget()
             await asyncio.sleep(self._interval)
 
