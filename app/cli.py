@@ -498,6 +498,10 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
             )
 
     done = _run(work)
+    if done is None and reordered:
+        # The reorder is done; the round that another process began since does the rest.
+        print(f"{reordered}another process is maintaining search: the round is left to it")
+        return 0
     if done is None:
         print("error: another process is maintaining search; try again", file=sys.stderr)
         return 2
@@ -1227,7 +1231,8 @@ def parser() -> argparse.ArgumentParser:
         "--reorder",
         action="store_true",
         help="first store memory records in agent order again, once no round or index build "
-        "is running (locks the table while it runs)",
+        "is running (locks the table while it runs); a round another process begins "
+        "meanwhile is left to it",
     )
 
     export = command(

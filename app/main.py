@@ -36,6 +36,7 @@ from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
 from app.mcp.endpoint import McpEndpoint
+from app.memory.maintenance import SEARCH_MAINTENANCE
 from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
 from app.observability.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -432,6 +433,8 @@ def create_app(
             )
         pool, idle = state.pool, state.pool.get_idle_size()
         metrics.pool(pool.get_size() - idle, idle, pool.get_max_size())
+        rounds = state.services[SEARCH_MAINTENANCE].rounds
+        metrics.search_upkeep(rounds.counts, rounds.last_done)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     view = _GraphQL(schema, allow_queries_via_get=False)

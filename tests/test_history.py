@@ -1664,7 +1664,8 @@ async def test_h6_a_large_sessions_own_index_takes_its_parts_at_a_lower_ef_const
     async with state.pool.acquire() as conn:
         session_changed(conn)
         key = (account_id, uuid.UUID(action_id), "s2")
-        assert await history_indexes.index_session(conn, key, None) == [theirs]
+        built = await history_indexes.index_session(conn, key, min_parts=1, max_sessions=None)
+        assert built == [theirs]
     assert sorted(await state.pool.fetchval(OPTIONS, theirs)) == lowered
     await state.pool.execute(f"DROP INDEX {theirs}")
 

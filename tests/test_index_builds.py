@@ -20,6 +20,7 @@ from openai_server import OpenAIServer
 from runtime_support import run, tool_runs
 
 from app.auth.caller import Caller
+from app.db import hnsw
 from app.history import indexes as history_indexes
 from app.memory import maintenance
 from app.memory import search as search_module
@@ -234,6 +235,44 @@ async def test_h6_a_session_written_past_the_threshold_gets_its_own_index_at_onc
     await builds(state).settle()
     own = "SELECT count(*) FROM pg_class WHERE relname LIKE 'history\\_parts\\_vectors\\_%'"
     assert await state.pool.fetchval(own) == 1
+
+
+@pytest.mark.usefixtures("model_server")
+@pytest.mark.settings(history_index_min_parts=3, history_index_max_sessions=2)
+async def test_h6_leftover_indexes_hold_no_place_against_a_session_written_past_the_threshold(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """A write's build counts the sessions holding a place of ENGRAM_HISTORY_INDEX_MAX_SESSIONS
+    as a round does. It counted every index of the naming: a replacement an interrupted build
+    left beside a session's index (NEXT) and the index of a session no longer there each held
+    one until the next round dropped them, and the new session waited for that round (up to
+    ENGRAM_SEARCH_MAINTENANCE_SECONDS), searched without its own index meanwhile."""
+    action_id = await make_agent_id(state, admin, harness={"history": {"index": "messages"}})
+
+    async def indexed_once_written(session: str) -> bool:
+        for message in ("The boat is at pier seven.", "Lunch was tomato soup."):
+            turn = await run(gql, admin, action_id, message, session=session)
+            assert turn["status"] == "SUCCEEDED"
+        await builds(state).settle()
+        name = history_indexes.index_name((admin.account_id, uuid.UUID(action_id), session))
+        valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)"
+        return await state.pool.fetchval(valid, name) is True
+
+    assert await indexed_once_written("s1")
+    s1 = history_indexes.index_name((admin.account_id, uuid.UUID(action_id), "s1"))
+    gone = (admin.account_id, uuid.uuid4(), "gone")  # a session no longer there
+    leftovers = [f"{s1}{hnsw.NEXT}", history_indexes.index_name(gone)]
+    for name in leftovers:
+        # A CREATE INDEX CONCURRENTLY that fails (here unique over duplicates) leaves its
+        # index, invalid.
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await state.pool.execute(
+                f"CREATE UNIQUE INDEX CONCURRENTLY {name} ON history_parts (session_id)"
+            )
+    assert await indexed_once_written("s2")
+    # A round counts the same: it keeps both, drops the leftovers and builds nothing.
+    done = await maintenance.run_round(state.pool, 10**9, min_parts=3, max_sessions=2)
+    assert done is not None and done.built == [] and sorted(done.dropped) == sorted(leftovers)
 
 
 async def test_m20_a_failed_build_waits_for_the_next_round_and_memory_is_bounded(

@@ -5,15 +5,19 @@ purpose, searches by mode, embedding time and pool usage, and no label names an 
 principal. Every response carries an X-Request-ID."""
 
 import re
+import time
 from itertools import combinations
 
+import asyncpg
 import httpx
 import pytest
-from helpers import db_settings
+from helpers import db_settings, eventually
 from openai_server import OpenAIServer
 from prometheus_client.parser import text_string_to_metric_families
 from servers import serving
 
+from app.config import Settings
+from app.memory import maintenance
 from app.observability.metrics import MAX_OPERATION_SETS, SEVERAL, Metrics
 
 ADMIN_TOKEN = "metrics-test-admin-token"
@@ -188,6 +192,48 @@ async def test_metrics_count_requests_turns_model_calls_searches_and_pool(
     for secret in (account, other, "admin", "watcher", "nosy", "tenant-admin", ADMIN_TOKEN):
         assert secret not in values
     assert account not in text and other not in text and "watcher" not in text
+
+
+async def test_metrics_count_search_upkeep_rounds_by_outcome(db_url, embedder):
+    """The search upkeep runs outside any request: its rounds are counted by outcome, and the
+    last one done is dated, so that upkeep that stopped shows (rounds failing, or skipped while
+    another process holds their lock and never finishes one)."""
+    settings = Settings(
+        database_url=db_url, bootstrap_token=ADMIN_TOKEN, search_maintenance_seconds=0.05
+    )
+    found: dict = {}
+    conn = await asyncpg.connect(db_url)
+    try:
+        # Each round fails at its first write, its row in `deployment`.
+        await conn.execute(
+            "ALTER TABLE deployment ADD CONSTRAINT no_rounds "
+            f"CHECK (key <> '{maintenance.ROUND_KEY}') NOT VALID"
+        )
+        began = time.time()
+        with serving(settings, embedder) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+
+                async def rounds(outcome: str) -> float:
+                    response = await http.get("/metrics", headers=bearer(ADMIN_TOKEN))
+                    assert response.status_code == 200
+                    found.update(samples(response.text))
+                    return value(found, "engram_search_upkeep_rounds_total", outcome=outcome)
+
+                await eventually(lambda: rounds("failed"), "failed rounds counted")
+                assert value(found, "engram_search_upkeep_rounds_total", outcome="done") == 0
+                assert value(found, "engram_search_upkeep_last_done_timestamp_seconds") == 0
+                await conn.execute("ALTER TABLE deployment DROP CONSTRAINT no_rounds")
+                await conn.execute(f"SELECT pg_advisory_lock({maintenance.ROUND_LOCK})")
+                await eventually(lambda: rounds("skipped"), "skipped rounds counted")
+                await conn.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
+                await eventually(lambda: rounds("done"), "a round done counted")
+    finally:
+        await conn.close()
+    last_done = value(found, "engram_search_upkeep_last_done_timestamp_seconds")
+    assert began < last_done <= time.time()
+    assert {labels for name, labels in found if name.startswith("engram_search_upkeep")} == {
+        frozenset({("outcome", outcome)}) for outcome in ("done", "failed", "skipped")
+    } | {frozenset()}
 
 
 async def test_every_response_carries_a_request_id(db_url, embedder):

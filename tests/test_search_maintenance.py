@@ -7,8 +7,10 @@ large.
 """
 
 import asyncio
+import logging
 import math
 import re
+import threading
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -25,7 +27,9 @@ from app.auth.caller import Caller
 from app.config import Settings
 from app.db import hnsw
 from app.db.pool import create_pool, session_changed
+from app.embeddings import reembed as reembed_module
 from app.embeddings import store as embedding_store
+from app.embeddings.setup import ensure_model
 from app.memory import maintenance, search_store
 from app.memory import search as search_module
 from app.memory.search_store import Filters, Ranking
@@ -932,6 +936,49 @@ async def test_m20_maintain_search_command(
     assert code == 0 and "dropped 2" in capsys.readouterr().out
 
 
+async def test_m20_maintain_search_reorder_leaves_the_round_to_a_process_that_began_one(
+    state: AppState,
+    admin: Caller,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
+    """Another process begins a round between `--reorder`'s reorder and its own round: the
+    reorder is done, and the command says so and exits 0 (it said "another process is
+    maintaining search; try again" and exited 2, as if nothing had been done)."""
+    agent = await make_search_agent(state, admin)
+    await fill(agent, 12)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    reordered, begun = threading.Event(), threading.Event()
+    real = maintenance.reorder
+
+    async def then_a_round_begins(conn: asyncpg.Connection) -> None:
+        await real(conn)
+        reordered.set()
+        await asyncio.to_thread(begun.wait, 10)
+
+    monkeypatch.setattr(maintenance, "reorder", then_a_round_begins)
+    command = asyncio.create_task(
+        asyncio.to_thread(cli.main, ["maintain-search", "--min-records", "10", "--reorder"])
+    )
+    async with state.pool.acquire() as other:
+        assert await asyncio.to_thread(reordered.wait, 10)
+        await other.execute(f"SELECT pg_advisory_lock({maintenance.ROUND_LOCK})")
+        begun.set()
+        try:
+            code = await asyncio.wait_for(command, 30)
+        finally:
+            await other.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert re.fullmatch(
+        r"stored the memory records in agent order again in \d+\.\d s; another process is "
+        r"maintaining search: the round is left to it\n",
+        said.out,
+    )
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0  # not its round
+
+
 async def scores_in_both_plans(
     pool: asyncpg.Pool, reader: Reader, ranking: Ranking
 ) -> tuple[dict[uuid.UUID, float | None], str]:
@@ -1138,20 +1185,92 @@ async def test_m21_a_listed_agents_large_session_has_its_words_kept(
     assert await state.pool.fetchval("SELECT count(*) FROM session_counts") == 0
 
 
-async def test_m20_new_dimensions_wait_for_a_round_building_indexes(state: AppState) -> None:
+@pytest.mark.parametrize("change", ["first start", "reembed"])
+async def test_m20_new_dimensions_wait_for_a_build_in_flight_asking_between_statements(
+    state: AppState,
+    admin: Caller,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    change: str,
+) -> None:
+    """New embedding dimensions (a service's first start, `engram reembed`) drop every agent's
+    and session's own indexes, once no round or build is in flight. Waiting for the round's
+    lock in a statement of their transaction deadlocked with a round's CREATE INDEX
+    CONCURRENTLY, which waits out that statement's snapshot (DeadlockDetectedError, the new
+    dimensions undone): they ask for it between statements, before the transaction, and say
+    once that they wait."""
+    monkeypatch.setattr(maintenance, "HOLD_RETRY_SECONDS", 0.05)
+
+    async def nobody_serves(*_: Any) -> None:  # the fixture's own service beats
+        pass
+
+    monkeypatch.setattr(reembed_module, "_refuse_while_serving", nobody_serves)
+    assert state.embedder is not None
+    agent = await make_search_agent(state, admin)
+    ids = await fill(agent, 40)
+    writer = await asyncpg.connect(db_url)
+    try:
+        # An open write: the round's build waits for it (as for any older transaction).
+        await writer.execute("BEGIN")
+        await writer.execute(
+            "UPDATE agent_memories SET modified = modified WHERE memory_id = $1", ids[0]
+        )
+        running = asyncio.create_task(maintenance.run_round(state.pool, 30))
+        building = (
+            "SELECT count(*) > 0 FROM pg_stat_activity "
+            "WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"
+        )
+        await eventually(lambda: state.pool.fetchval(building), "a build in flight")
+        if change == "first start":
+            await state.pool.execute("DELETE FROM deployment WHERE key = 'embedding'")
+            changing = asyncio.create_task(ensure_model(state.pool, state.embedder, VECTOR_COLUMNS))
+        else:
+            changing = asyncio.create_task(
+                reembed_module.reembed(state.pool, state.embedder, VECTOR_COLUMNS)
+            )
+
+        def waits() -> list[str]:
+            said = (r.getMessage() for r in caplog.records)
+            return [m for m in said if "waits for the search maintenance in flight" in m]
+
+        with caplog.at_level(logging.INFO, logger=maintenance.__name__):
+            await eventually(waits, "the new dimensions waiting")
+            await asyncio.sleep(0.3)  # asked for again meanwhile
+            assert not changing.done()
+            await writer.execute("COMMIT")
+            done = await asyncio.wait_for(running, 30)
+            await asyncio.wait_for(changing, 30)
+    finally:
+        await writer.close()
+    assert done is not None and done.failed == [] and len(done.built) == 2
+    assert waits() == [
+        "dropping the search indexes for new embedding dimensions waits for the search "
+        "maintenance in flight (a round or an index build, maybe of another process); trying "
+        "again every 0.05 s"
+    ]
+    # Dropped once built, not under the build.
+    for name in done.built:
+        assert not await index_exists(state.pool, name)
+    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+    held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    assert await state.pool.fetchval(held) == 0
+
+
+async def test_m20_new_dimensions_refuse_to_drop_under_a_round_not_waited_for(
+    state: AppState,
+) -> None:
+    """Dropping the indexes in a transaction without the round's lock held first (a caller
+    that skipped `dropping_agent_indexes`) is refused while a round holds it, never waited
+    for."""
     async with state.pool.acquire() as holder:
         await holder.execute(f"SELECT pg_advisory_lock({maintenance.ROUND_LOCK})")
-
-        async def reset() -> None:
+        try:
             async with state.pool.acquire() as conn, conn.transaction():
-                await embedding_store.set_dimensions(conn, 64, VECTOR_COLUMNS)
-
-        task = asyncio.create_task(reset())
-        waiting = "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        await eventually(lambda: state.pool.fetchval(waiting), "the reset waiting on the lock")
-        assert not task.done()  # waits instead of dropping indexes a round is building
-        await holder.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
-        await asyncio.wait_for(task, 10)
+                with pytest.raises(RuntimeError, match="hold its lock before the transaction"):
+                    await embedding_store.set_dimensions(conn, 64, VECTOR_COLUMNS)
+        finally:
+            await holder.execute(f"SELECT pg_advisory_unlock({maintenance.ROUND_LOCK})")
 
 
 def test_m20_index_build_memory_must_be_a_size() -> None:
@@ -1350,7 +1469,7 @@ async def test_m20_reorder_waits_for_a_build_in_flight_and_holds_no_table_meanwh
     request CONFLICT at ENGRAM_LOCK_TIMEOUT_SECONDS). It waits for the round's lock instead,
     asking between statements: a statement waiting for it would hold a snapshot the build waits
     out (deadlock, one of them undone)."""
-    monkeypatch.setattr(maintenance, "REORDER_RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(maintenance, "HOLD_RETRY_SECONDS", 0.05)
     agent, other = await make_search_agent(state, admin), await make_search_agent(state, admin)
     ids = await fill(agent, 40)
     await fill(other, 3)

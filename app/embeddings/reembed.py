@@ -54,6 +54,12 @@ async def _refuse_while_serving(conn: asyncpg.Connection, lease_seconds: float) 
         )
 
 
+async def _unlock_model(conn: asyncpg.Connection) -> None:
+    # A connection that is gone took its session lock with it.
+    with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresConnectionError):
+        await store.unlock_model(conn)
+
+
 @dataclass(frozen=True)
 class ReembedResult:
     model: str
@@ -115,13 +121,17 @@ async def reembed(
         raise ValueError("the re-embedding batch size must be at least 1")
     check_dimensions(embedder)
     target = {"name": embedder.name, "dimensions": embedder.dimensions}
-    async with pool.acquire() as conn:
-        if not await store.try_lock_model(conn):
-            raise ReembedBusy(
-                "another `engram reembed` (or a service start) holds this database's embedding "
-                "lock; wait for it to finish and run this again"
-            )
-        try:
+    async with pool.acquire() as conn, contextlib.AsyncExitStack() as held:
+        # What keeps the other indexes from being built while they are dropped, then the
+        # embedding lock: in the order a service's first start takes them (ensure_model), or
+        # each could wait for the other. The first is held until the vectors are dropped.
+        async with vectors.hold_indexes(conn):
+            if not await store.try_lock_model(conn):
+                raise ReembedBusy(
+                    "another `engram reembed` (or a service start) holds this database's "
+                    "embedding lock; wait for it to finish and run this again"
+                )
+            held.push_async_callback(_unlock_model, conn)
             if lease_seconds is None:
                 lease_seconds = Settings().turn_lease_seconds
             await _refuse_while_serving(conn, lease_seconds)
@@ -130,29 +140,25 @@ async def reembed(
                 if not resumed:
                     await store.set_reembed_target(conn, embedder.name, embedder.dimensions)
                     await store.reset_vectors(conn, embedder.dimensions, vectors)
-            total = 0
+        total = 0
+        for table in vectors.tables:
+            total += await store.count_unembedded(conn, table)
+        records = tokens = 0
+        with tqdm(
+            total=total,
+            unit="record",
+            desc=f"re-embedding with {embedder.name}",
+            disable=not progress,
+            file=sys.stderr,
+        ) as bar:
             for table in vectors.tables:
-                total += await store.count_unembedded(conn, table)
-            records = tokens = 0
-            with tqdm(
-                total=total,
-                unit="record",
-                desc=f"re-embedding with {embedder.name}",
-                disable=not progress,
-                file=sys.stderr,
-            ) as bar:
-                for table in vectors.tables:
-                    done, used = await _reembed_table(conn, table, embedder, batch_size, bar)
-                    records += done
-                    tokens += used
-                if progress:
-                    bar.set_postfix_str("building vector indexes")
-                async with conn.transaction():
-                    await store.build_indexes(conn, vectors)
-                    await store.record_model(conn, embedder.name, embedder.dimensions)
-                    await store.clear_reembed_target(conn)
-        finally:
-            # A connection that is gone took its session lock with it.
-            with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresConnectionError):
-                await store.unlock_model(conn)
+                done, used = await _reembed_table(conn, table, embedder, batch_size, bar)
+                records += done
+                tokens += used
+            if progress:
+                bar.set_postfix_str("building vector indexes")
+            async with conn.transaction():
+                await store.build_indexes(conn, vectors)
+                await store.record_model(conn, embedder.name, embedder.dimensions)
+                await store.clear_reembed_target(conn)
     return ReembedResult(embedder.name, embedder.dimensions, records, tokens, resumed)

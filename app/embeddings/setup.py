@@ -1,6 +1,7 @@
 """Chooses the embedding provider and checks it against the model the database holds."""
 
 import asyncio
+import contextlib
 from typing import Any
 
 import asyncpg
@@ -71,15 +72,21 @@ async def ensure_model(
 ) -> None:
     """First start: fix the vector columns to this model. Later: refuse a different model."""
     check_dimensions(embedder)
-    async with pool.acquire() as conn, conn.transaction():
-        await store.lock_model_xact(conn)
-        recorded = await store.recorded_model(conn)
-        if recorded is None:
-            await store.set_dimensions(conn, embedder.dimensions, vectors)
-            await store.record_model(conn, embedder.name, embedder.dimensions)
-            await store.clear_reembed_target(conn)
-            return
-        unfinished = await store.reembed_target(conn)
+    async with pool.acquire() as conn:
+        # A first start drops the columns' other indexes: what keeps them from being built is
+        # held first, before the transaction and the embedding lock, as `engram reembed` takes
+        # them. A model once recorded stays: a later start holds nothing of the kind.
+        first = await store.recorded_model(conn) is None
+        held = vectors.hold_indexes(conn) if first else contextlib.nullcontext()
+        async with held, conn.transaction():
+            await store.lock_model_xact(conn)
+            recorded = await store.recorded_model(conn)
+            if recorded is None:
+                await store.set_dimensions(conn, embedder.dimensions, vectors)
+                await store.record_model(conn, embedder.name, embedder.dimensions)
+                await store.clear_reembed_target(conn)
+                return
+            unfinished = await store.reembed_target(conn)
     if recorded["name"] != embedder.name or recorded["dimensions"] != embedder.dimensions:
         raise EmbeddingModelMismatch(_mismatch(recorded, embedder))
     if unfinished is not None:

@@ -5,6 +5,7 @@ It knows no table of records: the owners of the rows describe their vector colum
 (app/memory/vectors.py) and pass them in."""
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,10 @@ class VectorColumns:
     # Drops, inside the caller's transaction, the other indexes over these columns (their
     # owners rebuild them later).
     drop_indexes: Callable[[asyncpg.Connection], Awaitable[None]]
+    # Held around that transaction, entered before it: keeps their owners from building them
+    # meanwhile, once no build is in flight (waiting for one inside the transaction deadlocks
+    # with it).
+    hold_indexes: Callable[[asyncpg.Connection], AbstractAsyncContextManager[None]]
 
 
 _LOCK = "hashtext('engram.embedding')"
@@ -122,7 +127,8 @@ def _check(dimensions: int) -> None:
 
 
 async def reset_vectors(conn: asyncpg.Connection, dimensions: int, vectors: VectorColumns) -> None:
-    """Drops every stored vector and its indexes, and fixes the columns to `dimensions`."""
+    """Drops every stored vector and its indexes, and fixes the columns to `dimensions`; in a
+    transaction entered within `vectors.hold_indexes`."""
     _check(dimensions)
     await vectors.drop_indexes(conn)
     for table in vectors.tables:

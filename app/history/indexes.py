@@ -85,6 +85,27 @@ async def drop_session_indexes(conn: asyncpg.Connection) -> None:
         await _drop(conn, name, concurrently=False)
 
 
+async def _sizes(conn: asyncpg.Connection, min_parts: int) -> dict[Key, int]:
+    """The parts of each session of at least half `min_parts` (one that may keep its index)."""
+    return {
+        (r["account_id"], r["action_id"], r["session_id"]): r["parts"]
+        for r in await conn.fetch(
+            "SELECT account_id, action_id, session_id, count(*) AS parts FROM history_parts "
+            "GROUP BY account_id, action_id, session_id HAVING count(*) >= $1",
+            (min_parts + 1) // 2,
+        )
+    }
+
+
+def _holding(sizes: dict[Key, int], states: dict[str, bool]) -> list[Key]:
+    """The sessions of `sizes` with an index of their own name, current or not (one built
+    again keeps its place), the largest first: those a round keeps, up to its cap. A
+    replacement left beside one (NEXT) and the index of a session under half the threshold
+    hold no place: the round drops them."""
+    largest = sorted(sizes, key=lambda key: (-sizes[key], key))
+    return [key for key in largest if index_name(key) in states]
+
+
 async def index_sessions(
     conn: asyncpg.Connection, min_parts: int, max_sessions: int | None
 ) -> tuple[list[str], list[str], list[str]]:
@@ -97,18 +118,11 @@ async def index_sessions(
     any transaction; one failed build does not stop the others and is retried next round.
     Returns the indexes built, dropped (an index built again is both), and the sessions whose
     build failed."""
-    sizes: dict[Key, int] = {
-        (r["account_id"], r["action_id"], r["session_id"]): r["parts"]
-        for r in await conn.fetch(
-            "SELECT account_id, action_id, session_id, count(*) AS parts FROM history_parts "
-            "GROUP BY account_id, action_id, session_id HAVING count(*) >= $1",
-            (min_parts + 1) // 2,
-        )
-    }
+    sizes = await _sizes(conn, min_parts)
     states = await _states(conn)
     places = len(sizes) if max_sessions is None else max_sessions
     largest = sorted(sizes, key=lambda key: (-sizes[key], key))
-    keep = [key for key in largest if index_name(key) in states][:places]
+    keep = _holding(sizes, states)[:places]
     new = [key for key in largest if sizes[key] >= min_parts and index_name(key) not in states]
     wanted = keep + new[: places - len(keep)]
     owned = {index_name(key) for key in wanted}
@@ -194,13 +208,19 @@ async def session_parts(conn: asyncpg.Connection, key: Key, limit: int) -> int |
     )
 
 
-async def index_session(conn: asyncpg.Connection, key: Key, max_sessions: int | None) -> list[str]:
-    """Builds the session's own index unless it has one or `max_sessions` sessions have
-    theirs (then the rounds decide, as for any other); under the round's lock, outside any
-    transaction. Returns the index built, if any."""
+async def index_session(
+    conn: asyncpg.Connection, key: Key, *, min_parts: int, max_sessions: int | None
+) -> list[str]:
+    """Builds the session's own index unless it has one or `max_sessions` other sessions hold
+    a place, as a round counts them (`_holding`; then the rounds decide, as for any other);
+    under the round's lock, outside any transaction. Returns the index built, if any."""
     states = await _states(conn)
     name = index_name(key)
-    if states.get(name) or (max_sessions is not None and len(set(states) - {name}) >= max_sessions):
+    if states.get(name):
         return []
+    if max_sessions is not None:
+        others = set(_holding(await _sizes(conn, min_parts), states)) - {key}
+        if len(others) >= max_sessions:
+            return []
     log.info("building a search index for session %r", key[2])
     return [await _build(conn, key, beside=name in states)]

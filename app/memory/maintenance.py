@@ -1,7 +1,7 @@
 """Search upkeep: search indexes of large agents, and their word counts.
 
 Run every `search_maintenance_seconds`, by one process at a time (a session advisory lock;
-other processes skip the round):
+other processes skip the round; `Rounds` counts each outcome for the service's metrics):
 
 - Agents with at least `agent_index_min_records` records get an HNSW and a GIN index of their
   own, partial indexes on `(account_id, action_id)`, built with CREATE INDEX CONCURRENTLY
@@ -38,8 +38,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import cast
 from uuid import UUID
 
@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 
 # The round's advisory lock: one process at a time runs a round or a build.
 ROUND_LOCK = "hashtext('engram.search_maintenance')"
-# How often `reorder` asks for the round's lock again while a round or a build holds it.
-REORDER_RETRY_SECONDS = 1.0
+# How often `holding_round` asks for the round's lock again while a round or a build holds it.
+HOLD_RETRY_SECONDS = 1.0
 # The `deployment` row that says which process ran the last round, when it started and when it
 # finished (null while it runs): several processes share a database, one round at a time.
 ROUND_KEY = "search_maintenance.round"
@@ -88,6 +88,25 @@ Key = AgentKey | history_indexes.Key  # an agent's, or a session's (account, act
 # Said when an agent's build is done: `engram import` waits for it silently otherwise (a
 # 200,000-record agent's HNSW index takes minutes).
 _BUILD_DONE = "built search indexes for agent %s in %.1f s"
+
+
+# What a round of the service comes to (`Rounds`); skipped: another process held the lock.
+OUTCOMES = ("done", "failed", "skipped")
+
+
+@dataclass
+class Rounds:
+    """The service's rounds so far, by outcome (OUTCOMES), and the unix time the last one done
+    finished: they run outside any request, so the service's metrics read them when scraped
+    (app/main.py)."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    last_done: float | None = None
+
+    def count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+        if outcome == "done":
+            self.last_done = time.time()
 
 
 @dataclass(frozen=True)
@@ -144,9 +163,17 @@ async def drop_agent_indexes(conn: asyncpg.Connection) -> None:
     """Unlists every agent (its word counts go too, and its searches count words themselves
     until it is listed again) and drops every index of this naming, inside the caller's
     transaction: new embedding dimensions make
-    them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them. Waits for
-    a round that is building them (the round's lock), rather than deadlock with it."""
-    await conn.execute(f"SELECT pg_advisory_xact_lock({ROUND_LOCK})")
+    them stale (app/embeddings/store.py reset_vectors); the next round rebuilds them.
+
+    The caller holds the round's lock, taken before its transaction (`dropping_agent_indexes`),
+    so that no round or build is in flight; without it, it is taken here for the transaction
+    when free, and refused otherwise: waiting for it here deadlocks with the build (as
+    `_hold_round` says)."""
+    if not await conn.fetchval(f"SELECT pg_try_advisory_xact_lock({ROUND_LOCK})"):
+        raise RuntimeError(
+            "search maintenance is running: hold its lock before the transaction that drops "
+            "the search indexes (maintenance.dropping_agent_indexes)"
+        )
     await conn.execute("DELETE FROM agent_indexes")
     for name in await _agent_index_states(conn):
         quoted = await conn.fetchval("SELECT quote_ident($1)", name)
@@ -535,7 +562,7 @@ class IndexBuilds:
                     if count is not None and count < threshold:
                         self._counted[key] = count
                         return
-                    if count is None or await self._build(conn, key):
+                    if count is None or await self._build(conn, key, threshold):
                         self._settled.add(key)
                         self._counted.pop(key, None)
                         return
@@ -556,7 +583,7 @@ class IndexBuilds:
             self._settled.add(key)
             log.exception("building search indexes for %s failed", "/".join(map(str, key)))
 
-    async def _build(self, conn: asyncpg.Connection, key: Key) -> bool:
+    async def _build(self, conn: asyncpg.Connection, key: Key, threshold: int) -> bool:
         """Builds under the round's lock; False when another process holds it."""
         session_changed(conn)  # a session lock, and maintenance_work_mem
         if not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
@@ -571,7 +598,9 @@ class IndexBuilds:
             if len(key) == 2:
                 await index_agent(conn, key, cap)
             else:
-                await history_indexes.index_session(conn, key, cap)
+                await history_indexes.index_session(
+                    conn, key, min_parts=threshold, max_sessions=cap
+                )
             return True
         finally:
             await _unlock(conn)
@@ -612,22 +641,41 @@ async def _unlock(conn: asyncpg.Connection) -> None:
         await conn.execute(f"SELECT pg_advisory_unlock({ROUND_LOCK})")
 
 
-async def _hold_round(conn: asyncpg.Connection) -> None:
-    """Takes the round's lock for the connection's session, once no round or build holds it.
-    Asked for again every REORDER_RETRY_SECONDS, never waited for in a statement: a waiting
-    statement holds a snapshot, which the build's CREATE INDEX CONCURRENTLY waits out while
-    its round holds the lock (deadlock, one of them undone)."""
+async def _hold_round(conn: asyncpg.Connection, doing: str) -> None:
+    """Takes the round's lock for the connection's session, once no round or build holds it;
+    says once that `doing` waits. Asked for again every HOLD_RETRY_SECONDS, never waited for
+    in a statement: a waiting statement holds a snapshot, which the build's CREATE INDEX
+    CONCURRENTLY waits out while its round holds the lock (deadlock, one of them undone)."""
     session_changed(conn)
     waiting = False
     while not await conn.fetchval(f"SELECT pg_try_advisory_lock({ROUND_LOCK})"):
         if not waiting:
             waiting = True
             log.info(
-                "reordering the memory records waits for the search maintenance in flight (a "
-                "round or an index build, maybe of another process); trying again every %g s",
-                REORDER_RETRY_SECONDS,
+                "%s waits for the search maintenance in flight (a round or an index build, "
+                "maybe of another process); trying again every %g s",
+                doing,
+                HOLD_RETRY_SECONDS,
             )
-        await asyncio.sleep(REORDER_RETRY_SECONDS)
+        await asyncio.sleep(HOLD_RETRY_SECONDS)
+
+
+@contextlib.asynccontextmanager
+async def holding_round(conn: asyncpg.Connection, doing: str) -> AsyncIterator[None]:
+    """Holds the round's lock for the connection's session while the block runs, taken once
+    no round or build holds it (`_hold_round`): outside any transaction."""
+    await _hold_round(conn, doing)
+    try:
+        yield
+    finally:
+        await _unlock(conn)
+
+
+def dropping_agent_indexes(
+    conn: asyncpg.Connection,
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """The round's lock, held around the transaction that calls `drop_agent_indexes`."""
+    return holding_round(conn, "dropping the search indexes for new embedding dimensions")
 
 
 async def reorder(conn: asyncpg.Connection) -> None:
@@ -636,7 +684,7 @@ async def reorder(conn: asyncpg.Connection) -> None:
     runs: memory reads and writes wait. Outside a transaction (VACUUM sets all-visible).
 
     Waits first for a round or an index build in flight, and holds the round's lock until it
-    is done (`_hold_round`): the table's lock, asked for during CREATE INDEX CONCURRENTLY, is
+    is done (`holding_round`): the table's lock, asked for during CREATE INDEX CONCURRENTLY, is
     granted only once the build has ended, and every read and write of memory queues behind
     it meanwhile (minutes for a large agent).
 
@@ -645,8 +693,7 @@ async def reorder(conn: asyncpg.Connection) -> None:
     transaction. The table is locked first, as CLUSTER alone did: a statement on it locks the
     table, then its indexes, and an index locked before the table deadlocks with one that comes
     between."""
-    await _hold_round(conn)
-    try:
+    async with holding_round(conn, "reordering the memory records"):
         async with conn.transaction():
             await conn.execute("LOCK TABLE agent_memories IN ACCESS EXCLUSIVE MODE")
             states = await _agent_index_states(conn)
@@ -658,8 +705,6 @@ async def reorder(conn: asyncpg.Connection) -> None:
                 await hnsw.note_built(conn, name)
                 await hnsw.set_ef_construction(conn, name, hnsw.INSERT_EF_CONSTRUCTION)
         await conn.execute("VACUUM (ANALYZE) agent_memories")
-    finally:
-        await _unlock(conn)
 
 
 async def _record_round(conn: asyncpg.Connection, *, finished: bool) -> None:
@@ -747,6 +792,7 @@ class SearchMaintenance:
         self._build_memory = build_memory
         self._max_agents = max_agents
         self._task: asyncio.Task[None] | None = None
+        self.rounds = Rounds()
         self.builds = IndexBuilds(
             pool,
             min_records=min_records,
@@ -763,6 +809,7 @@ class SearchMaintenance:
 
     async def _loop(self) -> None:
         while True:
+            outcome = "failed"
             try:
                 done = await run_round(
                     self._pool,
@@ -772,11 +819,13 @@ class SearchMaintenance:
                     min_parts=self._min_parts,
                     max_sessions=self._max_sessions,
                 )
+                outcome = "skipped" if done is None else "done"
                 if done is not None and (done.built or done.dropped):
                     log.info("search maintenance: built %s, dropped %s", done.built, done.dropped)
             except Exception:
                 # Search goes on without it (older word counts, the shared index).
                 log.exception("search maintenance failed; next round in %s s", self._interval)
+            self.rounds.count(outcome)
             self.builds.forget()
             await asyncio.sleep(self._interval)
 

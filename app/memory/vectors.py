@@ -33,4 +33,5 @@ VECTOR_COLUMNS = VectorColumns(
     ),
     # Large agents' and sessions' own indexes (app/memory/maintenance.py rebuilds them).
     drop_indexes=maintenance.drop_agent_indexes,
+    hold_indexes=maintenance.dropping_agent_indexes,
 )

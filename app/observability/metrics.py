@@ -93,6 +93,21 @@ _DECLARED: tuple[tuple[str, type, str, str, tuple[str, ...]], ...] = (
         ("state",),
     ),
     ("pool_max", Gauge, "engram_pool_max_connections", "The database pool's maximum size", ()),
+    (
+        "search_upkeep_rounds",
+        Counter,
+        "engram_search_upkeep_rounds",
+        "Search upkeep rounds of this process by outcome (done, failed, skipped: another "
+        "process held the rounds' lock), read when scraped",
+        ("outcome",),
+    ),
+    (
+        "search_upkeep_done",
+        Gauge,
+        "engram_search_upkeep_last_done_timestamp_seconds",
+        "When this process's last search upkeep round done finished, in unix time (0: none yet)",
+        (),
+    ),
 )
 
 
@@ -109,6 +124,8 @@ class Metrics:
     embedding_seconds: Histogram
     pool_connections: Gauge
     pool_max: Gauge
+    search_upkeep_rounds: Counter
+    search_upkeep_done: Gauge
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -117,6 +134,7 @@ class Metrics:
             metric = kind(name, doc, labels, registry=self.registry, **extra)
             setattr(self, attribute, metric)
         self._operation_sets: set[str] = set()
+        self._upkeep_rounds: dict[str, int] = {}  # as last read, by outcome
 
     # --- recording ------------------------------------------------------------------------
 
@@ -162,6 +180,16 @@ class Metrics:
         self.pool_connections.labels("idle").set(idle)
         self.pool_max.set(maximum)
 
+    def search_upkeep(self, rounds: Mapping[str, int], last_done: float | None) -> None:
+        """The search upkeep's rounds so far by outcome (a few fixed words), and when the last
+        one done finished: counted outside any request, read when scraped."""
+        for outcome, count in rounds.items():
+            seen = self._upkeep_rounds.get(outcome, 0)
+            self.search_upkeep_rounds.labels(outcome).inc(count - seen)
+            self._upkeep_rounds[outcome] = count
+        if last_done is not None:
+            self.search_upkeep_done.set(last_done)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -191,6 +219,9 @@ class _Discard(Metrics):
         yield
 
     def pool(self, in_use: int, idle: int, maximum: int) -> None:
+        pass
+
+    def search_upkeep(self, rounds: Mapping[str, int], last_done: float | None) -> None:
         pass
 
     def render(self) -> bytes:
