@@ -163,6 +163,18 @@ NOT_VALID = (
 )
 
 
+def sent_authorization(values: Sequence[str]) -> str | None:
+    """The request's one Authorization header (None: it sent none). Two or more are refused,
+    whatever they say: the header takes one value (RFC 9110), and a proxy in front may have
+    checked or logged another of them than the first, which this service would read."""
+    if len(values) > 1:
+        raise Unauthenticated(
+            f"the request sends {len(values)} Authorization headers: send one, "
+            "`Authorization: Bearer <token>`"
+        )
+    return values[0] if values else None
+
+
 async def authenticate(
     pool: asyncpg.Pool, authorization: str | None, *, recent: bool = False
 ) -> Caller:

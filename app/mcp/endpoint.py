@@ -46,7 +46,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app import tasks
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
-from app.auth.service import authenticate
+from app.auth.service import authenticate, sent_authorization
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
@@ -453,7 +453,8 @@ class McpEndpoint:
         request = Request(scope, receive)
         state: AppState = request.app.state.engram
         try:
-            caller = await authenticate(state.pool, request.headers.get("authorization"))
+            sent = sent_authorization(request.headers.getlist("authorization"))
+            caller = await authenticate(state.pool, sent)
         except Exception as e:
             await self._refusal(e)(scope, receive, send)
             return
