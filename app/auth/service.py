@@ -14,7 +14,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import resources, store, verified
-from app.auth.caller import Caller
+from app.auth.caller import AGENT_PREFIX, Caller
 from app.auth.policies import ADMIN_POLICIES, parse_policies
 from app.auth.resources import Grant
 from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
@@ -323,6 +323,12 @@ async def create_client(
     caller.require(("INSERT", resources.CLIENT))
     account_id = caller.reach_account(account_id)
     check_principal(principal)
+    if principal.lower().startswith(AGENT_PREFIX):
+        raise BadInput(
+            f"principal must not start with {AGENT_PREFIX!r}, which names an agent (the "
+            "`modifiedBy` of what it writes): a client so named would pass for one in every "
+            "record and execution it changes"
+        )
     given = parse_policies(policies, strict=True)
     what = f"the policies given to client {principal!r} allow"
     caller.require_covers(given, what)
