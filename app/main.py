@@ -19,7 +19,7 @@ from strawberry.types.unset import UNSET
 
 from app import tasks
 from app.auth import resources
-from app.auth.service import authenticate, bootstrap_admin
+from app.auth.service import authenticate, bootstrap_admin, sent_authorization
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
@@ -208,7 +208,8 @@ class _Guard:
             return _error(400, e.code, e.message), body
         state: AppState = scope["app"].state.engram
         try:
-            caller = await authenticate(state.pool, headers.get("authorization"), recent=True)
+            sent = sent_authorization(headers.getlist("authorization"))
+            caller = await authenticate(state.pool, sent, recent=True)
         except DomainError as e:
             return _error(401, e.code, e.message), body
         except Exception as e:
@@ -417,7 +418,8 @@ def create_app(
     @_once_started
     async def metrics_text(request: Request, state: AppState) -> Response:
         try:
-            caller = await authenticate(state.pool, request.headers.get("authorization"))
+            sent = sent_authorization(request.headers.getlist("authorization"))
+            caller = await authenticate(state.pool, sent)
         except DomainError as e:
             return _error(401, e.code, e.message)
         try:

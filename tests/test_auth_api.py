@@ -7,7 +7,7 @@ import json
 from uuid import UUID
 
 import pytest
-from factories import allow, caller, deny, make_account
+from factories import allow, caller, deny, make_account, make_agent
 from helpers import eventually
 
 from app.auth import service
@@ -367,6 +367,26 @@ async def test_bad_principal_is_bad_request(gql, admin, principal):
     )
     assert result.codes == ["BAD_REQUEST"]
     assert "principal must be 1 to 200 characters" in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize("principal", ["action:{agent}", "Action:{agent}", "ACTION:ops"])
+async def test_a_principal_an_agent_would_have_is_bad_request(gql, state, admin, principal):
+    """An agent's principal is `action:<actionId>`, what `modifiedBy` says of the records it
+    writes: a client given one would delete records as the agent, to anyone reading their
+    history (M59)."""
+    agent = await make_agent(state, admin)
+    principal = principal.format(agent=agent.action_id)
+    result = await gql(
+        admin, CREATE_CLIENT, input={"principal": principal, "name": "x", "policies": []}
+    )
+    assert result.codes == ["BAD_REQUEST"]
+    assert (
+        "principal must not start with 'action:', which names an agent"
+        in (result.errors[0]["message"])
+    )
+    # A name that only begins like it is a client's as ever.
+    for taken in ("actions-bot", "action", "action.ops"):
+        await add_client(gql, admin, taken)
 
 
 async def test_blank_client_name_is_bad_request(gql, admin):

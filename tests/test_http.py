@@ -134,6 +134,36 @@ async def test_bearer_said_twice_is_told_so(http):
     )
 
 
+async def test_two_authorization_headers_are_refused_whatever_they_say(http):
+    """The header takes one value: of two, the service read the first, where a proxy in front
+    may have checked or logged the other; so none is read. The same at /graphql, /mcp and
+    /metrics, even when both say the same."""
+    for second in (ADMIN_TOKEN, "eng_not-a-real-token"):
+        headers = [
+            ("authorization", f"Bearer {ADMIN_TOKEN}"),
+            ("authorization", f"Bearer {second}"),
+        ]
+        said = (
+            "the request sends 2 Authorization headers: send one, `Authorization: Bearer <token>`"
+        )
+        response = await post(http, "{ viewer { principal } }", headers=headers)
+        assert response.status_code == 401
+        assert error_code(response) == "UNAUTHENTICATED"
+        assert response.json()["errors"][0]["message"] == said
+        metrics = await http.get("/metrics", headers=headers)
+        assert metrics.status_code == 401 and metrics.json()["errors"][0]["message"] == said
+        mcp = await http.post("/mcp/00000000-0000-4000-8000-000000000000", json={}, headers=headers)
+        assert mcp.status_code == 401 and mcp.headers["www-authenticate"] == "Bearer"
+        assert mcp.json()["error"]["data"] == {"code": "UNAUTHENTICATED"}
+        assert mcp.json()["error"]["message"] == said
+    # One header, in any case, is read as ever.
+    for name in ("authorization", "AUTHORIZATION"):
+        response = await post(
+            http, "{ viewer { principal } }", headers=[(name, f"bearer {ADMIN_TOKEN}")]
+        )
+        assert response.json() == {"data": {"viewer": {"principal": "admin"}}}
+
+
 async def test_bootstrap_token_is_an_admin_token(http):
     response = await post(http, "{ viewer { principal } }")
     assert response.status_code == 200

@@ -17,6 +17,7 @@ from factories import allow, full_memory, make_agent_id, memory_harness, token_f
 from helpers import GQL, eventually
 from openai_server import CHAT, OpenAIServer
 
+from app.auth import service as auth_service
 from app.auth.caller import Caller
 from app.state import AppState
 
@@ -286,6 +287,69 @@ async def test_mcp_a_batch_whose_client_leaves_runs_no_message_after_the_one_run
     assert [r["status"] for r in runs] == ["SUCCEEDED"]
     assert [r["summary"] for r in kept] == ["first"]
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_mcp_a_batch_runs_no_message_after_its_token_is_revoked_or_narrowed(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """Each message of a batch is served as if posted alone, so each is checked as a request
+    is: a token revoked while the batch runs (a leaked one, whose batch of 20 calls could run
+    for ENGRAM_TURN_TIMEOUT_SECONDS after) starts none of the messages after the one running,
+    each request left answered UNAUTHENTICATED in its place; grants narrowed meanwhile hold for
+    the messages after, as for a request sent then. The message running ends as it would."""
+    action_id = await make_agent_id(gql.state, admin, harness=full_memory())
+    for principal, change, refusal in [
+        ("revoked-batcher", "revoke", (-32000, {"code": "UNAUTHENTICATED"})),
+        ("narrowed-batcher", "narrow", None),
+    ]:
+        token = await token_for(state, admin, principal, *POLICIES)
+        batch = [_add(1, f"{change} first"), _add(2, f"{change} second"), _add(3, "third")]
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+            async with state.pool.acquire() as lock, lock.transaction():
+                await lock.execute(HOLD_WRITES)
+                posted = asyncio.create_task(_post(http, action_id, token, "2025-03-26", batch))
+                await eventually(lambda: _waiting_on_a_lock(state), "the first add_memory waits")
+                if change == "revoke":
+                    (issued,) = await auth_service.list_client_tokens(
+                        state.pool, admin, account_id=None, principal=principal
+                    )
+                    await auth_service.revoke_client_token(
+                        state.pool,
+                        admin,
+                        account_id=None,
+                        principal=principal,
+                        token_id=issued.token_id,
+                    )
+                else:  # it may run turns, and no longer write memory
+                    await auth_service.update_client(
+                        state.pool,
+                        admin,
+                        account_id=None,
+                        principal=principal,
+                        name=None,
+                        policies=[POLICIES[0]],
+                    )
+            answered = await posted
+        assert answered.status_code == 200, answered.text
+        first, *rest = answered.json()
+        assert first["id"] == 1 and first["result"]["isError"] is False, first
+        if refusal is not None:
+            assert [(a["id"], a["error"]["code"], a["error"]["data"]) for a in rest] == [
+                (2, *refusal),
+                (3, *refusal),
+            ]
+            assert rest[0]["error"]["message"] == auth_service.NOT_VALID
+        else:  # the tool's refusal, as for a call sent alone now
+            for later in rest:
+                assert later["result"]["isError"] is True, later
+                assert json.loads(later["result"]["content"][0]["text"])["code"] == "ACCESS_DENIED"
+    async with state.pool.acquire() as conn:
+        kept = await conn.fetch(
+            "SELECT summary FROM agent_memories WHERE action_id = $1 ORDER BY summary",
+            uuid.UUID(action_id),
+        )
+    assert [r["summary"] for r in kept] == ["narrow first", "revoke first"]
+    assert await _executions(state, action_id) == 2
 
 
 @pytest.mark.settings(turn_timeout_seconds=1)

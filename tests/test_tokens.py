@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import httpx
 import pytest
-from factories import allow, caller, make_account
-from helpers import db_settings
+from factories import allow, caller, make_account, make_agent, token_for
+from helpers import db_settings, eventually
+from openai_server import CHAT
 from servers import serving
 
 from app.auth import service
@@ -189,6 +190,54 @@ async def test_a_revoked_token_is_refused(gql, state, admin):
     assert await valid(state, kept)
     again = await gql(admin, REVOKE, p="bot", t=token_id, a=str(account))
     assert again.codes == ["NOT_FOUND"]
+
+
+@pytest.mark.parametrize("change", ["revoke", "delete"])
+async def test_a_turn_running_when_its_token_is_revoked_ends_as_it_would(
+    gql, state, admin, model_server, base_url, change
+):
+    """A request is checked when it starts (docs/access.md): a turn waiting on its model when
+    its token is revoked, or its client deleted, commits what it did; the next request with
+    that token is refused."""
+    agent = await make_agent(state, admin)
+    runner = allow(["INSERT"], "financial.ActionExecution.document")
+    token = await token_for(state, admin, "runner", runner)
+    model_server.call_tools(
+        ("add_memory", {"summary": "Ada pays by card", "kind": "fact"}), delay=3
+    )
+    model_server.say("Saved.")
+    execute = """mutation($a: UUID!) { executeAction(input: {actionId: $a, sessionId: "s1",
+      input: "Ada pays by card"}) { status output } }"""
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+
+        async def post(query: str, **variables: str) -> httpx.Response:
+            body = {"query": query, "variables": variables}
+            return await http.post(
+                "/graphql", json=body, headers={"Authorization": f"Bearer {token}"}
+            )
+
+        turn = asyncio.create_task(post(execute, a=str(agent.action_id)))
+        await eventually(lambda: model_server.requests_to(CHAT), "the turn's model call")
+        if change == "revoke":
+            (issued,) = await service.list_client_tokens(
+                state.pool, admin, account_id=None, principal="runner"
+            )
+            await service.revoke_client_token(
+                state.pool, admin, account_id=None, principal="runner", token_id=issued.token_id
+            )
+        else:
+            await service.delete_client(state.pool, admin, account_id=None, principal="runner")
+        refused = await post("{ viewer { principal } }")
+        assert refused.status_code == 401 and not turn.done()
+        answered = await turn
+    assert answered.json() == {
+        "data": {"executeAction": {"status": "SUCCEEDED", "output": "Saved."}}
+    }
+    listed = (
+        """query($a: UUID!) { action(actionId: $a) { memories(first: 5) { nodes { summary } } } }"""
+    )
+    found = (await gql(admin, listed, a=str(agent.action_id))).ok()
+    assert found["action"]["memories"]["nodes"] == [{"summary": "Ada pays by card"}]
 
 
 async def test_token_operations_need_their_grants(gql, state, admin):

@@ -14,7 +14,7 @@ from app.actions import store
 from app.actions.harness import Harness, parse_harness
 from app.actions.model import ModelConfig, check_endpoint, parse_model
 from app.auth import resources
-from app.auth.caller import Caller
+from app.auth.caller import AGENT_PREFIX, Caller
 from app.auth.policies import is_allowed
 from app.config import Settings
 from app.errors import BadInput, Conflict, NotFound
@@ -30,7 +30,7 @@ MAX_LABEL_DESCRIPTION = 1024  # bytes
 
 def agent_principal(action_id: UUID) -> str:
     """The principal an agent acts as: what `modifiedBy` names when the agent writes."""
-    return f"action:{action_id}"
+    return f"{AGENT_PREFIX}{action_id}"
 
 
 @dataclass(frozen=True)

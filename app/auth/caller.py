@@ -8,6 +8,10 @@ from app.auth.policies import Policy, covers, require, require_covers
 from app.auth.resources import Grant
 from app.errors import NotFound
 
+# What an agent's principal starts with (`action:<actionId>`, what its own writes' `modifiedBy`
+# and its executions' `principal` say): no client is given one, or it would pass for an agent.
+AGENT_PREFIX = "action:"
+
 
 @dataclass(frozen=True)
 class Caller:

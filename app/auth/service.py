@@ -14,7 +14,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import resources, store, verified
-from app.auth.caller import Caller
+from app.auth.caller import AGENT_PREFIX, Caller
 from app.auth.policies import ADMIN_POLICIES, parse_policies
 from app.auth.resources import Grant
 from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
@@ -161,6 +161,18 @@ class IssuedToken:
 NOT_VALID = (
     "the API token is not valid (mistyped, revoked, or its client deleted); ask for a new one"
 )
+
+
+def sent_authorization(values: Sequence[str]) -> str | None:
+    """The request's one Authorization header (None: it sent none). Two or more are refused,
+    whatever they say: the header takes one value (RFC 9110), and a proxy in front may have
+    checked or logged another of them than the first, which this service would read."""
+    if len(values) > 1:
+        raise Unauthenticated(
+            f"the request sends {len(values)} Authorization headers: send one, "
+            "`Authorization: Bearer <token>`"
+        )
+    return values[0] if values else None
 
 
 async def authenticate(
@@ -311,6 +323,12 @@ async def create_client(
     caller.require(("INSERT", resources.CLIENT))
     account_id = caller.reach_account(account_id)
     check_principal(principal)
+    if principal.lower().startswith(AGENT_PREFIX):
+        raise BadInput(
+            f"principal must not start with {AGENT_PREFIX!r}, which names an agent (the "
+            "`modifiedBy` of what it writes): a client so named would pass for one in every "
+            "record and execution it changes"
+        )
     given = parse_policies(policies, strict=True)
     what = f"the policies given to client {principal!r} allow"
     caller.require_covers(given, what)

@@ -46,7 +46,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app import tasks
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
-from app.auth.service import authenticate
+from app.auth.service import authenticate, sent_authorization
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
@@ -453,7 +453,8 @@ class McpEndpoint:
         request = Request(scope, receive)
         state: AppState = request.app.state.engram
         try:
-            caller = await authenticate(state.pool, request.headers.get("authorization"))
+            sent = sent_authorization(request.headers.getlist("authorization"))
+            caller = await authenticate(state.pool, sent)
         except Exception as e:
             await self._refusal(e)(scope, receive, send)
             return
@@ -646,7 +647,15 @@ class McpEndpoint:
             if ran and budget and elapsed >= budget:
                 late = _late(number, len(batch), elapsed, found.state.settings)
                 refused = (late, TooManyRequests.code)
-            else:
+            elif ran:
+                # Checked again, as if posted alone: once the token is revoked (its client
+                # deleted, its grants narrowed, the agent gone), no more of the batch runs.
+                again = await self._again(found, scope)
+                if isinstance(again, McpRequest):
+                    found = again
+                else:
+                    refused = again
+            if refused is None:
                 if busy is None:
                     try:
                         await admission.again()
@@ -694,6 +703,23 @@ class McpEndpoint:
         alone = {**scope, "headers": headers, SCOPE_KEY: found}
         await self.manager.handle_request(alone, replaying(body, receive), send)
         return answer
+
+    async def _again(self, found: McpRequest, scope: Scope) -> McpRequest | tuple[str, str]:
+        """What a batch's next message is checked with, its request's token authenticated
+        again and its agent found again (`_check`), or why it is refused: (message, code)."""
+        request = Request(scope)
+        try:
+            sent = sent_authorization(request.headers.getlist("authorization"))
+            caller = await authenticate(found.state.pool, sent)
+            return await self._check(request, found.state, caller)
+        except DomainError as e:
+            return (e.message, e.code)
+        except Exception as e:
+            refused = database_refusal(e)
+            if refused is None:
+                raise
+            log.warning("database refused a batch's message: %r", e)
+            return (refused[1], refused[0])
 
     async def _check(self, request: Request, state: AppState, caller: Caller) -> McpRequest:
         raw = request.path_params.get("action_id", "")
