@@ -25,6 +25,7 @@ requests and /healthz in both phases, and what A got: searches answered, 429s, o
 
 import argparse
 import asyncio
+import atexit
 import json
 import logging
 import re
@@ -245,6 +246,7 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     data = Path(tempfile.mkdtemp(prefix="engram-fair-"))
+    atexit.register(shutil.rmtree, data, ignore_errors=True)  # however the run ends
     port = free_port()
     settings = {"ENGRAM_LOG_LEVEL": "WARNING"}
     settings |= {f"ENGRAM_{k.upper()}": v for k, v in (s.split("=", 1) for s in args.set)}
@@ -311,7 +313,6 @@ def main() -> None:
         raise
     finally:
         service.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":
