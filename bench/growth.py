@@ -550,7 +550,7 @@ def _fmt(value: Any) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=2000)
     parser.add_argument("--searches", type=int, default=20000)
     parser.add_argument("--tokens", type=int, default=1000)
