@@ -31,6 +31,7 @@ it grew in proportion to the largest size measured.
 
 import argparse
 import asyncio
+import atexit
 import logging
 import shlex
 import shutil
@@ -359,13 +360,13 @@ def main() -> None:
         args.turns, args.keys, args.dead = [100_000, 300_000], [864_000, 2_000_000], [5000]
     print("# python bench/bounds.py " + shlex.join(sys.argv[1:]))
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-bounds-"))
+    if args.data_dir is None:  # however the run ends, Ctrl-C as the server starts too
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
     pg = EmbeddedPostgres(root / "pgdata")
     try:
         asyncio.run(measure(pg, args))
     finally:
         pg.stop()
-        if args.data_dir is None:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

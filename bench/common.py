@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -246,14 +247,14 @@ def run_scratch(data_dir: Path | None, prefix: str, measure: Any, embedder: Any)
     """Runs `measure(url)` on a fresh database of a scratch server under `data_dir` (default: a
     new temp dir named by `prefix`, removed after), and stops the server."""
     root = data_dir or Path(tempfile.mkdtemp(prefix=prefix))
+    if data_dir is None:  # however the run ends, Ctrl-C as the server starts too
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
     pg = EmbeddedPostgres(root / "pgdata")
     try:
         url = asyncio.run(fresh_database(pg, "sessions", embedder))
         asyncio.run(measure(url))
     finally:
         pg.stop()
-        if data_dir is None:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -413,8 +413,11 @@ def main() -> None:
     try:
         asyncio.run(main_async(args, data))
     finally:
-        print(f"\n{time.monotonic() - started:.0f} s; service log: {data / 'service.log'}")
-        if not args.keep:
+        took = f"\n{time.monotonic() - started:.0f} s"
+        if args.keep:
+            print(f"{took}; service log: {data / 'service.log'}")
+        else:
+            print(f"{took}; the service log was removed with the data (--keep keeps them)")
             shutil.rmtree(data, ignore_errors=True)
 
 

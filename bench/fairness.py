@@ -25,6 +25,7 @@ requests and /healthz in both phases, and what A got: searches answered, 429s, o
 
 import argparse
 import asyncio
+import atexit
 import json
 import logging
 import re
@@ -73,6 +74,13 @@ HEAVY = """query($a: UUID!, $q: String!, $after: String!) {
 SMALL = "query($a: UUID!) { action(actionId: $a) { name } }"
 _RETRY = re.compile(rb"\r\nretry-after: *(\d+)", re.IGNORECASE)
 _LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
+
+
+def deep_cursor(account: str, action: str, query: str) -> str:
+    """A cursor 9,000 records deep into the agent's hybrid search for `query` (operator's)."""
+    key = _search_key(OperatorReader(UUID(account), UUID(action)), "hybrid", query, Filters())
+    # No word weights or best score: each page weighs the query's words afresh.
+    return RANKED.encode(key, 1.0, datetime.now(UTC), uuid4(), 9_000, None, None)
 
 
 def gql(http: httpx.Client, token: str, query: str, **variables: Any) -> dict[str, Any]:
@@ -238,6 +246,7 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     data = Path(tempfile.mkdtemp(prefix="engram-fair-"))
+    atexit.register(shutil.rmtree, data, ignore_errors=True)  # however the run ends
     port = free_port()
     settings = {"ENGRAM_LOG_LEVEL": "WARNING"}
     settings |= {f"ENGRAM_{k.upper()}": v for k, v in (s.split("=", 1) for s in args.set)}
@@ -254,12 +263,6 @@ def main() -> None:
             b_agent = agent(http, b_token, 50, words)
         query = words.some(2000, 2000)[:4096].strip()
 
-        def deep(account: str, action: str) -> str:
-            """A cursor 9,000 records deep into the agent's search for `query`."""
-            reader = OperatorReader(UUID(account), UUID(action))
-            key = _search_key(reader, "hybrid", query, Filters())
-            return RANKED.encode(key, 1.0, datetime.now(UTC), uuid4(), 9_000)
-
         host = "127.0.0.1"
         heavy = {
             name.upper(): request_bytes(
@@ -269,7 +272,7 @@ def main() -> None:
                 HEAVY,
                 a=flooding_agents[name],
                 q=query,
-                after=deep(account, flooding_agents[name]),
+                after=deep_cursor(account, flooding_agents[name], query),
             )
             for name, (account, token) in flooding.items()
         }
@@ -310,7 +313,6 @@ def main() -> None:
         raise
     finally:
         service.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

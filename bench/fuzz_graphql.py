@@ -31,6 +31,7 @@ native tool calls with hostile and other-tenant arguments, malformed arguments, 
 """
 
 import argparse
+import atexit
 import base64
 import json
 import os
@@ -1090,17 +1091,21 @@ def serve(
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"engram serve exited; see {data_dir / 'serve.log'}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.terminate()
-    raise SystemExit("engram serve did not start in 120 s")
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SystemExit(f"engram serve exited; see {data_dir / 'serve.log'}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    return process, url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit("engram serve did not start in 120 s")
+    except BaseException:  # Ctrl-C too: a service stopped while it starts stops its server
+        process.terminate()
+        process.wait(timeout=60)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1125,6 +1130,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-fuzz-"))
         data_dir.mkdir(parents=True, exist_ok=True)
+        if args.data_dir is None:  # the scratch server's, however the run ends
+            atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
         admin_token = "fuzz-admin-" + uuid.uuid4().hex
         model = None if args.no_model else Model(args.seed)
         process, url = serve(data_dir, admin_token, model.url if model else None)
@@ -1139,8 +1146,6 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             process.terminate()
             process.wait(timeout=60)
-            if args.data_dir is None:  # the scratch server's, made above
-                shutil.rmtree(data_dir, ignore_errors=True)
         if model is not None:
             model.close()
     print(f"fuzz_graphql: {args.examples} examples, seed {args.seed}, {elapsed:.0f} s")

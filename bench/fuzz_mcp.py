@@ -44,6 +44,7 @@ and the scripted model's answers no longer repeat from run to run).
 """
 
 import argparse
+import atexit
 import base64
 import contextlib
 import json
@@ -1339,6 +1340,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-fuzz-mcp-"))
         data_dir.mkdir(parents=True, exist_ok=True)
+        if args.data_dir is None:  # the scratch server's, however the run ends
+            atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
         admin_token = "fuzz-admin-" + uuid.uuid4().hex
         model = Model(args.seed)
         process, url = serve(data_dir, admin_token, model.url)
@@ -1356,8 +1359,6 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             process.terminate()
             process.wait(timeout=60)
-            if args.data_dir is None:
-                shutil.rmtree(data_dir, ignore_errors=True)
         if model is not None:
             model.close()
     command = f"python bench/fuzz_mcp.py --operations {args.operations} --seed {args.seed}"

@@ -65,6 +65,7 @@ exits non-zero when any figure is not 0 (or a canary did not fire).
 
 import argparse
 import asyncio
+import atexit
 import hashlib
 import json
 import random
@@ -2155,6 +2156,8 @@ def main(argv: list[str] | None = None) -> int:
 
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-fuzz-model-"))
     data_dir.mkdir(parents=True, exist_ok=True)
+    if args.data_dir is None:  # the scratch server's, however the run ends
+        atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     admin_token = "fuzz-admin-" + uuid.uuid4().hex
     model = Model(args.seed, args.hostility)
     model.timeout = float(SETTINGS["ENGRAM_MODEL_TIMEOUT_SECONDS"])
@@ -2196,8 +2199,6 @@ def main(argv: list[str] | None = None) -> int:
         model.close()
         if pg is not None:
             pg.stop()
-        if args.data_dir is None:
-            shutil.rmtree(data_dir, ignore_errors=True)
     command = f"python bench/fuzz_model.py --operations {args.operations} --seed {args.seed}"
     if args.hostility != 0.35:
         command += f" --hostility {args.hostility}"

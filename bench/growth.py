@@ -40,6 +40,7 @@ RSS (freed heap the process still held comes back).
 
 import argparse
 import asyncio
+import atexit
 import ctypes
 import ctypes.util
 import gc
@@ -335,6 +336,7 @@ def run(args: argparse.Namespace) -> None:
         if w.isalpha() and w.isascii() and len(w) >= 3
     )
     work = Path(tempfile.mkdtemp(prefix="engram-growth-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # however the run ends
     pg = EmbeddedPostgres(work / "pgdata")
     context = multiprocessing.get_context("spawn")
     ports, stop = context.Queue(), context.Event()
@@ -380,7 +382,6 @@ def run(args: argparse.Namespace) -> None:
         stop.set()
         model.join(10)
         pg.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def load(
@@ -549,7 +550,7 @@ def _fmt(value: Any) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=2000)
     parser.add_argument("--searches", type=int, default=20000)
     parser.add_argument("--tokens", type=int, default=1000)

@@ -50,6 +50,7 @@ inserts  A session of --big parts (loaded as `scale` does, among --sessions othe
 
 import argparse
 import asyncio
+import atexit
 import io
 import json
 import multiprocessing
@@ -1006,6 +1007,8 @@ def main() -> None:
         quoting(convs)
         return
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-bench-history-"))
+    if args.data_dir is None:  # however the run ends, Ctrl-C as the server starts too
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
     settings = {
         "shared_buffers": "4GB",
         "work_mem": "16MB",
@@ -1033,8 +1036,6 @@ def main() -> None:
     finally:
         if pg is not None:
             pg.stop()
-        if args.data_dir is None:
-            shutil.rmtree(root, ignore_errors=True)
     print(f"reproduce: {command}")
 
 

@@ -35,6 +35,7 @@ client wait that long between its requests, leaving the machine idle meanwhile.
 
 import argparse
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -187,17 +188,20 @@ class Service:
             )
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"engram serve exited; see {self.log}")
-            try:
-                if httpx.get(f"{self.base}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"engram serve did not start in 120 s; see {self.log}")
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise SystemExit(f"engram serve exited; see {self.log}")
+                try:
+                    if httpx.get(f"{self.base}/healthz", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.3)
+            raise SystemExit(f"engram serve did not start in 120 s; see {self.log}")
+        except BaseException:  # Ctrl-C too: a service stopped while it starts stops its server
+            self.stop()
+            raise
 
     @property
     def pid(self) -> int:
@@ -554,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     levels = [int(c) for c in args.concurrency.split(",")]
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-http-"))
+    if args.data_dir is None and not args.keep:
+        atexit.register(shutil.rmtree, data_dir, ignore_errors=True)  # however the run ends
     targets = [Target("this", ROOT, data_dir / "this")]
     if args.baseline:
         targets.append(Target("baseline", args.baseline.resolve(), data_dir / "baseline"))
@@ -642,8 +648,6 @@ def main(argv: list[str] | None = None) -> int:
             t.service.stop()
         print(f"[{t.label}] ", end="")
         report_profile(out, args.profile, median(w.cpu_ms for w in t.windows[levels[0]]), profiled)
-    if args.data_dir is None and not args.keep:
-        shutil.rmtree(data_dir, ignore_errors=True)
     return 0
 
 

@@ -12,6 +12,7 @@ the agent's look-up, the execution's start and commit transactions and its trans
 
 import argparse
 import asyncio
+import atexit
 import json
 import multiprocessing
 import shlex
@@ -236,6 +237,7 @@ def mcp_overhead(calls: int = 200, records: int = 1000) -> dict[str, dict[str, l
     from app.db.embedded import EmbeddedPostgres
 
     root = Path(tempfile.mkdtemp(prefix="engram-bench-mcp-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # Ctrl-C as the server starts too
     pg = EmbeddedPostgres(root / "pgdata")
     context = multiprocessing.get_context("spawn")
     service = None
@@ -276,7 +278,6 @@ def mcp_overhead(calls: int = 200, records: int = 1000) -> dict[str, dict[str, l
             service.terminate()
             service.join(timeout=10)
         pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:

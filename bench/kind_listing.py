@@ -333,7 +333,9 @@ async def measure(url: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rare", type=int, default=200)
     parser.add_argument("--note", type=int, default=1000)

@@ -63,7 +63,9 @@ async def _generic_page(conn: _Connection, reader, filters: store.ListFilters) -
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("database_url")
     args = parser.parse_args()
     conn = await asyncpg.connect(args.database_url, connection_class=_Connection)

@@ -26,6 +26,7 @@ app/memory/search.py was chosen (bench/README.md).
 
 import argparse
 import asyncio
+import atexit
 import re
 import shlex
 import shutil
@@ -250,6 +251,8 @@ def main() -> None:
     command = "python bench/locomo_quality.py " + shlex.join(sys.argv[1:])
     print(f"# {command}")
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="engram-locomo-"))
+    if args.data_dir is None:  # however the run ends, Ctrl-C as the server starts too
+        atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     pg = EmbeddedPostgres(data_dir / "pgdata")
     try:
         for name in args.embedders.split(","):
@@ -263,8 +266,6 @@ def main() -> None:
             print(f"  ({time.perf_counter() - started:.0f} s)")
     finally:
         pg.stop()
-        if args.data_dir is None:
-            shutil.rmtree(data_dir, ignore_errors=True)
     print(f"\nreproduce: {command}")
 
 

@@ -225,9 +225,16 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1000, 10000, 50000])
     parser.add_argument("--per", type=int, default=2, help="pins in each session")
     parser.add_argument("--content", type=int, default=2000, help="content characters a pin")
-    parser.add_argument("--writes", type=int, default=40, help="pins of each kind timed")
+    parser.add_argument(
+        "--writes",
+        type=int,
+        default=40,
+        help="pins of each kind (more than 5: the first 5 warm up)",
+    )
     parser.add_argument("--data-dir", type=Path, default=None, help="default: a temp dir")
     args = parser.parse_args()
+    if args.writes <= 5:
+        parser.error("--writes: more than 5 (the first 5 of each kind are not timed)")
     print("# python bench/pins.py " + shlex.join(sys.argv[1:]))
     run_scratch(
         args.data_dir,

@@ -30,6 +30,7 @@ reach (the fragment check is no setting: compare with --root of a checkout befor
 """
 
 import argparse
+import atexit
 import contextlib
 import logging
 import shutil
@@ -163,6 +164,7 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line a /healthz otherwise
 
     data = Path(tempfile.mkdtemp(prefix="engram-limits-"))
+    atexit.register(shutil.rmtree, data, ignore_errors=True)  # however the run ends
     settings = {"ENGRAM_LOG_LEVEL": "WARNING"}
     if args.no_limits:
         settings |= {"ENGRAM_MAX_QUERY_NODES": str(10**15), "ENGRAM_MAX_QUERY_SEARCHES": "1000"}
@@ -226,7 +228,6 @@ def main() -> None:
             attack(service, "answer", f"{{ {pages} }}", {})
     finally:
         service.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

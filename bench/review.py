@@ -27,6 +27,7 @@ do restated facts pile up?
 
 import argparse
 import asyncio
+import atexit
 import json
 import multiprocessing
 import random
@@ -385,6 +386,7 @@ async def turns(
 
 async def runtime_figures(args: argparse.Namespace, model_url: str) -> None:
     root = Path(tempfile.mkdtemp(prefix="engram-bench-review-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # Ctrl-C as the server starts too
     pg = EmbeddedPostgres(root / "pgdata")
     try:
         admin_conn = await asyncpg.connect(pg.uri())
@@ -473,7 +475,6 @@ async def runtime_figures(args: argparse.Namespace, model_url: str) -> None:
         await pool.close()
     finally:
         pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
@@ -490,12 +491,12 @@ def main() -> None:
     print("$ python bench/review.py " + shlex.join(sys.argv[1:]))
     if args.skip != "recall":
         root = Path(tempfile.mkdtemp(prefix="engram-bench-review-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)  # Ctrl-C as it starts too
         pg = EmbeddedPostgres(root / "pgdata")
         try:
             asyncio.run(neighbour_recall(pg, args.locomo, args.limit))
         finally:
             pg.stop()
-            shutil.rmtree(root, ignore_errors=True)
     if args.skip != "runtime":
         context = multiprocessing.get_context("spawn")
         ports, stop = context.Queue(), context.Event()

@@ -31,6 +31,9 @@ records; load it first, `--load-only`), with LoCoMo dev questions and a turn's r
   could search with).
 - `builds`: one agent's HNSW and GIN indexes built as the upkeep builds them (CREATE INDEX
   CONCURRENTLY reads the whole table).
+- `plans`: the statements that pass the agent's key as a plain parameter (a search or a
+  listing under a label value or IDs) on the plan a connection caches (generic), on one made
+  for the values (custom), and as `plan_cache_mode` auto chooses.
 - `backends`: searches on a new connection (a PostgreSQL backend that has touched none of the
   shared buffers yet) against the same searches on a connection that has served as many
   searches of other questions first: the backend's minor page faults and CPU per search, and

@@ -138,7 +138,9 @@ async def measure(url: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--agent", type=int, default=20_000)
     parser.add_argument("--sessions", type=int, default=1_000)
     parser.add_argument("--per", type=int, default=170)

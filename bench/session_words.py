@@ -43,6 +43,7 @@ from app.memory.visibility import AgentReader  # noqa: E402
 from app.scope import Scope  # noqa: E402
 
 SESSION = "long"
+LISTED = 2_000  # the upkeep round's min_records: an agent below it gets no indexes or counts
 
 
 async def load(pool, embedder, texts: list[str], agent: int, session: int) -> tuple:
@@ -58,7 +59,7 @@ async def measure(url: str, samples: list[dict], agent: int, session: int, queri
         t = time.perf_counter()
         agents = [await load(pool, embedder, texts, agent, session) for _ in range(2)]
         await pool.execute("VACUUM ANALYZE agent_memories")
-        done = await maintenance.run_round(pool, min_records=2_000)
+        done = await maintenance.run_round(pool, min_records=LISTED)
         print(
             f"  loaded and listed 2 agents of {agent:,} + {session:,} records in "
             f"{time.perf_counter() - t:.0f} s; sessions counted: {done.sessions if done else 0}"
@@ -110,6 +111,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--data-dir", type=Path, default=None, help="default: a temp dir")
     args = parser.parse_args()
+    if args.agent + args.session < LISTED or args.session < maintenance.SESSION_WORDS_MIN:
+        parser.error(
+            f"--agent and --session: at least {LISTED:,} records in all and "
+            f"{maintenance.SESSION_WORDS_MIN:,} in the session, or no session's words are kept "
+            "and both agents search alike"
+        )
     samples = load_locomo(args.locomo)
     print("# python bench/session_words.py " + shlex.join(sys.argv[1:]))
     run_scratch(

@@ -38,6 +38,7 @@ transcript events), timed directly over the same records; and the budget check a
 
 import argparse
 import asyncio
+import atexit
 import itertools
 import json
 import multiprocessing
@@ -309,6 +310,7 @@ def budget_check_alone(count: int) -> list[float]:
 
 async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="engram-bench-turns-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # Ctrl-C as the server starts too
     pg = EmbeddedPostgres(root / "pgdata")
     try:
         admin_conn = await asyncpg.connect(pg.uri())
@@ -382,7 +384,6 @@ async def bench(args: argparse.Namespace, model_url: str) -> dict[str, Any]:
         return results
     finally:
         pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
