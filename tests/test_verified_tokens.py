@@ -13,6 +13,7 @@ from helpers import db_settings
 from servers import serving
 
 from app.auth import service, store, verified
+from app.db.pool import Share, drawing_on
 from app.errors import Unauthenticated
 
 ADMIN = "verified-tokens-admin-token-0123456789"
@@ -163,3 +164,39 @@ async def test_a_lookup_while_a_revocation_commits_is_not_kept(state, admin, mon
     assert looked_up and looked_up[0].principal == "bot"  # the token was there meanwhile
     with pytest.raises(Unauthenticated):
         await service.authenticate(state.pool, bearer, recent=True)
+
+
+async def test_a_flood_of_unknown_tokens_leaves_the_pool_to_known_ones(state, admin):
+    """Random tokens sent without pause, each looked up, wait on a share of the pool of their
+    own (service.STRANGERS): a known token's lookup and its account's work still find a
+    connection. Before, every lookup came first in the pool's line, and a flood of them kept
+    the accounts' work waiting for as long as it lasted."""
+    await service.create_client(
+        state.pool, admin, account_id=None, principal="bot", name="Bot", policies=[]
+    )
+    issued = await service.issue_client_token(state.pool, admin, account_id=None, principal="bot")
+    bearer = f"Bearer {issued.token}"
+    await service.authenticate(state.pool, bearer)  # known from now on
+    flooding = True
+    refused = 0
+
+    async def stranger() -> None:
+        nonlocal refused
+        while flooding:
+            with pytest.raises(Unauthenticated):
+                await service.authenticate(state.pool, f"Bearer {service.new_token()}")
+            refused += 1
+
+    strangers = [asyncio.create_task(stranger()) for _ in range(40)]
+    try:
+        await asyncio.sleep(0.2)
+        async with asyncio.timeout(10):
+            caller = await service.authenticate(state.pool, bearer)
+            with drawing_on(Share(caller.account_id, 2)):
+                async with state.pool.acquire() as conn:
+                    assert await conn.fetchval("SELECT 1") == 1
+        assert refused > 0  # the flood was served meanwhile, on its share
+        assert state.pool.connections.held(service.STRANGERS) <= 2  # a quarter of 8
+    finally:
+        flooding = False
+        await asyncio.gather(*strangers)

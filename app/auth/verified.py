@@ -8,6 +8,13 @@ has committed, and a lookup that was under way meanwhile is not kept; so here it
 for the next request. A change made by another process (another replica, `engram` on the
 command line) takes effect here within VERIFIED_SECONDS. An entry never outlives its token's
 expiry. Refusals are never kept: a token that did not verify is looked up every time.
+
+Tokens verified in the last KNOWN_SECONDS are also noted as known (`known`), which decides
+only which line a lookup waits in, never whether a token is taken without one: a token not
+known (a stranger's random one, or a client's first after a restart) is looked up on a small
+share of the pool (auth/service.py `STRANGERS`), so that a flood of tokens no client holds
+queues there, while a known token's lookup and the tenants' work find the pool's other
+connections. A lookup that refuses a token makes it unknown again.
 """
 
 import time
@@ -15,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 VERIFIED_SECONDS = 1.0
+KNOWN_SECONDS = 600.0
 MAX_ENTRIES = 10_000
 
 # (pool, token hash) -> (caller, monotonic time it stops serving). Keyed by the pool itself,
@@ -22,6 +30,9 @@ MAX_ENTRIES = 10_000
 # cannot be reused by another.
 _entries: dict[tuple[Any, bytes], tuple[Any, float]] = {}
 _generation = 0
+# Token hash -> monotonic time a lookup last verified it. Not per pool: a line to wait in,
+# nothing more, so tests' many pools share it harmlessly.
+_known: dict[bytes, float] = {}
 
 
 def generation() -> int:
@@ -64,3 +75,23 @@ def keep(
         if len(_entries) >= MAX_ENTRIES:
             _entries.clear()
     _entries[(pool, token_hash)] = (caller, until)
+
+
+def known(token_hash: bytes) -> bool:
+    """Whether a lookup verified the token in the last KNOWN_SECONDS."""
+    at = _known.get(token_hash)
+    return at is not None and time.monotonic() - at < KNOWN_SECONDS
+
+
+def note(token_hash: bytes, verified: bool) -> None:
+    """What a lookup found: the token verified (now known), or was refused (no longer)."""
+    if not verified:
+        _known.pop(token_hash, None)
+        return
+    now = time.monotonic()
+    if len(_known) >= MAX_ENTRIES and token_hash not in _known:
+        for key in [k for k, at in _known.items() if now - at >= KNOWN_SECONDS]:
+            del _known[key]
+        if len(_known) >= MAX_ENTRIES:
+            _known.clear()
+    _known[token_hash] = now
