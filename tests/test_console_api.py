@@ -248,6 +248,9 @@ def test_the_console_is_served_from_the_package_with_nothing_from_elsewhere(db_u
             missing = http.get(path)
             assert missing.status_code == 404, path
             assert missing.json()["errors"][0]["extensions"]["code"] == "NOT_FOUND", path
+        # Names no file may have, as folders: refused as they are without the slash.
+        for path in ("/console/a%00b/", f"/console/{'x' * 300}/"):
+            assert http.get(path).status_code == 404, path
     for path in STATIC.iterdir():
         text = path.read_text()
         assert "http://" not in text and "https://" not in text, path.name

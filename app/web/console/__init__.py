@@ -42,7 +42,10 @@ class _ConsoleFiles(StaticFiles):
         return response
 
     async def _is_file(self, path: str) -> bool:
-        _, found = await anyio.to_thread.run_sync(self.lookup_path, path)
+        try:
+            _, found = await anyio.to_thread.run_sync(self.lookup_path, path)
+        except (OSError, ValueError):
+            return False  # a name no file has (too long, a NUL): StaticFiles refuses it itself
         return found is not None and stat.S_ISREG(found.st_mode)
 
 
