@@ -36,6 +36,18 @@ REMEMBER = """mutation($input: RememberConversationInput!) { rememberConversatio
     executionId status error } }"""
 
 
+async def new_agent(
+    remote: AppState, harness: dict[str, Any], name: str = "s"
+) -> tuple[GQL, Caller, str]:
+    """A new agent of the default account: the API, an admin, the agent's ID."""
+    async with remote.pool.acquire() as conn:
+        account_id = await ensure_default_account(conn)
+    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
+    gql = GQL(remote)
+    created = await gql(admin, CREATE, i={"name": name, "harness": harness})
+    return gql, admin, created.ok()["createAction"]["actionId"]
+
+
 @pytest.fixture
 async def remote(pg_server, model_server: OpenAIServer) -> AsyncIterator[AppState]:
     """A deployment whose embedder is the scripted server's /v1/embeddings, without retries."""
@@ -59,13 +71,7 @@ async def remote(pg_server, model_server: OpenAIServer) -> AsyncIterator[AppStat
 async def test_a_failing_embedder_is_unavailable_over_graphql_and_a_tool_error_in_a_turn(
     remote: AppState, model_server: OpenAIServer
 ) -> None:
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    harness = {"memory": {"enabled": True}}
-    created = await gql(admin, CREATE, i={"name": "support", "harness": harness})
-    action_id = created.ok()["createAction"]["actionId"]
+    gql, admin, action_id = await new_agent(remote, {"memory": {"enabled": True}}, "support")
 
     model_server.fail_next(1, status=500, message=f"upstream at {model_server.url} exploded")
     failed = await gql(admin, SEARCH, a=action_id)
@@ -136,12 +142,7 @@ async def test_the_log_names_the_provider_and_its_status_never_the_texts_it_quot
     HTTP status, and no line holds those texts, nor the provider's own words. Its failures
     logged them: a GraphQL search's and write's, a turn's tool call's, its memory review's, its
     recall's."""
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    created = await gql(admin, CREATE, i={"name": "s", "harness": {"memory": {"enabled": True}}})
-    action_id = created.ok()["createAction"]["actionId"]
+    gql, admin, action_id = await new_agent(remote, {"memory": {"enabled": True}})
     endpoint = f"{model_server.url}/embeddings"
 
     def fail() -> None:
@@ -237,12 +238,7 @@ async def _review_whose_embedding_fails(
 ) -> tuple[GQL, Caller, str, dict[str, Any]]:
     """A turn of a new agent with memory whose review takes two candidates, its embeddings
     answered `answered` times (the recall's first) before one fails: the turn committed."""
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    created = await gql(admin, CREATE, i={"name": "s", "harness": {"memory": {"enabled": True}}})
-    action_id = created.ok()["createAction"]["actionId"]
+    gql, admin, action_id = await new_agent(remote, {"memory": {"enabled": True}})
     model_server.say("Noted.")
     candidates(model_server, {"summary": "Ada's plan is Basic"}, {"summary": "Ada lives in Oslo"})
     model_server.stall_next(answered, 0.0, path=EMBED)
@@ -310,12 +306,7 @@ async def keeper(remote: AppState, harness: dict[str, Any]) -> tuple[GQL, Caller
     """An agent keeping its history, on a service whose turns have 1.5 s: the API, an admin,
     the agent's ID."""
     remote.settings.turn_timeout_seconds = 1.5
-    async with remote.pool.acquire() as conn:
-        account_id = await ensure_default_account(conn)
-    admin = Caller(account_id, "admin", ADMIN_POLICIES, in_default_account=True)
-    gql = GQL(remote)
-    created = await gql(admin, CREATE, i={"name": "keeper", "harness": harness})
-    return gql, admin, created.ok()["createAction"]["actionId"]
+    return await new_agent(remote, harness, "keeper")
 
 
 async def test_a_turn_whose_history_embedding_runs_past_the_deadline_fails_at_it(
