@@ -1185,6 +1185,24 @@ async def test_m21_a_listed_agents_large_session_has_its_words_kept(
     assert await state.pool.fetchval("SELECT count(*) FROM session_counts") == 0
 
 
+async def building_behind(
+    state: AppState, writer: asyncpg.Connection, memory_id: uuid.UUID
+) -> asyncio.Task[maintenance.Round | None]:
+    """A round whose build (CREATE INDEX CONCURRENTLY) is in flight, waiting for `writer`'s
+    open write of the record (as for any older transaction) until it commits."""
+    await writer.execute("BEGIN")
+    await writer.execute(
+        "UPDATE agent_memories SET modified = modified WHERE memory_id = $1", memory_id
+    )
+    running = asyncio.create_task(maintenance.run_round(state.pool, 30))
+    building = (
+        "SELECT count(*) > 0 FROM pg_stat_activity "
+        "WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"
+    )
+    await eventually(lambda: state.pool.fetchval(building), "a build in flight")
+    return running
+
+
 @pytest.mark.parametrize("change", ["first start", "reembed"])
 async def test_m20_new_dimensions_wait_for_a_build_in_flight_asking_between_statements(
     state: AppState,
@@ -1211,17 +1229,7 @@ async def test_m20_new_dimensions_wait_for_a_build_in_flight_asking_between_stat
     ids = await fill(agent, 40)
     writer = await asyncpg.connect(db_url)
     try:
-        # An open write: the round's build waits for it (as for any older transaction).
-        await writer.execute("BEGIN")
-        await writer.execute(
-            "UPDATE agent_memories SET modified = modified WHERE memory_id = $1", ids[0]
-        )
-        running = asyncio.create_task(maintenance.run_round(state.pool, 30))
-        building = (
-            "SELECT count(*) > 0 FROM pg_stat_activity "
-            "WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"
-        )
-        await eventually(lambda: state.pool.fetchval(building), "a build in flight")
+        running = await building_behind(state, writer, ids[0])
         if change == "first start":
             await state.pool.execute("DELETE FROM deployment WHERE key = 'embedding'")
             changing = asyncio.create_task(ensure_model(state.pool, state.embedder, VECTOR_COLUMNS))
@@ -1476,17 +1484,7 @@ async def test_m20_reorder_waits_for_a_build_in_flight_and_holds_no_table_meanwh
     writer = await asyncpg.connect(db_url)
     reorderer = await asyncpg.connect(db_url)
     try:
-        # An open write: the round's build waits for it (as for any older transaction).
-        await writer.execute("BEGIN")
-        await writer.execute(
-            "UPDATE agent_memories SET modified = modified WHERE memory_id = $1", ids[0]
-        )
-        running = asyncio.create_task(maintenance.run_round(state.pool, 30))
-        building = (
-            "SELECT count(*) > 0 FROM pg_stat_activity "
-            "WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"
-        )
-        await eventually(lambda: state.pool.fetchval(building), "a build in flight")
+        running = await building_behind(state, writer, ids[0])
         pid = await reorderer.fetchval("SELECT pg_backend_pid()")
         reordering = asyncio.create_task(maintenance.reorder(reorderer))
         asked = (
