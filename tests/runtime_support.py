@@ -1,16 +1,18 @@
 """Shared by the runtime tests: turns through GraphQL, transcript, memory and history look-ups,
 and the scripted memory review."""
 
+import asyncio
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from factories import allow
-from helpers import GQL
+from helpers import GQL, eventually
 from openai_server import ChatReply, OpenAIServer, Recorded
 
 from app.auth.caller import Caller
+from app.state import AppState
 
 EXECUTION_FIELDS = """
     executionId actionId actionVersion sessionId turn invocationNumber status preview
@@ -68,6 +70,30 @@ async def run(
     if execution_id is not None:
         request["executionId"] = execution_id
     return (await gql(caller, EXECUTE, input=request)).ok()["executeAction"]
+
+
+async def at_its_model_call(
+    gql: GQL, admin: Caller, action_id: str, model_server: OpenAIServer, delay: float = 10.0
+) -> asyncio.Future[Any]:
+    """A turn of the agent, started and waiting on its model call (answered after `delay`)."""
+    model_server.say("Hello.", delay=delay)
+    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
+    await eventually(
+        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
+        "the model call to be under way",
+    )
+    return turn
+
+
+async def refuse_failure_records(state: AppState) -> None:
+    """The database refuses every turn's record of its failure (its turn.failed event)."""
+    async with state.pool.acquire() as conn:
+        await conn.execute("""
+            CREATE FUNCTION refused() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'refused'; END $$;
+            CREATE TRIGGER refused BEFORE INSERT ON transcript_events
+                FOR EACH ROW WHEN (NEW.type = 'turn.failed') EXECUTE FUNCTION refused();
+        """)
 
 
 def events(execution: dict[str, Any], type: str) -> list[dict[str, Any]]:

@@ -18,7 +18,17 @@ import pytest
 from factories import allow, make_agent_id, memory_harness, token_for
 from helpers import GQL, eventually
 from openai_server import OpenAIServer
-from runtime_support import EXECUTE, candidates, chat, events, memories, run, tool_runs
+from runtime_support import (
+    EXECUTE,
+    at_its_model_call,
+    candidates,
+    chat,
+    events,
+    memories,
+    refuse_failure_records,
+    run,
+    tool_runs,
+)
 
 from app.auth.caller import Caller
 from app.runtime import review as review_module
@@ -262,19 +272,6 @@ async def test_a_sign_of_life_failing_while_its_turn_is_cancelled_twice_is_waite
     ), data
 
 
-async def at_its_model_call(
-    gql: GQL, admin: Caller, action_id: str, model_server: OpenAIServer
-) -> asyncio.Future[Any]:
-    """A turn of the agent, started and waiting on its model call (answered only LATE)."""
-    model_server.say("Hello.", delay=LATE)
-    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
-    await eventually(
-        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
-        "the model call to be under way",
-    )
-    return turn
-
-
 @pytest.mark.settings(turn_timeout_seconds=0)
 async def test_a_turn_cancelled_again_as_its_failure_is_recorded_ends_after_the_record(
     gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer
@@ -290,7 +287,7 @@ async def test_a_turn_cancelled_again_as_its_failure_is_recorded_ends_after_the_
                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.type = 'turn.failed')
                 EXECUTE FUNCTION late()
         """)
-    turn = await at_its_model_call(gql, admin, action_id, model_server)
+    turn = await at_its_model_call(gql, admin, action_id, model_server, LATE)
     turn.cancel()
     sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
     async with state.pool.acquire() as conn:
@@ -315,14 +312,8 @@ async def test_a_cancelled_turn_whose_failure_cannot_be_recorded_stays_cancelled
     logged (the liveness sweep ends the turn); the record's error was raised in place of the
     cancellation, which whoever cancelled it then never saw."""
     action_id = await make_agent_id(gql.state, admin, harness=None)
-    async with state.pool.acquire() as conn:
-        await conn.execute("""
-            CREATE FUNCTION refused() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'refused'; END $$;
-            CREATE TRIGGER refused BEFORE INSERT ON transcript_events
-                FOR EACH ROW WHEN (NEW.type = 'turn.failed') EXECUTE FUNCTION refused();
-        """)
-    turn = await at_its_model_call(gql, admin, action_id, model_server)
+    await refuse_failure_records(state)
+    turn = await at_its_model_call(gql, admin, action_id, model_server, LATE)
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(turn, 30)

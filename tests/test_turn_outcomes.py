@@ -13,9 +13,15 @@ from typing import Any
 import httpx
 import pytest
 from factories import make_agent_id, memory_harness, token_for
-from helpers import GQL, eventually
+from helpers import GQL
 from openai_server import OpenAIServer
-from runtime_support import EXECUTE, RUNNER_POLICIES, run
+from runtime_support import (
+    EXECUTE,
+    RUNNER_POLICIES,
+    at_its_model_call,
+    refuse_failure_records,
+    run,
+)
 
 from app.auth.caller import Caller
 from app.executions import liveness_store
@@ -75,12 +81,7 @@ async def test_a_turn_cancelled_during_its_model_call_is_counted_failed(
     """Its request cancelled (its client gone, the server stopping): the turn records its
     failure, and is counted so; it was counted nowhere."""
     action_id = await make_agent_id(gql.state, admin, harness=None)
-    model_server.say("Hello.", delay=10)
-    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
-    await eventually(
-        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
-        "the model call to be under way",
-    )
+    turn = await at_its_model_call(gql, admin, action_id, model_server)
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(turn, 30)
@@ -94,19 +95,8 @@ async def test_a_turn_cancelled_whose_failure_cannot_be_recorded_is_counted_fail
     """The database refuses the record of its failure: the liveness sweep fails it later,
     which counts nothing; the turn is counted as it ends, once."""
     action_id = await make_agent_id(gql.state, admin, harness=None)
-    async with state.pool.acquire() as conn:
-        await conn.execute("""
-            CREATE FUNCTION refused() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'refused'; END $$;
-            CREATE TRIGGER refused BEFORE INSERT ON transcript_events
-                FOR EACH ROW WHEN (NEW.type = 'turn.failed') EXECUTE FUNCTION refused();
-        """)
-    model_server.say("Hello.", delay=10)
-    turn = asyncio.ensure_future(run(gql, admin, action_id, "hi"))
-    await eventually(
-        lambda: any(r.path.endswith("/chat/completions") for r in model_server.requests),
-        "the model call to be under way",
-    )
+    await refuse_failure_records(state)
+    turn = await at_its_model_call(gql, admin, action_id, model_server)
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(turn, 30)
@@ -120,13 +110,7 @@ async def test_a_turn_whose_failure_cannot_be_recorded_is_counted_failed(
     """Not cancelled: the model fails, and the database refuses both records of the failure,
     whose error the request answers (INTERNAL); the turn is counted FAILED all the same."""
     action_id = await make_agent_id(gql.state, admin, harness=None)
-    async with state.pool.acquire() as conn:
-        await conn.execute("""
-            CREATE FUNCTION refused() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'refused'; END $$;
-            CREATE TRIGGER refused BEFORE INSERT ON transcript_events
-                FOR EACH ROW WHEN (NEW.type = 'turn.failed') EXECUTE FUNCTION refused();
-        """)
+    await refuse_failure_records(state)
     model_server.chat_error(500)
     request = {"actionId": action_id, "sessionId": "s1", "input": "hi"}
     answered = await gql(admin, EXECUTE, input=request)
