@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -227,6 +229,32 @@ async def measure(
     return phase
 
 
+@contextmanager
+def warned_service(
+    root: Path, assignments: list[str], prefix: str
+) -> Iterator[tuple[Service, int]]:
+    """`engram serve` of `root` logging at WARNING, with the `--set NAME=VALUE` settings, on a
+    free port and a scratch data dir (removed at exit however the run ends): the service and its
+    port. Once the block is done, what the service logged; if it fails, the end of its log."""
+    data = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, data, ignore_errors=True)
+    port = free_port()
+    settings = {"ENGRAM_LOG_LEVEL": "WARNING"}
+    settings |= {f"ENGRAM_{k.upper()}": v for k, v in (s.split("=", 1) for s in assignments)}
+    service = Service(root, data, port, settings=settings)
+    try:
+        yield service, port
+        logged = service.log.read_text().splitlines()
+        if logged:
+            print(f"the service logged {len(logged)} lines at WARNING or above; the last:")
+            print("\n".join(logged[-15:]))
+    except BaseException:
+        print(f"the service's log ends:\n{service.log.read_text()[-3000:]}", file=sys.stderr)
+        raise
+    finally:
+        service.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to serve")
@@ -245,13 +273,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
-    data = Path(tempfile.mkdtemp(prefix="engram-fair-"))
-    atexit.register(shutil.rmtree, data, ignore_errors=True)  # however the run ends
-    port = free_port()
-    settings = {"ENGRAM_LOG_LEVEL": "WARNING"}
-    settings |= {f"ENGRAM_{k.upper()}": v for k, v in (s.split("=", 1) for s in args.set)}
-    service = Service(args.root, data, port, settings=settings)
-    try:
+    with warned_service(args.root, args.set, "engram-fair-") as (service, port):
         words = Words(vocabulary(), seed=11)
         with httpx.Client(base_url=service.base, timeout=600) as http:
             flooding = {name: tenant(http, name) for name in "ac"[: args.flooding_accounts]}
@@ -304,15 +326,6 @@ def main() -> None:
             got = {k: v for (account, k), v in flooded.flood.items() if account == name}
             rate = {k: f"{v / args.seconds:.1f}/s" for k, v in sorted(got.items())}
             print(f"flooded  {name} heavy   {rate}")
-        logged = service.log.read_text().splitlines()
-        if logged:
-            print(f"the service logged {len(logged)} lines at WARNING or above; the last:")
-            print("\n".join(logged[-15:]))
-    except BaseException:
-        print(f"the service's log ends:\n{service.log.read_text()[-3000:]}", file=sys.stderr)
-        raise
-    finally:
-        service.stop()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Strangers flood, a tenant is served: requests with random bearer tokens against one account.
 
 Starts `engram serve` as bench/fairness.py does (a subprocess on loopback, the static
-embedder, its own embedded PostgreSQL in a /tmp/engram-fair-* directory), makes account B
+embedder, its own embedded PostgreSQL in a /tmp/engram-strangers-* directory), makes account B
 with a client and an agent of --records records, then for --seconds seconds after two seconds
 of warm-up measures, one client each, every 50 ms:
 
@@ -28,10 +28,8 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,8 +41,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from fairness import SMALL, Latencies, agent, healthz_bytes, request_bytes, tenant  # noqa: E402
-from http_load import Service, Words, free_port, vocabulary  # noqa: E402
+from fairness import (  # noqa: E402
+    SMALL,
+    Latencies,
+    agent,
+    healthz_bytes,
+    request_bytes,
+    tenant,
+    warned_service,
+)
+from http_load import Words, vocabulary  # noqa: E402
 
 SEARCH = """query($a: UUID!, $q: String!) {
   action(actionId: $a) { searchMemories(query: $q, mode: HYBRID, first: 10) {
@@ -192,12 +198,7 @@ def main() -> None:
         return
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
-    data = Path(tempfile.mkdtemp(prefix="engram-fair-"))
-    port = free_port()
-    settings = {"ENGRAM_LOG_LEVEL": "WARNING"}
-    settings |= {f"ENGRAM_{k.upper()}": v for k, v in (s.split("=", 1) for s in args.set)}
-    service = Service(args.root, data, port, settings=settings)
-    try:
+    with warned_service(args.root, args.set, "engram-strangers-") as (service, port):
         words = Words(vocabulary(), seed=11)
         with httpx.Client(base_url=service.base, timeout=600) as http:
             _, b_token = tenant(http, "b")
@@ -237,16 +238,6 @@ def main() -> None:
                     f"round {round_ + 1} {kind:13} flood answered {rate or '-'} ({total:,}); "
                     f"load average {loaded}"
                 )
-        logged = service.log.read_text().splitlines()
-        if logged:
-            print(f"the service logged {len(logged)} lines at WARNING or above; the last:")
-            print("\n".join(logged[-15:]))
-    except BaseException:
-        print(f"the service's log ends:\n{service.log.read_text()[-3000:]}", file=sys.stderr)
-        raise
-    finally:
-        service.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":
