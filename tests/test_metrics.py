@@ -277,3 +277,15 @@ def test_operation_labels_of_several_root_fields_are_bounded():
     assert set(sets[:MAX_OPERATION_SETS]) < operations
     counted = value(found, "engram_requests_total", operation=SEVERAL, code="OK")
     assert counted == len(sets) - MAX_OPERATION_SETS
+
+
+def test_search_upkeep_rounds_counted_again_from_a_tally_that_started_over():
+    """The upkeep's tally is read at each scrape; one that starts again (a second lifespan of
+    the app) adds its rounds rather than failing the scrape on a negative increment."""
+    metrics = Metrics()
+    metrics.search_upkeep({"done": 5}, 1.0)
+    metrics.search_upkeep({"done": 2, "failed": 1}, 2.0)
+
+    found = samples(metrics.render().decode())
+    assert value(found, "engram_search_upkeep_rounds_total", outcome="done") == 7
+    assert value(found, "engram_search_upkeep_rounds_total", outcome="failed") == 1

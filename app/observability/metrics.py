@@ -185,7 +185,9 @@ class Metrics:
         one done finished: counted outside any request, read when scraped."""
         for outcome, count in rounds.items():
             seen = self._upkeep_rounds.get(outcome, 0)
-            self.search_upkeep_rounds.labels(outcome).inc(count - seen)
+            # A tally below the one last read started again (a second lifespan of one app):
+            # all of it is new. A counter's increment may not be negative.
+            self.search_upkeep_rounds.labels(outcome).inc(count - seen if count >= seen else count)
             self._upkeep_rounds[outcome] = count
         if last_done is not None:
             self.search_upkeep_done.set(last_done)
