@@ -527,6 +527,14 @@ async def test_h8_an_empty_ids_list_counts_as_not_given(
     assert any("88123" in e["text"] for e in searching["output"]["events"])
     _, nothing = await searched(model_server, gql, admin, action_id, {"ids": []})
     assert nothing["error"] == "pass a query to search, or ids to read events whole"
+    # The schema the model reads says so, as search_memory's does.
+    (tool,) = [
+        t["function"]
+        for t in chat(model_server)[0].body["tools"]
+        if t["function"]["name"] == "search_history"
+    ]
+    ids = tool["parameters"]["properties"]["ids"]
+    assert ids["description"].endswith("an empty list is the same as leaving ids out."), ids
 
 
 async def test_h8_search_history_takes_exactly_query_ids_and_limit(

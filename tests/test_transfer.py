@@ -19,6 +19,7 @@ import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -1870,6 +1871,22 @@ def edited(lines: list[str], index: int, **columns: Any) -> list[str]:
     return [*lines[:index], json.dumps(item), *lines[index + 1 :]]
 
 
+def edited_record(lines: list[str], index: int, **columns: Any) -> tuple[list[str], list[int]]:
+    """The export's lines with these columns changed in every row (each version, and the
+    record's row) of the record of the row at `index`, as the API would have written them; and
+    the indexes of those rows."""
+    memory_id = json.loads(lines[index])["row"]["memory_id"]
+    rows = [
+        i
+        for i, line in enumerate(lines)
+        if json.loads(line)["type"] in ("memory_version", "memory")
+        and json.loads(line)["row"]["memory_id"] == memory_id
+    ]
+    for i in rows:
+        lines = edited(lines, i, **columns)
+    return lines, rows
+
+
 def first(lines: list[str], kind: str) -> int:
     """The index of the first line of a row of `kind`."""
     return next(i for i, line in enumerate(lines) if json.loads(line)["type"] == kind)
@@ -2641,7 +2658,7 @@ async def test_a_row_postgresql_would_refuse_is_refused_before_any_is_written(st
     for column, value, said in [
         ("memory_id", "not-a-uuid", 'invalid input syntax for type uuid: "not-a-uuid"'),
         ("status", "EXPLODED", 'violates check constraint "agent_memories_status_check"'),
-        ("scope", None, 'null value in column "scope"'),
+        ("modified", None, 'null value in column "modified"'),
     ]:
         await refused(
             second,
@@ -2662,9 +2679,8 @@ async def test_a_batch_too_large_together_is_refused_by_its_lines_writing_nothin
 
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
+    # The records' rows, with their vectors, make the file's largest batch.
     records = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
-    for i in records:  # records of 10 kB of text: their batch is the file's largest by far
-        lines = edited(lines, i, content="x" * 10_000)
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for line in lines[1:]:
         item = json.loads(line)
@@ -2894,12 +2910,18 @@ async def test_a_record_replacing_another_agents_record_is_refused(state, admin,
     target_admin = await admin_of(second)
     other = await make_agent(second, target_admin, name="other")
     (foreign,) = await turn(second, other, steps=[NewMemory("another agent's", "fact")])
-    last, version = len(lines) - 1, first(lines, "memory_version")
-    for index, column in [(last, "replaces"), (version, "replaced_by")]:
+    # (A record's `replaces` is in each of its rows: all of them edited.)
+    replacing, rows = edited_record(lines, len(lines) - 1, replaces=str(foreign.memory_id))
+    version = first(lines, "memory_version")
+    replaced = edited(lines, version, replaced_by=str(foreign.memory_id))
+    for edits, index, column in [
+        (replacing, rows[0], "replaces"),
+        (replaced, version, "replaced_by"),
+    ]:
         await refused(
             second,
             target_admin.account_id,
-            edited(lines, index, **{column: str(foreign.memory_id)}),
+            edits,
             f"line {index + 1}: .* not valid \\({column} names record {foreign.memory_id}, "
             "which is another agent's",
         )
@@ -2956,7 +2978,7 @@ async def test_two_records_replacing_one_are_refused_writing_nothing(state, admi
     await refused(
         second,
         target_admin.account_id,
-        edited(lines, other, replaces=replaced),
+        edited_record(lines, other, replaces=replaced)[0],
         f"line {later + 1}: its memory row is not valid \\(it replaces record {replaced}, as the "
         f"record of line {earlier + 1} does",
     )
@@ -3034,7 +3056,8 @@ async def test_a_refusal_quotes_a_long_value_of_the_file_shortened(state, admin,
     }
     at = first(lines, "memory_version")
     twice = edited(lines, execution, execution_id=long)
-    replacing = edited(lines, last, replaces=long)
+    # (Records of no version: each row of a record has its `replaces`.)
+    replacing = edited(lines, last, memory_id=str(uuid.uuid4()), replaces=long)[last]
     cases = [
         (edited(lines, last, memory_id=long), f"line {last + 1}: its memory row is not valid"),
         (edited(lines, last, action_id=[long]), f"line {last + 1}: its memory row is not valid"),
@@ -3047,8 +3070,8 @@ async def test_a_refusal_quotes_a_long_value_of_the_file_shortened(state, admin,
             f"line {at + 1}: its transcript_event row is not valid",
         ),
         (  # two records replacing one
-            [*replacing, edited(replacing, last, memory_id=str(uuid.uuid4()))[last]],
-            f"line {last + 2}: its memory row is not valid (it replaces record",
+            [*lines, replacing, edited([replacing], 0, memory_id=str(uuid.uuid4()))[0]],
+            f"line {last + 3}: its memory row is not valid (it replaces record",
         ),
     ]
     for changed, said in cases:
@@ -3230,12 +3253,18 @@ async def test_a_row_naming_an_agent_version_the_file_lacks_is_refused(state, ad
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
     agent_version = first(lines, "action_version")
-    for kind in ("execution", "memory_version", "memory"):
-        index = first(lines, kind)
+    execution = first(lines, "execution")
+    # (A record's rows name the version that wrote it, each of them: all of them edited.)
+    record, rows = edited_record(lines, first(lines, "memory"), action_version=9)
+    for changed, index in [
+        (edited(lines, execution, action_version=9), execution),
+        (record, rows[0]),
+    ]:
+        kind = json.loads(lines[index])["type"]
         await refused(
             second,
             target_admin.account_id,
-            edited(lines, index, action_version=9),
+            changed,
             f"line {index + 1}: its {kind} row is not valid \\(action_version is 9, a version no "
             "action_version row of this export has",
         )
@@ -3374,7 +3403,8 @@ async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, adm
     """PostgreSQL's refusal was put on one line by collapsing all its white space, the file's
     text it quotes included: a record naming the execution "x\\u00a0y\\ny\\u3000z  w" was said
     to name "x y y z w", a value the file does not hold. The quote keeps each character, its
-    line break written as an escape."""
+    line break written as an escape. (The record's row alone, edited in `replaced_by`: its
+    `execution_id` is in each of its rows, held the same before PostgreSQL sees them.)"""
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
@@ -3382,7 +3412,7 @@ async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, adm
     await refused(
         second,
         target_admin.account_id,
-        edited(lines, index, execution_id="x\u00a0y\ny\u3000z  w"),
+        edited(lines, index, replaced_by="x\u00a0y\ny\u3000z  w"),
         re.escape(
             f"line {index + 1}: its memory row is not valid (invalid input syntax for type uuid: "
             '"x\u00a0y\\u000ay\u3000z  w")'
@@ -3512,11 +3542,152 @@ async def test_m36_a_record_whose_versions_differ_in_labels_is_refused(state, ad
             f"not those of line {one + 1}, a row of the same record {labelled}: a record keeps "
             "its labels in every version\\)",
         )
-    later = next(i for i, row in versions if row["memory_id"] == plain and row["version"] > 1)
+    (earlier, later) = [i for i, row in versions if row["memory_id"] == plain]
     await refused(
         second,
         target_admin.account_id,
         edited(lines, later, labels={"7": "t-1"}),
-        f"line {later + 1}: its memory_version row is not valid \\(it has labels, where the rows "
-        f"of record {plain} before it have none",
+        f"line {later + 1}: its memory_version row is not valid \\(its labels are not those of "
+        f"line {earlier + 1}, a row of the same record {plain}",
     )
+
+
+def changed_record(lines: list[str]) -> tuple[str, int, int, int]:
+    """The record of `build_agent` that was replaced (two versions: ACTIVE, then SUPERSEDED):
+    its ID and the indexes of its version 1, version 2 and current rows."""
+    items = [(i, json.loads(line)) for i, line in enumerate(lines)]
+    rows = {
+        (item["type"], item["row"]["version"]): i
+        for i, item in items
+        if item["type"] in ("memory_version", "memory")
+        and item["row"]["summary"] == "lives in Bergen"
+    }
+    memory_id = json.loads(lines[rows["memory", 2]])["row"]["memory_id"]
+    return memory_id, rows["memory_version", 1], rows["memory_version", 2], rows["memory", 2]
+
+
+async def refused_apart(
+    target: AppState, lines: list[str], edits: dict[str, Any], also_current: str
+) -> None:
+    """Each of `edits` made to one version of `changed_record` is refused by its line, naming
+    the column and the line of the record's first row; `also_current` made to the record's row
+    likewise. The API writes these columns with the record, and no version changes them."""
+    memory_id, one, two, current = changed_record(lines)
+    admin = await admin_of(target)
+    cases = [(two, column, value) for column, value in edits.items()]
+    cases.append((current, also_current, edits[also_current]))
+    for index, column, value in cases:
+        assert json.loads(lines[index])["row"][column] != value
+        await refused(
+            target,
+            admin.account_id,
+            edited(lines, index, **{column: value}),
+            re.escape(
+                f"line {index + 1}: its {json.loads(lines[index])['type']} row is not valid (its "
+                f"{column} is not that of line {one + 1}, a row of the same record {memory_id}: "
+                f"a record keeps its {column} in every version)"
+            ),
+        )
+
+
+async def test_m59_a_record_whose_versions_differ_in_what_it_says_is_refused(state, admin, second):
+    # A version with another summary was imported: the record's `history` said its text changed,
+    # and its version 2 read otherwise through `agentMemory(version: 2)` than the record at 2.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    edits = {"summary": "lives in Paris", "content": "never said", "metadata": {"n": 2}}
+    await refused_apart(second, lines, edits, also_current="summary")
+    # The same JSON written otherwise (keys in another order, 2 as 2.0) is the same metadata.
+    _, one, two, _ = changed_record(lines)
+    record, _ = edited_record(lines, one, metadata={"a": 1, "b": 2})
+    record = edited(record, two, metadata={"b": 2.0, "a": 1})
+    target_admin = await admin_of(second)
+    assert (await load(second, target_admin.account_id, record)).missing == {}
+
+
+async def test_m3_m4_m50_a_record_whose_versions_differ_in_where_it_is_read_is_refused(
+    state, admin, second
+):
+    # A version of another scope, session, kind or pin was imported: its `history` said the
+    # record moved between sessions or scopes, which no write of the API does.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    edits = {"scope": "AGENT", "session_id": None, "kind": "guidance", "pinned": True}
+    await refused_apart(second, lines, edits, also_current="scope")
+
+
+async def test_m53_a_record_whose_versions_differ_in_what_wrote_it_is_refused(state, admin, second):
+    # A version naming another execution, invocation, agent version, source or time of writing
+    # was imported: the record's versions disagreed on what wrote it.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    execution_ids = [
+        json.loads(line)["row"]["execution_id"]
+        for line in lines[1:]
+        if json.loads(line)["type"] == "execution"
+    ]
+    _, one, two, current = changed_record(lines)
+    written_by = json.loads(lines[one])["row"]
+    edits = {
+        "created": "2020-01-01T00:00:00+00:00",
+        "source": "OPERATOR",
+        "execution_id": next(e for e in execution_ids if e != written_by["execution_id"]),
+        "invocation_number": 2,
+        "action_version": 2,
+    }
+    await refused_apart(second, lines, edits, also_current="execution_id")
+    # The same ID in capitals, the same time at another offset: the same values.
+    when = datetime.fromisoformat(written_by["created"]).astimezone(timezone(timedelta(hours=1)))
+    same = edited(
+        lines,
+        two,
+        execution_id=written_by["execution_id"].upper(),
+        created=when.isoformat(),
+    )
+    target_admin = await admin_of(second)
+    assert (await load(second, target_admin.account_id, same)).missing == {}
+
+
+async def test_m42_p1_a_record_whose_versions_differ_in_what_it_replaces_is_refused(
+    state, admin, second
+):
+    # A version replacing another record, or written by a preview turn where the record was
+    # not, was imported: `history` said the record came to replace one, or became a preview.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    memory_id, *_ = changed_record(lines)
+    other = next(
+        json.loads(line)["row"]["memory_id"]
+        for line in lines[1:]
+        if json.loads(line)["type"] == "memory"
+        and json.loads(line)["row"]["memory_id"] != memory_id
+    )
+    await refused_apart(second, lines, {"replaces": other, "preview": True}, also_current="preview")
+
+
+async def test_m59_a_records_versions_differ_only_in_what_a_new_version_writes(state, admin):
+    """`engram import` holds a file's record to what the service writes: every column of a
+    record but those `change_status` writes is the same in each of its versions. Records the
+    API superseded, deleted (by the agent, and by an operator) and left alone."""
+    from app.memory import operator as memory_operator
+    from app.memory.store import CHANGED_BY_A_VERSION, KEPT_ACROSS_VERSIONS
+
+    agent = await build_agent(state, admin)
+    (kept,) = await turn(state, agent, steps=[NewMemory("kept apart", "fact")])
+    await memory_operator.delete_memory(
+        state.pool, admin, action_id=agent.action_id, memory_id=kept.memory_id
+    )
+    rows = await state.pool.fetch(
+        "SELECT * FROM agent_memory_versions WHERE action_id = $1 ORDER BY memory_id, version",
+        agent.action_id,
+    )
+    by_record: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_record.setdefault(row["memory_id"], []).append(dict(row))
+    assert sum(len(versions) == 2 for versions in by_record.values()) == 4
+    keys = {"account_id", "action_id", "memory_id"}
+    assert set(rows[0].keys()) == keys | set(CHANGED_BY_A_VERSION) | set(KEPT_ACROSS_VERSIONS)
+    for first_row, *later in by_record.values():
+        for row in later:
+            changed = {c for c, value in row.items() if first_row[c] != value}
+            assert {"status", "version", "modified"} <= changed <= set(CHANGED_BY_A_VERSION)

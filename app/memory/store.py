@@ -591,6 +591,16 @@ async def publish(
     )
 
 
+# The columns `change_status` writes in a record's next version: every other column of a
+# record is the same in each of its versions (`engram import` refuses a file where it is not).
+CHANGED_BY_A_VERSION = ("status", "replaced_by", "modified_by", "version", "modified")
+KEPT_ACROSS_VERSIONS = tuple(
+    c
+    for c in RECORD_COLUMNS
+    if c not in CHANGED_BY_A_VERSION and c not in ("account_id", "action_id", "memory_id")
+)
+
+
 async def change_status(
     conn: asyncpg.Connection,
     account_id: UUID,

@@ -195,7 +195,10 @@ class SearchHistory(Arguments):
         Field(
             None,
             max_length=history_search.MAX_IDS,
-            description="Read these events whole, by the id of a result (instead of a query).",
+            description=(
+                "Read these events whole, by the id of a result (instead of a query); an empty "
+                "list is the same as leaving ids out."
+            ),
         )
     )
     limit: Integer(1, history_search.MAX_LIMIT, got=False) = Field(  # type: ignore[valid-type]

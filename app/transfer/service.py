@@ -27,6 +27,7 @@ import io
 import itertools
 import json
 import re
+import struct
 import sys
 import tempfile
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
@@ -384,6 +385,57 @@ def _same(column: str, value: Any, key: Any) -> bool:
 _PLACES = {t.kind: place for place, t in enumerate(TABLES)}
 
 
+def _instant(value: Any) -> Any:
+    """A time as its instant, however its offset is written; anything else as it is."""
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _hashable(value: Any) -> Any:
+    """JSON as a value equal where jsonb's is (an object's keys in any order), and hashable."""
+    if isinstance(value, dict):
+        try:
+            return frozenset(value.items())  # (most: labels, metadata of numbers and text)
+        except TypeError:
+            return frozenset((k, _hashable(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+# A record's columns that none of its versions changes; those a file may write in more than one
+# way for one value (an ID, a time, JSON) compared as PostgreSQL compares them.
+_KEPT = memory_store.KEPT_ACROSS_VERSIONS
+_AS_COMPARED = {
+    "created": _instant,
+    "execution_id": _uuid,
+    "replaces": _uuid,
+    "labels": _hashable,
+    "metadata": _hashable,
+}
+_CONVERTED = [(place, _AS_COMPARED[c]) for place, c in enumerate(_KEPT) if c in _AS_COMPARED]
+# A record's row as `_Across.kept` notes it: its line's number, then 32 bits of the hash of
+# each value of _KEPT, in one int of 100 bytes (a tuple of them is 600): a value edited passes
+# one time in four billion.
+_MARKS = struct.Struct(f"<Q{len(_KEPT)}I")
+_MARK_BITS, _MARK_MASK = 32, 2**32 - 1
+_LINE_BITS, _LINE_MASK = 64, 2**64 - 1
+
+
+def _marks(row: dict[str, Any], number: int) -> int:
+    """A record's row (of line `number`) as `_Across.kept` notes it (`_MARKS`)."""
+    values = [row.get(c) for c in _KEPT]
+    for place, compared in _CONVERTED:
+        values[place] = compared(values[place])
+    try:
+        hashes = [hash(v) & _MARK_MASK for v in values]
+    except TypeError:  # a list or an object where PostgreSQL refuses one (after this check)
+        hashes = [hash(_hashable(v)) & _MARK_MASK for v in values]
+    return int.from_bytes(_MARKS.pack(number, *hashes), "little")
+
+
 @dataclass
 class _Across:
     """What a row is checked against in the rows before it: each key once, the export's order
@@ -412,11 +464,10 @@ class _Across:
     # The versions of the agent that executions and records name, each with the first line
     # naming it (a few: every row of a version names it).
     named_versions: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # The labels each version of the agent declares, with its row's line; and a record's
-    # labels, which never change across its versions, where its first row has any: their
-    # `hash` and that row's line (kept small: no record's labels themselves).
+    # The labels each version of the agent declares, with its row's line; and each record's
+    # first row, by what its versions keep (`_marks`: kept small, no record's values).
     declared: dict[int, tuple[int, MemoryConfig]] = field(default_factory=dict)
-    labelled: dict[int | str, tuple[int, int]] = field(default_factory=dict)
+    kept: dict[int | str, int] = field(default_factory=dict)
     _agent_key: int | str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -479,7 +530,8 @@ class _Across:
 
     def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
         memory_id = _uuid(row.get("memory_id"))
-        self._labels(kind, row, number, memory_id, seen=memory_id in self.latest)
+        self._labels(kind, row, number)
+        self._kept(kind, row, number, memory_id)
         if kind == "memory_version":
             version = row.get("version")
             self.held.add((memory_id, version))
@@ -504,18 +556,14 @@ class _Across:
                     "it)"
                 )
 
-    def _labels(
-        self, kind: str, row: dict[str, Any], number: int, memory_id: int | str, *, seen: bool
-    ) -> None:
+    def _labels(self, kind: str, row: dict[str, Any], number: int) -> None:
         """A record's labels (by number, as the row's check found them) are labels the agent
-        version that wrote it declares, and the same in every row of the record (M36): the API
-        writes a record's labels once, as its agent then declares them. (`seen`: whether a row
-        of the record came before this one.)"""
-        labels: dict[str, str] = row["labels"]
+        version that wrote it declares (M36): the API writes a record's labels once, as its
+        agent then declares them (`_kept` holds them the same in every row of the record)."""
         written_by = row.get("action_version")
         if isinstance(written_by, int) and written_by in self.declared:
             memory = self.declared[written_by][1]
-            for key in labels:
+            for key in row["labels"]:
                 if memory.label(int(key)) is None:
                     declared = ", ".join(f"{d.name} (number {d.number})" for d in memory.labels)
                     raise BadInput(
@@ -524,22 +572,26 @@ class _Across:
                         f"{key}; "
                         + (f"its labels are {declared})" if declared else "it declares none)")
                     )
-        mark = hash(frozenset(labels.items())) if labels else None
-        first = self.labelled.get(memory_id)
-        if not seen:
-            if mark is not None:
-                self.labelled[memory_id] = (mark, number)
-        elif (first[0] if first else None) != mark:
-            record = jsonl.shown(row["memory_id"])
-            differs = (
-                f"its labels are not those of line {first[1]}, a row of the same record {record}"
-                if first
-                else f"it has labels, where the rows of record {record} before it have none"
-            )
-            raise BadInput(
-                f"line {number}: its {kind} row is not valid ({differs}: a record keeps its "
-                "labels in every version)"
-            )
+
+    def _kept(self, kind: str, row: dict[str, Any], number: int, memory_id: int | str) -> None:
+        """A record's row holds what its first row does in each column a new version keeps
+        (`_KEPT`): the API writes them once, with the record (its labels too, M36). A row
+        edited apart from the others made the record's `history` say that its text, scope or
+        labels changed, and a read of its current version disagree with a read of it."""
+        marks = _marks(row, number)
+        first = self.kept.setdefault(memory_id, marks)
+        differs = (first ^ marks) >> _LINE_BITS
+        if not differs:
+            return
+        column = next(
+            c for place, c in enumerate(_KEPT) if differs >> (place * _MARK_BITS) & _MARK_MASK
+        )
+        said = "labels are not those" if column == "labels" else f"{column} is not that"
+        raise BadInput(
+            f"line {number}: its {kind} row is not valid (its {said} of line "
+            f"{first & _LINE_MASK}, a row of the same record {jsonl.shown(row['memory_id'])}: "
+            f"a record keeps its {column} in every version)"
+        )
 
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
         """After the batch's rows passed PostgreSQL's checks (so their columns are there)."""
