@@ -1972,7 +1972,9 @@ async def test_a_batch_postgresql_refuses_is_said_before_a_row_read_after_it(sta
     target_admin = await admin_of(second)
     memories = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "memory"]
     a, _, c, d = memories[:4]  # in batches of 2: (a, b), (c, d)
-    lost = edited(lines, a, status="LOST")  # refused by the table's CHECK, not before
+    # Refused by the table's CHECK, not before (at a version the file has no row of: a record's
+    # row at its version is held to that version's row).
+    lost = edited(lines, a, status="LOST", version=99)
     checked = 'violates check constraint \\"agent_memories_status_check\\"'
     await refused(
         second,
@@ -2655,15 +2657,17 @@ async def test_a_row_postgresql_would_refuse_is_refused_before_any_is_written(st
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
     last = len(lines) - 1
-    for column, value, said in [
-        ("memory_id", "not-a-uuid", 'invalid input syntax for type uuid: "not-a-uuid"'),
-        ("status", "EXPLODED", 'violates check constraint "agent_memories_status_check"'),
-        ("modified", None, 'null value in column "modified"'),
+    assert json.loads(lines[last])["row"]["version"] == 1
+    for columns, said in [
+        ({"memory_id": "not-a-uuid"}, 'invalid input syntax for type uuid: "not-a-uuid"'),
+        # (At a version the file has no row of: a record's row at its version is held to it.)
+        ({"status": "EXPLODED", "version": 2}, 'violates check constraint "agent_memories_status'),
+        ({"version": None}, 'null value in column "version"'),
     ]:
         await refused(
             second,
             target_admin.account_id,
-            edited(lines, last, **{column: value}),
+            edited(lines, last, **columns),
             f"line {last + 1}: its memory row is not valid \\(.*{said}",
         )
 
@@ -3152,29 +3156,26 @@ async def test_cli_import_says_a_refusal_of_postgresql_in_one_line_the_files_tex
     lines = await exported(state, admin, agent)
     env = clean_env(database_url=second.settings.database_url_value())
     action, execution, last = first(lines, "action"), first(lines, "execution"), len(lines) - 1
-    for index, column, value, said in [
+    for index, columns, said in [
         (
             action,
-            "modified",
-            None,
+            {"modified": None},
             'null value in column "modified" of relation "actions" violates not-null constraint)',
         ),
-        (
+        (  # (at a version the file has no row of: a record's row is held to its version's row)
             last,
-            "status",
-            "EXPLODED",
+            {"status": "EXPLODED", "version": 2},
             'new row for relation "agent_memories" violates check constraint '
             '"agent_memories_status_check")',
         ),
         (
             execution,
-            "boot_id",
-            "\x1b[2J\x1b[31mred\u202eevil",
+            {"boot_id": "\x1b[2J\x1b[31mred\u202eevil"},
             'invalid input syntax for type uuid: "\\u001b[2J\\u001b[31mred\\u202eevil")',
         ),
     ]:
         path = tmp_path / "edited.jsonl"
-        path.write_text("\n".join(edited(lines, index, **{column: value})) + "\n")
+        path.write_text("\n".join(edited(lines, index, **columns)) + "\n")
         done = run(env, "import", str(path))
         assert done.returncode == 2, done.stderr
         kind = json.loads(lines[index])["type"]
@@ -3403,18 +3404,22 @@ async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, adm
     """PostgreSQL's refusal was put on one line by collapsing all its white space, the file's
     text it quotes included: a record naming the execution "x\\u00a0y\\ny\\u3000z  w" was said
     to name "x y y z w", a value the file does not hold. The quote keeps each character, its
-    line break written as an escape. (The record's row alone, edited in `replaced_by`: its
-    `execution_id` is in each of its rows, held the same before PostgreSQL sees them.)"""
+    line break written as an escape. (Every row of a record edited, in `replaced_by`: its
+    `execution_id` is in each of its rows, held the same before PostgreSQL sees them, and its
+    own row's `replaced_by` is its current version's.)"""
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
-    index = first(lines, "memory")
+    changed, (index, *_) = edited_record(
+        lines, first(lines, "memory"), replaced_by="x\u00a0y\ny\u3000z  w"
+    )
     await refused(
         second,
         target_admin.account_id,
-        edited(lines, index, replaced_by="x\u00a0y\ny\u3000z  w"),
+        changed,
         re.escape(
-            f"line {index + 1}: its memory row is not valid (invalid input syntax for type uuid: "
+            f"line {index + 1}: its memory_version row is not valid (invalid input syntax for "
+            "type uuid: "
             '"x\u00a0y\\u000ay\u3000z  w")'
         ),
     )
@@ -3691,3 +3696,80 @@ async def test_m59_a_records_versions_differ_only_in_what_a_new_version_writes(s
         for row in later:
             changed = {c for c, value in row.items() if first_row[c] != value}
             assert {"status", "version", "modified"} <= changed <= set(CHANGED_BY_A_VERSION)
+
+
+async def refused_beside_its_version(target: AppState, lines: list[str], column: str, value: Any):
+    """`column` of the record's row of `changed_record` (at version 2) edited to `value`, apart
+    from its version 2's row, is refused by the record's line, naming the column and that row's
+    line. The API writes a record's row and its new version's row in one statement."""
+    memory_id, _, two, current = changed_record(lines)
+    assert json.loads(lines[current])["row"][column] != value
+    admin = await admin_of(target)
+    await refused(
+        target,
+        admin.account_id,
+        edited(lines, current, **{column: value}),
+        re.escape(
+            f"line {current + 1}: its memory row is not valid (its {column} is not that of line "
+            f"{two + 1}, the memory_version row of its version 2 in record {memory_id}: a "
+            "record's row is its current version)"
+        ),
+    )
+
+
+async def test_a_records_row_of_another_status_than_its_current_version_is_refused(
+    state, admin, second
+):
+    # A replaced record's row edited back to ACTIVE was imported: it was read, and found by
+    # search, beside the record that replaced it, while its `history` said SUPERSEDED.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    await refused_beside_its_version(second, lines, "status", "ACTIVE")
+
+
+async def test_a_records_row_replaced_by_another_than_its_current_version_is_refused(
+    state, admin, second
+):
+    # `replacedBy` null (or another record) on the record, its version 2 naming its successor.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    memory_id, _, two, current = changed_record(lines)
+    await refused_beside_its_version(second, lines, "replaced_by", None)
+    other = next(
+        json.loads(line)["row"]["memory_id"]
+        for line in lines[1:]
+        if json.loads(line)["type"] == "memory"
+        and json.loads(line)["row"]["memory_id"]
+        not in (memory_id, json.loads(lines[two])["row"]["replaced_by"])
+    )
+    await refused_beside_its_version(second, lines, "replaced_by", other)
+    # The same ID in capitals is the same record.
+    successor = json.loads(lines[two])["row"]["replaced_by"]
+    target_admin = await admin_of(second)
+    same = edited(lines, current, replaced_by=successor.upper())
+    assert (await load(second, target_admin.account_id, same)).missing == {}
+
+
+async def test_a_records_row_modified_by_another_than_its_current_version_is_refused(
+    state, admin, second
+):
+    # The record said one principal made its last change, its `history` another.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    await refused_beside_its_version(second, lines, "modified_by", "user:someone-else")
+
+
+async def test_a_records_row_modified_at_another_time_than_its_current_version_is_refused(
+    state, admin, second
+):
+    # The record's `modified` said another time than its current version's.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    await refused_beside_its_version(second, lines, "modified", "2020-01-01T00:00:00+00:00")
+    # The same time at another offset is the same time.
+    _, _, _, current = changed_record(lines)
+    modified = datetime.fromisoformat(json.loads(lines[current])["row"]["modified"])
+    when = modified.astimezone(timezone(timedelta(hours=1))).isoformat()
+    target_admin = await admin_of(second)
+    same = edited(lines, current, modified=when)
+    assert (await load(second, target_admin.account_id, same)).missing == {}

@@ -405,35 +405,44 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-# A record's columns that none of its versions changes; those a file may write in more than one
+# A record's columns that none of its versions changes, and those a version does (but its
+# number, which says which version a record's row is); those a file may write in more than one
 # way for one value (an ID, a time, JSON) compared as PostgreSQL compares them.
 _KEPT = memory_store.KEPT_ACROSS_VERSIONS
+_CHANGED = tuple(c for c in memory_store.CHANGED_BY_A_VERSION if c != "version")
 _AS_COMPARED = {
     "created": _instant,
+    "modified": _instant,
     "execution_id": _uuid,
     "replaces": _uuid,
+    "replaced_by": _uuid,
     "labels": _hashable,
     "metadata": _hashable,
 }
-_CONVERTED = [(place, _AS_COMPARED[c]) for place, c in enumerate(_KEPT) if c in _AS_COMPARED]
-# A record's row as `_Across.kept` notes it: its line's number, then 32 bits of the hash of
-# each value of _KEPT, in one int of 100 bytes (a tuple of them is 600): a value edited passes
-# one time in four billion.
-_MARKS = struct.Struct(f"<Q{len(_KEPT)}I")
+_COMPARED = (*_KEPT, *_CHANGED)
+_CONVERTED = [(place, _AS_COMPARED[c]) for place, c in enumerate(_COMPARED) if c in _AS_COMPARED]
+# A record's row as `_Across.kept` notes it, in one int of 124 bytes (a tuple, some 800):
+# its line's number, then 32 bits of the hash of each value of _KEPT; and again its line, then
+# those of each value of _CHANGED, the part a later version's row takes over. A value edited
+# passes one time in four billion.
+_MARKS = struct.Struct(f"<Q{len(_KEPT)}IQ{len(_CHANGED)}I")
 _MARK_BITS, _MARK_MASK = 32, 2**32 - 1
 _LINE_BITS, _LINE_MASK = 64, 2**64 - 1
+_FIRST_BITS = _LINE_BITS + len(_KEPT) * _MARK_BITS  # the part of the record's first row
+_FIRST_MASK = 2**_FIRST_BITS - 1
 
 
 def _marks(row: dict[str, Any], number: int) -> int:
     """A record's row (of line `number`) as `_Across.kept` notes it (`_MARKS`)."""
-    values = [row.get(c) for c in _KEPT]
+    values = [row.get(c) for c in _COMPARED]
     for place, compared in _CONVERTED:
         values[place] = compared(values[place])
     try:
         hashes = [hash(v) & _MARK_MASK for v in values]
     except TypeError:  # a list or an object where PostgreSQL refuses one (after this check)
         hashes = [hash(_hashable(v)) & _MARK_MASK for v in values]
-    return int.from_bytes(_MARKS.pack(number, *hashes), "little")
+    kept = len(_KEPT)
+    return int.from_bytes(_MARKS.pack(number, *hashes[:kept], number, *hashes[kept:]), "little")
 
 
 @dataclass
@@ -531,12 +540,17 @@ class _Across:
     def _record(self, kind: str, row: dict[str, Any], number: int) -> None:
         memory_id = _uuid(row.get("memory_id"))
         self._labels(kind, row, number)
-        self._kept(kind, row, number, memory_id)
+        marks = self._kept(kind, row, number, memory_id)
+        version = row.get("version")
         if kind == "memory_version":
-            version = row.get("version")
             self.held.add((memory_id, version))
-            if isinstance(version, int):
-                self.latest[memory_id] = max(version, self.latest.get(memory_id, version))
+            if isinstance(version, int) and version >= self.latest.get(memory_id, version):
+                self.latest[memory_id] = version
+                # The row of the record's latest version so far, which its own row is held to.
+                self.kept[memory_id] = self.kept[memory_id] & _FIRST_MASK | marks & ~_FIRST_MASK
+        elif version is not None and version == self.latest.get(memory_id):
+            # (At another version, `stored` refuses it: it names the version the file has.)
+            self._current(row, number, marks, memory_id)
         try:
             self.records.add(UUID(row["memory_id"]).int)
             for column in ("replaces", "replaced_by"):
@@ -573,16 +587,17 @@ class _Across:
                         + (f"its labels are {declared})" if declared else "it declares none)")
                     )
 
-    def _kept(self, kind: str, row: dict[str, Any], number: int, memory_id: int | str) -> None:
+    def _kept(self, kind: str, row: dict[str, Any], number: int, memory_id: int | str) -> int:
         """A record's row holds what its first row does in each column a new version keeps
         (`_KEPT`): the API writes them once, with the record (its labels too, M36). A row
         edited apart from the others made the record's `history` say that its text, scope or
-        labels changed, and a read of its current version disagree with a read of it."""
+        labels changed, and a read of its current version disagree with a read of it. Returns
+        the row's marks (`_marks`)."""
         marks = _marks(row, number)
         first = self.kept.setdefault(memory_id, marks)
-        differs = (first ^ marks) >> _LINE_BITS
+        differs = ((first ^ marks) & _FIRST_MASK) >> _LINE_BITS
         if not differs:
-            return
+            return marks
         column = next(
             c for place, c in enumerate(_KEPT) if differs >> (place * _MARK_BITS) & _MARK_MASK
         )
@@ -591,6 +606,23 @@ class _Across:
             f"line {number}: its {kind} row is not valid (its {said} of line "
             f"{first & _LINE_MASK}, a row of the same record {jsonl.shown(row['memory_id'])}: "
             f"a record keeps its {column} in every version)"
+        )
+
+    def _current(self, row: dict[str, Any], number: int, marks: int, memory_id: int | str) -> None:
+        """A record's row is its current version: it holds what that version's row does in
+        each column a version changes (`_CHANGED`). A record's row ACTIVE where its version 2
+        said SUPERSEDED was imported as a replaced record still read beside its replacement."""
+        latest = self.kept[memory_id] >> _FIRST_BITS
+        differs = (latest ^ (marks >> _FIRST_BITS)) >> _LINE_BITS
+        if not differs:
+            return
+        column = next(
+            c for place, c in enumerate(_CHANGED) if differs >> (place * _MARK_BITS) & _MARK_MASK
+        )
+        raise BadInput(
+            f"line {number}: its memory row is not valid (its {column} is not that of line "
+            f"{latest & _LINE_MASK}, the memory_version row of its version {row['version']} in "
+            f"record {jsonl.shown(row['memory_id'])}: a record's row is its current version)"
         )
 
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
