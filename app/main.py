@@ -19,7 +19,7 @@ from strawberry.types.unset import UNSET
 
 from app import tasks
 from app.auth import resources
-from app.auth.service import authenticate, bootstrap_admin, sent_authorization
+from app.auth.service import authenticate_sent, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
@@ -208,8 +208,9 @@ class _Guard:
             return _error(400, e.code, e.message), body
         state: AppState = scope["app"].state.engram
         try:
-            sent = sent_authorization(headers.getlist("authorization"))
-            caller = await authenticate(state.pool, sent, recent=True)
+            caller = await authenticate_sent(
+                state.pool, headers.getlist("authorization"), recent=True
+            )
         except DomainError as e:
             return _error(401, e.code, e.message), body
         except Exception as e:
@@ -418,8 +419,7 @@ def create_app(
     @_once_started
     async def metrics_text(request: Request, state: AppState) -> Response:
         try:
-            sent = sent_authorization(request.headers.getlist("authorization"))
-            caller = await authenticate(state.pool, sent)
+            caller = await authenticate_sent(state.pool, request.headers.getlist("authorization"))
         except DomainError as e:
             return _error(401, e.code, e.message)
         try:

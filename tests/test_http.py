@@ -560,7 +560,7 @@ async def test_a_fault_before_graphql_runs_answers_500_and_is_counted_once_as_in
     async def broken(*args, **kwargs):
         raise RuntimeError("connection string postgresql://secret@db")
 
-    monkeypatch.setattr(app.main, "authenticate", broken)
+    monkeypatch.setattr(app.main, "authenticate_sent", broken)
     response = await post(http, "{ viewer { principal } }")
     monkeypatch.undo()
     assert response.status_code == 500

@@ -176,6 +176,14 @@ def sent_authorization(values: Sequence[str]) -> str | None:
     return values[0] if values else None
 
 
+async def authenticate_sent(
+    pool: asyncpg.Pool, authorization: Sequence[str], *, recent: bool = False
+) -> Caller:
+    """The caller a request's Authorization headers (every one it sent) name: one is taken
+    (`sent_authorization`), then `authenticate`."""
+    return await authenticate(pool, sent_authorization(authorization), recent=recent)
+
+
 async def authenticate(
     pool: asyncpg.Pool, authorization: str | None, *, recent: bool = False
 ) -> Caller:

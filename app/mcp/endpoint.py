@@ -46,7 +46,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app import tasks
 from app.actions.service import ActionVersion
 from app.auth.caller import Caller
-from app.auth.service import authenticate, sent_authorization
+from app.auth.service import authenticate_sent
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
 from app.errors import DomainError, TooManyRequests
@@ -453,8 +453,7 @@ class McpEndpoint:
         request = Request(scope, receive)
         state: AppState = request.app.state.engram
         try:
-            sent = sent_authorization(request.headers.getlist("authorization"))
-            caller = await authenticate(state.pool, sent)
+            caller = await authenticate_sent(state.pool, request.headers.getlist("authorization"))
         except Exception as e:
             await self._refusal(e)(scope, receive, send)
             return
@@ -709,8 +708,8 @@ class McpEndpoint:
         again and its agent found again (`_check`), or why it is refused: (message, code)."""
         request = Request(scope)
         try:
-            sent = sent_authorization(request.headers.getlist("authorization"))
-            caller = await authenticate(found.state.pool, sent)
+            sent = request.headers.getlist("authorization")
+            caller = await authenticate_sent(found.state.pool, sent)
             return await self._check(request, found.state, caller)
         except DomainError as e:
             return (e.message, e.code)
