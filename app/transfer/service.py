@@ -445,6 +445,14 @@ def _marks(row: dict[str, Any], number: int) -> int:
     return int.from_bytes(_MARKS.pack(number, *hashes[:kept], number, *hashes[kept:]), "little")
 
 
+def _differing(columns: Sequence[str], differs: int) -> str:
+    """The first of `columns` whose hash differs, in the bits of two rows' marks XORed (their
+    line's number shifted out)."""
+    return next(
+        c for place, c in enumerate(columns) if differs >> (place * _MARK_BITS) & _MARK_MASK
+    )
+
+
 @dataclass
 class _Across:
     """What a row is checked against in the rows before it: each key once, the export's order
@@ -598,9 +606,7 @@ class _Across:
         differs = ((first ^ marks) & _FIRST_MASK) >> _LINE_BITS
         if not differs:
             return marks
-        column = next(
-            c for place, c in enumerate(_KEPT) if differs >> (place * _MARK_BITS) & _MARK_MASK
-        )
+        column = _differing(_KEPT, differs)
         said = "labels are not those" if column == "labels" else f"{column} is not that"
         raise BadInput(
             f"line {number}: its {kind} row is not valid (its {said} of line "
@@ -616,9 +622,7 @@ class _Across:
         differs = (latest ^ (marks >> _FIRST_BITS)) >> _LINE_BITS
         if not differs:
             return
-        column = next(
-            c for place, c in enumerate(_CHANGED) if differs >> (place * _MARK_BITS) & _MARK_MASK
-        )
+        column = _differing(_CHANGED, differs)
         raise BadInput(
             f"line {number}: its memory row is not valid (its {column} is not that of line "
             f"{latest & _LINE_MASK}, the memory_version row of its version {row['version']} in "
