@@ -566,6 +566,9 @@ def _token(info: Any) -> dict[str, Any]:
         "expires": info.expires.isoformat() if info.expires else None,
         "lastUsed": info.last_used.isoformat() if info.last_used else None,
         "bootstrap": info.bootstrap,
+        "issuedBy": info.issued_by,
+        "issuedByAccountId": str(info.issued_by_account) if info.issued_by_account else None,
+        "issuedByTokenId": str(info.issued_by_token) if info.issued_by_token else None,
     }
 
 

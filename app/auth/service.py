@@ -25,6 +25,13 @@ ADMIN_PRINCIPAL = "admin"
 TOKEN_PREFIX = "eng_"
 _PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,199}$")
 
+# Who issued a token when no client's request did (a token's `issued_by`, with no account):
+# each holds a space, so no client's principal (check_principal) is ever one of them.
+ISSUER_COMMAND_LINE = "command line"  # `engram client token`
+ISSUER_BOOTSTRAP = "bootstrap setting"  # made from ENGRAM_BOOTSTRAP_TOKEN at a start
+ISSUER_FIRST_START = "first start"  # the admin's token the first start printed
+ISSUERS = (ISSUER_COMMAND_LINE, ISSUER_BOOTSTRAP, ISSUER_FIRST_START)
+
 
 def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
@@ -137,6 +144,13 @@ class TokenInfo:
     expires: datetime | None
     last_used: datetime | None
     bootstrap: bool
+    # The principal of the client whose request issued it, or one of ISSUERS; None for a token
+    # issued before this was recorded (migration 0037).
+    issued_by: str | None
+    # That client's account (the token's own, or the default account's) and the token its
+    # request sent; None for ISSUERS.
+    issued_by_account: UUID | None
+    issued_by_token: UUID | None
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> "TokenInfo":
@@ -149,7 +163,20 @@ class TokenInfo:
             row["expires"],
             row["last_used"],
             row["bootstrap"],
+            row["issued_by"],
+            row["issued_by_account"],
+            row["issued_by_token"],
         )
+
+
+def _issuer(caller: Caller) -> tuple[str, UUID | None, UUID | None]:
+    """Who a token the caller issues names as its issuer (TokenInfo's `issued_by` fields): the
+    client whose token the request sent, its account, and that token; a caller made in process
+    (no token: the `engram` command's, acting as the admin) is the command line, not the admin's
+    client."""
+    if caller.token_id is None:
+        return ISSUER_COMMAND_LINE, None, None
+    return caller.principal, caller.account_id, caller.token_id
 
 
 @dataclass(frozen=True)
@@ -294,14 +321,24 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
         if token is not None:
             # The setting's token replaces the one an earlier setting made; others stay.
             await store.replace_bootstrap_token(
-                conn, hash_token(token), account_id, ADMIN_PRINCIPAL, token_prefix(token)
+                conn,
+                hash_token(token),
+                account_id,
+                ADMIN_PRINCIPAL,
+                token_prefix(token),
+                ISSUER_BOOTSTRAP,
             )
             return None
         if await store.count_tokens(conn, account_id, ADMIN_PRINCIPAL) > 0:
             return None
         created = new_token()
         await store.insert_token(
-            conn, hash_token(created), account_id, ADMIN_PRINCIPAL, prefix=token_prefix(created)
+            conn,
+            hash_token(created),
+            account_id,
+            ADMIN_PRINCIPAL,
+            issued_by=ISSUER_FIRST_START,
+            prefix=token_prefix(created),
         )
         return created
 
@@ -498,7 +535,8 @@ async def issue_client_token(
     principal: str,
     expires: datetime | None = None,
 ) -> IssuedToken:
-    """A new token for the client, valid until `expires` (None: until revoked)."""
+    """A new token for the client, valid until `expires` (None: until revoked), naming who
+    issued it (`_issuer`)."""
     caller.require(("INSERT", resources.CLIENT_TOKEN))
     account_id = caller.reach_account(account_id)
     if expires is not None and expires <= datetime.now(UTC):
@@ -508,11 +546,15 @@ async def issue_client_token(
         await _lock_covered_client(
             conn, caller, ("INSERT", resources.CLIENT_TOKEN), account_id, principal
         )
+        issued_by, issued_by_account, issued_by_token = _issuer(caller)
         row = await store.insert_token(
             conn,
             hash_token(token),
             account_id,
             principal,
+            issued_by=issued_by,
+            issued_by_account=issued_by_account,
+            issued_by_token=issued_by_token,
             prefix=token_prefix(token),
             expires=expires,
         )

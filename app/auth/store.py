@@ -154,7 +154,10 @@ async def _forget_tokens(conn: asyncpg.Connection, account_id: UUID) -> None:
     )
 
 
-_TOKEN_COLUMNS = "token_id, account_id, principal, prefix, created, expires, last_used, bootstrap"
+_TOKEN_COLUMNS = (
+    "token_id, account_id, principal, prefix, created, expires, last_used, bootstrap, issued_by,"
+    " issued_by_account, issued_by_token"
+)
 
 
 async def insert_token(
@@ -163,6 +166,9 @@ async def insert_token(
     account_id: UUID,
     principal: str,
     *,
+    issued_by: str,
+    issued_by_account: UUID | None = None,
+    issued_by_token: UUID | None = None,
     prefix: str | None = None,
     expires: datetime | None = None,
 ) -> Row:
@@ -174,8 +180,9 @@ async def insert_token(
     )
     return await conn.fetchrow(
         f"""
-        INSERT INTO client_tokens (token_hash, account_id, principal, prefix, expires)
-        VALUES ($1, $2, $3, $4, $5)
+        INSERT INTO client_tokens (token_hash, account_id, principal, prefix, expires,
+            issued_by, issued_by_account, issued_by_token)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
         RETURNING {_TOKEN_COLUMNS}
         """,
         token_hash,
@@ -183,14 +190,23 @@ async def insert_token(
         principal,
         prefix,
         expires,
+        issued_by,
+        issued_by_account,
+        issued_by_token,
     )
 
 
 async def replace_bootstrap_token(
-    conn: asyncpg.Connection, token_hash: bytes, account_id: UUID, principal: str, prefix: str
+    conn: asyncpg.Connection,
+    token_hash: bytes,
+    account_id: UUID,
+    principal: str,
+    prefix: str,
+    issued_by: str,
 ) -> None:
-    """Makes `token_hash` the client's one bootstrap token: an earlier one is deleted, and a
-    token of that value issued before tokens were marked becomes the bootstrap token."""
+    """Makes `token_hash` the client's one bootstrap token, issued by `issued_by`: an earlier
+    one is deleted, and a token of that value issued before tokens were marked becomes the
+    bootstrap token (its issuer, if it recorded one, kept)."""
     await conn.execute(
         """
         DELETE FROM client_tokens
@@ -215,10 +231,11 @@ async def replace_bootstrap_token(
         return  # another account's token has this value (as before: left as it is)
     await conn.execute(
         """
-        INSERT INTO client_tokens (token_hash, account_id, principal, prefix, bootstrap)
-        VALUES ($1, $2, $3, $4, true)
+        INSERT INTO client_tokens (token_hash, account_id, principal, prefix, bootstrap, issued_by)
+        VALUES ($1, $2, $3, $4, true, $5)
         ON CONFLICT (account_id, token_hash) DO UPDATE
-        SET bootstrap = true, prefix = coalesce(client_tokens.prefix, excluded.prefix)
+        SET bootstrap = true, prefix = coalesce(client_tokens.prefix, excluded.prefix),
+            issued_by = coalesce(client_tokens.issued_by, excluded.issued_by)
         WHERE client_tokens.account_id = excluded.account_id
           AND client_tokens.principal = excluded.principal
         """,
@@ -226,6 +243,7 @@ async def replace_bootstrap_token(
         account_id,
         principal,
         prefix,
+        issued_by,
     )
 
 

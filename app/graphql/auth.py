@@ -139,6 +139,28 @@ def _token_id(account_id: UUID, principal: str, token_id: UUID) -> strawberry.ID
     return global_id("ClientToken", account_id, principal, token_id)
 
 
+ISSUED_BY = (
+    "Who issued it: the principal of the client whose createClientToken made it (with its "
+    "account, `issuedByAccountId`, and the token its request sent, `issuedByTokenId`), as "
+    f"`modifiedBy` names a client; `{service.ISSUER_COMMAND_LINE}` for `engram client token`; "
+    f"`{service.ISSUER_BOOTSTRAP}` for the token made from ENGRAM_BOOTSTRAP_TOKEN; "
+    f"`{service.ISSUER_FIRST_START}` for the admin token the first start printed (no client's "
+    "principal is one of these three: each holds a space). Null for a token issued before "
+    f"issuers were recorded (migration 0037), but a bootstrap token, `{service.ISSUER_BOOTSTRAP}`."
+)
+ISSUED_BY_ACCOUNT = (
+    "The account of the client that issued it (`issuedBy`): the token's own, or the default "
+    "account's for a token one of its clients issued in another account. Null when no client "
+    "did (`issuedBy` is null or names the command line, the bootstrap setting or the first "
+    "start)."
+)
+ISSUED_BY_TOKEN = (
+    "The `tokenId` of the token that the issuing client's request sent (it may since have been "
+    "revoked): the tokens a leaked token issued name it here. Null when no client did, as "
+    "`issuedByAccountId`."
+)
+
+
 @strawberry.type(description="One of a client's API tokens: never its secret.")
 class ClientTokenInfo(Node):
     token_id: UUID = strawberry.field(description="The token's ID: revokeClientToken takes it.")
@@ -154,6 +176,9 @@ class ClientTokenInfo(Node):
     bootstrap: bool = strawberry.field(
         description="Made from ENGRAM_BOOTSTRAP_TOKEN: replaced at start when it changes."
     )
+    issued_by: str | None = strawberry.field(description=ISSUED_BY)
+    issued_by_account_id: UUID | None = strawberry.field(description=ISSUED_BY_ACCOUNT)
+    issued_by_token_id: UUID | None = strawberry.field(description=ISSUED_BY_TOKEN)
 
     @classmethod
     def of(cls, info: TokenInfo) -> "ClientTokenInfo":
@@ -165,6 +190,9 @@ class ClientTokenInfo(Node):
             expires=_timestamp(info.expires),
             last_used=_timestamp(info.last_used),
             bootstrap=info.bootstrap,
+            issued_by=info.issued_by,
+            issued_by_account_id=info.issued_by_account,
+            issued_by_token_id=info.issued_by_token,
         )
 
 
@@ -176,7 +204,7 @@ class Client(Node):
     account_id: UUID = strawberry.field(description="The client's account.")
     principal: str = strawberry.field(
         description="The client's principal, unique in its account: what `createdBy`, "
-        "`modifiedBy` and an execution's `principal` name."
+        "`modifiedBy`, an execution's `principal` and a token's `issuedBy` name."
     )
     name: str = strawberry.field(description="The client's name.")
     policies: list[Policy] = strawberry.field(description="What the client may do.")
@@ -252,6 +280,9 @@ class ClientToken(Node):
     )
     created: Timestamp = strawberry.field(description="When it was issued.")
     expires: Timestamp | None = strawberry.field(description="Null: valid until revoked.")
+    issued_by: str | None = strawberry.field(description=ISSUED_BY)
+    issued_by_account_id: UUID | None = strawberry.field(description=ISSUED_BY_ACCOUNT)
+    issued_by_token_id: UUID | None = strawberry.field(description=ISSUED_BY_TOKEN)
 
 
 @strawberry.type(description="Whether the caller's grants permit one named operation.")
@@ -510,6 +541,9 @@ class AuthMutation:
             prefix=issued.info.prefix or "",
             created=Timestamp(issued.info.created),
             expires=_timestamp(issued.info.expires),
+            issued_by=issued.info.issued_by,
+            issued_by_account_id=issued.info.issued_by_account,
+            issued_by_token_id=issued.info.issued_by_token,
         )
 
     @strawberry.mutation(
