@@ -462,6 +462,14 @@ async def test_tokens_change_in_place_and_revoking_ones_own_signs_out(db_url, em
         await expect(rows).to_have_count(2)
         await expect(rows.first.locator("td").first).to_have_text(f"{secret[:8]}… new")
         await expect(auditor.get_by_label("The new token")).to_be_visible()
+        # Who issued each token (the signed-in admin's request; the bootstrap setting's own).
+        await expect(rows.first.locator('td[data-label="Issued by"]')).to_have_text("admin")
+        admins = page.locator(
+            "section.client", has=page.locator("h2 .mono", has_text=re.compile("^admin$"))
+        )
+        await expect(
+            admins.locator("tr", has_text="bootstrap").locator('td[data-label="Issued by"]')
+        ).to_have_text("bootstrap setting")
         await auditor.screenshot(path=screenshot_path("console-token-created.png"))
 
         # Revoked, it leaves its table; the clients loaded by "Show more" stay.

@@ -1167,7 +1167,8 @@ function newClient(list, shown) {
 }
 
 const CLIENT = "principal name accountId modified policies { effect actions resources } coveredByViewer";
-const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap } pageInfo { hasNextPage endCursor }";
+const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap issuedBy issuedByAccountId } "
+  + "pageInfo { hasNextPage endCursor }";
 // A card's client with its first page of tokens, when the grants allow reading them.
 const clientTokens = () => (can("Client.tokens") ? `tokens(first: ${PAGE}) { ${TOKEN_PAGE} }` : "");
 const DELETE_CLIENT = `mutation($p: String!, $a: UUID, $m: Timestamp) {
@@ -1182,6 +1183,14 @@ function signedInWith(c, t) {
 }
 
 const tokenName = (t) => (t.prefix ? `${t.prefix}…` : t.tokenId);
+// Who issued a token: a client's principal (with its account when that is another, the
+// operator's), or the service's own name for the command line, the bootstrap setting or the
+// first start; tokens issued before issuers were recorded name no one.
+const tokenIssuer = (c, t) => {
+  if (!t.issuedBy) return "not recorded";
+  if (t.issuedByAccountId && t.issuedByAccountId !== c.accountId) return `${t.issuedBy} (account ${t.issuedByAccountId})`;
+  return t.issuedBy;
+};
 
 // Client `c`'s card: its policies and tokens, and what the grants allow doing with them. A
 // `fresh` one was just created here: it offers its first token.
@@ -1204,9 +1213,9 @@ function clientCard(c, { fresh = false } = {}) {
   const shown = h("div"); // a new token's secret, shown once
   const body = c.tokens ? h("tbody") : null;
   const table = h("table", { class: "list" }, h("caption", {}, `Tokens of ${c.principal}`), h("thead", {}, h("tr", {},
-    ["Token", "Created", "Expires", "Last used", h("span", { class: "visually-hidden" }, "Actions")]
+    ["Token", "Created", "Expires", "Last used", "Issued by", h("span", { class: "visually-hidden" }, "Actions")]
       .map((x) => h("th", {}, x)))), body);
-  const empty = h("tr", {}, h("td", { colspan: 5 }, "No tokens."));
+  const empty = h("tr", {}, h("td", { colspan: 6 }, "No tokens."));
 
   async function revoke(t, tr) {
     const mine = signedInWith(c, t);
@@ -1254,6 +1263,7 @@ function clientCard(c, { fresh = false } = {}) {
       h("td", { dataset: { label: "Created" } }, when(t.created)),
       h("td", { dataset: { label: "Expires" } }, t.expires ? when(t.expires) : "never"),
       h("td", { dataset: { label: "Last used" } }, t.lastUsed ? when(t.lastUsed) : "never"),
+      h("td", { dataset: { label: "Issued by" } }, tokenIssuer(c, t)),
       h("td", {}, t.bootstrap ? badge("bootstrap") : null, signedInWith(c, t) ? badge("signed in") : null,
         can("revokeClientToken") ? button("Revoke", () => revoke(t, tr),
           { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null));
@@ -1307,7 +1317,7 @@ function clientCard(c, { fresh = false } = {}) {
       }
       try {
         const data = await gql(`mutation($p: String!, $a: UUID, $e: Timestamp) {
-          createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires } }`,
+          createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires issuedBy issuedByAccountId } }`,
         { p: c.principal, a: c.accountId, e: at && at.toISOString() });
         const made = data.createClientToken;
         if (firstToken) firstToken.remove();
