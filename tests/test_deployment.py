@@ -5,6 +5,10 @@ setting, for authenticated clients only."""
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -77,6 +81,63 @@ def dockerfile_env() -> dict[str, str]:
     block = re.search(r"^ENV (.*?)(?:\n\n|\n[A-Z])", text, re.S | re.M)
     assert block is not None
     return dict(re.findall(r"(ENGRAM_\w+)=(\S+)", block.group(1)))
+
+
+def dockerfile_steps() -> list[tuple[str, str]]:
+    """The image's COPY and RUN instructions in order, each RUN as its shell gets it (the lines
+    a backslash continues joined)."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", "")
+    return re.findall(r"^(COPY|RUN) (.*)$", text, re.M)
+
+
+def run_with_pip_recorded(command: str, where: Path) -> list[str]:
+    """`command` run by a shell in `where`, `python` this interpreter and `pip` a stand-in that
+    records its arguments (and the requirements file it is given) instead of installing."""
+    bin_dir = where / "bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        (bin_dir / "python").symlink_to(sys.executable)
+        pip = bin_dir / "pip"
+        pip.write_text(
+            "#!/bin/sh\n"
+            'echo "$*" >> pip-calls\n'
+            '[ "$1 $2" = "install -r" ] && cp "$3" pip-requirements\n'
+            "exit 0\n"
+        )
+        pip.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["sh", "-c", command], cwd=where, env=env, check=True, timeout=60)
+    return (where / "pip-calls").read_text().splitlines()
+
+
+def test_the_image_installs_the_dependencies_in_a_layer_the_code_leaves(tmp_path):
+    """A change to the code reinstalls the package, not every dependency: the dependencies are
+    installed when pyproject.toml is all the image has copied (a layer only it changes), as
+    pyproject.toml lists them (its build backend and dependencies, no extra: tests, otel and
+    minilm stay optional); the code is copied after, and installed without dependencies
+    (`pip check` fails the build should one be missing)."""
+    steps = dockerfile_steps()
+    installs = [i for i, (kind, line) in enumerate(steps) if kind == "RUN" and "pip" in line]
+    assert len(installs) == 2, installs
+    dependencies, package = installs
+    assert [line for kind, line in steps[:dependencies] if kind == "COPY"] == ["pyproject.toml ./"]
+    copied = [line.split()[0] for kind, line in steps[dependencies:package] if kind == "COPY"]
+    assert sorted(copied) == ["README.md", "app", "migrations"], copied
+
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    assert run_with_pip_recorded(steps[dependencies][1], tmp_path) == [
+        "install -r requirements.txt"
+    ]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = project["build-system"]["requires"] + project["project"]["dependencies"]
+    assert (tmp_path / "pip-requirements").read_text().splitlines() == listed
+    assert not (tmp_path / "requirements.txt").exists()  # not left in the image
+
+    (tmp_path / "pip-calls").unlink()
+    assert run_with_pip_recorded(steps[package][1], tmp_path) == [
+        "install --no-deps --no-build-isolation -e .",
+        "check",
+    ]
 
 
 def test_the_image_declares_the_data_volume_its_settings_name():
@@ -198,10 +259,10 @@ async def test_introspection_is_for_authenticated_clients_and_can_be_turned_off(
 
 
 def test_the_image_and_compose_name_what_the_code_has():
-    """Read against the code, as docker cannot run here: the image installs the package alone
-    (no extra: tests, otel and minilm stay optional), runs `engram serve`, a command the CLI
-    has, exposes and publishes the port its ENGRAM_PORT names, probes /healthz, a route of the
-    app, on that port, and every ENGRAM_* variable the image and compose set is a setting."""
+    """Read against the code, as docker cannot run here: the image runs `engram serve`, a
+    command the CLI has, exposes and publishes the port its ENGRAM_PORT names, probes /healthz,
+    a route of the app, on that port, and every ENGRAM_* variable the image and compose set is
+    a setting."""
     from app.cli import parser
     from app.main import create_app
 
@@ -211,8 +272,6 @@ def test_the_image_and_compose_name_what_the_code_has():
     engram = compose["services"]["engram"]
     env = dockerfile_env()
 
-    installs = re.findall(r"pip install ([^\\&\n]+)", text)
-    assert [i.strip() for i in installs] == ["-e ."], installs
     command = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
     assert command[0] == "engram"
     parser().parse_args(command[1:])  # exits on a command the CLI does not have
@@ -394,7 +453,8 @@ def test_a_turn_killed_with_its_process_is_failed_by_a_sweep_and_can_be_retried(
 
 
 def test_ci_and_the_image_run_the_readmes_two_commands():
-    """README's "The two commands": the image runs the first (its install, then its CMD), and
+    """README's "The two commands": the image runs the first (its install, in two steps: the
+    dependencies pyproject.toml lists, then the package without them, then its CMD), and
     .ci/run the second, as its last line under `set -euo pipefail`, so that a failed install or
     test fails the run; a change to either command fails here until they follow."""
     section = (ROOT / "README.md").read_text().split("\n## The two commands\n")[1]
@@ -404,6 +464,7 @@ def test_ci_and_the_image_run_the_readmes_two_commands():
     text = (ROOT / "Dockerfile").read_text()
     [install] = re.findall(r"^RUN (pip install [^\\&\n]+?)\s*(?:\\|&&|$)", text, re.M)
     command = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
+    install = install.replace(" --no-deps --no-build-isolation", "")
     assert f"{install} && {' '.join(command)}" == serve
 
     ci = ROOT / ".ci" / "run"
