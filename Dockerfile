@@ -13,8 +13,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     ENGRAM_PORT=8000 \
     ENGRAM_DATA_DIR=/var/lib/engram
 
-# The service runs as a user of its own, which owns only its data volume.
-RUN useradd --system --uid 10001 --home-dir /var/lib/engram engram \
+# The service runs as a user of its own (uid and gid 10001, which a compose secret's uid and gid
+# name), which owns only its data volume.
+RUN groupadd --system --gid 10001 engram \
+    && useradd --system --uid 10001 --gid engram --home-dir /var/lib/engram engram \
     && mkdir -p /var/lib/engram && chown engram:engram /var/lib/engram
 WORKDIR /srv/engram
 # The dependencies pyproject.toml lists, and its build backend, in a layer that only a change to

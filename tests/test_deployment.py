@@ -10,10 +10,12 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import get_args
 
 import httpx
 import pytest
 from helpers import db_settings
+from pydantic import SecretStr
 from servers import serving
 
 from app.config import Settings
@@ -53,25 +55,41 @@ def engram_environment(env: dict[str, str]) -> dict[str, str]:
     return {k: interpolate(str(v), env) for k, v in service["environment"].items()}
 
 
-def test_compose_requires_the_admin_token_and_runs_in_production(monkeypatch):
+def test_compose_gives_the_admin_token_as_a_secret_and_runs_in_production(monkeypatch, tmp_path):
+    """The token is no variable of the container's (`docker inspect` and /proc/PID/environ show
+    those): compose makes ENGRAM_BOOTSTRAP_TOKEN where it runs, which has no default, a secret,
+    a file in the container that only the image's user may read, and names that file."""
+    yaml = pytest.importorskip("yaml")
     text = (ROOT / "docker-compose.yml").read_text()
     assert "change-me" not in text
-    assert "${ENGRAM_BOOTSTRAP_TOKEN:?" in text
-    with pytest.raises(LookupError, match="ENGRAM_BOOTSTRAP_TOKEN"):
-        engram_environment({})
-    env = engram_environment({"ENGRAM_BOOTSTRAP_TOKEN": TOKEN})
+    compose = yaml.safe_load(text)
+    engram = compose["services"]["engram"]
+    env = engram_environment({})
     assert env["ENGRAM_ENVIRONMENT"] == "production"
-    assert env["ENGRAM_BOOTSTRAP_TOKEN"] == TOKEN
-    # The image's own settings plus compose's pass the production checks...
+    assert not {"ENGRAM_BOOTSTRAP_TOKEN", "ENGRAM_DATABASE_URL_FILE"} & set(env)
+    [secret] = engram["secrets"]
+    assert compose["secrets"][secret["source"]] == {"environment": "ENGRAM_BOOTSTRAP_TOKEN"}
+    assert env["ENGRAM_BOOTSTRAP_TOKEN_FILE"] == f"/run/secrets/{secret['source']}"
+    assert "target" not in secret
+    image = (ROOT / "Dockerfile").read_text()
+    uid = re.search(r"useradd .*--uid (\d+)", image)[1]
+    gid = re.search(r"groupadd .*--gid (\d+)", image)[1]
+    assert (secret["uid"], secret["gid"], secret["mode"]) == (uid, gid, 0o400)
+    # The image's own settings plus compose's, the secret's file where the container has it,
+    # pass the production checks...
     for key in list(os.environ):
         if key.startswith("ENGRAM_"):
             monkeypatch.delenv(key)
     for key, value in {**dockerfile_env(), **env}.items():
         monkeypatch.setenv(key, value)
+    token = tmp_path / secret["source"]
+    token.write_text(TOKEN)  # the variable's value alone, as compose writes it
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN_FILE", str(token))
     settings = Settings()
     assert settings.environment == "production" and settings.host == "0.0.0.0"
+    assert settings.bootstrap_token_value() == TOKEN
     # ...which refuse a short token.
-    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "short")
+    token.write_text("short")
     with pytest.raises(ValueError, match="at least 32 characters"):
         Settings()
 
@@ -262,7 +280,7 @@ def test_the_image_and_compose_name_what_the_code_has():
     """Read against the code, as docker cannot run here: the image runs `engram serve`, a
     command the CLI has, exposes and publishes the port its ENGRAM_PORT names, probes /healthz,
     a route of the app, on that port, and every ENGRAM_* variable the image and compose set is
-    a setting."""
+    a setting, or a secret setting's file."""
     from app.cli import parser
     from app.main import create_app
 
@@ -291,8 +309,13 @@ def test_the_image_and_compose_name_what_the_code_has():
         assert path[1] in (None, port), probe  # %s: ENGRAM_PORT, read in the probe
 
     named = set(env) | {k for k in engram["environment"] if k.startswith("ENGRAM_")}
+    secrets = {
+        f"ENGRAM_{name.upper()}_FILE"
+        for name, field in Settings.model_fields.items()
+        if SecretStr in get_args(field.annotation)
+    }
     assert {
-        n for n in named if n.removeprefix("ENGRAM_").lower() not in Settings.model_fields
+        n for n in named - secrets if n.removeprefix("ENGRAM_").lower() not in Settings.model_fields
     } == set()
 
 
