@@ -13,15 +13,25 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     ENGRAM_PORT=8000 \
     ENGRAM_DATA_DIR=/var/lib/engram
 
+# The service runs as a user of its own (uid and gid 10001, which a compose secret's uid and gid
+# name), which owns only its data volume.
+RUN groupadd --system --gid 10001 engram \
+    && useradd --system --uid 10001 --gid engram --home-dir /var/lib/engram engram \
+    && mkdir -p /var/lib/engram && chown engram:engram /var/lib/engram
 WORKDIR /srv/engram
-COPY pyproject.toml README.md ./
+# The dependencies pyproject.toml lists, and its build backend, in a layer that only a change to
+# pyproject.toml builds again: a change to the code reinstalls the package alone, below.
+COPY pyproject.toml ./
+RUN python -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb")); \
+print("\n".join(project["build-system"]["requires"] + project["project"]["dependencies"]))' \
+    > requirements.txt \
+    && pip install -r requirements.txt && rm requirements.txt
+COPY README.md ./
 COPY app ./app
 COPY migrations ./migrations
-# Editable install keeps migrations/ beside the app package, where alembic finds it. The
-# service runs as a user of its own, which owns only its data volume.
-RUN pip install -e . \
-    && useradd --system --uid 10001 --home-dir /var/lib/engram engram \
-    && mkdir -p /var/lib/engram && chown engram:engram /var/lib/engram
+# Editable install keeps migrations/ beside the app package, where alembic finds it; `pip check`
+# fails the build should the layer above lack a dependency the package names.
+RUN pip install --no-deps --no-build-isolation -e . && pip check
 VOLUME ["/var/lib/engram"]
 USER engram
 

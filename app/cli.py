@@ -1350,11 +1350,14 @@ def _command(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from app.config import Settings
+    from app.config import SecretFileRefused, Settings, variable_of
     from app.observability import logs
 
     try:
         settings = Settings()
+    except SecretFileRefused as e:
+        _say(f"engram: {e}", args.command)
+        return 2
     except ValidationError as e:
         # One line per wrong setting, named as it is set: no traceback.
         told: set[object] = set()
@@ -1367,9 +1370,7 @@ def _command(args: argparse.Namespace) -> int:
             if item:
                 message = f"item {'.'.join(str(part) for part in item)}: {message}"
             _say(
-                f"engram: ENGRAM_{str(field).upper()}: {message}"
-                if field
-                else f"engram: {message}",
+                f"engram: {variable_of(str(field))}: {message}" if field else f"engram: {message}",
                 args.command,
             )
         return 2

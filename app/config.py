@@ -2,15 +2,23 @@
 
 import ipaddress
 import json
+import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 from uuid import UUID
 
 import platformdirs
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from app.text import is_storable
 
@@ -119,12 +127,104 @@ def _seconds(default: float, *, low: float = 0, high: float = DAY) -> Any:
     return Field(default=default, gt=low, le=high, allow_inf_nan=False)
 
 
+# A secret setting (a SecretStr) may be given as a file instead, named by its variable with _FILE
+# added (ENGRAM_BOOTSTRAP_TOKEN_FILE=/run/secrets/...), as Docker and Kubernetes mount secrets: a
+# variable's value shows in `docker inspect` and /proc/PID/environ.
+FILE_SUFFIX = "_FILE"
+# A secret file holds its value alone: a larger one is the wrong file (a log, a device), not
+# read further.
+SECRET_FILE_MAX_BYTES = 65_536
+
+
+class SecretFileRefused(SettingsError):
+    """A secret setting's file that cannot be its value: the message names the variable and the
+    path, never what the file holds."""
+
+
+def _is_secret(field: FieldInfo) -> bool:
+    return field.annotation is SecretStr or SecretStr in get_args(field.annotation)
+
+
+def _environment() -> dict[str, str]:
+    # The names in any case, as pydantic-settings reads them (case_sensitive is off).
+    return {name.upper(): value for name, value in os.environ.items()}
+
+
+def _secret_file(field: str) -> str | None:
+    """The file ENGRAM_<FIELD>_FILE names; None when it is unset or empty."""
+    path = _environment().get(f"{RESERVED_ENV_PREFIX}{field.upper()}{FILE_SUFFIX}", "")
+    return path if path.strip() else None
+
+
+def _read_secret_file(variable: str, path: str) -> str:
+    """The value the file at `path` holds, less the newline that ends it."""
+    if not is_storable(path):
+        raise SecretFileRefused(
+            f"{variable} is not valid text (a NUL, or bytes that are not UTF-8)"
+        )
+    where = f"{variable} ({path})"
+    try:
+        with open(path, "rb") as file:
+            data = file.read(SECRET_FILE_MAX_BYTES + 1)
+    except OSError as e:
+        raise SecretFileRefused(f"{where} cannot be read: {e.strerror or e}") from None
+    if len(data) > SECRET_FILE_MAX_BYTES:
+        raise SecretFileRefused(
+            f"{where} holds more than {SECRET_FILE_MAX_BYTES:,} bytes: a secret file holds its "
+            "value alone"
+        )
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise SecretFileRefused(f"{where} is not UTF-8 text") from None
+    text = text.rstrip("\r\n")
+    if not text.strip():
+        raise SecretFileRefused(f"{where} is empty (or only whitespace)")
+    return text
+
+
+class _SecretFiles(PydanticBaseSettingsSource):
+    """Each secret setting (a SecretStr) whose ENGRAM_<NAME>_FILE is set, read from that file;
+    refused when ENGRAM_<NAME> is set too (either could be the one meant)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        path = _secret_file(field_name) if _is_secret(field) else None
+        if path is None:
+            return None, field_name, False
+        variable = f"{RESERVED_ENV_PREFIX}{field_name.upper()}"
+        if variable in _environment():
+            raise SecretFileRefused(
+                f"{variable} and {variable}{FILE_SUFFIX} are both set: set one or the other"
+            )
+        return _read_secret_file(variable + FILE_SUFFIX, path), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values = {}
+        for name, field in self.settings_cls.model_fields.items():
+            value, key, _ = self.get_field_value(field, name)
+            if value is not None:
+                values[key] = value
+        return values
+
+
 class Settings(BaseSettings):
     # hide_input_in_errors: a refused value may be a secret (a database URL with its password,
     # a key); the messages name the variable and what it accepts, never the value.
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_", env_file=None, extra="ignore", hide_input_in_errors=True
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        secret_files = _SecretFiles(settings_cls)
+        return (init_settings, env_settings, secret_files, dotenv_settings, file_secret_settings)
 
     # Only "production" changes anything (the refusals below); no other value is accepted, so
     # that a name such as "test" or "staging" cannot look as if it did.
@@ -471,7 +571,7 @@ class Settings(BaseSettings):
         if self.environment == "production" and not is_loopback(host) and self.database_url is None:
             return (
                 f"production deployments listening beyond this machine ({named}) must set "
-                "ENGRAM_DATABASE_URL"
+                "ENGRAM_DATABASE_URL (or ENGRAM_DATABASE_URL_FILE)"
             )
         return None
 
@@ -503,3 +603,12 @@ class Settings(BaseSettings):
 
     def bootstrap_token_value(self) -> str | None:
         return self.bootstrap_token.get_secret_value() if self.bootstrap_token else None
+
+
+def variable_of(field: str) -> str:
+    """The variable that gave `field` its value, as a refusal of the value names it:
+    ENGRAM_<FIELD>, or for a secret read from a file, ENGRAM_<FIELD>_FILE and that file."""
+    variable = f"{RESERVED_ENV_PREFIX}{field.upper()}"
+    setting = Settings.model_fields.get(field)
+    path = _secret_file(field) if setting is not None and _is_secret(setting) else None
+    return variable if path is None else f"{variable}{FILE_SUFFIX} ({path})"

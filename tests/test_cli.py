@@ -421,6 +421,23 @@ def test_a_wrong_setting_is_one_line_naming_the_variable(monkeypatch, capsys):
     assert "ENGRAM_TURN_LEASE_SECONDS must be at least twice" in line
 
 
+def test_a_wrong_secret_file_is_one_line_naming_it_never_its_content(monkeypatch, capsys, tmp_path):
+    path = tmp_path / "database_url"
+    path.write_text("mysql://engram:s3cret@db/engram\n")
+    monkeypatch.setenv("ENGRAM_DATABASE_URL_FILE", str(path))
+    assert cli.main(["schema", "-o", "/dev/null"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    told = f"engram: ENGRAM_DATABASE_URL_FILE ({path}): must be a postgresql:// URL"
+    assert line.startswith(told) and "s3cret" not in line, line
+    missing = tmp_path / "missing"
+    monkeypatch.setenv("ENGRAM_DATABASE_URL_FILE", str(missing))
+    assert cli.main(["schema", "-o", "/dev/null"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"engram: ENGRAM_DATABASE_URL_FILE ({missing}) cannot be read: No such file or directory"
+    )
+
+
 PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
 
 

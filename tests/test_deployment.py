@@ -5,11 +5,17 @@ setting, for authenticated clients only."""
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
+from typing import get_args
 
 import httpx
 import pytest
 from helpers import db_settings
+from pydantic import SecretStr
 from servers import serving
 
 from app.config import Settings
@@ -49,25 +55,41 @@ def engram_environment(env: dict[str, str]) -> dict[str, str]:
     return {k: interpolate(str(v), env) for k, v in service["environment"].items()}
 
 
-def test_compose_requires_the_admin_token_and_runs_in_production(monkeypatch):
+def test_compose_gives_the_admin_token_as_a_secret_and_runs_in_production(monkeypatch, tmp_path):
+    """The token is no variable of the container's (`docker inspect` and /proc/PID/environ show
+    those): compose makes ENGRAM_BOOTSTRAP_TOKEN where it runs, which has no default, a secret,
+    a file in the container that only the image's user may read, and names that file."""
+    yaml = pytest.importorskip("yaml")
     text = (ROOT / "docker-compose.yml").read_text()
     assert "change-me" not in text
-    assert "${ENGRAM_BOOTSTRAP_TOKEN:?" in text
-    with pytest.raises(LookupError, match="ENGRAM_BOOTSTRAP_TOKEN"):
-        engram_environment({})
-    env = engram_environment({"ENGRAM_BOOTSTRAP_TOKEN": TOKEN})
+    compose = yaml.safe_load(text)
+    engram = compose["services"]["engram"]
+    env = engram_environment({})
     assert env["ENGRAM_ENVIRONMENT"] == "production"
-    assert env["ENGRAM_BOOTSTRAP_TOKEN"] == TOKEN
-    # The image's own settings plus compose's pass the production checks...
+    assert not {"ENGRAM_BOOTSTRAP_TOKEN", "ENGRAM_DATABASE_URL_FILE"} & set(env)
+    [secret] = engram["secrets"]
+    assert compose["secrets"][secret["source"]] == {"environment": "ENGRAM_BOOTSTRAP_TOKEN"}
+    assert env["ENGRAM_BOOTSTRAP_TOKEN_FILE"] == f"/run/secrets/{secret['source']}"
+    assert "target" not in secret
+    image = (ROOT / "Dockerfile").read_text()
+    uid = re.search(r"useradd .*--uid (\d+)", image)[1]
+    gid = re.search(r"groupadd .*--gid (\d+)", image)[1]
+    assert (secret["uid"], secret["gid"], secret["mode"]) == (uid, gid, 0o400)
+    # The image's own settings plus compose's, the secret's file where the container has it,
+    # pass the production checks...
     for key in list(os.environ):
         if key.startswith("ENGRAM_"):
             monkeypatch.delenv(key)
     for key, value in {**dockerfile_env(), **env}.items():
         monkeypatch.setenv(key, value)
+    token = tmp_path / secret["source"]
+    token.write_text(TOKEN)  # the variable's value alone, as compose writes it
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN_FILE", str(token))
     settings = Settings()
     assert settings.environment == "production" and settings.host == "0.0.0.0"
+    assert settings.bootstrap_token_value() == TOKEN
     # ...which refuse a short token.
-    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "short")
+    token.write_text("short")
     with pytest.raises(ValueError, match="at least 32 characters"):
         Settings()
 
@@ -77,6 +99,63 @@ def dockerfile_env() -> dict[str, str]:
     block = re.search(r"^ENV (.*?)(?:\n\n|\n[A-Z])", text, re.S | re.M)
     assert block is not None
     return dict(re.findall(r"(ENGRAM_\w+)=(\S+)", block.group(1)))
+
+
+def dockerfile_steps() -> list[tuple[str, str]]:
+    """The image's COPY and RUN instructions in order, each RUN as its shell gets it (the lines
+    a backslash continues joined)."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", "")
+    return re.findall(r"^(COPY|RUN) (.*)$", text, re.M)
+
+
+def run_with_pip_recorded(command: str, where: Path) -> list[str]:
+    """`command` run by a shell in `where`, `python` this interpreter and `pip` a stand-in that
+    records its arguments (and the requirements file it is given) instead of installing."""
+    bin_dir = where / "bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        (bin_dir / "python").symlink_to(sys.executable)
+        pip = bin_dir / "pip"
+        pip.write_text(
+            "#!/bin/sh\n"
+            'echo "$*" >> pip-calls\n'
+            '[ "$1 $2" = "install -r" ] && cp "$3" pip-requirements\n'
+            "exit 0\n"
+        )
+        pip.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["sh", "-c", command], cwd=where, env=env, check=True, timeout=60)
+    return (where / "pip-calls").read_text().splitlines()
+
+
+def test_the_image_installs_the_dependencies_in_a_layer_the_code_leaves(tmp_path):
+    """A change to the code reinstalls the package, not every dependency: the dependencies are
+    installed when pyproject.toml is all the image has copied (a layer only it changes), as
+    pyproject.toml lists them (its build backend and dependencies, no extra: tests, otel and
+    minilm stay optional); the code is copied after, and installed without dependencies
+    (`pip check` fails the build should one be missing)."""
+    steps = dockerfile_steps()
+    installs = [i for i, (kind, line) in enumerate(steps) if kind == "RUN" and "pip" in line]
+    assert len(installs) == 2, installs
+    dependencies, package = installs
+    assert [line for kind, line in steps[:dependencies] if kind == "COPY"] == ["pyproject.toml ./"]
+    copied = [line.split()[0] for kind, line in steps[dependencies:package] if kind == "COPY"]
+    assert sorted(copied) == ["README.md", "app", "migrations"], copied
+
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    assert run_with_pip_recorded(steps[dependencies][1], tmp_path) == [
+        "install -r requirements.txt"
+    ]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = project["build-system"]["requires"] + project["project"]["dependencies"]
+    assert (tmp_path / "pip-requirements").read_text().splitlines() == listed
+    assert not (tmp_path / "requirements.txt").exists()  # not left in the image
+
+    (tmp_path / "pip-calls").unlink()
+    assert run_with_pip_recorded(steps[package][1], tmp_path) == [
+        "install --no-deps --no-build-isolation -e .",
+        "check",
+    ]
 
 
 def test_the_image_declares_the_data_volume_its_settings_name():
@@ -198,10 +277,10 @@ async def test_introspection_is_for_authenticated_clients_and_can_be_turned_off(
 
 
 def test_the_image_and_compose_name_what_the_code_has():
-    """Read against the code, as docker cannot run here: the image installs the package alone
-    (no extra: tests, otel and minilm stay optional), runs `engram serve`, a command the CLI
-    has, exposes and publishes the port its ENGRAM_PORT names, probes /healthz, a route of the
-    app, on that port, and every ENGRAM_* variable the image and compose set is a setting."""
+    """Read against the code, as docker cannot run here: the image runs `engram serve`, a
+    command the CLI has, exposes and publishes the port its ENGRAM_PORT names, probes /healthz,
+    a route of the app, on that port, and every ENGRAM_* variable the image and compose set is
+    a setting, or a secret setting's file."""
     from app.cli import parser
     from app.main import create_app
 
@@ -211,8 +290,6 @@ def test_the_image_and_compose_name_what_the_code_has():
     engram = compose["services"]["engram"]
     env = dockerfile_env()
 
-    installs = re.findall(r"pip install ([^\\&\n]+)", text)
-    assert [i.strip() for i in installs] == ["-e ."], installs
     command = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
     assert command[0] == "engram"
     parser().parse_args(command[1:])  # exits on a command the CLI does not have
@@ -232,8 +309,13 @@ def test_the_image_and_compose_name_what_the_code_has():
         assert path[1] in (None, port), probe  # %s: ENGRAM_PORT, read in the probe
 
     named = set(env) | {k for k in engram["environment"] if k.startswith("ENGRAM_")}
+    secrets = {
+        f"ENGRAM_{name.upper()}_FILE"
+        for name, field in Settings.model_fields.items()
+        if SecretStr in get_args(field.annotation)
+    }
     assert {
-        n for n in named if n.removeprefix("ENGRAM_").lower() not in Settings.model_fields
+        n for n in named - secrets if n.removeprefix("ENGRAM_").lower() not in Settings.model_fields
     } == set()
 
 
@@ -394,7 +476,8 @@ def test_a_turn_killed_with_its_process_is_failed_by_a_sweep_and_can_be_retried(
 
 
 def test_ci_and_the_image_run_the_readmes_two_commands():
-    """README's "The two commands": the image runs the first (its install, then its CMD), and
+    """README's "The two commands": the image runs the first (its install, in two steps: the
+    dependencies pyproject.toml lists, then the package without them, then its CMD), and
     .ci/run the second, as its last line under `set -euo pipefail`, so that a failed install or
     test fails the run; a change to either command fails here until they follow."""
     section = (ROOT / "README.md").read_text().split("\n## The two commands\n")[1]
@@ -404,6 +487,7 @@ def test_ci_and_the_image_run_the_readmes_two_commands():
     text = (ROOT / "Dockerfile").read_text()
     [install] = re.findall(r"^RUN (pip install [^\\&\n]+?)\s*(?:\\|&&|$)", text, re.M)
     command = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
+    install = install.replace(" --no-deps --no-build-isolation", "")
     assert f"{install} && {' '.join(command)}" == serve
 
     ci = ROOT / ".ci" / "run"

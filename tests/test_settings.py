@@ -4,10 +4,12 @@ production guard lets through (refusals are in test_cli.py, as the command print
 import json
 import os
 from pathlib import Path
+from typing import get_args
 from uuid import UUID
 
 import platformdirs
 import pytest
+from pydantic import SecretStr
 
 from app.config import Settings
 
@@ -226,3 +228,79 @@ def test_account_bounds_out_of_range_are_refused(monkeypatch, name, value, told)
     with pytest.raises(ValueError) as refused:
         Settings()
     assert told in str(refused.value)
+
+
+SECRETS = {
+    "ENGRAM_DATABASE_URL": "postgresql://engram:S3CRET-9@db:5432/engram",
+    "ENGRAM_BOOTSTRAP_TOKEN": "S3CRET-9" * 4,
+    "ENGRAM_EMBEDDING_API_KEY": "sk-S3CRET-9",
+    "ENGRAM_MODEL_API_KEY": "sk-S3CRET-9 ",
+}
+
+
+def test_every_secret_setting_may_be_read_from_a_file(monkeypatch, tmp_path):
+    """ENGRAM_<NAME>_FILE, as Docker and Kubernetes mount secrets: the file's text less the
+    newline that ends it (a variable's value shows in `docker inspect`)."""
+    secrets = {
+        f"ENGRAM_{name.upper()}"
+        for name, field in Settings.model_fields.items()
+        if SecretStr in get_args(field.annotation)
+    }
+    assert secrets == set(SECRETS)
+    for index, (name, value) in enumerate(SECRETS.items()):
+        path = tmp_path / f"secret-{index}"
+        path.write_bytes(f"{value}\r\n\n".encode() if index % 2 else f"{value}\n".encode())
+        monkeypatch.setenv(f"{name}_FILE", str(path))
+    settings = Settings()
+    assert settings.database_url_value() == SECRETS["ENGRAM_DATABASE_URL"]
+    assert settings.bootstrap_token_value() == SECRETS["ENGRAM_BOOTSTRAP_TOKEN"]
+    assert settings.embedding_api_key is not None and settings.model_api_key is not None
+    assert settings.embedding_api_key.get_secret_value() == SECRETS["ENGRAM_EMBEDDING_API_KEY"]
+    # Only the newline is the file's: other whitespace is the value's, as it is a variable's.
+    assert settings.model_api_key.get_secret_value() == SECRETS["ENGRAM_MODEL_API_KEY"]
+    # An empty variable counts as unset, as the settings' own do; other settings have no file.
+    monkeypatch.setenv("ENGRAM_MODEL_API_KEY_FILE", "")
+    monkeypatch.setenv("ENGRAM_PORT_FILE", str(tmp_path / "secret-0"))
+    settings = Settings()
+    assert settings.model_api_key is None and settings.port == 8000
+
+
+def _refusal() -> str:
+    with pytest.raises(ValueError) as refused:
+        Settings()
+    assert "S3CRET-9" not in str(refused.value)
+    return str(refused.value)
+
+
+def test_a_secret_set_both_ways_is_refused(monkeypatch, tmp_path):
+    (tmp_path / "token").write_text(SECRETS["ENGRAM_BOOTSTRAP_TOKEN"])
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN_FILE", str(tmp_path / "token"))
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", SECRETS["ENGRAM_BOOTSTRAP_TOKEN"])
+    assert (
+        "ENGRAM_BOOTSTRAP_TOKEN and ENGRAM_BOOTSTRAP_TOKEN_FILE are both set: set one or the other"
+    ) in _refusal()
+
+
+@pytest.mark.parametrize(
+    ("content", "told"),
+    [
+        (None, "cannot be read: No such file or directory"),
+        ("folder", "cannot be read: Is a directory"),
+        (b"", "is empty"),
+        (b"\n", "is empty"),
+        (b"S3CRET-9\xff\xfe", "is not UTF-8 text"),
+        (b"S3CRET-9" * 8193, "holds more than 65,536 bytes"),
+    ],
+    ids=["missing", "folder", "empty", "newline", "not-utf8", "too-large"],
+)
+def test_a_secret_file_that_holds_no_value_is_refused_naming_it(
+    monkeypatch, tmp_path, content, told
+):
+    path = tmp_path / "secret"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    monkeypatch.setenv("ENGRAM_MODEL_API_KEY_FILE", str(path))
+    said = _refusal()
+    assert said.startswith(f"ENGRAM_MODEL_API_KEY_FILE ({path}) {told}"), said
