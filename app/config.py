@@ -557,7 +557,7 @@ class Settings(BaseSettings):
             token = self.bootstrap_token_value()
             if token is not None and len(token) < 32:
                 raise ValueError(
-                    "ENGRAM_BOOTSTRAP_TOKEN must be at least 32 characters in production"
+                    f"{variable_of('bootstrap_token')} must be at least 32 characters in production"
                 )
             refusal = self.exposed_refusal(self.host, f"ENGRAM_HOST={self.host}")
             if refusal is not None:

@@ -304,3 +304,14 @@ def test_a_secret_file_that_holds_no_value_is_refused_naming_it(
     monkeypatch.setenv("ENGRAM_MODEL_API_KEY_FILE", str(path))
     said = _refusal()
     assert said.startswith(f"ENGRAM_MODEL_API_KEY_FILE ({path}) {told}"), said
+
+
+def test_a_short_token_from_a_file_is_refused_naming_the_file(monkeypatch, tmp_path):
+    """Production's length check names the variable the token came from: the file's."""
+    path = tmp_path / "token"
+    path.write_text("S3CRET-9\n")
+    monkeypatch.setenv("ENGRAM_ENVIRONMENT", "production")
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN_FILE", str(path))
+    assert (
+        f"ENGRAM_BOOTSTRAP_TOKEN_FILE ({path}) must be at least 32 characters in production"
+    ) in _refusal()
