@@ -586,7 +586,7 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
     finally:
         # Every turn started, once, as it ended: one whose end could not be recorded, or found
         # it ended already (failed by the liveness sweep, retried), as FAILED.
-        metrics.current().turn(ended.status if ended is not None else "FAILED")
+        metrics.current().turn(ended.status if ended is not None else "FAILED", kind="TURN")
 
 
 async def _turn_context(
