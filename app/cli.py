@@ -430,10 +430,8 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except EmbeddingFailed as e:
-        print(
-            f"error: {e}; once it answers, {_REEMBED_AGAIN}",
-            file=sys.stderr,
-        )
+        # Its address and status, not the provider's words, which may quote the records sent.
+        print(f"error: {e.logged}; once it answers, {_REEMBED_AGAIN}", file=sys.stderr)
         return 2
     except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
         if _database_gone(e) or _database_stopped(e):
@@ -1015,7 +1013,11 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     except UnicodeDecodeError as e:
         print(f"error: {args.file} is not UTF-8 text (byte {e.start})", file=sys.stderr)
         return 2
-    except (EmbedderUnavailable, EmbeddingFailed, EmbeddingModelMismatch) as e:
+    except EmbeddingFailed as e:
+        # As `engram reembed` says it: not the provider's words, which may quote the records.
+        print(f"error: {e.logged}", file=sys.stderr)
+        return 2
+    except (EmbedderUnavailable, EmbeddingModelMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not result.inserted:  # all there already (an import run again), or the file is empty

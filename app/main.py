@@ -23,7 +23,7 @@ from app.auth.service import authenticate_sent, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
-from app.db.errors import RETRY_AFTER_SECONDS, UNAVAILABLE_MESSAGE, database_refusal
+from app.db.errors import RETRY_AFTER_SECONDS, UNAVAILABLE_MESSAGE, database_refusal, described
 from app.db.health import Health
 from app.db.pool import bounds, create_pool
 from app.embeddings.base import Embedder
@@ -74,7 +74,7 @@ def _refused(error: Exception) -> JSONResponse | None:
     refused = database_refusal(error)
     if refused is None:
         return None
-    log.warning("database refused the request: %r", error)
+    log.warning("database refused the request: %s", described(error))
     code, message = refused
     if code == "UNAVAILABLE":
         return _unavailable(

@@ -1,7 +1,9 @@
 """Bounded database waits (app/db/pool.py `bounds`, ENGRAM_STATEMENT_TIMEOUT_SECONDS,
 ENGRAM_LOCK_TIMEOUT_SECONDS, ENGRAM_IDLE_IN_TRANSACTION_SECONDS): a request's statement or
 lock wait past its bound is refused with a clear, retryable error and writes nothing; a turn
-that meets one fails as failed turns do; search upkeep, long by design, is not cut off."""
+that meets one fails as failed turns do; search upkeep, long by design, is not cut off. A
+refusal is logged by its kind (class, SQLSTATE, table), never in its words, which may quote a
+row."""
 
 import asyncio
 import logging
@@ -13,6 +15,7 @@ import pytest
 from factories import (
     allow,
     caller,
+    full_memory,
     make_agent,
     make_agent_id,
     memory_harness,
@@ -39,6 +42,8 @@ from app.services import start_services, stop_services
 from app.state import AppState
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
+ADD = """mutation($a: UUID!, $i: AgentMemoryInput!) {
+  addAgentMemory(actionId: $a, input: $i) { memoryId } }"""
 DELETE = """mutation($a: UUID!, $id: UUID!) {
   deleteAgentMemory(actionId: $a, id: $id) { status version } }"""
 READ = "query($a: UUID!, $id: UUID!) { agentMemory(actionId: $a, id: $id) { status version } }"
@@ -540,3 +545,99 @@ async def test_a_refusal_answered_by_the_error_handler_keeps_its_request_id_and_
 
     await eventually(logged, "the request's log line")
     assert logged()[0].startswith("GET /metrics 409 "), logged()
+
+
+# A refusal whose words quote a row's values, as a server's may (a duplicate key's DETAIL
+# `Key (x)=(...)`, a text that is no valid input): here a trigger's, raised with a SQLSTATE the
+# service answers as a conflict (40001) or a lock bound (55P03), naming its table.
+QUOTING = """
+    CREATE OR REPLACE FUNCTION quoting() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'could not serialize access to %', to_jsonb(NEW)
+            USING ERRCODE = TG_ARGV[0], DETAIL = format('Key (row)=(%s)', to_jsonb(NEW)),
+                  TABLE = TG_TABLE_NAME;
+    END $$;
+"""
+
+
+async def quoting(
+    state: AppState, table: str, when: str, sqlstate: str = "40001", rows: str = "true"
+) -> None:
+    """The database refuses each `when` (BEFORE INSERT, say) on `table` of the `rows` it names
+    in words that quote the row."""
+    async with state.pool.acquire() as conn:
+        await conn.execute(QUOTING)
+        await conn.execute(
+            f"CREATE TRIGGER quoting {when} ON {table} FOR EACH ROW WHEN ({rows}) "
+            f"EXECUTE FUNCTION quoting('{sqlstate}')"
+        )
+
+
+def warned(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def logged_as_refused(said: list[str], sqlstate: str, table: str) -> None:
+    """Each line names the refusal's SQLSTATE and table, and none quotes the row: its words
+    may hold a tenant's data."""
+    assert said and all(sqlstate in line and f'"{table}"' in line for line in said), said
+    assert not [line for line in said if "secret" in line or "Key (" in line], said
+
+
+async def test_a_refusal_at_the_edge_is_logged_by_its_sqlstate_not_its_words(
+    state: AppState, admin: Caller, base_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The token check of /metrics, /graphql and /mcp (app/main.py, app/mcp/endpoint.py),
+    refused as it writes the token's last use: answered CONFLICT, each logged once."""
+    action_id = await make_agent_id(state, admin)
+    token = await token_for(state, admin, "secret-watcher", EVERYTHING)
+    await quoting(state, "client_tokens", "BEFORE UPDATE")
+    headers = {"authorization": f"Bearer {token}"}
+    with caplog.at_level(logging.WARNING):
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=headers) as http:
+            answers = [
+                await http.get("/metrics"),
+                await http.post("/graphql", json={"query": "{ __typename }"}),
+                await http.post(mcp_url("", action_id), json={"jsonrpc": "2.0", "id": 1}),
+            ]
+    assert [a.status_code for a in answers] == [409, 409, 409], [a.text for a in answers]
+    said = warned(caplog)
+    assert len(said) == 3, said
+    logged_as_refused(said, "40001", "client_tokens")
+
+
+async def test_a_refusal_within_graphql_or_an_mcp_call_is_logged_by_its_sqlstate_not_its_words(
+    state: AppState, gql, admin: Caller, base_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record written by an operator (GraphQL's `rolled back at`) or an MCP call (`tool call
+    refused by the database`), refused as its execution starts: the row quoted holds the
+    record's text."""
+    action_id = await make_agent_id(state, admin, harness=full_memory())
+    token = await token_for(state, admin, "client", EVERYTHING)
+    await quoting(state, "executions", "BEFORE INSERT")
+    note = {"summary": "Ada's secret diagnosis", "kind": "fact"}
+    with caplog.at_level(logging.WARNING):
+        added = await gql(admin, ADD, a=action_id, i={**note, "scope": "AGENT"})
+        async with mcp_session(mcp_url(base_url, action_id), token) as client:
+            body = await refused(client, "add_memory", **note, scope="agent")
+    assert added.codes == ["CONFLICT"] and body["code"] == "CONFLICT", (added.errors, body)
+    said = warned(caplog)
+    assert len(said) == 2, said
+    logged_as_refused(said, "40001", "executions")
+
+
+async def test_a_turn_refused_by_the_database_is_logged_by_its_sqlstate_not_its_words(
+    state: AppState, gql, admin: Caller, model_server: OpenAIServer, caplog
+) -> None:
+    """Its transcript's write past a lock bound (55P03): the turn fails, and its line names
+    the refusal, not the transcript it quotes (the turn's input)."""
+    action_id = await make_agent_id(state, admin)
+    model_server.say("Your secret is safe.")
+    # Its failure's own record is let through.
+    await quoting(state, "transcript_events", "BEFORE INSERT", "55P03", "NEW.type <> 'turn.failed'")
+    with caplog.at_level(logging.WARNING):
+        failed = await run(gql, admin, action_id, "keep my secret")
+    assert failed["status"] == "FAILED"
+    said = [line for line in warned(caplog) if "failed" in line]
+    assert len(said) == 1, warned(caplog)
+    logged_as_refused(said, "55P03", "transcript_events")

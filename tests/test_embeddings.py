@@ -286,6 +286,25 @@ async def test_open_embedder_uses_configured_dimensions_without_probe(
     assert_unit_rows(result.vectors, 24)
 
 
+@pytest.mark.parametrize("status", [400, 503])
+async def test_a_refused_probe_names_the_address_and_status_not_the_servers_words(
+    openai_server: OpenAIServer, status: int
+) -> None:
+    """What `engram serve` prints as it stops (its log): the server's own words, which may
+    quote what was sent, are not in it, as a log line's are not (CallFailed.logged)."""
+    openai_server.fail_next(5, status=status, message="cannot embed", quoting=True)
+    embedder = openai_embedder(openai_server, dimensions=None)
+    try:
+        with pytest.raises(EmbedderUnavailable) as refused:
+            await embedder.open()
+    finally:
+        await embedder.aclose()
+    said = str(refused.value)
+    assert f"{openai_server.url}/embeddings" in said and f"HTTP {status}" in said, said
+    assert "ENGRAM_EMBEDDING_URL" in said
+    assert "cannot embed" not in said and "dimension probe" not in said, said
+
+
 async def test_probe_explains_an_unreachable_endpoint() -> None:
     with OpenAIServer() as server:
         url = server.url
@@ -818,6 +837,28 @@ async def test_engram_reembed_refuses_a_vector_that_is_not_finite_or_not_numbers
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert said in last and last.endswith(f"; once it answers, {REEMBED_AGAIN}")
+    await assert_finishes_with_the_new_model(db_url, openai_server)
+
+
+async def test_engram_reembed_refused_by_the_provider_names_its_address_not_its_words(
+    db_url: str, embedder: StaticEmbedder, openai_server: OpenAIServer
+) -> None:
+    """The provider refuses a batch, quoting it: the records' text is not printed (nor its
+    words), as a log line leaves them out; the address, the status, and what to do are."""
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    try:
+        await insert_memories(pool, embedder, 12)
+    finally:
+        await pool.close()
+    openai_server.stall_next(1, 0.0)  # the dimension probe
+    openai_server.fail_next(1, status=400, message="cannot embed", quoting=True)
+    env = reembed_env(db_url, openai_server)
+    done = await asyncio.to_thread(run, env, "reembed", "--batch-size", "2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    refused = f"{openai_server.url}/embeddings refused the request for model test-embed (HTTP 400)"
+    assert refused in last and last.endswith(f"; once it answers, {REEMBED_AGAIN}"), last
+    assert "Hanover" not in done.stderr and "cannot embed" not in done.stderr, done.stderr
     await assert_finishes_with_the_new_model(db_url, openai_server)
 
 

@@ -602,6 +602,19 @@ async def test_an_address_nothing_serves_is_404_in_the_error_shape(http, method)
     assert "/graphql" in response.json()["errors"][0]["message"]
 
 
+async def test_a_static_file_named_as_a_folder_is_404_as_the_consoles(http):
+    """GraphiQL's assets under /static, as the console's files: a file's name with a trailing
+    slash (/static/README.md/) names no folder, and is 404 NOT_FOUND (StaticFiles dropped the
+    slash and served the file), as are names no file may have."""
+    files = ("/static/README.md", "/static/graphiql-3.8.3/graphiql.min.js")
+    for path in files:
+        assert (await http.get(path)).status_code == 200, path
+    for path in (*(f"{path}/" for path in files), "/static/a%00b/", f"/static/{'x' * 300}/"):
+        response = await http.get(path)
+        assert response.status_code == 404, path
+        assert error_code(response) == "NOT_FOUND", path
+
+
 async def test_a_method_another_address_does_not_take_is_405_naming_those_it_does(http):
     response = await http.post("/healthz")
     assert response.status_code == 405

@@ -168,7 +168,7 @@ async def test_metrics_count_requests_turns_model_calls_searches_and_pool(
     assert value(found, "engram_request_seconds_bucket", operation="executeAction", le="+Inf") == 1
     assert value(found, "engram_request_seconds_sum", operation="executeAction") > 0
     # Turns by status; model calls and tokens by purpose.
-    assert value(found, "engram_turns_total", status="SUCCEEDED") == 1
+    assert value(found, "engram_turns_total", status="SUCCEEDED", kind="TURN") == 1
     assert value(found, "engram_model_calls_total", purpose="turn", outcome="ok") == 1
     assert value(found, "engram_model_tokens_total", purpose="turn", kind="prompt") > 0
     assert value(found, "engram_model_tokens_total", purpose="turn", kind="completion") > 0

@@ -1203,7 +1203,7 @@ async def building_behind(
     return running
 
 
-@pytest.mark.parametrize("change", ["first start", "reembed"])
+@pytest.mark.parametrize("change", ["first start", "reembed", "resumed reembed"])
 async def test_m20_new_dimensions_wait_for_a_build_in_flight_asking_between_statements(
     state: AppState,
     admin: Caller,
@@ -1217,7 +1217,8 @@ async def test_m20_new_dimensions_wait_for_a_build_in_flight_asking_between_stat
     lock in a statement of their transaction deadlocked with a round's CREATE INDEX
     CONCURRENTLY, which waits out that statement's snapshot (DeadlockDetectedError, the new
     dimensions undone): they ask for it between statements, before the transaction, and say
-    once that they wait."""
+    once that they wait. A reembed that resumes an interrupted run waits the same way, and
+    says so: it drops nothing (it said it was dropping the indexes)."""
     monkeypatch.setattr(maintenance, "HOLD_RETRY_SECONDS", 0.05)
 
     async def nobody_serves(*_: Any) -> None:  # the fixture's own service beats
@@ -1234,6 +1235,12 @@ async def test_m20_new_dimensions_wait_for_a_build_in_flight_asking_between_stat
             await state.pool.execute("DELETE FROM deployment WHERE key = 'embedding'")
             changing = asyncio.create_task(ensure_model(state.pool, state.embedder, VECTOR_COLUMNS))
         else:
+            if change == "resumed reembed":  # a run to this model was interrupted
+                async with state.pool.acquire() as conn:
+                    embedder = state.embedder
+                    await embedding_store.set_reembed_target(
+                        conn, embedder.name, embedder.dimensions
+                    )
             changing = asyncio.create_task(
                 reembed_module.reembed(state.pool, state.embedder, VECTOR_COLUMNS)
             )
@@ -1252,15 +1259,20 @@ async def test_m20_new_dimensions_wait_for_a_build_in_flight_asking_between_stat
     finally:
         await writer.close()
     assert done is not None and done.failed == [] and len(done.built) == 2
+    doing = (
+        "resuming `engram reembed`, which drops no index,"
+        if change == "resumed reembed"
+        else "dropping the search indexes for new embedding dimensions"
+    )
     assert waits() == [
-        "dropping the search indexes for new embedding dimensions waits for the search "
-        "maintenance in flight (a round or an index build, maybe of another process); trying "
-        "again every 0.05 s"
+        f"{doing} waits for the search maintenance in flight (a round or an index build, maybe "
+        "of another process); trying again every 0.05 s"
     ]
-    # Dropped once built, not under the build.
+    # Dropped once built, not under the build; kept by a reembed that resumed.
     for name in done.built:
-        assert not await index_exists(state.pool, name)
-    assert await state.pool.fetchval("SELECT count(*) FROM agent_indexes") == 0
+        assert await index_exists(state.pool, name) == (change == "resumed reembed")
+    kept = await state.pool.fetchval("SELECT count(*) FROM agent_indexes")
+    assert (kept > 0) == (change == "resumed reembed")
     held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
     assert await state.pool.fetchval(held) == 0
 

@@ -1722,6 +1722,35 @@ async def test_an_import_again_embeds_no_record_already_there(
             assert texts == []
 
 
+async def test_an_import_refused_by_the_embedding_provider_names_its_address_not_its_words(
+    state, admin, pg_server, template_db, tmp_path
+):
+    """The provider refuses the records sent, quoting them: the import prints its address and
+    the status, not its words nor the records' text, as a log line leaves them out."""
+    agent = await build_agent(state, admin)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("\n".join(await exported(state, admin, agent, embeddings=False)) + "\n")
+    name = f"engram_openai_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with OpenAIServer() as server:
+        async with database_copy(pg_server, template_db, name) as url:
+            env = clean_env(
+                database_url=url,
+                embedder="openai",
+                embedding_url=server.url,
+                embedding_model=server.embedding_model,
+            )
+            assert run(env, "reembed").returncode == 0  # this deployment's model: the server's
+            server.stall_next(1, 0.0)  # the dimension probe
+            server.fail_next(1, status=400, message="cannot embed", quoting=True)
+            done = run(env, "import", str(bare))
+    assert done.returncode == 2, done.stderr
+    (sent,) = [r.body["input"] for r in server.requests_to("/v1/embeddings")][-1:]
+    refused = f"{server.url}/embeddings refused the request for model {server.embedding_model}"
+    assert done.stderr.startswith(f"error: {refused} (HTTP 400)"), done.stderr
+    assert "cannot embed" not in done.stderr, done.stderr
+    assert not [text for text in sent if text.strip() in done.stderr], done.stderr
+
+
 @pytest.mark.parametrize("embeddings", [False, True])
 async def test_cli_import_of_new_rows_but_no_new_record_says_none_needed_embedding(
     state, admin, second, tmp_path, embeddings

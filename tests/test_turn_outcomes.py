@@ -1,8 +1,9 @@
-"""How a turn's end is told to operators: `engram_turns_total{status}` counts every turn that
-starts once, however it ends (answered, failed, cut short by its request's cancellation, or
-ended by the liveness sweep before it could record its own failure), and a turn failed by its
-model logs one WARNING line naming its execution, within its request's ID. The scripted model
-on loopback, the real database."""
+"""How a turn's end is told to operators: `engram_turns_total{status,kind}` counts every turn
+that starts once, however it ends (answered, failed, cut short by its request's cancellation,
+or ended by the liveness sweep before it could record its own failure), executeAction's as
+kind TURN and a conversation handed in (rememberConversation, MCP's remember_conversation) as
+INGEST; and a turn failed by its model logs one WARNING line naming its execution, within its
+request's ID. The scripted model on loopback, the real database."""
 
 import asyncio
 import logging
@@ -12,13 +13,18 @@ from typing import Any
 
 import httpx
 import pytest
-from factories import make_agent_id, memory_harness, token_for
-from helpers import GQL
+from factories import allow, make_agent_id, memory_harness, token_for
+from helpers import GQL, eventually
+from mcp_support import call, mcp_session, mcp_url
 from openai_server import OpenAIServer
+from prometheus_client.parser import text_string_to_metric_families
 from runtime_support import (
     EXECUTE,
     RUNNER_POLICIES,
     at_its_model_call,
+    candidates,
+    chat,
+    decide,
     refuse_failure_records,
     run,
 )
@@ -45,14 +51,29 @@ def metrics() -> Iterator[Metrics]:
         yield counted
 
 
-def turns_counted(metrics: Metrics) -> dict[str, float]:
+def turns_counted(metrics: Metrics, kind: str = "TURN") -> dict[str, float]:
+    """The turns of one kind counted, by status: TURN (executeAction) or INGEST (a
+    conversation handed in)."""
     return {
         sample.labels["status"]: sample.value
         for family in metrics.registry.collect()
         if family.name == "engram_turns"
         for sample in family.samples
-        if sample.name == "engram_turns_total"
+        if sample.name == "engram_turns_total" and sample.labels.get("kind") == kind
     }
+
+
+REMEMBER = """mutation($input: RememberConversationInput!) {
+    rememberConversation(input: $input) { executionId status } }"""
+
+
+async def remember(
+    gql: GQL, caller: Caller, action_id: str, said: str, **extra: Any
+) -> dict[str, Any]:
+    """Hands in a conversation of one message; returns the ingest's execution."""
+    messages = [{"role": "user", "content": said}]
+    request = {"actionId": action_id, "sessionId": "s1", "messages": messages, **extra}
+    return (await gql(caller, REMEMBER, input=request)).ok()["rememberConversation"]
 
 
 async def status_of(state: AppState, action_id: str) -> list[str]:
@@ -153,6 +174,86 @@ async def test_an_attempt_swept_and_retried_while_it_ran_is_counted_failed_once(
     assert first.codes == ["CONFLICT"]
     assert retried["status"] == "SUCCEEDED"
     assert turns_counted(metrics) == {"FAILED": 1, "SUCCEEDED": 1}
+
+
+async def test_a_conversation_handed_in_is_counted_once_as_an_ingest_by_its_status(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, metrics: Metrics
+) -> None:
+    """rememberConversation is a turn (ENGRAM_MAX_TURNS_PER_ACCOUNT holds it): counted as it
+    ends, with kind INGEST, apart from executeAction's (kind TURN). It was counted nowhere."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.say("Hello.")
+    assert (await run(gql, admin, action_id, "hi"))["status"] == "SUCCEEDED"
+    candidates(model_server, {"summary": "Ada lives in Berlin"})
+    assert (await remember(gql, admin, action_id, "I live in Berlin"))["status"] == "SUCCEEDED"
+    model_server.chat_error(500, purpose="memory")
+    assert (await remember(gql, admin, action_id, "I am vegetarian"))["status"] == "FAILED"
+    assert turns_counted(metrics, "INGEST") == {"SUCCEEDED": 1, "FAILED": 1}
+    assert turns_counted(metrics) == {"SUCCEEDED": 1}
+
+
+async def test_an_ingest_that_lost_its_key_is_counted_failed_though_it_answers_as_the_first(
+    gql: GQL, admin: Caller, model_server: OpenAIServer, metrics: Metrics
+) -> None:
+    """Two requests with one key, both reviewed before either commits: the second to commit
+    fails, and answers with the first's execution (SUCCEEDED); it is counted by its own."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server, {"summary": "Ada lives in Paris"})
+    await remember(gql, admin, action_id, "I live in Paris")
+    for _ in range(2):
+        candidates(model_server, {"summary": "Ada lives in Berlin"})
+        # Answered once both reviews asked (the first ingest's call, then two each).
+        decide(model_server, {"candidate": "c1", "action": "add"}, after_requests=5)
+    first, second = await asyncio.gather(
+        *(remember(gql, admin, action_id, "I moved to Berlin", idempotencyKey="k") for _ in "12")
+    )
+    assert first == second and first["status"] == "SUCCEEDED", (first, second)
+    assert turns_counted(metrics, "INGEST") == {"SUCCEEDED": 2, "FAILED": 1}
+
+
+async def test_an_ingest_cancelled_during_its_review_is_counted_failed(
+    gql: GQL, admin: Caller, state: AppState, model_server: OpenAIServer, metrics: Metrics
+) -> None:
+    """Its request cancelled while its review waits on the model: the ingest records its
+    failure, as a turn does, and is counted so."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    candidates(model_server, {"summary": "Ada lives in Berlin"}, delay=10)
+    ingest = asyncio.ensure_future(remember(gql, admin, action_id, "I live in Berlin"))
+    await eventually(lambda: chat(model_server, "memory") != [], "the review to be under way")
+    ingest.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(ingest, 30)
+    assert await status_of(state, action_id) == ["FAILED"]
+    assert turns_counted(metrics, "INGEST") == {"FAILED": 1}
+
+
+async def test_remember_conversation_over_mcp_is_counted_as_an_ingest(
+    admin: Caller, state: AppState, model_server: OpenAIServer, base_url: str
+) -> None:
+    """MCP's remember_conversation, as rememberConversation: in the service's /metrics."""
+    action_id = await make_agent_id(state, admin, harness=memory_harness())
+    token = await token_for(
+        state,
+        admin,
+        "agent-runner",
+        allow(["INSERT"], "financial.ActionExecution.document"),
+        allow(["SELECT"], "financial.Deployment.metrics"),
+    )
+    candidates(model_server, {"summary": "Ada's flight leaves on 2026-12-03"})
+    said = [{"role": "user", "content": "My flight is the day after tomorrow"}]
+    async with mcp_session(mcp_url(base_url, action_id), token) as session:
+        assert (await call(session, "remember_conversation", messages=said))["status"] == (
+            "SUCCEEDED"
+        )
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        text = (await http.get("/metrics", headers={"Authorization": f"Bearer {token}"})).text
+    counted = [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "engram_turns_total"
+    ]
+    assert counted == [({"status": "SUCCEEDED", "kind": "INGEST"}, 1.0)], counted
 
 
 @pytest.mark.parametrize("status", [500, 400], ids=["failed", "refused"])

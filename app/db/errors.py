@@ -4,6 +4,7 @@ mean a statement or a lock wait ran past the pool's bounds (app/db/pool.py `boun
 a client is told of each (`database_refusal`: GraphQL, MCP and the HTTP edge alike)."""
 
 import errno
+import re
 import socket
 from collections.abc import Iterator
 
@@ -146,6 +147,45 @@ def is_statement_timeout(error: BaseException | None) -> bool:
     (pg_cancel_backend). Its transaction is rolled back. (A task cancelled while it waits for
     a statement raises CancelledError, not this.)"""
     return _sqlstate(error) == "57014"
+
+
+# What a server error names, as a log line says it: the schema's own names, never a row's.
+_NAMED = (
+    ("schema_name", "schema"),
+    ("table_name", "table"),
+    ("column_name", "column"),
+    ("constraint_name", "constraint"),
+    ("data_type_name", "type"),
+)
+# A table the database does not hold (42P01) is named only in its words, PostgreSQL's.
+_NO_TABLE = re.compile(r'relation "([^"]+)" does not exist')
+
+
+def described(error: BaseException | None) -> str:
+    """What a log line says of a database's failure: the class of each error of its chain
+    (`_causes`), a server error's SQLSTATE and the table, column or constraint it names (a
+    table missing, from its words), and an OS error's words (an address, a file); never a
+    server error's message or detail, nor asyncpg's own, which may quote a row's values (a
+    duplicate key's `Key (x)=(...)`, a text that is no valid input, a trigger's, a query's
+    argument): `SerializationError (SQLSTATE 40001, table "client_tokens")`,
+    `ConnectionRefusedError ([Errno 111] Connection refused)`."""
+    said = []
+    for cause in _causes(error):
+        what: list[str] = []
+        if isinstance(cause, asyncpg.PostgresError):
+            if sqlstate := getattr(cause, "sqlstate", None):
+                what.append(f"SQLSTATE {sqlstate}")
+            what += [
+                f'{word} "{name}"'
+                for field, word in _NAMED
+                if (name := getattr(cause, field, None))
+            ]
+            if sqlstate in _SCHEMA_STATES and (missing := _NO_TABLE.fullmatch(str(cause.args[0]))):
+                what.append(f'table "{missing[1]}"')
+        elif isinstance(cause, OSError) and str(cause):
+            what.append(" ".join(str(cause).split()))
+        said.append(f"{type(cause).__name__} ({', '.join(what)})" if what else type(cause).__name__)
+    return " from ".join(said)
 
 
 UNAVAILABLE_MESSAGE = (

@@ -77,8 +77,10 @@ class OpenAIEmbedder:
             try:
                 vectors, _ = await self._embed_batch(["dimension probe"])
             except EmbeddingFailed as e:
+                # Said as a log line says it (`logged`): `engram serve` prints it as it stops.
                 raise EmbedderUnavailable(
-                    f"could not learn the dimension of {self.model} from {self._endpoint}: {e}; "
+                    f"could not learn the dimension of {self.model} from {self._endpoint}: "
+                    f"{e.logged}; "
                     "check ENGRAM_EMBEDDING_URL and ENGRAM_EMBEDDING_MODEL, or set "
                     "ENGRAM_EMBEDDING_DIMENSIONS"
                 ) from e

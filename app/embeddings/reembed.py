@@ -106,6 +106,9 @@ async def _reembed_table(
         tokens += embedded.tokens
 
 
+_RESUMING = "resuming `engram reembed`, which drops no index,"
+
+
 async def reembed(
     pool: asyncpg.Pool,
     embedder: Embedder,
@@ -122,10 +125,14 @@ async def reembed(
     check_dimensions(embedder)
     target = {"name": embedder.name, "dimensions": embedder.dimensions}
     async with pool.acquire() as conn, contextlib.AsyncExitStack() as held:
+        # Only what it says while it waits below (a resumed run drops nothing): whether it
+        # resumes is read again under the locks.
+        resuming = await store.reembed_target(conn) == target
+        doing = _RESUMING if resuming else store.DROPPING_INDEXES
         # What keeps the other indexes from being built while they are dropped, then the
         # embedding lock: in the order a service's first start takes them (ensure_model), or
         # each could wait for the other. The first is held until the vectors are dropped.
-        async with vectors.hold_indexes(conn):
+        async with vectors.hold_indexes(conn, doing):
             if not await store.try_lock_model(conn):
                 raise ReembedBusy(
                     "another `engram reembed` (or a service start) holds this database's "

@@ -77,7 +77,11 @@ async def ensure_model(
         # held first, before the transaction and the embedding lock, as `engram reembed` takes
         # them. A model once recorded stays: a later start holds nothing of the kind.
         first = await store.recorded_model(conn) is None
-        held = vectors.hold_indexes(conn) if first else contextlib.nullcontext()
+        held = (
+            vectors.hold_indexes(conn, store.DROPPING_INDEXES)
+            if first
+            else contextlib.nullcontext()
+        )
         async with held, conn.transaction():
             await store.lock_model_xact(conn)
             recorded = await store.recorded_model(conn)

@@ -39,8 +39,12 @@ class VectorColumns:
     drop_indexes: Callable[[asyncpg.Connection], Awaitable[None]]
     # Held around that transaction, entered before it: keeps their owners from building them
     # meanwhile, once no build is in flight (waiting for one inside the transaction deadlocks
-    # with it).
-    hold_indexes: Callable[[asyncpg.Connection], AbstractAsyncContextManager[None]]
+    # with it). Its second argument says what waits, if it waits (`DROPPING_INDEXES`).
+    hold_indexes: Callable[[asyncpg.Connection, str], AbstractAsyncContextManager[None]]
+
+
+# What waits for a build in flight, said by `VectorColumns.hold_indexes` if it waits.
+DROPPING_INDEXES = "dropping the search indexes for new embedding dimensions"
 
 
 _LOCK = "hashtext('engram.embedding')"

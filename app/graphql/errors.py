@@ -10,7 +10,7 @@ from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionContext
 from strawberry.types.graphql import OperationType
 
-from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
+from app.db.errors import RETRY_AFTER_SECONDS, database_refusal, described
 from app.embeddings.errors import EmbedderUnavailable, EmbeddingFailed
 from app.errors import DomainError
 
@@ -111,9 +111,11 @@ def coded(error: GraphQLError, mutation: bool = False) -> GraphQLError:
 def _logged(error: Exception | None) -> str:
     """What the log says of an UNAVAILABLE request's error: of the embedding provider's, its
     address and HTTP status without its words, which may quote the texts sent (a query, a
-    record's)."""
+    record's); of the database's, its kind without its words, which may quote a row's."""
     if isinstance(error, EmbeddingFailed):
         return f"the embedding model failed: {error.logged}"
+    if database_refusal(error) is not None:
+        return described(error)
     return repr(error)
 
 
@@ -128,7 +130,7 @@ class Schema(strawberry.Schema):
             if code == "UNAVAILABLE":
                 log.warning("unavailable at %s: %s", error.path, _logged(error.original_error))
             elif code == "CONFLICT" and database_refusal(error.original_error) is not None:
-                log.warning("rolled back at %s: %r", error.path, error.original_error)
+                log.warning("rolled back at %s: %s", error.path, described(error.original_error))
             elif code == "INTERNAL":
                 log.error(
                     "internal error at %s: %s",

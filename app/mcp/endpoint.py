@@ -48,7 +48,7 @@ from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate_sent
 from app.config import Settings
-from app.db.errors import RETRY_AFTER_SECONDS, database_refusal
+from app.db.errors import RETRY_AFTER_SECONDS, database_refusal, described
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Admission, Fairness
@@ -146,7 +146,7 @@ async def _call_tool(
         refused = database_refusal(e)
         if refused is None:
             raise
-        log.warning("tool call refused by the database: %r", e)
+        log.warning("tool call refused by the database: %s", described(e))
         body = {"error": refused[1], "code": refused[0]}
         return _text(json.dumps(body, ensure_ascii=False), is_error=True)
     return _text(outcome.content, outcome.is_error)
@@ -492,7 +492,7 @@ class McpEndpoint:
         if refused is None:
             raise e
         code, message = refused
-        log.warning("database refused the request: %r", e)
+        log.warning("database refused the request: %s", described(e))
         if code == "UNAVAILABLE":
             return _error(503, code, message, {"Retry-After": str(RETRY_AFTER_SECONDS)})
         return _error(409, code, message)
@@ -717,7 +717,7 @@ class McpEndpoint:
             refused = database_refusal(e)
             if refused is None:
                 raise
-            log.warning("database refused a batch's message: %r", e)
+            log.warning("database refused a batch's message: %s", described(e))
             return (refused[1], refused[0])
 
     async def _check(self, request: Request, state: AppState, caller: Caller) -> McpRequest:

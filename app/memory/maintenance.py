@@ -672,10 +672,11 @@ async def holding_round(conn: asyncpg.Connection, doing: str) -> AsyncIterator[N
 
 
 def dropping_agent_indexes(
-    conn: asyncpg.Connection,
+    conn: asyncpg.Connection, doing: str
 ) -> contextlib.AbstractAsyncContextManager[None]:
-    """The round's lock, held around the transaction that calls `drop_agent_indexes`."""
-    return holding_round(conn, "dropping the search indexes for new embedding dimensions")
+    """The round's lock, held around the transaction that calls `drop_agent_indexes` (or may:
+    a resumed `engram reembed` drops none); `doing`, what waits for it, if it waits."""
+    return holding_round(conn, doing)
 
 
 async def reorder(conn: asyncpg.Connection) -> None:

@@ -49,7 +49,14 @@ _DECLARED: tuple[tuple[str, type, str, str, tuple[str, ...]], ...] = (
         "GraphQL request latency, from the request's arrival to its answer",
         ("operation",),
     ),
-    ("turns", Counter, "engram_turns", "Agent turns by final status", ("status",)),
+    (
+        "turns",
+        Counter,
+        "engram_turns",
+        "Agent turns by final status and kind (TURN: executeAction; INGEST: a conversation "
+        "handed in, rememberConversation or MCP's remember_conversation)",
+        ("status", "kind"),
+    ),
     (
         "model_calls",
         Counter,
@@ -147,8 +154,8 @@ class Metrics:
         self.requests.labels(operation, code).inc()
         self.request_seconds.labels(operation).observe(seconds)
 
-    def turn(self, status: str) -> None:
-        self.turns.labels(status).inc()
+    def turn(self, status: str, *, kind: str) -> None:
+        self.turns.labels(status, kind).inc()
 
     def model_call(
         self, purpose: str, ok: bool, seconds: float, usage: Mapping[str, Any] | None = None
@@ -205,7 +212,7 @@ class _Discard(Metrics):
     def request(self, operation: str, code: str, seconds: float) -> None:
         pass
 
-    def turn(self, status: str) -> None:
+    def turn(self, status: str, *, kind: str) -> None:
         pass
 
     def model_call(

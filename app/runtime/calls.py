@@ -18,7 +18,8 @@ call runs one tool, bounded by the database's and the embedder's timeouts instea
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -38,6 +39,7 @@ from app.history.store import Scope
 from app.idempotency.keys import MAX_KEY_LENGTH, Duplicate, Key, key_for
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork
+from app.observability import metrics
 from app.runtime import deadline, liveness, redaction, turns
 from app.runtime import review as conversation_review
 from app.runtime import transcript as events
@@ -244,6 +246,7 @@ class _Run:
     """One execution outside a turn, as a turn's context (the memory review works on one)."""
 
     context: TurnContext
+    ended: Execution | None = None  # as committed or failed (`_commit`, `_failed`)
 
     @property
     def execution(self) -> Execution:
@@ -304,7 +307,8 @@ async def _commit(
         )
     context.transcript.written = len(context.transcript.events)
     turns.committed(context.state, execution, len(written), kept if turn is not None else None)
-    return Execution.of(row)
+    run.ended = Execution.of(row)
+    return run.ended
 
 
 async def _refused(run: _Run, message: str) -> Execution:
@@ -331,10 +335,11 @@ async def _failed(run: _Run, error: BaseException) -> Execution:
     GraphQL one as INTERNAL."""
     recording = asyncio.ensure_future(turns._fail(run.context, error))
     if not isinstance(error, Exception):
-        await turns.recorded_or_logged(recording, run.execution)
+        run.ended = await turns.recorded_or_logged(recording, run.execution)
         raise error
     try:
-        return await turns.outlast(recording)
+        run.ended = await turns.outlast(recording)
+        return run.ended
     except turns.TurnEnded:
         raise
     except Exception as lost:
@@ -346,7 +351,8 @@ async def _failed(run: _Run, error: BaseException) -> Execution:
             f"the service: execution {execution.execution_id} shows RUNNING until the service "
             f"ends it FAILED, within about {within:g} s of the database taking writes again)"
         )
-        return dataclasses.replace(execution, status="FAILED", error=storable(said))
+        run.ended = dataclasses.replace(execution, status="FAILED", error=storable(said))
+        return run.ended
 
 
 # MCP tool calls
@@ -643,6 +649,18 @@ async def _kept_history(run: _Run, messages: list[tuple[str, str]]) -> keeping.P
     return prepared
 
 
+@asynccontextmanager
+async def _counted_ingest(state: AppState, run: _Run) -> AsyncIterator[None]:
+    """While an ingest runs (`liveness.running`); counted once as it ends, as a turn is
+    (`turns._attempt`): one whose end was not recorded (cancelled, swept, its failure's record
+    lost) as FAILED, and one that lost its key to a request that answers for it by its own."""
+    try:
+        async with liveness.running(state, run.execution):
+            yield
+    finally:
+        metrics.current().turn(run.ended.status if run.ended else "FAILED", kind="INGEST")
+
+
 async def remember_conversation(
     state: AppState, caller: Caller, request: IngestRequest, client: ClientInfo | None = None
 ) -> Remembered:
@@ -683,7 +701,7 @@ async def remember_conversation(
         )
         context = run.context
         execution = run.execution
-        async with liveness.running(state, execution):
+        async with _counted_ingest(state, run):
             try:
                 review = conversation_review.Review(context, turns.model_client(state))
                 said = [
@@ -738,7 +756,7 @@ async def remember_conversation(
                     Conflict("another request with the same idempotencyKey remembered it first"),
                 )
                 return answered
-            except Exception as e:
+            except BaseException as e:  # a cancellation too: recorded, then raised again
                 return Remembered(await _failed(run, e))
         output = execution.output or {}
         return Remembered(execution, decisions, output.get("memories", []), reviewed)

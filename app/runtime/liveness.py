@@ -39,6 +39,7 @@ import asyncpg
 
 from app import tasks
 from app.config import Settings
+from app.db.errors import described
 from app.db.pool import lift_bounds
 from app.executions import liveness_store, store
 from app.executions.service import Execution
@@ -119,10 +120,9 @@ async def _pulse(pool: asyncpg.Pool, e: Execution, every: float) -> None:
         except Exception as error:
             # The database may be down or restarting: the next look tries again.
             log.warning(
-                "could not keep execution %s alive (%s: %s); next in %s s",
+                "could not keep execution %s alive (%s); next in %s s",
                 e.execution_id,
-                type(error).__name__,
-                error,
+                described(error),
                 every,
             )
 

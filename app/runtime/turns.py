@@ -26,6 +26,7 @@ from app.actions.service import ActionVersion, agent_principal, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.db.errors import (
+    described,
     is_lock_timeout,
     is_out_of_resources,
     is_schema_missing,
@@ -586,7 +587,7 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
     finally:
         # Every turn started, once, as it ended: one whose end could not be recorded, or found
         # it ended already (failed by the liveness sweep, retried), as FAILED.
-        metrics.current().turn(ended.status if ended is not None else "FAILED")
+        metrics.current().turn(ended.status if ended is not None else "FAILED", kind="TURN")
 
 
 async def _turn_context(
@@ -1117,7 +1118,7 @@ def _log_lost(error: BaseException, what: str, e: Execution) -> None:
     """A failure's own step that failed: a warning when the database went away (the turn's
     failure says so already), an error with its traceback otherwise."""
     if is_unavailable(error):
-        log.warning(what + " (%r)", e.execution_id, error)
+        log.warning(what + " (%s)", e.execution_id, described(error))
     else:
         log.error(what, e.execution_id, exc_info=error)
 
@@ -1131,7 +1132,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
             error.logged,
         )
     elif is_lock_timeout(error) or is_statement_timeout(error) or is_unavailable(error):
-        log.warning("turn %s failed: %r", context.execution.execution_id, error)
+        log.warning("turn %s failed: %s", context.execution.execution_id, described(error))
     elif isinstance(error, deadline.TimedOut):
         log.warning("turn %s failed: %s", context.execution.execution_id, error.message)
     elif isinstance(error, ModelFailed):

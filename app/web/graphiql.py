@@ -7,7 +7,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from fastapi.staticfiles import StaticFiles
+from app.web.files import Files
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -57,5 +57,5 @@ def headers(text: str) -> dict[str, str]:
     }
 
 
-def static_files() -> StaticFiles:
-    return StaticFiles(directory=STATIC)
+def static_files() -> Files:
+    return Files(directory=STATIC)

@@ -4,16 +4,14 @@ It talks to the public GraphQL API only (`/graphql`, with the token the person s
 so it can do nothing a client holding the same token could not.
 """
 
-import stat
 from pathlib import Path
 
-import anyio
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
-from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
+
+from app.web.files import Files
 
 STATIC = Path(__file__).parent / "static"
 
@@ -31,22 +29,11 @@ HEADERS = {
 }
 
 
-class _ConsoleFiles(StaticFiles):
+class _ConsoleFiles(Files):
     async def get_response(self, path: str, scope: Scope) -> Response:
-        if scope["path"].endswith("/") and await self._is_file(path):
-            # A file named as a folder (/console/index.html/): StaticFiles drops the slash and
-            # serves it, and the page then asks for its scripts and styles under that "folder".
-            raise HTTPException(status_code=404)
         response = await super().get_response(path, scope)
         response.headers.update(HEADERS)
         return response
-
-    async def _is_file(self, path: str) -> bool:
-        try:
-            _, found = await anyio.to_thread.run_sync(self.lookup_path, path)
-        except (OSError, ValueError):
-            return False  # a name no file has (too long, a NUL): StaticFiles refuses it itself
-        return found is not None and stat.S_ISREG(found.st_mode)
 
 
 def mount_console(app: FastAPI) -> None:
