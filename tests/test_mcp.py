@@ -787,8 +787,8 @@ async def test_an_mcp_call_whose_failure_the_database_refuses_is_an_error_and_en
         (run,) = await _executions(state, action_id)
         assert (run["kind"], run["status"]) == ("MCP", "RUNNING")
         assert result_json(result) == {
-            "error": "the turn failed on an internal error (logged by the service); retry the "
-            "execution (its failure could not be recorded, logged by the service: execution "
+            "error": "the turn failed on an internal error (logged by the service); send it "
+            "again (its failure could not be recorded, logged by the service: execution "
             f"{run['execution_id']} shows RUNNING until the service ends it FAILED, within "
             "about 0.4 s of the database taking writes again)"
         }

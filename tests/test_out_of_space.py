@@ -153,8 +153,8 @@ async def test_a_tool_call_the_full_disk_refuses_is_told_so_and_recorded(
     )
     told = (
         "the database ran out of disk space or memory for the turn's work (logged by the "
-        "service), and rolled it back; retry the execution once the operator has made room"
-    )
+        "service), and rolled it back; send it again once the operator has made room"
+    )  # an MCP call: no executionId retries it (executeAction's retry is a turn's)
     async with (
         disk_full(db_url, "agent_memories"),
         mcp_session(mcp_url(base_url, agent), token) as session,

@@ -225,6 +225,12 @@ async def test_an_ingest_cancelled_during_its_review_is_counted_failed(
         await asyncio.wait_for(ingest, 30)
     assert await status_of(state, action_id) == ["FAILED"]
     assert turns_counted(metrics, "INGEST") == {"FAILED": 1}
+    # No executionId retries an ingest (executeAction's retry is a turn's): it is sent again.
+    async with state.pool.acquire() as conn:
+        error = await conn.fetchval(
+            "SELECT error FROM executions WHERE action_id = $1", uuid.UUID(action_id)
+        )
+    assert error == "the turn was cancelled before it finished; send it again", error
 
 
 async def test_remember_conversation_over_mcp_is_counted_as_an_ingest(

@@ -346,9 +346,10 @@ async def _failed(run: _Run, error: BaseException) -> Execution:
         execution = run.execution
         turns._log_lost(lost, "call %s: its failure could not be recorded", execution)
         within = 2 * run.context.state.settings.turn_heartbeat_seconds
+        failure = turns._failure_message(error, execution.kind)
         said = (
-            f"{turns._failure_message(error)} (its failure could not be recorded, logged by "
-            f"the service: execution {execution.execution_id} shows RUNNING until the service "
+            f"{failure} (its failure could not be recorded, logged by the service: execution "
+            f"{execution.execution_id} shows RUNNING until the service "
             f"ends it FAILED, within about {within:g} s of the database taking writes again)"
         )
         run.ended = dataclasses.replace(execution, status="FAILED", error=storable(said))

@@ -1046,7 +1046,19 @@ async def _commit(context: TurnContext) -> Execution:
     return Execution.of(row)
 
 
-def _failure_message(error: BaseException) -> str:
+# What a failed execution's error tells its caller to do: a turn (kind TURN) is retried by its
+# executionId (ExecuteActionInput.executionId); an MCP tool call or a conversation handed in
+# (INGEST) can only be sent again.
+RETRY = "retry the execution"
+SEND_AGAIN = "send it again"
+
+
+def _failure_message(error: BaseException, kind: str = "TURN") -> str:
+    message = _failure_words(error)
+    return message if kind == "TURN" else message.replace(RETRY, SEND_AGAIN)
+
+
+def _failure_words(error: BaseException) -> str:
     if isinstance(error, TurnEnded):
         return error.message
     if isinstance(error, Conflict):
@@ -1139,7 +1151,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
         log.warning("turn %s failed: %s", context.execution.execution_id, error.logged)
     elif not isinstance(error, DomainError | asyncio.CancelledError):
         log.error("turn %s failed", context.execution.execution_id, exc_info=error)
-    message = storable(_failure_message(error))
+    message = storable(_failure_message(error, context.execution.kind))
     transcript = context.transcript
     transcript.add(events.TURN_FAILED, {"error": message})
     if context.work is not None:
