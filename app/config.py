@@ -4,6 +4,7 @@ import ipaddress
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
@@ -183,20 +184,36 @@ def _read_secret_file(variable: str, path: str) -> str:
     return text
 
 
+def _file_value(variable: str, environment: Mapping[str, str]) -> str | None:
+    """The value of the file `variable`_FILE names; None when that is unset or empty. Refused
+    when `variable` is set too (even empty: either could be the one meant)."""
+    path = environment.get(variable + FILE_SUFFIX, "")
+    if not path.strip():
+        return None
+    if variable in environment:
+        raise SecretFileRefused(
+            f"{variable} and {variable}{FILE_SUFFIX} are both set: set one or the other"
+        )
+    return _read_secret_file(variable + FILE_SUFFIX, path)
+
+
+def variable_or_file(name: str) -> str | None:
+    """The secret the environment variable `name` holds, or the file `name`_FILE names (as the
+    secret settings are read, with the same refusals), read anew at each call: a file rotated
+    in place is read as it is now. None when neither is set."""
+    from_file = _file_value(name, os.environ)
+    return os.environ.get(name) if from_file is None else from_file
+
+
 class _SecretFiles(PydanticBaseSettingsSource):
     """Each secret setting (a SecretStr) whose ENGRAM_<NAME>_FILE is set, read from that file;
     refused when ENGRAM_<NAME> is set too (either could be the one meant)."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        path = _secret_file(field_name) if _is_secret(field) else None
-        if path is None:
+        if not _is_secret(field):
             return None, field_name, False
         variable = f"{RESERVED_ENV_PREFIX}{field_name.upper()}"
-        if variable in _environment():
-            raise SecretFileRefused(
-                f"{variable} and {variable}{FILE_SUFFIX} are both set: set one or the other"
-            )
-        return _read_secret_file(variable + FILE_SUFFIX, path), field_name, False
+        return _file_value(variable, _environment()), field_name, False
 
     def __call__(self) -> dict[str, Any]:
         values = {}

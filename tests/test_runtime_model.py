@@ -4,6 +4,7 @@ sends, retries, timeouts, refusals, and which key goes where."""
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -376,6 +377,74 @@ def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "secret")
     with pytest.raises(BadInput, match="may not name ENGRAM_BOOTSTRAP_TOKEN"):
         resolve_endpoint(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), listed, ACCOUNT)
+
+
+async def test_an_allowed_key_variable_may_be_given_as_a_file(
+    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """TEAM_MODEL_KEY_FILE, as the secret settings' ENGRAM_<NAME>_FILE: the file's text less
+    the newline that ends it, read at each call, sent as the bearer token."""
+    settings = settings_for(server, model_allowed_key_envs=["TEAM_MODEL_KEY"])
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"sk-from-file\r\n")
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(key_file))
+    client = ModelClient(settings)
+    try:
+        for rotated in ("sk-from-file", "sk-rotated"):
+            key_file.write_text(rotated + "\n")
+            config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
+            await client.complete(config, MESSAGES, [], "turn", account_id=ACCOUNT)
+    finally:
+        await client.aclose()
+    assert [r.headers["authorization"] for r in server.requests_to(CHAT)] == [
+        "Bearer sk-from-file",
+        "Bearer sk-rotated",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "told"),
+    [
+        (None, "TEAM_MODEL_KEY_FILE ({path}) cannot be read: No such file or directory"),
+        ("folder", "TEAM_MODEL_KEY_FILE ({path}) cannot be read: Is a directory"),
+        (b"\n", "TEAM_MODEL_KEY_FILE ({path}) is empty (or only whitespace)"),
+        (b"sk-S3CRET\xff", "TEAM_MODEL_KEY_FILE ({path}) is not UTF-8 text"),
+        (b"sk-S3CRET" * 7282, "TEAM_MODEL_KEY_FILE ({path}) holds more than 65,536 bytes"),
+        ("both", "TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both set: set one or the other"),
+        ("both empty", "TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both set: set one or the other"),
+    ],
+    ids=["missing", "folder", "empty", "not-utf8", "too-large", "both", "both-empty"],
+)
+def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: Any, told: str
+) -> None:
+    """Refused as the secret settings' files are, as a ModelFailed (what a turn, a review or a
+    summary reports of a key not set), never quoting the file."""
+    path = tmp_path / "key"
+    if content == "folder":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text("sk-S3CRET\n")
+        monkeypatch.setenv("TEAM_MODEL_KEY", "" if content == "both empty" else "sk-S3CRET")
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(path))
+    settings = Settings(model_allowed_key_envs=["TEAM_MODEL_KEY"])
+    with pytest.raises(ModelFailed) as failed:
+        resolve_endpoint(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings, ACCOUNT)
+    said = failed.value.message
+    assert said.startswith("model.apiKeyEnv names TEAM_MODEL_KEY: " + told.format(path=path)), said
+    assert "S3CRET" not in said and failed.value.logged == said
+
+
+def test_an_empty_key_file_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", "")
+    settings = Settings(model_allowed_key_envs=["TEAM_MODEL_KEY"])
+    config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
+    with pytest.raises(ModelFailed, match="neither TEAM_MODEL_KEY nor TEAM_MODEL_KEY_FILE"):
+        resolve_endpoint(config, settings, ACCOUNT)
+    monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
+    assert resolve_endpoint(config, settings, ACCOUNT).api_key == "sk-team"
 
 
 async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:

@@ -12,6 +12,7 @@ import logging
 import socket
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -895,6 +896,64 @@ async def test_an_action_cannot_send_a_host_secret_to_a_server_of_its_own(
     executed = await run(gql, admin, action_id, "hi")
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert chat(model_server)[0].headers["authorization"] == "Bearer sk-team"
+
+
+async def test_a_model_key_may_be_a_file_that_each_turn_reads_anew(
+    gql: GQL,
+    admin: Caller,
+    state: AppState,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An allowed model.apiKeyEnv TEAM_MODEL_KEY may be given as the file TEAM_MODEL_KEY_FILE
+    names, as the secret settings may (a variable's value shows in `docker inspect`). The file
+    is read at each model call: a key rotated in it is sent from the next turn on, without a
+    restart. Set both ways, or in a file that cannot be a key, the turn fails as on a key set
+    neither way, naming the variable and the file and sending nothing; the key is never said."""
+    key_file = tmp_path / "team_model_key"
+    key_file.write_text("sk-team-1\n")
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(key_file))
+    monkeypatch.setattr(state.settings, "model_allowed_key_envs", ["TEAM_MODEL_KEY"])
+    action_id = await make_agent_id(
+        gql.state, admin, harness=None, model={"apiKeyEnv": "TEAM_MODEL_KEY"}
+    )
+    first = await run(gql, admin, action_id, "hi")
+    assert first["status"] == "SUCCEEDED", first["error"]
+    key_file.write_text("sk-team-2\n")  # rotated in place, as a mounted secret is
+    second = await run(gql, admin, action_id, "again")
+    assert second["status"] == "SUCCEEDED", second["error"]
+    assert [r.headers["authorization"] for r in chat(model_server)] == [
+        "Bearer sk-team-1",
+        "Bearer sk-team-2",
+    ]
+
+    both = (
+        "model.apiKeyEnv names TEAM_MODEL_KEY: TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both "
+        "set: set one or the other"
+    )
+    unreadable = (
+        f"model.apiKeyEnv names TEAM_MODEL_KEY: TEAM_MODEL_KEY_FILE ({key_file}) is not UTF-8 text"
+    )
+    for key, content, said in (
+        ("sk-team-env", b"sk-team-3\n", both),
+        (None, b"sk-\xff3", unreadable),
+    ):
+        if key is None:
+            monkeypatch.delenv("TEAM_MODEL_KEY")
+        else:
+            monkeypatch.setenv("TEAM_MODEL_KEY", key)
+        key_file.write_bytes(content)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            failed = await run(gql, admin, action_id, "once more")
+        assert failed["status"] == "FAILED"
+        assert failed["error"] == said
+        assert events(failed, "turn.failed") == [{"error": said}]
+        assert said in caplog.text
+        assert "sk-team" not in caplog.text
+    assert len(chat(model_server)) == 2  # neither failed turn sent anything
 
 
 def _closed_port_url() -> str:
