@@ -1,13 +1,24 @@
 """Starts and stops the providers the layers need (embeddings, model clients)."""
 
+import logging
+
 from app.embeddings.setup import ensure_model, open_embedder
 from app.memory.maintenance import SEARCH_MAINTENANCE, SearchMaintenance
 from app.memory.vectors import VECTOR_COLUMNS
 from app.runtime.liveness import TURN_LIVENESS, TurnLiveness
+from app.runtime.model import unset_keys
 from app.state import AppState
+
+log = logging.getLogger(__name__)
 
 
 async def start_services(state: AppState) -> None:
+    for unset in unset_keys(state.settings):
+        log.warning(
+            "a model key ENGRAM_MODEL_ALLOWED_KEY_ENVS allows cannot be read: %s (the turns of "
+            "agents whose model.apiKeyEnv names it fail until it can)",
+            unset,
+        )
     if state.embedder is None:
         state.embedder = await open_embedder(state.settings)
     await ensure_model(state.pool, state.embedder, VECTOR_COLUMNS)

@@ -6,6 +6,7 @@ TEAM_B, named beforehand so the module's settings can list them."""
 
 import asyncio
 import json
+import logging
 from typing import Any
 from uuid import UUID
 
@@ -254,3 +255,40 @@ async def test_a_summary_call_uses_only_keys_its_account_may(
     await window(TEAM_A).prompt(system, [], None, asked, [])
     summarized = chat(model_server, "context")
     assert summarized and {r.headers["authorization"] for r in summarized} == {"Bearer sk-team-a"}
+
+
+async def test_a_key_the_operator_allows_that_cannot_be_read_is_said_at_start(
+    settings: Settings,
+    embedder: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Any,
+) -> None:
+    """Said where the operator looks, at start, rather than first by an agent's failed turn:
+    each allowed key neither NAME nor NAME_FILE gives, or whose file is refused; never a key."""
+    from app.main import start_state
+
+    key = tmp_path / "key"
+    key.write_text("sk-team-a\n")
+    monkeypatch.setenv("KEY_A", "sk-team-a")
+    monkeypatch.setenv("KEY_A_FILE", str(key))
+    monkeypatch.delenv("SHARED_KEY", raising=False)
+
+    async def said_at_start() -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="app.services"):
+            started = await start_state(settings, embedder)
+            await started.stop()
+        return [r.getMessage() for r in caplog.records if r.name == "app.services"]
+
+    unread = "a model key ENGRAM_MODEL_ALLOWED_KEY_ENVS allows cannot be read: "
+    fails = " (the turns of agents whose model.apiKeyEnv names it fail until it can)"
+    assert await said_at_start() == [
+        f"{unread}KEY_A: KEY_A and KEY_A_FILE are both set: set one or the other{fails}",
+        f"{unread}SHARED_KEY is not set where Engram runs (neither SHARED_KEY nor "
+        f"SHARED_KEY_FILE){fails}",
+    ]
+    assert "sk-team-a" not in caplog.text
+    monkeypatch.delenv("KEY_A")
+    monkeypatch.setenv("SHARED_KEY", "sk-shared")
+    assert await said_at_start() == []

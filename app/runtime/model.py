@@ -107,6 +107,25 @@ class Endpoint:
     setting: str = "ENGRAM_MODEL_BASE_URL"
 
 
+def unset_keys(settings: Settings) -> list[str]:
+    """What is wrong with each key ENGRAM_MODEL_ALLOWED_KEY_ENVS allows that a model call could
+    not read now (neither NAME nor NAME_FILE set, or a file refused): said at start, where an
+    operator is looking, rather than first by an agent's failed turn. Never the key."""
+    allowed = settings.model_allowed_key_envs
+    said = []
+    for name in allowed if isinstance(allowed, list) else allowed.keys():
+        try:
+            key = variable_or_file(name)
+        except SecretFileRefused as refused:
+            said.append(f"{name}: {refused}")
+            continue
+        if not (key or "").strip():
+            said.append(
+                f"{name} is not set where Engram runs (neither {name} nor {name}{FILE_SUFFIX})"
+            )
+    return said
+
+
 def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) -> Endpoint:
     """The action's model configuration, completed from the settings; BadInput if not allowed
     for the action's account (`account_id`)."""
