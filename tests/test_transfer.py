@@ -2945,13 +2945,14 @@ async def test_a_record_replacing_another_agents_record_is_refused(state, admin,
     (foreign,) = await turn(second, other, steps=[NewMemory("another agent's", "fact")])
     # (A record's `replaces` is in each of its rows: all of them edited.)
     replacing, rows = edited_record(lines, len(lines) - 1, replaces=str(foreign.memory_id))
-    # A version before the record's current one: the current one's `replaced_by` is also the
-    # record's row's, which the import holds to it first (records come in no fixed order).
-    _, version, _, _ = changed_record(lines)
-    replaced = edited(lines, version, replaced_by=str(foreign.memory_id))
+    # Its SUPERSEDED version, and the record's row, which the import holds to it (only a
+    # SUPERSEDED version names a record in `replaced_by`).
+    _, _, two, current = changed_record(lines)
+    replaced = edited(lines, two, replaced_by=str(foreign.memory_id))
+    replaced = edited(replaced, current, replaced_by=str(foreign.memory_id))
     for edits, index, column in [
         (replacing, rows[0], "replaces"),
-        (replaced, version, "replaced_by"),
+        (replaced, two, "replaced_by"),
     ]:
         await refused(
             second,
@@ -3435,21 +3436,21 @@ async def test_a_refusal_of_postgresql_quotes_the_files_text_as_it_is(state, adm
     """PostgreSQL's refusal was put on one line by collapsing all its white space, the file's
     text it quotes included: a record naming the execution "x\\u00a0y\\ny\\u3000z  w" was said
     to name "x y y z w", a value the file does not hold. The quote keeps each character, its
-    line break written as an escape. (Every row of a record edited, in `replaced_by`: its
-    `execution_id` is in each of its rows, held the same before PostgreSQL sees them, and its
-    own row's `replaced_by` is its current version's.)"""
+    line break written as an escape. (A replaced record's `replaced_by` edited, in its
+    SUPERSEDED version, the one version that names a record there, and in its own row, held to
+    its current version's before PostgreSQL sees them.)"""
     agent = await build_agent(state, admin)
     lines = await exported(state, admin, agent)
     target_admin = await admin_of(second)
-    changed, (index, *_) = edited_record(
-        lines, first(lines, "memory"), replaced_by="x\u00a0y\ny\u3000z  w"
-    )
+    _, _, two, current = changed_record(lines)
+    replaced_by = "x\u00a0y\ny\u3000z  w"
+    changed = edited(edited(lines, two, replaced_by=replaced_by), current, replaced_by=replaced_by)
     await refused(
         second,
         target_admin.account_id,
         changed,
         re.escape(
-            f"line {index + 1}: its memory_version row is not valid (invalid input syntax for "
+            f"line {two + 1}: its memory_version row is not valid (invalid input syntax for "
             "type uuid: "
             '"x\u00a0y\\u000ay\u3000z  w")'
         ),
@@ -3807,3 +3808,227 @@ async def test_a_records_row_modified_at_another_time_than_its_current_version_i
     target_admin = await admin_of(second)
     same = edited(lines, current, modified=when)
     assert (await load(second, target_admin.account_id, same)).missing == {}
+
+
+def with_version(lines: list[str], index: int, **columns: Any) -> list[str]:
+    """The export's lines with a copy of the memory_version row at `index`, these columns
+    changed, on the line after it."""
+    return [*lines[: index + 1], edited(lines, index, **columns)[index], *lines[index + 1 :]]
+
+
+def later(lines: list[str], index: int, seconds: float) -> str:
+    """The `modified` of the row at `index`, `seconds` later (earlier, below 0)."""
+    modified = datetime.fromisoformat(json.loads(lines[index])["row"]["modified"])
+    return (modified + timedelta(seconds=seconds)).isoformat()
+
+
+def preview_deletion(lines: list[str]) -> tuple[str, int, int]:
+    """The preview deletion of `build_agent` (a tombstone, DELETED at its version 1): its ID and
+    the indexes of its version 1 and its own row."""
+    items = [json.loads(line) for line in lines[1:]]
+    tombstone = next(i for i, item in enumerate(items, 1) if item["row"].get("tombstone"))
+    memory_id = json.loads(lines[tombstone])["row"]["memory_id"]
+    version = next(
+        i
+        for i, item in enumerate(items, 1)
+        if item["type"] == "memory_version" and item["row"]["memory_id"] == memory_id
+    )
+    return memory_id, version, tombstone
+
+
+async def test_m59_a_record_whose_versions_skip_or_start_past_1_is_refused(state, admin, second):
+    # Versions 1 and 3 were imported (`history` listed the two, version 2 read as none), so was
+    # a version 0 (listed before the first) and a record whose versions start at 2.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    memory_id, one, two, current = changed_record(lines)
+    skipped = edited(edited(lines, two, version=3), current, version=3)
+    await refused(
+        second,
+        target_admin.account_id,
+        skipped,
+        re.escape(
+            f"line {two + 1}: its memory_version row is not valid (it is version 3 of record "
+            f"{memory_id}, after its version 1 of line {one + 1}: a record's versions come in "
+            "order, from 1, one more each time)"
+        ),
+    )
+    zero = [*lines[:one], edited(lines, one, version=0)[one], *lines[one:]]
+    without_one = [*lines[:one], *lines[one + 1 :]]
+    swapped = [*lines[:one], lines[two], lines[one], *lines[two + 1 :]]
+    for edits, version in ((zero, 0), (without_one, 2), (swapped, 2)):
+        await refused(
+            second,
+            target_admin.account_id,
+            edits,
+            re.escape(
+                f"line {one + 1}: its memory_version row is not valid (it is version {version} "
+                f"of record {memory_id}, and no row of its version 1 comes before it: a record's "
+                "versions come in order, from 1)"
+            ),
+        )
+
+
+async def test_m58_m42_a_record_changed_after_it_was_deleted_or_replaced_is_refused(
+    state, admin, second
+):
+    # A version 3 ACTIVE after the record was replaced was imported: the record was listed, and
+    # found by search, beside the record that replaced it. No write of the API changes a
+    # deleted or replaced record (deleting it again returns it unchanged).
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    memory_id, _, two, current = changed_record(lines)
+    again = {"version": 3, "replaced_by": None, "modified": later(lines, two, 60)}
+    restored = with_version(lines, two, status="ACTIVE", **again)
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(restored, current + 1, status="ACTIVE", **again),
+        re.escape(
+            f"line {two + 2}: its memory_version row is not valid (its version 3 is ACTIVE: a "
+            "record's later version deletes or replaces it (DELETED or SUPERSEDED), and none "
+            "makes it ACTIVE again)"
+        ),
+    )
+    deleted = with_version(lines, two, status="DELETED", **again)
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(deleted, current + 1, status="DELETED", **again),
+        re.escape(
+            f"line {two + 2}: its memory_version row is not valid (it is version 3 of record "
+            f"{memory_id}, after its version 2 of line {two + 1}, which deleted or replaced it: "
+            "nothing changes a deleted or replaced record)"
+        ),
+    )
+    # A preview deletion (P5) is DELETED from its version 1: nothing follows it either.
+    deletion, version, tombstone = preview_deletion(lines)
+    again = {"version": 2, "modified": later(lines, version, 60)}
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(with_version(lines, version, **again), tombstone + 1, **again),
+        re.escape(
+            f"line {version + 2}: its memory_version row is not valid (it is version 2 of record "
+            f"{deletion}, after its version 1 of line {version + 1}, a preview deletion: nothing "
+            "changes a deleted or replaced record)"
+        ),
+    )
+
+
+async def test_m42_p5_a_records_version_1_or_replaced_by_the_api_never_writes_is_refused(
+    state, admin, second
+):
+    # A record is written ACTIVE (or as a preview deletion), and `replacedBy` names a record
+    # only once it is SUPERSEDED. A version 1 SUPERSEDED (or DELETED, the record's version 2
+    # made ACTIVE) was imported as a record replaced, or deleted, before it was ever read; a
+    # version ACTIVE naming its successor, or SUPERSEDED naming none, likewise.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    memory_id, one, two, current = changed_record(lines)
+    successor = json.loads(lines[two])["row"]["replaced_by"]
+    for status in ("SUPERSEDED", "DELETED"):
+        replaced = {"replaced_by": successor} if status == "SUPERSEDED" else {}
+        first_ended = edited(lines, one, status=status, **replaced)
+        active = {"status": "ACTIVE", "replaced_by": None}
+        first_ended = edited(edited(first_ended, two, **active), current, **active)
+        await refused(
+            second,
+            target_admin.account_id,
+            first_ended,
+            re.escape(
+                f"line {one + 1}: its memory_version row is not valid (its version 1 is "
+                f"{status}: a record is written ACTIVE, or DELETED as a preview record naming in "
+                "replaces the record it deletes; a later version deletes or replaces it)"
+            ),
+        )
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, one, replaced_by=successor),
+        re.escape(
+            f"line {one + 1}: its memory_version row is not valid (its replaced_by is "
+            f"{successor}, but its status is ACTIVE: only a SUPERSEDED record names the record "
+            "that replaced it)"
+        ),
+    )
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(edited(lines, two, replaced_by=None), current, replaced_by=None),
+        re.escape(
+            f"line {two + 1}: its memory_version row is not valid (its status is SUPERSEDED, but "
+            "its replaced_by is null: a replaced record names the record that replaced it)"
+        ),
+    )
+
+
+async def test_m59_a_records_version_modified_before_it_was_written_is_refused(
+    state, admin, second
+):
+    # `modified` is the time of the record's last change: version 1's is its `created` (one
+    # reading of the clock), a later version's after it. One going back was imported, and the
+    # record's `history` said it changed a day before it was written.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    _, one, two, current = changed_record(lines)
+    created = json.loads(lines[one])["row"]["created"]
+    day_before = later(lines, one, -86400)
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(edited(lines, two, modified=day_before), current, modified=day_before),
+        re.escape(
+            f"line {two + 1}: its memory_version row is not valid (its version 2 was modified "
+            f"{day_before}, before the record was created ({created}): a later version is "
+            "written after the record)"
+        ),
+    )
+    second_after = later(lines, one, 1)
+    await refused(
+        second,
+        target_admin.account_id,
+        edited(lines, one, modified=second_after),
+        re.escape(
+            f"line {one + 1}: its memory_version row is not valid (its version 1 was modified "
+            f"{second_after}, not when it was created ({created}): a record's version 1 is "
+            "written at one time)"
+        ),
+    )
+    # The same time at another offset is the same time.
+    when = datetime.fromisoformat(created).astimezone(timezone(timedelta(hours=1))).isoformat()
+    assert (
+        await load(second, target_admin.account_id, edited(lines, one, modified=when))
+    ).missing == {}
+
+
+async def test_p5_a_records_row_a_tombstone_apart_from_its_version_1_is_refused(
+    state, admin, second
+):
+    # A preview deletion's row not marked as a tombstone was imported and left out of
+    # `Action.memories`; a record marked as one was listed as a deletion (and a preview reader
+    # took the record it replaces as deleted).
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    deletion, version, tombstone = preview_deletion(lines)
+    _, one, _, current = changed_record(lines)
+    for index, value, first_line, status in (
+        (tombstone, False, version, "DELETED"),
+        (current, True, one, "ACTIVE"),
+    ):
+        await refused(
+            second,
+            target_admin.account_id,
+            edited(lines, index, tombstone=value),
+            re.escape(
+                f"line {index + 1}: its memory row is not valid (its tombstone is "
+                f"{json.dumps(value)}, but its version 1 of line {first_line + 1} is {status}: a "
+                "record's row is a tombstone exactly when the record is a preview deletion, "
+                "DELETED at version 1)"
+            ),
+        )

@@ -287,6 +287,8 @@ def _check_row(
                         f"{column} is {shown(json.dumps(row.get(column)), 40)}, not one of "
                         f"{', '.join(allowed)}"
                     )
+            if kind == "memory_version":
+                _check_version(row)
             # As a harness names it (a long one failed the index of records by kind once the
             # rows before it were written).
             if not is_kind_name(row.get("kind")):
@@ -317,6 +319,65 @@ def _check_row(
     except (ValueError, TypeError, KeyError, BadInput) as e:
         message = e.message if isinstance(e, BadInput) else str(e)
         raise BadInput(f"line {number}: its {kind} row is not valid ({message})") from None
+
+
+def _check_version(row: dict[str, Any]) -> None:
+    """A record's version as the API writes it (its status one of `_WORDS`): version 1 ACTIVE
+    (or DELETED, a preview deletion: a preview record naming in `replaces` the record it
+    deletes), at one time, its `created`; a later version only to delete or replace the
+    record, after it was written; `replaced_by` on a SUPERSEDED version, and only there (M42).
+    `_Across` holds the versions' order. Each was imported: the record's `history` said it was
+    replaced at version 1, or made ACTIVE again (then listed and found by search beside what
+    replaced it)."""
+    version, status, replaced_by = row.get("version"), row.get("status"), row.get("replaced_by")
+    if (status == "SUPERSEDED") != (replaced_by is not None):
+        if replaced_by is None:
+            raise ValueError(
+                "its status is SUPERSEDED, but its replaced_by is null: a replaced record names "
+                "the record that replaced it"
+            )
+        raise ValueError(
+            f"its replaced_by is {shown(replaced_by)}, but its status is {status}: only a "
+            "SUPERSEDED record names the record that replaced it"
+        )
+    if version == 1:
+        if status == "SUPERSEDED" or (
+            status == "DELETED" and not (row.get("preview") is True and row.get("replaces"))
+        ):
+            raise ValueError(
+                f"its version 1 is {status}: a record is written ACTIVE, or DELETED as a preview "
+                "record naming in replaces the record it deletes; a later version deletes or "
+                "replaces it"
+            )
+        # (Most rows: the same text, not parsed.)
+        times = _times(row) if row.get("created") != row.get("modified") else None
+        if times is not None and times[0] != times[1]:
+            raise ValueError(
+                f"its version 1 was modified {shown(row['modified'])}, not when it was created "
+                f"({shown(row['created'])}): a record's version 1 is written at one time"
+            )
+    elif isinstance(version, int) and version > 1:
+        if status == "ACTIVE":
+            raise ValueError(
+                f"its version {version} is ACTIVE: a record's later version deletes or replaces "
+                "it (DELETED or SUPERSEDED), and none makes it ACTIVE again"
+            )
+        times = _times(row)
+        if times is not None and times[1] < times[0]:
+            raise ValueError(
+                f"its version {version} was modified {shown(row['modified'])}, before the "
+                f"record was created ({shown(row['created'])}): a later version is written "
+                "after the record"
+            )
+
+
+def _times(row: dict[str, Any]) -> tuple[datetime, datetime] | None:
+    """A record's row's `created` and `modified` as `_check_time` took them; None when one is
+    null (PostgreSQL refuses it)."""
+    created, modified = row.get("created"), row.get("modified")
+    if not isinstance(created, str) or not isinstance(modified, str):
+        return None
+    return datetime.fromisoformat(created), datetime.fromisoformat(modified)
 
 
 def _check_time(column: str, value: Any) -> None:

@@ -471,6 +471,8 @@ class _Across:
     executions: set[int | str] = field(default_factory=set)  # a transcript's events follow them
     held: set[tuple[int | str, Any]] = field(default_factory=set)  # (record, version) held
     latest: dict[int | str, int] = field(default_factory=dict)  # each record's last version held
+    # The records whose version 1 is DELETED: preview deletions (`jsonl` holds), a few.
+    deletions: set[int | str] = field(default_factory=set)
     # A record replaces, and is replaced by, records of its own agent: the records the file
     # has, and where each record is first named (by their IDs' numbers).
     records: set[int] = field(default_factory=set)
@@ -551,14 +553,16 @@ class _Across:
         marks = self._kept(kind, row, number, memory_id)
         version = row.get("version")
         if kind == "memory_version":
+            self._follows(row, number, memory_id, version)
             self.held.add((memory_id, version))
-            if isinstance(version, int) and version >= self.latest.get(memory_id, version):
+            if isinstance(version, int):  # (one more than the last: `_follows`)
                 self.latest[memory_id] = version
                 # The row of the record's latest version so far, which its own row is held to.
                 self.kept[memory_id] = self.kept[memory_id] & _FIRST_MASK | marks & ~_FIRST_MASK
         elif version is not None and version == self.latest.get(memory_id):
             # (At another version, `stored` refuses it: it names the version the file has.)
             self._current(row, number, marks, memory_id)
+            self._tombstone(row, number, memory_id)
         try:
             self.records.add(UUID(row["memory_id"]).int)
             for column in ("replaces", "replaced_by"):
@@ -577,6 +581,49 @@ class _Across:
                     f"{earlier} does: a record has one successor, and one preview record naming "
                     "it)"
                 )
+
+    def _follows(
+        self, row: dict[str, Any], number: int, memory_id: int | str, version: Any
+    ) -> None:
+        """A record's versions come in order from 1, one more each time (as the export writes
+        them), each after one that leaves the record ACTIVE: the API writes a next version of
+        an ACTIVE record only, which deletes or replaces it (`jsonl` holds a version after the
+        first to DELETED or SUPERSEDED), and none after that (M58: deleting a deleted record
+        returns it unchanged). Versions 1 and 3 were imported (`history` listed the two, and
+        version 2 read as none), a version 0, and a version after the record was deleted."""
+        if not isinstance(version, int):
+            return  # (a null: PostgreSQL refuses it, naming it)
+        before = self.latest.get(memory_id)
+        if before is None:
+            if version != 1:
+                raise _unordered(
+                    row,
+                    number,
+                    "and no row of its version 1 comes before it: a record's versions come in "
+                    "order, from 1",
+                )
+            if row.get("status") == "DELETED":
+                self.deletions.add(memory_id)
+            return
+        if version != before + 1:
+            raise _unordered(
+                row,
+                number,
+                f"after its version {before} of line {self._line_of_latest(memory_id)}: a "
+                "record's versions come in order, from 1, one more each time",
+            )
+        if before > 1 or memory_id in self.deletions:
+            ended = "a preview deletion" if before == 1 else "which deleted or replaced it"
+            raise _unordered(
+                row,
+                number,
+                f"after its version {before} of line {self._line_of_latest(memory_id)}, {ended}: "
+                "nothing changes a deleted or replaced record",
+            )
+
+    def _line_of_latest(self, memory_id: int | str) -> int:
+        """The line of the record's latest version so far (`kept`)."""
+        return self.kept[memory_id] >> _FIRST_BITS & _LINE_MASK
 
     def _labels(self, kind: str, row: dict[str, Any], number: int) -> None:
         """A record's labels (by number, as the row's check found them) are labels the agent
@@ -627,6 +674,23 @@ class _Across:
             f"line {number}: its memory row is not valid (its {column} is not that of line "
             f"{latest & _LINE_MASK}, the memory_version row of its version {row['version']} in "
             f"record {jsonl.shown(row['memory_id'])}: a record's row is its current version)"
+        )
+
+    def _tombstone(self, row: dict[str, Any], number: int, memory_id: int | str) -> None:
+        """A record's row at its current version is a tombstone exactly when the record is a
+        preview deletion, DELETED at version 1 (`deletions`): listed as one (P5), and telling a
+        preview reader that the record it names is deleted, not replaced. Edited apart from its
+        version 1, the deletion was left out of `Action.memories`, or a record listed as one."""
+        tombstone = row.get("tombstone", False)  # (without the column: PostgreSQL's default)
+        deletion = memory_id in self.deletions
+        if not isinstance(tombstone, bool) or tombstone == deletion:
+            return  # (not a boolean: PostgreSQL refuses it, naming it)
+        first = self.kept[memory_id] & _LINE_MASK  # its version 1's line
+        raise BadInput(
+            f"line {number}: its memory row is not valid (its tombstone is "
+            f"{json.dumps(tombstone)}, but its version 1 of line {first} is "
+            f"{'DELETED' if deletion else 'ACTIVE'}: a record's row is a tombstone exactly when "
+            "the record is a preview deletion, DELETED at version 1)"
         )
 
     def stored(self, table: Table, batch: list[tuple[dict[str, Any], int]]) -> None:
@@ -702,6 +766,14 @@ class _Across:
                 "which is another agent's: a record replaces, and is replaced by, records of "
                 "its own agent only)"
             )
+
+
+def _unordered(row: dict[str, Any], number: int, why: str) -> BadInput:
+    """The refusal of a record's version out of its order (`_Across._follows`)."""
+    return BadInput(
+        f"line {number}: its memory_version row is not valid (it is version {row['version']} "
+        f"of record {jsonl.shown(row['memory_id'])}, {why})"
+    )
 
 
 @dataclass
