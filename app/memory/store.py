@@ -613,13 +613,15 @@ async def change_status(
     modified_by: str,
 ) -> Row | None:
     """Writes the next version of a committed, active record, if it is still at the version
-    the writer read; None when it changed meanwhile (the caller reports the conflict)."""
+    the writer read; None when it changed meanwhile (the caller reports the conflict). Its
+    `modified` never before the last (a clock stepped back meanwhile): history reads in order,
+    and `engram import` refuses a version modified before the record was created."""
     return await conn.fetchrow(
         _with_versions(
             """
             UPDATE agent_memories
             SET status = $5, replaced_by = $6, modified_by = $7,
-                version = version + 1, modified = clock_timestamp()
+                version = version + 1, modified = greatest(clock_timestamp(), modified)
             WHERE account_id = $1 AND action_id = $2 AND memory_id = $3 AND version = $4
               AND status = 'ACTIVE' AND pending_execution IS NULL
             """
