@@ -158,7 +158,8 @@ def _secret_file(field: str) -> str | None:
 
 
 def _read_secret_file(variable: str, path: str) -> str:
-    """The value the file at `path` holds, less the newline that ends it."""
+    """The value the file at `path` holds, less the newline that ends it and a byte order mark
+    that begins it (as a Windows editor saves text), which no value holds."""
     if not is_storable(path):
         raise SecretFileRefused(
             f"{variable} is not valid text (a NUL, or bytes that are not UTF-8)"
@@ -175,7 +176,7 @@ def _read_secret_file(variable: str, path: str) -> str:
             "value alone"
         )
     try:
-        text = data.decode()
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise SecretFileRefused(f"{where} is not UTF-8 text") from None
     text = text.rstrip("\r\n")

@@ -383,15 +383,15 @@ async def test_an_allowed_key_variable_may_be_given_as_a_file(
     server: OpenAIServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """TEAM_MODEL_KEY_FILE, as the secret settings' ENGRAM_<NAME>_FILE: the file's text less
-    the newline that ends it, read at each call, sent as the bearer token."""
+    the newline that ends it and a byte order mark that begins it, read at each call, sent as
+    the bearer token."""
     settings = settings_for(server, model_allowed_key_envs=["TEAM_MODEL_KEY"])
     key_file = tmp_path / "key"
-    key_file.write_bytes(b"sk-from-file\r\n")
     monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(key_file))
     client = ModelClient(settings)
     try:
-        for rotated in ("sk-from-file", "sk-rotated"):
-            key_file.write_text(rotated + "\n")
+        for rotated in (b"sk-from-file\r\n", b"\xef\xbb\xbfsk-rotated\n"):
+            key_file.write_bytes(rotated)
             config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
             await client.complete(config, MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
