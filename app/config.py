@@ -198,6 +198,19 @@ def _file_value(variable: str, environment: Mapping[str, str]) -> str | None:
     return _read_secret_file(variable + FILE_SUFFIX, path)
 
 
+# A key is sent in a header (`Authorization: Bearer <key>`), which carries printable ASCII alone:
+# a key with another character (a file's second line, a letter that is not ASCII) failed each
+# call, as a model server that does not answer or as an internal error.
+UNSENDABLE_KEY = (
+    "holds a character no HTTP header may carry (a line break or another control character, "
+    "or one that is not ASCII)"
+)
+
+
+def is_sendable_key(key: str) -> bool:
+    return key.isascii() and key.isprintable()
+
+
 def variable_or_file(name: str) -> str | None:
     """The secret the environment variable `name` holds, or the file `name`_FILE names (as the
     secret settings are read, with the same refusals), read anew at each call: a file rotated
@@ -481,6 +494,13 @@ class Settings(BaseSettings):
         if not token.strip():
             raise ValueError("is empty (or only whitespace): set a token, or unset it")
         return token.strip()
+
+    @field_validator("model_api_key", "embedding_api_key")
+    @classmethod
+    def _sendable_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not is_sendable_key(value.get_secret_value().strip()):
+            raise ValueError(UNSENDABLE_KEY)
+        return value
 
     @field_validator("agent_index_build_memory")
     @classmethod
