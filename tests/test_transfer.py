@@ -2545,6 +2545,7 @@ async def test_commands_that_only_read_make_no_default_account(pg_server, templa
                 auth_service.hash_token(token),
                 tenant,
                 "ops",
+                issued_by=auth_service.ISSUER_COMMAND_LINE,
                 prefix=auth_service.token_prefix(token),
             )
             before = await digests(conn)
