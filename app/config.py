@@ -158,7 +158,8 @@ def _secret_file(field: str) -> str | None:
 
 
 def _read_secret_file(variable: str, path: str) -> str:
-    """The value the file at `path` holds, less the newline that ends it."""
+    """The value the file at `path` holds, less the newline that ends it and a byte order mark
+    that begins it (as a Windows editor saves text), which no value holds."""
     if not is_storable(path):
         raise SecretFileRefused(
             f"{variable} is not valid text (a NUL, or bytes that are not UTF-8)"
@@ -175,7 +176,7 @@ def _read_secret_file(variable: str, path: str) -> str:
             "value alone"
         )
     try:
-        text = data.decode()
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise SecretFileRefused(f"{where} is not UTF-8 text") from None
     text = text.rstrip("\r\n")
@@ -195,6 +196,19 @@ def _file_value(variable: str, environment: Mapping[str, str]) -> str | None:
             f"{variable} and {variable}{FILE_SUFFIX} are both set: set one or the other"
         )
     return _read_secret_file(variable + FILE_SUFFIX, path)
+
+
+# A key is sent in a header (`Authorization: Bearer <key>`), which carries printable ASCII alone:
+# a key with another character (a file's second line, a letter that is not ASCII) failed each
+# call, as a model server that does not answer or as an internal error.
+UNSENDABLE_KEY = (
+    "holds a character no HTTP header may carry (a line break or another control character, "
+    "or one that is not ASCII)"
+)
+
+
+def is_sendable_key(key: str) -> bool:
+    return key.isascii() and key.isprintable()
 
 
 def variable_or_file(name: str) -> str | None:
@@ -480,6 +494,13 @@ class Settings(BaseSettings):
         if not token.strip():
             raise ValueError("is empty (or only whitespace): set a token, or unset it")
         return token.strip()
+
+    @field_validator("model_api_key", "embedding_api_key")
+    @classmethod
+    def _sendable_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not is_sendable_key(value.get_secret_value().strip()):
+            raise ValueError(UNSENDABLE_KEY)
+        return value
 
     @field_validator("agent_index_build_memory")
     @classmethod

@@ -228,9 +228,11 @@ async def make_running_turn(
     action_id: str,
     boot_id: UUID | None = None,
     idle: timedelta = timedelta(minutes=1),
+    kind: str = "TURN",
 ) -> UUID:
     """A turn as a process leaves it when it dies mid-turn: RUNNING, with a staged record, its
-    last sign of life `idle` ago. Returns its execution ID."""
+    last sign of life `idle` ago. Returns its execution ID. Of another `kind` (MCP, INGEST), a
+    tool call or a conversation handed in left so."""
     execution_id = uuid.uuid4()
     async with state.pool.acquire() as conn:
         action = await actions.load_action(conn, owner.account_id, UUID(action_id))
@@ -244,7 +246,7 @@ async def make_running_turn(
             action_version=1,
             session_id="s1",
             turn=1,
-            kind="TURN",
+            kind=kind,
             status="RUNNING",
             preview=False,
             principal=owner.principal,

@@ -438,6 +438,31 @@ def test_a_wrong_secret_file_is_one_line_naming_it_never_its_content(monkeypatch
     )
 
 
+UNSENDABLE = (
+    "holds a character no HTTP header may carry (a line break or another control character, or "
+    "one that is not ASCII)"
+)
+
+
+@pytest.mark.parametrize("name", ["MODEL_API_KEY", "EMBEDDING_API_KEY"])
+def test_a_key_no_header_may_carry_is_refused_naming_its_variable(
+    monkeypatch, capsys, tmp_path, name
+):
+    """A file's second line, or a letter that is not ASCII: the service started, and each call
+    failed (as a model server that did not answer, or as an internal error)."""
+    path = tmp_path / "key"
+    path.write_bytes(b"sk-S3CRET\nsk-other\n")
+    monkeypatch.setenv(f"ENGRAM_{name}_FILE", str(path))
+    assert cli.main(["schema", "-o", "/dev/null"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"engram: ENGRAM_{name}_FILE ({path}): {UNSENDABLE}"
+    monkeypatch.delenv(f"ENGRAM_{name}_FILE")
+    monkeypatch.setenv(f"ENGRAM_{name}", "sk-S3CRÉT")
+    assert cli.main(["schema", "-o", "/dev/null"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"engram: ENGRAM_{name}: {UNSENDABLE}"
+
+
 PRODUCTION = {"environment": "production", "bootstrap_token": "t" * 32}
 
 

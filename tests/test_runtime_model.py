@@ -20,7 +20,13 @@ from app.errors import BadInput
 from app.http_retry import MAX_BACKOFF_SECONDS, backoff, server_message
 from app.observability import metrics
 from app.observability.metrics import Metrics
-from app.runtime.model import Completion, ModelClient, ModelFailed, resolve_endpoint
+from app.runtime.model import (
+    Completion,
+    ModelClient,
+    ModelFailed,
+    resolve_endpoint,
+    unset_keys,
+)
 
 # The account of the actions whose model calls these are.
 ACCOUNT = uuid.uuid4()
@@ -383,15 +389,15 @@ async def test_an_allowed_key_variable_may_be_given_as_a_file(
     server: OpenAIServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """TEAM_MODEL_KEY_FILE, as the secret settings' ENGRAM_<NAME>_FILE: the file's text less
-    the newline that ends it, read at each call, sent as the bearer token."""
+    the newline that ends it and a byte order mark that begins it, read at each call, sent as
+    the bearer token."""
     settings = settings_for(server, model_allowed_key_envs=["TEAM_MODEL_KEY"])
     key_file = tmp_path / "key"
-    key_file.write_bytes(b"sk-from-file\r\n")
     monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(key_file))
     client = ModelClient(settings)
     try:
-        for rotated in ("sk-from-file", "sk-rotated"):
-            key_file.write_text(rotated + "\n")
+        for rotated in (b"sk-from-file\r\n", b"\xef\xbb\xbfsk-rotated\n"):
+            key_file.write_bytes(rotated)
             config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
             await client.complete(config, MESSAGES, [], "turn", account_id=ACCOUNT)
     finally:
@@ -435,6 +441,28 @@ def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
     said = failed.value.message
     assert said.startswith("model.apiKeyEnv names TEAM_MODEL_KEY: " + told.format(path=path)), said
     assert "S3CRET" not in said and failed.value.logged == said
+
+
+@pytest.mark.parametrize(
+    "content", [b"sk-S3CRET\nsk-other\n", "sk-S3CRÉT\n".encode()], ids=["two-lines", "not-ascii"]
+)
+def test_a_key_no_header_may_carry_fails_the_call_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: bytes
+) -> None:
+    """Sent, it failed as a model server that does not answer (httpx's refusal of the header)
+    or as an internal error (UnicodeEncodeError); said at start too."""
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(path))
+    settings = Settings(model_allowed_key_envs=["TEAM_MODEL_KEY"])
+    unsendable = (
+        "holds a character no HTTP header may carry (a line break or another control character, "
+        "or one that is not ASCII)"
+    )
+    with pytest.raises(ModelFailed) as failed:
+        resolve_endpoint(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings, ACCOUNT)
+    assert failed.value.message == f"model.apiKeyEnv names TEAM_MODEL_KEY, whose key {unsendable}"
+    assert unset_keys(settings) == [f"TEAM_MODEL_KEY {unsendable}"]
 
 
 def test_an_empty_key_file_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -482,14 +510,20 @@ async def test_a_key_read_with_a_newline_is_sent_stripped_and_a_refused_one_neve
     server: OpenAIServer,
 ) -> None:
     """A key from a secret file often ends in a newline: it is sent without it. A key no header
-    can carry (a newline inside it) fails the call, and httpx's refusal, which quotes the
-    header, reaches the error without the key."""
+    can carry (a newline inside it) is refused with the settings; one that got past them would
+    fail the call, and httpx's refusal, which quotes the header, reach the error without it."""
     await one_call(settings_for(server, model_api_key=SecretStr("sk-house-42\n")))
     assert server.requests_to(CHAT)[-1].headers["authorization"] == "Bearer sk-house-42"
 
     broken = "sk-house-4242\nsecond-line-of-the-key"
+    with pytest.raises(ValueError, match="no HTTP header may carry") as refused:
+        settings_for(server, model_api_key=SecretStr(broken))
+    assert "sk-house-4242" not in str(refused.value)
+    unchecked = settings_for(server, model_max_retries=0).model_copy(
+        update={"model_api_key": SecretStr(broken)}
+    )
     with pytest.raises(ModelFailed) as failed:
-        await one_call(settings_for(server, model_api_key=SecretStr(broken), model_max_retries=0))
+        await one_call(unchecked)
     assert "[credential]" in failed.value.message, failed.value.message
     assert "failed once, last: LocalProtocolError" in failed.value.message
     assert "sk-house-4242" not in failed.value.message

@@ -265,6 +265,15 @@ def test_every_secret_setting_may_be_read_from_a_file(monkeypatch, tmp_path):
     assert settings.model_api_key is None and settings.port == 8000
 
 
+def test_a_secret_files_byte_order_mark_is_no_part_of_its_value(monkeypatch, tmp_path):
+    """As a Windows editor saves text: the token was the mark and the token, which no client
+    sends (and a key with it, no header could carry)."""
+    path = tmp_path / "token"
+    path.write_bytes(b"\xef\xbb\xbf" + SECRETS["ENGRAM_BOOTSTRAP_TOKEN"].encode() + b"\r\n")
+    monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN_FILE", str(path))
+    assert Settings().bootstrap_token_value() == SECRETS["ENGRAM_BOOTSTRAP_TOKEN"]
+
+
 def _refusal() -> str:
     with pytest.raises(ValueError) as refused:
         Settings()

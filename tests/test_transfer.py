@@ -1670,12 +1670,13 @@ async def test_cli_import_says_which_records_it_embedded_again(state, admin, sec
     )
 
 
-async def test_an_import_again_embeds_no_record_already_there(
+@asynccontextmanager
+async def exported_bare_to_openai(
     state, admin, pg_server, template_db, tmp_path
-):
-    """Records already imported are skipped: none is sent to the embedding model again, and the
-    report counts only those it embedded (here none), whether the file has no vectors at all or
-    lacks one for an edited record."""
+) -> AsyncIterator[tuple[Any, Path, OpenAIServer, dict[str, str]]]:
+    """An agent exported without vectors, and a copy of the test's database whose embedder is
+    a scripted OpenAI-compatible server's, its vectors re-embedded with it: (the agent, its
+    export, the server, the environment `engram` runs in on the copy)."""
     agent = await build_agent(state, admin)
     bare = tmp_path / "bare.jsonl"
     bare.write_text("\n".join(await exported(state, admin, agent, embeddings=False)) + "\n")
@@ -1689,37 +1690,48 @@ async def test_an_import_again_embeds_no_record_already_there(
                 embedding_model=server.embedding_model,
             )
             assert run(env, "reembed").returncode == 0  # this deployment's model: the server's
+            yield agent, bare, server, env
 
-            def imported(path) -> tuple[str, list[str]]:
-                before = len(server.requests_to("/v1/embeddings"))
-                done = run(env, "import", str(path))
-                assert done.returncode == 0, done.stderr
-                sent = server.requests_to("/v1/embeddings")[before:]
-                return done.stdout.strip(), [text for r in sent for text in r.body["input"]]
 
-            said, texts = imported(bare)
-            rows = int(said.split()[1])
-            assert said == (
-                f"imported {rows} rows, 0 already there unchanged; vectors re-embedded (8 records)"
-            )
-            assert len(texts) == 1 + 8  # the embedder's dimension probe, opening it; the records
-            said, texts = imported(bare)
-            nothing = "no record written, so no vector copied or embedded"
-            assert said == f"imported 0 rows, {rows} already there unchanged; {nothing}"
-            assert texts == []
-            # Its own export, edited: a record without a vector, which it already holds.
-            edited_path = tmp_path / "edited.jsonl"
-            exported_again = run(
-                env, "export", "--action", str(agent.action_id), "-o", str(edited_path)
-            )
-            assert exported_again.returncode == 0, exported_again.stderr
-            lines = edited_path.read_text().splitlines()
-            edited_path.write_text(
-                "\n".join(edited(lines, first(lines, "memory"), embedding=None)) + "\n"
-            )
-            said, texts = imported(edited_path)
-            assert said == f"imported 0 rows, {rows} already there unchanged; {nothing}"
-            assert texts == []
+async def test_an_import_again_embeds_no_record_already_there(
+    state, admin, pg_server, template_db, tmp_path
+):
+    """Records already imported are skipped: none is sent to the embedding model again, and the
+    report counts only those it embedded (here none), whether the file has no vectors at all or
+    lacks one for an edited record."""
+    async with exported_bare_to_openai(state, admin, pg_server, template_db, tmp_path) as copy:
+        agent, bare, server, env = copy
+
+        def imported(path) -> tuple[str, list[str]]:
+            before = len(server.requests_to("/v1/embeddings"))
+            done = run(env, "import", str(path))
+            assert done.returncode == 0, done.stderr
+            sent = server.requests_to("/v1/embeddings")[before:]
+            return done.stdout.strip(), [text for r in sent for text in r.body["input"]]
+
+        said, texts = imported(bare)
+        rows = int(said.split()[1])
+        assert said == (
+            f"imported {rows} rows, 0 already there unchanged; vectors re-embedded (8 records)"
+        )
+        assert len(texts) == 1 + 8  # the embedder's dimension probe, opening it; the records
+        said, texts = imported(bare)
+        nothing = "no record written, so no vector copied or embedded"
+        assert said == f"imported 0 rows, {rows} already there unchanged; {nothing}"
+        assert texts == []
+        # Its own export, edited: a record without a vector, which it already holds.
+        edited_path = tmp_path / "edited.jsonl"
+        exported_again = run(
+            env, "export", "--action", str(agent.action_id), "-o", str(edited_path)
+        )
+        assert exported_again.returncode == 0, exported_again.stderr
+        lines = edited_path.read_text().splitlines()
+        edited_path.write_text(
+            "\n".join(edited(lines, first(lines, "memory"), embedding=None)) + "\n"
+        )
+        said, texts = imported(edited_path)
+        assert said == f"imported 0 rows, {rows} already there unchanged; {nothing}"
+        assert texts == []
 
 
 async def test_an_import_refused_by_the_embedding_provider_names_its_address_not_its_words(
@@ -1727,22 +1739,11 @@ async def test_an_import_refused_by_the_embedding_provider_names_its_address_not
 ):
     """The provider refuses the records sent, quoting them: the import prints its address and
     the status, not its words nor the records' text, as a log line leaves them out."""
-    agent = await build_agent(state, admin)
-    bare = tmp_path / "bare.jsonl"
-    bare.write_text("\n".join(await exported(state, admin, agent, embeddings=False)) + "\n")
-    name = f"engram_openai_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with OpenAIServer() as server:
-        async with database_copy(pg_server, template_db, name) as url:
-            env = clean_env(
-                database_url=url,
-                embedder="openai",
-                embedding_url=server.url,
-                embedding_model=server.embedding_model,
-            )
-            assert run(env, "reembed").returncode == 0  # this deployment's model: the server's
-            server.stall_next(1, 0.0)  # the dimension probe
-            server.fail_next(1, status=400, message="cannot embed", quoting=True)
-            done = run(env, "import", str(bare))
+    async with exported_bare_to_openai(state, admin, pg_server, template_db, tmp_path) as copy:
+        _, bare, server, env = copy
+        server.stall_next(1, 0.0)  # the dimension probe
+        server.fail_next(1, status=400, message="cannot embed", quoting=True)
+        done = run(env, "import", str(bare))
     assert done.returncode == 2, done.stderr
     (sent,) = [r.body["input"] for r in server.requests_to("/v1/embeddings")][-1:]
     refused = f"{server.url}/embeddings refused the request for model {server.embedding_model}"
@@ -2544,6 +2545,7 @@ async def test_commands_that_only_read_make_no_default_account(pg_server, templa
                 auth_service.hash_token(token),
                 tenant,
                 "ops",
+                issued_by=auth_service.ISSUER_COMMAND_LINE,
                 prefix=auth_service.token_prefix(token),
             )
             before = await digests(conn)

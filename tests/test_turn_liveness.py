@@ -20,6 +20,7 @@ import signal
 import time
 import types
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -42,7 +43,7 @@ from runtime_support import (
 from app.actions.service import load_action
 from app.auth.caller import Caller
 from app.db.embedded import EmbeddedPostgres
-from app.executions import store
+from app.executions import liveness_store, store
 from app.memory.service import MemoryWork, NewMemory, Writer
 from app.runtime import liveness
 from app.runtime.model import ModelClient
@@ -255,6 +256,53 @@ async def test_a_process_ends_its_own_turns_it_no_longer_runs_and_spares_live_on
     model_server.say("slow answer", delay=3 * LEASE)
     slow = await run(gql, admin, action_id, "take your time")
     assert slow["status"] == "SUCCEEDED", slow["error"]
+
+
+@pytest.mark.parametrize("kind", ["MCP", "INGEST"])
+async def test_a_call_or_an_ingest_a_sweep_ends_is_told_to_be_sent_again(
+    gql: GQL, admin: Caller, state: AppState, kind: str
+) -> None:
+    """No executionId retries an MCP tool call or a conversation handed in (executeAction
+    retries turns alone): one the sweep ends says to send it again, as its own failure would,
+    whether its process died, its process could not record its end, or it went stale (a turn
+    of its agent starting); a turn still says to retry the execution."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    dead = uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO service_processes (boot_id, host, pid, heartbeat) "
+            "VALUES ($1, 'elsewhere', 1, now() - interval '1 hour')",
+            dead,
+        )
+    me = process(state)
+    await me.aclose()  # its background sweep: this test sweeps when it says
+    running = {
+        "died": await make_running_turn(state, admin, action_id=action_id, boot_id=dead, kind=kind),
+        "unrecorded": await make_running_turn(
+            state, admin, action_id=action_id, boot_id=me.boot_id, kind=kind
+        ),
+        "turn": await make_running_turn(state, admin, action_id=action_id, boot_id=dead),
+    }
+    await me.sweep()
+    stale = await make_running_turn(
+        state, admin, action_id=action_id, idle=timedelta(days=1), kind=kind
+    )
+    async with state.pool.acquire() as conn:
+        await liveness_store.fail_stale_turns(conn, admin.account_id, uuid.UUID(action_id), 3600)
+        errors = {
+            what: await conn.fetchval(
+                "SELECT error FROM executions WHERE execution_id = $1", execution_id
+            )
+            for what, execution_id in {**running, "stale": stale}.items()
+        }
+    sent_again = "the turn stopped without finishing (its process ended); send it again"
+    assert errors == {
+        "died": sent_again,
+        "unrecorded": "the turn failed but its end could not be recorded (the database was "
+        "unreachable); send it again",
+        "turn": liveness_store.DEAD_PROCESS_ERROR,
+        "stale": sent_again,
+    }
 
 
 async def test_processes_sweeping_one_database_at_once_fail_each_dead_turn_once(

@@ -9,11 +9,26 @@ import asyncpg
 
 from app.executions.store import Row
 
-DEAD_PROCESS_ERROR = "the turn stopped without finishing (its process ended); retry the execution"
+# What a failed execution's error tells its caller to do: a turn (kind TURN) is retried by its
+# executionId (ExecuteActionInput.executionId); an MCP tool call or a conversation handed in
+# (MCP, INGEST) can only be sent again.
+RETRY = "retry the execution"
+SEND_AGAIN = "send it again"
+
+
+def told(error: str, kind: str) -> str:
+    """`error`, which tells a turn's caller to retry the execution, as an execution of `kind`
+    says it."""
+    return error if kind == "TURN" else error.replace(RETRY, SEND_AGAIN)
+
+
+DEAD_PROCESS_ERROR = f"the turn stopped without finishing (its process ended); {RETRY}"
 UNRECORDED_ERROR = (
-    "the turn failed but its end could not be recorded (the database was unreachable); retry "
-    "the execution"
+    f"the turn failed but its end could not be recorded (the database was unreachable); {RETRY}"
 )
+# As a sweep ends an execution of another kind than TURN.
+_DEAD_PROCESS_SENT_AGAIN = told(DEAD_PROCESS_ERROR, "MCP")
+_UNRECORDED_SENT_AGAIN = told(UNRECORDED_ERROR, "MCP")
 
 
 async def beat(
@@ -62,7 +77,8 @@ async def fail_dead_turns(
         f"""
         UPDATE executions e
         SET status = 'FAILED', modified = now(),
-            error = CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
+            error = CASE WHEN e.kind = 'TURN' THEN CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
+                         ELSE CASE WHEN e.boot_id = $1 THEN $9 ELSE $8 END END
         WHERE e.status = 'RUNNING' AND e.kind <> 'OPERATOR'
           AND e.modified < now() - make_interval(secs => $4)
           AND ((e.boot_id <> $1 AND NOT EXISTS (
@@ -80,6 +96,8 @@ async def fail_dead_turns(
         legacy_seconds,
         DEAD_PROCESS_ERROR,
         UNRECORDED_ERROR,
+        _DEAD_PROCESS_SENT_AGAIN,
+        _UNRECORDED_SENT_AGAIN,
     )
 
 
@@ -120,10 +138,10 @@ async def forget_dead_processes(conn: asyncpg.Connection, lease_seconds: float) 
 
 
 # The agent's ($1, $2) turns still RUNNING long after any turn could have ended ($3 seconds)
-# marked FAILED with error $4, returning their rows.
+# marked FAILED with error $4 (a turn's) or $5 (another kind's), returning their rows.
 _FAIL_STALE = """
         UPDATE executions
-        SET status = 'FAILED', modified = now(), error = $4
+        SET status = 'FAILED', modified = now(), error = CASE WHEN kind = 'TURN' THEN $4 ELSE $5 END
         WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
           AND modified < now() - make_interval(secs => $3)
         RETURNING *"""
@@ -139,6 +157,7 @@ async def fail_stale_turns(
         action_id,
         older_than_seconds,
         DEAD_PROCESS_ERROR,
+        _DEAD_PROCESS_SENT_AGAIN,
     )
     return [r["execution_id"] for r in rows]
 
@@ -167,4 +186,5 @@ async def fail_stale_and_find_ended(
         action_id,
         older_than_seconds,
         DEAD_PROCESS_ERROR,
+        _DEAD_PROCESS_SENT_AGAIN,
     )

@@ -27,7 +27,14 @@ from uuid import UUID
 import httpx
 
 from app.actions.model import ModelConfig, check_endpoint
-from app.config import FILE_SUFFIX, SecretFileRefused, Settings, variable_or_file
+from app.config import (
+    FILE_SUFFIX,
+    UNSENDABLE_KEY,
+    SecretFileRefused,
+    Settings,
+    is_sendable_key,
+    variable_or_file,
+)
 from app.http_retry import (
     CallFailed,
     RetriesExhausted,
@@ -115,14 +122,16 @@ def unset_keys(settings: Settings) -> list[str]:
     said = []
     for name in allowed if isinstance(allowed, list) else allowed.keys():
         try:
-            key = variable_or_file(name)
+            key = (variable_or_file(name) or "").strip()
         except SecretFileRefused as refused:
             said.append(f"{name}: {refused}")
             continue
-        if not (key or "").strip():
+        if not key:
             said.append(
                 f"{name} is not set where Engram runs (neither {name} nor {name}{FILE_SUFFIX})"
             )
+        elif not is_sendable_key(key):
+            said.append(f"{name} {UNSENDABLE_KEY}")
     return said
 
 
@@ -148,6 +157,8 @@ def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) 
                 f"model.apiKeyEnv names {name}, which is not set where Engram runs (neither "
                 f"{name} nor {name}{FILE_SUFFIX})"
             )
+        if not is_sendable_key(api_key):
+            raise ModelFailed(f"model.apiKeyEnv names {name}, whose key {UNSENDABLE_KEY}")
     elif settings.model_api_key is not None and base_url == settings.model_base_url.rstrip("/"):
         # The deployment's key goes only to the deployment's endpoint, never to a URL an
         # action names.

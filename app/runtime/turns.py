@@ -1046,16 +1046,8 @@ async def _commit(context: TurnContext) -> Execution:
     return Execution.of(row)
 
 
-# What a failed execution's error tells its caller to do: a turn (kind TURN) is retried by its
-# executionId (ExecuteActionInput.executionId); an MCP tool call or a conversation handed in
-# (INGEST) can only be sent again.
-RETRY = "retry the execution"
-SEND_AGAIN = "send it again"
-
-
 def _failure_message(error: BaseException, kind: str = "TURN") -> str:
-    message = _failure_words(error)
-    return message if kind == "TURN" else message.replace(RETRY, SEND_AGAIN)
+    return liveness_store.told(_failure_words(error), kind)
 
 
 def _failure_words(error: BaseException) -> str:
