@@ -2,6 +2,7 @@
 operator writes, node look-ups, and preview records as operators see them."""
 
 import uuid
+from datetime import datetime
 
 import pytest
 from factories import (
@@ -392,6 +393,28 @@ async def test_m54_m58_deleting_removes_from_recall_and_memories_not_from_reads(
     assert len(history["agentMemory"]["history"]["edges"]) == 2
     missing = await gql(admin, DELETE, actionId=str(agent.action_id), id=str(uuid.uuid4()))
     assert missing.codes == ["NOT_FOUND"] and missing.data is None
+
+
+# M59
+async def test_a_change_is_never_dated_before_the_version_it_follows(state, gql, admin, agent):
+    """The database's clock stepped back since a record was written (here: its row dated a day
+    ahead; its versions are append-only): its deletion is dated no earlier, so its history
+    reads in order and an export of it is importable (`engram import` refuses a version
+    modified before the record was created)."""
+    record = await remember(state, agent, "dated ahead", scope="AGENT")
+    async with state.pool.acquire() as conn:
+        ahead = await conn.fetchval(
+            """
+            UPDATE agent_memories SET modified = modified + interval '1 day'
+            WHERE memory_id = $1 RETURNING modified
+            """,
+            record.memory_id,
+        )
+    deleted = (
+        await gql(admin, DELETE, actionId=str(agent.action_id), id=str(record.memory_id))
+    ).ok()["deleteAgentMemory"]
+    assert deleted["version"] == 2
+    assert datetime.fromisoformat(deleted["modified"]) >= ahead
 
 
 async def test_deleting_a_superseded_record_names_its_successor(state, gql, admin, agent):
