@@ -183,3 +183,29 @@ def test_the_logging_a_command_run_in_the_test_process_configured_is_put_back(tm
         assert configured()
     assert not configured()
     assert not logging.getLogger("app.access").isEnabledFor(logging.INFO)
+
+
+def test_an_outage_is_said_in_one_line_by_its_kind_not_the_servers_words():
+    """OutageInOneLine: the error's class and SQLSTATE (a server's message can quote what it
+    was sent), an OS error's words (an address); no traceback."""
+    import asyncpg
+
+    from app.observability.logs import OutageInOneLine
+
+    def said(error: BaseException) -> str:
+        record = logging.LogRecord(
+            "asyncpg.pool", logging.WARNING, __file__, 1, "retrying", None, (None, error, None)
+        )
+        OutageInOneLine().filter(record)
+        assert record.exc_info is None
+        return record.getMessage()
+
+    starting = asyncpg.exceptions.CannotConnectNowError("starting up, sent 'Ada's diagnosis'")
+    assert said(starting) == (
+        "retrying: the database is unavailable (CannotConnectNowError (SQLSTATE 57P03))"
+    )
+    refused = ConnectionRefusedError(111, "Connection refused")
+    assert said(refused) == (
+        "retrying: the database is unavailable (ConnectionRefusedError ([Errno 111] Connection "
+        "refused))"
+    )

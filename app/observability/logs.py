@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from app.db.errors import is_unavailable
+from app.db.errors import described, is_unavailable
 
 request_id: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
 
@@ -51,8 +51,7 @@ class OutageInOneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if error is not None and is_unavailable(error):
-            why = " ".join(f"{type(error).__name__}: {error}".split())
-            record.msg = f"{record.getMessage()}: the database is unavailable ({why})"
+            record.msg = f"{record.getMessage()}: the database is unavailable ({described(error)})"
             record.args = None
             record.exc_info = None
             record.exc_text = None

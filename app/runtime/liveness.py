@@ -205,9 +205,8 @@ class TurnLiveness:
             except Exception as e:
                 # The database may be down or restarting: the next heartbeat tries again.
                 log.warning(
-                    "turn liveness sweep failed (%s: %s); next in %s s",
-                    type(e).__name__,
-                    e,
+                    "turn liveness sweep failed (%s); next in %s s",
+                    described(e),
                     self.heartbeat_seconds,
                 )
 
