@@ -28,7 +28,8 @@ CLIENTS = f"""query($a: UUID) {{
   clients(first: 20, accountId: $a) {{
     nodes {{ principal tokens(first: 20) {{ nodes {{ tokenId {ISSUED} }} }} }} }} }}"""
 NODE = f"query($id: ID!) {{ node(id: $id) {{ ... on ClientTokenInfo {{ tokenId {ISSUED} }} }} }}"
-NODES = f"query($ids: [ID!]!) {{ nodes(ids: $ids) {{ ... on ClientTokenInfo {{ tokenId {ISSUED} }} }} }}"
+NODES = f"""query($ids: [ID!]!) {{
+  nodes(ids: $ids) {{ ... on ClientTokenInfo {{ tokenId {ISSUED} }} }} }}"""
 REVOKE = f"""mutation($p: String!, $t: UUID!) {{
   revokeClientToken(principal: $p, tokenId: $t) {{ tokenId {ISSUED} }} }}"""
 VIEWER = "{ viewer { accountId principal tokenId } }"
