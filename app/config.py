@@ -4,6 +4,7 @@ import ipaddress
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -157,16 +158,42 @@ def _secret_file(field: str) -> str | None:
     return path if path.strip() else None
 
 
-def _read_secret_file(variable: str, path: str) -> str:
+# What a file read at each call is when it is not a regular file (stat's type; a folder is
+# refused by open itself).
+_NOT_REGULAR = {
+    stat.S_IFIFO: "a pipe",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    # A named pipe opens at once, with no writer, to be refused (`_read_secret_file`).
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
+def _read_secret_file(variable: str, path: str, *, regular_only: bool = False) -> str:
     """The value the file at `path` holds, less the newline that ends it and a byte order mark
-    that begins it (as a Windows editor saves text), which no value holds."""
+    that begins it (as a Windows editor saves text), which no value holds. `regular_only`: for
+    a file read at each call, on the event loop, refused unless it is a regular file (a symlink
+    to one, as Kubernetes mounts secrets, is followed), before anything is read from it: a named
+    pipe would hold the whole service until a writer came. The settings' files, read once
+    before the service starts, may be pipes (`<(...)`, /dev/stdin)."""
     if not is_storable(path):
         raise SecretFileRefused(
             f"{variable} is not valid text (a NUL, or bytes that are not UTF-8)"
         )
     where = f"{variable} ({path})"
     try:
-        with open(path, "rb") as file:
+        with open(path, "rb", opener=_open_nonblocking if regular_only else None) as file:
+            kind = stat.S_IFMT(os.fstat(file.fileno()).st_mode)
+            if regular_only and kind != stat.S_IFREG:
+                what = _NOT_REGULAR.get(kind, "another kind of file")
+                raise SecretFileRefused(
+                    f"{where} is {what}, not a regular file: a file read at each call must be "
+                    "one (a pipe or a device would hold the service waiting)"
+                )
             data = file.read(SECRET_FILE_MAX_BYTES + 1)
     except OSError as e:
         raise SecretFileRefused(f"{where} cannot be read: {e.strerror or e}") from None
@@ -185,9 +212,12 @@ def _read_secret_file(variable: str, path: str) -> str:
     return text
 
 
-def _file_value(variable: str, environment: Mapping[str, str]) -> str | None:
-    """The value of the file `variable`_FILE names; None when that is unset or empty. Refused
-    when `variable` is set too (even empty: either could be the one meant)."""
+def _file_value(
+    variable: str, environment: Mapping[str, str], *, regular_only: bool = False
+) -> str | None:
+    """The value of the file `variable`_FILE names (`_read_secret_file`); None when that is
+    unset or empty. Refused when `variable` is set too (even empty: either could be the one
+    meant)."""
     path = environment.get(variable + FILE_SUFFIX, "")
     if not path.strip():
         return None
@@ -195,7 +225,7 @@ def _file_value(variable: str, environment: Mapping[str, str]) -> str | None:
         raise SecretFileRefused(
             f"{variable} and {variable}{FILE_SUFFIX} are both set: set one or the other"
         )
-    return _read_secret_file(variable + FILE_SUFFIX, path)
+    return _read_secret_file(variable + FILE_SUFFIX, path, regular_only=regular_only)
 
 
 # A key is sent in a header (`Authorization: Bearer <key>`), which carries printable ASCII alone:
@@ -213,9 +243,10 @@ def is_sendable_key(key: str) -> bool:
 
 def variable_or_file(name: str) -> str | None:
     """The secret the environment variable `name` holds, or the file `name`_FILE names (as the
-    secret settings are read, with the same refusals), read anew at each call: a file rotated
-    in place is read as it is now. None when neither is set."""
-    from_file = _file_value(name, os.environ)
+    secret settings are read, with the same refusals, and a file that is not a regular file
+    refused too), read anew at each call: a file rotated in place is read as it is now. None
+    when neither is set."""
+    from_file = _file_value(name, os.environ, regular_only=True)
     return os.environ.get(name) if from_file is None else from_file
 
 

@@ -2,6 +2,7 @@
 sends, retries, timeouts, refusals, and which key goes where."""
 
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -408,6 +409,16 @@ async def test_an_allowed_key_variable_may_be_given_as_a_file(
     ]
 
 
+# What the agent's owner reads of a key's file the service refused, and what its log says.
+UNREADABLE_KEY_FILE = (
+    "model.apiKeyEnv names TEAM_MODEL_KEY, whose key the service could not read from "
+    "TEAM_MODEL_KEY_FILE (logged by the service)"
+)
+KEY_FILE_FAILED = (
+    f"a model call of account {ACCOUNT} failed: model.apiKeyEnv names TEAM_MODEL_KEY: "
+)
+
+
 @pytest.mark.parametrize(
     ("content", "told"),
     [
@@ -415,17 +426,27 @@ async def test_an_allowed_key_variable_may_be_given_as_a_file(
         ("folder", "TEAM_MODEL_KEY_FILE ({path}) cannot be read: Is a directory"),
         (b"\n", "TEAM_MODEL_KEY_FILE ({path}) is empty (or only whitespace)"),
         (b"sk-S3CRET\xff", "TEAM_MODEL_KEY_FILE ({path}) is not UTF-8 text"),
-        (b"sk-S3CRET" * 7282, "TEAM_MODEL_KEY_FILE ({path}) holds more than 65,536 bytes"),
+        (
+            b"sk-S3CRET" * 7282,
+            "TEAM_MODEL_KEY_FILE ({path}) holds more than 65,536 bytes: a secret file holds its "
+            "value alone",
+        ),
         ("both", "TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both set: set one or the other"),
         ("both empty", "TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both set: set one or the other"),
     ],
     ids=["missing", "folder", "empty", "not-utf8", "too-large", "both", "both-empty"],
 )
 def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: Any, told: str
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    content: Any,
+    told: str,
 ) -> None:
     """Refused as the secret settings' files are, as a ModelFailed (what a turn, a review or a
-    summary reports of a key not set), never quoting the file."""
+    summary reports of a key not set) that names the variable alone: the file's path and the
+    system's reason are the operator's deployment, not the agent's owner's to read, and the
+    service's warning says them. Neither quotes the file."""
     path = tmp_path / "key"
     if content == "folder":
         path.mkdir()
@@ -436,11 +457,55 @@ def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
         monkeypatch.setenv("TEAM_MODEL_KEY", "" if content == "both empty" else "sk-S3CRET")
     monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(path))
     settings = Settings(model_allowed_key_envs=["TEAM_MODEL_KEY"])
-    with pytest.raises(ModelFailed) as failed:
+    with (
+        caplog.at_level(logging.WARNING, logger="app.runtime.model"),
+        pytest.raises(ModelFailed) as failed,
+    ):
         resolve_endpoint(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings, ACCOUNT)
-    said = failed.value.message
-    assert said.startswith("model.apiKeyEnv names TEAM_MODEL_KEY: " + told.format(path=path)), said
-    assert "S3CRET" not in said and failed.value.logged == said
+    assert failed.value.message == UNREADABLE_KEY_FILE
+    assert failed.value.logged == UNREADABLE_KEY_FILE
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, f"{KEY_FILE_FAILED}{told.format(path=path)}")
+    ]
+    assert "S3CRET" not in caplog.text
+
+
+@pytest.mark.timeout(10)  # the read it replaced waited for a writer, with the event loop
+@pytest.mark.parametrize("kind", ["pipe", "link-to-pipe", "device"])
+def test_a_key_file_that_is_not_a_regular_file_is_refused_unread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """A named pipe as TEAM_MODEL_KEY_FILE held the model call, and with it the whole service,
+    until a writer came, and the start (unset_keys) before that: a key's file read at each call
+    must be a regular file, followed through a symlink as Kubernetes' ..data links are. Refused
+    before anything is read, naming the variable and the path (to the operator)."""
+    pipe = tmp_path / "team_model_key"
+    os.mkfifo(pipe)
+    path = {"pipe": pipe, "link-to-pipe": tmp_path / "link", "device": Path(os.devnull)}[kind]
+    if kind == "link-to-pipe":
+        path.symlink_to(pipe)
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(path))
+    settings = Settings(model_allowed_key_envs=["TEAM_MODEL_KEY"])
+    what = "a device" if kind == "device" else "a pipe"
+    refused = (
+        f"TEAM_MODEL_KEY_FILE ({path}) is {what}, not a regular file: a file read at each call "
+        "must be one (a pipe or a device would hold the service waiting)"
+    )
+    assert unset_keys(settings) == [f"TEAM_MODEL_KEY: {refused}"]
+    with (
+        caplog.at_level(logging.WARNING, logger="app.runtime.model"),
+        pytest.raises(ModelFailed) as failed,
+    ):
+        resolve_endpoint(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings, ACCOUNT)
+    assert failed.value.message == UNREADABLE_KEY_FILE
+    assert [r.getMessage() for r in caplog.records] == [f"{KEY_FILE_FAILED}{refused}"]
+    # A regular file behind the same link is read.
+    if kind == "link-to-pipe":
+        path.unlink()
+        (tmp_path / "key").write_text("sk-team\n")
+        path.symlink_to(tmp_path / "key")
+        config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
+        assert resolve_endpoint(config, settings, ACCOUNT).api_key == "sk-team"
 
 
 @pytest.mark.parametrize(

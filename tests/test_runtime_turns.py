@@ -911,7 +911,9 @@ async def test_a_model_key_may_be_a_file_that_each_turn_reads_anew(
     names, as the secret settings may (a variable's value shows in `docker inspect`). The file
     is read at each model call: a key rotated in it is sent from the next turn on, without a
     restart. Set both ways, or in a file that cannot be a key, the turn fails as on a key set
-    neither way, naming the variable and the file and sending nothing; the key is never said."""
+    neither way, naming the variable and sending nothing; the file's path and what is wrong with
+    it are the operator's deployment, which the service's log says, not the turn. The key is
+    never said."""
     key_file = tmp_path / "team_model_key"
     key_file.write_text("sk-team-1\n")
     monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(key_file))
@@ -929,14 +931,13 @@ async def test_a_model_key_may_be_a_file_that_each_turn_reads_anew(
         "Bearer sk-team-2",
     ]
 
-    both = (
-        "model.apiKeyEnv names TEAM_MODEL_KEY: TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both "
-        "set: set one or the other"
+    said = (
+        "model.apiKeyEnv names TEAM_MODEL_KEY, whose key the service could not read from "
+        "TEAM_MODEL_KEY_FILE (logged by the service)"
     )
-    unreadable = (
-        f"model.apiKeyEnv names TEAM_MODEL_KEY: TEAM_MODEL_KEY_FILE ({key_file}) is not UTF-8 text"
-    )
-    for key, content, said in (
+    both = "TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both set: set one or the other"
+    unreadable = f"TEAM_MODEL_KEY_FILE ({key_file}) is not UTF-8 text"
+    for key, content, logged in (
         ("sk-team-env", b"sk-team-3\n", both),
         (None, b"sk-\xff3", unreadable),
     ):
@@ -951,6 +952,8 @@ async def test_a_model_key_may_be_a_file_that_each_turn_reads_anew(
         assert failed["status"] == "FAILED"
         assert failed["error"] == said
         assert events(failed, "turn.failed") == [{"error": said}]
+        assert str(key_file) not in str(failed)
+        assert f"model.apiKeyEnv names TEAM_MODEL_KEY: {logged}" in caplog.text
         assert said in caplog.text
         assert "sk-team" not in caplog.text
     assert len(chat(model_server)) == 2  # neither failed turn sent anything

@@ -315,6 +315,20 @@ def test_a_secret_file_that_holds_no_value_is_refused_naming_it(
     assert said.startswith(f"ENGRAM_MODEL_API_KEY_FILE ({path}) {told}"), said
 
 
+def test_a_secret_setting_may_be_a_pipe_read_once_at_start(monkeypatch):
+    """Unlike a model key's file, read at each call (test_runtime_model.py), a setting's file
+    is read once, before the service serves: a pipe serves, as `<(pass show engram/token)`
+    gives one (/dev/fd/N)."""
+    read, write = os.pipe()
+    os.write(write, SECRETS["ENGRAM_BOOTSTRAP_TOKEN"].encode() + b"\n")
+    os.close(write)
+    try:
+        monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN_FILE", f"/dev/fd/{read}")
+        assert Settings().bootstrap_token_value() == SECRETS["ENGRAM_BOOTSTRAP_TOKEN"]
+    finally:
+        os.close(read)
+
+
 def test_a_short_token_from_a_file_is_refused_naming_the_file(monkeypatch, tmp_path):
     """Production's length check names the variable the token came from: the file's."""
     path = tmp_path / "token"

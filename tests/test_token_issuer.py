@@ -28,6 +28,10 @@ CLIENTS = f"""query($a: UUID) {{
   clients(first: 20, accountId: $a) {{
     nodes {{ principal tokens(first: 20) {{ nodes {{ tokenId {ISSUED} }} }} }} }} }}"""
 NODE = f"query($id: ID!) {{ node(id: $id) {{ ... on ClientTokenInfo {{ tokenId {ISSUED} }} }} }}"
+NODES = f"""query($ids: [ID!]!) {{
+  nodes(ids: $ids) {{ ... on ClientTokenInfo {{ tokenId {ISSUED} }} }} }}"""
+REVOKE = f"""mutation($p: String!, $t: UUID!) {{
+  revokeClientToken(principal: $p, tokenId: $t) {{ tokenId {ISSUED} }} }}"""
 VIEWER = "{ viewer { accountId principal tokenId } }"
 ALL_OF_IT = {
     "effect": "ALLOW",
@@ -109,6 +113,47 @@ async def test_a_token_names_the_client_whose_create_client_token_issued_it(base
             "issuedByTokenId": operator["tokenId"],
         }
     ]
+
+
+async def test_a_tenant_reads_the_operators_issue_as_the_default_accounts_alone(base_url):
+    """A client outside the default account reads a token the operator's `admin` issued in its
+    account as issued by the default account, without the operator's account ID or token ID,
+    however it reads the token; the operator still reads them."""
+    operator = (await post(base_url, BOOTSTRAP, VIEWER))["viewer"]
+    account, acme_admin = await tenant(base_url)
+    theirs = (await post(base_url, acme_admin, VIEWER))["viewer"]
+    spare = (await post(base_url, BOOTSTRAP, CREATE_TOKEN, p="acme-admin", a=account))[
+        "createClientToken"
+    ]
+    hidden = {"issuedBy": "default account", "issuedByAccountId": None, "issuedByTokenId": None}
+
+    listed = tokens_of(await post(base_url, acme_admin, TOKENS, p="acme-admin"))
+    clients = (await post(base_url, acme_admin, CLIENTS))["clients"]["nodes"]
+    (by_client,) = [c["tokens"]["nodes"] for c in clients if c["principal"] == "acme-admin"]
+    ids = [t["id"] for t in listed]
+    node = (await post(base_url, acme_admin, NODE, id=ids[0]))["node"]
+    nodes = (await post(base_url, acme_admin, NODES, ids=ids))["nodes"]
+    revoked = (await post(base_url, acme_admin, REVOKE, p="acme-admin", t=spare["tokenId"]))[
+        "revokeClientToken"
+    ]
+    for seen in [*listed, *by_client, node, *nodes, revoked]:
+        assert {k: seen[k] for k in hidden} == hidden, seen
+    assert {t["tokenId"] for t in listed} == {theirs["tokenId"], spare["tokenId"]}
+    assert operator["tokenId"] not in str([listed, by_client, node, nodes, revoked])
+
+    # The operator reads who issued it, and the tenant what its own clients issue.
+    (token,) = tokens_of(await post(base_url, BOOTSTRAP, TOKENS, p="acme-admin", a=account))
+    assert (token["issuedBy"], token["issuedByAccountId"], token["issuedByTokenId"]) == (
+        "admin",
+        operator["accountId"],
+        operator["tokenId"],
+    )
+    own = (await post(base_url, acme_admin, CREATE_TOKEN, p="acme-admin"))["createClientToken"]
+    assert (own["issuedBy"], own["issuedByAccountId"], own["issuedByTokenId"]) == (
+        "acme-admin",
+        account,
+        theirs["tokenId"],
+    )
 
 
 async def test_a_token_the_command_line_issued_names_the_command_line(base_url, db_url, tmp_path):

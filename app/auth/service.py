@@ -25,12 +25,15 @@ ADMIN_PRINCIPAL = "admin"
 TOKEN_PREFIX = "eng_"
 _PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,199}$")
 
-# Who issued a token when no client's request did (a token's `issued_by`, with no account):
-# each holds a space, so no client's principal (check_principal) is ever one of them.
+# Who issued a token where no client is named (a token's `issued_by`, with no account): each
+# holds a space, so no client's principal (check_principal) is ever one of them.
 ISSUER_COMMAND_LINE = "command line"  # `engram client token`
 ISSUER_BOOTSTRAP = "bootstrap setting"  # made from ENGRAM_BOOTSTRAP_TOKEN at a start
 ISSUER_FIRST_START = "first start"  # the admin's token the first start printed
-ISSUERS = (ISSUER_COMMAND_LINE, ISSUER_BOOTSTRAP, ISSUER_FIRST_START)
+# Never stored: what a client outside the default account reads of a token a client of the
+# default account issued in its account (TokenInfo.of).
+ISSUER_DEFAULT_ACCOUNT = "default account"
+ISSUERS = (ISSUER_COMMAND_LINE, ISSUER_BOOTSTRAP, ISSUER_FIRST_START, ISSUER_DEFAULT_ACCOUNT)
 
 
 def hash_token(token: str) -> bytes:
@@ -153,8 +156,11 @@ class TokenInfo:
     issued_by_token: UUID | None
 
     @classmethod
-    def of(cls, row: asyncpg.Record) -> "TokenInfo":
-        return cls(
+    def of(cls, row: asyncpg.Record, caller: Caller) -> "TokenInfo":
+        """The token as `caller` may see it: a client outside the default account reads a
+        token a client of the default account issued in its account as ISSUER_DEFAULT_ACCOUNT's,
+        without that client's account and token, which are the operator's."""
+        info = cls(
             row["token_id"],
             row["account_id"],
             row["principal"],
@@ -166,6 +172,14 @@ class TokenInfo:
             row["issued_by"],
             row["issued_by_account"],
             row["issued_by_token"],
+        )
+        if caller.in_default_account or info.issued_by_account in (None, info.account_id):
+            return info
+        return replace(
+            info,
+            issued_by=ISSUER_DEFAULT_ACCOUNT,
+            issued_by_account=None,
+            issued_by_token=None,
         )
 
 
@@ -558,7 +572,7 @@ async def issue_client_token(
             prefix=token_prefix(token),
             expires=expires,
         )
-    return IssuedToken(token, TokenInfo.of(row))
+    return IssuedToken(token, TokenInfo.of(row, caller))
 
 
 async def create_client_token(
@@ -592,7 +606,7 @@ async def list_client_tokens(
     account_id = caller.reach_account(account_id)
     async with pool.acquire() as conn:
         (rows,) = await store.list_token_pages(conn, account_id, [(principal, after, limit)])
-    return [TokenInfo.of(r) for r in rows]
+    return [TokenInfo.of(r, caller) for r in rows]
 
 
 class TokenPage(NamedTuple):
@@ -622,7 +636,7 @@ async def list_client_token_pages(
             asked = [(pages[i].principal, pages[i].after, pages[i].limit) for i in indexes]
             rows = await store.list_token_pages(conn, account_id, asked)
             for i, page_rows in zip(indexes, rows, strict=True):
-                found[i] = [TokenInfo.of(r) for r in page_rows]
+                found[i] = [TokenInfo.of(r, caller) for r in page_rows]
     return found
 
 
@@ -637,7 +651,7 @@ async def get_client_tokens(
         return {}
     async with pool.acquire() as conn:
         rows = await store.get_tokens(conn, reached)
-    return {(r["account_id"], r["principal"], r["token_id"]): TokenInfo.of(r) for r in rows}
+    return {(r["account_id"], r["principal"], r["token_id"]): TokenInfo.of(r, caller) for r in rows}
 
 
 async def revoke_client_token(
@@ -653,4 +667,4 @@ async def revoke_client_token(
     verified.forget()  # again once committed: a lookup meanwhile may have kept the token
     if row is None:
         raise NotFound(f"client {principal!r} has no token {token_id}")
-    return TokenInfo.of(row)
+    return TokenInfo.of(row, caller)

@@ -144,20 +144,22 @@ ISSUED_BY = (
     "account, `issuedByAccountId`, and the token its request sent, `issuedByTokenId`), as "
     f"`modifiedBy` names a client; `{service.ISSUER_COMMAND_LINE}` for `engram client token`; "
     f"`{service.ISSUER_BOOTSTRAP}` for the token made from ENGRAM_BOOTSTRAP_TOKEN; "
-    f"`{service.ISSUER_FIRST_START}` for the admin token the first start printed (no client's "
-    "principal is one of these three: each holds a space). Null for a token issued before "
-    f"issuers were recorded (migration 0037), but a bootstrap token, `{service.ISSUER_BOOTSTRAP}`."
+    f"`{service.ISSUER_FIRST_START}` for the admin token the first start printed. A client "
+    f"outside the default account reads `{service.ISSUER_DEFAULT_ACCOUNT}` for a token that a "
+    "client of the default account issued in its account, with neither account nor token (they "
+    "are the operator's). No client's principal is one of these four: each holds a space. Null "
+    "for a token issued before issuers were recorded (migration 0037), but a bootstrap token, "
+    f"`{service.ISSUER_BOOTSTRAP}`."
 )
 ISSUED_BY_ACCOUNT = (
     "The account of the client that issued it (`issuedBy`): the token's own, or the default "
-    "account's for a token one of its clients issued in another account. Null when no client "
-    "did (`issuedBy` is null or names the command line, the bootstrap setting or the first "
-    "start)."
+    "account's for a token one of its clients issued in another account, which only clients "
+    "of the default account read (others read null). Null when no client did (`issuedBy` is "
+    "null or names the command line, the bootstrap setting or the first start)."
 )
 ISSUED_BY_TOKEN = (
     "The `tokenId` of the token that the issuing client's request sent (it may since have been "
-    "revoked): the tokens a leaked token issued name it here. Null when no client did, as "
-    "`issuedByAccountId`."
+    "revoked): the tokens a leaked token issued name it here. Null when `issuedByAccountId` is."
 )
 
 

@@ -147,8 +147,19 @@ def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) 
             # Read at each call, so that a key rotated in its file is sent from the next call
             # on, without a restart: about 10 us a call more than a variable (bench/README.md).
             key = variable_or_file(name)
-        except SecretFileRefused as e:
-            raise ModelFailed(f"model.apiKeyEnv names {name}: {e}") from None
+        except SecretFileRefused as refused:
+            # Its path and the system's reason are the operator's deployment, which the agent's
+            # owner (a tenant, reading the turn's error) is not shown: the log says them.
+            log.warning(
+                "a model call of account %s failed: model.apiKeyEnv names %s: %s",
+                account_id,
+                name,
+                refused,
+            )
+            raise ModelFailed(
+                f"model.apiKeyEnv names {name}, whose key the service could not read from "
+                f"{name}{FILE_SUFFIX} (logged by the service)"
+            ) from None
         # Stripped: a key often ends in a newline, which no header may carry (and httpx's
         # refusal would quote it).
         api_key = (key or "").strip()

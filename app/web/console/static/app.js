@@ -1184,8 +1184,9 @@ function signedInWith(c, t) {
 
 const tokenName = (t) => (t.prefix ? `${t.prefix}…` : t.tokenId);
 // Who issued a token: a client's principal (with its account when that is another, the
-// operator's), or the service's own name for the command line, the bootstrap setting or the
-// first start; tokens issued before issuers were recorded name no one.
+// operator's), or the service's own name for the command line, the bootstrap setting, the
+// first start, or (read by a tenant) the default account; tokens issued before issuers were
+// recorded name no one.
 const tokenIssuer = (c, t) => {
   if (!t.issuedBy) return "not recorded";
   if (t.issuedByAccountId && t.issuedByAccountId !== c.accountId) return `${t.issuedBy} (account ${t.issuedByAccountId})`;
