@@ -1,4 +1,6 @@
-"""The `engram` command: serve, migrate, and manage accounts and clients from a terminal."""
+"""The `engram` command: serve, migrate, re-embed, maintain search, export and import an agent,
+print the schema, and manage accounts and clients from a terminal (`parser` holds every command
+and flag)."""
 
 # Annotations are not evaluated: the types they name (settings, pydantic's errors) are imported
 # where used, so that `main` starts, and handles interrupts, before the modules that take time.

@@ -368,7 +368,8 @@ def _reachable(caller: Caller, keys: list[Any]) -> list[Any]:
 async def get_accounts(
     pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID]]
 ) -> dict[tuple[UUID], tuple[UUID, str]]:
-    """The accounts of `keys` (each a 1-tuple of its ID) that get_account finds, in one query."""
+    """The accounts of `keys` (each a 1-tuple of its ID) that exist and the caller reaches
+    (`_reachable`), in one query."""
     caller.require(("SELECT", resources.ACCOUNT))
     reached = _reachable(caller, keys)
     if not reached:
