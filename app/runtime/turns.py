@@ -11,7 +11,6 @@ then is dropped, and the turn commits its answer.
 """
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -47,7 +46,7 @@ from app.memory.service import MemoryWork, Writer
 from app.observability import metrics
 from app.runtime import deadline, liveness
 from app.runtime import transcript as events
-from app.runtime.context import ContextWindow, budget_of, open_window
+from app.runtime.context import ContextWindow, as_text, budget_of, open_window
 from app.runtime.deadline import deadline as turn_deadline
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import (
@@ -220,10 +219,6 @@ def _boot_id(state: AppState) -> UUID | None:
     """The process's boot ID, which its RUNNING turns carry (app/runtime/liveness.py)."""
     process = state.services.get(liveness.TURN_LIVENESS)
     return process.boot_id if process is not None else None
-
-
-def input_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _check_request(
@@ -713,7 +708,7 @@ async def _answer(context: TurnContext, client: ModelClient) -> None:
     """The agent's side of the turn, up to its answer (`context.output`)."""
     state, action, transcript = context.state, context.action, context.transcript
     memory = action.harness.memory
-    request = input_text(context.execution.input)
+    request = as_text(context.execution.input)
     transcript.add(events.TURN_INPUT, {"input": context.execution.input})
 
     pinned: list[MemoryRecord] | None = None
@@ -837,7 +832,7 @@ async def _kept_history(context: TurnContext) -> keeping.Prepared | None:
     if history is None or execution.session_id is None or execution.replay_of is not None:
         return None
     rows = [(e.sequence, e.type, e.data) for e in context.transcript.events]
-    kept = keeping.kept_events(rows, history.index, input_text(execution.input), NATIVE_TOOLS)
+    kept = keeping.kept_events(rows, history.index, as_text(execution.input), NATIVE_TOOLS)
     assert context.state.embedder is not None
     prepared = await keeping.embed(context.state.embedder, kept)
     if prepared.embed_tokens:
