@@ -49,7 +49,7 @@ from app.errors import BadInput
 from app.executions import summary_store
 from app.executions.service import Execution
 from app.history import keeping
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.memory.records import pinned_tokens
 from app.runtime import transcript as events
 from app.runtime.model import Completion, ModelClient, ModelFailed
@@ -635,7 +635,7 @@ class ContextWindow:
 
 async def open_window(
     pool: asyncpg.Pool,
-    session: Scope | None,
+    session: HistoryScope | None,
     *,
     budget: int,
     reserve: int,

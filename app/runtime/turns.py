@@ -38,7 +38,7 @@ from app.executions import erasure_store, liveness_store, review_store, store
 from app.executions.service import Execution
 from app.history import keeping
 from app.history import store as history_store
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory import maintenance
 from app.memory.records import MemoryRecord, Source
@@ -62,8 +62,7 @@ from app.runtime.review import review_memory
 from app.runtime.tool_args import NATIVE_TOOLS
 from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
-from app.scope import Scope as RecordScope
-from app.scope import as_harness, check_session_id
+from app.scope import Scope, as_harness, check_session_id
 from app.state import AppState
 from app.text import storable
 
@@ -135,7 +134,7 @@ class TurnContext:
     # When that review changed records: where `work` stood before it, and the versions.
     review_written: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
     # The session history its search_history reads (None: history off, or no session).
-    history: Scope | None = None
+    history: HistoryScope | None = None
     # The events it keeps in that history, embedded once it answered (`_kept_history`).
     kept: keeping.Prepared | None = None
     # When it must stop, in the event loop's time (None: no bound; deadline.py): set as the
@@ -234,7 +233,7 @@ def _check_request(
     if not stored:
         check_session_id(request.session_id, session_param.removeprefix("a "))
     memory = action.harness.memory
-    agent_only = memory.read == memory.write == (RecordScope.AGENT,)
+    agent_only = memory.read == memory.write == (Scope.AGENT,)
     # Spec: an agent without a session has no session scope, so it must set both to ["agent"].
     if request.session_id is None and memory.enabled and not agent_only:
         raise BadInput(
@@ -408,11 +407,13 @@ async def _start_replay(
     return action, await _insert_running(state, caller, action, rerun, key=key, replay_of=original)
 
 
-async def _history_scope(state: AppState, action: ActionVersion, e: Execution) -> Scope | None:
+async def _history_scope(
+    state: AppState, action: ActionVersion, e: Execution
+) -> HistoryScope | None:
     """What the turn's search_history sees (H12, H13, H15): `_earlier_turns`."""
     if action.harness.history is None or e.session_id is None:
         return None
-    return Scope(e.account_id, e.action_id, e.session_id, *await _earlier_turns(state, e))
+    return HistoryScope(e.account_id, e.action_id, e.session_id, *await _earlier_turns(state, e))
 
 
 async def _earlier_turns(state: AppState, e: Execution) -> tuple[int | None, bool]:
@@ -624,7 +625,7 @@ def native_tools(
     action: ActionVersion,
     transcript: Transcript,
     work: MemoryWork | None,
-    history: Scope | None = None,
+    history: HistoryScope | None = None,
     *,
     memory_text: bool = True,
     hold_uses: bool = False,
@@ -661,7 +662,7 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
     budget, reserve = budget_of(action.model, context.state.settings.model_context_tokens)
     session = None
     if execution.session_id is not None:
-        session = Scope(
+        session = HistoryScope(
             execution.account_id, execution.action_id, execution.session_id, before_turn, preview
         )
     return await open_window(
