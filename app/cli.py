@@ -675,8 +675,8 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
     _printed_result()
 
     async def work(pool: Any, caller: Any) -> Any:
-        account_id = await service.create_account(pool, caller, name=args.name)
-        return {"accountId": str(account_id), "name": args.name.strip()}
+        account = await service.create_account(pool, caller, name=args.name)
+        return {"accountId": str(account.account_id), "name": account.name}
 
     print(json.dumps(_run(partial(_as_admin, settings, work)), indent=2))
     return 0
