@@ -3,11 +3,12 @@
 A turn holds no database transaction while the model works. It starts in one short
 transaction (the execution row, RUNNING), stages its memory writes through MemoryWork (rows
 only it sees), and ends in one short transaction that commits the memory, the execution's
-result, the session's turn count and the transcript together. A turn that fails discards its
-staged memory and keeps only its transcript, written in a transaction of its own; retried,
-it runs again as the execution's next invocation. A turn that has not answered by its deadline
-(ENGRAM_TURN_TIMEOUT_SECONDS, app/runtime/deadline.py) fails so; a memory review still running
-then is dropped, and the turn commits its answer.
+result, the session's turn count, running summary and kept history, and the transcript
+together. A turn that fails discards its staged memory and keeps only its transcript, written
+in a transaction of its own; retried, it runs again as the execution's next invocation. A
+turn that has not answered by its deadline (ENGRAM_TURN_TIMEOUT_SECONDS,
+app/runtime/deadline.py) fails so; a memory review still running then is dropped, and the
+turn commits its answer.
 """
 
 import asyncio
