@@ -1,4 +1,6 @@
-"""The `engram` command: serve, migrate, and manage accounts and clients from a terminal."""
+"""The `engram` command: serve, migrate, re-embed, maintain search, export and import an agent,
+print the schema, and manage accounts and clients from a terminal (`parser` holds every command
+and flag)."""
 
 # Annotations are not evaluated: the types they name (settings, pydantic's errors) are imported
 # where used, so that `main` starts, and handles interrupts, before the modules that take time.
@@ -237,11 +239,10 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
 @asynccontextmanager
 async def _database(settings: Settings, *, reads: str | None = None) -> AsyncIterator[Any]:
     """A pool on the migrated database (the embedded server unless a URL is set). A command
-    that only reads (`reads`, its name) is refused where ENGRAM_DATA_DIR holds no database yet,
-    and makes none (`_no_database`), where it made and migrated one to read nothing from it;
-    and it migrates nothing: a database an older release migrated is refused as it is
-    (`_behind`), where it was migrated in place, for good, by the export an operator takes
-    before an upgrade."""
+    that only reads (`reads`, its name) makes no database where ENGRAM_DATA_DIR holds none
+    (`_no_database`: there would be nothing to read), and migrates none: a database an older
+    release migrated is refused as it is (`_behind`), since the export an operator takes
+    before an upgrade must not itself upgrade the database, for good."""
     import asyncio
 
     from app.db import migrate
@@ -328,18 +329,17 @@ async def _named_account(conn: Any, command: str, account: UUID | None) -> UUID:
 
 
 # What a command that only reads says on a database whose default account no start of the
-# service made yet: it makes no account, where `engram export` made the default account (then
-# answered NOT_FOUND) and `engram client tokens` made it, the admin and its token.
+# service made yet: it makes no account (nor the admin and its token) just to read nothing.
 _UNSTARTED = "this database has no default account yet (the service makes it when it first starts)"
 
 
-# What a command that only reads says where ENGRAM_DATA_DIR holds no database: it makes none,
-# where it started an embedded server there, made a database and migrated it, to read nothing.
+# What a command that only reads says where ENGRAM_DATA_DIR holds no database: it makes none
+# (no embedded server started there, no database made and migrated) just to read nothing.
 _NO_DATABASE = "no database yet in ENGRAM_DATA_DIR"
 
 
 # What a command that only reads says on a database no migration has run on (a URL naming one
-# just created): it migrates nothing, where it made Engram's tables there to read nothing.
+# just created): it makes no Engram tables there just to read nothing.
 _NO_TABLES = "the database holds no Engram tables yet (no migration has run on it)"
 
 
@@ -675,8 +675,8 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
     _printed_result()
 
     async def work(pool: Any, caller: Any) -> Any:
-        account_id = await service.create_account(pool, caller, name=args.name)
-        return {"accountId": str(account_id), "name": args.name.strip()}
+        account = await service.create_account(pool, caller, name=args.name)
+        return {"accountId": str(account.account_id), "name": account.name}
 
     print(json.dumps(_run(partial(_as_admin, settings, work)), indent=2))
     return 0
@@ -1120,13 +1120,12 @@ def parser() -> argparse.ArgumentParser:
 
     class Parser(argparse.ArgumentParser):
         """`engram`'s parser and each command's (`engram import`, `engram client create`): an
-        argument it does not know is refused by it, with its usage and its name, as its other
-        wrong arguments are, where argparse left it to the top-level parser, whose usage of
-        every command (three lines) and `engram: error:` named none. It is refused before a
-        required argument that is missing is: `engram import --bogus` named only the file
-        (argparse checks those first, and stops there), where `engram import FILE --bogus`
-        named `--bogus`. `engram serve`'s wrong option is said as its other refusals are
-        (`_say`)."""
+        argument it does not know is refused by the command's own parser, with its usage and
+        its name, as its other wrong arguments are (argparse leaves it to the top-level parser,
+        whose usage lists every command and names none). It is refused before a missing
+        required argument is, which argparse checks first and stops at: `engram import --bogus`
+        names `--bogus`, as `engram import FILE --bogus` does. `engram serve`'s wrong option is
+        said as its other refusals are (`_say`)."""
 
         def error(self, message: str) -> NoReturn:
             if self.prog.endswith(" serve") and _json_log("serve"):

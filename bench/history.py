@@ -94,7 +94,7 @@ from app.history import search as history_search  # noqa: E402
 from app.history import store as history_store  # noqa: E402
 from app.history.keeping import KeptEvent  # noqa: E402
 from app.history.search import CANDIDATES  # noqa: E402
-from app.history.store import Scope, text_literal  # noqa: E402
+from app.history.store import HistoryScope, text_literal  # noqa: E402
 from app.memory.search import search as memory_search  # noqa: E402
 from app.memory.store import copy_committed  # noqa: E402
 from app.memory.visibility import OperatorReader  # noqa: E402
@@ -470,7 +470,7 @@ SECONDARY = {
 
 async def timed(
     pool: asyncpg.Pool,
-    scopes: list[Scope],
+    scopes: list[HistoryScope],
     questions: list[str],
     embedder: Precomputed,
     repeat: int,
@@ -478,7 +478,8 @@ async def timed(
 ) -> tuple[list[float], dict[str, int], list[float]]:
     """Samples of `repeat` searches (after 10 untimed), their plans; with `hidden`, each
     search is run a second time, alternating which goes first, by a reader whose search leaves
-    the memory tools' events out (Scope.hidden_tools), and those samples are the third list."""
+    the memory tools' events out (HistoryScope.hidden_tools), and those samples are the third
+    list."""
     samples: list[float] = []
     plans: dict[str, int] = {}
     hiding: list[float] = []
@@ -576,7 +577,7 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
                 took = time.perf_counter() - began
                 print(f"  own HNSW indexes of large sessions: {len(built)} built in {took:.0f} s")
         if args.big:
-            big = [Scope(account_id, action_id, "big", args.big + 1, False)]
+            big = [HistoryScope(account_id, action_id, "big", args.big + 1, False)]
             samples, plans, hiding = await timed(
                 pool, big, questions, precomputed, args.queries, args.hidden_tools
             )
@@ -586,7 +587,7 @@ async def scale(args: argparse.Namespace, pg: Any, convs: list[dict[str, Any]]) 
                 print(f"    memory tools hidden {percentiles(hiding)}")
         if args.sessions:
             small = [
-                Scope(account_id, action_id, f"s{s}", args.per_session + 1, False)
+                HistoryScope(account_id, action_id, f"s{s}", args.per_session + 1, False)
                 for s in np.random.default_rng(8).permutation(args.sessions)[: args.queries + 10]
             ]
             print(f"  {args.sessions:,} sessions of {args.per_session:,} events:")

@@ -77,7 +77,7 @@ from app.db.embedded import EmbeddedPostgres  # noqa: E402
 from app.db.pool import create_pool  # noqa: E402
 from app.embeddings.static import StaticEmbedder  # noqa: E402
 from app.executions import store as executions_store  # noqa: E402
-from app.history.store import Scope  # noqa: E402
+from app.history.store import HistoryScope  # noqa: E402
 from app.memory.service import MemoryWork, NewMemory, Writer  # noqa: E402
 from app.runtime.context import ContextWindow, open_window  # noqa: E402
 from app.runtime.model import MODEL, ModelClient  # noqa: E402
@@ -264,7 +264,7 @@ async def window_alone(
         started = time.perf_counter()
         window = await open_window(
             state.pool,
-            Scope(caller.account_id, action_id, "s1", None, False),
+            HistoryScope(caller.account_id, action_id, "s1", None, False),
             budget=32_000,
             reserve=0,
             history=None,

@@ -290,8 +290,14 @@ def test_serve_with_an_empty_host_listens_where_engram_host_says(db_url, tmp_pat
         while f"http://127.0.0.1:{port}/graphql" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        with socket.create_connection(("127.0.0.1", port), timeout=10):
-            pass  # listening on loopback
+        # The line comes as the app starts, before uvicorn listens: connect once it does.
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=10):
+                    break  # listening on loopback
+            except ConnectionRefusedError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

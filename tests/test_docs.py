@@ -682,4 +682,8 @@ def test_the_migration_recipe_names_the_next_number():
     quoted = re.findall(r"(\d{4})_session_labels|revision = \"(\d{4})\"|rev_id='(\d{4})'", recipe)
     numbers = [n for found in quoted for n in found if n]
     assert len(numbers) == 3, recipe
-    assert set(numbers) == {following}, f"the next migration is {following}: write it there"
+    assert set(numbers) == {following}, (
+        f"the next migration is {following}: write it in docs/architecture.md's recipe for a "
+        f"migration, in its example's file name ({following}_session_labels.py), `revision` and "
+        "`rev_id`"
+    )

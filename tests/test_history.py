@@ -33,7 +33,7 @@ from app.errors import BadInput
 from app.history import indexes as history_indexes
 from app.history import parts, store
 from app.history import search as history_search
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.memory import maintenance
 from app.state import AppState
 
@@ -1245,7 +1245,7 @@ async def test_h6_both_plans_rank_a_session_alike(
         account_id = await conn.fetchval(
             "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
         )
-    scope = Scope(account_id, uuid.UUID(action_id), "s1", 4, False)
+    scope = HistoryScope(account_id, uuid.UUID(action_id), "s1", 4, False)
     assert state.embedder is not None
     found = {
         plan: await history_search.search(
@@ -1288,7 +1288,7 @@ async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_stateme
     counted: list[tuple[str, int | None]] = []
     count_parts = store.count_parts
 
-    async def counting(conn: Any, scope: Scope, limit: int) -> int:
+    async def counting(conn: Any, scope: HistoryScope, limit: int) -> int:
         counted.append((scope.session_id, scope.before_turn))
         return await count_parts(conn, scope, limit)
 
@@ -1296,7 +1296,7 @@ async def test_h6_a_sessions_plan_is_remembered_and_its_searches_are_one_stateme
     assert state.embedder is not None
 
     async def search(session: str, before_turn: int = 3) -> history_search.Found:
-        scope = Scope(account_id, uuid.UUID(action_id), session, before_turn, False)
+        scope = HistoryScope(account_id, uuid.UUID(action_id), session, before_turn, False)
         return await history_search.search(
             state.pool, state.embedder, scope, query="where is the boat moored"
         )
@@ -1346,7 +1346,7 @@ async def test_h6_a_word_few_parts_hold_weighs_more_than_one_most_hold(
     # No direction: the words alone rank (a part without a query word is not found).
     vector = (await state.embedder.embed([query])).vectors[0] * 0
     ranking = store.Ranking(query, vector, 5, 40)
-    scope = Scope(admin.account_id, uuid.UUID(action_id), "s1", None, False)
+    scope = HistoryScope(admin.account_id, uuid.UUID(action_id), "s1", None, False)
     async with state.pool.acquire() as conn:
         found = {
             "exact": await store.ranked_exact(conn, scope, ranking),
@@ -1382,7 +1382,7 @@ def rows_read(plan: dict[str, Any], under: bool = False) -> float:
 
 
 async def both_plans(
-    conn: Any, scope: Scope, ranking: store.Ranking
+    conn: Any, scope: HistoryScope, ranking: store.Ranking
 ) -> dict[str, tuple[dict[str, Any], str, list[Any]]]:
     """Each plan's statement for `ranking` (SQL and values), with its EXPLAIN ANALYZE plan."""
     plans = {}
@@ -1437,7 +1437,7 @@ async def test_h6_a_long_querys_words_are_weighed_in_time_of_the_parts_not_parts
         assert state.embedder is not None
         vector = (await state.embedder.embed([query])).vectors[0] * 0
         ranking = store.Ranking(query, vector, 5, 40)
-        scope = Scope(*key, None, False)
+        scope = HistoryScope(*key, None, False)
         for plan, (explained, sql, values) in (await both_plans(conn, scope, ranking)).items():
             read = rows_read(explained)
             assert read < 20 * many, (plan, read)
@@ -1503,7 +1503,7 @@ async def test_h6_a_session_the_statistics_have_not_seen_is_searched_in_time_of_
             vector,
         )
 
-    scope = Scope(admin.account_id, uuid.UUID(action_id), "s2", None, False)
+    scope = HistoryScope(admin.account_id, uuid.UUID(action_id), "s2", None, False)
     # In one open transaction: no ANALYZE but these, nor autovacuum's, counts session s2.
     async with state.pool.acquire() as conn, conn.transaction():
         await write(conn, "s1")
@@ -1555,7 +1555,7 @@ async def test_h6_parts_of_one_score_in_one_turn_are_cut_alike_by_both_plans_at_
     query = "zebra"
     # No direction: the words alone rank, and every one of these parts scores the same.
     vector = (await state.embedder.embed([query])).vectors[0] * 0
-    scope = Scope(*key, None, False)
+    scope = HistoryScope(*key, None, False)
     pages: dict[tuple[str, int], list[tuple[uuid.UUID, int, float]]] = {}
     async with state.pool.acquire() as conn:
         for limit in (10, 12):
@@ -1594,7 +1594,7 @@ async def test_h6_a_large_session_gets_its_own_index_which_its_searches_use(
     assert done is not None
     name = history_indexes.index_name((account_id, uuid.UUID(action_id), "s1"))
     assert done.built == [name]
-    scope = Scope(account_id, uuid.UUID(action_id), "s1", 4, False)
+    scope = HistoryScope(account_id, uuid.UUID(action_id), "s1", 4, False)
     assert state.embedder is not None
     query = "where is the boat moored"
     vector = (await state.embedder.embed([query])).vectors[0]
@@ -1696,7 +1696,7 @@ async def test_h6_a_large_sessions_own_index_takes_its_parts_at_a_lower_ef_const
         done = await maintenance.run_round(state.pool, 10**9, min_parts=s1)
     assert done.built == [] and done.dropped == []
     assert sorted(await state.pool.fetchval(OPTIONS, name)) == ["ef_construction=256", "m=16"]
-    scope = Scope(account_id, uuid.UUID(action_id), "s1", 4, False)
+    scope = HistoryScope(account_id, uuid.UUID(action_id), "s1", 4, False)
     assert state.embedder is not None
     found = await history_search.search(
         state.pool, state.embedder, scope, query="where is the boat moored", plan="index"
@@ -1743,7 +1743,7 @@ async def test_h6_a_large_sessions_own_index_is_built_again_once_the_session_has
         OPTIONS, name
     )
     assert await state.pool.fetchval(LEFTOVERS) == 0
-    scope = Scope(admin.account_id, uuid.UUID(action_id), "s1", None, False)
+    scope = HistoryScope(admin.account_id, uuid.UUID(action_id), "s1", None, False)
     assert state.embedder is not None
     query = "where is the boat moored"
     vector = (await state.embedder.embed([query])).vectors[0]
@@ -1832,7 +1832,7 @@ async def test_m55_migration_0027_names_the_tools_of_events_kept_before_it(pg_se
             r["event_id"]: r["tools"]
             for r in await conn.fetch("SELECT event_id, tools FROM history_parts")
         }
-        scope = Scope(account, action, "s", None, False, ("add_memory", "search_memory"))
+        scope = HistoryScope(account, action, "s", None, False, ("add_memory", "search_memory"))
         p = store.Params()
         seen = await conn.fetch(
             "SELECT h.event_id FROM history_parts h WHERE " + store._visible(scope, p, "h"),
@@ -1918,7 +1918,7 @@ async def test_history_search_called_directly_refuses_a_nul_in_its_query(
         account_id = await conn.fetchval(
             "SELECT account_id FROM actions WHERE action_id = $1::uuid", action_id
         )
-    scope = Scope(account_id, uuid.UUID(action_id), "s1", 2, False)
+    scope = HistoryScope(account_id, uuid.UUID(action_id), "s1", 2, False)
     assert state.embedder is not None
     for plan in (None, "exact", "index"):
         with pytest.raises(BadInput) as refused:

@@ -246,7 +246,7 @@ def test_every_secret_setting_may_be_read_from_a_file(monkeypatch, tmp_path):
         for name, field in Settings.model_fields.items()
         if SecretStr in get_args(field.annotation)
     }
-    assert secrets == set(SECRETS)
+    assert secrets == set(SECRETS), "give each secret setting a value in SECRETS, above"
     for index, (name, value) in enumerate(SECRETS.items()):
         path = tmp_path / f"secret-{index}"
         path.write_bytes(f"{value}\r\n\n".encode() if index % 2 else f"{value}\n".encode())

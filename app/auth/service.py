@@ -65,6 +65,16 @@ def _check_name(name: str, what: str, current: str | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class Account:
+    account_id: UUID
+    name: str
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> "Account":
+        return cls(row["account_id"], row["name"])
+
+
+@dataclass(frozen=True)
 class Client:
     account_id: UUID
     principal: str
@@ -357,13 +367,13 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
         return created
 
 
-async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> UUID:
+async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> Account:
     caller.require(("INSERT", resources.ACCOUNT))
     if not caller.in_default_account:
         raise AccessDenied("accounts can be created only by clients of the default account")
     async with pool.acquire() as conn:
         row = await store.insert_account(conn, uuid.uuid4(), _check_name(name, "account"))
-    return row["account_id"]
+    return Account.of(row)
 
 
 def _reachable(caller: Caller, keys: list[Any]) -> list[Any]:
@@ -381,15 +391,16 @@ def _reachable(caller: Caller, keys: list[Any]) -> list[Any]:
 
 async def get_accounts(
     pool: asyncpg.Pool, caller: Caller, keys: list[tuple[UUID]]
-) -> dict[tuple[UUID], tuple[UUID, str]]:
-    """The accounts of `keys` (each a 1-tuple of its ID) that get_account finds, in one query."""
+) -> dict[tuple[UUID], Account]:
+    """The accounts of `keys` (each a 1-tuple of its ID) that exist and the caller reaches
+    (`_reachable`), in one query."""
     caller.require(("SELECT", resources.ACCOUNT))
     reached = _reachable(caller, keys)
     if not reached:
         return {}
     async with pool.acquire() as conn:
         rows = await store.get_accounts(conn, [k[0] for k in reached])
-    return {(r["account_id"],): (r["account_id"], r["name"]) for r in rows}
+    return {(r["account_id"],): Account.of(r) for r in rows}
 
 
 async def create_client(

@@ -79,7 +79,7 @@ def _files() -> set[str]:
 def newest_file() -> str:
     """The newest migration this release brings, read from its files' names: each migration's
     revision is its file's number (0033_kind_index.py, revision "0033"; docs/architecture.md's
-    recipe, and tests/test_migrations.py checks it against alembic's head), so that a database
+    recipe, and tests/test_migrate_refusals.py checks it against alembic's head), so that a database
     already at it is known to be without importing alembic."""
     return max(_files())
 

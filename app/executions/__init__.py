@@ -1,3 +1,4 @@
-"""Executions and sessions as records: what a turn and an operator write both create.
+"""Executions and sessions as records: what a turn, an MCP tool call, an ingest, an operator
+write and an erasure each create.
 
 Below app/memory and app/runtime, which both write here; it imports neither."""

@@ -197,17 +197,6 @@ async def running_in_session(
     )
 
 
-async def get_session(
-    conn: asyncpg.Connection, account_id: UUID, action_id: UUID, session_id: str
-) -> Row | None:
-    return await conn.fetchrow(
-        "SELECT * FROM sessions WHERE account_id = $1 AND action_id = $2 AND session_id = $3",
-        account_id,
-        action_id,
-        session_id,
-    )
-
-
 async def get_sessions(
     conn: asyncpg.Connection, account_id: UUID, keys: list[tuple[UUID, str]]
 ) -> list[Row]:

@@ -116,8 +116,12 @@ class Account(Node):
     name: str = strawberry.field(description="The account's name.")
 
     @classmethod
-    def of(cls, account_id: UUID, name: str) -> "Account":
-        return cls(id=global_id("Account", account_id), account_id=account_id, name=name)
+    def of(cls, account: service.Account) -> "Account":
+        return cls(
+            id=global_id("Account", account.account_id),
+            account_id=account.account_id,
+            name=account.name,
+        )
 
 
 ACCOUNT_ID = Annotated[
@@ -342,7 +346,7 @@ def _policies(policies: list[PolicyInput]) -> list[dict[str, object]]:
 
 # Clients, accounts and tokens by ID, for node(id) and nodes(ids): one query per type.
 batch_loader("Client", service.get_clients, Client.of)
-batch_loader("Account", service.get_accounts, lambda found: Account.of(*found))
+batch_loader("Account", service.get_accounts, Account.of)
 batch_loader("ClientToken", service.get_client_tokens, ClientTokenInfo.of)
 
 
@@ -435,10 +439,10 @@ class AuthMutation:
         info: Info,
         input: Annotated[AccountInput, strawberry.argument(description="The new account.")],
     ) -> Account:
-        account_id = await service.create_account(
+        account = await service.create_account(
             info.context.pool, info.context.caller, name=input.name
         )
-        return Account.of(account_id, input.name.strip())
+        return Account.of(account)
 
     @strawberry.mutation(
         description="Creates a client with its policies; issue it a token with "

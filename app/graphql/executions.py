@@ -1,4 +1,5 @@
-"""GraphQL types for executions (turns and operator writes) and sessions."""
+"""GraphQL types and operations for executions (of every kind: turns, MCP tool calls, ingests,
+operator writes, erasures) and sessions: `execution`, `executeAction` and `eraseSession`."""
 
 from enum import Enum
 from typing import Annotated

@@ -76,7 +76,10 @@ class ActionAgentMemoryScope(Enum):
 
 @graphql_enum("What wrote a record.")
 class ActionAgentMemorySource(Enum):
-    EXTRACTION = "The memory review at the end of a turn."
+    EXTRACTION = (
+        "The memory review: at the end of a turn, or over a conversation handed in "
+        "(rememberConversation)."
+    )
     TOOL = "The agent's own add_memory tool during a turn."
     OPERATOR = "An operator, with addAgentMemory (an execution of its own)."
     MCP = "A client's tool call over MCP (/mcp/{actionId}), as the agent."
@@ -176,7 +179,7 @@ class ActionAgentMemory(Node):
     )
     kind: str = strawberry.field(description="One of the agent's memory kinds.")
     source: ActionAgentMemorySource = strawberry.field(
-        description="EXTRACTION, TOOL, or OPERATOR: what wrote it."
+        description="EXTRACTION, TOOL, OPERATOR or MCP: what wrote it."
     )
     pinned: bool = strawberry.field(description="Whether every turn lists its summary.")
     labels: list[ActionAgentMemoryLabel] = strawberry.field(

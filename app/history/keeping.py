@@ -35,7 +35,6 @@ MESSAGES = "messages"
 MESSAGES_AND_TOOLS = "messages_and_tools"
 # The agent's own retrievals and skill loads: their results are never kept (H4).
 RETRIEVALS = frozenset({"search_memory", "read_memory", "search_history", "load_skill"})
-WHO = ("user", "agent", "tool")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import asyncpg
 from app.embeddings.base import Embeds
 from app.errors import BadInput
 from app.history import store
-from app.history.store import Ranking, Scope
+from app.history.store import HistoryScope, Ranking
 from app.text import check_storable, for_model
 
 DEFAULT_LIMIT = 5
@@ -112,7 +112,7 @@ def check_limit(limit: Any) -> int:
 async def search(
     pool: asyncpg.Pool,
     embedder: Embeds,
-    scope: Scope,
+    scope: HistoryScope,
     *,
     query: str,
     limit: int = DEFAULT_LIMIT,
@@ -169,7 +169,7 @@ def _remember(key: tuple[int, UUID, UUID, str, bool], plan: str, bound: int | No
     _PLANS[key] = (time.monotonic() + PLAN_SECONDS, plan, bound)
 
 
-async def read(pool: asyncpg.Pool, scope: Scope, ids: Sequence[UUID]) -> list[Event]:
+async def read(pool: asyncpg.Pool, scope: HistoryScope, ids: Sequence[UUID]) -> list[Event]:
     """Events by ID, whole, as far as the scope sees them."""
     if len(ids) > MAX_IDS:
         raise BadInput(f"ids names {len(ids)} events; at most {MAX_IDS} are read at once")

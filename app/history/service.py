@@ -14,7 +14,7 @@ from app.embeddings.base import Embeds
 from app.history import search as history_search
 from app.history import store
 from app.history.search import Event
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.text import MAX_QUERY_CHARS, check_query
 
 READ_HISTORY = (("SELECT", resources.EXECUTION_TRANSCRIPT),)
@@ -22,9 +22,9 @@ READ_HISTORY = (("SELECT", resources.EXECUTION_TRANSCRIPT),)
 
 def _scope(
     caller: Caller, action_id: UUID, session_id: str, hidden_tools: tuple[str, ...] = ()
-) -> Scope:
+) -> HistoryScope:
     # Operators see every turn, live and preview.
-    return Scope(caller.account_id, action_id, session_id, None, True, hidden_tools)
+    return HistoryScope(caller.account_id, action_id, session_id, None, True, hidden_tools)
 
 
 class EventPage(NamedTuple):

@@ -30,7 +30,7 @@ Row: TypeAlias = asyncpg.Record
 
 
 @dataclass(frozen=True)
-class Scope:
+class HistoryScope:
     """Which history a reader sees: one session's turns before `before_turn` (None: every
     turn), preview turns' only when `preview`."""
 
@@ -56,7 +56,7 @@ class SessionKey(Params):
     setting sent first and no planning. The statement text is then the session's own: asyncpg
     caches 100 statements per connection, which large sessions, a few, share."""
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: HistoryScope) -> None:
         super().__init__()
         self.key = (scope.account_id, scope.action_id, scope.session_id)
 
@@ -86,7 +86,7 @@ class Ranking:
     candidates: int  # index plan: how many parts each signal proposes
 
 
-def _session(scope: Scope, p: Params, h: str) -> str:
+def _session(scope: HistoryScope, p: Params, h: str) -> str:
     """SQL: row `h` is of the scope's session."""
     return (
         f"{h}.account_id = {p(scope.account_id)} AND {h}.action_id = {p(scope.action_id)}"
@@ -94,7 +94,7 @@ def _session(scope: Scope, p: Params, h: str) -> str:
     )
 
 
-def _visible(scope: Scope, p: Params, h: str) -> str:
+def _visible(scope: HistoryScope, p: Params, h: str) -> str:
     where = _session(scope, p, h)
     if scope.before_turn is not None:
         where += f" AND {h}.turn < {p(scope.before_turn)}"
@@ -105,7 +105,7 @@ def _visible(scope: Scope, p: Params, h: str) -> str:
     return where
 
 
-def _hidden(scope: Scope, p: Params, h: str) -> str:
+def _hidden(scope: HistoryScope, p: Params, h: str) -> str:
     """SQL: row `h` is one `hidden_tools` hides: an event that is a result of one, or a part
     that holds a call of one."""
     tools = p(list(scope.hidden_tools))
@@ -269,7 +269,7 @@ def _signals(r: Ranking, p: Params, h: str) -> str:
     return f"{h}.event_id, {h}.part, {h}.turn, {h}.created, {cosine} AS cosine, {_held(h)} AS held"
 
 
-def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
+def _ranked_sql(scope: HistoryScope, r: Ranking, p: Params, scored: str) -> str:
     score, found = fusion("hybrid", HYBRID_WEIGHT, None, p)
     return f"""
     {scored}, fused AS (
@@ -287,7 +287,7 @@ def _ranked_sql(scope: Scope, r: Ranking, p: Params, scored: str) -> str:
     """
 
 
-def _by_key(scope: Scope, p: Params, columns: str, k: str) -> str:
+def _by_key(scope: HistoryScope, p: Params, columns: str, k: str) -> str:
     """SQL: the `columns` of the part (`h`) that row `k` names (its turn, event and part), read
     by its key. A lateral subquery, which the planner cannot flatten into a join (LIMIT), and
     its turn, which bounds whichever index it takes: as a join, a session the statistics do not
@@ -298,7 +298,7 @@ def _by_key(scope: Scope, p: Params, columns: str, k: str) -> str:
     )
 
 
-async def count_parts(conn: asyncpg.Connection, scope: Scope, limit: int) -> int:
+async def count_parts(conn: asyncpg.Connection, scope: HistoryScope, limit: int) -> int:
     """The parts the scope sees, counted no further than `limit` (index-only, by the session's
     btree)."""
     p = Params()
@@ -310,7 +310,7 @@ async def count_parts(conn: asyncpg.Connection, scope: Scope, limit: int) -> int
 
 
 async def ranked_exact(
-    conn: asyncpg.Connection, scope: Scope, r: Ranking, at_most: int | None = None
+    conn: asyncpg.Connection, scope: HistoryScope, r: Ranking, at_most: int | None = None
 ) -> list[Row]:
     """Scores every part the scope sees (read by the session's btree) and fuses. With
     `at_most`, only when the scope sees at most that many parts (counted first, in the same
@@ -319,7 +319,7 @@ async def ranked_exact(
     return await conn.fetch(sql, *values)
 
 
-def exact_sql(scope: Scope, r: Ranking, at_most: int | None = None) -> tuple[str, list[Any]]:
+def exact_sql(scope: HistoryScope, r: Ranking, at_most: int | None = None) -> tuple[str, list[Any]]:
     p = Params()
     words = _words(r, p)
     visible = _visible(scope, p, "h")
@@ -342,7 +342,9 @@ def exact_sql(scope: Scope, r: Ranking, at_most: int | None = None) -> tuple[str
     return _ranked_sql(scope, r, p, scored), p.values
 
 
-async def ranked_index(conn: asyncpg.Connection, scope: Scope, r: Ranking, walk: int) -> list[Row]:
+async def ranked_index(
+    conn: asyncpg.Connection, scope: HistoryScope, r: Ranking, walk: int
+) -> list[Row]:
     """A large session: the nearest parts by HNSW (iterative scan under the session filter),
     and the parts sharing a query word among the session's newest `walk` parts (by the
     btree), scored exactly and fused."""
@@ -350,7 +352,7 @@ async def ranked_index(conn: asyncpg.Connection, scope: Scope, r: Ranking, walk:
     return await conn.fetch(sql, *values)
 
 
-def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
+def index_sql(scope: HistoryScope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
     p = SessionKey(scope)
     visible = _visible(scope, p, "h")
     columns = "h.event_id, h.part, h.turn, h.created, h.embedding, h.tsv"
@@ -395,7 +397,7 @@ def index_sql(scope: Scope, r: Ranking, walk: int) -> tuple[str, list[Any]]:
     return _ranked_sql(scope, r, p, scored), p.values
 
 
-async def read_events(conn: asyncpg.Connection, scope: Scope, ids: list[UUID]) -> list[Row]:
+async def read_events(conn: asyncpg.Connection, scope: HistoryScope, ids: list[UUID]) -> list[Row]:
     p = Params()
     return await _events(conn, scope, p, f"e.event_id = any({p(ids)}::uuid[])")
 
@@ -452,7 +454,11 @@ _LOWEST = f"'{INT4_MIN}'::int"
 
 
 async def _events(
-    conn: asyncpg.Connection, scope: Scope, p: Params, condition: str, limit: int | None = None
+    conn: asyncpg.Connection,
+    scope: HistoryScope,
+    p: Params,
+    condition: str,
+    limit: int | None = None,
 ) -> list[Row]:
     """The events the scope sees that meet `condition` (on `e`, with `p`'s parameters), in
     conversation order."""

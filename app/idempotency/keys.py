@@ -1,4 +1,5 @@
-"""Idempotency keys of writes (`addAgentMemory`, `deleteAgentMemory`, `executeAction`).
+"""Idempotency keys of writes (`addAgentMemory`, `addAgentMemories`, `deleteAgentMemory`,
+`executeAction`, `rememberConversation` and MCP's `remember_conversation`).
 
 A key is scoped to (account, principal, operation) and kept at least `KEEP_SECONDS`. A write
 that carries one:

@@ -1,4 +1,5 @@
-"""Search upkeep: search indexes of large agents, and their word counts.
+"""Search upkeep: own search indexes of large agents and of large sessions' history
+(app/history/indexes.py), and word counts.
 
 Run every `search_maintenance_seconds`, by one process at a time (a session advisory lock;
 other processes skip the round; `Rounds` counts each outcome for the service's metrics):

@@ -722,8 +722,8 @@ async def copy_committed(
     embeddings: Iterable[np.ndarray | None],
 ) -> int:
     """Bulk-loads committed records, as given (versions, times), with their version rows, by
-    COPY, and counts their agents' pinned lists again. For imports and benchmarks: no rule is
-    checked here, the caller has checked them."""
+    COPY, and counts their agents' pinned lists again. For benchmarks' and tests' loads (an
+    import writes its rows through app/transfer/store.py): no rule is checked here."""
     columns = [*RECORD_COLUMNS, EMBEDDING]
     records = list(records)
     rows = [

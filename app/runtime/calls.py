@@ -35,7 +35,7 @@ from app.executions import store
 from app.executions.service import Execution
 from app.history import keeping
 from app.history.service import READ_HISTORY
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.idempotency.keys import MAX_KEY_LENGTH, Duplicate, Key, key_for
 from app.memory.records import MemoryRecord, Source
 from app.memory.service import MemoryWork
@@ -165,12 +165,12 @@ WHEN_TO_USE = {
 }
 
 
-def history_scope(action: ActionVersion, place: Place) -> Scope | None:
+def history_scope(action: ActionVersion, place: Place) -> HistoryScope | None:
     """What search_history reads for a client over MCP: the session's committed turns (preview
     ones only in preview mode); None when the agent keeps no history or has no session."""
     if action.harness.history is None or place.session_id is None:
         return None
-    return Scope(action.account_id, action.action_id, place.session_id, None, place.preview)
+    return HistoryScope(action.account_id, action.action_id, place.session_id, None, place.preview)
 
 
 def offered_tools(state: AppState, action: ActionVersion, place: Place) -> list[dict[str, Any]]:

@@ -49,7 +49,7 @@ from app.errors import BadInput
 from app.executions import summary_store
 from app.executions.service import Execution
 from app.history import keeping
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.memory.records import pinned_tokens
 from app.runtime import transcript as events
 from app.runtime.model import Completion, ModelClient, ModelFailed
@@ -116,7 +116,9 @@ def request_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) 
     return sum(message_tokens(m) for m in messages) + tools_tokens(tools)
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A turn's input or output, or a message's content, as the model reads it: a string as it
+    is, any other JSON as JSON text."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
@@ -150,7 +152,7 @@ def turn_messages(input: Any, output: Any, rows: list[tuple[str, Any]]) -> list[
         for t, d in rows
         if t == events.TOOL_EXECUTION and isinstance(d, dict) and d.get("callId")
     }
-    messages: list[dict[str, Any]] = [{"role": "user", "content": _as_text(input)}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": as_text(input)}]
     for t, d in rows:
         if t != events.MODEL_CALL or not isinstance(d, dict) or d.get("purpose") != "turn":
             continue
@@ -180,7 +182,7 @@ def turn_messages(input: Any, output: Any, rows: list[tuple[str, Any]]) -> list[
                 error = for_model_json(result.get("error", "no result"))
                 content = json.dumps({"error": error}, ensure_ascii=False)
             messages.append({"role": "tool", "tool_call_id": c.get("id"), "content": content})
-    messages.append({"role": "assistant", "content": _as_text(output)})
+    messages.append({"role": "assistant", "content": as_text(output)})
     return messages
 
 
@@ -194,7 +196,7 @@ def ingested_messages(input: Any) -> list[dict[str, Any]]:
     for m in said if isinstance(said, list) else []:
         if not isinstance(m, dict):
             continue
-        role, text = m.get("role"), _as_text(m.get("content"))
+        role, text = m.get("role"), as_text(m.get("content"))
         if role == "tool":
             # As a live turn shows a tool's result (tools.py): data, stripped of disguises.
             messages.append({"role": "user", "content": "(a tool's result) " + for_model(text)})
@@ -427,7 +429,7 @@ class ContextWindow:
         # The longest call's arguments, which no clearing shortens.
         argued, name = max(
             (
-                (text_tokens(_as_text(c["function"]["arguments"])), c["function"]["name"])
+                (text_tokens(as_text(c["function"]["arguments"])), c["function"]["name"])
                 for c in tool_calls
             ),
             default=(0, ""),
@@ -633,7 +635,7 @@ class ContextWindow:
 
 async def open_window(
     pool: asyncpg.Pool,
-    session: Scope | None,
+    session: HistoryScope | None,
     *,
     budget: int,
     reserve: int,

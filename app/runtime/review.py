@@ -66,7 +66,7 @@ from app.memory.review import Candidate
 from app.memory.service import NewMemory
 from app.runtime import deadline
 from app.runtime import transcript as events
-from app.runtime.context import budget_of, request_tokens
+from app.runtime.context import as_text, budget_of, request_tokens
 from app.runtime.model import Completion, ModelClient, ModelFailed
 from app.runtime.tool_args import function_tool
 from app.runtime.tools import labels_property, offers_scope, record_view, versions
@@ -207,10 +207,6 @@ class Message:
     turn: int | None
 
 
-def _input_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def _messages(
     rows: list[tuple[str, Any, datetime]], execution_id: UUID, turn: int | None
 ) -> list[Message]:
@@ -219,7 +215,7 @@ def _messages(
     for type, data, time in rows:
         text, role = None, ""
         if type == events.TURN_INPUT:
-            role, text = "user", _input_text(data.get("input"))
+            role, text = "user", as_text(data.get("input"))
         elif type == events.MODEL_CALL and data.get("purpose") == "turn" and data.get("toolCalls"):
             calls = "; ".join(f"{c['name']}({c['arguments']})" for c in data["toolCalls"])
             said = data.get("content") or ""
@@ -227,9 +223,9 @@ def _messages(
         elif type == events.TOOL_EXECUTION and not (data.get("input") or {}).get("recall"):
             result = data.get("error") if "error" in data else data.get("output")
             label = "error" if "error" in data else "result"
-            role, text = "tool", f"{data.get('name')} {label}: {_input_text(result)}"
+            role, text = "tool", f"{data.get('name')} {label}: {as_text(result)}"
         elif type == events.TURN_OUTPUT:
-            role, text = "assistant", _input_text(data.get("output"))
+            role, text = "assistant", as_text(data.get("output"))
         if text is not None:
             out.append(Message(role, text, time, execution_id, turn))
     return out

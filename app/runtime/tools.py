@@ -24,7 +24,7 @@ from app.embeddings.base import Embeds
 from app.embeddings.errors import EmbeddingFailed
 from app.errors import DomainError
 from app.history import search as history_search
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.memory import search as memory_search
 from app.memory.records import MemoryRecord
 from app.memory.service import MemoryWork, NewMemory, check_label_filter
@@ -49,7 +49,7 @@ from app.runtime.tool_args import (
     schema_of,
 )
 from app.runtime.transcript import Transcript
-from app.scope import Scope as RecordScope
+from app.scope import Scope
 from app.shapes import WRITTEN, first_error
 from app.text import for_model, model_json, nests_deeper, shown, storable_json
 
@@ -87,7 +87,7 @@ def labels_property(memory: MemoryConfig, description: str) -> dict[str, Any]:
 
 
 def offers_scope(memory: MemoryConfig) -> bool:
-    return RecordScope.AGENT in memory.write
+    return Scope.AGENT in memory.write
 
 
 def _tool(name: str, memory: MemoryConfig) -> dict[str, Any]:
@@ -144,7 +144,7 @@ class HistoryAccess:
 
     pool: asyncpg.Pool
     embedder: Embeds
-    scope: Scope
+    scope: HistoryScope
     # Whether the reader may read memory records (M55): a client over MCP without the memory
     # read grants is not shown, nor told of, an event that holds a record's text.
     memory_text: bool = True
@@ -494,7 +494,7 @@ class NativeTools:
                     self.memory.resolve_label(name).number: value
                     for name, value in a.labels.items()
                 },
-                scope=RecordScope(a.scope) if a.scope else None,
+                scope=Scope(a.scope) if a.scope else None,
                 pinned=a.pinned,
                 replaces=a.replaces,
             )

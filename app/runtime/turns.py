@@ -3,15 +3,15 @@
 A turn holds no database transaction while the model works. It starts in one short
 transaction (the execution row, RUNNING), stages its memory writes through MemoryWork (rows
 only it sees), and ends in one short transaction that commits the memory, the execution's
-result, the session's turn count and the transcript together. A turn that fails discards its
-staged memory and keeps only its transcript, written in a transaction of its own; retried,
-it runs again as the execution's next invocation. A turn that has not answered by its deadline
-(ENGRAM_TURN_TIMEOUT_SECONDS, app/runtime/deadline.py) fails so; a memory review still running
-then is dropped, and the turn commits its answer.
+result, the session's turn count, running summary and kept history, and the transcript
+together. A turn that fails discards its staged memory and keeps only its transcript, written
+in a transaction of its own; retried, it runs again as the execution's next invocation. A
+turn that has not answered by its deadline (ENGRAM_TURN_TIMEOUT_SECONDS,
+app/runtime/deadline.py) fails so; a memory review still running then is dropped, and the
+turn commits its answer.
 """
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -39,7 +39,7 @@ from app.executions import erasure_store, liveness_store, review_store, store
 from app.executions.service import Execution
 from app.history import keeping
 from app.history import store as history_store
-from app.history.store import Scope
+from app.history.store import HistoryScope
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory import maintenance
 from app.memory.records import MemoryRecord, Source
@@ -47,7 +47,7 @@ from app.memory.service import MemoryWork, Writer
 from app.observability import metrics
 from app.runtime import deadline, liveness
 from app.runtime import transcript as events
-from app.runtime.context import ContextWindow, budget_of, open_window
+from app.runtime.context import ContextWindow, as_text, budget_of, open_window
 from app.runtime.deadline import deadline as turn_deadline
 from app.runtime.instructions import listed_tokens, system_instructions
 from app.runtime.model import (
@@ -63,8 +63,7 @@ from app.runtime.review import review_memory
 from app.runtime.tool_args import NATIVE_TOOLS
 from app.runtime.tools import HistoryAccess, NativeTools, versions
 from app.runtime.transcript import Transcript
-from app.scope import Scope as RecordScope
-from app.scope import as_harness, check_session_id
+from app.scope import Scope, as_harness, check_session_id
 from app.state import AppState
 from app.text import storable
 
@@ -136,7 +135,7 @@ class TurnContext:
     # When that review changed records: where `work` stood before it, and the versions.
     review_written: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
     # The session history its search_history reads (None: history off, or no session).
-    history: Scope | None = None
+    history: HistoryScope | None = None
     # The events it keeps in that history, embedded once it answered (`_kept_history`).
     kept: keeping.Prepared | None = None
     # When it must stop, in the event loop's time (None: no bound; deadline.py): set as the
@@ -222,10 +221,6 @@ def _boot_id(state: AppState) -> UUID | None:
     return process.boot_id if process is not None else None
 
 
-def input_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def _check_request(
     request: TurnRequest,
     action: ActionVersion,
@@ -239,7 +234,7 @@ def _check_request(
     if not stored:
         check_session_id(request.session_id, session_param.removeprefix("a "))
     memory = action.harness.memory
-    agent_only = memory.read == memory.write == (RecordScope.AGENT,)
+    agent_only = memory.read == memory.write == (Scope.AGENT,)
     # Spec: an agent without a session has no session scope, so it must set both to ["agent"].
     if request.session_id is None and memory.enabled and not agent_only:
         raise BadInput(
@@ -413,11 +408,13 @@ async def _start_replay(
     return action, await _insert_running(state, caller, action, rerun, key=key, replay_of=original)
 
 
-async def _history_scope(state: AppState, action: ActionVersion, e: Execution) -> Scope | None:
+async def _history_scope(
+    state: AppState, action: ActionVersion, e: Execution
+) -> HistoryScope | None:
     """What the turn's search_history sees (H12, H13, H15): `_earlier_turns`."""
     if action.harness.history is None or e.session_id is None:
         return None
-    return Scope(e.account_id, e.action_id, e.session_id, *await _earlier_turns(state, e))
+    return HistoryScope(e.account_id, e.action_id, e.session_id, *await _earlier_turns(state, e))
 
 
 async def _earlier_turns(state: AppState, e: Execution) -> tuple[int | None, bool]:
@@ -629,7 +626,7 @@ def native_tools(
     action: ActionVersion,
     transcript: Transcript,
     work: MemoryWork | None,
-    history: Scope | None = None,
+    history: HistoryScope | None = None,
     *,
     memory_text: bool = True,
     hold_uses: bool = False,
@@ -666,7 +663,7 @@ async def _open_window(context: TurnContext, client: ModelClient) -> ContextWind
     budget, reserve = budget_of(action.model, context.state.settings.model_context_tokens)
     session = None
     if execution.session_id is not None:
-        session = Scope(
+        session = HistoryScope(
             execution.account_id, execution.action_id, execution.session_id, before_turn, preview
         )
     return await open_window(
@@ -713,7 +710,7 @@ async def _answer(context: TurnContext, client: ModelClient) -> None:
     """The agent's side of the turn, up to its answer (`context.output`)."""
     state, action, transcript = context.state, context.action, context.transcript
     memory = action.harness.memory
-    request = input_text(context.execution.input)
+    request = as_text(context.execution.input)
     transcript.add(events.TURN_INPUT, {"input": context.execution.input})
 
     pinned: list[MemoryRecord] | None = None
@@ -837,7 +834,7 @@ async def _kept_history(context: TurnContext) -> keeping.Prepared | None:
     if history is None or execution.session_id is None or execution.replay_of is not None:
         return None
     rows = [(e.sequence, e.type, e.data) for e in context.transcript.events]
-    kept = keeping.kept_events(rows, history.index, input_text(execution.input), NATIVE_TOOLS)
+    kept = keeping.kept_events(rows, history.index, as_text(execution.input), NATIVE_TOOLS)
     assert context.state.embedder is not None
     prepared = await keeping.embed(context.state.embedder, kept)
     if prepared.embed_tokens:
