@@ -7,7 +7,7 @@ Create Date: 2026-12-04
 
 A reader without the memory read grants searches a session's history without the events that
 hold memory record text: a memory tool's result, and an agent message that called one
-(`history.store.Scope.hidden_tools`, spec M55). The search tested each candidate part against
+(`history.store.HistoryScope.hidden_tools`, spec M55). The search tested each candidate part against
 its event row (an EXISTS reading `history_events` and its `toolCalls` JSON): in a
 100,000-event session's index plan the HNSW walk tested every part it met, and a search took
 214 ms at p50 against 9.9 without the condition (bench/README.md, thirty-second session).
