@@ -907,3 +907,33 @@ async def test_a_turn_cancelled_while_its_pulse_ends_is_cancelled(
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
     await asyncio.sleep(0.3)  # the pulse, cancelled already, ends meanwhile
+
+
+async def test_a_sweep_that_fails_says_an_outage_in_one_line_and_a_fault_with_its_traceback(
+    state: AppState, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next heartbeat sweeps again either way; an outage is said by its kind (never a
+    server's words), any other failure is a fault to find, logged with its traceback."""
+    other = liveness.TurnLiveness(state.pool, state.settings)
+    other.heartbeat_seconds = 0.01
+    failures = iter(
+        [asyncpg.exceptions.CannotConnectNowError("starting up, sent 'Ada'"), KeyError("boot")]
+    )
+
+    async def failing(**_: Any) -> Any:
+        raise next(failures)
+
+    monkeypatch.setattr(other, "sweep", failing)
+    with caplog.at_level("WARNING", logger="app.runtime.liveness"):
+        task = asyncio.create_task(other._loop())
+        await eventually(lambda: len(caplog.records) >= 2, "both failures logged")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    outage, fault = caplog.records[:2]
+    assert outage.getMessage() == (
+        "turn liveness sweep failed (CannotConnectNowError (SQLSTATE 57P03)); next in 0.01 s"
+    )
+    assert outage.exc_info is None
+    assert fault.levelname == "ERROR" and fault.exc_info is not None
+    assert fault.exc_info[1] is not None and fault.exc_info[1].args == ("boot",)

@@ -39,7 +39,7 @@ import asyncpg
 
 from app import tasks
 from app.config import Settings
-from app.db.errors import described
+from app.db.errors import described, is_unavailable
 from app.db.pool import lift_bounds
 from app.executions import liveness_store, store
 from app.executions.service import Execution
@@ -203,12 +203,18 @@ class TurnLiveness:
             try:
                 await self.sweep()
             except Exception as e:
-                # The database may be down or restarting: the next heartbeat tries again.
-                log.warning(
-                    "turn liveness sweep failed (%s); next in %s s",
-                    described(e),
-                    self.heartbeat_seconds,
-                )
+                # The database may be down or restarting: the next heartbeat tries again. Any
+                # other failure is a fault to find: its traceback.
+                if is_unavailable(e):
+                    log.warning(
+                        "turn liveness sweep failed (%s); next in %s s",
+                        described(e),
+                        self.heartbeat_seconds,
+                    )
+                else:
+                    log.exception(
+                        "turn liveness sweep failed; next in %s s", self.heartbeat_seconds
+                    )
 
     async def aclose(self) -> None:
         await tasks.stop(self._task)
