@@ -411,8 +411,8 @@ async def test_an_allowed_key_variable_may_be_given_as_a_file(
 
 # What the agent's owner reads of a key's file the service refused, and what its log says.
 UNREADABLE_KEY_FILE = (
-    "model.apiKeyEnv names TEAM_MODEL_KEY, whose key the service could not read from "
-    "TEAM_MODEL_KEY_FILE (logged by the service)"
+    "model.apiKeyEnv names TEAM_MODEL_KEY, whose key file TEAM_MODEL_KEY_FILE the service "
+    "refused (logged by the service)"
 )
 KEY_FILE_FAILED = (
     f"a model call of account {ACCOUNT} failed: model.apiKeyEnv names TEAM_MODEL_KEY: "

@@ -932,8 +932,8 @@ async def test_a_model_key_may_be_a_file_that_each_turn_reads_anew(
     ]
 
     said = (
-        "model.apiKeyEnv names TEAM_MODEL_KEY, whose key the service could not read from "
-        "TEAM_MODEL_KEY_FILE (logged by the service)"
+        "model.apiKeyEnv names TEAM_MODEL_KEY, whose key file TEAM_MODEL_KEY_FILE the service "
+        "refused (logged by the service)"
     )
     both = "TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both set: set one or the other"
     unreadable = f"TEAM_MODEL_KEY_FILE ({key_file}) is not UTF-8 text"

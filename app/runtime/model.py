@@ -157,8 +157,8 @@ def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) 
                 refused,
             )
             raise ModelFailed(
-                f"model.apiKeyEnv names {name}, whose key the service could not read from "
-                f"{name}{FILE_SUFFIX} (logged by the service)"
+                f"model.apiKeyEnv names {name}, whose key file {name}{FILE_SUFFIX} the service "
+                "refused (logged by the service)"
             ) from None
         # Stripped: a key often ends in a newline, which no header may carry (and httpx's
         # refusal would quote it).
