@@ -4041,3 +4041,111 @@ async def test_p5_a_records_row_a_tombstone_apart_from_its_version_1_is_refused(
                 "DELETED at version 1)"
             ),
         )
+
+
+def record_rows(
+    lines: list[str], summary: str, *, preview: bool = False
+) -> tuple[str, list[int], int]:
+    """The record of `build_agent` with this summary, live or preview (a preview deletion keeps
+    the summary of the record it deletes): its ID, the indexes of its versions' rows and that of
+    its own row."""
+    items = [(i, json.loads(line)) for i, line in enumerate(lines)]
+    rows = [
+        (i, item)
+        for i, item in items
+        if item["type"] in ("memory_version", "memory")
+        and item["row"]["summary"] == summary
+        and item["row"]["preview"] == preview
+    ]
+    (own,) = [i for i, item in rows if item["type"] == "memory"]
+    versions = [i for i, item in rows if item["type"] == "memory_version"]
+    return json.loads(lines[own])["row"]["memory_id"], versions, own
+
+
+async def test_m42_p3_a_replaced_record_and_its_replacement_apart_are_refused(state, admin, second):
+    # A record B written with `replaces` naming A makes A SUPERSEDED naming B in `replaced_by`,
+    # in one transaction; but a preview record naming a live record leaves it unchanged (P3,
+    # P5). Edited apart, each was imported: A read as replaced by a record that replaces
+    # another, or none; a live record replacing an ACTIVE one was listed, and found, beside it.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+
+    def said(line: int, why: str) -> str:
+        return re.escape(f"line {line + 1}: its memory row is not valid ({why})")
+
+    bergen, _, bergen_row = record_rows(lines, "lives in Bergen")
+    oslo, oslo_versions, _ = record_rows(lines, "lives in Oslo")
+    email, _, _ = record_rows(lines, "prefers email")
+    greet, _, _ = record_rows(lines, "always greet by name")
+    preview, _, _ = record_rows(lines, "preview only", preview=True)
+    refund, _, refund_row = record_rows(lines, "asked for a refund")
+    tombstone = preview_deletion(lines)[2]
+    # Bergen is replaced by Oslo, which names no record, or another (a deleted one) instead.
+    for replaces in (None, email):
+        changed, rows = edited_record(lines, oslo_versions[0], replaces=replaces)
+        which = f"of line {rows[-1] + 1} replaces record {email}" if replaces else "replaces none"
+        await refused(
+            second,
+            target_admin.account_id,
+            changed,
+            said(
+                bergen_row,
+                f"replaced_by names record {oslo}, which {which}: a replaced record names the "
+                "record that replaced it",
+            ),
+        )
+    # A live record replacing one still ACTIVE; a preview deletion of a preview record (which
+    # deletes it: the tombstone is dropped once the turn commits).
+    for row, replaces in ((refund_row, greet), (tombstone, preview)):
+        await refused(
+            second,
+            target_admin.account_id,
+            edited_record(lines, row, replaces=replaces)[0],
+            said(
+                row,
+                f"it replaces record {replaces}, which is not SUPERSEDED naming it in "
+                "replaced_by: a record replaces the record it names, the two written at once, "
+                "unless it is a preview record naming a live record, which it leaves unchanged",
+            ),
+        )
+    # A live record replaced by a preview record (which leaves a live record unchanged).
+    changed, rows = edited_record(lines, oslo_versions[0], preview=True)
+    await refused(
+        second,
+        target_admin.account_id,
+        changed,
+        said(
+            bergen_row,
+            f"replaced_by names record {oslo}, which of line {rows[-1] + 1} is a preview record, "
+            "and this one is a live record: a record is replaced by one of its own kind (a "
+            "preview record leaves a live record it names unchanged)",
+        ),
+    )
+    # The preview replacement of a live record and the preview deletion import as exported.
+    assert (await load(second, target_admin.account_id, lines)).missing == {}
+
+
+async def test_m42_a_record_replaced_by_one_the_export_does_not_hold_is_refused(
+    state, admin, second
+):
+    # An export holds every record of its agent: `replaced_by` naming one it lacks was imported,
+    # and the record read as replaced by a record no read finds.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    _, one, two, current = changed_record(lines)
+    _, oslo_versions, _ = record_rows(lines, "lives in Oslo")
+    absent = str(uuid.uuid4())
+    changed = edited(edited(lines, two, replaced_by=absent), current, replaced_by=absent)
+    changed = edited_record(changed, oslo_versions[0], replaces=None)[0]
+    await refused(
+        second,
+        target_admin.account_id,
+        changed,
+        re.escape(
+            f"line {two + 1}: its memory_version row is not valid (replaced_by names record "
+            f"{absent}, which this export does not hold: an export holds every record of its "
+            "agent)"
+        ),
+    )

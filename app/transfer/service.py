@@ -480,6 +480,13 @@ class _Across:
     # A record has one successor, and one preview record naming it (a unique index, which
     # refused the second only once the batches before it were written): (record, preview).
     successors: dict[tuple[int | str, bool], int] = field(default_factory=dict)
+    # What `end` matches of the records' own rows (`_links`): each record naming the record it
+    # replaces, and each SUPERSEDED one the record that replaced it, with the row's line (both
+    # few: the records of a correction); the preview records; how many records' rows.
+    replacing: dict[int, tuple[int, int]] = field(default_factory=dict)
+    replaced: dict[int, tuple[int, int]] = field(default_factory=dict)
+    previews: set[int] = field(default_factory=set)
+    memory_rows: int = 0
     # The versions of the agent that executions and records name, each with the first line
     # naming it (a few: every row of a version names it).
     named_versions: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -564,12 +571,22 @@ class _Across:
             self._current(row, number, marks, memory_id)
             self._tombstone(row, number, memory_id)
         try:
-            self.records.add(UUID(row["memory_id"]).int)
+            record = UUID(row["memory_id"]).int
+            self.records.add(record)
             for column in ("replaces", "replaced_by"):
                 if row.get(column) is not None:
-                    self.named.setdefault(UUID(row[column]).int, (number, kind, column))
+                    named = UUID(row[column]).int
+                    self.named.setdefault(named, (number, kind, column))
+                    if kind == "memory":
+                        links = self.replacing if column == "replaces" else self.replaced
+                        links[record] = (named, number)
         except (KeyError, TypeError, ValueError, AttributeError):  # UUID(5): AttributeError
             pass  # not IDs: the row's check in its table's copy refuses it, naming it
+        else:
+            if kind == "memory":
+                self.memory_rows += 1
+                if row.get("preview") is True:
+                    self.previews.add(record)
         if kind == "memory" and row.get("replaces") is not None:
             preview = bool(row.get("preview"))
             key = (_uuid(row["replaces"]), preview)
@@ -753,19 +770,84 @@ class _Across:
                         "a version no action_version row of this export has: reading its "
                         "agent would fail)"
                     )
+        records_whole = self.memory_rows >= expected.get("memory", 0)
         # A record the file does not hold may be in its part not written yet (a file cut short
         # imports what it holds), never another agent's. (An account not made yet holds none.)
-        if account_id is None:
-            return
         elsewhere = [UUID(int=m) for m in self.named if m not in self.records]
-        foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
-        if foreign is not None:
-            number, kind, column = self.named[foreign.int]
+        if account_id is not None:
+            foreign = await store.other_agents_record(conn, account_id, action_id, elsewhere)
+            if foreign is not None:
+                number, kind, column = self.named[foreign.int]
+                raise BadInput(
+                    f"line {number}: its {kind} row is not valid ({column} names record "
+                    f"{foreign}, which is another agent's: a record replaces, and is replaced by, "
+                    "records of its own agent only)"
+                )
+        self._links(records_whole)
+        # An export holds every record of its agent: one a whole file lacks was edited in.
+        if records_whole and elsewhere:
+            number, kind, column = min(self.named[m.int] for m in elsewhere)
+            absent = next(m for m in elsewhere if self.named[m.int][0] == number)
             raise BadInput(
-                f"line {number}: its {kind} row is not valid ({column} names record {foreign}, "
-                "which is another agent's: a record replaces, and is replaced by, records of "
-                "its own agent only)"
+                f"line {number}: its {kind} row is not valid ({column} names record {absent}, "
+                "which this export does not hold: an export holds every record of its agent)"
             )
+
+    def _links(self, whole: bool) -> None:
+        """A record replaced names in `replaced_by` the record that names it in `replaces`, of
+        its own kind (live or preview): the API writes the two in one transaction. A record
+        naming another in `replaces` replaced it so, but a preview record naming a live record,
+        which it leaves unchanged (P3, P5): a preview replacement or deletion. Without its
+        pair, a record was read as replaced by one that replaces another, or none, or still
+        ACTIVE beside a live record replacing it. `whole`: the file holds all its records' rows
+        (one cut short imports what it holds: a record it lacks may be in its part not written
+        yet)."""
+        for record, (successor, number) in self.replaced.items():
+            names = self.replacing.get(successor)
+            rule = "a replaced record names the record that replaced it"
+            if names is not None and names[0] == record:
+                if (successor in self.previews) == (record in self.previews):
+                    continue
+                which = (
+                    f"of line {names[1]} is {self._kind(successor)}, and this one is "
+                    f"{self._kind(record)}"
+                )
+                rule = (
+                    "a record is replaced by one of its own kind (a preview record leaves a live "
+                    "record it names unchanged)"
+                )
+            elif names is not None:
+                which = f"of line {names[1]} replaces record {UUID(int=names[0])}"
+            elif whole and successor in self.records:
+                which = "replaces none"
+            else:
+                continue  # (absent: `end` refuses it)
+            raise BadInput(
+                f"line {number}: its memory row is not valid (replaced_by names record "
+                f"{UUID(int=successor)}, which {which}: {rule})"
+            )
+        for record, (replaced, number) in self.replacing.items():
+            by = self.replaced.get(replaced)
+            if by is not None and by[0] == record:
+                continue  # (its kind: above)
+            if record in self.previews and replaced not in self.previews:
+                continue  # a live record a preview record leaves unchanged (P3)
+            if by is not None:
+                which = f"of line {by[1]} is replaced by record {UUID(int=by[0])}"
+            elif whole and replaced in self.records:
+                which = "is not SUPERSEDED naming it in replaced_by"
+            else:
+                continue  # (absent: `end` refuses it)
+            raise BadInput(
+                f"line {number}: its memory row is not valid (it replaces record "
+                f"{UUID(int=replaced)}, which {which}: a record replaces the record it names, "
+                "the two written at once, unless it is a preview record naming a live record, "
+                "which it leaves unchanged)"
+            )
+
+    def _kind(self, record: int) -> str:
+        """How `_links` names a record's kind."""
+        return "a preview record" if record in self.previews else "a live record"
 
 
 def _unordered(row: dict[str, Any], number: int, why: str) -> BadInput:
