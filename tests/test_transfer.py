@@ -4149,3 +4149,51 @@ async def test_m42_a_record_replaced_by_one_the_export_does_not_hold_is_refused(
             "agent)"
         ),
     )
+
+
+async def test_m42_an_export_cut_between_a_replaced_record_and_its_replacement_imports_it(
+    state, admin, second
+):
+    # A file cut short imports what it holds: a record whose replacement's row, or the row of
+    # the record it replaces, is in the part not written yet is not refused (the rest follows),
+    # but a link the rows it holds break still is.
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    target_admin = await admin_of(second)
+    bergen, _, bergen_row = record_rows(lines, "lives in Bergen")
+    oslo, _, oslo_row = record_rows(lines, "lives in Oslo")
+    trondheim, _, trondheim_row = record_rows(lines, "lives in Trondheim")
+    # An export lists its records in no fixed order: this one Bergen's and Trondheim's rows
+    # (Oslo replaced Bergen, and Trondheim Oslo) before Oslo's, where it is cut.
+    moved = [lines[bergen_row], lines[trondheim_row], lines[oslo_row]]
+    start = first(lines, "memory")
+    others = [line for line in lines[start:] if line not in moved]
+    ordered = [*lines[:start], *moved, *others]
+    cut = ordered[: start + 2]
+    # Bergen named Trondheim as the record that replaced it: Trondheim's row replaces Oslo.
+    _, _, superseded, _ = changed_record(cut)
+    changed = edited(edited(cut, superseded, replaced_by=trondheim), start, replaced_by=trondheim)
+    await refused(
+        second,
+        target_admin.account_id,
+        changed,
+        re.escape(
+            f"line {start + 1}: its memory row is not valid (replaced_by names record "
+            f"{trondheim}, which of line {start + 2} replaces record {oslo}: a replaced record "
+            "names the record that replaced it)"
+        ),
+    )
+    part = await load(second, target_admin.account_id, cut)
+    assert part.missing == {"memory": (2, len(lines) - start)}
+    async with second.pool.acquire() as conn:
+        held = await conn.fetch(
+            "SELECT memory_id, replaces, replaced_by FROM agent_memories WHERE action_id = $1",
+            agent.action_id,
+        )
+    bergen_id, oslo_id, trondheim_id = map(uuid.UUID, (bergen, oslo, trondheim))
+    assert {tuple(r) for r in held} == {
+        (bergen_id, None, oslo_id),
+        (trondheim_id, oslo_id, None),
+    }
+    whole = await load(second, target_admin.account_id, ordered)
+    assert whole.missing == {} and whole.present == part.inserted
