@@ -209,3 +209,34 @@ def test_an_outage_is_said_in_one_line_by_its_kind_not_the_servers_words():
         "retrying: the database is unavailable (ConnectionRefusedError ([Errno 111] Connection "
         "refused))"
     )
+
+
+async def test_a_traceback_says_a_database_error_by_its_kind_not_a_rows_values(state):
+    """An unexpected database error is logged with its traceback (a fault to find), but its
+    words, which quote a row's values (a duplicate key's DETAIL), are its kind: SQLSTATE and
+    the names it gives; other errors of the chain keep theirs. Text and JSON alike."""
+    import asyncpg
+
+    from app.observability.logs import JsonFormatter, TextFormatter
+
+    value = "Ada " + "secret"  # (not in the traceback's source lines either)
+    async with state.pool.acquire() as conn:
+        await conn.execute("CREATE TEMP TABLE kept (name text CONSTRAINT kept_name UNIQUE)")
+        await conn.execute("INSERT INTO kept VALUES ($1)", value)
+        try:
+            try:
+                raise KeyError("the cause's words")
+            except KeyError:
+                await conn.execute("INSERT INTO kept VALUES ($1)", value)
+        except asyncpg.UniqueViolationError as e:
+            assert value in str(e)  # asyncpg's words carry the row's value
+            record = logging.LogRecord(
+                "app.x", logging.ERROR, __file__, 1, "failed", None, (type(e), e, e.__traceback__)
+            )
+        await conn.execute("DROP TABLE kept")
+    for formatter in (TextFormatter(), JsonFormatter()):
+        logged = formatter.format(record)
+        assert value not in logged, logged
+        assert "Traceback (most recent call last)" in logged, logged
+        assert "UniqueViolationError: SQLSTATE 23505, schema" in logged, logged
+        assert "kept_name" in logged and "the cause's words" in logged, logged

@@ -171,21 +171,26 @@ def described(error: BaseException | None) -> str:
     `ConnectionRefusedError ([Errno 111] Connection refused)`."""
     said = []
     for cause in _causes(error):
-        what: list[str] = []
-        if isinstance(cause, asyncpg.PostgresError):
-            if sqlstate := getattr(cause, "sqlstate", None):
-                what.append(f"SQLSTATE {sqlstate}")
-            what += [
-                f'{word} "{name}"'
-                for field, word in _NAMED
-                if (name := getattr(cause, field, None))
-            ]
-            if sqlstate in _SCHEMA_STATES and (missing := _NO_TABLE.fullmatch(str(cause.args[0]))):
-                what.append(f'table "{missing[1]}"')
-        elif isinstance(cause, OSError) and str(cause):
-            what.append(" ".join(str(cause).split()))
-        said.append(f"{type(cause).__name__} ({', '.join(what)})" if what else type(cause).__name__)
+        what = kind_of(cause)
+        said.append(f"{type(cause).__name__} ({what})" if what else type(cause).__name__)
     return " from ".join(said)
+
+
+def kind_of(error: BaseException) -> str:
+    """What `described` says of one error beside its class: a server error's SQLSTATE and the
+    names it gives, an OS error's words; "" for any other."""
+    what: list[str] = []
+    if isinstance(error, asyncpg.PostgresError):
+        if sqlstate := getattr(error, "sqlstate", None):
+            what.append(f"SQLSTATE {sqlstate}")
+        what += [
+            f'{word} "{name}"' for field, word in _NAMED if (name := getattr(error, field, None))
+        ]
+        if sqlstate in _SCHEMA_STATES and (missing := _NO_TABLE.fullmatch(str(error.args[0]))):
+            what.append(f'table "{missing[1]}"')
+    elif isinstance(error, OSError) and str(error):
+        what.append(" ".join(str(error).split()))
+    return ", ".join(what)
 
 
 UNAVAILABLE_MESSAGE = (

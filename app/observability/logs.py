@@ -11,12 +11,15 @@ import json
 import logging
 import re
 import sys
+import traceback
 import warnings
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from app.db.errors import described, is_unavailable
+import asyncpg
+
+from app.db.errors import described, is_unavailable, kind_of
 
 request_id: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
 
@@ -62,6 +65,9 @@ _JSON_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"}
 
 
 class JsonFormatter(logging.Formatter):
+    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+        return _traceback(ei)
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
@@ -98,7 +104,7 @@ class TextFormatter(logging.Formatter):
         return super().formatMessage(logging.makeLogRecord({**vars(record), "message": shown}))
 
     def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
-        return _indented(super().formatException(ei))
+        return _indented(_traceback(ei))
 
     def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
         return _indented(super().formatStack(stack_info))
@@ -107,6 +113,31 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         rid = getattr(record, "request_id", None)
         return f"{line} [request {rid}]" if rid else line
+
+
+def _traceback(ei: Any) -> str:
+    """A record's traceback, each database server error of its chain said by its kind (SQLSTATE
+    and the names it gives: `kind_of`), not its words, which may quote a row's values (a
+    duplicate key's DETAIL, a text that is no valid input): an unexpected error keeps its
+    frames, as a fault to find wants, and a log shipped elsewhere carries no tenant's data."""
+    error = ei[1]
+    if error is None:
+        return logging.Formatter().formatException(ei)
+    shown = traceback.TracebackException.from_exception(error)
+    seen: set[int] = set()
+    pairs: list[tuple[traceback.TracebackException | None, BaseException | None]] = [(shown, error)]
+    while pairs:
+        part, raised = pairs.pop()
+        if part is None or raised is None or id(part) in seen:
+            continue
+        seen.add(id(part))
+        if isinstance(raised, asyncpg.PostgresError):
+            # What format_exception_only prints after the class (CPython 3.11 to 3.13).
+            part._str = kind_of(raised)  # type: ignore[attr-defined]
+        pairs += [(part.__cause__, raised.__cause__), (part.__context__, raised.__context__)]
+        grouped = getattr(raised, "exceptions", None) or ()
+        pairs += zip(getattr(part, "exceptions", None) or (), grouped, strict=False)
+    return "".join(shown.format()).rstrip("\n")
 
 
 def _indented(text: str) -> str:
