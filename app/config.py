@@ -152,9 +152,9 @@ def _environment() -> dict[str, str]:
     return {name.upper(): value for name, value in os.environ.items()}
 
 
-def _secret_file(field: str) -> str | None:
-    """The file ENGRAM_<FIELD>_FILE names; None when it is unset or empty."""
-    path = _environment().get(f"{RESERVED_ENV_PREFIX}{field.upper()}{FILE_SUFFIX}", "")
+def _file_path(variable: str, environment: Mapping[str, str]) -> str | None:
+    """The file `variable`_FILE names; None when that is unset or empty."""
+    path = environment.get(variable + FILE_SUFFIX, "")
     return path if path.strip() else None
 
 
@@ -218,8 +218,8 @@ def _file_value(
     """The value of the file `variable`_FILE names (`_read_secret_file`); None when that is
     unset or empty. Refused when `variable` is set too (even empty: either could be the one
     meant)."""
-    path = environment.get(variable + FILE_SUFFIX, "")
-    if not path.strip():
+    path = _file_path(variable, environment)
+    if path is None:
         return None
     if variable in environment:
         raise SecretFileRefused(
@@ -679,5 +679,6 @@ def variable_of(field: str) -> str:
     ENGRAM_<FIELD>, or for a secret read from a file, ENGRAM_<FIELD>_FILE and that file."""
     variable = f"{RESERVED_ENV_PREFIX}{field.upper()}"
     setting = Settings.model_fields.get(field)
-    path = _secret_file(field) if setting is not None and _is_secret(setting) else None
+    secret = setting is not None and _is_secret(setting)
+    path = _file_path(variable, _environment()) if secret else None
     return variable if path is None else f"{variable}{FILE_SUFFIX} ({path})"
