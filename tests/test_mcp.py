@@ -752,12 +752,13 @@ async def test_mcp_a_get_is_refused_at_once_rather_than_held_open(
 
 @pytest.mark.settings(turn_heartbeat_seconds=0.2, turn_lease_seconds=5)
 async def test_an_mcp_call_whose_failure_the_database_refuses_is_an_error_and_ends_failed(
-    gql: GQL, admin: Caller, state: AppState, base_url: str
+    gql: GQL, admin: Caller, state: AppState, base_url: str, caplog
 ) -> None:
     """A tool call fails (the database refuses its record), and then the database refuses the
     call's failure record too (here triggers do, as a full disk or a constraint might): the
     client is answered with an error it can read, at once, and the execution, left RUNNING,
-    is ended FAILED by the liveness sweep once the database takes writes again."""
+    is ended FAILED by the liveness sweep once the database takes writes again. Its error and
+    the log name it a tool call, not a turn."""
     action_id = await make_agent_id(gql.state, admin, harness=FULL_TOOLS)
     token = await token_for(state, admin, "refused-runner", *AGENT_POLICIES)
     async with state.pool.acquire() as conn:
@@ -787,7 +788,7 @@ async def test_an_mcp_call_whose_failure_the_database_refuses_is_an_error_and_en
         (run,) = await _executions(state, action_id)
         assert (run["kind"], run["status"]) == ("MCP", "RUNNING")
         assert result_json(result) == {
-            "error": "the turn failed on an internal error (logged by the service); send it "
+            "error": "the tool call failed on an internal error (logged by the service); send it "
             "again (its failure could not be recorded, logged by the service: execution "
             f"{run['execution_id']} shows RUNNING until the service ends it FAILED, within "
             "about 0.4 s of the database taking writes again)"
@@ -803,6 +804,20 @@ async def test_an_mcp_call_whose_failure_the_database_refuses_is_an_error_and_en
         return runs[run["execution_id"]] == "FAILED"
 
     await eventually(ended, "the sweep ended the call whose failure was refused")
+    async with state.pool.acquire() as conn:
+        error = await conn.fetchval(
+            "SELECT error FROM executions WHERE execution_id = $1", run["execution_id"]
+        )
+    assert error == (
+        "the tool call failed but its end could not be recorded (the database was "
+        "unreachable); send it again"
+    )
+    logged = [r.getMessage() for r in caplog.records]
+    assert f"tool call {run['execution_id']} failed" in logged, logged
+    assert any(
+        m.startswith(f"tool call {run['execution_id']}: its failure could not be recorded")
+        for m in logged
+    ), logged
 
 
 async def test_mcp_a_handler_that_fails_unexpectedly_answers_internal_error_in_no_words_of_its_own(

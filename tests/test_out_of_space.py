@@ -152,7 +152,7 @@ async def test_a_tool_call_the_full_disk_refuses_is_told_so_and_recorded(
         allow(["SELECT", "INSERT", "UPDATE"], "financial.AgentMemory.*"),
     )
     told = (
-        "the database ran out of disk space or memory for the turn's work (logged by the "
+        "the database ran out of disk space or memory for the tool call's work (logged by the "
         "service), and rolled it back; send it again once the operator has made room"
     )  # an MCP call: no executionId retries it (executeAction's retry is a turn's)
     async with (

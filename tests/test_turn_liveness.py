@@ -264,8 +264,9 @@ async def test_a_call_or_an_ingest_a_sweep_ends_is_told_to_be_sent_again(
 ) -> None:
     """No executionId retries an MCP tool call or a conversation handed in (executeAction
     retries turns alone): one the sweep ends says to send it again, as its own failure would,
-    whether its process died, its process could not record its end, or it went stale (a turn
-    of its agent starting); a turn still says to retry the execution."""
+    and names what it was (not "the turn"), whether its process died, its process could not
+    record its end, or it went stale (a turn of its agent starting); a turn still says to
+    retry the execution."""
     action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
     dead = uuid.uuid4()
     async with state.pool.acquire() as conn:
@@ -295,10 +296,11 @@ async def test_a_call_or_an_ingest_a_sweep_ends_is_told_to_be_sent_again(
             )
             for what, execution_id in {**running, "stale": stale}.items()
         }
-    sent_again = "the turn stopped without finishing (its process ended); send it again"
+    named = {"MCP": "the tool call", "INGEST": "the conversation"}[kind]
+    sent_again = f"{named} stopped without finishing (its process ended); send it again"
     assert errors == {
         "died": sent_again,
-        "unrecorded": "the turn failed but its end could not be recorded (the database was "
+        "unrecorded": f"{named} failed but its end could not be recorded (the database was "
         "unreachable); send it again",
         "turn": liveness_store.DEAD_PROCESS_ERROR,
         "stale": sent_again,

@@ -230,7 +230,7 @@ async def test_an_ingest_cancelled_during_its_review_is_counted_failed(
         error = await conn.fetchval(
             "SELECT error FROM executions WHERE action_id = $1", uuid.UUID(action_id)
         )
-    assert error == "the turn was cancelled before it finished; send it again", error
+    assert error == "the conversation was cancelled before it finished; send it again", error
 
 
 async def test_remember_conversation_over_mcp_is_counted_as_an_ingest(

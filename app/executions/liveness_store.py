@@ -9,26 +9,41 @@ import asyncpg
 
 from app.executions.store import Row
 
-# What a failed execution's error tells its caller to do: a turn (kind TURN) is retried by its
+# What an execution of each kind is called in its errors and logs (an OPERATOR write fails
+# otherwise), and what its error tells its caller to do: a turn (kind TURN) is retried by its
 # executionId (ExecuteActionInput.executionId); an MCP tool call or a conversation handed in
 # (MCP, INGEST) can only be sent again.
+NAMES = {"TURN": "turn", "MCP": "tool call", "INGEST": "conversation"}
 RETRY = "retry the execution"
 SEND_AGAIN = "send it again"
 
 
-def told(error: str, kind: str) -> str:
-    """`error`, which tells a turn's caller to retry the execution, as an execution of `kind`
-    says it."""
-    return error if kind == "TURN" else error.replace(RETRY, SEND_AGAIN)
+def named(kind: str) -> str:
+    """What an execution of `kind` is called in its errors and logs: "turn", "tool call"..."""
+    return NAMES.get(kind, "execution")
 
 
-DEAD_PROCESS_ERROR = f"the turn stopped without finishing (its process ended); {RETRY}"
-UNRECORDED_ERROR = (
-    f"the turn failed but its end could not be recorded (the database was unreachable); {RETRY}"
-)
-# As a sweep ends an execution of another kind than TURN.
-_DEAD_PROCESS_SENT_AGAIN = told(DEAD_PROCESS_ERROR, "MCP")
-_UNRECORDED_SENT_AGAIN = told(UNRECORDED_ERROR, "MCP")
+def told(kind: str) -> str:
+    """What the error of a failed execution of `kind` tells its caller to do."""
+    return RETRY if kind == "TURN" else SEND_AGAIN
+
+
+def dead_process_error(kind: str) -> str:
+    return f"the {named(kind)} stopped without finishing (its process ended); {told(kind)}"
+
+
+def unrecorded_error(kind: str) -> str:
+    return (
+        f"the {named(kind)} failed but its end could not be recorded (the database was "
+        f"unreachable); {told(kind)}"
+    )
+
+
+DEAD_PROCESS_ERROR = dead_process_error("TURN")
+UNRECORDED_ERROR = unrecorded_error("TURN")
+# As a sweep ends an execution, by its kind: {kind: error} (jsonb, read with ->> kind).
+_DEAD_PROCESS = {kind: dead_process_error(kind) for kind in NAMES}
+_UNRECORDED = {kind: unrecorded_error(kind) for kind in NAMES}
 
 
 async def beat(
@@ -77,8 +92,7 @@ async def fail_dead_turns(
         f"""
         UPDATE executions e
         SET status = 'FAILED', modified = now(),
-            error = CASE WHEN e.kind = 'TURN' THEN CASE WHEN e.boot_id = $1 THEN $7 ELSE $6 END
-                         ELSE CASE WHEN e.boot_id = $1 THEN $9 ELSE $8 END END
+            error = (CASE WHEN e.boot_id = $1 THEN $7::jsonb ELSE $6::jsonb END) ->> e.kind
         WHERE e.status = 'RUNNING' AND e.kind <> 'OPERATOR'
           AND e.modified < now() - make_interval(secs => $4)
           AND ((e.boot_id <> $1 AND NOT EXISTS (
@@ -94,10 +108,8 @@ async def fail_dead_turns(
         lease_seconds,
         grace_seconds,
         legacy_seconds,
-        DEAD_PROCESS_ERROR,
-        UNRECORDED_ERROR,
-        _DEAD_PROCESS_SENT_AGAIN,
-        _UNRECORDED_SENT_AGAIN,
+        _DEAD_PROCESS,
+        _UNRECORDED,
     )
 
 
@@ -138,10 +150,10 @@ async def forget_dead_processes(conn: asyncpg.Connection, lease_seconds: float) 
 
 
 # The agent's ($1, $2) turns still RUNNING long after any turn could have ended ($3 seconds)
-# marked FAILED with error $4 (a turn's) or $5 (another kind's), returning their rows.
+# marked FAILED with the error $4 gives their kind ({kind: error}), returning their rows.
 _FAIL_STALE = """
         UPDATE executions
-        SET status = 'FAILED', modified = now(), error = CASE WHEN kind = 'TURN' THEN $4 ELSE $5 END
+        SET status = 'FAILED', modified = now(), error = $4::jsonb ->> kind
         WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
           AND modified < now() - make_interval(secs => $3)
         RETURNING *"""
@@ -156,8 +168,7 @@ async def fail_stale_turns(
         account_id,
         action_id,
         older_than_seconds,
-        DEAD_PROCESS_ERROR,
-        _DEAD_PROCESS_SENT_AGAIN,
+        _DEAD_PROCESS,
     )
     return [r["execution_id"] for r in rows]
 
@@ -185,6 +196,5 @@ async def fail_stale_and_find_ended(
         account_id,
         action_id,
         older_than_seconds,
-        DEAD_PROCESS_ERROR,
-        _DEAD_PROCESS_SENT_AGAIN,
+        _DEAD_PROCESS,
     )

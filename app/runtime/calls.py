@@ -344,7 +344,7 @@ async def _failed(run: _Run, error: BaseException) -> Execution:
         raise
     except Exception as lost:
         execution = run.execution
-        turns._log_lost(lost, "call %s: its failure could not be recorded", execution)
+        turns._log_lost(lost, "its failure could not be recorded", execution)
         within = 2 * run.context.state.settings.turn_heartbeat_seconds
         failure = turns._failure_message(error, execution.kind)
         said = (

@@ -88,17 +88,19 @@ class TurnEnded(Conflict):
     PostgreSQL may lose it while the turn goes on, on the restarted server."""
 
     def __init__(self, execution: Execution, *, gone: bool = False) -> None:
+        what = liveness_store.named(execution.kind)
         if gone:
+            again = "run the turn again" if execution.kind == "TURN" else liveness_store.SEND_AGAIN
             message = (
-                f"execution {execution.execution_id} is gone: the database lost this turn's "
-                "start (it restarted while the turn ran), so nothing of this attempt was kept; "
-                "run the turn again"
+                f"execution {execution.execution_id} is gone: the database lost this {what}'s "
+                f"start (it restarted while the {what} ran), so nothing of this attempt was "
+                f"kept; {again}"
             )
         else:
             message = (
                 f"execution {execution.execution_id} no longer runs invocation "
                 f"{execution.invocation_number}: it was failed as stale or retried while this "
-                "turn ran, so nothing of this attempt was kept"
+                f"{what} ran, so nothing of this attempt was kept"
             )
         super().__init__(message)
 
@@ -617,7 +619,7 @@ async def recorded_or_logged(
     except TurnEnded:
         return None  # swept meanwhile: ended already
     except Exception as lost:
-        _log_lost(lost, "turn %s: its failure could not be recorded", execution)
+        _log_lost(lost, "its failure could not be recorded", execution)
         return None
 
 
@@ -1043,43 +1045,43 @@ async def _commit(context: TurnContext) -> Execution:
     return Execution.of(row)
 
 
-def _failure_message(error: BaseException, kind: str = "TURN") -> str:
-    return liveness_store.told(_failure_words(error), kind)
-
-
-def _failure_words(error: BaseException) -> str:
+def _failure_message(error: BaseException, kind: str) -> str:
+    """What a failed execution of `kind` says of `error`: its words name what failed (the
+    turn, the tool call, the conversation) and tell its caller what to do."""
     if isinstance(error, TurnEnded):
         return error.message
+    what, again = liveness_store.named(kind), liveness_store.told(kind)
     if isinstance(error, Conflict):
+        other = "turn" if kind == "TURN" else "execution"
         return (
-            f"another turn changed this agent's memory while this turn ran ({error.message}); "
-            "nothing of this turn was kept: retry the execution"
+            f"another {other} changed this agent's memory while this {what} ran "
+            f"({error.message}); nothing of this {what} was kept: {again}"
         )
     if isinstance(error, ModelFailed | DomainError | deadline.TimedOut):
         return error.message
     if isinstance(error, asyncio.CancelledError):
-        return "the turn was cancelled before it finished; retry the execution"
+        return f"the {what} was cancelled before it finished; {again}"
     if isinstance(error, EmbeddingFailed):  # a recall's, or a write's at commit
         if not error.transient:
             return (
                 "the embedding model refused the text (logged by the service): retrying will "
                 "not help until the service's embedding provider is fixed"
             )
-        return "the embedding model failed (logged by the service); retry the execution"
+        return f"the embedding model failed (logged by the service); {again}"
     if is_lock_timeout(error):
         return (
-            "the turn waited longer than ENGRAM_LOCK_TIMEOUT_SECONDS for data another change was "
-            "holding, and its database work was rolled back; retry the execution"
+            f"the {what} waited longer than ENGRAM_LOCK_TIMEOUT_SECONDS for data another change "
+            f"was holding, and its database work was rolled back; {again}"
         )
     if is_statement_timeout(error):
         return (
-            "the database did not finish the turn's work within ENGRAM_STATEMENT_TIMEOUT_SECONDS, "
-            "and rolled it back; retry the execution"
+            f"the database did not finish the {what}'s work within "
+            f"ENGRAM_STATEMENT_TIMEOUT_SECONDS, and rolled it back; {again}"
         )
     if is_out_of_resources(error):
         return (
-            "the database ran out of disk space or memory for the turn's work (logged by the "
-            "service), and rolled it back; retry the execution once the operator has made room"
+            f"the database ran out of disk space or memory for the {what}'s work (logged by "
+            f"the service), and rolled it back; {again} once the operator has made room"
         )
     if is_schema_missing(error):
         # A table, function or type of Engram's that the database does not hold (being
@@ -1087,18 +1089,18 @@ def _failure_words(error: BaseException) -> str:
         # only once the database is whole again.
         return (
             "the database does not hold all of Engram's tables (it is being restored, or was "
-            "changed under the service), and the turn's database work was rolled back; retry "
-            "the execution once the database is restored whole"
+            f"changed under the service), and the {what}'s database work was rolled back; "
+            f"{again} once the database is restored whole"
         )
     if is_unavailable(error):
         # Its connection ended under it (a restart of the database, pg_terminate_backend, a
         # session idle in its transaction past its bound), or none could be had: no fault of
         # the turn's, and a retry may well pass.
         return (
-            "the database became unavailable while the turn ran (restarting, or its connection "
-            "was ended), and the turn's database work was rolled back; retry the execution"
+            f"the database became unavailable while the {what} ran (restarting, or its "
+            f"connection was ended), and the {what}'s database work was rolled back; {again}"
         )
-    return "the turn failed on an internal error (logged by the service); retry the execution"
+    return f"the {what} failed on an internal error (logged by the service); {again}"
 
 
 async def _committed_attempt(state: AppState, e: Execution) -> Execution | None:
@@ -1111,36 +1113,42 @@ async def _committed_attempt(state: AppState, e: Execution) -> Execution | None:
         return None
     if row["invocation_number"] != e.invocation_number:
         return None
-    log.warning("turn %s: its commit went through, though its answer was lost", e.execution_id)
+    log.warning(
+        "%s %s: its commit went through, though its answer was lost",
+        liveness_store.named(e.kind),
+        e.execution_id,
+    )
     return Execution.of(row)
 
 
 def _log_lost(error: BaseException, what: str, e: Execution) -> None:
-    """A failure's own step that failed: a warning when the database went away (the turn's
-    failure says so already), an error with its traceback otherwise."""
+    """A failure's own step that failed (`what` befell the execution, named by its kind): a
+    warning when the database went away (its failure says so already), an error with its
+    traceback otherwise."""
+    named = liveness_store.named(e.kind)
     if is_unavailable(error):
-        log.warning(what + " (%s)", e.execution_id, described(error))
+        log.warning("%s %s: " + what + " (%s)", named, e.execution_id, described(error))
     else:
-        log.error(what, e.execution_id, exc_info=error)
+        log.error("%s %s: " + what, named, e.execution_id, exc_info=error)
 
 
 async def _fail(context: TurnContext, error: BaseException) -> Execution:
     """Keeps the failed attempt's transcript; drops its memory."""
+    e = context.execution
+    named = liveness_store.named(e.kind)
     if isinstance(error, EmbeddingFailed):
         log.warning(
-            "turn %s failed: the embedding model failed: %s",
-            context.execution.execution_id,
-            error.logged,
+            "%s %s failed: the embedding model failed: %s", named, e.execution_id, error.logged
         )
     elif is_lock_timeout(error) or is_statement_timeout(error) or is_unavailable(error):
-        log.warning("turn %s failed: %s", context.execution.execution_id, described(error))
+        log.warning("%s %s failed: %s", named, e.execution_id, described(error))
     elif isinstance(error, deadline.TimedOut):
-        log.warning("turn %s failed: %s", context.execution.execution_id, error.message)
+        log.warning("%s %s failed: %s", named, e.execution_id, error.message)
     elif isinstance(error, ModelFailed):
-        log.warning("turn %s failed: %s", context.execution.execution_id, error.logged)
+        log.warning("%s %s failed: %s", named, e.execution_id, error.logged)
     elif not isinstance(error, DomainError | asyncio.CancelledError):
-        log.error("turn %s failed", context.execution.execution_id, exc_info=error)
-    message = storable(_failure_message(error, context.execution.kind))
+        log.error("%s %s failed", named, e.execution_id, exc_info=error)
+    message = storable(_failure_message(error, e.kind))
     transcript = context.transcript
     transcript.add(events.TURN_FAILED, {"error": message})
     if context.work is not None:
@@ -1148,9 +1156,7 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
             await context.work.discard()
         except Exception as discard_error:
             # Staged rows of a turn that no longer runs are dropped by the liveness sweep.
-            _log_lost(
-                discard_error, "turn %s: its staged memory is left to the sweep", context.execution
-            )
+            _log_lost(discard_error, "its staged memory is left to the sweep", e)
     try:
         async with context.state.pool.acquire() as conn, conn.transaction():
             # The transcript is kept even when the commit's wait for its session ran past the
@@ -1179,10 +1185,10 @@ async def _fail(context: TurnContext, error: BaseException) -> Execution:
     except Exception as write_error:
         # Once more with only the failure, so the turn never stays RUNNING for want of a
         # transcript the database refused (if this fails too, the liveness sweep ends it).
-        _log_lost(write_error, "turn %s: its transcript could not be stored", context.execution)
+        _log_lost(write_error, "its transcript could not be stored", e)
         lost = transcript.unwritten()
         note = (
-            f"the turn's last {len(lost) - 1} transcript events could not be stored "
+            f"the {named}'s last {len(lost) - 1} transcript events could not be stored "
             f"({type(write_error).__name__})"
         )
         failed = {"error": message, "transcriptLost": storable(note)}
