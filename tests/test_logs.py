@@ -7,9 +7,11 @@ import json
 import logging
 import re
 import signal
+import traceback
 import uuid
 
 import httpx
+import pytest
 from alembic.script import ScriptDirectory
 from helpers import database_copy, logging_kept
 from servers import Served, clean_env, free_port, run
@@ -211,32 +213,77 @@ def test_an_outage_is_said_in_one_line_by_its_kind_not_the_servers_words():
     )
 
 
-async def test_a_traceback_says_a_database_error_by_its_kind_not_a_rows_values(state):
-    """An unexpected database error is logged with its traceback (a fault to find), but its
-    words, which quote a row's values (a duplicate key's DETAIL), are its kind: SQLSTATE and
-    the names it gives; other errors of the chain keep theirs. Text and JSON alike."""
+# A row's value that a duplicate key's error quotes (not in the traceback's source lines either).
+SECRET_VALUE = "Ada " + "secret"
+
+
+async def _duplicate_key_logged(state) -> logging.LogRecord:
+    """A record logged with a duplicate key's error (quoting SECRET_VALUE) raised while a
+    KeyError was handled."""
     import asyncpg
 
-    from app.observability.logs import JsonFormatter, TextFormatter
-
-    value = "Ada " + "secret"  # (not in the traceback's source lines either)
     async with state.pool.acquire() as conn:
         await conn.execute("CREATE TEMP TABLE kept (name text CONSTRAINT kept_name UNIQUE)")
-        await conn.execute("INSERT INTO kept VALUES ($1)", value)
+        await conn.execute("INSERT INTO kept VALUES ($1)", SECRET_VALUE)
         try:
             try:
                 raise KeyError("the cause's words")
             except KeyError:
-                await conn.execute("INSERT INTO kept VALUES ($1)", value)
+                await conn.execute("INSERT INTO kept VALUES ($1)", SECRET_VALUE)
         except asyncpg.UniqueViolationError as e:
-            assert value in str(e)  # asyncpg's words carry the row's value
+            assert SECRET_VALUE in str(e)  # asyncpg's words carry the row's value
             record = logging.LogRecord(
                 "app.x", logging.ERROR, __file__, 1, "failed", None, (type(e), e, e.__traceback__)
             )
         await conn.execute("DROP TABLE kept")
+    return record
+
+
+async def test_a_traceback_says_a_database_error_by_its_kind_not_a_rows_values(state):
+    """An unexpected database error is logged with its traceback (a fault to find), but its
+    words, which quote a row's values (a duplicate key's DETAIL), are its kind: SQLSTATE and
+    the names it gives; other errors of the chain keep theirs. Text and JSON alike."""
+    from app.observability.logs import JsonFormatter, TextFormatter
+
+    record = await _duplicate_key_logged(state)
     for formatter in (TextFormatter(), JsonFormatter()):
         logged = formatter.format(record)
-        assert value not in logged, logged
+        assert SECRET_VALUE not in logged, logged
         assert "Traceback (most recent call last)" in logged, logged
         assert "UniqueViolationError: SQLSTATE 23505, schema" in logged, logged
         assert "kept_name" in logged and "the cause's words" in logged, logged
+
+
+@pytest.mark.parametrize("python", ["renamed", "unread"])
+async def test_a_traceback_hides_a_database_errors_words_where_python_keeps_them_elsewhere(
+    state, monkeypatch, python
+):
+    """The words CPython prints after an error's class are its TracebackException's private
+    `_str`: on a Python that names it otherwise (`renamed`), or prints the words from
+    elsewhere (`unread`), a database error is still said by its kind, with the frames, the
+    chain and the other errors' words kept."""
+    from app.observability.logs import JsonFormatter, TextFormatter
+
+    record = await _duplicate_key_logged(state)
+    init = traceback.TracebackException.__init__
+    only = traceback.TracebackException.format_exception_only
+
+    def init_elsewhere(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._words = self.__dict__.pop("_str") if python == "renamed" else self._str
+
+    def only_elsewhere(self, *args, **kwargs):
+        self._str = self._words
+        return only(self, *args, **kwargs)
+
+    monkeypatch.setattr(traceback.TracebackException, "__init__", init_elsewhere)
+    monkeypatch.setattr(traceback.TracebackException, "format_exception_only", only_elsewhere)
+    for formatter in (TextFormatter(), JsonFormatter()):
+        logged = formatter.format(record)
+        assert SECRET_VALUE not in logged, logged
+        assert "Traceback (most recent call last)" in logged, logged
+        assert "asyncpg.exceptions.UniqueViolationError: SQLSTATE 23505, schema" in logged, logged
+        assert "kept_name" in logged and "the cause's words" in logged, logged
+        assert "KeyError: " in logged, logged
+        assert "During handling of the above exception, another exception occurred" in logged
+        assert "in _duplicate_key_logged" in logged, logged  # its frames
