@@ -615,6 +615,39 @@ async def test_a_static_file_named_as_a_folder_is_404_as_the_consoles(http):
         assert error_code(response) == "NOT_FOUND", path
 
 
+async def _status_as_sent(base_url: str, target: str) -> int:
+    """The status a GET of `target` is answered, sent as it is (httpx resolves its dot
+    segments first, as browsers do)."""
+    url = httpx.URL(base_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        writer.write(
+            f"GET {target} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        return int((await asyncio.wait_for(reader.readline(), 30)).split()[1])
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_a_static_path_with_a_dot_segment_is_404(http, base_url):
+    """A path with a segment "." or ".." (/console/index.html/.), sent so or escaped (%2e), is
+    404 NOT_FOUND as a file named as a folder is: StaticFiles resolved it, serving the file or
+    the console's page under a name no browser asks for."""
+    files = ("/console/index.html", "/console/app.js", "/static/README.md")
+    for path in files:
+        assert await _status_as_sent(base_url, path) == 200, path
+    for path in files:
+        for tail in ("/.", "/..", "/x/..", "/./", "/x/../"):
+            assert await _status_as_sent(base_url, path + tail) == 404, path + tail
+        for tail in ("/%2e", "/%2E%2E", "/x/%2e%2e"):
+            response = await http.get(path + tail)
+            assert response.status_code == 404, path + tail
+            assert error_code(response) == "NOT_FOUND", path + tail
+
+
 async def test_a_method_another_address_does_not_take_is_405_naming_those_it_does(http):
     response = await http.post("/healthz")
     assert response.status_code == 405

@@ -1,6 +1,7 @@
 """Files served as they are (GraphiQL's assets, the console): Starlette's StaticFiles, which
-serves a file named as a folder (/static/README.md/) as the file; here that is 404, as any
-name that is no folder."""
+serves a file named as a folder (/static/README.md/) as the file, and reads a path's dot
+segments (/console/index.html/., /console/app.js/x/..) as folders do; here those are 404, as
+any name that is no folder (a browser resolves dot segments before it asks)."""
 
 import stat
 
@@ -13,6 +14,8 @@ from starlette.types import Scope
 
 class Files(StaticFiles):
     async def get_response(self, path: str, scope: Scope) -> Response:
+        if {".", ".."} & set(scope["path"].split("/")):
+            raise HTTPException(status_code=404)
         if scope["path"].endswith("/") and await self._is_file(path):
             # A page served so asks for its scripts and styles under that "folder".
             raise HTTPException(status_code=404)
