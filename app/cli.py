@@ -27,10 +27,13 @@ if TYPE_CHECKING:
     from datetime import datetime
     from uuid import UUID
 
+    import asyncpg
     from pydantic_settings import SettingsError
 
+    from app.auth.caller import Caller
     from app.config import Settings
     from app.embeddings.reembed import ReembedResult
+    from app.memory.maintenance import IndexBuilds, Round
 
 T = TypeVar("T")
 
@@ -237,7 +240,7 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 @asynccontextmanager
-async def _database(settings: Settings, *, reads: str | None = None) -> AsyncIterator[Any]:
+async def _database(settings: Settings, *, reads: str | None = None) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the migrated database (the embedded server unless a URL is set). A command
     that only reads (`reads`, its name) makes no database where ENGRAM_DATA_DIR holds none
     (`_no_database`: there would be nothing to read), and migrates none: a database an older
@@ -276,11 +279,11 @@ async def _database(settings: Settings, *, reads: str | None = None) -> AsyncIte
 
 async def _as_admin(
     settings: Settings,
-    work: Callable[[Any, Any], Awaitable[Any]],
+    work: Callable[[asyncpg.Pool, Caller], Awaitable[T]],
     *,
     reads: str | None = None,
     account: UUID | None = None,
-) -> Any:
+) -> T:
     """Runs `work(pool, caller)` as the default account's admin, for people at a terminal: made
     first (with the admin's client, and its token shown once) if no start of the service made
     them yet, unless the command only reads (`reads`, its name: `client tokens`), which makes
@@ -313,7 +316,7 @@ async def _as_admin(
         return await work(pool, caller)
 
 
-async def _named_account(conn: Any, command: str, account: UUID | None) -> UUID:
+async def _named_account(conn: asyncpg.Connection, command: str, account: UUID | None) -> UUID:
     """The account a command that only reads acts in on a database without the default account
     (whose admin it acts as otherwise): the one it names, once found, as the admin of it alone
     (not of the default account, reaching no other). The operator at the terminal acts as admin
@@ -452,7 +455,7 @@ def _reembed(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _index_builds(settings: Settings, pool: Any) -> Any:
+def _index_builds(settings: Settings, pool: asyncpg.Pool) -> IndexBuilds:
     """Builds of large agents' and sessions' own search indexes, with the settings' limits."""
     from app.memory.maintenance import IndexBuilds
 
@@ -475,7 +478,7 @@ def _maintain_search(settings: Settings, args: argparse.Namespace) -> int:
 
     reordered = ""
 
-    async def work() -> Any:
+    async def work() -> Round | None:
         nonlocal reordered
         async with _database(settings) as pool:
             if args.reorder:
@@ -605,7 +608,7 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
     account = _account_id(args.account)
     policies = _policies(getattr(args, "policy", None))
 
-    async def work(pool: Any, caller: Any) -> Any:
+    async def work(pool: asyncpg.Pool, caller: Caller) -> dict[str, Any]:
         command = args.client_command
         named = {"account_id": account, "principal": args.principal}
         if command in ("create", "update"):
@@ -648,7 +651,7 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
             return {"principal": args.principal, "revoked": _token(revoked)}
         raise AssertionError(args.client_command)
 
-    async def told(pool: Any, caller: Any) -> Any:
+    async def told(pool: asyncpg.Pool, caller: Caller) -> dict[str, Any]:
         try:
             return await work(pool, caller)
         except NotFound as e:
@@ -674,7 +677,7 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
 
     _printed_result()
 
-    async def work(pool: Any, caller: Any) -> Any:
+    async def work(pool: asyncpg.Pool, caller: Caller) -> dict[str, str]:
         account = await service.create_account(pool, caller, name=args.name)
         return {"accountId": str(account.account_id), "name": account.name}
 
@@ -983,7 +986,9 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
 
     account = _account_id(args.account)
 
-    async def work(pool: Any, *, account_id: UUID | None, lines: Iterable[str]) -> ImportResult:
+    async def work(
+        pool: asyncpg.Pool, *, account_id: UUID | None, lines: Iterable[str]
+    ) -> ImportResult:
         result = await import_file(
             pool,
             account_id=account_id,
