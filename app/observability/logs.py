@@ -124,7 +124,7 @@ def _traceback(ei: Any) -> str:
     if error is None:
         return logging.Formatter().formatException(ei)
     shown = traceback.TracebackException.from_exception(error)
-    hidden: list[str] = []  # the database errors' words, line by line
+    hidden: list[tuple[str, str]] = []  # each database error's words, and its kind
     seen: set[int] = set()
     pairs: list[tuple[traceback.TracebackException | None, BaseException | None]] = [(shown, error)]
     while pairs:
@@ -133,7 +133,8 @@ def _traceback(ei: Any) -> str:
             continue
         seen.add(id(part))
         if isinstance(raised, asyncpg.PostgresError):
-            hidden += [line.strip() for line in _words(raised).splitlines() if line.strip()]
+            if str(raised):
+                hidden.append((str(raised), kind_of(raised)))
             # What format_exception_only prints after the class (CPython 3.11 to 3.14): a
             # private attribute, so the text is checked below.
             if hasattr(part, "_str"):
@@ -142,60 +143,13 @@ def _traceback(ei: Any) -> str:
         grouped = getattr(raised, "exceptions", None) or ()
         pairs += zip(getattr(part, "exceptions", None) or (), grouped, strict=False)
     text = "".join(shown.format()).rstrip("\n")
-    if any(line in text for line in hidden):
-        # A Python that prints the words from elsewhere: the chain as written here instead.
-        text = "".join(_written(error)).rstrip("\n")
+    # A Python that prints the words from elsewhere than `_str`: said by their kind, and any
+    # line of them printed otherwise left out.
+    for words, kind in hidden:
+        text = text.replace(words, kind)
+        for line in filter(None, (line.strip() for line in words.splitlines())):
+            text = text.replace(line, "(left out)")
     return text
-
-
-_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
-_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
-
-
-def _words(error: BaseException) -> str:
-    try:
-        return str(error)
-    except Exception:
-        return "<exception str() failed>"
-
-
-def _written(error: BaseException, seen: set[int] | None = None) -> list[str]:
-    """The traceback of `error` and its chain, as the standard library writes one (but for the
-    boxes around a group's errors), from public parts only: frames, classes and words, a
-    database server error's words being its kind (`kind_of`)."""
-    seen = set() if seen is None else seen
-    blocks: list[list[str]] = []  # the last raised first
-    joint = ""
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        block = []
-        if current.__traceback__ is not None:
-            block += ["Traceback (most recent call last):\n"]
-            block += traceback.format_tb(current.__traceback__)
-        kind = type(current)
-        name = kind.__qualname__
-        if kind.__module__ not in ("__main__", "builtins"):
-            name = f"{kind.__module__}.{name}"
-        words = kind_of(current) if isinstance(current, asyncpg.PostgresError) else _words(current)
-        block.append(f"{name}: {words}\n" if words else f"{name}\n")
-        notes = getattr(current, "__notes__", None)
-        if isinstance(notes, list | tuple):
-            block += [f"{note}\n" for note in notes if isinstance(note, str)]
-        if isinstance(current, BaseExceptionGroup):
-            for n, member in enumerate(current.exceptions, 1):
-                block.append(f"+---------------- {n} ----------------\n")
-                block += [
-                    "    " + line for line in "".join(_written(member, seen)).splitlines(True)
-                ]
-        blocks.append(block + [joint])
-        if current.__cause__ is not None:
-            current, joint = current.__cause__, _CAUSE
-        elif current.__context__ is not None and not current.__suppress_context__:
-            current, joint = current.__context__, _CONTEXT
-        else:
-            current = None
-    return [line for block in reversed(blocks) for line in block]
 
 
 def _indented(text: str) -> str:
