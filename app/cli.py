@@ -605,11 +605,20 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
 
     _printed_result()
     # Checked before the database starts, so a typo fails at once.
-    account = _account_id(args.account)
+    account = _account_id(getattr(args, "account", None))
     policies = _policies(getattr(args, "policy", None))
 
     async def work(pool: asyncpg.Pool, caller: Caller) -> dict[str, Any]:
         command = args.client_command
+        if command == "revoke-issued":
+            token_id = _uuid(args.token_id, "a token ID")
+            gone = await service.revoke_tokens_issued_by(pool, caller, token_id=token_id)
+            return {
+                "revoked": [
+                    {"accountId": str(t.account_id), "principal": t.principal, **_token(t)}
+                    for t in gone
+                ]
+            }
         named = {"account_id": account, "principal": args.principal}
         if command in ("create", "update"):
             if command == "create":
@@ -1316,6 +1325,14 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "token":
             c.add_argument("--expires", help="when it stops working, e.g. 2027-01-31T12:00:00Z")
+    issued = client_sub.add_parser(
+        "revoke-issued",
+        help="revoke a token, if it is still there, and every token it issued, in turn "
+        "(after a leak), in every account",
+    )
+    issued.add_argument(
+        "token_id", help="the token's tokenId (what it issued names it as issuedByTokenId)"
+    )
     return p
 
 

@@ -549,10 +549,10 @@ async def test_a_grant_taken_from_the_caller_meanwhile_is_not_passed_on(gql, sta
 
 
 async def test_a_grant_to_delete_taken_from_the_caller_meanwhile_deletes_nothing(gql, state, admin):
-    """deleteClient and revokeClientToken read the caller's grants as they are when they write,
-    locked, as the coverage mutations do: a caller whose DELETE grants an administrator has
-    just taken (its request verified before, or up to a second before from memory) deletes no
-    client and revokes no token."""
+    """deleteClient, revokeClientToken and revokeTokensIssuedBy read the caller's grants as
+    they are when they write, locked, as the coverage mutations do: a caller whose DELETE grants
+    an administrator has just taken (its request verified before, or up to a second before from
+    memory) deletes no client and revokes no token."""
     account = await make_account(state)
     manage = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.Client.*")
     see_clients = allow(["SELECT"], "financial.Client.*")
@@ -566,9 +566,11 @@ async def test_a_grant_to_delete_taken_from_the_caller_meanwhile_deletes_nothing
     await set_policies(gql, admin, account, "manager", [see_clients])
 
     revoke = """mutation($t: UUID!) { revokeClientToken(principal: "plain", tokenId: $t) { id } }"""
+    revoke_issued = """mutation($t: UUID!) { revokeTokensIssuedBy(tokenId: $t) { id } }"""
     for operation, variables, needed in (
         (DELETE_CLIENT, {"principal": "plain"}, "DELETE financial.Client.document"),
         (revoke, {"t": str(plain.info.token_id)}, "DELETE financial.Client.token"),
+        (revoke_issued, {"t": str(plain.info.token_id)}, "DELETE financial.Client.token"),
     ):
         result = await gql(authenticated, operation, **variables)
         assert result.codes == ["ACCESS_DENIED"], (operation, result.errors)

@@ -177,6 +177,10 @@ async def test_serve_shows_the_admin_token_as_its_start_commits_it(
             "error (BAD_REQUEST): 'nope' is not a token ID (a UUID)",
         ),
         (
+            ["client", "revoke-issued", "nope"],
+            "error (BAD_REQUEST): 'nope' is not a token ID (a UUID)",
+        ),
+        (
             ["client", "token", "ghost"],
             "error (NOT_FOUND): client 'ghost' not found in the default account: a client of "
             "another account needs --account ID",

@@ -26,6 +26,7 @@ OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "Client.tokens": (("SELECT", r.CLIENT_TOKEN),),
     "createClientToken": (("INSERT", r.CLIENT_TOKEN),),
     "revokeClientToken": (("DELETE", r.CLIENT_TOKEN),),
+    "revokeTokensIssuedBy": (("DELETE", r.CLIENT_TOKEN),),
     "actions": (("SELECT", r.ACTION_INDEX), ("SELECT", r.ACTION)),
     "action": (("SELECT", r.ACTION),),
     "createAction": (("INSERT", r.ACTION),),

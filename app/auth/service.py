@@ -679,3 +679,42 @@ async def revoke_client_token(
     if row is None:
         raise NotFound(f"client {principal!r} has no token {token_id}")
     return TokenInfo.of(row, caller)
+
+
+async def revoke_tokens_issued_by(
+    pool: asyncpg.Pool, caller: Caller, *, token_id: UUID
+) -> list[TokenInfo]:
+    """Deletes the token `token_id` if it is still there (it is usually revoked first) and every
+    token whose chain of issuers (`issued_by_token`) leads back to it, in the accounts the
+    caller reaches: every account for a client of the default account; its own otherwise,
+    through the tokens its account's clients issued. All or none, oldest first; none found is
+    an empty list, not NotFound: a revoked token leaves nothing but its ID in what it issued,
+    so an unknown ID cannot be told from one whose tokens are gone, and a second call (a retry)
+    answers what the first left, nothing."""
+    caller.require(("DELETE", resources.CLIENT_TOKEN))
+    revoked: list[asyncpg.Record] = []
+    roots = [token_id]
+    async with pool.acquire() as conn, conn.transaction():
+        # The caller's grants as they are now, locked until the tokens are deleted.
+        await _as_now(conn, caller, ("DELETE", resources.CLIENT_TOKEN), caller.account_id)
+        # Again from every token deleted so far, until a round deletes none: a round reaches
+        # the accounts where the tokens it starts from issued some, and one issued meanwhile by
+        # a token of the chain (whose issuing request holds it locked, so that its delete
+        # waits for that commit) after the round read the chain.
+        while True:
+            if caller.in_default_account:
+                accounts = await store.accounts_issued_from(conn, roots)
+            else:
+                accounts = [caller.account_id]
+            found: list[asyncpg.Record] = []
+            for account_id in accounts:
+                found += await store.delete_token_chain(
+                    conn, account_id, roots, own_issuers=not caller.in_default_account
+                )
+            if not found:
+                break
+            revoked += found
+            roots += [r["token_id"] for r in found]
+    verified.forget()  # again once committed: a lookup meanwhile may have kept a token
+    revoked.sort(key=lambda r: (r["created"], r["token_id"]))
+    return [TokenInfo.of(r, caller) for r in revoked]

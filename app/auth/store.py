@@ -337,6 +337,60 @@ async def delete_token(
     return row
 
 
+async def accounts_issued_from(conn: asyncpg.Connection, token_ids: Sequence[UUID]) -> list[UUID]:
+    """The accounts holding one of the tokens `token_ids`, or a token one of them issued: the
+    accounts `delete_token_chain` has to look in. It reads every account (on Citus, a multi-shard
+    query on the coordinator), as only a client of the default account asks it."""
+    return await conn.fetchval(
+        """
+        SELECT coalesce(array_agg(DISTINCT account_id), '{}') FROM client_tokens
+        WHERE token_id = any($1::uuid[]) OR issued_by_token = any($1::uuid[])
+        """,
+        list(token_ids),
+    )
+
+
+async def delete_token_chain(
+    conn: asyncpg.Connection, account_id: UUID, roots: Sequence[UUID], *, own_issuers: bool
+) -> list[Row]:
+    """Deletes, in the account, the tokens `roots` that are still there and every token one of
+    them issued (its `issued_by_token`), every token those issued, and so on; with
+    `own_issuers`, a root's tokens only where the account's own clients issued them (not the
+    default account's, whose tokens a tenant may not name). UNION, not UNION ALL: a token
+    reached twice is walked once, so the walk ends whatever the rows say."""
+    async with conn.transaction():
+        rows = await conn.fetch(
+            f"""
+            WITH RECURSIVE chain(token_id) AS (
+                SELECT token_id FROM client_tokens
+                WHERE account_id = $1
+                  AND (token_id = any($2::uuid[])
+                       OR (issued_by_token = any($2::uuid[])
+                           AND (NOT $3 OR issued_by_account = $1)))
+              UNION
+                SELECT t.token_id FROM client_tokens t
+                JOIN chain c ON t.issued_by_token = c.token_id
+                WHERE t.account_id = $1
+            )
+            DELETE FROM client_tokens
+            WHERE account_id = $1 AND token_id IN (SELECT token_id FROM chain)
+            RETURNING {_TOKEN_COLUMNS}, token_hash
+            """,
+            account_id,
+            list(roots),
+            own_issuers,
+        )
+        if rows:
+            await conn.execute(
+                "DELETE FROM token_accounts"
+                " WHERE account_id = $1 AND token_hash = any($2::bytea[])",
+                account_id,
+                [r["token_hash"] for r in rows],
+            )
+    verified.forget()
+    return rows
+
+
 async def client_by_token(conn: asyncpg.Connection, token_hash: bytes) -> Row | None:
     """The client a token names, whether the token has expired, and whether its `last_used`
     is a minute old or more (so that it is written at most once a minute)."""

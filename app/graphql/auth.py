@@ -573,3 +573,32 @@ class AuthMutation:
             token_id=token_id,
         )
         return ClientTokenInfo.of(revoked)
+
+    @strawberry.mutation(
+        description="Revokes the token `tokenId`, if it is still there, and every token whose "
+        "issuers lead back to it: each token it issued (whose `issuedByTokenId` it is), each "
+        "token those issued, and so on, all or none: requests sending any of them are refused "
+        "from now on. After a leak, revoke the leaked token (revokeClientToken), then this with "
+        "its ID, or this alone. Answers the tokens revoked, oldest first; none is an empty list, "
+        "not NOT_FOUND: a revoked token leaves only its ID in those it issued, so an unknown ID "
+        "cannot be told from one whose tokens are gone, and a call made again answers empty. A "
+        "client of the default account reaches every account; another client its own account, "
+        "through the tokens its account's clients issued. A token naming no issuing token "
+        "(`issuedByTokenId` null: issued before issuers were recorded, or by the command line) "
+        "is not reached. Needs DELETE on financial.Client.token."
+    )
+    async def revoke_tokens_issued_by(
+        self,
+        info: Info,
+        token_id: Annotated[
+            UUID,
+            strawberry.argument(
+                description="The `tokenId` of the token (a leaked one), revoked or not: what "
+                "it issued names it as `issuedByTokenId`."
+            ),
+        ],
+    ) -> list[ClientTokenInfo]:
+        revoked = await service.revoke_tokens_issued_by(
+            info.context.pool, info.context.caller, token_id=token_id
+        )
+        return [ClientTokenInfo.of(t) for t in revoked]
