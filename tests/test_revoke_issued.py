@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from helpers import eventually, holding
@@ -287,3 +288,51 @@ async def test_tokens_naming_each_other_as_issuers_are_walked_once(state, admin)
             )
     revoked = await service.revoke_tokens_issued_by(state.pool, admin, token_id=ids[0])
     assert sorted(t.token_id for t in revoked) == sorted(ids)
+
+
+async def test_a_revocation_that_deadlocks_with_another_starts_again(state, admin, db_url):
+    """Two revocations of overlapping chains can each hold a token the other deletes next:
+    PostgreSQL rolls one back (here the revocation: the other side waits longer before it
+    checks), which starts again once the other is done, rather than failing as INTERNAL."""
+    await service.create_client(
+        state.pool, admin, account_id=None, principal="bot", name="bot", policies=[]
+    )
+    ids: list[Any] = []
+    async with state.pool.acquire() as conn:
+        for value in ("a", "b", "c"):
+            row = await store.insert_token(
+                conn,
+                service.hash_token(f"deadlock {value}"),
+                admin.account_id,
+                "bot",
+                issued_by="bot",
+                issued_by_account=admin.account_id if ids else None,
+                issued_by_token=ids[-1] if ids else None,
+            )
+            ids.append(row["token_id"])
+
+    async def waiting() -> bool:
+        async with state.pool.acquire() as conn:
+            return await conn.fetchval(
+                "SELECT count(*) > 0 FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+
+    other = await asyncpg.connect(db_url)
+    try:
+        async with other.transaction():
+            await other.execute("SET LOCAL deadlock_timeout = '30s'")
+            await other.execute("SELECT FROM client_tokens WHERE token_id = $1 FOR UPDATE", ids[-1])
+            revoking = asyncio.create_task(
+                service.revoke_tokens_issued_by(state.pool, admin, token_id=ids[0])
+            )
+            await eventually(waiting, "the revocation waiting for the last token")
+            # The tokens the revocation deleted before it waited: a deadlock, which it loses.
+            await other.execute(
+                "SELECT FROM client_tokens WHERE token_id = any($1::uuid[]) FOR UPDATE", ids[:-1]
+            )
+            assert not revoking.done()
+    finally:
+        await other.close()
+    revoked = await revoking
+    assert [t.token_id for t in revoked] == ids

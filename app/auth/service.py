@@ -692,6 +692,27 @@ async def revoke_tokens_issued_by(
     so an unknown ID cannot be told from one whose tokens are gone, and a second call (a retry)
     answers what the first left, nothing."""
     caller.require(("DELETE", resources.CLIENT_TOKEN))
+    for attempt in range(1, REVOKE_TRIES + 1):
+        try:
+            revoked = await _revoke_chain(pool, caller, token_id)
+            break
+        except asyncpg.DeadlockDetectedError:
+            # Another revocation of an overlapping chain, each waiting on the other's deletes:
+            # PostgreSQL rolled this one back whole, so it starts again.
+            if attempt == REVOKE_TRIES:
+                raise Conflict(
+                    "other revocations of the same tokens ran at the same time; nothing was "
+                    "revoked by this one: send it again"
+                ) from None
+    verified.forget()  # again once committed: a lookup meanwhile may have kept a token
+    revoked.sort(key=lambda r: (r["created"], r["token_id"]))
+    return [TokenInfo.of(r, caller) for r in revoked]
+
+
+REVOKE_TRIES = 3  # revoke_tokens_issued_by's attempts when overlapping revocations deadlock
+
+
+async def _revoke_chain(pool: asyncpg.Pool, caller: Caller, token_id: UUID) -> list[asyncpg.Record]:
     revoked: list[asyncpg.Record] = []
     roots = [token_id]
     async with pool.acquire() as conn, conn.transaction():
@@ -712,9 +733,6 @@ async def revoke_tokens_issued_by(
                     conn, account_id, roots, own_issuers=not caller.in_default_account
                 )
             if not found:
-                break
+                return revoked
             revoked += found
             roots += [r["token_id"] for r in found]
-    verified.forget()  # again once committed: a lookup meanwhile may have kept a token
-    revoked.sort(key=lambda r: (r["created"], r["token_id"]))
-    return [TokenInfo.of(r, caller) for r in revoked]
