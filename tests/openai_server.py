@@ -129,6 +129,10 @@ class ChatReply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     trickle: float = 0.0  # send the answer in pieces this many seconds apart (`trickled`)
+    # Called (in the server's thread) once the request is in, before it is answered: to change
+    # what the service reads between this call and its next (a key file rotated) at a point
+    # no timing can miss.
+    then: Callable[[], Any] | None = None
 
 
 def trickled(raw: bytes, seconds: float, pieces: int = 10) -> Response:
@@ -319,7 +323,8 @@ class OpenAIServer:
 
     def say(self, text: str, *, delay: float = 0.0, **match: Any) -> None:
         """Queues a text answer; `match`: ChatReply's `when`, `after_requests`, `purpose`
-        (by default the agent's own calls, "turn"; e.g. "context" or "memory") and `trickle`."""
+        (by default the agent's own calls, "turn"; e.g. "context" or "memory"), `trickle` and
+        `then`."""
         with self._lock:
             self._chat_script.append(ChatReply(text, [], delay, **match))
 
@@ -390,6 +395,8 @@ class OpenAIServer:
             )
         if reply.delay:
             await self._wait(request, reply.delay)
+        if reply.then is not None:
+            reply.then()
         if reply.body is not None:
             raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
             return Response(

@@ -4,6 +4,8 @@ INGEST whose records have source EXTRACTION."""
 
 import asyncio
 import json
+import logging
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -293,6 +295,58 @@ async def test_a_review_that_fails_fails_the_ingest_and_keeps_no_key(
     assert [m["summary"] for m in await memories(gql, admin, action_id)] == [
         "The user is vegetarian"
     ]
+
+
+@pytest.mark.settings(model_allowed_key_envs=["TEAM_MODEL_KEY"])
+async def test_m10_m15_an_ingest_whose_key_file_is_refused_fails_naming_the_variable_alone(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The review is the ingest's work: a key file the service refuses fails the ingest, in
+    the words a turn's failure has (the variable and its file, never the path, what the file
+    holds or a key), sending nothing; the service's log says the path and the reason. Sent
+    again once the file is fixed, the conversation is reviewed with the file's new key."""
+    path = tmp_path / "team_model_key"
+    path.write_bytes(b"sk-S3CRET\xff\n")
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(path))
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(), model={"apiKeyEnv": "TEAM_MODEL_KEY"}
+    )
+    messages = _talk("Remember that I am vegetarian")
+    with caplog.at_level(logging.WARNING):
+        failed = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
+    said = (
+        "model.apiKeyEnv names TEAM_MODEL_KEY, whose key file TEAM_MODEL_KEY_FILE the service "
+        "refused (logged by the service)"
+    )
+    assert failed["status"] == "FAILED" and failed["error"] == said
+    execution = (await gql(admin, EXECUTION, e=failed["executionId"])).ok()["execution"]
+    assert str(tmp_path) not in json.dumps(execution) and "S3CRET" not in json.dumps(execution)
+    assert chat(model_server, None) == []
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            "app.runtime.model",
+            logging.WARNING,
+            f"a model call of account {admin.account_id} failed: model.apiKeyEnv names "
+            f"TEAM_MODEL_KEY: TEAM_MODEL_KEY_FILE ({path}) is not UTF-8 text",
+        ),
+        (
+            "app.runtime.turns",
+            logging.WARNING,
+            f"conversation {failed['executionId']} failed: {said}",
+        ),
+    ]
+    assert "S3CRET" not in caplog.text
+
+    path.write_text("sk-team-2\n")
+    candidates(model_server, {"summary": "The user is vegetarian"})
+    again = await _remember(gql, admin, action_id, messages, idempotencyKey="k")
+    assert again["status"] == "SUCCEEDED", again["error"]
+    assert {r.headers["authorization"] for r in chat(model_server, None)} == {"Bearer sk-team-2"}
 
 
 async def test_without_the_memory_read_grants_record_text_is_not_shown(

@@ -3,13 +3,16 @@ model on loopback answering the review's calls (purpose `memory`) as scripted he
 
 import asyncio
 import json
+import logging
+import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from factories import SearchAgent, allow, caller, make_agent, make_agent_id, memory_harness
 from helpers import GQL, eventually
-from openai_server import OpenAIServer, Recorded
+from openai_server import OpenAIServer, Recorded, request_purpose
 from runtime_support import (
     CANDIDATE_CALL,
     DECIDE_CALL,
@@ -390,6 +393,177 @@ async def test_m10_a_failed_review_keeps_the_answer_and_its_messages_are_reviewe
     assert review["messages"]["count"] == 4
     assert review["messages"]["from"]["executionId"] == failed["executionId"]
     assert len(await memories(gql, admin, action_id)) == 1
+
+
+# A model key given as a file (model.apiKeyEnv TEAM_MODEL_KEY, TEAM_MODEL_KEY_FILE), read at
+# each of the review's calls as at each of the turn's.
+KEY = "TEAM_MODEL_KEY"
+REFUSED_KEY_FILE = (
+    "model.apiKeyEnv names TEAM_MODEL_KEY, whose key file TEAM_MODEL_KEY_FILE the service "
+    "refused (logged by the service)"
+)
+
+
+def key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str) -> Path:
+    """TEAM_MODEL_KEY_FILE, holding `key`."""
+    path = tmp_path / "team_model_key"
+    path.write_text(f"{key}\n")
+    monkeypatch.setenv(f"{KEY}_FILE", str(path))
+    return path
+
+
+def replaced(path: Path, content: bytes | None) -> None:
+    """A new file renamed over `path`, as Kubernetes updates a mounted secret (None: a named
+    pipe)."""
+    new = path.with_name("new")
+    if content is None:
+        os.mkfifo(new)
+    else:
+        new.write_bytes(content)
+    os.replace(new, path)
+
+
+def authorization(requests: list[Recorded]) -> list[str]:
+    return [r.headers["authorization"] for r in requests]
+
+
+@pytest.mark.settings(model_allowed_key_envs=[KEY])
+@pytest.mark.parametrize(
+    ("content", "variable", "refused"),
+    [
+        (
+            None,
+            None,
+            "{path} is a pipe, not a regular file: a file read at each call must be one (a pipe "
+            "or a device would hold the service waiting)",
+        ),
+        (b"sk-S3CRET\xff\n", None, "{path} is not UTF-8 text"),
+        (b"\n", None, "{path} is empty (or only whitespace)"),
+        (
+            b"sk-S3CRET-file\n",
+            "sk-S3CRET-env",
+            "TEAM_MODEL_KEY and TEAM_MODEL_KEY_FILE are both set: set one or the other",
+        ),
+    ],
+    ids=["pipe", "not-utf8", "empty", "both"],
+)
+async def test_m10_m15_a_review_whose_key_file_is_refused_fails_alone_and_the_turn_keeps_its_answer(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    content: bytes | None,
+    variable: str | None,
+    refused: str,
+) -> None:
+    """The review's calls read the agent's key anew, as the turn's do: a file the service
+    refuses once the turn's call was sent fails the review, which never fails the turn. Its
+    `memory.review` event says it in the words a turn's failure has (the variable and its file;
+    never the path, what the file holds or a key), the model is sent nothing, and the turn's
+    messages wait for the next review, which sends the fixed file's key. The service's warning
+    names the account, the file's path and the reason; never a key."""
+    path = key_file(tmp_path, monkeypatch, "sk-team-1")
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(), model={"apiKeyEnv": KEY}
+    )
+
+    def refuse() -> None:  # once the turn's call is in, before it is answered
+        replaced(path, content)
+        if variable is not None:  # set beside its file
+            monkeypatch.setenv(KEY, variable)
+
+    model_server.say("Got it, Lisbon.", then=refuse)
+    with caplog.at_level(logging.WARNING):
+        executed = await run(gql, admin, action_id, "I live in Lisbon")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+    assert executed["output"] == "Got it, Lisbon." and executed["error"] is None
+    (review,) = reviews(executed)
+    assert review["error"] == REFUSED_KEY_FILE
+    assert "written" not in review
+    assert review["messages"]["count"] == 2
+    assert [c["purpose"] for c in events(executed, "model.call")] == ["turn"]
+    assert chat(model_server, "memory") == []  # the review sent nothing
+    assert authorization(chat(model_server)) == ["Bearer sk-team-1"]
+    assert await memories(gql, admin, action_id) == []
+    said = json.dumps(executed)
+    assert str(path) not in said and str(tmp_path) not in said
+    assert "S3CRET" not in said and "sk-team" not in said
+    # The operator's warning: the account, the variable, the file and the reason, once.
+    warned = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    reason = refused.format(path=f"TEAM_MODEL_KEY_FILE ({path})")
+    assert warned == [
+        (
+            "app.runtime.model",
+            logging.WARNING,
+            f"a model call of account {admin.account_id} failed: model.apiKeyEnv names "
+            f"TEAM_MODEL_KEY: {reason}",
+        )
+    ]
+    assert "S3CRET" not in caplog.text and "sk-team" not in caplog.text
+
+    # Fixed: the next review reads the failed one's messages too, with the file's new key.
+    monkeypatch.delenv(KEY, raising=False)
+    replaced(path, b"sk-team-2\n")
+    candidates(model_server, {"summary": "Ada lives in Lisbon"})
+    later = await run(gql, admin, action_id, "What's the weather?")
+    assert later["status"] == "SUCCEEDED", later["error"]
+    (asked,) = chat(model_server, "memory")
+    assert asked.headers["authorization"] == "Bearer sk-team-2"
+    assert 'user: "I live in Lisbon"' in conversation(asked)
+    (review,) = reviews(later)
+    assert "error" not in review
+    assert review["messages"]["count"] == 4
+    assert review["messages"]["from"]["executionId"] == executed["executionId"]
+    assert len(await memories(gql, admin, action_id)) == 1
+
+
+@pytest.mark.settings(model_allowed_key_envs=[KEY])
+async def test_m10_m15_a_key_rotated_in_its_file_while_a_turn_runs_is_sent_by_its_review(
+    gql: GQL,
+    admin: Caller,
+    model_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Rotated between the turn's call and its review's, and again between the review's two
+    calls (its candidates, then its decision): each call sends the key the file holds when it
+    is made, without a restart, and the review keeps what it decided."""
+    path = key_file(tmp_path, monkeypatch, "sk-team-1")
+    action_id = await make_agent_id(
+        gql.state, admin, harness=memory_harness(), model={"apiKeyEnv": KEY}
+    )
+    old = await remembered(gql, admin, model_server, action_id, "Ada lives in Paris")
+    sent = len(chat(model_server, None))
+
+    model_server.say("Noted: Berlin.", then=lambda: replaced(path, b"sk-team-2\n"))
+    candidates(
+        model_server,
+        {"summary": "Ada lives in Berlin"},
+        then=lambda: replaced(path, b"sk-team-3\n"),
+    )
+    decide(model_server, {"candidate": "c1", "action": "replace", "record": "r1"})
+    executed = await run(gql, admin, action_id, "I moved: I live in Berlin now")
+    assert executed["status"] == "SUCCEEDED", executed["error"]
+
+    turn, candidate_call, decide_call = chat(model_server, None)[sent:]
+    assert [request_purpose(r) for r in (turn, candidate_call, decide_call)] == [
+        "turn",
+        "memory",
+        "memory",
+    ]
+    assert DECIDE_CALL in json.dumps(decide_call.body)
+    assert authorization([turn, candidate_call, decide_call]) == [
+        "Bearer sk-team-1",
+        "Bearer sk-team-2",
+        "Bearer sk-team-3",
+    ]
+    (review,) = reviews(executed)
+    assert "error" not in review
+    (kept,) = await memories(gql, admin, action_id)
+    assert kept["summary"] == "Ada lives in Berlin" and kept["replaces"] == old["memoryId"]
+    assert "sk-team" not in json.dumps(executed)
 
 
 async def test_m17_a_turn_that_fails_after_its_review_leaves_no_record(
