@@ -194,6 +194,48 @@ async def test_metrics_count_requests_turns_model_calls_searches_and_pool(
     assert account not in text and other not in text and "watcher" not in text
 
 
+async def test_a_model_call_that_could_not_be_sent_counts_as_failed(
+    db_url, embedder, model_server, monkeypatch
+):
+    """An action whose allowed key is unset: its turn's model call is never sent, and counts
+    as a failed call (an operator's alert on failed calls sees a key gone missing), with no
+    time of its own in the latency histogram."""
+    monkeypatch.delenv("TEAM_MODEL_KEY", raising=False)
+    monkeypatch.delenv("TEAM_MODEL_KEY_FILE", raising=False)
+    settings = db_settings(
+        db_url,
+        bootstrap_token=ADMIN_TOKEN,
+        model_base_url=model_server.url,
+        model_max_retries=0,
+        model_allowed_key_envs=["TEAM_MODEL_KEY"],
+    )
+    with serving(settings, embedder) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            action = (
+                await ok(
+                    http,
+                    "mutation($input: ActionInput!) { createAction(input: $input) { actionId } }",
+                    input={"name": "agent", "model": {"apiKeyEnv": "TEAM_MODEL_KEY"}},
+                )
+            )["createAction"]["actionId"]
+            turn = await ok(
+                http,
+                "mutation($input: ExecuteActionInput!) { executeAction(input: $input) "
+                "{ status error } }",
+                input={"actionId": action, "sessionId": "s1", "input": "Hello"},
+            )
+            assert turn["executeAction"]["status"] == "FAILED"
+            assert "TEAM_MODEL_KEY" in turn["executeAction"]["error"]
+            response = await http.get("/metrics", headers=bearer(ADMIN_TOKEN))
+            assert response.status_code == 200
+    found = samples(response.text)
+    assert model_server.requests == []
+    assert value(found, "engram_model_calls_total", purpose="turn", outcome="failed") == 1
+    assert value(found, "engram_model_calls_total", purpose="turn", outcome="ok") == 0
+    assert value(found, "engram_model_call_seconds_count", purpose="turn") == 0
+    assert value(found, "engram_turns_total", status="FAILED", kind="TURN") == 1
+
+
 async def test_metrics_count_search_upkeep_rounds_by_outcome(db_url, embedder):
     """The search upkeep runs outside any request: its rounds are counted by outcome, and the
     last one done is dated, so that upkeep that stopped shows (rounds failing, or skipped while

@@ -158,10 +158,12 @@ class Metrics:
         self.turns.labels(status, kind).inc()
 
     def model_call(
-        self, purpose: str, ok: bool, seconds: float, usage: Mapping[str, Any] | None = None
+        self, purpose: str, ok: bool, seconds: float | None, usage: Mapping[str, Any] | None = None
     ) -> None:
+        """A model call counted by outcome, and its time unless it was never sent (None)."""
         self.model_calls.labels(purpose, "ok" if ok else "failed").inc()
-        self.model_call_seconds.labels(purpose).observe(seconds)
+        if seconds is not None:
+            self.model_call_seconds.labels(purpose).observe(seconds)
         for kind in ("prompt", "completion"):
             count = (usage or {}).get(f"{kind}_tokens")
             if isinstance(count, int) and not isinstance(count, bool) and 0 < count < MAX_COUNT:
@@ -216,7 +218,7 @@ class _Discard(Metrics):
         pass
 
     def model_call(
-        self, purpose: str, ok: bool, seconds: float, usage: Mapping[str, Any] | None = None
+        self, purpose: str, ok: bool, seconds: float | None, usage: Mapping[str, Any] | None = None
     ) -> None:
         pass
 

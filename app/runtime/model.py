@@ -332,7 +332,13 @@ class ModelClient:
     ) -> Completion:
         """One chat completion for an action of `account_id` (whose allowed endpoints and keys
         it may use); `max_tokens` caps this reply below the action's own maxTokens."""
-        endpoint = resolve_endpoint(config, self.settings, account_id)
+        try:
+            endpoint = resolve_endpoint(config, self.settings, account_id)
+        except BaseException:
+            # A call that cannot be sent (a key unset or refused, an endpoint no longer
+            # allowed) failed as much as one refused by the model, and took no time of its.
+            metrics.current().model_call(purpose, False, None)
+            raise
         body: dict[str, Any] = {
             "model": endpoint.model,
             "messages": messages,
