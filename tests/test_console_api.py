@@ -1,6 +1,8 @@
 """The API additions the console needs (issue 17), for every client: `clients(first, after)`,
 filters on `Action.memories`, and `viewer.allowed(operations)`."""
 
+from uuid import uuid4
+
 import httpx
 from factories import (
     allow,
@@ -177,8 +179,8 @@ def test_viewer_allowed_knows_every_root_operation():
 async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, admin, state):
     """The table mirrors the services' checks: a client holding exactly an operation's grants
     is allowed it, and one lacking any of them is refused by the operation itself. Among them
-    what the console offers or hides by it: creating agents and clients, deleting clients and
-    erasing sessions."""
+    what the console offers or hides by it: creating agents and clients, deleting clients,
+    erasing sessions and revoking the tokens a token issued."""
     agent = await make_agent(state, admin)
     kept = await remember(state, agent, "kept")
     await record_turn(state, writer(agent, session="s1"))
@@ -210,6 +212,10 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
             'mutation($a: UUID!) { eraseSession(actionId: $a, sessionId: "s1") '
             "{ erasedExecutions } }",
             {"a": aid},
+        ),
+        "revokeTokensIssuedBy": (
+            "mutation($t: UUID!) { revokeTokensIssuedBy(tokenId: $t) { tokenId } }",
+            {"t": str(uuid4())},
         ),
     }
     for name, (query, variables) in runs.items():

@@ -483,7 +483,9 @@ async def test_tokens_change_in_place_and_revoking_ones_own_signs_out(db_url, em
             f"Token {secret[:8]}… revoked"
         )
         await expect(auditor.get_by_label("The new token")).to_have_count(0)  # no use now
-        await expect(rows.first.get_by_role("button")).to_be_focused()
+        await expect(
+            rows.first.get_by_role("button", name=re.compile("^Revoke token"))
+        ).to_be_focused()
         refused = Api(url, secret).raw("{ viewer { principal } }")
         assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
 
@@ -511,6 +513,165 @@ async def test_tokens_change_in_place_and_revoking_ones_own_signs_out(db_url, em
         assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
         # The operator's other token still works.
         assert admin("{ viewer { principal } }")["viewer"]["principal"] == "admin"
+
+
+EVERY_GRANT = [
+    {"effect": "ALLOW", "actions": ["SELECT", "INSERT", "UPDATE", "DELETE"], "resources": ["*"]}
+]
+ISSUE = """mutation($p: String!) { createClientToken(principal: $p) { token tokenId prefix } }"""
+
+
+def refused(url: str, token: str) -> bool:
+    """Whether a request sending `token` is refused as UNAUTHENTICATED over HTTP."""
+    answer = httpx.post(
+        url + "/graphql",
+        json={"query": "{ viewer { principal } }"},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    if answer.status_code != 401:
+        assert answer.status_code == 200 and not answer.json().get("errors"), answer.text
+        return False
+    return answer.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issued(
+    db_url, embedder
+):
+    """revokeTokensIssuedBy from the clients page: beside a token's revoke, "Revoke with the
+    tokens it issued" takes it and every token whose issuers lead back to it (a issued b, b
+    issued c), reloads the tables and says which went; a token already revoked, and so in no
+    table, by its ID. Tokens issued otherwise keep working; a token whose grants may not revoke
+    tokens is offered neither."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        client = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+        for principal, policies in [("ops", EVERY_GRANT), ("deputy", EVERY_GRANT), ("bot", READER)]:
+            admin(client, i={"principal": principal, "name": principal, "policies": policies})
+        lister = [{"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Client.*"]}]
+        admin(client, i={"principal": "lister", "name": "lister", "policies": lister})
+
+        def chain() -> dict[str, dict[str, str]]:
+            a = admin(ISSUE, p="ops")["createClientToken"]
+            b = Api(url, a["token"])(ISSUE, p="deputy")["createClientToken"]
+            c = Api(url, b["token"])(ISSUE, p="bot")["createClientToken"]
+            return {"a": a, "b": b, "c": c}
+
+        made = chain()
+        other = admin(ISSUE, p="bot")["createClientToken"]  # the bootstrap token's: no part of it
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+
+        def card(principal: str):
+            name = page.locator("h2 .mono", has_text=re.compile(f"^{principal}$"))
+            return page.locator("section.client", has=name)
+
+        def row(principal: str, t: dict[str, str]):
+            return card(principal).locator("tbody tr", has_text=t["prefix"])
+
+        for principal, k in [("ops", "a"), ("deputy", "b"), ("bot", "c")]:
+            await expect(row(principal, made[k])).to_have_count(1)
+        dialog = page.get_by_role("dialog")
+        a = made["a"]["prefix"] + "…"
+        await (
+            row("ops", made["a"])
+            .get_by_role(
+                "button", name=f"Revoke with the tokens it issued: token {made['a']['prefix']}"
+            )
+            .click()
+        )
+        await expect(dialog).to_contain_text(f"Revoke token {a} and every token it issued?")
+        await expect(dialog).not_to_contain_text("This is the token you are signed in with")
+        await page.screenshot(path=screenshot_path("console-revoke-issued.png"))
+        await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
+        report = page.get_by_role("region", name="Tokens revoked")
+        await expect(report.get_by_role("heading", name="Tokens revoked")).to_be_focused()
+        await expect(report.locator("p")).to_have_text(
+            f"Revoked token {a} and the 2 tokens it issued, in turn: requests sending any of them "
+            "are refused from now on."
+        )
+        await expect(page.get_by_role("list", name="Tokens revoked").locator("li")).to_have_text(
+            [made[k]["prefix"] + "…" for k in "abc"]
+        )
+        for principal, k in [("ops", "a"), ("deputy", "b"), ("bot", "c")]:
+            await expect(row(principal, made[k])).to_have_count(0)
+        await page.screenshot(path=screenshot_path("console-revoked-issued.png"))
+        await expect(row("bot", other)).to_have_count(1)
+        assert [refused(url, made[k]["token"]) for k in "abc"] == [True, True, True]
+        assert not refused(url, other["token"])
+
+        # Its token revoked first (so in no table), the rest of a chain goes by the token's ID.
+        made = chain()
+        admin(
+            'mutation($t: UUID!) { revokeClientToken(principal: "ops", tokenId: $t) { tokenId } }',
+            t=made["a"]["tokenId"],
+        )
+        assert refused(url, made["a"]["token"]) and not refused(url, made["c"]["token"])
+        await page.reload()
+        await expect(row("deputy", made["b"])).to_have_count(1)
+        await expect(row("ops", made["a"])).to_have_count(0)
+        await page.get_by_text("Revoke every token a leaked token issued, by its ID").click()
+        await page.get_by_label("Token ID").fill("not-an-id")
+        await page.get_by_label("Token ID").press("Enter")
+        await expect(page.get_by_label("Token ID")).to_have_attribute("aria-invalid", "")
+        await page.locator("details.leak").screenshot(path=screenshot_path("console-leak-form.png"))
+        await page.get_by_label("Token ID").fill(made["a"]["tokenId"])
+        await page.get_by_label("Token ID").press("Enter")
+        await expect(dialog).to_contain_text(f"Revoke token {made['a']['tokenId']}")
+        await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
+        await expect(report.locator("p")).to_have_text(
+            f"Revoked the 2 tokens it issued, in turn (token {made['a']['tokenId']} itself was "
+            "revoked already): requests sending any of them are refused from now on."
+        )
+        await expect(page.get_by_role("list", name="Tokens revoked").locator("li")).to_have_text(
+            [made[k]["prefix"] + "…" for k in "bc"]
+        )
+        await expect(row("deputy", made["b"])).to_have_count(0)
+        await expect(row("bot", made["c"])).to_have_count(0)
+        assert [refused(url, made[k]["token"]) for k in "bc"] == [True, True]
+        assert not refused(url, other["token"])
+        # Asked again: nothing is left to revoke, which is no error.
+        await page.get_by_text("Revoke every token a leaked token issued, by its ID").click()
+        await page.get_by_label("Token ID").fill(made["a"]["tokenId"])
+        await page.get_by_label("Token ID").press("Enter")
+        await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
+        nothing = page.get_by_role("region", name="Nothing revoked")
+        await expect(nothing.get_by_role("heading")).to_be_focused()
+        await expect(nothing).to_contain_text(
+            f"Nothing revoked: token {made['a']['tokenId']} and every token it issued were "
+            "revoked already, or your grants reach none of them."
+        )
+        await expect(page.locator("main .error")).to_have_count(0)
+
+        # A token that may list tokens but not revoke them is offered neither.
+        lister_token = admin(ISSUE, p="lister")["createClientToken"]["token"]
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, lister_token)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await expect(row("bot", other)).to_have_count(1)
+        await expect(page.get_by_role("button", name=re.compile("^Revoke"))).to_have_count(0)
+        await expect(page.get_by_label("Token ID")).to_have_count(0)
+
+        # Signed in with a token the chain reaches (b), the console signs out, saying why.
+        made = chain()
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, made["b"]["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await (
+            row("ops", made["a"])
+            .get_by_role("button", name=re.compile("^Revoke with the tokens it issued"))
+            .click()
+        )
+        await expect(dialog).to_contain_text("If the token you are signed in with is among them")
+        await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        await expect(page.get_by_role("status")).to_contain_text(
+            "The token you were signed in with was among them. Sign in with another token."
+        )
+        assert await page.evaluate("sessionStorage.length") == 0
+        assert [refused(url, made[k]["token"]) for k in "abc"] == [True, True, True]
 
 
 SEARCHER = [

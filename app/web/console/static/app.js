@@ -11,7 +11,7 @@ const OPERATIONS = [
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript", "execution",
   "ActionSession.searchHistory", "eraseSession",
   "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
-  "revokeClientToken",
+  "revokeClientToken", "revokeTokensIssuedBy",
 ];
 const WHAT = {
   actions: "listing agents",
@@ -1131,7 +1131,43 @@ async function clientsView() {
   if (!can("updateClient")) out.push(refusal("updateClient"));
   if (!can("deleteClient")) out.push(refusal("deleteClient"));
   out.push(can("createClient") ? newClient(list, shown) : refusal("createClient"));
+  if (can("revokeTokensIssuedBy")) out.push(leakForm());
   return [...out, list, more];
+}
+
+// After a leak, by the leaked token's ID: it may be revoked already, and so in no table.
+function leakForm() {
+  const input = h("input", { type: "text", autocomplete: "off", spellcheck: false, class: "mono" });
+  const idField = field("Token ID", input, "The leaked token's tokenId (as “engram client tokens” prints it), or "
+    + "the issuedByTokenId of a token it issued. It may be revoked already: the tokens it issued still name it.");
+  const status = h("div", { class: "status" });
+  const submit = h("button", { type: "submit", class: "danger" }, "Revoke with the tokens it issued");
+  const form = h("form", { class: "inline", onsubmit: async (e) => {
+    e.preventDefault();
+    if (submit.disabled) return;
+    status.replaceChildren();
+    const id = input.value.trim().toLowerCase(); // as viewer.tokenId, to tell the signed-in token
+    idField.showError(UUID.test(id) ? "" : "A token ID is a UUID: 32 hexadecimal digits in groups of 8-4-4-4-12, "
+      + "such as 0b7c4f1e-2d3a-4b5c-8d9e-0f1a2b3c4d5e.");
+    if (!UUID.test(id)) {
+      input.focus();
+      return;
+    }
+    submit.disabled = true;
+    try {
+      await revokeIssued(id, id);
+    } catch (error) {
+      status.replaceChildren(problem(error));
+    } finally {
+      submit.disabled = false;
+    }
+  } }, idField, submit);
+  return h("details", { class: "card leak" },
+    h("summary", {}, "Revoke every token a leaked token issued, by its ID"),
+    h("p", {}, "A token that may create tokens may have issued others, which revoking it leaves working. This "
+      + "revokes the token with that ID, if it is still there, each token it issued, each token those issued, "
+      + "and so on: tokens of any client, in every account your grants reach."),
+    form, status);
 }
 
 // "New client": the client form, empty; the client it creates heads the list, offering its first
@@ -1175,6 +1211,7 @@ const DELETE_CLIENT = `mutation($p: String!, $a: UUID, $m: Timestamp) {
   deleteClient(principal: $p, accountId: $a, expectedModified: $m) { principal } }`;
 const REVOKE = `mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`;
+const REVOKE_ISSUED = "mutation($t: UUID!) { revokeTokensIssuedBy(tokenId: $t) { tokenId prefix } }";
 
 // Whether token `t` of client `c` is the one this tab is signed in with (viewer.tokenId).
 function signedInWith(c, t) {
@@ -1192,6 +1229,59 @@ const tokenIssuer = (c, t) => {
   if (t.issuedByAccountId && t.issuedByAccountId !== c.accountId) return `${t.issuedBy} (account ${t.issuedByAccountId})`;
   return t.issuedBy;
 };
+
+// "Revoke with the tokens it issued", after a dialog: token `tokenId` (shown as `name`), if it is
+// still there, and every token whose issuers lead back to it (revokeTokensIssuedBy). The clients
+// page is then loaded again, each table as it is now, headed by what was revoked. A refusal is
+// thrown, for the caller to say where it was asked.
+async function revokeIssued(tokenId, name) {
+  const mine = tokenId === viewer.tokenId;
+  const ok = await confirmDialog({
+    title: `Revoke token ${name} and every token it issued?`,
+    body: [
+      mine ? h("p", { class: "notice" }, h("strong", {}, "This is the token you are signed in with."),
+        " Revoking it signs you out of this console at once; sign in again with another token.") : null,
+      h("p", {}, "Requests sending it, any token it issued, any token those issued, and so on, are refused from "
+        + "now on: tokens of any client, in every account your grants reach. This cannot be undone; tokens "
+        + "issued otherwise keep working."),
+      mine ? null : h("p", {}, "If the token you are signed in with is among them, this signs you out."),
+    ],
+    ok: mine ? "Revoke all and sign out" : "Revoke with the tokens it issued",
+  });
+  if (!ok) return;
+  const here = location.hash;
+  const revoked = (await gql(REVOKE_ISSUED, { t: tokenId })).revokeTokensIssuedBy;
+  const itself = revoked.some((t) => t.tokenId === tokenId);
+  const issued = revoked.filter((t) => t.tokenId !== tokenId);
+  const tokens = (n) => `${n} token${n === 1 ? "" : "s"}`;
+  let said;
+  if (!revoked.length) {
+    said = `Nothing revoked: token ${name} and every token it issued were revoked already, or your grants reach none `
+      + "of them.";
+  } else if (!issued.length) {
+    said = `Revoked token ${name}: no token your grants reach was issued by it. Requests sending it are refused `
+      + "from now on.";
+  } else {
+    said = `Revoked ${itself ? `token ${name} and ` : ""}the ${tokens(issued.length)} it issued, in turn`
+      + `${itself ? "" : ` (token ${name} itself was revoked already)`}: requests sending any of them are refused `
+      + "from now on.";
+  }
+  if (revoked.some((t) => t.tokenId === viewer.tokenId)) {
+    signOut(`${said} The token you were signed in with was among them. Sign in with another token.`);
+    return;
+  }
+  if (location.hash !== here) return;
+  await route();
+  const heading = document.querySelector("#main h1");
+  if (!heading || location.hash !== here) return;
+  const report = h("section", { class: "card revoked", "aria-labelledby": "revoked-title" },
+    h("h2", { id: "revoked-title", tabindex: -1 }, revoked.length ? "Tokens revoked" : "Nothing revoked"),
+    h("p", {}, said),
+    revoked.length ? h("ul", { "aria-label": "Tokens revoked" },
+      revoked.map((t) => h("li", { class: "mono" }, tokenName(t)))) : null);
+  heading.after(report);
+  report.querySelector("h2").focus();
+}
 
 // Client `c`'s card: its policies and tokens, and what the grants allow doing with them. A
 // `fresh` one was just created here: it offers its first token.
@@ -1267,7 +1357,16 @@ function clientCard(c, { fresh = false } = {}) {
       h("td", { dataset: { label: "Issued by" } }, tokenIssuer(c, t)),
       h("td", {}, t.bootstrap ? badge("bootstrap") : null, signedInWith(c, t) ? badge("signed in") : null,
         can("revokeClientToken") ? button("Revoke", () => revoke(t, tr),
-          { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null));
+          { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null,
+        can("revokeTokensIssuedBy") ? button("Revoke with the tokens it issued", async () => {
+          status.replaceChildren();
+          try {
+            await revokeIssued(t.tokenId, tokenName(t));
+          } catch (error) {
+            status.replaceChildren(problem(error));
+          }
+        }, { class: "danger small", "aria-label": `Revoke with the tokens it issued: token ${t.prefix || t.tokenId}` })
+          : null));
     return tr;
   };
 
