@@ -370,3 +370,35 @@ async def test_a_long_chain_a_leaked_token_made_is_revoked_within_the_statement_
         )
     revoked = await service.revoke_tokens_issued_by(state.pool, admin, token_id=ids[0])
     assert [t.token_id for t in revoked] == ids
+
+
+async def test_a_revoked_bootstrap_token_is_made_again_by_a_start_with_the_same_setting(
+    state, admin
+):
+    """Revoking the bootstrap token and what it issued holds until the service starts again
+    with ENGRAM_BOOTSTRAP_TOKEN unchanged, which makes that value the admin's token again (a
+    new tokenId; what it issued stays revoked): after a leak, the setting is changed too
+    (docs/access.md)."""
+    from app.errors import Unauthenticated
+
+    await service.bootstrap_admin(state.pool, BOOTSTRAP)
+    leaked = await service.authenticate(state.pool, f"Bearer {BOOTSTRAP}")
+    await service.create_client(
+        state.pool, admin, account_id=None, principal="ops", name="ops", policies=[ALL_OF_IT]
+    )
+    issued = await service.issue_client_token(state.pool, leaked, account_id=None, principal="ops")
+    revoked = await service.revoke_tokens_issued_by(state.pool, admin, token_id=leaked.token_id)
+    assert [t.token_id for t in revoked] == [leaked.token_id, issued.info.token_id]
+    for token in (BOOTSTRAP, issued.token):
+        with pytest.raises(Unauthenticated):
+            await service.authenticate(state.pool, f"Bearer {token}")
+
+    await service.bootstrap_admin(state.pool, BOOTSTRAP)  # a start, the setting unchanged
+    again = await service.authenticate(state.pool, f"Bearer {BOOTSTRAP}")
+    assert again.token_id != leaked.token_id
+    with pytest.raises(Unauthenticated):
+        await service.authenticate(state.pool, f"Bearer {issued.token}")
+
+    await service.bootstrap_admin(state.pool, "revoke-issued-new-bootstrap-token-9876543210")
+    with pytest.raises(Unauthenticated):
+        await service.authenticate(state.pool, f"Bearer {BOOTSTRAP}")
