@@ -307,6 +307,57 @@ async def test_a_call_or_an_ingest_a_sweep_ends_is_told_to_be_sent_again(
     }
 
 
+async def test_an_execution_of_a_kind_without_words_of_its_own_ends_with_an_error(
+    gql: GQL, admin: Caller, state: AppState
+) -> None:
+    """The sweeps' words are by kind; one they have none for (a later release's kind met by
+    this release's processes during a rolling upgrade; here ERASE, which no process leaves
+    running) still ends FAILED with an error, not null: the words for an execution, told to
+    send it again."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness(tools=["add_memory"]))
+    dead = uuid.uuid4()
+    async with state.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO service_processes (boot_id, host, pid, heartbeat) "
+            "VALUES ($1, 'elsewhere', 1, now() - interval '1 hour')",
+            dead,
+        )
+    me = process(state)
+    await me.aclose()  # its background sweep: this test sweeps when it says
+    running = {
+        "died": await make_running_turn(
+            state, admin, action_id=action_id, boot_id=dead, kind="ERASE"
+        ),
+        "unrecorded": await make_running_turn(
+            state, admin, action_id=action_id, boot_id=me.boot_id, kind="ERASE"
+        ),
+    }
+    await me.sweep()
+    stale = await make_running_turn(
+        state, admin, action_id=action_id, idle=timedelta(days=1), kind="ERASE"
+    )
+    async with state.pool.acquire() as conn:
+        await liveness_store.fail_stale_turns(conn, admin.account_id, uuid.UUID(action_id), 3600)
+        ended = {
+            what: tuple(
+                await conn.fetchrow(
+                    "SELECT status, error FROM executions WHERE execution_id = $1", execution_id
+                )
+            )
+            for what, execution_id in {**running, "stale": stale}.items()
+        }
+    died = "the execution stopped without finishing (its process ended); send it again"
+    assert ended == {
+        "died": ("FAILED", died),
+        "unrecorded": (
+            "FAILED",
+            "the execution failed but its end could not be recorded (the database was "
+            "unreachable); send it again",
+        ),
+        "stale": ("FAILED", died),
+    }
+
+
 async def test_processes_sweeping_one_database_at_once_fail_each_dead_turn_once(
     gql: GQL, admin: Caller, state: AppState
 ) -> None:

@@ -357,7 +357,8 @@ async def delete_token_chain(
     them issued (its `issued_by_token`), every token those issued, and so on; with
     `own_issuers`, a root's tokens only where the account's own clients issued them (not the
     default account's, whose tokens a tenant may not name). UNION, not UNION ALL: a token
-    reached twice is walked once, so the walk ends whatever the rows say."""
+    reached twice is walked once, so the walk ends whatever the rows say. Each step looks up
+    the tokens one issued in `client_tokens_issued` (migration 0038)."""
     async with conn.transaction():
         rows = await conn.fetch(
             f"""

@@ -41,9 +41,11 @@ def unrecorded_error(kind: str) -> str:
 
 DEAD_PROCESS_ERROR = dead_process_error("TURN")
 UNRECORDED_ERROR = unrecorded_error("TURN")
-# As a sweep ends an execution, by its kind: {kind: error} (jsonb, read with ->> kind).
-_DEAD_PROCESS = {kind: dead_process_error(kind) for kind in NAMES}
-_UNRECORDED = {kind: unrecorded_error(kind) for kind in NAMES}
+# As a sweep ends an execution, by its kind: {kind: error} (jsonb, read with ->> kind), and
+# under "" an execution's of a kind without words of its own (a later release's, met in a
+# rolling upgrade), as `named` calls it, rather than no error.
+_DEAD_PROCESS = {kind: dead_process_error(kind) for kind in (*NAMES, "")}
+_UNRECORDED = {kind: unrecorded_error(kind) for kind in (*NAMES, "")}
 
 
 async def beat(
@@ -92,7 +94,8 @@ async def fail_dead_turns(
         f"""
         UPDATE executions e
         SET status = 'FAILED', modified = now(),
-            error = (CASE WHEN e.boot_id = $1 THEN $7::jsonb ELSE $6::jsonb END) ->> e.kind
+            error = CASE WHEN e.boot_id = $1 THEN coalesce($7::jsonb ->> e.kind, $7::jsonb ->> '')
+                         ELSE coalesce($6::jsonb ->> e.kind, $6::jsonb ->> '') END
         WHERE e.status = 'RUNNING' AND e.kind <> 'OPERATOR'
           AND e.modified < now() - make_interval(secs => $4)
           AND ((e.boot_id <> $1 AND NOT EXISTS (
@@ -150,10 +153,12 @@ async def forget_dead_processes(conn: asyncpg.Connection, lease_seconds: float) 
 
 
 # The agent's ($1, $2) turns still RUNNING long after any turn could have ended ($3 seconds)
-# marked FAILED with the error $4 gives their kind ({kind: error}), returning their rows.
+# marked FAILED with the error $4 gives their kind ({kind: error}, "" for any other),
+# returning their rows.
 _FAIL_STALE = """
         UPDATE executions
-        SET status = 'FAILED', modified = now(), error = $4::jsonb ->> kind
+        SET status = 'FAILED', modified = now(),
+            error = coalesce($4::jsonb ->> kind, $4::jsonb ->> '')
         WHERE account_id = $1 AND action_id = $2 AND status = 'RUNNING' AND kind <> 'OPERATOR'
           AND modified < now() - make_interval(secs => $3)
         RETURNING *"""
