@@ -143,9 +143,11 @@ def _traceback(ei: Any) -> str:
         grouped = getattr(raised, "exceptions", None) or ()
         pairs += zip(getattr(part, "exceptions", None) or (), grouped, strict=False)
     text = "".join(shown.format()).rstrip("\n")
-    # A Python that prints the words from elsewhere than `_str`: said by their kind, and any
-    # line of them printed otherwise left out.
+    # A Python that prints the words from elsewhere than `_str` (the kind is then missing):
+    # said by their kind, and any line of them printed otherwise left out.
     for words, kind in hidden:
+        if kind in text:
+            continue
         text = text.replace(words, kind)
         for line in filter(None, (line.strip() for line in words.splitlines())):
             text = text.replace(line, "(left out)")
