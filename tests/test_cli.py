@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from urllib.parse import quote
 from uuid import UUID
 
 import asyncpg
 import pytest
-from helpers import scratch_dir
+from helpers import database_copy, scratch_dir
+from psycopg.conninfo import conninfo_to_dict
 from servers import Served, clean_env, free_port, post_graphql, run, run_closed
 
 from app import cli, config
@@ -608,6 +610,33 @@ def test_an_unreachable_database_is_one_line_naming_the_host_not_the_password(ar
     (line,) = result.stderr.splitlines()
     assert line.startswith("engram: cannot connect to the database at 127.0.0.1:"), line
     assert "(ENGRAM_DATABASE_URL)" in line
+
+
+async def test_a_url_naming_its_socket_directory_as_its_host_migrates_and_serves(
+    pg_server, tmp_path
+):
+    """libpq takes a Unix socket's directory, percent-encoded, as a URL's host
+    (`postgresql://engram@%2Fvar%2Frun%2Fpostgresql/engram`), and so did every connection of
+    the service but the migrations': SQLAlchemy passed `%2Fvar...` on as a host name to
+    resolve, and the first command on a new database failed, saying `migration 0001 failed
+    (failed to resolve host ...)`."""
+    async with database_copy(pg_server, None, "engram_socket_host") as url:
+        socket_dir = conninfo_to_dict(url)["host"]
+        assert socket_dir.startswith("/")
+        url = f"postgresql://postgres@{quote(socket_dir, safe='')}/engram_socket_host"
+        env = clean_env(database_url=url, search_maintenance_seconds="0", port=str(free_port()))
+        done = await asyncio.to_thread(run, env, "migrate")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("database is at the latest migration ("), done.stdout
+        served = Served(env, tmp_path / "serve.log")
+        try:
+            base = f"http://127.0.0.1:{env['ENGRAM_PORT']}"
+            await asyncio.to_thread(served.wait_healthy, base)
+            (token,) = served.admin_tokens()
+            data = await asyncio.to_thread(post_graphql, base, token, "{ viewer { principal } }")
+            assert data == {"viewer": {"principal": "admin"}}
+        finally:
+            assert served.stop(signal.SIGINT) == 0
 
 
 def test_a_short_password_is_neither_shown_nor_spelled_by_masking():

@@ -30,20 +30,15 @@ log = logging.getLogger(__name__)
 _LOCK_RETRY_SECONDS = 0.2
 
 
-def sqlalchemy_url(url: str) -> str:
-    """libpq URL -> SQLAlchemy URL for psycopg 3 (unix sockets kept); migrations run sync."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
-
-
 def alembic_config(url: str) -> "Config":
+    """The migrations' alembic config; env.py connects with `url` as libpq reads it, as every
+    other connection does (SQLAlchemy's own parsing took a socket directory written as the
+    host, `%2Fvar%2Frun%2Fpostgresql`, for a host name)."""
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    cfg.attributes["database_url"] = url
     return cfg
 
 
