@@ -148,6 +148,34 @@ async def test_serve_shows_the_admin_token_as_its_start_commits_it(
     assert prefix not in capsys.readouterr().out
 
 
+async def test_a_start_after_every_admin_token_was_revoked_shows_none(
+    settings, embedder, state, admin, capsys
+):
+    """The first start shows the admin token once. A later start whose admin held no token (an
+    operator had revoked each, a leaked one among them) made another and showed it, as `first
+    start`, into the service's output, which a process manager keeps as a log: it shows none,
+    and `engram client token admin` issues the admin one (docs/access.md)."""
+    from app.main import start_state
+
+    prefix = "Engram admin token (shown once, keep it safe): "
+    first = await start_state(settings, embedder)
+    await first.stop()
+    assert prefix in capsys.readouterr().out
+    for token in await service.list_client_tokens(
+        state.pool, admin, account_id=None, principal="admin"
+    ):
+        await service.revoke_client_token(
+            state.pool, admin, account_id=None, principal="admin", token_id=token.token_id
+        )
+    again = await start_state(settings, embedder)
+    await again.stop()
+    assert prefix not in capsys.readouterr().out
+    assert (
+        await service.list_client_tokens(state.pool, admin, account_id=None, principal="admin")
+        == []
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
