@@ -243,6 +243,22 @@ async def test_cli_errors_are_one_line_and_exit_2(db_url, monkeypatch, capsys, a
     assert "Traceback" not in err
 
 
+async def test_listing_the_admins_tokens_before_any_start_made_the_admin_says_what_makes_it(
+    db_url, admin, tmp_path
+):
+    """An import on a new deployment makes the default account, not its admin (a start does).
+    `engram client tokens admin` then said the admin was not in the default account and that
+    "a client of another account needs --account ID", which sent the operator looking for the
+    admin elsewhere."""
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    done = await asyncio.to_thread(run, env, "client", "tokens", "admin")
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error (NOT_FOUND): client 'admin' not found in the default account: `engram serve`, or "
+        "a client or account command that writes, makes it (docs/access.md)"
+    ), done.stderr
+
+
 async def test_cli_policy_takes_a_list_as_access_md_writes_several(db_url, monkeypatch, capsys):
     """`--policy` given a JSON list, such as docs/access.md's "everything but deleting clients",
     gives the client each policy of it, alongside those of other `--policy` flags."""
