@@ -601,6 +601,7 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
     from app.auth import service
+    from app.auth.service import ADMIN_PRINCIPAL
     from app.errors import NotFound
 
     _printed_result()
@@ -666,6 +667,12 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
         except NotFound as e:
             if account is not None or not str(e).endswith(" not found"):
                 raise
+            if args.principal == ADMIN_PRINCIPAL:
+                # Listing only reads: the default account an import made has no admin yet.
+                raise NotFound(
+                    f"{e} in the default account: `engram serve`, or a client or account "
+                    "command that writes, makes it (docs/access.md)"
+                ) from None
             raise NotFound(
                 f"{e} in the default account: a client of another account needs --account ID"
             ) from None

@@ -227,6 +227,13 @@ _REASONS = {
         'Unsupported content type: POST the request as application/json, {"query": ...,'
         ' "variables": {...}}'
     ),
+    **{
+        f"{kind} are not allowed when using GET": (
+            f"{kind} are not run over GET, which serves GraphiQL: POST the request as"
+            ' application/json, {"query": ..., "variables": {...}}'
+        )
+        for kind in ("queries", "mutations")
+    },
 }
 
 

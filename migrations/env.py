@@ -1,33 +1,36 @@
 """Alembic environment: raw SQL migrations over psycopg (multi-statement SQL needs no prepare)."""
 
+import psycopg
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import create_engine, pool
 
 config = context.config
 
 
 def _url() -> str:
-    url = config.get_main_option("sqlalchemy.url")
+    url = config.attributes.get("database_url")
     if url:
-        return url
+        return str(url)
     from app.config import Settings
-    from app.db.migrate import sqlalchemy_url
 
     raw = Settings().database_url_value()
     if raw is None:
         raise RuntimeError(
             "set ENGRAM_DATABASE_URL, or run `engram migrate` for the embedded server"
         )
-    return sqlalchemy_url(raw)
+    return raw
 
 
 if context.is_offline_mode():
-    context.configure(url=_url(), literal_binds=True)
+    context.configure(dialect_name="postgresql", literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
 else:
-    engine = engine_from_config(
-        {"sqlalchemy.url": _url()}, prefix="sqlalchemy.", poolclass=pool.NullPool
+    url = _url()
+    # libpq reads the URL (a socket directory as its host, several hosts, any parameter), as it
+    # does for every other connection of the service; SQLAlchemy only drives the connection.
+    engine = create_engine(
+        "postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=pool.NullPool
     )
     with engine.connect() as connection:
         context.configure(

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from urllib.parse import quote
 from uuid import UUID
 
 import asyncpg
 import pytest
-from helpers import scratch_dir
+from helpers import database_copy, scratch_dir
+from psycopg.conninfo import conninfo_to_dict
 from servers import Served, clean_env, free_port, post_graphql, run, run_closed
 
 from app import cli, config
@@ -146,6 +148,34 @@ async def test_serve_shows_the_admin_token_as_its_start_commits_it(
     assert prefix not in capsys.readouterr().out
 
 
+async def test_a_start_after_every_admin_token_was_revoked_shows_none(
+    settings, embedder, state, admin, capsys
+):
+    """The first start shows the admin token once. A later start whose admin held no token (an
+    operator had revoked each, a leaked one among them) made another and showed it, as `first
+    start`, into the service's output, which a process manager keeps as a log: it shows none,
+    and `engram client token admin` issues the admin one (docs/access.md)."""
+    from app.main import start_state
+
+    prefix = "Engram admin token (shown once, keep it safe): "
+    first = await start_state(settings, embedder)
+    await first.stop()
+    assert prefix in capsys.readouterr().out
+    for token in await service.list_client_tokens(
+        state.pool, admin, account_id=None, principal="admin"
+    ):
+        await service.revoke_client_token(
+            state.pool, admin, account_id=None, principal="admin", token_id=token.token_id
+        )
+    again = await start_state(settings, embedder)
+    await again.stop()
+    assert prefix not in capsys.readouterr().out
+    assert (
+        await service.list_client_tokens(state.pool, admin, account_id=None, principal="admin")
+        == []
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -211,6 +241,22 @@ async def test_cli_errors_are_one_line_and_exit_2(db_url, monkeypatch, capsys, a
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+
+
+async def test_listing_the_admins_tokens_before_any_start_made_the_admin_says_what_makes_it(
+    db_url, admin, tmp_path
+):
+    """An import on a new deployment makes the default account, not its admin (a start does).
+    `engram client tokens admin` then said the admin was not in the default account and that
+    "a client of another account needs --account ID", which sent the operator looking for the
+    admin elsewhere."""
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+    done = await asyncio.to_thread(run, env, "client", "tokens", "admin")
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error (NOT_FOUND): client 'admin' not found in the default account: `engram serve`, or "
+        "a client or account command that writes, makes it (docs/access.md)"
+    ), done.stderr
 
 
 async def test_cli_policy_takes_a_list_as_access_md_writes_several(db_url, monkeypatch, capsys):
@@ -608,6 +654,33 @@ def test_an_unreachable_database_is_one_line_naming_the_host_not_the_password(ar
     (line,) = result.stderr.splitlines()
     assert line.startswith("engram: cannot connect to the database at 127.0.0.1:"), line
     assert "(ENGRAM_DATABASE_URL)" in line
+
+
+async def test_a_url_naming_its_socket_directory_as_its_host_migrates_and_serves(
+    pg_server, tmp_path
+):
+    """libpq takes a Unix socket's directory, percent-encoded, as a URL's host
+    (`postgresql://engram@%2Fvar%2Frun%2Fpostgresql/engram`), and so did every connection of
+    the service but the migrations': SQLAlchemy passed `%2Fvar...` on as a host name to
+    resolve, and the first command on a new database failed, saying `migration 0001 failed
+    (failed to resolve host ...)`."""
+    async with database_copy(pg_server, None, "engram_socket_host") as url:
+        socket_dir = conninfo_to_dict(url)["host"]
+        assert socket_dir.startswith("/")
+        url = f"postgresql://postgres@{quote(socket_dir, safe='')}/engram_socket_host"
+        env = clean_env(database_url=url, search_maintenance_seconds="0", port=str(free_port()))
+        done = await asyncio.to_thread(run, env, "migrate")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("database is at the latest migration ("), done.stdout
+        served = Served(env, tmp_path / "serve.log")
+        try:
+            base = f"http://127.0.0.1:{env['ENGRAM_PORT']}"
+            await asyncio.to_thread(served.wait_healthy, base)
+            (token,) = served.admin_tokens()
+            data = await asyncio.to_thread(post_graphql, base, token, "{ viewer { principal } }")
+            assert data == {"viewer": {"principal": "admin"}}
+        finally:
+            assert served.stop(signal.SIGINT) == 0
 
 
 def test_a_short_password_is_neither_shown_nor_spelled_by_masking():

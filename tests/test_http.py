@@ -95,12 +95,22 @@ async def test_graphiql_on_get(http):
     assert '<link rel="icon" href="data:," />' in response.text
 
 
-async def test_queries_over_get_are_refused_clearly(http):
-    response = await http.get(
-        "/graphql", params={"query": "{ viewer { principal } }"}, headers=ADMIN
-    )
+@pytest.mark.parametrize(
+    ("query", "kind"),
+    [
+        ("{ viewer { principal } }", "queries"),
+        ('mutation { createAccount(input: {name: "x"}) { name } }', "mutations"),
+    ],
+)
+async def test_queries_over_get_are_refused_clearly(http, query, kind):
+    response = await http.get("/graphql", params={"query": query}, headers=ADMIN)
     assert response.status_code == 400
     assert error_code(response) == "BAD_REQUEST"
+    # Strawberry's words ("queries are not allowed when using GET") said not how to send one.
+    assert response.json()["errors"][0]["message"] == (
+        f"{kind} are not run over GET, which serves GraphiQL: POST the request as "
+        'application/json, {"query": ..., "variables": {...}}'
+    )
 
 
 @pytest.mark.parametrize(

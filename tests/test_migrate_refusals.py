@@ -205,6 +205,41 @@ async def test_a_migration_that_fails_is_said_in_one_line_with_where_the_databas
         assert done.stdout == f"database is at the latest migration ({head})\n"
 
 
+async def test_a_migration_refused_for_want_of_a_privilege_says_what_the_role_needs(
+    pg_server, tmp_path
+):
+    """A role that does not own its database (or may not create pgvector's extension) fails a
+    migration with PostgreSQL's "permission denied ...", and the line sent the operator to the
+    Upgrades section, which says nothing of privileges; it names what the role needs and where
+    operations.md says so."""
+    name = f"engram_not_owned_{uuid.uuid4().hex[:8]}"
+    role = f"engram_tenant_{uuid.uuid4().hex[:8]}"
+    async with database_copy(pg_server, None, name) as url:
+        await _execute(url, "CREATE EXTENSION vector")
+        await _execute(url, f"CREATE ROLE {role} LOGIN")
+        await _execute(url, f"GRANT CREATE ON SCHEMA public TO {role}")
+        try:
+            socket_dir = psycopg.conninfo.conninfo_to_dict(url)["host"]
+            as_role = f"postgresql://{role}@/{name}?host={socket_dir}"
+            env = clean_env(database_url=as_role, data_dir=str(tmp_path / "unused"))
+            done = await asyncio.to_thread(run, env, "migrate")
+            assert done.returncode == 2, done.stderr
+            assert "Traceback" not in done.stderr, done.stderr
+            line = done.stderr.splitlines()[-1]
+            assert line.startswith(
+                'engram: migration 0005 failed (permission denied to create extension "btree_gin")'
+                "; the database stays at migration 0004: "
+            ), line
+            assert line.endswith(
+                "the database's role needs to own it, and pgvector's `vector` extension to be "
+                "created by a superuser beforehand (docs/operations.md, ENGRAM_DATABASE_URL); "
+                "then run `engram migrate` again"
+            ), line
+        finally:
+            await _execute(url, f"DROP OWNED BY {role}")
+            await _execute(url, f"DROP ROLE {role}")
+
+
 async def test_commands_that_only_read_refuse_an_older_database_and_leave_it_as_it_is(
     pg_server, tmp_path
 ):

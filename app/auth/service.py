@@ -332,13 +332,15 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
 
     With `token` (ENGRAM_BOOTSTRAP_TOKEN), that value becomes the admin's bootstrap token,
     replacing the one an earlier value made (other admin tokens stay). Without it, the first
-    start creates an admin token and returns it (to be printed once); later starts return None.
+    start creates an admin token and returns it (to be printed once); later starts return None,
+    also once every admin token was revoked (`engram client token admin` issues one).
     """
     admin_policies = [p.as_json() for p in ADMIN_POLICIES]
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('engram.bootstrap'))")
         account_id = await ensure_default_account(conn)
-        if await store.get_client(conn, account_id, ADMIN_PRINCIPAL) is None:
+        first = await store.get_client(conn, account_id, ADMIN_PRINCIPAL) is None
+        if first:
             await store.insert_client(
                 conn, account_id, ADMIN_PRINCIPAL, "Administrator", admin_policies
             )
@@ -353,7 +355,7 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
                 ISSUER_BOOTSTRAP,
             )
             return None
-        if await store.count_tokens(conn, account_id, ADMIN_PRINCIPAL) > 0:
+        if not first:
             return None
         created = new_token()
         await store.insert_token(

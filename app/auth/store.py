@@ -247,14 +247,6 @@ async def replace_bootstrap_token(
     )
 
 
-async def count_tokens(conn: asyncpg.Connection, account_id: UUID, principal: str) -> int:
-    return await conn.fetchval(
-        "SELECT count(*) FROM client_tokens WHERE account_id = $1 AND principal = $2",
-        account_id,
-        principal,
-    )
-
-
 async def list_clients(
     conn: asyncpg.Connection, account_id: UUID, after: str | None, limit: int
 ) -> list[Row]:

@@ -28,22 +28,19 @@ MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 log = logging.getLogger(__name__)
 # How often a process waiting for another's migration tries the lock again.
 _LOCK_RETRY_SECONDS = 0.2
-
-
-def sqlalchemy_url(url: str) -> str:
-    """libpq URL -> SQLAlchemy URL for psycopg 3 (unix sockets kept); migrations run sync."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
+# "permission denied ...": the role does not own the database, or may not create an extension.
+_INSUFFICIENT_PRIVILEGE = "42501"
 
 
 def alembic_config(url: str) -> "Config":
+    """The migrations' alembic config; env.py connects with `url` as libpq reads it, as every
+    other connection does (SQLAlchemy's own parsing took a socket directory written as the
+    host, `%2Fvar%2Frun%2Fpostgresql`, for a host name)."""
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    cfg.attributes["database_url"] = url
     return cfg
 
 
@@ -190,10 +187,20 @@ def _failed(lock: psycopg.Connection, script: "ScriptDirectory", error: "DBAPIEr
             "once it answers, run `engram migrate` again"
         )
     failed = next((s.revision for s in script.walk_revisions() if s.down_revision == at), "?")
+    if getattr(diag, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE:
+        remedy = (
+            "the database's role needs to own it, and pgvector's `vector` extension to be "
+            "created by a superuser beforehand (docs/operations.md, ENGRAM_DATABASE_URL); then "
+            "run `engram migrate` again"
+        )
+    else:
+        remedy = (
+            "fix the cause and run `engram migrate` again (docs/operations.md, Upgrades, says "
+            "what each migration needs)"
+        )
     return MigrationFailed(
         f"migration {failed} failed ({why}); the database stays at "
-        f"{f'migration {at}' if at else 'no migration'}: fix the cause and run `engram migrate` "
-        "again (docs/operations.md, Upgrades, says what each migration needs)"
+        f"{f'migration {at}' if at else 'no migration'}: {remedy}"
     )
 
 
