@@ -106,11 +106,16 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         takes minutes, and uvicorn's own lines are kept out of the log."""
 
         async def shutdown(self, sockets: list[Any] | None = None) -> None:
-            logging.getLogger("app.cli").info(
-                "stopping: taking no new requests, finishing the %d in progress (a turn ends "
-                "by ENGRAM_TURN_TIMEOUT_SECONDS)",
-                len(self.server_state.tasks),
-            )
+            running = len(self.server_state.tasks)
+            log = logging.getLogger("app.cli")
+            if running:
+                log.info(
+                    "stopping: taking no new requests, finishing the %d in progress (a turn "
+                    "ends by ENGRAM_TURN_TIMEOUT_SECONDS)",
+                    running,
+                )
+            else:
+                log.info("stopping: taking no new requests, none in progress")
             await super().shutdown(sockets)
 
     if settings.database_url_value() is None:
@@ -1340,6 +1345,10 @@ def parser() -> argparse.ArgumentParser:
     issued.add_argument(
         "token_id", help="the token's tokenId (what it issued names it as issuedByTokenId)"
     )
+    for commands in (account_sub, client_sub):
+        # A missing one is said by what it may be, as the usage says it, not by its dest
+        # ("required: client_command").
+        commands.metavar = "{" + ",".join(commands.choices or ()) + "}"
     return p
 
 

@@ -991,6 +991,17 @@ def test_the_top_level_wrong_argument_is_named(args, said):
     assert lines[-1] == said, lines
 
 
+@pytest.mark.parametrize("command", ["client", "account"])
+def test_a_missing_subcommand_is_said_by_what_it_may_be(command):
+    """`engram client` alone names the commands it takes, not the parser's field for them
+    (`client_command`)."""
+    done = run(clean_env(), command)
+    assert done.returncode == 2, done.stderr
+    said = done.stderr.splitlines()[-1]
+    assert said.startswith(f"engram {command}: error: the following arguments are required: {{")
+    assert "create" in said and "_command" not in said, said
+
+
 def test_serve_refuses_port_0(tmp_path):
     # An unreachable database: without the refusal the command would go on to connect.
     url = f"postgresql://engram@127.0.0.1:{free_port()}/engram"

@@ -1822,6 +1822,14 @@ async def test_a_file_that_is_not_an_export_is_refused(second, first_line, messa
         await load(second, target_admin.account_id, [first_line])
 
 
+async def test_an_empty_file_is_said_empty(second):
+    from app.errors import BadInput
+
+    target_admin = await admin_of(second)
+    with pytest.raises(BadInput, match="^the file is empty: an Engram export starts with its"):
+        await load(second, target_admin.account_id, [])
+
+
 async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, second):
     from app.errors import BadInput
 

@@ -66,6 +66,8 @@ def header(line: str | None) -> dict[str, Any]:
                 "line 1, the export's header, is not JSON: the file is damaged or cut short"
             ) from None
         header = None
+    if line is None:
+        raise BadInput("the file is empty: an Engram export starts with its header line")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise BadInput("this is not an Engram export: its first line is not an export header")
     version = header.get("version")
