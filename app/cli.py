@@ -688,7 +688,7 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-_ACCOUNTS_PAGE = 1000  # accounts `engram account list` reads a query, as `accounts` pages them
+_ACCOUNTS_PAGE = 1000  # accounts `engram account list` reads a query: the most `accounts` pages
 
 
 def _account(settings: Settings, args: argparse.Namespace) -> int:
