@@ -388,9 +388,11 @@ def _unstarted(command: str, *, account: UUID | None) -> Exception:
     from app.errors import NotFound
 
     if account is None:
+        # `engram account list` takes no --account: there is no account it could name.
+        named = "" if command == "account list" else ", or name the account with --account ID"
         return NotFound(
             f"{_UNSTARTED}: `engram {command}` only reads, and makes no account; start the "
-            "service first (`engram serve`), or name the account with --account ID"
+            f"service first (`engram serve`){named}"
         )
     return NotFound(
         f"{_UNSTARTED}, nor account {account}: `engram {command}` only reads, and makes no "
@@ -691,10 +693,41 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+_ACCOUNTS_PAGE = 1000  # accounts `engram account list` reads a query: the most `accounts` pages
+
+
 def _account(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
     from app.auth import service
+
+    if args.account_command == "list":
+
+        async def listed(pool: asyncpg.Pool, caller: Caller) -> dict[str, Any]:
+            found: list[service.Account] = []
+            after = None
+            while True:
+                page = await service.list_accounts(pool, caller, after=after, limit=_ACCOUNTS_PAGE)
+                found += page
+                if len(page) < _ACCOUNTS_PAGE:
+                    break
+                after = (page[-1].name, page[-1].account_id)
+            return {
+                "accounts": [
+                    {
+                        "accountId": str(a.account_id),
+                        "name": a.name,
+                        "created": a.created.isoformat(),
+                        "isDefault": a.is_default,
+                    }
+                    for a in found
+                ]
+            }
+
+        # Listing only reads: it makes neither the default account nor the admin's token.
+        run = partial(_as_admin, settings, listed, reads="account list")
+        print(json.dumps(_run(run), indent=2))
+        return 0
 
     _printed_result()
 
@@ -1304,6 +1337,10 @@ def parser() -> argparse.ArgumentParser:
         "create", help="create an account; prints its accountId (needs the default account)"
     )
     create_account.add_argument("name", help="the account's name, 1 to 200 characters")
+    account_sub.add_parser(
+        "list",
+        help="list every account (accountId, name, created, isDefault) by name; only reads",
+    )
 
     client = command("client", _client, "manage clients (principals), policies and tokens")
     client_sub = client.add_subparsers(dest="client_command", required=True)

@@ -55,6 +55,7 @@ STEPS = {
     "Viewer": Step("admin"),
     "Allowed": Step("admin"),
     "NewTenant": Step("admin"),
+    "Accounts": Step("admin"),  # the operator finds the new tenant's accountId by its name
     "NewTenantAdmin": Step("admin", {"account": ACCOUNT}),
     "TenantAdminToken": Step("admin", {"account": ACCOUNT}),
     "NewClient": Step(ACME_ADMIN),

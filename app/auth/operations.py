@@ -18,6 +18,7 @@ EXECUTION_READ: tuple[Grant, ...] = (("SELECT", r.EXECUTION_DOCUMENT),)
 
 OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "createAccount": (("INSERT", r.ACCOUNT),),
+    "accounts": (("SELECT", r.ACCOUNT),),
     "clients": (("SELECT", r.CLIENT),),
     "client": (("SELECT", r.CLIENT),),
     "createClient": (("INSERT", r.CLIENT),),

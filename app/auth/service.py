@@ -68,10 +68,12 @@ def _check_name(name: str, what: str, current: str | None = None) -> str:
 class Account:
     account_id: UUID
     name: str
+    created: datetime
+    is_default: bool
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> "Account":
-        return cls(row["account_id"], row["name"])
+        return cls(row["account_id"], row["name"], row["created"], row["is_default"])
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,19 @@ async def get_accounts(
     async with pool.acquire() as conn:
         rows = await store.get_accounts(conn, [k[0] for k in reached])
     return {(r["account_id"],): Account.of(r) for r in rows}
+
+
+async def list_accounts(
+    pool: asyncpg.Pool, caller: Caller, *, after: tuple[str, UUID] | None, limit: int
+) -> list[Account]:
+    """The accounts by name, then ID, after the (name, account_id) `after`: every account for a
+    client of the default account, as it reaches every account (Caller.reach_account); another
+    client's own alone, as it reaches no other."""
+    caller.require(("SELECT", resources.ACCOUNT))
+    only = None if caller.in_default_account else caller.account_id
+    async with pool.acquire() as conn:
+        rows = await store.list_accounts(conn, only, after, limit)
+    return [Account.of(r) for r in rows]
 
 
 async def create_client(

@@ -32,6 +32,28 @@ async def get_account(conn: asyncpg.Connection, account_id: UUID) -> Row | None:
     return await conn.fetchrow("SELECT * FROM accounts WHERE account_id = $1", account_id)
 
 
+async def list_accounts(
+    conn: asyncpg.Connection, only: UUID | None, after: tuple[str, UUID] | None, limit: int
+) -> list[Row]:
+    """A page of the accounts by name, then ID, after the (name, account_id) `after`; `only`:
+    that account alone. No index orders them: a deployment holds a few thousand accounts at
+    most, which a page sorts in about a millisecond; at hundreds of thousands an index on
+    (name, account_id) would make each page a range scan."""
+    return await conn.fetch(
+        """
+        SELECT * FROM accounts
+        WHERE ($1::uuid IS NULL OR account_id = $1)
+          AND ($2::text IS NULL OR (name, account_id) > ($2, $3::uuid))
+        ORDER BY name, account_id
+        LIMIT $4
+        """,
+        only,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
+    )
+
+
 async def get_client(conn: asyncpg.Connection, account_id: UUID, principal: str) -> Row | None:
     return await conn.fetchrow(
         "SELECT * FROM clients WHERE account_id = $1 AND principal = $2", account_id, principal

@@ -114,6 +114,11 @@ class Policy:
 class Account(Node):
     account_id: UUID = strawberry.field(description="Unique identifier of the account.")
     name: str = strawberry.field(description="The account's name.")
+    created: Timestamp = strawberry.field(description="When it was created.")
+    is_default: bool = strawberry.field(
+        description="Whether it is the default (operator) account, which the first start made: "
+        "its clients may create accounts and manage every account's clients."
+    )
 
     @classmethod
     def of(cls, account: service.Account) -> "Account":
@@ -121,6 +126,8 @@ class Account(Node):
             id=global_id("Account", account.account_id),
             account_id=account.account_id,
             name=account.name,
+            created=Timestamp(account.created),
+            is_default=account.is_default,
         )
 
 
@@ -133,6 +140,7 @@ ACCOUNT_ID = Annotated[
 ]
 PRINCIPAL = Annotated[str, strawberry.argument(description="The client's principal.")]
 PRINCIPALS = Keyset(cursors.TEXT)  # clients by principal
+ACCOUNTS = Keyset(cursors.TEXT, cursors.ID)  # accounts by name, then ID
 
 
 def _timestamp(value: datetime | None) -> Timestamp | None:
@@ -391,6 +399,30 @@ class AuthQuery:
         return Viewer(
             account_id=caller.account_id, principal=caller.principal, token_id=caller.token_id
         )
+
+    @strawberry.field(
+        description="The accounts (tenants) by name, then accountId, to find a tenant's "
+        "accountId by its name. A client of the default account lists every account; another "
+        "client its own alone, as `clients` and `node(id)` reach no other account for it (not "
+        "ACCESS_DENIED: what it may not reach is not there for it). Needs SELECT on "
+        "financial.Account.document."
+    )
+    async def accounts(self, info: Info, first: FIRST, after: AFTER = None) -> Connection[Account]:
+        caller = info.context.caller
+        async with info.context.reads():
+            return await keyset_connection(
+                first,
+                after,
+                ACCOUNTS.bound("accounts", caller.account_id),
+                lambda keyset, limit: service.list_accounts(
+                    info.context.pool,
+                    caller,
+                    after=(keyset[0], keyset[1]) if keyset else None,
+                    limit=limit,
+                ),
+                lambda a: (a.name, a.account_id),
+                Account.of,
+            )
 
     @strawberry.field(
         description="The account's clients by principal (the caller's account unless "
