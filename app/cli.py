@@ -55,9 +55,10 @@ def _tracing_missing(settings: Settings) -> str | None:
 
 def _json_log(command: str | None) -> bool:
     """Whether `engram serve` runs with ENGRAM_LOG_FORMAT=json, read as Settings reads it (the
-    name in any case) but from the environment itself: also when another setting is refused."""
+    name and the word in any case) but from the environment itself: also when another setting
+    is refused."""
     return command == "serve" and any(
-        name.upper() == "ENGRAM_LOG_FORMAT" and value == "json"
+        name.upper() == "ENGRAM_LOG_FORMAT" and value.lower() == "json"
         for name, value in os.environ.items()
     )
 

@@ -456,6 +456,14 @@ class Settings(BaseSettings):
             raise ValueError("is not valid text (a NUL, or bytes that are not UTF-8)")
         return value
 
+    @field_validator("environment", "log_format", "log_level", "embedder", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any, info: ValidationInfo) -> Any:
+        # A word from a fixed list, in any case (`ENGRAM_LOG_LEVEL=debug`): as the list has it.
+        if not isinstance(value, str):
+            return value
+        return value.upper() if info.field_name == "log_level" else value.lower()
+
     @field_validator("database_url", mode="before")
     @classmethod
     def _postgresql_url(cls, value: Any) -> Any:

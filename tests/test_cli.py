@@ -798,7 +798,8 @@ async def test_serve_refusals_are_json_log_lines_under_the_json_format(db_url):
     a wrong option, a database a newer release migrated. The exit status is the text format's,
     2; the text format and other commands (read by a person) keep text."""
     port = str(free_port())
-    said = _json_lines(run(clean_env(log_format="json", port="abc"), "serve").stderr)
+    # The word in any case, as the settings read it.
+    said = _json_lines(run(clean_env(log_format="JSON", port="abc"), "serve").stderr)
     assert [e["message"] for e in said] == [
         "engram: ENGRAM_PORT: Input should be a valid integer, unable to parse string as an integer"
     ]

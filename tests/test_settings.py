@@ -35,6 +35,21 @@ def test_an_empty_variable_counts_as_unset(monkeypatch):
     assert settings.host == "127.0.0.1"
 
 
+def test_a_word_from_a_fixed_list_may_come_in_any_case(monkeypatch):
+    monkeypatch.setenv("ENGRAM_LOG_LEVEL", "debug")
+    monkeypatch.setenv("ENGRAM_LOG_FORMAT", "JSON")
+    monkeypatch.setenv("ENGRAM_EMBEDDER", "Static")
+    settings = Settings()
+    assert (settings.log_level, settings.log_format, settings.embedder) == (
+        "DEBUG",
+        "json",
+        "static",
+    )
+    monkeypatch.setenv("ENGRAM_LOG_LEVEL", "verbose")
+    with pytest.raises(ValueError, match="DEBUG"):
+        Settings()
+
+
 def test_the_bootstrap_token_is_stripped(monkeypatch):
     # As read from a secret file, with its newline.
     monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "  the-token\n")
