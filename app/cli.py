@@ -389,8 +389,13 @@ def _unstarted(command: str, *, account: UUID | None) -> Exception:
     from app.errors import NotFound
 
     if account is None:
-        # `engram account list` takes no --account: there is no account it could name.
-        named = "" if command == "account list" else ", or name the account with --account ID"
+        # `account list` and `client issued` take no --account: there is no account the first
+        # could name, and the second reads from the default account, every account.
+        named = (
+            ""
+            if command in ("account list", "client issued")
+            else ", or name the account with --account ID"
+        )
         return NotFound(
             f"{_UNSTARTED}: `engram {command}` only reads, and makes no account; start the "
             f"service first (`engram serve`){named}"
@@ -581,6 +586,12 @@ def _token(info: Any) -> dict[str, Any]:
     }
 
 
+def _chain_token(info: Any) -> dict[str, Any]:
+    """A token of what a token issued, as `client issued` and `client revoke-issued` print it:
+    its client, then what `engram client tokens` prints."""
+    return {"accountId": str(info.account_id), "principal": info.principal, **_token(info)}
+
+
 def _account_id(value: str | None) -> UUID | None:
     from uuid import UUID
 
@@ -622,12 +633,11 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
         if command == "revoke-issued":
             token_id = _uuid(args.token_id, "a token ID")
             gone = await service.revoke_tokens_issued_by(pool, caller, token_id=token_id)
-            return {
-                "revoked": [
-                    {"accountId": str(t.account_id), "principal": t.principal, **_token(t)}
-                    for t in gone
-                ]
-            }
+            return {"revoked": [_chain_token(t) for t in gone]}
+        if command == "issued":
+            token_id = _uuid(args.token_id, "a token ID")
+            found = await service.list_tokens_issued_by(pool, caller, token_id=token_id)
+            return {"issued": [_chain_token(t) for t in found]}
         named = {"account_id": account, "principal": args.principal}
         if command in ("create", "update"):
             if command == "create":
@@ -687,8 +697,9 @@ def _client(settings: Settings, args: argparse.Namespace) -> int:
 
     # Listing tokens only reads: on a database no start of the service made the default
     # account of, it lists in the account --account names, if that exists, and is refused
-    # otherwise, the account not made (with the admin and its token) to list nothing.
-    reads = "client tokens" if args.client_command == "tokens" else None
+    # otherwise, the account not made (with the admin and its token) to list nothing; so does
+    # listing what a token issued, which takes no --account.
+    reads = {"tokens": "client tokens", "issued": "client issued"}.get(args.client_command)
     run = partial(_as_admin, settings, told, reads=reads, account=account)
     print(json.dumps(_run(run), indent=2))
     return 0
@@ -1381,6 +1392,14 @@ def parser() -> argparse.ArgumentParser:
         "(after a leak), in every account",
     )
     issued.add_argument(
+        "token_id", help="the token's tokenId (what it issued names it as issuedByTokenId)"
+    )
+    shown = client_sub.add_parser(
+        "issued",
+        help="list, revoking nothing, what revoke-issued would revoke: a token, if it is still "
+        "there, and every token it issued, in turn, in every account",
+    )
+    shown.add_argument(
         "token_id", help="the token's tokenId (what it issued names it as issuedByTokenId)"
     )
     for commands in (account_sub, client_sub):

@@ -382,6 +382,9 @@ CONNECTIONS = {
     "Query.actions": "actions(first: 0) { %s }",
     "Query.clients": "clients(first: 0) { %s }",
     "Client.tokens": 'client(principal: "c1") { tokens(first: 0) { %s } }',
+    "Query.tokensIssuedBy": (
+        'tokensIssuedBy(tokenId: "00000000-0000-0000-0000-000000000000", first: 0) { %s }'
+    ),
     "Action.sessions": "action(actionId: $a) { sessions(first: 0) { %s } }",
     "Action.executions": "action(actionId: $a) { executions(first: 0) { %s } }",
     "Action.memories": "action(actionId: $a) { memories(first: 0) { %s } }",

@@ -180,7 +180,7 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
     """The table mirrors the services' checks: a client holding exactly an operation's grants
     is allowed it, and one lacking any of them is refused by the operation itself. Among them
     what the console offers or hides by it: creating agents and clients, deleting clients,
-    erasing sessions and revoking the tokens a token issued."""
+    erasing sessions, and revoking the tokens a token issued, read first."""
     agent = await make_agent(state, admin)
     kept = await remember(state, agent, "kept")
     await record_turn(state, writer(agent, session="s1"))
@@ -215,6 +215,10 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
         ),
         "revokeTokensIssuedBy": (
             "mutation($t: UUID!) { revokeTokensIssuedBy(tokenId: $t) { tokenId } }",
+            {"t": str(uuid4())},
+        ),
+        "tokensIssuedBy": (
+            "query($t: UUID!) { tokensIssuedBy(tokenId: $t, first: 1) { nodes { tokenId } } }",
             {"t": str(uuid4())},
         ),
     }

@@ -584,6 +584,17 @@ async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issu
         )
         await expect(dialog).to_contain_text(f"Revoke token {a} and every token it issued?")
         await expect(dialog).not_to_contain_text("This is the token you are signed in with")
+        # What goes, read first (tokensIssuedBy): how many, of which clients, by prefix.
+        await expect(dialog).to_contain_text("This revokes 3 tokens of 3 clients in 1 account:")
+        await expect(
+            dialog.get_by_role("list", name="Tokens to revoke").locator("li")
+        ).to_have_text(
+            [
+                f"{made[k]['prefix']}… of {p}"
+                for k, p in [("a", "ops"), ("b", "deputy"), ("c", "bot")]
+            ]
+        )
+        await expect(dialog).not_to_contain_text("signed in with is among them")
         await page.screenshot(path=screenshot_path("console-revoke-issued.png"))
         await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
         report = page.get_by_role("region", name="Tokens revoked")
@@ -620,6 +631,7 @@ async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issu
         await page.get_by_label("Token ID").fill(made["a"]["tokenId"])
         await page.get_by_label("Token ID").press("Enter")
         await expect(dialog).to_contain_text(f"Revoke token {made['a']['tokenId']}")
+        await expect(dialog).to_contain_text("This revokes 2 tokens of 2 clients in 1 account:")
         await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
         await expect(report.locator("p")).to_have_text(
             f"Revoked the 2 tokens it issued, in turn (token {made['a']['tokenId']} itself was "
@@ -636,6 +648,9 @@ async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issu
         await page.get_by_text("Revoke every token a leaked token issued, by its ID").click()
         await page.get_by_label("Token ID").fill(made["a"]["tokenId"])
         await page.get_by_label("Token ID").press("Enter")
+        await expect(dialog).to_contain_text(
+            "Your grants reach no such token, nor any token it issued"
+        )
         await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
         nothing = page.get_by_role("region", name="Nothing revoked")
         await expect(nothing.get_by_role("heading")).to_be_focused()
@@ -654,6 +669,26 @@ async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issu
         await expect(page.get_by_role("button", name=re.compile("^Revoke"))).to_have_count(0)
         await expect(page.get_by_label("Token ID")).to_have_count(0)
 
+        # A token that may revoke tokens but not read them is told what goes in general words.
+        blind = [
+            *EVERY_GRANT,
+            {"effect": "DENY", "actions": ["SELECT"], "resources": ["financial.Client.token"]},
+        ]
+        admin(client, i={"principal": "blind", "name": "blind", "policies": blind})
+        blind_token = admin(ISSUE, p="blind")["createClientToken"]["token"]
+        kept = chain()
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, blind_token)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await page.get_by_text("Revoke every token a leaked token issued, by its ID").click()
+        await page.get_by_label("Token ID").fill(kept["a"]["tokenId"])
+        await page.get_by_label("Token ID").press("Enter")
+        await expect(dialog).to_contain_text("Requests sending it, any token it issued")
+        await expect(dialog).to_contain_text("If the token you are signed in with is among them")
+        await expect(dialog).not_to_contain_text("This revokes")
+        await dialog.get_by_role("button", name="Cancel").click()
+        assert not refused(url, kept["c"]["token"])
+
         # Signed in with a token the chain reaches (b), the console signs out, saying why.
         made = chain()
         await page.get_by_role("button", name="Sign out").click()
@@ -664,7 +699,9 @@ async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issu
             .get_by_role("button", name=re.compile("^Revoke with the tokens it issued"))
             .click()
         )
-        await expect(dialog).to_contain_text("If the token you are signed in with is among them")
+        await expect(dialog).to_contain_text(
+            "The token you are signed in with is among them: this signs you out."
+        )
         await dialog.get_by_role("button", name="Revoke with the tokens it issued").click()
         await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
         await expect(page.get_by_role("status")).to_contain_text(

@@ -1,7 +1,8 @@
 """After a leak, one call revokes every token the leaked one issued, in turn
 (`revokeTokensIssuedBy`, `engram client revoke-issued`): the tokens whose `issuedByTokenId` is
 its, those whose `issuedByTokenId` is one of theirs, and so on, across the accounts the caller
-reaches, even once the leaked token itself is revoked; nothing else."""
+reaches, even once the leaked token itself is revoked; nothing else. Another reads them first,
+revoking nothing (`tokensIssuedBy`, `engram client issued`)."""
 
 import asyncio
 import json
@@ -24,6 +25,10 @@ REVOKE = """mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }"""
 REVOKE_ISSUED = """mutation($t: UUID!) {
   revokeTokensIssuedBy(tokenId: $t) { tokenId issuedByTokenId } }"""
+ISSUED = """query($t: UUID!, $n: Int!, $after: String) {
+  tokensIssuedBy(tokenId: $t, first: $n, after: $after) {
+    nodes { tokenId accountId principal issuedByTokenId }
+    pageInfo { hasNextPage endCursor } } }"""
 VIEWER = "{ viewer { principal tokenId } }"
 ALL_OF_IT = {
     "effect": "ALLOW",
@@ -192,6 +197,127 @@ async def test_it_needs_the_grant_revoke_client_token_needs(base_url):
         assert error["extensions"]["code"] == "ACCESS_DENIED", error
         assert "DELETE financial.Client.token" in error["message"]
     assert await works(base_url, made["e"]["token"]) and await works(base_url, made["f"]["token"])
+
+
+async def issued_by(url: str, token: str, token_id: str, first: int = 1000) -> list[dict]:
+    """tokensIssuedBy(tokenId), every page of `first`."""
+    found: list[dict] = []
+    after = None
+    while True:
+        page = (await post(url, token, ISSUED, t=token_id, n=first, after=after))["tokensIssuedBy"]
+        found += page["nodes"]
+        if not page["pageInfo"]["hasNextPage"]:
+            return found
+        after = page["pageInfo"]["endCursor"]
+
+
+async def test_reading_what_a_token_issued_lists_its_chain_and_revokes_nothing(base_url):
+    """tokensIssuedBy answers, oldest first and across accounts for the operator, exactly the
+    tokens revokeTokensIssuedBy then revokes, each with its client, and leaves them working."""
+    made = await chain(base_url)
+    acme = made["acme"]
+    bootstrap = (await post(base_url, BOOTSTRAP, VIEWER))["viewer"]["tokenId"]
+    issuer = {k: made[i]["tokenId"] for k, i in zip("bcef", "abae", strict=True)}
+    issuer["a"] = bootstrap
+    client_of = {"a": "ops", "b": "deputy", "c": "bot", "e": "acme-admin", "f": "bot"}
+    listed = await issued_by(base_url, BOOTSTRAP, made["a"]["tokenId"])
+    assert [(t["tokenId"], t["principal"], t["issuedByTokenId"]) for t in listed] == [
+        (made[k]["tokenId"], client_of[k], issuer[k]) for k in "abcef"
+    ]
+    accounts = [t["accountId"] for t in listed]
+    assert accounts[3:] == [acme, acme] and acme not in accounts[:3]
+    # Paged one by one, the same list.
+    assert await issued_by(base_url, BOOTSTRAP, made["a"]["tokenId"], first=1) == listed
+    for k in "abcefdg":
+        assert await works(base_url, made[k]["token"]), k
+
+    await post(base_url, BOOTSTRAP, REVOKE, p="ops", t=made["a"]["tokenId"])
+    listed = await issued_by(base_url, BOOTSTRAP, made["a"]["tokenId"])
+    assert [t["tokenId"] for t in listed] == [made[k]["tokenId"] for k in "bcef"]
+    revoked = (await post(base_url, BOOTSTRAP, REVOKE_ISSUED, t=made["a"]["tokenId"]))[
+        "revokeTokensIssuedBy"
+    ]
+    assert [t["tokenId"] for t in revoked] == [t["tokenId"] for t in listed]
+    assert await issued_by(base_url, BOOTSTRAP, made["a"]["tokenId"]) == []
+
+
+async def test_a_tenant_reads_what_a_token_issued_in_its_own_account_alone(base_url):
+    """As it revokes: the operator's token, whose issue reached its account, and another
+    tenant's answer nothing; its own token the tokens it issued in its account."""
+    made = await chain(base_url)
+    tenant = made["g"]["token"]  # acme-admin's, the operator's issue
+    globex = await account(base_url, "globex")
+    await client(base_url, BOOTSTRAP, "globex-admin", globex, ALL_OF_IT)
+    await client(base_url, BOOTSTRAP, "bot", globex, SOME)
+    theirs = await issue(base_url, BOOTSTRAP, "globex-admin", globex)
+    await issue(base_url, theirs["token"], "bot")
+    for named in (made["a"], made["b"], theirs):
+        assert await issued_by(base_url, tenant, named["tokenId"]) == [], named
+    listed = await issued_by(base_url, tenant, made["e"]["tokenId"])
+    assert listed == [
+        {
+            "tokenId": made["e"]["tokenId"],
+            "accountId": made["acme"],
+            "principal": "acme-admin",
+            "issuedByTokenId": None,  # the operator's token, not shown to the tenant
+        },
+        {
+            "tokenId": made["f"]["tokenId"],
+            "accountId": made["acme"],
+            "principal": "bot",
+            "issuedByTokenId": made["e"]["tokenId"],
+        },
+    ]
+    assert await works(base_url, made["e"]["token"]) and await works(base_url, made["f"]["token"])
+
+
+async def test_reading_what_a_token_issued_needs_the_grant_reading_tokens_needs(base_url):
+    """SELECT on financial.Client.token, as Client.tokens: a client that may revoke but not read
+    tokens is refused; one that may read but not revoke reads."""
+    made = await chain(base_url)
+    acme = made["acme"]
+    no_read = {"effect": "DENY", "actions": ["SELECT"], "resources": ["financial.Client.token"]}
+    no_delete = {"effect": "DENY", "actions": ["DELETE"], "resources": ["financial.Client.token"]}
+    await client(base_url, BOOTSTRAP, "revoker", acme, ALL_OF_IT, no_read)
+    await client(base_url, BOOTSTRAP, "reader", acme, ALL_OF_IT, no_delete)
+    revoker = (await issue(base_url, BOOTSTRAP, "revoker", acme))["token"]
+    reader = (await issue(base_url, BOOTSTRAP, "reader", acme))["token"]
+
+    answer = await send(base_url, revoker, ISSUED, t=made["e"]["tokenId"], n=10)
+    (error,) = answer.json()["errors"]
+    assert error["extensions"]["code"] == "ACCESS_DENIED", error
+    assert "SELECT financial.Client.token" in error["message"]
+    listed = await issued_by(base_url, reader, made["e"]["tokenId"])
+    assert [t["tokenId"] for t in listed] == [made[k]["tokenId"] for k in "ef"]
+
+
+async def test_the_command_lists_what_a_token_issued_revoking_nothing(base_url, db_url, tmp_path):
+    made = await chain(base_url)
+    await post(base_url, BOOTSTRAP, REVOKE, p="ops", t=made["a"]["tokenId"])
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"))
+
+    ran = await asyncio.to_thread(run, env, "client", "issued", made["a"]["tokenId"])
+    assert ran.returncode == 0, ran.stderr
+    printed = json.loads(ran.stdout)["issued"]
+    assert [(t["principal"], t["tokenId"]) for t in printed] == [
+        ("deputy", made["b"]["tokenId"]),
+        ("bot", made["c"]["tokenId"]),
+        ("acme-admin", made["e"]["tokenId"]),
+        ("bot", made["f"]["tokenId"]),
+    ]
+    assert [t["accountId"] for t in printed][2:] == [made["acme"]] * 2
+    assert printed[0]["issuedByTokenId"] == made["a"]["tokenId"]
+    assert printed[0].keys() >= {"prefix", "created", "lastUsed", "expires", "issuedBy"}
+    for k in "bcefdg":
+        assert await works(base_url, made[k]["token"]), k
+    # What revoke-issued then prints, as it prints it.
+    gone = await asyncio.to_thread(run, env, "client", "revoke-issued", made["a"]["tokenId"])
+    assert gone.returncode == 0, gone.stderr
+    revoked = json.loads(gone.stdout)["revoked"]
+    assert [t["tokenId"] for t in revoked] == [t["tokenId"] for t in printed]
+    again = await asyncio.to_thread(run, env, "client", "issued", made["a"]["tokenId"])
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"issued": []}
 
 
 async def test_the_command_revokes_what_a_token_issued_and_prints_it(base_url, db_url, tmp_path):
@@ -368,6 +494,14 @@ async def test_a_long_chain_a_leaked_token_made_is_revoked_within_the_statement_
             """,
             admin.account_id,
         )
+    # Read first, a page at a time (tokensIssuedBy's `first` is at most 1,000): the same walk.
+    page = await service.list_tokens_issued_by(state.pool, admin, token_id=ids[0], limit=1001)
+    assert [t.token_id for t in page] == ids[:1001]
+    last = page[999]
+    after = await service.list_tokens_issued_by(
+        state.pool, admin, token_id=ids[0], after=(last.created, last.token_id), limit=1001
+    )
+    assert [t.token_id for t in after] == ids[1000:2001]
     revoked = await service.revoke_tokens_issued_by(state.pool, admin, token_id=ids[0])
     assert [t.token_id for t in revoked] == ids
 

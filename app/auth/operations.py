@@ -28,6 +28,7 @@ OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "createClientToken": (("INSERT", r.CLIENT_TOKEN),),
     "revokeClientToken": (("DELETE", r.CLIENT_TOKEN),),
     "revokeTokensIssuedBy": (("DELETE", r.CLIENT_TOKEN),),
+    "tokensIssuedBy": (("SELECT", r.CLIENT_TOKEN),),
     "actions": (("SELECT", r.ACTION_INDEX), ("SELECT", r.ACTION)),
     "action": (("SELECT", r.ACTION),),
     "createAction": (("INSERT", r.ACTION),),

@@ -5,7 +5,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -730,26 +730,65 @@ REVOKE_TRIES = 3  # revoke_tokens_issued_by's attempts when overlapping revocati
 
 
 async def _revoke_chain(pool: asyncpg.Pool, caller: Caller, token_id: UUID) -> list[asyncpg.Record]:
-    revoked: list[asyncpg.Record] = []
-    roots = [token_id]
     async with pool.acquire() as conn, conn.transaction():
         # The caller's grants as they are now, locked until the tokens are deleted.
         await _as_now(conn, caller, ("DELETE", resources.CLIENT_TOKEN), caller.account_id)
-        # Again from every token deleted so far, until a round deletes none: a round reaches
-        # the accounts where the tokens it starts from issued some, and one issued meanwhile by
-        # a token of the chain (whose issuing request holds it locked, so that its delete
-        # waits for that commit) after the round read the chain.
-        while True:
-            if caller.in_default_account:
-                accounts = await store.accounts_issued_from(conn, roots)
-            else:
-                accounts = [caller.account_id]
-            found: list[asyncpg.Record] = []
-            for account_id in accounts:
-                found += await store.delete_token_chain(
-                    conn, account_id, roots, own_issuers=not caller.in_default_account
-                )
-            if not found:
-                return revoked
-            revoked += found
-            roots += [r["token_id"] for r in found]
+        return await _walk_chain(conn, caller, token_id, store.delete_token_chain)
+
+
+async def _walk_chain(
+    conn: asyncpg.Connection,
+    caller: Caller,
+    token_id: UUID,
+    step: Callable[..., Awaitable[list[asyncpg.Record]]],
+) -> list[asyncpg.Record]:
+    """The token `token_id` and every token whose chain of issuers leads back to it, in the
+    accounts the caller reaches, as `step` (store.token_chain, which reads them, or
+    store.delete_token_chain) finds them in one account. Again from every token found so far,
+    until a round finds no other: a round reaches the accounts where the tokens it starts from
+    issued some, and (deleting) one issued meanwhile by a token of the chain (whose issuing
+    request holds it locked, so that its delete waits for that commit) after the round read
+    the chain."""
+    chain: dict[UUID, asyncpg.Record] = {}
+    roots = [token_id]
+    while True:
+        if caller.in_default_account:
+            accounts = await store.accounts_issued_from(conn, roots)
+        else:
+            accounts = [caller.account_id]
+        new: list[UUID] = []
+        for account_id in accounts:
+            for row in await step(
+                conn, account_id, roots, own_issuers=not caller.in_default_account
+            ):
+                if row["token_id"] not in chain:
+                    chain[row["token_id"]] = row
+                    new.append(row["token_id"])
+        if not new:
+            return list(chain.values())
+        roots += new
+
+
+async def list_tokens_issued_by(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    *,
+    token_id: UUID,
+    after: tuple[datetime, UUID] | None = None,
+    limit: int | None = None,
+) -> list[TokenInfo]:
+    """The tokens `revoke_tokens_issued_by` would revoke now, left as they are: the token
+    `token_id` if it is still there and every token whose chain of issuers leads back to it, in
+    the accounts the caller reaches, oldest first; after a (created, token_id) keyset, at most
+    `limit` (None: all). Each page walks the whole chain (in one snapshot) to tell which tokens
+    are in it."""
+    caller.require(("SELECT", resources.CLIENT_TOKEN))
+    async with (
+        pool.acquire() as conn,
+        conn.transaction(isolation="repeatable_read", readonly=True),
+    ):
+        rows = await _walk_chain(conn, caller, token_id, store.token_chain)
+    rows.sort(key=lambda r: (r["created"], r["token_id"]))
+    if after is not None:
+        rows = [r for r in rows if (r["created"], r["token_id"]) > after]
+    return [TokenInfo.of(r, caller) for r in rows[:limit]]

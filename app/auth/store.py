@@ -353,8 +353,9 @@ async def delete_token(
 
 async def accounts_issued_from(conn: asyncpg.Connection, token_ids: Sequence[UUID]) -> list[UUID]:
     """The accounts holding one of the tokens `token_ids`, or a token one of them issued: the
-    accounts `delete_token_chain` has to look in. It reads every account (on Citus, a multi-shard
-    query on the coordinator), as only a client of the default account asks it."""
+    accounts `token_chain` and `delete_token_chain` have to look in. It reads every account (on
+    Citus, a multi-shard query on the coordinator), as only a client of the default account
+    asks it."""
     return await conn.fetchval(
         """
         SELECT coalesce(array_agg(DISTINCT account_id), '{}') FROM client_tokens
@@ -364,29 +365,50 @@ async def accounts_issued_from(conn: asyncpg.Connection, token_ids: Sequence[UUI
     )
 
 
+# The tokens of account $1 that are among `roots` ($2) or whose chain of issuers
+# (`issued_by_token`) leads back to one of them; with $3 (own issuers), a root's tokens only where
+# the account's own clients issued them (not the default account's, whose tokens a tenant may not
+# name). UNION, not UNION ALL: a token reached twice is walked once, so the walk ends whatever
+# the rows say. Each step looks up the tokens one issued in `client_tokens_issued` (migration
+# 0038). Written once: the read (`token_chain`) and the revocation (`delete_token_chain`) walk
+# the same tokens.
+_CHAIN = """
+    WITH RECURSIVE chain(token_id) AS (
+        SELECT token_id FROM client_tokens
+        WHERE account_id = $1
+          AND (token_id = any($2::uuid[])
+               OR (issued_by_token = any($2::uuid[]) AND (NOT $3 OR issued_by_account = $1)))
+      UNION
+        SELECT t.token_id FROM client_tokens t
+        JOIN chain c ON t.issued_by_token = c.token_id
+        WHERE t.account_id = $1
+    )
+"""
+
+
+async def token_chain(
+    conn: asyncpg.Connection, account_id: UUID, roots: Sequence[UUID], *, own_issuers: bool
+) -> list[Row]:
+    """The tokens `delete_token_chain` would delete, left as they are."""
+    return await conn.fetch(
+        f"""{_CHAIN}
+        SELECT {_TOKEN_COLUMNS} FROM client_tokens
+        WHERE account_id = $1 AND token_id IN (SELECT token_id FROM chain)
+        """,
+        account_id,
+        list(roots),
+        own_issuers,
+    )
+
+
 async def delete_token_chain(
     conn: asyncpg.Connection, account_id: UUID, roots: Sequence[UUID], *, own_issuers: bool
 ) -> list[Row]:
     """Deletes, in the account, the tokens `roots` that are still there and every token one of
-    them issued (its `issued_by_token`), every token those issued, and so on; with
-    `own_issuers`, a root's tokens only where the account's own clients issued them (not the
-    default account's, whose tokens a tenant may not name). UNION, not UNION ALL: a token
-    reached twice is walked once, so the walk ends whatever the rows say. Each step looks up
-    the tokens one issued in `client_tokens_issued` (migration 0038)."""
+    them issued (its `issued_by_token`), every token those issued, and so on (`_CHAIN`)."""
     async with conn.transaction():
         rows = await conn.fetch(
-            f"""
-            WITH RECURSIVE chain(token_id) AS (
-                SELECT token_id FROM client_tokens
-                WHERE account_id = $1
-                  AND (token_id = any($2::uuid[])
-                       OR (issued_by_token = any($2::uuid[])
-                           AND (NOT $3 OR issued_by_account = $1)))
-              UNION
-                SELECT t.token_id FROM client_tokens t
-                JOIN chain c ON t.issued_by_token = c.token_id
-                WHERE t.account_id = $1
-            )
+            f"""{_CHAIN}
             DELETE FROM client_tokens
             WHERE account_id = $1 AND token_id IN (SELECT token_id FROM chain)
             RETURNING {_TOKEN_COLUMNS}, token_hash

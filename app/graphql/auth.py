@@ -178,6 +178,8 @@ ISSUED_BY_TOKEN = (
 @strawberry.type(description="One of a client's API tokens: never its secret.")
 class ClientTokenInfo(Node):
     token_id: UUID = strawberry.field(description="The token's ID: revokeClientToken takes it.")
+    account_id: UUID = strawberry.field(description="The account of the client it names.")
+    principal: str = strawberry.field(description="The principal of the client it names.")
     prefix: str | None = strawberry.field(
         description="The secret's first characters, to tell tokens apart; null for tokens "
         "issued before prefixes were kept."
@@ -199,6 +201,8 @@ class ClientTokenInfo(Node):
         return cls(
             id=_token_id(info.account_id, info.principal, info.token_id),
             token_id=info.token_id,
+            account_id=info.account_id,
+            principal=info.principal,
             prefix=info.prefix,
             created=Timestamp(info.created),
             expires=_timestamp(info.expires),
@@ -458,6 +462,46 @@ class AuthQuery:
             info.context.pool, info.context.caller, account_id=account_id, principal=principal
         )
         return Client.of(found) if found else None
+
+    @strawberry.field(
+        description="What revokeTokensIssuedBy(tokenId) would revoke now, revoking nothing: "
+        "the token `tokenId`, if it is still there, and every token whose issuers lead back to "
+        "it (each token it issued, each token those issued, and so on), oldest first, with the "
+        "client (`accountId`, `principal`) each names, when it was issued and last used. After "
+        "a leak, see what went out before revoking it. It reaches what revokeTokensIssuedBy "
+        "reaches: every account for a client of the default account; another client its own "
+        "account, through the tokens its account's clients issued. None is an empty page, not "
+        "NOT_FOUND (an unknown ID cannot be told from one whose tokens are gone). Each page "
+        "walks the whole chain. Needs SELECT on financial.Client.token."
+    )
+    async def tokens_issued_by(
+        self,
+        info: Info,
+        token_id: Annotated[
+            UUID,
+            strawberry.argument(
+                description="The `tokenId` of the token (a leaked one), revoked or not: what "
+                "it issued names it as `issuedByTokenId`."
+            ),
+        ],
+        first: FIRST,
+        after: AFTER = None,
+    ) -> Connection[ClientTokenInfo]:
+        async with info.context.reads():
+            return await keyset_connection(
+                first,
+                after,
+                CREATED_ID.bound("tokensIssuedBy", token_id),
+                lambda keyset, limit: service.list_tokens_issued_by(
+                    info.context.pool,
+                    info.context.caller,
+                    token_id=token_id,
+                    after=keyset,
+                    limit=limit,
+                ),
+                lambda t: (t.created, t.token_id),
+                ClientTokenInfo.of,
+            )
 
 
 @strawberry.type(description="Managing accounts, clients and tokens.")

@@ -11,7 +11,7 @@ const OPERATIONS = [
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript", "execution",
   "ActionSession.searchHistory", "eraseSession",
   "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
-  "revokeClientToken", "revokeTokensIssuedBy",
+  "revokeClientToken", "revokeTokensIssuedBy", "tokensIssuedBy",
 ];
 const WHAT = {
   actions: "listing agents",
@@ -1212,6 +1212,10 @@ const DELETE_CLIENT = `mutation($p: String!, $a: UUID, $m: Timestamp) {
 const REVOKE = `mutation($p: String!, $t: UUID!, $a: UUID) {
   revokeClientToken(principal: $p, tokenId: $t, accountId: $a) { tokenId } }`;
 const REVOKE_ISSUED = "mutation($t: UUID!) { revokeTokensIssuedBy(tokenId: $t) { tokenId prefix } }";
+const CHAIN_READ = 1000; // tokens of a chain the revoke dialog reads before it asks
+const CHAIN_SHOWN = 10; // of which it lists
+const ISSUED = `query($t: UUID!) { tokensIssuedBy(tokenId: $t, first: ${CHAIN_READ}) {
+  nodes { tokenId prefix accountId principal } pageInfo { hasNextPage } } }`;
 
 // Whether token `t` of client `c` is the one this tab is signed in with (viewer.tokenId).
 function signedInWith(c, t) {
@@ -1236,15 +1240,20 @@ const tokenIssuer = (c, t) => {
 // thrown, for the caller to say where it was asked.
 async function revokeIssued(tokenId, name) {
   const mine = tokenId === viewer.tokenId;
+  const chain = await readChain(tokenId);
+  const among = chain && chain.nodes.some((t) => t.tokenId === viewer.tokenId);
   const ok = await confirmDialog({
     title: `Revoke token ${name} and every token it issued?`,
     body: [
       mine ? h("p", { class: "notice" }, h("strong", {}, "This is the token you are signed in with."),
         " Revoking it signs you out of this console at once; sign in again with another token.") : null,
+      chain ? chainSaid(chain) : null,
       h("p", {}, "Requests sending it, any token it issued, any token those issued, and so on, are refused from "
         + "now on: tokens of any client, in every account your grants reach. This cannot be undone; tokens "
         + "issued otherwise keep working."),
-      mine ? null : h("p", {}, "If the token you are signed in with is among them, this signs you out."),
+      mine || (chain && !among) ? null : h("p", {}, among
+        ? "The token you are signed in with is among them: this signs you out."
+        : "If the token you are signed in with is among them, this signs you out."),
     ],
     ok: mine ? "Revoke all and sign out" : "Revoke with the tokens it issued",
   });
@@ -1281,6 +1290,42 @@ async function revokeIssued(tokenId, name) {
       revoked.map((t) => h("li", { class: "mono" }, tokenName(t)))) : null);
   heading.after(report);
   report.querySelector("h2").focus();
+}
+
+// What revoking token `tokenId` with the tokens it issued would revoke now (tokensIssuedBy, its
+// first CHAIN_READ), or null when the grants may not read tokens or the read fails: the dialog
+// then says what goes in general words, as before the read.
+async function readChain(tokenId) {
+  if (!can("tokensIssuedBy")) return null;
+  try {
+    return (await gql(ISSUED, { t: tokenId })).tokensIssuedBy;
+  } catch {
+    return null;
+  }
+}
+
+const counted = (n, one) => `${n} ${one}${n === 1 ? "" : "s"}`;
+
+// The dialog's account of a chain read: how many tokens, of how many clients in how many
+// accounts, and the first CHAIN_SHOWN of them.
+function chainSaid(chain) {
+  const found = chain.nodes;
+  if (!found.length) {
+    return h("p", { class: "chain" }, "Your grants reach no such token, nor any token it issued: nothing would be "
+      + "revoked (it and what it issued were revoked already, or the ID names none).");
+  }
+  const clients = new Set(found.map((t) => JSON.stringify([t.accountId, t.principal])));
+  const accounts = new Set(found.map((t) => t.accountId));
+  const how = chain.pageInfo.hasNextPage ? `more than ${found.length} tokens; the first ${found.length} are`
+    : counted(found.length, "token");
+  const rest = found.length - CHAIN_SHOWN;
+  return h("div", { class: "chain" },
+    h("p", {}, `This revokes ${how} of ${counted(clients.size, "client")} in ${counted(accounts.size, "account")}:`),
+    h("ul", { "aria-label": "Tokens to revoke" },
+      found.slice(0, CHAIN_SHOWN).map((t) => h("li", {},
+        h("span", { class: "mono" }, tokenName(t)), " of ", h("bdi", { class: "mono" }, t.principal),
+        t.accountId === viewer.accountId ? "" : ` (account ${t.accountId})`)),
+      rest > 0 ? h("li", {}, `and ${counted(rest, "other")}`) : null));
 }
 
 // Client `c`'s card: its policies and tokens, and what the grants allow doing with them. A
