@@ -380,6 +380,7 @@ async def test_first_out_of_range_is_bad_request(gql, admin, first):
 # follow (hasNextPage) without an endCursor to ask for them, so every one refuses it.
 CONNECTIONS = {
     "Query.actions": "actions(first: 0) { %s }",
+    "Query.accounts": "accounts(first: 0) { %s }",
     "Query.clients": "clients(first: 0) { %s }",
     "Client.tokens": 'client(principal: "c1") { tokens(first: 0) { %s } }',
     "Query.tokensIssuedBy": (
