@@ -54,6 +54,15 @@ RESOURCES = (
     "`*` matches any run of characters, dots included, `?` one character (docs/access.md)."
 )
 
+# The token whose issued tokens tokensIssuedBy and revokeTokensIssuedBy follow.
+ISSUING_TOKEN = Annotated[
+    UUID,
+    strawberry.argument(
+        description="The `tokenId` of the token (a leaked one), revoked or not: what it issued "
+        "names it as `issuedByTokenId`."
+    ),
+]
+
 
 @strawberry.input(description="A policy of a client: an effect, verbs and resource patterns.")
 class PolicyInput:
@@ -477,13 +486,7 @@ class AuthQuery:
     async def tokens_issued_by(
         self,
         info: Info,
-        token_id: Annotated[
-            UUID,
-            strawberry.argument(
-                description="The `tokenId` of the token (a leaked one), revoked or not: what "
-                "it issued names it as `issuedByTokenId`."
-            ),
-        ],
+        token_id: ISSUING_TOKEN,
         first: FIRST,
         after: AFTER = None,
     ) -> Connection[ClientTokenInfo]:
@@ -666,13 +669,7 @@ class AuthMutation:
     async def revoke_tokens_issued_by(
         self,
         info: Info,
-        token_id: Annotated[
-            UUID,
-            strawberry.argument(
-                description="The `tokenId` of the token (a leaked one), revoked or not: what "
-                "it issued names it as `issuedByTokenId`."
-            ),
-        ],
+        token_id: ISSUING_TOKEN,
     ) -> list[ClientTokenInfo]:
         revoked = await service.revoke_tokens_issued_by(
             info.context.pool, info.context.caller, token_id=token_id
