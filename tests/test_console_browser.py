@@ -711,6 +711,51 @@ async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issu
         assert [refused(url, made[k]["token"]) for k in "abc"] == [True, True, True]
 
 
+async def test_a_chain_longer_than_the_dialog_reads_still_warns_of_signing_out(db_url, embedder):
+    """The revoke dialog reads a chain's first 1,000 tokens: past those it cannot tell that the
+    signed-in token is not among them, so it says it may be, rather than nothing."""
+    import asyncpg
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        client = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+        for principal, policies in [("ops", EVERY_GRANT), ("bot", READER)]:
+            admin(client, i={"principal": principal, "name": principal, "policies": policies})
+        a = admin(ISSUE, p="ops")["createClientToken"]
+        conn = await asyncpg.connect(db_url)
+        try:
+            # 1,000 tokens a issued, older than b (which a issues next): the dialog's read.
+            await conn.execute(
+                """
+                INSERT INTO client_tokens (account_id, principal, token_hash, issued_by,
+                                           issued_by_account, issued_by_token, created)
+                SELECT account_id, 'bot', sha256(('chain' || i)::bytea), 'ops', account_id, $1,
+                       now() - interval '1 hour' + i * interval '1 ms'
+                FROM accounts, generate_series(1, 1000) i WHERE is_default
+                """,
+                a["tokenId"],
+            )
+        finally:
+            await conn.close()
+        b = Api(url, a["token"])(ISSUE, p="ops")["createClientToken"]
+        await sign_in(page, url, b["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+        ops = page.locator("section.client", has=page.locator("h2 .mono", has_text="ops"))
+        await (
+            ops.locator("tbody tr", has_text=a["prefix"])
+            .get_by_role("button", name=re.compile("^Revoke with the tokens it issued"))
+            .click()
+        )
+        dialog = page.get_by_role("dialog")
+        await expect(dialog).to_contain_text("This revokes more than 1000 tokens")
+        await expect(dialog).to_contain_text(
+            "If the token you are signed in with is among them, this signs you out."
+        )
+        await dialog.get_by_role("button", name="Cancel").click()
+        assert not refused(url, b["token"])
+
+
 SEARCHER = [
     {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Action.*"]},
     {

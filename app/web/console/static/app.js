@@ -1242,6 +1242,8 @@ async function revokeIssued(tokenId, name) {
   const mine = tokenId === viewer.tokenId;
   const chain = await readChain(tokenId);
   const among = chain && chain.nodes.some((t) => t.tokenId === viewer.tokenId);
+  // Past the tokens read, the signed-in one may be among the rest.
+  const notAmong = chain && !among && !chain.pageInfo.hasNextPage;
   const ok = await confirmDialog({
     title: `Revoke token ${name} and every token it issued?`,
     body: [
@@ -1251,7 +1253,7 @@ async function revokeIssued(tokenId, name) {
       h("p", {}, "Requests sending it, any token it issued, any token those issued, and so on, are refused from "
         + "now on: tokens of any client, in every account your grants reach. This cannot be undone; tokens "
         + "issued otherwise keep working."),
-      mine || (chain && !among) ? null : h("p", {}, among
+      mine || notAmong ? null : h("p", {}, among
         ? "The token you are signed in with is among them: this signs you out."
         : "If the token you are signed in with is among them, this signs you out."),
     ],
