@@ -271,6 +271,28 @@ async def test_a_tenant_reads_what_a_token_issued_in_its_own_account_alone(base_
     assert await works(base_url, made["e"]["token"]) and await works(base_url, made["f"]["token"])
 
 
+async def test_a_cursor_of_what_a_token_issued_pages_only_the_list_it_came_from(base_url):
+    """A chain's cursor pages that chain as its caller's account reaches it: another token's
+    chain, or the same token's read from another account (which reaches other tokens), refuses
+    it rather than paging from a place it never reached."""
+    made = await chain(base_url)
+    tenant = made["g"]["token"]
+    page = (await post(base_url, BOOTSTRAP, ISSUED, t=made["e"]["tokenId"], n=1))[
+        "tokensIssuedBy"
+    ]
+    cursor = page["pageInfo"]["endCursor"]
+    assert page["pageInfo"]["hasNextPage"]
+    for token, named in [(BOOTSTRAP, made["a"]), (tenant, made["e"])]:
+        answer = await send(base_url, token, ISSUED, t=named["tokenId"], n=1, after=cursor)
+        (error,) = answer.json()["errors"]
+        assert error["extensions"]["code"] == "BAD_REQUEST", (named, error)
+    # Its own next page, as it reaches it.
+    mine = await post(base_url, tenant, ISSUED, t=made["e"]["tokenId"], n=1)
+    after = mine["tokensIssuedBy"]["pageInfo"]["endCursor"]
+    rest = await post(base_url, tenant, ISSUED, t=made["e"]["tokenId"], n=1, after=after)
+    assert [t["tokenId"] for t in rest["tokensIssuedBy"]["nodes"]] == [made["f"]["tokenId"]]
+
+
 async def test_reading_what_a_token_issued_needs_the_grant_reading_tokens_needs(base_url):
     """SELECT on financial.Client.token, as Client.tokens: a client that may revoke but not read
     tokens is refused; one that may read but not revoke reads."""

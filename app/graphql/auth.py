@@ -490,14 +490,16 @@ class AuthQuery:
         first: FIRST,
         after: AFTER = None,
     ) -> Connection[ClientTokenInfo]:
+        caller = info.context.caller
         async with info.context.reads():
             return await keyset_connection(
                 first,
                 after,
-                CREATED_ID.bound("tokensIssuedBy", token_id),
+                # The caller's account chooses the tokens too: it reaches them.
+                CREATED_ID.bound("tokensIssuedBy", token_id, caller.account_id),
                 lambda keyset, limit: service.list_tokens_issued_by(
                     info.context.pool,
-                    info.context.caller,
+                    caller,
                     token_id=token_id,
                     after=keyset,
                     limit=limit,
