@@ -339,7 +339,7 @@ async def start_state(settings: Settings, embedder: Embedder | None = None) -> S
         await start_services(started.state)
         # Here, not in the lifespan: a database that cannot answer (one without all of its
         # tables) ends `engram serve` with one line, not a lifespan traceback. The admin token
-        # it created (ENGRAM_BOOTSTRAP_TOKEN unset, no admin token yet) is shown at once, as
+        # it created (ENGRAM_BOOTSTRAP_TOKEN unset, the admin made now) is shown at once, as
         # it is committed: a start that fails or is stopped later has shown it all the same.
         created = await bootstrap_admin(pool, settings.bootstrap_token_value())
         if created is not None:

@@ -277,9 +277,7 @@ async def test_a_cursor_of_what_a_token_issued_pages_only_the_list_it_came_from(
     it rather than paging from a place it never reached."""
     made = await chain(base_url)
     tenant = made["g"]["token"]
-    page = (await post(base_url, BOOTSTRAP, ISSUED, t=made["e"]["tokenId"], n=1))[
-        "tokensIssuedBy"
-    ]
+    page = (await post(base_url, BOOTSTRAP, ISSUED, t=made["e"]["tokenId"], n=1))["tokensIssuedBy"]
     cursor = page["pageInfo"]["endCursor"]
     assert page["pageInfo"]["hasNextPage"]
     for token, named in [(BOOTSTRAP, made["a"]), (tenant, made["e"])]:
