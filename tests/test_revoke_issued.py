@@ -526,13 +526,12 @@ async def test_a_long_chain_a_leaked_token_made_is_revoked_within_the_statement_
     assert [t.token_id for t in revoked] == ids
 
 
-async def test_a_revoked_bootstrap_token_is_made_again_by_a_start_with_the_same_setting(
-    state, admin
+async def test_a_revoked_bootstrap_token_stays_revoked_at_a_start_with_the_same_setting(
+    state, admin, caplog
 ):
-    """Revoking the bootstrap token and what it issued holds until the service starts again
-    with ENGRAM_BOOTSTRAP_TOKEN unchanged, which makes that value the admin's token again (a
-    new tokenId; what it issued stays revoked): after a leak, the setting is changed too
-    (docs/access.md)."""
+    """Revoking the bootstrap token and what it issued holds when the service starts again with
+    ENGRAM_BOOTSTRAP_TOKEN unchanged: the start leaves the value revoked and logs a warning
+    (never the token); a new value works (docs/access.md)."""
     from app.errors import Unauthenticated
 
     await service.bootstrap_admin(state.pool, BOOTSTRAP)
@@ -547,12 +546,16 @@ async def test_a_revoked_bootstrap_token_is_made_again_by_a_start_with_the_same_
         with pytest.raises(Unauthenticated):
             await service.authenticate(state.pool, f"Bearer {token}")
 
+    caplog.clear()
     await service.bootstrap_admin(state.pool, BOOTSTRAP)  # a start, the setting unchanged
-    again = await service.authenticate(state.pool, f"Bearer {BOOTSTRAP}")
-    assert again.token_id != leaked.token_id
-    with pytest.raises(Unauthenticated):
-        await service.authenticate(state.pool, f"Bearer {issued.token}")
+    for token in (BOOTSTRAP, issued.token):
+        with pytest.raises(Unauthenticated):
+            await service.authenticate(state.pool, f"Bearer {token}")
+    (warning,) = [r for r in caplog.records if "ENGRAM_BOOTSTRAP_TOKEN" in r.getMessage()]
+    assert warning.levelname == "WARNING" and "stays revoked" in warning.getMessage()
+    assert BOOTSTRAP not in caplog.text and BOOTSTRAP[:8] not in caplog.text
 
     await service.bootstrap_admin(state.pool, "revoke-issued-new-bootstrap-token-9876543210")
+    await service.authenticate(state.pool, "Bearer revoke-issued-new-bootstrap-token-9876543210")
     with pytest.raises(Unauthenticated):
         await service.authenticate(state.pool, f"Bearer {BOOTSTRAP}")

@@ -9,7 +9,7 @@ import pytest
 from factories import allow, caller, make_account, make_agent, token_for
 from helpers import db_settings, eventually
 from openai_server import CHAT
-from servers import serving
+from servers import clean_env, run, serving
 
 from app.auth import service
 from app.errors import Unauthenticated
@@ -97,6 +97,80 @@ async def test_restarting_with_a_new_bootstrap_token_over_http(db_url, embedder)
                 statuses.append(answer.status_code)
     assert statuses == [200, 401]
     assert answer.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+OWN_TOKENS = '{ client(principal: "admin") { tokens(first: 9) { nodes { tokenId bootstrap } } } }'
+
+
+def revoked_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and "holds a token that was revoked" in r.getMessage()
+    ]
+
+
+async def test_a_revoked_bootstrap_token_stays_revoked_when_restarted_over_http(
+    db_url, embedder, caplog
+):
+    # A leaked bootstrap token revoked, and the service restarted with the setting unchanged.
+    viewer = {"query": "{ viewer { principal } }"}
+    own = {"query": OWN_TOKENS}
+    revoke: dict = {"query": REVOKE, "variables": {"p": "admin"}}
+    with serving(db_settings(db_url, bootstrap_token=FIRST), embedder) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            headers = {"Authorization": f"Bearer {FIRST}"}
+            listed = (await http.post("/graphql", json=own, headers=headers)).json()
+            (token,) = listed["data"]["client"]["tokens"]["nodes"]
+            assert token["bootstrap"]
+            revoke["variables"]["t"] = token["tokenId"]
+            answer = await http.post("/graphql", json=revoke, headers=headers)
+            assert answer.json()["data"]["revokeClientToken"]["tokenId"] == token["tokenId"]
+    caplog.clear()
+    with serving(db_settings(db_url, bootstrap_token=FIRST), embedder) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            headers = {"Authorization": f"Bearer {FIRST}"}
+            answer = await http.post("/graphql", json=viewer, headers=headers)
+    assert answer.status_code == 401
+    assert answer.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    (warning,) = revoked_warnings(caplog)
+    assert "stays revoked; give the setting a new value, or unset it" in warning
+    assert FIRST not in caplog.text and FIRST[:8] not in caplog.text
+    # A new value works as before.
+    with serving(db_settings(db_url, bootstrap_token=SECOND), embedder) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            headers = {"Authorization": f"Bearer {SECOND}"}
+            answer = await http.post("/graphql", json=viewer, headers=headers)
+    assert answer.json() == {"data": {"viewer": {"principal": "admin"}}}
+
+
+async def test_a_replaced_bootstrap_token_does_not_come_back(state, admin, caplog):
+    # A value rotated out is as good as revoked: setting it again does not bring it back.
+    await service.bootstrap_admin(state.pool, FIRST)
+    await service.bootstrap_admin(state.pool, SECOND)
+    caplog.clear()
+    await service.bootstrap_admin(state.pool, FIRST)
+    assert not await valid(state, FIRST)
+    assert await valid(state, SECOND)  # nothing changed: the value before stays
+    assert len(revoked_warnings(caplog)) == 1 and FIRST not in caplog.text
+
+
+async def test_deleting_the_admin_client_revokes_its_bootstrap_token_for_good(state, admin, caplog):
+    await service.bootstrap_admin(state.pool, FIRST)
+    everything = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "financial.*")
+    ops = await service.authenticate(
+        state.pool, f"Bearer {await token_for(state, admin, 'ops', everything)}"
+    )
+    await service.delete_client(state.pool, ops, account_id=None, principal="admin")
+    assert not await valid(state, FIRST)
+
+    caplog.clear()
+    # The next start makes the admin client again, but not its revoked bootstrap token.
+    assert await service.bootstrap_admin(state.pool, FIRST) is None
+    assert not await valid(state, FIRST)
+    assert len(revoked_warnings(caplog)) == 1 and FIRST not in caplog.text
+    await service.bootstrap_admin(state.pool, SECOND)
+    assert (await service.authenticate(state.pool, f"Bearer {SECOND}")).principal == "admin"
 
 
 async def test_tokens_are_listed_without_their_secret(gql, state, admin):
@@ -358,3 +432,28 @@ async def test_timestamps_are_rfc3339_read_back_in_utc(gql, state, admin, sent, 
         assert "$e" in answer.errors[0]["message"]
     else:
         assert answer.ok()["createClientToken"]["expires"] == read
+
+
+async def test_a_command_leaves_a_revoked_bootstrap_token_revoked(db_url, tmp_path):
+    # `engram` commands that write make the admin (and the setting's token) as a start does.
+    env = clean_env(database_url=db_url, data_dir=str(tmp_path / "unused"), bootstrap_token=FIRST)
+
+    async def engram(*args: str) -> tuple[dict, str]:
+        ran = await asyncio.to_thread(run, env, *args)
+        assert ran.returncode == 0, ran.stderr
+        assert FIRST not in ran.stderr and FIRST not in ran.stdout
+        return json.loads(ran.stdout), ran.stderr
+
+    async def bootstrap_tokens() -> list[str]:
+        listed, _ = await engram("client", "tokens", "admin")
+        return [t["tokenId"] for t in listed["tokens"] if t["bootstrap"]]
+
+    await engram("client", "create", "ops")
+    (leaked,) = await bootstrap_tokens()
+    _, said = await engram("client", "revoke-token", "admin", leaked)
+    assert "was revoked" not in said
+
+    _, said = await engram("client", "create", "bot")
+    assert "ENGRAM_BOOTSTRAP_TOKEN holds a token that was revoked (at " in said
+    assert "it stays revoked; give the setting a new value, or unset it" in said
+    assert await bootstrap_tokens() == []

@@ -1,6 +1,7 @@
 """Accounts, clients and tokens: the rules, over auth/store.py."""
 
 import hashlib
+import logging
 import re
 import secrets
 import time
@@ -20,6 +21,8 @@ from app.auth.resources import Grant
 from app.db.pool import Share, drawing_on
 from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
 from app.text import check_one_line
+
+log = logging.getLogger(__name__)
 
 ADMIN_PRINCIPAL = "admin"
 TOKEN_PREFIX = "eng_"
@@ -333,9 +336,11 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
     """Ensures the admin client of the default account.
 
     With `token` (ENGRAM_BOOTSTRAP_TOKEN), that value becomes the admin's bootstrap token,
-    replacing the one an earlier value made (other admin tokens stay). Without it, the first
-    start creates an admin token and returns it (to be printed once); later starts return None,
-    also once every admin token was revoked (`engram client token admin` issues one).
+    replacing the one an earlier value made (other admin tokens stay), unless a bootstrap token
+    of that value was revoked or replaced before: then it stays revoked, nothing changes, and a
+    warning says so (never the token). Without it, the first start creates an admin token and
+    returns it (to be printed once); later starts return None, also once every admin token was
+    revoked (`engram client token admin` issues one).
     """
     admin_policies = [p.as_json() for p in ADMIN_POLICIES]
     async with pool.acquire() as conn, conn.transaction():
@@ -347,6 +352,14 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
                 conn, account_id, ADMIN_PRINCIPAL, "Administrator", admin_policies
             )
         if token is not None:
+            revoked = await store.bootstrap_token_revoked(conn, hash_token(token))
+            if revoked is not None:
+                log.warning(
+                    "ENGRAM_BOOTSTRAP_TOKEN holds a token that was revoked (at %s): it stays "
+                    "revoked; give the setting a new value, or unset it",
+                    revoked.astimezone(UTC).isoformat(timespec="seconds"),
+                )
+                return None
             # The setting's token replaces the one an earlier setting made; others stay.
             await store.replace_bootstrap_token(
                 conn,

@@ -142,6 +142,15 @@ async def update_client(
 
 async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: str) -> Row | None:
     async with conn.transaction():
+        bootstrap = await conn.fetch(
+            """
+            SELECT token_hash, bootstrap FROM client_tokens
+            WHERE account_id = $1 AND principal = $2 AND bootstrap
+            """,
+            account_id,
+            principal,
+        )
+        await _remember_revoked_bootstrap(conn, bootstrap)
         row = await conn.fetchrow(
             "DELETE FROM clients WHERE account_id = $1 AND principal = $2 RETURNING *",
             account_id,
@@ -159,6 +168,30 @@ async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: s
             )
     verified.forget()
     return row
+
+
+async def _remember_revoked_bootstrap(conn: asyncpg.Connection, deleted: Sequence[Row]) -> None:
+    """Records the bootstrap tokens among `deleted` (rows with `token_hash` and `bootstrap`) in
+    `revoked_bootstrap_tokens` (migration 0039), so that a start does not make them again.
+    Written by each statement that deletes tokens, not by a trigger: `client_tokens` is
+    distributed and the record a reference table (app/db/distribution.py), as with
+    `token_accounts`; the first revocation's time is kept."""
+    hashes = [r["token_hash"] for r in deleted if r["bootstrap"]]
+    if hashes:
+        await conn.execute(
+            """
+            INSERT INTO revoked_bootstrap_tokens (token_hash) SELECT unnest($1::bytea[])
+            ON CONFLICT (token_hash) DO NOTHING
+            """,
+            hashes,
+        )
+
+
+async def bootstrap_token_revoked(conn: asyncpg.Connection, token_hash: bytes) -> datetime | None:
+    """When the bootstrap token `token_hash` was revoked or replaced; None if it never was."""
+    return await conn.fetchval(
+        "SELECT revoked FROM revoked_bootstrap_tokens WHERE token_hash = $1", token_hash
+    )
 
 
 async def _forget_tokens(conn: asyncpg.Connection, account_id: UUID) -> None:
@@ -227,17 +260,19 @@ async def replace_bootstrap_token(
     issued_by: str,
 ) -> None:
     """Makes `token_hash` the client's one bootstrap token, issued by `issued_by`: an earlier
-    one is deleted, and a token of that value issued before tokens were marked becomes the
-    bootstrap token (its issuer, if it recorded one, kept)."""
-    await conn.execute(
+    one is deleted (and remembered as revoked), and a token of that value issued before tokens
+    were marked becomes the bootstrap token (its issuer, if it recorded one, kept)."""
+    replaced = await conn.fetch(
         """
         DELETE FROM client_tokens
         WHERE account_id = $2 AND principal = $3 AND bootstrap AND token_hash <> $1
+        RETURNING token_hash, bootstrap
         """,
         token_hash,
         account_id,
         principal,
     )
+    await _remember_revoked_bootstrap(conn, replaced)  # a rotated-out value stays out
     await _forget_tokens(conn, account_id)
     verified.forget()  # (at startup, before requests are served)
     owner = await conn.fetchval(
@@ -342,6 +377,7 @@ async def delete_token(
             token_id,
         )
         if row is not None:
+            await _remember_revoked_bootstrap(conn, [row])
             await conn.execute(
                 "DELETE FROM token_accounts WHERE account_id = $1 AND token_hash = $2",
                 account_id,
@@ -418,6 +454,7 @@ async def delete_token_chain(
             own_issuers,
         )
         if rows:
+            await _remember_revoked_bootstrap(conn, rows)
             await conn.execute(
                 "DELETE FROM token_accounts"
                 " WHERE account_id = $1 AND token_hash = any($2::bytea[])",

@@ -16,4 +16,5 @@ REFERENCE_TABLES: dict[str, str] = {
     "accounts": "the accounts (tenants) themselves",
     "token_accounts": "the token-hash lookup that finds a token's account",
     "service_processes": "the running service processes and their heartbeats",
+    "revoked_bootstrap_tokens": "the bootstrap tokens revoked, which a start does not make again",
 }
