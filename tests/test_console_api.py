@@ -180,7 +180,7 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
     """The table mirrors the services' checks: a client holding exactly an operation's grants
     is allowed it, and one lacking any of them is refused by the operation itself. Among them
     what the console offers or hides by it: creating agents and clients, deleting clients,
-    erasing sessions, and revoking the tokens a token issued, read first."""
+    erasing sessions, revoking the tokens a token issued, read first, and accounts' names."""
     agent = await make_agent(state, admin)
     kept = await remember(state, agent, "kept")
     await record_turn(state, writer(agent, session="s1"))
@@ -200,6 +200,7 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
             {"a": aid, "m": str(kept.memory_id)},
         ),
         "clients": ("{ clients(first: 1) { nodes { principal } } }", {}),
+        "accounts": ("{ accounts(first: 1) { nodes { name } } }", {}),
         "actions": ("{ actions(first: 1) { nodes { name } } }", {}),
         "createAction": ('mutation { createAction(input: {name: "made"}) { version } }', {}),
         "createClient": (

@@ -438,8 +438,8 @@ async def test_tokens_change_in_place_and_revoking_ones_own_signs_out(db_url, em
                 "mutation($i: ClientInput!) { createClient(input: $i) { principal } }",
                 i={"principal": f"client-{n:02}", "name": f"Client {n:02}", "policies": READER},
             )
-        mine = admin('mutation { createClientToken(principal: "admin") { token } }')
-        mine = mine["createClientToken"]["token"]
+        made = admin('mutation { createClientToken(principal: "admin") { token tokenId } }')
+        mine, mine_id = made["createClientToken"]["token"], made["createClientToken"]["tokenId"]
         await sign_in(page, url, mine)
         await page.get_by_role("link", name="Clients and tokens").click()
         cards = page.locator("section.client")
@@ -460,10 +460,14 @@ async def test_tokens_change_in_place_and_revoking_ones_own_signs_out(db_url, em
         await auditor.get_by_role("button", name="Create token").click()
         secret = await auditor.get_by_label("The new token").input_value()
         await expect(rows).to_have_count(2)
-        await expect(rows.first.locator("td").first).to_have_text(f"{secret[:8]}… new")
+        await expect(rows.first.locator("td").first).to_have_text(
+            re.compile(rf"^{re.escape(secret[:8])}… new ID [0-9a-f-]{{36}}$")
+        )
         await expect(auditor.get_by_label("The new token")).to_be_visible()
         # Who issued each token (the signed-in admin's request; the bootstrap setting's own).
-        await expect(rows.first.locator('td[data-label="Issued by"]')).to_have_text("admin")
+        await expect(rows.first.locator('td[data-label="Issued by"]')).to_have_text(
+            f"admin via token {mine_id}"
+        )
         admins = page.locator(
             "section.client", has=page.locator("h2 .mono", has_text=re.compile("^admin$"))
         )
@@ -754,6 +758,99 @@ async def test_a_chain_longer_than_the_dialog_reads_still_warns_of_signing_out(d
         )
         await dialog.get_by_role("button", name="Cancel").click()
         assert not refused(url, b["token"])
+
+
+async def test_tokens_show_their_ids_and_other_accounts_show_by_name(db_url, embedder):
+    """Each token row shows its ID, and the token its issuer's request sent ("via token"), as
+    the leak form asks for them; an operator's revoke dialog names other accounts (read once
+    with `accounts`) beside their IDs. A tenant reads no other account's name or ID."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        account = "mutation($n: String!) { createAccount(input: {name: $n}) { accountId } }"
+        acme = admin(account, n="Acme Ltd")["createAccount"]["accountId"]
+        globex = admin(account, n="Globex")["createAccount"]["accountId"]
+        client = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+        tenant = [
+            {"effect": "ALLOW", "actions": ["SELECT", "INSERT"], "resources": ["financial.*"]}
+        ]
+        for principal, policies, at in [
+            ("ops", EVERY_GRANT, None),
+            ("deputy", READER, None),
+            ("acme-bot", tenant, acme),
+            ("globex-bot", tenant, globex),
+        ]:
+            admin(
+                client,
+                i={
+                    "principal": principal,
+                    "name": principal,
+                    "policies": policies,
+                    "accountId": at,
+                },
+            )
+        issue = """mutation($p: String!, $a: UUID) { createClientToken(principal: $p, accountId: $a)
+          { token tokenId prefix } }"""
+        a = admin(ISSUE, p="ops")["createClientToken"]
+        ops = Api(url, a["token"])
+        b = ops(issue, p="deputy")["createClientToken"]
+        c = ops(issue, p="acme-bot", a=acme)["createClientToken"]
+        d = ops(issue, p="globex-bot", a=globex)["createClientToken"]
+
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+
+        def row(principal: str, t: dict[str, str]):
+            name = page.locator("h2 .mono", has_text=re.compile(f"^{re.escape(principal)}$"))
+            return page.locator("section.client", has=name).locator(
+                "tbody tr", has_text=t["prefix"]
+            )
+
+        await expect(row("ops", a).locator('td[data-label="Token"]')).to_have_text(
+            f"{a['prefix']}… ID {a['tokenId']}"
+        )
+        await expect(row("deputy", b).locator('td[data-label="Issued by"]')).to_have_text(
+            f"ops via token {a['tokenId']}"
+        )
+        await page.locator(
+            "section.client", has=page.locator("h2 .mono", has_text="deputy")
+        ).screenshot(path=screenshot_path("console-token-ids.png"))
+        await (
+            row("ops", a)
+            .get_by_role("button", name=re.compile("^Revoke with the tokens it issued"))
+            .click()
+        )
+        dialog = page.get_by_role("dialog")
+        await expect(dialog).to_contain_text("This revokes 4 tokens of 4 clients in 3 accounts:")
+        await expect(
+            dialog.get_by_role("list", name="Tokens to revoke").locator("li")
+        ).to_have_text(
+            [
+                f"{a['prefix']}… of ops",
+                f"{b['prefix']}… of deputy",
+                f"{c['prefix']}… of acme-bot (account Acme Ltd {acme})",
+                f"{d['prefix']}… of globex-bot (account Globex {globex})",
+            ]
+        )
+        await page.screenshot(path=screenshot_path("console-revoke-accounts.png"))
+        await dialog.get_by_role("button", name="Cancel").click()
+
+        # A tenant's token: its tokens' IDs; of the operator's, neither account nor token.
+        mine = admin(issue, p="acme-bot", a=acme)["createClientToken"]
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, mine["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await expect(row("acme-bot", c).locator('td[data-label="Token"]')).to_have_text(
+            f"{c['prefix']}… ID {c['tokenId']}"
+        )
+        await expect(row("acme-bot", c).locator('td[data-label="Issued by"]')).to_have_text(
+            "default account"
+        )
+        main = page.locator("main")
+        operator = admin("{ viewer { accountId } }")["viewer"]["accountId"]
+        for unseen in ["Globex", globex, operator, a["tokenId"]]:
+            await expect(main).not_to_contain_text(unseen)
 
 
 SEARCHER = [

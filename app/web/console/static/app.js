@@ -11,7 +11,7 @@ const OPERATIONS = [
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript", "execution",
   "ActionSession.searchHistory", "eraseSession",
   "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
-  "revokeClientToken", "revokeTokensIssuedBy", "tokensIssuedBy",
+  "revokeClientToken", "revokeTokensIssuedBy", "tokensIssuedBy", "accounts",
 ];
 const WHAT = {
   actions: "listing agents",
@@ -1111,6 +1111,7 @@ async function clientsView() {
   const out = [h("h1", { tabindex: -1 }, "Clients and tokens")];
   if (!can("clients")) return [...out, refusal("clients")];
   const tokens = clientTokens();
+  accountNames = await readAccounts();
   const list = h("div");
   const shown = new Set(); // principals with a card: one created here is not listed again by "Show more"
   const more = moreButton("Show more clients", list, load);
@@ -1203,7 +1204,7 @@ function newClient(list, shown) {
 }
 
 const CLIENT = "principal name accountId modified policies { effect actions resources } coveredByViewer";
-const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap issuedBy issuedByAccountId } "
+const TOKEN_PAGE = "nodes { tokenId prefix created expires lastUsed bootstrap issuedBy issuedByAccountId issuedByTokenId } "
   + "pageInfo { hasNextPage endCursor }";
 // A card's client with its first page of tokens, when the grants allow reading them.
 const clientTokens = () => (can("Client.tokens") ? `tokens(first: ${PAGE}) { ${TOKEN_PAGE} }` : "");
@@ -1224,15 +1225,51 @@ function signedInWith(c, t) {
 }
 
 const tokenName = (t) => (t.prefix ? `${t.prefix}…` : t.tokenId);
+// A token's ID, small under what names it: what the leak form asks for. One click selects all of it.
+const shownId = (id, label = "ID") => [" ", h("span", { class: "mono token-id" },
+  h("span", { class: "muted" }, `${label} `), h("span", { class: "copyable" }, id))];
 // Who issued a token: a client's principal (with its account when that is another, the
-// operator's), or the service's own name for the command line, the bootstrap setting, the
-// first start, or (read by a tenant) the default account; tokens issued before issuers were
-// recorded name no one.
+// operator's, and the token its request sent), or the service's own name for the command line,
+// the bootstrap setting, the first start, or (read by a tenant) the default account; tokens
+// issued before issuers were recorded name no one.
 const tokenIssuer = (c, t) => {
   if (!t.issuedBy) return "not recorded";
-  if (t.issuedByAccountId && t.issuedByAccountId !== c.accountId) return `${t.issuedBy} (account ${t.issuedByAccountId})`;
-  return t.issuedBy;
+  const via = t.issuedByTokenId ? shownId(t.issuedByTokenId, "via token") : null;
+  if (t.issuedByAccountId && t.issuedByAccountId !== c.accountId) {
+    return [t.issuedBy, " (account ", accountName(t.issuedByAccountId), ")", via];
+  }
+  return [t.issuedBy, via];
 };
+
+// The accounts' names by ID, read once a clients page (every page: they are few) where the
+// grants allow it; a client outside the default account reads its own alone. Without them, or
+// when the read fails, accounts show by ID, as before.
+let accountNames = new Map();
+const ACCOUNTS = `query($after: String) { accounts(first: 1000, after: $after) {
+  nodes { accountId name } pageInfo { hasNextPage endCursor } } }`;
+
+async function readAccounts() {
+  const names = new Map();
+  if (!can("accounts")) return names;
+  try {
+    let after = null;
+    do {
+      const page = (await gql(ACCOUNTS, { after })).accounts;
+      for (const a of page.nodes) names.set(a.accountId, a.name);
+      after = page.pageInfo.hasNextPage ? page.pageInfo.endCursor : null;
+    } while (after);
+  } catch {
+    return new Map();
+  }
+  return names;
+}
+
+// Account `id` by its name where it is known, with its ID beside it (operators copy it).
+function accountName(id) {
+  const name = accountNames.get(id);
+  if (name === undefined) return h("span", { class: "mono" }, id);
+  return h("span", { class: "account" }, h("bdi", {}, name), " ", h("span", { class: "mono small-id copyable" }, id));
+}
 
 // "Revoke with the tokens it issued", after a dialog: token `tokenId` (shown as `name`), if it is
 // still there, and every token whose issuers lead back to it (revokeTokensIssuedBy). The clients
@@ -1326,7 +1363,7 @@ function chainSaid(chain) {
     h("ul", { "aria-label": "Tokens to revoke" },
       found.slice(0, CHAIN_SHOWN).map((t) => h("li", {},
         h("span", { class: "mono" }, tokenName(t)), " of ", h("bdi", { class: "mono" }, t.principal),
-        t.accountId === viewer.accountId ? "" : ` (account ${t.accountId})`)),
+        t.accountId === viewer.accountId ? "" : [" (account ", accountName(t.accountId), ")"])),
       rest > 0 ? h("li", {}, `and ${counted(rest, "other")}`) : null));
 }
 
@@ -1397,7 +1434,8 @@ function clientCard(c, { fresh = false } = {}) {
 
   const row = (t, fresh = false) => {
     const tr = h("tr", {},
-      h("td", { dataset: { label: "Token" }, class: "mono" }, tokenName(t), fresh ? [" ", badge("new")] : null),
+      h("td", { dataset: { label: "Token" }, class: "mono" }, tokenName(t), fresh ? [" ", badge("new")] : null,
+        shownId(t.tokenId)),
       h("td", { dataset: { label: "Created" } }, when(t.created)),
       h("td", { dataset: { label: "Expires" } }, t.expires ? when(t.expires) : "never"),
       h("td", { dataset: { label: "Last used" } }, t.lastUsed ? when(t.lastUsed) : "never"),
@@ -1464,7 +1502,7 @@ function clientCard(c, { fresh = false } = {}) {
       }
       try {
         const data = await gql(`mutation($p: String!, $a: UUID, $e: Timestamp) {
-          createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires issuedBy issuedByAccountId } }`,
+          createClientToken(principal: $p, accountId: $a, expires: $e) { token tokenId prefix created expires issuedBy issuedByAccountId issuedByTokenId } }`,
         { p: c.principal, a: c.accountId, e: at && at.toISOString() });
         const made = data.createClientToken;
         if (firstToken) firstToken.remove();
