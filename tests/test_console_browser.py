@@ -836,6 +836,35 @@ async def test_tokens_show_their_ids_and_other_accounts_show_by_name(db_url, emb
         await page.screenshot(path=screenshot_path("console-revoke-accounts.png"))
         await dialog.get_by_role("button", name="Cancel").click()
 
+        # Another account chosen: its clients, their tokens' issuers by account name and ID.
+        accounts = admin("{ accounts(first: 100) { nodes { accountId name } } }")["accounts"]
+        names = {n["accountId"]: n["name"] for n in accounts["nodes"]}
+        operator = admin("{ viewer { accountId } }")["viewer"]["accountId"]
+        choice = page.get_by_label("Account", exact=True)
+        await expect(choice.locator("option")).to_have_count(4)  # with the seed's Other Co
+        await expect(choice).to_have_value(operator)
+        await choice.select_option(acme)
+        await expect(page).to_have_url(re.compile(f"#/clients\\?account={acme}$"))
+        await expect(page.locator("section.client h2 .mono")).to_have_text(["acme-bot"])
+        await expect(row("acme-bot", c).locator('td[data-label="Issued by"]')).to_have_text(
+            f"ops (account {names[operator]} {operator}) via token {a['tokenId']}"
+        )
+        await page.screenshot(path=screenshot_path("console-clients-of-account.png"))
+        # A client created there is that account's.
+        await page.get_by_role("button", name="New client").click()
+        form = page.get_by_role("form", name="New client")
+        await form.get_by_label("Principal").fill("acme-helper")
+        await form.get_by_label("Name").fill("Acme helper")
+        resources = form.get_by_role("group", name="Policy 1").get_by_label("Resources")
+        await resources.fill("financial.Action.*")
+        await form.get_by_role("button", name="Create client").click()
+        await expect(page.locator("section.client h2 .mono")).to_have_text(
+            ["acme-helper", "acme-bot"]
+        )
+        read = 'query($a: UUID) { client(principal: "acme-helper", accountId: $a) { name } }'
+        assert admin(read, a=acme)["client"] == {"name": "Acme helper"}
+        assert admin(read)["client"] is None
+
         # A tenant's token: its tokens' IDs; of the operator's, neither account nor token.
         mine = admin(issue, p="acme-bot", a=acme)["createClientToken"]
         await page.get_by_role("button", name="Sign out").click()
@@ -847,8 +876,8 @@ async def test_tokens_show_their_ids_and_other_accounts_show_by_name(db_url, emb
         await expect(row("acme-bot", c).locator('td[data-label="Issued by"]')).to_have_text(
             "default account"
         )
+        await expect(page.get_by_label("Account", exact=True)).to_have_count(0)
         main = page.locator("main")
-        operator = admin("{ viewer { accountId } }")["viewer"]["accountId"]
         for unseen in ["Globex", globex, operator, a["tokenId"]]:
             await expect(main).not_to_contain_text(unseen)
 

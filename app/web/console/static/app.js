@@ -1107,18 +1107,21 @@ function erasedReport(actionId, erased, summaries) {
 
 // ---------------------------------------------------------------- clients and tokens
 
-async function clientsView() {
+// The clients of account `account` (#/clients?account=ID), by default the signed-in one's.
+async function clientsView({ account = null } = {}) {
   const out = [h("h1", { tabindex: -1 }, "Clients and tokens")];
   if (!can("clients")) return [...out, refusal("clients")];
+  if (account !== null && !UUID.test(account)) return notFound(`An account ID is a UUID, not “${account}”.`);
   const tokens = clientTokens();
   accountNames = await readAccounts();
+  if (accountNames.size > 1) out.push(accountChoice(account || viewer.accountId));
   const list = h("div");
   const shown = new Set(); // principals with a card: one created here is not listed again by "Show more"
   const more = moreButton("Show more clients", list, load);
   async function load(after) {
-    const data = await gql(`query($after: String) { clients(first: ${PAGE}, after: $after) {
+    const data = await gql(`query($after: String, $a: UUID) { clients(first: ${PAGE}, after: $after, accountId: $a) {
       nodes { ${CLIENT} ${tokens} }
-      pageInfo { hasNextPage endCursor } } }`, { after: after || null });
+      pageInfo { hasNextPage endCursor } } }`, { after: after || null, a: account });
     for (const c of data.clients.nodes) {
       if (shown.has(c.principal)) continue;
       shown.add(c.principal);
@@ -1131,9 +1134,20 @@ async function clientsView() {
   if (!can("Client.tokens")) out.push(refusal("Client.tokens"));
   if (!can("updateClient")) out.push(refusal("updateClient"));
   if (!can("deleteClient")) out.push(refusal("deleteClient"));
-  out.push(can("createClient") ? newClient(list, shown) : refusal("createClient"));
+  out.push(can("createClient") ? newClient(list, shown, account) : refusal("createClient"));
   if (can("revokeTokensIssuedBy")) out.push(leakForm());
   return [...out, list, more];
+}
+
+// Which account's clients the page lists, for a token that reads more than its own (the
+// operator's): each account by name, then ID; choosing one opens its page.
+function accountChoice(chosen) {
+  const select = h("select", { name: "account", onchange: () => {
+    location.hash = select.value === viewer.accountId ? "#/clients" : `#/clients?account=${select.value}`;
+  } }, [...accountNames].map(([id, name]) => h("option", { value: id, selected: id === chosen },
+    `${name} (${id})${id === viewer.accountId ? ", yours" : ""}`)));
+  return h("div", { class: "filters narrow" }, field("Account", select,
+    "Whose clients and tokens this page lists and creates."));
 }
 
 // After a leak, by the leaked token's ID: it may be revoked already, and so in no table.
@@ -1173,12 +1187,12 @@ function leakForm() {
 
 // "New client": the client form, empty; the client it creates heads the list, offering its first
 // token.
-function newClient(list, shown) {
+function newClient(list, shown, accountId) {
   const said = h("p", { role: "status", class: "status" });
   let form = null;
   const open = h("button", { type: "button", onclick: () => {
     said.textContent = "";
-    form = h("section", { class: "card new-client" }, clientForm(null, { saved, cancelled: close }));
+    form = h("section", { class: "card new-client" }, clientForm(null, { saved, cancelled: close, accountId }));
     open.hidden = true;
     open.after(form);
     form.querySelector("input").focus();
@@ -1684,8 +1698,9 @@ const capital = (text) => text.charAt(0).toUpperCase() + text.slice(1).replace(/
 // the `modified` it was filled from: a change made meanwhile is refused (CONFLICT), never
 // overwritten unseen. What the server refuses is said at its field, or above the buttons, and
 // the form stays open with what was typed. `changed(c)` redraws the client behind the form.
-// Without `c` it is the form of a new client, with its principal, saved by createClient.
-function clientForm(c, { saved, cancelled, changed }) {
+// Without `c` it is the form of a new client, with its principal, saved by createClient in
+// account `accountId` (by default the signed-in one's).
+function clientForm(c, { saved, cancelled, changed, accountId = null }) {
   const creating = !c;
   let base = creating ? null : c.modified;
   let busy = false;
@@ -1800,7 +1815,7 @@ function clientForm(c, { saved, cancelled, changed }) {
     busy = save.disabled = true;
     try {
       if (creating) {
-        const input = { principal: principal.value.trim(), name: name.value, policies: editor.value() };
+        const input = { accountId, principal: principal.value.trim(), name: name.value, policies: editor.value() };
         await saved((await gql(CREATE_CLIENT, { input })).createClient);
       } else {
         const input = { name: name.value, policies: editor.value(), expectedModified: base };
@@ -1833,6 +1848,7 @@ function clientForm(c, { saved, cancelled, changed }) {
 const ROUTES = [
   [/^\/?$/, agentsView, []],
   [/^\/clients$/, clientsView, []],
+  [/^\/clients\?account=([^&]*)$/, clientsView, ["account"]],
   [/^\/agents\/new$/, newAgentView, []],
   [/^\/agents\/([^/]+)$/, agentView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories$/, memoriesView, ["actionId"]],
