@@ -1386,22 +1386,21 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "token":
             c.add_argument("--expires", help="when it stops working, e.g. 2027-01-31T12:00:00Z")
-    issued = client_sub.add_parser(
-        "revoke-issued",
-        help="revoke a token, if it is still there, and every token it issued, in turn "
-        "(after a leak), in every account",
-    )
-    issued.add_argument(
-        "token_id", help="the token's tokenId (what it issued names it as issuedByTokenId)"
-    )
-    shown = client_sub.add_parser(
-        "issued",
-        help="list, revoking nothing, what revoke-issued would revoke: a token, if it is still "
-        "there, and every token it issued, in turn, in every account",
-    )
-    shown.add_argument(
-        "token_id", help="the token's tokenId (what it issued names it as issuedByTokenId)"
-    )
+    for name, text in (
+        (
+            "revoke-issued",
+            "revoke a token, if it is still there, and every token it issued, in turn (after a "
+            "leak), in every account",
+        ),
+        (
+            "issued",
+            "list, revoking nothing, what revoke-issued would revoke: a token, if it is still "
+            "there, and every token it issued, in turn, in every account",
+        ),
+    ):
+        client_sub.add_parser(name, help=text).add_argument(
+            "token_id", help="the token's tokenId (what it issued names it as issuedByTokenId)"
+        )
     for commands in (account_sub, client_sub):
         # A missing one is said by what it may be, as the usage says it, not by its dest
         # ("required: client_command").

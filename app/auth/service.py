@@ -735,7 +735,6 @@ async def revoke_tokens_issued_by(
                     "revoked by this one: send it again"
                 ) from None
     verified.forget()  # again once committed: a lookup meanwhile may have kept a token
-    revoked.sort(key=lambda r: (r["created"], r["token_id"]))
     return [TokenInfo.of(r, caller) for r in revoked]
 
 
@@ -755,8 +754,8 @@ async def _walk_chain(
     token_id: UUID,
     step: Callable[..., Awaitable[list[asyncpg.Record]]],
 ) -> list[asyncpg.Record]:
-    """The token `token_id` and every token whose chain of issuers leads back to it, in the
-    accounts the caller reaches, as `step` (store.token_chain, which reads them, or
+    """The token `token_id` and every token whose chain of issuers leads back to it, oldest
+    first, in the accounts the caller reaches, as `step` (store.token_chain, which reads them, or
     store.delete_token_chain) finds them in one account. Again from every token found so far,
     until a round finds no other: a round reaches the accounts where the tokens it starts from
     issued some, and (deleting) one issued meanwhile by a token of the chain (whose issuing
@@ -778,7 +777,7 @@ async def _walk_chain(
                     chain[row["token_id"]] = row
                     new.append(row["token_id"])
         if not new:
-            return list(chain.values())
+            return sorted(chain.values(), key=lambda r: (r["created"], r["token_id"]))
         roots += new
 
 
@@ -801,7 +800,6 @@ async def list_tokens_issued_by(
         conn.transaction(isolation="repeatable_read", readonly=True),
     ):
         rows = await _walk_chain(conn, caller, token_id, store.token_chain)
-    rows.sort(key=lambda r: (r["created"], r["token_id"]))
     if after is not None:
         rows = [r for r in rows if (r["created"], r["token_id"]) > after]
     return [TokenInfo.of(r, caller) for r in rows[:limit]]

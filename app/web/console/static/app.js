@@ -1285,6 +1285,8 @@ function accountName(id) {
   return h("span", { class: "account" }, h("bdi", {}, name), " ", h("span", { class: "mono small-id copyable" }, id));
 }
 
+const counted = (n, one) => `${n} ${one}${n === 1 ? "" : "s"}`; // "3 tokens", "1 token"
+
 // "Revoke with the tokens it issued", after a dialog: token `tokenId` (shown as `name`), if it is
 // still there, and every token whose issuers lead back to it (revokeTokensIssuedBy). The clients
 // page is then loaded again, each table as it is now, headed by what was revoked. A refusal is
@@ -1315,7 +1317,6 @@ async function revokeIssued(tokenId, name) {
   const revoked = (await gql(REVOKE_ISSUED, { t: tokenId })).revokeTokensIssuedBy;
   const itself = revoked.some((t) => t.tokenId === tokenId);
   const issued = revoked.filter((t) => t.tokenId !== tokenId);
-  const tokens = (n) => `${n} token${n === 1 ? "" : "s"}`;
   let said;
   if (!revoked.length) {
     said = `Nothing revoked: token ${name} and every token it issued were revoked already, or your grants reach none `
@@ -1324,7 +1325,7 @@ async function revokeIssued(tokenId, name) {
     said = `Revoked token ${name}: no token your grants reach was issued by it. Requests sending it are refused `
       + "from now on.";
   } else {
-    said = `Revoked ${itself ? `token ${name} and ` : ""}the ${tokens(issued.length)} it issued, in turn`
+    said = `Revoked ${itself ? `token ${name} and ` : ""}the ${counted(issued.length, "token")} it issued, in turn`
       + `${itself ? "" : ` (token ${name} itself was revoked already)`}: requests sending any of them are refused `
       + "from now on.";
   }
@@ -1356,8 +1357,6 @@ async function readChain(tokenId) {
     return null;
   }
 }
-
-const counted = (n, one) => `${n} ${one}${n === 1 ? "" : "s"}`;
 
 // The dialog's account of a chain read: how many tokens, of how many clients in how many
 // accounts, and the first CHAIN_SHOWN of them.
