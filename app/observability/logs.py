@@ -133,12 +133,13 @@ def _traceback(ei: Any) -> str:
             continue
         seen.add(id(part))
         if isinstance(raised, asyncpg.PostgresError):
-            if str(raised):
-                hidden.append((str(raised), kind_of(raised)))
+            words, kind = str(raised), kind_of(raised)
+            if words:
+                hidden.append((words, kind))
             # What format_exception_only prints after the class (CPython 3.11 to 3.14): a
             # private attribute, so the text is checked below.
             if hasattr(part, "_str"):
-                part._str = kind_of(raised)
+                part._str = kind
         pairs += [(part.__cause__, raised.__cause__), (part.__context__, raised.__context__)]
         grouped = getattr(raised, "exceptions", None) or ()
         pairs += zip(getattr(part, "exceptions", None) or (), grouped, strict=False)
