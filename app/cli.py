@@ -592,7 +592,7 @@ def _chain_token(info: Any) -> dict[str, Any]:
     return {"accountId": str(info.account_id), "principal": info.principal, **_token(info)}
 
 
-def _account_id(value: str | None) -> UUID | None:
+def _account_id(value: str | None, what: str = "--account") -> UUID | None:
     from uuid import UUID
 
     from app.errors import BadInput
@@ -602,7 +602,7 @@ def _account_id(value: str | None) -> UUID | None:
     try:
         return UUID(value)
     except ValueError:
-        raise BadInput(f"--account {value!r} is not an account ID (a UUID)") from None
+        raise BadInput(f"{what} {value!r} is not an account ID (a UUID)") from None
 
 
 _STDOUT_CLOSED = "standard output is closed: the command prints its result there"
@@ -742,9 +742,22 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
         return 0
 
     _printed_result()
+    account_id = _account_id(getattr(args, "account_id", None), "ACCOUNT_ID")
 
     async def work(pool: asyncpg.Pool, caller: Caller) -> dict[str, str]:
-        account = await service.create_account(pool, caller, name=args.name)
+        if args.account_command == "rename":
+            account = await service.update_account(
+                pool,
+                caller,
+                account_id=account_id,
+                name=args.name,
+                expected_name=args.expected_name,
+            )
+        elif args.account_command == "delete":
+            assert account_id is not None
+            account = await service.delete_account(pool, caller, account_id=account_id)
+        else:
+            account = await service.create_account(pool, caller, name=args.name)
         return {"accountId": str(account.account_id), "name": account.name}
 
     print(json.dumps(_run(partial(_as_admin, settings, work)), indent=2))
@@ -1353,6 +1366,19 @@ def parser() -> argparse.ArgumentParser:
         "list",
         help="list every account (accountId, name, created, isDefault) by name; only reads",
     )
+    rename_account = account_sub.add_parser(
+        "rename", help="rename an account (the default one too); prints its accountId and name"
+    )
+    rename_account.add_argument("account_id", help="the account's accountId")
+    rename_account.add_argument("name", help="its new name, 1 to 200 characters")
+    rename_account.add_argument(
+        "--expected-name",
+        help="the name it should have now: if it is named otherwise, nothing changes (CONFLICT)",
+    )
+    account_sub.add_parser(
+        "delete",
+        help="delete an account that holds nothing (no client, no agent); prints what it was",
+    ).add_argument("account_id", help="the account's accountId")
 
     client = command("client", _client, "manage clients (principals), policies and tokens")
     client_sub = client.add_subparsers(dest="client_command", required=True)

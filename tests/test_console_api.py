@@ -180,7 +180,8 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
     """The table mirrors the services' checks: a client holding exactly an operation's grants
     is allowed it, and one lacking any of them is refused by the operation itself. Among them
     what the console offers or hides by it: creating agents and clients, deleting clients,
-    erasing sessions, revoking the tokens a token issued, read first, and accounts' names."""
+    erasing sessions, revoking the tokens a token issued, read first, and accounts' names, and
+    renaming one's own."""
     agent = await make_agent(state, admin)
     kept = await remember(state, agent, "kept")
     await record_turn(state, writer(agent, session="s1"))
@@ -201,6 +202,11 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
         ),
         "clients": ("{ clients(first: 1) { nodes { principal } } }", {}),
         "accounts": ("{ accounts(first: 1) { nodes { name } } }", {}),
+        "updateAccount": (
+            'mutation($a: UUID!) { updateAccount(accountId: $a, input: {name: "renamed"}) '
+            "{ name } }",
+            {"a": str(account)},
+        ),
         "actions": ("{ actions(first: 1) { nodes { name } } }", {}),
         "createAction": ('mutation { createAction(input: {name: "made"}) { version } }', {}),
         "createClient": (

@@ -18,6 +18,8 @@ EXECUTION_READ: tuple[Grant, ...] = (("SELECT", r.EXECUTION_DOCUMENT),)
 
 OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "createAccount": (("INSERT", r.ACCOUNT),),
+    "updateAccount": (("UPDATE", r.ACCOUNT),),
+    "deleteAccount": (("DELETE", r.ACCOUNT),),
     "accounts": (("SELECT", r.ACCOUNT),),
     "clients": (("SELECT", r.CLIENT),),
     "client": (("SELECT", r.CLIENT),),
@@ -68,6 +70,8 @@ def _refusal(caller: Caller, operation: str) -> str | None:
             return f"this client is not allowed to {verb} {resource}"
     if operation == "createAccount" and not caller.in_default_account:
         return "accounts can be created only by clients of the default account"
+    if operation == "deleteAccount" and not caller.in_default_account:
+        return "accounts can be deleted only by clients of the default account"
     return None
 
 

@@ -393,6 +393,83 @@ async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> Ac
     return Account.of(row)
 
 
+async def update_account(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    *,
+    account_id: UUID | None,
+    name: str,
+    expected_name: str | None = None,
+) -> Account:
+    """Renames the account (the caller's unless `account_id`: a client of the default account
+    reaches every account, another client its own alone). With `expected_name` (the name the
+    change was based on), an account named otherwise now is refused as a Conflict and nothing
+    changes. Names need not be unique, as createAccount's."""
+    caller.require(("UPDATE", resources.ACCOUNT))
+    account_id = caller.reach_account(account_id)
+    async with pool.acquire() as conn, conn.transaction():
+        current = await store.lock_account(conn, account_id)
+        if current is None:
+            raise NotFound(f"account {account_id} not found")
+        await _as_now(conn, caller, ("UPDATE", resources.ACCOUNT), account_id)
+        checked = _check_name(name, "account", current["name"])
+        row = await store.rename_account(conn, account_id, checked, expected_name)
+        if row is None:
+            raise Conflict(
+                f"account {account_id} was renamed to {current['name']!r} after the name this "
+                f"change was based on ({expected_name!r}); nothing was changed: read it again "
+                "and rename what it is now if it must change"
+            )
+    return Account.of(row)
+
+
+def _held(counts: Mapping[str, int]) -> str:
+    """`counts` by kind as words: "2 clients and 1 agent", "more than 10000 executions"."""
+    said = []
+    for kind, n in counts.items():
+        if n:
+            number = f"more than {store.HELD_COUNTED}" if n > store.HELD_COUNTED else str(n)
+            said.append(f"{number} {kind}{'' if n == 1 else 's'}")
+    return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} and {said[-1]}"
+
+
+async def delete_account(pool: asyncpg.Pool, caller: Caller, *, account_id: UUID) -> Account:
+    """Deletes an account that holds nothing: no client, no agent (and so no memory record,
+    session or execution). One that holds any is refused as a Conflict counting what it holds
+    and saying what to delete first. Only clients of the default account may, and never the
+    default account. The account is locked first: a client being created in it meanwhile is
+    counted (its commit comes first), or finds no account (it waits for this one's)."""
+    caller.require(("DELETE", resources.ACCOUNT))
+    if not caller.in_default_account:
+        raise AccessDenied("accounts can be deleted only by clients of the default account")
+    async with pool.acquire() as conn, conn.transaction():
+        current = await store.lock_account(conn, account_id, to_delete=True)
+        if current is None:
+            raise NotFound(f"account {account_id} not found")
+        await _as_now(conn, caller, ("DELETE", resources.ACCOUNT), caller.account_id)
+        if current["is_default"]:
+            raise BadInput("the default account cannot be deleted: its clients manage the others")
+        held = await store.account_holdings(conn, account_id)
+        if any(held.values()):
+            first = []
+            if held["client"]:
+                first.append(
+                    "delete its clients first (deleteClient with its accountId, or `engram "
+                    "client delete PRINCIPAL --account ID`)"
+                )
+            if held["agent"]:
+                first.append(
+                    "an agent is never deleted, so neither is an account that holds one, with "
+                    "its memory records, sessions and executions: rename it instead"
+                )
+            raise Conflict(
+                f"account {account_id} ({current['name']!r}) still holds {_held(held)}; "
+                f"nothing was deleted: {'; '.join(first)}"
+            )
+        row = await store.delete_account(conn, account_id)
+    return Account.of(row)
+
+
 def _reachable(caller: Caller, keys: list[Any]) -> list[Any]:
     """The keys (each leading with an account) in accounts the caller reaches: those of another
     tenant's name nothing it may find."""
@@ -456,7 +533,8 @@ async def create_client(
     caller.require_covers(given, what)
     parsed = [p.as_json() for p in given]
     async with pool.acquire() as conn, conn.transaction():
-        if await store.get_account(conn, account_id) is None:
+        # Locked until the client is written: an account being deleted is gone (or waits).
+        if await store.lock_account(conn, account_id) is None:
             raise NotFound(f"account {account_id} not found")
         now, _ = await _as_now(conn, caller, ("INSERT", resources.CLIENT), account_id)
         now.require_covers(given, what)

@@ -32,6 +32,62 @@ async def get_account(conn: asyncpg.Connection, account_id: UUID) -> Row | None:
     return await conn.fetchrow("SELECT * FROM accounts WHERE account_id = $1", account_id)
 
 
+async def lock_account(
+    conn: asyncpg.Connection, account_id: UUID, *, to_delete: bool = False
+) -> Row | None:
+    """The account's row, locked until the transaction ends: FOR KEY SHARE, as a row written
+    in the account (a client) holds it, or with `to_delete` FOR UPDATE, which waits for every
+    such writer to commit and holds off the next until the account is gone (when that one
+    finds no account). None if there is no such account."""
+    lock = "FOR UPDATE" if to_delete else "FOR KEY SHARE"
+    return await conn.fetchrow(
+        f"SELECT * FROM accounts WHERE account_id = $1 {lock}",  # one of two constants
+        account_id,
+    )
+
+
+async def rename_account(
+    conn: asyncpg.Connection, account_id: UUID, name: str, expected_name: str | None
+) -> Row | None:
+    """The account renamed, or None if it is not there or (`expected_name`) named otherwise."""
+    return await conn.fetchrow(
+        """
+        UPDATE accounts SET name = $2
+        WHERE account_id = $1 AND ($3::text IS NULL OR name = $3)
+        RETURNING *
+        """,
+        account_id,
+        name,
+        expected_name,
+    )
+
+
+# What an account holds, by kind, each counted up to HELD_COUNTED (beyond, "more than").
+HELD_COUNTED = 10_000
+_HELD = {
+    "client": "clients",
+    "agent": "actions",
+    "memory record": "agent_memories",
+    "session": "sessions",
+    "execution": "executions",
+}
+
+
+async def account_holdings(conn: asyncpg.Connection, account_id: UUID) -> dict[str, int]:
+    """How many of each kind (`_HELD`) the account holds, each up to HELD_COUNTED + 1: every
+    other row of an account hangs off one of its clients or agents."""
+    counts = ",\n".join(
+        f"(SELECT count(*) FROM (SELECT FROM {table} WHERE account_id = $1 LIMIT $2) t)"
+        for table in _HELD.values()
+    )
+    row = await conn.fetchrow(f"SELECT {counts}", account_id, HELD_COUNTED + 1)
+    return dict(zip(_HELD, row.values(), strict=True))
+
+
+async def delete_account(conn: asyncpg.Connection, account_id: UUID) -> Row | None:
+    return await conn.fetchrow("DELETE FROM accounts WHERE account_id = $1 RETURNING *", account_id)
+
+
 async def list_accounts(
     conn: asyncpg.Connection, only: UUID | None, after: tuple[str, UUID] | None, limit: int
 ) -> list[Row]:

@@ -76,6 +76,17 @@ class AccountInput:
     name: str = strawberry.field(description="The account's name, 1 to 200 characters.")
 
 
+@strawberry.input(description="An account's new name.")
+class AccountUpdateInput:
+    name: str = strawberry.field(description="The account's new name, 1 to 200 characters.")
+    expected_name: str | None = strawberry.field(
+        default=None,
+        description="The account's `name` that this change was based on: if it is now another "
+        "(someone renamed the account since), the update is CONFLICT and nothing changes. A form "
+        "passes the name it was filled from; by default no check.",
+    )
+
+
 PRINCIPAL_TEXT = (
     "The client's principal: 1 to 200 characters, letters, digits and `_ . : @ / + -`, starting "
     "with a letter or digit."
@@ -140,6 +151,7 @@ class Account(Node):
         )
 
 
+THE_ACCOUNT = Annotated[UUID, strawberry.argument(description="The account's `accountId`.")]
 ACCOUNT_ID = Annotated[
     UUID | None,
     strawberry.argument(
@@ -522,6 +534,41 @@ class AuthMutation:
     ) -> Account:
         account = await service.create_account(
             info.context.pool, info.context.caller, name=input.name
+        )
+        return Account.of(account)
+
+    @strawberry.mutation(
+        description="Renames an account. Needs UPDATE on financial.Account.document; a client "
+        "of the default account renames any account (the default one too), another client its "
+        "own alone (another is NOT_FOUND). Names need not be unique. CONFLICT when "
+        "`expectedName` is given and the account is named otherwise now."
+    )
+    async def update_account(
+        self,
+        info: Info,
+        account_id: THE_ACCOUNT,
+        input: Annotated[AccountUpdateInput, strawberry.argument(description="The new name.")],
+    ) -> Account:
+        account = await service.update_account(
+            info.context.pool,
+            info.context.caller,
+            account_id=account_id,
+            name=input.name,
+            expected_name=input.expected_name,
+        )
+        return Account.of(account)
+
+    @strawberry.mutation(
+        description="Deletes an account that holds nothing: no client, no agent (and so no "
+        "memory record, session or execution). One that holds any is CONFLICT, counting what it "
+        "holds by kind and saying what to delete first: its clients (deleteClient); an agent is "
+        "never deleted, so an account that held one stays. The default account is never deleted "
+        "(BAD_REQUEST). Only clients of the default account may, with DELETE on "
+        "financial.Account.document. Answers the account as it was."
+    )
+    async def delete_account(self, info: Info, account_id: THE_ACCOUNT) -> Account:
+        account = await service.delete_account(
+            info.context.pool, info.context.caller, account_id=account_id
         )
         return Account.of(account)
 
