@@ -2419,3 +2419,103 @@ async def test_an_agent_without_a_model_says_it_uses_the_deployments(db_url, emb
         await expect(page.get_by_role("heading", name="Version 4 (current)")).to_be_visible()
         await expect(left).to_have_count(0)
         await expect(note).to_have_count(0)
+
+
+async def test_an_operator_renames_an_account_and_deletes_it_once_it_holds_nothing(
+    db_url, embedder
+):
+    """The clients page of a chosen account renames it, from the name it shows (a rename made
+    meanwhile is refused, not undone), and deletes it after a dialog: refused, saying what it
+    holds, while it holds a client; gone once it holds nothing. A tenant renames its own
+    account and is offered no deletion."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        account = "mutation($n: String!) { createAccount(input: {name: $n}) { accountId } }"
+        acme = admin(account, n="Acme Ltd")["createAccount"]["accountId"]
+        globex = admin(account, n="Globex")["createAccount"]["accountId"]
+        client = """mutation($p: String!, $a: UUID!, $r: [String!]!) { createClient(input: {
+          principal: $p, name: $p, accountId: $a,
+          policies: [{effect: ALLOW, actions: [SELECT, UPDATE], resources: $r}]}) { principal } }"""
+        admin(client, p="acme-bot", a=acme, r=["financial.Action.*"])
+        admin(client, p="globex-admin", a=globex, r=["financial.*"])
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        # The operator's own account: renamed, never deleted here.
+        own = page.get_by_role("region", name="Manage account")
+        await expect(own.get_by_role("form", name="Rename account")).to_be_visible()
+        await expect(own.get_by_role("button", name=re.compile("^Delete account"))).to_have_count(0)
+
+        await page.get_by_label("Account", exact=True).select_option(acme)
+        await expect(page).to_have_url(re.compile(f"#/clients\\?account={acme}$"))
+        card = page.get_by_role("region", name="Manage account")
+        await expect(card.get_by_role("heading")).to_have_text(f"Account Acme Ltd {acme}")
+        rename = card.get_by_role("form", name="Rename account")
+        await expect(rename.get_by_label("New name")).to_have_value("Acme Ltd")
+        await rename.get_by_label("New name").fill("   ")
+        await rename.get_by_role("button", name="Rename account").click()
+        await expect(rename.locator(".field-error")).to_contain_text(
+            "account name must be 1 to 200 characters"
+        )
+        await rename.get_by_label("New name").fill("Acme Corp")
+        await rename.get_by_role("button", name="Rename account").click()
+        await expect(page.get_by_role("status").first).to_have_text(
+            "Renamed account “Acme Ltd” to “Acme Corp”."
+        )
+        await expect(page.get_by_label("Account", exact=True)).to_contain_text("Acme Corp")
+        # Renamed elsewhere since the page showed it: refused, not undone.
+        renamed = """mutation($a: UUID!) { updateAccount(accountId: $a, input: {name: "Acme B"})
+          { name } }"""
+        admin(renamed, a=acme)
+        rename = page.get_by_role("region", name="Manage account").get_by_role(
+            "form", name="Rename account"
+        )
+        await rename.get_by_label("New name").fill("Acme C")
+        await rename.get_by_role("button", name="Rename account").click()
+        await expect(page.get_by_role("alert").filter(has_text="Conflict")).to_contain_text(
+            "was renamed to 'Acme B'"
+        )
+        names = "{ accounts(first: 100) { nodes { accountId name } } }"
+        listed = {a["accountId"]: a["name"] for a in admin(names)["accounts"]["nodes"]}
+        assert listed[acme] == "Acme B"
+
+        # Holding a client: refused, saying so; the dialog first.
+        await page.reload()
+        delete = page.get_by_role("button", name="Delete account Acme B")
+        await delete.click()
+        dialog = page.get_by_role("dialog")
+        await expect(dialog).to_contain_text("Only an account that holds nothing is deleted")
+        await page.screenshot(path=screenshot_path("console-delete-account.png"))
+        await dialog.get_by_role("button", name="Cancel").click()
+        await delete.click()
+        await dialog.get_by_role("button", name="Delete account").click()
+        await expect(page.get_by_role("alert")).to_contain_text(
+            "still holds 1 client; nothing was deleted: delete its clients first"
+        )
+        remove = """mutation($a: UUID!) { deleteClient(principal: "acme-bot", accountId: $a)
+          { principal } }"""
+        admin(remove, a=acme)
+        await delete.click()
+        await dialog.get_by_role("button", name="Delete account").click()
+        await expect(page).to_have_url(re.compile("#/clients$"))
+        await expect(page.get_by_role("status").first).to_have_text("Deleted account “Acme B”.")
+        await expect(page.get_by_label("Account", exact=True)).not_to_contain_text("Acme")
+        assert acme not in {a["accountId"] for a in admin(names)["accounts"]["nodes"]}
+
+        # A tenant: its own account renamed; no deletion offered.
+        await page.get_by_role("button", name="Sign out").click()
+        tenant = """mutation($a: UUID!) { createClientToken(principal: "globex-admin",
+          accountId: $a) { token } }"""
+        await sign_in(page, url, admin(tenant, a=globex)["createClientToken"]["token"])
+        await page.get_by_role("link", name="Clients and tokens").click()
+        card = page.get_by_role("region", name="Manage account")
+        await expect(card.get_by_role("heading")).to_have_text(f"Account Globex {globex}")
+        await expect(card.get_by_role("button", name=re.compile("^Delete account"))).to_have_count(
+            0
+        )
+        await card.get_by_label("New name").fill("Globex Inc")
+        await card.get_by_role("button", name="Rename account").click()
+        await expect(page.get_by_role("status").first).to_have_text(
+            "Renamed account “Globex” to “Globex Inc”."
+        )

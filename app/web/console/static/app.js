@@ -11,7 +11,7 @@ const OPERATIONS = [
   "Action.sessions", "ActionSession.executions", "ActionExecution.transcript", "execution",
   "ActionSession.searchHistory", "eraseSession",
   "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
-  "revokeClientToken", "revokeTokensIssuedBy", "tokensIssuedBy", "accounts",
+  "revokeClientToken", "revokeTokensIssuedBy", "tokensIssuedBy", "accounts", "updateAccount", "deleteAccount",
 ];
 const WHAT = {
   actions: "listing agents",
@@ -33,6 +33,8 @@ const WHAT = {
   updateClient: "editing clients",
   deleteClient: "deleting clients",
   createClientToken: "creating tokens",
+  updateAccount: "renaming accounts",
+  deleteAccount: "deleting accounts",
 };
 const OLDER = 20; // earlier versions of an agent, and records either way of a supersede chain
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -1115,6 +1117,7 @@ async function clientsView({ account = null } = {}) {
   const tokens = clientTokens();
   accountNames = await readAccounts();
   if (accountNames.size > 1) out.push(accountChoice(account || viewer.accountId));
+  if (accountNames.has(account || viewer.accountId)) out.push(accountCard(account || viewer.accountId));
   const list = h("div");
   const shown = new Set(); // principals with a card: one created here is not listed again by "Show more"
   const more = moreButton("Show more clients", list, load);
@@ -1148,6 +1151,80 @@ function accountChoice(chosen) {
     `${name} (${id})${id === viewer.accountId ? ", yours" : ""}`)));
   return h("div", { class: "filters narrow" }, field("Account", select,
     "Whose clients and tokens this page lists and creates."));
+}
+
+const RENAME_ACCOUNT = `mutation($a: UUID!, $n: String!, $e: String) {
+  updateAccount(accountId: $a, input: {name: $n, expectedName: $e}) { name } }`;
+const DELETE_ACCOUNT = "mutation($a: UUID!) { deleteAccount(accountId: $a) { name } }";
+
+// The account whose clients the page lists: renamed where the grants allow it (a tenant its own,
+// the operator any, its own too), passing the name shown, so that a rename made meanwhile is
+// refused (CONFLICT) rather than undone; deleted by the operator, after a dialog, never its own
+// (the default account). The server refuses an account that holds a client or an agent, saying
+// what it holds and what to delete first, which is said here.
+function accountCard(id) {
+  const name = accountNames.get(id);
+  const renames = can("updateAccount");
+  const deletes = can("deleteAccount") && id !== viewer.accountId;
+  if (!renames && !deletes) return null;
+  const status = h("div", { class: "status" });
+  const out = [h("h2", {}, "Account ", h("bdi", {}, name), " ", h("span", { class: "mono small-id copyable" }, id))];
+  if (renames) {
+    const input = h("input", { type: "text", autocomplete: "off", spellcheck: false, value: name });
+    const nameField = field("New name", input, "1 to 200 characters, on one line; names need not be unique.");
+    const submit = h("button", { type: "submit" }, "Rename account");
+    out.push(h("form", { class: "inline", "aria-label": "Rename account", onsubmit: async (e) => {
+      e.preventDefault();
+      if (submit.disabled) return;
+      status.replaceChildren();
+      nameField.showError("");
+      submit.disabled = true;
+      try {
+        const renamed = (await gql(RENAME_ACCOUNT, { a: id, n: input.value, e: name })).updateAccount;
+        flash = `Renamed account “${name}” to “${renamed.name}”.`;
+        await route();
+      } catch (error) {
+        if (error instanceof ApiError && error.code === "BAD_REQUEST") {
+          nameField.showError(error.sentence);
+          input.focus();
+        } else {
+          status.replaceChildren(problem(error));
+        }
+      } finally {
+        submit.disabled = false;
+      }
+    } }, nameField, submit));
+  }
+  if (deletes) {
+    out.push(button("Delete account…", async () => {
+      status.replaceChildren();
+      const ok = await confirmDialog({
+        title: `Delete account ${name}?`,
+        body: [
+          h("p", {}, "Deleting removes account ", h("bdi", {}, name), ` (${id}). It cannot be undone.`),
+          h("p", {}, "Only an account that holds nothing is deleted: no client and no agent. Otherwise nothing is "
+            + "deleted, and you are told what it still holds: delete its clients first. An agent is never deleted, "
+            + "so an account that holds one stays."),
+        ],
+        ok: "Delete account",
+      });
+      if (!ok) return;
+      let gone = false; // deleted elsewhere (another operator, another tab) since the page loaded
+      try {
+        await gql(DELETE_ACCOUNT, { a: id });
+      } catch (error) {
+        if (!(error instanceof ApiError && error.code === "NOT_FOUND")) {
+          status.replaceChildren(problem(error));
+          return;
+        }
+        gone = true;
+      }
+      flash = gone ? `Account “${name}” was already deleted (by someone else, or in another tab).`
+        : `Deleted account “${name}”.`;
+      location.hash = "#/clients";
+    }, { class: "danger", "aria-label": `Delete account ${name}` }));
+  }
+  return h("section", { class: "card account-card", "aria-label": "Manage account" }, out, status);
 }
 
 // After a leak, by the leaked token's ID: it may be revoked already, and so in no table.
