@@ -121,6 +121,26 @@ async def test_a_rename_based_on_an_old_name_is_conflict(gql, admin, state):
     assert (await names(state))[str(account)] == "Acme A"
 
 
+async def test_a_rename_waits_for_another_and_names_what_it_renamed_to(gql, admin, state, db_url):
+    """Two renames from the same name at once: the second waits for the first, then is
+    CONFLICT naming the name the first gave, as it is now."""
+    account = await make_account(state, "acme")
+    first = "UPDATE accounts SET name = 'Acme A' WHERE account_id = $1"
+    async with holding(db_url, first, account):
+        late = asyncio.create_task(
+            gql(admin, RENAME, a=str(account), name="Acme B", expected="acme")
+        )
+        await eventually(lambda: _waiting_on_a_lock(db_url), "the rename waits for the other")
+        assert not late.done()
+    refused = await late
+    assert refused.codes == ["CONFLICT"]
+    assert (
+        "was renamed to 'Acme A' after the name this change was based on ('acme')"
+        in (refused.errors[0]["message"])
+    )
+    assert (await names(state))[str(account)] == "Acme A"
+
+
 async def test_the_operator_deletes_an_empty_account_over_http(state, admin, base_url):
     account = await make_account(state, "gone soon")
     # A client created and deleted: the account holds nothing again.

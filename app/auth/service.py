@@ -408,27 +408,27 @@ async def update_account(
     caller.require(("UPDATE", resources.ACCOUNT))
     account_id = caller.reach_account(account_id)
     async with pool.acquire() as conn, conn.transaction():
-        current = await store.lock_account(conn, account_id)
+        current = await store.lock_account(conn, account_id, to="rename")
         if current is None:
             raise NotFound(f"account {account_id} not found")
         await _as_now(conn, caller, ("UPDATE", resources.ACCOUNT), account_id)
         checked = _check_name(name, "account", current["name"])
-        row = await store.rename_account(conn, account_id, checked, expected_name)
-        if row is None:
+        if expected_name is not None and current["name"] != expected_name:
             raise Conflict(
                 f"account {account_id} was renamed to {current['name']!r} after the name this "
                 f"change was based on ({expected_name!r}); nothing was changed: read it again "
                 "and rename what it is now if it must change"
             )
+        row = await store.rename_account(conn, account_id, checked)
     return Account.of(row)
 
 
 def _held(counts: Mapping[str, int]) -> str:
-    """`counts` by kind as words: "2 clients and 1 agent", "more than 10000 executions"."""
+    """`counts` by kind as words: "2 clients and 1 agent", "more than 10,000 executions"."""
     said = []
     for kind, n in counts.items():
         if n:
-            number = f"more than {store.HELD_COUNTED}" if n > store.HELD_COUNTED else str(n)
+            number = f"more than {store.HELD_COUNTED:,}" if n > store.HELD_COUNTED else str(n)
             said.append(f"{number} {kind}{'' if n == 1 else 's'}")
     return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} and {said[-1]}"
 
@@ -443,7 +443,7 @@ async def delete_account(pool: asyncpg.Pool, caller: Caller, *, account_id: UUID
     if not caller.in_default_account:
         raise AccessDenied("accounts can be deleted only by clients of the default account")
     async with pool.acquire() as conn, conn.transaction():
-        current = await store.lock_account(conn, account_id, to_delete=True)
+        current = await store.lock_account(conn, account_id, to="delete")
         if current is None:
             raise NotFound(f"account {account_id} not found")
         await _as_now(conn, caller, ("DELETE", resources.ACCOUNT), caller.account_id)
@@ -534,7 +534,7 @@ async def create_client(
     parsed = [p.as_json() for p in given]
     async with pool.acquire() as conn, conn.transaction():
         # Locked until the client is written: an account being deleted is gone (or waits).
-        if await store.lock_account(conn, account_id) is None:
+        if await store.lock_account(conn, account_id, to="write in") is None:
             raise NotFound(f"account {account_id} not found")
         now, _ = await _as_now(conn, caller, ("INSERT", resources.CLIENT), account_id)
         now.require_covers(given, what)

@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 from uuid import UUID
 
 import asyncpg
@@ -32,33 +32,33 @@ async def get_account(conn: asyncpg.Connection, account_id: UUID) -> Row | None:
     return await conn.fetchrow("SELECT * FROM accounts WHERE account_id = $1", account_id)
 
 
+AccountLock: TypeAlias = Literal["write in", "rename", "delete"]
+
+# How lock_account locks an account's row, by what the transaction does to it.
+_ACCOUNT_LOCKS: dict[AccountLock, str] = {
+    # A row written in the account (a client), as its foreign key holds the account: waits for
+    # the account's deletion, and then finds none.
+    "write in": "FOR KEY SHARE",
+    # A rename: waits for another (whose name it then reads), not for writes in the account.
+    "rename": "FOR NO KEY UPDATE",
+    # A deletion: waits for every write in the account to commit, and holds off the next.
+    "delete": "FOR UPDATE",
+}
+
+
 async def lock_account(
-    conn: asyncpg.Connection, account_id: UUID, *, to_delete: bool = False
+    conn: asyncpg.Connection, account_id: UUID, *, to: AccountLock
 ) -> Row | None:
-    """The account's row, locked until the transaction ends: FOR KEY SHARE, as a row written
-    in the account (a client) holds it, or with `to_delete` FOR UPDATE, which waits for every
-    such writer to commit and holds off the next until the account is gone (when that one
-    finds no account). None if there is no such account."""
-    lock = "FOR UPDATE" if to_delete else "FOR KEY SHARE"
+    """The account's row, locked until the transaction ends as what it is locked `to` do needs
+    (`_ACCOUNT_LOCKS`); None if there is no such account."""
     return await conn.fetchrow(
-        f"SELECT * FROM accounts WHERE account_id = $1 {lock}",  # one of two constants
-        account_id,
+        f"SELECT * FROM accounts WHERE account_id = $1 {_ACCOUNT_LOCKS[to]}", account_id
     )
 
 
-async def rename_account(
-    conn: asyncpg.Connection, account_id: UUID, name: str, expected_name: str | None
-) -> Row | None:
-    """The account renamed, or None if it is not there or (`expected_name`) named otherwise."""
+async def rename_account(conn: asyncpg.Connection, account_id: UUID, name: str) -> Row:
     return await conn.fetchrow(
-        """
-        UPDATE accounts SET name = $2
-        WHERE account_id = $1 AND ($3::text IS NULL OR name = $3)
-        RETURNING *
-        """,
-        account_id,
-        name,
-        expected_name,
+        "UPDATE accounts SET name = $2 WHERE account_id = $1 RETURNING *", account_id, name
     )
 
 
