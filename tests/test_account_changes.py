@@ -213,6 +213,15 @@ async def test_only_the_default_accounts_clients_delete_and_never_the_default(gq
     assert default.codes == ["BAD_REQUEST"]
     assert "the default account cannot be deleted" in default.errors[0]["message"]
     exact = operator(admin.account_id, allow(["DELETE"], "financial.Account.document"))
+    # viewer.allowed says as much to the operator's clients, before they call.
+    told = [(await gql(who, allowed)).ok()["viewer"]["allowed"][0] for who in (without, exact)]
+    assert told == [
+        {
+            "allowed": False,
+            "reason": "this client is not allowed to DELETE financial.Account.document",
+        },
+        {"allowed": True, "reason": None},
+    ]
     assert (await gql(exact, DELETE, a=str(account))).ok()["deleteAccount"]["name"] == "acme"
     assert set(await names(state)) == {str(admin.account_id)}
 
