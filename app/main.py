@@ -70,7 +70,8 @@ def _unavailable(body: object = None) -> JSONResponse:
 
 def _refused(error: Exception) -> JSONResponse | None:
     """The answer to a request the database refused outside GraphQL's execution (unavailable,
-    or its transaction rolled back: app/db/errors.py `database_refusal`); None for others."""
+    its transaction rolled back, its account deleted meanwhile: app/db/errors.py
+    `database_refusal`); None for others."""
     refused = database_refusal(error)
     if refused is None:
         return None
@@ -80,7 +81,7 @@ def _refused(error: Exception) -> JSONResponse | None:
         return _unavailable(
             {"data": None, "errors": [{"message": message, "extensions": {"code": code}}]}
         )
-    return _error(409, code, message)
+    return _error(404 if code == "NOT_FOUND" else 409, code, message)
 
 
 def _too_many(body: object) -> JSONResponse:

@@ -264,6 +264,32 @@ async def test_a_client_created_while_its_account_is_deleted_is_not_found(
     assert left == 0
 
 
+async def test_an_agent_created_while_its_account_is_deleted_is_not_found(gql, state, db_url):
+    """A request that authenticated before its client and then its account were deleted: its
+    createAction waits for the deletion and finds no account (was INTERNAL, a foreign-key
+    violation), and nothing of the agent is written."""
+    account = await make_account(state, "acme")
+    tenant = caller(account, EVERYTHING)
+    create = 'mutation { createAction(input: {name: "late"}) { actionId } }'
+    async with holding(db_url, "DELETE FROM accounts WHERE account_id = $1", account):
+        creating = asyncio.create_task(gql(tenant, create))
+        await eventually(lambda: _waiting_on_a_lock(db_url), "the creation waits for the deletion")
+        assert not creating.done()
+    refused = await creating
+    assert refused.codes == ["NOT_FOUND"] and refused.data is None, refused.errors
+    assert refused.errors[0]["message"] == (
+        "account not found: it was deleted while this request ran, and nothing the request "
+        "wrote into it was kept"
+    )
+    async with state.pool.acquire() as conn:
+        for table in ("actions", "action_versions"):
+            left = await conn.fetchval(
+                f"SELECT count(*) FROM {table} WHERE account_id = $1",  # one of two names
+                account,
+            )
+            assert left == 0, table
+
+
 async def _waiting_on_a_lock(url: str) -> bool:
     conn = await asyncpg.connect(url)
     try:

@@ -37,7 +37,7 @@ from factories import (
     work,
     writer,
 )
-from helpers import GQL, database_copy, db_settings, scratch_dir
+from helpers import GQL, database_copy, db_settings, holding, scratch_dir
 from openai_server import OpenAIServer
 from runtime_support import run as run_turn
 from servers import clean_env, engram_command, run, run_closed
@@ -49,7 +49,7 @@ from app.auth import store as auth_store
 from app.auth.service import ensure_default_account
 from app.db.pool import create_pool
 from app.embeddings import store as embeddings_store
-from app.errors import Conflict
+from app.errors import Conflict, NotFound
 from app.memory.maintenance import ROUND_LOCK
 from app.memory.service import NewMemory
 from app.memory.vectors import VECTOR_COLUMNS
@@ -453,6 +453,33 @@ async def test_a_session_a_turn_starts_while_the_import_writes_it_stops_the_impo
         assert not await conn.fetchval(
             "SELECT count(*) FROM executions WHERE account_id = $1 AND session_id = 's1'", target
         )
+
+
+async def test_an_import_into_an_account_deleted_meanwhile_says_so(state, admin, second):
+    """`--account`'s account deleted as the import checks the file (it was there when the
+    import began): its first write waits for the deletion, finds no account and says so (it
+    said the file was cut short), and nothing from the file is kept."""
+    agent = await build_agent(state, admin)
+    lines = await exported(state, admin, agent)
+    async with second.pool.acquire() as conn:
+        account = (await auth_store.insert_account(conn, uuid.uuid4(), "acme"))["account_id"]
+    url = second.settings.database_url_value()
+    assert url is not None
+    async with holding(url, "DELETE FROM accounts WHERE account_id = $1", account):
+        importing = asyncio.create_task(load(second, account, lines))
+        async with asyncio.timeout(30):  # the import's first write waits for the deletion
+            while not await second.pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO actions%'"
+            ):
+                assert not importing.done(), importing.result()
+                await asyncio.sleep(0.01)
+    with pytest.raises(NotFound) as refused:
+        await importing
+    assert refused.value.message == (
+        f"account {account} was deleted while the import ran; nothing from the file was kept"
+    )
+    assert set((await table_counts(second)).values()) == {0}
 
 
 async def test_an_import_that_fails_reports_its_own_error(state, admin, second, monkeypatch):

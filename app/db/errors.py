@@ -1,7 +1,8 @@
 """Which failures mean the database cannot be reached (answered 503 UNAVAILABLE, retry later),
-which mean a transaction met another at the same moment (answered CONFLICT, retry), and which
-mean a statement or a lock wait ran past the pool's bounds (app/db/pool.py `bounds`); and what
-a client is told of each (`database_refusal`: GraphQL, MCP and the HTTP edge alike)."""
+which mean a transaction met another at the same moment (answered CONFLICT, retry), which
+mean a statement or a lock wait ran past the pool's bounds (app/db/pool.py `bounds`), and which
+mean the account written into was deleted meanwhile (answered NOT_FOUND); and what a client is
+told of each (`database_refusal`: GraphQL, MCP and the HTTP edge alike)."""
 
 import errno
 import re
@@ -193,6 +194,21 @@ def kind_of(error: BaseException) -> str:
     return ", ".join(what)
 
 
+def is_account_gone(error: BaseException | None) -> bool:
+    """True when `error` (or what caused it) is a row written into an account that is not
+    there: a foreign-key violation of a table's own key to accounts, which PostgreSQL names
+    `<table>_account_id_fkey` (every other key to an account's rows spans more columns:
+    `(account_id, principal)`, `(account_id, action_id)`). The service writes only into an
+    account it found (the caller's as it authenticated, one it looked up), so the account was
+    deleted meanwhile (deleteAccount), and every row of it with it: nothing written is kept."""
+    violation = next(
+        (c for c in _causes(error) if isinstance(c, asyncpg.ForeignKeyViolationError)), None
+    )
+    return violation is not None and (
+        violation.constraint_name == f"{violation.table_name}_account_id_fkey"
+    )
+
+
 UNAVAILABLE_MESSAGE = (
     "The database is unavailable (restarting, in recovery, or out of connections or disk "
     "space); "
@@ -219,10 +235,16 @@ STATEMENT_TIMEOUT_MESSAGE = (
     f"retry in {RETRY_AFTER_SECONDS} seconds."
 )
 
+ACCOUNT_GONE_MESSAGE = (
+    "account not found: it was deleted while this request ran, and nothing the request wrote "
+    "into it was kept"
+)
+
 
 def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
     """The code and the message for a failure of the database that is no fault of ours (it is
-    unavailable, or rolled the work back: a conflict, a bound reached); None for others."""
+    unavailable, or rolled the work back: a conflict, a bound reached, the account deleted
+    meanwhile); None for others."""
     if is_schema_missing(error):
         return "UNAVAILABLE", SCHEMA_MISSING_MESSAGE
     if is_unavailable(error):
@@ -233,4 +255,6 @@ def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
         return "CONFLICT", LOCK_TIMEOUT_MESSAGE
     if is_statement_timeout(error):
         return "UNAVAILABLE", STATEMENT_TIMEOUT_MESSAGE
+    if is_account_gone(error):
+        return "NOT_FOUND", ACCOUNT_GONE_MESSAGE
     return None

@@ -495,7 +495,7 @@ class McpEndpoint:
         log.warning("database refused the request: %s", described(e))
         if code == "UNAVAILABLE":
             return _error(503, code, message, {"Retry-After": str(RETRY_AFTER_SECONDS)})
-        return _error(409, code, message)
+        return _error(_STATUS.get(code, 409), code, message)
 
     async def _not_post(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET: the SDK opened a stream for messages of the server's own, which a stateless

@@ -41,6 +41,7 @@ import asyncpg
 
 from app.actions.harness import MemoryConfig, check_labels_kept, parse_harness
 from app.auth.service import default_account, ensure_default_account
+from app.db.errors import is_account_gone
 from app.embeddings import store as embeddings_store
 from app.embeddings.base import Embedder, vector_fault
 from app.embeddings.setup import ensure_model
@@ -1177,6 +1178,13 @@ class _Importer:
                     f"{self.account_id}: {store.one_line(e)}"
                 ) from None
             except asyncpg.ForeignKeyViolationError as e:
+                if is_account_gone(e):
+                    # Deleting an account deletes every row of it, and none holding an agent
+                    # is deleted: the import had kept nothing in it, and keeps nothing now.
+                    raise NotFound(
+                        f"account {self.account_id} was deleted while the import ran; nothing "
+                        "from the file was kept"
+                    ) from None
                 raise BadInput(
                     f"{lines}a {table.kind} row names a row this export does not hold (the file is "
                     f"cut short or edited): {store.one_line(e)}"
