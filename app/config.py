@@ -136,6 +136,9 @@ FILE_SUFFIX = "_FILE"
 # A secret file holds its value alone: a larger one is the wrong file (a log, a device), not
 # read further.
 SECRET_FILE_MAX_BYTES = 65_536
+# A file read at each call is read off the event loop and waited for this long at most: one on a
+# file system that does not answer (a hung NFS mount) is refused rather than waited for.
+SECRET_FILE_WAIT_SECONDS = 2.0
 
 
 class SecretFileRefused(SettingsError):
@@ -176,9 +179,9 @@ def _open_nonblocking(path: str, flags: int) -> int:
 def _read_secret_file(variable: str, path: str, *, regular_only: bool = False) -> str:
     """The value the file at `path` holds, less the newline that ends it and a byte order mark
     that begins it (as a Windows editor saves text), which no value holds. `regular_only`: for
-    a file read at each call, on the event loop, refused unless it is a regular file (a symlink
-    to one, as Kubernetes mounts secrets, is followed), before anything is read from it: a named
-    pipe would hold the whole service until a writer came. The settings' files, read once
+    a file read at each call, refused unless it is a regular file (a symlink to one, as
+    Kubernetes mounts secrets, is followed), before anything is read from it: a named pipe
+    would hold its reader until a writer came. The settings' files, read once
     before the service starts, may be pipes (`<(...)`, /dev/stdin)."""
     if not is_storable(path):
         raise SecretFileRefused(

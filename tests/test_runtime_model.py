@@ -1,8 +1,11 @@
 """The model client against a scripted OpenAI-compatible server on loopback: the request it
 sends, retries, timeouts, refusals, and which key goes where."""
 
+import asyncio
 import logging
 import os
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +26,8 @@ from app.observability import metrics
 from app.observability.metrics import Metrics
 from app.runtime.model import (
     Completion,
+    Endpoint,
+    KeyFiles,
     ModelClient,
     ModelFailed,
     resolve_endpoint,
@@ -36,6 +41,15 @@ TOOL = {
     "type": "function",
     "function": {"name": "search_memory", "parameters": {"type": "object", "properties": {}}},
 }
+
+
+async def resolve(config: ModelConfig, settings: Settings) -> Endpoint:
+    """`resolve_endpoint` for an action of ACCOUNT, its key read as a model client reads it."""
+    keys = KeyFiles()
+    try:
+        return await resolve_endpoint(config, settings, ACCOUNT, keys=keys)
+    finally:
+        keys.close()
 
 
 @pytest.fixture
@@ -328,52 +342,52 @@ def test_the_backoff_between_retries_is_capped() -> None:
     assert backoff(40, 0.5) >= MAX_BACKOFF_SECONDS * 0.99
 
 
-def test_an_action_names_only_allowed_endpoints_and_key_variables(
+async def test_an_action_names_only_allowed_endpoints_and_key_variables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
     settings = Settings(model_base_url="http://models.internal/v1/")
     # The deployment's own endpoint is always allowed, with or without the trailing slash.
-    assert resolve_endpoint(ModelConfig(base_url="http://models.internal/v1"), settings, ACCOUNT)
+    assert await resolve(ModelConfig(base_url="http://models.internal/v1"), settings)
     with pytest.raises(BadInput, match="add it to ENGRAM_MODEL_ALLOWED_KEY_ENVS"):
-        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), settings, ACCOUNT)
+        await resolve(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), settings)
     with pytest.raises(BadInput, match="add it to ENGRAM_MODEL_ALLOWED_BASE_URLS"):
-        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), settings, ACCOUNT)
+        await resolve(ModelConfig(base_url="https://attacker.example/v1"), settings)
 
     allowed = Settings(
         model_base_url="http://models.internal/v1",
         model_allowed_base_urls=["https://team.example/v1/"],
         model_allowed_key_envs=["TEAM_MODEL_KEY"],
     )
-    assert resolve_endpoint(ModelConfig(base_url="https://team.example/v1"), allowed, ACCOUNT)
+    assert await resolve(ModelConfig(base_url="https://team.example/v1"), allowed)
     with pytest.raises(BadInput, match="ENGRAM_MODEL_ALLOWED_BASE_URLS"):
-        resolve_endpoint(ModelConfig(base_url="https://attacker.example/v1"), allowed, ACCOUNT)
+        await resolve(ModelConfig(base_url="https://attacker.example/v1"), allowed)
     with pytest.raises(BadInput, match="ENGRAM_MODEL_ALLOWED_KEY_ENVS"):
-        resolve_endpoint(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), allowed, ACCOUNT)
+        await resolve(ModelConfig(api_key_env="AWS_SECRET_ACCESS_KEY"), allowed)
 
 
-def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(
         model_base_url="http://models.internal/v1",
         model_api_key=SecretStr("sk-house"),
         model_allowed_base_urls=["https://example.com/v1"],
         model_allowed_key_envs=["TEAM_MODEL_KEY", "MISSING_KEY"],
     )
-    assert resolve_endpoint(ModelConfig(), settings, ACCOUNT).api_key == "sk-house"
+    assert (await resolve(ModelConfig(), settings)).api_key == "sk-house"
     # The deployment's key never goes to an endpoint an action names.
     elsewhere = ModelConfig(base_url="https://example.com/v1")
-    assert resolve_endpoint(elsewhere, settings, ACCOUNT).api_key is None
+    assert (await resolve(elsewhere, settings)).api_key is None
 
     monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
     own = ModelConfig(base_url="https://example.com/v1", api_key_env="TEAM_MODEL_KEY")
-    endpoint = resolve_endpoint(own, settings, ACCOUNT)
+    endpoint = await resolve(own, settings)
     assert (endpoint.url, endpoint.api_key) == (
         "https://example.com/v1/chat/completions",
         "sk-team",
     )
 
     with pytest.raises(ModelFailed, match="MISSING_KEY, which is not set"):
-        resolve_endpoint(ModelConfig(api_key_env="MISSING_KEY"), settings, ACCOUNT)
+        await resolve(ModelConfig(api_key_env="MISSING_KEY"), settings)
     # The service's own settings are never sent as a model key: a list naming one is refused
     # at start, and one listed all the same (settings built without that check) sends nothing.
     with pytest.raises(ValueError, match="service's own settings"):
@@ -383,7 +397,7 @@ def test_keys_go_only_where_they_belong(monkeypatch: pytest.MonkeyPatch) -> None
     )
     monkeypatch.setenv("ENGRAM_BOOTSTRAP_TOKEN", "secret")
     with pytest.raises(BadInput, match="may not name ENGRAM_BOOTSTRAP_TOKEN"):
-        resolve_endpoint(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), listed, ACCOUNT)
+        await resolve(ModelConfig(api_key_env="ENGRAM_BOOTSTRAP_TOKEN"), listed)
 
 
 async def test_an_allowed_key_variable_may_be_given_as_a_file(
@@ -436,7 +450,7 @@ KEY_FILE_FAILED = (
     ],
     ids=["missing", "folder", "empty", "not-utf8", "too-large", "both", "both-empty"],
 )
-def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
+async def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -461,7 +475,7 @@ def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
         caplog.at_level(logging.WARNING, logger="app.runtime.model"),
         pytest.raises(ModelFailed) as failed,
     ):
-        resolve_endpoint(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings, ACCOUNT)
+        await resolve(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings)
     assert failed.value.message == UNREADABLE_KEY_FILE
     assert failed.value.logged == UNREADABLE_KEY_FILE
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
@@ -472,7 +486,7 @@ def test_a_key_file_that_cannot_be_the_key_fails_the_call_naming_it(
 
 @pytest.mark.timeout(10)  # the read it replaced waited for a writer, with the event loop
 @pytest.mark.parametrize("kind", ["pipe", "link-to-pipe", "device"])
-def test_a_key_file_that_is_not_a_regular_file_is_refused_unread(
+async def test_a_key_file_that_is_not_a_regular_file_is_refused_unread(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
     """A named pipe as TEAM_MODEL_KEY_FILE held the model call, and with it the whole service,
@@ -496,7 +510,7 @@ def test_a_key_file_that_is_not_a_regular_file_is_refused_unread(
         caplog.at_level(logging.WARNING, logger="app.runtime.model"),
         pytest.raises(ModelFailed) as failed,
     ):
-        resolve_endpoint(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings, ACCOUNT)
+        await resolve(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings)
     assert failed.value.message == UNREADABLE_KEY_FILE
     assert [r.getMessage() for r in caplog.records] == [f"{KEY_FILE_FAILED}{refused}"]
     # A regular file behind the same link is read.
@@ -505,13 +519,13 @@ def test_a_key_file_that_is_not_a_regular_file_is_refused_unread(
         (tmp_path / "key").write_text("sk-team\n")
         path.symlink_to(tmp_path / "key")
         config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
-        assert resolve_endpoint(config, settings, ACCOUNT).api_key == "sk-team"
+        assert (await resolve(config, settings)).api_key == "sk-team"
 
 
 @pytest.mark.parametrize(
     "content", [b"sk-S3CRET\nsk-other\n", "sk-S3CRÉT\n".encode()], ids=["two-lines", "not-ascii"]
 )
-def test_a_key_no_header_may_carry_fails_the_call_naming_its_variable(
+async def test_a_key_no_header_may_carry_fails_the_call_naming_its_variable(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: bytes
 ) -> None:
     """Sent, it failed as a model server that does not answer (httpx's refusal of the header)
@@ -525,19 +539,82 @@ def test_a_key_no_header_may_carry_fails_the_call_naming_its_variable(
         "or one that is not ASCII)"
     )
     with pytest.raises(ModelFailed) as failed:
-        resolve_endpoint(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings, ACCOUNT)
+        await resolve(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings)
     assert failed.value.message == f"model.apiKeyEnv names TEAM_MODEL_KEY, whose key {unsendable}"
     assert unset_keys(settings) == [f"TEAM_MODEL_KEY {unsendable}"]
 
 
-def test_an_empty_key_file_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_empty_key_file_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEAM_MODEL_KEY_FILE", "")
     settings = Settings(model_allowed_key_envs=["TEAM_MODEL_KEY"])
     config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
     with pytest.raises(ModelFailed, match="neither TEAM_MODEL_KEY nor TEAM_MODEL_KEY_FILE"):
-        resolve_endpoint(config, settings, ACCOUNT)
+        await resolve(config, settings)
     monkeypatch.setenv("TEAM_MODEL_KEY", "sk-team")
-    assert resolve_endpoint(config, settings, ACCOUNT).api_key == "sk-team"
+    assert (await resolve(config, settings)).api_key == "sk-team"
+
+
+@pytest.mark.timeout(30)
+async def test_a_key_file_that_does_not_answer_fails_the_call_and_holds_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    server: OpenAIServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A key file on a file system that does not answer (a hung NFS mount; here its open waits)
+    was read on the event loop, which held every request of the process as long as it did not
+    answer: it is read in a thread, and a call whose key is not read within 2 s fails as for a
+    key file refused, naming the variable and the path to the operator, never the key. The
+    calls that need it meanwhile wait for the same read rather than each start one."""
+    path = tmp_path / "key"
+    path.write_text("sk-S3CRET\n")
+    monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(path))
+    answering = threading.Event()
+    opened = []
+
+    def hung_open(file: str, flags: int) -> int:
+        opened.append(file)
+        answering.wait(3)
+        return os.open(file, flags | os.O_NONBLOCK)
+
+    monkeypatch.setattr("app.config._open_nonblocking", hung_open)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticking = asyncio.create_task(tick())
+    client = ModelClient(settings_for(server, model_allowed_key_envs=["TEAM_MODEL_KEY"]))
+    config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="app.runtime.model"):
+            calls = await asyncio.gather(
+                *(
+                    client.complete(config, MESSAGES, [], "turn", account_id=ACCOUNT)
+                    for _ in range(3)
+                ),
+                return_exceptions=True,
+            )
+        took = time.monotonic() - started
+    finally:
+        answering.set()
+        ticking.cancel()
+        await client.aclose()
+    assert [getattr(call, "message", call) for call in calls] == [UNREADABLE_KEY_FILE] * 3
+    assert 2 <= took < 2.9
+    assert ticks >= 50  # the event loop ran meanwhile (every 10 ms, less a loaded machine's lag)
+    assert opened == [str(path)]
+    hung = (
+        f"TEAM_MODEL_KEY_FILE ({path}) was not read within 2 s (a file system that does not "
+        "answer?)"
+    )
+    assert [r.getMessage() for r in caplog.records] == [f"{KEY_FILE_FAILED}{hung}"] * 3
+    assert "S3CRET" not in caplog.text
+    assert server.requests_to(CHAT) == []
 
 
 async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:

@@ -17,9 +17,12 @@ reply reports that is no count (negative, fractional, not a number, 2**53 or mor
 as unknown, and logged.
 """
 
+import asyncio
 import json
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from uuid import UUID
@@ -29,6 +32,7 @@ import httpx
 from app.actions.model import ModelConfig, check_endpoint
 from app.config import (
     FILE_SUFFIX,
+    SECRET_FILE_WAIT_SECONDS,
     UNSENDABLE_KEY,
     SecretFileRefused,
     Settings,
@@ -135,9 +139,52 @@ def unset_keys(settings: Settings) -> list[str]:
     return said
 
 
-def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) -> Endpoint:
-    """The action's model configuration, completed from the settings; BadInput if not allowed
-    for the action's account (`account_id`)."""
+class KeyFiles:
+    """Reads model keys' files (`variable_or_file`) in threads of their own, off the event loop:
+    a file on a file system that does not answer (a hung NFS or FUSE mount) held every request
+    of the process. A read not done within SECRET_FILE_WAIT_SECONDS is refused; it goes on in its
+    thread, and the calls that need the same key meanwhile wait for it rather than start another
+    read, so that a hung file holds one thread, not one per call."""
+
+    def __init__(self) -> None:
+        self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engram-key-file")
+        self._reading: dict[str, asyncio.Future[str | None]] = {}
+
+    async def read(self, name: str) -> str | None:
+        path = os.environ.get(name + FILE_SUFFIX, "")
+        if not path.strip():
+            return variable_or_file(name)  # the variable alone: no file to wait for
+        reading = self._reading.get(name)
+        if reading is None or reading.get_loop() is not asyncio.get_running_loop():
+            reading = asyncio.get_running_loop().run_in_executor(
+                self._threads, variable_or_file, name
+            )
+            self._reading[name] = reading
+            reading.add_done_callback(lambda done: self._done(name, done))
+        try:
+            async with asyncio.timeout(SECRET_FILE_WAIT_SECONDS):
+                return await asyncio.shield(reading)
+        except TimeoutError:
+            raise SecretFileRefused(
+                f"{name}{FILE_SUFFIX} ({path}) was not read within {SECRET_FILE_WAIT_SECONDS:g} s "
+                "(a file system that does not answer?)"
+            ) from None
+
+    def _done(self, name: str, reading: asyncio.Future[str | None]) -> None:
+        if self._reading.get(name) is reading:
+            del self._reading[name]
+        if not reading.cancelled():
+            reading.exception()  # retrieved: the calls that waited for it may have given up
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+async def resolve_endpoint(
+    config: ModelConfig, settings: Settings, account_id: UUID, *, keys: KeyFiles
+) -> Endpoint:
+    """The action's model configuration, completed from the settings, its key read by `keys`;
+    BadInput if not allowed for the action's account (`account_id`)."""
     check_endpoint(config, settings, account_id)
     base_url = (config.base_url or settings.model_base_url).rstrip("/")
     api_key: str | None = None
@@ -145,8 +192,8 @@ def resolve_endpoint(config: ModelConfig, settings: Settings, account_id: UUID) 
         name = config.api_key_env
         try:
             # Read at each call, so that a key rotated in its file is sent from the next call
-            # on, without a restart: about 10 us a call more than a variable (bench/README.md).
-            key = variable_or_file(name)
+            # on, without a restart (its cost: bench/README.md, key_file.py).
+            key = await keys.read(name)
         except SecretFileRefused as refused:
             # Its path and the system's reason are the operator's deployment, which the agent's
             # owner (a tenant, reading the turn's error) is not shown: the log says them.
@@ -318,6 +365,7 @@ class ModelClient:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)), transport=transport
         )
+        self._keys = KeyFiles()
 
     async def complete(
         self,
@@ -333,7 +381,7 @@ class ModelClient:
         """One chat completion for an action of `account_id` (whose allowed endpoints and keys
         it may use); `max_tokens` caps this reply below the action's own maxTokens."""
         try:
-            endpoint = resolve_endpoint(config, self.settings, account_id)
+            endpoint = await resolve_endpoint(config, self.settings, account_id, keys=self._keys)
         except BaseException:
             # A call that cannot be sent (a key unset or refused, an endpoint no longer
             # allowed) failed as much as one refused by the model, and took no time of its.
@@ -459,6 +507,7 @@ class ModelClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        self._keys.close()
 
 
 MODEL: ServiceKey[ModelClient] = ServiceKey("model")
