@@ -1857,6 +1857,30 @@ async def test_an_empty_file_is_said_empty(second):
         await load(second, target_admin.account_id, [])
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"\n", b"\r\n", b"  \t\n\n   ", b"\xef\xbb\xbf", b"\xef\xbb\xbf\n", b"\xef\xbb\xbf \n\n"],
+    ids=["newline", "crlf", "whitespace", "bom", "bom-newline", "bom-blank-lines"],
+)
+async def test_a_file_of_blank_lines_alone_is_said_empty(second, tmp_path, content):
+    """A file holding a newline alone, whitespace, or a byte order mark (as an editor saves an
+    empty file) was said not to be an export, as if it held another file's text; it holds none,
+    as an empty file, read as `engram import` reads a file. A blank line before a header is
+    still not an export's first line."""
+    from app.errors import BadInput
+
+    target_admin = await admin_of(second)
+    path = tmp_path / "agent.jsonl"
+    path.write_bytes(content)
+    with (
+        open(path, encoding="utf-8", errors="surrogateescape") as file,
+        pytest.raises(BadInput, match="^the file is empty: an Engram export starts with its"),
+    ):
+        await load(second, target_admin.account_id, file)
+    with pytest.raises(BadInput, match="^this is not an Engram export"):
+        await load(second, target_admin.account_id, ["\n", '{"hello": 1}'])
+
+
 async def test_damaged_lines_and_unknown_columns_are_refused(state, admin, second):
     from app.errors import BadInput
 

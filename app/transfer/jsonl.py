@@ -51,11 +51,19 @@ def _utf8(line: str, number: int) -> str:
     return line
 
 
-def header(line: str | None) -> dict[str, Any]:
+def _blank(line: str) -> bool:
+    return not line or line.isspace()  # (as `strip` tells, without a copy)
+
+
+def header(lines: Iterator[str]) -> dict[str, Any]:
+    """The export's header, its first line of `lines`, checked."""
+    line = next(lines, None)
     if line is not None:
         # A byte order mark, which an editor saving the file may put before it: not text of
         # the header (JSON readers may ignore it, RFC 8259).
         line = _utf8(line, 1).removeprefix("\ufeff")
+        if _blank(line) and all(_blank(rest) for rest in lines):
+            line = None  # blank lines alone (a newline, a byte order mark): empty, to a reader
     try:
         header = json.loads(line) if line else None
     except (ValueError, RecursionError):  # (nested past Python's limit: not JSON to it)
@@ -158,7 +166,7 @@ def _numbered(lines: Iterator[str]) -> Iterator[tuple[int, str]]:
     """The lines after the header that are not blank, with their numbers."""
     next(lines, None)
     for number, line in enumerate(lines, start=2):
-        if line and not line.isspace():  # (not blank: as `strip` tells, without a copy)
+        if not _blank(line):
             yield number, line
 
 

@@ -205,7 +205,7 @@ async def _import_file(
     from tqdm import tqdm
 
     with _rereadable(lines) as read:
-        header = jsonl.header(next(read(), None))
+        header = jsonl.header(read())
         async with pool.acquire() as conn:
             if account_id is None:
                 account_id = await default_account(conn)  # None: not made yet
