@@ -119,7 +119,9 @@ async def _as_now(
     rows = await store.lock_clients(conn, keys) if keys else {}
     if caller.token_id is not None:
         own = rows.get((caller.account_id, caller.principal))
-        if own is None or not await store.lock_token(conn, caller.token_id):
+        if own is None or not await store.lock_token(
+            conn, caller.account_id, caller.principal, caller.token_id
+        ):
             raise Unauthenticated("the API token was revoked, or its client deleted, meanwhile")
         caller = replace(caller, policies=parse_policies(own["policies"]))
         caller.require(grant)

@@ -146,10 +146,21 @@ async def lock_clients(
     return {(r["account_id"], r["principal"]): r for r in rows}
 
 
-async def lock_token(conn: asyncpg.Connection, token_id: UUID) -> bool:
-    """Whether the token still exists, locked against revocation until the transaction ends."""
+async def lock_token(
+    conn: asyncpg.Connection, account_id: UUID, principal: str, token_id: UUID
+) -> bool:
+    """Whether the token of client `principal` of `account_id` still exists, locked against
+    revocation until the transaction ends. Named by its client too, so that its key in
+    `client_tokens_id` finds it (and on Citus, one shard holds it)."""
     found = await conn.fetchval(
-        "SELECT true FROM client_tokens WHERE token_id = $1 FOR SHARE", token_id
+        """
+        SELECT true FROM client_tokens
+        WHERE account_id = $1 AND principal = $2 AND token_id = $3
+        FOR SHARE
+        """,
+        account_id,
+        principal,
+        token_id,
     )
     return bool(found)
 
@@ -447,7 +458,7 @@ async def accounts_issued_from(conn: asyncpg.Connection, token_ids: Sequence[UUI
     """The accounts holding one of the tokens `token_ids`, or a token one of them issued: the
     accounts `token_chain` and `delete_token_chain` have to look in. It reads every account (on
     Citus, a multi-shard query on the coordinator), as only a client of the default account
-    asks it."""
+    asks it, from `client_tokens_token` and `client_tokens_issued_by` (migration 0040)."""
     return await conn.fetchval(
         """
         SELECT coalesce(array_agg(DISTINCT account_id), '{}') FROM client_tokens
