@@ -715,6 +715,49 @@ async def test_after_a_leak_the_operator_revokes_a_token_with_the_tokens_it_issu
         assert [refused(url, made[k]["token"]) for k in "abc"] == [True, True, True]
 
 
+async def test_a_revocation_keeps_as_many_clients_shown_as_before(db_url, embedder):
+    """After "Revoke with the tokens it issued" the clients page is loaded again, as it is now:
+    it loaded the first page of clients alone, so that the clients "Show more" had loaded (where
+    the revoked token was, here) went from the page. As many pages are loaded as were shown."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        client = "mutation($i: ClientInput!) { createClient(input: $i) { principal } }"
+        for n in range(25):  # two pages of clients, ordered by principal: ops is on the second
+            admin(client, i={"principal": f"client-{n:02}", "name": f"{n:02}", "policies": READER})
+        admin(client, i={"principal": "ops", "name": "ops", "policies": EVERY_GRANT})
+        leaked = admin(ISSUE, p="ops")["createClientToken"]
+        issued = Api(url, leaked["token"])(ISSUE, p="client-24")["createClientToken"]
+        await sign_in(page, url, ADMIN)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        cards = page.locator("section.client")
+        await expect(cards).to_have_count(20)
+        more = page.get_by_role("button", name="Show more clients")
+        await more.click()
+        await expect(more).to_be_hidden()
+        shown = await cards.count()
+        assert shown > 20
+        ops = page.locator("section.client", has=page.locator("h2 .mono", has_text="ops"))
+        await (
+            ops.locator("tbody tr", has_text=leaked["prefix"])
+            .get_by_role("button", name=re.compile("^Revoke with the tokens it issued"))
+            .click()
+        )
+        await (
+            page.get_by_role("dialog")
+            .get_by_role("button", name="Revoke with the tokens it issued")
+            .click()
+        )
+        report = page.get_by_role("region", name="Tokens revoked")
+        await expect(report.get_by_role("heading", name="Tokens revoked")).to_be_focused()
+        await expect(cards).to_have_count(shown)
+        await expect(more).to_be_hidden()
+        for token in (leaked, issued):
+            await expect(page.locator("tbody tr", has_text=token["prefix"])).to_have_count(0)
+        await expect(ops).to_have_count(1)
+
+
 async def test_a_chain_longer_than_the_dialog_reads_still_warns_of_signing_out(db_url, embedder):
     """The revoke dialog reads a chain's first 1,000 tokens: past those it cannot tell that the
     signed-in token is not among them, so it says it may be, rather than nothing."""

@@ -1109,8 +1109,14 @@ function erasedReport(actionId, erased, summaries) {
 
 // ---------------------------------------------------------------- clients and tokens
 
+// How many pages of clients the next clients page loads at once: after a revocation loads it
+// again (revokeIssued), as many as "Show more" had shown; then one again.
+let clientPages = 1;
+
 // The clients of account `account` (#/clients?account=ID), by default the signed-in one's.
 async function clientsView({ account = null } = {}) {
+  const pages = clientPages;
+  clientPages = 1;
   const out = [h("h1", { tabindex: -1 }, "Clients and tokens")];
   if (!can("clients")) return [...out, refusal("clients")];
   if (account !== null && !UUID.test(account)) return notFound(`An account ID is a UUID, not “${account}”.`);
@@ -1118,7 +1124,7 @@ async function clientsView({ account = null } = {}) {
   accountNames = await readAccounts();
   if (accountNames.size > 1) out.push(accountChoice(account || viewer.accountId));
   if (accountNames.has(account || viewer.accountId)) out.push(accountCard(account || viewer.accountId));
-  const list = h("div");
+  const list = h("div", { dataset: { clientPages: 0 } });
   const shown = new Set(); // principals with a card: one created here is not listed again by "Show more"
   const more = moreButton("Show more clients", list, load);
   async function load(after) {
@@ -1132,8 +1138,10 @@ async function clientsView({ account = null } = {}) {
     }
     more.hidden = !data.clients.pageInfo.hasNextPage;
     more.dataset.after = data.clients.pageInfo.endCursor || "";
+    list.dataset.clientPages = Number(list.dataset.clientPages) + 1;
   }
   await load(null);
+  while (Number(list.dataset.clientPages) < pages && !more.hidden) await load(more.dataset.after);
   if (!can("Client.tokens")) out.push(refusal("Client.tokens"));
   if (!can("updateClient")) out.push(refusal("updateClient"));
   if (!can("deleteClient")) out.push(refusal("deleteClient"));
@@ -1366,8 +1374,8 @@ const counted = (n, one) => `${n} ${one}${n === 1 ? "" : "s"}`; // "3 tokens", "
 
 // "Revoke with the tokens it issued", after a dialog: token `tokenId` (shown as `name`), if it is
 // still there, and every token whose issuers lead back to it (revokeTokensIssuedBy). The clients
-// page is then loaded again, each table as it is now, headed by what was revoked. A refusal is
-// thrown, for the caller to say where it was asked.
+// page is then loaded again, each table as it is now, as many pages of clients as were shown,
+// headed by what was revoked. A refusal is thrown, for the caller to say where it was asked.
 async function revokeIssued(tokenId, name) {
   const mine = tokenId === viewer.tokenId;
   const chain = await readChain(tokenId);
@@ -1411,6 +1419,8 @@ async function revokeIssued(tokenId, name) {
     return;
   }
   if (location.hash !== here) return;
+  const shownPages = document.querySelector("#main [data-client-pages]");
+  clientPages = shownPages ? Number(shownPages.dataset.clientPages) : 1;
   await route();
   const heading = document.querySelector("#main h1");
   if (!heading || location.hash !== here) return;
