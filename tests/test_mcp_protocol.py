@@ -296,11 +296,25 @@ async def test_mcp_a_batch_runs_no_message_after_its_token_is_revoked_or_narrowe
     is: a token revoked while the batch runs (a leaked one, whose batch of 20 calls could run
     for ENGRAM_TURN_TIMEOUT_SECONDS after) starts none of the messages after the one running,
     each request left answered UNAUTHENTICATED in its place; grants narrowed meanwhile hold for
-    the messages after, as for a request sent then. The message running ends as it would."""
+    the messages after, as for a request sent then. The message running is checked again as it
+    commits, and keeps nothing (docs/access.md)."""
     action_id = await make_agent_id(gql.state, admin, harness=full_memory())
-    for principal, change, refusal in [
-        ("revoked-batcher", "revoke", (-32000, {"code": "UNAUTHENTICATED"})),
-        ("narrowed-batcher", "narrow", None),
+    for principal, change, refusal, failed in [
+        (
+            "revoked-batcher",
+            "revoke",
+            (-32000, {"code": "UNAUTHENTICATED"}),
+            "the API token that started this tool call was revoked, or its client deleted, "
+            "while the tool call ran; nothing of this tool call was kept",
+        ),
+        (
+            "narrowed-batcher",
+            "narrow",
+            None,
+            "the client whose API token started this tool call is no longer allowed to INSERT "
+            "financial.AgentMemory.document (its grants changed while the tool call ran); "
+            "nothing of this tool call was kept",
+        ),
     ]:
         token = await token_for(state, admin, principal, *POLICIES)
         batch = [_add(1, f"{change} first"), _add(2, f"{change} second"), _add(3, "third")]
@@ -332,7 +346,8 @@ async def test_mcp_a_batch_runs_no_message_after_its_token_is_revoked_or_narrowe
             answered = await posted
         assert answered.status_code == 200, answered.text
         first, *rest = answered.json()
-        assert first["id"] == 1 and first["result"]["isError"] is False, first
+        assert first["id"] == 1 and first["result"]["isError"] is True, first
+        assert json.loads(first["result"]["content"][0]["text"]) == {"error": failed}
         if refusal is not None:
             assert [(a["id"], a["error"]["code"], a["error"]["data"]) for a in rest] == [
                 (2, *refusal),
@@ -348,7 +363,7 @@ async def test_mcp_a_batch_runs_no_message_after_its_token_is_revoked_or_narrowe
             "SELECT summary FROM agent_memories WHERE action_id = $1 ORDER BY summary",
             uuid.UUID(action_id),
         )
-    assert [r["summary"] for r in kept] == ["narrow first", "revoke first"]
+    assert [r["summary"] for r in kept] == []
     assert await _executions(state, action_id) == 2
 
 

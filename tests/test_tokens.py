@@ -267,12 +267,12 @@ async def test_a_revoked_token_is_refused(gql, state, admin):
 
 
 @pytest.mark.parametrize("change", ["revoke", "delete"])
-async def test_a_turn_running_when_its_token_is_revoked_ends_as_it_would(
+async def test_a_turn_running_when_its_token_is_revoked_keeps_nothing(
     gql, state, admin, model_server, base_url, change
 ):
-    """A request is checked when it starts (docs/access.md): a turn waiting on its model when
-    its token is revoked, or its client deleted, commits what it did; the next request with
-    that token is refused."""
+    """A request is checked when it starts, and its turn again as it commits (docs/access.md):
+    a turn waiting on its model when its token is revoked, or its client deleted, ends FAILED
+    and keeps nothing of what it did; the next request with that token is refused."""
     agent = await make_agent(state, admin)
     runner = allow(["INSERT"], "financial.ActionExecution.document")
     token = await token_for(state, admin, "runner", runner)
@@ -281,7 +281,7 @@ async def test_a_turn_running_when_its_token_is_revoked_ends_as_it_would(
     )
     model_server.say("Saved.")
     execute = """mutation($a: UUID!) { executeAction(input: {actionId: $a, sessionId: "s1",
-      input: "Ada pays by card"}) { status output } }"""
+      input: "Ada pays by card"}) { status output error } }"""
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
 
         async def post(query: str, **variables: str) -> httpx.Response:
@@ -304,14 +304,18 @@ async def test_a_turn_running_when_its_token_is_revoked_ends_as_it_would(
         refused = await post("{ viewer { principal } }")
         assert refused.status_code == 401 and not turn.done()
         answered = await turn
+    revoked = (
+        "the API token that started this turn was revoked, or its client deleted, while the "
+        "turn ran; nothing of this turn was kept"
+    )
     assert answered.json() == {
-        "data": {"executeAction": {"status": "SUCCEEDED", "output": "Saved."}}
+        "data": {"executeAction": {"status": "FAILED", "output": None, "error": revoked}}
     }
     listed = (
         """query($a: UUID!) { action(actionId: $a) { memories(first: 5) { nodes { summary } } } }"""
     )
     found = (await gql(admin, listed, a=str(agent.action_id))).ok()
-    assert found["action"]["memories"]["nodes"] == [{"summary": "Ada pays by card"}]
+    assert found["action"]["memories"]["nodes"] == []
 
 
 async def test_token_operations_need_their_grants(gql, state, admin):

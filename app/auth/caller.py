@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from app.auth.policies import Policy, covers, require, require_covers
@@ -26,6 +27,10 @@ class Caller:
     # The client's `created`, as that token's lookup read it: a write the request makes keeps
     # its idempotency key only while that client exists (app/idempotency/keys.py).
     client_created: datetime | None = field(default=None, compare=False)
+    # The client's policies as that lookup read them, as stored (JSON): a turn's commit in one
+    # statement writes only while the client still holds these (executions/store.py
+    # `commit_turn`).
+    stored_policies: Any = field(default=None, compare=False)
 
     def require(self, *grants: Grant) -> None:
         require(self.policies, *grants)

@@ -16,7 +16,7 @@ import asyncpg
 
 from app.auth import resources, store, verified
 from app.auth.caller import AGENT_PREFIX, Caller
-from app.auth.policies import ADMIN_POLICIES, parse_policies
+from app.auth.policies import ADMIN_POLICIES, is_allowed, parse_policies
 from app.auth.resources import Grant
 from app.db.pool import Share, drawing_on
 from app.errors import AccessDenied, BadInput, Conflict, NotFound, Unauthenticated
@@ -126,6 +126,33 @@ async def _as_now(
         caller = replace(caller, policies=parse_policies(own["policies"]))
         caller.require(grant)
     return caller, rows.get((account_id, principal)) if principal is not None else None
+
+
+async def check_still_allowed(
+    conn: asyncpg.Connection, caller: Caller, *, grants: Sequence[Grant], what: str
+) -> None:
+    """Inside the transaction that commits work the caller's request started a while ago (a
+    turn that waited on its model: `what`): refuses unless the token the request sent still
+    exists and its client still holds `grants`, both rows locked until the transaction ends
+    (`store.share_token`), so that a revocation, a deletion or a change of grants either
+    committed first, and nothing of the work is kept, or waits for its commit. A caller made in
+    process (the `engram` command's) is taken as it is."""
+    if caller.token_id is None:
+        return
+    row = await store.share_token(conn, caller.account_id, caller.principal, caller.token_id)
+    if row is None:
+        raise Unauthenticated(
+            f"the API token that started this {what} was revoked, or its client deleted, while "
+            f"the {what} ran; nothing of this {what} was kept"
+        )
+    policies = parse_policies(row["policies"])
+    for verb, resource in grants:
+        if not is_allowed(policies, verb, resource):
+            raise AccessDenied(
+                f"the client whose API token started this {what} is no longer allowed to {verb} "
+                f"{resource} (its grants changed while the {what} ran); nothing of this {what} "
+                "was kept"
+            )
 
 
 async def _lock_covered_client(
@@ -307,6 +334,7 @@ async def _verify(
         in_default_account=row["is_default"],
         token_id=row["token_id"],
         client_created=row["created"],
+        stored_policies=row["policies"],
     )
     if keep is not None:
         verified.keep(pool, token_hash, caller, row["expires"], *keep)

@@ -450,6 +450,7 @@ async def commit_turn(
     count: bool,
     review: tuple[int, dict[UUID, int]] | None,
     events: list[tuple[int, int, str, Any]],
+    authority: tuple[str, UUID, Any] | None = None,
 ) -> Row | None:
     """Ends the running attempt `invocation_number` as SUCCEEDED in one statement, its own
     transaction, for a turn whose commit writes nothing else (no memory records, summary or
@@ -457,13 +458,22 @@ async def commit_turn(
     with `count`, the turn counted in it and numbered so (`count_turn`); `review`, the
     messages it adds for review and the turns its review covered (as
     `review_store.record_review` marks them, without `partly`); its transcript `events`.
-    None once the attempt no longer runs (swept as stale, or retried), and then nothing was
-    written."""
+    `authority` (principal, token ID, policies): only while that client of the account still
+    holds its token and those policies, both locked as auth/store.py `share_token` locks them.
+    None once the attempt no longer runs (swept as stale, or retried), or the authority no
+    longer holds, and then nothing was written."""
     messages, reviewed = review if review is not None else (None, {})
     others = {turn: before for turn, before in reviewed.items() if turn != execution_id}
+    principal, token_id, policies = authority if authority is not None else (None, None, None)
     return await conn.fetchrow(
         f"""
-        WITH locked AS (
+        WITH held AS (
+            SELECT FROM clients c
+            JOIN client_tokens t ON t.account_id = c.account_id AND t.principal = c.principal
+            WHERE c.account_id = $1 AND c.principal = $16 AND t.token_id = $17
+              AND c.policies = $18::jsonb
+            FOR SHARE OF c FOR KEY SHARE OF t
+        ), locked AS (
             SELECT turns FROM sessions
             WHERE account_id = $1 AND action_id = $2 AND session_id = $6
             FOR UPDATE
@@ -478,6 +488,7 @@ async def commit_turn(
               AND invocation_number = $4 AND status = 'RUNNING'
               -- The session locked before the row (this filter is evaluated first).
               AND (SELECT count(*) FROM locked) IS NOT NULL
+              AND ($17::uuid IS NULL OR EXISTS (SELECT FROM held))
             RETURNING *
         ), counted AS (
             UPDATE sessions SET turns = turns + 1, modified = now()
@@ -499,6 +510,9 @@ async def commit_turn(
         list(others),
         list(others.values()),
         *event_arrays(events),
+        principal,
+        token_id,
+        policies,
     )
 
 

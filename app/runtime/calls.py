@@ -136,7 +136,7 @@ async def load_place(
     """The agent a call from outside works on, as executeAction finds it: another account's
     agent is not found, and the session rules are a turn's (`session_param`: how the caller
     names a session)."""
-    caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
+    caller.require(*turns.RUN_GRANTS)
     async with state.pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, place.action_id)
     if action is None:
@@ -262,14 +262,17 @@ async def _start(
     kind: str,
     input: Any,
     source: Source,
+    grants: tuple[Grant, ...] = turns.RUN_GRANTS,
 ) -> _Run:
+    """`grants`: what the caller needs for this work, checked again as it commits."""
     request = TurnRequest(action.action_id, place.session_id, input, place.preview)
     execution = await turns._insert_running(state, caller, action, request, kind=kind)
     work: MemoryWork | None = None
     if action.harness.memory.enabled:
         assert state.embedder is not None
         work = MemoryWork(state.pool, state.embedder, turns._writer(action, execution, source))
-    return _Run(TurnContext(state, action, execution, Transcript(1, 1), work))
+    transcript = Transcript(1, 1)
+    return _Run(TurnContext(state, action, execution, transcript, work, caller, grants))
 
 
 async def _commit(
@@ -288,6 +291,7 @@ async def _commit(
     context = run.context
     execution = run.execution
     async with context.state.pool.acquire() as conn, conn.transaction():
+        await turns.check_authority(conn, context)
         await turns._lock_session(conn, execution, exclusive=True)  # before the memory rows
         restated = await turns._drop_restated(conn, context)
         written = await context.work.commit(conn) if context.work is not None else []
@@ -393,9 +397,11 @@ async def call_tool(
     if action is None:
         action = await load_place(state, caller, place)
     offered = [t["function"]["name"] for t in offered_tools(state, action, place)]
+    grants: tuple[Grant, ...] = ()
     if name in offered:
         pins = action.harness.memory.pinned_max_tokens is not None
-        caller.require(*tool_grants(name, arguments, pins))
+        grants = tool_grants(name, arguments, pins)
+        caller.require(*grants)
     elif name not in (*NATIVE_TOOLS, SEARCH_HISTORY, REMEMBER_CONVERSATION):
         raise BadInput(
             f"there is no tool named {shown(name)}; your tools are: {', '.join(offered) or 'none'}"
@@ -413,6 +419,7 @@ async def call_tool(
         # As the tools read them: NUL and lone surrogates cannot be stored.
         input=storable_json({"tool": name, "arguments": arguments, "client": client.as_json()}),
         source="MCP",
+        grants=turns.RUN_GRANTS + grants,
     )
     context = run.context
     async with liveness.running(state, run.execution):
@@ -670,7 +677,7 @@ async def remember_conversation(
     and when the agent keeps history its messages are kept as that turn's (so a later turn's
     search_history finds them), only when it commits. A retry with the same idempotency key
     answers with the first ingest that committed, and writes nothing."""
-    caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
+    caller.require(*turns.RUN_GRANTS)
     messages = check_messages(request.messages)
     key = _request_key(caller, request)
     if key is not None and (answered := await _answered(state, caller, key)) is not None:

@@ -23,8 +23,10 @@ import asyncpg
 
 from app import fairness
 from app.actions.service import ActionVersion, agent_principal, load_action
-from app.auth import resources
+from app.auth import resources, verified
+from app.auth import service as auth_service
 from app.auth.caller import Caller
+from app.auth.resources import Grant
 from app.db.errors import (
     described,
     is_lock_timeout,
@@ -69,6 +71,10 @@ from app.text import storable
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+# What a client needs to run a turn, a tool call or an ingest (each also needs what its own
+# work does: a tool call, its tool's grants).
+RUN_GRANTS: tuple[Grant, ...] = (("INSERT", resources.EXECUTION_DOCUMENT),)
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,11 @@ class TurnContext:
     execution: Execution
     transcript: Transcript
     work: MemoryWork | None
+    # The caller whose request started this attempt, and the grants its work needs: its commit
+    # writes only while the token that request sent exists and its client holds them
+    # (`check_authority`). None: no caller to check (a test's context).
+    caller: Caller | None = None
+    grants: tuple[Grant, ...] = RUN_GRANTS
     # The conversation as the last model call read it, then the agent's answer.
     messages: list[dict[str, Any]] = field(default_factory=list)
     output: str = ""
@@ -143,13 +154,18 @@ class TurnContext:
     # When it must stop, in the event loop's time (None: no bound; deadline.py): set as the
     # attempt starts, which is when the context is made.
     deadline: float | None = field(init=False)
+    # This process's count of changes to clients and tokens (auth/verified.py) when the caller
+    # was last checked: `keep_alive` checks it again only once that count moved.
+    auth_seen: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.deadline = turn_deadline(self.state.settings)
+        self.auth_seen = verified.generation()
 
     async def keep_alive(self) -> None:
-        """Call after each model call: a live turn is never swept as stale, and a swept one
-        stops here rather than after more model calls it could never commit."""
+        """Call after each model call: a live turn is never swept as stale, and a swept one, or
+        one whose token this process saw revoked, stops here rather than after more model calls
+        it could never commit."""
         rows = self.transcript.unwritten()
         write = asyncio.ensure_future(self._touch(rows))
         try:
@@ -165,6 +181,14 @@ class TurnContext:
             async with self.state.pool.acquire() as conn:
                 raise await _turn_ended(conn, self.execution)
         self.transcript.written += len(rows)
+        if verified.generation() != self.auth_seen and self.caller is not None:
+            # A client or token changed through this process meanwhile: a turn whose token it
+            # took stops here, before model calls it could never commit. (A change made
+            # through another process stops it at its commit.)
+            self.auth_seen = verified.generation()
+            if self.caller.token_id is not None:
+                async with self.state.pool.acquire() as conn:
+                    await check_authority(conn, self)
 
     async def _touch(self, rows: list[tuple[int, int, str, Any]]) -> bool:
         """The sign of life and the transcript's `rows`, in one transaction; False: the
@@ -174,6 +198,18 @@ class TurnContext:
             return await store.touch_execution(
                 conn, e.account_id, e.action_id, e.execution_id, e.invocation_number, rows
             )
+
+
+async def check_authority(conn: asyncpg.Connection, context: TurnContext) -> None:
+    """The first statement of a commit's transaction: refuses (nothing is written) when the
+    token that started the attempt was revoked, its client deleted, or its grants narrowed
+    while it ran, and holds the token and its client so that none of these can commit until
+    this commit has (auth_service.check_still_allowed)."""
+    if context.caller is not None:
+        what = liveness_store.named(context.execution.kind)
+        await auth_service.check_still_allowed(
+            conn, context.caller, grants=context.grants, what=what
+        )
 
 
 async def outlast(task: asyncio.Future[_T]) -> _T:
@@ -543,7 +579,7 @@ async def _answered(state: AppState, caller: Caller, key: Key) -> Execution | No
 
 async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) -> Execution:
     """Runs one turn (or retries a failed one); returns the execution, SUCCEEDED or FAILED."""
-    caller.require(("INSERT", resources.EXECUTION_DOCUMENT))
+    caller.require(*RUN_GRANTS)
     key = _request_key(caller, request)
     if key is not None and (answered := await _answered(state, caller, key)) is not None:
         return answered
@@ -564,13 +600,15 @@ async def execute_turn(state: AppState, caller: Caller, request: TurnRequest) ->
                 raise key.lost() from None
             return answered
         async with liveness.running(state, execution):
-            return await _attempt(state, action, execution)
+            return await _attempt(state, caller, action, execution)
 
 
-async def _attempt(state: AppState, action: ActionVersion, execution: Execution) -> Execution:
+async def _attempt(
+    state: AppState, caller: Caller, action: ActionVersion, execution: Execution
+) -> Execution:
     ended: Execution | None = None
     try:
-        context = await _turn_context(state, action, execution)
+        context = await _turn_context(state, caller, action, execution)
         try:
             context.history = await _history_scope(state, action, execution)
             await _run(context)
@@ -590,7 +628,7 @@ async def _attempt(state: AppState, action: ActionVersion, execution: Execution)
 
 
 async def _turn_context(
-    state: AppState, action: ActionVersion, execution: Execution
+    state: AppState, caller: Caller, action: ActionVersion, execution: Execution
 ) -> TurnContext:
     first_sequence = 1
     if execution.invocation_number > 1:
@@ -603,7 +641,7 @@ async def _turn_context(
     if action.harness.memory.enabled:
         assert state.embedder is not None
         work = MemoryWork(state.pool, state.embedder, _writer(action, execution))
-    return TurnContext(state, action, execution, transcript, work)
+    return TurnContext(state, action, execution, transcript, work, caller)
 
 
 async def recorded_or_logged(
@@ -985,13 +1023,21 @@ def _writes_only_its_end(context: TurnContext) -> bool:
 
 async def _commit_its_end(context: TurnContext, counts: bool) -> asyncpg.Record:
     """What `_commit`'s transaction does for a turn that writes nothing but its end
-    (`_writes_only_its_end`), in one statement."""
-    execution = context.execution
+    (`_writes_only_its_end`), in one statement: written only while the caller's token and
+    the policies its request read still hold. When they changed (or the token went, or the
+    turn stopped running), checked again and written in a transaction (`check_authority`)."""
+    execution, caller = context.execution, context.caller
     review = None
     if context.review_messages is not None:
         review = context.review_messages, context.reviewed
-    async with context.state.pool.acquire() as conn:
-        row = await store.commit_turn(
+    authority = None
+    if caller is not None and caller.token_id is not None:
+        authority = caller.principal, caller.token_id, caller.stored_policies
+
+    async def commit(
+        conn: asyncpg.Connection, authority: tuple[str, UUID, Any] | None
+    ) -> asyncpg.Record | None:
+        return await store.commit_turn(
             conn,
             account_id=execution.account_id,
             action_id=execution.action_id,
@@ -1002,7 +1048,15 @@ async def _commit_its_end(context: TurnContext, counts: bool) -> asyncpg.Record:
             count=counts,
             review=review,
             events=context.transcript.unwritten(),
+            authority=authority,
         )
+
+    async with context.state.pool.acquire() as conn:
+        row = await commit(conn, authority)
+        if row is None and authority is not None:
+            async with conn.transaction():
+                await check_authority(conn, context)
+                row = await commit(conn, None)
         if row is None:
             raise await _turn_ended(conn, execution)  # and nothing was written
     return row
@@ -1019,6 +1073,7 @@ async def _commit(context: TurnContext) -> Execution:
         committed(context.state, execution, 0, None)
         return Execution.of(row)
     async with context.state.pool.acquire() as conn, conn.transaction():
+        await check_authority(conn, context)
         turn = None
         # The session locked before the memory rows; a turn it counts is counted by the same
         # statement (numbered now: nothing else in this transaction reads the count).
