@@ -2,6 +2,7 @@
 policies, native tool arguments), and their first error in words a person or a model can act
 on: the path of what is wrong and what is expected there, never pydantic's own text."""
 
+import json
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, TypeVar
 
@@ -74,6 +75,19 @@ def parse(
         raise BadInput(first_error(e, root, inline=inline)) from None
 
 
+def _json_text(value: Any) -> str:
+    """What to add when an object came as its JSON text (a client that serialized it once too
+    often, `JSON.stringify` into a variable of type Value), a common slip."""
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return ""
+        if isinstance(parsed, dict):
+            return ", not a string holding its JSON: send the object itself, not its text"
+    return ""
+
+
 class Shape(BaseModel):
     """A JSON object with known fields; null reads as {} (every field's default)."""
 
@@ -90,7 +104,7 @@ class Shape(BaseModel):
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
-            raise refuse(cls.not_object)
+            raise refuse(cls.not_object + _json_text(value))
         allowed = [f.alias or name for name, f in cls.model_fields.items()]
         unknown = sorted(set(value) - set(allowed))
         if unknown:

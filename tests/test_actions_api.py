@@ -295,6 +295,16 @@ async def test_update_of_a_missing_action_is_not_found(gql, admin):
             "tools' schemas of every model call), not 1,026",
         ),
         ({"name": "a", "model": "gpt"}, "model must be an object"),
+        # An object sent as its JSON text (JSON.stringify into a variable of type Value).
+        (
+            {"name": "a", "harness": '{"memory": {"enabled": true}}'},
+            "harness: must be an object, not a string holding its JSON: send the object "
+            "itself, not its text",
+        ),
+        (
+            {"name": "a", "model": '{"name": "gpt"}'},
+            "not a string holding its JSON: send the object itself, not its text",
+        ),
         ({"name": "a", "model": {"nmae": "gpt"}}, "model: unknown field 'nmae'"),
         (
             {"name": "a", "model": {"baseUrl": "ftp://x"}},
