@@ -35,7 +35,7 @@ from app.graphql.errors import EMBEDDER_REFUSED_MESSAGE, INTERNAL_MESSAGE
 from app.graphql.inputs import check_body
 from app.graphql.schema import INTROSPECTION_OFF, build_schema
 from app.http_body import CLOSE, read_limited, replaying, too_big, too_slow
-from app.mcp.endpoint import McpEndpoint
+from app.mcp.endpoint import McpEndpoint, no_agent_named
 from app.memory.maintenance import SEARCH_MAINTENANCE
 from app.observability import tracing
 from app.observability.embedding import MeteredEmbedder
@@ -115,6 +115,8 @@ async def _not_served(request: Request, error: Exception) -> Response:
     """Starlette's refusals (an address nothing serves, a method an address does not take) in
     the error shape of the service's other refusals, not FastAPI's `{"detail": ...}`."""
     assert isinstance(error, StarletteHTTPException)  # the only class it is registered for
+    if error.status_code == 404 and (request.url.path + "/").startswith("/mcp/"):
+        return no_agent_named()
     if error.status_code == 404:
         return _error(404, "NOT_FOUND", "nothing is served at this address: GraphQL is at /graphql")
     if error.status_code == 405:

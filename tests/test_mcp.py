@@ -750,6 +750,30 @@ async def test_mcp_a_get_is_refused_at_once_rather_than_held_open(
         assert listed.json()["result"]["tools"]
 
 
+async def test_mcp_an_address_that_names_no_agent_says_where_agents_are(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """A client pointed at /mcp (the agent's ID left out of its configuration) read the
+    GraphQL refusal "GraphQL is at /graphql", which the SDK reports as "Not Found"; it is a
+    JSON-RPC error naming the address of an agent's MCP server."""
+    _, headers = await _raw_client(gql, admin, state, "lost")
+    token = headers["Authorization"].removeprefix("Bearer ")
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for path in ["/mcp", "/mcp/", "/mcp/?session=s1"]:
+            got = await http.post(path, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert got.status_code == 404, (path, got.text)
+            assert got.json()["error"]["data"]["code"] == "NOT_FOUND"
+            assert "/mcp/<actionId>" in got.json()["error"]["message"], path
+    with pytest.raises(Exception) as raised:  # noqa: B017 - in the SDK's task group
+        async with mcp_session(f"{base_url}/mcp/?session=s1", token):
+            pass
+    found = raised.value
+    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+        found = found.exceptions[0]
+    assert isinstance(found, MCPError), found
+    assert "each agent is an MCP server at /mcp/<actionId>" in found.error.message
+
+
 @pytest.mark.settings(turn_heartbeat_seconds=0.2, turn_lease_seconds=5)
 async def test_an_mcp_call_whose_failure_the_database_refuses_is_an_error_and_ends_failed(
     gql: GQL, admin: Caller, state: AppState, base_url: str, caplog

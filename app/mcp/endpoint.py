@@ -259,6 +259,17 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def no_agent_named() -> Any:
+    """The answer to an address under /mcp that names no agent (`/mcp`, `/mcp/`, a path after
+    the agent's ID), which an MCP client was pointed at: in words it reports."""
+    return _error(
+        404,
+        "NOT_FOUND",
+        "nothing is served at this address: each agent is an MCP server at /mcp/<actionId> "
+        "(?session=<id>), its actionId as createAction returned it or `actions` lists it",
+    )
+
+
 _STATUS = {
     "UNAUTHENTICATED": 401,
     "ACCESS_DENIED": 403,
