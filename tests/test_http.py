@@ -260,6 +260,26 @@ async def test_malformed_uuid_variable(http):
     assert "not a UUID" in error["message"]
 
 
+async def test_a_variable_declared_with_another_type_says_the_declaration_to_write(http):
+    """A turn's `input` declared `String!` (the schema's `Value` goes there) was refused in
+    graphql-core's words alone; the refusal now says the declaration that is right."""
+    turn = (
+        "mutation($id: UUID!, $input: String!) { executeAction(input: {actionId: $id, "
+        "sessionId: \"s\", input: $input}) { status } }"
+    )
+    response = await post(http, turn, id="0a1b2c3d-0000-4000-8000-00000000000a", input="hi")
+    assert error_code(response) == "BAD_REQUEST"
+    [error] = response.json()["errors"]
+    assert error["message"] == (
+        "Variable '$input' of type 'String!' used in position expecting type 'Value': "
+        "declare it as `$input: Value`"
+    )
+    nullable = "query($id: UUID) { action(actionId: $id) { name } }"
+    response = await post(http, nullable, id="0a1b2c3d-0000-4000-8000-00000000000a")
+    assert error_code(response) == "BAD_REQUEST"
+    assert response.json()["errors"][0]["message"].endswith("declare it as `$id: UUID!`")
+
+
 async def test_a_global_id_where_a_uuid_goes_says_which_to_pass(http):
     """A record's `id` (global, for node) passed as agentMemory's `id` (its memoryId)."""
     memory_id = "0a1b2c3d-0000-4000-8000-00000000000a"

@@ -54,6 +54,20 @@ def _too_many_tokens(limit: int) -> str:
     )
 
 
+# graphql-core's refusal of a variable declared with another type than its place takes (a
+# turn's `input` declared `String!` where the schema's `Value` goes), which says what is wrong
+# but not the declaration that is right.
+_VARIABLE_TYPE = re.compile(
+    r"Variable '\$(\w+)' of type '[^']+' used in position expecting type '([^']+)'\."
+)
+
+
+def _variable_type(message: str) -> str:
+    if found := _VARIABLE_TYPE.fullmatch(message):
+        return f"{message[:-1]}: declare it as `${found[1]}: {found[2]}`"
+    return message
+
+
 def classify(error: GraphQLError) -> tuple[str, str]:
     """The code and the message a client sees for `error`."""
     original = error.original_error
@@ -68,7 +82,7 @@ def classify(error: GraphQLError) -> tuple[str, str]:
         # Syntax, validation and variable coercion errors: the request itself is wrong.
         if too_many := _TOO_MANY_TOKENS.fullmatch(error.message):
             return "BAD_REQUEST", _too_many_tokens(int(too_many[1]))
-        return "BAD_REQUEST", error.message
+        return "BAD_REQUEST", _variable_type(error.message)
     if isinstance(original, ValueError) and error.path is None:
         # A scalar refused a variable or literal before anything ran.
         return "BAD_REQUEST", error.message
