@@ -347,7 +347,11 @@ async def test_retry_only_of_a_failed_execution_and_in_its_own_session(
     request = {"actionId": action_id, "sessionId": "s1", "executionId": done["executionId"]}
     result = await gql(admin, EXECUTE, input=request)
     assert result.codes == ["BAD_REQUEST"]
-    assert "only a FAILED execution" in result.errors[0]["message"]
+    assert result.errors[0]["message"] == (
+        f"execution {done['executionId']} is SUCCEEDED; only a FAILED execution can be retried: "
+        "to run a committed turn's input again, with the agent's current version, pass its "
+        "executionId as replayOf instead (a preview run)"
+    )
 
     model_server.chat_error(400)
     failed = await run(gql, admin, action_id, "hi")

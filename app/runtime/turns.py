@@ -498,9 +498,15 @@ async def _start_retry(
                 "process stopped is failed when its lease, ENGRAM_TURN_LEASE_SECONDS, runs out)"
             )
         if previous.status != "FAILED":
+            replay = (
+                ": to run a committed turn's input again, with the agent's current version, "
+                "pass its executionId as replayOf instead (a preview run)"
+                if previous.status == "SUCCEEDED"
+                else ""
+            )
             raise BadInput(
                 f"execution {previous.execution_id} is {previous.status}; only a FAILED "
-                "execution can be retried"
+                f"execution can be retried{replay}"
             )
         if request.session_id != previous.session_id or request.preview != previous.preview:
             raise BadInput(
