@@ -30,8 +30,8 @@ EVERYTHING = tools(
 )
 
 REFUSALS = [
-    ("search_memory", {"query": 3}, "query must be a string"),
-    ("search_memory", {"after": ["c"]}, "after must be a string"),
+    ("search_memory", {"query": 3}, "query must be a string, got 3"),
+    ("search_memory", {"after": ["c"]}, "after must be a string, got ['c']"),
     ("search_memory", {"limit": 0}, "limit must be an integer from 1 to 100"),
     ("search_memory", {"limit": True}, "limit must be an integer from 1 to 100"),
     ("search_memory", {"limit": None}, "limit must be an integer from 1 to 100"),
@@ -71,9 +71,13 @@ REFUSALS = [
     ("add_memory", {"kind": "fact"}, "summary is required"),
     ("add_memory", {"summary": "", "kind": "fact"}, "summary is required"),
     ("add_memory", {"summary": "s"}, "kind is required"),
-    ("add_memory", {"summary": "s", "kind": "fact", "content": 1}, "content must be a string"),
-    ("add_memory", {"summary": "s", "kind": 3}, "kind must be a string"),
-    ("add_memory", {"summary": "s", "kind": "fact", "scope": 1}, "scope must be a string"),
+    (
+        "add_memory",
+        {"summary": "s", "kind": "fact", "content": 1},
+        "content must be a string, got 1",
+    ),
+    ("add_memory", {"summary": "s", "kind": 3}, "kind must be a string, got 3"),
+    ("add_memory", {"summary": "s", "kind": "fact", "scope": 1}, "scope must be a string, got 1"),
     (
         "add_memory",
         {"summary": "s", "kind": "fact", "scope": "global"},

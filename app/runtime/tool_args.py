@@ -31,7 +31,7 @@ _RECORD_ID = "must be a record ID (a UUID such as 3f2a...), got {}"
 
 def _string(value: Any) -> Any:
     if value is not None and not isinstance(value, str):
-        raise refuse("must be a string")
+        raise refuse(f"must be a string, got {shown(value)}")
     return value
 
 
