@@ -448,6 +448,11 @@ async def test_mcp_refuses_other_tenants_and_clients_without_the_grants(
     for url, token, said in [
         (mcp_url(base_url, action_id), stranger, "not found"),
         (mcp_url(base_url, action_id, session=None), agent, "without a ?session= parameter"),
+        (
+            f"{base_url}/mcp/{action_id}?session=",
+            agent,
+            "a turn without a non-empty ?session= parameter is an agent without a session",
+        ),
     ]:
         with pytest.raises(Exception) as raised:  # noqa: B017 - in the SDK's task group
             async with mcp_session(url, token):

@@ -745,5 +745,7 @@ class McpEndpoint:
         if session is not None:
             check_storable(session, "session")
         place = calls.Place(action_id, session, preview)
-        action = await calls.load_place(state, caller, place, "a ?session= parameter")
+        # `?session=` left empty (a template whose session was not filled in) is no session.
+        named = "a non-empty ?session= parameter" if "session" in query else "a ?session= parameter"
+        action = await calls.load_place(state, caller, place, named)
         return McpRequest(state, caller, place, action)
