@@ -265,7 +265,7 @@ async def test_a_variable_declared_with_another_type_says_the_declaration_to_wri
     graphql-core's words alone; the refusal now says the declaration that is right."""
     turn = (
         "mutation($id: UUID!, $input: String!) { executeAction(input: {actionId: $id, "
-        "sessionId: \"s\", input: $input}) { status } }"
+        'sessionId: "s", input: $input}) { status } }'
     )
     response = await post(http, turn, id="0a1b2c3d-0000-4000-8000-00000000000a", input="hi")
     assert error_code(response) == "BAD_REQUEST"
