@@ -299,6 +299,28 @@ async def test_a_global_id_where_a_uuid_goes_says_which_to_pass(http):
     assert "a global `id` (of Action)" in answer["errors"][0]["message"]
 
 
+async def test_a_uuid_where_a_global_id_goes_says_which_to_pass(http):
+    """An agent's actionId passed to node(id), which takes its global `id`: the refusal said only
+    that it is not a global ID."""
+    action_id = "0a1b2c3d-0000-4000-8000-00000000000a"
+    for query in (
+        "query($i: ID!) { node(id: $i) { id } }",
+        "query($i: ID!) { nodes(ids: [$i]) { id } }",
+    ):
+        response = await post(http, query, i=action_id)
+        assert error_code(response) == "BAD_REQUEST"
+        [error] = response.json()["errors"]
+        assert (
+            f"'{action_id}' is not a global ID but a UUID (an object's memoryId, actionId, "
+            "executionId, tokenId or accountId field): pass the object's `id` field here, or read "
+            "it by its UUID with the field of its type (`action(actionId)`, "
+            "`agentMemory(actionId, id)`, `execution(executionId)`)"
+        ) in error["message"]
+    # Another string is refused as before, naming no UUID.
+    response = await post(http, "query($i: ID!) { node(id: $i) { id } }", i="not an id")
+    assert response.json()["errors"][0]["message"] == "'not an id' is not a global ID"
+
+
 async def test_a_cursor_where_a_uuid_goes_is_not_called_a_global_id(http):
     """A listing's cursor is base64 JSON too, its binding a hex digest first: one starting with
     a letter (as a `clients` cursor's might) is no object's global `id`, and is refused as any

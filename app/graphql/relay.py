@@ -56,19 +56,33 @@ def global_id(type_name: str, *key: object) -> strawberry.ID:
     return strawberry.ID(base64.urlsafe_b64encode(raw.encode()).decode().rstrip("="))
 
 
+def _not_global(value: str) -> BadInput:
+    message = f"{shown(value, ID_SHOWN)} is not a global ID"
+    try:
+        UUID(value)
+    except ValueError:
+        return BadInput(message)
+    # An actionId, memoryId or executionId where an object's `id` goes: a common slip.
+    return BadInput(
+        f"{message} but a UUID (an object's memoryId, actionId, executionId, tokenId or accountId "
+        "field): pass the object's `id` field here, or read it by its UUID with the field of its "
+        "type (`action(actionId)`, `agentMemory(actionId, id)`, `execution(executionId)`)"
+    )
+
+
 def parse_global_id(value: str) -> tuple[str, list[str]]:
     try:
         raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
         decoded = json.loads(raw)
     except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
-        raise BadInput(f"{shown(value, ID_SHOWN)} is not a global ID") from None
+        raise _not_global(value) from None
     if (
         not isinstance(decoded, list)
         or len(decoded) < 2
         or not all(isinstance(p, str) and is_storable(p) for p in decoded)
     ):
         # A NUL or a lone surrogate names nothing stored, and must not reach the driver.
-        raise BadInput(f"{shown(value, ID_SHOWN)} is not a global ID")
+        raise _not_global(value)
     if global_id(decoded[0], *decoded[1:]) != value:
         # Decodable, but not as global_id writes it (padding, spacing, characters base64
         # skips, text unescaped): the object it found would answer another `id` than the one
