@@ -17,6 +17,15 @@ class NotFound(DomainError):
     code = "NOT_FOUND"
 
 
+def action_not_found(action_id: object) -> NotFound:
+    """An agent the caller's account does not hold, missing or another account's alike (an
+    agent made with one account's token, run with another's, is the usual slip)."""
+    return NotFound(
+        f"action {action_id} not found in this client's account (an agent belongs to the "
+        "account of the client that created it)"
+    )
+
+
 class AccessDenied(DomainError):
     code = "ACCESS_DENIED"
 

@@ -71,6 +71,53 @@ async def test_create_action_grant(gql, state):
     assert created["version"] == 1 and created["createdBy"] == "builder"
 
 
+async def test_an_agent_of_another_account_is_not_found_saying_whose_account_was_searched(
+    gql, state
+):
+    """An agent created with one account's token and used with another's (the operator's admin
+    creating a tenant's agent in the default account): the refusal said only "not found", as
+    for a mistyped ID; it says the client's account was searched. Another account's agent and
+    a missing one still answer alike."""
+    owner = caller(await make_account(state), EVERYTHING)
+    other = caller(await make_account(state), EVERYTHING)
+    theirs = (await create(gql, owner))["actionId"]
+    missing = str(uuid4())
+    requests = [
+        (
+            'mutation($id: UUID!) { updateAction(actionId: $id, input: {name: "b"}) { version } }',
+            {},
+        ),
+        (
+            'mutation($id: UUID!) { executeAction(input: {actionId: $id, sessionId: "s", '
+            'input: "hi"}) { status } }',
+            {},
+        ),
+        (
+            'mutation($id: UUID!) { addAgentMemory(actionId: $id, input: {summary: "s", '
+            'kind: "fact", sessionId: "s"}) { memoryId } }',
+            {},
+        ),
+        (
+            'mutation($id: UUID!) { eraseSession(actionId: $id, sessionId: "s") { erasedEvents } }',
+            {},
+        ),
+    ]
+    for query, variables in requests:
+        said = []
+        for action_id in (theirs, missing):
+            refused = await gql(other, query, id=action_id, **variables)
+            assert refused.codes == ["NOT_FOUND"], (query, refused.errors)
+            said.append(refused.errors[0]["message"].replace(action_id, "ID"))
+        assert (
+            said[0]
+            == said[1]
+            == (
+                "action ID not found in this client's account (an agent belongs to the account of "
+                "the client that created it)"
+            )
+        ), query
+
+
 async def test_update_action_grant(gql, state):
     account = await make_account(state)
     action = await create(gql, caller(account, EVERYTHING))

@@ -17,7 +17,7 @@ from app.auth import resources
 from app.auth.caller import AGENT_PREFIX, Caller
 from app.auth.policies import is_allowed
 from app.config import Settings
-from app.errors import BadInput, Conflict, NotFound
+from app.errors import BadInput, Conflict, action_not_found
 from app.text import check_one_line
 
 MAX_INSTRUCTIONS = 64 * 1024
@@ -182,7 +182,7 @@ async def update_action(
         async with conn.transaction():
             current = await store.lock_current(conn, caller.account_id, action_id)
             if current is None:
-                raise NotFound(f"action {action_id} not found")
+                raise action_not_found(action_id)
             if expected_version is not None and current["version"] != expected_version:
                 raise Conflict(
                     f"action {action_id} is at version {current['version']}, saved after "
@@ -260,7 +260,7 @@ async def require_action(pool: asyncpg.Pool, caller: Caller, *, action_id: UUID)
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
     if action is None:
-        raise NotFound(f"action {action_id} not found")
+        raise action_not_found(action_id)
     return action
 
 

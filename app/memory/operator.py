@@ -19,7 +19,7 @@ from app.actions.service import ActionVersion, load_action, load_actions
 from app.auth import resources
 from app.auth.caller import Caller
 from app.embeddings.base import Embedder
-from app.errors import AccessDenied, BadInput, Conflict, NotFound
+from app.errors import AccessDenied, BadInput, Conflict, NotFound, action_not_found
 from app.executions import store as executions_store
 from app.idempotency.keys import Duplicate, Key, key_for
 from app.memory import maintenance, store
@@ -99,7 +99,7 @@ def _list_filters(
     numbers: dict[int, str] | None = None
     if filters.labels:
         if action is None:
-            raise NotFound(f"action {action_id} not found")
+            raise action_not_found(action_id)
         numbers = label_numbers(action.harness.memory, filters.labels)
     return store.ListFilters(
         kind=filters.kind,
@@ -585,7 +585,7 @@ async def add_memory(
         if memory.replaces is not None:
             await _check_unpinning(conn, caller, action_id, memory.replaces)
     if action is None:
-        raise NotFound(f"action {action_id} not found")
+        raise action_not_found(action_id)
     writer = Writer(
         account_id=caller.account_id,
         action=action,
@@ -668,7 +668,7 @@ async def add_memories(
     async with pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, action_id)
     if action is None:
-        raise NotFound(f"action {action_id} not found")
+        raise action_not_found(action_id)
     sessions = sorted({m.session_id for m in memories if m.session_id is not None})
     writer = Writer(
         account_id=caller.account_id,

@@ -30,7 +30,7 @@ from app.actions.service import ActionVersion, load_action
 from app.auth import resources
 from app.auth.caller import Caller
 from app.auth.resources import Grant
-from app.errors import BadInput, Conflict, NotFound
+from app.errors import BadInput, Conflict, action_not_found
 from app.executions import store
 from app.executions.service import Execution
 from app.history import keeping
@@ -140,7 +140,7 @@ async def load_place(
     async with state.pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, place.action_id)
     if action is None:
-        raise NotFound(f"action {place.action_id} not found")
+        raise action_not_found(place.action_id)
     turns._check_request(
         TurnRequest(place.action_id, place.session_id, None), action, session_param
     )

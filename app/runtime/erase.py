@@ -18,7 +18,7 @@ import asyncpg
 from app.actions.service import load_action
 from app.auth import resources
 from app.auth.caller import Caller
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, NotFound, action_not_found
 from app.executions import erasure_store, store
 from app.executions.service import Execution
 from app.history import store as history_store
@@ -46,7 +46,7 @@ async def erase_session(
     async with pool.acquire() as conn, conn.transaction():
         action = await load_action(conn, caller.account_id, action_id)
         if action is None:
-            raise NotFound(f"action {action_id} not found")
+            raise action_not_found(action_id)
         # Locked first, as a turn's start and commit lock it: a turn starting now waits for
         # the erasure (and then reads what is left), and a turn that has started is seen.
         if await store.lock_session(conn, caller.account_id, action_id, session_id) is None:

@@ -36,7 +36,7 @@ from app.db.errors import (
     is_unavailable,
 )
 from app.embeddings.errors import EmbeddingFailed
-from app.errors import BadInput, Conflict, DomainError, NotFound
+from app.errors import BadInput, Conflict, DomainError, NotFound, action_not_found
 from app.executions import erasure_store, liveness_store, review_store, store
 from app.executions.service import Execution
 from app.history import keeping
@@ -371,7 +371,7 @@ async def _start_new(
     async with state.pool.acquire() as conn:
         action = await load_action(conn, caller.account_id, request.action_id)
     if action is None:
-        raise NotFound(f"action {request.action_id} not found")
+        raise action_not_found(request.action_id)
     _check_request(request, action)
     check_endpoint(action.model, state.settings, action.account_id)
     return action, await _insert_running(state, caller, action, request, key=key)
@@ -438,7 +438,7 @@ async def _start_replay(
             raise BadInput("a replay runs its original's input; omit input or pass the same")
         action = await load_action(conn, caller.account_id, request.action_id)
     if action is None:
-        raise NotFound(f"action {request.action_id} not found")
+        raise action_not_found(request.action_id)
     rerun = TurnRequest(action.action_id, original.session_id, original.input, preview=True)
     # The current version's rules for the original's session (e.g. scopes without a session).
     _check_request(rerun, action, stored=True)
