@@ -632,6 +632,66 @@ async def test_mcp_params_of_the_wrong_shape_name_the_parameter_and_what_it_take
     assert await _executions(state, action_id) == 0
 
 
+async def test_mcp_a_routing_header_missing_or_wrong_says_which_and_what_to_send(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """A client written by hand for 2026-07-28 that leaves Mcp-Method out read the SDK's
+    "mcp-method header does not match the request body's method", as if it had sent another;
+    each refusal now says which header is missing or what it says, and the value to send. It
+    stays -32020 HeaderMismatch, HTTP 400, with the request's id, and nothing runs."""
+    action_id, token = await _client(gql, admin, state, "by-hand")
+    listing = {"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": META}}
+    call = _call(8, _meta=META)
+    cases = [
+        (
+            listing,
+            {"mcp-method": None},
+            "the Mcp-Method header is missing, but the request's method is 'tools/list': at "
+            "protocol version 2026-07-28 every request names its method in the Mcp-Method "
+            "header (Mcp-Method: tools/list)",
+        ),
+        (
+            call,
+            {"mcp-method": "tools/list"},
+            "the Mcp-Method header says 'tools/list', but the request's method is 'tools/call':"
+            " at protocol version 2026-07-28 every request names its method in the Mcp-Method"
+            " header (Mcp-Method: tools/call)",
+        ),
+        (
+            call,
+            {"mcp-name": None},
+            "the Mcp-Name header is missing, but the tool called is 'search_memory': at "
+            "protocol version 2026-07-28 a tools/call names its tool in the Mcp-Name header "
+            "(Mcp-Name: search_memory)",
+        ),
+        (
+            call,
+            {"mcp-name": "add_memory"},
+            "the Mcp-Name header says 'add_memory', but the tool called is 'search_memory': at "
+            "protocol version 2026-07-28 a tools/call names its tool in the Mcp-Name header "
+            "(Mcp-Name: search_memory)",
+        ),
+    ]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for body, header, words in cases:
+            headers = {**_headers(token, MODERN, body), **header}
+            headers = {k: v for k, v in headers.items() if v is not None}
+            response = await http.post(
+                f"/mcp/{action_id}?session=s1", content=json.dumps(body), headers=headers
+            )
+            assert response.status_code == 400, response.text
+            assert response.json() == {
+                "jsonrpc": "2.0",
+                "id": body["id"],
+                "error": {"code": -32020, "message": words, "data": {"code": "BAD_REQUEST"}},
+            }, header
+        # With its headers right, the same requests are served.
+        for body in (listing, call):
+            response = await _post(http, action_id, token, MODERN, body)
+            assert response.status_code == 200 and "result" in response.json(), response.text
+    assert await _executions(state, action_id) == 1  # the one call served
+
+
 async def test_mcp_methods_a_client_library_sends_are_answered_as_each_version_takes_them(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:

@@ -36,6 +36,7 @@ from mcp.shared.inbound import (
 )
 from mcp_types import DEFAULT_NEGOTIATED_VERSION, INVALID_PARAMS, METHOD_NOT_FOUND
 from mcp_types import methods as mcp_methods
+from mcp_types.jsonrpc import HEADER_MISMATCH
 from mcp_types.methods import MONOLITH_REQUESTS
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -415,6 +416,26 @@ def _name_refused(message: Any, version: str, request: Request) -> Response | No
     return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error}, 400)
 
 
+def _header_refused(message: Any, version: str, request: Request) -> Response | None:
+    """The answer to a request at a modern protocol version (2026-07-28) whose routing headers
+    the SDK refuses (-32020 HeaderMismatch), or None: the same refusal, saying which header is
+    missing or says what, and the value to send (`messages.header_refused`)."""
+    if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(message, dict):
+        return None
+    if "id" not in message or not check_accept_headers(request)[0]:
+        return None
+    if find_duplicated_routing_header(request.headers.items()):
+        return None
+    refused = classify_inbound_request(message, headers=dict(request.headers))
+    if not isinstance(refused, InboundLadderRejection) or refused.code != HEADER_MISMATCH:
+        return None
+    words = messages.header_refused(message, request.headers)
+    if words is None:
+        return None
+    error = {"code": HEADER_MISMATCH, "message": words, "data": {"code": "BAD_REQUEST"}}
+    return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error}, 400)
+
+
 def _late(number: int, total: int, elapsed: float, settings: Settings) -> str:
     """Why message `number` of a batch was not run: the batch had used its time."""
     return (
@@ -552,6 +573,9 @@ class McpEndpoint:
             return
         if single and (named := _name_refused(message, version, Request(scope))) is not None:
             await named(scope, receive, send)
+            return
+        if single and (headed := _header_refused(message, version, Request(scope))) is not None:
+            await headed(scope, receive, send)
             return
         receive = replaying(body, receive)
         await self.manager.handle_request({**scope, SCOPE_KEY: found}, receive, send)

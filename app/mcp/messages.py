@@ -259,3 +259,44 @@ def served_methods(handled: Sequence[str], version: str) -> list[str]:
     """The request methods a server with handlers for `handled` answers at `version`: those
     MCP has at that version (the handshake's `initialize` is the runner's own)."""
     return sorted(m for m in {*handled, "initialize"} if (m, version) in CLIENT_REQUESTS)
+
+
+# The key of a request's `params._meta` naming its protocol version (2026-07-28 on).
+_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+
+
+def header_refused(message: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """What is wrong with a request's routing headers at 2026-07-28, which the SDK found
+    (-32020 HeaderMismatch) and said as "mcp-method header does not match the request body's
+    method", also of a header that is missing, and without the value to send; None when it is
+    none of these (the SDK's words then stand)."""
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, Mapping) else None
+    version = meta.get(_VERSION_META) if isinstance(meta, Mapping) else None
+    sent_version = headers.get("mcp-protocol-version")
+    if isinstance(version, str) and sent_version != version:
+        return (
+            f"the MCP-Protocol-Version header says {sent_version!r}, but params._meta's "
+            f"{_VERSION_META} says {version!r}: send the same version in both"
+        )
+    method = message.get("method")
+    if not isinstance(method, str):
+        return None
+    if headers.get("mcp-method") != method:
+        return (
+            f"{_header('Mcp-Method', headers.get('mcp-method'))}, but the request's method is "
+            f"{method!r}: at protocol version {version} every request names its method in the "
+            f"Mcp-Method header (Mcp-Method: {method})"
+        )
+    name = params.get("name") if method == "tools/call" and isinstance(params, Mapping) else None
+    if isinstance(name, str) and name.isascii() and headers.get("mcp-name") != name:
+        return (
+            f"{_header('Mcp-Name', headers.get('mcp-name'))}, but the tool called is {name!r}: at "
+            f"protocol version {version} a tools/call names its tool in the Mcp-Name header "
+            f"(Mcp-Name: {name})"
+        )
+    return None
+
+
+def _header(name: str, value: str | None) -> str:
+    return f"the {name} header is missing" if value is None else f"the {name} header says {value!r}"
