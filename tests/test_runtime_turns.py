@@ -1113,6 +1113,25 @@ async def test_an_answer_that_does_not_read_fails_the_turn_saying_so_not_interna
     assert len(chat(model_server)) == expected
 
 
+async def test_a_model_address_that_is_not_found_says_what_to_check(
+    gql: GQL, admin: Caller, model_server: OpenAIServer
+) -> None:
+    """A 404 from the model's server (a base URL without /v1, one ending in /chat/completions
+    already, a model the endpoint does not serve) said only "refused ... (HTTP 404): Not Found";
+    it now says what the base URL is and to check the model's name."""
+    action_id = await make_agent_id(gql.state, admin, harness=memory_harness())
+    model_server.answer_with({"error": {"message": "Not Found"}}, status=404, purpose="turn")
+    executed = await run(gql, admin, action_id, "hi")
+    assert executed["status"] == "FAILED"
+    assert executed["error"] == (
+        f"the model at {model_server.url}/chat/completions refused the request for scripted "
+        "(HTTP 404): Not Found; check ENGRAM_MODEL_BASE_URL: the API's base URL, to which "
+        "/chat/completions is added (such as https://api.openai.com/v1 or "
+        "http://127.0.0.1:11434/v1), and that the endpoint serves the model 'scripted'"
+    )
+    assert len(chat(model_server)) == 1  # not retried
+
+
 # Characters a model server's error may hold that would disguise, reorder or restyle the words
 # around them where an execution's error is shown (a console, a terminal, a log line), and each
 # as the error shows it: written as its escape. (NEL, U+0085, is a line break: a space.)

@@ -233,6 +233,16 @@ async def resolve_endpoint(
     )
 
 
+# What a 404 from the model's server most often means: a base URL without its API's path (an
+# Ollama's `http://host:11434`, whose API is under /v1), one that ends in /chat/completions
+# already, or a model the endpoint does not serve (OpenAI answers an unknown model 404).
+_NOT_THERE = (
+    "; check {endpoint.setting}: the API's base URL, to which /chat/completions is added (such "
+    "as https://api.openai.com/v1 or http://127.0.0.1:11434/v1), and that the endpoint serves "
+    "the model {endpoint.model!r}"
+)
+
+
 def _excerpt(text: str) -> str:
     """The start of what the model's server sent (its error's words, a header, a key of its
     reply), as an execution's error quotes it: on one line, each character that would disguise
@@ -497,7 +507,9 @@ class ModelClient:
                 f"the model at {endpoint.url} refused the request for {endpoint.model} "
                 f"(HTTP {response.status_code})"
             )
-            raise ModelFailed(f"{refused}: {_excerpt(server_message(response))}", refused)
+            fix = _NOT_THERE.format(endpoint=endpoint) if response.status_code == 404 else ""
+            said = f"{refused}: {_excerpt(server_message(response))}{fix}"
+            raise ModelFailed(said, f"{refused}{fix}")
         try:
             return response.json(), attempts
         except ValueError as e:
