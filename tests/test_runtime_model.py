@@ -129,6 +129,24 @@ async def test_a_refused_request_is_not_retried(client: ModelClient, server: Ope
     assert len(server.requests_to(CHAT)) == 1
 
 
+async def test_a_key_refused_when_none_was_sent_says_where_keys_go(server: OpenAIServer) -> None:
+    """A server that wants a key, sent none (ENGRAM_MODEL_API_KEY unset, or an action's own
+    endpoint, which the deployment's key never goes to): the refusal says so, and where a key
+    is set; with a key sent, the server's own words stand alone."""
+    server.fail_next(1, status=401, path=CHAT, message="You didn't provide an API key.")
+    with pytest.raises(ModelFailed) as failed:
+        await one_call(settings_for(server))
+    assert failed.value.message.endswith(
+        "(HTTP 401): You didn't provide an API key.; no key was sent: ENGRAM_MODEL_API_KEY is "
+        "sent to ENGRAM_MODEL_BASE_URL only, and an action's model.apiKeyEnv names the key for "
+        "an endpoint of its own"
+    )
+    server.fail_next(1, status=401, path=CHAT, message="Incorrect API key provided.")
+    with pytest.raises(ModelFailed) as failed:
+        await one_call(settings_for(server, model_api_key=SecretStr("sk-house")))
+    assert failed.value.message.endswith("(HTTP 401): Incorrect API key provided.")
+
+
 async def test_a_slow_model_times_out_without_a_retry(server: OpenAIServer) -> None:
     server.say("late", delay=1.0)
     with pytest.raises(ModelFailed, match="did not answer within 0.2 seconds"):

@@ -243,6 +243,13 @@ _NOT_THERE = (
 )
 
 
+# A server that wants a key, sent none: the deployment's key goes to its own endpoint only.
+_NO_KEY = (
+    "; no key was sent: ENGRAM_MODEL_API_KEY is sent to ENGRAM_MODEL_BASE_URL only, and an "
+    "action's model.apiKeyEnv names the key for an endpoint of its own"
+)
+
+
 def _excerpt(text: str) -> str:
     """The start of what the model's server sent (its error's words, a header, a key of its
     reply), as an execution's error quotes it: on one line, each character that would disguise
@@ -507,7 +514,11 @@ class ModelClient:
                 f"the model at {endpoint.url} refused the request for {endpoint.model} "
                 f"(HTTP {response.status_code})"
             )
-            fix = _NOT_THERE.format(endpoint=endpoint) if response.status_code == 404 else ""
+            fix = ""
+            if response.status_code == 404:
+                fix = _NOT_THERE.format(endpoint=endpoint)
+            elif response.status_code in (401, 403) and endpoint.api_key is None:
+                fix = _NO_KEY
             said = f"{refused}: {_excerpt(server_message(response))}{fix}"
             raise ModelFailed(said, f"{refused}{fix}")
         try:
