@@ -42,6 +42,7 @@ from app.observability.embedding import MeteredEmbedder
 from app.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from app.observability.requests import Observe
 from app.services import start_services, stop_services
+from app.shapes import json_text
 from app.state import AppState
 from app.web import graphiql
 from app.web.console import mount_console
@@ -191,6 +192,13 @@ class _Guard:
                 "BAD_REQUEST",
                 f"the request body nests deeper than {settings.max_json_depth} levels",
             ), body
+        if isinstance(payload, list):
+            return _error(
+                400,
+                "BAD_REQUEST",
+                "a batch (a JSON array of requests) is not taken: send each request alone, as a "
+                'JSON object such as {"query": "{ viewer { principal } }"}',
+            ), body
         if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
             return _error(
                 400,
@@ -204,7 +212,8 @@ class _Guard:
         ):
             value = payload.get(name)
             if value is not None and not isinstance(value, kind):
-                return _error(400, "BAD_REQUEST", f"{name} must be {what} or null"), body
+                said = f"{name} must be {what} or null{json_text(value) if kind is dict else ''}"
+                return _error(400, "BAD_REQUEST", said), body
         try:
             check_body(payload, settings.max_json_depth)
         except DomainError as e:

@@ -75,7 +75,7 @@ def parse(
         raise BadInput(first_error(e, root, inline=inline)) from None
 
 
-def _json_text(value: Any) -> str:
+def json_text(value: Any) -> str:
     """What to add when an object came as its JSON text (a client that serialized it once too
     often, `JSON.stringify` into a variable of type Value), a common slip."""
     if isinstance(value, str):
@@ -104,7 +104,7 @@ class Shape(BaseModel):
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
-            raise refuse(cls.not_object + _json_text(value))
+            raise refuse(cls.not_object + json_text(value))
         allowed = [f.alias or name for name, f in cls.model_fields.items()]
         unknown = sorted(set(value) - set(allowed))
         if unknown:

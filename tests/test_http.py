@@ -444,6 +444,19 @@ async def test_json_that_is_not_a_graphql_request(http, payload):
     assert error_code(response) == "BAD_REQUEST"
 
 
+async def test_a_batch_of_requests_is_refused_saying_to_send_each_alone(http):
+    """A client that batches (an array of requests, as some GraphQL clients do) read "send a
+    JSON object such as ...", as if its JSON were no request at all."""
+    batch = [{"query": "{ viewer { principal } }"}, {"query": "{ viewer { accountId } }"}]
+    response = await http.post("/graphql", json=batch, headers=ADMIN)
+    assert response.status_code == 400
+    assert error_code(response) == "BAD_REQUEST"
+    assert response.json()["errors"][0]["message"] == (
+        "a batch (a JSON array of requests) is not taken: send each request alone, as a JSON "
+        'object such as {"query": "{ viewer { principal } }"}'
+    )
+
+
 async def test_variables_not_an_object(http):
     response = await http.post(
         "/graphql", json={"query": "{ viewer { principal } }", "variables": [1]}, headers=ADMIN
@@ -459,6 +472,13 @@ async def test_variables_not_an_object(http):
         ("operationName", ["Q"], "operationName must be a string or null"),
         ("extensions", "x", "extensions must be an object or null"),
         ("variables", "{}", "variables must be an object or null"),
+        # The variables sent as their JSON text (serialized twice).
+        (
+            "variables",
+            '{"id": "x"}',
+            "variables must be an object or null, not a string holding its JSON: send the "
+            "object itself, not its text",
+        ),
     ],
 )
 async def test_request_fields_of_the_wrong_type_are_refused_by_name(http, field, value, said):
