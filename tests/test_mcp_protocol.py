@@ -632,6 +632,38 @@ async def test_mcp_params_of_the_wrong_shape_name_the_parameter_and_what_it_take
     assert await _executions(state, action_id) == 0
 
 
+async def test_mcp_a_protocol_version_mcp_has_not_is_refused_naming_the_versions_served(
+    gql: GQL, admin: Caller, state: AppState, base_url: str
+) -> None:
+    """A client that sends MCP-Protocol-Version with a version MCP has not (a typo, a version
+    of its own making) was told "params._meta must be an object carrying ..." (the SDK took it
+    for a 2026-07-28 request), a parameter no client of the handshake's versions sends; it is
+    told the versions served. One sending 2026-07-28's envelope stays the SDK's -32022."""
+    action_id, token = await _client(gql, admin, state, "typo")
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        response = await _post(http, action_id, token, "2025-06-17", listing)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == {
+            "code": -32600,
+            "message": 'Invalid Request: the MCP-Protocol-Version header says "2025-06-17", a '
+            "protocol version this server does not serve: it serves 2024-11-05, 2025-03-26, "
+            "2025-06-18, 2025-11-25 (opened by initialize, whose answer names the version to "
+            "send) and 2026-07-28",
+            "data": {"code": "BAD_REQUEST"},
+        }
+        meta = {**META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}
+        enveloped = {**listing, "params": {"_meta": meta}}
+        headers = {**_headers(token, "2099-01-01"), "mcp-method": "tools/list"}
+        response = await http.post(
+            f"/mcp/{action_id}?session=s1", content=json.dumps(enveloped), headers=headers
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == -32022
+        assert (await _post(http, action_id, token, "2025-06-18", listing)).status_code == 200
+    assert await _executions(state, action_id) == 0
+
+
 async def test_mcp_a_routing_header_missing_or_wrong_says_which_and_what_to_send(
     gql: GQL, admin: Caller, state: AppState, base_url: str
 ) -> None:

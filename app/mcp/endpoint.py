@@ -571,6 +571,9 @@ class McpEndpoint:
             refused = _error(400, "BAD_REQUEST", problem, rpc=INVALID_REQUEST)
             await refused(scope, receive, send)
             return
+        if single and (unknown := messages.version_unknown(message, version)) is not None:
+            await _error(400, "BAD_REQUEST", unknown, rpc=INVALID_REQUEST)(scope, receive, send)
+            return
         if single and (named := _name_refused(message, version, Request(scope))) is not None:
             await named(scope, receive, send)
             return

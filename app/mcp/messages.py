@@ -15,7 +15,11 @@ from typing import Any
 
 from mcp_types import jsonrpc_message_adapter
 from mcp_types.methods import CLIENT_NOTIFICATIONS, CLIENT_REQUESTS, SERVER_REQUESTS
-from mcp_types.version import KNOWN_PROTOCOL_VERSIONS
+from mcp_types.version import (
+    HANDSHAKE_PROTOCOL_VERSIONS,
+    KNOWN_PROTOCOL_VERSIONS,
+    MODERN_PROTOCOL_VERSIONS,
+)
 from pydantic import ValidationError
 
 # The protocol version that takes JSON-RPC batches: 2025-03-26 added them ("MCP implementations
@@ -102,6 +106,26 @@ def not_a_message(item: Any) -> str | None:
             'or an "error" (a response): this has none'
         )
     return "it is no JSON-RPC 2.0 request, notification or response"
+
+
+def version_unknown(message: Any, version: str) -> str | None:
+    """The refusal of a request whose MCP-Protocol-Version header names a version MCP has not
+    (`2025-06-17`, a typo), sent without 2026-07-28's envelope: the SDK took it for that
+    version's request and asked for `params._meta`, which a client of the handshake's versions
+    never sends. None when the version is one MCP has, or the envelope names one (the SDK
+    answers that itself, -32022 with the versions it serves)."""
+    if version in KNOWN_PROTOCOL_VERSIONS:
+        return None
+    params = message.get("params") if isinstance(message, Mapping) else None
+    meta = params.get("_meta") if isinstance(params, Mapping) else None
+    if isinstance(meta, Mapping) and _VERSION_META in meta:
+        return None
+    return (
+        f"Invalid Request: the MCP-Protocol-Version header says {_quoted(version, 40)}, a protocol "
+        f"version this server does not serve: it serves {', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}"
+        " (opened by initialize, whose answer names the version to send) and "
+        f"{', '.join(MODERN_PROTOCOL_VERSIONS)}"
+    )
 
 
 def batch_refused(version: str) -> str:
