@@ -54,8 +54,11 @@ LISTED_AGENT = "Agents.actions.nodes[0].actionId"  # the operator finds it by li
 STEPS = {
     "Viewer": Step("admin"),
     "Allowed": Step("admin"),
-    "NewTenant": Step("admin"),
+    # Twice: the first account, which nothing is created in, is the one DeleteTenant deletes.
+    "NewTenant": Step("admin", runs=2),
     "Accounts": Step("admin"),  # the operator finds the new tenant's accountId by its name
+    "RenameTenant": Step("admin", {"account": ACCOUNT}),
+    "DeleteTenant": Step("admin", {"account": "NewTenant[0].createAccount.accountId"}),
     "NewTenantAdmin": Step("admin", {"account": ACCOUNT}),
     "TenantAdminToken": Step("admin", {"account": ACCOUNT}),
     "NewClient": Step(ACME_ADMIN),
