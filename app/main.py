@@ -112,6 +112,14 @@ _GRAPHQL_METHODS = (
 )
 
 
+# Where a person who opened the service's root (or mistyped an address) goes instead.
+NOT_SERVED = (
+    "nothing is served at this address: GraphQL is at /graphql (GraphiQL in a browser), the "
+    "admin console at /console, health at /healthz, and each agent's MCP server at "
+    "/mcp/<actionId>"
+)
+
+
 async def _not_served(request: Request, error: Exception) -> Response:
     """Starlette's refusals (an address nothing serves, a method an address does not take) in
     the error shape of the service's other refusals, not FastAPI's `{"detail": ...}`."""
@@ -119,7 +127,7 @@ async def _not_served(request: Request, error: Exception) -> Response:
     if error.status_code == 404 and (request.url.path + "/").startswith("/mcp/"):
         return no_agent_named()
     if error.status_code == 404:
-        return _error(404, "NOT_FOUND", "nothing is served at this address: GraphQL is at /graphql")
+        return _error(404, "NOT_FOUND", NOT_SERVED)
     if error.status_code == 405:
         allow = (error.headers or {}).get("Allow", "")
         words = (

@@ -672,6 +672,14 @@ async def test_an_address_nothing_serves_is_404_in_the_error_shape(http, method)
     assert response.status_code == 404
     assert error_code(response) == "NOT_FOUND"
     assert "/graphql" in response.json()["errors"][0]["message"]
+    # The root, which a person opens first in a browser, names every address served.
+    root = await http.request(method, "/")
+    assert root.status_code == 404
+    assert root.json()["errors"][0]["message"] == (
+        "nothing is served at this address: GraphQL is at /graphql (GraphiQL in a browser), "
+        "the admin console at /console, health at /healthz, and each agent's MCP server at "
+        "/mcp/<actionId>"
+    )
 
 
 async def test_a_static_file_named_as_a_folder_is_404_as_the_consoles(http):
