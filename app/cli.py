@@ -741,6 +741,9 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(_run(run), indent=2))
         return 0
 
+    if args.account_command == "events":
+        return _account_events(settings, args)
+
     _printed_result()
     account_id = _account_id(getattr(args, "account_id", None), "ACCOUNT_ID")
 
@@ -761,6 +764,58 @@ def _account(settings: Settings, args: argparse.Namespace) -> int:
         return {"accountId": str(account.account_id), "name": account.name}
 
     print(json.dumps(_run(partial(_as_admin, settings, work)), indent=2))
+    return 0
+
+
+def _account_events(settings: Settings, args: argparse.Namespace) -> int:
+    """`engram account events`: who changed accounts, clients and tokens, newest first, as
+    adminEvents answers them, at most --limit."""
+    import json
+
+    from app.auth import service
+
+    account = _account_id(args.account)
+    token_id = _uuid(args.token, "a token ID") if args.token is not None else None
+
+    async def listed(pool: asyncpg.Pool, caller: Caller) -> dict[str, Any]:
+        found: list[service.AdminEvent] = []
+        after = None
+        while len(found) <= args.limit:
+            page = await service.list_admin_events(
+                pool,
+                caller,
+                account_id=account,
+                token_id=token_id,
+                after=after,
+                limit=min(_ACCOUNTS_PAGE, args.limit + 1 - len(found)),
+            )
+            found += page
+            if not page or len(found) > args.limit:
+                break
+            after = (page[-1].at, page[-1].event_id)
+        return {
+            "events": [
+                {
+                    "eventId": str(e.event_id),
+                    "accountId": str(e.account_id),
+                    "at": e.at.isoformat(),
+                    "actor": e.actor,
+                    "actorAccountId": str(e.actor_account) if e.actor_account else None,
+                    "actorTokenId": str(e.actor_token) if e.actor_token else None,
+                    "operation": e.operation,
+                    "targetKind": e.target_kind.upper(),
+                    "target": e.target,
+                    "principal": e.target_principal,
+                    "changes": e.changes,
+                }
+                for e in found[: args.limit]
+            ],
+            "more": len(found) > args.limit,
+        }
+
+    # Listing only reads: it makes neither the default account nor the admin's token.
+    run = partial(_as_admin, settings, listed, reads="account events", account=account)
+    print(json.dumps(_run(run), indent=2))
     return 0
 
 
@@ -1379,6 +1434,24 @@ def parser() -> argparse.ArgumentParser:
         "delete",
         help="delete an account that holds nothing (no client, no agent); prints what it was",
     ).add_argument("account_id", help="the account's accountId")
+    events = account_sub.add_parser(
+        "events",
+        help="list who changed accounts, clients and tokens, and when, newest first; only reads",
+    )
+    events.add_argument(
+        "--account", help="the account's accountId; by default the default account's"
+    )
+    events.add_argument(
+        "--token",
+        help="a tokenId: only what requests sending it changed, in every account unless "
+        "--account (after a leak, what the leaked token did)",
+    )
+    events.add_argument(
+        "--limit",
+        type=_at_least(1),
+        default=1000,
+        help="the most events printed, newest first; `more` says if others follow (default: 1000)",
+    )
 
     client = command("client", _client, "manage clients (principals), policies and tokens")
     client_sub = client.add_subparsers(dest="client_command", required=True)

@@ -228,6 +228,7 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
             "query($t: UUID!) { tokensIssuedBy(tokenId: $t, first: 1) { nodes { tokenId } } }",
             {"t": str(uuid4())},
         ),
+        "adminEvents": ("{ adminEvents(first: 1) { nodes { operation } } }", {}),
     }
     for name, (query, variables) in runs.items():
         grants = operations.OPERATIONS[name]

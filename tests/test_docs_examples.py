@@ -64,6 +64,8 @@ STEPS = {
     "NewClient": Step(ACME_ADMIN),
     "IssueToken": Step(ACME_ADMIN, runs=2),  # "issue the next one (IssueToken again)"
     "Tokens": Step(ACME_ADMIN),
+    # What the tenant's admin token changed, read by the operator as after a leak.
+    "WhatItChanged": Step("admin", {"leaked": "TenantAdminToken.createClientToken.tokenId"}),
     "Clients": Step(ACME_ADMIN),
     # By principal: acme-admin, then support-console.
     "ChangeClient": Step(ACME_ADMIN, {"modified": "Clients.clients.nodes[1].modified"}),
@@ -148,10 +150,12 @@ def pick(answers: dict[str, list[dict[str, Any]]], path: str) -> Any:
     return value
 
 
-def post(url: str, token: str, query: str, variables: dict[str, Any]) -> httpx.Response:
+def post(
+    url: str, token: str, query: str, variables: dict[str, Any], operation: str | None = None
+) -> httpx.Response:
     return httpx.post(
         f"{url}/graphql",
-        json={"query": query, "variables": variables},
+        json={"query": query, "variables": variables, "operationName": operation},
         headers={"Authorization": f"Bearer {token}"},
         timeout=60,
     )
@@ -174,7 +178,7 @@ def test_the_guide_runs_in_order(db_url: str, embedder: StaticEmbedder):
                 token = ADMIN_TOKEN if step.token == "admin" else pick(answers, step.token)
                 variables = {v: pick(answers, path) for v, path in step.variables.items()}
                 for _ in range(step.runs):
-                    response = post(url, token, query, variables)
+                    response = post(url, token, query, variables, name)
                     body = response.json()
                     assert response.status_code == 200 and not body.get("errors"), f"{name}: {body}"
                     answers.setdefault(name, []).append(body["data"])
@@ -189,6 +193,12 @@ def test_the_guide_runs_in_order(db_url: str, embedder: StaticEmbedder):
             found = answers["Search"][0]["action"]["searchMemories"]["edges"]
             assert [e["node"]["summary"] for e in found] == [
                 "Customer 42 wants the invoice by post"
+            ]
+            changed = answers["WhatItChanged"][0]["adminEvents"]["nodes"]
+            assert [(e["operation"], e["actor"]) for e in changed] == [
+                ("createClientToken", "acme-admin"),
+                ("createClientToken", "acme-admin"),
+                ("createClient", "acme-admin"),
             ]
             revoked = pick(answers, "IssueToken[0].createClientToken.token")
             refused = post(url, revoked, "{ viewer { principal } }", {})

@@ -31,6 +31,7 @@ OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "revokeClientToken": (("DELETE", r.CLIENT_TOKEN),),
     "revokeTokensIssuedBy": (("DELETE", r.CLIENT_TOKEN),),
     "tokensIssuedBy": (("SELECT", r.CLIENT_TOKEN),),
+    "adminEvents": (("SELECT", r.ACCOUNT_EVENTS),),
     "actions": (("SELECT", r.ACTION_INDEX), ("SELECT", r.ACTION)),
     "action": (("SELECT", r.ACTION),),
     "createAction": (("INSERT", r.ACTION),),

@@ -1,6 +1,8 @@
 """Resource names checked by policies, and the grants each operation needs."""
 
 ACCOUNT = "financial.Account.document"
+# Who changed the account's clients and tokens, or the account, and when (adminEvents).
+ACCOUNT_EVENTS = "financial.Account.events"
 CLIENT = "financial.Client.document"
 CLIENT_TOKEN = "financial.Client.token"
 ACTION = "financial.Action.document"

@@ -14,8 +14,9 @@ from uuid import UUID
 
 import asyncpg
 
-from app.auth import resources, store, verified
+from app.auth import events_store, resources, store, verified
 from app.auth.caller import AGENT_PREFIX, Caller
+from app.auth.events_store import Actor
 from app.auth.policies import ADMIN_POLICIES, is_allowed, parse_policies
 from app.auth.resources import Grant
 from app.db.pool import Share, drawing_on
@@ -34,7 +35,7 @@ ISSUER_COMMAND_LINE = "command line"  # `engram client token`
 ISSUER_BOOTSTRAP = "bootstrap setting"  # made from ENGRAM_BOOTSTRAP_TOKEN at a start
 ISSUER_FIRST_START = "first start"  # the admin's token the first start printed
 # Never stored: what a client outside the default account reads of a token a client of the
-# default account issued in its account (TokenInfo.of).
+# default account issued in its account (TokenInfo.of), or a change one made there (AdminEvent.of).
 ISSUER_DEFAULT_ACCOUNT = "default account"
 ISSUERS = (ISSUER_COMMAND_LINE, ISSUER_BOOTSTRAP, ISSUER_FIRST_START, ISSUER_DEFAULT_ACCOUNT)
 
@@ -237,6 +238,11 @@ def _issuer(caller: Caller) -> tuple[str, UUID | None, UUID | None]:
     return caller.principal, caller.account_id, caller.token_id
 
 
+def _actor(caller: Caller) -> Actor:
+    """Who an admin event names as having made the caller's change: as `_issuer` names it."""
+    return Actor(*_issuer(caller))
+
+
 @dataclass(frozen=True)
 class IssuedToken:
     token: str  # shown once
@@ -377,9 +383,20 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('engram.bootstrap'))")
         account_id = await ensure_default_account(conn)
         first = await store.get_client(conn, account_id, ADMIN_PRINCIPAL) is None
+        starter = Actor(ISSUER_BOOTSTRAP if token is not None else ISSUER_FIRST_START, None, None)
         if first:
             await store.insert_client(
                 conn, account_id, ADMIN_PRINCIPAL, "Administrator", admin_policies
+            )
+            await events_store.record(
+                conn,
+                starter,
+                "createClient",
+                account_id=account_id,
+                kind="client",
+                target=ADMIN_PRINCIPAL,
+                principal=ADMIN_PRINCIPAL,
+                changes={"name": "Administrator", "policies": admin_policies},
             )
         if token is not None:
             revoked = await store.bootstrap_token_revoked(conn, hash_token(token))
@@ -391,7 +408,7 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
                 )
                 return None
             # The setting's token replaces the one an earlier setting made; others stay.
-            await store.replace_bootstrap_token(
+            replaced, made = await store.replace_bootstrap_token(
                 conn,
                 hash_token(token),
                 account_id,
@@ -399,11 +416,13 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
                 token_prefix(token),
                 ISSUER_BOOTSTRAP,
             )
+            await events_store.record_tokens(conn, starter, "revokeClientToken", replaced)
+            await events_store.record_tokens(conn, starter, "createClientToken", made)
             return None
         if not first:
             return None
         created = new_token()
-        await store.insert_token(
+        row = await store.insert_token(
             conn,
             hash_token(created),
             account_id,
@@ -411,6 +430,7 @@ async def bootstrap_admin(pool: asyncpg.Pool, token: str | None) -> str | None:
             issued_by=ISSUER_FIRST_START,
             prefix=token_prefix(created),
         )
+        await events_store.record_tokens(conn, starter, "createClientToken", [row])
         return created
 
 
@@ -418,8 +438,17 @@ async def create_account(pool: asyncpg.Pool, caller: Caller, *, name: str) -> Ac
     caller.require(("INSERT", resources.ACCOUNT))
     if not caller.in_default_account:
         raise AccessDenied("accounts can be created only by clients of the default account")
-    async with pool.acquire() as conn:
+    async with pool.acquire() as conn, conn.transaction():
         row = await store.insert_account(conn, uuid.uuid4(), _check_name(name, "account"))
+        await events_store.record(
+            conn,
+            _actor(caller),
+            "createAccount",
+            account_id=row["account_id"],
+            kind="account",
+            target=str(row["account_id"]),
+            changes={"name": row["name"]},
+        )
     return Account.of(row)
 
 
@@ -450,6 +479,15 @@ async def update_account(
                 "and rename what it is now if it must change"
             )
         row = await store.rename_account(conn, account_id, checked)
+        await events_store.record(
+            conn,
+            _actor(caller),
+            "updateAccount",
+            account_id=account_id,
+            kind="account",
+            target=str(account_id),
+            changes={"name": checked, "previousName": current["name"]},
+        )
     return Account.of(row)
 
 
@@ -497,6 +535,16 @@ async def delete_account(pool: asyncpg.Pool, caller: Caller, *, account_id: UUID
                 f"nothing was deleted: {'; '.join(first)}"
             )
         row = await store.delete_account(conn, account_id)
+        # In the deleting client's account: the deleted account's own events went with it.
+        await events_store.record(
+            conn,
+            _actor(caller),
+            "deleteAccount",
+            account_id=caller.account_id,
+            kind="account",
+            target=str(account_id),
+            changes={"name": current["name"]},
+        )
     return Account.of(row)
 
 
@@ -571,6 +619,17 @@ async def create_client(
         row = await store.insert_client(
             conn, account_id, principal, _check_name(name, "client"), parsed
         )
+        if row is not None:
+            await events_store.record(
+                conn,
+                _actor(caller),
+                "createClient",
+                account_id=account_id,
+                kind="client",
+                target=principal,
+                principal=principal,
+                changes={"name": row["name"], "policies": parsed},
+            )
     if row is None:
         raise Conflict(f"a client with principal {principal!r} already exists in this account")
     return Client.of(row)
@@ -651,8 +710,29 @@ async def update_client(
             _check_name(name, "client", current["name"]) if name is not None else None,
             parsed,
         )
+        await events_store.record(
+            conn,
+            _actor(caller),
+            "updateClient",
+            account_id=account_id,
+            kind="client",
+            target=principal,
+            principal=principal,
+            changes=_client_changes(current, row),
+        )
     verified.forget()  # again once committed: a lookup meanwhile may have kept the old policies
     return Client.of(row)
+
+
+def _client_changes(before: asyncpg.Record, after: asyncpg.Record) -> dict[str, Any]:
+    """What an update changed of a client, as its event records it: the name and the
+    policies, each with what it was, where they differ."""
+    changes: dict[str, Any] = {}
+    if after["name"] != before["name"]:
+        changes |= {"name": after["name"], "previousName": before["name"]}
+    if after["policies"] != before["policies"]:
+        changes |= {"policies": after["policies"], "previousPolicies": before["policies"]}
+    return changes
 
 
 async def delete_client(
@@ -686,6 +766,16 @@ async def delete_client(
                 "and delete what it is now if it must go"
             )
         row = await store.delete_client(conn, account_id, principal)
+        await events_store.record(
+            conn,
+            _actor(caller),
+            "deleteClient",
+            account_id=account_id,
+            kind="client",
+            target=principal,
+            principal=principal,
+            changes={"name": current["name"]},
+        )
     verified.forget()  # again once committed: a lookup meanwhile may have kept its tokens
     return Client.of(row)
 
@@ -720,6 +810,13 @@ async def issue_client_token(
             issued_by_token=issued_by_token,
             prefix=token_prefix(token),
             expires=expires,
+        )
+        await events_store.record_tokens(
+            conn,
+            _actor(caller),
+            "createClientToken",
+            [row],
+            {"expires": _utc(expires) if expires is not None else None},
         )
     return IssuedToken(token, TokenInfo.of(row, caller))
 
@@ -813,6 +910,8 @@ async def revoke_client_token(
         # The caller's grants as they are now, locked until the token is deleted.
         await _as_now(conn, caller, ("DELETE", resources.CLIENT_TOKEN), account_id)
         row = await store.delete_token(conn, account_id, principal, token_id)
+        if row is not None:
+            await events_store.record_tokens(conn, _actor(caller), "revokeClientToken", [row])
     verified.forget()  # again once committed: a lookup meanwhile may have kept the token
     if row is None:
         raise NotFound(f"client {principal!r} has no token {token_id}")
@@ -853,7 +952,12 @@ async def _revoke_chain(pool: asyncpg.Pool, caller: Caller, token_id: UUID) -> l
     async with pool.acquire() as conn, conn.transaction():
         # The caller's grants as they are now, locked until the tokens are deleted.
         await _as_now(conn, caller, ("DELETE", resources.CLIENT_TOKEN), caller.account_id)
-        return await _walk_chain(conn, caller, token_id, store.delete_token_chain)
+        revoked = await _walk_chain(conn, caller, token_id, store.delete_token_chain)
+        # One event for each token revoked, in its account, naming the token asked for.
+        await events_store.record_tokens(
+            conn, _actor(caller), "revokeTokensIssuedBy", revoked, {"tokenId": str(token_id)}
+        )
+        return revoked
 
 
 async def _walk_chain(
@@ -911,3 +1015,83 @@ async def list_tokens_issued_by(
     if after is not None:
         rows = [r for r in rows if (r["created"], r["token_id"]) > after]
     return [TokenInfo.of(r, caller) for r in rows[:limit]]
+
+
+@dataclass(frozen=True)
+class AdminEvent:
+    """A change to an account, a client or a token, and who made it (migration 0041)."""
+
+    event_id: UUID
+    account_id: UUID  # the account it is in (for a deleted account, the deleting client's)
+    at: datetime
+    # The principal of the client whose request made it, or one of ISSUERS; with that client's
+    # account and the token its request sent (None for ISSUERS).
+    actor: str
+    actor_account: UUID | None
+    actor_token: UUID | None
+    operation: str  # the GraphQL mutation's name
+    target_kind: str  # account, client or token
+    target: str  # the account's ID, the client's principal or the token's ID
+    target_principal: str | None  # the client, for a client or a token
+    changes: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: asyncpg.Record, caller: Caller) -> "AdminEvent":
+        """The event as `caller` may see it: a client outside the default account reads a change
+        a client of the default account made in its account as ISSUER_DEFAULT_ACCOUNT's, without
+        that client's account and token, or the token it revoked the tokens issued by, which are
+        the operator's (as TokenInfo.of shows a token's issuer)."""
+        event = cls(
+            row["event_id"],
+            row["account_id"],
+            row["at"],
+            row["actor"],
+            row["actor_account"],
+            row["actor_token"],
+            row["operation"],
+            row["target_kind"],
+            row["target"],
+            row["target_principal"],
+            row["changes"],
+        )
+        if caller.in_default_account or event.actor_account in (None, event.account_id):
+            return event
+        return replace(
+            event,
+            actor=ISSUER_DEFAULT_ACCOUNT,
+            actor_account=None,
+            actor_token=None,
+            changes={k: v for k, v in event.changes.items() if k != "tokenId"},
+        )
+
+
+async def list_admin_events(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    *,
+    account_id: UUID | None,
+    token_id: UUID | None,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+) -> list[AdminEvent]:
+    """Who changed accounts, clients and tokens, newest first, after an (at, event_id) keyset:
+    the events of the account (the caller's unless `account_id`, which a client of the default
+    account may name for any account, another client for its own alone); with `token_id`, those
+    the requests sending that token made alone, and then, without `account_id`, in every
+    account the caller reaches: every account for a client of the default account, its own for
+    another, where only its account's clients' tokens are found (not the operator's)."""
+    caller.require(("SELECT", resources.ACCOUNT_EVENTS))
+    async with pool.acquire() as conn:
+        if token_id is not None and account_id is None and caller.in_default_account:
+            rows = await events_store.token_events(conn, token_id, after, limit)
+        else:
+            reached = caller.reach_account(account_id)
+            rows = await events_store.account_events(
+                conn,
+                reached,
+                after,
+                limit,
+                token_id=token_id,
+                actor_account=None if caller.in_default_account else reached,
+            )
+    return [AdminEvent.of(r, caller) for r in rows]

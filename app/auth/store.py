@@ -347,15 +347,16 @@ async def replace_bootstrap_token(
     principal: str,
     prefix: str,
     issued_by: str,
-) -> None:
+) -> tuple[list[Row], list[Row]]:
     """Makes `token_hash` the client's one bootstrap token, issued by `issued_by`: an earlier
     one is deleted (and remembered as revoked), and a token of that value issued before tokens
-    were marked becomes the bootstrap token (its issuer, if it recorded one, kept)."""
+    were marked becomes the bootstrap token (its issuer, if it recorded one, kept). Answers the
+    tokens deleted and the token made, if it was (each `account_id`, `principal`, `token_id`)."""
     replaced = await conn.fetch(
         """
         DELETE FROM client_tokens
         WHERE account_id = $2 AND principal = $3 AND bootstrap AND token_hash <> $1
-        RETURNING token_hash, bootstrap
+        RETURNING token_hash, bootstrap, account_id, principal, token_id
         """,
         token_hash,
         account_id,
@@ -374,8 +375,8 @@ async def replace_bootstrap_token(
         account_id,
     )
     if owner != account_id:
-        return  # another account's token has this value (as before: left as it is)
-    await conn.execute(
+        return replaced, []  # another account's token has this value (as before: left as it is)
+    made = await conn.fetch(
         """
         INSERT INTO client_tokens (token_hash, account_id, principal, prefix, bootstrap, issued_by)
         VALUES ($1, $2, $3, $4, true, $5)
@@ -384,6 +385,8 @@ async def replace_bootstrap_token(
             issued_by = coalesce(client_tokens.issued_by, excluded.issued_by)
         WHERE client_tokens.account_id = excluded.account_id
           AND client_tokens.principal = excluded.principal
+        -- A row inserted, not one updated (whose xmax is the updating transaction's).
+        RETURNING account_id, principal, token_id, xmax = 0 AS inserted
         """,
         token_hash,
         account_id,
@@ -391,6 +394,7 @@ async def replace_bootstrap_token(
         prefix,
         issued_by,
     )
+    return replaced, [r for r in made if r["inserted"]]
 
 
 async def list_clients(

@@ -27,7 +27,7 @@ from app.graphql.relay import (
     keyset_connection,
     parse_uuid,
 )
-from app.graphql.scalars import Timestamp
+from app.graphql.scalars import Timestamp, Value
 
 
 @graphql_enum(
@@ -416,6 +416,77 @@ async def _token_node(info: Info, key: tuple[UUID, str, UUID]) -> ClientTokenInf
     return await info.context.load("ClientToken", key)
 
 
+@graphql_enum("What an admin event changed.")
+class AdminEventTarget(Enum):
+    ACCOUNT = "An account: `target` is its accountId."
+    CLIENT = "A client: `target` is its principal."
+    TOKEN = "An API token: `target` is its tokenId, `principal` its client's."
+
+
+@strawberry.type(
+    description="A change to an account, a client or a token (an admin mutation), and who made "
+    "it: written in the change's own transaction, so every change that committed has one."
+)
+class AdminEvent:
+    event_id: UUID = strawberry.field(description="Unique identifier of the event.")
+    account_id: UUID = strawberry.field(
+        description="The account the change is in; for deleteAccount, the account of the client "
+        "that deleted it (the deleted account's events went with it)."
+    )
+    at: Timestamp = strawberry.field(description="When: the time of the change's transaction.")
+    actor: str = strawberry.field(
+        description="Who: the principal of the client whose request made it (with its account, "
+        "`actorAccountId`, and the token its request sent, `actorTokenId`), or, as a token's "
+        f"`issuedBy` says, `{service.ISSUER_COMMAND_LINE}` for an `engram` command, "
+        f"`{service.ISSUER_BOOTSTRAP}` and `{service.ISSUER_FIRST_START}` for what a start made. "
+        f"A client outside the default account reads `{service.ISSUER_DEFAULT_ACCOUNT}` for a "
+        "change a client of the default account made in its account, with neither account nor "
+        "token (they are the operator's)."
+    )
+    actor_account_id: UUID | None = strawberry.field(
+        description="The account of the client that made it; null when no client did."
+    )
+    actor_token_id: UUID | None = strawberry.field(
+        description="The `tokenId` of the token its request sent (it may since have been "
+        "revoked): adminEvents(tokenId) lists what one token changed. Null when "
+        "`actorAccountId` is."
+    )
+    operation: str = strawberry.field(
+        description="The mutation, such as `deleteClient`; what a start does to the admin's "
+        "client and tokens is named as the mutation that does the same."
+    )
+    target_kind: AdminEventTarget = strawberry.field(description="What it changed.")
+    target: str = strawberry.field(
+        description="Which: the account's accountId, the client's principal or the token's "
+        "tokenId (`targetKind`)."
+    )
+    principal: str | None = strawberry.field(
+        description="The principal of the client changed, or whose token it is; null for an "
+        "account."
+    )
+    changes: Value = strawberry.field(
+        description="What changed, as JSON: names and policies (with `previousName`, "
+        "`previousPolicies`), a token's `expires`, the `tokenId` revokeTokensIssuedBy was "
+        "given. Never a token's secret."
+    )
+
+    @classmethod
+    def of(cls, event: service.AdminEvent) -> "AdminEvent":
+        return cls(
+            event_id=event.event_id,
+            account_id=event.account_id,
+            at=Timestamp(event.at),
+            actor=event.actor,
+            actor_account_id=event.actor_account,
+            actor_token_id=event.actor_token,
+            operation=event.operation,
+            target_kind=AdminEventTarget[event.target_kind.upper()],
+            target=event.target,
+            principal=event.target_principal,
+            changes=Value(event.changes),
+        )
+
+
 @strawberry.type(description="Who is asking, and the account's clients.")
 class AuthQuery:
     @strawberry.field(description="The client this request authenticated as.")
@@ -518,6 +589,60 @@ class AuthQuery:
                 ),
                 lambda t: (t.created, t.token_id),
                 ClientTokenInfo.of,
+            )
+
+    @strawberry.field(
+        description="Who changed accounts, clients and tokens, and when (each admin mutation, "
+        "the `engram` commands that do the same, and what a start makes), newest first: the "
+        "account's events (the caller's account unless `accountId`; only clients of the "
+        "default account name another); with `tokenId`, what requests sending that token "
+        "changed alone, in every account the caller reaches when `accountId` is not given. "
+        "After a leak, adminEvents(tokenId: leaked) lists what the leaked token did. A client "
+        "outside the default account finds only its account's clients' tokens by `tokenId`. "
+        "Needs SELECT on financial.Account.events."
+    )
+    async def admin_events(
+        self,
+        info: Info,
+        first: FIRST,
+        after: AFTER = None,
+        account_id: Annotated[
+            UUID | None,
+            strawberry.argument(
+                description="The account; by default the caller's (with `tokenId`, every "
+                "account the caller reaches)."
+            ),
+        ] = None,
+        token_id: Annotated[
+            UUID | None,
+            strawberry.argument(
+                description="The `tokenId` of a token, revoked or not: only the changes "
+                "requests sending it made (`actorTokenId`)."
+            ),
+        ] = None,
+    ) -> Connection[AdminEvent]:
+        caller = info.context.caller
+        async with info.context.reads():
+            return await keyset_connection(
+                first,
+                after,
+                # The caller's account chooses the events too: it reaches them.
+                CREATED_ID.bound(
+                    "adminEvents",
+                    account_id or (None if token_id else caller.account_id),
+                    token_id,
+                    caller.account_id,
+                ),
+                lambda keyset, limit: service.list_admin_events(
+                    info.context.pool,
+                    caller,
+                    account_id=account_id,
+                    token_id=token_id,
+                    after=keyset,
+                    limit=limit,
+                ),
+                lambda e: (e.at, e.event_id),
+                AdminEvent.of,
             )
 
 

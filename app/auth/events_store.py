@@ -1,0 +1,135 @@
+"""SQL for the events that record who changed accounts, clients and tokens (migration 0041)."""
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+from uuid import UUID
+
+import asyncpg
+
+from app.auth.store import Row
+
+
+class Actor(NamedTuple):
+    """Who made a change: a client's principal, its account and the token its request sent; or
+    one of the words a token's `issued_by` uses where no client acted, with neither."""
+
+    name: str
+    account_id: UUID | None
+    token_id: UUID | None
+
+
+_COLUMNS = (
+    "account_id, event_id, at, actor, actor_account, actor_token, operation, target_kind,"
+    " target, target_principal, changes"
+)
+
+
+async def record(
+    conn: asyncpg.Connection,
+    actor: Actor,
+    operation: str,
+    *,
+    account_id: UUID,
+    kind: str,
+    target: str,
+    principal: str | None = None,
+    changes: Mapping[str, Any] | None = None,
+) -> None:
+    """Records one change in `account_id`, in the caller's transaction, at its time (`now()`)."""
+    await conn.execute(
+        """
+        INSERT INTO admin_events (account_id, actor, actor_account, actor_token, operation,
+            target_kind, target, target_principal, changes)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        """,
+        account_id,
+        *actor,
+        operation,
+        kind,
+        target,
+        principal,
+        dict(changes or {}),
+    )
+
+
+async def record_tokens(
+    conn: asyncpg.Connection,
+    actor: Actor,
+    operation: str,
+    tokens: Sequence[Row],
+    changes: Mapping[str, Any] | None = None,
+) -> None:
+    """Records one change of each token of `tokens` (rows with `account_id`, `principal` and
+    `token_id`), each in its own account, in one statement."""
+    if not tokens:
+        return
+    await conn.execute(
+        """
+        INSERT INTO admin_events (account_id, actor, actor_account, actor_token, operation,
+            target_kind, target, target_principal, changes)
+        SELECT t.account_id, $4, $5, $6, $7, 'token', t.token_id::text, t.principal, $8
+        FROM unnest($1::uuid[], $2::text[], $3::uuid[]) t(account_id, principal, token_id)
+        """,
+        [t["account_id"] for t in tokens],
+        [t["principal"] for t in tokens],
+        [t["token_id"] for t in tokens],
+        *actor,
+        operation,
+        dict(changes or {}),
+    )
+
+
+# A page newest first after an (at, event_id) keyset ($2, $3): without one, above every keyset, so
+# that the keyset stays an index condition.
+_PAGE = """
+    AND (at, event_id) < (
+        coalesce($2::timestamptz, 'infinity'),
+        coalesce($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+    )
+    ORDER BY at DESC, event_id DESC
+    LIMIT $4
+"""
+
+
+async def account_events(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+    *,
+    token_id: UUID | None = None,
+    actor_account: UUID | None = None,
+) -> list[Row]:
+    """A page of the account's events newest first (`admin_events_newest`); with `token_id`,
+    those that token made alone, and with `actor_account` too, only where that account's
+    clients made them."""
+    return await conn.fetch(
+        f"""
+        SELECT {_COLUMNS} FROM admin_events
+        WHERE account_id = $1
+          AND ($5::uuid IS NULL OR (actor_token = $5
+                                    AND ($6::uuid IS NULL OR actor_account = $6)))
+        {_PAGE}
+        """,
+        account_id,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
+        token_id,
+        actor_account,
+    )
+
+
+async def token_events(
+    conn: asyncpg.Connection, token_id: UUID, after: tuple[datetime, UUID] | None, limit: int
+) -> list[Row]:
+    """A page of the events the token made, in every account (on Citus, on every shard),
+    newest first (`admin_events_token`)."""
+    return await conn.fetch(
+        f"SELECT {_COLUMNS} FROM admin_events WHERE actor_token = $1 {_PAGE}",
+        token_id,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
+    )
