@@ -93,43 +93,50 @@ _PAGE = """
 
 
 async def account_events(
-    conn: asyncpg.Connection,
-    account_id: UUID,
-    after: tuple[datetime, UUID] | None,
-    limit: int,
-    *,
-    token_id: UUID | None = None,
-    actor_account: UUID | None = None,
+    conn: asyncpg.Connection, account_id: UUID, after: tuple[datetime, UUID] | None, limit: int
 ) -> list[Row]:
-    """A page of the account's events newest first (`admin_events_newest`); with `token_id`,
-    those that token made alone, and with `actor_account` too, only where that account's
-    clients made them."""
+    """A page of the account's events newest first (`admin_events_newest`)."""
     return await conn.fetch(
-        f"""
-        SELECT {_COLUMNS} FROM admin_events
-        WHERE account_id = $1
-          AND ($5::uuid IS NULL OR (actor_token = $5
-                                    AND ($6::uuid IS NULL OR actor_account = $6)))
-        {_PAGE}
-        """,
+        f"SELECT {_COLUMNS} FROM admin_events WHERE account_id = $1 {_PAGE}",
         account_id,
         after[0] if after else None,
         after[1] if after else None,
         limit,
-        token_id,
-        actor_account,
     )
 
 
 async def token_events(
-    conn: asyncpg.Connection, token_id: UUID, after: tuple[datetime, UUID] | None, limit: int
+    conn: asyncpg.Connection,
+    token_id: UUID,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+    *,
+    account_id: UUID | None = None,
+    actor_account: UUID | None = None,
 ) -> list[Row]:
-    """A page of the events the token made, in every account (on Citus, on every shard),
-    newest first (`admin_events_token`)."""
+    """A page of the events the token made newest first, from `admin_events_token` (what one
+    token did, not its account's every event): in every account (on Citus, on every shard), or
+    in `account_id` alone, and then with `actor_account`, only where that account's clients
+    made them."""
+    if account_id is None:
+        return await conn.fetch(
+            f"SELECT {_COLUMNS} FROM admin_events WHERE actor_token = $1 {_PAGE}",
+            token_id,
+            after[0] if after else None,
+            after[1] if after else None,
+            limit,
+        )
     return await conn.fetch(
-        f"SELECT {_COLUMNS} FROM admin_events WHERE actor_token = $1 {_PAGE}",
+        f"""
+        SELECT {_COLUMNS} FROM admin_events
+        WHERE account_id = $5 AND actor_token = $1
+          AND ($6::uuid IS NULL OR actor_account = $6)
+        {_PAGE}
+        """,
         token_id,
         after[0] if after else None,
         after[1] if after else None,
         limit,
+        account_id,
+        actor_account,
     )

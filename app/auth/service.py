@@ -1081,17 +1081,21 @@ async def list_admin_events(
     account the caller reaches: every account for a client of the default account, its own for
     another, where only its account's clients' tokens are found (not the operator's)."""
     caller.require(("SELECT", resources.ACCOUNT_EVENTS))
-    async with pool.acquire() as conn:
-        if token_id is not None and account_id is None and caller.in_default_account:
+    if token_id is not None and account_id is None and caller.in_default_account:
+        async with pool.acquire() as conn:
             rows = await events_store.token_events(conn, token_id, after, limit)
+        return [AdminEvent.of(r, caller) for r in rows]
+    reached = caller.reach_account(account_id)
+    async with pool.acquire() as conn:
+        if token_id is None:
+            rows = await events_store.account_events(conn, reached, after, limit)
         else:
-            reached = caller.reach_account(account_id)
-            rows = await events_store.account_events(
+            rows = await events_store.token_events(
                 conn,
-                reached,
+                token_id,
                 after,
                 limit,
-                token_id=token_id,
+                account_id=reached,
                 actor_account=None if caller.in_default_account else reached,
             )
     return [AdminEvent.of(r, caller) for r in rows]
