@@ -8,6 +8,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
+import pytest
 from factories import (
     allow,
     caller,
@@ -22,9 +23,10 @@ from factories import (
 from helpers import eventually, holding
 
 from app import cli
-from app.auth import service
+from app.auth import service, store
 from app.auth.caller import Caller
 from app.auth.policies import parse_policies
+from app.errors import Conflict
 
 EVERYTHING = allow(["SELECT", "INSERT", "UPDATE", "DELETE"], "*")
 RENAME = """mutation($a: UUID!, $name: String!, $expected: String) {
@@ -288,6 +290,63 @@ async def test_an_agent_created_while_its_account_is_deleted_is_not_found(gql, s
                 account,
             )
             assert left == 0, table
+
+
+# Each change a client makes in an account while the same client deletes it: the deletion
+# waits for it, whichever lock the change took first. (The change, in the operator's name.)
+SAME_CLIENT_CHANGES = {
+    "createClientToken": lambda pool, who, account: service.issue_client_token(
+        pool, who, account_id=account, principal="bot"
+    ),
+    "createClient": lambda pool, who, account: service.create_client(
+        pool, who, account_id=account, principal="late", name="Late", policies=[]
+    ),
+    "updateAccount": lambda pool, who, account: service.update_account(
+        pool, who, account_id=account, name="Acme B"
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(SAME_CLIENT_CHANGES))
+async def test_a_deletion_waits_for_a_change_the_same_client_makes_in_the_account(
+    state, admin, db_url, monkeypatch, change
+):
+    """The operator's client changes the account (a token issued there, a client created, a
+    rename) and, meanwhile, deletes it. Each takes the caller's client before the account (a
+    token's lookup row and a client hold the account by their foreign keys, after the
+    client's lock): no cycle, so the change commits and the deletion, waiting for it, is
+    CONFLICT. Taken the other way round by the deletion, one of them was rolled back by
+    PostgreSQL's deadlock detector (DeadlockDetectedError)."""
+    account = await make_account(state, "acme")
+    await token_for(state, admin, "bot", account_id=account)
+    token = await token_for(state, admin, "operator", EVERYTHING)
+    operator_ = await service.authenticate(state.pool, f"Bearer {token}")
+    changing: asyncio.Task | None = None
+    locked, go = asyncio.Event(), asyncio.Event()
+
+    def pausing(lock):
+        async def paused(*args, **kwargs):
+            held = await lock(*args, **kwargs)
+            if asyncio.current_task() is changing and not locked.is_set():
+                locked.set()  # the change's first lock taken
+                await go.wait()
+            return held
+
+        return paused
+
+    for name in ("lock_clients", "lock_account"):
+        monkeypatch.setattr(store, name, pausing(getattr(store, name)))
+    changing = asyncio.create_task(SAME_CLIENT_CHANGES[change](state.pool, operator_, account))
+    await asyncio.wait_for(locked.wait(), 10)
+    deleting = asyncio.create_task(
+        service.delete_account(state.pool, operator_, account_id=account)
+    )
+    await eventually(lambda: _waiting_on_a_lock(db_url), "the deletion waits for the change")
+    go.set()
+    await asyncio.wait_for(changing, 30)
+    with pytest.raises(Conflict, match="still holds"):
+        await asyncio.wait_for(deleting, 30)
+    assert str(account) in await names(state)
 
 
 async def _waiting_on_a_lock(url: str) -> bool:

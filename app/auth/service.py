@@ -467,10 +467,10 @@ async def update_account(
     caller.require(("UPDATE", resources.ACCOUNT))
     account_id = caller.reach_account(account_id)
     async with pool.acquire() as conn, conn.transaction():
+        await _as_now(conn, caller, ("UPDATE", resources.ACCOUNT), account_id)
         current = await store.lock_account(conn, account_id, to="rename")
         if current is None:
             raise NotFound(f"account {account_id} not found")
-        await _as_now(conn, caller, ("UPDATE", resources.ACCOUNT), account_id)
         checked = _check_name(name, "account", current["name"])
         if expected_name is not None and current["name"] != expected_name:
             raise Conflict(
@@ -505,16 +505,17 @@ async def delete_account(pool: asyncpg.Pool, caller: Caller, *, account_id: UUID
     """Deletes an account that holds nothing: no client, no agent (and so no memory record,
     session or execution). One that holds any is refused as a Conflict counting what it holds
     and saying what to delete first. Only clients of the default account may, and never the
-    default account. The account is locked first: a client being created in it meanwhile is
-    counted (its commit comes first), or finds no account (it waits for this one's)."""
+    default account. The account is locked before anything is counted (after the caller's
+    client, as every write in it: store.lock_account): a client being created in it meanwhile
+    is counted (its commit comes first), or finds no account (it waits for this one's)."""
     caller.require(("DELETE", resources.ACCOUNT))
     if not caller.in_default_account:
         raise AccessDenied("accounts can be deleted only by clients of the default account")
     async with pool.acquire() as conn, conn.transaction():
+        await _as_now(conn, caller, ("DELETE", resources.ACCOUNT), caller.account_id)
         current = await store.lock_account(conn, account_id, to="delete")
         if current is None:
             raise NotFound(f"account {account_id} not found")
-        await _as_now(conn, caller, ("DELETE", resources.ACCOUNT), caller.account_id)
         if current["is_default"]:
             raise BadInput("the default account cannot be deleted: its clients manage the others")
         held = await store.account_holdings(conn, account_id)
@@ -611,10 +612,10 @@ async def create_client(
     caller.require_covers(given, what)
     parsed = [p.as_json() for p in given]
     async with pool.acquire() as conn, conn.transaction():
+        now, _ = await _as_now(conn, caller, ("INSERT", resources.CLIENT), account_id)
         # Locked until the client is written: an account being deleted is gone (or waits).
         if await store.lock_account(conn, account_id, to="write in") is None:
             raise NotFound(f"account {account_id} not found")
-        now, _ = await _as_now(conn, caller, ("INSERT", resources.CLIENT), account_id)
         now.require_covers(given, what)
         row = await store.insert_client(
             conn, account_id, principal, _check_name(name, "client"), parsed

@@ -50,7 +50,10 @@ async def lock_account(
     conn: asyncpg.Connection, account_id: UUID, *, to: AccountLock
 ) -> Row | None:
     """The account's row, locked until the transaction ends as what it is locked `to` do needs
-    (`_ACCOUNT_LOCKS`); None if there is no such account."""
+    (`_ACCOUNT_LOCKS`); None if there is no such account. Taken after the caller's client
+    (auth/service.py `_as_now`), as a row written in the account takes the account by its
+    foreign key after its client's lock (a token's lookup row, an idempotency key): a deletion
+    taking them the other way round deadlocked with such a write by its own client."""
     return await conn.fetchrow(
         f"SELECT * FROM accounts WHERE account_id = $1 {_ACCOUNT_LOCKS[to]}", account_id
     )
