@@ -181,8 +181,23 @@ def post_graphql(url: str, token: str, query: str, **variables: Any) -> dict[str
         f"{url}/graphql",
         json={"query": query, "variables": variables},
         headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
+        timeout=60,
     )
+    return _data(response)
+
+
+async def posted_graphql(url: str, token: str, query: str, **variables: Any) -> dict[str, Any]:
+    """`post_graphql` awaited, from a test's event loop (which may be serving the app)."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        response = await http.post(
+            "/graphql",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    return _data(response)
+
+
+def _data(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     body = response.json()
     assert not body.get("errors"), body

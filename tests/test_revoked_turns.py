@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 from factories import allow, make_agent_id, memory_harness, token_for
 from helpers import eventually
 from openai_server import OpenAIServer
 from runtime_support import EXECUTE, candidates, chat, events
-from servers import clean_env, run
+from servers import clean_env, post_graphql, posted_graphql, run
 
 from app.auth import service as auth_service
 from app.auth.caller import Caller
@@ -70,30 +69,6 @@ def said(way: str, what: str) -> str:
     return (NARROWED if way == "narrow" else REVOKED).format(what=what)
 
 
-async def post(url: str, token: str, query: str, **variables: Any) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-        answer = await http.post(
-            "/graphql",
-            json={"query": query, "variables": variables},
-            headers={"Authorization": f"Bearer {token}"},
-        )
-    assert answer.status_code == 200, answer.text
-    assert not answer.json().get("errors"), answer.text
-    return answer.json()["data"]
-
-
-def from_another_request(url: str, token: str, query: str, **variables: Any) -> None:
-    """The operator's request, sent and answered while the model holds its answer (in the
-    model server's thread: `ChatReply.then`)."""
-    answer = httpx.post(
-        f"{url}/graphql",
-        json={"query": query, "variables": variables},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=60,
-    )
-    assert answer.status_code == 200 and not answer.json().get("errors"), answer.text
-
-
 async def tokens(state: AppState, admin: Caller) -> tuple[str, str, str]:
     """The operator's token, and the runner's with its ID."""
     operator = await token_for(state, admin, "operator", EVERYTHING)
@@ -125,20 +100,22 @@ async def test_a_turn_whose_token_is_revoked_during_its_memory_review_keeps_noth
     action_id = await make_agent_id(state, admin, harness=HARNESS)
     operator, runner, token_id = await tokens(state, admin)
     query, variables = REVOCATIONS[way]
-    model_server.call_tools(("add_memory", {"summary": "The vault code is walrus"}))
+    model_server.call_tools(("add_memory", {"summary": "The vault code is walrus", "kind": "fact"}))
     model_server.say("Noted.")
     candidates(
         model_server,
         {"summary": "The user likes walruses"},
-        then=lambda: from_another_request(base_url, operator, query, **variables(token_id)),
+        then=lambda: post_graphql(base_url, operator, query, **variables(token_id)),
     )
     turn = {"actionId": action_id, "sessionId": "s1", "input": "The code is walrus."}
-    executed = (await post(base_url, runner, EXECUTE, input=turn))["executeAction"]
+    executed = (await posted_graphql(base_url, runner, EXECUTE, input=turn))["executeAction"]
     assert executed["status"] == "FAILED"
     assert executed["error"] == said(way, "turn")
     assert executed["output"] is None
     # It ran to its end: the tool wrote, the review kept a record; the commit refused them.
     assert [c["purpose"] for c in events(executed, "model.call")] == ["turn", "turn", "memory"]
+    tools = events(executed, "tool.execution")
+    assert tools and not [t for t in tools if "error" in t]  # its record staged
     assert events(executed, "turn.failed") == [{"error": said(way, "turn")}]
     await nothing_kept(state)  # the staged records too
 
@@ -151,12 +128,12 @@ async def test_a_turn_whose_token_this_process_revoked_stops_after_the_model_cal
     action_id = await make_agent_id(state, admin, harness=HARNESS)
     operator, runner, token_id = await tokens(state, admin)
     model_server.call_tools(
-        ("add_memory", {"summary": "The vault code is walrus"}),
-        then=lambda: from_another_request(base_url, operator, REVOKE, p="runner", t=token_id),
+        ("add_memory", {"summary": "The vault code is walrus", "kind": "fact"}),
+        then=lambda: post_graphql(base_url, operator, REVOKE, p="runner", t=token_id),
     )
     model_server.say("Noted.")  # never asked for
     turn = {"actionId": action_id, "sessionId": "s1", "input": "The code is walrus."}
-    executed = (await post(base_url, runner, EXECUTE, input=turn))["executeAction"]
+    executed = (await posted_graphql(base_url, runner, EXECUTE, input=turn))["executeAction"]
     assert executed["status"] == "FAILED"
     assert executed["error"] == said("revoke", "turn")
     assert len(chat(model_server, None)) == 1
@@ -184,10 +161,43 @@ async def test_a_turn_whose_token_another_process_revoked_is_refused_at_its_comm
 
     model_server.say("Hello.", then=revoke)
     turn = {"actionId": action_id, "sessionId": "s1", "input": "hi"}
-    executed = (await post(base_url, runner, EXECUTE, input=turn))["executeAction"]
+    executed = (await posted_graphql(base_url, runner, EXECUTE, input=turn))["executeAction"]
     assert executed["status"] == "FAILED"
     assert executed["error"] == said("revoke", "turn")
     await nothing_kept(state)
+
+
+async def test_a_turn_failed_so_is_retried_by_its_execution_id_with_another_token(
+    admin: Caller, state: AppState, model_server: OpenAIServer, base_url: str
+) -> None:
+    """What the failure says: the turn can be retried with a token that may run it (here a new
+    token of the same client); the retry commits its tool's record, its history and its turn,
+    and the failed attempt's transcript stays."""
+    action_id = await make_agent_id(state, admin, harness=HARNESS)
+    operator, runner, token_id = await tokens(state, admin)
+    model_server.call_tools(
+        ("add_memory", {"summary": "The vault code is walrus", "kind": "fact"}),
+        then=lambda: post_graphql(base_url, operator, REVOKE, p="runner", t=token_id),
+    )
+    turn = {"actionId": action_id, "sessionId": "s1", "input": "The code is walrus."}
+    failed = (await posted_graphql(base_url, runner, EXECUTE, input=turn))["executeAction"]
+    assert failed["status"] == "FAILED" and failed["error"] == said("revoke", "turn")
+    renewed = await auth_service.create_client_token(
+        state.pool, admin, account_id=None, principal="runner"
+    )
+    model_server.call_tools(("add_memory", {"summary": "The vault code is walrus", "kind": "fact"}))
+    model_server.say("Noted.")
+    candidates(model_server)
+    retry = {**turn, "executionId": failed["executionId"]}
+    retried = (await posted_graphql(base_url, renewed, EXECUTE, input=retry))["executeAction"]
+    assert retried["status"] == "SUCCEEDED", retried["error"]
+    assert retried["executionId"] == failed["executionId"]
+    assert retried["invocationNumber"] == 2
+    assert not [t for t in events(retried, "tool.execution") if "error" in t]
+    assert events(retried, "turn.failed") == [{"error": said("revoke", "turn")}]
+    assert await stored(state, "SELECT count(*) FROM agent_memories") == 1
+    assert await stored(state, "SELECT sum(turns) FROM sessions") == 1
+    assert await stored(state, "SELECT count(*) FROM history_events") > 0
 
 
 @pytest.mark.parametrize("way", ["revoke", "narrow"])
@@ -200,7 +210,7 @@ async def test_an_ingest_whose_token_is_revoked_during_its_review_keeps_nothing(
     model_server.call_tools(
         ("remember", {"candidates": [{"kind": "fact", "summary": "The code is walrus"}]}),
         purpose="memory",
-        then=lambda: from_another_request(base_url, operator, query, **variables(token_id)),
+        then=lambda: post_graphql(base_url, operator, query, **variables(token_id)),
     )
     handed = {
         "actionId": action_id,
@@ -210,7 +220,9 @@ async def test_an_ingest_whose_token_is_revoked_during_its_review_keeps_nothing(
             {"role": "assistant", "content": "Noted."},
         ],
     }
-    ingested = (await post(base_url, runner, REMEMBER, input=handed))["rememberConversation"]
+    ingested = (await posted_graphql(base_url, runner, REMEMBER, input=handed))[
+        "rememberConversation"
+    ]
     assert ingested["status"] == "FAILED"
     assert ingested["error"] == said(way, "conversation")
     await nothing_kept(state)
@@ -226,13 +238,13 @@ async def test_a_change_that_leaves_the_grants_and_another_tokens_revocation_spa
     sibling = await auth_service.authenticate(state.pool, f"Bearer {other}")
 
     def meanwhile() -> None:
-        from_another_request(base_url, operator, RENAME, p="runner")
-        from_another_request(base_url, operator, REVOKE, p="runner-2", t=str(sibling.token_id))
+        post_graphql(base_url, operator, RENAME, p="runner")
+        post_graphql(base_url, operator, REVOKE, p="runner-2", t=str(sibling.token_id))
 
     model_server.say("Noted.", then=meanwhile)
     candidates(model_server, {"summary": "The user likes walruses"})
     turn = {"actionId": action_id, "sessionId": "s1", "input": "I like walruses."}
-    executed = (await post(base_url, runner, EXECUTE, input=turn))["executeAction"]
+    executed = (await posted_graphql(base_url, runner, EXECUTE, input=turn))["executeAction"]
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert await stored(state, "SELECT count(*) FROM agent_memories") == 1
     assert await stored(state, "SELECT sum(turns) FROM sessions") == 1
@@ -253,10 +265,10 @@ async def test_a_turn_whose_clients_grants_changed_but_still_let_it_run_commits(
     wider = [*RUNNER, allow(["SELECT"], "financial.Action.*")]
     model_server.say(
         "Noted.",
-        then=lambda: from_another_request(base_url, operator, NARROW, p="runner", policies=wider),
+        then=lambda: post_graphql(base_url, operator, NARROW, p="runner", policies=wider),
     )
     turn = {"actionId": action_id, "sessionId": "s1", "input": "I like walruses."}
-    executed = (await post(base_url, runner, EXECUTE, input=turn))["executeAction"]
+    executed = (await posted_graphql(base_url, runner, EXECUTE, input=turn))["executeAction"]
     assert executed["status"] == "SUCCEEDED", executed["error"]
     assert executed["output"] == "Noted."
     assert await stored(state, "SELECT sum(turns) FROM sessions") == 1
@@ -277,7 +289,7 @@ async def test_a_revocation_waits_for_a_commit_under_way_and_never_deadlocks(
     holder = await asyncpg.connect(db_url)
     try:
         turn = asyncio.ensure_future(
-            post(
+            posted_graphql(
                 base_url,
                 runner,
                 EXECUTE,
@@ -292,7 +304,9 @@ async def test_a_revocation_waits_for_a_commit_under_way_and_never_deadlocks(
         answered.set()
         waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted"
         await eventually(lambda: stored(state, waiting), "the commit waits for the session")
-        revocation = asyncio.ensure_future(post(base_url, operator, REVOKE, p="runner", t=token_id))
+        revocation = asyncio.ensure_future(
+            posted_graphql(base_url, operator, REVOKE, p="runner", t=token_id)
+        )
         await eventually(
             lambda: stored(state, waiting + " HAVING count(*) >= 2"), "the revocation waits too"
         )

@@ -8,11 +8,10 @@ import json
 import uuid
 from typing import Any
 
-import httpx
 import pytest
 from factories import make_account
 from helpers import upgraded_from
-from servers import clean_env, run, serving
+from servers import clean_env, posted_graphql, run, serving
 
 from app.auth import service
 
@@ -43,37 +42,24 @@ SOME = {"effect": "ALLOW", "actions": ["SELECT"], "resources": ["financial.Actio
 pytestmark = pytest.mark.settings(bootstrap_token=BOOTSTRAP)
 
 
-async def post(url: str, token: str, query: str, **variables: Any) -> dict[str, Any]:
-    """A GraphQL operation over HTTP that must succeed; its data."""
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        answer = await http.post(
-            "/graphql",
-            json={"query": query, "variables": variables},
-            headers={"Authorization": f"Bearer {token}"},
-        )
-    assert answer.status_code == 200, answer.text
-    assert not answer.json().get("errors"), answer.text
-    return answer.json()["data"]
-
-
 async def client(url: str, token: str, principal: str, account: str | None, *policies: dict):
     """A new client, made over HTTP by the client of `token`."""
     made = {"principal": principal, "name": principal, "policies": list(policies)}
     if account is not None:
         made["accountId"] = account
-    await post(url, token, CREATE_CLIENT, input=made)
+    await posted_graphql(url, token, CREATE_CLIENT, input=made)
 
 
 async def tenant(url: str) -> tuple[str, str]:
     """An account `acme` with its own administrator, `acme-admin`, whose token the default
     account's admin issued over HTTP (with the bootstrap token): (the account's ID, that
     token)."""
-    acme = await post(
+    acme = await posted_graphql(
         url, BOOTSTRAP, 'mutation { createAccount(input: {name: "acme"}) { accountId } }'
     )
     account = acme["createAccount"]["accountId"]
     await client(url, BOOTSTRAP, "acme-admin", account, ALL_OF_IT)
-    issued = await post(url, BOOTSTRAP, CREATE_TOKEN, p="acme-admin", a=account)
+    issued = await posted_graphql(url, BOOTSTRAP, CREATE_TOKEN, p="acme-admin", a=account)
     return account, issued["createClientToken"]["token"]
 
 
@@ -82,22 +68,24 @@ def tokens_of(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def test_a_token_names_the_client_whose_create_client_token_issued_it(base_url):
-    operator = (await post(base_url, BOOTSTRAP, VIEWER))["viewer"]
+    operator = (await posted_graphql(base_url, BOOTSTRAP, VIEWER))["viewer"]
     account, acme_admin = await tenant(base_url)
-    theirs = (await post(base_url, acme_admin, VIEWER))["viewer"]
+    theirs = (await posted_graphql(base_url, acme_admin, VIEWER))["viewer"]
     await client(base_url, acme_admin, "bot", None, SOME)
 
-    issued = (await post(base_url, acme_admin, CREATE_TOKEN, p="bot"))["createClientToken"]
+    issued = (await posted_graphql(base_url, acme_admin, CREATE_TOKEN, p="bot"))[
+        "createClientToken"
+    ]
     named = {"issuedBy": "acme-admin", "issuedByAccountId": account}
     expected = {"tokenId": issued["tokenId"], **named, "issuedByTokenId": theirs["tokenId"]}
     assert {k: issued[k] for k in expected} == expected
 
     # Each listing of the token says the same: the client's tokens, the account's clients'
     # tokens, and node(id).
-    (listed,) = tokens_of(await post(base_url, acme_admin, TOKENS, p="bot"))
-    clients = (await post(base_url, BOOTSTRAP, CLIENTS, a=account))["clients"]["nodes"]
+    (listed,) = tokens_of(await posted_graphql(base_url, acme_admin, TOKENS, p="bot"))
+    clients = (await posted_graphql(base_url, BOOTSTRAP, CLIENTS, a=account))["clients"]["nodes"]
     by_client = {c["principal"]: c["tokens"]["nodes"] for c in clients}
-    node = (await post(base_url, acme_admin, NODE, id=issued["id"]))["node"]
+    node = (await posted_graphql(base_url, acme_admin, NODE, id=issued["id"]))["node"]
     assert {k: listed[k] for k in expected} == expected
     assert by_client["bot"] == [expected]
     assert node == expected
@@ -119,36 +107,40 @@ async def test_a_tenant_reads_the_operators_issue_as_the_default_accounts_alone(
     """A client outside the default account reads a token the operator's `admin` issued in its
     account as issued by the default account, without the operator's account ID or token ID,
     however it reads the token; the operator still reads them."""
-    operator = (await post(base_url, BOOTSTRAP, VIEWER))["viewer"]
+    operator = (await posted_graphql(base_url, BOOTSTRAP, VIEWER))["viewer"]
     account, acme_admin = await tenant(base_url)
-    theirs = (await post(base_url, acme_admin, VIEWER))["viewer"]
-    spare = (await post(base_url, BOOTSTRAP, CREATE_TOKEN, p="acme-admin", a=account))[
+    theirs = (await posted_graphql(base_url, acme_admin, VIEWER))["viewer"]
+    spare = (await posted_graphql(base_url, BOOTSTRAP, CREATE_TOKEN, p="acme-admin", a=account))[
         "createClientToken"
     ]
     hidden = {"issuedBy": "default account", "issuedByAccountId": None, "issuedByTokenId": None}
 
-    listed = tokens_of(await post(base_url, acme_admin, TOKENS, p="acme-admin"))
-    clients = (await post(base_url, acme_admin, CLIENTS))["clients"]["nodes"]
+    listed = tokens_of(await posted_graphql(base_url, acme_admin, TOKENS, p="acme-admin"))
+    clients = (await posted_graphql(base_url, acme_admin, CLIENTS))["clients"]["nodes"]
     (by_client,) = [c["tokens"]["nodes"] for c in clients if c["principal"] == "acme-admin"]
     ids = [t["id"] for t in listed]
-    node = (await post(base_url, acme_admin, NODE, id=ids[0]))["node"]
-    nodes = (await post(base_url, acme_admin, NODES, ids=ids))["nodes"]
-    revoked = (await post(base_url, acme_admin, REVOKE, p="acme-admin", t=spare["tokenId"]))[
-        "revokeClientToken"
-    ]
+    node = (await posted_graphql(base_url, acme_admin, NODE, id=ids[0]))["node"]
+    nodes = (await posted_graphql(base_url, acme_admin, NODES, ids=ids))["nodes"]
+    revoked = (
+        await posted_graphql(base_url, acme_admin, REVOKE, p="acme-admin", t=spare["tokenId"])
+    )["revokeClientToken"]
     for seen in [*listed, *by_client, node, *nodes, revoked]:
         assert {k: seen[k] for k in hidden} == hidden, seen
     assert {t["tokenId"] for t in listed} == {theirs["tokenId"], spare["tokenId"]}
     assert operator["tokenId"] not in str([listed, by_client, node, nodes, revoked])
 
     # The operator reads who issued it, and the tenant what its own clients issue.
-    (token,) = tokens_of(await post(base_url, BOOTSTRAP, TOKENS, p="acme-admin", a=account))
+    (token,) = tokens_of(
+        await posted_graphql(base_url, BOOTSTRAP, TOKENS, p="acme-admin", a=account)
+    )
     assert (token["issuedBy"], token["issuedByAccountId"], token["issuedByTokenId"]) == (
         "admin",
         operator["accountId"],
         operator["tokenId"],
     )
-    own = (await post(base_url, acme_admin, CREATE_TOKEN, p="acme-admin"))["createClientToken"]
+    own = (await posted_graphql(base_url, acme_admin, CREATE_TOKEN, p="acme-admin"))[
+        "createClientToken"
+    ]
     assert (own["issuedBy"], own["issuedByAccountId"], own["issuedByTokenId"]) == (
         "acme-admin",
         account,
@@ -168,7 +160,7 @@ async def test_a_token_the_command_line_issued_names_the_command_line(base_url, 
     assert (printed["issuedBy"], printed["issuedByAccountId"]) == ("command line", None)
     assert printed["issuedByTokenId"] is None
 
-    (listed,) = tokens_of(await post(base_url, acme_admin, TOKENS, p="bot"))
+    (listed,) = tokens_of(await posted_graphql(base_url, acme_admin, TOKENS, p="bot"))
     assert (listed["tokenId"], listed["issuedBy"]) == (printed["tokenId"], "command line")
     assert listed["issuedByAccountId"] is None and listed["issuedByTokenId"] is None
     shown = await asyncio.to_thread(run, env, "client", "tokens", "bot", "--account", account)
@@ -177,17 +169,19 @@ async def test_a_token_the_command_line_issued_names_the_command_line(base_url, 
 
 
 async def test_the_bootstrap_token_names_the_bootstrap_setting(base_url):
-    (token,) = tokens_of(await post(base_url, BOOTSTRAP, TOKENS, p="admin"))
+    (token,) = tokens_of(await posted_graphql(base_url, BOOTSTRAP, TOKENS, p="admin"))
     assert token["bootstrap"] and token["issuedBy"] == "bootstrap setting"
     assert token["issuedByAccountId"] is None and token["issuedByTokenId"] is None
 
 
 async def test_a_token_made_the_bootstrap_token_keeps_its_issuer(base_url, state):
-    bootstrap = (await post(base_url, BOOTSTRAP, VIEWER))["viewer"]["tokenId"]
-    issued = (await post(base_url, BOOTSTRAP, CREATE_TOKEN, p="admin"))["createClientToken"]
+    bootstrap = (await posted_graphql(base_url, BOOTSTRAP, VIEWER))["viewer"]["tokenId"]
+    issued = (await posted_graphql(base_url, BOOTSTRAP, CREATE_TOKEN, p="admin"))[
+        "createClientToken"
+    ]
     # Restarted with that token as ENGRAM_BOOTSTRAP_TOKEN: it was the admin's request that made it.
     await service.bootstrap_admin(state.pool, issued["token"])
-    (token,) = tokens_of(await post(base_url, issued["token"], TOKENS, p="admin"))
+    (token,) = tokens_of(await posted_graphql(base_url, issued["token"], TOKENS, p="admin"))
     assert token["tokenId"] == issued["tokenId"] and token["bootstrap"]
     # (The token that issued it, the setting's before, is gone: its ID stays.)
     assert (token["issuedBy"], token["issuedByTokenId"]) == ("admin", bootstrap)
@@ -198,7 +192,7 @@ async def test_the_first_starts_admin_token_names_the_first_start(settings, embe
     created = await service.bootstrap_admin(state.pool, None)  # what the first start prints
     assert created is not None
     with serving(settings, embedder) as url:
-        (token,) = tokens_of(await post(url, created, TOKENS, p="admin"))
+        (token,) = tokens_of(await posted_graphql(url, created, TOKENS, p="admin"))
     assert not token["bootstrap"] and token["issuedBy"] == "first start"
     assert token["issuedByAccountId"] is None and token["issuedByTokenId"] is None
 
@@ -218,10 +212,10 @@ async def test_a_token_issued_before_issuers_were_recorded_names_no_one(base_url
             service.hash_token("an earlier release's token"),
             account,
         )
-    (token,) = tokens_of(await post(base_url, BOOTSTRAP, TOKENS, p="old", a=str(account)))
+    (token,) = tokens_of(await posted_graphql(base_url, BOOTSTRAP, TOKENS, p="old", a=str(account)))
     named = {"issuedBy": None, "issuedByAccountId": None, "issuedByTokenId": None}
     assert {k: token[k] for k in named} == named
-    node = (await post(base_url, BOOTSTRAP, NODE, id=token["id"]))["node"]
+    node = (await posted_graphql(base_url, BOOTSTRAP, NODE, id=token["id"]))["node"]
     assert node == {"tokenId": token["tokenId"], **named}
 
 

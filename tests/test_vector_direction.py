@@ -7,7 +7,6 @@ import io
 import json
 from typing import Any
 
-import httpx
 import pytest
 from factories import (
     allow,
@@ -19,6 +18,7 @@ from factories import (
     token_for,
 )
 from runtime_support import run
+from servers import posted_graphql
 
 from app.memory import search as search_module
 from app.transfer.service import export_action, import_file
@@ -29,19 +29,6 @@ SEARCH = """query($a: UUID!, $q: String!, $m: ActionAgentMemorySearchMode) {
 HISTORY = """query($a: UUID!, $q: String!) { action(actionId: $a) { sessions(first: 5) {
   nodes { searchHistory(query: $q, first: 10) { score text event { eventId } } } } } }"""
 EVERY_VERB = ["SELECT", "INSERT", "UPDATE", "DELETE"]
-
-
-async def post(base_url: str, token: str, query: str, **variables: Any) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
-        answer = await http.post(
-            "/graphql",
-            json={"query": query, "variables": variables},
-            headers={"Authorization": f"Bearer {token}"},
-        )
-    assert answer.status_code == 200, answer.text
-    body = answer.json()
-    assert not body.get("errors"), body["errors"]
-    return body["data"]
 
 
 # M20 M21
@@ -67,13 +54,13 @@ async def test_m20_a_record_whose_vector_has_no_direction_is_found_by_its_words(
         await list_agents(state)  # own indexes: an agent without them is ranked exactly
     token = await token_for(state, admin, "console", allow(EVERY_VERB, "*"))
     a = str(agent.action_id)
-    hybrid = await post(base_url, token, SEARCH, a=a, q="office Oslo", m="HYBRID")
+    hybrid = await posted_graphql(base_url, token, SEARCH, a=a, q="office Oslo", m="HYBRID")
     edges = hybrid["action"]["searchMemories"]["edges"]
     assert {e["node"]["memoryId"] for e in edges} == {str(r.memory_id) for r in (zero, *others)}
     # Found by its words: its score is the text part of the fusion alone, at most one half.
     scored = {e["node"]["memoryId"]: e["score"] for e in edges}
     assert 0 < scored[str(zero.memory_id)] <= 0.5
-    vector = await post(base_url, token, SEARCH, a=a, q="office Oslo", m="VECTOR")
+    vector = await posted_graphql(base_url, token, SEARCH, a=a, q="office Oslo", m="VECTOR")
     found = [e["node"]["memoryId"] for e in vector["action"]["searchMemories"]["edges"]]
     assert sorted(found) == sorted(str(r.memory_id) for r in others)
 
@@ -93,7 +80,7 @@ async def test_h6_a_history_part_whose_vector_has_no_direction_is_found_by_its_w
             " RETURNING event_id"
         )
     token = await token_for(state, admin, "console", allow(EVERY_VERB, "*"))
-    found = await post(base_url, token, HISTORY, a=action_id, q="lighthouse")
+    found = await posted_graphql(base_url, token, HISTORY, a=action_id, q="lighthouse")
     (session,) = found["action"]["sessions"]["nodes"]
     results = session["searchHistory"]
     assert results[0]["event"]["eventId"] == str(zeroed)
@@ -146,6 +133,8 @@ async def test_an_import_embeds_again_a_record_whose_vector_has_no_direction(
         }
     assert stored == {kept.memory_id: False, edited.memory_id: False}
     token = await token_for(state, admin, "console", allow(EVERY_VERB, "*"), account_id=other)
-    found = await post(base_url, token, SEARCH_ONE, a=str(agent.action_id), q="invoice by post")
+    found = await posted_graphql(
+        base_url, token, SEARCH_ONE, a=str(agent.action_id), q="invoice by post"
+    )
     edges = found["action"]["searchMemories"]["edges"]
     assert edges[0]["node"]["memoryId"] == str(edited.memory_id) and edges[0]["score"] > 0.5
