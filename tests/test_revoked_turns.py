@@ -251,21 +251,24 @@ async def test_a_change_that_leaves_the_grants_and_another_tokens_revocation_spa
 
 
 @pytest.mark.parametrize("harness", [HARNESS, {}], ids=["memory", "no-memory"])
+@pytest.mark.parametrize("change", ["wider", "saved-again"])
 async def test_a_turn_whose_clients_grants_changed_but_still_let_it_run_commits(
     admin: Caller,
     state: AppState,
     model_server: OpenAIServer,
     base_url: str,
     harness: dict[str, Any],
+    change: str,
 ) -> None:
     """Policies other than those the request read, which still allow turns, are checked
-    again: the turn commits (a turn writing nothing but its end, in a second try)."""
+    again: the turn commits (a turn writing nothing but its end, in a second try). So does
+    one whose client's policies were saved again as they were (an edit form saved unchanged)."""
     action_id = await make_agent_id(state, admin, harness=harness)
     operator, runner, token_id = await tokens(state, admin)
-    wider = [*RUNNER, allow(["SELECT"], "financial.Action.*")]
+    policies = [*RUNNER, allow(["SELECT"], "financial.Action.*")] if change == "wider" else RUNNER
     model_server.say(
         "Noted.",
-        then=lambda: post_graphql(base_url, operator, NARROW, p="runner", policies=wider),
+        then=lambda: post_graphql(base_url, operator, NARROW, p="runner", policies=policies),
     )
     turn = {"actionId": action_id, "sessionId": "s1", "input": "I like walruses."}
     executed = (await posted_graphql(base_url, runner, EXECUTE, input=turn))["executeAction"]
