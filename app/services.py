@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 async def start_services(state: AppState) -> None:
-    for unset in unset_keys(state.settings):
+    for unset in await unset_keys(state.settings):
         log.warning(
             "a model key ENGRAM_MODEL_ALLOWED_KEY_ENVS allows cannot be read: %s (the turns of "
             "agents whose model.apiKeyEnv names it fail until it can)",

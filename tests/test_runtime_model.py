@@ -523,7 +523,7 @@ async def test_a_key_file_that_is_not_a_regular_file_is_refused_unread(
         f"TEAM_MODEL_KEY_FILE ({path}) is {what}, not a regular file: a file read at each call "
         "must be one (a pipe or a device would hold the service waiting)"
     )
-    assert unset_keys(settings) == [f"TEAM_MODEL_KEY: {refused}"]
+    assert await unset_keys(settings) == [f"TEAM_MODEL_KEY: {refused}"]
     with (
         caplog.at_level(logging.WARNING, logger="app.runtime.model"),
         pytest.raises(ModelFailed) as failed,
@@ -559,7 +559,7 @@ async def test_a_key_no_header_may_carry_fails_the_call_naming_its_variable(
     with pytest.raises(ModelFailed) as failed:
         await resolve(ModelConfig(api_key_env="TEAM_MODEL_KEY"), settings)
     assert failed.value.message == f"model.apiKeyEnv names TEAM_MODEL_KEY, whose key {unsendable}"
-    assert unset_keys(settings) == [f"TEAM_MODEL_KEY {unsendable}"]
+    assert await unset_keys(settings) == [f"TEAM_MODEL_KEY {unsendable}"]
 
 
 async def test_an_empty_key_file_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -633,6 +633,52 @@ async def test_a_key_file_that_does_not_answer_fails_the_call_and_holds_nothing_
     assert [r.getMessage() for r in caplog.records] == [f"{KEY_FILE_FAILED}{hung}"] * 3
     assert "S3CRET" not in caplog.text
     assert server.requests_to(CHAT) == []
+
+
+@pytest.mark.timeout(30)
+async def test_the_start_waits_for_key_files_that_do_not_answer_once_not_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The start's check of the allowed keys (unset_keys) read their files on the event loop: a
+    key file on a file system that does not answer held the start for as long, silently. They
+    are read as a model call reads them, together: two hung files say so, each naming its
+    variable and path, after 2 s in all, and a readable key beside them is fine."""
+    for name in ("TEAM_A_KEY", "TEAM_B_KEY"):
+        path = tmp_path / name.lower()
+        path.write_text("sk-S3CRET\n")
+        monkeypatch.setenv(f"{name}_FILE", str(path))
+    monkeypatch.setenv("TEAM_C_KEY", "sk-fine")
+    answering = threading.Event()
+
+    def hung_open(file: str, flags: int) -> int:
+        answering.wait(3)
+        return os.open(file, flags | os.O_NONBLOCK)
+
+    monkeypatch.setattr("app.config._open_nonblocking", hung_open)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticking = asyncio.create_task(tick())
+    settings = Settings(model_allowed_key_envs=["TEAM_A_KEY", "TEAM_B_KEY", "TEAM_C_KEY"])
+    started = time.monotonic()
+    try:
+        said = await unset_keys(settings)
+        took = time.monotonic() - started
+    finally:
+        answering.set()
+        ticking.cancel()
+    assert said == [
+        f"{name}: {name}_FILE ({tmp_path / name.lower()}) was not read within 2 s (a file "
+        "system that does not answer?)"
+        for name in ("TEAM_A_KEY", "TEAM_B_KEY")
+    ]
+    assert 2 <= took < 2.9
+    assert ticks >= 50  # the event loop ran meanwhile
 
 
 async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:

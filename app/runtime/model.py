@@ -118,19 +118,27 @@ class Endpoint:
     setting: str = "ENGRAM_MODEL_BASE_URL"
 
 
-def unset_keys(settings: Settings) -> list[str]:
+async def unset_keys(settings: Settings) -> list[str]:
     """What is wrong with each key ENGRAM_MODEL_ALLOWED_KEY_ENVS allows that a model call could
-    not read now (neither NAME nor NAME_FILE set, or a file refused): said at start, where an
-    operator is looking, rather than first by an agent's failed turn. Never the key."""
+    not read now (neither NAME nor NAME_FILE set, or a file refused, or one not read within
+    SECRET_FILE_WAIT_SECONDS): said at start, where an operator is looking, rather than first by
+    an agent's failed turn. Never the key. The files are read as a model call reads them
+    (`KeyFiles`), together: a file system that does not answer holds the start for that long
+    once, not for each key."""
     allowed = settings.model_allowed_key_envs
+    names = list(allowed if isinstance(allowed, list) else allowed.keys())
+    keys = KeyFiles()
+    try:
+        read = await asyncio.gather(*(keys.read(name) for name in names), return_exceptions=True)
+    finally:
+        keys.close()
     said = []
-    for name in allowed if isinstance(allowed, list) else allowed.keys():
-        try:
-            key = (variable_or_file(name) or "").strip()
-        except SecretFileRefused as refused:
-            said.append(f"{name}: {refused}")
-            continue
-        if not key:
+    for name, key in zip(names, read, strict=True):
+        if isinstance(key, SecretFileRefused):
+            said.append(f"{name}: {key}")
+        elif isinstance(key, BaseException):
+            raise key
+        elif not (key := (key or "").strip()):
             said.append(
                 f"{name} is not set where Engram runs (neither {name} nor {name}{FILE_SUFFIX})"
             )
