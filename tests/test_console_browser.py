@@ -2562,3 +2562,171 @@ async def test_an_operator_renames_an_account_and_deletes_it_once_it_holds_nothi
         await expect(page.get_by_role("status").first).to_have_text(
             "Renamed account “Globex” to “Globex Inc”."
         )
+
+
+EVENTS = """query($a: UUID, $t: UUID) { adminEvents(first: 100, accountId: $a, tokenId: $t) {
+  nodes { operation actor actorTokenId target } } }"""
+RENAME = """mutation($p: String!, $n: String!) { updateClient(principal: $p, input: {name: $n})
+  { principal } }"""
+
+
+async def test_the_activity_page_lists_who_changed_what_newest_first(db_url, embedder):
+    """Activity lists the account's changes newest first (adminEvents): who (principal and the
+    token its request sent), the operation, the target and the changes in words; a page at a
+    time; filtered by a token, typed or from its row on the clients page; another account's,
+    picked by the operator, with the actor's other account by name."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        for n in range(15):  # older changes, to fill more than a page
+            admin(RENAME, p="auditor", n=f"Auditor {n:02}")
+        admin(CREATE_CLIENT, i={"principal": "ops", "name": "Ops", "policies": EVERY_GRANT})
+        a = admin(ISSUE, p="ops")["createClientToken"]
+        ops = Api(url, a["token"])
+        ops(CREATE_CLIENT, i={"principal": "helper", "name": "Helper", "policies": READER})
+        h = ops(ISSUE, p="helper")["createClientToken"]
+        ops(RENAME, p="helper", n="Helper 2")
+        revoke = """mutation($t: UUID!) { revokeClientToken(principal: "helper", tokenId: $t)
+          { tokenId } }"""
+        ops(revoke, t=h["tokenId"])
+        events = admin(EVENTS)["adminEvents"]["nodes"]
+        assert len(events) > 20
+
+        await sign_in(page, url, a["token"])
+        await page.get_by_role("link", name="Activity").click()
+        await expect(page).to_have_url(re.compile("#/activity$"))
+        await expect(page.get_by_role("heading", name="Activity")).to_be_visible()
+        rows = page.locator("table.activity tbody tr")
+        await expect(rows).to_have_count(20)
+        operation = rows.locator('td[data-label="Operation"]')
+        await expect(operation).to_have_text([e["operation"] for e in events[:20]])
+        who = rows.locator('td[data-label="Who"]')
+        target = rows.locator('td[data-label="Target"]')
+        changes = rows.locator('td[data-label="Changes"]')
+        await expect(operation.nth(0)).to_have_text("revokeClientToken")
+        await expect(who.nth(0)).to_have_text(f"opsvia token {a['tokenId']} only this token")
+        await expect(target.nth(0)).to_have_text(f"token {h['tokenId']} of helper")
+        await expect(operation.nth(1)).to_have_text("updateClient")
+        await expect(target.nth(1)).to_have_text("client helper")
+        await expect(changes.nth(1)).to_have_text("name “Helper” → “Helper 2”")
+        await expect(changes.nth(2)).to_have_text("never expires")
+        await expect(changes.nth(3)).to_have_text(
+            "name “Helper”policies ALLOW SELECT on financial.Action.*"
+            "ALLOW SELECT on financial.AgentMemory.*"
+        )
+        await expect(operation.nth(5)).to_have_text("createClient")
+        await expect(who.nth(5)).to_contain_text("admin")
+        await expect(page.locator("table.activity")).not_to_contain_text("{")  # no JSON
+        await page.screenshot(path=screenshot_path("console-activity.png"), full_page=True)
+
+        # A page at a time: the rest, down to what the start made (no client made it).
+        await page.get_by_role("button", name="Show more").click()
+        await expect(rows).to_have_count(len(events))
+        await expect(operation).to_have_text([e["operation"] for e in events])
+        await expect(who.last).to_have_text("bootstrap setting")
+        await expect(page.get_by_role("button", name="Show more")).to_be_hidden()
+
+        # By a token typed: only what requests sending it changed.
+        await page.get_by_label("Token ID").fill("not-a-token")
+        await page.get_by_role("button", name="Filter").click()
+        filtering = page.get_by_role("form", name="Filter by token")
+        await expect(filtering.locator(".field-error")).to_contain_text("A token ID is a UUID")
+        await page.get_by_label("Token ID").fill(a["tokenId"].upper())
+        await page.get_by_label("Token ID").press("Enter")
+        await expect(page).to_have_url(re.compile(f"#/activity\\?token={a['tokenId']}$"))
+        expected = ["revokeClientToken", "updateClient", "createClientToken", "createClient"]
+        await expect(operation).to_have_text(expected)
+        await expect(page.locator("table.activity caption")).to_contain_text(
+            f"made with token {a['tokenId']}"
+        )
+        # From a token's row on the clients page, and back to every token's.
+        await page.get_by_role("link", name="Every token's changes").click()
+        await expect(rows).to_have_count(20)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await page.get_by_role("link", name=f"Activity of token {a['prefix']}").click()
+        await expect(page).to_have_url(re.compile(f"#/activity\\?token={a['tokenId']}$"))
+        await expect(operation).to_have_text(expected)
+        # A token's ID in a row filters by it too.
+        await page.get_by_role("link", name="Every token's changes").click()
+        first_admin = next(e for e in events if e["actor"] == "admin")
+        await page.get_by_role(
+            "link", name=f"Only token {first_admin['actorTokenId']}"
+        ).first.click()
+        # In every account the operator reaches: the other accounts said by name.
+        its = admin(EVENTS, t=first_admin["actorTokenId"])["adminEvents"]["nodes"]
+        await expect(operation).to_have_text([e["operation"] for e in its[:20]])
+        elsewhere = rows.filter(has=page.locator("td", has_text="createAccount"))
+        await expect(elsewhere.locator('td[data-label="Target"]')).to_contain_text(
+            "in account Other Co"
+        )
+
+        # Another account, picked by the operator (or from its clients page): its changes, the
+        # operator's account named beside the actor.
+        acme = admin('mutation { createAccount(input: {name: "Acme Ltd"}) { accountId } }')
+        acme = acme["createAccount"]["accountId"]
+        operator = admin("{ viewer { accountId } }")["viewer"]["accountId"]
+        accounts = admin("{ accounts(first: 100) { nodes { accountId name } } }")["accounts"]
+        default = next(n["name"] for n in accounts["nodes"] if n["accountId"] == operator)
+        await page.get_by_role("link", name="Clients and tokens").click()
+        await page.get_by_label("Account", exact=True).select_option(acme)
+        await expect(page).to_have_url(re.compile(f"#/clients\\?account={acme}$"))
+        await page.get_by_role("link", name="Activity of this account").click()
+        await expect(page).to_have_url(re.compile(f"#/activity\\?account={acme}$"))
+        await expect(operation).to_have_text(["createAccount"])
+        await expect(target.nth(0)).to_have_text(f"account Acme Ltd {acme}")
+        await expect(who.nth(0)).to_contain_text(f"admin (account {default} {operator})")
+        await page.get_by_label("Account", exact=True).select_option(operator)
+        await expect(page).to_have_url(re.compile("#/activity$"))
+        await expect(rows).to_have_count(20)
+
+
+async def test_a_tenants_activity_hides_the_operators_account_and_tokens(db_url, embedder):
+    """A tenant reads its own account's activity: what the operator changed there is said to be
+    the default account's, without the operator's account or tokens; no account to pick."""
+    from playwright.async_api import expect
+
+    async with console(db_url, embedder) as (url, page, seeded):
+        admin = Api(url, ADMIN)
+        acme = admin('mutation { createAccount(input: {name: "Acme Ltd"}) { accountId } }')
+        acme = acme["createAccount"]["accountId"]
+        tenant = [
+            {"effect": "ALLOW", "actions": ["SELECT", "INSERT"], "resources": ["financial.*"]}
+        ]
+        admin(
+            CREATE_CLIENT,
+            i={"principal": "acme-bot", "name": "Acme bot", "policies": tenant, "accountId": acme},
+        )
+        issue = """mutation($a: UUID) { createClientToken(principal: "acme-bot", accountId: $a)
+          { token tokenId } }"""
+        t = admin(issue, a=acme)["createClientToken"]
+        Api(url, t["token"])(
+            CREATE_CLIENT, i={"principal": "acme-helper", "name": "Helper", "policies": READER}
+        )
+        operator = admin("{ viewer { accountId tokenId } }")["viewer"]
+
+        await sign_in(page, url, t["token"])
+        await page.get_by_role("link", name="Activity").click()
+        rows = page.locator("table.activity tbody tr")
+        await expect(rows.locator('td[data-label="Operation"]')).to_have_text(
+            ["createClient", "createClientToken", "createClient", "createAccount"]
+        )
+        await expect(rows.locator('td[data-label="Who"]')).to_have_text(
+            [f"acme-botvia token {t['tokenId']} only this token"] + ["default account"] * 3
+        )
+        await expect(rows.locator('td[data-label="Target"]').nth(3)).to_have_text(
+            f"account Acme Ltd {acme}"
+        )
+        await expect(page.get_by_label("Account", exact=True)).to_have_count(0)
+        main = page.locator("main")
+        for unseen in [operator["accountId"], operator["tokenId"], "Other Co"]:
+            await expect(main).not_to_contain_text(unseen)
+        await page.screenshot(path=screenshot_path("console-activity-tenant.png"), full_page=True)
+        # Another account named in the address: the server's refusal, said as the other pages
+        # say it; an address the page does not take, said too.
+        await page.evaluate(f"location.hash = '#/activity?account={operator['accountId']}'")
+        await expect(page.get_by_role("alert")).to_contain_text("Not found: account")
+        await expect(rows).to_have_count(0)
+        await page.evaluate("location.hash = '#/activity?token=nope'")
+        await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+        await expect(main).to_contain_text("not “nope” as the token (a UUID is expected)")

@@ -12,6 +12,7 @@ const OPERATIONS = [
   "ActionSession.searchHistory", "eraseSession",
   "clients", "Client.tokens", "createClient", "updateClient", "deleteClient", "createClientToken",
   "revokeClientToken", "revokeTokensIssuedBy", "tokensIssuedBy", "accounts", "updateAccount", "deleteAccount",
+  "adminEvents",
 ];
 const WHAT = {
   actions: "listing agents",
@@ -35,6 +36,7 @@ const WHAT = {
   createClientToken: "creating tokens",
   updateAccount: "renaming accounts",
   deleteAccount: "deleting accounts",
+  adminEvents: "reading who changed accounts, clients and tokens",
 };
 const OLDER = 20; // earlier versions of an agent, and records either way of a supersede chain
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -155,6 +157,7 @@ function renderNav() {
     h("ul", {},
       h("li", {}, link("#/", "Agents")),
       can("clients") ? h("li", {}, link("#/clients", "Clients and tokens")) : null,
+      can("adminEvents") ? h("li", {}, link("#/activity", "Activity")) : null,
       h("li", { class: "who" }, "Signed in as ", h("strong", {}, viewer.principal)),
       h("li", {}, button("Sign out", () => signOut("Signed out."), { class: "secondary" }))),
   ]);
@@ -1147,6 +1150,10 @@ async function clientsView({ account = null } = {}) {
   if (!can("deleteClient")) out.push(refusal("deleteClient"));
   out.push(can("createClient") ? newClient(list, shown, account) : refusal("createClient"));
   if (can("revokeTokensIssuedBy")) out.push(leakForm());
+  if (can("adminEvents")) {
+    out.push(h("p", {}, link(account && account !== viewer.accountId ? `#/activity?account=${account}` : "#/activity",
+      "Activity of this account")));
+  }
   return [...out, list, more];
 }
 
@@ -1540,7 +1547,9 @@ function clientCard(c, { fresh = false } = {}) {
       h("td", { dataset: { label: "Expires" } }, t.expires ? when(t.expires) : "never"),
       h("td", { dataset: { label: "Last used" } }, t.lastUsed ? when(t.lastUsed) : "never"),
       h("td", { dataset: { label: "Issued by" } }, tokenIssuer(c, t)),
-      h("td", {}, t.bootstrap ? badge("bootstrap") : null, signedInWith(c, t) ? badge("signed in") : null,
+      h("td", {}, can("adminEvents") ? h("a", { href: `#/activity?token=${t.tokenId}`,
+        class: "small-link", "aria-label": `Activity of token ${t.prefix || t.tokenId}` }, "Activity of this token") : null,
+        t.bootstrap ? badge("bootstrap") : null, signedInWith(c, t) ? badge("signed in") : null,
         can("revokeClientToken") ? button("Revoke", () => revoke(t, tr),
           { class: "danger small", "aria-label": `Revoke token ${t.prefix || t.tokenId}` }) : null,
         can("revokeTokensIssuedBy") ? button("Revoke with the tokens it issued", async () => {
@@ -1929,12 +1938,195 @@ function clientForm(c, { saved, cancelled, changed, accountId = null }) {
   return form;
 }
 
+// ---------------------------------------------------------------- activity
+
+const ADMIN_EVENTS = `query($first: Int!, $after: String, $a: UUID, $t: UUID) {
+  adminEvents(first: $first, after: $after, accountId: $a, tokenId: $t) {
+    nodes { eventId accountId at actor actorAccountId actorTokenId operation targetKind target principal changes }
+    pageInfo { hasNextPage endCursor } } }`;
+const SMALL = 80; // characters of JSON a change of a kind not known here shows inline; longer, folded
+
+// A token's ID, cut to its start on screen: one click selects all of it, to copy (the title shows
+// it whole); `filter` adds a link that lists what the token changed.
+function shortId(id, filter) {
+  return [h("span", { class: "mono small-id copyable short-id", title: id }, id),
+    filter ? [" ", h("a", { href: filter, class: "small-link", "aria-label": `Only token ${id}` }, "only this token")]
+      : null];
+}
+
+// Who made a change: a client (with its account where that is another than the change's) and the
+// token its request sent, or the words a start, the command line or (for a tenant) the operator
+// is named by.
+function actorOf(e, filter) {
+  if (!e.actorAccountId) return h("span", { class: "muted" }, e.actor);
+  return [h("bdi", { class: "mono" }, e.actor),
+    e.actorAccountId !== e.accountId ? [" (account ", accountName(e.actorAccountId), ")"] : null,
+    e.actorTokenId ? [h("br"), h("span", { class: "muted" }, "via token "), shortId(e.actorTokenId, filter(e.actorTokenId))]
+      : null];
+}
+
+// What was changed, and in which account when the list spans several (a token's, in every account).
+function targetOf(e, here) {
+  let what;
+  if (e.targetKind === "ACCOUNT") {
+    const gone = !accountNames.has(e.target) && e.changes && typeof e.changes.name === "string";
+    what = ["account ", gone ? [h("bdi", {}, e.changes.name), " ", h("span", { class: "mono small-id" }, e.target)]
+      : accountName(e.target)];
+  } else if (e.targetKind === "CLIENT") {
+    what = ["client ", h("bdi", { class: "mono" }, e.target)];
+  } else {
+    what = ["token ", shortId(e.target), " of ", h("bdi", { class: "mono" }, e.principal || "")];
+  }
+  return [what, e.accountId !== here ? [h("br"), h("span", { class: "muted" }, "in account "), accountName(e.accountId)]
+    : null];
+}
+
+const policyList = (policies) => (Array.isArray(policies) && policies.length
+  ? h("ul", { class: "policies" }, policies.map((p) => h("li", { class: "mono" },
+    p && p.effect && p.actions && p.resources ? policyText(p) : json(p))))
+  : h("span", {}, "none"));
+
+// An event's `changes` as sentences: names and policies with what they were, a token's expiry,
+// the token revokeTokensIssuedBy was given; anything else as its JSON, folded when long.
+function changesOf(e) {
+  const c = e.changes && typeof e.changes === "object" && !Array.isArray(e.changes) ? { ...e.changes } : null;
+  if (!c) return e.changes === null || e.changes === undefined ? "" : pre(e.changes);
+  const items = [];
+  if ("name" in c) {
+    items.push("previousName" in c
+      ? h("li", {}, "name “", h("bdi", {}, String(c.previousName)), "” → “", h("bdi", {}, String(c.name)), "”")
+      : h("li", {}, "name “", h("bdi", {}, String(c.name)), "”"));
+    delete c.name;
+    delete c.previousName;
+  }
+  if ("policies" in c) {
+    if ("previousPolicies" in c) {
+      items.push(h("li", {}, "policies were ", policyList(c.previousPolicies)));
+      items.push(h("li", {}, "policies now ", policyList(c.policies)));
+    } else {
+      items.push(h("li", {}, "policies ", policyList(c.policies)));
+    }
+    delete c.policies;
+    delete c.previousPolicies;
+  }
+  if ("expires" in c) {
+    items.push(h("li", {}, c.expires ? `expires ${when(c.expires)}` : "never expires"));
+    delete c.expires;
+  }
+  if (e.operation === "revokeTokensIssuedBy" && typeof c.tokenId === "string") {
+    items.push(h("li", {}, "revoked with the tokens issued by token ", shortId(c.tokenId)));
+    delete c.tokenId;
+  }
+  for (const [key, value] of Object.entries(c)) {
+    const text = JSON.stringify(value);
+    items.push(text.length <= SMALL ? h("li", {}, `${key} `, h("span", { class: "mono" }, text))
+      : h("li", {}, h("details", {}, h("summary", {}, key), pre(value))));
+  }
+  return items.length ? h("ul", { class: "changes" }, items) : "";
+}
+
+// The address's parameters: `account` (the operator's choice of account) and `token` (what one
+// token changed), each a UUID; anything else is said, not ignored.
+function activityParams(query) {
+  const params = {};
+  for (const part of (query || "").split("&").filter(Boolean)) {
+    const at = part.indexOf("=");
+    const [key, value] = at < 0 ? [part, ""] : [part.slice(0, at), part.slice(at + 1)];
+    if (!["account", "token"].includes(key) || key in params) return { error: `the parameter “${key}”` };
+    if (!UUID.test(value)) return { error: `“${value}” as the ${key} (a UUID is expected)` };
+    params[key] = value.toLowerCase();
+  }
+  return params;
+}
+
+function activityAddress({ account = null, token = null }) {
+  const query = [account ? `account=${account}` : null, token ? `token=${token}` : null].filter(Boolean).join("&");
+  return query ? `#/activity?${query}` : "#/activity";
+}
+
+// Who changed the account's clients and tokens, or the account, newest first (adminEvents): the
+// signed-in client's account, or the one the operator picks (#/activity?account=ID); with a
+// token's ID (#/activity?token=ID), only what requests sending it changed, in every account the
+// grants reach unless an account is named too.
+async function activityView({ query = "" } = {}) {
+  const out = [h("h1", { tabindex: -1 }, "Activity")];
+  if (!can("adminEvents")) return [...out, refusal("adminEvents")];
+  const params = activityParams(query);
+  if (params.error) {
+    return notFound(["The activity page's address takes an account and a token, each by its ID: ",
+      h("span", { class: "mono" }, "#/activity?account=ID&token=ID"), `; not ${params.error}. `,
+      link("#/activity", "Show this account's activity"), "."]);
+  }
+  const { account = null, token = null } = params;
+  const here = account || viewer.accountId;
+  accountNames = await readAccounts();
+  if (accountNames.size > 1) {
+    const select = h("select", { name: "account", onchange: () => {
+      location.hash = activityAddress({ account: select.value === viewer.accountId ? null : select.value, token });
+    } }, [...accountNames].map(([id, name]) => h("option", { value: id, selected: id === here },
+      `${name} (${id})${id === viewer.accountId ? ", yours" : ""}`)));
+    out.push(h("div", { class: "filters narrow" }, field("Account", select, "Whose changes this page lists.")));
+  }
+  const input = h("input", { type: "text", name: "token", autocomplete: "off", spellcheck: false, class: "mono",
+    value: token || "" });
+  const tokenField = field("Token ID", input, "Only what requests sending this token changed, whether it was "
+    + "revoked since or not" + (account ? "." : ", in every account your grants reach."));
+  const filterForm = h("form", { class: "card filters", "aria-label": "Filter by token", onsubmit: (e) => {
+    e.preventDefault();
+    const id = input.value.trim().toLowerCase();
+    const bad = id !== "" && !UUID.test(id);
+    tokenField.showError(bad ? "A token ID is a UUID: 32 hexadecimal digits in groups of 8-4-4-4-12, such as "
+      + "0b7c4f1e-2d3a-4b5c-8d9e-0f1a2b3c4d5e." : "");
+    if (bad) {
+      input.focus();
+      return;
+    }
+    location.hash = activityAddress({ account, token: id || null });
+  } }, tokenField, h("button", { type: "submit" }, "Filter"),
+  token ? [" ", link(activityAddress({ account }), "Every token's changes")] : null);
+  out.push(filterForm);
+
+  const filter = (id) => (id === token ? null : activityAddress({ account, token: id }));
+  const body = h("tbody");
+  const listError = h("div");
+  const more = moreButton("Show more", body, load);
+  async function load(after) {
+    const data = await gql(ADMIN_EVENTS, { first: PAGE, after: after || null, a: account, t: token });
+    const page = data.adminEvents;
+    append(body, page.nodes.map((e) => h("tr", {},
+      h("td", { dataset: { label: "When" } }, when(e.at)),
+      h("td", { dataset: { label: "Who" }, class: "wrap" }, actorOf(e, filter)),
+      h("td", { dataset: { label: "Operation" }, class: "mono" }, e.operation),
+      h("td", { dataset: { label: "Target" }, class: "wrap" }, targetOf(e, here)),
+      h("td", { dataset: { label: "Changes" }, class: "wrap" }, changesOf(e)))));
+    if (!after && !page.nodes.length) {
+      append(body, [h("tr", {}, h("td", { colspan: 5 }, token ? "This token changed nothing here." : "No changes yet."))]);
+    }
+    more.hidden = !page.pageInfo.hasNextPage;
+    more.dataset.after = page.pageInfo.endCursor || "";
+  }
+  try {
+    await load(null);
+  } catch (error) {
+    append(listError, [problem(error)]);
+  }
+  const whose = account ? ["in account ", accountName(account)] : token ? ["in every account you reach"]
+    : ["in this account"];
+  const caption = h("caption", {}, "Changes ", token ? ["made with token ", shortId(token), " "] : null, whose,
+    ", newest first");
+  return [...out, listError, h("table", { class: "list activity" }, caption,
+    h("thead", {}, h("tr", {}, ["When", "Who", "Operation", "Target", "Changes"].map((t) => h("th", {}, t)))), body),
+  more];
+}
+
 // ---------------------------------------------------------------- routing
 
 const ROUTES = [
   [/^\/?$/, agentsView, []],
   [/^\/clients$/, clientsView, []],
   [/^\/clients\?account=([^&]*)$/, clientsView, ["account"]],
+  [/^\/activity$/, activityView, []],
+  [/^\/activity\?(.*)$/, activityView, ["query"]],
   [/^\/agents\/new$/, newAgentView, []],
   [/^\/agents\/([^/]+)$/, agentView, ["actionId"]],
   [/^\/agents\/([^/]+)\/memories$/, memoriesView, ["actionId"]],
