@@ -2730,3 +2730,13 @@ async def test_a_tenants_activity_hides_the_operators_account_and_tokens(db_url,
         await page.evaluate("location.hash = '#/activity?token=nope'")
         await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
         await expect(main).to_contain_text("not “nope” as the token (a UUID is expected)")
+
+        # A token whose grants do not read events: no Activity link; the address says why.
+        await page.get_by_role("button", name="Sign out").click()
+        await sign_in(page, url, seeded["reader"])
+        await expect(page.get_by_role("link", name="Activity")).to_have_count(0)
+        await page.evaluate("location.hash = '#/activity'")
+        await expect(main.locator(".notice")).to_contain_text(
+            "Your token's grants do not allow reading who changed accounts, clients and tokens"
+        )
+        await expect(page.locator("table.activity")).to_have_count(0)
