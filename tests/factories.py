@@ -185,6 +185,7 @@ async def record_turn(state: AppState, w: Writer) -> None:
             status="SUCCEEDED",
             preview=w.preview,
             principal=w.principal,
+            token_id=None,
             input={"message": "hello"},
             invocation_number=w.invocation_number,
         )
@@ -250,6 +251,7 @@ async def make_running_turn(
             status="RUNNING",
             preview=False,
             principal=owner.principal,
+            token_id=None,
             input="hi",
             boot_id=boot_id,
         )

@@ -444,6 +444,9 @@ CONNECTIONS = {
         'tokensIssuedBy(tokenId: "00000000-0000-0000-0000-000000000000", first: 0) { %s }'
     ),
     "Query.adminEvents": "adminEvents(first: 0) { %s }",
+    "Query.executions": (
+        'executions(tokenId: "00000000-0000-0000-0000-000000000000", first: 0) { %s }'
+    ),
     "Action.sessions": "action(actionId: $a) { sessions(first: 0) { %s } }",
     "Action.executions": "action(actionId: $a) { executions(first: 0) { %s } }",
     "Action.memories": "action(actionId: $a) { memories(first: 0) { %s } }",

@@ -229,6 +229,10 @@ async def test_viewer_allowed_agrees_with_the_services_for_every_operation(gql, 
             {"t": str(uuid4())},
         ),
         "adminEvents": ("{ adminEvents(first: 1) { nodes { operation } } }", {}),
+        "executions": (
+            "query($t: UUID!) { executions(tokenId: $t, first: 1) { nodes { tokenId } } }",
+            {"t": str(uuid4())},
+        ),
     }
     for name, (query, variables) in runs.items():
         grants = operations.OPERATIONS[name]

@@ -88,6 +88,7 @@ STEPS = {
     "Forget": Step(SUPPORT, {"id": LISTED_AGENT, "memory": "Seed.addAgentMemory.memoryId"}),
     "Sessions": Step(SUPPORT, {"id": LISTED_AGENT}),
     "Transcript": Step(SUPPORT, {"execution": "Retry.executeAction.executionId"}),
+    "WhatItRan": Step(SUPPORT, {"leaked": "TenantAdminToken.createClientToken.tokenId"}),
     "History": Step(SUPPORT, {"id": LISTED_AGENT}),
     "SearchHistory": Step(SUPPORT, {"id": LISTED_AGENT}),
     "Erase": Step(SUPPORT, {"id": LISTED_AGENT}),
@@ -200,6 +201,13 @@ def test_the_guide_runs_in_order(db_url: str, embedder: StaticEmbedder):
                 ("createClientToken", "acme-admin"),
                 ("createClient", "acme-admin"),
             ]
+            ran = answers["WhatItRan"][0]["executions"]["nodes"]
+            assert [(e["kind"], e["principal"]) for e in ran] == [
+                ("INGEST", "acme-admin"),
+                ("TURN", "acme-admin"),
+                ("TURN", "acme-admin"),
+            ]
+            assert ran[-1]["executionId"] == pick(answers, "Retry.executeAction.executionId")
             revoked = pick(answers, "IssueToken[0].createClientToken.token")
             refused = post(url, revoked, "{ viewer { principal } }", {})
             assert refused.status_code == 401

@@ -327,6 +327,7 @@ async def executions_with_events(state, agent, counts: list[int]) -> list[UUID]:
                 status="RUNNING" if running else "SUCCEEDED",
                 preview=False,
                 principal="admin",
+                token_id=None,
                 input="hello",
                 invocation_number=2 if running else 1,
             )
@@ -504,6 +505,7 @@ async def sessions_with_turns(state, agent, counts: list[int], start: int = 0) -
                     status="SUCCEEDED",
                     preview=False,
                     principal="admin",
+                    token_id=None,
                     input="hello",
                 )
                 who, call_id, tool, data, text = HISTORY_EVENTS[(turn - 1) % len(HISTORY_EVENTS)]

@@ -513,6 +513,7 @@ async def test_an_mcp_call_whose_process_died_is_failed_like_a_turn(
                 status="RUNNING",
                 preview=False,
                 principal="agent-runner",
+                token_id=None,
                 input={},
             )
         await conn.execute("UPDATE executions SET modified = now() - interval '1 day'")

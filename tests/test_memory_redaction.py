@@ -163,6 +163,7 @@ async def test_m55_records_in_an_executions_input_and_output_are_reduced_at_the_
             status="SUCCEEDED",
             preview=False,
             principal="ops",
+            token_id=None,
             input={"operation": "import", "memory": operator_view, "note": "kept"},
         )
         await conn.execute(

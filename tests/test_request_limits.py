@@ -342,6 +342,7 @@ async def test_json_an_answer_resolves_is_counted_at_its_length(base_url, state,
                 status="RUNNING",
                 preview=False,
                 principal=admin.principal,
+                token_id=None,
                 input={"messages": [{"role": "user", "content": "y" * 200_000}] * 2},
             )
     inputs = (

@@ -49,6 +49,7 @@ OPERATIONS: Mapping[str, tuple[Grant, ...]] = {
     "Action.sessions": (("SELECT", r.SESSION_INDEX),),
     "Action.executions": (("SELECT", r.EXECUTION_INDEX),) + EXECUTION_READ,
     "ActionSession.executions": (("SELECT", r.SESSION_INDEX),) + EXECUTION_READ,
+    "executions": (("SELECT", r.EXECUTION_INDEX),) + EXECUTION_READ,
     "ActionExecution.transcript": (("SELECT", r.EXECUTION_TRANSCRIPT),),
     # Session history (issue 13).
     "ActionSession.history": (("SELECT", r.EXECUTION_TRANSCRIPT),),

@@ -44,6 +44,9 @@ class Execution(_OfRow):
     created: datetime
     modified: datetime
     replay_of: UUID | None = None  # a replay: the committed turn whose input it re-ran
+    # The token the starting request sent, of a client of the execution's account (migration
+    # 0042); None for a caller made in process and for executions started before.
+    token_id: UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -187,3 +190,28 @@ async def list_execution_pages(
             for i, page_rows in zip(asked, rows, strict=True):
                 found[i] = [Execution.of(r) for r in page_rows]
     return found
+
+
+# Listing executions across agents: the grants an agent's executions list needs.
+LIST_EXECUTIONS: tuple[resources.Grant, ...] = (
+    ("SELECT", resources.EXECUTION_INDEX),
+    ("SELECT", resources.EXECUTION_DOCUMENT),
+)
+
+
+async def list_token_executions(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    *,
+    token_id: UUID,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+) -> list[Execution]:
+    """The executions of the caller's account, of every agent, that requests sending the token
+    `token_id` started, newest first after a (created, execution_id) keyset. Each execution is
+    in its caller's account, so a token of another account's client (the operator's, for a
+    tenant) finds none."""
+    caller.require(*LIST_EXECUTIONS)
+    async with pool.acquire() as conn:
+        rows = await store.token_executions(conn, caller.account_id, token_id, after, limit)
+    return [Execution.of(r) for r in rows]

@@ -37,6 +37,7 @@ async def insert_execution(
     status: str,
     preview: bool,
     principal: str,
+    token_id: UUID | None,
     input: Any,
     invocation_number: int = 1,
     boot_id: UUID | None = None,
@@ -51,8 +52,9 @@ async def insert_execution(
     and with `next_turn` the execution is numbered after its last turn (`turn` unused; the
     commit numbers it). `deferred`: the transaction's commit need not wait for its WAL flush
     (`defer_durability`, for a turn's start only); run alone, the statement is that
-    transaction, so a turn starts in one round trip."""
-    values = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
+    transaction, so a turn starts in one round trip. `token_id`: the token the starting
+    request sent, one of a client of `account_id` (None: a caller made in process)."""
+    values = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16"
     session = ""
     if open_session:
         session = """
@@ -73,7 +75,7 @@ async def insert_execution(
         f"""{session}
         INSERT INTO executions (account_id, action_id, execution_id, action_version, session_id,
                                 turn, invocation_number, kind, status, preview, principal, input,
-                                boot_id, replay_of, output)
+                                boot_id, replay_of, output, token_id)
         {source}
         RETURNING *
         """,
@@ -92,6 +94,7 @@ async def insert_execution(
         boot_id,
         replay_of,
         output,
+        token_id,
     )
 
 
@@ -666,3 +669,29 @@ async def defer_durability(conn: asyncpg.Connection) -> None:
     statement.) Not its signs of life, which the attempt goes on past (`touch_execution`).
     """
     await conn.execute("SET LOCAL synchronous_commit = off")
+
+
+async def token_executions(
+    conn: asyncpg.Connection,
+    account_id: UUID,
+    token_id: UUID,
+    after: tuple[Any, UUID] | None,
+    limit: int,
+) -> list[Row]:
+    """A page of the account's executions, of every agent, that requests sending the token
+    started, newest first after a (created, execution_id) keyset (`executions_token`)."""
+    return await conn.fetch(
+        f"""
+        SELECT * FROM executions
+        WHERE account_id = $1 AND token_id = $2
+          AND (created, execution_id)
+              < (coalesce($3::timestamptz, {_NEWEST[0]}), coalesce($4::uuid, {_NEWEST[1]}))
+        ORDER BY created DESC, execution_id DESC
+        LIMIT $5
+        """,
+        account_id,
+        token_id,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
+    )

@@ -152,6 +152,13 @@ class ActionExecution(Node):
         "(eraseSession), MCP (a client's tool call over MCP) or INGEST (rememberConversation)."
     )
     principal: str = strawberry.field(description="Who started it.")
+    token_id: UUID | None = strawberry.field(
+        description="The `tokenId` of the token the request that started it sent (it may since "
+        "have been revoked; a retry's token is not recorded): executions(tokenId) lists what "
+        "one token started. Always a token of a client of its own account, so a client outside "
+        "the default account never reads one of the operator's. Null for what an `engram` "
+        "command did and for executions started before tokens were recorded (migration 0042)."
+    )
     replay_of: UUID | None = strawberry.field(
         description="A replay: the committed turn whose input it re-ran."
     )
@@ -174,6 +181,7 @@ class ActionExecution(Node):
             created=Timestamp(e.created),
             modified=Timestamp(e.modified),
             principal=e.principal,
+            token_id=e.token_id,
             replay_of=e.replay_of,
         )
 
@@ -376,6 +384,40 @@ class ExecutionQuery:
             info.context.pool, info.context.caller, execution_id=execution_id
         )
         return ActionExecution.of(found) if found else None
+
+    @strawberry.field(
+        description="The executions that requests sending the token `tokenId` started (turns, "
+        "MCP tool calls, ingests, memory writes, erasures), in every agent of the caller's "
+        "account, newest first. After a leak, executions(tokenId: leaked) lists what the leaked "
+        "token ran; the memory records each wrote name it as their `executionId`. Only tokens "
+        "of the account's own clients are found (`tokenId` of ActionExecution). Needs SELECT "
+        "on financial.ActionExecution.indexes.created and financial.ActionExecution.document, "
+        "as an agent's executions do."
+    )
+    async def executions(
+        self,
+        info: Info,
+        token_id: Annotated[
+            UUID,
+            strawberry.argument(
+                description="The `tokenId` of the token (a leaked one), revoked or not."
+            ),
+        ],
+        first: FIRST,
+        after: AFTER = None,
+    ) -> Connection[ActionExecution]:
+        caller = info.context.caller
+        async with info.context.reads():
+            return await keyset_connection(
+                first,
+                after,
+                CREATED_ID.bound("executions(tokenId)", caller.account_id, token_id),
+                lambda keyset, limit: executions.list_token_executions(
+                    info.context.pool, caller, token_id=token_id, after=keyset, limit=limit
+                ),
+                lambda e: (e.created, e.execution_id),
+                ActionExecution.of,
+            )
 
 
 @strawberry.input(description="A turn to run, retry or replay.")

@@ -501,6 +501,7 @@ async def _commit_write(
                 status="SUCCEEDED",
                 preview=False,
                 principal=caller.principal,
+                token_id=caller.token_id,
                 input=input,
             )
             written = await work.commit(conn)

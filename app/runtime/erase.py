@@ -86,6 +86,7 @@ async def erase_session(
             status="SUCCEEDED",
             preview=False,
             principal=caller.principal,
+            token_id=caller.token_id,
             input={"operation": "eraseSession", "sessionId": session_id},
             output=summary,
         )

@@ -340,6 +340,7 @@ async def _insert_running(
             status="RUNNING",
             preview=request.preview,
             principal=caller.principal,
+            token_id=caller.token_id,
             input=request.input,
             boot_id=_boot_id(state),
             replay_of=replay_of.execution_id if replay_of is not None else None,
