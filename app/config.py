@@ -12,7 +12,15 @@ from urllib.parse import urlsplit
 from uuid import UUID
 
 import platformdirs
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -26,6 +34,8 @@ from app.text import is_storable
 
 DAY = 86_400.0
 WEEK = 7 * DAY
+# The longest ENGRAM_ADMIN_EVENTS_RETENTION_DAYS.
+MAX_RETENTION_DAYS = 36_500
 # pgvector's HNSW indexes, which the searches read, take vectors of at most 2,000 dimensions.
 INDEXED_DIMENSIONS = 2000
 # PostgreSQL's range for maintenance_work_mem, in kB.
@@ -442,6 +452,13 @@ class Settings(BaseSettings):
     turn_heartbeat_seconds: float = _seconds(10.0)
     # At most a week: the sweep subtracts it from now() as a PostgreSQL interval.
     turn_lease_seconds: float = _seconds(60.0, high=WEEK)
+    # Events of administrative changes (admin_events) older than this many days are deleted by
+    # the same sweeps, oldest first, a batch at a time (0: kept as long as their account). A
+    # year: what audits commonly look back over, and a tenant that issues a token per job
+    # writes an event each time, which would otherwise grow without end. At most
+    # MAX_RETENTION_DAYS: a sweep subtracts it from now(), which a far larger value would take
+    # out of PostgreSQL's dates at every heartbeat.
+    admin_events_retention_days: int = Field(default=365, ge=0, le=MAX_RETENTION_DAYS)
 
     # The end-of-turn memory review (app/runtime/review.py): how many of its most similar
     # records each candidate is compared with, and the score a neighbour must reach for the
@@ -591,6 +608,18 @@ class Settings(BaseSettings):
             _allowed_name(name, index, urls): _accounts(accounts, name, index, urls)
             for index, (name, accounts) in enumerate(value.items())
         }
+
+    @field_validator("admin_events_retention_days", mode="wrap")
+    @classmethod
+    def _retention_days(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            # pydantic's "greater than or equal to 0" does not say what 0 means.
+            raise ValueError(
+                f"must be a whole number of days from 1 to {MAX_RETENTION_DAYS} (100 years), "
+                "or 0 to keep events as long as their account"
+            ) from None
 
     @field_validator("otel_endpoint", mode="before")
     @classmethod

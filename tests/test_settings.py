@@ -91,6 +91,24 @@ def test_lists_and_bounds_at_their_limits(monkeypatch):
     assert Settings().turn_timeout_seconds == 0
 
 
+def test_admin_events_are_kept_a_year_unless_set(monkeypatch):
+    assert Settings().admin_events_retention_days == 365
+    for days in ("0", "1", "36500"):
+        monkeypatch.setenv("ENGRAM_ADMIN_EVENTS_RETENTION_DAYS", days)
+        assert Settings().admin_events_retention_days == int(days)
+
+
+@pytest.mark.parametrize("days", ["-1", "36501", "1000000000", "1.5", "a year"])
+def test_a_retention_beyond_its_range_is_refused_saying_what_it_takes(monkeypatch, days):
+    monkeypatch.setenv("ENGRAM_ADMIN_EVENTS_RETENTION_DAYS", days)
+    with pytest.raises(ValueError) as refused:
+        Settings()
+    assert (
+        "must be a whole number of days from 1 to 36500 (100 years), or 0 to keep events as long "
+        "as their account"
+    ) in str(refused.value)
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [

@@ -140,3 +140,46 @@ async def token_events(
         account_id,
         actor_account,
     )
+
+
+# A purge deletes old events this many at a time, each batch its own statement and transaction,
+# and at most PURGE_BATCHES batches a call: a call took 0.2 s (at most 0.6) through a backlog of
+# 1,000,000 (bench/event_purge.py), so a sweep that purges one stays short, the rest goes at the
+# next ones, and no statement holds its locks long.
+PURGE_BATCH = 1_000
+PURGE_BATCHES = 20
+
+
+async def forget_older_than(
+    conn: asyncpg.Connection,
+    days: int,
+    *,
+    batch: int = PURGE_BATCH,
+    batches: int = PURGE_BATCHES,
+) -> tuple[int, bool]:
+    """Deletes events older than `days` (at most `batch` times `batches`), `batch` at a time,
+    oldest first (`admin_events_at`), each batch its own statement outside a transaction; how
+    many, and whether older ones remain. Several processes may purge at once: each locks the
+    rows it deletes and skips those another holds, so none waits for another or deletes a row
+    twice."""
+    forgotten = 0
+    for _ in range(batches):
+        # By ctid: a join on the primary key was planned as a hash join over the whole table
+        # (each batch read every event). A row locked here cannot move before it is deleted.
+        status = await conn.execute(
+            """
+            DELETE FROM admin_events
+            WHERE ctid = any(ARRAY(
+                SELECT ctid FROM admin_events
+                WHERE at < now() - make_interval(days => $1)
+                ORDER BY at LIMIT $2
+                FOR UPDATE SKIP LOCKED))
+            """,
+            days,
+            batch,
+        )
+        done = int(status.split()[-1])
+        forgotten += done
+        if done < batch:
+            return forgotten, False
+    return forgotten, True

@@ -11,7 +11,10 @@ account (`sweep`):
   was unreachable when they failed);
 - the memory rows staged by turn attempts that no longer run, and by operator writes
   (`addAgentMemory`) whose process died between staging and committing, are deleted;
-- idempotency keys older than a day are forgotten, and so are processes long dead.
+- idempotency keys older than a day are forgotten, and so are processes long dead;
+- events of administrative changes older than ENGRAM_ADMIN_EVENTS_RETENTION_DAYS are deleted,
+  a bounded number a sweep (events_store.forget_older_than), so that a backlog (the first sweep
+  after the setting was lowered) goes over several sweeps, each a fraction of a second longer.
 
 A turn shows its own sign of life too (`executions.modified`): after each model call, and
 from its process whenever it has been silent for a while (`running`); turns written without a
@@ -38,6 +41,7 @@ from uuid import UUID
 import asyncpg
 
 from app import tasks
+from app.auth import events_store
 from app.config import Settings
 from app.db.errors import described, is_unavailable
 from app.db.pool import lift_bounds
@@ -132,6 +136,7 @@ class Swept:
     failed: list[UUID]  # execution IDs
     staged_dropped: int
     keys_forgotten: int
+    events_forgotten: int = 0
 
 
 class TurnLiveness:
@@ -144,6 +149,7 @@ class TurnLiveness:
         self.heartbeat_seconds = settings.turn_heartbeat_seconds
         self.lease_seconds = settings.turn_lease_seconds
         self.legacy_seconds = stale_after_seconds(settings)
+        self.events_retention_days = settings.admin_events_retention_days
         self._running: set[UUID] = set()
         self._host = socket.gethostname()
         self._task: asyncio.Task[None] | None = None
@@ -187,6 +193,19 @@ class TurnLiveness:
             dropped = await liveness_store.drop_orphaned_staged(conn, self.lease_seconds)
             forgotten = await idempotency_store.forget_older_than(conn, KEEP_SECONDS)
             await liveness_store.forget_dead_processes(conn, self.lease_seconds)
+            events, more = 0, False
+            if self.events_retention_days:
+                try:
+                    events, more = await events_store.forget_older_than(
+                        conn, self.events_retention_days
+                    )
+                except asyncpg.PostgresError as e:
+                    # The turns failed above are still said below; the next sweep tries again.
+                    log.warning(
+                        "deleting old administrative events failed (%s); next in %s s",
+                        described(e),
+                        self.heartbeat_seconds,
+                    )
         if failed:
             log.warning(
                 "failed %d turns no process runs any more: %s",
@@ -195,7 +214,15 @@ class TurnLiveness:
             )
         if dropped:
             log.info("dropped %d staged memory rows that could never commit", dropped)
-        return Swept([r["execution_id"] for r in failed], dropped, forgotten)
+        if events:
+            log.info(
+                "deleted %d administrative events older than %d days "
+                "(ENGRAM_ADMIN_EVENTS_RETENTION_DAYS)%s",
+                events,
+                self.events_retention_days,
+                "; older ones remain, for the next sweeps" if more else "",
+            )
+        return Swept([r["execution_id"] for r in failed], dropped, forgotten, events)
 
     async def _loop(self) -> None:
         while True:
