@@ -2,12 +2,14 @@
 sends, retries, timeouts, refusals, and which key goes where."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -572,6 +574,42 @@ async def test_an_empty_key_file_variable_counts_as_unset(monkeypatch: pytest.Mo
     assert (await resolve(config, settings)).api_key == "sk-team"
 
 
+@dataclass
+class HungFileSystem:
+    opened: list[str] = field(default_factory=list)  # the files opened
+    ticks: int = 0  # the event loop's turns meanwhile, one each 10 ms it was free
+    took: float = 0.0  # seconds, from entering to leaving
+
+
+@contextlib.asynccontextmanager
+async def hung_file_system(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HungFileSystem]:
+    """Key files on a file system that does not answer (a hung NFS mount): while inside, their
+    open waits (3 s at most, a thread's); counts the event loop's turns meanwhile."""
+    hung = HungFileSystem()
+    answering = threading.Event()
+
+    def hung_open(file: str, flags: int) -> int:
+        hung.opened.append(file)
+        answering.wait(3)
+        return os.open(file, flags | os.O_NONBLOCK)
+
+    monkeypatch.setattr("app.config._open_nonblocking", hung_open)
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            hung.ticks += 1
+
+    ticking = asyncio.create_task(tick())
+    started = time.monotonic()
+    try:
+        yield hung
+    finally:
+        hung.took = time.monotonic() - started
+        answering.set()
+        ticking.cancel()
+
+
 @pytest.mark.timeout(30)
 async def test_a_key_file_that_does_not_answer_fails_the_call_and_holds_nothing_else(
     monkeypatch: pytest.MonkeyPatch,
@@ -587,50 +625,29 @@ async def test_a_key_file_that_does_not_answer_fails_the_call_and_holds_nothing_
     path = tmp_path / "key"
     path.write_text("sk-S3CRET\n")
     monkeypatch.setenv("TEAM_MODEL_KEY_FILE", str(path))
-    answering = threading.Event()
-    opened = []
-
-    def hung_open(file: str, flags: int) -> int:
-        opened.append(file)
-        answering.wait(3)
-        return os.open(file, flags | os.O_NONBLOCK)
-
-    monkeypatch.setattr("app.config._open_nonblocking", hung_open)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticking = asyncio.create_task(tick())
     client = ModelClient(settings_for(server, model_allowed_key_envs=["TEAM_MODEL_KEY"]))
     config = ModelConfig(api_key_env="TEAM_MODEL_KEY")
-    started = time.monotonic()
     try:
-        with caplog.at_level(logging.WARNING, logger="app.runtime.model"):
-            calls = await asyncio.gather(
-                *(
-                    client.complete(config, MESSAGES, [], "turn", account_id=ACCOUNT)
-                    for _ in range(3)
-                ),
-                return_exceptions=True,
-            )
-        took = time.monotonic() - started
+        async with hung_file_system(monkeypatch) as hung:
+            with caplog.at_level(logging.WARNING, logger="app.runtime.model"):
+                calls = await asyncio.gather(
+                    *(
+                        client.complete(config, MESSAGES, [], "turn", account_id=ACCOUNT)
+                        for _ in range(3)
+                    ),
+                    return_exceptions=True,
+                )
     finally:
-        answering.set()
-        ticking.cancel()
         await client.aclose()
     assert [getattr(call, "message", call) for call in calls] == [UNREADABLE_KEY_FILE] * 3
-    assert 2 <= took < 2.9
-    assert ticks >= 50  # the event loop ran meanwhile (every 10 ms, less a loaded machine's lag)
-    assert opened == [str(path)]
-    hung = (
+    assert 2 <= hung.took < 2.9
+    assert hung.ticks >= 50  # the event loop ran meanwhile
+    assert hung.opened == [str(path)]
+    late = (
         f"TEAM_MODEL_KEY_FILE ({path}) was not read within 2 s (a file system that does not "
         "answer?)"
     )
-    assert [r.getMessage() for r in caplog.records] == [f"{KEY_FILE_FAILED}{hung}"] * 3
+    assert [r.getMessage() for r in caplog.records] == [f"{KEY_FILE_FAILED}{late}"] * 3
     assert "S3CRET" not in caplog.text
     assert server.requests_to(CHAT) == []
 
@@ -648,37 +665,16 @@ async def test_the_start_waits_for_key_files_that_do_not_answer_once_not_on_the_
         path.write_text("sk-S3CRET\n")
         monkeypatch.setenv(f"{name}_FILE", str(path))
     monkeypatch.setenv("TEAM_C_KEY", "sk-fine")
-    answering = threading.Event()
-
-    def hung_open(file: str, flags: int) -> int:
-        answering.wait(3)
-        return os.open(file, flags | os.O_NONBLOCK)
-
-    monkeypatch.setattr("app.config._open_nonblocking", hung_open)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticking = asyncio.create_task(tick())
     settings = Settings(model_allowed_key_envs=["TEAM_A_KEY", "TEAM_B_KEY", "TEAM_C_KEY"])
-    started = time.monotonic()
-    try:
+    async with hung_file_system(monkeypatch) as hung:
         said = await unset_keys(settings)
-        took = time.monotonic() - started
-    finally:
-        answering.set()
-        ticking.cancel()
     assert said == [
         f"{name}: {name}_FILE ({tmp_path / name.lower()}) was not read within 2 s (a file "
         "system that does not answer?)"
         for name in ("TEAM_A_KEY", "TEAM_B_KEY")
     ]
-    assert 2 <= took < 2.9
-    assert ticks >= 50  # the event loop ran meanwhile
+    assert 2 <= hung.took < 2.9
+    assert hung.ticks >= 50  # the event loop ran meanwhile
 
 
 async def test_the_key_is_sent_as_a_bearer_token(server: OpenAIServer) -> None:
