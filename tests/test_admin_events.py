@@ -219,6 +219,25 @@ async def test_each_admin_mutation_records_who_made_it_and_what_it_changed(base_
         assert token not in everything and token[:8] not in everything
 
 
+async def test_a_deleted_clients_tokens_each_name_the_deletion_that_revoked_them(base_url):
+    """A token that went with its client is found by its ID (`target`) as a revoked one is:
+    before, only the client's deletion was recorded, and nothing said what ended its tokens."""
+    url = base_url
+    me = (await post(url, BOOTSTRAP, VIEWER))["viewer"]
+    by_me = ("admin", me["accountId"], me["tokenId"])
+    await client(url, BOOTSTRAP, "bot", None, SOME)
+    kept, revoked = await issue(url, BOOTSTRAP, "bot"), await issue(url, BOOTSTRAP, "bot")
+    await post(url, BOOTSTRAP, REVOKE, p="bot", t=revoked["tokenId"])
+    await post(url, BOOTSTRAP, DELETE_CLIENT, p="bot")
+    deletion = [e for e in await events(url, BOOTSTRAP) if e["operation"] == "deleteClient"]
+    assert sorted(said(deletion)) == [
+        ("deleteClient", "CLIENT", "bot", "bot", *by_me, {"name": "bot"}),
+        # The one revoked before is not said to have gone again.
+        ("deleteClient", "TOKEN", kept["tokenId"], "bot", *by_me, {}),
+    ]
+    assert len({e["at"] for e in deletion}) == 1  # in the deletion's transaction
+
+
 async def test_a_change_that_fails_leaves_no_event(base_url):
     url = base_url
     acme = (await post(url, BOOTSTRAP, CREATE_ACCOUNT, n="acme"))["createAccount"]["accountId"]

@@ -766,7 +766,7 @@ async def delete_client(
                 f"modified {_utc(current['modified'])}); nothing was deleted: read it again "
                 "and delete what it is now if it must go"
             )
-        row = await store.delete_client(conn, account_id, principal)
+        row, tokens = await store.delete_client(conn, account_id, principal)
         await events_store.record(
             conn,
             _actor(caller),
@@ -777,6 +777,9 @@ async def delete_client(
             principal=principal,
             changes={"name": current["name"]},
         )
+        # And one for each token that went with it: what revoked a token is found by its ID
+        # (`target`) whichever way it went, as with revokeClientToken.
+        await events_store.record_tokens(conn, _actor(caller), "deleteClient", tokens)
     verified.forget()  # again once committed: a lookup meanwhile may have kept its tokens
     return Client.of(row)
 

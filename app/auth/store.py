@@ -232,23 +232,29 @@ async def update_client(
     return row
 
 
-async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: str) -> Row | None:
+async def delete_client(
+    conn: asyncpg.Connection, account_id: UUID, principal: str
+) -> tuple[Row | None, list[Row]]:
+    """Deletes the client and its tokens: the client's row (None: there was none) and its
+    tokens' (`token_id`, `account_id`, `principal`), each of which its admin event names."""
     async with conn.transaction():
-        bootstrap = await conn.fetch(
+        # Its tokens first, by name rather than by the cascade, to say which went with it (one
+        # revoked meanwhile is not among them).
+        tokens = await conn.fetch(
             """
-            SELECT token_hash, bootstrap FROM client_tokens
-            WHERE account_id = $1 AND principal = $2 AND bootstrap
+            DELETE FROM client_tokens WHERE account_id = $1 AND principal = $2
+            RETURNING token_hash, bootstrap, token_id, account_id, principal
             """,
             account_id,
             principal,
         )
-        await _remember_revoked_bootstrap(conn, bootstrap)
+        await _remember_revoked_bootstrap(conn, tokens)
         row = await conn.fetchrow(
             "DELETE FROM clients WHERE account_id = $1 AND principal = $2 RETURNING *",
             account_id,
             principal,
         )
-        # Its tokens went with it (ON DELETE CASCADE); their lookup rows go too.
+        # Their lookup rows go too.
         await _forget_tokens(conn, account_id)
         # And its idempotency keys: a client made later with the same principal is another,
         # whose keys must not answer with the deleted one's results.
@@ -259,7 +265,7 @@ async def delete_client(conn: asyncpg.Connection, account_id: UUID, principal: s
                 principal,
             )
     verified.forget()
-    return row
+    return row, list(tokens)
 
 
 async def _remember_revoked_bootstrap(conn: asyncpg.Connection, deleted: Sequence[Row]) -> None:
