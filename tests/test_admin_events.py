@@ -389,6 +389,48 @@ async def test_a_tenant_reads_its_own_accounts_events_without_the_operators_ids(
     assert told[1]["changes"] == {"tokenId": tenant["tokenId"]}
 
 
+async def test_a_tenant_never_reads_the_operators_token_a_command_line_revocation_named(
+    base_url, db_url, monkeypatch
+):
+    """`engram client revoke-issued` of an operator's token revokes the tokens it issued in a
+    tenant's account: the tenant reads those events as `command line`, but not the operator's
+    token they name. Before, an event of no client's (no actor account) was shown whole."""
+    url = base_url
+    acme = (await post(url, BOOTSTRAP, CREATE_ACCOUNT, n="acme"))["createAccount"]["accountId"]
+    await client(url, BOOTSTRAP, "acme-admin", acme, ALL_OF_IT)
+    operators = await issue(url, BOOTSTRAP, "admin")
+    issued = await issue(url, operators["token"], "acme-admin", acme)
+    monkeypatch.setenv("ENGRAM_DATABASE_URL", db_url)
+    monkeypatch.delenv("ENGRAM_BOOTSTRAP_TOKEN", raising=False)
+    revoked = await asyncio.to_thread(_cli, "client", "revoke-issued", operators["tokenId"])
+    assert {t["tokenId"] for t in revoked["revoked"]} == {
+        operators["tokenId"],
+        issued["tokenId"],
+    }
+
+    tenant = await issue(url, BOOTSTRAP, "acme-admin", acme)
+    seen = await events(url, tenant["token"])
+    revocation = [e for e in seen if e["operation"] == "revokeTokensIssuedBy"]
+    assert said(revocation) == [
+        (
+            "revokeTokensIssuedBy",
+            "TOKEN",
+            issued["tokenId"],
+            "acme-admin",
+            "command line",
+            None,
+            None,
+            {},
+        )
+    ]
+    assert operators["tokenId"] not in json.dumps(seen)
+    # The operator reads the token it was given.
+    told = await events(url, BOOTSTRAP, a=acme)
+    assert [e["changes"] for e in told if e["operation"] == "revokeTokensIssuedBy"] == [
+        {"tokenId": operators["tokenId"]}
+    ]
+
+
 async def test_the_grant_to_read_events_is_its_own(gql, state, admin):
     reader = caller(admin.account_id, allow(["SELECT"], "financial.Account.events"))
     assert (await gql(reader, "{ adminEvents(first: 1) { nodes { operation } } }")).ok()

@@ -1044,7 +1044,8 @@ class AdminEvent:
         """The event as `caller` may see it: a client outside the default account reads a change
         a client of the default account made in its account as ISSUER_DEFAULT_ACCOUNT's, without
         that client's account and token, or the token it revoked the tokens issued by, which are
-        the operator's (as TokenInfo.of shows a token's issuer)."""
+        the operator's (as TokenInfo.of shows a token's issuer); nor that token where the
+        command line revoked them."""
         event = cls(
             row["event_id"],
             row["account_id"],
@@ -1058,14 +1059,19 @@ class AdminEvent:
             row["target_principal"],
             row["changes"],
         )
-        if caller.in_default_account or event.actor_account in (None, event.account_id):
+        if caller.in_default_account or event.actor_account == event.account_id:
             return event
+        # Not its account's clients': the operator's. The token a revocation was given is then
+        # one of any account's (the operator's own, by the `engram` command too).
+        changes = {k: v for k, v in event.changes.items() if k != "tokenId"}
+        if event.actor_account is None:  # a start's or the command line's: no ID to hide
+            return replace(event, changes=changes)
         return replace(
             event,
             actor=ISSUER_DEFAULT_ACCOUNT,
             actor_account=None,
             actor_token=None,
-            changes={k: v for k, v in event.changes.items() if k != "tokenId"},
+            changes=changes,
         )
 
 

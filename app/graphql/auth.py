@@ -467,7 +467,8 @@ class AdminEvent:
     changes: Value = strawberry.field(
         description="What changed, as JSON: names and policies (with `previousName`, "
         "`previousPolicies`), a token's `expires`, the `tokenId` revokeTokensIssuedBy was "
-        "given. Never a token's secret."
+        "given (not to a client outside the default account, where the revocation was not its "
+        "account's clients'). Never a token's secret."
     )
 
     @classmethod
