@@ -168,26 +168,29 @@ async def lock_token(
     return bool(found)
 
 
+def held_token_sql(account: str, principal: str, token: str, *, also: str = "") -> str:
+    """A SELECT of client `principal`'s policies while its token `token` exists (each a SQL
+    expression, a parameter), both rows locked until the transaction ends: the client's FOR
+    SHARE (a change of its policies, or its deletion, waits), then the token's FOR KEY SHARE
+    (its deletion waits; its `last_used` is still written). Client before token, as a client's
+    deletion takes them, so no revocation holds the token while it waits for the client.
+    `also`: a further condition (`AND ...`). `share_token`'s statement, and the one statement
+    of a turn's commit (executions/store.py `commit_turn`)."""
+    return f"""
+        SELECT c.policies FROM clients c
+        JOIN client_tokens t ON t.account_id = c.account_id AND t.principal = c.principal
+        WHERE c.account_id = {account} AND c.principal = {principal} AND t.token_id = {token}
+          {also}
+        FOR SHARE OF c FOR KEY SHARE OF t
+        """
+
+
 async def share_token(
     conn: asyncpg.Connection, account_id: UUID, principal: str, token_id: UUID
 ) -> Row | None:
     """The client's policies while its token `token_id` exists, both rows locked until the
-    transaction ends: the client's FOR SHARE (a change of its policies, or its deletion,
-    waits), then the token's FOR KEY SHARE (its deletion waits; its `last_used` is still
-    written). Client before token, as a client's deletion takes them (its tokens go by
-    cascade), so no revocation holds the token while it waits for the client. (The one
-    statement of a turn's commit locks them so too: executions/store.py `commit_turn`.)"""
-    return await conn.fetchrow(
-        """
-        SELECT c.policies FROM clients c
-        JOIN client_tokens t ON t.account_id = c.account_id AND t.principal = c.principal
-        WHERE c.account_id = $1 AND c.principal = $2 AND t.token_id = $3
-        FOR SHARE OF c FOR KEY SHARE OF t
-        """,
-        account_id,
-        principal,
-        token_id,
-    )
+    transaction ends (`held_token_sql`)."""
+    return await conn.fetchrow(held_token_sql("$1", "$2", "$3"), account_id, principal, token_id)
 
 
 async def insert_client(

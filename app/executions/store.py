@@ -14,6 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
+from app.auth.store import held_token_sql
 from app.db.sql import by_page, page_arrays
 
 Row: TypeAlias = asyncpg.Record
@@ -462,7 +463,7 @@ async def commit_turn(
     messages it adds for review and the turns its review covered (as
     `review_store.record_review` marks them, without `partly`); its transcript `events`.
     `authority` (principal, token ID, policies): only while that client of the account still
-    holds its token and those policies, both locked as auth/store.py `share_token` locks them.
+    holds its token and those policies, both locked (auth/store.py `held_token_sql`).
     None once the attempt no longer runs (swept as stale, or retried), or the authority no
     longer holds, and then nothing was written."""
     messages, reviewed = review if review is not None else (None, {})
@@ -470,12 +471,7 @@ async def commit_turn(
     principal, token_id, policies = authority if authority is not None else (None, None, None)
     return await conn.fetchrow(
         f"""
-        WITH held AS (
-            SELECT FROM clients c
-            JOIN client_tokens t ON t.account_id = c.account_id AND t.principal = c.principal
-            WHERE c.account_id = $1 AND c.principal = $16 AND t.token_id = $17
-              AND c.policies = $18::jsonb
-            FOR SHARE OF c FOR KEY SHARE OF t
+        WITH held AS ({held_token_sql("$1", "$16", "$17", also="AND c.policies = $18::jsonb")}
         ), locked AS (
             SELECT turns FROM sessions
             WHERE account_id = $1 AND action_id = $2 AND session_id = $6
