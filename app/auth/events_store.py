@@ -8,6 +8,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth.store import Row
+from app.db.sql import NEWEST
 
 
 class Actor(NamedTuple):
@@ -80,13 +81,10 @@ async def record_tokens(
     )
 
 
-# A page newest first after an (at, event_id) keyset ($2, $3): without one, above every keyset, so
-# that the keyset stays an index condition.
-_PAGE = """
-    AND (at, event_id) < (
-        coalesce($2::timestamptz, 'infinity'),
-        coalesce($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
-    )
+# A page newest first after an (at, event_id) keyset ($2, $3): without one, above every keyset
+# (NEWEST).
+_PAGE = f"""
+    AND (at, event_id) < (coalesce($2::timestamptz, {NEWEST[0]}), coalesce($3::uuid, {NEWEST[1]}))
     ORDER BY at DESC, event_id DESC
     LIMIT $4
 """

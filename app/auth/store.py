@@ -8,7 +8,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import verified
-from app.db.sql import by_page, page_arrays
+from app.db.sql import NEWEST, by_page, page_arrays
 
 Row: TypeAlias = asyncpg.Record
 
@@ -441,10 +441,8 @@ async def list_token_pages(
             SELECT {_TOKEN_COLUMNS} FROM client_tokens c
             WHERE c.account_id = $1 AND c.principal = k.principal
               -- Without `after`, above every keyset: the keyset stays an index condition.
-              AND (c.created, c.token_id) < (
-                  coalesce(k.after_created, 'infinity'),
-                  coalesce(k.after_id, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
-              )
+              AND (c.created, c.token_id)
+                  < (coalesce(k.after_created, {NEWEST[0]}), coalesce(k.after_id, {NEWEST[1]}))
             ORDER BY c.created DESC, c.token_id DESC
             LIMIT k.lim
         ) t

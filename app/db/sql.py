@@ -3,6 +3,11 @@
 from collections.abc import Sequence
 from typing import Any
 
+# Above every (timestamp, uuid) keyset read newest first, as SQL literals: a page asked without
+# `after` compares with these (`coalesce(after, ...)`), so that its keyset stays an index
+# condition whether or not one was given.
+NEWEST = "'infinity'", "'ffffffff-ffff-ffff-ffff-ffffffffffff'"
+
 
 class Params:
     """Collects query parameters; calling it with a value returns its `$n` placeholder, so a

@@ -15,7 +15,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth.store import held_token_sql
-from app.db.sql import by_page, page_arrays
+from app.db.sql import NEWEST, by_page, page_arrays
 
 Row: TypeAlias = asyncpg.Record
 
@@ -591,11 +591,6 @@ async def get_events(
     )
 
 
-# Above every (created, ID) keyset: a page asked without `after` starts below it, so that the
-# pages share one statement whose keyset is an index condition.
-_NEWEST = "'infinity'", "'ffffffff-ffff-ffff-ffff-ffffffffffff'"
-
-
 async def list_session_pages(
     conn: asyncpg.Connection,
     account_id: UUID,
@@ -611,7 +606,7 @@ async def list_session_pages(
             SELECT * FROM sessions s
             WHERE s.account_id = $1 AND s.action_id = k.action_id
               AND (s.created, s.session_id)
-                  < (coalesce(k.after_created, {_NEWEST[0]}), coalesce(k.after_id, ''))
+                  < (coalesce(k.after_created, {NEWEST[0]}), coalesce(k.after_id, ''))
             ORDER BY s.created DESC, s.session_id DESC
             LIMIT k.lim
         ) s
@@ -643,7 +638,7 @@ async def list_execution_pages(
             SELECT * FROM executions x
             WHERE x.account_id = $1 AND x.action_id = k.action_id {session}
               AND (x.created, x.execution_id)
-                  < (coalesce(k.after_created, {_NEWEST[0]}), coalesce(k.after_id, {_NEWEST[1]}))
+                  < (coalesce(k.after_created, {NEWEST[0]}), coalesce(k.after_id, {NEWEST[1]}))
             ORDER BY x.created DESC, x.execution_id DESC
             LIMIT k.lim
         ) x
@@ -681,7 +676,7 @@ async def token_executions(
         SELECT * FROM executions
         WHERE account_id = $1 AND token_id = $2
           AND (created, execution_id)
-              < (coalesce($3::timestamptz, {_NEWEST[0]}), coalesce($4::uuid, {_NEWEST[1]}))
+              < (coalesce($3::timestamptz, {NEWEST[0]}), coalesce($4::uuid, {NEWEST[1]}))
         ORDER BY created DESC, execution_id DESC
         LIMIT $5
         """,

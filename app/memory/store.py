@@ -15,7 +15,7 @@ import asyncpg
 import numpy as np
 
 from app.db.fusion import cosine_of
-from app.db.sql import Params, by_page, page_arrays
+from app.db.sql import NEWEST, Params, by_page, page_arrays
 from app.memory.records import PIN_LINE_EXTRA, MemoryRecord, NewRecord, RecordFields
 from app.memory.visibility import (
     AgentReader,
@@ -423,7 +423,7 @@ _PLANNED_FOR_VALUES = "SET LOCAL plan_cache_mode = force_custom_plan"
 # index condition.
 _BEYOND = {
     True: ("'-infinity'", "'00000000-0000-0000-0000-000000000000'"),
-    False: ("'infinity'", "'ffffffff-ffff-ffff-ffff-ffffffffffff'"),
+    False: NEWEST,
 }
 
 
