@@ -23,7 +23,13 @@ from app.auth.service import authenticate_sent, bootstrap_admin
 from app.config import Settings
 from app.db import migrate
 from app.db.embedded import EmbeddedPostgres, embedded_uri, supervise
-from app.db.errors import RETRY_AFTER_SECONDS, UNAVAILABLE_MESSAGE, database_refusal, described
+from app.db.errors import (
+    REFUSAL_STATUS,
+    RETRY_AFTER_SECONDS,
+    UNAVAILABLE_MESSAGE,
+    database_refusal,
+    described,
+)
 from app.db.health import Health
 from app.db.pool import bounds, create_pool
 from app.embeddings.base import Embedder
@@ -82,7 +88,7 @@ def _refused(error: Exception) -> JSONResponse | None:
         return _unavailable(
             {"data": None, "errors": [{"message": message, "extensions": {"code": code}}]}
         )
-    return _error(404 if code == "NOT_FOUND" else 409, code, message)
+    return _error(REFUSAL_STATUS[code], code, message)
 
 
 def _too_many(body: object) -> JSONResponse:

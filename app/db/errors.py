@@ -241,6 +241,11 @@ ACCOUNT_GONE_MESSAGE = (
 )
 
 
+# The HTTP status each code database_refusal answers is sent with outside GraphQL (the MCP
+# endpoint, the HTTP edge: app/main.py `_refused`); UNAVAILABLE's with a Retry-After.
+REFUSAL_STATUS = {"UNAVAILABLE": 503, "CONFLICT": 409, "NOT_FOUND": 404}
+
+
 def database_refusal(error: BaseException | None) -> tuple[str, str] | None:
     """The code and the message for a failure of the database that is no fault of ours (it is
     unavailable, or rolled the work back: a conflict, a bound reached, the account deleted

@@ -49,7 +49,7 @@ from app.actions.service import ActionVersion
 from app.auth.caller import Caller
 from app.auth.service import authenticate_sent
 from app.config import Settings
-from app.db.errors import RETRY_AFTER_SECONDS, database_refusal, described
+from app.db.errors import REFUSAL_STATUS, RETRY_AFTER_SECONDS, database_refusal, described
 from app.errors import DomainError, TooManyRequests
 from app.fairness import RETRY_AFTER_SECONDS as BUSY_RETRY_AFTER_SECONDS
 from app.fairness import Admission, Fairness
@@ -527,7 +527,7 @@ class McpEndpoint:
         log.warning("database refused the request: %s", described(e))
         if code == "UNAVAILABLE":
             return _error(503, code, message, {"Retry-After": str(RETRY_AFTER_SECONDS)})
-        return _error(_STATUS.get(code, 409), code, message)
+        return _error(REFUSAL_STATUS[code], code, message)
 
     async def _not_post(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET: the SDK opened a stream for messages of the server's own, which a stateless
