@@ -1125,7 +1125,11 @@ async function clientsView({ account = null } = {}) {
   if (account !== null && !UUID.test(account)) return notFound(`An account ID is a UUID, not “${account}”.`);
   const tokens = clientTokens();
   accountNames = await readAccounts();
-  if (accountNames.size > 1) out.push(accountChoice(account || viewer.accountId));
+  if (accountNames.size > 1) {
+    out.push(accountChoice(account || viewer.accountId,
+      (id, own) => own ? "#/clients" : `#/clients?account=${id}`,
+      "Whose clients and tokens this page lists and creates."));
+  }
   if (accountNames.has(account || viewer.accountId)) out.push(accountCard(account || viewer.accountId));
   const list = h("div", { dataset: { clientPages: 0 } });
   const shown = new Set(); // principals with a card: one created here is not listed again by "Show more"
@@ -1157,15 +1161,14 @@ async function clientsView({ account = null } = {}) {
   return [...out, list, more];
 }
 
-// Which account's clients the page lists, for a token that reads more than its own (the
-// operator's): each account by name, then ID; choosing one opens its page.
-function accountChoice(chosen) {
+// Which account a page shows, for a token that reads more than its own (the operator's): each
+// account by name, then ID; choosing one opens the page at `address(id)` (`own`: the caller's).
+function accountChoice(chosen, address, help) {
   const select = h("select", { name: "account", onchange: () => {
-    location.hash = select.value === viewer.accountId ? "#/clients" : `#/clients?account=${select.value}`;
+    location.hash = address(select.value, select.value === viewer.accountId);
   } }, [...accountNames].map(([id, name]) => h("option", { value: id, selected: id === chosen },
     `${name} (${id})${id === viewer.accountId ? ", yours" : ""}`)));
-  return h("div", { class: "filters narrow" }, field("Account", select,
-    "Whose clients and tokens this page lists and creates."));
+  return h("div", { class: "filters narrow" }, field("Account", select, help));
 }
 
 const RENAME_ACCOUNT = `mutation($a: UUID!, $n: String!, $e: String) {
@@ -2061,11 +2064,8 @@ async function activityView({ query = "" } = {}) {
   const here = account || viewer.accountId;
   accountNames = await readAccounts();
   if (accountNames.size > 1) {
-    const select = h("select", { name: "account", onchange: () => {
-      location.hash = activityAddress({ account: select.value === viewer.accountId ? null : select.value, token });
-    } }, [...accountNames].map(([id, name]) => h("option", { value: id, selected: id === here },
-      `${name} (${id})${id === viewer.accountId ? ", yours" : ""}`)));
-    out.push(h("div", { class: "filters narrow" }, field("Account", select, "Whose changes this page lists.")));
+    out.push(accountChoice(here, (id, own) => activityAddress({ account: own ? null : id, token }),
+      "Whose changes this page lists."));
   }
   const input = h("input", { type: "text", name: "token", autocomplete: "off", spellcheck: false, class: "mono",
     value: token || "" });
