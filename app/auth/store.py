@@ -8,7 +8,7 @@ from uuid import UUID
 import asyncpg
 
 from app.auth import verified
-from app.db.sql import NEWEST, by_page, page_arrays
+from app.db.sql import NEWEST, by_page, held_token_sql, page_arrays
 
 Row: TypeAlias = asyncpg.Record
 
@@ -166,23 +166,6 @@ async def lock_token(
         token_id,
     )
     return bool(found)
-
-
-def held_token_sql(account: str, principal: str, token: str, *, also: str = "") -> str:
-    """A SELECT of client `principal`'s policies while its token `token` exists (each a SQL
-    expression, a parameter), both rows locked until the transaction ends: the client's FOR
-    SHARE (a change of its policies, or its deletion, waits), then the token's FOR KEY SHARE
-    (its deletion waits; its `last_used` is still written). Client before token, as a client's
-    deletion takes them, so no revocation holds the token while it waits for the client.
-    `also`: a further condition (`AND ...`). `share_token`'s statement, and the one statement
-    of a turn's commit (executions/store.py `commit_turn`)."""
-    return f"""
-        SELECT c.policies FROM clients c
-        JOIN client_tokens t ON t.account_id = c.account_id AND t.principal = c.principal
-        WHERE c.account_id = {account} AND c.principal = {principal} AND t.token_id = {token}
-          {also}
-        FOR SHARE OF c FOR KEY SHARE OF t
-        """
 
 
 async def share_token(

@@ -43,3 +43,21 @@ def by_page(rows: Sequence[Any], pages: int) -> list[list[Any]]:
     for r in rows:
         found[r["n"] - 1].append(r)
     return found
+
+
+def held_token_sql(account: str, principal: str, token: str, *, also: str = "") -> str:
+    """A SELECT of client `principal`'s policies while its token `token` exists (each a SQL
+    expression, a parameter), both rows locked until the transaction ends: the client's FOR
+    SHARE (a change of its policies, or its deletion, waits), then the token's FOR KEY SHARE
+    (its deletion waits; its `last_used` is still written). Client before token, as a client's
+    deletion takes them, so no revocation holds the token while it waits for the client.
+    `also`: a further condition (`AND ...`). auth/store.py `share_token`'s
+    statement, and the one statement of a turn's commit (executions/store.py `commit_turn`):
+    here, as a store imports no other."""
+    return f"""
+        SELECT c.policies FROM clients c
+        JOIN client_tokens t ON t.account_id = c.account_id AND t.principal = c.principal
+        WHERE c.account_id = {account} AND c.principal = {principal} AND t.token_id = {token}
+          {also}
+        FOR SHARE OF c FOR KEY SHARE OF t
+        """

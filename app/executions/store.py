@@ -14,8 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
-from app.auth.store import held_token_sql
-from app.db.sql import NEWEST, by_page, page_arrays
+from app.db.sql import NEWEST, by_page, held_token_sql, page_arrays
 
 Row: TypeAlias = asyncpg.Record
 
@@ -463,7 +462,7 @@ async def commit_turn(
     messages it adds for review and the turns its review covered (as
     `review_store.record_review` marks them, without `partly`); its transcript `events`.
     `authority` (principal, token ID, policies): only while that client of the account still
-    holds its token and those policies, both locked (auth/store.py `held_token_sql`).
+    holds its token and those policies, both locked (db/sql.py `held_token_sql`).
     None once the attempt no longer runs (swept as stale, or retried), or the authority no
     longer holds, and then nothing was written."""
     messages, reviewed = review if review is not None else (None, {})
